@@ -1,0 +1,39 @@
+//! Example upstream services (HTTP/1.1 + h2c, WebSocket, gRPC, raw TCP, TLS) that `spur demo`
+//! runs on loopback and the end-to-end tests use as real upstreams behind the proxy.
+//!
+//! Every service is told a `name` and reports it back in each response, so a caller can tell
+//! which upstream actually served a request after it went through the router.
+
+#![forbid(unsafe_code)]
+
+mod grpc;
+pub mod grpc_client;
+mod http;
+mod net;
+mod tcp;
+
+pub use grpc::{HelloReply, HelloRequest, serve_grpc};
+pub use http::serve_http;
+pub use tcp::{TestTls, serve_tcp_echo, serve_tls_echo, test_tls};
+pub use tokio_util::sync::CancellationToken;
+
+/// Header (and gRPC trailing metadata key) naming the service that answered.
+pub const SERVED_BY: &str = "x-served-by";
+
+/// Fully-qualified gRPC service name of the demo service.
+pub const GRPC_SERVICE: &str = "spur.demo.v1.Demo";
+
+/// Errors from starting or running a demo service.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("gRPC server error: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    #[error("TLS configuration error: {0}")]
+    Tls(#[from] rustls::Error),
+    #[error("service name {0:?} is not a valid header value")]
+    InvalidName(String),
+    #[error("certificate generation error: {0}")]
+    Cert(#[from] rcgen::Error),
+}

@@ -1,0 +1,116 @@
+//! The admin server: `/live`, `/ready`, `/metrics` (Prometheus text) and `/config_dump`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::registry::Registry;
+use spur_routing::SharedTable;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::drain::Drain;
+
+/// What the admin endpoints report on.
+#[derive(Clone)]
+pub struct AdminState {
+    pub registry: Arc<Registry>,
+    pub table: SharedTable,
+    /// Draining flips `/ready` to 503 so load balancers stop sending new work.
+    pub drain: Drain,
+    /// When true, `/ready` stays 503 until a first routing table has been published.
+    pub requires_table: bool,
+    /// Extra identity shown at the top of `/config_dump` (e.g. the sidecar's baseline).
+    pub identity: serde_json::Value,
+}
+
+impl AdminState {
+    pub fn is_ready(&self) -> bool {
+        !self.drain.is_draining() && (!self.requires_table || self.table.load().version > 0)
+    }
+
+    fn config_dump(&self) -> serde_json::Value {
+        let snapshot = self.table.load_full();
+        let rules: Vec<_> = snapshot.table.rules().iter().map(|r| r.to_spec()).collect();
+        serde_json::json!({
+            "identity": self.identity,
+            "tableVersion": snapshot.version,
+            "routingRules": rules,
+        })
+    }
+}
+
+/// Serves the admin endpoints until `stop` is cancelled. The admin server outlives the data-plane
+/// drain on purpose: probes and metrics must keep answering while connections finish.
+pub async fn serve_admin(listener: TcpListener, state: AdminState, stop: CancellationToken) {
+    loop {
+        let (stream, _) = tokio::select! {
+            () = stop.cancelled() => return,
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "admin accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(handle(&state, &req)) }
+            });
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder.timer(TokioTimer::new()).header_read_timeout(std::time::Duration::from_secs(10));
+            if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
+                tracing::debug!(error = %e, "admin connection error");
+            }
+        });
+    }
+}
+
+fn handle(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n".into());
+    }
+    match req.uri().path() {
+        "/live" => text(StatusCode::OK, "live\n".into()),
+        "/ready" if state.is_ready() => text(StatusCode::OK, "ready\n".into()),
+        "/ready" if state.drain.is_draining() => text(StatusCode::SERVICE_UNAVAILABLE, "draining\n".into()),
+        "/ready" => text(StatusCode::SERVICE_UNAVAILABLE, "waiting for a routing table\n".into()),
+        "/metrics" => {
+            let mut out = String::new();
+            match prometheus_client::encoding::text::encode(&mut out, &state.registry) {
+                Ok(()) => {
+                    let mut r = text(StatusCode::OK, out);
+                    r.headers_mut().insert(
+                        header::CONTENT_TYPE,
+                        header::HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+                    );
+                    r
+                }
+                Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "metrics encoding failed\n".into()),
+            }
+        }
+        "/config_dump" => {
+            let body = serde_json::to_string_pretty(&state.config_dump()).unwrap_or_else(|_| "{}".into());
+            let mut r = text(StatusCode::OK, body + "\n");
+            r.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+            r
+        }
+        _ => text(StatusCode::NOT_FOUND, "endpoints: /live /ready /metrics /config_dump\n".into()),
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
+    r
+}

@@ -1,0 +1,154 @@
+//! Proxy configuration: one plain serde struct, validated once before anything binds.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// Tunables of the proxy core. Defaults suit a sidecar in front of one application.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct ProxyConfig {
+    /// How long protocol detection waits for the client's first bytes. A client that sends
+    /// nothing by then (server-speaks-first protocols such as MySQL or SMTP) is proxied as opaque
+    /// TCP. Ports listed in `opaque_ports` skip detection entirely and pay no such delay.
+    #[serde(with = "dur")]
+    pub detect_timeout: Duration,
+    /// Upstream TCP connect timeout; exceeding it answers 504 (HTTP) or closes the connection.
+    #[serde(with = "dur")]
+    pub connect_timeout: Duration,
+    /// Time a client has to send a complete HTTP/1 request head (slowloris guard).
+    #[serde(with = "dur")]
+    pub header_read_timeout: Duration,
+    /// A connection (either direction) with no bytes moving for this long is closed.
+    #[serde(with = "dur")]
+    pub idle_timeout: Duration,
+    /// Grace period for in-flight work when draining.
+    #[serde(with = "dur")]
+    pub drain_grace: Duration,
+    /// Largest HTTP/1 request head (request line + headers) and HTTP/2 header list, in bytes.
+    /// Larger heads get 431. At least 8192 (hyper's floor).
+    pub max_header_bytes: usize,
+    /// Most request headers accepted; more get 431.
+    pub max_headers: usize,
+    /// Longest request target accepted; longer ones get 414.
+    pub max_uri_len: usize,
+    /// Idle HTTP/1 connections kept per upstream.
+    pub pool_max_idle_per_upstream: usize,
+    /// Idle pooled connections older than this are closed.
+    #[serde(with = "dur")]
+    pub pool_idle_timeout: Duration,
+    /// Destination ports that are never sniffed: always opaque TCP.
+    pub opaque_ports: Vec<u16>,
+    /// Add `X-Forwarded-For` / `X-Forwarded-Proto` to proxied requests.
+    pub forwarded_headers: bool,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            detect_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(5),
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+            drain_grace: Duration::from_secs(20),
+            max_header_bytes: 64 * 1024,
+            max_headers: 100,
+            max_uri_len: 8 * 1024,
+            pool_max_idle_per_upstream: 64,
+            pool_idle_timeout: Duration::from_secs(90),
+            opaque_ports: Vec::new(),
+            forwarded_headers: true,
+        }
+    }
+}
+
+impl ProxyConfig {
+    pub fn validate(&self) -> Result<(), Error> {
+        let nonzero = [
+            ("detectTimeout", self.detect_timeout),
+            ("connectTimeout", self.connect_timeout),
+            ("headerReadTimeout", self.header_read_timeout),
+            ("idleTimeout", self.idle_timeout),
+            ("poolIdleTimeout", self.pool_idle_timeout),
+        ];
+        for (name, d) in nonzero {
+            if d.is_zero() {
+                return Err(Error::Config(format!("{name} must be greater than zero")));
+            }
+        }
+        if self.max_header_bytes < 8192 || self.max_header_bytes > 1024 * 1024 {
+            return Err(Error::Config("maxHeaderBytes must be between 8192 and 1048576".into()));
+        }
+        if self.max_headers == 0 || self.max_headers > 10_000 {
+            return Err(Error::Config("maxHeaders must be between 1 and 10000".into()));
+        }
+        if self.max_uri_len < 16 || self.max_uri_len > 1024 * 1024 {
+            return Err(Error::Config("maxUriLen must be between 16 and 1048576".into()));
+        }
+        if self.opaque_ports.contains(&0) {
+            return Err(Error::Config("opaquePorts must not contain 0".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Parses `250ms`, `5s`, `2m`, `1h` (a bare number means seconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 5s, 2m"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "" | "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
+    };
+    Ok(d)
+}
+
+mod dur {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}ms", d.as_millis()))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        super::parse_duration(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("5x").is_err());
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("ms").is_err());
+    }
+
+    #[test]
+    fn validation_catches_values_hyper_would_panic_on() {
+        assert!(ProxyConfig::default().validate().is_ok());
+        let c = ProxyConfig { max_header_bytes: 100, ..Default::default() };
+        assert!(c.validate().unwrap_err().to_string().contains("maxHeaderBytes"));
+        let c = ProxyConfig { connect_timeout: Duration::ZERO, ..Default::default() };
+        assert!(c.validate().is_err());
+        let json = r#"{"detectTimeout":"200ms","opaquePorts":[3306]}"#;
+        let c: ProxyConfig = serde_json::from_str(json).unwrap();
+        assert_eq!(c.detect_timeout, Duration::from_millis(200));
+        assert_eq!(c.opaque_ports, vec![3306]);
+    }
+}

@@ -1,0 +1,146 @@
+//! Protocol detection from a connection's first bytes: bounded in size and time.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// Enough for the HTTP/2 preface, the longest method we look for and a TLS record header.
+const MAX_PEEK: usize = 32;
+const MAX_METHOD: usize = 20;
+
+/// What a connection speaks, as far as the proxy cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Http1,
+    /// HTTP/2 with prior knowledge (h2c).
+    Http2,
+    /// A TLS ClientHello: passed through untouched.
+    Tls,
+    /// Anything else, a client that stays silent, or a port configured as opaque.
+    Opaque,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Http1 => "http1",
+            Protocol::Http2 => "http2",
+            Protocol::Tls => "tls",
+            Protocol::Opaque => "tcp",
+        }
+    }
+}
+
+enum Verdict {
+    Known(Protocol),
+    NeedMore,
+}
+
+/// Reads up to [`MAX_PEEK`] bytes until the protocol is known, the client stops sending for
+/// `timeout`, or it closes. The bytes read are returned so the caller can replay them.
+/// `Ok(None)` means the client closed without sending anything.
+pub(crate) async fn detect(io: &mut TcpStream, timeout: Duration) -> std::io::Result<Option<(Protocol, Bytes)>> {
+    // A fixed array: whatever the client sends, detection never holds more than MAX_PEEK bytes.
+    let mut buf = [0u8; MAX_PEEK];
+    let mut len = 0;
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let read = tokio::time::timeout_at(deadline, io.read(&mut buf[len..])).await;
+        let seen = |len: usize| Bytes::copy_from_slice(&buf[..len]);
+        match read {
+            Err(_elapsed) => return Ok(Some((Protocol::Opaque, seen(len)))),
+            Ok(Err(e)) => return Err(e),
+            Ok(Ok(0)) if len == 0 => return Ok(None),
+            Ok(Ok(0)) => return Ok(Some((classify_final(&buf[..len]), seen(len)))),
+            Ok(Ok(n)) => len += n,
+        }
+        if let Verdict::Known(p) = classify(&buf[..len]) {
+            return Ok(Some((p, seen(len))));
+        }
+        if len == MAX_PEEK {
+            return Ok(Some((Protocol::Opaque, seen(len))));
+        }
+    }
+}
+
+/// Classification when the client has closed its side: no more bytes will come.
+fn classify_final(buf: &[u8]) -> Protocol {
+    match classify(buf) {
+        Verdict::Known(p) => p,
+        Verdict::NeedMore => Protocol::Opaque,
+    }
+}
+
+fn classify(buf: &[u8]) -> Verdict {
+    if buf.is_empty() {
+        return Verdict::NeedMore;
+    }
+    // TLS handshake record: content type 22, protocol major version 3.
+    if buf[0] == 0x16 {
+        return match buf.get(1) {
+            None => Verdict::NeedMore,
+            Some(3) => Verdict::Known(Protocol::Tls),
+            Some(_) => Verdict::Known(Protocol::Opaque),
+        };
+    }
+    let n = buf.len().min(H2_PREFACE.len());
+    if buf[..n] == H2_PREFACE[..n] {
+        return if n == H2_PREFACE.len() { Verdict::Known(Protocol::Http2) } else { Verdict::NeedMore };
+    }
+    classify_http1(buf)
+}
+
+/// An HTTP/1 request line starts with a method token (we accept uppercase letters and `-`, which
+/// covers the registered methods, WebDAV's and most custom ones), one space, and a request target
+/// that starts with `/`, `*` or an absolute URI; CONNECT takes an authority.
+fn classify_http1(buf: &[u8]) -> Verdict {
+    let method_len = buf.iter().take_while(|b| b.is_ascii_uppercase() || **b == b'-').count();
+    if method_len == buf.len() {
+        return if method_len <= MAX_METHOD { Verdict::NeedMore } else { Verdict::Known(Protocol::Opaque) };
+    }
+    if method_len == 0 || method_len > MAX_METHOD || buf[method_len] != b' ' {
+        return Verdict::Known(Protocol::Opaque);
+    }
+    match buf.get(method_len + 1) {
+        None => Verdict::NeedMore,
+        Some(b'/' | b'*' | b'h' | b'H') => Verdict::Known(Protocol::Http1),
+        Some(_) if &buf[..method_len] == b"CONNECT" => Verdict::Known(Protocol::Http1),
+        Some(_) => Verdict::Known(Protocol::Opaque),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn known(b: &[u8]) -> Option<Protocol> {
+        match classify(b) {
+            Verdict::Known(p) => Some(p),
+            Verdict::NeedMore => None,
+        }
+    }
+
+    #[test]
+    fn classifies() {
+        assert_eq!(known(b"GET / HTTP/1.1\r\n"), Some(Protocol::Http1));
+        assert_eq!(known(b"PROPFIND /x"), Some(Protocol::Http1));
+        assert_eq!(known(b"CONNECT example.com:443 HTTP/1.1"), Some(Protocol::Http1));
+        assert_eq!(known(b"GET http://a/ HTTP/1.1"), Some(Protocol::Http1));
+        assert_eq!(known(H2_PREFACE), Some(Protocol::Http2));
+        assert_eq!(known(&[0x16, 0x03, 0x01, 0x02, 0x00]), Some(Protocol::Tls));
+        assert_eq!(known(b"\x00\x01binary"), Some(Protocol::Opaque));
+        assert_eq!(known(b"get / HTTP/1.1"), Some(Protocol::Opaque));
+        assert_eq!(known(b"HELLO world"), Some(Protocol::Opaque));
+        assert_eq!(known(b"SSH-2.0-OpenSSH"), Some(Protocol::Opaque));
+        // Prefixes that could still become something.
+        assert_eq!(known(b"GE"), None);
+        assert_eq!(known(b"GET "), None);
+        assert_eq!(known(b"PRI * HTTP/2"), None);
+        assert_eq!(known(&[0x16]), None);
+        assert_eq!(classify_final(b"GE"), Protocol::Opaque);
+        assert_eq!(known(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"), Some(Protocol::Opaque));
+    }
+}

@@ -1,0 +1,24 @@
+use std::io;
+use std::time::Duration;
+
+/// Everything the proxy library reports. Per-request failures never surface as this type: they
+/// become HTTP error responses (502/504/…) or closed connections and a metric.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid proxy configuration: {0}")]
+    Config(String),
+    #[error("routing configuration: {0}")]
+    Routing(#[from] spur_routing::Error),
+    #[error("cannot bind {addr}: {source}")]
+    Bind { addr: std::net::SocketAddr, source: io::Error },
+    #[error("connecting to {upstream} timed out after {timeout:?}")]
+    ConnectTimeout { upstream: String, timeout: Duration },
+    #[error("connecting to {upstream}: {source}")]
+    Connect { upstream: String, source: io::Error },
+    #[error("HTTP handshake with {upstream}: {source}")]
+    Handshake { upstream: String, source: hyper::Error },
+    #[error("upstream {upstream}: {source}")]
+    Upstream { upstream: String, source: hyper::Error },
+    #[error("admin server: {0}")]
+    Admin(io::Error),
+}

@@ -1,0 +1,185 @@
+//! HTTP/1.1 and HTTP/2 proxying: serve the client side with hyper, route each request, forward
+//! it over a pooled upstream connection, stream bodies both ways (trailers included), and splice
+//! upgraded connections (WebSocket, CONNECT) once the upstream has agreed.
+
+mod headers;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, Version as HttpVersion};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Instant;
+
+use crate::detect::Protocol;
+use crate::drain::Drain;
+use crate::io::{Activity, Tracked};
+use crate::listener::ConnMeta;
+use crate::metrics::Outcome;
+use crate::pool::{Body, Upstream, Version};
+use crate::router::Route;
+use crate::{Error, Proxy};
+
+/// Serves one client connection whose protocol was detected as HTTP/1 or HTTP/2.
+pub(crate) async fn serve<IO>(proxy: Proxy, io: IO, meta: ConnMeta, drain: Drain) -> Result<(), &'static str>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let config = proxy.inner.config.clone();
+    let activity = Activity::new();
+    let io = TokioIo::new(Tracked::new(io, activity.clone()));
+    let protocol = meta.protocol;
+    let meta = Arc::new(meta);
+    let tunnels = drain.clone();
+    let svc = service_fn(move |req| {
+        let proxy = proxy.clone();
+        let meta = meta.clone();
+        let tunnels = tunnels.clone();
+        async move { Ok::<_, Infallible>(proxy.handle(req, &meta, &tunnels).await) }
+    });
+    match protocol {
+        Protocol::Http2 => {
+            let mut builder = http2::Builder::new(TokioExecutor::new());
+            builder
+                .timer(TokioTimer::new())
+                .max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX))
+                .max_concurrent_streams(1024)
+                .max_pending_accept_reset_streams(100)
+                .max_local_error_reset_streams(1024);
+            let conn = builder.serve_connection(io, svc);
+            drive(conn, |c| c.graceful_shutdown(), &drain, &activity, config.idle_timeout).await
+        }
+        _ => {
+            let mut builder = http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(config.header_read_timeout)
+                .max_buf_size(config.max_header_bytes)
+                .max_headers(config.max_headers)
+                .keep_alive(true);
+            let conn = builder.serve_connection(io, svc).with_upgrades();
+            drive(conn, |c| c.graceful_shutdown(), &drain, &activity, config.idle_timeout).await
+        }
+    }
+}
+
+/// Runs a connection to completion; on drain asks it to finish gracefully (in-flight requests
+/// complete, HTTP/2 sends GOAWAY), and cuts it if it stays idle too long.
+async fn drive<C, E>(
+    conn: C,
+    graceful: impl FnOnce(Pin<&mut C>),
+    drain: &Drain,
+    activity: &Activity,
+    idle: std::time::Duration,
+) -> Result<(), &'static str>
+where
+    C: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let mut conn = pin!(conn);
+    let res = tokio::select! {
+        res = conn.as_mut() => res,
+        () = drain.signaled() => {
+            graceful(conn.as_mut());
+            tokio::select! {
+                res = conn.as_mut() => res,
+                () = activity.idle_for(idle) => return Err("idle timeout while draining"),
+            }
+        }
+        () = activity.idle_for(idle) => return Err("idle timeout"),
+    };
+    res.map_err(|e| {
+        tracing::debug!(error = %e, "client connection error");
+        "client connection error"
+    })
+}
+
+impl Proxy {
+    async fn handle(&self, req: Request<Incoming>, meta: &ConnMeta, tunnels: &Drain) -> Response<Body> {
+        let start = Instant::now();
+        let (resp, outcome) = self.forward(req, meta, tunnels).await;
+        self.inner.metrics.request(outcome, start.elapsed().as_secs_f64());
+        resp
+    }
+
+    async fn forward(&self, mut req: Request<Incoming>, meta: &ConnMeta, tunnels: &Drain) -> (Response<Body>, Outcome) {
+        let config = &self.inner.config;
+        let uri_len = req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
+        if uri_len > config.max_uri_len {
+            return error(StatusCode::URI_TOO_LONG, "request target too long");
+        }
+        let version = match req.version() {
+            HttpVersion::HTTP_2 => Version::Http2,
+            HttpVersion::HTTP_10 | HttpVersion::HTTP_11 => Version::Http1,
+            _ => return error(StatusCode::HTTP_VERSION_NOT_SUPPORTED, "unsupported HTTP version"),
+        };
+        let connect = req.method() == Method::CONNECT;
+        if connect && version == Version::Http2 {
+            return error(StatusCode::NOT_IMPLEMENTED, "CONNECT over HTTP/2 is not supported");
+        }
+        let upgrade = headers::upgrade_protocol(req.headers()).filter(|_| version == Version::Http1);
+        let client_upgrade = (connect || upgrade.is_some()).then(|| hyper::upgrade::on(&mut req));
+
+        let (mut parts, body) = req.into_parts();
+        let route = self.inner.router.route_http(meta, &mut parts);
+        let (upstream, outcome) = match &route {
+            Route::Original => (Upstream::Original(meta.original_dst), Outcome::Baseline),
+            Route::Destination(d) => (Upstream::Sandbox(d.location.clone()), Outcome::Sandbox),
+        };
+        if let Route::Destination(d) = &route {
+            tracing::debug!(client = %meta.client, key = %d.routing_key, sandbox = %d.sandbox, to = %upstream, "routed to sandbox");
+        }
+        headers::prepare_request(&mut parts, meta, upgrade.as_ref(), config.forwarded_headers);
+        if let Err(status) = headers::normalize_target(&mut parts, version) {
+            return error(status, "invalid request target");
+        }
+        let upstream_req = Request::from_parts(parts, body.boxed());
+
+        let mut resp = match self.inner.pool.send(&upstream, version, upstream_req).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(client = %meta.client, error = %e, "upstream request failed");
+                let status = match e {
+                    Error::ConnectTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+                    _ => StatusCode::BAD_GATEWAY,
+                };
+                return error(status, "upstream unavailable");
+            }
+        };
+
+        let switched = resp.status() == StatusCode::SWITCHING_PROTOCOLS
+            || (connect && resp.status().is_success());
+        if let (Some(client_upgrade), true) = (client_upgrade, switched) {
+            let server_upgrade = hyper::upgrade::on(&mut resp);
+            let idle = config.idle_timeout;
+            tunnels.spawn(async move {
+                match tokio::try_join!(client_upgrade, server_upgrade) {
+                    Ok((client, server)) => {
+                        let _ = crate::tcp::splice(TokioIo::new(client), TokioIo::new(server), idle).await;
+                    }
+                    Err(e) => tracing::debug!(error = %e, "upgrade failed"),
+                }
+            });
+        }
+        let keep_upgrade = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+        let (mut parts, body) = resp.into_parts();
+        headers::prepare_response(&mut parts, version, keep_upgrade);
+        (Response::from_parts(parts, body.boxed()), outcome)
+    }
+}
+
+fn error(status: StatusCode, reason: &'static str) -> (Response<Body>, Outcome) {
+    let body = Full::new(Bytes::from(format!("spur: {reason}\n"))).map_err(|never| match never {}).boxed();
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/plain"));
+    (resp, Outcome::Error)
+}

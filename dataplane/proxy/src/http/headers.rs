@@ -1,0 +1,186 @@
+//! Header rewriting at the proxy hop: hop-by-hop removal (RFC 9110 §7.6.1), `Via`,
+//! `X-Forwarded-*`, and request-target normalisation for the upstream's HTTP version.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::{StatusCode, Uri};
+
+use crate::listener::ConnMeta;
+use crate::pool::Version;
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+
+/// The protocol a request asks to upgrade to (`Connection: upgrade` + `Upgrade: x`).
+pub(super) fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
+    let asks = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    if asks { headers.get(header::UPGRADE).cloned() } else { None }
+}
+
+/// Removes hop-by-hop headers: the fixed set plus every header the `Connection` header names.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        PROXY_CONNECTION,
+        KEEP_ALIVE,
+        header::TE,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+    ] {
+        headers.remove(name);
+    }
+}
+
+fn via_value(version: Version) -> HeaderValue {
+    match version {
+        Version::Http1 => HeaderValue::from_static("1.1 spur"),
+        Version::Http2 => HeaderValue::from_static("2.0 spur"),
+    }
+}
+
+fn version_of(v: http::Version) -> Version {
+    if v == http::Version::HTTP_2 { Version::Http2 } else { Version::Http1 }
+}
+
+pub(super) fn prepare_request(parts: &mut Parts, meta: &ConnMeta, upgrade: Option<&HeaderValue>, forwarded: bool) {
+    let headers = &mut parts.headers;
+    // gRPC needs `te: trailers` end to end; it is the one TE value worth keeping.
+    let te_trailers = headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
+    strip_hop_by_hop(headers);
+    if te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    if let Some(proto) = upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, proto.clone());
+    }
+    headers.append(header::VIA, via_value(version_of(parts.version)));
+    if forwarded {
+        let ip = meta.client.ip().to_string();
+        let xff = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+            Some(prev) => format!("{prev}, {ip}"),
+            None => ip,
+        };
+        if let Ok(v) = HeaderValue::from_str(&xff) {
+            headers.insert(X_FORWARDED_FOR, v);
+        }
+        if !headers.contains_key(X_FORWARDED_PROTO) {
+            headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        }
+    }
+}
+
+/// HTTP/1 upstreams get origin-form targets (`/path?q`), with `Host` taken from an absolute-form
+/// target if the client sent one; CONNECT keeps its authority form. HTTP/2 keeps the full URI,
+/// which hyper turns into `:scheme`/`:authority`.
+pub(super) fn normalize_target(parts: &mut Parts, version: Version) -> Result<(), StatusCode> {
+    if version == Version::Http2 || parts.method == http::Method::CONNECT {
+        return Ok(());
+    }
+    if let Some(authority) = parts.uri.authority() {
+        if !parts.headers.contains_key(header::HOST) {
+            let host = HeaderValue::from_str(authority.as_str()).map_err(|_| StatusCode::BAD_REQUEST)?;
+            parts.headers.insert(header::HOST, host);
+        }
+        let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        parts.uri = pq.parse::<Uri>().map_err(|_| StatusCode::BAD_REQUEST)?;
+    }
+    Ok(())
+}
+
+pub(super) fn prepare_response(parts: &mut http::response::Parts, version: Version, keep_upgrade: bool) {
+    let upgrade = keep_upgrade.then(|| parts.headers.get(header::UPGRADE).cloned()).flatten();
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(proto) = upgrade {
+        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts.headers.insert(header::UPGRADE, proto);
+    }
+    parts.headers.append(header::VIA, via_value(version));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> ConnMeta {
+        ConnMeta {
+            client: "10.1.2.3:5555".parse().unwrap(),
+            local: "127.0.0.1:1".parse().unwrap(),
+            original_dst: "127.0.0.1:8080".parse().unwrap(),
+            protocol: crate::Protocol::Http1,
+        }
+    }
+
+    #[test]
+    fn strips_hop_by_hop_and_adds_via_and_forwarded() {
+        let req = http::Request::get("/x")
+            .header("connection", "keep-alive, x-secret-hop")
+            .header("x-secret-hop", "1")
+            .header("keep-alive", "timeout=5")
+            .header("te", "trailers, deflate")
+            .header("proxy-authorization", "Basic Zm9v")
+            .header("x-forwarded-for", "192.0.2.1")
+            .header("x-kept", "yes")
+            .body(())
+            .unwrap();
+        let (mut parts, ()) = req.into_parts();
+        prepare_request(&mut parts, &meta(), None, true);
+        let h = &parts.headers;
+        for gone in ["connection", "x-secret-hop", "keep-alive", "proxy-authorization"] {
+            assert!(!h.contains_key(gone), "{gone} should be stripped");
+        }
+        assert_eq!(h["te"], "trailers");
+        assert_eq!(h["x-kept"], "yes");
+        assert_eq!(h["via"], "1.1 spur");
+        assert_eq!(h["x-forwarded-for"], "192.0.2.1, 10.1.2.3");
+        assert_eq!(h["x-forwarded-proto"], "http");
+    }
+
+    #[test]
+    fn upgrade_headers_survive_for_upgrades_only() {
+        let req = http::Request::get("/ws")
+            .header("connection", "Upgrade")
+            .header("upgrade", "websocket")
+            .body(())
+            .unwrap();
+        let proto = upgrade_protocol(req.headers());
+        assert_eq!(proto.as_ref().unwrap(), "websocket");
+        let (mut parts, ()) = req.into_parts();
+        prepare_request(&mut parts, &meta(), proto.as_ref(), false);
+        assert_eq!(parts.headers["upgrade"], "websocket");
+        assert_eq!(parts.headers["connection"], "upgrade");
+        assert!(!parts.headers.contains_key("x-forwarded-for"));
+    }
+
+    #[test]
+    fn absolute_form_becomes_origin_form_for_http1() {
+        let (mut parts, ()) = http::Request::get("http://example.test:81/a?b=1").body(()).unwrap().into_parts();
+        normalize_target(&mut parts, Version::Http1).unwrap();
+        assert_eq!(parts.uri, "/a?b=1");
+        assert_eq!(parts.headers["host"], "example.test:81");
+    }
+}

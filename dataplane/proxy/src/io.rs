@@ -1,0 +1,155 @@
+//! I/O adapters: replaying sniffed bytes, and recording activity for idle timeouts.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+
+pin_project_lite::pin_project! {
+    /// A stream whose first bytes were already read (for protocol detection) and are replayed
+    /// before reading from the socket again.
+    #[derive(Debug)]
+    pub(crate) struct Rewind<T> {
+        prefix: Bytes,
+        #[pin]
+        inner: T,
+    }
+}
+
+impl<T> Rewind<T> {
+    pub(crate) fn new(prefix: Bytes, inner: T) -> Self {
+        Rewind { prefix, inner }
+    }
+}
+
+impl<T: AsyncRead> AsyncRead for Rewind<T> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.project();
+        if !this.prefix.is_empty() {
+            let n = this.prefix.len().min(buf.remaining());
+            buf.put_slice(&this.prefix[..n]);
+            this.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        this.inner.poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite> AsyncWrite for Rewind<T> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        self.project().inner.poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.project().inner.poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.project().inner.poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.project().inner.poll_shutdown(cx)
+    }
+}
+
+/// When bytes last moved on a connection, in milliseconds since `start`. Updated with a relaxed
+/// store per read/write: cheap enough for the data path, precise enough for idle timeouts.
+#[derive(Debug, Clone)]
+pub(crate) struct Activity {
+    start: Instant,
+    last_ms: Arc<AtomicU64>,
+}
+
+impl Activity {
+    pub(crate) fn new() -> Self {
+        Activity { start: Instant::now(), last_ms: Arc::new(AtomicU64::new(0)) }
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Resolves once nothing has moved for `idle`.
+    pub(crate) async fn idle_for(&self, idle: Duration) {
+        loop {
+            let last = self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+            let deadline = last + idle;
+            if Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep_until(deadline).await;
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// Records read and write activity on the wrapped stream.
+    #[derive(Debug)]
+    pub(crate) struct Tracked<T> {
+        #[pin]
+        inner: T,
+        activity: Activity,
+    }
+}
+
+impl<T> Tracked<T> {
+    pub(crate) fn new(inner: T, activity: Activity) -> Self {
+        Tracked { inner, activity }
+    }
+}
+
+impl<T: AsyncRead> AsyncRead for Tracked<T> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.project();
+        let before = buf.filled().len();
+        let res = this.inner.poll_read(cx, buf);
+        if buf.filled().len() != before {
+            this.activity.touch();
+        }
+        res
+    }
+}
+
+impl<T: AsyncWrite> AsyncWrite for Tracked<T> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.project();
+        let res = this.inner.poll_write(cx, buf);
+        if matches!(res, Poll::Ready(Ok(n)) if n > 0) {
+            this.activity.touch();
+        }
+        res
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.project();
+        let res = this.inner.poll_write_vectored(cx, bufs);
+        if matches!(res, Poll::Ready(Ok(n)) if n > 0) {
+            this.activity.touch();
+        }
+        res
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.project().inner.poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.project().inner.poll_shutdown(cx)
+    }
+}

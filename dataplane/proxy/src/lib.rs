@@ -1,0 +1,97 @@
+//! The shared L4/L7 proxy core every Spur data-plane binary is built from.
+//!
+//! One accepted connection flows through these layers:
+//!
+//! ```text
+//! listener (explicit port | transparent, SO_ORIGINAL_DST)
+//!   └─ detect (bounded peek + timeout): HTTP/1.x | h2c prior knowledge | TLS ClientHello | opaque
+//!        ├─ HTTP/1.1, HTTP/2 server (hyper) ─ per request: Router → upstream pool → response
+//!        │      upgrades (WebSocket) and CONNECT are spliced after the upstream agrees
+//!        └─ TLS and opaque TCP: spliced to the connection's original destination, with half-close
+//! ```
+//!
+//! Routing decisions are made by a [`Router`]; the sidecar uses [`KeyRouter`] (routing keys looked
+//! up in a [`spur_routing::SharedTable`]), and the tunnel proxy and agent will bring their own.
+//! Tables are swapped by a single writer off the hot path; when a table changes,
+//! [`Proxy::on_table_change`] closes idle pooled connections to destinations that left it, so no
+//! request ever reaches a stale destination over a kept-alive connection.
+//!
+//! Every connection runs under a [`Drain`]: on shutdown the listener stops accepting, HTTP
+//! connections finish their in-flight requests (HTTP/2 sends GOAWAY), and whatever is still running
+//! after the grace period is cut.
+
+mod admin;
+mod config;
+mod detect;
+mod drain;
+mod error;
+mod http;
+mod io;
+mod listener;
+mod metrics;
+mod pool;
+mod router;
+mod tcp;
+
+pub use admin::{serve_admin, AdminState};
+pub use config::{parse_duration, ProxyConfig};
+pub use detect::Protocol;
+pub use drain::Drain;
+pub use error::Error;
+pub use listener::{ConnMeta, Inbound};
+pub use metrics::Metrics;
+pub use router::{KeyRouter, KeyRouterConfig, Route, Router, ROUTED_HEADER};
+
+use std::sync::Arc;
+
+use prometheus_client::registry::Registry;
+use spur_routing::SharedTable;
+
+/// The proxy: configuration, router, upstream pools and metrics, shared by all its listeners.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct Proxy {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ProxyConfig,
+    router: Arc<dyn Router>,
+    pool: pool::Pool,
+    metrics: Metrics,
+}
+
+impl Proxy {
+    /// Builds a proxy. `config` must already be validated ([`ProxyConfig::validate`]); metrics are
+    /// registered under `registry` (the caller chooses the prefix, e.g. `spur`).
+    pub fn new(config: ProxyConfig, router: Arc<dyn Router>, registry: &mut Registry) -> Result<Self, Error> {
+        config.validate()?;
+        let metrics = Metrics::register(registry);
+        let pool = pool::Pool::new(&config, metrics.clone());
+        Ok(Proxy { inner: Arc::new(Inner { config, router, pool, metrics }) })
+    }
+
+    /// Accepts connections on `listener` until `drain` starts, serving each one under `drain`.
+    /// Returns once the listener has stopped; connections keep running until [`Drain::wait`].
+    pub async fn serve(&self, listener: tokio::net::TcpListener, inbound: Inbound, drain: Drain) {
+        listener::accept_loop(self.clone(), listener, inbound, drain).await
+    }
+
+    /// Closes idle pooled connections to sandbox destinations that are not in `table`'s current
+    /// snapshot, and marks them so in-flight ones are not returned to the pool. Call it after every
+    /// table swap (see `spur_discovery`'s change notifications).
+    pub fn on_table_change(&self, table: &SharedTable) {
+        let snapshot = table.load();
+        self.inner.pool.retain_sandbox_upstreams(&snapshot.table.locations());
+    }
+
+    /// Number of idle pooled upstream connections (HTTP/1 idle plus HTTP/2 shared), for tests and
+    /// the admin dump.
+    pub fn idle_upstream_connections(&self) -> usize {
+        self.inner.pool.idle_count()
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+}

@@ -1,0 +1,108 @@
+//! Accepting connections, recovering their original destination and dispatching them to the
+//! handler for their protocol.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use socket2::SockRef;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::detect::{detect, Protocol};
+use crate::drain::Drain;
+use crate::io::Rewind;
+use crate::Proxy;
+
+/// How a listener learns where a connection was headed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inbound {
+    /// Clients connect to the proxy's port explicitly; the "original destination" is this fixed
+    /// application address.
+    Explicit { app: SocketAddr },
+    /// Connections were redirected here by iptables/nft (`REDIRECT`); the original destination is
+    /// read from the socket (`SO_ORIGINAL_DST` / `IP6T_SO_ORIGINAL_DST`).
+    Transparent,
+}
+
+/// What the proxy knows about one inbound connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnMeta {
+    pub client: SocketAddr,
+    pub local: SocketAddr,
+    /// Where the client meant to go; its port is the workload port used for rule lookup.
+    pub original_dst: SocketAddr,
+    pub protocol: Protocol,
+}
+
+pub(crate) async fn accept_loop(proxy: Proxy, listener: TcpListener, inbound: Inbound, drain: Drain) {
+    let local = listener.local_addr().ok();
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            () = drain.signaled() => break,
+            a = listener.accept() => a,
+        };
+        let (stream, client) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of file descriptors and similar: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let proxy = proxy.clone();
+        let conn_drain = drain.clone();
+        drain.spawn(async move {
+            if let Err(reason) = handle(proxy, stream, client, inbound, conn_drain).await {
+                tracing::debug!(%client, reason, "connection closed");
+            }
+        });
+    }
+    tracing::info!(addr = ?local, "listener stopped accepting");
+}
+
+fn original_dst(stream: &TcpStream, local: SocketAddr) -> std::io::Result<SocketAddr> {
+    let sock = SockRef::from(stream);
+    let addr = if local.is_ipv4() { sock.original_dst_v4()? } else { sock.original_dst_v6()? };
+    addr.as_socket().ok_or_else(|| std::io::Error::other("original destination is not an inet address"))
+}
+
+async fn handle(
+    proxy: Proxy,
+    mut stream: TcpStream,
+    client: SocketAddr,
+    inbound: Inbound,
+    drain: Drain,
+) -> Result<(), &'static str> {
+    let local = stream.local_addr().map_err(|_| "no local address")?;
+    let original_dst = match inbound {
+        Inbound::Explicit { app } => app,
+        Inbound::Transparent => {
+            let dst = original_dst(&stream, local).map_err(|_| "no original destination")?;
+            // Without a redirect the original destination is the proxy itself: forwarding would
+            // loop straight back here.
+            if dst == local {
+                return Err("connection addressed to the proxy port itself");
+            }
+            dst
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let config = &proxy.inner.config;
+    let (protocol, prefix) = if config.opaque_ports.contains(&original_dst.port()) {
+        (Protocol::Opaque, bytes::Bytes::new())
+    } else {
+        match detect(&mut stream, config.detect_timeout).await {
+            Ok(Some(found)) => found,
+            Ok(None) => return Ok(()),
+            Err(_) => return Err("read error during detection"),
+        }
+    };
+    let meta = ConnMeta { client, local, original_dst, protocol };
+    let _active = proxy.inner.metrics.connection(protocol);
+    let io = Rewind::new(prefix, stream);
+    match protocol {
+        Protocol::Http1 | Protocol::Http2 => crate::http::serve(proxy, io, meta, drain).await,
+        Protocol::Tls | Protocol::Opaque => crate::tcp::forward(&proxy, io, &meta).await,
+    }
+}

@@ -1,0 +1,164 @@
+//! Proxy metrics, registered into the caller's registry. Handles are resolved once at
+//! construction so the request path only touches atomics.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::detect::Protocol;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProtocolLabels {
+    protocol: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+/// Where a request ended up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Forwarded to the original destination (the baseline application).
+    Baseline,
+    /// Forwarded to a sandbox destination from the routing table.
+    Sandbox,
+    /// Answered by the proxy itself with an error (bad request, upstream failure, …).
+    Error,
+}
+
+#[derive(Clone, Debug)]
+struct PerOutcome {
+    requests: Counter,
+    latency: Histogram,
+}
+
+#[derive(Clone, Debug)]
+struct PerProtocol {
+    accepted: Counter,
+    active: Gauge,
+}
+
+/// The proxy's metrics (prefix chosen by the caller's registry):
+/// `requests_total{outcome}`, `request_duration_seconds{outcome}` (time to response headers),
+/// `connections_total{protocol}`, `active_connections{protocol}`,
+/// `upstream_connects_total{result}`, `pool_stale_closed_total`.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    baseline: PerOutcome,
+    sandbox: PerOutcome,
+    error: PerOutcome,
+    http1: PerProtocol,
+    http2: PerProtocol,
+    tls: PerProtocol,
+    tcp: PerProtocol,
+    connect_ok: Counter,
+    connect_err: Counter,
+    pub(crate) stale_closed: Counter,
+}
+
+impl Metrics {
+    pub(crate) fn register(registry: &mut Registry) -> Self {
+        let requests = Family::<OutcomeLabels, Counter>::default();
+        let latency = Family::<OutcomeLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+        });
+        let accepted = Family::<ProtocolLabels, Counter>::default();
+        let active = Family::<ProtocolLabels, Gauge>::default();
+        let connects = Family::<ResultLabels, Counter>::default();
+        let stale_closed = Counter::default();
+        registry.register("requests", "HTTP requests by where they were routed", requests.clone());
+        registry.register(
+            "request_duration_seconds",
+            "Time from request received to response headers sent",
+            latency.clone(),
+        );
+        registry.register("connections", "Accepted inbound connections by detected protocol", accepted.clone());
+        registry.register("active_connections", "Open inbound connections by detected protocol", active.clone());
+        registry.register("upstream_connects", "Upstream connection attempts by result", connects.clone());
+        registry.register(
+            "pool_stale_closed",
+            "Pooled upstream connections closed because their destination left the routing table",
+            stale_closed.clone(),
+        );
+        let outcome = |o: &'static str| PerOutcome {
+            requests: requests.get_or_create(&OutcomeLabels { outcome: o }).clone(),
+            latency: latency.get_or_create(&OutcomeLabels { outcome: o }).clone(),
+        };
+        let proto = |p: Protocol| PerProtocol {
+            accepted: accepted.get_or_create(&ProtocolLabels { protocol: p.as_str() }).clone(),
+            active: active.get_or_create(&ProtocolLabels { protocol: p.as_str() }).clone(),
+        };
+        Metrics {
+            baseline: outcome("baseline"),
+            sandbox: outcome("sandbox"),
+            error: outcome("error"),
+            http1: proto(Protocol::Http1),
+            http2: proto(Protocol::Http2),
+            tls: proto(Protocol::Tls),
+            tcp: proto(Protocol::Opaque),
+            connect_ok: connects.get_or_create(&ResultLabels { result: "ok" }).clone(),
+            connect_err: connects.get_or_create(&ResultLabels { result: "error" }).clone(),
+            stale_closed,
+        }
+    }
+
+    pub(crate) fn request(&self, outcome: Outcome, seconds: f64) {
+        let m = match outcome {
+            Outcome::Baseline => &self.baseline,
+            Outcome::Sandbox => &self.sandbox,
+            Outcome::Error => &self.error,
+        };
+        m.requests.inc();
+        m.latency.observe(seconds);
+    }
+
+    fn proto(&self, p: Protocol) -> &PerProtocol {
+        match p {
+            Protocol::Http1 => &self.http1,
+            Protocol::Http2 => &self.http2,
+            Protocol::Tls => &self.tls,
+            Protocol::Opaque => &self.tcp,
+        }
+    }
+
+    /// Counts an accepted connection and keeps it in `active_connections` until the guard drops.
+    pub(crate) fn connection(&self, p: Protocol) -> ActiveGuard {
+        let m = self.proto(p);
+        m.accepted.inc();
+        m.active.inc();
+        ActiveGuard(m.active.clone())
+    }
+
+    pub(crate) fn upstream_connect(&self, ok: bool) {
+        if ok { self.connect_ok.inc() } else { self.connect_err.inc() };
+    }
+
+    /// Requests counted so far with this outcome (tests and the demo's self-check read it).
+    pub fn requests_baseline(&self) -> u64 {
+        self.baseline.requests.get()
+    }
+    pub fn requests_sandbox(&self) -> u64 {
+        self.sandbox.requests.get()
+    }
+    pub fn requests_error(&self) -> u64 {
+        self.error.requests.get()
+    }
+}
+
+pub(crate) struct ActiveGuard(Gauge);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}

@@ -1,0 +1,304 @@
+//! Upstream connections: HTTP/1 keep-alive pools and shared HTTP/2 connections, keyed by
+//! upstream, plus plain TCP connects for opaque traffic and upgrades.
+//!
+//! A connection returns to its pool only once its response body has been consumed (`ready()`),
+//! and never if its destination has left the routing table in the meantime.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2};
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use spur_routing::rules::Location;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::config::ProxyConfig;
+use crate::metrics::Metrics;
+use crate::Error;
+
+pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
+
+/// Where a connection goes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub(crate) enum Upstream {
+    /// The inbound connection's original destination (the application).
+    Original(SocketAddr),
+    /// A routing-table destination; subject to purging when it leaves the table.
+    Sandbox(Location),
+}
+
+impl fmt::Display for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Upstream::Original(a) => a.fmt(f),
+            Upstream::Sandbox(l) => l.fmt(f),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Version {
+    Http1,
+    Http2,
+}
+
+struct Idle {
+    sender: http1::SendRequest<Body>,
+    since: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    h1: HashMap<Upstream, Vec<Idle>>,
+    h2: HashMap<Upstream, http2::SendRequest<Body>>,
+    /// Sandbox locations of the current table; `None` until a table change is first reported.
+    live: Option<BTreeSet<Location>>,
+}
+
+impl State {
+    fn is_live(&self, upstream: &Upstream) -> bool {
+        match (upstream, &self.live) {
+            (Upstream::Sandbox(loc), Some(live)) => live.contains(loc),
+            _ => true,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct Pool {
+    state: Arc<Mutex<State>>,
+    connect_timeout: Duration,
+    max_idle: usize,
+    idle_timeout: Duration,
+    max_header_bytes: usize,
+    metrics: Metrics,
+}
+
+impl Pool {
+    pub(crate) fn new(config: &ProxyConfig, metrics: Metrics) -> Self {
+        let pool = Pool {
+            state: Arc::default(),
+            connect_timeout: config.connect_timeout,
+            max_idle: config.pool_max_idle_per_upstream,
+            idle_timeout: config.pool_idle_timeout,
+            max_header_bytes: config.max_header_bytes,
+            metrics,
+        };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(reap(Arc::downgrade(&pool.state), config.pool_idle_timeout));
+        }
+        pool
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock cannot leave the maps inconsistent (every critical
+        // section is a single insert/remove), so a poisoned lock is still safe to use.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) async fn connect_tcp(&self, upstream: &Upstream) -> Result<TcpStream, Error> {
+        let connect = async {
+            match upstream {
+                Upstream::Original(addr) => TcpStream::connect(addr).await,
+                Upstream::Sandbox(loc) => TcpStream::connect((loc.host.as_str(), loc.port)).await,
+            }
+        };
+        let res = match tokio::time::timeout(self.connect_timeout, connect).await {
+            Err(_) => Err(Error::ConnectTimeout { upstream: upstream.to_string(), timeout: self.connect_timeout }),
+            Ok(Err(source)) => Err(Error::Connect { upstream: upstream.to_string(), source }),
+            Ok(Ok(s)) => {
+                // Latency matters more than packet count for proxied request/response traffic.
+                let _ = s.set_nodelay(true);
+                Ok(s)
+            }
+        };
+        self.metrics.upstream_connect(res.is_ok());
+        res
+    }
+
+    /// Sends one request upstream over a pooled or new connection of the given version.
+    pub(crate) async fn send(
+        &self,
+        upstream: &Upstream,
+        version: Version,
+        req: Request<Body>,
+    ) -> Result<Response<Incoming>, Error> {
+        match version {
+            Version::Http1 => self.send_h1(upstream, req).await,
+            Version::Http2 => self.send_h2(upstream, req).await,
+        }
+    }
+
+    async fn send_h1(&self, upstream: &Upstream, mut req: Request<Body>) -> Result<Response<Incoming>, Error> {
+        // A pooled connection may have been closed by the server just as we picked it; hyper
+        // hands the request back when it was not written, and we retry on the next one.
+        while let Some(mut sender) = self.take_h1(upstream) {
+            match sender.try_send_request(req).await {
+                Ok(resp) => {
+                    self.recycle_h1(upstream.clone(), sender);
+                    return Ok(resp);
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(r) => req = r,
+                    None => return Err(Error::Upstream { upstream: upstream.to_string(), source: e.into_error() }),
+                },
+            }
+        }
+        let mut sender = self.connect_h1(upstream).await?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|source| Error::Upstream { upstream: upstream.to_string(), source })?;
+        self.recycle_h1(upstream.clone(), sender);
+        Ok(resp)
+    }
+
+    fn take_h1(&self, upstream: &Upstream) -> Option<http1::SendRequest<Body>> {
+        let mut state = self.lock();
+        let idle = state.h1.get_mut(upstream)?;
+        while let Some(entry) = idle.pop() {
+            if entry.since.elapsed() < self.idle_timeout && entry.sender.is_ready() {
+                return Some(entry.sender);
+            }
+        }
+        None
+    }
+
+    /// Returns the connection to the pool once its response has been fully read.
+    fn recycle_h1(&self, upstream: Upstream, mut sender: http1::SendRequest<Body>) {
+        let pool = self.clone();
+        tokio::spawn(async move {
+            if sender.ready().await.is_err() {
+                return;
+            }
+            let mut state = pool.lock();
+            if !state.is_live(&upstream) {
+                pool.metrics.stale_closed.inc();
+                return;
+            }
+            let idle = state.h1.entry(upstream).or_default();
+            if idle.len() < pool.max_idle {
+                idle.push(Idle { sender, since: Instant::now() });
+            }
+        });
+    }
+
+    async fn connect_h1(&self, upstream: &Upstream) -> Result<http1::SendRequest<Body>, Error> {
+        let tcp = self.connect_tcp(upstream).await?;
+        let (sender, conn) = http1::Builder::new()
+            .max_buf_size(self.max_header_bytes.max(8192) * 2)
+            .handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|source| Error::Handshake { upstream: upstream.to_string(), source })?;
+        let name = upstream.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!(upstream = %name, error = %e, "upstream HTTP/1 connection ended");
+            }
+        });
+        Ok(sender)
+    }
+
+    async fn send_h2(&self, upstream: &Upstream, req: Request<Body>) -> Result<Response<Incoming>, Error> {
+        let existing = {
+            let state = self.lock();
+            state.h2.get(upstream).filter(|s| !s.is_closed()).cloned()
+        };
+        let mut req = req;
+        if let Some(mut sender) = existing {
+            if sender.ready().await.is_ok() {
+                match sender.try_send_request(req).await {
+                    Ok(resp) => return Ok(resp),
+                    Err(mut e) => match e.take_message() {
+                        Some(r) => req = r,
+                        None => return Err(Error::Upstream { upstream: upstream.to_string(), source: e.into_error() }),
+                    },
+                }
+            }
+            self.lock().h2.remove(upstream);
+        }
+        let mut sender = self.connect_h2(upstream).await?;
+        {
+            let mut state = self.lock();
+            if state.is_live(upstream) {
+                state.h2.insert(upstream.clone(), sender.clone());
+            }
+        }
+        sender.send_request(req).await.map_err(|source| Error::Upstream { upstream: upstream.to_string(), source })
+    }
+
+    async fn connect_h2(&self, upstream: &Upstream) -> Result<http2::SendRequest<Body>, Error> {
+        let tcp = self.connect_tcp(upstream).await?;
+        let header_bytes = u32::try_from(self.max_header_bytes).unwrap_or(u32::MAX);
+        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .max_header_list_size(header_bytes)
+            .keep_alive_interval(Duration::from_secs(30))
+            .handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|source| Error::Handshake { upstream: upstream.to_string(), source })?;
+        let name = upstream.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(upstream = %name, error = %e, "upstream HTTP/2 connection ended");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// Drops idle connections to sandbox upstreams outside `live` (dropping the last sender closes
+    /// the connection); connections in use are dropped instead of being returned to the pool.
+    pub(crate) fn retain_sandbox_upstreams(&self, live: &BTreeSet<Location>) {
+        let mut state = self.lock();
+        let keep = |u: &Upstream| match u {
+            Upstream::Original(_) => true,
+            Upstream::Sandbox(loc) => live.contains(loc),
+        };
+        let mut closed = 0u64;
+        state.h1.retain(|u, idle| {
+            let k = keep(u);
+            if !k {
+                closed += idle.len() as u64;
+            }
+            k
+        });
+        state.h2.retain(|u, _| {
+            let k = keep(u);
+            if !k {
+                closed += 1;
+            }
+            k
+        });
+        state.live = Some(live.clone());
+        drop(state);
+        self.metrics.stale_closed.inc_by(closed);
+    }
+
+    pub(crate) fn idle_count(&self) -> usize {
+        let state = self.lock();
+        state.h1.values().map(Vec::len).sum::<usize>() + state.h2.values().filter(|s| !s.is_closed()).count()
+    }
+}
+
+/// Closes idle connections past their idle timeout; ends when the pool is dropped.
+async fn reap(state: Weak<Mutex<State>>, idle_timeout: Duration) {
+    let period = (idle_timeout / 2).max(Duration::from_millis(100));
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(state) = state.upgrade() else { return };
+        let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+        for idle in state.h1.values_mut() {
+            idle.retain(|e| e.since.elapsed() < idle_timeout && !e.sender.is_closed());
+        }
+        state.h1.retain(|_, idle| !idle.is_empty());
+        state.h2.retain(|_, s| !s.is_closed());
+    }
+}

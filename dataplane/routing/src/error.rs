@@ -1,0 +1,32 @@
+use std::fmt;
+
+/// Everything that can go wrong in this crate: invalid configuration or invalid rules. Hostile
+/// request input never produces an error here; it simply yields no routing key.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A configured custom routing header is not a valid HTTP header name.
+    #[error("invalid routing header name {name:?}")]
+    InvalidHeaderName { name: String },
+    /// A configured query parameter name is empty or contains characters outside `[A-Za-z0-9._-]`.
+    #[error("invalid routing query parameter name {name:?}")]
+    InvalidQueryParam { name: String },
+    /// A routing rule failed validation; `rule` locates it (index and routing key).
+    #[error("invalid routing rule {rule}: {reason}")]
+    InvalidRule { rule: RuleRef, reason: String },
+    /// Two rules share the same (baseline, routing key).
+    #[error("duplicate routing rule for routing key {routing_key:?} and baseline {baseline}")]
+    DuplicateRule { routing_key: String, baseline: String },
+}
+
+/// Where an invalid rule sits in its source, for error messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleRef {
+    pub index: usize,
+    pub routing_key: String,
+}
+
+impl fmt::Display for RuleRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{} (routingKey {:?})", self.index, self.routing_key)
+    }
+}

@@ -1,0 +1,201 @@
+//! The compiled routing table and the lock-free handle the request path reads it through.
+//!
+//! A [`RuleTable`] is immutable: a writer (a rule source) builds a whole new table off the hot path
+//! and publishes it with [`SharedTable::store`]; requests only [`SharedTable::load`]. Lookup is two
+//! hash probes and a scan over the handful of ports one key maps, so it does not allocate and its
+//! cost does not grow with the number of rules.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::rules::{BaselineWorkload, Location, RoutingRule};
+
+/// Where a keyed request goes: the first destination of the matching port mapping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Destination {
+    pub sandbox: Arc<str>,
+    pub routing_key: Arc<str>,
+    pub location: Location,
+}
+
+/// Rules of one baseline workload, by routing key then workload port.
+#[derive(Debug, Default)]
+pub struct BaselineRules {
+    by_key: HashMap<Box<str>, Box<[(u16, Arc<Destination>)]>>,
+}
+
+impl BaselineRules {
+    /// The destination for `key` on `port`, if a rule says so.
+    pub fn lookup(&self, port: u16, key: &str) -> Option<&Arc<Destination>> {
+        self.by_key.get(key)?.iter().find(|(p, _)| *p == port).map(|(_, d)| d)
+    }
+
+    /// The first candidate key that has a rule for `port` wins (candidates come in precedence order).
+    pub fn route<'k>(
+        &self,
+        port: u16,
+        candidates: impl IntoIterator<Item = &'k str>,
+    ) -> Option<&Arc<Destination>> {
+        candidates.into_iter().find_map(|k| self.lookup(port, k))
+    }
+}
+
+/// An immutable index of validated rules: (baseline, workload port, routing key) → destination.
+#[derive(Debug, Default)]
+pub struct RuleTable {
+    baselines: HashMap<BaselineWorkload, BaselineRules>,
+    rules: Vec<RoutingRule>,
+}
+
+impl RuleTable {
+    /// Compiles validated rules (see [`crate::rules::validate_rules`]).
+    pub fn new(rules: Vec<RoutingRule>) -> Self {
+        let mut grouped: HashMap<BaselineWorkload, HashMap<Box<str>, Vec<(u16, Arc<Destination>)>>> =
+            HashMap::new();
+        for rule in &rules {
+            let sandbox: Arc<str> = Arc::from(rule.destination_sandbox.as_str());
+            let routing_key: Arc<str> = Arc::from(rule.routing_key.as_str());
+            let ports = grouped
+                .entry(rule.baseline.clone())
+                .or_default()
+                .entry(Box::from(rule.routing_key.as_str()))
+                .or_default();
+            for m in &rule.mappings {
+                if let Some(location) = m.destinations.first() {
+                    ports.push((
+                        m.workload_port,
+                        Arc::new(Destination {
+                            sandbox: sandbox.clone(),
+                            routing_key: routing_key.clone(),
+                            location: location.clone(),
+                        }),
+                    ));
+                }
+            }
+        }
+        let baselines = grouped
+            .into_iter()
+            .map(|(b, keys)| {
+                let by_key = keys.into_iter().map(|(k, v)| (k, v.into_boxed_slice())).collect();
+                (b, BaselineRules { by_key })
+            })
+            .collect();
+        RuleTable { baselines, rules }
+    }
+
+    /// The rules of one baseline, if it has any. Resolve once per request, then [`BaselineRules::route`].
+    pub fn baseline(&self, baseline: &BaselineWorkload) -> Option<&BaselineRules> {
+        self.baselines.get(baseline)
+    }
+
+    /// Shorthand for `baseline(b)?.lookup(port, key)`.
+    pub fn lookup(&self, baseline: &BaselineWorkload, port: u16, key: &str) -> Option<&Arc<Destination>> {
+        self.baseline(baseline)?.lookup(port, key)
+    }
+
+    /// The validated rules this table was built from, in source order.
+    pub fn rules(&self) -> &[RoutingRule] {
+        &self.rules
+    }
+
+    pub fn len(&self) -> usize {
+        self.rules.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// Every location traffic may be sent to under this table. Connection pools drop idle
+    /// connections to anything outside this set when a new table is published.
+    pub fn locations(&self) -> BTreeSet<Location> {
+        self.baselines
+            .values()
+            .flat_map(|b| b.by_key.values())
+            .flat_map(|ports| ports.iter().map(|(_, d)| d.location.clone()))
+            .collect()
+    }
+}
+
+/// A published table and its version (1 for the first table a source publishes, then +1 per swap;
+/// 0 means nothing was published yet).
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub version: u64,
+    pub table: RuleTable,
+}
+
+/// The lock-free handle every request loads the current table from. Cloning shares it.
+#[derive(Debug, Clone, Default)]
+pub struct SharedTable {
+    inner: Arc<ArcSwap<Snapshot>>,
+}
+
+impl SharedTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The current snapshot. Cheap and wait-free; hold it only for the duration of one decision.
+    pub fn load(&self) -> arc_swap::Guard<Arc<Snapshot>> {
+        self.inner.load()
+    }
+
+    /// The current snapshot as an owned `Arc` (for long-lived readers such as `/config_dump`).
+    pub fn load_full(&self) -> Arc<Snapshot> {
+        self.inner.load_full()
+    }
+
+    /// Publishes `table` as the next version and returns that version. A table has exactly one
+    /// writer (its rule source), so reading the current version and storing need no CAS loop.
+    pub fn store(&self, table: RuleTable) -> u64 {
+        let version = self.inner.load().version + 1;
+        self.inner.store(Arc::new(Snapshot { version, table }));
+        version
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::PortMapping;
+
+    fn rule(key: &str, name: &str, port: u16, host: &str) -> RoutingRule {
+        RoutingRule {
+            routing_key: key.into(),
+            baseline: BaselineWorkload { kind: "Deployment".into(), namespace: "ns".into(), name: name.into() },
+            destination_sandbox: format!("sb-{key}"),
+            mappings: vec![PortMapping {
+                workload_port: port,
+                destinations: vec![Location { host: host.into(), port: 9000 }, Location { host: "second".into(), port: 1 }],
+            }],
+        }
+    }
+
+    #[test]
+    fn lookup_by_baseline_port_and_key() {
+        let t = RuleTable::new(vec![rule("k1", "a", 80, "fork-a"), rule("k2", "a", 81, "fork-a2"), rule("k1", "b", 80, "fork-b")]);
+        let a = BaselineWorkload { kind: "Deployment".into(), namespace: "ns".into(), name: "a".into() };
+        let d = t.lookup(&a, 80, "k1").unwrap();
+        assert_eq!(d.location, Location { host: "fork-a".into(), port: 9000 });
+        assert_eq!(&*d.sandbox, "sb-k1");
+        assert!(t.lookup(&a, 81, "k1").is_none(), "port must match");
+        assert!(t.lookup(&a, 80, "k3").is_none(), "unknown key");
+        let other = BaselineWorkload { name: "zzz".into(), ..a.clone() };
+        assert!(t.lookup(&other, 80, "k1").is_none(), "other baseline");
+        let routed = t.baseline(&a).unwrap().route(81, ["nope", "k1", "k2"]).unwrap();
+        assert_eq!(&*routed.routing_key, "k2", "first candidate with a rule wins");
+        assert_eq!(t.locations().len(), 3);
+    }
+
+    #[test]
+    fn shared_table_versions() {
+        let s = SharedTable::new();
+        assert_eq!(s.load().version, 0);
+        assert_eq!(s.store(RuleTable::new(vec![rule("k", "a", 80, "h")])), 1);
+        assert_eq!(s.store(RuleTable::default()), 2);
+        assert!(s.load().table.is_empty());
+    }
+}

@@ -1,0 +1,1 @@
+//! End-to-end tests of the proxy core; the tests live in `tests/tests/`.
