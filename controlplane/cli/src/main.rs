@@ -1,1 +1,44 @@
-fn main() {}
+//! The `spur` command: the standalone demo now; route server, cluster and local workflows later.
+
+mod demo;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "spur", version, about = "Spur: request-level sandboxes for Kubernetes, data plane first.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run example baseline and forked services behind Spur sidecars on loopback and show
+    /// keyed requests reaching the fork while everything else reaches the baseline.
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    // The demo talks to a person on stdout; only problems go to stderr unless SPUR_LOG says otherwise.
+    spur_sidecar::init_tracing("warn");
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("spur: cannot start runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Demo(args) => demo::run(args).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("spur: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

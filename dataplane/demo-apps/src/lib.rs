@@ -26,8 +26,6 @@ pub const GRPC_SERVICE: &str = "spur.demo.v1.Demo";
 /// Errors from starting or running a demo service.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("i/o error: {0}")]
-    Io(#[from] std::io::Error),
     #[error("gRPC server error: {0}")]
     Grpc(#[from] tonic::transport::Error),
     #[error("TLS configuration error: {0}")]

@@ -1,5 +1,8 @@
 //! Direct (no proxy) checks that every demo service behaves as the end-to-end tests expect.
 
+// clippy's allow-*-in-tests only covers `#[test]` bodies, not the helpers they share here.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;

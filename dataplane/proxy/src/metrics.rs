@@ -98,6 +98,10 @@ impl Metrics {
             accepted: accepted.get_or_create(&ProtocolLabels { protocol: p.as_str() }).clone(),
             active: active.get_or_create(&ProtocolLabels { protocol: p.as_str() }).clone(),
         };
+        // One statement per handle: a `get_or_create` guard lives until the end of its statement,
+        // and two on the same family in one expression deadlock.
+        let connect_ok = connects.get_or_create(&ResultLabels { result: "ok" }).clone();
+        let connect_err = connects.get_or_create(&ResultLabels { result: "error" }).clone();
         Metrics {
             baseline: outcome("baseline"),
             sandbox: outcome("sandbox"),
@@ -106,8 +110,8 @@ impl Metrics {
             http2: proto(Protocol::Http2),
             tls: proto(Protocol::Tls),
             tcp: proto(Protocol::Opaque),
-            connect_ok: connects.get_or_create(&ResultLabels { result: "ok" }).clone(),
-            connect_err: connects.get_or_create(&ResultLabels { result: "error" }).clone(),
+            connect_ok,
+            connect_err,
             stale_closed,
         }
     }

@@ -158,34 +158,27 @@ impl<'a, I: Iterator<Item = &'a [u8]>> List<'a, I> {
     }
 }
 
-impl<'a, I: Iterator<Item = &'a [u8]>> Iterator for List<'a, I> {
-    type Item = RawMember<'a>;
-
-    fn next(&mut self) -> Option<RawMember<'a>> {
+impl<'a, I: Iterator<Item = &'a [u8]>> List<'a, I> {
+    /// The next valid member whose key satisfies `want`. Keys are tested before the rest of the
+    /// member is validated, so a caller looking for a few names does not pay for validating
+    /// every other member (a matching key still has to be a valid one).
+    pub fn next_where(&mut self, mut want: impl FnMut(&str) -> bool) -> Option<RawMember<'a>> {
         loop {
-            let rest = match self.rest {
-                Some(r) => r,
-                None => {
-                    if !self.next_line() {
-                        return None;
-                    }
-                    continue;
+            let Some(rest) = self.rest else {
+                if !self.next_line() {
+                    return None;
                 }
+                continue;
             };
-            let entry = match rest.split_once(',') {
-                Some((entry, tail)) => {
-                    self.rest = Some(tail);
-                    entry
-                }
-                None => {
-                    self.rest = None;
-                    rest
-                }
+            let cut = Cut::scan(rest);
+            self.rest = rest.get(cut.end + 1..);
+            let Some(entry) = rest.get(..cut.end) else {
+                return None;
             };
-            let entry = trim_ows(entry);
+            let raw = trim_ows(entry);
             // Empty members are allowed by both specs (and appear when lines are joined), and
             // do not count against the member limit; the byte budget bounds them instead.
-            if entry.is_empty() {
+            if raw.is_empty() {
                 continue;
             }
             if self.members_left == 0 {
@@ -195,13 +188,52 @@ impl<'a, I: Iterator<Item = &'a [u8]>> Iterator for List<'a, I> {
             }
             self.members_left -= 1;
             let parsed = match self.syntax {
-                Syntax::Baggage => parse_baggage_member(entry),
-                Syntax::TraceState => parse_tracestate_member(entry),
+                Syntax::Baggage => parse_baggage_member(entry, raw, &cut, &mut want),
+                Syntax::TraceState => parse_tracestate_member(entry, raw, &cut, &mut want),
             };
             if parsed.is_some() {
                 return parsed;
             }
         }
+    }
+}
+
+/// Where the first member of a list text ends and where its first `=` and `;` are: one scan
+/// per member instead of one per separator (the generic `str` searchers cost more than the
+/// short members they search).
+struct Cut {
+    end: usize,
+    eq: Option<usize>,
+    semi: Option<usize>,
+}
+
+impl Cut {
+    fn scan(s: &str) -> Cut {
+        let mut cut = Cut {
+            end: s.len(),
+            eq: None,
+            semi: None,
+        };
+        for (i, b) in s.bytes().enumerate() {
+            match b {
+                b',' => {
+                    cut.end = i;
+                    break;
+                }
+                b'=' if cut.eq.is_none() => cut.eq = Some(i),
+                b';' if cut.semi.is_none() => cut.semi = Some(i),
+                _ => {}
+            }
+        }
+        cut
+    }
+}
+
+impl<'a, I: Iterator<Item = &'a [u8]>> Iterator for List<'a, I> {
+    type Item = RawMember<'a>;
+
+    fn next(&mut self) -> Option<RawMember<'a>> {
+        self.next_where(|_| true)
     }
 }
 
@@ -255,41 +287,68 @@ where
     List::new(values.into_iter().map(as_bytes), syntax)
 }
 
-fn parse_baggage_member(entry: &str) -> Option<RawMember<'_>> {
-    let (member, properties) = match entry.split_once(';') {
-        Some((m, p)) => (m, trim_ows(p)),
-        None => (entry, ""),
+/// `entry` is the untrimmed member text that `cut` indexes; `raw` is `entry` without OWS.
+fn parse_baggage_member<'a>(
+    entry: &'a str,
+    raw: &'a str,
+    cut: &Cut,
+    want: impl FnOnce(&str) -> bool,
+) -> Option<RawMember<'a>> {
+    let eq = cut.eq?;
+    let value_end = match cut.semi {
+        Some(semi) if semi < eq => return None,
+        Some(semi) => semi,
+        None => cut.end,
     };
-    let (key, value) = member.split_once('=')?;
-    let key = trim_ows(key);
-    let value = trim_ows(value);
+    let key = trim_ows(entry.get(..eq)?);
+    if !want(key) {
+        return None;
+    }
+    let value = trim_ows(entry.get(eq + 1..value_end)?);
     if !is_token(key) || !value.bytes().all(is_baggage_octet) {
         return None;
     }
+    let properties = match cut.semi {
+        Some(semi) => trim_ows(entry.get(semi + 1..)?),
+        None => "",
+    };
     Some(RawMember {
         key,
         value,
         properties,
-        raw: entry,
+        raw,
     })
 }
 
-fn parse_tracestate_member(entry: &str) -> Option<RawMember<'_>> {
-    let (key, value) = entry.split_once('=')?;
-    if !is_tracestate_key(key) || !is_tracestate_value(value) {
+/// As [`parse_baggage_member`]; tracestate allows no OWS around `=` and `;` is an ordinary
+/// value character.
+fn parse_tracestate_member<'a>(
+    entry: &'a str,
+    raw: &'a str,
+    cut: &Cut,
+    want: impl FnOnce(&str) -> bool,
+) -> Option<RawMember<'a>> {
+    let eq = cut.eq?;
+    let key = entry.get(..eq)?.trim_start_matches([' ', '\t']);
+    let value = entry.get(eq + 1..)?.trim_end_matches([' ', '\t']);
+    if !want(key) || !is_tracestate_key(key) || !is_tracestate_value(value) {
         return None;
     }
     Some(RawMember {
         key,
         value,
         properties: "",
-        raw: entry,
+        raw,
     })
 }
 
 /// OWS = *( SP / HTAB ) (RFC 9110 §5.6.3).
 pub fn trim_ows(s: &str) -> &str {
-    s.trim_matches([' ', '\t'])
+    let is_ows = |b: &u8| *b == b' ' || *b == b'\t';
+    let b = s.as_bytes();
+    let start = b.iter().position(|c| !is_ows(c)).unwrap_or(b.len());
+    let end = b.iter().rposition(|c| !is_ows(c)).map_or(start, |i| i + 1);
+    s.get(start..end).unwrap_or_default()
 }
 
 /// RFC 9110 `token`: 1*tchar.

@@ -148,12 +148,21 @@ impl KeyExtractor {
                 }
             }
         }
-        if list_candidates(&mut out, headers.get_all(&BAGGAGE), Syntax::Baggage)
-            || list_candidates(&mut out, headers.get_all(&TRACESTATE), Syntax::TraceState)
+        let present = present_carriers(headers);
+        if present == 0 {
+            return out;
+        }
+        if (present & 1 != 0
+            && list_candidates(&mut out, headers.get_all(&BAGGAGE), Syntax::Baggage))
+            || (present & 2 != 0
+                && list_candidates(&mut out, headers.get_all(&TRACESTATE), Syntax::TraceState))
         {
             return out;
         }
-        for name in &LEGACY {
+        for (i, name) in LEGACY.iter().enumerate() {
+            if present & (4 << i) == 0 {
+                continue;
+            }
             for v in headers.get_all(name) {
                 if let Ok(s) = v.to_str()
                     && let Some(key) = percent_decode(trim_ows(s), false)
@@ -167,11 +176,42 @@ impl KeyExtractor {
     }
 }
 
+/// Which standard carriers a request has: bit 0 `baggage`, bit 1 `tracestate`, bit 2 + i
+/// `LEGACY_HEADERS[i]`.
+///
+/// One walk over the distinct names costs less than ten hash lookups of absent names (hashing a
+/// custom header name is a byte-at-a-time FNV over ~25 bytes), and most requests carry neither.
+fn present_carriers(headers: &HeaderMap) -> u16 {
+    let mut present = 0;
+    for name in headers.keys() {
+        let s = name.as_str();
+        let bit = match s.as_bytes().first() {
+            Some(b'b') if s == "baggage" => 0,
+            Some(b't') if s == "tracestate" => 1,
+            Some(b'o' | b'u') => match LEGACY_HEADERS.iter().position(|l| *l == s) {
+                Some(i) => i + 2,
+                None => continue,
+            },
+            _ => continue,
+        };
+        present |= 1 << bit;
+    }
+    present
+}
+
+fn member_index(key: &str) -> Option<usize> {
+    if !key.starts_with('s') {
+        return None;
+    }
+    MEMBER_NAMES.iter().position(|n| *n == key)
+}
+
 /// Pushes the keys of one list header in [`MEMBER_NAMES`] order; `true` once `out` is full.
 ///
-/// One pass per member name that is present rather than one pass per name: a pass pushes the
-/// members of its name and notes which lower-precedence names it saw, so a list without any key
-/// is read once and the usual `sd-routing-key=K,sd-sandbox=K` twice, without buffering.
+/// Name order must win over position without buffering values, so each pass pushes the members
+/// of one name and notes the lower-precedence names it saw that could still add a candidate. A
+/// list is thus read once unless it carries different keys under different names; the usual
+/// `sd-routing-key=K,sd-sandbox=K` takes one pass since the second member would add nothing.
 fn list_candidates<'a>(
     out: &mut Candidates<'a>,
     values: GetAll<'a, HeaderValue>,
@@ -180,11 +220,15 @@ fn list_candidates<'a>(
     let mut target = 0;
     loop {
         let mut later = 0u8;
-        for m in baggage::header_list(values.iter(), syntax) {
-            let Some(i) = MEMBER_NAMES.iter().position(|n| *n == m.key) else {
-                continue;
-            };
-            if i == target {
+        let mut list = baggage::header_list(values.iter(), syntax);
+        let mut index = 0;
+        while let Some(m) = list.next_where(|k| {
+            member_index(k).is_some_and(|i| {
+                index = i;
+                i >= target
+            })
+        }) {
+            if index == target {
                 let value = match syntax {
                     Syntax::Baggage => m.decode_value(),
                     Syntax::TraceState => Some(Cow::Borrowed(m.value)),
@@ -194,8 +238,8 @@ fn list_candidates<'a>(
                 {
                     return true;
                 }
-            } else if i > target {
-                later |= 1 << i;
+            } else if m.value.contains('%') || (is_valid_key(m.value) && !out.contains(m.value)) {
+                later |= 1 << index;
             }
         }
         if later == 0 {
@@ -265,6 +309,10 @@ impl<'a> Candidates<'a> {
             self.len += 1;
         }
         self.len >= MAX_CANDIDATES
+    }
+
+    fn contains(&self, key: &str) -> bool {
+        self.iter().any(|k| k == key)
     }
 
     fn as_slice(&self) -> &[Cow<'a, str>] {

@@ -1,0 +1,207 @@
+//! Property tests: extraction is total and well-behaved on arbitrary input, injection round-trips,
+//! baggage encoding round-trips, and table lookup agrees with a naive scan of the rules.
+#![allow(clippy::unwrap_used, reason = "test helpers")]
+
+use std::collections::HashSet;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use proptest::collection::vec;
+use proptest::prelude::*;
+use spur_routing::baggage::{encode_value, members};
+use spur_routing::extract::{MAX_CANDIDATES, is_valid_key, strip_query_param};
+use spur_routing::inject::inject_key;
+use spur_routing::rules::{BaselineSpec, LocationSpec, MappingSpec, SandboxSpec, validate_rules};
+use spur_routing::{BaselineWorkload, ExtractConfig, KeyExtractor, RuleSpec, RuleTable};
+
+const NAMES: &[&str] = &[
+    "baggage",
+    "tracestate",
+    "x-route",
+    "ot-baggage-sd-routing-key",
+    "ot-baggage-sd-sandbox",
+    "uberctx-sd-routing-key",
+    "uberctx-sd-workspace",
+    "accept",
+];
+
+fn extractor() -> KeyExtractor {
+    KeyExtractor::new(&ExtractConfig {
+        custom_headers: vec!["x-route".into()],
+        query_param: Some("sd-routing-key".into()),
+    })
+    .unwrap()
+}
+
+/// Values biased towards list syntax so the parsers' interesting paths are reached.
+fn listish() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        vec(any::<u8>(), 0..200),
+        "[a-z=,;% \t0-9A-F._-]{0,200}".prop_map(String::into_bytes),
+        "((sd-routing-key|sd-sandbox|spur-routing-key|sd-workspace|x) ?= ?[a-z0-9%.-]{0,12} ?(;p)?,){0,12}"
+            .prop_map(String::into_bytes),
+    ]
+}
+
+fn header_map(pairs: &[(usize, Vec<u8>)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (i, v) in pairs {
+        if let Ok(v) = HeaderValue::from_bytes(v) {
+            h.append(HeaderName::from_static(NAMES[i % NAMES.len()]), v);
+        }
+    }
+    h
+}
+
+fn check_candidates(h: &HeaderMap, query: Option<&str>) -> Result<(), TestCaseError> {
+    let c = extractor().extract(h, query);
+    prop_assert!(c.len() <= MAX_CANDIDATES);
+    prop_assert_eq!(c.iter().count(), c.len());
+    let mut seen = HashSet::new();
+    for k in c.iter() {
+        prop_assert!(is_valid_key(k), "invalid candidate {:?}", k);
+        prop_assert!(seen.insert(k), "duplicate candidate {:?}", k);
+    }
+    Ok(())
+}
+
+proptest! {
+    #[test]
+    fn extraction_is_total(pairs in vec((any::<usize>(), listish()), 0..12), query in ".{0,100}") {
+        let h = header_map(&pairs);
+        check_candidates(&h, Some(&query))?;
+        check_candidates(&h, None)?;
+    }
+
+    #[test]
+    fn strip_query_param_is_total(pq in "/[a-z]{0,3}(\\?[a-z&=%+0-9-]{0,60})?", name in "[a-z]{1,3}") {
+        if let Some((key, rewritten)) = strip_query_param(&pq, &name) {
+            prop_assert!(is_valid_key(&key));
+            let query = rewritten.split_once('?').map_or("", |(_, q)| q);
+            prop_assert!(query.split('&').all(|p| p.split('=').next() != Some(name.as_str())));
+            prop_assert!(!rewritten.ends_with('?') && !rewritten.ends_with('&'));
+        }
+    }
+
+    #[test]
+    fn injected_key_is_extracted_first(
+        key in "[A-Za-z0-9._-]{1,64}",
+        pairs in vec((any::<usize>(), listish()), 0..8),
+    ) {
+        let mut h = header_map(&pairs);
+        inject_key(&mut h, &key, &[HeaderName::from_static("x-route")]);
+        let plain = KeyExtractor::new(&ExtractConfig::default()).unwrap();
+        let c = plain.extract(&h, None);
+        prop_assert_eq!(c.first(), Some(key.as_str()));
+        let c = extractor().extract(&h, None);
+        prop_assert_eq!(c.first(), Some(key.as_str()));
+        check_candidates(&h, None)?;
+    }
+
+    #[test]
+    fn injection_keeps_other_baggage_members(
+        key in "[a-z0-9]{1,13}",
+        others in vec(("[a-z]{1,8}", "[a-zA-Z0-9%]{0,8}"), 0..10),
+    ) {
+        let mut existing = String::new();
+        for (k, v) in &others {
+            let mut enc = String::new();
+            encode_value(v, &mut enc);
+            existing.push_str(&format!("o{k}={enc},"));
+        }
+        let mut h = HeaderMap::new();
+        h.insert("baggage", HeaderValue::from_str(&existing).unwrap());
+        inject_key(&mut h, &key, &[]);
+        let out = h.get("baggage").unwrap().to_str().unwrap();
+        let got: Vec<(String, String)> =
+            members(out).skip(2).map(|m| (m.key.to_owned(), m.value.into_owned())).collect();
+        let want: Vec<(String, String)> = others.iter().map(|(k, v)| (format!("o{k}"), v.clone())).collect();
+        prop_assert_eq!(got, want);
+    }
+
+    #[test]
+    fn baggage_round_trip(
+        items in vec(("[A-Za-z0-9!#$%&'*+.^_`|~-]{1,16}", ".{0,16}", "(;[a-z]{1,4}(=[a-z0-9]{1,4})?){0,2}"), 0..20),
+        ows in "[ \t]{0,2}",
+    ) {
+        let mut line = String::new();
+        for (i, (k, v, props)) in items.iter().enumerate() {
+            if i > 0 {
+                line.push_str(&ows);
+                line.push(',');
+                line.push_str(&ows);
+            }
+            line.push_str(k);
+            line.push_str(&ows);
+            line.push('=');
+            line.push_str(&ows);
+            encode_value(v, &mut line);
+            line.push_str(props);
+        }
+        let got: Vec<(String, String, String)> =
+            members(&line).map(|m| (m.key.to_owned(), m.value.into_owned(), m.properties.to_owned())).collect();
+        let want: Vec<(String, String, String)> = items
+            .iter()
+            .map(|(k, v, p)| (k.clone(), v.clone(), p.strip_prefix(';').unwrap_or("").to_owned()))
+            .collect();
+        prop_assert_eq!(got, want);
+    }
+
+    #[test]
+    fn lookup_agrees_with_linear_scan(
+        raw in vec((0..4usize, 0..2usize, vec((0..3u32, 0..3usize), 1..3)), 0..24),
+        probes in vec((0..5usize, 0..3usize, 79..84u16), 1..40),
+    ) {
+        const KEYS: [&str; 5] = ["a", "b", "c", "d", "zz"];
+        const BASELINES: [&str; 3] = ["x", "y", "w"];
+        let mut seen = HashSet::new();
+        let mut specs = Vec::new();
+        for (k, b, maps) in raw {
+            if !seen.insert((k, b)) {
+                continue;
+            }
+            let mut ports = HashSet::new();
+            let mappings = maps
+                .into_iter()
+                .filter(|(p, _)| ports.insert(*p))
+                .map(|(p, h)| MappingSpec {
+                    workload_port: 80 + p,
+                    destinations: vec![
+                        LocationSpec { host: format!("h{h}-{k}-{b}"), port: 9000 + p },
+                        LocationSpec { host: "second".into(), port: 1 },
+                    ],
+                })
+                .collect();
+            specs.push(RuleSpec {
+                routing_key: KEYS[k].into(),
+                baseline: BaselineSpec { kind: "Deployment".into(), namespace: "ns".into(), name: BASELINES[b].into() },
+                destination_sandbox: SandboxSpec { name: format!("sb-{k}") },
+                mappings,
+            });
+        }
+        let rules = validate_rules(specs).unwrap();
+        let table = RuleTable::new(rules.clone());
+        prop_assert_eq!(table.len(), rules.len());
+        let naive = |b: &BaselineWorkload, port: u16, key: &str| {
+            rules
+                .iter()
+                .filter(|r| &r.baseline == b && r.routing_key == key)
+                .flat_map(|r| r.mappings.iter())
+                .find(|m| m.workload_port == port)
+                .map(|m| m.destinations[0].clone())
+        };
+        for (k, b, port) in probes {
+            let baseline =
+                BaselineWorkload { kind: "Deployment".into(), namespace: "ns".into(), name: BASELINES[b].into() };
+            let got = table.lookup(&baseline, port, KEYS[k]).map(|d| d.location.clone());
+            prop_assert_eq!(got, naive(&baseline, port, KEYS[k]));
+            // Routing over several candidates: the first candidate with a rule wins.
+            let candidates = [KEYS[k], KEYS[(k + 1) % KEYS.len()], KEYS[(k + 2) % KEYS.len()]];
+            let routed = table
+                .baseline(&baseline)
+                .and_then(|r| r.route(port, candidates))
+                .map(|d| (d.routing_key.to_string(), d.location.clone()));
+            let expected = candidates.iter().find_map(|c| naive(&baseline, port, c).map(|l| ((*c).to_owned(), l)));
+            prop_assert_eq!(routed, expected);
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! The DevMesh sidecar: routes each inbound request to its sandbox fork or to the baseline app.
+//!
+//! This library assembles the proxy core for the sidecar role — a [`spur_proxy::KeyRouter`] over
+//! a routing table fed by a rule source, the admin server, and drain — so that the `spur-sidecar`
+//! binary and `spur demo` run exactly the same thing.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use prometheus_client::registry::Registry;
+use spur_discovery::{FileSource, Publisher};
+use spur_proxy::{parse_duration, AdminState, Drain, Inbound, KeyRouter, KeyRouterConfig, Proxy, ProxyConfig};
+use spur_routing::{BaselineWorkload, ExtractConfig, SharedTable};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Errors while configuring or starting a sidecar.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Config(String),
+    #[error("cannot bind {what} on {addr}: {source}")]
+    Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Proxy(#[from] spur_proxy::Error),
+}
+
+/// Command-line flags of `spur-sidecar` (each also settable through the `SPUR_*` variable shown).
+#[derive(Debug, Clone, Args)]
+pub struct SidecarArgs {
+    /// Address the sidecar accepts inbound connections on.
+    #[arg(long, env = "SPUR_INBOUND_ADDR", default_value = "0.0.0.0:15006")]
+    pub inbound_addr: SocketAddr,
+    /// Transparent mode: connections were redirected here by iptables/nft and their original
+    /// destination (the app's port) is read from the socket. Excludes --app-addr.
+    #[arg(long, env = "SPUR_TRANSPARENT")]
+    pub transparent: bool,
+    /// Explicit mode: where unrouted traffic goes (the application). Its port is the workload
+    /// port that rules are looked up with.
+    #[arg(long, env = "SPUR_APP_ADDR")]
+    pub app_addr: Option<SocketAddr>,
+    /// Kind of the baseline workload this sidecar fronts (Deployment, ArgoRollout, …).
+    #[arg(long, env = "SPUR_BASELINE_KIND", default_value = "Deployment")]
+    pub baseline_kind: String,
+    /// Namespace of the baseline workload.
+    #[arg(long, env = "SPUR_BASELINE_NAMESPACE")]
+    pub baseline_namespace: String,
+    /// Name of the baseline workload.
+    #[arg(long, env = "SPUR_BASELINE_NAME")]
+    pub baseline_name: String,
+    /// Routing rules file (YAML or JSON, Routes API shape), polled for changes. Without it the
+    /// sidecar routes everything to the application.
+    #[arg(long, env = "SPUR_RULES")]
+    pub rules: Option<PathBuf>,
+    /// How often the rules file is checked for changes.
+    #[arg(long, env = "SPUR_RULES_POLL", default_value = "1s", value_parser = parse_duration)]
+    pub rules_poll: Duration,
+    /// Admin server address (/live, /ready, /metrics, /config_dump).
+    #[arg(long, env = "SPUR_ADMIN_ADDR", default_value = "127.0.0.1:15020")]
+    pub admin_addr: SocketAddr,
+    /// Extra header whose value is a bare routing key (repeatable; comma-separated in the env var).
+    #[arg(long = "routing-header", env = "SPUR_ROUTING_HEADERS", value_delimiter = ',')]
+    pub routing_headers: Vec<String>,
+    /// Query parameter carrying a routing key (e.g. sd-routing-key); stripped from the URL and
+    /// re-injected as headers. Off unless set.
+    #[arg(long, env = "SPUR_QUERY_PARAM")]
+    pub query_param: Option<String>,
+    /// Ports that are never sniffed and always proxied as opaque TCP (comma-separated in env).
+    #[arg(long = "opaque-port", env = "SPUR_OPAQUE_PORTS", value_delimiter = ',')]
+    pub opaque_ports: Vec<u16>,
+    /// How long in-flight requests get to finish after SIGTERM.
+    #[arg(long, env = "SPUR_DRAIN_GRACE", default_value = "20s", value_parser = parse_duration)]
+    pub drain_grace: Duration,
+    /// Proxy tunables (timeouts, limits, pools) as YAML/JSON; see ProxyConfig in the docs.
+    #[arg(long, env = "SPUR_PROXY_CONFIG")]
+    pub proxy_config: Option<PathBuf>,
+}
+
+/// A validated sidecar configuration.
+#[derive(Debug, Clone)]
+pub struct SidecarConfig {
+    pub inbound_addr: SocketAddr,
+    pub inbound: Inbound,
+    pub baseline: BaselineWorkload,
+    pub rules: Option<PathBuf>,
+    pub rules_poll: Duration,
+    pub admin_addr: Option<SocketAddr>,
+    pub extract: ExtractConfig,
+    pub proxy: ProxyConfig,
+}
+
+impl TryFrom<SidecarArgs> for SidecarConfig {
+    type Error = Error;
+
+    fn try_from(a: SidecarArgs) -> Result<Self, Error> {
+        let inbound = match (a.transparent, a.app_addr) {
+            (true, None) => Inbound::Transparent,
+            (false, Some(app)) => Inbound::Explicit { app },
+            (true, Some(_)) => return Err(Error::Config("--transparent and --app-addr exclude each other".into())),
+            (false, None) => {
+                return Err(Error::Config("either --app-addr (explicit mode) or --transparent is required".into()));
+            }
+        };
+        let mut proxy = match &a.proxy_config {
+            None => ProxyConfig::default(),
+            Some(path) => {
+                let bytes = std::fs::read(path)
+                    .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
+                serde_yaml_ng::from_slice(&bytes)
+                    .map_err(|e| Error::Config(format!("invalid proxy config {}: {e}", path.display())))?
+            }
+        };
+        proxy.drain_grace = a.drain_grace;
+        proxy.opaque_ports.extend(a.opaque_ports.iter().copied());
+        proxy.validate()?;
+        let baseline = BaselineWorkload {
+            kind: a.baseline_kind,
+            namespace: a.baseline_namespace,
+            name: a.baseline_name,
+        };
+        for (what, v) in [("kind", &baseline.kind), ("namespace", &baseline.namespace), ("name", &baseline.name)] {
+            if v.is_empty() || !v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') {
+                return Err(Error::Config(format!("baseline {what} {v:?} must be non-empty [A-Za-z0-9.-]")));
+            }
+        }
+        Ok(SidecarConfig {
+            inbound_addr: a.inbound_addr,
+            inbound,
+            baseline,
+            rules: a.rules,
+            rules_poll: a.rules_poll,
+            admin_addr: Some(a.admin_addr),
+            extract: ExtractConfig { custom_headers: a.routing_headers, query_param: a.query_param },
+            proxy,
+        })
+    }
+}
+
+/// A running sidecar.
+pub struct Sidecar {
+    /// The bound inbound address (useful with port 0).
+    pub inbound_addr: SocketAddr,
+    /// The bound admin address, if an admin server runs.
+    pub admin_addr: Option<SocketAddr>,
+    proxy: Proxy,
+    table: SharedTable,
+    drain: Drain,
+    stop: CancellationToken,
+    grace: Duration,
+}
+
+impl Sidecar {
+    /// Binds the listeners, loads the rules once (so a valid file is in force before the first
+    /// connection), then serves in the background.
+    pub async fn start(config: SidecarConfig) -> Result<Self, Error> {
+        let mut registry = Registry::with_prefix("spur");
+        let table = SharedTable::new();
+        let publisher = Publisher::new(table.clone(), &mut registry);
+        let mut changes = publisher.subscribe();
+        let router = KeyRouter::new(KeyRouterConfig { baseline: config.baseline.clone(), extract: config.extract }, table.clone())?;
+        let proxy = Proxy::new(config.proxy.clone(), Arc::new(router), &mut registry)?;
+
+        let listener = TcpListener::bind(config.inbound_addr)
+            .await
+            .map_err(|source| Error::Bind { what: "inbound listener", addr: config.inbound_addr, source })?;
+        let inbound_addr = listener.local_addr().map_err(|source| Error::Bind {
+            what: "inbound listener",
+            addr: config.inbound_addr,
+            source,
+        })?;
+        let admin = match config.admin_addr {
+            Some(addr) => {
+                let l = TcpListener::bind(addr).await.map_err(|source| Error::Bind { what: "admin server", addr, source })?;
+                Some(l)
+            }
+            None => None,
+        };
+        let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
+
+        let stop = CancellationToken::new();
+        let drain = Drain::new();
+        let requires_table = config.rules.is_some();
+        if let Some(path) = &config.rules {
+            let mut source = FileSource::new(path, config.rules_poll, publisher);
+            // Errors are reported by the source; the sidecar starts unready and keeps polling.
+            let _ = source.poll_once().await;
+            tokio::spawn(source.run(stop.clone()));
+        } else {
+            drop(publisher);
+        }
+        // Single consumer of table swaps: close pooled connections to destinations that left.
+        let pool_proxy = proxy.clone();
+        let pool_table = table.clone();
+        let pool_stop = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = pool_stop.cancelled() => return,
+                    changed = changes.changed() => if changed.is_err() { return },
+                }
+                pool_proxy.on_table_change(&pool_table);
+            }
+        });
+        if let Some(l) = admin {
+            let state = AdminState {
+                registry: Arc::new(registry),
+                table: table.clone(),
+                drain: drain.clone(),
+                requires_table,
+                identity: serde_json::json!({
+                    "role": "sidecar",
+                    "baseline": {
+                        "kind": config.baseline.kind,
+                        "namespace": config.baseline.namespace,
+                        "name": config.baseline.name,
+                    },
+                    "inbound": inbound_addr.to_string(),
+                    "mode": match config.inbound { Inbound::Transparent => "transparent", Inbound::Explicit { .. } => "explicit" },
+                }),
+            };
+            tokio::spawn(spur_proxy::serve_admin(l, state, stop.clone()));
+        }
+        let serve_proxy = proxy.clone();
+        let serve_drain = drain.clone();
+        let inbound = config.inbound;
+        drain.spawn(async move { serve_proxy.serve(listener, inbound, serve_drain).await });
+        tracing::info!(%inbound_addr, admin = ?admin_addr, baseline = %config.baseline, "sidecar started");
+        Ok(Sidecar { inbound_addr, admin_addr, proxy, table, drain, stop, grace: config.proxy.drain_grace })
+    }
+
+    pub fn proxy(&self) -> &Proxy {
+        &self.proxy
+    }
+
+    pub fn table(&self) -> &SharedTable {
+        &self.table
+    }
+
+    /// Stops accepting, lets in-flight work finish within the grace period, then stops the rule
+    /// source and the admin server. Returns how many tasks were still running at the deadline.
+    pub async fn shutdown(self) -> usize {
+        tracing::info!(grace = ?self.grace, in_flight = self.drain.in_flight(), "draining");
+        let left = self.drain.wait(self.grace).await;
+        self.stop.cancel();
+        if left > 0 {
+            tracing::warn!(left, "grace period over; closing remaining connections");
+        } else {
+            tracing::info!("drained");
+        }
+        left
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT (Ctrl-C).
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Logging for Spur binaries, on stderr: `SPUR_LOG` (or `RUST_LOG`) filter, else `default`.
+pub fn init_tracing(default: &str) {
+    let filter = std::env::var("SPUR_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .unwrap_or_else(|_| default.into());
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
