@@ -1,1 +1,237 @@
-//! End-to-end tests of the proxy core; the tests live in `tests/tests/`.
+//! End-to-end test harness: real upstream services, a real sidecar on loopback, real clients.
+//!
+//! Every test builds an [`Env`]: a baseline and a fork of the demo HTTP (or gRPC) service, a
+//! rule file in a temporary directory, and a [`spur_sidecar::Sidecar`] in explicit mode in front
+//! of the baseline. Tests talk to `env.addr()` and check which upstream answered.
+#![allow(clippy::unwrap_used, clippy::expect_used, unreachable_pub)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use spur_demo_apps::CancellationToken;
+use spur_proxy::{Inbound, ProxyConfig};
+use spur_routing::{BaselineWorkload, ExtractConfig};
+use spur_sidecar::{Sidecar, SidecarConfig};
+use tokio::net::{TcpListener, TcpStream};
+
+pub use spur_demo_apps as apps;
+
+pub const NAMESPACE: &str = "test";
+pub const BASELINE_NAME: &str = "app";
+
+/// What kind of upstream a test environment runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AppKind {
+    Http,
+    Grpc,
+    TcpEcho,
+}
+
+pub struct EnvOptions {
+    pub kind: AppKind,
+    pub proxy: ProxyConfig,
+    pub extract: ExtractConfig,
+    /// Extra forks (beyond "fork"), each served by the same kind of app under that name.
+    pub extra_forks: Vec<&'static str>,
+    /// Rules to start with: (routing key, fork name). Default: `k1` → "fork".
+    pub rules: Vec<(&'static str, &'static str)>,
+}
+
+impl Default for EnvOptions {
+    fn default() -> Self {
+        EnvOptions {
+            kind: AppKind::Http,
+            proxy: ProxyConfig { drain_grace: Duration::from_secs(5), ..ProxyConfig::default() },
+            extract: ExtractConfig { custom_headers: vec!["x-route-to".into()], query_param: Some("sd-routing-key".into()) },
+            extra_forks: Vec::new(),
+            rules: vec![("k1", "fork")],
+        }
+    }
+}
+
+pub struct Env {
+    pub sidecar: Option<Sidecar>,
+    pub baseline: SocketAddr,
+    /// Fork name → address.
+    pub forks: Vec<(&'static str, SocketAddr)>,
+    pub rules_path: PathBuf,
+    pub apps: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+pub async fn spawn_app(kind: AppKind, name: &str, token: CancellationToken) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let name = name.to_string();
+    tokio::spawn(async move {
+        let res = match kind {
+            AppKind::Http => spur_demo_apps::serve_http(l, name, token).await,
+            AppKind::Grpc => spur_demo_apps::serve_grpc(l, name, token).await,
+            AppKind::TcpEcho => spur_demo_apps::serve_tcp_echo(l, name, token).await,
+        };
+        if let Err(e) = res {
+            eprintln!("app failed: {e}");
+        }
+    });
+    addr
+}
+
+pub fn baseline_workload() -> BaselineWorkload {
+    BaselineWorkload { kind: "Deployment".into(), namespace: NAMESPACE.into(), name: BASELINE_NAME.into() }
+}
+
+/// One rule in the file format: `key` on `workload_port` of the test baseline → `dest`.
+pub fn rule_yaml(key: &str, workload_port: u16, dest: SocketAddr) -> String {
+    format!(
+        "- routingKey: {key}\n  baseline: {{kind: Deployment, namespace: {NAMESPACE}, name: {BASELINE_NAME}}}\n  destinationSandbox: {{name: sb-{key}}}\n  mappings:\n    - workloadPort: {workload_port}\n      destinations: [{{host: {}, port: {}}}]\n",
+        dest.ip(),
+        dest.port()
+    )
+}
+
+impl Env {
+    pub async fn start(opts: EnvOptions) -> Env {
+        let apps = CancellationToken::new();
+        let baseline = spawn_app(opts.kind, "baseline", apps.clone()).await;
+        let mut forks = vec![("fork", spawn_app(opts.kind, "fork", apps.clone()).await)];
+        for name in &opts.extra_forks {
+            forks.push((name, spawn_app(opts.kind, name, apps.clone()).await));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let rules_path = dir.path().join("rules.yaml");
+        let mut env = Env { sidecar: None, baseline, forks, rules_path, apps, _dir: dir };
+        env.write_rules(&opts.rules);
+        let config = SidecarConfig {
+            inbound_addr: "127.0.0.1:0".parse().unwrap(),
+            inbound: Inbound::Explicit { app: baseline },
+            baseline: baseline_workload(),
+            rules: Some(env.rules_path.clone()),
+            rules_poll: Duration::from_millis(20),
+            admin_addr: Some("127.0.0.1:0".parse().unwrap()),
+            extract: opts.extract,
+            proxy: opts.proxy,
+        };
+        env.sidecar = Some(Sidecar::start(config).await.unwrap());
+        env
+    }
+
+    pub async fn http() -> Env {
+        Env::start(EnvOptions::default()).await
+    }
+
+    pub fn sidecar(&self) -> &Sidecar {
+        self.sidecar.as_ref().unwrap()
+    }
+
+    /// The sidecar's inbound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.sidecar().inbound_addr
+    }
+
+    pub fn admin(&self) -> SocketAddr {
+        self.sidecar().admin_addr.unwrap()
+    }
+
+    pub fn fork(&self, name: &str) -> SocketAddr {
+        self.forks.iter().find(|(n, _)| *n == name).map(|(_, a)| *a).unwrap()
+    }
+
+    /// Rewrites the rule file atomically (write + rename, as editors and ConfigMaps do).
+    pub fn write_rules(&self, rules: &[(&str, &str)]) {
+        let body: String = rules.iter().map(|(k, fork)| rule_yaml(k, self.baseline.port(), self.fork(fork))).collect();
+        self.write_raw_rules(&body);
+    }
+
+    pub fn write_raw_rules(&self, body: &str) {
+        let tmp = self.rules_path.with_extension("tmp");
+        std::fs::write(&tmp, body).unwrap();
+        std::fs::rename(&tmp, &self.rules_path).unwrap();
+    }
+
+    /// Waits until the sidecar's table version reaches `version`.
+    pub async fn wait_version(&self, version: u64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while self.sidecar().table().load().version < version {
+            assert!(tokio::time::Instant::now() < deadline, "table never reached version {version}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub fn version(&self) -> u64 {
+        self.sidecar().table().load().version
+    }
+
+    pub async fn shutdown(mut self) -> usize {
+        let left = self.sidecar.take().unwrap().shutdown().await;
+        self.apps.cancel();
+        left
+    }
+}
+
+/// A response, reduced to what tests look at.
+#[derive(Debug)]
+pub struct Got {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+impl Got {
+    pub fn served_by(&self) -> &str {
+        self.headers.get(spur_demo_apps::SERVED_BY).and_then(|v| v.to_str().ok()).unwrap_or("")
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap()
+    }
+}
+
+/// One HTTP/1.1 GET on a fresh connection.
+pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> anyhow::Result<Got> {
+    let tcp = TcpStream::connect(addr).await?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+    tokio::spawn(conn);
+    let mut req = Request::get(path).header("host", addr.to_string());
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = send.send_request(req.body(Empty::<Bytes>::new())?).await?;
+    collect(resp).await
+}
+
+/// One HTTP/2 (prior knowledge) GET on a fresh connection.
+pub async fn get_h2(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> anyhow::Result<Got> {
+    let tcp = TcpStream::connect(addr).await?;
+    let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await?;
+    tokio::spawn(conn);
+    let mut req = Request::get(format!("http://{addr}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = send.send_request(req.body(Empty::<Bytes>::new())?).await?;
+    collect(resp).await
+}
+
+pub async fn collect(resp: http::Response<hyper::body::Incoming>) -> anyhow::Result<Got> {
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await?.to_bytes();
+    Ok(Got { status: parts.status, headers: parts.headers, body: String::from_utf8_lossy(&body).into_owned() })
+}
+
+/// Fetches the sidecar's Prometheus text.
+pub async fn metrics(admin: SocketAddr) -> String {
+    get(admin, "/metrics", &[]).await.unwrap().body
+}
+
+/// The value of one sample line (`name{labels} value`) in Prometheus text, 0 when absent.
+pub fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
