@@ -172,9 +172,7 @@ impl<'a, I: Iterator<Item = &'a [u8]>> List<'a, I> {
             };
             let cut = Cut::scan(rest);
             self.rest = rest.get(cut.end + 1..);
-            let Some(entry) = rest.get(..cut.end) else {
-                return None;
-            };
+            let entry = rest.get(..cut.end)?;
             let raw = trim_ows(entry);
             // Empty members are allowed by both specs (and appear when lines are joined), and
             // do not count against the member limit; the byte budget bounds them instead.
