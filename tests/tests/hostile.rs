@@ -1,0 +1,666 @@
+//! Hostile and broken peers: oversized or malformed requests, garbage routing headers, slow and
+//! vanishing clients, upstreams that die mid-response, and memory that must stay bounded.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use spur_e2e::{Env, EnvOptions, get, get_h2, metrics, sample};
+use spur_proxy::{Inbound, ProxyConfig};
+use spur_sidecar::{Sidecar, SidecarConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::timeout;
+
+/// Upper bound for anything that could hang.
+const BOUND: Duration = Duration::from_secs(10);
+
+/// Writes `req` on a fresh connection (concurrently with reading, and ignoring write errors: the
+/// proxy may answer and close before it has read everything) and reads until EOF or error.
+/// Fails the test if the proxy neither answers nor closes within [`BOUND`].
+async fn exchange(addr: SocketAddr, req: impl Into<Arc<[u8]>>) -> Vec<u8> {
+    let req: Arc<[u8]> = req.into();
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut rd, mut wr) = stream.into_split();
+    // The write half is handed back rather than dropped: dropping it would half-close the
+    // connection, which is not what the requests in these tests are about.
+    let writer = tokio::spawn(async move {
+        let _ = wr.write_all(&req).await;
+        wr
+    });
+    let mut out = Vec::new();
+    let read = timeout(BOUND, async {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "the proxy neither answered nor closed the connection within {BOUND:?}"
+    );
+    let _ = timeout(BOUND, writer).await;
+    out
+}
+
+/// The status code of a raw HTTP/1 response, if it has a status line.
+fn status_of(resp: &[u8]) -> Option<u16> {
+    let line = resp.split(|&b| b == b'\n').next()?;
+    let line = std::str::from_utf8(line).ok()?;
+    let mut parts = line.split_whitespace();
+    if !parts.next()?.starts_with("HTTP/1.") {
+        return None;
+    }
+    parts.next()?.parse().ok()
+}
+
+/// The (lowercased) head of a raw HTTP/1 response.
+fn head_of(resp: &[u8]) -> String {
+    let end = resp
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(resp.len());
+    String::from_utf8_lossy(&resp[..end]).to_ascii_lowercase()
+}
+
+/// A plain request through the proxy is answered by the baseline: the proxy is still healthy.
+async fn assert_healthy(env: &Env) {
+    let got = timeout(BOUND, get(env.addr(), "/", &[]))
+        .await
+        .expect("healthy request hung")
+        .unwrap();
+    assert_eq!(got.status, 200);
+    assert_eq!(got.served_by(), "baseline");
+    assert_eq!(got.body, "hello from baseline\n");
+    let got = timeout(
+        BOUND,
+        get(env.addr(), "/", &[("baggage", "sd-routing-key=k1")]),
+    )
+    .await
+    .expect("healthy keyed request hung")
+    .unwrap();
+    assert_eq!(got.status, 200);
+    assert_eq!(got.served_by(), "fork");
+}
+
+/// A sidecar in explicit mode in front of `app`, without rules.
+async fn sidecar_for(app: SocketAddr, proxy: ProxyConfig) -> Sidecar {
+    let config = SidecarConfig {
+        inbound_addr: "127.0.0.1:0".parse().unwrap(),
+        inbound: Inbound::Explicit { app },
+        baseline: spur_e2e::baseline_workload(),
+        rules: None,
+        rules_poll: Duration::from_millis(20),
+        admin_addr: Some("127.0.0.1:0".parse().unwrap()),
+        extract: Default::default(),
+        proxy,
+    };
+    Sidecar::start(config).await.unwrap()
+}
+
+fn test_proxy_config() -> ProxyConfig {
+    ProxyConfig {
+        drain_grace: Duration::from_secs(5),
+        ..ProxyConfig::default()
+    }
+}
+
+/// A short description of a header list for failure messages (values can be kilobytes long).
+fn describe(headers: &[(&str, &str)]) -> String {
+    let first = headers.first().map_or(String::new(), |(k, v)| {
+        let v: String = v.chars().take(32).collect();
+        format!("{k}: {v}")
+    });
+    format!("{} header(s), first {first:?}", headers.len())
+}
+
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("VmRSS in /proc/self/status");
+    let kb: u64 = line
+        .trim_start_matches("VmRSS:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    kb * 1024
+}
+
+fn oversized_header_request(value_len: usize) -> Vec<u8> {
+    let mut req = b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ".to_vec();
+    req.resize(req.len() + value_len, b'a');
+    req.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
+    req
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_header_gets_431_and_the_proxy_keeps_serving() {
+    let env = Env::http().await;
+    let resp = exchange(env.addr(), oversized_header_request(100 * 1024)).await;
+    assert_eq!(
+        status_of(&resp),
+        Some(431),
+        "response: {:?}",
+        String::from_utf8_lossy(&resp)
+    );
+    // The proxy answered, not the application.
+    assert!(
+        !head_of(&resp).contains("x-served-by"),
+        "head: {}",
+        head_of(&resp)
+    );
+    assert_healthy(&env).await;
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_headers_get_431() {
+    let env = Env::http().await;
+    let mut req = String::from("GET / HTTP/1.1\r\nHost: x\r\n");
+    for i in 0..300 {
+        req.push_str(&format!("X-H{i}: v\r\n"));
+    }
+    req.push_str("Connection: close\r\n\r\n");
+    let resp = exchange(env.addr(), req.into_bytes()).await;
+    assert_eq!(
+        status_of(&resp),
+        Some(431),
+        "response: {:?}",
+        String::from_utf8_lossy(&resp)
+    );
+    assert!(!head_of(&resp).contains("x-served-by"));
+
+    // Just under the limit is fine: the limit is the configured one, not something smaller.
+    let headers: Vec<(String, String)> = (0..90)
+        .map(|i| (format!("x-h{i}"), "v".to_string()))
+        .collect();
+    let headers: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let got = get(env.addr(), "/", &headers).await.unwrap();
+    assert_eq!(got.status, 200);
+    assert_eq!(got.served_by(), "baseline");
+    assert_healthy(&env).await;
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_target_longer_than_max_uri_len_gets_414() {
+    let env = Env::http().await;
+    let max = ProxyConfig::default().max_uri_len;
+    let long = format!("/{}", "a".repeat(max + 100));
+    let req = format!("GET {long} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let resp = exchange(env.addr(), req.into_bytes()).await;
+    assert_eq!(
+        status_of(&resp),
+        Some(414),
+        "response head: {}",
+        head_of(&resp)
+    );
+    assert!(!head_of(&resp).contains("x-served-by"));
+
+    // The same through a real client, and over HTTP/2.
+    let got = get(env.addr(), &long, &[]).await.unwrap();
+    assert_eq!(got.status, 414);
+    let got = get_h2(env.addr(), &long, &[]).await.unwrap();
+    assert_eq!(got.status, 414);
+
+    // A target just under the limit reaches the application (which has no such route).
+    let ok = format!("/{}", "a".repeat(max - 100));
+    let got = get(env.addr(), &ok, &[]).await.unwrap();
+    assert_eq!(got.status, 404);
+    assert_eq!(got.served_by(), "baseline");
+    assert_healthy(&env).await;
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_get_400_or_a_closed_connection() {
+    let env = Env::http().await;
+    let cases: [&[u8]; 7] = [
+        b"GET / HTTP/1.1\r\nBad Header\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nBad Name: v\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-Nul: a\x00b\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\n: empty-name\r\n\r\n",
+        b"GET / HTTP/9.9\r\nHost: x\r\n\r\n",
+        b"GET /a b c d HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\nhello",
+    ];
+    for case in cases {
+        let resp = exchange(env.addr(), case).await;
+        let status = status_of(&resp);
+        assert!(
+            resp.is_empty() || status == Some(400),
+            "request {:?} got {:?}",
+            String::from_utf8_lossy(case),
+            String::from_utf8_lossy(&resp)
+        );
+        assert!(
+            !head_of(&resp).contains("x-served-by"),
+            "a malformed request reached the application"
+        );
+    }
+    assert_healthy(&env).await;
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_baggage_is_ignored_and_served_by_baseline() {
+    let env = Env::http().await;
+    let commas = ",".repeat(8 * 1024);
+    let long_member = format!("sd-routing-key={}", "k".repeat(16 * 1024));
+    let cases: Vec<Vec<(&str, &str)>> = vec![
+        vec![("baggage", ",,,;;;=%zz")],
+        vec![("baggage", "sd-routing-key=%zz")],
+        vec![("baggage", "sd-routing-key=%")],
+        vec![("baggage", "sd-routing-key=%c3%28")],
+        vec![("baggage", "=k1")],
+        vec![("baggage", "sd-routing-key")],
+        vec![("baggage", ";sd-routing-key=k1")],
+        vec![("baggage", "sd-routing-key=k2")],
+        vec![("baggage", &commas)],
+        vec![("baggage", &long_member)],
+        vec![("tracestate", ",,,;;;=%zz")],
+        vec![("tracestate", &commas)],
+        (0..50).map(|_| ("baggage", ",;=%zz,x=y;;;")).collect(),
+    ];
+    for headers in &cases {
+        let what = describe(headers);
+        for h2 in [false, true] {
+            let res = if h2 {
+                get_h2(env.addr(), "/", headers).await
+            } else {
+                get(env.addr(), "/", headers).await
+            };
+            let got = res.unwrap_or_else(|e| panic!("{what} (h2: {h2}): {e}"));
+            assert_eq!(
+                (got.status.as_u16(), got.served_by()),
+                (200, "baseline"),
+                "{what} (h2: {h2}): body {:?}",
+                got.body
+            );
+        }
+    }
+
+    // Bytes that are not UTF-8 (obs-text is legal in a field value) can only be sent raw.
+    let raw: [&[u8]; 3] = [
+        b"GET / HTTP/1.1\r\nHost: x\r\nbaggage: sd-routing-key=\xff\xfe\x80\r\nConnection: close\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nbaggage: \xc3\x28=k1,\xe2\x82=\xff\r\nConnection: close\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\ntracestate: sd-routing-key=\x80\x81\r\nbaggage: \xf0\x9f\x92\r\nConnection: close\r\n\r\n",
+    ];
+    for req in raw {
+        let resp = exchange(env.addr(), req).await;
+        assert_eq!(
+            status_of(&resp),
+            Some(200),
+            "request {:?}: {:?}",
+            String::from_utf8_lossy(req),
+            head_of(&resp)
+        );
+        assert!(
+            head_of(&resp).contains("x-served-by: baseline"),
+            "head: {}",
+            head_of(&resp)
+        );
+    }
+
+    // The metrics agree: everything went to the baseline, nothing was an error.
+    let text = metrics(env.admin()).await;
+    assert_eq!(sample(&text, "spur_requests_total{outcome=\"error\"}"), 0.0);
+    assert_eq!(
+        sample(&text, "spur_requests_total{outcome=\"sandbox\"}"),
+        0.0
+    );
+    // And routing does work in this environment, so "baseline" above was a decision.
+    assert_healthy(&env).await;
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowloris_connections_are_closed() {
+    let proxy = ProxyConfig {
+        header_read_timeout: Duration::from_millis(500),
+        drain_grace: Duration::from_secs(5),
+        ..ProxyConfig::default()
+    };
+    let env = Env::start(EnvOptions {
+        proxy,
+        ..EnvOptions::default()
+    })
+    .await;
+    // The bound is well below the default header_read_timeout (10 s), so a proxy that ignored the
+    // configured one fails here instead of passing slowly.
+    let bound = Duration::from_secs(8);
+
+    // 1. An incomplete head, then silence.
+    let mut stream = TcpStream::connect(env.addr()).await.unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let res = timeout(bound, stream.read(&mut buf)).await;
+    match res {
+        Err(_) => panic!("a client that stopped mid-head was not disconnected within {bound:?}"),
+        Ok(Ok(0) | Err(_)) => {}
+        Ok(Ok(n)) => {
+            assert_eq!(
+                status_of(&buf[..n]),
+                Some(408),
+                "unexpected answer {:?}",
+                String::from_utf8_lossy(&buf[..n])
+            );
+        }
+    }
+
+    // 2. A head dripped one byte at a time: bytes keep moving, but the head never completes.
+    let mut stream = TcpStream::connect(env.addr()).await.unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let drip = b"X-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let mut closed = false;
+    for &b in drip.iter().take(80) {
+        if stream.write_all(&[b]).await.is_err() {
+            closed = true;
+            break;
+        }
+        match timeout(Duration::from_millis(100), stream.read(&mut buf)).await {
+            Err(_) => continue,
+            Ok(Ok(0) | Err(_)) => {
+                closed = true;
+                break;
+            }
+            Ok(Ok(n)) => {
+                assert_eq!(
+                    status_of(&buf[..n]),
+                    Some(408),
+                    "unexpected answer {:?}",
+                    String::from_utf8_lossy(&buf[..n])
+                );
+                closed = true;
+                break;
+            }
+        }
+    }
+    assert!(
+        closed,
+        "a client dripping its head byte by byte was never disconnected"
+    );
+
+    assert_healthy(&env).await;
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_reset_mid_request_leaves_the_proxy_serving() {
+    let env = Env::http().await;
+    for i in 0..20 {
+        let mut stream = TcpStream::connect(env.addr()).await.unwrap();
+        let path = if i % 2 == 0 {
+            "/echo"
+        } else {
+            "/echo?sd-routing-key=k1"
+        };
+        let head = format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n");
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream.write_all(&[b'x'; 10_000]).await.unwrap();
+        // Give the proxy a moment to have the request in flight upstream (not a correctness
+        // requirement: the reset must be harmless at any point).
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        socket2::SockRef::from(&stream)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(stream);
+    }
+    assert_healthy(&env).await;
+
+    // Every reset connection was cleaned up: no HTTP/1 connection stays open in the proxy.
+    let deadline = tokio::time::Instant::now() + BOUND;
+    loop {
+        let active = sample(
+            &metrics(env.admin()).await,
+            "spur_active_connections{protocol=\"http1\"}",
+        );
+        if active == 0.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{active} HTTP/1 connections still open after the resets"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let text = metrics(env.admin()).await;
+    assert!(sample(&text, "spur_connections_total{protocol=\"http1\"}") >= 22.0);
+    assert_healthy(&env).await;
+    env.shutdown().await;
+}
+
+/// A raw HTTP/1 upstream: `/partial` answers headers promising 100000 bytes, sends 7 and closes;
+/// `/reset` does the same but resets the connection; `/silent` closes without answering; anything
+/// else gets a complete `ok`.
+async fn spawn_broken_upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 64 * 1024 {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let line =
+                    String::from_utf8_lossy(head.split(|&b| b == b'\n').next().unwrap_or(&[]))
+                        .into_owned();
+                if line.contains(" /partial ") || line.contains(" /reset ") {
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\npartial")
+                        .await;
+                    let _ = stream.flush().await;
+                    if line.contains(" /reset ") {
+                        let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+                    }
+                } else if line.contains(" /silent ") {
+                    // Close without a word.
+                } else {
+                    let _ = stream
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                        )
+                        .await;
+                    let _ = stream.shutdown().await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_dying_mid_response_truncates_without_hanging() {
+    let upstream = spawn_broken_upstream().await;
+    let sidecar = sidecar_for(upstream, test_proxy_config()).await;
+    let addr = sidecar.inbound_addr;
+
+    let got = timeout(BOUND, get(addr, "/ok", &[]))
+        .await
+        .expect("hung")
+        .unwrap();
+    assert_eq!((got.status.as_u16(), got.body.as_str()), (200, "ok"));
+
+    for path in ["/partial", "/reset"] {
+        for h2 in [false, true] {
+            let res = timeout(BOUND, async {
+                if h2 {
+                    get_h2(addr, path, &[]).await
+                } else {
+                    get(addr, path, &[]).await
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{path} (h2: {h2}) hung instead of failing"));
+            match res {
+                Err(_) => {}
+                Ok(got) => assert!(
+                    got.status != 200 || got.body.len() < 100_000,
+                    "{path} (h2: {h2}): a truncated response was passed on as complete: {got:?}"
+                ),
+            }
+            let got = timeout(BOUND, get(addr, "/ok", &[]))
+                .await
+                .expect("hung")
+                .unwrap();
+            assert_eq!(
+                (got.status.as_u16(), got.body.as_str()),
+                (200, "ok"),
+                "after {path} (h2: {h2})"
+            );
+        }
+    }
+
+    // An upstream that closes without answering is a 502, not a hang.
+    let got = timeout(BOUND, get(addr, "/silent", &[]))
+        .await
+        .expect("hung")
+        .unwrap();
+    assert_eq!(got.status, 502);
+    let got = timeout(BOUND, get(addr, "/ok", &[]))
+        .await
+        .expect("hung")
+        .unwrap();
+    assert_eq!(got.status, 200);
+
+    let text = metrics(sidecar.admin_addr.unwrap()).await;
+    assert!(
+        sample(&text, "spur_requests_total{outcome=\"error\"}") >= 1.0,
+        "{text}"
+    );
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_upstream_is_a_502_and_counted_as_error() {
+    // A port that nothing listens on.
+    let dead = {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap()
+    };
+    let sidecar = sidecar_for(dead, test_proxy_config()).await;
+    let admin = sidecar.admin_addr.unwrap();
+    let before = sample(
+        &metrics(admin).await,
+        "spur_requests_total{outcome=\"error\"}",
+    );
+
+    let got = timeout(BOUND, get(sidecar.inbound_addr, "/", &[]))
+        .await
+        .expect("hung")
+        .unwrap();
+    assert_eq!(got.status, 502);
+    let got = timeout(BOUND, get_h2(sidecar.inbound_addr, "/", &[]))
+        .await
+        .expect("hung")
+        .unwrap();
+    assert_eq!(got.status, 502);
+
+    let text = metrics(admin).await;
+    let after = sample(&text, "spur_requests_total{outcome=\"error\"}");
+    assert_eq!(after - before, 2.0, "{text}");
+    assert_eq!(
+        sample(&text, "spur_requests_total{outcome=\"baseline\"}"),
+        0.0,
+        "{text}"
+    );
+    assert!(
+        sample(&text, "spur_upstream_connects_total{result=\"error\"}") >= 2.0,
+        "{text}"
+    );
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_bounded_under_large_and_oversized_heads() {
+    let env = Env::http().await;
+    let addr = env.addr();
+
+    // ~60 KiB of headers: just under the 64 KiB limit.
+    let values: Vec<(String, String)> = (0..6)
+        .map(|i| (format!("x-fill-{i}"), "v".repeat(10 * 1024)))
+        .collect();
+    let values = Arc::new(values);
+    // 1 MiB header: if the proxy buffered it instead of cutting at the limit, 300 of these would
+    // show up far beyond the growth allowed below.
+    let oversized: Arc<[u8]> = oversized_header_request(1024 * 1024).into();
+
+    let one_round = |n: usize| {
+        let values = values.clone();
+        let oversized = oversized.clone();
+        async move {
+            let mut set = tokio::task::JoinSet::new();
+            for i in 0..n {
+                let values = values.clone();
+                let oversized = oversized.clone();
+                set.spawn(async move {
+                    if i % 2 == 0 {
+                        let headers: Vec<(&str, &str)> = values
+                            .iter()
+                            .map(|(k, v)| (k.as_str(), v.as_str()))
+                            .collect();
+                        let got = get(addr, "/", &headers).await.unwrap();
+                        assert_eq!(got.status, 200);
+                        assert_eq!(got.served_by(), "baseline");
+                    } else {
+                        let resp = exchange(addr, oversized).await;
+                        assert_eq!(status_of(&resp), Some(431));
+                    }
+                });
+                // At most 8 in flight.
+                while set.len() >= 8 {
+                    set.join_next().await.unwrap().unwrap();
+                }
+            }
+            while let Some(r) = set.join_next().await {
+                r.unwrap();
+            }
+        }
+    };
+
+    // Warm up runtimes, pools and allocator arenas before measuring.
+    timeout(Duration::from_secs(60), one_round(40))
+        .await
+        .expect("warm-up hung");
+    let before = rss_bytes();
+    timeout(Duration::from_secs(120), one_round(600))
+        .await
+        .expect("load hung");
+    let after = rss_bytes();
+    let growth = after.saturating_sub(before);
+    assert!(
+        growth < 64 * 1024 * 1024,
+        "RSS grew by {} MiB ({} → {} MiB) over 300 large and 300 oversized requests",
+        growth / (1024 * 1024),
+        before / (1024 * 1024),
+        after / (1024 * 1024)
+    );
+    assert_healthy(&env).await;
+    env.shutdown().await;
+}
