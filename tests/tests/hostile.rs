@@ -258,7 +258,7 @@ async fn malformed_requests_get_400_or_a_closed_connection() {
 async fn hostile_baggage_is_ignored_and_served_by_baseline() {
     let env = Env::http().await;
     let commas = ",".repeat(8 * 1024);
-    let long_member = format!("sd-routing-key={}", "k".repeat(16 * 1024));
+    let long_member = format!("sd-routing-key={}", "k".repeat(4 * 1024));
     let cases: Vec<Vec<(&str, &str)>> = vec![
         vec![("baggage", ",,,;;;=%zz")],
         vec![("baggage", "sd-routing-key=%zz")],
@@ -286,7 +286,8 @@ async fn hostile_baggage_is_ignored_and_served_by_baseline() {
             assert_eq!(
                 (got.status.as_u16(), got.served_by()),
                 (200, "baseline"),
-                "{what} (h2: {h2}): body {:?}",
+                "{what} (h2: {h2}): {:?} body {:?}",
+                got.headers,
                 got.body
             );
         }

@@ -13,11 +13,11 @@ use std::borrow::Cow;
 use std::fmt;
 use std::iter::{Map, Once};
 
-/// Bytes of a combined list (all header lines, one byte per line break) that are looked at.
-/// W3C baggage §3.3.1: platforms must propagate at least 8192 bytes and may drop the rest.
+/// Bytes of a combined list (all header lines, one byte per line break) that are looked at:
+/// the W3C baggage size limit, also applied to `tracestate` to bound the work on any header.
 pub const MAX_BYTES: usize = 8192;
-/// List members of `baggage` that are looked at (W3C baggage: at least 64 must be propagated; 180
-/// is the most an 8192-byte header can carry given the list grammar used by common SDKs).
+/// List members of `baggage` that are looked at: the W3C grammar's
+/// `list-member 0*179( OWS "," OWS list-member )`.
 pub const MAX_BAGGAGE_MEMBERS: usize = 180;
 /// W3C trace-context: "There can be a maximum of 32 list-members in a list."
 pub const MAX_TRACESTATE_MEMBERS: usize = 32;
@@ -25,7 +25,7 @@ pub const MAX_TRACESTATE_MEMBERS: usize = 32;
 /// One decoded `baggage` list member: `key=value;properties`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member<'a> {
-    /// The member key (an RFC 7230 token).
+    /// The member key (an RFC 9110 token).
     pub key: &'a str,
     /// The percent-decoded value; borrowed unless decoding changed it.
     pub value: Cow<'a, str>,

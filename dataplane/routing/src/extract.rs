@@ -302,7 +302,7 @@ impl<'a> Candidates<'a> {
     fn push(&mut self, key: Cow<'a, str>) -> bool {
         if self.len < MAX_CANDIDATES
             && is_valid_key(&key)
-            && !self.iter().any(|k| k == key)
+            && !self.contains(&key)
             && let Some(slot) = self.keys.get_mut(self.len)
         {
             *slot = key;
