@@ -46,8 +46,14 @@ impl Default for EnvOptions {
     fn default() -> Self {
         EnvOptions {
             kind: AppKind::Http,
-            proxy: ProxyConfig { drain_grace: Duration::from_secs(5), ..ProxyConfig::default() },
-            extract: ExtractConfig { custom_headers: vec!["x-route-to".into()], query_param: Some("sd-routing-key".into()) },
+            proxy: ProxyConfig {
+                drain_grace: Duration::from_secs(5),
+                ..ProxyConfig::default()
+            },
+            extract: ExtractConfig {
+                custom_headers: vec!["x-route-to".into()],
+                query_param: Some("sd-routing-key".into()),
+            },
             extra_forks: Vec::new(),
             rules: vec![("k1", "fork")],
         }
@@ -82,7 +88,11 @@ pub async fn spawn_app(kind: AppKind, name: &str, token: CancellationToken) -> S
 }
 
 pub fn baseline_workload() -> BaselineWorkload {
-    BaselineWorkload { kind: "Deployment".into(), namespace: NAMESPACE.into(), name: BASELINE_NAME.into() }
+    BaselineWorkload {
+        kind: "Deployment".into(),
+        namespace: NAMESPACE.into(),
+        name: BASELINE_NAME.into(),
+    }
 }
 
 /// One rule in the file format: `key` on `workload_port` of the test baseline → `dest`.
@@ -104,7 +114,14 @@ impl Env {
         }
         let dir = tempfile::tempdir().unwrap();
         let rules_path = dir.path().join("rules.yaml");
-        let mut env = Env { sidecar: None, baseline, forks, rules_path, apps, _dir: dir };
+        let mut env = Env {
+            sidecar: None,
+            baseline,
+            forks,
+            rules_path,
+            apps,
+            _dir: dir,
+        };
         env.write_rules(&opts.rules);
         let config = SidecarConfig {
             inbound_addr: "127.0.0.1:0".parse().unwrap(),
@@ -138,12 +155,19 @@ impl Env {
     }
 
     pub fn fork(&self, name: &str) -> SocketAddr {
-        self.forks.iter().find(|(n, _)| *n == name).map(|(_, a)| *a).unwrap()
+        self.forks
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, a)| *a)
+            .unwrap()
     }
 
     /// Rewrites the rule file atomically (write + rename, as editors and ConfigMaps do).
     pub fn write_rules(&self, rules: &[(&str, &str)]) {
-        let body: String = rules.iter().map(|(k, fork)| rule_yaml(k, self.baseline.port(), self.fork(fork))).collect();
+        let body: String = rules
+            .iter()
+            .map(|(k, fork)| rule_yaml(k, self.baseline.port(), self.fork(fork)))
+            .collect();
         self.write_raw_rules(&body);
     }
 
@@ -157,7 +181,10 @@ impl Env {
     pub async fn wait_version(&self, version: u64) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while self.sidecar().table().load().version < version {
-            assert!(tokio::time::Instant::now() < deadline, "table never reached version {version}");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "table never reached version {version}"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -183,7 +210,10 @@ pub struct Got {
 
 impl Got {
     pub fn served_by(&self) -> &str {
-        self.headers.get(spur_demo_apps::SERVED_BY).and_then(|v| v.to_str().ok()).unwrap_or("")
+        self.headers
+            .get(spur_demo_apps::SERVED_BY)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
     }
 
     pub fn json(&self) -> serde_json::Value {
@@ -207,7 +237,8 @@ pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> anyh
 /// One HTTP/2 (prior knowledge) GET on a fresh connection.
 pub async fn get_h2(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> anyhow::Result<Got> {
     let tcp = TcpStream::connect(addr).await?;
-    let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await?;
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await?;
     tokio::spawn(conn);
     let mut req = Request::get(format!("http://{addr}{path}"));
     for (k, v) in headers {
@@ -220,7 +251,11 @@ pub async fn get_h2(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> a
 pub async fn collect(resp: http::Response<hyper::body::Incoming>) -> anyhow::Result<Got> {
     let (parts, body) = resp.into_parts();
     let body = body.collect().await?.to_bytes();
-    Ok(Got { status: parts.status, headers: parts.headers, body: String::from_utf8_lossy(&body).into_owned() })
+    Ok(Got {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
 }
 
 /// Fetches the sidecar's Prometheus text.
@@ -231,7 +266,10 @@ pub async fn metrics(admin: SocketAddr) -> String {
 /// The value of one sample line (`name{labels} value`) in Prometheus text, 0 when absent.
 pub fn sample(text: &str, series: &str) -> f64 {
     text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0)
 }

@@ -3,10 +3,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use spur_demo_apps::grpc_client::{chat, hello};
-use spur_e2e::{metrics, sample, AppKind, Env, EnvOptions};
+use spur_e2e::{AppKind, Env, EnvOptions, metrics, sample};
 
 async fn grpc_env() -> Env {
-    Env::start(EnvOptions { kind: AppKind::Grpc, ..EnvOptions::default() }).await
+    Env::start(EnvOptions {
+        kind: AppKind::Grpc,
+        ..EnvOptions::default()
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -15,21 +19,33 @@ async fn unary_routes_by_metadata_and_keeps_trailers() {
     let (reply, trailer) = hello(env.addr(), "a", &[]).await.unwrap();
     assert_eq!(reply.served_by, "baseline");
     assert_eq!(trailer.as_deref(), Some("baseline"));
-    let (reply, trailer) = hello(env.addr(), "b", &[("baggage", "sd-routing-key=k1")]).await.unwrap();
+    let (reply, trailer) = hello(env.addr(), "b", &[("baggage", "sd-routing-key=k1")])
+        .await
+        .unwrap();
     assert_eq!(reply.served_by, "fork");
-    assert_eq!(reply.routing_key, "k1", "the key reaches the fork for further propagation");
+    assert_eq!(
+        reply.routing_key, "k1",
+        "the key reaches the fork for further propagation"
+    );
     assert_eq!(trailer.as_deref(), Some("fork"));
-    let (reply, _) = hello(env.addr(), "c", &[("uberctx-sd-routing-key", "k1")]).await.unwrap();
+    let (reply, _) = hello(env.addr(), "c", &[("uberctx-sd-routing-key", "k1")])
+        .await
+        .unwrap();
     assert_eq!(reply.served_by, "fork");
     let m = metrics(env.admin()).await;
-    assert!(sample(&m, "spur_connections_total{protocol=\"http2\"}") >= 3.0, "{m}");
+    assert!(
+        sample(&m, "spur_connections_total{protocol=\"http2\"}") >= 3.0,
+        "{m}"
+    );
     env.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn error_status_travels_through() {
     let env = grpc_env().await;
-    let status = hello(env.addr(), "fail", &[("baggage", "sd-routing-key=k1")]).await.unwrap_err();
+    let status = hello(env.addr(), "fail", &[("baggage", "sd-routing-key=k1")])
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
     assert_eq!(status.message(), "asked to fail");
     env.shutdown().await;
@@ -39,7 +55,13 @@ async fn error_status_travels_through() {
 async fn bidirectional_streaming_with_trailers() {
     let env = grpc_env().await;
     let names: Vec<String> = (0..50).map(|i| format!("m{i}")).collect();
-    let (replies, trailer) = chat(env.addr(), names.clone(), &[("baggage", "sd-routing-key=k1")]).await.unwrap();
+    let (replies, trailer) = chat(
+        env.addr(),
+        names.clone(),
+        &[("baggage", "sd-routing-key=k1")],
+    )
+    .await
+    .unwrap();
     assert_eq!(replies.len(), 50);
     for (r, n) in replies.iter().zip(&names) {
         assert_eq!(r.message, format!("echo {n} from fork"));

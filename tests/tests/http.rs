@@ -9,7 +9,7 @@ use futures_util::StreamExt;
 use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use spur_e2e::{get, metrics, sample, Env};
+use spur_e2e::{Env, get, metrics, sample};
 use spur_sidecar::{Sidecar, SidecarConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -18,7 +18,9 @@ use tokio::net::TcpStream;
 async fn keep_alive_routes_each_request_on_its_own() {
     let env = Env::http().await;
     let tcp = TcpStream::connect(env.addr()).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
     tokio::spawn(conn);
     for i in 0..20 {
         let mut req = http::Request::get("/").header("host", "app");
@@ -26,7 +28,10 @@ async fn keep_alive_routes_each_request_on_its_own() {
             req = req.header("baggage", "sd-routing-key=k1");
         }
         send.ready().await.unwrap();
-        let resp = send.send_request(req.body(Empty::<Bytes>::new()).unwrap()).await.unwrap();
+        let resp = send
+            .send_request(req.body(Empty::<Bytes>::new()).unwrap())
+            .await
+            .unwrap();
         let by = resp.headers()["x-served-by"].to_str().unwrap().to_string();
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         let want = if i % 2 == 1 { "fork" } else { "baseline" };
@@ -34,9 +39,21 @@ async fn keep_alive_routes_each_request_on_its_own() {
         assert_eq!(body, format!("hello from {want}\n"));
     }
     let m = metrics(env.admin()).await;
-    assert_eq!(sample(&m, "spur_requests_total{outcome=\"baseline\"}"), 10.0, "{m}");
-    assert_eq!(sample(&m, "spur_requests_total{outcome=\"sandbox\"}"), 10.0, "{m}");
-    assert_eq!(sample(&m, "spur_connections_total{protocol=\"http1\"}"), 1.0, "{m}");
+    assert_eq!(
+        sample(&m, "spur_requests_total{outcome=\"baseline\"}"),
+        10.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "spur_requests_total{outcome=\"sandbox\"}"),
+        10.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "spur_connections_total{protocol=\"http1\"}"),
+        1.0,
+        "{m}"
+    );
     env.shutdown().await;
 }
 
@@ -50,12 +67,18 @@ async fn pipelined_requests_are_answered_in_order() {
                     GET / HTTP/1.1\r\nHost: a\r\nuberctx-sd-routing-key: k1\r\nConnection: close\r\n\r\n";
     tcp.write_all(pipeline.as_bytes()).await.unwrap();
     let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut out)).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
     let text = String::from_utf8_lossy(&out);
-    let order: Vec<&str> = text.match_indices("hello from ").map(|(i, _)| {
-        let rest = &text[i + 11..];
-        &rest[..rest.find('\n').unwrap()]
-    }).collect();
+    let order: Vec<&str> = text
+        .match_indices("hello from ")
+        .map(|(i, _)| {
+            let rest = &text[i + 11..];
+            &rest[..rest.find('\n').unwrap()]
+        })
+        .collect();
     assert_eq!(order, ["baseline", "fork", "baseline", "fork"], "{text}");
     assert_eq!(text.matches("HTTP/1.1 200 OK").count(), 4);
     env.shutdown().await;
@@ -74,22 +97,33 @@ async fn bodies_stream_both_ways_without_buffering_whole() {
             .body(body)
             .unwrap();
         let resp = if h2 {
-            let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await.unwrap();
+            let (mut send, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+                    .await
+                    .unwrap();
             tokio::spawn(conn);
             send.send_request(req).await.unwrap()
         } else {
-            let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.unwrap();
+            let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+                .await
+                .unwrap();
             tokio::spawn(conn);
             let (mut parts, body) = req.into_parts();
             parts.uri = "/echo".parse().unwrap();
             // Send the first chunk before awaiting the response: the echo must start flowing back
             // while the request body is still open, which only works if nothing buffers it whole.
             let fut = send.send_request(http::Request::from_parts(parts, body));
-            tx.send(Ok(Frame::data(Bytes::from_static(b"first chunk;")))).await.unwrap();
+            tx.send(Ok(Frame::data(Bytes::from_static(b"first chunk;"))))
+                .await
+                .unwrap();
             let resp = fut.await.unwrap();
             assert_eq!(resp.headers()["x-served-by"], "fork");
             let mut body = resp.into_body();
-            let first = tokio::time::timeout(Duration::from_secs(10), body.frame()).await.unwrap().unwrap().unwrap();
+            let first = tokio::time::timeout(Duration::from_secs(10), body.frame())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
             assert_eq!(first.into_data().unwrap(), "first chunk;");
             let chunk = Bytes::from(vec![b'x'; 256 * 1024]);
             for _ in 0..16 {
@@ -102,12 +136,20 @@ async fn bodies_stream_both_ways_without_buffering_whole() {
             continue;
         };
         // HTTP/2: same, and the request's trailers come back as response trailers.
-        tx.send(Ok(Frame::data(Bytes::from_static(b"first chunk;")))).await.unwrap();
+        tx.send(Ok(Frame::data(Bytes::from_static(b"first chunk;"))))
+            .await
+            .unwrap();
         assert_eq!(resp.headers()["x-served-by"], "fork");
         let mut body = resp.into_body();
-        let first = tokio::time::timeout(Duration::from_secs(10), body.frame()).await.unwrap().unwrap().unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
         assert_eq!(first.into_data().unwrap(), "first chunk;");
-        tx.send(Ok(Frame::data(Bytes::from(vec![b'y'; 1024 * 1024])))).await.unwrap();
+        tx.send(Ok(Frame::data(Bytes::from(vec![b'y'; 1024 * 1024]))))
+            .await
+            .unwrap();
         let mut trailers = http::HeaderMap::new();
         trailers.insert("x-checksum", http::HeaderValue::from_static("abc"));
         tx.send(Ok(Frame::trailers(trailers))).await.unwrap();
@@ -166,9 +208,17 @@ async fn admin_endpoints_report_liveness_readiness_and_the_table() {
     let dump = get(env.admin(), "/config_dump", &[]).await.unwrap().json();
     assert_eq!(dump["tableVersion"], 1);
     assert_eq!(dump["routingRules"][0]["routingKey"], "k1");
-    assert_eq!(dump["identity"]["baseline"]["name"], spur_e2e::BASELINE_NAME);
+    assert_eq!(
+        dump["identity"]["baseline"]["name"],
+        spur_e2e::BASELINE_NAME
+    );
     let m = metrics(env.admin()).await;
-    for series in ["spur_route_table_version 1", "spur_route_table_rules 1", "spur_request_duration_seconds_bucket", "spur_active_connections"] {
+    for series in [
+        "spur_route_table_version 1",
+        "spur_route_table_rules 1",
+        "spur_request_duration_seconds_bucket",
+        "spur_active_connections",
+    ] {
         assert!(m.contains(series), "missing {series}: {m}");
     }
     assert_eq!(get(env.admin(), "/nope", &[]).await.unwrap().status, 404);
@@ -179,7 +229,12 @@ async fn admin_endpoints_report_liveness_readiness_and_the_table() {
 async fn not_ready_until_a_valid_table_arrives() {
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.yaml");
-    let app = spur_e2e::spawn_app(spur_e2e::AppKind::Http, "baseline", spur_demo_apps::CancellationToken::new()).await;
+    let app = spur_e2e::spawn_app(
+        spur_e2e::AppKind::Http,
+        "baseline",
+        spur_demo_apps::CancellationToken::new(),
+    )
+    .await;
     let config = SidecarConfig {
         inbound_addr: "127.0.0.1:0".parse().unwrap(),
         inbound: spur_proxy::Inbound::Explicit { app },
@@ -196,7 +251,13 @@ async fn not_ready_until_a_valid_table_arrives() {
     assert_eq!(ready.status, 503, "no rules file yet");
     assert!(ready.body.contains("waiting"));
     // Traffic still flows to the application meanwhile.
-    assert_eq!(get(sidecar.inbound_addr, "/", &[]).await.unwrap().served_by(), "baseline");
+    assert_eq!(
+        get(sidecar.inbound_addr, "/", &[])
+            .await
+            .unwrap()
+            .served_by(),
+        "baseline"
+    );
     std::fs::write(&rules, "[]\n").unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while get(admin, "/ready", &[]).await.unwrap().status != 200 {
@@ -209,12 +270,20 @@ async fn not_ready_until_a_valid_table_arrives() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_upstream_fork_gets_502_and_baseline_keeps_working() {
     let env = Env::http().await;
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
     env.write_raw_rules(&spur_e2e::rule_yaml("k1", env.baseline.port(), dead));
     env.wait_version(2).await;
-    let got = get(env.addr(), "/", &[("baggage", "sd-routing-key=k1")]).await.unwrap();
+    let got = get(env.addr(), "/", &[("baggage", "sd-routing-key=k1")])
+        .await
+        .unwrap();
     assert_eq!(got.status, 502);
     assert!(got.body.contains("upstream unavailable"));
-    assert_eq!(get(env.addr(), "/", &[]).await.unwrap().served_by(), "baseline");
+    assert_eq!(
+        get(env.addr(), "/", &[]).await.unwrap().served_by(),
+        "baseline"
+    );
     env.shutdown().await;
 }

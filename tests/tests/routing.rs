@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
-use spur_e2e::{get, get_h2, metrics, rule_yaml, sample, Env, EnvOptions};
+use spur_e2e::{Env, EnvOptions, get, get_h2, metrics, rule_yaml, sample};
 use tokio::net::{TcpListener, TcpStream};
 
 async fn served_by(env: &Env, headers: &[(&str, &str)]) -> String {
@@ -26,8 +26,14 @@ async fn every_carrier_reaches_the_fork() {
         &[("baggage", "spur-routing-key=k1")],
         &[("baggage", "sd-sandbox=k1")],
         &[("baggage", "sd-workspace=k1")],
-        &[("baggage", "userId=alice, sd-routing-key = k1 ;prop=1, other=x")],
-        &[("baggage", "userId=alice"), ("baggage", "sd-routing-key=k1")],
+        &[(
+            "baggage",
+            "userId=alice, sd-routing-key = k1 ;prop=1, other=x",
+        )],
+        &[
+            ("baggage", "userId=alice"),
+            ("baggage", "sd-routing-key=k1"),
+        ],
         &[("tracestate", "vendor=abc,sd-routing-key=k1")],
         &[("tracestate", "sd-sandbox=k1")],
         &[("ot-baggage-sd-routing-key", "k1")],
@@ -37,10 +43,16 @@ async fn every_carrier_reaches_the_fork() {
         &[("x-route-to", "k1")],
     ];
     for headers in cases {
-        assert_eq!(served_by(&env, headers).await, "fork", "carrier {headers:?}");
+        assert_eq!(
+            served_by(&env, headers).await,
+            "fork",
+            "carrier {headers:?}"
+        );
     }
     // The same over HTTP/2.
-    let got = get_h2(env.addr(), "/", &[("baggage", "sd-routing-key=k1")]).await.unwrap();
+    let got = get_h2(env.addr(), "/", &[("baggage", "sd-routing-key=k1")])
+        .await
+        .unwrap();
     assert_eq!(got.served_by(), "fork");
     env.shutdown().await;
 }
@@ -48,15 +60,22 @@ async fn every_carrier_reaches_the_fork() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn query_parameter_is_stripped_and_reinjected_as_headers() {
     let env = Env::http().await;
-    let got = get(env.addr(), "/headers?a=1&sd-routing-key=k1&b=2", &[]).await.unwrap();
+    let got = get(env.addr(), "/headers?a=1&sd-routing-key=k1&b=2", &[])
+        .await
+        .unwrap();
     assert_eq!(got.served_by(), "fork");
     let seen = got.json();
     assert_eq!(seen["uri"], "/headers?a=1&b=2", "{seen}");
     let baggage = seen["headers"]["baggage"].to_string();
-    assert!(baggage.contains("sd-routing-key=k1"), "key re-injected into baggage: {seen}");
+    assert!(
+        baggage.contains("sd-routing-key=k1"),
+        "key re-injected into baggage: {seen}"
+    );
     assert_eq!(seen["headers"]["uberctx-sd-routing-key"][0], "k1");
     // A query parameter that only shares a prefix is left alone.
-    let got = get(env.addr(), "/headers?sd-routing-keyx=k1", &[]).await.unwrap();
+    let got = get(env.addr(), "/headers?sd-routing-keyx=k1", &[])
+        .await
+        .unwrap();
     assert_eq!(got.served_by(), "baseline");
     assert_eq!(got.json()["uri"], "/headers?sd-routing-keyx=k1");
     env.shutdown().await;
@@ -66,13 +85,27 @@ async fn query_parameter_is_stripped_and_reinjected_as_headers() {
 async fn no_key_unknown_key_and_other_ports_reach_the_baseline() {
     let env = Env::http().await;
     assert_eq!(served_by(&env, &[]).await, "baseline");
-    assert_eq!(served_by(&env, &[("baggage", "sd-routing-key=unknown")]).await, "baseline");
-    assert_eq!(served_by(&env, &[("baggage", "sd-routing-key=k1 x")]).await, "baseline", "invalid key");
-    assert_eq!(served_by(&env, &[("baggage", "routing-key=k1")]).await, "baseline", "other member");
+    assert_eq!(
+        served_by(&env, &[("baggage", "sd-routing-key=unknown")]).await,
+        "baseline"
+    );
+    assert_eq!(
+        served_by(&env, &[("baggage", "sd-routing-key=k1 x")]).await,
+        "baseline",
+        "invalid key"
+    );
+    assert_eq!(
+        served_by(&env, &[("baggage", "routing-key=k1")]).await,
+        "baseline",
+        "other member"
+    );
     // A rule for another workload port does not apply to this one.
     env.write_raw_rules(&rule_yaml("k1", env.baseline.port() + 1, env.fork("fork")));
     env.wait_version(2).await;
-    assert_eq!(served_by(&env, &[("baggage", "sd-routing-key=k1")]).await, "baseline");
+    assert_eq!(
+        served_by(&env, &[("baggage", "sd-routing-key=k1")]).await,
+        "baseline"
+    );
     env.shutdown().await;
 }
 
@@ -94,7 +127,11 @@ async fn several_keys_first_with_a_rule_wins() {
     let h = [("baggage", "sd-sandbox=k2,sd-routing-key=k1")];
     assert_eq!(served_by(&env, &h).await, "fork");
     // Baggage comes before tracestate and the legacy headers.
-    let h = [("uberctx-sd-routing-key", "k2"), ("tracestate", "sd-routing-key=k2"), ("baggage", "sd-routing-key=k1")];
+    let h = [
+        ("uberctx-sd-routing-key", "k2"),
+        ("tracestate", "sd-routing-key=k2"),
+        ("baggage", "sd-routing-key=k1"),
+    ];
     assert_eq!(served_by(&env, &h).await, "fork");
     env.shutdown().await;
 }
@@ -102,14 +139,30 @@ async fn several_keys_first_with_a_rule_wins() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_is_rerouted_at_most_once() {
     let env = Env::http().await;
-    let mark = format!("Deployment/{}/{}", spur_e2e::NAMESPACE, spur_e2e::BASELINE_NAME);
-    let h = [("baggage", "sd-routing-key=k1"), ("x-spur-routed", mark.as_str())];
-    assert_eq!(served_by(&env, &h).await, "baseline", "already routed by this baseline's sidecar");
+    let mark = format!(
+        "Deployment/{}/{}",
+        spur_e2e::NAMESPACE,
+        spur_e2e::BASELINE_NAME
+    );
+    let h = [
+        ("baggage", "sd-routing-key=k1"),
+        ("x-spur-routed", mark.as_str()),
+    ];
+    assert_eq!(
+        served_by(&env, &h).await,
+        "baseline",
+        "already routed by this baseline's sidecar"
+    );
     // The fork sees the mark, so a destination that points back here cannot loop.
-    let got = get(env.addr(), "/headers", &[("baggage", "sd-routing-key=k1")]).await.unwrap();
+    let got = get(env.addr(), "/headers", &[("baggage", "sd-routing-key=k1")])
+        .await
+        .unwrap();
     assert_eq!(got.json()["headers"]["x-spur-routed"][0], mark.as_str());
     // Another baseline's mark does not stop routing here.
-    let h = [("baggage", "sd-routing-key=k1"), ("x-spur-routed", "Deployment/other/svc")];
+    let h = [
+        ("baggage", "sd-routing-key=k1"),
+        ("x-spur-routed", "Deployment/other/svc"),
+    ];
     assert_eq!(served_by(&env, &h).await, "fork");
     env.shutdown().await;
 }
@@ -118,7 +171,11 @@ async fn a_request_is_rerouted_at_most_once() {
 /// forks; not one request may fail, and each lands on a fork.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_swaps_under_load_lose_no_request() {
-    let env = Env::start(EnvOptions { extra_forks: vec!["fork2"], ..EnvOptions::default() }).await;
+    let env = Env::start(EnvOptions {
+        extra_forks: vec!["fork2"],
+        ..EnvOptions::default()
+    })
+    .await;
     let addr = env.addr();
     let done = Arc::new(AtomicUsize::new(0));
     let mut clients = Vec::new();
@@ -126,7 +183,9 @@ async fn table_swaps_under_load_lose_no_request() {
         let done = done.clone();
         clients.push(tokio::spawn(async move {
             let tcp = TcpStream::connect(addr).await.unwrap();
-            let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.unwrap();
+            let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+                .await
+                .unwrap();
             tokio::spawn(conn);
             let mut forks = Vec::new();
             for _ in 0..300 {
@@ -135,8 +194,13 @@ async fn table_swaps_under_load_lose_no_request() {
                     .header("baggage", "sd-routing-key=k1")
                     .body(Empty::<Bytes>::new())
                     .unwrap();
-                send.ready().await.expect("connection closed during a table swap");
-                let resp = send.send_request(req).await.expect("request failed during a table swap");
+                send.ready()
+                    .await
+                    .expect("connection closed during a table swap");
+                let resp = send
+                    .send_request(req)
+                    .await
+                    .expect("request failed during a table swap");
                 assert_eq!(resp.status(), 200);
                 let by = resp.headers()["x-served-by"].to_str().unwrap().to_string();
                 resp.into_body().collect().await.unwrap();
@@ -156,16 +220,26 @@ async fn table_swaps_under_load_lose_no_request() {
     }
     let mut seen = std::collections::BTreeSet::new();
     for c in clients {
-        for by in tokio::time::timeout(Duration::from_secs(60), c).await.unwrap().unwrap() {
+        for by in tokio::time::timeout(Duration::from_secs(60), c)
+            .await
+            .unwrap()
+            .unwrap()
+        {
             assert!(by == "fork" || by == "fork2", "keyed request reached {by}");
             seen.insert(by);
         }
     }
     assert_eq!(done.load(Ordering::Relaxed), 1200);
     // The last table (k1 → fork, after ten flips) is in force for new requests.
-    assert_eq!(served_by(&env, &[("baggage", "sd-routing-key=k1")]).await, "fork");
+    assert_eq!(
+        served_by(&env, &[("baggage", "sd-routing-key=k1")]).await,
+        "fork"
+    );
     let m = metrics(env.admin()).await;
-    assert!(sample(&m, "spur_requests_total{outcome=\"error\"}") == 0.0, "{m}");
+    assert!(
+        sample(&m, "spur_requests_total{outcome=\"error\"}") == 0.0,
+        "{m}"
+    );
     env.shutdown().await;
 }
 
@@ -182,11 +256,15 @@ async fn counting_upstream(name: &'static str) -> (std::net::SocketAddr, Arc<Ato
             let counter = counter.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(|_req| async {
-                    let mut r = http::Response::new(http_body_util::Full::new(Bytes::from_static(b"ok\n")));
-                    r.headers_mut().insert("x-served-by", http::HeaderValue::from_static(name));
+                    let mut r =
+                        http::Response::new(http_body_util::Full::new(Bytes::from_static(b"ok\n")));
+                    r.headers_mut()
+                        .insert("x-served-by", http::HeaderValue::from_static(name));
                     Ok::<_, std::convert::Infallible>(r)
                 });
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(s), svc).await;
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
                 counter.fetch_sub(1, Ordering::SeqCst);
             });
         }
@@ -196,18 +274,28 @@ async fn counting_upstream(name: &'static str) -> (std::net::SocketAddr, Arc<Ato
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removed_destination_loses_its_idle_pooled_connections() {
-    let env = Env::start(EnvOptions { rules: vec![], ..EnvOptions::default() }).await;
+    let env = Env::start(EnvOptions {
+        rules: vec![],
+        ..EnvOptions::default()
+    })
+    .await;
     let (fork, open) = counting_upstream("counted-fork").await;
     env.write_raw_rules(&rule_yaml("k1", env.baseline.port(), fork));
     let v = env.version() + 1;
     env.wait_version(v).await;
     for _ in 0..3 {
-        assert_eq!(served_by(&env, &[("baggage", "sd-routing-key=k1")]).await, "counted-fork");
+        assert_eq!(
+            served_by(&env, &[("baggage", "sd-routing-key=k1")]).await,
+            "counted-fork"
+        );
     }
     // The sidecar keeps the upstream connection alive in its pool…
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while env.sidecar().proxy().idle_upstream_connections() == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "upstream connection never pooled");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "upstream connection never pooled"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(open.load(Ordering::SeqCst) >= 1);
@@ -216,10 +304,16 @@ async fn removed_destination_loses_its_idle_pooled_connections() {
     env.wait_version(v + 1).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while open.load(Ordering::SeqCst) != 0 {
-        assert!(tokio::time::Instant::now() < deadline, "stale upstream connection still open");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "stale upstream connection still open"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(served_by(&env, &[("baggage", "sd-routing-key=k1")]).await, "baseline");
+    assert_eq!(
+        served_by(&env, &[("baggage", "sd-routing-key=k1")]).await,
+        "baseline"
+    );
     let m = metrics(env.admin()).await;
     assert!(sample(&m, "spur_pool_stale_closed_total") >= 1.0, "{m}");
     env.shutdown().await;
@@ -228,7 +322,10 @@ async fn removed_destination_loses_its_idle_pooled_connections() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_rule_file_keeps_the_last_good_table() {
     let env = Env::http().await;
-    assert_eq!(served_by(&env, &[("baggage", "sd-routing-key=k1")]).await, "fork");
+    assert_eq!(
+        served_by(&env, &[("baggage", "sd-routing-key=k1")]).await,
+        "fork"
+    );
     let before = env.version();
     env.write_raw_rules("- routingKey: [broken");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -237,12 +334,21 @@ async fn invalid_rule_file_keeps_the_last_good_table() {
         if sample(&m, "spur_route_table_updates_total{result=\"rejected\"}") >= 1.0 {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "rejection never reported: {m}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "rejection never reported: {m}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(env.version(), before);
-    assert_eq!(served_by(&env, &[("baggage", "sd-routing-key=k1")]).await, "fork");
+    assert_eq!(
+        served_by(&env, &[("baggage", "sd-routing-key=k1")]).await,
+        "fork"
+    );
     let ready = get(env.admin(), "/ready", &[]).await.unwrap();
-    assert_eq!(ready.status, 200, "a rejected update does not make the sidecar unready");
+    assert_eq!(
+        ready.status, 200,
+        "a rejected update does not make the sidecar unready"
+    );
     env.shutdown().await;
 }

@@ -7,15 +7,15 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use clap::{Args, Subcommand};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
-use spur_demo_apps::{grpc_client, serve_grpc, serve_http, CancellationToken};
+use spur_demo_apps::{CancellationToken, grpc_client, serve_grpc, serve_http};
 use spur_proxy::{Inbound, ProxyConfig};
 use spur_routing::{BaselineWorkload, ExtractConfig};
-use spur_sidecar::{shutdown_signal, Sidecar, SidecarConfig};
+use spur_sidecar::{Sidecar, SidecarConfig, shutdown_signal};
 use tokio::net::TcpListener;
 
 /// The routing key the demo's rules use.
@@ -75,7 +75,11 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
     if args.check {
         let ok = check(&demo).await;
         stop(demo).await;
-        return Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE });
+        return Ok(if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
     }
     print_instructions(&demo);
     shutdown_signal().await;
@@ -88,14 +92,15 @@ fn port(base: u16, offset: u16) -> Result<u16> {
     if base == 0 {
         return Ok(0);
     }
-    base.checked_add(offset).context("--port-base too high: the demo needs BASE+211 to be a valid port")
+    base.checked_add(offset)
+        .context("--port-base too high: the demo needs BASE+211 to be a valid port")
 }
 
 async fn bind(base: u16, offset: u16, what: &str) -> Result<TcpListener> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port(base, offset)?));
-    TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot bind {what} on {addr} (is another demo running? try --port-base)"))
+    TcpListener::bind(addr).await.with_context(|| {
+        format!("cannot bind {what} on {addr} (is another demo running? try --port-base)")
+    })
 }
 
 /// (baseline, fork) addresses of one demo service.
@@ -119,13 +124,22 @@ fn rules_yaml(web: Pair, greeter: Pair) -> String {
 async fn start(base: u16, rules_file: Option<PathBuf>) -> Result<Demo> {
     let apps = CancellationToken::new();
     let mut addrs = Vec::new();
-    for (offset, name, grpc) in [(100, "baseline", false), (200, "fork", false), (101, "baseline", true), (201, "fork", true)] {
+    for (offset, name, grpc) in [
+        (100, "baseline", false),
+        (200, "fork", false),
+        (101, "baseline", true),
+        (201, "fork", true),
+    ] {
         let l = bind(base, offset, if grpc { "gRPC app" } else { "HTTP app" }).await?;
         addrs.push(l.local_addr()?);
         let token = apps.clone();
         let name = name.to_string();
         tokio::spawn(async move {
-            let res = if grpc { serve_grpc(l, name, token).await } else { serve_http(l, name, token).await };
+            let res = if grpc {
+                serve_grpc(l, name, token).await
+            } else {
+                serve_http(l, name, token).await
+            };
             if let Err(e) = res {
                 tracing::error!(error = %e, "demo app failed");
             }
@@ -137,33 +151,63 @@ async fn start(base: u16, rules_file: Option<PathBuf>) -> Result<Demo> {
         Some(p) => p,
         None => {
             let dir = std::env::temp_dir().join(format!("spur-demo-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
             dir.join("rules.yaml")
         }
     };
-    std::fs::write(&rules, rules_yaml(web, greeter)).with_context(|| format!("cannot write {}", rules.display()))?;
+    std::fs::write(&rules, rules_yaml(web, greeter))
+        .with_context(|| format!("cannot write {}", rules.display()))?;
     let web_sidecar = sidecar("web", base, 0, web.0, &rules).await?;
     let greeter_sidecar = sidecar("greeter", base, 1, greeter.0, &rules).await?;
     Ok(Demo {
-        web: Service { label: "web (HTTP)", baseline: web.0, fork: web.1, sidecar: web_sidecar },
-        greeter: Service { label: "greeter (gRPC)", baseline: greeter.0, fork: greeter.1, sidecar: greeter_sidecar },
+        web: Service {
+            label: "web (HTTP)",
+            baseline: web.0,
+            fork: web.1,
+            sidecar: web_sidecar,
+        },
+        greeter: Service {
+            label: "greeter (gRPC)",
+            baseline: greeter.0,
+            fork: greeter.1,
+            sidecar: greeter_sidecar,
+        },
         rules,
         apps,
     })
 }
 
-async fn sidecar(name: &str, base: u16, index: u16, app: SocketAddr, rules: &Path) -> Result<Sidecar> {
+async fn sidecar(
+    name: &str,
+    base: u16,
+    index: u16,
+    app: SocketAddr,
+    rules: &Path,
+) -> Result<Sidecar> {
     let config = SidecarConfig {
         inbound_addr: SocketAddr::from(([127, 0, 0, 1], port(base, index)?)),
         inbound: Inbound::Explicit { app },
-        baseline: BaselineWorkload { kind: "Deployment".into(), namespace: NAMESPACE.into(), name: name.into() },
+        baseline: BaselineWorkload {
+            kind: "Deployment".into(),
+            namespace: NAMESPACE.into(),
+            name: name.into(),
+        },
         rules: Some(rules.to_path_buf()),
         rules_poll: Duration::from_millis(500),
         admin_addr: Some(SocketAddr::from(([127, 0, 0, 1], port(base, 10 + index)?))),
-        extract: ExtractConfig { custom_headers: vec!["x-routing-key".into()], query_param: Some("sd-routing-key".into()) },
-        proxy: ProxyConfig { drain_grace: Duration::from_secs(5), ..ProxyConfig::default() },
+        extract: ExtractConfig {
+            custom_headers: vec!["x-routing-key".into()],
+            query_param: Some("sd-routing-key".into()),
+        },
+        proxy: ProxyConfig {
+            drain_grace: Duration::from_secs(5),
+            ..ProxyConfig::default()
+        },
     };
-    Sidecar::start(config).await.with_context(|| format!("cannot start the {name} sidecar (is another demo running? try --port-base)"))
+    Sidecar::start(config).await.with_context(|| {
+        format!("cannot start the {name} sidecar (is another demo running? try --port-base)")
+    })
 }
 
 async fn stop(demo: Demo) {
@@ -173,13 +217,19 @@ async fn stop(demo: Demo) {
 }
 
 fn exe() -> String {
-    std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "spur".into())
+    std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "spur".into())
 }
 
 fn print_instructions(demo: &Demo) {
     let web = demo.web.sidecar.inbound_addr;
     let greeter = demo.greeter.sidecar.inbound_addr;
-    let admin = demo.web.sidecar.admin_addr.map_or_else(|| "?".into(), |a| a.to_string());
+    let admin = demo
+        .web
+        .sidecar
+        .admin_addr
+        .map_or_else(|| "?".into(), |a| a.to_string());
     println!("Spur demo is running. Ctrl-C stops it.\n");
     for s in [&demo.web, &demo.greeter] {
         println!(
@@ -187,16 +237,25 @@ fn print_instructions(demo: &Demo) {
             s.label, s.sidecar.inbound_addr, s.baseline, s.fork
         );
     }
-    println!("  routing rules   {}  (edit and save: sidecars reload within a second)\n", demo.rules.display());
+    println!(
+        "  routing rules   {}  (edit and save: sidecars reload within a second)\n",
+        demo.rules.display()
+    );
     println!("Unkeyed requests reach the baseline:");
     println!("  curl -s http://{web}/");
     println!("  {} demo call --addr {greeter}", exe());
     println!("\nRequests carrying the routing key reach the fork:");
     println!("  curl -s -H 'baggage: sd-routing-key={DEMO_KEY}' http://{web}/");
-    println!("  curl -s -H 'tracestate: sd-routing-key={DEMO_KEY}' --http2-prior-knowledge http://{web}/");
+    println!(
+        "  curl -s -H 'tracestate: sd-routing-key={DEMO_KEY}' --http2-prior-knowledge http://{web}/"
+    );
     println!("  curl -s -H 'uberctx-sd-routing-key: {DEMO_KEY}' http://{web}/");
-    println!("  curl -s -H 'x-routing-key: {DEMO_KEY}' http://{web}/        # a configured custom header");
-    println!("  curl -s 'http://{web}/?sd-routing-key={DEMO_KEY}'           # query parameter, stripped");
+    println!(
+        "  curl -s -H 'x-routing-key: {DEMO_KEY}' http://{web}/        # a configured custom header"
+    );
+    println!(
+        "  curl -s 'http://{web}/?sd-routing-key={DEMO_KEY}'           # query parameter, stripped"
+    );
     println!("  {} demo call --addr {greeter} --key {DEMO_KEY}", exe());
     println!("\nAn unknown key falls back to the baseline:");
     println!("  curl -s -H 'baggage: sd-routing-key=nosuchkey' http://{web}/");
@@ -206,7 +265,12 @@ fn print_instructions(demo: &Demo) {
 }
 
 /// One request through a sidecar and the upstream that answered it.
-async fn http_get(addr: SocketAddr, path: &str, headers: &[(&str, &str)], h2: bool) -> Result<String> {
+async fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    h2: bool,
+) -> Result<String> {
     let tcp = tokio::net::TcpStream::connect(addr).await?;
     let mut req = http::Request::get(format!("http://{addr}{path}"));
     for (k, v) in headers {
@@ -214,8 +278,11 @@ async fn http_get(addr: SocketAddr, path: &str, headers: &[(&str, &str)], h2: bo
     }
     let req = req.body(Empty::<Bytes>::new())?;
     let resp = if h2 {
-        let (mut send, conn) =
-            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(tcp)).await?;
+        let (mut send, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            TokioIo::new(tcp),
+        )
+        .await?;
         tokio::spawn(conn);
         send.send_request(req).await?
     } else {
@@ -223,8 +290,12 @@ async fn http_get(addr: SocketAddr, path: &str, headers: &[(&str, &str)], h2: bo
         tokio::spawn(conn);
         let (mut parts, body) = req.into_parts();
         parts.uri = path.parse()?;
-        parts.headers.insert(http::header::HOST, http::HeaderValue::from_str(&addr.to_string())?);
-        send.send_request(http::Request::from_parts(parts, body)).await?
+        parts.headers.insert(
+            http::header::HOST,
+            http::HeaderValue::from_str(&addr.to_string())?,
+        );
+        send.send_request(http::Request::from_parts(parts, body))
+            .await?
     };
     let served_by = resp
         .headers()
@@ -246,15 +317,51 @@ async fn check(demo: &Demo) -> bool {
     let baggage = format!("sd-routing-key={DEMO_KEY}");
     let query = format!("/?sd-routing-key={DEMO_KEY}");
     let cases: Vec<(&str, &str, Result<String>)> = vec![
-        ("HTTP/1.1, no key", "baseline", http_get(web, "/", &[], false).await),
-        ("HTTP/1.1, baggage", "fork", http_get(web, "/", &[("baggage", &baggage)], false).await),
-        ("HTTP/2, tracestate", "fork", http_get(web, "/", &[("tracestate", &baggage)], true).await),
-        ("HTTP/1.1, uberctx header", "fork", http_get(web, "/", &[("uberctx-sd-routing-key", DEMO_KEY)], false).await),
-        ("HTTP/1.1, custom header", "fork", http_get(web, "/", &[("x-routing-key", DEMO_KEY)], false).await),
-        ("HTTP/1.1, query parameter", "fork", http_get(web, &query, &[], false).await),
-        ("HTTP/1.1, unknown key", "baseline", http_get(web, "/", &[("baggage", "sd-routing-key=nosuchkey")], false).await),
-        ("gRPC, no key", "baseline", grpc_served_by(greeter, None).await),
-        ("gRPC, baggage", "fork", grpc_served_by(greeter, Some(DEMO_KEY)).await),
+        (
+            "HTTP/1.1, no key",
+            "baseline",
+            http_get(web, "/", &[], false).await,
+        ),
+        (
+            "HTTP/1.1, baggage",
+            "fork",
+            http_get(web, "/", &[("baggage", &baggage)], false).await,
+        ),
+        (
+            "HTTP/2, tracestate",
+            "fork",
+            http_get(web, "/", &[("tracestate", &baggage)], true).await,
+        ),
+        (
+            "HTTP/1.1, uberctx header",
+            "fork",
+            http_get(web, "/", &[("uberctx-sd-routing-key", DEMO_KEY)], false).await,
+        ),
+        (
+            "HTTP/1.1, custom header",
+            "fork",
+            http_get(web, "/", &[("x-routing-key", DEMO_KEY)], false).await,
+        ),
+        (
+            "HTTP/1.1, query parameter",
+            "fork",
+            http_get(web, &query, &[], false).await,
+        ),
+        (
+            "HTTP/1.1, unknown key",
+            "baseline",
+            http_get(web, "/", &[("baggage", "sd-routing-key=nosuchkey")], false).await,
+        ),
+        (
+            "gRPC, no key",
+            "baseline",
+            grpc_served_by(greeter, None).await,
+        ),
+        (
+            "gRPC, baggage",
+            "fork",
+            grpc_served_by(greeter, Some(DEMO_KEY)).await,
+        ),
     ];
     let mut ok = true;
     for (what, want, got) in cases {
@@ -271,22 +378,38 @@ async fn check(demo: &Demo) -> bool {
         };
         println!("{line}");
     }
-    println!("{}", if ok { "demo check passed" } else { "demo check FAILED" });
+    println!(
+        "{}",
+        if ok {
+            "demo check passed"
+        } else {
+            "demo check FAILED"
+        }
+    );
     ok
 }
 
 async fn grpc_served_by(addr: SocketAddr, key: Option<&str>) -> Result<String> {
     let baggage = key.map(|k| format!("sd-routing-key={k}"));
     let metadata: Vec<(&str, &str)> = baggage.iter().map(|b| ("baggage", b.as_str())).collect();
-    let (reply, _) = grpc_client::hello(addr, "spur", &metadata).await.map_err(|s| anyhow::anyhow!("{s}"))?;
+    let (reply, _) = grpc_client::hello(addr, "spur", &metadata)
+        .await
+        .map_err(|s| anyhow::anyhow!("{s}"))?;
     Ok(reply.served_by)
 }
 
 async fn call(addr: SocketAddr, key: Option<&str>) -> Result<ExitCode> {
     let baggage = key.map(|k| format!("sd-routing-key={k}"));
     let metadata: Vec<(&str, &str)> = baggage.iter().map(|b| ("baggage", b.as_str())).collect();
-    let (reply, trailer) = grpc_client::hello(addr, "spur", &metadata).await.map_err(|s| anyhow::anyhow!("Hello failed: {s}"))?;
-    println!("Hello: {} (served by {}, trailer x-served-by: {})", reply.message, reply.served_by, trailer.unwrap_or_default());
+    let (reply, trailer) = grpc_client::hello(addr, "spur", &metadata)
+        .await
+        .map_err(|s| anyhow::anyhow!("Hello failed: {s}"))?;
+    println!(
+        "Hello: {} (served by {}, trailer x-served-by: {})",
+        reply.message,
+        reply.served_by,
+        trailer.unwrap_or_default()
+    );
     let (replies, trailer) = grpc_client::chat(addr, vec!["one".into(), "two".into()], &metadata)
         .await
         .map_err(|s| anyhow::anyhow!("Chat failed: {s}"))?;

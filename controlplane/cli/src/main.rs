@@ -5,7 +5,11 @@ mod demo;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "spur", version, about = "Spur: request-level sandboxes for Kubernetes, data plane first.")]
+#[command(
+    name = "spur",
+    version,
+    about = "Spur: request-level sandboxes for Kubernetes, data plane first."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -22,7 +26,10 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // The demo talks to a person on stdout; only problems go to stderr unless SPUR_LOG says otherwise.
     spur_sidecar::init_tracing("warn");
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("spur: cannot start runtime: {e}");

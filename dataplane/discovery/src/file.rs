@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
-use spur_routing::rules::{validate_rules, RuleSpec};
 use spur_routing::RoutingRule;
+use spur_routing::rules::{RuleSpec, validate_rules};
 use tokio_util::sync::CancellationToken;
 
 use crate::{Error, Publisher};
@@ -43,7 +43,10 @@ pub fn parse_rules(path: &str, bytes: &[u8]) -> Result<Vec<RoutingRule>, Error> 
             Document::Object { routing_rules } => routing_rules,
         }
     };
-    validate_rules(specs).map_err(|source| Error::Invalid { path: path.to_string(), source })
+    validate_rules(specs).map_err(|source| Error::Invalid {
+        path: path.to_string(),
+        source,
+    })
 }
 
 /// Watches one rule file and publishes every valid version of it.
@@ -56,7 +59,12 @@ pub struct FileSource {
 
 impl FileSource {
     pub fn new(path: impl Into<PathBuf>, interval: Duration, publisher: Publisher) -> Self {
-        FileSource { path: path.into(), interval: interval.max(Duration::from_millis(10)), publisher, last: None }
+        FileSource {
+            path: path.into(),
+            interval: interval.max(Duration::from_millis(10)),
+            publisher,
+            last: None,
+        }
     }
 
     pub fn publisher(&self) -> &Publisher {
@@ -110,10 +118,15 @@ impl FileSource {
 }
 
 async fn read_bounded(path: &Path) -> Result<Vec<u8>, Error> {
-    let err = |source| Error::Read { path: path.display().to_string(), source };
+    let err = |source| Error::Read {
+        path: path.display().to_string(),
+        source,
+    };
     let meta = tokio::fs::metadata(path).await.map_err(err)?;
     if meta.len() > MAX_FILE_BYTES {
-        return Err(err(std::io::Error::other(format!("file is larger than {MAX_FILE_BYTES} bytes"))));
+        return Err(err(std::io::Error::other(format!(
+            "file is larger than {MAX_FILE_BYTES} bytes"
+        ))));
     }
     tokio::fs::read(path).await.map_err(err)
 }
@@ -139,9 +152,13 @@ mod tests {
         let json = r#"{"routingRules":[{"routingKey":"k","baseline":{"kind":"Deployment","namespace":"n","name":"w"},"destinationSandbox":{"name":"s"},"mappings":[]}]}"#;
         assert_eq!(parse_rules("x", json.as_bytes()).unwrap().len(), 1);
         assert!(parse_rules("x", b"  \n").unwrap().is_empty());
-        let err = parse_rules("f.yaml", b"- routingKey: [").unwrap_err().to_string();
+        let err = parse_rules("f.yaml", b"- routingKey: [")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("f.yaml"), "{err}");
-        let err = parse_rules("f.yaml", RULES.replace("8080", "0").as_bytes()).unwrap_err().to_string();
+        let err = parse_rules("f.yaml", RULES.replace("8080", "0").as_bytes())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("workloadPort 0"), "{err}");
     }
 
@@ -159,7 +176,11 @@ mod tests {
         assert_eq!(src.poll_once().await.unwrap(), Some(1));
         assert!(changes.has_changed().unwrap());
         assert_eq!(*changes.borrow_and_update(), 1);
-        assert_eq!(src.poll_once().await.unwrap(), None, "unchanged file is not republished");
+        assert_eq!(
+            src.poll_once().await.unwrap(),
+            None,
+            "unchanged file is not republished"
+        );
 
         std::fs::write(&path, "not: [valid").unwrap();
         assert!(src.poll_once().await.is_err());
@@ -176,7 +197,10 @@ mod tests {
 
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
-        assert!(out.contains("route_table_updates_total{result=\"rejected\"} 2"), "{out}");
+        assert!(
+            out.contains("route_table_updates_total{result=\"rejected\"} 2"),
+            "{out}"
+        );
         assert!(out.contains("route_table_version 2"), "{out}");
     }
 }

@@ -7,7 +7,7 @@
 
 mod file;
 
-pub use file::{parse_rules, FileSource};
+pub use file::{FileSource, parse_rules};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -20,11 +20,17 @@ use tokio::sync::watch;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot read rules from {path}: {source}")]
-    Read { path: String, source: std::io::Error },
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("rules in {path} are not valid YAML/JSON: {reason}")]
     Parse { path: String, reason: String },
     #[error("rules in {path} are invalid: {source}")]
-    Invalid { path: String, source: spur_routing::Error },
+    Invalid {
+        path: String,
+        source: spur_routing::Error,
+    },
 }
 
 /// The write side of a routing table: publishes validated tables and counts what happened.
@@ -43,17 +49,36 @@ impl Publisher {
         let version = Gauge::default();
         let rules = Gauge::default();
         let updates = Family::<Vec<(String, String)>, Counter>::default();
-        registry.register("route_table_version", "Version of the routing table in force (0: none yet)", version.clone());
-        registry.register("route_table_rules", "Routing rules in the table in force", rules.clone());
+        registry.register(
+            "route_table_version",
+            "Version of the routing table in force (0: none yet)",
+            version.clone(),
+        );
+        registry.register(
+            "route_table_rules",
+            "Routing rules in the table in force",
+            rules.clone(),
+        );
         registry.register(
             "route_table_updates",
             "Routing table updates by result (ok: published; rejected: invalid, last good table kept)",
             updates.clone(),
         );
-        let updates_ok = updates.get_or_create(&vec![("result".into(), "ok".into())]).clone();
-        let updates_rejected = updates.get_or_create(&vec![("result".into(), "rejected".into())]).clone();
+        let updates_ok = updates
+            .get_or_create(&vec![("result".into(), "ok".into())])
+            .clone();
+        let updates_rejected = updates
+            .get_or_create(&vec![("result".into(), "rejected".into())])
+            .clone();
         let (changes, _) = watch::channel(0);
-        Publisher { table, changes, version, rules, updates_ok, updates_rejected }
+        Publisher {
+            table,
+            changes,
+            version,
+            rules,
+            updates_ok,
+            updates_rejected,
+        }
     }
 
     /// A receiver that sees the version of every published table.

@@ -4,7 +4,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{header, Method, Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -67,7 +67,9 @@ pub async fn serve_admin(listener: TcpListener, state: AdminState, stop: Cancell
                 async move { Ok::<_, Infallible>(handle(&state, &req)) }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
-            builder.timer(TokioTimer::new()).header_read_timeout(std::time::Duration::from_secs(10));
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(10));
             if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
                 tracing::debug!(error = %e, "admin connection error");
             }
@@ -82,8 +84,13 @@ fn handle(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> 
     match req.uri().path() {
         "/live" => text(StatusCode::OK, "live\n".into()),
         "/ready" if state.is_ready() => text(StatusCode::OK, "ready\n".into()),
-        "/ready" if state.drain.is_draining() => text(StatusCode::SERVICE_UNAVAILABLE, "draining\n".into()),
-        "/ready" => text(StatusCode::SERVICE_UNAVAILABLE, "waiting for a routing table\n".into()),
+        "/ready" if state.drain.is_draining() => {
+            text(StatusCode::SERVICE_UNAVAILABLE, "draining\n".into())
+        }
+        "/ready" => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "waiting for a routing table\n".into(),
+        ),
         "/metrics" => {
             let mut out = String::new();
             match prometheus_client::encoding::text::encode(&mut out, &state.registry) {
@@ -91,26 +98,41 @@ fn handle(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> 
                     let mut r = text(StatusCode::OK, out);
                     r.headers_mut().insert(
                         header::CONTENT_TYPE,
-                        header::HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+                        header::HeaderValue::from_static(
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        ),
                     );
                     r
                 }
-                Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "metrics encoding failed\n".into()),
+                Err(_) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "metrics encoding failed\n".into(),
+                ),
             }
         }
         "/config_dump" => {
-            let body = serde_json::to_string_pretty(&state.config_dump()).unwrap_or_else(|_| "{}".into());
+            let body =
+                serde_json::to_string_pretty(&state.config_dump()).unwrap_or_else(|_| "{}".into());
             let mut r = text(StatusCode::OK, body + "\n");
-            r.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("application/json"),
+            );
             r
         }
-        _ => text(StatusCode::NOT_FOUND, "endpoints: /live /ready /metrics /config_dump\n".into()),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "endpoints: /live /ready /metrics /config_dump\n".into(),
+        ),
     }
 }
 
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
-    r.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     r
 }

@@ -79,13 +79,19 @@ impl ProxyConfig {
             }
         }
         if self.max_header_bytes < 8192 || self.max_header_bytes > 1024 * 1024 {
-            return Err(Error::Config("maxHeaderBytes must be between 8192 and 1048576".into()));
+            return Err(Error::Config(
+                "maxHeaderBytes must be between 8192 and 1048576".into(),
+            ));
         }
         if self.max_headers == 0 || self.max_headers > 10_000 {
-            return Err(Error::Config("maxHeaders must be between 1 and 10000".into()));
+            return Err(Error::Config(
+                "maxHeaders must be between 1 and 10000".into(),
+            ));
         }
         if self.max_uri_len < 16 || self.max_uri_len > 1024 * 1024 {
-            return Err(Error::Config("maxUriLen must be between 16 and 1048576".into()));
+            return Err(Error::Config(
+                "maxUriLen must be between 16 and 1048576".into(),
+            ));
         }
         if self.opaque_ports.contains(&0) {
             return Err(Error::Config("opaquePorts must not contain 0".into()));
@@ -99,7 +105,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 5s, 2m"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 5s, 2m"))?;
     let d = match unit {
         "ms" => Duration::from_millis(n),
         "" | "s" => Duration::from_secs(n),
@@ -142,9 +150,20 @@ mod tests {
     #[test]
     fn validation_catches_values_hyper_would_panic_on() {
         assert!(ProxyConfig::default().validate().is_ok());
-        let c = ProxyConfig { max_header_bytes: 100, ..Default::default() };
-        assert!(c.validate().unwrap_err().to_string().contains("maxHeaderBytes"));
-        let c = ProxyConfig { connect_timeout: Duration::ZERO, ..Default::default() };
+        let c = ProxyConfig {
+            max_header_bytes: 100,
+            ..Default::default()
+        };
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("maxHeaderBytes")
+        );
+        let c = ProxyConfig {
+            connect_timeout: Duration::ZERO,
+            ..Default::default()
+        };
         assert!(c.validate().is_err());
         let json = r#"{"detectTimeout":"200ms","opaquePorts":[3306]}"#;
         let c: ProxyConfig = serde_json::from_str(json).unwrap();

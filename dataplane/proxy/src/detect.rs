@@ -42,7 +42,10 @@ enum Verdict {
 /// Reads up to [`MAX_PEEK`] bytes until the protocol is known, the client stops sending for
 /// `timeout`, or it closes. The bytes read are returned so the caller can replay them.
 /// `Ok(None)` means the client closed without sending anything.
-pub(crate) async fn detect(io: &mut TcpStream, timeout: Duration) -> std::io::Result<Option<(Protocol, Bytes)>> {
+pub(crate) async fn detect(
+    io: &mut TcpStream,
+    timeout: Duration,
+) -> std::io::Result<Option<(Protocol, Bytes)>> {
     // A fixed array: whatever the client sends, detection never holds more than MAX_PEEK bytes.
     let mut buf = [0u8; MAX_PEEK];
     let mut len = 0;
@@ -88,7 +91,11 @@ fn classify(buf: &[u8]) -> Verdict {
     }
     let n = buf.len().min(H2_PREFACE.len());
     if buf[..n] == H2_PREFACE[..n] {
-        return if n == H2_PREFACE.len() { Verdict::Known(Protocol::Http2) } else { Verdict::NeedMore };
+        return if n == H2_PREFACE.len() {
+            Verdict::Known(Protocol::Http2)
+        } else {
+            Verdict::NeedMore
+        };
     }
     classify_http1(buf)
 }
@@ -97,9 +104,16 @@ fn classify(buf: &[u8]) -> Verdict {
 /// covers the registered methods, WebDAV's and most custom ones), one space, and a request target
 /// that starts with `/`, `*` or an absolute URI; CONNECT takes an authority.
 fn classify_http1(buf: &[u8]) -> Verdict {
-    let method_len = buf.iter().take_while(|b| b.is_ascii_uppercase() || **b == b'-').count();
+    let method_len = buf
+        .iter()
+        .take_while(|b| b.is_ascii_uppercase() || **b == b'-')
+        .count();
     if method_len == buf.len() {
-        return if method_len <= MAX_METHOD { Verdict::NeedMore } else { Verdict::Known(Protocol::Opaque) };
+        return if method_len <= MAX_METHOD {
+            Verdict::NeedMore
+        } else {
+            Verdict::Known(Protocol::Opaque)
+        };
     }
     if method_len == 0 || method_len > MAX_METHOD || buf[method_len] != b' ' {
         return Verdict::Known(Protocol::Opaque);
@@ -127,7 +141,10 @@ mod tests {
     fn classifies() {
         assert_eq!(known(b"GET / HTTP/1.1\r\n"), Some(Protocol::Http1));
         assert_eq!(known(b"PROPFIND /x"), Some(Protocol::Http1));
-        assert_eq!(known(b"CONNECT example.com:443 HTTP/1.1"), Some(Protocol::Http1));
+        assert_eq!(
+            known(b"CONNECT example.com:443 HTTP/1.1"),
+            Some(Protocol::Http1)
+        );
         assert_eq!(known(b"GET http://a/ HTTP/1.1"), Some(Protocol::Http1));
         assert_eq!(known(H2_PREFACE), Some(Protocol::Http2));
         assert_eq!(known(&[0x16, 0x03, 0x01, 0x02, 0x00]), Some(Protocol::Tls));

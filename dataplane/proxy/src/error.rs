@@ -10,15 +10,24 @@ pub enum Error {
     #[error("routing configuration: {0}")]
     Routing(#[from] spur_routing::Error),
     #[error("cannot bind {addr}: {source}")]
-    Bind { addr: std::net::SocketAddr, source: io::Error },
+    Bind {
+        addr: std::net::SocketAddr,
+        source: io::Error,
+    },
     #[error("connecting to {upstream} timed out after {timeout:?}")]
     ConnectTimeout { upstream: String, timeout: Duration },
     #[error("connecting to {upstream}: {source}")]
     Connect { upstream: String, source: io::Error },
     #[error("HTTP handshake with {upstream}: {source}")]
-    Handshake { upstream: String, source: hyper::Error },
+    Handshake {
+        upstream: String,
+        source: hyper::Error,
+    },
     #[error("upstream {upstream}: {source}")]
-    Upstream { upstream: String, source: hyper::Error },
+    Upstream {
+        upstream: String,
+        source: hyper::Error,
+    },
     #[error("admin server: {0}")]
     Admin(io::Error),
 }

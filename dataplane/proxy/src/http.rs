@@ -6,7 +6,7 @@ mod headers;
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::{pin, Pin};
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -29,7 +29,12 @@ use crate::router::Route;
 use crate::{Error, Proxy};
 
 /// Serves one client connection whose protocol was detected as HTTP/1 or HTTP/2.
-pub(crate) async fn serve<IO>(proxy: Proxy, io: IO, meta: ConnMeta, drain: Drain) -> Result<(), &'static str>
+pub(crate) async fn serve<IO>(
+    proxy: Proxy,
+    io: IO,
+    meta: ConnMeta,
+    drain: Drain,
+) -> Result<(), &'static str>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -55,7 +60,14 @@ where
                 .max_pending_accept_reset_streams(100)
                 .max_local_error_reset_streams(1024);
             let conn = builder.serve_connection(io, svc);
-            drive(conn, |c| c.graceful_shutdown(), &drain, &activity, config.idle_timeout).await
+            drive(
+                conn,
+                |c| c.graceful_shutdown(),
+                &drain,
+                &activity,
+                config.idle_timeout,
+            )
+            .await
         }
         _ => {
             let mut builder = http1::Builder::new();
@@ -66,7 +78,14 @@ where
                 .max_headers(config.max_headers)
                 .keep_alive(true);
             let conn = builder.serve_connection(io, svc).with_upgrades();
-            drive(conn, |c| c.graceful_shutdown(), &drain, &activity, config.idle_timeout).await
+            drive(
+                conn,
+                |c| c.graceful_shutdown(),
+                &drain,
+                &activity,
+                config.idle_timeout,
+            )
+            .await
         }
     }
 }
@@ -103,14 +122,26 @@ where
 }
 
 impl Proxy {
-    async fn handle(&self, req: Request<Incoming>, meta: &ConnMeta, tunnels: &Drain) -> Response<Body> {
+    async fn handle(
+        &self,
+        req: Request<Incoming>,
+        meta: &ConnMeta,
+        tunnels: &Drain,
+    ) -> Response<Body> {
         let start = Instant::now();
         let (resp, outcome) = self.forward(req, meta, tunnels).await;
-        self.inner.metrics.request(outcome, start.elapsed().as_secs_f64());
+        self.inner
+            .metrics
+            .request(outcome, start.elapsed().as_secs_f64());
         resp
     }
 
-    async fn forward(&self, mut req: Request<Incoming>, meta: &ConnMeta, tunnels: &Drain) -> (Response<Body>, Outcome) {
+    async fn forward(
+        &self,
+        mut req: Request<Incoming>,
+        meta: &ConnMeta,
+        tunnels: &Drain,
+    ) -> (Response<Body>, Outcome) {
         let config = &self.inner.config;
         let uri_len = req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
         if uri_len > config.max_uri_len {
@@ -119,13 +150,22 @@ impl Proxy {
         let version = match req.version() {
             HttpVersion::HTTP_2 => Version::Http2,
             HttpVersion::HTTP_10 | HttpVersion::HTTP_11 => Version::Http1,
-            _ => return error(StatusCode::HTTP_VERSION_NOT_SUPPORTED, "unsupported HTTP version"),
+            _ => {
+                return error(
+                    StatusCode::HTTP_VERSION_NOT_SUPPORTED,
+                    "unsupported HTTP version",
+                );
+            }
         };
         let connect = req.method() == Method::CONNECT;
         if connect && version == Version::Http2 {
-            return error(StatusCode::NOT_IMPLEMENTED, "CONNECT over HTTP/2 is not supported");
+            return error(
+                StatusCode::NOT_IMPLEMENTED,
+                "CONNECT over HTTP/2 is not supported",
+            );
         }
-        let upgrade = headers::upgrade_protocol(req.headers()).filter(|_| version == Version::Http1);
+        let upgrade =
+            headers::upgrade_protocol(req.headers()).filter(|_| version == Version::Http1);
         let client_upgrade = (connect || upgrade.is_some()).then(|| hyper::upgrade::on(&mut req));
 
         let (mut parts, body) = req.into_parts();
@@ -163,7 +203,9 @@ impl Proxy {
             tunnels.spawn(async move {
                 match tokio::try_join!(client_upgrade, server_upgrade) {
                     Ok((client, server)) => {
-                        let _ = crate::tcp::splice(TokioIo::new(client), TokioIo::new(server), idle).await;
+                        let _ =
+                            crate::tcp::splice(TokioIo::new(client), TokioIo::new(server), idle)
+                                .await;
                     }
                     Err(e) => tracing::debug!(error = %e, "upgrade failed"),
                 }
@@ -177,9 +219,14 @@ impl Proxy {
 }
 
 fn error(status: StatusCode, reason: &'static str) -> (Response<Body>, Outcome) {
-    let body = Full::new(Bytes::from(format!("spur: {reason}\n"))).map_err(|never| match never {}).boxed();
+    let body = Full::new(Bytes::from(format!("spur: {reason}\n")))
+        .map_err(|never| match never {})
+        .boxed();
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
-    resp.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/plain"));
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain"),
+    );
     (resp, Outcome::Error)
 }

@@ -29,7 +29,11 @@ impl<T> Rewind<T> {
 }
 
 impl<T: AsyncRead> AsyncRead for Rewind<T> {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let this = self.project();
         if !this.prefix.is_empty() {
             let n = this.prefix.len().min(buf.remaining());
@@ -42,7 +46,11 @@ impl<T: AsyncRead> AsyncRead for Rewind<T> {
 }
 
 impl<T: AsyncWrite> AsyncWrite for Rewind<T> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         self.project().inner.poll_write(cx, buf)
     }
     fn poll_write_vectored(
@@ -73,7 +81,10 @@ pub(crate) struct Activity {
 
 impl Activity {
     pub(crate) fn new() -> Self {
-        Activity { start: Instant::now(), last_ms: Arc::new(AtomicU64::new(0)) }
+        Activity {
+            start: Instant::now(),
+            last_ms: Arc::new(AtomicU64::new(0)),
+        }
     }
 
     fn touch(&self) {
@@ -111,7 +122,11 @@ impl<T> Tracked<T> {
 }
 
 impl<T: AsyncRead> AsyncRead for Tracked<T> {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let this = self.project();
         let before = buf.filled().len();
         let res = this.inner.poll_read(cx, buf);
@@ -123,7 +138,11 @@ impl<T: AsyncRead> AsyncRead for Tracked<T> {
 }
 
 impl<T: AsyncWrite> AsyncWrite for Tracked<T> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         let this = self.project();
         let res = this.inner.poll_write(cx, buf);
         if matches!(res, Poll::Ready(Ok(n)) if n > 0) {

@@ -33,14 +33,14 @@ mod pool;
 mod router;
 mod tcp;
 
-pub use admin::{serve_admin, AdminState};
-pub use config::{parse_duration, ProxyConfig};
+pub use admin::{AdminState, serve_admin};
+pub use config::{ProxyConfig, parse_duration};
 pub use detect::Protocol;
 pub use drain::Drain;
 pub use error::Error;
 pub use listener::{ConnMeta, Inbound};
 pub use metrics::Metrics;
-pub use router::{KeyRouter, KeyRouterConfig, Route, Router, ROUTED_HEADER};
+pub use router::{KeyRouter, KeyRouterConfig, ROUTED_HEADER, Route, Router};
 
 use std::sync::Arc;
 
@@ -64,11 +64,22 @@ struct Inner {
 impl Proxy {
     /// Builds a proxy. `config` must already be validated ([`ProxyConfig::validate`]); metrics are
     /// registered under `registry` (the caller chooses the prefix, e.g. `spur`).
-    pub fn new(config: ProxyConfig, router: Arc<dyn Router>, registry: &mut Registry) -> Result<Self, Error> {
+    pub fn new(
+        config: ProxyConfig,
+        router: Arc<dyn Router>,
+        registry: &mut Registry,
+    ) -> Result<Self, Error> {
         config.validate()?;
         let metrics = Metrics::register(registry);
         let pool = pool::Pool::new(&config, metrics.clone());
-        Ok(Proxy { inner: Arc::new(Inner { config, router, pool, metrics }) })
+        Ok(Proxy {
+            inner: Arc::new(Inner {
+                config,
+                router,
+                pool,
+                metrics,
+            }),
+        })
     }
 
     /// Accepts connections on `listener` until `drain` starts, serving each one under `drain`.
@@ -82,7 +93,9 @@ impl Proxy {
     /// table swap (see `spur_discovery`'s change notifications).
     pub fn on_table_change(&self, table: &SharedTable) {
         let snapshot = table.load();
-        self.inner.pool.retain_sandbox_upstreams(&snapshot.table.locations());
+        self.inner
+            .pool
+            .retain_sandbox_upstreams(&snapshot.table.locations());
     }
 
     /// Number of idle pooled upstream connections (HTTP/1 idle plus HTTP/2 shared), for tests and

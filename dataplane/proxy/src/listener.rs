@@ -7,10 +7,10 @@ use std::time::Duration;
 use socket2::SockRef;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::detect::{detect, Protocol};
+use crate::Proxy;
+use crate::detect::{Protocol, detect};
 use crate::drain::Drain;
 use crate::io::Rewind;
-use crate::Proxy;
 
 /// How a listener learns where a connection was headed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +33,12 @@ pub struct ConnMeta {
     pub protocol: Protocol,
 }
 
-pub(crate) async fn accept_loop(proxy: Proxy, listener: TcpListener, inbound: Inbound, drain: Drain) {
+pub(crate) async fn accept_loop(
+    proxy: Proxy,
+    listener: TcpListener,
+    inbound: Inbound,
+    drain: Drain,
+) {
     let local = listener.local_addr().ok();
     loop {
         let accepted = tokio::select! {
@@ -63,8 +68,13 @@ pub(crate) async fn accept_loop(proxy: Proxy, listener: TcpListener, inbound: In
 
 fn original_dst(stream: &TcpStream, local: SocketAddr) -> std::io::Result<SocketAddr> {
     let sock = SockRef::from(stream);
-    let addr = if local.is_ipv4() { sock.original_dst_v4()? } else { sock.original_dst_v6()? };
-    addr.as_socket().ok_or_else(|| std::io::Error::other("original destination is not an inet address"))
+    let addr = if local.is_ipv4() {
+        sock.original_dst_v4()?
+    } else {
+        sock.original_dst_v6()?
+    };
+    addr.as_socket()
+        .ok_or_else(|| std::io::Error::other("original destination is not an inet address"))
 }
 
 async fn handle(
@@ -98,7 +108,12 @@ async fn handle(
             Err(_) => return Err("read error during detection"),
         }
     };
-    let meta = ConnMeta { client, local, original_dst, protocol };
+    let meta = ConnMeta {
+        client,
+        local,
+        original_dst,
+        protocol,
+    };
     let _active = proxy.inner.metrics.connection(protocol);
     let io = Rewind::new(prefix, stream);
     match protocol {

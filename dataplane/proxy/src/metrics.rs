@@ -5,7 +5,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::detect::Protocol;
@@ -76,32 +76,62 @@ impl Metrics {
         let active = Family::<ProtocolLabels, Gauge>::default();
         let connects = Family::<ResultLabels, Counter>::default();
         let stale_closed = Counter::default();
-        registry.register("requests", "HTTP requests by where they were routed", requests.clone());
+        registry.register(
+            "requests",
+            "HTTP requests by where they were routed",
+            requests.clone(),
+        );
         registry.register(
             "request_duration_seconds",
             "Time from request received to response headers sent",
             latency.clone(),
         );
-        registry.register("connections", "Accepted inbound connections by detected protocol", accepted.clone());
-        registry.register("active_connections", "Open inbound connections by detected protocol", active.clone());
-        registry.register("upstream_connects", "Upstream connection attempts by result", connects.clone());
+        registry.register(
+            "connections",
+            "Accepted inbound connections by detected protocol",
+            accepted.clone(),
+        );
+        registry.register(
+            "active_connections",
+            "Open inbound connections by detected protocol",
+            active.clone(),
+        );
+        registry.register(
+            "upstream_connects",
+            "Upstream connection attempts by result",
+            connects.clone(),
+        );
         registry.register(
             "pool_stale_closed",
             "Pooled upstream connections closed because their destination left the routing table",
             stale_closed.clone(),
         );
         let outcome = |o: &'static str| PerOutcome {
-            requests: requests.get_or_create(&OutcomeLabels { outcome: o }).clone(),
+            requests: requests
+                .get_or_create(&OutcomeLabels { outcome: o })
+                .clone(),
             latency: latency.get_or_create(&OutcomeLabels { outcome: o }).clone(),
         };
         let proto = |p: Protocol| PerProtocol {
-            accepted: accepted.get_or_create(&ProtocolLabels { protocol: p.as_str() }).clone(),
-            active: active.get_or_create(&ProtocolLabels { protocol: p.as_str() }).clone(),
+            accepted: accepted
+                .get_or_create(&ProtocolLabels {
+                    protocol: p.as_str(),
+                })
+                .clone(),
+            active: active
+                .get_or_create(&ProtocolLabels {
+                    protocol: p.as_str(),
+                })
+                .clone(),
         };
         // One statement per handle: a `get_or_create` guard lives until the end of its statement,
         // and two on the same family in one expression deadlock.
-        let connect_ok = connects.get_or_create(&ResultLabels { result: "ok" }).clone();
-        let connect_err = connects.get_or_create(&ResultLabels { result: "error" }).clone();
+        let connect_ok = connects
+            .get_or_create(&ResultLabels { result: "ok" })
+            .clone();
+        let connect_err = connects
+            .get_or_create(&ResultLabels { result: "error" })
+            .clone();
         Metrics {
             baseline: outcome("baseline"),
             sandbox: outcome("sandbox"),
@@ -144,7 +174,11 @@ impl Metrics {
     }
 
     pub(crate) fn upstream_connect(&self, ok: bool) {
-        if ok { self.connect_ok.inc() } else { self.connect_err.inc() };
+        if ok {
+            self.connect_ok.inc()
+        } else {
+            self.connect_err.inc()
+        };
     }
 
     /// Requests counted so far with this outcome (tests and the demo's self-check read it).

@@ -20,9 +20,9 @@ use spur_routing::rules::Location;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::Error;
 use crate::config::ProxyConfig;
 use crate::metrics::Metrics;
-use crate::Error;
 
 pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -112,8 +112,14 @@ impl Pool {
             }
         };
         let res = match tokio::time::timeout(self.connect_timeout, connect).await {
-            Err(_) => Err(Error::ConnectTimeout { upstream: upstream.to_string(), timeout: self.connect_timeout }),
-            Ok(Err(source)) => Err(Error::Connect { upstream: upstream.to_string(), source }),
+            Err(_) => Err(Error::ConnectTimeout {
+                upstream: upstream.to_string(),
+                timeout: self.connect_timeout,
+            }),
+            Ok(Err(source)) => Err(Error::Connect {
+                upstream: upstream.to_string(),
+                source,
+            }),
             Ok(Ok(s)) => {
                 // Latency matters more than packet count for proxied request/response traffic.
                 let _ = s.set_nodelay(true);
@@ -137,7 +143,11 @@ impl Pool {
         }
     }
 
-    async fn send_h1(&self, upstream: &Upstream, mut req: Request<Body>) -> Result<Response<Incoming>, Error> {
+    async fn send_h1(
+        &self,
+        upstream: &Upstream,
+        mut req: Request<Body>,
+    ) -> Result<Response<Incoming>, Error> {
         // A pooled connection may have been closed by the server just as we picked it; hyper
         // hands the request back when it was not written, and we retry on the next one.
         while let Some(mut sender) = self.take_h1(upstream) {
@@ -148,7 +158,12 @@ impl Pool {
                 }
                 Err(mut e) => match e.take_message() {
                     Some(r) => req = r,
-                    None => return Err(Error::Upstream { upstream: upstream.to_string(), source: e.into_error() }),
+                    None => {
+                        return Err(Error::Upstream {
+                            upstream: upstream.to_string(),
+                            source: e.into_error(),
+                        });
+                    }
                 },
             }
         }
@@ -156,7 +171,10 @@ impl Pool {
         let resp = sender
             .send_request(req)
             .await
-            .map_err(|source| Error::Upstream { upstream: upstream.to_string(), source })?;
+            .map_err(|source| Error::Upstream {
+                upstream: upstream.to_string(),
+                source,
+            })?;
         self.recycle_h1(upstream.clone(), sender);
         Ok(resp)
     }
@@ -186,7 +204,10 @@ impl Pool {
             }
             let idle = state.h1.entry(upstream).or_default();
             if idle.len() < pool.max_idle {
-                idle.push(Idle { sender, since: Instant::now() });
+                idle.push(Idle {
+                    sender,
+                    since: Instant::now(),
+                });
             }
         });
     }
@@ -197,7 +218,10 @@ impl Pool {
             .max_buf_size(self.max_header_bytes.max(8192) * 2)
             .handshake(TokioIo::new(tcp))
             .await
-            .map_err(|source| Error::Handshake { upstream: upstream.to_string(), source })?;
+            .map_err(|source| Error::Handshake {
+                upstream: upstream.to_string(),
+                source,
+            })?;
         let name = upstream.to_string();
         tokio::spawn(async move {
             if let Err(e) = conn.with_upgrades().await {
@@ -207,7 +231,11 @@ impl Pool {
         Ok(sender)
     }
 
-    async fn send_h2(&self, upstream: &Upstream, req: Request<Body>) -> Result<Response<Incoming>, Error> {
+    async fn send_h2(
+        &self,
+        upstream: &Upstream,
+        req: Request<Body>,
+    ) -> Result<Response<Incoming>, Error> {
         let existing = {
             let state = self.lock();
             state.h2.get(upstream).filter(|s| !s.is_closed()).cloned()
@@ -219,7 +247,12 @@ impl Pool {
                     Ok(resp) => return Ok(resp),
                     Err(mut e) => match e.take_message() {
                         Some(r) => req = r,
-                        None => return Err(Error::Upstream { upstream: upstream.to_string(), source: e.into_error() }),
+                        None => {
+                            return Err(Error::Upstream {
+                                upstream: upstream.to_string(),
+                                source: e.into_error(),
+                            });
+                        }
                     },
                 }
             }
@@ -232,7 +265,13 @@ impl Pool {
                 state.h2.insert(upstream.clone(), sender.clone());
             }
         }
-        sender.send_request(req).await.map_err(|source| Error::Upstream { upstream: upstream.to_string(), source })
+        sender
+            .send_request(req)
+            .await
+            .map_err(|source| Error::Upstream {
+                upstream: upstream.to_string(),
+                source,
+            })
     }
 
     async fn connect_h2(&self, upstream: &Upstream) -> Result<http2::SendRequest<Body>, Error> {
@@ -244,7 +283,10 @@ impl Pool {
             .keep_alive_interval(Duration::from_secs(30))
             .handshake(TokioIo::new(tcp))
             .await
-            .map_err(|source| Error::Handshake { upstream: upstream.to_string(), source })?;
+            .map_err(|source| Error::Handshake {
+                upstream: upstream.to_string(),
+                source,
+            })?;
         let name = upstream.to_string();
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -284,7 +326,8 @@ impl Pool {
 
     pub(crate) fn idle_count(&self) -> usize {
         let state = self.lock();
-        state.h1.values().map(Vec::len).sum::<usize>() + state.h2.values().filter(|s| !s.is_closed()).count()
+        state.h1.values().map(Vec::len).sum::<usize>()
+            + state.h2.values().filter(|s| !s.is_closed()).count()
     }
 }
 

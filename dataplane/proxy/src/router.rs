@@ -8,8 +8,8 @@ use spur_routing::extract::strip_query_param;
 use spur_routing::inject::inject_key;
 use spur_routing::{BaselineWorkload, Destination, ExtractConfig, KeyExtractor, SharedTable};
 
-use crate::listener::ConnMeta;
 use crate::Error;
+use crate::listener::ConnMeta;
 
 /// Marks a request a sidecar has already sent to a sandbox; its value names the baseline whose
 /// sidecar did it. If a misconfigured destination points back at the same sidecar, the request
@@ -53,20 +53,35 @@ pub struct KeyRouter {
 impl KeyRouter {
     pub fn new(config: KeyRouterConfig, table: SharedTable) -> Result<Self, Error> {
         let extractor = KeyExtractor::new(&config.extract)?;
-        let mark = HeaderValue::from_str(&config.baseline.to_string())
-            .map_err(|_| Error::Config(format!("baseline {} is not a valid header value", config.baseline)))?;
-        Ok(KeyRouter { baseline: config.baseline, mark, extractor, table })
+        let mark = HeaderValue::from_str(&config.baseline.to_string()).map_err(|_| {
+            Error::Config(format!(
+                "baseline {} is not a valid header value",
+                config.baseline
+            ))
+        })?;
+        Ok(KeyRouter {
+            baseline: config.baseline,
+            mark,
+            extractor,
+            table,
+        })
     }
 
     /// Moves `?<param>=<key>` out of the URL and into the standard key headers, so the
     /// application never sees the parameter and downstream hops can propagate the key.
     fn lift_query_param(&self, req: &mut http::request::Parts) {
-        let Some(name) = self.extractor.query_param() else { return };
-        let Some(pq) = req.uri.path_and_query() else { return };
+        let Some(name) = self.extractor.query_param() else {
+            return;
+        };
+        let Some(pq) = req.uri.path_and_query() else {
+            return;
+        };
         if pq.query().is_none() {
             return;
         }
-        let Some((key, stripped)) = strip_query_param(pq.as_str(), name) else { return };
+        let Some((key, stripped)) = strip_query_param(pq.as_str(), name) else {
+            return;
+        };
         let mut parts = req.uri.clone().into_parts();
         match stripped.parse() {
             Ok(pq) => parts.path_and_query = Some(pq),
@@ -81,7 +96,12 @@ impl KeyRouter {
 
 impl Router for KeyRouter {
     fn route_http(&self, conn: &ConnMeta, req: &mut http::request::Parts) -> Route {
-        if req.headers.get_all(ROUTED_HEADER).iter().any(|v| v == self.mark) {
+        if req
+            .headers
+            .get_all(ROUTED_HEADER)
+            .iter()
+            .any(|v| v == self.mark)
+        {
             return Route::Original;
         }
         self.lift_query_param(req);
@@ -91,7 +111,9 @@ impl Router for KeyRouter {
                 return Route::Original;
             }
             let snapshot = self.table.load();
-            let Some(rules) = snapshot.table.baseline(&self.baseline) else { return Route::Original };
+            let Some(rules) = snapshot.table.baseline(&self.baseline) else {
+                return Route::Original;
+            };
             match rules.route(conn.original_dst.port(), candidates.iter()) {
                 Some(d) => d.clone(),
                 None => return Route::Original,

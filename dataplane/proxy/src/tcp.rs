@@ -4,12 +4,16 @@
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::Proxy;
 use crate::io::{Activity, Tracked};
 use crate::listener::ConnMeta;
 use crate::pool::Upstream;
-use crate::Proxy;
 
-pub(crate) async fn forward<IO>(proxy: &Proxy, client: IO, meta: &ConnMeta) -> Result<(), &'static str>
+pub(crate) async fn forward<IO>(
+    proxy: &Proxy,
+    client: IO,
+    meta: &ConnMeta,
+) -> Result<(), &'static str>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {

@@ -15,7 +15,10 @@ pub enum Error {
     InvalidRule { rule: RuleRef, reason: String },
     /// Two rules share the same (baseline, routing key).
     #[error("duplicate routing rule for routing key {routing_key:?} and baseline {baseline}")]
-    DuplicateRule { routing_key: String, baseline: String },
+    DuplicateRule {
+        routing_key: String,
+        baseline: String,
+    },
 }
 
 /// Where an invalid rule sits in its source, for error messages.

@@ -116,7 +116,10 @@ impl RoutingRule {
     /// Validates one wire rule. `index` only feeds error messages.
     pub fn from_spec(index: usize, spec: RuleSpec) -> Result<Self, Error> {
         let invalid = |reason: String| Error::InvalidRule {
-            rule: RuleRef { index, routing_key: truncate(&spec.routing_key) },
+            rule: RuleRef {
+                index,
+                routing_key: truncate(&spec.routing_key),
+            },
             reason,
         };
         if !is_valid_key(&spec.routing_key) {
@@ -126,7 +129,8 @@ impl RoutingRule {
         }
         let b = &spec.baseline;
         check_kind(&b.kind).map_err(|r| invalid(format!("baseline.kind {r}")))?;
-        check_dns_label(&b.namespace, 63).map_err(|r| invalid(format!("baseline.namespace {r}")))?;
+        check_dns_label(&b.namespace, 63)
+            .map_err(|r| invalid(format!("baseline.namespace {r}")))?;
         check_dns_subdomain(&b.name).map_err(|r| invalid(format!("baseline.name {r}")))?;
         check_dns_subdomain(&spec.destination_sandbox.name)
             .map_err(|r| invalid(format!("destinationSandbox.name {r}")))?;
@@ -134,22 +138,37 @@ impl RoutingRule {
         let mut ports = HashSet::new();
         let mut mappings = Vec::with_capacity(spec.mappings.len());
         for m in &spec.mappings {
-            let workload_port = port(m.workload_port)
-                .ok_or_else(|| invalid(format!("workloadPort {} is not in 1-65535", m.workload_port)))?;
+            let workload_port = port(m.workload_port).ok_or_else(|| {
+                invalid(format!(
+                    "workloadPort {} is not in 1-65535",
+                    m.workload_port
+                ))
+            })?;
             if !ports.insert(workload_port) {
-                return Err(invalid(format!("workloadPort {workload_port} is mapped twice")));
+                return Err(invalid(format!(
+                    "workloadPort {workload_port} is mapped twice"
+                )));
             }
             if m.destinations.is_empty() {
-                return Err(invalid(format!("workloadPort {workload_port} has no destinations")));
+                return Err(invalid(format!(
+                    "workloadPort {workload_port} has no destinations"
+                )));
             }
             let mut destinations = Vec::with_capacity(m.destinations.len());
             for d in &m.destinations {
                 check_host(&d.host).map_err(|r| invalid(format!("destination host {r}")))?;
-                let p = port(d.port)
-                    .ok_or_else(|| invalid(format!("destination port {} is not in 1-65535", d.port)))?;
-                destinations.push(Location { host: d.host.clone(), port: p });
+                let p = port(d.port).ok_or_else(|| {
+                    invalid(format!("destination port {} is not in 1-65535", d.port))
+                })?;
+                destinations.push(Location {
+                    host: d.host.clone(),
+                    port: p,
+                });
             }
-            mappings.push(PortMapping { workload_port, destinations });
+            mappings.push(PortMapping {
+                workload_port,
+                destinations,
+            });
         }
         Ok(RoutingRule {
             baseline: BaselineWorkload {
@@ -172,7 +191,9 @@ impl RoutingRule {
                 namespace: self.baseline.namespace.clone(),
                 name: self.baseline.name.clone(),
             },
-            destination_sandbox: SandboxSpec { name: self.destination_sandbox.clone() },
+            destination_sandbox: SandboxSpec {
+                name: self.destination_sandbox.clone(),
+            },
             mappings: self
                 .mappings
                 .iter()
@@ -181,7 +202,10 @@ impl RoutingRule {
                     destinations: m
                         .destinations
                         .iter()
-                        .map(|d| LocationSpec { host: d.host.clone(), port: u32::from(d.port) })
+                        .map(|d| LocationSpec {
+                            host: d.host.clone(),
+                            port: u32::from(d.port),
+                        })
                         .collect(),
                 })
                 .collect(),
@@ -225,10 +249,15 @@ fn check_kind(kind: &str) -> Result<(), String> {
 fn check_dns_label(s: &str, max: usize) -> Result<(), String> {
     let ok = !s.is_empty()
         && s.len() <= max
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-');
-    if ok { Ok(()) } else { Err(format!("must be a DNS label (1-{max} of [a-z0-9-])")) }
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("must be a DNS label (1-{max} of [a-z0-9-])"))
+    }
 }
 
 fn check_dns_subdomain(s: &str) -> Result<(), String> {
@@ -247,9 +276,17 @@ fn check_host(host: &str) -> Result<(), String> {
         && host.split('.').all(|l| {
             !l.is_empty()
                 && l.len() <= 63
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         });
-    if ok { Ok(()) } else { Err(format!("{:?} is neither an IP address nor a DNS name", truncate(host))) }
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{:?} is neither an IP address nor a DNS name",
+            truncate(host)
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -259,11 +296,18 @@ mod tests {
     fn spec(key: &str, port: u32) -> RuleSpec {
         RuleSpec {
             routing_key: key.into(),
-            baseline: BaselineSpec { kind: "Deployment".into(), namespace: "hotrod".into(), name: "route".into() },
+            baseline: BaselineSpec {
+                kind: "Deployment".into(),
+                namespace: "hotrod".into(),
+                name: "route".into(),
+            },
             destination_sandbox: SandboxSpec { name: "sb1".into() },
             mappings: vec![MappingSpec {
                 workload_port: port,
-                destinations: vec![LocationSpec { host: "sb1-route.hotrod.svc".into(), port: 8083 }],
+                destinations: vec![LocationSpec {
+                    host: "sb1-route.hotrod.svc".into(),
+                    port: 8083,
+                }],
             }],
         }
     }
@@ -283,7 +327,16 @@ mod tests {
             (spec("has space", 80), "routingKey"),
             (spec("k", 0), "workloadPort 0"),
             (spec("k", 70000), "workloadPort 70000"),
-            (RuleSpec { baseline: BaselineSpec { namespace: "Bad_NS".into(), ..spec("k", 1).baseline }, ..spec("k", 1) }, "namespace"),
+            (
+                RuleSpec {
+                    baseline: BaselineSpec {
+                        namespace: "Bad_NS".into(),
+                        ..spec("k", 1).baseline
+                    },
+                    ..spec("k", 1)
+                },
+                "namespace",
+            ),
         ] {
             let err = RoutingRule::from_spec(3, s).unwrap_err().to_string();
             assert!(err.contains(needle), "{err}");
@@ -291,10 +344,20 @@ mod tests {
         }
         let mut s = spec("k", 80);
         s.mappings[0].destinations.clear();
-        assert!(RoutingRule::from_spec(0, s).unwrap_err().to_string().contains("no destinations"));
+        assert!(
+            RoutingRule::from_spec(0, s)
+                .unwrap_err()
+                .to_string()
+                .contains("no destinations")
+        );
         let mut s = spec("k", 80);
         s.mappings.push(s.mappings[0].clone());
-        assert!(RoutingRule::from_spec(0, s).unwrap_err().to_string().contains("mapped twice"));
+        assert!(
+            RoutingRule::from_spec(0, s)
+                .unwrap_err()
+                .to_string()
+                .contains("mapped twice")
+        );
         let mut s = spec("k", 80);
         s.mappings[0].destinations[0].host = "bad host".into();
         assert!(RoutingRule::from_spec(0, s).is_err());
@@ -304,7 +367,12 @@ mod tests {
     fn duplicates_are_rejected() {
         let err = validate_rules(vec![spec("k", 80), spec("k", 81)]).unwrap_err();
         assert!(matches!(err, Error::DuplicateRule { .. }), "{err}");
-        assert_eq!(validate_rules(vec![spec("a", 80), spec("b", 80)]).unwrap().len(), 2);
+        assert_eq!(
+            validate_rules(vec![spec("a", 80), spec("b", 80)])
+                .unwrap()
+                .len(),
+            2
+        );
     }
 
     #[test]

@@ -20,16 +20,26 @@ pub struct Destination {
     pub location: Location,
 }
 
+/// The destinations one routing key has, by workload port. A key rarely maps more than a few
+/// ports, so a scanned slice beats a second hash map.
+type PortRoutes = Box<[(u16, Arc<Destination>)]>;
+/// Rules under construction: baseline → key → (port, destination).
+type Grouped = HashMap<BaselineWorkload, HashMap<Box<str>, Vec<(u16, Arc<Destination>)>>>;
+
 /// Rules of one baseline workload, by routing key then workload port.
 #[derive(Debug, Default)]
 pub struct BaselineRules {
-    by_key: HashMap<Box<str>, Box<[(u16, Arc<Destination>)]>>,
+    by_key: HashMap<Box<str>, PortRoutes>,
 }
 
 impl BaselineRules {
     /// The destination for `key` on `port`, if a rule says so.
     pub fn lookup(&self, port: u16, key: &str) -> Option<&Arc<Destination>> {
-        self.by_key.get(key)?.iter().find(|(p, _)| *p == port).map(|(_, d)| d)
+        self.by_key
+            .get(key)?
+            .iter()
+            .find(|(p, _)| *p == port)
+            .map(|(_, d)| d)
     }
 
     /// The first candidate key that has a rule for `port` wins (candidates come in precedence order).
@@ -52,8 +62,7 @@ pub struct RuleTable {
 impl RuleTable {
     /// Compiles validated rules (see [`crate::rules::validate_rules`]).
     pub fn new(rules: Vec<RoutingRule>) -> Self {
-        let mut grouped: HashMap<BaselineWorkload, HashMap<Box<str>, Vec<(u16, Arc<Destination>)>>> =
-            HashMap::new();
+        let mut grouped = Grouped::new();
         for rule in &rules {
             let sandbox: Arc<str> = Arc::from(rule.destination_sandbox.as_str());
             let routing_key: Arc<str> = Arc::from(rule.routing_key.as_str());
@@ -78,7 +87,10 @@ impl RuleTable {
         let baselines = grouped
             .into_iter()
             .map(|(b, keys)| {
-                let by_key = keys.into_iter().map(|(k, v)| (k, v.into_boxed_slice())).collect();
+                let by_key = keys
+                    .into_iter()
+                    .map(|(k, v)| (k, v.into_boxed_slice()))
+                    .collect();
                 (b, BaselineRules { by_key })
             })
             .collect();
@@ -91,7 +103,12 @@ impl RuleTable {
     }
 
     /// Shorthand for `baseline(b)?.lookup(port, key)`.
-    pub fn lookup(&self, baseline: &BaselineWorkload, port: u16, key: &str) -> Option<&Arc<Destination>> {
+    pub fn lookup(
+        &self,
+        baseline: &BaselineWorkload,
+        port: u16,
+        key: &str,
+    ) -> Option<&Arc<Destination>> {
         self.baseline(baseline)?.lookup(port, key)
     }
 
@@ -165,28 +182,65 @@ mod tests {
     fn rule(key: &str, name: &str, port: u16, host: &str) -> RoutingRule {
         RoutingRule {
             routing_key: key.into(),
-            baseline: BaselineWorkload { kind: "Deployment".into(), namespace: "ns".into(), name: name.into() },
+            baseline: BaselineWorkload {
+                kind: "Deployment".into(),
+                namespace: "ns".into(),
+                name: name.into(),
+            },
             destination_sandbox: format!("sb-{key}"),
             mappings: vec![PortMapping {
                 workload_port: port,
-                destinations: vec![Location { host: host.into(), port: 9000 }, Location { host: "second".into(), port: 1 }],
+                destinations: vec![
+                    Location {
+                        host: host.into(),
+                        port: 9000,
+                    },
+                    Location {
+                        host: "second".into(),
+                        port: 1,
+                    },
+                ],
             }],
         }
     }
 
     #[test]
     fn lookup_by_baseline_port_and_key() {
-        let t = RuleTable::new(vec![rule("k1", "a", 80, "fork-a"), rule("k2", "a", 81, "fork-a2"), rule("k1", "b", 80, "fork-b")]);
-        let a = BaselineWorkload { kind: "Deployment".into(), namespace: "ns".into(), name: "a".into() };
+        let t = RuleTable::new(vec![
+            rule("k1", "a", 80, "fork-a"),
+            rule("k2", "a", 81, "fork-a2"),
+            rule("k1", "b", 80, "fork-b"),
+        ]);
+        let a = BaselineWorkload {
+            kind: "Deployment".into(),
+            namespace: "ns".into(),
+            name: "a".into(),
+        };
         let d = t.lookup(&a, 80, "k1").unwrap();
-        assert_eq!(d.location, Location { host: "fork-a".into(), port: 9000 });
+        assert_eq!(
+            d.location,
+            Location {
+                host: "fork-a".into(),
+                port: 9000
+            }
+        );
         assert_eq!(&*d.sandbox, "sb-k1");
         assert!(t.lookup(&a, 81, "k1").is_none(), "port must match");
         assert!(t.lookup(&a, 80, "k3").is_none(), "unknown key");
-        let other = BaselineWorkload { name: "zzz".into(), ..a.clone() };
+        let other = BaselineWorkload {
+            name: "zzz".into(),
+            ..a.clone()
+        };
         assert!(t.lookup(&other, 80, "k1").is_none(), "other baseline");
-        let routed = t.baseline(&a).unwrap().route(81, ["nope", "k1", "k2"]).unwrap();
-        assert_eq!(&*routed.routing_key, "k2", "first candidate with a rule wins");
+        let routed = t
+            .baseline(&a)
+            .unwrap()
+            .route(81, ["nope", "k1", "k2"])
+            .unwrap();
+        assert_eq!(
+            &*routed.routing_key, "k2",
+            "first candidate with a rule wins"
+        );
         assert_eq!(t.locations().len(), 3);
     }
 

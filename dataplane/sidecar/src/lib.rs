@@ -12,7 +12,9 @@ use std::time::Duration;
 use clap::Args;
 use prometheus_client::registry::Registry;
 use spur_discovery::{FileSource, Publisher};
-use spur_proxy::{parse_duration, AdminState, Drain, Inbound, KeyRouter, KeyRouterConfig, Proxy, ProxyConfig};
+use spur_proxy::{
+    AdminState, Drain, Inbound, KeyRouter, KeyRouterConfig, Proxy, ProxyConfig, parse_duration,
+};
 use spur_routing::{BaselineWorkload, ExtractConfig, SharedTable};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -23,7 +25,11 @@ pub enum Error {
     #[error("{0}")]
     Config(String),
     #[error("cannot bind {what} on {addr}: {source}")]
-    Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Proxy(#[from] spur_proxy::Error),
 }
@@ -62,7 +68,11 @@ pub struct SidecarArgs {
     #[arg(long, env = "SPUR_ADMIN_ADDR", default_value = "127.0.0.1:15020")]
     pub admin_addr: SocketAddr,
     /// Extra header whose value is a bare routing key (repeatable; comma-separated in the env var).
-    #[arg(long = "routing-header", env = "SPUR_ROUTING_HEADERS", value_delimiter = ',')]
+    #[arg(
+        long = "routing-header",
+        env = "SPUR_ROUTING_HEADERS",
+        value_delimiter = ','
+    )]
     pub routing_headers: Vec<String>,
     /// Query parameter carrying a routing key (e.g. sd-routing-key); stripped from the URL and
     /// re-injected as headers. Off unless set.
@@ -99,9 +109,15 @@ impl TryFrom<SidecarArgs> for SidecarConfig {
         let inbound = match (a.transparent, a.app_addr) {
             (true, None) => Inbound::Transparent,
             (false, Some(app)) => Inbound::Explicit { app },
-            (true, Some(_)) => return Err(Error::Config("--transparent and --app-addr exclude each other".into())),
+            (true, Some(_)) => {
+                return Err(Error::Config(
+                    "--transparent and --app-addr exclude each other".into(),
+                ));
+            }
             (false, None) => {
-                return Err(Error::Config("either --app-addr (explicit mode) or --transparent is required".into()));
+                return Err(Error::Config(
+                    "either --app-addr (explicit mode) or --transparent is required".into(),
+                ));
             }
         };
         let mut proxy = match &a.proxy_config {
@@ -109,8 +125,9 @@ impl TryFrom<SidecarArgs> for SidecarConfig {
             Some(path) => {
                 let bytes = std::fs::read(path)
                     .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
-                serde_yaml_ng::from_slice(&bytes)
-                    .map_err(|e| Error::Config(format!("invalid proxy config {}: {e}", path.display())))?
+                serde_yaml_ng::from_slice(&bytes).map_err(|e| {
+                    Error::Config(format!("invalid proxy config {}: {e}", path.display()))
+                })?
             }
         };
         proxy.drain_grace = a.drain_grace;
@@ -121,9 +138,19 @@ impl TryFrom<SidecarArgs> for SidecarConfig {
             namespace: a.baseline_namespace,
             name: a.baseline_name,
         };
-        for (what, v) in [("kind", &baseline.kind), ("namespace", &baseline.namespace), ("name", &baseline.name)] {
-            if v.is_empty() || !v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') {
-                return Err(Error::Config(format!("baseline {what} {v:?} must be non-empty [A-Za-z0-9.-]")));
+        for (what, v) in [
+            ("kind", &baseline.kind),
+            ("namespace", &baseline.namespace),
+            ("name", &baseline.name),
+        ] {
+            if v.is_empty()
+                || !v
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            {
+                return Err(Error::Config(format!(
+                    "baseline {what} {v:?} must be non-empty [A-Za-z0-9.-]"
+                )));
             }
         }
         Ok(SidecarConfig {
@@ -133,7 +160,10 @@ impl TryFrom<SidecarArgs> for SidecarConfig {
             rules: a.rules,
             rules_poll: a.rules_poll,
             admin_addr: Some(a.admin_addr),
-            extract: ExtractConfig { custom_headers: a.routing_headers, query_param: a.query_param },
+            extract: ExtractConfig {
+                custom_headers: a.routing_headers,
+                query_param: a.query_param,
+            },
             proxy,
         })
     }
@@ -160,12 +190,22 @@ impl Sidecar {
         let table = SharedTable::new();
         let publisher = Publisher::new(table.clone(), &mut registry);
         let mut changes = publisher.subscribe();
-        let router = KeyRouter::new(KeyRouterConfig { baseline: config.baseline.clone(), extract: config.extract }, table.clone())?;
+        let router = KeyRouter::new(
+            KeyRouterConfig {
+                baseline: config.baseline.clone(),
+                extract: config.extract,
+            },
+            table.clone(),
+        )?;
         let proxy = Proxy::new(config.proxy.clone(), Arc::new(router), &mut registry)?;
 
         let listener = TcpListener::bind(config.inbound_addr)
             .await
-            .map_err(|source| Error::Bind { what: "inbound listener", addr: config.inbound_addr, source })?;
+            .map_err(|source| Error::Bind {
+                what: "inbound listener",
+                addr: config.inbound_addr,
+                source,
+            })?;
         let inbound_addr = listener.local_addr().map_err(|source| Error::Bind {
             what: "inbound listener",
             addr: config.inbound_addr,
@@ -173,7 +213,13 @@ impl Sidecar {
         })?;
         let admin = match config.admin_addr {
             Some(addr) => {
-                let l = TcpListener::bind(addr).await.map_err(|source| Error::Bind { what: "admin server", addr, source })?;
+                let l = TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| Error::Bind {
+                        what: "admin server",
+                        addr,
+                        source,
+                    })?;
                 Some(l)
             }
             None => None,
@@ -228,7 +274,15 @@ impl Sidecar {
         let inbound = config.inbound;
         drain.spawn(async move { serve_proxy.serve(listener, inbound, serve_drain).await });
         tracing::info!(%inbound_addr, admin = ?admin_addr, baseline = %config.baseline, "sidecar started");
-        Ok(Sidecar { inbound_addr, admin_addr, proxy, table, drain, stop, grace: config.proxy.drain_grace })
+        Ok(Sidecar {
+            inbound_addr,
+            admin_addr,
+            proxy,
+            table,
+            drain,
+            stop,
+            grace: config.proxy.drain_grace,
+        })
     }
 
     pub fn proxy(&self) -> &Proxy {
@@ -258,7 +312,7 @@ impl Sidecar {
 pub async fn shutdown_signal() {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{signal, SignalKind};
+        use tokio::signal::unix::{SignalKind, signal};
         match signal(SignalKind::terminate()) {
             Ok(mut term) => {
                 tokio::select! {
@@ -282,7 +336,8 @@ pub fn init_tracing(default: &str) {
     let filter = std::env::var("SPUR_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
         .unwrap_or_else(|_| default.into());
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)

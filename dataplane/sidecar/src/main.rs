@@ -1,7 +1,7 @@
 //! `spur-sidecar`: parse flags, start the sidecar, drain on SIGTERM.
 
 use clap::Parser;
-use spur_sidecar::{init_tracing, shutdown_signal, Sidecar, SidecarArgs, SidecarConfig};
+use spur_sidecar::{Sidecar, SidecarArgs, SidecarConfig, init_tracing, shutdown_signal};
 
 #[derive(Parser)]
 #[command(
@@ -25,7 +25,10 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("spur-sidecar: cannot start runtime: {e}");
@@ -41,6 +44,10 @@ fn main() -> std::process::ExitCode {
             }
         };
         shutdown_signal().await;
-        if sidecar.shutdown().await == 0 { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE }
+        if sidecar.shutdown().await == 0 {
+            std::process::ExitCode::SUCCESS
+        } else {
+            std::process::ExitCode::FAILURE
+        }
     })
 }

@@ -12,14 +12,22 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
 }
 
 async fn status(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let tcp = TcpStream::connect(addr).await.ok()?;
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.ok()?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .ok()?;
     tokio::spawn(conn);
-    let req = http::Request::get(path).header("host", "x").body(Empty::<Bytes>::new()).ok()?;
+    let req = http::Request::get(path)
+        .header("host", "x")
+        .body(Empty::<Bytes>::new())
+        .ok()?;
     let resp = send.send_request(req).await.ok()?;
     let code = resp.status().as_u16();
     let body = resp.into_body().collect().await.ok()?.to_bytes();
@@ -31,7 +39,11 @@ async fn sigterm_drains_in_flight_requests_and_exits_cleanly() {
     let apps = spur_demo_apps::CancellationToken::new();
     let app_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let app = app_listener.local_addr().unwrap();
-    tokio::spawn(spur_demo_apps::serve_http(app_listener, "baseline".into(), apps.clone()));
+    tokio::spawn(spur_demo_apps::serve_http(
+        app_listener,
+        "baseline".into(),
+        apps.clone(),
+    ));
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.yaml");
     std::fs::write(&rules, "[]\n").unwrap();
@@ -39,7 +51,12 @@ async fn sigterm_drains_in_flight_requests_and_exits_cleanly() {
     let inbound = free_port();
     let admin = free_port();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_spur-sidecar"))
-        .args(["--inbound-addr", &inbound.to_string(), "--app-addr", &app.to_string()])
+        .args([
+            "--inbound-addr",
+            &inbound.to_string(),
+            "--app-addr",
+            &app.to_string(),
+        ])
         .args(["--baseline-namespace", "test", "--baseline-name", "app"])
         .args(["--admin-addr", &admin.to_string(), "--drain-grace", "15s"])
         .arg("--rules")
@@ -52,15 +69,28 @@ async fn sigterm_drains_in_flight_requests_and_exits_cleanly() {
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while status(admin, "/ready").await.map(|s| s.0) != Some(200) {
-        assert!(tokio::time::Instant::now() < deadline, "sidecar never became ready");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "sidecar never became ready"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
     // An idle keep-alive connection must not hold the drain up.
     let idle = TcpStream::connect(inbound).await.unwrap();
-    let (mut idle_send, idle_conn) = hyper::client::conn::http1::handshake(TokioIo::new(idle)).await.unwrap();
+    let (mut idle_send, idle_conn) = hyper::client::conn::http1::handshake(TokioIo::new(idle))
+        .await
+        .unwrap();
     let idle_task = tokio::spawn(idle_conn);
-    let r = idle_send.send_request(http::Request::get("/").header("host", "x").body(Empty::<Bytes>::new()).unwrap()).await.unwrap();
+    let r = idle_send
+        .send_request(
+            http::Request::get("/")
+                .header("host", "x")
+                .body(Empty::<Bytes>::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
     r.into_body().collect().await.unwrap();
 
     let in_flight: Vec<_> = (0..8)
@@ -69,7 +99,13 @@ async fn sigterm_drains_in_flight_requests_and_exits_cleanly() {
     // Let the requests reach the application before the signal.
     tokio::time::sleep(Duration::from_millis(700)).await;
     let pid = child.id().unwrap().to_string();
-    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
 
     // While draining, readiness reports 503 and new connections are refused.
     let mut saw_unready = false;
@@ -91,10 +127,20 @@ async fn sigterm_drains_in_flight_requests_and_exits_cleanly() {
     assert!(saw_refused, "listener kept accepting after SIGTERM");
 
     for r in in_flight {
-        let got = tokio::time::timeout(Duration::from_secs(20), r).await.unwrap().unwrap();
-        assert_eq!(got, Some((200, "slow baseline\n".to_string())), "an in-flight request failed during drain");
+        let got = tokio::time::timeout(Duration::from_secs(20), r)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            got,
+            Some((200, "slow baseline\n".to_string())),
+            "an in-flight request failed during drain"
+        );
     }
-    let exit = tokio::time::timeout(Duration::from_secs(20), child.wait()).await.unwrap().unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(exit.success(), "sidecar exited with {exit}");
     // The idle client saw its connection closed by the drain.
     let closed = tokio::time::timeout(Duration::from_secs(5), idle_task).await;
@@ -111,10 +157,20 @@ async fn invalid_flags_exit_2_with_a_clear_message() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--app-addr") && err.contains("--transparent"), "{err}");
+    assert!(
+        err.contains("--app-addr") && err.contains("--transparent"),
+        "{err}"
+    );
 
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_spur-sidecar"))
-        .args(["--baseline-namespace", "test", "--baseline-name", "app", "--app-addr", "127.0.0.1:1"])
+        .args([
+            "--baseline-namespace",
+            "test",
+            "--baseline-name",
+            "app",
+            "--app-addr",
+            "127.0.0.1:1",
+        ])
         .args(["--routing-header", "bad header"])
         .output()
         .await
@@ -122,9 +178,24 @@ async fn invalid_flags_exit_2_with_a_clear_message() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("bad header"));
 
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_spur-sidecar")).arg("--help").output().await.unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_spur-sidecar"))
+        .arg("--help")
+        .output()
+        .await
+        .unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
-    for flag in ["--inbound-addr", "--transparent", "--app-addr", "--baseline-kind", "--baseline-namespace", "--baseline-name", "--rules", "--admin-addr", "--routing-header", "SPUR_INBOUND_ADDR"] {
+    for flag in [
+        "--inbound-addr",
+        "--transparent",
+        "--app-addr",
+        "--baseline-kind",
+        "--baseline-namespace",
+        "--baseline-name",
+        "--rules",
+        "--admin-addr",
+        "--routing-header",
+        "SPUR_INBOUND_ADDR",
+    ] {
         assert!(help.contains(flag), "--help lacks {flag}");
     }
 }

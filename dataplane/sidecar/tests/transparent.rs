@@ -22,7 +22,11 @@ fn sh(args: &[&str]) {
     let out = std::process::Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| {
         panic!("cannot run {args:?}: {e} (tests/run.sh installs iproute2 and iptables; run as root)")
     });
-    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Two namespaces and a veth pair, removed on drop.
@@ -34,20 +38,52 @@ struct Topology {
 impl Topology {
     fn new() -> Topology {
         let id = std::process::id() % 100_000;
-        let t = Topology { client: format!("spur{id}c"), pod: format!("spur{id}p") };
+        let t = Topology {
+            client: format!("spur{id}c"),
+            pod: format!("spur{id}p"),
+        };
         let (vc, vp) = (format!("sv{id}c"), format!("sv{id}p"));
         sh(&["ip", "netns", "add", &t.client]);
         sh(&["ip", "netns", "add", &t.pod]);
-        sh(&["ip", "link", "add", &vc, "netns", &t.client, "type", "veth", "peer", "name", &vp, "netns", &t.pod]);
+        sh(&[
+            "ip", "link", "add", &vc, "netns", &t.client, "type", "veth", "peer", "name", &vp,
+            "netns", &t.pod,
+        ]);
         for (ns, dev, ip) in [(&t.client, &vc, CLIENT_IP), (&t.pod, &vp, POD_IP)] {
-            sh(&["ip", "-n", ns, "addr", "add", &format!("{ip}/30"), "dev", dev]);
+            sh(&[
+                "ip",
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{ip}/30"),
+                "dev",
+                dev,
+            ]);
             sh(&["ip", "-n", ns, "link", "set", dev, "up"]);
             sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
         }
         // What the DevMesh init container does: inbound TCP to the app ports goes to the sidecar.
         sh(&[
-            "ip", "netns", "exec", &t.pod, "iptables", "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "-m", "multiport",
-            "--dports", "8080,7070", "-j", "REDIRECT", "--to-ports", "15006",
+            "ip",
+            "netns",
+            "exec",
+            &t.pod,
+            "iptables",
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-p",
+            "tcp",
+            "-m",
+            "multiport",
+            "--dports",
+            "8080,7070",
+            "-j",
+            "REDIRECT",
+            "--to-ports",
+            "15006",
         ]);
         t
     }
@@ -65,14 +101,18 @@ impl Topology {
     }
 
     fn listen_in_pod(&self, port: u16) -> tokio::net::TcpListener {
-        let l = self.in_ns(&self.pod, move || std::net::TcpListener::bind(("0.0.0.0", port)).unwrap());
+        let l = self.in_ns(&self.pod, move || {
+            std::net::TcpListener::bind(("0.0.0.0", port)).unwrap()
+        });
         l.set_nonblocking(true).unwrap();
         tokio::net::TcpListener::from_std(l).unwrap()
     }
 
     /// A connection from the client namespace.
     fn connect_from_client(&self, addr: SocketAddr) -> tokio::net::TcpStream {
-        let s = self.in_ns(&self.client, move || std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap());
+        let s = self.in_ns(&self.client, move || {
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap()
+        });
         s.set_nonblocking(true).unwrap();
         tokio::net::TcpStream::from_std(s).unwrap()
     }
@@ -81,34 +121,65 @@ impl Topology {
 impl Drop for Topology {
     fn drop(&mut self) {
         for ns in [&self.client, &self.pod] {
-            let _ = std::process::Command::new("ip").args(["netns", "del", ns]).status();
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", ns])
+                .status();
         }
     }
 }
 
-async fn get(topo: &Topology, addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (u16, String, String) {
+async fn get(
+    topo: &Topology,
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, String, String) {
     let tcp = topo.connect_from_client(addr);
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
     tokio::spawn(conn);
     let mut req = http::Request::get(path).header("host", addr.to_string());
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let resp = send.send_request(req.body(Empty::<Bytes>::new()).unwrap()).await.unwrap();
+    let resp = send
+        .send_request(req.body(Empty::<Bytes>::new()).unwrap())
+        .await
+        .unwrap();
     let status = resp.status().as_u16();
-    let by = resp.headers().get("x-served-by").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+    let by = resp
+        .headers()
+        .get("x-served-by")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     (status, by, String::from_utf8_lossy(&body).into_owned())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transparent_mode_recovers_original_destination_across_namespaces() {
-    assert!(nix_is_root(), "transparent-mode test needs root (CI and tests/run.sh run as root)");
+    assert!(
+        nix_is_root(),
+        "transparent-mode test needs root (CI and tests/run.sh run as root)"
+    );
     let topo = Topology::new();
     let apps = spur_demo_apps::CancellationToken::new();
-    tokio::spawn(spur_demo_apps::serve_http(topo.listen_in_pod(8080), "baseline".into(), apps.clone()));
-    tokio::spawn(spur_demo_apps::serve_http(topo.listen_in_pod(9090), "fork".into(), apps.clone()));
-    tokio::spawn(spur_demo_apps::serve_tcp_echo(topo.listen_in_pod(7070), "tcp-app".into(), apps.clone()));
+    tokio::spawn(spur_demo_apps::serve_http(
+        topo.listen_in_pod(8080),
+        "baseline".into(),
+        apps.clone(),
+    ));
+    tokio::spawn(spur_demo_apps::serve_http(
+        topo.listen_in_pod(9090),
+        "fork".into(),
+        apps.clone(),
+    ));
+    tokio::spawn(spur_demo_apps::serve_tcp_echo(
+        topo.listen_in_pod(7070),
+        "tcp-app".into(),
+        apps.clone(),
+    ));
 
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.yaml");
@@ -118,9 +189,27 @@ async fn transparent_mode_recovers_original_destination_across_namespaces() {
     )
     .unwrap();
     let mut sidecar = tokio::process::Command::new("ip")
-        .args(["netns", "exec", &topo.pod, env!("CARGO_BIN_EXE_spur-sidecar"), "--transparent"])
-        .args(["--inbound-addr", "0.0.0.0:15006", "--admin-addr", "0.0.0.0:15020"])
-        .args(["--baseline-namespace", "test", "--baseline-name", "app", "--drain-grace", "2s"])
+        .args([
+            "netns",
+            "exec",
+            &topo.pod,
+            env!("CARGO_BIN_EXE_spur-sidecar"),
+            "--transparent",
+        ])
+        .args([
+            "--inbound-addr",
+            "0.0.0.0:15006",
+            "--admin-addr",
+            "0.0.0.0:15020",
+        ])
+        .args([
+            "--baseline-namespace",
+            "test",
+            "--baseline-name",
+            "app",
+            "--drain-grace",
+            "2s",
+        ])
         .arg("--rules")
         .arg(&rules)
         .stdout(Stdio::null())
@@ -131,11 +220,16 @@ async fn transparent_mode_recovers_original_destination_across_namespaces() {
     let admin: SocketAddr = format!("{POD_IP}:15020").parse().unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let ok = topo.in_ns(&topo.client, move || std::net::TcpStream::connect_timeout(&admin, Duration::from_millis(200)).is_ok());
+        let ok = topo.in_ns(&topo.client, move || {
+            std::net::TcpStream::connect_timeout(&admin, Duration::from_millis(200)).is_ok()
+        });
         if ok {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "sidecar admin never came up");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "sidecar admin never came up"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
@@ -143,7 +237,10 @@ async fn transparent_mode_recovers_original_destination_across_namespaces() {
     let (status, by, _) = get(&topo, app, "/", &[]).await;
     assert_eq!((status, by.as_str()), (200, "baseline"));
     let (_, by, _) = get(&topo, app, "/", &[("baggage", "sd-routing-key=k1")]).await;
-    assert_eq!(by, "fork", "keyed request to the pod's port 8080 must reach the fork");
+    assert_eq!(
+        by, "fork",
+        "keyed request to the pod's port 8080 must reach the fork"
+    );
     // The app sees the real client address in X-Forwarded-For.
     let (_, _, body) = get(&topo, app, "/headers", &[]).await;
     assert!(body.contains(CLIENT_IP), "{body}");
@@ -153,7 +250,10 @@ async fn transparent_mode_recovers_original_destination_across_namespaces() {
     tcp.write_all(b"\x00\x01opaque").await.unwrap();
     tcp.shutdown().await.unwrap();
     let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut out)).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(out, b"\x00\x01opaquebye from tcp-app\n");
 
     // Everything above went through the sidecar, not around it.
@@ -168,14 +268,29 @@ async fn transparent_mode_recovers_original_destination_across_namespaces() {
 
     // A connection straight to the sidecar's port (no redirect) would loop: it is refused.
     let mut direct = topo.connect_from_client(format!("{POD_IP}:15006").parse().unwrap());
-    direct.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    direct
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
     let mut buf = Vec::new();
-    let n = tokio::time::timeout(Duration::from_secs(10), direct.read_to_end(&mut buf)).await.unwrap();
-    assert!(n.is_err() || buf.is_empty(), "direct connection was served: {}", String::from_utf8_lossy(&buf));
+    let n = tokio::time::timeout(Duration::from_secs(10), direct.read_to_end(&mut buf))
+        .await
+        .unwrap();
+    assert!(
+        n.is_err() || buf.is_empty(),
+        "direct connection was served: {}",
+        String::from_utf8_lossy(&buf)
+    );
 
     let pid = sidecar.id().unwrap().to_string();
-    std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    let exit = tokio::time::timeout(Duration::from_secs(20), sidecar.wait()).await.unwrap().unwrap();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(20), sidecar.wait())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(exit.success(), "{exit}");
     apps.cancel();
 }
@@ -183,6 +298,10 @@ async fn transparent_mode_recovers_original_destination_across_namespaces() {
 fn nix_is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(2) == Some("0")))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
         .unwrap_or(false)
 }

@@ -21,7 +21,11 @@ pub(super) fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
-    if asks { headers.get(header::UPGRADE).cloned() } else { None }
+    if asks {
+        headers.get(header::UPGRADE).cloned()
+    } else {
+        None
+    }
 }
 
 /// Removes hop-by-hop headers: the fixed set plus every header the `Connection` header names.
@@ -58,10 +62,19 @@ fn via_value(version: Version) -> HeaderValue {
 }
 
 fn version_of(v: http::Version) -> Version {
-    if v == http::Version::HTTP_2 { Version::Http2 } else { Version::Http1 }
+    if v == http::Version::HTTP_2 {
+        Version::Http2
+    } else {
+        Version::Http1
+    }
 }
 
-pub(super) fn prepare_request(parts: &mut Parts, meta: &ConnMeta, upgrade: Option<&HeaderValue>, forwarded: bool) {
+pub(super) fn prepare_request(
+    parts: &mut Parts,
+    meta: &ConnMeta,
+    upgrade: Option<&HeaderValue>,
+    forwarded: bool,
+) {
     let headers = &mut parts.headers;
     // gRPC needs `te: trailers` end to end; it is the one TE value worth keeping.
     let te_trailers = headers
@@ -103,7 +116,8 @@ pub(super) fn normalize_target(parts: &mut Parts, version: Version) -> Result<()
     }
     if let Some(authority) = parts.uri.authority() {
         if !parts.headers.contains_key(header::HOST) {
-            let host = HeaderValue::from_str(authority.as_str()).map_err(|_| StatusCode::BAD_REQUEST)?;
+            let host =
+                HeaderValue::from_str(authority.as_str()).map_err(|_| StatusCode::BAD_REQUEST)?;
             parts.headers.insert(header::HOST, host);
         }
         let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
@@ -112,11 +126,19 @@ pub(super) fn normalize_target(parts: &mut Parts, version: Version) -> Result<()
     Ok(())
 }
 
-pub(super) fn prepare_response(parts: &mut http::response::Parts, version: Version, keep_upgrade: bool) {
-    let upgrade = keep_upgrade.then(|| parts.headers.get(header::UPGRADE).cloned()).flatten();
+pub(super) fn prepare_response(
+    parts: &mut http::response::Parts,
+    version: Version,
+    keep_upgrade: bool,
+) {
+    let upgrade = keep_upgrade
+        .then(|| parts.headers.get(header::UPGRADE).cloned())
+        .flatten();
     strip_hop_by_hop(&mut parts.headers);
     if let Some(proto) = upgrade {
-        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         parts.headers.insert(header::UPGRADE, proto);
     }
     parts.headers.append(header::VIA, via_value(version));
@@ -150,7 +172,12 @@ mod tests {
         let (mut parts, ()) = req.into_parts();
         prepare_request(&mut parts, &meta(), None, true);
         let h = &parts.headers;
-        for gone in ["connection", "x-secret-hop", "keep-alive", "proxy-authorization"] {
+        for gone in [
+            "connection",
+            "x-secret-hop",
+            "keep-alive",
+            "proxy-authorization",
+        ] {
             assert!(!h.contains_key(gone), "{gone} should be stripped");
         }
         assert_eq!(h["te"], "trailers");
@@ -178,7 +205,10 @@ mod tests {
 
     #[test]
     fn absolute_form_becomes_origin_form_for_http1() {
-        let (mut parts, ()) = http::Request::get("http://example.test:81/a?b=1").body(()).unwrap().into_parts();
+        let (mut parts, ()) = http::Request::get("http://example.test:81/a?b=1")
+            .body(())
+            .unwrap()
+            .into_parts();
         normalize_target(&mut parts, Version::Http1).unwrap();
         assert_eq!(parts.uri, "/a?b=1");
         assert_eq!(parts.headers["host"], "example.test:81");
