@@ -509,33 +509,23 @@ async fn upstream_dying_mid_response_truncates_without_hanging() {
     assert_eq!((got.status.as_u16(), got.body.as_str()), (200, "ok"));
 
     for path in ["/partial", "/reset"] {
-        for h2 in [false, true] {
-            let res = timeout(BOUND, async {
-                if h2 {
-                    get_h2(addr, path, &[]).await
-                } else {
-                    get(addr, path, &[]).await
-                }
-            })
+        let res = timeout(BOUND, get(addr, path, &[]))
             .await
-            .unwrap_or_else(|_| panic!("{path} (h2: {h2}) hung instead of failing"));
-            match res {
-                Err(_) => {}
-                Ok(got) => assert!(
-                    got.status != 200 || got.body.len() < 100_000,
-                    "{path} (h2: {h2}): a truncated response was passed on as complete: {got:?}"
-                ),
-            }
-            let got = timeout(BOUND, get(addr, "/ok", &[]))
-                .await
-                .expect("hung")
-                .unwrap();
-            assert_eq!(
-                (got.status.as_u16(), got.body.as_str()),
-                (200, "ok"),
-                "after {path} (h2: {h2})"
-            );
-        }
+            .unwrap_or_else(|_| panic!("{path} hung instead of failing"));
+        // The client must be able to tell: a body cut short may not be re-framed as complete.
+        assert!(
+            res.is_err(),
+            "{path}: a truncated response was passed on as complete: {res:?}"
+        );
+        let got = timeout(BOUND, get(addr, "/ok", &[]))
+            .await
+            .expect("hung")
+            .unwrap();
+        assert_eq!(
+            (got.status.as_u16(), got.body.as_str()),
+            (200, "ok"),
+            "after {path}"
+        );
     }
 
     // An upstream that closes without answering is a 502, not a hang.
@@ -556,6 +546,109 @@ async fn upstream_dying_mid_response_truncates_without_hanging() {
         "{text}"
     );
     sidecar.shutdown().await;
+}
+
+/// An HTTP/1.1 + h2c upstream (hyper) whose `/partial` response announces 100000 bytes, sends 7
+/// and then fails its body: HTTP/1 closes the connection, HTTP/2 resets the stream. Anything else
+/// gets `ok`.
+async fn spawn_failing_body_upstream() -> SocketAddr {
+    use http_body_util::{BodyExt, StreamBody};
+    use hyper::body::Frame;
+
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    |req: http::Request<hyper::body::Incoming>| async move {
+                        let resp = if req.uri().path() == "/partial" {
+                            // The failure comes a moment after the first bytes, so that they (and
+                            // the head) are on the wire: the body really fails midway.
+                            let frames = futures_util::stream::unfold(0u8, |i| async move {
+                                match i {
+                                    0 => Some((
+                                        Ok::<_, BoxError>(Frame::data(bytes::Bytes::from_static(
+                                            b"partial",
+                                        ))),
+                                        1,
+                                    )),
+                                    1 => {
+                                        tokio::time::sleep(Duration::from_millis(50)).await;
+                                        Some((Err("upstream gave up".into()), 2))
+                                    }
+                                    _ => None,
+                                }
+                            });
+                            let body = StreamBody::new(frames).boxed();
+                            http::Response::builder()
+                                .header("content-length", "100000")
+                                .body(body)
+                                .unwrap()
+                        } else {
+                            let body = http_body_util::Full::new(bytes::Bytes::from_static(b"ok"))
+                                .map_err(|never| match never {})
+                                .boxed();
+                            http::Response::new(body)
+                        };
+                        Ok::<_, std::convert::Infallible>(resp)
+                    },
+                );
+                let builder = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                );
+                let _ = builder
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_failing_mid_body_is_an_error_for_http1_and_http2_clients() {
+    let upstream = spawn_failing_body_upstream().await;
+    let sidecar = sidecar_for(upstream, test_proxy_config()).await;
+    let addr = sidecar.inbound_addr;
+    for h2 in [false, true] {
+        for _ in 0..3 {
+            let res = timeout(BOUND, async {
+                if h2 {
+                    get_h2(addr, "/partial", &[]).await
+                } else {
+                    get(addr, "/partial", &[]).await
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("h2: {h2}: hung instead of failing"));
+            assert!(
+                res.is_err(),
+                "h2: {h2}: a failed body was passed on as complete: {res:?}"
+            );
+            // HTTP/2 shares one upstream connection: a reset stream must not take it down.
+            let got = timeout(BOUND, async {
+                if h2 {
+                    get_h2(addr, "/", &[]).await
+                } else {
+                    get(addr, "/", &[]).await
+                }
+            })
+            .await
+            .expect("hung")
+            .unwrap();
+            assert_eq!(
+                (got.status.as_u16(), got.body.as_str()),
+                (200, "ok"),
+                "h2: {h2}"
+            );
+        }
+    }
+    assert_eq!(sidecar.shutdown().await, 0, "connections left at shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

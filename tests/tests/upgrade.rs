@@ -142,7 +142,8 @@ async fn websocket_with_a_query_parameter_key_goes_to_the_fork() {
 }
 
 /// An upstream that accepts `CONNECT`: reports each request line on `seen`, answers 200 and then
-/// echoes bytes; on EOF it writes `bye\n` and closes its side. Anything else gets a 405.
+/// echoes bytes; on EOF it writes `bye\n` and closes its side. `CONNECT denied:*` gets a 403 and
+/// anything else a 405.
 async fn spawn_connect_upstream() -> (SocketAddr, mpsc::UnboundedReceiver<String>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -171,6 +172,13 @@ async fn spawn_connect_upstream() -> (SocketAddr, mpsc::UnboundedReceiver<String
                 let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
                 let line = head.lines().next().unwrap_or("").to_owned();
                 let _ = seen.send(head.clone());
+                if line.starts_with("CONNECT denied") {
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 7\r\nConnection: close\r\n\r\ndenied\n")
+                        .await;
+                    let _ = stream.shutdown().await;
+                    return;
+                }
                 if !line.starts_with("CONNECT ") {
                     let _ = stream
                         .write_all(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
@@ -315,8 +323,43 @@ async fn connect_tunnels_bytes_both_ways() {
 async fn connect_refused_by_upstream_is_an_ordinary_response() {
     let (upstream, _seen) = spawn_connect_upstream().await;
     let sidecar = sidecar_for(upstream).await;
-    // The proxy does not tunnel unless the upstream agreed: a non-CONNECT upstream answer (here
-    // the upstream refuses a POST it does not know) comes back as is.
+    let mut stream = TcpStream::connect(sidecar.inbound_addr).await.unwrap();
+
+    // The upstream refuses: its answer comes back as an ordinary response, no tunnel.
+    stream
+        .write_all(b"CONNECT denied:1 HTTP/1.1\r\nHost: denied:1\r\n\r\n")
+        .await
+        .unwrap();
+    let (head, mut body) = read_head(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 403"), "head: {head}");
+    let mut chunk = [0u8; 64];
+    while body.len() < 7 {
+        let n = timeout(BOUND, stream.read(&mut chunk))
+            .await
+            .expect("body hung")
+            .unwrap();
+        assert!(n > 0, "connection closed mid-body");
+        body.extend_from_slice(&chunk[..n]);
+    }
+    assert_eq!(body, b"denied\n");
+
+    // The same client connection is still plain HTTP: a second CONNECT is tunnelled.
+    stream
+        .write_all(b"CONNECT target:1 HTTP/1.1\r\nHost: target:1\r\n\r\n")
+        .await
+        .unwrap();
+    let (head, early) = read_head(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "head: {head}");
+    assert!(early.is_empty());
+    stream.write_all(b"after refusal\n").await.unwrap();
+    let mut echo = [0u8; 14];
+    timeout(BOUND, stream.read_exact(&mut echo))
+        .await
+        .expect("no echo")
+        .unwrap();
+    assert_eq!(&echo, b"after refusal\n");
+
+    // A non-CONNECT request to the same upstream is just forwarded.
     let tcp = TcpStream::connect(sidecar.inbound_addr).await.unwrap();
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
         .await
@@ -335,6 +378,7 @@ async fn connect_refused_by_upstream_is_an_ordinary_response() {
     .await
     .unwrap();
     assert_eq!(got.status, 405);
+    drop(stream);
     sidecar.shutdown().await;
 }
 
