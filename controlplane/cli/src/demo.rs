@@ -389,18 +389,26 @@ async fn check(demo: &Demo) -> bool {
     ok
 }
 
+/// The `baggage` value carrying `key`, if any.
+fn baggage_for(key: Option<&str>) -> Option<String> {
+    key.map(|k| format!("sd-routing-key={k}"))
+}
+
+fn metadata(baggage: &Option<String>) -> Vec<(&str, &str)> {
+    baggage.iter().map(|b| ("baggage", b.as_str())).collect()
+}
+
 async fn grpc_served_by(addr: SocketAddr, key: Option<&str>) -> Result<String> {
-    let baggage = key.map(|k| format!("sd-routing-key={k}"));
-    let metadata: Vec<(&str, &str)> = baggage.iter().map(|b| ("baggage", b.as_str())).collect();
-    let (reply, _) = grpc_client::hello(addr, "spur", &metadata)
+    let baggage = baggage_for(key);
+    let (reply, _) = grpc_client::hello(addr, "spur", &metadata(&baggage))
         .await
         .map_err(|s| anyhow::anyhow!("{s}"))?;
     Ok(reply.served_by)
 }
 
 async fn call(addr: SocketAddr, key: Option<&str>) -> Result<ExitCode> {
-    let baggage = key.map(|k| format!("sd-routing-key={k}"));
-    let metadata: Vec<(&str, &str)> = baggage.iter().map(|b| ("baggage", b.as_str())).collect();
+    let baggage = baggage_for(key);
+    let metadata = metadata(&baggage);
     let (reply, trailer) = grpc_client::hello(addr, "spur", &metadata)
         .await
         .map_err(|s| anyhow::anyhow!("Hello failed: {s}"))?;
