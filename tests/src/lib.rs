@@ -104,6 +104,34 @@ pub fn rule_yaml(key: &str, workload_port: u16, dest: SocketAddr) -> String {
     )
 }
 
+/// A sidecar configuration in explicit mode in front of `app`: loopback ports chosen by the OS,
+/// no rules, default key carriers, a 5 s drain grace.
+pub fn sidecar_config(app: SocketAddr) -> SidecarConfig {
+    SidecarConfig {
+        inbound_addr: "127.0.0.1:0".parse().unwrap(),
+        inbound: Inbound::Explicit { app },
+        baseline: baseline_workload(),
+        rules: None,
+        rules_poll: Duration::from_millis(20),
+        admin_addr: Some("127.0.0.1:0".parse().unwrap()),
+        extract: ExtractConfig::default(),
+        proxy: ProxyConfig {
+            drain_grace: Duration::from_secs(5),
+            ..ProxyConfig::default()
+        },
+    }
+}
+
+/// A running sidecar in front of `app`, without rules.
+pub async fn sidecar_for(app: SocketAddr, proxy: ProxyConfig) -> Sidecar {
+    Sidecar::start(SidecarConfig {
+        proxy,
+        ..sidecar_config(app)
+    })
+    .await
+    .unwrap()
+}
+
 impl Env {
     pub async fn start(opts: EnvOptions) -> Env {
         let apps = CancellationToken::new();
@@ -124,14 +152,10 @@ impl Env {
         };
         env.write_rules(&opts.rules);
         let config = SidecarConfig {
-            inbound_addr: "127.0.0.1:0".parse().unwrap(),
-            inbound: Inbound::Explicit { app: baseline },
-            baseline: baseline_workload(),
             rules: Some(env.rules_path.clone()),
-            rules_poll: Duration::from_millis(20),
-            admin_addr: Some("127.0.0.1:0".parse().unwrap()),
             extract: opts.extract,
             proxy: opts.proxy,
+            ..sidecar_config(baseline)
         };
         env.sidecar = Some(Sidecar::start(config).await.unwrap());
         env

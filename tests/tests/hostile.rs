@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use spur_e2e::{Env, EnvOptions, get, get_h2, metrics, sample};
-use spur_proxy::{Inbound, ProxyConfig};
-use spur_sidecar::{Sidecar, SidecarConfig};
+use spur_proxy::ProxyConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
@@ -86,21 +85,6 @@ async fn assert_healthy(env: &Env) {
     .unwrap();
     assert_eq!(got.status, 200);
     assert_eq!(got.served_by(), "fork");
-}
-
-/// A sidecar in explicit mode in front of `app`, without rules.
-async fn sidecar_for(app: SocketAddr, proxy: ProxyConfig) -> Sidecar {
-    let config = SidecarConfig {
-        inbound_addr: "127.0.0.1:0".parse().unwrap(),
-        inbound: Inbound::Explicit { app },
-        baseline: spur_e2e::baseline_workload(),
-        rules: None,
-        rules_poll: Duration::from_millis(20),
-        admin_addr: Some("127.0.0.1:0".parse().unwrap()),
-        extract: Default::default(),
-        proxy,
-    };
-    Sidecar::start(config).await.unwrap()
 }
 
 fn test_proxy_config() -> ProxyConfig {
@@ -499,7 +483,7 @@ async fn spawn_broken_upstream() -> SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_dying_mid_response_truncates_without_hanging() {
     let upstream = spawn_broken_upstream().await;
-    let sidecar = sidecar_for(upstream, test_proxy_config()).await;
+    let sidecar = spur_e2e::sidecar_for(upstream, test_proxy_config()).await;
     let addr = sidecar.inbound_addr;
 
     let got = timeout(BOUND, get(addr, "/ok", &[]))
@@ -613,7 +597,7 @@ async fn spawn_failing_body_upstream() -> SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_failing_mid_body_is_an_error_for_http1_and_http2_clients() {
     let upstream = spawn_failing_body_upstream().await;
-    let sidecar = sidecar_for(upstream, test_proxy_config()).await;
+    let sidecar = spur_e2e::sidecar_for(upstream, test_proxy_config()).await;
     let addr = sidecar.inbound_addr;
     for h2 in [false, true] {
         for _ in 0..3 {
@@ -658,7 +642,7 @@ async fn dead_upstream_is_a_502_and_counted_as_error() {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         l.local_addr().unwrap()
     };
-    let sidecar = sidecar_for(dead, test_proxy_config()).await;
+    let sidecar = spur_e2e::sidecar_for(dead, test_proxy_config()).await;
     let admin = sidecar.admin_addr.unwrap();
     let before = sample(
         &metrics(admin).await,

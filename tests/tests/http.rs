@@ -236,14 +236,8 @@ async fn not_ready_until_a_valid_table_arrives() {
     )
     .await;
     let config = SidecarConfig {
-        inbound_addr: "127.0.0.1:0".parse().unwrap(),
-        inbound: spur_proxy::Inbound::Explicit { app },
-        baseline: spur_e2e::baseline_workload(),
         rules: Some(rules.clone()),
-        rules_poll: Duration::from_millis(20),
-        admin_addr: Some("127.0.0.1:0".parse().unwrap()),
-        extract: Default::default(),
-        proxy: Default::default(),
+        ..spur_e2e::sidecar_config(app)
     };
     let sidecar = Sidecar::start(config).await.unwrap();
     let admin = sidecar.admin_addr.unwrap();

@@ -6,29 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use spur_e2e::{AppKind, Env, EnvOptions, apps, metrics, sample};
-use spur_proxy::{Inbound, ProxyConfig};
-use spur_sidecar::{Sidecar, SidecarConfig};
+use spur_proxy::ProxyConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
 
 /// Upper bound for anything that could hang.
 const BOUND: Duration = Duration::from_secs(10);
-
-/// A sidecar in explicit mode in front of `app`, without rules.
-async fn sidecar_for(app: SocketAddr, proxy: ProxyConfig) -> Sidecar {
-    let config = SidecarConfig {
-        inbound_addr: "127.0.0.1:0".parse().unwrap(),
-        inbound: Inbound::Explicit { app },
-        baseline: spur_e2e::baseline_workload(),
-        rules: None,
-        rules_poll: Duration::from_millis(20),
-        admin_addr: Some("127.0.0.1:0".parse().unwrap()),
-        extract: Default::default(),
-        proxy,
-    };
-    Sidecar::start(config).await.unwrap()
-}
 
 async fn read_to_end(stream: &mut (impl AsyncReadExt + Unpin)) -> Vec<u8> {
     let mut out = Vec::new();
@@ -209,7 +193,7 @@ async fn server_speaks_first_after_detect_timeout() {
         drain_grace: Duration::from_secs(5),
         ..ProxyConfig::default()
     };
-    let sidecar = sidecar_for(upstream, proxy).await;
+    let sidecar = spur_e2e::sidecar_for(upstream, proxy).await;
     banner_conversation(sidecar.inbound_addr).await;
     assert_eq!(connections(sidecar.admin_addr.unwrap(), "tcp").await, 1.0);
     sidecar.shutdown().await;
@@ -226,7 +210,7 @@ async fn server_speaks_first_on_an_opaque_port() {
         drain_grace: Duration::from_secs(5),
         ..ProxyConfig::default()
     };
-    let sidecar = sidecar_for(upstream, proxy).await;
+    let sidecar = spur_e2e::sidecar_for(upstream, proxy).await;
     banner_conversation(sidecar.inbound_addr).await;
 
     // On an opaque port even HTTP-looking bytes are not interpreted: they reach the upstream as a
@@ -268,7 +252,7 @@ async fn tls_is_passed_through_untouched() {
         token.clone(),
     ));
 
-    let sidecar = sidecar_for(
+    let sidecar = spur_e2e::sidecar_for(
         upstream,
         ProxyConfig {
             drain_grace: Duration::from_secs(5),

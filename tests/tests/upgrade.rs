@@ -11,8 +11,6 @@ use http::Request;
 use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
 use spur_e2e::{Env, collect, metrics, sample};
-use spur_proxy::{Inbound, ProxyConfig};
-use spur_sidecar::{Sidecar, SidecarConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -215,23 +213,6 @@ async fn spawn_connect_upstream() -> (SocketAddr, mpsc::UnboundedReceiver<String
     (addr, rx)
 }
 
-async fn sidecar_for(app: SocketAddr) -> Sidecar {
-    let config = SidecarConfig {
-        inbound_addr: "127.0.0.1:0".parse().unwrap(),
-        inbound: Inbound::Explicit { app },
-        baseline: spur_e2e::baseline_workload(),
-        rules: None,
-        rules_poll: Duration::from_millis(20),
-        admin_addr: Some("127.0.0.1:0".parse().unwrap()),
-        extract: Default::default(),
-        proxy: ProxyConfig {
-            drain_grace: Duration::from_secs(5),
-            ..ProxyConfig::default()
-        },
-    };
-    Sidecar::start(config).await.unwrap()
-}
-
 /// Reads a response head; returns it and whatever bytes followed it.
 async fn read_head(stream: &mut TcpStream) -> (String, Vec<u8>) {
     let mut buf = Vec::new();
@@ -258,7 +239,7 @@ async fn read_head(stream: &mut TcpStream) -> (String, Vec<u8>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_tunnels_bytes_both_ways() {
     let (upstream, mut seen) = spawn_connect_upstream().await;
-    let sidecar = sidecar_for(upstream).await;
+    let sidecar = spur_e2e::sidecar_for(upstream, spur_e2e::sidecar_config(upstream).proxy).await;
 
     let mut stream = TcpStream::connect(sidecar.inbound_addr).await.unwrap();
     stream
@@ -322,7 +303,7 @@ async fn connect_tunnels_bytes_both_ways() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_refused_by_upstream_is_an_ordinary_response() {
     let (upstream, _seen) = spawn_connect_upstream().await;
-    let sidecar = sidecar_for(upstream).await;
+    let sidecar = spur_e2e::sidecar_for(upstream, spur_e2e::sidecar_config(upstream).proxy).await;
     let mut stream = TcpStream::connect(sidecar.inbound_addr).await.unwrap();
 
     // The upstream refuses: its answer comes back as an ordinary response, no tunnel.
