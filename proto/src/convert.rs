@@ -1,0 +1,86 @@
+//! Conversions between the Routes API messages and `spur-routing`'s types. Incoming rules go
+//! through the wire shape ([`RuleSpec`]) so they are validated by the one validator
+//! ([`spur_routing::RoutingRule::from_spec`]) everything else uses.
+
+use spur_routing::rules::{BaselineSpec, LocationSpec, MappingSpec, RuleSpec, SandboxSpec};
+use spur_routing::RoutingRule;
+
+use crate::routes;
+
+/// A received rule in wire shape, ready for validation. Missing sub-messages become empty
+/// fields, which validation then rejects with a precise reason.
+pub fn rule_from_proto(r: &routes::WorkloadRoutingRule) -> RuleSpec {
+    let baseline = r.baseline.clone().unwrap_or_default();
+    RuleSpec {
+        routing_key: r.routing_key.clone(),
+        baseline: BaselineSpec { kind: baseline.kind, namespace: baseline.namespace, name: baseline.name },
+        destination_sandbox: SandboxSpec {
+            name: r.destination_sandbox.as_ref().map(|d| d.name.clone()).unwrap_or_default(),
+        },
+        mappings: r
+            .mappings
+            .iter()
+            .map(|m| MappingSpec {
+                workload_port: m.workload_port,
+                destinations: m
+                    .destinations
+                    .iter()
+                    .map(|d| LocationSpec { host: d.host.clone(), port: d.port })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+/// A validated rule as a complete Routes API message (every sub-message set: the public Go
+/// client dereferences them without checking).
+pub fn rule_to_proto(r: &RoutingRule) -> routes::WorkloadRoutingRule {
+    routes::WorkloadRoutingRule {
+        routing_key: r.routing_key.clone(),
+        baseline: Some(routes::BaselineWorkload {
+            kind: r.baseline.kind.clone(),
+            namespace: r.baseline.namespace.clone(),
+            name: r.baseline.name.clone(),
+        }),
+        destination_sandbox: Some(routes::DestinationSandbox { name: r.destination_sandbox.clone() }),
+        mappings: r
+            .mappings
+            .iter()
+            .map(|m| routes::WorkloadPortMapping {
+                workload_port: u32::from(m.workload_port),
+                destinations: m
+                    .destinations
+                    .iter()
+                    .map(|d| routes::Location { host: d.host.clone(), port: u32::from(d.port) })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_through_validation() {
+        let spec = RuleSpec {
+            routing_key: "k1".into(),
+            baseline: BaselineSpec { kind: "Deployment".into(), namespace: "ns".into(), name: "web".into() },
+            destination_sandbox: SandboxSpec { name: "sb".into() },
+            mappings: vec![MappingSpec {
+                workload_port: 8080,
+                destinations: vec![LocationSpec { host: "sb-web.ns.svc".into(), port: 80 }],
+            }],
+        };
+        let rule = RoutingRule::from_spec(0, spec.clone()).unwrap();
+        let wire = rule_to_proto(&rule);
+        assert_eq!(rule_from_proto(&wire), spec);
+    }
+
+    #[test]
+    fn missing_sub_messages_fail_validation() {
+        let wire = routes::WorkloadRoutingRule { routing_key: "k1".into(), ..Default::default() };
+        assert!(RoutingRule::from_spec(0, rule_from_proto(&wire)).is_err());
+    }
+}
