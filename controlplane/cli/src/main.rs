@@ -1,6 +1,7 @@
 //! The `spur` command: the standalone demo now; route server, cluster and local workflows later.
 
 mod demo;
+mod routeserver;
 
 use clap::{Parser, Subcommand};
 
@@ -20,12 +21,18 @@ enum Command {
     /// Run example baseline and forked services behind Spur sidecars on loopback and show
     /// keyed requests reaching the fork while everything else reaches the baseline.
     Demo(demo::DemoArgs),
+    /// Serve the Routes API (gRPC 7777, REST 7778) from a directory of rule files.
+    Routeserver(routeserver::RouteserverArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    // The demo talks to a person on stdout; only problems go to stderr unless SPUR_LOG says otherwise.
-    spur_sidecar::init_tracing("warn");
+    // The demo talks to a person on stdout; only problems go to stderr unless SPUR_LOG says
+    // otherwise. Servers log their lifecycle.
+    spur_sidecar::init_tracing(match cli.command {
+        Command::Demo(_) => "warn",
+        Command::Routeserver(_) => "info",
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -39,6 +46,7 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Demo(args) => demo::run(args).await,
+            Command::Routeserver(args) => routeserver::run(args).await,
         }
     });
     match result {

@@ -7,9 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
 use spur_routing::RoutingRule;
-use spur_routing::rules::{RuleSpec, validate_rules};
+use spur_routing::rules::{parse_document, validate_rules};
 use tokio_util::sync::CancellationToken;
 
 use crate::{Error, Publisher};
@@ -17,36 +16,11 @@ use crate::{Error, Publisher};
 /// Largest rule file accepted; protects the sidecar from a runaway file.
 const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
 
-/// Accepted document shapes: a bare list of rules, or the REST response object.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Document {
-    List(Vec<RuleSpec>),
-    #[serde(rename_all = "camelCase")]
-    Object {
-        routing_rules: Vec<RuleSpec>,
-    },
-}
-
 /// Parses and validates a rule file's bytes (YAML, which includes JSON). An empty file is an
 /// empty rule set.
 pub fn parse_rules(path: &str, bytes: &[u8]) -> Result<Vec<RoutingRule>, Error> {
-    let specs = if bytes.iter().all(u8::is_ascii_whitespace) {
-        Vec::new()
-    } else {
-        let doc: Document = serde_yaml_ng::from_slice(bytes).map_err(|e| Error::Parse {
-            path: path.to_string(),
-            reason: e.to_string(),
-        })?;
-        match doc {
-            Document::List(l) => l,
-            Document::Object { routing_rules } => routing_rules,
-        }
-    };
-    validate_rules(specs).map_err(|source| Error::Invalid {
-        path: path.to_string(),
-        source,
-    })
+    let specs = parse_document(bytes).map_err(|e| Error::Parse { path: path.to_string(), reason: e.to_string() })?;
+    validate_rules(specs).map_err(|source| Error::Invalid { path: path.to_string(), source })
 }
 
 /// Watches one rule file and publishes every valid version of it.

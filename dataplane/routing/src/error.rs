@@ -13,6 +13,9 @@ pub enum Error {
     /// A routing rule failed validation; `rule` locates it (index and routing key).
     #[error("invalid routing rule {rule}: {reason}")]
     InvalidRule { rule: RuleRef, reason: String },
+    /// A rule document is not a YAML/JSON list of rules (or a `routingRules` object).
+    #[error("not a rule document: {reason}")]
+    Document { reason: String },
     /// Two rules share the same (baseline, routing key).
     #[error("duplicate routing rule for routing key {routing_key:?} and baseline {baseline}")]
     DuplicateRule {

@@ -213,6 +213,30 @@ impl RoutingRule {
     }
 }
 
+/// Accepted rule-document shapes: a bare list of rules, or the REST response object.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Document {
+    List(Vec<RuleSpec>),
+    #[serde(rename_all = "camelCase")]
+    Object { routing_rules: Vec<RuleSpec> },
+}
+
+/// Parses a rule document (YAML, which includes JSON): a list of rules or a
+/// `{"routingRules": [...]}` object. An empty or blank document is an empty list. Does not
+/// validate; see [`validate_rules`].
+pub fn parse_document(bytes: &[u8]) -> Result<Vec<RuleSpec>, Error> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Vec::new());
+    }
+    let doc: Document =
+        serde_yaml_ng::from_slice(bytes).map_err(|e| Error::Document { reason: e.to_string() })?;
+    Ok(match doc {
+        Document::List(l) => l,
+        Document::Object { routing_rules } => routing_rules,
+    })
+}
+
 /// Validates a whole rule set: every rule, and no two rules for the same (baseline, routing key).
 /// All or nothing, so that a half-valid file never replaces a good table.
 pub fn validate_rules(specs: Vec<RuleSpec>) -> Result<Vec<RoutingRule>, Error> {

@@ -1,0 +1,45 @@
+//! `spur routeserver`: the standalone route server (rule directory store).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use spur_proxy::parse_duration;
+use spur_routeserver::{RouteServer, RouteServerConfig};
+
+#[derive(Args)]
+pub(crate) struct RouteserverArgs {
+    /// Directory of rule files (*.yaml, *.yml, *.json), each a list of routing rules; watched.
+    #[arg(long, env = "SPUR_RULES_DIR")]
+    rules_dir: PathBuf,
+    /// gRPC Routes API address (routes.Routes, compatible with Signadot's routesapi clients).
+    #[arg(long, env = "SPUR_GRPC_ADDR", default_value = "0.0.0.0:7777")]
+    grpc_addr: SocketAddr,
+    /// REST API, /healthz and /metrics address.
+    #[arg(long, env = "SPUR_HTTP_ADDR", default_value = "0.0.0.0:7778")]
+    http_addr: SocketAddr,
+    /// How often the rules directory is checked for changes.
+    #[arg(long, env = "SPUR_RULES_POLL", default_value = "1s", value_parser = parse_duration)]
+    poll_interval: Duration,
+    /// Operations queued per watch stream before that stream waits for its reader.
+    #[arg(long, env = "SPUR_WATCH_BUFFER", default_value_t = 1024)]
+    watch_buffer: usize,
+}
+
+pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
+    let config = RouteServerConfig {
+        rules_dir: args.rules_dir,
+        poll_interval: args.poll_interval,
+        grpc_addr: args.grpc_addr,
+        http_addr: args.http_addr,
+        watch_buffer: args.watch_buffer,
+    };
+    let server = RouteServer::start(config).await.context("cannot start the route server")?;
+    spur_sidecar::shutdown_signal().await;
+    tracing::info!("shutting down");
+    server.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,277 @@
+//! The index of routing rules: immutable snapshots published on a `watch` channel.
+//!
+//! Each snapshot carries the keys changed by the last [`CHANGE_LOG`] publications, so a watcher
+//! that wakes up (however many versions later) diffs only the rules that changed instead of the
+//! whole index; a watcher that fell further behind does one full diff.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use spur_proto::routes;
+use spur_routing::rules::RuleSpec;
+use spur_routing::{BaselineWorkload, RoutingRule};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Publications remembered for incremental diffs.
+const CHANGE_LOG: usize = 64;
+
+/// The identity of a rule: (baseline, routing key). Ordered by baseline first, so the rules of
+/// one baseline form a contiguous range.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RuleKey {
+    pub baseline: BaselineWorkload,
+    pub routing_key: String,
+}
+
+/// One rule, pre-rendered for every API that serves it.
+#[derive(Debug, PartialEq)]
+pub struct Entry {
+    pub rule: RoutingRule,
+    pub proto: routes::WorkloadRoutingRule,
+    pub spec: RuleSpec,
+}
+
+impl Entry {
+    fn new(rule: RoutingRule) -> Self {
+        Entry { proto: spur_proto::rule_to_proto(&rule), spec: rule.to_spec(), rule }
+    }
+
+    fn key(&self) -> RuleKey {
+        RuleKey { baseline: self.rule.baseline.clone(), routing_key: self.rule.routing_key.clone() }
+    }
+}
+
+/// Optional filters of the Routes API: an empty field matches anything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    pub routing_key: String,
+    pub sandbox: String,
+}
+
+impl Filter {
+    pub fn from_request(r: &routes::WorkloadRoutingRulesRequest) -> Self {
+        let b = r.baseline_workload.clone().unwrap_or_default();
+        Filter {
+            kind: b.kind,
+            namespace: b.namespace,
+            name: b.name,
+            routing_key: r.routing_key.clone(),
+            sandbox: r.destination_sandbox.as_ref().map(|d| d.name.clone()).unwrap_or_default(),
+        }
+    }
+
+    fn field(want: &str, have: &str) -> bool {
+        want.is_empty() || want == have
+    }
+
+    pub fn matches(&self, e: &Entry) -> bool {
+        let r = &e.rule;
+        Self::field(&self.kind, &r.baseline.kind)
+            && Self::field(&self.namespace, &r.baseline.namespace)
+            && Self::field(&self.name, &r.baseline.name)
+            && Self::field(&self.routing_key, &r.routing_key)
+            && Self::field(&self.sandbox, &r.destination_sandbox)
+    }
+
+    /// The one baseline this filter pins down, if it names all three fields.
+    fn baseline(&self) -> Option<BaselineWorkload> {
+        (!self.kind.is_empty() && !self.namespace.is_empty() && !self.name.is_empty()).then(|| BaselineWorkload {
+            kind: self.kind.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        })
+    }
+}
+
+/// One published state of the index.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// 0 before the store's first publication.
+    pub version: u64,
+    pub rules: BTreeMap<RuleKey, Arc<Entry>>,
+    changes: VecDeque<(u64, Arc<[RuleKey]>)>,
+    /// When this snapshot was published (push latency is measured from here).
+    pub published: Instant,
+}
+
+impl Snapshot {
+    /// Matching entries in key order; a filter naming a whole baseline reads only its range.
+    pub fn matching<'a>(&'a self, filter: &'a Filter) -> Box<dyn Iterator<Item = &'a Arc<Entry>> + Send + 'a> {
+        match filter.baseline() {
+            Some(baseline) => {
+                let start = RuleKey { baseline: baseline.clone(), routing_key: String::new() };
+                Box::new(
+                    self.rules
+                        .range(start..)
+                        .take_while(move |(k, _)| k.baseline == baseline)
+                        .map(|(_, e)| e)
+                        .filter(move |e| filter.matches(e)),
+                )
+            }
+            None => Box::new(self.rules.values().filter(move |e| filter.matches(e))),
+        }
+    }
+
+    /// Keys changed after `version` up to this snapshot, or `None` if the log no longer reaches
+    /// back that far (the caller then diffs everything).
+    pub fn changed_since(&self, version: u64) -> Option<BTreeSet<RuleKey>> {
+        if version >= self.version {
+            return Some(BTreeSet::new());
+        }
+        let oldest = self.changes.front().map_or(self.version + 1, |(v, _)| *v);
+        if oldest > version + 1 {
+            return None;
+        }
+        Some(
+            self.changes
+                .iter()
+                .filter(|(v, _)| *v > version)
+                .flat_map(|(_, keys)| keys.iter().cloned())
+                .collect(),
+        )
+    }
+}
+
+/// The write side and the subscription point of the index. Cheap to clone.
+#[derive(Clone)]
+pub struct Index {
+    tx: Arc<watch::Sender<Arc<Snapshot>>>,
+    problems: Arc<Mutex<Arc<Vec<String>>>>,
+    services: Arc<Mutex<Arc<Vec<routes::ClusterService>>>>,
+}
+
+impl Default for Index {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Index {
+    pub fn new() -> Self {
+        let empty = Snapshot { version: 0, rules: BTreeMap::new(), changes: VecDeque::new(), published: Instant::now() };
+        let (tx, _) = watch::channel(Arc::new(empty));
+        Index { tx: Arc::new(tx), problems: Arc::default(), services: Arc::default() }
+    }
+
+    pub fn current(&self) -> Arc<Snapshot> {
+        self.tx.borrow().clone()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.tx.subscribe()
+    }
+
+    /// Replaces the whole rule set. Publishes a new version only if something changed (or on the
+    /// first call, so "synced" can be reported even for an empty set). Returns the version in force.
+    pub fn replace_all(&self, rules: Vec<RoutingRule>) -> u64 {
+        let current = self.current();
+        let mut next: BTreeMap<RuleKey, Arc<Entry>> = BTreeMap::new();
+        for rule in rules {
+            let entry = Entry::new(rule);
+            let key = entry.key();
+            // Unchanged rules keep their `Arc`, so watchers compare them by pointer first.
+            let entry = match current.rules.get(&key) {
+                Some(old) if **old == entry => old.clone(),
+                _ => Arc::new(entry),
+            };
+            next.insert(key, entry);
+        }
+        let mut changed: Vec<RuleKey> = Vec::new();
+        for (k, e) in &next {
+            match current.rules.get(k) {
+                Some(old) if Arc::ptr_eq(old, e) => {}
+                _ => changed.push(k.clone()),
+            }
+        }
+        changed.extend(current.rules.keys().filter(|k| !next.contains_key(*k)).cloned());
+        if changed.is_empty() && current.version > 0 {
+            return current.version;
+        }
+        let version = current.version + 1;
+        let mut changes = current.changes.clone();
+        changes.push_back((version, changed.into()));
+        while changes.len() > CHANGE_LOG {
+            changes.pop_front();
+        }
+        self.tx.send_replace(Arc::new(Snapshot { version, rules: next, changes, published: Instant::now() }));
+        version
+    }
+
+    /// Problems the store wants operators to see (invalid files, conflicts), for `/healthz`.
+    pub fn set_problems(&self, problems: Vec<String>) {
+        *self.problems.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(problems);
+    }
+
+    pub fn problems(&self) -> Arc<Vec<String>> {
+        self.problems.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Cluster services for `GetClusterServices`. A directory store has no cluster and sets
+    /// none; the Kubernetes store fills them from Services and sandboxes.
+    pub fn set_services(&self, services: Vec<routes::ClusterService>) {
+        *self.services.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(services);
+    }
+
+    pub fn services(&self) -> Arc<Vec<routes::ClusterService>> {
+        self.services.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spur_routing::rules::{Location, PortMapping};
+
+    fn rule(ns: &str, name: &str, key: &str, port: u16) -> RoutingRule {
+        RoutingRule {
+            routing_key: key.into(),
+            baseline: BaselineWorkload { kind: "Deployment".into(), namespace: ns.into(), name: name.into() },
+            destination_sandbox: format!("sb-{key}"),
+            mappings: vec![PortMapping { workload_port: 80, destinations: vec![Location { host: "h".into(), port }] }],
+        }
+    }
+
+    #[test]
+    fn publishes_only_changes_and_logs_changed_keys() {
+        let index = Index::new();
+        assert_eq!(index.replace_all(vec![]), 1, "first publication even when empty");
+        assert_eq!(index.replace_all(vec![]), 1, "no change, no new version");
+        assert_eq!(index.replace_all(vec![rule("a", "web", "k1", 1), rule("a", "web", "k2", 1)]), 2);
+        assert_eq!(index.replace_all(vec![rule("a", "web", "k1", 2), rule("a", "web", "k2", 1)]), 3);
+        let snap = index.current();
+        let changed = snap.changed_since(2).unwrap();
+        assert_eq!(changed.iter().map(|k| k.routing_key.as_str()).collect::<Vec<_>>(), ["k1"]);
+        assert_eq!(snap.changed_since(1).unwrap().len(), 2);
+        assert_eq!(index.replace_all(vec![rule("a", "web", "k2", 1)]), 4);
+        assert_eq!(index.current().changed_since(3).unwrap().len(), 1, "removal is a change");
+    }
+
+    #[test]
+    fn change_log_is_bounded_and_falls_back_to_full_diff() {
+        let index = Index::new();
+        for p in 1..=(CHANGE_LOG as u16 + 10) {
+            index.replace_all(vec![rule("a", "web", "k", p)]);
+        }
+        let snap = index.current();
+        assert!(snap.changed_since(1).is_none(), "too far behind");
+        assert!(snap.changed_since(snap.version - 1).is_some());
+    }
+
+    #[test]
+    fn filters_and_baseline_ranges() {
+        let index = Index::new();
+        index.replace_all(vec![rule("a", "web", "k1", 1), rule("a", "web2", "k1", 1), rule("b", "web", "k2", 1)]);
+        let snap = index.current();
+        let f = Filter { kind: "Deployment".into(), namespace: "a".into(), name: "web".into(), ..Filter::default() };
+        assert_eq!(snap.matching(&f).count(), 1);
+        let f = Filter { routing_key: "k1".into(), ..Filter::default() };
+        assert_eq!(snap.matching(&f).count(), 2);
+        let f = Filter { sandbox: "sb-k2".into(), ..Filter::default() };
+        assert_eq!(snap.matching(&f).count(), 1);
+        assert_eq!(snap.matching(&Filter::default()).count(), 3);
+    }
+}

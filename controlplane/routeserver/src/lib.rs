@@ -1,0 +1,176 @@
+//! The route server: an index of routing rules served over the Signadot-compatible Routes API (gRPC) and REST, with watch streams.
+//!
+//! ```text
+//! RuleStore (rule directory now, Kubernetes later) ──complete rule sets──► Index (snapshots + change log)
+//!        ──► gRPC routes.Routes :7777   Get / Watch / GetClusterServices
+//!        ──► REST :7778                 /api/v1/workloads/routing-rules[/watch], /healthz, /metrics
+//! ```
+//!
+//! Every watch stream is its own task with a bounded queue, fed from the index's latest
+//! snapshot: a slow watcher lags alone and then skips straight to the current state.
+
+mod grpc;
+mod index;
+mod metrics;
+mod rest;
+mod store;
+mod watch;
+
+pub use index::{Entry, Filter, Index, RuleKey, Snapshot};
+pub use metrics::Metrics;
+pub use store::{DirStore, RuleStore};
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use spur_proto::routes::routes_server::RoutesServer;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Errors starting the route server.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot bind {what} on {addr}: {source}")]
+    Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
+    #[error("rules directory {path}: {reason}")]
+    RulesDir { path: String, reason: String },
+}
+
+/// Route-server configuration.
+#[derive(Debug, Clone)]
+pub struct RouteServerConfig {
+    /// Directory of rule files (`*.yaml`, `*.yml`, `*.json`).
+    pub rules_dir: PathBuf,
+    /// How often the directory is checked for changes.
+    pub poll_interval: Duration,
+    /// gRPC Routes API (default `0.0.0.0:7777`).
+    pub grpc_addr: SocketAddr,
+    /// REST API, `/healthz`, `/metrics` (default `0.0.0.0:7778`).
+    pub http_addr: SocketAddr,
+    /// Ops queued per watch stream before that stream waits for its reader.
+    pub watch_buffer: usize,
+}
+
+impl RouteServerConfig {
+    pub fn new(rules_dir: impl Into<PathBuf>) -> Self {
+        RouteServerConfig {
+            rules_dir: rules_dir.into(),
+            poll_interval: Duration::from_secs(1),
+            grpc_addr: SocketAddr::from(([0, 0, 0, 0], 7777)),
+            http_addr: SocketAddr::from(([0, 0, 0, 0], 7778)),
+            watch_buffer: 1024,
+        }
+    }
+}
+
+/// A running route server.
+pub struct RouteServer {
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    index: Index,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl RouteServer {
+    /// Binds both ports, loads the rule directory once (so the first request already sees the
+    /// rules), then serves in the background.
+    pub async fn start(config: RouteServerConfig) -> Result<Self, Error> {
+        if !config.rules_dir.is_dir() {
+            return Err(Error::RulesDir {
+                path: config.rules_dir.display().to_string(),
+                reason: "not a directory".into(),
+            });
+        }
+        let bind = |what, addr| async move {
+            let l = TcpListener::bind(addr).await.map_err(|source| Error::Bind { what, addr, source })?;
+            let local = l.local_addr().map_err(|source| Error::Bind { what, addr, source })?;
+            Ok::<_, Error>((l, local))
+        };
+        let (grpc_listener, grpc_addr) = bind("gRPC", config.grpc_addr).await?;
+        let (http_listener, http_addr) = bind("HTTP", config.http_addr).await?;
+
+        let mut registry = Registry::with_prefix("spur_routeserver");
+        let metrics = Metrics::register(&mut registry);
+        let index = Index::new();
+        let stop = CancellationToken::new();
+        let tasks = TaskTracker::new();
+
+        let mut store = DirStore::new(&config.rules_dir, config.poll_interval);
+        store.poll_once(&index, &metrics);
+        tasks.spawn(store.run(index.clone(), metrics.clone(), stop.clone()));
+
+        let index_metrics = metrics.clone();
+        let mut snapshots = index.subscribe();
+        let index_stop = stop.clone();
+        tasks.spawn(async move {
+            loop {
+                let snap = snapshots.borrow_and_update().clone();
+                index_metrics.set_index(snap.version, snap.rules.len());
+                tokio::select! {
+                    () = index_stop.cancelled() => return,
+                    r = snapshots.changed() => if r.is_err() { return },
+                }
+            }
+        });
+
+        let service = grpc::RoutesService {
+            index: index.clone(),
+            metrics: metrics.clone(),
+            buffer: config.watch_buffer,
+            stop: stop.clone(),
+        };
+        let grpc_stop = stop.clone();
+        tasks.spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc_listener);
+            let res = tonic::transport::Server::builder()
+                // Detect dead watchers; clients' own pings (grpc-go sends one every 5 s) are
+                // answered and never counted against them.
+                .http2_keepalive_interval(Some(Duration::from_secs(30)))
+                .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+                .tcp_nodelay(true)
+                .add_service(RoutesServer::new(service))
+                .serve_with_incoming_shutdown(incoming, grpc_stop.cancelled())
+                .await;
+            if let Err(e) = res {
+                tracing::error!(error = %e, "gRPC server failed");
+            }
+        });
+
+        let rest_state = rest::RestState {
+            index: index.clone(),
+            metrics,
+            registry: Arc::new(registry),
+            buffer: config.watch_buffer,
+            stop: stop.clone(),
+        };
+        let http_stop = stop.clone();
+        tasks.spawn(async move {
+            let res = axum::serve(http_listener, rest::router(rest_state))
+                .with_graceful_shutdown(http_stop.cancelled_owned())
+                .await;
+            if let Err(e) = res {
+                tracing::error!(error = %e, "HTTP server failed");
+            }
+        });
+        tracing::info!(%grpc_addr, %http_addr, rules_dir = %config.rules_dir.display(), "route server started");
+        Ok(RouteServer { grpc_addr, http_addr, index, stop, tasks })
+    }
+
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// Ends every watch stream, stops both servers and the store, and waits (bounded) for them.
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        self.tasks.close();
+        if tokio::time::timeout(Duration::from_secs(10), self.tasks.wait()).await.is_err() {
+            tracing::warn!("route server tasks still running after 10 s; abandoning them");
+        }
+    }
+}

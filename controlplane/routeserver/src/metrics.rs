@@ -1,0 +1,56 @@
+//! Route-server metrics (registered under the caller's prefix, `spur_routeserver` in the binary).
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    pub(crate) watchers: Gauge,
+    pub(crate) rules: Gauge,
+    pub(crate) version: Gauge,
+    pub(crate) pushes: Counter,
+    pub(crate) push_latency: Histogram,
+    pub(crate) file_errors: Counter,
+    files_valid: Gauge,
+    files_invalid: Gauge,
+}
+
+impl Metrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Metrics {
+            watchers: Gauge::default(),
+            rules: Gauge::default(),
+            version: Gauge::default(),
+            pushes: Counter::default(),
+            push_latency: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
+            file_errors: Counter::default(),
+            files_valid: Gauge::default(),
+            files_invalid: Gauge::default(),
+        };
+        registry.register("watchers", "Open watch streams (gRPC and REST)", m.watchers.clone());
+        registry.register("rules", "Routing rules in the index", m.rules.clone());
+        registry.register("table_version", "Version of the index (0: nothing loaded yet)", m.version.clone());
+        registry.register("pushes", "Index updates delivered to watch streams", m.pushes.clone());
+        registry.register(
+            "push_latency_seconds",
+            "Time from an index update to its operations being queued on a watch stream",
+            m.push_latency.clone(),
+        );
+        registry.register("rule_file_errors", "Rule files found unreadable or invalid", m.file_errors.clone());
+        registry.register("rule_files_valid", "Rule files whose current content is valid", m.files_valid.clone());
+        registry.register("rule_files_invalid", "Rule files ignored because their content is invalid", m.files_invalid.clone());
+        m
+    }
+
+    pub(crate) fn set_files(&self, valid: usize, invalid: usize) {
+        self.files_valid.set(i64::try_from(valid).unwrap_or(i64::MAX));
+        self.files_invalid.set(i64::try_from(invalid).unwrap_or(i64::MAX));
+    }
+
+    pub(crate) fn set_index(&self, version: u64, rules: usize) {
+        self.version.set(i64::try_from(version).unwrap_or(i64::MAX));
+        self.rules.set(i64::try_from(rules).unwrap_or(i64::MAX));
+    }
+}

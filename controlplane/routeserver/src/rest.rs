@@ -1,0 +1,125 @@
+//! The Routes API over REST (camelCase JSON of `routes-openapi.yaml`), a watch endpoint
+//! streaming NDJSON, `/healthz` and `/metrics`.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use prometheus_client::registry::Registry;
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::index::{Filter, Index};
+use crate::metrics::Metrics;
+use crate::watch::{self, Op};
+
+#[derive(Clone)]
+pub(crate) struct RestState {
+    pub(crate) index: Index,
+    pub(crate) metrics: Metrics,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) buffer: usize,
+    pub(crate) stop: CancellationToken,
+}
+
+/// The query parameters of `routes-openapi.yaml`; each is an optional filter.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct RulesQuery {
+    #[serde(default)]
+    baseline_kind: String,
+    #[serde(default)]
+    baseline_namespace: String,
+    #[serde(default)]
+    baseline_name: String,
+    #[serde(default)]
+    routing_key: String,
+    #[serde(default)]
+    destination_sandbox_name: String,
+}
+
+impl From<RulesQuery> for Filter {
+    fn from(q: RulesQuery) -> Self {
+        Filter {
+            kind: q.baseline_kind,
+            namespace: q.baseline_namespace,
+            name: q.baseline_name,
+            routing_key: q.routing_key,
+            sandbox: q.destination_sandbox_name,
+        }
+    }
+}
+
+pub(crate) fn router(state: RestState) -> Router {
+    Router::new()
+        .route("/api/v1/workloads/routing-rules", get(get_rules))
+        // The path before the 2024 rename, still used by older clients.
+        .route("/api/v1/workloads/routes", get(get_rules))
+        .route("/api/v1/workloads/routing-rules/watch", get(watch_rules))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+async fn get_rules(State(s): State<RestState>, Query(q): Query<RulesQuery>) -> Response {
+    let filter = Filter::from(q);
+    let snap = s.index.current();
+    let rules: Vec<_> = snap.matching(&filter).map(|e| &e.spec).collect();
+    Json(serde_json::json!({ "routingRules": rules })).into_response()
+}
+
+/// Newline-delimited JSON, one object per op: `{"op":"ADD","route":{…}}`, then `{"op":"SYNCED"}`,
+/// then `ADD` / `REPLACE` / `REMOVE` — the gRPC watch contract, in JSON.
+async fn watch_rules(State(s): State<RestState>, Query(q): Query<RulesQuery>) -> Response {
+    let rx = watch::spawn(s.index.subscribe(), Filter::from(q), s.buffer, s.metrics.clone(), s.stop.clone());
+    let lines = tokio_stream::wrappers::ReceiverStream::new(rx).map(|op| {
+        let value = match op {
+            Op::Add(e) => serde_json::json!({"op": "ADD", "route": e.spec}),
+            Op::Replace(e) => serde_json::json!({"op": "REPLACE", "route": e.spec}),
+            Op::Remove(e) => serde_json::json!({"op": "REMOVE", "route": e.spec}),
+            Op::Synced => serde_json::json!({"op": "SYNCED"}),
+        };
+        let mut line = value.to_string();
+        line.push('\n');
+        Ok::<_, std::convert::Infallible>(Bytes::from(line))
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(lines))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+async fn healthz(State(s): State<RestState>) -> Response {
+    let snap = s.index.current();
+    let problems = s.index.problems();
+    let status = if snap.version == 0 {
+        "starting"
+    } else if problems.is_empty() {
+        "ok"
+    } else {
+        "degraded"
+    };
+    let code = if snap.version == 0 { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+    let body = serde_json::json!({
+        "status": status,
+        "tableVersion": snap.version,
+        "rules": snap.rules.len(),
+        "problems": problems.as_ref(),
+    });
+    (code, Json(body)).into_response()
+}
+
+async fn metrics(State(s): State<RestState>) -> Response {
+    let mut out = String::new();
+    match prometheus_client::encoding::text::encode(&mut out, &s.registry) {
+        Ok(()) => ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], out).into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}

@@ -1,0 +1,115 @@
+//! One task per watch stream: initial ADDs, exactly one SYNCED, then ADD / REPLACE / REMOVE for
+//! the rules that changed — computed from the index's change log, so a watcher costs only what
+//! changes, and a slow watcher simply skips to the latest state when it catches up.
+//!
+//! The contract the public Go client relies on: nothing but ADDs before SYNCED; every op after
+//! it carries a complete rule; a REMOVE or REPLACE only for a rule this stream was sent.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::index::{Entry, Filter, RuleKey, Snapshot};
+use crate::metrics::Metrics;
+
+#[derive(Debug, Clone)]
+pub(crate) enum Op {
+    Add(Arc<Entry>),
+    Replace(Arc<Entry>),
+    /// Carries the rule as this stream last saw it.
+    Remove(Arc<Entry>),
+    Synced,
+}
+
+/// Starts a watch; ops arrive on the returned receiver (at most `buffer` queued: a watcher that
+/// stops reading stalls only its own task). The stream ends when `stop` fires or the receiver is
+/// dropped.
+pub(crate) fn spawn(
+    snapshots: watch::Receiver<Arc<Snapshot>>,
+    filter: Filter,
+    buffer: usize,
+    metrics: Metrics,
+    stop: CancellationToken,
+) -> mpsc::Receiver<Op> {
+    let (tx, rx) = mpsc::channel(buffer.max(1));
+    tokio::spawn(async move {
+        metrics.watchers.inc();
+        tokio::select! {
+            () = run(snapshots, &filter, &tx, &metrics) => {}
+            () = stop.cancelled() => {}
+        }
+        metrics.watchers.dec();
+    });
+    rx
+}
+
+async fn run(mut snapshots: watch::Receiver<Arc<Snapshot>>, filter: &Filter, tx: &mpsc::Sender<Op>, metrics: &Metrics) {
+    // Wait for the store's first load so SYNCED means "everything there is".
+    let mut snap = loop {
+        let s = snapshots.borrow_and_update().clone();
+        if s.version > 0 {
+            break s;
+        }
+        if snapshots.changed().await.is_err() {
+            return;
+        }
+    };
+    let mut sent: HashMap<RuleKey, Arc<Entry>> = HashMap::new();
+    for e in snap.matching(filter) {
+        if tx.send(Op::Add(e.clone())).await.is_err() {
+            return;
+        }
+        sent.insert(key_of(e), e.clone());
+    }
+    if tx.send(Op::Synced).await.is_err() {
+        return;
+    }
+    let mut version = snap.version;
+    loop {
+        tokio::select! {
+            changed = snapshots.changed() => if changed.is_err() { return },
+            () = tx.closed() => return,
+        }
+        snap = snapshots.borrow_and_update().clone();
+        let keys: Vec<RuleKey> = match snap.changed_since(version) {
+            Some(keys) => keys.into_iter().collect(),
+            None => {
+                let mut all: Vec<RuleKey> = sent.keys().cloned().collect();
+                all.extend(snap.matching(filter).map(|e| key_of(e)));
+                all.sort();
+                all.dedup();
+                all
+            }
+        };
+        for key in keys {
+            let now = snap.rules.get(&key).filter(|e| filter.matches(e));
+            let op = match (sent.get(&key), now) {
+                (None, Some(e)) => Op::Add(e.clone()),
+                (Some(old), Some(e)) if !Arc::ptr_eq(old, e) && **old != **e => Op::Replace(e.clone()),
+                (Some(old), None) => Op::Remove(old.clone()),
+                _ => continue,
+            };
+            match &op {
+                Op::Add(e) | Op::Replace(e) => {
+                    sent.insert(key, e.clone());
+                }
+                Op::Remove(_) => {
+                    sent.remove(&key);
+                }
+                Op::Synced => {}
+            }
+            if tx.send(op).await.is_err() {
+                return;
+            }
+        }
+        version = snap.version;
+        metrics.pushes.inc();
+        metrics.push_latency.observe(snap.published.elapsed().as_secs_f64());
+    }
+}
+
+fn key_of(e: &Entry) -> RuleKey {
+    RuleKey { baseline: e.rule.baseline.clone(), routing_key: e.rule.routing_key.clone() }
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds the real public Routes API Go clients used by tests/tests/routesapi_go.rs:
+#   sdroutes         github.com/signadot/routesapi/go-routesapi/cmd/sdroutes (their CLI, unchanged)
+#   routesapi-watch  our harness (tests/go/main.go) importing their watched/workload packages
+# into $OUT (default: target/go-bin, relative to the repository root). Go is a test-harness tool
+# only. Re-running is cheap: go's build cache makes an up-to-date build a no-op.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+out="${OUT:-target/go-bin}"
+case "$out" in /*) ;; *) out="$root/$out" ;; esac
+
+if ! command -v go >/dev/null 2>&1; then
+    echo "tests/go/build.sh: 'go' is not installed (needed >= 1.21 to build the Routes API Go clients for tests/tests/routesapi_go.rs; see https://go.dev/doc/install)" >&2
+    exit 127
+fi
+
+export GOFLAGS=-mod=mod GOTOOLCHAIN=local
+mkdir -p "$out"
+cd "$root/tests/go"
+go build -o "$out/sdroutes" github.com/signadot/routesapi/go-routesapi/cmd/sdroutes
+go build -o "$out/routesapi-watch" .
