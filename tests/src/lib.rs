@@ -113,6 +113,7 @@ pub fn sidecar_config(app: SocketAddr) -> SidecarConfig {
         baseline: baseline_workload(),
         rules: None,
         rules_poll: Duration::from_millis(20),
+        routeserver: None,
         admin_addr: Some("127.0.0.1:0".parse().unwrap()),
         extract: ExtractConfig::default(),
         proxy: ProxyConfig {

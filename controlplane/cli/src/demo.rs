@@ -195,6 +195,7 @@ async fn sidecar(
         },
         rules: Some(rules.to_path_buf()),
         rules_poll: Duration::from_millis(500),
+        routeserver: None,
         admin_addr: Some(SocketAddr::from(([127, 0, 0, 1], port(base, 10 + index)?))),
         extract: ExtractConfig {
             custom_headers: vec!["x-routing-key".into()],

@@ -1,4 +1,4 @@
-//! Routing-table sources (rule files now, the route server later): validate, publish, keep the last good table.
+//! Routing-table sources (a rule file, or the route server's watch stream): validate, publish, keep the last good table.
 //!
 //! A source owns the single write side of a [`SharedTable`]. Every update is parsed and validated
 //! as a whole before it is published; an invalid update is reported (log + metric) and the last
@@ -6,8 +6,10 @@
 //! [`Publisher::subscribe`] channel, which carries the published version.
 
 mod file;
+mod routeserver;
 
 pub use file::{FileSource, parse_rules};
+pub use routeserver::RouteServerSource;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -31,6 +33,8 @@ pub enum Error {
         path: String,
         source: spur_routing::Error,
     },
+    #[error("route server {addr}: {reason}")]
+    RouteServer { addr: String, reason: String },
 }
 
 /// The write side of a routing table: publishes validated tables and counts what happened.

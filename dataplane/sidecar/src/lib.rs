@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::Args;
 use prometheus_client::registry::Registry;
-use spur_discovery::{FileSource, Publisher};
+use spur_discovery::{FileSource, Publisher, RouteServerSource};
 use spur_proxy::{
     AdminState, Drain, Inbound, KeyRouter, KeyRouterConfig, Proxy, ProxyConfig, parse_duration,
 };
@@ -61,6 +61,10 @@ pub struct SidecarArgs {
     /// sidecar routes everything to the application.
     #[arg(long, env = "SPUR_RULES")]
     pub rules: Option<PathBuf>,
+    /// Route server address (host:port) to watch this baseline's rules from, over the Routes
+    /// API. Excludes --rules.
+    #[arg(long, env = "SPUR_ROUTESERVER")]
+    pub routeserver: Option<String>,
     /// How often the rules file is checked for changes.
     #[arg(long, env = "SPUR_RULES_POLL", default_value = "1s", value_parser = parse_duration)]
     pub rules_poll: Duration,
@@ -97,6 +101,8 @@ pub struct SidecarConfig {
     pub baseline: BaselineWorkload,
     pub rules: Option<PathBuf>,
     pub rules_poll: Duration,
+    /// Route server to watch instead of a rules file.
+    pub routeserver: Option<String>,
     pub admin_addr: Option<SocketAddr>,
     pub extract: ExtractConfig,
     pub proxy: ProxyConfig,
@@ -120,6 +126,9 @@ impl TryFrom<SidecarArgs> for SidecarConfig {
                 ));
             }
         };
+        if a.rules.is_some() && a.routeserver.is_some() {
+            return Err(Error::Config("--rules and --routeserver exclude each other".into()));
+        }
         let mut proxy = match &a.proxy_config {
             None => ProxyConfig::default(),
             Some(path) => {
@@ -159,6 +168,7 @@ impl TryFrom<SidecarArgs> for SidecarConfig {
             baseline,
             rules: a.rules,
             rules_poll: a.rules_poll,
+            routeserver: a.routeserver,
             admin_addr: Some(a.admin_addr),
             extract: ExtractConfig {
                 custom_headers: a.routing_headers,
@@ -228,8 +238,13 @@ impl Sidecar {
 
         let stop = CancellationToken::new();
         let drain = Drain::new();
-        let requires_table = config.rules.is_some();
-        if let Some(path) = &config.rules {
+        let requires_table = config.rules.is_some() || config.routeserver.is_some();
+        if let Some(addr) = &config.routeserver {
+            // Ready only after the first SYNCED: the source publishes nothing before it.
+            let source = RouteServerSource::new(addr, config.baseline.clone(), publisher, &mut registry)
+                .map_err(|e| Error::Config(e.to_string()))?;
+            tokio::spawn(source.run(stop.clone()));
+        } else if let Some(path) = &config.rules {
             let mut source = FileSource::new(path, config.rules_poll, publisher);
             // Errors are reported by the source; the sidecar starts unready and keeps polling.
             let _ = source.poll_once().await;
