@@ -3,7 +3,7 @@
 //! `demo` to the forks. Everything on loopback, no cluster.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use spur_demo_apps::{CancellationToken, grpc_client, serve_grpc, serve_http};
 use spur_proxy::{Inbound, ProxyConfig};
+use spur_routeserver::{RouteServer, RouteServerConfig};
 use spur_routing::{BaselineWorkload, ExtractConfig};
 use spur_sidecar::{Sidecar, SidecarConfig, shutdown_signal};
 use tokio::net::TcpListener;
@@ -28,12 +29,14 @@ pub(crate) struct DemoArgs {
     #[command(subcommand)]
     call: Option<DemoCommand>,
     /// First port of the demo's block: sidecars on BASE and BASE+1, their admin servers on
-    /// BASE+10 and BASE+11, baselines on BASE+100.., forks on BASE+200... 0 picks free ports.
+    /// BASE+10 and BASE+11, the route server on BASE+20 (gRPC) and BASE+21 (REST), baselines on
+    /// BASE+100.., forks on BASE+200... 0 picks free ports.
     #[arg(long, default_value_t = 18080)]
     port_base: u16,
-    /// Where to write the demo's routing rules (default: a fresh temporary directory).
+    /// The route server's rule directory; the demo writes `rules.yaml` into it (default: a
+    /// fresh temporary directory).
     #[arg(long)]
-    rules_file: Option<PathBuf>,
+    rules_dir: Option<PathBuf>,
     /// Bring the demo up, make the requests it would suggest, report, and exit (0 when every
     /// request landed where it should).
     #[arg(long)]
@@ -63,7 +66,9 @@ struct Service {
 struct Demo {
     web: Service,
     greeter: Service,
+    /// The rule file the route server serves (and the user edits).
     rules: PathBuf,
+    routeserver: RouteServer,
     apps: CancellationToken,
 }
 
@@ -71,7 +76,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
     if let Some(DemoCommand::Call { addr, key }) = args.call {
         return call(addr, key.as_deref()).await;
     }
-    let demo = start(args.port_base, args.rules_file).await?;
+    let demo = start(args.port_base, args.rules_dir).await?;
     if args.check {
         let ok = check(&demo).await;
         stop(demo).await;
@@ -121,7 +126,7 @@ fn rules_yaml(web: Pair, greeter: Pair) -> String {
     )
 }
 
-async fn start(base: u16, rules_file: Option<PathBuf>) -> Result<Demo> {
+async fn start(base: u16, rules_dir: Option<PathBuf>) -> Result<Demo> {
     let apps = CancellationToken::new();
     let mut addrs = Vec::new();
     for (offset, name, grpc) in [
@@ -147,19 +152,24 @@ async fn start(base: u16, rules_file: Option<PathBuf>) -> Result<Demo> {
     }
     let web: Pair = (addrs[0], addrs[1]);
     let greeter: Pair = (addrs[2], addrs[3]);
-    let rules = match rules_file {
-        Some(p) => p,
-        None => {
-            let dir = std::env::temp_dir().join(format!("spur-demo-{}", std::process::id()));
-            std::fs::create_dir_all(&dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
-            dir.join("rules.yaml")
-        }
-    };
-    std::fs::write(&rules, rules_yaml(web, greeter))
-        .with_context(|| format!("cannot write {}", rules.display()))?;
-    let web_sidecar = sidecar("web", base, 0, web.0, &rules).await?;
-    let greeter_sidecar = sidecar("greeter", base, 1, greeter.0, &rules).await?;
+    let dir = rules_dir.unwrap_or_else(|| std::env::temp_dir().join(format!("spur-demo-{}", std::process::id())));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let rules = dir.join("rules.yaml");
+    std::fs::write(&rules, rules_yaml(web, greeter)).with_context(|| format!("cannot write {}", rules.display()))?;
+    let routeserver = RouteServer::start(RouteServerConfig {
+        poll_interval: Duration::from_millis(200),
+        grpc_addr: SocketAddr::from(([127, 0, 0, 1], port(base, 20)?)),
+        http_addr: SocketAddr::from(([127, 0, 0, 1], port(base, 21)?)),
+        ..RouteServerConfig::new(&dir)
+    })
+    .await
+    .context("cannot start the route server (is another demo running? try --port-base)")?;
+    let grpc = routeserver.grpc_addr.to_string();
+    let web_sidecar = sidecar("web", base, 0, web.0, &grpc).await?;
+    let greeter_sidecar = sidecar("greeter", base, 1, greeter.0, &grpc).await?;
+    for s in [&web_sidecar, &greeter_sidecar] {
+        wait_synced(s).await?;
+    }
     Ok(Demo {
         web: Service {
             label: "web (HTTP)",
@@ -174,8 +184,21 @@ async fn start(base: u16, rules_file: Option<PathBuf>) -> Result<Demo> {
             sidecar: greeter_sidecar,
         },
         rules,
+        routeserver,
         apps,
     })
+}
+
+/// A sidecar publishes its first table once its watch stream is synced.
+async fn wait_synced(sidecar: &Sidecar) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while sidecar.table().load().version == 0 {
+        if tokio::time::Instant::now() > deadline {
+            bail!("a sidecar did not sync with the route server within 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
 }
 
 async fn sidecar(
@@ -183,7 +206,7 @@ async fn sidecar(
     base: u16,
     index: u16,
     app: SocketAddr,
-    rules: &Path,
+    routeserver: &str,
 ) -> Result<Sidecar> {
     let config = SidecarConfig {
         inbound_addr: SocketAddr::from(([127, 0, 0, 1], port(base, index)?)),
@@ -193,9 +216,9 @@ async fn sidecar(
             namespace: NAMESPACE.into(),
             name: name.into(),
         },
-        rules: Some(rules.to_path_buf()),
+        rules: None,
         rules_poll: Duration::from_millis(500),
-        routeserver: None,
+        routeserver: Some(routeserver.to_string()),
         admin_addr: Some(SocketAddr::from(([127, 0, 0, 1], port(base, 10 + index)?))),
         extract: ExtractConfig {
             custom_headers: vec!["x-routing-key".into()],
@@ -214,6 +237,7 @@ async fn sidecar(
 async fn stop(demo: Demo) {
     demo.web.sidecar.shutdown().await;
     demo.greeter.sidecar.shutdown().await;
+    demo.routeserver.shutdown().await;
     demo.apps.cancel();
 }
 
@@ -239,7 +263,9 @@ fn print_instructions(demo: &Demo) {
         );
     }
     println!(
-        "  routing rules   {}  (edit and save: sidecars reload within a second)\n",
+        "  route server    gRPC {}  REST http://{}  rules {}\n                  (edit and save the rules: traffic re-routes within a second)\n",
+        demo.routeserver.grpc_addr,
+        demo.routeserver.http_addr,
         demo.rules.display()
     );
     println!("Unkeyed requests reach the baseline:");
@@ -260,7 +286,8 @@ fn print_instructions(demo: &Demo) {
     println!("  {} demo call --addr {greeter} --key {DEMO_KEY}", exe());
     println!("\nAn unknown key falls back to the baseline:");
     println!("  curl -s -H 'baggage: sd-routing-key=nosuchkey' http://{web}/");
-    println!("\nInspect the web sidecar:");
+    println!("\nInspect the route server and the web sidecar:");
+    println!("  curl -s http://{}/api/v1/workloads/routing-rules", demo.routeserver.http_addr);
     println!("  curl -s http://{admin}/config_dump");
     println!("  curl -s http://{admin}/metrics | grep spur_requests");
 }
@@ -364,6 +391,50 @@ async fn check(demo: &Demo) -> bool {
             grpc_served_by(greeter, Some(DEMO_KEY)).await,
         ),
     ];
+    let mut ok = report(cases);
+    // Editing the rule file re-routes live traffic, nothing restarts.
+    ok &= live_edit(demo).await;
+    println!("{}", if ok { "demo check passed" } else { "demo check FAILED" });
+    ok
+}
+
+/// Removes the web rule from the served file, waits for keyed web traffic to fall back to the
+/// baseline, restores the file and waits for the fork again.
+async fn live_edit(demo: &Demo) -> bool {
+    let web = demo.web.sidecar.inbound_addr;
+    let baggage = format!("sd-routing-key={DEMO_KEY}");
+    let Ok(original) = std::fs::read_to_string(&demo.rules) else { return false };
+    let without_web = rules_yaml_only_greeter(&original);
+    let mut ok = true;
+    for (what, content, want) in [
+        ("live edit: web rule removed", without_web.as_str(), "baseline"),
+        ("live edit: web rule restored", original.as_str(), "fork"),
+    ] {
+        let written = std::fs::write(&demo.rules, content).is_ok();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut got = String::new();
+        while written && tokio::time::Instant::now() < deadline {
+            got = http_get(web, "/", &[("baggage", &baggage)], false).await.unwrap_or_default();
+            if got == want {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        ok &= report(vec![(what, want, Ok(got))]);
+    }
+    ok
+}
+
+/// The demo's rule file without its first rule (the web one).
+fn rules_yaml_only_greeter(original: &str) -> String {
+    let mut rules = original.split("\n- ").map(str::to_owned).collect::<Vec<_>>();
+    if rules.len() >= 3 {
+        rules.remove(1);
+    }
+    rules.join("\n- ")
+}
+
+fn report(cases: Vec<(&str, &str, Result<String>)>) -> bool {
     let mut ok = true;
     for (what, want, got) in cases {
         let line = match got {
@@ -379,14 +450,6 @@ async fn check(demo: &Demo) -> bool {
         };
         println!("{line}");
     }
-    println!(
-        "{}",
-        if ok {
-            "demo check passed"
-        } else {
-            "demo check FAILED"
-        }
-    );
     ok
 }
 
