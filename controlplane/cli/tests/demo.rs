@@ -27,7 +27,7 @@ async fn demo_check_passes() {
     assert!(stdout.contains("demo check passed"), "{stdout}");
     assert_eq!(
         stdout.matches("\nok ").count() + usize::from(stdout.starts_with("ok ")),
-        9,
+        11,
         "{stdout}"
     );
 }
