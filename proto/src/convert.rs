@@ -2,8 +2,8 @@
 //! through the wire shape ([`RuleSpec`]) so they are validated by the one validator
 //! ([`spur_routing::RoutingRule::from_spec`]) everything else uses.
 
-use spur_routing::rules::{BaselineSpec, LocationSpec, MappingSpec, RuleSpec, SandboxSpec};
 use spur_routing::RoutingRule;
+use spur_routing::rules::{BaselineSpec, LocationSpec, MappingSpec, RuleSpec, SandboxSpec};
 
 use crate::routes;
 
@@ -13,9 +13,17 @@ pub fn rule_from_proto(r: &routes::WorkloadRoutingRule) -> RuleSpec {
     let baseline = r.baseline.clone().unwrap_or_default();
     RuleSpec {
         routing_key: r.routing_key.clone(),
-        baseline: BaselineSpec { kind: baseline.kind, namespace: baseline.namespace, name: baseline.name },
+        baseline: BaselineSpec {
+            kind: baseline.kind,
+            namespace: baseline.namespace,
+            name: baseline.name,
+        },
         destination_sandbox: SandboxSpec {
-            name: r.destination_sandbox.as_ref().map(|d| d.name.clone()).unwrap_or_default(),
+            name: r
+                .destination_sandbox
+                .as_ref()
+                .map(|d| d.name.clone())
+                .unwrap_or_default(),
         },
         mappings: r
             .mappings
@@ -25,7 +33,10 @@ pub fn rule_from_proto(r: &routes::WorkloadRoutingRule) -> RuleSpec {
                 destinations: m
                     .destinations
                     .iter()
-                    .map(|d| LocationSpec { host: d.host.clone(), port: d.port })
+                    .map(|d| LocationSpec {
+                        host: d.host.clone(),
+                        port: d.port,
+                    })
                     .collect(),
             })
             .collect(),
@@ -42,7 +53,9 @@ pub fn rule_to_proto(r: &RoutingRule) -> routes::WorkloadRoutingRule {
             namespace: r.baseline.namespace.clone(),
             name: r.baseline.name.clone(),
         }),
-        destination_sandbox: Some(routes::DestinationSandbox { name: r.destination_sandbox.clone() }),
+        destination_sandbox: Some(routes::DestinationSandbox {
+            name: r.destination_sandbox.clone(),
+        }),
         mappings: r
             .mappings
             .iter()
@@ -51,7 +64,10 @@ pub fn rule_to_proto(r: &RoutingRule) -> routes::WorkloadRoutingRule {
                 destinations: m
                     .destinations
                     .iter()
-                    .map(|d| routes::Location { host: d.host.clone(), port: u32::from(d.port) })
+                    .map(|d| routes::Location {
+                        host: d.host.clone(),
+                        port: u32::from(d.port),
+                    })
                     .collect(),
             })
             .collect(),
@@ -66,11 +82,18 @@ mod tests {
     fn round_trip_through_validation() {
         let spec = RuleSpec {
             routing_key: "k1".into(),
-            baseline: BaselineSpec { kind: "Deployment".into(), namespace: "ns".into(), name: "web".into() },
+            baseline: BaselineSpec {
+                kind: "Deployment".into(),
+                namespace: "ns".into(),
+                name: "web".into(),
+            },
             destination_sandbox: SandboxSpec { name: "sb".into() },
             mappings: vec![MappingSpec {
                 workload_port: 8080,
-                destinations: vec![LocationSpec { host: "sb-web.ns.svc".into(), port: 80 }],
+                destinations: vec![LocationSpec {
+                    host: "sb-web.ns.svc".into(),
+                    port: 80,
+                }],
             }],
         };
         let rule = RoutingRule::from_spec(0, spec.clone()).unwrap();
@@ -80,7 +103,10 @@ mod tests {
 
     #[test]
     fn missing_sub_messages_fail_validation() {
-        let wire = routes::WorkloadRoutingRule { routing_key: "k1".into(), ..Default::default() };
+        let wire = routes::WorkloadRoutingRule {
+            routing_key: "k1".into(),
+            ..Default::default()
+        };
         assert!(RoutingRule::from_spec(0, rule_from_proto(&wire)).is_err());
     }
 }

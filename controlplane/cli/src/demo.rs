@@ -152,10 +152,12 @@ async fn start(base: u16, rules_dir: Option<PathBuf>) -> Result<Demo> {
     }
     let web: Pair = (addrs[0], addrs[1]);
     let greeter: Pair = (addrs[2], addrs[3]);
-    let dir = rules_dir.unwrap_or_else(|| std::env::temp_dir().join(format!("spur-demo-{}", std::process::id())));
+    let dir = rules_dir
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("spur-demo-{}", std::process::id())));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let rules = dir.join("rules.yaml");
-    std::fs::write(&rules, rules_yaml(web, greeter)).with_context(|| format!("cannot write {}", rules.display()))?;
+    std::fs::write(&rules, rules_yaml(web, greeter))
+        .with_context(|| format!("cannot write {}", rules.display()))?;
     let routeserver = RouteServer::start(RouteServerConfig {
         poll_interval: Duration::from_millis(200),
         grpc_addr: SocketAddr::from(([127, 0, 0, 1], port(base, 20)?)),
@@ -287,7 +289,10 @@ fn print_instructions(demo: &Demo) {
     println!("\nAn unknown key falls back to the baseline:");
     println!("  curl -s -H 'baggage: sd-routing-key=nosuchkey' http://{web}/");
     println!("\nInspect the route server and the web sidecar:");
-    println!("  curl -s http://{}/api/v1/workloads/routing-rules", demo.routeserver.http_addr);
+    println!(
+        "  curl -s http://{}/api/v1/workloads/routing-rules",
+        demo.routeserver.http_addr
+    );
     println!("  curl -s http://{admin}/config_dump");
     println!("  curl -s http://{admin}/metrics | grep spur_requests");
 }
@@ -394,7 +399,14 @@ async fn check(demo: &Demo) -> bool {
     let mut ok = report(cases);
     // Editing the rule file re-routes live traffic, nothing restarts.
     ok &= live_edit(demo).await;
-    println!("{}", if ok { "demo check passed" } else { "demo check FAILED" });
+    println!(
+        "{}",
+        if ok {
+            "demo check passed"
+        } else {
+            "demo check FAILED"
+        }
+    );
     ok
 }
 
@@ -403,18 +415,26 @@ async fn check(demo: &Demo) -> bool {
 async fn live_edit(demo: &Demo) -> bool {
     let web = demo.web.sidecar.inbound_addr;
     let baggage = format!("sd-routing-key={DEMO_KEY}");
-    let Ok(original) = std::fs::read_to_string(&demo.rules) else { return false };
+    let Ok(original) = std::fs::read_to_string(&demo.rules) else {
+        return false;
+    };
     let without_web = rules_yaml_only_greeter(&original);
     let mut ok = true;
     for (what, content, want) in [
-        ("live edit: web rule removed", without_web.as_str(), "baseline"),
+        (
+            "live edit: web rule removed",
+            without_web.as_str(),
+            "baseline",
+        ),
         ("live edit: web rule restored", original.as_str(), "fork"),
     ] {
         let written = std::fs::write(&demo.rules, content).is_ok();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         let mut got = String::new();
         while written && tokio::time::Instant::now() < deadline {
-            got = http_get(web, "/", &[("baggage", &baggage)], false).await.unwrap_or_default();
+            got = http_get(web, "/", &[("baggage", &baggage)], false)
+                .await
+                .unwrap_or_default();
             if got == want {
                 break;
             }
@@ -427,7 +447,10 @@ async fn live_edit(demo: &Demo) -> bool {
 
 /// The demo's rule file without its first rule (the web one).
 fn rules_yaml_only_greeter(original: &str) -> String {
-    let mut rules = original.split("\n- ").map(str::to_owned).collect::<Vec<_>>();
+    let mut rules = original
+        .split("\n- ")
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
     if rules.len() >= 3 {
         rules.remove(1);
     }

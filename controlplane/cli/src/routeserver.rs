@@ -37,7 +37,9 @@ pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
         http_addr: args.http_addr,
         watch_buffer: args.watch_buffer,
     };
-    let server = RouteServer::start(config).await.context("cannot start the route server")?;
+    let server = RouteServer::start(config)
+        .await
+        .context("cannot start the route server")?;
     spur_sidecar::shutdown_signal().await;
     tracing::info!("shutting down");
     server.shutdown().await;

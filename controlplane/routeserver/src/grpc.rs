@@ -5,8 +5,8 @@ use std::pin::Pin;
 use futures_util::Stream;
 use spur_proto::routes::routes_server::Routes;
 use spur_proto::routes::{
-    GetClusterServicesRequest, GetClusterServicesResponse, GetWorkloadRoutingRulesResponse, WatchOp,
-    WorkloadRoutingRuleOp, WorkloadRoutingRulesRequest,
+    GetClusterServicesRequest, GetClusterServicesResponse, GetWorkloadRoutingRulesResponse,
+    WatchOp, WorkloadRoutingRuleOp, WorkloadRoutingRulesRequest,
 };
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
@@ -33,7 +33,9 @@ impl Routes for RoutesService {
         let filter = Filter::from_request(request.get_ref());
         let snap = self.index.current();
         let routing_rules = snap.matching(&filter).map(|e| e.proto.clone()).collect();
-        Ok(Response::new(GetWorkloadRoutingRulesResponse { routing_rules }))
+        Ok(Response::new(GetWorkloadRoutingRulesResponse {
+            routing_rules,
+        }))
     }
 
     type WatchWorkloadRoutingRulesStream = OpStream;
@@ -43,14 +45,32 @@ impl Routes for RoutesService {
         request: Request<WorkloadRoutingRulesRequest>,
     ) -> Result<Response<OpStream>, Status> {
         let filter = Filter::from_request(request.get_ref());
-        let rx = watch::spawn(self.index.subscribe(), filter, self.buffer, self.metrics.clone(), self.stop.clone());
+        let rx = watch::spawn(
+            self.index.subscribe(),
+            filter,
+            self.buffer,
+            self.metrics.clone(),
+            self.stop.clone(),
+        );
         let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
         let ops = futures_util::StreamExt::map(stream, |op| {
             Ok(match op {
-                Op::Add(e) => WorkloadRoutingRuleOp { op: WatchOp::Add.into(), route: Some(e.proto.clone()) },
-                Op::Replace(e) => WorkloadRoutingRuleOp { op: WatchOp::Replace.into(), route: Some(e.proto.clone()) },
-                Op::Remove(e) => WorkloadRoutingRuleOp { op: WatchOp::Remove.into(), route: Some(e.proto.clone()) },
-                Op::Synced => WorkloadRoutingRuleOp { op: WatchOp::Synced.into(), route: None },
+                Op::Add(e) => WorkloadRoutingRuleOp {
+                    op: WatchOp::Add.into(),
+                    route: Some(e.proto.clone()),
+                },
+                Op::Replace(e) => WorkloadRoutingRuleOp {
+                    op: WatchOp::Replace.into(),
+                    route: Some(e.proto.clone()),
+                },
+                Op::Remove(e) => WorkloadRoutingRuleOp {
+                    op: WatchOp::Remove.into(),
+                    route: Some(e.proto.clone()),
+                },
+                Op::Synced => WorkloadRoutingRuleOp {
+                    op: WatchOp::Synced.into(),
+                    route: None,
+                },
             })
         });
         Ok(Response::new(Box::pin(ops)))
@@ -60,6 +80,8 @@ impl Routes for RoutesService {
         &self,
         _request: Request<GetClusterServicesRequest>,
     ) -> Result<Response<GetClusterServicesResponse>, Status> {
-        Ok(Response::new(GetClusterServicesResponse { services: self.index.services().as_ref().clone() }))
+        Ok(Response::new(GetClusterServicesResponse {
+            services: self.index.services().as_ref().clone(),
+        }))
     }
 }

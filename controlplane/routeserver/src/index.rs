@@ -34,11 +34,18 @@ pub struct Entry {
 
 impl Entry {
     fn new(rule: RoutingRule) -> Self {
-        Entry { proto: spur_proto::rule_to_proto(&rule), spec: rule.to_spec(), rule }
+        Entry {
+            proto: spur_proto::rule_to_proto(&rule),
+            spec: rule.to_spec(),
+            rule,
+        }
     }
 
     fn key(&self) -> RuleKey {
-        RuleKey { baseline: self.rule.baseline.clone(), routing_key: self.rule.routing_key.clone() }
+        RuleKey {
+            baseline: self.rule.baseline.clone(),
+            routing_key: self.rule.routing_key.clone(),
+        }
     }
 }
 
@@ -60,7 +67,11 @@ impl Filter {
             namespace: b.namespace,
             name: b.name,
             routing_key: r.routing_key.clone(),
-            sandbox: r.destination_sandbox.as_ref().map(|d| d.name.clone()).unwrap_or_default(),
+            sandbox: r
+                .destination_sandbox
+                .as_ref()
+                .map(|d| d.name.clone())
+                .unwrap_or_default(),
         }
     }
 
@@ -79,10 +90,12 @@ impl Filter {
 
     /// The one baseline this filter pins down, if it names all three fields.
     fn baseline(&self) -> Option<BaselineWorkload> {
-        (!self.kind.is_empty() && !self.namespace.is_empty() && !self.name.is_empty()).then(|| BaselineWorkload {
-            kind: self.kind.clone(),
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
+        (!self.kind.is_empty() && !self.namespace.is_empty() && !self.name.is_empty()).then(|| {
+            BaselineWorkload {
+                kind: self.kind.clone(),
+                namespace: self.namespace.clone(),
+                name: self.name.clone(),
+            }
         })
     }
 }
@@ -100,10 +113,16 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Matching entries in key order; a filter naming a whole baseline reads only its range.
-    pub fn matching<'a>(&'a self, filter: &'a Filter) -> Box<dyn Iterator<Item = &'a Arc<Entry>> + Send + 'a> {
+    pub fn matching<'a>(
+        &'a self,
+        filter: &'a Filter,
+    ) -> Box<dyn Iterator<Item = &'a Arc<Entry>> + Send + 'a> {
         match filter.baseline() {
             Some(baseline) => {
-                let start = RuleKey { baseline: baseline.clone(), routing_key: String::new() };
+                let start = RuleKey {
+                    baseline: baseline.clone(),
+                    routing_key: String::new(),
+                };
                 Box::new(
                     self.rules
                         .range(start..)
@@ -152,9 +171,18 @@ impl Default for Index {
 
 impl Index {
     pub fn new() -> Self {
-        let empty = Snapshot { version: 0, rules: BTreeMap::new(), changes: VecDeque::new(), published: Instant::now() };
+        let empty = Snapshot {
+            version: 0,
+            rules: BTreeMap::new(),
+            changes: VecDeque::new(),
+            published: Instant::now(),
+        };
         let (tx, _) = watch::channel(Arc::new(empty));
-        Index { tx: Arc::new(tx), problems: Arc::default(), services: Arc::default() }
+        Index {
+            tx: Arc::new(tx),
+            problems: Arc::default(),
+            services: Arc::default(),
+        }
     }
 
     pub fn current(&self) -> Arc<Snapshot> {
@@ -187,7 +215,13 @@ impl Index {
                 _ => changed.push(k.clone()),
             }
         }
-        changed.extend(current.rules.keys().filter(|k| !next.contains_key(*k)).cloned());
+        changed.extend(
+            current
+                .rules
+                .keys()
+                .filter(|k| !next.contains_key(*k))
+                .cloned(),
+        );
         if changed.is_empty() && current.version > 0 {
             return current.version;
         }
@@ -197,7 +231,12 @@ impl Index {
         while changes.len() > CHANGE_LOG {
             changes.pop_front();
         }
-        self.tx.send_replace(Arc::new(Snapshot { version, rules: next, changes, published: Instant::now() }));
+        self.tx.send_replace(Arc::new(Snapshot {
+            version,
+            rules: next,
+            changes,
+            published: Instant::now(),
+        }));
         version
     }
 
@@ -207,7 +246,10 @@ impl Index {
     }
 
     pub fn problems(&self) -> Arc<Vec<String>> {
-        self.problems.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.problems
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Cluster services for `GetClusterServices`. A directory store has no cluster and sets
@@ -217,7 +259,10 @@ impl Index {
     }
 
     pub fn services(&self) -> Arc<Vec<routes::ClusterService>> {
-        self.services.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.services
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -229,25 +274,55 @@ mod tests {
     fn rule(ns: &str, name: &str, key: &str, port: u16) -> RoutingRule {
         RoutingRule {
             routing_key: key.into(),
-            baseline: BaselineWorkload { kind: "Deployment".into(), namespace: ns.into(), name: name.into() },
+            baseline: BaselineWorkload {
+                kind: "Deployment".into(),
+                namespace: ns.into(),
+                name: name.into(),
+            },
             destination_sandbox: format!("sb-{key}"),
-            mappings: vec![PortMapping { workload_port: 80, destinations: vec![Location { host: "h".into(), port }] }],
+            mappings: vec![PortMapping {
+                workload_port: 80,
+                destinations: vec![Location {
+                    host: "h".into(),
+                    port,
+                }],
+            }],
         }
     }
 
     #[test]
     fn publishes_only_changes_and_logs_changed_keys() {
         let index = Index::new();
-        assert_eq!(index.replace_all(vec![]), 1, "first publication even when empty");
+        assert_eq!(
+            index.replace_all(vec![]),
+            1,
+            "first publication even when empty"
+        );
         assert_eq!(index.replace_all(vec![]), 1, "no change, no new version");
-        assert_eq!(index.replace_all(vec![rule("a", "web", "k1", 1), rule("a", "web", "k2", 1)]), 2);
-        assert_eq!(index.replace_all(vec![rule("a", "web", "k1", 2), rule("a", "web", "k2", 1)]), 3);
+        assert_eq!(
+            index.replace_all(vec![rule("a", "web", "k1", 1), rule("a", "web", "k2", 1)]),
+            2
+        );
+        assert_eq!(
+            index.replace_all(vec![rule("a", "web", "k1", 2), rule("a", "web", "k2", 1)]),
+            3
+        );
         let snap = index.current();
         let changed = snap.changed_since(2).unwrap();
-        assert_eq!(changed.iter().map(|k| k.routing_key.as_str()).collect::<Vec<_>>(), ["k1"]);
+        assert_eq!(
+            changed
+                .iter()
+                .map(|k| k.routing_key.as_str())
+                .collect::<Vec<_>>(),
+            ["k1"]
+        );
         assert_eq!(snap.changed_since(1).unwrap().len(), 2);
         assert_eq!(index.replace_all(vec![rule("a", "web", "k2", 1)]), 4);
-        assert_eq!(index.current().changed_since(3).unwrap().len(), 1, "removal is a change");
+        assert_eq!(
+            index.current().changed_since(3).unwrap().len(),
+            1,
+            "removal is a change"
+        );
     }
 
     #[test]
@@ -264,13 +339,28 @@ mod tests {
     #[test]
     fn filters_and_baseline_ranges() {
         let index = Index::new();
-        index.replace_all(vec![rule("a", "web", "k1", 1), rule("a", "web2", "k1", 1), rule("b", "web", "k2", 1)]);
+        index.replace_all(vec![
+            rule("a", "web", "k1", 1),
+            rule("a", "web2", "k1", 1),
+            rule("b", "web", "k2", 1),
+        ]);
         let snap = index.current();
-        let f = Filter { kind: "Deployment".into(), namespace: "a".into(), name: "web".into(), ..Filter::default() };
+        let f = Filter {
+            kind: "Deployment".into(),
+            namespace: "a".into(),
+            name: "web".into(),
+            ..Filter::default()
+        };
         assert_eq!(snap.matching(&f).count(), 1);
-        let f = Filter { routing_key: "k1".into(), ..Filter::default() };
+        let f = Filter {
+            routing_key: "k1".into(),
+            ..Filter::default()
+        };
         assert_eq!(snap.matching(&f).count(), 2);
-        let f = Filter { sandbox: "sb-k2".into(), ..Filter::default() };
+        let f = Filter {
+            sandbox: "sb-k2".into(),
+            ..Filter::default()
+        };
         assert_eq!(snap.matching(&f).count(), 1);
         assert_eq!(snap.matching(&Filter::default()).count(), 3);
     }

@@ -35,7 +35,11 @@ use tokio_util::task::TaskTracker;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot bind {what} on {addr}: {source}")]
-    Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("rules directory {path}: {reason}")]
     RulesDir { path: String, reason: String },
 }
@@ -87,8 +91,12 @@ impl RouteServer {
             });
         }
         let bind = |what, addr| async move {
-            let l = TcpListener::bind(addr).await.map_err(|source| Error::Bind { what, addr, source })?;
-            let local = l.local_addr().map_err(|source| Error::Bind { what, addr, source })?;
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|source| Error::Bind { what, addr, source })?;
+            let local = l
+                .local_addr()
+                .map_err(|source| Error::Bind { what, addr, source })?;
             Ok::<_, Error>((l, local))
         };
         let (grpc_listener, grpc_addr) = bind("gRPC", config.grpc_addr).await?;
@@ -158,7 +166,13 @@ impl RouteServer {
             }
         });
         tracing::info!(%grpc_addr, %http_addr, rules_dir = %config.rules_dir.display(), "route server started");
-        Ok(RouteServer { grpc_addr, http_addr, index, stop, tasks })
+        Ok(RouteServer {
+            grpc_addr,
+            http_addr,
+            index,
+            stop,
+            tasks,
+        })
     }
 
     pub fn index(&self) -> &Index {
@@ -169,7 +183,10 @@ impl RouteServer {
     pub async fn shutdown(self) {
         self.stop.cancel();
         self.tasks.close();
-        if tokio::time::timeout(Duration::from_secs(10), self.tasks.wait()).await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(10), self.tasks.wait())
+            .await
+            .is_err()
+        {
             tracing::warn!("route server tasks still running after 10 s; abandoning them");
         }
     }

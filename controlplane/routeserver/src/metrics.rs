@@ -2,7 +2,7 @@
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug)]
@@ -29,24 +29,50 @@ impl Metrics {
             files_valid: Gauge::default(),
             files_invalid: Gauge::default(),
         };
-        registry.register("watchers", "Open watch streams (gRPC and REST)", m.watchers.clone());
+        registry.register(
+            "watchers",
+            "Open watch streams (gRPC and REST)",
+            m.watchers.clone(),
+        );
         registry.register("rules", "Routing rules in the index", m.rules.clone());
-        registry.register("table_version", "Version of the index (0: nothing loaded yet)", m.version.clone());
-        registry.register("pushes", "Index updates delivered to watch streams", m.pushes.clone());
+        registry.register(
+            "table_version",
+            "Version of the index (0: nothing loaded yet)",
+            m.version.clone(),
+        );
+        registry.register(
+            "pushes",
+            "Index updates delivered to watch streams",
+            m.pushes.clone(),
+        );
         registry.register(
             "push_latency_seconds",
             "Time from an index update to its operations being queued on a watch stream",
             m.push_latency.clone(),
         );
-        registry.register("rule_file_errors", "Rule files found unreadable or invalid", m.file_errors.clone());
-        registry.register("rule_files_valid", "Rule files whose current content is valid", m.files_valid.clone());
-        registry.register("rule_files_invalid", "Rule files ignored because their content is invalid", m.files_invalid.clone());
+        registry.register(
+            "rule_file_errors",
+            "Rule files found unreadable or invalid",
+            m.file_errors.clone(),
+        );
+        registry.register(
+            "rule_files_valid",
+            "Rule files whose current content is valid",
+            m.files_valid.clone(),
+        );
+        registry.register(
+            "rule_files_invalid",
+            "Rule files ignored because their content is invalid",
+            m.files_invalid.clone(),
+        );
         m
     }
 
     pub(crate) fn set_files(&self, valid: usize, invalid: usize) {
-        self.files_valid.set(i64::try_from(valid).unwrap_or(i64::MAX));
-        self.files_invalid.set(i64::try_from(invalid).unwrap_or(i64::MAX));
+        self.files_valid
+            .set(i64::try_from(valid).unwrap_or(i64::MAX));
+        self.files_invalid
+            .set(i64::try_from(invalid).unwrap_or(i64::MAX));
     }
 
     pub(crate) fn set_index(&self, version: u64, rules: usize) {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -77,7 +77,13 @@ async fn get_rules(State(s): State<RestState>, Query(q): Query<RulesQuery>) -> R
 /// Newline-delimited JSON, one object per op: `{"op":"ADD","route":{…}}`, then `{"op":"SYNCED"}`,
 /// then `ADD` / `REPLACE` / `REMOVE` — the gRPC watch contract, in JSON.
 async fn watch_rules(State(s): State<RestState>, Query(q): Query<RulesQuery>) -> Response {
-    let rx = watch::spawn(s.index.subscribe(), Filter::from(q), s.buffer, s.metrics.clone(), s.stop.clone());
+    let rx = watch::spawn(
+        s.index.subscribe(),
+        Filter::from(q),
+        s.buffer,
+        s.metrics.clone(),
+        s.stop.clone(),
+    );
     let lines = tokio_stream::wrappers::ReceiverStream::new(rx).map(|op| {
         let value = match op {
             Op::Add(e) => serde_json::json!({"op": "ADD", "route": e.spec}),
@@ -106,7 +112,11 @@ async fn healthz(State(s): State<RestState>) -> Response {
     } else {
         "degraded"
     };
-    let code = if snap.version == 0 { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+    let code = if snap.version == 0 {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
     let body = serde_json::json!({
         "status": status,
         "tableVersion": snap.version,
@@ -119,7 +129,14 @@ async fn healthz(State(s): State<RestState>) -> Response {
 async fn metrics(State(s): State<RestState>) -> Response {
     let mut out = String::new();
     match prometheus_client::encoding::text::encode(&mut out, &s.registry) {
-        Ok(()) => ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], out).into_response(),
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            out,
+        )
+            .into_response(),
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
 }

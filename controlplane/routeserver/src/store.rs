@@ -6,8 +6,8 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use spur_routing::rules::{parse_document, validate_rules};
 use spur_routing::RoutingRule;
+use spur_routing::rules::{parse_document, validate_rules};
 use tokio_util::sync::CancellationToken;
 
 use crate::index::{Index, RuleKey};
@@ -19,7 +19,12 @@ const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
 /// A source of complete rule sets.
 pub trait RuleStore: Send + 'static {
     /// Publishes into `index` until `stop` is cancelled.
-    fn run(self, index: Index, metrics: Metrics, stop: CancellationToken) -> impl Future<Output = ()> + Send;
+    fn run(
+        self,
+        index: Index,
+        metrics: Metrics,
+        stop: CancellationToken,
+    ) -> impl Future<Output = ()> + Send;
 }
 
 #[derive(Default)]
@@ -45,7 +50,12 @@ pub struct DirStore {
 
 impl DirStore {
     pub fn new(dir: impl Into<PathBuf>, interval: Duration) -> Self {
-        DirStore { dir: dir.into(), interval: interval.max(Duration::from_millis(5)), files: BTreeMap::new(), dir_error: None }
+        DirStore {
+            dir: dir.into(),
+            interval: interval.max(Duration::from_millis(5)),
+            files: BTreeMap::new(),
+            dir_error: None,
+        }
     }
 
     fn list(&self) -> std::io::Result<Vec<PathBuf>> {
@@ -106,18 +116,27 @@ impl DirStore {
                 }
                 Err(e) => {
                     let msg = format!("{}: {e}", path.display());
-                    tracing::warn!("invalid rule file ignored (its last valid content stays in force): {msg}");
+                    tracing::warn!(
+                        "invalid rule file ignored (its last valid content stays in force): {msg}"
+                    );
                     metrics.file_errors.inc();
                     state.error = Some(msg);
                 }
             }
         }
-        let mut problems: Vec<String> = self.files.values().filter_map(|s| s.error.clone()).collect();
+        let mut problems: Vec<String> = self
+            .files
+            .values()
+            .filter_map(|s| s.error.clone())
+            .collect();
         let mut owner: HashMap<RuleKey, &Path> = HashMap::new();
         let mut merged = Vec::new();
         for (path, state) in &self.files {
             for rule in state.good.iter().flatten() {
-                let key = RuleKey { baseline: rule.baseline.clone(), routing_key: rule.routing_key.clone() };
+                let key = RuleKey {
+                    baseline: rule.baseline.clone(),
+                    routing_key: rule.routing_key.clone(),
+                };
                 if let Some(first) = owner.get(&key) {
                     problems.push(format!(
                         "{}: rule for routing key {:?} and baseline {} ignored: already defined in {}",
@@ -155,7 +174,9 @@ impl RuleStore for DirStore {
 fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
     let len = std::fs::metadata(path)?.len();
     if len > MAX_FILE_BYTES {
-        return Err(std::io::Error::other(format!("file is larger than {MAX_FILE_BYTES} bytes")));
+        return Err(std::io::Error::other(format!(
+            "file is larger than {MAX_FILE_BYTES} bytes"
+        )));
     }
     std::fs::read(path)
 }
@@ -187,11 +208,19 @@ mod tests {
         let problems = store.poll_once(&index, &metrics);
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(problems[0].contains("b.yml"));
-        assert_eq!(index.current().rules.len(), 2, "last good content of b.yml stays");
+        assert_eq!(
+            index.current().rules.len(),
+            2,
+            "last good content of b.yml stays"
+        );
 
         std::fs::write(dir.path().join("c.json"), "[{\"routingKey\":\"x\"}]").unwrap();
         let problems = store.poll_once(&index, &metrics);
-        assert_eq!(problems.len(), 2, "a never-valid file is reported: {problems:?}");
+        assert_eq!(
+            problems.len(),
+            2,
+            "a never-valid file is reported: {problems:?}"
+        );
         assert_eq!(index.current().rules.len(), 2);
 
         std::fs::write(dir.path().join("b.yml"), rule_yaml("k1", "web", 9)).unwrap();
@@ -201,10 +230,17 @@ mod tests {
         assert!(problems[0].contains("already defined in") && problems[0].contains("a.yaml"));
         let snap = index.current();
         assert_eq!(snap.rules.len(), 1);
-        assert_eq!(snap.rules.values().next().unwrap().rule.mappings[0].destinations[0].port, 1, "a.yaml wins");
+        assert_eq!(
+            snap.rules.values().next().unwrap().rule.mappings[0].destinations[0].port,
+            1,
+            "a.yaml wins"
+        );
 
         std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
         assert!(store.poll_once(&index, &metrics).is_empty());
-        assert_eq!(index.current().rules.values().next().unwrap().rule.mappings[0].destinations[0].port, 9);
+        assert_eq!(
+            index.current().rules.values().next().unwrap().rule.mappings[0].destinations[0].port,
+            9
+        );
     }
 }

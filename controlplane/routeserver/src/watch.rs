@@ -45,7 +45,12 @@ pub(crate) fn spawn(
     rx
 }
 
-async fn run(mut snapshots: watch::Receiver<Arc<Snapshot>>, filter: &Filter, tx: &mpsc::Sender<Op>, metrics: &Metrics) {
+async fn run(
+    mut snapshots: watch::Receiver<Arc<Snapshot>>,
+    filter: &Filter,
+    tx: &mpsc::Sender<Op>,
+    metrics: &Metrics,
+) {
     // Wait for the store's first load so SYNCED means "everything there is".
     let mut snap = loop {
         let s = snapshots.borrow_and_update().clone();
@@ -87,7 +92,9 @@ async fn run(mut snapshots: watch::Receiver<Arc<Snapshot>>, filter: &Filter, tx:
             let now = snap.rules.get(&key).filter(|e| filter.matches(e));
             let op = match (sent.get(&key), now) {
                 (None, Some(e)) => Op::Add(e.clone()),
-                (Some(old), Some(e)) if !Arc::ptr_eq(old, e) && **old != **e => Op::Replace(e.clone()),
+                (Some(old), Some(e)) if !Arc::ptr_eq(old, e) && **old != **e => {
+                    Op::Replace(e.clone())
+                }
                 (Some(old), None) => Op::Remove(old.clone()),
                 _ => continue,
             };
@@ -106,10 +113,15 @@ async fn run(mut snapshots: watch::Receiver<Arc<Snapshot>>, filter: &Filter, tx:
         }
         version = snap.version;
         metrics.pushes.inc();
-        metrics.push_latency.observe(snap.published.elapsed().as_secs_f64());
+        metrics
+            .push_latency
+            .observe(snap.published.elapsed().as_secs_f64());
     }
 }
 
 fn key_of(e: &Entry) -> RuleKey {
-    RuleKey { baseline: e.rule.baseline.clone(), routing_key: e.rule.routing_key.clone() }
+    RuleKey {
+        baseline: e.rule.baseline.clone(),
+        routing_key: e.rule.routing_key.clone(),
+    }
 }

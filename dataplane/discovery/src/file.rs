@@ -19,8 +19,14 @@ const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
 /// Parses and validates a rule file's bytes (YAML, which includes JSON). An empty file is an
 /// empty rule set.
 pub fn parse_rules(path: &str, bytes: &[u8]) -> Result<Vec<RoutingRule>, Error> {
-    let specs = parse_document(bytes).map_err(|e| Error::Parse { path: path.to_string(), reason: e.to_string() })?;
-    validate_rules(specs).map_err(|source| Error::Invalid { path: path.to_string(), source })
+    let specs = parse_document(bytes).map_err(|e| Error::Parse {
+        path: path.to_string(),
+        reason: e.to_string(),
+    })?;
+    validate_rules(specs).map_err(|source| Error::Invalid {
+        path: path.to_string(),
+        source,
+    })
 }
 
 /// Watches one rule file and publishes every valid version of it.

@@ -41,10 +41,22 @@ pub struct RouteServerSource {
 impl RouteServerSource {
     /// `addr` is `host:port` or an `http://` URL. Registers `routeserver_connected`,
     /// `routeserver_reconnects_total` and `routeserver_rules_rejected_total`.
-    pub fn new(addr: &str, baseline: BaselineWorkload, publisher: Publisher, registry: &mut Registry) -> Result<Self, Error> {
-        let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+    pub fn new(
+        addr: &str,
+        baseline: BaselineWorkload,
+        publisher: Publisher,
+        registry: &mut Registry,
+    ) -> Result<Self, Error> {
+        let url = if addr.contains("://") {
+            addr.to_string()
+        } else {
+            format!("http://{addr}")
+        };
         let endpoint = Endpoint::from_shared(url)
-            .map_err(|e| Error::RouteServer { addr: addr.to_string(), reason: format!("invalid address: {e}") })?
+            .map_err(|e| Error::RouteServer {
+                addr: addr.to_string(),
+                reason: format!("invalid address: {e}"),
+            })?
             .connect_timeout(Duration::from_secs(5))
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_timeout(Duration::from_secs(10))
@@ -53,10 +65,30 @@ impl RouteServerSource {
         let connected = Gauge::default();
         let reconnects = Counter::default();
         let rejected = Counter::default();
-        registry.register("routeserver_connected", "1 while a watch stream to the route server is synced", connected.clone());
-        registry.register("routeserver_reconnects", "Watch streams to the route server that ended or failed", reconnects.clone());
-        registry.register("routeserver_rules_rejected", "Rules from the route server that failed validation", rejected.clone());
-        Ok(RouteServerSource { addr: addr.to_string(), endpoint, baseline, publisher, connected, reconnects, rejected })
+        registry.register(
+            "routeserver_connected",
+            "1 while a watch stream to the route server is synced",
+            connected.clone(),
+        );
+        registry.register(
+            "routeserver_reconnects",
+            "Watch streams to the route server that ended or failed",
+            reconnects.clone(),
+        );
+        registry.register(
+            "routeserver_rules_rejected",
+            "Rules from the route server that failed validation",
+            rejected.clone(),
+        );
+        Ok(RouteServerSource {
+            addr: addr.to_string(),
+            endpoint,
+            baseline,
+            publisher,
+            connected,
+            reconnects,
+            rejected,
+        })
     }
 
     /// Watches until `stop` is cancelled, reconnecting as needed.
@@ -70,8 +102,12 @@ impl RouteServerSource {
             self.connected.set(0);
             self.reconnects.inc();
             match res {
-                Ok(()) => tracing::info!(addr = %self.addr, "route server closed the watch stream; reconnecting"),
-                Err(e) => tracing::warn!(error = %e, "route server watch failed; keeping the last table"),
+                Ok(()) => {
+                    tracing::info!(addr = %self.addr, "route server closed the watch stream; reconnecting")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "route server watch failed; keeping the last table")
+                }
             }
             let delay = jitter(backoff);
             backoff = (backoff * 2).min(BACKOFF_MAX);
@@ -83,7 +119,10 @@ impl RouteServerSource {
     }
 
     fn err(&self, reason: impl std::fmt::Display) -> Error {
-        Error::RouteServer { addr: self.addr.clone(), reason: reason.to_string() }
+        Error::RouteServer {
+            addr: self.addr.clone(),
+            reason: reason.to_string(),
+        }
     }
 
     async fn session(&self, backoff: &mut Duration) -> Result<(), Error> {
@@ -97,16 +136,24 @@ impl RouteServerSource {
             }),
             ..Default::default()
         };
-        let mut stream = client.watch_workload_routing_rules(request).await.map_err(|s| self.err(s))?.into_inner();
+        let mut stream = client
+            .watch_workload_routing_rules(request)
+            .await
+            .map_err(|s| self.err(s))?
+            .into_inner();
 
         let mut rules: BTreeMap<String, RoutingRule> = BTreeMap::new();
         loop {
             let op = stream.message().await.map_err(|s| self.err(s))?;
-            let Some(op) = op else { return Err(self.err("stream ended before SYNCED")) };
+            let Some(op) = op else {
+                return Err(self.err("stream ended before SYNCED"));
+            };
             match op.op() {
                 WatchOp::Add => self.apply(&mut rules, &op),
                 WatchOp::Synced => break,
-                other => return Err(self.err(format!("protocol violation: {other:?} before SYNCED"))),
+                other => {
+                    return Err(self.err(format!("protocol violation: {other:?} before SYNCED")));
+                }
             }
         }
         self.publish(&rules);
@@ -114,7 +161,9 @@ impl RouteServerSource {
         *backoff = BACKOFF_MIN;
 
         loop {
-            let Some(op) = stream.message().await.map_err(|s| self.err(s))? else { return Ok(()) };
+            let Some(op) = stream.message().await.map_err(|s| self.err(s))? else {
+                return Ok(());
+            };
             self.apply(&mut rules, &op);
             // Apply everything already received before publishing once.
             while let Some(next) = stream.message().now_or_never() {
@@ -142,33 +191,41 @@ impl RouteServerSource {
             WatchOp::Remove => {
                 rules.remove(&route.routing_key);
             }
-            WatchOp::Add | WatchOp::Replace => match RoutingRule::from_spec(0, spur_proto::rule_from_proto(route)) {
-                Ok(rule) if rule.baseline == self.baseline => {
-                    rules.insert(rule.routing_key.clone(), rule);
+            WatchOp::Add | WatchOp::Replace => {
+                match RoutingRule::from_spec(0, spur_proto::rule_from_proto(route)) {
+                    Ok(rule) if rule.baseline == self.baseline => {
+                        rules.insert(rule.routing_key.clone(), rule);
+                    }
+                    Ok(rule) => {
+                        self.rejected.inc();
+                        tracing::warn!(baseline = %rule.baseline, "route server sent a rule for another baseline; ignored");
+                    }
+                    Err(e) => {
+                        self.rejected.inc();
+                        tracing::warn!(error = %e, "invalid rule from the route server ignored");
+                    }
                 }
-                Ok(rule) => {
-                    self.rejected.inc();
-                    tracing::warn!(baseline = %rule.baseline, "route server sent a rule for another baseline; ignored");
-                }
-                Err(e) => {
-                    self.rejected.inc();
-                    tracing::warn!(error = %e, "invalid rule from the route server ignored");
-                }
-            },
+            }
             WatchOp::Synced => {}
         }
     }
 
     fn publish(&self, rules: &BTreeMap<String, RoutingRule>) {
         let version = self.publisher.publish(rules.values().cloned().collect());
-        tracing::debug!(version, rules = rules.len(), "routing table published from the route server");
+        tracing::debug!(
+            version,
+            rules = rules.len(),
+            "routing table published from the route server"
+        );
     }
 }
 
 /// A delay in [d/2, d], so that sidecars cut off together do not reconnect in lockstep.
 fn jitter(d: Duration) -> Duration {
     // RandomState is randomly seeded per instance: a dependency-free source of spread.
-    let r = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
     let half = d / 2;
     half + Duration::from_nanos(r % (u64::try_from(half.as_nanos()).unwrap_or(u64::MAX).max(1)))
 }
@@ -181,7 +238,10 @@ mod tests {
     fn jitter_stays_within_half_and_full() {
         for _ in 0..100 {
             let j = jitter(Duration::from_millis(200));
-            assert!(j >= Duration::from_millis(100) && j <= Duration::from_millis(200), "{j:?}");
+            assert!(
+                j >= Duration::from_millis(100) && j <= Duration::from_millis(200),
+                "{j:?}"
+            );
         }
     }
 }

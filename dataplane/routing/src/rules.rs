@@ -219,7 +219,9 @@ impl RoutingRule {
 enum Document {
     List(Vec<RuleSpec>),
     #[serde(rename_all = "camelCase")]
-    Object { routing_rules: Vec<RuleSpec> },
+    Object {
+        routing_rules: Vec<RuleSpec>,
+    },
 }
 
 /// Parses a rule document (YAML, which includes JSON): a list of rules or a
@@ -229,8 +231,9 @@ pub fn parse_document(bytes: &[u8]) -> Result<Vec<RuleSpec>, Error> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(Vec::new());
     }
-    let doc: Document =
-        serde_yaml_ng::from_slice(bytes).map_err(|e| Error::Document { reason: e.to_string() })?;
+    let doc: Document = serde_yaml_ng::from_slice(bytes).map_err(|e| Error::Document {
+        reason: e.to_string(),
+    })?;
     Ok(match doc {
         Document::List(l) => l,
         Document::Object { routing_rules } => routing_rules,

@@ -127,7 +127,9 @@ impl TryFrom<SidecarArgs> for SidecarConfig {
             }
         };
         if a.rules.is_some() && a.routeserver.is_some() {
-            return Err(Error::Config("--rules and --routeserver exclude each other".into()));
+            return Err(Error::Config(
+                "--rules and --routeserver exclude each other".into(),
+            ));
         }
         let mut proxy = match &a.proxy_config {
             None => ProxyConfig::default(),
@@ -241,8 +243,9 @@ impl Sidecar {
         let requires_table = config.rules.is_some() || config.routeserver.is_some();
         if let Some(addr) = &config.routeserver {
             // Ready only after the first SYNCED: the source publishes nothing before it.
-            let source = RouteServerSource::new(addr, config.baseline.clone(), publisher, &mut registry)
-                .map_err(|e| Error::Config(e.to_string()))?;
+            let source =
+                RouteServerSource::new(addr, config.baseline.clone(), publisher, &mut registry)
+                    .map_err(|e| Error::Config(e.to_string()))?;
             tokio::spawn(source.run(stop.clone()));
         } else if let Some(path) = &config.rules {
             let mut source = FileSource::new(path, config.rules_poll, publisher);
