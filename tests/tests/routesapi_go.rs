@@ -17,12 +17,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use serde_json::Value;
 use spur_routeserver::{RouteServer, RouteServerConfig};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -109,8 +111,6 @@ struct Rule {
     mappings: Vec<(u32, Vec<(String, u32)>)>,
 }
 
-type Id = ((String, String, String), String);
-
 impl Rule {
     fn new(key: &str, b: &Baseline, sandbox: &str, mappings: &[(u32, &[(&str, u32)])]) -> Rule {
         Rule {
@@ -122,10 +122,6 @@ impl Rule {
                 .map(|(p, ds)| (*p, ds.iter().map(|(h, p)| ((*h).to_string(), *p)).collect()))
                 .collect(),
         }
-    }
-
-    fn id(&self) -> Id {
-        (self.baseline.clone(), self.key.clone())
     }
 
     /// The rule file format (the Routes API REST schema, camelCase).
@@ -181,10 +177,6 @@ impl Rule {
             "{} {kind}/{ns}/{name} {} {mappings}",
             self.key, self.sandbox
         )
-    }
-
-    fn on(&self, b: &Baseline) -> bool {
-        self.baseline == (b.kind.into(), b.namespace.into(), b.name.into())
     }
 
     /// Parses a rule printed by sdroutes: protojson with proto field names (`routing_key`,
@@ -687,6 +679,98 @@ fn want_lines(rules: &[&Rule]) -> BTreeMap<String, String> {
         .collect()
 }
 
+// === an HTTP/2 frame tap ===
+
+/// HTTP/2 frame counts seen by an [`H2Tap`].
+#[derive(Default)]
+struct FrameCounts {
+    /// PING frames without ACK from client to server (keepalive pings).
+    client_pings: AtomicUsize,
+    /// PING frames with ACK from server to client.
+    server_ping_acks: AtomicUsize,
+    /// GOAWAY frames from server to client.
+    server_goaways: AtomicUsize,
+}
+
+/// A TCP relay on 127.0.0.1 in front of `upstream` that counts the HTTP/2 frames crossing it, so
+/// a test can prove keepalive pings really happened and were acknowledged.
+struct H2Tap {
+    addr: SocketAddr,
+    counts: Arc<FrameCounts>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for H2Tap {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl H2Tap {
+    async fn start(upstream: SocketAddr) -> H2Tap {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let counts = Arc::new(FrameCounts::default());
+        let c = counts.clone();
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((down, _)) = listener.accept().await {
+                let Ok(up) = TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let (dr, dw) = down.into_split();
+                let (ur, uw) = up.into_split();
+                conns.spawn(Self::pump(dr, uw, true, c.clone()));
+                conns.spawn(Self::pump(ur, dw, false, c.clone()));
+            }
+        });
+        H2Tap { addr, counts, task }
+    }
+
+    /// Copies `from` to `to`, parsing HTTP/2 frames (after the client preface when
+    /// `from_client`).
+    async fn pump(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        from_client: bool,
+        counts: Arc<FrameCounts>,
+    ) {
+        const PREFACE: usize = 24;
+        let mut skip = if from_client { PREFACE } else { 0 };
+        let mut pending: Vec<u8> = Vec::new();
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+            pending.extend_from_slice(&buf[..n]);
+            let drop_now = skip.min(pending.len());
+            pending.drain(..drop_now);
+            skip -= drop_now;
+            while pending.len() >= 9 {
+                let len = (usize::from(pending[0]) << 16)
+                    | (usize::from(pending[1]) << 8)
+                    | usize::from(pending[2]);
+                if pending.len() < 9 + len {
+                    break;
+                }
+                let (kind, ack) = (pending[3], pending[4] & 1 == 1);
+                match (from_client, kind, ack) {
+                    (true, 6, false) => counts.client_pings.fetch_add(1, Ordering::SeqCst),
+                    (false, 6, true) => counts.server_ping_acks.fetch_add(1, Ordering::SeqCst),
+                    (false, 7, _) => counts.server_goaways.fetch_add(1, Ordering::SeqCst),
+                    _ => 0,
+                };
+                pending.drain(..9 + len);
+            }
+        }
+    }
+}
+
 // === tests ===
 
 /// `sdroutes` (their CLI, GetWorkloadRoutingRules) lists every rule with full content, and each
@@ -828,8 +912,9 @@ async fn sdroutes_watch_streams_diffs() {
     assert_quiet(&mut k1, "routing-key watch after its changes").await;
     assert_quiet(&mut rollout, "the ArgoRollout baseline did not change").await;
 
-    // Rewriting a file with identical content is not a change.
-    c.apply(&f, &rules);
+    // Rewriting files with identical content is not a change.
+    rules.write("a.yaml", &[&c.k1_web, &c.k6_web, &c.k1_api]);
+    rules.write("b.yml", &[&c.k3_api, &f.k4_rollout]);
     sleep(Duration::from_millis(300)).await;
     assert_quiet(&mut web, "identical rewrite").await;
     assert!(web.is_running() && k1.is_running() && rollout.is_running());
@@ -993,7 +1078,9 @@ async fn keepalive_pings_do_not_break_watch_streams() {
         sleep(Duration::from_millis(100)).await;
     }
 
-    let mut raw = go_watch(addr, "raw", &API, &[]);
+    // The raw watcher goes through a frame tap, to prove pings happen and are acknowledged.
+    let tap = H2Tap::start(addr).await;
+    let mut raw = go_watch(tap.addr, "raw", &API, &[]);
     let mut initial = BTreeSet::new();
     loop {
         let l = raw.line("the initial ADDs").await;
@@ -1022,6 +1109,18 @@ async fn keepalive_pings_do_not_break_watch_streams() {
         "the raw watcher exited while idle; {}",
         raw.diag()
     );
+    let pings = tap.counts.client_pings.load(Ordering::SeqCst);
+    let acks = tap.counts.server_ping_acks.load(Ordering::SeqCst);
+    assert!(pings >= 1, "no keepalive ping from the client in 13 s idle");
+    assert!(
+        acks >= pings,
+        "{pings} keepalive pings but only {acks} acknowledged"
+    );
+    assert_eq!(
+        tap.counts.server_goaways.load(Ordering::SeqCst),
+        0,
+        "the server sent GOAWAY"
+    );
 
     let k3 = Rule::new("k3", &API, "sb3", &[(80, &[("10.0.0.9", 8000)])]);
     rules.write("b.yml", &[&k3, &f.k4_rollout]);
@@ -1030,6 +1129,38 @@ async fn keepalive_pings_do_not_break_watch_streams() {
         format!("REPLACE {}", k3.describe())
     );
     assert!(raw.is_running());
+    assert_eq!(
+        tap.counts.server_goaways.load(Ordering::SeqCst),
+        0,
+        "the server sent GOAWAY"
+    );
     drop(raw);
+    stop_server(server).await;
+}
+
+/// An empty rule set still yields SYNCED (the official client's `Get` blocks until it), and the
+/// first rule then arrives as an ADD on every client kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_rule_set_syncs_then_adds() {
+    go_bin_dir();
+    let rules = Rules::new();
+    let server = start_server(&rules, "127.0.0.1:0".parse().unwrap()).await;
+    let addr = server.grpc_addr;
+    assert_eq!(sdroutes_get(addr, &[]).await, BTreeSet::new());
+
+    let mut sd = sdroutes_watch(addr, &[]);
+    assert_eq!(sdroutes_initial(&mut sd).await, BTreeSet::new());
+    let mut view = View::start(addr, &WEB, "k1").await;
+    assert!(view.rules.is_empty(), "{:?}", view.rules);
+
+    let k1 = Rule::new("k1", &WEB, "sb1", &[(8080, &[("sb1-web.ns1.svc", 8080)])]);
+    rules.write("a.yaml", &[&k1]);
+    assert_eq!(
+        sdroutes_ops(&mut sd, 1).await,
+        [("ADD".to_string(), k1.clone())].into()
+    );
+    view.converge(&[&k1], WAIT).await;
+    assert_quiet(&mut sd, "one rule added").await;
+    drop((sd, view));
     stop_server(server).await;
 }
