@@ -41,7 +41,7 @@ impl Entry {
         }
     }
 
-    fn key(&self) -> RuleKey {
+    pub(crate) fn key(&self) -> RuleKey {
         RuleKey {
             baseline: self.rule.baseline.clone(),
             routing_key: self.rule.routing_key.clone(),
@@ -199,12 +199,15 @@ impl Index {
         let current = self.current();
         let mut next: BTreeMap<RuleKey, Arc<Entry>> = BTreeMap::new();
         for rule in rules {
-            let entry = Entry::new(rule);
-            let key = entry.key();
-            // Unchanged rules keep their `Arc`, so watchers compare them by pointer first.
+            let key = RuleKey {
+                baseline: rule.baseline.clone(),
+                routing_key: rule.routing_key.clone(),
+            };
+            // Unchanged rules keep their `Arc` (watchers compare by pointer first) and skip the
+            // conversions, so republishing a large, mostly unchanged set stays cheap.
             let entry = match current.rules.get(&key) {
-                Some(old) if **old == entry => old.clone(),
-                _ => Arc::new(entry),
+                Some(old) if old.rule == rule => old.clone(),
+                _ => Arc::new(Entry::new(rule)),
             };
             next.insert(key, entry);
         }

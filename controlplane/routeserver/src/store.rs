@@ -73,11 +73,10 @@ impl DirStore {
 
     /// One pass: re-read changed files, merge, publish. Returns the problems found.
     pub fn poll_once(&mut self, index: &Index, metrics: &Metrics) -> Vec<String> {
-        let paths = match self.list() {
-            Ok(p) => {
-                self.dir_error = None;
-                p
-            }
+        let listed = self.list();
+        let recovered = listed.is_ok() && self.dir_error.take().is_some();
+        let paths = match listed {
+            Ok(p) => p,
             Err(e) => {
                 let msg = format!("cannot read rules directory {}: {e}", self.dir.display());
                 if self.dir_error.as_deref() != Some(&msg) {
@@ -86,10 +85,14 @@ impl DirStore {
                     self.dir_error = Some(msg.clone());
                 }
                 // An unreadable directory withdraws nothing.
+                index.set_problems(vec![msg.clone()]);
                 return vec![msg];
             }
         };
+        // Merging and publishing cost O(rules): do it only when some file changed.
+        let before = self.files.len();
         self.files.retain(|p, _| paths.contains(p));
+        let mut changed = self.files.len() != before || recovered;
         for path in paths {
             let state = self.files.entry(path.clone()).or_default();
             let bytes = match read_bounded(&path) {
@@ -100,6 +103,7 @@ impl DirStore {
                         tracing::warn!("{msg}");
                         metrics.file_errors.inc();
                     }
+                    changed |= state.error.as_deref() != Some(&msg);
                     state.error = Some(msg);
                     continue;
                 }
@@ -107,6 +111,7 @@ impl DirStore {
             if bytes == state.bytes && (state.good.is_some() || state.error.is_some()) {
                 continue;
             }
+            changed = true;
             let parsed = parse_document(&bytes).and_then(validate_rules);
             state.bytes = bytes;
             match parsed {
@@ -123,6 +128,9 @@ impl DirStore {
                     state.error = Some(msg);
                 }
             }
+        }
+        if !changed && index.current().version > 0 {
+            return index.problems().as_ref().clone();
         }
         let mut problems: Vec<String> = self
             .files

@@ -66,7 +66,7 @@ async fn run(
         if tx.send(Op::Add(e.clone())).await.is_err() {
             return;
         }
-        sent.insert(key_of(e), e.clone());
+        sent.insert(e.key(), e.clone());
     }
     if tx.send(Op::Synced).await.is_err() {
         return;
@@ -82,7 +82,7 @@ async fn run(
             Some(keys) => keys.into_iter().collect(),
             None => {
                 let mut all: Vec<RuleKey> = sent.keys().cloned().collect();
-                all.extend(snap.matching(filter).map(|e| key_of(e)));
+                all.extend(snap.matching(filter).map(|e| e.key()));
                 all.sort();
                 all.dedup();
                 all
@@ -116,12 +116,5 @@ async fn run(
         metrics
             .push_latency
             .observe(snap.published.elapsed().as_secs_f64());
-    }
-}
-
-fn key_of(e: &Entry) -> RuleKey {
-    RuleKey {
-        baseline: e.rule.baseline.clone(),
-        routing_key: e.rule.routing_key.clone(),
     }
 }
