@@ -45,6 +45,18 @@ pub(crate) struct DemoArgs {
 
 #[derive(Subcommand)]
 enum DemoCommand {
+    /// Run one example app on its own (e.g. to put a standalone spur-sidecar in front of it):
+    /// HTTP (/, /headers, /echo, /slow, /stream, /ws), gRPC (spur.demo.v1.Demo) or TCP echo.
+    Serve {
+        /// http, grpc or tcp.
+        #[arg(long, default_value = "http")]
+        kind: String,
+        /// The name the app answers with ("hello from NAME", x-served-by).
+        #[arg(long, default_value = "app")]
+        name: String,
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+    },
     /// Call the demo's gRPC greeter (spur.demo.v1.Demo/Hello, then a Chat stream) through a sidecar.
     Call {
         /// The greeter sidecar's address.
@@ -73,8 +85,10 @@ struct Demo {
 }
 
 pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
-    if let Some(DemoCommand::Call { addr, key }) = args.call {
-        return call(addr, key.as_deref()).await;
+    match args.call {
+        Some(DemoCommand::Call { addr, key }) => return call(addr, key.as_deref()).await,
+        Some(DemoCommand::Serve { kind, name, listen }) => return serve(&kind, name, listen).await,
+        None => {}
     }
     let demo = start(args.port_base, args.rules_dir).await?;
     if args.check {
@@ -474,6 +488,27 @@ fn report(cases: Vec<(&str, &str, Result<String>)>) -> bool {
         println!("{line}");
     }
     ok
+}
+
+async fn serve(kind: &str, name: String, listen: SocketAddr) -> Result<ExitCode> {
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot bind {listen}"))?;
+    let token = CancellationToken::new();
+    let app = {
+        let token = token.clone();
+        match kind {
+            "http" => tokio::spawn(serve_http(listener, name, token)),
+            "grpc" => tokio::spawn(serve_grpc(listener, name, token)),
+            "tcp" => tokio::spawn(spur_demo_apps::serve_tcp_echo(listener, name, token)),
+            other => bail!("unknown app kind {other:?}: use http, grpc or tcp"),
+        }
+    };
+    println!("serving {kind} on {listen}");
+    shutdown_signal().await;
+    token.cancel();
+    app.await?.map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The `baggage` value carrying `key`, if any.

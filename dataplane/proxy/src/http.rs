@@ -214,7 +214,7 @@ impl Proxy {
         let keep_upgrade = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
         let (mut parts, body) = resp.into_parts();
         headers::prepare_response(&mut parts, version, keep_upgrade);
-        (Response::from_parts(parts, body.boxed()), outcome)
+        (Response::from_parts(parts, body), outcome)
     }
 }
 

@@ -10,7 +10,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use bytes::Bytes;
+use http_body::Body as _;
+use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
@@ -72,9 +77,12 @@ impl State {
     }
 }
 
+/// Cheap to clone (one `Arc`): response bodies carry a handle back to their pool.
 #[derive(Clone)]
-pub(crate) struct Pool {
-    state: Arc<Mutex<State>>,
+pub(crate) struct Pool(Arc<PoolInner>);
+
+pub(crate) struct PoolInner {
+    state: Mutex<State>,
     connect_timeout: Duration,
     max_idle: usize,
     idle_timeout: Duration,
@@ -82,18 +90,26 @@ pub(crate) struct Pool {
     metrics: Metrics,
 }
 
+impl std::ops::Deref for Pool {
+    type Target = PoolInner;
+
+    fn deref(&self) -> &PoolInner {
+        &self.0
+    }
+}
+
 impl Pool {
     pub(crate) fn new(config: &ProxyConfig, metrics: Metrics) -> Self {
-        let pool = Pool {
-            state: Arc::default(),
+        let pool = Pool(Arc::new(PoolInner {
+            state: Mutex::default(),
             connect_timeout: config.connect_timeout,
             max_idle: config.pool_max_idle_per_upstream,
             idle_timeout: config.pool_idle_timeout,
             max_header_bytes: config.max_header_bytes,
             metrics,
-        };
+        }));
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(reap(Arc::downgrade(&pool.state), config.pool_idle_timeout));
+            rt.spawn(reap(Arc::downgrade(&pool.0), config.pool_idle_timeout));
         }
         pool
     }
@@ -136,10 +152,10 @@ impl Pool {
         upstream: &Upstream,
         version: Version,
         req: Request<Body>,
-    ) -> Result<Response<Incoming>, Error> {
+    ) -> Result<Response<Body>, Error> {
         match version {
             Version::Http1 => self.send_h1(upstream, req).await,
-            Version::Http2 => self.send_h2(upstream, req).await,
+            Version::Http2 => Ok(self.send_h2(upstream, req).await?.map(BodyExt::boxed)),
         }
     }
 
@@ -147,15 +163,18 @@ impl Pool {
         &self,
         upstream: &Upstream,
         mut req: Request<Body>,
-    ) -> Result<Response<Incoming>, Error> {
+    ) -> Result<Response<Body>, Error> {
+        let connect = req.method() == http::Method::CONNECT;
         // A pooled connection may have been closed by the server just as we picked it; hyper
         // hands the request back when it was not written, and we retry on the next one.
         while let Some(mut sender) = self.take_h1(upstream) {
+            // Returned to the pool as soon as the previous response body ended, the connection
+            // may still be finishing that exchange: wait for it rather than skip it.
+            if sender.ready().await.is_err() {
+                continue;
+            }
             match sender.try_send_request(req).await {
-                Ok(resp) => {
-                    self.recycle_h1(upstream.clone(), sender);
-                    return Ok(resp);
-                }
+                Ok(resp) => return Ok(self.recycle_h1(upstream, sender, resp, connect)),
                 Err(mut e) => match e.take_message() {
                     Some(r) => req = r,
                     None => {
@@ -175,41 +194,55 @@ impl Pool {
                 upstream: upstream.to_string(),
                 source,
             })?;
-        self.recycle_h1(upstream.clone(), sender);
-        Ok(resp)
+        Ok(self.recycle_h1(upstream, sender, resp, connect))
     }
 
     fn take_h1(&self, upstream: &Upstream) -> Option<http1::SendRequest<Body>> {
         let mut state = self.lock();
         let idle = state.h1.get_mut(upstream)?;
         while let Some(entry) = idle.pop() {
-            if entry.since.elapsed() < self.idle_timeout && entry.sender.is_ready() {
+            if entry.since.elapsed() < self.idle_timeout && !entry.sender.is_closed() {
                 return Some(entry.sender);
             }
         }
         None
     }
 
-    /// Returns the connection to the pool once its response has been fully read.
-    fn recycle_h1(&self, upstream: Upstream, mut sender: http1::SendRequest<Body>) {
-        let pool = self.clone();
-        tokio::spawn(async move {
-            if sender.ready().await.is_err() {
-                return;
-            }
-            let mut state = pool.lock();
-            if !state.is_live(&upstream) {
-                pool.metrics.stale_closed.inc();
-                return;
-            }
-            let idle = state.h1.entry(upstream).or_default();
-            if idle.len() < pool.max_idle {
-                idle.push(Idle {
-                    sender,
-                    since: Instant::now(),
-                });
-            }
+    /// Ties the connection's return to the pool to the end of the response body, so reuse costs
+    /// nothing per request (no task, no wakeup). Upgraded connections are never returned.
+    fn recycle_h1(
+        &self,
+        upstream: &Upstream,
+        sender: http1::SendRequest<Body>,
+        resp: Response<Incoming>,
+        connect: bool,
+    ) -> Response<Body> {
+        let upgraded = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS
+            || (connect && resp.status().is_success());
+        if upgraded {
+            return resp.map(BodyExt::boxed);
+        }
+        let slot = Some(Checkin {
+            pool: self.clone(),
+            upstream: upstream.clone(),
+            sender,
         });
+        resp.map(|inner| PooledBody { inner, slot }.boxed())
+    }
+
+    fn put_h1(&self, upstream: Upstream, sender: http1::SendRequest<Body>) {
+        let mut state = self.lock();
+        if !state.is_live(&upstream) {
+            self.metrics.stale_closed.inc();
+            return;
+        }
+        let idle = state.h1.entry(upstream).or_default();
+        if idle.len() < self.max_idle {
+            idle.push(Idle {
+                sender,
+                since: Instant::now(),
+            });
+        }
     }
 
     async fn connect_h1(&self, upstream: &Upstream) -> Result<http1::SendRequest<Body>, Error> {
@@ -331,13 +364,79 @@ impl Pool {
     }
 }
 
+/// What a response body needs to give its connection back.
+struct Checkin {
+    pool: Pool,
+    upstream: Upstream,
+    sender: http1::SendRequest<Body>,
+}
+
+pin_project_lite::pin_project! {
+    /// An upstream HTTP/1 response body that returns its connection to the pool once it has been
+    /// read to the end. A body dropped early leaves hyper to close the connection.
+    struct PooledBody {
+        #[pin]
+        inner: Incoming,
+        slot: Option<Checkin>,
+    }
+
+    impl PinnedDrop for PooledBody {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            // Empty bodies (204, HEAD, Content-Length: 0) may never be polled at all.
+            if this.inner.is_end_stream() {
+                if let Some(c) = this.slot.take() {
+                    c.pool.put_h1(c.upstream, c.sender);
+                }
+            }
+        }
+    }
+}
+
+impl http_body::Body for PooledBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        let mut this = self.project();
+        let res = this.inner.as_mut().poll_frame(cx);
+        let ended = match &res {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+            Poll::Ready(Some(Err(_))) => {
+                // A broken body means a broken connection: never reuse it.
+                this.slot.take();
+                false
+            }
+            Poll::Pending => false,
+        };
+        if ended {
+            if let Some(c) = this.slot.take() {
+                c.pool.put_h1(c.upstream, c.sender);
+            }
+        }
+        res
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// Closes idle connections past their idle timeout; ends when the pool is dropped.
-async fn reap(state: Weak<Mutex<State>>, idle_timeout: Duration) {
+async fn reap(pool: Weak<PoolInner>, idle_timeout: Duration) {
     let period = (idle_timeout / 2).max(Duration::from_millis(100));
     loop {
         tokio::time::sleep(period).await;
-        let Some(state) = state.upgrade() else { return };
-        let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(pool) = pool.upgrade() else { return };
+        let mut state = pool.state.lock().unwrap_or_else(|p| p.into_inner());
         for idle in state.h1.values_mut() {
             idle.retain(|e| e.since.elapsed() < idle_timeout && !e.sender.is_closed());
         }

@@ -13,6 +13,11 @@ use spur_sidecar::{Sidecar, SidecarArgs, SidecarConfig, init_tracing, shutdown_s
 struct Cli {
     #[command(flatten)]
     sidecar: SidecarArgs,
+    /// Worker threads. Default: the CPUs this process may run on (its affinity mask, so
+    /// `taskset` and cgroup cpusets count). With one, a single-threaded runtime runs everything
+    /// on the calling thread, which is the cheapest way to use one core.
+    #[arg(long, env = "SPUR_THREADS")]
+    threads: Option<usize>,
 }
 
 fn main() -> std::process::ExitCode {
