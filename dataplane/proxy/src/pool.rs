@@ -384,10 +384,10 @@ pin_project_lite::pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             // Empty bodies (204, HEAD, Content-Length: 0) may never be polled at all.
-            if this.inner.is_end_stream() {
-                if let Some(c) = this.slot.take() {
-                    c.pool.put_h1(c.upstream, c.sender);
-                }
+            if this.inner.is_end_stream()
+                && let Some(c) = this.slot.take()
+            {
+                c.pool.put_h1(c.upstream, c.sender);
             }
         }
     }
@@ -413,10 +413,8 @@ impl http_body::Body for PooledBody {
             }
             Poll::Pending => false,
         };
-        if ended {
-            if let Some(c) = this.slot.take() {
-                c.pool.put_h1(c.upstream, c.sender);
-            }
+        if ended && let Some(c) = this.slot.take() {
+            c.pool.put_h1(c.upstream, c.sender);
         }
         res
     }
