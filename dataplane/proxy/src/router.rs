@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use http::{HeaderValue, Uri};
+use http::{HeaderName, HeaderValue, Uri};
 use spur_routing::extract::strip_query_param;
 use spur_routing::inject::inject_key;
 use spur_routing::{BaselineWorkload, Destination, ExtractConfig, KeyExtractor, SharedTable};
@@ -14,7 +14,7 @@ use crate::listener::ConnMeta;
 /// Marks a request a sidecar has already sent to a sandbox; its value names the baseline whose
 /// sidecar did it. If a misconfigured destination points back at the same sidecar, the request
 /// arrives carrying its own mark and goes to the application instead of looping.
-pub const ROUTED_HEADER: &str = "x-spur-routed";
+pub const ROUTED_HEADER: HeaderName = HeaderName::from_static("x-spur-routed");
 
 /// Where one request goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
