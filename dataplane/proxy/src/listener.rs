@@ -31,6 +31,27 @@ pub struct ConnMeta {
     /// Where the client meant to go; its port is the workload port used for rule lookup.
     pub original_dst: SocketAddr,
     pub protocol: Protocol,
+    /// `client`'s IP as a header value, rendered once per connection for `X-Forwarded-For`.
+    pub client_ip: http::HeaderValue,
+}
+
+impl ConnMeta {
+    pub fn new(
+        client: SocketAddr,
+        local: SocketAddr,
+        original_dst: SocketAddr,
+        protocol: Protocol,
+    ) -> Self {
+        let client_ip = http::HeaderValue::from_str(&client.ip().to_string())
+            .unwrap_or_else(|_| http::HeaderValue::from_static("unknown"));
+        ConnMeta {
+            client,
+            local,
+            original_dst,
+            protocol,
+            client_ip,
+        }
+    }
 }
 
 pub(crate) async fn accept_loop(
@@ -108,12 +129,7 @@ async fn handle(
             Err(_) => return Err("read error during detection"),
         }
     };
-    let meta = ConnMeta {
-        client,
-        local,
-        original_dst,
-        protocol,
-    };
+    let meta = ConnMeta::new(client, local, original_dst, protocol);
     let _active = proxy.inner.metrics.connection(protocol);
     let io = Rewind::new(prefix, stream);
     match protocol {

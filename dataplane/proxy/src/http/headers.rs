@@ -28,8 +28,30 @@ pub(super) fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
     }
 }
 
+/// The fixed hop-by-hop set (RFC 9110 §7.6.1, plus the legacy proxy headers).
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::TE
+        || name == header::TRANSFER_ENCODING
+        || name == header::UPGRADE
+        || name == header::PROXY_AUTHENTICATE
+        || name == header::PROXY_AUTHORIZATION
+        || name == PROXY_CONNECTION
+        || name == KEEP_ALIVE
+}
+
 /// Removes hop-by-hop headers: the fixed set plus every header the `Connection` header names.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none of them: one pass comparing names is much cheaper than probing
+    // the map once per name.
+    let present: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| is_hop_by_hop(n))
+        .cloned()
+        .collect();
+    if present.is_empty() {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -37,19 +59,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .flat_map(|v| v.split(','))
         .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
         .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in [
-        header::CONNECTION,
-        PROXY_CONNECTION,
-        KEEP_ALIVE,
-        header::TE,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        header::PROXY_AUTHENTICATE,
-        header::PROXY_AUTHORIZATION,
-    ] {
+    for name in named.into_iter().chain(present) {
         headers.remove(name);
     }
 }
@@ -93,12 +103,17 @@ pub(super) fn prepare_request(
     }
     headers.append(header::VIA, via_value(version_of(parts.version)));
     if forwarded {
-        let ip = meta.client.ip().to_string();
-        let xff = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-            Some(prev) => format!("{prev}, {ip}"),
-            None => ip,
+        let xff = match headers.get(X_FORWARDED_FOR) {
+            Some(prev) => {
+                let mut v = Vec::with_capacity(prev.len() + 2 + meta.client_ip.len());
+                v.extend_from_slice(prev.as_bytes());
+                v.extend_from_slice(b", ");
+                v.extend_from_slice(meta.client_ip.as_bytes());
+                HeaderValue::from_maybe_shared(bytes::Bytes::from(v)).ok()
+            }
+            None => Some(meta.client_ip.clone()),
         };
-        if let Ok(v) = HeaderValue::from_str(&xff) {
+        if let Some(v) = xff {
             headers.insert(X_FORWARDED_FOR, v);
         }
         if !headers.contains_key(X_FORWARDED_PROTO) {
@@ -149,12 +164,12 @@ mod tests {
     use super::*;
 
     fn meta() -> ConnMeta {
-        ConnMeta {
-            client: "10.1.2.3:5555".parse().unwrap(),
-            local: "127.0.0.1:1".parse().unwrap(),
-            original_dst: "127.0.0.1:8080".parse().unwrap(),
-            protocol: crate::Protocol::Http1,
-        }
+        ConnMeta::new(
+            "10.1.2.3:5555".parse().unwrap(),
+            "127.0.0.1:1".parse().unwrap(),
+            "127.0.0.1:8080".parse().unwrap(),
+            crate::Protocol::Http1,
+        )
     }
 
     #[test]
