@@ -1,0 +1,845 @@
+//! The markdown report.
+
+use std::fmt::Write as _;
+
+use super::load::Latency;
+use super::peers::PeerKind;
+use super::{Cell, Proto, Results, RunKind, RunResult, Scenario, thousands};
+
+/// Percentiles of the latency tables: (label, accessor).
+type Pick = fn(&Latency) -> f64;
+const PCTS: [(&str, Pick); 5] = [
+    ("p50", |l| l.p50),
+    ("p90", |l| l.p90),
+    ("p99", |l| l.p99),
+    ("p99.9", |l| l.p999),
+    ("max", |l| l.max),
+];
+
+fn us(v: f64) -> String {
+    if v.is_nan() {
+        return "–".into();
+    }
+    if v.abs() >= 10_000.0 {
+        format!("{} ms", fmt_f(v / 1000.0, 1))
+    } else {
+        format!("{}", v.round() as i64)
+    }
+}
+
+fn signed_us(v: f64) -> String {
+    let s = us(v.abs());
+    if v.round() < 0.0 {
+        format!("−{s}")
+    } else {
+        format!("+{s}")
+    }
+}
+
+fn fmt_f(v: f64, decimals: usize) -> String {
+    format!("{v:.decimals$}")
+}
+
+fn rps(v: f64) -> String {
+    thousands(v.round().max(0.0) as u64)
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1}", kib as f64 / 1024.0)
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
+        _ => "–".into(),
+    }
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map_or("–".into(), |x| format!("{:.0} %", 100.0 * x))
+}
+
+/// (proxy core share, client core share) of a run: CPU seconds / interval.
+fn core_shares(run: &RunResult) -> (Option<f64>, Option<f64>) {
+    if run.interval_s <= 0.0 {
+        return (None, None);
+    }
+    let px = run.proxy_cpu_s.map(|c| c / run.interval_s);
+    let cl = match (run.upstream_cpu_s, run.loadgen_cpu_s) {
+        (Some(u), Some(l)) => Some((u + l) / run.interval_s),
+        _ => None,
+    };
+    (px, cl)
+}
+
+/// Why an open-loop run's latencies describe an overloaded system rather than the peer at that
+/// rate, if they do: late requests, or a median far above the same peer's at the lowest rate.
+pub fn overload(run: &RunResult, baseline_p50: Option<f64>) -> Option<String> {
+    let l = run.load.as_ref()?;
+    if matches!(run.kind, RunKind::Saturation) {
+        return None;
+    }
+    let (px, cl) = core_shares(run);
+    let mut why = Vec::new();
+    if l.late.unwrap_or(0) > 0 {
+        why.push(format!("{} late", l.late.unwrap_or(0)));
+    }
+    if let Some(b) = baseline_p50
+        && l.latency_us.p50 > 10.0 * b.max(100.0)
+    {
+        why.push("queueing".to_string());
+    }
+    if why.is_empty() {
+        return None;
+    }
+    if cl.is_some_and(|c| c >= 0.9) {
+        why.push("client core saturated".into());
+    }
+    if px.is_some_and(|c| c >= 0.9) {
+        why.push("proxy core saturated".into());
+    }
+    Some(why.join(", "))
+}
+
+/// Saturation rps of a peer in a scenario.
+fn sat(r: &Results, p: PeerKind, s: Scenario) -> Option<f64> {
+    r.cell(p, s).and_then(Cell::saturation).map(|l| l.rps)
+}
+
+/// Latency summary of the open-loop run at `rate` (None if missing or failed).
+fn lat_at(r: &Results, p: PeerKind, s: Scenario, rate: u64) -> Option<Latency> {
+    r.cell(p, s)
+        .and_then(|c| c.at_rate(rate))
+        .filter(|run| run.error.is_none())
+        .and_then(|run| run.load.as_ref())
+        .map(|l| l.latency_us.clone())
+}
+
+fn cpu_per_10k(run: &RunResult) -> Option<f64> {
+    let cpu = run.proxy_cpu_s?;
+    let load = run.load.as_ref()?;
+    // Requests in the CPU interval: rps over the measured duration × interval length.
+    let reqs = load.rps * run.interval_s;
+    (reqs > 0.0).then(|| cpu / reqs * 10_000.0)
+}
+
+/// The whole report.
+pub fn render(r: &Results, plots: &[(String, String)]) -> String {
+    let mut o = String::new();
+    let m = &r.meta;
+    let s = &r.settings;
+    let _ = writeln!(o, "# Spur side-by-side benchmark, {}\n", m.date);
+    if s.quick {
+        let _ = writeln!(
+            o,
+            "> **Quick run** (smoke test: short runs, fewer scenarios). Do not quote these numbers; use a default run.\n"
+        );
+    }
+    let _ = writeln!(o, "| | |\n|---|---|");
+    let _ = writeln!(o, "| Command | `{}` |", m.command);
+    let _ = writeln!(
+        o,
+        "| Started | {} (took {:.1} min) |",
+        m.started,
+        m.elapsed_s / 60.0
+    );
+    let _ = writeln!(
+        o,
+        "| Machine | `nproc` = {}, {}, Linux {} |",
+        m.nproc, m.cpu_model, m.kernel
+    );
+    let pin = if s.pinned {
+        format!(
+            "proxy under test on core {} (`taskset -c {}`); upstream and load generator on core {}",
+            s.proxy_core.unwrap_or(1),
+            s.proxy_core.unwrap_or(1),
+            s.client_core.unwrap_or(0)
+        )
+    } else {
+        "**not pinned** (fewer than 2 CPUs, or --no-pin): all processes share the CPUs".into()
+    };
+    let _ = writeln!(o, "| Pinning | {pin} |");
+    let _ = writeln!(o, "| spur | `spur-sidecar` at git {} |", m.spur_rev);
+    let _ = writeln!(o, "| nginx | {} |", m.nginx_version);
+    let _ = writeln!(o, "| HAProxy | {} |", m.haproxy_version);
+    let _ = writeln!(o, "| Cross-check tool | {} |", m.external_tool);
+    let _ = writeln!(
+        o,
+        "| Load | `spur-load`, {} thread(s); h1: {} connections; h2c/gRPC: {} connections × {} streams; each run {} s after {} s warm-up |",
+        s.loadgen_threads,
+        s.h1_connections,
+        s.h2_connections,
+        s.h2_streams,
+        s.duration_s,
+        s.warmup_s
+    );
+    let _ = writeln!(
+        o,
+        "| Runs per peer and scenario | fresh peer process; verification request; open loop at {} rps; closed-loop saturation; open loop at {} % of that peer's saturation rate |",
+        s.rates
+            .iter()
+            .map(|r| thousands(*r))
+            .collect::<Vec<_>>()
+            .join(" / "),
+        s.max_pct
+    );
+    let others: Vec<(f64, String)> = r
+        .cells
+        .iter()
+        .flat_map(|c| {
+            c.runs.iter().filter_map(move |run| {
+                let o = run.other_cpu_s? / run.interval_s.max(1e-9);
+                Some((
+                    o,
+                    format!(
+                        "{} / {} / {}",
+                        c.peer.name(),
+                        c.scenario.id(),
+                        run.kind.label()
+                    ),
+                ))
+            })
+        })
+        .collect();
+    if !others.is_empty() {
+        let mean = others.iter().map(|x| x.0).sum::<f64>() / others.len() as f64;
+        let worst = others
+            .iter()
+            .max_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
+        let busy = others.iter().filter(|x| x.0 > 0.05).count();
+        let steal: f64 = r
+            .cells
+            .iter()
+            .flat_map(|c| c.runs.iter().filter_map(|x| x.steal_s))
+            .sum();
+        let _ = writeln!(
+            o,
+            "| Other load | CPU used by other processes during the measured intervals: mean {:.1} % of a core, max {:.1} % ({}); {} of {} runs above 5 %; hypervisor steal {:.2} s in total |",
+            mean * 100.0,
+            worst.map_or(0.0, |w| w.0 * 100.0),
+            worst.map_or("–", |w| w.1.as_str()),
+            busy,
+            others.len(),
+            steal
+        );
+    }
+    if s.quiet_budget_s > 0.0 {
+        let waited: f64 = r
+            .cells
+            .iter()
+            .flat_map(|c| c.runs.iter().map(|x| x.quiet_wait_s))
+            .sum();
+        let busy = r
+            .cells
+            .iter()
+            .flat_map(|c| c.runs.iter())
+            .filter(|x| x.busy_before.is_some_and(|b| b > s.quiet_threshold))
+            .count();
+        let _ = writeln!(
+            o,
+            "| Quiet-machine wait | before each run, up to {:.0} s (budget {:.0} s in all) until other processes used ≤ {:.0} % of a core; waited {:.0} s in all; {} run(s) started on a busier machine |",
+            s.quiet_wait_s,
+            s.quiet_budget_s,
+            s.quiet_threshold * 100.0,
+            waited,
+            busy
+        );
+    }
+    let repeated: u32 = r
+        .cells
+        .iter()
+        .flat_map(|c| c.runs.iter().map(|x| x.attempts.saturating_sub(1)))
+        .sum();
+    if s.retries > 0 {
+        let _ = writeln!(
+            o,
+            "| Disturbed runs | repeated up to {} times (at most {} repetitions in all) when other processes used more than {:.0} % of a core; {} repetition(s) made, the least disturbed attempt is reported |",
+            s.retries,
+            s.retry_budget,
+            s.quiet_threshold * 100.0,
+            repeated
+        );
+    }
+    for n in &m.notes {
+        let _ = writeln!(o, "| Note | {n} |");
+    }
+    o.push('\n');
+    let _ = writeln!(
+        o,
+        "Peers: **direct** = load generator straight to the upstream (no proxy); **spur** = `spur-sidecar`, requests without a routing key (→ app listener); **spur-keyed** = `spur-sidecar`, requests with `baggage: sd-routing-key=k1` (→ the second, \"sandbox\" listener of the same upstream process); **nginx**, **haproxy** = reverse proxies to the app listener (configs: `perf/configs/`). Latencies in µs unless marked ms. Method: `perf/README.md`, section \"Side-by-side\".\n"
+    );
+
+    goals(&mut o, r);
+    throughput(&mut o, r);
+    latency(&mut o, r);
+    cpu(&mut o, r);
+    memory(&mut o, r);
+    cross_check(&mut o, r);
+    failures(&mut o, r);
+
+    if !plots.is_empty() {
+        let _ = writeln!(o, "## Plots\n");
+        for (title, file) in plots {
+            let _ = writeln!(o, "**{title}**\n\n![{title}]({file})\n");
+        }
+    }
+    o
+}
+
+/// " ⚠ disturbed: …" when other processes used more than the threshold during any of `runs`.
+fn disturbed(r: &Results, sc: Scenario, runs: &[(PeerKind, RunKind)]) -> String {
+    let limit = r.settings.quiet_threshold.max(0.0);
+    let mut bad = Vec::new();
+    for &(p, kind) in runs {
+        if let Some(run) = r.cell(p, sc).and_then(|c| c.run(|k| *k == kind)) {
+            let d = super::runner::disturbance(run);
+            if d > limit {
+                bad.push(format!("{} {:.0} %", p.name(), d * 100.0));
+            }
+        }
+    }
+    if bad.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " ⚠ disturbed (other processes, share of a core: {})",
+            bad.join(", ")
+        )
+    }
+}
+
+fn goal_row(o: &mut String, goal: &str, target: &str, measured: String, met: Option<bool>) {
+    let verdict = match met {
+        Some(true) => "✅ met",
+        Some(false) => "❌ missed",
+        None => "– no data",
+    };
+    let _ = writeln!(o, "| {goal} | {target} | {measured} | {verdict} |");
+}
+
+fn goals(o: &mut String, r: &Results) {
+    let _ = writeln!(o, "## Goals\n");
+    let _ = writeln!(
+        o,
+        "| Goal | Target | Measured | Result |\n|---|---|---|---|"
+    );
+    let rate = 1000;
+    for proto in [Proto::H1, Proto::H2, Proto::Grpc] {
+        let sc = Scenario {
+            proto,
+            payload: 1024,
+        };
+        if !r.scenarios.contains(&sc) {
+            continue;
+        }
+        let name = sc.label();
+        let spur = sat(r, PeerKind::Spur, sc);
+        for (peer, min) in [(PeerKind::Haproxy, 1.0), (PeerKind::Nginx, 1.3)] {
+            let other = sat(r, peer, sc);
+            let (measured, met) = match (spur, other) {
+                (Some(a), Some(b)) if b > 0.0 => (
+                    format!(
+                        "{:.2}× ({} vs {} rps){}",
+                        a / b,
+                        rps(a),
+                        rps(b),
+                        disturbed(
+                            r,
+                            sc,
+                            &[
+                                (PeerKind::Spur, RunKind::Saturation),
+                                (peer, RunKind::Saturation)
+                            ]
+                        )
+                    ),
+                    Some(a / b >= min),
+                ),
+                _ => ("–".into(), None),
+            };
+            goal_row(
+                o,
+                &format!("{name} throughput, spur vs {}", peer.name()),
+                &format!("≥ {min:.1}×"),
+                measured,
+                met,
+            );
+        }
+        let direct = lat_at(r, PeerKind::Direct, sc, rate);
+        let spur_l = lat_at(r, PeerKind::Spur, sc, rate);
+        for (label, pick, limit) in [("p50", PCTS[0].1, 50.0), ("p99", PCTS[2].1, 150.0)] {
+            let (measured, met) = match (&spur_l, &direct) {
+                (Some(a), Some(d)) => {
+                    let added = pick(a) - pick(d);
+                    (
+                        format!(
+                            "{} µs{}",
+                            signed_us(added),
+                            disturbed(
+                                r,
+                                sc,
+                                &[
+                                    (PeerKind::Direct, RunKind::Rate(rate)),
+                                    (PeerKind::Spur, RunKind::Rate(rate))
+                                ]
+                            )
+                        ),
+                        Some(added <= limit),
+                    )
+                }
+                _ => ("–".into(), None),
+            };
+            goal_row(
+                o,
+                &format!("{name} latency added over direct at 1 000 rps, {label}"),
+                &format!("≤ {limit:.0} µs"),
+                measured,
+                met,
+            );
+        }
+        for peer in [PeerKind::Nginx, PeerKind::Haproxy] {
+            let other = lat_at(r, peer, sc, rate);
+            let (measured, met) = match (&spur_l, &other, &direct) {
+                (Some(a), Some(b), Some(d)) => {
+                    let mut parts = Vec::new();
+                    let mut ok = true;
+                    for (label, pick) in PCTS.iter().take(4) {
+                        let sa = pick(a) - pick(d);
+                        let sb = pick(b) - pick(d);
+                        if sa > sb {
+                            ok = false;
+                        }
+                        parts.push(format!("{label} {} vs {}", signed_us(sa), signed_us(sb)));
+                    }
+                    let note = disturbed(
+                        r,
+                        sc,
+                        &[
+                            (PeerKind::Direct, RunKind::Rate(rate)),
+                            (PeerKind::Spur, RunKind::Rate(rate)),
+                            (peer, RunKind::Rate(rate)),
+                        ],
+                    );
+                    (format!("{}{note}", parts.join("; ")), Some(ok))
+                }
+                _ => ("–".into(), None),
+            };
+            goal_row(
+                o,
+                &format!(
+                    "{name} latency added at 1 000 rps ≤ {} at every percentile",
+                    peer.name()
+                ),
+                "spur ≤ peer at p50, p90, p99, p99.9",
+                measured,
+                met,
+            );
+        }
+        let cell = r.cell(PeerKind::Spur, sc);
+        let idle = cell.and_then(|c| c.idle_rss_kib);
+        goal_row(
+            o,
+            &format!("{name}: spur RSS idle"),
+            "≤ 10 MiB",
+            idle.map_or("–".into(), |k| format!("{} MiB", mib(k))),
+            idle.map(|k| k <= 10 * 1024),
+        );
+        let at5k = cell
+            .and_then(|c| c.at_rate(5000))
+            .filter(|run| run.error.is_none())
+            .and_then(|run| run.peak_rss_kib);
+        goal_row(
+            o,
+            &format!("{name}: spur peak RSS at 5 000 rps"),
+            "≤ 20 MiB",
+            at5k.map_or("–".into(), |k| format!("{} MiB", mib(k))),
+            at5k.map(|k| k <= 20 * 1024),
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\nA goal measured on runs during which other processes used more than {:.0} % of a core is marked ⚠ disturbed: its verdict is not reliable.",
+        r.settings.quiet_threshold * 100.0
+    );
+    let _ = writeln!(
+        o,
+        "\n\"Added over direct\" is the peer's percentile minus the direct run's percentile at the same rate; max is left out of the every-percentile comparison (one sample). RSS is that of the spur process; idle = after start-up with the rules loaded, before the first request.\n"
+    );
+}
+
+fn throughput(o: &mut String, r: &Results) {
+    let _ = writeln!(o, "## Saturation throughput (closed loop, requests/s)\n");
+    let mut head = "| Scenario |".to_string();
+    let mut sep = "|---|".to_string();
+    for p in &r.peers {
+        head.push_str(&format!(" {} |", p.name()));
+        sep.push_str("---:|");
+    }
+    head.push_str(" spur ÷ direct | spur ÷ nginx | spur ÷ haproxy | spur-keyed ÷ spur |");
+    sep.push_str("---:|---:|---:|---:|");
+    let _ = writeln!(o, "{head}\n{sep}");
+    for &sc in &r.scenarios {
+        let mut row = format!("| {} |", sc.label());
+        for &p in &r.peers {
+            let cell = r.cell(p, sc);
+            let txt = match cell.and_then(Cell::saturation) {
+                Some(l) if l.errors > 0 => format!("{} ({} errors)", rps(l.rps), l.errors),
+                Some(l) => rps(l.rps),
+                None => "failed".into(),
+            };
+            row.push_str(&format!(" {txt} |"));
+        }
+        let spur = sat(r, PeerKind::Spur, sc);
+        row.push_str(&format!(
+            " {} | {} | {} | {} |",
+            ratio(spur, sat(r, PeerKind::Direct, sc)),
+            ratio(spur, sat(r, PeerKind::Nginx, sc)),
+            ratio(spur, sat(r, PeerKind::Haproxy, sc)),
+            ratio(sat(r, PeerKind::SpurKeyed, sc), spur),
+        ));
+        let _ = writeln!(o, "{row}");
+    }
+    // Who was the bottleneck.
+    let _ = writeln!(
+        o,
+        "\nCPU use during saturation, as a share of one core: proxy core (the peer's processes) / client core (load generator + upstream, which share the other core) / other processes on the machine. A peer is CPU-bound when its share is near 100 %; when neither is, the limit is latency (wake-ups, hand-offs between the cores) rather than CPU:\n"
+    );
+    let mut head = "| Scenario |".to_string();
+    let mut sep = "|---|".to_string();
+    for p in &r.peers {
+        head.push_str(&format!(" {} |", p.name()));
+        sep.push_str("---:|");
+    }
+    let _ = writeln!(o, "{head}\n{sep}");
+    for &sc in &r.scenarios {
+        let mut row = format!("| {} |", sc.label());
+        for &p in &r.peers {
+            let run = r
+                .cell(p, sc)
+                .and_then(|c| c.run(|k| *k == RunKind::Saturation));
+            let txt = match run {
+                Some(run) if run.interval_s > 0.0 => {
+                    let (px, cl) = core_shares(run);
+                    let other = run.other_cpu_s.map(|c| c / run.interval_s);
+                    format!("{} / {} / {}", pct(px), pct(cl), pct(other))
+                }
+                _ => "–".into(),
+            };
+            row.push_str(&format!(" {txt} |"));
+        }
+        let _ = writeln!(o, "{row}");
+    }
+    o.push('\n');
+}
+
+fn latency(o: &mut String, r: &Results) {
+    let _ = writeln!(o, "## Latency under open-loop load\n");
+    let _ = writeln!(
+        o,
+        "Per run: achieved rate, latency percentiles (µs, measured from the intended send time, so queueing behind a late request counts), and the latency added over direct at the same rate. At the {} %-of-max rate each peer runs at its own rate, so no \"added\" columns there. *proxy / client core*: CPU share of one core used by the peer's processes / by the load generator plus the upstream (which share the other core). *Flags*: \"late\" = requests started more than 1 s after their intended time; \"queueing\" = a median more than 10× the same peer's median at the lowest rate (the figures then measure a backlog, in the proxy or in the client, not the peer's latency at that rate); \"other processes\" = CPU used by processes outside the benchmark during the run (more than 10 % of a core makes the row suspect).\n",
+        r.settings.max_pct
+    );
+    for &sc in &r.scenarios {
+        let _ = writeln!(o, "### {}\n", sc.label());
+        let mut kinds: Vec<RunKind> = r.settings.rates.iter().map(|&x| RunKind::Rate(x)).collect();
+        kinds.push(RunKind::MaxPct {
+            pct: r.settings.max_pct,
+            rps: 0,
+        });
+        for kind in kinds {
+            let title = match kind {
+                RunKind::Rate(x) => format!("{} rps", thousands(x)),
+                _ => format!("{} % of each peer's max", r.settings.max_pct),
+            };
+            let _ = writeln!(o, "**{title}**\n");
+            let _ = writeln!(
+                o,
+                "| Peer | rate | p50 | p90 | p99 | p99.9 | max | +p50 | +p90 | +p99 | +p99.9 | +max | errors | proxy / client core | flags |"
+            );
+            let _ = writeln!(
+                o,
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+            );
+            let pick_run = |c: &Cell| -> Option<RunResult> {
+                match kind {
+                    RunKind::Rate(x) => c.at_rate(x).cloned(),
+                    _ => c.at_max_pct().cloned(),
+                }
+            };
+            let direct = r
+                .cell(PeerKind::Direct, sc)
+                .and_then(pick_run)
+                .filter(|x| x.error.is_none())
+                .and_then(|x| x.load);
+            for &p in &r.peers {
+                let Some(run) = r.cell(p, sc).and_then(pick_run) else {
+                    let _ = writeln!(o, "| {} | – | | | | | | | | | | | | | |", p.name());
+                    continue;
+                };
+                let Some(l) = &run.load else {
+                    let _ = writeln!(
+                        o,
+                        "| {} | failed: {} | | | | | | | | | | | | | |",
+                        p.name(),
+                        run.error.as_deref().unwrap_or("?").replace('|', "/")
+                    );
+                    continue;
+                };
+                let mut row = format!("| {} | {} |", p.name(), rps(l.rps));
+                for (_, pick) in PCTS {
+                    row.push_str(&format!(" {} |", us(pick(&l.latency_us))));
+                }
+                for (_, pick) in PCTS {
+                    let txt = match (&direct, p, kind) {
+                        (_, PeerKind::Direct, _) => "".into(),
+                        // Each peer ran at its own rate: no like-for-like difference.
+                        (_, _, RunKind::MaxPct { .. }) => "".into(),
+                        (Some(d), _, _) => signed_us(pick(&l.latency_us) - pick(&d.latency_us)),
+                        (None, _, _) => "–".into(),
+                    };
+                    row.push_str(&format!(" {txt} |"));
+                }
+                let (px, cl) = core_shares(&run);
+                let base = r
+                    .cell(p, sc)
+                    .and_then(|c| r.settings.rates.iter().min().and_then(|&m| c.at_rate(m)))
+                    .and_then(|x| x.load.as_ref())
+                    .map(|x| x.latency_us.p50);
+                let mut flags: Vec<String> = overload(&run, base).into_iter().collect();
+                let x = super::runner::disturbance(&run);
+                if x > r.settings.quiet_threshold.max(0.0) {
+                    flags.push(format!("other processes used {:.0} % of a core", x * 100.0));
+                }
+                if run.attempts > 1 {
+                    flags.push(format!("best of {} attempts", run.attempts));
+                }
+                let flag = if flags.is_empty() {
+                    String::new()
+                } else {
+                    format!("⚠ {}", flags.join("; "))
+                };
+                row.push_str(&format!(
+                    " {} | {} / {} | {flag} |",
+                    l.errors,
+                    pct(px),
+                    pct(cl)
+                ));
+                let _ = writeln!(o, "{row}");
+            }
+            o.push('\n');
+        }
+    }
+}
+
+fn cpu(o: &mut String, r: &Results) {
+    let _ = writeln!(o, "## Proxy CPU per 10 000 requests (CPU seconds)\n");
+    let _ = writeln!(
+        o,
+        "user + system time of the peer's processes (`/proc/<pid>/stat`; nginx: master + worker, haproxy: its single process) over the measured interval, divided by the requests completed in it. The kernel counts CPU time in ticks of 1/CLK_TCK s (10 ms), so figures from short or low-rate runs are coarse.\n"
+    );
+    let proxies: Vec<PeerKind> = r.peers.iter().copied().filter(|p| p.is_proxy()).collect();
+    let mut head = "| Scenario | run |".to_string();
+    let mut sep = "|---|---|".to_string();
+    for p in &proxies {
+        head.push_str(&format!(" {} |", p.name()));
+        sep.push_str("---:|");
+    }
+    let _ = writeln!(o, "{head}\n{sep}");
+    for &sc in &r.scenarios {
+        let mut kinds: Vec<(String, RunKind)> = r
+            .settings
+            .rates
+            .iter()
+            .map(|&x| (format!("{} rps", thousands(x)), RunKind::Rate(x)))
+            .collect();
+        kinds.push(("saturation".into(), RunKind::Saturation));
+        kinds.push((
+            format!("{} % of max", r.settings.max_pct),
+            RunKind::MaxPct { pct: 0, rps: 0 },
+        ));
+        for (label, kind) in kinds {
+            let mut row = format!("| {} | {label} |", sc.label());
+            for &p in &proxies {
+                let run = r.cell(p, sc).and_then(|c| match kind {
+                    RunKind::MaxPct { .. } => c.at_max_pct(),
+                    k => c.run(|x| *x == k),
+                });
+                let txt = run
+                    .and_then(cpu_per_10k)
+                    .map_or("–".into(), |v| format!("{v:.3}"));
+                row.push_str(&format!(" {txt} |"));
+            }
+            let _ = writeln!(o, "{row}");
+        }
+    }
+    o.push('\n');
+}
+
+fn memory(o: &mut String, r: &Results) {
+    let _ = writeln!(o, "## Proxy memory (RSS, MiB)\n");
+    let _ = writeln!(
+        o,
+        "Idle = VmRSS after start-up, before the first request. Peak = the larger of VmHWM (reset with `/proc/<pid>/clear_refs` before each run) and VmRSS sampled every 20 ms during the run. Each peer is started fresh per scenario and runs the open-loop rates before saturation, so the fixed-rate peaks are not inflated by a preceding saturation run. nginx: the worker process (it serves all requests); the master's RSS is shown in parentheses. haproxy and spur: their single process.\n"
+    );
+    let proxies: Vec<PeerKind> = r.peers.iter().copied().filter(|p| p.is_proxy()).collect();
+    let mut head = "| Scenario | Peer | idle |".to_string();
+    let mut sep = "|---|---|---:|".to_string();
+    for &x in &r.settings.rates {
+        head.push_str(&format!(" peak @ {} rps |", thousands(x)));
+        sep.push_str("---:|");
+    }
+    head.push_str(&format!(
+        " peak @ saturation | peak @ {} % |",
+        r.settings.max_pct
+    ));
+    sep.push_str("---:|---:|");
+    let _ = writeln!(o, "{head}\n{sep}");
+    let fmt = |main: Option<u64>, other: Option<u64>| -> String {
+        match (main, other) {
+            (Some(a), Some(b)) => format!("{} ({})", mib(a), mib(b)),
+            (Some(a), None) => mib(a),
+            _ => "–".into(),
+        }
+    };
+    for &sc in &r.scenarios {
+        for &p in &proxies {
+            let Some(c) = r.cell(p, sc) else { continue };
+            let mut row = format!(
+                "| {} | {} | {} |",
+                sc.label(),
+                p.name(),
+                fmt(c.idle_rss_kib, c.idle_other_rss_kib)
+            );
+            let mut runs: Vec<Option<&RunResult>> =
+                r.settings.rates.iter().map(|&x| c.at_rate(x)).collect();
+            runs.push(c.run(|k| *k == RunKind::Saturation));
+            runs.push(c.at_max_pct());
+            for run in runs {
+                let txt = run.map_or("–".into(), |x| fmt(x.peak_rss_kib, x.other_peak_rss_kib));
+                row.push_str(&format!(" {txt} |"));
+            }
+            let _ = writeln!(o, "{row}");
+        }
+    }
+    o.push('\n');
+}
+
+fn cross_check(o: &mut String, r: &Results) {
+    let cells: Vec<&Cell> = r.cells.iter().filter(|c| c.cross_check.is_some()).collect();
+    if cells.is_empty() {
+        return;
+    }
+    let _ = writeln!(o, "## Cross-check with an independent load generator\n");
+    let _ = writeln!(
+        o,
+        "Closed loop, same scenario, connections, core and duration (after a discarded warm-up run of the same tool), right after the spur-load runs on the same peer process. wrk's latency percentiles are not comparable to spur-load's open-loop figures (closed loop: coordinated omission); they are shown for orientation only.\n"
+    );
+    let _ = writeln!(
+        o,
+        "| Peer | Scenario | spur-load rps | independent rps | independent ÷ spur-load | independent p50 / p90 / p99 | spur-load closed-loop p50 / p90 / p99 | command |"
+    );
+    let _ = writeln!(o, "|---|---|---:|---:|---:|---|---|---|");
+    for c in cells {
+        let Some(x) = &c.cross_check else { continue };
+        let sl = c.saturation();
+        let sl_lat = sl.map_or("–".into(), |l| {
+            format!(
+                "{} / {} / {}",
+                us(l.latency_us.p50),
+                us(l.latency_us.p90),
+                us(l.latency_us.p99)
+            )
+        });
+        match (&x.external, &x.error) {
+            (Some(e), _) => {
+                let lat = |v: Option<f64>| v.map_or("–".into(), us);
+                let _ = writeln!(
+                    o,
+                    "| {} | {} | {} | {} ({}) | {} | {} / {} / {} | {} | `{}` |",
+                    c.peer.name(),
+                    c.scenario.label(),
+                    x.spur_load_rps.map_or("–".into(), rps),
+                    rps(e.rps),
+                    e.tool,
+                    ratio(Some(e.rps), x.spur_load_rps),
+                    lat(e.p50_us),
+                    lat(e.p90_us),
+                    lat(e.p99_us),
+                    sl_lat,
+                    e.command
+                );
+            }
+            (None, err) => {
+                let _ = writeln!(
+                    o,
+                    "| {} | {} | {} | failed: {} | | | | |",
+                    c.peer.name(),
+                    c.scenario.label(),
+                    x.spur_load_rps.map_or("–".into(), rps),
+                    err.as_deref().unwrap_or("?").replace('|', "/")
+                );
+            }
+        }
+    }
+    o.push('\n');
+}
+
+fn failures(o: &mut String, r: &Results) {
+    let mut lines = Vec::new();
+    for c in &r.cells {
+        if let Some(e) = &c.error {
+            lines.push(format!(
+                "- {} / {}: {}",
+                c.peer.name(),
+                c.scenario.label(),
+                e
+            ));
+        }
+        for run in &c.runs {
+            if let Some(e) = &run.error {
+                lines.push(format!(
+                    "- {} / {} / {}: {}",
+                    c.peer.name(),
+                    c.scenario.label(),
+                    run.kind.label(),
+                    e
+                ));
+            }
+        }
+    }
+    let _ = writeln!(o, "## Verification and failures\n");
+    let _ = writeln!(
+        o,
+        "Before measuring, one request per peer and scenario: status, the `x-upstream` port of the listener that served it (spur-keyed must reach the sandbox listener, all others the app listener), gRPC status.\n"
+    );
+    let mut head = "| Scenario |".to_string();
+    let mut sep = "|---|".to_string();
+    for p in &r.peers {
+        head.push_str(&format!(" {} |", p.name()));
+        sep.push_str("---|");
+    }
+    let _ = writeln!(o, "{head}\n{sep}");
+    for &sc in &r.scenarios {
+        let mut row = format!("| {} |", sc.label());
+        for &p in &r.peers {
+            let txt = match r.cell(p, sc) {
+                Some(c) => match (&c.verified, &c.error) {
+                    (Some(v), _) => format!("✓ {v}"),
+                    (None, Some(_)) => "✗ (see below)".into(),
+                    (None, None) => "–".into(),
+                },
+                None => "–".into(),
+            };
+            row.push_str(&format!(" {txt} |"));
+        }
+        let _ = writeln!(o, "{row}");
+    }
+    if lines.is_empty() {
+        let _ = writeln!(o, "\nNo failures.\n");
+    } else {
+        let _ = writeln!(o, "\nFailures:\n");
+        for l in lines {
+            let _ = writeln!(o, "{l}");
+        }
+        o.push('\n');
+    }
+}
