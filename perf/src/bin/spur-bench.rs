@@ -405,7 +405,9 @@ fn git(args: &[&str]) -> Option<String> {
     cmd.arg("-C").arg(dir).args(args);
     let log = std::env::temp_dir().join("spur-bench-git.log");
     let mut c = proc::Child::spawn("git", cmd, proc::StdoutMode::Collect, &log).ok()?;
-    let (st, out) = c.wait_output(Duration::from_secs(10)).ok()?;
+    let res = c.wait_output(Duration::from_secs(10));
+    let _ = std::fs::remove_file(&log);
+    let (st, out) = res.ok()?;
     st.success()
         .then(|| String::from_utf8_lossy(&out).trim().to_string())
 }
@@ -436,7 +438,9 @@ fn date_fmt(fmt: &str) -> Option<String> {
     cmd.arg(fmt);
     let log = std::env::temp_dir().join("spur-bench-date.log");
     let mut c = proc::Child::spawn("date", cmd, proc::StdoutMode::Collect, &log).ok()?;
-    let (st, out) = c.wait_output(Duration::from_secs(5)).ok()?;
+    let res = c.wait_output(Duration::from_secs(5));
+    let _ = std::fs::remove_file(&log);
+    let (st, out) = res.ok()?;
     st.success()
         .then(|| String::from_utf8_lossy(&out).trim().to_string())
         .filter(|s| !s.is_empty())
