@@ -152,10 +152,20 @@ pub fn latency_curves(
             });
         }
     }
+    finish(&mut chart, &root, text, SeriesLabelPosition::UpperLeft)
+}
+
+/// Draws the legend (when text can be rendered) and writes the file.
+fn finish<'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, CT>,
+    root: &DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>,
+    text: bool,
+    legend: SeriesLabelPosition,
+) -> Result<bool> {
     if text {
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(legend)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .label_font(("sans-serif", 16))
@@ -259,18 +269,7 @@ pub fn throughput_bars(r: &Results, path: &Path, text: bool) -> Result<bool> {
                 .map_err(err)?;
         }
     }
-    if text {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 16))
-            .draw()
-            .map_err(err)?;
-    }
-    root.present().map_err(err)?;
-    Ok(true)
+    finish(&mut chart, &root, text, SeriesLabelPosition::UpperRight)
 }
 
 #[cfg(test)]
