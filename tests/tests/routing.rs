@@ -352,3 +352,49 @@ async fn invalid_rule_file_keeps_the_last_good_table() {
     );
     env.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolve_overrides_map_service_names_to_fixed_addresses() {
+    // A rule naming a cluster Service (which does not resolve here) reaches the fork through
+    // the sidecar's `resolve` table; a Service name missing from the table fails cleanly (502).
+    let mut opts = EnvOptions::default();
+    opts.rules = Vec::new();
+    let mut env = Env::start(opts).await;
+    let fork = env.fork("fork");
+    env.sidecar.take().unwrap().shutdown().await;
+    let mut proxy = spur_proxy::ProxyConfig {
+        drain_grace: Duration::from_secs(5),
+        ..Default::default()
+    };
+    proxy
+        .resolve
+        .insert("web-sb.demo.svc.cluster.local:8080".into(), fork);
+    let mut config = spur_e2e::sidecar_config(env.baseline);
+    config.rules = Some(env.rules_path.clone());
+    config.proxy = proxy;
+    let rule = |key: &str, host: &str| {
+        format!(
+            "- routingKey: {key}\n  baseline: {{kind: Deployment, namespace: {}, name: {}}}\n  destinationSandbox: {{name: sb}}\n  mappings:\n    - workloadPort: {}\n      destinations: [{{host: {host}, port: 8080}}]\n",
+            spur_e2e::NAMESPACE,
+            spur_e2e::BASELINE_NAME,
+            env.baseline.port()
+        )
+    };
+    env.write_raw_rules(&format!(
+        "{}{}",
+        rule("k1", "Web-SB.demo.svc.cluster.local"),
+        rule("k2", "missing.demo.svc.cluster.local")
+    ));
+    env.sidecar = Some(spur_sidecar::Sidecar::start(config).await.unwrap());
+    env.wait_version(1).await;
+    assert_eq!(
+        served_by(&env, &[("baggage", "sd-routing-key=k1")]).await,
+        "fork"
+    );
+    assert_eq!(served_by(&env, &[]).await, "baseline");
+    let got = get(env.addr(), "/", &[("baggage", "sd-routing-key=k2")])
+        .await
+        .unwrap();
+    assert_eq!(got.status, 502, "{got:?}");
+    env.shutdown().await;
+}

@@ -1,5 +1,7 @@
 //! Proxy configuration: one plain serde struct, validated once before anything binds.
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -43,6 +45,10 @@ pub struct ProxyConfig {
     pub opaque_ports: Vec<u16>,
     /// Add `X-Forwarded-For` / `X-Forwarded-Proto` to proxied requests.
     pub forwarded_headers: bool,
+    /// Fixed addresses for sandbox destinations, `"host:port" → "ip:port"`, consulted before
+    /// DNS (like curl's `--resolve`). For running sidecars where the cluster's Service names do
+    /// not resolve: on a workstation, or in tests that stand in for a cluster.
+    pub resolve: BTreeMap<String, SocketAddr>,
 }
 
 impl Default for ProxyConfig {
@@ -60,6 +66,7 @@ impl Default for ProxyConfig {
             pool_idle_timeout: Duration::from_secs(90),
             opaque_ports: Vec::new(),
             forwarded_headers: true,
+            resolve: BTreeMap::new(),
         }
     }
 }
@@ -96,8 +103,26 @@ impl ProxyConfig {
         if self.opaque_ports.contains(&0) {
             return Err(Error::Config("opaquePorts must not contain 0".into()));
         }
+        for key in self.resolve.keys() {
+            split_host_port(key)?;
+        }
         Ok(())
     }
+}
+
+/// Splits a `resolve` key, `host:port`, where host is a DNS name or an IP (IPv6 in brackets).
+pub(crate) fn split_host_port(key: &str) -> Result<(String, u16), Error> {
+    let bad = || Error::Config(format!("resolve key {key:?}: expected host:port"));
+    let (host, port) = key.rsplit_once(':').ok_or_else(bad)?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    if host.is_empty() || port == 0 || host.contains(char::is_whitespace) {
+        return Err(bad());
+    }
+    Ok((host.to_ascii_lowercase(), port))
 }
 
 /// Parses `250ms`, `5s`, `2m`, `1h` (a bare number means seconds).
@@ -169,5 +194,26 @@ mod tests {
         let c: ProxyConfig = serde_json::from_str(json).unwrap();
         assert_eq!(c.detect_timeout, Duration::from_millis(200));
         assert_eq!(c.opaque_ports, vec![3306]);
+    }
+
+    #[test]
+    fn resolve_keys() {
+        assert_eq!(
+            split_host_port("Web.NS.svc:8080").unwrap(),
+            ("web.ns.svc".to_string(), 8080)
+        );
+        assert_eq!(
+            split_host_port("[::1]:80").unwrap(),
+            ("::1".to_string(), 80)
+        );
+        for bad in ["web", "web:", ":80", "web:0", "web:99999", "a b:80"] {
+            assert!(split_host_port(bad).is_err(), "{bad}");
+        }
+        let json = r#"{"resolve":{"web-sbx.ns.svc:80":"127.0.0.1:9000"}}"#;
+        let c: ProxyConfig = serde_json::from_str(json).unwrap();
+        assert!(c.validate().is_ok());
+        let json = r#"{"resolve":{"web-sbx.ns.svc":"127.0.0.1:9000"}}"#;
+        let c: ProxyConfig = serde_json::from_str(json).unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("host:port"));
     }
 }

@@ -26,7 +26,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::Error;
-use crate::config::ProxyConfig;
+use crate::config::{ProxyConfig, split_host_port};
 use crate::metrics::Metrics;
 
 pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
@@ -87,6 +87,8 @@ pub(crate) struct PoolInner {
     max_idle: usize,
     idle_timeout: Duration,
     max_header_bytes: usize,
+    /// `ProxyConfig::resolve`, keyed by lowercase host and port.
+    resolve: HashMap<(String, u16), SocketAddr>,
     metrics: Metrics,
 }
 
@@ -106,6 +108,11 @@ impl Pool {
             max_idle: config.pool_max_idle_per_upstream,
             idle_timeout: config.pool_idle_timeout,
             max_header_bytes: config.max_header_bytes,
+            resolve: config
+                .resolve
+                .iter()
+                .filter_map(|(k, addr)| Some((split_host_port(k).ok()?, *addr)))
+                .collect(),
             metrics,
         }));
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -124,7 +131,12 @@ impl Pool {
         let connect = async {
             match upstream {
                 Upstream::Original(addr) => TcpStream::connect(addr).await,
-                Upstream::Sandbox(loc) => TcpStream::connect((loc.host.as_str(), loc.port)).await,
+                Upstream::Sandbox(loc) => {
+                    match self.resolve.get(&(loc.host.to_ascii_lowercase(), loc.port)) {
+                        Some(addr) => TcpStream::connect(addr).await,
+                        None => TcpStream::connect((loc.host.as_str(), loc.port)).await,
+                    }
+                }
             }
         };
         let res = match tokio::time::timeout(self.connect_timeout, connect).await {

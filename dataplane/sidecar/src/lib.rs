@@ -91,6 +91,20 @@ pub struct SidecarArgs {
     /// Proxy tunables (timeouts, limits, pools) as YAML/JSON; see ProxyConfig in the docs.
     #[arg(long, env = "SPUR_PROXY_CONFIG")]
     pub proxy_config: Option<PathBuf>,
+    /// Fixed address for a sandbox destination, `HOST:PORT=IP:PORT`, used instead of DNS
+    /// (repeatable; comma-separated in env). For sidecars outside the cluster's DNS.
+    #[arg(long = "resolve", env = "SPUR_RESOLVE", value_delimiter = ',', value_parser = parse_resolve)]
+    pub resolve: Vec<(String, SocketAddr)>,
+}
+
+fn parse_resolve(s: &str) -> Result<(String, SocketAddr), String> {
+    let (key, addr) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected HOST:PORT=IP:PORT"))?;
+    let addr = addr
+        .parse()
+        .map_err(|_| format!("{s:?}: {addr:?} is not an IP:PORT address"))?;
+    Ok((key.to_string(), addr))
 }
 
 /// A validated sidecar configuration.
@@ -143,6 +157,7 @@ impl TryFrom<SidecarArgs> for SidecarConfig {
         };
         proxy.drain_grace = a.drain_grace;
         proxy.opaque_ports.extend(a.opaque_ports.iter().copied());
+        proxy.resolve.extend(a.resolve.iter().cloned());
         proxy.validate()?;
         let baseline = BaselineWorkload {
             kind: a.baseline_kind,
