@@ -357,9 +357,11 @@ async fn invalid_rule_file_keeps_the_last_good_table() {
 async fn resolve_overrides_map_service_names_to_fixed_addresses() {
     // A rule naming a cluster Service (which does not resolve here) reaches the fork through
     // the sidecar's `resolve` table; a Service name missing from the table fails cleanly (502).
-    let mut opts = EnvOptions::default();
-    opts.rules = Vec::new();
-    let mut env = Env::start(opts).await;
+    let mut env = Env::start(EnvOptions {
+        rules: Vec::new(),
+        ..EnvOptions::default()
+    })
+    .await;
     let fork = env.fork("fork");
     env.sidecar.take().unwrap().shutdown().await;
     let mut proxy = spur_proxy::ProxyConfig {
