@@ -1,4 +1,4 @@
-//! The `spur` command: the standalone demo now; route server, cluster and local workflows later.
+//! The `spur` command: the standalone demo, the route server and the operator.
 
 mod demo;
 mod routeserver;
@@ -21,7 +21,8 @@ enum Command {
     /// Run example baseline and forked services behind Spur sidecars on loopback and show
     /// keyed requests reaching the fork while everything else reaches the baseline.
     Demo(demo::DemoArgs),
-    /// Serve the Routes API (gRPC 7777, REST 7778) from a directory of rule files.
+    /// Serve the Routes API (gRPC 7777, REST 7778) from a directory of rule files or from the
+    /// cluster's RoutingConfigs.
     Routeserver(routeserver::RouteserverArgs),
 }
 
@@ -56,4 +57,25 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// A Kubernetes client from `kubeconfig`, or else the in-cluster service account, $KUBECONFIG
+/// or ~/.kube/config (kube's inference order).
+pub(crate) async fn kube_client(
+    kubeconfig: Option<&std::path::Path>,
+) -> anyhow::Result<kube::Client> {
+    use anyhow::Context;
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("invalid kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no Kubernetes configuration (in-cluster, $KUBECONFIG or ~/.kube/config)")?,
+    };
+    kube::Client::try_from(config).context("cannot build a Kubernetes client")
 }

@@ -1,4 +1,5 @@
-//! `spur routeserver`: the standalone route server (rule directory store).
+//! `spur routeserver`: the route server, fed from a rule directory (standalone) or from the
+//! RoutingConfigs of a Kubernetes cluster (`--kubernetes`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,13 +9,26 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use spur_proxy::parse_duration;
-use spur_routeserver::{RouteServer, RouteServerConfig};
+use spur_routeserver::{KubeStore, RouteServer, RouteServerConfig};
 
 #[derive(Args)]
 pub(crate) struct RouteserverArgs {
     /// Directory of rule files (*.yaml, *.yml, *.json), each a list of routing rules; watched.
-    #[arg(long, env = "SPUR_RULES_DIR")]
-    rules_dir: PathBuf,
+    #[arg(
+        long,
+        env = "SPUR_RULES_DIR",
+        required_unless_present = "kubernetes",
+        conflicts_with = "kubernetes"
+    )]
+    rules_dir: Option<PathBuf>,
+    /// Serve the rules of the cluster's RoutingConfigs (and its Services for
+    /// GetClusterServices), using the in-cluster service account or $KUBECONFIG.
+    #[arg(long, env = "SPUR_KUBERNETES")]
+    kubernetes: bool,
+    /// Kubeconfig file for --kubernetes (default: in-cluster config, then $KUBECONFIG, then
+    /// ~/.kube/config).
+    #[arg(long, env = "SPUR_KUBECONFIG", requires = "kubernetes")]
+    kubeconfig: Option<PathBuf>,
     /// gRPC Routes API address (routes.Routes, compatible with Signadot's routesapi clients).
     #[arg(long, env = "SPUR_GRPC_ADDR", default_value = "0.0.0.0:7777")]
     grpc_addr: SocketAddr,
@@ -31,15 +45,19 @@ pub(crate) struct RouteserverArgs {
 
 pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
     let config = RouteServerConfig {
-        rules_dir: args.rules_dir,
+        rules_dir: args.rules_dir.clone().unwrap_or_default(),
         poll_interval: args.poll_interval,
         grpc_addr: args.grpc_addr,
         http_addr: args.http_addr,
         watch_buffer: args.watch_buffer,
     };
-    let server = RouteServer::start(config)
-        .await
-        .context("cannot start the route server")?;
+    let server = if args.kubernetes {
+        let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
+        RouteServer::start_with(config, KubeStore::new(client)).await
+    } else {
+        RouteServer::start(config).await
+    }
+    .context("cannot start the route server")?;
     spur_sidecar::shutdown_signal().await;
     tracing::info!("shutting down");
     server.shutdown().await;

@@ -1,7 +1,7 @@
 //! The route server: an index of routing rules served over the Signadot-compatible Routes API (gRPC) and REST, with watch streams.
 //!
 //! ```text
-//! RuleStore (rule directory now, Kubernetes later) ──complete rule sets──► Index (snapshots + change log)
+//! RuleStore (rule directory, or Kubernetes RoutingConfigs) ──complete rule sets──► Index (snapshots + change log)
 //!        ──► gRPC routes.Routes :7777   Get / Watch / GetClusterServices
 //!        ──► REST :7778                 /api/v1/workloads/routing-rules[/watch], /healthz, /metrics
 //! ```
@@ -11,12 +11,14 @@
 
 mod grpc;
 mod index;
+mod kube_store;
 mod metrics;
 mod rest;
 mod store;
 mod watch;
 
 pub use index::{Entry, Filter, Index, RuleKey, Snapshot};
+pub use kube_store::{KubeStore, cluster_services, rules_from};
 pub use metrics::Metrics;
 pub use store::{DirStore, RuleStore};
 
@@ -42,14 +44,17 @@ pub enum Error {
     },
     #[error("rules directory {path}: {reason}")]
     RulesDir { path: String, reason: String },
+    #[error("rule store: {0}")]
+    Store(String),
 }
 
 /// Route-server configuration.
 #[derive(Debug, Clone)]
 pub struct RouteServerConfig {
-    /// Directory of rule files (`*.yaml`, `*.yml`, `*.json`).
+    /// Directory of rule files (`*.yaml`, `*.yml`, `*.json`); used by [`RouteServer::start`]
+    /// only (a server started with another store ignores it).
     pub rules_dir: PathBuf,
-    /// How often the directory is checked for changes.
+    /// How often the directory is checked for changes ([`RouteServer::start`] only).
     pub poll_interval: Duration,
     /// gRPC Routes API (default `0.0.0.0:7777`).
     pub grpc_addr: SocketAddr,
@@ -81,15 +86,19 @@ pub struct RouteServer {
 }
 
 impl RouteServer {
-    /// Binds both ports, loads the rule directory once (so the first request already sees the
-    /// rules), then serves in the background.
+    /// Serves the rule directory `config.rules_dir`: binds both ports, loads the directory once
+    /// (so the first request already sees the rules), then serves in the background.
     pub async fn start(config: RouteServerConfig) -> Result<Self, Error> {
-        if !config.rules_dir.is_dir() {
-            return Err(Error::RulesDir {
-                path: config.rules_dir.display().to_string(),
-                reason: "not a directory".into(),
-            });
-        }
+        let store = DirStore::new(&config.rules_dir, config.poll_interval);
+        Self::start_with(config, store).await
+    }
+
+    /// Serves the rules of `store` (e.g. the Kubernetes store): binds both ports, waits for the
+    /// store's first complete rule set, then serves in the background.
+    pub async fn start_with<S: RuleStore>(
+        config: RouteServerConfig,
+        mut store: S,
+    ) -> Result<Self, Error> {
         let bind = |what, addr| async move {
             let l = TcpListener::bind(addr)
                 .await
@@ -108,8 +117,7 @@ impl RouteServer {
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
 
-        let mut store = DirStore::new(&config.rules_dir, config.poll_interval);
-        store.poll_once(&index, &metrics);
+        store.initial(&index, &metrics).await?;
         tasks.spawn(store.run(index.clone(), metrics.clone(), stop.clone()));
 
         let index_metrics = metrics.clone();
@@ -165,7 +173,7 @@ impl RouteServer {
                 tracing::error!(error = %e, "HTTP server failed");
             }
         });
-        tracing::info!(%grpc_addr, %http_addr, rules_dir = %config.rules_dir.display(), "route server started");
+        tracing::info!(%grpc_addr, %http_addr, "route server started");
         Ok(RouteServer {
             grpc_addr,
             http_addr,

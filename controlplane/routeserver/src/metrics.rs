@@ -15,6 +15,7 @@ pub struct Metrics {
     pub(crate) file_errors: Counter,
     files_valid: Gauge,
     files_invalid: Gauge,
+    problems: Gauge,
 }
 
 impl Metrics {
@@ -28,6 +29,7 @@ impl Metrics {
             file_errors: Counter::default(),
             files_valid: Gauge::default(),
             files_invalid: Gauge::default(),
+            problems: Gauge::default(),
         };
         registry.register(
             "watchers",
@@ -65,7 +67,16 @@ impl Metrics {
             "Rule files ignored because their content is invalid",
             m.files_invalid.clone(),
         );
+        registry.register(
+            "store_problems",
+            "Problems the rule store reports (invalid files or rules, conflicts); listed in /healthz",
+            m.problems.clone(),
+        );
         m
+    }
+
+    pub(crate) fn set_problems(&self, n: usize) {
+        self.problems.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     pub(crate) fn set_files(&self, valid: usize, invalid: usize) {

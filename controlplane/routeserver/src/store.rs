@@ -18,6 +18,15 @@ const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
 
 /// A source of complete rule sets.
 pub trait RuleStore: Send + 'static {
+    /// Loads the first complete rule set into `index`. The route server calls it before it
+    /// serves anything, so no watcher ever sees a partial or empty set that merely means
+    /// "not loaded yet".
+    fn initial(
+        &mut self,
+        index: &Index,
+        metrics: &Metrics,
+    ) -> impl Future<Output = Result<(), crate::Error>> + Send;
+
     /// Publishes into `index` until `stop` is cancelled.
     fn run(
         self,
@@ -162,12 +171,25 @@ impl DirStore {
         let invalid = self.files.values().filter(|s| s.error.is_some()).count();
         metrics.set_files(self.files.len() - invalid, invalid);
         index.replace_all(merged);
+        metrics.set_problems(problems.len());
         index.set_problems(problems.clone());
         problems
     }
 }
 
 impl RuleStore for DirStore {
+    async fn initial(&mut self, index: &Index, metrics: &Metrics) -> Result<(), crate::Error> {
+        if !self.dir.is_dir() {
+            return Err(crate::Error::RulesDir {
+                path: self.dir.display().to_string(),
+                reason: "not a directory".into(),
+            });
+        }
+        // Invalid files are reported, not fatal: the server starts with the valid ones.
+        self.poll_once(index, metrics);
+        Ok(())
+    }
+
     async fn run(mut self, index: Index, metrics: Metrics, stop: CancellationToken) {
         loop {
             self.poll_once(&index, &metrics);

@@ -1,0 +1,146 @@
+//! Status conditions (`metav1.Condition`), kept the way `kubectl wait` and server-side apply
+//! expect: one entry per type, `lastTransitionTime` moving only when the status flips.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// The object does what its spec asks.
+pub const READY: &str = "Ready";
+/// An external workload's tunnel answered its last health check.
+pub const TUNNEL_CONNECTED: &str = "TunnelConnected";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConditionStatus {
+    True,
+    False,
+    Unknown,
+}
+
+impl ConditionStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConditionStatus::True => "True",
+            ConditionStatus::False => "False",
+            ConditionStatus::Unknown => "Unknown",
+        }
+    }
+}
+
+impl From<bool> for ConditionStatus {
+    fn from(b: bool) -> Self {
+        if b {
+            ConditionStatus::True
+        } else {
+            ConditionStatus::False
+        }
+    }
+}
+
+/// The desired state of one condition.
+#[derive(Clone, Copy, Debug)]
+pub struct NewCondition<'a> {
+    /// CamelCase type, e.g. [`READY`].
+    pub type_: &'a str,
+    pub status: ConditionStatus,
+    /// CamelCase, machine-readable, never empty.
+    pub reason: &'a str,
+    /// For people; may be empty.
+    pub message: &'a str,
+    /// The `metadata.generation` the condition was computed from.
+    pub observed_generation: Option<i64>,
+}
+
+/// Sets a condition, keeping its `lastTransitionTime` unless the status changes (a new
+/// condition gets `now`). Returns whether anything changed, so callers can skip a status write.
+pub fn set_condition(conditions: &mut Vec<Condition>, new: NewCondition<'_>, now: &Time) -> bool {
+    let status = new.status.as_str();
+    match conditions.iter_mut().find(|c| c.type_ == new.type_) {
+        Some(c) => {
+            let changed = c.status != status
+                || c.reason != new.reason
+                || c.message != new.message
+                || c.observed_generation != new.observed_generation;
+            if c.status != status {
+                c.status = status.to_owned();
+                c.last_transition_time = now.clone();
+            }
+            if changed {
+                new.reason.clone_into(&mut c.reason);
+                new.message.clone_into(&mut c.message);
+                c.observed_generation = new.observed_generation;
+            }
+            changed
+        }
+        None => {
+            conditions.push(Condition {
+                type_: new.type_.to_owned(),
+                status: status.to_owned(),
+                reason: new.reason.to_owned(),
+                message: new.message.to_owned(),
+                observed_generation: new.observed_generation,
+                last_transition_time: now.clone(),
+            });
+            true
+        }
+    }
+}
+
+pub fn find_condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// Whether the condition is present with status `True`.
+pub fn is_condition_true(conditions: &[Condition], type_: &str) -> bool {
+    find_condition(conditions, type_).is_some_and(|c| c.status == "True")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(secs: i64) -> Time {
+        Time(Timestamp::from_second(secs).unwrap())
+    }
+
+    fn ready(status: bool, reason: &str, generation: i64) -> NewCondition<'_> {
+        NewCondition {
+            type_: READY,
+            status: status.into(),
+            reason,
+            message: "",
+            observed_generation: Some(generation),
+        }
+    }
+
+    #[test]
+    fn transition_time_moves_only_when_status_flips() {
+        let mut cs = Vec::new();
+        assert!(set_condition(&mut cs, ready(false, "Pending", 1), &at(10)));
+        assert_eq!(cs[0].last_transition_time, at(10));
+
+        assert!(!set_condition(&mut cs, ready(false, "Pending", 1), &at(20)));
+        assert!(set_condition(&mut cs, ready(false, "Waiting", 2), &at(30)));
+        assert_eq!(cs[0].last_transition_time, at(10));
+        assert_eq!(cs[0].reason, "Waiting");
+        assert_eq!(cs[0].observed_generation, Some(2));
+
+        assert!(set_condition(&mut cs, ready(true, "Available", 2), &at(40)));
+        assert_eq!(cs[0].last_transition_time, at(40));
+        assert!(is_condition_true(&cs, READY));
+
+        let tunnel = NewCondition {
+            type_: TUNNEL_CONNECTED,
+            status: ConditionStatus::Unknown,
+            reason: "NotChecked",
+            message: "no health check yet",
+            observed_generation: None,
+        };
+        assert!(set_condition(&mut cs, tunnel, &at(50)));
+        assert_eq!(cs.len(), 2);
+        assert!(!is_condition_true(&cs, TUNNEL_CONNECTED));
+        assert_eq!(
+            find_condition(&cs, TUNNEL_CONNECTED).unwrap().status,
+            "Unknown"
+        );
+    }
+}

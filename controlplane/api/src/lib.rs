@@ -1,0 +1,37 @@
+//! Spur's Kubernetes API (group `spur.dev`, version `v1alpha1`): the custom resource types,
+//! their validation, object naming, well-known keys, condition helpers and the CRD generator.
+//!
+//! ```text
+//! Sandbox ──► ForkedWorkload / ExternalWorkload / VirtualWorkload   (one per baseline, in its namespace)
+//!        └──► RoutingConfig (its routing key) ◄── RouteGroup (label match over sandboxes)
+//!                   status.routeServer.routes ──► route server ──► Routes API rules
+//! ```
+//!
+//! Validation happens twice with the same rules: the apiserver enforces the schema (patterns,
+//! bounds, CEL `x-kubernetes-validations`) on every write, and each spec's `validate()` repeats
+//! those checks in Rust and adds what CEL cannot express, for controllers and tests.
+
+pub mod common;
+pub mod conditions;
+pub mod crdgen;
+pub mod keys;
+pub mod names;
+pub mod routegroup;
+pub mod routingconfig;
+pub mod sandbox;
+pub mod validation;
+pub mod workloads;
+
+mod error;
+mod schema;
+
+pub use common::{ServiceMapping, ServicePort, WorkloadKind, WorkloadRef};
+pub use error::{Error, FieldError, FieldErrors};
+pub use routegroup::{Match, RouteGroup, RouteGroupSpec, RouteGroupStatus};
+pub use routingconfig::{Route, RoutingConfig, RoutingConfigSpec, RoutingConfigStatus};
+pub use sandbox::{Sandbox, SandboxSpec, SandboxStatus};
+pub use workloads::{
+    ExternalWorkload, ExternalWorkloadSpec, ExternalWorkloadStatus, ForkedWorkload,
+    ForkedWorkloadSpec, ForkedWorkloadStatus, VirtualWorkload, VirtualWorkloadSpec,
+    VirtualWorkloadStatus,
+};

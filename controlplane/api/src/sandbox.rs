@@ -1,0 +1,977 @@
+//! `Sandbox`: what a developer asks for. The controllers compile it into ForkedWorkloads,
+//! ExternalWorkloads, VirtualWorkloads and one RoutingConfig for its routing key.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{ServiceMapping, WorkloadRef, check_container};
+use crate::error::Error;
+use crate::validation::*;
+
+/// Most forks, local and virtual workloads (each) in one sandbox. The bounds keep the CEL
+/// uniqueness rules, which are quadratic, inside the apiserver's cost budget.
+pub const MAX_WORKLOADS: usize = 32;
+/// Most image customizations per fork.
+pub const MAX_IMAGES: usize = 16;
+/// Most env customizations per fork. This bound keeps the CEL rule "one entry per (name,
+/// container)" (quadratic, and nested in `forks`) inside the apiserver's per-rule cost budget;
+/// kube-apiserver 1.33 rejects the CRD with 64.
+pub const MAX_ENV: usize = 32;
+pub const MAX_RESOURCES: usize = 16;
+pub const MAX_ENDPOINTS: usize = 32;
+pub const MAX_LABELS: usize = 64;
+pub const MAX_PARAMS: usize = 64;
+/// Largest patch value, serialized as JSON. Checked in Rust only: CEL cannot size an untyped
+/// value.
+pub const MAX_PATCH_BYTES: usize = 64 * 1024;
+
+/// Desired state of a sandbox.
+// Cluster-scoped: a sandbox forks baselines in any namespace, and the per-baseline objects it
+// creates there can only be owned (garbage-collected with it) by a cluster-scoped owner.
+// `printcolumn(...)` repeats its keys by design; clippy takes that for a copy-paste slip.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "spur.dev",
+    version = "v1alpha1",
+    kind = "Sandbox",
+    plural = "sandboxes",
+    shortname = "sbx",
+    category = "spur",
+    status = "SandboxStatus",
+    derive = "PartialEq",
+    doc = "A request-level sandbox: forks of baseline workloads (with customizations), workloads that run on a workstation, and virtual workloads, all reachable through one routing key. Requests that carry the key reach the sandbox's workloads; all other traffic keeps flowing to the baselines.",
+    validation = Rule::new("size(self.metadata.name) <= 63 && !self.metadata.name.contains('.')").message("a sandbox name must be a DNS-1123 label (at most 63 characters, no dots): it is used in label values and host names"),
+    printcolumn(name = "Key", type_ = "string", json_path = ".status.routingKey", description = "Routing key"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Expires", type_ = "date", json_path = ".status.expiresAt", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "(has(self.forks) && size(self.forks) > 0) || (has(self.local) && size(self.local) > 0) || (has(self.virtual) && size(self.virtual) > 0)",
+        "message": "a sandbox needs at least one fork, local or virtual workload"
+    },
+    {
+        "rule": "!has(self.forks) || self.forks.all(f, self.forks.exists_one(g, g.forkOf == f.forkOf))",
+        "message": "each baseline may be forked only once (forks[].forkOf must be unique)"
+    },
+    {
+        "rule": "!has(self.local) || self.local.all(l, self.local.exists_one(m, m.from == l.from))",
+        "message": "each baseline may be replaced by only one local workload (local[].from must be unique)"
+    },
+    {
+        "rule": "!has(self.virtual) || self.virtual.all(v, self.virtual.exists_one(w, w.workload == v.workload))",
+        "message": "each baseline may have only one virtual workload (virtual[].workload must be unique)"
+    },
+    {
+        "rule": crate::schema::disjoint_baselines_rule(),
+        "message": "a baseline may appear only once across forks, local and virtual"
+    },
+    {
+        "rule": "!has(self.local) || size(self.local) == 0 || has(self.workstation)",
+        "message": "local workloads need spec.workstation"
+    },
+    {
+        "rule": "has(self.resources) == has(oldSelf.resources) && (!has(self.resources) || self.resources == oldSelf.resources)",
+        "message": "resources are immutable"
+    }
+]))]
+pub struct SandboxSpec {
+    /// What the sandbox is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = DESCRIPTION_MAX))]
+    pub description: Option<String>,
+
+    /// Free-form labels; route groups select sandboxes by them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend(
+        "maxProperties" = MAX_LABELS,
+        "additionalProperties" = {"type": "string", "maxLength": FREE_LABEL_VALUE_MAX},
+        "x-kubernetes-validations" = [{
+            "rule": crate::schema::label_keys_rule(),
+            "message": "label keys must be Kubernetes label keys ([prefix/]name, name at most 63 characters)"
+        }]
+    ))]
+    pub labels: BTreeMap<String, String>,
+
+    /// Baseline workloads to fork: each fork runs a customized copy of its baseline that
+    /// receives the requests carrying this sandbox's routing key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_WORKLOADS))]
+    pub forks: Vec<Fork>,
+
+    /// Baseline workloads replaced by a process on a workstation: requests carrying the routing
+    /// key are tunnelled to it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = MAX_WORKLOADS),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
+    pub local: Vec<Local>,
+
+    /// Baselines that get key-scoped traffic handling without a new workload; what the handling
+    /// does not answer goes to the baseline.
+    #[serde(rename = "virtual", default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = MAX_WORKLOADS),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
+    pub virtual_workloads: Vec<Virtual>,
+
+    /// Resources (databases, queues, …) created for the sandbox by resource plugins. Immutable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = MAX_RESOURCES),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
+    pub resources: Vec<SandboxResource>,
+
+    /// Endpoints of the sandbox's default route group (preview URLs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_route_group: Option<DefaultRouteGroup>,
+
+    /// When the sandbox is deleted. Without it the sandbox lives until deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<Ttl>,
+
+    /// The workstation (its `spur local connect` session id) that serves the local workloads.
+    /// Required when `local` is not empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = DNS_LABEL_MAX), regex(pattern = DNS_LABEL_PATTERN))]
+    pub workstation: Option<String>,
+}
+
+/// A fork of one baseline workload.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Fork {
+    /// The baseline workload to copy.
+    pub fork_of: WorkloadRef,
+    /// Changes applied to the copy.
+    #[serde(default, skip_serializing_if = "Customizations::is_empty")]
+    pub customizations: Customizations,
+}
+
+/// Changes applied to a fork: images first, then env, then the patch.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "!has(self.images) || self.images.all(i, self.images.exists_one(j, has(i.container) == has(j.container) && (!has(i.container) || i.container == j.container)))",
+        "message": "at most one image per container (and at most one without container)"
+    },
+    {
+        "rule": "!has(self.env) || self.env.all(e, self.env.exists_one(f, f.name == e.name && has(f.container) == has(e.container) && (!has(e.container) || f.container == e.container)))",
+        "message": "at most one env entry per (name, container)"
+    }
+]))]
+pub struct Customizations {
+    /// Container images to replace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_IMAGES))]
+    pub images: Vec<ImageOverride>,
+    /// Environment variables to set or remove.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_ENV))]
+    pub env: Vec<EnvOverride>,
+    /// A patch applied to the forked workload object last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patch: Option<Patch>,
+}
+
+impl Customizations {
+    pub fn is_empty(&self) -> bool {
+        self.images.is_empty() && self.env.is_empty() && self.patch.is_none()
+    }
+}
+
+/// Replaces the image of one container.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageOverride {
+    /// Image reference, e.g. `ghcr.io/acme/route:pr-42`.
+    #[schemars(length(min = 1, max = IMAGE_MAX), regex(pattern = IMAGE_PATTERN))]
+    pub image: String,
+    /// Container to change; the pod template's first container when omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = DNS_LABEL_MAX), regex(pattern = DNS_LABEL_PATTERN))]
+    pub container: Option<String>,
+}
+
+/// Sets (`upsert`) or removes (`delete`) one environment variable.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "!(has(self.operation) && self.operation == 'delete') || (!has(self.value) && !has(self.valueFrom))",
+        "message": "operation delete takes neither value nor valueFrom"
+    },
+    {
+        "rule": "(has(self.operation) && self.operation == 'delete') || (has(self.value) != has(self.valueFrom))",
+        "message": "operation upsert needs exactly one of value and valueFrom"
+    }
+]))]
+pub struct EnvOverride {
+    /// Variable name.
+    #[schemars(length(min = 1, max = ENV_NAME_MAX), regex(pattern = ENV_NAME_PATTERN))]
+    pub name: String,
+    /// Literal value (`upsert` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = VALUE_MAX))]
+    pub value: Option<String>,
+    /// Where the value comes from (`upsert` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<EnvValueFrom>,
+    /// Container to change; every container of the pod when omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = DNS_LABEL_MAX), regex(pattern = DNS_LABEL_PATTERN))]
+    pub container: Option<String>,
+    /// `upsert` (default) or `delete`.
+    #[serde(default)]
+    pub operation: EnvOperation,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EnvOperation {
+    /// Set the variable, adding it if missing.
+    #[default]
+    Upsert,
+    /// Remove the variable.
+    Delete,
+}
+
+/// Exactly one source of an environment value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "(has(self.configMap) ? 1 : 0) + (has(self.secret) ? 1 : 0) + (has(self.resource) ? 1 : 0) + (has(self.fork) ? 1 : 0) == 1",
+    "message": "exactly one of configMap, secret, resource and fork"
+}]))]
+pub struct EnvValueFrom {
+    /// A key of a ConfigMap in the fork's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<KeyRef>,
+    /// A key of a Secret in the fork's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<KeyRef>,
+    /// An output of one of this sandbox's resources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<ResourceOutputRef>,
+    /// A property of another fork of this sandbox (e.g. its Service address).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork: Option<ForkValueRef>,
+}
+
+/// A key of a ConfigMap or Secret.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyRef {
+    /// Name of the ConfigMap or Secret.
+    #[schemars(length(min = 1, max = DNS_SUBDOMAIN_MAX), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub name: String,
+    /// Key within it.
+    #[schemars(length(min = 1, max = DNS_SUBDOMAIN_MAX), regex(pattern = "^[-._a-zA-Z0-9]+$"))]
+    pub key: String,
+    /// Start the fork even when the object or key is missing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
+}
+
+/// An output of a sandbox resource.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceOutputRef {
+    /// `spec.resources[].name`.
+    #[schemars(length(min = 1, max = DNS_LABEL_MAX), regex(pattern = DNS_LABEL_PATTERN))]
+    pub name: String,
+    /// `<step>.<output>`, e.g. `provision.host`.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[-_a-zA-Z0-9]+(\.[-_a-zA-Z0-9]+)*$")
+    )]
+    pub output_key: String,
+}
+
+/// A property of another fork of the same sandbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkValueRef {
+    /// The fork, by the baseline it forks (`spec.forks[].forkOf`).
+    pub fork_of: WorkloadRef,
+    /// Template over the fork, e.g. `{{.Service.Host}}:{{.Service.Port}}`.
+    #[schemars(length(min = 1, max = 1024))]
+    pub expression: String,
+}
+
+/// A patch applied to the forked workload object.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Patch {
+    /// `strategic` (Kubernetes strategic merge patch), `merge` (RFC 7396) or `json` (RFC 6902).
+    #[serde(rename = "type")]
+    pub type_: PatchType,
+    /// The patch: an object for `strategic` and `merge`, a list of operations for `json`.
+    #[schemars(schema_with = "crate::schema::any_value")]
+    pub value: serde_json::Value,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PatchType {
+    Strategic,
+    Merge,
+    Json,
+}
+
+/// A baseline replaced by a process on the workstation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Local {
+    /// Name of the local workload, unique in the sandbox.
+    #[schemars(length(min = 1, max = DNS_LABEL_MAX), regex(pattern = DNS_LABEL_PATTERN))]
+    pub name: String,
+    /// The baseline whose keyed traffic goes to the workstation.
+    pub from: WorkloadRef,
+    /// Which baseline ports go where on the workstation.
+    #[schemars(
+        length(min = 1, max = MAX_WORKLOADS),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["port"])
+    )]
+    pub mappings: Vec<LocalMapping>,
+}
+
+/// A baseline container port and where on the workstation it is served.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalMapping {
+    /// Container port of the baseline workload.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// `host:port` on the workstation, e.g. `localhost:8080`.
+    #[schemars(length(min = 3, max = HOST_PORT_MAX), regex(pattern = HOST_PORT_PATTERN))]
+    pub to_local: String,
+}
+
+/// A virtual workload: key-scoped handling of a baseline without a new workload.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Virtual {
+    /// Name of the virtual workload, unique in the sandbox.
+    #[schemars(length(min = 1, max = DNS_LABEL_MAX), regex(pattern = DNS_LABEL_PATTERN))]
+    pub name: String,
+    /// The baseline it stands in front of.
+    pub workload: WorkloadRef,
+}
+
+/// A resource created by a plugin for the sandbox's lifetime.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxResource {
+    /// Name, unique in the sandbox; env `valueFrom.resource.name` refers to it.
+    #[schemars(length(min = 1, max = DNS_LABEL_MAX), regex(pattern = DNS_LABEL_PATTERN))]
+    pub name: String,
+    /// Plugin, `name` or `name@version`.
+    #[schemars(length(min = 1, max = PLUGIN_MAX), regex(pattern = PLUGIN_PATTERN))]
+    pub plugin: String,
+    /// Plugin parameters.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend(
+        "maxProperties" = MAX_PARAMS,
+        "additionalProperties" = {"type": "string", "maxLength": VALUE_MAX}
+    ))]
+    pub params: BTreeMap<String, String>,
+}
+
+/// The sandbox's own route group.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DefaultRouteGroup {
+    /// Endpoints that get a preview URL carrying the sandbox's routing key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = MAX_ENDPOINTS),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// A named entry point into the cluster, reached with a routing key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoint {
+    /// Name, unique in its list; part of the preview host name.
+    #[schemars(length(min = 1, max = DNS_LABEL_MAX), regex(pattern = DNS_LABEL_PATTERN))]
+    pub name: String,
+    /// `scheme://host[:port]` with scheme http, https, grpc or tcp; the host is an in-cluster
+    /// name such as `frontend.hotrod.svc`.
+    #[schemars(length(min = 1, max = ENDPOINT_TARGET_MAX), regex(pattern = ENDPOINT_TARGET_PATTERN))]
+    pub target: String,
+}
+
+/// Time to live.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Ttl {
+    /// A positive whole number of minutes (`m`), hours (`h`), days (`d`) or weeks (`w`), at
+    /// most 4294967295, e.g. `90m` or `2d`.
+    #[schemars(length(min = 2, max = 11), regex(pattern = TTL_PATTERN))]
+    pub duration: String,
+    /// What the duration counts from: `createdAt` (default) or `updatedAt` (the last spec
+    /// change the controller saw).
+    #[serde(default)]
+    pub offset_from: TtlOffset,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum TtlOffset {
+    #[default]
+    CreatedAt,
+    UpdatedAt,
+}
+
+impl Ttl {
+    /// The duration, or `None` when it is malformed.
+    pub fn duration(&self) -> Option<Duration> {
+        parse_ttl(&self.duration)
+    }
+
+    /// When a sandbox created at `created` and last changed at `updated` expires; `None` when
+    /// the duration is malformed or the instant is beyond what a timestamp can hold.
+    pub fn expires_at(&self, created: Timestamp, updated: Timestamp) -> Option<Timestamp> {
+        let base = match self.offset_from {
+            TtlOffset::CreatedAt => created,
+            TtlOffset::UpdatedAt => updated,
+        };
+        let d = SignedDuration::try_from(self.duration()?).ok()?;
+        base.checked_add(d).ok()
+    }
+}
+
+/// Parses a TTL duration (see [`Ttl::duration`]).
+pub fn parse_ttl(s: &str) -> Option<Duration> {
+    let unit = match s.as_bytes().last()? {
+        b'm' => 60,
+        b'h' => 3600,
+        b'd' => 86_400,
+        b'w' => 604_800,
+        _ => return None,
+    };
+    let digits = &s[..s.len() - 1];
+    if digits.is_empty() || digits.starts_with('0') || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u32 = digits.parse().ok()?;
+    Some(Duration::from_secs(u64::from(n) * unit))
+}
+
+// === status ===
+
+/// Observed state of a sandbox.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The routing key: requests carrying it reach this sandbox's workloads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = ROUTING_KEY_MAX), regex(pattern = ROUTING_KEY_PATTERN))]
+    pub routing_key: Option<String>,
+    /// `Ready` and friends.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// One entry per `spec.forks[]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forks: Vec<ForkStatus>,
+    /// One entry per `spec.local[]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub local: Vec<LocalStatus>,
+    /// One entry per `spec.virtual[]`.
+    #[serde(rename = "virtual", default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub virtual_workloads: Vec<VirtualStatus>,
+    /// When the controller first saw the current spec (the base of `ttl.offsetFrom: updatedAt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<Time>,
+    /// When the sandbox will be deleted, from `spec.ttl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Time>,
+}
+
+/// Where a fork stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkStatus {
+    /// The baseline (`spec.forks[].forkOf`).
+    pub fork_of: WorkloadRef,
+    /// The ForkedWorkload object, in the baseline's namespace.
+    pub forked_workload: String,
+    /// The fork Deployment or Rollout, once created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork: Option<String>,
+    /// Baseline Services and their sandbox copies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<ServiceMapping>,
+    /// The fork is available and its routes are published.
+    #[serde(default)]
+    pub ready: bool,
+}
+
+/// Where a local workload stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalStatus {
+    /// `spec.local[].name`.
+    pub name: String,
+    /// The ExternalWorkload object, in the baseline's namespace.
+    pub external_workload: String,
+    /// The workstation's tunnel is up.
+    #[serde(default)]
+    pub connected: bool,
+    /// Keyed traffic reaches the workstation.
+    #[serde(default)]
+    pub ready: bool,
+}
+
+/// Where a virtual workload stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualStatus {
+    /// `spec.virtual[].name`.
+    pub name: String,
+    /// The VirtualWorkload object, in the baseline's namespace.
+    pub virtual_workload: String,
+    /// Its routes are published.
+    #[serde(default)]
+    pub ready: bool,
+}
+
+// === validation ===
+
+impl Sandbox {
+    /// [`SandboxSpec::validate`] plus the rule on the object's name.
+    pub fn validate(&self) -> Result<(), Error> {
+        let mut c = Checker::default();
+        check_owner_name(&mut c, self.metadata.name.as_deref());
+        self.spec.check(&mut c);
+        c.finish("Sandbox")
+    }
+}
+
+/// Sandbox and route group names end up in label values and host names, so they must be DNS
+/// labels rather than the subdomains Kubernetes allows.
+pub(crate) fn check_owner_name(c: &mut Checker, name: Option<&str>) {
+    if let Some(name) = name {
+        c.dns_label(|| "metadata.name".into(), name);
+    }
+}
+
+impl SandboxSpec {
+    /// Every rule of the schema and its CEL rules, plus what they cannot express: references
+    /// between fields (env from a resource or fork that exists), patch shapes, TTL range,
+    /// duplicate ports. Immutability needs the old spec: see [`SandboxSpec::validate_update`].
+    pub fn validate(&self) -> Result<(), Error> {
+        let mut c = Checker::default();
+        self.check(&mut c);
+        c.finish("Sandbox")
+    }
+
+    /// The rules that compare with the previous spec (the CEL transition rules).
+    pub fn validate_update(&self, old: &SandboxSpec) -> Result<(), Error> {
+        let mut c = Checker::default();
+        if self.resources != old.resources {
+            c.fail("spec.resources", "resources are immutable");
+        }
+        c.finish("Sandbox")
+    }
+
+    fn check(&self, c: &mut Checker) {
+        if let Some(d) = &self.description {
+            c.max_len(|| "spec.description".into(), d, DESCRIPTION_MAX);
+        }
+        check_labels(c, "spec.labels", &self.labels);
+
+        if self.forks.is_empty() && self.local.is_empty() && self.virtual_workloads.is_empty() {
+            c.fail(
+                "spec",
+                "a sandbox needs at least one fork, local or virtual workload",
+            );
+        }
+        c.max_items(|| "spec.forks".into(), &self.forks, MAX_WORKLOADS);
+        c.max_items(|| "spec.local".into(), &self.local, MAX_WORKLOADS);
+        c.max_items(
+            || "spec.virtual".into(),
+            &self.virtual_workloads,
+            MAX_WORKLOADS,
+        );
+        c.max_items(|| "spec.resources".into(), &self.resources, MAX_RESOURCES);
+
+        // A baseline has one routing rule per key, so it may stand in one place only.
+        let mut baselines: BTreeMap<&WorkloadRef, String> = BTreeMap::new();
+        let refs = SandboxRefs {
+            resources: self.resources.iter().map(|r| r.name.as_str()).collect(),
+            forks: self.forks.iter().map(|f| &f.fork_of).collect(),
+        };
+
+        for (i, f) in self.forks.iter().enumerate() {
+            let path = format!("spec.forks[{i}]");
+            f.fork_of.check(c, &format!("{path}.forkOf"));
+            claim_baseline(c, &mut baselines, &f.fork_of, format!("{path}.forkOf"));
+            f.customizations
+                .check(c, &format!("{path}.customizations"), Some(&refs));
+        }
+
+        let mut names = HashSet::new();
+        for (i, l) in self.local.iter().enumerate() {
+            let path = format!("spec.local[{i}]");
+            c.dns_label(|| format!("{path}.name"), &l.name);
+            if !names.insert(l.name.as_str()) {
+                c.fail(
+                    format!("{path}.name"),
+                    format!("duplicate name {:?}", l.name),
+                );
+            }
+            l.from.check(c, &format!("{path}.from"));
+            claim_baseline(c, &mut baselines, &l.from, format!("{path}.from"));
+            if l.mappings.is_empty() {
+                c.fail(format!("{path}.mappings"), "must not be empty");
+            }
+            c.max_items(|| format!("{path}.mappings"), &l.mappings, MAX_WORKLOADS);
+            let mut ports = HashSet::new();
+            for (j, m) in l.mappings.iter().enumerate() {
+                let mpath = format!("{path}.mappings[{j}]");
+                check_port(c, || format!("{mpath}.port"), m.port);
+                if !ports.insert(m.port) {
+                    c.fail(
+                        format!("{mpath}.port"),
+                        format!("port {} is mapped twice", m.port),
+                    );
+                }
+                c.require(
+                    is_host_port(&m.to_local),
+                    || format!("{mpath}.toLocal"),
+                    "must be host:port (e.g. localhost:8080)",
+                );
+            }
+        }
+        if !self.local.is_empty() && self.workstation.is_none() {
+            c.fail("spec.workstation", "local workloads need spec.workstation");
+        }
+        if let Some(w) = &self.workstation {
+            c.dns_label(|| "spec.workstation".into(), w);
+        }
+
+        let mut names = HashSet::new();
+        for (i, v) in self.virtual_workloads.iter().enumerate() {
+            let path = format!("spec.virtual[{i}]");
+            c.dns_label(|| format!("{path}.name"), &v.name);
+            if !names.insert(v.name.as_str()) {
+                c.fail(
+                    format!("{path}.name"),
+                    format!("duplicate name {:?}", v.name),
+                );
+            }
+            v.workload.check(c, &format!("{path}.workload"));
+            claim_baseline(c, &mut baselines, &v.workload, format!("{path}.workload"));
+        }
+
+        let mut names = HashSet::new();
+        for (i, r) in self.resources.iter().enumerate() {
+            let path = format!("spec.resources[{i}]");
+            c.dns_label(|| format!("{path}.name"), &r.name);
+            if !names.insert(r.name.as_str()) {
+                c.fail(
+                    format!("{path}.name"),
+                    format!("duplicate name {:?}", r.name),
+                );
+            }
+            c.require(
+                is_plugin(&r.plugin),
+                || format!("{path}.plugin"),
+                "must be a plugin name, optionally with @version",
+            );
+            if r.params.len() > MAX_PARAMS {
+                c.fail(
+                    format!("{path}.params"),
+                    format!("at most {MAX_PARAMS} parameters"),
+                );
+            }
+            for (k, v) in &r.params {
+                c.max_len(|| format!("{path}.params[{k}]"), v, VALUE_MAX);
+            }
+        }
+
+        if let Some(rg) = &self.default_route_group {
+            check_endpoints(c, "spec.defaultRouteGroup.endpoints", &rg.endpoints);
+        }
+        if let Some(ttl) = &self.ttl {
+            c.require(
+                ttl.duration().is_some(),
+                || "spec.ttl.duration".into(),
+                "must be a positive whole number (at most 4294967295) followed by m, h, d or w",
+            );
+        }
+    }
+}
+
+fn claim_baseline<'a>(
+    c: &mut Checker,
+    seen: &mut BTreeMap<&'a WorkloadRef, String>,
+    r: &'a WorkloadRef,
+    path: String,
+) {
+    if let Some(first) = seen.get(r) {
+        c.fail(
+            path,
+            format!("baseline {r} is already used by {first}; a baseline may appear only once across forks, local and virtual"),
+        );
+    } else {
+        seen.insert(r, path);
+    }
+}
+
+/// What env `valueFrom` may refer to: the sandbox's resources and forks.
+pub(crate) struct SandboxRefs<'a> {
+    resources: HashSet<&'a str>,
+    forks: HashSet<&'a WorkloadRef>,
+}
+
+impl Customizations {
+    /// `refs` is `None` where the sandbox is not at hand (a ForkedWorkload); references are then
+    /// not resolved.
+    pub(crate) fn check(&self, c: &mut Checker, path: &str, refs: Option<&SandboxRefs<'_>>) {
+        c.max_items(|| format!("{path}.images"), &self.images, MAX_IMAGES);
+        let mut containers = HashSet::new();
+        for (i, img) in self.images.iter().enumerate() {
+            let ipath = format!("{path}.images[{i}]");
+            c.require(
+                is_image(&img.image),
+                || format!("{ipath}.image"),
+                "must be a non-empty image reference without whitespace",
+            );
+            if let Some(name) = &img.container {
+                check_container(c, || format!("{ipath}.container"), name);
+            }
+            if !containers.insert(img.container.as_deref()) {
+                c.fail(
+                    format!("{ipath}.container"),
+                    "at most one image per container (and at most one without container)",
+                );
+            }
+        }
+
+        c.max_items(|| format!("{path}.env"), &self.env, MAX_ENV);
+        let mut vars = HashSet::new();
+        for (i, e) in self.env.iter().enumerate() {
+            let epath = format!("{path}.env[{i}]");
+            e.check(c, &epath, refs);
+            if !vars.insert((e.name.as_str(), e.container.as_deref())) {
+                c.fail(
+                    format!("{epath}.name"),
+                    format!("{:?} is set twice for the same container", e.name),
+                );
+            }
+        }
+
+        if let Some(p) = &self.patch {
+            p.check(c, &format!("{path}.patch"));
+        }
+    }
+}
+
+impl EnvOverride {
+    fn check(&self, c: &mut Checker, path: &str, refs: Option<&SandboxRefs<'_>>) {
+        c.require(
+            is_env_name(&self.name),
+            || format!("{path}.name"),
+            "must be an environment variable name ([-._a-zA-Z][-._a-zA-Z0-9]*)",
+        );
+        if let Some(name) = &self.container {
+            check_container(c, || format!("{path}.container"), name);
+        }
+        if let Some(v) = &self.value {
+            c.max_len(|| format!("{path}.value"), v, VALUE_MAX);
+        }
+        match self.operation {
+            EnvOperation::Delete => {
+                if self.value.is_some() || self.value_from.is_some() {
+                    c.fail(
+                        path.to_owned(),
+                        "operation delete takes neither value nor valueFrom",
+                    );
+                }
+            }
+            EnvOperation::Upsert => {
+                if self.value.is_some() == self.value_from.is_some() {
+                    c.fail(
+                        path.to_owned(),
+                        "operation upsert needs exactly one of value and valueFrom",
+                    );
+                }
+            }
+        }
+        if let Some(from) = &self.value_from {
+            from.check(c, &format!("{path}.valueFrom"), refs);
+        }
+    }
+}
+
+impl EnvValueFrom {
+    fn check(&self, c: &mut Checker, path: &str, refs: Option<&SandboxRefs<'_>>) {
+        let set = usize::from(self.config_map.is_some())
+            + usize::from(self.secret.is_some())
+            + usize::from(self.resource.is_some())
+            + usize::from(self.fork.is_some());
+        if set != 1 {
+            c.fail(
+                path.to_owned(),
+                "exactly one of configMap, secret, resource and fork",
+            );
+        }
+        for (field, r) in [("configMap", &self.config_map), ("secret", &self.secret)] {
+            if let Some(r) = r {
+                c.dns_subdomain(|| format!("{path}.{field}.name"), &r.name);
+                let key_ok = !r.key.is_empty()
+                    && r.key.len() <= DNS_SUBDOMAIN_MAX
+                    && r.key
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+                c.require(
+                    key_ok,
+                    || format!("{path}.{field}.key"),
+                    "must be a ConfigMap/Secret key ([-._a-zA-Z0-9]+)",
+                );
+            }
+        }
+        if let Some(r) = &self.resource {
+            c.dns_label(|| format!("{path}.resource.name"), &r.name);
+            if let Some(refs) = refs {
+                c.require(
+                    refs.resources.contains(r.name.as_str()),
+                    || format!("{path}.resource.name"),
+                    "must name one of spec.resources",
+                );
+            }
+            let key_ok = !r.output_key.is_empty()
+                && r.output_key.len() <= 253
+                && r.output_key.split('.').all(|p| {
+                    !p.is_empty()
+                        && p.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
+                });
+            c.require(
+                key_ok,
+                || format!("{path}.resource.outputKey"),
+                "must be <step>.<output>",
+            );
+        }
+        if let Some(f) = &self.fork {
+            f.fork_of.check(c, &format!("{path}.fork.forkOf"));
+            if let Some(refs) = refs {
+                c.require(
+                    refs.forks.contains(&f.fork_of),
+                    || format!("{path}.fork.forkOf"),
+                    "must be the forkOf of one of spec.forks",
+                );
+            }
+            c.require(
+                !f.expression.trim().is_empty() && f.expression.len() <= 1024,
+                || format!("{path}.fork.expression"),
+                "must be a non-empty template of at most 1024 bytes",
+            );
+        }
+    }
+}
+
+impl Patch {
+    fn check(&self, c: &mut Checker, path: &str) {
+        let vpath = || format!("{path}.value");
+        match self.type_ {
+            PatchType::Strategic | PatchType::Merge => c.require(
+                self.value.is_object(),
+                vpath,
+                "a strategic or merge patch must be an object",
+            ),
+            PatchType::Json => match self.value.as_array() {
+                Some(ops) => {
+                    for (i, op) in ops.iter().enumerate() {
+                        let name = op.get("op").and_then(|o| o.as_str());
+                        let ok = matches!(
+                            name,
+                            Some("add" | "remove" | "replace" | "move" | "copy" | "test")
+                        ) && op.get("path").is_some_and(|p| p.is_string());
+                        c.require(
+                            ok,
+                            || format!("{path}.value[{i}]"),
+                            "must be a JSON Patch operation with op (add, remove, replace, move, copy, test) and path",
+                        );
+                    }
+                }
+                None => c.fail(vpath(), "a json patch must be a list of operations"),
+            },
+        }
+        let size = serde_json::to_vec(&self.value).map_or(usize::MAX, |v| v.len());
+        if size > MAX_PATCH_BYTES {
+            c.fail(
+                vpath(),
+                format!("must be at most {MAX_PATCH_BYTES} bytes as JSON"),
+            );
+        }
+    }
+}
+
+pub(crate) fn check_labels(c: &mut Checker, path: &str, labels: &BTreeMap<String, String>) {
+    if labels.len() > MAX_LABELS {
+        c.fail(path.to_owned(), format!("at most {MAX_LABELS} labels"));
+    }
+    for (k, v) in labels {
+        c.require(
+            is_label_key(k),
+            || format!("{path}[{k}]"),
+            "keys must be Kubernetes label keys ([prefix/]name, name at most 63 characters)",
+        );
+        c.max_len(|| format!("{path}[{k}]"), v, FREE_LABEL_VALUE_MAX);
+    }
+}
+
+pub(crate) fn check_endpoints(c: &mut Checker, path: &str, endpoints: &[Endpoint]) {
+    c.max_items(|| path.to_owned(), endpoints, MAX_ENDPOINTS);
+    let mut names = BTreeSet::new();
+    for (i, e) in endpoints.iter().enumerate() {
+        c.dns_label(|| format!("{path}[{i}].name"), &e.name);
+        if !names.insert(e.name.as_str()) {
+            c.fail(
+                format!("{path}[{i}].name"),
+                format!("duplicate name {:?}", e.name),
+            );
+        }
+        c.require(
+            is_endpoint_target(&e.target),
+            || format!("{path}[{i}].target"),
+            "must be scheme://host[:port] with scheme http, https, grpc or tcp",
+        );
+    }
+}
+
+pub(crate) fn check_port(c: &mut Checker, path: impl FnOnce() -> String, port: i32) {
+    c.require(
+        (1..=65535).contains(&port),
+        path,
+        "must be a port number (1-65535)",
+    );
+}
+
+#[cfg(test)]
+mod tests;

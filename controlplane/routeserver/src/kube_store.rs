@@ -1,0 +1,261 @@
+//! The Kubernetes rule store: routing rules from the status of every `RoutingConfig` in the
+//! cluster, cluster services (for `GetClusterServices`) from Services.
+//!
+//! Both come from watch-backed reflectors. Every change marks the set dirty; a publisher task
+//! rebuilds the whole rule set at most once per `debounce` and hands it to the index, which
+//! diffs it and streams only the changed rules to watchers.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Service;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use spur_api::RoutingConfig;
+use spur_proto::routes;
+use spur_routing::RoutingRule;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::index::{Index, RuleKey};
+use crate::metrics::Metrics;
+use crate::store::RuleStore;
+
+/// Routing rules and cluster services from a Kubernetes API server.
+pub struct KubeStore {
+    client: Client,
+    sync_timeout: Duration,
+    debounce: Duration,
+    running: Option<Running>,
+}
+
+struct Running {
+    configs: Store<RoutingConfig>,
+    services: Store<Service>,
+    dirty: Arc<Notify>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl KubeStore {
+    /// A store over `client`; nothing is watched until the route server starts it.
+    pub fn new(client: Client) -> Self {
+        KubeStore {
+            client,
+            sync_timeout: Duration::from_secs(60),
+            debounce: Duration::from_millis(20),
+            running: None,
+        }
+    }
+
+    /// How long start-up waits for the first complete list of RoutingConfigs and Services.
+    pub fn with_sync_timeout(mut self, timeout: Duration) -> Self {
+        self.sync_timeout = timeout;
+        self
+    }
+}
+
+/// Drives one reflector for the life of the store, marking the rule set dirty on every event.
+fn spawn_reflector<K>(
+    api: Api<K>,
+    dirty: Arc<Notify>,
+    what: &'static str,
+) -> (Store<K>, JoinHandle<()>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .boxed();
+    let task = tokio::spawn(async move {
+        let mut stream = stream;
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(_) => dirty.notify_one(),
+                // The watcher retries with backoff and the store keeps its last view, so the
+                // rules in force stay in force while the API server is unreachable.
+                Err(e) => tracing::warn!(error = %e, "{what} watch failed; retrying"),
+            }
+        }
+    });
+    (reader, task)
+}
+
+impl RuleStore for KubeStore {
+    async fn initial(&mut self, index: &Index, metrics: &Metrics) -> Result<(), crate::Error> {
+        let dirty = Arc::new(Notify::new());
+        let (configs, t1) = spawn_reflector(
+            Api::<RoutingConfig>::all(self.client.clone()),
+            dirty.clone(),
+            "RoutingConfig",
+        );
+        let (services, t2) = spawn_reflector(
+            Api::<Service>::all(self.client.clone()),
+            dirty.clone(),
+            "Service",
+        );
+        let running = Running {
+            configs,
+            services,
+            dirty,
+            tasks: vec![t1, t2],
+        };
+        let ready = async {
+            running.configs.wait_until_ready().await?;
+            running.services.wait_until_ready().await
+        };
+        match tokio::time::timeout(self.sync_timeout, ready).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(crate::Error::Store(format!("watch ended: {e}"))),
+            Err(_) => {
+                return Err(crate::Error::Store(format!(
+                    "no complete list of RoutingConfigs and Services within {:?} (is the API server reachable, are the CRDs installed, may this service account list and watch them?)",
+                    self.sync_timeout
+                )));
+            }
+        }
+        publish(&running, index, metrics);
+        self.running = Some(running);
+        Ok(())
+    }
+
+    async fn run(mut self, index: Index, metrics: Metrics, stop: CancellationToken) {
+        let Some(running) = self.running.take() else {
+            tracing::error!("Kubernetes store run before its initial sync");
+            return;
+        };
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = running.dirty.notified() => {}
+            }
+            // Coalesce a burst (a controller updating many RoutingConfigs) into one publication.
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(self.debounce) => {}
+            }
+            publish(&running, &index, &metrics);
+        }
+    }
+}
+
+fn publish(running: &Running, index: &Index, metrics: &Metrics) {
+    let mut configs = running.configs.state();
+    // A stable order decides conflicts the same way on every publication and every replica.
+    configs.sort_by_key(|c| (c.namespace(), c.name_any()));
+    let (rules, problems) = rules_from(&configs);
+    metrics.set_problems(problems.len());
+    index.replace_all(rules);
+    index.set_problems(problems);
+    index.set_services(cluster_services(&running.services.state(), &configs));
+}
+
+/// Every RoutingConfig's rules, validated one by one: an invalid rule or a second rule for the
+/// same (baseline, routing key) is dropped and reported, and never takes the others with it.
+pub fn rules_from(configs: &[Arc<RoutingConfig>]) -> (Vec<RoutingRule>, Vec<String>) {
+    let mut rules = Vec::new();
+    let mut problems = Vec::new();
+    let mut owner: HashMap<RuleKey, String> = HashMap::new();
+    for rc in configs {
+        let id = format!(
+            "RoutingConfig {}/{}",
+            rc.namespace().unwrap_or_default(),
+            rc.name_any()
+        );
+        for (i, spec) in rc.rule_specs().into_iter().enumerate() {
+            let rule = match RoutingRule::from_spec(i, spec) {
+                Ok(r) => r,
+                Err(e) => {
+                    problems.push(format!("{id}: {e}"));
+                    continue;
+                }
+            };
+            let key = RuleKey {
+                baseline: rule.baseline.clone(),
+                routing_key: rule.routing_key.clone(),
+            };
+            if let Some(first) = owner.get(&key) {
+                problems.push(format!(
+                    "{id}: rule for routing key {:?} and baseline {} ignored: already defined by {first}",
+                    rule.routing_key, rule.baseline
+                ));
+                continue;
+            }
+            owner.insert(key, id.clone());
+            rules.push(rule);
+        }
+    }
+    (rules, problems)
+}
+
+/// Services as `GetClusterServices` reports them; a sandbox Service carries the routing key and
+/// the baseline Service host it stands in for (from the routes that point at it).
+pub fn cluster_services(
+    services: &[Arc<Service>],
+    configs: &[Arc<RoutingConfig>],
+) -> Vec<routes::ClusterService> {
+    let mut sandboxed: BTreeMap<&str, (&str, &str)> = BTreeMap::new();
+    for rc in configs {
+        let Some(routes) = rc.status.as_ref().and_then(|s| s.route_server.as_ref()) else {
+            continue;
+        };
+        for r in &routes.routes {
+            sandboxed
+                .entry(r.to_host.as_str())
+                .or_insert((rc.spec.routing_key.as_str(), r.from_host.as_str()));
+        }
+    }
+    let mut out: Vec<routes::ClusterService> = services
+        .iter()
+        .filter_map(|svc| {
+            let namespace = svc.namespace()?;
+            let spec = svc.spec.as_ref()?;
+            let hostname = spur_api::common::service_host(&svc.name_any(), &namespace);
+            let ports = spec
+                .ports
+                .iter()
+                .flatten()
+                .filter_map(|p| {
+                    Some(routes::ClusterServicePort {
+                        name: p.name.clone().unwrap_or_default(),
+                        port: u32::try_from(p.port).ok()?,
+                        protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                        app_protocol: p.app_protocol.clone().unwrap_or_default(),
+                    })
+                })
+                .collect();
+            let sandbox_info = sandboxed.get(hostname.as_str()).map(|(key, baseline)| {
+                routes::SandboxedClusterService {
+                    sandbox_routing_key: (*key).to_owned(),
+                    baseline_hostname: (*baseline).to_owned(),
+                }
+            });
+            Some(routes::ClusterService {
+                service_ip: spec.cluster_ip.clone().unwrap_or_default(),
+                hostname,
+                ports,
+                sandbox_info,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.hostname.cmp(&b.hostname));
+    out
+}
