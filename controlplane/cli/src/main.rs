@@ -1,6 +1,7 @@
 //! The `spur` command: the standalone demo, the route server and the operator.
 
 mod demo;
+mod operator;
 mod routeserver;
 
 use clap::{Parser, Subcommand};
@@ -24,6 +25,8 @@ enum Command {
     /// Serve the Routes API (gRPC 7777, REST 7778) from a directory of rule files or from the
     /// cluster's RoutingConfigs.
     Routeserver(routeserver::RouteserverArgs),
+    /// Run the Kubernetes controllers (Sandbox, ForkedWorkload, RouteGroup, RoutingConfig).
+    Operator(operator::OperatorArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -32,7 +35,7 @@ fn main() -> std::process::ExitCode {
     // otherwise. Servers log their lifecycle.
     spur_sidecar::init_tracing(match cli.command {
         Command::Demo(_) => "warn",
-        Command::Routeserver(_) => "info",
+        Command::Routeserver(_) | Command::Operator(_) => "info",
     });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -48,6 +51,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Demo(args) => demo::run(args).await,
             Command::Routeserver(args) => routeserver::run(args).await,
+            Command::Operator(args) => operator::run(args).await,
         }
     });
     match result {

@@ -1,4 +1,114 @@
 //! Spur's Kubernetes controllers: Sandbox, ForkedWorkload, RouteGroup and RoutingConfig, each
 //! thin and idempotent, writing with server-side apply under one field manager.
+//!
+//! ```text
+//! Sandbox ──► ForkedWorkload (per fork, baseline namespace) ──► fork Deployment + sandbox Services
+//!    │                                                              │ ready
+//!    └──────► RoutingConfig (its routing key) ◄── ForkedWorkload status (Service mapping)
+//! RouteGroup ─(label match over Sandboxes)─► RoutingConfig (the group's key)
+//! RoutingConfig status.routeServer.routes ──► route server (`spur routeserver --kubernetes`)
+//! ```
+//!
+//! Deletion never relies on the garbage collector: every owner carries a finalizer and deletes
+//! its children itself (owner references are set too, for `kubectl` and a cluster's GC).
 
+mod context;
+mod error;
+pub mod fork;
+mod forked;
+mod metrics;
 pub mod patch;
+mod routegroup;
+mod routingconfig;
+pub mod sandbox;
+
+pub use context::{Context, FIELD_MANAGER};
+pub use error::Error;
+pub use metrics::Metrics;
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, controller, watcher};
+use kube::{Api, Client};
+use spur_api::{ForkedWorkload, RouteGroup, RoutingConfig, Sandbox};
+use tokio_util::sync::CancellationToken;
+
+/// The finalizer on Sandboxes, ForkedWorkloads and RouteGroups.
+pub const FINALIZER: &str = "spur.dev/cleanup";
+
+/// Runs all four controllers until `stop` is cancelled, then lets in-flight reconciles finish.
+pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+    let wc = watcher::Config::default;
+    // Only the operator's own Deployments and Services: watching every Deployment of a large
+    // cluster would cost memory for nothing.
+    let managed = || {
+        watcher::Config::default().labels(&format!(
+            "{}={}",
+            spur_api::keys::labels::MANAGED_BY,
+            spur_api::keys::labels::MANAGED_BY_VALUE
+        ))
+    };
+    let cfg = controller::Config::default().debounce(std::time::Duration::from_millis(50));
+
+    let sandboxes = Controller::new(Api::<Sandbox>::all(client.clone()), wc())
+        .with_config(cfg.clone())
+        .owns(Api::<ForkedWorkload>::all(client.clone()), wc())
+        .owns(Api::<RoutingConfig>::all(client.clone()), wc())
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(sandbox::reconcile, sandbox::error_policy, ctx.clone())
+        .for_each(|_| std::future::ready(()));
+
+    let forks = Controller::new(Api::<ForkedWorkload>::all(client.clone()), wc())
+        .with_config(cfg.clone())
+        .owns(Api::<Deployment>::all(client.clone()), managed())
+        .owns(Api::<Service>::all(client.clone()), managed())
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(forked::reconcile, forked::error_policy, ctx.clone())
+        .for_each(|_| std::future::ready(()));
+
+    let rc =
+        Controller::new(Api::<RoutingConfig>::all(client.clone()), wc()).with_config(cfg.clone());
+    let rc_store = rc.store();
+    let configs = rc
+        .watches(
+            Api::<ForkedWorkload>::all(client.clone()),
+            wc(),
+            move |fw| {
+                rc_store
+                    .state()
+                    .into_iter()
+                    .filter(|rc| routingconfig::lists(rc, &fw))
+                    .map(|rc| ObjectRef::from_obj(&*rc))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(
+            routingconfig::reconcile,
+            routingconfig::error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| std::future::ready(()));
+
+    let rg = Controller::new(Api::<RouteGroup>::all(client.clone()), wc()).with_config(cfg);
+    let rg_store = rg.store();
+    let groups = rg
+        .owns(Api::<RoutingConfig>::all(client.clone()), wc())
+        // Any sandbox change may change which sandboxes a group matches.
+        .watches(Api::<Sandbox>::all(client.clone()), wc(), move |_| {
+            rg_store
+                .state()
+                .into_iter()
+                .map(|rg| ObjectRef::from_obj(&*rg))
+                .collect::<Vec<_>>()
+        })
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .run(routegroup::reconcile, routegroup::error_policy, ctx)
+        .for_each(|_| std::future::ready(()));
+
+    tokio::join!(sandboxes, forks, configs, groups);
+}

@@ -1,0 +1,18 @@
+{{- define "spur.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "spur.labels" -}}
+app.kubernetes.io/part-of: spur
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
+{{- end -}}
+
+{{- define "spur.securityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities: {drop: ["ALL"]}
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}

@@ -1,0 +1,84 @@
+//! What every reconciler shares: the client, the field manager, the event recorder, metrics and
+//! the per-object failure counts behind the error policy's backoff.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Client, Resource};
+
+use crate::Error;
+
+/// Field manager of every server-side apply the operator makes (spec and status alike: nothing
+/// else writes the fields it owns).
+pub const FIELD_MANAGER: &str = "spur-operator";
+
+pub struct Context {
+    pub client: Client,
+    recorder: Recorder,
+    failures: Mutex<HashMap<String, u32>>,
+    pub(crate) metrics: crate::metrics::Metrics,
+}
+
+impl Context {
+    pub fn new(client: Client, instance: Option<String>, metrics: crate::metrics::Metrics) -> Self {
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance,
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            failures: Mutex::new(HashMap::new()),
+            metrics,
+        }
+    }
+
+    /// Publishes an event about `obj`; a failure to publish is logged, never fatal.
+    pub async fn event<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let ev = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
+            tracing::debug!(error = %e, "cannot publish event");
+        }
+    }
+
+    /// Exponential per-object backoff: 1 s, 2 s, 4 s … capped at 5 min; reset by a success.
+    pub(crate) fn backoff(&self, key: String, err: &Error) -> Action {
+        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let n = f.entry(key.clone()).or_insert(0);
+        *n = n.saturating_add(1);
+        let delay = Duration::from_secs(1u64 << (*n - 1).min(8)).min(Duration::from_secs(300));
+        tracing::warn!(object = %key, error = %err, retry_in = ?delay, "reconcile failed");
+        self.metrics.failure();
+        Action::requeue(delay)
+    }
+
+    pub(crate) fn succeeded(&self, key: &str) {
+        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        f.remove(key);
+    }
+}
+
+pub(crate) fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}

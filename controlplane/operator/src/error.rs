@@ -1,0 +1,26 @@
+/// Errors of a reconcile pass; every one is retried with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+    #[error("{kind} {name} has no namespace")]
+    NoNamespace { kind: &'static str, name: String },
+    #[error("waiting for {0}")]
+    Pending(String),
+    #[error("cannot encode status: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// The reconciler's own error out of a finalizer pass, so the error policy sees what happened.
+pub(crate) fn from_finalizer(
+    r: Result<kube::runtime::controller::Action, kube::runtime::finalizer::Error<Error>>,
+) -> Result<kube::runtime::controller::Action, Error> {
+    use kube::runtime::finalizer::Error as F;
+    match r {
+        Ok(a) => Ok(a),
+        Err(F::ApplyFailed(e) | F::CleanupFailed(e)) => Err(e),
+        Err(e) => Err(Error::Finalizer(e.to_string())),
+    }
+}

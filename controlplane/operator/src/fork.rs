@@ -1,0 +1,623 @@
+//! Plans a fork: the customized copy of a baseline Deployment and one sandbox Service per
+//! baseline Service. Pure functions over API objects, so every rule here is unit-tested
+//! without an API server.
+//!
+//! The copy must never receive the baseline's traffic: every label that a Service selecting the
+//! baseline's pods (or the baseline's own selector) uses is dropped from the fork's pod template,
+//! and the fork's pods are selected by `spur.dev/fork=<fork name>` alone.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    ConfigMapKeySelector, Container, EnvVar, EnvVarSource, PodTemplateSpec, SecretKeySelector,
+    Service, ServicePort as K8sServicePort, ServiceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+use spur_api::keys::{annotations, labels};
+use spur_api::sandbox::{Customizations, EnvOperation, PatchType};
+use spur_api::{ServiceMapping, ServicePort, names};
+
+use crate::patch;
+
+/// Environment variables every forked container gets, so the application can tell it runs in a
+/// sandbox and propagate the key on requests it makes itself.
+pub const ENV_SANDBOX_NAME: &str = "SPUR_SANDBOX_NAME";
+pub const ENV_ROUTING_KEY: &str = "SPUR_ROUTING_KEY";
+
+/// What a fork consists of.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForkPlan {
+    pub deployment: Deployment,
+    /// Sandbox Services with the mapping each one stands for.
+    pub services: Vec<(Service, ServiceMapping)>,
+}
+
+/// The identity of a fork.
+#[derive(Debug, Clone, Copy)]
+pub struct ForkId<'a> {
+    /// The fork's name (ForkedWorkload, Deployment, `spur.dev/fork` label value).
+    pub name: &'a str,
+    pub sandbox: &'a str,
+    pub routing_key: &'a str,
+}
+
+/// Services in the baseline's namespace whose selector picks the baseline's pods.
+pub fn selecting_services<'a>(baseline: &Deployment, services: &'a [Service]) -> Vec<&'a Service> {
+    let pod_labels = template_labels(baseline);
+    let mut out: Vec<&Service> = services
+        .iter()
+        .filter(|svc| {
+            // Our own sandbox Services never stand for a baseline.
+            if svc.labels().get(labels::MANAGED_BY).map(String::as_str)
+                == Some(labels::MANAGED_BY_VALUE)
+            {
+                return false;
+            }
+            let Some(selector) = svc.spec.as_ref().and_then(|s| s.selector.as_ref()) else {
+                return false;
+            };
+            !selector.is_empty() && selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v))
+        })
+        .collect();
+    out.sort_by_key(|s| s.name_any());
+    out
+}
+
+fn template_labels(d: &Deployment) -> BTreeMap<String, String> {
+    d.spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default()
+}
+
+/// Builds the fork of `baseline` with `customizations`, and its sandbox Services for the
+/// Services among `services` that select the baseline. The error is a message for the user.
+pub fn plan(
+    id: ForkId<'_>,
+    baseline: &Deployment,
+    customizations: &Customizations,
+    services: &[Service],
+) -> Result<ForkPlan, String> {
+    let namespace = baseline.namespace().unwrap_or_default();
+    let baseline_name = baseline.name_any();
+    let spec = baseline
+        .spec
+        .as_ref()
+        .ok_or_else(|| format!("Deployment {namespace}/{baseline_name} has no spec"))?;
+    let selecting = selecting_services(baseline, services);
+
+    // Labels that would let baseline Services (or the baseline's ReplicaSets) pick fork pods.
+    let mut dropped: BTreeSet<String> = spec
+        .selector
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, _)| k.clone())
+        .collect();
+    if let Some(exprs) = &spec.selector.match_expressions {
+        dropped.extend(exprs.iter().map(|e| e.key.clone()));
+    }
+    for svc in &selecting {
+        if let Some(sel) = svc.spec.as_ref().and_then(|s| s.selector.as_ref()) {
+            dropped.extend(sel.keys().cloned());
+        }
+    }
+    let fork_selector = BTreeMap::from([(labels::FORK.to_owned(), id.name.to_owned())]);
+    let mut pod_labels: BTreeMap<String, String> = template_labels(baseline)
+        .into_iter()
+        .filter(|(k, _)| !dropped.contains(k))
+        .collect();
+    pod_labels.extend(owned_labels(id, &baseline_name));
+
+    let mut template: PodTemplateSpec = spec.template.clone();
+    let mut meta = template.metadata.take().unwrap_or_default();
+    meta.labels = Some(pod_labels.clone());
+    template.metadata = Some(meta);
+    let pod = template
+        .spec
+        .as_mut()
+        .ok_or_else(|| format!("Deployment {namespace}/{baseline_name} has no pod spec"))?;
+    customize(&mut pod.containers, customizations)?;
+    for c in &mut pod.containers {
+        upsert_env(c, ENV_SANDBOX_NAME, Some(id.sandbox.to_owned()), None);
+        upsert_env(c, ENV_ROUTING_KEY, Some(id.routing_key.to_owned()), None);
+    }
+
+    let mut deployment = Deployment {
+        metadata: ObjectMeta {
+            name: Some(id.name.to_owned()),
+            namespace: Some(namespace.clone()),
+            labels: Some(owned_labels(id, &baseline_name)),
+            annotations: Some(BTreeMap::from([(
+                annotations::BASELINE.to_owned(),
+                format!("Deployment/{namespace}/{baseline_name}"),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(DeploymentSpec {
+            // One replica: a fork serves one developer's requests, not production load.
+            replicas: Some(1),
+            selector: LabelSelector {
+                match_labels: Some(fork_selector.clone()),
+                match_expressions: None,
+            },
+            template,
+            min_ready_seconds: spec.min_ready_seconds,
+            progress_deadline_seconds: spec.progress_deadline_seconds,
+            revision_history_limit: spec.revision_history_limit,
+            strategy: spec.strategy.clone(),
+            paused: None,
+        }),
+        status: None,
+    };
+
+    if let Some(p) = &customizations.patch {
+        let kind = match p.type_ {
+            PatchType::Strategic => patch::PatchType::Strategic,
+            PatchType::Merge => patch::PatchType::Merge,
+            PatchType::Json => patch::PatchType::Json,
+        };
+        let mut value = serde_json::to_value(&deployment)
+            .map_err(|e| format!("cannot serialize the fork: {e}"))?;
+        patch::apply(&mut value, kind, &p.value).map_err(|e| format!("patch: {e}"))?;
+        deployment = serde_json::from_value(value)
+            .map_err(|e| format!("patch: the patched Deployment is not valid: {e}"))?;
+        // The patch may change the workload, never what keeps it out of baseline traffic.
+        deployment.metadata.name = Some(id.name.to_owned());
+        deployment.metadata.namespace = Some(namespace.clone());
+        let s = deployment
+            .spec
+            .as_mut()
+            .ok_or_else(|| "patch: the patched Deployment has no spec".to_string())?;
+        s.selector = LabelSelector {
+            match_labels: Some(fork_selector.clone()),
+            match_expressions: None,
+        };
+        let meta = s.template.metadata.get_or_insert_with(ObjectMeta::default);
+        let l = meta.labels.get_or_insert_with(BTreeMap::new);
+        for k in &dropped {
+            l.remove(k);
+        }
+        l.extend(owned_labels(id, &baseline_name));
+        if s.template
+            .spec
+            .as_ref()
+            .is_none_or(|p| p.containers.is_empty())
+        {
+            return Err("patch: the patched Deployment has no containers".into());
+        }
+    }
+
+    let containers = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .map(|p| p.containers.as_slice())
+        .unwrap_or_default();
+    let services = selecting
+        .iter()
+        .map(|svc| sandbox_service(id, svc, &baseline_name, containers))
+        .collect();
+    Ok(ForkPlan {
+        deployment,
+        services,
+    })
+}
+
+/// Labels on everything a fork consists of.
+fn owned_labels(id: ForkId<'_>, baseline_name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            labels::MANAGED_BY.to_owned(),
+            labels::MANAGED_BY_VALUE.to_owned(),
+        ),
+        (labels::SANDBOX.to_owned(), id.sandbox.to_owned()),
+        (labels::ROUTING_KEY.to_owned(), id.routing_key.to_owned()),
+        (
+            labels::FORK_OF.to_owned(),
+            names::label_value(baseline_name),
+        ),
+        (labels::FORK.to_owned(), id.name.to_owned()),
+    ])
+}
+
+fn sandbox_service(
+    id: ForkId<'_>,
+    baseline_svc: &Service,
+    baseline_name: &str,
+    containers: &[Container],
+) -> (Service, ServiceMapping) {
+    let svc_name = baseline_svc.name_any();
+    let name = names::sandbox_service_name(id.sandbox, &svc_name);
+    let ports: Vec<K8sServicePort> = baseline_svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| K8sServicePort {
+            name: p.name,
+            port: p.port,
+            target_port: p.target_port,
+            protocol: p.protocol,
+            app_protocol: p.app_protocol,
+            node_port: None,
+        })
+        .collect();
+    let mapping = ServiceMapping {
+        baseline_service: svc_name.clone(),
+        sandbox_service: name.clone(),
+        ports: ports
+            .iter()
+            .filter_map(|p| {
+                Some(ServicePort {
+                    port: p.port,
+                    target_port: resolve_target_port(p, containers)?,
+                })
+            })
+            .collect(),
+    };
+    let mut meta_labels = owned_labels(id, baseline_name);
+    meta_labels.remove(labels::FORK_OF);
+    let service = Service {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: baseline_svc.namespace(),
+            labels: Some(meta_labels),
+            annotations: Some(BTreeMap::from([(
+                annotations::BASELINE.to_owned(),
+                format!(
+                    "Service/{}/{svc_name}",
+                    baseline_svc.namespace().unwrap_or_default()
+                ),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ServiceSpec {
+            selector: Some(BTreeMap::from([(
+                labels::FORK.to_owned(),
+                id.name.to_owned(),
+            )])),
+            ports: Some(ports),
+            type_: Some("ClusterIP".into()),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    };
+    (service, mapping)
+}
+
+/// The container port a Service port reaches: its number, a named container port, or (no
+/// target port) the Service port itself. `None` when a name matches no container port.
+fn resolve_target_port(p: &K8sServicePort, containers: &[Container]) -> Option<i32> {
+    match &p.target_port {
+        None => Some(p.port),
+        Some(IntOrString::Int(n)) => Some(*n),
+        Some(IntOrString::String(name)) => containers
+            .iter()
+            .flat_map(|c| c.ports.iter().flatten())
+            .find(|cp| cp.name.as_deref() == Some(name.as_str()))
+            .map(|cp| cp.container_port),
+    }
+}
+
+fn customize(containers: &mut [Container], c: &Customizations) -> Result<(), String> {
+    let names: Vec<String> = containers.iter().map(|c| c.name.clone()).collect();
+    let find = |want: &str| -> Result<usize, String> {
+        names.iter().position(|n| n == want).ok_or_else(|| {
+            format!(
+                "container {want:?} not found (containers: {})",
+                names.join(", ")
+            )
+        })
+    };
+    for img in &c.images {
+        // Without a container name the image replaces the first (main) container's.
+        let i = match &img.container {
+            Some(name) => find(name)?,
+            None => 0,
+        };
+        if let Some(container) = containers.get_mut(i) {
+            container.image = Some(img.image.clone());
+        }
+    }
+    for e in &c.env {
+        // Without a container name an env change applies to every container.
+        let targets: Vec<usize> = match &e.container {
+            Some(name) => vec![find(name)?],
+            None => (0..containers.len()).collect(),
+        };
+        for i in targets {
+            let Some(container) = containers.get_mut(i) else {
+                continue;
+            };
+            match e.operation {
+                EnvOperation::Delete => {
+                    if let Some(env) = &mut container.env {
+                        env.retain(|v| v.name != e.name);
+                    }
+                }
+                EnvOperation::Upsert => {
+                    let from = match &e.value_from {
+                        None => None,
+                        Some(vf) => Some(env_source(&e.name, vf)?),
+                    };
+                    upsert_env(container, &e.name, e.value.clone(), from);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn env_source(name: &str, vf: &spur_api::sandbox::EnvValueFrom) -> Result<EnvVarSource, String> {
+    if let Some(cm) = &vf.config_map {
+        return Ok(EnvVarSource {
+            config_map_key_ref: Some(ConfigMapKeySelector {
+                name: cm.name.clone(),
+                key: cm.key.clone(),
+                optional: cm.optional.then_some(true),
+            }),
+            ..EnvVarSource::default()
+        });
+    }
+    if let Some(s) = &vf.secret {
+        return Ok(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: s.name.clone(),
+                key: s.key.clone(),
+                optional: s.optional.then_some(true),
+            }),
+            ..EnvVarSource::default()
+        });
+    }
+    Err(format!(
+        "env {name}: valueFrom.resource and valueFrom.fork are not supported yet; use value, configMap or secret"
+    ))
+}
+
+fn upsert_env(c: &mut Container, name: &str, value: Option<String>, from: Option<EnvVarSource>) {
+    let env = c.env.get_or_insert_with(Vec::new);
+    let var = EnvVar {
+        name: name.to_owned(),
+        value,
+        value_from: from,
+    };
+    match env.iter_mut().find(|v| v.name == name) {
+        Some(v) => *v = var,
+        None => env.push(var),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn baseline() -> Deployment {
+        serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "route", "namespace": "hotrod", "uid": "u1", "resourceVersion": "7"},
+            "spec": {
+                "replicas": 3,
+                "selector": {"matchLabels": {"app": "route"}},
+                "template": {
+                    "metadata": {"labels": {"app": "route", "tier": "backend", "team": "geo"}},
+                    "spec": {"containers": [
+                        {"name": "route", "image": "route:1", "ports": [{"name": "http", "containerPort": 8083}],
+                         "env": [{"name": "LOG", "value": "info"}]},
+                        {"name": "agent", "image": "agent:1"}
+                    ]}
+                }
+            },
+            "status": {"readyReplicas": 3}
+        }))
+        .unwrap()
+    }
+
+    fn service(name: &str, selector: serde_json::Value, ports: serde_json::Value) -> Service {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": "hotrod"},
+            "spec": {"selector": selector, "ports": ports, "clusterIP": "10.0.0.5"}
+        }))
+        .unwrap()
+    }
+
+    const ID: ForkId<'static> = ForkId {
+        name: "sb1-route-1234567890",
+        sandbox: "sb1",
+        routing_key: "k3y",
+    };
+
+    #[test]
+    fn fork_is_kept_out_of_baseline_services_and_gets_sandbox_services() {
+        let services = vec![
+            service(
+                "route",
+                json!({"app": "route"}),
+                json!([{"name": "http", "port": 80, "targetPort": "http"}]),
+            ),
+            service(
+                "backend",
+                json!({"tier": "backend"}),
+                json!([{"port": 9000}]),
+            ),
+            service("other", json!({"app": "other"}), json!([{"port": 80}])),
+            service("headless-no-selector", json!(null), json!([{"port": 80}])),
+        ];
+        let plan = plan(ID, &baseline(), &Customizations::default(), &services).unwrap();
+        let d = &plan.deployment;
+        assert_eq!(d.metadata.name.as_deref(), Some(ID.name));
+        assert!(
+            d.metadata.resource_version.is_none() && d.metadata.uid.is_none() && d.status.is_none()
+        );
+        let spec = d.spec.as_ref().unwrap();
+        assert_eq!(spec.replicas, Some(1));
+        let pod_labels = spec
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .labels
+            .as_ref()
+            .unwrap();
+        // Selector keys of the baseline and of both selecting Services are gone; others stay.
+        assert!(!pod_labels.contains_key("app") && !pod_labels.contains_key("tier"));
+        assert_eq!(pod_labels["team"], "geo");
+        assert_eq!(pod_labels[labels::FORK], ID.name);
+        assert_eq!(
+            spec.selector.match_labels.as_ref().unwrap(),
+            &BTreeMap::from([(labels::FORK.to_string(), ID.name.to_string())])
+        );
+        // No baseline Service selects the fork's pods any more.
+        for svc in &services {
+            if let Some(sel) = svc.spec.as_ref().unwrap().selector.as_ref() {
+                assert!(
+                    !sel.iter().all(|(k, v)| pod_labels.get(k) == Some(v)),
+                    "{}",
+                    svc.name_any()
+                );
+            }
+        }
+        let env = spec.template.spec.as_ref().unwrap().containers[0]
+            .env
+            .as_ref()
+            .unwrap();
+        assert!(
+            env.iter()
+                .any(|v| v.name == ENV_ROUTING_KEY && v.value.as_deref() == Some("k3y"))
+        );
+        assert!(
+            env.iter()
+                .any(|v| v.name == ENV_SANDBOX_NAME && v.value.as_deref() == Some("sb1"))
+        );
+
+        let names: Vec<_> = plan.services.iter().map(|(s, _)| s.name_any()).collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        let (route_svc, mapping) = plan
+            .services
+            .iter()
+            .find(|(_, m)| m.baseline_service == "route")
+            .unwrap();
+        assert_eq!(
+            route_svc.spec.as_ref().unwrap().selector.as_ref().unwrap()[labels::FORK],
+            ID.name
+        );
+        assert_eq!(
+            mapping.ports,
+            vec![ServicePort {
+                port: 80,
+                target_port: 8083
+            }],
+            "named port resolved"
+        );
+        let (_, backend) = plan
+            .services
+            .iter()
+            .find(|(_, m)| m.baseline_service == "backend")
+            .unwrap();
+        assert_eq!(
+            backend.ports,
+            vec![ServicePort {
+                port: 9000,
+                target_port: 9000
+            }]
+        );
+    }
+
+    fn customizations(v: serde_json::Value) -> Customizations {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn images_env_and_patches() {
+        let c = customizations(json!({
+            "images": [{"image": "route:dev"}, {"image": "agent:dev", "container": "agent"}],
+            "env": [
+                {"name": "LOG", "value": "debug", "container": "route"},
+                {"name": "FEATURE", "value": "on"},
+                {"name": "LOG", "operation": "delete", "container": "agent"},
+                {"name": "DB", "valueFrom": {"secret": {"name": "db", "key": "url"}}, "container": "route"}
+            ],
+            "patch": {"type": "strategic", "value": {"spec": {
+                "selector": {"matchLabels": {"app": "route"}},
+                "template": {"metadata": {"labels": {"app": "route"}}, "spec": {"containers": [{"name": "route", "args": ["--dev"]}]}}
+            }}}
+        }));
+        let plan = plan(ID, &baseline(), &c, &[]).unwrap();
+        let spec = plan.deployment.spec.unwrap();
+        let cs = &spec.template.spec.as_ref().unwrap().containers;
+        assert_eq!(cs[0].image.as_deref(), Some("route:dev"));
+        assert_eq!(cs[1].image.as_deref(), Some("agent:dev"));
+        assert_eq!(cs[0].args, Some(vec!["--dev".to_string()]));
+        let env0 = cs[0].env.as_ref().unwrap();
+        assert!(
+            env0.iter()
+                .any(|v| v.name == "LOG" && v.value.as_deref() == Some("debug"))
+        );
+        assert!(env0.iter().any(|v| v.name == "FEATURE"));
+        assert!(
+            env0.iter()
+                .any(|v| v.name == "DB" && v.value_from.as_ref().unwrap().secret_key_ref.is_some())
+        );
+        let env1 = cs[1].env.as_ref().unwrap();
+        assert!(env1.iter().any(|v| v.name == "FEATURE") && !env1.iter().any(|v| v.name == "LOG"));
+        // The patch tried to put the baseline selector back: the fork's own selector wins.
+        assert_eq!(spec.selector.match_labels.as_ref().unwrap().len(), 1);
+        assert!(
+            !spec
+                .template
+                .metadata
+                .unwrap()
+                .labels
+                .unwrap()
+                .contains_key("app")
+        );
+    }
+
+    #[test]
+    fn bad_customizations_are_reported() {
+        let e = plan(
+            ID,
+            &baseline(),
+            &customizations(json!({"images": [{"image": "x:1", "container": "nope"}]})),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("\"nope\" not found") && e.contains("route, agent"),
+            "{e}"
+        );
+        let e = plan(
+            ID,
+            &baseline(),
+            &customizations(json!({"patch": {"type": "json", "value": [{"op": "remove", "path": "/spec/nothing"}]}})),
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.starts_with("patch:"), "{e}");
+        let e = plan(
+            ID,
+            &baseline(),
+            &customizations(
+                json!({"patch": {"type": "merge", "value": {"spec": {"replicas": "many"}}}}),
+            ),
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.contains("not valid"), "{e}");
+        let e = plan(
+            ID,
+            &baseline(),
+            &customizations(json!({"patch": {"type": "strategic", "value": {"spec": {"template": {"spec": {"containers": [{"$patch": "replace"}]}}}}}})),
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.contains("no containers"), "{e}");
+    }
+}

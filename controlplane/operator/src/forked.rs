@@ -1,0 +1,279 @@
+//! ForkedWorkload controller: keeps the fork Deployment and the sandbox Services of one
+//! ForkedWorkload in line with its baseline and customizations, and reports the Service mapping
+//! and readiness in status.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event, finalizer};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use spur_api::conditions::{ConditionStatus, NewCondition, READY, set_condition};
+use spur_api::keys::labels;
+use spur_api::{ForkedWorkload, ForkedWorkloadStatus, WorkloadKind};
+
+use crate::context::{Context, FIELD_MANAGER, now};
+use crate::fork::{ForkId, ForkPlan, plan};
+use crate::{Error, FINALIZER};
+
+/// How often a ForkedWorkload is reconciled without any change to it or its children, so
+/// changes to its baseline Deployment and Services reach the fork.
+const RESYNC: Duration = Duration::from_secs(60);
+
+pub(crate) async fn reconcile(fw: Arc<ForkedWorkload>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.metrics.reconciled("ForkedWorkload");
+    let ns = fw.namespace().ok_or_else(|| Error::NoNamespace {
+        kind: "ForkedWorkload",
+        name: fw.name_any(),
+    })?;
+    let api: Api<ForkedWorkload> = Api::namespaced(ctx.client.clone(), &ns);
+    let action = finalizer(&api, FINALIZER, fw, |event| async {
+        match event {
+            Event::Apply(fw) => apply(&fw, &ns, &ctx).await,
+            Event::Cleanup(fw) => cleanup(&fw, &ns, &ctx).await,
+        }
+    })
+    .await;
+    crate::error::from_finalizer(action)
+}
+
+async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, Error> {
+    let name = fw.name_any();
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
+
+    let (baseline, plan) = match build(fw, ns, &name, &deployments, &services).await? {
+        Ok(built) => built,
+        Err((reason, message)) => {
+            // All or nothing: a fork that cannot be built leaves no half of itself behind.
+            delete_children(&name, ns, ctx).await?;
+            let changed = write_status(fw, ns, ctx, |st| {
+                st.fork = None;
+                st.services.clear();
+                not_ready(st, fw, reason, &message)
+            })
+            .await?;
+            if changed {
+                ctx.event(fw, true, reason, "Fork", message).await;
+            }
+            return Ok(Action::requeue(RESYNC));
+        }
+    };
+
+    let owner = fw.controller_owner_ref(&()).into_iter().collect::<Vec<_>>();
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    let mut deployment = plan.deployment;
+    deployment.metadata.owner_references = Some(owner.clone());
+    let applied = deployments
+        .patch(&name, &pp, &Patch::Apply(&deployment))
+        .await?;
+
+    let mut wanted = BTreeSet::new();
+    let mut mappings = Vec::new();
+    for (mut svc, mapping) in plan.services {
+        svc.metadata.owner_references = Some(owner.clone());
+        let svc_name = svc.name_any();
+        services.patch(&svc_name, &pp, &Patch::Apply(&svc)).await?;
+        wanted.insert(svc_name);
+        mappings.push(mapping);
+    }
+    let lp = ListParams::default().labels(&format!("{}={name}", labels::FORK));
+    for stale in services.list(&lp).await?.items {
+        let n = stale.name_any();
+        if !wanted.contains(&n) {
+            services.delete(&n, &DeleteParams::background()).await?;
+        }
+    }
+
+    let ready = deployment_ready(&applied);
+    let baseline_obs = Some(spur_api::workloads::BaselineObservation {
+        uid: baseline.uid().unwrap_or_default(),
+        generation: baseline.meta().generation,
+    });
+    write_status(fw, ns, ctx, |st| {
+        st.fork = Some(name.clone());
+        st.services = mappings;
+        st.baseline = baseline_obs;
+        let (status, reason, message) = if ready {
+            (
+                ConditionStatus::True,
+                "ForkReady",
+                "the fork is ready".to_string(),
+            )
+        } else {
+            (
+                ConditionStatus::False,
+                "ForkNotReady",
+                format!("waiting for Deployment {ns}/{name} to become ready"),
+            )
+        };
+        set_condition(
+            &mut st.conditions,
+            NewCondition {
+                type_: READY,
+                status,
+                reason,
+                message: &message,
+                observed_generation: fw.meta().generation,
+            },
+            &now(),
+        )
+    })
+    .await?;
+    ctx.succeeded(&key(fw));
+    Ok(Action::requeue(RESYNC))
+}
+
+/// The baseline and the fork's plan, or why there is none (reason, message for the user).
+async fn build(
+    fw: &ForkedWorkload,
+    ns: &str,
+    name: &str,
+    deployments: &Api<Deployment>,
+    services: &Api<Service>,
+) -> Result<Result<(Deployment, ForkPlan), (&'static str, String)>, Error> {
+    let spec = &fw.spec;
+    if spec.baseline.kind != WorkloadKind::Deployment {
+        return Ok(Err((
+            "Unsupported",
+            format!(
+                "forking a {} is not supported yet; only Deployments are",
+                spec.baseline.kind
+            ),
+        )));
+    }
+    if spec.baseline.namespace != ns {
+        return Ok(Err((
+            "InvalidBaseline",
+            format!(
+                "the baseline must be in the ForkedWorkload's namespace {ns}, not {}",
+                spec.baseline.namespace
+            ),
+        )));
+    }
+    let Some(baseline) = deployments.get_opt(&spec.baseline.name).await? else {
+        return Ok(Err((
+            "BaselineNotFound",
+            format!("Deployment {ns}/{} not found", spec.baseline.name),
+        )));
+    };
+    let all = services.list(&ListParams::default()).await?.items;
+    let id = ForkId {
+        name,
+        sandbox: &spec.sandbox,
+        routing_key: &spec.routing_key,
+    };
+    Ok(match plan(id, &baseline, &spec.customizations, &all) {
+        Ok(p) => Ok((baseline, p)),
+        Err(e) => Err(("InvalidCustomization", e)),
+    })
+}
+
+/// A Deployment is ready when its controller has seen the current spec and at least one
+/// replica of it is ready (a fork runs one replica).
+pub(crate) fn deployment_ready(d: &Deployment) -> bool {
+    let Some(st) = &d.status else { return false };
+    let generation = d.metadata.generation.unwrap_or(0);
+    st.observed_generation.unwrap_or(0) >= generation
+        && st.ready_replicas.unwrap_or(0) >= 1
+        && st.updated_replicas.unwrap_or(0) >= 1
+}
+
+fn not_ready(
+    st: &mut ForkedWorkloadStatus,
+    fw: &ForkedWorkload,
+    reason: &str,
+    message: &str,
+) -> bool {
+    set_condition(
+        &mut st.conditions,
+        NewCondition {
+            type_: READY,
+            status: ConditionStatus::False,
+            reason,
+            message,
+            observed_generation: fw.meta().generation,
+        },
+        &now(),
+    )
+}
+
+/// Applies the status computed by `update` from the current one; returns whether it changed.
+async fn write_status(
+    fw: &ForkedWorkload,
+    ns: &str,
+    ctx: &Context,
+    update: impl FnOnce(&mut ForkedWorkloadStatus) -> bool,
+) -> Result<bool, Error> {
+    let old = fw.status.clone().unwrap_or_default();
+    let mut st = old.clone();
+    st.observed_generation = fw.meta().generation;
+    update(&mut st);
+    if st == old {
+        return Ok(false);
+    }
+    let api: Api<ForkedWorkload> = Api::namespaced(ctx.client.clone(), ns);
+    let body = json!({
+        "apiVersion": ForkedWorkload::api_version(&()),
+        "kind": ForkedWorkload::kind(&()),
+        "status": st,
+    });
+    api.patch_status(
+        &fw.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
+    Ok(true)
+}
+
+async fn delete_children(name: &str, ns: &str, ctx: &Context) -> Result<bool, Error> {
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
+    let mut remaining = false;
+    // Background propagation: the API server removes the object at once; ReplicaSets and pods
+    // follow through the garbage collector.
+    let dp = DeleteParams::background();
+    if deployments.get_opt(name).await?.is_some() {
+        deployments.delete(name, &dp).await?;
+        remaining |= deployments.get_opt(name).await?.is_some();
+    }
+    let lp = ListParams::default().labels(&format!("{}={name}", labels::FORK));
+    for svc in services.list(&lp).await?.items {
+        services.delete(&svc.name_any(), &dp).await?;
+    }
+    remaining |= !services.list(&lp).await?.items.is_empty();
+    Ok(remaining)
+}
+
+async fn cleanup(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, Error> {
+    let name = fw.name_any();
+    if delete_children(&name, ns, ctx).await? {
+        return Err(Error::Pending(format!(
+            "the children of ForkedWorkload {ns}/{name} to be deleted"
+        )));
+    }
+    ctx.succeeded(&key(fw));
+    Ok(Action::await_change())
+}
+
+pub(crate) fn key(fw: &ForkedWorkload) -> String {
+    format!(
+        "ForkedWorkload/{}/{}",
+        fw.namespace().unwrap_or_default(),
+        fw.name_any()
+    )
+}
+
+pub(crate) fn error_policy(fw: Arc<ForkedWorkload>, err: &Error, ctx: Arc<Context>) -> Action {
+    // Waiting for children to go is expected: poll quickly instead of backing off.
+    if matches!(err, Error::Pending(_)) {
+        return Action::requeue(Duration::from_millis(500));
+    }
+    ctx.backoff(key(&fw), err)
+}

@@ -1,0 +1,42 @@
+//! Operator metrics, registered into the caller's registry.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Kind {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    reconciles: Family<Kind, Counter>,
+    failures: Counter,
+}
+
+impl Metrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Metrics::default();
+        registry.register(
+            "reconciles",
+            "Reconcile passes, by resource kind",
+            m.reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_failures",
+            "Reconcile passes that failed and were retried with backoff",
+            m.failures.clone(),
+        );
+        m
+    }
+
+    pub(crate) fn reconciled(&self, kind: &'static str) {
+        self.reconciles.get_or_create(&Kind { kind }).inc();
+    }
+
+    pub(crate) fn failure(&self) {
+        self.failures.inc();
+    }
+}

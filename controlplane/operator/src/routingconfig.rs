@@ -1,0 +1,124 @@
+//! RoutingConfig controller: turns the sandboxed workloads of one routing key into
+//! `status.routeServer.routes`, which the route server serves. A workload contributes routes
+//! only once it is ready, so keyed traffic never reaches a fork that cannot answer yet.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use spur_api::conditions::{
+    ConditionStatus, NewCondition, READY, is_condition_true, set_condition,
+};
+use spur_api::routingconfig::{RouteServerStatus, SandboxedKind};
+use spur_api::{ForkedWorkload, Route, RoutingConfig, RoutingConfigStatus};
+
+use crate::Error;
+use crate::context::{Context, FIELD_MANAGER, now};
+
+pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.metrics.reconciled("RoutingConfig");
+    if rc.meta().deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let mut routes = Vec::new();
+    let mut waiting = Vec::new();
+    let invalid = rc.spec.validate().err().map(|e| e.to_string());
+    if invalid.is_none() {
+        for w in &rc.spec.workloads {
+            let id = format!("{:?} {}/{}", w.kind, w.namespace, w.name);
+            match w.kind {
+                SandboxedKind::ForkedWorkload => {
+                    let api: Api<ForkedWorkload> =
+                        Api::namespaced(ctx.client.clone(), &w.namespace);
+                    let Some(fw) = api.get_opt(&w.name).await? else {
+                        waiting.push(format!("{id} (not found)"));
+                        continue;
+                    };
+                    let st = fw.status.clone().unwrap_or_default();
+                    if !is_condition_true(&st.conditions, READY) || st.services.is_empty() {
+                        waiting.push(format!("{id} (not ready)"));
+                        continue;
+                    }
+                    routes.extend(Route::for_services(
+                        &w.namespace,
+                        &w.sandbox,
+                        &fw.spec.baseline,
+                        &st.services,
+                    ));
+                }
+                SandboxedKind::ExternalWorkload | SandboxedKind::VirtualWorkload => {
+                    waiting.push(format!("{id} (kind not supported yet)"));
+                }
+            }
+        }
+    }
+    routes.sort();
+    routes.dedup();
+    let (status, reason, message) = match (&invalid, waiting.is_empty()) {
+        (Some(e), _) => (ConditionStatus::False, "Invalid", e.clone()),
+        (None, true) => (
+            ConditionStatus::True,
+            "Routed",
+            format!("{} route(s) published", routes.len()),
+        ),
+        (None, false) => (
+            ConditionStatus::False,
+            "WorkloadsNotReady",
+            format!("waiting for {}", waiting.join(", ")),
+        ),
+    };
+    let old = rc.status.clone().unwrap_or_default();
+    let mut st = RoutingConfigStatus {
+        observed_generation: rc.meta().generation,
+        route_server: Some(RouteServerStatus { routes }),
+        conditions: old.conditions.clone(),
+    };
+    set_condition(
+        &mut st.conditions,
+        NewCondition {
+            type_: READY,
+            status,
+            reason,
+            message: &message,
+            observed_generation: rc.meta().generation,
+        },
+        &now(),
+    );
+    if st != old {
+        let api: Api<RoutingConfig> = Api::all(ctx.client.clone());
+        let body = json!({
+            "apiVersion": RoutingConfig::api_version(&()),
+            "kind": RoutingConfig::kind(&()),
+            "status": st,
+        });
+        api.patch_status(
+            &rc.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await?;
+    }
+    ctx.succeeded(&key_of(&rc));
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// The RoutingConfigs that list a ForkedWorkload (for the watch on ForkedWorkloads).
+pub(crate) fn lists(rc: &RoutingConfig, fw: &ForkedWorkload) -> bool {
+    let ns = fw.namespace().unwrap_or_default();
+    let name = fw.name_any();
+    rc.spec
+        .workloads
+        .iter()
+        .any(|w| w.kind == SandboxedKind::ForkedWorkload && w.namespace == ns && w.name == name)
+}
+
+fn key_of(rc: &RoutingConfig) -> String {
+    format!("RoutingConfig/{}", rc.name_any())
+}
+
+pub(crate) fn error_policy(rc: Arc<RoutingConfig>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.backoff(key_of(&rc), err)
+}

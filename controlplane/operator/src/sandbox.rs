@@ -1,0 +1,446 @@
+//! Sandbox controller: validates a Sandbox, gives it a routing key, creates one ForkedWorkload
+//! per fork (in the baseline's namespace) and one RoutingConfig for its key, reports their
+//! state, and deletes the Sandbox when its TTL runs out. Deleting a Sandbox deletes everything
+//! it made (explicitly, behind a finalizer, so it does not depend on the garbage collector).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event, finalizer};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use spur_api::conditions::{
+    ConditionStatus, NewCondition, READY, is_condition_true, set_condition,
+};
+use spur_api::keys::labels;
+use spur_api::routingconfig::{SandboxedKind, SandboxedWorkloadRef};
+use spur_api::sandbox::ForkStatus;
+use spur_api::{
+    ForkedWorkload, ForkedWorkloadSpec, RoutingConfig, RoutingConfigSpec, Sandbox, SandboxStatus,
+    WorkloadKind, names,
+};
+
+use crate::context::{Context, FIELD_MANAGER, now};
+use crate::fork::{ForkId, plan};
+use crate::{Error, FINALIZER};
+
+/// Condition: the sandbox's RoutingConfig routes every fork.
+pub const ROUTING_READY: &str = "RoutingReady";
+
+/// Without changes, a sandbox is looked at again this often (TTL, baselines appearing).
+const RESYNC: Duration = Duration::from_secs(300);
+
+pub(crate) async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.metrics.reconciled("Sandbox");
+    let api: Api<Sandbox> = Api::all(ctx.client.clone());
+    let action = finalizer(&api, FINALIZER, sb, |event| async {
+        match event {
+            Event::Apply(sb) => apply(&sb, &ctx).await,
+            Event::Cleanup(sb) => cleanup(&sb, &ctx).await,
+        }
+    })
+    .await;
+    crate::error::from_finalizer(action)
+}
+
+/// A routing key derived from the sandbox's UID: stable across reconciles and operator
+/// restarts (even if status were lost), unique per sandbox object, and a valid label value.
+pub fn routing_key(uid: &str) -> String {
+    // FNV-1a 64, rendered in base 36: 13 characters, lowercase alphanumerics.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in uid.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = [b'0'; 13];
+    for slot in out.iter_mut().rev() {
+        *slot = DIGITS[(h % 36) as usize];
+        h /= 36;
+    }
+    out.iter().map(|&b| char::from(b)).collect()
+}
+
+async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
+    let name = sb.name_any();
+    let Some(uid) = sb.uid() else {
+        return Err(Error::Pending(format!("Sandbox {name} to get a UID")));
+    };
+    let key = sb
+        .status
+        .as_ref()
+        .and_then(|s| s.routing_key.clone())
+        .unwrap_or_else(|| routing_key(&uid));
+
+    // TTL first: an expired sandbox is deleted whatever else is wrong with it.
+    let expires_at = expiry(sb);
+    if let Some(at) = expires_at
+        && Timestamp::now() >= at
+    {
+        ctx.event(
+            sb,
+            false,
+            "Expired",
+            "Delete",
+            format!("TTL expired at {at}"),
+        )
+        .await;
+        let api: Api<Sandbox> = Api::all(ctx.client.clone());
+        api.delete(&name, &DeleteParams::background()).await?;
+        return Ok(Action::await_change());
+    }
+    let requeue = match expires_at {
+        Some(at) => {
+            let left = at.duration_since(Timestamp::now());
+            Duration::try_from(left).unwrap_or_default().min(RESYNC) + Duration::from_millis(100)
+        }
+        None => RESYNC,
+    };
+
+    if let Err((reason, message)) = check(sb, &name, &key, ctx).await? {
+        // All or nothing: an invalid sandbox keeps nothing it may have created before.
+        delete_children(&name, ctx).await?;
+        let changed = write_status(sb, ctx, |st| {
+            st.routing_key = Some(key.clone());
+            st.forks.clear();
+            condition(st, sb, READY, ConditionStatus::False, reason, &message)
+        })
+        .await?;
+        if changed {
+            ctx.event(sb, true, reason, "Validate", message).await;
+        }
+        return Ok(Action::requeue(requeue.min(Duration::from_secs(30))));
+    }
+
+    let owner: Vec<_> = sb.controller_owner_ref(&()).into_iter().collect();
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    let mut workloads = Vec::new();
+    let mut forks = Vec::new();
+    for fork in &sb.spec.forks {
+        let b = &fork.fork_of;
+        let fw_name = names::fork_name(&name, b);
+        let mut fw = ForkedWorkload::new(
+            &fw_name,
+            ForkedWorkloadSpec {
+                sandbox: name.clone(),
+                routing_key: key.clone(),
+                baseline: b.clone(),
+                customizations: fork.customizations.clone(),
+            },
+        );
+        fw.metadata = ObjectMeta {
+            name: Some(fw_name.clone()),
+            namespace: Some(b.namespace.clone()),
+            labels: Some(child_labels(&name, &key)),
+            owner_references: Some(owner.clone()),
+            ..ObjectMeta::default()
+        };
+        let api: Api<ForkedWorkload> = Api::namespaced(ctx.client.clone(), &b.namespace);
+        let applied = api.patch(&fw_name, &pp, &Patch::Apply(&fw)).await?;
+        let st = applied.status.unwrap_or_default();
+        forks.push(ForkStatus {
+            fork_of: b.clone(),
+            forked_workload: fw_name.clone(),
+            fork: st.fork.clone(),
+            services: st.services.clone(),
+            ready: is_condition_true(&st.conditions, READY),
+        });
+        workloads.push(SandboxedWorkloadRef {
+            kind: SandboxedKind::ForkedWorkload,
+            namespace: b.namespace.clone(),
+            name: fw_name,
+            sandbox: name.clone(),
+        });
+    }
+    // ForkedWorkloads of forks removed from the spec.
+    let wanted: BTreeSet<(String, String)> = workloads
+        .iter()
+        .map(|w| (w.namespace.clone(), w.name.clone()))
+        .collect();
+    let all: Api<ForkedWorkload> = Api::all(ctx.client.clone());
+    let lp = ListParams::default().labels(&format!("{}={name}", labels::SANDBOX));
+    for fw in all.list(&lp).await?.items {
+        let ns = fw.namespace().unwrap_or_default();
+        if !wanted.contains(&(ns.clone(), fw.name_any())) {
+            Api::<ForkedWorkload>::namespaced(ctx.client.clone(), &ns)
+                .delete(&fw.name_any(), &DeleteParams::background())
+                .await?;
+        }
+    }
+
+    let rc_name = names::sandbox_routing_config_name(&name);
+    let mut rc = RoutingConfig::new(
+        &rc_name,
+        RoutingConfigSpec {
+            routing_key: key.clone(),
+            workloads,
+        },
+    );
+    rc.metadata.labels = Some(child_labels(&name, &key));
+    rc.metadata.owner_references = Some(owner);
+    let rcs: Api<RoutingConfig> = Api::all(ctx.client.clone());
+    let rc = rcs.patch(&rc_name, &pp, &Patch::Apply(&rc)).await?;
+    let routing_ready = rc
+        .status
+        .as_ref()
+        .is_some_and(|s| is_condition_true(&s.conditions, READY));
+
+    let unsupported = !sb.spec.local.is_empty() || !sb.spec.virtual_workloads.is_empty();
+    let all_ready = forks.iter().all(|f| f.ready);
+    write_status(sb, ctx, |st| {
+        st.routing_key = Some(key.clone());
+        st.forks = forks;
+        st.expires_at = expires_at.map(Time);
+        let mut changed = condition(
+            st,
+            sb,
+            ROUTING_READY,
+            if routing_ready {
+                ConditionStatus::True
+            } else {
+                ConditionStatus::False
+            },
+            if routing_ready {
+                "Routed"
+            } else {
+                "RoutesPending"
+            },
+            if routing_ready {
+                "the route server serves this sandbox's routes"
+            } else {
+                "waiting for the forks to become ready and their routes to be published"
+            },
+        );
+        let (status, reason, message) = if unsupported {
+            (
+                ConditionStatus::False,
+                "Unsupported",
+                "local and virtual workloads are not supported yet; only forks are deployed"
+                    .to_string(),
+            )
+        } else if all_ready && routing_ready {
+            (
+                ConditionStatus::True,
+                "Ready",
+                "every fork is ready and routed".to_string(),
+            )
+        } else {
+            let waiting: Vec<&str> = st
+                .forks
+                .iter()
+                .filter(|f| !f.ready)
+                .map(|f| f.forked_workload.as_str())
+                .collect();
+            (
+                ConditionStatus::False,
+                "NotReady",
+                if waiting.is_empty() {
+                    "waiting for routes".to_string()
+                } else {
+                    format!("waiting for {}", waiting.join(", "))
+                },
+            )
+        };
+        changed |= condition(st, sb, READY, status, reason, &message);
+        changed
+    })
+    .await?;
+    ctx.succeeded(&key_of(sb));
+    Ok(Action::requeue(requeue))
+}
+
+/// Checks what the schema cannot: the Rust validation, and that every fork can be built from
+/// its baseline as it is now. `Err` carries a reason and a message for the user.
+async fn check(
+    sb: &Sandbox,
+    name: &str,
+    key: &str,
+    ctx: &Context,
+) -> Result<Result<(), (&'static str, String)>, Error> {
+    if let Err(e) = sb.validate() {
+        return Ok(Err(("Invalid", e.to_string())));
+    }
+    for (i, fork) in sb.spec.forks.iter().enumerate() {
+        let b = &fork.fork_of;
+        if b.kind != WorkloadKind::Deployment {
+            return Ok(Err((
+                "Unsupported",
+                format!(
+                    "forks[{i}]: forking a {} is not supported yet; only Deployments are",
+                    b.kind
+                ),
+            )));
+        }
+        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &b.namespace);
+        let Some(baseline) = deployments.get_opt(&b.name).await? else {
+            return Ok(Err((
+                "BaselineNotFound",
+                format!(
+                    "forks[{i}]: Deployment {}/{} not found",
+                    b.namespace, b.name
+                ),
+            )));
+        };
+        let services: Vec<Service> = Api::<Service>::namespaced(ctx.client.clone(), &b.namespace)
+            .list(&ListParams::default())
+            .await?
+            .items;
+        let fw_name = names::fork_name(name, b);
+        let id = ForkId {
+            name: &fw_name,
+            sandbox: name,
+            routing_key: key,
+        };
+        if let Err(e) = plan(id, &baseline, &fork.customizations, &services) {
+            return Ok(Err((
+                "InvalidCustomization",
+                format!("forks[{i}] ({}/{}): {e}", b.namespace, b.name),
+            )));
+        }
+    }
+    Ok(Ok(()))
+}
+
+fn expiry(sb: &Sandbox) -> Option<Timestamp> {
+    let ttl = sb.spec.ttl.as_ref()?;
+    let created = sb.meta().creation_timestamp.as_ref()?.0;
+    let updated = sb
+        .status
+        .as_ref()
+        .and_then(|s| s.updated_at.as_ref())
+        .map_or(created, |t| t.0);
+    ttl.expires_at(created, updated)
+}
+
+fn child_labels(sandbox: &str, key: &str) -> std::collections::BTreeMap<String, String> {
+    std::collections::BTreeMap::from([
+        (
+            labels::MANAGED_BY.to_owned(),
+            labels::MANAGED_BY_VALUE.to_owned(),
+        ),
+        (labels::SANDBOX.to_owned(), sandbox.to_owned()),
+        (labels::ROUTING_KEY.to_owned(), key.to_owned()),
+    ])
+}
+
+fn condition(
+    st: &mut SandboxStatus,
+    sb: &Sandbox,
+    type_: &str,
+    status: ConditionStatus,
+    reason: &str,
+    message: &str,
+) -> bool {
+    set_condition(
+        &mut st.conditions,
+        NewCondition {
+            type_,
+            status,
+            reason,
+            message,
+            observed_generation: sb.meta().generation,
+        },
+        &now(),
+    )
+}
+
+async fn write_status(
+    sb: &Sandbox,
+    ctx: &Context,
+    update: impl FnOnce(&mut SandboxStatus) -> bool,
+) -> Result<bool, Error> {
+    let old = sb.status.clone().unwrap_or_default();
+    let mut st = old.clone();
+    if st.observed_generation != sb.meta().generation {
+        // `ttl.offsetFrom: updatedAt` counts from the last spec change the controller saw.
+        st.updated_at = Some(now());
+        st.observed_generation = sb.meta().generation;
+    }
+    update(&mut st);
+    if st == old {
+        return Ok(false);
+    }
+    let api: Api<Sandbox> = Api::all(ctx.client.clone());
+    let body = json!({
+        "apiVersion": Sandbox::api_version(&()),
+        "kind": Sandbox::kind(&()),
+        "status": st,
+    });
+    api.patch_status(
+        &sb.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
+    Ok(true)
+}
+
+/// Deletes the sandbox's ForkedWorkloads and RoutingConfig; `true` while some still exist.
+async fn delete_children(name: &str, ctx: &Context) -> Result<bool, Error> {
+    let lp = ListParams::default().labels(&format!("{}={name}", labels::SANDBOX));
+    let all: Api<ForkedWorkload> = Api::all(ctx.client.clone());
+    let mut remaining = false;
+    for fw in all.list(&lp).await?.items {
+        remaining = true;
+        if fw.meta().deletion_timestamp.is_none() {
+            let ns = fw.namespace().unwrap_or_default();
+            Api::<ForkedWorkload>::namespaced(ctx.client.clone(), &ns)
+                .delete(&fw.name_any(), &DeleteParams::background())
+                .await?;
+        }
+    }
+    let rcs: Api<RoutingConfig> = Api::all(ctx.client.clone());
+    let rc_name = names::sandbox_routing_config_name(name);
+    if rcs.get_opt(&rc_name).await?.is_some() {
+        rcs.delete(&rc_name, &DeleteParams::background()).await?;
+    }
+    Ok(remaining)
+}
+
+async fn cleanup(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
+    let name = sb.name_any();
+    if delete_children(&name, ctx).await? {
+        // Each ForkedWorkload's own finalizer removes its Deployment and Services first.
+        return Err(Error::Pending(format!(
+            "the ForkedWorkloads of Sandbox {name} to be deleted"
+        )));
+    }
+    ctx.succeeded(&key_of(sb));
+    Ok(Action::await_change())
+}
+
+pub(crate) fn key_of(sb: &Sandbox) -> String {
+    format!("Sandbox/{}", sb.name_any())
+}
+
+pub(crate) fn error_policy(sb: Arc<Sandbox>, err: &Error, ctx: Arc<Context>) -> Action {
+    // Waiting for children is expected: poll quickly instead of backing off.
+    if matches!(err, Error::Pending(_)) {
+        return Action::requeue(Duration::from_millis(500));
+    }
+    ctx.backoff(key_of(&sb), err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_keys_are_stable_label_values() {
+        let k = routing_key("5f1b2a8e-0d7c-4a55-9b1e-3c2d1e0f9a8b");
+        assert_eq!(k.len(), 13);
+        assert!(
+            k.bytes()
+                .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
+        );
+        assert_eq!(k, routing_key("5f1b2a8e-0d7c-4a55-9b1e-3c2d1e0f9a8b"));
+        assert_ne!(k, routing_key("5f1b2a8e-0d7c-4a55-9b1e-3c2d1e0f9a8c"));
+    }
+}

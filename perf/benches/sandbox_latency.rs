@@ -1,0 +1,304 @@
+//! Control-plane benchmark on a real kube-apiserver: time from `Sandbox` create to its routing
+//! rule being live at a real sidecar watch client, and reconcile throughput for many sandboxes.
+//!
+//! Setup: kube-apiserver + etcd (tests/kube-harness), the CRDs from charts/spur/crds, the
+//! operator and the route server (Kubernetes store) in this process, one baseline Deployment +
+//! Service, one `RouteServerSource` watching that baseline, and a stand-in kubelet that marks
+//! every fork Deployment ready as soon as it appears (so the figures are the control plane's own,
+//! not a scheduler's or an image pull's).
+//!
+//! - Latency: `SPUR_BENCH_SANDBOXES` (default 100) sandboxes created one after another; each is
+//!   timed from the create call to its rule in the watcher's table; p50/p90/p99/max.
+//! - Throughput: `SPUR_BENCH_BULK` (default 1000) sandboxes created by 16 concurrent clients;
+//!   time until every rule is live; sandboxes per second.
+//!
+//! Writes `perf/results/sandbox_latency.md`. Run: `cargo bench -p spur-perf --bench
+//! sandbox_latency` (needs Go for the first build of kube-apiserver, see tests/kube/README.md).
+//! Without `--bench` (as `cargo test --benches` runs it) it does a smoke run of 3 + 5 sandboxes
+//! and writes nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use futures_util::StreamExt;
+use hdrhistogram::Histogram;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use spur_api::Sandbox;
+use spur_discovery::{Publisher, RouteServerSource};
+use spur_kube_harness::KubeApi;
+use spur_routeserver::{KubeStore, RouteServer, RouteServerConfig};
+use spur_routing::{BaselineWorkload, SharedTable};
+use tokio_util::sync::CancellationToken;
+
+const NS: &str = "bench";
+const BASELINE: &str = "web";
+const APP_PORT: u16 = 8080;
+const WAIT: Duration = Duration::from_secs(600);
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() -> Result<()> {
+    let full = std::env::args().any(|a| a == "--bench");
+    let (sequential, bulk) = if full {
+        (
+            env_usize("SPUR_BENCH_SANDBOXES", 100),
+            env_usize("SPUR_BENCH_BULK", 1000),
+        )
+    } else {
+        (3, 5)
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(run(sequential, bulk, full))
+}
+
+async fn run(sequential: usize, bulk: usize, write: bool) -> Result<()> {
+    let started = Instant::now();
+    let api = KubeApi::start().await?;
+    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/spur/crds");
+    let mut files: Vec<_> = std::fs::read_dir(&crds)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    files.sort();
+    for f in files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+    {
+        api.install_crd_file(f).await?;
+    }
+    let client = api.client();
+    let version = client.apiserver_version().await?.git_version;
+    setup_baseline(&client).await?;
+
+    let stop = CancellationToken::new();
+    let metrics =
+        spur_operator::Metrics::register(&mut prometheus_client::registry::Registry::default());
+    let ctx = Arc::new(spur_operator::Context::new(
+        client.clone(),
+        Some("bench".into()),
+        metrics,
+    ));
+    let operator = tokio::spawn(spur_operator::run(client.clone(), ctx, stop.clone()));
+    let kubelet = tokio::spawn(fake_kubelet(client.clone(), stop.clone()));
+    let server = RouteServer::start_with(
+        RouteServerConfig {
+            grpc_addr: "127.0.0.1:0".parse()?,
+            http_addr: "127.0.0.1:0".parse()?,
+            ..RouteServerConfig::new("")
+        },
+        KubeStore::new(client.clone()),
+    )
+    .await?;
+
+    let table = SharedTable::new();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let publisher = Publisher::new(table.clone(), &mut registry);
+    let baseline = BaselineWorkload {
+        kind: "Deployment".into(),
+        namespace: NS.into(),
+        name: BASELINE.into(),
+    };
+    let source = RouteServerSource::new(
+        &server.grpc_addr.to_string(),
+        baseline.clone(),
+        publisher,
+        &mut registry,
+    )?;
+    let watcher = tokio::spawn(source.run(stop.clone()));
+    let setup = started.elapsed();
+
+    let live = |key: &str| {
+        table
+            .load()
+            .table
+            .lookup(&baseline, APP_PORT, key)
+            .is_some()
+    };
+    let sandboxes: Api<Sandbox> = Api::all(client.clone());
+
+    // Latency: one at a time.
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    for i in 0..sequential {
+        let t0 = Instant::now();
+        let created = sandboxes
+            .create(&PostParams::default(), &sandbox(&format!("seq-{i}")))
+            .await?;
+        let key = spur_operator::sandbox::routing_key(&created.uid().context("no uid")?);
+        while !live(&key) {
+            if t0.elapsed() > WAIT {
+                bail!("sandbox seq-{i}: rule not live after {WAIT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        hist.record(t0.elapsed().as_micros().try_into().unwrap_or(u64::MAX))?;
+    }
+
+    // Throughput: many at once.
+    let t0 = Instant::now();
+    let keys: Vec<String> = futures_util::stream::iter(0..bulk)
+        .map(|i| {
+            let sandboxes = sandboxes.clone();
+            async move {
+                let created = sandboxes
+                    .create(&PostParams::default(), &sandbox(&format!("bulk-{i}")))
+                    .await?;
+                Ok::<_, anyhow::Error>(spur_operator::sandbox::routing_key(
+                    &created.uid().context("no uid")?,
+                ))
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_>>()?;
+    let created_in = t0.elapsed();
+    loop {
+        let missing = keys.iter().filter(|k| !live(k)).count();
+        if missing == 0 {
+            break;
+        }
+        if t0.elapsed() > WAIT {
+            bail!("{missing} of {bulk} rules not live after {WAIT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let all_live = t0.elapsed();
+
+    stop.cancel();
+    server.shutdown().await;
+    let _ = tokio::time::timeout(Duration::from_secs(30), operator).await;
+    let _ = watcher.await;
+    let _ = kubelet.await;
+
+    let ms = |us: u64| us as f64 / 1000.0;
+    let mut out = String::new();
+    writeln!(
+        out,
+        "# Control plane: Sandbox create → rule live at a watcher\n"
+    )?;
+    writeln!(
+        out,
+        "Command: `cargo bench -p spur-perf --bench sandbox_latency`. Machine: {} cores. \
+         kube-apiserver {} + etcd from tests/kube (same machine), operator and route server in the bench process, \
+         one `RouteServerSource` watching the baseline, fork Deployments marked ready by a stand-in kubelet as soon as they appear. \
+         Set-up (API server start, CRDs, controllers): {:.1} s.\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        version,
+        setup.as_secs_f64()
+    )?;
+    writeln!(out, "| Measurement | Result |\n|---|---|")?;
+    writeln!(
+        out,
+        "| Create → live, {sequential} sandboxes one at a time: p50 / p90 / p99 / max | {:.0} / {:.0} / {:.0} / {:.0} ms |",
+        ms(hist.value_at_quantile(0.5)),
+        ms(hist.value_at_quantile(0.9)),
+        ms(hist.value_at_quantile(0.99)),
+        ms(hist.max())
+    )?;
+    writeln!(
+        out,
+        "| {bulk} sandboxes created by 16 concurrent clients: create calls done / all rules live | {:.1} s / {:.1} s |",
+        created_in.as_secs_f64(),
+        all_live.as_secs_f64()
+    )?;
+    writeln!(
+        out,
+        "| Reconcile throughput (sandboxes made live per second) | {:.1} /s |",
+        bulk as f64 / all_live.as_secs_f64()
+    )?;
+    print!("{out}");
+    if write {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/sandbox_latency.md");
+        std::fs::write(&path, &out).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn sandbox(name: &str) -> Sandbox {
+    serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": name},
+        "spec": {"forks": [{"forkOf": {"kind": "Deployment", "namespace": NS, "name": BASELINE},
+                            "customizations": {"images": [{"image": "web:dev"}]}}]}
+    }))
+    .expect("static sandbox")
+}
+
+async fn setup_baseline(client: &Client) -> Result<()> {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}}))?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": BASELINE, "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"app": BASELINE}},
+                 "template": {"metadata": {"labels": {"app": BASELINE}},
+                              "spec": {"containers": [{"name": BASELINE, "image": "web:1",
+                                                       "ports": [{"name": "http", "containerPort": APP_PORT}]}]}}}
+    }))?;
+    Api::<Deployment>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &d)
+        .await?;
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": BASELINE, "namespace": NS},
+        "spec": {"selector": {"app": BASELINE}, "ports": [{"port": 80, "targetPort": "http"}]}
+    }))?;
+    Api::<Service>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &svc)
+        .await?;
+    Ok(())
+}
+
+/// Marks every fork Deployment ready once per generation, as a kubelet and the Deployment
+/// controller would (instantly).
+async fn fake_kubelet(client: Client, stop: CancellationToken) {
+    let api: Api<Deployment> = Api::namespaced(client, NS);
+    let wc = watcher::Config::default().labels("app.kubernetes.io/managed-by=spur");
+    let mut done: HashMap<String, i64> = HashMap::new();
+    let mut events = watcher(api.clone(), wc)
+        .default_backoff()
+        .applied_objects()
+        .boxed();
+    loop {
+        let d = tokio::select! {
+            () = stop.cancelled() => return,
+            next = events.next() => match next {
+                Some(Ok(d)) => d,
+                Some(Err(_)) => continue,
+                None => return,
+            },
+        };
+        let generation = d.metadata.generation.unwrap_or(0);
+        let name = d.name_any();
+        if done.get(&name) == Some(&generation) {
+            continue;
+        }
+        let status = json!({"status": {"observedGeneration": generation, "replicas": 1,
+            "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}});
+        if api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .is_ok()
+        {
+            done.insert(name, generation);
+        }
+    }
+}

@@ -1,0 +1,651 @@
+//! The control plane on a real kube-apiserver: the operator turns Sandboxes and RouteGroups into
+//! forks, sandbox Services and RoutingConfigs; the route server (Kubernetes store) serves them;
+//! a real sidecar routes keyed requests to the fork. There is no kubelet: the test marks fork
+//! Deployments ready where a kubelet and the Deployment controller would.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use spur_api::conditions::{READY, find_condition, is_condition_true};
+use spur_api::keys::labels;
+use spur_api::{
+    ForkedWorkload, RouteGroup, RoutingConfig, Sandbox, WorkloadKind, WorkloadRef, names,
+};
+use spur_e2e::{AppKind, get, spawn_app};
+use spur_kube_harness::KubeApi;
+use spur_routeserver::{KubeStore, RouteServer, RouteServerConfig};
+use spur_routing::BaselineWorkload;
+use spur_sidecar::{Sidecar, SidecarConfig};
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Polls `check` until it returns `Some`, for at most [`WAIT`].
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A real API server with our CRDs, the operator and the route server (Kubernetes store).
+struct ControlPlane {
+    api: KubeApi,
+    stop: CancellationToken,
+    operator: tokio::task::JoinHandle<()>,
+    routeserver: Option<RouteServer>,
+}
+
+impl ControlPlane {
+    async fn start() -> ControlPlane {
+        let api = KubeApi::start().await.unwrap();
+        let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/spur/crds");
+        let mut files: Vec<_> = std::fs::read_dir(&crds)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+            .collect();
+        files.sort();
+        assert_eq!(files.len(), 6, "{files:?}");
+        for f in files {
+            api.install_crd_file(&f).await.unwrap();
+        }
+        // Both components run under the chart's ClusterRoles, so a permission the chart lacks
+        // fails these tests.
+        let operator_client =
+            service_account_client(&api, "spur-operator", "operator-rules.yaml").await;
+        let routeserver_client =
+            service_account_client(&api, "spur-routeserver", "routeserver-rules.yaml").await;
+        let stop = CancellationToken::new();
+        let metrics =
+            spur_operator::Metrics::register(&mut prometheus_client::registry::Registry::default());
+        let ctx = Arc::new(spur_operator::Context::new(
+            operator_client.clone(),
+            Some("test".into()),
+            metrics,
+        ));
+        let operator = tokio::spawn(spur_operator::run(operator_client, ctx, stop.clone()));
+        let routeserver = RouteServer::start_with(
+            RouteServerConfig {
+                grpc_addr: "127.0.0.1:0".parse().unwrap(),
+                http_addr: "127.0.0.1:0".parse().unwrap(),
+                ..RouteServerConfig::new("")
+            },
+            KubeStore::new(routeserver_client),
+        )
+        .await
+        .unwrap();
+        ControlPlane {
+            api,
+            stop,
+            operator,
+            routeserver: Some(routeserver),
+        }
+    }
+
+    fn client(&self) -> Client {
+        self.api.client()
+    }
+
+    fn routeserver_addr(&self) -> String {
+        self.routeserver.as_ref().unwrap().grpc_addr.to_string()
+    }
+
+    async fn shutdown(mut self) {
+        self.stop.cancel();
+        tokio::time::timeout(WAIT, &mut self.operator)
+            .await
+            .unwrap()
+            .unwrap();
+        self.routeserver.take().unwrap().shutdown().await;
+    }
+}
+
+/// A client for ServiceAccount `spur-system/<name>`, bound to a ClusterRole with the rules in
+/// `charts/spur/files/<rules>` (the ones the chart installs).
+async fn service_account_client(api: &KubeApi, name: &str, rules: &str) -> Client {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../charts/spur/files")
+        .join(rules);
+    let rules: Vec<PolicyRule> =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let admin = api.client();
+    let role = ClusterRole {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        rules: Some(rules),
+        ..ClusterRole::default()
+    };
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "spur-system"}]
+    }))
+    .unwrap();
+    Api::<ClusterRoleBinding>::all(admin)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let token = api
+        .service_account_token("spur-system", name)
+        .await
+        .unwrap();
+    api.client_with_token(&token).await.unwrap()
+}
+
+/// A baseline workload: a Deployment + Service in the API server, its process (an HTTP app) on
+/// loopback, and a sidecar in front of it watching the route server.
+struct Baseline {
+    name: &'static str,
+    sidecar: Sidecar,
+}
+
+const NS: &str = "shop";
+
+async fn create_namespace(client: &Client) {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+}
+
+/// The baseline `name` and the forks that sandboxes may route to: `forks` maps a sandbox name
+/// to the loopback app standing for that sandbox's fork (the test resolver).
+async fn baseline(
+    cp: &ControlPlane,
+    name: &'static str,
+    forks: &[(&str, SocketAddr)],
+    apps: &CancellationToken,
+) -> Baseline {
+    let app = spawn_app(AppKind::Http, &format!("{name}-baseline"), apps.clone()).await;
+    let client = cp.client();
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name, "team": "shop"}},
+                "spec": {"containers": [{
+                    "name": name, "image": format!("{name}:1"),
+                    "ports": [{"name": "http", "containerPort": app.port()}]
+                }]}
+            }
+        }
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"selector": {"app": name}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(client, NS)
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+
+    let mut config: SidecarConfig = spur_e2e::sidecar_config(app);
+    config.baseline = BaselineWorkload {
+        kind: "Deployment".into(),
+        namespace: NS.into(),
+        name: name.into(),
+    };
+    config.routeserver = Some(cp.routeserver_addr());
+    for (sandbox, fork) in forks {
+        // Cluster DNS stand-in: the sandbox Service of this baseline → the fork's process.
+        let host = format!("{}.{NS}.svc:80", names::sandbox_service_name(sandbox, name));
+        config.proxy.resolve.insert(host, *fork);
+    }
+    Baseline {
+        name,
+        sidecar: Sidecar::start(config).await.unwrap(),
+    }
+}
+
+impl Baseline {
+    async fn served_by(&self, key: Option<&str>) -> String {
+        let baggage = key.map(|k| format!("sd-routing-key={k}"));
+        let headers: Vec<(&str, &str)> = baggage.iter().map(|b| ("baggage", b.as_str())).collect();
+        let got = get(self.sidecar.inbound_addr, "/", &headers).await.unwrap();
+        assert_eq!(got.status, 200, "{got:?}");
+        got.served_by().to_string()
+    }
+
+    /// Waits until a request with `key` is served by `expected`.
+    async fn routes(&self, key: &str, expected: &str) {
+        eventually(&format!("{key} at {} → {expected}", self.name), || async {
+            (self.served_by(Some(key)).await == expected).then_some(())
+        })
+        .await;
+    }
+}
+
+fn sandbox(
+    name: &str,
+    labels_: serde_json::Value,
+    forks: serde_json::Value,
+    ttl: Option<serde_json::Value>,
+) -> Sandbox {
+    let mut spec = json!({"labels": labels_, "forks": forks});
+    if let Some(ttl) = ttl {
+        spec["ttl"] = ttl;
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": name},
+        "spec": spec
+    }))
+    .unwrap()
+}
+
+fn fork_of(baseline: &str) -> serde_json::Value {
+    json!({"forkOf": {"kind": "Deployment", "namespace": NS, "name": baseline},
+           "customizations": {"images": [{"image": format!("{baseline}:dev")}],
+                              "env": [{"name": "FEATURE", "value": "on"}]}})
+}
+
+/// Plays kubelet and Deployment controller: marks the fork Deployment of `sandbox`/`baseline`
+/// ready once it exists.
+async fn mark_fork_ready(client: &Client, sandbox: &str, baseline: &str) -> Deployment {
+    let fork = names::fork_name(
+        sandbox,
+        &WorkloadRef::new(WorkloadKind::Deployment, NS, baseline),
+    );
+    let api: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let d = eventually(&format!("fork Deployment {fork}"), || async {
+        api.get_opt(&fork).await.unwrap()
+    })
+    .await;
+    let generation = d.metadata.generation.unwrap();
+    api.patch_status(
+        &fork,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {
+            "observedGeneration": generation, "replicas": 1, "updatedReplicas": 1,
+            "readyReplicas": 1, "availableReplicas": 1
+        }})),
+    )
+    .await
+    .unwrap();
+    d
+}
+
+async fn sandbox_status(client: &Client, name: &str) -> Option<Sandbox> {
+    Api::<Sandbox>::all(client.clone())
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+/// Waits until the sandbox is Ready and returns its routing key.
+async fn ready_key(client: &Client, name: &str) -> String {
+    eventually(&format!("Sandbox {name} Ready"), || async {
+        let sb = sandbox_status(client, name).await?;
+        let st = sb.status?;
+        is_condition_true(&st.conditions, READY).then_some(st.routing_key?)
+    })
+    .await
+}
+
+/// Waits until nothing labelled with the sandbox is left: ForkedWorkloads, Deployments,
+/// Services, RoutingConfigs, and the Sandbox itself.
+async fn all_gone(client: &Client, sandbox: &str) {
+    let lp = ListParams::default().labels(&format!("{}={sandbox}", labels::SANDBOX));
+    eventually(&format!("everything of {sandbox} deleted"), || {
+        let lp = lp.clone();
+        async move {
+            let fws = Api::<ForkedWorkload>::all(client.clone())
+                .list(&lp)
+                .await
+                .unwrap()
+                .items;
+            let ds = Api::<Deployment>::all(client.clone())
+                .list(&lp)
+                .await
+                .unwrap()
+                .items;
+            let ss = Api::<Service>::all(client.clone())
+                .list(&lp)
+                .await
+                .unwrap()
+                .items;
+            let rcs = Api::<RoutingConfig>::all(client.clone())
+                .list(&lp)
+                .await
+                .unwrap()
+                .items;
+            let sb = sandbox_status(client, sandbox).await;
+            (fws.is_empty() && ds.is_empty() && ss.is_empty() && rcs.is_empty() && sb.is_none())
+                .then_some(())
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_forks_routes_and_cleans_up() {
+    let cp = ControlPlane::start().await;
+    let client = cp.client();
+    create_namespace(&client).await;
+    let apps = CancellationToken::new();
+    let fork_app = spawn_app(AppKind::Http, "web-fork", apps.clone()).await;
+    let web = baseline(&cp, "web", &[("sb1", fork_app)], &apps).await;
+
+    let sandboxes: Api<Sandbox> = Api::all(client.clone());
+    sandboxes
+        .create(
+            &PostParams::default(),
+            &sandbox("sb1", json!({}), json!([fork_of("web")]), None),
+        )
+        .await
+        .unwrap();
+
+    // The fork: a customized copy that baseline Services cannot select.
+    let d = mark_fork_ready(&client, "sb1", "web").await;
+    let spec = d.spec.unwrap();
+    assert_eq!(spec.replicas, Some(1));
+    let pod = spec.template.spec.unwrap();
+    assert_eq!(pod.containers[0].image.as_deref(), Some("web:dev"));
+    let env = pod.containers[0].env.clone().unwrap();
+    assert!(
+        env.iter()
+            .any(|v| v.name == "FEATURE" && v.value.as_deref() == Some("on"))
+    );
+    assert!(
+        env.iter()
+            .any(|v| v.name == "SPUR_SANDBOX_NAME" && v.value.as_deref() == Some("sb1"))
+    );
+    let pod_labels = spec.template.metadata.unwrap().labels.unwrap();
+    assert!(!pod_labels.contains_key("app"), "{pod_labels:?}");
+    assert_eq!(pod_labels["team"], "shop");
+    assert_eq!(
+        d.metadata.owner_references.unwrap()[0].kind,
+        "ForkedWorkload"
+    );
+    // The sandbox Service: same ports, selecting the fork.
+    let svc_name = names::sandbox_service_name("sb1", "web");
+    let svc = Api::<Service>::namespaced(client.clone(), NS)
+        .get(&svc_name)
+        .await
+        .unwrap();
+    let svc_spec = svc.spec.unwrap();
+    assert_eq!(
+        svc_spec.selector.unwrap()[labels::FORK],
+        d.metadata.name.unwrap()
+    );
+    assert_eq!(svc_spec.ports.unwrap()[0].port, 80);
+
+    let key = ready_key(&client, "sb1").await;
+    let sb = sandbox_status(&client, "sb1").await.unwrap();
+    let st = sb.status.unwrap();
+    assert_eq!(st.forks.len(), 1);
+    assert!(st.forks[0].ready);
+    assert_eq!(st.forks[0].services[0].sandbox_service, svc_name);
+
+    web.routes(&key, "web-fork").await;
+    assert_eq!(web.served_by(None).await, "web-baseline");
+    assert_eq!(web.served_by(Some("someone-else")).await, "web-baseline");
+
+    // The route server's view: one rule for this key, and the sandbox Service in
+    // GetClusterServices with the key and the baseline it stands for.
+    let services = cp.routeserver.as_ref().unwrap().index().services();
+    let sbx = services
+        .iter()
+        .find(|s| s.hostname == format!("{svc_name}.{NS}.svc"))
+        .unwrap();
+    let info = sbx.sandbox_info.as_ref().unwrap();
+    assert_eq!(info.sandbox_routing_key, key);
+    assert_eq!(info.baseline_hostname, format!("web.{NS}.svc"));
+
+    sandboxes
+        .delete("sb1", &DeleteParams::default())
+        .await
+        .unwrap();
+    all_gone(&client, "sb1").await;
+    web.routes(&key, "web-baseline").await;
+
+    web.sidecar.shutdown().await;
+    apps.cancel();
+    cp.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_group_spans_sandboxes_and_ttl_expires() {
+    let cp = ControlPlane::start().await;
+    let client = cp.client();
+    create_namespace(&client).await;
+    let apps = CancellationToken::new();
+    let web_fork = spawn_app(AppKind::Http, "web-fork-a", apps.clone()).await;
+    let api_fork = spawn_app(AppKind::Http, "api-fork-b", apps.clone()).await;
+    let web = baseline(&cp, "web", &[("sb-a", web_fork)], &apps).await;
+    let api = baseline(&cp, "api", &[("sb-b", api_fork)], &apps).await;
+
+    let sandboxes: Api<Sandbox> = Api::all(client.clone());
+    sandboxes
+        .create(
+            &PostParams::default(),
+            &sandbox(
+                "sb-a",
+                json!({"feature": "checkout-v2"}),
+                json!([fork_of("web")]),
+                None,
+            ),
+        )
+        .await
+        .unwrap();
+    sandboxes
+        .create(
+            &PostParams::default(),
+            &sandbox(
+                "sb-b",
+                json!({"feature": "checkout-v3"}),
+                json!([fork_of("api")]),
+                Some(json!({"duration": "1h", "offsetFrom": "updatedAt"})),
+            ),
+        )
+        .await
+        .unwrap();
+    let rg: RouteGroup = serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "RouteGroup",
+        "metadata": {"name": "checkout"},
+        "spec": {"match": {"label": {"key": "feature", "value": "checkout-*"}}}
+    }))
+    .unwrap();
+    let groups: Api<RouteGroup> = Api::all(client.clone());
+    groups.create(&PostParams::default(), &rg).await.unwrap();
+
+    mark_fork_ready(&client, "sb-a", "web").await;
+    mark_fork_ready(&client, "sb-b", "api").await;
+    let key_a = ready_key(&client, "sb-a").await;
+    let key_b = ready_key(&client, "sb-b").await;
+    let group_key = eventually("RouteGroup Ready", || async {
+        let st = groups.get("checkout").await.unwrap().status?;
+        (is_condition_true(&st.conditions, READY) && st.matched_sandboxes.len() == 2)
+            .then_some(st.routing_key?)
+    })
+    .await;
+    assert_ne!(group_key, key_a);
+    // The group's key reaches each sandbox's fork; each sandbox's own key only its own.
+    web.routes(&group_key, "web-fork-a").await;
+    api.routes(&group_key, "api-fork-b").await;
+    web.routes(&key_a, "web-fork-a").await;
+    api.routes(&key_b, "api-fork-b").await;
+    assert_eq!(api.served_by(Some(&key_a)).await, "api-baseline");
+    assert_eq!(web.served_by(Some(&key_b)).await, "web-baseline");
+
+    // TTL: sb-b's 1 h counts from its last update; moving that an hour back (as time would)
+    // makes it expire: the operator deletes it and everything it made.
+    let past =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_hours(2);
+    sandboxes
+        .patch_status(
+            "sb-b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"updatedAt": past.to_string()}})),
+        )
+        .await
+        .unwrap();
+    all_gone(&client, "sb-b").await;
+    api.routes(&group_key, "api-baseline").await;
+    api.routes(&key_b, "api-baseline").await;
+    web.routes(&group_key, "web-fork-a").await;
+    eventually("RouteGroup down to one sandbox", || async {
+        let st = groups.get("checkout").await.unwrap().status?;
+        (st.matched_sandboxes == vec!["sb-a".to_string()]).then_some(())
+    })
+    .await;
+
+    // Deleting the group removes its RoutingConfig and its key stops routing.
+    groups
+        .delete("checkout", &DeleteParams::default())
+        .await
+        .unwrap();
+    web.routes(&group_key, "web-baseline").await;
+    let rc_name = names::route_group_routing_config_name("checkout");
+    eventually("group RoutingConfig deleted", || async {
+        Api::<RoutingConfig>::all(client.clone())
+            .get_opt(&rc_name)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    web.routes(&key_a, "web-fork-a").await;
+
+    web.sidecar.shutdown().await;
+    api.sidecar.shutdown().await;
+    apps.cancel();
+    cp.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_sandboxes_are_rejected_or_reported_and_leave_nothing() {
+    let cp = ControlPlane::start().await;
+    let client = cp.client();
+    create_namespace(&client).await;
+    let apps = CancellationToken::new();
+    let _web = baseline(&cp, "web", &[], &apps).await;
+    let sandboxes: Api<Sandbox> = Api::all(client.clone());
+
+    // The schema rejects a baseline forked twice.
+    let dup = sandbox(
+        "dup",
+        json!({}),
+        json!([fork_of("web"), fork_of("web")]),
+        None,
+    );
+    let err = sandboxes
+        .create(&PostParams::default(), &dup)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("forked only once"), "{err}");
+
+    // A missing baseline and a patch that cannot apply are reported as conditions.
+    let cases = [
+        (
+            "missing",
+            json!([fork_of("nope")]),
+            "BaselineNotFound",
+            "shop/nope not found",
+        ),
+        (
+            "badpatch",
+            json!([{"forkOf": {"kind": "Deployment", "namespace": NS, "name": "web"},
+                    "customizations": {"patch": {"type": "json", "value": [{"op": "remove", "path": "/spec/nothing"}]}}}]),
+            "InvalidCustomization",
+            "patch",
+        ),
+        (
+            "nocontainer",
+            json!([{"forkOf": {"kind": "Deployment", "namespace": NS, "name": "web"},
+                    "customizations": {"images": [{"image": "x:1", "container": "sidecar"}]}}]),
+            "InvalidCustomization",
+            "\"sidecar\" not found",
+        ),
+    ];
+    for (name, forks, reason, message) in cases {
+        sandboxes
+            .create(
+                &PostParams::default(),
+                &sandbox(name, json!({}), forks, None),
+            )
+            .await
+            .unwrap();
+        let cond = eventually(&format!("{name} reported"), || async {
+            let st = sandbox_status(&client, name).await?.status?;
+            find_condition(&st.conditions, READY).cloned()
+        })
+        .await;
+        assert_eq!(cond.status, "False");
+        assert_eq!(cond.reason, reason, "{cond:?}");
+        assert!(cond.message.contains(message), "{cond:?}");
+        let lp = ListParams::default().labels(&format!("{}={name}", labels::SANDBOX));
+        assert!(
+            Api::<ForkedWorkload>::all(client.clone())
+                .list(&lp)
+                .await
+                .unwrap()
+                .items
+                .is_empty()
+        );
+        assert!(
+            Api::<Deployment>::all(client.clone())
+                .list(&lp)
+                .await
+                .unwrap()
+                .items
+                .is_empty()
+        );
+        sandboxes
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+        all_gone(&client, name).await;
+    }
+    // Nothing but the baseline exists in the namespace.
+    let ds = Api::<Deployment>::namespaced(client.clone(), NS)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        ds.items.iter().map(|d| d.name_any()).collect::<Vec<_>>(),
+        vec!["web"]
+    );
+
+    apps.cancel();
+    cp.shutdown().await;
+}
