@@ -87,8 +87,8 @@ async fn run(sequential: usize, bulk: usize, write: bool) -> Result<()> {
     setup_baseline(&client).await?;
 
     let stop = CancellationToken::new();
-    let metrics =
-        spur_operator::Metrics::register(&mut prometheus_client::registry::Registry::default());
+    let mut operator_registry = prometheus_client::registry::Registry::default();
+    let metrics = spur_operator::Metrics::register(&mut operator_registry);
     let ctx = Arc::new(spur_operator::Context::new(
         client.clone(),
         Some("bench".into()),
@@ -187,6 +187,15 @@ async fn run(sequential: usize, bulk: usize, write: bool) -> Result<()> {
     let _ = watcher.await;
     let _ = kubelet.await;
 
+    let apiserver_rss = rss_mib(api.apiserver_pid());
+    let etcd_rss = rss_mib(api.etcd_pid());
+    let mut encoded = String::new();
+    prometheus_client::encoding::text::encode(&mut encoded, &operator_registry)?;
+    let reconciles: Vec<String> = encoded
+        .lines()
+        .filter(|l| l.starts_with("reconciles_total{") || l.starts_with("reconcile_failures_total"))
+        .map(|l| l.replace("reconciles_total", "").replace("_total", ""))
+        .collect();
     let ms = |us: u64| us as f64 / 1000.0;
     let mut out = String::new();
     writeln!(
@@ -223,6 +232,16 @@ async fn run(sequential: usize, bulk: usize, write: bool) -> Result<()> {
         "| Reconcile throughput (sandboxes made live per second) | {:.1} /s |",
         bulk as f64 / all_live.as_secs_f64()
     )?;
+    writeln!(
+        out,
+        "| Operator reconcile passes for the {} sandboxes | {} |",
+        sequential + bulk,
+        reconciles.join(", ")
+    )?;
+    writeln!(
+        out,
+        "| Resident memory at the end: kube-apiserver / etcd | {apiserver_rss:.0} MiB / {etcd_rss:.0} MiB |"
+    )?;
     print!("{out}");
     if write {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/sandbox_latency.md");
@@ -230,6 +249,17 @@ async fn run(sequential: usize, bulk: usize, write: bool) -> Result<()> {
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 fn sandbox(name: &str) -> Sandbox {

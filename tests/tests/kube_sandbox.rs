@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Service};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -20,7 +20,8 @@ use serde_json::json;
 use spur_api::conditions::{READY, find_condition, is_condition_true};
 use spur_api::keys::labels;
 use spur_api::{
-    ForkedWorkload, RouteGroup, RoutingConfig, Sandbox, WorkloadKind, WorkloadRef, names,
+    ExternalWorkload, ForkedWorkload, RouteGroup, RoutingConfig, Sandbox, VirtualWorkload,
+    WorkloadKind, WorkloadRef, names,
 };
 use spur_e2e::{AppKind, get, spawn_app};
 use spur_kube_harness::KubeApi;
@@ -79,6 +80,7 @@ impl ControlPlane {
         let routeserver_client =
             service_account_client(&api, "spur-routeserver", "routeserver-rules.yaml").await;
         let stop = CancellationToken::new();
+        let operator_stop = stop.clone();
         let metrics =
             spur_operator::Metrics::register(&mut prometheus_client::registry::Registry::default());
         let ctx = Arc::new(spur_operator::Context::new(
@@ -86,7 +88,20 @@ impl ControlPlane {
             Some("test".into()),
             metrics,
         ));
-        let operator = tokio::spawn(spur_operator::run(operator_client, ctx, stop.clone()));
+        // Leader-elected, as the chart runs it, on a Lease in spur-system (the chart's Role).
+        lease_role(&api).await;
+        let election = spur_operator::LeaderElection {
+            namespace: "spur-system".into(),
+            lease: "spur-operator".into(),
+            identity: "test".into(),
+            duration_secs: 15,
+            grace_secs: 5,
+        };
+        let operator = tokio::spawn(async move {
+            spur_operator::run_elected(operator_client, ctx, operator_stop, election)
+                .await
+                .unwrap();
+        });
         let routeserver = RouteServer::start_with(
             RouteServerConfig {
                 grpc_addr: "127.0.0.1:0".parse().unwrap(),
@@ -159,6 +174,37 @@ async fn service_account_client(api: &KubeApi, name: &str, rules: &str) -> Clien
         .await
         .unwrap();
     api.client_with_token(&token).await.unwrap()
+}
+
+/// The chart's lease Role for the operator's ServiceAccount in spur-system.
+async fn lease_role(api: &KubeApi) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../charts/spur/files/operator-lease-rules.yaml");
+    let rules: Vec<PolicyRule> =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let admin = api.client();
+    let role = Role {
+        metadata: ObjectMeta {
+            name: Some("spur-operator-lease".into()),
+            namespace: Some("spur-system".into()),
+            ..ObjectMeta::default()
+        },
+        rules: Some(rules),
+    };
+    Api::<Role>::namespaced(admin.clone(), "spur-system")
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "spur-operator-lease", "namespace": "spur-system"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "spur-operator-lease"},
+        "subjects": [{"kind": "ServiceAccount", "name": "spur-operator", "namespace": "spur-system"}]
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin, "spur-system")
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
 }
 
 /// A baseline workload: a Deployment + Service in the API server, its process (an HTTP app) on
@@ -347,9 +393,25 @@ async fn all_gone(client: &Client, sandbox: &str) {
                 .await
                 .unwrap()
                 .items;
+            let ews = Api::<ExternalWorkload>::all(client.clone())
+                .list(&lp)
+                .await
+                .unwrap()
+                .items;
+            let vws = Api::<VirtualWorkload>::all(client.clone())
+                .list(&lp)
+                .await
+                .unwrap()
+                .items;
             let sb = sandbox_status(client, sandbox).await;
-            (fws.is_empty() && ds.is_empty() && ss.is_empty() && rcs.is_empty() && sb.is_none())
-                .then_some(())
+            (fws.is_empty()
+                && ds.is_empty()
+                && ss.is_empty()
+                && rcs.is_empty()
+                && ews.is_empty()
+                && vws.is_empty()
+                && sb.is_none())
+            .then_some(())
         }
     })
     .await;
@@ -510,14 +572,20 @@ async fn route_group_spans_sandboxes_and_ttl_expires() {
     // makes it expire: the operator deletes it and everything it made.
     let past =
         k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_hours(2);
-    sandboxes
-        .patch_status(
-            "sb-b",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"updatedAt": past.to_string()}})),
-        )
-        .await
-        .unwrap();
+    // A reconcile already in flight may write back the status it read before the patch; patch
+    // again until the sandbox is gone (in a cluster, nothing but the operator writes updatedAt).
+    eventually("sb-b expired", || async {
+        let _ = sandboxes
+            .patch_status(
+                "sb-b",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"updatedAt": past.to_string()}})),
+            )
+            .await;
+        let gone = sandbox_status(&client, "sb-b").await.is_none();
+        gone.then_some(())
+    })
+    .await;
     all_gone(&client, "sb-b").await;
     api.routes(&group_key, "api-baseline").await;
     api.routes(&key_b, "api-baseline").await;
@@ -636,6 +704,46 @@ async fn invalid_sandboxes_are_rejected_or_reported_and_leave_nothing() {
             .unwrap();
         all_gone(&client, name).await;
     }
+    // Local and virtual workloads: their objects are created and owned (no controller serves
+    // them yet, which the sandbox says), and deleted with the sandbox.
+    let mixed: Sandbox = serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": "mixed"},
+        "spec": {
+            "workstation": "laptop-1",
+            "local": [{"name": "dev", "from": {"kind": "Deployment", "namespace": NS, "name": "web"},
+                       "mappings": [{"port": 8080, "toLocal": "localhost:9000"}]}],
+            "virtual": [{"name": "shadow", "workload": {"kind": "Deployment", "namespace": NS, "name": "api"}}]
+        }
+    }))
+    .unwrap();
+    sandboxes
+        .create(&PostParams::default(), &mixed)
+        .await
+        .unwrap();
+    let cond = eventually("mixed reported", || async {
+        let st = sandbox_status(&client, "mixed").await?.status?;
+        find_condition(&st.conditions, READY).cloned()
+    })
+    .await;
+    assert_eq!(cond.reason, "Unsupported", "{cond:?}");
+    let ew = Api::<ExternalWorkload>::namespaced(client.clone(), NS)
+        .get(&names::external_workload_name("mixed", "dev"))
+        .await
+        .unwrap();
+    assert_eq!(ew.spec.workstation, "laptop-1");
+    assert_eq!(ew.spec.mappings[0].port, 8080);
+    let vw = Api::<VirtualWorkload>::namespaced(client.clone(), NS)
+        .get(&names::virtual_workload_name("mixed", "shadow"))
+        .await
+        .unwrap();
+    assert_eq!(vw.spec.baseline.name, "api");
+    sandboxes
+        .delete("mixed", &DeleteParams::default())
+        .await
+        .unwrap();
+    all_gone(&client, "mixed").await;
+
     // Nothing but the baseline exists in the namespace.
     let ds = Api::<Deployment>::namespaced(client.clone(), NS)
         .list(&ListParams::default())

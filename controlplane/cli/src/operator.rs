@@ -22,9 +22,22 @@ pub(crate) struct OperatorArgs {
     /// Address of /metrics and /healthz.
     #[arg(long, env = "SPUR_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
-    /// Name of this replica in events (default: $POD_NAME or the host name).
+    /// Name of this replica in events and as lease holder (default: $POD_NAME, else the host
+    /// name and process id).
     #[arg(long, env = "POD_NAME")]
     instance: Option<String>,
+    /// Run the controllers without holding the lease (only for a single replica).
+    #[arg(long, env = "SPUR_NO_LEADER_ELECT")]
+    no_leader_elect: bool,
+    /// Namespace of the leader-election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "SPUR_LEASE_NAME", default_value = "spur-operator")]
+    lease_name: String,
+    /// Seconds the lease stays valid without renewal; a crashed leader is replaced after it.
+    #[arg(long, env = "SPUR_LEASE_DURATION", default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..=3600))]
+    lease_duration: u64,
 }
 
 pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
@@ -36,13 +49,13 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
         .context("cannot reach the Kubernetes API server")?;
     let mut registry = Registry::with_prefix("spur_operator");
     let metrics = spur_operator::Metrics::register(&mut registry);
-    let instance = args
-        .instance
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .filter(|s| !s.is_empty());
+    let instance = args.instance.filter(|s| !s.is_empty()).unwrap_or_else(|| {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "spur-operator".into());
+        format!("{host}-{}", std::process::id())
+    });
     let ctx = Arc::new(spur_operator::Context::new(
         client.clone(),
-        instance,
+        Some(instance.clone()),
         metrics,
     ));
 
@@ -77,18 +90,48 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
             }),
         );
     let stop = CancellationToken::new();
+    let stop_controllers = stop.clone();
     let http_stop = stop.clone();
     let http = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(http_stop.cancelled_owned())
             .await
     });
-    let controllers = tokio::spawn(spur_operator::run(client, ctx, stop.clone()));
+    let controllers = if args.no_leader_elect {
+        tokio::spawn(async move {
+            spur_operator::run(client, ctx, stop_controllers).await;
+            Ok(())
+        })
+    } else {
+        let election = spur_operator::LeaderElection {
+            namespace: args.lease_namespace,
+            lease: args.lease_name,
+            identity: instance,
+            duration_secs: args.lease_duration,
+            grace_secs: (args.lease_duration / 3).max(1),
+        };
+        tokio::spawn(spur_operator::run_elected(
+            client,
+            ctx,
+            stop_controllers,
+            election,
+        ))
+    };
     tracing::info!(metrics = %args.metrics_addr, "operator started");
-    spur_sidecar::shutdown_signal().await;
+    let mut controllers = controllers;
+    let early = tokio::select! {
+        () = spur_sidecar::shutdown_signal() => None,
+        r = &mut controllers => Some(r),
+    };
     tracing::info!("shutting down: finishing in-flight reconciles");
     stop.cancel();
-    controllers.await.context("controllers panicked")?;
+    let result = match early {
+        Some(r) => r,
+        None => controllers.await,
+    };
+    result
+        .context("controllers panicked")?
+        .context("the controllers stopped")?;
     http.await.context("metrics server panicked")??;
     Ok(ExitCode::SUCCESS)
 }

@@ -11,6 +11,8 @@ pub enum Error {
     Pending(String),
     #[error("cannot encode status: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("leader election: {0}")]
+    Lease(String),
 }
 
 /// The reconciler's own error out of a finalizer pass, so the error policy sees what happened.

@@ -44,6 +44,21 @@ pub struct ForkId<'a> {
     pub routing_key: &'a str,
 }
 
+/// Lists the Services that may stand for a baseline: all but the operator's own sandbox
+/// Services, served from the API server's watch cache (`resourceVersion=0`): label selectors
+/// are not indexed in etcd, so a consistent list would read every Service of the namespace from
+/// etcd on every reconcile. A slightly stale list is fine: a new baseline Service reaches the
+/// fork on the next reconcile.
+pub fn baseline_services() -> kube::api::ListParams {
+    kube::api::ListParams::default()
+        .labels(&format!(
+            "{}!={}",
+            labels::MANAGED_BY,
+            labels::MANAGED_BY_VALUE
+        ))
+        .match_any()
+}
+
 /// Services in the baseline's namespace whose selector picks the baseline's pods.
 pub fn selecting_services<'a>(baseline: &Deployment, services: &'a [Service]) -> Vec<&'a Service> {
     let pod_labels = template_labels(baseline);

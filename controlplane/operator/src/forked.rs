@@ -82,7 +82,10 @@ async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, E
         wanted.insert(svc_name);
         mappings.push(mapping);
     }
-    let lp = ListParams::default().labels(&format!("{}={name}", labels::FORK));
+    // From the watch cache (see `baseline_services`); a Service it misses is pruned next time.
+    let lp = ListParams::default()
+        .labels(&format!("{}={name}", labels::FORK))
+        .match_any();
     for stale in services.list(&lp).await?.items {
         let n = stale.name_any();
         if !wanted.contains(&n) {
@@ -162,7 +165,10 @@ async fn build(
             format!("Deployment {ns}/{} not found", spec.baseline.name),
         )));
     };
-    let all = services.list(&ListParams::default()).await?.items;
+    let all = services
+        .list(&crate::fork::baseline_services())
+        .await?
+        .items;
     let id = ForkId {
         name,
         sandbox: &spec.sandbox,

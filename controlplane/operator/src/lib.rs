@@ -16,6 +16,7 @@ mod context;
 mod error;
 pub mod fork;
 mod forked;
+mod leader;
 mod metrics;
 pub mod patch;
 mod routegroup;
@@ -24,6 +25,7 @@ pub mod sandbox;
 
 pub use context::{Context, FIELD_MANAGER};
 pub use error::Error;
+pub use leader::{LeaderElection, run_elected};
 pub use metrics::Metrics;
 
 use std::sync::Arc;
@@ -52,7 +54,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
             spur_api::keys::labels::MANAGED_BY_VALUE
         ))
     };
-    let cfg = controller::Config::default().debounce(std::time::Duration::from_millis(50));
+    let cfg = controller::Config::default().debounce(std::time::Duration::from_millis(10));
 
     let sandboxes = Controller::new(Api::<Sandbox>::all(client.clone()), wc())
         .with_config(cfg.clone())

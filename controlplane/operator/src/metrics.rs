@@ -3,6 +3,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -14,6 +15,7 @@ struct Kind {
 pub struct Metrics {
     reconciles: Family<Kind, Counter>,
     failures: Counter,
+    leader: Gauge,
 }
 
 impl Metrics {
@@ -29,7 +31,16 @@ impl Metrics {
             "Reconcile passes that failed and were retried with backoff",
             m.failures.clone(),
         );
+        registry.register(
+            "leader",
+            "1 while this replica holds the lease and runs the controllers",
+            m.leader.clone(),
+        );
         m
+    }
+
+    pub(crate) fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
     }
 
     pub(crate) fn reconciled(&self, kind: &'static str) {

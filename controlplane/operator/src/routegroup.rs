@@ -66,7 +66,7 @@ async fn apply(rg: &RouteGroup, ctx: &Context) -> Result<Action, Error> {
     }
 
     let sandboxes = Api::<Sandbox>::all(ctx.client.clone())
-        .list(&ListParams::default())
+        .list(&ListParams::default().match_any())
         .await?
         .items;
     let mut matched: Vec<&Sandbox> = sandboxes

@@ -23,8 +23,9 @@ use spur_api::keys::labels;
 use spur_api::routingconfig::{SandboxedKind, SandboxedWorkloadRef};
 use spur_api::sandbox::ForkStatus;
 use spur_api::{
-    ForkedWorkload, ForkedWorkloadSpec, RoutingConfig, RoutingConfigSpec, Sandbox, SandboxStatus,
-    WorkloadKind, names,
+    ExternalWorkload, ExternalWorkloadSpec, ForkedWorkload, ForkedWorkloadSpec, RoutingConfig,
+    RoutingConfigSpec, Sandbox, SandboxStatus, VirtualWorkload, VirtualWorkloadSpec, WorkloadKind,
+    names,
 };
 
 use crate::context::{Context, FIELD_MANAGER, now};
@@ -135,13 +136,7 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                 customizations: fork.customizations.clone(),
             },
         );
-        fw.metadata = ObjectMeta {
-            name: Some(fw_name.clone()),
-            namespace: Some(b.namespace.clone()),
-            labels: Some(child_labels(&name, &key)),
-            owner_references: Some(owner.clone()),
-            ..ObjectMeta::default()
-        };
+        fw.metadata = child_meta(&fw_name, &b.namespace, &name, &key, &owner);
         let api: Api<ForkedWorkload> = Api::namespaced(ctx.client.clone(), &b.namespace);
         let applied = api.patch(&fw_name, &pp, &Patch::Apply(&fw)).await?;
         let st = applied.status.unwrap_or_default();
@@ -159,20 +154,69 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             sandbox: name.clone(),
         });
     }
-    // ForkedWorkloads of forks removed from the spec.
+    // Local and virtual workloads: the objects are created (their controllers, tunnels and
+    // virtual handling, come later), so the sandbox's shape is complete and owned.
+    for local in &sb.spec.local {
+        let b = &local.from;
+        let ew_name = names::external_workload_name(&name, &local.name);
+        let mut ew = ExternalWorkload::new(
+            &ew_name,
+            ExternalWorkloadSpec {
+                sandbox: name.clone(),
+                routing_key: key.clone(),
+                name: local.name.clone(),
+                baseline: b.clone(),
+                workstation: sb.spec.workstation.clone().unwrap_or_default(),
+                mappings: local.mappings.clone(),
+            },
+        );
+        ew.metadata = child_meta(&ew_name, &b.namespace, &name, &key, &owner);
+        Api::<ExternalWorkload>::namespaced(ctx.client.clone(), &b.namespace)
+            .patch(&ew_name, &pp, &Patch::Apply(&ew))
+            .await?;
+        workloads.push(SandboxedWorkloadRef {
+            kind: SandboxedKind::ExternalWorkload,
+            namespace: b.namespace.clone(),
+            name: ew_name,
+            sandbox: name.clone(),
+        });
+    }
+    for v in &sb.spec.virtual_workloads {
+        let b = &v.workload;
+        let vw_name = names::virtual_workload_name(&name, &v.name);
+        let mut vw = VirtualWorkload::new(
+            &vw_name,
+            VirtualWorkloadSpec {
+                sandbox: name.clone(),
+                routing_key: key.clone(),
+                name: v.name.clone(),
+                baseline: b.clone(),
+            },
+        );
+        vw.metadata = child_meta(&vw_name, &b.namespace, &name, &key, &owner);
+        Api::<VirtualWorkload>::namespaced(ctx.client.clone(), &b.namespace)
+            .patch(&vw_name, &pp, &Patch::Apply(&vw))
+            .await?;
+        workloads.push(SandboxedWorkloadRef {
+            kind: SandboxedKind::VirtualWorkload,
+            namespace: b.namespace.clone(),
+            name: vw_name,
+            sandbox: name.clone(),
+        });
+    }
+    // Objects of workloads removed from the spec.
     let wanted: BTreeSet<(String, String)> = workloads
         .iter()
         .map(|w| (w.namespace.clone(), w.name.clone()))
         .collect();
-    let all: Api<ForkedWorkload> = Api::all(ctx.client.clone());
-    let lp = ListParams::default().labels(&format!("{}={name}", labels::SANDBOX));
-    for fw in all.list(&lp).await?.items {
-        let ns = fw.namespace().unwrap_or_default();
-        if !wanted.contains(&(ns.clone(), fw.name_any())) {
-            Api::<ForkedWorkload>::namespaced(ctx.client.clone(), &ns)
-                .delete(&fw.name_any(), &DeleteParams::background())
-                .await?;
-        }
+    // Only a spec change can remove workloads; listing (label selectors are not indexed in
+    // etcd, so a cluster-wide list reads every object of the kind) happens only then.
+    let spec_changed =
+        sb.status.as_ref().and_then(|s| s.observed_generation) != sb.meta().generation;
+    if spec_changed {
+        prune::<ForkedWorkload>(ctx, &name, Some(&wanted), false).await?;
+        prune::<ExternalWorkload>(ctx, &name, Some(&wanted), false).await?;
+        prune::<VirtualWorkload>(ctx, &name, Some(&wanted), false).await?;
     }
 
     let rc_name = names::sandbox_routing_config_name(&name);
@@ -289,7 +333,7 @@ async fn check(
             )));
         };
         let services: Vec<Service> = Api::<Service>::namespaced(ctx.client.clone(), &b.namespace)
-            .list(&ListParams::default())
+            .list(&crate::fork::baseline_services())
             .await?
             .items;
         let fw_name = names::fork_name(name, b);
@@ -317,6 +361,22 @@ fn expiry(sb: &Sandbox) -> Option<Timestamp> {
         .and_then(|s| s.updated_at.as_ref())
         .map_or(created, |t| t.0);
     ttl.expires_at(created, updated)
+}
+
+fn child_meta(
+    name: &str,
+    namespace: &str,
+    sandbox: &str,
+    key: &str,
+    owner: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
+) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(namespace.to_owned()),
+        labels: Some(child_labels(sandbox, key)),
+        owner_references: Some(owner.to_vec()),
+        ..ObjectMeta::default()
+    }
 }
 
 fn child_labels(sandbox: &str, key: &str) -> std::collections::BTreeMap<String, String> {
@@ -382,20 +442,46 @@ async fn write_status(
     Ok(true)
 }
 
-/// Deletes the sandbox's ForkedWorkloads and RoutingConfig; `true` while some still exist.
-async fn delete_children(name: &str, ctx: &Context) -> Result<bool, Error> {
-    let lp = ListParams::default().labels(&format!("{}={name}", labels::SANDBOX));
-    let all: Api<ForkedWorkload> = Api::all(ctx.client.clone());
+/// Deletes the sandbox's objects of kind `K` (by label) except those in `keep`; returns whether
+/// any still exist (deletion pending behind their own finalizers).
+async fn prune<K>(
+    ctx: &Context,
+    sandbox: &str,
+    keep: Option<&BTreeSet<(String, String)>>,
+    consistent: bool,
+) -> Result<bool, Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    let mut lp = ListParams::default().labels(&format!("{}={sandbox}", labels::SANDBOX));
+    if !consistent {
+        // From the watch cache: cheap, and what it may miss is pruned on a later pass.
+        lp = lp.match_any();
+    }
     let mut remaining = false;
-    for fw in all.list(&lp).await?.items {
+    for obj in Api::<K>::all(ctx.client.clone()).list(&lp).await?.items {
+        let ns = obj.namespace().unwrap_or_default();
+        if keep.is_some_and(|k| k.contains(&(ns.clone(), obj.name_any()))) {
+            continue;
+        }
         remaining = true;
-        if fw.meta().deletion_timestamp.is_none() {
-            let ns = fw.namespace().unwrap_or_default();
-            Api::<ForkedWorkload>::namespaced(ctx.client.clone(), &ns)
-                .delete(&fw.name_any(), &DeleteParams::background())
+        if obj.meta().deletion_timestamp.is_none() {
+            Api::<K>::namespaced(ctx.client.clone(), &ns)
+                .delete(&obj.name_any(), &DeleteParams::background())
                 .await?;
         }
     }
+    Ok(remaining)
+}
+
+/// Deletes everything the sandbox made; `true` while some of it still exists.
+async fn delete_children(name: &str, ctx: &Context) -> Result<bool, Error> {
+    let mut remaining = prune::<ForkedWorkload>(ctx, name, None, true).await?;
+    remaining |= prune::<ExternalWorkload>(ctx, name, None, true).await?;
+    remaining |= prune::<VirtualWorkload>(ctx, name, None, true).await?;
     let rcs: Api<RoutingConfig> = Api::all(ctx.client.clone());
     let rc_name = names::sandbox_routing_config_name(name);
     if rcs.get_opt(&rc_name).await?.is_some() {

@@ -182,7 +182,9 @@ impl KubeApi {
             .arg(format!("--cert-dir={pki_dir}"))
             .arg(format!("--tls-cert-file={pki_dir}/serving.crt"))
             .arg(format!("--tls-private-key-file={pki_dir}/serving.key"))
-            .arg("--service-cluster-ip-range=10.0.0.0/24")
+            // A cluster-sized range (kube-apiserver's default /24 holds only 254 Services;
+            // the control-plane benchmark creates a sandbox Service per sandbox).
+            .arg("--service-cluster-ip-range=10.96.0.0/16")
             // The default reconciler publishes the advertise address as the `kubernetes`
             // Service's endpoint, and Endpoints validation rejects loopback: an error every 10 s.
             .arg("--endpoint-reconciler-type=none")
