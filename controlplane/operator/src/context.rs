@@ -79,6 +79,30 @@ impl Context {
     }
 }
 
+/// Server-side applies `status` as the whole status of `name` (the operator owns every status
+/// field of its kinds).
+pub(crate) async fn apply_status<K>(
+    api: &kube::Api<K>,
+    name: &str,
+    status: &impl serde::Serialize,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let body = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        name,
+        &kube::api::PatchParams::apply(FIELD_MANAGER).force(),
+        &kube::api::Patch::Apply(&body),
+    )
+    .await?;
+    Ok(())
+}
+
 pub(crate) fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }

@@ -12,7 +12,6 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, Resource, ResourceExt};
-use serde_json::json;
 use spur_api::conditions::{ConditionStatus, NewCondition, READY, set_condition};
 use spur_api::keys::labels;
 use spur_api::{ForkedWorkload, ForkedWorkloadStatus, WorkloadKind};
@@ -224,17 +223,7 @@ async fn write_status(
         return Ok(false);
     }
     let api: Api<ForkedWorkload> = Api::namespaced(ctx.client.clone(), ns);
-    let body = json!({
-        "apiVersion": ForkedWorkload::api_version(&()),
-        "kind": ForkedWorkload::kind(&()),
-        "status": st,
-    });
-    api.patch_status(
-        &fw.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await?;
+    crate::context::apply_status(&api, &fw.name_any(), &st).await?;
     Ok(true)
 }
 

@@ -9,7 +9,6 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, Resource, ResourceExt};
-use serde_json::json;
 use spur_api::conditions::{
     ConditionStatus, NewCondition, READY, is_condition_true, set_condition,
 };
@@ -186,17 +185,7 @@ async fn write_status(
         return Ok(false);
     }
     let api: Api<RouteGroup> = Api::all(ctx.client.clone());
-    let body = json!({
-        "apiVersion": RouteGroup::api_version(&()),
-        "kind": RouteGroup::kind(&()),
-        "status": st,
-    });
-    api.patch_status(
-        &rg.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await?;
+    crate::context::apply_status(&api, &rg.name_any(), &st).await?;
     Ok(true)
 }
 

@@ -5,10 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
-use serde_json::json;
 use spur_api::conditions::{
     ConditionStatus, NewCondition, READY, is_condition_true, set_condition,
 };
@@ -16,7 +14,7 @@ use spur_api::routingconfig::{RouteServerStatus, SandboxedKind};
 use spur_api::{ForkedWorkload, Route, RoutingConfig, RoutingConfigStatus};
 
 use crate::Error;
-use crate::context::{Context, FIELD_MANAGER, now};
+use crate::context::{Context, now};
 
 pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.metrics.reconciled("RoutingConfig");
@@ -89,17 +87,7 @@ pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Context>) -> Resu
     );
     if st != old {
         let api: Api<RoutingConfig> = Api::all(ctx.client.clone());
-        let body = json!({
-            "apiVersion": RoutingConfig::api_version(&()),
-            "kind": RoutingConfig::kind(&()),
-            "status": st,
-        });
-        api.patch_status(
-            &rc.name_any(),
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await?;
+        crate::context::apply_status(&api, &rc.name_any(), &st).await?;
     }
     ctx.succeeded(&key_of(&rc));
     Ok(Action::requeue(Duration::from_secs(300)))

@@ -15,7 +15,6 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, Resource, ResourceExt};
-use serde_json::json;
 use spur_api::conditions::{
     ConditionStatus, NewCondition, READY, is_condition_true, set_condition,
 };
@@ -428,17 +427,7 @@ async fn write_status(
         return Ok(false);
     }
     let api: Api<Sandbox> = Api::all(ctx.client.clone());
-    let body = json!({
-        "apiVersion": Sandbox::api_version(&()),
-        "kind": Sandbox::kind(&()),
-        "status": st,
-    });
-    api.patch_status(
-        &sb.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await?;
+    crate::context::apply_status(&api, &sb.name_any(), &st).await?;
     Ok(true)
 }
 
