@@ -479,6 +479,55 @@ async fn sandbox_forks_routes_and_cleans_up() {
 
     web.routes(&key, "web-fork").await;
     assert_eq!(web.served_by(None).await, "web-baseline");
+
+    // Baseline changes reach the fork through the watches, not the 5-minute resync: a new env
+    // var in the baseline, and a new Service selecting the baseline.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    deployments
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+                {"name": "web", "env": [{"name": "BASELINE_VERSION", "value": "2"}]}
+            ]}}}})),
+        )
+        .await
+        .unwrap();
+    let fork_name = names::fork_name(
+        "sb1",
+        &WorkloadRef::new(WorkloadKind::Deployment, NS, "web"),
+    );
+    eventually("baseline change reaches the fork", || async {
+        let d = deployments.get(&fork_name).await.unwrap();
+        let c = &d.spec?.template.spec?.containers[0];
+        let env = c.env.clone().unwrap_or_default();
+        (env.iter()
+            .any(|v| v.name == "BASELINE_VERSION" && v.value.as_deref() == Some("2"))
+            && c.image.as_deref() == Some("web:dev"))
+        .then_some(())
+    })
+    .await;
+    let admin: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web-admin", "namespace": NS},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 9090, "targetPort": 9090}]}
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &admin)
+        .await
+        .unwrap();
+    let admin_sbx = names::sandbox_service_name("sb1", "web-admin");
+    eventually(
+        "a new baseline Service gets its sandbox Service",
+        || async {
+            Api::<Service>::namespaced(client.clone(), NS)
+                .get_opt(&admin_sbx)
+                .await
+                .unwrap()
+                .map(|_| ())
+        },
+    )
+    .await;
     assert_eq!(web.served_by(Some("someone-else")).await, "web-baseline");
 
     // The route server's view: one rule for this key, and the sandbox Service in

@@ -20,9 +20,9 @@ use crate::context::{Context, FIELD_MANAGER, now};
 use crate::fork::{ForkId, ForkPlan, plan};
 use crate::{Error, FINALIZER};
 
-/// How often a ForkedWorkload is reconciled without any change to it or its children, so
-/// changes to its baseline Deployment and Services reach the fork.
-const RESYNC: Duration = Duration::from_secs(60);
+/// How often a ForkedWorkload is reconciled without any change to it, its children, its
+/// baseline or the Services of its namespace (all watched): a safety net, not the update path.
+const RESYNC: Duration = Duration::from_secs(300);
 
 pub(crate) async fn reconcile(fw: Arc<ForkedWorkload>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.metrics.reconciled("ForkedWorkload");
@@ -179,14 +179,14 @@ async fn build(
     })
 }
 
-/// A Deployment is ready when its controller has seen the current spec and at least one
-/// replica of it is ready (a fork runs one replica).
+/// A fork can take traffic while at least one of its pods is ready: the sandbox Service then
+/// has an endpoint. During a rollout of a changed fork the old pods keep serving, so routes are
+/// not withdrawn (and keyed traffic does not fall back to the baseline) just because the spec
+/// changed.
 pub(crate) fn deployment_ready(d: &Deployment) -> bool {
-    let Some(st) = &d.status else { return false };
-    let generation = d.metadata.generation.unwrap_or(0);
-    st.observed_generation.unwrap_or(0) >= generation
-        && st.ready_replicas.unwrap_or(0) >= 1
-        && st.updated_replicas.unwrap_or(0) >= 1
+    d.status
+        .as_ref()
+        .is_some_and(|st| st.ready_replicas.unwrap_or(0) >= 1)
 }
 
 fn not_ready(

@@ -33,9 +33,10 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, controller, watcher};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use spur_api::{ForkedWorkload, RouteGroup, RoutingConfig, Sandbox};
 use tokio_util::sync::CancellationToken;
 
@@ -64,10 +65,45 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         .run(sandbox::reconcile, sandbox::error_policy, ctx.clone())
         .for_each(|_| std::future::ready(()));
 
-    let forks = Controller::new(Api::<ForkedWorkload>::all(client.clone()), wc())
-        .with_config(cfg.clone())
+    let fw =
+        Controller::new(Api::<ForkedWorkload>::all(client.clone()), wc()).with_config(cfg.clone());
+    let (by_baseline, by_namespace) = (fw.store(), fw.store());
+    let forks = fw
         .owns(Api::<Deployment>::all(client.clone()), managed())
         .owns(Api::<Service>::all(client.clone()), managed())
+        // A changed baseline Deployment reaches its forks at once: metadata-only watches (no
+        // specs or statuses cached), mapped through the ForkedWorkload store.
+        .watches(
+            Api::<PartialObjectMeta<Deployment>>::all(client.clone()),
+            wc(),
+            move |d| {
+                let (ns, name) = (d.namespace().unwrap_or_default(), d.name_any());
+                forks_where(&by_baseline, |fw| {
+                    fw.spec.baseline.kind == spur_api::WorkloadKind::Deployment
+                        && fw.spec.baseline.namespace == ns
+                        && fw.spec.baseline.name == name
+                })
+            },
+        )
+        // A new or changed baseline Service gets (or changes) its sandbox Services. The
+        // operator's own Services are skipped: each would otherwise wake every fork of its
+        // namespace.
+        .watches(
+            Api::<PartialObjectMeta<Service>>::all(client.clone()),
+            wc(),
+            move |svc| {
+                let managed = svc
+                    .labels()
+                    .get(spur_api::keys::labels::MANAGED_BY)
+                    .map(String::as_str)
+                    == Some(spur_api::keys::labels::MANAGED_BY_VALUE);
+                let ns = svc.namespace().unwrap_or_default();
+                if managed {
+                    return Vec::new();
+                }
+                forks_where(&by_namespace, |fw| fw.spec.baseline.namespace == ns)
+            },
+        )
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(forked::reconcile, forked::error_policy, ctx.clone())
         .for_each(|_| std::future::ready(()));
@@ -113,4 +149,16 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         .for_each(|_| std::future::ready(()));
 
     tokio::join!(sandboxes, forks, configs, groups);
+}
+
+fn forks_where(
+    store: &kube::runtime::reflector::Store<ForkedWorkload>,
+    keep: impl Fn(&ForkedWorkload) -> bool,
+) -> Vec<ObjectRef<ForkedWorkload>> {
+    store
+        .state()
+        .into_iter()
+        .filter(|fw| keep(fw))
+        .map(|fw| ObjectRef::from_obj(&*fw))
+        .collect()
 }
