@@ -80,15 +80,22 @@ impl Context {
 }
 
 /// Server-side applies `status` as the whole status of `name` (the operator owns every status
-/// field of its kinds).
-pub(crate) async fn apply_status<K>(
+/// field of its kinds), unless it equals `old`, the status the reconcile started from: an
+/// unchanged status is never written, so a reconcile does not wake its own watch for nothing.
+/// Returns whether it wrote.
+pub(crate) async fn apply_status<K, S>(
     api: &kube::Api<K>,
     name: &str,
-    status: &impl serde::Serialize,
-) -> Result<(), Error>
+    old: &S,
+    status: &S,
+) -> Result<bool, Error>
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    S: serde::Serialize + PartialEq,
 {
+    if old == status {
+        return Ok(false);
+    }
     let body = serde_json::json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),
@@ -100,7 +107,7 @@ where
         &kube::api::Patch::Apply(&body),
     )
     .await?;
-    Ok(())
+    Ok(true)
 }
 
 pub(crate) fn now() -> Time {

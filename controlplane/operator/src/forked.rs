@@ -54,7 +54,7 @@ async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, E
             let changed = write_status(fw, ns, ctx, |st| {
                 st.fork = None;
                 st.services.clear();
-                not_ready(st, fw, reason, &message)
+                set_ready(st, fw, ConditionStatus::False, reason, &message)
             })
             .await?;
             if changed {
@@ -114,17 +114,7 @@ async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, E
                 format!("waiting for Deployment {ns}/{name} to become ready"),
             )
         };
-        set_condition(
-            &mut st.conditions,
-            NewCondition {
-                type_: READY,
-                status,
-                reason,
-                message: &message,
-                observed_generation: fw.meta().generation,
-            },
-            &now(),
-        )
+        set_ready(st, fw, status, reason, &message);
     })
     .await?;
     ctx.succeeded(&key(fw));
@@ -189,23 +179,24 @@ pub(crate) fn deployment_ready(d: &Deployment) -> bool {
         .is_some_and(|st| st.ready_replicas.unwrap_or(0) >= 1)
 }
 
-fn not_ready(
+fn set_ready(
     st: &mut ForkedWorkloadStatus,
     fw: &ForkedWorkload,
+    status: ConditionStatus,
     reason: &str,
     message: &str,
-) -> bool {
+) {
     set_condition(
         &mut st.conditions,
         NewCondition {
             type_: READY,
-            status: ConditionStatus::False,
+            status,
             reason,
             message,
             observed_generation: fw.meta().generation,
         },
         &now(),
-    )
+    );
 }
 
 /// Applies the status computed by `update` from the current one; returns whether it changed.
@@ -213,18 +204,14 @@ async fn write_status(
     fw: &ForkedWorkload,
     ns: &str,
     ctx: &Context,
-    update: impl FnOnce(&mut ForkedWorkloadStatus) -> bool,
+    update: impl FnOnce(&mut ForkedWorkloadStatus),
 ) -> Result<bool, Error> {
     let old = fw.status.clone().unwrap_or_default();
     let mut st = old.clone();
     st.observed_generation = fw.meta().generation;
     update(&mut st);
-    if st == old {
-        return Ok(false);
-    }
     let api: Api<ForkedWorkload> = Api::namespaced(ctx.client.clone(), ns);
-    crate::context::apply_status(&api, &fw.name_any(), &st).await?;
-    Ok(true)
+    crate::context::apply_status(&api, &fw.name_any(), &old, &st).await
 }
 
 async fn delete_children(name: &str, ns: &str, ctx: &Context) -> Result<bool, Error> {

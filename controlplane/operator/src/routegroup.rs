@@ -158,7 +158,7 @@ fn condition(
     status: ConditionStatus,
     reason: &str,
     message: &str,
-) -> bool {
+) {
     set_condition(
         &mut st.conditions,
         NewCondition {
@@ -169,24 +169,20 @@ fn condition(
             observed_generation: rg.meta().generation,
         },
         &now(),
-    )
+    );
 }
 
 async fn write_status(
     rg: &RouteGroup,
     ctx: &Context,
-    update: impl FnOnce(&mut RouteGroupStatus) -> bool,
+    update: impl FnOnce(&mut RouteGroupStatus),
 ) -> Result<bool, Error> {
     let old = rg.status.clone().unwrap_or_default();
     let mut st = old.clone();
     st.observed_generation = rg.meta().generation;
     update(&mut st);
-    if st == old {
-        return Ok(false);
-    }
     let api: Api<RouteGroup> = Api::all(ctx.client.clone());
-    crate::context::apply_status(&api, &rg.name_any(), &st).await?;
-    Ok(true)
+    crate::context::apply_status(&api, &rg.name_any(), &old, &st).await
 }
 
 async fn cleanup(rg: &RouteGroup, ctx: &Context) -> Result<Action, Error> {

@@ -85,10 +85,8 @@ pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Context>) -> Resu
         },
         &now(),
     );
-    if st != old {
-        let api: Api<RoutingConfig> = Api::all(ctx.client.clone());
-        crate::context::apply_status(&api, &rc.name_any(), &st).await?;
-    }
+    let api: Api<RoutingConfig> = Api::all(ctx.client.clone());
+    crate::context::apply_status(&api, &rc.name_any(), &old, &st).await?;
     ctx.succeeded(&key_of(&rc));
     Ok(Action::requeue(Duration::from_secs(300)))
 }

@@ -241,7 +241,7 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         st.routing_key = Some(key.clone());
         st.forks = forks;
         st.expires_at = expires_at.map(Time);
-        let mut changed = condition(
+        condition(
             st,
             sb,
             ROUTING_READY,
@@ -291,8 +291,7 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                 },
             )
         };
-        changed |= condition(st, sb, READY, status, reason, &message);
-        changed
+        condition(st, sb, READY, status, reason, &message);
     })
     .await?;
     ctx.succeeded(&key_of(sb));
@@ -396,7 +395,7 @@ fn condition(
     status: ConditionStatus,
     reason: &str,
     message: &str,
-) -> bool {
+) {
     set_condition(
         &mut st.conditions,
         NewCondition {
@@ -407,13 +406,13 @@ fn condition(
             observed_generation: sb.meta().generation,
         },
         &now(),
-    )
+    );
 }
 
 async fn write_status(
     sb: &Sandbox,
     ctx: &Context,
-    update: impl FnOnce(&mut SandboxStatus) -> bool,
+    update: impl FnOnce(&mut SandboxStatus),
 ) -> Result<bool, Error> {
     let old = sb.status.clone().unwrap_or_default();
     let mut st = old.clone();
@@ -423,12 +422,8 @@ async fn write_status(
         st.observed_generation = sb.meta().generation;
     }
     update(&mut st);
-    if st == old {
-        return Ok(false);
-    }
     let api: Api<Sandbox> = Api::all(ctx.client.clone());
-    crate::context::apply_status(&api, &sb.name_any(), &st).await?;
-    Ok(true)
+    crate::context::apply_status(&api, &sb.name_any(), &old, &st).await
 }
 
 /// Deletes the sandbox's objects of kind `K` (by label) except those in `keep`; returns whether
