@@ -21,6 +21,8 @@ use tokio::net::{TcpListener, TcpStream};
 
 pub use spur_demo_apps as apps;
 
+pub mod kube;
+
 pub const NAMESPACE: &str = "test";
 pub const BASELINE_NAME: &str = "app";
 

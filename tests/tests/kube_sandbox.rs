@@ -6,14 +6,11 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Service};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -23,6 +20,7 @@ use spur_api::{
     ExternalWorkload, ForkedWorkload, RouteGroup, RoutingConfig, Sandbox, VirtualWorkload,
     WorkloadKind, WorkloadRef, names,
 };
+use spur_e2e::kube as kube_rbac;
 use spur_e2e::{AppKind, get, spawn_app};
 use spur_kube_harness::KubeApi;
 use spur_routeserver::{KubeStore, RouteServer, RouteServerConfig};
@@ -62,23 +60,21 @@ struct ControlPlane {
 impl ControlPlane {
     async fn start() -> ControlPlane {
         let api = KubeApi::start().await.unwrap();
-        let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/spur/crds");
-        let mut files: Vec<_> = std::fs::read_dir(&crds)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-            .collect();
-        files.sort();
-        assert_eq!(files.len(), 6, "{files:?}");
-        for f in files {
-            api.install_crd_file(&f).await.unwrap();
-        }
-        // Both components run under the chart's ClusterRoles, so a permission the chart lacks
-        // fails these tests.
-        let operator_client =
-            service_account_client(&api, "spur-operator", "operator-rules.yaml").await;
+        kube_rbac::install_crds(&api).await.unwrap();
+        // Both components run under the chart's RBAC rules (the operator with its namespace
+        // Role, which holds its lease), so a permission the chart lacks fails these tests.
+        let operator_client = kube_rbac::chart_client(
+            &api,
+            "spur-operator",
+            "operator-rules.yaml",
+            Some("operator-lease-rules.yaml"),
+        )
+        .await
+        .unwrap();
         let routeserver_client =
-            service_account_client(&api, "spur-routeserver", "routeserver-rules.yaml").await;
+            kube_rbac::chart_client(&api, "spur-routeserver", "routeserver-rules.yaml", None)
+                .await
+                .unwrap();
         let stop = CancellationToken::new();
         let operator_stop = stop.clone();
         let metrics =
@@ -89,7 +85,6 @@ impl ControlPlane {
             metrics,
         ));
         // Leader-elected, as the chart runs it, on a Lease in spur-system (the chart's Role).
-        lease_role(&api).await;
         let election = spur_operator::LeaderElection {
             namespace: "spur-system".into(),
             lease: "spur-operator".into(),
@@ -136,75 +131,6 @@ impl ControlPlane {
             .unwrap();
         self.routeserver.take().unwrap().shutdown().await;
     }
-}
-
-/// A client for ServiceAccount `spur-system/<name>`, bound to a ClusterRole with the rules in
-/// `charts/spur/files/<rules>` (the ones the chart installs).
-async fn service_account_client(api: &KubeApi, name: &str, rules: &str) -> Client {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../charts/spur/files")
-        .join(rules);
-    let rules: Vec<PolicyRule> =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let admin = api.client();
-    let role = ClusterRole {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        rules: Some(rules),
-        ..ClusterRole::default()
-    };
-    Api::<ClusterRole>::all(admin.clone())
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "spur-system"}]
-    }))
-    .unwrap();
-    Api::<ClusterRoleBinding>::all(admin)
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-    let token = api
-        .service_account_token("spur-system", name)
-        .await
-        .unwrap();
-    api.client_with_token(&token).await.unwrap()
-}
-
-/// The chart's lease Role for the operator's ServiceAccount in spur-system.
-async fn lease_role(api: &KubeApi) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../charts/spur/files/operator-lease-rules.yaml");
-    let rules: Vec<PolicyRule> =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let admin = api.client();
-    let role = Role {
-        metadata: ObjectMeta {
-            name: Some("spur-operator-lease".into()),
-            namespace: Some("spur-system".into()),
-            ..ObjectMeta::default()
-        },
-        rules: Some(rules),
-    };
-    Api::<Role>::namespaced(admin.clone(), "spur-system")
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "spur-operator-lease", "namespace": "spur-system"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "spur-operator-lease"},
-        "subjects": [{"kind": "ServiceAccount", "name": "spur-operator", "namespace": "spur-system"}]
-    }))
-    .unwrap();
-    Api::<RoleBinding>::namespaced(admin, "spur-system")
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
 }
 
 /// A baseline workload: a Deployment + Service in the API server, its process (an HTTP app) on

@@ -29,3 +29,25 @@ pub mod annotations {
     /// On forked objects: the baseline as `Kind/namespace/name`, for people reading the object.
     pub const BASELINE: &str = "spur.dev/baseline";
 }
+
+/// Sidecar injection: how users opt pods in and out, and what the webhook records on each pod.
+pub mod injection {
+    /// Pod-template annotation (`"true"`/`"false"`) or namespace label (same values) that opts
+    /// pods in or out. An opted-out namespace wins over a pod that opts in.
+    pub const INJECT: &str = "sidecar.spur.dev/inject";
+    /// Set by the webhook on every pod it sees: `injected` or `skipped`.
+    pub const STATUS: &str = "sidecar.spur.dev/status";
+    /// Set with `status: skipped`: why the pod was left without a sidecar.
+    pub const REASON: &str = "sidecar.spur.dev/reason";
+    /// Set with `status: injected`: the baseline as `Kind/namespace/name`.
+    pub const BASELINE: &str = "sidecar.spur.dev/baseline";
+    /// Pod-template annotation: comma-separated inbound ports the sidecar never sees.
+    pub const EXCLUDE_INBOUND_PORTS: &str = "sidecar.spur.dev/exclude-inbound-ports";
+    /// Pod-template annotation: comma-separated inbound ports to intercept (default `*`, all).
+    pub const INBOUND_PORTS: &str = "sidecar.spur.dev/inbound-ports";
+    /// Name of the injected sidecar container (a native sidecar: an init container with
+    /// `restartPolicy: Always`).
+    pub const SIDECAR_CONTAINER: &str = "spur-sidecar";
+    /// Name of the injected init container that programs the interception rules.
+    pub const INIT_CONTAINER: &str = "spur-init";
+}

@@ -527,6 +527,10 @@ pub struct ForkStatus {
     /// The fork is available and its routes are published.
     #[serde(default)]
     pub ready: bool,
+    /// Whether every pod of the baseline carries a ready DevMesh sidecar (keyed requests that
+    /// reach a baseline pod without one are not routed to the fork).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline_sidecars: Option<crate::workloads::SidecarCoverage>,
 }
 
 /// Where a local workload stands.

@@ -77,10 +77,40 @@ pub struct ForkedWorkloadStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["baselineService"]))]
     pub services: Vec<ServiceMapping>,
+    /// Whether the baseline's pods carry a ready DevMesh sidecar, without which keyed requests
+    /// reaching those pods are not routed to the fork.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline_sidecars: Option<SidecarCoverage>,
     /// `Ready` and friends.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// How many of a baseline's running pods carry the DevMesh sidecar, and how many of those
+/// sidecars are ready.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SidecarCoverage {
+    /// Baseline pods (selected by the baseline's selector, not terminating).
+    pub pods: u32,
+    /// Of those, pods with an injected sidecar.
+    pub injected: u32,
+    /// Of those, pods whose sidecar is ready.
+    pub ready: u32,
+    /// There is at least one baseline pod and every one carries a ready sidecar.
+    pub all_ready: bool,
+}
+
+impl SidecarCoverage {
+    pub fn new(pods: u32, injected: u32, ready: u32) -> Self {
+        SidecarCoverage {
+            pods,
+            injected,
+            ready,
+            all_ready: pods > 0 && ready == pods,
+        }
+    }
 }
 
 /// Which version of the baseline object a child was derived from, to notice baseline changes.

@@ -1,10 +1,12 @@
-//! `spur operator`: the Sandbox, ForkedWorkload, RouteGroup and RoutingConfig controllers, with
-//! `/metrics` and `/healthz` on a small HTTP port.
+//! `spur operator`: the Sandbox, ForkedWorkload, RouteGroup and RoutingConfig controllers and
+//! the certificate manager (on the elected leader), the sidecar-injection webhook (on every
+//! replica), with `/metrics`, `/healthz` and `/readyz` on a small HTTP port.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use axum::Router;
@@ -29,18 +31,102 @@ pub(crate) struct OperatorArgs {
     /// Run the controllers without holding the lease (only for a single replica).
     #[arg(long, env = "SPUR_NO_LEADER_ELECT")]
     no_leader_elect: bool,
-    /// Namespace of the leader-election Lease.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
-    lease_namespace: String,
+    /// The operator's namespace: its leader-election Lease and its CA and webhook Secrets.
+    #[arg(long = "namespace", visible_alias = "lease-namespace", env = "POD_NAMESPACE", default_value = "default")]
+    namespace: String,
     /// Name of the leader-election Lease.
     #[arg(long, env = "SPUR_LEASE_NAME", default_value = "spur-operator")]
     lease_name: String,
     /// Seconds the lease stays valid without renewal; a crashed leader is replaced after it.
     #[arg(long, env = "SPUR_LEASE_DURATION", default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..=3600))]
     lease_duration: u64,
+    #[command(flatten)]
+    webhook: WebhookArgs,
+}
+
+#[derive(Args)]
+struct WebhookArgs {
+    /// Address of the sidecar-injection webhook (HTTPS, POST /mutate-v1-pod).
+    #[arg(long, env = "SPUR_WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
+    webhook_addr: SocketAddr,
+    /// Run neither the webhook nor the certificate manager.
+    #[arg(long, env = "SPUR_NO_WEBHOOK")]
+    no_webhook: bool,
+    /// Injection settings (YAML: images, route server, ports, uid, resources); see
+    /// docs/injection.md. Defaults apply to anything left out.
+    #[arg(long, env = "SPUR_INJECTION_CONFIG")]
+    injection_config: Option<PathBuf>,
+    /// Service in front of the webhook; its cluster DNS names go into the serving certificate.
+    #[arg(long, env = "SPUR_WEBHOOK_SERVICE", default_value = "spur-webhook")]
+    webhook_service: String,
+    /// Extra names (DNS or IP) for the serving certificate (repeatable).
+    #[arg(long = "webhook-cert-name", env = "SPUR_WEBHOOK_CERT_NAMES", value_delimiter = ',')]
+    webhook_cert_names: Vec<String>,
+    /// The MutatingWebhookConfiguration whose caBundle the operator keeps current.
+    #[arg(long, env = "SPUR_WEBHOOK_CONFIGURATION", default_value = "spur-sidecar-injector")]
+    webhook_configuration: String,
+    /// Secret holding the operator's CA.
+    #[arg(long, env = "SPUR_CA_SECRET", default_value = "spur-ca")]
+    ca_secret: String,
+    /// Secret holding the webhook's serving certificate.
+    #[arg(long, env = "SPUR_WEBHOOK_SECRET", default_value = "spur-webhook-tls")]
+    serving_secret: String,
+    /// Lifetime of the CA (renewed at 80 %).
+    #[arg(long, env = "SPUR_CA_LIFETIME", default_value = "8760h", value_parser = spur_proxy::parse_duration)]
+    ca_lifetime: Duration,
+    /// Lifetime of the serving certificate (renewed at 80 %).
+    #[arg(long, env = "SPUR_SERVING_CERT_LIFETIME", default_value = "720h", value_parser = spur_proxy::parse_duration)]
+    serving_cert_lifetime: Duration,
+    /// How long a new CA is trusted (in the caBundle) before it signs serving certificates.
+    #[arg(long, env = "SPUR_CA_PROPAGATION", default_value = "60s", value_parser = spur_proxy::parse_duration)]
+    ca_propagation: Duration,
+}
+
+impl WebhookArgs {
+    fn configs(
+        &self,
+        namespace: &str,
+    ) -> Result<(spur_operator::PkiConfig, spur_operator::WebhookConfig)> {
+        let mut pki = spur_operator::PkiConfig::new(namespace, &self.webhook_service);
+        pki.ca_secret.clone_from(&self.ca_secret);
+        pki.serving_secret.clone_from(&self.serving_secret);
+        pki.webhook_configuration.clone_from(&self.webhook_configuration);
+        pki.serving_names
+            .extend(self.webhook_cert_names.iter().filter(|n| !n.is_empty()).cloned());
+        pki.ca_lifetime = self.ca_lifetime;
+        pki.serving_lifetime = self.serving_cert_lifetime;
+        pki.propagation = self.ca_propagation;
+        pki.validate()?;
+        let mut injection: spur_operator::InjectionConfig = match &self.injection_config {
+            None => spur_operator::InjectionConfig::default(),
+            Some(path) => {
+                let bytes = std::fs::read(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                serde_yaml_ng::from_slice(&bytes)
+                    .with_context(|| format!("invalid injection config {}", path.display()))?
+            }
+        };
+        if !injection.system_namespaces.iter().any(|n| n == namespace) {
+            injection.system_namespaces.push(namespace.to_string());
+        }
+        injection.validate()?;
+        let webhook = spur_operator::WebhookConfig {
+            addr: self.webhook_addr,
+            namespace: namespace.to_string(),
+            serving_secret: self.serving_secret.clone(),
+            injection,
+        };
+        Ok((pki, webhook))
+    }
 }
 
 pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
+    // Configuration errors first, before anything connects.
+    let configs = if args.webhook.no_webhook {
+        None
+    } else {
+        Some(args.webhook.configs(&args.namespace)?)
+    };
     let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
     // Fail fast with a clear message when the API server is unreachable or refuses us.
     client
@@ -53,11 +139,22 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "spur-operator".into());
         format!("{host}-{}", std::process::id())
     });
-    let ctx = Arc::new(spur_operator::Context::new(
-        client.clone(),
-        Some(instance.clone()),
-        metrics,
-    ));
+    let mut ctx = spur_operator::Context::new(client.clone(), Some(instance.clone()), metrics.clone());
+    let stop = CancellationToken::new();
+    let mut webhook = None;
+    if let Some((pki, webhook_cfg)) = configs {
+        ctx = ctx.with_pki(pki);
+        webhook = Some(
+            spur_operator::Webhook::start(client.clone(), webhook_cfg, metrics, stop.clone())
+                .await?,
+        );
+    }
+    let ctx = Arc::new(ctx);
+    // Ready once the webhook can answer the API server (it has a serving certificate).
+    let ready: Arc<dyn Fn() -> bool + Send + Sync> = match &webhook {
+        Some(w) => Arc::new(w.readiness()),
+        None => Arc::new(|| true),
+    };
 
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
@@ -65,6 +162,22 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
     let registry = Arc::new(registry);
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.clone();
+                async move {
+                    if ready() {
+                        (http::StatusCode::OK, "ready\n")
+                    } else {
+                        (
+                            http::StatusCode::SERVICE_UNAVAILABLE,
+                            "waiting for the webhook serving certificate\n",
+                        )
+                    }
+                }
+            }),
+        )
         .route(
             "/metrics",
             get(move || {
@@ -89,7 +202,6 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
                 }
             }),
         );
-    let stop = CancellationToken::new();
     let stop_controllers = stop.clone();
     let http_stop = stop.clone();
     let http = tokio::spawn(async move {
@@ -104,7 +216,7 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
         })
     } else {
         let election = spur_operator::LeaderElection {
-            namespace: args.lease_namespace,
+            namespace: args.namespace,
             lease: args.lease_name,
             identity: instance,
             duration_secs: args.lease_duration,
@@ -117,7 +229,7 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
             election,
         ))
     };
-    tracing::info!(metrics = %args.metrics_addr, "operator started");
+    tracing::info!(metrics = %args.metrics_addr, webhook = ?webhook.as_ref().map(|w| w.local_addr()), "operator started");
     let mut controllers = controllers;
     let early = tokio::select! {
         () = spur_sidecar::shutdown_signal() => None,
@@ -132,6 +244,9 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
     result
         .context("controllers panicked")?
         .context("the controllers stopped")?;
+    if let Some(w) = webhook {
+        w.stopped().await;
+    }
     http.await.context("metrics server panicked")??;
     Ok(ExitCode::SUCCESS)
 }

@@ -21,6 +21,8 @@ pub struct Context {
     recorder: Recorder,
     failures: Mutex<HashMap<String, u32>>,
     pub(crate) metrics: crate::metrics::Metrics,
+    /// The certificate manager's configuration; without one, no certificates are managed.
+    pub(crate) pki: Option<crate::PkiConfig>,
 }
 
 impl Context {
@@ -34,7 +36,14 @@ impl Context {
             client,
             failures: Mutex::new(HashMap::new()),
             metrics,
+            pki: None,
         }
+    }
+
+    /// Also run the certificate manager (on the leader, with the controllers).
+    pub fn with_pki(mut self, pki: crate::PkiConfig) -> Self {
+        self.pki = Some(pki);
+        self
     }
 
     /// Publishes an event about `obj`; a failure to publish is logged, never fatal.

@@ -13,6 +13,12 @@ pub enum Error {
     Json(#[from] serde_json::Error),
     #[error("leader election: {0}")]
     Lease(String),
+    #[error("certificates: {0}")]
+    Pki(String),
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("webhook server: {0}")]
+    Webhook(String),
 }
 
 /// The reconciler's own error out of a finalizer pass, so the error policy sees what happened.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
@@ -93,6 +93,7 @@ async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, E
     }
 
     let ready = deployment_ready(&applied);
+    let sidecars = sidecar_coverage(&baseline, ns, ctx).await?;
     let baseline_obs = Some(spur_api::workloads::BaselineObservation {
         uid: baseline.uid().unwrap_or_default(),
         generation: baseline.meta().generation,
@@ -101,6 +102,7 @@ async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, E
         st.fork = Some(name.clone());
         st.services = mappings;
         st.baseline = baseline_obs;
+        st.baseline_sidecars = sidecars;
         let (status, reason, message) = if ready {
             (
                 ConditionStatus::True,
@@ -167,6 +169,67 @@ async fn build(
         Ok(p) => Ok((baseline, p)),
         Err(e) => Err(("InvalidCustomization", e)),
     })
+}
+
+/// How many running baseline pods carry a ready sidecar. `None` when the baseline has no
+/// usable selector. Pods come from the watch cache; pod changes in the namespace wake the
+/// ForkedWorkload (see `run`).
+async fn sidecar_coverage(
+    baseline: &Deployment,
+    ns: &str,
+    ctx: &Context,
+) -> Result<Option<spur_api::SidecarCoverage>, Error> {
+    let Some(selector) = baseline.spec.as_ref().map(|s| s.selector.clone()) else {
+        return Ok(None);
+    };
+    let Ok(selector) = kube::core::Selector::try_from(selector) else {
+        return Ok(None);
+    };
+    if selector.selects_all() {
+        return Ok(None);
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let lp = ListParams::default()
+        .labels_from(&selector)
+        .match_any();
+    let (mut total, mut injected, mut ready) = (0u32, 0u32, 0u32);
+    for pod in pods.list(&lp).await?.items {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if pod.metadata.deletion_timestamp.is_some()
+            || matches!(phase, Some("Succeeded" | "Failed"))
+        {
+            continue;
+        }
+        total += 1;
+        let (has, is_ready) = sidecar_state(&pod);
+        injected += u32::from(has);
+        ready += u32::from(is_ready);
+    }
+    Ok(Some(spur_api::SidecarCoverage::new(total, injected, ready)))
+}
+
+/// Whether the pod has the injected sidecar, and whether the kubelet reports it ready (a native
+/// sidecar's status is among the init container statuses).
+fn sidecar_state(pod: &Pod) -> (bool, bool) {
+    const NAME: &str = spur_api::keys::injection::SIDECAR_CONTAINER;
+    let Some(spec) = &pod.spec else {
+        return (false, false);
+    };
+    let has = spec.containers.iter().any(|c| c.name == NAME)
+        || spec
+            .init_containers
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.name == NAME);
+    let ready = pod.status.as_ref().is_some_and(|st| {
+        st.init_container_statuses
+            .iter()
+            .flatten()
+            .chain(st.container_statuses.iter().flatten())
+            .any(|c| c.name == NAME && c.ready)
+    });
+    (has, has && ready)
 }
 
 /// A fork can take traffic while at least one of its pods is ready: the sandbox Service then

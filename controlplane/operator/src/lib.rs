@@ -12,27 +12,34 @@
 //! Deletion never relies on the garbage collector: every owner carries a finalizer and deletes
 //! its children itself (owner references are set too, for `kubectl` and a cluster's GC).
 
+mod certs;
 mod context;
 mod error;
 pub mod fork;
 mod forked;
+pub mod inject;
 mod leader;
 mod metrics;
 pub mod patch;
+pub mod pki;
 mod routegroup;
 mod routingconfig;
 pub mod sandbox;
+mod webhook;
 
+pub use certs::{PKI_LABEL, PkiConfig};
 pub use context::{Context, FIELD_MANAGER};
 pub use error::Error;
+pub use inject::InjectionConfig;
 pub use leader::{LeaderElection, run_elected};
 pub use metrics::Metrics;
+pub use webhook::{MUTATE_POD_PATH, Webhook, WebhookConfig};
 
 use std::sync::Arc;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, controller, watcher};
@@ -43,8 +50,18 @@ use tokio_util::sync::CancellationToken;
 /// The finalizer on Sandboxes, ForkedWorkloads and RouteGroups.
 pub const FINALIZER: &str = "spur.dev/cleanup";
 
-/// Runs all four controllers until `stop` is cancelled, then lets in-flight reconciles finish.
+/// Runs all four controllers (and the certificate manager, when the context has a PKI
+/// configuration) until `stop` is cancelled, then lets in-flight reconciles finish.
 pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+    let pki = match ctx.pki.clone() {
+        Some(cfg) => tokio::spawn(certs::run(
+            client.clone(),
+            cfg,
+            ctx.metrics.clone(),
+            stop.clone(),
+        )),
+        None => tokio::spawn(async {}),
+    };
     let wc = watcher::Config::default;
     // Only the operator's own Deployments and Services: watching every Deployment of a large
     // cluster would cost memory for nothing.
@@ -67,7 +84,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
 
     let fw =
         Controller::new(Api::<ForkedWorkload>::all(client.clone()), wc()).with_config(cfg.clone());
-    let (by_baseline, by_namespace) = (fw.store(), fw.store());
+    let (by_baseline, by_namespace, by_pod) = (fw.store(), fw.store(), fw.store());
     let forks = fw
         .owns(Api::<Deployment>::all(client.clone()), managed())
         .owns(Api::<Service>::all(client.clone()), managed())
@@ -102,6 +119,19 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
                     return Vec::new();
                 }
                 forks_where(&by_namespace, |fw| fw.spec.baseline.namespace == ns)
+            },
+        )
+        // Baseline pods coming, going or changing readiness change the sidecar coverage in
+        // status. Metadata-only (every change bumps it); fork pods are the fork Deployment's.
+        .watches(
+            Api::<PartialObjectMeta<Pod>>::all(client.clone()),
+            wc(),
+            move |pod| {
+                if pod.labels().contains_key(spur_api::keys::labels::FORK) {
+                    return Vec::new();
+                }
+                let ns = pod.namespace().unwrap_or_default();
+                forks_where(&by_pod, |fw| fw.spec.baseline.namespace == ns)
             },
         )
         .graceful_shutdown_on(stop.clone().cancelled_owned())
@@ -149,6 +179,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         .for_each(|_| std::future::ready(()));
 
     tokio::join!(sandboxes, forks, configs, groups);
+    let _ = pki.await;
 }
 
 fn forks_where(

@@ -11,11 +11,27 @@ struct Kind {
     kind: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Cert {
+    certificate: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Admission {
+    result: &'static str,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
     reconciles: Family<Kind, Counter>,
     failures: Counter,
     leader: Gauge,
+    cert_not_after: Family<Cert, Gauge>,
+    cert_issued: Family<Cert, Counter>,
+    pki_failures: Counter,
+    admissions: Family<Admission, Counter>,
+    tls_errors: Counter,
+    serving_cert_loaded: Gauge,
 }
 
 impl Metrics {
@@ -36,7 +52,63 @@ impl Metrics {
             "1 while this replica holds the lease and runs the controllers",
             m.leader.clone(),
         );
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "When the current certificate expires (ca, next-ca, serving), Unix time",
+            m.cert_not_after.clone(),
+        );
+        registry.register(
+            "certificates_issued",
+            "Certificates issued by the certificate manager (ca, serving)",
+            m.cert_issued.clone(),
+        );
+        registry.register(
+            "pki_failures",
+            "Certificate manager passes that failed and were retried",
+            m.pki_failures.clone(),
+        );
+        registry.register(
+            "webhook_admissions",
+            "Pod admission reviews answered, by result (injected, skipped, error, invalid)",
+            m.admissions.clone(),
+        );
+        registry.register(
+            "webhook_tls_handshake_errors",
+            "TLS handshakes on the webhook port that failed (unknown CA, no certificate yet, ...)",
+            m.tls_errors.clone(),
+        );
+        registry.register(
+            "webhook_serving_certificate_loaded",
+            "1 once the webhook server holds a serving certificate",
+            m.serving_cert_loaded.clone(),
+        );
         m
+    }
+
+    pub(crate) fn cert_expiry(&self, certificate: &'static str, not_after: i64) {
+        self.cert_not_after
+            .get_or_create(&Cert { certificate })
+            .set(not_after);
+    }
+
+    pub(crate) fn cert_issued(&self, certificate: &'static str) {
+        self.cert_issued.get_or_create(&Cert { certificate }).inc();
+    }
+
+    pub(crate) fn pki_failure(&self) {
+        self.pki_failures.inc();
+    }
+
+    pub(crate) fn admission(&self, result: &'static str) {
+        self.admissions.get_or_create(&Admission { result }).inc();
+    }
+
+    pub(crate) fn tls_error(&self) {
+        self.tls_errors.inc();
+    }
+
+    pub(crate) fn serving_cert_loaded(&self, loaded: bool) {
+        self.serving_cert_loaded.set(i64::from(loaded));
     }
 
     pub(crate) fn set_leader(&self, leading: bool) {

@@ -145,6 +145,7 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             fork: st.fork.clone(),
             services: st.services.clone(),
             ready: is_condition_true(&st.conditions, READY),
+            baseline_sidecars: st.baseline_sidecars.clone(),
         });
         workloads.push(SandboxedWorkloadRef {
             kind: SandboxedKind::ForkedWorkload,

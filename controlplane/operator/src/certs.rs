@@ -1,0 +1,541 @@
+//! Certificate manager (runs on the leader only): keeps the operator's CA and the webhook's
+//! serving certificate current in two Secrets of the operator's namespace, and the `caBundle`
+//! of the MutatingWebhookConfiguration the chart installs.
+//!
+//! Rotation never breaks an admission call:
+//! - The serving certificate is renewed at 80 % of its lifetime. The old one stays valid, and
+//!   every webhook replica swaps to the new one when its watch delivers the Secret.
+//! - The CA is renewed at 80 % of its lifetime in two steps. First the next CA is added to the
+//!   bundle, next to the current one. Only once the webhook configuration has carried that
+//!   bundle for the propagation delay does the next CA start signing. CAs leave the bundle
+//!   when they expire.
+//!
+//! Secret `<ca-secret>` holds `ca.crt`/`ca.key` (the signing CA), `next.crt`/`next.key` during
+//! a rotation, and `bundle.crt` (every CA to trust). Secret `<serving-secret>` is a
+//! `kubernetes.io/tls` Secret with `tls.crt`, `tls.key` and `ca.crt` (the bundle).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{ObjectMeta, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio_util::sync::CancellationToken;
+
+use crate::pki::{self, Pair, now_unix};
+use crate::{Error, FIELD_MANAGER, Metrics};
+
+/// Label on both Secrets (value `ca` or `serving`); the manager watches it.
+pub const PKI_LABEL: &str = "spur.dev/pki";
+/// On the CA Secret during a rotation: when the webhook configuration was first seen carrying
+/// the next CA (Unix seconds).
+const NEXT_PUBLISHED: &str = "spur.dev/next-ca-published-at";
+/// On the serving Secret: fingerprint of the CA that signed it.
+const ISSUER: &str = "spur.dev/issuer";
+
+/// What the certificate manager maintains.
+#[derive(Debug, Clone)]
+pub struct PkiConfig {
+    /// The operator's namespace: both Secrets live here.
+    pub namespace: String,
+    pub ca_secret: String,
+    pub serving_secret: String,
+    /// Name of the MutatingWebhookConfiguration whose `caBundle` is kept current.
+    pub webhook_configuration: String,
+    /// Subject alternative names of the serving certificate (DNS names or IP addresses).
+    pub serving_names: Vec<String>,
+    pub ca_lifetime: Duration,
+    pub serving_lifetime: Duration,
+    /// How long a new CA sits in the webhook configuration's bundle before it signs anything:
+    /// the time API servers take to pick up the change.
+    pub propagation: Duration,
+}
+
+impl PkiConfig {
+    /// Defaults for the chart's names: Service `service` in `namespace`.
+    pub fn new(namespace: &str, service: &str) -> Self {
+        PkiConfig {
+            namespace: namespace.into(),
+            ca_secret: "spur-ca".into(),
+            serving_secret: "spur-webhook-tls".into(),
+            webhook_configuration: "spur-sidecar-injector".into(),
+            serving_names: vec![
+                format!("{service}.{namespace}.svc"),
+                format!("{service}.{namespace}.svc.cluster.local"),
+            ],
+            ca_lifetime: Duration::from_secs(365 * 24 * 3600),
+            serving_lifetime: Duration::from_secs(30 * 24 * 3600),
+            propagation: Duration::from_secs(60),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.serving_names.is_empty() {
+            return Err(Error::Config(
+                "the serving certificate needs at least one name".into(),
+            ));
+        }
+        if self.serving_lifetime < Duration::from_secs(5) {
+            return Err(Error::Config(
+                "the serving certificate lifetime must be at least 5s".into(),
+            ));
+        }
+        // The CA must outlive several serving certificates and its own rotation.
+        if self.ca_lifetime < self.serving_lifetime * 2
+            || self.ca_lifetime / 5 <= self.propagation + Duration::from_secs(1)
+        {
+            return Err(Error::Config(format!(
+                "the CA lifetime ({:?}) must be at least twice the serving lifetime ({:?}) and its last fifth longer than the propagation delay ({:?})",
+                self.ca_lifetime, self.serving_lifetime, self.propagation
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Runs the certificate manager until `stop`: a pass at start, whenever one of its Secrets or
+/// the webhook configuration changes, and when the next renewal is due.
+pub(crate) async fn run(client: Client, cfg: PkiConfig, metrics: Metrics, stop: CancellationToken) {
+    let manager = Manager {
+        secrets: Api::namespaced(client.clone(), &cfg.namespace),
+        webhooks: Api::all(client),
+        cfg,
+        metrics,
+    };
+    let secrets = watcher(
+        manager.secrets.clone(),
+        watcher::Config::default().labels(PKI_LABEL),
+    )
+    .default_backoff()
+    .map(|_| ());
+    let webhooks = watcher(
+        manager.webhooks.clone(),
+        watcher::Config::default().fields(&format!(
+            "metadata.name={}",
+            manager.cfg.webhook_configuration
+        )),
+    )
+    .default_backoff()
+    .map(|_| ());
+    let mut changes = std::pin::pin!(futures_util::stream::select(secrets, webhooks));
+    let mut failures = 0u32;
+    let mut wake = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep_until(wake) => {}
+            Some(()) = changes.next() => {}
+        }
+        // Watch events come in bursts (a pass writes up to three objects): let them settle.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        while let Some(Some(())) = futures_util::FutureExt::now_or_never(changes.next()) {}
+        match manager.pass().await {
+            Ok(next) => {
+                failures = 0;
+                wake = tokio::time::Instant::now() + next;
+            }
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                let delay = Duration::from_secs(1u64 << (failures - 1).min(6));
+                tracing::warn!(error = %e, retry_in = ?delay, "certificate manager pass failed");
+                manager.metrics.pki_failure();
+                wake = tokio::time::Instant::now() + delay;
+            }
+        }
+    }
+}
+
+struct Manager {
+    secrets: Api<Secret>,
+    webhooks: Api<MutatingWebhookConfiguration>,
+    cfg: PkiConfig,
+    metrics: Metrics,
+}
+
+/// The CA Secret's contents.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct CaState {
+    current: Option<Pair>,
+    next: Option<Pair>,
+    bundle: Vec<String>,
+    next_published: Option<i64>,
+}
+
+/// Never wait longer than this between passes: a safety net against missed watch events.
+const MAX_SLEEP: Duration = Duration::from_secs(3600);
+
+impl Manager {
+    /// One idempotent pass; returns how long until the next one is due.
+    async fn pass(&self) -> Result<Duration, Error> {
+        let now = now_unix();
+        let cfg = &self.cfg;
+        let loaded = self.load_ca().await?;
+        let mut ca = loaded.clone();
+        let mut due = Vec::new();
+
+        // A usable signing CA.
+        let usable = |p: &Option<Pair>| {
+            p.as_ref()
+                .and_then(|p| {
+                    let i = pki::info(&p.cert).ok()?;
+                    rcgen::KeyPair::from_pem(&p.key).ok()?;
+                    Some(i)
+                })
+                .filter(|i| i.is_ca && !i.validity.expired(now))
+        };
+        if usable(&ca.current).is_none() {
+            if ca.current.is_some() {
+                tracing::warn!(secret = %cfg.ca_secret, "the CA is expired or unreadable: replacing it (clients that trust only the old one fail until they get the new bundle)");
+            }
+            ca = CaState {
+                current: Some(pki::new_ca("spur CA", cfg.ca_lifetime, now)?),
+                next: None,
+                next_published: None,
+                bundle: ca.bundle,
+            };
+            self.metrics.cert_issued("ca");
+            tracing::info!("created a CA");
+        }
+        let current = usable(&ca.current).ok_or_else(|| Error::Pki("new CA unusable".into()))?;
+        if ca.next.is_some() && usable(&ca.next).is_none() {
+            ca.next = None;
+            ca.next_published = None;
+        }
+        if ca.next.is_none() && now >= current.validity.renew_at() {
+            ca.next = Some(pki::new_ca("spur CA", cfg.ca_lifetime, now)?);
+            ca.next_published = None;
+            self.metrics.cert_issued("ca");
+            tracing::info!("CA at 80% of its lifetime: next CA created and published");
+        }
+        ca.bundle = bundle(&ca, now);
+        if ca != loaded {
+            self.write_ca(&ca).await?;
+        }
+        let bundle_pem = ca.bundle.concat();
+        let carried = self.sync_webhook_configuration(&bundle_pem).await?;
+
+        if let Some(next) = ca.next.clone() {
+            match ca.next_published {
+                None => {
+                    if carried {
+                        ca.next_published = Some(now);
+                        self.write_ca(&ca).await?;
+                    }
+                    due.push(cfg.propagation);
+                }
+                Some(t) if now >= t.saturating_add(secs(cfg.propagation)) => {
+                    tracing::info!(
+                        ca = %pki::fingerprint(&next.cert),
+                        "next CA promoted: it signs from now on"
+                    );
+                    ca.current = Some(next);
+                    ca.next = None;
+                    ca.next_published = None;
+                    self.write_ca(&ca).await?;
+                }
+                Some(t) => due.push(until(t.saturating_add(secs(cfg.propagation)), now)),
+            }
+        }
+        let signer = ca
+            .current
+            .clone()
+            .ok_or_else(|| Error::Pki("no signing CA".into()))?;
+        let signer_info = pki::info(&signer.cert)?;
+        self.metrics
+            .cert_expiry("ca", signer_info.validity.not_after);
+        if ca.next.is_none() {
+            due.push(until(signer_info.validity.renew_at(), now));
+        }
+        // Expired CAs leave the bundle.
+        for c in &ca.bundle {
+            if let Ok(i) = pki::info(c) {
+                due.push(until(i.validity.not_after.saturating_add(1), now));
+            }
+        }
+
+        let serving = self.sync_serving(&signer, &bundle_pem, now).await?;
+        self.metrics
+            .cert_expiry("serving", serving.validity.not_after);
+        due.push(until(serving.validity.renew_at(), now));
+        Ok(due
+            .into_iter()
+            .min()
+            .unwrap_or(MAX_SLEEP)
+            .clamp(Duration::from_millis(200), MAX_SLEEP))
+    }
+
+    async fn load_ca(&self) -> Result<CaState, Error> {
+        let Some(secret) = self.secrets.get_opt(&self.cfg.ca_secret).await? else {
+            return Ok(CaState::default());
+        };
+        let data = secret.data.unwrap_or_default();
+        let text = |k: &str| {
+            data.get(k)
+                .and_then(|b| String::from_utf8(b.0.clone()).ok())
+                .filter(|s| !s.trim().is_empty())
+        };
+        let pair = |c: &str, k: &str| match (text(c), text(k)) {
+            (Some(cert), Some(key)) => Some(Pair { cert, key }),
+            _ => None,
+        };
+        Ok(CaState {
+            current: pair("ca.crt", "ca.key"),
+            next: pair("next.crt", "next.key"),
+            bundle: text("bundle.crt")
+                .map(|b| pki::split_bundle(&b))
+                .unwrap_or_default(),
+            next_published: secret
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(NEXT_PUBLISHED))
+                .and_then(|v| v.parse().ok()),
+        })
+    }
+
+    async fn write_ca(&self, ca: &CaState) -> Result<(), Error> {
+        let mut data = BTreeMap::new();
+        let mut put = |k: &str, v: &str| {
+            data.insert(k.to_string(), ByteString(v.as_bytes().to_vec()));
+        };
+        if let Some(c) = &ca.current {
+            put("ca.crt", &c.cert);
+            put("ca.key", &c.key);
+        }
+        if let Some(n) = &ca.next {
+            put("next.crt", &n.cert);
+            put("next.key", &n.key);
+        }
+        put("bundle.crt", &ca.bundle.concat());
+        let annotations = ca
+            .next_published
+            .map(|t| BTreeMap::from([(NEXT_PUBLISHED.to_string(), t.to_string())]));
+        self.apply_secret(&self.cfg.ca_secret, "ca", "Opaque", data, annotations)
+            .await
+    }
+
+    /// Puts `bundle` into every webhook of the configuration. Returns whether the
+    /// configuration exists and now carries it.
+    async fn sync_webhook_configuration(&self, bundle: &str) -> Result<bool, Error> {
+        let name = &self.cfg.webhook_configuration;
+        let Some(mwc) = self.webhooks.get_opt(name).await? else {
+            tracing::warn!(configuration = %name, "MutatingWebhookConfiguration not found: the chart installs it; sidecars are not injected until it exists");
+            return Ok(false);
+        };
+        let want = ByteString(bundle.as_bytes().to_vec());
+        let stale: Vec<_> = mwc
+            .webhooks
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|w| w.client_config.ca_bundle.as_ref() != Some(&want))
+            .map(|w| w.name)
+            .collect();
+        if stale.is_empty() {
+            return Ok(true);
+        }
+        // A strategic merge patch keyed by webhook name touches only `caBundle`: everything else
+        // stays as the chart wrote it.
+        let patch = serde_json::json!({
+            "webhooks": stale.iter().map(|n| serde_json::json!({
+                "name": n,
+                "clientConfig": {"caBundle": want},
+            })).collect::<Vec<_>>()
+        });
+        self.webhooks
+            .patch(name, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await?;
+        tracing::info!(configuration = %name, webhooks = stale.len(), "caBundle updated");
+        Ok(true)
+    }
+
+    /// Keeps the serving certificate fresh, signed by `signer`, with the configured names and
+    /// the current bundle; returns what it holds.
+    async fn sync_serving(
+        &self,
+        signer: &Pair,
+        bundle: &str,
+        now: i64,
+    ) -> Result<pki::Info, Error> {
+        let cfg = &self.cfg;
+        let secret = self.secrets.get_opt(&cfg.serving_secret).await?;
+        let (data, annotations) = secret
+            .map(|s| {
+                (
+                    s.data.unwrap_or_default(),
+                    s.metadata.annotations.unwrap_or_default(),
+                )
+            })
+            .unwrap_or_default();
+        let text = |k: &str| data.get(k).and_then(|b| String::from_utf8(b.0.clone()).ok());
+        let issuer = pki::fingerprint(&signer.cert);
+        let held = match (text("tls.crt"), text("tls.key")) {
+            (Some(cert), Some(key)) => pki::info(&cert)
+                .ok()
+                .filter(|i| {
+                    now < i.validity.renew_at()
+                        && i.sans == cfg.serving_names
+                        && annotations.get(ISSUER) == Some(&issuer)
+                        && rcgen::KeyPair::from_pem(&key).is_ok()
+                })
+                .map(|i| (Pair { cert, key }, i)),
+            _ => None,
+        };
+        let (pair, info) = match held {
+            Some(h) if text("ca.crt").as_deref() == Some(bundle) => return Ok(h.1),
+            Some(h) => h,
+            None => {
+                let p = pki::issue_serving(
+                    signer,
+                    "spur-webhook",
+                    &cfg.serving_names,
+                    cfg.serving_lifetime,
+                    now,
+                )?;
+                let i = pki::info(&p.cert)?;
+                self.metrics.cert_issued("serving");
+                tracing::info!(
+                    not_after = i.validity.not_after,
+                    issuer = %issuer,
+                    "serving certificate issued"
+                );
+                (p, i)
+            }
+        };
+        let data = BTreeMap::from([
+            ("tls.crt".to_string(), ByteString(pair.cert.into_bytes())),
+            ("tls.key".to_string(), ByteString(pair.key.into_bytes())),
+            ("ca.crt".to_string(), ByteString(bundle.as_bytes().to_vec())),
+        ]);
+        let annotations = BTreeMap::from([(ISSUER.to_string(), issuer)]);
+        self.apply_secret(
+            &cfg.serving_secret,
+            "serving",
+            "kubernetes.io/tls",
+            data,
+            Some(annotations),
+        )
+        .await?;
+        Ok(info)
+    }
+
+    async fn apply_secret(
+        &self,
+        name: &str,
+        role: &str,
+        type_: &str,
+        data: BTreeMap<String, ByteString>,
+        annotations: Option<BTreeMap<String, String>>,
+    ) -> Result<(), Error> {
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(self.cfg.namespace.clone()),
+                labels: Some(BTreeMap::from([
+                    (PKI_LABEL.to_string(), role.to_string()),
+                    (
+                        spur_api::keys::labels::MANAGED_BY.to_string(),
+                        spur_api::keys::labels::MANAGED_BY_VALUE.to_string(),
+                    ),
+                ])),
+                annotations,
+                ..Default::default()
+            },
+            type_: Some(type_.into()),
+            data: Some(data),
+            ..Default::default()
+        };
+        let mut body = serde_json::to_value(&secret)?;
+        body["apiVersion"] = "v1".into();
+        body["kind"] = "Secret".into();
+        self.secrets
+            .patch(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// The CAs to trust: the signing CA, the next one, and earlier ones until they expire (the
+/// serving certificates they signed may still be in use).
+fn bundle(ca: &CaState, now: i64) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    let candidates = ca
+        .current
+        .iter()
+        .chain(ca.next.iter())
+        .map(|p| p.cert.clone())
+        .chain(ca.bundle.iter().cloned());
+    for c in candidates {
+        let Ok(i) = pki::info(&c) else { continue };
+        if i.validity.expired(now) || !seen.insert(pki::fingerprint(&c)) {
+            continue;
+        }
+        let c = if c.ends_with('\n') { c } else { c + "\n" };
+        out.push(c);
+    }
+    out
+}
+
+fn secs(d: Duration) -> i64 {
+    i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
+}
+
+fn until(t: i64, now: i64) -> Duration {
+    Duration::from_secs(u64::try_from(t - now).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn bundle_keeps_unexpired_cas_once_in_order() {
+        let now = now_unix();
+        let old = pki::new_ca("old", Duration::from_secs(100), now - 50).unwrap();
+        let gone = pki::new_ca("gone", Duration::from_secs(10), now - 50).unwrap();
+        let cur = pki::new_ca("cur", Duration::from_secs(100), now).unwrap();
+        let next = pki::new_ca("next", Duration::from_secs(100), now).unwrap();
+        let ca = CaState {
+            current: Some(cur.clone()),
+            next: Some(next.clone()),
+            bundle: vec![cur.cert.clone(), old.cert.clone(), gone.cert.clone()],
+            next_published: None,
+        };
+        let b = bundle(&ca, now);
+        let fps: Vec<_> = b.iter().map(|c| pki::fingerprint(c)).collect();
+        assert_eq!(
+            fps,
+            vec![
+                pki::fingerprint(&cur.cert),
+                pki::fingerprint(&next.cert),
+                pki::fingerprint(&old.cert)
+            ]
+        );
+    }
+
+    #[test]
+    fn config_rejects_lifetimes_that_cannot_rotate() {
+        let mut c = PkiConfig::new("spur", "spur-webhook");
+        c.validate().unwrap();
+        c.ca_lifetime = Duration::from_secs(40);
+        c.serving_lifetime = Duration::from_secs(10);
+        c.propagation = Duration::from_secs(2);
+        c.validate().unwrap();
+        c.propagation = Duration::from_secs(8);
+        assert!(c.validate().is_err());
+        c.propagation = Duration::from_secs(2);
+        c.serving_lifetime = Duration::from_secs(30);
+        assert!(c.validate().is_err());
+        c.serving_names.clear();
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,576 @@
+//! What the injection webhook does to a pod, as pure functions: whether a pod gets the DevMesh
+//! sidecar (and if not, why), and the JSON patch that adds it. `docs/injection.md` documents
+//! the result; `webhook.rs` serves it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use spur_api::keys::injection as keys;
+
+use crate::Error;
+
+/// How injected pods are built. Plain serde (the chart renders it as YAML), validated once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct InjectionConfig {
+    /// Image of the `spur-sidecar` container.
+    pub sidecar_image: String,
+    /// Image of the `spur-init` container.
+    pub init_image: String,
+    /// `imagePullPolicy` of both containers (unset: Kubernetes' default).
+    pub image_pull_policy: Option<String>,
+    /// Route server the sidecars watch, `host:port`.
+    pub routeserver: String,
+    /// Sidecar inbound port (where redirected connections land).
+    pub proxy_port: u16,
+    /// Sidecar admin port (/live, /ready, /metrics); never intercepted.
+    pub admin_port: u16,
+    /// UID (and GID) the sidecar runs as; its own connections are never intercepted.
+    pub proxy_uid: i64,
+    /// `spur-init --mode`: `auto`, `iptables` (legacy) or `nft`.
+    pub interception_mode: String,
+    /// Inbound ports never intercepted in any pod (the admin port always is excluded).
+    pub exclude_inbound_ports: Vec<u16>,
+    /// Namespaces whose pods are never injected (the operator's own is added at start).
+    pub system_namespaces: Vec<String>,
+    /// Worker threads of the sidecar (it would otherwise start one per node CPU).
+    pub sidecar_threads: u16,
+    /// `SPUR_LOG` of the sidecar.
+    pub sidecar_log: String,
+    pub sidecar_resources: ResourceRequirements,
+    pub init_resources: ResourceRequirements,
+}
+
+impl Default for InjectionConfig {
+    fn default() -> Self {
+        let resources = |cpu: &str, mem: &str, mem_limit: &str| ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity(cpu.into())),
+                ("memory".to_string(), Quantity(mem.into())),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity(mem_limit.into()),
+            )])),
+            ..Default::default()
+        };
+        let image = format!("ghcr.io/spur-dev/spur:{}", env!("CARGO_PKG_VERSION"));
+        InjectionConfig {
+            sidecar_image: image.clone(),
+            init_image: image,
+            image_pull_policy: None,
+            routeserver: "spur-routeserver.spur-system.svc:7777".into(),
+            proxy_port: 15006,
+            admin_port: 15020,
+            proxy_uid: 15337,
+            interception_mode: "auto".into(),
+            exclude_inbound_ports: Vec::new(),
+            system_namespaces: vec![
+                "kube-system".into(),
+                "kube-public".into(),
+                "kube-node-lease".into(),
+            ],
+            sidecar_threads: 2,
+            sidecar_log: "info".into(),
+            sidecar_resources: resources("10m", "16Mi", "128Mi"),
+            init_resources: resources("10m", "16Mi", "64Mi"),
+        }
+    }
+}
+
+impl InjectionConfig {
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |m: String| Err(Error::Config(m));
+        if self.sidecar_image.trim().is_empty() || self.init_image.trim().is_empty() {
+            return bad("sidecarImage and initImage must be set".into());
+        }
+        match self.routeserver.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
+            _ => return bad(format!("routeserver {:?} is not host:port", self.routeserver)),
+        }
+        if self.proxy_port == 0 || self.admin_port == 0 || self.proxy_port == self.admin_port {
+            return bad("proxyPort and adminPort must be distinct and non-zero".into());
+        }
+        if !(1..=i64::from(u32::MAX)).contains(&self.proxy_uid) {
+            return bad(format!(
+                "proxyUid {} must be a non-root uid",
+                self.proxy_uid
+            ));
+        }
+        if !["auto", "iptables", "nft"].contains(&self.interception_mode.as_str()) {
+            return bad(format!(
+                "interceptionMode {:?} must be auto, iptables or nft",
+                self.interception_mode
+            ));
+        }
+        if let Some(p) = &self.image_pull_policy
+            && !["Always", "IfNotPresent", "Never"].contains(&p.as_str())
+        {
+            return bad(format!("imagePullPolicy {p:?} is not Always, IfNotPresent or Never"));
+        }
+        if self.sidecar_threads == 0 {
+            return bad("sidecarThreads must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// The workload a pod belongs to, as the sidecar announces it to the route server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Baseline {
+    /// `Deployment` or `ArgoRollout` (the Routes API's spelling).
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// The pod's controlling ReplicaSet, to be resolved to its Deployment or Rollout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaSetOwner {
+    pub name: String,
+}
+
+/// First look at a pod: skip it (with the reason recorded on it), leave it alone entirely, or
+/// resolve its ReplicaSet's owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Screen {
+    Skip(String),
+    /// Not ours to touch or annotate (already injected: a reinvocation).
+    Ignore,
+    Resolve(ReplicaSetOwner),
+}
+
+/// Decides everything that needs no API call. `namespace_labels` is `None` when the namespace
+/// is unknown (treated as having no labels).
+pub fn screen(
+    pod: &Pod,
+    namespace: &str,
+    namespace_labels: Option<&BTreeMap<String, String>>,
+    cfg: &InjectionConfig,
+) -> Screen {
+    if cfg.system_namespaces.iter().any(|n| n == namespace) {
+        return Screen::Skip(format!("namespace {namespace} is a system namespace"));
+    }
+    if let Some(spec) = &pod.spec {
+        let has = |cs: &[k8s_openapi::api::core::v1::Container]| {
+            cs.iter().any(|c| c.name == keys::SIDECAR_CONTAINER)
+        };
+        if has(&spec.containers) || spec.init_containers.as_deref().is_some_and(has) {
+            return Screen::Ignore;
+        }
+        if spec.host_network == Some(true) {
+            return Screen::Skip(
+                "hostNetwork pod: interception would capture the node's traffic".into(),
+            );
+        }
+    }
+    let labels = pod.metadata.labels.as_ref();
+    if labels.is_some_and(|l| l.contains_key(spur_api::keys::labels::FORK)) {
+        return Screen::Skip("forked pod (label spur.dev/fork): forks take keyed traffic directly".into());
+    }
+    let ns_flag = namespace_labels.and_then(|l| l.get(keys::INJECT)).map(String::as_str);
+    let pod_flag = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(keys::INJECT))
+        .map(String::as_str);
+    if ns_flag == Some("false") {
+        return Screen::Skip(format!(
+            "namespace {namespace} opted out (label {}=false)",
+            keys::INJECT
+        ));
+    }
+    if pod_flag == Some("false") {
+        return Screen::Skip(format!("pod opted out (annotation {}=false)", keys::INJECT));
+    }
+    if pod_flag != Some("true") && ns_flag != Some("true") {
+        return Screen::Skip(format!(
+            "not opted in (annotation {0}=\"true\" on the pod template or label {0}=true on the namespace)",
+            keys::INJECT
+        ));
+    }
+    let owner = pod
+        .metadata
+        .owner_references
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|o| o.controller == Some(true));
+    match owner {
+        None => Screen::Skip("no controlling owner: only pods of Deployments and Argo Rollouts are injected".into()),
+        Some(o) if o.kind == "ReplicaSet" && o.api_version == "apps/v1" => {
+            Screen::Resolve(ReplicaSetOwner {
+                name: o.name.clone(),
+            })
+        }
+        Some(o) => Screen::Skip(format!(
+            "owned by {}/{}: only pods of Deployments and Argo Rollouts are injected",
+            o.kind, o.name
+        )),
+    }
+}
+
+/// The baseline behind a ReplicaSet, from its controlling owner reference, or why there is none.
+pub fn baseline_of_replicaset(
+    rs: &k8s_openapi::api::apps::v1::ReplicaSet,
+    namespace: &str,
+) -> Result<Baseline, String> {
+    let rs_name = rs.metadata.name.clone().unwrap_or_default();
+    let owner = rs
+        .metadata
+        .owner_references
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|o| o.controller == Some(true));
+    let kind = match owner {
+        Some(o) if o.kind == "Deployment" && o.api_version == "apps/v1" => "Deployment",
+        Some(o) if o.kind == "Rollout" && o.api_version.starts_with("argoproj.io/") => {
+            "ArgoRollout"
+        }
+        Some(o) => {
+            return Err(format!(
+                "ReplicaSet {rs_name} is owned by {}/{}, not a Deployment or Argo Rollout",
+                o.kind, o.name
+            ));
+        }
+        None => {
+            return Err(format!(
+                "ReplicaSet {rs_name} has no controlling Deployment or Argo Rollout"
+            ));
+        }
+    };
+    let name = owner.map(|o| o.name.clone()).unwrap_or_default();
+    Ok(Baseline {
+        kind,
+        namespace: namespace.into(),
+        name,
+    })
+}
+
+/// The patch recording why a pod was skipped.
+pub fn skip_patch(pod: &Pod, reason: &str) -> Result<json_patch::Patch, Error> {
+    let mut ops = Vec::new();
+    annotate(
+        pod,
+        &mut ops,
+        &[(keys::STATUS, "skipped"), (keys::REASON, reason)],
+    );
+    to_patch(ops)
+}
+
+/// The patch that injects `spur-init` and the `spur-sidecar` native sidecar, first among the
+/// init containers, in that order.
+pub fn inject_patch(
+    pod: &Pod,
+    baseline: &Baseline,
+    cfg: &InjectionConfig,
+) -> Result<json_patch::Patch, Error> {
+    let mut ops = Vec::new();
+    let baseline_text = format!("{}/{}/{}", baseline.kind, baseline.namespace, baseline.name);
+    annotate(
+        pod,
+        &mut ops,
+        &[(keys::STATUS, "injected"), (keys::BASELINE, &baseline_text)],
+    );
+    let (init, sidecar) = containers(pod, baseline, cfg)?;
+    let has_inits = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some();
+    if has_inits {
+        // Inserting at index 0 twice leaves [spur-init, spur-sidecar, ...existing].
+        ops.push(json!({"op": "add", "path": "/spec/initContainers/0", "value": sidecar}));
+        ops.push(json!({"op": "add", "path": "/spec/initContainers/0", "value": init}));
+    } else {
+        ops.push(json!({"op": "add", "path": "/spec/initContainers", "value": [init, sidecar]}));
+    }
+    to_patch(ops)
+}
+
+/// The two containers, exactly as `docs/injection.md` shows them.
+pub fn containers(
+    pod: &Pod,
+    baseline: &Baseline,
+    cfg: &InjectionConfig,
+) -> Result<(Value, Value), Error> {
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let ports = |key: &str| -> Result<Vec<u16>, Error> {
+        match annotations.get(key).map(|s| s.trim()) {
+            None | Some("") => Ok(Vec::new()),
+            Some(list) => list
+                .split(',')
+                .map(|p| {
+                    p.trim()
+                        .parse::<u16>()
+                        .ok()
+                        .filter(|p| *p != 0)
+                        .ok_or_else(|| {
+                            Error::Config(format!("annotation {key}: {p:?} is not a port"))
+                        })
+                })
+                .collect(),
+        }
+    };
+    let mut exclude = vec![cfg.admin_port];
+    exclude.extend(&cfg.exclude_inbound_ports);
+    exclude.extend(ports(keys::EXCLUDE_INBOUND_PORTS)?);
+    exclude.sort_unstable();
+    exclude.dedup();
+    let include = ports(keys::INBOUND_PORTS)?;
+    let include = if include.is_empty() {
+        "*".to_string()
+    } else {
+        join(&include)
+    };
+    let resources = |r: &ResourceRequirements| serde_json::to_value(r).unwrap_or(Value::Null);
+    let probe = |period: u32, failures: u32| {
+        json!({
+            "httpGet": {"path": "/live", "port": cfg.admin_port},
+            "periodSeconds": period,
+            "failureThreshold": failures,
+        })
+    };
+    let mut init = json!({
+        "name": keys::INIT_CONTAINER,
+        "image": cfg.init_image,
+        "args": [
+            "--mode", cfg.interception_mode,
+            "--proxy-port", cfg.proxy_port.to_string(),
+            "--proxy-uid", cfg.proxy_uid.to_string(),
+            "--inbound-ports", include,
+            "--exclude-inbound-ports", join(&exclude),
+        ],
+        "resources": resources(&cfg.init_resources),
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsGroup": 0,
+            "runAsNonRoot": false,
+            "allowPrivilegeEscalation": false,
+            "privileged": false,
+            "readOnlyRootFilesystem": false,
+            "capabilities": {"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]},
+        },
+    });
+    let env = |name: &str, value: String| json!({"name": name, "value": value});
+    let field = |name: &str, path: &str| {
+        json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}})
+    };
+    let mut sidecar = json!({
+        "name": keys::SIDECAR_CONTAINER,
+        "image": cfg.sidecar_image,
+        // A native sidecar: started before the app containers, stopped after them.
+        "restartPolicy": "Always",
+        "env": [
+            env("SPUR_TRANSPARENT", "true".into()),
+            env("SPUR_INBOUND_ADDR", format!("0.0.0.0:{}", cfg.proxy_port)),
+            env("SPUR_ADMIN_ADDR", format!("0.0.0.0:{}", cfg.admin_port)),
+            env("SPUR_BASELINE_KIND", baseline.kind.into()),
+            env("SPUR_BASELINE_NAMESPACE", baseline.namespace.clone()),
+            env("SPUR_BASELINE_NAME", baseline.name.clone()),
+            env("SPUR_ROUTESERVER", cfg.routeserver.clone()),
+            env("SPUR_THREADS", cfg.sidecar_threads.to_string()),
+            env("SPUR_LOG", cfg.sidecar_log.clone()),
+            field("POD_NAME", "metadata.name"),
+            field("POD_NAMESPACE", "metadata.namespace"),
+        ],
+        "ports": [{"name": "spur-admin", "containerPort": cfg.admin_port, "protocol": "TCP"}],
+        // Readiness is "listening", not "routes loaded": a route server outage must not make
+        // the user's pods unready (keyed requests then fall back to the baseline).
+        "startupProbe": probe(1, 60),
+        "readinessProbe": probe(5, 3),
+        "livenessProbe": probe(10, 6),
+        "resources": resources(&cfg.sidecar_resources),
+        "securityContext": {
+            "runAsUser": cfg.proxy_uid,
+            "runAsGroup": cfg.proxy_uid,
+            "runAsNonRoot": true,
+            "allowPrivilegeEscalation": false,
+            "privileged": false,
+            "readOnlyRootFilesystem": true,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    });
+    if let Some(policy) = &cfg.image_pull_policy {
+        init["imagePullPolicy"] = policy.clone().into();
+        sidecar["imagePullPolicy"] = policy.clone().into();
+    }
+    Ok((init, sidecar))
+}
+
+fn join(ports: &[u16]) -> String {
+    ports
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn annotate(pod: &Pod, ops: &mut Vec<Value>, entries: &[(&str, &str)]) {
+    if pod.metadata.annotations.is_none() {
+        let map: serde_json::Map<String, Value> = entries
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), Value::from(*v)))
+            .collect();
+        ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": map}));
+        return;
+    }
+    for (k, v) in entries {
+        // RFC 6901: `~` and `/` in a key are escaped.
+        let key = k.replace('~', "~0").replace('/', "~1");
+        ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{key}"), "value": v}));
+    }
+}
+
+fn to_patch(ops: Vec<Value>) -> Result<json_patch::Patch, Error> {
+    Ok(serde_json::from_value(Value::Array(ops))?)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn pod(v: Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn rs_pod(annotations: Value, labels: Value) -> Pod {
+        pod(json!({
+            "metadata": {
+                "generateName": "api-abc-",
+                "annotations": annotations,
+                "labels": labels,
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "api-abc", "uid": "u1", "controller": true}],
+            },
+            "spec": {"containers": [{"name": "app", "image": "app"}]},
+        }))
+    }
+
+    fn apply(p: &Pod, patch: &json_patch::Patch) -> Value {
+        let mut v = serde_json::to_value(p).unwrap();
+        json_patch::patch(&mut v, patch).unwrap();
+        v
+    }
+
+    #[test]
+    fn screening_follows_the_documented_order() {
+        let cfg = InjectionConfig::default();
+        let on = json!({(keys::INJECT): "true"});
+        let ns_on = BTreeMap::from([(keys::INJECT.to_string(), "true".to_string())]);
+        let ns_off = BTreeMap::from([(keys::INJECT.to_string(), "false".to_string())]);
+        let p = rs_pod(on.clone(), json!({"app": "api"}));
+        assert_eq!(
+            screen(&p, "shop", None, &cfg),
+            Screen::Resolve(ReplicaSetOwner {
+                name: "api-abc".into()
+            })
+        );
+        let plain = rs_pod(json!({}), json!({}));
+        assert!(matches!(screen(&plain, "shop", None, &cfg), Screen::Skip(r) if r.contains("not opted in")));
+        assert!(matches!(screen(&plain, "shop", Some(&ns_on), &cfg), Screen::Resolve(_)));
+        assert!(matches!(screen(&p, "shop", Some(&ns_off), &cfg), Screen::Skip(r) if r.contains("opted out")));
+        let off = rs_pod(json!({(keys::INJECT): "false"}), json!({}));
+        assert!(matches!(screen(&off, "shop", Some(&ns_on), &cfg), Screen::Skip(r) if r.contains("pod opted out")));
+        let fork = rs_pod(on.clone(), json!({"spur.dev/fork": "f"}));
+        assert!(matches!(screen(&fork, "shop", None, &cfg), Screen::Skip(r) if r.contains("forked")));
+        assert!(matches!(screen(&p, "kube-system", None, &cfg), Screen::Skip(r) if r.contains("system")));
+        let mut sts = p.clone();
+        sts.metadata.owner_references.as_mut().unwrap()[0].kind = "StatefulSet".into();
+        assert!(matches!(screen(&sts, "shop", None, &cfg), Screen::Skip(r) if r.contains("StatefulSet/api-abc")));
+        let mut bare = p.clone();
+        bare.metadata.owner_references = None;
+        assert!(matches!(screen(&bare, "shop", None, &cfg), Screen::Skip(r) if r.contains("no controlling owner")));
+        let mut host = p.clone();
+        host.spec.as_mut().unwrap().host_network = Some(true);
+        assert!(matches!(screen(&host, "shop", None, &cfg), Screen::Skip(r) if r.contains("hostNetwork")));
+        let injected = apply(
+            &p,
+            &inject_patch(
+                &p,
+                &Baseline {
+                    kind: "Deployment",
+                    namespace: "shop".into(),
+                    name: "api".into(),
+                },
+                &cfg,
+            )
+            .unwrap(),
+        );
+        assert_eq!(screen(&pod(injected), "shop", None, &cfg), Screen::Ignore);
+    }
+
+    #[test]
+    fn inject_prepends_init_and_native_sidecar() {
+        let cfg = InjectionConfig::default();
+        let mut p = rs_pod(
+            json!({(keys::INJECT): "true", (keys::EXCLUDE_INBOUND_PORTS): "9090, 8443"}),
+            json!({}),
+        );
+        p.spec.as_mut().unwrap().init_containers =
+            Some(vec![serde_json::from_value(json!({"name": "migrate", "image": "m"})).unwrap()]);
+        let b = Baseline {
+            kind: "ArgoRollout",
+            namespace: "shop".into(),
+            name: "api".into(),
+        };
+        let out = apply(&p, &inject_patch(&p, &b, &cfg).unwrap());
+        let inits = out["spec"]["initContainers"].as_array().unwrap();
+        let names: Vec<_> = inits.iter().map(|c| c["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["spur-init", "spur-sidecar", "migrate"]);
+        assert_eq!(
+            inits[0]["args"],
+            json!(["--mode", "auto", "--proxy-port", "15006", "--proxy-uid", "15337", "--inbound-ports", "*", "--exclude-inbound-ports", "8443,9090,15020"])
+        );
+        assert_eq!(inits[1]["restartPolicy"], "Always");
+        assert_eq!(inits[1]["securityContext"]["runAsUser"], 15337);
+        let env = inits[1]["env"].as_array().unwrap();
+        let get = |n: &str| env.iter().find(|e| e["name"] == n).unwrap()["value"].clone();
+        assert_eq!(get("SPUR_BASELINE_KIND"), "ArgoRollout");
+        assert_eq!(get("SPUR_BASELINE_NAME"), "api");
+        assert_eq!(out["metadata"]["annotations"][keys::STATUS], "injected");
+        assert_eq!(out["metadata"]["annotations"][keys::BASELINE], "ArgoRollout/shop/api");
+        // The pod still parses as a Pod.
+        let _: Pod = serde_json::from_value(out).unwrap();
+    }
+
+    #[test]
+    fn skip_patch_works_with_and_without_annotations() {
+        let p = rs_pod(json!(null), json!({}));
+        let out = apply(&p, &skip_patch(&p, "why").unwrap());
+        assert_eq!(out["metadata"]["annotations"][keys::REASON], "why");
+        let p = rs_pod(json!({"a": "b"}), json!({}));
+        let out = apply(&p, &skip_patch(&p, "why").unwrap());
+        assert_eq!(out["metadata"]["annotations"]["a"], "b");
+        assert_eq!(out["metadata"]["annotations"][keys::STATUS], "skipped");
+    }
+
+    #[test]
+    fn bad_port_annotation_is_an_error_and_config_is_validated() {
+        let cfg = InjectionConfig::default();
+        cfg.validate().unwrap();
+        let p = rs_pod(json!({(keys::EXCLUDE_INBOUND_PORTS): "80,x"}), json!({}));
+        let b = Baseline {
+            kind: "Deployment",
+            namespace: "n".into(),
+            name: "a".into(),
+        };
+        assert!(inject_patch(&p, &b, &cfg).is_err());
+        let mut bad = cfg.clone();
+        bad.routeserver = "nohost".into();
+        assert!(bad.validate().is_err());
+        let mut bad = cfg;
+        bad.proxy_uid = 0;
+        assert!(bad.validate().is_err());
+        let parsed: InjectionConfig =
+            serde_yaml_ng::from_str("sidecarImage: x\ninitImage: y\nproxyUid: 2000\n").unwrap();
+        assert_eq!(parsed.proxy_uid, 2000);
+        assert_eq!(parsed.proxy_port, 15006);
+        assert!(serde_yaml_ng::from_str::<InjectionConfig>("sidecarImag: x\n").is_err());
+    }
+}

@@ -1,0 +1,284 @@
+//! The operator's own small CA: self-signed roots and the serving certificates they sign
+//! (ECDSA P-256 through rcgen), and the facts about a stored certificate that renewal needs.
+//!
+//! Certificates are renewed at 80 % of their lifetime, as MARIN3R does
+//! (`research/xds_pki_access.md` §1.4), so a failed renewal has a fifth of the lifetime to be
+//! retried before anything expires.
+
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+
+use crate::Error;
+
+/// Organization written into every subject.
+const ORGANIZATION: &str = "spur.dev";
+
+/// A certificate and its private key, both PEM.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Pair {
+    pub cert: String,
+    pub key: String,
+}
+
+impl std::fmt::Debug for Pair {
+    // Never print a private key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pair")
+            .field("fingerprint", &fingerprint(&self.cert))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Validity window of a certificate, in seconds since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Validity {
+    pub not_before: i64,
+    pub not_after: i64,
+}
+
+impl Validity {
+    /// When the certificate is due for renewal: 80 % into its lifetime.
+    pub fn renew_at(&self) -> i64 {
+        self.not_before + (self.not_after - self.not_before) * 4 / 5
+    }
+
+    pub fn expired(&self, now: i64) -> bool {
+        now >= self.not_after
+    }
+}
+
+/// What renewal needs to know about a stored certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Info {
+    pub validity: Validity,
+    /// DNS names and IP addresses, as strings.
+    pub sans: Vec<String>,
+    pub is_ca: bool,
+}
+
+pub fn now_unix() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// A short, stable identifier of a certificate, for annotations and logs (FNV-1a of the DER:
+/// it tells our own certificates apart, it is not a security check).
+pub fn fingerprint(cert_pem: &str) -> String {
+    let der = CertificateDer::from_pem_slice(cert_pem.as_bytes())
+        .map(|d| d.to_vec())
+        .unwrap_or_else(|_| cert_pem.trim().as_bytes().to_vec());
+    let h = der.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{h:016x}")
+}
+
+/// Makes a new self-signed CA valid from (a little before) `now` for `lifetime`.
+pub fn new_ca(common_name: &str, lifetime: Duration, now: i64) -> Result<Pair, Error> {
+    let key = KeyPair::generate().map_err(pki)?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = subject(common_name);
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    set_validity(&mut params, lifetime, now)?;
+    let cert = params.self_signed(&key).map_err(pki)?;
+    Ok(Pair {
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+    })
+}
+
+/// Issues a TLS serving certificate for `names` (DNS names or IP addresses) signed by `ca`.
+/// Its lifetime never reaches past the CA's own expiry, or clients would reject it early.
+pub fn issue_serving(
+    ca: &Pair,
+    common_name: &str,
+    names: &[String],
+    lifetime: Duration,
+    now: i64,
+) -> Result<Pair, Error> {
+    let ca_info = info(&ca.cert)?;
+    let remaining = u64::try_from(ca_info.validity.not_after - now).unwrap_or(0);
+    if remaining == 0 {
+        return Err(Error::Pki("the CA has expired".into()));
+    }
+    let lifetime = lifetime.min(Duration::from_secs(remaining));
+    let ca_key = KeyPair::from_pem(&ca.key).map_err(pki)?;
+    let ca_der = CertificateDer::from_pem_slice(ca.cert.as_bytes())
+        .map_err(|e| Error::Pki(format!("cannot read the CA certificate: {e}")))?;
+    let issuer = Issuer::from_ca_cert_der(&ca_der, ca_key).map_err(pki)?;
+
+    let key = KeyPair::generate().map_err(pki)?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = subject(common_name);
+    params.subject_alt_names = names
+        .iter()
+        .map(|n| match n.parse::<IpAddr>() {
+            Ok(ip) => Ok(SanType::IpAddress(ip)),
+            Err(_) => n.clone().try_into().map(SanType::DnsName).map_err(pki),
+        })
+        .collect::<Result<_, Error>>()?;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.use_authority_key_identifier_extension = true;
+    set_validity(&mut params, lifetime, now)?;
+    let cert = params.signed_by(&key, &issuer).map_err(pki)?;
+    Ok(Pair {
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+    })
+}
+
+/// Reads the first certificate of a PEM text.
+pub fn info(cert_pem: &str) -> Result<Info, Error> {
+    let der = CertificateDer::from_pem_slice(cert_pem.as_bytes())
+        .map_err(|e| Error::Pki(format!("not a PEM certificate: {e}")))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der)
+        .map_err(|e| Error::Pki(format!("cannot parse certificate: {e}")))?;
+    let validity = Validity {
+        not_before: cert.validity().not_before.timestamp(),
+        not_after: cert.validity().not_after.timestamp(),
+    };
+    let mut sans = Vec::new();
+    if let Ok(Some(ext)) = cert.subject_alternative_name() {
+        for name in &ext.value.general_names {
+            match name {
+                x509_parser::extensions::GeneralName::DNSName(d) => sans.push((*d).to_string()),
+                x509_parser::extensions::GeneralName::IPAddress(b) => {
+                    let ip = match b.len() {
+                        4 => <[u8; 4]>::try_from(*b).ok().map(IpAddr::from),
+                        16 => <[u8; 16]>::try_from(*b).ok().map(IpAddr::from),
+                        _ => None,
+                    };
+                    if let Some(ip) = ip {
+                        sans.push(ip.to_string());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(Info {
+        validity,
+        sans,
+        is_ca: cert.is_ca(),
+    })
+}
+
+/// Every certificate in a PEM bundle, as its own PEM block; anything that is not a readable
+/// certificate is dropped.
+pub fn split_bundle(bundle: &str) -> Vec<String> {
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut out = Vec::new();
+    let mut rest = bundle;
+    while let Some(start) = rest.find("-----BEGIN CERTIFICATE-----") {
+        let Some(len) = rest[start..].find(END) else {
+            break;
+        };
+        let block = &rest[start..start + len + END.len()];
+        if CertificateDer::from_pem_slice(block.as_bytes()).is_ok() {
+            out.push(format!("{block}\n"));
+        }
+        rest = &rest[start + len + END.len()..];
+    }
+    out
+}
+
+fn subject(common_name: &str) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, ORGANIZATION);
+    dn.push(DnType::CommonName, common_name);
+    dn
+}
+
+/// Valid from a little before `now` (a tenth of the lifetime, at most five minutes) so that a
+/// verifier whose clock lags slightly does not reject a fresh certificate.
+fn set_validity(params: &mut CertificateParams, lifetime: Duration, now: i64) -> Result<(), Error> {
+    let life = i64::try_from(lifetime.as_secs()).unwrap_or(i64::MAX / 4);
+    if life < 2 {
+        return Err(Error::Pki(format!(
+            "certificate lifetime {lifetime:?} is too short"
+        )));
+    }
+    let backdate = (life / 10).clamp(1, 300);
+    let at = |t: i64| {
+        time::OffsetDateTime::from_unix_timestamp(t)
+            .map_err(|e| Error::Pki(format!("certificate time out of range: {e}")))
+    };
+    params.not_before = at(now - backdate)?;
+    params.not_after = at(now + life)?;
+    Ok(())
+}
+
+fn pki(e: rcgen::Error) -> Error {
+    Error::Pki(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn ca_and_serving_certificate_round_trip() {
+        let now = now_unix();
+        let ca = new_ca("spur test CA", Duration::from_secs(3600), now).unwrap();
+        let ci = info(&ca.cert).unwrap();
+        assert!(ci.is_ca);
+        assert_eq!(ci.validity.not_after, now + 3600);
+        assert!(ci.validity.not_before < now);
+        let names = vec!["spur-webhook.spur.svc".to_string(), "127.0.0.1".to_string()];
+        let leaf = issue_serving(&ca, "spur-webhook", &names, Duration::from_secs(600), now).unwrap();
+        let li = info(&leaf.cert).unwrap();
+        assert!(!li.is_ca);
+        assert_eq!(li.sans, names);
+        assert_eq!(li.validity.not_after, now + 600);
+        // 80 %: 60 s backdate + 600 s lifetime → renew 528 s after not_before.
+        assert_eq!(li.validity.renew_at(), li.validity.not_before + 528);
+        assert_ne!(fingerprint(&ca.cert), fingerprint(&leaf.cert));
+    }
+
+    #[test]
+    fn serving_certificate_never_outlives_its_ca() {
+        let now = now_unix();
+        let ca = new_ca("ca", Duration::from_secs(100), now).unwrap();
+        let leaf = issue_serving(&ca, "x", &["x.svc".into()], Duration::from_secs(1000), now)
+            .unwrap();
+        assert_eq!(info(&leaf.cert).unwrap().validity.not_after, now + 100);
+        let expired = new_ca("old", Duration::from_secs(10), now - 100).unwrap();
+        assert!(issue_serving(&expired, "x", &["x.svc".into()], Duration::from_secs(10), now)
+            .is_err());
+    }
+
+    #[test]
+    fn bundles_split_into_certificates() {
+        let now = now_unix();
+        let a = new_ca("a", Duration::from_secs(100), now).unwrap();
+        let b = new_ca("b", Duration::from_secs(100), now).unwrap();
+        let bundle = format!("{}{}", a.cert, b.cert);
+        let parts = split_bundle(&bundle);
+        assert_eq!(parts.len(), 2);
+        assert_eq!(fingerprint(&parts[0]), fingerprint(&a.cert));
+        assert_eq!(fingerprint(&parts[1]), fingerprint(&b.cert));
+        assert!(split_bundle("garbage").is_empty());
+        assert!(info("garbage").is_err());
+    }
+
+    #[test]
+    fn debug_never_shows_the_key() {
+        let ca = new_ca("a", Duration::from_secs(100), now_unix()).unwrap();
+        assert!(!format!("{ca:?}").contains("PRIVATE"));
+    }
+}

@@ -1,0 +1,396 @@
+//! The sidecar-injection webhook server: AdmissionReview v1 on `POST /mutate-v1-pod` over TLS.
+//!
+//! Every operator replica serves it (not only the leader). The serving certificate comes from
+//! the Secret the certificate manager maintains, through a watch, and is swapped into the TLS
+//! acceptor without a restart: new handshakes get the new certificate, established
+//! connections keep theirs.
+//!
+//! It never denies a pod. On any internal fault (API unreachable, ReplicaSet gone) the pod is
+//! admitted unchanged with a warning; the webhook configuration's `failurePolicy: Ignore`
+//! covers the faults this server cannot answer at all.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use kube::api::PartialObjectMeta;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::inject::{self, InjectionConfig, Screen};
+use crate::{Error, Metrics};
+
+/// The admission path, as in the webhook configuration.
+pub const MUTATE_POD_PATH: &str = "/mutate-v1-pod";
+/// API server requests are at most 3 MiB; anything larger is not an AdmissionReview.
+const MAX_BODY: usize = 8 << 20;
+/// Each API call made while answering; the API server waits at most `timeoutSeconds` in all.
+const API_TIMEOUT: Duration = Duration::from_secs(3);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long in-flight reviews get after `stop`.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// Where the webhook listens and what it injects.
+#[derive(Debug, Clone)]
+pub struct WebhookConfig {
+    pub addr: SocketAddr,
+    /// Namespace of the serving-certificate Secret (the operator's).
+    pub namespace: String,
+    pub serving_secret: String,
+    pub injection: InjectionConfig,
+}
+
+/// A running webhook server.
+pub struct Webhook {
+    local_addr: SocketAddr,
+    certs: Arc<Certs>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Webhook {
+    /// Binds the port and starts the certificate watch, the namespace cache and the server.
+    pub async fn start(
+        client: Client,
+        cfg: WebhookConfig,
+        metrics: Metrics,
+        stop: CancellationToken,
+    ) -> Result<Webhook, Error> {
+        cfg.injection.validate()?;
+        let listener = TcpListener::bind(cfg.addr)
+            .await
+            .map_err(|e| Error::Webhook(format!("cannot bind {}: {e}", cfg.addr)))?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|e| Error::Webhook(e.to_string()))?;
+        let certs = Arc::new(Certs::default());
+        tokio::spawn(watch_certificate(
+            Api::namespaced(client.clone(), &cfg.namespace),
+            cfg.serving_secret.clone(),
+            certs.clone(),
+            metrics.clone(),
+            stop.clone(),
+        ));
+        let (namespaces, writer) = reflector::store();
+        let ns_stream = reflector::reflector(
+            writer,
+            watcher(
+                Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+                watcher::Config::default(),
+            ),
+        )
+        .default_backoff()
+        .touched_objects();
+        let ns_stop = stop.clone();
+        tokio::spawn(async move {
+            let mut s = std::pin::pin!(ns_stream.take_until(ns_stop.cancelled_owned()));
+            while s.next().await.is_some() {}
+        });
+
+        let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Webhook(e.to_string()))?
+        .with_no_client_auth()
+        .with_cert_resolver(certs.clone());
+        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let state = Arc::new(State {
+            client,
+            injection: cfg.injection,
+            namespaces,
+            metrics,
+        });
+        let task = tokio::spawn(serve(
+            listener,
+            tokio_rustls::TlsAcceptor::from(Arc::new(tls)),
+            state,
+            stop,
+        ));
+        tracing::info!(addr = %local_addr, path = MUTATE_POD_PATH, "injection webhook listening");
+        Ok(Webhook {
+            local_addr,
+            certs,
+            task,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Whether a serving certificate has been loaded (the replica can answer the API server).
+    pub fn ready(&self) -> bool {
+        self.certs.current.load().is_some()
+    }
+
+    /// A handle that answers [`Webhook::ready`] after the server has been moved elsewhere.
+    pub fn readiness(&self) -> impl Fn() -> bool + Send + Sync + 'static {
+        let certs = self.certs.clone();
+        move || certs.current.load().is_some()
+    }
+
+    /// Waits for the server to finish after its stop token was cancelled.
+    pub async fn stopped(self) {
+        let _ = self.task.await;
+    }
+}
+
+/// The serving certificate, swapped in place when the Secret changes.
+#[derive(Debug, Default)]
+struct Certs {
+    current: ArcSwapOption<CertifiedKey>,
+}
+
+impl ResolvesServerCert for Certs {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.current.load_full()
+    }
+}
+
+fn certified_key(secret: &Secret) -> Result<CertifiedKey, String> {
+    let data = secret.data.as_ref().ok_or("the Secret has no data")?;
+    let get = |k: &str| data.get(k).map(|b| b.0.as_slice()).ok_or(format!("no {k}"));
+    let chain = CertificateDer::pem_slice_iter(get("tls.crt")?)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("tls.crt: {e}"))?;
+    if chain.is_empty() {
+        return Err("tls.crt holds no certificate".into());
+    }
+    let key = PrivateKeyDer::from_pem_slice(get("tls.key")?).map_err(|e| format!("tls.key: {e}"))?;
+    let key = rustls::crypto::ring::sign::any_supported_type(&key)
+        .map_err(|e| format!("tls.key: {e}"))?;
+    Ok(CertifiedKey::new(chain, key))
+}
+
+async fn watch_certificate(
+    api: Api<Secret>,
+    name: String,
+    certs: Arc<Certs>,
+    metrics: Metrics,
+    stop: CancellationToken,
+) {
+    let stream = watcher(
+        api,
+        watcher::Config::default().fields(&format!("metadata.name={name}")),
+    )
+    .default_backoff()
+    .applied_objects();
+    let mut stream = std::pin::pin!(stream.take_until(stop.cancelled_owned()));
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(secret) => match certified_key(&secret) {
+                Ok(ck) => {
+                    certs.current.store(Some(Arc::new(ck)));
+                    metrics.serving_cert_loaded(true);
+                    tracing::info!(secret = %name, "serving certificate loaded");
+                }
+                // Keep serving with the previous certificate rather than none.
+                Err(e) => tracing::warn!(secret = %name, error = %e, "unusable serving certificate; keeping the previous one"),
+            },
+            Err(e) => tracing::warn!(secret = %name, error = %e, "serving certificate watch failed; retrying"),
+        }
+    }
+}
+
+struct State {
+    client: Client,
+    injection: InjectionConfig,
+    namespaces: Store<PartialObjectMeta<Namespace>>,
+    metrics: Metrics,
+}
+
+async fn serve(
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    state: Arc<State>,
+    stop: CancellationToken,
+) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    loop {
+        let (tcp, peer) = tokio::select! {
+            () = stop.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => {
+                state.metrics.tls_error();
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                continue;
+            }
+            Err(_) => {
+                state.metrics.tls_error();
+                continue;
+            }
+        };
+        let st = state.clone();
+        let svc = hyper::service::service_fn(move |req| {
+            let st = st.clone();
+            async move { Ok::<_, std::convert::Infallible>(handle(req, &st).await) }
+        });
+        let conn = builder.serve_connection(TokioIo::new(tls), svc).into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "webhook connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN, graceful.shutdown()).await.is_err() {
+        tracing::warn!("webhook connections still open after the drain period");
+    }
+}
+
+async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
+    match (req.method(), req.uri().path()) {
+        (&hyper::Method::POST, MUTATE_POD_PATH) => {}
+        (_, MUTATE_POD_PATH) => return text(StatusCode::METHOD_NOT_ALLOWED, "POST only\n"),
+        _ => return text(StatusCode::NOT_FOUND, "not found\n"),
+    }
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            st.metrics.admission("invalid");
+            return text(StatusCode::BAD_REQUEST, &format!("cannot read body: {e}\n"));
+        }
+    };
+    let review: AdmissionReview<Pod> = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            st.metrics.admission("invalid");
+            return text(
+                StatusCode::BAD_REQUEST,
+                &format!("not an AdmissionReview of a Pod: {e}\n"),
+            );
+        }
+    };
+    let request: AdmissionRequest<Pod> = match review.try_into() {
+        Ok(r) => r,
+        Err(_) => {
+            st.metrics.admission("invalid");
+            return text(StatusCode::BAD_REQUEST, "the AdmissionReview has no request\n");
+        }
+    };
+    let mut response = AdmissionResponse::from(&request);
+    match decide(&request, st).await {
+        Ok(Some((patch, result))) => match response.clone().with_patch(patch) {
+            Ok(r) => {
+                response = r;
+                st.metrics.admission(result);
+            }
+            Err(e) => {
+                st.metrics.admission("error");
+                response.warnings = Some(vec![format!("spur: sidecar not injected: {e}")]);
+            }
+        },
+        Ok(None) => st.metrics.admission("ignored"),
+        Err(e) => {
+            // Admit unchanged: a fault in Spur must never stop a pod from being created.
+            tracing::warn!(namespace = ?request.namespace, error = %e, "admitting pod unchanged after an internal error");
+            st.metrics.admission("error");
+            response.warnings = Some(vec![format!(
+                "spur: sidecar not injected (internal error: {e})"
+            )]);
+        }
+    }
+    match serde_json::to_vec(&response.into_review()) {
+        Ok(body) => Response::builder()
+            .status(StatusCode::OK)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "")),
+        Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode response\n"),
+    }
+}
+
+/// The patch to return and the result to count, `None` to admit without one, or an internal
+/// error (admitted unchanged).
+async fn decide(
+    req: &AdmissionRequest<Pod>,
+    st: &State,
+) -> Result<Option<(json_patch::Patch, &'static str)>, Error> {
+    if req.operation != Operation::Create {
+        return Ok(None);
+    }
+    let Some(pod) = &req.object else {
+        return Ok(None);
+    };
+    let namespace = req
+        .namespace
+        .clone()
+        .or_else(|| pod.metadata.namespace.clone())
+        .unwrap_or_else(|| "default".into());
+    let labels = namespace_labels(&namespace, st).await?;
+    let owner = match inject::screen(pod, &namespace, labels.as_ref(), &st.injection) {
+        Screen::Ignore => return Ok(None),
+        Screen::Skip(reason) => return Ok(Some((inject::skip_patch(pod, &reason)?, "skipped"))),
+        Screen::Resolve(owner) => owner,
+    };
+    let replicasets: Api<ReplicaSet> = Api::namespaced(st.client.clone(), &namespace);
+    let rs = tokio::time::timeout(API_TIMEOUT, replicasets.get_opt(&owner.name))
+        .await
+        .map_err(|_| Error::Webhook(format!("timed out reading ReplicaSet {}", owner.name)))??
+        .ok_or_else(|| Error::Webhook(format!("ReplicaSet {namespace}/{} not found", owner.name)))?;
+    let baseline = match inject::baseline_of_replicaset(&rs, &namespace) {
+        Ok(b) => b,
+        Err(reason) => return Ok(Some((inject::skip_patch(pod, &reason)?, "skipped"))),
+    };
+    match inject::inject_patch(pod, &baseline, &st.injection) {
+        Ok(p) => {
+            tracing::debug!(baseline = ?baseline, "injecting sidecar");
+            Ok(Some((p, "injected")))
+        }
+        // A malformed annotation is the user's to fix: say so on the pod.
+        Err(Error::Config(reason)) => Ok(Some((inject::skip_patch(pod, &reason)?, "skipped"))),
+        Err(e) => Err(e),
+    }
+}
+
+async fn namespace_labels(
+    namespace: &str,
+    st: &State,
+) -> Result<Option<BTreeMap<String, String>>, Error> {
+    if let Some(ns) = st.namespaces.get(&ObjectRef::new(namespace)) {
+        return Ok(ns.metadata.labels.clone());
+    }
+    // Not in the cache yet (a namespace created a moment ago): ask.
+    let api: Api<Namespace> = Api::all(st.client.clone());
+    let ns = tokio::time::timeout(API_TIMEOUT, api.get_metadata_opt(namespace))
+        .await
+        .map_err(|_| Error::Webhook(format!("timed out reading namespace {namespace}")))??;
+    Ok(ns.and_then(|n| n.metadata.labels))
+}
+
+fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = status;
+    r
+}

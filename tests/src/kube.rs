@@ -1,0 +1,110 @@
+//! Helpers for the tests on a real kube-apiserver: clients that run under exactly the chart's
+//! RBAC rules, so a permission the chart lacks fails the suite.
+
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::PostParams;
+use kube::{Api, Client};
+use serde_json::json;
+use spur_kube_harness::KubeApi;
+
+/// The namespace the chart is installed into in these tests.
+pub const SYSTEM_NAMESPACE: &str = "spur-system";
+
+/// `charts/spur/<rel>`.
+pub fn chart_path(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../charts/spur")
+        .join(rel)
+}
+
+fn rules(file: &str) -> anyhow::Result<Vec<PolicyRule>> {
+    let path = chart_path(&format!("files/{file}"));
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(serde_yaml_ng::from_str(&text)?)
+}
+
+/// Installs every CRD of the chart.
+pub async fn install_crds(api: &KubeApi) -> anyhow::Result<()> {
+    let mut files: Vec<_> = std::fs::read_dir(chart_path("crds"))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    anyhow::ensure!(files.len() == 6, "expected six CRDs, found {files:?}");
+    for f in files {
+        api.install_crd_file(&f).await?;
+    }
+    Ok(())
+}
+
+/// Creates `namespace` unless it exists.
+pub async fn ensure_namespace(client: &Client, namespace: &str) -> anyhow::Result<()> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    if api.get_opt(namespace).await?.is_none() {
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}}))?;
+        api.create(&PostParams::default(), &ns).await?;
+    }
+    Ok(())
+}
+
+/// A client for ServiceAccount `spur-system/<name>`, bound to a ClusterRole with the rules in
+/// `charts/spur/files/<cluster_rules>` and, if given, a Role in spur-system with those in
+/// `charts/spur/files/<namespace_rules>` — the bindings the chart installs.
+pub async fn chart_client(
+    api: &KubeApi,
+    name: &str,
+    cluster_rules: &str,
+    namespace_rules: Option<&str>,
+) -> anyhow::Result<Client> {
+    let admin = api.client();
+    ensure_namespace(&admin, SYSTEM_NAMESPACE).await?;
+    let role = ClusterRole {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        rules: Some(rules(cluster_rules)?),
+        ..ClusterRole::default()
+    };
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": SYSTEM_NAMESPACE}]
+    }))?;
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await?;
+    if let Some(file) = namespace_rules {
+        let role_name = format!("{name}-namespace");
+        let role = Role {
+            metadata: ObjectMeta {
+                name: Some(role_name.clone()),
+                namespace: Some(SYSTEM_NAMESPACE.into()),
+                ..ObjectMeta::default()
+            },
+            rules: Some(rules(file)?),
+        };
+        Api::<Role>::namespaced(admin.clone(), SYSTEM_NAMESPACE)
+            .create(&PostParams::default(), &role)
+            .await?;
+        let binding: RoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": role_name, "namespace": SYSTEM_NAMESPACE},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": SYSTEM_NAMESPACE}]
+        }))?;
+        Api::<RoleBinding>::namespaced(admin, SYSTEM_NAMESPACE)
+            .create(&PostParams::default(), &binding)
+            .await?;
+    }
+    let token = api.service_account_token(SYSTEM_NAMESPACE, name).await?;
+    Ok(api.client_with_token(&token).await?)
+}
