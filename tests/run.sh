@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # Runs Spur's whole test suite: unit, property, end-to-end (real sockets, real clients) tests.
 # Needs Go (>= 1.24) for the test tools built from Go modules (tests/go, tests/kube).
-# Installs what the tests drive when it is missing: curl, h2load, iproute2, iptables. Needs root
-# (or sudo) for that and for the network-namespace tests.
+# Installs what the tests drive when it is missing: curl, h2load, iproute2, iptables (with
+# iptables-legacy), nftables, setpriv. Needs root (or sudo) for that and for the network-namespace
+# tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v h2load >/dev/null 2>&1 || need+=(nghttp2-client)
-# Transparent-mode tests build network namespaces with iptables REDIRECT rules.
+# Transparent-mode and interception tests build network namespaces with iptables REDIRECT rules;
+# spur-init's tests program them with iptables-legacy and with nft, and run the sidecar and an
+# unprivileged spur-init under other uids with setpriv.
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
-command -v iptables >/dev/null 2>&1 || need+=(iptables)
+{ command -v iptables && command -v iptables-legacy; } >/dev/null 2>&1 || need+=(iptables)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
     echo "tests/run.sh: installing ${need[*]}" >&2
     sudo_cmd=()

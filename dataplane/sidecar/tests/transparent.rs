@@ -2,6 +2,11 @@
 //! pair, iptables REDIRECT in the pod (the DevMesh init's job), and the `spur-sidecar` binary in
 //! `--transparent` mode recovering each connection's original destination with SO_ORIGINAL_DST.
 //!
+//! The REDIRECT rule is written by hand on purpose: this test pins down the sidecar binary alone,
+//! and Cargo gives a package's tests only that package's own binaries, so `spur-init` is not
+//! available here. The rules `spur-init` generates (iptables-legacy and nft, hairpin, the proxy
+//! uid, excluded ports, cleanup) are tested with the sidecar in dataplane/init/tests/interception.rs.
+//!
 //! Needs root, `ip` and `iptables` (tests/run.sh installs iptables). It fails, rather than
 //! skipping, when they are missing, so a green suite always means transparent mode was tested.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
