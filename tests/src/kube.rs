@@ -23,8 +23,8 @@ pub fn chart_path(rel: &str) -> PathBuf {
 
 fn rules(file: &str) -> anyhow::Result<Vec<PolicyRule>> {
     let path = chart_path(&format!("files/{file}"));
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     Ok(serde_yaml_ng::from_str(&text)?)
 }
 
@@ -106,5 +106,5 @@ pub async fn chart_client(
             .await?;
     }
     let token = api.service_account_token(SYSTEM_NAMESPACE, name).await?;
-    Ok(api.client_with_token(&token).await?)
+    api.client_with_token(&token).await
 }

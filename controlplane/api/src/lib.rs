@@ -32,6 +32,6 @@ pub use routingconfig::{Route, RoutingConfig, RoutingConfigSpec, RoutingConfigSt
 pub use sandbox::{Sandbox, SandboxSpec, SandboxStatus};
 pub use workloads::{
     ExternalWorkload, ExternalWorkloadSpec, ExternalWorkloadStatus, ForkedWorkload,
-    ForkedWorkloadSpec, ForkedWorkloadStatus, SidecarCoverage, VirtualWorkload, VirtualWorkloadSpec,
-    VirtualWorkloadStatus,
+    ForkedWorkloadSpec, ForkedWorkloadStatus, SidecarCoverage, VirtualWorkload,
+    VirtualWorkloadSpec, VirtualWorkloadStatus,
 };

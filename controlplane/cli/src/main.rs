@@ -25,8 +25,10 @@ enum Command {
     /// Serve the Routes API (gRPC 7777, REST 7778) from a directory of rule files or from the
     /// cluster's RoutingConfigs.
     Routeserver(routeserver::RouteserverArgs),
-    /// Run the Kubernetes controllers (Sandbox, ForkedWorkload, RouteGroup, RoutingConfig).
-    Operator(operator::OperatorArgs),
+    /// Run the Kubernetes controllers (Sandbox, ForkedWorkload, RouteGroup, RoutingConfig), the
+    /// certificate manager and the sidecar-injection webhook.
+    // Boxed: its flags make it far larger than the other variants.
+    Operator(Box<operator::OperatorArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -51,7 +53,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Demo(args) => demo::run(args).await,
             Command::Routeserver(args) => routeserver::run(args).await,
-            Command::Operator(args) => operator::run(args).await,
+            Command::Operator(args) => operator::run(*args).await,
         }
     });
     match result {

@@ -32,7 +32,12 @@ pub(crate) struct OperatorArgs {
     #[arg(long, env = "SPUR_NO_LEADER_ELECT")]
     no_leader_elect: bool,
     /// The operator's namespace: its leader-election Lease and its CA and webhook Secrets.
-    #[arg(long = "namespace", visible_alias = "lease-namespace", env = "POD_NAMESPACE", default_value = "default")]
+    #[arg(
+        long = "namespace",
+        visible_alias = "lease-namespace",
+        env = "POD_NAMESPACE",
+        default_value = "default"
+    )]
     namespace: String,
     /// Name of the leader-election Lease.
     #[arg(long, env = "SPUR_LEASE_NAME", default_value = "spur-operator")]
@@ -60,10 +65,18 @@ struct WebhookArgs {
     #[arg(long, env = "SPUR_WEBHOOK_SERVICE", default_value = "spur-webhook")]
     webhook_service: String,
     /// Extra names (DNS or IP) for the serving certificate (repeatable).
-    #[arg(long = "webhook-cert-name", env = "SPUR_WEBHOOK_CERT_NAMES", value_delimiter = ',')]
+    #[arg(
+        long = "webhook-cert-name",
+        env = "SPUR_WEBHOOK_CERT_NAMES",
+        value_delimiter = ','
+    )]
     webhook_cert_names: Vec<String>,
     /// The MutatingWebhookConfiguration whose caBundle the operator keeps current.
-    #[arg(long, env = "SPUR_WEBHOOK_CONFIGURATION", default_value = "spur-sidecar-injector")]
+    #[arg(
+        long,
+        env = "SPUR_WEBHOOK_CONFIGURATION",
+        default_value = "spur-sidecar-injector"
+    )]
     webhook_configuration: String,
     /// Secret holding the operator's CA.
     #[arg(long, env = "SPUR_CA_SECRET", default_value = "spur-ca")]
@@ -90,9 +103,14 @@ impl WebhookArgs {
         let mut pki = spur_operator::PkiConfig::new(namespace, &self.webhook_service);
         pki.ca_secret.clone_from(&self.ca_secret);
         pki.serving_secret.clone_from(&self.serving_secret);
-        pki.webhook_configuration.clone_from(&self.webhook_configuration);
-        pki.serving_names
-            .extend(self.webhook_cert_names.iter().filter(|n| !n.is_empty()).cloned());
+        pki.webhook_configuration
+            .clone_from(&self.webhook_configuration);
+        pki.serving_names.extend(
+            self.webhook_cert_names
+                .iter()
+                .filter(|n| !n.is_empty())
+                .cloned(),
+        );
         pki.ca_lifetime = self.ca_lifetime;
         pki.serving_lifetime = self.serving_cert_lifetime;
         pki.propagation = self.ca_propagation;
@@ -139,7 +157,8 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "spur-operator".into());
         format!("{host}-{}", std::process::id())
     });
-    let mut ctx = spur_operator::Context::new(client.clone(), Some(instance.clone()), metrics.clone());
+    let mut ctx =
+        spur_operator::Context::new(client.clone(), Some(instance.clone()), metrics.clone());
     let stop = CancellationToken::new();
     let mut webhook = None;
     if let Some((pki, webhook_cfg)) = configs {

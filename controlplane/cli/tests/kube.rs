@@ -108,10 +108,29 @@ async fn operator_and_routeserver_binaries_run_against_the_apiserver() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(reported, "the operator never reported on the sandbox");
+    // The leader's certificate manager issued the webhook's serving certificate (into the
+    // kubeconfig namespace's Secrets) and the webhook loaded it: the replica is ready.
+    let mut ready = false;
+    for _ in 0..300 {
+        if let Some((200, _)) = http_get(metrics, "/readyz").await {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ready, "/readyz never turned ready");
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(api.client(), "default");
+    let tls = secrets.get("spur-webhook-tls").await.unwrap();
+    assert_eq!(tls.type_.as_deref(), Some("kubernetes.io/tls"));
     let (code, text) = http_get(metrics, "/metrics").await.unwrap();
     assert_eq!(code, 200);
     assert!(
         text.contains("spur_operator_reconciles_total{kind=\"Sandbox\"}"),
+        "{text}"
+    );
+    assert!(
+        text.contains("spur_operator_webhook_serving_certificate_loaded 1"),
         "{text}"
     );
 

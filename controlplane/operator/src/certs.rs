@@ -370,7 +370,10 @@ impl Manager {
                 )
             })
             .unwrap_or_default();
-        let text = |k: &str| data.get(k).and_then(|b| String::from_utf8(b.0.clone()).ok());
+        let text = |k: &str| {
+            data.get(k)
+                .and_then(|b| String::from_utf8(b.0.clone()).ok())
+        };
         let issuer = pki::fingerprint(&signer.cert);
         let held = match (text("tls.crt"), text("tls.key")) {
             (Some(cert), Some(key)) => pki::info(&cert)

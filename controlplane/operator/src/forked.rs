@@ -189,14 +189,15 @@ async fn sidecar_coverage(
         return Ok(None);
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let lp = ListParams::default()
-        .labels_from(&selector)
-        .match_any();
+    let lp = ListParams::default().labels_from(&selector).match_any();
     let (mut total, mut injected, mut ready) = (0u32, 0u32, 0u32);
     for pod in pods.list(&lp).await?.items {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        // Fork pods never match a baseline selector (the fork drops those labels); skip any
+        // that would rather than count a fork as a baseline pod.
         if pod.metadata.deletion_timestamp.is_some()
             || matches!(phase, Some("Succeeded" | "Failed"))
+            || pod.labels().contains_key(labels::FORK)
         {
             continue;
         }

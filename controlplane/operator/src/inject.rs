@@ -89,7 +89,12 @@ impl InjectionConfig {
         }
         match self.routeserver.rsplit_once(':') {
             Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
-            _ => return bad(format!("routeserver {:?} is not host:port", self.routeserver)),
+            _ => {
+                return bad(format!(
+                    "routeserver {:?} is not host:port",
+                    self.routeserver
+                ));
+            }
         }
         if self.proxy_port == 0 || self.admin_port == 0 || self.proxy_port == self.admin_port {
             return bad("proxyPort and adminPort must be distinct and non-zero".into());
@@ -109,7 +114,9 @@ impl InjectionConfig {
         if let Some(p) = &self.image_pull_policy
             && !["Always", "IfNotPresent", "Never"].contains(&p.as_str())
         {
-            return bad(format!("imagePullPolicy {p:?} is not Always, IfNotPresent or Never"));
+            return bad(format!(
+                "imagePullPolicy {p:?} is not Always, IfNotPresent or Never"
+            ));
         }
         if self.sidecar_threads == 0 {
             return bad("sidecarThreads must be at least 1".into());
@@ -169,9 +176,13 @@ pub fn screen(
     }
     let labels = pod.metadata.labels.as_ref();
     if labels.is_some_and(|l| l.contains_key(spur_api::keys::labels::FORK)) {
-        return Screen::Skip("forked pod (label spur.dev/fork): forks take keyed traffic directly".into());
+        return Screen::Skip(
+            "forked pod (label spur.dev/fork): forks take keyed traffic directly".into(),
+        );
     }
-    let ns_flag = namespace_labels.and_then(|l| l.get(keys::INJECT)).map(String::as_str);
+    let ns_flag = namespace_labels
+        .and_then(|l| l.get(keys::INJECT))
+        .map(String::as_str);
     let pod_flag = pod
         .metadata
         .annotations
@@ -201,7 +212,9 @@ pub fn screen(
         .iter()
         .find(|o| o.controller == Some(true));
     match owner {
-        None => Screen::Skip("no controlling owner: only pods of Deployments and Argo Rollouts are injected".into()),
+        None => Screen::Skip(
+            "no controlling owner: only pods of Deployments and Argo Rollouts are injected".into(),
+        ),
         Some(o) if o.kind == "ReplicaSet" && o.api_version == "apps/v1" => {
             Screen::Resolve(ReplicaSetOwner {
                 name: o.name.clone(),
@@ -339,6 +352,7 @@ pub fn containers(
     let mut init = json!({
         "name": keys::INIT_CONTAINER,
         "image": cfg.init_image,
+        "command": ["spur-init"],
         "args": [
             "--mode", cfg.interception_mode,
             "--proxy-port", cfg.proxy_port.to_string(),
@@ -358,12 +372,11 @@ pub fn containers(
         },
     });
     let env = |name: &str, value: String| json!({"name": name, "value": value});
-    let field = |name: &str, path: &str| {
-        json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}})
-    };
+    let field = |name: &str, path: &str| json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}});
     let mut sidecar = json!({
         "name": keys::SIDECAR_CONTAINER,
         "image": cfg.sidecar_image,
+        "command": ["spur-sidecar"],
         // A native sidecar: started before the app containers, stopped after them.
         "restartPolicy": "Always",
         "env": [
@@ -472,23 +485,42 @@ mod tests {
             })
         );
         let plain = rs_pod(json!({}), json!({}));
-        assert!(matches!(screen(&plain, "shop", None, &cfg), Screen::Skip(r) if r.contains("not opted in")));
-        assert!(matches!(screen(&plain, "shop", Some(&ns_on), &cfg), Screen::Resolve(_)));
-        assert!(matches!(screen(&p, "shop", Some(&ns_off), &cfg), Screen::Skip(r) if r.contains("opted out")));
+        assert!(
+            matches!(screen(&plain, "shop", None, &cfg), Screen::Skip(r) if r.contains("not opted in"))
+        );
+        assert!(matches!(
+            screen(&plain, "shop", Some(&ns_on), &cfg),
+            Screen::Resolve(_)
+        ));
+        assert!(
+            matches!(screen(&p, "shop", Some(&ns_off), &cfg), Screen::Skip(r) if r.contains("opted out"))
+        );
         let off = rs_pod(json!({(keys::INJECT): "false"}), json!({}));
-        assert!(matches!(screen(&off, "shop", Some(&ns_on), &cfg), Screen::Skip(r) if r.contains("pod opted out")));
+        assert!(
+            matches!(screen(&off, "shop", Some(&ns_on), &cfg), Screen::Skip(r) if r.contains("pod opted out"))
+        );
         let fork = rs_pod(on.clone(), json!({"spur.dev/fork": "f"}));
-        assert!(matches!(screen(&fork, "shop", None, &cfg), Screen::Skip(r) if r.contains("forked")));
-        assert!(matches!(screen(&p, "kube-system", None, &cfg), Screen::Skip(r) if r.contains("system")));
+        assert!(
+            matches!(screen(&fork, "shop", None, &cfg), Screen::Skip(r) if r.contains("forked"))
+        );
+        assert!(
+            matches!(screen(&p, "kube-system", None, &cfg), Screen::Skip(r) if r.contains("system"))
+        );
         let mut sts = p.clone();
         sts.metadata.owner_references.as_mut().unwrap()[0].kind = "StatefulSet".into();
-        assert!(matches!(screen(&sts, "shop", None, &cfg), Screen::Skip(r) if r.contains("StatefulSet/api-abc")));
+        assert!(
+            matches!(screen(&sts, "shop", None, &cfg), Screen::Skip(r) if r.contains("StatefulSet/api-abc"))
+        );
         let mut bare = p.clone();
         bare.metadata.owner_references = None;
-        assert!(matches!(screen(&bare, "shop", None, &cfg), Screen::Skip(r) if r.contains("no controlling owner")));
+        assert!(
+            matches!(screen(&bare, "shop", None, &cfg), Screen::Skip(r) if r.contains("no controlling owner"))
+        );
         let mut host = p.clone();
         host.spec.as_mut().unwrap().host_network = Some(true);
-        assert!(matches!(screen(&host, "shop", None, &cfg), Screen::Skip(r) if r.contains("hostNetwork")));
+        assert!(
+            matches!(screen(&host, "shop", None, &cfg), Screen::Skip(r) if r.contains("hostNetwork"))
+        );
         let injected = apply(
             &p,
             &inject_patch(
@@ -512,8 +544,9 @@ mod tests {
             json!({(keys::INJECT): "true", (keys::EXCLUDE_INBOUND_PORTS): "9090, 8443"}),
             json!({}),
         );
-        p.spec.as_mut().unwrap().init_containers =
-            Some(vec![serde_json::from_value(json!({"name": "migrate", "image": "m"})).unwrap()]);
+        p.spec.as_mut().unwrap().init_containers = Some(vec![
+            serde_json::from_value(json!({"name": "migrate", "image": "m"})).unwrap(),
+        ]);
         let b = Baseline {
             kind: "ArgoRollout",
             namespace: "shop".into(),
@@ -525,7 +558,18 @@ mod tests {
         assert_eq!(names, ["spur-init", "spur-sidecar", "migrate"]);
         assert_eq!(
             inits[0]["args"],
-            json!(["--mode", "auto", "--proxy-port", "15006", "--proxy-uid", "15337", "--inbound-ports", "*", "--exclude-inbound-ports", "8443,9090,15020"])
+            json!([
+                "--mode",
+                "auto",
+                "--proxy-port",
+                "15006",
+                "--proxy-uid",
+                "15337",
+                "--inbound-ports",
+                "*",
+                "--exclude-inbound-ports",
+                "8443,9090,15020"
+            ])
         );
         assert_eq!(inits[1]["restartPolicy"], "Always");
         assert_eq!(inits[1]["securityContext"]["runAsUser"], 15337);
@@ -534,9 +578,41 @@ mod tests {
         assert_eq!(get("SPUR_BASELINE_KIND"), "ArgoRollout");
         assert_eq!(get("SPUR_BASELINE_NAME"), "api");
         assert_eq!(out["metadata"]["annotations"][keys::STATUS], "injected");
-        assert_eq!(out["metadata"]["annotations"][keys::BASELINE], "ArgoRollout/shop/api");
+        assert_eq!(
+            out["metadata"]["annotations"][keys::BASELINE],
+            "ArgoRollout/shop/api"
+        );
         // The pod still parses as a Pod.
         let _: Pod = serde_json::from_value(out).unwrap();
+    }
+
+    /// `docs/injection.md` shows the containers for the default configuration; keep it exact.
+    #[test]
+    fn documented_containers_are_what_is_injected() {
+        let doc = include_str!("../../../docs/injection.md");
+        let start = doc.find("<!-- injected:begin -->").unwrap();
+        let end = doc.find("<!-- injected:end -->").unwrap();
+        let block = &doc[start..end];
+        let yaml = block
+            .split("```yaml\n")
+            .nth(1)
+            .and_then(|b| b.split("```").next())
+            .unwrap();
+        let documented: Value = serde_yaml_ng::from_str(yaml).unwrap();
+        let p = rs_pod(json!({(keys::INJECT): "true"}), json!({"app": "api"}));
+        let b = Baseline {
+            kind: "Deployment",
+            namespace: "shop".into(),
+            name: "api".into(),
+        };
+        let (init, sidecar) = containers(&p, &b, &InjectionConfig::default()).unwrap();
+        let actual = json!({"initContainers": [init, sidecar]});
+        assert_eq!(
+            documented,
+            actual,
+            "docs/injection.md is stale; the injected containers are:\n{}",
+            serde_yaml_ng::to_string(&actual).unwrap()
+        );
     }
 
     #[test]

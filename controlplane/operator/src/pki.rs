@@ -240,7 +240,8 @@ mod tests {
         assert_eq!(ci.validity.not_after, now + 3600);
         assert!(ci.validity.not_before < now);
         let names = vec!["spur-webhook.spur.svc".to_string(), "127.0.0.1".to_string()];
-        let leaf = issue_serving(&ca, "spur-webhook", &names, Duration::from_secs(600), now).unwrap();
+        let leaf =
+            issue_serving(&ca, "spur-webhook", &names, Duration::from_secs(600), now).unwrap();
         let li = info(&leaf.cert).unwrap();
         assert!(!li.is_ca);
         assert_eq!(li.sans, names);
@@ -254,12 +255,20 @@ mod tests {
     fn serving_certificate_never_outlives_its_ca() {
         let now = now_unix();
         let ca = new_ca("ca", Duration::from_secs(100), now).unwrap();
-        let leaf = issue_serving(&ca, "x", &["x.svc".into()], Duration::from_secs(1000), now)
-            .unwrap();
+        let leaf =
+            issue_serving(&ca, "x", &["x.svc".into()], Duration::from_secs(1000), now).unwrap();
         assert_eq!(info(&leaf.cert).unwrap().validity.not_after, now + 100);
         let expired = new_ca("old", Duration::from_secs(10), now - 100).unwrap();
-        assert!(issue_serving(&expired, "x", &["x.svc".into()], Duration::from_secs(10), now)
-            .is_err());
+        assert!(
+            issue_serving(
+                &expired,
+                "x",
+                &["x.svc".into()],
+                Duration::from_secs(10),
+                now
+            )
+            .is_err()
+        );
     }
 
     #[test]

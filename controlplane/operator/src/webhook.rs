@@ -174,7 +174,8 @@ fn certified_key(secret: &Secret) -> Result<CertifiedKey, String> {
     if chain.is_empty() {
         return Err("tls.crt holds no certificate".into());
     }
-    let key = PrivateKeyDer::from_pem_slice(get("tls.key")?).map_err(|e| format!("tls.key: {e}"))?;
+    let key =
+        PrivateKeyDer::from_pem_slice(get("tls.key")?).map_err(|e| format!("tls.key: {e}"))?;
     let key = rustls::crypto::ring::sign::any_supported_type(&key)
         .map_err(|e| format!("tls.key: {e}"))?;
     Ok(CertifiedKey::new(chain, key))
@@ -203,9 +204,13 @@ async fn watch_certificate(
                     tracing::info!(secret = %name, "serving certificate loaded");
                 }
                 // Keep serving with the previous certificate rather than none.
-                Err(e) => tracing::warn!(secret = %name, error = %e, "unusable serving certificate; keeping the previous one"),
+                Err(e) => {
+                    tracing::warn!(secret = %name, error = %e, "unusable serving certificate; keeping the previous one")
+                }
             },
-            Err(e) => tracing::warn!(secret = %name, error = %e, "serving certificate watch failed; retrying"),
+            Err(e) => {
+                tracing::warn!(secret = %name, error = %e, "serving certificate watch failed; retrying")
+            }
         }
     }
 }
@@ -255,7 +260,9 @@ async fn serve(
             let st = st.clone();
             async move { Ok::<_, std::convert::Infallible>(handle(req, &st).await) }
         });
-        let conn = builder.serve_connection(TokioIo::new(tls), svc).into_owned();
+        let conn = builder
+            .serve_connection(TokioIo::new(tls), svc)
+            .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -264,7 +271,10 @@ async fn serve(
         });
     }
     drop(listener);
-    if tokio::time::timeout(DRAIN, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(DRAIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
         tracing::warn!("webhook connections still open after the drain period");
     }
 }
@@ -296,7 +306,10 @@ async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
         Ok(r) => r,
         Err(_) => {
             st.metrics.admission("invalid");
-            return text(StatusCode::BAD_REQUEST, "the AdmissionReview has no request\n");
+            return text(
+                StatusCode::BAD_REQUEST,
+                "the AdmissionReview has no request\n",
+            );
         }
     };
     let mut response = AdmissionResponse::from(&request);
@@ -327,7 +340,10 @@ async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body)))
             .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "")),
-        Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode response\n"),
+        Err(_) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "cannot encode response\n",
+        ),
     }
 }
 
@@ -358,7 +374,9 @@ async fn decide(
     let rs = tokio::time::timeout(API_TIMEOUT, replicasets.get_opt(&owner.name))
         .await
         .map_err(|_| Error::Webhook(format!("timed out reading ReplicaSet {}", owner.name)))??
-        .ok_or_else(|| Error::Webhook(format!("ReplicaSet {namespace}/{} not found", owner.name)))?;
+        .ok_or_else(|| {
+            Error::Webhook(format!("ReplicaSet {namespace}/{} not found", owner.name))
+        })?;
     let baseline = match inject::baseline_of_replicaset(&rs, &namespace) {
         Ok(b) => b,
         Err(reason) => return Ok(Some((inject::skip_patch(pod, &reason)?, "skipped"))),

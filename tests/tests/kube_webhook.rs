@@ -1,0 +1,707 @@
+//! Sidecar injection on a real kube-apiserver: our MutatingWebhookConfiguration (URL + caBundle,
+//! as the chart's but pointing at loopback) makes the API server call the operator's webhook
+//! for every pod. The operator runs under the chart's RBAC, leader-elected, with its
+//! certificate manager filling the caBundle. There is no kubelet or ReplicaSet controller: the
+//! test creates ReplicaSets and pods the way those controllers would.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use prometheus_client::registry::Registry;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use serde_json::{Value, json};
+use spur_api::Sandbox;
+use spur_api::keys::injection as keys;
+use spur_e2e::kube::{SYSTEM_NAMESPACE, chart_client, install_crds};
+use spur_kube_harness::KubeApi;
+use spur_operator::inject::{Baseline, InjectionConfig};
+use spur_operator::{PkiConfig, Webhook, WebhookConfig};
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(30);
+const WEBHOOK_CONFIGURATION: &str = "spur-sidecar-injector";
+
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn injection_config() -> InjectionConfig {
+    let mut cfg = InjectionConfig {
+        sidecar_image: "spur:test".into(),
+        init_image: "spur:test".into(),
+        routeserver: "spur-routeserver.spur-system.svc:7777".into(),
+        ..InjectionConfig::default()
+    };
+    cfg.system_namespaces.push(SYSTEM_NAMESPACE.into());
+    cfg
+}
+
+/// The API server, the operator (controllers + certificate manager, leader-elected) and the
+/// webhook server, all under the chart's RBAC, and the webhook configuration.
+struct Setup {
+    api: KubeApi,
+    stop: CancellationToken,
+    webhook_stop: CancellationToken,
+    webhook: Option<Webhook>,
+    operator: tokio::task::JoinHandle<()>,
+    registry: Arc<Registry>,
+    cfg: InjectionConfig,
+}
+
+impl Setup {
+    async fn start(tune: impl FnOnce(&mut PkiConfig)) -> Setup {
+        let api = KubeApi::start().await.unwrap();
+        install_crds(&api).await.unwrap();
+        let client = chart_client(
+            &api,
+            "spur-operator",
+            "operator-rules.yaml",
+            Some("operator-lease-rules.yaml"),
+        )
+        .await
+        .unwrap();
+        let mut registry = Registry::with_prefix("spur_operator");
+        let metrics = spur_operator::Metrics::register(&mut registry);
+        let stop = CancellationToken::new();
+        let webhook_stop = stop.child_token();
+        let cfg = injection_config();
+        let webhook = Webhook::start(
+            client.clone(),
+            WebhookConfig {
+                addr: "127.0.0.1:0".parse().unwrap(),
+                namespace: SYSTEM_NAMESPACE.into(),
+                serving_secret: "spur-webhook-tls".into(),
+                injection: cfg.clone(),
+            },
+            metrics.clone(),
+            webhook_stop.clone(),
+        )
+        .await
+        .unwrap();
+        // The chart's webhook configuration, with a URL instead of the Service. No caBundle:
+        // the operator fills it in.
+        let mut mwc = chart_webhook_configuration();
+        for w in mwc.webhooks.iter_mut().flatten() {
+            w.client_config = serde_json::from_value(json!({"url": format!(
+                "https://127.0.0.1:{}{}",
+                webhook.local_addr().port(),
+                spur_operator::MUTATE_POD_PATH
+            )}))
+            .unwrap();
+        }
+        Api::<MutatingWebhookConfiguration>::all(api.client())
+            .create(&PostParams::default(), &mwc)
+            .await
+            .unwrap();
+
+        let mut pki = PkiConfig::new(SYSTEM_NAMESPACE, "spur-webhook");
+        pki.serving_names.push("127.0.0.1".into());
+        tune(&mut pki);
+        pki.validate().unwrap();
+        let ctx = Arc::new(
+            spur_operator::Context::new(client.clone(), Some("test".into()), metrics).with_pki(pki),
+        );
+        let election = spur_operator::LeaderElection {
+            namespace: SYSTEM_NAMESPACE.into(),
+            lease: "spur-operator".into(),
+            identity: "test".into(),
+            duration_secs: 15,
+            grace_secs: 5,
+        };
+        let operator_stop = stop.clone();
+        let operator = tokio::spawn(async move {
+            spur_operator::run_elected(client, ctx, operator_stop, election)
+                .await
+                .unwrap();
+        });
+        let setup = Setup {
+            api,
+            stop,
+            webhook_stop,
+            webhook: Some(webhook),
+            operator,
+            registry: Arc::new(registry),
+            cfg,
+        };
+        // Ready: the caBundle is in place and the server holds a certificate.
+        let mwcs: Api<MutatingWebhookConfiguration> = Api::all(setup.client());
+        eventually("the caBundle and the serving certificate", || {
+            let mwcs = mwcs.clone();
+            let ready = setup.webhook.as_ref().unwrap().ready();
+            async move {
+                let m = mwcs.get(WEBHOOK_CONFIGURATION).await.ok()?;
+                let has_bundle = m.webhooks?.first()?.client_config.ca_bundle.is_some();
+                (has_bundle && ready).then_some(())
+            }
+        })
+        .await;
+        setup
+    }
+
+    fn client(&self) -> Client {
+        self.api.client()
+    }
+
+    fn metric(&self, series: &str) -> f64 {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
+        spur_e2e::sample(&text, series)
+    }
+
+    async fn shutdown(mut self) {
+        self.stop.cancel();
+        if let Some(w) = self.webhook.take() {
+            tokio::time::timeout(WAIT, w.stopped()).await.unwrap();
+        }
+        tokio::time::timeout(WAIT, &mut self.operator)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}
+
+/// The MutatingWebhookConfiguration of `charts/spur/templates/operator.yaml`, its few template
+/// expressions filled in as Helm would for release namespace spur-system.
+fn chart_webhook_configuration() -> MutatingWebhookConfiguration {
+    let template =
+        std::fs::read_to_string(spur_e2e::kube::chart_path("templates/operator.yaml")).unwrap();
+    let doc = template
+        .split("\n---\n")
+        .find(|d| d.contains("kind: MutatingWebhookConfiguration"))
+        .expect("the chart has a MutatingWebhookConfiguration");
+    let doc: String = doc
+        .lines()
+        .filter(|l| !l.contains("include \"spur.labels\""))
+        .map(|l| {
+            l.replace("{{ .Release.Namespace | quote }}", "\"spur-system\"")
+                .replace("{{ .Release.Namespace }}", SYSTEM_NAMESPACE)
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(!doc.contains("{{"), "unhandled template expression in:\n{doc}");
+    let mwc: MutatingWebhookConfiguration = serde_yaml_ng::from_str(&doc).unwrap();
+    assert_eq!(mwc.metadata.name.as_deref(), Some(WEBHOOK_CONFIGURATION));
+    let w = &mwc.webhooks.as_ref().unwrap()[0];
+    assert_eq!(w.failure_policy.as_deref(), Some("Ignore"));
+    mwc
+}
+
+/// A namespace with `labels` and its `default` ServiceAccount (which pods need; there is no
+/// controller manager to create it).
+async fn namespace(api: &KubeApi, name: &str, labels: Value) {
+    let ns: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap();
+    let namespaces: Api<Namespace> = Api::all(api.client());
+    if namespaces.get_opt(name).await.unwrap().is_none() {
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+    }
+    api.service_account_token(name, "default").await.unwrap();
+}
+
+/// A Deployment (with `template_annotations`) and one ReplicaSet of it, as the Deployment
+/// controller would make it; returns the ReplicaSet's owner reference for pods.
+async fn deployment(client: &Client, ns: &str, name: &str, template_annotations: Value) -> Value {
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}, "annotations": template_annotations},
+                "spec": {"containers": [{"name": "app", "image": format!("{name}:1"), "ports": [{"name": "http", "containerPort": 8080}]}]}
+            }
+        }
+    }))
+    .unwrap();
+    let d = Api::<Deployment>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+    replicaset(
+        client,
+        ns,
+        name,
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "uid": d.uid().unwrap(), "controller": true}),
+    )
+    .await
+}
+
+async fn replicaset(client: &Client, ns: &str, app: &str, owner: Value) -> Value {
+    let rs_name = format!("{app}-5d8f7c");
+    let rs: ReplicaSet = serde_json::from_value(json!({
+        "metadata": {"name": rs_name, "namespace": ns, "ownerReferences": [owner]},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": app}},
+            "template": {"metadata": {"labels": {"app": app}}, "spec": {"containers": [{"name": "app", "image": format!("{app}:1")}]}}
+        }
+    }))
+    .unwrap();
+    let rs = Api::<ReplicaSet>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &rs)
+        .await
+        .unwrap();
+    json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs_name, "uid": rs.uid().unwrap(), "controller": true})
+}
+
+/// Creates a pod (as a controller would: generateName, owner reference, template metadata) and
+/// returns it as admitted.
+async fn pod(client: &Client, ns: &str, app: &str, owner: Option<Value>, meta: Value) -> Pod {
+    let mut metadata = json!({
+        "generateName": format!("{app}-"),
+        "namespace": ns,
+        "labels": {"app": app},
+    });
+    if let Some(o) = owner {
+        metadata["ownerReferences"] = json!([o]);
+    }
+    for (k, v) in meta.as_object().cloned().unwrap_or_default() {
+        match (metadata.get_mut(&k), v) {
+            (Some(Value::Object(m)), Value::Object(add)) => m.extend(add),
+            (_, v) => metadata[&k] = v,
+        }
+    }
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": metadata,
+        "spec": {"containers": [{"name": "app", "image": format!("{app}:1"), "ports": [{"containerPort": 8080}]}]}
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &p)
+        .await
+        .unwrap()
+}
+
+fn annotation<'a>(p: &'a Pod, key: &str) -> Option<&'a str> {
+    p.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+fn init_names(p: &Pod) -> Vec<String> {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .map(|c| c.iter().map(|c| c.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Every field of `expected` is in `actual` with the same value (the API server adds defaults).
+fn assert_subset(expected: &Value, actual: &Value, path: &str) {
+    match (expected, actual) {
+        (Value::Object(e), Value::Object(a)) => {
+            for (k, v) in e {
+                let got = a
+                    .get(k)
+                    .unwrap_or_else(|| panic!("{path}.{k} missing in {actual}"));
+                assert_subset(v, got, &format!("{path}.{k}"));
+            }
+        }
+        (Value::Array(e), Value::Array(a)) => {
+            assert_eq!(e.len(), a.len(), "{path}: {expected} vs {actual}");
+            for (i, (e, a)) in e.iter().zip(a).enumerate() {
+                assert_subset(e, a, &format!("{path}[{i}]"));
+            }
+        }
+        // Quantities come back canonical ("16Mi" stays, "0.5" becomes "500m"): ours are canonical.
+        _ => assert_eq!(expected, actual, "{path}"),
+    }
+}
+
+fn assert_skipped(p: &Pod, reason: &str) {
+    assert_eq!(
+        annotation(p, keys::STATUS),
+        Some("skipped"),
+        "{:?}",
+        p.metadata.annotations
+    );
+    let got = annotation(p, keys::REASON).unwrap_or_default();
+    assert!(
+        got.contains(reason),
+        "reason {got:?} should mention {reason:?}"
+    );
+    assert!(init_names(p).is_empty(), "{:?}", init_names(p));
+    assert_eq!(p.spec.as_ref().unwrap().containers.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
+    let setup = Setup::start(|_| {}).await;
+    let client = setup.client();
+    let api = &setup.api;
+    namespace(api, "shop", json!({})).await;
+    namespace(api, "auto", json!({(keys::INJECT): "true"})).await;
+    namespace(api, "optout", json!({(keys::INJECT): "false"})).await;
+    namespace(api, "kube-system", json!({})).await;
+    let on = json!({(keys::INJECT): "true"});
+
+    // An opted-in Deployment's pod gets exactly the documented containers.
+    let api_rs = deployment(&client, "shop", "api", on.clone()).await;
+    let injected = pod(
+        &client,
+        "shop",
+        "api",
+        Some(api_rs.clone()),
+        json!({"annotations": on.clone()}),
+    )
+    .await;
+    assert_eq!(init_names(&injected), ["spur-init", "spur-sidecar"]);
+    assert_eq!(annotation(&injected, keys::STATUS), Some("injected"));
+    assert_eq!(
+        annotation(&injected, keys::BASELINE),
+        Some("Deployment/shop/api")
+    );
+    let baseline = Baseline {
+        kind: "Deployment",
+        namespace: "shop".into(),
+        name: "api".into(),
+    };
+    let (init, sidecar) =
+        spur_operator::inject::containers(&injected, &baseline, &setup.cfg).unwrap();
+    let actual = serde_json::to_value(
+        injected
+            .spec
+            .as_ref()
+            .unwrap()
+            .init_containers
+            .as_ref()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_subset(&json!([init, sidecar]), &actual, "initContainers");
+    // The app container is untouched.
+    let app = &injected.spec.as_ref().unwrap().containers;
+    assert_eq!((app.len(), app[0].name.as_str()), (1, "app"));
+
+    // Opted in through the namespace label; an Argo Rollout's ReplicaSet.
+    let rollout_rs = replicaset(
+        &client,
+        "auto",
+        "cart",
+        json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "name": "cart", "uid": "00000000-0000-0000-0000-000000000001", "controller": true}),
+    )
+    .await;
+    let p = pod(&client, "auto", "cart", Some(rollout_rs), json!({})).await;
+    assert_eq!(init_names(&p), ["spur-init", "spur-sidecar"]);
+    assert_eq!(
+        annotation(&p, keys::BASELINE),
+        Some("ArgoRollout/auto/cart")
+    );
+
+    // Not opted in, forked, StatefulSet, bare, opted-out namespace, opted-out pod: untouched
+    // and annotated with the reason.
+    let web_rs = deployment(&client, "shop", "web", json!({})).await;
+    assert_skipped(
+        &pod(&client, "shop", "web", Some(web_rs), json!({})).await,
+        "not opted in",
+    );
+    let fork = pod(
+        &client,
+        "shop",
+        "api",
+        Some(api_rs.clone()),
+        json!({"annotations": on.clone(), "labels": {"spur.dev/fork": "sb-api-1234"}}),
+    )
+    .await;
+    assert_skipped(&fork, "forked pod");
+    let sts = json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "00000000-0000-0000-0000-000000000002", "controller": true});
+    assert_skipped(
+        &pod(
+            &client,
+            "shop",
+            "db",
+            Some(sts),
+            json!({"annotations": on.clone()}),
+        )
+        .await,
+        "StatefulSet/db",
+    );
+    assert_skipped(
+        &pod(
+            &client,
+            "shop",
+            "bare",
+            None,
+            json!({"annotations": on.clone()}),
+        )
+        .await,
+        "no controlling owner",
+    );
+    let opt_rs = deployment(&client, "optout", "api", on.clone()).await;
+    assert_skipped(
+        &pod(
+            &client,
+            "optout",
+            "api",
+            Some(opt_rs),
+            json!({"annotations": on.clone()}),
+        )
+        .await,
+        "namespace optout opted out",
+    );
+    let off = pod(
+        &client,
+        "shop",
+        "api",
+        Some(api_rs.clone()),
+        json!({"annotations": {(keys::INJECT): "false"}}),
+    )
+    .await;
+    assert_skipped(&off, "pod opted out");
+    // System namespaces never reach the webhook (namespaceSelector): no annotation at all.
+    let sys = pod(
+        &client,
+        "kube-system",
+        "dns",
+        None,
+        json!({"annotations": on.clone()}),
+    )
+    .await;
+    assert!(
+        sys.metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .get(keys::STATUS)
+            .is_none()
+    );
+    assert!(init_names(&sys).is_empty());
+    assert_eq!(
+        setup.metric("spur_operator_webhook_admissions_total{result=\"injected\"}"),
+        2.0
+    );
+    assert_eq!(
+        setup.metric("spur_operator_webhook_admissions_total{result=\"skipped\"}"),
+        6.0
+    );
+
+    // Sandbox status: per forked baseline, whether every baseline pod has a ready sidecar.
+    // shop/api has two running pods: `injected` (sidecar not ready yet) and `off` (none).
+    let sb: Sandbox = serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": "sb"},
+        "spec": {"forks": [{"forkOf": {"kind": "Deployment", "namespace": "shop", "name": "api"}}]}
+    }))
+    .unwrap();
+    let sandboxes: Api<Sandbox> = Api::all(client.clone());
+    sandboxes.create(&PostParams::default(), &sb).await.unwrap();
+    let coverage = |want: Value| {
+        let sandboxes = sandboxes.clone();
+        async move {
+            let sb = sandboxes.get("sb").await.ok()?;
+            let got =
+                serde_json::to_value(sb.status?.forks.first()?.baseline_sidecars.clone()?).ok()?;
+            (got == want).then_some(())
+        }
+    };
+    eventually("coverage 2 pods, 1 injected, 0 ready", || {
+        coverage(json!({"pods": 2, "injected": 1, "ready": 0, "allReady": false}))
+    })
+    .await;
+    // The kubelet would report the native sidecar ready.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "shop");
+    pods.patch_status(
+        &injected.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"status": {"phase": "Running", "initContainerStatuses": [{
+                "name": "spur-sidecar", "ready": true, "started": true, "restartCount": 0,
+                "image": "spur:test", "imageID": "", "state": {"running": {}}
+            }]}}),
+        ),
+    )
+    .await
+    .unwrap();
+    eventually("coverage 2 pods, 1 injected, 1 ready", || {
+        coverage(json!({"pods": 2, "injected": 1, "ready": 1, "allReady": false}))
+    })
+    .await;
+    // The pod without a sidecar goes away: every baseline pod now has a ready sidecar.
+    pods.delete(&off.name_any(), &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    eventually("coverage 1 pod, all ready", || {
+        coverage(json!({"pods": 1, "injected": 1, "ready": 1, "allReady": true}))
+    })
+    .await;
+    let fw = Api::<spur_api::ForkedWorkload>::namespaced(client.clone(), "shop")
+        .get(&spur_api::names::fork_name("sb", &sb.spec.forks[0].fork_of))
+        .await
+        .unwrap();
+    assert!(fw.status.unwrap().baseline_sidecars.unwrap().all_ready);
+
+    // With the webhook server down, pods are still created (failurePolicy Ignore), unchanged.
+    let mut setup = setup;
+    setup.webhook_stop.cancel();
+    tokio::time::timeout(WAIT, setup.webhook.take().unwrap().stopped())
+        .await
+        .unwrap();
+    let p = pod(
+        &client,
+        "shop",
+        "api",
+        Some(api_rs),
+        json!({"annotations": on.clone()}),
+    )
+    .await;
+    assert!(init_names(&p).is_empty());
+    assert!(annotation(&p, keys::STATUS).is_none());
+    assert_eq!(
+        setup.metric("spur_operator_webhook_admissions_total{result=\"error\"}"),
+        0.0
+    );
+    assert_eq!(
+        setup.metric("spur_operator_webhook_tls_handshake_errors_total"),
+        0.0
+    );
+    setup.shutdown().await;
+}
+
+/// A TLS handshake with the webhook, trusting only the bundle the API server has; returns the
+/// certificate served (DER).
+async fn served_certificate(addr: std::net::SocketAddr, bundle: &[u8]) -> Vec<u8> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(bundle) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect("127.0.0.1".try_into().unwrap(), tcp)
+        .await
+        .expect("the served certificate verifies against the caBundle");
+    tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_rotate_with_no_failed_admission() {
+    // Shortened lifetimes: the serving certificate renews every ~6 s, the CA at ~24 s (then
+    // the next CA is trusted for 2 s before it signs).
+    let setup = Setup::start(|pki| {
+        pki.ca_lifetime = Duration::from_secs(30);
+        pki.serving_lifetime = Duration::from_secs(8);
+        pki.propagation = Duration::from_secs(2);
+    })
+    .await;
+    let client = setup.client();
+    namespace(&setup.api, "shop", json!({})).await;
+    let on = json!({(keys::INJECT): "true"});
+    let rs = deployment(&client, "shop", "api", on.clone()).await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let mwcs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let addr = setup.webhook.as_ref().unwrap().local_addr();
+
+    let text =
+        |s: &Secret, k: &str| String::from_utf8(s.data.as_ref().unwrap()[k].0.clone()).unwrap();
+    let (mut serving, mut cas, mut bundle_sizes) =
+        (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
+    let mut served = BTreeSet::new();
+    let (mut created, mut uninjected) = (0, Vec::new());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+    // Bounded: at most 400 pods and 40 s.
+    while tokio::time::Instant::now() < deadline && created < 400 {
+        let p = pod(
+            &client,
+            "shop",
+            "api",
+            Some(rs.clone()),
+            json!({"annotations": on.clone()}),
+        )
+        .await;
+        created += 1;
+        if init_names(&p) != ["spur-init", "spur-sidecar"] {
+            uninjected.push(p.name_any());
+        }
+        let tls = secrets.get("spur-webhook-tls").await.unwrap();
+        let leaf = text(&tls, "tls.crt");
+        serving.insert(
+            CertificateDer::from_pem_slice(leaf.as_bytes())
+                .unwrap()
+                .to_vec(),
+        );
+        let ca = secrets.get("spur-ca").await.unwrap();
+        cas.insert(spur_operator::pki::fingerprint(&text(&ca, "ca.crt")));
+        let mwc = mwcs.get(WEBHOOK_CONFIGURATION).await.unwrap();
+        let bundle = mwc.webhooks.unwrap()[0]
+            .client_config
+            .ca_bundle
+            .clone()
+            .unwrap()
+            .0;
+        bundle_sizes
+            .insert(spur_operator::pki::split_bundle(std::str::from_utf8(&bundle).unwrap()).len());
+        if created % 10 == 0 {
+            // What the server presents verifies against what the API server trusts.
+            served.insert(served_certificate(addr, &bundle).await);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        uninjected.is_empty(),
+        "{} of {created} pods not injected: {uninjected:?}",
+        uninjected.len()
+    );
+    assert!(
+        serving.len() >= 4,
+        "serving certificates seen: {}",
+        serving.len()
+    );
+    assert!(cas.len() >= 2, "the CA was not rotated: {cas:?}");
+    assert!(
+        bundle_sizes.contains(&2),
+        "the bundle never held two CAs: {bundle_sizes:?}"
+    );
+    // The server swapped certificates in place: several served over its one lifetime, each one
+    // a certificate the manager issued.
+    assert!(served.len() >= 2, "served {} certificates", served.len());
+    assert!(served.is_subset(&serving));
+    assert_eq!(
+        setup.metric("spur_operator_webhook_tls_handshake_errors_total"),
+        0.0
+    );
+    assert_eq!(
+        setup.metric("spur_operator_webhook_admissions_total{result=\"error\"}"),
+        0.0
+    );
+    assert_eq!(
+        setup.metric("spur_operator_webhook_admissions_total{result=\"injected\"}"),
+        f64::from(created)
+    );
+    let issued = setup.metric("spur_operator_certificates_issued_total{certificate=\"serving\"}");
+    assert!(issued >= 4.0, "{issued}");
+    setup.shutdown().await;
+}
