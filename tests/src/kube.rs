@@ -11,6 +11,29 @@ use kube::{Api, Client};
 use serde_json::json;
 use spur_kube_harness::KubeApi;
 
+/// How long [`eventually`] waits: generous, the machine is small and shared.
+pub const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Polls `check` every 50 ms until it returns `Some`, for at most [`WAIT`]; panics naming
+/// `what` when it runs out.
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// The namespace the chart is installed into in these tests.
 pub const SYSTEM_NAMESPACE: &str = "spur-system";
 

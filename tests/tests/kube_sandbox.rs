@@ -4,10 +4,8 @@
 //! Deployments ready where a kubelet and the Deployment controller would.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Service};
@@ -21,33 +19,13 @@ use spur_api::{
     WorkloadKind, WorkloadRef, names,
 };
 use spur_e2e::kube as kube_rbac;
+use spur_e2e::kube::{WAIT, eventually};
 use spur_e2e::{AppKind, get, spawn_app};
 use spur_kube_harness::KubeApi;
 use spur_routeserver::{KubeStore, RouteServer, RouteServerConfig};
 use spur_routing::BaselineWorkload;
 use spur_sidecar::{Sidecar, SidecarConfig};
 use tokio_util::sync::CancellationToken;
-
-const WAIT: Duration = Duration::from_secs(30);
-
-/// Polls `check` until it returns `Some`, for at most [`WAIT`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// A real API server with our CRDs, the operator and the route server (Kubernetes store).
 struct ControlPlane {

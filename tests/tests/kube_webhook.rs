@@ -6,7 +6,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,32 +20,13 @@ use rustls::pki_types::pem::PemObject;
 use serde_json::{Value, json};
 use spur_api::Sandbox;
 use spur_api::keys::injection as keys;
-use spur_e2e::kube::{SYSTEM_NAMESPACE, chart_client, install_crds};
+use spur_e2e::kube::{SYSTEM_NAMESPACE, WAIT, chart_client, eventually, install_crds};
 use spur_kube_harness::KubeApi;
 use spur_operator::inject::{Baseline, InjectionConfig};
 use spur_operator::{PkiConfig, Webhook, WebhookConfig};
 use tokio_util::sync::CancellationToken;
 
-const WAIT: Duration = Duration::from_secs(30);
 const WEBHOOK_CONFIGURATION: &str = "spur-sidecar-injector";
-
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 fn injection_config() -> InjectionConfig {
     let mut cfg = InjectionConfig {
@@ -201,7 +181,10 @@ fn chart_webhook_configuration() -> MutatingWebhookConfiguration {
         })
         .collect::<Vec<_>>()
         .join("\n");
-    assert!(!doc.contains("{{"), "unhandled template expression in:\n{doc}");
+    assert!(
+        !doc.contains("{{"),
+        "unhandled template expression in:\n{doc}"
+    );
     let mwc: MutatingWebhookConfiguration = serde_yaml_ng::from_str(&doc).unwrap();
     assert_eq!(mwc.metadata.name.as_deref(), Some(WEBHOOK_CONFIGURATION));
     let w = &mwc.webhooks.as_ref().unwrap()[0];
