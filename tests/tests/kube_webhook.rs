@@ -593,11 +593,11 @@ async fn served_certificate(addr: std::net::SocketAddr, bundle: &[u8]) -> Vec<u8
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certificates_rotate_with_no_failed_admission() {
     // Shortened lifetimes: the serving certificate renews every ~6 s, the CA at ~24 s (then
-    // the next CA is trusted for 2 s before it signs).
+    // the next CA is trusted for 3 s before it signs).
     let setup = Setup::start(|pki| {
         pki.ca_lifetime = Duration::from_secs(30);
         pki.serving_lifetime = Duration::from_secs(8);
-        pki.propagation = Duration::from_secs(2);
+        pki.propagation = Duration::from_secs(3);
     })
     .await;
     let client = setup.client();

@@ -119,8 +119,7 @@ async fn operator_and_routeserver_binaries_run_against_the_apiserver() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(ready, "/readyz never turned ready");
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-        Api::namespaced(api.client(), "default");
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(api.client(), "default");
     let tls = secrets.get("spur-webhook-tls").await.unwrap();
     assert_eq!(tls.type_.as_deref(), Some("kubernetes.io/tls"));
     let (code, text) = http_get(metrics, "/metrics").await.unwrap();
