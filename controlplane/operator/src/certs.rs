@@ -318,13 +318,14 @@ impl Manager {
             .await
     }
 
-    /// Puts `bundle` into every webhook of the configuration. Returns whether the
-    /// configuration exists and now carries it.
+    /// Puts `bundle` into every webhook of the configuration. Returns whether the API servers
+    /// can be taken to trust it: the configuration carries it, or there is no configuration
+    /// (then nothing calls the webhook, and a rotation need not wait for it).
     async fn sync_webhook_configuration(&self, bundle: &str) -> Result<bool, Error> {
         let name = &self.cfg.webhook_configuration;
         let Some(mwc) = self.webhooks.get_opt(name).await? else {
             tracing::warn!(configuration = %name, "MutatingWebhookConfiguration not found: the chart installs it; sidecars are not injected until it exists");
-            return Ok(false);
+            return Ok(true);
         };
         let want = ByteString(bundle.as_bytes().to_vec());
         let stale: Vec<_> = mwc
