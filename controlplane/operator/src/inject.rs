@@ -359,6 +359,9 @@ pub fn containers(
             "--proxy-uid", cfg.proxy_uid.to_string(),
             "--inbound-ports", include,
             "--exclude-inbound-ports", join(&exclude),
+            // The sidecar listens on IPv4 only: IPv6 inbound must bypass it, not be redirected
+            // to a port nobody listens on.
+            "--ipv6", "false",
         ],
         "resources": resources(&cfg.init_resources),
         "securityContext": {
@@ -568,7 +571,9 @@ mod tests {
                 "--inbound-ports",
                 "*",
                 "--exclude-inbound-ports",
-                "8443,9090,15020"
+                "8443,9090,15020",
+                "--ipv6",
+                "false"
             ])
         );
         assert_eq!(inits[1]["restartPolicy"], "Always");

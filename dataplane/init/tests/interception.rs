@@ -97,7 +97,21 @@ fn scenario(mode: &'static str, tag: char, subnet: u8) {
 
     assert_executable_by("65534", Path::new(INIT));
     let init = |extra: &[&str]| {
-        let mut args = vec!["--mode", mode, "--exclude-inbound-ports", "15020,7071"];
+        // The flags the injection webhook gives spur-init (docs/injection.md).
+        let mut args = vec![
+            "--mode",
+            mode,
+            "--proxy-port",
+            "15006",
+            "--proxy-uid",
+            "15337",
+            "--inbound-ports",
+            "*",
+            "--exclude-inbound-ports",
+            "15020,7071",
+            "--ipv6",
+            "false",
+        ];
         args.extend_from_slice(extra);
         run_in(&net.pod, None, INIT, &args)
     };
@@ -211,7 +225,21 @@ fn scenario(mode: &'static str, tag: char, subnet: u8) {
     // --- Without the capabilities: the documented exit code, the capability named, nothing
     // changed (applying, and cleaning up). ---
     for extra in [&[][..], &["--cleanup"]] {
-        let mut args = vec!["--mode", mode, "--exclude-inbound-ports", "15020,7071"];
+        // The flags the injection webhook gives spur-init (docs/injection.md).
+        let mut args = vec![
+            "--mode",
+            mode,
+            "--proxy-port",
+            "15006",
+            "--proxy-uid",
+            "15337",
+            "--inbound-ports",
+            "*",
+            "--exclude-inbound-ports",
+            "15020,7071",
+            "--ipv6",
+            "false",
+        ];
         args.extend_from_slice(extra);
         let out = run_in(&net.pod, Some("65534"), INIT, &args);
         assert_eq!(
