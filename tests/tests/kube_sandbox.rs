@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Service};
@@ -57,11 +58,14 @@ impl ControlPlane {
         let operator_stop = stop.clone();
         let metrics =
             spur_operator::Metrics::register(&mut prometheus_client::registry::Registry::default());
-        let ctx = Arc::new(spur_operator::Context::new(
-            operator_client.clone(),
-            Some("test".into()),
-            metrics,
-        ));
+        // Dead workstation tunnels are collected 8 s after they expire (default 10 min).
+        let ctx = Arc::new(
+            spur_operator::Context::new(operator_client.clone(), Some("test".into()), metrics)
+                .with_tunnels(spur_operator::TunnelConfig {
+                    namespace: "spur-system".into(),
+                    gc_after: Duration::from_secs(8),
+                }),
+        );
         // Leader-elected, as the chart runs it, on a Lease in spur-system (the chart's Role).
         let election = spur_operator::LeaderElection {
             namespace: "spur-system".into(),
@@ -657,8 +661,8 @@ async fn invalid_sandboxes_are_rejected_or_reported_and_leave_nothing() {
             .unwrap();
         all_gone(&client, name).await;
     }
-    // Local and virtual workloads: their objects are created and owned (no controller serves
-    // them yet, which the sandbox says), and deleted with the sandbox.
+    // Local and virtual workloads: their objects are created and owned (nothing serves virtual
+    // workloads yet, which the sandbox says), and deleted with the sandbox.
     let mixed: Sandbox = serde_json::from_value(json!({
         "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
         "metadata": {"name": "mixed"},
@@ -708,5 +712,195 @@ async fn invalid_sandboxes_are_rejected_or_reported_and_leave_nothing() {
     );
 
     apps.cancel();
+    cp.shutdown().await;
+}
+
+/// The tunnel proxy's report of a workstation session (what `spur tunnel-proxy` keeps renewed).
+fn tunnel_lease(ew: &str, renewed: i64) -> k8s_openapi::api::coordination::v1::Lease {
+    spur_api::tunnel::Session {
+        workstation: "alice".into(),
+        proxy_pod: "spur-tunnel-proxy-0".into(),
+        address: "10.0.0.7".into(),
+        ports: vec![spur_api::tunnel::PortAssignment {
+            namespace: NS.into(),
+            external_workload: ew.into(),
+            port: 8080,
+            proxy_port: 31001,
+        }],
+        renewed,
+        duration: 6,
+    }
+    .to_lease("spur-system")
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_workload_follows_its_workstation_tunnel() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let cp = ControlPlane::start().await;
+    let client = cp.client();
+    create_namespace(&client).await;
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "api", "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"app": "api"}},
+                 "template": {"metadata": {"labels": {"app": "api"}},
+                              "spec": {"containers": [{"name": "api", "image": "api:1", "ports": [{"name": "http", "containerPort": 8080}]}]}}}
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "api", "namespace": NS},
+        "spec": {"selector": {"app": "api"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let sb: Sandbox = serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": "dev"},
+        "spec": {"workstation": "alice",
+                 "local": [{"name": "api", "from": {"kind": "Deployment", "namespace": NS, "name": "api"},
+                            "mappings": [{"port": 8080, "toLocal": "localhost:3000"}]}]}
+    }))
+    .unwrap();
+    let sandboxes: Api<Sandbox> = Api::all(client.clone());
+    sandboxes.create(&PostParams::default(), &sb).await.unwrap();
+    let ew_name = names::external_workload_name("dev", "api");
+    let svc_name = names::sandbox_service_name("dev", "api");
+    let ews: Api<ExternalWorkload> = Api::namespaced(client.clone(), NS);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "spur-system");
+    let rcs: Api<RoutingConfig> = Api::all(client.clone());
+    let ew_reason = |want: &'static str| {
+        let ews = ews.clone();
+        let ew_name = ew_name.clone();
+        async move {
+            let ew = ews.get_opt(&ew_name).await.ok()??;
+            let c = find_condition(&ew.status?.conditions, READY)?.clone();
+            (c.reason == want).then_some(())
+        }
+    };
+    let endpoints = |want: usize| {
+        let slices = slices.clone();
+        let svc_name = svc_name.clone();
+        async move {
+            let s = slices.get_opt(&svc_name).await.ok()??;
+            (s.endpoints.len() == want).then_some(s)
+        }
+    };
+    let routes = |want: usize| {
+        let rcs = rcs.clone();
+        async move {
+            let rc = rcs
+                .get_opt(&names::sandbox_routing_config_name("dev"))
+                .await
+                .ok()??;
+            let routes = rc.status?.route_server?.routes;
+            (routes.len() == want).then_some(routes)
+        }
+    };
+
+    // No tunnel yet: a selector-less sandbox Service with the mapped port, no endpoints, no
+    // routes (keyed traffic stays with the baseline), and the sandbox says why.
+    eventually("ExternalWorkload without a tunnel", || {
+        ew_reason("NoTunnel")
+    })
+    .await;
+    let sandbox_svc = Api::<Service>::namespaced(client.clone(), NS)
+        .get(&svc_name)
+        .await
+        .unwrap();
+    let spec = sandbox_svc.spec.unwrap();
+    assert!(spec.selector.is_none());
+    assert_eq!(spec.ports.unwrap()[0].port, 80);
+    eventually("an empty EndpointSlice", || endpoints(0)).await;
+    eventually("no routes", || routes(0)).await;
+
+    // The tunnel proxy reports the workstation's tunnel: endpoints at the proxy's port, health
+    // in status, the sandbox ready, keyed traffic routed to the sandbox Service.
+    let now = spur_operator::pki::now_unix();
+    leases
+        .create(&PostParams::default(), &tunnel_lease(&ew_name, now))
+        .await
+        .unwrap();
+    let slice = eventually("endpoints at the tunnel proxy", || endpoints(1)).await;
+    assert_eq!(slice.endpoints[0].addresses, vec!["10.0.0.7".to_string()]);
+    let port = &slice.ports.unwrap()[0];
+    assert_eq!(
+        (port.name.as_deref(), port.port),
+        (Some("http"), Some(31001))
+    );
+    eventually("ExternalWorkload ready", || ew_reason("Ready")).await;
+    let tunnel = ews
+        .get(&ew_name)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .tunnel
+        .unwrap();
+    assert!(tunnel.connected);
+    assert_eq!(tunnel.proxy_pod.as_deref(), Some("spur-tunnel-proxy-0"));
+    assert_eq!(
+        (tunnel.ports[0].port, tunnel.ports[0].proxy_port),
+        (8080, 31001)
+    );
+    let r = eventually("the local workload's route", || routes(1)).await;
+    assert_eq!(r[0].to_host, format!("{svc_name}.{NS}.svc"));
+    assert_eq!((r[0].from_port, r[0].workload_port), (80, 8080));
+    eventually(
+        "sandbox ready with its local workload connected",
+        || async {
+            let st = sandbox_status(&client, "dev").await?.status?;
+            let l = st.local.first()?;
+            (l.connected && l.ready && is_condition_true(&st.conditions, READY)).then_some(())
+        },
+    )
+    .await;
+
+    // The tunnel stops being renewed (laptop gone): it expires after 6 s, endpoints and routes
+    // are withdrawn, and 8 s later its Lease is garbage-collected.
+    eventually("the tunnel counted as down", || ew_reason("TunnelDown")).await;
+    eventually("endpoints withdrawn", || endpoints(0)).await;
+    eventually("route withdrawn", || routes(0)).await;
+    eventually("the dead tunnel collected", || {
+        let leases = leases.clone();
+        async move {
+            leases
+                .get_opt(&spur_api::tunnel::lease_name("alice"))
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await;
+    eventually("no tunnel again", || ew_reason("NoTunnel")).await;
+
+    // The workstation reconnects: everything comes back.
+    let now = spur_operator::pki::now_unix();
+    leases
+        .create(&PostParams::default(), &tunnel_lease(&ew_name, now))
+        .await
+        .unwrap();
+    eventually("endpoints back", || endpoints(1)).await;
+    eventually("route back", || routes(1)).await;
+
+    sandboxes
+        .delete("dev", &DeleteParams::default())
+        .await
+        .unwrap();
+    all_gone(&client, "dev").await;
+    let left = slices
+        .list(&ListParams::default().labels(labels::EXTERNAL_WORKLOAD))
+        .await
+        .unwrap();
+    assert!(left.items.is_empty());
     cp.shutdown().await;
 }

@@ -20,6 +20,8 @@ pub mod labels {
     /// On a fork's pod template and the Services selecting it: the fork's name
     /// (`names::fork_name`), unique per fork, so sandbox Services select exactly its pods.
     pub const FORK: &str = "spur.dev/fork";
+    /// On the Services and EndpointSlices of an ExternalWorkload: its name.
+    pub const EXTERNAL_WORKLOAD: &str = "spur.dev/external-workload";
     /// Standard `app.kubernetes.io/managed-by`, set to [`MANAGED_BY_VALUE`].
     pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
     pub const MANAGED_BY_VALUE: &str = "spur";

@@ -19,6 +19,7 @@ pub mod names;
 pub mod routegroup;
 pub mod routingconfig;
 pub mod sandbox;
+pub mod tunnel;
 pub mod validation;
 pub mod workloads;
 

@@ -23,6 +23,8 @@ pub struct Context {
     pub(crate) metrics: crate::metrics::Metrics,
     /// The certificate manager's configuration; without one, no certificates are managed.
     pub(crate) pki: Option<crate::PkiConfig>,
+    /// Where workstation tunnels report themselves, and when dead ones are collected.
+    pub(crate) tunnels: crate::TunnelConfig,
 }
 
 impl Context {
@@ -37,7 +39,14 @@ impl Context {
             failures: Mutex::new(HashMap::new()),
             metrics,
             pki: None,
+            tunnels: crate::TunnelConfig::default(),
         }
+    }
+
+    /// Where tunnel Leases live (the tunnel proxy's namespace) and when dead ones go.
+    pub fn with_tunnels(mut self, tunnels: crate::TunnelConfig) -> Self {
+        self.tunnels = tunnels;
+        self
     }
 
     /// Also run the certificate manager (on the leader, with the controllers).

@@ -308,7 +308,7 @@ fn sandbox_service(
 
 /// The container port a Service port reaches: its number, a named container port, or (no
 /// target port) the Service port itself. `None` when a name matches no container port.
-fn resolve_target_port(p: &K8sServicePort, containers: &[Container]) -> Option<i32> {
+pub(crate) fn resolve_target_port(p: &K8sServicePort, containers: &[Container]) -> Option<i32> {
     match &p.target_port {
         None => Some(p.port),
         Some(IntOrString::Int(n)) => Some(*n),

@@ -1,5 +1,6 @@
-//! Spur's Kubernetes controllers: Sandbox, ForkedWorkload, RouteGroup and RoutingConfig, each
-//! thin and idempotent, writing with server-side apply under one field manager.
+//! Spur's Kubernetes controllers: Sandbox, ForkedWorkload, ExternalWorkload, RouteGroup and
+//! RoutingConfig, each thin and idempotent, writing with server-side apply under one field
+//! manager; plus the sidecar-injection webhook and the certificate manager.
 //!
 //! ```text
 //! Sandbox ──► ForkedWorkload (per fork, baseline namespace) ──► fork Deployment + sandbox Services
@@ -15,6 +16,7 @@
 mod certs;
 mod context;
 mod error;
+pub mod external;
 pub mod fork;
 mod forked;
 pub mod inject;
@@ -30,6 +32,7 @@ mod webhook;
 pub use certs::{PKI_LABEL, PkiConfig};
 pub use context::{Context, FIELD_MANAGER};
 pub use error::Error;
+pub use external::TunnelConfig;
 pub use inject::InjectionConfig;
 pub use leader::{LeaderElection, run_elected};
 pub use metrics::Metrics;
@@ -39,18 +42,21 @@ use std::sync::Arc;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, controller, watcher};
 use kube::{Api, Client, ResourceExt};
-use spur_api::{ForkedWorkload, RouteGroup, RoutingConfig, Sandbox};
+use spur_api::routingconfig::SandboxedKind;
+use spur_api::{ExternalWorkload, ForkedWorkload, RouteGroup, RoutingConfig, Sandbox};
 use tokio_util::sync::CancellationToken;
 
 /// The finalizer on Sandboxes, ForkedWorkloads and RouteGroups.
 pub const FINALIZER: &str = "spur.dev/cleanup";
 
-/// Runs all four controllers (and the certificate manager, when the context has a PKI
+/// Runs all five controllers, the dead-tunnel collector (and the certificate manager, when the context has a PKI
 /// configuration) until `stop` is cancelled, then lets in-flight reconciles finish.
 pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     let pki = match ctx.pki.clone() {
@@ -77,6 +83,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     let sandboxes = Controller::new(Api::<Sandbox>::all(client.clone()), wc())
         .with_config(cfg.clone())
         .owns(Api::<ForkedWorkload>::all(client.clone()), wc())
+        .owns(Api::<ExternalWorkload>::all(client.clone()), wc())
         .owns(Api::<RoutingConfig>::all(client.clone()), wc())
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(sandbox::reconcile, sandbox::error_policy, ctx.clone())
@@ -95,7 +102,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
             wc(),
             move |d| {
                 let (ns, name) = (d.namespace().unwrap_or_default(), d.name_any());
-                forks_where(&by_baseline, |fw| {
+                objects_where(&by_baseline, |fw| {
                     fw.spec.baseline.kind == spur_api::WorkloadKind::Deployment
                         && fw.spec.baseline.namespace == ns
                         && fw.spec.baseline.name == name
@@ -109,16 +116,11 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
             Api::<PartialObjectMeta<Service>>::all(client.clone()),
             wc(),
             move |svc| {
-                let managed = svc
-                    .labels()
-                    .get(spur_api::keys::labels::MANAGED_BY)
-                    .map(String::as_str)
-                    == Some(spur_api::keys::labels::MANAGED_BY_VALUE);
-                let ns = svc.namespace().unwrap_or_default();
-                if managed {
+                if is_managed(&svc) {
                     return Vec::new();
                 }
-                forks_where(&by_namespace, |fw| fw.spec.baseline.namespace == ns)
+                let ns = svc.namespace().unwrap_or_default();
+                objects_where(&by_namespace, |fw| fw.spec.baseline.namespace == ns)
             },
         )
         // Baseline pods coming, going or changing readiness change the sidecar coverage in
@@ -131,16 +133,62 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
                     return Vec::new();
                 }
                 let ns = pod.namespace().unwrap_or_default();
-                forks_where(&by_pod, |fw| fw.spec.baseline.namespace == ns)
+                objects_where(&by_pod, |fw| fw.spec.baseline.namespace == ns)
             },
         )
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(forked::reconcile, forked::error_policy, ctx.clone())
         .for_each(|_| std::future::ready(()));
 
+    let ew = Controller::new(Api::<ExternalWorkload>::all(client.clone()), wc())
+        .with_config(cfg.clone());
+    let (ew_by_baseline, ew_by_namespace, ew_by_workstation) = (ew.store(), ew.store(), ew.store());
+    let tunnel_ns = ctx.tunnels.namespace.clone();
+    let externals = ew
+        .owns(Api::<Service>::all(client.clone()), managed())
+        .owns(Api::<EndpointSlice>::all(client.clone()), managed())
+        // A tunnel coming, renewing, moving or going changes endpoints and health.
+        .watches(
+            Api::<Lease>::namespaced(client.clone(), &tunnel_ns),
+            watcher::Config::default().labels(spur_api::tunnel::WORKSTATION_LABEL),
+            move |lease| {
+                let ws = lease
+                    .labels()
+                    .get(spur_api::tunnel::WORKSTATION_LABEL)
+                    .cloned()
+                    .unwrap_or_default();
+                objects_where(&ew_by_workstation, |ew| ew.spec.workstation == ws)
+            },
+        )
+        .watches(
+            Api::<PartialObjectMeta<Deployment>>::all(client.clone()),
+            wc(),
+            move |d| {
+                let (ns, name) = (d.namespace().unwrap_or_default(), d.name_any());
+                objects_where(&ew_by_baseline, |ew| {
+                    ew.spec.baseline.namespace == ns && ew.spec.baseline.name == name
+                })
+            },
+        )
+        .watches(
+            Api::<PartialObjectMeta<Service>>::all(client.clone()),
+            wc(),
+            move |svc| {
+                if is_managed(&svc) {
+                    return Vec::new();
+                }
+                let ns = svc.namespace().unwrap_or_default();
+                objects_where(&ew_by_namespace, |ew| ew.spec.baseline.namespace == ns)
+            },
+        )
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(external::reconcile, external::error_policy, ctx.clone())
+        .for_each(|_| std::future::ready(()));
+    let gc = tokio::spawn(external::collect_dead_tunnels(ctx.clone(), stop.clone()));
+
     let rc =
         Controller::new(Api::<RoutingConfig>::all(client.clone()), wc()).with_config(cfg.clone());
-    let rc_store = rc.store();
+    let (rc_store, rc_store_ew) = (rc.store(), rc.store());
     let configs = rc
         .watches(
             Api::<ForkedWorkload>::all(client.clone()),
@@ -149,7 +197,19 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
                 rc_store
                     .state()
                     .into_iter()
-                    .filter(|rc| routingconfig::lists(rc, &fw))
+                    .filter(|rc| routingconfig::lists(rc, SandboxedKind::ForkedWorkload, &fw))
+                    .map(|rc| ObjectRef::from_obj(&*rc))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .watches(
+            Api::<ExternalWorkload>::all(client.clone()),
+            wc(),
+            move |ew| {
+                rc_store_ew
+                    .state()
+                    .into_iter()
+                    .filter(|rc| routingconfig::lists(rc, SandboxedKind::ExternalWorkload, &ew))
                     .map(|rc| ObjectRef::from_obj(&*rc))
                     .collect::<Vec<_>>()
             },
@@ -178,18 +238,29 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         .run(routegroup::reconcile, routegroup::error_policy, ctx)
         .for_each(|_| std::future::ready(()));
 
-    tokio::join!(sandboxes, forks, configs, groups);
+    tokio::join!(sandboxes, forks, externals, configs, groups);
     let _ = pki.await;
+    let _ = gc.await;
 }
 
-fn forks_where(
-    store: &kube::runtime::reflector::Store<ForkedWorkload>,
-    keep: impl Fn(&ForkedWorkload) -> bool,
-) -> Vec<ObjectRef<ForkedWorkload>> {
+fn is_managed(obj: &impl ResourceExt) -> bool {
+    obj.labels()
+        .get(spur_api::keys::labels::MANAGED_BY)
+        .map(String::as_str)
+        == Some(spur_api::keys::labels::MANAGED_BY_VALUE)
+}
+
+fn objects_where<K>(
+    store: &kube::runtime::reflector::Store<K>,
+    keep: impl Fn(&K) -> bool,
+) -> Vec<ObjectRef<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
     store
         .state()
         .into_iter()
-        .filter(|fw| keep(fw))
-        .map(|fw| ObjectRef::from_obj(&*fw))
+        .filter(|o| keep(o))
+        .map(|o| ObjectRef::from_obj(&*o))
         .collect()
 }

@@ -32,6 +32,7 @@ pub struct Metrics {
     admissions: Family<Admission, Counter>,
     tls_errors: Counter,
     serving_cert_loaded: Gauge,
+    tunnels_collected: Counter,
 }
 
 impl Metrics {
@@ -82,7 +83,16 @@ impl Metrics {
             "1 once the webhook server holds a serving certificate",
             m.serving_cert_loaded.clone(),
         );
+        registry.register(
+            "tunnels_collected",
+            "Workstation tunnel Leases deleted after going unrenewed for the GC period",
+            m.tunnels_collected.clone(),
+        );
         m
+    }
+
+    pub(crate) fn tunnel_collected(&self) {
+        self.tunnels_collected.inc();
     }
 
     pub(crate) fn cert_expiry(&self, certificate: &'static str, not_after: i64) {

@@ -11,7 +11,7 @@ use spur_api::conditions::{
     ConditionStatus, NewCondition, READY, is_condition_true, set_condition,
 };
 use spur_api::routingconfig::{RouteServerStatus, SandboxedKind};
-use spur_api::{ForkedWorkload, Route, RoutingConfig, RoutingConfigStatus};
+use spur_api::{ExternalWorkload, ForkedWorkload, Route, RoutingConfig, RoutingConfigStatus};
 
 use crate::Error;
 use crate::context::{Context, now};
@@ -47,7 +47,28 @@ pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Context>) -> Resu
                         &st.services,
                     ));
                 }
-                SandboxedKind::ExternalWorkload | SandboxedKind::VirtualWorkload => {
+                SandboxedKind::ExternalWorkload => {
+                    let api: Api<ExternalWorkload> =
+                        Api::namespaced(ctx.client.clone(), &w.namespace);
+                    let Some(ew) = api.get_opt(&w.name).await? else {
+                        waiting.push(format!("{id} (not found)"));
+                        continue;
+                    };
+                    let st = ew.status.clone().unwrap_or_default();
+                    // Routed only while the workstation's tunnel is up: otherwise keyed
+                    // traffic falls back to the baseline instead of timing out.
+                    if !is_condition_true(&st.conditions, READY) || st.services.is_empty() {
+                        waiting.push(format!("{id} (tunnel not connected)"));
+                        continue;
+                    }
+                    routes.extend(Route::for_services(
+                        &w.namespace,
+                        &w.sandbox,
+                        &ew.spec.baseline,
+                        &st.services,
+                    ));
+                }
+                SandboxedKind::VirtualWorkload => {
                     waiting.push(format!("{id} (kind not supported yet)"));
                 }
             }
@@ -91,14 +112,14 @@ pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Context>) -> Resu
     Ok(Action::requeue(Duration::from_secs(300)))
 }
 
-/// The RoutingConfigs that list a ForkedWorkload (for the watch on ForkedWorkloads).
-pub(crate) fn lists(rc: &RoutingConfig, fw: &ForkedWorkload) -> bool {
-    let ns = fw.namespace().unwrap_or_default();
-    let name = fw.name_any();
+/// Whether a RoutingConfig lists the workload `obj` of `kind` (for the watches on workloads).
+pub(crate) fn lists(rc: &RoutingConfig, kind: SandboxedKind, obj: &impl ResourceExt) -> bool {
+    let ns = obj.namespace().unwrap_or_default();
+    let name = obj.name_any();
     rc.spec
         .workloads
         .iter()
-        .any(|w| w.kind == SandboxedKind::ForkedWorkload && w.namespace == ns && w.name == name)
+        .any(|w| w.kind == kind && w.namespace == ns && w.name == name)
 }
 
 fn key_of(rc: &RoutingConfig) -> String {

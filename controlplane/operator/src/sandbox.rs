@@ -20,7 +20,7 @@ use spur_api::conditions::{
 };
 use spur_api::keys::labels;
 use spur_api::routingconfig::{SandboxedKind, SandboxedWorkloadRef};
-use spur_api::sandbox::ForkStatus;
+use spur_api::sandbox::{ForkStatus, LocalStatus};
 use spur_api::{
     ExternalWorkload, ExternalWorkloadSpec, ForkedWorkload, ForkedWorkloadSpec, RoutingConfig,
     RoutingConfigSpec, Sandbox, SandboxStatus, VirtualWorkload, VirtualWorkloadSpec, WorkloadKind,
@@ -110,6 +110,7 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         let changed = write_status(sb, ctx, |st| {
             st.routing_key = Some(key.clone());
             st.forks.clear();
+            st.local.clear();
             condition(st, sb, READY, ConditionStatus::False, reason, &message)
         })
         .await?;
@@ -154,8 +155,10 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             sandbox: name.clone(),
         });
     }
-    // Local and virtual workloads: the objects are created (their controllers, tunnels and
-    // virtual handling, come later), so the sandbox's shape is complete and owned.
+    // Local workloads: an ExternalWorkload each, served by the workstation's tunnel. Virtual
+    // workloads: the objects are created (their handling comes later), so the sandbox's shape
+    // is complete and owned.
+    let mut locals = Vec::new();
     for local in &sb.spec.local {
         let b = &local.from;
         let ew_name = names::external_workload_name(&name, &local.name);
@@ -171,9 +174,16 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             },
         );
         ew.metadata = child_meta(&ew_name, &b.namespace, &name, &key, &owner);
-        Api::<ExternalWorkload>::namespaced(ctx.client.clone(), &b.namespace)
+        let applied = Api::<ExternalWorkload>::namespaced(ctx.client.clone(), &b.namespace)
             .patch(&ew_name, &pp, &Patch::Apply(&ew))
             .await?;
+        let st = applied.status.unwrap_or_default();
+        locals.push(LocalStatus {
+            name: local.name.clone(),
+            external_workload: ew_name.clone(),
+            connected: st.tunnel.as_ref().is_some_and(|t| t.connected),
+            ready: is_condition_true(&st.conditions, READY),
+        });
         workloads.push(SandboxedWorkloadRef {
             kind: SandboxedKind::ExternalWorkload,
             namespace: b.namespace.clone(),
@@ -236,11 +246,12 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         .as_ref()
         .is_some_and(|s| is_condition_true(&s.conditions, READY));
 
-    let unsupported = !sb.spec.local.is_empty() || !sb.spec.virtual_workloads.is_empty();
-    let all_ready = forks.iter().all(|f| f.ready);
+    let unsupported = !sb.spec.virtual_workloads.is_empty();
+    let all_ready = forks.iter().all(|f| f.ready) && locals.iter().all(|l| l.ready);
     write_status(sb, ctx, |st| {
         st.routing_key = Some(key.clone());
         st.forks = forks;
+        st.local = locals;
         st.expires_at = expires_at.map(Time);
         condition(
             st,
@@ -266,14 +277,14 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             (
                 ConditionStatus::False,
                 "Unsupported",
-                "local and virtual workloads are not supported yet; only forks are deployed"
+                "virtual workloads are not supported yet; only forks and local workloads are deployed"
                     .to_string(),
             )
         } else if all_ready && routing_ready {
             (
                 ConditionStatus::True,
                 "Ready",
-                "every fork is ready and routed".to_string(),
+                "every workload is ready and routed".to_string(),
             )
         } else {
             let waiting: Vec<&str> = st
@@ -281,6 +292,12 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                 .iter()
                 .filter(|f| !f.ready)
                 .map(|f| f.forked_workload.as_str())
+                .chain(
+                    st.local
+                        .iter()
+                        .filter(|l| !l.ready)
+                        .map(|l| l.external_workload.as_str()),
+                )
                 .collect();
             (
                 ConditionStatus::False,
