@@ -25,6 +25,7 @@ mod config;
 mod detect;
 mod drain;
 mod error;
+pub mod forward;
 mod http;
 mod io;
 mod listener;
