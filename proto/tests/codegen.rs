@@ -7,8 +7,13 @@ use std::path::Path;
 
 #[test]
 fn generated_code_is_up_to_date() {
+    check("routes.proto", "routes.rs");
+    check("tunnel.proto", "spur.tunnel.v1.rs");
+}
+
+fn check(proto: &str, generated_file: &str) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let fds = protox::compile([root.join("routes.proto")], [root]).expect("routes.proto compiles");
+    let fds = protox::compile([root.join(proto)], [root]).expect("the .proto compiles");
     let out = tempfile::tempdir().unwrap();
     tonic_prost_build::configure()
         .build_client(true)
@@ -16,8 +21,8 @@ fn generated_code_is_up_to_date() {
         .out_dir(out.path())
         .compile_fds(fds)
         .expect("code generation");
-    let generated = std::fs::read_to_string(out.path().join("routes.rs")).unwrap();
-    let committed_path = root.join("src/gen/routes.rs");
+    let generated = std::fs::read_to_string(out.path().join(generated_file)).unwrap();
+    let committed_path = root.join("src/gen").join(generated_file);
     if std::env::var_os("SPUR_REGENERATE").is_some() {
         std::fs::write(&committed_path, &generated).unwrap();
         return;
@@ -25,6 +30,6 @@ fn generated_code_is_up_to_date() {
     let committed = std::fs::read_to_string(&committed_path).unwrap_or_default();
     assert!(
         committed == generated,
-        "proto/src/gen/routes.rs is stale: run `SPUR_REGENERATE=1 cargo test -p spur-proto --test codegen` and commit the result"
+        "proto/src/gen/{generated_file} is stale: run `SPUR_REGENERATE=1 cargo test -p spur-proto --test codegen` and commit the result"
     );
 }
