@@ -904,3 +904,286 @@ async fn local_workload_follows_its_workstation_tunnel() {
     assert!(left.items.is_empty());
     cp.shutdown().await;
 }
+
+/// The tunnel proxy's Kubernetes side under its chart RBAC: workstation tokens, the tunnel API
+/// (served over loopback gRPC here; over a tunnel stream in production), bind authorization,
+/// and the session Lease driving the operator's ExternalWorkload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnel_proxy_tokens_api_and_session_lease() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use spur_proto::tunnel::tunnel_api_client::TunnelApiClient;
+    use spur_proto::tunnel::tunnel_api_server::TunnelApiServer;
+    use spur_proto::tunnel::{
+        HelloRequest, ListServicesRequest, ResolveRequest, WatchLocalWorkloadsRequest,
+    };
+    use spur_tunnelproxy::{Caches, SessionReporter, TokenStore, TunnelApiService, tokens};
+
+    let cp = ControlPlane::start().await;
+    let client = cp.client();
+    create_namespace(&client).await;
+    for obj in [json!({"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": "api", "namespace": NS},
+               "spec": {"selector": {"matchLabels": {"app": "api"}},
+                        "template": {"metadata": {"labels": {"app": "api"}},
+                                     "spec": {"containers": [{"name": "api", "image": "api:1", "ports": [{"name": "http", "containerPort": 8080}]}]}}}})]
+    {
+        let d: Deployment = serde_json::from_value(obj).unwrap();
+        Api::<Deployment>::namespaced(client.clone(), NS)
+            .create(&PostParams::default(), &d)
+            .await
+            .unwrap();
+    }
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "api", "namespace": NS},
+        "spec": {"selector": {"app": "api"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let sb: Sandbox = serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": "dev"},
+        "spec": {"workstation": "alice",
+                 "local": [{"name": "api", "from": {"kind": "Deployment", "namespace": NS, "name": "api"},
+                            "mappings": [{"port": 8080, "toLocal": "localhost:3000"}]}]}
+    }))
+    .unwrap();
+    Api::<Sandbox>::all(client.clone())
+        .create(&PostParams::default(), &sb)
+        .await
+        .unwrap();
+    let ew_name = names::external_workload_name("dev", "api");
+
+    let tp = kube_rbac::chart_client(
+        &cp.api,
+        "spur-tunnel-proxy",
+        "tunnelproxy-rules.yaml",
+        Some("tunnelproxy-namespace-rules.yaml"),
+    )
+    .await
+    .unwrap();
+    let stop = CancellationToken::new();
+
+    // Tokens: alice's is valid, bob's expired, anything else unknown.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "spur-system");
+    let alice_token = tokens::generate_token().unwrap();
+    let bob_token = tokens::generate_token().unwrap();
+    let past = std::time::SystemTime::now() - Duration::from_secs(60);
+    for s in [
+        tokens::token_secret("spur-system", "alice", &alice_token, None).unwrap(),
+        tokens::token_secret("spur-system", "bob", &bob_token, Some(past)).unwrap(),
+    ] {
+        secrets.create(&PostParams::default(), &s).await.unwrap();
+    }
+    let store = TokenStore::start(tp.clone(), "spur-system", stop.clone())
+        .await
+        .unwrap();
+    let now = std::time::SystemTime::now();
+    let who = eventually("alice's token known", || {
+        let store = store.clone();
+        let t = alice_token.clone();
+        async move { store.lookup(&t, now).ok() }
+    })
+    .await;
+    assert_eq!(who.name, "alice");
+    assert_eq!(
+        store.lookup(&bob_token, now),
+        Err(spur_tunnelproxy::TokenError::Expired("bob".into()))
+    );
+    assert_eq!(
+        store.lookup("guess", now),
+        Err(spur_tunnelproxy::TokenError::Unknown)
+    );
+
+    // The caches see the sandbox's local workload; only alice may bind its port.
+    let caches = Caches::start(tp.clone(), stop.clone()).await.unwrap();
+    let bind = format!("{NS}/{ew_name}/8080");
+    let locals = eventually("alice's local workload", || {
+        let caches = caches.clone();
+        async move {
+            let l = caches.local_workloads("alice");
+            (!l.is_empty()).then_some(l)
+        }
+    })
+    .await;
+    assert_eq!(locals[0].routing_key.len(), 13);
+    assert_eq!(locals[0].mappings[0].bind_id, bind);
+    assert_eq!(locals[0].mappings[0].to_local, "localhost:3000");
+    assert!(caches.authorize_bind("alice", &bind).is_ok());
+    assert!(
+        caches
+            .authorize_bind("bob", &bind)
+            .unwrap_err()
+            .contains("another workstation")
+    );
+    assert!(
+        caches
+            .authorize_bind("alice", &format!("{NS}/{ew_name}/9999"))
+            .is_err()
+    );
+    assert!(caches.authorize_bind("alice", "garbage").is_err());
+    assert!(caches.local_workloads("bob").is_empty());
+
+    // The tunnel API, as alice.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let service = TunnelApiService {
+        workstation: "alice".into(),
+        proxy_pod: "tp-0".into(),
+        cluster_domain: "cluster.local".into(),
+        caches: caches.clone(),
+    };
+    let api_stop = stop.clone();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(TunnelApiServer::new(service))
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                api_stop.cancelled_owned(),
+            )
+            .await
+            .unwrap();
+    });
+    let mut api = TunnelApiClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let hello = api
+        .hello(HelloRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (hello.workstation.as_str(), hello.proxy_pod.as_str()),
+        ("alice", "tp-0")
+    );
+    let services = api
+        .list_services(ListServicesRequest {
+            namespaces: vec![NS.into()],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .services;
+    assert!(
+        services
+            .iter()
+            .any(|s| s.name == "api" && s.ports[0].port == 80),
+        "{services:?}"
+    );
+    let local = api
+        .resolve(ResolveRequest {
+            name: "localhost".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        local
+            .addresses
+            .iter()
+            .any(|a| a == "127.0.0.1" || a == "::1"),
+        "{local:?}"
+    );
+    let bad = api
+        .resolve(ResolveRequest {
+            name: "no spaces".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+    let mut watch = api
+        .watch_local_workloads(WatchLocalWorkloadsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.workloads.len(), 1);
+    assert_eq!(first.workloads[0].mappings[0].bind_id, bind);
+
+    // The session's Lease makes the ExternalWorkload ready with endpoints at the proxy; a
+    // clean close withdraws them at once (no waiting for expiry).
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
+    let svc_name = names::sandbox_service_name("dev", "api");
+    let endpoint = |want: Option<(&'static str, i32)>| {
+        let slices = slices.clone();
+        let svc_name = svc_name.clone();
+        async move {
+            let s = slices.get_opt(&svc_name).await.ok()??;
+            let got = s.endpoints.first().map(|e| e.addresses[0].clone());
+            let port = s
+                .ports
+                .as_ref()
+                .and_then(|p| p.first())
+                .and_then(|p| p.port);
+            match want {
+                Some((ip, p)) => (got.as_deref() == Some(ip) && port == Some(p)).then_some(()),
+                None => got.is_none().then_some(()),
+            }
+        }
+    };
+    let reporter = SessionReporter::start(
+        tp.clone(),
+        "spur-system",
+        "alice",
+        "tp-0",
+        "10.0.0.9",
+        Duration::from_secs(6),
+    );
+    reporter.set_ports(vec![spur_api::tunnel::PortAssignment {
+        namespace: NS.into(),
+        external_workload: ew_name.clone(),
+        port: 8080,
+        proxy_port: 32000,
+    }]);
+    eventually("endpoints at tp-0", || endpoint(Some(("10.0.0.9", 32000)))).await;
+    // Another replica takes the workstation over (it reconnected there): the first notices and
+    // stops; its close leaves the successor's Lease alone.
+    let successor = SessionReporter::start(
+        tp.clone(),
+        "spur-system",
+        "alice",
+        "tp-1",
+        "10.0.0.10",
+        Duration::from_secs(6),
+    );
+    successor.set_ports(vec![spur_api::tunnel::PortAssignment {
+        namespace: NS.into(),
+        external_workload: ew_name.clone(),
+        port: 8080,
+        proxy_port: 32001,
+    }]);
+    eventually("endpoints at tp-1", || endpoint(Some(("10.0.0.10", 32001)))).await;
+    let ended = tokio::time::timeout(WAIT, async {
+        while !reporter.is_finished() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        reporter.close().await
+    })
+    .await
+    .unwrap();
+    assert_eq!(ended, spur_tunnelproxy::Ended::Superseded("tp-1".into()));
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "spur-system");
+    assert!(
+        leases
+            .get_opt(&spur_api::tunnel::lease_name("alice"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(successor.close().await, spur_tunnelproxy::Ended::Closed);
+    assert!(
+        leases
+            .get_opt(&spur_api::tunnel::lease_name("alice"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    eventually("endpoints withdrawn at close", || endpoint(None)).await;
+
+    stop.cancel();
+    cp.shutdown().await;
+}

@@ -1,0 +1,371 @@
+//! The tunnel API (`spur.tunnel.v1.TunnelApi`) for one authenticated workstation: cluster DNS,
+//! the cluster's Services, and the local workloads bound to this workstation, all from watch
+//! caches shared by every session of the replica.
+//!
+//! Reverse bindings are named `<namespace>/<externalWorkload>/<port>` ([`BindId`]); a
+//! workstation may only bind the ports of ExternalWorkloads whose `spec.workstation` is its own
+//! ([`Caches::authorize_bind`]), so one developer's routing key never reaches another's laptop.
+
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures_util::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Service;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use spur_api::ExternalWorkload;
+use spur_proto::tunnel::tunnel_api_server::TunnelApi;
+use spur_proto::tunnel::{
+    ClusterService, HelloRequest, HelloResponse, ListServicesRequest, ListServicesResponse,
+    LocalMapping, LocalWorkload, LocalWorkloads, ResolveRequest, ResolveResponse, ServicePort,
+    WatchLocalWorkloadsRequest, Workload,
+};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::Error;
+
+/// A reverse binding: one mapped port of one ExternalWorkload.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BindId {
+    pub namespace: String,
+    pub external_workload: String,
+    pub port: u16,
+}
+
+impl std::fmt::Display for BindId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}/{}",
+            self.namespace, self.external_workload, self.port
+        )
+    }
+}
+
+impl std::str::FromStr for BindId {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<BindId, String> {
+        let mut parts = s.split('/');
+        match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some(ns), Some(ew), Some(port), None) if !ns.is_empty() && !ew.is_empty() => {
+                Ok(BindId {
+                    namespace: ns.into(),
+                    external_workload: ew.into(),
+                    port: port
+                        .parse()
+                        .ok()
+                        .filter(|p| *p != 0)
+                        .ok_or_else(|| format!("bind {s:?}: bad port"))?,
+                })
+            }
+            _ => Err(format!("bind {s:?} is not namespace/externalWorkload/port")),
+        }
+    }
+}
+
+/// Watch caches every session of a replica reads.
+#[derive(Clone)]
+pub struct Caches {
+    services: Store<Service>,
+    externals: Store<ExternalWorkload>,
+    /// Bumped whenever an ExternalWorkload changes, so watchers re-send their list.
+    generation: watch::Receiver<u64>,
+}
+
+impl Caches {
+    /// Starts the Service and ExternalWorkload watches (cluster-wide); resolves once both have
+    /// listed.
+    pub async fn start(client: Client, stop: CancellationToken) -> Result<Caches, Error> {
+        let (services, svc_writer) = reflector::store();
+        let svc_stream = reflector::reflector(
+            svc_writer,
+            watcher(
+                Api::<Service>::all(client.clone()),
+                watcher::Config::default(),
+            ),
+        )
+        .default_backoff()
+        .touched_objects();
+        let (externals, ew_writer) = reflector::store();
+        let ew_stream = reflector::reflector(
+            ew_writer,
+            watcher(
+                Api::<ExternalWorkload>::all(client),
+                watcher::Config::default(),
+            ),
+        )
+        .default_backoff()
+        .touched_objects();
+        let (bump, generation) = watch::channel(0u64);
+        let s1 = stop.clone();
+        tokio::spawn(async move {
+            let mut s = std::pin::pin!(svc_stream.take_until(s1.cancelled_owned()));
+            while s.next().await.is_some() {}
+        });
+        tokio::spawn(async move {
+            let mut s = std::pin::pin!(ew_stream.take_until(stop.cancelled_owned()));
+            while let Some(ev) = s.next().await {
+                if ev.is_ok() {
+                    bump.send_modify(|g| *g = g.wrapping_add(1));
+                }
+            }
+        });
+        let ready = async {
+            services.wait_until_ready().await?;
+            externals.wait_until_ready().await
+        };
+        tokio::time::timeout(Duration::from_secs(30), ready)
+            .await
+            .map_err(|_| Error::Kube("timed out listing Services and ExternalWorkloads".into()))?
+            .map_err(|e| Error::Kube(e.to_string()))?;
+        Ok(Caches {
+            services,
+            externals,
+            generation,
+        })
+    }
+
+    /// The local workloads bound to `workstation`, sorted.
+    pub fn local_workloads(&self, workstation: &str) -> Vec<LocalWorkload> {
+        let mut out: Vec<LocalWorkload> = self
+            .externals
+            .state()
+            .iter()
+            .filter(|ew| {
+                ew.spec.workstation == workstation && ew.metadata.deletion_timestamp.is_none()
+            })
+            .map(|ew| {
+                let ns = ew.namespace().unwrap_or_default();
+                let name = ew.name_any();
+                LocalWorkload {
+                    sandbox: ew.spec.sandbox.clone(),
+                    routing_key: ew.spec.routing_key.clone(),
+                    name: ew.spec.name.clone(),
+                    namespace: ns.clone(),
+                    external_workload: name.clone(),
+                    baseline: Some(Workload {
+                        kind: ew.spec.baseline.kind.routes_api_kind().to_string(),
+                        namespace: ew.spec.baseline.namespace.clone(),
+                        name: ew.spec.baseline.name.clone(),
+                    }),
+                    mappings: ew
+                        .spec
+                        .mappings
+                        .iter()
+                        .map(|m| LocalMapping {
+                            port: u32::try_from(m.port).unwrap_or(0),
+                            to_local: m.to_local.clone(),
+                            bind_id: BindId {
+                                namespace: ns.clone(),
+                                external_workload: name.clone(),
+                                port: u16::try_from(m.port).unwrap_or(0),
+                            }
+                            .to_string(),
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            (&a.namespace, &a.external_workload).cmp(&(&b.namespace, &b.external_workload))
+        });
+        out
+    }
+
+    /// Whether `workstation` may bind `bind`: the ExternalWorkload exists, is bound to that
+    /// workstation, and maps that port.
+    pub fn authorize_bind(&self, workstation: &str, bind: &str) -> Result<BindId, String> {
+        let id: BindId = bind.parse()?;
+        let ew = self
+            .externals
+            .get(&ObjectRef::new(&id.external_workload).within(&id.namespace))
+            .ok_or_else(|| {
+                format!(
+                    "no ExternalWorkload {}/{}",
+                    id.namespace, id.external_workload
+                )
+            })?;
+        if ew.spec.workstation != workstation {
+            return Err(format!(
+                "ExternalWorkload {}/{} belongs to another workstation",
+                id.namespace, id.external_workload
+            ));
+        }
+        if !ew
+            .spec
+            .mappings
+            .iter()
+            .any(|m| m.port == i32::from(id.port))
+        {
+            return Err(format!("port {} is not mapped", id.port));
+        }
+        Ok(id)
+    }
+}
+
+/// The tunnel API of one session.
+pub struct TunnelApiService {
+    pub workstation: String,
+    pub proxy_pod: String,
+    pub cluster_domain: String,
+    pub caches: Caches,
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<LocalWorkloads, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl TunnelApi for TunnelApiService {
+    async fn hello(&self, _: Request<HelloRequest>) -> Result<Response<HelloResponse>, Status> {
+        Ok(Response::new(HelloResponse {
+            workstation: self.workstation.clone(),
+            proxy_pod: self.proxy_pod.clone(),
+            cluster_domain: self.cluster_domain.clone(),
+        }))
+    }
+
+    async fn resolve(
+        &self,
+        req: Request<ResolveRequest>,
+    ) -> Result<Response<ResolveResponse>, Status> {
+        let name = req.into_inner().name;
+        let valid = !name.is_empty()
+            && name.len() <= 253
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+        if !valid {
+            return Err(Status::invalid_argument(format!(
+                "{name:?} is not a DNS name"
+            )));
+        }
+        if let Ok(ip) = name.parse::<IpAddr>() {
+            return Ok(Response::new(ResolveResponse {
+                addresses: vec![ip.to_string()],
+            }));
+        }
+        // The pod's resolver is the cluster's DNS: names resolve as they would for any pod.
+        let lookup = tokio::net::lookup_host((name.as_str(), 0));
+        let addresses = match tokio::time::timeout(Duration::from_secs(5), lookup).await {
+            Ok(Ok(addrs)) => {
+                let mut v: Vec<String> = addrs.map(|a| a.ip().to_string()).collect();
+                v.sort();
+                v.dedup();
+                v
+            }
+            // NXDOMAIN and friends: an empty answer, not an error.
+            Ok(Err(_)) => Vec::new(),
+            Err(_) => return Err(Status::deadline_exceeded("DNS lookup timed out")),
+        };
+        Ok(Response::new(ResolveResponse { addresses }))
+    }
+
+    async fn list_services(
+        &self,
+        req: Request<ListServicesRequest>,
+    ) -> Result<Response<ListServicesResponse>, Status> {
+        let wanted = req.into_inner().namespaces;
+        let mut services: Vec<ClusterService> = self
+            .caches
+            .services
+            .state()
+            .iter()
+            .filter(|s| {
+                let ns = s.namespace().unwrap_or_default();
+                wanted.is_empty() || wanted.contains(&ns)
+            })
+            .map(|s| ClusterService {
+                namespace: s.namespace().unwrap_or_default(),
+                name: s.name_any(),
+                ports: s
+                    .spec
+                    .as_ref()
+                    .and_then(|sp| sp.ports.as_ref())
+                    .map(|ps| {
+                        ps.iter()
+                            .map(|p| ServicePort {
+                                name: p.name.clone().unwrap_or_default(),
+                                port: u32::try_from(p.port).unwrap_or(0),
+                                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            })
+            .collect();
+        services.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        Ok(Response::new(ListServicesResponse { services }))
+    }
+
+    type WatchLocalWorkloadsStream = WatchStream;
+
+    async fn watch_local_workloads(
+        &self,
+        _: Request<WatchLocalWorkloadsRequest>,
+    ) -> Result<Response<WatchStream>, Status> {
+        let caches = self.caches.clone();
+        let workstation = self.workstation.clone();
+        let mut generation = caches.generation.clone();
+        let stream = async_stream(move |tx| async move {
+            let mut last = None;
+            loop {
+                let now = caches.local_workloads(&workstation);
+                if last.as_ref() != Some(&now) {
+                    if tx
+                        .send(Ok(LocalWorkloads {
+                            workloads: now.clone(),
+                        }))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    last = Some(now);
+                }
+                if generation.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(stream))
+    }
+}
+
+/// A stream fed by a task through a small bounded channel (a slow client holds the task, not
+/// memory).
+fn async_stream<F, Fut>(f: F) -> WatchStream
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<LocalWorkloads, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(f(tx));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn bind_ids_round_trip_and_reject_garbage() {
+        let id: BindId = "shop/dev-api-1/8080".parse().unwrap();
+        assert_eq!(id.to_string(), "shop/dev-api-1/8080");
+        for bad in [
+            "",
+            "shop/x",
+            "shop/x/0",
+            "shop/x/70000",
+            "/x/80",
+            "a/b/80/extra",
+            "shop//80",
+        ] {
+            assert!(bad.parse::<BindId>().is_err(), "{bad}");
+        }
+    }
+}
