@@ -19,3 +19,10 @@ pub mod tunnel {
 mod convert;
 
 pub use convert::{rule_from_proto, rule_to_proto};
+
+/// How a workstation reaches the tunnel API: a forward tunnel stream to this host and port,
+/// on which the tunnel proxy serves gRPC (HTTP/2 without TLS; the tunnel is already
+/// authenticated and encrypted).
+pub const TUNNEL_API_HOST: &str = "spur-tunnel-api";
+/// See [`TUNNEL_API_HOST`].
+pub const TUNNEL_API_PORT: u16 = 443;
