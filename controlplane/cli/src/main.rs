@@ -1,6 +1,7 @@
 //! The `spur` command: the standalone demo, the route server and the operator.
 
 mod demo;
+mod local;
 mod operator;
 mod routeserver;
 
@@ -22,6 +23,10 @@ enum Command {
     /// Run example baseline and forked services behind Spur sidecars on loopback and show
     /// keyed requests reaching the fork while everything else reaches the baseline.
     Demo(demo::DemoArgs),
+    /// Work on a sandbox from this workstation: connect to the cluster's tunnel proxy (reverse
+    /// binds for local workloads, SOCKS5/HTTP CONNECT, cluster DNS names on loopback), show the
+    /// connection, disconnect, or proxy one Service with a routing key.
+    Local(Box<local::LocalArgs>),
     /// Serve the Routes API (gRPC 7777, REST 7778) from a directory of rule files or from the
     /// cluster's RoutingConfigs.
     Routeserver(routeserver::RouteserverArgs),
@@ -37,6 +42,8 @@ fn main() -> std::process::ExitCode {
     // otherwise. Servers log their lifecycle.
     spur_sidecar::init_tracing(match cli.command {
         Command::Demo(_) => "warn",
+        // `spur local` prints its own progress lines; the tunnel library's would repeat them.
+        Command::Local(_) => "warn,spur_tunnel=error",
         Command::Routeserver(_) | Command::Operator(_) => "info",
     });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -52,6 +59,7 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Demo(args) => demo::run(args).await,
+            Command::Local(args) => local::run(*args).await,
             Command::Routeserver(args) => routeserver::run(args).await,
             Command::Operator(args) => operator::run(*args).await,
         }
