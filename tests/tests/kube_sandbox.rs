@@ -729,6 +729,7 @@ fn tunnel_lease(ew: &str, renewed: i64) -> k8s_openapi::api::coordination::v1::L
         }],
         renewed,
         duration: 6,
+        started_micros: 0,
     }
     .to_lease("spur-system")
     .unwrap()
@@ -1185,5 +1186,323 @@ async fn tunnel_proxy_tokens_api_and_session_lease() {
     eventually("endpoints withdrawn at close", || endpoint(None)).await;
 
     stop.cancel();
+    cp.shutdown().await;
+}
+
+/// A workstation's whole path through the real tunnel proxy (in process, under its chart RBAC)
+/// and a real tunnel client, both transports: authentication (valid, unknown, expired), the
+/// tunnel API over a tunnel stream, a forward stream into the "cluster", a reverse binding that
+/// becomes an ExternalWorkload endpoint and carries cluster traffic to the laptop's process,
+/// SOCKS5 with the token, and a clean disconnect withdrawing the endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workstation_session_through_the_tunnel_proxy() {
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use spur_proto::tunnel::tunnel_api_client::TunnelApiClient;
+    use spur_proto::tunnel::{HelloRequest, WatchLocalWorkloadsRequest};
+    use spur_tunnel::{
+        ClientConfig, ClientTls, SessionState, Token, TransportPolicy, TunnelClient,
+    };
+    use spur_tunnelproxy::tokens;
+
+    let cp = ControlPlane::start().await;
+    let client = cp.client();
+    create_namespace(&client).await;
+    let apps = CancellationToken::new();
+    let cluster_app = spawn_app(AppKind::Http, "cluster-app", apps.clone()).await;
+    let laptop_app = spawn_app(AppKind::Http, "laptop-app", apps.clone()).await;
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "api", "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"app": "api"}},
+                 "template": {"metadata": {"labels": {"app": "api"}},
+                              "spec": {"containers": [{"name": "api", "image": "api:1", "ports": [{"name": "http", "containerPort": 8080}]}]}}}
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "api", "namespace": NS},
+        "spec": {"selector": {"app": "api"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let sb: Sandbox = serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": "dev"},
+        "spec": {"workstation": "alice",
+                 "local": [{"name": "api", "from": {"kind": "Deployment", "namespace": NS, "name": "api"},
+                            "mappings": [{"port": 8080, "toLocal": format!("127.0.0.1:{}", laptop_app.port())}]}]}
+    }))
+    .unwrap();
+    Api::<Sandbox>::all(client.clone())
+        .create(&PostParams::default(), &sb)
+        .await
+        .unwrap();
+    let ew_name = names::external_workload_name("dev", "api");
+
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "spur-system");
+    let alice = tokens::generate_token().unwrap();
+    let bob = tokens::generate_token().unwrap();
+    let past = std::time::SystemTime::now() - Duration::from_secs(60);
+    for s in [
+        tokens::token_secret("spur-system", "alice", &alice, None).unwrap(),
+        tokens::token_secret("spur-system", "bob", &bob, Some(past)).unwrap(),
+    ] {
+        secrets.create(&PostParams::default(), &s).await.unwrap();
+    }
+
+    let tp = kube_rbac::chart_client(
+        &cp.api,
+        "spur-tunnel-proxy",
+        "tunnelproxy-rules.yaml",
+        Some("tunnelproxy-namespace-rules.yaml"),
+    )
+    .await
+    .unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["tunnel.spur.test".into()]).unwrap();
+    let cert_der = cert.cert.der().clone();
+    let key_der =
+        rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).unwrap();
+    let mut registry = prometheus_client::registry::Registry::with_prefix("spur");
+    let stop = CancellationToken::new();
+    let proxy = spur_tunnelproxy::run(
+        tp,
+        spur_tunnelproxy::TunnelProxyConfig {
+            namespace: "spur-system".into(),
+            pod_name: "spur-tunnel-proxy-0".into(),
+            // EndpointSlices refuse loopback addresses: the reported pod IP is a documentation
+            // address nobody dials; the test connects to the reverse listener on loopback, as
+            // kube-proxy would translate the Service address to the pod's.
+            pod_ip: "192.0.2.10".parse().unwrap(),
+            quic_addr: Some("127.0.0.1:0".parse().unwrap()),
+            h2_addr: Some("127.0.0.1:0".parse().unwrap()),
+            socks_addr: Some("127.0.0.1:0".parse().unwrap()),
+            reverse_bind: "127.0.0.1".parse().unwrap(),
+            tls: spur_tunnel::ServerTls {
+                cert: spur_tunnel::ServerCert::Static {
+                    chain: vec![cert_der.clone()],
+                    key: key_der,
+                },
+                client_ca: Vec::new(),
+                require_client_cert: false,
+            },
+            lease_duration: Duration::from_secs(6),
+            cluster_domain: "cluster.local".into(),
+            dial_timeout: Duration::from_secs(5),
+        },
+        &mut registry,
+        stop.clone(),
+    )
+    .await
+    .unwrap();
+    let (quic, h2, socks) = (
+        proxy.quic_addr.unwrap(),
+        proxy.h2_addr.unwrap(),
+        proxy.socks_addr.unwrap(),
+    );
+    let connect = |token: &str, policy: TransportPolicy| {
+        let mut cfg = ClientConfig::new(
+            "tunnel.spur.test",
+            ClientTls {
+                roots: vec![cert_der.clone()],
+                client_cert: None,
+            },
+        );
+        cfg.quic_addr = Some(quic.to_string());
+        cfg.h2_addr = Some(h2.to_string());
+        cfg.transports = policy;
+        cfg.token = Some(Token::new(token));
+        cfg.client_name = "laptop".into();
+        TunnelClient::start(cfg, &mut prometheus_client::registry::Registry::default()).unwrap()
+    };
+    let final_state = |c: &TunnelClient| {
+        let mut st = c.state();
+        async move {
+            tokio::time::timeout(WAIT, async {
+                loop {
+                    let s = st.borrow_and_update().clone();
+                    if matches!(
+                        s,
+                        SessionState::Connected { .. } | SessionState::Closed { .. }
+                    ) {
+                        return s;
+                    }
+                    st.changed().await.unwrap();
+                }
+            })
+            .await
+            .unwrap()
+        }
+    };
+
+    // Refused: an unknown token, and bob's expired one. Neither retries forever.
+    for (token, why) in [("not-a-token", "unknown token"), (bob.as_str(), "expired")] {
+        let c = connect(token, TransportPolicy::QuicThenH2);
+        match final_state(&c).await {
+            SessionState::Closed { reason } => assert!(reason.contains(why), "{reason}"),
+            other => panic!("{token:.8}… was not refused: {other:?}"),
+        }
+    }
+
+    for policy in [TransportPolicy::QuicOnly, TransportPolicy::H2Only] {
+        let c = Arc::new(connect(&alice, policy));
+        let SessionState::Connected {
+            identity,
+            transport,
+            ..
+        } = final_state(&c).await
+        else {
+            panic!("alice not connected over {policy:?}");
+        };
+        assert_eq!(identity, "alice");
+        assert_eq!(
+            transport,
+            if policy == TransportPolicy::QuicOnly {
+                spur_tunnel::Transport::Quic
+            } else {
+                spur_tunnel::Transport::H2
+            }
+        );
+
+        // The tunnel API, over a tunnel stream.
+        let opener = c.clone();
+        let channel = tonic::transport::Endpoint::from_static("http://spur-tunnel-api")
+            .connect_with_connector(tower::service_fn(move |_| {
+                let opener = opener.clone();
+                async move {
+                    let s = opener
+                        .open(spur_proto::TUNNEL_API_HOST, spur_proto::TUNNEL_API_PORT)
+                        .await?;
+                    Ok::<_, spur_tunnel::Error>(hyper_util::rt::TokioIo::new(s))
+                }
+            }))
+            .await
+            .unwrap();
+        let mut api = TunnelApiClient::new(channel);
+        let hello = api
+            .hello(HelloRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(hello.workstation, "alice");
+        let mut watch = api
+            .watch_local_workloads(WatchLocalWorkloadsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        let locals = watch.message().await.unwrap().unwrap();
+        let mapping = locals.workloads[0].mappings[0].clone();
+        assert_eq!(mapping.bind_id, format!("{NS}/{ew_name}/8080"));
+
+        // Laptop → cluster: a forward stream to a cluster address.
+        let mut s = c.open("127.0.0.1", cluster_app.port()).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(
+            &mut s,
+            b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut out = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut s, &mut out)
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.contains("cluster-app"), "{text}");
+
+        // Cluster → laptop: bind, the ExternalWorkload gets an endpoint at the proxy, and a
+        // connection there reaches the laptop's process.
+        let mut listener = c.bind(&mapping.bind_id, "{}").await.unwrap();
+
+        let to_local = mapping.to_local.clone();
+        tokio::spawn(async move {
+            while let Some(incoming) = listener.accept().await {
+                let Ok(mut stream) = incoming.accept().await else {
+                    continue;
+                };
+                let mut local = tokio::net::TcpStream::connect(&to_local).await.unwrap();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy_bidirectional(&mut stream, &mut local).await;
+                });
+            }
+        });
+        let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
+        let svc_name = names::sandbox_service_name("dev", "api");
+        let proxy_port = eventually("an endpoint at the tunnel proxy", || {
+            let slices = slices.clone();
+            let svc_name = svc_name.clone();
+            async move {
+                let s = slices.get_opt(&svc_name).await.ok()??;
+                s.endpoints.first()?;
+                s.ports?.first()?.port
+            }
+        })
+        .await;
+        let got = get(format!("127.0.0.1:{proxy_port}").parse().unwrap(), "/", &[])
+            .await
+            .unwrap();
+        assert_eq!(got.served_by(), "laptop-app");
+
+        // A clean disconnect withdraws the endpoint at once (no waiting for expiry).
+        c.close(Duration::from_secs(2)).await;
+        eventually("endpoint withdrawn", || {
+            let slices = slices.clone();
+            let svc_name = svc_name.clone();
+            async move {
+                let s = slices.get_opt(&svc_name).await.ok()??;
+                s.endpoints.is_empty().then_some(())
+            }
+        })
+        .await;
+    }
+
+    // SOCKS5 inside the cluster: the workstation's name and token.
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--socks5-hostname"])
+        .arg(format!("alice:{alice}@{socks}"))
+        .arg(format!("http://localhost:{}/", cluster_app.port()))
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("cluster-app"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let refused = tokio::process::Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--socks5-hostname"])
+        .arg(format!("alice:{bob}@{socks}"))
+        .arg(format!("http://localhost:{}/", cluster_app.port()))
+        .output()
+        .await
+        .unwrap();
+    assert!(!refused.status.success());
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert_eq!(
+        spur_e2e::sample(&text, "spur_tunnel_proxy_refused_sessions_total"),
+        2.0,
+        "{text}"
+    );
+    assert!(
+        spur_e2e::sample(
+            &text,
+            "spur_tunnel_proxy_connections_total{kind=\"reverse\"}"
+        ) >= 2.0
+    );
+    assert!(
+        spur_e2e::sample(
+            &text,
+            "spur_tunnel_proxy_connections_total{kind=\"forward\"}"
+        ) >= 2.0
+    );
+    stop.cancel();
+    proxy.stopped().await;
+    apps.cancel();
     cp.shutdown().await;
 }

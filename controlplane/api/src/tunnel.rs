@@ -49,6 +49,9 @@ pub struct Session {
     pub renewed: i64,
     /// Seconds a renewal stays valid.
     pub duration: i64,
+    /// When the session started, Unix microseconds (`spec.acquireTime`): of two replicas
+    /// claiming one workstation, the later session wins.
+    pub started_micros: i64,
 }
 
 impl Session {
@@ -92,17 +95,38 @@ impl Session {
             .or(spec.acquire_time.as_ref())
             .map(|t| t.0.as_second())
             .ok_or("no renewTime")?;
+        let started_micros = spec
+            .acquire_time
+            .as_ref()
+            .map_or(0, |t| t.0.as_microsecond());
         let duration = i64::from(
             spec.lease_duration_seconds
                 .filter(|d| *d > 0)
                 .ok_or("no leaseDurationSeconds")?,
         );
         let annotations = meta.annotations.clone().unwrap_or_default();
+        // What an EndpointSlice accepts: a routable unicast address (no loopback, link-local
+        // or unspecified address).
         let address = annotations
             .get(ADDRESS_ANNOTATION)
-            .filter(|a| a.parse::<std::net::IpAddr>().is_ok())
+            .filter(|a| {
+                a.parse::<std::net::IpAddr>().is_ok_and(|ip| match ip {
+                    std::net::IpAddr::V4(v4) => {
+                        !(v4.is_loopback()
+                            || v4.is_link_local()
+                            || v4.is_unspecified()
+                            || v4.is_multicast())
+                    }
+                    std::net::IpAddr::V6(v6) => {
+                        !(v6.is_loopback()
+                            || v6.is_unspecified()
+                            || v6.is_multicast()
+                            || v6.is_unicast_link_local())
+                    }
+                })
+            })
             .cloned()
-            .ok_or_else(|| format!("{ADDRESS_ANNOTATION} is not an IP address"))?;
+            .ok_or_else(|| format!("{ADDRESS_ANNOTATION} is not a routable pod IP"))?;
         let ports: Vec<PortAssignment> = match annotations.get(PORTS_ANNOTATION) {
             None => Vec::new(),
             Some(text) => {
@@ -122,6 +146,7 @@ impl Session {
             ports,
             renewed,
             duration,
+            started_micros,
         })
     }
 
@@ -131,6 +156,10 @@ impl Session {
         let renewed =
             k8s_openapi::jiff::Timestamp::from_second(self.renewed).map_err(|e| e.to_string())?;
         let duration = i32::try_from(self.duration).map_err(|e| e.to_string())?;
+        let started = (self.started_micros > 0)
+            .then(|| k8s_openapi::jiff::Timestamp::from_microsecond(self.started_micros))
+            .transpose()
+            .map_err(|e| e.to_string())?;
         Ok(Lease {
             metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 name: Some(lease_name(&self.workstation)),
@@ -151,6 +180,7 @@ impl Session {
             spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
                 holder_identity: Some(self.proxy_pod.clone()),
                 renew_time: Some(MicroTime(renewed)),
+                acquire_time: started.map(MicroTime),
                 lease_duration_seconds: Some(duration),
                 ..Default::default()
             }),
@@ -176,6 +206,7 @@ mod tests {
             }],
             renewed: 1_700_000_000,
             duration: 10,
+            started_micros: 1_699_999_990_123_456,
         }
     }
 
@@ -214,6 +245,17 @@ mod tests {
             .unwrap()
             .insert(ADDRESS_ANNOTATION.into(), "not-an-ip".into());
         assert!(Session::from_lease(&lease).is_err());
+        for bad in ["127.0.0.1", "::1", "169.254.1.1", "0.0.0.0"] {
+            let mut s = session();
+            s.address = bad.into();
+            let lease = s.to_lease("ns").unwrap();
+            assert!(
+                Session::from_lease(&lease)
+                    .unwrap_err()
+                    .contains("routable"),
+                "{bad}"
+            );
+        }
         let mut s = session();
         s.ports[0].proxy_port = 70000;
         let lease = s.to_lease("ns").unwrap();

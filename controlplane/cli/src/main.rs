@@ -4,6 +4,7 @@ mod demo;
 mod local;
 mod operator;
 mod routeserver;
+mod tunnelproxy;
 
 use clap::{Parser, Subcommand};
 
@@ -34,6 +35,9 @@ enum Command {
     /// certificate manager and the sidecar-injection webhook.
     // Boxed: its flags make it far larger than the other variants.
     Operator(Box<operator::OperatorArgs>),
+    /// Run the in-cluster end of workstation tunnels (QUIC and HTTP/2-over-TLS sessions, the
+    /// tunnel API, reverse listeners for local workloads, SOCKS5 and HTTP CONNECT).
+    TunnelProxy(Box<tunnelproxy::TunnelProxyArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -44,7 +48,7 @@ fn main() -> std::process::ExitCode {
         Command::Demo(_) => "warn",
         // `spur local` prints its own progress lines; the tunnel library's would repeat them.
         Command::Local(_) => "warn,spur_tunnel=error",
-        Command::Routeserver(_) | Command::Operator(_) => "info",
+        Command::Routeserver(_) | Command::Operator(_) | Command::TunnelProxy(_) => "info",
     });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -62,6 +66,7 @@ fn main() -> std::process::ExitCode {
             Command::Local(args) => local::run(*args).await,
             Command::Routeserver(args) => routeserver::run(args).await,
             Command::Operator(args) => operator::run(*args).await,
+            Command::TunnelProxy(args) => tunnelproxy::run(*args).await,
         }
     });
     match result {

@@ -619,6 +619,7 @@ mod tests {
             }],
             renewed,
             duration: 10,
+            started_micros: 0,
         }
     }
 

@@ -13,10 +13,12 @@
 //! ```
 
 pub mod api;
+pub mod server;
 pub mod sessions;
 pub mod tokens;
 
 pub use api::{BindId, Caches, TunnelApiService};
+pub use server::{RunningProxy, TunnelProxyConfig, run};
 pub use sessions::{Ended, SessionReporter};
 pub use tokens::{TokenError, TokenStore, Workstation};
 

@@ -4,7 +4,8 @@
 //! leaves it to expire.
 //!
 //! When the workstation reconnects through another replica, that replica takes the Lease over
-//! and this one notices (another holder, renewed after us) and stops, instead of fighting it.
+//! and this one notices (another holder whose session started later, `spec.acquireTime`) and
+//! stops, instead of fighting it.
 
 use std::time::Duration;
 
@@ -55,23 +56,24 @@ impl SessionReporter {
             ports: Vec::new(),
             renewed: 0,
             duration: i64::try_from(duration.as_secs().max(1)).unwrap_or(i64::MAX),
+            started_micros: now_micros(),
         };
         let ns = namespace.to_string();
         let every = (duration / 3).max(Duration::from_millis(500));
         let task_stop = stop.clone();
         let task = tokio::spawn(async move {
             let name = lease_name(&template.workstation);
-            let mut last_renewed = 0;
             loop {
                 let mut session = template.clone();
                 session.ports = changes.borrow_and_update().clone();
                 session.renewed = now_unix();
                 match api.get_opt(&name).await {
                     Ok(Some(current)) => {
+                        // A session that started later (the workstation reconnected through
+                        // another replica) wins; an older one is overwritten.
                         if let Ok(theirs) = Session::from_lease(&current)
                             && theirs.proxy_pod != session.proxy_pod
-                            && theirs.renewed > last_renewed
-                            && last_renewed > 0
+                            && theirs.started_micros > session.started_micros
                         {
                             tracing::info!(workstation = %session.workstation, holder = %theirs.proxy_pod, "tunnel taken over by another replica");
                             return Ended::Superseded(theirs.proxy_pod);
@@ -83,9 +85,8 @@ impl SessionReporter {
                 match session.to_lease(&ns) {
                     Ok(lease) => {
                         let pp = PatchParams::apply(FIELD_MANAGER).force();
-                        match api.patch(&name, &pp, &Patch::Apply(&lease)).await {
-                            Ok(_) => last_renewed = session.renewed,
-                            Err(e) => tracing::warn!(error = %e, "cannot renew the tunnel Lease"),
+                        if let Err(e) = api.patch(&name, &pp, &Patch::Apply(&lease)).await {
+                            tracing::warn!(error = %e, "cannot renew the tunnel Lease");
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "cannot build the tunnel Lease"),
@@ -149,6 +150,12 @@ impl SessionReporter {
             .await
             .unwrap_or(Ended::Superseded("reporter task failed".into()))
     }
+}
+
+fn now_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
 fn now_unix() -> i64 {

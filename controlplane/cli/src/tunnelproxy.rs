@@ -1,0 +1,154 @@
+//! `spur tunnel-proxy`: the in-cluster end of workstation tunnels, with `/metrics` and
+//! `/healthz` on a small HTTP port. Drains sessions on SIGTERM.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use axum::Router;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use clap::Args;
+use prometheus_client::registry::Registry;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Args)]
+pub(crate) struct TunnelProxyArgs {
+    /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, env = "SPUR_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// The tunnel proxy's namespace (workstation token Secrets and tunnel Leases).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    namespace: String,
+    /// This replica's pod name (the tunnel Leases' holder).
+    #[arg(long, env = "POD_NAME")]
+    pod_name: String,
+    /// This replica's pod IP (where the sandbox Services' endpoints point).
+    #[arg(long, env = "POD_IP")]
+    pod_ip: IpAddr,
+    /// UDP address of the QUIC listener (empty to disable).
+    #[arg(long, env = "SPUR_QUIC_ADDR", default_value = "0.0.0.0:8443")]
+    quic_addr: String,
+    /// TCP address of the HTTP/2-over-TLS listener (empty to disable).
+    #[arg(long, env = "SPUR_H2_ADDR", default_value = "0.0.0.0:8443")]
+    h2_addr: String,
+    /// SOCKS5 + HTTP CONNECT listener (empty to disable); username = workstation, password =
+    /// its token.
+    #[arg(long, env = "SPUR_SOCKS_ADDR", default_value = "0.0.0.0:1080")]
+    socks_addr: String,
+    /// Serving certificate chain (PEM) of the tunnel listeners.
+    #[arg(long, env = "SPUR_TLS_CERT")]
+    tls_cert: PathBuf,
+    /// Its private key (PEM).
+    #[arg(long, env = "SPUR_TLS_KEY")]
+    tls_key: PathBuf,
+    /// CA (PEM) whose client certificates identify workstations, besides tokens.
+    #[arg(long, env = "SPUR_CLIENT_CA")]
+    client_ca: Option<PathBuf>,
+    /// Seconds a tunnel Lease stays valid without renewal.
+    #[arg(long, env = "SPUR_LEASE_DURATION", default_value_t = 15, value_parser = clap::value_parser!(u64).range(3..=3600))]
+    lease_duration: u64,
+    /// The cluster DNS domain (reported to workstations).
+    #[arg(long, env = "SPUR_CLUSTER_DOMAIN", default_value = "cluster.local")]
+    cluster_domain: String,
+    /// Address of /metrics and /healthz.
+    #[arg(long, env = "SPUR_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+}
+
+fn optional_addr(flag: &str, s: &str) -> Result<Option<SocketAddr>> {
+    if s.trim().is_empty() {
+        return Ok(None);
+    }
+    s.parse()
+        .map(Some)
+        .with_context(|| format!("--{flag} {s:?} is not an address (IP:PORT)"))
+}
+
+pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
+    let quic_addr = optional_addr("quic-addr", &args.quic_addr)?;
+    let h2_addr = optional_addr("h2-addr", &args.h2_addr)?;
+    let socks_addr = optional_addr("socks-addr", &args.socks_addr)?;
+    let chain = CertificateDer::pem_file_iter(&args.tls_cert)
+        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+        .with_context(|| format!("cannot read certificates from {}", args.tls_cert.display()))?;
+    let key = PrivateKeyDer::from_pem_file(&args.tls_key)
+        .with_context(|| format!("cannot read a private key from {}", args.tls_key.display()))?;
+    let client_ca = match &args.client_ca {
+        None => Vec::new(),
+        Some(path) => CertificateDer::pem_file_iter(path)
+            .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+            .with_context(|| format!("cannot read the client CA {}", path.display()))?,
+    };
+    let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
+    client
+        .apiserver_version()
+        .await
+        .context("cannot reach the Kubernetes API server")?;
+    let mut registry = Registry::with_prefix("spur");
+    let stop = CancellationToken::new();
+    let proxy = spur_tunnelproxy::run(
+        client,
+        spur_tunnelproxy::TunnelProxyConfig {
+            namespace: args.namespace,
+            pod_name: args.pod_name,
+            pod_ip: args.pod_ip,
+            quic_addr,
+            h2_addr,
+            socks_addr,
+            reverse_bind: IpAddr::from([0, 0, 0, 0]),
+            tls: spur_tunnel::ServerTls {
+                cert: spur_tunnel::ServerCert::Static { chain, key },
+                client_ca,
+                require_client_cert: false,
+            },
+            lease_duration: Duration::from_secs(args.lease_duration),
+            cluster_domain: args.cluster_domain,
+            dial_timeout: Duration::from_secs(10),
+        },
+        &mut registry,
+        stop.clone(),
+    )
+    .await?;
+
+    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .with_context(|| format!("cannot bind the metrics address {}", args.metrics_addr))?;
+    let registry = Arc::new(registry);
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/metrics",
+            get(move || {
+                let registry = registry.clone();
+                async move {
+                    let mut out = String::new();
+                    match prometheus_client::encoding::text::encode(&mut out, &registry) {
+                        Ok(()) => out.into_response(),
+                        Err(_) => (
+                            http::StatusCode::INTERNAL_SERVER_ERROR,
+                            "cannot encode metrics\n",
+                        )
+                            .into_response(),
+                    }
+                }
+            }),
+        );
+    let http_stop = stop.clone();
+    let http = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(http_stop.cancelled_owned())
+            .await
+    });
+    spur_sidecar::shutdown_signal().await;
+    tracing::info!("shutting down: draining workstation sessions");
+    stop.cancel();
+    proxy.stopped().await;
+    http.await.context("metrics server panicked")??;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,704 @@
+//! The tunnel proxy at run time: accepts workstation sessions (QUIC or HTTP/2 over TLS,
+//! `spur-tunnel`), authenticates them with workstation tokens (or client certificates from the
+//! operator's CA), and for each session:
+//! - serves the tunnel API on `spur-tunnel-api:443` streams;
+//! - dials the cluster for every other forward stream (laptop → cluster);
+//! - opens a TCP listener per authorized reverse binding, carries each connection to the
+//!   workstation, and reports the listeners in the session's Lease (cluster → laptop).
+//!
+//! It also serves SOCKS5 and HTTP CONNECT (username = workstation, password = its token).
+//! Every connection ends with one audit line (target `spur_audit`): who, from, to, bytes both
+//! ways, duration, outcome.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+use std::time::{Duration, Instant, SystemTime};
+
+use kube::Client;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use spur_api::tunnel::PortAssignment;
+use spur_proto::tunnel::tunnel_api_server::TunnelApiServer;
+use spur_proxy::forward::{ConnRecord, DialError, Dialer, ForwardConfig, Target};
+use spur_tunnel::{
+    AuthError, AuthFuture, AuthMethod, AuthRequest, Authenticator, Identity, Incoming,
+    ServerConfig, ServerTls, SessionHandle, StreamHeader, TunnelServer,
+};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+use crate::Error;
+use crate::api::{BindId, Caches, TunnelApiService};
+use crate::sessions::SessionReporter;
+use crate::tokens::{TokenError, TokenStore};
+
+/// Where and how the tunnel proxy runs.
+pub struct TunnelProxyConfig {
+    /// Its namespace: token Secrets and session Leases live here.
+    pub namespace: String,
+    /// This replica's pod name and IP (the Lease's holder and the EndpointSlices' address).
+    pub pod_name: String,
+    pub pod_ip: IpAddr,
+    pub quic_addr: Option<SocketAddr>,
+    pub h2_addr: Option<SocketAddr>,
+    /// SOCKS5 + HTTP CONNECT listener; `None` disables it.
+    pub socks_addr: Option<SocketAddr>,
+    /// Address reverse listeners bind (their ports are ephemeral and reported in the Lease).
+    pub reverse_bind: IpAddr,
+    pub tls: ServerTls,
+    /// Session Leases are valid this long and renewed every third of it.
+    pub lease_duration: Duration,
+    pub cluster_domain: String,
+    /// Time a dial into the cluster may take.
+    pub dial_timeout: Duration,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Kind {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Direction {
+    direction: &'static str,
+}
+
+/// Connection metrics (the tunnel library counts sessions and streams itself).
+#[derive(Clone, Default)]
+struct Metrics {
+    total: Family<Kind, Counter>,
+    active: Family<Kind, Gauge>,
+    bytes: Family<Direction, Counter>,
+    refused: Counter,
+}
+
+impl Metrics {
+    fn register(registry: &mut Registry) -> Metrics {
+        let m = Metrics::default();
+        registry.register(
+            "connections",
+            "Connections carried, by kind (forward, reverse, socks, api)",
+            m.total.clone(),
+        );
+        registry.register(
+            "active_connections",
+            "Connections open now, by kind",
+            m.active.clone(),
+        );
+        registry.register(
+            "bytes",
+            "Bytes carried, by direction (to_cluster, to_workstation)",
+            m.bytes.clone(),
+        );
+        registry.register(
+            "refused_sessions",
+            "Sessions refused by authentication",
+            m.refused.clone(),
+        );
+        m
+    }
+}
+
+/// One audit line per connection (and per refused session).
+struct Audit<'a> {
+    kind: &'a str,
+    who: &'a str,
+    from: &'a str,
+    to: &'a str,
+    to_cluster: u64,
+    to_workstation: u64,
+    took: Duration,
+    outcome: &'a str,
+}
+
+fn audit(a: Audit<'_>) {
+    tracing::info!(
+        target: "spur_audit",
+        kind = a.kind,
+        who = a.who,
+        from = a.from,
+        to = a.to,
+        bytes_to_cluster = a.to_cluster,
+        bytes_to_workstation = a.to_workstation,
+        duration_ms = u64::try_from(a.took.as_millis()).unwrap_or(u64::MAX),
+        outcome = a.outcome,
+        "connection"
+    );
+}
+
+/// Workstation tokens (and, when the TLS config has a client CA, client certificates) decide
+/// who a session is; bindings are authorized against the workstation's ExternalWorkloads.
+struct KubeAuthenticator {
+    tokens: TokenStore,
+    caches: Caches,
+    metrics: Metrics,
+}
+
+impl Authenticator for KubeAuthenticator {
+    fn authenticate<'a>(&'a self, req: AuthRequest<'a>) -> AuthFuture<'a> {
+        let result = (|| {
+            if let Some(cert) = req.client_cert {
+                let identity = spur_tunnel::identity_from_cert(cert)?;
+                if identity.expires_at.is_some_and(|t| SystemTime::now() >= t) {
+                    return Err(AuthError::Expired(format!(
+                        "client certificate of {} has expired",
+                        identity.name
+                    )));
+                }
+                return Ok(identity);
+            }
+            let Some(token) = req.token else {
+                return Err(AuthError::Unauthenticated(
+                    "no token and no client certificate".into(),
+                ));
+            };
+            match self.tokens.lookup(token.expose(), SystemTime::now()) {
+                Ok(w) => {
+                    let mut identity = Identity::new(w.name, AuthMethod::Token);
+                    if let Some(at) = w.expires_at {
+                        identity = identity.expiring_at(at);
+                    }
+                    Ok(identity)
+                }
+                Err(TokenError::Unknown) => Err(AuthError::Unauthenticated("unknown token".into())),
+                Err(e @ TokenError::Expired(_)) => Err(AuthError::Expired(e.to_string())),
+            }
+        })();
+        if let Err(e) = &result {
+            self.metrics.refused.inc();
+            audit(Audit {
+                kind: "session",
+                who: "-",
+                from: &req.peer.to_string(),
+                to: "-",
+                to_cluster: 0,
+                to_workstation: 0,
+                took: Duration::ZERO,
+                outcome: &format!("refused: {e}"),
+            });
+        }
+        Box::pin(async move { result })
+    }
+
+    fn authorize_bind(
+        &self,
+        identity: &Identity,
+        bind: &str,
+        _meta: &str,
+    ) -> Result<(), AuthError> {
+        self.caches
+            .authorize_bind(&identity.name, bind)
+            .map(|_| ())
+            .map_err(AuthError::Forbidden)
+    }
+}
+
+/// Runs the tunnel proxy until `stop`; returns after draining sessions.
+pub async fn run(
+    client: Client,
+    config: TunnelProxyConfig,
+    registry: &mut Registry,
+    stop: CancellationToken,
+) -> Result<RunningProxy, Error> {
+    let tokens = TokenStore::start(client.clone(), &config.namespace, stop.clone()).await?;
+    let caches = Caches::start(client.clone(), stop.clone()).await?;
+    let metrics = Metrics::register(registry.sub_registry_with_prefix("tunnel_proxy"));
+    let auth = Arc::new(KubeAuthenticator {
+        tokens: tokens.clone(),
+        caches: caches.clone(),
+        metrics: metrics.clone(),
+    });
+    let mut server_config = ServerConfig::new(config.tls, auth);
+    server_config.quic_addr = config.quic_addr;
+    server_config.h2_addr = config.h2_addr;
+    let server = Arc::new(
+        TunnelServer::bind(server_config, registry.sub_registry_with_prefix("tunnel"))
+            .await
+            .map_err(|e| Error::Config(format!("tunnel listeners: {e}")))?,
+    );
+    let shared = Arc::new(Shared {
+        client,
+        namespace: config.namespace,
+        pod_name: config.pod_name,
+        pod_ip: config.pod_ip,
+        reverse_bind: config.reverse_bind,
+        lease_duration: config.lease_duration,
+        cluster_domain: config.cluster_domain,
+        dial_timeout: config.dial_timeout,
+        caches,
+        metrics: metrics.clone(),
+    });
+    let socks_addr = match config.socks_addr {
+        Some(addr) => {
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|e| Error::Config(format!("cannot bind SOCKS listener {addr}: {e}")))?;
+            let local = l.local_addr().ok();
+            let dialer = Arc::new(ClusterDialer {
+                tokens,
+                dial_timeout: shared.dial_timeout,
+                metrics: metrics.clone(),
+            });
+            let drain = spur_proxy::Drain::new();
+            let d2 = drain.clone();
+            let s2 = stop.clone();
+            tokio::spawn(async move {
+                s2.cancelled().await;
+                d2.start();
+            });
+            tokio::spawn(spur_proxy::forward::serve_forward(
+                l,
+                dialer,
+                ForwardConfig::default(),
+                drain,
+            ));
+            local
+        }
+        None => None,
+    };
+    let quic = server.quic_addr();
+    let h2 = server.h2_addr();
+    let accept_server = server.clone();
+    let accept_stop = stop.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let session = tokio::select! {
+                () = accept_stop.cancelled() => break,
+                s = accept_server.accept() => match s {
+                    Some(s) => s,
+                    None => break,
+                },
+            };
+            tokio::spawn(serve_session(session, shared.clone()));
+        }
+        accept_server.shutdown(Duration::from_secs(10)).await;
+    });
+    tracing::info!(quic = ?quic, h2 = ?h2, socks = ?socks_addr, "tunnel proxy listening");
+    Ok(RunningProxy {
+        quic_addr: quic,
+        h2_addr: h2,
+        socks_addr,
+        task,
+    })
+}
+
+/// A started tunnel proxy.
+pub struct RunningProxy {
+    pub quic_addr: Option<SocketAddr>,
+    pub h2_addr: Option<SocketAddr>,
+    pub socks_addr: Option<SocketAddr>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningProxy {
+    /// Waits until the proxy has drained after its stop token was cancelled.
+    pub async fn stopped(self) {
+        let _ = self.task.await;
+    }
+}
+
+struct Shared {
+    client: Client,
+    namespace: String,
+    pod_name: String,
+    pod_ip: IpAddr,
+    reverse_bind: IpAddr,
+    lease_duration: Duration,
+    cluster_domain: String,
+    dial_timeout: Duration,
+    caches: Caches,
+    metrics: Metrics,
+}
+
+async fn serve_session(mut session: spur_tunnel::Session, shared: Arc<Shared>) {
+    let handle = session.handle();
+    let who = handle.identity().name.clone();
+    let peer = handle.peer();
+    tracing::info!(workstation = %who, %peer, transport = %handle.transport(), "workstation connected");
+    let reporter = SessionReporter::start(
+        shared.client.clone(),
+        &shared.namespace,
+        &who,
+        &shared.pod_name,
+        &shared.pod_ip.to_string(),
+        shared.lease_duration,
+    );
+    let listeners_stop = CancellationToken::new();
+    let binds_task = tokio::spawn(track_binds(
+        handle.clone(),
+        shared.clone(),
+        reporter,
+        listeners_stop.clone(),
+    ));
+    while let Some(incoming) = session.accept().await {
+        let shared = shared.clone();
+        let handle = handle.clone();
+        tokio::spawn(async move { forward(incoming, handle, &shared).await });
+    }
+    let reason = handle.closed().await;
+    listeners_stop.cancel();
+    if let Ok(reporter) = binds_task.await {
+        let _ = reporter.close().await;
+    }
+    tracing::info!(workstation = %who, %peer, reason = ?reason, "workstation disconnected");
+}
+
+/// Keeps one TCP listener per reverse binding of the session and the Lease's port list in step
+/// with the session's binds; returns the reporter when the session ends.
+async fn track_binds(
+    handle: SessionHandle,
+    shared: Arc<Shared>,
+    reporter: SessionReporter,
+    stop: CancellationToken,
+) -> SessionReporter {
+    let mut binds = handle.binds();
+    let mut listening: BTreeMap<String, (PortAssignment, CancellationToken)> = BTreeMap::new();
+    loop {
+        let wanted = binds.borrow_and_update().clone();
+        // Gone binds: stop their listeners.
+        let gone: Vec<String> = listening
+            .keys()
+            .filter(|b| !wanted.contains_key(*b))
+            .cloned()
+            .collect();
+        for b in gone {
+            if let Some((_, token)) = listening.remove(&b) {
+                token.cancel();
+            }
+        }
+        for bind in wanted.keys() {
+            if listening.contains_key(bind) {
+                continue;
+            }
+            let Ok(id) = bind.parse::<BindId>() else {
+                continue;
+            };
+            match TcpListener::bind((shared.reverse_bind, 0)).await {
+                Ok(l) => {
+                    let port = l.local_addr().map(|a| a.port()).unwrap_or(0);
+                    let token = stop.child_token();
+                    tokio::spawn(reverse_listener(
+                        l,
+                        bind.clone(),
+                        handle.clone(),
+                        shared.clone(),
+                        token.clone(),
+                    ));
+                    listening.insert(
+                        bind.clone(),
+                        (
+                            PortAssignment {
+                                namespace: id.namespace,
+                                external_workload: id.external_workload,
+                                port: i32::from(id.port),
+                                proxy_port: i32::from(port),
+                            },
+                            token,
+                        ),
+                    );
+                }
+                Err(e) => tracing::warn!(%bind, error = %e, "cannot open a reverse listener"),
+            }
+        }
+        reporter.set_ports(listening.values().map(|(p, _)| p.clone()).collect());
+        tokio::select! {
+            () = stop.cancelled() => break,
+            r = binds.changed() => if r.is_err() { break },
+        }
+    }
+    for (_, (_, token)) in listening {
+        token.cancel();
+    }
+    reporter
+}
+
+/// Cluster connections arriving for a reverse binding go to the workstation.
+async fn reverse_listener(
+    listener: TcpListener,
+    bind: String,
+    handle: SessionHandle,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) {
+    loop {
+        let (tcp, from) = tokio::select! {
+            () = stop.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(_) => continue,
+            },
+        };
+        let (handle, shared, bind) = (handle.clone(), shared.clone(), bind.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let who = handle.identity().name.clone();
+            let to = format!("workstation:{bind}");
+            match handle.open_reverse(&bind).await {
+                Ok(stream) => {
+                    let (up, down, outcome) = carry(tcp, stream, "reverse", &shared.metrics).await;
+                    audit(Audit {
+                        kind: "reverse",
+                        who: &who,
+                        from: &from.to_string(),
+                        to: &to,
+                        to_cluster: down,
+                        to_workstation: up,
+                        took: started.elapsed(),
+                        outcome: &outcome,
+                    });
+                }
+                Err(e) => audit(Audit {
+                    kind: "reverse",
+                    who: &who,
+                    from: &from.to_string(),
+                    to: &to,
+                    to_cluster: 0,
+                    to_workstation: 0,
+                    took: started.elapsed(),
+                    outcome: &format!("workstation refused: {e}"),
+                }),
+            }
+        });
+    }
+}
+
+/// A forward stream: the tunnel API, or a dial into the cluster.
+async fn forward(incoming: Incoming, handle: SessionHandle, shared: &Shared) {
+    let started = Instant::now();
+    let who = handle.identity().name.clone();
+    let from = format!("tunnel:{}", handle.peer());
+    let StreamHeader::Connect { host, port } = incoming.header().clone() else {
+        incoming.reject("only connect streams are accepted").await;
+        return;
+    };
+    if host == spur_proto::TUNNEL_API_HOST && port == spur_proto::TUNNEL_API_PORT {
+        let Ok(stream) = incoming.accept().await else {
+            return;
+        };
+        let service = TunnelApiService {
+            workstation: who,
+            proxy_pod: shared.pod_name.clone(),
+            cluster_domain: shared.cluster_domain.clone(),
+            caches: shared.caches.clone(),
+        };
+        shared
+            .metrics
+            .total
+            .get_or_create(&Kind { kind: "api" })
+            .inc();
+        let io = futures_util::stream::iter([Ok::<_, std::io::Error>(ApiStream(stream))]);
+        if let Err(e) = tonic::transport::Server::builder()
+            .add_service(TunnelApiServer::new(service))
+            .serve_with_incoming(io)
+            .await
+        {
+            tracing::debug!(error = %e, "tunnel API connection ended");
+        }
+        return;
+    }
+    let target = Target::Host(host.clone(), port);
+    match tokio::time::timeout(
+        shared.dial_timeout,
+        TcpStream::connect((host.as_str(), port)),
+    )
+    .await
+    {
+        Ok(Ok(tcp)) => {
+            let _ = tcp.set_nodelay(true);
+            let Ok(stream) = incoming.accept().await else {
+                return;
+            };
+            let (up, down, outcome) = carry(tcp, stream, "forward", &shared.metrics).await;
+            audit(Audit {
+                kind: "forward",
+                who: &who,
+                from: &from,
+                to: &target.to_string(),
+                to_cluster: down,
+                to_workstation: up,
+                took: started.elapsed(),
+                outcome: &outcome,
+            });
+        }
+        Ok(Err(e)) => {
+            let why = DialError::from_io(&target, &e).to_string();
+            incoming.reject(&why).await;
+            audit(Audit {
+                kind: "forward",
+                who: &who,
+                from: &from,
+                to: &target.to_string(),
+                to_cluster: 0,
+                to_workstation: 0,
+                took: started.elapsed(),
+                outcome: &format!("dial: {why}"),
+            });
+        }
+        Err(_) => {
+            incoming.reject("dial timed out").await;
+            audit(Audit {
+                kind: "forward",
+                who: &who,
+                from: &from,
+                to: &target.to_string(),
+                to_cluster: 0,
+                to_workstation: 0,
+                took: started.elapsed(),
+                outcome: "dial: timed out",
+            });
+        }
+    }
+}
+
+/// Splices a cluster TCP connection and a tunnel stream; returns (bytes the cluster side sent,
+/// bytes the workstation sent, outcome).
+async fn carry(
+    mut tcp: TcpStream,
+    mut stream: spur_tunnel::Stream,
+    kind: &'static str,
+    metrics: &Metrics,
+) -> (u64, u64, String) {
+    let k = Kind { kind };
+    metrics.total.get_or_create(&k).inc();
+    metrics.active.get_or_create(&k).inc();
+    let r = tokio::io::copy_bidirectional(&mut tcp, &mut stream).await;
+    metrics.active.get_or_create(&k).dec();
+    match r {
+        // The TCP side is always the cluster's: what it sends goes to the workstation.
+        Ok((from_tcp, from_tunnel)) => {
+            metrics
+                .bytes
+                .get_or_create(&Direction {
+                    direction: "to_workstation",
+                })
+                .inc_by(from_tcp);
+            metrics
+                .bytes
+                .get_or_create(&Direction {
+                    direction: "to_cluster",
+                })
+                .inc_by(from_tunnel);
+            (from_tcp, from_tunnel, "ok".into())
+        }
+        Err(e) => (0, 0, format!("stream: {e}")),
+    }
+}
+
+/// A tunnel stream as a tonic server connection.
+struct ApiStream(spur_tunnel::Stream);
+
+impl tonic::transport::server::Connected for ApiStream {
+    type ConnectInfo = ();
+    fn connect_info(&self) {}
+}
+
+impl AsyncRead for ApiStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ApiStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// SOCKS5 / HTTP CONNECT inside the cluster: username = workstation, password = its token.
+struct ClusterDialer {
+    tokens: TokenStore,
+    dial_timeout: Duration,
+    metrics: Metrics,
+}
+
+impl Dialer for ClusterDialer {
+    type Stream = TcpStream;
+
+    async fn dial(
+        &self,
+        target: &Target,
+        _client: SocketAddr,
+        _user: Option<&str>,
+    ) -> Result<TcpStream, DialError> {
+        let connect = async {
+            match target {
+                Target::Addr(a) => TcpStream::connect(a).await,
+                Target::Host(h, p) => TcpStream::connect((h.as_str(), *p)).await,
+            }
+        };
+        match tokio::time::timeout(self.dial_timeout, connect).await {
+            Ok(Ok(s)) => {
+                self.metrics
+                    .total
+                    .get_or_create(&Kind { kind: "socks" })
+                    .inc();
+                Ok(s)
+            }
+            Ok(Err(e)) => Err(DialError::from_io(target, &e)),
+            Err(_) => Err(DialError::TimedOut(target.to_string())),
+        }
+    }
+
+    fn requires_auth(&self) -> bool {
+        true
+    }
+
+    fn check_password(&self, user: &str, password: &str) -> Option<bool> {
+        Some(
+            self.tokens
+                .lookup(password, SystemTime::now())
+                .is_ok_and(|w| w.name == user),
+        )
+    }
+
+    fn finished(&self, r: &ConnRecord) {
+        self.metrics
+            .bytes
+            .get_or_create(&Direction {
+                direction: "to_cluster",
+            })
+            .inc_by(r.bytes_up);
+        self.metrics
+            .bytes
+            .get_or_create(&Direction {
+                direction: "to_workstation",
+            })
+            .inc_by(r.bytes_down);
+        audit(Audit {
+            kind: r.protocol,
+            who: r.user.as_deref().unwrap_or("-"),
+            from: &r.client.to_string(),
+            to: &r.target.as_ref().map_or("-".to_string(), Target::to_string),
+            to_cluster: r.bytes_up,
+            to_workstation: r.bytes_down,
+            took: r.duration,
+            outcome: &r.outcome,
+        });
+    }
+}
