@@ -510,6 +510,16 @@ impl Incoming {
             .is_ok()
         {
             self.send.finish_and_wait().await;
+            // Over HTTP/2, dropping the receiving half resets the stream, and the reset can
+            // overtake the reply: read the opener's side to its end first (bounded), so the
+            // reason arrives. QUIC delivers the reply before a STOP_SENDING anyway.
+            if matches!(self.recv, RawRecv::H2(_)) {
+                let _ = tokio::time::timeout(
+                    LINGER,
+                    tokio::io::copy(&mut self.recv, &mut tokio::io::sink()),
+                )
+                .await;
+            }
         }
     }
 }

@@ -263,21 +263,17 @@ async fn reverse_binds_follow_the_workload_watch(transports: TransportPolicy) {
     assert_eq!(echo_once(&mut s, b"keyed request").await, b"keyed request");
     drop(s);
 
-    // Nothing listens for 9090: the cluster side gets the reason; the warning comes once.
-    // (Over HTTP/2 the reason of a rejected *reverse* stream does not reach the server yet:
-    // spur-tunnel's client drops the response half right after rejecting, and the RST_STREAM
-    // overtakes the reply. Only the refusal itself is checked there.)
+    // Nothing listens for 9090: the cluster side gets the reason (over both transports); the
+    // warning comes once.
     for _ in 0..2 {
         let err = session.open_reverse("shop/dev-api/9090").await.unwrap_err();
         let text = err.to_string();
-        if transports != TransportPolicy::H2Only {
-            assert!(
-                text.contains(&format!(
-                    "nothing accepts connections at 127.0.0.1:{dead} on the workstation"
-                )),
-                "{text}"
-            );
-        }
+        assert!(
+            text.contains(&format!(
+                "nothing accepts connections at 127.0.0.1:{dead} on the workstation"
+            )),
+            "{text}"
+        );
     }
     assert_eq!(
         events.count(
