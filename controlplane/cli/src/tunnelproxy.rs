@@ -56,9 +56,23 @@ pub(crate) struct TunnelProxyArgs {
     /// The cluster DNS domain (reported to workstations).
     #[arg(long, env = "SPUR_CLUSTER_DOMAIN", default_value = "cluster.local")]
     cluster_domain: String,
+    /// Fixed address for a cluster target, `HOST:PORT=IP:PORT`, used instead of DNS
+    /// (repeatable; comma-separated in env). For proxies outside the cluster's DNS.
+    #[arg(long = "resolve", env = "SPUR_RESOLVE", value_delimiter = ',', value_parser = parse_resolve)]
+    resolve: Vec<(String, SocketAddr)>,
     /// Address of /metrics and /healthz.
     #[arg(long, env = "SPUR_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
+}
+
+fn parse_resolve(s: &str) -> std::result::Result<(String, SocketAddr), String> {
+    let (key, addr) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected HOST:PORT=IP:PORT"))?;
+    let addr = addr
+        .parse()
+        .map_err(|_| format!("{s:?}: {addr:?} is not an IP:PORT address"))?;
+    Ok((key.to_string(), addr))
 }
 
 fn optional_addr(flag: &str, s: &str) -> Result<Option<SocketAddr>> {
@@ -110,6 +124,7 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
             lease_duration: Duration::from_secs(args.lease_duration),
             cluster_domain: args.cluster_domain,
             dial_timeout: Duration::from_secs(10),
+            resolve: args.resolve.into_iter().collect(),
         },
         &mut registry,
         stop.clone(),

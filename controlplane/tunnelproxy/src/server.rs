@@ -58,6 +58,9 @@ pub struct TunnelProxyConfig {
     pub cluster_domain: String,
     /// Time a dial into the cluster may take.
     pub dial_timeout: Duration,
+    /// Fixed addresses for `host:port` targets, used instead of DNS (like curl's `--resolve`):
+    /// for proxies outside the cluster's DNS, and tests.
+    pub resolve: std::collections::HashMap<String, SocketAddr>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -234,6 +237,7 @@ pub async fn run(
         dial_timeout: config.dial_timeout,
         caches,
         metrics: metrics.clone(),
+        resolve: Arc::new(config.resolve),
     });
     let socks_addr = match config.socks_addr {
         Some(addr) => {
@@ -243,6 +247,7 @@ pub async fn run(
             let local = l.local_addr().ok();
             let dialer = Arc::new(ClusterDialer {
                 tokens,
+                resolve: shared.resolve.clone(),
                 dial_timeout: shared.dial_timeout,
                 metrics: metrics.clone(),
             });
@@ -315,6 +320,19 @@ struct Shared {
     dial_timeout: Duration,
     caches: Caches,
     metrics: Metrics,
+    resolve: Arc<std::collections::HashMap<String, SocketAddr>>,
+}
+
+/// Connects to `host:port` in the cluster: a fixed address if configured, else through DNS.
+async fn dial_cluster(
+    resolve: &std::collections::HashMap<String, SocketAddr>,
+    host: &str,
+    port: u16,
+) -> std::io::Result<TcpStream> {
+    match resolve.get(&format!("{host}:{port}")) {
+        Some(addr) => TcpStream::connect(addr).await,
+        None => TcpStream::connect((host, port)).await,
+    }
 }
 
 async fn serve_session(mut session: spur_tunnel::Session, shared: Arc<Shared>) {
@@ -506,7 +524,7 @@ async fn forward(incoming: Incoming, handle: SessionHandle, shared: &Shared) {
     let target = Target::Host(host.clone(), port);
     match tokio::time::timeout(
         shared.dial_timeout,
-        TcpStream::connect((host.as_str(), port)),
+        dial_cluster(&shared.resolve, &host, port),
     )
     .await
     {
@@ -633,6 +651,7 @@ impl AsyncWrite for ApiStream {
 /// SOCKS5 / HTTP CONNECT inside the cluster: username = workstation, password = its token.
 struct ClusterDialer {
     tokens: TokenStore,
+    resolve: Arc<std::collections::HashMap<String, SocketAddr>>,
     dial_timeout: Duration,
     metrics: Metrics,
 }
@@ -649,7 +668,7 @@ impl Dialer for ClusterDialer {
         let connect = async {
             match target {
                 Target::Addr(a) => TcpStream::connect(a).await,
-                Target::Host(h, p) => TcpStream::connect((h.as_str(), *p)).await,
+                Target::Host(h, p) => dial_cluster(&self.resolve, h, *p).await,
             }
         };
         match tokio::time::timeout(self.dial_timeout, connect).await {
