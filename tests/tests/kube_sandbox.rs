@@ -1294,6 +1294,7 @@ async fn workstation_session_through_the_tunnel_proxy() {
             lease_duration: Duration::from_secs(6),
             cluster_domain: "cluster.local".into(),
             dial_timeout: Duration::from_secs(5),
+            resolve: Default::default(),
         },
         &mut registry,
         stop.clone(),
