@@ -715,6 +715,46 @@ async fn invalid_sandboxes_are_rejected_or_reported_and_leave_nothing() {
     cp.shutdown().await;
 }
 
+/// Baseline `shop/api` (a Deployment with container port 8080 and a Service `api` on port 80)
+/// and Sandbox `dev` whose local workload stands in for it on workstation `alice`, sending
+/// port 8080 to `to_local`. Returns the ExternalWorkload's name.
+async fn local_sandbox(client: &Client, to_local: &str) -> String {
+    create_namespace(client).await;
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "api", "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"app": "api"}},
+                 "template": {"metadata": {"labels": {"app": "api"}},
+                              "spec": {"containers": [{"name": "api", "image": "api:1", "ports": [{"name": "http", "containerPort": 8080}]}]}}}
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "api", "namespace": NS},
+        "spec": {"selector": {"app": "api"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+    let sb: Sandbox = serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": "dev"},
+        "spec": {"workstation": "alice",
+                 "local": [{"name": "api", "from": {"kind": "Deployment", "namespace": NS, "name": "api"},
+                            "mappings": [{"port": 8080, "toLocal": to_local}]}]}
+    }))
+    .unwrap();
+    Api::<Sandbox>::all(client.clone())
+        .create(&PostParams::default(), &sb)
+        .await
+        .unwrap();
+    names::external_workload_name("dev", "api")
+}
+
 /// The tunnel proxy's report of a workstation session (what `spur tunnel-proxy` keeps renewed).
 fn tunnel_lease(ew: &str, renewed: i64) -> k8s_openapi::api::coordination::v1::Lease {
     spur_api::tunnel::Session {
@@ -741,38 +781,8 @@ async fn local_workload_follows_its_workstation_tunnel() {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     let cp = ControlPlane::start().await;
     let client = cp.client();
-    create_namespace(&client).await;
-    let d: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "api", "namespace": NS},
-        "spec": {"selector": {"matchLabels": {"app": "api"}},
-                 "template": {"metadata": {"labels": {"app": "api"}},
-                              "spec": {"containers": [{"name": "api", "image": "api:1", "ports": [{"name": "http", "containerPort": 8080}]}]}}}
-    }))
-    .unwrap();
-    Api::<Deployment>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &d)
-        .await
-        .unwrap();
-    let svc: Service = serde_json::from_value(json!({
-        "metadata": {"name": "api", "namespace": NS},
-        "spec": {"selector": {"app": "api"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}
-    }))
-    .unwrap();
-    Api::<Service>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &svc)
-        .await
-        .unwrap();
-    let sb: Sandbox = serde_json::from_value(json!({
-        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
-        "metadata": {"name": "dev"},
-        "spec": {"workstation": "alice",
-                 "local": [{"name": "api", "from": {"kind": "Deployment", "namespace": NS, "name": "api"},
-                            "mappings": [{"port": 8080, "toLocal": "localhost:3000"}]}]}
-    }))
-    .unwrap();
+    let ew_name = local_sandbox(&client, "localhost:3000").await;
     let sandboxes: Api<Sandbox> = Api::all(client.clone());
-    sandboxes.create(&PostParams::default(), &sb).await.unwrap();
-    let ew_name = names::external_workload_name("dev", "api");
     let svc_name = names::sandbox_service_name("dev", "api");
     let ews: Api<ExternalWorkload> = Api::namespaced(client.clone(), NS);
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
@@ -923,41 +933,7 @@ async fn tunnel_proxy_tokens_api_and_session_lease() {
 
     let cp = ControlPlane::start().await;
     let client = cp.client();
-    create_namespace(&client).await;
-    for obj in [json!({"apiVersion": "apps/v1", "kind": "Deployment",
-               "metadata": {"name": "api", "namespace": NS},
-               "spec": {"selector": {"matchLabels": {"app": "api"}},
-                        "template": {"metadata": {"labels": {"app": "api"}},
-                                     "spec": {"containers": [{"name": "api", "image": "api:1", "ports": [{"name": "http", "containerPort": 8080}]}]}}}})]
-    {
-        let d: Deployment = serde_json::from_value(obj).unwrap();
-        Api::<Deployment>::namespaced(client.clone(), NS)
-            .create(&PostParams::default(), &d)
-            .await
-            .unwrap();
-    }
-    let svc: Service = serde_json::from_value(json!({
-        "metadata": {"name": "api", "namespace": NS},
-        "spec": {"selector": {"app": "api"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}
-    }))
-    .unwrap();
-    Api::<Service>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &svc)
-        .await
-        .unwrap();
-    let sb: Sandbox = serde_json::from_value(json!({
-        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
-        "metadata": {"name": "dev"},
-        "spec": {"workstation": "alice",
-                 "local": [{"name": "api", "from": {"kind": "Deployment", "namespace": NS, "name": "api"},
-                            "mappings": [{"port": 8080, "toLocal": "localhost:3000"}]}]}
-    }))
-    .unwrap();
-    Api::<Sandbox>::all(client.clone())
-        .create(&PostParams::default(), &sb)
-        .await
-        .unwrap();
-    let ew_name = names::external_workload_name("dev", "api");
+    let ew_name = local_sandbox(&client, "localhost:3000").await;
 
     let tp = kube_rbac::chart_client(
         &cp.api,
@@ -1207,43 +1183,10 @@ async fn workstation_session_through_the_tunnel_proxy() {
 
     let cp = ControlPlane::start().await;
     let client = cp.client();
-    create_namespace(&client).await;
     let apps = CancellationToken::new();
     let cluster_app = spawn_app(AppKind::Http, "cluster-app", apps.clone()).await;
     let laptop_app = spawn_app(AppKind::Http, "laptop-app", apps.clone()).await;
-    let d: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "api", "namespace": NS},
-        "spec": {"selector": {"matchLabels": {"app": "api"}},
-                 "template": {"metadata": {"labels": {"app": "api"}},
-                              "spec": {"containers": [{"name": "api", "image": "api:1", "ports": [{"name": "http", "containerPort": 8080}]}]}}}
-    }))
-    .unwrap();
-    Api::<Deployment>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &d)
-        .await
-        .unwrap();
-    let svc: Service = serde_json::from_value(json!({
-        "metadata": {"name": "api", "namespace": NS},
-        "spec": {"selector": {"app": "api"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}
-    }))
-    .unwrap();
-    Api::<Service>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &svc)
-        .await
-        .unwrap();
-    let sb: Sandbox = serde_json::from_value(json!({
-        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
-        "metadata": {"name": "dev"},
-        "spec": {"workstation": "alice",
-                 "local": [{"name": "api", "from": {"kind": "Deployment", "namespace": NS, "name": "api"},
-                            "mappings": [{"port": 8080, "toLocal": format!("127.0.0.1:{}", laptop_app.port())}]}]}
-    }))
-    .unwrap();
-    Api::<Sandbox>::all(client.clone())
-        .create(&PostParams::default(), &sb)
-        .await
-        .unwrap();
-    let ew_name = names::external_workload_name("dev", "api");
+    let ew_name = local_sandbox(&client, &format!("127.0.0.1:{}", laptop_app.port())).await;
 
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "spur-system");
     let alice = tokens::generate_token().unwrap();
