@@ -1238,6 +1238,8 @@ async fn workstation_session_through_the_tunnel_proxy() {
             cluster_domain: "cluster.local".into(),
             dial_timeout: Duration::from_secs(5),
             resolve: Default::default(),
+            // The test's "cluster" is loopback: only link-local (cloud metadata) stays denied.
+            deny: spur_tunnelproxy::TunnelProxyConfig::parse_deny("169.254.0.0/16").unwrap(),
         },
         &mut registry,
         stop.clone(),
@@ -1357,6 +1359,10 @@ async fn workstation_session_through_the_tunnel_proxy() {
             .unwrap();
         let text = String::from_utf8_lossy(&out);
         assert!(text.contains("cluster-app"), "{text}");
+
+        // Denied destinations (cloud metadata) are refused with the reason.
+        let denied = c.open("169.254.169.254", 80).await.unwrap_err().to_string();
+        assert!(denied.contains("not allowed"), "{denied}");
 
         // Cluster → laptop: bind, the ExternalWorkload gets an endpoint at the proxy, and a
         // connection there reaches the laptop's process.

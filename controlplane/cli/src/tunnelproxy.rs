@@ -60,6 +60,11 @@ pub(crate) struct TunnelProxyArgs {
     /// (repeatable; comma-separated in env). For proxies outside the cluster's DNS.
     #[arg(long = "resolve", env = "SPUR_RESOLVE", value_delimiter = ',', value_parser = parse_resolve)]
     resolve: Vec<(String, SocketAddr)>,
+    /// Destinations workstations may not reach (comma-separated CIDRs, checked after name
+    /// resolution; empty: none). Default: the pod's loopback and link-local addresses (cloud
+    /// metadata services).
+    #[arg(long, env = "SPUR_DENY_CIDRS", default_value = spur_tunnelproxy::TunnelProxyConfig::DEFAULT_DENY)]
+    deny_cidr: String,
     /// Address of /metrics and /healthz.
     #[arg(long, env = "SPUR_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
@@ -88,6 +93,7 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
     let quic_addr = optional_addr("quic-addr", &args.quic_addr)?;
     let h2_addr = optional_addr("h2-addr", &args.h2_addr)?;
     let socks_addr = optional_addr("socks-addr", &args.socks_addr)?;
+    let deny = spur_tunnelproxy::TunnelProxyConfig::parse_deny(&args.deny_cidr)?;
     let chain = CertificateDer::pem_file_iter(&args.tls_cert)
         .and_then(|i| i.collect::<Result<Vec<_>, _>>())
         .with_context(|| format!("cannot read certificates from {}", args.tls_cert.display()))?;
@@ -125,6 +131,7 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
             cluster_domain: args.cluster_domain,
             dial_timeout: Duration::from_secs(10),
             resolve: args.resolve.into_iter().collect(),
+            deny,
         },
         &mut registry,
         stop.clone(),

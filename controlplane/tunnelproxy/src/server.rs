@@ -61,6 +61,28 @@ pub struct TunnelProxyConfig {
     /// Fixed addresses for `host:port` targets, used instead of DNS (like curl's `--resolve`):
     /// for proxies outside the cluster's DNS, and tests.
     pub resolve: std::collections::HashMap<String, SocketAddr>,
+    /// Destinations workstations may not reach through the proxy, checked after name
+    /// resolution ([`TunnelProxyConfig::DEFAULT_DENY`] by default).
+    pub deny: Vec<ipnet::IpNet>,
+}
+
+impl TunnelProxyConfig {
+    /// The proxy pod's own loopback (its metrics and admin ports) and link-local addresses
+    /// (cloud metadata services such as 169.254.169.254) are not the cluster a developer
+    /// should reach from a laptop.
+    pub const DEFAULT_DENY: &'static str = "127.0.0.0/8,::1/128,169.254.0.0/16,fe80::/10";
+
+    /// Parses a comma-separated CIDR list (empty: none).
+    pub fn parse_deny(list: &str) -> Result<Vec<ipnet::IpNet>, Error> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.parse::<ipnet::IpNet>()
+                    .map_err(|e| Error::Config(format!("{s:?} is not a CIDR: {e}")))
+            })
+            .collect()
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -238,6 +260,7 @@ pub async fn run(
         caches,
         metrics: metrics.clone(),
         resolve: Arc::new(config.resolve),
+        deny: Arc::new(config.deny),
     });
     let socks_addr = match config.socks_addr {
         Some(addr) => {
@@ -248,6 +271,7 @@ pub async fn run(
             let dialer = Arc::new(ClusterDialer {
                 tokens,
                 resolve: shared.resolve.clone(),
+                deny: shared.deny.clone(),
                 dial_timeout: shared.dial_timeout,
                 metrics: metrics.clone(),
             });
@@ -321,18 +345,45 @@ struct Shared {
     caches: Caches,
     metrics: Metrics,
     resolve: Arc<std::collections::HashMap<String, SocketAddr>>,
+    deny: Arc<Vec<ipnet::IpNet>>,
 }
 
 /// Connects to `host:port` in the cluster: a fixed address if configured, else through DNS.
 async fn dial_cluster(
     resolve: &std::collections::HashMap<String, SocketAddr>,
+    deny: &[ipnet::IpNet],
     host: &str,
     port: u16,
 ) -> std::io::Result<TcpStream> {
-    match resolve.get(&format!("{host}:{port}")) {
-        Some(addr) => TcpStream::connect(addr).await,
-        None => TcpStream::connect((host, port)).await,
+    let candidates: Vec<SocketAddr> = match resolve.get(&format!("{host}:{port}")) {
+        Some(addr) => vec![*addr],
+        None => tokio::net::lookup_host((host, port)).await?.collect(),
+    };
+    let allowed: Vec<SocketAddr> = candidates
+        .iter()
+        .copied()
+        .filter(|a| !deny.iter().any(|n| n.contains(&a.ip())))
+        .collect();
+    if allowed.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            match candidates.first() {
+                Some(a) => format!(
+                    "destination {} is not allowed through the tunnel proxy",
+                    a.ip()
+                ),
+                None => format!("{host} has no address"),
+            },
+        ));
     }
+    let mut last = None;
+    for addr in allowed {
+        match TcpStream::connect(addr).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no address to connect to")))
 }
 
 async fn serve_session(mut session: spur_tunnel::Session, shared: Arc<Shared>) {
@@ -524,7 +575,7 @@ async fn forward(incoming: Incoming, handle: SessionHandle, shared: &Shared) {
     let target = Target::Host(host.clone(), port);
     match tokio::time::timeout(
         shared.dial_timeout,
-        dial_cluster(&shared.resolve, &host, port),
+        dial_cluster(&shared.resolve, &shared.deny, &host, port),
     )
     .await
     {
@@ -652,6 +703,7 @@ impl AsyncWrite for ApiStream {
 struct ClusterDialer {
     tokens: TokenStore,
     resolve: Arc<std::collections::HashMap<String, SocketAddr>>,
+    deny: Arc<Vec<ipnet::IpNet>>,
     dial_timeout: Duration,
     metrics: Metrics,
 }
@@ -667,8 +719,10 @@ impl Dialer for ClusterDialer {
     ) -> Result<TcpStream, DialError> {
         let connect = async {
             match target {
-                Target::Addr(a) => TcpStream::connect(a).await,
-                Target::Host(h, p) => dial_cluster(&self.resolve, h, *p).await,
+                Target::Addr(a) => {
+                    dial_cluster(&self.resolve, &self.deny, &a.ip().to_string(), a.port()).await
+                }
+                Target::Host(h, p) => dial_cluster(&self.resolve, &self.deny, h, *p).await,
             }
         };
         match tokio::time::timeout(self.dial_timeout, connect).await {

@@ -80,6 +80,7 @@ impl DialError {
         let what = format!("{target}: {e}");
         match e.kind() {
             K::ConnectionRefused => DialError::Refused(what),
+            K::PermissionDenied => DialError::NotAllowed(what),
             K::TimedOut => DialError::TimedOut(what),
             K::HostUnreachable | K::NetworkUnreachable => DialError::Unreachable(what),
             _ => DialError::Other(what),
