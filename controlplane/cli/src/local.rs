@@ -35,6 +35,70 @@ enum LocalCommand {
     /// Serve one cluster Service on a local port through the running `spur local connect`,
     /// injecting a routing key into HTTP/1.x requests.
     Proxy(ProxyArgs),
+    /// Create (or replace) a workstation's tunnel token in the cluster (needs permission to
+    /// write Secrets in the tunnel proxy's namespace) and print it once on stdout.
+    Token(TokenArgs),
+}
+
+#[derive(Args)]
+struct TokenArgs {
+    /// The workstation the token authenticates (a DNS label: Sandboxes name it in
+    /// `spec.workstation`).
+    #[arg(long)]
+    workstation: String,
+    /// How long the token is accepted (e.g. 12h); without it, until the Secret is deleted.
+    #[arg(long, value_parser = spur_proxy::parse_duration)]
+    ttl: Option<std::time::Duration>,
+    /// The tunnel proxy's namespace.
+    #[arg(long, default_value = "spur-system")]
+    namespace: String,
+    /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, env = "SPUR_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+}
+
+/// Writes the workstation's token Secret (server-side apply, so a new token replaces the old
+/// one) and prints the token; nothing else is printed on stdout, so it can be piped to a file.
+async fn token_cmd(a: TokenArgs) -> Result<ExitCode> {
+    let valid = !a.workstation.is_empty()
+        && a.workstation.len() <= 63
+        && a.workstation
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !a.workstation.starts_with('-')
+        && !a.workstation.ends_with('-');
+    if !valid {
+        anyhow::bail!("--workstation {:?} is not a DNS label", a.workstation);
+    }
+    let token = spur_tunnelproxy::tokens::generate_token()?;
+    let expires = a.ttl.map(|t| std::time::SystemTime::now() + t);
+    let secret =
+        spur_tunnelproxy::tokens::token_secret(&a.namespace, &a.workstation, &token, expires)?;
+    let client = crate::kube_client(a.kubeconfig.as_deref()).await?;
+    let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client, &a.namespace);
+    let mut body = serde_json::to_value(&secret)?;
+    body["apiVersion"] = "v1".into();
+    body["kind"] = "Secret".into();
+    let name = secret.metadata.name.clone().unwrap_or_default();
+    api.patch(
+        &name,
+        &kube::api::PatchParams::apply("spur-cli").force(),
+        &kube::api::Patch::Apply(&body),
+    )
+    .await
+    .with_context(|| format!("cannot write Secret {}/{name}", a.namespace))?;
+    say(format!(
+        "token for workstation {} stored in Secret {}/{name}{}",
+        a.workstation,
+        a.namespace,
+        match a.ttl {
+            Some(t) => format!(", valid for {}s", t.as_secs()),
+            None => String::new(),
+        }
+    ));
+    println!("{token}");
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Args)]
@@ -165,6 +229,7 @@ pub(crate) async fn run(args: LocalArgs) -> Result<ExitCode> {
         LocalCommand::Status(a) => status(a),
         LocalCommand::Disconnect(a) => disconnect(a).await,
         LocalCommand::Proxy(a) => proxy_cmd(a).await,
+        LocalCommand::Token(a) => token_cmd(a).await,
     }
 }
 

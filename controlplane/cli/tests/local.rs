@@ -282,17 +282,55 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
         .await
         .unwrap();
 
-    // Workstation tokens: alice's, bob's (expired).
-    let alice = spur_tunnelproxy::tokens::generate_token().unwrap();
-    let bob = spur_tunnelproxy::tokens::generate_token().unwrap();
-    let past = std::time::SystemTime::now() - Duration::from_secs(60);
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), "spur-system");
-    for s in [
-        spur_tunnelproxy::tokens::token_secret("spur-system", "alice", &alice, None).unwrap(),
-        spur_tunnelproxy::tokens::token_secret("spur-system", "bob", &bob, Some(past)).unwrap(),
-    ] {
-        secrets.create(&PostParams::default(), &s).await.unwrap();
-    }
+    // Workstation tokens, made with `spur local token`: alice's, and bob's, which expires a
+    // second later.
+    let token_for = |who: &'static str, ttl: Option<&'static str>| {
+        let kubeconfig = kubeconfig.clone();
+        async move {
+            let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_spur"));
+            c.args([
+                "local",
+                "token",
+                "--workstation",
+                who,
+                "--namespace",
+                "spur-system",
+            ])
+            .args(["--kubeconfig", &kubeconfig]);
+            if let Some(t) = ttl {
+                c.args(["--ttl", t]);
+            }
+            let out = c.output().await.unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout).unwrap().trim().to_string()
+        }
+    };
+    let alice = token_for("alice", None).await;
+    let bob = token_for("bob", Some("1s")).await;
+    assert_eq!((alice.len(), bob.len()), (64, 64));
+    let stored = Api::<Secret>::namespaced(client.clone(), "spur-system")
+        .get("spur-workstation-alice")
+        .await
+        .unwrap();
+    assert_eq!(stored.data.unwrap()["token"].0, alice.as_bytes());
+    let bad = tokio::process::Command::new(env!("CARGO_BIN_EXE_spur"))
+        .args([
+            "local",
+            "token",
+            "--workstation",
+            "Not_A_Label",
+            "--kubeconfig",
+            &kubeconfig,
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("DNS label"));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     for (name, token) in [
         ("alice", &alice),
         ("bob", &bob),
