@@ -365,12 +365,16 @@ async fn sandbox_forks_routes_and_cleans_up() {
         d.metadata.owner_references.unwrap()[0].kind,
         "ForkedWorkload"
     );
-    // The sandbox Service: same ports, selecting the fork.
+    // The sandbox Service: same ports, selecting the fork. It is applied right after the fork
+    // Deployment, in the same reconcile: wait for it rather than race it.
     let svc_name = names::sandbox_service_name("sb1", "web");
-    let svc = Api::<Service>::namespaced(client.clone(), NS)
-        .get(&svc_name)
-        .await
-        .unwrap();
+    let services: Api<Service> = Api::namespaced(client.clone(), NS);
+    let svc = eventually("the sandbox Service", || {
+        let services = services.clone();
+        let svc_name = svc_name.clone();
+        async move { services.get_opt(&svc_name).await.ok()? }
+    })
+    .await;
     let svc_spec = svc.spec.unwrap();
     assert_eq!(
         svc_spec.selector.unwrap()[labels::FORK],
