@@ -58,7 +58,7 @@ pub(crate) struct TunnelProxyArgs {
     cluster_domain: String,
     /// Fixed address for a cluster target, `HOST:PORT=IP:PORT`, used instead of DNS
     /// (repeatable; comma-separated in env). For proxies outside the cluster's DNS.
-    #[arg(long = "resolve", env = "SPUR_RESOLVE", value_delimiter = ',', value_parser = parse_resolve)]
+    #[arg(long = "resolve", env = "SPUR_RESOLVE", value_delimiter = ',', value_parser = spur_sidecar::parse_resolve)]
     resolve: Vec<(String, SocketAddr)>,
     /// Destinations workstations may not reach (comma-separated CIDRs, checked after name
     /// resolution; empty: none). Default: the pod's loopback and link-local addresses (cloud
@@ -68,16 +68,6 @@ pub(crate) struct TunnelProxyArgs {
     /// Address of /metrics and /healthz.
     #[arg(long, env = "SPUR_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
-}
-
-fn parse_resolve(s: &str) -> std::result::Result<(String, SocketAddr), String> {
-    let (key, addr) = s
-        .split_once('=')
-        .ok_or_else(|| format!("{s:?}: expected HOST:PORT=IP:PORT"))?;
-    let addr = addr
-        .parse()
-        .map_err(|_| format!("{s:?}: {addr:?} is not an IP:PORT address"))?;
-    Ok((key.to_string(), addr))
 }
 
 fn optional_addr(flag: &str, s: &str) -> Result<Option<SocketAddr>> {

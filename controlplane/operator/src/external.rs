@@ -254,7 +254,7 @@ pub(crate) async fn reconcile(
 async fn apply(ew: &ExternalWorkload, ns: &str, ctx: &Context) -> Result<Action, Error> {
     let name = ew.name_any();
     let fail = |reason: &'static str, message: String| async move {
-        delete_children(&name_of(ew), ns, ctx).await?;
+        delete_children(&ew.name_any(), ns, ctx).await?;
         write_status(ew, ns, ctx, |st| {
             st.services.clear();
             st.tunnel = None;
@@ -404,10 +404,6 @@ async fn apply(ew: &ExternalWorkload, ns: &str, ctx: &Context) -> Result<Action,
         _ => RESYNC,
     };
     Ok(Action::requeue(next.min(RESYNC)))
-}
-
-fn name_of(ew: &ExternalWorkload) -> String {
-    ew.name_any()
 }
 
 async fn prune(

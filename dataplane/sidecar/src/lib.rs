@@ -97,7 +97,9 @@ pub struct SidecarArgs {
     pub resolve: Vec<(String, SocketAddr)>,
 }
 
-fn parse_resolve(s: &str) -> Result<(String, SocketAddr), String> {
+/// Parses a `--resolve` entry, `HOST:PORT=IP:PORT` (like curl's), for every Spur binary that
+/// takes fixed addresses instead of DNS.
+pub fn parse_resolve(s: &str) -> Result<(String, SocketAddr), String> {
     let (key, addr) = s
         .split_once('=')
         .ok_or_else(|| format!("{s:?}: expected HOST:PORT=IP:PORT"))?;
