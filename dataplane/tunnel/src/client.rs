@@ -107,7 +107,11 @@ impl TunnelClient {
         let handle = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::Config("TunnelClient::start needs a Tokio runtime".into()))?;
         let tls = tls::client_configs(&config.tls)?;
-        let quic_transport = Arc::new(tls::quic_transport(&config.limits, &config.keepalive)?);
+        let quic_transport = Arc::new(tls::quic_transport(
+            &config.limits,
+            &config.keepalive,
+            config.congestion,
+        )?);
         let inner = Arc::new(Inner {
             settings: Settings {
                 server_name: config.server_name,

@@ -45,7 +45,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_streams: 256,
-            stream_window: 1024 * 1024,
+            stream_window: 4 * 1024 * 1024,
             connection_window: 16 * 1024 * 1024,
             max_header_bytes: 4096,
             max_control_bytes: 64 * 1024,
@@ -115,6 +115,21 @@ impl Keepalive {
     }
 }
 
+/// QUIC congestion control. (The HTTP/2 fallback runs on the kernel's TCP, whose algorithm is
+/// the host's `net.ipv4.tcp_congestion_control`.)
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Congestion {
+    /// BBR: paces to the measured bottleneck bandwidth and does not read random loss as
+    /// congestion. A workstation's path crosses Wi-Fi, VPNs and hotel links where packets are
+    /// lost without any queue being full; there, loss-based Cubic keeps halving its window
+    /// (at 1 % loss it moved a quarter of BBR's throughput: perf/results/tunnel_vs_ssh.md).
+    /// quinn marks its BBR experimental; Cubic is one setting away.
+    #[default]
+    Bbr,
+    /// Cubic (RFC 9438), quinn's default: loss-based.
+    Cubic,
+}
+
 /// The server's certificate: fixed, or from a resolver (for hot-swapped certificates).
 pub enum ServerCert {
     Static {
@@ -156,6 +171,8 @@ pub struct ServerConfig {
     pub authenticator: Arc<dyn Authenticator>,
     pub keepalive: Keepalive,
     pub limits: Limits,
+    /// QUIC congestion control of the server's sending side.
+    pub congestion: Congestion,
     /// TLS handshake plus `hello`/authentication must finish within this time.
     pub handshake_timeout: Duration,
     /// Established sessions; beyond this, new ones are refused (`unavailable`, retry).
@@ -179,6 +196,7 @@ impl ServerConfig {
             authenticator,
             keepalive: Keepalive::default(),
             limits: Limits::default(),
+            congestion: Congestion::default(),
             handshake_timeout: Duration::from_secs(10),
             max_sessions: 1024,
             max_handshakes: 64,
@@ -212,6 +230,7 @@ impl fmt::Debug for ServerConfig {
             .field("tls", &self.tls)
             .field("keepalive", &self.keepalive)
             .field("limits", &self.limits)
+            .field("congestion", &self.congestion)
             .field("handshake_timeout", &self.handshake_timeout)
             .field("max_sessions", &self.max_sessions)
             .finish_non_exhaustive()
@@ -275,6 +294,8 @@ pub struct ClientConfig {
     pub backoff: Backoff,
     pub keepalive: Keepalive,
     pub limits: Limits,
+    /// QUIC congestion control of the client's sending side.
+    pub congestion: Congestion,
     /// Grace period of a drain the server starts with `goaway`.
     pub drain_grace: Duration,
 }
@@ -294,6 +315,7 @@ impl ClientConfig {
             backoff: Backoff::default(),
             keepalive: Keepalive::default(),
             limits: Limits::default(),
+            congestion: Congestion::default(),
             drain_grace: Duration::from_secs(10),
         }
     }

@@ -70,6 +70,7 @@ impl TunnelServer {
                 server.transport_config(Arc::new(tls::quic_transport(
                     &config.limits,
                     &config.keepalive,
+                    config.congestion,
                 )?));
                 let endpoint = quinn::Endpoint::server(server, addr)
                     .map_err(|source| Error::Bind { addr, source })?;

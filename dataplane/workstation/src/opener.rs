@@ -215,5 +215,11 @@ where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
-    tokio::io::copy_bidirectional(&mut a, &mut b).await
+    tokio::io::copy_bidirectional_with_sizes(
+        &mut a,
+        &mut b,
+        spur_tunnel::COPY_BUFFER,
+        spur_tunnel::COPY_BUFFER,
+    )
+    .await
 }
