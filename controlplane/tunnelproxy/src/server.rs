@@ -12,9 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use kube::Client;
@@ -30,7 +28,6 @@ use spur_tunnel::{
     AuthError, AuthFuture, AuthMethod, AuthRequest, Authenticator, Identity, Incoming,
     ServerConfig, ServerTls, SessionHandle, StreamHeader, TunnelServer,
 };
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
@@ -562,7 +559,7 @@ async fn forward(incoming: Incoming, handle: SessionHandle, shared: &Shared) {
             .total
             .get_or_create(&Kind { kind: "api" })
             .inc();
-        let io = futures_util::stream::iter([Ok::<_, std::io::Error>(ApiStream(stream))]);
+        let io = futures_util::stream::iter([Ok::<_, std::io::Error>(stream)]);
         if let Err(e) = tonic::transport::Server::builder()
             .add_service(TunnelApiServer::new(service))
             .serve_with_incoming(io)
@@ -663,45 +660,6 @@ async fn carry(
             (from_tcp, from_tunnel, "ok".into())
         }
         Err(e) => (0, 0, format!("stream: {e}")),
-    }
-}
-
-/// A tunnel stream as a tonic server connection.
-struct ApiStream(spur_tunnel::Stream);
-
-impl tonic::transport::server::Connected for ApiStream {
-    type ConnectInfo = ();
-    fn connect_info(&self) {}
-}
-
-impl AsyncRead for ApiStream {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for ApiStream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
     }
 }
 

@@ -363,6 +363,14 @@ impl Stream {
     }
 }
 
+/// With the `tonic` feature: a stream can be handed to `Server::serve_with_incoming`, as the
+/// tunnel API is served over one.
+#[cfg(feature = "tonic")]
+impl tonic::transport::server::Connected for Stream {
+    type ConnectInfo = ();
+    fn connect_info(&self) {}
+}
+
 impl std::fmt::Debug for Stream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stream")

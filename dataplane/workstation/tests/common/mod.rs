@@ -10,7 +10,6 @@ use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -33,7 +32,7 @@ use spur_tunnel::{
     SessionHandle, StaticAuthenticator, StreamHeader, Token, TunnelServer,
 };
 use spur_workstation::{ConnectConfig, Event, Workstation};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -156,40 +155,6 @@ impl TunnelApi for TestApi {
         let s = tokio_stream::wrappers::WatchStream::new(rx)
             .map(|workloads| Ok(LocalWorkloads { workloads }));
         Ok(Response::new(Box::pin(s)))
-    }
-}
-
-/// A tunnel stream as a tonic server connection.
-struct ApiStream(spur_tunnel::Stream);
-
-impl tonic::transport::server::Connected for ApiStream {
-    type ConnectInfo = ();
-    fn connect_info(&self) {}
-}
-
-impl AsyncRead for ApiStream {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for ApiStream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
     }
 }
 
@@ -322,7 +287,7 @@ async fn serve(
                             workstation: who,
                             state: api,
                         };
-                        let io = tokio_stream::iter([Ok::<_, std::io::Error>(ApiStream(stream))]);
+                        let io = tokio_stream::iter([Ok::<_, std::io::Error>(stream)]);
                         let _ = tonic::transport::Server::builder()
                             .add_service(TunnelApiServer::new(svc))
                             .serve_with_incoming(io)
