@@ -3,7 +3,7 @@
 //! Topology: this process's network namespace is the "cluster" (a real kube-apiserver + etcd,
 //! `spur tunnel-proxy`, Debian's `sshd`, and the target servers, bound on the veth address); a
 //! "laptop" namespace created here, joined by a veth pair, runs `spur local connect` or `ssh -N
-//! -L`, and the measuring clients connect from inside it. each end of the veth drops P % of the
+//! -L`, and the measuring clients connect from inside it. Each end of the veth drops P % of the
 //! packets it receives (nftables `numgen random`; segmentation offloads are off on the veth, so
 //! those are wire-sized packets), so each direction loses P %.
 //!
@@ -15,7 +15,8 @@
 //!   per-Service loopback listeners of the shipped CLI, through `spur tunnel-proxy`, which dials
 //!   the targets (`--resolve`).
 //!
-//! For each path, loss (0 %, 1 %) and stream count (1, 100):
+//! For each TCP congestion control of the veth's routes (cubic, the Linux default; bbr), path,
+//! loss (0 %, 1 %) and stream count (1, 100):
 //! - throughput: cluster → laptop bulk download on N connections at once, bytes received by the
 //!   laptop in a fixed window after a warm-up;
 //! - latency: N connections each doing 64-byte ping-pong (write, read the echo) for a fixed
@@ -70,6 +71,8 @@ struct Plan {
     streams: Vec<usize>,
     losses: Vec<f64>,
     paths: Vec<PathKind>,
+    /// TCP congestion controls the whole matrix is run under, one block each.
+    tcp_ccs: Vec<String>,
     write: bool,
 }
 
@@ -89,7 +92,7 @@ fn main() -> Result<()> {
         PathKind::SpurQuic,
         PathKind::SpurH2,
     ];
-    // A subset (for profiling one path) never overwrites the report.
+    // A subset (of paths, losses or stream counts: for profiling) never overwrites the report.
     let paths: Vec<PathKind> = match std::env::var("SPUR_BENCH_PATHS") {
         Ok(list) => all
             .into_iter()
@@ -97,15 +100,32 @@ fn main() -> Result<()> {
             .collect(),
         Err(_) => all.to_vec(),
     };
-    let partial = paths.len() < all.len();
+    let list = |name: &str| -> Option<Vec<f64>> {
+        let v = std::env::var(name).ok()?;
+        Some(v.split(',').filter_map(|w| w.trim().parse().ok()).collect())
+    };
+    let losses = list("SPUR_BENCH_LOSSES");
+    let streams = list("SPUR_BENCH_STREAMS");
+    let tcp_ccs = std::env::var("SPUR_BENCH_TCP_CC").ok().map(|v| {
+        v.split(',')
+            .map(|w| w.trim().to_owned())
+            .filter(|w| !w.is_empty())
+            .collect::<Vec<_>>()
+    });
+    let partial =
+        paths.len() < all.len() || losses.is_some() || streams.is_some() || tcp_ccs.is_some();
+    let tcp_ccs = tcp_ccs.unwrap_or_else(|| vec!["cubic".into(), "bbr".into()]);
     let plan = if full {
         Plan {
             warmup: secs("SPUR_BENCH_WARMUP_S", 1.0),
             window: secs("SPUR_BENCH_WINDOW_S", 5.0),
             latency: secs("SPUR_BENCH_LATENCY_S", 5.0),
-            streams: vec![1, 100],
-            losses: vec![0.0, 1.0],
+            streams: streams.map_or(vec![1, 100], |s| {
+                s.into_iter().map(|n| (n as usize).max(1)).collect()
+            }),
+            losses: losses.unwrap_or_else(|| vec![0.0, 1.0]),
             paths,
+            tcp_ccs,
             write: !partial,
         }
     } else {
@@ -116,10 +136,13 @@ fn main() -> Result<()> {
             streams: vec![1, 4],
             losses: vec![0.0, 1.0],
             paths,
+            tcp_ccs: tcp_ccs.into_iter().take(1).collect(),
             write: false,
         }
     };
+    // Fixed, so a TOKIO_WORKER_THREADS in the environment is only seen by the spur children.
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()))
         .enable_all()
         .build()?;
     rt.block_on(run(plan))
@@ -142,10 +165,20 @@ impl PathKind {
             PathKind::SpurH2 => "spur h2",
         }
     }
+
+    /// `spur local connect --transport` of a tunnel path.
+    fn transport(self) -> &'static str {
+        if self == PathKind::SpurQuic {
+            "quic"
+        } else {
+            "h2"
+        }
+    }
 }
 
 struct Cell {
     path: PathKind,
+    tcp_cc: String,
     loss: f64,
     streams: usize,
     mib_s: f64,
@@ -260,11 +293,23 @@ async fn run(plan: Plan) -> Result<()> {
     let ssh = SshSetup::new(&dir)?;
     let sshd = ssh.start_server()?;
     let sshd_pid = sshd.id().context("sshd pid")?;
+    // ssh gives up at once on a refused connection, so sshd must listen before any client starts.
+    wait_for_port(
+        SocketAddr::from((ROOT_IP, SSH_PORT)),
+        &dir.join("ssh/sshd.log"),
+    )
+    .await?;
     let setup = started.elapsed();
 
     let mut cells = Vec::new();
     let mut ssh_cipher = String::new();
-    for path in plan.paths.clone() {
+    let runs: Vec<(String, PathKind)> = plan
+        .tcp_ccs
+        .iter()
+        .flat_map(|cc| plan.paths.iter().map(move |&p| (cc.clone(), p)))
+        .collect();
+    for (tcp_cc, path) in runs {
+        net.set_tcp_cc(&tcp_cc)?;
         // The client end, and where the laptop reaches the source and echo through it.
         let (client, source_at, echo_at) = match path {
             PathKind::Direct => (None, source_addr, echo_addr),
@@ -277,11 +322,7 @@ async fn run(plan: Plan) -> Result<()> {
                 )
             }
             PathKind::SpurQuic | PathKind::SpurH2 => {
-                let transport = if path == PathKind::SpurQuic {
-                    "quic"
-                } else {
-                    "h2"
-                };
+                let transport = path.transport();
                 let hosts = dir.join(format!("hosts-{transport}"));
                 std::fs::write(&hosts, "127.0.0.1 localhost\n")?;
                 let c = spawn_logged(
@@ -315,9 +356,26 @@ async fn run(plan: Plan) -> Result<()> {
             }
         };
         // The path works before anything is timed (listeners up, session established).
-        ping_until_ready(&net, echo_at)
-            .await
-            .with_context(|| format!("{} never answered", path.label()))?;
+        if let Err(e) = ping_until_ready(&net, echo_at).await {
+            let logs = match path {
+                PathKind::Direct => vec![],
+                PathKind::Ssh => vec![dir.join("ssh/ssh.log"), dir.join("ssh/sshd.log")],
+                _ => vec![
+                    dir.join(format!("connect-{}.log", path.transport())),
+                    tp_log.clone(),
+                ],
+            };
+            let logs: String = logs
+                .iter()
+                .map(|l| {
+                    let text = std::fs::read_to_string(l).unwrap_or_default();
+                    let tail: Vec<&str> = text.lines().rev().take(30).collect();
+                    let tail: Vec<&str> = tail.into_iter().rev().collect();
+                    format!("\n--- {}:\n{}", l.display(), tail.join("\n"))
+                })
+                .collect();
+            return Err(e.context(format!("{} never answered{logs}", path.label())));
+        }
         if path == PathKind::Ssh {
             ssh_cipher = ssh.negotiated();
         }
@@ -337,6 +395,7 @@ async fn run(plan: Plan) -> Result<()> {
                 let gib = bytes as f64 / (1u64 << 30) as f64;
                 let cell = Cell {
                     path,
+                    tcp_cc: tcp_cc.clone(),
                     loss,
                     streams,
                     mib_s: bytes as f64 / (1 << 20) as f64 / window.as_secs_f64(),
@@ -346,7 +405,7 @@ async fn run(plan: Plan) -> Result<()> {
                     cpu_s_per_gib: (!pids.is_empty() && gib > 0.0).then(|| cpu / gib),
                 };
                 eprintln!(
-                    "{:<10} loss {loss}% streams {streams:>3}: {:>8.1} MiB/s, p50 {} µs, p99 {} µs ({} round trips)",
+                    "{tcp_cc:<6} {:<10} loss {loss}% streams {streams:>3}: {:>8.1} MiB/s, p50 {} µs, p99 {} µs ({} round trips)",
                     path.label(),
                     cell.mib_s,
                     cell.p50_us,
@@ -412,7 +471,8 @@ fn report(
          {:.0} s window after {:.0} s of warm-up.\n\
          - Latency: N connections, each doing {MSG}-byte ping-pong for {:.0} s; round-trip \
          percentiles over all of them. \"Added\" is the path's percentile minus `direct`'s for \
-         the same loss and N.\n\
+         the same loss and N (negative where the tunnel recovers a lost packet sooner than \
+         direct TCP's 200 ms retransmission timeout).\n\
          - CPU: user + system seconds of the tunnel's own processes (both ends; for ssh, the \
          client and sshd with its session children) per GiB downloaded in the throughput run.\n",
         kernel.trim(),
@@ -421,80 +481,98 @@ fn report(
         plan.warmup.as_secs_f64(),
         plan.latency.as_secs_f64(),
     );
-    let _ = writeln!(
-        r,
-        "| Path | Loss | Streams | Throughput (MiB/s) | × ssh | RTT p50 / p99 (µs) | Added p50 / p99 (µs) | CPU s/GiB |\n\
-         |---|---|---|---|---|---|---|---|"
-    );
-    let find = |path: PathKind, loss: f64, streams: usize| {
+    let find = |cc: &str, path: PathKind, loss: f64, streams: usize| {
         cells
             .iter()
-            .find(|c| c.path == path && c.loss == loss && c.streams == streams)
+            .find(|c| c.tcp_cc == cc && c.path == path && c.loss == loss && c.streams == streams)
     };
-    for c in cells {
-        let ssh = find(PathKind::Ssh, c.loss, c.streams);
-        let direct = find(PathKind::Direct, c.loss, c.streams);
-        let ratio = match ssh {
-            Some(s) if s.mib_s > 0.0 && c.path != PathKind::Direct => {
-                format!("{:.2}", c.mib_s / s.mib_s)
-            }
-            _ => "".into(),
-        };
-        let added = match direct {
-            Some(d) if c.path != PathKind::Direct => format!(
-                "{} / {}",
-                c.p50_us as i64 - d.p50_us as i64,
-                c.p99_us as i64 - d.p99_us as i64
-            ),
-            _ => "".into(),
+    let host_cc =
+        std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap_or_default();
+    for cc in &plan.tcp_ccs {
+        let about = match cc.as_str() {
+            "cubic" => " (the Linux default, and Debian's, Ubuntu's and RHEL's)".to_owned(),
+            c if c == host_cc.trim() => " (this machine's kernel default)".to_owned(),
+            _ => String::new(),
         };
         let _ = writeln!(
             r,
-            "| {} | {}% | {} | {:.1} | {ratio} | {} / {} | {added} | {} |",
-            c.path.label(),
-            c.loss,
-            c.streams,
-            c.mib_s,
-            c.p50_us,
-            c.p99_us,
-            c.cpu_s_per_gib.map_or(String::new(), |v| format!("{v:.2}")),
+            "## TCP congestion control: {cc}{about}\n\n\
+             Set on the veth's routes (`congctl`), so it governs the TCP paths: direct, ssh, \
+             and spur h2. spur quic runs its own BBR in user space, the same in every block.\n\n\
+             | Path | Loss | Streams | Throughput (MiB/s) | × ssh | RTT p50 / p99 (µs) | Added p50 / p99 (µs) | CPU s/GiB |\n\
+             |---|---|---|---|---|---|---|---|"
         );
-    }
-    let _ = writeln!(
-        r,
-        "\nAgainst the goal (≥ 2× ssh throughput and a lower p99 at 1 % loss):\n"
-    );
-    for path in [PathKind::SpurQuic, PathKind::SpurH2] {
-        for &streams in &plan.streams {
-            let loss = plan.losses.iter().copied().fold(0.0, f64::max);
-            if let (Some(c), Some(s)) = (
-                find(path, loss, streams),
-                find(PathKind::Ssh, loss, streams),
-            ) {
-                let ratio = if s.mib_s > 0.0 {
-                    c.mib_s / s.mib_s
-                } else {
-                    f64::INFINITY
-                };
-                let _ = writeln!(
-                    r,
-                    "- {} at {loss}% loss, {streams} stream(s): {ratio:.2}× ssh throughput ({}), p99 {} vs {} µs ({}).",
-                    path.label(),
-                    if ratio >= 2.0 { "met" } else { "not met" },
-                    c.p99_us,
-                    s.p99_us,
-                    if c.p99_us < s.p99_us {
-                        "lower"
+        for c in cells.iter().filter(|c| &c.tcp_cc == cc) {
+            let ssh = find(cc, PathKind::Ssh, c.loss, c.streams);
+            let direct = find(cc, PathKind::Direct, c.loss, c.streams);
+            let ratio = match ssh {
+                Some(s) if s.mib_s > 0.0 && c.path != PathKind::Direct => {
+                    format!("{:.2}", c.mib_s / s.mib_s)
+                }
+                _ => "".into(),
+            };
+            let added = match direct {
+                Some(d) if c.path != PathKind::Direct && c.round_trips > 0 && d.round_trips > 0 => {
+                    format!(
+                        "{} / {}",
+                        c.p50_us as i64 - d.p50_us as i64,
+                        c.p99_us as i64 - d.p99_us as i64
+                    )
+                }
+                _ => "".into(),
+            };
+            let rtt = if c.round_trips > 0 {
+                format!("{} / {}", c.p50_us, c.p99_us)
+            } else {
+                "no round trip".into()
+            };
+            let _ = writeln!(
+                r,
+                "| {} | {}% | {} | {:.1} | {ratio} | {rtt} | {added} | {} |",
+                c.path.label(),
+                c.loss,
+                c.streams,
+                c.mib_s,
+                c.cpu_s_per_gib.map_or(String::new(), |v| format!("{v:.2}")),
+            );
+        }
+        let _ = writeln!(
+            r,
+            "\nAgainst the goal (≥ 2× ssh throughput and a lower p99 at 1 % loss), TCP {cc}:\n"
+        );
+        for path in [PathKind::SpurQuic, PathKind::SpurH2] {
+            for &streams in &plan.streams {
+                let loss = plan.losses.iter().copied().fold(0.0, f64::max);
+                if let (Some(c), Some(s)) = (
+                    find(cc, path, loss, streams),
+                    find(cc, PathKind::Ssh, loss, streams),
+                ) {
+                    let ratio = if s.mib_s > 0.0 {
+                        c.mib_s / s.mib_s
                     } else {
-                        "not lower"
-                    },
-                );
+                        f64::INFINITY
+                    };
+                    let _ = writeln!(
+                        r,
+                        "- {} at {loss}% loss, {streams} stream(s): {ratio:.2}× ssh throughput ({}), p99 {} vs {} µs ({}).",
+                        path.label(),
+                        if ratio >= 2.0 { "met" } else { "not met" },
+                        c.p99_us,
+                        s.p99_us,
+                        if c.p99_us < s.p99_us {
+                            "lower"
+                        } else {
+                            "not lower"
+                        },
+                    );
+                }
             }
         }
+        let _ = writeln!(r);
     }
     let _ = writeln!(
         r,
-        "\nThe tunnel proxy wrote {audit_lines} audit lines (one per forwarded connection)."
+        "The tunnel proxy wrote {audit_lines} audit lines (one per forwarded connection)."
     );
     r
 }
@@ -656,6 +734,41 @@ impl Net {
                     String::new()
                 }
             ))?;
+        }
+        Ok(())
+    }
+
+    /// TCP congestion control of connections across the veth (both directions): a
+    /// per-route `congctl`, so the host's sysctl is left alone. QUIC's congestion control is
+    /// its own (in user space) and not affected.
+    fn set_tcp_cc(&self, cc: &str) -> Result<()> {
+        for (ns, dev, src) in [
+            (None, &self.root_dev, ROOT_IP),
+            (Some(&self.ns), &self.lap_dev, LAPTOP_IP),
+        ] {
+            let mut args: Vec<String> = Vec::new();
+            if let Some(ns) = ns {
+                args.extend(["-n".into(), ns.clone()]);
+            }
+            args.extend(
+                [
+                    "route",
+                    "replace",
+                    "10.79.0.0/30",
+                    "dev",
+                    dev,
+                    "proto",
+                    "kernel",
+                    "scope",
+                    "link",
+                    "src",
+                ]
+                .map(String::from),
+            );
+            args.extend([src.to_string(), "congctl".into(), cc.into()]);
+            let mut cmd = vec!["ip"];
+            cmd.extend(args.iter().map(String::as_str));
+            sh(&cmd)?;
         }
         Ok(())
     }
@@ -889,9 +1002,11 @@ async fn latency(
     n: usize,
     duration: Duration,
 ) -> Result<Histogram<u64>> {
+    // Connecting may take seconds at 1 % loss (a lost SYN waits 1 s): the window starts after.
+    let streams = net.connect(addr, n)?;
     let deadline = Instant::now() + duration;
     let mut tasks = Vec::new();
-    for mut s in net.connect(addr, n)? {
+    for mut s in streams {
         tasks.push(tokio::spawn(async move {
             let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
             let mut buf = [0x42u8; MSG];

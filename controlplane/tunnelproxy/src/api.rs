@@ -8,6 +8,7 @@
 
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
@@ -102,16 +103,34 @@ impl Caches {
         .default_backoff()
         .touched_objects();
         let (bump, generation) = watch::channel(0u64);
+        // The newest watch error, for the start-up timeout's message: a missing CRD or RBAC
+        // rule otherwise looks like a hang.
+        let last_error = Arc::new(std::sync::Mutex::new(None::<String>));
         let s1 = stop.clone();
+        let e1 = last_error.clone();
         tokio::spawn(async move {
             let mut s = std::pin::pin!(svc_stream.take_until(s1.cancelled_owned()));
-            while s.next().await.is_some() {}
+            while let Some(ev) = s.next().await {
+                if let Err(e) = ev {
+                    tracing::warn!(error = %e, "Service watch failed; retrying");
+                    if let Ok(mut last) = e1.lock() {
+                        *last = Some(format!("Services: {e}"));
+                    }
+                }
+            }
         });
+        let e2 = last_error.clone();
         tokio::spawn(async move {
             let mut s = std::pin::pin!(ew_stream.take_until(stop.cancelled_owned()));
             while let Some(ev) = s.next().await {
-                if ev.is_ok() {
-                    bump.send_modify(|g| *g = g.wrapping_add(1));
+                match ev {
+                    Ok(_) => bump.send_modify(|g| *g = g.wrapping_add(1)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "ExternalWorkload watch failed; retrying");
+                        if let Ok(mut last) = e2.lock() {
+                            *last = Some(format!("ExternalWorkloads: {e}"));
+                        }
+                    }
                 }
             }
         });
@@ -121,7 +140,15 @@ impl Caches {
         };
         tokio::time::timeout(Duration::from_secs(30), ready)
             .await
-            .map_err(|_| Error::Kube("timed out listing Services and ExternalWorkloads".into()))?
+            .map_err(|_| {
+                let last = last_error.lock().ok().and_then(|l| l.clone());
+                Error::Kube(match last {
+                    Some(e) => {
+                        format!("timed out listing Services and ExternalWorkloads; last error: {e}")
+                    }
+                    None => "timed out listing Services and ExternalWorkloads".into(),
+                })
+            })?
             .map_err(|e| Error::Kube(e.to_string()))?;
         Ok(Caches {
             services,
