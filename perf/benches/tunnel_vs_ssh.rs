@@ -92,7 +92,8 @@ fn main() -> Result<()> {
         PathKind::SpurQuic,
         PathKind::SpurH2,
     ];
-    // A subset (of paths, losses or stream counts: for profiling) never overwrites the report.
+    // A subset (of paths, losses, stream counts or TCP congestion controls: for profiling)
+    // never overwrites the report.
     let paths: Vec<PathKind> = match std::env::var("SPUR_BENCH_PATHS") {
         Ok(list) => all
             .into_iter()
@@ -100,12 +101,19 @@ fn main() -> Result<()> {
             .collect(),
         Err(_) => all.to_vec(),
     };
-    let list = |name: &str| -> Option<Vec<f64>> {
-        let v = std::env::var(name).ok()?;
-        Some(v.split(',').filter_map(|w| w.trim().parse().ok()).collect())
+    let list = |name: &str| -> Result<Option<Vec<f64>>> {
+        let Ok(v) = std::env::var(name) else {
+            return Ok(None);
+        };
+        let parsed: Vec<f64> = v
+            .split(',')
+            .map(|w| w.trim().parse::<f64>())
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("{name}={v:?}: expected comma-separated numbers"))?;
+        Ok(Some(parsed))
     };
-    let losses = list("SPUR_BENCH_LOSSES");
-    let streams = list("SPUR_BENCH_STREAMS");
+    let losses = list("SPUR_BENCH_LOSSES")?;
+    let streams = list("SPUR_BENCH_STREAMS")?;
     let tcp_ccs = std::env::var("SPUR_BENCH_TCP_CC").ok().map(|v| {
         v.split(',')
             .map(|w| w.trim().to_owned())
