@@ -504,12 +504,22 @@ async fn serve_h2(
     let (ready_tx, ready_rx) = oneshot::channel::<Option<Arc<Shared>>>();
     tokio::spawn(async move {
         let mut ready_rx = ready_rx;
+        // The client may open streams as soon as it reads `welcome`, which is written just
+        // before the session is handed over here: those wait for it. The peer's
+        // max_concurrent_streams (the server's SETTINGS) bounds how many can.
+        let mut early: Vec<(
+            http::Request<h2::RecvStream>,
+            h2::server::SendResponse<Bytes>,
+        )> = Vec::new();
         let shared = loop {
             tokio::select! {
                 r = &mut ready_rx => match r {
                     Ok(Some(shared)) => break shared,
                     // Refused: let the refusal reach the client, then close.
                     _ => {
+                        for (_, mut respond) in early {
+                            respond.send_reset(h2::Reason::REFUSED_STREAM);
+                        }
                         conn.graceful_shutdown();
                         let _ = tokio::time::timeout(LINGER, async {
                             while let Some(Ok(_)) = conn.accept().await {}
@@ -519,13 +529,12 @@ async fn serve_h2(
                     }
                 },
                 r = conn.accept() => match r {
-                    // Streams before the session exists are refused.
-                    Some(Ok((_, mut respond))) => respond.send_reset(h2::Reason::REFUSED_STREAM),
+                    Some(Ok(stream)) => early.push(stream),
                     _ => return,
                 },
             }
         };
-        session::h2_server_conn(shared, conn).await;
+        session::h2_server_conn(shared, conn, early).await;
     });
 
     let ready = Arc::new(Mutex::new(Some(ready_tx)));

@@ -883,7 +883,14 @@ pub(crate) async fn h2_pinger(shared: Arc<Shared>, ping_pong: Option<h2::PingPon
 pub(crate) async fn h2_server_conn(
     shared: Arc<Shared>,
     mut conn: h2::server::Connection<tokio_rustls::server::TlsStream<tokio::net::TcpStream>, Bytes>,
+    early: Vec<(
+        http::Request<h2::RecvStream>,
+        h2::server::SendResponse<Bytes>,
+    )>,
 ) {
+    for (request, respond) in early {
+        tokio::spawn(h2_server_stream(shared.clone(), request, respond));
+    }
     loop {
         tokio::select! {
             r = conn.accept() => match r {
