@@ -377,8 +377,8 @@ async fn run(plan: Plan) -> Result<()> {
                 .iter()
                 .map(|l| {
                     let text = std::fs::read_to_string(l).unwrap_or_default();
-                    let tail: Vec<&str> = text.lines().rev().take(30).collect();
-                    let tail: Vec<&str> = tail.into_iter().rev().collect();
+                    let lines: Vec<&str> = text.lines().collect();
+                    let tail = &lines[lines.len().saturating_sub(30)..];
                     format!("\n--- {}:\n{}", l.display(), tail.join("\n"))
                 })
                 .collect();
@@ -754,28 +754,26 @@ impl Net {
             (None, &self.root_dev, ROOT_IP),
             (Some(&self.ns), &self.lap_dev, LAPTOP_IP),
         ] {
-            let mut args: Vec<String> = Vec::new();
-            if let Some(ns) = ns {
-                args.extend(["-n".into(), ns.clone()]);
-            }
-            args.extend(
-                [
-                    "route",
-                    "replace",
-                    "10.79.0.0/30",
-                    "dev",
-                    dev,
-                    "proto",
-                    "kernel",
-                    "scope",
-                    "link",
-                    "src",
-                ]
-                .map(String::from),
-            );
-            args.extend([src.to_string(), "congctl".into(), cc.into()]);
+            let src = src.to_string();
             let mut cmd = vec!["ip"];
-            cmd.extend(args.iter().map(String::as_str));
+            if let Some(ns) = ns {
+                cmd.extend(["-n", ns.as_str()]);
+            }
+            cmd.extend([
+                "route",
+                "replace",
+                "10.79.0.0/30",
+                "dev",
+                dev,
+                "proto",
+                "kernel",
+                "scope",
+                "link",
+                "src",
+                &src,
+                "congctl",
+                cc,
+            ]);
             sh(&cmd)?;
         }
         Ok(())

@@ -69,6 +69,14 @@ impl std::str::FromStr for BindId {
     }
 }
 
+/// Logs a failed watch (it retries with backoff) and keeps the error for the start-up timeout.
+fn watch_failed(last: &std::sync::Mutex<Option<String>>, kind: &str, e: &watcher::Error) {
+    tracing::warn!(error = %e, "{kind} watch failed; retrying");
+    if let Ok(mut last) = last.lock() {
+        *last = Some(format!("{kind}s: {e}"));
+    }
+}
+
 /// Watch caches every session of a replica reads.
 #[derive(Clone)]
 pub struct Caches {
@@ -112,10 +120,7 @@ impl Caches {
             let mut s = std::pin::pin!(svc_stream.take_until(s1.cancelled_owned()));
             while let Some(ev) = s.next().await {
                 if let Err(e) = ev {
-                    tracing::warn!(error = %e, "Service watch failed; retrying");
-                    if let Ok(mut last) = e1.lock() {
-                        *last = Some(format!("Services: {e}"));
-                    }
+                    watch_failed(&e1, "Service", &e);
                 }
             }
         });
@@ -125,12 +130,7 @@ impl Caches {
             while let Some(ev) = s.next().await {
                 match ev {
                     Ok(_) => bump.send_modify(|g| *g = g.wrapping_add(1)),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "ExternalWorkload watch failed; retrying");
-                        if let Ok(mut last) = e2.lock() {
-                            *last = Some(format!("ExternalWorkloads: {e}"));
-                        }
-                    }
+                    Err(e) => watch_failed(&e2, "ExternalWorkload", &e),
                 }
             }
         });

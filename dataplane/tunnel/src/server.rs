@@ -507,10 +507,7 @@ async fn serve_h2(
         // The client may open streams as soon as it reads `welcome`, which is written just
         // before the session is handed over here: those wait for it. The peer's
         // max_concurrent_streams (the server's SETTINGS) bounds how many can.
-        let mut early: Vec<(
-            http::Request<h2::RecvStream>,
-            h2::server::SendResponse<Bytes>,
-        )> = Vec::new();
+        let mut early: Vec<session::H2Accepted> = Vec::new();
         let shared = loop {
             tokio::select! {
                 r = &mut ready_rx => match r {

@@ -878,15 +878,19 @@ pub(crate) async fn h2_pinger(shared: Arc<Shared>, ping_pong: Option<h2::PingPon
     }
 }
 
+/// A stream the HTTP/2 server accepted: the request and where its response goes.
+pub(crate) type H2Accepted = (
+    http::Request<h2::RecvStream>,
+    h2::server::SendResponse<Bytes>,
+);
+
 /// Drives a server-side HTTP/2 connection once its session exists: routes data-stream
-/// requests, and on close shuts down with GOAWAY (gracefully after a clean drain).
+/// requests (first `early`, those accepted while the session was being set up), and on close
+/// shuts down with GOAWAY (gracefully after a clean drain).
 pub(crate) async fn h2_server_conn(
     shared: Arc<Shared>,
     mut conn: h2::server::Connection<tokio_rustls::server::TlsStream<tokio::net::TcpStream>, Bytes>,
-    early: Vec<(
-        http::Request<h2::RecvStream>,
-        h2::server::SendResponse<Bytes>,
-    )>,
+    early: Vec<H2Accepted>,
 ) {
     for (request, respond) in early {
         tokio::spawn(h2_server_stream(shared.clone(), request, respond));
