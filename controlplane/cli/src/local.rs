@@ -38,6 +38,188 @@ enum LocalCommand {
     /// Create (or replace) a workstation's tunnel token in the cluster (needs permission to
     /// write Secrets in the tunnel proxy's namespace) and print it once on stdout.
     Token(TokenArgs),
+    /// Get a client certificate for this workstation from the operator's CA: makes a key here,
+    /// asks the cluster to sign it (a CertificateSigningRequest an administrator approves) and
+    /// writes client.crt, client.key and the CA bundle (ca.crt) into the state directory,
+    /// where `spur local connect` finds them.
+    Cert(CertArgs),
+}
+
+#[derive(Args)]
+struct CertArgs {
+    /// The workstation the certificate names (a DNS label: Sandboxes name it in
+    /// `spec.workstation`).
+    #[arg(long)]
+    workstation: String,
+    /// How long the certificate is valid (the operator caps it, 7 days by default).
+    #[arg(long, default_value = "24h", value_parser = spur_proxy::parse_duration)]
+    lifetime: Duration,
+    /// How long to wait for the request to be approved and signed.
+    #[arg(long, default_value = "15m", value_parser = spur_proxy::parse_duration)]
+    wait: Duration,
+    /// The operator's namespace (where the CA bundle ConfigMap `spur-ca-bundle` is).
+    #[arg(long, default_value = "spur-system")]
+    namespace: String,
+    /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, env = "SPUR_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    state: StateDir,
+}
+
+/// Files `spur local cert` writes into the state directory.
+const CLIENT_CERT: &str = "client.crt";
+const CLIENT_KEY: &str = "client.key";
+const CLIENT_CA: &str = "ca.crt";
+
+fn check_workstation(name: &str) -> Result<()> {
+    let valid = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if !valid {
+        bail!("--workstation {name:?} is not a DNS label");
+    }
+    Ok(())
+}
+
+/// Makes a key, files a CertificateSigningRequest for it, waits for the signed certificate and
+/// writes it with the key and the CA bundle. The key never leaves this machine.
+async fn cert_cmd(a: CertArgs) -> Result<ExitCode> {
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    check_workstation(&a.workstation)?;
+    let expiration = i32::try_from(a.lifetime.as_secs())
+        .ok()
+        .filter(|s| *s >= 600)
+        .context("--lifetime must be between 10m and about 68 years")?;
+    let dir = a.state.resolve()?;
+    let key = rcgen::KeyPair::generate().context("cannot make a key")?;
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, a.workstation.as_str());
+    let request = params
+        .serialize_request(&key)
+        .and_then(|r| r.pem())
+        .context("cannot make the certificate signing request")?;
+
+    let client = crate::kube_client(a.kubeconfig.as_deref()).await?;
+    let csrs: kube::Api<CertificateSigningRequest> = kube::Api::all(client.clone());
+    let csr: CertificateSigningRequest = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "generateName": format!("spur-workstation-{}-", a.workstation),
+            "labels": {(spur_api::tunnel::WORKSTATION_LABEL): a.workstation},
+        },
+        "spec": {
+            "request": k8s_openapi::ByteString(request.into_bytes()),
+            "signerName": spur_operator::workstations::WORKSTATION_SIGNER,
+            "usages": ["client auth", "digital signature"],
+            "expirationSeconds": expiration,
+        },
+    }))?;
+    let created = csrs
+        .create(&kube::api::PostParams::default(), &csr)
+        .await
+        .context("cannot create the CertificateSigningRequest")?;
+    let name = created.metadata.name.clone().unwrap_or_default();
+    say(format_args!(
+        "certificate request {name} for workstation {} filed; waiting for approval (an administrator runs: kubectl certificate approve {name})",
+        a.workstation
+    ));
+    let deadline = tokio::time::Instant::now() + a.wait;
+    let cert = loop {
+        let csr = csrs
+            .get(&name)
+            .await
+            .with_context(|| format!("cannot read CertificateSigningRequest {name}"))?;
+        let status = csr.status.unwrap_or_default();
+        if let Some(c) = status.certificate.filter(|c| !c.0.is_empty()) {
+            break String::from_utf8(c.0).context("the issued certificate is not PEM text")?;
+        }
+        if let Some(c) = status
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True")
+        {
+            bail!(
+                "certificate request {name} {}: {}",
+                c.type_.to_lowercase(),
+                c.message.or(c.reason).unwrap_or_default()
+            );
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!(
+                "certificate request {name} was not signed within {}s; it stays pending (delete it with kubectl delete csr {name}) and its key is gone: run spur local cert again",
+                a.wait.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    use rustls::pki_types::pem::PemObject as _;
+    let identity = rustls::pki_types::CertificateDer::from_pem_slice(cert.as_bytes())
+        .map_err(anyhow::Error::from)
+        .and_then(|der| Ok(spur_tunnel::identity_from_cert(&der)?))
+        .context("the issued certificate cannot be read")?;
+
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    write_private(&dir.join(CLIENT_KEY), key.serialize_pem().as_bytes())?;
+    std::fs::write(dir.join(CLIENT_CERT), &cert)
+        .with_context(|| format!("cannot write {}", dir.join(CLIENT_CERT).display()))?;
+    let bundle = kube::Api::<ConfigMap>::namespaced(client, &a.namespace)
+        .get_opt("spur-ca-bundle")
+        .await;
+    match bundle {
+        Ok(Some(cm)) => match cm.data.as_ref().and_then(|d| d.get("ca.crt")) {
+            Some(pem) => std::fs::write(dir.join(CLIENT_CA), pem)
+                .with_context(|| format!("cannot write {}", dir.join(CLIENT_CA).display()))?,
+            None => say(
+                "ConfigMap spur-ca-bundle has no ca.crt: pass the tunnel proxy's CA to spur local connect with --ca-file",
+            ),
+        },
+        Ok(None) => say(format_args!(
+            "no ConfigMap {}/spur-ca-bundle: pass the tunnel proxy's CA to spur local connect with --ca-file",
+            a.namespace
+        )),
+        Err(e) => say(format_args!(
+            "cannot read ConfigMap {}/spur-ca-bundle ({e}): pass the tunnel proxy's CA to spur local connect with --ca-file",
+            a.namespace
+        )),
+    }
+    let until = identity
+        .expires_at
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or_else(|| "-".into(), |d| d.as_secs().to_string());
+    say(format_args!(
+        "certificate for workstation {} (valid until Unix time {until}) written to {}; spur local connect uses it",
+        identity.name,
+        dir.display()
+    ));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes a file only its owner can read (a private key).
+fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
 }
 
 #[derive(Args)]
@@ -60,16 +242,7 @@ struct TokenArgs {
 /// Writes the workstation's token Secret (server-side apply, so a new token replaces the old
 /// one) and prints the token; nothing else is printed on stdout, so it can be piped to a file.
 async fn token_cmd(a: TokenArgs) -> Result<ExitCode> {
-    let valid = !a.workstation.is_empty()
-        && a.workstation.len() <= 63
-        && a.workstation
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !a.workstation.starts_with('-')
-        && !a.workstation.ends_with('-');
-    if !valid {
-        anyhow::bail!("--workstation {:?} is not a DNS label", a.workstation);
-    }
+    check_workstation(&a.workstation)?;
     let token = spur_tunnelproxy::tokens::generate_token()?;
     let expires = a.ttl.map(|t| std::time::SystemTime::now() + t);
     let secret =
@@ -143,11 +316,19 @@ struct ConnectArgs {
     /// TCP port of the HTTP/2-over-TLS listener.
     #[arg(long, env = "SPUR_TUNNEL_H2_PORT", default_value_t = 443)]
     h2_port: u16,
-    /// File holding the workstation token (or set SPUR_TUNNEL_TOKEN).
+    /// File holding the workstation token (or set SPUR_TUNNEL_TOKEN). Without a token, the
+    /// client certificate is used: --cert-file/--key-file, else the state directory's
+    /// client.crt/client.key from `spur local cert`.
     #[arg(long, env = "SPUR_TUNNEL_TOKEN_FILE")]
     token_file: Option<PathBuf>,
-    /// PEM file of the CA that signed the tunnel proxy's certificate [default: the system's
-    /// trust store].
+    /// Client certificate (PEM) identifying this workstation.
+    #[arg(long, env = "SPUR_TUNNEL_CERT_FILE", requires = "key_file")]
+    cert_file: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, env = "SPUR_TUNNEL_KEY_FILE", requires = "cert_file")]
+    key_file: Option<PathBuf>,
+    /// PEM file of the CA that signed the tunnel proxy's certificate [default: the state
+    /// directory's ca.crt from `spur local cert`, else the system's trust store].
     #[arg(long, env = "SPUR_TUNNEL_CA_FILE")]
     ca_file: Option<PathBuf>,
     /// Name the tunnel proxy's certificate must carry [default: --server].
@@ -230,6 +411,7 @@ pub(crate) async fn run(args: LocalArgs) -> Result<ExitCode> {
         LocalCommand::Disconnect(a) => disconnect(a).await,
         LocalCommand::Proxy(a) => proxy_cmd(a).await,
         LocalCommand::Token(a) => token_cmd(a).await,
+        LocalCommand::Cert(a) => cert_cmd(a).await,
     }
 }
 
@@ -259,18 +441,77 @@ fn read_token(file: Option<&Path>) -> Result<Token> {
     Ok(Token::new(token))
 }
 
+type ClientCert = (
+    Vec<rustls::pki_types::CertificateDer<'static>>,
+    rustls::pki_types::PrivateKeyDer<'static>,
+);
+
+/// A token if one is given (--token-file, SPUR_TUNNEL_TOKEN), else a client certificate
+/// (--cert-file/--key-file, else the state directory's from `spur local cert`).
+fn credentials(
+    args: &ConnectArgs,
+    state_dir: &Path,
+) -> Result<(Option<Token>, Option<ClientCert>)> {
+    if args.token_file.is_some() || std::env::var_os("SPUR_TUNNEL_TOKEN").is_some() {
+        return Ok((Some(read_token(args.token_file.as_deref())?), None));
+    }
+    let (cert, key) = match (&args.cert_file, &args.key_file) {
+        (Some(c), Some(k)) => (c.clone(), k.clone()),
+        _ => (state_dir.join(CLIENT_CERT), state_dir.join(CLIENT_KEY)),
+    };
+    if args.cert_file.is_none() && !(cert.is_file() && key.is_file()) {
+        bail!(
+            "no workstation credentials: pass --token-file (or set SPUR_TUNNEL_TOKEN), or get a client certificate with `spur local cert` (looked for {})",
+            cert.display()
+        );
+    }
+    Ok((None, Some(read_client_cert(&cert, &key)?)))
+}
+
+fn read_client_cert(cert: &Path, key: &Path) -> Result<ClientCert> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+        .with_context(|| format!("cannot read the client certificate {}", cert.display()))?;
+    let first = chain
+        .first()
+        .with_context(|| format!("no certificate in {}", cert.display()))?;
+    let identity = spur_tunnel::identity_from_cert(first)
+        .with_context(|| format!("cannot read the client certificate {}", cert.display()))?;
+    if let Some(at) = identity.expires_at
+        && at <= std::time::SystemTime::now()
+    {
+        let ago = std::time::SystemTime::now()
+            .duration_since(at)
+            .unwrap_or_default()
+            .as_secs();
+        bail!(
+            "the client certificate {} of workstation {} expired {ago}s ago: get a new one with `spur local cert`",
+            cert.display(),
+            identity.name
+        );
+    }
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("cannot read a private key from {}", key.display()))?;
+    Ok((chain, key))
+}
+
 async fn connect(args: ConnectArgs) -> Result<ExitCode> {
     let state_dir = args.state.resolve()?;
-    let roots = spur_workstation::load_roots(args.ca_file.as_deref())?;
+    let state_ca = state_dir.join(CLIENT_CA);
+    let ca_file = args
+        .ca_file
+        .clone()
+        .or_else(|| state_ca.is_file().then_some(state_ca));
+    let roots = spur_workstation::load_roots(ca_file.as_deref())?;
+    let (token, client_cert) = credentials(&args, &state_dir)?;
     let server = args.server.trim_start_matches('[').trim_end_matches(']');
     let mut tunnel = ClientConfig::new(
         args.server_name
             .clone()
             .unwrap_or_else(|| server.to_owned()),
-        ClientTls {
-            roots,
-            client_cert: None,
-        },
+        ClientTls { roots, client_cert },
     );
     tunnel.quic_addr = Some(host_port(server, args.quic_port));
     tunnel.h2_addr = Some(host_port(server, args.h2_port));
@@ -279,7 +520,7 @@ async fn connect(args: ConnectArgs) -> Result<ExitCode> {
         TransportArg::Quic => TransportPolicy::QuicOnly,
         TransportArg::H2 => TransportPolicy::H2Only,
     };
-    tunnel.token = Some(read_token(args.token_file.as_deref())?);
+    tunnel.token = token;
     tunnel.client_name = format!(
         "spur {} on {}",
         env!("CARGO_PKG_VERSION"),

@@ -93,6 +93,33 @@ struct WebhookArgs {
     /// How long a new CA is trusted (in the caBundle) before it signs serving certificates.
     #[arg(long, env = "SPUR_CA_PROPAGATION", default_value = "60s", value_parser = spur_proxy::parse_duration)]
     ca_propagation: Duration,
+    /// Also issue the tunnel proxy's serving certificate into this kubernetes.io/tls Secret
+    /// (empty: the Secret is provided some other way, e.g. by cert-manager).
+    #[arg(long, env = "SPUR_TUNNEL_PROXY_SECRET", default_value = "")]
+    tunnel_proxy_secret: String,
+    /// Names (DNS or IP) the tunnel proxy's certificate carries besides its Service's cluster
+    /// names: the address workstations connect to (repeatable).
+    #[arg(
+        long = "tunnel-proxy-cert-name",
+        env = "SPUR_TUNNEL_PROXY_CERT_NAMES",
+        value_delimiter = ','
+    )]
+    tunnel_proxy_cert_names: Vec<String>,
+    /// ConfigMap in which the CA bundle is published for workstations (`spur local cert`
+    /// reads it); empty: not published.
+    #[arg(
+        long,
+        env = "SPUR_CA_BUNDLE_CONFIG_MAP",
+        default_value = "spur-ca-bundle"
+    )]
+    ca_bundle_config_map: String,
+    /// Lifetime of a workstation client certificate whose request asks for none.
+    #[arg(long, env = "SPUR_WORKSTATION_CERT_LIFETIME", default_value = "24h", value_parser = spur_proxy::parse_duration)]
+    workstation_cert_lifetime: Duration,
+    /// The longest a workstation client certificate is issued for (there is no revocation:
+    /// a short maximum bounds how long a lost laptop's certificate works).
+    #[arg(long, env = "SPUR_WORKSTATION_CERT_MAX_LIFETIME", default_value = "168h", value_parser = spur_proxy::parse_duration)]
+    workstation_cert_max_lifetime: Duration,
 }
 
 impl WebhookArgs {
@@ -114,6 +141,16 @@ impl WebhookArgs {
         pki.ca_lifetime = self.ca_lifetime;
         pki.serving_lifetime = self.serving_cert_lifetime;
         pki.propagation = self.ca_propagation;
+        if !self.tunnel_proxy_secret.is_empty() {
+            let mut tunnel =
+                spur_operator::ServingCert::tunnel_proxy(namespace, &self.tunnel_proxy_cert_names);
+            tunnel.secret.clone_from(&self.tunnel_proxy_secret);
+            pki.tunnel_proxy = Some(tunnel);
+        }
+        pki.bundle_config_map =
+            (!self.ca_bundle_config_map.is_empty()).then(|| self.ca_bundle_config_map.clone());
+        pki.workstation_cert_lifetime = self.workstation_cert_lifetime;
+        pki.workstation_cert_max_lifetime = self.workstation_cert_max_lifetime;
         pki.validate()?;
         let mut injection: spur_operator::InjectionConfig = match &self.injection_config {
             None => spur_operator::InjectionConfig::default(),

@@ -70,6 +70,69 @@ pub(crate) struct TunnelProxyArgs {
     metrics_addr: SocketAddr,
 }
 
+/// How often the certificate, key and client CA files are checked for changes.
+const TLS_RELOAD_EVERY: Duration = Duration::from_secs(10);
+
+/// The listeners' TLS material, as files (a mounted Secret).
+struct TlsFiles {
+    cert: PathBuf,
+    key: PathBuf,
+    client_ca: Option<PathBuf>,
+}
+
+/// The raw contents of [`TlsFiles`], compared to notice a change.
+#[derive(PartialEq, Eq)]
+struct TlsRead {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    client_ca: Option<Vec<u8>>,
+}
+
+impl TlsFiles {
+    fn load(&self) -> Result<(spur_tunnel::ServerTls, TlsRead)> {
+        let read = self.read()?;
+        Ok((self.parse(&read)?, read))
+    }
+
+    fn read(&self) -> Result<TlsRead> {
+        let file =
+            |p: &PathBuf| std::fs::read(p).with_context(|| format!("cannot read {}", p.display()));
+        Ok(TlsRead {
+            cert: file(&self.cert)?,
+            key: file(&self.key)?,
+            client_ca: self.client_ca.as_ref().map(file).transpose()?,
+        })
+    }
+
+    fn parse(&self, read: &TlsRead) -> Result<spur_tunnel::ServerTls> {
+        let chain = CertificateDer::pem_slice_iter(&read.cert)
+            .collect::<Result<Vec<_>, _>>()
+            .with_context(|| format!("cannot read certificates from {}", self.cert.display()))?;
+        if chain.is_empty() {
+            anyhow::bail!("no certificate in {}", self.cert.display());
+        }
+        let key = PrivateKeyDer::from_pem_slice(&read.key)
+            .with_context(|| format!("cannot read a private key from {}", self.key.display()))?;
+        let client_ca = match (&read.client_ca, &self.client_ca) {
+            (Some(pem), Some(path)) => {
+                let cas = CertificateDer::pem_slice_iter(pem)
+                    .collect::<Result<Vec<_>, _>>()
+                    .with_context(|| format!("cannot read the client CA {}", path.display()))?;
+                if cas.is_empty() {
+                    anyhow::bail!("no certificate in the client CA {}", path.display());
+                }
+                cas
+            }
+            _ => Vec::new(),
+        };
+        Ok(spur_tunnel::ServerTls {
+            cert: spur_tunnel::ServerCert::Static { chain, key },
+            client_ca,
+            require_client_cert: false,
+        })
+    }
+}
+
 fn optional_addr(flag: &str, s: &str) -> Result<Option<SocketAddr>> {
     if s.trim().is_empty() {
         return Ok(None);
@@ -84,17 +147,12 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
     let h2_addr = optional_addr("h2-addr", &args.h2_addr)?;
     let socks_addr = optional_addr("socks-addr", &args.socks_addr)?;
     let deny = spur_tunnelproxy::TunnelProxyConfig::parse_deny(&args.deny_cidr)?;
-    let chain = CertificateDer::pem_file_iter(&args.tls_cert)
-        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-        .with_context(|| format!("cannot read certificates from {}", args.tls_cert.display()))?;
-    let key = PrivateKeyDer::from_pem_file(&args.tls_key)
-        .with_context(|| format!("cannot read a private key from {}", args.tls_key.display()))?;
-    let client_ca = match &args.client_ca {
-        None => Vec::new(),
-        Some(path) => CertificateDer::pem_file_iter(path)
-            .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-            .with_context(|| format!("cannot read the client CA {}", path.display()))?,
+    let tls_files = TlsFiles {
+        cert: args.tls_cert.clone(),
+        key: args.tls_key.clone(),
+        client_ca: args.client_ca.clone(),
     };
+    let (tls, mut tls_read) = tls_files.load()?;
     let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
     client
         .apiserver_version()
@@ -112,11 +170,7 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
             h2_addr,
             socks_addr,
             reverse_bind: IpAddr::from([0, 0, 0, 0]),
-            tls: spur_tunnel::ServerTls {
-                cert: spur_tunnel::ServerCert::Static { chain, key },
-                client_ca,
-                require_client_cert: false,
-            },
+            tls,
             lease_duration: Duration::from_secs(args.lease_duration),
             cluster_domain: args.cluster_domain,
             dial_timeout: Duration::from_secs(10),
@@ -157,7 +211,38 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
             .with_graceful_shutdown(http_stop.cancelled_owned())
             .await
     });
-    spur_sidecar::shutdown_signal().await;
+    // The mounted Secret changes under us when the certificate is renewed (the kubelet swaps
+    // the files): new connections get the new certificate and client CA.
+    let mut reload = tokio::time::interval(TLS_RELOAD_EVERY);
+    reload.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let shutdown = spur_sidecar::shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            _ = reload.tick() => {}
+        }
+        match tls_files.read() {
+            Ok(read) if read == tls_read => {}
+            Ok(read) => match tls_files
+                .parse(&read)
+                .and_then(|tls| Ok(proxy.reload_tls(&tls)?))
+            {
+                Ok(()) => {
+                    tracing::info!(
+                        "TLS files changed: new connections use the new certificate and client CA"
+                    );
+                    tls_read = read;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "TLS files changed but cannot be used; keeping the current ones")
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot read the TLS files; keeping the current ones")
+            }
+        }
+    }
     tracing::info!("shutting down: draining workstation sessions");
     stop.cancel();
     proxy.stopped().await;

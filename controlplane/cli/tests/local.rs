@@ -15,6 +15,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
@@ -339,11 +340,6 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
         std::fs::write(dir.join(format!("{name}.token")), token).unwrap();
     }
 
-    // The tunnel proxy's serving certificate, trusted by the laptop.
-    let cert = rcgen::generate_simple_self_signed(vec!["tunnel.spur.test".into()]).unwrap();
-    std::fs::write(dir.join("tls.crt"), cert.cert.pem()).unwrap();
-    std::fs::write(dir.join("tls.key"), cert.signing_key.serialize_pem()).unwrap();
-
     let (grpc, http, op_metrics, tp_metrics) = (free_port(), free_port(), free_port(), free_port());
     let _operator = spawn_spur(
         &[
@@ -357,9 +353,31 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
             "--webhook-addr",
             "127.0.0.1:0",
             "--no-leader-elect",
+            // The tunnel proxy's serving certificate, from the operator's CA, for the name
+            // the laptop dials.
+            "--tunnel-proxy-secret",
+            "spur-tunnel-proxy-tls",
+            "--tunnel-proxy-cert-name",
+            "tunnel.spur.test",
         ],
         &dir.join("operator.log"),
     );
+    // The chart mounts that Secret into the tunnel proxy: tls.crt, tls.key, and ca.crt, the
+    // CA bundle, which is also the client CA of workstation certificates.
+    let tls = eventually(
+        "the tunnel proxy's certificate from the operator",
+        || async {
+            Api::<Secret>::namespaced(client.clone(), "spur-system")
+                .get_opt("spur-tunnel-proxy-tls")
+                .await
+                .ok()??
+                .data
+        },
+    )
+    .await;
+    for file in ["tls.crt", "tls.key", "ca.crt"] {
+        std::fs::write(dir.join(file), &tls[file].0).unwrap();
+    }
     let _routeserver = spawn_spur(
         &[
             "routeserver",
@@ -397,6 +415,8 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
             dir.join("tls.crt").to_str().unwrap(),
             "--tls-key",
             dir.join("tls.key").to_str().unwrap(),
+            "--client-ca",
+            dir.join("ca.crt").to_str().unwrap(),
             "--lease-duration",
             "6",
             // Cluster DNS stand-in for the Service the laptop calls.
@@ -441,7 +461,7 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
         .arg("--token-file")
         .arg(dir.join(format!("{token}.token")))
         .arg("--ca-file")
-        .arg(dir.join("tls.crt"))
+        .arg(dir.join("ca.crt"))
         .args([
             "--server-name",
             "tunnel.spur.test",
@@ -483,6 +503,183 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
     assert!(
         !log.contains(&alice) && !log.contains(&bob),
         "a token was logged"
+    );
+
+    // Carol has no token: `spur local cert` files a CertificateSigningRequest, an
+    // administrator approves it, the operator signs it, and the laptop connects with the
+    // certificate and the CA bundle the command wrote.
+    let carol_state = dir.join("state-carol");
+    let cert_cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_spur"))
+        .args([
+            "local",
+            "cert",
+            "--workstation",
+            "carol",
+            "--lifetime",
+            "1h",
+        ])
+        .args([
+            "--namespace",
+            "spur-system",
+            "--wait",
+            "60s",
+            "--kubeconfig",
+            &kubeconfig,
+        ])
+        .arg("--state-dir")
+        .arg(&carol_state)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let csrs: Api<CertificateSigningRequest> = Api::all(client.clone());
+    let csr_name = eventually("carol's certificate request", || async {
+        let list = csrs
+            .list(&kube::api::ListParams::default().labels("spur.dev/workstation=carol"))
+            .await
+            .ok()?;
+        list.items.first()?.metadata.name.clone()
+    })
+    .await;
+    let csr = csrs.get(&csr_name).await.unwrap();
+    assert_eq!(csr.spec.signer_name, "spur.dev/workstation");
+    assert_eq!(csr.spec.expiration_seconds, Some(3600));
+    // What `kubectl certificate approve` does.
+    csrs.patch_approval(
+        &csr_name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"status": {"conditions": [{
+            "type": "Approved", "status": "True", "reason": "Test", "message": "carol's laptop"
+        }]}})),
+    )
+    .await
+    .unwrap();
+    let out = tokio::time::timeout(WAIT, cert_cmd.wait_with_output())
+        .await
+        .expect("spur local cert finishes once the request is signed")
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("kubectl certificate approve"), "{err}");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(carol_state.join("client.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    assert_eq!(
+        std::fs::read(carol_state.join("ca.crt")).unwrap(),
+        tls["ca.crt"].0,
+        "the published CA bundle"
+    );
+    let mut carol_cli = laptop.command(env!("CARGO_BIN_EXE_spur"));
+    carol_cli
+        .args([
+            "local",
+            "connect",
+            "--server",
+            ROOT_IP,
+            "--quic-port",
+            "8443",
+            "--h2-port",
+            "8443",
+        ])
+        .args([
+            "--server-name",
+            "tunnel.spur.test",
+            "--no-dns",
+            "--no-socks",
+        ])
+        .arg("--state-dir")
+        .arg(&carol_state)
+        .env_remove("SPUR_TUNNEL_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    let mut carol_cli = carol_cli.spawn().unwrap();
+    eventually("carol connected with her certificate", || async {
+        let log = std::fs::read_to_string(&tp_log).unwrap();
+        log.lines()
+            .any(|l| l.contains("workstation connected") && l.contains("workstation=carol"))
+            .then_some(())
+    })
+    .await;
+    std::process::Command::new("kill")
+        .args(["-TERM", &carol_cli.id().unwrap().to_string()])
+        .status()
+        .unwrap();
+    let status = tokio::time::timeout(WAIT, carol_cli.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status}");
+
+    // A certificate from another CA fails the TLS handshake: refused and audited. An expired
+    // one is refused by the CLI before it dials.
+    let mut foreign_ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    foreign_ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let issuer = rcgen::Issuer::new(foreign_ca, rcgen::KeyPair::generate().unwrap());
+    for (who, lifetime, why) in [("mallory", 3600i64, "refused"), ("old", -60, "expired")] {
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name.push(rcgen::DnType::CommonName, who);
+        p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let t = std::time::SystemTime::now();
+        p.not_before = (t - Duration::from_secs(7200)).into();
+        p.not_after = if lifetime > 0 {
+            (t + Duration::from_secs(lifetime.unsigned_abs())).into()
+        } else {
+            (t - Duration::from_secs(lifetime.unsigned_abs())).into()
+        };
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = p.signed_by(&key, &issuer).unwrap();
+        std::fs::write(dir.join(format!("{who}.crt")), cert.pem()).unwrap();
+        std::fs::write(dir.join(format!("{who}.key")), key.serialize_pem()).unwrap();
+        let mut c = laptop.command(env!("CARGO_BIN_EXE_spur"));
+        c.args([
+            "local",
+            "connect",
+            "--server",
+            ROOT_IP,
+            "--quic-port",
+            "8443",
+            "--h2-port",
+            "8443",
+        ])
+        .args([
+            "--server-name",
+            "tunnel.spur.test",
+            "--no-dns",
+            "--no-socks",
+            "--transport",
+            "h2",
+        ])
+        .arg("--ca-file")
+        .arg(dir.join("ca.crt"))
+        .arg("--cert-file")
+        .arg(dir.join(format!("{who}.crt")))
+        .arg("--key-file")
+        .arg(dir.join(format!("{who}.key")))
+        .arg("--state-dir")
+        .arg(dir.join(format!("state-{who}")))
+        .env_remove("SPUR_TUNNEL_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+        let out = tokio::time::timeout(WAIT, c.output())
+            .await
+            .expect("a refused connect exits")
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(why), "{who}: {err}");
+    }
+    let log = std::fs::read_to_string(&tp_log).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("refused: h2: TLS handshake failed") && l.contains(LAPTOP_IP)),
+        "{log}"
     );
 
     // Alice connects.

@@ -20,7 +20,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{ObjectMeta, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -53,6 +53,42 @@ pub struct PkiConfig {
     /// How long a new CA sits in the webhook configuration's bundle before it signs anything:
     /// the time API servers take to pick up the change.
     pub propagation: Duration,
+    /// The tunnel proxy's serving certificate, issued like the webhook's (None: the tunnel
+    /// proxy's Secret comes from elsewhere, or there is no tunnel proxy).
+    pub tunnel_proxy: Option<ServingCert>,
+    /// A ConfigMap (key `ca.crt`) with the CA bundle, for workstations to trust the tunnel proxy:
+    /// public, unlike the Secrets. None: not published.
+    pub bundle_config_map: Option<String>,
+    /// Lifetime of a workstation client certificate whose request does not ask for one.
+    pub workstation_cert_lifetime: Duration,
+    /// The longest a workstation client certificate is issued for, whatever it asks.
+    pub workstation_cert_max_lifetime: Duration,
+}
+
+/// A serving certificate the manager keeps current besides the webhook's.
+#[derive(Debug, Clone)]
+pub struct ServingCert {
+    /// A `kubernetes.io/tls` Secret in the operator's namespace: `tls.crt`, `tls.key`, and
+    /// `ca.crt` (the CA bundle).
+    pub secret: String,
+    /// Subject alternative names (DNS names or IP addresses).
+    pub names: Vec<String>,
+}
+
+impl ServingCert {
+    /// The chart's tunnel proxy: Service `spur-tunnel-proxy` in `namespace`, Secret
+    /// `spur-tunnel-proxy-tls`, plus `extra` names (its load balancer's name or address).
+    pub fn tunnel_proxy(namespace: &str, extra: &[String]) -> Self {
+        let mut names = vec![
+            format!("spur-tunnel-proxy.{namespace}.svc"),
+            format!("spur-tunnel-proxy.{namespace}.svc.cluster.local"),
+        ];
+        names.extend(extra.iter().filter(|n| !n.is_empty()).cloned());
+        ServingCert {
+            secret: "spur-tunnel-proxy-tls".into(),
+            names,
+        }
+    }
 }
 
 impl PkiConfig {
@@ -70,6 +106,10 @@ impl PkiConfig {
             ca_lifetime: Duration::from_secs(365 * 24 * 3600),
             serving_lifetime: Duration::from_secs(30 * 24 * 3600),
             propagation: Duration::from_secs(60),
+            tunnel_proxy: None,
+            bundle_config_map: Some("spur-ca-bundle".into()),
+            workstation_cert_lifetime: Duration::from_secs(24 * 3600),
+            workstation_cert_max_lifetime: Duration::from_secs(7 * 24 * 3600),
         }
     }
 
@@ -83,6 +123,22 @@ impl PkiConfig {
             return Err(Error::Config(
                 "the serving certificate lifetime must be at least 5s".into(),
             ));
+        }
+        if let Some(t) = &self.tunnel_proxy
+            && (t.names.is_empty() || t.secret.is_empty() || t.secret == self.serving_secret)
+        {
+            return Err(Error::Config(
+                "the tunnel proxy's certificate needs its own Secret and at least one name".into(),
+            ));
+        }
+        // Kubernetes accepts no request for less than ten minutes (expirationSeconds >= 600).
+        if self.workstation_cert_lifetime < Duration::from_secs(600)
+            || self.workstation_cert_max_lifetime < self.workstation_cert_lifetime
+        {
+            return Err(Error::Config(format!(
+                "workstation certificates: the default lifetime ({:?}) must be at least 10m and at most the maximum ({:?})",
+                self.workstation_cert_lifetime, self.workstation_cert_max_lifetime
+            )));
         }
         // The CA must outlive several serving certificates and its own rotation.
         if self.ca_lifetime < self.serving_lifetime * 2
@@ -102,6 +158,7 @@ impl PkiConfig {
 pub(crate) async fn run(client: Client, cfg: PkiConfig, metrics: Metrics, stop: CancellationToken) {
     let manager = Manager {
         secrets: Api::namespaced(client.clone(), &cfg.namespace),
+        config_maps: Api::namespaced(client.clone(), &cfg.namespace),
         webhooks: Api::all(client),
         cfg,
         metrics,
@@ -151,6 +208,7 @@ pub(crate) async fn run(client: Client, cfg: PkiConfig, metrics: Metrics, stop: 
 
 struct Manager {
     secrets: Api<Secret>,
+    config_maps: Api<ConfigMap>,
     webhooks: Api<MutatingWebhookConfiguration>,
     cfg: PkiConfig,
     metrics: Metrics,
@@ -257,10 +315,27 @@ impl Manager {
             }
         }
 
-        let serving = self.sync_serving(&signer, &bundle_pem, now).await?;
+        let webhook = ServingCert {
+            secret: cfg.serving_secret.clone(),
+            names: cfg.serving_names.clone(),
+        };
+        let serving = self
+            .sync_serving(&webhook, "spur-webhook", &signer, &bundle_pem, now)
+            .await?;
         self.metrics
             .cert_expiry("serving", serving.validity.not_after);
         due.push(until(serving.validity.renew_at(), now));
+        if let Some(tunnel) = &cfg.tunnel_proxy {
+            let held = self
+                .sync_serving(tunnel, "spur-tunnel-proxy", &signer, &bundle_pem, now)
+                .await?;
+            self.metrics
+                .cert_expiry("tunnel-proxy", held.validity.not_after);
+            due.push(until(held.validity.renew_at(), now));
+        }
+        if let Some(name) = &cfg.bundle_config_map {
+            self.sync_bundle_config_map(name, &bundle_pem).await?;
+        }
         Ok(due
             .into_iter()
             .min()
@@ -353,16 +428,53 @@ impl Manager {
         Ok(true)
     }
 
-    /// Keeps the serving certificate fresh, signed by `signer`, with the configured names and
+    /// Publishes the CA bundle in a ConfigMap anyone may be allowed to read (no key in it).
+    async fn sync_bundle_config_map(&self, name: &str, bundle: &str) -> Result<(), Error> {
+        if let Some(cm) = self.config_maps.get_opt(name).await?
+            && cm
+                .data
+                .as_ref()
+                .and_then(|d| d.get("ca.crt"))
+                .map(String::as_str)
+                == Some(bundle)
+        {
+            return Ok(());
+        }
+        let body = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": self.cfg.namespace,
+                "labels": {
+                    PKI_LABEL: "bundle",
+                    (spur_api::keys::labels::MANAGED_BY): spur_api::keys::labels::MANAGED_BY_VALUE,
+                },
+            },
+            "data": {"ca.crt": bundle},
+        });
+        self.config_maps
+            .patch(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await?;
+        tracing::info!(config_map = %name, "CA bundle published");
+        Ok(())
+    }
+
+    /// Keeps the serving certificate `target` fresh, signed by `signer`, with its names and
     /// the current bundle; returns what it holds.
     async fn sync_serving(
         &self,
+        target: &ServingCert,
+        common_name: &str,
         signer: &Pair,
         bundle: &str,
         now: i64,
     ) -> Result<pki::Info, Error> {
-        let cfg = &self.cfg;
-        let secret = self.secrets.get_opt(&cfg.serving_secret).await?;
+        let secret = self.secrets.get_opt(&target.secret).await?;
         let (data, annotations) = secret
             .map(|s| {
                 (
@@ -381,7 +493,7 @@ impl Manager {
                 .ok()
                 .filter(|i| {
                     now < i.validity.renew_at()
-                        && i.sans == cfg.serving_names
+                        && i.sans == target.names
                         && annotations.get(ISSUER) == Some(&issuer)
                         && rcgen::KeyPair::from_pem(&key).is_ok()
                 })
@@ -394,14 +506,20 @@ impl Manager {
             None => {
                 let p = pki::issue_serving(
                     signer,
-                    "spur-webhook",
-                    &cfg.serving_names,
-                    cfg.serving_lifetime,
+                    common_name,
+                    &target.names,
+                    self.cfg.serving_lifetime,
                     now,
                 )?;
                 let i = pki::info(&p.cert)?;
-                self.metrics.cert_issued("serving");
+                self.metrics
+                    .cert_issued(if target.secret == self.cfg.serving_secret {
+                        "serving"
+                    } else {
+                        "tunnel-proxy"
+                    });
                 tracing::info!(
+                    secret = %target.secret,
                     not_after = i.validity.not_after,
                     issuer = %issuer,
                     "serving certificate issued"
@@ -416,7 +534,7 @@ impl Manager {
         ]);
         let annotations = BTreeMap::from([(ISSUER.to_string(), issuer)]);
         self.apply_secret(
-            &cfg.serving_secret,
+            &target.secret,
             "serving",
             "kubernetes.io/tls",
             data,

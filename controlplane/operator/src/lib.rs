@@ -28,8 +28,9 @@ mod routegroup;
 mod routingconfig;
 pub mod sandbox;
 mod webhook;
+pub mod workstations;
 
-pub use certs::{PKI_LABEL, PkiConfig};
+pub use certs::{PKI_LABEL, PkiConfig, ServingCert};
 pub use context::{Context, FIELD_MANAGER};
 pub use error::Error;
 pub use external::TunnelConfig;
@@ -60,12 +61,18 @@ pub const FINALIZER: &str = "spur.dev/cleanup";
 /// configuration) until `stop` is cancelled, then lets in-flight reconciles finish.
 pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     let pki = match ctx.pki.clone() {
-        Some(cfg) => tokio::spawn(certs::run(
-            client.clone(),
-            cfg,
-            ctx.metrics.clone(),
-            stop.clone(),
-        )),
+        Some(cfg) => {
+            let signer = workstations::run(
+                client.clone(),
+                cfg.clone(),
+                ctx.metrics.clone(),
+                stop.clone(),
+            );
+            let manager = certs::run(client.clone(), cfg, ctx.metrics.clone(), stop.clone());
+            tokio::spawn(async move {
+                tokio::join!(manager, signer);
+            })
+        }
         None => tokio::spawn(async {}),
     };
     let wc = watcher::Config::default;

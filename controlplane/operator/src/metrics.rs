@@ -33,6 +33,7 @@ pub struct Metrics {
     tls_errors: Counter,
     serving_cert_loaded: Gauge,
     tunnels_collected: Counter,
+    workstation_requests_failed: Counter,
 }
 
 impl Metrics {
@@ -55,12 +56,17 @@ impl Metrics {
         );
         registry.register(
             "certificate_expiry_timestamp_seconds",
-            "When the current certificate expires (ca, next-ca, serving), Unix time",
+            "When the current certificate expires (ca, serving, tunnel-proxy), Unix time",
             m.cert_not_after.clone(),
         );
         registry.register(
+            "workstation_certificate_requests_failed",
+            "Approved workstation certificate requests the signer marked Failed (invalid requests)",
+            m.workstation_requests_failed.clone(),
+        );
+        registry.register(
             "certificates_issued",
-            "Certificates issued by the certificate manager (ca, serving)",
+            "Certificates issued by the certificate manager (ca, serving, tunnel-proxy) and the workstation signer (workstation)",
             m.cert_issued.clone(),
         );
         registry.register(
@@ -99,6 +105,10 @@ impl Metrics {
         self.cert_not_after
             .get_or_create(&Cert { certificate })
             .set(not_after);
+    }
+
+    pub(crate) fn workstation_request_failed(&self) {
+        self.workstation_requests_failed.inc();
     }
 
     pub(crate) fn cert_issued(&self, certificate: &'static str) {

@@ -9,8 +9,8 @@ use std::net::IpAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
+    DnType, DnValue, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
@@ -109,17 +109,7 @@ pub fn issue_serving(
     lifetime: Duration,
     now: i64,
 ) -> Result<Pair, Error> {
-    let ca_info = info(&ca.cert)?;
-    let remaining = u64::try_from(ca_info.validity.not_after - now).unwrap_or(0);
-    if remaining == 0 {
-        return Err(Error::Pki("the CA has expired".into()));
-    }
-    let lifetime = lifetime.min(Duration::from_secs(remaining));
-    let ca_key = KeyPair::from_pem(&ca.key).map_err(pki)?;
-    let ca_der = CertificateDer::from_pem_slice(ca.cert.as_bytes())
-        .map_err(|e| Error::Pki(format!("cannot read the CA certificate: {e}")))?;
-    let issuer = Issuer::from_ca_cert_der(&ca_der, ca_key).map_err(pki)?;
-
+    let (issuer, lifetime) = issuer(ca, lifetime, now)?;
     let key = KeyPair::generate().map_err(pki)?;
     let mut params = CertificateParams::default();
     params.distinguished_name = subject(common_name);
@@ -139,6 +129,88 @@ pub fn issue_serving(
         cert: cert.pem(),
         key: key.serialize_pem(),
     })
+}
+
+/// A certificate signing request whose signature checks out.
+pub struct ClientRequest {
+    /// The subject's common name, if the request has one.
+    pub common_name: Option<String>,
+    /// Whether it asks for subject alternative names or a CA certificate (workstation
+    /// certificates name the workstation only, in the common name).
+    pub asks_for_more: bool,
+    csr: CertificateSigningRequestParams,
+}
+
+/// Reads a PEM certificate signing request (PKCS #10) and checks its self-signature, which
+/// proves the requester holds the private key.
+pub fn read_request(pem: &str) -> Result<ClientRequest, Error> {
+    let csr = CertificateSigningRequestParams::from_pem(pem)
+        .map_err(|e| Error::Pki(format!("not a usable certificate signing request: {e}")))?;
+    let common_name = csr
+        .params
+        .distinguished_name
+        .iter()
+        .find(|(t, _)| **t == DnType::CommonName)
+        .and_then(|(_, v)| dn_text(v));
+    let asks_for_more =
+        !csr.params.subject_alt_names.is_empty() || !matches!(csr.params.is_ca, IsCa::NoCa);
+    Ok(ClientRequest {
+        common_name,
+        asks_for_more,
+        csr,
+    })
+}
+
+fn dn_text(v: &DnValue) -> Option<String> {
+    match v {
+        DnValue::Utf8String(s) => Some(s.clone()),
+        DnValue::PrintableString(s) => Some(s.as_str().to_owned()),
+        DnValue::Ia5String(s) => Some(s.as_str().to_owned()),
+        _ => None,
+    }
+}
+
+/// Issues a TLS client certificate naming `common_name`, for the key of `request`, signed by
+/// `ca`. Only the request's key is used: subject, usages and lifetime are the signer's.
+pub fn issue_client(
+    ca: &Pair,
+    request: &ClientRequest,
+    common_name: &str,
+    lifetime: Duration,
+    now: i64,
+) -> Result<String, Error> {
+    let (issuer, lifetime) = issuer(ca, lifetime, now)?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = subject(common_name);
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    params.use_authority_key_identifier_extension = true;
+    set_validity(&mut params, lifetime, now)?;
+    let signed = CertificateSigningRequestParams {
+        params,
+        public_key: request.csr.public_key.clone(),
+    }
+    .signed_by(&issuer)
+    .map_err(pki)?;
+    Ok(signed.pem())
+}
+
+/// `ca` as an issuer, and `lifetime` cut so that nothing it signs outlives it.
+fn issuer(
+    ca: &Pair,
+    lifetime: Duration,
+    now: i64,
+) -> Result<(Issuer<'static, KeyPair>, Duration), Error> {
+    let ca_info = info(&ca.cert)?;
+    let remaining = u64::try_from(ca_info.validity.not_after - now).unwrap_or(0);
+    if remaining == 0 {
+        return Err(Error::Pki("the CA has expired".into()));
+    }
+    let ca_key = KeyPair::from_pem(&ca.key).map_err(pki)?;
+    let ca_der = CertificateDer::from_pem_slice(ca.cert.as_bytes())
+        .map_err(|e| Error::Pki(format!("cannot read the CA certificate: {e}")))?;
+    let issuer = Issuer::from_ca_cert_der(&ca_der, ca_key).map_err(pki)?;
+    Ok((issuer, lifetime.min(Duration::from_secs(remaining))))
 }
 
 /// Reads the first certificate of a PEM text.

@@ -26,7 +26,7 @@ use spur_proto::tunnel::tunnel_api_server::TunnelApiServer;
 use spur_proxy::forward::{ConnRecord, DialError, Dialer, ForwardConfig, Target};
 use spur_tunnel::{
     AuthError, AuthFuture, AuthMethod, AuthRequest, Authenticator, Identity, Incoming,
-    ServerConfig, ServerTls, SessionHandle, StreamHeader, TunnelServer,
+    ServerConfig, ServerTls, SessionHandle, StreamHeader, Transport, TunnelServer,
 };
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -209,6 +209,20 @@ impl Authenticator for KubeAuthenticator {
         Box::pin(async move { result })
     }
 
+    fn handshake_failed(&self, peer: SocketAddr, transport: Transport, error: &str) {
+        self.metrics.refused.inc();
+        audit(Audit {
+            kind: "session",
+            who: "-",
+            from: &peer.to_string(),
+            to: "-",
+            to_cluster: 0,
+            to_workstation: 0,
+            took: Duration::ZERO,
+            outcome: &format!("refused: {transport}: {error}"),
+        });
+    }
+
     fn authorize_bind(
         &self,
         identity: &Identity,
@@ -311,6 +325,7 @@ pub async fn run(
         quic_addr: quic,
         h2_addr: h2,
         socks_addr,
+        server,
         task,
     })
 }
@@ -320,10 +335,19 @@ pub struct RunningProxy {
     pub quic_addr: Option<SocketAddr>,
     pub h2_addr: Option<SocketAddr>,
     pub socks_addr: Option<SocketAddr>,
+    server: Arc<TunnelServer>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl RunningProxy {
+    /// New serving certificate and client CA for connections accepted from now on (a rotated
+    /// Secret); established sessions keep theirs. On an error nothing changes.
+    pub fn reload_tls(&self, tls: &spur_tunnel::ServerTls) -> Result<(), Error> {
+        self.server
+            .reload_tls(tls)
+            .map_err(|e| Error::Config(format!("tunnel TLS: {e}")))
+    }
+
     /// Waits until the proxy has drained after its stop token was cancelled.
     pub async fn stopped(self) {
         let _ = self.task.await;

@@ -120,6 +120,13 @@ pub type AuthFuture<'a> = Pin<Box<dyn Future<Output = Result<Identity, AuthError
 pub trait Authenticator: Send + Sync + 'static {
     fn authenticate<'a>(&'a self, req: AuthRequest<'a>) -> AuthFuture<'a>;
 
+    /// Called when a client's TLS handshake fails, before any credentials were read (a
+    /// certificate the client CA does not vouch for, an expired one, a client that does not
+    /// trust the server): for audit. Default: nothing.
+    fn handshake_failed(&self, peer: SocketAddr, transport: Transport, error: &str) {
+        let _ = (peer, transport, error);
+    }
+
     /// Whether `identity` may register reverse listener `bind` with `meta`. Default: yes.
     fn authorize_bind(&self, identity: &Identity, bind: &str, meta: &str) -> Result<(), AuthError> {
         let _ = (identity, bind, meta);

@@ -612,6 +612,7 @@ async fn connect(inner: &Arc<Inner>, preferred: Option<Transport>) -> Result<Arc
             })
         });
         inner.metrics.attempt(transport, result.is_ok());
+        let result = result.map_err(|e| certificate_refusal(&e).unwrap_or(e));
         match result {
             Ok(shared) => return Ok(shared),
             // The server answered: another transport would get the same answer.
@@ -633,6 +634,92 @@ async fn connect(inner: &Arc<Inner>, preferred: Option<Transport>) -> Result<Arc
                 .join("; "),
         )),
     }
+}
+
+/// A TLS alert from the server that rejects our client certificate (or its absence) is a
+/// refusal like a bad token: trying again with the same certificate cannot succeed. With TLS 1.3
+/// the client finishes its handshake before the server checks the certificate, so the alert
+/// shows up in whatever reads next (QUIC close, HTTP/2 connection, the hello).
+fn certificate_refusal(e: &Error) -> Option<Error> {
+    use rustls::AlertDescription as A;
+    let alert = received_alert(e).or_else(|| alert_in_text(&e.to_string()))?;
+    let code = match alert {
+        A::CertificateExpired => crate::wire::RefusalCode::Expired,
+        A::BadCertificate
+        | A::UnsupportedCertificate
+        | A::CertificateRevoked
+        | A::CertificateUnknown
+        | A::UnknownCA
+        | A::AccessDenied
+        | A::CertificateRequired
+        // What rustls answers when a certificate names a trusted CA but its signature does not
+        // verify with that CA's key.
+        | A::DecryptError => crate::wire::RefusalCode::Unauthenticated,
+        _ => return None,
+    };
+    Some(Error::Refused {
+        code,
+        reason: format!("the server rejected the TLS client certificate ({alert:?})"),
+        retry: false,
+    })
+}
+
+/// h2 keeps only the kind and text of an I/O error, so on the HTTP/2 path the alert survives
+/// only as rustls's message, "received fatal alert: <name>".
+fn alert_in_text(text: &str) -> Option<rustls::AlertDescription> {
+    use rustls::AlertDescription as A;
+    let (_, rest) = text.split_once("received fatal alert: ")?;
+    let name: String = rest
+        .chars()
+        .take_while(char::is_ascii_alphanumeric)
+        .collect();
+    [
+        A::BadCertificate,
+        A::UnsupportedCertificate,
+        A::CertificateRevoked,
+        A::CertificateExpired,
+        A::CertificateUnknown,
+        A::UnknownCA,
+        A::AccessDenied,
+        A::CertificateRequired,
+        A::DecryptError,
+    ]
+    .into_iter()
+    .find(|a| format!("{a:?}") == name)
+}
+
+/// The TLS alert the peer sent, wherever it sits in `e`'s chain of causes.
+fn received_alert(e: &(dyn std::error::Error + 'static)) -> Option<rustls::AlertDescription> {
+    let mut cur = Some(e);
+    while let Some(e) = cur {
+        if let Some(rustls::Error::AlertReceived(a)) = e.downcast_ref::<rustls::Error>() {
+            return Some(*a);
+        }
+        // QUIC carries TLS alerts as CRYPTO_ERROR close codes, 0x100 + the alert.
+        if let Some(quinn::ConnectionError::ConnectionClosed(close)) =
+            e.downcast_ref::<quinn::ConnectionError>()
+        {
+            let code = u64::from(close.error_code);
+            if let Some(alert) = code.checked_sub(0x100).and_then(|a| u8::try_from(a).ok()) {
+                return Some(rustls::AlertDescription::from(alert));
+            }
+        }
+        // io::Error::source() skips the wrapped error itself; h2 keeps its I/O error aside.
+        let wrapped = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|w| w as &(dyn std::error::Error + 'static))
+            .or_else(|| {
+                e.downcast_ref::<h2::Error>()
+                    .and_then(h2::Error::get_io)
+                    .map(|io| io as &(dyn std::error::Error + 'static))
+            });
+        if let Some(a) = wrapped.and_then(received_alert) {
+            return Some(a);
+        }
+        cur = e.source();
+    }
+    None
 }
 
 async fn resolve(transport: Transport, addr: &str) -> Result<SocketAddr, Error> {

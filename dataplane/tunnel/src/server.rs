@@ -53,6 +53,10 @@ struct Inner {
     /// Parent of every session's token: aborts them all.
     kill: CancellationToken,
     endpoint: Option<quinn::Endpoint>,
+    /// The QUIC transport settings, kept for [`TunnelServer::reload_tls`].
+    quic_transport: Arc<quinn::TransportConfig>,
+    /// The HTTP/2 listener's TLS configuration; each accepted connection takes the current one.
+    h2_tls: Mutex<Arc<rustls::ServerConfig>>,
 }
 
 impl TunnelServer {
@@ -64,14 +68,15 @@ impl TunnelServer {
         let metrics = Metrics::server(registry);
         let (sessions_tx, sessions) = mpsc::channel(config.session_queue);
 
+        let quic_transport = Arc::new(tls::quic_transport(
+            &config.limits,
+            &config.keepalive,
+            config.congestion,
+        )?);
         let endpoint = match config.quic_addr {
             Some(addr) => {
                 let mut server = quinn::ServerConfig::with_crypto(Arc::new(tls.quic));
-                server.transport_config(Arc::new(tls::quic_transport(
-                    &config.limits,
-                    &config.keepalive,
-                    config.congestion,
-                )?));
+                server.transport_config(quic_transport.clone());
                 let endpoint = quinn::Endpoint::server(server, addr)
                     .map_err(|source| Error::Bind { addr, source })?;
                 Some(endpoint)
@@ -109,14 +114,15 @@ impl TunnelServer {
             stop: CancellationToken::new(),
             kill: CancellationToken::new(),
             endpoint: endpoint.clone(),
+            quic_transport,
+            h2_tls: Mutex::new(tls.h2),
         });
         let handshakes = Arc::new(Semaphore::new(config.max_handshakes));
         if let Some(endpoint) = endpoint {
             tokio::spawn(quic_listener(inner.clone(), endpoint, handshakes.clone()));
         }
         if let Some(listener) = listener {
-            let acceptor = tokio_rustls::TlsAcceptor::from(tls.h2);
-            tokio::spawn(h2_listener(inner.clone(), listener, acceptor, handshakes));
+            tokio::spawn(h2_listener(inner.clone(), listener, handshakes));
         }
         info!(?quic_addr, ?h2_addr, "tunnel server listening");
         Ok(TunnelServer {
@@ -125,6 +131,23 @@ impl TunnelServer {
             quic_addr,
             h2_addr,
         })
+    }
+
+    /// Replaces the certificate and client CA of both listeners: connections accepted from now
+    /// on use `tls`, established sessions keep theirs. On an error nothing changes.
+    pub fn reload_tls(&self, tls: &crate::ServerTls) -> Result<(), Error> {
+        let configs = tls::server_configs(tls)?;
+        if self.inner.stop.is_cancelled() {
+            // Draining: the QUIC endpoint must keep refusing new connections.
+            return Ok(());
+        }
+        if let Some(endpoint) = &self.inner.endpoint {
+            let mut server = quinn::ServerConfig::with_crypto(Arc::new(configs.quic));
+            server.transport_config(self.inner.quic_transport.clone());
+            endpoint.set_server_config(Some(server));
+        }
+        *lock(&self.inner.h2_tls) = configs.h2;
+        Ok(())
     }
 
     /// The bound QUIC (UDP) address, if QUIC is enabled.
@@ -374,11 +397,16 @@ async fn serve_quic(inner: &Arc<Inner>, incoming: quinn::Incoming) -> Result<(),
     let peer = incoming.remote_address();
     let deadline = tokio::time::Instant::now() + inner.handshake_timeout;
     let handshake = async {
-        let conn = incoming
-            .accept()
-            .map_err(Error::Quic)?
-            .await
-            .map_err(Error::Quic)?;
+        let conn = match incoming.accept().map_err(Error::Quic)?.await {
+            Ok(conn) => conn,
+            Err(e) => {
+                let e = Error::Quic(e);
+                inner
+                    .authenticator
+                    .handshake_failed(peer, Transport::Quic, &e.to_string());
+                return Err(e);
+            }
+        };
         let (send, recv) = conn.accept_bi().await?;
         Ok::<_, Error>((conn, send, recv))
     };
@@ -415,12 +443,7 @@ async fn serve_quic(inner: &Arc<Inner>, incoming: quinn::Incoming) -> Result<(),
     .await
 }
 
-async fn h2_listener(
-    inner: Arc<Inner>,
-    listener: TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    handshakes: Arc<Semaphore>,
-) {
+async fn h2_listener(inner: Arc<Inner>, listener: TcpListener, handshakes: Arc<Semaphore>) {
     loop {
         let permit = tokio::select! {
             p = handshakes.clone().acquire_owned() => p,
@@ -441,7 +464,7 @@ async fn h2_listener(
             }
         };
         let inner = inner.clone();
-        let acceptor = acceptor.clone();
+        let acceptor = tokio_rustls::TlsAcceptor::from(lock(&inner.h2_tls).clone());
         tokio::spawn(async move {
             if let Err(e) = serve_h2(&inner, tcp, peer, acceptor).await {
                 debug!(%peer, error = %e, "HTTP/2 tunnel handshake failed");
@@ -463,7 +486,17 @@ async fn serve_h2(
     let deadline = tokio::time::Instant::now() + inner.handshake_timeout;
     let limits = inner.limits.clone();
     let handshake = async {
-        let tls = acceptor.accept(tcp).await?;
+        let tls = match acceptor.accept(tcp).await {
+            Ok(tls) => tls,
+            Err(e) => {
+                inner.authenticator.handshake_failed(
+                    peer,
+                    Transport::H2,
+                    &format!("TLS handshake failed: {e}"),
+                );
+                return Err(e.into());
+            }
+        };
         let client_cert = tls
             .get_ref()
             .1

@@ -522,4 +522,24 @@ async fn mtls_identity_from_client_cert(t: Transport) {
         unreachable!()
     };
     assert!(reason.contains("unauthenticated"), "{reason}");
+
+    // A certificate from a CA the server does not trust: the server's TLS alert is a final
+    // refusal, not a reason to keep reconnecting.
+    let mut config = client_config(&pki, server.quic(), server.h2(), t);
+    config.token = None;
+    config.tls.client_cert =
+        Some(Pki::new().client_cert("mallory", "spiffe://spur.dev/user/mallory"));
+    let (foreign, _reg) = start_client(config);
+    let mut state = foreign.state();
+    let SessionState::Closed { reason } = wait_state(&mut state, "refusal", |s| {
+        matches!(s, SessionState::Closed { .. })
+    })
+    .await
+    else {
+        unreachable!()
+    };
+    assert!(
+        reason.contains("rejected the TLS client certificate"),
+        "{reason}"
+    );
 }
