@@ -543,3 +543,49 @@ async fn mtls_identity_from_client_cert(t: Transport) {
         "{reason}"
     );
 }
+
+both!(reloaded_certificate_and_client_ca_apply_to_new_connections);
+async fn reloaded_certificate_and_client_ca_apply_to_new_connections(t: Transport) {
+    let old = Pki::new();
+    let mut config = server_config(&old, Arc::new(authenticator().with_client_certs()));
+    config.tls = old.server_tls(true);
+    let server = TestServer::start(config).await;
+    let (before, _reg) = start_client(client_config(&old, server.quic(), server.h2(), t));
+    connected(&before).await;
+
+    // A renewed certificate from a new CA, which also vouches for client certificates now.
+    let new = Pki::new();
+    let mut tls = new.server_tls(true);
+    tls.client_ca.push(old.ca.clone());
+    server.server.reload_tls(&tls).unwrap();
+
+    let mut config = client_config(&new, server.quic(), server.h2(), t);
+    config.token = None;
+    config.tls.client_cert = Some(new.client_cert("bob", "spiffe://spur.dev/user/bob"));
+    let (after, _reg) = start_client(config);
+    let state = connected(&after).await;
+    assert!(
+        matches!(&state, SessionState::Connected { identity, .. } if identity == "spiffe://spur.dev/user/bob"),
+        "{state:?}"
+    );
+    // A client that trusts only the old CA cannot verify the new certificate; the session
+    // opened before the reload carries on.
+    let mut config = client_config(&old, server.quic(), server.h2(), t);
+    config.connect_timeout = Duration::from_millis(500);
+    let (stale, _reg) = start_client(config);
+    let mut state = stale.state();
+    wait_state(&mut state, "a failed attempt", |s| {
+        matches!(s, SessionState::Disconnected { .. })
+    })
+    .await;
+    assert!(matches!(
+        before.state().borrow().clone(),
+        SessionState::Connected { .. }
+    ));
+    let mut stream = before.open("echo", 7).await.unwrap();
+    stream.write_all(b"still here").await.unwrap();
+    stream.shutdown().await.unwrap();
+    let mut back = Vec::new();
+    within("echo", stream.read_to_end(&mut back)).await.unwrap();
+    assert_eq!(back, b"still here");
+}
