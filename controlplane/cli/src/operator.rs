@@ -1,6 +1,7 @@
-//! `spur operator`: the Sandbox, ForkedWorkload, RouteGroup and RoutingConfig controllers and
-//! the certificate manager (on the elected leader), the sidecar-injection webhook (on every
-//! replica), with `/metrics`, `/healthz` and `/readyz` on a small HTTP port.
+//! `spur operator`: the Sandbox, ForkedWorkload, RouteGroup and RoutingConfig controllers, the
+//! certificate manager and the workstation certificate signer (on the elected leader), the
+//! sidecar-injection webhook (on every replica), with `/metrics`, `/healthz` and `/readyz` on a
+//! small HTTP port.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
