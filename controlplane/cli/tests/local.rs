@@ -129,6 +129,26 @@ impl Laptop {
         c
     }
 
+    /// `spur local connect` to the test's tunnel proxy, inside the laptop namespace, with no
+    /// DNS responder or SOCKS proxy and no credentials yet.
+    fn connect(&self, state_dir: &Path) -> tokio::process::Command {
+        let mut c = self.command(env!("CARGO_BIN_EXE_spur"));
+        c.args(["local", "connect", "--server", ROOT_IP])
+            .args(["--quic-port", "8443", "--h2-port", "8443"])
+            .args([
+                "--server-name",
+                "tunnel.spur.test",
+                "--no-dns",
+                "--no-socks",
+            ])
+            .arg("--state-dir")
+            .arg(state_dir)
+            .env_remove("SPUR_TUNNEL_TOKEN")
+            .stdout(Stdio::null())
+            .kill_on_drop(true);
+        c
+    }
+
     /// A TCP listener inside the laptop namespace.
     fn listen(&self, port: u16) -> tokio::net::TcpListener {
         let path = format!("/var/run/netns/{}", self.ns);
@@ -207,6 +227,19 @@ fn spawn_spur(args: &[&str], log: &Path) -> tokio::process::Child {
         .stderr(file)
         .kill_on_drop(true)
         .spawn()
+        .unwrap()
+}
+
+/// SIGTERM, then the exit status.
+async fn stop(child: &mut tokio::process::Child) -> std::process::ExitStatus {
+    let pid = child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    tokio::time::timeout(WAIT, child.wait())
+        .await
+        .expect("exits after SIGTERM")
         .unwrap()
 }
 
@@ -447,33 +480,13 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
         .unwrap();
 
     let connect = |token: &str, state: &str| {
-        let mut c = laptop.command(env!("CARGO_BIN_EXE_spur"));
-        c.args([
-            "local",
-            "connect",
-            "--server",
-            ROOT_IP,
-            "--quic-port",
-            "8443",
-            "--h2-port",
-            "8443",
-        ])
-        .arg("--token-file")
-        .arg(dir.join(format!("{token}.token")))
-        .arg("--ca-file")
-        .arg(dir.join("ca.crt"))
-        .args([
-            "--server-name",
-            "tunnel.spur.test",
-            "--no-dns",
-            "--no-socks",
-        ])
-        .args(["--hosts-file", "/etc/hosts", "-n", "shop"])
-        .arg("--state-dir")
-        .arg(dir.join(state))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        let mut c = laptop.connect(&dir.join(state));
+        c.arg("--token-file")
+            .arg(dir.join(format!("{token}.token")))
+            .arg("--ca-file")
+            .arg(dir.join("ca.crt"))
+            .args(["--hosts-file", "/etc/hosts", "-n", "shop"])
+            .stderr(Stdio::piped());
         c
     };
 
@@ -575,30 +588,8 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
         tls["ca.crt"].0,
         "the published CA bundle"
     );
-    let mut carol_cli = laptop.command(env!("CARGO_BIN_EXE_spur"));
-    carol_cli
-        .args([
-            "local",
-            "connect",
-            "--server",
-            ROOT_IP,
-            "--quic-port",
-            "8443",
-            "--h2-port",
-            "8443",
-        ])
-        .args([
-            "--server-name",
-            "tunnel.spur.test",
-            "--no-dns",
-            "--no-socks",
-        ])
-        .arg("--state-dir")
-        .arg(&carol_state)
-        .env_remove("SPUR_TUNNEL_TOKEN")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true);
+    let mut carol_cli = laptop.connect(&carol_state);
+    carol_cli.stderr(Stdio::null());
     let mut carol_cli = carol_cli.spawn().unwrap();
     eventually("carol connected with her certificate", || async {
         let log = std::fs::read_to_string(&tp_log).unwrap();
@@ -607,14 +598,7 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
             .then_some(())
     })
     .await;
-    std::process::Command::new("kill")
-        .args(["-TERM", &carol_cli.id().unwrap().to_string()])
-        .status()
-        .unwrap();
-    let status = tokio::time::timeout(WAIT, carol_cli.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = stop(&mut carol_cli).await;
     assert!(status.success(), "{status}");
 
     // A certificate from another CA fails the TLS handshake: refused and audited. An expired
@@ -637,37 +621,14 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
         let cert = p.signed_by(&key, &issuer).unwrap();
         std::fs::write(dir.join(format!("{who}.crt")), cert.pem()).unwrap();
         std::fs::write(dir.join(format!("{who}.key")), key.serialize_pem()).unwrap();
-        let mut c = laptop.command(env!("CARGO_BIN_EXE_spur"));
-        c.args([
-            "local",
-            "connect",
-            "--server",
-            ROOT_IP,
-            "--quic-port",
-            "8443",
-            "--h2-port",
-            "8443",
-        ])
-        .args([
-            "--server-name",
-            "tunnel.spur.test",
-            "--no-dns",
-            "--no-socks",
-            "--transport",
-            "h2",
-        ])
-        .arg("--ca-file")
-        .arg(dir.join("ca.crt"))
-        .arg("--cert-file")
-        .arg(dir.join(format!("{who}.crt")))
-        .arg("--key-file")
-        .arg(dir.join(format!("{who}.key")))
-        .arg("--state-dir")
-        .arg(dir.join(format!("state-{who}")))
-        .env_remove("SPUR_TUNNEL_TOKEN")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        let mut c = laptop.connect(&dir.join(format!("state-{who}")));
+        c.args(["--transport", "h2", "--ca-file"])
+            .arg(dir.join("ca.crt"))
+            .arg("--cert-file")
+            .arg(dir.join(format!("{who}.crt")))
+            .arg("--key-file")
+            .arg(dir.join(format!("{who}.key")))
+            .stderr(Stdio::piped());
         let out = tokio::time::timeout(WAIT, c.output())
             .await
             .expect("a refused connect exits")
@@ -810,15 +771,7 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
     assert_eq!(got, "laptop-app");
 
     // A clean disconnect: SIGTERM, the hosts block goes, the endpoint is withdrawn.
-    let pid = alice_cli.id().unwrap().to_string();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    let status = tokio::time::timeout(WAIT, alice_cli.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = stop(&mut alice_cli).await;
     let mut progress = String::new();
     let _ = cli_err.read_to_string(&mut progress).await;
     assert!(status.success(), "{status}: {progress}");
@@ -860,15 +813,7 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
             && l.contains("from=")),
         "{lines:?}"
     );
-    let pid = tunnel_proxy.id().unwrap().to_string();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    let status = tokio::time::timeout(WAIT, tunnel_proxy.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = stop(&mut tunnel_proxy).await;
     assert!(status.success(), "tunnel proxy exit {status}");
     apps.cancel();
 }

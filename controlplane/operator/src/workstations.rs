@@ -310,34 +310,16 @@ mod tests {
         };
         assert_eq!(lifetime, cfg.workstation_cert_max_lifetime);
         // Not approved, denied, failed: nothing to do.
-        assert_eq!(
-            decide(&csr(&good, &usages, &[], None), &cfg),
-            Decision::Wait
-        );
-        assert_eq!(
-            decide(
-                &csr(
-                    &good,
-                    &usages,
-                    &[("Approved", "True"), ("Denied", "True")],
-                    None
-                ),
-                &cfg
-            ),
-            Decision::Wait
-        );
-        assert_eq!(
-            decide(
-                &csr(
-                    &good,
-                    &usages,
-                    &[("Approved", "True"), ("Failed", "True")],
-                    None
-                ),
-                &cfg
-            ),
-            Decision::Wait
-        );
+        for conditions in [
+            &[][..],
+            &[("Approved", "True"), ("Denied", "True")],
+            &[("Approved", "True"), ("Failed", "True")],
+        ] {
+            assert_eq!(
+                decide(&csr(&good, &usages, conditions, None), &cfg),
+                Decision::Wait
+            );
+        }
         // Approved but unsignable: each says why.
         let fails = [
             csr(&good, &["server auth", "client auth"], &approved, None),
