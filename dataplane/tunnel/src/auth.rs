@@ -122,7 +122,8 @@ pub trait Authenticator: Send + Sync + 'static {
 
     /// Called when a client's TLS handshake fails, before any credentials were read (a
     /// certificate the client CA does not vouch for, an expired one, a client that does not
-    /// trust the server): for audit. Default: nothing.
+    /// trust the server): for audit. A TCP connection closed before any TLS message (a load
+    /// balancer's health check) is not reported. Default: nothing.
     fn handshake_failed(&self, peer: SocketAddr, transport: Transport, error: &str) {
         let _ = (peer, transport, error);
     }

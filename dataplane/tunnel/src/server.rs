@@ -489,11 +489,14 @@ async fn serve_h2(
         let tls = match acceptor.accept(tcp).await {
             Ok(tls) => tls,
             Err(e) => {
-                inner.authenticator.handshake_failed(
-                    peer,
-                    Transport::H2,
-                    &format!("TLS handshake failed: {e}"),
-                );
+                // A bare connect and close (a load balancer's TCP health check) is no client.
+                if e.kind() != std::io::ErrorKind::UnexpectedEof {
+                    inner.authenticator.handshake_failed(
+                        peer,
+                        Transport::H2,
+                        &format!("TLS handshake failed: {e}"),
+                    );
+                }
                 return Err(e.into());
             }
         };
