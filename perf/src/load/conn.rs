@@ -27,6 +27,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Attempts per request at finding a usable connection, so a server that accepts and closes at
 /// once cannot keep a slot reconnecting forever.
 const ATTEMPTS: usize = 3;
+/// Streams a server may refuse unprocessed per request before the request counts as failed. A
+/// new h2 connection refuses the streams a client opens above the server's limit before its
+/// SETTINGS arrive, and a graceful GOAWAY refuses those above its last stream; on a busy machine
+/// one request can land in several such bursts in a row, and each refusal shows the server alive,
+/// so these get a larger budget than connections that close before a request is sent.
+const REFUSALS: usize = 16;
 
 /// Why a request failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -280,21 +286,27 @@ impl Slot {
 
     /// Sends one request and reads the whole response.
     pub(crate) async fn request(&mut self, env: &Env) -> Result<(), Failure> {
-        for _ in 0..ATTEMPTS {
+        let (mut unsent, mut refused) = (0, 0);
+        loop {
             self.ensure_ready(env).await?;
             let Some(sender) = self.sender.as_mut() else {
                 return Err(Failure::Connect);
             };
-            match sender.send(env.template.build()).await {
+            // The connection went away between `ready` and the send (a GOAWAY, a keep-alive
+            // close), or the server refused the stream unprocessed: not a failed request, try
+            // again on a new connection.
+            let retries = match sender.send(env.template.build()).await {
                 Ok(resp) => return finish(resp, env.template.grpc).await,
-                // The connection went away between `ready` and the send (a GOAWAY, a keep-alive
-                // close), or the server refused the stream unprocessed: not a failed request, try
-                // again on a new connection.
-                Err(SendError::NotSent | SendError::Refused) => self.reconnect(env).await?,
                 Err(SendError::Failed) => return Err(Failure::Io),
+                Err(SendError::NotSent) => (&mut unsent, ATTEMPTS),
+                Err(SendError::Refused) => (&mut refused, REFUSALS),
+            };
+            *retries.0 += 1;
+            if *retries.0 >= retries.1 {
+                return Err(Failure::Connect);
             }
+            self.reconnect(env).await?;
         }
-        Err(Failure::Connect)
     }
 
     async fn ensure_ready(&mut self, env: &Env) -> Result<(), Failure> {
