@@ -658,13 +658,7 @@ async fn carry(
     let k = Kind { kind };
     metrics.total.get_or_create(&k).inc();
     metrics.active.get_or_create(&k).inc();
-    let r = tokio::io::copy_bidirectional_with_sizes(
-        &mut tcp,
-        &mut stream,
-        spur_tunnel::COPY_BUFFER,
-        spur_tunnel::COPY_BUFFER,
-    )
-    .await;
+    let r = stream.splice(&mut tcp).await;
     metrics.active.get_or_create(&k).dec();
     match r {
         // The TCP side is always the cluster's: what it sends goes to the workstation.

@@ -8,9 +8,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf, Bytes};
+use bytes::{Bytes, BytesMut};
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::watch;
 
 use crate::Transport;
@@ -90,6 +90,60 @@ fn h2_io(e: h2::Error) -> io::Error {
     io::Error::new(kind, e)
 }
 
+impl H2Send {
+    /// Waits until the stream may send at least one byte (of up to `want`, at most
+    /// [`H2_WRITE_CHUNK`]) and returns how many.
+    fn poll_capacity(&mut self, cx: &mut Context<'_>, want: usize) -> Poll<io::Result<usize>> {
+        if self.ended {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "write after shutdown",
+            )));
+        }
+        let want = want.min(H2_WRITE_CHUNK);
+        self.send.reserve_capacity(want);
+        loop {
+            let cap = self.send.capacity();
+            if cap > 0 {
+                return Poll::Ready(Ok(cap.min(want)));
+            }
+            // Capacity 0 registers the waker; `Ready` means the window grew.
+            match ready!(self.send.poll_capacity(cx)) {
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => return Poll::Ready(Err(h2_io(e))),
+                None => {
+                    // The stream can no longer send: find out why.
+                    return Poll::Ready(Err(match self.send.poll_reset(cx) {
+                        Poll::Ready(Ok(reason)) => io::Error::new(
+                            io::ErrorKind::ConnectionReset,
+                            format!("stream reset by peer: {reason}"),
+                        ),
+                        Poll::Ready(Err(e)) => h2_io(e),
+                        Poll::Pending => io::ErrorKind::BrokenPipe.into(),
+                    }));
+                }
+            }
+        }
+    }
+}
+
+impl RawSend {
+    /// Sends all of `data` without copying it (QUIC keeps the buffer until it is
+    /// acknowledged; HTTP/2 frames slices of it).
+    async fn write_chunk(&mut self, mut data: Bytes) -> io::Result<()> {
+        match self {
+            RawSend::Quic(s) => s.write_chunk(data).await.map_err(io::Error::from),
+            RawSend::H2(s) => {
+                while !data.is_empty() {
+                    let n = std::future::poll_fn(|cx| s.poll_capacity(cx, data.len())).await?;
+                    s.send.send_data(data.split_to(n), false).map_err(h2_io)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 impl AsyncWrite for RawSend {
     fn poll_write(
         self: Pin<&mut Self>,
@@ -99,42 +153,14 @@ impl AsyncWrite for RawSend {
         match self.get_mut() {
             RawSend::Quic(s) => AsyncWrite::poll_write(Pin::new(s), cx, buf),
             RawSend::H2(s) => {
-                if s.ended {
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::BrokenPipe,
-                        "write after shutdown",
-                    )));
-                }
-                if buf.is_empty() {
+                if buf.is_empty() && !s.ended {
                     return Poll::Ready(Ok(0));
                 }
-                s.send.reserve_capacity(buf.len().min(H2_WRITE_CHUNK));
-                loop {
-                    let cap = s.send.capacity();
-                    if cap > 0 {
-                        let n = cap.min(buf.len()).min(H2_WRITE_CHUNK);
-                        s.send
-                            .send_data(Bytes::copy_from_slice(&buf[..n]), false)
-                            .map_err(h2_io)?;
-                        return Poll::Ready(Ok(n));
-                    }
-                    // Capacity 0 registers the waker; `Ready` means the window grew.
-                    match ready!(s.send.poll_capacity(cx)) {
-                        Some(Ok(_)) => continue,
-                        Some(Err(e)) => return Poll::Ready(Err(h2_io(e))),
-                        None => {
-                            // The stream can no longer send: find out why.
-                            return Poll::Ready(Err(match s.send.poll_reset(cx) {
-                                Poll::Ready(Ok(reason)) => io::Error::new(
-                                    io::ErrorKind::ConnectionReset,
-                                    format!("stream reset by peer: {reason}"),
-                                ),
-                                Poll::Ready(Err(e)) => h2_io(e),
-                                Poll::Pending => io::ErrorKind::BrokenPipe.into(),
-                            }));
-                        }
-                    }
-                }
+                let n = ready!(s.poll_capacity(cx, buf.len()))?;
+                s.send
+                    .send_data(Bytes::copy_from_slice(&buf[..n]), false)
+                    .map_err(h2_io)?;
+                Poll::Ready(Ok(n))
             }
         }
     }
@@ -198,6 +224,123 @@ impl RawRecv {
     }
 }
 
+impl H2Recv {
+    /// Waits until data is buffered; `false` at the end of the stream.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<bool>> {
+        loop {
+            match self {
+                H2Recv::Pending(fut) => match ready!(Pin::new(fut).poll(cx)) {
+                    Ok(resp) if resp.status() == http::StatusCode::OK => {
+                        *self = H2Recv::Body {
+                            body: resp.into_body(),
+                            buf: Bytes::new(),
+                        };
+                    }
+                    Ok(resp) => {
+                        let status = resp.status();
+                        *self = H2Recv::Failed;
+                        return Poll::Ready(Err(io::Error::other(format!(
+                            "tunnel server answered HTTP {status}"
+                        ))));
+                    }
+                    Err(e) => {
+                        *self = H2Recv::Failed;
+                        return Poll::Ready(Err(h2_io(e)));
+                    }
+                },
+                H2Recv::Body { body, buf } => {
+                    if !buf.is_empty() {
+                        return Poll::Ready(Ok(true));
+                    }
+                    match ready!(body.poll_data(cx)) {
+                        Some(Ok(data)) => *buf = data,
+                        Some(Err(e)) => return Poll::Ready(Err(h2_io(e))),
+                        None => return Poll::Ready(Ok(false)),
+                    }
+                }
+                H2Recv::Failed => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        "stream aborted",
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Takes up to `max` buffered bytes. Window credit goes back only for what the reader has
+    /// taken, so a slow reader holds the peer to one window.
+    fn take(&mut self, max: usize) -> Bytes {
+        let H2Recv::Body { body, buf } = self else {
+            return Bytes::new();
+        };
+        let data = buf.split_to(buf.len().min(max));
+        let _ = body.flow_control().release_capacity(data.len());
+        data
+    }
+}
+
+impl RawRecv {
+    /// The next buffers of the stream, as many as are ready (at most `bufs.len()`), without
+    /// copying them; waits for the first. `None` at the end of the stream.
+    async fn read_chunks(&mut self, bufs: &mut [Bytes]) -> io::Result<Option<usize>> {
+        match self {
+            RawRecv::Quic(r) => r.read_chunks(bufs).await.map_err(io::Error::from),
+            RawRecv::H2(state) => {
+                std::future::poll_fn(|cx| {
+                    let mut n = 0;
+                    while n < bufs.len() {
+                        match state.poll_fill(cx) {
+                            Poll::Ready(Ok(true)) => {
+                                bufs[n] = state.take(usize::MAX);
+                                n += 1;
+                            }
+                            Poll::Ready(Ok(false)) if n == 0 => return Poll::Ready(Ok(None)),
+                            Poll::Ready(Err(e)) if n == 0 => return Poll::Ready(Err(e)),
+                            // What was taken goes first; the end or the error comes next call.
+                            Poll::Ready(_) => break,
+                            Poll::Pending if n == 0 => return Poll::Pending,
+                            Poll::Pending => break,
+                        }
+                    }
+                    Poll::Ready(Ok(Some(n)))
+                })
+                .await
+            }
+        }
+    }
+}
+
+/// Writes all of `bufs` with as few (vectored) writes as possible.
+async fn write_all_vectored<W>(w: &mut W, bufs: &mut [Bytes]) -> io::Result<()>
+where
+    W: AsyncWrite + Unpin,
+{
+    let mut first = 0;
+    while first < bufs.len() {
+        if bufs[first].is_empty() {
+            first += 1;
+            continue;
+        }
+        let slices: Vec<io::IoSlice<'_>> =
+            bufs[first..].iter().map(|b| io::IoSlice::new(b)).collect();
+        let mut n = w.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 {
+            let b = &mut bufs[first];
+            let k = n.min(b.len());
+            bytes::Buf::advance(b, k);
+            n -= k;
+            if b.is_empty() {
+                first += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
 impl AsyncRead for RawRecv {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -206,51 +349,12 @@ impl AsyncRead for RawRecv {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             RawRecv::Quic(r) => AsyncRead::poll_read(Pin::new(r), cx, out),
-            RawRecv::H2(state) => loop {
-                match state {
-                    H2Recv::Pending(fut) => match ready!(Pin::new(fut).poll(cx)) {
-                        Ok(resp) if resp.status() == http::StatusCode::OK => {
-                            *state = H2Recv::Body {
-                                body: resp.into_body(),
-                                buf: Bytes::new(),
-                            };
-                        }
-                        Ok(resp) => {
-                            let status = resp.status();
-                            *state = H2Recv::Failed;
-                            return Poll::Ready(Err(io::Error::other(format!(
-                                "tunnel server answered HTTP {status}"
-                            ))));
-                        }
-                        Err(e) => {
-                            *state = H2Recv::Failed;
-                            return Poll::Ready(Err(h2_io(e)));
-                        }
-                    },
-                    H2Recv::Body { body, buf } => {
-                        if !buf.is_empty() {
-                            let n = buf.len().min(out.remaining());
-                            out.put_slice(&buf[..n]);
-                            buf.advance(n);
-                            // Window credit goes back only for what the reader has taken, so a
-                            // slow reader holds the peer to one window.
-                            let _ = body.flow_control().release_capacity(n);
-                            return Poll::Ready(Ok(()));
-                        }
-                        match ready!(body.poll_data(cx)) {
-                            Some(Ok(data)) => *buf = data,
-                            Some(Err(e)) => return Poll::Ready(Err(h2_io(e))),
-                            None => return Poll::Ready(Ok(())),
-                        }
-                    }
-                    H2Recv::Failed => {
-                        return Poll::Ready(Err(io::Error::new(
-                            io::ErrorKind::ConnectionAborted,
-                            "stream aborted",
-                        )));
-                    }
+            RawRecv::H2(state) => {
+                if ready!(state.poll_fill(cx))? {
+                    out.put_slice(&state.take(out.remaining()));
                 }
-            },
+                Poll::Ready(Ok(()))
+            }
         }
     }
 }
@@ -351,6 +455,61 @@ impl Stream {
 
     pub fn transport(&self) -> Transport {
         self.transport
+    }
+
+    /// Carries bytes between `io` and this stream, both ways, until both directions have
+    /// ended, as [`tokio::io::copy_bidirectional`] does: the end of one direction (EOF from
+    /// `io`, FIN from the peer) is passed on as a half-close and the other keeps flowing; the
+    /// first error ends both. Returns the bytes carried (io → tunnel, tunnel → io).
+    ///
+    /// Unlike copying through `AsyncRead`/`AsyncWrite`, the tunnel side takes and gives whole
+    /// buffers: what is read from `io` goes into the stream without a copy, and what arrives
+    /// is written to `io` straight from the transport's buffer, one copy less each way.
+    pub async fn splice<T>(&mut self, io: T) -> io::Result<(u64, u64)>
+    where
+        T: AsyncRead + AsyncWrite,
+    {
+        let (mut rd, mut wr) = tokio::io::split(io);
+        let Stream {
+            send,
+            recv,
+            counters,
+            ..
+        } = self;
+        let up = async {
+            let send = send.as_mut().ok_or_else(closed_send)?;
+            let mut buf = BytesMut::new();
+            let mut total = 0u64;
+            loop {
+                // A small remainder would make small reads; start a new buffer instead (the
+                // old one is freed once the transport is done with what it holds).
+                if buf.capacity() < crate::COPY_BUFFER / 4 {
+                    buf = BytesMut::with_capacity(crate::COPY_BUFFER);
+                }
+                let n = rd.read_buf(&mut buf).await?;
+                if n == 0 {
+                    send.shutdown().await?;
+                    return Ok(total);
+                }
+                send.write_chunk(buf.split().freeze()).await?;
+                total += n as u64;
+                counters.bytes_out.inc_by(n as u64);
+            }
+        };
+        let down = async {
+            // A QUIC chunk is one packet's worth: write what has arrived in one go.
+            let mut chunks = vec![Bytes::new(); 64];
+            let mut total = 0u64;
+            while let Some(n) = recv.read_chunks(&mut chunks).await? {
+                let len: usize = chunks[..n].iter().map(Bytes::len).sum();
+                write_all_vectored(&mut wr, &mut chunks[..n]).await?;
+                total += len as u64;
+                counters.bytes_in.inc_by(len as u64);
+            }
+            wr.shutdown().await?;
+            Ok::<_, io::Error>(total)
+        };
+        tokio::try_join!(up, down)
     }
 
     /// Resets both directions: the peer's reads and writes fail instead of seeing a clean end.

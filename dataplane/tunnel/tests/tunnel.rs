@@ -254,6 +254,48 @@ async fn reverse_stream(t: Transport) {
         .unwrap();
 }
 
+both!(splice_carries_both_ways);
+/// `Stream::splice` between a local TCP connection and tunnel streams: every byte arrives in
+/// order both ways, a half-close passes through in each direction, and the counts come back.
+async fn splice_carries_both_ways(t: Transport) {
+    const BYTES: usize = 4 * PATTERN_BYTES + 1;
+    let pki = Pki::new();
+    let server = TestServer::start(server_config(&pki, Arc::new(authenticator()))).await;
+    let (client, _reg) = start_client(client_config(&pki, server.quic(), server.h2(), t));
+    connected(&client).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+
+    // Echo: the application's FIN goes through, the echo's comes back after everything.
+    let mut stream = client.open("echo", 7).await.unwrap();
+    let app = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (inner, _) = listener.accept().await.unwrap();
+    let splice = tokio::spawn(async move { stream.splice(inner).await });
+    let (mut rd, mut wr) = app.into_split();
+    let writer = tokio::spawn(async move {
+        write_pattern(&mut wr, 3, 0, BYTES).await;
+        wr.shutdown().await.unwrap();
+    });
+    assert_eq!(within("echo back", read_pattern(&mut rd, 3)).await, BYTES);
+    within("writer", writer).await.unwrap();
+    let counts = within("splice end", splice).await.unwrap().unwrap();
+    assert_eq!(counts, (BYTES as u64, BYTES as u64));
+
+    // Source: the peer's FIN reaches the application first; the splice ends at ours.
+    let mut stream = client.open("source", 5).await.unwrap();
+    let mut app = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (inner, _) = listener.accept().await.unwrap();
+    let splice = tokio::spawn(async move { stream.splice(inner).await });
+    assert_eq!(
+        within("download", read_pattern(&mut app, 5)).await,
+        PATTERN_BYTES
+    );
+    assert!(!splice.is_finished());
+    app.shutdown().await.unwrap();
+    let counts = within("splice end", splice).await.unwrap().unwrap();
+    assert_eq!(counts, (0, PATTERN_BYTES as u64));
+}
+
 both!(concurrent_streams);
 /// 100 streams at once, each moving 1 MiB with every byte checked where it arrives: even
 /// streams upload (the server checks), odd ones download (the client checks).

@@ -15,7 +15,6 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::connect::{Event, Shared};
-use crate::opener::splice;
 use crate::state::{MappingStatus, WorkloadStatus};
 
 /// How long dropping a bind may take before reconcile moves on.
@@ -293,10 +292,10 @@ async fn reverse(
                     to_local: to_local.to_owned(),
                 });
             }
-            let Ok(stream) = incoming.accept().await else {
+            let Ok(mut stream) = incoming.accept().await else {
                 return;
             };
-            match splice(tcp, stream).await {
+            match stream.splice(tcp).await {
                 Ok((up, down)) => {
                     tracing::debug!(bind = id, %to_local, to_local_bytes = down, to_cluster_bytes = up, "reverse connection done")
                 }

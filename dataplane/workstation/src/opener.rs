@@ -2,6 +2,7 @@
 //! session, or a SOCKS5 `CONNECT` through a running `spur local connect`. Names are resolved
 //! where the stream ends, i.e. in the cluster.
 
+use std::any::Any;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -16,7 +17,7 @@ use tokio::net::TcpStream;
 use crate::Error;
 
 /// A bidirectional byte stream with half-close (`shutdown` ends the write side only).
-pub trait ByteStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+pub trait ByteStream: AsyncRead + AsyncWrite + Send + Unpin + Any {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> ByteStream for T {}
 
 pub type BoxStream = Box<dyn ByteStream>;
@@ -209,8 +210,34 @@ fn dial_error(target: &Target, e: spur_tunnel::Error) -> DialError {
     }
 }
 
+/// Copies both ways between `a` and an opened stream until both directions ended, preserving
+/// half-close. Returns (a→b, b→a). A tunnel stream takes buffers whole
+/// ([`spur_tunnel::Stream::splice`]), one copy less each way.
+pub(crate) async fn splice<A>(a: A, b: BoxStream) -> std::io::Result<(u64, u64)>
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+{
+    match downcast::<spur_tunnel::Stream>(b) {
+        Ok(mut stream) => stream.splice(a).await,
+        Err(b) => copy_both(a, b).await,
+    }
+}
+
+/// The stream as a `T` if that is what it is, else unchanged.
+fn downcast<T: ByteStream>(b: BoxStream) -> Result<Box<T>, BoxStream> {
+    // `&*b`: the boxed value's type, not the box's.
+    if (&*b as &dyn Any).is::<T>() {
+        let any: Box<dyn Any + Send> = b;
+        if let Ok(t) = any.downcast::<T>() {
+            return Ok(t);
+        }
+        unreachable!("`is` and `downcast` disagree");
+    }
+    Err(b)
+}
+
 /// Copies both ways until both directions ended, preserving half-close. Returns (a→b, b→a).
-pub(crate) async fn splice<A, B>(mut a: A, mut b: B) -> std::io::Result<(u64, u64)>
+pub(crate) async fn copy_both<A, B>(mut a: A, mut b: B) -> std::io::Result<(u64, u64)>
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
@@ -222,4 +249,20 @@ where
         spur_tunnel::COPY_BUFFER,
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn downcast_finds_the_boxed_type() {
+        let (a, _b) = tokio::io::duplex(16);
+        let boxed: BoxStream = Box::new(a);
+        let boxed = match downcast::<tokio::io::SimplexStream>(boxed) {
+            Ok(_) => panic!("a duplex stream is not a simplex stream"),
+            Err(b) => b,
+        };
+        assert!(downcast::<tokio::io::DuplexStream>(boxed).is_ok());
+    }
 }

@@ -24,7 +24,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Mutex;
 
 use crate::Error;
-use crate::opener::{BoxStream, Opener, splice};
+use crate::opener::{BoxStream, Opener, copy_both, splice};
 
 /// Longest first line prefix looked at to recognise an HTTP/1.x request.
 const SNIFF: usize = 16;
@@ -282,7 +282,7 @@ async fn forward(
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
         tokio::spawn(async move {
             if let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) {
-                let _ = splice(TokioIo::new(c), TokioIo::new(u)).await;
+                let _ = copy_both(TokioIo::new(c), TokioIo::new(u)).await;
             }
         });
     } else {
