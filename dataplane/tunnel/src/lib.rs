@@ -30,6 +30,7 @@ mod server;
 mod session;
 mod stream;
 mod tls;
+mod udp;
 mod wire;
 
 use std::fmt;

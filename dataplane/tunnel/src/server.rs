@@ -77,7 +77,15 @@ impl TunnelServer {
             Some(addr) => {
                 let mut server = quinn::ServerConfig::with_crypto(Arc::new(tls.quic));
                 server.transport_config(quic_transport.clone());
-                let endpoint = quinn::Endpoint::server(server, addr)
+                let endpoint = crate::udp::bind(addr)
+                    .and_then(|socket| {
+                        quinn::Endpoint::new(
+                            quinn::EndpointConfig::default(),
+                            Some(server),
+                            socket,
+                            Arc::new(quinn::TokioRuntime),
+                        )
+                    })
                     .map_err(|source| Error::Bind { addr, source })?;
                 Some(endpoint)
             }
