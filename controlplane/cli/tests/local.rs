@@ -243,6 +243,17 @@ async fn stop(child: &mut tokio::process::Child) -> std::process::ExitStatus {
         .unwrap()
 }
 
+/// Runs a `spur local connect` that must be refused: it exits, unsuccessfully, with `why` on
+/// stderr.
+async fn assert_refused(connect: &mut tokio::process::Command, who: &str, why: &str) {
+    let out = tokio::time::timeout(WAIT, connect.output())
+        .await
+        .expect("a refused connect exits")
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(why), "{who}: {err}");
+}
+
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -492,12 +503,7 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
 
     // Refused: an unknown and an expired token; both exit with the reason, both are audited.
     for (who, why) in [("nobody", "unknown token"), ("bob", "expired")] {
-        let out = tokio::time::timeout(WAIT, connect(who, &format!("state-{who}")).output())
-            .await
-            .expect("a refused connect exits")
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(why), "{who}: {err}");
+        assert_refused(&mut connect(who, &format!("state-{who}")), who, why).await;
     }
     let log = std::fs::read_to_string(&tp_log).unwrap();
     let refusals: Vec<&str> = log.lines().filter(|l| l.contains("refused:")).collect();
@@ -629,12 +635,7 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
             .arg("--key-file")
             .arg(dir.join(format!("{who}.key")))
             .stderr(Stdio::piped());
-        let out = tokio::time::timeout(WAIT, c.output())
-            .await
-            .expect("a refused connect exits")
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(why), "{who}: {err}");
+        assert_refused(&mut c, who, why).await;
     }
     let log = std::fs::read_to_string(&tp_log).unwrap();
     assert!(
