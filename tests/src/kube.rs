@@ -11,6 +11,18 @@ use kube::{Api, Client};
 use serde_json::json;
 use spur_kube_harness::KubeApi;
 
+/// Sends the components' logs (`RUST_LOG`, default: every `spur*` target at info, the rest at warn) to the
+/// test harness, which shows a test's logs only when it fails.
+pub fn capture_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,spur=info"));
+    // Only the first test of a binary installs it; the others share it.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
 /// How long [`eventually`] waits: generous, the machine is small and shared.
 pub const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 

@@ -34,10 +34,13 @@ struct ControlPlane {
     stop: CancellationToken,
     operator: tokio::task::JoinHandle<()>,
     routeserver: Option<RouteServer>,
+    /// The operator's metrics.
+    registry: prometheus_client::registry::Registry,
 }
 
 impl ControlPlane {
     async fn start() -> ControlPlane {
+        kube_rbac::capture_logs();
         let api = KubeApi::start().await.unwrap();
         kube_rbac::install_crds(&api).await.unwrap();
         // Both components run under the chart's RBAC rules (the operator with its namespace
@@ -56,8 +59,8 @@ impl ControlPlane {
                 .unwrap();
         let stop = CancellationToken::new();
         let operator_stop = stop.clone();
-        let metrics =
-            spur_operator::Metrics::register(&mut prometheus_client::registry::Registry::default());
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = spur_operator::Metrics::register(&mut registry);
         // Dead workstation tunnels are collected 8 s after they expire (default 10 min).
         let ctx = Arc::new(
             spur_operator::Context::new(operator_client.clone(), Some("test".into()), metrics)
@@ -94,7 +97,15 @@ impl ControlPlane {
             stop,
             operator,
             routeserver: Some(routeserver),
+            registry,
         }
+    }
+
+    /// Reconcile passes that failed (and were retried with backoff) so far.
+    fn reconcile_failures(&self) -> f64 {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
+        spur_e2e::sample(&text, "reconcile_failures_total")
     }
 
     fn client(&self) -> Client {
@@ -278,51 +289,62 @@ async fn ready_key(client: &Client, name: &str) -> String {
 /// Services, RoutingConfigs, and the Sandbox itself.
 async fn all_gone(client: &Client, sandbox: &str) {
     let lp = ListParams::default().labels(&format!("{}={sandbox}", labels::SANDBOX));
-    eventually(&format!("everything of {sandbox} deleted"), || {
-        let lp = lp.clone();
-        async move {
-            let fws = Api::<ForkedWorkload>::all(client.clone())
-                .list(&lp)
-                .await
-                .unwrap()
-                .items;
-            let ds = Api::<Deployment>::all(client.clone())
-                .list(&lp)
-                .await
-                .unwrap()
-                .items;
-            let ss = Api::<Service>::all(client.clone())
-                .list(&lp)
-                .await
-                .unwrap()
-                .items;
-            let rcs = Api::<RoutingConfig>::all(client.clone())
-                .list(&lp)
-                .await
-                .unwrap()
-                .items;
-            let ews = Api::<ExternalWorkload>::all(client.clone())
-                .list(&lp)
-                .await
-                .unwrap()
-                .items;
-            let vws = Api::<VirtualWorkload>::all(client.clone())
-                .list(&lp)
-                .await
-                .unwrap()
-                .items;
-            let sb = sandbox_status(client, sandbox).await;
-            (fws.is_empty()
-                && ds.is_empty()
-                && ss.is_empty()
-                && rcs.is_empty()
-                && ews.is_empty()
-                && vws.is_empty()
-                && sb.is_none())
-            .then_some(())
+    let mut left = Vec::new();
+    let found = tokio::time::timeout(WAIT, async {
+        loop {
+            let mut names = Vec::new();
+            names.extend(left_of::<ForkedWorkload>(client, &lp).await);
+            names.extend(left_of::<Deployment>(client, &lp).await);
+            names.extend(left_of::<Service>(client, &lp).await);
+            names.extend(left_of::<RoutingConfig>(client, &lp).await);
+            names.extend(left_of::<ExternalWorkload>(client, &lp).await);
+            names.extend(left_of::<VirtualWorkload>(client, &lp).await);
+            if let Some(sb) = sandbox_status(client, sandbox).await {
+                names.push(format!(
+                    "Sandbox/{} (finalizers {:?})",
+                    sb.name_any(),
+                    sb.finalizers()
+                ));
+            }
+            if names.is_empty() {
+                return;
+            }
+            left = names;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
     .await;
+    assert!(
+        found.is_ok(),
+        "timed out waiting for everything of {sandbox} deleted; left: {left:?}"
+    );
+}
+
+/// The objects of kind `K` that `lp` selects, as `Kind/namespace/name (finalizers)`.
+async fn left_of<K>(client: &Client, lp: &ListParams) -> Vec<String>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + for<'de> k8s_openapi::serde::Deserialize<'de>,
+{
+    Api::<K>::all(client.clone())
+        .list(lp)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|o| {
+            format!(
+                "{}/{}/{} (finalizers {:?}, deleting {})",
+                K::kind(&()),
+                o.namespace().unwrap_or_default(),
+                o.name_any(),
+                o.finalizers(),
+                o.meta().deletion_timestamp.is_some()
+            )
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -459,6 +481,13 @@ async fn sandbox_forks_routes_and_cleans_up() {
         .unwrap();
     all_gone(&client, "sb1").await;
     web.routes(&key, "web-baseline").await;
+    // Nothing in this life cycle is an error: a failure here meant reconciles racing each other
+    // (two of one Sandbox at once once raced into 404s and backoff), the logs say which.
+    assert_eq!(
+        cp.reconcile_failures(),
+        0.0,
+        "reconcile failures, see the log"
+    );
 
     web.sidecar.shutdown().await;
     apps.cancel();

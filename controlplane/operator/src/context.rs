@@ -97,10 +97,28 @@ impl Context {
     }
 }
 
+/// Deletes `name` with background propagation. One that is already gone is not an error: a
+/// reconcile working from a cache a moment old, or a delete that raced another, wanted exactly
+/// that, and failing would only back the object off for nothing.
+pub(crate) async fn delete_opt<K>(api: &kube::Api<K>, name: &str) -> Result<(), Error>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    match api
+        .delete(name, &kube::api::DeleteParams::background())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Server-side applies `status` as the whole status of `name` (the operator owns every status
 /// field of its kinds), unless it equals `old`, the status the reconcile started from: an
 /// unchanged status is never written, so a reconcile does not wake its own watch for nothing.
-/// Returns whether it wrote.
+/// Returns whether it wrote; an object deleted meanwhile (the reconcile worked from a cache a
+/// moment old) has no status left to write, which is not an error.
 pub(crate) async fn apply_status<K, S>(
     api: &kube::Api<K>,
     name: &str,
@@ -119,13 +137,25 @@ where
         "kind": K::kind(&()),
         "status": status,
     });
-    api.patch_status(
-        name,
-        &kube::api::PatchParams::apply(FIELD_MANAGER).force(),
-        &kube::api::Patch::Apply(&body),
-    )
-    .await?;
-    Ok(true)
+    match api
+        .patch_status(
+            name,
+            &kube::api::PatchParams::apply(FIELD_MANAGER).force(),
+            &kube::api::Patch::Apply(&body),
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.is_not_found() => {
+            tracing::debug!(
+                kind = K::kind(&()).as_ref(),
+                name,
+                "gone before its status was written"
+            );
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 pub(crate) fn now() -> Time {

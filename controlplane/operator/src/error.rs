@@ -29,6 +29,11 @@ pub(crate) fn from_finalizer(
     match r {
         Ok(a) => Ok(a),
         Err(F::ApplyFailed(e) | F::CleanupFailed(e)) => Err(e),
+        // The object is gone: a reconcile from a cache a moment old cleaned up again after the
+        // finalizer had already been removed. Nothing is left to do.
+        Err(F::RemoveFinalizer(kube::Error::Api(s))) if s.is_not_found() => {
+            Ok(kube::runtime::controller::Action::await_change())
+        }
         Err(e) => Err(Error::Finalizer(e.to_string())),
     }
 }

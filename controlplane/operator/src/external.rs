@@ -29,7 +29,7 @@ use spur_api::{
     ExternalWorkload, ExternalWorkloadStatus, ServiceMapping, ServicePort, WorkloadKind, names,
 };
 
-use crate::context::{Context, FIELD_MANAGER, now};
+use crate::context::{Context, FIELD_MANAGER, delete_opt, now};
 use crate::{Error, FINALIZER};
 
 /// Condition: the workstation's tunnel is up.
@@ -419,14 +419,14 @@ async fn prune(
     for stale in services.list(&lp).await?.items {
         let n = stale.name_any();
         if !wanted.contains(&n) {
-            services.delete(&n, &DeleteParams::background()).await?;
+            delete_opt(&services, &n).await?;
         }
     }
     let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), ns);
     for stale in slices.list(&lp).await?.items {
         let n = stale.name_any();
         if !wanted.contains(&n) {
-            slices.delete(&n, &DeleteParams::background()).await?;
+            delete_opt(&slices, &n).await?;
         }
     }
     Ok(())
@@ -437,12 +437,11 @@ async fn delete_children(name: &str, ns: &str, ctx: &Context) -> Result<bool, Er
     let lp = ListParams::default().labels(&format!("{}={name}", labels::EXTERNAL_WORKLOAD));
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
     let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), ns);
-    let dp = DeleteParams::background();
     for s in services.list(&lp).await?.items {
-        services.delete(&s.name_any(), &dp).await?;
+        delete_opt(&services, &s.name_any()).await?;
     }
     for s in slices.list(&lp).await?.items {
-        slices.delete(&s.name_any(), &dp).await?;
+        delete_opt(&slices, &s.name_any()).await?;
     }
     Ok(!services.list(&lp).await?.items.is_empty() || !slices.list(&lp).await?.items.is_empty())
 }

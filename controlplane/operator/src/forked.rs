@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, Resource, ResourceExt};
@@ -16,7 +16,7 @@ use spur_api::conditions::{ConditionStatus, NewCondition, READY, set_condition};
 use spur_api::keys::labels;
 use spur_api::{ForkedWorkload, ForkedWorkloadStatus, WorkloadKind};
 
-use crate::context::{Context, FIELD_MANAGER, now};
+use crate::context::{Context, FIELD_MANAGER, delete_opt, now};
 use crate::fork::{ForkId, ForkPlan, plan};
 use crate::{Error, FINALIZER};
 
@@ -88,7 +88,7 @@ async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, E
     for stale in services.list(&lp).await?.items {
         let n = stale.name_any();
         if !wanted.contains(&n) {
-            services.delete(&n, &DeleteParams::background()).await?;
+            delete_opt(&services, &n).await?;
         }
     }
 
@@ -284,14 +284,13 @@ async fn delete_children(name: &str, ns: &str, ctx: &Context) -> Result<bool, Er
     let mut remaining = false;
     // Background propagation: the API server removes the object at once; ReplicaSets and pods
     // follow through the garbage collector.
-    let dp = DeleteParams::background();
     if deployments.get_opt(name).await?.is_some() {
-        deployments.delete(name, &dp).await?;
+        delete_opt(&deployments, name).await?;
         remaining |= deployments.get_opt(name).await?.is_some();
     }
     let lp = ListParams::default().labels(&format!("{}={name}", labels::FORK));
     for svc in services.list(&lp).await?.items {
-        services.delete(&svc.name_any(), &dp).await?;
+        delete_opt(&services, &svc.name_any()).await?;
     }
     remaining |= !services.list(&lp).await?.items.is_empty();
     Ok(remaining)

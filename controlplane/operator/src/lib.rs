@@ -87,10 +87,15 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     };
     let cfg = controller::Config::default().debounce(std::time::Duration::from_millis(10));
 
+    // Not `owns` for the namespaced children: see `cluster_owners`.
     let sandboxes = Controller::new(Api::<Sandbox>::all(client.clone()), wc())
         .with_config(cfg.clone())
-        .owns(Api::<ForkedWorkload>::all(client.clone()), wc())
-        .owns(Api::<ExternalWorkload>::all(client.clone()), wc())
+        .watches(Api::<ForkedWorkload>::all(client.clone()), wc(), |fw| {
+            cluster_owners::<Sandbox>(&fw)
+        })
+        .watches(Api::<ExternalWorkload>::all(client.clone()), wc(), |ew| {
+            cluster_owners::<Sandbox>(&ew)
+        })
         .owns(Api::<RoutingConfig>::all(client.clone()), wc())
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(sandbox::reconcile, sandbox::error_policy, ctx.clone())
@@ -257,6 +262,24 @@ fn is_managed(obj: &impl ResourceExt) -> bool {
         == Some(spur_api::keys::labels::MANAGED_BY_VALUE)
 }
 
+/// The owners of kind `K` (cluster-scoped) of `obj`, keyed as cluster-scoped objects.
+///
+/// `Controller::owns` keys an owner by its child's namespace, so a cluster-scoped Sandbox
+/// reached through a namespaced ForkedWorkload got a second scheduler key
+/// (`shop/sb1` besides `sb1`), and two reconciles of the same Sandbox could run at once (the
+/// store lookup falls back to the cluster-scoped object). They then raced each other's deletes
+/// and status writes into errors, and the errors into backoff.
+fn cluster_owners<K>(obj: &impl ResourceExt) -> Vec<ObjectRef<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    obj.owner_references()
+        .iter()
+        .filter(|o| o.kind == K::kind(&()) && o.api_version == K::api_version(&()))
+        .map(|o| ObjectRef::new(&o.name))
+        .collect()
+}
+
 fn objects_where<K>(
     store: &kube::runtime::reflector::Store<K>,
     keep: impl Fn(&K) -> bool,
@@ -270,4 +293,44 @@ where
         .filter(|o| keep(o))
         .map(|o| ObjectRef::from_obj(&*o))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::Resource;
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_namespaced_child_wakes_its_cluster_scoped_sandbox_under_one_key() {
+        let sb: Sandbox = serde_json::from_value(json!({
+            "apiVersion": Sandbox::api_version(&()), "kind": "Sandbox",
+            "metadata": {"name": "sb1", "uid": "u-1"},
+            "spec": {}
+        }))
+        .unwrap();
+        let fw: ForkedWorkload = serde_json::from_value(json!({
+            "apiVersion": ForkedWorkload::api_version(&()), "kind": "ForkedWorkload",
+            "metadata": {"name": "sb1-web", "namespace": "shop", "ownerReferences": [
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "other", "uid": "u-2"},
+                sb.controller_owner_ref(&()).unwrap(),
+            ]},
+            "spec": {"sandbox": "sb1", "routingKey": "k", "baseline": {
+                "kind": "Deployment", "namespace": "shop", "name": "web"}}
+        }))
+        .unwrap();
+        // The key the Sandbox's own watch schedules it under: one key, one reconcile at a time.
+        assert_eq!(
+            cluster_owners::<Sandbox>(&fw),
+            vec![ObjectRef::from_obj(&sb)]
+        );
+        // What `Controller::owns` would schedule: a second key for the same Sandbox. When
+        // kube-runtime stops doing this, `owns` can come back.
+        let owns_key = fw
+            .owner_references()
+            .iter()
+            .find_map(|o| ObjectRef::<Sandbox>::from_owner_ref(fw.namespace().as_deref(), o, ()));
+        assert_ne!(owns_key, Some(ObjectRef::from_obj(&sb)));
+    }
 }

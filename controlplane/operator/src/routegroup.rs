@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, Resource, ResourceExt};
@@ -16,7 +16,7 @@ use spur_api::keys::labels;
 use spur_api::routingconfig::{SandboxedKind, SandboxedWorkloadRef};
 use spur_api::{RouteGroup, RouteGroupStatus, RoutingConfig, RoutingConfigSpec, Sandbox, names};
 
-use crate::context::{Context, FIELD_MANAGER, now};
+use crate::context::{Context, FIELD_MANAGER, delete_opt, now};
 use crate::sandbox::routing_key;
 use crate::{Error, FINALIZER};
 
@@ -47,9 +47,7 @@ async fn apply(rg: &RouteGroup, ctx: &Context) -> Result<Action, Error> {
     let rcs: Api<RoutingConfig> = Api::all(ctx.client.clone());
 
     if let Err(e) = rg.validate() {
-        if rcs.get_opt(&rc_name).await?.is_some() {
-            rcs.delete(&rc_name, &DeleteParams::background()).await?;
-        }
+        delete_opt(&rcs, &rc_name).await?;
         let message = e.to_string();
         let changed = write_status(rg, ctx, |st| {
             st.routing_key = Some(key.clone());
@@ -188,9 +186,7 @@ async fn write_status(
 async fn cleanup(rg: &RouteGroup, ctx: &Context) -> Result<Action, Error> {
     let rcs: Api<RoutingConfig> = Api::all(ctx.client.clone());
     let rc_name = names::route_group_routing_config_name(&rg.name_any());
-    if rcs.get_opt(&rc_name).await?.is_some() {
-        rcs.delete(&rc_name, &DeleteParams::background()).await?;
-    }
+    delete_opt(&rcs, &rc_name).await?;
     ctx.succeeded(&key_of(rg));
     Ok(Action::await_change())
 }

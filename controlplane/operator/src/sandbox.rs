@@ -11,7 +11,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, Resource, ResourceExt};
@@ -27,7 +27,7 @@ use spur_api::{
     names,
 };
 
-use crate::context::{Context, FIELD_MANAGER, now};
+use crate::context::{Context, FIELD_MANAGER, delete_opt, now};
 use crate::fork::{ForkId, plan};
 use crate::{Error, FINALIZER};
 
@@ -93,7 +93,7 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         )
         .await;
         let api: Api<Sandbox> = Api::all(ctx.client.clone());
-        api.delete(&name, &DeleteParams::background()).await?;
+        delete_opt(&api, &name).await?;
         return Ok(Action::await_change());
     }
     let requeue = match expires_at {
@@ -471,9 +471,11 @@ where
         }
         remaining = true;
         if obj.meta().deletion_timestamp.is_none() {
-            Api::<K>::namespaced(ctx.client.clone(), &ns)
-                .delete(&obj.name_any(), &DeleteParams::background())
-                .await?;
+            delete_opt(
+                &Api::<K>::namespaced(ctx.client.clone(), &ns),
+                &obj.name_any(),
+            )
+            .await?;
         }
     }
     Ok(remaining)
@@ -485,10 +487,7 @@ async fn delete_children(name: &str, ctx: &Context) -> Result<bool, Error> {
     remaining |= prune::<ExternalWorkload>(ctx, name, None, true).await?;
     remaining |= prune::<VirtualWorkload>(ctx, name, None, true).await?;
     let rcs: Api<RoutingConfig> = Api::all(ctx.client.clone());
-    let rc_name = names::sandbox_routing_config_name(name);
-    if rcs.get_opt(&rc_name).await?.is_some() {
-        rcs.delete(&rc_name, &DeleteParams::background()).await?;
-    }
+    delete_opt(&rcs, &names::sandbox_routing_config_name(name)).await?;
     Ok(remaining)
 }
 
