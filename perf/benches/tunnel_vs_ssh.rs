@@ -1152,7 +1152,18 @@ async fn latency(
         let (gates, stop) = (gates.clone(), stop.clone());
         std::thread::Builder::new()
             .name("ping-pacer".into())
-            .spawn(move || release_pings(&gates, total, intended, &stop))?
+            .spawn(move || {
+                // Ping i goes to gate i mod n.
+                let n = gates.len() as u64;
+                let intended = |i| (i < total).then(|| intended(i));
+                spur_perf::load::pacer(intended, &stop, |due| {
+                    for i in due {
+                        let gate = &gates[(i % n) as usize];
+                        gate.released.fetch_add(1, Ordering::Release);
+                        gate.notify.notify_one();
+                    }
+                })
+            })?
     };
     let mut tasks = Vec::new();
     for (idx, s) in streams.into_iter().enumerate() {
@@ -1218,36 +1229,6 @@ async fn latency(
 struct Gate {
     released: AtomicU64,
     notify: tokio::sync::Notify,
-}
-
-/// The pacer thread: releases ping `i` (to gate `i mod n`) at `intended(i)`. An OS thread with
-/// 1 ns timer slack, because tokio's timer has millisecond granularity and every late release
-/// would count as latency.
-fn release_pings(
-    gates: &[Gate],
-    total: u64,
-    intended: impl Fn(u64) -> Instant,
-    stop: &std::sync::atomic::AtomicBool,
-) {
-    let _ = nix::sys::prctl::set_timerslack(1);
-    let n = gates.len() as u64;
-    let mut i = 0;
-    while i < total && !stop.load(Ordering::Relaxed) {
-        let now = Instant::now();
-        let t = intended(i);
-        if t > now {
-            // Short sleeps, so a failed run's `stop` is seen promptly.
-            std::thread::sleep((t - now).min(Duration::from_millis(50)));
-            continue;
-        }
-        // Everything due by now, in one go (a late wake-up releases several).
-        while i < total && intended(i) <= now {
-            let gate = &gates[(i % n) as usize];
-            gate.released.fetch_add(1, Ordering::Release);
-            gate.notify.notify_one();
-            i += 1;
-        }
-    }
 }
 
 /// Waits until one ping-pong through `addr` works.

@@ -141,6 +141,15 @@ pub struct ClientRequest {
     csr: CertificateSigningRequestParams,
 }
 
+impl std::fmt::Debug for ClientRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientRequest")
+            .field("common_name", &self.common_name)
+            .field("asks_for_more", &self.asks_for_more)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Reads a PEM certificate signing request (PKCS #10) and checks its self-signature, which
 /// proves the requester holds the private key.
 pub fn read_request(pem: &str) -> Result<ClientRequest, Error> {

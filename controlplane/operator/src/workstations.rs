@@ -44,16 +44,17 @@ struct Signer {
 }
 
 /// What to do with a request.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 enum Decision {
     /// Not (or no longer) ours to act on: unapproved, denied, failed, or already signed.
     Wait,
     /// Mark it `Failed` with this message.
     Fail(String),
-    /// Sign it for this workstation, for this long.
+    /// Sign this request (its signature checked) for this workstation, for this long.
     Sign {
         workstation: String,
         lifetime: Duration,
+        request: Box<pki::ClientRequest>,
     },
 }
 
@@ -84,7 +85,7 @@ async fn reconcile(
     signer: Arc<Signer>,
 ) -> Result<Action, Error> {
     let name = csr.name_any();
-    let (workstation, lifetime) = match decide(&csr, &signer.cfg) {
+    let (workstation, lifetime, request) = match decide(&csr, &signer.cfg) {
         Decision::Wait => return Ok(Action::await_change()),
         Decision::Fail(message) => {
             tracing::info!(request = %name, reason = %message, "workstation certificate request failed");
@@ -95,11 +96,9 @@ async fn reconcile(
         Decision::Sign {
             workstation,
             lifetime,
-        } => (workstation, lifetime),
+            request,
+        } => (workstation, lifetime, request),
     };
-    let request = pem_request(&csr)
-        .and_then(|pem| pki::read_request(&pem))
-        .map_err(|e| Error::Pki(format!("request {name}: {e}")))?;
     let ca = signer.signing_ca().await?;
     let cert = pki::issue_client(&ca, &request, &workstation, lifetime, pki::now_unix())?;
     let not_after = pki::info(&cert)?.validity.not_after;
@@ -186,6 +185,7 @@ fn decide(csr: &CertificateSigningRequest, cfg: &PkiConfig) -> Decision {
     Decision::Sign {
         workstation,
         lifetime,
+        request: Box::new(request),
     }
 }
 
@@ -289,13 +289,17 @@ mod tests {
         let good = request("alice", &[]);
         let approved = [("Approved", "True")];
         let usages = ["client auth", "digital signature"];
-        assert_eq!(
-            decide(&csr(&good, &usages, &approved, None), &cfg),
-            Decision::Sign {
-                workstation: "alice".into(),
-                lifetime: cfg.workstation_cert_lifetime
-            }
-        );
+        let Decision::Sign {
+            workstation,
+            lifetime,
+            request: parsed,
+        } = decide(&csr(&good, &usages, &approved, None), &cfg)
+        else {
+            panic!()
+        };
+        assert_eq!(workstation, "alice");
+        assert_eq!(lifetime, cfg.workstation_cert_lifetime);
+        assert_eq!(parsed.common_name.as_deref(), Some("alice"));
         // Asked-for lifetimes are honoured up to the maximum.
         let Decision::Sign { lifetime, .. } =
             decide(&csr(&good, &usages, &approved, Some(3600)), &cfg)
@@ -315,10 +319,8 @@ mod tests {
             &[("Approved", "True"), ("Denied", "True")],
             &[("Approved", "True"), ("Failed", "True")],
         ] {
-            assert_eq!(
-                decide(&csr(&good, &usages, conditions, None), &cfg),
-                Decision::Wait
-            );
+            let d = decide(&csr(&good, &usages, conditions, None), &cfg);
+            assert!(matches!(d, Decision::Wait), "{d:?}");
         }
         // Approved but unsignable: each says why.
         let fails = [

@@ -750,16 +750,7 @@ async fn connect_quic(inner: &Arc<Inner>, addr_str: &str) -> Result<Arc<Shared>,
     };
     // One endpoint (UDP socket) per connection: a reconnect after a network change starts
     // from a fresh socket.
-    let endpoint = crate::udp::bind(local)
-        .and_then(|socket| {
-            quinn::Endpoint::new(
-                quinn::EndpointConfig::default(),
-                None,
-                socket,
-                Arc::new(quinn::TokioRuntime),
-            )
-        })
-        .map_err(|e| connect_err(e.to_string()))?;
+    let endpoint = crate::udp::endpoint(local, None).map_err(|e| connect_err(e.to_string()))?;
     let mut config = quinn::ClientConfig::new(inner.quic_tls.clone());
     config.transport_config(inner.quic_transport.clone());
     let conn = endpoint

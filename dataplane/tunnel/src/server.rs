@@ -77,15 +77,7 @@ impl TunnelServer {
             Some(addr) => {
                 let mut server = quinn::ServerConfig::with_crypto(Arc::new(tls.quic));
                 server.transport_config(quic_transport.clone());
-                let endpoint = crate::udp::bind(addr)
-                    .and_then(|socket| {
-                        quinn::Endpoint::new(
-                            quinn::EndpointConfig::default(),
-                            Some(server),
-                            socket,
-                            Arc::new(quinn::TokioRuntime),
-                        )
-                    })
+                let endpoint = crate::udp::endpoint(addr, Some(server))
                     .map_err(|source| Error::Bind { addr, source })?;
                 Some(endpoint)
             }

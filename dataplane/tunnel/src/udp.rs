@@ -44,6 +44,20 @@ pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
     Ok(socket.into())
 }
 
+/// A QUIC endpoint on a [`bind`] socket at `addr`: a server when `server` is given, else a
+/// client endpoint.
+pub(crate) fn endpoint(
+    addr: SocketAddr,
+    server: Option<quinn::ServerConfig>,
+) -> std::io::Result<quinn::Endpoint> {
+    quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        server,
+        bind(addr)?,
+        std::sync::Arc::new(quinn::TokioRuntime),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,6 +26,7 @@ use http::{HeaderName, HeaderValue, Uri};
 use serde::{Deserialize, Serialize};
 
 pub use conn::encode_grpc_echo_request;
+pub use schedule::pacer;
 
 /// Quantiles sampled into [`Report::percentiles`] (for plotting latency curves).
 pub const PERCENTILES: [f64; 9] = [0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9999, 1.0];

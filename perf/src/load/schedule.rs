@@ -124,37 +124,41 @@ impl Drop for Tickets {
 }
 
 fn pace_thread(schedule: Schedule, pace: &Pace) {
-    // The default 50 µs timer slack would show up as up to 50 µs of extra latency in every
-    // sample. Best effort: without it the schedule is merely coarser.
+    let intended = |k| Some(schedule.intended(k)).filter(|&t| t < schedule.end);
+    pacer(intended, &pace.stop, |due| {
+        pace.released.store(due.end, Ordering::Release);
+        pace.notify.notify_one();
+    });
+}
+
+/// An open-loop pacer, run on a dedicated OS thread: item `k` falls due at `intended(k)` (`None`
+/// past the last one), and `release(range)` is called with each batch of items that fell due,
+/// in order, until every item is released or `stop` is set.
+///
+/// The thread runs with 1 ns timer slack: the default 50 µs would show up as up to 50 µs of
+/// extra latency in every sample measured from the intended time (best effort: without it the
+/// schedule is merely coarser). A late wake-up releases everything due by then in one batch.
+pub fn pacer(
+    intended: impl Fn(u64) -> Option<Instant>,
+    stop: &AtomicBool,
+    mut release: impl FnMut(std::ops::Range<u64>),
+) {
     let _ = nix::sys::prctl::set_timerslack(1);
     let mut k = 0;
-    loop {
-        let intended = schedule.intended(k);
-        if intended >= schedule.end {
+    while let Some(t) = intended(k) {
+        if stop.load(Ordering::Relaxed) {
             return;
         }
-        loop {
-            if pace.stop.load(Ordering::Relaxed) {
-                return;
-            }
-            let now = Instant::now();
-            if now >= intended {
-                break;
-            }
-            std::thread::sleep((intended - now).min(MAX_SLEEP));
-        }
-        // Release every ticket that is due by now in one go (high rates, or a late wakeup).
         let now = Instant::now();
-        k += 1;
-        loop {
-            let t = schedule.intended(k);
-            if t > now || t >= schedule.end {
-                break;
-            }
+        if t > now {
+            std::thread::sleep((t - now).min(MAX_SLEEP));
+            continue;
+        }
+        let from = k;
+        while intended(k).is_some_and(|t| t <= now) {
             k += 1;
         }
-        pace.released.store(k, Ordering::Release);
-        pace.notify.notify_one();
+        release(from..k);
     }
 }
 
