@@ -11,8 +11,8 @@ use kube::{Api, Client};
 use serde_json::json;
 use spur_kube_harness::KubeApi;
 
-/// Sends the components' logs (`RUST_LOG`, default: every `spur*` target at info, the rest at warn) to the
-/// test harness, which shows a test's logs only when it fails.
+/// Sends the components' logs (`RUST_LOG`; default: every `spur*` target at info, the rest at
+/// warn) to the test harness, which shows a test's logs only when it fails.
 pub fn capture_logs() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,spur=info"));

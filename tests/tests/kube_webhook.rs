@@ -53,6 +53,7 @@ struct Setup {
 
 impl Setup {
     async fn start(tune: impl FnOnce(&mut PkiConfig)) -> Setup {
+        spur_e2e::kube::capture_logs();
         let api = KubeApi::start().await.unwrap();
         install_crds(&api).await.unwrap();
         let client = chart_client(

@@ -85,6 +85,7 @@ fn certificate(csr: &CertificateSigningRequest) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approved_workstation_requests_are_signed_and_invalid_ones_fail() {
+    spur_e2e::kube::capture_logs();
     let api = KubeApi::start().await.unwrap();
     install_crds(&api).await.unwrap();
     let operator = chart_client(
