@@ -281,13 +281,10 @@ async fn write_status(
 async fn delete_children(name: &str, ns: &str, ctx: &Context) -> Result<bool, Error> {
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
-    let mut remaining = false;
     // Background propagation: the API server removes the object at once; ReplicaSets and pods
     // follow through the garbage collector.
-    if deployments.get_opt(name).await?.is_some() {
-        delete_opt(&deployments, name).await?;
-        remaining |= deployments.get_opt(name).await?.is_some();
-    }
+    delete_opt(&deployments, name).await?;
+    let mut remaining = deployments.get_opt(name).await?.is_some();
     let lp = ListParams::default().labels(&format!("{}={name}", labels::FORK));
     for svc in services.list(&lp).await?.items {
         delete_opt(&services, &svc.name_any()).await?;
