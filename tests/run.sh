@@ -25,6 +25,16 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
+# A clean build of the suite takes 3 to 5 GB under target/ (more with incremental builds); say so up front rather than fail
+# half-way through a link with "No space left on device".
+target_parent="${CARGO_TARGET_DIR:-target}"
+[ -d "$target_parent" ] || target_parent=.
+free_kb="$(df -Pk "$target_parent" | awk 'NR == 2 { print $4 }')"
+if [ -n "$free_kb" ] && [ "$free_kb" -lt $((4 * 1024 * 1024)) ]; then
+    echo "tests/run.sh: warning: only $((free_kb / 1024)) MiB free for $target_parent;" \
+        "a clean build of the test suite needs 3 to 5 GB" >&2
+fi
+
 # kube-apiserver and etcd for the real-apiserver tests (tests/kube-harness), built from Go modules:
 # minutes on a fresh machine (tests/kube/README.md), reused from the cache afterwards. Built here,
 # before cargo runs tests in parallel, so no test waits on (or races) the build.
