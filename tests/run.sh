@@ -25,8 +25,8 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-# A clean build of the suite takes 3 to 5 GB under target/ (more with incremental builds); say so up front rather than fail
-# half-way through a link with "No space left on device".
+# A clean build of the suite takes 3 to 5 GB under target/ (the more with incremental builds); say
+# so up front rather than fail half-way through a link with "No space left on device".
 target_parent="${CARGO_TARGET_DIR:-target}"
 [ -d "$target_parent" ] || target_parent=.
 free_kb="$(df -Pk "$target_parent" | awk 'NR == 2 { print $4 }')"
