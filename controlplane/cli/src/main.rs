@@ -50,10 +50,16 @@ fn main() -> std::process::ExitCode {
         Command::Local(_) => "warn,spur_tunnel=error",
         Command::Routeserver(_) | Command::Operator(_) | Command::TunnelProxy(_) => "info",
     });
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // `spur local` runs on one thread: a workstation's tunnel is one QUIC connection, whose
+    // driver, endpoint and stream copies hand each packet to one another. On one thread those
+    // hand-offs are plain function calls; across a work-stealing pool they are cross-core
+    // wake-ups, which cost more CPU per byte than they save (perf/results/tunnel_vs_ssh.md).
+    // The servers keep a thread per core: they serve many clients at once.
+    let mut builder = match cli.command {
+        Command::Local(_) => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("spur: cannot start runtime: {e}");

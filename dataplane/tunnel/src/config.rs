@@ -123,7 +123,8 @@ pub enum Congestion {
     /// congestion. A workstation's path crosses Wi-Fi, VPNs and hotel links where packets are
     /// lost without any queue being full; there, loss-based Cubic keeps halving its window
     /// (at 1 % loss it moved a quarter of BBR's throughput: perf/results/tunnel_vs_ssh.md).
-    /// quinn marks its BBR experimental; Cubic is one setting away.
+    /// Spur's own BBR v1 with delivery-rate sampling (quinn's experimental one misreads
+    /// bandwidth when ACKs cover several packets); Cubic is one setting away.
     #[default]
     Bbr,
     /// Cubic (RFC 9438), quinn's default: loss-based.

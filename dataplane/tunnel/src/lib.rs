@@ -22,6 +22,7 @@
 //! finish within a grace period, then the connection closes. See `docs/tunnel.md`.
 
 mod auth;
+mod bbr;
 mod client;
 mod config;
 mod error;

@@ -10,6 +10,7 @@ use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
 use rustls::sign::CertifiedKey;
 
+use crate::bbr::BbrConfig;
 use crate::config::{ClientTls, Congestion, Keepalive, Limits, ServerCert, ServerTls};
 use crate::error::Error;
 use crate::wire::{H2_ALPN, QUIC_ALPN};
@@ -116,6 +117,9 @@ pub(crate) fn client_configs(tls: &ClientTls) -> Result<ClientTlsConfigs, Error>
     })
 }
 
+/// The peer acknowledges once more than this many ack-eliciting packets have arrived (below).
+const ACK_ELICITING_THRESHOLD: u32 = 3;
+
 /// QUIC transport parameters from the tunnel's limits and keepalive.
 pub(crate) fn quic_transport(
     limits: &Limits,
@@ -125,7 +129,9 @@ pub(crate) fn quic_transport(
     let mut t = quinn::TransportConfig::default();
     match congestion {
         Congestion::Bbr => {
-            t.congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()));
+            t.congestion_controller_factory(Arc::new(BbrConfig::for_ack_threshold(u64::from(
+                ACK_ELICITING_THRESHOLD,
+            ))));
         }
         Congestion::Cubic => {
             t.congestion_controller_factory(Arc::new(quinn::congestion::CubicConfig::default()));
@@ -144,13 +150,11 @@ pub(crate) fn quic_transport(
     // Ask the peer (quinn, on both ends) to acknowledge every 4th packet instead of every
     // other one, and within 5 ms: fewer ACK packets to build, send, receive and process per
     // byte carried (the tunnel is CPU-bound on a laptop), and, with the shorter delay, a
-    // shorter probe timeout when the last packet of a burst is lost. Not more than 4: BBR's
-    // smallest window (ProbeRTT, or a low bandwidth estimate) is 4 packets, and with a larger
-    // threshold each of its rounds would wait out the ACK delay, so its bandwidth samples
-    // could not exceed 4 packets per 5 ms and the window could stay at the floor. (With 8, a
-    // fresh tunnel once moved 0.6 MiB/s for 8 s on an idle benchmark link, which fits.)
+    // shorter probe timeout when the last packet of a burst is lost. Our BBR keeps its window
+    // at twice this many packets or more, so no round trip waits out the ACK delay (the
+    // module documentation of `bbr` says what went wrong with quinn's).
     let mut ack = quinn::AckFrequencyConfig::default();
-    ack.ack_eliciting_threshold(3u8.into())
+    ack.ack_eliciting_threshold(quinn::VarInt::from_u32(ACK_ELICITING_THRESHOLD))
         .max_ack_delay(Some(Duration::from_millis(5)));
     t.ack_frequency_config(Some(ack));
     Ok(t)
