@@ -239,6 +239,21 @@ impl Bbr {
         bbr
     }
 
+    /// Mode changes are rare (ProbeRtt every 10 s at most), so each is logged at debug level
+    /// with the model behind it.
+    fn set_mode(&mut self, mode: Mode) {
+        tracing::debug!(
+            from = ?self.mode,
+            to = ?mode,
+            bandwidth = self.bandwidth(),
+            min_rtt_us = self.min_rtt.map(|r| r.as_micros() as u64),
+            cwnd = self.cwnd,
+            in_flight = self.in_flight,
+            "bbr mode"
+        );
+        self.mode = mode;
+    }
+
     fn min_window(&self) -> u64 {
         self.min_window_packets * self.mtu
     }
@@ -284,7 +299,7 @@ impl Bbr {
             self.min_rtt_stamp = now;
         }
         if expired && self.mode != Mode::ProbeRtt && self.app_limited_until == 0 {
-            self.mode = Mode::ProbeRtt;
+            self.set_mode(Mode::ProbeRtt);
             self.prior_cwnd = self.cwnd;
             self.probe_rtt_done = None;
         }
@@ -343,11 +358,11 @@ impl Bbr {
                 if self.probe_rtt_round_done && now >= done {
                     self.min_rtt_stamp = now;
                     self.cwnd = self.cwnd.max(self.prior_cwnd);
-                    self.mode = if self.filled_pipe {
+                    self.set_mode(if self.filled_pipe {
                         Mode::ProbeBw
                     } else {
                         Mode::Startup
-                    };
+                    });
                 }
             }
         }
@@ -379,7 +394,7 @@ impl Bbr {
 
     /// Forgets the model: after persistent congestion the path may be a different one.
     fn restart(&mut self) {
-        self.mode = Mode::Startup;
+        self.set_mode(Mode::Startup);
         self.cwnd = self.min_window();
         self.bw.reset();
         self.extra_acked.reset();
@@ -480,10 +495,10 @@ impl Bbr {
         self.update_ack_aggregation(now, acked);
 
         if self.mode == Mode::Startup && self.filled_pipe {
-            self.mode = Mode::Drain;
+            self.set_mode(Mode::Drain);
         }
         if self.mode == Mode::Drain && self.in_flight <= self.bdp(1.0) {
-            self.mode = Mode::ProbeBw;
+            self.set_mode(Mode::ProbeBw);
         }
         if self.mode == Mode::ProbeRtt {
             self.probe_rtt(now, round_start);
