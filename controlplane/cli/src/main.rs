@@ -53,7 +53,7 @@ fn main() -> std::process::ExitCode {
     // `spur local` runs on one thread: a workstation's tunnel is one QUIC connection, whose
     // driver, endpoint and stream copies hand each packet to one another. On one thread those
     // hand-offs are plain function calls; across a work-stealing pool they are cross-core
-    // wake-ups, which cost more CPU per byte than they save (perf/results/tunnel_vs_ssh.md).
+    // wake-ups. On the tunnel benchmark one thread moved more per CPU second (docs/local.md).
     // The servers keep a thread per core: they serve many clients at once.
     let mut builder = match cli.command {
         Command::Local(_) => tokio::runtime::Builder::new_current_thread(),
