@@ -279,17 +279,19 @@ impl Bbr {
         }
     }
 
-    fn take_sample(&mut self, now: Instant) -> Option<(u64, Duration, bool)> {
+    /// The rate sample of the ACK batch just processed, with whether it was app-limited; the
+    /// sample's RTT goes to the minimum-RTT filter either way.
+    fn take_sample(&mut self, now: Instant) -> Option<(u64, bool)> {
         let s = self.pending.take()?;
         let ack_elapsed = now.saturating_duration_since(s.prior_time);
         let interval = s.send_elapsed.max(ack_elapsed);
         // A sample over less than the minimum RTT comes from ACK compression, not the path.
-        if interval.is_zero() || self.min_rtt.is_some_and(|m| interval < m) {
-            self.update_min_rtt(now, s.rtt);
-            return None;
-        }
-        let rate = (self.delivered - s.prior_delivered) as f64 / interval.as_secs_f64();
-        Some((rate as u64, s.rtt, s.app_limited))
+        let valid = !interval.is_zero() && self.min_rtt.is_none_or(|m| interval >= m);
+        self.update_min_rtt(now, s.rtt);
+        valid.then(|| {
+            let rate = (self.delivered - s.prior_delivered) as f64 / interval.as_secs_f64();
+            (rate as u64, s.app_limited)
+        })
     }
 
     fn update_min_rtt(&mut self, now: Instant, rtt: Duration) {
@@ -479,12 +481,11 @@ impl Bbr {
         let mut sample_app_limited = app_limited;
         self.bw.expire(self.round, now);
         self.extra_acked.expire(self.round, now);
-        if let Some((rate, rtt, limited)) = self.take_sample(now) {
+        if let Some((rate, limited)) = self.take_sample(now) {
             sample_app_limited = limited;
             if !limited || rate >= self.bandwidth() {
                 self.bw.update(self.round, now, rate);
             }
-            self.update_min_rtt(now, rtt);
         }
         let round_start = prior_delivered.is_some_and(|d| d >= self.next_round_delivered);
         if round_start {
