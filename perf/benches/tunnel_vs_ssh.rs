@@ -20,7 +20,8 @@
 //! - throughput: cluster → laptop bulk download on N connections at once, bytes received by the
 //!   laptop in a fixed window after a warm-up;
 //! - latency: open-loop 64-byte pings at a fixed total rate (`SPUR_BENCH_PING_RATE`, default
-//!   2,000/s) spread over N connections, each echoed by the cluster; p50/p99 of the round trip
+//!   2,000/s) spread over N established connections (each has carried one echo before the
+//!   schedule starts), each echoed by the cluster; p50/p99 of the round trip
 //!   from each ping's intended send time (DESIGN.md §8: open-loop with coordinated-omission
 //!   correction for latency, closed-loop only for saturation throughput), and the same minus
 //!   `direct`'s ("added"). A closed-loop ping-pong would measure how many messages a saturated
@@ -565,7 +566,8 @@ fn report(
          - Throughput: cluster → laptop download on N connections at once; bytes received in a \
          {:.0} s window after {:.0} s of warm-up.\n\
          - Latency: open loop, {:.0} pings of {MSG} bytes per second in all, ping i sent on \
-         connection i mod N at i / rate whether or not earlier echoes have returned, for {:.0} s; \
+         connection i mod N at i / rate whether or not earlier echoes have returned, for {:.0} s, \
+         on N connections that have each carried one echo first (established, not set up); \
          round trips are timed from each ping's intended send time, so pings queued behind a \
          stall count their wait (coordinated omission corrected); percentiles over all \
          connections. `direct` includes the load generator's own wake-up delay (this VM's idle \
@@ -1140,8 +1142,19 @@ async fn latency(
     duration: Duration,
     rate: f64,
 ) -> Result<Histogram<u64>> {
-    // Connecting may take seconds at 1 % loss (a lost SYN waits 1 s): the schedule starts after.
-    let streams = net.connect(addr, n)?;
+    // Connecting may take seconds at 1 % loss (a lost SYN waits 1 s), and a tunnel opens its
+    // stream to the far end after the local accept: the schedule starts once every connection
+    // has carried one echo, so it measures established connections, not their set-up.
+    let mut streams = net.connect(addr, n)?;
+    let opened = futures_util::future::try_join_all(streams.iter_mut().map(|s| async move {
+        let mut buf = [0x41u8; MSG];
+        s.write_all(&buf).await?;
+        s.read_exact(&mut buf).await?;
+        Ok::<_, std::io::Error>(())
+    }));
+    tokio::time::timeout(STALL, opened)
+        .await
+        .context("a connection's first echo stalled")??;
     let total = (duration.as_secs_f64() * rate).round() as u64;
     let interval_ns = 1e9 / rate;
     let start = Instant::now() + Duration::from_millis(20);

@@ -1274,6 +1274,7 @@ async fn workstation_session_through_the_tunnel_proxy() {
             // The test's "cluster" is loopback: only link-local (cloud metadata) stays denied.
             deny: spur_tunnelproxy::TunnelProxyConfig::parse_deny("169.254.0.0/16").unwrap(),
         },
+        tokio::runtime::Handle::current(),
         &mut registry,
         stop.clone(),
     )

@@ -50,13 +50,16 @@ fn main() -> std::process::ExitCode {
         Command::Local(_) => "warn,spur_tunnel=error",
         Command::Routeserver(_) | Command::Operator(_) | Command::TunnelProxy(_) => "info",
     });
-    // `spur local` runs on one thread: a workstation's tunnel is one QUIC connection, whose
-    // driver, endpoint and stream copies hand each packet to one another. On one thread those
-    // hand-offs are plain function calls; across a work-stealing pool they are cross-core
-    // wake-ups. On the tunnel benchmark one thread moved more per CPU second (docs/local.md).
-    // The servers keep a thread per core: they serve many clients at once.
+    // Tunnels run on one thread, at both ends: a tunnel is one QUIC connection, whose driver,
+    // endpoint and stream copies hand each packet to one another. On one thread those hand-offs
+    // are plain function calls; across a work-stealing pool they are cross-core wake-ups. On
+    // the tunnel benchmark one thread moved more per CPU second at both ends (docs/local.md).
+    // The tunnel proxy runs its Kubernetes side on a second thread (tunnelproxy.rs). The other
+    // servers keep a thread per core.
     let mut builder = match cli.command {
-        Command::Local(_) => tokio::runtime::Builder::new_current_thread(),
+        Command::Local(_) | Command::TunnelProxy(_) => {
+            tokio::runtime::Builder::new_current_thread()
+        }
         _ => tokio::runtime::Builder::new_multi_thread(),
     };
     let runtime = match builder.enable_all().build() {

@@ -133,6 +133,54 @@ impl TlsFiles {
     }
 }
 
+/// A current-thread runtime on a thread of its own. Dropping it cancels what still runs there
+/// and joins the thread.
+struct ControlThread {
+    handle: tokio::runtime::Handle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ControlThread {
+    fn start() -> Result<ControlThread> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the control runtime")?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("spur-control".into())
+            .spawn(move || {
+                let _ = runtime.block_on(stopped);
+                // Name lookups of the Kubernetes client run on blocking threads; do not wait
+                // for a hung one.
+                runtime.shutdown_timeout(Duration::from_secs(1));
+            })
+            .context("cannot start the control thread")?;
+        Ok(ControlThread {
+            handle,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        &self.handle
+    }
+}
+
+impl Drop for ControlThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 fn optional_addr(flag: &str, s: &str) -> Result<Option<SocketAddr>> {
     if s.trim().is_empty() {
         return Ok(None);
@@ -153,11 +201,22 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
         client_ca: args.client_ca.clone(),
     };
     let (tls, mut tls_read) = tls_files.load()?;
-    let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
-    client
-        .apiserver_version()
+    // This task's thread carries the tunnels; the Kubernetes client, watches and Leases, and
+    // the metrics server run on a thread of their own.
+    let control = ControlThread::start()?;
+    let kubeconfig = args.kubeconfig.clone();
+    let client = control
+        .handle()
+        .spawn(async move {
+            let client = crate::kube_client(kubeconfig.as_deref()).await?;
+            client
+                .apiserver_version()
+                .await
+                .context("cannot reach the Kubernetes API server")?;
+            anyhow::Ok(client)
+        })
         .await
-        .context("cannot reach the Kubernetes API server")?;
+        .context("Kubernetes client start-up failed")??;
     let mut registry = Registry::with_prefix("spur");
     let stop = CancellationToken::new();
     let proxy = spur_tunnelproxy::run(
@@ -177,6 +236,7 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
             resolve: args.resolve.into_iter().collect(),
             deny,
         },
+        control.handle().clone(),
         &mut registry,
         stop.clone(),
     )
@@ -206,7 +266,7 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
             }),
         );
     let http_stop = stop.clone();
-    let http = tokio::spawn(async move {
+    let http = control.handle().spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(http_stop.cancelled_owned())
             .await

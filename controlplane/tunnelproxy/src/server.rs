@@ -236,15 +236,33 @@ impl Authenticator for KubeAuthenticator {
     }
 }
 
-/// Runs the tunnel proxy until `stop`; returns after draining sessions.
+/// Starts the tunnel proxy; it runs until `stop` and [`RunningProxy::stopped`] returns once
+/// it has drained its sessions.
+///
+/// The tunnel itself (listeners, sessions, dials, copies) runs on the calling task's runtime.
+/// The Kubernetes side (the token, Service and ExternalWorkload watches, and the tunnel
+/// Leases) runs on `control`, so listing and parsing a large cluster's objects never stalls a
+/// tunnel. `spur tunnel-proxy` gives each a thread of its own; `control` may also be the
+/// calling runtime's handle.
 pub async fn run(
     client: Client,
     config: TunnelProxyConfig,
+    control: tokio::runtime::Handle,
     registry: &mut Registry,
     stop: CancellationToken,
 ) -> Result<RunningProxy, Error> {
-    let tokens = TokenStore::start(client.clone(), &config.namespace, stop.clone()).await?;
-    let caches = Caches::start(client.clone(), stop.clone()).await?;
+    let joined = |e: tokio::task::JoinError| Error::Kube(format!("watch start-up failed: {e}"));
+    let tokens = {
+        let (client, namespace, stop) = (client.clone(), config.namespace.clone(), stop.clone());
+        control
+            .spawn(async move { TokenStore::start(client, &namespace, stop).await })
+            .await
+            .map_err(joined)??
+    };
+    let caches = control
+        .spawn(Caches::start(client.clone(), stop.clone()))
+        .await
+        .map_err(joined)??;
     let metrics = Metrics::register(registry.sub_registry_with_prefix("tunnel_proxy"));
     let auth = Arc::new(KubeAuthenticator {
         tokens: tokens.clone(),
@@ -261,6 +279,7 @@ pub async fn run(
     );
     let shared = Arc::new(Shared {
         client,
+        control,
         namespace: config.namespace,
         pod_name: config.pod_name,
         pod_ip: config.pod_ip,
@@ -356,6 +375,8 @@ impl RunningProxy {
 
 struct Shared {
     client: Client,
+    /// Where the Kubernetes side runs (see [`run`]).
+    control: tokio::runtime::Handle,
     namespace: String,
     pod_name: String,
     pod_ip: IpAddr,
@@ -412,14 +433,18 @@ async fn serve_session(mut session: spur_tunnel::Session, shared: Arc<Shared>) {
     let who = handle.identity().name.clone();
     let peer = handle.peer();
     tracing::info!(workstation = %who, %peer, transport = %handle.transport(), "workstation connected");
-    let reporter = SessionReporter::start(
-        shared.client.clone(),
-        &shared.namespace,
-        &who,
-        &shared.pod_name,
-        &shared.pod_ip.to_string(),
-        shared.lease_duration,
-    );
+    let reporter = {
+        // The Lease task runs on the control runtime, with the watches.
+        let _control = shared.control.enter();
+        SessionReporter::start(
+            shared.client.clone(),
+            &shared.namespace,
+            &who,
+            &shared.pod_name,
+            &shared.pod_ip.to_string(),
+            shared.lease_duration,
+        )
+    };
     let listeners_stop = CancellationToken::new();
     let binds_task = tokio::spawn(track_binds(
         handle.clone(),
