@@ -2,7 +2,7 @@
 # Workstation tunnel vs OpenSSH `ssh -L` (see perf/README.md, "Tunnel vs ssh -L"). Needs root.
 # Installs what is missing (OpenSSH client and server, iproute2, nftables, ethtool; Debian/Ubuntu,
 # apt-get), builds kube-apiserver/etcd (cached) and the release `spur`, then runs the benchmark,
-# which writes perf/results/tunnel_vs_ssh.md. About 21 minutes after the builds (3 rounds; `SPUR_BENCH_ROUNDS=1` takes a third).
+# which writes perf/results/tunnel_vs_ssh.md. About 20 minutes after the builds (3 rounds; `SPUR_BENCH_ROUNDS=1` takes a third).
 #
 #   perf/tunnel.sh
 #   SPUR_BENCH_PATHS="spur quic,ssh -L" perf/tunnel.sh   # a subset; writes no report
