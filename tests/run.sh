@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Runs Spur's whole test suite: unit, property, end-to-end (real sockets, real clients) tests.
-# Needs Go (>= 1.24) for the test tools built from Go modules (tests/go, tests/kube).
+# Runs Spur's whole test suite: unit, property, end-to-end (real sockets, real clients) tests, the
+# apiserver tier (a real kube-apiserver and etcd) and the node tier (a real one-node cluster with
+# Spur's chart installed by helm; tests/node/README.md).
+# Needs Go >= 1.24 for the test tools built from Go modules (tests/go, tests/kube): Kubernetes,
+# etcd, CoreDNS and helm, built once and cached (about 10 minutes on a fresh machine).
 # Installs what the tests drive when it is missing: curl, h2load, iproute2, iptables (with
-# iptables-legacy), nftables, setpriv. Needs root (or sudo) for that and for the network-namespace
-# tests.
+# iptables-legacy), nftables, setpriv, and for the node tier containerd, runc, the CNI plugins,
+# mmdebstrap (the images' base layer), buildah and jq (the images, from the Containerfile) and
+# openssl. Needs root: for that, for the network-namespace tests and for the node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +21,15 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 { command -v iptables && command -v iptables-legacy; } >/dev/null 2>&1 || need+=(iptables)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
+# The node tier: a container runtime, CNI plugins, the images' Debian base, the cluster's PKI.
+command -v containerd >/dev/null 2>&1 || need+=(containerd)
+command -v runc >/dev/null 2>&1 || need+=(runc)
+[ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
+command -v jq >/dev/null 2>&1 || need+=(jq)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
     echo "tests/run.sh: installing ${need[*]}" >&2
     sudo_cmd=()
@@ -35,11 +48,35 @@ if [ -n "$free_kb" ] && [ "$free_kb" -lt $((4 * 1024 * 1024)) ]; then
         "a clean build of the test suite needs 3 to 5 GB" >&2
 fi
 
-# kube-apiserver and etcd for the real-apiserver tests (tests/kube-harness), built from Go modules:
-# minutes on a fresh machine (tests/kube/README.md), reused from the cache afterwards. Built here,
-# before cargo runs tests in parallel, so no test waits on (or races) the build.
+# Go builds the test tools; say plainly when it is missing or too old rather than fail in a build.
+go_version="$(go env GOVERSION 2>/dev/null || true)"
+case "$go_version" in
+    go1.2[4-9]* | go1.[3-9][0-9]* | go[2-9]*) ;;
+    *)
+        echo "tests/run.sh: Go >= 1.24 is needed to build the test tools (found: ${go_version:-none}); see https://go.dev/doc/install" >&2
+        exit 127
+        ;;
+esac
+
+# Every Go tool is built here, before cargo runs tests in parallel, so no test waits on (or races)
+# a build or fetches modules mid-run: kube-apiserver, etcd and the node's programs (minutes on a
+# fresh machine, tests/kube/README.md; cached afterwards), and the Routes API Go clients.
 SPUR_KUBE_BINDIR="$(tests/kube/build.sh | tail -n 1)"
-export SPUR_KUBE_BINDIR
+SPUR_GO_BINDIR="$(tests/go/build.sh | tail -n 1)"
+export SPUR_KUBE_BINDIR SPUR_GO_BINDIR
+
+# The node tier: one node for the whole run, shared by every node test, with Spur's image built
+# from this checkout's binaries. A node left by a killed run is removed first; this one goes when
+# the run ends, however it ends.
+cargo build --locked --bin spur --bin spur-sidecar --bin spur-init
+image_out="$(tests/node/image.sh target/debug target/node-images)"
+# One line per image: name, archive, sizes.
+mapfile -t images < <(awk '$2 ~ /\.tar$/ { print $2 }' <<<"$image_out")
+tests/node/node.sh cleanup
+node_env="$(tests/node/node.sh up "${images[@]}" | tail -n 1)"
+trap 'tests/node/node.sh down "$(dirname "$node_env")"' EXIT
+trap 'exit 130' INT TERM
+export SPUR_NODE_ENV="$node_env"
 
 # Two test threads: the machine has two cores and several tests run their own load.
 cargo test --workspace --locked -- --test-threads 2 "$@"

@@ -3,7 +3,8 @@
 #   sdroutes         github.com/signadot/routesapi/go-routesapi/cmd/sdroutes (their CLI, unchanged)
 #   routesapi-watch  our harness (tests/go/main.go) importing their watched/workload packages
 # into $OUT (default: target/go-bin, relative to the repository root). Go is a test-harness tool
-# only. Re-running is cheap: go's build cache makes an up-to-date build a no-op.
+# only. tests/run.sh runs it before the tests and exports SPUR_GO_BINDIR (the last stdout line);
+# a test run without it builds here itself. Re-running is cheap: go's build cache makes an up-to-date build a no-op.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${OUT:-target/go-bin}"
@@ -14,8 +15,10 @@ if ! command -v go >/dev/null 2>&1; then
     exit 127
 fi
 
-export GOFLAGS=-mod=mod GOTOOLCHAIN=local
+# -mod=readonly: build exactly the committed go.sum, never rewrite it.
+export GOFLAGS=-mod=readonly GOTOOLCHAIN=local
 mkdir -p "$out"
 cd "$root/tests/go"
 go build -o "$out/sdroutes" github.com/signadot/routesapi/go-routesapi/cmd/sdroutes
 go build -o "$out/routesapi-watch" .
+echo "$out"

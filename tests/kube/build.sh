@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Builds the kube-apiserver and etcd that the real-apiserver tests run (tests/kube-harness) from the
-# Go module in tests/kube/go, into a cache directory that outlives `cargo clean` and checkouts:
+# Builds the Kubernetes programs the tests run, from Go modules, into a cache directory that outlives
+# `cargo clean` and checkouts:
 #   ${XDG_CACHE_HOME:-$HOME/.cache}/spur/kube/<kubernetes version>-<etcd version>
-# or $SPUR_KUBE_BINDIR when set. When both binaries are there and report the pinned versions they
-# are reused without touching Go or the network. Go is a test-harness tool only.
+# or $SPUR_KUBE_BINDIR when set.
+#   - the apiserver tier (tests/kube-harness): kube-apiserver and etcd, from tests/kube/go;
+#   - the node tier (tests/node): kubelet, kube-controller-manager, kube-scheduler, kube-proxy and
+#     kubectl from the same module graph, CoreDNS from tests/kube/go-coredns and helm from
+#     tests/kube/go-helm (their own modules, so they never move kube-apiserver's dependencies).
+# A binary that is there and reports its pinned version is reused without touching Go or the
+# network. Go is a test-harness tool only.
 #
 # Usage: tests/kube/build.sh [--print-dir | --force]
 #   (none)       reuse or build; the last stdout line is the bin dir (everything else goes to stderr)
@@ -28,6 +33,12 @@ if [ -z "$k8s_version" ] || [ -z "$etcd_version" ]; then
     echo "tests/kube/build.sh: cannot read the k8s.io/kubernetes and go.etcd.io/etcd/server/v3 versions from $gomod" >&2
     exit 1
 fi
+coredns_version="$(awk '{ m = $1; v = $2 } $1 == "require" { m = $2; v = $3 } m == "github.com/coredns/coredns" { print v; exit }' "$here/go-coredns/go.mod")"
+helm_version="$(awk '{ m = $1; v = $2 } $1 == "require" { m = $2; v = $3 } m == "helm.sh/helm/v3" { print v; exit }' "$here/go-helm/go.mod")"
+if [ -z "$coredns_version" ] || [ -z "$helm_version" ]; then
+    echo "tests/kube/build.sh: cannot read the coredns and helm versions from $here/go-coredns/go.mod and $here/go-helm/go.mod" >&2
+    exit 1
+fi
 k8s_minor="$(echo "$k8s_version" | cut -d. -f2)"
 # A staging replace left on another release would build a kube-apiserver that mixes two releases.
 staging_version="v0.${k8s_version#v1.}"
@@ -46,19 +57,46 @@ if [ "$mode" = print ]; then
     exit 0
 fi
 
-current() {
-    [ -x "$bindir/kube-apiserver" ] && [ -x "$bindir/etcd" ] || return 1
-    "$bindir/kube-apiserver" --version 2>/dev/null | grep -qxF "Kubernetes $k8s_version" || return 1
-    "$bindir/etcd" --version 2>/dev/null | grep -qxF "etcd Version: ${etcd_version#v}" || return 1
+# One row per binary: name, module directory, Go package, the command that prints its version, and
+# the exact line that command must print.
+binaries=(
+    "kube-apiserver|go|k8s.io/kubernetes/cmd/kube-apiserver|--version|Kubernetes $k8s_version"
+    "etcd|go|go.etcd.io/etcd/server/v3|--version|etcd Version: ${etcd_version#v}"
+    "kubelet|go|k8s.io/kubernetes/cmd/kubelet|--version|Kubernetes $k8s_version"
+    "kube-controller-manager|go|k8s.io/kubernetes/cmd/kube-controller-manager|--version|Kubernetes $k8s_version"
+    "kube-scheduler|go|k8s.io/kubernetes/cmd/kube-scheduler|--version|Kubernetes $k8s_version"
+    "kube-proxy|go|k8s.io/kubernetes/cmd/kube-proxy|--version|Kubernetes $k8s_version"
+    "kubectl|go|k8s.io/kubernetes/cmd/kubectl|version --client|Client Version: $k8s_version"
+    "coredns|go-coredns|github.com/coredns/coredns|-version|CoreDNS-${coredns_version#v}"
+    "helm|go-helm|helm.sh/helm/v3/cmd/helm|version --template {{.Version}}|$helm_version"
+)
+
+# The whole output is captured before it is searched: `cmd | grep -q` under pipefail fails at
+# random when grep exits at its first match and the still-writing command dies of SIGPIPE.
+binary_current() {
+    local name="$1" version_args="$2" want="$3" out
+    [ -x "$bindir/$name" ] || return 1
+    # shellcheck disable=SC2086 # version_args is a word list on purpose
+    out="$(HOME="$bindir" "$bindir/$name" $version_args 2>/dev/null)" || return 1
+    grep -qxF -- "$want" <<<"$out"
 }
 
-if [ "$mode" = build ] && current; then
+# Prints the names of the binaries that are missing or report another version.
+stale_binaries() {
+    local row name mod pkg args want
+    for row in "${binaries[@]}"; do
+        IFS='|' read -r name mod pkg args want <<<"$row"
+        binary_current "$name" "$args" "$want" || echo "$name"
+    done
+}
+
+if [ "$mode" = build ] && [ -z "$(stale_binaries)" ]; then
     echo "$bindir"
     exit 0
 fi
 
 if ! command -v go >/dev/null 2>&1; then
-    echo "tests/kube/build.sh: 'go' is not installed; it is needed (>= the go line of $gomod) to build kube-apiserver $k8s_version and etcd $etcd_version for the real-apiserver tests. See https://go.dev/doc/install, or point SPUR_KUBE_BINDIR at a directory holding both binaries." >&2
+    echo "tests/kube/build.sh: 'go' is not installed; it is needed (>= the go line of $gomod) to build the Kubernetes $k8s_version programs, etcd $etcd_version, CoreDNS $coredns_version and helm $helm_version for the Kubernetes tests. See https://go.dev/doc/install, or point SPUR_KUBE_BINDIR at a directory holding them all." >&2
     exit 127
 fi
 
@@ -68,7 +106,7 @@ mkdir -p "$bindir"
 if command -v flock >/dev/null 2>&1; then
     exec 9>"$bindir/.build.lock"
     flock 9
-    if [ "$mode" = build ] && current; then
+    if [ "$mode" = build ] && [ -z "$(stale_binaries)" ]; then
         echo "$bindir"
         exit 0
     fi
@@ -82,26 +120,36 @@ trap 'rm -rf "$tmp"' EXIT
 # GOTOOLCHAIN=local: never fetch a toolchain behind the user's back; an old Go fails with a clear
 # "go.mod requires go >= ..." instead. -mod=readonly: build exactly the committed go.sum.
 export GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0
-cd "$here/go"
-echo "tests/kube/build.sh: building kube-apiserver $k8s_version and etcd $etcd_version into $bindir with $(go version | cut -d' ' -f3) (a cold build takes several minutes; see tests/kube/README.md)" >&2
+if [ "$mode" = force ]; then
+    todo="$(printf '%s\n' "${binaries[@]}" | cut -d'|' -f1)"
+else
+    todo="$(stale_binaries)"
+fi
+echo "tests/kube/build.sh: building $(echo $todo) into $bindir with $(go version | cut -d' ' -f3) (a cold build takes about 10 minutes; see tests/kube/README.md)" >&2
+
+# Without these the Kubernetes programs report v0.0.0-master and helm its minor only, which the
+# version check could not tell from any other build.
+version_pkg=k8s.io/component-base/version
+k8s_ldflags="-s -w -X $version_pkg.gitVersion=$k8s_version -X $version_pkg.gitMajor=1 -X $version_pkg.gitMinor=$k8s_minor -X $version_pkg.gitTreeState=clean"
+helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
 
 start=$SECONDS
-go list -deps k8s.io/kubernetes/cmd/kube-apiserver go.etcd.io/etcd/server/v3 >/dev/null
-echo "tests/kube/build.sh: modules ready after $((SECONDS - start)) s" >&2
-
-# Without these the binary reports v0.0.0-master, which `current` could not tell from any other build.
-version_pkg=k8s.io/component-base/version
-ldflags="-s -w -X $version_pkg.gitVersion=$k8s_version -X $version_pkg.gitMajor=1 -X $version_pkg.gitMinor=$k8s_minor -X $version_pkg.gitTreeState=clean"
-go build -trimpath -ldflags "$ldflags" -o "$tmp/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
-echo "tests/kube/build.sh: kube-apiserver built after $((SECONDS - start)) s" >&2
-go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3
-echo "tests/kube/build.sh: etcd built after $((SECONDS - start)) s" >&2
-
-mv -f "$tmp/kube-apiserver" "$tmp/etcd" "$bindir/"
-if ! current; then
-    echo "tests/kube/build.sh: the freshly built binaries in $bindir do not report kube-apiserver $k8s_version / etcd $etcd_version:" >&2
-    "$bindir/kube-apiserver" --version >&2 || true
-    "$bindir/etcd" --version >&2 || true
-    exit 1
-fi
+for row in "${binaries[@]}"; do
+    IFS='|' read -r name mod pkg args want <<<"$row"
+    grep -qxF -- "$name" <<<"$todo" || continue
+    case "$mod:$name" in
+        go:etcd | go-coredns:*) ldflags="-s -w" ;;
+        go-helm:*) ldflags="$helm_ldflags" ;;
+        *) ldflags="$k8s_ldflags" ;;
+    esac
+    (cd "$here/$mod" && go build -trimpath -ldflags "$ldflags" -o "$tmp/$name" "$pkg")
+    mv -f "$tmp/$name" "$bindir/$name"
+    if ! binary_current "$name" "$args" "$want"; then
+        echo "tests/kube/build.sh: the freshly built $bindir/$name does not report '$want':" >&2
+        # shellcheck disable=SC2086
+        HOME="$bindir" "$bindir/$name" $args >&2 || true
+        exit 1
+    fi
+    echo "tests/kube/build.sh: $name built after $((SECONDS - start)) s" >&2
+done
 echo "$bindir"

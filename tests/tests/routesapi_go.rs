@@ -42,10 +42,14 @@ fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Runs `tests/go/build.sh` once per process and returns the directory holding the binaries.
+/// The directory holding the binaries: `SPUR_GO_BINDIR` (tests/run.sh builds them before the
+/// tests), or else `tests/go/build.sh` run once per process.
 fn go_bin_dir() -> &'static Path {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let built = BUILT.get_or_init(|| {
+        if let Some(dir) = std::env::var_os("SPUR_GO_BINDIR") {
+            return Ok(PathBuf::from(dir));
+        }
         let root = repo_root();
         let out = root.join("target").join("go-bin");
         let script = root.join("tests/go/build.sh");

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -178,9 +178,13 @@ async fn table_swaps_under_load_lose_no_request() {
     .await;
     let addr = env.addr();
     let done = Arc::new(AtomicUsize::new(0));
+    // The clients run from before the first swap until after the last one, so the swaps
+    // overlap the load by construction (bounded: at most 5 000 requests each).
+    let stop = Arc::new(AtomicBool::new(false));
     let mut clients = Vec::new();
     for _ in 0..4 {
         let done = done.clone();
+        let stop = stop.clone();
         clients.push(tokio::spawn(async move {
             let tcp = TcpStream::connect(addr).await.unwrap();
             let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
@@ -188,7 +192,7 @@ async fn table_swaps_under_load_lose_no_request() {
                 .unwrap();
             tokio::spawn(conn);
             let mut forks = Vec::new();
-            for _ in 0..300 {
+            while !stop.load(Ordering::Relaxed) && forks.len() < 5_000 {
                 let req = http::Request::get("/")
                     .header("host", "app")
                     .header("baggage", "sd-routing-key=k1")
@@ -210,6 +214,15 @@ async fn table_swaps_under_load_lose_no_request() {
             forks
         }));
     }
+    let started = tokio::time::Instant::now();
+    while done.load(Ordering::Relaxed) < 40 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the load never started"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let before_swaps = done.load(Ordering::Relaxed);
     let mut version = env.version();
     for i in 0..10 {
         let to = if i % 2 == 0 { "fork2" } else { "fork" };
@@ -218,7 +231,10 @@ async fn table_swaps_under_load_lose_no_request() {
         env.wait_version(version).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let during_swaps = done.load(Ordering::Relaxed) - before_swaps;
+    stop.store(true, Ordering::Relaxed);
     let mut seen = std::collections::BTreeSet::new();
+    let mut total = 0;
     for c in clients {
         for by in tokio::time::timeout(Duration::from_secs(60), c)
             .await
@@ -227,9 +243,21 @@ async fn table_swaps_under_load_lose_no_request() {
         {
             assert!(by == "fork" || by == "fork2", "keyed request reached {by}");
             seen.insert(by);
+            total += 1;
         }
     }
-    assert_eq!(done.load(Ordering::Relaxed), 1200);
+    // Every request was answered, and the load really crossed the swaps: requests completed
+    // while they happened, and both tables served some of them.
+    assert_eq!(done.load(Ordering::Relaxed), total);
+    assert!(
+        during_swaps > 0,
+        "no request completed while the tables were swapped"
+    );
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        ["fork", "fork2"],
+        "the keyed load did not see both tables"
+    );
     // The last table (k1 → fork, after ten flips) is in force for new requests.
     assert_eq!(
         served_by(&env, &[("baggage", "sd-routing-key=k1")]).await,

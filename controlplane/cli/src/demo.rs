@@ -57,6 +57,10 @@ enum DemoCommand {
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
     },
+    /// Run the e2e demo service: answers GET with JSON naming itself and, with --call, nests
+    /// the answer of an upstream it calls, propagating the routing-context headers (baggage,
+    /// tracestate, traceparent, ...). GET /healthz answers "ok".
+    App(crate::demo_app::AppArgs),
     /// Call the demo's gRPC greeter (spur.demo.v1.Demo/Hello, then a Chat stream) through a sidecar.
     Call {
         /// The greeter sidecar's address.
@@ -88,6 +92,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
     match args.call {
         Some(DemoCommand::Call { addr, key }) => return call(addr, key.as_deref()).await,
         Some(DemoCommand::Serve { kind, name, listen }) => return serve(&kind, name, listen).await,
+        Some(DemoCommand::App(args)) => return crate::demo_app::run(args).await,
         None => {}
     }
     let demo = start(args.port_base, args.rules_dir).await?;

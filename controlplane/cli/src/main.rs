@@ -1,6 +1,7 @@
 //! The `spur` command: the standalone demo, the route server and the operator.
 
 mod demo;
+mod demo_app;
 mod local;
 mod operator;
 mod routeserver;

@@ -1,0 +1,562 @@
+//! `spur demo app`: a small instrumented-looking service for end-to-end tests. It answers every
+//! GET with JSON naming itself (service, pod, marker) and, when told an upstream with `--call`,
+//! calls that upstream and nests its answer, propagating the request's routing-context headers
+//! (W3C `baggage`/`tracestate`/`traceparent`, the OpenTracing/Jaeger routing-key headers,
+//! `x-request-id`) the way an OpenTelemetry-instrumented app does. That propagation is what lets
+//! Spur route every hop of a keyed request to the sandbox's forks.
+
+use std::convert::Infallible;
+use std::io::ErrorKind;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use bytes::Bytes;
+use clap::Args;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Empty, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use serde_json::{Value, json};
+use spur_demo_apps::CancellationToken;
+use spur_sidecar::shutdown_signal;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::task::TaskTracker;
+
+/// Bound on the whole upstream call (connect, request, response body).
+const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on the upstream's response body.
+const UPSTREAM_BODY_LIMIT: usize = 1 << 20;
+/// How long a drain may take after SIGTERM before the remaining connections are dropped.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Routing-context headers copied from the incoming request to the upstream call, every line,
+/// unchanged: the W3C trace context, every carrier of docs/routing-keys.md (including its
+/// custom-header example `x-sandbox-key`) and the request id.
+const PROPAGATED: &[&str] = &[
+    "baggage",
+    "tracestate",
+    "traceparent",
+    "ot-baggage-sd-routing-key",
+    "ot-baggage-spur-routing-key",
+    "ot-baggage-sd-sandbox",
+    "ot-baggage-sd-workspace",
+    "uberctx-sd-routing-key",
+    "uberctx-spur-routing-key",
+    "uberctx-sd-sandbox",
+    "uberctx-sd-workspace",
+    "x-sandbox-key",
+    "x-request-id",
+];
+
+#[derive(Args)]
+pub(crate) struct AppArgs {
+    /// The service name the app answers with ("service" in its JSON).
+    #[arg(long, env = "SPUR_APP_NAME")]
+    name: String,
+    /// Address to serve HTTP/1.1 and h2c on.
+    #[arg(long, env = "SPUR_APP_LISTEN", default_value = "0.0.0.0:8080")]
+    listen: SocketAddr,
+    /// Upstream to call for each request (http:// only). The incoming path and query are
+    /// appended to this URL's path; the answer is nested as "upstream".
+    #[arg(long, env = "SPUR_APP_CALL")]
+    call: Option<String>,
+    /// Free-form marker reported as "marker" (e.g. `v2`, set by a fork's changed env).
+    #[arg(long, env = "SPUR_APP_MARKER")]
+    marker: Option<String>,
+    /// Further headers to propagate to the upstream (e.g. a configured custom routing-key
+    /// header), comma-separated.
+    #[arg(long, env = "SPUR_APP_PROPAGATE", value_delimiter = ',')]
+    propagate: Vec<String>,
+}
+
+/// What one app instance is.
+pub(crate) struct App {
+    name: String,
+    pod: String,
+    marker: Option<String>,
+    upstream: Option<Upstream>,
+    propagate: Vec<HeaderName>,
+}
+
+struct Upstream {
+    base: Uri,
+    client: Client<HttpConnector, Empty<Bytes>>,
+}
+
+impl App {
+    pub(crate) fn new(
+        name: String,
+        pod: String,
+        marker: Option<String>,
+        call: Option<&str>,
+        extra_propagate: &[String],
+    ) -> Result<App> {
+        if name.is_empty() {
+            bail!("--name (SPUR_APP_NAME) must not be empty");
+        }
+        let upstream = call.map(Upstream::new).transpose()?;
+        let mut propagate = PROPAGATED
+            .iter()
+            .map(|h| HeaderName::from_static(h))
+            .collect::<Vec<_>>();
+        for h in extra_propagate
+            .iter()
+            .map(|h| h.trim())
+            .filter(|h| !h.is_empty())
+        {
+            let h = HeaderName::try_from(h)
+                .with_context(|| format!("--propagate: {h:?} is not a header name"))?;
+            if !propagate.contains(&h) {
+                propagate.push(h);
+            }
+        }
+        Ok(App {
+            name,
+            pod,
+            marker,
+            upstream,
+            propagate,
+        })
+    }
+}
+
+impl Upstream {
+    fn new(call: &str) -> Result<Upstream> {
+        let base: Uri = call
+            .parse()
+            .with_context(|| format!("--call {call:?} is not a URL"))?;
+        if base.scheme_str() != Some("http") {
+            bail!("--call {call:?} must be an http:// URL");
+        }
+        if base.authority().is_none() {
+            bail!("--call {call:?} has no host");
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(UPSTREAM_TIMEOUT));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Ok(Upstream { base, client })
+    }
+
+    /// The call URL with the incoming path appended to its path, and both queries joined.
+    fn uri_for(&self, incoming: &Uri) -> Result<Uri> {
+        let mut path_and_query = format!(
+            "{}{}",
+            self.base.path().trim_end_matches('/'),
+            incoming.path()
+        );
+        if path_and_query.is_empty() {
+            path_and_query.push('/');
+        }
+        let queries: Vec<&str> = [self.base.query(), incoming.query()]
+            .into_iter()
+            .flatten()
+            .filter(|q| !q.is_empty())
+            .collect();
+        if !queries.is_empty() {
+            path_and_query.push('?');
+            path_and_query.push_str(&queries.join("&"));
+        }
+        let mut parts = self.base.clone().into_parts();
+        parts.path_and_query = Some(
+            path_and_query
+                .parse()
+                .with_context(|| format!("invalid upstream path {path_and_query:?}"))?,
+        );
+        Uri::from_parts(parts).context("invalid upstream URL")
+    }
+}
+
+pub(crate) async fn run(args: AppArgs) -> Result<ExitCode> {
+    let non_empty = |v: Option<String>| v.filter(|s| !s.is_empty());
+    let pod = non_empty(std::env::var("POD_NAME").ok())
+        .or_else(|| non_empty(std::env::var("HOSTNAME").ok()))
+        .unwrap_or_default();
+    let call = non_empty(args.call);
+    let app = App::new(
+        args.name,
+        pod,
+        non_empty(args.marker),
+        call.as_deref(),
+        &args.propagate,
+    )?;
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot bind {}", args.listen))?;
+    let token = CancellationToken::new();
+    let server = tokio::spawn(serve(listener, Arc::new(app), token.clone()));
+    match &call {
+        Some(call) => println!("serving on {} (calling {call})", args.listen),
+        None => println!("serving on {}", args.listen),
+    }
+    shutdown_signal().await;
+    token.cancel();
+    server.await.context("server task failed")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Serves HTTP/1.1 and h2c until `shutdown` is cancelled, then stops accepting, lets in-flight
+/// requests finish (idle connections close at once) and returns once every connection is gone
+/// or after [`DRAIN_TIMEOUT`].
+pub(crate) async fn serve(listener: TcpListener, app: Arc<App>, shutdown: CancellationToken) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30));
+    let tasks = TaskTracker::new();
+    while let Some((stream, peer)) = accept(&listener, &shutdown).await {
+        let builder = builder.clone();
+        let app = app.clone();
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            let svc = hyper::service::service_fn(move |req| handle(req, app.clone()));
+            let mut conn = pin!(builder.serve_connection(TokioIo::new(stream), svc));
+            let res = tokio::select! {
+                res = conn.as_mut() => res,
+                () = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = res {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    tasks.close();
+    if tokio::time::timeout(DRAIN_TIMEOUT, tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain timed out; dropping the remaining connections");
+    }
+}
+
+/// Waits for the next connection, or `None` once `shutdown` is cancelled. Accept errors never
+/// end the server (as in spur-demo-apps).
+async fn accept(
+    listener: &TcpListener,
+    shutdown: &CancellationToken,
+) -> Option<(TcpStream, SocketAddr)> {
+    loop {
+        let res = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return None,
+            res = listener.accept() => res,
+        };
+        match res {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                return Some((stream, peer));
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "accept failed");
+                if !matches!(
+                    e.kind(),
+                    ErrorKind::ConnectionAborted
+                        | ErrorKind::ConnectionReset
+                        | ErrorKind::Interrupted
+                ) {
+                    tokio::select! {
+                        () = shutdown.cancelled() => return None,
+                        () = tokio::time::sleep(Duration::from_millis(50)) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    app: Arc<App>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let mut resp = reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "only GET\n",
+        );
+        resp.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return Ok(resp);
+    }
+    if req.uri().path() == "/healthz" {
+        return Ok(reply(StatusCode::OK, "text/plain; charset=utf-8", "ok"));
+    }
+    let baggage = joined(req.headers(), "baggage");
+    let mut doc = json!({
+        "service": app.name,
+        "pod": app.pod,
+        "marker": app.marker,
+        "baggage": baggage,
+    });
+    let status = match &app.upstream {
+        None => {
+            doc["upstream"] = Value::Null;
+            StatusCode::OK
+        }
+        Some(upstream) => match call_upstream(upstream, &app.propagate, &req).await {
+            Ok(answer) => {
+                doc["upstream"] = answer;
+                StatusCode::OK
+            }
+            Err(e) => {
+                tracing::warn!(error = format!("{e:#}"), "upstream call failed");
+                doc = json!({
+                    "service": app.name,
+                    "pod": app.pod,
+                    "marker": app.marker,
+                    "baggage": baggage,
+                    "error": format!("{e:#}"),
+                });
+                StatusCode::BAD_GATEWAY
+            }
+        },
+    };
+    let mut body = doc.to_string();
+    body.push('\n');
+    Ok(reply(status, "application/json", body))
+}
+
+/// Every line of header `name`, joined with "," (one list, as W3C baggage defines it).
+fn joined(headers: &HeaderMap, name: &str) -> Option<String> {
+    let values: Vec<String> = headers
+        .get_all(name)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .collect();
+    (!values.is_empty()).then(|| values.join(","))
+}
+
+fn reply(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(body.into()));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+async fn call_upstream(
+    upstream: &Upstream,
+    propagate: &[HeaderName],
+    incoming: &Request<Incoming>,
+) -> Result<Value> {
+    let uri = upstream.uri_for(incoming.uri())?;
+    let mut req = Request::get(uri.clone())
+        .header(header::ACCEPT, "application/json")
+        .body(Empty::<Bytes>::new())
+        .context("cannot build the upstream request")?;
+    for name in propagate {
+        for value in incoming.headers().get_all(name) {
+            req.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    let call = async {
+        let resp = upstream
+            .client
+            .request(req)
+            .await
+            .map_err(|e| anyhow!(e))
+            .with_context(|| format!("upstream {uri} failed"))?;
+        let status = resp.status();
+        let body = Limited::new(resp.into_body(), UPSTREAM_BODY_LIMIT)
+            .collect()
+            .await
+            .map_err(|e| anyhow!(e))
+            .with_context(|| {
+                format!("reading the answer of upstream {uri} failed (limit {UPSTREAM_BODY_LIMIT} bytes)")
+            })?
+            .to_bytes();
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&body[..body.len().min(512)]);
+            bail!("upstream {uri} answered {status}: {}", text.trim_end());
+        }
+        serde_json::from_slice::<Value>(&body)
+            .with_context(|| format!("upstream {uri} answered invalid JSON"))
+    };
+    tokio::time::timeout(UPSTREAM_TIMEOUT, call)
+        .await
+        .map_err(|_| anyhow!("upstream {uri} did not answer within {UPSTREAM_TIMEOUT:?}"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn start(app: App) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let token = CancellationToken::new();
+        let task = tokio::spawn(serve(listener, Arc::new(app), token.clone()));
+        (addr, token, task)
+    }
+
+    async fn get(
+        addr: SocketAddr,
+        path: &str,
+        headers: &[(&str, &str)],
+        h2: bool,
+    ) -> (StatusCode, String) {
+        let client = Client::builder(TokioExecutor::new())
+            .http2_only(h2)
+            .build_http::<Empty<Bytes>>();
+        let mut req = Request::get(format!("http://{addr}{path}"));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = client
+            .request(req.body(Empty::new()).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    fn app(name: &str, marker: Option<&str>, call: Option<&str>) -> App {
+        App::new(
+            name.into(),
+            format!("{name}-pod"),
+            marker.map(str::to_owned),
+            call,
+            &[],
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn frontend_propagates_routing_context_to_backend() {
+        let (backend, b_stop, b_task) = start(app("backend", Some("v2"), None)).await;
+        let call = format!("http://{backend}");
+        let (frontend, f_stop, f_task) = start(app("frontend", None, Some(&call))).await;
+
+        for h2 in [false, true] {
+            let (status, body) = get(
+                frontend,
+                "/some/path?x=1",
+                &[("baggage", "sd-routing-key=abc")],
+                h2,
+            )
+            .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            let doc: Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(doc["service"], "frontend");
+            assert_eq!(doc["pod"], "frontend-pod");
+            assert_eq!(doc["marker"], Value::Null);
+            assert_eq!(doc["baggage"], "sd-routing-key=abc");
+            assert_eq!(doc["upstream"]["service"], "backend");
+            assert_eq!(doc["upstream"]["marker"], "v2");
+            assert_eq!(doc["upstream"]["baggage"], "sd-routing-key=abc");
+            assert_eq!(doc["upstream"]["upstream"], Value::Null);
+        }
+
+        // Unkeyed: the backend sees no baggage.
+        let (_, body) = get(frontend, "/", &[], false).await;
+        let doc: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(doc["upstream"]["baggage"], Value::Null);
+
+        // Health checks never call upstream.
+        b_stop.cancel();
+        b_task.await.unwrap();
+        let (status, body) = get(frontend, "/healthz", &[], false).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
+
+        // A dead upstream is a 502 with a message.
+        let (status, body) = get(frontend, "/", &[], false).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+        let doc: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(doc["service"], "frontend");
+        assert!(doc["error"].as_str().unwrap().contains(&call), "{body}");
+
+        f_stop.cancel();
+        tokio::time::timeout(Duration::from_secs(5), f_task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    /// Every carrier header reaches the upstream unchanged (all lines), and the incoming path and
+    /// query are appended to the call URL's. The upstream here is the demo HTTP app's /headers.
+    #[tokio::test]
+    async fn every_carrier_header_and_the_path_reach_the_upstream() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let echo_addr = listener.local_addr().unwrap();
+        let echo_stop = CancellationToken::new();
+        let echo = tokio::spawn(spur_demo_apps::serve_http(
+            listener,
+            "echo".into(),
+            echo_stop.clone(),
+        ));
+        let call = format!("http://{echo_addr}/");
+        let (frontend, f_stop, f_task) = start(
+            App::new(
+                "frontend".into(),
+                String::new(),
+                None,
+                Some(&call),
+                &["x-custom-key".into()],
+            )
+            .unwrap(),
+        )
+        .await;
+
+        let mut sent: Vec<(&str, &str)> = PROPAGATED.iter().map(|h| (*h, "k1")).collect();
+        sent.push(("baggage", "other=1"));
+        sent.push(("x-custom-key", "k2"));
+        sent.push(("x-not-propagated", "no"));
+        let (status, body) = get(frontend, "/headers?a=b", &sent, false).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let doc: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(doc["baggage"], "k1,other=1");
+        let up = &doc["upstream"];
+        assert_eq!(up["uri"], "/headers?a=b", "{body}");
+        for h in PROPAGATED.iter().filter(|h| **h != "baggage") {
+            assert_eq!(up["headers"][*h], json!(["k1"]), "{h}: {body}");
+        }
+        assert_eq!(up["headers"]["baggage"], json!(["k1", "other=1"]));
+        assert_eq!(up["headers"]["x-custom-key"], json!(["k2"]));
+        assert_eq!(up["headers"]["x-not-propagated"], Value::Null);
+
+        f_stop.cancel();
+        f_task.await.unwrap();
+        echo_stop.cancel();
+        echo.await.unwrap().unwrap();
+    }
+
+    #[test]
+    fn upstream_urls() {
+        let up = Upstream::new("http://backend:8080").unwrap();
+        let uri = |s: &str| s.parse::<Uri>().unwrap();
+        assert_eq!(
+            up.uri_for(&uri("/a/b?c=d")).unwrap(),
+            "http://backend:8080/a/b?c=d"
+        );
+        assert_eq!(up.uri_for(&uri("/")).unwrap(), "http://backend:8080/");
+        let up = Upstream::new("http://backend:8080/api/?v=1").unwrap();
+        assert_eq!(
+            up.uri_for(&uri("/x?y=2")).unwrap(),
+            "http://backend:8080/api/x?v=1&y=2"
+        );
+        assert!(Upstream::new("https://backend").is_err());
+        assert!(Upstream::new("backend:8080").is_err());
+        assert!(Upstream::new("/path").is_err());
+    }
+}

@@ -1,0 +1,512 @@
+#!/usr/bin/env bash
+# The node tier's cluster: a real one-node Kubernetes cluster (etcd, kube-apiserver with RBAC,
+# kube-controller-manager, kube-scheduler, kubelet, kube-proxy, CoreDNS, containerd + runc + CNI
+# bridge) run as this script's own processes inside a network namespace it creates, with no route
+# out of it. Facts behind every setting: ../shared/research/real-node.md (and tests/node/README.md).
+#
+# Usage:
+#   tests/node/node.sh up [IMAGE_TAR...]   start a node, import the OCI archives, wait until the node
+#                                          is Ready; the last stdout line is the node's env file
+#                                          (SPUR_NODE_* variables, see below)
+#   tests/node/node.sh down ROOT           stop everything of the node under ROOT and remove it
+#   tests/node/node.sh cleanup             stop and remove every node left behind by earlier runs
+#
+# The env file sets SPUR_NODE_ROOT, SPUR_NODE_NETNS, SPUR_NODE_IP, SPUR_NODE_KUBECONFIG (admin,
+# reachable from the host over the node's veth), SPUR_NODE_CONTAINERD (the CRI socket) and
+# SPUR_NODE_BINDIR. Needs root, the binaries of tests/kube/build.sh (SPUR_KUBE_BINDIR), and
+# containerd, runc, containernetworking-plugins, iptables, iproute2 and openssl (tests/run.sh
+# installs them).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+
+# Every node lives under this prefix, so `cleanup` finds what a killed run left behind.
+PREFIX="${SPUR_NODE_PREFIX:-/var/tmp/spur-node-}"
+NODE_NAME=spur-node
+HOST_IP=172.30.255.1
+NODE_IP=172.30.255.2
+POD_CIDR=10.244.0.0/24
+CLUSTER_CIDR=10.244.0.0/16
+SERVICE_CIDR=10.96.0.0/16
+API_SERVICE_IP=10.96.0.1
+CNI_BIN="${SPUR_NODE_CNI_BIN:-/usr/lib/cni}"
+# The kubelet sets these global (not per-namespace) sysctls; `down` puts the old values back.
+SYSCTLS=(vm.overcommit_memory kernel.panic kernel.panic_on_oops)
+CGROUP_FS=/sys/fs/cgroup
+
+log() { echo "tests/node/node.sh: $*" >&2; }
+die() { log "$*"; exit 1; }
+
+# ---------------------------------------------------------------------------------------------
+# down: everything `up` started or changed, in an order that never leaves a process holding a
+# mount or a cgroup. Idempotent, and works on a half-started node.
+# ---------------------------------------------------------------------------------------------
+down() {
+    local root="$1" id ns
+    [ -d "$root" ] || return 0
+    id="${root#"$PREFIX"}"
+    ns="spur-node-$id"
+    # Control plane and node agents first, so nothing restarts the pods killed below.
+    stop_pids "$root" kubelet kube-proxy coredns kube-scheduler kube-controller-manager
+    # The pods' processes: everything in the node's cgroup subtree, then the shims of this
+    # node's containerd (they outlive containerd by design).
+    kill_cgroup_tree "$(cgroup_root "$id")"
+    local pid
+    for pid in $(pgrep -f "containerd-shim.*-address $root/" || true); do
+        kill -KILL "$pid" 2>/dev/null || true
+    done
+    stop_pids "$root" containerd kube-apiserver
+    stop_pids "$root" etcd
+    # Mounts below the root (pod volumes, rootfs, the pods' network namespaces), deepest first.
+    local mnt
+    while read -r mnt; do
+        umount -l "$mnt" 2>/dev/null || true
+    done < <(awk -v r="$root/" 'index($5, r) == 1 { print length($5) " " $5 }' /proc/self/mountinfo | sort -rn | cut -d' ' -f2-)
+    remove_cgroup_tree "$(cgroup_root "$id")"
+    ip netns del "$ns" 2>/dev/null || true
+    ip link del "spn$id" 2>/dev/null || true
+    if [ -f "$root/sysctls" ]; then
+        local key value
+        while read -r key value; do
+            sysctl -q -w "$key=$value" >/dev/null 2>&1 || log "could not restore $key=$value"
+        done <"$root/sysctls"
+    fi
+    # What the kubelet, containerd and libcni write at fixed paths outside the node's root.
+    find /var/log/containers -maxdepth 1 -type l -lname "$root/*" -delete 2>/dev/null || true
+    rm -f /var/lib/cni/results/"$ns"-* 2>/dev/null || true
+    if [ -f "$root/created" ]; then
+        # Directories this node created: the sockets in them are its own (the kubelet's device
+        # plugin socket, containerd's shim sockets), and they go once they are empty.
+        local path
+        while read -r path; do
+            [ -d "$path" ] || continue
+            find "$path" -type s -delete 2>/dev/null || true
+            find "$path" -depth -type d -empty -delete 2>/dev/null || true
+        done <"$root/created"
+    fi
+    rm -rf "$root"
+}
+
+# Stops the named processes of the node together: TERM, up to 5 s to exit, then KILL.
+stop_pids() {
+    local root="$1" name pid pids=() i
+    shift
+    for name in "$@"; do
+        [ -f "$root/pids/$name" ] || continue
+        pid="$(cat "$root/pids/$name")"
+        kill -TERM "$pid" 2>/dev/null && pids+=("$pid")
+        rm -f "$root/pids/$name"
+    done
+    for i in $(seq 50); do
+        for pid in "${pids[@]}"; do
+            kill -0 "$pid" 2>/dev/null && break
+            pid=""
+        done
+        [ -z "${pid:-}" ] && break
+        sleep 0.1
+    done
+    for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+}
+
+cgroup_root() { echo "spur-node-$1"; }
+
+kill_cgroup_tree() {
+    local rel="$1" procs pid round
+    for round in 1 2 3; do
+        procs="$(find "$CGROUP_FS"/*/"$rel" -name cgroup.procs 2>/dev/null | xargs -r cat 2>/dev/null | sort -u)"
+        [ -n "$procs" ] || return 0
+        for pid in $procs; do kill -KILL "$pid" 2>/dev/null || true; done
+        sleep 0.3
+    done
+}
+
+remove_cgroup_tree() {
+    local rel="$1" dir
+    for dir in "$CGROUP_FS"/*/"$rel"; do
+        [ -d "$dir" ] || continue
+        find "$dir" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+    done
+}
+
+cleanup() {
+    local root
+    for root in "$PREFIX"*; do
+        [ -d "$root" ] || continue
+        log "removing a node left behind: $root"
+        down "$root"
+    done
+    # A namespace or host veth whose root is already gone.
+    local ns
+    for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^spur-node-/ { print $1 }'); do
+        ip netns del "$ns" 2>/dev/null || true
+    done
+}
+
+# ---------------------------------------------------------------------------------------------
+# up
+# ---------------------------------------------------------------------------------------------
+# Starts a process of the node inside its network namespace (only the network: the mount
+# namespace stays the host's, because the kubelet's volume mounts must be seen by containerd),
+# in its own session, logging to $ROOT/logs/<name>.log.
+start() {
+    local name="$1"
+    shift
+    nsenter --net="/run/netns/$NS" setsid "$@" >"$ROOT/logs/$name.log" 2>&1 </dev/null &
+    echo $! >"$ROOT/pids/$name"
+}
+
+wait_for() {
+    local what="$1" tries="$2" name="$3"
+    shift 3
+    local i
+    for i in $(seq "$tries"); do
+        if "$@" >/dev/null 2>&1; then return 0; fi
+        if [ -n "$name" ] && ! kill -0 "$(cat "$ROOT/pids/$name")" 2>/dev/null; then
+            log "$name exited while waiting for $what; the end of its log ($ROOT/logs/$name.log):"
+            tail -n 30 "$ROOT/logs/$name.log" >&2 || true
+            return 1
+        fi
+        sleep 0.5
+    done
+    log "timed out waiting for $what"
+    [ -z "$name" ] || tail -n 30 "$ROOT/logs/$name.log" >&2 || true
+    return 1
+}
+
+in_ns() { nsenter --net="/run/netns/$NS" "$@"; }
+
+kubectl_admin() { "$BINDIR/kubectl" --kubeconfig "$ROOT/admin.kubeconfig" --cache-dir "$ROOT/kubectl-cache" "$@"; }
+
+pki() {
+    local d="$ROOT/pki"
+    mkdir -p "$d"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+        -subj "/CN=spur-node-ca" -keyout "$d/ca.key" -out "$d/ca.crt" 2>/dev/null
+    # name, subject, SANs (empty: a client certificate)
+    issue() {
+        local name="$1" subj="$2" san="$3" ext
+        openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "$subj" \
+            -keyout "$d/$name.key" -out "$d/$name.csr" 2>/dev/null
+        if [ -n "$san" ]; then
+            ext="subjectAltName=$san
+extendedKeyUsage=serverAuth,clientAuth"
+        else
+            ext="extendedKeyUsage=clientAuth"
+        fi
+        openssl x509 -req -in "$d/$name.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
+            -days 2 -out "$d/$name.crt" -extfile <(echo "$ext") 2>/dev/null
+    }
+    issue apiserver "/CN=kube-apiserver" \
+        "IP:$NODE_IP,IP:$API_SERVICE_IP,IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+    issue apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" ""
+    issue kubelet "/CN=$NODE_NAME" "IP:$NODE_IP,DNS:$NODE_NAME"
+    openssl ecparam -name prime256v1 -genkey -noout -out "$d/sa.key" 2>/dev/null
+    openssl ec -in "$d/sa.key" -pubout -out "$d/sa.pub" 2>/dev/null
+}
+
+kubeconfig() {
+    local file="$1" user="$2" token="$3"
+    cat >"$file" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: spur-node
+  cluster:
+    server: https://$NODE_IP:6443
+    certificate-authority: $ROOT/pki/ca.crt
+users:
+- name: $user
+  user:
+    token: $token
+contexts:
+- name: spur-node
+  context: {cluster: spur-node, user: $user}
+current-context: spur-node
+EOF
+    chmod 600 "$file"
+}
+
+up() {
+    [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces, containerd, the kubelet)"
+    BINDIR="${SPUR_KUBE_BINDIR:-$("$here/../kube/build.sh" | tail -n 1)}"
+    local bin
+    for bin in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl coredns; do
+        [ -x "$BINDIR/$bin" ] || die "$BINDIR/$bin is missing: run tests/kube/build.sh"
+    done
+    for bin in containerd containerd-shim-runc-v2 runc ctr iptables ip openssl nsenter; do
+        command -v "$bin" >/dev/null || die "'$bin' is not installed (tests/run.sh installs what the node needs)"
+    done
+    [ -x "$CNI_BIN/bridge" ] || die "no CNI plugins in $CNI_BIN (Debian: containernetworking-plugins)"
+
+    cleanup
+    local id
+    id="$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')"
+    ROOT="$PREFIX$id"
+    NS="spur-node-$id"
+    mkdir -p "$ROOT"/{logs,pids,etcd,containerd/root,containerd/state,cni/net.d,cni/ipam,kubelet,pod-logs,volume-plugins,kubectl-cache,runc,opt}
+    chmod 700 "$ROOT"
+    # From here on a failure takes the half-started node down with it.
+    trap 'rc=$?; if [ $rc -ne 0 ]; then log "start-up failed; logs were in $ROOT/logs"; down "$ROOT"; fi' EXIT
+    local started=$SECONDS
+
+    local key
+    for key in "${SYSCTLS[@]}"; do echo "$key $(sysctl -n "$key")"; done >"$ROOT/sysctls"
+    # Fixed paths outside the root that the kubelet, containerd and libcni write to: the highest
+    # directory of each that does not exist yet is this node's to remove.
+    local path top
+    for path in /var/lib/kubelet/device-plugins /var/log/containers /var/lib/cni/results /run/containerd/s; do
+        top=""
+        while [ ! -e "$path" ]; do top="$path"; path="$(dirname "$path")"; done
+        [ -z "$top" ] || echo "$top" >>"$ROOT/created"
+    done
+
+    # The namespace: loopback, and a veth whose other end is the host's way in (tests reach the
+    # apiserver at $NODE_IP). No default route: a packet for anywhere else has nowhere to go.
+    ip netns add "$NS"
+    ip -n "$NS" link set lo up
+    ip link add "spn$id" type veth peer name node0 netns "$NS"
+    ip addr add "$HOST_IP/30" dev "spn$id"
+    ip link set "spn$id" up
+    ip -n "$NS" addr add "$NODE_IP/30" dev node0
+    ip -n "$NS" link set node0 up
+    # Locally made connections to a Service (the apiserver calling a webhook) need a route for
+    # the Service range before kube-proxy's OUTPUT rules rewrite the destination: the pods' bridge,
+    # made here so the route exists before the first pod (the CNI bridge plugin adopts it). A
+    # Service address nothing rewrote stays on the bridge and goes unanswered, inside the namespace.
+    ip -n "$NS" link add cni0 type bridge
+    ip -n "$NS" link set cni0 up
+    ip -n "$NS" route add "$SERVICE_CIDR" dev cni0
+    # The host reaches pods directly (the laptop namespace of the tunnel tests, benchmarks).
+    ip route replace "$CLUSTER_CIDR" via "$NODE_IP" dev "spn$id"
+    # Service traffic between two pods on the bridge must cross iptables (kube-proxy's DNAT).
+    in_ns sysctl -q -w net.bridge.bridge-nf-call-iptables=1 >/dev/null 2>&1 || true
+
+    pki
+    local admin_token kubelet_token
+    admin_token="$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
+    kubelet_token="$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
+    cat >"$ROOT/pki/tokens.csv" <<EOF
+$admin_token,spur-node-admin,spur-node-admin,system:masters
+$kubelet_token,system:node:$NODE_NAME,system:node:$NODE_NAME,system:nodes
+EOF
+    chmod 600 "$ROOT/pki/tokens.csv"
+    kubeconfig "$ROOT/admin.kubeconfig" spur-node-admin "$admin_token"
+    kubeconfig "$ROOT/kubelet.kubeconfig" "system:node:$NODE_NAME" "$kubelet_token"
+
+    start etcd "$BINDIR/etcd" --name spur-node --data-dir "$ROOT/etcd" --unsafe-no-fsync \
+        --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+        --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+        --initial-cluster spur-node=http://127.0.0.1:2380 --log-level warn
+    start kube-apiserver "$BINDIR/kube-apiserver" \
+        --etcd-servers http://127.0.0.1:2379 \
+        --bind-address 0.0.0.0 --secure-port 6443 --advertise-address "$NODE_IP" \
+        --tls-cert-file "$ROOT/pki/apiserver.crt" --tls-private-key-file "$ROOT/pki/apiserver.key" \
+        --client-ca-file "$ROOT/pki/ca.crt" --token-auth-file "$ROOT/pki/tokens.csv" \
+        --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+        --allow-privileged=true \
+        --service-cluster-ip-range "$SERVICE_CIDR" \
+        --service-account-issuer https://kubernetes.default.svc.cluster.local \
+        --service-account-key-file "$ROOT/pki/sa.pub" \
+        --service-account-signing-key-file "$ROOT/pki/sa.key" \
+        --kubelet-client-certificate "$ROOT/pki/apiserver-kubelet-client.crt" \
+        --kubelet-client-key "$ROOT/pki/apiserver-kubelet-client.key" \
+        --kubelet-certificate-authority "$ROOT/pki/ca.crt" \
+        --kubelet-preferred-address-types InternalIP \
+        --profiling=false --v 1
+
+    # containerd: its own root, state and socket; the CRI settings real-node.md found necessary.
+    cat >"$ROOT/containerd/config.toml" <<EOF
+version = 2
+root = "$ROOT/containerd/root"
+state = "$ROOT/containerd/state"
+[grpc]
+  address = "$ROOT/containerd.sock"
+[ttrpc]
+  address = "$ROOT/containerd.sock.ttrpc"
+[debug]
+  level = "warn"
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$ROOT/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "localhost/pause:dev"
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  disable_apparmor = true
+  tolerate_missing_hugetlb_controller = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "$CNI_BIN"
+    conf_dir = "$ROOT/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "$ROOT/runc"
+EOF
+    # Written before the first pod, or sandboxes fail with "cni plugin not initialized".
+    cat >"$ROOT/cni/net.d/10-spur-node.conflist" <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "$NS",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cni0",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "dataDir": "$ROOT/cni/ipam",
+        "ranges": [[{"subnet": "$POD_CIDR"}]],
+        "routes": [{"dst": "0.0.0.0/0"}]
+      }
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+EOF
+    start containerd containerd --config "$ROOT/containerd/config.toml"
+
+    wait_for "etcd" 60 etcd in_ns "$BINDIR/etcd" --version
+    wait_for "the apiserver" 120 kube-apiserver kubectl_admin get --raw /readyz
+    wait_for "containerd" 60 containerd ctr --address "$ROOT/containerd.sock" version
+
+    local tar
+    for tar in "$@"; do
+        ctr --address "$ROOT/containerd.sock" -n k8s.io images import --no-unpack "$tar" >/dev/null ||
+            die "could not import $tar into containerd"
+    done
+
+    start kube-controller-manager "$BINDIR/kube-controller-manager" \
+        --kubeconfig "$ROOT/admin.kubeconfig" --authentication-kubeconfig "$ROOT/admin.kubeconfig" \
+        --authorization-kubeconfig "$ROOT/admin.kubeconfig" \
+        --bind-address 127.0.0.1 --leader-elect=false \
+        --service-cluster-ip-range "$SERVICE_CIDR" --cluster-cidr "$CLUSTER_CIDR" \
+        --allocate-node-cidrs=false \
+        --root-ca-file "$ROOT/pki/ca.crt" \
+        --service-account-private-key-file "$ROOT/pki/sa.key" \
+        --cluster-signing-cert-file "$ROOT/pki/ca.crt" --cluster-signing-key-file "$ROOT/pki/ca.key" \
+        --use-service-account-credentials=false --profiling=false --v 1
+    start kube-scheduler "$BINDIR/kube-scheduler" \
+        --kubeconfig "$ROOT/admin.kubeconfig" --authentication-kubeconfig "$ROOT/admin.kubeconfig" \
+        --authorization-kubeconfig "$ROOT/admin.kubeconfig" \
+        --bind-address 127.0.0.1 --leader-elect=false --profiling=false --v 1
+
+    # Pods with dnsPolicy Default read this, not the host's resolver.
+    echo "nameserver $NODE_IP" >"$ROOT/resolv.conf"
+    # The kubelet's cgroups go under a root of this node's, so `down` finds every pod process.
+    local rel sub
+    rel="$(cgroup_root "$id")"
+    for sub in "$CGROUP_FS"/*/; do
+        mkdir -p "$sub$rel"
+    done
+    cat >"$ROOT/kubelet/config.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $NODE_IP
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+cgroupDriver: cgroupfs
+cgroupRoot: /$rel
+cgroupsPerQOS: true
+failSwapOn: false
+failCgroupV1: false
+containerRuntimeEndpoint: unix://$ROOT/containerd.sock
+podLogsDir: $ROOT/pod-logs
+volumePluginDir: $ROOT/volume-plugins
+resolvConf: $ROOT/resolv.conf
+clusterDNS: [$NODE_IP]
+clusterDomain: cluster.local
+tlsCertFile: $ROOT/pki/kubelet.crt
+tlsPrivateKeyFile: $ROOT/pki/kubelet.key
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: false}
+  x509: {clientCAFile: $ROOT/pki/ca.crt}
+authorization:
+  mode: AlwaysAllow
+# The disk is shared with the build: evict only when it is really full, and never collect the
+# imported images (there is no registry to pull them back from).
+evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+syncFrequency: 10s
+fileCheckFrequency: 5s
+nodeStatusUpdateFrequency: 5s
+maxPods: 110
+EOF
+    start kubelet "$BINDIR/kubelet" --config "$ROOT/kubelet/config.yaml" \
+        --kubeconfig "$ROOT/kubelet.kubeconfig" --root-dir "$ROOT/kubelet" \
+        --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --v 1
+
+    cat >"$ROOT/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $ROOT/admin.kubeconfig}
+mode: iptables
+clusterCIDR: $CLUSTER_CIDR
+hostnameOverride: $NODE_NAME
+bindAddress: 0.0.0.0
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+# nf_conntrack_max is global: leave it alone.
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+EOF
+    start kube-proxy "$BINDIR/kube-proxy" --config "$ROOT/kube-proxy.yaml" --v 1
+
+    # Cluster DNS: cluster names answer, everything else is NXDOMAIN (no upstream to forward to).
+    cat >"$ROOT/Corefile" <<EOF
+cluster.local:53 in-addr.arpa:53 ip6.arpa:53 {
+    bind $NODE_IP
+    errors
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+        kubeconfig $ROOT/admin.kubeconfig spur-node
+        pods insecure
+    }
+    cache 5
+}
+.:53 {
+    bind $NODE_IP
+    template ANY ANY {
+        rcode NXDOMAIN
+    }
+}
+EOF
+    start coredns "$BINDIR/coredns" -conf "$ROOT/Corefile"
+
+    node_ready() { [ "$(kubectl_admin get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
+    wait_for "node $NODE_NAME to be Ready" 240 kubelet node_ready
+    default_sa() { kubectl_admin -n default get serviceaccount default; }
+    wait_for "the default ServiceAccount" 120 kube-controller-manager default_sa
+    kube_svc() { kubectl_admin -n default get endpointslice -l kubernetes.io/service-name=kubernetes -o name | grep -q .; }
+    wait_for "the kubernetes Service's endpoints" 60 kube-apiserver kube_svc
+
+    cat >"$ROOT/env" <<EOF
+SPUR_NODE_ROOT=$ROOT
+SPUR_NODE_NETNS=$NS
+SPUR_NODE_IP=$NODE_IP
+SPUR_NODE_KUBECONFIG=$ROOT/admin.kubeconfig
+SPUR_NODE_CONTAINERD=$ROOT/containerd.sock
+SPUR_NODE_BINDIR=$BINDIR
+EOF
+    trap - EXIT
+    log "node $NODE_NAME Ready after $((SECONDS - started)) s (root $ROOT, namespace $NS)"
+    echo "$ROOT/env"
+}
+
+case "${1:-}" in
+    up) shift; up "$@" ;;
+    down) [ $# -eq 2 ] || die "usage: $0 down ROOT"; down "$2" ;;
+    cleanup) cleanup ;;
+    *) echo "usage: $0 up [IMAGE_TAR...] | down ROOT | cleanup" >&2; exit 2 ;;
+esac

@@ -1,0 +1,506 @@
+//! The node tier: a real one-node cluster (`tests/node/node.sh`: kubelet, containerd, CNI, kube-proxy,
+//! CoreDNS, an RBAC-enforcing apiserver) shared by every node test of a run, and helpers to deploy
+//! an image and see which pod answered a request.
+//!
+//! `tests/run.sh` starts the node (with Spur's images imported) before `cargo test` and exports
+//! `SPUR_NODE_ENV`; it takes the node down when the run ends. A test binary run by hand without
+//! `SPUR_NODE_ENV` starts a node of its own on first use (building the images from
+//! `target/debug`), and a watchdog takes it down when the test process exits, however it exits.
+//!
+//! Each test works in namespaces of its own ([`Node::namespace`]) and removes them when done.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+use serde_json::Value;
+
+/// The Spur image every node test runs (`tests/node/image.sh`).
+pub const SPUR_IMAGE: &str = "localhost/spur:dev";
+/// An image with curl that sleeps until it is stopped: the client pods of the tests.
+pub const CLIENT_IMAGE: &str = "localhost/spur-test-client:dev";
+/// Where the chart goes.
+pub const SPUR_NAMESPACE: &str = "spur-system";
+
+/// A running node: what `node.sh up` wrote to its env file.
+pub struct Node {
+    pub root: PathBuf,
+    pub netns: String,
+    pub ip: String,
+    pub kubeconfig: PathBuf,
+    pub bindir: PathBuf,
+    pub containerd: PathBuf,
+    // Held for the life of the process: when it closes, the watchdog takes the node down.
+    _watchdog: Option<Mutex<Child>>,
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The node of this test run, started on first use when `SPUR_NODE_ENV` does not name one.
+pub fn node() -> &'static Node {
+    static NODE: OnceLock<Node> = OnceLock::new();
+    NODE.get_or_init(|| match start_or_attach() {
+        Ok(node) => node,
+        Err(e) => panic!("no node for the node tier: {e:#}"),
+    })
+}
+
+fn start_or_attach() -> anyhow::Result<Node> {
+    if let Some(env) = std::env::var_os("SPUR_NODE_ENV") {
+        return Node::from_env_file(Path::new(&env), None);
+    }
+    let bins = std::env::var_os("SPUR_IMAGE_BINDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target/debug"));
+    let images = repo().join("target/node-images");
+    let out = run(Command::new(repo().join("tests/node/image.sh"))
+        .arg(&bins)
+        .arg(&images))
+    .context("building the node's images (tests/node/image.sh)")?;
+    // One line per image: name, archive, sizes.
+    let tars: Vec<PathBuf> = out
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter(|p| p.ends_with(".tar"))
+        .map(PathBuf::from)
+        .collect();
+    if tars.is_empty() {
+        bail!("tests/node/image.sh printed no image archive:\n{out}");
+    }
+    let out = run(Command::new(repo().join("tests/node/node.sh"))
+        .arg("up")
+        .args(&tars))
+    .context("starting the node (tests/node/node.sh up)")?;
+    let env = out
+        .lines()
+        .last()
+        .ok_or_else(|| anyhow!("tests/node/node.sh up printed nothing"))?;
+    let env = PathBuf::from(env);
+    let root = env
+        .parent()
+        .ok_or_else(|| anyhow!("no root for {}", env.display()))?
+        .to_path_buf();
+    // The watchdog waits for its stdin to close (this process exiting, in any way) and then takes
+    // the node down. setsid: a Ctrl-C to the test's process group must not kill it first.
+    let watchdog = Command::new("setsid")
+        .arg("sh")
+        .arg("-c")
+        .arg("trap '' HUP INT TERM; cat >/dev/null; exec \"$0\" down \"$1\" >/dev/null 2>&1")
+        .arg(repo().join("tests/node/node.sh"))
+        .arg(&root)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting the node's watchdog")?;
+    Node::from_env_file(&env, Some(watchdog))
+}
+
+/// Runs a command, returning its stdout; an error carries its stderr.
+fn run(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+impl Node {
+    fn from_env_file(path: &Path, watchdog: Option<Child>) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the node's env file {}", path.display()))?;
+        let vars: HashMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
+        let var = |k: &str| {
+            vars.get(k)
+                .map(|v| v.to_string())
+                .ok_or_else(|| anyhow!("{} has no {k}", path.display()))
+        };
+        Ok(Self {
+            root: var("SPUR_NODE_ROOT")?.into(),
+            netns: var("SPUR_NODE_NETNS")?,
+            ip: var("SPUR_NODE_IP")?,
+            kubeconfig: var("SPUR_NODE_KUBECONFIG")?.into(),
+            bindir: var("SPUR_NODE_BINDIR")?.into(),
+            containerd: var("SPUR_NODE_CONTAINERD")?.into(),
+            _watchdog: watchdog.map(Mutex::new),
+        })
+    }
+
+    /// An admin `kube::Client` for the node's apiserver.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// `kubectl` with the admin kubeconfig: its stdout, or an error with its stderr.
+    pub fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
+        run(self.kubectl_cmd().args(args))
+    }
+
+    fn kubectl_cmd(&self) -> Command {
+        let mut cmd = Command::new(self.bindir.join("kubectl"));
+        cmd.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.root.join("kubectl-cache"));
+        cmd
+    }
+
+    /// `kubectl <args> -f -` with `yaml` on stdin (apply, create, delete, ...).
+    pub fn kubectl_stdin(&self, args: &[&str], yaml: &str) -> anyhow::Result<String> {
+        let mut child = self
+            .kubectl_cmd()
+            .args(args)
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        child
+            .stdin
+            .take()
+            .ok_or_else(|| anyhow!("kubectl has no stdin"))?
+            .write_all(yaml.as_bytes())?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {args:?} failed ({}):\n{}\n--- input ---\n{yaml}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `kubectl apply -f -`.
+    pub fn apply(&self, yaml: &str) -> anyhow::Result<String> {
+        self.kubectl_stdin(&["apply"], yaml)
+    }
+
+    /// `kubectl get <what> -o json`, parsed.
+    pub fn get_json(&self, namespace: &str, what: &[&str]) -> anyhow::Result<Value> {
+        let mut args = vec!["-n", namespace, "get"];
+        args.extend_from_slice(what);
+        args.extend_from_slice(&["-o", "json"]);
+        Ok(serde_json::from_str(&self.kubectl(&args)?)?)
+    }
+
+    /// `helm` (built by tests/kube/build.sh) with the admin kubeconfig.
+    pub fn helm(&self, args: &[&str]) -> anyhow::Result<String> {
+        run(Command::new(self.bindir.join("helm"))
+            .env("KUBECONFIG", &self.kubeconfig)
+            // Helm's caches and config stay under the node's root, not in $HOME.
+            .env("HELM_CACHE_HOME", self.root.join("helm/cache"))
+            .env("HELM_CONFIG_HOME", self.root.join("helm/config"))
+            .env("HELM_DATA_HOME", self.root.join("helm/data"))
+            .args(args))
+    }
+
+    /// A fresh namespace `<prefix>-<n>` with `labels`, deleted when the guard drops.
+    pub fn namespace(
+        &self,
+        prefix: &str,
+        labels: &[(&str, &str)],
+    ) -> anyhow::Result<Namespace<'_>> {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("{prefix}-{}-{n}", std::process::id());
+        let labels: String = labels
+            .iter()
+            .map(|(k, v)| format!("    {k}: {v:?}\n"))
+            .collect();
+        self.apply(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels:\n    spur.dev/test: node\n{labels}"
+        ))?;
+        Ok(Namespace { node: self, name })
+    }
+
+    /// Waits until `kubectl rollout status` says the Deployment is fully rolled out.
+    pub fn rollout(&self, namespace: &str, deployment: &str) -> anyhow::Result<()> {
+        self.kubectl(&[
+            "-n",
+            namespace,
+            "rollout",
+            "status",
+            &format!("deployment/{deployment}"),
+            "--timeout=180s",
+        ])
+        .map(drop)
+        .with_context(|| self.describe(namespace))
+    }
+
+    /// What a failing test wants to see: the namespace's pods and their recent events.
+    pub fn describe(&self, namespace: &str) -> String {
+        let pods = self
+            .kubectl(&["-n", namespace, "get", "pods", "-o", "wide"])
+            .unwrap_or_else(|e| e.to_string());
+        let events = self
+            .kubectl(&["-n", namespace, "get", "events", "--sort-by=.lastTimestamp"])
+            .unwrap_or_else(|e| e.to_string());
+        format!("pods of {namespace}:\n{pods}\nevents:\n{events}")
+    }
+
+    /// The names of the running pods matching `selector`.
+    pub fn pods(&self, namespace: &str, selector: &str) -> anyhow::Result<Vec<String>> {
+        let list = self.get_json(
+            namespace,
+            &[
+                "pods",
+                "-l",
+                selector,
+                "--field-selector=status.phase=Running",
+            ],
+        )?;
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .filter_map(|p| p["metadata"]["name"].as_str().map(String::from))
+            .collect())
+    }
+
+    /// A client pod (curl) in `namespace`, never injected, Ready when this returns.
+    pub fn client_pod(&self, namespace: &str) -> anyhow::Result<String> {
+        let name = "client";
+        self.apply(&format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: {namespace}
+  annotations: {{sidecar.spur.dev/inject: "false"}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: client
+      image: {CLIENT_IMAGE}
+      imagePullPolicy: Never
+"#
+        ))?;
+        self.kubectl(&[
+            "-n",
+            namespace,
+            "wait",
+            "--for=condition=Ready",
+            &format!("pod/{name}"),
+            "--timeout=120s",
+        ])
+        .with_context(|| self.describe(namespace))?;
+        Ok(name.to_string())
+    }
+
+    /// `curl` run in `pod`: the status code and the body parsed as JSON (`Value::Null` when it is
+    /// not JSON).
+    pub fn curl(
+        &self,
+        namespace: &str,
+        pod: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<Answer> {
+        let mut args: Vec<String> = [
+            "-n",
+            namespace,
+            "exec",
+            pod,
+            "--",
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+            "-w",
+            "\n%{http_code}",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        for (k, v) in headers {
+            args.push("-H".into());
+            args.push(format!("{k}: {v}"));
+        }
+        args.push(url.into());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = self.kubectl(&args)?;
+        let (body, code) = out
+            .trim_end()
+            .rsplit_once('\n')
+            .ok_or_else(|| anyhow!("curl printed no status line: {out:?}"))?;
+        Ok(Answer {
+            status: code.trim().parse()?,
+            json: serde_json::from_str(body).unwrap_or(Value::Null),
+            body: body.to_string(),
+        })
+    }
+
+    /// Runs `cmd` inside the network namespace of a pod's container (found through containerd),
+    /// from the host: for what the pod itself may not do, like listing its iptables rules.
+    pub fn in_pod_netns(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        cmd: &[&str],
+    ) -> anyhow::Result<String> {
+        let p = self.get_json(namespace, &["pod", pod])?;
+        let statuses = p["status"]["containerStatuses"]
+            .as_array()
+            .ok_or_else(|| anyhow!("pod {pod} has no container statuses"))?;
+        let id = statuses
+            .iter()
+            .find(|s| s["name"] == container)
+            .and_then(|s| s["containerID"].as_str())
+            .and_then(|id| id.strip_prefix("containerd://"))
+            .ok_or_else(|| anyhow!("pod {pod} has no running container {container}"))?;
+        let tasks = run(Command::new("ctr")
+            .arg("--address")
+            .arg(&self.containerd)
+            .args(["-n", "k8s.io", "tasks", "ls"]))?;
+        let pid = tasks
+            .lines()
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next() == Some(id)).then(|| f.next()).flatten()
+            })
+            .ok_or_else(|| anyhow!("containerd has no task {id}:\n{tasks}"))?;
+        run(Command::new("nsenter")
+            .arg("-t")
+            .arg(pid)
+            .arg("-n")
+            .args(cmd))
+    }
+}
+
+/// A namespace of one test; deleted (without waiting) when dropped.
+pub struct Namespace<'a> {
+    node: &'a Node,
+    pub name: String,
+}
+
+impl Drop for Namespace<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self
+            .node
+            .kubectl(&["delete", "namespace", &self.name, "--wait=false"])
+        {
+            eprintln!("could not delete namespace {}: {e:#}", self.name);
+        }
+    }
+}
+
+/// One HTTP answer seen by a client pod.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub json: Value,
+    pub body: String,
+}
+
+impl Answer {
+    /// The pod that answered at the end of the call chain (the innermost `upstream` of
+    /// `spur demo app`'s JSON).
+    pub fn answered_by(&self) -> Option<&str> {
+        let mut v = &self.json;
+        while !v["upstream"].is_null() {
+            v = &v["upstream"];
+        }
+        v["pod"].as_str()
+    }
+
+    /// The `marker` of the innermost answer.
+    pub fn marker(&self) -> Option<&str> {
+        let mut v = &self.json;
+        while !v["upstream"].is_null() {
+            v = &v["upstream"];
+        }
+        v["marker"].as_str()
+    }
+}
+
+/// The YAML of a Deployment and Service running `spur demo app` from the Spur image.
+pub fn demo_app(namespace: &str, name: &str, call: Option<&str>) -> String {
+    let call = call
+        .map(|c| format!("\n            - --call={c}"))
+        .unwrap_or_default();
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {name}
+  namespace: {namespace}
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {{app: {name}}}
+  template:
+    metadata:
+      labels: {{app: {name}}}
+    spec:
+      terminationGracePeriodSeconds: 5
+      containers:
+        - name: app
+          image: {SPUR_IMAGE}
+          imagePullPolicy: IfNotPresent
+          args:
+            - demo
+            - app
+            - --name={name}
+            - --listen=0.0.0.0:8080{call}
+          env:
+            - name: POD_NAME
+              valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}
+          ports:
+            - {{name: http, containerPort: 8080}}
+          readinessProbe:
+            httpGet: {{path: /healthz, port: http}}
+            periodSeconds: 1
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: {name}
+  namespace: {namespace}
+spec:
+  selector: {{app: {name}}}
+  ports:
+    - {{name: http, port: 8080, targetPort: http}}
+"#
+    )
+}
+
+/// Polls `check` every 500 ms until it returns `Ok(Some)`, for at most `limit`; the error names
+/// `what` and the last error seen.
+pub fn eventually<T>(
+    what: &str,
+    limit: Duration,
+    mut check: impl FnMut() -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<T> {
+    let deadline = Instant::now() + limit;
+    let mut last = String::new();
+    loop {
+        match check() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last = format!("{e:#}"),
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {limit:?} waiting for {what}; last error: {last}");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}

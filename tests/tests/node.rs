@@ -1,0 +1,548 @@
+//! The node tier, end to end on running pods (tests/node/README.md): Spur's chart installed with
+//! helm into a real one-node cluster under an RBAC-enforcing apiserver, sidecars injected by the
+//! webhook into pods that really start, forks that really answer, and a keyed request from a
+//! client pod checked by the name of the pod that answered it.
+//!
+//! One test walks the whole user path in order, because helm install, upgrade and uninstall act
+//! on the one cluster-wide installation every step depends on.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+use spur_e2e::node::{Answer, Node, SPUR_NAMESPACE, demo_app, eventually, node};
+
+const RELEASE: &str = "spur";
+
+/// The values a user with a registry sets, pointed at the locally imported image.
+const VALUES: &[&str] = &[
+    "--set",
+    "image.repository=localhost/spur",
+    "--set",
+    "image.tag=dev",
+    // One replica each: a one-node cluster on two cores.
+    "--set",
+    "operator.replicas=1",
+    "--set",
+    "routeserver.replicas=1",
+    "--set",
+    "tunnelProxy.replicas=1",
+    "--set",
+    "tunnelProxy.serviceType=ClusterIP",
+];
+
+fn helm_args<'a>(first: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = first.to_vec();
+    v.extend_from_slice(VALUES);
+    v.extend_from_slice(extra);
+    v
+}
+
+fn chart() -> String {
+    format!("{}/../charts/spur", env!("CARGO_MANIFEST_DIR"))
+}
+
+const COMPONENTS: &[(&str, &str)] = &[
+    ("spur-operator", "spur-operator"),
+    ("spur-routeserver", "spur-routeserver"),
+    ("spur-tunnel-proxy", "spur-tunnel-proxy"),
+];
+
+#[test]
+fn helm_install_and_the_user_path_on_running_pods() {
+    let node = node();
+    let chart = chart();
+
+    // --- helm lint, template, server-side dry run -------------------------------------------
+    node.helm(&helm_args(&["lint", &chart], &[])).unwrap();
+    let rendered = node
+        .helm(&helm_args(
+            &["template", RELEASE, &chart, "--namespace", SPUR_NAMESPACE],
+            &[],
+        ))
+        .unwrap();
+    ensure_namespace(node, SPUR_NAMESPACE);
+    node.kubectl_stdin(
+        &["apply", "--dry-run=server", "-n", SPUR_NAMESPACE],
+        &rendered,
+    )
+    .unwrap();
+
+    // --- helm install: every component Ready under its own ServiceAccount -------------------
+    node.helm(&helm_args(
+        &[
+            "install",
+            RELEASE,
+            &chart,
+            "--namespace",
+            SPUR_NAMESPACE,
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+        &[],
+    ))
+    .with_context(|| node.describe(SPUR_NAMESPACE))
+    .unwrap();
+    for (deployment, account) in COMPONENTS {
+        node.rollout(SPUR_NAMESPACE, deployment).unwrap();
+        let d = node
+            .get_json(SPUR_NAMESPACE, &["deployment", deployment])
+            .unwrap();
+        assert_eq!(
+            d["spec"]["template"]["spec"]["serviceAccountName"], *account,
+            "{deployment} runs under its own ServiceAccount"
+        );
+    }
+    // The apiserver enforces RBAC: the operator's account may not read Secrets outside its own
+    // namespace.
+    let can = node
+        .kubectl(&[
+            "auth",
+            "can-i",
+            "get",
+            "secrets",
+            "-n",
+            "default",
+            &format!("--as=system:serviceaccount:{SPUR_NAMESPACE}:spur-operator"),
+        ])
+        .or_else(|e| {
+            // `can-i` exits 1 for "no".
+            if format!("{e:#}").contains("no") {
+                Ok("no".into())
+            } else {
+                Err(e)
+            }
+        })
+        .unwrap();
+    assert_eq!(can.trim(), "no");
+
+    // --- two demo services with injected sidecars -------------------------------------------
+    let shop = node
+        .namespace("shop", &[("sidecar.spur.dev/inject", "true")])
+        .unwrap();
+    let ns = shop.name.as_str();
+    node.apply(&demo_app(ns, "backend", None)).unwrap();
+    node.apply(&demo_app(ns, "frontend", Some("http://backend:8080")))
+        .unwrap();
+    node.rollout(ns, "backend").unwrap();
+    node.rollout(ns, "frontend").unwrap();
+    let backend_pods = node.pods(ns, "app=backend").unwrap();
+    assert_eq!(backend_pods.len(), 1, "{}", node.describe(ns));
+    for app in ["backend", "frontend"] {
+        let pod = &node.pods(ns, &format!("app={app}")).unwrap()[0];
+        let p = node.get_json(ns, &["pod", pod]).unwrap();
+        assert_eq!(
+            p["metadata"]["annotations"]["sidecar.spur.dev/status"], "injected",
+            "{pod}: {}",
+            p["metadata"]["annotations"]
+        );
+        let inits: Vec<&str> = p["spec"]["initContainers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["name"].as_str())
+            .collect();
+        assert_eq!(inits, ["spur-init", "spur-sidecar"], "{pod}");
+        // spur-init's rules live in the pod's own network namespace.
+        let rules = node
+            .in_pod_netns(
+                ns,
+                pod,
+                "app",
+                &[
+                    "sh",
+                    "-c",
+                    "iptables-legacy-save -t nat 2>/dev/null; nft list ruleset 2>/dev/null; true",
+                ],
+            )
+            .unwrap();
+        assert!(
+            rules.contains("15006"),
+            "{pod}: no redirect to the sidecar in the pod's network namespace:\n{rules}"
+        );
+    }
+    let client = node.client_pod(ns).unwrap();
+    let frontend = format!("http://frontend.{ns}.svc.cluster.local:8080/");
+
+    let baseline = get(node, ns, &client, &frontend, None);
+    assert_eq!(
+        baseline.answered_by(),
+        Some(backend_pods[0].as_str()),
+        "{baseline:?}"
+    );
+
+    // --- a Sandbox forking backend: keyed requests reach the fork pod ------------------------
+    node.apply(&sandbox(
+        "backend-fix",
+        ns,
+        "backend",
+        "fix",
+        Some("team-a"),
+    ))
+    .unwrap();
+    let key = sandbox_ready(node, "backend-fix");
+    let fork = fork_pod(node, ns, "backend-fix");
+    let keyed = eventually(
+        "a keyed request to reach the fork",
+        Duration::from_secs(60),
+        || {
+            let a = try_get(node, ns, &client, &frontend, Some(&key))?;
+            Ok((a.answered_by() == Some(fork.as_str())).then_some(a))
+        },
+    )
+    .with_context(|| node.describe(ns))
+    .unwrap();
+    assert_eq!(keyed.marker(), Some("fix"), "{keyed:?}");
+    assert_eq!(
+        keyed.json["pod"]
+            .as_str()
+            .map(|p| p.starts_with("frontend-")),
+        Some(true)
+    );
+    let unkeyed = get(node, ns, &client, &frontend, None);
+    assert_eq!(
+        unkeyed.answered_by(),
+        Some(backend_pods[0].as_str()),
+        "{unkeyed:?}"
+    );
+
+    // --- a RouteGroup over two sandboxes routes by its own key -------------------------------
+    node.apply(&sandbox(
+        "frontend-fix",
+        ns,
+        "frontend",
+        "front",
+        Some("team-a"),
+    ))
+    .unwrap();
+    let front_key = sandbox_ready(node, "frontend-fix");
+    let front_fork = fork_pod(node, ns, "frontend-fix");
+    node.apply(&routegroup("team-a", ns)).unwrap();
+    let group_key = eventually("the RouteGroup's key", Duration::from_secs(60), || {
+        let g = node.get_json("default", &["routegroup", "team-a"])?;
+        Ok(g["status"]["routingKey"].as_str().map(String::from))
+    })
+    .unwrap();
+    let grouped = eventually(
+        "a RouteGroup-keyed request to reach both forks",
+        Duration::from_secs(60),
+        || {
+            let a = try_get(node, ns, &client, &frontend, Some(&group_key))?;
+            Ok(
+                (a.json["pod"] == front_fork.as_str() && a.answered_by() == Some(fork.as_str()))
+                    .then_some(a),
+            )
+        },
+    )
+    .with_context(|| node.describe(ns))
+    .unwrap();
+    assert_eq!(grouped.json["marker"], "front", "{grouped:?}");
+    // Each sandbox's own key reaches only its own fork.
+    let only_front = get(node, ns, &client, &frontend, Some(&front_key));
+    assert_eq!(only_front.json["pod"], front_fork.as_str());
+    assert_eq!(only_front.answered_by(), Some(backend_pods[0].as_str()));
+
+    // --- deleting a Sandbox removes its fork, Services and routes ----------------------------
+    node.kubectl(&["delete", "routegroup", "team-a", "--wait=true"])
+        .unwrap();
+    node.kubectl(&[
+        "delete",
+        "sandbox",
+        "backend-fix",
+        "--wait=true",
+        "--timeout=120s",
+    ])
+    .unwrap();
+    eventually("the fork pod to go", Duration::from_secs(120), || {
+        Ok(node
+            .pods(ns, "spur.dev/sandbox=backend-fix")?
+            .is_empty()
+            .then_some(()))
+    })
+    .unwrap();
+    let services = node
+        .kubectl(&[
+            "-n",
+            ns,
+            "get",
+            "services",
+            "-l",
+            "spur.dev/sandbox=backend-fix",
+            "-o",
+            "name",
+        ])
+        .unwrap();
+    assert_eq!(services.trim(), "", "the sandbox's Services are gone");
+    let after = get(node, ns, &client, &frontend, Some(&key));
+    assert_eq!(
+        after.answered_by(),
+        Some(backend_pods[0].as_str()),
+        "{after:?}"
+    );
+
+    // --- TTL expiry does the same -------------------------------------------------------------
+    node.apply(&sandbox_with_ttl("backend-ttl", ns, "backend", "1m"))
+        .unwrap();
+    sandbox_ready(node, "backend-ttl");
+    eventually(
+        "the expired sandbox to go",
+        Duration::from_secs(150),
+        || {
+            let out = node.kubectl(&[
+                "get",
+                "sandbox",
+                "backend-ttl",
+                "--ignore-not-found",
+                "-o",
+                "name",
+            ])?;
+            Ok(out.trim().is_empty().then_some(()))
+        },
+    )
+    .unwrap();
+    eventually(
+        "the expired sandbox's fork pod to go",
+        Duration::from_secs(120),
+        || {
+            Ok(node
+                .pods(ns, "spur.dev/sandbox=backend-ttl")?
+                .is_empty()
+                .then_some(()))
+        },
+    )
+    .unwrap();
+
+    // --- with the webhook down, new pods still start, uninjected ------------------------------
+    node.kubectl(&[
+        "-n",
+        SPUR_NAMESPACE,
+        "scale",
+        "deployment/spur-operator",
+        "--replicas=0",
+    ])
+    .unwrap();
+    eventually("the operator's pods to go", Duration::from_secs(60), || {
+        Ok(node
+            .pods(SPUR_NAMESPACE, "app.kubernetes.io/name=spur-operator")?
+            .is_empty()
+            .then_some(()))
+    })
+    .unwrap();
+    node.kubectl(&["-n", ns, "rollout", "restart", "deployment/backend"])
+        .unwrap();
+    node.rollout(ns, "backend").unwrap();
+    let restarted = node.pods(ns, "app=backend").unwrap();
+    let p = node.get_json(ns, &["pod", &restarted[0]]).unwrap();
+    assert!(
+        p["metadata"]["annotations"]["sidecar.spur.dev/status"].is_null(),
+        "a pod admitted without the webhook carries no injection record: {}",
+        p["metadata"]["annotations"]
+    );
+    assert!(
+        p["spec"]["initContainers"].is_null(),
+        "nothing injected without the webhook"
+    );
+    node.kubectl(&[
+        "-n",
+        SPUR_NAMESPACE,
+        "scale",
+        "deployment/spur-operator",
+        "--replicas=1",
+    ])
+    .unwrap();
+    node.rollout(SPUR_NAMESPACE, "spur-operator").unwrap();
+
+    // --- helm upgrade with a changed value rolls the components ------------------------------
+    let before = node
+        .get_json(SPUR_NAMESPACE, &["deployment", "spur-routeserver"])
+        .unwrap();
+    node.helm(&helm_args(
+        &[
+            "upgrade",
+            RELEASE,
+            &chart,
+            "--namespace",
+            SPUR_NAMESPACE,
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+        &["--set", "routeserver.resources.limits.memory=160Mi"],
+    ))
+    .with_context(|| node.describe(SPUR_NAMESPACE))
+    .unwrap();
+    let after = node
+        .get_json(SPUR_NAMESPACE, &["deployment", "spur-routeserver"])
+        .unwrap();
+    assert!(
+        after["metadata"]["generation"].as_i64() > before["metadata"]["generation"].as_i64(),
+        "the route server's Deployment rolled"
+    );
+    node.rollout(SPUR_NAMESPACE, "spur-routeserver").unwrap();
+    assert_eq!(
+        after["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"],
+        "160Mi"
+    );
+
+    // --- helm uninstall leaves nothing behind but the CRDs -----------------------------------
+    drop(shop);
+    node.helm(&[
+        "uninstall",
+        RELEASE,
+        "--namespace",
+        SPUR_NAMESPACE,
+        "--wait",
+        "--timeout",
+        "3m",
+    ])
+    .unwrap();
+    let left = node
+        .kubectl(&[
+            "get",
+            "all,serviceaccounts,roles,rolebindings,configmaps,secrets,leases",
+            "-n",
+            SPUR_NAMESPACE,
+            "-l",
+            "app.kubernetes.io/part-of=spur",
+            "-o",
+            "name",
+        ])
+        .unwrap();
+    assert_eq!(left.trim(), "", "namespaced objects left by helm uninstall");
+    let left = node
+        .kubectl(&[
+            "get",
+            "clusterroles,clusterrolebindings,mutatingwebhookconfigurations",
+            "-l",
+            "app.kubernetes.io/part-of=spur",
+            "-o",
+            "name",
+        ])
+        .unwrap();
+    assert_eq!(left.trim(), "", "cluster objects left by helm uninstall");
+    let crds = node.kubectl(&["get", "crd", "-o", "name"]).unwrap();
+    assert!(
+        crds.contains("sandboxes.spur.dev"),
+        "the CRDs stay (Helm's convention)"
+    );
+}
+
+fn ensure_namespace(node: &Node, name: &str) {
+    node.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n"
+    ))
+    .unwrap();
+}
+
+fn try_get(
+    node: &Node,
+    ns: &str,
+    pod: &str,
+    url: &str,
+    key: Option<&str>,
+) -> anyhow::Result<Answer> {
+    let baggage = key.map(|k| format!("sd-routing-key={k}"));
+    let headers: Vec<(&str, &str)> = baggage.iter().map(|b| ("baggage", b.as_str())).collect();
+    let a = node.curl(ns, pod, url, &headers)?;
+    if a.status != 200 {
+        bail!("{url} answered {}: {}", a.status, a.body);
+    }
+    Ok(a)
+}
+
+fn get(node: &Node, ns: &str, pod: &str, url: &str, key: Option<&str>) -> Answer {
+    try_get(node, ns, pod, url, key)
+        .with_context(|| node.describe(ns))
+        .unwrap()
+}
+
+fn sandbox(name: &str, ns: &str, workload: &str, marker: &str, team: Option<&str>) -> String {
+    let labels = team
+        .map(|t| format!("\n  labels:\n    team: {t}"))
+        .unwrap_or_default();
+    format!(
+        r#"apiVersion: spur.dev/v1alpha1
+kind: Sandbox
+metadata:
+  name: {name}
+spec:
+  description: node test{labels}
+  forks:
+    - forkOf: {{kind: Deployment, namespace: {ns}, name: {workload}}}
+      customizations:
+        env:
+          - {{name: SPUR_APP_MARKER, value: {marker}}}
+"#
+    )
+}
+
+fn sandbox_with_ttl(name: &str, ns: &str, workload: &str, ttl: &str) -> String {
+    format!(
+        "{}  ttl: {{duration: {ttl}}}\n",
+        sandbox(name, ns, workload, "ttl", None)
+    )
+}
+
+fn routegroup(name: &str, _ns: &str) -> String {
+    format!(
+        r#"apiVersion: spur.dev/v1alpha1
+kind: RouteGroup
+metadata:
+  name: {name}
+spec:
+  match:
+    label: {{key: team, value: {name}}}
+"#
+    )
+}
+
+/// Waits for the Sandbox's Ready condition and returns its routing key.
+fn sandbox_ready(node: &Node, name: &str) -> String {
+    eventually(
+        &format!("Sandbox {name} to be Ready with a routing key"),
+        Duration::from_secs(180),
+        || {
+            let s = node.get_json("default", &["sandbox", name])?;
+            let ready = s["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            Ok(ready
+                .then(|| s["status"]["routingKey"].as_str().map(String::from))
+                .flatten())
+        },
+    )
+    .with_context(|| {
+        node.kubectl(&["get", "sandbox", name, "-o", "yaml"])
+            .unwrap_or_default()
+    })
+    .unwrap()
+}
+
+/// The one running fork pod of a sandbox.
+fn fork_pod(node: &Node, ns: &str, sandbox: &str) -> String {
+    eventually(
+        &format!("the fork pod of {sandbox}"),
+        Duration::from_secs(180),
+        || {
+            let pods = node.pods(ns, &format!("spur.dev/sandbox={sandbox}"))?;
+            Ok(match pods.as_slice() {
+                [one] => {
+                    let p: Value = node.get_json(ns, &["pod", one])?;
+                    let ready = p["status"]["conditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                    ready.then(|| one.clone())
+                }
+                _ => None,
+            })
+        },
+    )
+    .with_context(|| node.describe(ns))
+    .unwrap()
+}
