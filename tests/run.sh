@@ -73,7 +73,7 @@ image_out="$(tests/node/image.sh target/debug target/node-images)"
 # One line per image: name, archive, sizes.
 mapfile -t images < <(awk '$2 ~ /\.tar$/ { print $2 }' <<<"$image_out")
 tests/node/node.sh cleanup
-node_env="$(tests/node/node.sh up "${images[@]}" | tail -n 1)"
+node_env="$(SPUR_NODE_OWNER=$$ tests/node/node.sh up "${images[@]}" | tail -n 1)"
 trap 'tests/node/node.sh down "$(dirname "$node_env")"' EXIT
 trap 'exit 130' INT TERM
 export SPUR_NODE_ENV="$node_env"

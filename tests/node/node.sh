@@ -10,6 +10,8 @@
 #                                          (SPUR_NODE_* variables, see below)
 #   tests/node/node.sh down ROOT           stop everything of the node under ROOT and remove it
 #   tests/node/node.sh cleanup             stop and remove every node left behind by earlier runs
+#                                          (a node whose owner process, SPUR_NODE_OWNER or else
+#                                          the caller of `up`, is gone)
 #
 # The env file sets SPUR_NODE_ROOT, SPUR_NODE_NETNS, SPUR_NODE_IP, SPUR_NODE_KUBECONFIG (admin,
 # reachable from the host over the node's veth), SPUR_NODE_CONTAINERD (the CRI socket) and
@@ -22,8 +24,10 @@ here="$(cd "$(dirname "$0")" && pwd)"
 # Every node lives under this prefix, so `cleanup` finds what a killed run left behind.
 PREFIX="${SPUR_NODE_PREFIX:-/var/tmp/spur-node-}"
 NODE_NAME=spur-node
-HOST_IP=172.30.255.1
-NODE_IP=172.30.255.2
+# The node's veth: 172.30.<k>.2 inside, 172.30.<k>.1 on the host, k the first free /30 (two nodes,
+# a developer's and a test run's, can run side by side).
+HOST_IP=
+NODE_IP=
 POD_CIDR=10.244.0.0/24
 CLUSTER_CIDR=10.244.0.0/16
 SERVICE_CIDR=10.96.0.0/16
@@ -41,11 +45,17 @@ die() { log "$*"; exit 1; }
 # mount or a cgroup. Idempotent, and works on a half-started node.
 # ---------------------------------------------------------------------------------------------
 down() {
-    local root="$1" id ns
+    local root="$1" id ns started=$SECONDS
     [ -d "$root" ] || return 0
     id="${root#"$PREFIX"}"
     ns="spur-node-$id"
     # Control plane and node agents first, so nothing restarts the pods killed below.
+    # The laptops of the tunnel tests (tests/src/node.rs): their processes, then the namespaces.
+    local lap
+    for lap in $(ip netns list 2>/dev/null | awk -v p="spur-laptop-$id-" 'index($1, p) == 1 { print $1 }'); do
+        ip netns pids "$lap" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+        ip netns del "$lap" 2>/dev/null || true
+    done
     stop_pids "$root" kubelet kube-proxy coredns kube-scheduler kube-controller-manager
     # The pods' processes: everything in the node's cgroup subtree, then the shims of this
     # node's containerd (they outlive containerd by design).
@@ -84,6 +94,7 @@ down() {
         done <"$root/created"
     fi
     rm -rf "$root"
+    log "node $root removed in $((SECONDS - started)) s"
 }
 
 # Stops the named processes of the node together: TERM, up to 5 s to exit, then KILL.
@@ -127,16 +138,25 @@ remove_cgroup_tree() {
     done
 }
 
+# Removes the nodes whose owner process is gone (a killed run's), and namespaces without a node.
 cleanup() {
-    local root
+    local root owner
     for root in "$PREFIX"*; do
         [ -d "$root" ] || continue
+        owner="$(cat "$root/owner" 2>/dev/null || true)"
+        if [ -n "$owner" ] && kill -0 "$owner" 2>/dev/null; then
+            continue
+        fi
         log "removing a node left behind: $root"
         down "$root"
     done
-    # A namespace or host veth whose root is already gone.
     local ns
-    for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^spur-node-/ { print $1 }'); do
+    for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^spur-(node|laptop)-/ { print $1 }'); do
+        local id="${ns#spur-node-}"
+        id="${id#spur-laptop-}"
+        id="${id%%-*}"
+        [ -d "$PREFIX$id" ] && continue
+        ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
         ip netns del "$ns" 2>/dev/null || true
     done
 }
@@ -244,6 +264,8 @@ up() {
     NS="spur-node-$id"
     mkdir -p "$ROOT"/{logs,pids,etcd,containerd/root,containerd/state,cni/net.d,cni/ipam,kubelet,pod-logs,volume-plugins,kubectl-cache,runc,opt}
     chmod 700 "$ROOT"
+    # The process whose life the node's follows: `cleanup` leaves a node alone while it lives.
+    echo "${SPUR_NODE_OWNER:-$PPID}" >"$ROOT/owner"
     # From here on a failure takes the half-started node down with it.
     trap 'rc=$?; if [ $rc -ne 0 ]; then log "start-up failed; logs were in $ROOT/logs"; down "$ROOT"; fi' EXIT
     local started=$SECONDS
@@ -261,6 +283,12 @@ up() {
 
     # The namespace: loopback, and a veth whose other end is the host's way in (tests reach the
     # apiserver at $NODE_IP). No default route: a packet for anywhere else has nowhere to go.
+    local k
+    for k in $(seq 0 250); do
+        ip -4 -o addr show | grep -qF " 172.30.$k.1/30 " || break
+    done
+    HOST_IP="172.30.$k.1"
+    NODE_IP="172.30.$k.2"
     ip netns add "$NS"
     ip -n "$NS" link set lo up
     ip link add "spn$id" type veth peer name node0 netns "$NS"
@@ -275,8 +303,6 @@ up() {
     ip -n "$NS" link add cni0 type bridge
     ip -n "$NS" link set cni0 up
     ip -n "$NS" route add "$SERVICE_CIDR" dev cni0
-    # The host reaches pods directly (the laptop namespace of the tunnel tests, benchmarks).
-    ip route replace "$CLUSTER_CIDR" via "$NODE_IP" dev "spn$id"
     # Service traffic between two pods on the bridge must cross iptables (kube-proxy's DNAT).
     in_ns sysctl -q -w net.bridge.bridge-nf-call-iptables=1 >/dev/null 2>&1 || true
 

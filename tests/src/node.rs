@@ -504,3 +504,120 @@ pub fn eventually<T>(
         std::thread::sleep(Duration::from_millis(500));
     }
 }
+
+/// A "laptop": a network namespace of the test's own, joined to the node's namespace by a veth
+/// pair, with routes to the pods and Services and nothing else. Its processes are killed and the
+/// namespace removed on drop (and by `node.sh down`/`cleanup` if the test process dies first).
+pub struct Laptop {
+    pub netns: String,
+    pub ip: String,
+    children: Vec<Child>,
+}
+
+impl Node {
+    /// A new laptop namespace (`n` picks its /30; a few per run at most).
+    pub fn laptop(&self, n: u8) -> anyhow::Result<Laptop> {
+        let id = self
+            .netns
+            .strip_prefix("spur-node-")
+            .ok_or_else(|| anyhow!("unexpected node namespace {}", self.netns))?;
+        let netns = format!("spur-laptop-{id}-{n}");
+        let (node_dev, laptop_dev) = (format!("lapn{n}"), format!("lap{n}"));
+        let base = 4 * u32::from(n);
+        let node_ip = format!("172.30.254.{}", base + 1);
+        let ip = format!("172.30.254.{}", base + 2);
+        let _ = run(Command::new("ip").args(["netns", "del", &netns]));
+        run(Command::new("ip").args(["netns", "add", &netns]))?;
+        let laptop = Laptop {
+            netns: netns.clone(),
+            ip: ip.clone(),
+            children: Vec::new(),
+        };
+        let ip_cmd = |args: &[&str]| run(Command::new("ip").args(args));
+        ip_cmd(&[
+            "-n",
+            &netns,
+            "link",
+            "add",
+            &laptop_dev,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &node_dev,
+            "netns",
+            &self.netns,
+        ])?;
+        ip_cmd(&["-n", &netns, "link", "set", "lo", "up"])?;
+        ip_cmd(&[
+            "-n",
+            &netns,
+            "addr",
+            "add",
+            &format!("{ip}/30"),
+            "dev",
+            &laptop_dev,
+        ])?;
+        ip_cmd(&["-n", &netns, "link", "set", &laptop_dev, "up"])?;
+        ip_cmd(&[
+            "-n",
+            &self.netns,
+            "addr",
+            "add",
+            &format!("{node_ip}/30"),
+            "dev",
+            &node_dev,
+        ])?;
+        ip_cmd(&["-n", &self.netns, "link", "set", &node_dev, "up"])?;
+        // Pods and Services only: the laptop has no default route either.
+        for cidr in ["10.244.0.0/16", "10.96.0.0/16"] {
+            ip_cmd(&["-n", &netns, "route", "add", cidr, "via", &node_ip])?;
+        }
+        Ok(laptop)
+    }
+}
+
+impl Laptop {
+    /// Starts `program args` inside the laptop namespace, with `env`; killed on drop. Its output
+    /// goes to `log`.
+    pub fn spawn(
+        &mut self,
+        program: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> anyhow::Result<()> {
+        let out = std::fs::File::create(log)?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.netns])
+            .arg(program)
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("starting {} in {}", program.display(), self.netns))?;
+        self.children.push(child);
+        Ok(())
+    }
+}
+
+impl Drop for Laptop {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = run(Command::new("ip").args(["netns", "del", &self.netns]));
+    }
+}
+
+/// A Spur binary of this checkout (`target/debug`, or `SPUR_IMAGE_BINDIR`): the same build the
+/// image holds.
+pub fn spur_bin(name: &str) -> PathBuf {
+    std::env::var_os("SPUR_IMAGE_BINDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target/debug"))
+        .join(name)
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde_json::Value;
-use spur_e2e::node::{Answer, Node, SPUR_NAMESPACE, demo_app, eventually, node};
+use spur_e2e::node::{Answer, Node, SPUR_NAMESPACE, demo_app, eventually, node, spur_bin};
 
 const RELEASE: &str = "spur";
 
@@ -314,6 +314,12 @@ fn helm_install_and_the_user_path_on_running_pods() {
     )
     .unwrap();
 
+    // --- every file under docs/examples/ does what its comments say ---------------------------
+    docs_examples_on_the_node(node);
+
+    // --- a laptop joins through the tunnel-proxy pod: keyed requests reach its process --------
+    laptop_joins_through_the_tunnel_proxy(node, ns, &client, &frontend, &backend_pods[0]);
+
     // --- with the webhook down, new pods still start, uninjected ------------------------------
     node.kubectl(&[
         "-n",
@@ -323,11 +329,19 @@ fn helm_install_and_the_user_path_on_running_pods() {
         "--replicas=0",
     ])
     .unwrap();
-    eventually("the operator's pods to go", Duration::from_secs(60), || {
-        Ok(node
-            .pods(SPUR_NAMESPACE, "app.kubernetes.io/name=spur-operator")?
-            .is_empty()
-            .then_some(()))
+    // Gone, not just terminating: a terminating replica still answers admission reviews.
+    eventually("the operator's pods to go", Duration::from_secs(90), || {
+        let left = node.kubectl(&[
+            "-n",
+            SPUR_NAMESPACE,
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/name=spur-operator",
+            "-o",
+            "name",
+        ])?;
+        Ok(left.trim().is_empty().then_some(()))
     })
     .unwrap();
     node.kubectl(&["-n", ns, "rollout", "restart", "deployment/backend"])
@@ -353,6 +367,29 @@ fn helm_install_and_the_user_path_on_running_pods() {
     ])
     .unwrap();
     node.rollout(SPUR_NAMESPACE, "spur-operator").unwrap();
+    // The operator, back, records it: a sandbox forking that baseline reports its one pod
+    // without a sidecar (keyed requests reaching it would not be routed).
+    node.apply(&sandbox("coverage", ns, "backend", "coverage", None))
+        .unwrap();
+    let coverage = eventually(
+        "the Sandbox to report the uninjected baseline pod",
+        Duration::from_secs(90),
+        || {
+            let s = node.get_json("default", &["sandbox", "coverage"])?;
+            let c = &s["status"]["forks"][0]["baselineSidecars"];
+            Ok((c["pods"] == 1 && c["injected"] == 0).then(|| c.clone()))
+        },
+    )
+    .unwrap();
+    assert_eq!(coverage["allReady"], false, "{coverage}");
+    node.kubectl(&[
+        "delete",
+        "sandbox",
+        "coverage",
+        "--wait=true",
+        "--timeout=120s",
+    ])
+    .unwrap();
 
     // --- helm upgrade with a changed value rolls the components ------------------------------
     let before = node
@@ -545,4 +582,299 @@ fn fork_pod(node: &Node, ns: &str, sandbox: &str) -> String {
     )
     .with_context(|| node.describe(ns))
     .unwrap()
+}
+
+/// `spur local connect` from a "laptop" network namespace to the tunnel-proxy pod (its ClusterIP
+/// Service), with a workstation token from `spur local token`; a Sandbox with a local workload for
+/// `backend`; a keyed request from the client pod reaches the process on the laptop.
+fn laptop_joins_through_the_tunnel_proxy(
+    node: &Node,
+    ns: &str,
+    client: &str,
+    frontend: &str,
+    backend_baseline: &str,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let spur = spur_bin("spur");
+    let token = node_spur(
+        node,
+        &[
+            "local",
+            "token",
+            "--workstation",
+            "alice",
+            "--namespace",
+            SPUR_NAMESPACE,
+        ],
+    );
+    std::fs::write(dir.path().join("token"), token.trim()).unwrap();
+    let ca = node
+        .kubectl(&[
+            "-n",
+            SPUR_NAMESPACE,
+            "get",
+            "configmap",
+            "spur-ca-bundle",
+            "-o",
+            "jsonpath={.data.ca\\.crt}",
+        ])
+        .unwrap();
+    assert!(ca.contains("BEGIN CERTIFICATE"), "{ca}");
+    std::fs::write(dir.path().join("ca.crt"), ca).unwrap();
+    let svc = node
+        .get_json(SPUR_NAMESPACE, &["service", "spur-tunnel-proxy"])
+        .unwrap();
+    let server = svc["spec"]["clusterIP"].as_str().unwrap().to_string();
+
+    let mut laptop = node.laptop(1).unwrap();
+    laptop
+        .spawn(
+            &spur,
+            &[
+                "demo",
+                "app",
+                "--name",
+                "laptop",
+                "--listen",
+                "127.0.0.1:3000",
+                "--marker",
+                "laptop",
+            ],
+            &[("POD_NAME", "alices-laptop")],
+            &dir.path().join("app.log"),
+        )
+        .unwrap();
+    let token_file = dir.path().join("token");
+    let ca_file = dir.path().join("ca.crt");
+    let state = dir.path().join("state");
+    laptop
+        .spawn(
+            &spur,
+            &[
+                "local",
+                "connect",
+                "--server",
+                &server,
+                "--quic-port",
+                "443",
+                "--h2-port",
+                "443",
+                "--server-name",
+                &format!("spur-tunnel-proxy.{SPUR_NAMESPACE}.svc.cluster.local"),
+                "--no-dns",
+                "--no-socks",
+                "--token-file",
+                token_file.to_str().unwrap(),
+                "--ca-file",
+                ca_file.to_str().unwrap(),
+                "--state-dir",
+                state.to_str().unwrap(),
+            ],
+            &[],
+            &dir.path().join("connect.log"),
+        )
+        .unwrap();
+    node.apply(&format!(
+        r#"apiVersion: spur.dev/v1alpha1
+kind: Sandbox
+metadata:
+  name: backend-local
+spec:
+  workstation: alice
+  local:
+    - name: backend
+      from: {{kind: Deployment, namespace: {ns}, name: backend}}
+      mappings:
+        - {{port: 8080, toLocal: "127.0.0.1:3000"}}
+"#
+    ))
+    .unwrap();
+    let logs = || {
+        format!(
+            "connect: {}\napp: {}\ntunnel proxy: {}",
+            std::fs::read_to_string(dir.path().join("connect.log")).unwrap_or_default(),
+            std::fs::read_to_string(dir.path().join("app.log")).unwrap_or_default(),
+            node.kubectl(&[
+                "-n",
+                SPUR_NAMESPACE,
+                "logs",
+                "deployment/spur-tunnel-proxy",
+                "--tail=30"
+            ])
+            .unwrap_or_default()
+        )
+    };
+    let key = eventually(
+        "Sandbox backend-local's routing key",
+        Duration::from_secs(60),
+        || {
+            let s = node.get_json("default", &["sandbox", "backend-local"])?;
+            Ok(s["status"]["routingKey"].as_str().map(String::from))
+        },
+    )
+    .unwrap();
+    let answer = eventually(
+        "a keyed request to reach the laptop's process",
+        Duration::from_secs(120),
+        || {
+            let a = try_get(node, ns, client, frontend, Some(&key))?;
+            Ok((a.answered_by() == Some("alices-laptop")).then_some(a))
+        },
+    )
+    .with_context(logs)
+    .unwrap();
+    assert_eq!(answer.marker(), Some("laptop"), "{answer:?}");
+    let unkeyed = get(node, ns, client, frontend, None);
+    assert_eq!(unkeyed.answered_by(), Some(backend_baseline), "{unkeyed:?}");
+    node.kubectl(&[
+        "delete",
+        "sandbox",
+        "backend-local",
+        "--wait=true",
+        "--timeout=60s",
+    ])
+    .unwrap();
+    drop(laptop);
+}
+
+/// Runs this checkout's `spur` on the host with the node's admin kubeconfig; its stdout.
+fn node_spur(node: &Node, args: &[&str]) -> String {
+    let out = std::process::Command::new(spur_bin("spur"))
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(&node.kubeconfig)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "spur {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn example(name: &str) -> String {
+    let path = format!("{}/../docs/examples/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Applies each file of docs/examples/ with what its comments say must exist first (namespace
+/// `hotrod` with `route` and `frontend`), and checks the state its comments promise. The fork's
+/// image is the one thing changed: the example's registry is not reachable here.
+fn docs_examples_on_the_node(node: &Node) {
+    let files: Vec<String> =
+        std::fs::read_dir(format!("{}/../docs/examples", env!("CARGO_MANIFEST_DIR")))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+    let mut files = files;
+    files.sort();
+    assert_eq!(
+        files,
+        ["routegroup.yaml", "sandbox-local.yaml", "sandbox.yaml"],
+        "a new example needs its check here"
+    );
+    node.apply(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: hotrod\n  labels:\n    sidecar.spur.dev/inject: \"true\"\n",
+    )
+    .unwrap();
+    let route = demo_app("hotrod", "route", None).replace("- name: app\n", "- name: hotrod\n");
+    node.apply(&route).unwrap();
+    node.apply(&demo_app("hotrod", "frontend", Some("http://route:8080")))
+        .unwrap();
+    node.apply(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: route-pr-42\n  namespace: hotrod\ndata:\n  db-host: db.hotrod.svc\n",
+    )
+    .unwrap();
+    node.rollout("hotrod", "route").unwrap();
+    node.rollout("hotrod", "frontend").unwrap();
+
+    let sandbox_yaml = example("sandbox.yaml").replace(
+        "image: ghcr.io/acme/hotrod-route:pr-42",
+        &format!("image: {}", spur_e2e::node::SPUR_IMAGE),
+    );
+    node.apply(&sandbox_yaml).unwrap();
+    let key = sandbox_ready(node, "route-pr-42");
+    let fork = fork_pod(node, "hotrod", "route-pr-42");
+    let pod = node.get_json("hotrod", &["pod", &fork]).unwrap();
+    let container = &pod["spec"]["containers"][0];
+    assert_eq!(container["name"], "hotrod");
+    assert_eq!(
+        container["resources"]["limits"]["memory"], "256Mi",
+        "the patch"
+    );
+    let env = container["env"].as_array().unwrap();
+    let var = |n: &str| env.iter().find(|e| e["name"] == n).cloned();
+    assert_eq!(var("ROUTE_CALC_DELAY").unwrap()["value"], "10ms");
+    assert_eq!(
+        var("DB_HOST").unwrap()["valueFrom"]["configMapKeyRef"]["name"],
+        "route-pr-42"
+    );
+    let sbx = node
+        .get_json("default", &["sandbox", "route-pr-42"])
+        .unwrap();
+    assert!(sbx["status"]["expiresAt"].is_string(), "{}", sbx["status"]);
+
+    // The route group over the routing team's pull requests: its key reaches the fork.
+    node.apply(&example("routegroup.yaml")).unwrap();
+    let group_key = eventually("routing-team's key", Duration::from_secs(60), || {
+        let g = node.get_json("default", &["routegroup", "routing-team"])?;
+        let ready = g["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        Ok(ready
+            .then(|| g["status"]["routingKey"].as_str().map(String::from))
+            .flatten())
+    })
+    .unwrap();
+    let client = node.client_pod("hotrod").unwrap();
+    for k in [&key, &group_key] {
+        let a = eventually(
+            "a keyed request to reach the example's fork",
+            Duration::from_secs(60),
+            || {
+                let a = try_get(
+                    node,
+                    "hotrod",
+                    &client,
+                    "http://frontend.hotrod.svc:8080/",
+                    Some(k),
+                )?;
+                Ok((a.answered_by() == Some(fork.as_str())).then_some(a))
+            },
+        )
+        .with_context(|| node.describe("hotrod"))
+        .unwrap();
+        assert_eq!(a.json["service"], "frontend");
+    }
+
+    // The local sandbox, with no workstation connected: admitted, and not Ready, as its comments say.
+    node.apply(&example("sandbox-local.yaml")).unwrap();
+    eventually(
+        "frontend-alice to say it is not Ready",
+        Duration::from_secs(60),
+        || {
+            let s = node.get_json("default", &["sandbox", "frontend-alice"])?;
+            let not_ready = s["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "False");
+            Ok((not_ready && s["status"]["local"][0]["connected"] != true).then_some(()))
+        },
+    )
+    .unwrap();
+
+    for (kind, name) in [
+        ("routegroup", "routing-team"),
+        ("sandbox", "route-pr-42"),
+        ("sandbox", "frontend-alice"),
+    ] {
+        node.kubectl(&["delete", kind, name, "--wait=true", "--timeout=120s"])
+            .unwrap();
+    }
+    node.kubectl(&["delete", "namespace", "hotrod", "--wait=false"])
+        .unwrap();
 }

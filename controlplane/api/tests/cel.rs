@@ -21,6 +21,13 @@ fn example(name: &str) -> Value {
     serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
+/// A Sandbox that sets every field (tests/fixtures): the rule tests break each part of it.
+fn every_field() -> Value {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sandbox-every-field.yaml");
+    serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 fn schema<K: CustomResourceExt>() -> Value {
     let crd = K::crd();
     serde_json::to_value(
@@ -51,7 +58,7 @@ fn sandbox_rust(obj: &Value) -> Result<(), String> {
 /// `mutate` breaks the example sandbox; CEL and Rust must both reject it, CEL with `cel_says`
 /// and Rust with `rust_says` in their messages.
 fn sandbox_rejected(what: &str, mutate: impl FnOnce(&mut Value), cel_says: &str, rust_says: &str) {
-    let mut obj = example("sandbox.yaml");
+    let mut obj = every_field();
     mutate(&mut obj);
     let errs = cel(&schema::<Sandbox>(), &obj, None);
     assert!(
@@ -67,10 +74,16 @@ fn sandbox_rejected(what: &str, mutate: impl FnOnce(&mut Value), cel_says: &str,
 
 #[test]
 fn examples_pass_every_rule() {
-    assert_eq!(
-        cel(&schema::<Sandbox>(), &example("sandbox.yaml"), None),
-        Vec::<String>::new()
-    );
+    for sandbox in [
+        example("sandbox.yaml"),
+        example("sandbox-local.yaml"),
+        every_field(),
+    ] {
+        assert_eq!(
+            cel(&schema::<Sandbox>(), &sandbox, None),
+            Vec::<String>::new()
+        );
+    }
     assert_eq!(
         cel(&schema::<RouteGroup>(), &example("routegroup.yaml"), None),
         Vec::<String>::new()
@@ -221,7 +234,7 @@ fn sandbox_name_must_be_a_dns_label() {
 #[test]
 fn sandbox_resources_are_immutable() {
     let s = schema::<Sandbox>();
-    let old = example("sandbox.yaml");
+    let old = every_field();
     let mut new = old.clone();
     new["spec"]["ttl"]["duration"] = json!("3d");
     assert_eq!(

@@ -67,17 +67,24 @@ fn example_sandbox() {
     let patch = fork.customizations.patch.as_ref().unwrap();
     assert_eq!(patch.type_, PatchType::Strategic);
     assert!(patch.value.is_object());
-    assert_eq!(spec.local[0].mappings[0].to_local, "localhost:8080");
-    assert_eq!(
-        spec.virtual_workloads[0].workload.kind,
-        WorkloadKind::Rollout
-    );
+    assert!(spec.local.is_empty() && spec.virtual_workloads.is_empty());
     let ttl = spec.ttl.as_ref().unwrap();
     assert_eq!(ttl.offset_from, TtlOffset::UpdatedAt);
     assert_eq!(
         ttl.duration(),
         Some(std::time::Duration::from_secs(2 * 86_400))
     );
+}
+
+#[test]
+fn example_local_sandbox() {
+    let sbx: Sandbox = round_trip(&example("sandbox-local.yaml"));
+    sbx.spec.validate().unwrap();
+    let spec = &sbx.spec;
+    assert_eq!(spec.workstation.as_deref(), Some("alice"));
+    assert_eq!(spec.local[0].from.kind, WorkloadKind::Deployment);
+    assert_eq!(spec.local[0].mappings[0].to_local, "localhost:8080");
+    assert!(spec.forks.is_empty());
 }
 
 #[test]
