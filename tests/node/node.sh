@@ -82,7 +82,12 @@ down() {
     fi
     # What the kubelet, containerd and libcni write at fixed paths outside the node's root.
     find /var/log/containers -maxdepth 1 -type l -lname "$root/*" -delete 2>/dev/null || true
+    # libcni's cache: a file per pod network attach (this node's network, and containerd's own
+    # cni-loopback), never removed when the pod goes. A cache entry names no node, so every entry
+    # made since this node started goes (one of a node started later is only a cache: a delete
+    # without it still works).
     rm -f /var/lib/cni/results/"$ns"-* 2>/dev/null || true
+    [ -f "$root/owner" ] && find /var/lib/cni/results -maxdepth 1 -type f -newer "$root/owner" -delete 2>/dev/null || true
     if [ -f "$root/created" ]; then
         # Directories this node created: the sockets in them are its own (the kubelet's device
         # plugin socket, containerd's shim sockets), and they go once they are empty.

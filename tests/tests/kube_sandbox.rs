@@ -76,6 +76,7 @@ impl ControlPlane {
             identity: "test".into(),
             duration_secs: 15,
             grace_secs: 5,
+            owner: None,
         };
         let operator = tokio::spawn(async move {
             spur_operator::run_elected(operator_client, ctx, operator_stop, election)
@@ -1141,6 +1142,7 @@ async fn tunnel_proxy_tokens_api_and_session_lease() {
         "alice",
         "tp-0",
         "10.0.0.9",
+        Some("uid-tp-0"),
         Duration::from_secs(6),
     );
     reporter.set_ports(vec![spur_api::tunnel::PortAssignment {
@@ -1158,6 +1160,7 @@ async fn tunnel_proxy_tokens_api_and_session_lease() {
         "alice",
         "tp-1",
         "10.0.0.10",
+        Some("uid-tp-1"),
         Duration::from_secs(6),
     );
     successor.set_ports(vec![spur_api::tunnel::PortAssignment {
@@ -1177,13 +1180,25 @@ async fn tunnel_proxy_tokens_api_and_session_lease() {
     .unwrap();
     assert_eq!(ended, spur_tunnelproxy::Ended::Superseded("tp-1".into()));
     let leases: Api<Lease> = Api::namespaced(client.clone(), "spur-system");
-    assert!(
-        leases
-            .get_opt(&spur_api::tunnel::lease_name("alice"))
-            .await
-            .unwrap()
-            .is_some()
-    );
+    // The replica holding the session owns the Lease now (it goes with that pod), not both.
+    eventually("the Lease owned by tp-1 alone", || {
+        let leases = leases.clone();
+        async move {
+            let held = leases
+                .get_opt(&spur_api::tunnel::lease_name("alice"))
+                .await
+                .ok()??;
+            let owners: Vec<(String, String)> = held
+                .metadata
+                .owner_references
+                .unwrap_or_default()
+                .into_iter()
+                .map(|o| (o.name, o.uid))
+                .collect();
+            (owners == [("tp-1".to_string(), "uid-tp-1".to_string())]).then_some(())
+        }
+    })
+    .await;
     assert_eq!(successor.close().await, spur_tunnelproxy::Ended::Closed);
     assert!(
         leases
@@ -1255,6 +1270,7 @@ async fn workstation_session_through_the_tunnel_proxy() {
             // address nobody dials; the test connects to the reverse listener on loopback, as
             // kube-proxy would translate the Service address to the pod's.
             pod_ip: "192.0.2.10".parse().unwrap(),
+            pod_uid: None,
             quic_addr: Some("127.0.0.1:0".parse().unwrap()),
             h2_addr: Some("127.0.0.1:0".parse().unwrap()),
             socks_addr: Some("127.0.0.1:0".parse().unwrap()),

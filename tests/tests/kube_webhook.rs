@@ -111,6 +111,7 @@ impl Setup {
             identity: "test".into(),
             duration_secs: 15,
             grace_secs: 5,
+            owner: None,
         };
         let operator_stop = stop.clone();
         let operator = tokio::spawn(async move {

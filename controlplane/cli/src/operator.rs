@@ -43,6 +43,11 @@ pub(crate) struct OperatorArgs {
     /// Name of the leader-election Lease.
     #[arg(long, env = "SPUR_LEASE_NAME", default_value = "spur-operator")]
     lease_name: String,
+    /// The operator's own Deployment (in --namespace): made the owner of the Secrets,
+    /// ConfigMap and Lease the operator creates there, so that deleting the installation
+    /// deletes them. The chart sets it.
+    #[arg(long, env = "SPUR_OWNER_DEPLOYMENT")]
+    owner_deployment: Option<String>,
     /// Seconds the lease stays valid without renewal; a crashed leader is replaced after it.
     #[arg(long, env = "SPUR_LEASE_DURATION", default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..=3600))]
     lease_duration: u64,
@@ -178,7 +183,7 @@ impl WebhookArgs {
 
 pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
     // Configuration errors first, before anything connects.
-    let configs = if args.webhook.no_webhook {
+    let mut configs = if args.webhook.no_webhook {
         None
     } else {
         Some(args.webhook.configs(&args.namespace)?)
@@ -189,6 +194,17 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
         .apiserver_version()
         .await
         .context("cannot reach the Kubernetes API server")?;
+    let owner = match args.owner_deployment.as_deref().filter(|s| !s.is_empty()) {
+        None => None,
+        Some(name) => Some(
+            spur_operator::owner::deployment_owner(client.clone(), &args.namespace, name)
+                .await
+                .context("cannot look up the operator's own Deployment")?,
+        ),
+    };
+    if let Some((pki, _)) = configs.as_mut() {
+        pki.owner = owner.clone();
+    }
     let mut registry = Registry::with_prefix("spur_operator");
     let metrics = spur_operator::Metrics::register(&mut registry);
     let instance = args.instance.filter(|s| !s.is_empty()).unwrap_or_else(|| {
@@ -278,6 +294,7 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
             identity: instance,
             duration_secs: args.lease_duration,
             grace_secs: (args.lease_duration / 3).max(1),
+            owner,
         };
         tokio::spawn(spur_operator::run_elected(
             client,

@@ -31,6 +31,10 @@ pub(crate) struct TunnelProxyArgs {
     /// This replica's pod IP (where the sandbox Services' endpoints point).
     #[arg(long, env = "POD_IP")]
     pod_ip: IpAddr,
+    /// This replica's pod UID: the pod owns the tunnel Leases it writes, so they go with it
+    /// (a replica deleted by a rollout or `helm uninstall`). The chart sets it.
+    #[arg(long, env = "POD_UID")]
+    pod_uid: Option<String>,
     /// UDP address of the QUIC listener (empty to disable).
     #[arg(long, env = "SPUR_QUIC_ADDR", default_value = "0.0.0.0:8443")]
     quic_addr: String,
@@ -225,6 +229,7 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
             namespace: args.namespace,
             pod_name: args.pod_name,
             pod_ip: args.pod_ip,
+            pod_uid: args.pod_uid.filter(|u| !u.is_empty()),
             quic_addr,
             h2_addr,
             socks_addr,

@@ -21,6 +21,7 @@ use futures_util::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ObjectMeta, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -63,6 +64,9 @@ pub struct PkiConfig {
     pub workstation_cert_lifetime: Duration,
     /// The longest a workstation client certificate is issued for, whatever it asks.
     pub workstation_cert_max_lifetime: Duration,
+    /// The operator's Deployment: it owns the Secrets and the ConfigMap, so they go with the
+    /// installation (crate::owner). None: they are nobody's (and outlive an uninstall).
+    pub owner: Option<OwnerReference>,
 }
 
 /// A serving certificate the manager keeps current besides the webhook's.
@@ -110,6 +114,7 @@ impl PkiConfig {
             bundle_config_map: Some("spur-ca-bundle".into()),
             workstation_cert_lifetime: Duration::from_secs(24 * 3600),
             workstation_cert_max_lifetime: Duration::from_secs(7 * 24 * 3600),
+            owner: None,
         }
     }
 
@@ -336,6 +341,21 @@ impl Manager {
         if let Some(name) = &cfg.bundle_config_map {
             self.sync_bundle_config_map(name, &bundle_pem).await?;
         }
+        // Secrets written before the operator had an owner (an upgrade) are adopted here; new
+        // ones are written owned.
+        if let Some(owner) = &cfg.owner {
+            let tunnel = cfg.tunnel_proxy.as_ref().map(|t| t.secret.as_str());
+            for name in [
+                Some(cfg.ca_secret.as_str()),
+                Some(cfg.serving_secret.as_str()),
+                tunnel,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                crate::owner::adopt(&self.secrets, name, owner).await?;
+            }
+        }
         Ok(due
             .into_iter()
             .min()
@@ -437,10 +457,15 @@ impl Manager {
                 .and_then(|d| d.get("ca.crt"))
                 .map(String::as_str)
                 == Some(bundle)
+            && self
+                .cfg
+                .owner
+                .as_ref()
+                .is_none_or(|o| crate::owner::owned_by(&cm, o))
         {
             return Ok(());
         }
-        let body = serde_json::json!({
+        let mut body = serde_json::json!({
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {
@@ -453,6 +478,9 @@ impl Manager {
             },
             "data": {"ca.crt": bundle},
         });
+        if let Some(owner) = &self.cfg.owner {
+            body["metadata"]["ownerReferences"] = serde_json::to_value([owner])?;
+        }
         self.config_maps
             .patch(
                 name,
@@ -564,6 +592,7 @@ impl Manager {
                     ),
                 ])),
                 annotations,
+                owner_references: self.cfg.owner.clone().map(|o| vec![o]),
                 ..Default::default()
             },
             type_: Some(type_.into()),

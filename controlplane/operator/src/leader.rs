@@ -4,7 +4,10 @@
 
 use std::sync::Arc;
 
-use kube::Client;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio_util::sync::CancellationToken;
 
@@ -21,6 +24,9 @@ pub struct LeaderElection {
     pub duration_secs: u64,
     /// Extra seconds tolerated for clock skew before a lease counts as expired.
     pub grace_secs: u64,
+    /// The operator's Deployment, made the Lease's owner so it goes with the installation
+    /// (crate::owner).
+    pub owner: Option<OwnerReference>,
 }
 
 /// Runs the controllers while this replica holds the lease, until `stop` is cancelled; then
@@ -31,6 +37,9 @@ pub async fn run_elected(
     stop: CancellationToken,
     election: LeaderElection,
 ) -> Result<(), Error> {
+    if let Some(owner) = &election.owner {
+        own_lease(&client, &election, owner).await?;
+    }
     let manager = LeaseManagerBuilder::new(client.clone(), &election.lease)
         .with_namespace(&election.namespace)
         .with_identity(&election.identity)
@@ -81,4 +90,29 @@ pub async fn run_elected(
         Err(e) => tracing::warn!(error = %e, "lease manager task failed"),
     }
     result
+}
+
+/// Creates the Lease owned by `owner` before the lease manager first sees it (the manager then
+/// uses it as it is), or adopts one that exists.
+async fn own_lease(
+    client: &Client,
+    election: &LeaderElection,
+    owner: &OwnerReference,
+) -> Result<(), Error> {
+    let api = Api::<Lease>::namespaced(client.clone(), &election.namespace);
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(election.lease.clone()),
+            owner_references: Some(vec![owner.clone()]),
+            ..ObjectMeta::default()
+        },
+        spec: None,
+    };
+    match api.create(&PostParams::default(), &lease).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_already_exists() => {
+            crate::owner::adopt(&api, &election.lease, owner).await
+        }
+        Err(e) => Err(e.into()),
+    }
 }

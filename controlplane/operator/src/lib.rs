@@ -22,6 +22,7 @@ mod forked;
 pub mod inject;
 mod leader;
 mod metrics;
+pub mod owner;
 pub mod patch;
 pub mod pki;
 mod routegroup;

@@ -43,6 +43,8 @@ pub struct TunnelProxyConfig {
     /// This replica's pod name and IP (the Lease's holder and the EndpointSlices' address).
     pub pod_name: String,
     pub pod_ip: IpAddr,
+    /// This replica's pod UID: when known, the pod owns its session Leases.
+    pub pod_uid: Option<String>,
     pub quic_addr: Option<SocketAddr>,
     pub h2_addr: Option<SocketAddr>,
     /// SOCKS5 + HTTP CONNECT listener; `None` disables it.
@@ -283,6 +285,7 @@ pub async fn run(
         namespace: config.namespace,
         pod_name: config.pod_name,
         pod_ip: config.pod_ip,
+        pod_uid: config.pod_uid,
         reverse_bind: config.reverse_bind,
         lease_duration: config.lease_duration,
         cluster_domain: config.cluster_domain,
@@ -380,6 +383,7 @@ struct Shared {
     namespace: String,
     pod_name: String,
     pod_ip: IpAddr,
+    pod_uid: Option<String>,
     reverse_bind: IpAddr,
     lease_duration: Duration,
     cluster_domain: String,
@@ -442,6 +446,7 @@ async fn serve_session(mut session: spur_tunnel::Session, shared: Arc<Shared>) {
             &who,
             &shared.pod_name,
             &shared.pod_ip.to_string(),
+            shared.pod_uid.as_deref(),
             shared.lease_duration,
         )
     };

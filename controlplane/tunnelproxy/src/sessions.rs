@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client};
 use spur_api::tunnel::{PortAssignment, Session, lease_name};
@@ -37,15 +38,26 @@ pub struct SessionReporter {
 
 impl SessionReporter {
     /// Starts reporting `workstation`'s tunnel, held by `proxy_pod` reachable at `address`.
-    /// The Lease is valid for `duration` and renewed every third of it.
+    /// The Lease is valid for `duration` and renewed every third of it. With `proxy_pod_uid`,
+    /// the pod owns the Lease: a crashed session's Lease then goes with the pod (a rollout,
+    /// `helm uninstall`) instead of waiting for an operator to remove it.
     pub fn start(
         client: Client,
         namespace: &str,
         workstation: &str,
         proxy_pod: &str,
         address: &str,
+        proxy_pod_uid: Option<&str>,
         duration: Duration,
     ) -> SessionReporter {
+        let owner = proxy_pod_uid.map(|uid| OwnerReference {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name: proxy_pod.into(),
+            uid: uid.into(),
+            controller: None,
+            block_owner_deletion: None,
+        });
         let (ports, mut changes) = watch::channel(Vec::new());
         let stop = CancellationToken::new();
         let api: Api<Lease> = Api::namespaced(client, namespace);
@@ -83,7 +95,10 @@ impl SessionReporter {
                     Err(e) => tracing::warn!(error = %e, "cannot read the tunnel Lease"),
                 }
                 match session.to_lease(&ns) {
-                    Ok(lease) => {
+                    Ok(mut lease) => {
+                        // The same field manager on every replica: the one that holds the
+                        // session now owns the Lease, the previous owner drops out.
+                        lease.metadata.owner_references = owner.clone().map(|o| vec![o]);
                         let pp = PatchParams::apply(FIELD_MANAGER).force();
                         if let Err(e) = api.patch(&name, &pp, &Patch::Apply(&lease)).await {
                             tracing::warn!(error = %e, "cannot renew the tunnel Lease");
