@@ -184,16 +184,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
     .unwrap();
     let key = sandbox_ready(node, "backend-fix");
     let fork = fork_pod(node, ns, "backend-fix");
-    let keyed = eventually(
-        "a keyed request to reach the fork",
-        Duration::from_secs(60),
-        || {
-            let a = try_get(node, ns, &client, &frontend, Some(&key))?;
-            Ok((a.answered_by() == Some(fork.as_str())).then_some(a))
-        },
-    )
-    .with_context(|| node.describe(ns))
-    .unwrap();
+    let keyed = until_answered_by(node, ns, &client, &frontend, &key, &fork)
+        .with_context(|| node.describe(ns))
+        .unwrap();
     assert_eq!(keyed.marker(), Some("fix"), "{keyed:?}");
     assert_eq!(
         keyed.json["pod"]
@@ -561,11 +554,7 @@ fn sandbox_ready(node: &Node, name: &str) -> String {
         Duration::from_secs(180),
         || {
             let s = node.get_json("default", &["sandbox", name])?;
-            let ready = s["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            let ready = condition(&s, "Ready") == Some("True");
             Ok(ready
                 .then(|| s["status"]["routingKey"].as_str().map(String::from))
                 .flatten())
@@ -588,11 +577,7 @@ fn fork_pod(node: &Node, ns: &str, sandbox: &str) -> String {
             Ok(match pods.as_slice() {
                 [one] => {
                     let p: Value = node.get_json(ns, &["pod", one])?;
-                    let ready = p["status"]["conditions"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                    let ready = condition(&p, "Ready") == Some("True");
                     ready.then(|| one.clone())
                 }
                 _ => None,
@@ -732,16 +717,9 @@ spec:
         },
     )
     .unwrap();
-    let answer = eventually(
-        "a keyed request to reach the laptop's process",
-        Duration::from_secs(120),
-        || {
-            let a = try_get(node, ns, client, frontend, Some(&key))?;
-            Ok((a.answered_by() == Some("alices-laptop")).then_some(a))
-        },
-    )
-    .with_context(logs)
-    .unwrap();
+    let answer = until_answered_by(node, ns, client, frontend, &key, "alices-laptop")
+        .with_context(logs)
+        .unwrap();
     assert_eq!(answer.marker(), Some("laptop"), "{answer:?}");
     let unkeyed = get(node, ns, client, frontend, None);
     assert_eq!(unkeyed.answered_by(), Some(backend_baseline), "{unkeyed:?}");
@@ -838,11 +816,7 @@ fn docs_examples_on_the_node(node: &Node) {
     node.apply(&example("routegroup.yaml")).unwrap();
     let group_key = eventually("routing-team's key", Duration::from_secs(60), || {
         let g = node.get_json("default", &["routegroup", "routing-team"])?;
-        let ready = g["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        let ready = condition(&g, "Ready") == Some("True");
         Ok(ready
             .then(|| g["status"]["routingKey"].as_str().map(String::from))
             .flatten())
@@ -850,19 +824,13 @@ fn docs_examples_on_the_node(node: &Node) {
     .unwrap();
     let client = node.client_pod("hotrod").unwrap();
     for k in [&key, &group_key] {
-        let a = eventually(
-            "a keyed request to reach the example's fork",
-            Duration::from_secs(60),
-            || {
-                let a = try_get(
-                    node,
-                    "hotrod",
-                    &client,
-                    "http://frontend.hotrod.svc:8080/",
-                    Some(k),
-                )?;
-                Ok((a.answered_by() == Some(fork.as_str())).then_some(a))
-            },
+        let a = until_answered_by(
+            node,
+            "hotrod",
+            &client,
+            "http://frontend.hotrod.svc:8080/",
+            k,
+            &fork,
         )
         .with_context(|| node.describe("hotrod"))
         .unwrap();
@@ -876,11 +844,7 @@ fn docs_examples_on_the_node(node: &Node) {
         Duration::from_secs(60),
         || {
             let s = node.get_json("default", &["sandbox", "frontend-alice"])?;
-            let not_ready = s["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "False");
+            let not_ready = condition(&s, "Ready") == Some("False");
             Ok((not_ready && s["status"]["local"][0]["connected"] != true).then_some(()))
         },
     )
@@ -896,4 +860,33 @@ fn docs_examples_on_the_node(node: &Node) {
     }
     node.kubectl(&["delete", "namespace", "hotrod", "--wait=false"])
         .unwrap();
+}
+
+/// The status (`"True"`, `"False"`, ...) of condition `type_` of an object, if it has one.
+fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a str> {
+    obj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)?["status"]
+        .as_str()
+}
+
+/// Sends requests with `key` from the `client` pod until one is answered by `pod` (new routes
+/// take a moment to reach the sidecars), and returns that answer.
+fn until_answered_by(
+    node: &Node,
+    ns: &str,
+    client: &str,
+    url: &str,
+    key: &str,
+    pod: &str,
+) -> anyhow::Result<Answer> {
+    eventually(
+        &format!("a request with key {key} to be answered by {pod}"),
+        Duration::from_secs(120),
+        || {
+            let a = try_get(node, ns, client, url, Some(key))?;
+            Ok((a.answered_by() == Some(pod)).then_some(a))
+        },
+    )
 }

@@ -6,7 +6,6 @@
 //! Spur route every hop of a keyed request to the sandbox's forks.
 
 use std::convert::Infallible;
-use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::pin::pin;
 use std::process::ExitCode;
@@ -27,7 +26,7 @@ use hyper_util::server::conn::auto;
 use serde_json::{Value, json};
 use spur_demo_apps::CancellationToken;
 use spur_sidecar::shutdown_signal;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
 /// Bound on the whole upstream call (connect, request, response body).
@@ -38,23 +37,14 @@ const UPSTREAM_BODY_LIMIT: usize = 1 << 20;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Routing-context headers copied from the incoming request to the upstream call, every line,
-/// unchanged: the W3C trace context, every carrier of docs/routing-keys.md (including its
-/// custom-header example `x-sandbox-key`) and the request id.
-const PROPAGATED: &[&str] = &[
-    "baggage",
-    "tracestate",
-    "traceparent",
-    "ot-baggage-sd-routing-key",
-    "ot-baggage-spur-routing-key",
-    "ot-baggage-sd-sandbox",
-    "ot-baggage-sd-workspace",
-    "uberctx-sd-routing-key",
-    "uberctx-spur-routing-key",
-    "uberctx-sd-sandbox",
-    "uberctx-sd-workspace",
-    "x-sandbox-key",
-    "x-request-id",
-];
+/// unchanged: the W3C trace context, every carrier of docs/routing-keys.md (the OpenTracing and
+/// Jaeger ones, and its custom-header example `x-sandbox-key`) and the request id.
+fn propagated() -> impl Iterator<Item = &'static str> {
+    ["baggage", "tracestate", "traceparent"]
+        .into_iter()
+        .chain(spur_routing::extract::LEGACY_HEADERS)
+        .chain(["x-sandbox-key", "x-request-id"])
+}
 
 #[derive(Args)]
 pub(crate) struct AppArgs {
@@ -103,9 +93,8 @@ impl App {
             bail!("--name (SPUR_APP_NAME) must not be empty");
         }
         let upstream = call.map(Upstream::new).transpose()?;
-        let mut propagate = PROPAGATED
-            .iter()
-            .map(|h| HeaderName::from_static(h))
+        let mut propagate = propagated()
+            .map(HeaderName::from_static)
             .collect::<Vec<_>>();
         for h in extra_propagate
             .iter()
@@ -216,7 +205,7 @@ pub(crate) async fn serve(listener: TcpListener, app: Arc<App>, shutdown: Cancel
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30));
     let tasks = TaskTracker::new();
-    while let Some((stream, peer)) = accept(&listener, &shutdown).await {
+    while let Some((stream, peer)) = spur_demo_apps::accept(&listener, &shutdown).await {
         let builder = builder.clone();
         let app = app.clone();
         let shutdown = shutdown.clone();
@@ -242,41 +231,6 @@ pub(crate) async fn serve(listener: TcpListener, app: Arc<App>, shutdown: Cancel
         .is_err()
     {
         tracing::warn!("drain timed out; dropping the remaining connections");
-    }
-}
-
-/// Waits for the next connection, or `None` once `shutdown` is cancelled. Accept errors never
-/// end the server (as in spur-demo-apps).
-async fn accept(
-    listener: &TcpListener,
-    shutdown: &CancellationToken,
-) -> Option<(TcpStream, SocketAddr)> {
-    loop {
-        let res = tokio::select! {
-            biased;
-            () = shutdown.cancelled() => return None,
-            res = listener.accept() => res,
-        };
-        match res {
-            Ok((stream, peer)) => {
-                let _ = stream.set_nodelay(true);
-                return Some((stream, peer));
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "accept failed");
-                if !matches!(
-                    e.kind(),
-                    ErrorKind::ConnectionAborted
-                        | ErrorKind::ConnectionReset
-                        | ErrorKind::Interrupted
-                ) {
-                    tokio::select! {
-                        () = shutdown.cancelled() => return None,
-                        () = tokio::time::sleep(Duration::from_millis(50)) => {}
-                    }
-                }
-            }
-        }
     }
 }
 
@@ -518,7 +472,7 @@ mod tests {
         )
         .await;
 
-        let mut sent: Vec<(&str, &str)> = PROPAGATED.iter().map(|h| (*h, "k1")).collect();
+        let mut sent: Vec<(&str, &str)> = propagated().map(|h| (h, "k1")).collect();
         sent.push(("baggage", "other=1"));
         sent.push(("x-custom-key", "k2"));
         sent.push(("x-not-propagated", "no"));
@@ -528,8 +482,8 @@ mod tests {
         assert_eq!(doc["baggage"], "k1,other=1");
         let up = &doc["upstream"];
         assert_eq!(up["uri"], "/headers?a=b", "{body}");
-        for h in PROPAGATED.iter().filter(|h| **h != "baggage") {
-            assert_eq!(up["headers"][*h], json!(["k1"]), "{h}: {body}");
+        for h in propagated().filter(|h| *h != "baggage") {
+            assert_eq!(up["headers"][h], json!(["k1"]), "{h}: {body}");
         }
         assert_eq!(up["headers"]["baggage"], json!(["k1", "other=1"]));
         assert_eq!(up["headers"]["x-custom-key"], json!(["k2"]));

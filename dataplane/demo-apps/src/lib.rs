@@ -14,6 +14,7 @@ mod tcp;
 
 pub use grpc::{HelloReply, HelloRequest, serve_grpc};
 pub use http::serve_http;
+pub use net::accept;
 pub use tcp::{TestTls, serve_tcp_echo, serve_tls_echo, test_tls};
 pub use tokio_util::sync::CancellationToken;
 

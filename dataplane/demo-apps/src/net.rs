@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 ///
 /// Accept errors never end the server: a demo upstream that dies because a client reset
 /// mid-handshake or the process briefly ran out of descriptors would make tests flaky.
-pub(crate) async fn accept(
+pub async fn accept(
     listener: &TcpListener,
     shutdown: &CancellationToken,
 ) -> Option<(TcpStream, SocketAddr)> {
