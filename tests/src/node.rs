@@ -25,6 +25,22 @@ pub const SPUR_IMAGE: &str = "localhost/spur:dev";
 pub const CLIENT_IMAGE: &str = "localhost/spur-test-client:dev";
 /// Where the chart goes.
 pub const SPUR_NAMESPACE: &str = "spur-system";
+/// The `helm install` values of the node tier: what a user with a registry sets, pointed at the
+/// locally imported image, and one replica each (one node, two cores).
+pub const CHART_VALUES: &[&str] = &[
+    "--set",
+    "image.repository=localhost/spur",
+    "--set",
+    "image.tag=dev",
+    "--set",
+    "operator.replicas=1",
+    "--set",
+    "routeserver.replicas=1",
+    "--set",
+    "tunnelProxy.replicas=1",
+    "--set",
+    "tunnelProxy.serviceType=ClusterIP",
+];
 
 /// A running node: what `node.sh up` wrote to its env file.
 pub struct Node {

@@ -11,30 +11,15 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde_json::Value;
-use spur_e2e::node::{Answer, Node, SPUR_NAMESPACE, demo_app, eventually, node, spur_bin};
+use spur_e2e::node::{
+    Answer, CHART_VALUES, Node, SPUR_NAMESPACE, demo_app, eventually, node, spur_bin,
+};
 
 const RELEASE: &str = "spur";
 
-/// The values a user with a registry sets, pointed at the locally imported image.
-const VALUES: &[&str] = &[
-    "--set",
-    "image.repository=localhost/spur",
-    "--set",
-    "image.tag=dev",
-    // One replica each: a one-node cluster on two cores.
-    "--set",
-    "operator.replicas=1",
-    "--set",
-    "routeserver.replicas=1",
-    "--set",
-    "tunnelProxy.replicas=1",
-    "--set",
-    "tunnelProxy.serviceType=ClusterIP",
-];
-
 fn helm_args<'a>(first: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
     let mut v = first.to_vec();
-    v.extend_from_slice(VALUES);
+    v.extend_from_slice(CHART_VALUES);
     v.extend_from_slice(extra);
     v
 }
@@ -165,6 +150,23 @@ fn helm_install_and_the_user_path_on_running_pods() {
     }
     let client = node.client_pod(ns).unwrap();
     let frontend = format!("http://frontend.{ns}.svc.cluster.local:8080/");
+    // The cluster's DNS answers cluster names and nothing else: no query leaves the node.
+    let outside = node
+        .kubectl(&[
+            "-n",
+            ns,
+            "exec",
+            &client,
+            "--",
+            "sh",
+            "-c",
+            "curl -sS --max-time 5 http://example.com/ 2>&1; true",
+        ])
+        .unwrap();
+    assert!(
+        outside.contains("Could not resolve host"),
+        "a name outside the cluster resolved: {outside}"
+    );
 
     let baseline = get(node, ns, &client, &frontend, None);
     assert_eq!(

@@ -396,10 +396,13 @@ pub fn containers(
             field("POD_NAMESPACE", "metadata.namespace"),
         ],
         "ports": [{"name": "spur-admin", "containerPort": cfg.admin_port, "protocol": "TCP"}],
-        // Readiness is "listening", not "routes loaded": a route server outage must not make
-        // the user's pods unready (keyed requests then fall back to the baseline).
-        "startupProbe": probe(1, 60),
-        "readinessProbe": probe(5, 3),
+        // Started (and so ready) means "listening", not "routes loaded": a route server outage
+        // must not make the user's pods unready (keyed requests then fall back to the
+        // baseline). The kubelet starts the app once this hook returns: at once when the
+        // sidecar listens. A startup probe instead costs a probe period or two (its worker
+        // ticks once a second) and a readiness probe one more: 3 s per pod start on the node
+        // tier (perf/results/node.md).
+        "lifecycle": {"postStart": {"exec": {"command": ["spur-sidecar", "--wait-listening", "60s"]}}},
         "livenessProbe": probe(10, 6),
         "resources": resources(&cfg.sidecar_resources),
         "securityContext": {

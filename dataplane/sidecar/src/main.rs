@@ -1,5 +1,8 @@
 //! `spur-sidecar`: parse flags, start the sidecar, drain on SIGTERM.
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
 use clap::Parser;
 use spur_sidecar::{Sidecar, SidecarArgs, SidecarConfig, init_tracing, shutdown_signal};
 
@@ -18,9 +21,30 @@ struct Cli {
     /// on the calling thread, which is the cheapest way to use one core.
     #[arg(long, env = "SPUR_THREADS")]
     threads: Option<usize>,
+    /// Do not run a sidecar: wait at most this long (e.g. `30s`) until the sidecar of this
+    /// container listens on its admin address, then exit 0 (1 on timeout). The injected
+    /// container's postStart hook, so the kubelet starts the app only once the sidecar accepts
+    /// the traffic the init container redirects to it.
+    // Handled by `WaitCli` before this parser runs; declared here for --help.
+    #[arg(long, value_name = "TIMEOUT", value_parser = spur_proxy::parse_duration)]
+    wait_listening: Option<Duration>,
+}
+
+/// `--wait-listening` alone: it needs none of the sidecar's required flags.
+#[derive(Parser)]
+#[command(name = "spur-sidecar")]
+struct WaitCli {
+    #[arg(long, value_parser = spur_proxy::parse_duration)]
+    wait_listening: Duration,
+    #[arg(long, env = "SPUR_ADMIN_ADDR", default_value = "127.0.0.1:15020")]
+    admin_addr: SocketAddr,
 }
 
 fn main() -> std::process::ExitCode {
+    if std::env::args_os().any(|a| a == "--wait-listening") {
+        let w = WaitCli::parse();
+        return wait_listening(w.admin_addr, w.wait_listening);
+    }
     let cli = Cli::parse();
     init_tracing("info");
     let config = match SidecarConfig::try_from(cli.sidecar) {
@@ -63,4 +87,31 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     })
+}
+
+/// Connects to the admin address (an unspecified address means this host) until a connection
+/// is accepted or `timeout` passes. The admin listener is bound after the inbound one, so an
+/// accepted connection means the sidecar takes traffic; nothing is sent on it.
+fn wait_listening(admin: SocketAddr, timeout: Duration) -> std::process::ExitCode {
+    let target = if admin.ip().is_unspecified() {
+        let local: IpAddr = if admin.is_ipv4() {
+            Ipv4Addr::LOCALHOST.into()
+        } else {
+            Ipv6Addr::LOCALHOST.into()
+        };
+        SocketAddr::new(local, admin.port())
+    } else {
+        admin
+    };
+    let deadline = Instant::now() + timeout;
+    loop {
+        match TcpStream::connect_timeout(&target, Duration::from_millis(200)) {
+            Ok(_) => return std::process::ExitCode::SUCCESS,
+            Err(e) if Instant::now() >= deadline => {
+                eprintln!("spur-sidecar: nothing listens on {target} after {timeout:?}: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
 }
