@@ -30,6 +30,7 @@ command -v buildah >/dev/null 2>&1 || need+=(buildah)
 command -v jq >/dev/null 2>&1 || need+=(jq)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
+{ command -v pgrep && command -v sysctl; } >/dev/null 2>&1 || need+=(procps)
 if [ ${#need[@]} -gt 0 ]; then
     echo "tests/run.sh: installing ${need[*]}" >&2
     sudo_cmd=()
@@ -69,9 +70,16 @@ export SPUR_KUBE_BINDIR SPUR_GO_BINDIR
 # from this checkout's binaries. A node left by a killed run is removed first; this one goes when
 # the run ends, however it ends.
 cargo build --locked --bin spur --bin spur-sidecar --bin spur-init
-image_out="$(tests/node/image.sh target/debug target/node-images)"
+SPUR_IMAGE_BINDIR="$(cd "${CARGO_TARGET_DIR:-target}/debug" && pwd)"
+export SPUR_IMAGE_BINDIR
+image_out="$(tests/node/image.sh "$SPUR_IMAGE_BINDIR" "$SPUR_IMAGE_BINDIR/node-images")"
 # One line per image: name, archive, sizes.
 mapfile -t images < <(awk '$2 ~ /\.tar$/ { print $2 }' <<<"$image_out")
+if [ ${#images[@]} -eq 0 ]; then
+    echo "tests/run.sh: tests/node/image.sh wrote no image archive:" >&2
+    echo "$image_out" >&2
+    exit 1
+fi
 tests/node/node.sh cleanup
 node_env="$(SPUR_NODE_OWNER=$$ tests/node/node.sh up "${images[@]}" | tail -n 1)"
 trap 'tests/node/node.sh down "$(dirname "$node_env")"' EXIT

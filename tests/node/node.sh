@@ -40,40 +40,102 @@ CGROUP_FS=/sys/fs/cgroup
 log() { echo "tests/node/node.sh: $*" >&2; }
 die() { log "$*"; exit 1; }
 
+# One lock for every node of the machine: `up` holds it from the clean-up of leftovers until its
+# root, owner and addresses are in place, `down` while it takes a node apart.
+LOCK="${PREFIX%-}.lock"
+LOCKED=
+lock() {
+    [ -z "$LOCKED" ] || return 0
+    exec 8>>"$LOCK"
+    flock 8
+    LOCKED=1
+}
+unlock() {
+    [ -n "$LOCKED" ] || return 0
+    flock -u 8
+    LOCKED=
+}
+
+# "pid start-time" of a process (start time in clock ticks since boot, field 22 of
+# /proc/<pid>/stat), so a pid reused by another process is not taken for the owner.
+process_id() {
+    local pid="$1" stat
+    stat="$(cat "/proc/$pid/stat" 2>/dev/null)" || return 1
+    stat="${stat##*) }"
+    # After "pid (comm) ", the fields start at 3 (state): start time (22) is the 20th of them.
+    # shellcheck disable=SC2086 # split on purpose
+    set -- $stat
+    # A zombie has ended (here nobody may reap an orphan for a while).
+    [ "$1" != Z ] || return 1
+    echo "$pid ${20}"
+}
+
+# Whether the owner recorded in ROOT/owner ("pid start-time") still runs.
+owner_alive() {
+    local pid start now
+    read -r pid start 2>/dev/null <"$1/owner" || return 1
+    [ -n "$pid" ] || return 1
+    now="$(process_id "$pid" | cut -d' ' -f2)" || return 1
+    [ "$now" = "$start" ]
+}
+
+# Whether a node other than ROOT runs (its owner is alive).
+other_node_alive() {
+    local other
+    for other in "$PREFIX"*; do
+        [ "$other" != "$1" ] && [ -d "$other" ] && owner_alive "$other" && return 0
+    done
+    return 1
+}
+
 # ---------------------------------------------------------------------------------------------
 # down: everything `up` started or changed, in an order that never leaves a process holding a
-# mount or a cgroup. Idempotent, and works on a half-started node.
+# mount or a cgroup. Idempotent, best effort (one failed step does not stop the others), and
+# works on a half-started node.
 # ---------------------------------------------------------------------------------------------
 down() {
+    local -
+    set +e +o pipefail
     local root="$1" id ns started=$SECONDS
-    [ -d "$root" ] || return 0
     id="${root#"$PREFIX"}"
+    # Only a node's root: PREFIX and a six-digit hex id, never a path given by mistake.
+    if [ "$root" = "$id" ] || ! [[ "$id" =~ ^[0-9a-f]{6}$ ]]; then
+        log "not a node root: $root"
+        return 1
+    fi
+    [ -d "$root" ] || return 0
+    lock
     ns="spur-node-$id"
-    # Control plane and node agents first, so nothing restarts the pods killed below.
     # The laptops of the tunnel tests (tests/src/node.rs): their processes, then the namespaces.
     local lap
     for lap in $(ip netns list 2>/dev/null | awk -v p="spur-laptop-$id-" 'index($1, p) == 1 { print $1 }'); do
-        ip netns pids "$lap" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
-        ip netns del "$lap" 2>/dev/null || true
+        ip netns pids "$lap" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
+        ip netns del "$lap" 2>/dev/null
     done
+    # Control plane and node agents first, so nothing restarts the pods killed below.
     stop_pids "$root" kubelet kube-proxy coredns kube-scheduler kube-controller-manager
     # The pods' processes: everything in the node's cgroup subtree, then the shims of this
     # node's containerd (they outlive containerd by design).
     kill_cgroup_tree "$(cgroup_root "$id")"
     local pid
-    for pid in $(pgrep -f "containerd-shim.*-address $root/" || true); do
-        kill -KILL "$pid" 2>/dev/null || true
+    for pid in $(pgrep -f "containerd-shim.*-address $root/"); do
+        kill -KILL "$pid" 2>/dev/null
     done
     stop_pids "$root" containerd kube-apiserver
     stop_pids "$root" etcd
+    # Whatever of the node still runs without a pid file (a teardown cut short before): every
+    # process but this one whose command line names the root.
+    for pid in $(pgrep -f -- "$root/"); do
+        [ "$pid" = "$$" ] || kill -KILL "$pid" 2>/dev/null
+    done
     # Mounts below the root (pod volumes, rootfs, the pods' network namespaces), deepest first.
     local mnt
     while read -r mnt; do
-        umount -l "$mnt" 2>/dev/null || true
-    done < <(awk -v r="$root/" 'index($5, r) == 1 { print length($5) " " $5 }' /proc/self/mountinfo | sort -rn | cut -d' ' -f2-)
+        umount -l "$mnt" 2>/dev/null
+    done < <(mounts_under "$root")
     remove_cgroup_tree "$(cgroup_root "$id")"
-    ip netns del "$ns" 2>/dev/null || true
-    ip link del "spn$id" 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null
+    ip link del "spn$id" 2>/dev/null
     if [ -f "$root/sysctls" ]; then
         local key value
         while read -r key value; do
@@ -81,46 +143,60 @@ down() {
         done <"$root/sysctls"
     fi
     # What the kubelet, containerd and libcni write at fixed paths outside the node's root.
-    find /var/log/containers -maxdepth 1 -type l -lname "$root/*" -delete 2>/dev/null || true
-    # libcni's cache: a file per pod network attach (this node's network, and containerd's own
-    # cni-loopback), never removed when the pod goes. A cache entry names no node, so every entry
-    # made since this node started goes (one of a node started later is only a cache: a delete
-    # without it still works).
-    rm -f /var/lib/cni/results/"$ns"-* 2>/dev/null || true
-    [ -f "$root/owner" ] && find /var/lib/cni/results -maxdepth 1 -type f -newer "$root/owner" -delete 2>/dev/null || true
-    if [ -f "$root/created" ]; then
-        # Directories this node created: the sockets in them are its own (the kubelet's device
-        # plugin socket, containerd's shim sockets), and they go once they are empty.
-        local path
-        while read -r path; do
-            [ -d "$path" ] || continue
-            find "$path" -type s -delete 2>/dev/null || true
-            find "$path" -depth -type d -empty -delete 2>/dev/null || true
-        done <"$root/created"
+    find /var/log/containers -maxdepth 1 -type l -lname "$root/*" -delete 2>/dev/null
+    rm -f /var/lib/cni/results/"$ns"-* 2>/dev/null
+    if ! other_node_alive "$root"; then
+        # libcni's cache: a file per pod network attach (also containerd's own cni-loopback),
+        # never removed when the pod goes, and naming no node: with no other node running, every
+        # entry made since this one started is this node's.
+        [ -f "$root/owner" ] && find /var/lib/cni/results -maxdepth 1 -type f -newer "$root/owner" -delete 2>/dev/null
+        if [ -f "$root/created" ]; then
+            # Directories this node created: the sockets in them are its own (the kubelet's device
+            # plugin socket, containerd's shim sockets), and they go once they are empty.
+            local path
+            while read -r path; do
+                [ -d "$path" ] || continue
+                find "$path" -type s -delete 2>/dev/null
+                find "$path" -depth -type d -empty -delete 2>/dev/null
+            done <"$root/created"
+        fi
+    fi
+    # Never delete through a mount that did not go (a bind mount of a host directory).
+    if [ -n "$(mounts_under "$root")" ]; then
+        log "mounts are left under $root; not removing it: $(mounts_under "$root" | tr '\n' ' ')"
+        return 1
     fi
     rm -rf "$root"
     log "node $root removed in $((SECONDS - started)) s"
 }
 
-# Stops the named processes of the node together: TERM, up to 5 s to exit, then KILL.
+mounts_under() {
+    awk -v r="$1/" 'index($5, r) == 1 { print length($5) " " $5 }' /proc/self/mountinfo | sort -rn | cut -d' ' -f2-
+}
+
+# Stops the named processes of the node together: TERM, up to 5 s to exit, then KILL. Only a
+# process whose command line names the node's root: a pid file outliving its process (a reboot)
+# must not kill whoever has that pid now.
 stop_pids() {
-    local root="$1" name pid pids=() i
+    local root="$1" name pid pids=() i alive
     shift
     for name in "$@"; do
         [ -f "$root/pids/$name" ] || continue
-        pid="$(cat "$root/pids/$name")"
-        kill -TERM "$pid" 2>/dev/null && pids+=("$pid")
+        pid="$(cat "$root/pids/$name" 2>/dev/null)"
         rm -f "$root/pids/$name"
+        [ -n "$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$root/" || continue
+        kill -TERM "$pid" 2>/dev/null && pids+=("$pid")
     done
+    [ ${#pids[@]} -gt 0 ] || return 0
     for i in $(seq 50); do
+        alive=
         for pid in "${pids[@]}"; do
-            kill -0 "$pid" 2>/dev/null && break
-            pid=""
+            kill -0 "$pid" 2>/dev/null && alive=1
         done
-        [ -z "${pid:-}" ] && break
+        [ -n "$alive" ] || return 0
         sleep 0.1
     done
-    for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
 }
 
 cgroup_root() { echo "spur-node-$1"; }
@@ -130,7 +206,7 @@ kill_cgroup_tree() {
     for round in 1 2 3; do
         procs="$(find "$CGROUP_FS"/*/"$rel" -name cgroup.procs 2>/dev/null | xargs -r cat 2>/dev/null | sort -u)"
         [ -n "$procs" ] || return 0
-        for pid in $procs; do kill -KILL "$pid" 2>/dev/null || true; done
+        for pid in $procs; do kill -KILL "$pid" 2>/dev/null; done
         sleep 0.3
     done
 }
@@ -139,21 +215,19 @@ remove_cgroup_tree() {
     local rel="$1" dir
     for dir in "$CGROUP_FS"/*/"$rel"; do
         [ -d "$dir" ] || continue
-        find "$dir" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+        find "$dir" -depth -type d -exec rmdir {} \; 2>/dev/null
     done
 }
 
 # Removes the nodes whose owner process is gone (a killed run's), and namespaces without a node.
 cleanup() {
-    local root owner
+    local root
+    lock
     for root in "$PREFIX"*; do
         [ -d "$root" ] || continue
-        owner="$(cat "$root/owner" 2>/dev/null || true)"
-        if [ -n "$owner" ] && kill -0 "$owner" 2>/dev/null; then
-            continue
-        fi
+        owner_alive "$root" && continue
         log "removing a node left behind: $root"
-        down "$root"
+        down "$root" || true
     done
     local ns
     for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^spur-(node|laptop)-/ { print $1 }'); do
@@ -257,11 +331,13 @@ up() {
     for bin in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl coredns; do
         [ -x "$BINDIR/$bin" ] || die "$BINDIR/$bin is missing: run tests/kube/build.sh"
     done
-    for bin in containerd containerd-shim-runc-v2 runc ctr iptables ip openssl nsenter; do
+    for bin in containerd containerd-shim-runc-v2 runc ctr iptables ip openssl nsenter pgrep sysctl flock; do
         command -v "$bin" >/dev/null || die "'$bin' is not installed (tests/run.sh installs what the node needs)"
     done
     [ -x "$CNI_BIN/bridge" ] || die "no CNI plugins in $CNI_BIN (Debian: containernetworking-plugins)"
 
+    # Held until this node's root, owner and addresses are in place (see `lock`).
+    lock
     cleanup
     local id
     id="$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')"
@@ -270,13 +346,28 @@ up() {
     mkdir -p "$ROOT"/{logs,pids,etcd,containerd/root,containerd/state,cni/net.d,cni/ipam,kubelet,pod-logs,volume-plugins,kubectl-cache,runc,opt}
     chmod 700 "$ROOT"
     # The process whose life the node's follows: `cleanup` leaves a node alone while it lives.
-    echo "${SPUR_NODE_OWNER:-$PPID}" >"$ROOT/owner"
+    # Callers that start the node from a command substitution must name themselves
+    # (SPUR_NODE_OWNER=$$): the parent of this script is then a subshell that ends at once.
+    local owner="${SPUR_NODE_OWNER:-$PPID}"
+    process_id "$owner" >"$ROOT/owner" || die "the owner process $owner does not run"
     # From here on a failure takes the half-started node down with it.
     trap 'rc=$?; if [ $rc -ne 0 ]; then log "start-up failed; logs were in $ROOT/logs"; down "$ROOT"; fi' EXIT
     local started=$SECONDS
 
-    local key
-    for key in "${SYSCTLS[@]}"; do echo "$key $(sysctl -n "$key")"; done >"$ROOT/sysctls"
+    # The host's own values: from a node that runs already (its kubelet changed them since), or
+    # as they are now.
+    local key other saved=
+    for other in "$PREFIX"*; do
+        if [ "$other" != "$ROOT" ] && [ -f "$other/sysctls" ] && owner_alive "$other"; then
+            saved="$other/sysctls"
+            break
+        fi
+    done
+    if [ -n "$saved" ]; then
+        cp "$saved" "$ROOT/sysctls"
+    else
+        for key in "${SYSCTLS[@]}"; do echo "$key $(sysctl -n "$key")"; done >"$ROOT/sysctls"
+    fi
     # Fixed paths outside the root that the kubelet, containerd and libcni write to: the highest
     # directory of each that does not exist yet is this node's to remove.
     local path top
@@ -288,9 +379,10 @@ up() {
 
     # The namespace: loopback, and a veth whose other end is the host's way in (tests reach the
     # apiserver at $NODE_IP). No default route: a packet for anywhere else has nowhere to go.
-    local k
+    local k addrs
+    addrs="$(ip -4 -o addr show)"
     for k in $(seq 0 250); do
-        ip -4 -o addr show | grep -qF " 172.30.$k.1/30 " || break
+        grep -qF " 172.30.$k." <<<"$addrs" || break
     done
     HOST_IP="172.30.$k.1"
     NODE_IP="172.30.$k.2"
@@ -309,7 +401,12 @@ up() {
     ip -n "$NS" link set cni0 up
     ip -n "$NS" route add "$SERVICE_CIDR" dev cni0
     # Service traffic between two pods on the bridge must cross iptables (kube-proxy's DNAT).
-    in_ns sysctl -q -w net.bridge.bridge-nf-call-iptables=1 >/dev/null 2>&1 || true
+    if ! in_ns test -e /proc/sys/net/bridge/bridge-nf-call-iptables; then
+        modprobe br_netfilter 2>/dev/null || true
+    fi
+    in_ns sysctl -q -w net.bridge.bridge-nf-call-iptables=1 >/dev/null ||
+        die "cannot set net.bridge.bridge-nf-call-iptables in the node's namespace (the kernel needs br_netfilter)"
+    unlock
 
     pki
     local admin_token kubelet_token

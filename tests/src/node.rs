@@ -71,10 +71,8 @@ fn start_or_attach() -> anyhow::Result<Node> {
     if let Some(env) = std::env::var_os("SPUR_NODE_ENV") {
         return Node::from_env_file(Path::new(&env), None);
     }
-    let bins = std::env::var_os("SPUR_IMAGE_BINDIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join("target/debug"));
-    let images = repo().join("target/node-images");
+    let bins = image_bindir();
+    let images = bins.join("node-images");
     let out = run(Command::new(repo().join("tests/node/image.sh"))
         .arg(&bins)
         .arg(&images))
@@ -166,6 +164,21 @@ impl Node {
     /// `kubectl` with the admin kubeconfig: its stdout, or an error with its stderr.
     pub fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
         run(self.kubectl_cmd().args(args))
+    }
+
+    /// `kubectl` with the admin kubeconfig: its exit code and its stdout, trimmed, whatever the
+    /// code (for commands like `auth can-i` whose exit code is the answer).
+    pub fn kubectl_status(&self, args: &[&str]) -> anyhow::Result<(Option<i32>, String)> {
+        let out = self
+            .kubectl_cmd()
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running kubectl {args:?}"))?;
+        Ok((
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        ))
     }
 
     fn kubectl_cmd(&self) -> Command {
@@ -632,8 +645,17 @@ impl Drop for Laptop {
 /// A Spur binary of this checkout (`target/debug`, or `SPUR_IMAGE_BINDIR`): the same build the
 /// image holds.
 pub fn spur_bin(name: &str) -> PathBuf {
-    std::env::var_os("SPUR_IMAGE_BINDIR")
+    image_bindir().join(name)
+}
+
+/// Where the binaries of the image are: `SPUR_IMAGE_BINDIR`, else the debug directory of
+/// `CARGO_TARGET_DIR` or of `target/`.
+fn image_bindir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SPUR_IMAGE_BINDIR") {
+        return PathBuf::from(dir);
+    }
+    std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join("target/debug"))
-        .join(name)
+        .unwrap_or_else(|| repo().join("target"))
+        .join("debug")
 }

@@ -37,8 +37,12 @@ pub async fn run_elected(
     stop: CancellationToken,
     election: LeaderElection,
 ) -> Result<(), Error> {
-    if let Some(owner) = &election.owner {
-        own_lease(&client, &election, owner).await?;
+    // Ownership only decides what `helm uninstall` removes: a failure here is logged, never a
+    // reason not to elect.
+    if let Some(owner) = &election.owner
+        && let Err(e) = own_lease(&client, &election, owner).await
+    {
+        tracing::warn!(error = %e, lease = %election.lease, "cannot make the Deployment own the lease; it will outlive an uninstall");
     }
     let manager = LeaseManagerBuilder::new(client.clone(), &election.lease)
         .with_namespace(&election.namespace)

@@ -45,8 +45,25 @@ pub fn owned_by<K: Resource>(obj: &K, owner: &OwnerReference) -> bool {
     obj.owner_references().iter().any(|o| o.uid == owner.uid)
 }
 
-/// Adds `owner` to object `name`'s owners unless it is there; a missing object is fine.
+/// Adds `owner` to object `name`'s owners unless it is there; a missing object is fine. A
+/// conflict (the object changed between read and write, e.g. a Lease renewed) is retried.
 pub async fn adopt<K>(api: &Api<K>, name: &str, owner: &OwnerReference) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match adopt_once(api, name, owner).await {
+            Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 && attempt < 5 => {
+                tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn adopt_once<K>(api: &Api<K>, name: &str, owner: &OwnerReference) -> Result<(), Error>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
@@ -59,7 +76,7 @@ where
     let mut owners = obj.owner_references().to_vec();
     owners.push(owner.clone());
     // A merge patch with the whole list, compared against the version read: a concurrent change
-    // of the owners fails with a conflict (retried by the caller) instead of being lost.
+    // of the owners fails with a conflict (retried) instead of being lost.
     let patch = serde_json::json!({
         "metadata": {
             "ownerReferences": owners,

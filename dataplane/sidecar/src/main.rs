@@ -41,7 +41,10 @@ struct WaitCli {
 }
 
 fn main() -> std::process::ExitCode {
-    if std::env::args_os().any(|a| a == "--wait-listening") {
+    if std::env::args_os().any(|a| {
+        a.to_str()
+            .is_some_and(|a| a == "--wait-listening" || a.starts_with("--wait-listening="))
+    }) {
         let w = WaitCli::parse();
         return wait_listening(w.admin_addr, w.wait_listening);
     }
