@@ -308,21 +308,8 @@ fn container_memory(node: &Node, pod: &Pod, container: &str) -> Result<Mem> {
         .flatten()
         .find(|s| s.name == container)
         .and_then(|s| s.container_id.as_deref())
-        .and_then(|id| id.strip_prefix("containerd://"))
         .ok_or_else(|| anyhow!("pod {} has no container {container}", pod.name_any()))?;
-    let out = Command::new("ctr")
-        .arg("--address")
-        .arg(&node.containerd)
-        .args(["-n", "k8s.io", "tasks", "ls"])
-        .output()?;
-    let tasks = String::from_utf8_lossy(&out.stdout);
-    let pid = tasks
-        .lines()
-        .find_map(|l| {
-            let mut f = l.split_whitespace();
-            (f.next() == Some(id)).then(|| f.next()).flatten()
-        })
-        .ok_or_else(|| anyhow!("containerd has no task {id}"))?;
+    let pid = node.task_pid(id)?;
     let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
     let path = cgroups
         .lines()

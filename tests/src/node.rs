@@ -394,24 +394,33 @@ spec:
             .iter()
             .find(|s| s["name"] == container)
             .and_then(|s| s["containerID"].as_str())
-            .and_then(|id| id.strip_prefix("containerd://"))
             .ok_or_else(|| anyhow!("pod {pod} has no running container {container}"))?;
-        let tasks = run(Command::new("ctr")
-            .arg("--address")
-            .arg(&self.containerd)
-            .args(["-n", "k8s.io", "tasks", "ls"]))?;
-        let pid = tasks
-            .lines()
-            .find_map(|l| {
-                let mut f = l.split_whitespace();
-                (f.next() == Some(id)).then(|| f.next()).flatten()
-            })
-            .ok_or_else(|| anyhow!("containerd has no task {id}:\n{tasks}"))?;
+        let pid = self.task_pid(id)?;
         run(Command::new("nsenter")
             .arg("-t")
             .arg(pid)
             .arg("-n")
             .args(cmd))
+    }
+
+    /// The host pid of a container's main process, from its id in a pod's status
+    /// (`containerd://<id>`, or the bare id), as the node's containerd reports it.
+    pub fn task_pid(&self, container_id: &str) -> anyhow::Result<String> {
+        let id = container_id
+            .strip_prefix("containerd://")
+            .unwrap_or(container_id);
+        let tasks = run(Command::new("ctr")
+            .arg("--address")
+            .arg(&self.containerd)
+            .args(["-n", "k8s.io", "tasks", "ls"]))?;
+        tasks
+            .lines()
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next() == Some(id)).then(|| f.next()).flatten()
+            })
+            .map(String::from)
+            .ok_or_else(|| anyhow!("containerd has no task {id}:\n{tasks}"))
     }
 }
 
