@@ -499,9 +499,13 @@ async fn supervise(inner: Arc<Inner>) {
                     identity,
                 });
                 let mut phase = shared.phase();
+                // Stop first: `close` stops the supervisor and then ends the session, and a
+                // supervisor woken late sees both; taking the session's end would publish
+                // `Disconnected` over the `Closed` that `close` set.
                 tokio::select! {
-                    _ = phase.wait_for(|p| *p != Phase::Open) => {}
+                    biased;
                     _ = inner.stop.cancelled() => return,
+                    _ = phase.wait_for(|p| *p != Phase::Open) => {}
                 }
                 inner.current.send_if_modified(|c| match c {
                     Current::Session(s) if Arc::ptr_eq(s, &shared) => {
