@@ -472,9 +472,24 @@ impl Answer {
 
 /// The YAML of a Deployment and Service running `spur demo app` from the Spur image.
 pub fn demo_app(namespace: &str, name: &str, call: Option<&str>) -> String {
+    demo_app_annotated(namespace, name, call, &[])
+}
+
+/// [`demo_app`] with annotations on the pod template (e.g. the injection's per-pod settings).
+pub fn demo_app_annotated(
+    namespace: &str,
+    name: &str,
+    call: Option<&str>,
+    annotations: &[(&str, &str)],
+) -> String {
     let call = call
         .map(|c| format!("\n            - --call={c}"))
         .unwrap_or_default();
+    let annotations = annotations
+        .iter()
+        .map(|(k, v)| format!("{k}: {v:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     format!(
         r#"apiVersion: apps/v1
 kind: Deployment
@@ -488,6 +503,7 @@ spec:
   template:
     metadata:
       labels: {{app: {name}}}
+      annotations: {{{annotations}}}
     spec:
       terminationGracePeriodSeconds: 5
       containers:

@@ -299,6 +299,18 @@ fn init_names(p: &Pod) -> Vec<String> {
         .unwrap_or_default()
 }
 
+fn container_names(p: &Pod) -> Vec<String> {
+    p.spec
+        .as_ref()
+        .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Injected with the default settings: no init container, the sidecar first of the containers.
+fn injected_by_default(p: &Pod) -> bool {
+    init_names(p).is_empty() && container_names(p) == ["spur-sidecar", "app"]
+}
+
 /// Every field of `expected` is in `actual` with the same value (the API server adds defaults).
 fn assert_subset(expected: &Value, actual: &Value, path: &str) {
     match (expected, actual) {
@@ -334,7 +346,7 @@ fn assert_skipped(p: &Pod, reason: &str) {
         "reason {got:?} should mention {reason:?}"
     );
     assert!(init_names(p).is_empty(), "{:?}", init_names(p));
-    assert_eq!(p.spec.as_ref().unwrap().containers.len(), 1);
+    assert_eq!(container_names(p), ["app"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -358,7 +370,7 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
         json!({"annotations": on.clone()}),
     )
     .await;
-    assert_eq!(init_names(&injected), ["spur-init", "spur-sidecar"]);
+    assert!(injected_by_default(&injected), "{:?}", injected.spec);
     assert_eq!(annotation(&injected, keys::STATUS), Some("injected"));
     assert_eq!(
         annotation(&injected, keys::BASELINE),
@@ -369,22 +381,48 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
         namespace: "shop".into(),
         name: "api".into(),
     };
-    let (init, sidecar) =
-        spur_operator::inject::containers(&injected, &baseline, &setup.cfg).unwrap();
-    let actual = serde_json::to_value(
-        injected
-            .spec
-            .as_ref()
-            .unwrap()
-            .init_containers
-            .as_ref()
-            .unwrap(),
-    )
-    .unwrap();
-    assert_subset(&json!([init, sidecar]), &actual, "initContainers");
+    let expected = spur_operator::inject::containers(&injected, &baseline, &setup.cfg).unwrap();
+    assert!(expected.init_containers.is_empty());
+    let actual = serde_json::to_value(&injected.spec.as_ref().unwrap().containers[..1]).unwrap();
+    assert_subset(&json!(expected.containers), &actual, "containers");
     // The app container is untouched.
-    let app = &injected.spec.as_ref().unwrap().containers;
-    assert_eq!((app.len(), app[0].name.as_str()), (1, "app"));
+    let app = &injected.spec.as_ref().unwrap().containers[1];
+    assert_eq!(
+        (app.name.as_str(), app.image.as_deref()),
+        ("app", Some("api:1"))
+    );
+
+    // The per-pod settings: an init container programs the rules, the sidecar is native. (Label
+    // app=layout: these pods stay out of the coverage counts of Deployment api below.)
+    let p = pod(
+        &client,
+        "shop",
+        "layout",
+        Some(api_rs.clone()),
+        json!({"annotations": {
+            (keys::INJECT): "true",
+            (keys::INTERCEPTION): "initContainer",
+            (keys::PLACEMENT): "native",
+        }}),
+    )
+    .await;
+    assert_eq!(init_names(&p), ["spur-init", "spur-sidecar"]);
+    assert_eq!(container_names(&p), ["app"]);
+    let expected = spur_operator::inject::containers(&p, &baseline, &setup.cfg).unwrap();
+    let actual = serde_json::to_value(p.spec.as_ref().unwrap().init_containers.as_ref()).unwrap();
+    assert_subset(&json!(expected.init_containers), &actual, "initContainers");
+    // A value the webhook does not know skips the pod, with the reason.
+    assert_skipped(
+        &pod(
+            &client,
+            "shop",
+            "layout",
+            Some(api_rs.clone()),
+            json!({"annotations": {(keys::INJECT): "true", (keys::PLACEMENT): "sideways"}}),
+        )
+        .await,
+        "sideways",
+    );
 
     // Opted in through the namespace label; an Argo Rollout's ReplicaSet.
     let rollout_rs = replicaset(
@@ -395,7 +433,7 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
     )
     .await;
     let p = pod(&client, "auto", "cart", Some(rollout_rs), json!({})).await;
-    assert_eq!(init_names(&p), ["spur-init", "spur-sidecar"]);
+    assert!(injected_by_default(&p), "{:?}", p.spec);
     assert_eq!(
         annotation(&p, keys::BASELINE),
         Some("ArgoRollout/auto/cart")
@@ -479,13 +517,14 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
             .is_none()
     );
     assert!(init_names(&sys).is_empty());
+    assert_eq!(container_names(&sys), ["app"]);
     assert_eq!(
         setup.metric("spur_operator_webhook_admissions_total{result=\"injected\"}"),
-        2.0
+        3.0
     );
     assert_eq!(
         setup.metric("spur_operator_webhook_admissions_total{result=\"skipped\"}"),
-        6.0
+        7.0
     );
 
     // Sandbox status: per forked baseline, whether every baseline pod has a ready sidecar.
@@ -511,13 +550,13 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
         coverage(json!({"pods": 2, "injected": 1, "ready": 0, "allReady": false}))
     })
     .await;
-    // The kubelet would report the native sidecar ready.
+    // The kubelet would report the sidecar container ready.
     let pods: Api<Pod> = Api::namespaced(client.clone(), "shop");
     pods.patch_status(
         &injected.name_any(),
         &PatchParams::default(),
         &Patch::Merge(
-            json!({"status": {"phase": "Running", "initContainerStatuses": [{
+            json!({"status": {"phase": "Running", "containerStatuses": [{
                 "name": "spur-sidecar", "ready": true, "started": true, "restartCount": 0,
                 "image": "spur:test", "imageID": "", "state": {"running": {}}
             }]}}),
@@ -628,7 +667,7 @@ async fn certificates_rotate_with_no_failed_admission() {
         )
         .await;
         created += 1;
-        if init_names(&p) != ["spur-init", "spur-sidecar"] {
+        if !injected_by_default(&p) {
             uninjected.push(p.name_any());
         }
         let tls = secrets.get("spur-webhook-tls").await.unwrap();

@@ -12,7 +12,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde_json::Value;
 use spur_e2e::node::{
-    Answer, CHART_VALUES, Node, SPUR_NAMESPACE, demo_app, eventually, node, spur_bin,
+    Answer, CHART_VALUES, Node, SPUR_NAMESPACE, demo_app, demo_app_annotated, eventually, node,
+    spur_bin,
 };
 
 const RELEASE: &str = "spur";
@@ -100,7 +101,18 @@ fn helm_install_and_the_user_path_on_running_pods() {
         .namespace("shop", &[("sidecar.spur.dev/inject", "true")])
         .unwrap();
     let ns = shop.name.as_str();
-    node.apply(&demo_app(ns, "backend", None)).unwrap();
+    // backend in the layout with an init container and a native sidecar; frontend in the
+    // default one (the sidecar programs the rules and is the first app container).
+    node.apply(&demo_app_annotated(
+        ns,
+        "backend",
+        None,
+        &[
+            ("sidecar.spur.dev/interception", "initContainer"),
+            ("sidecar.spur.dev/placement", "native"),
+        ],
+    ))
+    .unwrap();
     node.apply(&demo_app(ns, "frontend", Some("http://backend:8080")))
         .unwrap();
     node.rollout(ns, "backend").unwrap();
@@ -115,14 +127,45 @@ fn helm_install_and_the_user_path_on_running_pods() {
             "{pod}: {}",
             p["metadata"]["annotations"]
         );
-        let inits: Vec<&str> = p["spec"]["initContainers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|c| c["name"].as_str())
-            .collect();
-        assert_eq!(inits, ["spur-init", "spur-sidecar"], "{pod}");
-        // spur-init's rules live in the pod's own network namespace.
+        let names = |key: &str| -> Vec<&str> {
+            p["spec"][key]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["name"].as_str())
+                .collect()
+        };
+        if app == "backend" {
+            assert_eq!(
+                names("initContainers"),
+                ["spur-init", "spur-sidecar"],
+                "{pod}"
+            );
+            assert_eq!(names("containers"), ["app"], "{pod}");
+        } else {
+            assert_eq!(names("initContainers"), Vec::<&str>::new(), "{pod}");
+            assert_eq!(names("containers"), ["spur-sidecar", "app"], "{pod}");
+            // The sidecar started as root, programmed the rules and runs without privileges.
+            let id = p["status"]["containerStatuses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["name"] == "spur-sidecar")
+                .and_then(|c| c["containerID"].as_str())
+                .unwrap();
+            let pid = node.task_pid(id).unwrap();
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            for line in [
+                "Uid:\t15337\t15337\t15337\t15337",
+                "CapEff:\t0000000000000000",
+            ] {
+                assert!(
+                    status.contains(line),
+                    "{pod}: sidecar status lacks {line:?}:\n{status}"
+                );
+            }
+        }
+        // The rules (spur-init's or the sidecar's) live in the pod's own network namespace.
         let rules = node
             .in_pod_netns(
                 ns,

@@ -47,8 +47,15 @@ pub mod injection {
     pub const EXCLUDE_INBOUND_PORTS: &str = "sidecar.spur.dev/exclude-inbound-ports";
     /// Pod-template annotation: comma-separated inbound ports to intercept (default `*`, all).
     pub const INBOUND_PORTS: &str = "sidecar.spur.dev/inbound-ports";
-    /// Name of the injected sidecar container (a native sidecar: an init container with
-    /// `restartPolicy: Always`).
+    /// Pod-template annotation: who programs the interception rules, `sidecar` (the sidecar
+    /// itself, before it serves) or `initContainer` (`spur-init`). Default: the operator's
+    /// `interception` setting.
+    pub const INTERCEPTION: &str = "sidecar.spur.dev/interception";
+    /// Pod-template annotation: `regular` (first app container) or `native` (a native sidecar
+    /// among the init containers). Default: the operator's `placement` setting.
+    pub const PLACEMENT: &str = "sidecar.spur.dev/placement";
+    /// Name of the injected sidecar container (first of the app containers, or a native
+    /// sidecar: an init container with `restartPolicy: Always`).
     pub const SIDECAR_CONTAINER: &str = "spur-sidecar";
     /// Name of the injected init container that programs the interception rules.
     pub const INIT_CONTAINER: &str = "spur-init";

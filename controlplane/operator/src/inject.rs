@@ -32,6 +32,17 @@ pub struct InjectionConfig {
     pub proxy_uid: i64,
     /// `spur-init --mode`: `auto`, `iptables` (legacy) or `nft`.
     pub interception_mode: String,
+    /// Who programs the interception rules: the sidecar itself before it starts serving
+    /// (`sidecar`, the default) or a `spur-init` init container (`initContainer`). Pods can
+    /// choose with the annotation `sidecar.spur.dev/interception`.
+    pub interception: Interception,
+    /// Where the sidecar goes: first of the app containers (`regular`, the default) or a native
+    /// sidecar among the init containers (`native`). Pods can choose with the annotation
+    /// `sidecar.spur.dev/placement`.
+    pub placement: Placement,
+    /// With `regular` placement the sidecar receives SIGTERM together with the app; it keeps
+    /// accepting this long before it drains (`SPUR_DRAIN_DELAY`).
+    pub drain_delay_seconds: u32,
     /// Inbound ports never intercepted in any pod (the admin port always is excluded).
     pub exclude_inbound_ports: Vec<u16>,
     /// Namespaces whose pods are never injected (the operator's own is added at start).
@@ -67,6 +78,9 @@ impl Default for InjectionConfig {
             admin_port: 15020,
             proxy_uid: 15337,
             interception_mode: "auto".into(),
+            interception: Interception::Sidecar,
+            placement: Placement::Regular,
+            drain_delay_seconds: 5,
             exclude_inbound_ports: Vec::new(),
             system_namespaces: vec![
                 "kube-system".into(),
@@ -122,6 +136,51 @@ impl InjectionConfig {
             return bad("sidecarThreads must be at least 1".into());
         }
         Ok(())
+    }
+}
+
+/// Who programs a pod's interception rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Interception {
+    /// The sidecar, as root, before it serves; then it drops to the proxy uid with no
+    /// capabilities. No init container: the kubelet starts the pod a relist (about 1 s) sooner.
+    Sidecar,
+    /// A `spur-init` init container; the sidecar never holds a capability.
+    InitContainer,
+}
+
+/// Where the sidecar container goes in the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Placement {
+    /// First of the app containers, started (and listening, through its postStart hook) before
+    /// them in the same kubelet pass. It receives SIGTERM with the app (see
+    /// `drainDelaySeconds`).
+    Regular,
+    /// A native sidecar (an init container with `restartPolicy: Always`, Kubernetes ≥ 1.29):
+    /// stopped after the app, but the kubelet starts the app only at its next relist (about 1 s
+    /// later).
+    Native,
+}
+
+impl Interception {
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "sidecar" => Some(Interception::Sidecar),
+            "initContainer" => Some(Interception::InitContainer),
+            _ => None,
+        }
+    }
+}
+
+impl Placement {
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "regular" => Some(Placement::Regular),
+            "native" => Some(Placement::Native),
+            _ => None,
+        }
     }
 }
 
@@ -276,8 +335,15 @@ pub fn skip_patch(pod: &Pod, reason: &str) -> Result<json_patch::Patch, Error> {
     to_patch(ops)
 }
 
-/// The patch that injects `spur-init` and the `spur-sidecar` native sidecar, first among the
-/// init containers, in that order.
+/// What injection adds to a pod: containers to put first among its init containers and first
+/// among its app containers, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Injected {
+    pub init_containers: Vec<Value>,
+    pub containers: Vec<Value>,
+}
+
+/// The patch that puts the [`Injected`] containers first, in their order, and annotates the pod.
 pub fn inject_patch(
     pod: &Pod,
     baseline: &Baseline,
@@ -290,28 +356,35 @@ pub fn inject_patch(
         &mut ops,
         &[(keys::STATUS, "injected"), (keys::BASELINE, &baseline_text)],
     );
-    let (init, sidecar) = containers(pod, baseline, cfg)?;
+    let injected = containers(pod, baseline, cfg)?;
     let has_inits = pod
         .spec
         .as_ref()
         .and_then(|s| s.init_containers.as_ref())
         .is_some();
-    if has_inits {
-        // Inserting at index 0 twice leaves [spur-init, spur-sidecar, ...existing].
-        ops.push(json!({"op": "add", "path": "/spec/initContainers/0", "value": sidecar}));
-        ops.push(json!({"op": "add", "path": "/spec/initContainers/0", "value": init}));
-    } else {
-        ops.push(json!({"op": "add", "path": "/spec/initContainers", "value": [init, sidecar]}));
+    if !injected.init_containers.is_empty() {
+        if has_inits {
+            // Inserting at index 0 in reverse order leaves them first, in order.
+            for c in injected.init_containers.iter().rev() {
+                ops.push(json!({"op": "add", "path": "/spec/initContainers/0", "value": c}));
+            }
+        } else {
+            ops.push(json!({"op": "add", "path": "/spec/initContainers", "value": injected.init_containers}));
+        }
+    }
+    for c in injected.containers.iter().rev() {
+        ops.push(json!({"op": "add", "path": "/spec/containers/0", "value": c}));
     }
     to_patch(ops)
 }
 
-/// The two containers, exactly as `docs/injection.md` shows them.
+/// The injected containers, exactly as `docs/injection.md` shows them for each interception and
+/// placement.
 pub fn containers(
     pod: &Pod,
     baseline: &Baseline,
     cfg: &InjectionConfig,
-) -> Result<(Value, Value), Error> {
+) -> Result<Injected, Error> {
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     let ports = |key: &str| -> Result<Vec<u16>, Error> {
         match annotations.get(key).map(|s| s.trim()) {
@@ -329,6 +402,24 @@ pub fn containers(
                 })
                 .collect(),
         }
+    };
+    let interception = match annotations.get(keys::INTERCEPTION).map(|s| s.trim()) {
+        None | Some("") => cfg.interception,
+        Some(v) => Interception::parse(v).ok_or_else(|| {
+            Error::Config(format!(
+                "annotation {}: {v:?} is not sidecar or initContainer",
+                keys::INTERCEPTION
+            ))
+        })?,
+    };
+    let placement = match annotations.get(keys::PLACEMENT).map(|s| s.trim()) {
+        None | Some("") => cfg.placement,
+        Some(v) => Placement::parse(v).ok_or_else(|| {
+            Error::Config(format!(
+                "annotation {}: {v:?} is not regular or native",
+                keys::PLACEMENT
+            ))
+        })?,
     };
     let mut exclude = vec![cfg.admin_port];
     exclude.extend(&cfg.exclude_inbound_ports);
@@ -349,77 +440,133 @@ pub fn containers(
             "failureThreshold": failures,
         })
     };
-    let mut init = json!({
-        "name": keys::INIT_CONTAINER,
-        "image": cfg.init_image,
-        "command": ["spur-init"],
-        "args": [
-            "--mode", cfg.interception_mode,
-            "--proxy-port", cfg.proxy_port.to_string(),
-            "--proxy-uid", cfg.proxy_uid.to_string(),
-            "--inbound-ports", include,
-            "--exclude-inbound-ports", join(&exclude),
-            // The sidecar listens on IPv4 only: IPv6 inbound must bypass it, not be redirected
-            // to a port nobody listens on.
-            "--ipv6", "false",
-        ],
-        "resources": resources(&cfg.init_resources),
-        "securityContext": {
-            "runAsUser": 0,
-            "runAsGroup": 0,
-            "runAsNonRoot": false,
-            "allowPrivilegeEscalation": false,
-            "privileged": false,
-            "readOnlyRootFilesystem": false,
-            "capabilities": {"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]},
-        },
-    });
     let env = |name: &str, value: String| json!({"name": name, "value": value});
     let field = |name: &str, path: &str| json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}});
+    let mut env_list = vec![
+        env("SPUR_TRANSPARENT", "true".into()),
+        env("SPUR_INBOUND_ADDR", format!("0.0.0.0:{}", cfg.proxy_port)),
+        env("SPUR_ADMIN_ADDR", format!("0.0.0.0:{}", cfg.admin_port)),
+        env("SPUR_BASELINE_KIND", baseline.kind.into()),
+        env("SPUR_BASELINE_NAMESPACE", baseline.namespace.clone()),
+        env("SPUR_BASELINE_NAME", baseline.name.clone()),
+        env("SPUR_ROUTESERVER", cfg.routeserver.clone()),
+        env("SPUR_THREADS", cfg.sidecar_threads.to_string()),
+        env("SPUR_LOG", cfg.sidecar_log.clone()),
+        field("POD_NAME", "metadata.name"),
+        field("POD_NAMESPACE", "metadata.namespace"),
+    ];
+    let mut init_containers = Vec::new();
+    let security = match interception {
+        Interception::InitContainer => {
+            init_containers.push(json!({
+                "name": keys::INIT_CONTAINER,
+                "image": cfg.init_image,
+                "command": ["spur-init"],
+                "args": [
+                    "--mode", cfg.interception_mode,
+                    "--proxy-port", cfg.proxy_port.to_string(),
+                    "--proxy-uid", cfg.proxy_uid.to_string(),
+                    "--inbound-ports", include,
+                    "--exclude-inbound-ports", join(&exclude),
+                    // The sidecar listens on IPv4 only: IPv6 inbound must bypass it, not be
+                    // redirected to a port nobody listens on.
+                    "--ipv6", "false",
+                ],
+                "resources": resources(&cfg.init_resources),
+                "securityContext": {
+                    "runAsUser": 0,
+                    "runAsGroup": 0,
+                    "runAsNonRoot": false,
+                    "allowPrivilegeEscalation": false,
+                    "privileged": false,
+                    "readOnlyRootFilesystem": false,
+                    "capabilities": {"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]},
+                },
+            }));
+            json!({
+                "runAsUser": cfg.proxy_uid,
+                "runAsGroup": cfg.proxy_uid,
+                "runAsNonRoot": true,
+                "allowPrivilegeEscalation": false,
+                "privileged": false,
+                "readOnlyRootFilesystem": true,
+                "capabilities": {"drop": ["ALL"]},
+            })
+        }
+        Interception::Sidecar => {
+            // spur-init's own variables; the redirect port and the admin port's exclusion come
+            // from SPUR_INBOUND_ADDR and SPUR_ADMIN_ADDR.
+            env_list.extend([
+                env("SPUR_INTERCEPT", "true".into()),
+                env("SPUR_INIT_MODE", cfg.interception_mode.clone()),
+                env("SPUR_PROXY_UID", cfg.proxy_uid.to_string()),
+                env("SPUR_INBOUND_PORTS", include),
+                env("SPUR_EXCLUDE_INBOUND_PORTS", join(&exclude)),
+                env("SPUR_INIT_IPV6", "false".into()),
+                // iptables-legacy's lock file, off the read-only root (a pod-local lock).
+                env("XTABLES_LOCKFILE", "/dev/shm/spur-xtables.lock".into()),
+            ]);
+            // Root with what programming netfilter and switching ids needs; the sidecar gives
+            // all of it up (uid and gid 15337, no capabilities) before it opens a socket.
+            json!({
+                "runAsUser": 0,
+                "runAsGroup": 0,
+                "runAsNonRoot": false,
+                "allowPrivilegeEscalation": false,
+                "privileged": false,
+                "readOnlyRootFilesystem": true,
+                "capabilities": {"add": ["NET_ADMIN", "NET_RAW", "SETUID", "SETGID"], "drop": ["ALL"]},
+            })
+        }
+    };
+    if placement == Placement::Regular {
+        env_list.push(env(
+            "SPUR_DRAIN_DELAY",
+            format!("{}s", cfg.drain_delay_seconds),
+        ));
+    }
     let mut sidecar = json!({
         "name": keys::SIDECAR_CONTAINER,
         "image": cfg.sidecar_image,
         "command": ["spur-sidecar"],
-        // A native sidecar: started before the app containers, stopped after them.
-        "restartPolicy": "Always",
-        "env": [
-            env("SPUR_TRANSPARENT", "true".into()),
-            env("SPUR_INBOUND_ADDR", format!("0.0.0.0:{}", cfg.proxy_port)),
-            env("SPUR_ADMIN_ADDR", format!("0.0.0.0:{}", cfg.admin_port)),
-            env("SPUR_BASELINE_KIND", baseline.kind.into()),
-            env("SPUR_BASELINE_NAMESPACE", baseline.namespace.clone()),
-            env("SPUR_BASELINE_NAME", baseline.name.clone()),
-            env("SPUR_ROUTESERVER", cfg.routeserver.clone()),
-            env("SPUR_THREADS", cfg.sidecar_threads.to_string()),
-            env("SPUR_LOG", cfg.sidecar_log.clone()),
-            field("POD_NAME", "metadata.name"),
-            field("POD_NAMESPACE", "metadata.namespace"),
-        ],
+        "env": env_list,
         "ports": [{"name": "spur-admin", "containerPort": cfg.admin_port, "protocol": "TCP"}],
         // Started (and so ready) means "listening", not "routes loaded": a route server outage
         // must not make the user's pods unready (keyed requests then fall back to the
-        // baseline). The kubelet starts the app once this hook returns: at once when the
-        // sidecar listens. A startup probe instead costs a probe period or two (its worker
-        // ticks once a second) and a readiness probe one more: 3 s per pod start on the node
-        // tier (perf/results/node.md).
+        // baseline). The kubelet starts the next container once this hook returns: at once
+        // when the sidecar listens. A startup probe instead costs a probe period or two (its
+        // worker ticks once a second) and a readiness probe one more: 3 s per pod start on the
+        // node tier (perf/results/node.md).
         "lifecycle": {"postStart": {"exec": {"command": ["spur-sidecar", "--wait-listening", "60s"]}}},
         "livenessProbe": probe(10, 6),
         "resources": resources(&cfg.sidecar_resources),
-        "securityContext": {
-            "runAsUser": cfg.proxy_uid,
-            "runAsGroup": cfg.proxy_uid,
-            "runAsNonRoot": true,
-            "allowPrivilegeEscalation": false,
-            "privileged": false,
-            "readOnlyRootFilesystem": true,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": security,
     });
-    if let Some(policy) = &cfg.image_pull_policy {
-        init["imagePullPolicy"] = policy.clone().into();
-        sidecar["imagePullPolicy"] = policy.clone().into();
+    if placement == Placement::Native {
+        // A native sidecar: started before the app containers, stopped after them.
+        sidecar["restartPolicy"] = "Always".into();
     }
-    Ok((init, sidecar))
+    if let Some(policy) = &cfg.image_pull_policy {
+        for c in init_containers
+            .iter_mut()
+            .chain(std::iter::once(&mut sidecar))
+        {
+            c["imagePullPolicy"] = policy.clone().into();
+        }
+    }
+    Ok(match placement {
+        Placement::Native => {
+            init_containers.push(sidecar);
+            Injected {
+                init_containers,
+                containers: Vec::new(),
+            }
+        }
+        Placement::Regular => Injected {
+            init_containers,
+            containers: vec![sidecar],
+        },
+    })
 }
 
 fn join(ports: &[u16]) -> String {
@@ -543,16 +690,30 @@ mod tests {
         assert_eq!(screen(&pod(injected), "shop", None, &cfg), Screen::Ignore);
     }
 
-    #[test]
-    fn inject_prepends_init_and_native_sidecar() {
-        let cfg = InjectionConfig::default();
-        let mut p = rs_pod(
-            json!({(keys::INJECT): "true", (keys::EXCLUDE_INBOUND_PORTS): "9090, 8443"}),
-            json!({}),
-        );
+    fn names(v: &Value) -> Vec<&str> {
+        v.as_array()
+            .map(|cs| cs.iter().map(|c| c["name"].as_str().unwrap()).collect())
+            .unwrap_or_default()
+    }
+
+    fn with_migrate(annotations: Value) -> Pod {
+        let mut p = rs_pod(annotations, json!({}));
         p.spec.as_mut().unwrap().init_containers = Some(vec![
             serde_json::from_value(json!({"name": "migrate", "image": "m"})).unwrap(),
         ]);
+        p
+    }
+
+    #[test]
+    fn inject_prepends_init_and_native_sidecar() {
+        let cfg = InjectionConfig {
+            interception: Interception::InitContainer,
+            placement: Placement::Native,
+            ..InjectionConfig::default()
+        };
+        let p = with_migrate(
+            json!({(keys::INJECT): "true", (keys::EXCLUDE_INBOUND_PORTS): "9090, 8443"}),
+        );
         let b = Baseline {
             kind: "ArgoRollout",
             namespace: "shop".into(),
@@ -560,8 +721,11 @@ mod tests {
         };
         let out = apply(&p, &inject_patch(&p, &b, &cfg).unwrap());
         let inits = out["spec"]["initContainers"].as_array().unwrap();
-        let names: Vec<_> = inits.iter().map(|c| c["name"].as_str().unwrap()).collect();
-        assert_eq!(names, ["spur-init", "spur-sidecar", "migrate"]);
+        assert_eq!(
+            names(&out["spec"]["initContainers"]),
+            ["spur-init", "spur-sidecar", "migrate"]
+        );
+        assert_eq!(names(&out["spec"]["containers"]), ["app"]);
         assert_eq!(
             inits[0]["args"],
             json!([
@@ -582,9 +746,15 @@ mod tests {
         assert_eq!(inits[1]["restartPolicy"], "Always");
         assert_eq!(inits[1]["securityContext"]["runAsUser"], 15337);
         let env = inits[1]["env"].as_array().unwrap();
-        let get = |n: &str| env.iter().find(|e| e["name"] == n).unwrap()["value"].clone();
-        assert_eq!(get("SPUR_BASELINE_KIND"), "ArgoRollout");
-        assert_eq!(get("SPUR_BASELINE_NAME"), "api");
+        let get = |n: &str| {
+            env.iter()
+                .find(|e| e["name"] == n)
+                .map(|e| e["value"].clone())
+        };
+        assert_eq!(get("SPUR_BASELINE_KIND").unwrap(), "ArgoRollout");
+        assert_eq!(get("SPUR_BASELINE_NAME").unwrap(), "api");
+        assert_eq!(get("SPUR_INTERCEPT"), None);
+        assert_eq!(get("SPUR_DRAIN_DELAY"), None);
         assert_eq!(out["metadata"]["annotations"][keys::STATUS], "injected");
         assert_eq!(
             out["metadata"]["annotations"][keys::BASELINE],
@@ -594,33 +764,107 @@ mod tests {
         let _: Pod = serde_json::from_value(out).unwrap();
     }
 
-    /// `docs/injection.md` shows the containers for the default configuration; keep it exact.
+    #[test]
+    fn by_default_the_sidecar_intercepts_and_is_the_first_app_container() {
+        let cfg = InjectionConfig::default();
+        let p = with_migrate(json!({(keys::INJECT): "true", (keys::INBOUND_PORTS): "8080"}));
+        let b = Baseline {
+            kind: "Deployment",
+            namespace: "shop".into(),
+            name: "api".into(),
+        };
+        let out = apply(&p, &inject_patch(&p, &b, &cfg).unwrap());
+        assert_eq!(names(&out["spec"]["initContainers"]), ["migrate"]);
+        assert_eq!(names(&out["spec"]["containers"]), ["spur-sidecar", "app"]);
+        let sidecar = &out["spec"]["containers"][0];
+        assert_eq!(sidecar.get("restartPolicy"), None);
+        let env = sidecar["env"].as_array().unwrap();
+        let get = |n: &str| env.iter().find(|e| e["name"] == n).unwrap()["value"].clone();
+        assert_eq!(get("SPUR_INTERCEPT"), "true");
+        assert_eq!(get("SPUR_INBOUND_PORTS"), "8080");
+        assert_eq!(get("SPUR_EXCLUDE_INBOUND_PORTS"), "15020");
+        assert_eq!(get("SPUR_PROXY_UID"), "15337");
+        assert_eq!(get("SPUR_DRAIN_DELAY"), "5s");
+        let sc = &sidecar["securityContext"];
+        assert_eq!(sc["runAsUser"], 0);
+        assert_eq!(sc["allowPrivilegeEscalation"], false);
+        assert_eq!(
+            sc["capabilities"]["add"],
+            json!(["NET_ADMIN", "NET_RAW", "SETUID", "SETGID"])
+        );
+        let _: Pod = serde_json::from_value(out).unwrap();
+
+        // Each annotation overrides its setting; a bad value is a Config error (the webhook
+        // skips the pod and records it).
+        let p = with_migrate(json!({(keys::PLACEMENT): "native"}));
+        let out = apply(&p, &inject_patch(&p, &b, &cfg).unwrap());
+        assert_eq!(
+            names(&out["spec"]["initContainers"]),
+            ["spur-sidecar", "migrate"]
+        );
+        assert_eq!(out["spec"]["initContainers"][0]["restartPolicy"], "Always");
+        let p = rs_pod(json!({(keys::INTERCEPTION): "initContainer"}), json!({}));
+        let out = apply(&p, &inject_patch(&p, &b, &cfg).unwrap());
+        assert_eq!(names(&out["spec"]["initContainers"]), ["spur-init"]);
+        assert_eq!(names(&out["spec"]["containers"]), ["spur-sidecar", "app"]);
+        assert_eq!(
+            out["spec"]["containers"][0]["securityContext"]["runAsUser"],
+            15337
+        );
+        for (key, value) in [(keys::PLACEMENT, "first"), (keys::INTERCEPTION, "cni")] {
+            let p = rs_pod(json!({(key): value}), json!({}));
+            let e = inject_patch(&p, &b, &cfg).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(value), "{e}");
+        }
+    }
+
+    /// `docs/injection.md` shows the containers for the default configuration and for
+    /// `interception: initContainer` with `placement: native`; keep both exact.
     #[test]
     fn documented_containers_are_what_is_injected() {
         let doc = include_str!("../../../docs/injection.md");
-        let start = doc.find("<!-- injected:begin -->").unwrap();
-        let end = doc.find("<!-- injected:end -->").unwrap();
-        let block = &doc[start..end];
-        let yaml = block
-            .split("```yaml\n")
-            .nth(1)
-            .and_then(|b| b.split("```").next())
-            .unwrap();
-        let documented: Value = serde_yaml_ng::from_str(yaml).unwrap();
         let p = rs_pod(json!({(keys::INJECT): "true"}), json!({"app": "api"}));
         let b = Baseline {
             kind: "Deployment",
             namespace: "shop".into(),
             name: "api".into(),
         };
-        let (init, sidecar) = containers(&p, &b, &InjectionConfig::default()).unwrap();
-        let actual = json!({"initContainers": [init, sidecar]});
-        assert_eq!(
-            documented,
-            actual,
-            "docs/injection.md is stale; the injected containers are:\n{}",
-            serde_yaml_ng::to_string(&actual).unwrap()
-        );
+        let init_native = InjectionConfig {
+            interception: Interception::InitContainer,
+            placement: Placement::Native,
+            ..InjectionConfig::default()
+        };
+        for (marker, cfg) in [
+            ("injected", InjectionConfig::default()),
+            ("injected-init-native", init_native),
+        ] {
+            let start = doc.find(&format!("<!-- {marker}:begin -->")).unwrap();
+            let end = doc.find(&format!("<!-- {marker}:end -->")).unwrap();
+            let yaml = doc[start..end]
+                .split("```yaml\n")
+                .nth(1)
+                .and_then(|b| b.split("```").next())
+                .unwrap();
+            let documented: Value = serde_yaml_ng::from_str(yaml).unwrap();
+            let actual = injected_json(containers(&p, &b, &cfg).unwrap());
+            assert_eq!(
+                documented,
+                actual,
+                "docs/injection.md ({marker}) is stale; the injected containers are:\n{}",
+                serde_yaml_ng::to_string(&actual).unwrap()
+            );
+        }
+    }
+
+    fn injected_json(injected: Injected) -> Value {
+        let mut actual = serde_json::Map::new();
+        if !injected.init_containers.is_empty() {
+            actual.insert("initContainers".into(), injected.init_containers.into());
+        }
+        if !injected.containers.is_empty() {
+            actual.insert("containers".into(), injected.containers.into());
+        }
+        Value::Object(actual)
     }
 
     #[test]

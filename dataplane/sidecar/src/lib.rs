@@ -19,6 +19,8 @@ use spur_routing::{BaselineWorkload, ExtractConfig, SharedTable};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub mod intercept;
+
 /// Errors while configuring or starting a sidecar.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -32,6 +34,12 @@ pub enum Error {
     },
     #[error(transparent)]
     Proxy(#[from] spur_proxy::Error),
+    /// `--intercept` could not program the rules (the init step's own error).
+    #[error("--intercept: {0}")]
+    Intercept(spur_init::Error),
+    /// Giving up root after `--intercept` failed or left something behind.
+    #[error("--intercept: {0}")]
+    Privileges(String),
 }
 
 /// Command-line flags of `spur-sidecar` (each also settable through the `SPUR_*` variable shown).

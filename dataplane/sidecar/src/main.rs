@@ -4,14 +4,14 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use spur_sidecar::{Sidecar, SidecarArgs, SidecarConfig, init_tracing, shutdown_signal};
+use spur_sidecar::{Sidecar, SidecarArgs, SidecarConfig, init_tracing, intercept, shutdown_signal};
 
 #[derive(Parser)]
 #[command(
     name = "spur-sidecar",
     version,
     about = "Spur DevMesh sidecar: routes requests that carry a sandbox routing key to the sandbox's fork, everything else to the baseline app.",
-    after_help = "Admin endpoints on --admin-addr: /live, /ready (200 once the first routing table is loaded, 503 while draining), /metrics (Prometheus), /config_dump (JSON).\nExit codes: 0 after a clean drain, 1 if connections were cut at the end of the grace period, 2 on invalid configuration."
+    after_help = "Admin endpoints on --admin-addr: /live, /ready (200 once the first routing table is loaded, 503 while draining), /metrics (Prometheus), /config_dump (JSON).\nWith --intercept the sidecar starts as root, programs the interception rules as spur-init would (settings from spur-init's variables SPUR_INIT_MODE, SPUR_PROXY_UID, SPUR_INBOUND_PORTS, SPUR_EXCLUDE_INBOUND_PORTS, SPUR_INIT_IPV6; the redirect port is --inbound-addr's, the admin port is never redirected), then runs as SPUR_PROXY_UID with no capabilities (docs/interception.md).\nExit codes: 0 after a clean drain, 1 if connections were cut at the end of the grace period, 2 on invalid configuration, 3 if --intercept could not program the rules or give up root."
 )]
 struct Cli {
     #[command(flatten)]
@@ -28,6 +28,15 @@ struct Cli {
     // Handled by `WaitCli` before this parser runs; declared here for --help.
     #[arg(long, value_name = "TIMEOUT", value_parser = spur_proxy::parse_duration)]
     wait_listening: Option<Duration>,
+    /// Program the pod's interception rules before starting, then give up root (see below).
+    /// Needs root with NET_ADMIN, NET_RAW, SETUID and SETGID; requires --transparent.
+    #[arg(long, env = "SPUR_INTERCEPT")]
+    intercept: bool,
+    /// After SIGTERM, keep accepting connections this long before draining (a second signal
+    /// ends the wait). For a sidecar that receives SIGTERM together with its app, so that it
+    /// serves as long as an app that finishes its own requests first.
+    #[arg(long, env = "SPUR_DRAIN_DELAY", default_value = "0s", value_parser = spur_proxy::parse_duration)]
+    drain_delay: Duration,
 }
 
 /// `--wait-listening` alone: it needs none of the sidecar's required flags.
@@ -57,6 +66,29 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    if cli.intercept {
+        if !matches!(config.inbound, spur_proxy::Inbound::Transparent) {
+            eprintln!("spur-sidecar: --intercept requires --transparent");
+            return std::process::ExitCode::from(2);
+        }
+        let admin = config.admin_addr.unwrap_or(config.inbound_addr);
+        let (rules, uid) = match intercept::rules_from_env(config.inbound_addr, admin) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("spur-sidecar: {e}");
+                return std::process::ExitCode::from(2);
+            }
+        };
+        // Before the runtime starts: the ids must change while this is the only thread.
+        if let Err(e) = intercept::intercept_then_drop(&rules, uid) {
+            eprintln!("spur-sidecar: {e}");
+            return std::process::ExitCode::from(3);
+        }
+        tracing::info!(
+            uid,
+            "interception rules programmed; running without privileges"
+        );
+    }
     let threads = cli
         .threads
         .filter(|t| *t > 0)
@@ -84,6 +116,13 @@ fn main() -> std::process::ExitCode {
             }
         };
         shutdown_signal().await;
+        if !cli.drain_delay.is_zero() {
+            tracing::info!(delay = ?cli.drain_delay, "SIGTERM: still accepting before the drain");
+            tokio::select! {
+                _ = tokio::time::sleep(cli.drain_delay) => {}
+                _ = shutdown_signal() => {}
+            }
+        }
         if sidecar.shutdown().await == 0 {
             std::process::ExitCode::SUCCESS
         } else {
