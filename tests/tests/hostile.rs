@@ -742,3 +742,184 @@ async fn memory_stays_bounded_under_large_and_oversized_heads() {
     assert_healthy(&env).await;
     env.shutdown().await;
 }
+
+/// How the proxy must answer one hostile request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// 400 from the proxy itself (no `x-served-by`), and the connection closed.
+    Rejected,
+    /// One response, whatever its status, and the connection closed: nothing after the first
+    /// message's framing is read as a further request.
+    AnsweredOnceThenClosed,
+    /// A first request served by the app, then a 400 from the proxy, and the connection closed.
+    AnsweredOnceThenRejected,
+}
+
+/// RFC 9112 framing the front door must refuse: request smuggling (CL.TE, TE.CL, TE.TE), Host
+/// confusion, invalid tokens and chunk sizes, header injection. Each case is sent on a fresh
+/// connection; [`exchange`] fails the test if the proxy leaves the connection open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_smuggling_and_host_confusion_are_refused_and_the_connection_closed() {
+    use Expect::*;
+    let env = Env::http().await;
+    let smuggled = "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
+    let cases: Vec<(&str, String, Expect)> = vec![
+        (
+            "two Host headers",
+            "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n".into(),
+            Rejected,
+        ),
+        (
+            "two identical Host headers",
+            "GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n".into(),
+            Rejected,
+        ),
+        (
+            "HTTP/1.1 without Host",
+            "GET / HTTP/1.1\r\nAccept: */*\r\n\r\n".into(),
+            Rejected,
+        ),
+        (
+            "Host with user info",
+            "GET / HTTP/1.1\r\nHost: user@a\r\n\r\n".into(),
+            Rejected,
+        ),
+        (
+            "Host with a path",
+            "GET / HTTP/1.1\r\nHost: a/b\r\n\r\n".into(),
+            Rejected,
+        ),
+        (
+            "empty Host",
+            "GET / HTTP/1.1\r\nHost: \r\n\r\n".into(),
+            Rejected,
+        ),
+        (
+            "Host conflicting with an absolute-form target",
+            "GET http://a.example/ HTTP/1.1\r\nHost: b.example\r\n\r\n".into(),
+            Rejected,
+        ),
+        (
+            "invalid method token",
+            "G@T / HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+            Rejected,
+        ),
+        (
+            "method with a control byte",
+            "G\x01T / HTTP/1.1\r\nHost: x\r\n\r\n".into(),
+            Rejected,
+        ),
+        (
+            "overflowing chunk size",
+            "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffffff\r\nabc\r\n0\r\n\r\n".into(),
+            Rejected,
+        ),
+        (
+            "chunk size that is not hex",
+            "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n".into(),
+            Rejected,
+        ),
+        (
+            "obfuscated Transfer-Encoding (TE.TE)",
+            "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: xchunked\r\n\r\n0\r\n\r\n".into(),
+            Rejected,
+        ),
+        (
+            "Transfer-Encoding with a space before the colon",
+            "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n".into(),
+            Rejected,
+        ),
+        (
+            "chunked not the final coding",
+            "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n".into(),
+            Rejected,
+        ),
+        (
+            "differing Content-Length values",
+            "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd".into(),
+            Rejected,
+        ),
+        (
+            "signed Content-Length",
+            "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: +4\r\n\r\nabcd".into(),
+            Rejected,
+        ),
+        (
+            "obs-fold",
+            "GET / HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n".into(),
+            Rejected,
+        ),
+        (
+            "bare CR in a header value",
+            "GET / HTTP/1.1\r\nHost: x\r\nX-A: a\rX-B: b\r\n\r\n".into(),
+            Rejected,
+        ),
+        (
+            "bare LF line endings",
+            "GET / HTTP/1.1\nHost: x\n\n".into(),
+            Rejected,
+        ),
+        (
+            "a bare LF ending one header line",
+            "GET / HTTP/1.1\r\nHost: x\nX-A: a\r\n\r\n".into(),
+            Rejected,
+        ),
+        (
+            "a bare LF ending the head",
+            "GET / HTTP/1.1\r\nHost: x\r\n\n".into(),
+            Rejected,
+        ),
+        (
+            "a bare LF ending a chunk size line",
+            "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\nabc\r\n0\r\n\r\n".into(),
+            Rejected,
+        ),
+        (
+            "a bare LF in the second request of a pipeline",
+            "GET /headers HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\nHost: x\n\n".into(),
+            AnsweredOnceThenRejected,
+        ),
+        (
+            "CL.TE: Content-Length and chunked, smuggled request after the chunks",
+            format!(
+                "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n{smuggled}"
+            ),
+            AnsweredOnceThenClosed,
+        ),
+        (
+            "TE.CL: chunked and Content-Length, smuggled request inside the chunk",
+            format!(
+                "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n{:x}\r\n{smuggled}\r\n0\r\n\r\n",
+                smuggled.len()
+            ),
+            AnsweredOnceThenClosed,
+        ),
+    ];
+    for (name, req, expect) in cases {
+        let resp = exchange(env.addr(), req.clone().into_bytes()).await;
+        let text = String::from_utf8_lossy(&resp);
+        // Status lines: at the start, or right after a previous message.
+        let responses =
+            usize::from(text.starts_with("HTTP/1.")) + text.matches("\nHTTP/1.").count();
+        match expect {
+            Rejected => {
+                assert_eq!(status_of(&resp), Some(400), "{name}: {req:?} got {text:?}");
+                assert!(
+                    !head_of(&resp).contains("x-served-by"),
+                    "{name}: reached the application: {text:?}"
+                );
+            }
+            AnsweredOnceThenClosed => {}
+            AnsweredOnceThenRejected => {
+                assert_eq!(responses, 2, "{name}: {req:?} got {text:?}");
+                assert!(text.contains("HTTP/1.1 400 "), "{name}: {text:?}");
+                continue;
+            }
+        }
+        // One response: a smuggled request would have been a second (/echo returns the first
+        // one's body, which may contain the smuggled bytes as data).
+        assert_eq!(responses, 1, "{name}: {req:?} got {text:?}");
+    }
+    assert_healthy(&env).await;
+    env.shutdown().await;
+}

@@ -97,6 +97,12 @@ fn classify(buf: &[u8]) -> Verdict {
             Verdict::NeedMore
         };
     }
+    // `PRI` is reserved for the HTTP/2 preface (RFC 9113 §3.4): a client that starts with it and
+    // then deviates sent a broken preface, which the HTTP/2 server answers as a connection
+    // error. Served as HTTP/1 it would be answered as if it were a request.
+    if buf.starts_with(b"PRI ") {
+        return Verdict::Known(Protocol::Http2);
+    }
     classify_http1(buf)
 }
 
@@ -116,12 +122,43 @@ fn classify_http1(buf: &[u8]) -> Verdict {
         };
     }
     if method_len == 0 || method_len > MAX_METHOD || buf[method_len] != b' ' {
-        return Verdict::Known(Protocol::Opaque);
+        return request_line_shape(buf);
     }
     match buf.get(method_len + 1) {
         None => Verdict::NeedMore,
         Some(b'/' | b'*' | b'h' | b'H') => Verdict::Known(Protocol::Http1),
         Some(_) if &buf[..method_len] == b"CONNECT" => Verdict::Known(Protocol::Http1),
+        Some(_) => Verdict::Known(Protocol::Opaque),
+    }
+}
+
+/// A first word of visible ASCII with at least one uppercase letter, one space and an
+/// origin-form or `*` target: the shape of an HTTP/1 request line whose method is not a plain
+/// uppercase token (`G@T /`, `Get /`). HTTP/1, so that the parser answers it (400 and a closed
+/// connection for an invalid token) rather than the app receiving it unparsed. All-lowercase
+/// words stay opaque: text protocols (memcached, Redis inline commands) look like that.
+fn request_line_shape(buf: &[u8]) -> Verdict {
+    let word = buf
+        .iter()
+        .take_while(|b| (0x21..=0x7e).contains(*b))
+        .count();
+    if word == buf.len() {
+        return if word <= MAX_METHOD {
+            Verdict::NeedMore
+        } else {
+            Verdict::Known(Protocol::Opaque)
+        };
+    }
+    if word == 0
+        || word > MAX_METHOD
+        || buf[word] != b' '
+        || !buf[..word].iter().any(u8::is_ascii_uppercase)
+    {
+        return Verdict::Known(Protocol::Opaque);
+    }
+    match buf.get(word + 1) {
+        None => Verdict::NeedMore,
+        Some(b'/' | b'*') => Verdict::Known(Protocol::Http1),
         Some(_) => Verdict::Known(Protocol::Opaque),
     }
 }
@@ -151,9 +188,23 @@ mod tests {
         assert_eq!(known(b"\x00\x01binary"), Some(Protocol::Opaque));
         assert_eq!(known(b"get / HTTP/1.1"), Some(Protocol::Opaque));
         assert_eq!(known(b"HELLO world"), Some(Protocol::Opaque));
-        assert_eq!(known(b"SSH-2.0-OpenSSH"), Some(Protocol::Opaque));
+        assert_eq!(
+            known(b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n"),
+            Some(Protocol::Opaque)
+        );
+        // Request lines with an invalid or mixed-case method go to the HTTP parser, which
+        // answers them; a broken HTTP/2 preface goes to the HTTP/2 server, which refuses it.
+        assert_eq!(known(b"G@T / HTTP/1.1\r\n"), Some(Protocol::Http1));
+        assert_eq!(known(b"Get /x HTTP/1.1\r\n"), Some(Protocol::Http1));
+        assert_eq!(known(b"G@T x"), Some(Protocol::Opaque));
+        assert_eq!(
+            known(b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n"),
+            Some(Protocol::Http2)
+        );
+        assert_eq!(known(b"PRI * HTTP/1.1\r\n"), Some(Protocol::Http2));
         // Prefixes that could still become something.
         assert_eq!(known(b"GE"), None);
+        assert_eq!(known(b"G@"), None);
         assert_eq!(known(b"GET "), None);
         assert_eq!(known(b"PRI * HTTP/2"), None);
         assert_eq!(known(&[0x16]), None);

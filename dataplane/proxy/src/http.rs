@@ -2,6 +2,7 @@
 //! it over a pooled upstream connection, stream bodies both ways (trailers included), and splice
 //! upgraded connections (WebSocket, CONNECT) once the upstream has agreed.
 
+mod guard;
 mod headers;
 
 use std::convert::Infallible;
@@ -40,7 +41,6 @@ where
 {
     let config = proxy.inner.config.clone();
     let activity = Activity::new();
-    let io = TokioIo::new(Tracked::new(io, activity.clone()));
     let protocol = meta.protocol;
     let meta = Arc::new(meta);
     let tunnels = drain.clone();
@@ -59,6 +59,7 @@ where
                 .max_concurrent_streams(1024)
                 .max_pending_accept_reset_streams(100)
                 .max_local_error_reset_streams(1024);
+            let io = TokioIo::new(Tracked::new(io, activity.clone()));
             let conn = builder.serve_connection(io, svc);
             drive(
                 conn,
@@ -77,6 +78,8 @@ where
                 .max_buf_size(config.max_header_bytes)
                 .max_headers(config.max_headers)
                 .keep_alive(true);
+            let io = guard::Guard::new(io, config.max_header_bytes);
+            let io = TokioIo::new(Tracked::new(io, activity.clone()));
             let conn = builder.serve_connection(io, svc).with_upgrades();
             drive(
                 conn,
@@ -157,6 +160,11 @@ impl Proxy {
                 );
             }
         };
+        if version == Version::Http1
+            && let Err(reason) = headers::check_host(&req)
+        {
+            return reject(StatusCode::BAD_REQUEST, reason);
+        }
         let connect = req.method() == Method::CONNECT;
         if connect && version == Version::Http2 {
             return error(
@@ -169,6 +177,18 @@ impl Proxy {
         let client_upgrade = (connect || upgrade.is_some()).then(|| hyper::upgrade::on(&mut req));
 
         let (mut parts, body) = req.into_parts();
+        // A request body the client framed wrongly (a chunk size that is not hex or overflows)
+        // fails while it is forwarded. Every error of this body is the client's side (the
+        // upstream's are the send's own), so the client gets a 400 and its connection is
+        // closed, not a 502 that blames the upstream.
+        let client_body_failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let body = {
+            let failed = client_body_failed.clone();
+            body.map_err(move |e| {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                e
+            })
+        };
         let route = self.inner.router.route_http(meta, &mut parts);
         let (upstream, outcome) = match &route {
             Route::Original => (Upstream::Original(meta.original_dst), Outcome::Baseline),
@@ -185,6 +205,10 @@ impl Proxy {
 
         let mut resp = match self.inner.pool.send(&upstream, version, upstream_req).await {
             Ok(r) => r,
+            Err(e) if client_body_failed.load(std::sync::atomic::Ordering::Relaxed) => {
+                tracing::debug!(client = %meta.client, error = %e, "invalid request body");
+                return reject(StatusCode::BAD_REQUEST, "invalid request body");
+            }
             Err(e) => {
                 tracing::warn!(client = %meta.client, error = %e, "upstream request failed");
                 let status = match e {
@@ -216,6 +240,18 @@ impl Proxy {
         headers::prepare_response(&mut parts, version, keep_upgrade);
         (Response::from_parts(parts, body), outcome)
     }
+}
+
+/// An error response after which the connection closes (HTTP/1: `Connection: close`; hyper
+/// closes once it is written): what follows a malformed request on the same connection cannot
+/// be trusted to be framed the way the client meant.
+fn reject(status: StatusCode, reason: &'static str) -> (Response<Body>, Outcome) {
+    let (mut resp, outcome) = error(status, reason);
+    resp.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    (resp, outcome)
 }
 
 fn error(status: StatusCode, reason: &'static str) -> (Response<Body>, Outcome) {

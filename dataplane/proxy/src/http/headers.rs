@@ -125,6 +125,39 @@ pub(super) fn prepare_request(
 /// HTTP/1 upstreams get origin-form targets (`/path?q`), with `Host` taken from an absolute-form
 /// target if the client sent one; CONNECT keeps its authority form. HTTP/2 keeps the full URI,
 /// which hyper turns into `:scheme`/`:authority`.
+/// RFC 9112 §3.2: an HTTP/1.1 request has exactly one `Host`, and an HTTP/1.0 one at most one;
+/// its value is an authority without user info; with an absolute-form target it names the same
+/// authority as the target. Anything else is answered 400 (and the connection closed): two
+/// hops that pick different hosts from one request are how requests get smuggled past routing.
+pub(super) fn check_host<B>(req: &http::Request<B>) -> Result<(), &'static str> {
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err("more than one Host header");
+    }
+    let Some(host) = host else {
+        if req.version() == http::Version::HTTP_11 {
+            return Err("HTTP/1.1 request without a Host header");
+        }
+        return Ok(());
+    };
+    let valid = host.to_str().ok().and_then(|h| {
+        (!h.is_empty() && !h.contains('@'))
+            .then(|| h.parse::<http::uri::Authority>().ok())
+            .flatten()
+    });
+    let Some(host) = valid else {
+        return Err("invalid Host header");
+    };
+    if req.method() != http::Method::CONNECT
+        && let Some(target) = req.uri().authority()
+        && !target.as_str().eq_ignore_ascii_case(host.as_str())
+    {
+        return Err("Host header does not match the request target");
+    }
+    Ok(())
+}
+
 pub(super) fn normalize_target(parts: &mut Parts, version: Version) -> Result<(), StatusCode> {
     if version == Version::Http2 || parts.method == http::Method::CONNECT {
         return Ok(());
