@@ -923,3 +923,25 @@ async fn request_smuggling_and_host_confusion_are_refused_and_the_connection_clo
     assert_healthy(&env).await;
     env.shutdown().await;
 }
+
+/// `PRI` starts only the HTTP/2 preface: a broken one is refused as an HTTP/2 connection error
+/// (a GOAWAY or a close), never answered as an HTTP/1 request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_http2_preface_is_a_connection_error_not_http1() {
+    let env = Env::http().await;
+    for preface in [
+        &b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n"[..],
+        b"PRI * HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"PRI / HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    ] {
+        let resp = exchange(env.addr(), preface).await;
+        assert!(
+            !resp.starts_with(b"HTTP/1."),
+            "{:?} answered as HTTP/1: {:?}",
+            String::from_utf8_lossy(preface),
+            String::from_utf8_lossy(&resp)
+        );
+    }
+    assert_healthy(&env).await;
+    env.shutdown().await;
+}
