@@ -2,6 +2,8 @@
 # Builds the real public Routes API Go clients used by tests/tests/routesapi_go.rs:
 #   sdroutes         github.com/signadot/routesapi/go-routesapi/cmd/sdroutes (their CLI, unchanged)
 #   routesapi-watch  our harness (tests/go/main.go) importing their watched/workload packages
+#   h2spec           github.com/summerwind/h2spec/cmd/h2spec from tests/go-h2spec (its own module),
+#                    the HTTP/2 conformance suite tests/tests/h2spec.rs runs against the sidecar
 # into $OUT (default: target/go-bin, relative to the repository root). Go is a test-harness tool
 # only. tests/run.sh runs it before the tests and exports SPUR_GO_BINDIR (the last stdout line);
 # a test run without it builds here itself. Re-running is cheap: go's build cache makes an up-to-date build a no-op.
@@ -21,4 +23,6 @@ mkdir -p "$out"
 cd "$root/tests/go"
 go build -o "$out/sdroutes" github.com/signadot/routesapi/go-routesapi/cmd/sdroutes
 go build -o "$out/routesapi-watch" .
+cd "$root/tests/go-h2spec"
+go build -o "$out/h2spec" github.com/summerwind/h2spec/cmd/h2spec
 echo "$out"

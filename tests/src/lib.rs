@@ -301,3 +301,46 @@ pub fn sample(text: &str, series: &str) -> f64 {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0)
 }
+
+/// The repository's root directory.
+pub fn repo_root() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The directory holding the Go test tools (`sdroutes`, `routesapi-watch`, `h2spec`):
+/// `SPUR_GO_BINDIR` (tests/run.sh builds them before the tests), or else `tests/go/build.sh` run
+/// once per process.
+pub fn go_bin_dir() -> &'static std::path::Path {
+    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        if let Some(dir) = std::env::var_os("SPUR_GO_BINDIR") {
+            return Ok(PathBuf::from(dir));
+        }
+        let root = repo_root();
+        let out = root.join("target").join("go-bin");
+        let script = root.join("tests/go/build.sh");
+        let res = std::process::Command::new("bash")
+            .arg(&script)
+            .env("OUT", &out)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+        if !res.status.success() {
+            return Err(format!(
+                "{} failed ({}); Go (>= 1.24, https://go.dev/doc/install) and access to the Go module proxy are required for the Routes API compatibility and HTTP/2 conformance tests:\n{}{}",
+                script.display(),
+                res.status,
+                String::from_utf8_lossy(&res.stdout),
+                String::from_utf8_lossy(&res.stderr)
+            ));
+        }
+        Ok(out)
+    });
+    match built {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    }
+}

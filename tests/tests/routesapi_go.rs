@@ -15,10 +15,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -35,49 +35,8 @@ const QUIET: Duration = Duration::from_millis(1500);
 
 // === building the Go clients ===
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// The directory holding the binaries: `SPUR_GO_BINDIR` (tests/run.sh builds them before the
-/// tests), or else `tests/go/build.sh` run once per process.
-fn go_bin_dir() -> &'static Path {
-    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let built = BUILT.get_or_init(|| {
-        if let Some(dir) = std::env::var_os("SPUR_GO_BINDIR") {
-            return Ok(PathBuf::from(dir));
-        }
-        let root = repo_root();
-        let out = root.join("target").join("go-bin");
-        let script = root.join("tests/go/build.sh");
-        let res = std::process::Command::new("bash")
-            .arg(&script)
-            .env("OUT", &out)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-        if !res.status.success() {
-            return Err(format!(
-                "{} failed ({}); Go (>= 1.21, https://go.dev/doc/install) and access to the Go module proxy are required for the Routes API compatibility tests:\n{}{}",
-                script.display(),
-                res.status,
-                String::from_utf8_lossy(&res.stdout),
-                String::from_utf8_lossy(&res.stderr)
-            ));
-        }
-        Ok(out)
-    });
-    match built {
-        Ok(p) => p,
-        Err(e) => panic!("{e}"),
-    }
-}
-
 fn go_bin(name: &str) -> PathBuf {
-    go_bin_dir().join(name)
+    spur_e2e::go_bin_dir().join(name)
 }
 
 // === rules ===
@@ -782,7 +741,7 @@ impl H2Tap {
 /// baseline and a destination sandbox message with empty fields: empty must mean "any".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sdroutes_get_lists_and_filters() {
-    go_bin_dir();
+    spur_e2e::go_bin_dir();
     let rules = Rules::new();
     let f = Fixture::new();
     f.write(&rules);
@@ -853,7 +812,7 @@ async fn sdroutes_get_lists_and_filters() {
 /// baselines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sdroutes_watch_streams_diffs() {
-    go_bin_dir();
+    spur_e2e::go_bin_dir();
     let rules = Rules::new();
     let f = Fixture::new();
     f.write(&rules);
@@ -932,7 +891,7 @@ async fn sdroutes_watch_streams_diffs() {
 /// reconnects by itself and converges to the new rules.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watched_client_converges_across_changes_and_restart() {
-    go_bin_dir();
+    spur_e2e::go_bin_dir();
     let rules = Rules::new();
     let f = Fixture::new();
     f.write(&rules);
@@ -992,7 +951,7 @@ async fn watched_client_converges_across_changes_and_restart() {
 /// first destination of the mapping for the port, and follows changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workload_router_get_target() {
-    go_bin_dir();
+    spur_e2e::go_bin_dir();
     let rules = Rules::new();
     let f = Fixture::new();
     f.write(&rules);
@@ -1070,7 +1029,7 @@ async fn read_targets(
 /// delivers updates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keepalive_pings_do_not_break_watch_streams() {
-    go_bin_dir();
+    spur_e2e::go_bin_dir();
     let rules = Rules::new();
     let f = Fixture::new();
     f.write(&rules);
@@ -1146,7 +1105,7 @@ async fn keepalive_pings_do_not_break_watch_streams() {
 /// first rule then arrives as an ADD on every client kind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_rule_set_syncs_then_adds() {
-    go_bin_dir();
+    spur_e2e::go_bin_dir();
     let rules = Rules::new();
     let server = start_server(&rules, "127.0.0.1:0".parse().unwrap()).await;
     let addr = server.grpc_addr;

@@ -238,6 +238,25 @@ async fn handle(
     req: Request<Incoming>,
     app: Arc<App>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    let head = req.method() == Method::HEAD;
+    let resp = respond(req, app).await?;
+    if !head {
+        return Ok(resp);
+    }
+    // HEAD gets GET's head without the body (RFC 9110 §9.3.2); hyper's HTTP/2 server would
+    // send the body anyway, and a conforming client (the sidecar's) refuses that.
+    let (mut parts, body) = resp.into_parts();
+    let len = hyper::body::Body::size_hint(&body).exact().unwrap_or(0);
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    Ok(Response::from_parts(parts, Full::new(Bytes::new())))
+}
+
+async fn respond(
+    req: Request<Incoming>,
+    app: Arc<App>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         let mut resp = reply(
             StatusCode::METHOD_NOT_ALLOWED,

@@ -90,9 +90,27 @@ pub async fn serve_http(
     Ok(())
 }
 
-async fn handle(req: Request<Incoming>, ctx: Ctx) -> Result<Response<Body>, Infallible> {
+async fn handle(mut req: Request<Incoming>, ctx: Ctx) -> Result<Response<Body>, Infallible> {
+    // HEAD is GET without the body (RFC 9110 §9.3.2). hyper's HTTP/2 server would send the body
+    // anyway, which a conforming client (the proxy's, for one) refuses.
+    let head = req.method() == Method::HEAD;
+    if head {
+        *req.method_mut() = Method::GET;
+    }
     let mut resp = route(req, &ctx).await;
     resp.headers_mut().insert(SERVED_BY, ctx.served_by.clone());
+    if head {
+        let (mut parts, body) = resp.into_parts();
+        if let Some(len) = hyper::body::Body::size_hint(&body).exact() {
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+        }
+        let empty = Full::new(Bytes::new())
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        resp = Response::from_parts(parts, empty);
+    }
     Ok(resp)
 }
 
