@@ -1506,3 +1506,104 @@ async fn workstation_session_through_the_tunnel_proxy() {
     apps.cancel();
     cp.shutdown().await;
 }
+
+/// A Deployment that is not the ForkedWorkload's own, as a user made it.
+async fn unrelated_deployment(client: &Client, name: &str) -> Deployment {
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS, "labels": {"owner": "someone-else"}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": name, "image": format!("{name}:7")}]}
+            }
+        }
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap()
+}
+
+fn forked_workload(name: &str, baseline: &str) -> ForkedWorkload {
+    serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1",
+        "kind": "ForkedWorkload",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "sandbox": "sb",
+            "routingKey": "k1",
+            "baseline": {"kind": "Deployment", "namespace": NS, "name": baseline},
+        }
+    }))
+    .unwrap()
+}
+
+/// The operator writes and deletes only objects it owns: a ForkedWorkload named like an
+/// unrelated Deployment (whose baseline is missing, or present) reports the conflict and leaves
+/// that Deployment as it was, also when the ForkedWorkload is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forked_workloads_leave_objects_they_do_not_own_alone() {
+    let cp = ControlPlane::start().await;
+    let client = cp.client();
+    create_namespace(&client).await;
+    let apps = CancellationToken::new();
+    let _web = baseline(&cp, "web", &[], &apps).await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let fws: Api<ForkedWorkload> = Api::namespaced(client.clone(), NS);
+
+    for (name, baseline, reason) in [
+        ("payments", "nope", "BaselineNotFound"),
+        ("conflict", "web", "NameConflict"),
+    ] {
+        let before = unrelated_deployment(&client, name).await;
+        fws.create(&PostParams::default(), &forked_workload(name, baseline))
+            .await
+            .unwrap();
+        let cond = eventually(&format!("{name} reported"), || async {
+            let st = fws.get(name).await.ok()?.status?;
+            find_condition(&st.conditions, READY)
+                .filter(|c| c.reason == reason)
+                .cloned()
+        })
+        .await;
+        assert_eq!(cond.status, "False", "{cond:?}");
+        if reason == "NameConflict" {
+            assert!(
+                cond.message.contains(&format!("Deployment {NS}/{name}")),
+                "{cond:?}"
+            );
+        }
+        // Let a few more reconcile passes happen, then compare.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let after = deployments.get(name).await.unwrap();
+        assert_eq!(
+            after.metadata.uid, before.metadata.uid,
+            "{name} was replaced"
+        );
+        assert_eq!(
+            after.metadata.generation, before.metadata.generation,
+            "{name} was changed"
+        );
+        assert_eq!(after.metadata.labels, before.metadata.labels);
+        assert!(
+            after.metadata.owner_references.is_none(),
+            "{name} was adopted"
+        );
+
+        fws.delete(name, &DeleteParams::default()).await.unwrap();
+        eventually(&format!("ForkedWorkload {name} gone"), || async {
+            fws.get_opt(name).await.unwrap().is_none().then_some(())
+        })
+        .await;
+        let kept = deployments.get(name).await.unwrap();
+        assert_eq!(
+            kept.metadata.uid, before.metadata.uid,
+            "{name} deleted with the fork"
+        );
+    }
+    apps.cancel();
+    cp.shutdown().await;
+}

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::{ListParams, Patch, PatchParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, Resource, ResourceExt};
@@ -16,7 +17,7 @@ use spur_api::conditions::{ConditionStatus, NewCondition, READY, set_condition};
 use spur_api::keys::labels;
 use spur_api::{ForkedWorkload, ForkedWorkloadStatus, WorkloadKind};
 
-use crate::context::{Context, FIELD_MANAGER, delete_opt, now};
+use crate::context::{Context, FIELD_MANAGER, now};
 use crate::fork::{ForkId, ForkPlan, plan};
 use crate::{Error, FINALIZER};
 
@@ -46,11 +47,18 @@ async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, E
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
 
-    let (baseline, plan) = match build(fw, ns, &name, &deployments, &services).await? {
+    let built = match build(fw, ns, &name, &deployments, &services).await? {
+        Ok(built) => conflicts(fw, ns, &name, &built.1, &deployments, &services)
+            .await?
+            .map_or(Ok(built), Err),
+        Err(e) => Err(e),
+    };
+    let (baseline, plan) = match built {
         Ok(built) => built,
         Err((reason, message)) => {
-            // All or nothing: a fork that cannot be built leaves no half of itself behind.
-            delete_children(&name, ns, ctx).await?;
+            // All or nothing: a fork that cannot be built leaves no half of itself behind
+            // (only what is its own: see `delete_children`).
+            delete_children(fw, ns, ctx).await?;
             let changed = write_status(fw, ns, ctx, |st| {
                 st.fork = None;
                 st.services.clear();
@@ -87,8 +95,8 @@ async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, E
         .match_any();
     for stale in services.list(&lp).await?.items {
         let n = stale.name_any();
-        if !wanted.contains(&n) {
-            delete_opt(&services, &n).await?;
+        if !wanted.contains(&n) && owned_by(&stale.metadata, fw) {
+            delete_owned(&services, &stale.metadata).await?;
         }
     }
 
@@ -278,24 +286,113 @@ async fn write_status(
     crate::context::apply_status(&api, &fw.name_any(), &old, &st).await
 }
 
-async fn delete_children(name: &str, ns: &str, ctx: &Context) -> Result<bool, Error> {
+/// Whether `meta` is an object this ForkedWorkload controls (its controller owner reference,
+/// by uid). The operator writes and deletes only such objects: a Deployment or Service that
+/// merely has the fork's name or label is someone else's.
+fn owned_by(meta: &ObjectMeta, fw: &ForkedWorkload) -> bool {
+    let Some(uid) = fw.metadata.uid.as_deref() else {
+        return false;
+    };
+    meta.owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.uid == uid)
+}
+
+/// Objects in the way of `plan` that this ForkedWorkload does not own: the reason and message
+/// of the condition that reports them, or `None` when the way is clear.
+async fn conflicts(
+    fw: &ForkedWorkload,
+    ns: &str,
+    name: &str,
+    plan: &ForkPlan,
+    deployments: &Api<Deployment>,
+    services: &Api<Service>,
+) -> Result<Option<(&'static str, String)>, Error> {
+    let mut taken = Vec::new();
+    if let Some(d) = deployments.get_opt(name).await?
+        && !owned_by(&d.metadata, fw)
+    {
+        taken.push(format!("Deployment {ns}/{name}"));
+    }
+    for (svc, _) in &plan.services {
+        let svc_name = svc.name_any();
+        if let Some(existing) = services.get_opt(&svc_name).await?
+            && !owned_by(&existing.metadata, fw)
+        {
+            taken.push(format!("Service {ns}/{svc_name}"));
+        }
+    }
+    Ok((!taken.is_empty()).then(|| {
+        (
+            "NameConflict",
+            format!(
+                "{} already exist(s) and belong(s) to something else; the fork leaves them alone (rename the ForkedWorkload or remove them)",
+                taken.join(", ")
+            ),
+        )
+    }))
+}
+
+/// Deletes `meta`'s object only if it is still the object the check saw (uid precondition).
+async fn delete_owned<K>(api: &Api<K>, meta: &ObjectMeta) -> Result<(), Error>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: meta.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match api
+        .delete(&meta.name.clone().unwrap_or_default(), &dp)
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Gone, or replaced by another object of the same name (the precondition failed).
+        Err(kube::Error::Api(s)) if s.is_not_found() || s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes the fork Deployment and sandbox Services this ForkedWorkload owns; returns whether
+/// any of them is still there.
+async fn delete_children(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<bool, Error> {
+    let name = fw.name_any();
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
+    let mut remaining = false;
     // Background propagation: the API server removes the object at once; ReplicaSets and pods
     // follow through the garbage collector.
-    delete_opt(&deployments, name).await?;
-    let mut remaining = deployments.get_opt(name).await?.is_some();
+    if let Some(d) = deployments.get_opt(&name).await?
+        && owned_by(&d.metadata, fw)
+    {
+        delete_owned(&deployments, &d.metadata).await?;
+        remaining |= deployments
+            .get_opt(&name)
+            .await?
+            .is_some_and(|d| owned_by(&d.metadata, fw));
+    }
     let lp = ListParams::default().labels(&format!("{}={name}", labels::FORK));
     for svc in services.list(&lp).await?.items {
-        delete_opt(&services, &svc.name_any()).await?;
+        if owned_by(&svc.metadata, fw) {
+            delete_owned(&services, &svc.metadata).await?;
+        }
     }
-    remaining |= !services.list(&lp).await?.items.is_empty();
+    remaining |= services
+        .list(&lp)
+        .await?
+        .items
+        .iter()
+        .any(|s| owned_by(&s.metadata, fw));
     Ok(remaining)
 }
 
 async fn cleanup(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, Error> {
     let name = fw.name_any();
-    if delete_children(&name, ns, ctx).await? {
+    if delete_children(fw, ns, ctx).await? {
         return Err(Error::Pending(format!(
             "the children of ForkedWorkload {ns}/{name} to be deleted"
         )));
