@@ -1,12 +1,17 @@
 //! The admin server: `/live`, `/ready`, `/metrics` (Prometheus text) and `/config_dump`.
+//!
+//! `/config_dump` lists every rule in force, routing keys included, so it is served only to
+//! clients on loopback (the pod itself, `kubectl port-forward`, `kubectl exec`); the port is
+//! reachable from the network for the kubelet's probes and metrics scrapes, which reveal no rule.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode, header};
+use std::net::SocketAddr;
+
+use http::{Method, Response, StatusCode, header};
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
@@ -49,7 +54,7 @@ impl AdminState {
 /// drain on purpose: probes and metrics must keep answering while connections finish.
 pub async fn serve_admin(listener: TcpListener, state: AdminState, stop: CancellationToken) {
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = stop.cancelled() => return,
             a = listener.accept() => match a {
                 Ok(a) => a,
@@ -64,7 +69,7 @@ pub async fn serve_admin(listener: TcpListener, state: AdminState, stop: Cancell
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
                 let state = state.clone();
-                async move { Ok::<_, Infallible>(handle(&state, &req)) }
+                async move { Ok::<_, Infallible>(handle(&state, req.method(), req.uri().path(), peer)) }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
@@ -77,11 +82,16 @@ pub async fn serve_admin(listener: TcpListener, state: AdminState, stop: Cancell
     }
 }
 
-fn handle(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
-    if req.method() != Method::GET && req.method() != Method::HEAD {
+fn handle(
+    state: &AdminState,
+    method: &Method,
+    path: &str,
+    peer: SocketAddr,
+) -> Response<Full<Bytes>> {
+    if method != Method::GET && method != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n".into());
     }
-    match req.uri().path() {
+    match path {
         "/live" => text(StatusCode::OK, "live\n".into()),
         "/ready" if state.is_ready() => text(StatusCode::OK, "ready\n".into()),
         "/ready" if state.drain.is_draining() => {
@@ -110,6 +120,11 @@ fn handle(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> 
                 ),
             }
         }
+        "/config_dump" if !peer.ip().to_canonical().is_loopback() => text(
+            StatusCode::FORBIDDEN,
+            "/config_dump is served to loopback clients only (kubectl port-forward or exec)\n"
+                .into(),
+        ),
         "/config_dump" => {
             let body =
                 serde_json::to_string_pretty(&state.config_dump()).unwrap_or_else(|_| "{}".into());
@@ -135,4 +150,41 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
         header::HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     r
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn config_dump_only_for_loopback_peers() {
+        let state = AdminState {
+            registry: Arc::new(Registry::default()),
+            table: SharedTable::default(),
+            drain: Drain::new(),
+            requires_table: false,
+            identity: serde_json::json!({"role": "test"}),
+        };
+        let status = |path: &str, peer: &str| {
+            handle(&state, &Method::GET, path, peer.parse().unwrap()).status()
+        };
+        assert_eq!(status("/config_dump", "127.0.0.1:5000"), StatusCode::OK);
+        assert_eq!(status("/config_dump", "[::1]:5000"), StatusCode::OK);
+        assert_eq!(
+            status("/config_dump", "[::ffff:127.0.0.1]:5000"),
+            StatusCode::OK
+        );
+        assert_eq!(
+            status("/config_dump", "10.244.0.7:5000"),
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(
+            status("/config_dump", "[fd00::7]:5000"),
+            StatusCode::FORBIDDEN
+        );
+        for path in ["/live", "/ready", "/metrics"] {
+            assert_eq!(status(path, "10.244.0.7:5000"), StatusCode::OK, "{path}");
+        }
+    }
 }
