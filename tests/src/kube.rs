@@ -143,3 +143,36 @@ pub async fn chart_client(
     let token = api.service_account_token(SYSTEM_NAMESPACE, name).await?;
     api.client_with_token(&token).await
 }
+
+/// Grants the ServiceAccount `name` (of [`SYSTEM_NAMESPACE`], as [`chart_client`] makes it) the
+/// chart's Role rules in `file` within `namespace` (created if missing), as the chart's Role and
+/// RoleBinding there do.
+pub async fn grant_in_namespace(
+    api: &KubeApi,
+    name: &str,
+    namespace: &str,
+    file: &str,
+) -> anyhow::Result<()> {
+    let admin = api.client();
+    ensure_namespace(&admin, namespace).await?;
+    let role = Role {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            ..ObjectMeta::default()
+        },
+        rules: Some(rules(file)?),
+    };
+    Api::<Role>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &role)
+        .await?;
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": SYSTEM_NAMESPACE}]
+    }))?;
+    Api::<RoleBinding>::namespaced(admin, namespace)
+        .create(&PostParams::default(), &binding)
+        .await?;
+    Ok(())
+}

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -135,6 +135,47 @@ struct Baseline {
 }
 
 const NS: &str = "shop";
+/// The chart's `tunnelProxy.tokenNamespace`: the workstation token Secrets, away from the CA.
+const TOKEN_NS: &str = "spur-workstation-tokens";
+
+/// The tunnel proxy's client under the chart's RBAC: its ClusterRole, its Role in spur-system
+/// (tunnel Leases) and its Role in the token namespace (token Secrets). It cannot read any
+/// Secret of spur-system, where the operator keeps its CA's key.
+async fn tunnel_proxy_client(cp: &ControlPlane) -> Client {
+    let tp = kube_rbac::chart_client(
+        &cp.api,
+        "spur-tunnel-proxy",
+        "tunnelproxy-rules.yaml",
+        Some("tunnelproxy-namespace-rules.yaml"),
+    )
+    .await
+    .unwrap();
+    kube_rbac::grant_in_namespace(
+        &cp.api,
+        "spur-tunnel-proxy",
+        TOKEN_NS,
+        "tunnelproxy-token-rules.yaml",
+    )
+    .await
+    .unwrap();
+    for verb in ["list", "get"] {
+        let denied = match verb {
+            "list" => Api::<Secret>::namespaced(tp.clone(), "spur-system")
+                .list(&ListParams::default())
+                .await
+                .map(|_| ()),
+            _ => Api::<Secret>::namespaced(tp.clone(), "spur-system")
+                .get("spur-ca")
+                .await
+                .map(|_| ()),
+        };
+        assert!(
+            matches!(&denied, Err(kube::Error::Api(s)) if s.code == 403),
+            "the tunnel proxy may {verb} Secrets in spur-system: {denied:?}"
+        );
+    }
+    tp
+}
 
 async fn create_namespace(client: &Client) {
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
@@ -956,7 +997,6 @@ async fn local_workload_follows_its_workstation_tunnel() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tunnel_proxy_tokens_api_and_session_lease() {
     use k8s_openapi::api::coordination::v1::Lease;
-    use k8s_openapi::api::core::v1::Secret;
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use spur_proto::tunnel::tunnel_api_client::TunnelApiClient;
     use spur_proto::tunnel::tunnel_api_server::TunnelApiServer;
@@ -969,28 +1009,24 @@ async fn tunnel_proxy_tokens_api_and_session_lease() {
     let client = cp.client();
     let ew_name = local_sandbox(&client, "localhost:3000").await;
 
-    let tp = kube_rbac::chart_client(
-        &cp.api,
-        "spur-tunnel-proxy",
-        "tunnelproxy-rules.yaml",
-        Some("tunnelproxy-namespace-rules.yaml"),
-    )
-    .await
-    .unwrap();
+    let tp = tunnel_proxy_client(&cp).await;
     let stop = CancellationToken::new();
 
     // Tokens: alice's is valid, bob's expired, anything else unknown.
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), "spur-system");
+    kube_rbac::ensure_namespace(&client, TOKEN_NS)
+        .await
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), TOKEN_NS);
     let alice_token = tokens::generate_token().unwrap();
     let bob_token = tokens::generate_token().unwrap();
     let past = std::time::SystemTime::now() - Duration::from_secs(60);
     for s in [
-        tokens::token_secret("spur-system", "alice", &alice_token, None).unwrap(),
-        tokens::token_secret("spur-system", "bob", &bob_token, Some(past)).unwrap(),
+        tokens::token_secret(TOKEN_NS, "alice", &alice_token, None).unwrap(),
+        tokens::token_secret(TOKEN_NS, "bob", &bob_token, Some(past)).unwrap(),
     ] {
         secrets.create(&PostParams::default(), &s).await.unwrap();
     }
-    let store = TokenStore::start(tp.clone(), "spur-system", stop.clone())
+    let store = TokenStore::start(tp.clone(), TOKEN_NS, stop.clone())
         .await
         .unwrap();
     let now = std::time::SystemTime::now();
@@ -1220,7 +1256,6 @@ async fn tunnel_proxy_tokens_api_and_session_lease() {
 /// SOCKS5 with the token, and a clean disconnect withdrawing the endpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workstation_session_through_the_tunnel_proxy() {
-    use k8s_openapi::api::core::v1::Secret;
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use spur_proto::tunnel::tunnel_api_client::TunnelApiClient;
     use spur_proto::tunnel::{HelloRequest, WatchLocalWorkloadsRequest};
@@ -1236,25 +1271,21 @@ async fn workstation_session_through_the_tunnel_proxy() {
     let laptop_app = spawn_app(AppKind::Http, "laptop-app", apps.clone()).await;
     let ew_name = local_sandbox(&client, &format!("127.0.0.1:{}", laptop_app.port())).await;
 
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), "spur-system");
+    kube_rbac::ensure_namespace(&client, TOKEN_NS)
+        .await
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), TOKEN_NS);
     let alice = tokens::generate_token().unwrap();
     let bob = tokens::generate_token().unwrap();
     let past = std::time::SystemTime::now() - Duration::from_secs(60);
     for s in [
-        tokens::token_secret("spur-system", "alice", &alice, None).unwrap(),
-        tokens::token_secret("spur-system", "bob", &bob, Some(past)).unwrap(),
+        tokens::token_secret(TOKEN_NS, "alice", &alice, None).unwrap(),
+        tokens::token_secret(TOKEN_NS, "bob", &bob, Some(past)).unwrap(),
     ] {
         secrets.create(&PostParams::default(), &s).await.unwrap();
     }
 
-    let tp = kube_rbac::chart_client(
-        &cp.api,
-        "spur-tunnel-proxy",
-        "tunnelproxy-rules.yaml",
-        Some("tunnelproxy-namespace-rules.yaml"),
-    )
-    .await
-    .unwrap();
+    let tp = tunnel_proxy_client(&cp).await;
     let cert = rcgen::generate_simple_self_signed(vec!["tunnel.spur.test".into()]).unwrap();
     let cert_der = cert.cert.der().clone();
     let key_der =
@@ -1265,6 +1296,7 @@ async fn workstation_session_through_the_tunnel_proxy() {
         tp,
         spur_tunnelproxy::TunnelProxyConfig {
             namespace: "spur-system".into(),
+            token_namespace: TOKEN_NS.into(),
             pod_name: "spur-tunnel-proxy-0".into(),
             // EndpointSlices refuse loopback addresses: the reported pod IP is a documentation
             // address nobody dials; the test connects to the reverse listener on loopback, as

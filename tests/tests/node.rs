@@ -16,6 +16,8 @@ use spur_e2e::node::{
     spur_bin,
 };
 
+/// The chart's `tunnelProxy.tokenNamespace` default.
+const TOKEN_NAMESPACE: &str = "spur-workstation-tokens";
 const RELEASE: &str = "spur";
 
 fn helm_args<'a>(first: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
@@ -49,11 +51,15 @@ fn helm_install_and_the_user_path_on_running_pods() {
         ))
         .unwrap();
     ensure_namespace(node, SPUR_NAMESPACE);
-    node.kubectl_stdin(
-        &["apply", "--dry-run=server", "-n", SPUR_NAMESPACE],
-        &rendered,
-    )
-    .unwrap();
+    // Objects inside the token namespace cannot be checked before it exists (a dry run creates
+    // nothing); the install below creates them for real.
+    let checkable: Vec<&str> = rendered
+        .split("\n---\n")
+        .filter(|doc| !doc.contains(&format!("namespace: {TOKEN_NAMESPACE}\n")))
+        .collect();
+    assert!(checkable.len() > 10, "{rendered}");
+    node.kubectl_stdin(&["apply", "--dry-run=server"], &checkable.join("\n---\n"))
+        .unwrap();
 
     // --- helm install: every component Ready under its own ServiceAccount -------------------
     node.helm(&helm_args(
@@ -91,6 +97,24 @@ fn helm_install_and_the_user_path_on_running_pods() {
             .unwrap()
     };
     assert_eq!(can_i("get", "secrets", "default"), (Some(1), "no".into()));
+    // The tunnel proxy faces the internet: it may list the workstation token Secrets in their
+    // own namespace, and no Secret of the release namespace, where the CA's key is.
+    let tunnel_proxy = format!("--as=system:serviceaccount:{SPUR_NAMESPACE}:spur-tunnel-proxy");
+    let tp_can_i = |verb: &str, what: &str, ns: &str| {
+        node.kubectl_status(&["auth", "can-i", verb, what, "-n", ns, &tunnel_proxy])
+            .unwrap()
+    };
+    for verb in ["get", "list", "watch"] {
+        assert_eq!(
+            tp_can_i(verb, "secrets", SPUR_NAMESPACE),
+            (Some(1), "no".into()),
+            "tunnel proxy may {verb} Secrets in {SPUR_NAMESPACE}"
+        );
+    }
+    assert_eq!(
+        tp_can_i("list", "secrets", TOKEN_NAMESPACE),
+        (Some(0), "yes".into())
+    );
     assert_eq!(
         can_i("list", "sandboxes.spur.dev", "default"),
         (Some(0), "yes".into())
@@ -475,8 +499,7 @@ fn helm_install_and_the_user_path_on_running_pods() {
     .unwrap();
     // Everything in the namespace, whoever made it: the chart's objects, and what the operator
     // and the tunnel proxy made for themselves (owned by their Deployments). What may stay: the
-    // namespace's own defaults, and the workstation tokens an administrator made with
-    // `spur local token` (theirs to revoke; docs/install.md).
+    // namespace's own defaults. The token namespace (the chart's) goes, with the tokens.
     let left = eventually(
         "helm uninstall to leave nothing in the namespace",
         Duration::from_secs(120),
@@ -491,10 +514,7 @@ fn helm_install_and_the_user_path_on_running_pods() {
             ])?;
             let left: Vec<String> = all
                 .lines()
-                .filter(|l| {
-                    !matches!(*l, "configmap/kube-root-ca.crt" | "serviceaccount/default")
-                        && !l.starts_with("secret/spur-workstation-")
-                })
+                .filter(|l| !matches!(*l, "configmap/kube-root-ca.crt" | "serviceaccount/default"))
                 .map(String::from)
                 .collect();
             if left.is_empty() {
@@ -505,6 +525,22 @@ fn helm_install_and_the_user_path_on_running_pods() {
         },
     );
     left.unwrap();
+    eventually(
+        "the token namespace to go",
+        Duration::from_secs(120),
+        || {
+            let (code, out) = node.kubectl_status(&[
+                "get",
+                "namespace",
+                TOKEN_NAMESPACE,
+                "-o",
+                "jsonpath={.status.phase}",
+            ])?;
+            // Gone, or on its way (the namespace controller empties it first).
+            Ok((code != Some(0) || out.trim() == "Terminating").then_some(()))
+        },
+    )
+    .unwrap();
     let left = node
         .kubectl(&[
             "get",
@@ -645,17 +681,7 @@ fn laptop_joins_through_the_tunnel_proxy(
 ) {
     let dir = tempfile::tempdir().unwrap();
     let spur = spur_bin("spur");
-    let token = node_spur(
-        node,
-        &[
-            "local",
-            "token",
-            "--workstation",
-            "alice",
-            "--namespace",
-            SPUR_NAMESPACE,
-        ],
-    );
+    let token = node_spur(node, &["local", "token", "--workstation", "alice"]);
     std::fs::write(dir.path().join("token"), token.trim()).unwrap();
     let ca = node
         .kubectl(&[

@@ -231,8 +231,9 @@ struct TokenArgs {
     /// How long the token is accepted (e.g. 12h); without it, until the Secret is deleted.
     #[arg(long, value_parser = spur_proxy::parse_duration)]
     ttl: Option<std::time::Duration>,
-    /// The tunnel proxy's namespace.
-    #[arg(long, default_value = "spur-system")]
+    /// The namespace of the tunnel proxy's token Secrets (the chart's
+    /// `tunnelProxy.tokenNamespace`).
+    #[arg(long, default_value = "spur-workstation-tokens")]
     namespace: String,
     /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
     #[arg(long, env = "SPUR_KUBECONFIG")]

@@ -22,9 +22,14 @@ pub(crate) struct TunnelProxyArgs {
     /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
     #[arg(long, env = "SPUR_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
-    /// The tunnel proxy's namespace (workstation token Secrets and tunnel Leases).
+    /// The tunnel proxy's namespace (tunnel Leases).
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     namespace: String,
+    /// The namespace of the workstation token Secrets (default: --namespace). The chart gives
+    /// them a namespace of their own, where the tunnel proxy may list Secrets, so that it
+    /// cannot read the others (the CA's key).
+    #[arg(long, env = "SPUR_TOKEN_NAMESPACE")]
+    token_namespace: Option<String>,
     /// This replica's pod name (the tunnel Leases' holder).
     #[arg(long, env = "POD_NAME")]
     pod_name: String,
@@ -226,6 +231,10 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
     let proxy = spur_tunnelproxy::run(
         client,
         spur_tunnelproxy::TunnelProxyConfig {
+            token_namespace: args
+                .token_namespace
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| args.namespace.clone()),
             namespace: args.namespace,
             pod_name: args.pod_name,
             pod_ip: args.pod_ip,

@@ -38,8 +38,12 @@ use crate::tokens::{TokenError, TokenStore};
 
 /// Where and how the tunnel proxy runs.
 pub struct TunnelProxyConfig {
-    /// Its namespace: token Secrets and session Leases live here.
+    /// Its namespace: session Leases live here.
     pub namespace: String,
+    /// Where the workstation token Secrets are: a namespace of their own in the chart, so that
+    /// the tunnel proxy, which must list Secrets to find them, cannot read any other Secret
+    /// (the CA's key is in `namespace`).
+    pub token_namespace: String,
     /// This replica's pod name and IP (the Lease's holder and the EndpointSlices' address).
     pub pod_name: String,
     pub pod_ip: IpAddr,
@@ -255,7 +259,8 @@ pub async fn run(
 ) -> Result<RunningProxy, Error> {
     let joined = |e: tokio::task::JoinError| Error::Kube(format!("watch start-up failed: {e}"));
     let tokens = {
-        let (client, namespace, stop) = (client.clone(), config.namespace.clone(), stop.clone());
+        let (client, namespace, stop) =
+            (client.clone(), config.token_namespace.clone(), stop.clone());
         control
             .spawn(async move { TokenStore::start(client, &namespace, stop).await })
             .await

@@ -1,0 +1,171 @@
+//! The chart's RBAC, as the API server enforces it: each component's ServiceAccount, bound to the
+//! chart's rules exactly as the chart binds them, asks a real kube-apiserver (authorization mode
+//! RBAC) what it may do (`SelfSubjectRulesReview`) in the release namespace, the token namespace
+//! and an application namespace. The answers must equal the committed expectation
+//! `tests/rbac/expected.txt`, so a widened rule fails here until someone writes it down there
+//! (and a reviewer sees it); and some invariants hold whatever the expectation says: no wildcard,
+//! a route server that writes nothing, a tunnel proxy that reads no Secret but the tokens.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::authorization::v1::{SelfSubjectRulesReview, SelfSubjectRulesReviewSpec};
+use kube::api::{Api, PostParams};
+use spur_e2e::kube as kube_rbac;
+use spur_kube_harness::KubeApi;
+
+const NAMESPACES: [&str; 3] = ["spur-system", "spur-workstation-tokens", "shop"];
+const EXPECTED: &str = include_str!("../rbac/expected.txt");
+const WRITE_VERBS: [&str; 6] = [
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+    "*",
+];
+
+/// One line per (namespace, rule) the server reports for `client`, except the self-review rules
+/// every authenticated user has.
+async fn rules_of(who: &str, client: kube::Client) -> BTreeSet<String> {
+    let api: Api<SelfSubjectRulesReview> = Api::all(client);
+    let mut lines = BTreeSet::new();
+    for ns in NAMESPACES {
+        let review = SelfSubjectRulesReview {
+            spec: SelfSubjectRulesReviewSpec {
+                namespace: Some(ns.into()),
+            },
+            ..Default::default()
+        };
+        let answer = api.create(&PostParams::default(), &review).await.unwrap();
+        let status = answer.status.expect("a rules review has a status");
+        assert!(
+            !status.incomplete,
+            "{who} in {ns}: incomplete rules review: {:?}",
+            status.evaluation_error
+        );
+        for rule in status.resource_rules {
+            let resources = rule.resources.clone().unwrap_or_default();
+            if resources.iter().all(|r| r.starts_with("selfsubject")) {
+                continue;
+            }
+            let list = |v: Option<Vec<String>>| {
+                let mut v = v.unwrap_or_default();
+                v.sort();
+                if v.is_empty() {
+                    "-".to_string()
+                } else {
+                    v.join(",")
+                }
+            };
+            // The core group is "" on the wire.
+            let groups = rule.api_groups.clone().map(|g| {
+                g.into_iter()
+                    .map(|g| if g.is_empty() { "core".to_string() } else { g })
+                    .collect()
+            });
+            let groups = list(groups);
+            lines.insert(format!(
+                "{who} {ns} groups={groups} resources={} names={} verbs={}",
+                list(Some(resources)),
+                list(rule.resource_names.clone()),
+                list(Some(rule.verbs.clone())),
+            ));
+        }
+    }
+    lines
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chart_rbac_is_exactly_the_committed_expectation() {
+    kube_rbac::capture_logs();
+    let api = KubeApi::start().await.unwrap();
+    kube_rbac::install_crds(&api).await.unwrap();
+    let admin = api.client();
+    for ns in NAMESPACES {
+        kube_rbac::ensure_namespace(&admin, ns).await.unwrap();
+    }
+    let operator = kube_rbac::chart_client(
+        &api,
+        "spur-operator",
+        "operator-rules.yaml",
+        Some("operator-lease-rules.yaml"),
+    )
+    .await
+    .unwrap();
+    let routeserver =
+        kube_rbac::chart_client(&api, "spur-routeserver", "routeserver-rules.yaml", None)
+            .await
+            .unwrap();
+    let tunnel_proxy = kube_rbac::chart_client(
+        &api,
+        "spur-tunnel-proxy",
+        "tunnelproxy-rules.yaml",
+        Some("tunnelproxy-namespace-rules.yaml"),
+    )
+    .await
+    .unwrap();
+    kube_rbac::grant_in_namespace(
+        &api,
+        "spur-tunnel-proxy",
+        "spur-workstation-tokens",
+        "tunnelproxy-token-rules.yaml",
+    )
+    .await
+    .unwrap();
+
+    let mut actual = BTreeSet::new();
+    actual.extend(rules_of("spur-operator", operator).await);
+    actual.extend(rules_of("spur-routeserver", routeserver).await);
+    actual.extend(rules_of("spur-tunnel-proxy", tunnel_proxy).await);
+
+    // Invariants, whatever the expectation says.
+    for line in &actual {
+        let fields: Vec<&str> = line.split(' ').collect();
+        assert!(
+            !line.contains('*'),
+            "a wildcard in the chart's RBAC: {line}"
+        );
+        let verbs = fields.last().unwrap().trim_start_matches("verbs=");
+        if line.starts_with("spur-routeserver ") {
+            assert!(
+                !verbs.split(',').any(|v| WRITE_VERBS.contains(&v)),
+                "the route server may write: {line}"
+            );
+        }
+        if line.starts_with("spur-tunnel-proxy ") && line.contains("secrets") {
+            assert!(
+                line.starts_with("spur-tunnel-proxy spur-workstation-tokens "),
+                "the tunnel proxy may read Secrets outside the token namespace: {line}"
+            );
+        }
+    }
+
+    let expected: BTreeSet<String> = EXPECTED
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(String::from)
+        .collect();
+    let widened: Vec<&String> = actual.difference(&expected).collect();
+    let narrowed: Vec<&String> = expected.difference(&actual).collect();
+    assert!(
+        widened.is_empty() && narrowed.is_empty(),
+        "the chart's RBAC differs from tests/rbac/expected.txt\nnot expected (widened?):\n{}\nexpected but missing:\n{}\nthe whole answer:\n{}",
+        widened
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        narrowed
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        actual
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
+}
