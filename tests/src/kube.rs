@@ -11,16 +11,57 @@ use kube::{Api, Client};
 use serde_json::json;
 use spur_kube_harness::KubeApi;
 
-/// Sends the components' logs (`RUST_LOG`; default: every `spur*` target at info, the rest at
-/// warn) to the test harness, which shows a test's logs only when it fails.
+/// Everything the components logged in this test process (see [`capture_logs`]).
+static LOGS: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+
+/// A writer appending to [`LOGS`].
+struct Captured;
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Ok(mut logs) = LOGS.lock() {
+            logs.extend_from_slice(buf);
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Sends the components' logs (`RUST_LOG`; default: every `spur*` target at debug, the rest at
+/// warn) to the test harness, which shows a test's logs only when it fails, and keeps a copy
+/// that [`assert_no_secret_logged`] scans: secrets must not appear even at debug level.
 pub fn capture_logs() {
+    use tracing_subscriber::fmt::writer::MakeWriterExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,spur=info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,spur=debug"));
+    let writer = tracing_subscriber::fmt::TestWriter::new().and(|| Captured);
     // Only the first test of a binary installs it; the others share it.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_test_writer()
+        .with_ansi(false)
+        .with_writer(writer)
         .try_init();
+}
+
+/// Fails if anything logged so far in this process contains one of `secrets` (tokens, keys) or
+/// any PEM block, private or not (certificates are not secret, but no log line needs one).
+pub fn assert_no_secret_logged(secrets: &[&str]) {
+    let logs = LOGS.lock().map(|l| l.clone()).unwrap_or_default();
+    let logs = String::from_utf8_lossy(&logs);
+    assert!(
+        !logs.is_empty(),
+        "no logs were captured: is capture_logs() called?"
+    );
+    for (i, secret) in secrets.iter().enumerate() {
+        assert!(secret.len() >= 16, "secret {i} is too short to search for");
+        assert!(!logs.contains(secret), "secret {i} appears in the logs");
+    }
+    for marker in ["-----BEGIN", "PRIVATE KEY"] {
+        let line = logs.lines().find(|l| l.contains(marker));
+        assert!(line.is_none(), "{marker} in the logs: {line:?}");
+    }
 }
 
 /// How long [`eventually`] waits: generous, the machine is small and shared.

@@ -1247,6 +1247,7 @@ async fn tunnel_proxy_tokens_api_and_session_lease() {
 
     stop.cancel();
     cp.shutdown().await;
+    kube_rbac::assert_no_secret_logged(&[&alice_token, &bob_token]);
 }
 
 /// A workstation's whole path through the real tunnel proxy (in process, under its chart RBAC)
@@ -1537,6 +1538,7 @@ async fn workstation_session_through_the_tunnel_proxy() {
     proxy.stopped().await;
     apps.cancel();
     cp.shutdown().await;
+    kube_rbac::assert_no_secret_logged(&[&alice, &bob]);
 }
 
 /// A Deployment that is not the ForkedWorkload's own, as a user made it.

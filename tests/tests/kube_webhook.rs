@@ -727,5 +727,17 @@ async fn certificates_rotate_with_no_failed_admission() {
     );
     let issued = setup.metric("spur_operator_certificates_issued_total{certificate=\"serving\"}");
     assert!(issued >= 4.0, "{issued}");
+    // The CA's and the serving certificate's keys, as stored, never reach a log line.
+    let ca = secrets.get("spur-ca").await.unwrap();
+    let tls = secrets.get("spur-webhook-tls").await.unwrap();
+    let body = |pem: &str| -> String {
+        pem.lines()
+            .filter(|l| !l.starts_with("-----") && l.len() >= 16)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let keys = [body(&text(&ca, "ca.key")), body(&text(&tls, "tls.key"))];
+    let key_lines: Vec<&str> = keys.iter().flat_map(|k| k.lines()).collect();
     setup.shutdown().await;
+    spur_e2e::kube::assert_no_secret_logged(&key_lines);
 }
