@@ -1641,3 +1641,178 @@ async fn forked_workloads_leave_objects_they_do_not_own_alone() {
     apps.cancel();
     cp.shutdown().await;
 }
+
+/// The chart's ValidatingAdmissionPolicy (charts/spur/files/sandbox-admission-policy.yaml):
+/// a user who may change Deployments and Services only in namespace `a` can fork and redirect
+/// workloads of `a`, and nothing in `b`, whatever the operator's own rights.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_need_their_creators_rights_in_every_namespace_they_touch() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+
+    let cp = ControlPlane::start().await;
+    let admin = cp.client();
+    for ns in ["a", "b"] {
+        kube_rbac::ensure_namespace(&admin, ns).await.unwrap();
+    }
+    let policy_yaml =
+        std::fs::read_to_string(kube_rbac::chart_path("files/sandbox-admission-policy.yaml"))
+            .unwrap();
+    let mut docs = policy_yaml.split("\n---\n");
+    let policy: ValidatingAdmissionPolicy = serde_yaml_ng::from_str(docs.next().unwrap()).unwrap();
+    let binding: ValidatingAdmissionPolicyBinding =
+        serde_yaml_ng::from_str(docs.next().unwrap()).unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+
+    // The developer: Sandboxes anywhere (they are cluster-scoped), workloads only in `a`.
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "dev-sandboxes"},
+        "rules": [{"apiGroups": ["spur.dev"], "resources": ["sandboxes"],
+                   "verbs": ["create", "get", "list", "update", "patch", "delete"]}]
+    }))
+    .unwrap();
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let crb: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "dev-sandboxes"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "dev-sandboxes"},
+        "subjects": [{"kind": "ServiceAccount", "name": "dev", "namespace": "spur-system"}]
+    }))
+    .unwrap();
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &crb)
+        .await
+        .unwrap();
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "dev", "namespace": "a"},
+        "rules": [
+            {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "patch"]},
+            {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create"]}
+        ]
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(admin.clone(), "a")
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let rb: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "dev", "namespace": "a"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "dev"},
+        "subjects": [{"kind": "ServiceAccount", "name": "dev", "namespace": "spur-system"}]
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), "a")
+        .create(&PostParams::default(), &rb)
+        .await
+        .unwrap();
+    let token = cp
+        .api
+        .service_account_token("spur-system", "dev")
+        .await
+        .unwrap();
+    let dev = cp.api.client_with_token(&token).await.unwrap();
+    let dev_sandboxes: Api<Sandbox> = Api::all(dev);
+    let admin_sandboxes: Api<Sandbox> = Api::all(admin.clone());
+
+    let fork_in = |ns: &str| {
+        json!({"forkOf": {"kind": "Deployment", "namespace": ns, "name": "app"},
+               "customizations": {"env": [{"name": "FEATURE", "value": "on"}]}})
+    };
+    let forks = |name: &str, nss: &[&str]| -> Sandbox {
+        serde_json::from_value(json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": name},
+            "spec": {"forks": nss.iter().map(|ns| fork_in(ns)).collect::<Vec<_>>()}
+        }))
+        .unwrap()
+    };
+    let local_in = |name: &str, ns: &str| -> Sandbox {
+        serde_json::from_value(json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": name},
+            "spec": {"workstation": "alice", "local": [{"name": "laptop",
+                                "from": {"kind": "Deployment", "namespace": ns, "name": "app"},
+                                "mappings": [{"port": 8080, "toLocal": "localhost:8080"}]}]}
+        }))
+        .unwrap()
+    };
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    // The API server loads a new policy asynchronously: wait until it denies.
+    let denial = eventually("the policy to be enforced", || async {
+        match dev_sandboxes.create(&dry, &forks("probe", &["b"])).await {
+            Err(kube::Error::Api(s)) => Some(s),
+            _ => None,
+        }
+    })
+    .await;
+    assert!(
+        denial.message.contains("lacks them in one of: b")
+            && denial
+                .message
+                .contains("system:serviceaccount:spur-system:dev"),
+        "{denial:?}"
+    );
+
+    // Allowed where the developer could do it all.
+    dev_sandboxes
+        .create(&PostParams::default(), &forks("in-a", &["a"]))
+        .await
+        .unwrap();
+    dev_sandboxes
+        .create(&PostParams::default(), &local_in("local-a", "a"))
+        .await
+        .unwrap();
+    // Denied as soon as one namespace is out of reach; nothing is created.
+    for (name, sb) in [
+        ("in-b", forks("in-b", &["b"])),
+        ("in-a-and-b", forks("in-a-and-b", &["a", "b"])),
+        ("local-b", local_in("local-b", "b")),
+    ] {
+        let err = dev_sandboxes
+            .create(&PostParams::default(), &sb)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, kube::Error::Api(s) if s.message.contains("lacks them in one of:") && s.message.contains('b')),
+            "{name}: {err}"
+        );
+        assert!(admin_sandboxes.get_opt(name).await.unwrap().is_none());
+    }
+    // Nor can an allowed Sandbox be changed to reach `b`.
+    let mut changed = dev_sandboxes.get("in-a").await.unwrap();
+    changed.spec = forks("in-a", &["a", "b"]).spec;
+    let err = dev_sandboxes
+        .replace("in-a", &PostParams::default(), &changed)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("lacks them in one of: a, b"),
+        "{err}"
+    );
+    // Someone with the rights (here the admin) can.
+    admin_sandboxes
+        .create(&PostParams::default(), &forks("admin-b", &["b"]))
+        .await
+        .unwrap();
+    for name in ["in-a", "local-a", "admin-b"] {
+        admin_sandboxes
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    cp.shutdown().await;
+}
