@@ -205,6 +205,15 @@ pub fn plan(
         {
             return Err("patch: the patched Deployment has no containers".into());
         }
+        let refused = refused_changes(spec.template.spec.as_ref(), s.template.spec.as_ref());
+        if !refused.is_empty() {
+            return Err(format!(
+                "patch: a fork may not change {} (allowed: container images, commands, \
+                 environment, resources, probes, ports, volume mounts and lifecycle hooks; \
+                 volumes other than hostPath; scheduling); docs/operator.md",
+                refused.join(", ")
+            ));
+        }
     }
 
     let containers = deployment
@@ -221,6 +230,112 @@ pub fn plan(
         deployment,
         services,
     })
+}
+
+/// Pod spec fields a fork patch may change (besides `containers`, `initContainers` and
+/// `volumes`, checked one by one): where the fork is scheduled, not what it may do.
+const POD_ALLOWED: &[&str] = &[
+    "terminationGracePeriodSeconds",
+    "activeDeadlineSeconds",
+    "nodeSelector",
+    "affinity",
+    "tolerations",
+    "topologySpreadConstraints",
+    "dnsConfig",
+    "imagePullSecrets",
+];
+
+/// Container fields a fork patch may change: what runs and how it is configured, not its
+/// privileges (`securityContext` is not among them).
+const CONTAINER_ALLOWED: &[&str] = &[
+    "image",
+    "imagePullPolicy",
+    "command",
+    "args",
+    "workingDir",
+    "env",
+    "envFrom",
+    "resources",
+    "ports",
+    "volumeMounts",
+    "readinessProbe",
+    "livenessProbe",
+    "startupProbe",
+    "lifecycle",
+    "terminationMessagePath",
+    "terminationMessagePolicy",
+];
+
+/// What a fork patch changed in the pod spec beyond the allow-lists above: the service account,
+/// security contexts, host namespaces, `hostPath` volumes, added or removed containers, and
+/// every other field. The operator creates forks with its own rights, so a patch must not give
+/// a fork more than its baseline has.
+fn refused_changes(
+    baseline: Option<&k8s_openapi::api::core::v1::PodSpec>,
+    fork: Option<&k8s_openapi::api::core::v1::PodSpec>,
+) -> Vec<String> {
+    use serde_json::Value;
+    let to_map = |p: Option<&k8s_openapi::api::core::v1::PodSpec>| match p
+        .and_then(|p| serde_json::to_value(p).ok())
+    {
+        Some(Value::Object(m)) => m,
+        _ => serde_json::Map::new(),
+    };
+    let (b, f) = (to_map(baseline), to_map(fork));
+    let mut refused = Vec::new();
+    let keys: BTreeSet<&String> = b.keys().chain(f.keys()).collect();
+    for key in keys {
+        let (bv, fv) = (b.get(key.as_str()), f.get(key.as_str()));
+        match key.as_str() {
+            "containers" | "initContainers" => {
+                let by_name = |v: Option<&Value>| -> BTreeMap<String, serde_json::Map<String, Value>> {
+                    v.and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|c| {
+                            let m = c.as_object()?.clone();
+                            Some((m.get("name")?.as_str()?.to_owned(), m))
+                        })
+                        .collect()
+                };
+                let (bc, fc) = (by_name(bv), by_name(fv));
+                if bc.keys().ne(fc.keys()) {
+                    refused.push(format!("{key} (added or removed)"));
+                    continue;
+                }
+                for (name, fm) in &fc {
+                    let bm = &bc[name];
+                    let fields: BTreeSet<&String> = bm.keys().chain(fm.keys()).collect();
+                    for field in fields {
+                        if field != "name"
+                            && !CONTAINER_ALLOWED.contains(&field.as_str())
+                            && bm.get(field.as_str()) != fm.get(field.as_str())
+                        {
+                            refused.push(format!("{key}[{name}].{field}"));
+                        }
+                    }
+                }
+            }
+            "volumes" => {
+                let host_paths = |v: Option<&Value>| -> Vec<Value> {
+                    v.and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .filter(|vol| vol.get("hostPath").is_some())
+                        .cloned()
+                        .collect()
+                };
+                let before = host_paths(bv);
+                if host_paths(fv).iter().any(|v| !before.contains(v)) {
+                    refused.push("volumes (hostPath)".to_owned());
+                }
+            }
+            k if POD_ALLOWED.contains(&k) => {}
+            _ if bv != fv => refused.push(key.clone()),
+            _ => {}
+        }
+    }
+    refused
 }
 
 /// Labels on everything a fork consists of.
@@ -634,5 +749,50 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("no containers"), "{e}");
+    }
+
+    #[test]
+    fn patches_may_not_raise_a_forks_privileges() {
+        let strategic = |spec: serde_json::Value| {
+            customizations(json!({"patch": {"type": "strategic",
+                "value": {"spec": {"template": {"spec": spec}}}}}))
+        };
+        let refused = [
+            (json!({"serviceAccountName": "admin"}), "serviceAccountName"),
+            (json!({"hostNetwork": true}), "hostNetwork"),
+            (json!({"hostPID": true}), "hostPID"),
+            (
+                json!({"securityContext": {"runAsUser": 0}}),
+                "securityContext",
+            ),
+            (
+                json!({"containers": [{"name": "route", "securityContext": {"privileged": true}}]}),
+                "containers[route].securityContext",
+            ),
+            (
+                json!({"containers": [{"name": "shell", "image": "busybox"}]}),
+                "containers (added or removed)",
+            ),
+            (
+                json!({"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}),
+                "volumes (hostPath)",
+            ),
+        ];
+        for (spec, field) in refused {
+            let e = plan(ID, &baseline(), &strategic(spec.clone()), &[]).unwrap_err();
+            assert!(
+                e.starts_with("patch: a fork may not change") && e.contains(field),
+                "{spec}: {e}"
+            );
+        }
+        let allowed = json!({
+            "terminationGracePeriodSeconds": 5,
+            "nodeSelector": {"pool": "dev"},
+            "volumes": [{"name": "cfg", "configMap": {"name": "route-dev"}}],
+            "containers": [{"name": "route", "image": "route:dev", "args": ["--dev"],
+                "resources": {"limits": {"memory": "1Gi"}},
+                "volumeMounts": [{"name": "cfg", "mountPath": "/etc/route"}]}]
+        });
+        plan(ID, &baseline(), &strategic(allowed), &[]).unwrap();
     }
 }
