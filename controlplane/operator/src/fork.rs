@@ -288,16 +288,17 @@ fn refused_changes(
         let (bv, fv) = (b.get(key.as_str()), f.get(key.as_str()));
         match key.as_str() {
             "containers" | "initContainers" => {
-                let by_name = |v: Option<&Value>| -> BTreeMap<String, serde_json::Map<String, Value>> {
-                    v.and_then(Value::as_array)
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|c| {
-                            let m = c.as_object()?.clone();
-                            Some((m.get("name")?.as_str()?.to_owned(), m))
-                        })
-                        .collect()
-                };
+                let by_name =
+                    |v: Option<&Value>| -> BTreeMap<String, serde_json::Map<String, Value>> {
+                        v.and_then(Value::as_array)
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|c| {
+                                let m = c.as_object()?.clone();
+                                Some((m.get("name")?.as_str()?.to_owned(), m))
+                            })
+                            .collect()
+                    };
                 let (bc, fc) = (by_name(bv), by_name(fv));
                 if bc.keys().ne(fc.keys()) {
                     refused.push(format!("{key} (added or removed)"));

@@ -358,4 +358,94 @@ mod tests {
         let (_, found) = feed(&vec![b'a'; 70 * 1024], 4096);
         assert!(!found);
     }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// One valid request: a head with a few headers, then no body, a `Content-Length` body
+        /// or a chunked one (with trailers sometimes). Bodies hold any bytes, bare LFs included.
+        fn request() -> impl Strategy<Value = Vec<u8>> {
+            let value = "[ -~]{0,20}";
+            let body = proptest::collection::vec(any::<u8>(), 0..40);
+            let chunks =
+                proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..20), 0..4);
+            (
+                prop_oneof![Just("GET"), Just("POST"), Just("PUT")],
+                proptest::collection::vec(("x-[a-z]{1,8}", value), 0..4),
+                0u8..3,
+                body,
+                chunks,
+                any::<bool>(),
+            )
+                .prop_map(|(method, headers, framing, body, chunks, trailers)| {
+                    let mut out = format!("{method} /p HTTP/1.1\r\nHost: h\r\n").into_bytes();
+                    for (k, v) in headers {
+                        out.extend_from_slice(format!("{k}: {}\r\n", v.trim()).as_bytes());
+                    }
+                    match framing {
+                        0 => out.extend_from_slice(b"\r\n"),
+                        1 => {
+                            out.extend_from_slice(
+                                format!("Content-Length: {}\r\n\r\n", body.len()).as_bytes(),
+                            );
+                            out.extend_from_slice(&body);
+                        }
+                        _ => {
+                            out.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
+                            for c in chunks {
+                                out.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+                                out.extend_from_slice(&c);
+                                out.extend_from_slice(b"\r\n");
+                            }
+                            out.extend_from_slice(b"0\r\n");
+                            if trailers {
+                                out.extend_from_slice(b"X-Trailer: t\r\n");
+                            }
+                            out.extend_from_slice(b"\r\n");
+                        }
+                    }
+                    out
+                })
+        }
+
+        proptest! {
+            #[test]
+            fn valid_pipelines_are_never_touched(
+                reqs in proptest::collection::vec(request(), 1..5),
+                cuts in proptest::collection::vec(1usize..64, 1..20),
+            ) {
+                let input: Vec<u8> = reqs.concat();
+                let mut f = Framing::new(64 * 1024);
+                let mut out = input.clone();
+                let mut at = 0;
+                for cut in cuts.iter().cycle() {
+                    if at >= out.len() { break; }
+                    let end = (at + cut).min(out.len());
+                    prop_assert!(!f.scan(&mut out[at..end]));
+                    at = end;
+                }
+                prop_assert_eq!(out, input);
+            }
+
+            #[test]
+            fn any_bytes_any_split_at_most_one_lf_overwritten(
+                input in proptest::collection::vec(any::<u8>(), 0..300),
+                step in 1usize..50,
+            ) {
+                let mut f = Framing::new(256);
+                let mut out = input.clone();
+                let mut found = false;
+                for piece in out.chunks_mut(step) {
+                    found |= f.scan(piece);
+                }
+                let changed: Vec<usize> = (0..input.len()).filter(|&i| input[i] != out[i]).collect();
+                prop_assert!(changed.len() <= 1);
+                prop_assert_eq!(found, changed.len() == 1);
+                for i in changed {
+                    prop_assert_eq!((input[i], out[i]), (b'\n', 0));
+                }
+            }
+        }
+    }
 }
