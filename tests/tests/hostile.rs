@@ -945,3 +945,33 @@ async fn a_broken_http2_preface_is_a_connection_error_not_http1() {
     assert_healthy(&env).await;
     env.shutdown().await;
 }
+
+/// The admin server (probes, metrics) applies the front door's Host and line-ending rules too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_server_refuses_ambiguous_requests_too() {
+    let env = Env::http().await;
+    let admin = env.admin();
+    for (name, req) in [
+        (
+            "two Host headers",
+            &b"GET /live HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"[..],
+        ),
+        ("no Host", b"GET /live HTTP/1.1\r\n\r\n"),
+        ("bare LF", b"GET /live HTTP/1.1\nHost: a\n\n"),
+    ] {
+        let resp = exchange(admin, req).await;
+        assert_eq!(
+            status_of(&resp),
+            Some(400),
+            "{name}: {:?}",
+            String::from_utf8_lossy(&resp)
+        );
+    }
+    let ok = exchange(
+        admin,
+        &b"GET /live HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"[..],
+    )
+    .await;
+    assert_eq!(status_of(&ok), Some(200));
+    env.shutdown().await;
+}

@@ -69,13 +69,26 @@ pub async fn serve_admin(listener: TcpListener, state: AdminState, stop: Cancell
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
                 let state = state.clone();
-                async move { Ok::<_, Infallible>(handle(&state, req.method(), req.uri().path(), peer)) }
+                async move {
+                    if let Err(reason) = crate::http::check_host(&req) {
+                        // The front door's Host rules hold here too; the connection closes.
+                        let mut r = text(StatusCode::BAD_REQUEST, format!("{reason}\n"));
+                        r.headers_mut().insert(
+                            header::CONNECTION,
+                            header::HeaderValue::from_static("close"),
+                        );
+                        return Ok::<_, Infallible>(r);
+                    }
+                    Ok::<_, Infallible>(handle(&state, req.method(), req.uri().path(), peer))
+                }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(std::time::Duration::from_secs(10));
-            if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
+            // Bare LF line endings are refused here as on the data path.
+            let io = crate::http::guard::Guard::new(stream, 64 * 1024);
+            if let Err(e) = builder.serve_connection(TokioIo::new(io), svc).await {
                 tracing::debug!(error = %e, "admin connection error");
             }
         });

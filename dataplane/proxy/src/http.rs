@@ -2,8 +2,10 @@
 //! it over a pooled upstream connection, stream bodies both ways (trailers included), and splice
 //! upgraded connections (WebSocket, CONNECT) once the upstream has agreed.
 
-mod guard;
+pub(crate) mod guard;
 mod headers;
+
+pub(crate) use headers::check_host;
 
 use std::convert::Infallible;
 use std::future::Future;
