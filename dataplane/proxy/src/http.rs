@@ -179,18 +179,6 @@ impl Proxy {
         let client_upgrade = (connect || upgrade.is_some()).then(|| hyper::upgrade::on(&mut req));
 
         let (mut parts, body) = req.into_parts();
-        // A request body the client framed wrongly (a chunk size that is not hex or overflows)
-        // fails while it is forwarded. Every error of this body is the client's side (the
-        // upstream's are the send's own), so the client gets a 400 and its connection is
-        // closed, not a 502 that blames the upstream.
-        let client_body_failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let body = {
-            let failed = client_body_failed.clone();
-            body.map_err(move |e| {
-                failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                e
-            })
-        };
         let route = self.inner.router.route_http(meta, &mut parts);
         let (upstream, outcome) = match &route {
             Route::Original => (Upstream::Original(meta.original_dst), Outcome::Baseline),
@@ -207,7 +195,10 @@ impl Proxy {
 
         let mut resp = match self.inner.pool.send(&upstream, version, upstream_req).await {
             Ok(r) => r,
-            Err(e) if client_body_failed.load(std::sync::atomic::Ordering::Relaxed) => {
+            // A request body the client framed wrongly (a chunk size that is not hex or
+            // overflows) fails while it is forwarded: the client gets a 400 and its connection
+            // is closed, not a 502 that blames the upstream.
+            Err(e) if client_body_failed(&e) => {
                 tracing::debug!(client = %meta.client, error = %e, "invalid request body");
                 return reject(StatusCode::BAD_REQUEST, "invalid request body");
             }
@@ -241,6 +232,18 @@ impl Proxy {
         let (mut parts, body) = resp.into_parts();
         headers::prepare_response(&mut parts, version, keep_upgrade);
         (Response::from_parts(parts, body), outcome)
+    }
+}
+
+/// Whether forwarding failed because the client's own request body failed: hyper reports a
+/// body stream's error as a user error whose source is that (the client side's) error.
+fn client_body_failed(e: &Error) -> bool {
+    match e {
+        Error::Upstream { source, .. } => {
+            source.is_user()
+                && std::error::Error::source(source).is_some_and(|s| s.is::<hyper::Error>())
+        }
+        _ => false,
     }
 }
 

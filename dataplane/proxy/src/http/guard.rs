@@ -19,8 +19,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Longest chunk size line (with extensions) followed; hyper's limit is far below.
 const MAX_CHUNK_LINE: usize = 4096;
-/// Headers parsed per head; a request with more is left to hyper's own limit.
-const MAX_HEADERS: usize = 128;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -38,13 +36,31 @@ enum State {
     Passthrough,
 }
 
+/// What the current head says about the body that follows it.
+#[derive(Debug, Default, Clone, Copy)]
+struct HeadInfo {
+    /// The request line has been seen.
+    started: bool,
+    /// Bytes of the head so far.
+    bytes: usize,
+    length: Option<u64>,
+    /// Whether `chunked` is the final transfer coding (of the last `Transfer-Encoding`).
+    chunked: Option<bool>,
+    /// An upgrade or CONNECT request (what follows may be another protocol), or framing hyper
+    /// refuses itself: stop checking after this head.
+    stop_after: bool,
+}
+
 /// The framing follower (see the module docs); separate from the I/O so it can be tested with
-/// any split of the byte stream.
+/// any split of the byte stream. It reads each line where it lies in the read buffer and copies
+/// only a line that a read boundary cuts.
 #[derive(Debug)]
 pub(crate) struct Framing {
     state: State,
-    /// The current head, chunk size line or trailer section.
-    line: Vec<u8>,
+    head: HeadInfo,
+    /// The start of a line cut by the end of the last read.
+    partial: Vec<u8>,
+    /// The last byte seen: a CR at the end of one read may pair with an LF in the next.
     prev: u8,
     max_head: usize,
 }
@@ -53,7 +69,8 @@ impl Framing {
     pub(crate) fn new(max_head: usize) -> Self {
         Framing {
             state: State::Head,
-            line: Vec::new(),
+            head: HeadInfo::default(),
+            partial: Vec::new(),
             prev: 0,
             max_head,
         }
@@ -71,152 +88,158 @@ impl Framing {
                     i += take as usize;
                     let left = left - take;
                     self.state = match (self.state, left) {
-                        (State::Fixed(_), 0) => self.begin(State::Head),
+                        (State::Fixed(_), 0) => State::Head,
                         (State::Fixed(_), _) => State::Fixed(left),
                         (_, 0) => State::ChunkEnd(0),
                         _ => State::ChunkData(left),
                     };
+                    self.prev = 0;
                 }
                 State::ChunkEnd(seen) => {
                     let b = data[i];
                     match (seen, b) {
                         (0, b'\r') => self.state = State::ChunkEnd(1),
-                        (1, b'\n') => self.state = self.begin(State::ChunkSize),
+                        (1, b'\n') => self.state = State::ChunkSize,
                         (0, b'\n') => return self.bare_lf(data, i),
                         // hyper refuses chunk data that does not end with CRLF.
                         _ => self.state = State::Passthrough,
                     }
+                    self.prev = b;
                     i += 1;
                 }
                 State::Head | State::ChunkSize | State::Trailers => {
                     let rest = &data[i..];
-                    match rest.iter().position(|&b| b == b'\n') {
-                        None => {
-                            self.push(rest);
-                            i = data.len();
-                        }
-                        Some(nl) => {
-                            let before = if nl == 0 { self.prev } else { rest[nl - 1] };
-                            if before != b'\r' {
-                                return self.bare_lf(data, i + nl);
-                            }
-                            self.push(&rest[..=nl]);
-                            i += nl + 1;
-                            if self.state != State::Passthrough {
-                                self.line_ended();
-                            }
+                    let Some(nl) = memchr::memchr(b'\n', rest) else {
+                        self.keep_partial(rest);
+                        return false;
+                    };
+                    let before = if nl == 0 { self.prev } else { rest[nl - 1] };
+                    if before != b'\r' {
+                        return self.bare_lf(data, i + nl);
+                    }
+                    if self.partial.is_empty() {
+                        self.line(&data[i..=i + nl]);
+                    } else {
+                        let mut line = std::mem::take(&mut self.partial);
+                        line.extend_from_slice(&data[i..=i + nl]);
+                        self.line(&line);
+                        line.clear();
+                        // A large cut line once must not pin its buffer for the connection's
+                        // life.
+                        if line.capacity() <= 8 * 1024 {
+                            self.partial = line;
                         }
                     }
+                    self.prev = b'\n';
+                    i += nl + 1;
                 }
             }
         }
         false
     }
 
-    /// Adds bytes to the current line; past the limit, stops checking (hyper refuses heads that
-    /// long itself).
-    fn push(&mut self, bytes: &[u8]) {
+    /// Keeps the start of a line cut by the end of a read; past the limits, stops checking
+    /// (hyper refuses heads that long itself).
+    fn keep_partial(&mut self, bytes: &[u8]) {
         let Some(&last) = bytes.last() else {
             return;
         };
         self.prev = last;
-        self.line.extend_from_slice(bytes);
         let limit = match self.state {
             State::ChunkSize => MAX_CHUNK_LINE,
-            _ => self.max_head,
+            _ => self.max_head.saturating_sub(self.head.bytes),
         };
-        if self.line.len() > limit {
-            self.state = State::Passthrough;
-            self.line = Vec::new();
+        if self.partial.len() + bytes.len() > limit {
+            self.passthrough();
+        } else {
+            self.partial.extend_from_slice(bytes);
         }
     }
 
     fn bare_lf(&mut self, data: &mut [u8], at: usize) -> bool {
         data[at] = 0;
-        self.state = State::Passthrough;
-        self.line = Vec::new();
+        self.passthrough();
         true
     }
 
-    /// Enters `state` with an empty line buffer.
-    fn begin(&mut self, state: State) -> State {
-        // A large head once must not pin its buffer for the life of a keep-alive connection.
-        if self.line.capacity() > 8 * 1024 {
-            self.line = Vec::new();
-        }
-        self.line.clear();
-        self.prev = 0;
-        state
+    fn passthrough(&mut self) {
+        self.state = State::Passthrough;
+        self.partial = Vec::new();
     }
 
-    /// A CRLF-terminated line was added to `self.line`.
-    fn line_ended(&mut self) {
-        let line = self.line.as_slice();
-        self.state = match self.state {
-            // Empty lines before a request line are allowed (RFC 9112 §2.2).
-            State::Head if line == b"\r\n" => self.begin(State::Head),
-            State::Head if line.ends_with(b"\r\n\r\n") => {
-                let next = body_of(line);
-                self.begin(next)
+    /// One complete, CRLF-terminated line.
+    fn line(&mut self, line: &[u8]) {
+        match self.state {
+            State::Head => self.head_line(line),
+            State::ChunkSize => {
+                self.state = match httparse::parse_chunk_size(line) {
+                    Ok(httparse::Status::Complete((_, 0))) => State::Trailers,
+                    Ok(httparse::Status::Complete((_, size))) => State::ChunkData(size),
+                    // hyper refuses it too (and the proxy answers 400).
+                    _ => State::Passthrough,
+                };
             }
-            State::ChunkSize => match httparse::parse_chunk_size(line) {
-                Ok(httparse::Status::Complete((_, 0))) => self.begin(State::Trailers),
-                Ok(httparse::Status::Complete((_, size))) => {
-                    self.line.clear();
-                    State::ChunkData(size)
-                }
-                // hyper refuses it too (and the proxy answers 400).
-                _ => State::Passthrough,
-            },
-            State::Trailers if line == b"\r\n" || line.ends_with(b"\r\n\r\n") => {
-                self.begin(State::Head)
+            State::Trailers if line == b"\r\n" => self.state = State::Head,
+            _ => {}
+        }
+    }
+
+    fn head_line(&mut self, line: &[u8]) {
+        let head = &mut self.head;
+        head.bytes += line.len();
+        if head.bytes > self.max_head {
+            self.passthrough();
+            return;
+        }
+        if line == b"\r\n" {
+            // Empty lines before a request line are allowed (RFC 9112 §2.2); after it, one ends
+            // the head.
+            if head.started {
+                let h = std::mem::take(&mut self.head);
+                self.state = match (h.stop_after, h.chunked, h.length) {
+                    (true, _, _) | (false, Some(false), _) => State::Passthrough,
+                    // hyper frames by Transfer-Encoding when both are present (and closes
+                    // afterwards).
+                    (false, Some(true), _) => State::ChunkSize,
+                    (false, None, Some(n)) if n > 0 => State::Fixed(n),
+                    (false, None, _) => State::Head,
+                };
             }
-            other => other,
+            return;
+        }
+        if !head.started {
+            head.started = true;
+            head.stop_after = line.starts_with(b"CONNECT ");
+            return;
+        }
+        let value = |name: &[u8]| -> Option<&[u8]> {
+            (line.len() > name.len() && line[..name.len()].eq_ignore_ascii_case(name))
+                .then(|| line[name.len()..line.len() - 2].trim_ascii())
         };
-    }
-}
-
-/// What follows a complete request head.
-fn body_of(head: &[u8]) -> State {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    if !matches!(req.parse(head), Ok(httparse::Status::Complete(_))) {
-        return State::Passthrough;
-    }
-    if req.method == Some("CONNECT") {
-        return State::Passthrough;
-    }
-    let mut length: Option<u64> = None;
-    let mut chunked = None;
-    for h in req.headers.iter() {
-        if h.name.eq_ignore_ascii_case("upgrade") {
-            // If the upgrade happens, what follows is another protocol.
-            return State::Passthrough;
-        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            let last = std::str::from_utf8(h.value)
-                .ok()
-                .and_then(|v| v.split(',').map(str::trim).next_back())
-                .map(|c| c.eq_ignore_ascii_case("chunked"));
-            chunked = Some(last == Some(true));
-        } else if h.name.eq_ignore_ascii_case("content-length") {
-            let n = std::str::from_utf8(h.value)
-                .ok()
-                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|v| v.parse::<u64>().ok());
-            match (n, length) {
-                (Some(n), None) => length = Some(n),
-                (Some(n), Some(prev)) if n == prev => {}
-                // Differing or invalid: hyper answers 400.
-                _ => return State::Passthrough,
+        match line.first() {
+            Some(b'c' | b'C') => {
+                if let Some(v) = value(b"content-length:") {
+                    let n = (!v.is_empty() && v.iter().all(u8::is_ascii_digit))
+                        .then(|| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
+                        .flatten();
+                    match (n, head.length) {
+                        (Some(n), None) => head.length = Some(n),
+                        (Some(n), Some(prev)) if n == prev => {}
+                        // Differing or invalid: hyper answers 400.
+                        _ => head.stop_after = true,
+                    }
+                }
             }
+            Some(b't' | b'T') => {
+                if let Some(v) = value(b"transfer-encoding:") {
+                    let last = v.rsplit(|&b| b == b',').next().map(<[u8]>::trim_ascii);
+                    head.chunked = Some(last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")));
+                }
+            }
+            // If the upgrade happens, what follows is another protocol.
+            Some(b'u' | b'U') if value(b"upgrade:").is_some() => head.stop_after = true,
+            _ => {}
         }
-    }
-    match (chunked, length) {
-        // hyper frames by Transfer-Encoding when both are present (and closes afterwards).
-        (Some(true), _) => State::ChunkSize,
-        (Some(false), _) => State::Passthrough,
-        (None, Some(n)) if n > 0 => State::Fixed(n),
-        (None, _) => State::Head,
     }
 }
 

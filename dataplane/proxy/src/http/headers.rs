@@ -141,21 +141,72 @@ pub(crate) fn check_host<B>(req: &http::Request<B>) -> Result<(), &'static str> 
         }
         return Ok(());
     };
-    let valid = host.to_str().ok().and_then(|h| {
-        (!h.is_empty() && !h.contains('@'))
-            .then(|| h.parse::<http::uri::Authority>().ok())
-            .flatten()
-    });
-    let Some(host) = valid else {
+    let host = host.as_bytes();
+    if !valid_authority(host) {
         return Err("invalid Host header");
-    };
+    }
     if req.method() != http::Method::CONNECT
         && let Some(target) = req.uri().authority()
-        && !target.as_str().eq_ignore_ascii_case(host.as_str())
+        && !target.as_str().as_bytes().eq_ignore_ascii_case(host)
     {
         return Err("Host header does not match the request target");
     }
     Ok(())
+}
+
+/// Bytes of a reg-name or IPv4 address: unreserved, pct-encoded and sub-delims (RFC 3986 §3.2.2);
+/// no '@', '/', '?', '#', ':' or whitespace.
+const REG_NAME: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric();
+        b += 1;
+    }
+    let extra = b"-._~%!$&'()*+,;=";
+    let mut i = 0;
+    while i < extra.len() {
+        t[extra[i] as usize] = true;
+        i += 1;
+    }
+    t
+};
+
+/// `uri-host [ ":" port ]` (RFC 3986 §3.2) without user info: a reg-name, an IPv4 address or a
+/// bracketed IP literal, and a port of digits. Checked byte by byte, without allocating: it runs
+/// for every request.
+fn valid_authority(host: &[u8]) -> bool {
+    let (name, port) = match host.first() {
+        Some(b'[') => match host.iter().position(|&b| b == b']') {
+            Some(end) => {
+                let literal = &host[1..end];
+                if literal.is_empty()
+                    || !literal.iter().all(|&b| {
+                        b.is_ascii_hexdigit() || b":.".contains(&b) || b.is_ascii_alphanumeric()
+                    })
+                {
+                    return false;
+                }
+                match &host[end + 1..] {
+                    [] => return true,
+                    [b':', port @ ..] => (&host[..0], port),
+                    _ => return false,
+                }
+            }
+            None => return false,
+        },
+        Some(_) => match host.iter().rposition(|&b| b == b':') {
+            Some(colon) => (&host[..colon], &host[colon + 1..]),
+            None => (host, &host[..0]),
+        },
+        None => return false,
+    };
+    let reg_name = |b: &u8| REG_NAME[usize::from(*b)];
+    (host.first() == Some(&b'[') || !name.is_empty())
+        && name.iter().all(reg_name)
+        && port.len() <= 5
+        && port.iter().all(u8::is_ascii_digit)
 }
 
 pub(super) fn normalize_target(parts: &mut Parts, version: Version) -> Result<(), StatusCode> {
@@ -195,6 +246,28 @@ pub(super) fn prepare_response(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn authorities() {
+        for ok in [
+            "a",
+            "a.example",
+            "a:80",
+            "10.0.0.1:8080",
+            "[::1]",
+            "[::1]:80",
+            "a-b_c~d",
+            "a:",
+        ] {
+            assert!(valid_authority(ok.as_bytes()), "{ok}");
+        }
+        for bad in [
+            "", "u@a", "a/b", "a b", "a?x", "a#x", ":80", "a:80:90", "a:x", "[::1", "[]", "[::1]x",
+            "a:123456",
+        ] {
+            assert!(!valid_authority(bad.as_bytes()), "{bad}");
+        }
+    }
 
     fn meta() -> ConnMeta {
         ConnMeta::new(
