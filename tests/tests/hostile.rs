@@ -975,3 +975,47 @@ async fn the_admin_server_refuses_ambiguous_requests_too() {
     assert_eq!(status_of(&ok), Some(200));
     env.shutdown().await;
 }
+
+/// HTTP/2 rapid reset (CVE-2023-44487): a client that opens streams and cancels them at once,
+/// as fast as it can, is cut off (GOAWAY or a closed connection) after a bounded number of
+/// streams, and the proxy keeps serving others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_rapid_reset_is_bounded() {
+    const ATTEMPTS: usize = 20_000;
+    let env = Env::http().await;
+    let tcp = TcpStream::connect(env.addr()).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut client = client;
+    let mut sent = 0;
+    let cut_off = timeout(Duration::from_secs(30), async {
+        while sent < ATTEMPTS {
+            client = match client.ready().await {
+                Ok(c) => c,
+                Err(_) => return true,
+            };
+            let req = http::Request::get(format!("http://{}/slow?ms=200", env.addr()))
+                .body(())
+                .unwrap();
+            match client.send_request(req, true) {
+                // Dropping the response future resets the stream (RST_STREAM CANCEL).
+                Ok((resp, _)) => drop(resp),
+                Err(_) => return true,
+            }
+            sent += 1;
+        }
+        false
+    })
+    .await
+    .expect("the rapid-reset loop did not end within 30 s");
+    assert!(
+        cut_off,
+        "{sent} streams opened and reset without the proxy ending the connection"
+    );
+    let _ = timeout(BOUND, conn).await;
+    // hyper's server allows 100 resets pending accept before it sends GOAWAY
+    // (ENHANCE_YOUR_CALM); the client may have queued more before it saw that.
+    assert!(sent < 5_000, "{sent} streams before the cut-off");
+    assert_healthy(&env).await;
+    env.shutdown().await;
+}
