@@ -160,26 +160,14 @@ pub async fn chart_client(
         .create(&PostParams::default(), &binding)
         .await?;
     if let Some(file) = namespace_rules {
-        let role_name = format!("{name}-namespace");
-        let role = Role {
-            metadata: ObjectMeta {
-                name: Some(role_name.clone()),
-                namespace: Some(SYSTEM_NAMESPACE.into()),
-                ..ObjectMeta::default()
-            },
-            rules: Some(rules(file)?),
-        };
-        Api::<Role>::namespaced(admin.clone(), SYSTEM_NAMESPACE)
-            .create(&PostParams::default(), &role)
-            .await?;
-        let binding: RoleBinding = serde_json::from_value(json!({
-            "metadata": {"name": role_name, "namespace": SYSTEM_NAMESPACE},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": SYSTEM_NAMESPACE}]
-        }))?;
-        Api::<RoleBinding>::namespaced(admin, SYSTEM_NAMESPACE)
-            .create(&PostParams::default(), &binding)
-            .await?;
+        bind_role(
+            api,
+            name,
+            &format!("{name}-namespace"),
+            SYSTEM_NAMESPACE,
+            file,
+        )
+        .await?;
     }
     let token = api.service_account_token(SYSTEM_NAMESPACE, name).await?;
     api.client_with_token(&token).await
@@ -194,23 +182,35 @@ pub async fn grant_in_namespace(
     namespace: &str,
     file: &str,
 ) -> anyhow::Result<()> {
+    ensure_namespace(&api.client(), namespace).await?;
+    bind_role(api, name, name, namespace, file).await
+}
+
+/// A Role `role` in `namespace` with the rules of the chart's `file`, bound to the
+/// ServiceAccount `account` of [`SYSTEM_NAMESPACE`].
+async fn bind_role(
+    api: &KubeApi,
+    account: &str,
+    role: &str,
+    namespace: &str,
+    file: &str,
+) -> anyhow::Result<()> {
     let admin = api.client();
-    ensure_namespace(&admin, namespace).await?;
-    let role = Role {
+    let object = Role {
         metadata: ObjectMeta {
-            name: Some(name.into()),
+            name: Some(role.into()),
             namespace: Some(namespace.into()),
             ..ObjectMeta::default()
         },
         rules: Some(rules(file)?),
     };
     Api::<Role>::namespaced(admin.clone(), namespace)
-        .create(&PostParams::default(), &role)
+        .create(&PostParams::default(), &object)
         .await?;
     let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": namespace},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": SYSTEM_NAMESPACE}]
+        "metadata": {"name": role, "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": SYSTEM_NAMESPACE}]
     }))?;
     Api::<RoleBinding>::namespaced(admin, namespace)
         .create(&PostParams::default(), &binding)
