@@ -351,25 +351,22 @@ impl Sidecar {
     }
 }
 
-/// Resolves on SIGTERM or SIGINT (Ctrl-C).
-pub async fn shutdown_signal() {
+/// Resolves on SIGTERM or SIGINT (Ctrl-C). The SIGTERM handler is installed when this is
+/// called, not when the future is first polled: call it before opening listeners, so that a
+/// SIGTERM that comes while they start drains instead of killing the process. Needs a tokio
+/// runtime.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    async move {
+        #[cfg(unix)]
+        if let Some(mut term) = term {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
             }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+            return;
         }
-    }
-    #[cfg(not(unix))]
-    {
         let _ = tokio::signal::ctrl_c().await;
     }
 }

@@ -108,6 +108,8 @@ fn main() -> std::process::ExitCode {
         }
     };
     runtime.block_on(async move {
+        // Before the listeners open: a SIGTERM from then on drains.
+        let shutdown = shutdown_signal();
         let sidecar = match Sidecar::start(config).await {
             Ok(s) => s,
             Err(e) => {
@@ -115,7 +117,7 @@ fn main() -> std::process::ExitCode {
                 return std::process::ExitCode::from(2);
             }
         };
-        shutdown_signal().await;
+        shutdown.await;
         if !cli.drain_delay.is_zero() {
             tracing::info!(delay = ?cli.drain_delay, "SIGTERM: still accepting before the drain");
             tokio::select! {
