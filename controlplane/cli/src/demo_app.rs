@@ -180,6 +180,8 @@ pub(crate) async fn run(args: AppArgs) -> Result<ExitCode> {
         call.as_deref(),
         &args.propagate,
     )?;
+    // Before the listener opens: a SIGTERM from then on shuts down cleanly.
+    let shutdown = shutdown_signal();
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot bind {}", args.listen))?;
@@ -189,7 +191,7 @@ pub(crate) async fn run(args: AppArgs) -> Result<ExitCode> {
         Some(call) => println!("serving on {} (calling {call})", args.listen),
         None => println!("serving on {}", args.listen),
     }
-    shutdown_signal().await;
+    shutdown.await;
     token.cancel();
     server.await.context("server task failed")?;
     Ok(ExitCode::SUCCESS)

@@ -182,6 +182,8 @@ impl WebhookArgs {
 }
 
 pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
+    // Before anything listens: a SIGTERM from then on shuts down cleanly.
+    let shutdown = spur_sidecar::shutdown_signal();
     // Configuration errors first, before anything connects.
     let mut configs = if args.webhook.no_webhook {
         None
@@ -306,7 +308,7 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
     tracing::info!(metrics = %args.metrics_addr, webhook = ?webhook.as_ref().map(|w| w.local_addr()), "operator started");
     let mut controllers = controllers;
     let early = tokio::select! {
-        () = spur_sidecar::shutdown_signal() => None,
+        () = shutdown => None,
         r = &mut controllers => Some(r),
     };
     tracing::info!("shutting down: finishing in-flight reconciles");

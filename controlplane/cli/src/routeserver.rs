@@ -44,6 +44,8 @@ pub(crate) struct RouteserverArgs {
 }
 
 pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
+    // Before the listeners open: a SIGTERM from then on shuts down cleanly.
+    let shutdown = spur_sidecar::shutdown_signal();
     let config = RouteServerConfig {
         rules_dir: args.rules_dir.clone().unwrap_or_default(),
         poll_interval: args.poll_interval,
@@ -58,7 +60,7 @@ pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
         RouteServer::start(config).await
     }
     .context("cannot start the route server")?;
-    spur_sidecar::shutdown_signal().await;
+    shutdown.await;
     tracing::info!("shutting down");
     server.shutdown().await;
     Ok(ExitCode::SUCCESS)

@@ -202,6 +202,8 @@ fn optional_addr(flag: &str, s: &str) -> Result<Option<SocketAddr>> {
 }
 
 pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
+    // Before anything listens: a SIGTERM from then on shuts down cleanly.
+    let shutdown = spur_sidecar::shutdown_signal();
     let quic_addr = optional_addr("quic-addr", &args.quic_addr)?;
     let h2_addr = optional_addr("h2-addr", &args.h2_addr)?;
     let socks_addr = optional_addr("socks-addr", &args.socks_addr)?;
@@ -291,7 +293,6 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
     // the files): new connections get the new certificate and client CA.
     let mut reload = tokio::time::interval(TLS_RELOAD_EVERY);
     reload.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let shutdown = spur_sidecar::shutdown_signal();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
