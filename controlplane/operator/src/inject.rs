@@ -164,23 +164,18 @@ pub enum Placement {
     Native,
 }
 
-impl Interception {
-    fn parse(s: &str) -> Option<Self> {
-        match s {
-            "sidecar" => Some(Interception::Sidecar),
-            "initContainer" => Some(Interception::InitContainer),
-            _ => None,
-        }
-    }
-}
-
-impl Placement {
-    fn parse(s: &str) -> Option<Self> {
-        match s {
-            "regular" => Some(Placement::Regular),
-            "native" => Some(Placement::Native),
-            _ => None,
-        }
+/// A per-pod setting from annotation `key`, spelled as in the injection config (its serde name),
+/// or `default` when the annotation is absent or empty.
+fn pod_setting<T: serde::de::DeserializeOwned>(
+    annotations: &BTreeMap<String, String>,
+    key: &str,
+    default: T,
+    expected: &str,
+) -> Result<T, Error> {
+    match annotations.get(key).map(|s| s.trim()) {
+        None | Some("") => Ok(default),
+        Some(v) => serde_json::from_value(Value::from(v))
+            .map_err(|_| Error::Config(format!("annotation {key}: {v:?} is not {expected}"))),
     }
 }
 
@@ -403,24 +398,18 @@ pub fn containers(
                 .collect(),
         }
     };
-    let interception = match annotations.get(keys::INTERCEPTION).map(|s| s.trim()) {
-        None | Some("") => cfg.interception,
-        Some(v) => Interception::parse(v).ok_or_else(|| {
-            Error::Config(format!(
-                "annotation {}: {v:?} is not sidecar or initContainer",
-                keys::INTERCEPTION
-            ))
-        })?,
-    };
-    let placement = match annotations.get(keys::PLACEMENT).map(|s| s.trim()) {
-        None | Some("") => cfg.placement,
-        Some(v) => Placement::parse(v).ok_or_else(|| {
-            Error::Config(format!(
-                "annotation {}: {v:?} is not regular or native",
-                keys::PLACEMENT
-            ))
-        })?,
-    };
+    let interception = pod_setting(
+        &annotations,
+        keys::INTERCEPTION,
+        cfg.interception,
+        "sidecar or initContainer",
+    )?;
+    let placement = pod_setting(
+        &annotations,
+        keys::PLACEMENT,
+        cfg.placement,
+        "regular or native",
+    )?;
     let mut exclude = vec![cfg.admin_port];
     exclude.extend(&cfg.exclude_inbound_ports);
     exclude.extend(ports(keys::EXCLUDE_INBOUND_PORTS)?);

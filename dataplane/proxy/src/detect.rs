@@ -109,35 +109,14 @@ fn classify(buf: &[u8]) -> Verdict {
 /// An HTTP/1 request line starts with a method token (we accept uppercase letters and `-`, which
 /// covers the registered methods, WebDAV's and most custom ones), one space, and a request target
 /// that starts with `/`, `*` or an absolute URI; CONNECT takes an authority.
+///
+/// A first word of other visible ASCII with at least one uppercase letter, followed by an
+/// origin-form or `*` target, has the shape of a request line whose method is not a plain
+/// uppercase token (`G@T /`, `Get /`): HTTP/1 too, so that the parser answers it (400 and a
+/// closed connection for an invalid token) rather than the app receiving it unparsed.
+/// All-lowercase words stay opaque: text protocols (memcached, Redis inline commands) look like
+/// that.
 fn classify_http1(buf: &[u8]) -> Verdict {
-    let method_len = buf
-        .iter()
-        .take_while(|b| b.is_ascii_uppercase() || **b == b'-')
-        .count();
-    if method_len == buf.len() {
-        return if method_len <= MAX_METHOD {
-            Verdict::NeedMore
-        } else {
-            Verdict::Known(Protocol::Opaque)
-        };
-    }
-    if method_len == 0 || method_len > MAX_METHOD || buf[method_len] != b' ' {
-        return request_line_shape(buf);
-    }
-    match buf.get(method_len + 1) {
-        None => Verdict::NeedMore,
-        Some(b'/' | b'*' | b'h' | b'H') => Verdict::Known(Protocol::Http1),
-        Some(_) if &buf[..method_len] == b"CONNECT" => Verdict::Known(Protocol::Http1),
-        Some(_) => Verdict::Known(Protocol::Opaque),
-    }
-}
-
-/// A first word of visible ASCII with at least one uppercase letter, one space and an
-/// origin-form or `*` target: the shape of an HTTP/1 request line whose method is not a plain
-/// uppercase token (`G@T /`, `Get /`). HTTP/1, so that the parser answers it (400 and a closed
-/// connection for an invalid token) rather than the app receiving it unparsed. All-lowercase
-/// words stay opaque: text protocols (memcached, Redis inline commands) look like that.
-fn request_line_shape(buf: &[u8]) -> Verdict {
     let word = buf
         .iter()
         .take_while(|b| (0x21..=0x7e).contains(*b))
@@ -149,16 +128,18 @@ fn request_line_shape(buf: &[u8]) -> Verdict {
             Verdict::Known(Protocol::Opaque)
         };
     }
-    if word == 0
-        || word > MAX_METHOD
-        || buf[word] != b' '
-        || !buf[..word].iter().any(u8::is_ascii_uppercase)
-    {
+    if word == 0 || word > MAX_METHOD || buf[word] != b' ' {
         return Verdict::Known(Protocol::Opaque);
     }
+    let method = &buf[..word];
+    let plain = method.iter().all(|b| b.is_ascii_uppercase() || *b == b'-');
     match buf.get(word + 1) {
         None => Verdict::NeedMore,
-        Some(b'/' | b'*') => Verdict::Known(Protocol::Http1),
+        Some(b'/' | b'*') if plain || method.iter().any(u8::is_ascii_uppercase) => {
+            Verdict::Known(Protocol::Http1)
+        }
+        Some(b'h' | b'H') if plain => Verdict::Known(Protocol::Http1),
+        Some(_) if method == b"CONNECT" => Verdict::Known(Protocol::Http1),
         Some(_) => Verdict::Known(Protocol::Opaque),
     }
 }
