@@ -35,7 +35,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use hdrhistogram::Histogram;
 use prometheus_client::registry::Registry;
-use spur_discovery::{Publisher, RouteServerSource};
+use spur_discovery::{Publisher, RouteServerConn, RouteServerSource};
 use spur_routeserver::{DirStore, Index, Metrics, RouteServer, RouteServerConfig};
 use spur_routing::{BaselineWorkload, SharedTable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -166,6 +166,8 @@ fn serve(args: &[String]) -> Result<()> {
         grpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         watch_buffer: WATCH_BUFFER,
+        // Loopback only, like the watchers: what is measured is the push, not TLS.
+        ..RouteServerConfig::new(rules_dir)
     };
     // The same runtime as `spur routeserver`.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -391,7 +393,12 @@ fn start_watchers(n: usize, grpc: SocketAddr) -> Result<Watchers> {
         let mut registry = Registry::default();
         let publisher = Publisher::new(table.clone(), &mut registry);
         let mut published = publisher.subscribe();
-        let source = RouteServerSource::new(&addr, watched_baseline(), publisher, &mut registry)?;
+        let source = RouteServerSource::new(
+            RouteServerConn::plain(addr.clone()),
+            watched_baseline(),
+            publisher,
+            &mut registry,
+        )?;
         tasks.spawn(source.run(stop.clone()));
         let (stop, synced, tx, baseline) =
             (stop.clone(), synced.clone(), tx.clone(), watched_baseline());

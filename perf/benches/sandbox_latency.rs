@@ -34,7 +34,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use spur_api::Sandbox;
-use spur_discovery::{Publisher, RouteServerSource};
+use spur_discovery::{Publisher, RouteServerConn, RouteServerSource};
 use spur_kube_harness::KubeApi;
 use spur_routeserver::{KubeStore, RouteServer, RouteServerConfig};
 use spur_routing::{BaselineWorkload, SharedTable};
@@ -115,7 +115,7 @@ async fn run(sequential: usize, bulk: usize, write: bool) -> Result<()> {
         name: BASELINE.into(),
     };
     let source = RouteServerSource::new(
-        &server.grpc_addr.to_string(),
+        RouteServerConn::plain(server.grpc_addr.to_string()),
         baseline.clone(),
         publisher,
         &mut registry,

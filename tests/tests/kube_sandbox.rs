@@ -230,7 +230,7 @@ async fn baseline(
         namespace: NS.into(),
         name: name.into(),
     };
-    config.routeserver = Some(cp.routeserver_addr());
+    config.routeserver = Some(spur_sidecar::RouteServerConn::plain(cp.routeserver_addr()));
     for (sandbox, fork) in forks {
         // Cluster DNS stand-in: the sandbox Service of this baseline → the fork's process.
         let host = format!("{}.{NS}.svc:80", names::sandbox_service_name(sandbox, name));

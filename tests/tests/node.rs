@@ -262,6 +262,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
         "{unkeyed:?}"
     );
 
+    // --- the route server: TLS, and rules only for the reader they belong to -----------------
+    routeserver_refuses_strangers(node, ns, &client, &backend_pods[0]);
+
     // --- a RouteGroup over two sandboxes routes by its own key -------------------------------
     node.apply(&sandbox(
         "frontend-fix",
@@ -557,6 +560,56 @@ fn helm_install_and_the_user_path_on_running_pods() {
         crds.contains("sandboxes.spur.dev"),
         "the CRDs stay (Helm's convention)"
     );
+}
+
+/// From the client pod, over TLS verified with the CA bundle the webhook copied into the
+/// namespace: no token and a token for the API server's audience read nothing (401); a token
+/// bound to the backend pod reads backend's rules (the fork's, just created) and neither
+/// frontend's nor everything (403).
+fn routeserver_refuses_strangers(node: &Node, ns: &str, client: &str, backend_pod: &str) {
+    let bundle = node.get_json(ns, &["configmap", "spur-ca-bundle"]).unwrap()["data"]["ca.crt"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let status = |query: &str, token: &str| -> (u16, String) {
+        let auth = if token.is_empty() {
+            String::new()
+        } else {
+            format!("-H 'Authorization: Bearer {token}'")
+        };
+        let script = format!(
+            "cat > /tmp/spur-ca.crt <<'EOF'\n{bundle}\nEOF\ncurl -sS --max-time 10 -o /tmp/rules.json -w '%{{http_code}}' --cacert /tmp/spur-ca.crt {auth} 'https://spur-routeserver.{SPUR_NAMESPACE}.svc:7778/api/v1/workloads/routing-rules{query}'; echo; cat /tmp/rules.json"
+        );
+        let out = node
+            .kubectl(&["-n", ns, "exec", client, "--", "sh", "-c", &script])
+            .unwrap();
+        let (code, body) = out.split_once('\n').unwrap_or((&out, ""));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    };
+    let token = |args: &[&str]| {
+        let mut a = vec!["-n", ns, "create", "token", "default", "--duration", "10m"];
+        a.extend_from_slice(args);
+        node.kubectl(&a).unwrap().trim().to_string()
+    };
+    let api_audience = token(&[]);
+    let backend = token(&[
+        "--audience",
+        "spur-routeserver",
+        "--bound-object-kind",
+        "Pod",
+        "--bound-object-name",
+        backend_pod,
+    ]);
+    let of =
+        |name: &str| format!("?baselineKind=Deployment&baselineNamespace={ns}&baselineName={name}");
+    assert_eq!(status("", "").0, 401);
+    assert_eq!(status(&of("backend"), "").0, 401);
+    assert_eq!(status(&of("backend"), &api_audience).0, 401);
+    let (code, body) = status(&of("backend"), &backend);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"routingRules\":[{"), "{body}");
+    assert_eq!(status(&of("frontend"), &backend).0, 403);
+    assert_eq!(status("", &backend).0, 403);
 }
 
 fn ensure_namespace(node: &Node, name: &str) {

@@ -38,7 +38,9 @@ async fn start_server(dir: &Path, grpc: SocketAddr) -> RouteServer {
 
 async fn sidecar_via(app: SocketAddr, routeserver: SocketAddr) -> Sidecar {
     Sidecar::start(SidecarConfig {
-        routeserver: Some(routeserver.to_string()),
+        routeserver: Some(spur_sidecar::RouteServerConn::plain(
+            routeserver.to_string(),
+        )),
         ..sidecar_config(app)
     })
     .await

@@ -59,4 +59,9 @@ pub mod injection {
     pub const SIDECAR_CONTAINER: &str = "spur-sidecar";
     /// Name of the injected init container that programs the interception rules.
     pub const INIT_CONTAINER: &str = "spur-init";
+    /// Injected pod volume with the route server's CA bundle (a ConfigMap the operator keeps
+    /// in the pod's namespace).
+    pub const ROUTESERVER_CA_VOLUME: &str = "spur-routeserver-ca";
+    /// Injected pod volume with the sidecar's projected token for the route server.
+    pub const ROUTESERVER_TOKEN_VOLUME: &str = "spur-routeserver-token";
 }

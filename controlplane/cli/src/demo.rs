@@ -239,7 +239,10 @@ async fn sidecar(
         },
         rules: None,
         rules_poll: Duration::from_millis(500),
-        routeserver: Some(routeserver.to_string()),
+        // The demo's route server listens on loopback only: plaintext, no token.
+        routeserver: Some(spur_sidecar::RouteServerConn::plain(
+            routeserver.to_string(),
+        )),
         admin_addr: Some(SocketAddr::from(([127, 0, 0, 1], port(base, 10 + index)?))),
         extract: ExtractConfig {
             custom_headers: vec!["x-routing-key".into()],

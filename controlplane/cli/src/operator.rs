@@ -111,6 +111,18 @@ struct WebhookArgs {
         value_delimiter = ','
     )]
     tunnel_proxy_cert_names: Vec<String>,
+    /// Also issue the route server's serving certificate into this kubernetes.io/tls Secret
+    /// (empty: the Secret is provided some other way).
+    #[arg(long, env = "SPUR_ROUTESERVER_SECRET", default_value = "")]
+    routeserver_secret: String,
+    /// Names (DNS or IP) the route server's certificate carries besides its Service's cluster
+    /// names (repeatable).
+    #[arg(
+        long = "routeserver-cert-name",
+        env = "SPUR_ROUTESERVER_CERT_NAMES",
+        value_delimiter = ','
+    )]
+    routeserver_cert_names: Vec<String>,
     /// ConfigMap in which the CA bundle is published for workstations (`spur local cert`
     /// reads it); empty: not published.
     #[arg(
@@ -153,6 +165,12 @@ impl WebhookArgs {
             tunnel.secret.clone_from(&self.tunnel_proxy_secret);
             pki.tunnel_proxy = Some(tunnel);
         }
+        if !self.routeserver_secret.is_empty() {
+            let mut rs =
+                spur_operator::ServingCert::routeserver(namespace, &self.routeserver_cert_names);
+            rs.secret.clone_from(&self.routeserver_secret);
+            pki.routeserver = Some(rs);
+        }
         pki.bundle_config_map =
             (!self.ca_bundle_config_map.is_empty()).then(|| self.ca_bundle_config_map.clone());
         pki.workstation_cert_lifetime = self.workstation_cert_lifetime;
@@ -171,6 +189,8 @@ impl WebhookArgs {
             injection.system_namespaces.push(namespace.to_string());
         }
         injection.validate()?;
+        pki.namespace_bundle = (!injection.routeserver_ca_config_map.is_empty())
+            .then(|| injection.routeserver_ca_config_map.clone());
         let webhook = spur_operator::WebhookConfig {
             addr: self.webhook_addr,
             namespace: namespace.to_string(),

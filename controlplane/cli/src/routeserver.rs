@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use spur_proxy::parse_duration;
-use spur_routeserver::{KubeStore, RouteServer, RouteServerConfig};
+use spur_routeserver::{AuthConfig, KubeStore, RouteServer, RouteServerConfig, ServingTls};
 
 #[derive(Args)]
 pub(crate) struct RouteserverArgs {
@@ -41,20 +41,58 @@ pub(crate) struct RouteserverArgs {
     /// Operations queued per watch stream before that stream waits for its reader.
     #[arg(long, env = "SPUR_WATCH_BUFFER", default_value_t = 1024)]
     watch_buffer: usize,
+    /// Serving certificate (PEM) for both ports; re-read when it changes (a renewed Secret).
+    #[arg(long, env = "SPUR_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The serving certificate's private key (PEM).
+    #[arg(long, env = "SPUR_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Serve plaintext instead of TLS: for a route server only local clients reach.
+    #[arg(long, env = "SPUR_INSECURE_PLAINTEXT", conflicts_with = "tls_cert")]
+    insecure_plaintext: bool,
+    /// The audience readers' Kubernetes tokens must be issued for (--kubernetes).
+    #[arg(long, env = "SPUR_TOKEN_AUDIENCE", default_value = "spur-routeserver")]
+    token_audience: String,
+    /// Let anyone who reaches the ports read every rule, without a token.
+    #[arg(long, env = "SPUR_ALLOW_UNAUTHENTICATED")]
+    allow_unauthenticated: bool,
 }
 
 pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
     // Before the listeners open: a SIGTERM from then on shuts down cleanly.
     let shutdown = spur_sidecar::shutdown_signal();
+    let tls = match (&args.tls_cert, &args.tls_key, args.insecure_plaintext) {
+        (Some(cert), Some(key), _) => Some(ServingTls::new(cert, key)),
+        (_, _, true) => None,
+        _ => anyhow::bail!(
+            "the route server serves TLS: pass --tls-cert and --tls-key, or --insecure-plaintext if only local clients reach it"
+        ),
+    };
+    let client = if args.kubernetes {
+        Some(crate::kube_client(args.kubeconfig.as_deref()).await?)
+    } else {
+        None
+    };
+    let auth = match (&client, args.allow_unauthenticated) {
+        (_, true) => AuthConfig::Disabled,
+        (Some(client), false) => AuthConfig::Kubernetes {
+            client: client.clone(),
+            audience: args.token_audience.clone(),
+        },
+        (None, false) => anyhow::bail!(
+            "without --kubernetes there is no API server to check readers' tokens: pass --allow-unauthenticated to let anyone who reaches the ports read every rule"
+        ),
+    };
     let config = RouteServerConfig {
         rules_dir: args.rules_dir.clone().unwrap_or_default(),
         poll_interval: args.poll_interval,
         grpc_addr: args.grpc_addr,
         http_addr: args.http_addr,
         watch_buffer: args.watch_buffer,
+        tls,
+        auth,
     };
-    let server = if args.kubernetes {
-        let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
+    let server = if let Some(client) = client {
         RouteServer::start_with(config, KubeStore::new(client)).await
     } else {
         RouteServer::start(config).await

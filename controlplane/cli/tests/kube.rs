@@ -81,6 +81,8 @@ async fn operator_and_routeserver_binaries_run_against_the_apiserver() {
         .arg(&kubeconfig)
         .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
         .args(["--http-addr", &format!("127.0.0.1:{http}")])
+        // Only /healthz is read here, which needs no token; the default token check stays on.
+        .arg("--insecure-plaintext")
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()

@@ -403,6 +403,11 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
             "spur-tunnel-proxy-tls",
             "--tunnel-proxy-cert-name",
             "tunnel.spur.test",
+            // And the route server's, for the address the sidecar below dials.
+            "--routeserver-secret",
+            "spur-routeserver-tls",
+            "--routeserver-cert-name",
+            "127.0.0.1",
         ],
         &dir.join("operator.log"),
     );
@@ -422,6 +427,20 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
     for file in ["tls.crt", "tls.key", "ca.crt"] {
         std::fs::write(dir.join(file), &tls[file].0).unwrap();
     }
+    let rs_tls = eventually(
+        "the route server's certificate from the operator",
+        || async {
+            Api::<Secret>::namespaced(client.clone(), "spur-system")
+                .get_opt("spur-routeserver-tls")
+                .await
+                .ok()??
+                .data
+        },
+    )
+    .await;
+    for file in ["tls.crt", "tls.key", "ca.crt"] {
+        std::fs::write(dir.join(format!("routeserver-{file}")), &rs_tls[file].0).unwrap();
+    }
     let _routeserver = spawn_spur(
         &[
             "routeserver",
@@ -432,9 +451,48 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
             &format!("127.0.0.1:{grpc}"),
             "--http-addr",
             &format!("127.0.0.1:{http}"),
+            "--tls-cert",
+            &dir.join("routeserver-tls.crt").display().to_string(),
+            "--tls-key",
+            &dir.join("routeserver-tls.key").display().to_string(),
         ],
         &dir.join("routeserver.log"),
     );
+    // The sidecar below reads rules as a ServiceAccount allowed to list RoutingConfigs, with a
+    // token for the route server's audience (a pod-bound token is the node test's business).
+    let reader_role: k8s_openapi::api::rbac::v1::ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "rules-reader"},
+        "rules": [{"apiGroups": ["spur.dev"], "resources": ["routingconfigs"], "verbs": ["list"]}]
+    }))
+    .unwrap();
+    let reader_binding: k8s_openapi::api::rbac::v1::ClusterRoleBinding =
+        serde_json::from_value(json!({
+            "metadata": {"name": "rules-reader"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "rules-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": "shop"}]
+        }))
+        .unwrap();
+    Api::all(client.clone())
+        .create(&PostParams::default(), &reader_role)
+        .await
+        .unwrap();
+    Api::all(client.clone())
+        .create(&PostParams::default(), &reader_binding)
+        .await
+        .unwrap();
+    let reader_token = api
+        .token_request(
+            "shop",
+            "reader",
+            k8s_openapi::api::authentication::v1::TokenRequestSpec {
+                audiences: vec!["spur-routeserver".into()],
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    std::fs::write(dir.join("reader.token"), &reader_token).unwrap();
     let tp_log = dir.join("tunnel-proxy.log");
     let mut tunnel_proxy = spawn_spur(
         &[
@@ -689,7 +747,11 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
         },
         rules: None,
         rules_poll: Duration::from_millis(100),
-        routeserver: Some(format!("127.0.0.1:{grpc}")),
+        routeserver: Some(spur_sidecar::RouteServerConn {
+            addr: format!("127.0.0.1:{grpc}"),
+            ca: Some(dir.join("routeserver-ca.crt")),
+            token: Some(dir.join("reader.token")),
+        }),
         admin_addr: None,
         extract: spur_routing::ExtractConfig::default(),
         proxy: spur_proxy::ProxyConfig {

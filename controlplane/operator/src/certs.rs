@@ -57,6 +57,9 @@ pub struct PkiConfig {
     /// The tunnel proxy's serving certificate, issued like the webhook's (None: the tunnel
     /// proxy's Secret comes from elsewhere, or there is no tunnel proxy).
     pub tunnel_proxy: Option<ServingCert>,
+    /// The route server's serving certificate, issued like the webhook's (None: provided some
+    /// other way).
+    pub routeserver: Option<ServingCert>,
     /// A ConfigMap (key `ca.crt`) with the CA bundle, for workstations to trust the tunnel proxy:
     /// public, unlike the Secrets. None: not published.
     pub bundle_config_map: Option<String>,
@@ -64,6 +67,10 @@ pub struct PkiConfig {
     pub workstation_cert_lifetime: Duration,
     /// The longest a workstation client certificate is issued for, whatever it asks.
     pub workstation_cert_max_lifetime: Duration,
+    /// Name of the CA bundle ConfigMap the webhook copies into the namespaces it injects into
+    /// (the injection config's `routeserverCaConfigMap`); the manager keeps the copies current.
+    /// None: no copies.
+    pub namespace_bundle: Option<String>,
     /// The operator's Deployment: it owns the Secrets and the ConfigMap, so they go with the
     /// installation (crate::owner). None: they are nobody's (and outlive an uninstall).
     pub owner: Option<OwnerReference>,
@@ -80,6 +87,20 @@ pub struct ServingCert {
 }
 
 impl ServingCert {
+    /// The chart's route server: Service `spur-routeserver` in `namespace`, Secret
+    /// `spur-routeserver-tls`, plus `extra` names.
+    pub fn routeserver(namespace: &str, extra: &[String]) -> Self {
+        let mut names = vec![
+            format!("spur-routeserver.{namespace}.svc"),
+            format!("spur-routeserver.{namespace}.svc.cluster.local"),
+        ];
+        names.extend(extra.iter().filter(|n| !n.is_empty()).cloned());
+        ServingCert {
+            secret: "spur-routeserver-tls".into(),
+            names,
+        }
+    }
+
     /// The chart's tunnel proxy: Service `spur-tunnel-proxy` in `namespace`, Secret
     /// `spur-tunnel-proxy-tls`, plus `extra` names (its load balancer's name or address).
     pub fn tunnel_proxy(namespace: &str, extra: &[String]) -> Self {
@@ -111,9 +132,11 @@ impl PkiConfig {
             serving_lifetime: Duration::from_secs(30 * 24 * 3600),
             propagation: Duration::from_secs(60),
             tunnel_proxy: None,
+            routeserver: None,
             bundle_config_map: Some("spur-ca-bundle".into()),
             workstation_cert_lifetime: Duration::from_secs(24 * 3600),
             workstation_cert_max_lifetime: Duration::from_secs(7 * 24 * 3600),
+            namespace_bundle: None,
             owner: None,
         }
     }
@@ -129,11 +152,23 @@ impl PkiConfig {
                 "the serving certificate lifetime must be at least 5s".into(),
             ));
         }
-        if let Some(t) = &self.tunnel_proxy
-            && (t.names.is_empty() || t.secret.is_empty() || t.secret == self.serving_secret)
+        for (what, t) in [
+            ("tunnel proxy", &self.tunnel_proxy),
+            ("route server", &self.routeserver),
+        ] {
+            if let Some(t) = t
+                && (t.names.is_empty() || t.secret.is_empty() || t.secret == self.serving_secret)
+            {
+                return Err(Error::Config(format!(
+                    "the {what}'s certificate needs its own Secret and at least one name"
+                )));
+            }
+        }
+        if let (Some(a), Some(b)) = (&self.tunnel_proxy, &self.routeserver)
+            && a.secret == b.secret
         {
             return Err(Error::Config(
-                "the tunnel proxy's certificate needs its own Secret and at least one name".into(),
+                "the tunnel proxy and the route server need different Secrets".into(),
             ));
         }
         // Kubernetes accepts no request for less than ten minutes (expirationSeconds >= 600).
@@ -164,6 +199,8 @@ pub(crate) async fn run(client: Client, cfg: PkiConfig, metrics: Metrics, stop: 
     let manager = Manager {
         secrets: Api::namespaced(client.clone(), &cfg.namespace),
         config_maps: Api::namespaced(client.clone(), &cfg.namespace),
+        namespaces: Api::all(client.clone()),
+        namespace_bundle_synced: std::sync::Mutex::new(None),
         webhooks: Api::all(client),
         cfg,
         metrics,
@@ -214,6 +251,9 @@ pub(crate) async fn run(client: Client, cfg: PkiConfig, metrics: Metrics, stop: 
 struct Manager {
     secrets: Api<Secret>,
     config_maps: Api<ConfigMap>,
+    namespaces: Api<k8s_openapi::api::core::v1::Namespace>,
+    /// The bundle every namespace copy was last brought to.
+    namespace_bundle_synced: std::sync::Mutex<Option<String>>,
     webhooks: Api<MutatingWebhookConfiguration>,
     cfg: PkiConfig,
     metrics: Metrics,
@@ -226,6 +266,31 @@ struct CaState {
     next: Option<Pair>,
     bundle: Vec<String>,
     next_published: Option<i64>,
+}
+
+/// `spur.dev/pki` value of the bundle copies in application namespaces.
+const NAMESPACE_BUNDLE_ROLE: &str = "namespace-bundle";
+
+/// The CA bundle ConfigMap the webhook puts into a namespace it injects into, for the
+/// sidecars' route-server connection. It outlives an uninstall (an owner in another namespace
+/// is not allowed); `kubectl delete cm -A -l spur.dev/pki=namespace-bundle` removes them all.
+pub(crate) fn namespace_bundle(namespace: &str, name: &str, bundle: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(BTreeMap::from([
+                (PKI_LABEL.to_string(), NAMESPACE_BUNDLE_ROLE.to_string()),
+                (
+                    spur_api::keys::labels::MANAGED_BY.to_string(),
+                    spur_api::keys::labels::MANAGED_BY_VALUE.to_string(),
+                ),
+            ])),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([("ca.crt".to_string(), bundle.to_string())])),
+        ..Default::default()
+    }
 }
 
 /// Never wait longer than this between passes: a safety net against missed watch events.
@@ -325,30 +390,52 @@ impl Manager {
             names: cfg.serving_names.clone(),
         };
         let serving = self
-            .sync_serving(&webhook, "spur-webhook", &signer, &bundle_pem, now)
+            .sync_serving(
+                &webhook,
+                "serving",
+                "spur-webhook",
+                &signer,
+                &bundle_pem,
+                now,
+            )
             .await?;
         self.metrics
             .cert_expiry("serving", serving.validity.not_after);
         due.push(until(serving.validity.renew_at(), now));
-        if let Some(tunnel) = &cfg.tunnel_proxy {
+        for (role, target) in [
+            ("tunnel-proxy", &cfg.tunnel_proxy),
+            ("routeserver", &cfg.routeserver),
+        ] {
+            let Some(target) = target else { continue };
             let held = self
-                .sync_serving(tunnel, "spur-tunnel-proxy", &signer, &bundle_pem, now)
+                .sync_serving(
+                    target,
+                    role,
+                    &format!("spur-{role}"),
+                    &signer,
+                    &bundle_pem,
+                    now,
+                )
                 .await?;
-            self.metrics
-                .cert_expiry("tunnel-proxy", held.validity.not_after);
+            self.metrics.cert_expiry(role, held.validity.not_after);
             due.push(until(held.validity.renew_at(), now));
         }
         if let Some(name) = &cfg.bundle_config_map {
             self.sync_bundle_config_map(name, &bundle_pem).await?;
         }
+        if let Some(name) = &cfg.namespace_bundle {
+            self.sync_namespace_bundles(name, &bundle_pem).await?;
+        }
         // Secrets written before the operator had an owner (an upgrade) are adopted here; new
         // ones are written owned.
         if let Some(owner) = &cfg.owner {
             let tunnel = cfg.tunnel_proxy.as_ref().map(|t| t.secret.as_str());
+            let routeserver = cfg.routeserver.as_ref().map(|t| t.secret.as_str());
             for name in [
                 Some(cfg.ca_secret.as_str()),
                 Some(cfg.serving_secret.as_str()),
                 tunnel,
+                routeserver,
             ]
             .into_iter()
             .flatten()
@@ -449,6 +536,61 @@ impl Manager {
     }
 
     /// Publishes the CA bundle in a ConfigMap anyone may be allowed to read (no key in it).
+    /// Brings every namespace's copy of the bundle (made by the webhook) up to date. Runs
+    /// through the namespaces only when the bundle changed since the last complete run.
+    async fn sync_namespace_bundles(&self, name: &str, bundle: &str) -> Result<(), Error> {
+        if self
+            .namespace_bundle_synced
+            .lock()
+            .ok()
+            .is_some_and(|b| b.as_deref() == Some(bundle))
+        {
+            return Ok(());
+        }
+        let namespaces = self
+            .namespaces
+            .list_metadata(&kube::api::ListParams::default())
+            .await?;
+        let mut updated = 0usize;
+        for ns in namespaces.items {
+            let Some(ns) = ns.metadata.name else { continue };
+            let api: Api<ConfigMap> = Api::namespaced(self.secrets.clone().into_client(), &ns);
+            let Some(cm) = api.get_opt(name).await? else {
+                continue;
+            };
+            let ours = cm
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(PKI_LABEL))
+                .is_some_and(|v| v == NAMESPACE_BUNDLE_ROLE);
+            let current = cm
+                .data
+                .as_ref()
+                .and_then(|d| d.get("ca.crt"))
+                .map(String::as_str)
+                == Some(bundle);
+            if !ours || current {
+                continue;
+            }
+            let body = namespace_bundle(&ns, name, bundle);
+            api.patch(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await?;
+            updated += 1;
+        }
+        if updated > 0 {
+            tracing::info!(config_map = %name, namespaces = updated, "CA bundle copies updated");
+        }
+        if let Ok(mut b) = self.namespace_bundle_synced.lock() {
+            *b = Some(bundle.to_string());
+        }
+        Ok(())
+    }
+
     async fn sync_bundle_config_map(&self, name: &str, bundle: &str) -> Result<(), Error> {
         if let Some(cm) = self.config_maps.get_opt(name).await?
             && cm
@@ -497,6 +639,7 @@ impl Manager {
     async fn sync_serving(
         &self,
         target: &ServingCert,
+        role: &'static str,
         common_name: &str,
         signer: &Pair,
         bundle: &str,
@@ -540,12 +683,7 @@ impl Manager {
                     now,
                 )?;
                 let i = pki::info(&p.cert)?;
-                self.metrics
-                    .cert_issued(if target.secret == self.cfg.serving_secret {
-                        "serving"
-                    } else {
-                        "tunnel-proxy"
-                    });
+                self.metrics.cert_issued(role);
                 tracing::info!(
                     secret = %target.secret,
                     not_after = i.validity.not_after,

@@ -24,6 +24,13 @@ pub struct InjectionConfig {
     pub image_pull_policy: Option<String>,
     /// Route server the sidecars watch, `host:port`.
     pub routeserver: String,
+    /// ConfigMap (key `ca.crt`) with the CA bundle the route server's certificate chains to;
+    /// the operator keeps a copy in every namespace it injects into. Empty: the sidecar dials
+    /// the route server in plaintext (only for a route server run with `--insecure-plaintext`).
+    pub routeserver_ca_config_map: String,
+    /// Audience of the projected ServiceAccount token the sidecar presents to the route server.
+    /// Empty: no token (only for a route server run with `--allow-unauthenticated`).
+    pub routeserver_token_audience: String,
     /// Sidecar inbound port (where redirected connections land).
     pub proxy_port: u16,
     /// Sidecar admin port (/live, /ready, /metrics); never intercepted.
@@ -74,6 +81,8 @@ impl Default for InjectionConfig {
             init_image: image,
             image_pull_policy: None,
             routeserver: "spur-routeserver.spur-system.svc:7777".into(),
+            routeserver_ca_config_map: "spur-ca-bundle".into(),
+            routeserver_token_audience: "spur-routeserver".into(),
             proxy_port: 15006,
             admin_port: 15020,
             proxy_uid: 15337,
@@ -336,6 +345,8 @@ pub fn skip_patch(pod: &Pod, reason: &str) -> Result<json_patch::Patch, Error> {
 pub struct Injected {
     pub init_containers: Vec<Value>,
     pub containers: Vec<Value>,
+    /// Pod volumes the sidecar mounts (the route server's CA bundle and token).
+    pub volumes: Vec<Value>,
 }
 
 /// The patch that puts the [`Injected`] containers first, in their order, and annotates the pod.
@@ -369,6 +380,24 @@ pub fn inject_patch(
     }
     for c in injected.containers.iter().rev() {
         ops.push(json!({"op": "add", "path": "/spec/containers/0", "value": c}));
+    }
+    let has_volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref()).is_some();
+    let has_account = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.as_deref())
+        .is_some_and(|n| !n.is_empty());
+    if !has_account && !injected.volumes.is_empty() {
+        // A projected token needs a named ServiceAccount. The API server's ServiceAccount
+        // admission names `default` before webhooks run; where it is disabled, say so here.
+        ops.push(json!({"op": "add", "path": "/spec/serviceAccountName", "value": "default"}));
+    }
+    if has_volumes {
+        for v in &injected.volumes {
+            ops.push(json!({"op": "add", "path": "/spec/volumes/-", "value": v}));
+        }
+    } else if !injected.volumes.is_empty() {
+        ops.push(json!({"op": "add", "path": "/spec/volumes", "value": injected.volumes}));
     }
     to_patch(ops)
 }
@@ -514,6 +543,36 @@ pub fn containers(
             format!("{}s", cfg.drain_delay_seconds),
         ));
     }
+    // The route server's CA bundle and a token for its audience, both files the kubelet keeps
+    // current (the sidecar re-reads them for every connection).
+    let mut volumes = Vec::new();
+    let mut mounts = Vec::new();
+    if !cfg.routeserver_ca_config_map.is_empty() {
+        env_list.push(env(
+            "SPUR_ROUTESERVER_CA",
+            format!("{ROUTESERVER_CA_DIR}/ca.crt"),
+        ));
+        volumes.push(json!({
+            "name": keys::ROUTESERVER_CA_VOLUME,
+            "configMap": {"name": cfg.routeserver_ca_config_map, "items": [{"key": "ca.crt", "path": "ca.crt"}]},
+        }));
+        mounts.push(json!({"name": keys::ROUTESERVER_CA_VOLUME, "mountPath": ROUTESERVER_CA_DIR, "readOnly": true}));
+    }
+    if !cfg.routeserver_token_audience.is_empty() {
+        env_list.push(env(
+            "SPUR_ROUTESERVER_TOKEN_FILE",
+            format!("{ROUTESERVER_TOKEN_DIR}/token"),
+        ));
+        volumes.push(json!({
+            "name": keys::ROUTESERVER_TOKEN_VOLUME,
+            "projected": {"sources": [{"serviceAccountToken": {
+                "audience": cfg.routeserver_token_audience,
+                "expirationSeconds": 3600,
+                "path": "token",
+            }}]},
+        }));
+        mounts.push(json!({"name": keys::ROUTESERVER_TOKEN_VOLUME, "mountPath": ROUTESERVER_TOKEN_DIR, "readOnly": true}));
+    }
     let mut sidecar = json!({
         "name": keys::SIDECAR_CONTAINER,
         "image": cfg.sidecar_image,
@@ -531,6 +590,9 @@ pub fn containers(
         "resources": resources(&cfg.sidecar_resources),
         "securityContext": security,
     });
+    if !mounts.is_empty() {
+        sidecar["volumeMounts"] = Value::Array(mounts);
+    }
     if placement == Placement::Native {
         // A native sidecar: started before the app containers, stopped after them.
         sidecar["restartPolicy"] = "Always".into();
@@ -549,14 +611,20 @@ pub fn containers(
             Injected {
                 init_containers,
                 containers: Vec::new(),
+                volumes,
             }
         }
         Placement::Regular => Injected {
             init_containers,
             containers: vec![sidecar],
+            volumes,
         },
     })
 }
+
+/// Where the sidecar finds the route server's CA bundle and its token.
+const ROUTESERVER_CA_DIR: &str = "/var/run/spur/routeserver-ca";
+const ROUTESERVER_TOKEN_DIR: &str = "/var/run/spur/routeserver-token";
 
 fn join(ports: &[u16]) -> String {
     ports
@@ -852,6 +920,9 @@ mod tests {
         }
         if !injected.containers.is_empty() {
             actual.insert("containers".into(), injected.containers.into());
+        }
+        if !injected.volumes.is_empty() {
+            actual.insert("volumes".into(), injected.volumes.into());
         }
         Value::Object(actual)
     }

@@ -56,7 +56,7 @@ impl Metrics {
         );
         registry.register(
             "certificate_expiry_timestamp_seconds",
-            "When the current certificate expires (ca, serving, tunnel-proxy), Unix time",
+            "When the current certificate expires (ca, serving, tunnel-proxy, routeserver), Unix time",
             m.cert_not_after.clone(),
         );
         registry.register(
@@ -66,7 +66,7 @@ impl Metrics {
         );
         registry.register(
             "certificates_issued",
-            "Certificates issued by the certificate manager (ca, serving, tunnel-proxy) and the workstation signer (workstation)",
+            "Certificates issued by the certificate manager (ca, serving, tunnel-proxy, routeserver) and the workstation signer (workstation)",
             m.cert_issued.clone(),
         );
         registry.register(

@@ -5,14 +5,19 @@
 //! acceptor without a restart: new handshakes get the new certificate, established
 //! connections keep theirs.
 //!
+//! Before it injects into a namespace, it makes sure the namespace holds the CA bundle
+//! ConfigMap the sidecar trusts the route server with (`routeserverCaConfigMap`); the
+//! certificate manager keeps every such copy current. Dry runs change nothing
+//! (`sideEffects: NoneOnDryRun`).
+//!
 //! It never denies a pod. On any internal fault (API unreachable, ReplicaSet gone) the pod is
 //! admitted unchanged with a warning; the webhook configuration's `failurePolicy: Ignore`
 //! covers the faults this server cannot answer at all.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
@@ -22,7 +27,7 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::apps::v1::ReplicaSet;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use kube::api::PartialObjectMeta;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -117,6 +122,8 @@ impl Webhook {
             injection: cfg.injection,
             namespaces,
             metrics,
+            certs: certs.clone(),
+            bundles_checked: Mutex::new(HashMap::new()),
         });
         let task = tokio::spawn(serve(
             listener,
@@ -153,10 +160,12 @@ impl Webhook {
     }
 }
 
-/// The serving certificate, swapped in place when the Secret changes.
+/// The serving certificate, swapped in place when the Secret changes, and the CA bundle
+/// (the Secret's `ca.crt`).
 #[derive(Debug, Default)]
 struct Certs {
     current: ArcSwapOption<CertifiedKey>,
+    bundle: ArcSwapOption<String>,
 }
 
 impl ResolvesServerCert for Certs {
@@ -200,6 +209,13 @@ async fn watch_certificate(
             Ok(secret) => match certified_key(&secret) {
                 Ok(ck) => {
                     certs.current.store(Some(Arc::new(ck)));
+                    let bundle = secret
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get("ca.crt"))
+                        .and_then(|b| String::from_utf8(b.0.clone()).ok())
+                        .filter(|b| !b.trim().is_empty());
+                    certs.bundle.store(bundle.map(Arc::new));
                     metrics.serving_cert_loaded(true);
                     tracing::info!(secret = %name, "serving certificate loaded");
                 }
@@ -220,7 +236,13 @@ struct State {
     injection: InjectionConfig,
     namespaces: Store<PartialObjectMeta<Namespace>>,
     metrics: Metrics,
+    certs: Arc<Certs>,
+    /// Namespaces whose CA bundle ConfigMap was seen or created, and when.
+    bundles_checked: Mutex<HashMap<String, Instant>>,
 }
+
+/// How long a namespace's CA bundle ConfigMap is taken to exist without looking again.
+const BUNDLE_RECHECK: Duration = Duration::from_secs(60);
 
 async fn serve(
     listener: TcpListener,
@@ -384,12 +406,66 @@ async fn decide(
     match inject::inject_patch(pod, &baseline, &st.injection) {
         Ok(p) => {
             tracing::debug!(baseline = ?baseline, "injecting sidecar");
+            if req.dry_run {
+                return Ok(Some((p, "injected")));
+            }
+            // Without the bundle the pod would wait in ContainerCreating for the ConfigMap:
+            // a failure here is an internal error, and the pod is admitted unchanged.
+            ensure_bundle(&namespace, st).await?;
             Ok(Some((p, "injected")))
         }
         // A malformed annotation is the user's to fix: say so on the pod.
         Err(Error::Config(reason)) => Ok(Some((inject::skip_patch(pod, &reason)?, "skipped"))),
         Err(e) => Err(e),
     }
+}
+
+/// Creates the CA bundle ConfigMap in `namespace` if it is missing (never changes one: the
+/// certificate manager does, on the leader).
+async fn ensure_bundle(namespace: &str, st: &State) -> Result<(), Error> {
+    let name = &st.injection.routeserver_ca_config_map;
+    if name.is_empty() {
+        return Ok(());
+    }
+    let fresh = |t: &Instant| t.elapsed() < BUNDLE_RECHECK;
+    if st
+        .bundles_checked
+        .lock()
+        .ok()
+        .and_then(|m| m.get(namespace).copied())
+        .is_some_and(|t| fresh(&t))
+    {
+        return Ok(());
+    }
+    let api: Api<ConfigMap> = Api::namespaced(st.client.clone(), namespace);
+    let existing = tokio::time::timeout(API_TIMEOUT, api.get_metadata_opt(name))
+        .await
+        .map_err(|_| Error::Webhook(format!("timed out reading ConfigMap {namespace}/{name}")))??;
+    if existing.is_none() {
+        let bundle = st.certs.bundle.load_full().ok_or_else(|| {
+            Error::Webhook("no CA bundle yet for the route server's ConfigMap".into())
+        })?;
+        let cm = crate::certs::namespace_bundle(namespace, name, &bundle);
+        match tokio::time::timeout(
+            API_TIMEOUT,
+            api.create(&kube::api::PostParams::default(), &cm),
+        )
+        .await
+        .map_err(|_| Error::Webhook(format!("timed out creating ConfigMap {namespace}/{name}")))?
+        {
+            Ok(_) => {
+                tracing::info!(%namespace, config_map = %name, "CA bundle copied for injected sidecars")
+            }
+            // Another replica was faster.
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if let Ok(mut m) = st.bundles_checked.lock() {
+        m.retain(|_, t| fresh(t));
+        m.insert(namespace.to_string(), Instant::now());
+    }
+    Ok(())
 }
 
 async fn namespace_labels(

@@ -11,6 +11,7 @@ use spur_proto::routes::{
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+use crate::auth::{Authenticator, Scope};
 use crate::index::{Filter, Index};
 use crate::metrics::Metrics;
 use crate::watch::{self, Op};
@@ -20,6 +21,25 @@ pub(crate) struct RoutesService {
     pub(crate) metrics: Metrics,
     pub(crate) buffer: usize,
     pub(crate) stop: CancellationToken,
+    pub(crate) auth: Authenticator,
+}
+
+impl RoutesService {
+    async fn authorize<T>(&self, request: &Request<T>, scope: Scope<'_>) -> Result<(), Status> {
+        let header = request
+            .metadata()
+            .get("authorization")
+            .map(|v| v.as_bytes());
+        self.auth.check(header, scope).await.map_err(|d| {
+            self.metrics.refused();
+            let peer = request
+                .extensions()
+                .get::<crate::tls::Peer>()
+                .and_then(|p| p.remote);
+            tracing::debug!(?peer, reason = %d, "gRPC request refused");
+            Status::from(d)
+        })
+    }
 }
 
 type OpStream = Pin<Box<dyn Stream<Item = Result<WorkloadRoutingRuleOp, Status>> + Send>>;
@@ -31,6 +51,7 @@ impl Routes for RoutesService {
         request: Request<WorkloadRoutingRulesRequest>,
     ) -> Result<Response<GetWorkloadRoutingRulesResponse>, Status> {
         let filter = Filter::from_request(request.get_ref());
+        self.authorize(&request, Scope::Rules(&filter)).await?;
         let snap = self.index.current();
         let routing_rules = snap.matching(&filter).map(|e| e.proto.clone()).collect();
         Ok(Response::new(GetWorkloadRoutingRulesResponse {
@@ -45,6 +66,7 @@ impl Routes for RoutesService {
         request: Request<WorkloadRoutingRulesRequest>,
     ) -> Result<Response<OpStream>, Status> {
         let filter = Filter::from_request(request.get_ref());
+        self.authorize(&request, Scope::Rules(&filter)).await?;
         let rx = watch::spawn(
             self.index.subscribe(),
             filter,
@@ -78,8 +100,9 @@ impl Routes for RoutesService {
 
     async fn get_cluster_services(
         &self,
-        _request: Request<GetClusterServicesRequest>,
+        request: Request<GetClusterServicesRequest>,
     ) -> Result<Response<GetClusterServicesResponse>, Status> {
+        self.authorize(&request, Scope::ClusterServices).await?;
         Ok(Response::new(GetClusterServicesResponse {
             services: self.index.services().as_ref().clone(),
         }))

@@ -6,16 +6,26 @@
 //!        ──► REST :7778                 /api/v1/workloads/routing-rules[/watch], /healthz, /metrics
 //! ```
 //!
+//! Both ports serve TLS with a certificate re-read from its files ([`ServingTls`]), and every
+//! rule request is authenticated ([`AuthConfig`]): a sidecar's pod-bound token reads only its own
+//! baseline's rules, other identities what their RBAC allows. Plaintext and unauthenticated
+//! serving are explicit opt-ins for the standalone demo.
+//!
 //! Every watch stream is its own task with a bounded queue, fed from the index's latest
 //! snapshot: a slow watcher lags alone and then skips straight to the current state.
 
+mod auth;
 mod grpc;
 mod index;
 mod kube_store;
 mod metrics;
 mod rest;
 mod store;
+mod tls;
 mod watch;
+
+pub use auth::AuthConfig;
+pub use tls::ServingTls;
 
 pub use index::{Entry, Filter, Index, RuleKey, Snapshot};
 pub use kube_store::{KubeStore, cluster_services, rules_from};
@@ -46,6 +56,8 @@ pub enum Error {
     RulesDir { path: String, reason: String },
     #[error("rule store: {0}")]
     Store(String),
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// Route-server configuration.
@@ -62,6 +74,10 @@ pub struct RouteServerConfig {
     pub http_addr: SocketAddr,
     /// Ops queued per watch stream before that stream waits for its reader.
     pub watch_buffer: usize,
+    /// TLS on both ports; None serves plaintext (an explicit opt-in of the binary).
+    pub tls: Option<ServingTls>,
+    /// Who may read rules.
+    pub auth: AuthConfig,
 }
 
 impl RouteServerConfig {
@@ -72,6 +88,8 @@ impl RouteServerConfig {
             grpc_addr: SocketAddr::from(([0, 0, 0, 0], 7777)),
             http_addr: SocketAddr::from(([0, 0, 0, 0], 7778)),
             watch_buffer: 1024,
+            tls: None,
+            auth: AuthConfig::Disabled,
         }
     }
 }
@@ -116,6 +134,25 @@ impl RouteServer {
         let index = Index::new();
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
+        let auth = auth::Authenticator::new(&config.auth);
+        let tls = match &config.tls {
+            Some(files) => Some(tls::start(files, &tasks, stop.clone())?),
+            None => None,
+        };
+        let grpc_incoming = tls::incoming(
+            grpc_listener,
+            grpc_addr,
+            tls.as_ref().map(|t| t.grpc.clone()),
+            &tasks,
+            stop.clone(),
+        );
+        let http_incoming = tls::incoming(
+            http_listener,
+            http_addr,
+            tls.as_ref().map(|t| t.http.clone()),
+            &tasks,
+            stop.clone(),
+        );
 
         store.initial(&index, &metrics).await?;
         tasks.spawn(store.run(index.clone(), metrics.clone(), stop.clone()));
@@ -139,10 +176,10 @@ impl RouteServer {
             metrics: metrics.clone(),
             buffer: config.watch_buffer,
             stop: stop.clone(),
+            auth: auth.clone(),
         };
         let grpc_stop = stop.clone();
         tasks.spawn(async move {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc_listener);
             let res = tonic::transport::Server::builder()
                 // Detect dead watchers; clients' own pings (grpc-go sends one every 5 s) are
                 // answered and never counted against them.
@@ -150,7 +187,7 @@ impl RouteServer {
                 .http2_keepalive_timeout(Some(Duration::from_secs(10)))
                 .tcp_nodelay(true)
                 .add_service(RoutesServer::new(service))
-                .serve_with_incoming_shutdown(incoming, grpc_stop.cancelled())
+                .serve_with_incoming_shutdown(grpc_incoming.into_stream(), grpc_stop.cancelled())
                 .await;
             if let Err(e) = res {
                 tracing::error!(error = %e, "gRPC server failed");
@@ -163,17 +200,24 @@ impl RouteServer {
             registry: Arc::new(registry),
             buffer: config.watch_buffer,
             stop: stop.clone(),
+            auth,
         };
         let http_stop = stop.clone();
         tasks.spawn(async move {
-            let res = axum::serve(http_listener, rest::router(rest_state))
+            let res = axum::serve(http_incoming, rest::router(rest_state))
                 .with_graceful_shutdown(http_stop.cancelled_owned())
                 .await;
             if let Err(e) = res {
                 tracing::error!(error = %e, "HTTP server failed");
             }
         });
-        tracing::info!(%grpc_addr, %http_addr, "route server started");
+        tracing::info!(
+            %grpc_addr,
+            %http_addr,
+            tls = config.tls.is_some(),
+            auth = ?config.auth,
+            "route server started"
+        );
         Ok(RouteServer {
             grpc_addr,
             http_addr,

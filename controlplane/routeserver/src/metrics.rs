@@ -16,6 +16,7 @@ pub struct Metrics {
     files_valid: Gauge,
     files_invalid: Gauge,
     problems: Gauge,
+    refused: Counter,
 }
 
 impl Metrics {
@@ -30,6 +31,7 @@ impl Metrics {
             files_valid: Gauge::default(),
             files_invalid: Gauge::default(),
             problems: Gauge::default(),
+            refused: Counter::default(),
         };
         registry.register(
             "watchers",
@@ -72,7 +74,16 @@ impl Metrics {
             "Problems the rule store reports (invalid files or rules, conflicts); listed in /healthz",
             m.problems.clone(),
         );
+        registry.register(
+            "requests_refused",
+            "Requests refused for want of a valid token or of the right to read what they asked",
+            m.refused.clone(),
+        );
         m
+    }
+
+    pub(crate) fn refused(&self) {
+        self.refused.inc();
     }
 
     pub(crate) fn set_problems(&self, n: usize) {

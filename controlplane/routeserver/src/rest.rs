@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -15,6 +15,7 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{Authenticator, Denied, Scope};
 use crate::index::{Filter, Index};
 use crate::metrics::Metrics;
 use crate::watch::{self, Op};
@@ -26,6 +27,31 @@ pub(crate) struct RestState {
     pub(crate) registry: Arc<Registry>,
     pub(crate) buffer: usize,
     pub(crate) stop: CancellationToken,
+    pub(crate) auth: Authenticator,
+}
+
+impl RestState {
+    /// `Err` is the response refusing the request.
+    async fn authorize(&self, headers: &HeaderMap, filter: &Filter) -> Result<(), Response> {
+        let header = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+        self.auth
+            .check(header, Scope::Rules(filter))
+            .await
+            .map_err(|d| {
+                self.metrics.refused();
+                let (code, challenge) = match &d {
+                    Denied::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, true),
+                    Denied::Forbidden(_) => (StatusCode::FORBIDDEN, false),
+                    Denied::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, false),
+                };
+                let body = Json(serde_json::json!({ "error": d.to_string() }));
+                if challenge {
+                    (code, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response()
+                } else {
+                    (code, body).into_response()
+                }
+            })
+    }
 }
 
 /// The query parameters of `routes-openapi.yaml`; each is an optional filter.
@@ -67,8 +93,15 @@ pub(crate) fn router(state: RestState) -> Router {
         .with_state(state)
 }
 
-async fn get_rules(State(s): State<RestState>, Query(q): Query<RulesQuery>) -> Response {
+async fn get_rules(
+    State(s): State<RestState>,
+    headers: HeaderMap,
+    Query(q): Query<RulesQuery>,
+) -> Response {
     let filter = Filter::from(q);
+    if let Err(refused) = s.authorize(&headers, &filter).await {
+        return refused;
+    }
     let snap = s.index.current();
     let rules: Vec<_> = snap.matching(&filter).map(|e| &e.spec).collect();
     Json(serde_json::json!({ "routingRules": rules })).into_response()
@@ -76,10 +109,18 @@ async fn get_rules(State(s): State<RestState>, Query(q): Query<RulesQuery>) -> R
 
 /// Newline-delimited JSON, one object per op: `{"op":"ADD","route":{…}}`, then `{"op":"SYNCED"}`,
 /// then `ADD` / `REPLACE` / `REMOVE` — the gRPC watch contract, in JSON.
-async fn watch_rules(State(s): State<RestState>, Query(q): Query<RulesQuery>) -> Response {
+async fn watch_rules(
+    State(s): State<RestState>,
+    headers: HeaderMap,
+    Query(q): Query<RulesQuery>,
+) -> Response {
+    let filter = Filter::from(q);
+    if let Err(refused) = s.authorize(&headers, &filter).await {
+        return refused;
+    }
     let rx = watch::spawn(
         s.index.subscribe(),
-        Filter::from(q),
+        filter,
         s.buffer,
         s.metrics.clone(),
         s.stop.clone(),

@@ -9,7 +9,7 @@ mod file;
 mod routeserver;
 
 pub use file::{FileSource, parse_rules};
-pub use routeserver::RouteServerSource;
+pub use routeserver::{RouteServerConn, RouteServerSource};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

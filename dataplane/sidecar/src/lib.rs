@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use clap::Args;
 use prometheus_client::registry::Registry;
+pub use spur_discovery::RouteServerConn;
 use spur_discovery::{FileSource, Publisher, RouteServerSource};
 use spur_proxy::{
     AdminState, Drain, Inbound, KeyRouter, KeyRouterConfig, Proxy, ProxyConfig, parse_duration,
@@ -73,6 +74,14 @@ pub struct SidecarArgs {
     /// API. Excludes --rules.
     #[arg(long, env = "SPUR_ROUTESERVER")]
     pub routeserver: Option<String>,
+    /// CA bundle (PEM) the route server's certificate must chain to: the connection is TLS
+    /// with it, plaintext without. Re-read on every connection.
+    #[arg(long, env = "SPUR_ROUTESERVER_CA", requires = "routeserver")]
+    pub routeserver_ca: Option<PathBuf>,
+    /// File with the token presented to the route server (the pod's projected ServiceAccount
+    /// token for the route server's audience). Re-read on every connection.
+    #[arg(long, env = "SPUR_ROUTESERVER_TOKEN_FILE", requires = "routeserver")]
+    pub routeserver_token_file: Option<PathBuf>,
     /// How often the rules file is checked for changes.
     #[arg(long, env = "SPUR_RULES_POLL", default_value = "1s", value_parser = parse_duration)]
     pub rules_poll: Duration,
@@ -126,7 +135,7 @@ pub struct SidecarConfig {
     pub rules: Option<PathBuf>,
     pub rules_poll: Duration,
     /// Route server to watch instead of a rules file.
-    pub routeserver: Option<String>,
+    pub routeserver: Option<RouteServerConn>,
     pub admin_addr: Option<SocketAddr>,
     pub extract: ExtractConfig,
     pub proxy: ProxyConfig,
@@ -195,7 +204,11 @@ impl TryFrom<SidecarArgs> for SidecarConfig {
             baseline,
             rules: a.rules,
             rules_poll: a.rules_poll,
-            routeserver: a.routeserver,
+            routeserver: a.routeserver.map(|addr| RouteServerConn {
+                addr,
+                ca: a.routeserver_ca,
+                token: a.routeserver_token_file,
+            }),
             admin_addr: Some(a.admin_addr),
             extract: ExtractConfig {
                 custom_headers: a.routing_headers,
@@ -266,11 +279,15 @@ impl Sidecar {
         let stop = CancellationToken::new();
         let drain = Drain::new();
         let requires_table = config.rules.is_some() || config.routeserver.is_some();
-        if let Some(addr) = &config.routeserver {
+        if let Some(conn) = &config.routeserver {
             // Ready only after the first SYNCED: the source publishes nothing before it.
-            let source =
-                RouteServerSource::new(addr, config.baseline.clone(), publisher, &mut registry)
-                    .map_err(|e| Error::Config(e.to_string()))?;
+            let source = RouteServerSource::new(
+                conn.clone(),
+                config.baseline.clone(),
+                publisher,
+                &mut registry,
+            )
+            .map_err(|e| Error::Config(e.to_string()))?;
             tokio::spawn(source.run(stop.clone()));
         } else if let Some(path) = &config.rules {
             let mut source = FileSource::new(path, config.rules_poll, publisher);

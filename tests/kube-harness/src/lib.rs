@@ -300,15 +300,31 @@ impl KubeApi {
         namespace: &str,
         name: &str,
     ) -> anyhow::Result<String> {
+        self.token_request(
+            namespace,
+            name,
+            TokenRequestSpec {
+                expiration_seconds: Some(3600),
+                ..TokenRequestSpec::default()
+            },
+        )
+        .await
+    }
+
+    /// A token for ServiceAccount `namespace/name` as `spec` asks (audiences, a bound pod),
+    /// creating the namespace and the ServiceAccount when missing.
+    pub async fn token_request(
+        &self,
+        namespace: &str,
+        name: &str,
+        spec: TokenRequestSpec,
+    ) -> anyhow::Result<String> {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         create_if_missing(&namespaces, named(None, namespace)).await?;
         let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
         create_if_missing(&accounts, named(Some(namespace), name)).await?;
         let request = TokenRequest {
-            spec: TokenRequestSpec {
-                expiration_seconds: Some(3600),
-                ..TokenRequestSpec::default()
-            },
+            spec,
             ..TokenRequest::default()
         };
         let answer = accounts

@@ -1,0 +1,478 @@
+//! Who may read which rules (docs/routeserver.md, "Authentication").
+//!
+//! Every request carries `authorization: Bearer <token>`, a Kubernetes token checked with a
+//! TokenReview for the route server's audience:
+//! - A **pod-bound ServiceAccount token** (what an injected sidecar sends: a projected token
+//!   whose review names the pod) reads only the rules of its own baseline: the request must name
+//!   a baseline, and the pod's controlling ReplicaSet must belong to it.
+//! - **Any other identity** (a person, a CI job, a controller) may read what its RBAC allows:
+//!   every rule if it may `list` `routingconfigs.spur.dev` (the objects the rules come from),
+//!   the cluster's services (GetClusterServices) if it may `list` `services` cluster-wide —
+//!   asked with a SubjectAccessReview.
+//!
+//! Answers are cached briefly, so thousands of sidecars reconnecting at once cost the API server
+//! one review per token, and at most [`MAX_REVIEWS`] reviews run at a time.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInfo};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::PostParams;
+use kube::{Api, Client};
+use tokio::sync::Semaphore;
+
+use crate::index::Filter;
+
+/// Token and access reviews in flight at once.
+const MAX_REVIEWS: usize = 16;
+/// How long an accepted token's identity and its access decisions are reused.
+const ACCEPTED_TTL: Duration = Duration::from_secs(60);
+/// How long a refused token stays refused without asking again.
+const REFUSED_TTL: Duration = Duration::from_secs(5);
+/// Cached tokens; past it, expired entries go, then everything.
+const MAX_CACHED: usize = 20_000;
+/// TokenReview's names for the pod a bound token was issued for.
+const POD_NAME: &str = "authentication.kubernetes.io/pod-name";
+const POD_UID: &str = "authentication.kubernetes.io/pod-uid";
+
+/// How the route server authenticates its readers.
+#[derive(Clone, Default)]
+pub enum AuthConfig {
+    /// Anyone who reaches the ports reads every rule (`--allow-unauthenticated`: the
+    /// standalone demo and local tests only).
+    #[default]
+    Disabled,
+    /// Kubernetes tokens, reviewed by the cluster's API server.
+    Kubernetes {
+        client: Client,
+        /// The audience tokens must be issued for (the sidecar's projected token asks for it).
+        audience: String,
+    },
+}
+
+impl fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AuthConfig::Disabled => f.write_str("Disabled"),
+            AuthConfig::Kubernetes { audience, .. } => f
+                .debug_struct("Kubernetes")
+                .field("audience", audience)
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+/// What a request asks to read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Scope<'a> {
+    Rules(&'a Filter),
+    ClusterServices,
+}
+
+/// Why a request is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Denied {
+    /// No token, or one the API server does not accept for our audience.
+    Unauthenticated(String),
+    /// A valid identity that may not read this.
+    Forbidden(String),
+    /// The API server could not be asked; the client should retry.
+    Unavailable(String),
+}
+
+impl fmt::Display for Denied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Denied::Unauthenticated(m) | Denied::Forbidden(m) | Denied::Unavailable(m) => {
+                f.write_str(m)
+            }
+        }
+    }
+}
+
+impl From<Denied> for tonic::Status {
+    fn from(d: Denied) -> Self {
+        match d {
+            Denied::Unauthenticated(m) => tonic::Status::unauthenticated(m),
+            Denied::Forbidden(m) => tonic::Status::permission_denied(m),
+            Denied::Unavailable(m) => tonic::Status::unavailable(m),
+        }
+    }
+}
+
+/// A reviewed token's identity.
+#[derive(Debug, Clone)]
+enum Identity {
+    /// A token bound to a pod; `baseline` is resolved on first use.
+    Pod {
+        namespace: String,
+        name: String,
+        uid: String,
+    },
+    User(UserInfo),
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    until: Instant,
+    identity: Result<Identity, Denied>,
+    /// For pods: the baseline (kind, namespace, name) or why there is none.
+    baseline: Option<Result<(String, String, String), Denied>>,
+    /// For users: whether they may read every rule, and the cluster's services.
+    reads_rules: Option<bool>,
+    reads_services: Option<bool>,
+}
+
+/// Checks requests against [`AuthConfig`].
+#[derive(Clone)]
+pub(crate) struct Authenticator {
+    inner: Option<Arc<Kube>>,
+}
+
+struct Kube {
+    client: Client,
+    audience: String,
+    cache: Mutex<HashMap<String, Entry>>,
+    reviews: Semaphore,
+}
+
+impl Authenticator {
+    pub(crate) fn new(config: &AuthConfig) -> Self {
+        match config {
+            AuthConfig::Disabled => Authenticator { inner: None },
+            AuthConfig::Kubernetes { client, audience } => Authenticator {
+                inner: Some(Arc::new(Kube {
+                    client: client.clone(),
+                    audience: audience.clone(),
+                    cache: Mutex::new(HashMap::new()),
+                    reviews: Semaphore::new(MAX_REVIEWS),
+                })),
+            },
+        }
+    }
+
+    /// Whether `authorization` (the header's value, if any) may read `scope`.
+    pub(crate) async fn check(
+        &self,
+        authorization: Option<&[u8]>,
+        scope: Scope<'_>,
+    ) -> Result<(), Denied> {
+        let Some(kube) = &self.inner else {
+            return Ok(());
+        };
+        let token = bearer(authorization)?;
+        let mut entry = kube.entry(token).await;
+        let identity = match entry.identity.clone() {
+            Ok(i) => i,
+            Err(e) => {
+                kube.store(token, entry);
+                return Err(e);
+            }
+        };
+        let result = match (&identity, scope) {
+            (Identity::Pod { .. }, Scope::ClusterServices) => Err(Denied::Forbidden(
+                "a pod's token reads only its own baseline's rules".into(),
+            )),
+            (
+                Identity::Pod {
+                    namespace,
+                    name,
+                    uid,
+                },
+                Scope::Rules(filter),
+            ) => {
+                let baseline = match entry.baseline.clone() {
+                    Some(b) => b,
+                    None => {
+                        let b = kube.baseline_of(namespace, name, uid).await;
+                        // A failed lookup is asked again next time.
+                        if !matches!(b, Err(Denied::Unavailable(_))) {
+                            entry.baseline = Some(b.clone());
+                        }
+                        b
+                    }
+                };
+                let (kind, ns, name) = baseline?;
+                if filter.kind == kind && filter.namespace == ns && filter.name == name {
+                    Ok(())
+                } else {
+                    Err(Denied::Forbidden(format!(
+                        "this pod's token reads only the rules of {kind} {ns}/{name}; ask with that baseline"
+                    )))
+                }
+            }
+            (Identity::User(user), scope) => {
+                let (cached, resource, group) = match scope {
+                    Scope::Rules(_) => (&mut entry.reads_rules, "routingconfigs", "spur.dev"),
+                    Scope::ClusterServices => (&mut entry.reads_services, "services", ""),
+                };
+                let allowed = match *cached {
+                    Some(a) => a,
+                    None => {
+                        let a = kube.may_list(user, group, resource).await?;
+                        *cached = Some(a);
+                        a
+                    }
+                };
+                if allowed {
+                    Ok(())
+                } else {
+                    let who = user.username.as_deref().unwrap_or("this user");
+                    let what = if group.is_empty() {
+                        resource.to_string()
+                    } else {
+                        format!("{resource}.{group}")
+                    };
+                    Err(Denied::Forbidden(format!(
+                        "{who} may not list {what} cluster-wide, which reading this requires"
+                    )))
+                }
+            }
+        };
+        kube.store(token, entry);
+        result
+    }
+}
+
+/// The token of `Bearer <token>`.
+fn bearer(authorization: Option<&[u8]>) -> Result<&str, Denied> {
+    let missing = || {
+        Denied::Unauthenticated(
+            "no credentials: send `authorization: Bearer <token>` (a Kubernetes token)".into(),
+        )
+    };
+    let value = authorization.ok_or_else(missing)?;
+    let value = std::str::from_utf8(value).map_err(|_| missing())?;
+    let (scheme, token) = value.trim().split_once(' ').ok_or_else(missing)?;
+    let token = token.trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return Err(missing());
+    }
+    Ok(token)
+}
+
+impl Kube {
+    async fn entry(&self, token: &str) -> Entry {
+        if let Some(e) = self.cached(token) {
+            return e;
+        }
+        let identity = self.review(token).await;
+        let ttl = match &identity {
+            Ok(_) => ACCEPTED_TTL,
+            Err(Denied::Unavailable(_)) => Duration::ZERO,
+            Err(_) => REFUSED_TTL,
+        };
+        Entry {
+            until: Instant::now() + ttl,
+            identity,
+            baseline: None,
+            reads_rules: None,
+            reads_services: None,
+        }
+    }
+
+    fn cached(&self, token: &str) -> Option<Entry> {
+        let cache = self.cache.lock().ok()?;
+        cache
+            .get(token)
+            .filter(|e| e.until > Instant::now())
+            .cloned()
+    }
+
+    fn store(&self, token: &str, entry: Entry) {
+        if entry.until <= Instant::now() {
+            return;
+        }
+        let Ok(mut cache) = self.cache.lock() else {
+            return;
+        };
+        if cache.len() >= MAX_CACHED && !cache.contains_key(token) {
+            let now = Instant::now();
+            cache.retain(|_, e| e.until > now);
+            if cache.len() >= MAX_CACHED {
+                cache.clear();
+            }
+        }
+        cache.insert(token.to_string(), entry);
+    }
+
+    async fn review(&self, token: &str) -> Result<Identity, Denied> {
+        let _permit = self
+            .reviews
+            .acquire()
+            .await
+            .map_err(|_| Denied::Unavailable("shutting down".into()))?;
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_string()),
+                audiences: Some(vec![self.audience.clone()]),
+            },
+            ..TokenReview::default()
+        };
+        let api: Api<TokenReview> = Api::all(self.client.clone());
+        let answer = api
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| {
+                tracing::warn!(error = %e, "TokenReview failed");
+                Denied::Unavailable("cannot check the token now; retry".into())
+            })?;
+        let status = answer.status.unwrap_or_default();
+        if status.authenticated != Some(true) {
+            // The API server's reason names no secret; it helps whoever set up the client.
+            let why = status.error.unwrap_or_else(|| "not authenticated".into());
+            return Err(Denied::Unauthenticated(format!(
+                "token refused for audience {}: {why}",
+                self.audience
+            )));
+        }
+        let user = status.user.unwrap_or_default();
+        let extra = |k: &str| {
+            user.extra
+                .as_ref()
+                .and_then(|x| x.get(k))
+                .and_then(|v| v.first())
+                .cloned()
+        };
+        let sa_namespace = user
+            .username
+            .as_deref()
+            .and_then(|u| u.strip_prefix("system:serviceaccount:"))
+            .and_then(|rest| rest.split_once(':'))
+            .map(|(ns, _)| ns.to_string());
+        Ok(match (extra(POD_NAME), extra(POD_UID), sa_namespace) {
+            (Some(name), Some(uid), Some(namespace)) => Identity::Pod {
+                namespace,
+                name,
+                uid,
+            },
+            _ => Identity::User(user),
+        })
+    }
+
+    /// The baseline whose rules the pod may read: its controlling ReplicaSet's Deployment (or
+    /// Argo Rollout), in the Routes API's spelling.
+    async fn baseline_of(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<(String, String, String), Denied> {
+        let unavailable = |e: kube::Error| {
+            tracing::warn!(error = %e, "cannot look up a reader's pod");
+            Denied::Unavailable("cannot look up this pod now; retry".into())
+        };
+        let no_baseline = |why: String| {
+            Denied::Forbidden(format!(
+                "pod {namespace}/{name} belongs to no Deployment or Argo Rollout: {why}"
+            ))
+        };
+        let pod = Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(unavailable)?
+            .filter(|p| p.metadata.uid.as_deref() == Some(uid))
+            .ok_or_else(|| {
+                Denied::Unauthenticated(format!(
+                    "the token's pod {namespace}/{name} no longer exists"
+                ))
+            })?;
+        let rs_ref = controller(pod.metadata.owner_references.as_deref())
+            .filter(|o| o.kind == "ReplicaSet" && o.api_version == "apps/v1")
+            .ok_or_else(|| no_baseline("no controlling ReplicaSet".into()))?;
+        let rs = Api::<ReplicaSet>::namespaced(self.client.clone(), namespace)
+            .get_opt(&rs_ref.name)
+            .await
+            .map_err(unavailable)?
+            .filter(|rs| rs.metadata.uid.as_deref() == Some(rs_ref.uid.as_str()))
+            .ok_or_else(|| no_baseline(format!("ReplicaSet {} is gone", rs_ref.name)))?;
+        let owner = controller(rs.metadata.owner_references.as_deref())
+            .ok_or_else(|| no_baseline(format!("ReplicaSet {} has no controller", rs_ref.name)))?;
+        let kind = match (owner.api_version.as_str(), owner.kind.as_str()) {
+            ("apps/v1", "Deployment") => "Deployment",
+            (v, "Rollout") if v.starts_with("argoproj.io/") => "ArgoRollout",
+            (_, k) => return Err(no_baseline(format!("its ReplicaSet is owned by a {k}"))),
+        };
+        Ok((kind.into(), namespace.into(), owner.name.clone()))
+    }
+
+    async fn may_list(&self, user: &UserInfo, group: &str, resource: &str) -> Result<bool, Denied> {
+        let _permit = self
+            .reviews
+            .acquire()
+            .await
+            .map_err(|_| Denied::Unavailable("shutting down".into()))?;
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: user.username.clone(),
+                groups: user.groups.clone(),
+                uid: user.uid.clone(),
+                extra: user.extra.clone(),
+                resource_attributes: Some(ResourceAttributes {
+                    group: Some(group.into()),
+                    resource: Some(resource.into()),
+                    verb: Some("list".into()),
+                    ..ResourceAttributes::default()
+                }),
+                ..SubjectAccessReviewSpec::default()
+            },
+            ..SubjectAccessReview::default()
+        };
+        let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
+        let answer = api
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| {
+                tracing::warn!(error = %e, "SubjectAccessReview failed");
+                Denied::Unavailable("cannot check access now; retry".into())
+            })?;
+        Ok(answer.status.is_some_and(|s| s.allowed))
+    }
+}
+
+fn controller(owners: Option<&[OwnerReference]>) -> Option<&OwnerReference> {
+    owners
+        .unwrap_or_default()
+        .iter()
+        .find(|o| o.controller == Some(true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_tokens_are_read_strictly() {
+        assert_eq!(bearer(Some(b"Bearer abc")).unwrap(), "abc");
+        assert_eq!(bearer(Some(b"bearer  abc ")).unwrap(), "abc");
+        for bad in [
+            &b""[..],
+            b"abc",
+            b"Basic abc",
+            b"Bearer ",
+            b"Bearer",
+            b"\xff\xfe",
+        ] {
+            assert!(
+                matches!(bearer(Some(bad)), Err(Denied::Unauthenticated(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(bearer(None), Err(Denied::Unauthenticated(_))));
+    }
+
+    #[tokio::test]
+    async fn disabled_lets_everyone_read() {
+        let auth = Authenticator::new(&AuthConfig::Disabled);
+        let f = Filter::default();
+        assert_eq!(auth.check(None, Scope::Rules(&f)).await, Ok(()));
+    }
+}

@@ -1,0 +1,330 @@
+//! TLS on both listeners, with the certificate re-read from its files while serving.
+//!
+//! In the cluster the files are a mounted `kubernetes.io/tls` Secret that the operator renews:
+//! the kubelet swaps them in place, and the next handshake presents the new certificate. Open
+//! connections (and the watch streams on them) are never cut by a renewal.
+//!
+//! Handshakes run concurrently, each bounded in time, so a client that opens a connection and
+//! sends nothing delays nobody else.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::Error;
+
+/// How long a client has to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshakes in progress per listener; beyond it, accepting waits.
+const MAX_HANDSHAKES: usize = 512;
+
+/// The serving certificate's files (PEM): re-read every `reload_every`, and used for new
+/// connections when their content changes and parses.
+#[derive(Debug, Clone)]
+pub struct ServingTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub reload_every: Duration,
+}
+
+impl ServingTls {
+    pub fn new(cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        ServingTls {
+            cert: cert.into(),
+            key: key.into(),
+            reload_every: Duration::from_secs(10),
+        }
+    }
+
+    fn read(&self) -> Result<(Vec<u8>, Vec<u8>), Error> {
+        let file = |p: &PathBuf| {
+            std::fs::read(p).map_err(|e| Error::Tls(format!("cannot read {}: {e}", p.display())))
+        };
+        Ok((file(&self.cert)?, file(&self.key)?))
+    }
+
+    fn parse(&self, cert: &[u8], key: &[u8]) -> Result<CertifiedKey, Error> {
+        let chain = CertificateDer::pem_slice_iter(cert)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Error::Tls(format!("{}: {e}", self.cert.display())))?;
+        if chain.is_empty() {
+            return Err(Error::Tls(format!(
+                "{}: no certificate in it",
+                self.cert.display()
+            )));
+        }
+        let key = PrivateKeyDer::from_pem_slice(key)
+            .map_err(|e| Error::Tls(format!("{}: {e}", self.key.display())))?;
+        let key = rustls::crypto::ring::sign::any_supported_type(&key)
+            .map_err(|e| Error::Tls(format!("{}: {e}", self.key.display())))?;
+        let ck = CertifiedKey::new(chain, key);
+        ck.keys_match()
+            .map_err(|e| Error::Tls(format!("the key does not match the certificate: {e}")))?;
+        Ok(ck)
+    }
+}
+
+/// The current certificate, swapped whole when the files change.
+#[derive(Debug)]
+struct Resolver(ArcSwap<CertifiedKey>);
+
+impl ResolvesServerCert for Resolver {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.load_full())
+    }
+}
+
+/// Both listeners' TLS configurations, sharing one certificate.
+pub(crate) struct Tls {
+    pub(crate) grpc: Arc<rustls::ServerConfig>,
+    pub(crate) http: Arc<rustls::ServerConfig>,
+}
+
+/// Loads the certificate (an error if it is unusable: the server does not start without one)
+/// and keeps reloading it until `stop`.
+pub(crate) fn start(
+    files: &ServingTls,
+    tasks: &TaskTracker,
+    stop: CancellationToken,
+) -> Result<Tls, Error> {
+    let (cert, key) = files.read()?;
+    let resolver = Arc::new(Resolver(ArcSwap::from_pointee(files.parse(&cert, &key)?)));
+    let config = |alpn: &[&[u8]]| -> Result<Arc<rustls::ServerConfig>, Error> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut c = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::Tls(e.to_string()))?
+            .with_no_client_auth()
+            .with_cert_resolver(resolver.clone());
+        c.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Ok(Arc::new(c))
+    };
+    let tls = Tls {
+        grpc: config(&[b"h2"])?,
+        http: config(&[b"h2", b"http/1.1"])?,
+    };
+    let files = files.clone();
+    tasks.spawn(async move {
+        let mut loaded = (cert, key);
+        let mut tick = tokio::time::interval(files.reload_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let read = match files.read() {
+                Ok(r) if r == loaded => continue,
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the serving certificate; keeping the current one");
+                    continue;
+                }
+            };
+            // A renewal swaps both files, but not at the same instant: a certificate that does
+            // not match its key is retried at the next tick.
+            match files.parse(&read.0, &read.1) {
+                Ok(ck) => {
+                    resolver.0.store(Arc::new(ck));
+                    loaded = read;
+                    tracing::info!("serving certificate changed: new connections use it");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "serving certificate files changed but are unusable; keeping the current one")
+                }
+            }
+        }
+    });
+    Ok(tls)
+}
+
+/// An accepted connection, plain or TLS.
+pub(crate) enum Conn {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+/// What a gRPC handler can learn about its connection.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer {
+    pub(crate) remote: Option<SocketAddr>,
+}
+
+impl tonic::transport::server::Connected for Conn {
+    type ConnectInfo = Peer;
+    fn connect_info(&self) -> Peer {
+        let tcp = match self {
+            Conn::Plain(t) => t,
+            Conn::Tls(t) => t.get_ref().0,
+        };
+        Peer {
+            remote: tcp.peer_addr().ok(),
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(t) => Pin::new(t).poll_read(cx, buf),
+            Conn::Tls(t) => Pin::new(t.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(t) => Pin::new(t).poll_write(cx, buf),
+            Conn::Tls(t) => Pin::new(t.as_mut()).poll_write(cx, buf),
+        }
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(t) => Pin::new(t).poll_write_vectored(cx, bufs),
+            Conn::Tls(t) => Pin::new(t.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Conn::Plain(t) => t.is_write_vectored(),
+            Conn::Tls(t) => t.is_write_vectored(),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(t) => Pin::new(t).poll_flush(cx),
+            Conn::Tls(t) => Pin::new(t.as_mut()).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(t) => Pin::new(t).poll_shutdown(cx),
+            Conn::Tls(t) => Pin::new(t.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Connections ready to serve (handshake done), from one listener.
+pub(crate) struct Incoming {
+    rx: mpsc::Receiver<(Conn, SocketAddr)>,
+    local: SocketAddr,
+}
+
+/// Accepts on `listener` until `stop`, completing TLS handshakes (with `tls`) off the accept
+/// loop; failed or slow handshakes are logged at debug level and dropped.
+pub(crate) fn incoming(
+    listener: TcpListener,
+    local: SocketAddr,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    tasks: &TaskTracker,
+    stop: CancellationToken,
+) -> Incoming {
+    let (tx, rx) = mpsc::channel(64);
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let inner = tasks.clone();
+    tasks.spawn(async move {
+        loop {
+            let permit = tokio::select! {
+                () = stop.cancelled() => return,
+                p = handshakes.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+            };
+            let (tcp, peer) = tokio::select! {
+                () = stop.cancelled() => return,
+                r = listener.accept() => match r {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // EMFILE and friends: back off instead of spinning.
+                        tracing::warn!(%local, error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let _ = tcp.set_nodelay(true);
+            let Some(acceptor) = acceptor.clone() else {
+                if tx.send((Conn::Plain(tcp), peer)).await.is_err() {
+                    return;
+                }
+                continue;
+            };
+            let tx = tx.clone();
+            let stop = stop.clone();
+            inner.spawn(async move {
+                let _permit = permit;
+                let tls = tokio::select! {
+                    () = stop.cancelled() => return,
+                    r = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)) => r,
+                };
+                match tls {
+                    Ok(Ok(tls)) => {
+                        let _ = tx.send((Conn::Tls(Box::new(tls)), peer)).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    Incoming { rx, local }
+}
+
+impl Incoming {
+    /// For tonic: a stream that ends when the accept loop does.
+    pub(crate) fn into_stream(
+        self,
+    ) -> impl futures_util::Stream<Item = Result<Conn, io::Error>> + Send + 'static {
+        futures_util::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(self.rx), |c| {
+            Ok(c.0)
+        })
+    }
+}
+
+impl axum::serve::Listener for Incoming {
+    type Io = Conn;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Conn, SocketAddr) {
+        match self.rx.recv().await {
+            Some(c) => c,
+            // The accept loop ended (shutdown): axum's graceful shutdown is already under way,
+            // so never hand it another connection.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.local)
+    }
+}

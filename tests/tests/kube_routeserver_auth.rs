@@ -1,0 +1,512 @@
+//! The route server's TLS and authentication against a real kube-apiserver (RBAC enforced):
+//! the route server runs as the chart's ServiceAccount with the chart's rules, serves the
+//! rules of RoutingConfigs, and checks readers' tokens with TokenReview and SubjectAccessReview.
+//!
+//! Checked: plaintext is refused on the TLS ports; no token, a token for another audience and a
+//! token of a user without RBAC read nothing (gRPC and REST); a pod-bound token reads its own
+//! baseline's rules and nothing else; a user allowed to list RoutingConfigs reads everything;
+//! the sidecar's client (TLS + token file) syncs; renewing the serving certificate on disk
+//! changes what new connections see while an open watch keeps delivering; no token is logged.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequestSpec};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use prometheus_client::registry::Registry;
+use serde_json::{Value, json};
+use spur_api::RoutingConfig;
+use spur_discovery::{Publisher, RouteServerConn, RouteServerSource};
+use spur_e2e::kube::{self as kt, eventually};
+use spur_kube_harness::KubeApi;
+use spur_proto::routes::routes_client::RoutesClient;
+use spur_proto::routes::{self, WatchOp};
+use spur_routeserver::{AuthConfig, KubeStore, RouteServer, RouteServerConfig, ServingTls};
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+use tonic::transport::Channel;
+
+const AUDIENCE: &str = "spur-routeserver";
+
+struct Ca {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    pem: String,
+}
+
+fn ca(name: &str) -> Ca {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    let cert = params.self_signed(&key).unwrap();
+    Ca {
+        pem: cert.pem(),
+        issuer: rcgen::Issuer::new(params, key),
+    }
+}
+
+/// A serving certificate for `localhost` signed by `ca`, written to `dir`/tls.crt and tls.key.
+fn write_leaf(ca: &Ca, dir: &Path) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    let cert = params.signed_by(&key, &ca.issuer).unwrap();
+    // The key first: the server must cope with a pair that does not match for a moment.
+    std::fs::write(dir.join("tls.key.new"), key.serialize_pem()).unwrap();
+    std::fs::write(dir.join("tls.crt.new"), cert.pem()).unwrap();
+    std::fs::rename(dir.join("tls.key.new"), dir.join("tls.key")).unwrap();
+    std::fs::rename(dir.join("tls.crt.new"), dir.join("tls.crt")).unwrap();
+}
+
+/// A gRPC client that trusts `ca_pem` only.
+async fn client(port: u16, ca_pem: &str) -> Result<RoutesClient<Channel>, tonic::transport::Error> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connector = tower::service_fn(move |_: http::Uri| {
+        let tls = tls.clone();
+        async move {
+            let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            let s = tls.connect(name, tcp).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+        }
+    });
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://localhost:{port}"))
+        .unwrap()
+        .connect_with_connector(connector)
+        .await?;
+    Ok(RoutesClient::new(channel))
+}
+
+fn request(
+    baseline: Option<&str>,
+    token: Option<&str>,
+) -> tonic::Request<routes::WorkloadRoutingRulesRequest> {
+    let mut r = tonic::Request::new(routes::WorkloadRoutingRulesRequest {
+        baseline_workload: baseline.map(|name| routes::BaselineWorkload {
+            kind: "Deployment".into(),
+            namespace: "shop".into(),
+            name: name.into(),
+        }),
+        ..Default::default()
+    });
+    if let Some(t) = token {
+        r.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    r
+}
+
+/// The rules' baselines a Get returns, or the refusal's code.
+async fn get(
+    c: &mut RoutesClient<Channel>,
+    baseline: Option<&str>,
+    token: Option<&str>,
+) -> Result<Vec<String>, Code> {
+    c.get_workload_routing_rules(request(baseline, token))
+        .await
+        .map(|r| {
+            let mut names: Vec<String> = r
+                .into_inner()
+                .routing_rules
+                .into_iter()
+                .map(|r| r.baseline.unwrap_or_default().name)
+                .collect();
+            names.sort();
+            names
+        })
+        .map_err(|s| s.code())
+}
+
+/// `curl` over TLS to the REST port: the status code.
+async fn rest_status(port: u16, ca: &Path, query: &str, token: Option<&str>) -> u16 {
+    let mut cmd = tokio::process::Command::new("curl");
+    cmd.args([
+        "-sS",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "--max-time",
+        "10",
+    ])
+    .arg("--cacert")
+    .arg(ca)
+    .args(["--resolve", &format!("localhost:{port}:127.0.0.1")]);
+    if let Some(t) = token {
+        cmd.args(["-H", &format!("Authorization: Bearer {t}")]);
+    }
+    let out = cmd
+        .arg(format!(
+            "https://localhost:{port}/api/v1/workloads/routing-rules{query}"
+        ))
+        .output()
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).parse().unwrap_or(0)
+}
+
+async fn create<K>(client: &Client, ns: Option<&str>, v: Value) -> K
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + for<'de> k8s_openapi::serde::Deserialize<'de>
+        + k8s_openapi::serde::Serialize
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let obj: K = serde_json::from_value(v).unwrap();
+    Api::<K>::namespaced(client.clone(), ns.unwrap_or("shop"))
+        .create(&PostParams::default(), &obj)
+        .await
+        .unwrap()
+}
+
+/// Deployment `name` in shop, a ReplicaSet it controls, and a pod of that ReplicaSet running
+/// as ServiceAccount `sa`; returns the pod.
+async fn workload(client: &Client, name: &str, sa: &str) -> Pod {
+    let d: Deployment = create(client, None, json!({
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}}
+        }
+    }))
+    .await;
+    let rs: ReplicaSet = create(client, None, json!({
+        "metadata": {"name": format!("{name}-5d8f7c"), "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "uid": d.uid().unwrap(), "controller": true}
+        ]},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}}
+        }
+    }))
+    .await;
+    create(client, None, json!({
+        "metadata": {"name": format!("{name}-5d8f7c-x1"), "labels": {"app": name}, "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs.name_any(), "uid": rs.uid().unwrap(), "controller": true}
+        ]},
+        "spec": {"serviceAccountName": sa, "containers": [{"name": "app", "image": "app:1"}]}
+    }))
+    .await
+}
+
+fn route(baseline: &str, key_host: &str) -> Value {
+    json!({
+        "fromHost": format!("{baseline}.shop.svc"), "fromPort": 80,
+        "toHost": format!("{key_host}.shop.svc"), "toPort": 80,
+        "workloadPort": 8080, "sandbox": "sb1",
+        "baseline": {"kind": "Deployment", "namespace": "shop", "name": baseline},
+    })
+}
+
+async fn token(
+    api: &KubeApi,
+    ns: &str,
+    sa: &str,
+    audiences: Vec<String>,
+    pod: Option<&Pod>,
+) -> String {
+    api.token_request(
+        ns,
+        sa,
+        TokenRequestSpec {
+            audiences,
+            expiration_seconds: Some(3600),
+            bound_object_ref: pod.map(|p| BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(p.name_any()),
+                uid: p.uid(),
+            }),
+        },
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_authenticated_readers_read_and_a_sidecar_reads_only_its_own_rules() {
+    kt::capture_logs();
+    let api = KubeApi::start().await.unwrap();
+    kt::install_crds(&api).await.unwrap();
+    let admin = api.client();
+    kt::ensure_namespace(&admin, "shop").await.unwrap();
+    // The ServiceAccounts exist before their pods (no ServiceAccount admission here).
+    let api_pod_token_sa = "api-sa";
+    let _ = token(&api, "shop", api_pod_token_sa, vec![AUDIENCE.into()], None).await;
+    let api_pod = workload(&admin, "api", api_pod_token_sa).await;
+    let _ = workload(&admin, "web", api_pod_token_sa).await;
+
+    // One rule for each baseline, from a RoutingConfig's status, as the operator writes it.
+    let rcs: Api<RoutingConfig> = Api::all(admin.clone());
+    let rc: RoutingConfig = serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "RoutingConfig",
+        "metadata": {"name": "k1"}, "spec": {"routingKey": "k1"}
+    }))
+    .unwrap();
+    rcs.create(&PostParams::default(), &rc).await.unwrap();
+    let set_routes = |routes: Vec<Value>| {
+        let rcs = rcs.clone();
+        async move {
+            rcs.patch_status(
+                "k1",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"routeServer": {"routes": routes}}})),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    set_routes(vec![route("api", "sb1-api"), route("web", "sb1-web")]).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let ca1 = ca("ca one");
+    write_leaf(&ca1, dir.path());
+    std::fs::write(dir.path().join("ca1.crt"), &ca1.pem).unwrap();
+    let routeserver_client =
+        kt::chart_client(&api, "spur-routeserver", "routeserver-rules.yaml", None)
+            .await
+            .unwrap();
+    let server = RouteServer::start_with(
+        RouteServerConfig {
+            grpc_addr: "127.0.0.1:0".parse().unwrap(),
+            http_addr: "127.0.0.1:0".parse().unwrap(),
+            tls: Some(ServingTls {
+                reload_every: Duration::from_millis(100),
+                ..ServingTls::new(dir.path().join("tls.crt"), dir.path().join("tls.key"))
+            }),
+            auth: AuthConfig::Kubernetes {
+                client: routeserver_client.clone(),
+                audience: AUDIENCE.into(),
+            },
+            ..RouteServerConfig::new(dir.path())
+        },
+        KubeStore::new(routeserver_client),
+    )
+    .await
+    .unwrap();
+    let (grpc, http) = (server.grpc_addr.port(), server.http_addr.port());
+    eventually("both rules indexed", || async {
+        (server.index().current().rules.len() == 2).then_some(())
+    })
+    .await;
+
+    // Tokens: the api pod's (bound, our audience), the same account's for the API server's
+    // audience, a reader allowed to list RoutingConfigs, and a user with no rights.
+    let pod_token = token(
+        &api,
+        "shop",
+        api_pod_token_sa,
+        vec![AUDIENCE.into()],
+        Some(&api_pod),
+    )
+    .await;
+    let wrong_audience = token(&api, "shop", api_pod_token_sa, vec![], Some(&api_pod)).await;
+    let reader = token(&api, "tools", "reader", vec![AUDIENCE.into()], None).await;
+    let nobody = token(&api, "tools", "nobody", vec![AUDIENCE.into()], None).await;
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "rules-reader"},
+        "rules": [{"apiGroups": ["spur.dev"], "resources": ["routingconfigs"], "verbs": ["list"]}]
+    }))
+    .unwrap();
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "rules-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "rules-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": "tools"}]
+    }))
+    .unwrap();
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+
+    // Plaintext is not served.
+    let plain = RoutesClient::connect(format!("http://127.0.0.1:{grpc}")).await;
+    if let Ok(mut plain) = plain {
+        let r = plain
+            .get_workload_routing_rules(request(None, Some(&reader)))
+            .await;
+        assert!(r.is_err(), "plaintext gRPC answered: {r:?}");
+    }
+    // A client that does not trust the CA gets nowhere.
+    let stranger = ca("stranger");
+    let untrusted = client(grpc, &stranger.pem).await;
+    match untrusted {
+        Err(_) => {}
+        Ok(mut c) => assert!(get(&mut c, None, Some(&reader)).await.is_err()),
+    }
+
+    let mut c = client(grpc, &ca1.pem).await.unwrap();
+    assert_eq!(get(&mut c, None, None).await, Err(Code::Unauthenticated));
+    assert_eq!(
+        get(&mut c, Some("api"), None).await,
+        Err(Code::Unauthenticated)
+    );
+    assert_eq!(
+        get(&mut c, Some("api"), Some(&wrong_audience)).await,
+        Err(Code::Unauthenticated)
+    );
+    assert_eq!(
+        get(&mut c, Some("api"), Some("not-a-token-at-all")).await,
+        Err(Code::Unauthenticated)
+    );
+    assert_eq!(
+        get(&mut c, None, Some(&nobody)).await,
+        Err(Code::PermissionDenied)
+    );
+    // The pod reads its own baseline's rules, and nothing else.
+    assert_eq!(
+        get(&mut c, Some("api"), Some(&pod_token)).await,
+        Ok(vec!["api".to_string()])
+    );
+    assert_eq!(
+        get(&mut c, Some("web"), Some(&pod_token)).await,
+        Err(Code::PermissionDenied)
+    );
+    assert_eq!(
+        get(&mut c, None, Some(&pod_token)).await,
+        Err(Code::PermissionDenied)
+    );
+    let mut services = tonic::Request::new(routes::GetClusterServicesRequest {});
+    services.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {pod_token}").parse().unwrap(),
+    );
+    assert_eq!(
+        c.get_cluster_services(services)
+            .await
+            .map(|_| ())
+            .map_err(|s| s.code()),
+        Err(Code::PermissionDenied)
+    );
+    let watch = c
+        .watch_workload_routing_rules(request(Some("web"), Some(&pod_token)))
+        .await;
+    assert_eq!(
+        watch.map(|_| ()).map_err(|s| s.code()),
+        Err(Code::PermissionDenied)
+    );
+    // A reader with RBAC reads everything.
+    assert_eq!(
+        get(&mut c, None, Some(&reader)).await,
+        Ok(vec!["api".to_string(), "web".to_string()])
+    );
+
+    // The same over REST.
+    let ca_file = dir.path().join("ca1.crt");
+    let api_query = "?baselineKind=Deployment&baselineNamespace=shop&baselineName=api";
+    let web_query = "?baselineKind=Deployment&baselineNamespace=shop&baselineName=web";
+    assert_eq!(rest_status(http, &ca_file, "", None).await, 401);
+    assert_eq!(
+        rest_status(http, &ca_file, "", Some(&wrong_audience)).await,
+        401
+    );
+    assert_eq!(rest_status(http, &ca_file, "", Some(&nobody)).await, 403);
+    assert_eq!(
+        rest_status(http, &ca_file, api_query, Some(&pod_token)).await,
+        200
+    );
+    assert_eq!(
+        rest_status(http, &ca_file, web_query, Some(&pod_token)).await,
+        403
+    );
+    assert_eq!(rest_status(http, &ca_file, "", Some(&reader)).await, 200);
+
+    // The sidecar's client: TLS against the CA file, the token from a file.
+    std::fs::write(dir.path().join("pod.token"), &pod_token).unwrap();
+    let table = spur_routing::SharedTable::new();
+    let mut registry = Registry::default();
+    let publisher = Publisher::new(table.clone(), &mut registry);
+    let source = RouteServerSource::new(
+        RouteServerConn {
+            addr: format!("localhost:{grpc}"),
+            ca: Some(ca_file.clone()),
+            token: Some(dir.path().join("pod.token")),
+        },
+        spur_routing::BaselineWorkload {
+            kind: "Deployment".into(),
+            namespace: "shop".into(),
+            name: "api".into(),
+        },
+        publisher,
+        &mut registry,
+    )
+    .unwrap();
+    let stop = CancellationToken::new();
+    let sidecar = tokio::spawn(source.run(stop.clone()));
+    eventually("the sidecar's table from the route server", || async {
+        (table.load().table.len() == 1).then_some(())
+    })
+    .await;
+
+    // An open watch, then the serving certificate is renewed from another CA: new connections
+    // must trust the new CA, and the open watch keeps delivering.
+    let mut stream = c
+        .watch_workload_routing_rules(request(Some("api"), Some(&pod_token)))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut ops = Vec::new();
+    while ops.last() != Some(&WatchOp::Synced) {
+        ops.push(stream.message().await.unwrap().unwrap().op());
+    }
+    assert_eq!(ops, [WatchOp::Add, WatchOp::Synced]);
+    let ca2 = ca("ca two");
+    write_leaf(&ca2, dir.path());
+    eventually("new connections get the renewed certificate", || async {
+        let mut c2 = client(grpc, &ca2.pem).await.ok()?;
+        get(&mut c2, None, Some(&reader)).await.ok()
+    })
+    .await;
+    assert!(
+        client(grpc, &ca1.pem).await.is_err() || {
+            let mut old = client(grpc, &ca1.pem).await.unwrap();
+            get(&mut old, None, Some(&reader)).await.is_err()
+        }
+    );
+    set_routes(vec![route("api", "sb2-api"), route("web", "sb1-web")]).await;
+    let op = tokio::time::timeout(Duration::from_secs(20), stream.message())
+        .await
+        .expect("the open watch delivers after the renewal")
+        .unwrap()
+        .unwrap();
+    assert_eq!(op.op(), WatchOp::Replace);
+    let rule = op.route.unwrap();
+    assert_eq!(rule.baseline.unwrap().name, "api");
+    assert!(
+        format!("{:?}", rule.mappings).contains("sb2-api"),
+        "{:?}",
+        rule.mappings
+    );
+
+    stop.cancel();
+    let _ = sidecar.await;
+    server.shutdown().await;
+    kt::assert_no_secret_logged(&[&pod_token, &reader, &nobody, &wrong_audience]);
+}
