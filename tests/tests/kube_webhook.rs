@@ -541,8 +541,10 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
         let sandboxes = sandboxes.clone();
         async move {
             let sb = sandboxes.get("sb").await.ok()?;
-            let got =
+            let mut got =
                 serde_json::to_value(sb.status?.forks.first()?.baseline_sidecars.clone()?).ok()?;
+            // The pods without a sidecar are checked on their own, below.
+            got.as_object_mut()?.remove("withoutSidecar");
             (got == want).then_some(())
         }
     };
@@ -550,6 +552,30 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
         coverage(json!({"pods": 2, "injected": 1, "ready": 0, "allReady": false}))
     })
     .await;
+    // The pod without a sidecar is named, with the webhook's reason, in the Sandbox's
+    // condition.
+    let sidecars_condition = || {
+        let sandboxes = sandboxes.clone();
+        async move {
+            let st = sandboxes.get("sb").await.ok()?.status?;
+            let c = st
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "BaselineSidecars")?;
+            Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+        }
+    };
+    let (status, reason, message) = eventually("the BaselineSidecars condition", || async {
+        sidecars_condition()
+            .await
+            .filter(|(s, _, _)| format!("{s:?}").contains("False"))
+    })
+    .await;
+    assert_eq!(reason, "PodsWithoutSidecar", "{status:?}");
+    assert!(
+        message.contains(&format!("shop/{} (not injected: pod opted out", off.name_any())),
+        "{message}"
+    );
     // The kubelet would report the sidecar container ready.
     let pods: Api<Pod> = Api::namespaced(client.clone(), "shop");
     pods.patch_status(
@@ -576,6 +602,12 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
         coverage(json!({"pods": 1, "injected": 1, "ready": 1, "allReady": true}))
     })
     .await;
+    eventually("BaselineSidecars true", || async {
+        sidecars_condition()
+            .await
+            .filter(|(s, r, _)| format!("{s:?}").contains("True") && r == "AllInjected")
+    })
+    .await;
     let fw = Api::<spur_api::ForkedWorkload>::namespaced(client.clone(), "shop")
         .get(&spur_api::names::fork_name("sb", &sb.spec.forks[0].fork_of))
         .await
@@ -598,6 +630,43 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
     .await;
     assert!(init_names(&p).is_empty());
     assert!(annotation(&p, keys::STATUS).is_none());
+    // The operator notices the opted-in pod that has no sidecar: a condition that names it, a
+    // metric, and a Warning event on the pod.
+    let (_, reason, message) = eventually("the uninjected pod in the Sandbox's condition", || async {
+        sidecars_condition()
+            .await
+            .filter(|(_, _, m)| m.contains(&p.name_any()))
+    })
+    .await;
+    assert_eq!(reason, "PodsWithoutSidecar");
+    assert!(
+        message.contains("opted in, but created without passing the injection webhook"),
+        "{message}"
+    );
+    let fw_name = spur_api::names::fork_name("sb", &sb.spec.forks[0].fork_of);
+    assert_eq!(
+        setup.metric(&format!(
+            "spur_operator_baseline_pods_without_sidecar{{namespace=\"shop\",forked_workload=\"{fw_name}\"}}"
+        )),
+        1.0
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), "shop");
+    let event = eventually("a SidecarMissing event on the pod", || async {
+        events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("SidecarMissing")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                        == Some(p.name_any().as_str())
+            })
+    })
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert!(event.note.unwrap_or_default().contains("sandbox sb"));
     assert_eq!(
         setup.metric("spur_operator_webhook_admissions_total{result=\"error\"}"),
         0.0

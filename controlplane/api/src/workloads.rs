@@ -100,15 +100,33 @@ pub struct SidecarCoverage {
     pub ready: u32,
     /// There is at least one baseline pod and every one carries a ready sidecar.
     pub all_ready: bool,
+    /// Baseline pods without a sidecar (at most [`SidecarCoverage::MAX_NAMED`], by name), and
+    /// why: keyed requests that reach them are not routed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10))]
+    pub without_sidecar: Vec<PodWithoutSidecar>,
+}
+
+/// A baseline pod that has no sidecar.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodWithoutSidecar {
+    pub name: String,
+    /// Why, as far as the pod shows it (its injection annotations).
+    pub reason: String,
 }
 
 impl SidecarCoverage {
+    /// How many pods without a sidecar are named.
+    pub const MAX_NAMED: usize = 10;
+
     pub fn new(pods: u32, injected: u32, ready: u32) -> Self {
         SidecarCoverage {
             pods,
             injected,
             ready,
             all_ready: pods > 0 && ready == pods,
+            without_sidecar: Vec::new(),
         }
     }
 }

@@ -101,7 +101,7 @@ async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, E
     }
 
     let ready = deployment_ready(&applied);
-    let sidecars = sidecar_coverage(&baseline, ns, ctx).await?;
+    let sidecars = sidecar_coverage(fw, &baseline, ns, ctx).await?;
     let baseline_obs = Some(spur_api::workloads::BaselineObservation {
         uid: baseline.uid().unwrap_or_default(),
         generation: baseline.meta().generation,
@@ -182,7 +182,12 @@ async fn build(
 /// How many running baseline pods carry a ready sidecar. `None` when the baseline has no
 /// usable selector. Pods come from the watch cache; pod changes in the namespace wake the
 /// ForkedWorkload (see `run`).
+///
+/// Pods without a sidecar are named in the coverage (the Sandbox turns them into its
+/// `BaselineSidecars` condition), counted in `spur_operator_baseline_pods_without_sidecar`, and
+/// each gets a Warning event when it is first seen without one.
 async fn sidecar_coverage(
+    fw: &ForkedWorkload,
     baseline: &Deployment,
     ns: &str,
     ctx: &Context,
@@ -199,6 +204,7 @@ async fn sidecar_coverage(
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let lp = ListParams::default().labels_from(&selector).match_any();
     let (mut total, mut injected, mut ready) = (0u32, 0u32, 0u32);
+    let mut missing = Vec::new();
     for pod in pods.list(&lp).await?.items {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         // Fork pods never match a baseline selector (the fork drops those labels); skip any
@@ -213,8 +219,65 @@ async fn sidecar_coverage(
         let (has, is_ready) = sidecar_state(&pod);
         injected += u32::from(has);
         ready += u32::from(is_ready);
+        if !has {
+            missing.push(pod);
+        }
     }
-    Ok(Some(spur_api::SidecarCoverage::new(total, injected, ready)))
+    missing.sort_by_key(ResourceExt::name_any);
+    ctx.metrics
+        .pods_without_sidecar(ns, &fw.name_any(), missing.len());
+    let before: BTreeSet<String> = fw
+        .status
+        .as_ref()
+        .and_then(|s| s.baseline_sidecars.as_ref())
+        .map(|c| c.without_sidecar.iter().map(|p| p.name.clone()).collect())
+        .unwrap_or_default();
+    let mut coverage = spur_api::SidecarCoverage::new(total, injected, ready);
+    for pod in missing.iter().take(spur_api::SidecarCoverage::MAX_NAMED) {
+        let name = pod.name_any();
+        let reason = why_no_sidecar(pod);
+        if !before.contains(&name) {
+            ctx.event(
+                pod,
+                true,
+                "SidecarMissing",
+                "Route",
+                format!(
+                    "no Spur sidecar, so requests keyed for sandbox {} that reach this pod stay on the baseline: {reason}",
+                    fw.spec.sandbox
+                ),
+            )
+            .await;
+        }
+        coverage
+            .without_sidecar
+            .push(spur_api::workloads::PodWithoutSidecar { name, reason });
+    }
+    Ok(Some(coverage))
+}
+
+/// Why a pod has no sidecar, from what the webhook wrote on it (or did not).
+fn why_no_sidecar(pod: &Pod) -> String {
+    use spur_api::keys::injection as keys;
+    let annotations = pod.annotations();
+    match (
+        annotations.get(keys::STATUS).map(String::as_str),
+        annotations.get(keys::INJECT).map(String::as_str),
+    ) {
+        (Some("skipped"), _) => format!(
+            "not injected: {}",
+            annotations
+                .get(keys::REASON)
+                .map_or("no reason recorded", String::as_str)
+        ),
+        (Some("injected"), _) => "injected, but the sidecar container is gone".into(),
+        (_, Some("false")) => format!("opted out ({}=false)", keys::INJECT),
+        (_, Some("true")) => "opted in, but created without passing the injection webhook (unreachable or failing then; failurePolicy Ignore): restart it once injection works".into(),
+        _ => format!(
+            "not opted in (annotation {0}=\"true\" or namespace label {0}=true), or created while the injection webhook was unreachable",
+            keys::INJECT
+        ),
+    }
 }
 
 /// Whether the pod has the injected sidecar, and whether the kubelet reports it ready (a native
@@ -391,6 +454,7 @@ async fn delete_children(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result
 }
 
 async fn cleanup(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, Error> {
+    ctx.metrics.forget_forked(ns, &fw.name_any());
     let name = fw.name_any();
     if delete_children(fw, ns, ctx).await? {
         return Err(Error::Pending(format!(

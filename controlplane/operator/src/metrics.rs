@@ -17,6 +17,12 @@ struct Cert {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Forked {
+    namespace: String,
+    forked_workload: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Admission {
     result: &'static str,
 }
@@ -34,6 +40,7 @@ pub struct Metrics {
     serving_cert_loaded: Gauge,
     tunnels_collected: Counter,
     workstation_requests_failed: Counter,
+    without_sidecar: Family<Forked, Gauge>,
 }
 
 impl Metrics {
@@ -48,6 +55,11 @@ impl Metrics {
             "reconcile_failures",
             "Reconcile passes that failed and were retried with backoff",
             m.failures.clone(),
+        );
+        registry.register(
+            "baseline_pods_without_sidecar",
+            "Running pods of a forked baseline that have no sidecar: keyed requests reaching them stay on the baseline",
+            m.without_sidecar.clone(),
         );
         registry.register(
             "leader",
@@ -113,6 +125,23 @@ impl Metrics {
 
     pub(crate) fn cert_issued(&self, certificate: &'static str) {
         self.cert_issued.get_or_create(&Cert { certificate }).inc();
+    }
+
+    pub(crate) fn pods_without_sidecar(&self, namespace: &str, forked_workload: &str, n: usize) {
+        self.without_sidecar
+            .get_or_create(&Forked {
+                namespace: namespace.into(),
+                forked_workload: forked_workload.into(),
+            })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// A ForkedWorkload is gone: its series goes too.
+    pub(crate) fn forget_forked(&self, namespace: &str, forked_workload: &str) {
+        self.without_sidecar.remove(&Forked {
+            namespace: namespace.into(),
+            forked_workload: forked_workload.into(),
+        });
     }
 
     pub(crate) fn pki_failure(&self) {

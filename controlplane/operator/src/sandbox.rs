@@ -273,6 +273,41 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                 "waiting for the forks to become ready and their routes to be published"
             },
         );
+        // Baseline pods without a sidecar never see the key: say which, and why.
+        let without: Vec<String> = st
+            .forks
+            .iter()
+            .flat_map(|f| {
+                f.baseline_sidecars
+                    .iter()
+                    .flat_map(|c| c.without_sidecar.iter())
+                    .map(|p| format!("{}/{} ({})", f.fork_of.namespace, p.name, p.reason))
+            })
+            .collect();
+        if !st.forks.is_empty() {
+            if without.is_empty() {
+                condition(
+                    st,
+                    sb,
+                    BASELINE_SIDECARS,
+                    ConditionStatus::True,
+                    "AllInjected",
+                    "every running pod of the forked baselines has a sidecar",
+                );
+            } else {
+                condition(
+                    st,
+                    sb,
+                    BASELINE_SIDECARS,
+                    ConditionStatus::False,
+                    "PodsWithoutSidecar",
+                    &format!(
+                        "requests with this sandbox's key that reach these baseline pods are not routed: {}",
+                        without.join("; ")
+                    ),
+                );
+            }
+        }
         let (status, reason, message) = if unsupported {
             (
                 ConditionStatus::False,
@@ -405,6 +440,9 @@ fn child_labels(sandbox: &str, key: &str) -> std::collections::BTreeMap<String, 
         (labels::ROUTING_KEY.to_owned(), key.to_owned()),
     ])
 }
+
+/// Condition type: every running pod of the forked baselines has a sidecar.
+const BASELINE_SIDECARS: &str = "BaselineSidecars";
 
 fn condition(
     st: &mut SandboxStatus,
