@@ -48,6 +48,22 @@ pub(crate) struct OperatorArgs {
     /// deletes them. The chart sets it.
     #[arg(long, env = "SPUR_OWNER_DEPLOYMENT")]
     owner_deployment: Option<String>,
+    /// A PodSpec field a fork patch may change besides the defaults (repeatable; e.g.
+    /// serviceAccountName; hostPath allows hostPath volumes). docs/operator.md, "Fork policy".
+    #[arg(
+        long = "fork-allow-pod-field",
+        env = "SPUR_FORK_ALLOW_POD_FIELDS",
+        value_delimiter = ','
+    )]
+    fork_allow_pod_fields: Vec<String>,
+    /// A container field a fork patch may change besides the defaults (repeatable; e.g.
+    /// securityContext).
+    #[arg(
+        long = "fork-allow-container-field",
+        env = "SPUR_FORK_ALLOW_CONTAINER_FIELDS",
+        value_delimiter = ','
+    )]
+    fork_allow_container_fields: Vec<String>,
     /// Seconds the lease stays valid without renewal; a crashed leader is replaced after it.
     #[arg(long, env = "SPUR_LEASE_DURATION", default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..=3600))]
     lease_duration: u64,
@@ -205,6 +221,10 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
     // Before anything listens: a SIGTERM from then on shuts down cleanly.
     let shutdown = spur_sidecar::shutdown_signal();
     // Configuration errors first, before anything connects.
+    let fork_policy = spur_operator::ForkPolicy::with_extra(
+        &args.fork_allow_pod_fields,
+        &args.fork_allow_container_fields,
+    )?;
     let mut configs = if args.webhook.no_webhook {
         None
     } else {
@@ -234,7 +254,8 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
         format!("{host}-{}", std::process::id())
     });
     let mut ctx =
-        spur_operator::Context::new(client.clone(), Some(instance.clone()), metrics.clone());
+        spur_operator::Context::new(client.clone(), Some(instance.clone()), metrics.clone())
+            .with_fork_policy(fork_policy);
     let stop = CancellationToken::new();
     let mut webhook = None;
     if let Some((pki, webhook_cfg)) = configs {

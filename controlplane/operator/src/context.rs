@@ -25,6 +25,8 @@ pub struct Context {
     pub(crate) pki: Option<crate::PkiConfig>,
     /// Where workstation tunnels report themselves, and when dead ones are collected.
     pub(crate) tunnels: crate::TunnelConfig,
+    /// What a fork patch may change.
+    pub(crate) fork_policy: crate::ForkPolicy,
 }
 
 impl Context {
@@ -40,6 +42,7 @@ impl Context {
             metrics,
             pki: None,
             tunnels: crate::TunnelConfig::default(),
+            fork_policy: crate::ForkPolicy::default(),
         }
     }
 
@@ -52,6 +55,12 @@ impl Context {
     /// Also run the certificate manager (on the leader, with the controllers).
     pub fn with_pki(mut self, pki: crate::PkiConfig) -> Self {
         self.pki = Some(pki);
+        self
+    }
+
+    /// Fork patches go through `policy` instead of the default one.
+    pub fn with_fork_policy(mut self, policy: crate::ForkPolicy) -> Self {
+        self.fork_policy = policy;
         self
     }
 

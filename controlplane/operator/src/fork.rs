@@ -20,7 +20,7 @@ use spur_api::keys::{annotations, labels};
 use spur_api::sandbox::{Customizations, EnvOperation, PatchType};
 use spur_api::{ServiceMapping, ServicePort, names};
 
-use crate::patch;
+use crate::{Error, patch};
 
 /// Environment variables every forked container gets, so the application can tell it runs in a
 /// sandbox and propagate the key on requests it makes itself.
@@ -96,6 +96,7 @@ pub fn plan(
     baseline: &Deployment,
     customizations: &Customizations,
     services: &[Service],
+    policy: &ForkPolicy,
 ) -> Result<ForkPlan, String> {
     let namespace = baseline.namespace().unwrap_or_default();
     let baseline_name = baseline.name_any();
@@ -205,13 +206,16 @@ pub fn plan(
         {
             return Err("patch: the patched Deployment has no containers".into());
         }
-        let refused = refused_changes(spec.template.spec.as_ref(), s.template.spec.as_ref());
+        let refused = refused_changes(
+            spec.template.spec.as_ref(),
+            s.template.spec.as_ref(),
+            policy,
+        );
         if !refused.is_empty() {
             return Err(format!(
-                "patch: a fork may not change {} (allowed: container images, commands, \
-                 environment, resources, probes, ports, volume mounts and lifecycle hooks; \
-                 volumes other than hostPath; scheduling); docs/operator.md",
-                refused.join(", ")
+                "patch: a fork may not change {} (the fork policy allows {}); docs/operator.md",
+                refused.join(", "),
+                policy.describe()
             ));
         }
     }
@@ -232,8 +236,8 @@ pub fn plan(
     })
 }
 
-/// Pod spec fields a fork patch may change (besides `containers`, `initContainers` and
-/// `volumes`, checked one by one): where the fork is scheduled, not what it may do.
+/// Pod spec fields a fork patch may change by default (besides `containers`, `initContainers`
+/// and `volumes`, checked one by one): where the fork is scheduled, not what it may do.
 const POD_ALLOWED: &[&str] = &[
     "terminationGracePeriodSeconds",
     "activeDeadlineSeconds",
@@ -245,8 +249,8 @@ const POD_ALLOWED: &[&str] = &[
     "imagePullSecrets",
 ];
 
-/// Container fields a fork patch may change: what runs and how it is configured, not its
-/// privileges (`securityContext` is not among them).
+/// Container fields a fork patch may change by default: what runs and how it is configured,
+/// not its privileges (`securityContext` is not among them).
 const CONTAINER_ALLOWED: &[&str] = &[
     "image",
     "imagePullPolicy",
@@ -266,6 +270,78 @@ const CONTAINER_ALLOWED: &[&str] = &[
     "terminationMessagePolicy",
 ];
 
+/// Which pod and container fields a fork patch may change. The defaults allow what a developer
+/// changes to try a build (image, command, environment, resources, probes, scheduling) and
+/// nothing that grants privileges; an installation whose sandbox creators may have more (for
+/// example `serviceAccountName`) adds those fields (chart value `forkPolicy`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForkPolicy {
+    /// PodSpec fields (JSON names, e.g. `serviceAccountName`) a patch may change.
+    pub pod_fields: BTreeSet<String>,
+    /// Container fields (JSON names, e.g. `securityContext`) a patch may change, in any
+    /// container or init container.
+    pub container_fields: BTreeSet<String>,
+    /// Whether a patch may add `hostPath` volumes.
+    pub host_path_volumes: bool,
+}
+
+impl Default for ForkPolicy {
+    fn default() -> Self {
+        ForkPolicy {
+            pod_fields: POD_ALLOWED.iter().map(|s| (*s).to_owned()).collect(),
+            container_fields: CONTAINER_ALLOWED.iter().map(|s| (*s).to_owned()).collect(),
+            host_path_volumes: false,
+        }
+    }
+}
+
+impl ForkPolicy {
+    /// The defaults plus `pod` and `container` fields; `hostPath` among the pod fields allows
+    /// `hostPath` volumes. Names must be JSON field names (letters, camelCase).
+    pub fn with_extra(pod: &[String], container: &[String]) -> Result<Self, Error> {
+        let mut p = ForkPolicy::default();
+        for (what, names) in [("pod", pod), ("container", container)] {
+            for n in names {
+                if n.is_empty() || !n.bytes().all(|b| b.is_ascii_alphanumeric()) {
+                    return Err(Error::Config(format!(
+                        "fork policy: {n:?} is not a {what} field name (a JSON name like serviceAccountName)"
+                    )));
+                }
+            }
+        }
+        for n in pod {
+            match n.as_str() {
+                "hostPath" => p.host_path_volumes = true,
+                "containers" | "initContainers" | "volumes" => {
+                    return Err(Error::Config(format!(
+                        "fork policy: {n} is checked field by field; list container fields instead"
+                    )));
+                }
+                _ => {
+                    p.pod_fields.insert(n.clone());
+                }
+            }
+        }
+        p.container_fields.extend(container.iter().cloned());
+        Ok(p)
+    }
+
+    /// The allowed fields, for error messages.
+    fn describe(&self) -> String {
+        let join = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>().join(", ");
+        format!(
+            "pod fields {}; container fields {}; volumes{}",
+            join(&self.pod_fields),
+            join(&self.container_fields),
+            if self.host_path_volumes {
+                ""
+            } else {
+                " other than hostPath"
+            }
+        )
+    }
+}
+
 /// What a fork patch changed in the pod spec beyond the allow-lists above: the service account,
 /// security contexts, host namespaces, `hostPath` volumes, added or removed containers, and
 /// every other field. The operator creates forks with its own rights, so a patch must not give
@@ -273,6 +349,7 @@ const CONTAINER_ALLOWED: &[&str] = &[
 fn refused_changes(
     baseline: Option<&k8s_openapi::api::core::v1::PodSpec>,
     fork: Option<&k8s_openapi::api::core::v1::PodSpec>,
+    policy: &ForkPolicy,
 ) -> Vec<String> {
     use serde_json::Value;
     let to_map = |p: Option<&k8s_openapi::api::core::v1::PodSpec>| match p
@@ -309,7 +386,7 @@ fn refused_changes(
                     let fields: BTreeSet<&String> = bm.keys().chain(fm.keys()).collect();
                     for field in fields {
                         if field != "name"
-                            && !CONTAINER_ALLOWED.contains(&field.as_str())
+                            && !policy.container_fields.contains(field.as_str())
                             && bm.get(field.as_str()) != fm.get(field.as_str())
                         {
                             refused.push(format!("{key}[{name}].{field}"));
@@ -327,11 +404,11 @@ fn refused_changes(
                         .collect()
                 };
                 let before = host_paths(bv);
-                if host_paths(fv).iter().any(|v| !before.contains(v)) {
+                if !policy.host_path_volumes && host_paths(fv).iter().any(|v| !before.contains(v)) {
                     refused.push("volumes (hostPath)".to_owned());
                 }
             }
-            k if POD_ALLOWED.contains(&k) => {}
+            k if policy.pod_fields.contains(k) => {}
             _ if bv != fv => refused.push(key.clone()),
             _ => {}
         }
@@ -581,7 +658,14 @@ mod tests {
             service("other", json!({"app": "other"}), json!([{"port": 80}])),
             service("headless-no-selector", json!(null), json!([{"port": 80}])),
         ];
-        let plan = plan(ID, &baseline(), &Customizations::default(), &services).unwrap();
+        let plan = plan(
+            ID,
+            &baseline(),
+            &Customizations::default(),
+            &services,
+            &ForkPolicy::default(),
+        )
+        .unwrap();
         let d = &plan.deployment;
         assert_eq!(d.metadata.name.as_deref(), Some(ID.name));
         assert!(
@@ -680,7 +764,7 @@ mod tests {
                 "template": {"metadata": {"labels": {"app": "route"}}, "spec": {"containers": [{"name": "route", "args": ["--dev"]}]}}
             }}}
         }));
-        let plan = plan(ID, &baseline(), &c, &[]).unwrap();
+        let plan = plan(ID, &baseline(), &c, &[], &ForkPolicy::default()).unwrap();
         let spec = plan.deployment.spec.unwrap();
         let cs = &spec.template.spec.as_ref().unwrap().containers;
         assert_eq!(cs[0].image.as_deref(), Some("route:dev"));
@@ -718,6 +802,7 @@ mod tests {
             &baseline(),
             &customizations(json!({"images": [{"image": "x:1", "container": "nope"}]})),
             &[],
+            &ForkPolicy::default(),
         )
         .unwrap_err();
         assert!(
@@ -729,6 +814,7 @@ mod tests {
             &baseline(),
             &customizations(json!({"patch": {"type": "json", "value": [{"op": "remove", "path": "/spec/nothing"}]}})),
             &[],
+            &ForkPolicy::default(),
         )
         .unwrap_err();
         assert!(e.starts_with("patch:"), "{e}");
@@ -739,6 +825,7 @@ mod tests {
                 json!({"patch": {"type": "merge", "value": {"spec": {"replicas": "many"}}}}),
             ),
             &[],
+            &ForkPolicy::default(),
         )
         .unwrap_err();
         assert!(e.contains("not valid"), "{e}");
@@ -747,6 +834,7 @@ mod tests {
             &baseline(),
             &customizations(json!({"patch": {"type": "strategic", "value": {"spec": {"template": {"spec": {"containers": [{"$patch": "replace"}]}}}}}})),
             &[],
+            &ForkPolicy::default(),
         )
         .unwrap_err();
         assert!(e.contains("no containers"), "{e}");
@@ -780,7 +868,14 @@ mod tests {
             ),
         ];
         for (spec, field) in refused {
-            let e = plan(ID, &baseline(), &strategic(spec.clone()), &[]).unwrap_err();
+            let e = plan(
+                ID,
+                &baseline(),
+                &strategic(spec.clone()),
+                &[],
+                &ForkPolicy::default(),
+            )
+            .unwrap_err();
             assert!(
                 e.starts_with("patch: a fork may not change") && e.contains(field),
                 "{spec}: {e}"
@@ -794,6 +889,46 @@ mod tests {
                 "resources": {"limits": {"memory": "1Gi"}},
                 "volumeMounts": [{"name": "cfg", "mountPath": "/etc/route"}]}]
         });
-        plan(ID, &baseline(), &strategic(allowed), &[]).unwrap();
+        plan(
+            ID,
+            &baseline(),
+            &strategic(allowed),
+            &[],
+            &ForkPolicy::default(),
+        )
+        .unwrap();
+        // An installation that lets sandbox creators pick a ServiceAccount and hostPath volumes
+        // says so in its fork policy; everything else stays refused.
+        let wider = ForkPolicy::with_extra(
+            &["serviceAccountName".into(), "hostPath".into()],
+            &["securityContext".into()],
+        )
+        .unwrap();
+        for spec in [
+            json!({"serviceAccountName": "builder"}),
+            json!({"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}),
+            json!({"containers": [{"name": "route", "securityContext": {"runAsUser": 1000}}]}),
+        ] {
+            plan(ID, &baseline(), &strategic(spec), &[], &wider).unwrap();
+        }
+        let e = plan(
+            ID,
+            &baseline(),
+            &strategic(json!({"hostNetwork": true})),
+            &[],
+            &wider,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("hostNetwork") && e.contains("serviceAccountName"),
+            "{e}"
+        );
+        for (pod, container) in [
+            (vec!["host-network".to_string()], vec![]),
+            (vec!["containers".to_string()], vec![]),
+            (vec![], vec![String::new()]),
+        ] {
+            assert!(ForkPolicy::with_extra(&pod, &container).is_err());
+        }
     }
 }

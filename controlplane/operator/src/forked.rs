@@ -47,7 +47,7 @@ async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, E
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
 
-    let built = match build(fw, ns, &name, &deployments, &services).await? {
+    let built = match build(fw, ns, &name, &deployments, &services, &ctx.fork_policy).await? {
         Ok(built) => conflicts(fw, ns, &name, &built.1, &deployments, &services)
             .await?
             .map_or(Ok(built), Err),
@@ -138,6 +138,7 @@ async fn build(
     name: &str,
     deployments: &Api<Deployment>,
     services: &Api<Service>,
+    policy: &crate::ForkPolicy,
 ) -> Result<Result<(Deployment, ForkPlan), (&'static str, String)>, Error> {
     let spec = &fw.spec;
     if spec.baseline.kind != WorkloadKind::Deployment {
@@ -173,10 +174,12 @@ async fn build(
         sandbox: &spec.sandbox,
         routing_key: &spec.routing_key,
     };
-    Ok(match plan(id, &baseline, &spec.customizations, &all) {
-        Ok(p) => Ok((baseline, p)),
-        Err(e) => Err(("InvalidCustomization", e)),
-    })
+    Ok(
+        match plan(id, &baseline, &spec.customizations, &all, policy) {
+            Ok(p) => Ok((baseline, p)),
+            Err(e) => Err(("InvalidCustomization", e)),
+        },
+    )
 }
 
 /// How many running baseline pods carry a ready sidecar. `None` when the baseline has no

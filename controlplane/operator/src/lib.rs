@@ -35,6 +35,7 @@ pub use certs::{PKI_LABEL, PkiConfig, ServingCert};
 pub use context::{Context, FIELD_MANAGER};
 pub use error::Error;
 pub use external::TunnelConfig;
+pub use fork::ForkPolicy;
 pub use inject::InjectionConfig;
 pub use leader::{LeaderElection, run_elected};
 pub use metrics::Metrics;

@@ -393,7 +393,13 @@ async fn check(
             sandbox: name,
             routing_key: key,
         };
-        if let Err(e) = plan(id, &baseline, &fork.customizations, &services) {
+        if let Err(e) = plan(
+            id,
+            &baseline,
+            &fork.customizations,
+            &services,
+            &ctx.fork_policy,
+        ) {
             return Ok(Err((
                 "InvalidCustomization",
                 format!("forks[{i}] ({}/{}): {e}", b.namespace, b.name),
