@@ -573,7 +573,10 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
     .await;
     assert_eq!(reason, "PodsWithoutSidecar", "{status:?}");
     assert!(
-        message.contains(&format!("shop/{} (not injected: pod opted out", off.name_any())),
+        message.contains(&format!(
+            "shop/{} (not injected: pod opted out",
+            off.name_any()
+        )),
         "{message}"
     );
     // The kubelet would report the sidecar container ready.
@@ -632,12 +635,13 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
     assert!(annotation(&p, keys::STATUS).is_none());
     // The operator notices the opted-in pod that has no sidecar: a condition that names it, a
     // metric, and a Warning event on the pod.
-    let (_, reason, message) = eventually("the uninjected pod in the Sandbox's condition", || async {
-        sidecars_condition()
-            .await
-            .filter(|(_, _, m)| m.contains(&p.name_any()))
-    })
-    .await;
+    let (_, reason, message) =
+        eventually("the uninjected pod in the Sandbox's condition", || async {
+            sidecars_condition()
+                .await
+                .filter(|(_, _, m)| m.contains(&p.name_any()))
+        })
+        .await;
     assert_eq!(reason, "PodsWithoutSidecar");
     assert!(
         message.contains("opted in, but created without passing the injection webhook"),

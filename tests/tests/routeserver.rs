@@ -769,3 +769,55 @@ async fn invalid_rules_from_the_route_server_are_rejected_individually() {
     stop.cancel();
     w.apps.cancel();
 }
+
+/// The REST port follows the front door's HTTP/1 rules: ambiguous requests get a 400 and the
+/// connection closes; a well-formed one is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rest_refuses_ambiguous_requests_and_closes_the_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let w = World::new().await;
+    w.rules("a.yaml", &[("k1", w.fork)]);
+    let server = start_server(w.dir.path(), "127.0.0.1:0".parse().unwrap()).await;
+    let exchange = async |req: &[u8]| {
+        let mut tcp = tokio::net::TcpStream::connect(server.http_addr)
+            .await
+            .unwrap();
+        tcp.write_all(req).await.unwrap();
+        let mut out = Vec::new();
+        // Read to EOF: the server must close the connection by itself.
+        tokio::time::timeout(BOUND, tcp.read_to_end(&mut out))
+            .await
+            .expect("the connection was closed")
+            .unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    let path = "/api/v1/workloads/routing-rules";
+    for (name, req) in [
+        (
+            "two Host headers",
+            format!("GET {path} HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"),
+        ),
+        ("no Host", format!("GET {path} HTTP/1.1\r\n\r\n")),
+        (
+            "Host against an absolute target",
+            format!("GET http://a{path} HTTP/1.1\r\nHost: b\r\n\r\n"),
+        ),
+        ("bare LF", format!("GET {path} HTTP/1.1\nHost: a\n\n")),
+    ] {
+        let out = exchange(req.as_bytes()).await;
+        assert!(
+            out.starts_with("HTTP/1.1 400") || out.is_empty(),
+            "{name}: {out:?}"
+        );
+        assert!(!out.contains("routingRules"), "{name}: {out:?}");
+    }
+    let ok =
+        exchange(format!("GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").as_bytes())
+            .await;
+    assert!(
+        ok.starts_with("HTTP/1.1 200") && ok.contains("routingRules"),
+        "{ok:?}"
+    );
+    server.shutdown().await;
+    w.apps.cancel();
+}

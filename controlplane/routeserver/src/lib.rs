@@ -204,9 +204,12 @@ impl RouteServer {
         };
         let http_stop = stop.clone();
         tasks.spawn(async move {
-            let res = axum::serve(http_incoming, rest::router(rest_state))
-                .with_graceful_shutdown(http_stop.cancelled_owned())
-                .await;
+            let res = axum::serve(
+                tls::GuardedIncoming(http_incoming),
+                rest::router(rest_state),
+            )
+            .with_graceful_shutdown(http_stop.cancelled_owned())
+            .await;
             if let Err(e) = res {
                 tracing::error!(error = %e, "HTTP server failed");
             }

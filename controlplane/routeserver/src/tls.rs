@@ -114,9 +114,10 @@ pub(crate) fn start(
         c.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Ok(Arc::new(c))
     };
+    // The REST port speaks HTTP/1.1 only: every connection reads through the HTTP/1 guard.
     let tls = Tls {
         grpc: config(&[b"h2"])?,
-        http: config(&[b"h2", b"http/1.1"])?,
+        http: config(&[b"http/1.1"])?,
     };
     let files = files.clone();
     tasks.spawn(async move {
@@ -308,6 +309,26 @@ impl Incoming {
         futures_util::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(self.rx), |c| {
             Ok(c.0)
         })
+    }
+}
+
+/// The REST port's connections, each read through the front door's HTTP/1 guard.
+pub(crate) struct GuardedIncoming(pub(crate) Incoming);
+
+/// Largest request head the REST port follows.
+const MAX_HEAD: usize = 64 * 1024;
+
+impl axum::serve::Listener for GuardedIncoming {
+    type Io = spur_proxy::Http1Guard<Conn>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, SocketAddr) {
+        let (conn, peer) = self.0.accept().await;
+        (spur_proxy::Http1Guard::new(conn, MAX_HEAD), peer)
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.0.local_addr()
     }
 }
 

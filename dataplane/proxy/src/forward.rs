@@ -395,6 +395,10 @@ async fn http_connect<D: Dialer>(
                 );
                 Ok::<_, std::convert::Infallible>(r)
             };
+            // The front door's rules hold here too (RFC 9112 §3.2).
+            if let Err(why) = crate::http::check_host(&req) {
+                return fail(StatusCode::BAD_REQUEST, None, why.to_string());
+            }
             if req.method() != Method::CONNECT {
                 return fail(
                     StatusCode::METHOD_NOT_ALLOWED,
@@ -443,6 +447,9 @@ async fn http_connect<D: Dialer>(
             }
         }
     });
+    // Bare LF line endings are refused here as on the data path; the guard stops reading
+    // after the CONNECT head, so the tunnel's bytes pass untouched.
+    let stream = crate::http::guard::Guard::new(stream, 64 * 1024);
     let conn = hyper::server::conn::http1::Builder::new()
         .max_buf_size(64 * 1024)
         .serve_connection(TokioIo::new(stream), svc)

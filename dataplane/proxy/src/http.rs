@@ -5,7 +5,7 @@
 pub(crate) mod guard;
 mod headers;
 
-pub(crate) use headers::check_host;
+pub use headers::check_host;
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -294,3 +294,64 @@ async fn hostile_and_unsupported_handshakes_get_clear_answers() {
         .unwrap();
     assert_eq!(out, b"ping back");
 }
+
+/// The front door's HTTP/1 rules hold on the HTTP CONNECT side: two `Host` headers, none on
+/// HTTP/1.1, a bare LF, and a smuggled second request are answered 400 (or the connection is
+/// closed) and nothing is dialed.
+#[tokio::test]
+async fn ambiguous_connect_requests_are_refused_and_nothing_is_dialed() {
+    let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let target = echo.local_addr().unwrap();
+    let dialer = Arc::new(MapDialer::default());
+    let (proxy, _drain) = start(dialer.clone()).await;
+    for (name, req) in [
+        (
+            "two Host headers",
+            format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nHost: evil:1\r\n\r\n"),
+        ),
+        ("no Host", format!("CONNECT {target} HTTP/1.1\r\n\r\n")),
+        (
+            "bare LF",
+            format!("CONNECT {target} HTTP/1.1\nHost: {target}\n\n"),
+        ),
+        (
+            "invalid Host",
+            format!("CONNECT {target} HTTP/1.1\r\nHost: a b\r\n\r\n"),
+        ),
+    ] {
+        let out = exchange(proxy, req.as_bytes()).await;
+        let text = String::from_utf8_lossy(&out);
+        assert!(
+            text.starts_with("HTTP/1.1 400"),
+            "{name}: answered {text:?}"
+        );
+        assert!(!text.contains("200"), "{name}: {text:?}");
+    }
+    let dialed = dialer
+        .records
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.target.is_some())
+        .count();
+    assert_eq!(dialed, 0, "a refused CONNECT dialed its target");
+    // A well-formed CONNECT still works.
+    tokio::spawn(async move {
+        let (mut s, _) = echo.accept().await.unwrap();
+        s.write_all(b"hello").await.unwrap();
+    });
+    let mut s = TcpStream::connect(proxy).await.unwrap();
+    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out);
+    assert!(
+        text.starts_with("HTTP/1.1 200") && text.ends_with("hello"),
+        "{text:?}"
+    );
+}

@@ -244,8 +244,10 @@ impl Framing {
 }
 
 pin_project_lite::pin_project! {
-    /// An HTTP/1 client connection whose reads pass through [`Framing`].
-    pub(crate) struct Guard<T> {
+    /// An HTTP/1 client connection whose reads pass through [`Framing`]: a request head with a
+    /// bare LF (or framing it cannot follow unambiguously) ends the connection with a 400
+    /// before hyper sees it. Every HTTP/1 server Spur runs reads through one.
+    pub struct Guard<T> {
         #[pin]
         inner: T,
         framing: Framing,
@@ -253,7 +255,8 @@ pin_project_lite::pin_project! {
 }
 
 impl<T> Guard<T> {
-    pub(crate) fn new(inner: T, max_head: usize) -> Self {
+    /// `max_head`: the largest request head followed (a larger one is refused).
+    pub fn new(inner: T, max_head: usize) -> Self {
         Guard {
             inner,
             framing: Framing::new(max_head),

@@ -129,7 +129,7 @@ pub(super) fn prepare_request(
 /// its value is an authority without user info; with an absolute-form target it names the same
 /// authority as the target. Anything else is answered 400 (and the connection closed): two
 /// hops that pick different hosts from one request are how requests get smuggled past routing.
-pub(crate) fn check_host<B>(req: &http::Request<B>) -> Result<(), &'static str> {
+pub fn check_host<B>(req: &http::Request<B>) -> Result<(), &'static str> {
     let mut hosts = req.headers().get_all(header::HOST).iter();
     let host = hosts.next();
     if hosts.next().is_some() {
