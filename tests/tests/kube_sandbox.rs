@@ -1816,3 +1816,186 @@ async fn sandboxes_need_their_creators_rights_in_every_namespace_they_touch() {
     }
     cp.shutdown().await;
 }
+
+/// Revoking a workstation (`spur local revoke`'s Secret) closes its open sessions, over a token
+/// and over a client certificate, within seconds; both credentials are refused afterwards, and
+/// a token issued after the revocation connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_workstation_credentials_close_their_sessions() {
+    use spur_tunnel::{
+        ClientConfig, ClientTls, SessionState, Token, TransportPolicy, TunnelClient,
+    };
+    use spur_tunnelproxy::tokens;
+
+    let cp = ControlPlane::start().await;
+    let client = cp.client();
+    kube_rbac::ensure_namespace(&client, TOKEN_NS)
+        .await
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), TOKEN_NS);
+    let token = tokens::generate_token().unwrap();
+    secrets
+        .create(
+            &PostParams::default(),
+            &tokens::token_secret(TOKEN_NS, "alice", &token, None).unwrap(),
+        )
+        .await
+        .unwrap();
+
+    // The workstation CA and alice's client certificate, as the operator issues them.
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let alice_key = rcgen::KeyPair::generate().unwrap();
+    let mut alice_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    alice_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "alice");
+    alice_params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    alice_params.not_before = rcgen::date_time_ymd(2026, 1, 1);
+    let alice_cert = alice_params.signed_by(&alice_key, &issuer).unwrap();
+
+    let tp = tunnel_proxy_client(&cp).await;
+    let server_cert = rcgen::generate_simple_self_signed(vec!["tunnel.spur.test".into()]).unwrap();
+    let server_der = server_cert.cert.der().clone();
+    let mut registry = prometheus_client::registry::Registry::with_prefix("spur");
+    let stop = CancellationToken::new();
+    let proxy = spur_tunnelproxy::run(
+        tp,
+        spur_tunnelproxy::TunnelProxyConfig {
+            namespace: "spur-system".into(),
+            token_namespace: TOKEN_NS.into(),
+            pod_name: "spur-tunnel-proxy-0".into(),
+            pod_ip: "192.0.2.10".parse().unwrap(),
+            pod_uid: None,
+            quic_addr: Some("127.0.0.1:0".parse().unwrap()),
+            h2_addr: None,
+            socks_addr: None,
+            reverse_bind: "127.0.0.1".parse().unwrap(),
+            tls: spur_tunnel::ServerTls {
+                cert: spur_tunnel::ServerCert::Static {
+                    chain: vec![server_der.clone()],
+                    key: rustls::pki_types::PrivateKeyDer::try_from(
+                        server_cert.signing_key.serialize_der(),
+                    )
+                    .unwrap(),
+                },
+                client_ca: vec![ca_cert.der().clone()],
+                require_client_cert: false,
+            },
+            lease_duration: Duration::from_secs(6),
+            cluster_domain: "cluster.local".into(),
+            dial_timeout: Duration::from_secs(5),
+            resolve: Default::default(),
+            deny: spur_tunnelproxy::TunnelProxyConfig::parse_deny("169.254.0.0/16").unwrap(),
+        },
+        tokio::runtime::Handle::current(),
+        &mut registry,
+        stop.clone(),
+    )
+    .await
+    .unwrap();
+    let quic = proxy.quic_addr.unwrap();
+    let connect = |token: Option<&str>, with_cert: bool| {
+        let mut cfg = ClientConfig::new(
+            "tunnel.spur.test",
+            ClientTls {
+                roots: vec![server_der.clone()],
+                client_cert: with_cert.then(|| {
+                    (
+                        vec![alice_cert.der().clone()],
+                        rustls::pki_types::PrivateKeyDer::try_from(alice_key.serialize_der())
+                            .unwrap(),
+                    )
+                }),
+            },
+        );
+        cfg.quic_addr = Some(quic.to_string());
+        cfg.transports = TransportPolicy::QuicOnly;
+        cfg.token = token.map(Token::new);
+        cfg.client_name = "laptop".into();
+        TunnelClient::start(cfg, &mut prometheus_client::registry::Registry::default()).unwrap()
+    };
+    // The first state matching `want`.
+    let reach = |c: &TunnelClient, want: fn(&SessionState) -> bool| {
+        let mut st = c.state();
+        async move {
+            tokio::time::timeout(WAIT, async {
+                loop {
+                    let s = st.borrow_and_update().clone();
+                    if want(&s) {
+                        return s;
+                    }
+                    st.changed().await.unwrap();
+                }
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let connected = |s: &SessionState| matches!(s, SessionState::Connected { .. });
+    let over_token = connect(Some(&token), false);
+    let over_cert = connect(None, true);
+    for c in [&over_token, &over_cert] {
+        match reach(c, connected).await {
+            SessionState::Connected { identity, .. } => assert_eq!(identity, "alice"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    let revoked_at = std::time::Instant::now();
+    secrets
+        .create(
+            &PostParams::default(),
+            &tokens::revocation_secret(TOKEN_NS, "alice", std::time::SystemTime::now()).unwrap(),
+        )
+        .await
+        .unwrap();
+    let closed = |s: &SessionState| matches!(s, SessionState::Closed { .. });
+    for c in [&over_token, &over_cert] {
+        match reach(c, closed).await {
+            SessionState::Closed { reason } => assert!(reason.contains("revoked"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    eprintln!(
+        "both sessions closed and refused {:?} after the revocation",
+        revoked_at.elapsed()
+    );
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert_eq!(
+        spur_e2e::sample(&text, "spur_tunnel_proxy_revoked_sessions_total"),
+        2.0,
+        "{text}"
+    );
+    // A new token, written after the revocation, works.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let fresh = tokens::generate_token().unwrap();
+    let mut body =
+        serde_json::to_value(tokens::token_secret(TOKEN_NS, "alice", &fresh, None).unwrap())
+            .unwrap();
+    body["apiVersion"] = "v1".into();
+    body["kind"] = "Secret".into();
+    secrets
+        .patch(
+            "spur-workstation-alice",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .unwrap();
+    let again = connect(Some(&fresh), false);
+    let state = reach(&again, |s| {
+        matches!(
+            s,
+            SessionState::Connected { .. } | SessionState::Closed { .. }
+        )
+    })
+    .await;
+    assert!(connected(&state), "{state:?}");
+    stop.cancel();
+    proxy.stopped().await;
+}

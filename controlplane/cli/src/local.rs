@@ -43,6 +43,55 @@ enum LocalCommand {
     /// writes client.crt, client.key and the CA bundle (ca.crt) into the state directory,
     /// where `spur local connect` finds them.
     Cert(CertArgs),
+    /// Revoke every credential of a workstation issued until now (its tokens and client
+    /// certificates): the tunnel proxy refuses them and closes the sessions they opened within
+    /// seconds. Credentials issued afterwards work (a certificate's validity starts a minute
+    /// before it is issued: issue a new one a minute after revoking).
+    Revoke(RevokeArgs),
+}
+
+#[derive(Args)]
+struct RevokeArgs {
+    /// The workstation whose credentials are revoked.
+    #[arg(long)]
+    workstation: String,
+    /// The namespace of the tunnel proxy's token Secrets (the chart's
+    /// `tunnelProxy.tokenNamespace`).
+    #[arg(long, default_value = "spur-workstation-tokens")]
+    namespace: String,
+    /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, env = "SPUR_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+}
+
+/// Writes the workstation's revocation Secret (server-side apply: a later revocation moves the
+/// instant forward).
+async fn revoke_cmd(a: RevokeArgs) -> Result<ExitCode> {
+    check_workstation(&a.workstation)?;
+    let secret = spur_tunnelproxy::tokens::revocation_secret(
+        &a.namespace,
+        &a.workstation,
+        std::time::SystemTime::now(),
+    )?;
+    let client = crate::kube_client(a.kubeconfig.as_deref()).await?;
+    let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client, &a.namespace);
+    let mut body = serde_json::to_value(&secret)?;
+    body["apiVersion"] = "v1".into();
+    body["kind"] = "Secret".into();
+    let name = secret.metadata.name.clone().unwrap_or_default();
+    api.patch(
+        &name,
+        &kube::api::PatchParams::apply("spur-cli").force(),
+        &kube::api::Patch::Apply(&body),
+    )
+    .await
+    .with_context(|| format!("cannot write Secret {}/{name}", a.namespace))?;
+    say(format!(
+        "credentials of workstation {} issued until now are revoked (Secret {}/{name})",
+        a.workstation, a.namespace
+    ));
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Args)]
@@ -413,6 +462,7 @@ pub(crate) async fn run(args: LocalArgs) -> Result<ExitCode> {
         LocalCommand::Proxy(a) => proxy_cmd(a).await,
         LocalCommand::Token(a) => token_cmd(a).await,
         LocalCommand::Cert(a) => cert_cmd(a).await,
+        LocalCommand::Revoke(a) => revoke_cmd(a).await,
     }
 }
 

@@ -105,6 +105,7 @@ struct Metrics {
     active: Family<Kind, Gauge>,
     bytes: Family<Direction, Counter>,
     refused: Counter,
+    revoked: Counter,
 }
 
 impl Metrics {
@@ -129,6 +130,11 @@ impl Metrics {
             "refused_sessions",
             "Sessions refused by authentication",
             m.refused.clone(),
+        );
+        registry.register(
+            "revoked_sessions",
+            "Open sessions closed because their credentials were revoked",
+            m.revoked.clone(),
         );
         m
     }
@@ -169,35 +175,52 @@ struct KubeAuthenticator {
     metrics: Metrics,
 }
 
+impl KubeAuthenticator {
+    /// Who the credentials name, before revocations.
+    fn identify(&self, req: &AuthRequest<'_>) -> Result<Identity, AuthError> {
+        if let Some(cert) = req.client_cert {
+            let identity = spur_tunnel::identity_from_cert(cert)?;
+            if identity.expires_at.is_some_and(|t| SystemTime::now() >= t) {
+                return Err(AuthError::Expired(format!(
+                    "client certificate of {} has expired",
+                    identity.name
+                )));
+            }
+            return Ok(identity);
+        }
+        let Some(token) = req.token else {
+            return Err(AuthError::Unauthenticated(
+                "no token and no client certificate".into(),
+            ));
+        };
+        match self.tokens.lookup(token.expose(), SystemTime::now()) {
+            Ok(w) => {
+                let mut identity = Identity::new(w.name, AuthMethod::Token);
+                if let Some(at) = w.expires_at {
+                    identity = identity.expiring_at(at);
+                }
+                if let Some(at) = w.issued_at {
+                    identity = identity.issued(at);
+                }
+                Ok(identity)
+            }
+            Err(TokenError::Unknown) => Err(AuthError::Unauthenticated("unknown token".into())),
+            Err(e @ TokenError::Expired(_)) => Err(AuthError::Expired(e.to_string())),
+        }
+    }
+}
+
 impl Authenticator for KubeAuthenticator {
     fn authenticate<'a>(&'a self, req: AuthRequest<'a>) -> AuthFuture<'a> {
         let result = (|| {
-            if let Some(cert) = req.client_cert {
-                let identity = spur_tunnel::identity_from_cert(cert)?;
-                if identity.expires_at.is_some_and(|t| SystemTime::now() >= t) {
-                    return Err(AuthError::Expired(format!(
-                        "client certificate of {} has expired",
-                        identity.name
-                    )));
-                }
-                return Ok(identity);
+            let identity = self.identify(&req)?;
+            if self.tokens.is_revoked(&identity.name, identity.issued_at) {
+                return Err(AuthError::Unauthenticated(format!(
+                    "the credentials of workstation {} are revoked",
+                    identity.name
+                )));
             }
-            let Some(token) = req.token else {
-                return Err(AuthError::Unauthenticated(
-                    "no token and no client certificate".into(),
-                ));
-            };
-            match self.tokens.lookup(token.expose(), SystemTime::now()) {
-                Ok(w) => {
-                    let mut identity = Identity::new(w.name, AuthMethod::Token);
-                    if let Some(at) = w.expires_at {
-                        identity = identity.expiring_at(at);
-                    }
-                    Ok(identity)
-                }
-                Err(TokenError::Unknown) => Err(AuthError::Unauthenticated("unknown token".into())),
-                Err(e @ TokenError::Expired(_)) => Err(AuthError::Expired(e.to_string())),
-            }
+            Ok(identity)
         })();
         if let Err(e) = &result {
             self.metrics.refused.inc();
@@ -299,7 +322,11 @@ pub async fn run(
         metrics: metrics.clone(),
         resolve: Arc::new(config.resolve),
         deny: Arc::new(config.deny),
+        tokens: tokens.clone(),
+        live: std::sync::Mutex::new(std::collections::HashMap::new()),
+        next_session: std::sync::atomic::AtomicU64::new(0),
     });
+    tokio::spawn(close_revoked(shared.clone(), stop.clone()));
     let socks_addr = match config.socks_addr {
         Some(addr) => {
             let l = TcpListener::bind(addr)
@@ -397,6 +424,43 @@ struct Shared {
     metrics: Metrics,
     resolve: Arc<std::collections::HashMap<String, SocketAddr>>,
     deny: Arc<Vec<ipnet::IpNet>>,
+    tokens: TokenStore,
+    /// Open sessions, to close those whose credentials get revoked.
+    live: std::sync::Mutex<std::collections::HashMap<u64, spur_tunnel::SessionHandle>>,
+    next_session: std::sync::atomic::AtomicU64,
+}
+
+/// How long a session whose credentials were revoked gets to wind down.
+const REVOKED_GRACE: Duration = Duration::from_secs(1);
+
+/// Closes the open sessions whose credentials a revocation covers, whenever the token store
+/// changes, until `stop`.
+async fn close_revoked(shared: Arc<Shared>, stop: CancellationToken) {
+    let mut changes = shared.tokens.changes();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            r = changes.changed() => if r.is_err() { return },
+        }
+        let revoked: Vec<spur_tunnel::SessionHandle> = match shared.live.lock() {
+            Ok(live) => live
+                .values()
+                .filter(|h| {
+                    let id = h.identity();
+                    shared.tokens.is_revoked(&id.name, id.issued_at)
+                })
+                .cloned()
+                .collect(),
+            Err(_) => continue,
+        };
+        for handle in revoked {
+            shared.metrics.revoked.inc();
+            tracing::info!(workstation = %handle.identity().name, peer = %handle.peer(), "credentials revoked: closing the session");
+            tokio::spawn(async move {
+                handle.close("credentials revoked", REVOKED_GRACE).await;
+            });
+        }
+    }
 }
 
 /// Connects to `host:port` in the cluster: a fixed address if configured, else through DNS.
@@ -439,6 +503,19 @@ async fn dial_cluster(
 
 async fn serve_session(mut session: spur_tunnel::Session, shared: Arc<Shared>) {
     let handle = session.handle();
+    let id = shared
+        .next_session
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if let Ok(mut live) = shared.live.lock() {
+        live.insert(id, handle.clone());
+    }
+    // A revocation that landed between authentication and registration.
+    if shared
+        .tokens
+        .is_revoked(&handle.identity().name, handle.identity().issued_at)
+    {
+        handle.close("credentials revoked", REVOKED_GRACE).await;
+    }
     let who = handle.identity().name.clone();
     let peer = handle.peer();
     tracing::info!(workstation = %who, %peer, transport = %handle.transport(), "workstation connected");
@@ -468,6 +545,9 @@ async fn serve_session(mut session: spur_tunnel::Session, shared: Arc<Shared>) {
         tokio::spawn(async move { forward(incoming, handle, &shared).await });
     }
     let reason = handle.closed().await;
+    if let Ok(mut live) = shared.live.lock() {
+        live.remove(&id);
+    }
     listeners_stop.cancel();
     if let Ok(reporter) = binds_task.await {
         let _ = reporter.close().await;
@@ -763,7 +843,7 @@ impl Dialer for ClusterDialer {
         Some(
             self.tokens
                 .lookup(password, SystemTime::now())
-                .is_ok_and(|w| w.name == user),
+                .is_ok_and(|w| w.name == user && !self.tokens.is_revoked(&w.name, w.issued_at)),
         )
     }
 

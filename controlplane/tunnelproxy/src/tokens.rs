@@ -2,6 +2,12 @@
 //! `spur.dev/workstation=<name>` and `spur.dev/credential=token`, with the token in `data.token`
 //! and an optional expiry in the annotation `spur.dev/expires-at` (RFC 3339). A reflector keeps
 //! them in memory. A lookup compares against every token in constant time and never logs one.
+//!
+//! Revocations live beside them: a Secret labelled `spur.dev/credential=revocation` and
+//! `spur.dev/workstation=<name>`, annotated `spur.dev/revoked-before` (RFC 3339), revokes every
+//! credential of that workstation issued before that instant: client certificates by their
+//! `notBefore`, tokens by their Secret's creation. `spur local revoke` writes one; the tunnel
+//! proxy refuses such credentials and closes the sessions they opened.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -23,6 +29,11 @@ use crate::Error;
 pub const CREDENTIAL_LABEL: &str = "spur.dev/credential";
 /// Annotation: when the token stops being accepted (RFC 3339).
 pub const EXPIRES_ANNOTATION: &str = "spur.dev/expires-at";
+/// Annotation of a token Secret: when this token was written (RFC 3339); a revocation covers
+/// tokens written before it. Without it, the Secret's creation counts.
+pub const ISSUED_ANNOTATION: &str = "spur.dev/issued-at";
+/// Annotation of a revocation: credentials issued before this instant are revoked (RFC 3339).
+pub const REVOKED_BEFORE_ANNOTATION: &str = "spur.dev/revoked-before";
 /// Tokens shorter than this are refused when created: they could be guessed.
 const MIN_TOKEN_LEN: usize = 32;
 
@@ -31,6 +42,8 @@ const MIN_TOKEN_LEN: usize = 32;
 pub struct Workstation {
     pub name: String,
     pub expires_at: Option<SystemTime>,
+    /// When the token's Secret was created.
+    pub issued_at: Option<SystemTime>,
 }
 
 /// Why a token was not accepted. Never carries the token.
@@ -42,10 +55,11 @@ pub enum TokenError {
     Expired(String),
 }
 
-/// The workstation tokens, kept current by a watch.
+/// The workstation tokens and revocations, kept current by a watch.
 #[derive(Clone)]
 pub struct TokenStore {
     store: Store<Secret>,
+    changes: tokio::sync::watch::Receiver<u64>,
 }
 
 impl TokenStore {
@@ -61,16 +75,21 @@ impl TokenStore {
             writer,
             watcher(
                 api,
-                watcher::Config::default().labels(&format!("{CREDENTIAL_LABEL}=token")),
+                watcher::Config::default()
+                    .labels(&format!("{CREDENTIAL_LABEL} in (token,revocation)")),
             ),
         )
         .default_backoff()
         .touched_objects();
+        let (tx, changes) = tokio::sync::watch::channel(0u64);
         tokio::spawn(async move {
             let mut s = std::pin::pin!(stream.take_until(stop.cancelled_owned()));
             while let Some(ev) = s.next().await {
-                if let Err(e) = ev {
-                    tracing::warn!(error = %e, "workstation token watch failed; retrying");
+                match ev {
+                    Ok(_) => tx.send_modify(|n| *n = n.wrapping_add(1)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "workstation token watch failed; retrying")
+                    }
                 }
             }
         });
@@ -78,13 +97,100 @@ impl TokenStore {
             .await
             .map_err(|_| Error::Kube("timed out listing workstation tokens".into()))?
             .map_err(|e| Error::Kube(e.to_string()))?;
-        Ok(TokenStore { store })
+        Ok(TokenStore { store, changes })
     }
 
     /// The workstation `token` belongs to, if it is known and not expired at `now`.
     pub fn lookup(&self, token: &str, now: SystemTime) -> Result<Workstation, TokenError> {
         lookup(self.store.state().iter().map(|s| &**s), token, now)
     }
+
+    /// Credentials of `workstation` issued before this instant are revoked.
+    pub fn revoked_before(&self, workstation: &str) -> Option<SystemTime> {
+        revoked_before(self.store.state().iter().map(|s| &**s), workstation)
+    }
+
+    /// Whether credentials of `workstation` issued at `issued_at` are revoked (unknown issue
+    /// time and a revocation: revoked).
+    pub fn is_revoked(&self, workstation: &str, issued_at: Option<SystemTime>) -> bool {
+        self.revoked_before(workstation)
+            .is_some_and(|before| issued_at.is_none_or(|at| at < before))
+    }
+
+    /// Ticks whenever a token or revocation Secret changes.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.clone()
+    }
+}
+
+/// `at` in RFC 3339, whole seconds.
+fn timestamp(at: SystemTime) -> Result<String, Error> {
+    let secs = at
+        .duration_since(UNIX_EPOCH)
+        .map_err(|_| Error::Config("a time before 1970".into()))?
+        .as_secs();
+    let t = k8s_openapi::jiff::Timestamp::from_second(
+        i64::try_from(secs).map_err(|e| Error::Config(e.to_string()))?,
+    )
+    .map_err(|e| Error::Config(e.to_string()))?;
+    Ok(t.to_string())
+}
+
+fn credential_kind(secret: &Secret) -> Option<&str> {
+    secret.labels().get(CREDENTIAL_LABEL).map(String::as_str)
+}
+
+fn rfc3339(text: &str) -> Option<SystemTime> {
+    text.parse::<k8s_openapi::jiff::Timestamp>()
+        .ok()
+        .and_then(|t| u64::try_from(t.as_second()).ok())
+        .map(|s| UNIX_EPOCH + Duration::from_secs(s))
+}
+
+/// The latest revocation of `workstation` among `secrets`. An unreadable instant revokes
+/// everything (fail closed).
+pub fn revoked_before<'a>(
+    secrets: impl Iterator<Item = &'a Secret>,
+    workstation: &str,
+) -> Option<SystemTime> {
+    secrets
+        .filter(|s| credential_kind(s) == Some("revocation"))
+        .filter(|s| s.labels().get(WORKSTATION_LABEL).map(String::as_str) == Some(workstation))
+        .map(|s| {
+            s.annotations()
+                .get(REVOKED_BEFORE_ANNOTATION)
+                .and_then(|t| rfc3339(t))
+                .unwrap_or_else(|| UNIX_EPOCH + Duration::from_secs(u64::from(u32::MAX) * 4))
+        })
+        .max()
+}
+
+/// The Secret revoking every credential of `workstation` issued before `before` (what
+/// `spur local revoke` applies).
+pub fn revocation_secret(
+    namespace: &str,
+    workstation: &str,
+    before: SystemTime,
+) -> Result<Secret, Error> {
+    let t = timestamp(before)?;
+    Ok(Secret {
+        metadata: ObjectMeta {
+            name: Some(format!("spur-workstation-revoked-{workstation}")),
+            namespace: Some(namespace.into()),
+            labels: Some(BTreeMap::from([
+                (WORKSTATION_LABEL.to_string(), workstation.to_string()),
+                (CREDENTIAL_LABEL.to_string(), "revocation".to_string()),
+                (
+                    labels::MANAGED_BY.to_string(),
+                    labels::MANAGED_BY_VALUE.to_string(),
+                ),
+            ])),
+            annotations: Some(BTreeMap::from([(REVOKED_BEFORE_ANNOTATION.to_string(), t)])),
+            ..Default::default()
+        },
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    })
 }
 
 /// Looks `token` up among `secrets`, comparing with every one in constant time.
@@ -95,6 +201,9 @@ pub fn lookup<'a>(
 ) -> Result<Workstation, TokenError> {
     let mut found = None;
     for secret in secrets {
+        if credential_kind(secret) != Some("token") {
+            continue;
+        }
         let Some(stored) = secret
             .data
             .as_ref()
@@ -128,7 +237,20 @@ pub fn lookup<'a>(
     if expires_at.is_some_and(|at| now >= at) {
         return Err(TokenError::Expired(name));
     }
-    Ok(Workstation { name, expires_at })
+    let issued_at = match secret.annotations().get(ISSUED_ANNOTATION) {
+        Some(text) => rfc3339(text),
+        None => secret
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .and_then(|t| u64::try_from(t.0.as_second()).ok())
+            .map(|s| UNIX_EPOCH + Duration::from_secs(s)),
+    };
+    Ok(Workstation {
+        name,
+        expires_at,
+        issued_at,
+    })
 }
 
 fn trim_ascii(b: &[u8]) -> &[u8] {
@@ -166,23 +288,11 @@ pub fn token_secret(
             "a workstation token must be at least {MIN_TOKEN_LEN} characters"
         )));
     }
-    let annotations = match expires_at {
-        None => None,
-        Some(at) => {
-            let secs = at
-                .duration_since(UNIX_EPOCH)
-                .map_err(|_| Error::Config("expiry before 1970".into()))?
-                .as_secs();
-            let t = k8s_openapi::jiff::Timestamp::from_second(
-                i64::try_from(secs).map_err(|e| Error::Config(e.to_string()))?,
-            )
-            .map_err(|e| Error::Config(e.to_string()))?;
-            Some(BTreeMap::from([(
-                EXPIRES_ANNOTATION.to_string(),
-                t.to_string(),
-            )]))
-        }
-    };
+    let mut annotations =
+        BTreeMap::from([(ISSUED_ANNOTATION.to_string(), timestamp(SystemTime::now())?)]);
+    if let Some(at) = expires_at {
+        annotations.insert(EXPIRES_ANNOTATION.to_string(), timestamp(at)?);
+    }
     Ok(Secret {
         metadata: ObjectMeta {
             name: Some(format!("spur-workstation-{workstation}")),
@@ -195,7 +305,7 @@ pub fn token_secret(
                     labels::MANAGED_BY_VALUE.to_string(),
                 ),
             ])),
-            annotations,
+            annotations: Some(annotations),
             ..Default::default()
         },
         type_: Some("Opaque".into()),
@@ -222,13 +332,11 @@ mod tests {
         let alice = token_secret("ns", "alice", &t1, None).unwrap();
         let mut bob = token_secret("ns", "bob", &t2, Some(now - Duration::from_secs(5))).unwrap();
         let secrets = [alice.clone(), bob.clone()];
-        assert_eq!(
-            lookup(secrets.iter(), &t1, now).unwrap(),
-            Workstation {
-                name: "alice".into(),
-                expires_at: None
-            }
-        );
+        let found = lookup(secrets.iter(), &t1, now).unwrap();
+        assert_eq!((found.name.as_str(), found.expires_at), ("alice", None));
+        // Issued now (whole seconds).
+        let issued = found.issued_at.unwrap();
+        assert!(issued <= now && now.duration_since(issued).unwrap() < Duration::from_secs(2));
         assert_eq!(
             lookup(secrets.iter(), &t2, now),
             Err(TokenError::Expired("bob".into()))
@@ -256,5 +364,35 @@ mod tests {
             Err(TokenError::Expired("carol".into()))
         );
         assert!(token_secret("ns", "x", "short", None).is_err());
+    }
+
+    #[test]
+    fn a_revocation_covers_what_was_issued_before_it() {
+        let now = SystemTime::now();
+        let t = generate_token().unwrap();
+        let alice = token_secret("ns", "alice", &t, None).unwrap();
+        let revoked = revocation_secret("ns", "alice", now + Duration::from_secs(5)).unwrap();
+        let secrets = [alice, revoked];
+        let before = revoked_before(secrets.iter(), "alice").unwrap();
+        // The token is still found (it is not a token lookup's business) but it is revoked.
+        let w = lookup(secrets.iter(), &t, now).unwrap();
+        assert!(w.issued_at.unwrap() < before);
+        assert_eq!(revoked_before(secrets.iter(), "bob"), None);
+        // A revocation is not a token, whatever its data.
+        let mut fake = revocation_secret("ns", "mallory", now).unwrap();
+        fake.data = Some(BTreeMap::from([(
+            "token".into(),
+            ByteString(t.clone().into_bytes()),
+        )]));
+        assert_eq!(lookup([fake].iter(), &t, now), Err(TokenError::Unknown));
+        // An unreadable instant revokes everything.
+        let mut broken = revocation_secret("ns", "alice", now).unwrap();
+        broken.metadata.annotations = Some(BTreeMap::from([(
+            REVOKED_BEFORE_ANNOTATION.into(),
+            "yesterday".into(),
+        )]));
+        assert!(
+            revoked_before([broken].iter(), "alice").unwrap() > now + Duration::from_secs(3600)
+        );
     }
 }

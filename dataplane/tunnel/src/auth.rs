@@ -22,6 +22,9 @@ pub struct Identity {
     /// When the credentials stop being valid. The server ends the session then (goaway, drain);
     /// the client's reconnect is then refused with `expired` unless it has new credentials.
     pub expires_at: Option<SystemTime>,
+    /// When the credentials were issued (a certificate's `notBefore`, a token's creation), for
+    /// revocations of everything issued before a point in time. None: unknown.
+    pub issued_at: Option<SystemTime>,
 }
 
 impl Identity {
@@ -30,11 +33,17 @@ impl Identity {
             name: name.into(),
             method,
             expires_at: None,
+            issued_at: None,
         }
     }
 
     pub fn expiring_at(mut self, at: SystemTime) -> Self {
         self.expires_at = Some(at);
+        self
+    }
+
+    pub fn issued(mut self, at: SystemTime) -> Self {
+        self.issued_at = Some(at);
         self
     }
 }
@@ -258,13 +267,15 @@ pub fn identity_from_cert(cert: &CertificateDer<'_>) -> Result<Identity, AuthErr
         .or(dns)
         .or(cn)
         .ok_or_else(|| AuthError::Unauthenticated("client certificate names nobody".into()))?;
-    let not_after = parsed.validity().not_after.timestamp();
-    let expires_at = u64::try_from(not_after)
-        .ok()
-        .map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s));
+    let at = |t: i64| {
+        u64::try_from(t)
+            .ok()
+            .map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s))
+    };
     Ok(Identity {
         name,
         method: AuthMethod::ClientCert,
-        expires_at,
+        expires_at: at(parsed.validity().not_after.timestamp()),
+        issued_at: at(parsed.validity().not_before.timestamp()),
     })
 }
