@@ -112,8 +112,10 @@ struct WebhookArgs {
     /// Lifetime of the serving certificate (renewed at 80 %).
     #[arg(long, env = "SPUR_SERVING_CERT_LIFETIME", default_value = "720h", value_parser = spur_proxy::parse_duration)]
     serving_cert_lifetime: Duration,
-    /// How long a new CA is trusted (in the caBundle) before it signs serving certificates.
-    #[arg(long, env = "SPUR_CA_PROPAGATION", default_value = "60s", value_parser = spur_proxy::parse_duration)]
+    /// How long a new CA is trusted (in the caBundle and the sidecars' CA bundle ConfigMaps)
+    /// before it signs serving certificates: longer than the kubelet takes to refresh a
+    /// mounted ConfigMap.
+    #[arg(long, env = "SPUR_CA_PROPAGATION", default_value = "180s", value_parser = spur_proxy::parse_duration)]
     ca_propagation: Duration,
     /// Also issue the tunnel proxy's serving certificate into this kubernetes.io/tls Secret
     /// (empty: the Secret is provided some other way, e.g. by cert-manager).

@@ -130,7 +130,10 @@ impl PkiConfig {
             ],
             ca_lifetime: Duration::from_secs(365 * 24 * 3600),
             serving_lifetime: Duration::from_secs(30 * 24 * 3600),
-            propagation: Duration::from_secs(60),
+            // API servers pick up a webhook configuration within seconds, but the sidecars
+            // read the bundle from a ConfigMap volume, which the kubelet refreshes only at its
+            // sync period plus cache TTL (about a minute each by default).
+            propagation: Duration::from_secs(180),
             tunnel_proxy: None,
             routeserver: None,
             bundle_config_map: Some("spur-ca-bundle".into()),
@@ -535,7 +538,6 @@ impl Manager {
         Ok(true)
     }
 
-    /// Publishes the CA bundle in a ConfigMap anyone may be allowed to read (no key in it).
     /// Brings every namespace's copy of the bundle (made by the webhook) up to date. Runs
     /// through the namespaces only when the bundle changed since the last complete run.
     async fn sync_namespace_bundles(&self, name: &str, bundle: &str) -> Result<(), Error> {
@@ -591,6 +593,7 @@ impl Manager {
         Ok(())
     }
 
+    /// Publishes the CA bundle in a ConfigMap anyone may be allowed to read (no key in it).
     async fn sync_bundle_config_map(&self, name: &str, bundle: &str) -> Result<(), Error> {
         if let Some(cm) = self.config_maps.get_opt(name).await?
             && cm
