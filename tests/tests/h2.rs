@@ -1,0 +1,335 @@
+//! HTTP/2 through the sidecar (h2c prior knowledge on both sides) against a raw `h2` upstream:
+//! trailers-only responses, stream resets in both directions, bodies larger than every flow
+//! control window in both directions, and the SETTINGS limits the sidecar advertises (concurrent
+//! streams, header list size).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::Reason;
+use spur_e2e::sidecar_for;
+use spur_proxy::ProxyConfig;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::time::timeout;
+
+const BOUND: Duration = Duration::from_secs(10);
+const BIG: usize = 4 << 20;
+
+fn pattern(i: usize) -> u8 {
+    (i % 251) as u8
+}
+
+/// What the upstream saw: request paths, and how `/hold` request bodies ended.
+#[derive(Default)]
+struct Seen {
+    paths: Mutex<Vec<String>>,
+}
+
+/// A raw h2 server: `/trailers-only` answers with one HEADERS frame that ends the stream,
+/// `/reset` sends headers then RST_STREAM(INTERNAL_ERROR), `/hold` reads the request body and
+/// reports how it ended on `held`, `/big` sends 4 MiB, `/echo` reads the body and answers its
+/// length and whether every byte matched the pattern.
+async fn upstream(seen: Arc<Seen>, held: mpsc::Sender<&'static str>) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = l.accept().await else {
+                return;
+            };
+            let (seen, held) = (seen.clone(), held.clone());
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                    return;
+                };
+                while let Some(Ok((req, respond))) = conn.accept().await {
+                    let (seen, held) = (seen.clone(), held.clone());
+                    tokio::spawn(serve(req, respond, seen, held));
+                }
+            });
+        }
+    });
+    addr
+}
+
+async fn serve(
+    req: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<Bytes>,
+    seen: Arc<Seen>,
+    held: mpsc::Sender<&'static str>,
+) {
+    let path = req.uri().path().to_string();
+    seen.paths.lock().unwrap().push(path.clone());
+    let mut body = req.into_body();
+    let ok = || http::Response::builder().status(200);
+    match path.as_str() {
+        "/trailers-only" => {
+            let resp = ok()
+                .header("content-type", "application/grpc")
+                .header("grpc-status", "7")
+                .header("grpc-message", "denied")
+                .body(())
+                .unwrap();
+            let _ = respond.send_response(resp, true);
+        }
+        "/reset" => {
+            if let Ok(mut stream) = respond.send_response(ok().body(()).unwrap(), false) {
+                let _ = stream.send_data(Bytes::from_static(b"partial"), false);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                stream.send_reset(Reason::INTERNAL_ERROR);
+            }
+        }
+        "/hold" => {
+            let outcome = loop {
+                match body.data().await {
+                    Some(Ok(chunk)) => {
+                        let _ = body.flow_control().release_capacity(chunk.len());
+                    }
+                    Some(Err(_)) => break "reset",
+                    None => break "end",
+                }
+            };
+            let _ = held.send(outcome).await;
+        }
+        "/big" => {
+            let Ok(mut stream) = respond.send_response(ok().body(()).unwrap(), false) else {
+                return;
+            };
+            let data: Vec<u8> = (0..BIG).map(pattern).collect();
+            let mut sent = 0;
+            while sent < BIG {
+                stream.reserve_capacity(BIG - sent);
+                let cap = match std::future::poll_fn(|cx| stream.poll_capacity(cx)).await {
+                    Some(Ok(n)) => n,
+                    _ => return,
+                };
+                let end = (sent + cap).min(BIG);
+                if stream
+                    .send_data(Bytes::copy_from_slice(&data[sent..end]), end == BIG)
+                    .is_err()
+                {
+                    return;
+                }
+                sent = end;
+            }
+        }
+        "/echo" => {
+            let (mut len, mut intact) = (0usize, true);
+            while let Some(chunk) = body.data().await {
+                let Ok(chunk) = chunk else { return };
+                for (i, b) in chunk.iter().enumerate() {
+                    intact &= *b == pattern(len + i);
+                }
+                len += chunk.len();
+                let _ = body.flow_control().release_capacity(chunk.len());
+            }
+            if let Ok(mut stream) = respond.send_response(ok().body(()).unwrap(), false) {
+                let _ = stream.send_data(Bytes::from(format!("{len} {intact}")), true);
+            }
+        }
+        _ => {
+            let resp = http::Response::builder().status(404).body(()).unwrap();
+            let _ = respond.send_response(resp, true);
+        }
+    }
+}
+
+struct Setup {
+    client: h2::client::SendRequest<Bytes>,
+    sidecar: spur_sidecar::Sidecar,
+    seen: Arc<Seen>,
+    held: mpsc::Receiver<&'static str>,
+}
+
+async fn setup() -> Setup {
+    let seen = Arc::new(Seen::default());
+    let (tx, held) = mpsc::channel(8);
+    let app = upstream(seen.clone(), tx).await;
+    let sidecar = sidecar_for(
+        app,
+        ProxyConfig {
+            drain_grace: Duration::from_secs(1),
+            ..ProxyConfig::default()
+        },
+    )
+    .await;
+    let tcp = TcpStream::connect(sidecar.inbound_addr).await.unwrap();
+    let (client, conn) = h2::client::Builder::new()
+        // Smaller than the 4 MiB bodies: the windows must be replenished many times.
+        .initial_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .handshake(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    Setup {
+        client,
+        sidecar,
+        seen,
+        held,
+    }
+}
+
+fn request(method: &str, path: &str) -> http::Request<()> {
+    http::Request::builder()
+        .method(method)
+        .uri(format!("http://app{path}"))
+        .body(())
+        .unwrap()
+}
+
+/// Reads a body to its end (releasing flow-control capacity as it goes): the bytes, or the
+/// stream error.
+async fn read_all(body: &mut h2::RecvStream) -> Result<Vec<u8>, h2::Error> {
+    let mut out = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
+        out.extend_from_slice(&chunk);
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trailers_only_responses_arrive_whole() {
+    let mut s = setup().await;
+    let client = s.client.clone().ready().await.unwrap();
+    let mut client = client;
+    let (resp, _) = client
+        .send_request(request("POST", "/trailers-only"), true)
+        .unwrap();
+    let resp = timeout(BOUND, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["grpc-status"], "7");
+    assert_eq!(resp.headers()["grpc-message"], "denied");
+    let mut body = resp.into_body();
+    assert_eq!(
+        timeout(BOUND, read_all(&mut body)).await.unwrap().unwrap(),
+        b""
+    );
+    s.sidecar.shutdown().await;
+    s.held.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resets_travel_both_ways() {
+    let mut s = setup().await;
+    // Client → upstream: a request whose body is still open is reset by the client; the
+    // upstream's read of it fails instead of waiting forever.
+    let mut client = s.client.clone().ready().await.unwrap();
+    let (resp, mut send) = client
+        .send_request(request("POST", "/hold"), false)
+        .unwrap();
+    send.send_data(Bytes::from_static(b"some of the body"), false)
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    send.send_reset(Reason::CANCEL);
+    drop(resp);
+    let outcome = timeout(BOUND, s.held.recv())
+        .await
+        .expect("the upstream learned how the body ended")
+        .unwrap();
+    assert_eq!(outcome, "reset");
+
+    // Upstream → client: headers, some data, then RST_STREAM: the client's body read fails,
+    // it neither hangs nor ends cleanly.
+    let mut client = s.client.clone().ready().await.unwrap();
+    let (resp, _) = client.send_request(request("GET", "/reset"), true).unwrap();
+    let resp = timeout(BOUND, resp).await.unwrap().unwrap();
+    let mut body = resp.into_body();
+    let read = timeout(BOUND, read_all(&mut body))
+        .await
+        .expect("the reset reached the client");
+    assert!(read.is_err(), "a reset stream read as complete: {read:?}");
+
+    // The connection is still usable after both.
+    let mut client = s.client.clone().ready().await.unwrap();
+    let (resp, _) = client
+        .send_request(request("GET", "/trailers-only"), true)
+        .unwrap();
+    assert_eq!(timeout(BOUND, resp).await.unwrap().unwrap().status(), 200);
+    s.sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_larger_than_every_window_flow_both_ways() {
+    let s = setup().await;
+    // Download: 4 MiB through 64 KiB windows.
+    let mut client = s.client.clone().ready().await.unwrap();
+    let (resp, _) = client.send_request(request("GET", "/big"), true).unwrap();
+    let resp = timeout(BOUND, resp).await.unwrap().unwrap();
+    let mut body = resp.into_body();
+    let got = timeout(Duration::from_secs(30), read_all(&mut body))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.len(), BIG);
+    assert!(got.iter().enumerate().all(|(i, b)| *b == pattern(i)));
+
+    // Upload: 4 MiB, sent as the sidecar grants capacity.
+    let mut client = s.client.clone().ready().await.unwrap();
+    let (resp, mut send) = client
+        .send_request(request("POST", "/echo"), false)
+        .unwrap();
+    let data: Vec<u8> = (0..BIG).map(pattern).collect();
+    let upload = async {
+        let mut sent = 0;
+        while sent < BIG {
+            send.reserve_capacity(BIG - sent);
+            let cap = std::future::poll_fn(|cx| send.poll_capacity(cx))
+                .await
+                .unwrap()
+                .unwrap();
+            let end = (sent + cap).min(BIG);
+            send.send_data(Bytes::copy_from_slice(&data[sent..end]), end == BIG)
+                .unwrap();
+            sent = end;
+        }
+    };
+    timeout(Duration::from_secs(30), upload).await.unwrap();
+    let resp = timeout(BOUND, resp).await.unwrap().unwrap();
+    let mut body = resp.into_body();
+    let answer = timeout(BOUND, read_all(&mut body)).await.unwrap().unwrap();
+    assert_eq!(String::from_utf8(answer).unwrap(), format!("{BIG} true"));
+    s.sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_limits_are_advertised_and_enforced() {
+    let s = setup().await;
+    let mut client = s.client.clone().ready().await.unwrap();
+    // One exchange first: by its end the sidecar's SETTINGS have been applied.
+    let (resp, _) = client
+        .send_request(request("GET", "/trailers-only"), true)
+        .unwrap();
+    timeout(BOUND, resp).await.unwrap().unwrap();
+    // The sidecar's SETTINGS: a bounded number of concurrent streams.
+    let max = client.current_max_send_streams();
+    assert!((1..=1024).contains(&max), "max concurrent streams {max}");
+    // A header list over the sidecar's limit (64 KiB by default) is refused: never forwarded.
+    let mut client = client.ready().await.unwrap();
+    let big = "x".repeat(200 * 1024);
+    let req = http::Request::builder()
+        .uri("http://app/echo")
+        .header("x-big", big)
+        .body(())
+        .unwrap();
+    let refused = match client.send_request(req, true) {
+        Err(_) => true,
+        Ok((resp, _)) => match timeout(BOUND, resp).await.unwrap() {
+            Err(_) => true,
+            Ok(r) => r.status() == 431,
+        },
+    };
+    assert!(refused, "an oversized header list was answered");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !s.seen.paths.lock().unwrap().iter().any(|p| p == "/echo"),
+        "an oversized header list reached the upstream"
+    );
+    s.sidecar.shutdown().await;
+}
