@@ -359,6 +359,13 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
     namespace(api, "optout", json!({(keys::INJECT): "false"})).await;
     namespace(api, "kube-system", json!({})).await;
     let on = json!({(keys::INJECT): "true"});
+    // Clients that connect to the webhook and never finish a TLS handshake hold up nobody:
+    // the API server's calls below (5 s timeout) are answered while these wait out theirs.
+    let webhook_addr = setup.webhook.as_ref().unwrap().local_addr();
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(tokio::net::TcpStream::connect(webhook_addr).await.unwrap());
+    }
 
     // An opted-in Deployment's pod gets exactly the documented containers.
     let api_rs = deployment(&client, "shop", "api", on.clone()).await;
@@ -371,6 +378,15 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
     )
     .await;
     assert!(injected_by_default(&injected), "{:?}", injected.spec);
+    // The silent clients leave: each counts as one failed handshake.
+    drop(silent);
+    eventually(
+        "the silent clients' handshakes counted as failed",
+        || async {
+            (setup.metric("spur_operator_webhook_tls_handshake_errors_total") == 4.0).then_some(())
+        },
+    )
+    .await;
     assert_eq!(annotation(&injected, keys::STATUS), Some("injected"));
     assert_eq!(
         annotation(&injected, keys::BASELINE),
@@ -675,9 +691,10 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
         setup.metric("spur_operator_webhook_admissions_total{result=\"error\"}"),
         0.0
     );
+    // Only the four silent clients from the start.
     assert_eq!(
         setup.metric("spur_operator_webhook_tls_handshake_errors_total"),
-        0.0
+        4.0
     );
     setup.shutdown().await;
 }

@@ -265,29 +265,35 @@ async fn serve(
             },
         };
         let _ = tcp.set_nodelay(true);
-        let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-            Ok(Ok(tls)) => tls,
-            Ok(Err(e)) => {
-                state.metrics.tls_error();
-                tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                continue;
-            }
-            Err(_) => {
-                state.metrics.tls_error();
-                continue;
-            }
-        };
-        let st = state.clone();
-        let svc = hyper::service::service_fn(move |req| {
-            let st = st.clone();
-            async move { Ok::<_, std::convert::Infallible>(handle(req, &st).await) }
-        });
-        let conn = builder
-            .serve_connection(TokioIo::new(tls), svc)
-            .into_owned();
-        let conn = graceful.watch(conn);
+        // The handshake runs in the connection's own task: a client that connects and stays
+        // silent must not hold up the API server's admission calls behind it.
+        let (acceptor, builder, watcher, st) = (
+            acceptor.clone(),
+            builder.clone(),
+            graceful.watcher(),
+            state.clone(),
+        );
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    st.metrics.tls_error();
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    st.metrics.tls_error();
+                    return;
+                }
+            };
+            let svc = hyper::service::service_fn(move |req| {
+                let st = st.clone();
+                async move { Ok::<_, std::convert::Infallible>(handle(req, &st).await) }
+            });
+            let conn = builder
+                .serve_connection(TokioIo::new(tls), svc)
+                .into_owned();
+            if let Err(e) = watcher.watch(conn).await {
                 tracing::debug!(%peer, error = %e, "webhook connection ended with an error");
             }
         });
