@@ -2,6 +2,7 @@
 
 mod demo;
 mod demo_app;
+mod front_door;
 mod local;
 mod operator;
 mod routeserver;

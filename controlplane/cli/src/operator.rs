@@ -323,9 +323,12 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
     let stop_controllers = stop.clone();
     let http_stop = stop.clone();
     let http = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(http_stop.cancelled_owned())
-            .await
+        axum::serve(
+            crate::front_door::Guarded(listener),
+            crate::front_door::layer(app),
+        )
+        .with_graceful_shutdown(http_stop.cancelled_owned())
+        .await
     });
     let controllers = if args.no_leader_elect {
         tokio::spawn(async move {

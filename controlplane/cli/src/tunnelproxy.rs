@@ -285,9 +285,12 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
         );
     let http_stop = stop.clone();
     let http = control.handle().spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(http_stop.cancelled_owned())
-            .await
+        axum::serve(
+            crate::front_door::Guarded(listener),
+            crate::front_door::layer(app),
+        )
+        .with_graceful_shutdown(http_stop.cancelled_owned())
+        .await
     });
     // The mounted Secret changes under us when the certificate is renewed (the kubelet swaps
     // the files): new connections get the new certificate and client CA.

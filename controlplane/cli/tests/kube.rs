@@ -90,6 +90,30 @@ async fn operator_and_routeserver_binaries_run_against_the_apiserver() {
     wait_healthy(metrics).await;
     let health = wait_healthy(http).await;
     assert!(health.contains("\"status\":\"ok\""), "{health}");
+    // Both binaries' HTTP/1 ports follow the front door's rules: 400 and a closed connection.
+    for port in [metrics, http] {
+        for (name, req) in [
+            (
+                "two Host headers",
+                &b"GET /healthz HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"[..],
+            ),
+            ("no Host", b"GET /healthz HTTP/1.1\r\n\r\n"),
+            ("bare LF", b"GET /healthz HTTP/1.1\nHost: a\n\n"),
+        ] {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            tcp.write_all(req).await.unwrap();
+            let mut out = Vec::new();
+            tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut out))
+                .await
+                .expect("the connection is closed")
+                .unwrap();
+            let out = String::from_utf8_lossy(&out);
+            assert!(out.starts_with("HTTP/1.1 400"), "{port} {name}: {out:?}");
+        }
+    }
 
     // The operator works: a Sandbox whose baseline is missing gets its key and a condition.
     let sb: Sandbox = serde_json::from_value(serde_json::json!({

@@ -30,6 +30,7 @@ pub use tls::ServingTls;
 pub use index::{Entry, Filter, Index, RuleKey, Snapshot};
 pub use kube_store::{KubeStore, cluster_services, rules_from};
 pub use metrics::Metrics;
+pub use rest::front_door;
 pub use store::{DirStore, RuleStore};
 
 use std::net::SocketAddr;

@@ -95,8 +95,9 @@ pub(crate) fn router(state: RestState) -> Router {
 }
 
 /// RFC 9112 §3.2 (one valid `Host`, matching an absolute-form target), as on every Spur HTTP/1
-/// server: anything else is a 400 that closes the connection.
-async fn front_door(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+/// server: anything else is a 400 that closes the connection. An axum middleware
+/// (`axum::middleware::from_fn(front_door)`), used by every axum server Spur runs.
+pub async fn front_door(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     if let Err(why) = spur_proxy::check_host(&req) {
         return (
             StatusCode::BAD_REQUEST,
