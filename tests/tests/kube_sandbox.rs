@@ -1250,6 +1250,32 @@ async fn tunnel_proxy_tokens_api_and_session_lease() {
     kube_rbac::assert_no_secret_logged(&[&alice_token, &bob_token]);
 }
 
+/// The in-process tunnel proxy of these tests: every listener on loopback, tokens in
+/// [`TOKEN_NS`].
+fn test_tunnel_proxy_config(tls: spur_tunnel::ServerTls) -> spur_tunnelproxy::TunnelProxyConfig {
+    spur_tunnelproxy::TunnelProxyConfig {
+        namespace: "spur-system".into(),
+        token_namespace: TOKEN_NS.into(),
+        pod_name: "spur-tunnel-proxy-0".into(),
+        // EndpointSlices refuse loopback addresses: the reported pod IP is a documentation
+        // address nobody dials; the test connects to the reverse listener on loopback, as
+        // kube-proxy would translate the Service address to the pod's.
+        pod_ip: "192.0.2.10".parse().unwrap(),
+        pod_uid: None,
+        quic_addr: Some("127.0.0.1:0".parse().unwrap()),
+        h2_addr: Some("127.0.0.1:0".parse().unwrap()),
+        socks_addr: Some("127.0.0.1:0".parse().unwrap()),
+        reverse_bind: "127.0.0.1".parse().unwrap(),
+        tls,
+        lease_duration: Duration::from_secs(6),
+        cluster_domain: "cluster.local".into(),
+        dial_timeout: Duration::from_secs(5),
+        resolve: Default::default(),
+        // The test's "cluster" is loopback: only link-local (cloud metadata) stays denied.
+        deny: spur_tunnelproxy::TunnelProxyConfig::parse_deny("169.254.0.0/16").unwrap(),
+    }
+}
+
 /// A workstation's whole path through the real tunnel proxy (in process, under its chart RBAC)
 /// and a real tunnel client, both transports: authentication (valid, unknown, expired), the
 /// tunnel API over a tunnel stream, a forward stream into the "cluster", a reverse binding that
@@ -1295,34 +1321,14 @@ async fn workstation_session_through_the_tunnel_proxy() {
     let stop = CancellationToken::new();
     let proxy = spur_tunnelproxy::run(
         tp,
-        spur_tunnelproxy::TunnelProxyConfig {
-            namespace: "spur-system".into(),
-            token_namespace: TOKEN_NS.into(),
-            pod_name: "spur-tunnel-proxy-0".into(),
-            // EndpointSlices refuse loopback addresses: the reported pod IP is a documentation
-            // address nobody dials; the test connects to the reverse listener on loopback, as
-            // kube-proxy would translate the Service address to the pod's.
-            pod_ip: "192.0.2.10".parse().unwrap(),
-            pod_uid: None,
-            quic_addr: Some("127.0.0.1:0".parse().unwrap()),
-            h2_addr: Some("127.0.0.1:0".parse().unwrap()),
-            socks_addr: Some("127.0.0.1:0".parse().unwrap()),
-            reverse_bind: "127.0.0.1".parse().unwrap(),
-            tls: spur_tunnel::ServerTls {
-                cert: spur_tunnel::ServerCert::Static {
-                    chain: vec![cert_der.clone()],
-                    key: key_der,
-                },
-                client_ca: Vec::new(),
-                require_client_cert: false,
+        test_tunnel_proxy_config(spur_tunnel::ServerTls {
+            cert: spur_tunnel::ServerCert::Static {
+                chain: vec![cert_der.clone()],
+                key: key_der,
             },
-            lease_duration: Duration::from_secs(6),
-            cluster_domain: "cluster.local".into(),
-            dial_timeout: Duration::from_secs(5),
-            resolve: Default::default(),
-            // The test's "cluster" is loopback: only link-local (cloud metadata) stays denied.
-            deny: spur_tunnelproxy::TunnelProxyConfig::parse_deny("169.254.0.0/16").unwrap(),
-        },
+            client_ca: Vec::new(),
+            require_client_cert: false,
+        }),
         tokio::runtime::Handle::current(),
         &mut registry,
         stop.clone(),
@@ -1864,33 +1870,17 @@ async fn revoked_workstation_credentials_close_their_sessions() {
     let stop = CancellationToken::new();
     let proxy = spur_tunnelproxy::run(
         tp,
-        spur_tunnelproxy::TunnelProxyConfig {
-            namespace: "spur-system".into(),
-            token_namespace: TOKEN_NS.into(),
-            pod_name: "spur-tunnel-proxy-0".into(),
-            pod_ip: "192.0.2.10".parse().unwrap(),
-            pod_uid: None,
-            quic_addr: Some("127.0.0.1:0".parse().unwrap()),
-            h2_addr: None,
-            socks_addr: None,
-            reverse_bind: "127.0.0.1".parse().unwrap(),
-            tls: spur_tunnel::ServerTls {
-                cert: spur_tunnel::ServerCert::Static {
-                    chain: vec![server_der.clone()],
-                    key: rustls::pki_types::PrivateKeyDer::try_from(
-                        server_cert.signing_key.serialize_der(),
-                    )
-                    .unwrap(),
-                },
-                client_ca: vec![ca_cert.der().clone()],
-                require_client_cert: false,
+        test_tunnel_proxy_config(spur_tunnel::ServerTls {
+            cert: spur_tunnel::ServerCert::Static {
+                chain: vec![server_der.clone()],
+                key: rustls::pki_types::PrivateKeyDer::try_from(
+                    server_cert.signing_key.serialize_der(),
+                )
+                .unwrap(),
             },
-            lease_duration: Duration::from_secs(6),
-            cluster_domain: "cluster.local".into(),
-            dial_timeout: Duration::from_secs(5),
-            resolve: Default::default(),
-            deny: spur_tunnelproxy::TunnelProxyConfig::parse_deny("169.254.0.0/16").unwrap(),
-        },
+            client_ca: vec![ca_cert.der().clone()],
+            require_client_cert: false,
+        }),
         tokio::runtime::Handle::current(),
         &mut registry,
         stop.clone(),

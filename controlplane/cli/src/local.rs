@@ -64,19 +64,17 @@ struct RevokeArgs {
     kubeconfig: Option<PathBuf>,
 }
 
-/// Writes the workstation's revocation Secret (server-side apply: a later revocation moves the
-/// instant forward).
-async fn revoke_cmd(a: RevokeArgs) -> Result<ExitCode> {
-    check_workstation(&a.workstation)?;
-    let secret = spur_tunnelproxy::tokens::revocation_secret(
-        &a.namespace,
-        &a.workstation,
-        std::time::SystemTime::now(),
-    )?;
-    let client = crate::kube_client(a.kubeconfig.as_deref()).await?;
+/// Writes `secret` into `namespace` by server-side apply (replacing what the CLI wrote before);
+/// returns its name.
+async fn apply_secret(
+    kubeconfig: Option<&std::path::Path>,
+    namespace: &str,
+    secret: &k8s_openapi::api::core::v1::Secret,
+) -> Result<String> {
+    let client = crate::kube_client(kubeconfig).await?;
     let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
-        kube::Api::namespaced(client, &a.namespace);
-    let mut body = serde_json::to_value(&secret)?;
+        kube::Api::namespaced(client, namespace);
+    let mut body = serde_json::to_value(secret)?;
     body["apiVersion"] = "v1".into();
     body["kind"] = "Secret".into();
     let name = secret.metadata.name.clone().unwrap_or_default();
@@ -86,7 +84,20 @@ async fn revoke_cmd(a: RevokeArgs) -> Result<ExitCode> {
         &kube::api::Patch::Apply(&body),
     )
     .await
-    .with_context(|| format!("cannot write Secret {}/{name}", a.namespace))?;
+    .with_context(|| format!("cannot write Secret {namespace}/{name}"))?;
+    Ok(name)
+}
+
+/// Writes the workstation's revocation Secret (server-side apply: a later revocation moves the
+/// instant forward).
+async fn revoke_cmd(a: RevokeArgs) -> Result<ExitCode> {
+    check_workstation(&a.workstation)?;
+    let secret = spur_tunnelproxy::tokens::revocation_secret(
+        &a.namespace,
+        &a.workstation,
+        std::time::SystemTime::now(),
+    )?;
+    let name = apply_secret(a.kubeconfig.as_deref(), &a.namespace, &secret).await?;
     say(format!(
         "credentials of workstation {} issued until now are revoked (Secret {}/{name})",
         a.workstation, a.namespace
@@ -297,20 +308,7 @@ async fn token_cmd(a: TokenArgs) -> Result<ExitCode> {
     let expires = a.ttl.map(|t| std::time::SystemTime::now() + t);
     let secret =
         spur_tunnelproxy::tokens::token_secret(&a.namespace, &a.workstation, &token, expires)?;
-    let client = crate::kube_client(a.kubeconfig.as_deref()).await?;
-    let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
-        kube::Api::namespaced(client, &a.namespace);
-    let mut body = serde_json::to_value(&secret)?;
-    body["apiVersion"] = "v1".into();
-    body["kind"] = "Secret".into();
-    let name = secret.metadata.name.clone().unwrap_or_default();
-    api.patch(
-        &name,
-        &kube::api::PatchParams::apply("spur-cli").force(),
-        &kube::api::Patch::Apply(&body),
-    )
-    .await
-    .with_context(|| format!("cannot write Secret {}/{name}", a.namespace))?;
+    let name = apply_secret(a.kubeconfig.as_deref(), &a.namespace, &secret).await?;
     say(format!(
         "token for workstation {} stored in Secret {}/{name}{}",
         a.workstation,

@@ -111,10 +111,11 @@ impl TokenStore {
     }
 
     /// Whether credentials of `workstation` issued at `issued_at` are revoked (unknown issue
-    /// time and a revocation: revoked).
+    /// time and a revocation: revoked). Both instants have whole seconds, so what was issued in
+    /// the revocation's own second is revoked too.
     pub fn is_revoked(&self, workstation: &str, issued_at: Option<SystemTime>) -> bool {
         self.revoked_before(workstation)
-            .is_some_and(|before| issued_at.is_none_or(|at| at < before))
+            .is_some_and(|before| issued_at.is_none_or(|at| at <= before))
     }
 
     /// Ticks whenever a token or revocation Secret changes.
