@@ -355,6 +355,11 @@ pub fn inject_patch(
     baseline: &Baseline,
     cfg: &InjectionConfig,
 ) -> Result<json_patch::Patch, Error> {
+    // Found by the admission_review fuzz target: without a spec, the patch's paths have no
+    // parent. The API server never sends such a pod; anyone else gets a reasoned skip.
+    if pod.spec.is_none() {
+        return Err(Error::Config("the pod has no spec".into()));
+    }
     let mut ops = Vec::new();
     let baseline_text = format!("{}/{}/{}", baseline.kind, baseline.namespace, baseline.name);
     annotate(
@@ -936,6 +941,20 @@ mod tests {
         let out = apply(&p, &skip_patch(&p, "why").unwrap());
         assert_eq!(out["metadata"]["annotations"]["a"], "b");
         assert_eq!(out["metadata"]["annotations"][keys::STATUS], "skipped");
+        // A pod without a spec is skipped with a reason, never given a patch that cannot apply.
+        let mut p = rs_pod(json!(null), json!({}));
+        p.spec = None;
+        let b = Baseline {
+            kind: "Deployment",
+            namespace: "shop".into(),
+            name: "api".into(),
+        };
+        let e = inject_patch(&p, &b, &InjectionConfig::default()).unwrap_err();
+        assert!(
+            matches!(&e, Error::Config(m) if m.contains("no spec")),
+            "{e}"
+        );
+        apply(&p, &skip_patch(&p, &e.to_string()).unwrap());
     }
 
     #[test]

@@ -413,6 +413,15 @@ async fn http_connect<D: Dialer>(
                     "CONNECT without host:port".into(),
                 );
             };
+            // RFC 9112 §3.2.3: the authority-form has no user info; `u@h:80` is refused, not
+            // silently dialed as `h:80`.
+            if auth.as_str().contains('@') {
+                return fail(
+                    StatusCode::BAD_REQUEST,
+                    None,
+                    format!("bad CONNECT target {auth}: user info"),
+                );
+            }
             let host = auth.host().trim_matches(['[', ']']);
             let Some(port) = auth.port_u16().filter(|_| valid_host(host)) else {
                 return fail(

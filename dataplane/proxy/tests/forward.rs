@@ -318,6 +318,10 @@ async fn ambiguous_connect_requests_are_refused_and_nothing_is_dialed() {
             "invalid Host",
             format!("CONNECT {target} HTTP/1.1\r\nHost: a b\r\n\r\n"),
         ),
+        (
+            "user info in the target (found by the socks_connect fuzz target)",
+            format!("CONNECT u@{target} HTTP/1.1\r\nHost: {target}\r\n\r\n"),
+        ),
     ] {
         let out = exchange(proxy, req.as_bytes()).await;
         let text = String::from_utf8_lossy(&out);
