@@ -204,7 +204,8 @@ pub(crate) async fn run(client: Client, cfg: PkiConfig, metrics: Metrics, stop: 
         config_maps: Api::namespaced(client.clone(), &cfg.namespace),
         namespaces: Api::all(client.clone()),
         namespace_bundle_synced: std::sync::Mutex::new(None),
-        webhooks: Api::all(client),
+        webhooks: Api::all(client.clone()),
+        client,
         cfg,
         metrics,
     };
@@ -252,6 +253,7 @@ pub(crate) async fn run(client: Client, cfg: PkiConfig, metrics: Metrics, stop: 
 }
 
 struct Manager {
+    client: Client,
     secrets: Api<Secret>,
     config_maps: Api<ConfigMap>,
     namespaces: Api<k8s_openapi::api::core::v1::Namespace>,
@@ -556,7 +558,7 @@ impl Manager {
         let mut updated = 0usize;
         for ns in namespaces.items {
             let Some(ns) = ns.metadata.name else { continue };
-            let api: Api<ConfigMap> = Api::namespaced(self.secrets.clone().into_client(), &ns);
+            let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
             let Some(cm) = api.get_opt(name).await? else {
                 continue;
             };
