@@ -40,6 +40,18 @@ pub const CHART_VALUES: &[&str] = &[
     "tunnelProxy.replicas=1",
     "--set",
     "tunnelProxy.serviceType=ClusterIP",
+    // Every component at debug level: the node test checks no secret reaches a log.
+    "--set",
+    "logLevel=debug",
+    "--set",
+    "injection.sidecarLog=debug",
+    // Serving certificates renewed every ~3 min, so the whole run crosses renewals of the
+    // webhook's, the route server's and the tunnel proxy's; a requested CA rotation takes 40 s
+    // to start signing (the node's kubelet refreshes mounted ConfigMaps every 10 s).
+    "--set",
+    "operator.pki.servingLifetime=4m",
+    "--set",
+    "operator.pki.caPropagation=40s",
 ];
 
 /// A running node: what `node.sh up` wrote to its env file.

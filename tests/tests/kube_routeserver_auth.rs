@@ -166,6 +166,61 @@ async fn rest_status(port: u16, ca: &Path, query: &str, token: Option<&str>) -> 
     String::from_utf8_lossy(&out.stdout).parse().unwrap_or(0)
 }
 
+/// A REST watch read line by line through `curl -N`.
+struct RestWatch {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl RestWatch {
+    /// Opens the watch of every rule and reads up to its SYNCED line.
+    async fn open(port: u16, ca: &Path, token: &str) -> RestWatch {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new("curl")
+            .args(["-sSN", "--max-time", "60", "--cacert"])
+            .arg(ca)
+            .args(["--resolve", &format!("localhost:{port}:127.0.0.1")])
+            .args(["-H", &format!("Authorization: Bearer {token}")])
+            .arg(format!(
+                "https://localhost:{port}/api/v1/workloads/routing-rules/watch"
+            ))
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut w = RestWatch {
+            child,
+            lines: tokio::io::BufReader::new(stdout).lines(),
+        };
+        loop {
+            let line = w
+                .lines
+                .next_line()
+                .await
+                .unwrap()
+                .expect("the watch ended before SYNCED");
+            if line.contains(r#""op":"SYNCED""#) {
+                return w;
+            }
+        }
+    }
+
+    /// The remaining lines, once the server ends the stream (at most 30 s).
+    async fn rest(mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while let Ok(Some(l)) = self.lines.next_line().await {
+                out.push(l);
+            }
+        })
+        .await
+        .expect("the REST watch ends");
+        let _ = self.child.wait().await;
+        out
+    }
+}
+
 async fn create<K>(client: &Client, ns: Option<&str>, v: Value) -> K
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
@@ -300,6 +355,7 @@ async fn only_authenticated_readers_read_and_a_sidecar_reads_only_its_own_rules(
             auth: AuthConfig::Kubernetes {
                 client: routeserver_client.clone(),
                 audience: AUDIENCE.into(),
+                watch_recheck: Duration::from_secs(2),
             },
             ..RouteServerConfig::new(dir.path())
         },
@@ -503,6 +559,60 @@ async fn only_authenticated_readers_read_and_a_sidecar_reads_only_its_own_rules(
         format!("{:?}", rule.mappings).contains("sb2-api"),
         "{:?}",
         rule.mappings
+    );
+
+    // Access that lapses ends open watches at their next check (every 1–2 s here). The
+    // reader's binding goes: its gRPC watch ends with PERMISSION_DENIED, its REST watch with a
+    // last line saying so. The api pod goes: its watch ends with UNAUTHENTICATED.
+    let mut reader_watch = c
+        .watch_workload_routing_rules(request(None, Some(&reader)))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut ops = Vec::new();
+    while ops.last() != Some(&WatchOp::Synced) {
+        ops.push(reader_watch.message().await.unwrap().unwrap().op());
+    }
+    // The server's certificate now chains to the second CA.
+    let ca2_file = dir.path().join("ca2.crt");
+    std::fs::write(&ca2_file, &ca2.pem).unwrap();
+    let rest = RestWatch::open(http, &ca2_file, &reader).await;
+    // Both stay open while access holds, across several checks.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .delete("rules-reader", &Default::default())
+        .await
+        .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(30), reader_watch.message())
+        .await
+        .expect("the revoked reader's watch ends");
+    assert_eq!(
+        ended.map(|_| ()).map_err(|s| s.code()),
+        Err(Code::PermissionDenied)
+    );
+    let last = rest.rest().await;
+    assert!(
+        last.last()
+            .is_some_and(|l| l.contains(r#""code":"PERMISSION_DENIED""#)),
+        "{last:?}"
+    );
+    Api::<Pod>::namespaced(admin.clone(), "shop")
+        .delete(&api_pod.name_any(), &Default::default())
+        .await
+        .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the deleted pod's watch ends");
+    assert_eq!(
+        ended.map(|_| ()).map_err(|s| s.code()),
+        Err(Code::Unauthenticated)
     );
 
     stop.cancel();

@@ -12,8 +12,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde_json::Value;
 use spur_e2e::node::{
-    Answer, CHART_VALUES, Node, SPUR_NAMESPACE, demo_app, demo_app_annotated, eventually, node,
-    spur_bin,
+    Answer, CHART_VALUES, CLIENT_IMAGE, Node, SPUR_NAMESPACE, demo_app, demo_app_annotated,
+    eventually, node, spur_bin,
 };
 
 /// The chart's `tunnelProxy.tokenNamespace` default.
@@ -383,7 +383,19 @@ fn helm_install_and_the_user_path_on_running_pods() {
     docs_examples_on_the_node(node);
 
     // --- a laptop joins through the tunnel-proxy pod: keyed requests reach its process --------
-    laptop_joins_through_the_tunnel_proxy(node, ns, &client, &frontend, &backend_pods[0]);
+    let workstation_token =
+        laptop_joins_through_the_tunnel_proxy(node, ns, &client, &frontend, &backend_pods[0]);
+
+    // --- the CA rotates while traffic flows: no request fails --------------------------------
+    let reader_token =
+        certificates_rotate_under_load(node, ns, &client, &frontend, &backend_pods[0]);
+
+    // --- no component logged a secret, at debug level ----------------------------------------
+    secrets_never_logged(
+        node,
+        ns,
+        &[workstation_token.as_str(), reader_token.as_str()],
+    );
 
     // --- with the webhook down, new pods still start, uninjected ------------------------------
     node.kubectl(&[
@@ -612,6 +624,310 @@ fn routeserver_refuses_strangers(node: &Node, ns: &str, client: &str, backend_po
     assert_eq!(status("", &backend).0, 403);
 }
 
+/// A CA rotation requested through the CA Secret's annotation, under load from a pod that
+/// trusts the CA through the namespace's bundle ConfigMap, mounted as the sidecars mount it: a
+/// keyed request (to a fork), an unkeyed one (to the baseline) and a route-server read on a new
+/// TLS connection, over and over, none of which may fail. Then the route server restarts: the
+/// sidecars reconnect trusting the new CA (the kubelet refreshed their bundle) and a Sandbox's
+/// deletion reaches them. Returns the route-server token it used (for the log scan).
+fn certificates_rotate_under_load(
+    node: &Node,
+    ns: &str,
+    client: &str,
+    frontend: &str,
+    backend_pod: &str,
+) -> String {
+    node.apply(&sandbox("rotation", ns, "backend", "rotation", None))
+        .unwrap();
+    let key = sandbox_ready(node, "rotation");
+    let fork = fork_pod(node, ns, "rotation");
+    until_answered_by(node, ns, client, frontend, &key, &fork).unwrap();
+    node.apply(&format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: rotation-client
+  namespace: {ns}
+  annotations: {{sidecar.spur.dev/inject: "false"}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: client
+      image: {CLIENT_IMAGE}
+      imagePullPolicy: Never
+      volumeMounts: [{{name: ca, mountPath: /etc/spur-ca, readOnly: true}}]
+  volumes:
+    - name: ca
+      configMap: {{name: spur-ca-bundle}}
+"#
+    ))
+    .unwrap();
+    node.kubectl(&[
+        "-n",
+        ns,
+        "wait",
+        "--for=condition=Ready",
+        "pod/rotation-client",
+        "--timeout=120s",
+    ])
+    .with_context(|| node.describe(ns))
+    .unwrap();
+    let token = node
+        .kubectl(&[
+            "-n",
+            ns,
+            "create",
+            "token",
+            "default",
+            "--duration",
+            "30m",
+            "--audience",
+            "spur-routeserver",
+            "--bound-object-kind",
+            "Pod",
+            "--bound-object-name",
+            backend_pod,
+        ])
+        .unwrap()
+        .trim()
+        .to_string();
+    let exec = |script: &str| {
+        node.kubectl(&[
+            "-n",
+            ns,
+            "exec",
+            "rotation-client",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+    };
+    // Bounded by count, by time and by a stop file; every failure is a line of its log.
+    let rules = format!(
+        "https://spur-routeserver.{SPUR_NAMESPACE}.svc:7778/api/v1/workloads/routing-rules?baselineKind=Deployment&baselineNamespace={ns}&baselineName=backend"
+    );
+    let script = format!(
+        r#"cat > /tmp/token <<'END'
+{token}
+END
+cat > /tmp/load.sh <<'END'
+end=$(( $(date +%s) + 600 )); i=0
+while [ ! -e /tmp/stop ] && [ $i -lt 20000 ] && [ $(date +%s) -lt $end ]; do
+  i=$((i+1))
+  k=$(curl -sS --max-time 5 -H 'baggage: sd-routing-key={key}' -w ' %{{http_code}}' '{frontend}' 2>&1)
+  case "$k" in *'"pod":"{fork}"'*' 200') ;; *) echo "keyed $i: $k" ;; esac
+  u=$(curl -sS --max-time 5 -w ' %{{http_code}}' '{frontend}' 2>&1)
+  case "$u" in *'"pod":"{backend_pod}"'*' 200') ;; *) echo "unkeyed $i: $u" ;; esac
+  r=$(curl -sS -v --max-time 5 --cacert /etc/spur-ca/ca.crt -H "Authorization: Bearer $(cat /tmp/token)" -o /dev/null -w '%{{http_code}}' '{rules}' 2>/tmp/v)
+  [ "$r" = 200 ] || echo "rules $i: $r $(grep -iE 'error|alert|fail' /tmp/v | head -3 | tr '\n' ' ')"
+  grep 'start date' /tmp/v >> /tmp/served
+  echo $i > /tmp/count
+done
+touch /tmp/finished
+END
+rm -f /tmp/stop /tmp/finished /tmp/served /tmp/count
+nohup sh /tmp/load.sh > /tmp/load.log 2>&1 &
+echo started"#
+    );
+    assert_eq!(exec(&script).unwrap().trim(), "started");
+
+    let old_ca = secret_text(node, "spur-ca", "ca.crt");
+    let count = || -> u64 {
+        exec("cat /tmp/count 2>/dev/null || echo 0")
+            .unwrap_or_default()
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    };
+    // Some load before the rotation starts.
+    eventually("load to flow", Duration::from_secs(60), || {
+        Ok((count() >= 20).then_some(()))
+    })
+    .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    node.kubectl(&[
+        "-n",
+        SPUR_NAMESPACE,
+        "annotate",
+        "secret",
+        "spur-ca",
+        "--overwrite",
+        &format!("spur.dev/rotate-requested-at={now}"),
+    ])
+    .unwrap();
+    let new_ca = eventually(
+        "the next CA to be promoted (40 s propagation)",
+        Duration::from_secs(180),
+        || {
+            let ca = secret_text(node, "spur-ca", "ca.crt");
+            Ok((ca != old_ca && ca.contains("BEGIN CERTIFICATE")).then_some(ca))
+        },
+    )
+    .unwrap();
+    // A new connection that trusts only the new CA reaches the route server: it serves a
+    // certificate the new CA signed, picked up from its renewed Secret without a restart.
+    let only_new = format!(
+        "cat > /tmp/new-ca.crt <<'END'\n{}\nEND\ncurl -sS --max-time 5 -o /dev/null -w '%{{http_code}}' --cacert /tmp/new-ca.crt -H \"Authorization: Bearer $(cat /tmp/token)\" '{rules}' 2>&1; true",
+        new_ca.trim()
+    );
+    eventually(
+        "the route server to serve a certificate of the new CA",
+        Duration::from_secs(120),
+        || Ok((exec(&only_new)?.trim() == "200").then_some(())),
+    )
+    .unwrap();
+    // The load goes on a little: connections verified against the bundle now holding both.
+    let switched = count();
+    eventually(
+        "more load after the switch",
+        Duration::from_secs(60),
+        || Ok((count() >= switched + 20).then_some(())),
+    )
+    .unwrap();
+    exec("touch /tmp/stop").unwrap();
+    eventually("the load loop to stop", Duration::from_secs(30), || {
+        Ok(exec("test -e /tmp/finished && echo yes")
+            .unwrap_or_default()
+            .contains("yes")
+            .then_some(()))
+    })
+    .unwrap();
+    let iterations = count();
+    let failures = exec("cat /tmp/load.log").unwrap();
+    let served = exec("sort -u /tmp/served").unwrap();
+    eprintln!(
+        "CA rotation under load: {iterations} iterations ({} requests), {} failed; {} route-server certificates served",
+        iterations * 3,
+        failures.lines().count(),
+        served.lines().count()
+    );
+    assert_eq!(
+        failures.trim(),
+        "",
+        "requests failed during the CA rotation"
+    );
+    assert!(
+        served.lines().count() >= 2,
+        "the load saw one certificate only: {served}"
+    );
+
+    // The route server restarts: every sidecar must reconnect, trusting the new CA from its
+    // refreshed bundle, for the Sandbox's deletion to reach the frontend's sidecar.
+    node.kubectl(&[
+        "-n",
+        SPUR_NAMESPACE,
+        "rollout",
+        "restart",
+        "deployment/spur-routeserver",
+    ])
+    .unwrap();
+    node.rollout(SPUR_NAMESPACE, "spur-routeserver").unwrap();
+    node.kubectl(&[
+        "delete",
+        "sandbox",
+        "rotation",
+        "--wait=true",
+        "--timeout=120s",
+    ])
+    .unwrap();
+    eventually(
+        "keyed requests back on the baseline after the sandbox went",
+        Duration::from_secs(120),
+        || {
+            let a = try_get(node, ns, client, frontend, Some(&key))?;
+            Ok((a.answered_by() == Some(backend_pod)).then_some(()))
+        },
+    )
+    .with_context(|| node.describe(ns))
+    .unwrap();
+    node.kubectl(&["-n", ns, "delete", "pod", "rotation-client", "--wait=false"])
+        .unwrap();
+    token
+}
+
+/// One key of a Secret of the release namespace, decoded.
+fn secret_text(node: &Node, secret: &str, key: &str) -> String {
+    node.kubectl(&[
+        "-n",
+        SPUR_NAMESPACE,
+        "get",
+        "secret",
+        secret,
+        "-o",
+        &format!(
+            "go-template={{{{with index .data \"{key}\"}}}}{{{{. | base64decode}}}}{{{{end}}}}"
+        ),
+    ])
+    .unwrap_or_else(|e| panic!("secret {secret}, key {key}: {e:#}"))
+}
+
+/// Every log line of the chart's components and of the injected sidecars (all at debug level)
+/// is free of the tokens the run used and of every private key the operator keeps.
+fn secrets_never_logged(node: &Node, ns: &str, tokens: &[&str]) {
+    let mut needles: Vec<String> = tokens
+        .iter()
+        .filter(|t| t.len() >= 16)
+        .map(|t| t.to_string())
+        .collect();
+    let names = node
+        .kubectl(&[
+            "-n",
+            SPUR_NAMESPACE,
+            "get",
+            "secrets",
+            "-l",
+            "spur.dev/pki",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}",
+        ])
+        .unwrap();
+    for secret in names.lines().filter(|l| !l.is_empty()) {
+        for key in ["ca.key", "next.key", "tls.key"] {
+            // The key's body lines: a line of base64 is unique to its key.
+            needles.extend(
+                secret_text(node, secret, key)
+                    .lines()
+                    .filter(|l| !l.starts_with("-----") && l.len() >= 40)
+                    .map(String::from),
+            );
+        }
+    }
+    assert!(
+        needles.len() > tokens.len(),
+        "no private key found to look for"
+    );
+    let mut logs = String::new();
+    for namespace in [SPUR_NAMESPACE, ns] {
+        for pod in node.pods(namespace, "").unwrap() {
+            logs.push_str(
+                &node
+                    .kubectl(&["-n", namespace, "logs", &pod, "--all-containers"])
+                    .unwrap_or_default(),
+            );
+        }
+    }
+    assert!(
+        logs.contains("DEBUG"),
+        "the components do not log at debug level; the scan would prove little"
+    );
+    for needle in &needles {
+        assert!(
+            !logs.contains(needle.as_str()),
+            "a secret ({}…) is in a component's log",
+            &needle[..8]
+        );
+    }
+    eprintln!(
+        "secret scan: {} bytes of logs, {} secrets looked for, none found",
+        logs.len(),
+        needles.len()
+    );
+}
+
 fn ensure_namespace(node: &Node, name: &str) {
     node.apply(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n"
@@ -724,14 +1040,14 @@ fn fork_pod(node: &Node, ns: &str, sandbox: &str) -> String {
 
 /// `spur local connect` from a "laptop" network namespace to the tunnel-proxy pod (its ClusterIP
 /// Service), with a workstation token from `spur local token`; a Sandbox with a local workload for
-/// `backend`; a keyed request from the client pod reaches the process on the laptop.
+/// `backend`; a keyed request from the client pod reaches the process on the laptop. Returns the workstation token.
 fn laptop_joins_through_the_tunnel_proxy(
     node: &Node,
     ns: &str,
     client: &str,
     frontend: &str,
     backend_baseline: &str,
-) {
+) -> String {
     let dir = tempfile::tempdir().unwrap();
     let spur = spur_bin("spur");
     let token = node_spur(node, &["local", "token", "--workstation", "alice"]);
@@ -856,6 +1172,7 @@ spec:
     ])
     .unwrap();
     drop(laptop);
+    token.trim().to_string()
 }
 
 /// Runs this checkout's `spur` on the host with the node's admin kubeconfig; its stdout.

@@ -16,3 +16,10 @@ readOnlyRootFilesystem: true
 capabilities: {drop: ["ALL"]}
 seccompProfile: {type: RuntimeDefault}
 {{- end -}}
+
+{{- /* SPUR_LOG from .Values.logLevel, as env list items (nothing when unset). */ -}}
+{{- define "spur.logEnv" -}}
+{{- with .Values.logLevel }}
+- {name: SPUR_LOG, value: {{ . | quote }}}
+{{- end }}
+{{- end -}}

@@ -35,6 +35,10 @@ pub const PKI_LABEL: &str = "spur.dev/pki";
 /// On the CA Secret during a rotation: when the webhook configuration was first seen carrying
 /// the next CA (Unix seconds).
 const NEXT_PUBLISHED: &str = "spur.dev/next-ca-published-at";
+/// On the CA Secret, set by whoever wants the CA replaced now (Unix seconds, e.g.
+/// `kubectl annotate secret spur-ca spur.dev/rotate-requested-at=$(date +%s)`): a CA made
+/// before then is rotated, through the same two steps as at 80 % of its lifetime.
+pub(crate) const ROTATE_REQUESTED: &str = "spur.dev/rotate-requested-at";
 /// On the serving Secret: fingerprint of the CA that signed it.
 const ISSUER: &str = "spur.dev/issuer";
 
@@ -271,6 +275,8 @@ struct CaState {
     next: Option<Pair>,
     bundle: Vec<String>,
     next_published: Option<i64>,
+    /// [`ROTATE_REQUESTED`]; the manager only reads it.
+    rotate_requested: Option<i64>,
 }
 
 /// `spur.dev/pki` value of the bundle copies in application namespaces.
@@ -325,10 +331,15 @@ impl Manager {
                 tracing::warn!(secret = %cfg.ca_secret, "the CA is expired or unreadable: replacing it (clients that trust only the old one fail until they get the new bundle)");
             }
             ca = CaState {
-                current: Some(pki::new_ca("spur CA", cfg.ca_lifetime, now)?),
+                current: Some(pki::new_ca(
+                    &format!("spur CA {now}"),
+                    cfg.ca_lifetime,
+                    now,
+                )?),
                 next: None,
                 next_published: None,
                 bundle: ca.bundle,
+                rotate_requested: ca.rotate_requested,
             };
             self.metrics.cert_issued("ca");
             tracing::info!("created a CA");
@@ -338,11 +349,35 @@ impl Manager {
             ca.next = None;
             ca.next_published = None;
         }
-        if ca.next.is_none() && now >= current.validity.renew_at() {
-            ca.next = Some(pki::new_ca("spur CA", cfg.ca_lifetime, now)?);
+        // A request from the future would rotate every CA made until then: ignored.
+        let requested = ca.rotate_requested.filter(|&t| {
+            let sane = t <= now + 60;
+            if !sane {
+                tracing::warn!(
+                    annotation = ROTATE_REQUESTED,
+                    at = t,
+                    "CA rotation requested for a time in the future: ignored"
+                );
+            }
+            sane && t > current.validity.issued_at()
+        });
+        let aged = now >= current.validity.renew_at_for(cfg.ca_lifetime);
+        if ca.next.is_none() && (aged || requested.is_some()) {
+            ca.next = Some(pki::new_ca(
+                &format!("spur CA {now}"),
+                cfg.ca_lifetime,
+                now,
+            )?);
             ca.next_published = None;
             self.metrics.cert_issued("ca");
-            tracing::info!("CA at 80% of its lifetime: next CA created and published");
+            if aged {
+                tracing::info!("CA at 80% of its lifetime: next CA created and published");
+            } else {
+                tracing::info!(
+                    annotation = ROTATE_REQUESTED,
+                    "CA rotation requested: next CA created and published"
+                );
+            }
         }
         ca.bundle = bundle(&ca, now);
         if ca != loaded {
@@ -381,7 +416,10 @@ impl Manager {
         self.metrics
             .cert_expiry("ca", signer_info.validity.not_after);
         if ca.next.is_none() {
-            due.push(until(signer_info.validity.renew_at(), now));
+            due.push(until(
+                signer_info.validity.renew_at_for(cfg.ca_lifetime),
+                now,
+            ));
         }
         // Expired CAs leave the bundle.
         for c in &ca.bundle {
@@ -406,7 +444,10 @@ impl Manager {
             .await?;
         self.metrics
             .cert_expiry("serving", serving.validity.not_after);
-        due.push(until(serving.validity.renew_at(), now));
+        due.push(until(
+            serving.validity.renew_at_for(cfg.serving_lifetime),
+            now,
+        ));
         for (role, target) in [
             ("tunnel-proxy", &cfg.tunnel_proxy),
             ("routeserver", &cfg.routeserver),
@@ -423,7 +464,7 @@ impl Manager {
                 )
                 .await?;
             self.metrics.cert_expiry(role, held.validity.not_after);
-            due.push(until(held.validity.renew_at(), now));
+            due.push(until(held.validity.renew_at_for(cfg.serving_lifetime), now));
         }
         if let Some(name) = &cfg.bundle_config_map {
             self.sync_bundle_config_map(name, &bundle_pem).await?;
@@ -481,6 +522,12 @@ impl Manager {
                 .as_ref()
                 .and_then(|a| a.get(NEXT_PUBLISHED))
                 .and_then(|v| v.parse().ok()),
+            rotate_requested: secret
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ROTATE_REQUESTED))
+                .and_then(|v| v.trim().parse().ok()),
         })
     }
 
@@ -668,7 +715,7 @@ impl Manager {
             (Some(cert), Some(key)) => pki::info(&cert)
                 .ok()
                 .filter(|i| {
-                    now < i.validity.renew_at()
+                    now < i.validity.renew_at_for(self.cfg.serving_lifetime)
                         && i.sans == target.names
                         && annotations.get(ISSUER) == Some(&issuer)
                         && rcgen::KeyPair::from_pem(&key).is_ok()
@@ -803,6 +850,7 @@ mod tests {
             next: Some(next.clone()),
             bundle: vec![cur.cert.clone(), old.cert.clone(), gone.cert.clone()],
             next_published: None,
+            rotate_requested: None,
         };
         let b = bundle(&ca, now);
         let fps: Vec<_> = b.iter().map(|c| pki::fingerprint(c)).collect();

@@ -49,6 +49,29 @@ impl Validity {
         self.not_before + (self.not_after - self.not_before) * 4 / 5
     }
 
+    /// When the certificate is due for renewal while `configured` is the lifetime new ones get:
+    /// 80 % into its own lifetime, or into the configured one when that is shorter. So shortening
+    /// the lifetime (say, after a suspected key leak) rotates at once instead of when the old,
+    /// long-lived certificate reaches its own 80 %.
+    pub fn renew_at_for(&self, configured: Duration) -> i64 {
+        let life = lifetime_secs(configured);
+        let span = life.saturating_add(backdate(life));
+        self.renew_at()
+            .min(self.not_before.saturating_add(span * 4 / 5))
+    }
+
+    /// When the certificate was made: `not_before` is backdated by [`backdate`] of its lifetime
+    /// (to the second: the inverse of `lifetime + lifetime / 10` rounds).
+    pub fn issued_at(&self) -> i64 {
+        let total = self.not_after - self.not_before;
+        self.not_before
+            + if total >= 3300 {
+                300
+            } else {
+                (total / 11).max(1)
+            }
+    }
+
     pub fn expired(&self, now: i64) -> bool {
         now >= self.not_after
     }
@@ -287,13 +310,13 @@ fn subject(common_name: &str) -> DistinguishedName {
 /// Valid from a little before `now` (a tenth of the lifetime, at most five minutes) so that a
 /// verifier whose clock lags slightly does not reject a fresh certificate.
 fn set_validity(params: &mut CertificateParams, lifetime: Duration, now: i64) -> Result<(), Error> {
-    let life = i64::try_from(lifetime.as_secs()).unwrap_or(i64::MAX / 4);
+    let life = lifetime_secs(lifetime);
     if life < 2 {
         return Err(Error::Pki(format!(
             "certificate lifetime {lifetime:?} is too short"
         )));
     }
-    let backdate = (life / 10).clamp(1, 300);
+    let backdate = backdate(life);
     let at = |t: i64| {
         time::OffsetDateTime::from_unix_timestamp(t)
             .map_err(|e| Error::Pki(format!("certificate time out of range: {e}")))
@@ -301,6 +324,17 @@ fn set_validity(params: &mut CertificateParams, lifetime: Duration, now: i64) ->
     params.not_before = at(now - backdate)?;
     params.not_after = at(now + life)?;
     Ok(())
+}
+
+/// Seconds, bounded so that arithmetic on them cannot overflow.
+fn lifetime_secs(lifetime: Duration) -> i64 {
+    i64::try_from(lifetime.as_secs()).map_or(i64::MAX / 8, |s| s.min(i64::MAX / 8))
+}
+
+/// How far before issuance validity starts, for clock skew: a tenth of the lifetime, at most
+/// 5 min.
+fn backdate(life: i64) -> i64 {
+    (life / 10).clamp(1, 300)
 }
 
 fn pki(e: rcgen::Error) -> Error {
@@ -329,7 +363,28 @@ mod tests {
         assert_eq!(li.validity.not_after, now + 600);
         // 80 %: 60 s backdate + 600 s lifetime → renew 528 s after not_before.
         assert_eq!(li.validity.renew_at(), li.validity.not_before + 528);
+        // A longer configured lifetime changes nothing; a shorter one brings renewal forward
+        // (300 s configured, backdated 30 s: 80 % of 330 s is 264 s).
+        let longer = Duration::from_secs(6000);
+        assert_eq!(li.validity.renew_at_for(longer), li.validity.renew_at());
+        let shorter = Duration::from_secs(300);
+        assert_eq!(
+            li.validity.renew_at_for(shorter),
+            li.validity.not_before + 264
+        );
+        assert_eq!(
+            li.validity.renew_at_for(Duration::from_secs(600)),
+            li.validity.renew_at()
+        );
         assert_ne!(fingerprint(&ca.cert), fingerprint(&leaf.cert));
+        for life in [2, 100, 600, 3000, 3299, 3600, 86400] {
+            let c = new_ca("t", Duration::from_secs(life), now).unwrap();
+            let at = info(&c.cert).unwrap().validity.issued_at();
+            assert!(
+                (at - now).abs() <= 1,
+                "lifetime {life}: made at {now}, read {at}"
+            );
+        }
     }
 
     #[test]

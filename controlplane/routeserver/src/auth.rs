@@ -12,11 +12,18 @@
 //!
 //! Answers are cached briefly, so thousands of sidecars reconnecting at once cost the API server
 //! one review per token, and at most [`MAX_REVIEWS`] reviews run at a time.
+//!
+//! A watch is checked when it opens and again, without the cache, every `watch_recheck` (with
+//! jitter) and when its token expires (the JWT's `exp`): a deleted pod, a revoked binding or an
+//! expired token ends the stream with UNAUTHENTICATED or PERMISSION_DENIED, and the sidecar
+//! reconnects with the fresh token the kubelet has written meanwhile.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInfo};
@@ -55,6 +62,9 @@ pub enum AuthConfig {
         client: Client,
         /// The audience tokens must be issued for (the sidecar's projected token asks for it).
         audience: String,
+        /// How often an open watch is checked again, bypassing the cache (a random time
+        /// between half of it and all of it, so watches opened together spread their reviews).
+        watch_recheck: Duration,
     },
 }
 
@@ -62,9 +72,14 @@ impl fmt::Debug for AuthConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AuthConfig::Disabled => f.write_str("Disabled"),
-            AuthConfig::Kubernetes { audience, .. } => f
+            AuthConfig::Kubernetes {
+                audience,
+                watch_recheck,
+                ..
+            } => f
                 .debug_struct("Kubernetes")
                 .field("audience", audience)
+                .field("watch_recheck", watch_recheck)
                 .finish_non_exhaustive(),
         }
     }
@@ -88,6 +103,17 @@ pub(crate) enum Denied {
     Unavailable(String),
 }
 
+impl Denied {
+    /// The gRPC code's name, for clients that see the refusal outside gRPC.
+    pub(crate) fn code(&self) -> &'static str {
+        match self {
+            Denied::Unauthenticated(_) => "UNAUTHENTICATED",
+            Denied::Forbidden(_) => "PERMISSION_DENIED",
+            Denied::Unavailable(_) => "UNAVAILABLE",
+        }
+    }
+}
+
 impl fmt::Display for Denied {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -108,6 +134,13 @@ impl From<Denied> for tonic::Status {
     }
 }
 
+/// What an accepted request was granted on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Grant {
+    /// When the token stops being valid (its `exp` claim), if it says.
+    pub(crate) expires: Option<SystemTime>,
+}
+
 /// A reviewed token's identity.
 #[derive(Debug, Clone)]
 enum Identity {
@@ -123,6 +156,8 @@ enum Identity {
 #[derive(Debug, Clone)]
 struct Entry {
     until: Instant,
+    /// The token's own expiry: the entry never outlives it.
+    expires: Option<SystemTime>,
     identity: Result<Identity, Denied>,
     /// For pods: the baseline (kind, namespace, name) or why there is none.
     baseline: Option<Result<(String, String, String), Denied>>,
@@ -140,6 +175,7 @@ pub(crate) struct Authenticator {
 struct Kube {
     client: Client,
     audience: String,
+    watch_recheck: Duration,
     cache: Mutex<HashMap<String, Entry>>,
     reviews: Semaphore,
 }
@@ -148,10 +184,15 @@ impl Authenticator {
     pub(crate) fn new(config: &AuthConfig) -> Self {
         match config {
             AuthConfig::Disabled => Authenticator { inner: None },
-            AuthConfig::Kubernetes { client, audience } => Authenticator {
+            AuthConfig::Kubernetes {
+                client,
+                audience,
+                watch_recheck,
+            } => Authenticator {
                 inner: Some(Arc::new(Kube {
                     client: client.clone(),
                     audience: audience.clone(),
+                    watch_recheck: *watch_recheck,
                     cache: Mutex::new(HashMap::new()),
                     reviews: Semaphore::new(MAX_REVIEWS),
                 })),
@@ -164,12 +205,48 @@ impl Authenticator {
         &self,
         authorization: Option<&[u8]>,
         scope: Scope<'_>,
-    ) -> Result<(), Denied> {
+    ) -> Result<Grant, Denied> {
+        self.check_with(authorization, scope, false).await
+    }
+
+    /// [`Self::check`] without the cache: for an open watch, whose grant may have lapsed.
+    pub(crate) async fn recheck(
+        &self,
+        authorization: Option<&[u8]>,
+        scope: Scope<'_>,
+    ) -> Result<Grant, Denied> {
+        self.check_with(authorization, scope, true).await
+    }
+
+    /// When an open watch granted `grant` is next checked again; None: never (no
+    /// authentication).
+    pub(crate) fn next_recheck(&self, grant: Grant) -> Option<Duration> {
+        let kube = self.inner.as_ref()?;
+        let mut wait = jitter(kube.watch_recheck);
+        if let Some(expires) = grant.expires {
+            // A moment past the expiry, so the API server sees the token as expired.
+            let left = expires
+                .duration_since(SystemTime::now())
+                .unwrap_or_default();
+            wait = wait.min(left + Duration::from_secs(1));
+        }
+        Some(wait)
+    }
+
+    async fn check_with(
+        &self,
+        authorization: Option<&[u8]>,
+        scope: Scope<'_>,
+        fresh: bool,
+    ) -> Result<Grant, Denied> {
         let Some(kube) = &self.inner else {
-            return Ok(());
+            return Ok(Grant::default());
         };
         let token = bearer(authorization)?;
-        let mut entry = kube.entry(token).await;
+        let mut entry = kube.entry(token, fresh).await;
+        let grant = Grant {
+            expires: entry.expires,
+        };
         let identity = match entry.identity.clone() {
             Ok(i) => i,
             Err(e) => {
@@ -202,7 +279,7 @@ impl Authenticator {
                 };
                 let (kind, ns, name) = baseline?;
                 if filter.kind == kind && filter.namespace == ns && filter.name == name {
-                    Ok(())
+                    Ok(grant)
                 } else {
                     Err(Denied::Forbidden(format!(
                         "this pod's token reads only the rules of {kind} {ns}/{name}; ask with that baseline"
@@ -223,7 +300,7 @@ impl Authenticator {
                     }
                 };
                 if allowed {
-                    Ok(())
+                    Ok(grant)
                 } else {
                     let who = user.username.as_deref().unwrap_or("this user");
                     let what = if group.is_empty() {
@@ -259,9 +336,34 @@ fn bearer(authorization: Option<&[u8]>) -> Result<&str, Denied> {
     Ok(token)
 }
 
+/// The `exp` claim of a JWT, read without checking the signature: only for a token the API
+/// server has just accepted. None for a token that is not a JWT or says nothing.
+fn token_expiry(token: &str) -> Option<SystemTime> {
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let exp = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()?
+        .get("exp")?
+        .as_u64()?;
+    UNIX_EPOCH.checked_add(Duration::from_secs(exp))
+}
+
+/// A random duration in [d/2, d].
+fn jitter(d: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is randomly seeded per instance: a dependency-free source of spread.
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let half = d / 2;
+    half + Duration::from_nanos(r % u64::try_from(half.as_nanos()).unwrap_or(u64::MAX).max(1))
+}
+
 impl Kube {
-    async fn entry(&self, token: &str) -> Entry {
-        if let Some(e) = self.cached(token) {
+    async fn entry(&self, token: &str, fresh: bool) -> Entry {
+        if !fresh && let Some(e) = self.cached(token) {
             return e;
         }
         let identity = self.review(token).await;
@@ -270,8 +372,15 @@ impl Kube {
             Err(Denied::Unavailable(_)) => Duration::ZERO,
             Err(_) => REFUSED_TTL,
         };
+        let expires = identity.as_ref().ok().and_then(|_| token_expiry(token));
+        let mut until = Instant::now() + ttl;
+        if let Some(left) = expires.map(|e| e.duration_since(SystemTime::now()).unwrap_or_default())
+        {
+            until = until.min(Instant::now() + left);
+        }
         Entry {
-            until: Instant::now() + ttl,
+            until,
+            expires,
             identity,
             baseline: None,
             reads_rules: None,
@@ -473,6 +582,41 @@ mod tests {
     async fn disabled_lets_everyone_read() {
         let auth = Authenticator::new(&AuthConfig::Disabled);
         let f = Filter::default();
-        assert_eq!(auth.check(None, Scope::Rules(&f)).await, Ok(()));
+        assert_eq!(
+            auth.check(None, Scope::Rules(&f)).await,
+            Ok(Grant::default())
+        );
+        assert_eq!(auth.next_recheck(Grant::default()), None);
+    }
+
+    #[test]
+    fn a_tokens_expiry_is_its_exp_claim() {
+        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let jwt = |claims: &str| format!("{}.{}.sig", b64(r#"{"alg":"RS256"}"#), b64(claims));
+        assert_eq!(
+            token_expiry(&jwt(r#"{"aud":["spur-routeserver"],"exp":1800000000}"#)),
+            UNIX_EPOCH.checked_add(Duration::from_secs(1_800_000_000))
+        );
+        for no in [
+            jwt(r#"{"sub":"x"}"#),
+            jwt(r#"{"exp":"soon"}"#),
+            jwt(r#"{"exp":-1}"#),
+            "opaque-static-token".to_string(),
+            "a.%%%.c".to_string(),
+            format!("a.{}.c", b64("not json")),
+        ] {
+            assert_eq!(token_expiry(&no), None, "{no}");
+        }
+    }
+
+    #[test]
+    fn rechecks_spread_over_the_second_half_of_the_period() {
+        for _ in 0..100 {
+            let j = jitter(Duration::from_secs(600));
+            assert!(
+                j >= Duration::from_secs(300) && j <= Duration::from_secs(600),
+                "{j:?}"
+            );
+        }
     }
 }

@@ -11,10 +11,10 @@ use spur_proto::routes::{
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use crate::auth::{Authenticator, Scope};
+use crate::auth::{Authenticator, Grant, Scope};
 use crate::index::{Filter, Index};
 use crate::metrics::Metrics;
-use crate::watch::{self, Op};
+use crate::watch::{self, Op, Reader};
 
 pub(crate) struct RoutesService {
     pub(crate) index: Index,
@@ -25,7 +25,7 @@ pub(crate) struct RoutesService {
 }
 
 impl RoutesService {
-    async fn authorize<T>(&self, request: &Request<T>, scope: Scope<'_>) -> Result<(), Status> {
+    async fn authorize<T>(&self, request: &Request<T>, scope: Scope<'_>) -> Result<Grant, Status> {
         let header = request
             .metadata()
             .get("authorization")
@@ -66,17 +66,26 @@ impl Routes for RoutesService {
         request: Request<WorkloadRoutingRulesRequest>,
     ) -> Result<Response<OpStream>, Status> {
         let filter = Filter::from_request(request.get_ref());
-        self.authorize(&request, Scope::Rules(&filter)).await?;
+        let grant = self.authorize(&request, Scope::Rules(&filter)).await?;
         let rx = watch::spawn(
             self.index.subscribe(),
-            filter,
+            filter.clone(),
             self.buffer,
             self.metrics.clone(),
             self.stop.clone(),
         );
-        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
-        let ops = futures_util::StreamExt::map(stream, |op| {
-            Ok(match op {
+        let reader = Reader {
+            auth: self.auth.clone(),
+            authorization: request
+                .metadata()
+                .get("authorization")
+                .map(|v| v.as_bytes().to_vec()),
+            filter,
+            grant,
+            metrics: self.metrics.clone(),
+        };
+        let ops = futures_util::StreamExt::map(watch::guarded(rx, reader), |op| {
+            Ok(match op.map_err(Status::from)? {
                 Op::Add(e) => WorkloadRoutingRuleOp {
                     op: WatchOp::Add.into(),
                     route: Some(e.proto.clone()),

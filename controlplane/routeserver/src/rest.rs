@@ -15,10 +15,10 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::{Authenticator, Denied, Scope};
+use crate::auth::{Authenticator, Denied, Grant, Scope};
 use crate::index::{Filter, Index};
 use crate::metrics::Metrics;
-use crate::watch::{self, Op};
+use crate::watch::{self, Op, Reader};
 
 #[derive(Clone)]
 pub(crate) struct RestState {
@@ -32,7 +32,7 @@ pub(crate) struct RestState {
 
 impl RestState {
     /// `Err` is the response refusing the request.
-    async fn authorize(&self, headers: &HeaderMap, filter: &Filter) -> Result<(), Response> {
+    async fn authorize(&self, headers: &HeaderMap, filter: &Filter) -> Result<Grant, Response> {
         let header = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
         self.auth
             .check(header, Scope::Rules(filter))
@@ -131,22 +131,36 @@ async fn watch_rules(
     Query(q): Query<RulesQuery>,
 ) -> Response {
     let filter = Filter::from(q);
-    if let Err(refused) = s.authorize(&headers, &filter).await {
-        return refused;
-    }
+    let grant = match s.authorize(&headers, &filter).await {
+        Ok(g) => g,
+        Err(refused) => return refused,
+    };
     let rx = watch::spawn(
         s.index.subscribe(),
-        filter,
+        filter.clone(),
         s.buffer,
         s.metrics.clone(),
         s.stop.clone(),
     );
-    let lines = tokio_stream::wrappers::ReceiverStream::new(rx).map(|op| {
+    let reader = Reader {
+        auth: s.auth.clone(),
+        authorization: headers
+            .get(header::AUTHORIZATION)
+            .map(|v| v.as_bytes().to_vec()),
+        filter,
+        grant,
+        metrics: s.metrics.clone(),
+    };
+    let lines = watch::guarded(rx, reader).map(|op| {
         let value = match op {
-            Op::Add(e) => serde_json::json!({"op": "ADD", "route": e.spec}),
-            Op::Replace(e) => serde_json::json!({"op": "REPLACE", "route": e.spec}),
-            Op::Remove(e) => serde_json::json!({"op": "REMOVE", "route": e.spec}),
-            Op::Synced => serde_json::json!({"op": "SYNCED"}),
+            Ok(Op::Add(e)) => serde_json::json!({"op": "ADD", "route": e.spec}),
+            Ok(Op::Replace(e)) => serde_json::json!({"op": "REPLACE", "route": e.spec}),
+            Ok(Op::Remove(e)) => serde_json::json!({"op": "REMOVE", "route": e.spec}),
+            Ok(Op::Synced) => serde_json::json!({"op": "SYNCED"}),
+            // The status line is long gone: the refusal is the last line, then the stream ends.
+            Err(refused) => {
+                serde_json::json!({"error": refused.to_string(), "code": refused.code()})
+            }
         };
         let mut line = value.to_string();
         line.push('\n');

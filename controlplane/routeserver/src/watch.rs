@@ -7,12 +7,19 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
+use futures_util::Stream;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{Authenticator, Denied, Grant, Scope};
 use crate::index::{Entry, Filter, RuleKey, Snapshot};
 use crate::metrics::Metrics;
+
+/// How soon a watch is checked again when the API server could not answer the last check.
+const RECHECK_RETRY: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone)]
 pub(crate) enum Op {
@@ -43,6 +50,67 @@ pub(crate) fn spawn(
         metrics.watchers.dec();
     });
     rx
+}
+
+/// What [`guarded`] needs to check a watch's reader again.
+pub(crate) struct Reader {
+    pub(crate) auth: Authenticator,
+    /// The `authorization` header the watch was opened with.
+    pub(crate) authorization: Option<Vec<u8>>,
+    pub(crate) filter: Filter,
+    /// What the opening check granted.
+    pub(crate) grant: Grant,
+    pub(crate) metrics: Metrics,
+}
+
+/// The ops of `rx` until the reader's access lapses: the reader is checked again (without the
+/// cache) from time to time and when its token expires; a refusal is the stream's last item.
+/// An API server that cannot answer never ends a watch: the check is retried later.
+pub(crate) fn guarded(
+    rx: mpsc::Receiver<Op>,
+    reader: Reader,
+) -> impl Stream<Item = Result<Op, Denied>> + Send {
+    let next = reader
+        .auth
+        .next_recheck(reader.grant)
+        .map(|d| Instant::now() + d);
+    futures_util::stream::unfold(
+        (rx, reader, next, false),
+        |(mut rx, reader, mut next, ended)| async move {
+            if ended {
+                return None;
+            }
+            loop {
+                let due = async {
+                    match next {
+                        Some(t) => tokio::time::sleep_until(t).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    op = rx.recv() => return op.map(|op| (Ok(op), (rx, reader, next, false))),
+                    () = due => {}
+                }
+                let scope = Scope::Rules(&reader.filter);
+                match reader
+                    .auth
+                    .recheck(reader.authorization.as_deref(), scope)
+                    .await
+                {
+                    Ok(grant) => next = reader.auth.next_recheck(grant).map(|d| Instant::now() + d),
+                    Err(Denied::Unavailable(why)) => {
+                        tracing::debug!(%why, "cannot check a watch's reader again now");
+                        next = Some(Instant::now() + RECHECK_RETRY);
+                    }
+                    Err(refused) => {
+                        reader.metrics.refused();
+                        tracing::info!(reason = %refused, "watch ended: its reader may no longer read it");
+                        return Some((Err(refused), (rx, reader, next, true)));
+                    }
+                }
+            }
+        },
+    )
 }
 
 async fn run(
