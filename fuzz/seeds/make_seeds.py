@@ -264,3 +264,22 @@ put("extract", "\n\x02" + "k" * 70 + "\n\x02a.b_c-d\n")
 # --- lookup: 4 bytes per rule up to 0xff, then 3 bytes per probe ---------------------------
 put("lookup", bytes([0, 0, 0b1111, 1, 1, 0, 0b0011, 2, 0, 1, 0b0100, 3, 0xFF, 0, 0, 1, 1, 0, 2, 5, 1, 3, 0, 1, 4]))
 put("lookup", bytes([3, 2, 0b1000, 9, 3, 2, 0b0001, 9, 0xFF, 3, 2, 4, 3, 2, 1]))
+
+# --- rest_api: request target line, header lines, blank line, body ------------------------
+for target in [
+    "/api/v1/workloads/routing-rules",
+    "/api/v1/workloads/routing-rules?baselineKind=Deployment&baselineNamespace=shop&baselineName=api",
+    "/api/v1/workloads/routes?routingKey=k1&destinationSandboxName=sb1",
+    "/api/v1/workloads/routing-rules?baselineKind=%ZZ&&=&routingKey=%00&routingKey=k2&x",
+    "/api/v1/workloads/routing-rules/watch?routingKey=k2",
+    "/healthz",
+    "/metrics",
+    "http://routeserver/api/v1/workloads/routing-rules?baselineName=web",
+    "*",
+    "/api/v1/workloads/routing-rules?" + "&".join(f"baselineName={i}" for i in range(100)),
+]:
+    put("rest_api", target + "\n")
+put("rest_api", "/api/v1/workloads/routing-rules\nAuthorization: Bearer abc\nAccept: */*\n\n")
+put("rest_api", "/api/v1/workloads/routing-rules\nHost: other\n\n")
+put("rest_api", "/healthz\nTransfer-Encoding: chunked\n\n0\r\n\r\n")
+put("rest_api", "/api/v1/workloads/routing-rules/watch\nConnection: upgrade\nUpgrade: h2c\n\n")

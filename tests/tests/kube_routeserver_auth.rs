@@ -493,6 +493,18 @@ async fn only_authenticated_readers_read_and_a_sidecar_reads_only_its_own_rules(
         403
     );
     assert_eq!(rest_status(http, &ca_file, "", Some(&reader)).await, 200);
+    // Probes need no token; what they see names no problem, only counts them.
+    let health = tokio::process::Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert"])
+        .arg(&ca_file)
+        .args(["--resolve", &format!("localhost:{http}:127.0.0.1")])
+        .arg(format!("https://localhost:{http}/healthz"))
+        .output()
+        .await
+        .unwrap();
+    let health: Value = serde_json::from_slice(&health.stdout).unwrap();
+    assert_eq!(health["status"], "ok", "{health}");
+    assert!(health["problems"].is_u64(), "{health}");
 
     // The sidecar's client: TLS against the CA file, the token from a file.
     std::fs::write(dir.path().join("pod.token"), &pod_token).unwrap();

@@ -200,6 +200,11 @@ impl Authenticator {
         }
     }
 
+    /// Whether readers are authenticated at all.
+    pub(crate) fn enabled(&self) -> bool {
+        self.inner.is_some()
+    }
+
     /// Whether `authorization` (the header's value, if any) may read `scope`.
     pub(crate) async fn check(
         &self,
