@@ -1,4 +1,5 @@
 //! The Routes API over gRPC (`routes.Routes`), wire-compatible with the public `routesapi`.
+//! The watch is served through [`crate::wire`], which writes each change's bytes once.
 
 use std::pin::Pin;
 
@@ -15,8 +16,9 @@ use crate::auth::{Authenticator, Grant, Scope};
 use crate::index::{Filter, Index};
 use crate::metrics::Metrics;
 use crate::watch::{self, Op, Reader};
+use crate::wire::EncodedOp;
 
-pub(crate) struct RoutesService {
+pub(crate) struct RoutesHandler {
     pub(crate) index: Index,
     pub(crate) metrics: Metrics,
     pub(crate) buffer: usize,
@@ -24,7 +26,10 @@ pub(crate) struct RoutesService {
     pub(crate) auth: Authenticator,
 }
 
-impl RoutesService {
+/// A watch stream's ops, ready for [`crate::wire::WatchCodec`].
+pub(crate) type EncodedStream = Pin<Box<dyn Stream<Item = Result<EncodedOp, Status>> + Send>>;
+
+impl RoutesHandler {
     async fn authorize<T>(&self, request: &Request<T>, scope: Scope<'_>) -> Result<Grant, Status> {
         let header = request
             .metadata()
@@ -40,31 +45,12 @@ impl RoutesService {
             Status::from(d)
         })
     }
-}
 
-type OpStream = Pin<Box<dyn Stream<Item = Result<WorkloadRoutingRuleOp, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl Routes for RoutesService {
-    async fn get_workload_routing_rules(
+    /// `WatchWorkloadRoutingRules`: the rules' bytes as the index encoded them.
+    pub(crate) async fn watch(
         &self,
         request: Request<WorkloadRoutingRulesRequest>,
-    ) -> Result<Response<GetWorkloadRoutingRulesResponse>, Status> {
-        let filter = Filter::from_request(request.get_ref());
-        self.authorize(&request, Scope::Rules(&filter)).await?;
-        let snap = self.index.current();
-        let routing_rules = snap.matching(&filter).map(|e| e.proto.clone()).collect();
-        Ok(Response::new(GetWorkloadRoutingRulesResponse {
-            routing_rules,
-        }))
-    }
-
-    type WatchWorkloadRoutingRulesStream = OpStream;
-
-    async fn watch_workload_routing_rules(
-        &self,
-        request: Request<WorkloadRoutingRulesRequest>,
-    ) -> Result<Response<OpStream>, Status> {
+    ) -> Result<Response<EncodedStream>, Status> {
         let filter = Filter::from_request(request.get_ref());
         let grant = self.authorize(&request, Scope::Rules(&filter)).await?;
         let rx = watch::spawn(
@@ -86,25 +72,42 @@ impl Routes for RoutesService {
         };
         let ops = futures_util::StreamExt::map(watch::guarded(rx, reader), |op| {
             Ok(match op.map_err(Status::from)? {
-                Op::Add(e) => WorkloadRoutingRuleOp {
-                    op: WatchOp::Add.into(),
-                    route: Some(e.proto.clone()),
-                },
-                Op::Replace(e) => WorkloadRoutingRuleOp {
-                    op: WatchOp::Replace.into(),
-                    route: Some(e.proto.clone()),
-                },
-                Op::Remove(e) => WorkloadRoutingRuleOp {
-                    op: WatchOp::Remove.into(),
-                    route: Some(e.proto.clone()),
-                },
-                Op::Synced => WorkloadRoutingRuleOp {
-                    op: WatchOp::Synced.into(),
-                    route: None,
-                },
+                Op::Add(e) => EncodedOp::new(WatchOp::Add, Some(e.wire.clone())),
+                Op::Replace(e) => EncodedOp::new(WatchOp::Replace, Some(e.wire.clone())),
+                Op::Remove(e) => EncodedOp::new(WatchOp::Remove, Some(e.wire.clone())),
+                Op::Synced => EncodedOp::new(WatchOp::Synced, None),
             })
         });
         Ok(Response::new(Box::pin(ops)))
+    }
+}
+
+#[tonic::async_trait]
+impl Routes for RoutesHandler {
+    async fn get_workload_routing_rules(
+        &self,
+        request: Request<WorkloadRoutingRulesRequest>,
+    ) -> Result<Response<GetWorkloadRoutingRulesResponse>, Status> {
+        let filter = Filter::from_request(request.get_ref());
+        self.authorize(&request, Scope::Rules(&filter)).await?;
+        let snap = self.index.current();
+        let routing_rules = snap.matching(&filter).map(|e| e.proto.clone()).collect();
+        Ok(Response::new(GetWorkloadRoutingRulesResponse {
+            routing_rules,
+        }))
+    }
+
+    type WatchWorkloadRoutingRulesStream =
+        futures_util::stream::Empty<Result<WorkloadRoutingRuleOp, Status>>;
+
+    /// Never reached: [`crate::wire::RoutesService`] serves this path with [`Self::watch`].
+    async fn watch_workload_routing_rules(
+        &self,
+        _request: Request<WorkloadRoutingRulesRequest>,
+    ) -> Result<Response<Self::WatchWorkloadRoutingRulesStream>, Status> {
+        Err(Status::internal(
+            "the watch is served by the pre-encoded path; reaching this is a bug",
+        ))
     }
 
     async fn get_cluster_services(

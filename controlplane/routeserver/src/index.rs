@@ -29,13 +29,17 @@ pub struct RuleKey {
 pub struct Entry {
     pub rule: RoutingRule,
     pub proto: routes::WorkloadRoutingRule,
+    /// `proto`, encoded: what every gRPC watcher is sent ([`crate::wire`]).
+    pub wire: bytes::Bytes,
     pub spec: RuleSpec,
 }
 
 impl Entry {
     fn new(rule: RoutingRule) -> Self {
+        let proto = spur_proto::rule_to_proto(&rule);
         Entry {
-            proto: spur_proto::rule_to_proto(&rule),
+            wire: prost::Message::encode_to_vec(&proto).into(),
+            proto,
             spec: rule.to_spec(),
             rule,
         }

@@ -23,6 +23,7 @@ mod rest;
 mod store;
 mod tls;
 mod watch;
+mod wire;
 
 pub use auth::AuthConfig;
 pub use tls::ServingTls;
@@ -39,7 +40,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
-use spur_proto::routes::routes_server::RoutesServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -172,7 +172,7 @@ impl RouteServer {
             }
         });
 
-        let service = grpc::RoutesService {
+        let service = grpc::RoutesHandler {
             index: index.clone(),
             metrics: metrics.clone(),
             buffer: config.watch_buffer,
@@ -187,7 +187,7 @@ impl RouteServer {
                 .http2_keepalive_interval(Some(Duration::from_secs(30)))
                 .http2_keepalive_timeout(Some(Duration::from_secs(10)))
                 .tcp_nodelay(true)
-                .add_service(RoutesServer::new(service))
+                .add_service(wire::RoutesService::new(service))
                 .serve_with_incoming_shutdown(grpc_incoming.into_stream(), grpc_stop.cancelled())
                 .await;
             if let Err(e) = res {
