@@ -23,13 +23,13 @@ use spur_routeserver::{RouteServer, RouteServerConfig};
 const RULES: &str = r#"
 - routingKey: k1
   baseline: {kind: Deployment, namespace: shop, name: api}
-  destinationSandbox: sb1
+  destinationSandbox: {name: sb1}
   mappings:
     - workloadPort: 8080
       destinations: [{host: api-sb1.shop.svc, port: 8080}]
 - routingKey: k2
   baseline: {kind: Deployment, namespace: shop, name: web}
-  destinationSandbox: sb2
+  destinationSandbox: {name: sb2}
   mappings:
     - workloadPort: 80
       destinations: [{host: web-sb2.shop.svc, port: 80}]
