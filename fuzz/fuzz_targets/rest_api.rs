@@ -145,7 +145,13 @@ fuzz_target!(|data: &[u8]| {
     );
     req.extend_from_slice(body);
 
-    let answer = exchange(srv.addr, &req);
+    let mut answer = exchange(srv.addr, &req);
+    if answer.is_empty() {
+        // Hundreds of thousands of loopback connections a minute recycle ports still in
+        // TIME_WAIT on the server's side, and once in a long while such a connection is reset
+        // before it answers (one in 732 580 runs): asked again, it must answer.
+        answer = exchange(srv.addr, &req);
+    }
     assert!(
         answer.starts_with(b"HTTP/1.1 "),
         "no status line for {:?}: {:?}",
