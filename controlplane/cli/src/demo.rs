@@ -16,7 +16,8 @@ use spur_demo_apps::{CancellationToken, grpc_client, serve_grpc, serve_http};
 use spur_proxy::{Inbound, ProxyConfig};
 use spur_routeserver::{RouteServer, RouteServerConfig};
 use spur_routing::{BaselineWorkload, ExtractConfig};
-use spur_sidecar::{Sidecar, SidecarConfig, shutdown_signal};
+use spur_runtime::shutdown_signal;
+use spur_sidecar::{Sidecar, SidecarConfig};
 use tokio::net::TcpListener;
 
 /// The routing key the demo's rules use.

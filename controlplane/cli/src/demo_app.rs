@@ -25,7 +25,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use serde_json::{Value, json};
 use spur_demo_apps::CancellationToken;
-use spur_sidecar::shutdown_signal;
+use spur_runtime::shutdown_signal;
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 

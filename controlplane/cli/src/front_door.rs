@@ -2,7 +2,6 @@
 //! every connection reads through the bare-LF guard, every request passes the `Host` check.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use spur_proxy::Http1Guard;
 use tokio::net::{TcpListener, TcpStream};
@@ -18,14 +17,12 @@ impl axum::serve::Listener for Guarded {
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, SocketAddr) {
+        // axum stops serving on its own (graceful shutdown); this never stops.
         loop {
-            match self.0.accept().await {
-                Ok((tcp, peer)) => return (Http1Guard::new(tcp, MAX_HEAD), peer),
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+            if let Some((tcp, peer)) =
+                spur_runtime::accept(&self.0, std::future::pending(), "metrics").await
+            {
+                return (Http1Guard::new(tcp, MAX_HEAD), peer);
             }
         }
     }

@@ -112,10 +112,10 @@ struct CertArgs {
     #[arg(long)]
     workstation: String,
     /// How long the certificate is valid (the operator caps it, 7 days by default).
-    #[arg(long, default_value = "24h", value_parser = spur_proxy::parse_duration)]
+    #[arg(long, default_value = "24h", value_parser = spur_runtime::parse_duration)]
     lifetime: Duration,
     /// How long to wait for the request to be approved and signed.
-    #[arg(long, default_value = "15m", value_parser = spur_proxy::parse_duration)]
+    #[arg(long, default_value = "15m", value_parser = spur_runtime::parse_duration)]
     wait: Duration,
     /// The operator's namespace (where the CA bundle ConfigMap `spur-ca-bundle` is).
     #[arg(long, default_value = "spur-system")]
@@ -289,7 +289,7 @@ struct TokenArgs {
     #[arg(long)]
     workstation: String,
     /// How long the token is accepted (e.g. 12h); without it, until the Secret is deleted.
-    #[arg(long, value_parser = spur_proxy::parse_duration)]
+    #[arg(long, value_parser = spur_runtime::parse_duration)]
     ttl: Option<std::time::Duration>,
     /// The namespace of the tunnel proxy's token Secrets (the chart's
     /// `tunnelProxy.tokenNamespace`).
@@ -425,7 +425,7 @@ struct StatusArgs {
 #[derive(Args)]
 struct DisconnectArgs {
     /// How long to wait for the clean exit.
-    #[arg(long, default_value = "20s", value_parser = spur_proxy::parse_duration)]
+    #[arg(long, default_value = "20s", value_parser = spur_runtime::parse_duration)]
     wait: Duration,
     #[command(flatten)]
     state: StateDir,
@@ -601,7 +601,7 @@ async fn connect(args: ConnectArgs) -> Result<ExitCode> {
         state::path(&state_dir).display()
     ));
     let code = tokio::select! {
-        () = spur_sidecar::shutdown_signal() => {
+        () = spur_runtime::shutdown_signal() => {
             say("disconnecting…");
             ExitCode::SUCCESS
         }
@@ -792,7 +792,7 @@ async fn proxy_cmd(args: ProxyArgs) -> Result<ExitCode> {
         )),
         None => say(format_args!("{addr} → {}", args.target)),
     }
-    spur_sidecar::shutdown_signal().await;
+    spur_runtime::shutdown_signal().await;
     drain.wait(Duration::from_secs(5)).await;
     Ok(ExitCode::SUCCESS)
 }

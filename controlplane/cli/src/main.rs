@@ -46,7 +46,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // The demo talks to a person on stdout; only problems go to stderr unless SPUR_LOG says
     // otherwise. Servers log their lifecycle.
-    spur_sidecar::init_tracing(match cli.command {
+    spur_runtime::init_tracing(match cli.command {
         Command::Demo(_) => "warn",
         // `spur local` prints its own progress lines; the tunnel library's would repeat them.
         Command::Local(_) => "warn,spur_tunnel=error",

@@ -107,15 +107,15 @@ struct WebhookArgs {
     #[arg(long, env = "SPUR_WEBHOOK_SECRET", default_value = "spur-webhook-tls")]
     serving_secret: String,
     /// Lifetime of the CA (renewed at 80 %).
-    #[arg(long, env = "SPUR_CA_LIFETIME", default_value = "8760h", value_parser = spur_proxy::parse_duration)]
+    #[arg(long, env = "SPUR_CA_LIFETIME", default_value = "8760h", value_parser = spur_runtime::parse_duration)]
     ca_lifetime: Duration,
     /// Lifetime of the serving certificate (renewed at 80 %).
-    #[arg(long, env = "SPUR_SERVING_CERT_LIFETIME", default_value = "720h", value_parser = spur_proxy::parse_duration)]
+    #[arg(long, env = "SPUR_SERVING_CERT_LIFETIME", default_value = "720h", value_parser = spur_runtime::parse_duration)]
     serving_cert_lifetime: Duration,
     /// How long a new CA is trusted (in the caBundle and the sidecars' CA bundle ConfigMaps)
     /// before it signs serving certificates: longer than the kubelet takes to refresh a
     /// mounted ConfigMap.
-    #[arg(long, env = "SPUR_CA_PROPAGATION", default_value = "180s", value_parser = spur_proxy::parse_duration)]
+    #[arg(long, env = "SPUR_CA_PROPAGATION", default_value = "180s", value_parser = spur_runtime::parse_duration)]
     ca_propagation: Duration,
     /// Also issue the tunnel proxy's serving certificate into this kubernetes.io/tls Secret
     /// (empty: the Secret is provided some other way, e.g. by cert-manager).
@@ -150,11 +150,11 @@ struct WebhookArgs {
     )]
     ca_bundle_config_map: String,
     /// Lifetime of a workstation client certificate whose request asks for none.
-    #[arg(long, env = "SPUR_WORKSTATION_CERT_LIFETIME", default_value = "24h", value_parser = spur_proxy::parse_duration)]
+    #[arg(long, env = "SPUR_WORKSTATION_CERT_LIFETIME", default_value = "24h", value_parser = spur_runtime::parse_duration)]
     workstation_cert_lifetime: Duration,
     /// The longest a workstation client certificate is issued for (there is no revocation:
     /// a short maximum bounds how long a lost laptop's certificate works).
-    #[arg(long, env = "SPUR_WORKSTATION_CERT_MAX_LIFETIME", default_value = "168h", value_parser = spur_proxy::parse_duration)]
+    #[arg(long, env = "SPUR_WORKSTATION_CERT_MAX_LIFETIME", default_value = "168h", value_parser = spur_runtime::parse_duration)]
     workstation_cert_max_lifetime: Duration,
 }
 
@@ -221,7 +221,7 @@ impl WebhookArgs {
 
 pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
     // Before anything listens: a SIGTERM from then on shuts down cleanly.
-    let shutdown = spur_sidecar::shutdown_signal();
+    let shutdown = spur_runtime::shutdown_signal();
     // Configuration errors first, before anything connects.
     let fork_policy = spur_operator::ForkPolicy::with_extra(
         &args.fork_allow_pod_fields,

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use spur_proxy::parse_duration;
 use spur_routeserver::{AuthConfig, KubeStore, RouteServer, RouteServerConfig, ServingTls};
+use spur_runtime::parse_duration;
 
 #[derive(Args)]
 pub(crate) struct RouteserverArgs {
@@ -66,7 +66,7 @@ pub(crate) struct RouteserverArgs {
 
 pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
     // Before the listeners open: a SIGTERM from then on shuts down cleanly.
-    let shutdown = spur_sidecar::shutdown_signal();
+    let shutdown = spur_runtime::shutdown_signal();
     let tls = match (&args.tls_cert, &args.tls_key, args.insecure_plaintext) {
         (Some(cert), Some(key), _) => Some(ServingTls::new(cert, key)),
         (_, _, true) => None,

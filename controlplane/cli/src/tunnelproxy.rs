@@ -203,7 +203,7 @@ fn optional_addr(flag: &str, s: &str) -> Result<Option<SocketAddr>> {
 
 pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
     // Before anything listens: a SIGTERM from then on shuts down cleanly.
-    let shutdown = spur_sidecar::shutdown_signal();
+    let shutdown = spur_runtime::shutdown_signal();
     let quic_addr = optional_addr("quic-addr", &args.quic_addr)?;
     let h2_addr = optional_addr("h2-addr", &args.h2_addr)?;
     let socks_addr = optional_addr("socks-addr", &args.socks_addr)?;

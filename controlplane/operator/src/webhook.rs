@@ -252,18 +252,8 @@ async fn serve(
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    loop {
-        let (tcp, peer) = tokio::select! {
-            () = stop.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((tcp, peer)) = spur_runtime::accept(&listener, stop.cancelled(), "webhook").await
+    {
         let _ = tcp.set_nodelay(true);
         // The handshake runs in the connection's own task: a client that connects and stays
         // silent must not hold up the API server's admission calls behind it.

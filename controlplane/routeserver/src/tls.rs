@@ -261,17 +261,10 @@ pub(crate) fn incoming(
                     Err(_) => return,
                 },
             };
-            let (tcp, peer) = tokio::select! {
-                () = stop.cancelled() => return,
-                r = listener.accept() => match r {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // EMFILE and friends: back off instead of spinning.
-                        tracing::warn!(%local, error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
+            let Some((tcp, peer)) =
+                spur_runtime::accept(&listener, stop.cancelled(), "route server").await
+            else {
+                return;
             };
             let _ = tcp.set_nodelay(true);
             let Some(acceptor) = acceptor.clone() else {

@@ -632,14 +632,10 @@ async fn reverse_listener(
     shared: Arc<Shared>,
     stop: CancellationToken,
 ) {
-    loop {
-        let (tcp, from) = tokio::select! {
-            () = stop.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(_) => continue,
-            },
-        };
+    // A failed accept used to be retried at once: out of file descriptors, this loop spun.
+    while let Some((tcp, from)) =
+        spur_runtime::accept(&listener, stop.cancelled(), "reverse bind").await
+    {
         let (handle, shared, bind) = (handle.clone(), shared.clone(), bind.clone());
         tokio::spawn(async move {
             let started = Instant::now();

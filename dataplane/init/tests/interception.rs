@@ -57,7 +57,7 @@ fn sidecar_child() {
         return;
     };
     let cli = Cli::parse_from(std::iter::once("spur-sidecar").chain(args.split('\n')));
-    spur_sidecar::init_tracing("info");
+    spur_runtime::init_tracing("info");
     let config = SidecarConfig::try_from(cli.sidecar).unwrap();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -66,7 +66,7 @@ fn sidecar_child() {
         .unwrap();
     runtime.block_on(async move {
         let sidecar = Sidecar::start(config).await.unwrap();
-        spur_sidecar::shutdown_signal().await;
+        spur_runtime::shutdown_signal().await;
         assert_eq!(sidecar.shutdown().await, 0, "connections cut at drain");
     });
 }

@@ -53,18 +53,9 @@ impl AdminState {
 /// Serves the admin endpoints until `stop` is cancelled. The admin server outlives the data-plane
 /// drain on purpose: probes and metrics must keep answering while connections finish.
 pub async fn serve_admin(listener: TcpListener, state: AdminState, stop: CancellationToken) {
-    loop {
-        let (stream, peer) = tokio::select! {
-            () = stop.cancelled() => return,
-            a = listener.accept() => match a {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "admin accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((stream, peer)) =
+        spur_runtime::accept(&listener, stop.cancelled(), "admin").await
+    {
         let state = state.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req| {

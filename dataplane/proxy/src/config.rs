@@ -125,24 +125,6 @@ pub(crate) fn split_host_port(key: &str) -> Result<(String, u16), Error> {
     Ok((host.to_ascii_lowercase(), port))
 }
 
-/// Parses `250ms`, `5s`, `2m`, `1h` (a bare number means seconds).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 5s, 2m"))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "" | "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
-    };
-    Ok(d)
-}
-
 mod dur {
     use std::time::Duration;
 
@@ -154,23 +136,13 @@ mod dur {
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let s = String::deserialize(d)?;
-        super::parse_duration(&s).map_err(serde::de::Error::custom)
+        spur_runtime::parse_duration(&s).map_err(serde::de::Error::custom)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_duration("5x").is_err());
-        assert!(parse_duration("").is_err());
-        assert!(parse_duration("ms").is_err());
-    }
 
     #[test]
     fn validation_catches_values_hyper_would_panic_on() {

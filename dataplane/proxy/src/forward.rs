@@ -157,18 +157,9 @@ pub async fn serve_forward<D: Dialer>(
     config: ForwardConfig,
     drain: Drain,
 ) {
-    loop {
-        let (stream, client) = tokio::select! {
-            () = drain.signaled() => break,
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "forward proxy accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((stream, client)) =
+        spur_runtime::accept(&listener, drain.signaled(), "forward proxy").await
+    {
         let _ = stream.set_nodelay(true);
         let (dialer, config) = (dialer.clone(), config.clone());
         drain.spawn(async move { serve_one(stream, client, &*dialer, &config).await });

@@ -35,7 +35,7 @@ mod router;
 mod tcp;
 
 pub use admin::{AdminState, serve_admin};
-pub use config::{ProxyConfig, parse_duration};
+pub use config::ProxyConfig;
 pub use detect::Protocol;
 pub use drain::Drain;
 pub use error::Error;

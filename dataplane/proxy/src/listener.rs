@@ -2,7 +2,6 @@
 //! handler for their protocol.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use socket2::SockRef;
 use tokio::net::{TcpListener, TcpStream};
@@ -61,21 +60,9 @@ pub(crate) async fn accept_loop(
     drain: Drain,
 ) {
     let local = listener.local_addr().ok();
-    loop {
-        let accepted = tokio::select! {
-            biased;
-            () = drain.signaled() => break,
-            a = listener.accept() => a,
-        };
-        let (stream, client) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // Out of file descriptors and similar: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    while let Some((stream, client)) =
+        spur_runtime::accept(&listener, drain.signaled(), "proxy").await
+    {
         let proxy = proxy.clone();
         let conn_drain = drain.clone();
         drain.spawn(async move {

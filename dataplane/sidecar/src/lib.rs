@@ -13,10 +13,9 @@ use clap::Args;
 use prometheus_client::registry::Registry;
 pub use spur_discovery::RouteServerConn;
 use spur_discovery::{FileSource, Publisher, RouteServerSource};
-use spur_proxy::{
-    AdminState, Drain, Inbound, KeyRouter, KeyRouterConfig, Proxy, ProxyConfig, parse_duration,
-};
+use spur_proxy::{AdminState, Drain, Inbound, KeyRouter, KeyRouterConfig, Proxy, ProxyConfig};
 use spur_routing::{BaselineWorkload, ExtractConfig, SharedTable};
+use spur_runtime::parse_duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -366,41 +365,4 @@ impl Sidecar {
         }
         left
     }
-}
-
-/// Resolves on SIGTERM or SIGINT (Ctrl-C). The SIGTERM handler is installed when this is
-/// called, not when the future is first polled: call it before opening listeners, so that a
-/// SIGTERM that comes while they start drains instead of killing the process. Needs a tokio
-/// runtime.
-pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    #[cfg(unix)]
-    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    async move {
-        #[cfg(unix)]
-        if let Some(mut term) = term {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            return;
-        }
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
-/// Logging for Spur binaries, on stderr: `SPUR_LOG` (or `RUST_LOG`) filter, else `default`.
-pub fn init_tracing(default: &str) {
-    let filter = std::env::var("SPUR_LOG")
-        .or_else(|_| std::env::var("RUST_LOG"))
-        .unwrap_or_else(|_| default.into());
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colours only on a terminal: logs collected from files and containers stay plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_target(false)
-        .with_writer(std::io::stderr)
-        .try_init();
 }

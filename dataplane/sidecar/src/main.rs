@@ -4,7 +4,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use spur_sidecar::{Sidecar, SidecarArgs, SidecarConfig, init_tracing, intercept, shutdown_signal};
+use spur_runtime::{init_tracing, shutdown_signal};
+use spur_sidecar::{Sidecar, SidecarArgs, SidecarConfig, intercept};
 
 #[derive(Parser)]
 #[command(
@@ -26,7 +27,7 @@ struct Cli {
     /// container's postStart hook, so the kubelet starts the app only once the sidecar accepts
     /// the traffic the init container redirects to it.
     // Handled by `WaitCli` before this parser runs; declared here for --help.
-    #[arg(long, value_name = "TIMEOUT", value_parser = spur_proxy::parse_duration)]
+    #[arg(long, value_name = "TIMEOUT", value_parser = spur_runtime::parse_duration)]
     wait_listening: Option<Duration>,
     /// Program the pod's interception rules before starting, then give up root (see below).
     /// Needs root with NET_ADMIN, NET_RAW, SETUID and SETGID; requires --transparent.
@@ -35,7 +36,7 @@ struct Cli {
     /// After SIGTERM, keep accepting connections this long before draining (a second signal
     /// ends the wait). For a sidecar that receives SIGTERM together with its app, so that it
     /// serves as long as an app that finishes its own requests first.
-    #[arg(long, env = "SPUR_DRAIN_DELAY", default_value = "0s", value_parser = spur_proxy::parse_duration)]
+    #[arg(long, env = "SPUR_DRAIN_DELAY", default_value = "0s", value_parser = spur_runtime::parse_duration)]
     drain_delay: Duration,
 }
 
@@ -43,7 +44,7 @@ struct Cli {
 #[derive(Parser)]
 #[command(name = "spur-sidecar")]
 struct WaitCli {
-    #[arg(long, value_parser = spur_proxy::parse_duration)]
+    #[arg(long, value_parser = spur_runtime::parse_duration)]
     wait_listening: Duration,
     #[arg(long, env = "SPUR_ADMIN_ADDR", default_value = "127.0.0.1:15020")]
     admin_addr: SocketAddr,

@@ -450,18 +450,10 @@ async fn h2_listener(inner: Arc<Inner>, listener: TcpListener, handshakes: Arc<S
             _ = inner.stop.cancelled() => return,
         };
         let Ok(permit) = permit else { return };
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = inner.stop.cancelled() => return,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // Out of file descriptors and the like: back off instead of spinning.
-                warn!(error = %e, "tunnel accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
+        let Some((tcp, peer)) =
+            spur_runtime::accept(&listener, inner.stop.cancelled(), "tunnel").await
+        else {
+            return;
         };
         let inner = inner.clone();
         let acceptor = tokio_rustls::TlsAcceptor::from(lock(&inner.h2_tls).clone());

@@ -116,18 +116,9 @@ pub async fn start(
     let d = drain.clone();
     let limit = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     drain.spawn(async move {
-        loop {
-            let (tcp, from) = tokio::select! {
-                () = d.signaled() => return,
-                r = listener.accept() => match r {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "local proxy accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-            };
+        while let Some((tcp, from)) =
+            spur_runtime::accept(&listener, d.signaled(), "local proxy").await
+        {
             let Ok(permit) = limit.clone().try_acquire_owned() else {
                 tracing::warn!(%from, "too many connections at once; resetting a new one");
                 crate::services::reset(&tcp);

@@ -159,19 +159,13 @@ async fn accept_loop(
 ) {
     let host: Arc<str> = target.host.into();
     let port = target.port;
-    loop {
-        let (tcp, from) = tokio::select! {
-            () = stop.cancelled() => return,
-            () = drain.signaled() => return,
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "service listener accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    let stopped = || async {
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = drain.signaled() => {}
+        }
+    };
+    while let Some((tcp, from)) = spur_runtime::accept(&listener, stopped(), "service").await {
         let Ok(permit) = limit.clone().try_acquire_owned() else {
             tracing::warn!(%from, "too many service connections at once; resetting a new one");
             reset(&tcp);

@@ -1,0 +1,127 @@
+//! What every Spur binary shares at run time: SIGTERM and Ctrl-C ([`shutdown_signal`]),
+//! logging set-up ([`init_tracing`]), duration flags ([`parse_duration`]) and accepting
+//! connections with a back-off on errors ([`accept`]). No binary should write these again.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+
+/// How long [`accept`] waits after a failed accept before trying again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C. The SIGTERM handler is installed
+/// when this is called, not when it is first polled: call it before the listeners open, and a
+/// SIGTERM from then on is a clean shutdown rather than the default exit.
+pub fn shutdown_signal() -> impl Future<Output = ()> {
+    #[cfg(unix)]
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    async move {
+        #[cfg(unix)]
+        if let Some(mut term) = term {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return;
+        }
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Logging for Spur binaries, on stderr: `SPUR_LOG` (or `RUST_LOG`) filter, else `default`.
+/// (Feature `logging`.)
+#[cfg(feature = "logging")]
+pub fn init_tracing(default: &str) {
+    let filter = std::env::var("SPUR_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .unwrap_or_else(|_| default.into());
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only on a terminal: logs collected from files and containers stay plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// A duration flag or config value: `250ms`, `5s` (or `5`), `2m`, `1h`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 5s, 2m"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "" | "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
+    };
+    Ok(d)
+}
+
+/// The next connection on `listener`, or None once `stop` resolves (checked first, so a
+/// stopping server takes no new connection). A failed accept (EMFILE and friends) is logged,
+/// naming the listener as `what`, and retried after a pause instead of spinning.
+///
+/// `stop` is e.g. `token.cancelled()`: `while let Some((stream, peer)) =
+/// accept(&listener, token.cancelled(), "admin").await { … }`.
+pub async fn accept(
+    listener: &TcpListener,
+    stop: impl Future<Output = ()>,
+    what: &str,
+) -> Option<(TcpStream, SocketAddr)> {
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        tokio::select! {
+            biased;
+            () = &mut stop => return None,
+            r = listener.accept() => match r {
+                Ok(accepted) => return Some(accepted),
+                Err(e) => tracing::warn!(error = %e, listener = what, "accept failed"),
+            },
+        }
+        tokio::select! {
+            () = &mut stop => return None,
+            () = tokio::time::sleep(ACCEPT_BACKOFF) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration(" 2m "), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        for bad in ["5x", "", "ms", "-1s", "1.5s", "99999999999999999999s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn accept_returns_connections_until_stopped() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let client = TcpStream::connect(addr).await.unwrap();
+        let (_, peer) = accept(&listener, stop.cancelled(), "test").await.unwrap();
+        assert_eq!(peer, client.local_addr().unwrap());
+        stop.cancel();
+        // Stopped wins over a waiting connection.
+        let _queued = TcpStream::connect(addr).await.unwrap();
+        assert!(accept(&listener, stop.cancelled(), "test").await.is_none());
+    }
+}
