@@ -227,7 +227,7 @@ impl Authenticator {
     /// authentication).
     pub(crate) fn next_recheck(&self, grant: Grant) -> Option<Duration> {
         let kube = self.inner.as_ref()?;
-        let mut wait = jitter(kube.watch_recheck);
+        let mut wait = spur_runtime::jitter(kube.watch_recheck);
         if let Some(expires) = grant.expires {
             // A moment past the expiry, so the API server sees the token as expired.
             let left = expires
@@ -353,17 +353,6 @@ fn token_expiry(token: &str) -> Option<SystemTime> {
         .get("exp")?
         .as_u64()?;
     UNIX_EPOCH.checked_add(Duration::from_secs(exp))
-}
-
-/// A random duration in [d/2, d].
-fn jitter(d: Duration) -> Duration {
-    use std::hash::{BuildHasher, Hasher};
-    // RandomState is randomly seeded per instance: a dependency-free source of spread.
-    let r = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    let half = d / 2;
-    half + Duration::from_nanos(r % u64::try_from(half.as_nanos()).unwrap_or(u64::MAX).max(1))
 }
 
 impl Kube {
@@ -611,17 +600,6 @@ mod tests {
             format!("a.{}.c", b64("not json")),
         ] {
             assert_eq!(token_expiry(&no), None, "{no}");
-        }
-    }
-
-    #[test]
-    fn rechecks_spread_over_the_second_half_of_the_period() {
-        for _ in 0..100 {
-            let j = jitter(Duration::from_secs(600));
-            assert!(
-                j >= Duration::from_secs(300) && j <= Duration::from_secs(600),
-                "{j:?}"
-            );
         }
     }
 }

@@ -12,7 +12,6 @@
 //!   Both files are re-read for every connection: the kubelet replaces them as they rotate.
 
 use std::collections::BTreeMap;
-use std::hash::{BuildHasher, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -157,7 +156,7 @@ impl RouteServerSource {
                     tracing::warn!(error = %e, "route server watch failed; keeping the last table")
                 }
             }
-            let delay = jitter(backoff);
+            let delay = spur_runtime::jitter(backoff);
             backoff = (backoff * 2).min(BACKOFF_MAX);
             tokio::select! {
                 () = stop.cancelled() => return,
@@ -365,30 +364,4 @@ fn tonic_error_chain(e: &tonic::transport::Error) -> String {
         source = s.source();
     }
     out
-}
-
-/// A delay in [d/2, d], so that sidecars cut off together do not reconnect in lockstep.
-fn jitter(d: Duration) -> Duration {
-    // RandomState is randomly seeded per instance: a dependency-free source of spread.
-    let r = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    let half = d / 2;
-    half + Duration::from_nanos(r % (u64::try_from(half.as_nanos()).unwrap_or(u64::MAX).max(1)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn jitter_stays_within_half_and_full() {
-        for _ in 0..100 {
-            let j = jitter(Duration::from_millis(200));
-            assert!(
-                j >= Duration::from_millis(100) && j <= Duration::from_millis(200),
-                "{j:?}"
-            );
-        }
-    }
 }

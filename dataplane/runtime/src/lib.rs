@@ -1,6 +1,7 @@
 //! What every Spur binary shares at run time: SIGTERM and Ctrl-C ([`shutdown_signal`]),
-//! logging set-up ([`init_tracing`]), duration flags ([`parse_duration`]) and accepting
-//! connections with a back-off on errors ([`accept`]). No binary should write these again.
+//! logging set-up ([`init_tracing`]), duration flags ([`parse_duration`]), accepting
+//! connections with a back-off on errors ([`accept`]) and spreading retries ([`jitter`]). No
+//! binary should write these again.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -95,6 +96,18 @@ pub async fn accept(
     }
 }
 
+/// A random duration in [d/2, d]: retries and periodic checks of many clients started together
+/// spread out instead of coming back in lockstep.
+pub fn jitter(d: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is randomly seeded per instance: a dependency-free source of spread.
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let half = d / 2;
+    half + Duration::from_nanos(r % u64::try_from(half.as_nanos()).unwrap_or(u64::MAX).max(1))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -108,6 +121,17 @@ mod tests {
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         for bad in ["5x", "", "ms", "-1s", "1.5s", "99999999999999999999s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn jitter_stays_within_half_and_full() {
+        for _ in 0..100 {
+            let j = jitter(Duration::from_millis(200));
+            assert!(
+                j >= Duration::from_millis(100) && j <= Duration::from_millis(200),
+                "{j:?}"
+            );
         }
     }
 
