@@ -1798,13 +1798,20 @@ async fn sandboxes_need_their_creators_rights_in_every_namespace_they_touch() {
         );
         assert!(admin_sandboxes.get_opt(name).await.unwrap().is_none());
     }
-    // Nor can an allowed Sandbox be changed to reach `b`.
-    let mut changed = dev_sandboxes.get("in-a").await.unwrap();
-    changed.spec = forks("in-a", &["a", "b"]).spec;
-    let err = dev_sandboxes
-        .replace("in-a", &PostParams::default(), &changed)
-        .await
-        .unwrap_err();
+    // Nor can an allowed Sandbox be changed to reach `b`. (The operator writes its status
+    // meanwhile: a stale resourceVersion is a 409, asked again.)
+    let mut attempts = 0;
+    let err = loop {
+        let mut changed = dev_sandboxes.get("in-a").await.unwrap();
+        changed.spec = forks("in-a", &["a", "b"]).spec;
+        match dev_sandboxes
+            .replace("in-a", &PostParams::default(), &changed)
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 409 && attempts < 20 => attempts += 1,
+            other => break other.unwrap_err(),
+        }
+    };
     assert!(
         err.to_string().contains("lacks them in one of: a, b"),
         "{err}"
