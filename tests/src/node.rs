@@ -318,7 +318,24 @@ impl Node {
 
     /// A client pod (curl) in `namespace`, never injected, Ready when this returns.
     pub fn client_pod(&self, namespace: &str) -> anyhow::Result<String> {
-        let name = "client";
+        self.client_pod_with(namespace, "client", None)
+    }
+
+    /// [`Self::client_pod`] named `name`, optionally with a ConfigMap `(name, mount path)`
+    /// mounted as the kubelet mounts one (and refreshes it).
+    pub fn client_pod_with(
+        &self,
+        namespace: &str,
+        name: &str,
+        config_map: Option<(&str, &str)>,
+    ) -> anyhow::Result<String> {
+        let (mounts, volumes) = match config_map {
+            Some((cm, path)) => (
+                format!("\n      volumeMounts: [{{name: cm, mountPath: {path}, readOnly: true}}]"),
+                format!("\n  volumes: [{{name: cm, configMap: {{name: {cm}}}}}]"),
+            ),
+            None => (String::new(), String::new()),
+        };
         self.apply(&format!(
             r#"apiVersion: v1
 kind: Pod
@@ -331,7 +348,7 @@ spec:
   containers:
     - name: client
       image: {CLIENT_IMAGE}
-      imagePullPolicy: Never
+      imagePullPolicy: Never{mounts}{volumes}
 "#
         ))?;
         self.kubectl(&[

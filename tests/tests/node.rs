@@ -12,8 +12,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde_json::Value;
 use spur_e2e::node::{
-    Answer, CHART_VALUES, CLIENT_IMAGE, Node, SPUR_NAMESPACE, demo_app, demo_app_annotated,
-    eventually, node, spur_bin,
+    Answer, CHART_VALUES, Node, SPUR_NAMESPACE, demo_app, demo_app_annotated, eventually, node,
+    spur_bin,
 };
 
 /// The chart's `tunnelProxy.tokenNamespace` default.
@@ -598,20 +598,12 @@ fn routeserver_refuses_strangers(node: &Node, ns: &str, client: &str, backend_po
         let (code, body) = out.split_once('\n').unwrap_or((&out, ""));
         (code.trim().parse().unwrap_or(0), body.to_string())
     };
-    let token = |args: &[&str]| {
-        let mut a = vec!["-n", ns, "create", "token", "default", "--duration", "10m"];
-        a.extend_from_slice(args);
-        node.kubectl(&a).unwrap().trim().to_string()
-    };
-    let api_audience = token(&[]);
-    let backend = token(&[
-        "--audience",
-        "spur-routeserver",
-        "--bound-object-kind",
-        "Pod",
-        "--bound-object-name",
-        backend_pod,
-    ]);
+    let api_audience = node
+        .kubectl(&["-n", ns, "create", "token", "default", "--duration", "10m"])
+        .unwrap()
+        .trim()
+        .to_string();
+    let backend = routeserver_token(node, ns, backend_pod, "10m");
     let of =
         |name: &str| format!("?baselineKind=Deployment&baselineNamespace={ns}&baselineName={name}");
     assert_eq!(status("", "").0, 401);
@@ -642,55 +634,13 @@ fn certificates_rotate_under_load(
     let key = sandbox_ready(node, "rotation");
     let fork = fork_pod(node, ns, "rotation");
     until_answered_by(node, ns, client, frontend, &key, &fork).unwrap();
-    node.apply(&format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: rotation-client
-  namespace: {ns}
-  annotations: {{sidecar.spur.dev/inject: "false"}}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: client
-      image: {CLIENT_IMAGE}
-      imagePullPolicy: Never
-      volumeMounts: [{{name: ca, mountPath: /etc/spur-ca, readOnly: true}}]
-  volumes:
-    - name: ca
-      configMap: {{name: spur-ca-bundle}}
-"#
-    ))
-    .unwrap();
-    node.kubectl(&[
-        "-n",
+    node.client_pod_with(
         ns,
-        "wait",
-        "--for=condition=Ready",
-        "pod/rotation-client",
-        "--timeout=120s",
-    ])
-    .with_context(|| node.describe(ns))
+        "rotation-client",
+        Some(("spur-ca-bundle", "/etc/spur-ca")),
+    )
     .unwrap();
-    let token = node
-        .kubectl(&[
-            "-n",
-            ns,
-            "create",
-            "token",
-            "default",
-            "--duration",
-            "30m",
-            "--audience",
-            "spur-routeserver",
-            "--bound-object-kind",
-            "Pod",
-            "--bound-object-name",
-            backend_pod,
-        ])
-        .unwrap()
-        .trim()
-        .to_string();
+    let token = routeserver_token(node, ns, backend_pod, "30m");
     let exec = |script: &str| {
         node.kubectl(&[
             "-n",
@@ -847,6 +797,29 @@ echo started"#
     node.kubectl(&["-n", ns, "delete", "pod", "rotation-client", "--wait=false"])
         .unwrap();
     token
+}
+
+/// A token of `ns`'s default ServiceAccount for the route server's audience, bound to `pod`
+/// (what the pod's sidecar presents).
+fn routeserver_token(node: &Node, ns: &str, pod: &str, duration: &str) -> String {
+    node.kubectl(&[
+        "-n",
+        ns,
+        "create",
+        "token",
+        "default",
+        "--duration",
+        duration,
+        "--audience",
+        "spur-routeserver",
+        "--bound-object-kind",
+        "Pod",
+        "--bound-object-name",
+        pod,
+    ])
+    .unwrap()
+    .trim()
+    .to_string()
 }
 
 /// One key of a Secret of the release namespace, decoded.
