@@ -60,10 +60,16 @@ struct Idle {
     since: Instant,
 }
 
+/// The pool's keys are the pod's own application address and the routing table's
+/// destinations, never chosen by a client, so a fast hasher is safe: SipHash on every
+/// `take_h1`/`put_h1` was about 1.7 % of a request's instructions
+/// (`perf/results/profile-h1-2026-11-25.md`).
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 #[derive(Default)]
 struct State {
-    h1: HashMap<Upstream, Vec<Idle>>,
-    h2: HashMap<Upstream, http2::SendRequest<Body>>,
+    h1: FastMap<Upstream, Vec<Idle>>,
+    h2: FastMap<Upstream, http2::SendRequest<Body>>,
     /// Sandbox locations of the current table; `None` until a table change is first reported.
     live: Option<BTreeSet<Location>>,
 }
