@@ -11,12 +11,15 @@
 #![allow(dead_code, unused_imports, unreachable_pub, clippy::all)]
 
 use std::pin::Pin;
-use std::sync::OnceLock;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+
+#[path = "common/mod.rs"]
+mod common;
+use common::{Chunks, net};
 
 #[path = "../../dataplane/proxy/src/io.rs"]
 mod io;
@@ -49,33 +52,10 @@ use guard::{Framing, Guard};
 /// no line is cut short, so every split of the stream must be followed the same way.
 const MAX_CHUNK_LINE: usize = 4096;
 
-/// A reader that hands out `data` in chunks of the given sizes (cycled).
-struct Chunks<'a> {
-    data: &'a [u8],
-    sizes: Vec<usize>,
-    i: usize,
-}
-
-impl AsyncRead for Chunks<'_> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let size = self.sizes[self.i % self.sizes.len()];
-        self.i += 1;
-        let n = size.min(self.data.len()).min(buf.remaining());
-        let (head, rest) = self.data.split_at(n);
-        buf.put_slice(head);
-        self.data = rest;
-        Poll::Ready(Ok(()))
-    }
-}
-
 /// What the client side of hyper would read through [`Guard`]: reads fill a buffer of `cap`
 /// bytes (several reads per buffer, as hyper's read buffer does) which is drained when full.
 fn through_guard(data: &[u8], max_head: usize, sizes: Vec<usize>, cap: usize) -> Vec<u8> {
-    let mut guard = Guard::new(Chunks { data, sizes, i: 0 }, max_head);
+    let mut guard = Guard::new(Chunks::new(data, &sizes), max_head);
     let mut cx = Context::from_waker(Waker::noop());
     let mut out = Vec::with_capacity(data.len());
     let mut storage = vec![0u8; cap];
@@ -246,21 +226,6 @@ fn check_host(data: &[u8]) {
             assert!(parts.headers.contains_key(http::header::HOST));
         }
     }
-}
-
-/// A loopback listener, for `detect`, which reads from a `TcpStream`.
-fn net() -> &'static (tokio::runtime::Runtime, tokio::net::TcpListener) {
-    static NET: OnceLock<(tokio::runtime::Runtime, tokio::net::TcpListener)> = OnceLock::new();
-    NET.get_or_init(|| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("bind");
-        (rt, listener)
-    })
 }
 
 /// Detection of a client that sends `data` and closes its side.

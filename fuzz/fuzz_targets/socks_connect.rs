@@ -13,12 +13,16 @@
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use spur_proxy::forward::{ConnRecord, DialError, Dialer, ForwardConfig, Target, serve_one};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[path = "common/mod.rs"]
+mod common;
+use common::net;
 
 /// Dials nothing: records the dial and hands back a stream whose far end is already closed.
 /// Port 1 is refused, to cover the failure replies.
@@ -67,20 +71,6 @@ impl Dialer for FuzzDialer {
     fn finished(&self, record: &ConnRecord) {
         *self.record.lock().expect("lock") = Some(record.clone());
     }
-}
-
-fn net() -> &'static (tokio::runtime::Runtime, tokio::net::TcpListener) {
-    static NET: OnceLock<(tokio::runtime::Runtime, tokio::net::TcpListener)> = OnceLock::new();
-    NET.get_or_init(|| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("bind");
-        (rt, listener)
-    })
 }
 
 /// Serves one connection on which the client sends `data` and closes; returns what the client

@@ -11,13 +11,12 @@
 #![allow(dead_code, unused_imports, unreachable_pub, clippy::all)]
 
 use std::future::Future;
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
 use libfuzzer_sys::fuzz_target;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::io::{AsyncRead, ReadBuf};
 
 mod error {
     pub use spur_tunnel::Error;
@@ -29,28 +28,9 @@ mod wire;
 use error::Error;
 use wire::{Control, MAX_BIND_ID, MAX_HOST, Reply, StreamHeader};
 
-/// A reader that hands out `data` in chunks of the given sizes (cycled).
-struct Chunks<'a> {
-    data: &'a [u8],
-    sizes: &'a [usize],
-    i: usize,
-}
-
-impl AsyncRead for Chunks<'_> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let size = self.sizes[self.i % self.sizes.len()];
-        self.i += 1;
-        let n = size.min(self.data.len()).min(buf.remaining());
-        let (head, rest) = self.data.split_at(n);
-        buf.put_slice(head);
-        self.data = rest;
-        Poll::Ready(Ok(()))
-    }
-}
+#[path = "common/mod.rs"]
+mod common;
+use common::Chunks;
 
 /// Runs a future over in-memory readers, which are always ready.
 fn now<F: Future>(f: F) -> F::Output {
@@ -75,7 +55,7 @@ fn frames<T: DeserializeOwned + Serialize>(
     sizes: &[usize],
     max: usize,
 ) -> Vec<Result<Option<serde_json::Value>, String>> {
-    let mut r = Chunks { data, sizes, i: 0 };
+    let mut r = Chunks::new(data, sizes);
     let mut out = vec![];
     for _ in 0..64 {
         let res = now(wire::read_frame::<_, T>(&mut r, max));
@@ -134,11 +114,7 @@ fuzz_target!(|input: &[u8]| {
     check::<Reply>(data, &sizes, max);
 
     // What the session does with each message it reads: validate the peer's fields.
-    let mut r = Chunks {
-        data,
-        sizes: &sizes,
-        i: 0,
-    };
+    let mut r = Chunks::new(data, &sizes);
     while let Ok(Some(msg)) = now(wire::read_frame::<_, Control>(&mut r, max)) {
         if msg.validate().is_ok() {
             match &msg {
@@ -156,11 +132,7 @@ fuzz_target!(|input: &[u8]| {
             }
         }
     }
-    let mut r = Chunks {
-        data,
-        sizes: &sizes,
-        i: 0,
-    };
+    let mut r = Chunks::new(data, &sizes);
     while let Ok(Some(h)) = now(wire::read_frame::<_, StreamHeader>(&mut r, max)) {
         let _ = h.kind().as_str();
         if h.validate().is_ok() {
