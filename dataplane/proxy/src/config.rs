@@ -49,6 +49,11 @@ pub struct ProxyConfig {
     /// DNS (like curl's `--resolve`). For running sidecars where the cluster's Service names do
     /// not resolve: on a workstation, or in tests that stand in for a cluster.
     pub resolve: BTreeMap<String, SocketAddr>,
+    /// Forward plain HTTP/1.1 exchanges with the relay, which copies request and response heads
+    /// as read (with the proxy's header edits) instead of parsing them into header maps and
+    /// encoding them again; requests it does not handle byte for byte go to the full hyper path
+    /// either way. Off sends every HTTP/1 connection down the full path (for comparison).
+    pub http1_relay: bool,
 }
 
 impl Default for ProxyConfig {
@@ -67,6 +72,7 @@ impl Default for ProxyConfig {
             opaque_ports: Vec::new(),
             forwarded_headers: true,
             resolve: BTreeMap::new(),
+            http1_relay: true,
         }
     }
 }

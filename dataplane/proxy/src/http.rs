@@ -4,6 +4,7 @@
 
 pub(crate) mod guard;
 mod headers;
+mod relay;
 
 pub use headers::check_host;
 
@@ -31,8 +32,27 @@ use crate::pool::{Body, Upstream, Version};
 use crate::router::Route;
 use crate::{Error, Proxy};
 
-/// Serves one client connection whose protocol was detected as HTTP/1 or HTTP/2.
+/// Serves one client connection whose protocol was detected as HTTP/1 or HTTP/2: HTTP/1 with the
+/// relay unless it is turned off (the relay hands what it does not handle to [`serve_hyper`]).
 pub(crate) async fn serve<IO>(
+    proxy: Proxy,
+    io: IO,
+    meta: ConnMeta,
+    drain: Drain,
+) -> Result<(), &'static str>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    if meta.protocol == Protocol::Http1 && proxy.inner.config.http1_relay {
+        relay::serve(proxy, io, meta, drain).await
+    } else {
+        serve_hyper(proxy, io, meta, drain).await
+    }
+}
+
+/// Serves a connection with hyper's servers: everything HTTP/2, and every HTTP/1 exchange the
+/// relay does not handle.
+async fn serve_hyper<IO>(
     proxy: Proxy,
     io: IO,
     meta: ConnMeta,

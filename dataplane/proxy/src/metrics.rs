@@ -51,7 +51,7 @@ struct PerProtocol {
 /// The proxy's metrics (prefix chosen by the caller's registry):
 /// `requests_total{outcome}`, `request_duration_seconds{outcome}` (time to response headers),
 /// `connections_total{protocol}`, `active_connections{protocol}`,
-/// `upstream_connects_total{result}`, `pool_stale_closed_total`.
+/// `upstream_connects_total{result}`, `pool_stale_closed_total`, `http1_handovers_total`.
 #[derive(Clone, Debug)]
 pub struct Metrics {
     baseline: PerOutcome,
@@ -64,6 +64,7 @@ pub struct Metrics {
     connect_ok: Counter,
     connect_err: Counter,
     pub(crate) stale_closed: Counter,
+    pub(crate) handovers: Counter,
 }
 
 impl Metrics {
@@ -76,6 +77,7 @@ impl Metrics {
         let active = Family::<ProtocolLabels, Gauge>::default();
         let connects = Family::<ResultLabels, Counter>::default();
         let stale_closed = Counter::default();
+        let handovers = Counter::default();
         registry.register(
             "requests",
             "HTTP requests by where they were routed",
@@ -105,6 +107,11 @@ impl Metrics {
             "pool_stale_closed",
             "Pooled upstream connections closed because their destination left the routing table",
             stale_closed.clone(),
+        );
+        registry.register(
+            "http1_handovers",
+            "HTTP/1 connections the relay handed to the full (hyper) path, at a request it does not forward byte for byte",
+            handovers.clone(),
         );
         let outcome = |o: &'static str| PerOutcome {
             requests: requests
@@ -143,6 +150,7 @@ impl Metrics {
             connect_ok,
             connect_err,
             stale_closed,
+            handovers,
         }
     }
 

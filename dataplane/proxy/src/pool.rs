@@ -60,6 +60,13 @@ struct Idle {
     since: Instant,
 }
 
+/// An idle upstream connection of the HTTP/1.1 relay (`http/relay.rs`): a plain socket between
+/// two exchanges, no task attached.
+struct IdleRaw {
+    stream: TcpStream,
+    since: Instant,
+}
+
 /// The pool's keys are the pod's own application address and the routing table's
 /// destinations, never chosen by a client, so a fast hasher is safe: SipHash on every
 /// `take_h1`/`put_h1` was about 1.7 % of a request's instructions
@@ -69,6 +76,7 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 #[derive(Default)]
 struct State {
     h1: FastMap<Upstream, Vec<Idle>>,
+    raw: FastMap<Upstream, Vec<IdleRaw>>,
     h2: FastMap<Upstream, http2::SendRequest<Body>>,
     /// Sandbox locations of the current table; `None` until a table change is first reported.
     live: Option<BTreeSet<Location>>,
@@ -263,6 +271,37 @@ impl Pool {
         }
     }
 
+    /// An idle relay connection to `upstream`, if one is left that has not been closed or sent
+    /// anything since its last exchange. That is judged from the readiness the runtime already
+    /// knows, without a syscall; a close racing this check shows up as an early EOF, which the
+    /// relay retries where it safely can.
+    pub(crate) fn take_raw(&self, upstream: &Upstream) -> Option<TcpStream> {
+        let mut state = self.lock();
+        let idle = state.raw.get_mut(upstream)?;
+        while let Some(entry) = idle.pop() {
+            if entry.since.elapsed() < self.idle_timeout && !readable(&entry.stream) {
+                return Some(entry.stream);
+            }
+        }
+        None
+    }
+
+    /// Returns a relay connection whose last exchange ended cleanly.
+    pub(crate) fn put_raw(&self, upstream: Upstream, stream: TcpStream) {
+        let mut state = self.lock();
+        if !state.is_live(&upstream) {
+            self.metrics.stale_closed.inc();
+            return;
+        }
+        let idle = state.raw.entry(upstream).or_default();
+        if idle.len() < self.max_idle {
+            idle.push(IdleRaw {
+                stream,
+                since: Instant::now(),
+            });
+        }
+    }
+
     async fn connect_h1(&self, upstream: &Upstream) -> Result<http1::SendRequest<Body>, Error> {
         let tcp = self.connect_tcp(upstream).await?;
         let (sender, conn) = http1::Builder::new()
@@ -363,6 +402,13 @@ impl Pool {
             }
             k
         });
+        state.raw.retain(|u, idle| {
+            let k = keep(u);
+            if !k {
+                closed += idle.len() as u64;
+            }
+            k
+        });
         state.h2.retain(|u, _| {
             let k = keep(u);
             if !k {
@@ -378,6 +424,7 @@ impl Pool {
     pub(crate) fn idle_count(&self) -> usize {
         let state = self.lock();
         state.h1.values().map(Vec::len).sum::<usize>()
+            + state.raw.values().map(Vec::len).sum::<usize>()
             + state.h2.values().filter(|s| !s.is_closed()).count()
     }
 }
@@ -446,6 +493,15 @@ impl http_body::Body for PooledBody {
     }
 }
 
+/// Whether the runtime has seen a socket become readable (data or EOF) and not yet drained.
+/// An idle keep-alive connection that is readable was closed by its server or sent bytes no
+/// request asked for: either way it must not carry another request. The relay's reads leave
+/// readiness cleared (tokio clears it on a short read), so a healthy idle socket reads `false`.
+fn readable(stream: &TcpStream) -> bool {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    stream.poll_read_ready(&mut cx).is_ready()
+}
+
 /// Closes idle connections past their idle timeout; ends when the pool is dropped.
 async fn reap(pool: Weak<PoolInner>, idle_timeout: Duration) {
     let period = (idle_timeout / 2).max(Duration::from_millis(100));
@@ -457,6 +513,10 @@ async fn reap(pool: Weak<PoolInner>, idle_timeout: Duration) {
             idle.retain(|e| e.since.elapsed() < idle_timeout && !e.sender.is_closed());
         }
         state.h1.retain(|_, idle| !idle.is_empty());
+        for idle in state.raw.values_mut() {
+            idle.retain(|e| e.since.elapsed() < idle_timeout && !readable(&e.stream));
+        }
+        state.raw.retain(|_, idle| !idle.is_empty());
         state.h2.retain(|_, s| !s.is_closed());
     }
 }

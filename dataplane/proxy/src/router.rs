@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use http::{HeaderName, HeaderValue, Uri};
-use spur_routing::extract::strip_query_param;
+use http::{HeaderMap, HeaderName, HeaderValue, Uri};
+use spur_routing::extract::{LEGACY_HEADERS, strip_query_param};
 use spur_routing::inject::inject_key;
 use spur_routing::{BaselineWorkload, Destination, ExtractConfig, KeyExtractor, SharedTable};
 
@@ -16,6 +16,9 @@ use crate::listener::ConnMeta;
 /// arrives carrying its own mark and goes to the application instead of looping.
 pub const ROUTED_HEADER: HeaderName = HeaderName::from_static("x-spur-routed");
 
+const BAGGAGE_NAME: &str = "baggage";
+const TRACESTATE_NAME: &str = "tracestate";
+
 /// Where one request goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
@@ -25,11 +28,40 @@ pub enum Route {
     Destination(Arc<Destination>),
 }
 
+/// A routing decision of [`Router::route_raw`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawRoute {
+    pub route: Route,
+    /// A header the forwarded request must carry with exactly this value (any the client sent
+    /// under that name are dropped).
+    pub set: Option<(HeaderName, HeaderValue)>,
+}
+
 /// Decides where each HTTP request goes. Runs on the request path: it must not block and should
 /// not allocate more than it has to.
 pub trait Router: Send + Sync + 'static {
     /// May rewrite the request head (e.g. move a routing query parameter into headers).
     fn route_http(&self, conn: &ConnMeta, req: &mut http::request::Parts) -> Route;
+
+    /// Whether a request header (name as sent, any case) can influence [`Router::route_raw`].
+    fn is_carrier(&self, _name: &[u8]) -> bool {
+        false
+    }
+
+    /// Routing for the HTTP/1.1 relay, which forwards request heads as read instead of building
+    /// a header map: `carriers` holds only the request's headers for which
+    /// [`Router::is_carrier`] is true (most requests have none, so nothing is allocated) and
+    /// `target` its origin-form request target. `None` sends the request (and the rest of its
+    /// connection) down the full path, for requests this cannot express, such as a head rewrite.
+    /// The default always does.
+    fn route_raw(
+        &self,
+        _conn: &ConnMeta,
+        _target: &str,
+        _carriers: &HeaderMap,
+    ) -> Option<RawRoute> {
+        None
+    }
 }
 
 /// Configuration of the sidecar's router.
@@ -48,6 +80,10 @@ pub struct KeyRouter {
     mark: HeaderValue,
     extractor: KeyExtractor,
     table: SharedTable,
+    /// Lowercase names of every header `route_raw` reads, and their first bytes (both cases),
+    /// so most names are dismissed by one table lookup.
+    carriers: Vec<HeaderName>,
+    carrier_first: [bool; 256],
 }
 
 impl KeyRouter {
@@ -59,12 +95,51 @@ impl KeyRouter {
                 config.baseline
             ))
         })?;
+        let mut carriers: Vec<HeaderName> = [BAGGAGE_NAME, TRACESTATE_NAME]
+            .iter()
+            .chain(LEGACY_HEADERS.iter())
+            .map(|n| HeaderName::from_static(n))
+            .chain(extractor.custom_headers().iter().cloned())
+            .collect();
+        carriers.push(ROUTED_HEADER);
+        let mut carrier_first = [false; 256];
+        for name in &carriers {
+            if let Some(&b) = name.as_str().as_bytes().first() {
+                carrier_first[usize::from(b)] = true;
+                carrier_first[usize::from(b.to_ascii_uppercase())] = true;
+            }
+        }
         Ok(KeyRouter {
             baseline: config.baseline,
             mark,
             extractor,
             table,
+            carriers,
+            carrier_first,
         })
+    }
+
+    /// The decision once any routing query parameter has been lifted into headers.
+    fn decide(&self, conn: &ConnMeta, headers: &HeaderMap, query: Option<&str>) -> Route {
+        if headers
+            .get_all(ROUTED_HEADER)
+            .iter()
+            .any(|v| v == self.mark)
+        {
+            return Route::Original;
+        }
+        let candidates = self.extractor.extract(headers, query);
+        if candidates.is_empty() {
+            return Route::Original;
+        }
+        let snapshot = self.table.load();
+        let Some(rules) = snapshot.table.baseline(&self.baseline) else {
+            return Route::Original;
+        };
+        match rules.route(conn.original_dst.port(), candidates.iter()) {
+            Some(d) => Route::Destination(d.clone()),
+            None => Route::Original,
+        }
     }
 
     /// Moves `?<param>=<key>` out of the URL and into the standard key headers, so the
@@ -105,21 +180,35 @@ impl Router for KeyRouter {
             return Route::Original;
         }
         self.lift_query_param(req);
-        let destination = {
-            let candidates = self.extractor.extract(&req.headers, req.uri.query());
-            if candidates.is_empty() {
-                return Route::Original;
-            }
-            let snapshot = self.table.load();
-            let Some(rules) = snapshot.table.baseline(&self.baseline) else {
-                return Route::Original;
-            };
-            match rules.route(conn.original_dst.port(), candidates.iter()) {
-                Some(d) => d.clone(),
-                None => return Route::Original,
-            }
-        };
-        req.headers.insert(ROUTED_HEADER, self.mark.clone());
-        Route::Destination(destination)
+        let route = self.decide(conn, &req.headers, req.uri.query());
+        if let Route::Destination(_) = route {
+            req.headers.insert(ROUTED_HEADER, self.mark.clone());
+        }
+        route
+    }
+
+    fn is_carrier(&self, name: &[u8]) -> bool {
+        match name.first() {
+            Some(&b) if self.carrier_first[usize::from(b)] => self
+                .carriers
+                .iter()
+                .any(|c| c.as_str().as_bytes().eq_ignore_ascii_case(name)),
+            _ => false,
+        }
+    }
+
+    fn route_raw(&self, conn: &ConnMeta, target: &str, carriers: &HeaderMap) -> Option<RawRoute> {
+        let query = target.split_once('?').map(|(_, q)| q);
+        // Lifting the parameter out of the target is a head rewrite: the full path does it. A
+        // substring match may send a few requests there needlessly, never one too few.
+        if let (Some(name), Some(q)) = (self.extractor.query_param(), query)
+            && q.contains(name)
+        {
+            return None;
+        }
+        let route = self.decide(conn, carriers, query);
+        let set =
+            matches!(route, Route::Destination(_)).then(|| (ROUTED_HEADER, self.mark.clone()));
+        Some(RawRoute { route, set })
     }
 }

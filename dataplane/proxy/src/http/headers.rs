@@ -176,7 +176,7 @@ const REG_NAME: [bool; 256] = {
 /// `uri-host [ ":" port ]` (RFC 3986 §3.2) without user info: a reg-name, an IPv4 address or a
 /// bracketed IP literal, and a port of digits. Checked byte by byte, without allocating: it runs
 /// for every request.
-fn valid_authority(host: &[u8]) -> bool {
+pub(super) fn valid_authority(host: &[u8]) -> bool {
     let (name, port) = match host.first() {
         Some(b'[') => match host.iter().position(|&b| b == b']') {
             Some(end) => {

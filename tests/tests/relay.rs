@@ -1,0 +1,308 @@
+//! The HTTP/1.1 relay (dataplane/proxy/src/http/relay.rs) against a scripted upstream that
+//! answers with exact bytes: every response framing is relayed to its end and no further,
+//! ambiguous responses become 502s, the proxy's header edits reach the upstream, upstream
+//! connections are reused (and a closed one is not), and what the relay does not forward byte for
+//! byte goes to the hyper path, counted.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use spur_e2e::{metrics, sample, sidecar_for};
+use spur_proxy::ProxyConfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::timeout;
+
+const BOUND: Duration = Duration::from_secs(10);
+
+/// What the scripted upstream answers to a request for `path` (the request head is at hand for
+/// `/echo-head`).
+fn script(path: &str, head: &str) -> (Vec<u8>, bool) {
+    let fixed = |s: &str| (s.as_bytes().to_vec(), false);
+    match path {
+        "/chunked" => fixed(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n",
+        ),
+        "/close" => ("HTTP/1.1 200 OK\r\nX-A: a\r\n\r\nuntil close".into(), true),
+        "/interim" => fixed(
+            "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+        ),
+        "/both" => fixed(
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        ),
+        "/two-lengths" => {
+            fixed("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd")
+        }
+        "/bad-chunk" => fixed("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"),
+        "/upgrade" => fixed("HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n"),
+        "/hop" => fixed(
+            "HTTP/1.1 200 OK\r\nConnection: x-secret, keep-alive\r\nX-Secret: s\r\nKeep-Alive: timeout=5\r\nContent-Length: 2\r\n\r\nok",
+        ),
+        "/head" => fixed("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n"),
+        "/204" => fixed("HTTP/1.1 204 No Content\r\n\r\n"),
+        "/bye" => (
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nbye".into(),
+            true,
+        ),
+        _ => {
+            let body = head.replace("\r\n", "\n");
+            (
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .into_bytes(),
+                false,
+            )
+        }
+    }
+}
+
+/// The scripted upstream; counts the connections it accepted.
+async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    buf.drain(..end);
+                    // The only request bodies sent here are small chunked ones: skip them.
+                    if head
+                        .to_ascii_lowercase()
+                        .contains("transfer-encoding: chunked")
+                    {
+                        let end = loop {
+                            if let Some(i) = buf.windows(5).position(|w| w == b"0\r\n\r\n") {
+                                break i + 5;
+                            }
+                            let mut chunk = [0u8; 4096];
+                            match s.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        };
+                        buf.drain(..end);
+                    }
+                    let path = head.split(' ').nth(1).unwrap_or("").to_owned();
+                    let (resp, close) = script(&path, &head);
+                    if s.write_all(&resp).await.is_err() || close {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+/// Sends `req` on a new connection and reads until the proxy closes it.
+async fn exchange(proxy: SocketAddr, req: &str) -> String {
+    let mut s = TcpStream::connect(proxy).await.unwrap();
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    timeout(BOUND, s.read_to_end(&mut out))
+        .await
+        .expect("the proxy closed the connection")
+        .unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn get(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n")
+}
+
+async fn setup() -> (spur_sidecar::Sidecar, Arc<AtomicUsize>) {
+    let (app, accepted) = upstream().await;
+    let sidecar = sidecar_for(
+        app,
+        ProxyConfig {
+            drain_grace: Duration::from_secs(1),
+            ..ProxyConfig::default()
+        },
+    )
+    .await;
+    (sidecar, accepted)
+}
+
+async fn handovers(sidecar: &spur_sidecar::Sidecar) -> f64 {
+    let text = metrics(sidecar.admin_addr.unwrap()).await;
+    sample(&text, "spur_http1_handovers_total")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_response_framing_is_relayed_to_its_end() {
+    let (sidecar, _) = setup().await;
+    let proxy = sidecar.inbound_addr;
+
+    let r = exchange(proxy, &get("/chunked")).await;
+    assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r:?}");
+    assert!(r.contains("\r\nvia: 1.1 spur\r\n"), "{r:?}");
+    assert!(r.contains("\r\nconnection: close\r\n"), "{r:?}");
+    assert!(
+        r.ends_with("\r\n\r\n5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n"),
+        "the chunks and trailer pass through as sent: {r:?}"
+    );
+
+    let r = exchange(proxy, &get("/close")).await;
+    assert!(r.ends_with("\r\n\r\nuntil close"), "{r:?}");
+    assert!(r.contains("X-A: a\r\n"), "{r:?}");
+
+    let r = exchange(proxy, &get("/interim")).await;
+    assert!(
+        r.starts_with("HTTP/1.1 200 OK\r\n"),
+        "interim responses are not forwarded: {r:?}"
+    );
+    assert!(r.ends_with("\r\n\r\nok"), "{r:?}");
+
+    let r = exchange(proxy, &get("/hop")).await;
+    assert!(r.ends_with("\r\n\r\nok"), "{r:?}");
+    for gone in ["X-Secret", "Keep-Alive", "x-secret, keep-alive"] {
+        assert!(!r.contains(gone), "{gone} is hop-by-hop: {r:?}");
+    }
+
+    let r = exchange(
+        proxy,
+        "HEAD /head HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(
+        r.ends_with("Content-Length: 10\r\nconnection: close\r\nvia: 1.1 spur\r\n\r\n"),
+        "{r:?}"
+    );
+
+    let r = exchange(proxy, &get("/204")).await;
+    assert!(r.starts_with("HTTP/1.1 204 No Content\r\n"), "{r:?}");
+    assert!(r.ends_with("\r\n\r\n"), "{r:?}");
+
+    // Several exchanges on one kept-alive client connection, each ending where its framing says.
+    let mut s = TcpStream::connect(proxy).await.unwrap();
+    let req = "GET /chunked HTTP/1.1\r\nHost: app\r\n\r\nGET /interim HTTP/1.1\r\nHost: app\r\n\r\nGET /close HTTP/1.1\r\nHost: app\r\n\r\n";
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    timeout(BOUND, s.read_to_end(&mut out))
+        .await
+        .expect("a close-delimited response ends the client connection too")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out);
+    assert_eq!(text.matches("HTTP/1.1 200 OK\r\n").count(), 3, "{text:?}");
+    assert!(text.ends_with("until close"), "{text:?}");
+    assert_eq!(handovers(&sidecar).await, 0.0, "all of these were relayed");
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_or_broken_responses_are_answered_502() {
+    let (sidecar, _) = setup().await;
+    let proxy = sidecar.inbound_addr;
+    for path in ["/both", "/two-lengths", "/bad-chunk", "/upgrade"] {
+        let r = exchange(proxy, &get(path)).await;
+        assert!(
+            r.starts_with("HTTP/1.1 502 Bad Gateway\r\n"),
+            "{path}: {r:?}"
+        );
+        assert!(r.ends_with("spur: upstream unavailable\n"), "{path}: {r:?}");
+    }
+    // A 502 leaves a kept-alive client connection usable.
+    let mut s = TcpStream::connect(proxy).await.unwrap();
+    s.write_all(b"GET /both HTTP/1.1\r\nHost: app\r\n\r\nGET /x HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    timeout(BOUND, s.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 502 "), "{text:?}");
+    assert!(text.contains("\nHTTP/1.1 200 OK\r\n"), "{text:?}");
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_sees_the_proxy_edits() {
+    let (sidecar, _) = setup().await;
+    let r = exchange(
+        sidecar.inbound_addr,
+        "GET /echo?q=1 HTTP/1.1\r\nHost: app\r\nConnection: keep-alive, close\r\nKeep-Alive: 5\r\nProxy-Authorization: secret\r\nTE: trailers, deflate\r\nX-Forwarded-For: 10.0.0.9\r\nUser-Agent: t\r\n\r\n",
+    )
+    .await;
+    let seen = r.split("\r\n\r\n").nth(1).unwrap_or_default();
+    assert!(seen.starts_with("GET /echo?q=1 HTTP/1.1\n"), "{seen:?}");
+    for kept in [
+        "Host: app\n",
+        "User-Agent: t\n",
+        "te: trailers\n",
+        "X-Forwarded-For: 10.0.0.9, 127.0.0.1\n",
+        "via: 1.1 spur\n",
+        "x-forwarded-proto: http\n",
+    ] {
+        assert!(seen.contains(kept), "{kept:?} missing: {seen:?}");
+    }
+    for gone in ["Connection", "Keep-Alive", "Proxy-Authorization", "deflate"] {
+        assert!(!seen.contains(gone), "{gone} forwarded: {seen:?}");
+    }
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_connections_are_reused_and_closed_ones_are_not() {
+    let (sidecar, accepted) = setup().await;
+    let proxy = sidecar.inbound_addr;
+    for _ in 0..20 {
+        let r = exchange(proxy, &get("/x")).await;
+        assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r:?}");
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "one upstream connection for all"
+    );
+    // The upstream closes after each of these without saying so: every request still succeeds,
+    // on a new connection.
+    for _ in 0..10 {
+        let r = exchange(proxy, &get("/bye")).await;
+        assert!(r.ends_with("\r\n\r\nbye"), "{r:?}");
+    }
+    assert!(accepted.load(Ordering::SeqCst) >= 10);
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_relay_does_not_forward_byte_for_byte_goes_to_hyper() {
+    let (sidecar, _) = setup().await;
+    let proxy = sidecar.inbound_addr;
+    let r = exchange(proxy, &get("/x")).await;
+    assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r:?}");
+    assert_eq!(handovers(&sidecar).await, 0.0);
+    // A chunked request body: the relay forwards the first request, hyper the rest.
+    let r = exchange(
+        proxy,
+        "GET /one HTTP/1.1\r\nHost: app\r\n\r\nPOST /two HTTP/1.1\r\nHost: app\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(r.matches("HTTP/1.1 200 OK\r\n").count(), 2, "{r:?}");
+    assert!(r.contains("GET /one HTTP/1.1\n"), "{r:?}");
+    assert!(r.contains("POST /two HTTP/1.1\n"), "{r:?}");
+    assert_eq!(handovers(&sidecar).await, 1.0);
+    sidecar.shutdown().await;
+}
