@@ -269,6 +269,7 @@ pub fn render(r: &Results, plots: &[(String, String)]) -> String {
         "Peers: **direct** = load generator straight to the upstream (no proxy); **spur** = `spur-sidecar`, requests without a routing key (→ app listener); **spur-keyed** = `spur-sidecar`, requests with `baggage: sd-routing-key=k1` (→ the second, \"sandbox\" listener of the same upstream process); **nginx**, **haproxy** = reverse proxies to the app listener (configs: `perf/configs/`). Latencies in µs unless marked ms. Method: `perf/README.md`, section \"Side-by-side\".\n"
     );
 
+    headline(&mut o, r);
     goals(&mut o, r);
     throughput(&mut o, r);
     latency(&mut o, r);
@@ -308,6 +309,73 @@ fn disturbed(r: &Results, sc: Scenario, runs: &[(PeerKind, RunKind)]) -> String 
     }
 }
 
+/// Proxy CPU-µs per request of one run (user + system time of the peer's processes over the
+/// measured interval, divided by the requests completed in it).
+fn cpu_us(run: &RunResult) -> Option<f64> {
+    cpu_per_10k(run).map(|v| v * 100.0)
+}
+
+/// CPU-µs per request of `p` in the open-loop run at `rate`.
+fn cpu_at(r: &Results, p: PeerKind, s: Scenario, rate: u64) -> Option<f64> {
+    r.cell(p, s)
+        .and_then(|c| c.at_rate(rate))
+        .filter(|run| run.error.is_none())
+        .and_then(cpu_us)
+}
+
+/// The cheaper of nginx and HAProxy at `rate`, with its name.
+fn best_peer_cpu(r: &Results, s: Scenario, rate: u64) -> Option<(PeerKind, f64)> {
+    [PeerKind::Nginx, PeerKind::Haproxy]
+        .into_iter()
+        .filter_map(|p| cpu_at(r, p, s, rate).map(|v| (p, v)))
+        .min_by(|a, b| a.1.partial_cmp(&b.1).unwrap_or(std::cmp::Ordering::Equal))
+}
+
+/// The headline (issue 20): what one request costs in the proxy, at fixed open-loop rates that
+/// leave the load generator's core unsaturated, for every peer in the same run.
+pub fn headline(o: &mut String, r: &Results) {
+    let _ = writeln!(
+        o,
+        "## Proxy CPU per request (µs) at fixed rates
+"
+    );
+    let _ = writeln!(
+        o,
+        "The headline: user + system CPU time of the peer's processes (`/proc/<pid>/stat`) over the measured interval of an open-loop run, divided by the requests completed in it. At these rates neither core is saturated, so this is the proxy's cost, not the load generator's limit; it is what a sidecar in every pod costs per request. Lower is better; \"best peer\" is the cheaper of nginx and HAProxy in the same row. The kernel counts CPU in 10 ms ticks: at 1 000 rps a run holds a few dozen ticks, so the higher rate is the more precise. Instructions per request (callgrind) and syscalls per request (strace) are measured by `perf/callgrind.sh` and `perf/syscalls.sh`.\n"
+    );
+    let proxies: Vec<PeerKind> = r.peers.iter().copied().filter(|p| p.is_proxy()).collect();
+    let mut head = "| Scenario | rate |".to_string();
+    let mut sep = "|---|---:|".to_string();
+    for p in &proxies {
+        head.push_str(&format!(" {} |", p.name()));
+        sep.push_str("---:|");
+    }
+    head.push_str(" spur ÷ best peer | spur-keyed ÷ best peer |");
+    sep.push_str("---:|---:|");
+    let _ = writeln!(o, "{head}\n{sep}");
+    for &sc in &r.scenarios {
+        for &rate in &r.settings.rates {
+            let mut row = format!("| {} | {} |", sc.label(), thousands(rate));
+            for &p in &proxies {
+                let txt = cpu_at(r, p, sc, rate).map_or("–".into(), |v| format!("{v:.1}"));
+                row.push_str(&format!(" {txt} |"));
+            }
+            let best = best_peer_cpu(r, sc, rate);
+            for p in [PeerKind::Spur, PeerKind::SpurKeyed] {
+                let txt = match (cpu_at(r, p, sc, rate), best) {
+                    (Some(a), Some((bp, b))) if b > 0.0 => {
+                        format!("{:.2}× ({})", a / b, bp.name())
+                    }
+                    _ => "–".into(),
+                };
+                row.push_str(&format!(" {txt} |"));
+            }
+            let _ = writeln!(o, "{row}");
+        }
+    }
+    o.push('\n');
+}
+
 fn goal_row(o: &mut String, goal: &str, target: &str, measured: String, met: Option<bool>) {
     let verdict = match met {
         Some(true) => "✅ met",
@@ -323,6 +391,38 @@ fn goals(o: &mut String, r: &Results) {
         o,
         "| Goal | Target | Measured | Result |\n|---|---|---|---|"
     );
+    // CPU per request at the highest fixed rate (the most ticks), every scenario, keyed or not.
+    if let Some(&top) = r.settings.rates.iter().max() {
+        for &sc in &r.scenarios {
+            let best = best_peer_cpu(r, sc, top);
+            for p in [PeerKind::Spur, PeerKind::SpurKeyed] {
+                let (measured, met) = match (cpu_at(r, p, sc, top), best) {
+                    (Some(a), Some((bp, b))) if b > 0.0 => (
+                        format!(
+                            "{:.2}× ({a:.1} vs {} {b:.1} µs){}",
+                            a / b,
+                            bp.name(),
+                            disturbed(r, sc, &[(p, RunKind::Rate(top)), (bp, RunKind::Rate(top))])
+                        ),
+                        Some(a / b <= 0.8),
+                    ),
+                    _ => ("–".into(), None),
+                };
+                goal_row(
+                    o,
+                    &format!(
+                        "{} CPU per request at {} rps, {} vs the cheaper of nginx and HAProxy",
+                        sc.label(),
+                        thousands(top),
+                        p.name()
+                    ),
+                    "≤ 0.8×",
+                    measured,
+                    met,
+                );
+            }
+        }
+    }
     let rate = 1000;
     for proto in [Proto::H1, Proto::H2, Proto::Grpc] {
         let sc = Scenario {

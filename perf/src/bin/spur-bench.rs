@@ -314,6 +314,9 @@ fn real_main() -> Result<()> {
         !cli.quick && cli.stem.is_none(),
     )?;
     drop(work);
+    let mut headline = String::new();
+    spur_perf::bench::report::headline(&mut headline, &results);
+    println!("{headline}");
     Ok(())
 }
 

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# What one kept-alive HTTP/1.1 request costs in each proxy, counted rather than timed (issue 20,
+# goal 1): user-space instructions (callgrind) and syscalls (strace -c), for spur-sidecar with
+# its HTTP/1.1 relay, spur-sidecar with the relay off (every request through hyper), nginx and
+# HAProxy, in one run, each in front of the same `spur demo app` upstream, loaded by h2load on one
+# connection (no routing key, 0-byte bodies).
+#
+#   perf/per_request.sh                       # all four peers → a markdown table on stdout
+#   perf/per_request.sh BIN...                # also these spur-sidecar builds (before/after)
+#   SPUR_PER_REQUEST=callgrind perf/per_request.sh   # instructions only (or =strace)
+#
+# Instructions: the peer runs under valgrind twice, for 1 000 and 6 000 requests; per request =
+# (Ir(6000) - Ir(1000)) / 5000, so start-up and shutdown cancel out (nginx runs with
+# `master_process off`, HAProxy with `nbthread 1`, spur with `--threads 1`). Syscalls: strace
+# attaches to every thread of the running peer, h2load sends 20 000 requests, calls ÷ requests.
+# A kept-alive HTTP/1.1 hop needs at least 4 (read the request, write it upstream, read the
+# response, write it back); the table gives each peer's ratio to that.
+#
+# Needs valgrind, strace, h2load (nghttp2-client), nginx and haproxy (apt-get install valgrind
+# strace nghttp2-client nginx-light haproxy); builds the release binaries. Loopback only; every
+# process it starts is stopped before it exits.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+mode="${SPUR_PER_REQUEST:-all}"
+need=(h2load curl)
+[ "$mode" = strace ] || need+=(valgrind)
+[ "$mode" = callgrind ] || need+=(strace)
+for tool in "${need[@]}"; do
+    command -v "$tool" >/dev/null || { echo "perf/per_request.sh: $tool is not installed" >&2; exit 1; }
+done
+nginx_bin="$(command -v nginx || echo /usr/sbin/nginx)"
+haproxy_bin="$(command -v haproxy || echo /usr/sbin/haproxy)"
+cargo build --release --locked --bin spur --bin spur-sidecar >&2
+
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+app=127.0.0.1:19080
+listen=127.0.0.1:19006
+target/release/spur demo app --name base --listen "$app" >/dev/null 2>&1 &
+pids+=($!)
+for _ in $(seq 50); do curl -s -o /dev/null "http://$app/healthz" && break; sleep 0.1; done
+
+printf 'http1Relay: false\n' >"$work/no-relay.yaml"
+mkdir -p "$work/nginx/logs"
+sed -e "s|{{PREFIX}}|$work/nginx|g" -e "s|{{UPSTREAM}}|$app|g" -e "s|{{KEEPALIVE}}|16|g" \
+    -e "s|{{LISTEN_H1}}|$listen|g" -e "s|{{H2_LISTEN_DIRECTIVES}}|listen 127.0.0.1:19007 http2;|g" \
+    -e "s|{{MAX_CONCURRENCY}}|16|g" perf/configs/nginx.conf.tmpl >"$work/nginx/nginx.conf"
+sed -e "s|{{UPSTREAM}}|$app|g" -e "s|{{LISTEN_H1}}|$listen|g" -e "s|{{LISTEN_H2}}|127.0.0.1:19007|g" \
+    perf/configs/haproxy.cfg.tmpl >"$work/haproxy.cfg"
+
+# The command line of a peer; a spur-sidecar binary path names a spur peer.
+peer_cmd() {
+    case "$1" in
+        nginx) echo "$nginx_bin -p $work/nginx -c $work/nginx/nginx.conf -g 'daemon off; master_process off;'" ;;
+        haproxy) echo "$haproxy_bin -db -f $work/haproxy.cfg" ;;
+        *:hyper) echo "${1%:hyper} --threads 1 --app-addr $app --inbound-addr $listen --admin-addr 127.0.0.1:19020 --baseline-namespace t --baseline-name base --proxy-config $work/no-relay.yaml" ;;
+        *) echo "$1 --threads 1 --app-addr $app --inbound-addr $listen --admin-addr 127.0.0.1:19020 --baseline-namespace t --baseline-name base" ;;
+    esac
+}
+
+# Waits until the peer answers a proxied request.
+wait_ready() {
+    for _ in $(seq 300); do
+        curl -s -o /dev/null "http://$listen/healthz" && return 0
+        sleep 0.2
+    done
+    echo "perf/per_request.sh: the peer did not start" >&2
+    return 1
+}
+
+load() {
+    h2load -n "$1" -c 1 --h1 "http://$listen/" >"$work/h2load.txt" 2>&1
+    grep -q "$1 succeeded" "$work/h2load.txt" || {
+        echo "perf/per_request.sh: not every request succeeded:" >&2
+        cat "$work/h2load.txt" >&2
+        exit 1
+    }
+}
+
+instructions() {
+    local peer="$1" n out vg
+    declare -A ir=()
+    for n in 1000 6000; do
+        out="$work/cg.$n"
+        # shellcheck disable=SC2046 # the command line is split on purpose
+        eval valgrind --tool=callgrind --callgrind-out-file="$out" $(peer_cmd "$peer") >/dev/null 2>"$work/vg.log" &
+        vg=$!
+        pids+=("$vg")
+        wait_ready
+        load "$n"
+        kill -TERM "$vg"
+        wait "$vg" || true
+        ir[$n]="$(grep -E '^(summary|totals):' "$out" | head -1 | awk '{print $2}')"
+    done
+    echo $(( (ir[6000] - ir[1000]) / 5000 ))
+}
+
+syscalls() {
+    local peer="$1" pid st n=20000
+    eval "$(peer_cmd "$peer")" >/dev/null 2>&1 &
+    pid=$!
+    pids+=("$pid")
+    wait_ready
+    load 200
+    local attach=()
+    for t in /proc/"$pid"/task/*; do attach+=(-p "${t##*/}"); done
+    strace -c -f -o "$work/strace.txt" "${attach[@]}" 2>/dev/null &
+    st=$!
+    sleep 1
+    load "$n"
+    kill -INT "$st"
+    wait "$st" || true
+    kill -TERM "$pid"
+    wait "$pid" || true
+    # strace -c columns: % time, seconds, usecs/call, calls, [errors], syscall.
+    local total top
+    total="$(awk '$NF == "total" { print $4 }' "$work/strace.txt")"
+    top="$(awk -v n="$n" 'NR > 2 && $NF != "total" && $1 !~ /^-/ { printf "%s %.2f\n", $NF, $4 / n }' "$work/strace.txt" |
+        sort -k2 -nr | head -5 | awk '{ printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $2 }')"
+    printf '%s|%s' "$(awk -v t="$total" -v n="$n" 'BEGIN { printf "%.2f", t / n }')" "$top"
+}
+
+peers=(target/release/spur-sidecar "target/release/spur-sidecar:hyper" nginx haproxy "$@")
+echo "| peer | instructions per request | syscalls per request | ÷ 4 (the least a kept-alive hop needs) | syscalls per request, by call |"
+echo "|---|---:|---:|---:|---|"
+for peer in "${peers[@]}"; do
+    case "$peer" in
+        nginx) [ -x "$nginx_bin" ] || { echo "| nginx | not installed | | | |"; continue; } ;;
+        haproxy) [ -x "$haproxy_bin" ] || { echo "| haproxy | not installed | | | |"; continue; } ;;
+    esac
+    ins="–"
+    sys="–"
+    ratio="–"
+    calls=""
+    [ "$mode" = strace ] || ins="$(instructions "$peer")"
+    if [ "$mode" != callgrind ]; then
+        s="$(syscalls "$peer")"
+        sys="${s%%|*}"
+        calls="${s#*|}"
+        ratio="$(awk -v s="$sys" 'BEGIN { printf "%.2f×", s / 4 }')"
+    fi
+    label="$peer"
+    case "$peer" in
+        *:hyper) label="${peer%:hyper} (http1Relay: false)" ;;
+    esac
+    echo "| $label | $ins | $sys | $ratio | $calls |"
+done
