@@ -39,6 +39,7 @@ fn script(path: &str, head: &str) -> (Vec<u8>, bool) {
         }
         "/bad-chunk" => fixed("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"),
         "/upgrade" => fixed("HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n"),
+        "/status-002" => fixed("HTTP/1.1 002 OK\r\nContent-Length: 0\r\n\r\n"),
         "/hop" => fixed(
             "HTTP/1.1 200 OK\r\nConnection: x-secret, keep-alive\r\nX-Secret: s\r\nKeep-Alive: timeout=5\r\nContent-Length: 2\r\n\r\nok",
         ),
@@ -214,7 +215,13 @@ async fn every_response_framing_is_relayed_to_its_end() {
 async fn ambiguous_or_broken_responses_are_answered_502() {
     let (sidecar, _) = setup().await;
     let proxy = sidecar.inbound_addr;
-    for path in ["/both", "/two-lengths", "/bad-chunk", "/upgrade"] {
+    for path in [
+        "/both",
+        "/two-lengths",
+        "/bad-chunk",
+        "/upgrade",
+        "/status-002",
+    ] {
         let r = exchange(proxy, &get(path)).await;
         assert!(
             r.starts_with("HTTP/1.1 502 Bad Gateway\r\n"),
@@ -222,6 +229,14 @@ async fn ambiguous_or_broken_responses_are_answered_502() {
         );
         assert!(r.ends_with("spur: upstream unavailable\n"), "{path}: {r:?}");
     }
+    // Framing fields are checked where no body follows, too.
+    let r = exchange(
+        proxy,
+        "HEAD /both HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 502 Bad Gateway\r\n"), "HEAD: {r:?}");
+    assert!(r.ends_with("\r\n\r\n"), "no body answers a HEAD: {r:?}");
     // A 502 leaves a kept-alive client connection usable.
     let mut s = TcpStream::connect(proxy).await.unwrap();
     s.write_all(b"GET /both HTTP/1.1\r\nHost: app\r\n\r\nGET /x HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n")

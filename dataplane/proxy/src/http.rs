@@ -23,19 +23,19 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 
+use crate::conn::ConnMeta;
 use crate::detect::Protocol;
 use crate::drain::Drain;
 use crate::io::{Activity, Tracked};
-use crate::listener::ConnMeta;
 use crate::metrics::Outcome;
 use crate::pool::{Body, Upstream, Version};
 use crate::router::Route;
-use crate::{Error, Proxy};
+use crate::{Error, Shared};
 
 /// Serves one client connection whose protocol was detected as HTTP/1 or HTTP/2: HTTP/1 with the
 /// relay unless it is turned off (the relay hands what it does not handle to [`serve_hyper`]).
 pub(crate) async fn serve<IO>(
-    proxy: Proxy,
+    shared: Arc<Shared>,
     io: IO,
     meta: ConnMeta,
     drain: Drain,
@@ -43,17 +43,17 @@ pub(crate) async fn serve<IO>(
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    if meta.protocol == Protocol::Http1 && proxy.inner.config.http1_relay {
-        relay::serve(proxy, io, meta, drain).await
+    if meta.protocol == Protocol::Http1 && shared.config.http1_relay {
+        relay::serve(shared, io, meta, drain).await
     } else {
-        serve_hyper(proxy, io, meta, drain).await
+        serve_hyper(shared, io, meta, drain).await
     }
 }
 
 /// Serves a connection with hyper's servers: everything HTTP/2, and every HTTP/1 exchange the
 /// relay does not handle.
 async fn serve_hyper<IO>(
-    proxy: Proxy,
+    shared: Arc<Shared>,
     io: IO,
     meta: ConnMeta,
     drain: Drain,
@@ -61,16 +61,16 @@ async fn serve_hyper<IO>(
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let config = proxy.inner.config.clone();
+    let config = shared.config.clone();
     let activity = Activity::new();
     let protocol = meta.protocol;
     let meta = Arc::new(meta);
     let tunnels = drain.clone();
     let svc = service_fn(move |req| {
-        let proxy = proxy.clone();
+        let shared = shared.clone();
         let meta = meta.clone();
         let tunnels = tunnels.clone();
-        async move { Ok::<_, Infallible>(proxy.handle(req, &meta, &tunnels).await) }
+        async move { Ok::<_, Infallible>(handle(&shared, req, &meta, &tunnels).await) }
     });
     match protocol {
         Protocol::Http2 => {
@@ -146,113 +146,109 @@ where
     })
 }
 
-impl Proxy {
-    async fn handle(
-        &self,
-        req: Request<Incoming>,
-        meta: &ConnMeta,
-        tunnels: &Drain,
-    ) -> Response<Body> {
-        let start = Instant::now();
-        let (resp, outcome) = self.forward(req, meta, tunnels).await;
-        self.inner
-            .metrics
-            .request(outcome, start.elapsed().as_secs_f64());
-        resp
-    }
+async fn handle(
+    shared: &Shared,
+    req: Request<Incoming>,
+    meta: &ConnMeta,
+    tunnels: &Drain,
+) -> Response<Body> {
+    let start = Instant::now();
+    let (resp, outcome) = forward(shared, req, meta, tunnels).await;
+    shared
+        .metrics
+        .request(outcome, start.elapsed().as_secs_f64());
+    resp
+}
 
-    async fn forward(
-        &self,
-        mut req: Request<Incoming>,
-        meta: &ConnMeta,
-        tunnels: &Drain,
-    ) -> (Response<Body>, Outcome) {
-        let config = &self.inner.config;
-        let uri_len = req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
-        if uri_len > config.max_uri_len {
-            return error(StatusCode::URI_TOO_LONG, "request target too long");
-        }
-        let version = match req.version() {
-            HttpVersion::HTTP_2 => Version::Http2,
-            HttpVersion::HTTP_10 | HttpVersion::HTTP_11 => Version::Http1,
-            _ => {
-                return error(
-                    StatusCode::HTTP_VERSION_NOT_SUPPORTED,
-                    "unsupported HTTP version",
-                );
-            }
-        };
-        if version == Version::Http1
-            && let Err(reason) = headers::check_host(&req)
-        {
-            return reject(StatusCode::BAD_REQUEST, reason);
-        }
-        let connect = req.method() == Method::CONNECT;
-        if connect && version == Version::Http2 {
+async fn forward(
+    shared: &Shared,
+    mut req: Request<Incoming>,
+    meta: &ConnMeta,
+    tunnels: &Drain,
+) -> (Response<Body>, Outcome) {
+    let config = &shared.config;
+    let uri_len = req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
+    if uri_len > config.max_uri_len {
+        return error(StatusCode::URI_TOO_LONG, "request target too long");
+    }
+    let version = match req.version() {
+        HttpVersion::HTTP_2 => Version::Http2,
+        HttpVersion::HTTP_10 | HttpVersion::HTTP_11 => Version::Http1,
+        _ => {
             return error(
-                StatusCode::NOT_IMPLEMENTED,
-                "CONNECT over HTTP/2 is not supported",
+                StatusCode::HTTP_VERSION_NOT_SUPPORTED,
+                "unsupported HTTP version",
             );
         }
-        let upgrade =
-            headers::upgrade_protocol(req.headers()).filter(|_| version == Version::Http1);
-        let client_upgrade = (connect || upgrade.is_some()).then(|| hyper::upgrade::on(&mut req));
-
-        let (mut parts, body) = req.into_parts();
-        let route = self.inner.router.route_http(meta, &mut parts);
-        let (upstream, outcome) = match &route {
-            Route::Original => (Upstream::Original(meta.original_dst), Outcome::Baseline),
-            Route::Destination(d) => (Upstream::Sandbox(d.location.clone()), Outcome::Sandbox),
-        };
-        if let Route::Destination(d) = &route {
-            tracing::debug!(client = %meta.client, key = %d.routing_key, sandbox = %d.sandbox, to = %upstream, "routed to sandbox");
-        }
-        headers::prepare_request(&mut parts, meta, upgrade.as_ref(), config.forwarded_headers);
-        if let Err(status) = headers::normalize_target(&mut parts, version) {
-            return error(status, "invalid request target");
-        }
-        let upstream_req = Request::from_parts(parts, body.boxed());
-
-        let mut resp = match self.inner.pool.send(&upstream, version, upstream_req).await {
-            Ok(r) => r,
-            // A request body the client framed wrongly (a chunk size that is not hex or
-            // overflows) fails while it is forwarded: the client gets a 400 and its connection
-            // is closed, not a 502 that blames the upstream.
-            Err(e) if client_body_failed(&e) => {
-                tracing::debug!(client = %meta.client, error = %e, "invalid request body");
-                return reject(StatusCode::BAD_REQUEST, "invalid request body");
-            }
-            Err(e) => {
-                tracing::warn!(client = %meta.client, error = %e, "upstream request failed");
-                let status = match e {
-                    Error::ConnectTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-                    _ => StatusCode::BAD_GATEWAY,
-                };
-                return error(status, "upstream unavailable");
-            }
-        };
-
-        let switched = resp.status() == StatusCode::SWITCHING_PROTOCOLS
-            || (connect && resp.status().is_success());
-        if let (Some(client_upgrade), true) = (client_upgrade, switched) {
-            let server_upgrade = hyper::upgrade::on(&mut resp);
-            let idle = config.idle_timeout;
-            tunnels.spawn(async move {
-                match tokio::try_join!(client_upgrade, server_upgrade) {
-                    Ok((client, server)) => {
-                        let _ =
-                            crate::tcp::splice(TokioIo::new(client), TokioIo::new(server), idle)
-                                .await;
-                    }
-                    Err(e) => tracing::debug!(error = %e, "upgrade failed"),
-                }
-            });
-        }
-        let keep_upgrade = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
-        let (mut parts, body) = resp.into_parts();
-        headers::prepare_response(&mut parts, version, keep_upgrade);
-        (Response::from_parts(parts, body), outcome)
+    };
+    if version == Version::Http1
+        && let Err(reason) = headers::check_host(&req)
+    {
+        return reject(StatusCode::BAD_REQUEST, reason);
     }
+    let connect = req.method() == Method::CONNECT;
+    if connect && version == Version::Http2 {
+        return error(
+            StatusCode::NOT_IMPLEMENTED,
+            "CONNECT over HTTP/2 is not supported",
+        );
+    }
+    let upgrade = headers::upgrade_protocol(req.headers()).filter(|_| version == Version::Http1);
+    let client_upgrade = (connect || upgrade.is_some()).then(|| hyper::upgrade::on(&mut req));
+
+    let (mut parts, body) = req.into_parts();
+    let route = shared.router.route_http(meta, &mut parts);
+    let (upstream, outcome) = match &route {
+        Route::Original => (Upstream::Original(meta.original_dst), Outcome::Baseline),
+        Route::Destination(d) => (Upstream::Sandbox(d.location.clone()), Outcome::Sandbox),
+    };
+    if let Route::Destination(d) = &route {
+        tracing::debug!(client = %meta.client, key = %d.routing_key, sandbox = %d.sandbox, to = %upstream, "routed to sandbox");
+    }
+    headers::prepare_request(&mut parts, meta, upgrade.as_ref(), config.forwarded_headers);
+    if let Err(status) = headers::normalize_target(&mut parts, version) {
+        return error(status, "invalid request target");
+    }
+    let upstream_req = Request::from_parts(parts, body.boxed());
+
+    let mut resp = match shared.pool.send(&upstream, version, upstream_req).await {
+        Ok(r) => r,
+        // A request body the client framed wrongly (a chunk size that is not hex or
+        // overflows) fails while it is forwarded: the client gets a 400 and its connection
+        // is closed, not a 502 that blames the upstream.
+        Err(e) if client_body_failed(&e) => {
+            tracing::debug!(client = %meta.client, error = %e, "invalid request body");
+            return reject(StatusCode::BAD_REQUEST, "invalid request body");
+        }
+        Err(e) => {
+            tracing::warn!(client = %meta.client, error = %e, "upstream request failed");
+            let status = match e {
+                Error::ConnectTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+                _ => StatusCode::BAD_GATEWAY,
+            };
+            return error(status, "upstream unavailable");
+        }
+    };
+
+    let switched =
+        resp.status() == StatusCode::SWITCHING_PROTOCOLS || (connect && resp.status().is_success());
+    if let (Some(client_upgrade), true) = (client_upgrade, switched) {
+        let server_upgrade = hyper::upgrade::on(&mut resp);
+        let idle = config.idle_timeout;
+        tunnels.spawn(async move {
+            match tokio::try_join!(client_upgrade, server_upgrade) {
+                Ok((client, server)) => {
+                    let _ =
+                        crate::io::splice(TokioIo::new(client), TokioIo::new(server), idle).await;
+                }
+                Err(e) => tracing::debug!(error = %e, "upgrade failed"),
+            }
+        });
+    }
+    let keep_upgrade = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+    let (mut parts, body) = resp.into_parts();
+    headers::prepare_response(&mut parts, version, keep_upgrade);
+    (Response::from_parts(parts, body), outcome)
 }
 
 /// Whether forwarding failed because the client's own request body failed: hyper reports a

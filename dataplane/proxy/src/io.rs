@@ -1,4 +1,5 @@
-//! I/O adapters: replaying sniffed bytes, and recording activity for idle timeouts.
+//! I/O helpers: replaying sniffed bytes, recording activity for idle timeouts, and splicing two
+//! streams together.
 
 use std::io;
 use std::pin::Pin;
@@ -182,5 +183,24 @@ impl<T: AsyncWrite> AsyncWrite for Tracked<T> {
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.project().inner.poll_shutdown(cx)
+    }
+}
+
+/// Copies both ways until both directions have seen EOF (each EOF is passed on as a write
+/// shutdown, so half-closed protocols keep working), an error occurs, or the pair stays idle.
+pub(crate) async fn splice<A, B>(a: A, b: B, idle: Duration) -> Result<(), &'static str>
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let activity = Activity::new();
+    let mut a = Tracked::new(a, activity.clone());
+    let mut b = b;
+    tokio::select! {
+        res = tokio::io::copy_bidirectional(&mut a, &mut b) => match res {
+            Ok(_) => Ok(()),
+            Err(_) => Err("stream error"),
+        },
+        () = activity.idle_for(idle) => Err("idle timeout"),
     }
 }

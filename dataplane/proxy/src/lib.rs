@@ -22,6 +22,7 @@
 
 mod admin;
 mod config;
+mod conn;
 mod detect;
 mod drain;
 mod error;
@@ -36,6 +37,7 @@ mod tcp;
 
 pub use admin::{AdminState, serve_admin};
 pub use config::ProxyConfig;
+pub use conn::ConnMeta;
 pub use detect::Protocol;
 pub use drain::Drain;
 pub use error::Error;
@@ -44,7 +46,7 @@ pub use error::Error;
 /// connection (bare LF and framing hyper would read differently from the next hop: 400, closed).
 pub use http::check_host;
 pub use http::guard::Guard as Http1Guard;
-pub use listener::{ConnMeta, Inbound};
+pub use listener::Inbound;
 pub use metrics::Metrics;
 pub use router::{KeyRouter, KeyRouterConfig, ROUTED_HEADER, Route, Router};
 
@@ -57,14 +59,16 @@ use spur_routing::SharedTable;
 /// Cheap to clone.
 #[derive(Clone)]
 pub struct Proxy {
-    inner: Arc<Inner>,
+    shared: Arc<Shared>,
 }
 
-struct Inner {
-    config: ProxyConfig,
-    router: Arc<dyn Router>,
-    pool: pool::Pool,
-    metrics: Metrics,
+/// What every connection of a proxy reads: passed by reference (an `Arc` where a task or a
+/// hyper service must own it) to the listener and the protocol servers.
+pub(crate) struct Shared {
+    pub(crate) config: ProxyConfig,
+    pub(crate) router: Arc<dyn Router>,
+    pub(crate) pool: pool::Pool,
+    pub(crate) metrics: Metrics,
 }
 
 /// Keeps a timer due within a second in the runtime, forever.
@@ -95,7 +99,7 @@ impl Proxy {
             rt.spawn(timer_anchor());
         }
         Ok(Proxy {
-            inner: Arc::new(Inner {
+            shared: Arc::new(Shared {
                 config,
                 router,
                 pool,
@@ -107,7 +111,7 @@ impl Proxy {
     /// Accepts connections on `listener` until `drain` starts, serving each one under `drain`.
     /// Returns once the listener has stopped; connections keep running until [`Drain::wait`].
     pub async fn serve(&self, listener: tokio::net::TcpListener, inbound: Inbound, drain: Drain) {
-        listener::accept_loop(self.clone(), listener, inbound, drain).await
+        listener::accept_loop(self.shared.clone(), listener, inbound, drain).await
     }
 
     /// Closes idle pooled connections to sandbox destinations that are not in `table`'s current
@@ -115,7 +119,7 @@ impl Proxy {
     /// table swap (see `spur_discovery`'s change notifications).
     pub fn on_table_change(&self, table: &SharedTable) {
         let snapshot = table.load();
-        self.inner
+        self.shared
             .pool
             .retain_sandbox_upstreams(&snapshot.table.locations());
     }
@@ -123,10 +127,10 @@ impl Proxy {
     /// Number of idle pooled upstream connections (HTTP/1 idle plus HTTP/2 shared), for tests and
     /// the admin dump.
     pub fn idle_upstream_connections(&self) -> usize {
-        self.inner.pool.idle_count()
+        self.shared.pool.idle_count()
     }
 
     pub fn metrics(&self) -> &Metrics {
-        &self.inner.metrics
+        &self.shared.metrics
     }
 }

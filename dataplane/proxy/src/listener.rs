@@ -2,11 +2,13 @@
 //! handler for their protocol.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use socket2::SockRef;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::Proxy;
+use crate::Shared;
+use crate::conn::ConnMeta;
 use crate::detect::{Protocol, detect};
 use crate::drain::Drain;
 use crate::io::Rewind;
@@ -22,39 +24,8 @@ pub enum Inbound {
     Transparent,
 }
 
-/// What the proxy knows about one inbound connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnMeta {
-    pub client: SocketAddr,
-    pub local: SocketAddr,
-    /// Where the client meant to go; its port is the workload port used for rule lookup.
-    pub original_dst: SocketAddr,
-    pub protocol: Protocol,
-    /// `client`'s IP as a header value, rendered once per connection for `X-Forwarded-For`.
-    pub client_ip: http::HeaderValue,
-}
-
-impl ConnMeta {
-    pub fn new(
-        client: SocketAddr,
-        local: SocketAddr,
-        original_dst: SocketAddr,
-        protocol: Protocol,
-    ) -> Self {
-        let client_ip = http::HeaderValue::from_str(&client.ip().to_string())
-            .unwrap_or_else(|_| http::HeaderValue::from_static("unknown"));
-        ConnMeta {
-            client,
-            local,
-            original_dst,
-            protocol,
-            client_ip,
-        }
-    }
-}
-
 pub(crate) async fn accept_loop(
-    proxy: Proxy,
+    shared: Arc<Shared>,
     listener: TcpListener,
     inbound: Inbound,
     drain: Drain,
@@ -63,10 +34,10 @@ pub(crate) async fn accept_loop(
     while let Some((stream, client)) =
         spur_runtime::accept(&listener, drain.signaled(), "proxy").await
     {
-        let proxy = proxy.clone();
+        let shared = shared.clone();
         let conn_drain = drain.clone();
         drain.spawn(async move {
-            if let Err(reason) = handle(proxy, stream, client, inbound, conn_drain).await {
+            if let Err(reason) = handle(shared, stream, client, inbound, conn_drain).await {
                 tracing::debug!(%client, reason, "connection closed");
             }
         });
@@ -86,7 +57,7 @@ fn original_dst(stream: &TcpStream, local: SocketAddr) -> std::io::Result<Socket
 }
 
 async fn handle(
-    proxy: Proxy,
+    shared: Arc<Shared>,
     mut stream: TcpStream,
     client: SocketAddr,
     inbound: Inbound,
@@ -106,7 +77,7 @@ async fn handle(
         }
     };
     let _ = stream.set_nodelay(true);
-    let config = &proxy.inner.config;
+    let config = &shared.config;
     let (protocol, prefix) = if config.opaque_ports.contains(&original_dst.port()) {
         (Protocol::Opaque, bytes::Bytes::new())
     } else {
@@ -117,10 +88,10 @@ async fn handle(
         }
     };
     let meta = ConnMeta::new(client, local, original_dst, protocol);
-    let _active = proxy.inner.metrics.connection(protocol);
+    let _active = shared.metrics.connection(protocol);
     let io = Rewind::new(prefix, stream);
     match protocol {
-        Protocol::Http1 | Protocol::Http2 => crate::http::serve(proxy, io, meta, drain).await,
-        Protocol::Tls | Protocol::Opaque => crate::tcp::forward(&proxy, io, &meta).await,
+        Protocol::Http1 | Protocol::Http2 => crate::http::serve(shared, io, meta, drain).await,
+        Protocol::Tls | Protocol::Opaque => crate::tcp::forward(&shared, io, &meta).await,
     }
 }

@@ -9,7 +9,7 @@ use spur_routing::inject::inject_key;
 use spur_routing::{BaselineWorkload, Destination, ExtractConfig, KeyExtractor, SharedTable};
 
 use crate::Error;
-use crate::listener::ConnMeta;
+use crate::conn::ConnMeta;
 
 /// Marks a request a sidecar has already sent to a sandbox; its value names the baseline whose
 /// sidecar did it. If a misconfigured destination points back at the same sidecar, the request

@@ -5,7 +5,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{StatusCode, Uri};
 
-use crate::listener::ConnMeta;
+use crate::conn::ConnMeta;
 use crate::pool::Version;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

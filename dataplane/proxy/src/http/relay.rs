@@ -17,6 +17,7 @@
 //! hop-by-hop fields, bodies are forwarded as they come, following their framing (RFC 9112 §6.3)
 //! so the upstream socket can be reused, and a response framed ambiguously is answered 502.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -25,13 +26,13 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::{Instant, timeout};
 
 use super::headers::valid_authority;
+use crate::conn::ConnMeta;
 use crate::drain::Drain;
 use crate::io::Rewind;
-use crate::listener::ConnMeta;
 use crate::metrics::Outcome;
 use crate::pool::Upstream;
 use crate::router::{RawRoute, Route};
-use crate::{Error, Proxy};
+use crate::{Error, Shared};
 
 /// Request bodies up to this size are relayed: written upstream after the head, then the
 /// response is read. A larger body goes to hyper, which streams both directions at once, so an
@@ -46,7 +47,7 @@ const BODY_READ: usize = 32 * 1024;
 
 /// Serves one HTTP/1 connection until it closes, or hands it to hyper.
 pub(super) async fn serve<IO>(
-    proxy: Proxy,
+    shared: Arc<Shared>,
     mut io: IO,
     meta: ConnMeta,
     drain: Drain,
@@ -55,7 +56,7 @@ where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut conn = Conn {
-        proxy: &proxy,
+        shared: &shared,
         meta: &meta,
         drain: &drain,
         buf: BytesMut::with_capacity(8 * 1024),
@@ -80,10 +81,10 @@ where
             }
         }
     }
-    proxy.inner.metrics.handovers.inc();
+    shared.metrics.handovers.inc();
     let Conn { buf, .. } = conn;
     let io = Rewind::new(buf.freeze(), io);
-    super::serve_hyper(proxy, io, meta, drain).await
+    super::serve_hyper(shared, io, meta, drain).await
 }
 
 enum Stop {
@@ -104,7 +105,7 @@ struct Head {
 }
 
 struct Conn<'a> {
-    proxy: &'a Proxy,
+    shared: &'a Shared,
     meta: &'a ConnMeta,
     drain: &'a Drain,
     /// Bytes read from the client, not yet forwarded.
@@ -140,7 +141,7 @@ impl Conn<'_> {
     where
         IO: AsyncRead + Unpin,
     {
-        let config = &self.proxy.inner.config;
+        let config = &self.shared.config;
         let mut scanned = 0;
         let mut bare_lf = false;
         let mut deadline = None;
@@ -197,8 +198,7 @@ impl Conn<'_> {
             Err(e) => (Err(e), Outcome::Error),
         };
         let end = self.head_sent.unwrap_or_else(Instant::now);
-        self.proxy
-            .inner
+        self.shared
             .metrics
             .request(outcome, end.duration_since(start).as_secs_f64());
         result
@@ -207,8 +207,8 @@ impl Conn<'_> {
     /// Reads the head at the start of `buf`, decides whether the relay forwards it, routes it,
     /// and writes the upstream head into `out`.
     fn plan(&mut self, len: usize) -> Result<Plan, Stop> {
-        let inner = &self.proxy.inner;
-        let config = &inner.config;
+        let shared = self.shared;
+        let config = &shared.config;
         let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
         let mut req = httparse::Request::new(&mut fields);
         match req.parse(&self.buf[..len]) {
@@ -273,7 +273,7 @@ impl Conn<'_> {
                 Field::XForwardedProto => xfp = true,
                 Field::HopByHop => {}
                 Field::Other => {
-                    if inner.router.is_carrier(name) {
+                    if shared.router.is_carrier(name) {
                         match (
                             HeaderName::from_bytes(name),
                             HeaderValue::from_bytes(f.value),
@@ -290,7 +290,7 @@ impl Conn<'_> {
         if hosts != 1 {
             return Err(Stop::HandOver);
         }
-        let Some(RawRoute { route, set }) = inner.router.route_raw(self.meta, target, &carriers)
+        let Some(RawRoute { route, set }) = shared.router.route_raw(self.meta, target, &carriers)
         else {
             return Err(Stop::HandOver);
         };
@@ -367,8 +367,8 @@ impl Conn<'_> {
     where
         IO: AsyncRead + AsyncWrite + Unpin,
     {
-        let idle = self.proxy.inner.config.idle_timeout;
-        let pool = &self.proxy.inner.pool;
+        let idle = self.shared.config.idle_timeout;
+        let pool = &self.shared.pool;
         // Body bytes read with the head ride in the same write.
         let have = usize::try_from(plan.body)
             .unwrap_or(usize::MAX)
@@ -391,7 +391,9 @@ impl Conn<'_> {
                             Error::ConnectTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
                             _ => StatusCode::BAD_GATEWAY,
                         };
-                        return self.fail(io, status, close_client || body_left > 0).await;
+                        return self
+                            .fail(io, status, close_client || body_left > 0, plan.head)
+                            .await;
                     }
                 },
             };
@@ -417,14 +419,19 @@ impl Conn<'_> {
                 Ok(_) | Err(IoFail::Upstream) => {
                     tracing::warn!(client = %self.meta.client, upstream = %plan.upstream, "upstream closed before responding");
                     return self
-                        .fail(io, StatusCode::BAD_GATEWAY, close_client || body_left > 0)
+                        .fail(
+                            io,
+                            StatusCode::BAD_GATEWAY,
+                            close_client || body_left > 0,
+                            plan.head,
+                        )
                         .await;
                 }
             }
         };
 
         // The response head, after any interim (1xx) responses, which are not forwarded.
-        let max_head = self.proxy.inner.config.max_header_bytes * 2;
+        let max_head = self.shared.config.max_header_bytes * 2;
         let mut scanned = 0;
         let mut bare_lf = false;
         let (mut framing, keep) = loop {
@@ -441,19 +448,25 @@ impl Conn<'_> {
                     }
                     Err(why) => {
                         tracing::warn!(upstream = %plan.upstream, why, "invalid response from upstream");
-                        return self.fail(io, StatusCode::BAD_GATEWAY, close_client).await;
+                        return self
+                            .fail(io, StatusCode::BAD_GATEWAY, close_client, plan.head)
+                            .await;
                     }
                 }
             }
             if self.ubuf.len() >= max_head {
                 tracing::warn!(upstream = %plan.upstream, "response head too large");
-                return self.fail(io, StatusCode::BAD_GATEWAY, close_client).await;
+                return self
+                    .fail(io, StatusCode::BAD_GATEWAY, close_client, plan.head)
+                    .await;
             }
             match read_some(&mut up, &mut self.ubuf, 8 * 1024, idle).await {
                 Ok(n) if n > 0 => {}
                 _ => {
                     tracing::warn!(upstream = %plan.upstream, "upstream closed mid-head");
-                    return self.fail(io, StatusCode::BAD_GATEWAY, close_client).await;
+                    return self
+                        .fail(io, StatusCode::BAD_GATEWAY, close_client, plan.head)
+                        .await;
                 }
             }
         };
@@ -461,7 +474,9 @@ impl Conn<'_> {
         // The head goes out with as much of the body as is here already.
         let Ok((n, mut done)) = framing.take(&self.ubuf) else {
             tracing::warn!(upstream = %plan.upstream, "invalid response body framing");
-            return self.fail(io, StatusCode::BAD_GATEWAY, close_client).await;
+            return self
+                .fail(io, StatusCode::BAD_GATEWAY, close_client, plan.head)
+                .await;
         };
         let client_err = |_| Stop::Close("client write error");
         self.head_sent = Some(Instant::now());
@@ -518,6 +533,10 @@ impl Conn<'_> {
         let (Some(version), Some(code)) = (resp.version, resp.code) else {
             return Err("unparsable head");
         };
+        // httparse reads any three digits; HTTP's status codes start at 100 (RFC 9110 §15).
+        if code < 100 {
+            return Err("invalid status code");
+        }
         if code == 101 {
             return Err("101 without an upgrade request");
         }
@@ -543,8 +562,9 @@ impl Conn<'_> {
                 }
                 Field::TransferEncoding => {
                     // The last coding of the last field is the final one.
-                    if let Some(last) = tokens(f.value).last() {
-                        chunked = Some(last.eq_ignore_ascii_case(b"chunked"));
+                    match tokens(f.value).last() {
+                        Some(last) => chunked = Some(last.eq_ignore_ascii_case(b"chunked")),
+                        None => return Err("empty Transfer-Encoding"),
                     }
                 }
                 Field::ContentLength => match decimal(f.value) {
@@ -554,15 +574,14 @@ impl Conn<'_> {
                 _ => {}
             }
         }
-        let framing = if head_request || code == 204 || code == 304 {
-            Framing::Empty
-        } else {
-            match (chunked, length) {
-                (Some(_), Some(_)) => return Err("both Transfer-Encoding and Content-Length"),
-                (Some(true), None) => Framing::Chunked(Chunked::default()),
-                (Some(false), None) | (None, None) => Framing::UntilClose,
-                (None, Some(n)) => Framing::Fixed(n),
-            }
+        // Framing fields are checked even where no body follows (HEAD, 204, 304): a response
+        // that carries both is refused, not passed on for the next hop to read its own way.
+        let framing = match (chunked, length) {
+            (Some(_), Some(_)) => return Err("both Transfer-Encoding and Content-Length"),
+            _ if head_request || code == 204 || code == 304 => Framing::Empty,
+            (Some(true), None) => Framing::Chunked(Chunked::default()),
+            (Some(false), None) | (None, None) => Framing::UntilClose,
+            (None, Some(n)) => Framing::Fixed(n),
         };
 
         let out = &mut self.out;
@@ -588,13 +607,14 @@ impl Conn<'_> {
         Ok(Resp::Final { framing, keep })
     }
 
-    /// Answers an exchange the proxy could not complete. The client's connection stays open
-    /// unless part of its request body is still unread.
+    /// Answers an exchange the proxy could not complete (without the body if the request was a
+    /// HEAD). The client's connection stays open unless part of its request body is unread.
     async fn fail<IO>(
         &mut self,
         io: &mut IO,
         status: StatusCode,
         close: bool,
+        head: bool,
     ) -> Result<(Next, Outcome), Stop>
     where
         IO: AsyncWrite + Unpin,
@@ -612,8 +632,10 @@ impl Conn<'_> {
             out.extend_from_slice(b"\r\nconnection: close");
         }
         out.extend_from_slice(b"\r\n\r\n");
-        out.extend_from_slice(BODY);
-        let idle = self.proxy.inner.config.idle_timeout;
+        if !head {
+            out.extend_from_slice(BODY);
+        }
+        let idle = self.shared.config.idle_timeout;
         write(io, &self.out, idle)
             .await
             .map_err(|_| Stop::Close("client write error"))?;
