@@ -55,13 +55,15 @@ sed -e "s|{{PREFIX}}|$work/nginx|g" -e "s|{{UPSTREAM}}|$app|g" -e "s|{{KEEPALIVE
 sed -e "s|{{UPSTREAM}}|$app|g" -e "s|{{LISTEN_H1}}|$listen|g" -e "s|{{LISTEN_H2}}|127.0.0.1:19007|g" \
     perf/configs/haproxy.cfg.tmpl >"$work/haproxy.cfg"
 
-# The command line of a peer; a spur-sidecar binary path names a spur peer.
+# The command line of a peer, into `cmd`; a spur-sidecar binary path names a spur peer.
 peer_cmd() {
+    local spur=(--threads 1 --app-addr "$app" --inbound-addr "$listen" --admin-addr 127.0.0.1:19020
+        --baseline-namespace t --baseline-name base)
     case "$1" in
-        nginx) echo "$nginx_bin -p $work/nginx -c $work/nginx/nginx.conf -g 'daemon off; master_process off;'" ;;
-        haproxy) echo "$haproxy_bin -db -f $work/haproxy.cfg" ;;
-        *:hyper) echo "${1%:hyper} --threads 1 --app-addr $app --inbound-addr $listen --admin-addr 127.0.0.1:19020 --baseline-namespace t --baseline-name base --proxy-config $work/no-relay.yaml" ;;
-        *) echo "$1 --threads 1 --app-addr $app --inbound-addr $listen --admin-addr 127.0.0.1:19020 --baseline-namespace t --baseline-name base" ;;
+        nginx) cmd=("$nginx_bin" -p "$work/nginx" -c "$work/nginx/nginx.conf" -g "daemon off; master_process off;") ;;
+        haproxy) cmd=("$haproxy_bin" -db -f "$work/haproxy.cfg") ;;
+        *:hyper) cmd=("${1%:hyper}" "${spur[@]}" --proxy-config "$work/no-relay.yaml") ;;
+        *) cmd=("$1" "${spur[@]}") ;;
     esac
 }
 
@@ -89,8 +91,8 @@ instructions() {
     declare -A ir=()
     for n in 1000 6000; do
         out="$work/cg.$n"
-        # shellcheck disable=SC2046 # the command line is split on purpose
-        eval valgrind --tool=callgrind --callgrind-out-file="$out" $(peer_cmd "$peer") >/dev/null 2>"$work/vg.log" &
+        peer_cmd "$peer"
+        valgrind --tool=callgrind --callgrind-out-file="$out" "${cmd[@]}" >/dev/null 2>"$work/vg.log" &
         vg=$!
         pids+=("$vg")
         wait_ready
@@ -104,7 +106,8 @@ instructions() {
 
 syscalls() {
     local peer="$1" pid st n=20000
-    eval "$(peer_cmd "$peer")" >/dev/null 2>&1 &
+    peer_cmd "$peer"
+    "${cmd[@]}" >/dev/null 2>&1 &
     pid=$!
     pids+=("$pid")
     wait_ready
