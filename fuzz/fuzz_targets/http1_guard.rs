@@ -34,7 +34,7 @@ mod detect;
 mod headers;
 
 /// Stand-ins for the crate paths `headers.rs` names.
-mod listener {
+mod conn {
     pub use spur_proxy::ConnMeta;
 }
 mod pool {

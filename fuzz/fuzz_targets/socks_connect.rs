@@ -1,4 +1,4 @@
-//! Fuzzes the forward proxy's front ends (`spur_proxy::forward`, used by the tunnel proxy and
+//! Fuzzes the forward proxy's front ends (`spur_forward`, used by the tunnel proxy and
 //! the workstation CLI): SOCKS5 (RFC 1928 CONNECT, RFC 1929 username/password) and HTTP
 //! `CONNECT`, detected by the first byte, through the public `serve_one` on a loopback
 //! connection.
@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use spur_proxy::forward::{ConnRecord, DialError, Dialer, ForwardConfig, Target, serve_one};
+use spur_forward::{ConnRecord, DialError, Dialer, ForwardConfig, Target, serve_one};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[path = "common/mod.rs"]

@@ -308,8 +308,9 @@ async fn removed_destination_loses_its_idle_pooled_connections() {
     })
     .await;
     let (fork, open) = counting_upstream("counted-fork").await;
-    env.write_raw_rules(&rule_yaml("k1", env.baseline.port(), fork));
+    // The version before the write: the sidecar may load the new file before the next line runs.
     let v = env.version() + 1;
+    env.write_raw_rules(&rule_yaml("k1", env.baseline.port(), fork));
     env.wait_version(v).await;
     for _ in 0..3 {
         assert_eq!(

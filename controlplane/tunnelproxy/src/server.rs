@@ -22,8 +22,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use spur_api::tunnel::PortAssignment;
+use spur_forward::{ConnRecord, DialError, Dialer, ForwardConfig, Target};
 use spur_proto::tunnel::tunnel_api_server::TunnelApiServer;
-use spur_proxy::forward::{ConnRecord, DialError, Dialer, ForwardConfig, Target};
 use spur_tunnel::{
     AuthError, AuthFuture, AuthMethod, AuthRequest, Authenticator, Identity, Incoming,
     ServerConfig, ServerTls, SessionHandle, StreamHeader, Transport, TunnelServer,
@@ -347,7 +347,7 @@ pub async fn run(
                 s2.cancelled().await;
                 d2.start();
             });
-            tokio::spawn(spur_proxy::forward::serve_forward(
+            tokio::spawn(spur_forward::serve_forward(
                 l,
                 dialer,
                 ForwardConfig::default(),

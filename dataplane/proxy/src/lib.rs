@@ -10,8 +10,9 @@
 //!        └─ TLS and opaque TCP: spliced to the connection's original destination, with half-close
 //! ```
 //!
-//! Routing decisions are made by a [`Router`]; the sidecar uses [`KeyRouter`] (routing keys looked
-//! up in a [`spur_routing::SharedTable`]), and the tunnel proxy and agent will bring their own.
+//! Routing decisions are made by a [`Router`]; the sidecar brings its key router (routing keys
+//! looked up in a [`spur_routing::SharedTable`], in `spur-sidecar`), and the tunnel proxy and
+//! agent will bring their own.
 //! Tables are swapped by a single writer off the hot path; when a table changes,
 //! [`Proxy::on_table_change`] closes idle pooled connections to destinations that left it, so no
 //! request ever reaches a stale destination over a kept-alive connection.
@@ -26,7 +27,6 @@ mod conn;
 mod detect;
 mod drain;
 mod error;
-pub mod forward;
 mod http;
 mod io;
 mod listener;
@@ -48,7 +48,7 @@ pub use http::check_host;
 pub use http::guard::Guard as Http1Guard;
 pub use listener::Inbound;
 pub use metrics::Metrics;
-pub use router::{KeyRouter, KeyRouterConfig, ROUTED_HEADER, Route, Router};
+pub use router::{RawRoute, Route, Router};
 
 use std::sync::Arc;
 

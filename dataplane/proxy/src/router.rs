@@ -1,23 +1,12 @@
 //! Per-request routing decisions. [`Router`] is the seam between the proxy mechanics and the
-//! component built on them; [`KeyRouter`] is the sidecar's: routing keys → rule table.
+//! component built on them (the sidecar's key router lives in `spur-sidecar`).
 
 use std::sync::Arc;
 
-use http::{HeaderMap, HeaderName, HeaderValue, Uri};
-use spur_routing::extract::{LEGACY_HEADERS, strip_query_param};
-use spur_routing::inject::inject_key;
-use spur_routing::{BaselineWorkload, Destination, ExtractConfig, KeyExtractor, SharedTable};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use spur_routing::Destination;
 
-use crate::Error;
 use crate::conn::ConnMeta;
-
-/// Marks a request a sidecar has already sent to a sandbox; its value names the baseline whose
-/// sidecar did it. If a misconfigured destination points back at the same sidecar, the request
-/// arrives carrying its own mark and goes to the application instead of looping.
-pub const ROUTED_HEADER: HeaderName = HeaderName::from_static("x-spur-routed");
-
-const BAGGAGE_NAME: &str = "baggage";
-const TRACESTATE_NAME: &str = "tracestate";
 
 /// Where one request goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,154 +50,5 @@ pub trait Router: Send + Sync + 'static {
         _carriers: &HeaderMap,
     ) -> Option<RawRoute> {
         None
-    }
-}
-
-/// Configuration of the sidecar's router.
-#[derive(Debug, Clone)]
-pub struct KeyRouterConfig {
-    /// The workload this sidecar fronts: only its rules apply.
-    pub baseline: BaselineWorkload,
-    pub extract: ExtractConfig,
-}
-
-/// Routes by routing key: candidates from the request (precedence documented in
-/// `docs/routing-keys.md`) are looked up for (baseline, original destination port); the first
-/// with a rule wins, anything else goes to the original destination.
-pub struct KeyRouter {
-    baseline: BaselineWorkload,
-    mark: HeaderValue,
-    extractor: KeyExtractor,
-    table: SharedTable,
-    /// Lowercase names of every header `route_raw` reads, and their first bytes (both cases),
-    /// so most names are dismissed by one table lookup.
-    carriers: Vec<HeaderName>,
-    carrier_first: [bool; 256],
-}
-
-impl KeyRouter {
-    pub fn new(config: KeyRouterConfig, table: SharedTable) -> Result<Self, Error> {
-        let extractor = KeyExtractor::new(&config.extract)?;
-        let mark = HeaderValue::from_str(&config.baseline.to_string()).map_err(|_| {
-            Error::Config(format!(
-                "baseline {} is not a valid header value",
-                config.baseline
-            ))
-        })?;
-        let mut carriers: Vec<HeaderName> = [BAGGAGE_NAME, TRACESTATE_NAME]
-            .iter()
-            .chain(LEGACY_HEADERS.iter())
-            .map(|n| HeaderName::from_static(n))
-            .chain(extractor.custom_headers().iter().cloned())
-            .collect();
-        carriers.push(ROUTED_HEADER);
-        let mut carrier_first = [false; 256];
-        for name in &carriers {
-            if let Some(&b) = name.as_str().as_bytes().first() {
-                carrier_first[usize::from(b)] = true;
-                carrier_first[usize::from(b.to_ascii_uppercase())] = true;
-            }
-        }
-        Ok(KeyRouter {
-            baseline: config.baseline,
-            mark,
-            extractor,
-            table,
-            carriers,
-            carrier_first,
-        })
-    }
-
-    /// The decision once any routing query parameter has been lifted into headers.
-    fn decide(&self, conn: &ConnMeta, headers: &HeaderMap, query: Option<&str>) -> Route {
-        if headers
-            .get_all(ROUTED_HEADER)
-            .iter()
-            .any(|v| v == self.mark)
-        {
-            return Route::Original;
-        }
-        let candidates = self.extractor.extract(headers, query);
-        if candidates.is_empty() {
-            return Route::Original;
-        }
-        let snapshot = self.table.load();
-        let Some(rules) = snapshot.table.baseline(&self.baseline) else {
-            return Route::Original;
-        };
-        match rules.route(conn.original_dst.port(), candidates.iter()) {
-            Some(d) => Route::Destination(d.clone()),
-            None => Route::Original,
-        }
-    }
-
-    /// Moves `?<param>=<key>` out of the URL and into the standard key headers, so the
-    /// application never sees the parameter and downstream hops can propagate the key.
-    fn lift_query_param(&self, req: &mut http::request::Parts) {
-        let Some(name) = self.extractor.query_param() else {
-            return;
-        };
-        let Some(pq) = req.uri.path_and_query() else {
-            return;
-        };
-        if pq.query().is_none() {
-            return;
-        }
-        let Some((key, stripped)) = strip_query_param(pq.as_str(), name) else {
-            return;
-        };
-        let mut parts = req.uri.clone().into_parts();
-        match stripped.parse() {
-            Ok(pq) => parts.path_and_query = Some(pq),
-            Err(_) => return,
-        }
-        if let Ok(uri) = Uri::from_parts(parts) {
-            req.uri = uri;
-            inject_key(&mut req.headers, &key, self.extractor.custom_headers());
-        }
-    }
-}
-
-impl Router for KeyRouter {
-    fn route_http(&self, conn: &ConnMeta, req: &mut http::request::Parts) -> Route {
-        if req
-            .headers
-            .get_all(ROUTED_HEADER)
-            .iter()
-            .any(|v| v == self.mark)
-        {
-            return Route::Original;
-        }
-        self.lift_query_param(req);
-        let route = self.decide(conn, &req.headers, req.uri.query());
-        if let Route::Destination(_) = route {
-            req.headers.insert(ROUTED_HEADER, self.mark.clone());
-        }
-        route
-    }
-
-    fn is_carrier(&self, name: &[u8]) -> bool {
-        match name.first() {
-            Some(&b) if self.carrier_first[usize::from(b)] => self
-                .carriers
-                .iter()
-                .any(|c| c.as_str().as_bytes().eq_ignore_ascii_case(name)),
-            _ => false,
-        }
-    }
-
-    fn route_raw(&self, conn: &ConnMeta, target: &str, carriers: &HeaderMap) -> Option<RawRoute> {
-        let query = target.split_once('?').map(|(_, q)| q);
-        // Lifting the parameter out of the target is a head rewrite: the full path does it. A
-        // substring match may send a few requests there needlessly, never one too few.
-        if let (Some(name), Some(q)) = (self.extractor.query_param(), query)
-            && q.contains(name)
-        {
-            return None;
-        }
-        let route = self.decide(conn, carriers, query);
-        let set =
-            matches!(route, Route::Destination(_)).then(|| (ROUTED_HEADER, self.mark.clone()));
-        Some(RawRoute { route, set })
     }
 }

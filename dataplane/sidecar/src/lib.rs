@@ -1,6 +1,6 @@
 //! The DevMesh sidecar: routes each inbound request to its sandbox fork or to the baseline app.
 //!
-//! This library assembles the proxy core for the sidecar role — a [`spur_proxy::KeyRouter`] over
+//! This library assembles the proxy core for the sidecar role — a [`KeyRouter`] over
 //! a routing table fed by a rule source, the admin server, and drain — so that the `spur-sidecar`
 //! binary and `spur demo` run exactly the same thing.
 
@@ -13,13 +13,16 @@ use clap::Args;
 use prometheus_client::registry::Registry;
 pub use spur_discovery::RouteServerConn;
 use spur_discovery::{FileSource, Publisher, RouteServerSource};
-use spur_proxy::{AdminState, Drain, Inbound, KeyRouter, KeyRouterConfig, Proxy, ProxyConfig};
+use spur_proxy::{AdminState, Drain, Inbound, Proxy, ProxyConfig};
 use spur_routing::{BaselineWorkload, ExtractConfig, SharedTable};
 use spur_runtime::parse_duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub mod intercept;
+mod router;
+
+pub use router::{KeyRouter, KeyRouterConfig, ROUTED_HEADER};
 
 /// Errors while configuring or starting a sidecar.
 #[derive(Debug, thiserror::Error)]

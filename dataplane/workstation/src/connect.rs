@@ -21,11 +21,11 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use prometheus_client::registry::Registry;
+use spur_forward::{ForwardConfig, serve_forward};
 use spur_proto::tunnel::{
     ClusterService, HelloRequest, ListServicesRequest, WatchLocalWorkloadsRequest,
 };
 use spur_proxy::Drain;
-use spur_proxy::forward::{ForwardConfig, serve_forward};
 use spur_tunnel::{ClientConfig, SessionState, Transport, TunnelClient};
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::sync::watch;

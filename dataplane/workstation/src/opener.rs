@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use spur_proxy::forward::{DialError, Dialer, Target};
+use spur_forward::{DialError, Dialer, Target};
 use spur_tunnel::TunnelClient;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -166,7 +166,7 @@ impl Dialer for TunnelDialer {
             .map_err(|e| dial_error(target, e))
     }
 
-    fn finished(&self, record: &spur_proxy::forward::ConnRecord) {
+    fn finished(&self, record: &spur_forward::ConnRecord) {
         tracing::debug!(
             protocol = record.protocol,
             client = %record.client,
