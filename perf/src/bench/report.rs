@@ -341,7 +341,7 @@ pub fn headline(o: &mut String, r: &Results) {
     );
     let _ = writeln!(
         o,
-        "The headline: user + system CPU time of the peer's processes (`/proc/<pid>/stat`) over the measured interval of an open-loop run, divided by the requests completed in it. At these rates neither core is saturated, so this is the proxy's cost, not the load generator's limit; it is what a sidecar in every pod costs per request. Lower is better; \"best peer\" is the cheaper of nginx and HAProxy in the same row. The kernel counts CPU in 10 ms ticks: at 1 000 rps a run holds a few dozen ticks, so the higher rate is the more precise. Instructions per request (callgrind) and syscalls per request (strace) are measured by `perf/callgrind.sh` and `perf/syscalls.sh`.\n"
+        "The headline: user + system CPU time of the peer's processes (`/proc/<pid>/stat`) over the measured interval of an open-loop run, divided by the requests completed in it. At these rates neither core is saturated, so this is the proxy's cost, not the load generator's limit; it is what a sidecar in every pod costs per request. Lower is better; \"best peer\" is the cheaper of nginx and HAProxy in the same row. The kernel counts CPU in 10 ms ticks: at 1 000 rps a run holds a few dozen ticks, so the higher rate is the more precise. Instructions per request (callgrind) and syscalls per request (strace) are measured by `perf/per_request.sh` (results in `per_request.md`; flame graphs in `flamegraphs.md`).\n"
     );
     let proxies: Vec<PeerKind> = r.peers.iter().copied().filter(|p| p.is_proxy()).collect();
     let mut head = "| Scenario | rate |".to_string();
