@@ -18,22 +18,8 @@ out="${1:-perf/results}"
 for tool in perf h2load curl inferno-collapse-perf inferno-flamegraph; do
     command -v "$tool" >/dev/null || { echo "perf/flamegraph.sh: $tool is not installed" >&2; exit 1; }
 done
-cargo build --release --locked --bin spur --bin spur-sidecar >&2
-
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-app=127.0.0.1:19080
-listen=127.0.0.1:19006
-target/release/spur demo app --name base --listen "$app" >/dev/null 2>&1 &
-pids+=($!)
-for _ in $(seq 50); do curl -s -o /dev/null "http://$app/healthz" && break; sleep 0.1; done
-printf 'http1Relay: false\n' >"$work/no-relay.yaml"
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
 
 for variant in relay hyper; do
     extra=()

@@ -31,23 +31,8 @@ for tool in "${need[@]}"; do
 done
 nginx_bin="$(command -v nginx || echo /usr/sbin/nginx)"
 haproxy_bin="$(command -v haproxy || echo /usr/sbin/haproxy)"
-cargo build --release --locked --bin spur --bin spur-sidecar >&2
-
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-app=127.0.0.1:19080
-listen=127.0.0.1:19006
-target/release/spur demo app --name base --listen "$app" >/dev/null 2>&1 &
-pids+=($!)
-for _ in $(seq 50); do curl -s -o /dev/null "http://$app/healthz" && break; sleep 0.1; done
-
-printf 'http1Relay: false\n' >"$work/no-relay.yaml"
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
 mkdir -p "$work/nginx/logs"
 sed -e "s|{{PREFIX}}|$work/nginx|g" -e "s|{{UPSTREAM}}|$app|g" -e "s|{{KEEPALIVE}}|16|g" \
     -e "s|{{LISTEN_H1}}|$listen|g" -e "s|{{H2_LISTEN_DIRECTIVES}}|listen 127.0.0.1:19007 http2;|g" \

@@ -63,6 +63,20 @@ fn script(path: &str, head: &str) -> (Vec<u8>, bool) {
     }
 }
 
+/// Reads until `buf` holds `pat`; the index just past it, or `None` at EOF.
+async fn read_past(s: &mut TcpStream, buf: &mut Vec<u8>, pat: &[u8]) -> Option<usize> {
+    loop {
+        if let Some(i) = buf.windows(pat.len()).position(|w| w == pat) {
+            return Some(i + pat.len());
+        }
+        let mut chunk = [0u8; 4096];
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
 /// The scripted upstream; counts the connections it accepted.
 async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -75,15 +89,8 @@ async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 loop {
-                    let end = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        let mut chunk = [0u8; 4096];
-                        match s.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
+                    let Some(end) = read_past(&mut s, &mut buf, b"\r\n\r\n").await else {
+                        return;
                     };
                     let head = String::from_utf8_lossy(&buf[..end]).into_owned();
                     buf.drain(..end);
@@ -92,15 +99,8 @@ async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
                         .to_ascii_lowercase()
                         .contains("transfer-encoding: chunked")
                     {
-                        let end = loop {
-                            if let Some(i) = buf.windows(5).position(|w| w == b"0\r\n\r\n") {
-                                break i + 5;
-                            }
-                            let mut chunk = [0u8; 4096];
-                            match s.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                            }
+                        let Some(end) = read_past(&mut s, &mut buf, b"0\r\n\r\n").await else {
+                            return;
                         };
                         buf.drain(..end);
                     }
