@@ -233,9 +233,11 @@ impl Conn<'_> {
         let mut xff = None;
         let mut xfp = false;
         let mut carriers = HeaderMap::new();
-        for (i, f) in req.headers.iter().enumerate() {
+        let mut kinds = [Field::Other; MAX_FIELDS];
+        for (i, (f, kind)) in req.headers.iter().zip(kinds.iter_mut()).enumerate() {
             let name = f.name.as_bytes();
-            match field(name) {
+            *kind = field(name);
+            match *kind {
                 Field::Host => {
                     hosts += 1;
                     if !valid_authority(f.value) {
@@ -312,9 +314,9 @@ impl Conn<'_> {
         out.extend_from_slice(target.as_bytes());
         out.extend_from_slice(b" HTTP/1.1\r\n");
         let set_name = set.as_ref().map(|(n, _)| n.as_str().as_bytes());
-        for (i, f) in req.headers.iter().enumerate() {
+        for (i, (f, kind)) in req.headers.iter().zip(kinds).enumerate() {
             let name = f.name.as_bytes();
-            match field(name) {
+            match kind {
                 Field::Connection | Field::Te | Field::HopByHop => continue,
                 Field::XForwardedFor if config.forwarded_headers && xff == Some(i) => {
                     out.extend_from_slice(name);
@@ -533,10 +535,10 @@ impl Conn<'_> {
         let (Some(version), Some(code)) = (resp.version, resp.code) else {
             return Err("unparsable head");
         };
-        // httparse reads any three digits; HTTP's status codes start at 100 (RFC 9110 §15).
-        if code < 100 {
+        // httparse reads any three digits; `StatusCode` holds HTTP's, 100 to 999 (RFC 9110 §15).
+        let Ok(status) = StatusCode::from_u16(code) else {
             return Err("invalid status code");
-        }
+        };
         if code == 101 {
             return Err("101 without an upgrade request");
         }
@@ -547,8 +549,10 @@ impl Conn<'_> {
         let mut named: Vec<&[u8]> = Vec::new();
         let mut chunked = None;
         let mut length = None;
-        for f in resp.headers.iter() {
-            match field(f.name.as_bytes()) {
+        let mut kinds = [Field::Other; MAX_FIELDS];
+        for (f, kind) in resp.headers.iter().zip(kinds.iter_mut()) {
+            *kind = field(f.name.as_bytes());
+            match *kind {
                 Field::Connection => {
                     for t in tokens(f.value) {
                         if t.eq_ignore_ascii_case(b"close") {
@@ -587,13 +591,13 @@ impl Conn<'_> {
         let out = &mut self.out;
         out.clear();
         out.extend_from_slice(b"HTTP/1.1 ");
-        out.extend_from_slice(itoa3(code).as_slice());
+        out.extend_from_slice(status.as_str().as_bytes());
         out.push(b' ');
         out.extend_from_slice(resp.reason.unwrap_or("").as_bytes());
         out.extend_from_slice(b"\r\n");
-        for f in resp.headers.iter() {
+        for (f, kind) in resp.headers.iter().zip(kinds) {
             let name = f.name.as_bytes();
-            if matches!(field(name), Field::Connection | Field::Te | Field::HopByHop)
+            if matches!(kind, Field::Connection | Field::Te | Field::HopByHop)
                 || named.iter().any(|n| n.eq_ignore_ascii_case(name))
             {
                 continue;
@@ -770,15 +774,6 @@ fn put_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
-}
-
-fn itoa3(code: u16) -> [u8; 3] {
-    let code = code.min(999);
-    [
-        b'0' + (code / 100) as u8,
-        b'0' + (code / 10 % 10) as u8,
-        b'0' + (code % 10) as u8,
-    ]
 }
 
 async fn write<W: AsyncWrite + Unpin>(
