@@ -55,16 +55,71 @@ pub(crate) enum Version {
     Http2,
 }
 
-struct Idle {
-    sender: http1::SendRequest<Body>,
+/// An idle pooled HTTP/1 connection: a hyper sender (`State::h1`) or, for the HTTP/1.1 relay
+/// (`http/relay.rs`), a plain socket between two exchanges with no task attached
+/// (`State::raw`).
+struct Idle<C> {
+    conn: C,
     since: Instant,
 }
 
-/// An idle upstream connection of the HTTP/1.1 relay (`http/relay.rs`): a plain socket between
-/// two exchanges, no task attached.
-struct IdleRaw {
-    stream: TcpStream,
-    since: Instant,
+/// Whether an idle connection can still carry a request.
+trait Reusable {
+    fn usable(&self) -> bool;
+}
+
+impl Reusable for http1::SendRequest<Body> {
+    fn usable(&self) -> bool {
+        !self.is_closed()
+    }
+}
+
+/// Judged from the readiness the runtime already knows, without a syscall (see [`readable`]); a
+/// close racing this check shows up as an early EOF, which the relay retries where it safely
+/// can.
+impl Reusable for TcpStream {
+    fn usable(&self) -> bool {
+        !readable(self)
+    }
+}
+
+type IdleMap<C> = FastMap<Upstream, Vec<Idle<C>>>;
+
+/// The newest idle connection to `upstream` that is young enough and still usable; older or
+/// broken ones met on the way are dropped.
+fn take_idle<C: Reusable>(
+    map: &mut IdleMap<C>,
+    upstream: &Upstream,
+    max_age: Duration,
+) -> Option<C> {
+    let idle = map.get_mut(upstream)?;
+    while let Some(entry) = idle.pop() {
+        if entry.since.elapsed() < max_age && entry.conn.usable() {
+            return Some(entry.conn);
+        }
+    }
+    None
+}
+
+/// Drops idle connections past `max_age` or no longer usable.
+fn prune<C: Reusable>(map: &mut IdleMap<C>, max_age: Duration) {
+    for idle in map.values_mut() {
+        idle.retain(|e| e.since.elapsed() < max_age && e.conn.usable());
+    }
+    map.retain(|_, idle| !idle.is_empty());
+}
+
+/// Drops the idle connections of upstreams `keep` rejects; returns how many.
+fn drop_upstreams<C>(map: &mut IdleMap<C>, keep: impl Fn(&Upstream) -> bool) -> u64 {
+    let mut closed = 0;
+    map.retain(|u, idle| {
+        let k = keep(u);
+        if !k {
+            closed += idle.len() as u64;
+        }
+        k
+    });
+    closed
 }
 
 /// The pool's keys are the pod's own application address and the routing table's
@@ -75,8 +130,8 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 #[derive(Default)]
 struct State {
-    h1: FastMap<Upstream, Vec<Idle>>,
-    raw: FastMap<Upstream, Vec<IdleRaw>>,
+    h1: IdleMap<http1::SendRequest<Body>>,
+    raw: IdleMap<TcpStream>,
     h2: FastMap<Upstream, http2::SendRequest<Body>>,
     /// Sandbox locations of the current table; `None` until a table change is first reported.
     live: Option<BTreeSet<Location>>,
@@ -224,14 +279,7 @@ impl Pool {
     }
 
     fn take_h1(&self, upstream: &Upstream) -> Option<http1::SendRequest<Body>> {
-        let mut state = self.lock();
-        let idle = state.h1.get_mut(upstream)?;
-        while let Some(entry) = idle.pop() {
-            if entry.since.elapsed() < self.idle_timeout && !entry.sender.is_closed() {
-                return Some(entry.sender);
-            }
-        }
-        None
+        take_idle(&mut self.lock().h1, upstream, self.idle_timeout)
     }
 
     /// Ties the connection's return to the pool to the end of the response body, so reuse costs
@@ -257,46 +305,37 @@ impl Pool {
     }
 
     fn put_h1(&self, upstream: Upstream, sender: http1::SendRequest<Body>) {
-        let mut state = self.lock();
-        if !state.is_live(&upstream) {
-            self.metrics.stale_closed.inc();
-            return;
-        }
-        let idle = state.h1.entry(upstream).or_default();
-        if idle.len() < self.max_idle {
-            idle.push(Idle {
-                sender,
-                since: Instant::now(),
-            });
-        }
+        self.put_idle(upstream, sender, |s| &mut s.h1);
     }
 
     /// An idle relay connection to `upstream`, if one is left that has not been closed or sent
-    /// anything since its last exchange. That is judged from the readiness the runtime already
-    /// knows, without a syscall; a close racing this check shows up as an early EOF, which the
-    /// relay retries where it safely can.
+    /// anything since its last exchange.
     pub(crate) fn take_raw(&self, upstream: &Upstream) -> Option<TcpStream> {
-        let mut state = self.lock();
-        let idle = state.raw.get_mut(upstream)?;
-        while let Some(entry) = idle.pop() {
-            if entry.since.elapsed() < self.idle_timeout && !readable(&entry.stream) {
-                return Some(entry.stream);
-            }
-        }
-        None
+        take_idle(&mut self.lock().raw, upstream, self.idle_timeout)
     }
 
     /// Returns a relay connection whose last exchange ended cleanly.
     pub(crate) fn put_raw(&self, upstream: Upstream, stream: TcpStream) {
+        self.put_idle(upstream, stream, |s| &mut s.raw);
+    }
+
+    /// Pools an idle connection, unless its destination has left the routing table or the
+    /// upstream already has `max_idle` of them (then it is dropped, which closes it).
+    fn put_idle<C>(
+        &self,
+        upstream: Upstream,
+        conn: C,
+        map: impl FnOnce(&mut State) -> &mut IdleMap<C>,
+    ) {
         let mut state = self.lock();
         if !state.is_live(&upstream) {
             self.metrics.stale_closed.inc();
             return;
         }
-        let idle = state.raw.entry(upstream).or_default();
+        let idle = map(&mut state).entry(upstream).or_default();
         if idle.len() < self.max_idle {
-            idle.push(IdleRaw {
-                stream,
+            idle.push(Idle {
+                conn,
                 since: Instant::now(),
             });
         }
@@ -394,21 +433,7 @@ impl Pool {
             Upstream::Original(_) => true,
             Upstream::Sandbox(loc) => live.contains(loc),
         };
-        let mut closed = 0u64;
-        state.h1.retain(|u, idle| {
-            let k = keep(u);
-            if !k {
-                closed += idle.len() as u64;
-            }
-            k
-        });
-        state.raw.retain(|u, idle| {
-            let k = keep(u);
-            if !k {
-                closed += idle.len() as u64;
-            }
-            k
-        });
+        let mut closed = drop_upstreams(&mut state.h1, keep) + drop_upstreams(&mut state.raw, keep);
         state.h2.retain(|u, _| {
             let k = keep(u);
             if !k {
@@ -509,14 +534,8 @@ async fn reap(pool: Weak<PoolInner>, idle_timeout: Duration) {
         tokio::time::sleep(period).await;
         let Some(pool) = pool.upgrade() else { return };
         let mut state = pool.state.lock().unwrap_or_else(|p| p.into_inner());
-        for idle in state.h1.values_mut() {
-            idle.retain(|e| e.since.elapsed() < idle_timeout && !e.sender.is_closed());
-        }
-        state.h1.retain(|_, idle| !idle.is_empty());
-        for idle in state.raw.values_mut() {
-            idle.retain(|e| e.since.elapsed() < idle_timeout && !readable(&e.stream));
-        }
-        state.raw.retain(|_, idle| !idle.is_empty());
+        prune(&mut state.h1, idle_timeout);
+        prune(&mut state.raw, idle_timeout);
         state.h2.retain(|_, s| !s.is_closed());
     }
 }
