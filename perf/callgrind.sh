@@ -16,33 +16,13 @@ cd "$root"
 for tool in valgrind h2load callgrind_annotate; do
     command -v "$tool" >/dev/null || { echo "perf/callgrind.sh: $tool is not installed (apt-get install valgrind nghttp2-client)" >&2; exit 1; }
 done
-cargo build --release --locked --bin spur --bin spur-sidecar >&2
 bins=("$@")
 [ ${#bins[@]} -gt 0 ] || bins=(target/release/spur-sidecar)
-work="$(mktemp -d)"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
-trap cleanup EXIT
-target/release/spur demo app --name base --listen 127.0.0.1:19080 >/dev/null 2>&1 &
-pids+=($!)
-for _ in $(seq 50); do curl -s -o /dev/null http://127.0.0.1:19080/healthz && break; sleep 0.1; done
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
 echo "| binary | Ir at 1000 requests | Ir at 6000 | instructions per request |"
 echo "|---|---|---|---|"
 for bin in "${bins[@]}"; do
-    declare -A ir=()
-    for n in 1000 6000; do
-        out="$work/cg.$n"
-        valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" --threads 1 \
-            --app-addr 127.0.0.1:19080 --inbound-addr 127.0.0.1:19006 --admin-addr 127.0.0.1:19020 \
-            --baseline-namespace t --baseline-name base >/dev/null 2>"$work/vg.log" &
-        vg=$!
-        pids+=("$vg")
-        for _ in $(seq 150); do curl -s -o /dev/null http://127.0.0.1:19020/live && break; sleep 0.2; done
-        h2load -n "$n" -c 1 --h1 http://127.0.0.1:19006/ >"$work/h2load.txt" 2>&1
-        grep -q "$n succeeded" "$work/h2load.txt" || { echo "perf/callgrind.sh: not every request succeeded:" >&2; cat "$work/h2load.txt" >&2; exit 1; }
-        kill -TERM "$vg"
-        wait "$vg" || true
-        ir[$n]="$(grep -E '^(summary|totals):' "$out" | head -1 | awk '{print $2}')"
-    done
-    echo "| $bin | ${ir[1000]} | ${ir[6000]} | $(( (ir[6000] - ir[1000]) / 5000 )) |"
+    read -r ir1000 ir6000 per <<<"$(instructions "$bin")"
+    echo "| $bin | $ir1000 | $ir6000 | $per |"
 done

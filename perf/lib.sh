@@ -1,7 +1,8 @@
-# Shared by perf/per_request.sh and perf/flamegraph.sh (sourced, from the repository root):
-# builds the release binaries, makes a work directory and a cleanup trap that stops every pid in
-# `pids`, and starts `spur demo app` on $app. Proxies under test listen on $listen;
-# $work/no-relay.yaml turns the sidecar's HTTP/1.1 relay off.
+# Shared by perf/per_request.sh, perf/callgrind.sh and perf/flamegraph.sh (sourced, from the
+# repository root): builds the release binaries, makes a work directory and a cleanup trap that
+# stops every pid in `pids`, and starts `spur demo app` on $app. Proxies under test listen on
+# $listen; $work/no-relay.yaml turns the sidecar's HTTP/1.1 relay off. Then the helpers to start
+# a peer, wait for it, load it with h2load and count its instructions under callgrind.
 cargo build --release --locked --bin spur --bin spur-sidecar >&2
 
 work="$(mktemp -d)"
@@ -18,3 +19,56 @@ target/release/spur demo app --name base --listen "$app" >/dev/null 2>&1 &
 pids+=($!)
 for _ in $(seq 50); do curl -s -o /dev/null "http://$app/healthz" && break; sleep 0.1; done
 printf 'http1Relay: false\n' >"$work/no-relay.yaml"
+nginx_bin="$(command -v nginx || echo /usr/sbin/nginx)"
+haproxy_bin="$(command -v haproxy || echo /usr/sbin/haproxy)"
+
+# The command line of a peer, into `cmd`; a spur-sidecar binary path names a spur peer.
+peer_cmd() {
+    local spur=(--threads 1 --app-addr "$app" --inbound-addr "$listen" --admin-addr 127.0.0.1:19020
+        --baseline-namespace t --baseline-name base)
+    case "$1" in
+        nginx) cmd=("$nginx_bin" -p "$work/nginx" -c "$work/nginx/nginx.conf" -g "daemon off; master_process off;") ;;
+        haproxy) cmd=("$haproxy_bin" -db -f "$work/haproxy.cfg") ;;
+        *:hyper) cmd=("${1%:hyper}" "${spur[@]}" --proxy-config "$work/no-relay.yaml") ;;
+        *) cmd=("$1" "${spur[@]}") ;;
+    esac
+}
+
+# Waits until the peer answers a proxied request.
+wait_ready() {
+    for _ in $(seq 300); do
+        curl -s -o /dev/null "http://$listen/healthz" && return 0
+        sleep 0.2
+    done
+    echo "$0: the peer did not start" >&2
+    return 1
+}
+
+load() {
+    h2load -n "$1" -c 1 --h1 "http://$listen/" >"$work/h2load.txt" 2>&1
+    grep -q "$1 succeeded" "$work/h2load.txt" || {
+        echo "$0: not every request succeeded:" >&2
+        cat "$work/h2load.txt" >&2
+        exit 1
+    }
+}
+
+# User-space instructions of a peer under callgrind: "Ir(1000) Ir(6000) per-request", where
+# per request = (Ir(6000) - Ir(1000)) / 5000, so start-up and shutdown cancel out.
+instructions() {
+    local peer="$1" n out vg
+    declare -A ir=()
+    for n in 1000 6000; do
+        out="$work/cg.$n"
+        peer_cmd "$peer"
+        valgrind --tool=callgrind --callgrind-out-file="$out" "${cmd[@]}" >/dev/null 2>"$work/vg.log" &
+        vg=$!
+        pids+=("$vg")
+        wait_ready
+        load "$n"
+        kill -TERM "$vg"
+        wait "$vg" || true
+        ir[$n]="$(grep -E '^(summary|totals):' "$out" | head -1 | awk '{print $2}')"
+    done
+    echo "${ir[1000]} ${ir[6000]} $(( (ir[6000] - ir[1000]) / 5000 ))"
+}

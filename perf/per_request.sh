@@ -29,8 +29,6 @@ need=(h2load curl)
 for tool in "${need[@]}"; do
     command -v "$tool" >/dev/null || { echo "perf/per_request.sh: $tool is not installed" >&2; exit 1; }
 done
-nginx_bin="$(command -v nginx || echo /usr/sbin/nginx)"
-haproxy_bin="$(command -v haproxy || echo /usr/sbin/haproxy)"
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
 mkdir -p "$work/nginx/logs"
@@ -39,55 +37,6 @@ sed -e "s|{{PREFIX}}|$work/nginx|g" -e "s|{{UPSTREAM}}|$app|g" -e "s|{{KEEPALIVE
     -e "s|{{MAX_CONCURRENCY}}|16|g" perf/configs/nginx.conf.tmpl >"$work/nginx/nginx.conf"
 sed -e "s|{{UPSTREAM}}|$app|g" -e "s|{{LISTEN_H1}}|$listen|g" -e "s|{{LISTEN_H2}}|127.0.0.1:19007|g" \
     perf/configs/haproxy.cfg.tmpl >"$work/haproxy.cfg"
-
-# The command line of a peer, into `cmd`; a spur-sidecar binary path names a spur peer.
-peer_cmd() {
-    local spur=(--threads 1 --app-addr "$app" --inbound-addr "$listen" --admin-addr 127.0.0.1:19020
-        --baseline-namespace t --baseline-name base)
-    case "$1" in
-        nginx) cmd=("$nginx_bin" -p "$work/nginx" -c "$work/nginx/nginx.conf" -g "daemon off; master_process off;") ;;
-        haproxy) cmd=("$haproxy_bin" -db -f "$work/haproxy.cfg") ;;
-        *:hyper) cmd=("${1%:hyper}" "${spur[@]}" --proxy-config "$work/no-relay.yaml") ;;
-        *) cmd=("$1" "${spur[@]}") ;;
-    esac
-}
-
-# Waits until the peer answers a proxied request.
-wait_ready() {
-    for _ in $(seq 300); do
-        curl -s -o /dev/null "http://$listen/healthz" && return 0
-        sleep 0.2
-    done
-    echo "perf/per_request.sh: the peer did not start" >&2
-    return 1
-}
-
-load() {
-    h2load -n "$1" -c 1 --h1 "http://$listen/" >"$work/h2load.txt" 2>&1
-    grep -q "$1 succeeded" "$work/h2load.txt" || {
-        echo "perf/per_request.sh: not every request succeeded:" >&2
-        cat "$work/h2load.txt" >&2
-        exit 1
-    }
-}
-
-instructions() {
-    local peer="$1" n out vg
-    declare -A ir=()
-    for n in 1000 6000; do
-        out="$work/cg.$n"
-        peer_cmd "$peer"
-        valgrind --tool=callgrind --callgrind-out-file="$out" "${cmd[@]}" >/dev/null 2>"$work/vg.log" &
-        vg=$!
-        pids+=("$vg")
-        wait_ready
-        load "$n"
-        kill -TERM "$vg"
-        wait "$vg" || true
-        ir[$n]="$(grep -E '^(summary|totals):' "$out" | head -1 | awk '{print $2}')"
-    done
-    echo $(( (ir[6000] - ir[1000]) / 5000 ))
-}
 
 syscalls() {
     local peer="$1" pid st n=20000
@@ -127,7 +76,7 @@ for peer in "${peers[@]}"; do
     sys="–"
     ratio="–"
     calls=""
-    [ "$mode" = strace ] || ins="$(instructions "$peer")"
+    [ "$mode" = strace ] || ins="$(instructions "$peer" | awk '{ print $3 }')"
     if [ "$mode" != callgrind ]; then
         s="$(syscalls "$peer")"
         sys="${s%%|*}"
