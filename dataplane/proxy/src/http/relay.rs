@@ -62,7 +62,7 @@ where
         buf: BytesMut::with_capacity(8 * 1024),
         out: Vec::with_capacity(1024),
         ubuf: BytesMut::with_capacity(8 * 1024),
-        head_sent: None,
+        started: None,
     };
     {
         let mut drained = std::pin::pin!(drain.signaled());
@@ -114,9 +114,8 @@ struct Conn<'a> {
     out: Vec<u8>,
     /// Bytes read from the upstream, not yet forwarded.
     ubuf: BytesMut,
-    /// When the current exchange's response head was written (the request-duration metric ends
-    /// there, as on the hyper path).
-    head_sent: Option<Instant>,
+    /// When the current exchange started, until it is counted in the metrics ([`Conn::record`]).
+    started: Option<Instant>,
 }
 
 /// What the relay does with a request once its head has been read.
@@ -192,16 +191,29 @@ impl Conn<'_> {
         let start = Instant::now();
         let plan = self.plan(head.len)?;
         self.buf.advance(head.len);
-        self.head_sent = None;
-        let (result, outcome) = match self.forward(io, &plan).await {
-            Ok((next, outcome)) => (Ok(next), outcome),
-            Err(e) => (Err(e), Outcome::Error),
-        };
-        let end = self.head_sent.unwrap_or_else(Instant::now);
-        self.shared
-            .metrics
-            .request(outcome, end.duration_since(start).as_secs_f64());
-        result
+        self.started = Some(start);
+        // Counted already unless it failed before a response head was ready.
+        match self.forward(io, &plan).await {
+            Ok((next, outcome)) => {
+                self.record(outcome);
+                Ok(next)
+            }
+            Err(e) => {
+                self.record(Outcome::Error);
+                Err(e)
+            }
+        }
+    }
+
+    /// Counts the current exchange once, when its response head is ready to be written: the
+    /// request-duration metric ends there and, as on the hyper path, the count never lags the
+    /// response a client has seen.
+    fn record(&mut self, outcome: Outcome) {
+        if let Some(start) = self.started.take() {
+            self.shared
+                .metrics
+                .request(outcome, start.elapsed().as_secs_f64());
+        }
     }
 
     /// Reads the head at the start of `buf`, decides whether the relay forwards it, routes it,
@@ -481,7 +493,7 @@ impl Conn<'_> {
                 .await;
         };
         let client_err = |_| Stop::Close("client write error");
-        self.head_sent = Some(Instant::now());
+        self.record(plan.outcome);
         if n <= COALESCE {
             self.out.extend_from_slice(&self.ubuf[..n]);
             write(io, &self.out, idle).await.map_err(client_err)?;
@@ -639,6 +651,7 @@ impl Conn<'_> {
         if !head {
             out.extend_from_slice(BODY);
         }
+        self.record(Outcome::Error);
         let idle = self.shared.config.idle_timeout;
         write(io, &self.out, idle)
             .await
