@@ -1996,3 +1996,28 @@ async fn revoked_workstation_credentials_close_their_sessions() {
     stop.cancel();
     proxy.stopped().await;
 }
+
+/// A stop early in start-up, while the operator's watches cannot yet list their objects (here:
+/// the CRDs are not installed, so they back off on 404s), still stops it, within the drain
+/// grace. kube-runtime's graceful shutdown alone waits for the stores forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_stops_before_its_watches_are_ready() {
+    kube_rbac::capture_logs();
+    let api = KubeApi::start().await.unwrap();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = spur_operator::Metrics::register(&mut registry);
+    let ctx = Arc::new(spur_operator::Context::new(
+        api.client(),
+        Some("test".into()),
+        metrics,
+    ));
+    let stop = CancellationToken::new();
+    let operator = tokio::spawn(spur_operator::run(api.client(), ctx, stop.clone()));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!operator.is_finished(), "the operator stopped by itself");
+    stop.cancel();
+    tokio::time::timeout(spur_operator::DRAIN_GRACE + WAIT, operator)
+        .await
+        .expect("the operator stops")
+        .unwrap();
+}

@@ -42,6 +42,7 @@ pub use metrics::Metrics;
 pub use webhook::{MUTATE_POD_PATH, Webhook, WebhookConfig};
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -59,15 +60,23 @@ use tokio_util::sync::CancellationToken;
 /// The finalizer on Sandboxes, ForkedWorkloads and RouteGroups.
 pub const FINALIZER: &str = "spur.dev/cleanup";
 
+/// How long in-flight reconciles may run on after `stop` before they are dropped.
+pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
+
 /// Runs all five controllers, the dead-tunnel collector (and the certificate manager, when the context has a PKI
-/// configuration) until `stop` is cancelled, then lets in-flight reconciles finish.
+/// configuration) until `stop` is cancelled, then lets in-flight reconciles finish for up to
+/// [`DRAIN_GRACE`].
 pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     let pki = match ctx.pki.clone() {
         Some(cfg) => {
-            let signer = workstations::run(
-                client.clone(),
-                cfg.clone(),
-                ctx.metrics.clone(),
+            let signer = drained(
+                "workstation-signer",
+                workstations::run(
+                    client.clone(),
+                    cfg.clone(),
+                    ctx.metrics.clone(),
+                    stop.clone(),
+                ),
                 stop.clone(),
             );
             let manager = certs::run(client.clone(), cfg, ctx.metrics.clone(), stop.clone());
@@ -87,7 +96,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
             spur_api::keys::labels::MANAGED_BY_VALUE
         ))
     };
-    let cfg = controller::Config::default().debounce(std::time::Duration::from_millis(10));
+    let cfg = controller::Config::default().debounce(Duration::from_millis(10));
 
     // Not `owns` for the namespaced children: see `cluster_owners`.
     let sandboxes = Controller::new(Api::<Sandbox>::all(client.clone()), wc())
@@ -248,13 +257,41 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
                 .map(|rg| ObjectRef::from_obj(&*rg))
                 .collect::<Vec<_>>()
         })
-        .graceful_shutdown_on(stop.cancelled_owned())
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(routegroup::reconcile, routegroup::error_policy, ctx)
         .for_each(|_| std::future::ready(()));
 
-    tokio::join!(sandboxes, forks, externals, configs, groups);
+    tokio::join!(
+        drained("sandbox", sandboxes, stop.clone()),
+        drained("forkedworkload", forks, stop.clone()),
+        drained("externalworkload", externals, stop.clone()),
+        drained("routingconfig", configs, stop.clone()),
+        drained("routegroup", groups, stop.clone()),
+    );
     let _ = pki.await;
     let _ = gc.await;
+}
+
+/// Runs `work` to its end, but for no longer than [`DRAIN_GRACE`] once `stop` is cancelled.
+///
+/// A kube-runtime controller's graceful shutdown never ends if its object store was not yet
+/// ready when it began (its runner holds every request until the store is ready, and the
+/// watch that would make it ready is no longer polled): a stop early in start-up, while a
+/// watch is still backing off, would otherwise keep the operator, and the leader lease it
+/// holds, forever.
+async fn drained(name: &'static str, work: impl Future<Output = ()>, stop: CancellationToken) {
+    let mut work = std::pin::pin!(work);
+    tokio::select! {
+        () = &mut work => return,
+        () = stop.cancelled() => {}
+    }
+    if tokio::time::timeout(DRAIN_GRACE, work).await.is_err() {
+        tracing::warn!(
+            controller = name,
+            grace = ?DRAIN_GRACE,
+            "in-flight reconciles did not finish in time after stop: dropped"
+        );
+    }
 }
 
 fn is_managed(obj: &impl ResourceExt) -> bool {
