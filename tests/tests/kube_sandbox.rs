@@ -606,12 +606,22 @@ async fn route_group_spans_sandboxes_and_ttl_expires() {
         k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_hours(2);
     // A reconcile already in flight may write back the status it read before the patch; patch
     // again until the sandbox is gone (in a cluster, nothing but the operator writes updatedAt).
+    // A status change does not wake the controller (its TTL timer would, an hour later): an
+    // annotation does.
     eventually("sb-b expired", || async {
         let _ = sandboxes
             .patch_status(
                 "sb-b",
                 &PatchParams::default(),
                 &Patch::Merge(json!({"status": {"updatedAt": past.to_string()}})),
+            )
+            .await;
+        let touch = k8s_openapi::jiff::Timestamp::now().to_string();
+        let _ = sandboxes
+            .patch(
+                "sb-b",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"spur.dev/reconcile": touch}}})),
             )
             .await;
         let gone = sandbox_status(&client, "sb-b").await.is_none();

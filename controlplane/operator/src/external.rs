@@ -235,7 +235,7 @@ pub(crate) async fn reconcile(
     ew: Arc<ExternalWorkload>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
-    ctx.metrics.reconciled("ExternalWorkload");
+    let _pass = ctx.metrics.reconcile("ExternalWorkload");
     let ns = ew.namespace().ok_or_else(|| Error::NoNamespace {
         kind: "ExternalWorkload",
         name: ew.name_any(),

@@ -26,7 +26,7 @@ use crate::{Error, FINALIZER};
 const RESYNC: Duration = Duration::from_secs(300);
 
 pub(crate) async fn reconcile(fw: Arc<ForkedWorkload>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.metrics.reconciled("ForkedWorkload");
+    let _pass = ctx.metrics.reconcile("ForkedWorkload");
     let ns = fw.namespace().ok_or_else(|| Error::NoNamespace {
         kind: "ForkedWorkload",
         name: fw.name_any(),

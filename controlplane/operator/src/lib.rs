@@ -51,7 +51,8 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{Controller, controller, watcher};
+use kube::runtime::reflector::{self, reflector};
+use kube::runtime::{Controller, Predicate, WatchStreamExt, controller, predicates, watcher};
 use kube::{Api, Client, ResourceExt};
 use spur_api::routingconfig::SandboxedKind;
 use spur_api::{ExternalWorkload, ForkedWorkload, RouteGroup, RoutingConfig, Sandbox};
@@ -99,7 +100,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     let cfg = controller::Config::default().debounce(Duration::from_millis(10));
 
     // Not `owns` for the namespaced children: see `cluster_owners`.
-    let sandboxes = Controller::new(Api::<Sandbox>::all(client.clone()), wc())
+    let sandboxes = primary(Api::<Sandbox>::all(client.clone()))
         .with_config(cfg.clone())
         .watches(Api::<ForkedWorkload>::all(client.clone()), wc(), |fw| {
             cluster_owners::<Sandbox>(&fw)
@@ -112,8 +113,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         .run(sandbox::reconcile, sandbox::error_policy, ctx.clone())
         .for_each(|_| std::future::ready(()));
 
-    let fw =
-        Controller::new(Api::<ForkedWorkload>::all(client.clone()), wc()).with_config(cfg.clone());
+    let fw = primary(Api::<ForkedWorkload>::all(client.clone())).with_config(cfg.clone());
     let (by_baseline, by_namespace, by_pod) = (fw.store(), fw.store(), fw.store());
     let forks = fw
         .owns(Api::<Deployment>::all(client.clone()), managed())
@@ -163,8 +163,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         .run(forked::reconcile, forked::error_policy, ctx.clone())
         .for_each(|_| std::future::ready(()));
 
-    let ew = Controller::new(Api::<ExternalWorkload>::all(client.clone()), wc())
-        .with_config(cfg.clone());
+    let ew = primary(Api::<ExternalWorkload>::all(client.clone())).with_config(cfg.clone());
     let (ew_by_baseline, ew_by_namespace, ew_by_workstation) = (ew.store(), ew.store(), ew.store());
     let tunnel_ns = ctx.tunnels.namespace.clone();
     let externals = ew
@@ -209,8 +208,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         .for_each(|_| std::future::ready(()));
     let gc = tokio::spawn(external::collect_dead_tunnels(ctx.clone(), stop.clone()));
 
-    let rc =
-        Controller::new(Api::<RoutingConfig>::all(client.clone()), wc()).with_config(cfg.clone());
+    let rc = primary(Api::<RoutingConfig>::all(client.clone())).with_config(cfg.clone());
     let (rc_store, rc_store_ew) = (rc.store(), rc.store());
     let configs = rc
         .watches(
@@ -245,7 +243,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         )
         .for_each(|_| std::future::ready(()));
 
-    let rg = Controller::new(Api::<RouteGroup>::all(client.clone()), wc()).with_config(cfg);
+    let rg = primary(Api::<RouteGroup>::all(client.clone())).with_config(cfg);
     let rg_store = rg.store();
     let groups = rg
         .owns(Api::<RoutingConfig>::all(client.clone()), wc())
@@ -292,6 +290,38 @@ async fn drained(name: &'static str, work: impl Future<Output = ()>, stop: Cance
             "in-flight reconciles did not finish in time after stop: dropped"
         );
     }
+}
+
+/// A controller on every object of `K`, woken by changes of an object's spec (generation),
+/// labels, annotations, finalizers or deletion, not of its status. (An annotation, e.g.
+/// `kubectl annotate sandbox x spur.dev/reconcile=$(date +%s)`, is how a user forces a pass.)
+///
+/// Every controller writes its object's status, and each write comes back as a watch event:
+/// unfiltered, those were about half of all passes in the bulk benchmark (perf/results/
+/// operator_passes.md), each repeating the pass before it. What the controllers read from
+/// other objects' statuses reaches them through their `owns`/`watches` triggers.
+fn primary<K>(api: Api<K>) -> Controller<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let trigger = reflector(writer, watcher(api, watcher::Config::default()))
+        .applied_objects()
+        .predicate_filter(
+            predicates::generation
+                .combine(predicates::labels)
+                .combine(predicates::annotations)
+                .combine(predicates::finalizers)
+                .combine(|o: &K| Some(u64::from(o.meta().deletion_timestamp.is_some()))),
+            Default::default(),
+        );
+    Controller::for_stream(trigger, reader)
 }
 
 fn is_managed(obj: &impl ResourceExt) -> bool {

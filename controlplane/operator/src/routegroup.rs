@@ -21,7 +21,7 @@ use crate::sandbox::routing_key;
 use crate::{Error, FINALIZER};
 
 pub(crate) async fn reconcile(rg: Arc<RouteGroup>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.metrics.reconciled("RouteGroup");
+    let _pass = ctx.metrics.reconcile("RouteGroup");
     let api: Api<RouteGroup> = Api::all(ctx.client.clone());
     let action = finalizer(&api, FINALIZER, rg, |event| async {
         match event {

@@ -17,7 +17,7 @@ use crate::Error;
 use crate::context::{Context, now};
 
 pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.metrics.reconciled("RoutingConfig");
+    let _pass = ctx.metrics.reconcile("RoutingConfig");
     if rc.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }

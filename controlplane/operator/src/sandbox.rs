@@ -38,7 +38,7 @@ pub const ROUTING_READY: &str = "RoutingReady";
 const RESYNC: Duration = Duration::from_secs(300);
 
 pub(crate) async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.metrics.reconciled("Sandbox");
+    let _pass = ctx.metrics.reconcile("Sandbox");
     let api: Api<Sandbox> = Api::all(ctx.client.clone());
     let action = finalizer(&api, FINALIZER, sb, |event| async {
         match event {
