@@ -132,24 +132,41 @@ async fn run(sequential: usize, bulk: usize, write: bool) -> Result<()> {
     };
     let sandboxes: Api<Sandbox> = Api::all(client.clone());
 
+    let one = |name: String| {
+        let (sandboxes, live) = (&sandboxes, &live);
+        async move {
+            let t0 = Instant::now();
+            let created = sandboxes
+                .create(&PostParams::default(), &sandbox(&name))
+                .await?;
+            let key = spur_operator::sandbox::routing_key(&created.uid().context("no uid")?);
+            while !live(&key) {
+                if t0.elapsed() > WAIT {
+                    bail!("sandbox {name}: rule not live after {WAIT:?}");
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            Ok(t0.elapsed())
+        }
+    };
+    // The first sandbox after start-up also waits for the operator's watches (right after the
+    // CRDs are installed, some back off on 404s first): reported on its own.
+    let first = one("first".into()).await?;
+
     // Latency: one at a time.
     let mut hist = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
     for i in 0..sequential {
-        let t0 = Instant::now();
-        let created = sandboxes
-            .create(&PostParams::default(), &sandbox(&format!("seq-{i}")))
-            .await?;
-        let key = spur_operator::sandbox::routing_key(&created.uid().context("no uid")?);
-        while !live(&key) {
-            if t0.elapsed() > WAIT {
-                bail!("sandbox seq-{i}: rule not live after {WAIT:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        hist.record(t0.elapsed().as_micros().try_into().unwrap_or(u64::MAX))?;
+        let took = one(format!("seq-{i}")).await?;
+        hist.record(took.as_micros().try_into().unwrap_or(u64::MAX))?;
     }
 
     // Throughput: many at once.
+    let requests_before = apiserver_requests(&client).await?;
+    let cpu_before = [
+        cpu_seconds(api.apiserver_pid()),
+        cpu_seconds(api.etcd_pid()),
+        cpu_seconds(std::process::id()),
+    ];
     let t0 = Instant::now();
     let keys: Vec<String> = futures_util::stream::iter(0..bulk)
         .map(|i| {
@@ -180,6 +197,27 @@ async fn run(sequential: usize, bulk: usize, write: bool) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let all_live = t0.elapsed();
+    let cpu_after = [
+        cpu_seconds(api.apiserver_pid()),
+        cpu_seconds(api.etcd_pid()),
+        cpu_seconds(std::process::id()),
+    ];
+    let requests_after = apiserver_requests(&client).await?;
+    let per_sandbox_cpu: Vec<String> = cpu_before
+        .iter()
+        .zip(&cpu_after)
+        .map(|(b, a)| format!("{:.1}", (a - b) * 1000.0 / bulk as f64))
+        .collect();
+    let mut calls: Vec<(String, f64)> = requests_after
+        .iter()
+        .map(|(k, a)| {
+            let d = a - requests_before.get(k).copied().unwrap_or(0.0);
+            (k.clone(), d / bulk as f64)
+        })
+        .filter(|(_, d)| *d >= 0.05)
+        .collect();
+    calls.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let total_calls: f64 = calls.iter().map(|(_, d)| d).sum();
 
     stop.cancel();
     server.shutdown().await;
@@ -223,6 +261,11 @@ async fn run(sequential: usize, bulk: usize, write: bool) -> Result<()> {
     )?;
     writeln!(
         out,
+        "| Create → live of the first sandbox after start-up (operator watches still starting) | {:.0} ms |",
+        first.as_secs_f64() * 1000.0
+    )?;
+    writeln!(
+        out,
         "| {bulk} sandboxes created by 16 concurrent clients: create calls done / all rules live | {:.1} s / {:.1} s |",
         created_in.as_secs_f64(),
         all_live.as_secs_f64()
@@ -240,8 +283,24 @@ async fn run(sequential: usize, bulk: usize, write: bool) -> Result<()> {
     )?;
     writeln!(
         out,
+        "| CPU per sandbox in the bulk phase: kube-apiserver / etcd / bench process (operator, route server, clients) | {} ms |",
+        per_sandbox_cpu.join(" / ")
+    )?;
+    writeln!(
+        out,
+        "| API requests per sandbox in the bulk phase (apiserver_request_total, watches excluded) | {total_calls:.1} |"
+    )?;
+    writeln!(
+        out,
         "| Resident memory at the end: kube-apiserver / etcd | {apiserver_rss:.0} MiB / {etcd_rss:.0} MiB |"
     )?;
+    writeln!(
+        out,
+        "\n## API requests per sandbox in the bulk phase\n\n| verb | resource | subresource | per sandbox |\n|---|---|---|---:|"
+    )?;
+    for (k, d) in &calls {
+        writeln!(out, "| {k} | {d:.2} |")?;
+    }
     print!("{out}");
     if write {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/sandbox_latency.md");
@@ -249,6 +308,49 @@ async fn run(sequential: usize, bulk: usize, write: bool) -> Result<()> {
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// utime + stime of a process, in seconds (USER_HZ = 100).
+fn cpu_seconds(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name, which may hold spaces: state is field 3, utime 14.
+            let rest = &s[s.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / 100.0)
+        })
+        .unwrap_or(0.0)
+}
+
+/// The API server's request counters (`apiserver_request_total`), summed over codes, keyed
+/// "verb | resource | subresource"; watches are left out (long-running, counted once).
+async fn apiserver_requests(client: &Client) -> Result<HashMap<String, f64>> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(req).await?;
+    let mut out = HashMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_string())
+                .unwrap_or_default()
+        };
+        let verb = label("verb");
+        if verb == "WATCH" {
+            continue;
+        }
+        let key = format!("{verb} | {} | {}", label("resource"), label("subresource"));
+        *out.entry(key).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
+    }
+    Ok(out)
 }
 
 fn rss_mib(pid: u32) -> f64 {

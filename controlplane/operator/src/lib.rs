@@ -28,6 +28,7 @@ pub mod pki;
 mod routegroup;
 mod routingconfig;
 pub mod sandbox;
+mod triggers;
 mod webhook;
 pub mod workstations;
 
@@ -102,13 +103,27 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     // Not `owns` for the namespaced children: see `cluster_owners`.
     let sandboxes = primary(Api::<Sandbox>::all(client.clone()))
         .with_config(cfg.clone())
-        .watches(Api::<ForkedWorkload>::all(client.clone()), wc(), |fw| {
-            cluster_owners::<Sandbox>(&fw)
-        })
-        .watches(Api::<ExternalWorkload>::all(client.clone()), wc(), |ew| {
-            cluster_owners::<Sandbox>(&ew)
-        })
-        .owns(Api::<RoutingConfig>::all(client.clone()), wc())
+        .watches_stream(
+            triggers::changes(
+                Api::<ForkedWorkload>::all(client.clone()),
+                wc(),
+                triggers::forked_workload,
+            ),
+            |fw| cluster_owners::<Sandbox>(&fw),
+        )
+        .watches_stream(
+            triggers::changes(
+                Api::<ExternalWorkload>::all(client.clone()),
+                wc(),
+                triggers::external_workload,
+            ),
+            |ew| cluster_owners::<Sandbox>(&ew),
+        )
+        .owns_stream(triggers::changes(
+            Api::<RoutingConfig>::all(client.clone()),
+            wc(),
+            triggers::routing_config,
+        ))
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(sandbox::reconcile, sandbox::error_policy, ctx.clone())
         .for_each(|_| std::future::ready(()));
@@ -116,7 +131,11 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     let fw = primary(Api::<ForkedWorkload>::all(client.clone())).with_config(cfg.clone());
     let (by_baseline, by_namespace, by_pod) = (fw.store(), fw.store(), fw.store());
     let forks = fw
-        .owns(Api::<Deployment>::all(client.clone()), managed())
+        .owns_stream(triggers::changes(
+            Api::<Deployment>::all(client.clone()),
+            managed(),
+            triggers::fork_deployment,
+        ))
         .owns(Api::<Service>::all(client.clone()), managed())
         // A changed baseline Deployment reaches its forks at once: metadata-only watches (no
         // specs or statuses cached), mapped through the ForkedWorkload store.
@@ -211,9 +230,12 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     let rc = primary(Api::<RoutingConfig>::all(client.clone())).with_config(cfg.clone());
     let (rc_store, rc_store_ew) = (rc.store(), rc.store());
     let configs = rc
-        .watches(
-            Api::<ForkedWorkload>::all(client.clone()),
-            wc(),
+        .watches_stream(
+            triggers::changes(
+                Api::<ForkedWorkload>::all(client.clone()),
+                wc(),
+                triggers::forked_workload,
+            ),
             move |fw| {
                 rc_store
                     .state()
@@ -223,9 +245,12 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
                     .collect::<Vec<_>>()
             },
         )
-        .watches(
-            Api::<ExternalWorkload>::all(client.clone()),
-            wc(),
+        .watches_stream(
+            triggers::changes(
+                Api::<ExternalWorkload>::all(client.clone()),
+                wc(),
+                triggers::external_workload,
+            ),
             move |ew| {
                 rc_store_ew
                     .state()

@@ -16,7 +16,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, Resource, ResourceExt};
 use spur_api::conditions::{
-    ConditionStatus, NewCondition, READY, is_condition_true, set_condition,
+    ConditionStatus, NewCondition, READY, find_condition, is_condition_true, set_condition,
 };
 use spur_api::keys::labels;
 use spur_api::routingconfig::{SandboxedKind, SandboxedWorkloadRef};
@@ -104,7 +104,12 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         None => RESYNC,
     };
 
-    if let Err((reason, message)) = check(sb, &name, &key, ctx).await? {
+    let verdict = if checked(sb) {
+        Ok(())
+    } else {
+        check(sb, &name, &key, ctx).await?
+    };
+    if let Err((reason, message)) = verdict {
         // All or nothing: an invalid sandbox keeps nothing it may have created before.
         delete_children(&name, ctx).await?;
         let changed = write_status(sb, ctx, |st| {
@@ -349,6 +354,31 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     .await?;
     ctx.succeeded(&key_of(sb));
     Ok(Action::requeue(requeue))
+}
+
+/// The Ready reasons of a failed [`check`].
+const CHECK_FAILURES: [&str; 4] = [
+    "Invalid",
+    "Unsupported",
+    "BaselineNotFound",
+    "InvalidCustomization",
+];
+
+/// Whether this generation of the sandbox passed [`check`] already.
+///
+/// The check reads every baseline (a GET and a Service LIST per fork, the costliest calls of a
+/// pass, and the LIST grows with the namespace); a pass runs several times per sandbox as its
+/// children progress. Once a generation passed, what later happens to a baseline is its
+/// ForkedWorkload's to report (it runs the same planning on every pass), and that readiness is
+/// in this status.
+fn checked(sb: &Sandbox) -> bool {
+    let generation = sb.meta().generation;
+    sb.status.as_ref().is_some_and(|st| {
+        st.observed_generation == generation
+            && find_condition(&st.conditions, READY).is_some_and(|c| {
+                c.observed_generation == generation && !CHECK_FAILURES.contains(&c.reason.as_str())
+            })
+    })
 }
 
 /// Checks what the schema cannot: the Rust validation, and that every fork can be built from
