@@ -27,6 +27,9 @@ pub struct Context {
     pub(crate) tunnels: crate::TunnelConfig,
     /// What a fork patch may change.
     pub(crate) fork_policy: crate::ForkPolicy,
+    /// The Sandbox controller's view of its children, set by each `run` (a new leader term
+    /// has new watches).
+    children: std::sync::RwLock<Option<crate::sandbox::Children>>,
 }
 
 impl Context {
@@ -43,7 +46,19 @@ impl Context {
             pki: None,
             tunnels: crate::TunnelConfig::default(),
             fork_policy: crate::ForkPolicy::default(),
+            children: std::sync::RwLock::new(None),
         }
+    }
+
+    pub(crate) fn set_children(&self, children: crate::sandbox::Children) {
+        *self.children.write().unwrap_or_else(|p| p.into_inner()) = Some(children);
+    }
+
+    pub(crate) fn children(&self) -> Option<crate::sandbox::Children> {
+        self.children
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Where tunnel Leases live (the tunnel proxy's namespace) and when dead ones go.

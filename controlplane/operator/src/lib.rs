@@ -100,30 +100,34 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     };
     let cfg = controller::Config::default().debounce(Duration::from_millis(10));
 
+    // The Sandbox controller reads its children from these stores (it applies only what
+    // differs), filled by the same watches that wake it.
+    let (forks_store, sb_forks) = triggers::changes_stored(
+        Api::<ForkedWorkload>::all(client.clone()),
+        wc(),
+        triggers::forked_workload,
+    );
+    let (externals_store, sb_externals) = triggers::changes_stored(
+        Api::<ExternalWorkload>::all(client.clone()),
+        wc(),
+        triggers::external_workload,
+    );
+    let (configs_store, sb_configs) = triggers::changes_stored(
+        Api::<RoutingConfig>::all(client.clone()),
+        wc(),
+        triggers::routing_config,
+    );
+    ctx.set_children(sandbox::Children {
+        forks: forks_store,
+        externals: externals_store,
+        configs: configs_store,
+    });
     // Not `owns` for the namespaced children: see `cluster_owners`.
     let sandboxes = primary(Api::<Sandbox>::all(client.clone()))
         .with_config(cfg.clone())
-        .watches_stream(
-            triggers::changes(
-                Api::<ForkedWorkload>::all(client.clone()),
-                wc(),
-                triggers::forked_workload,
-            ),
-            |fw| cluster_owners::<Sandbox>(&fw),
-        )
-        .watches_stream(
-            triggers::changes(
-                Api::<ExternalWorkload>::all(client.clone()),
-                wc(),
-                triggers::external_workload,
-            ),
-            |ew| cluster_owners::<Sandbox>(&ew),
-        )
-        .owns_stream(triggers::changes(
-            Api::<RoutingConfig>::all(client.clone()),
-            wc(),
-            triggers::routing_config,
-        ))
+        .watches_stream(sb_forks, |fw| cluster_owners::<Sandbox>(&fw))
+        .watches_stream(sb_externals, |ew| cluster_owners::<Sandbox>(&ew))
+        .owns_stream(sb_configs)
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(sandbox::reconcile, sandbox::error_policy, ctx.clone())
         .for_each(|_| std::future::ready(()));

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
@@ -36,6 +36,29 @@ where
         + 'static,
 {
     filter(watcher(api, wc), digest)
+}
+
+/// [`changes`], and a store of every object of `api`, updated before the object it passes on:
+/// a reconcile it wakes reads the store at least as new as what woke it.
+pub(crate) fn changes_stored<K>(
+    api: Api<K>,
+    wc: watcher::Config,
+    digest: fn(&K) -> u64,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    (reader, filter(reflector(writer, watcher(api, wc)), digest))
 }
 
 fn filter<K, S>(events: S, digest: fn(&K) -> u64) -> impl Stream<Item = Result<K, watcher::Error>>
