@@ -230,10 +230,12 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         .iter()
         .map(|w| (w.namespace.clone(), w.name.clone()))
         .collect();
-    // Only a spec change can remove workloads; listing (label selectors are not indexed in
-    // etcd, so a cluster-wide list reads every object of the kind) happens only then.
-    let spec_changed =
-        sb.status.as_ref().and_then(|s| s.observed_generation) != sb.meta().generation;
+    // Only a spec change can remove workloads; listing (label selectors are not indexed, so a
+    // cluster-wide list reads every object of the kind) happens only then. Generation 1 is
+    // the spec the sandbox was created with: nothing was removed from it.
+    let generation = sb.meta().generation;
+    let spec_changed = generation.is_some_and(|g| g > 1)
+        && sb.status.as_ref().and_then(|s| s.observed_generation) != generation;
     if spec_changed {
         prune::<ForkedWorkload>(ctx, &name, Some(&wanted), false).await?;
         prune::<ExternalWorkload>(ctx, &name, Some(&wanted), false).await?;
