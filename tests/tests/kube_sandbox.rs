@@ -2031,3 +2031,87 @@ async fn operator_stops_before_its_watches_are_ready() {
         .expect("the operator stops")
         .unwrap();
 }
+
+/// What the operator made and someone else changed is put back, although the operator skips
+/// applies that would change nothing (operator/src/apply.rs): a fork Deployment's image, a
+/// sandbox Service's selector, a ForkedWorkload's routing key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn children_changed_behind_the_operators_back_are_restored() {
+    let cp = ControlPlane::start().await;
+    let client = cp.client();
+    create_namespace(&client).await;
+    let apps = CancellationToken::new();
+    let _web = baseline(&cp, "web", &[], &apps).await;
+    Api::<Sandbox>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &sandbox("sb1", json!({}), json!([fork_of("web")]), None),
+        )
+        .await
+        .unwrap();
+    mark_fork_ready(&client, "sb1", "web").await;
+    let key = ready_key(&client, "sb1").await;
+    let fork = names::fork_name(
+        "sb1",
+        &WorkloadRef::new(WorkloadKind::Deployment, NS, "web"),
+    );
+    let svc_name = names::sandbox_service_name("sb1", "web");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let services: Api<Service> = Api::namespaced(client.clone(), NS);
+    let fws: Api<ForkedWorkload> = Api::namespaced(client.clone(), NS);
+    // Another field manager's writes, as `kubectl edit` would make them.
+    let theirs = PatchParams::apply("someone-else").force();
+
+    deployments
+        .patch(
+            &fork,
+            &theirs,
+            &Patch::Apply(json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "spec": {"template": {"spec": {"containers": [{"name": "web", "image": "evil:1"}]}}}
+            })),
+        )
+        .await
+        .unwrap();
+    eventually("the fork's image restored", || async {
+        let d = deployments.get(&fork).await.ok()?;
+        let image = d.spec?.template.spec?.containers[0].image.clone()?;
+        (image == "web:dev").then_some(())
+    })
+    .await;
+
+    services
+        .patch(
+            &svc_name,
+            &theirs,
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "Service",
+                "spec": {"selector": {"app": "web"}}
+            })),
+        )
+        .await
+        .unwrap();
+    eventually("the sandbox Service's selector restored", || async {
+        let selector = services.get(&svc_name).await.ok()?.spec?.selector?;
+        (!selector.contains_key("app") && selector.get(labels::FORK) == Some(&fork)).then_some(())
+    })
+    .await;
+
+    fws.patch(
+        &fork,
+        &theirs,
+        &Patch::Apply(json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "ForkedWorkload",
+            "spec": {"routingKey": "stolen"}
+        })),
+    )
+    .await
+    .unwrap();
+    eventually("the ForkedWorkload's routing key restored", || async {
+        (fws.get(&fork).await.ok()?.spec.routing_key == key).then_some(())
+    })
+    .await;
+
+    apps.cancel();
+    cp.shutdown().await;
+}

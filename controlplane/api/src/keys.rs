@@ -30,6 +30,9 @@ pub mod labels {
 pub mod annotations {
     /// On forked objects: the baseline as `Kind/namespace/name`, for people reading the object.
     pub const BASELINE: &str = "spur.dev/baseline";
+    /// On every object the operator applies: a digest of what it applied, so a pass that
+    /// would apply the same again can skip the request.
+    pub const DESIRED: &str = "spur.dev/desired";
 }
 
 /// Sidecar injection: how users opt pods in and out, and what the webhook records on each pod.

@@ -5,10 +5,15 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
 use kube::{Client, Resource};
+
+use spur_api::{ExternalWorkload, ForkedWorkload, RoutingConfig};
 
 use crate::Error;
 
@@ -27,9 +32,21 @@ pub struct Context {
     pub(crate) tunnels: crate::TunnelConfig,
     /// What a fork patch may change.
     pub(crate) fork_policy: crate::ForkPolicy,
-    /// The Sandbox controller's view of its children, set by each `run` (a new leader term
+    /// The controllers' views of the children they make, set by each `run` (a new leader term
     /// has new watches).
-    children: std::sync::RwLock<Option<crate::sandbox::Children>>,
+    stores: std::sync::RwLock<Option<Stores>>,
+}
+
+/// Children as the watches that wake their owners' controllers last saw them (each store is
+/// updated before the event that wakes a pass), for [`crate::apply::ensure`].
+#[derive(Clone)]
+pub(crate) struct Stores {
+    pub(crate) forks: Store<ForkedWorkload>,
+    pub(crate) externals: Store<ExternalWorkload>,
+    pub(crate) configs: Store<RoutingConfig>,
+    /// The operator's own (managed) Deployments and Services.
+    pub(crate) deployments: Store<Deployment>,
+    pub(crate) services: Store<Service>,
 }
 
 impl Context {
@@ -46,16 +63,17 @@ impl Context {
             pki: None,
             tunnels: crate::TunnelConfig::default(),
             fork_policy: crate::ForkPolicy::default(),
-            children: std::sync::RwLock::new(None),
+            stores: std::sync::RwLock::new(None),
         }
     }
 
-    pub(crate) fn set_children(&self, children: crate::sandbox::Children) {
-        *self.children.write().unwrap_or_else(|p| p.into_inner()) = Some(children);
+    pub(crate) fn set_stores(&self, stores: Stores) {
+        *self.stores.write().unwrap_or_else(|p| p.into_inner()) = Some(stores);
     }
 
-    pub(crate) fn children(&self) -> Option<crate::sandbox::Children> {
-        self.children
+    /// `None` before the controllers run (a caller then applies unconditionally).
+    pub(crate) fn stores(&self) -> Option<Stores> {
+        self.stores
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()

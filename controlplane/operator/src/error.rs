@@ -9,7 +9,7 @@ pub enum Error {
     NoNamespace { kind: &'static str, name: String },
     #[error("waiting for {0}")]
     Pending(String),
-    #[error("cannot encode status: {0}")]
+    #[error("JSON encoding: {0}")]
     Json(#[from] serde_json::Error),
     #[error("leader election: {0}")]
     Lease(String),

@@ -9,15 +9,17 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use spur_api::conditions::{ConditionStatus, NewCondition, READY, set_condition};
 use spur_api::keys::labels;
 use spur_api::{ForkedWorkload, ForkedWorkloadStatus, WorkloadKind};
 
-use crate::context::{Context, FIELD_MANAGER, now};
+use crate::apply::ensure;
+use crate::context::{Context, Stores, now};
 use crate::fork::{ForkId, ForkPlan, plan};
 use crate::{Error, FINALIZER};
 
@@ -47,10 +49,19 @@ async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, E
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
 
+    let stores = ctx.stores();
     let built = match build(fw, ns, &name, &deployments, &services, &ctx.fork_policy).await? {
-        Ok(built) => conflicts(fw, ns, &name, &built.1, &deployments, &services)
-            .await?
-            .map_or(Ok(built), Err),
+        Ok(built) => conflicts(
+            fw,
+            ns,
+            &name,
+            &built.1,
+            &deployments,
+            &services,
+            stores.as_ref(),
+        )
+        .await?
+        .map_or(Ok(built), Err),
         Err(e) => Err(e),
     };
     let (baseline, plan) = match built {
@@ -73,27 +84,44 @@ async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, E
     };
 
     let owner = fw.controller_owner_ref(&()).into_iter().collect::<Vec<_>>();
-    let pp = PatchParams::apply(FIELD_MANAGER).force();
     let mut deployment = plan.deployment;
     deployment.metadata.owner_references = Some(owner.clone());
-    let applied = deployments
-        .patch(&name, &pp, &Patch::Apply(&deployment))
-        .await?;
+    let applied = ensure(
+        &deployments,
+        stores.as_ref().map(|s| &s.deployments),
+        deployment,
+    )
+    .await?;
 
     let mut wanted = BTreeSet::new();
     let mut mappings = Vec::new();
     for (mut svc, mapping) in plan.services {
         svc.metadata.owner_references = Some(owner.clone());
-        let svc_name = svc.name_any();
-        services.patch(&svc_name, &pp, &Patch::Apply(&svc)).await?;
-        wanted.insert(svc_name);
+        wanted.insert(svc.name_any());
+        ensure(&services, stores.as_ref().map(|s| &s.services), svc).await?;
         mappings.push(mapping);
     }
-    // From the watch cache (see `baseline_services`); a Service it misses is pruned next time.
-    let lp = ListParams::default()
-        .labels(&format!("{}={name}", labels::FORK))
-        .match_any();
-    for stale in services.list(&lp).await?.items {
+    // Our Services of this fork that the plan no longer has: from the store (a Service it
+    // misses is pruned on a later pass), or the watch cache before the controllers run.
+    let ours: Vec<Service> = match &stores {
+        Some(s) => s
+            .services
+            .state()
+            .iter()
+            .filter(|svc| {
+                svc.namespace().as_deref() == Some(ns)
+                    && svc.labels().get(labels::FORK) == Some(&name)
+            })
+            .map(|svc| (**svc).clone())
+            .collect(),
+        None => {
+            let lp = ListParams::default()
+                .labels(&format!("{}={name}", labels::FORK))
+                .match_any();
+            services.list(&lp).await?.items
+        }
+    };
+    for stale in ours {
         let n = stale.name_any();
         if !wanted.contains(&n) && owned_by(&stale.metadata, fw) {
             delete_owned(&services, &stale.metadata).await?;
@@ -374,16 +402,32 @@ async fn conflicts(
     plan: &ForkPlan,
     deployments: &Api<Deployment>,
     services: &Api<Service>,
+    stores: Option<&Stores>,
 ) -> Result<Option<(&'static str, String)>, Error> {
+    // Ours in the store (of managed objects) needs no GET; anything else may be someone
+    // else's object of that name, which only the API server knows.
+    let ours = |meta: Option<&ObjectMeta>| meta.is_some_and(|m| owned_by(m, fw));
     let mut taken = Vec::new();
-    if let Some(d) = deployments.get_opt(name).await?
+    let key = ObjectRef::<Deployment>::new(name).within(ns);
+    if !ours(
+        stores
+            .and_then(|s| s.deployments.get(&key))
+            .as_deref()
+            .map(|d| &d.metadata),
+    ) && let Some(d) = deployments.get_opt(name).await?
         && !owned_by(&d.metadata, fw)
     {
         taken.push(format!("Deployment {ns}/{name}"));
     }
     for (svc, _) in &plan.services {
         let svc_name = svc.name_any();
-        if let Some(existing) = services.get_opt(&svc_name).await?
+        let key = ObjectRef::<Service>::new(&svc_name).within(ns);
+        if !ours(
+            stores
+                .and_then(|s| s.services.get(&key))
+                .as_deref()
+                .map(|s| &s.metadata),
+        ) && let Some(existing) = services.get_opt(&svc_name).await?
             && !owned_by(&existing.metadata, fw)
         {
             taken.push(format!("Service {ns}/{svc_name}"));

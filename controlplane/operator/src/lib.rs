@@ -13,6 +13,7 @@
 //! Deletion never relies on the garbage collector: every owner carries a finalizer and deletes
 //! its children itself (owner references are set too, for `kubectl` and a cluster's GC).
 
+mod apply;
 mod certs;
 mod context;
 mod error;
@@ -117,10 +118,23 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         wc(),
         triggers::routing_config,
     );
-    ctx.set_children(sandbox::Children {
+    // The ForkedWorkload controller's own Deployments and Services, likewise.
+    let (deployments_store, fw_deployments) = triggers::changes_stored(
+        Api::<Deployment>::all(client.clone()),
+        managed(),
+        triggers::fork_deployment,
+    );
+    let (services_store, fw_services) = triggers::changes_stored(
+        Api::<Service>::all(client.clone()),
+        managed(),
+        triggers::fork_service,
+    );
+    ctx.set_stores(context::Stores {
         forks: forks_store,
         externals: externals_store,
         configs: configs_store,
+        deployments: deployments_store,
+        services: services_store,
     });
     // Not `owns` for the namespaced children: see `cluster_owners`.
     let sandboxes = primary(Api::<Sandbox>::all(client.clone()))
@@ -135,12 +149,8 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     let fw = primary(Api::<ForkedWorkload>::all(client.clone())).with_config(cfg.clone());
     let (by_baseline, by_namespace, by_pod) = (fw.store(), fw.store(), fw.store());
     let forks = fw
-        .owns_stream(triggers::changes(
-            Api::<Deployment>::all(client.clone()),
-            managed(),
-            triggers::fork_deployment,
-        ))
-        .owns(Api::<Service>::all(client.clone()), managed())
+        .owns_stream(fw_deployments)
+        .owns_stream(fw_services)
         // A changed baseline Deployment reaches its forks at once: metadata-only watches (no
         // specs or statuses cached), mapped through the ForkedWorkload store.
         .watches(

@@ -14,7 +14,6 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use spur_api::conditions::{
     ConditionStatus, NewCondition, READY, find_condition, is_condition_true, set_condition,
@@ -28,6 +27,7 @@ use spur_api::{
     names,
 };
 
+use crate::apply::ensure;
 use crate::context::{Context, FIELD_MANAGER, delete_opt, now};
 use crate::fork::{ForkId, plan};
 use crate::{Error, FINALIZER};
@@ -127,7 +127,7 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     }
 
     let owner: Vec<_> = sb.controller_owner_ref(&()).into_iter().collect();
-    let children = ctx.children();
+    let stores = ctx.stores();
     let mut workloads = Vec::new();
     let mut forks = Vec::new();
     for fork in &sb.spec.forks {
@@ -144,8 +144,7 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         );
         fw.metadata = child_meta(&fw_name, &b.namespace, &name, &key, &owner);
         let api: Api<ForkedWorkload> = Api::namespaced(ctx.client.clone(), &b.namespace);
-        let store = children.as_ref().map(|c| &c.forks);
-        let applied = apply_child(&api, store, &fw, |fw| &fw.spec).await?;
+        let applied = ensure(&api, stores.as_ref().map(|s| &s.forks), fw).await?;
         let st = applied.status.clone().unwrap_or_default();
         forks.push(ForkStatus {
             fork_of: b.clone(),
@@ -182,8 +181,7 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         );
         ew.metadata = child_meta(&ew_name, &b.namespace, &name, &key, &owner);
         let api = Api::<ExternalWorkload>::namespaced(ctx.client.clone(), &b.namespace);
-        let store = children.as_ref().map(|c| &c.externals);
-        let applied = apply_child(&api, store, &ew, |ew| &ew.spec).await?;
+        let applied = ensure(&api, stores.as_ref().map(|s| &s.externals), ew).await?;
         let st = applied.status.clone().unwrap_or_default();
         locals.push(LocalStatus {
             name: local.name.clone(),
@@ -253,8 +251,7 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     rc.metadata.labels = Some(child_labels(&name, &key));
     rc.metadata.owner_references = Some(owner);
     let rcs: Api<RoutingConfig> = Api::all(ctx.client.clone());
-    let store = children.as_ref().map(|c| &c.configs);
-    let rc = apply_child(&rcs, store, &rc, |rc| &rc.spec).await?;
+    let rc = ensure(&rcs, stores.as_ref().map(|s| &s.configs), rc).await?;
     let routing_ready = rc
         .status
         .as_ref()
@@ -457,57 +454,6 @@ fn expiry(sb: &Sandbox) -> Option<Timestamp> {
         .and_then(|s| s.updated_at.as_ref())
         .map_or(created, |t| t.0);
     ttl.expires_at(created, updated)
-}
-
-/// The children the Sandbox controller makes, as its watches last saw them.
-#[derive(Clone)]
-pub(crate) struct Children {
-    pub(crate) forks: Store<ForkedWorkload>,
-    pub(crate) externals: Store<ExternalWorkload>,
-    pub(crate) configs: Store<RoutingConfig>,
-}
-
-/// Server-side applies `desired` unless `store` holds it as desired already: same spec, our
-/// labels and owner references in place, not being deleted.
-///
-/// A Sandbox pass runs several times per sandbox as its children progress, and almost always
-/// finds them as it wants them; a no-op apply still costs the API server a whole apply (the
-/// costliest request a pass makes). The store is filled by the watch that wakes this
-/// controller, so a child changed behind its back is seen changed here and applied again.
-async fn apply_child<K, S>(
-    api: &Api<K>,
-    store: Option<&Store<K>>,
-    desired: &K,
-    spec: impl Fn(&K) -> &S,
-) -> Result<Arc<K>, Error>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::Serialize
-        + serde::de::DeserializeOwned,
-    S: PartialEq,
-{
-    let current = store.and_then(|s| s.get(&ObjectRef::from_obj(desired)));
-    if let Some(cur) = current
-        && cur.meta().deletion_timestamp.is_none()
-        && spec(&cur) == spec(desired)
-        && desired
-            .labels()
-            .iter()
-            .all(|(k, v)| cur.labels().get(k) == Some(v))
-        && desired
-            .owner_references()
-            .iter()
-            .all(|o| cur.owner_references().contains(o))
-    {
-        return Ok(cur);
-    }
-    let pp = PatchParams::apply(FIELD_MANAGER).force();
-    let applied = api
-        .patch(&desired.name_any(), &pp, &Patch::Apply(desired))
-        .await?;
-    Ok(Arc::new(applied))
 }
 
 fn child_meta(

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, Resource, ResourceExt};
@@ -165,6 +166,16 @@ pub(crate) fn fork_deployment(d: &Deployment) -> u64 {
         meta_digest(d),
         d.labels(),
         crate::forked::deployment_ready(d),
+    ))
+}
+
+/// A sandbox Service as its ForkedWorkload reads it (Services have no generation).
+pub(crate) fn fork_service(svc: &Service) -> u64 {
+    hash_of(&(
+        meta_digest(svc),
+        svc.labels(),
+        svc.annotations(),
+        svc.spec.as_ref().map(|s| (&s.selector, &s.ports)),
     ))
 }
 
