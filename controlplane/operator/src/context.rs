@@ -44,6 +44,9 @@ pub(crate) struct Stores {
     pub(crate) forks: Store<ForkedWorkload>,
     pub(crate) externals: Store<ExternalWorkload>,
     pub(crate) configs: Store<RoutingConfig>,
+    /// The RoutingConfig controller's own views of the workloads it routes.
+    pub(crate) rc_forks: Store<ForkedWorkload>,
+    pub(crate) rc_externals: Store<ExternalWorkload>,
     /// The operator's own (managed) Deployments and Services.
     pub(crate) deployments: Store<Deployment>,
     pub(crate) services: Store<Service>,

@@ -103,33 +103,45 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
 
     // The Sandbox controller reads its children from these stores (it applies only what
     // differs), filled by the same watches that wake it.
-    let (forks_store, sb_forks) = triggers::changes_stored(
+    let (forks_store, sb_forks) = triggers::changes(
         Api::<ForkedWorkload>::all(client.clone()),
         wc(),
         triggers::forked_workload,
     );
-    let (externals_store, sb_externals) = triggers::changes_stored(
+    let (externals_store, sb_externals) = triggers::changes(
         Api::<ExternalWorkload>::all(client.clone()),
         wc(),
         triggers::external_workload,
     );
-    let (configs_store, sb_configs) = triggers::changes_stored(
+    let (configs_store, sb_configs) = triggers::changes(
         Api::<RoutingConfig>::all(client.clone()),
         wc(),
         triggers::routing_config,
     );
     // The ForkedWorkload controller's own Deployments and Services, likewise.
-    let (deployments_store, fw_deployments) = triggers::changes_stored(
+    let (deployments_store, fw_deployments) = triggers::changes(
         Api::<Deployment>::all(client.clone()),
         managed(),
         triggers::fork_deployment,
     );
-    let (services_store, fw_services) = triggers::changes_stored(
+    let (services_store, fw_services) = triggers::changes(
         Api::<Service>::all(client.clone()),
         managed(),
         triggers::fork_service,
     );
+    let (rc_forks, rc_fork_changes) = triggers::changes(
+        Api::<ForkedWorkload>::all(client.clone()),
+        wc(),
+        triggers::forked_workload,
+    );
+    let (rc_externals, rc_external_changes) = triggers::changes(
+        Api::<ExternalWorkload>::all(client.clone()),
+        wc(),
+        triggers::external_workload,
+    );
     ctx.set_stores(context::Stores {
+        rc_forks,
+        rc_externals,
         forks: forks_store,
         externals: externals_store,
         configs: configs_store,
@@ -244,36 +256,22 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     let rc = primary(Api::<RoutingConfig>::all(client.clone())).with_config(cfg.clone());
     let (rc_store, rc_store_ew) = (rc.store(), rc.store());
     let configs = rc
-        .watches_stream(
-            triggers::changes(
-                Api::<ForkedWorkload>::all(client.clone()),
-                wc(),
-                triggers::forked_workload,
-            ),
-            move |fw| {
-                rc_store
-                    .state()
-                    .into_iter()
-                    .filter(|rc| routingconfig::lists(rc, SandboxedKind::ForkedWorkload, &fw))
-                    .map(|rc| ObjectRef::from_obj(&*rc))
-                    .collect::<Vec<_>>()
-            },
-        )
-        .watches_stream(
-            triggers::changes(
-                Api::<ExternalWorkload>::all(client.clone()),
-                wc(),
-                triggers::external_workload,
-            ),
-            move |ew| {
-                rc_store_ew
-                    .state()
-                    .into_iter()
-                    .filter(|rc| routingconfig::lists(rc, SandboxedKind::ExternalWorkload, &ew))
-                    .map(|rc| ObjectRef::from_obj(&*rc))
-                    .collect::<Vec<_>>()
-            },
-        )
+        .watches_stream(rc_fork_changes, move |fw| {
+            rc_store
+                .state()
+                .into_iter()
+                .filter(|rc| routingconfig::lists(rc, SandboxedKind::ForkedWorkload, &fw))
+                .map(|rc| ObjectRef::from_obj(&*rc))
+                .collect::<Vec<_>>()
+        })
+        .watches_stream(rc_external_changes, move |ew| {
+            rc_store_ew
+                .state()
+                .into_iter()
+                .filter(|rc| routingconfig::lists(rc, SandboxedKind::ExternalWorkload, &ew))
+                .map(|rc| ObjectRef::from_obj(&*rc))
+                .collect::<Vec<_>>()
+        })
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(
             routingconfig::reconcile,
@@ -350,7 +348,9 @@ where
         + 'static,
 {
     let (reader, writer) = reflector::store();
-    let trigger = reflector(writer, watcher(api, watcher::Config::default()))
+    let events =
+        watcher(api, watcher::Config::default()).modify(|o: &mut K| o.managed_fields_mut().clear());
+    let trigger = reflector(writer, events)
         .applied_objects()
         .predicate_filter(
             predicates::generation

@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use spur_api::conditions::{
     ConditionStatus, NewCondition, READY, is_condition_true, set_condition,
 };
 use spur_api::routingconfig::{RouteServerStatus, SandboxedKind};
-use spur_api::{ExternalWorkload, ForkedWorkload, Route, RoutingConfig, RoutingConfigStatus};
+use spur_api::{Route, RoutingConfig, RoutingConfigStatus};
 
 use crate::Error;
 use crate::context::{Context, now};
@@ -24,14 +25,14 @@ pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Context>) -> Resu
     let mut routes = Vec::new();
     let mut waiting = Vec::new();
     let invalid = rc.spec.validate().err().map(|e| e.to_string());
+    let stores = ctx.stores();
     if invalid.is_none() {
         for w in &rc.spec.workloads {
             let id = format!("{:?} {}/{}", w.kind, w.namespace, w.name);
             match w.kind {
                 SandboxedKind::ForkedWorkload => {
-                    let api: Api<ForkedWorkload> =
-                        Api::namespaced(ctx.client.clone(), &w.namespace);
-                    let Some(fw) = api.get_opt(&w.name).await? else {
+                    let store = stores.as_ref().map(|s| &s.rc_forks);
+                    let Some(fw) = read(&ctx, store, &w.namespace, &w.name).await? else {
                         waiting.push(format!("{id} (not found)"));
                         continue;
                     };
@@ -48,9 +49,8 @@ pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Context>) -> Resu
                     ));
                 }
                 SandboxedKind::ExternalWorkload => {
-                    let api: Api<ExternalWorkload> =
-                        Api::namespaced(ctx.client.clone(), &w.namespace);
-                    let Some(ew) = api.get_opt(&w.name).await? else {
+                    let store = stores.as_ref().map(|s| &s.rc_externals);
+                    let Some(ew) = read(&ctx, store, &w.namespace, &w.name).await? else {
                         waiting.push(format!("{id} (not found)"));
                         continue;
                     };
@@ -110,6 +110,27 @@ pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Context>) -> Resu
     crate::context::apply_status(&api, &rc.name_any(), &old, &st).await?;
     ctx.succeeded(&key_of(&rc));
     Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// A workload from the store filled by the watch that wakes this controller, or from the API
+/// server when the store does not have it (yet).
+async fn read<K>(
+    ctx: &Context,
+    store: Option<&Store<K>>,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Arc<K>>, Error>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    if let Some(obj) = store.and_then(|s| s.get(&ObjectRef::new(name).within(namespace))) {
+        return Ok(Some(obj));
+    }
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
+    Ok(api.get_opt(name).await?.map(Arc::new))
 }
 
 /// Whether a RoutingConfig lists the workload `obj` of `kind` (for the watches on workloads).

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
+use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, Resource, ResourceExt};
@@ -21,27 +22,12 @@ use spur_api::conditions::{READY, is_condition_true};
 use spur_api::{ExternalWorkload, ForkedWorkload, RoutingConfig};
 
 /// The objects of `api` whose `digest` changed since they were last passed on, and every
-/// deletion. Relists (after a watch expired) compare against what was seen before, so they
-/// wake nothing that did not change, and forget objects that went away meanwhile.
+/// deletion; and a store of every object of `api`, updated before the object it passes on, so
+/// a reconcile it wakes reads the store at least as new as what woke it. Relists (after a
+/// watch expired) compare against what was seen before, so they wake nothing that did not
+/// change, and forget objects that went away meanwhile. Stored objects lose their
+/// `managedFields` (often the larger half of an object, and nothing here reads them).
 pub(crate) fn changes<K>(
-    api: Api<K>,
-    wc: watcher::Config,
-    digest: fn(&K) -> u64,
-) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + 'static,
-{
-    filter(watcher(api, wc), digest)
-}
-
-/// [`changes`], and a store of every object of `api`, updated before the object it passes on:
-/// a reconcile it wakes reads the store at least as new as what woke it.
-pub(crate) fn changes_stored<K>(
     api: Api<K>,
     wc: watcher::Config,
     digest: fn(&K) -> u64,
@@ -59,7 +45,8 @@ where
         + 'static,
 {
     let (reader, writer) = reflector::store();
-    (reader, filter(reflector(writer, watcher(api, wc)), digest))
+    let events = watcher(api, wc).modify(|o: &mut K| o.managed_fields_mut().clear());
+    (reader, filter(reflector(writer, events), digest))
 }
 
 fn filter<K, S>(events: S, digest: fn(&K) -> u64) -> impl Stream<Item = Result<K, watcher::Error>>
