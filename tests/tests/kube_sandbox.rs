@@ -2080,14 +2080,12 @@ async fn children_changed_behind_the_operators_back_are_restored() {
     })
     .await;
 
+    // A key added to the selector (an atomic map): it no longer selects the fork's pods.
     services
         .patch(
             &svc_name,
-            &theirs,
-            &Patch::Apply(json!({
-                "apiVersion": "v1", "kind": "Service",
-                "spec": {"selector": {"app": "web"}}
-            })),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"selector": {"app": "web"}}})),
         )
         .await
         .unwrap();

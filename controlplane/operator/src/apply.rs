@@ -64,12 +64,17 @@ fn holds<K: Serialize>(current: &K, desired: &K) -> Result<bool, Error> {
     Ok(subset(&want, &cur))
 }
 
+/// Fields whose value is one whole (atomic maps and label selectors): an apply replaces them,
+/// so a key someone added is a difference, not a field of theirs.
+const ATOMIC: [&str; 3] = ["selector", "matchLabels", "nodeSelector"];
+
 /// `want` ⊆ `have`: objects by key, arrays element by element (same length), the rest equal.
 /// An empty or null wanted value holds wherever the field is absent too (serialization writes
 /// some defaults that the API server leaves out).
 fn subset(want: &Value, have: &Value) -> bool {
     match (want, have) {
         (Value::Object(w), Value::Object(h)) => w.iter().all(|(k, wv)| match h.get(k) {
+            Some(hv) if ATOMIC.contains(&k.as_str()) => wv == hv,
             Some(hv) => subset(wv, hv),
             None => is_empty(wv),
         }),
@@ -124,6 +129,17 @@ mod tests {
         let mut drifted = have.clone();
         drifted.spec.as_mut().unwrap().selector = Some([("app".into(), "web".into())].into());
         assert!(!holds(&drifted, &want).unwrap());
+        // A key added to the (atomic) selector: the Service no longer selects the fork.
+        let mut narrowed = have.clone();
+        narrowed
+            .spec
+            .as_mut()
+            .unwrap()
+            .selector
+            .as_mut()
+            .unwrap()
+            .insert("app".into(), "web".into());
+        assert!(!holds(&narrowed, &want).unwrap());
         // A port more or less.
         let mut ports = have.clone();
         ports.spec.as_mut().unwrap().ports.as_mut().unwrap().clear();

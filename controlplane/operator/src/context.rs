@@ -35,6 +35,9 @@ pub struct Context {
     /// The controllers' views of the children they make, set by each `run` (a new leader term
     /// has new watches).
     stores: std::sync::RwLock<Option<Stores>>,
+    /// Per object (`Kind/namespace/name`): the resource version of our last status write, until
+    /// the store has it (see `apply_status`).
+    written: Mutex<HashMap<String, String>>,
 }
 
 /// Children as the watches that wake their owners' controllers last saw them (each store is
@@ -67,6 +70,7 @@ impl Context {
             tunnels: crate::TunnelConfig::default(),
             fork_policy: crate::ForkPolicy::default(),
             stores: std::sync::RwLock::new(None),
+            written: Mutex::new(HashMap::new()),
         }
     }
 
@@ -140,6 +144,86 @@ impl Context {
         let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         f.remove(key);
     }
+    /// Server-side applies `status` as the whole status of `obj` (the operator owns every
+    /// status field of its kinds), unless it equals `old`, the status the reconcile started
+    /// from: an unchanged status is never written, so a reconcile does not wake its own watch
+    /// for nothing. Returns whether it wrote; an object deleted meanwhile (the reconcile worked
+    /// from a cache a moment old) has no status left to write, which is not an error.
+    ///
+    /// `old` comes from a store, which may not have this operator's own last status write yet
+    /// (another trigger started the pass first). Equal to that older copy is not equal to the
+    /// object: until the store holds the resource version of our last write, the status is
+    /// written whatever `old` says. (Our own status writes do not wake a pass, see `primary`,
+    /// so nothing else would correct it.)
+    pub(crate) async fn apply_status<K, S>(
+        &self,
+        api: &kube::Api<K>,
+        obj: &K,
+        old: &S,
+        status: &S,
+    ) -> Result<bool, Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+        S: serde::Serialize + PartialEq,
+    {
+        let name = obj.meta().name.clone().unwrap_or_default();
+        let key = format!(
+            "{}/{}/{name}",
+            K::kind(&()),
+            obj.meta().namespace.as_deref().unwrap_or_default()
+        );
+        let seen = obj.meta().resource_version.as_deref();
+        let trusted = {
+            let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+            match written.get(&key) {
+                None => true,
+                Some(rv) if Some(rv.as_str()) == seen => {
+                    // The store caught up with our write: trust it from now on.
+                    written.remove(&key);
+                    true
+                }
+                Some(_) => false,
+            }
+        };
+        if trusted && old == status {
+            return Ok(false);
+        }
+        let body = serde_json::json!({
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "status": status,
+        });
+        match api
+            .patch_status(
+                &name,
+                &kube::api::PatchParams::apply(FIELD_MANAGER).force(),
+                &kube::api::Patch::Apply(&body),
+            )
+            .await
+        {
+            Ok(now) => {
+                let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+                match now.meta().resource_version.clone() {
+                    Some(rv) => written.insert(key, rv),
+                    None => written.remove(&key),
+                };
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() => {
+                self.written
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&key);
+                tracing::debug!(
+                    kind = K::kind(&()).as_ref(),
+                    name,
+                    "gone before its status was written"
+                );
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
 }
 
 /// Deletes `name` with background propagation. One that is already gone is not an error: a
@@ -155,50 +239,6 @@ where
     {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Server-side applies `status` as the whole status of `name` (the operator owns every status
-/// field of its kinds), unless it equals `old`, the status the reconcile started from: an
-/// unchanged status is never written, so a reconcile does not wake its own watch for nothing.
-/// Returns whether it wrote; an object deleted meanwhile (the reconcile worked from a cache a
-/// moment old) has no status left to write, which is not an error.
-pub(crate) async fn apply_status<K, S>(
-    api: &kube::Api<K>,
-    name: &str,
-    old: &S,
-    status: &S,
-) -> Result<bool, Error>
-where
-    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-    S: serde::Serialize + PartialEq,
-{
-    if old == status {
-        return Ok(false);
-    }
-    let body = serde_json::json!({
-        "apiVersion": K::api_version(&()),
-        "kind": K::kind(&()),
-        "status": status,
-    });
-    match api
-        .patch_status(
-            name,
-            &kube::api::PatchParams::apply(FIELD_MANAGER).force(),
-            &kube::api::Patch::Apply(&body),
-        )
-        .await
-    {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.is_not_found() => {
-            tracing::debug!(
-                kind = K::kind(&()).as_ref(),
-                name,
-                "gone before its status was written"
-            );
-            Ok(false)
-        }
         Err(e) => Err(e.into()),
     }
 }

@@ -489,7 +489,7 @@ async fn write_status(
     st.observed_generation = ew.meta().generation;
     update(&mut st);
     let api: Api<ExternalWorkload> = Api::namespaced(ctx.client.clone(), ns);
-    crate::context::apply_status(&api, &ew.name_any(), &old, &st).await
+    ctx.apply_status(&api, ew, &old, &st).await
 }
 
 pub(crate) fn key(ew: &ExternalWorkload) -> String {

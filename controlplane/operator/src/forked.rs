@@ -377,7 +377,7 @@ async fn write_status(
     st.observed_generation = fw.meta().generation;
     update(&mut st);
     let api: Api<ForkedWorkload> = Api::namespaced(ctx.client.clone(), ns);
-    crate::context::apply_status(&api, &fw.name_any(), &old, &st).await
+    ctx.apply_status(&api, fw, &old, &st).await
 }
 
 /// Whether `meta` is an object this ForkedWorkload controls (its controller owner reference,

@@ -180,7 +180,7 @@ async fn write_status(
     st.observed_generation = rg.meta().generation;
     update(&mut st);
     let api: Api<RouteGroup> = Api::all(ctx.client.clone());
-    crate::context::apply_status(&api, &rg.name_any(), &old, &st).await
+    ctx.apply_status(&api, rg, &old, &st).await
 }
 
 async fn cleanup(rg: &RouteGroup, ctx: &Context) -> Result<Action, Error> {

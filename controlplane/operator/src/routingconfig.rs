@@ -107,7 +107,7 @@ pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Context>) -> Resu
         &now(),
     );
     let api: Api<RoutingConfig> = Api::all(ctx.client.clone());
-    crate::context::apply_status(&api, &rc.name_any(), &old, &st).await?;
+    ctx.apply_status(&api, &rc, &old, &st).await?;
     ctx.succeeded(&key_of(&rc));
     Ok(Action::requeue(Duration::from_secs(300)))
 }

@@ -521,7 +521,7 @@ async fn write_status(
     }
     update(&mut st);
     let api: Api<Sandbox> = Api::all(ctx.client.clone());
-    crate::context::apply_status(&api, &sb.name_any(), &old, &st).await
+    ctx.apply_status(&api, sb, &old, &st).await
 }
 
 /// Deletes the sandbox's objects of kind `K` (by label) except those in `keep`; returns whether

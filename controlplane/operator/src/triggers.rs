@@ -54,38 +54,48 @@ where
     K: Resource<DynamicType = ()> + Clone,
     S: Stream<Item = Result<Event<K>, watcher::Error>>,
 {
-    let mut seen: HashMap<ObjectRef<K>, u64> = HashMap::new();
-    let mut relisted: Option<HashMap<ObjectRef<K>, u64>> = None;
-    events.filter_map(move |event| {
-        let out = match event {
-            Err(e) => Some(Err(e)),
-            Ok(Event::Init) => {
-                relisted = Some(HashMap::new());
-                None
-            }
-            Ok(Event::InitDone) => {
-                if let Some(r) = relisted.take() {
-                    seen = r;
+    // What was last passed on, per object: its uid (a re-created object is new) and digest.
+    type Seen<K> = HashMap<ObjectRef<K>, (Option<String>, u64)>;
+    let mut seen: Seen<K> = HashMap::new();
+    // During a relist: what it has listed so far, and the changed objects. Those are held
+    // until `InitDone`: the reflector puts a relist into the store only then, and a
+    // reconcile woken earlier would read the old object (and not be woken again).
+    let mut relist: Option<(Seen<K>, Vec<K>)> = None;
+    events
+        .map(move |event| {
+            let mut out = Vec::new();
+            match event {
+                Err(e) => out.push(Err(e)),
+                Ok(Event::Init) => relist = Some((HashMap::new(), Vec::new())),
+                Ok(Event::InitApply(obj)) => {
+                    let (key, value) = (ObjectRef::from_obj(&obj), (obj.uid(), digest(&obj)));
+                    let changed = seen.get(&key) != Some(&value);
+                    let (listed, held) = relist.get_or_insert_with(Default::default);
+                    listed.insert(key, value);
+                    if changed {
+                        held.push(obj);
+                    }
                 }
-                None
+                Ok(Event::InitDone) => {
+                    if let Some((listed, held)) = relist.take() {
+                        seen = listed;
+                        out.extend(held.into_iter().map(Ok));
+                    }
+                }
+                Ok(Event::Apply(obj)) => {
+                    let (key, value) = (ObjectRef::from_obj(&obj), (obj.uid(), digest(&obj)));
+                    if seen.insert(key, value.clone()) != Some(value) {
+                        out.push(Ok(obj));
+                    }
+                }
+                Ok(Event::Delete(obj)) => {
+                    seen.remove(&ObjectRef::from_obj(&obj));
+                    out.push(Ok(obj));
+                }
             }
-            Ok(Event::InitApply(obj)) => {
-                let (key, hash) = (ObjectRef::from_obj(&obj), digest(&obj));
-                let changed = seen.get(&key) != Some(&hash);
-                relisted.get_or_insert_with(HashMap::new).insert(key, hash);
-                changed.then_some(Ok(obj))
-            }
-            Ok(Event::Apply(obj)) => {
-                let (key, hash) = (ObjectRef::from_obj(&obj), digest(&obj));
-                (seen.insert(key, hash) != Some(hash)).then_some(Ok(obj))
-            }
-            Ok(Event::Delete(obj)) => {
-                seen.remove(&ObjectRef::from_obj(&obj));
-                Some(Ok(obj))
-            }
-        };
-        std::future::ready(out)
-    })
+            futures_util::stream::iter(out)
+        })
+        .flatten()
 }
 
 fn hash_of(v: &impl Serialize) -> u64 {
@@ -110,10 +120,17 @@ fn hash_of(v: &impl Serialize) -> u64 {
     }
 }
 
-/// Spec and deletion (not finalizers: a child's are its own controller's business).
-fn meta_digest(obj: &impl Resource) -> (Option<i64>, bool) {
+/// Spec, deletion, and the metadata an owner sets and checks (labels, annotations, owner
+/// references); not finalizers, which are the object's own controller's business.
+fn meta_digest(obj: &impl Resource) -> impl Serialize + '_ {
     let m = obj.meta();
-    (m.generation, m.deletion_timestamp.is_some())
+    (
+        m.generation,
+        m.deletion_timestamp.is_some(),
+        &m.labels,
+        &m.annotations,
+        &m.owner_references,
+    )
 }
 
 /// A ForkedWorkload as its Sandbox and its RoutingConfig read it: spec, deletion, the fork,
@@ -146,24 +163,15 @@ pub(crate) fn routing_config(rc: &RoutingConfig) -> u64 {
     ))
 }
 
-/// A fork Deployment as its ForkedWorkload reads it: spec (drift is re-applied), labels,
+/// A fork Deployment as its ForkedWorkload reads it: spec (drift is re-applied), metadata,
 /// deletion, readiness.
 pub(crate) fn fork_deployment(d: &Deployment) -> u64 {
-    hash_of(&(
-        meta_digest(d),
-        d.labels(),
-        crate::forked::deployment_ready(d),
-    ))
+    hash_of(&(meta_digest(d), crate::forked::deployment_ready(d)))
 }
 
 /// A sandbox Service as its ForkedWorkload reads it (Services have no generation).
 pub(crate) fn fork_service(svc: &Service) -> u64 {
-    hash_of(&(
-        meta_digest(svc),
-        svc.labels(),
-        svc.annotations(),
-        svc.spec.as_ref().map(|s| (&s.selector, &s.ports)),
-    ))
+    hash_of(&(meta_digest(svc), &svc.spec))
 }
 
 #[cfg(test)]
@@ -176,8 +184,7 @@ mod tests {
     fn fw(name: &str, generation: i64, ready: bool, note: &str) -> ForkedWorkload {
         serde_json::from_value(json!({
             "apiVersion": "spur.dev/v1alpha1", "kind": "ForkedWorkload",
-            "metadata": {"name": name, "namespace": "shop", "generation": generation,
-                         "annotations": {"note": note}},
+            "metadata": {"name": name, "namespace": "shop", "generation": generation},
             "spec": {"sandbox": "sb", "routingKey": "k",
                      "baseline": {"kind": "Deployment", "namespace": "shop", "name": "web"}},
             "status": {"fork": name, "conditions": [{
@@ -203,19 +210,43 @@ mod tests {
 
     #[tokio::test]
     async fn only_changes_that_a_reconcile_reads_pass() {
+        let mut labelled = fw("a", 2, true, "z");
+        labelled.labels_mut().insert("x".into(), "y".into());
         let got = passed(vec![
             Event::Init,
             Event::InitApply(fw("a", 1, false, "x")),
             Event::InitDone,
-            // A message and an annotation: nothing the Sandbox reads.
+            // A condition message: nothing the Sandbox reads.
             Event::Apply(fw("a", 1, false, "y")),
             Event::Apply(fw("a", 1, true, "y")),
             Event::Apply(fw("a", 2, true, "y")),
             Event::Apply(fw("a", 2, true, "z")),
+            // Labels and annotations: what the owner sets (and puts back).
+            Event::Apply(labelled.clone()),
+            Event::Apply(labelled),
             Event::Delete(fw("a", 2, true, "z")),
         ])
         .await;
-        assert_eq!(got, ["a@1", "a@1", "a@2", "a@2"]);
+        assert_eq!(got, ["a@1", "a@1", "a@2", "a@2", "a@2"]);
+    }
+
+    #[tokio::test]
+    async fn a_relist_passes_nothing_before_the_store_has_it() {
+        let got = passed(vec![Event::Init, Event::InitApply(fw("a", 1, false, "x"))]).await;
+        assert!(got.is_empty(), "{got:?}");
+    }
+
+    #[tokio::test]
+    async fn a_recreated_object_is_new() {
+        let mut again = fw("a", 1, false, "x");
+        again.metadata.uid = Some("second".into());
+        let got = passed(vec![
+            Event::Apply(fw("a", 1, false, "x")),
+            Event::Apply(fw("a", 1, false, "x")),
+            Event::Apply(again),
+        ])
+        .await;
+        assert_eq!(got, ["a@1", "a@1"]);
     }
 
     #[tokio::test]
