@@ -337,29 +337,21 @@ async fn drained(name: &'static str, work: impl Future<Output = ()>, stop: Cance
 /// unfiltered, those were about half of all passes in the bulk benchmark (perf/results/
 /// operator_passes.md), each repeating the pass before it. What the controllers read from
 /// other objects' statuses reaches them through their `owns`/`watches` triggers.
-fn primary<K>(api: Api<K>) -> Controller<K>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
+fn primary<K: triggers::Watched>(api: Api<K>) -> Controller<K> {
     let (reader, writer) = reflector::store();
-    let events =
-        watcher(api, watcher::Config::default()).modify(|o: &mut K| o.managed_fields_mut().clear());
-    let trigger = reflector(writer, events)
-        .applied_objects()
-        .predicate_filter(
-            predicates::generation
-                .combine(predicates::labels)
-                .combine(predicates::annotations)
-                .combine(predicates::finalizers)
-                .combine(|o: &K| Some(u64::from(o.meta().deletion_timestamp.is_some()))),
-            Default::default(),
-        );
+    let trigger = reflector(
+        writer,
+        triggers::lean_watch(api, watcher::Config::default()),
+    )
+    .applied_objects()
+    .predicate_filter(
+        predicates::generation
+            .combine(predicates::labels)
+            .combine(predicates::annotations)
+            .combine(predicates::finalizers)
+            .combine(|o: &K| Some(u64::from(o.meta().deletion_timestamp.is_some()))),
+        Default::default(),
+    );
     Controller::for_stream(trigger, reader)
 }
 

@@ -25,8 +25,7 @@ use spur_api::{ExternalWorkload, ForkedWorkload, RoutingConfig};
 /// deletion; and a store of every object of `api`, updated before the object it passes on, so
 /// a reconcile it wakes reads the store at least as new as what woke it. Relists (after a
 /// watch expired) compare against what was seen before, so they wake nothing that did not
-/// change, and forget objects that went away meanwhile. Stored objects lose their
-/// `managedFields` (often the larger half of an object, and nothing here reads them).
+/// change, and forget objects that went away meanwhile.
 pub(crate) fn changes<K>(
     api: Api<K>,
     wc: watcher::Config,
@@ -36,17 +35,45 @@ pub(crate) fn changes<K>(
     impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
 )
 where
+    K: Watched,
+{
+    let (reader, writer) = reflector::store();
+    (
+        reader,
+        filter(reflector(writer, lean_watch(api, wc)), digest),
+    )
+}
+
+/// A kind the operator watches and keeps in stores.
+pub(crate) trait Watched:
+    Resource<DynamicType = ()>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
     K: Resource<DynamicType = ()>
         + Clone
         + serde::de::DeserializeOwned
         + std::fmt::Debug
         + Send
         + Sync
-        + 'static,
+        + 'static
 {
-    let (reader, writer) = reflector::store();
-    let events = watcher(api, wc).modify(|o: &mut K| o.managed_fields_mut().clear());
-    (reader, filter(reflector(writer, events), digest))
+}
+
+/// A watch whose objects lose their `managedFields` (often the larger half of an object;
+/// nothing in the operator reads them) before they reach a store.
+pub(crate) fn lean_watch<K: Watched>(
+    api: Api<K>,
+    wc: watcher::Config,
+) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static {
+    watcher(api, wc).modify(|o: &mut K| o.managed_fields_mut().clear())
 }
 
 fn filter<K, S>(events: S, digest: fn(&K) -> u64) -> impl Stream<Item = Result<K, watcher::Error>>
