@@ -162,6 +162,7 @@ async fn run(sequential: usize, bulk: usize, write: bool) -> Result<()> {
 
     // Throughput: many at once.
     let requests_before = apiserver_requests(&client).await?;
+    let rss_before = rss_mib(std::process::id());
     let cpu_before = [
         cpu_seconds(api.apiserver_pid()),
         cpu_seconds(api.etcd_pid()),
@@ -203,6 +204,7 @@ async fn run(sequential: usize, bulk: usize, write: bool) -> Result<()> {
         cpu_seconds(std::process::id()),
     ];
     let requests_after = apiserver_requests(&client).await?;
+    let rss_growth_kib = (rss_mib(std::process::id()) - rss_before) * 1024.0 / bulk as f64;
     let per_sandbox_cpu: Vec<String> = cpu_before
         .iter()
         .zip(&cpu_after)
@@ -298,6 +300,10 @@ async fn run(sequential: usize, bulk: usize, write: bool) -> Result<()> {
     writeln!(
         out,
         "| Resident memory at the end: kube-apiserver / etcd | {apiserver_rss:.0} MiB / {etcd_rss:.0} MiB |"
+    )?;
+    writeln!(
+        out,
+        "| Bench-process resident memory growth over the bulk phase, per sandbox (operator stores, route server, watcher; an upper bound for the operator) | {rss_growth_kib:.1} KiB |"
     )?;
     writeln!(
         out,
