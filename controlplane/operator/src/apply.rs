@@ -8,7 +8,6 @@
 //! a change of ours changes the stamp, a change of someone else's to a field we set breaks the
 //! match, and fields the API server defaults or others add are left alone, as apply would.
 
-use std::hash::{DefaultHasher, Hasher};
 use std::sync::Arc;
 
 use kube::api::{Patch, PatchParams};
@@ -32,7 +31,7 @@ pub(crate) async fn ensure<K>(
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Serialize + DeserializeOwned,
 {
-    stamp(&mut desired)?;
+    stamp(&mut desired);
     if let Some(cur) = store.and_then(|s| s.get(&ObjectRef::from_obj(&desired)))
         && cur.meta().deletion_timestamp.is_none()
         && holds(&*cur, &desired)?
@@ -47,14 +46,11 @@ where
 }
 
 /// Sets [`DESIRED`] to a digest of `obj` without it.
-fn stamp<K: Resource + Serialize>(obj: &mut K) -> Result<(), Error> {
+fn stamp<K: Resource + Serialize>(obj: &mut K) {
     obj.annotations_mut().remove(DESIRED);
-    let bytes = serde_json::to_vec(obj)?;
-    let mut h = DefaultHasher::new();
-    h.write(&bytes);
+    let digest = crate::triggers::hash_of(obj);
     obj.annotations_mut()
-        .insert(DESIRED.into(), format!("{:016x}", h.finish()));
-    Ok(())
+        .insert(DESIRED.into(), format!("{digest:016x}"));
 }
 
 /// Whether `current` has every field of `desired` with the same value.
@@ -112,7 +108,7 @@ mod tests {
             "metadata": {"name": "web-sb", "namespace": "shop", "labels": {"spur.dev/fork": "f"}},
             "spec": {"selector": {"spur.dev/fork": "f"}, "ports": [{"port": 80, "targetPort": 8080}]}
         }));
-        stamp(&mut want).unwrap();
+        stamp(&mut want);
         let stamp_value = want.annotations()[DESIRED].clone();
         // As the API server returns it: defaults filled in, fields of others added.
         let have = svc(json!({
@@ -150,16 +146,16 @@ mod tests {
             "metadata": {"name": "web-sb", "namespace": "shop"},
             "spec": {"selector": {"spur.dev/fork": "f"}}
         }));
-        stamp(&mut less).unwrap();
+        stamp(&mut less);
         assert!(!holds(&have, &less).unwrap());
     }
 
     #[test]
     fn the_stamp_is_stable_and_ignores_itself() {
         let mut a = svc(json!({"metadata": {"name": "a"}}));
-        stamp(&mut a).unwrap();
+        stamp(&mut a);
         let first = a.annotations()[DESIRED].clone();
-        stamp(&mut a).unwrap();
+        stamp(&mut a);
         assert_eq!(a.annotations()[DESIRED], first);
     }
 }

@@ -53,8 +53,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::reflector::{self, reflector};
-use kube::runtime::{Controller, Predicate, WatchStreamExt, controller, predicates, watcher};
+use kube::runtime::{Controller, controller, watcher};
 use kube::{Api, Client, ResourceExt};
 use spur_api::routingconfig::SandboxedKind;
 use spur_api::{ExternalWorkload, ForkedWorkload, RouteGroup, RoutingConfig, Sandbox};
@@ -330,7 +329,8 @@ async fn drained(name: &'static str, work: impl Future<Output = ()>, stop: Cance
 }
 
 /// A controller on every object of `K`, woken by changes of an object's spec (generation),
-/// labels, annotations, finalizers or deletion, not of its status. (An annotation, e.g.
+/// labels, annotations, owner references, finalizers or deletion, not of its status
+/// ([`triggers::own`]). (An annotation, e.g.
 /// `kubectl annotate sandbox x spur.dev/reconcile=$(date +%s)`, is how a user forces a pass.)
 ///
 /// Every controller writes its object's status, and each write comes back as a watch event:
@@ -338,20 +338,7 @@ async fn drained(name: &'static str, work: impl Future<Output = ()>, stop: Cance
 /// operator_passes.md), each repeating the pass before it. What the controllers read from
 /// other objects' statuses reaches them through their `owns`/`watches` triggers.
 fn primary<K: triggers::Watched>(api: Api<K>) -> Controller<K> {
-    let (reader, writer) = reflector::store();
-    let trigger = reflector(
-        writer,
-        triggers::lean_watch(api, watcher::Config::default()),
-    )
-    .applied_objects()
-    .predicate_filter(
-        predicates::generation
-            .combine(predicates::labels)
-            .combine(predicates::annotations)
-            .combine(predicates::finalizers)
-            .combine(|o: &K| Some(u64::from(o.meta().deletion_timestamp.is_some()))),
-        Default::default(),
-    );
+    let (reader, trigger) = triggers::changes(api, watcher::Config::default(), triggers::own::<K>);
     Controller::for_stream(trigger, reader)
 }
 

@@ -38,10 +38,10 @@ where
     K: Watched,
 {
     let (reader, writer) = reflector::store();
-    (
-        reader,
-        filter(reflector(writer, lean_watch(api, wc)), digest),
-    )
+    // Stored objects lose their `managedFields`: often the larger half of an object, and
+    // nothing in the operator reads them.
+    let events = watcher(api, wc).modify(|o: &mut K| o.managed_fields_mut().clear());
+    (reader, filter(reflector(writer, events), digest))
 }
 
 /// A kind the operator watches and keeps in stores.
@@ -65,15 +65,6 @@ impl<K> Watched for K where
         + Sync
         + 'static
 {
-}
-
-/// A watch whose objects lose their `managedFields` (often the larger half of an object;
-/// nothing in the operator reads them) before they reach a store.
-pub(crate) fn lean_watch<K: Watched>(
-    api: Api<K>,
-    wc: watcher::Config,
-) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static {
-    watcher(api, wc).modify(|o: &mut K| o.managed_fields_mut().clear())
 }
 
 fn filter<K, S>(events: S, digest: fn(&K) -> u64) -> impl Stream<Item = Result<K, watcher::Error>>
@@ -125,7 +116,7 @@ where
         .flatten()
 }
 
-fn hash_of(v: &impl Serialize) -> u64 {
+pub(crate) fn hash_of(v: &impl Serialize) -> u64 {
     /// Feeds serialized bytes straight into the hasher.
     struct Feed(DefaultHasher);
     impl std::io::Write for Feed {
@@ -158,6 +149,12 @@ fn meta_digest(obj: &impl Resource) -> impl Serialize + '_ {
         &m.annotations,
         &m.owner_references,
     )
+}
+
+/// An object as its own controller is woken by it: everything but its status (which the
+/// controller writes itself), finalizers included.
+pub(crate) fn own<K: Resource>(obj: &K) -> u64 {
+    hash_of(&(meta_digest(obj), &obj.meta().finalizers))
 }
 
 /// A ForkedWorkload as its Sandbox and its RoutingConfig read it: spec, deletion, the fork,
