@@ -92,11 +92,9 @@ pub(crate) fn guarded(
                     () = due => {}
                 }
                 let scope = Scope::Rules(&reader.filter);
-                match reader
-                    .auth
-                    .recheck(reader.authorization.as_deref(), scope)
-                    .await
-                {
+                // Boxed: the check (an API-server call) is rare, and inline its state would sit
+                // in every open watch, several KiB per watcher (DHAT, perf/results/push_steps.md).
+                match Box::pin(reader.auth.recheck(reader.authorization.as_deref(), scope)).await {
                     Ok(grant) => next = reader.auth.next_recheck(grant).map(|d| Instant::now() + d),
                     Err(Denied::Unavailable(why)) => {
                         tracing::debug!(%why, "cannot check a watch's reader again now");
