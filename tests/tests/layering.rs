@@ -1,7 +1,9 @@
 //! Crate layering, checked on the resolved dependency graph (`cargo metadata`) rather than
 //! promised in a comment: no crate under `dataplane/` reaches the Kubernetes client (`kube*`,
 //! `k8s-openapi`) through its normal or build dependencies, however indirectly, so the sidecar,
-//! the proxy core and the workstation side never link it.
+//! the proxy core and the workstation side never link it. cargo-deny (`deny.toml`, run by
+//! `.ci/run`) bans direct dependencies outside its `wrappers`; this test also covers indirect
+//! ones and any `kube-*` crate that `deny.toml` does not name.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{HashMap, HashSet, VecDeque};
