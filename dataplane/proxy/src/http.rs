@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use crate::conn::ConnMeta;
 use crate::detect::Protocol;
 use crate::drain::Drain;
-use crate::io::{Activity, Tracked};
+use crate::io::{Activity, Coalesce, Tracked};
 use crate::metrics::Outcome;
 use crate::pool::{Body, Upstream, Version};
 use crate::router::Route;
@@ -81,7 +81,7 @@ where
                 .max_concurrent_streams(1024)
                 .max_pending_accept_reset_streams(100)
                 .max_local_error_reset_streams(1024);
-            let io = TokioIo::new(Tracked::new(io, activity.clone()));
+            let io = TokioIo::new(Coalesce::new(Tracked::new(io, activity.clone())));
             let conn = builder.serve_connection(io, svc);
             drive(
                 conn,

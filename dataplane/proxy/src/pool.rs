@@ -345,7 +345,7 @@ impl Pool {
         let tcp = self.connect_tcp(upstream).await?;
         let (sender, conn) = http1::Builder::new()
             .max_buf_size(self.max_header_bytes.max(8192) * 2)
-            .handshake(TokioIo::new(tcp))
+            .handshake(TokioIo::new(crate::io::Coalesce::new(tcp)))
             .await
             .map_err(|source| Error::Handshake {
                 upstream: upstream.to_string(),
@@ -410,7 +410,7 @@ impl Pool {
             .timer(TokioTimer::new())
             .max_header_list_size(header_bytes)
             .keep_alive_interval(Duration::from_secs(30))
-            .handshake(TokioIo::new(tcp))
+            .handshake(TokioIo::new(crate::io::Coalesce::new(tcp)))
             .await
             .map_err(|source| Error::Handshake {
                 upstream: upstream.to_string(),
