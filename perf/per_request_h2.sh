@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# What one h2c or gRPC request costs in each proxy (issue 20, goal 1): system calls per request
+# (`strace -c -f` over 20 000 requests) and CPU-µs per request at saturation (user + system ticks
+# of the proxy from /proc over N requests, closed loop). Every peer runs alone, pinned to core 1,
+# in front of `spur-bench-upstream` (core 0). h2load runs on core 0 with one connection and 16
+# streams for the syscall count, and 8 connections × 16 streams for the CPU figure. h2c is
+# `GET /bytes/SIZE` (default 1024); gRPC is unary `spur.bench.v1.Bench/Echo` with a 1 KiB message.
+# nginx and HAProxy use the configs in perf/configs/ (h2c → HTTP/1.1 upstream, gRPC → HTTP/2).
+#
+#   perf/per_request_h2.sh                         # spur, nginx, haproxy → a markdown table
+#   perf/per_request_h2.sh BIN...                  # also these spur-sidecar builds (before/after)
+#   N=100000 SIZE=1024 perf/per_request_h2.sh      # requests per CPU run, h2c body size
+#
+# The CPU figure is a saturation measurement on a 2-core machine, coarse (10 ms ticks) and noisy:
+# alternate the binaries and repeat. The fixed-rate headline is `perf/run.sh`. Needs strace, h2load
+# (nghttp2-client), nginx and haproxy. Loopback only; every process it starts is stopped.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+for tool in strace h2load curl taskset; do
+    command -v "$tool" >/dev/null || { echo "perf/per_request_h2.sh: $tool is not installed" >&2; exit 1; }
+done
+cargo build --release --locked -p spur-sidecar -p spur-perf --bin spur-sidecar --bin spur-bench-upstream >&2
+
+n="${N:-100000}"
+size="${SIZE:-1024}"
+up=127.0.0.1:19081
+listen=127.0.0.1:19006
+h2listen=127.0.0.1:19007
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+nginx_bin="$(command -v nginx || echo /usr/sbin/nginx)"
+haproxy_bin="$(command -v haproxy || echo /usr/sbin/haproxy)"
+mkdir -p "$work/nginx/logs"
+sed -e "s|{{PREFIX}}|$work/nginx|g" -e "s|{{UPSTREAM}}|$up|g" -e "s|{{KEEPALIVE}}|128|g" \
+    -e "s|{{LISTEN_H1}}|127.0.0.1:19005|g" -e "s|{{H2_LISTEN_DIRECTIVES}}|listen $h2listen http2;|g" \
+    -e "s|{{MAX_CONCURRENCY}}|128|g" perf/configs/nginx.conf.tmpl >"$work/nginx/nginx.conf"
+sed -e "s|{{UPSTREAM}}|$up|g" -e "s|{{LISTEN_H1}}|127.0.0.1:19005|g" -e "s|{{LISTEN_H2}}|$h2listen|g" \
+    perf/configs/haproxy.cfg.tmpl >"$work/haproxy.cfg"
+# One gRPC request body: the 5-byte frame header, then `bytes payload = 1` of 1 KiB.
+{ printf '\x00\x00\x00\x04\x03\x0a\x80\x08'; head -c 1024 /dev/zero; } >"$work/grpc.bin"
+
+taskset -c 0 target/release/spur-bench-upstream --listen "$up" >/dev/null 2>&1 &
+pids+=($!)
+for _ in $(seq 50); do curl -s -o /dev/null "http://$up/bytes/0" && break; sleep 0.1; done
+
+# load PROTO ADDR CONNS N: h2load on core 0; fails unless every request succeeded.
+load() {
+    local args=(-c "$3" -m 16)
+    case "$1" in
+        h2c) args+=("http://$2/bytes/$size") ;;
+        grpc) args+=(-d "$work/grpc.bin" -H 'content-type: application/grpc' -H 'te: trailers'
+            "http://$2/spur.bench.v1.Bench/Echo") ;;
+    esac
+    taskset -c 0 h2load -n "$4" "${args[@]}" >"$work/h2load.txt" 2>&1
+    grep -q "$4 succeeded" "$work/h2load.txt" || {
+        echo "perf/per_request_h2.sh: not every request succeeded:" >&2
+        cat "$work/h2load.txt" >&2
+        exit 1
+    }
+}
+
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+
+echo "| peer | protocol | syscalls per request | by call | CPU-µs per request (saturation, $n requests) |"
+echo "|---|---|---:|---|---:|"
+for peer in target/release/spur-sidecar nginx haproxy "$@"; do
+    case "$peer" in
+        nginx) cmd=(taskset -c 1 "$nginx_bin" -p "$work/nginx" -c "$work/nginx/nginx.conf" -g "daemon off; master_process off;")
+            addr=$h2listen ;;
+        haproxy) cmd=(taskset -c 1 "$haproxy_bin" -db -f "$work/haproxy.cfg"); addr=$h2listen ;;
+        *) cmd=(taskset -c 1 "$peer" --threads 1 --app-addr "$up" --inbound-addr "$listen"
+            --admin-addr 127.0.0.1:19020 --baseline-namespace t --baseline-name base); addr=$listen ;;
+    esac
+    "${cmd[@]}" >/dev/null 2>&1 &
+    pid=$!
+    pids+=("$pid")
+    for _ in $(seq 100); do curl -s -o /dev/null --http2-prior-knowledge "http://$addr/bytes/0" && break; sleep 0.1; done
+    for proto in h2c grpc; do
+        load "$proto" "$addr" 1 2000
+        attach=()
+        for t in /proc/"$pid"/task/*; do attach+=(-p "${t##*/}"); done
+        strace -c -f -o "$work/strace.txt" "${attach[@]}" 2>/dev/null &
+        st=$!
+        sleep 1
+        load "$proto" "$addr" 1 20000
+        kill -INT "$st"
+        wait "$st" || true
+        total="$(awk '$NF == "total" { print $4 }' "$work/strace.txt")"
+        calls="$(awk 'NR > 2 && $NF != "total" && $1 !~ /^-/ { printf "%s %.2f\n", $NF, $4 / 20000 }' "$work/strace.txt" |
+            sort -k2 -nr | head -4 | awk '{ printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $2 }')"
+        load "$proto" "$addr" 8 5000
+        t0="$(ticks "$pid")"
+        load "$proto" "$addr" 8 "$n"
+        t1="$(ticks "$pid")"
+        cpu="$(awk -v a="$t0" -v b="$t1" -v n="$n" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.1f", (b - a) * 1e6 / hz / n }')"
+        echo "| ${peer##*/} | $proto | $(awk -v t="$total" 'BEGIN { printf "%.2f", t / 20000 }') | $calls | $cpu |"
+    done
+    kill -TERM "$pid"
+    wait "$pid" 2>/dev/null || true
+done
