@@ -196,12 +196,16 @@ pin_project_lite::pin_project! {
     /// Write coalescing for HTTP/2 connections. h2 chains every DATA payload over 256 bytes to
     /// its buffer and then flushes the socket before it takes the next frame: one write system
     /// call per frame, so 16 responses ready at once cost 16 writes (`perf/results/
-    /// flamegraphs.md`). This adapter takes what the connection writes and flushes during one
-    /// poll and sends it in one write when the connection next reads, at the start of its next
-    /// poll. A deferred flush wakes the task, so that poll comes straight after the tasks that
-    /// are ready now (which may add frames of their own). It also writes when it holds
-    /// [`COALESCE_MAX`] bytes, and before a shutdown. Reads never wait for that write: if the
-    /// socket is full, the write waits for writability and the read goes on.
+    /// flamegraphs.md`). Once a poll of the connection flushes more than once (a burst), this
+    /// adapter holds what the connection writes and flushes from then on, and sends it in one
+    /// write when the connection next reads, at the start of its next poll; it stays in that
+    /// mode while the polls keep flushing more than once. A deferred flush wakes the task, so
+    /// that poll comes straight after the tasks that are ready now (which may add frames of
+    /// their own). A lone flush (one response at a time, the common case at low load) is
+    /// written at once, as h2 would: deferring it would cost a task poll and coalesce nothing.
+    /// It also writes when it holds [`COALESCE_MAX`] bytes, and before a shutdown. Reads never
+    /// wait for that write: if the socket is full, the write waits for writability and the
+    /// read goes on.
     #[derive(Debug)]
     pub(crate) struct Coalesce<T> {
         #[pin]
@@ -211,6 +215,10 @@ pin_project_lite::pin_project! {
         sent: usize,
         // A flush was deferred and the task woken for it.
         owed: bool,
+        // Flushes of held data since the connection last read (saturating), and in the poll
+        // before that: more than one means a burst.
+        flushes: u8,
+        last_flushes: u8,
     }
 }
 
@@ -221,6 +229,8 @@ impl<T> Coalesce<T> {
             buf: Vec::new(),
             sent: 0,
             owed: false,
+            flushes: 0,
+            last_flushes: 0,
         }
     }
 }
@@ -278,7 +288,13 @@ impl<T: AsyncRead + AsyncWrite> AsyncRead for Coalesce<T> {
             // shows again on the next write.
             let _ = self.as_mut().poll_send(cx);
         }
-        self.project().inner.poll_read(cx, buf)
+        let this = self.project();
+        // A read starts the connection's next poll (it may read several frames before it
+        // writes again).
+        if *this.flushes > 0 {
+            *this.last_flushes = std::mem::take(this.flushes);
+        }
+        this.inner.poll_read(cx, buf)
     }
 }
 
@@ -312,11 +328,20 @@ impl<T: AsyncWrite> AsyncWrite for Coalesce<T> {
     fn is_write_vectored(&self) -> bool {
         true
     }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.project();
-        if this.buf.len() == *this.sent {
-            return this.inner.poll_flush(cx);
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.buf.len() == self.sent {
+            return self.project().inner.poll_flush(cx);
         }
+        let burst = {
+            let this = self.as_mut().project();
+            *this.flushes = this.flushes.saturating_add(1);
+            *this.flushes > 1 || *this.last_flushes > 1
+        };
+        if !burst {
+            ready!(self.as_mut().poll_send(cx))?;
+            return self.project().inner.poll_flush(cx);
+        }
+        let this = self.project();
         if !*this.owed {
             *this.owed = true;
             cx.waker().wake_by_ref();
@@ -418,48 +443,68 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn frames_flushed_in_one_poll_go_out_in_one_write_at_the_next_read() {
-        let wakes = Arc::new(CountWakes::default());
-        let waker = std::task::Waker::from(wakes.clone());
-        let mut cx = Context::from_waker(&waker);
-        let wire = Wire {
-            input: b"next".to_vec(),
-            ..Wire::default()
-        };
-        let writes = wire.writes.clone();
-        let mut c = Coalesce::new(wire);
-
-        // What h2 does with three chained DATA frames: write, flush, write, flush, ...
-        for frame in [&b"one"[..], b"two", b"three"] {
-            write(&mut c, &mut cx, frame);
-            let iov = [io::IoSlice::new(b"+")];
-            assert!(matches!(
-                Pin::new(&mut c).poll_write_vectored(&mut cx, &iov),
-                Poll::Ready(Ok(1))
-            ));
-            flush(&mut c, &mut cx);
-        }
-        assert!(writes.lock().unwrap().is_empty(), "nothing written yet");
-        assert_eq!(
-            wakes.0.load(Ordering::Relaxed),
-            1,
-            "one wake for the deferred flush"
-        );
-
-        // The connection's next poll starts with a read: everything goes out first, at once.
+    /// One poll of a connection as h2 makes it: a read, then per frame a write of its head, a
+    /// vectored write of head and payload, and a flush.
+    fn poll_cycle(c: &mut Coalesce<Wire>, cx: &mut Context<'_>, frames: &[&[u8]]) {
         let mut space = [0u8; 16];
         let mut rb = ReadBuf::new(&mut space);
         assert!(matches!(
-            Pin::new(&mut c).poll_read(&mut cx, &mut rb),
+            Pin::new(&mut *c).poll_read(cx, &mut rb),
             Poll::Ready(Ok(()))
         ));
-        assert_eq!(rb.filled(), b"next");
-        assert_eq!(*writes.lock().unwrap(), vec![b"one+two+three+".to_vec()]);
+        for frame in frames {
+            write(c, cx, frame);
+            let iov = [io::IoSlice::new(b"+")];
+            assert!(matches!(
+                Pin::new(&mut *c).poll_write_vectored(cx, &iov),
+                Poll::Ready(Ok(1))
+            ));
+            flush(c, cx);
+        }
+    }
+
+    #[test]
+    fn a_lone_flush_writes_at_once_and_a_burst_goes_out_in_one_write_at_the_next_read() {
+        let wakes = Arc::new(CountWakes::default());
+        let waker = std::task::Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        let wire = Wire::default();
+        let writes = wire.writes.clone();
+        let mut c = Coalesce::new(wire);
+        let written = || writes.lock().unwrap().clone();
+        let woken = || wakes.0.load(Ordering::Relaxed);
+
+        // One response per poll (low load): written at once, as h2 alone would, no wake.
+        poll_cycle(&mut c, &mut cx, &[b"a"]);
+        poll_cycle(&mut c, &mut cx, &[b"b"]);
+        assert_eq!(written(), vec![b"a+".to_vec(), b"b+".to_vec()]);
+        assert_eq!(woken(), 0);
+
+        // A burst: the first frame goes out, the rest are held, and the task is woken once.
+        poll_cycle(&mut c, &mut cx, &[b"one", b"two", b"three"]);
+        assert_eq!(written().len(), 3);
+        assert_eq!(written()[2], b"one+");
+        assert_eq!(woken(), 1, "one wake for the deferred flush");
+
+        // The next poll starts with a read: what is held goes out first, in one write. After a
+        // burst, that poll's frames are held from the first one.
+        poll_cycle(&mut c, &mut cx, &[b"four", b"five"]);
+        assert_eq!(written().len(), 4);
+        assert_eq!(written()[3], b"two+three+");
+        assert_eq!(woken(), 2);
+
+        // A poll with a single flush ends the burst mode for the one after it.
+        poll_cycle(&mut c, &mut cx, &[b"six"]);
+        assert_eq!(written()[4], b"four+five+");
+        assert_eq!(woken(), 3);
+        poll_cycle(&mut c, &mut cx, &[b"seven"]);
+        assert_eq!(written()[5], b"six+");
+        assert_eq!(written()[6], b"seven+");
+        assert_eq!(woken(), 3);
 
         // Nothing held: a flush goes straight through and wakes nobody.
         flush(&mut c, &mut cx);
-        assert_eq!(wakes.0.load(Ordering::Relaxed), 1);
+        assert_eq!(woken(), 3);
     }
 
     #[test]
