@@ -7,7 +7,6 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::pin;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,9 +24,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use serde_json::{Value, json};
 use spur_demo_apps::CancellationToken;
-use spur_runtime::shutdown_signal;
+use spur_runtime::{Drain, shutdown_signal};
 use tokio::net::TcpListener;
-use tokio_util::task::TaskTracker;
 
 /// Bound on the whole upstream call (connect, request, response body).
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
@@ -206,33 +204,29 @@ pub(crate) async fn serve(listener: TcpListener, app: Arc<App>, shutdown: Cancel
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30));
-    let tasks = TaskTracker::new();
+    let drain = Drain::under(&shutdown);
     while let Some((stream, peer)) = spur_demo_apps::accept(&listener, &shutdown).await {
         let builder = builder.clone();
         let app = app.clone();
-        let shutdown = shutdown.clone();
-        tasks.spawn(async move {
+        let conn_drain = drain.clone();
+        drain.spawn(async move {
             let svc = hyper::service::service_fn(move |req| handle(req, app.clone()));
-            let mut conn = pin!(builder.serve_connection(TokioIo::new(stream), svc));
-            let res = tokio::select! {
-                res = conn.as_mut() => res,
-                () = shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
-            };
+            let conn = builder.serve_connection(TokioIo::new(stream), svc);
+            let res = conn_drain
+                .run_graceful(conn, |c| c.graceful_shutdown())
+                .await;
             if let Err(e) = res {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });
     }
     drop(listener);
-    tasks.close();
-    if tokio::time::timeout(DRAIN_TIMEOUT, tasks.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!("drain timed out; dropping the remaining connections");
+    let left = drain.wait(DRAIN_TIMEOUT).await;
+    if left > 0 {
+        tracing::warn!(
+            connections = left,
+            "drain timed out; dropping the remaining connections"
+        );
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
-use spur_proxy::Drain;
+use spur_runtime::Drain;
 use spur_workstation::proxy::{self, ProxyConfig};
 use spur_workstation::state::{self, Status, Terminated};
 use spur_workstation::tunnel::{ClientConfig, ClientTls, Token, TransportPolicy};

@@ -250,20 +250,20 @@ async fn serve(
     state: Arc<State>,
     stop: CancellationToken,
 ) {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let drain = spur_runtime::Drain::under(&stop);
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     while let Some((tcp, peer)) = spur_runtime::accept(&listener, stop.cancelled(), "webhook").await
     {
         let _ = tcp.set_nodelay(true);
         // The handshake runs in the connection's own task: a client that connects and stays
         // silent must not hold up the API server's admission calls behind it.
-        let (acceptor, builder, watcher, st) = (
+        let (acceptor, builder, conn_drain, st) = (
             acceptor.clone(),
             builder.clone(),
-            graceful.watcher(),
+            drain.clone(),
             state.clone(),
         );
-        tokio::spawn(async move {
+        drain.spawn(async move {
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(e)) => {
@@ -283,17 +283,21 @@ async fn serve(
             let conn = builder
                 .serve_connection(TokioIo::new(tls), svc)
                 .into_owned();
-            if let Err(e) = watcher.watch(conn).await {
+            if let Err(e) = conn_drain
+                .run_graceful(conn, |c| c.graceful_shutdown())
+                .await
+            {
                 tracing::debug!(%peer, error = %e, "webhook connection ended with an error");
             }
         });
     }
     drop(listener);
-    if tokio::time::timeout(DRAIN, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("webhook connections still open after the drain period");
+    let left = drain.wait(DRAIN).await;
+    if left > 0 {
+        tracing::warn!(
+            connections = left,
+            "webhook connections still open after the drain period"
+        );
     }
 }
 

@@ -40,9 +40,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
+use spur_runtime::Drain;
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 /// Errors starting the route server.
 #[derive(Debug, thiserror::Error)]
@@ -95,13 +94,16 @@ impl RouteServerConfig {
     }
 }
 
+/// How long [`RouteServer::shutdown`] waits for the store, the servers and the watch streams.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
 /// A running route server.
 pub struct RouteServer {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
     index: Index,
-    stop: CancellationToken,
-    tasks: TaskTracker,
+    /// Stops the store, the servers and every watch stream, and tracks their tasks.
+    drain: Drain,
 }
 
 impl RouteServer {
@@ -133,8 +135,8 @@ impl RouteServer {
         let mut registry = Registry::with_prefix("spur_routeserver");
         let metrics = Metrics::register(&mut registry);
         let index = Index::new();
-        let stop = CancellationToken::new();
-        let tasks = TaskTracker::new();
+        let tasks = Drain::new();
+        let stop = tasks.token();
         let auth = auth::Authenticator::new(&config.auth);
         let tls = match &config.tls {
             Some(files) => Some(tls::start(files, &tasks, stop.clone())?),
@@ -226,8 +228,7 @@ impl RouteServer {
             grpc_addr,
             http_addr,
             index,
-            stop,
-            tasks,
+            drain: tasks,
         })
     }
 
@@ -237,13 +238,13 @@ impl RouteServer {
 
     /// Ends every watch stream, stops both servers and the store, and waits (bounded) for them.
     pub async fn shutdown(self) {
-        self.stop.cancel();
-        self.tasks.close();
-        if tokio::time::timeout(Duration::from_secs(10), self.tasks.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!("route server tasks still running after 10 s; abandoning them");
+        let left = self.drain.wait(SHUTDOWN_GRACE).await;
+        if left > 0 {
+            tracing::warn!(
+                tasks = left,
+                grace = ?SHUTDOWN_GRACE,
+                "route server tasks still running after the grace period; abandoning them"
+            );
         }
     }
 }

@@ -20,11 +20,11 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
+use spur_runtime::Drain;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::Error;
 
@@ -99,7 +99,7 @@ pub(crate) struct Tls {
 /// and keeps reloading it until `stop`.
 pub(crate) fn start(
     files: &ServingTls,
-    tasks: &TaskTracker,
+    tasks: &Drain,
     stop: CancellationToken,
 ) -> Result<Tls, Error> {
     let (cert, key) = files.read()?;
@@ -245,7 +245,7 @@ pub(crate) fn incoming(
     listener: TcpListener,
     local: SocketAddr,
     tls: Option<Arc<rustls::ServerConfig>>,
-    tasks: &TaskTracker,
+    tasks: &Drain,
     stop: CancellationToken,
 ) -> Incoming {
     let (tx, rx) = mpsc::channel(64);

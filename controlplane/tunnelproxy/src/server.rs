@@ -340,7 +340,7 @@ pub async fn run(
                 dial_timeout: shared.dial_timeout,
                 metrics: metrics.clone(),
             });
-            let drain = spur_proxy::Drain::new();
+            let drain = spur_runtime::Drain::new();
             let d2 = drain.clone();
             let s2 = stop.clone();
             tokio::spawn(async move {

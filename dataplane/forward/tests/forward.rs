@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use spur_forward::{ConnRecord, DialError, Dialer, ForwardConfig, Target, serve_forward};
-use spur_proxy::Drain;
+use spur_runtime::Drain;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

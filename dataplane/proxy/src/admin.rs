@@ -19,7 +19,7 @@ use spur_routing::SharedTable;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::drain::Drain;
+use spur_runtime::Drain;
 
 /// What the admin endpoints report on.
 #[derive(Clone)]

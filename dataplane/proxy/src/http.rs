@@ -25,12 +25,12 @@ use tokio::time::Instant;
 
 use crate::conn::ConnMeta;
 use crate::detect::Protocol;
-use crate::drain::Drain;
 use crate::io::{Activity, Coalesce, Tracked};
 use crate::metrics::Outcome;
 use crate::pool::{Body, Upstream, Version};
 use crate::router::Route;
 use crate::{Error, Shared};
+use spur_runtime::Drain;
 
 /// Serves one client connection whose protocol was detected as HTTP/1 or HTTP/2: HTTP/1 with the
 /// relay unless it is turned off (the relay hands what it does not handle to [`serve_hyper`]).

@@ -25,7 +25,6 @@ mod admin;
 mod config;
 mod conn;
 mod detect;
-mod drain;
 mod error;
 mod http;
 mod io;
@@ -39,7 +38,6 @@ pub use admin::{AdminState, serve_admin};
 pub use config::ProxyConfig;
 pub use conn::ConnMeta;
 pub use detect::Protocol;
-pub use drain::Drain;
 pub use error::Error;
 /// The HTTP/1 front-door rules, for every HTTP/1 server Spur runs: [`check_host`] on each
 /// request (a refusal is a 400 that closes the connection) and [`Http1Guard`] around each
@@ -49,6 +47,7 @@ pub use http::guard::Guard as Http1Guard;
 pub use listener::Inbound;
 pub use metrics::Metrics;
 pub use router::{RawRoute, Route, Router};
+pub use spur_runtime::Drain;
 
 use std::sync::Arc;
 

@@ -10,8 +10,8 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::Shared;
 use crate::conn::ConnMeta;
 use crate::detect::{Protocol, detect};
-use crate::drain::Drain;
 use crate::io::Rewind;
+use spur_runtime::Drain;
 
 /// How a listener learns where a connection was headed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,13 +1,16 @@
 //! What every Spur binary shares at run time: SIGTERM and Ctrl-C ([`shutdown_signal`]),
 //! logging set-up ([`init_tracing`]), duration flags ([`parse_duration`]), accepting
-//! connections with a back-off on errors ([`accept`]) and spreading retries ([`jitter`]). No
-//! binary should write these again.
+//! connections with a back-off on errors ([`accept`]), draining with a deadline ([`Drain`])
+//! and spreading retries ([`jitter`]). No binary should write these again.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::{Pin, pin};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// How long [`accept`] waits after a failed accept before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
@@ -96,6 +99,93 @@ pub async fn accept(
     }
 }
 
+/// Graceful drain with a deadline: one signal that stops listeners and asks connections to
+/// finish, and a tracker that knows when they all have. Cloned into every listener and
+/// connection task.
+#[derive(Clone, Debug, Default)]
+pub struct Drain {
+    token: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Drain {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A drain that also starts when `parent` is cancelled (a server stopped by its caller's
+    /// token).
+    pub fn under(parent: &CancellationToken) -> Self {
+        Drain {
+            token: parent.child_token(),
+            tracker: TaskTracker::new(),
+        }
+    }
+
+    /// Starts draining: listeners stop accepting; connections finish what is in flight and
+    /// close (HTTP/2 with GOAWAY).
+    pub fn start(&self) {
+        self.token.cancel();
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    /// Resolves when draining starts.
+    pub async fn signaled(&self) {
+        self.token.cancelled().await
+    }
+
+    /// The drain signal as a token, for APIs that stop on one (child tokens stop with it).
+    pub fn token(&self) -> CancellationToken {
+        self.token.clone()
+    }
+
+    /// Spawns a task that the drain waits for.
+    pub fn spawn<F>(&self, fut: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.tracker.spawn(fut)
+    }
+
+    /// Runs a connection to its end. When the drain starts, `graceful` is called on it once
+    /// (hyper's `graceful_shutdown`: in-flight requests finish, HTTP/2 sends GOAWAY) and the
+    /// connection is driven until it closes; [`Drain::wait`]'s deadline bounds that.
+    pub async fn run_graceful<C>(&self, conn: C, graceful: impl FnOnce(Pin<&mut C>)) -> C::Output
+    where
+        C: Future,
+    {
+        let mut conn = pin!(conn);
+        tokio::select! {
+            out = conn.as_mut() => out,
+            () = self.signaled() => {
+                graceful(conn.as_mut());
+                conn.await
+            }
+        }
+    }
+
+    /// Starts draining (if not yet) and waits up to `grace` for every tracked task to end.
+    /// Returns the number of tasks still running when the grace period ran out (they are
+    /// dropped with the runtime).
+    pub async fn wait(&self, grace: Duration) -> usize {
+        self.start();
+        self.tracker.close();
+        match tokio::time::timeout(grace, self.tracker.wait()).await {
+            Ok(()) => 0,
+            Err(_) => self.tracker.len(),
+        }
+    }
+
+    /// Tasks currently tracked (connections, tunnels, listeners).
+    pub fn in_flight(&self) -> usize {
+        self.tracker.len()
+    }
+}
+
 /// A random duration in [d/2, d]: retries and periodic checks of many clients started together
 /// spread out instead of coming back in lockstep.
 pub fn jitter(d: Duration) -> Duration {
@@ -112,6 +202,35 @@ pub fn jitter(d: Duration) -> Duration {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[tokio::test]
+    async fn drain_waits_for_graceful_tasks_and_cuts_the_rest_at_the_deadline() {
+        let parent = CancellationToken::new();
+        let drain = Drain::under(&parent);
+        // A connection that closes shortly after it is asked to.
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let d = drain.clone();
+        let polite = drain.spawn(async move {
+            let conn = async move {
+                let _ = rx.await;
+                "closed"
+            };
+            d.run_graceful(conn, |_| {
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let _ = tx.send(());
+                });
+            })
+            .await
+        });
+        // One that never closes.
+        drain.spawn(std::future::pending::<()>());
+        assert!(!drain.is_draining());
+        parent.cancel();
+        assert!(drain.is_draining(), "the parent's cancel starts the drain");
+        assert_eq!(drain.wait(Duration::from_millis(500)).await, 1);
+        assert_eq!(polite.await.unwrap(), "closed");
+    }
 
     #[test]
     fn durations() {

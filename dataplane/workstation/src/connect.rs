@@ -25,7 +25,7 @@ use spur_forward::{ForwardConfig, serve_forward};
 use spur_proto::tunnel::{
     ClusterService, HelloRequest, ListServicesRequest, WatchLocalWorkloadsRequest,
 };
-use spur_proxy::Drain;
+use spur_runtime::Drain;
 use spur_tunnel::{ClientConfig, SessionState, Transport, TunnelClient};
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::sync::watch;

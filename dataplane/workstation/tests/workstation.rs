@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::*;
 use hickory_proto::op::{Edns, Message, Query, ResponseCode};
 use hickory_proto::rr::{Name, RData, RecordType};
-use spur_proxy::Drain;
+use spur_runtime::Drain;
 use spur_workstation::proxy::{self, ProxyConfig};
 use spur_workstation::tunnel::{Transport, TransportPolicy};
 use spur_workstation::{Event, SocksOpener, Workstation, state};

@@ -27,12 +27,12 @@ use tokio::time::{Instant, timeout};
 
 use super::headers::valid_authority;
 use crate::conn::ConnMeta;
-use crate::drain::Drain;
 use crate::io::Rewind;
 use crate::metrics::Outcome;
 use crate::pool::Upstream;
 use crate::router::{RawRoute, Route};
 use crate::{Error, Shared};
+use spur_runtime::Drain;
 
 /// Request bodies up to this size are relayed: written upstream after the head, then the
 /// response is read. A larger body goes to hyper, which streams both directions at once, so an
