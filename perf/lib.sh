@@ -22,6 +22,18 @@ printf 'http1Relay: false\n' >"$work/no-relay.yaml"
 nginx_bin="$(command -v nginx || echo /usr/sbin/nginx)"
 haproxy_bin="$(command -v haproxy || echo /usr/sbin/haproxy)"
 
+# Renders the nginx and HAProxy configs into $work for upstream $1, with an idle upstream pool
+# of $2 connections, the HTTP/1.1 listener on $listen and the h2c listener on $h2listen.
+h2listen=127.0.0.1:19007
+render_peer_configs() {
+    mkdir -p "$work/nginx/logs"
+    sed -e "s|{{PREFIX}}|$work/nginx|g" -e "s|{{UPSTREAM}}|$1|g" -e "s|{{KEEPALIVE}}|$2|g" \
+        -e "s|{{LISTEN_H1}}|$listen|g" -e "s|{{H2_LISTEN_DIRECTIVES}}|listen $h2listen http2;|g" \
+        -e "s|{{MAX_CONCURRENCY}}|$2|g" perf/configs/nginx.conf.tmpl >"$work/nginx/nginx.conf"
+    sed -e "s|{{UPSTREAM}}|$1|g" -e "s|{{LISTEN_H1}}|$listen|g" -e "s|{{LISTEN_H2}}|$h2listen|g" \
+        perf/configs/haproxy.cfg.tmpl >"$work/haproxy.cfg"
+}
+
 # The command line of a peer, into `cmd`; a spur-sidecar binary path names a spur peer.
 peer_cmd() {
     local spur=(--threads 1 --app-addr "$app" --inbound-addr "$listen" --admin-addr 127.0.0.1:19020

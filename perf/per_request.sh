@@ -31,12 +31,7 @@ for tool in "${need[@]}"; do
 done
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
-mkdir -p "$work/nginx/logs"
-sed -e "s|{{PREFIX}}|$work/nginx|g" -e "s|{{UPSTREAM}}|$app|g" -e "s|{{KEEPALIVE}}|16|g" \
-    -e "s|{{LISTEN_H1}}|$listen|g" -e "s|{{H2_LISTEN_DIRECTIVES}}|listen 127.0.0.1:19007 http2;|g" \
-    -e "s|{{MAX_CONCURRENCY}}|16|g" perf/configs/nginx.conf.tmpl >"$work/nginx/nginx.conf"
-sed -e "s|{{UPSTREAM}}|$app|g" -e "s|{{LISTEN_H1}}|$listen|g" -e "s|{{LISTEN_H2}}|127.0.0.1:19007|g" \
-    perf/configs/haproxy.cfg.tmpl >"$work/haproxy.cfg"
+render_peer_configs "$app" 16
 
 syscalls() {
     local peer="$1" pid st n=20000

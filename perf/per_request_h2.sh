@@ -20,28 +20,14 @@ cd "$root"
 for tool in strace h2load curl taskset; do
     command -v "$tool" >/dev/null || { echo "perf/per_request_h2.sh: $tool is not installed" >&2; exit 1; }
 done
-cargo build --release --locked -p spur-sidecar -p spur-perf --bin spur-sidecar --bin spur-bench-upstream >&2
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
+cargo build --release --locked -p spur-perf --bin spur-bench-upstream >&2
 
 n="${N:-100000}"
 size="${SIZE:-1024}"
 up=127.0.0.1:19081
-listen=127.0.0.1:19006
-h2listen=127.0.0.1:19007
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-nginx_bin="$(command -v nginx || echo /usr/sbin/nginx)"
-haproxy_bin="$(command -v haproxy || echo /usr/sbin/haproxy)"
-mkdir -p "$work/nginx/logs"
-sed -e "s|{{PREFIX}}|$work/nginx|g" -e "s|{{UPSTREAM}}|$up|g" -e "s|{{KEEPALIVE}}|128|g" \
-    -e "s|{{LISTEN_H1}}|127.0.0.1:19005|g" -e "s|{{H2_LISTEN_DIRECTIVES}}|listen $h2listen http2;|g" \
-    -e "s|{{MAX_CONCURRENCY}}|128|g" perf/configs/nginx.conf.tmpl >"$work/nginx/nginx.conf"
-sed -e "s|{{UPSTREAM}}|$up|g" -e "s|{{LISTEN_H1}}|127.0.0.1:19005|g" -e "s|{{LISTEN_H2}}|$h2listen|g" \
-    perf/configs/haproxy.cfg.tmpl >"$work/haproxy.cfg"
+render_peer_configs "$up" 128
 # One gRPC request body: the 5-byte frame header, then `bytes payload = 1` of 1 KiB.
 { printf '\x00\x00\x00\x04\x03\x0a\x80\x08'; head -c 1024 /dev/zero; } >"$work/grpc.bin"
 
@@ -71,13 +57,15 @@ echo "| peer | protocol | syscalls per request | by call | CPU-µs per request (
 echo "|---|---|---:|---|---:|"
 for peer in target/release/spur-sidecar nginx haproxy "$@"; do
     case "$peer" in
-        nginx) cmd=(taskset -c 1 "$nginx_bin" -p "$work/nginx" -c "$work/nginx/nginx.conf" -g "daemon off; master_process off;")
-            addr=$h2listen ;;
-        haproxy) cmd=(taskset -c 1 "$haproxy_bin" -db -f "$work/haproxy.cfg"); addr=$h2listen ;;
-        *) cmd=(taskset -c 1 "$peer" --threads 1 --app-addr "$up" --inbound-addr "$listen"
-            --admin-addr 127.0.0.1:19020 --baseline-namespace t --baseline-name base); addr=$listen ;;
+        nginx | haproxy) addr=$h2listen ;;
+        *) addr=$listen ;;
     esac
-    "${cmd[@]}" >/dev/null 2>&1 &
+    # lib.sh's command line, in front of the bench upstream instead of the demo app.
+    app_saved=$app
+    app=$up
+    peer_cmd "$peer"
+    app=$app_saved
+    taskset -c 1 "${cmd[@]}" >/dev/null 2>&1 &
     pid=$!
     pids+=("$pid")
     for _ in $(seq 100); do curl -s -o /dev/null --http2-prior-knowledge "http://$addr/bytes/0" && break; sleep 0.1; done
