@@ -222,13 +222,14 @@ fn intercept_without_root_or_transparent_mode_is_refused_clearly() {
 
 #[test]
 fn drain_delay_keeps_accepting_after_sigterm() {
-    let free = || -> SocketAddr {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-    };
-    let (inbound, admin) = (free(), free());
+    // Both probes stay bound until both ports are known: dropping the first before binding the
+    // second could hand the same port out twice, and the sidecar would then fail to start.
+    let probes = [
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+    ];
+    let [inbound, admin]: [SocketAddr; 2] = probes.each_ref().map(|l| l.local_addr().unwrap());
+    drop(probes);
     let mut child = Killed(
         Command::new(SIDECAR)
             .args(["--inbound-addr", &inbound.to_string()])
