@@ -220,31 +220,62 @@ fn intercept_without_root_or_transparent_mode_is_refused_clearly() {
     assert!(err.contains("non-root uid"), "{err}");
 }
 
+/// The address logged as `key=ADDR` (or `key=Some(ADDR)`) on the sidecar's "sidecar started" line.
+fn logged_addr(line: &str, key: &str) -> SocketAddr {
+    let rest = line
+        .split_once(&format!(" {key}="))
+        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+        .1;
+    let rest = rest.strip_prefix("Some(").unwrap_or(rest);
+    let end = rest.find([' ', ')']).unwrap_or(rest.len());
+    rest[..end].parse().unwrap()
+}
+
 #[test]
-#[ignore = "flaky: in 2 of about 6 suite runs on 2026-11-26 the inbound port refused a connection \
-            within the drain delay; under investigation (session note of 2026-11-26); run with \
-            `cargo test -p spur-sidecar --test intercept -- --ignored`"]
 fn drain_delay_keeps_accepting_after_sigterm() {
-    // Both probes stay bound until both ports are known: dropping the first before binding the
-    // second could hand the same port out twice, and the sidecar would then fail to start.
-    let probes = [
-        std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
-        std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
-    ];
-    let [inbound, admin]: [SocketAddr; 2] = probes.each_ref().map(|l| l.local_addr().unwrap());
-    drop(probes);
+    // The sidecar binds port 0 and the test reads the ports from its "sidecar started" line.
+    // Picking free ports first and passing them in raced with every other process of the suite
+    // (the node, parallel tests): a port freed by the test could be taken before the sidecar
+    // bound it, the sidecar then exited, and the readiness probe reached the other listener.
     let mut child = Killed(
         Command::new(SIDECAR)
-            .args(["--inbound-addr", &inbound.to_string()])
-            .args(["--admin-addr", &admin.to_string()])
+            .args([
+                "--inbound-addr",
+                "127.0.0.1:0",
+                "--admin-addr",
+                "127.0.0.1:0",
+            ])
             .args(["--app-addr", "127.0.0.1:1", "--baseline-namespace", "t"])
             .args(["--baseline-name", "app", "--drain-delay", "2s"])
+            .env("SPUR_LOG", "info")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap(),
     );
-    wait_for("the sidecar to listen", || TcpStream::connect(admin).ok());
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stderr = child.0.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut log = Vec::new();
+    let started = loop {
+        match lines.recv_timeout(Duration::from_secs(20)) {
+            Ok(line) if line.contains("sidecar started") => break line,
+            Ok(line) => log.push(line),
+            Err(e) => panic!(
+                "no \"sidecar started\" line ({e}); stderr:\n{}",
+                log.join("\n")
+            ),
+        }
+    };
+    let inbound = logged_addr(&started, "inbound_addr");
+    let admin = logged_addr(&started, "admin");
+    assert!(TcpStream::connect(admin).is_ok(), "admin {admin} refused");
     let pid = child.0.id().to_string();
     let signalled = Instant::now();
     assert!(
@@ -255,12 +286,17 @@ fn drain_delay_keeps_accepting_after_sigterm() {
             .success()
     );
     std::thread::sleep(Duration::from_millis(500));
-    assert!(
-        TcpStream::connect(inbound).is_ok(),
-        "refused within the drain delay"
-    );
+    let accepted = TcpStream::connect(inbound);
     let exit = wait_for("the sidecar to exit", || child.0.try_wait().unwrap());
-    assert!(exit.success(), "{exit}");
+    // stderr closes when the sidecar exits: every line it wrote is in the channel after this.
+    let _ = reader.join();
+    log.extend(lines.try_iter());
+    let log = log.join("\n");
+    assert!(
+        accepted.is_ok(),
+        "inbound {inbound} refused within the drain delay: {accepted:?}; stderr:\n{log}"
+    );
+    assert!(exit.success(), "{exit}; stderr:\n{log}");
     assert!(
         signalled.elapsed() >= Duration::from_secs(2),
         "exited {:?} after SIGTERM, before the 2 s delay",
