@@ -11,12 +11,8 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
+mod common;
+use common::{Killed, Log};
 
 async fn status(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let tcp = TcpStream::connect(addr).await.ok()?;
@@ -48,24 +44,27 @@ async fn sigterm_drains_in_flight_requests_and_exits_cleanly() {
     let rules = dir.path().join("rules.yaml");
     std::fs::write(&rules, "[]\n").unwrap();
 
-    let inbound = free_port();
-    let admin = free_port();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_spur-sidecar"))
-        .args([
-            "--inbound-addr",
-            &inbound.to_string(),
-            "--app-addr",
-            &app.to_string(),
-        ])
-        .args(["--baseline-namespace", "test", "--baseline-name", "app"])
-        .args(["--admin-addr", &admin.to_string(), "--drain-grace", "15s"])
-        .arg("--rules")
-        .arg(&rules)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    // Port 0: the ports come from the sidecar's log (tests/common explains why).
+    let mut child = Killed(
+        std::process::Command::new(env!("CARGO_BIN_EXE_spur-sidecar"))
+            .args([
+                "--inbound-addr",
+                "127.0.0.1:0",
+                "--app-addr",
+                &app.to_string(),
+            ])
+            .args(["--baseline-namespace", "test", "--baseline-name", "app"])
+            .args(["--admin-addr", "127.0.0.1:0", "--drain-grace", "15s"])
+            .arg("--rules")
+            .arg(&rules)
+            .env("SPUR_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut log = Log::new(child.0.stderr.take().unwrap());
+    let (inbound, admin) = log.started();
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while status(admin, "/ready").await.map(|s| s.0) != Some(200) {
@@ -98,7 +97,7 @@ async fn sigterm_drains_in_flight_requests_and_exits_cleanly() {
         .collect();
     // Let the requests reach the application before the signal.
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let pid = child.id().unwrap().to_string();
+    let pid = child.0.id().to_string();
     assert!(
         std::process::Command::new("kill")
             .args(["-TERM", &pid])
@@ -137,11 +136,22 @@ async fn sigterm_drains_in_flight_requests_and_exits_cleanly() {
             "an in-flight request failed during drain"
         );
     }
-    let exit = tokio::time::timeout(Duration::from_secs(20), child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(exit.success(), "sidecar exited with {exit}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let exit = loop {
+        if let Some(exit) = child.0.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "sidecar still running"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        exit.success(),
+        "sidecar exited with {exit}; stderr:\n{}",
+        log.text()
+    );
     // The idle client saw its connection closed by the drain.
     let closed = tokio::time::timeout(Duration::from_secs(5), idle_task).await;
     assert!(closed.is_ok(), "idle keep-alive connection left open");

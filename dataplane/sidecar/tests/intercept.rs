@@ -7,8 +7,11 @@
 //! skipping, when they are missing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+
+mod common;
+use common::{Killed, Log};
 use std::time::{Duration, Instant};
 
 const SIDECAR: &str = env!("CARGO_BIN_EXE_spur-sidecar");
@@ -54,15 +57,6 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 
@@ -220,23 +214,9 @@ fn intercept_without_root_or_transparent_mode_is_refused_clearly() {
     assert!(err.contains("non-root uid"), "{err}");
 }
 
-/// The address logged as `key=ADDR` (or `key=Some(ADDR)`) on the sidecar's "sidecar started" line.
-fn logged_addr(line: &str, key: &str) -> SocketAddr {
-    let rest = line
-        .split_once(&format!(" {key}="))
-        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
-        .1;
-    let rest = rest.strip_prefix("Some(").unwrap_or(rest);
-    let end = rest.find([' ', ')']).unwrap_or(rest.len());
-    rest[..end].parse().unwrap()
-}
-
 #[test]
 fn drain_delay_keeps_accepting_after_sigterm() {
-    // The sidecar binds port 0 and the test reads the ports from its "sidecar started" line.
-    // Picking free ports first and passing them in raced with every other process of the suite
-    // (the node, parallel tests): a port freed by the test could be taken before the sidecar
-    // bound it, the sidecar then exited, and the readiness probe reached the other listener.
+    // Port 0: the ports come from the sidecar's log (tests/common explains why).
     let mut child = Killed(
         Command::new(SIDECAR)
             .args([
@@ -253,28 +233,8 @@ fn drain_delay_keeps_accepting_after_sigterm() {
             .spawn()
             .unwrap(),
     );
-    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
-    let stderr = child.0.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut log = Vec::new();
-    let started = loop {
-        match lines.recv_timeout(Duration::from_secs(20)) {
-            Ok(line) if line.contains("sidecar started") => break line,
-            Ok(line) => log.push(line),
-            Err(e) => panic!(
-                "no \"sidecar started\" line ({e}); stderr:\n{}",
-                log.join("\n")
-            ),
-        }
-    };
-    let inbound = logged_addr(&started, "inbound_addr");
-    let admin = logged_addr(&started, "admin");
+    let mut log = Log::new(child.0.stderr.take().unwrap());
+    let (inbound, admin) = log.started();
     assert!(TcpStream::connect(admin).is_ok(), "admin {admin} refused");
     let pid = child.0.id().to_string();
     let signalled = Instant::now();
@@ -288,10 +248,7 @@ fn drain_delay_keeps_accepting_after_sigterm() {
     std::thread::sleep(Duration::from_millis(500));
     let accepted = TcpStream::connect(inbound);
     let exit = wait_for("the sidecar to exit", || child.0.try_wait().unwrap());
-    // stderr closes when the sidecar exits: every line it wrote is in the channel after this.
-    let _ = reader.join();
-    log.extend(lines.try_iter());
-    let log = log.join("\n");
+    let log = log.text();
     assert!(
         accepted.is_ok(),
         "inbound {inbound} refused within the drain delay: {accepted:?}; stderr:\n{log}"
