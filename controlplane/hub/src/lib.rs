@@ -1,0 +1,27 @@
+//! `spur hub` and `spur agent`: a self-hosted control plane that clusters dial out to. The hub
+//! keeps a registry of clusters (each with its own token, stored hashed, revocable), serves
+//! preview URLs that carry a sandbox's routing key into the cluster, and a web view. The agent
+//! runs in each cluster, keeps one tunnel session to the hub (the workstation tunnel's library,
+//! `spur-tunnel`: QUIC with HTTP/2-over-TLS fallback) and serves the streams the hub opens.
+//! The cluster never accepts an inbound connection. See `docs/hub.md`.
+
+pub mod store;
+
+pub use store::Store;
+
+/// Everything that can go wrong in the hub and the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database: {0}")]
+    Db(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("tunnel: {0}")]
+    Tunnel(#[from] spur_tunnel::Error),
+    #[error("{0}")]
+    Config(String),
+}

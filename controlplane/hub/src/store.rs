@@ -1,0 +1,504 @@
+//! The hub's state in one SQLite file: registered clusters and API keys, each credential kept
+//! only as its SHA-256. Every change is one transaction in WAL mode with `synchronous = FULL`:
+//! a hub killed at any instant reopens with each change either wholly there or wholly absent.
+//! The CLI (`spur hub cluster add`) writes the same file while the hub runs; the hub notices
+//! other writers through `PRAGMA data_version` ([`Store::data_version`]).
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::Error;
+
+/// Schema version in `PRAGMA user_version`; a newer file is refused rather than misread.
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE clusters (
+    name        TEXT PRIMARY KEY NOT NULL,
+    token_hash  BLOB NOT NULL UNIQUE,
+    -- When the current token was issued (unix ms): a rotated token ends older sessions.
+    issued_ms   INTEGER NOT NULL,
+    created_ms  INTEGER NOT NULL,
+    revoked_ms  INTEGER,
+    last_seen_ms INTEGER
+) STRICT;
+CREATE TABLE api_keys (
+    name        TEXT PRIMARY KEY NOT NULL,
+    key_hash    BLOB NOT NULL UNIQUE,
+    created_ms  INTEGER NOT NULL,
+    revoked_ms  INTEGER
+) STRICT;
+";
+
+/// Prefix of cluster tokens, so that a leaked one is recognisable (secret scanners, logs).
+pub const CLUSTER_TOKEN_PREFIX: &str = "spurc_";
+/// Prefix of API keys.
+pub const API_KEY_PREFIX: &str = "spurk_";
+
+/// Longest cluster or API key name: a DNS label, since a cluster name shows up in URLs.
+pub const MAX_NAME: usize = 63;
+
+/// A registered cluster, as listed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cluster {
+    pub name: String,
+    pub created: SystemTime,
+    /// When the current token was issued.
+    pub issued: SystemTime,
+    pub revoked: Option<SystemTime>,
+    /// The last time a session of this cluster was established.
+    pub last_seen: Option<SystemTime>,
+}
+
+/// An API key, as listed (never the key).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiKey {
+    pub name: String,
+    pub created: SystemTime,
+    pub revoked: Option<SystemTime>,
+}
+
+/// Who a presented cluster token belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterIdentity {
+    pub name: String,
+    pub issued: SystemTime,
+}
+
+/// The database. Cheap to clone; calls block (SQLite is synchronous): async callers go through
+/// `spawn_blocking`.
+#[derive(Clone)]
+pub struct Store {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens (creating when missing) the database at `path`.
+    pub fn open(path: &Path) -> Result<Store, Error> {
+        let conn = Connection::open(path).map_err(|e| db(path, e))?;
+        Self::init(conn).map_err(|e| match e {
+            Error::Db(m) => Error::Db(format!("{}: {m}", path.display())),
+            e => e,
+        })
+    }
+
+    /// An in-memory database, for tests.
+    pub fn in_memory() -> Result<Store, Error> {
+        let conn = Connection::open_in_memory().map_err(|e| Error::Db(e.to_string()))?;
+        Self::init(conn)
+    }
+
+    fn init(conn: Connection) -> Result<Store, Error> {
+        let e = |e: rusqlite::Error| Error::Db(e.to_string());
+        // Another writer (the CLI) may hold the lock for a moment: wait rather than fail.
+        conn.busy_timeout(Duration::from_secs(5)).map_err(e)?;
+        // WAL: readers never block the writer; FULL: a commit is on disk before it returns.
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(e)?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(e)?;
+        conn.pragma_update(None, "foreign_keys", "ON").map_err(e)?;
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(e)?;
+        match version {
+            0 => {
+                // Schema and version in one transaction: a kill in between leaves version 0
+                // and no tables, and the next start creates both.
+                let tx = conn.unchecked_transaction().map_err(e)?;
+                tx.execute_batch(SCHEMA).map_err(e)?;
+                tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+                    .map_err(e)?;
+                tx.commit().map_err(e)?;
+            }
+            SCHEMA_VERSION => {}
+            v => {
+                return Err(Error::Db(format!(
+                    "schema version {v} is newer than this hub understands ({SCHEMA_VERSION}); \
+                     run a newer spur"
+                )));
+            }
+        }
+        Ok(Store {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock cannot leave SQLite inconsistent (transactions roll
+        // back on drop), so a poisoned lock is still usable.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers `name` and returns its token (shown once; only its hash is kept). A revoked
+    /// name is registered again with a new token; an active one is refused unless `rotate`, in
+    /// which case the old token stops working and sessions made with it are closed.
+    pub fn add_cluster(&self, name: &str, rotate: bool) -> Result<String, Error> {
+        check_name("cluster", name)?;
+        let token = new_secret(CLUSTER_TOKEN_PREFIX)?;
+        let hash = sha256(&token);
+        let now = now_ms();
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(dbe)?;
+        let existing: Option<Option<i64>> = tx
+            .query_row(
+                "SELECT revoked_ms FROM clusters WHERE name = ?1",
+                [name],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(dbe)?;
+        match existing {
+            None => {
+                tx.execute(
+                    "INSERT INTO clusters (name, token_hash, issued_ms, created_ms) \
+                     VALUES (?1, ?2, ?3, ?3)",
+                    params![name, hash, now],
+                )
+                .map_err(dbe)?;
+            }
+            Some(None) if !rotate => {
+                return Err(Error::Conflict(format!(
+                    "cluster {name:?} is already registered; `spur hub cluster add {name} \
+                     --rotate` issues a new token, `spur hub cluster revoke {name}` removes it"
+                )));
+            }
+            Some(_) => {
+                tx.execute(
+                    "UPDATE clusters SET token_hash = ?2, issued_ms = ?3, revoked_ms = NULL \
+                     WHERE name = ?1",
+                    params![name, hash, now],
+                )
+                .map_err(dbe)?;
+            }
+        }
+        tx.commit().map_err(dbe)?;
+        Ok(token)
+    }
+
+    /// Revokes `name`: its token stops working and the hub closes its sessions. Returns whether
+    /// it was active.
+    pub fn revoke_cluster(&self, name: &str) -> Result<bool, Error> {
+        let conn = self.conn();
+        let known: Option<Option<i64>> = conn
+            .query_row(
+                "SELECT revoked_ms FROM clusters WHERE name = ?1",
+                [name],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(dbe)?;
+        match known {
+            None => Err(Error::NotFound(format!("no cluster named {name:?}"))),
+            Some(Some(_)) => Ok(false),
+            Some(None) => {
+                conn.execute(
+                    "UPDATE clusters SET revoked_ms = ?2 WHERE name = ?1",
+                    params![name, now_ms()],
+                )
+                .map_err(dbe)?;
+                Ok(true)
+            }
+        }
+    }
+
+    pub fn clusters(&self) -> Result<Vec<Cluster>, Error> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare(
+                "SELECT name, created_ms, issued_ms, revoked_ms, last_seen_ms FROM clusters \
+                 ORDER BY name",
+            )
+            .map_err(dbe)?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(Cluster {
+                    name: r.get(0)?,
+                    created: at(r.get(1)?),
+                    issued: at(r.get(2)?),
+                    revoked: r.get::<_, Option<i64>>(3)?.map(at),
+                    last_seen: r.get::<_, Option<i64>>(4)?.map(at),
+                })
+            })
+            .map_err(dbe)?;
+        rows.collect::<Result<_, _>>().map_err(dbe)
+    }
+
+    /// The active cluster `token` belongs to, if any.
+    pub fn cluster_for_token(&self, token: &str) -> Result<Option<ClusterIdentity>, Error> {
+        if !token.starts_with(CLUSTER_TOKEN_PREFIX) {
+            return Ok(None);
+        }
+        let conn = self.conn();
+        conn.query_row(
+            "SELECT name, issued_ms FROM clusters WHERE token_hash = ?1 AND revoked_ms IS NULL",
+            [sha256(token)],
+            |r| {
+                Ok(ClusterIdentity {
+                    name: r.get(0)?,
+                    issued: at(r.get(1)?),
+                })
+            },
+        )
+        .optional()
+        .map_err(dbe)
+    }
+
+    /// Whether a session of `cluster` authenticated with a token issued at `issued` may stay:
+    /// the cluster is active and its token has not been rotated since.
+    pub fn session_valid(&self, cluster: &str, issued: SystemTime) -> Result<bool, Error> {
+        let conn = self.conn();
+        let current: Option<i64> = conn
+            .query_row(
+                "SELECT issued_ms FROM clusters WHERE name = ?1 AND revoked_ms IS NULL",
+                [cluster],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(dbe)?;
+        Ok(current.is_some_and(|ms| at(ms) == issued))
+    }
+
+    /// Records that `cluster` connected now.
+    pub fn touch_cluster(&self, cluster: &str) -> Result<(), Error> {
+        self.conn()
+            .execute(
+                "UPDATE clusters SET last_seen_ms = ?2 WHERE name = ?1",
+                params![cluster, now_ms()],
+            )
+            .map_err(dbe)?;
+        Ok(())
+    }
+
+    /// Creates API key `name` and returns the key (shown once).
+    pub fn add_api_key(&self, name: &str) -> Result<String, Error> {
+        check_name("API key", name)?;
+        let key = new_secret(API_KEY_PREFIX)?;
+        let conn = self.conn();
+        let inserted = conn
+            .execute(
+                "INSERT INTO api_keys (name, key_hash, created_ms) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (name) DO NOTHING",
+                params![name, sha256(&key), now_ms()],
+            )
+            .map_err(dbe)?;
+        if inserted == 0 {
+            return Err(Error::Conflict(format!(
+                "an API key named {name:?} exists (revoked keys keep their name for the audit)"
+            )));
+        }
+        Ok(key)
+    }
+
+    pub fn revoke_api_key(&self, name: &str) -> Result<bool, Error> {
+        let conn = self.conn();
+        let n = conn
+            .execute(
+                "UPDATE api_keys SET revoked_ms = ?2 WHERE name = ?1 AND revoked_ms IS NULL",
+                params![name, now_ms()],
+            )
+            .map_err(dbe)?;
+        if n == 1 {
+            return Ok(true);
+        }
+        let exists: bool = conn
+            .query_row("SELECT 1 FROM api_keys WHERE name = ?1", [name], |_| Ok(()))
+            .optional()
+            .map_err(dbe)?
+            .is_some();
+        if exists {
+            Ok(false)
+        } else {
+            Err(Error::NotFound(format!("no API key named {name:?}")))
+        }
+    }
+
+    pub fn api_keys(&self) -> Result<Vec<ApiKey>, Error> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare("SELECT name, created_ms, revoked_ms FROM api_keys ORDER BY name")
+            .map_err(dbe)?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(ApiKey {
+                    name: r.get(0)?,
+                    created: at(r.get(1)?),
+                    revoked: r.get::<_, Option<i64>>(2)?.map(at),
+                })
+            })
+            .map_err(dbe)?;
+        rows.collect::<Result<_, _>>().map_err(dbe)
+    }
+
+    /// The name of the active API key `key`, if it is one.
+    pub fn api_key_name(&self, key: &str) -> Result<Option<String>, Error> {
+        if !key.starts_with(API_KEY_PREFIX) {
+            return Ok(None);
+        }
+        self.conn()
+            .query_row(
+                "SELECT name FROM api_keys WHERE key_hash = ?1 AND revoked_ms IS NULL",
+                [sha256(key)],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(dbe)
+    }
+
+    /// A number that changes whenever another connection (the CLI) commits to the file.
+    pub fn data_version(&self) -> Result<i64, Error> {
+        self.conn()
+            .pragma_query_value(None, "data_version", |r| r.get(0))
+            .map_err(dbe)
+    }
+}
+
+fn check_name(what: &str, name: &str) -> Result<(), Error> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "{what} name {name:?}: use 1 to {MAX_NAME} lowercase letters, digits and '-', \
+             not starting or ending with '-'"
+        )))
+    }
+}
+
+/// `prefix` + 32 random bytes as lowercase hex.
+fn new_secret(prefix: &str) -> Result<String, Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| Error::Invalid(format!("no randomness: {e}")))?;
+    let mut s = String::with_capacity(prefix.len() + 64);
+    s.push_str(prefix);
+    for b in bytes {
+        s.push_str(&format!("{b:02x}"));
+    }
+    Ok(s)
+}
+
+pub(crate) fn sha256(secret: &str) -> Vec<u8> {
+    ring::digest::digest(&ring::digest::SHA256, secret.as_bytes())
+        .as_ref()
+        .to_vec()
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn at(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+fn dbe(e: rusqlite::Error) -> Error {
+    Error::Db(e.to_string())
+}
+
+fn db(path: &Path, e: rusqlite::Error) -> Error {
+    Error::Db(format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn clusters_register_authenticate_rotate_and_revoke() {
+        let s = Store::in_memory().unwrap();
+        let t1 = s.add_cluster("east", false).unwrap();
+        assert!(t1.starts_with(CLUSTER_TOKEN_PREFIX) && t1.len() == 6 + 64);
+        let id = s.cluster_for_token(&t1).unwrap().unwrap();
+        assert_eq!(id.name, "east");
+        assert!(s.session_valid("east", id.issued).unwrap());
+        assert!(matches!(s.add_cluster("east", false), Err(Error::Conflict(_))));
+        assert_eq!(s.cluster_for_token("spurc_00").unwrap(), None);
+        assert_eq!(s.cluster_for_token("").unwrap(), None);
+
+        std::thread::sleep(Duration::from_millis(2));
+        let t2 = s.add_cluster("east", true).unwrap();
+        assert_eq!(s.cluster_for_token(&t1).unwrap(), None, "rotated token still works");
+        assert!(!s.session_valid("east", id.issued).unwrap());
+        let id2 = s.cluster_for_token(&t2).unwrap().unwrap();
+
+        assert!(s.revoke_cluster("east").unwrap());
+        assert!(!s.revoke_cluster("east").unwrap());
+        assert_eq!(s.cluster_for_token(&t2).unwrap(), None);
+        assert!(!s.session_valid("east", id2.issued).unwrap());
+        assert!(matches!(s.revoke_cluster("west"), Err(Error::NotFound(_))));
+        let listed = s.clusters().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert!(listed[0].revoked.is_some());
+        // A revoked name can be registered again.
+        let t3 = s.add_cluster("east", false).unwrap();
+        assert!(s.cluster_for_token(&t3).unwrap().is_some());
+    }
+
+    #[test]
+    fn names_are_dns_labels() {
+        let s = Store::in_memory().unwrap();
+        for bad in ["", "-a", "a-", "A", "a_b", "a.b", &"a".repeat(64), "ä"] {
+            assert!(matches!(s.add_cluster(bad, false), Err(Error::Invalid(_))), "{bad}");
+            assert!(matches!(s.add_api_key(bad), Err(Error::Invalid(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn api_keys() {
+        let s = Store::in_memory().unwrap();
+        let k = s.add_api_key("ci").unwrap();
+        assert_eq!(s.api_key_name(&k).unwrap().as_deref(), Some("ci"));
+        assert!(matches!(s.add_api_key("ci"), Err(Error::Conflict(_))));
+        // A cluster token is not an API key, even with a matching hash table.
+        let t = s.add_cluster("c", false).unwrap();
+        assert_eq!(s.api_key_name(&t).unwrap(), None);
+        assert!(s.revoke_api_key("ci").unwrap());
+        assert_eq!(s.api_key_name(&k).unwrap(), None);
+        assert!(!s.revoke_api_key("ci").unwrap());
+        assert!(matches!(s.revoke_api_key("x"), Err(Error::NotFound(_))));
+    }
+
+    #[test]
+    fn state_survives_reopen_and_other_writers_are_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.db");
+        let hub = Store::open(&path).unwrap();
+        let cli = Store::open(&path).unwrap();
+        let v0 = hub.data_version().unwrap();
+        let token = cli.add_cluster("east", false).unwrap();
+        assert_ne!(hub.data_version().unwrap(), v0, "the hub does not see the CLI's write");
+        assert!(hub.cluster_for_token(&token).unwrap().is_some());
+        drop((hub, cli));
+        let again = Store::open(&path).unwrap();
+        assert_eq!(again.clusters().unwrap()[0].name, "east");
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.db");
+        drop(Store::open(&path).unwrap());
+        Connection::open(&path)
+            .unwrap()
+            .pragma_update(None, "user_version", 99)
+            .unwrap();
+        let err = Store::open(&path).unwrap_err().to_string();
+        assert!(err.contains("newer"), "{err}");
+    }
+}
