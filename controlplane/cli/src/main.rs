@@ -3,6 +3,7 @@
 mod demo;
 mod demo_app;
 mod front_door;
+mod hub;
 mod local;
 mod operator;
 mod routeserver;
@@ -40,6 +41,11 @@ enum Command {
     /// Run the in-cluster end of workstation tunnels (QUIC and HTTP/2-over-TLS sessions, the
     /// tunnel API, reverse listeners for local workloads, SOCKS5 and HTTP CONNECT).
     TunnelProxy(Box<tunnelproxy::TunnelProxyArgs>),
+    /// The self-hosted hub that clusters dial out to: `serve`, and its registry of clusters
+    /// and API keys (docs/hub.md).
+    Hub(Box<hub::HubArgs>),
+    /// The in-cluster agent: keeps a tunnel to the hub and serves the streams it opens.
+    Agent(Box<hub::AgentArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -50,7 +56,11 @@ fn main() -> std::process::ExitCode {
         Command::Demo(_) => "warn",
         // `spur local` prints its own progress lines; the tunnel library's would repeat them.
         Command::Local(_) => "warn,spur_tunnel=error",
-        Command::Routeserver(_) | Command::Operator(_) | Command::TunnelProxy(_) => "info",
+        Command::Routeserver(_)
+        | Command::Operator(_)
+        | Command::TunnelProxy(_)
+        | Command::Hub(_)
+        | Command::Agent(_) => "info",
     });
     // Tunnels run on one thread, at both ends: a tunnel is one QUIC connection, whose driver,
     // endpoint and stream copies hand each packet to one another. On one thread those hand-offs
@@ -59,7 +69,7 @@ fn main() -> std::process::ExitCode {
     // The tunnel proxy runs its Kubernetes side on a second thread (tunnelproxy.rs). The other
     // servers keep a thread per core.
     let mut builder = match cli.command {
-        Command::Local(_) | Command::TunnelProxy(_) => {
+        Command::Local(_) | Command::TunnelProxy(_) | Command::Agent(_) => {
             tokio::runtime::Builder::new_current_thread()
         }
         _ => tokio::runtime::Builder::new_multi_thread(),
@@ -78,6 +88,8 @@ fn main() -> std::process::ExitCode {
             Command::Routeserver(args) => routeserver::run(args).await,
             Command::Operator(args) => operator::run(*args).await,
             Command::TunnelProxy(args) => tunnelproxy::run(*args).await,
+            Command::Hub(args) => hub::run(*args).await,
+            Command::Agent(args) => hub::agent(*args).await,
         }
     });
     match result {

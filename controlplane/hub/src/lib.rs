@@ -5,6 +5,10 @@
 //! `spur-tunnel`: QUIC with HTTP/2-over-TLS fallback) and serves the streams the hub opens.
 //! The cluster never accepts an inbound connection. See `docs/hub.md`.
 
+pub mod agent;
+pub mod clusters;
+pub mod protocol;
+pub mod server;
 pub mod store;
 
 pub use store::Store;
@@ -20,8 +24,19 @@ pub enum Error {
     Conflict(String),
     #[error("{0}")]
     NotFound(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
     #[error("tunnel: {0}")]
     Tunnel(#[from] spur_tunnel::Error),
     #[error("{0}")]
     Config(String),
+    /// The cluster or its agent cannot be reached now.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The agent or the target behind it failed.
+    #[error("{0}")]
+    Upstream(String),
+    /// The hub refused the agent for good (unknown or revoked token).
+    #[error("refused by the hub: {0}")]
+    Refused(String),
 }

@@ -25,6 +25,12 @@ CREATE TABLE clusters (
     revoked_ms  INTEGER,
     last_seen_ms INTEGER
 ) STRICT;
+-- The hub's own CA (one row): it signs the serving certificate when the user brings none.
+CREATE TABLE ca (
+    id          INTEGER PRIMARY KEY CHECK (id = 1),
+    cert_pem    TEXT NOT NULL,
+    key_pem     TEXT NOT NULL
+) STRICT;
 CREATE TABLE api_keys (
     name        TEXT PRIMARY KEY NOT NULL,
     key_hash    BLOB NOT NULL UNIQUE,
@@ -352,12 +358,45 @@ impl Store {
             .map_err(dbe)
     }
 
+    /// The hub's CA (certificate and key, PEM), made by `create` on first use. Two hubs
+    /// starting at once on one file agree: the insert is conditional and the winner is read back.
+    pub fn ca_or_create(
+        &self,
+        create: impl FnOnce() -> Result<(String, String), Error>,
+    ) -> Result<(String, String), Error> {
+        let read = |conn: &Connection| {
+            conn.query_row("SELECT cert_pem, key_pem FROM ca WHERE id = 1", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()
+            .map_err(dbe)
+        };
+        if let Some(ca) = read(&self.conn())? {
+            return Ok(ca);
+        }
+        let (cert, key) = create()?;
+        let conn = self.conn();
+        conn.execute(
+            "INSERT INTO ca (id, cert_pem, key_pem) VALUES (1, ?1, ?2) ON CONFLICT DO NOTHING",
+            params![cert, key],
+        )
+        .map_err(dbe)?;
+        read(&conn)?.ok_or_else(|| Error::Db("the CA row vanished".into()))
+    }
+
     /// A number that changes whenever another connection (the CLI) commits to the file.
     pub fn data_version(&self) -> Result<i64, Error> {
         self.conn()
             .pragma_query_value(None, "data_version", |r| r.get(0))
             .map_err(dbe)
     }
+}
+
+/// SQLite's `PRAGMA integrity_check` of the file at `path`: `"ok"` when sound.
+pub fn integrity_check(path: &Path) -> Result<String, Error> {
+    let conn = Connection::open(path).map_err(|e| db(path, e))?;
+    conn.pragma_query_value(None, "integrity_check", |r| r.get(0))
+        .map_err(|e| db(path, e))
 }
 
 fn check_name(what: &str, name: &str) -> Result<(), Error> {
@@ -427,13 +466,20 @@ mod tests {
         let id = s.cluster_for_token(&t1).unwrap().unwrap();
         assert_eq!(id.name, "east");
         assert!(s.session_valid("east", id.issued).unwrap());
-        assert!(matches!(s.add_cluster("east", false), Err(Error::Conflict(_))));
+        assert!(matches!(
+            s.add_cluster("east", false),
+            Err(Error::Conflict(_))
+        ));
         assert_eq!(s.cluster_for_token("spurc_00").unwrap(), None);
         assert_eq!(s.cluster_for_token("").unwrap(), None);
 
         std::thread::sleep(Duration::from_millis(2));
         let t2 = s.add_cluster("east", true).unwrap();
-        assert_eq!(s.cluster_for_token(&t1).unwrap(), None, "rotated token still works");
+        assert_eq!(
+            s.cluster_for_token(&t1).unwrap(),
+            None,
+            "rotated token still works"
+        );
         assert!(!s.session_valid("east", id.issued).unwrap());
         let id2 = s.cluster_for_token(&t2).unwrap().unwrap();
 
@@ -454,8 +500,14 @@ mod tests {
     fn names_are_dns_labels() {
         let s = Store::in_memory().unwrap();
         for bad in ["", "-a", "a-", "A", "a_b", "a.b", &"a".repeat(64), "ä"] {
-            assert!(matches!(s.add_cluster(bad, false), Err(Error::Invalid(_))), "{bad}");
-            assert!(matches!(s.add_api_key(bad), Err(Error::Invalid(_))), "{bad}");
+            assert!(
+                matches!(s.add_cluster(bad, false), Err(Error::Invalid(_))),
+                "{bad}"
+            );
+            assert!(
+                matches!(s.add_api_key(bad), Err(Error::Invalid(_))),
+                "{bad}"
+            );
         }
     }
 
@@ -482,11 +534,24 @@ mod tests {
         let cli = Store::open(&path).unwrap();
         let v0 = hub.data_version().unwrap();
         let token = cli.add_cluster("east", false).unwrap();
-        assert_ne!(hub.data_version().unwrap(), v0, "the hub does not see the CLI's write");
+        assert_ne!(
+            hub.data_version().unwrap(),
+            v0,
+            "the hub does not see the CLI's write"
+        );
         assert!(hub.cluster_for_token(&token).unwrap().is_some());
         drop((hub, cli));
         let again = Store::open(&path).unwrap();
         assert_eq!(again.clusters().unwrap()[0].name, "east");
+    }
+
+    #[test]
+    fn the_ca_is_made_once() {
+        let s = Store::in_memory().unwrap();
+        let a = s.ca_or_create(|| Ok(("c1".into(), "k1".into()))).unwrap();
+        let b = s.ca_or_create(|| Ok(("c2".into(), "k2".into()))).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.0, "c1");
     }
 
     #[test]

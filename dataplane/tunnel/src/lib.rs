@@ -57,7 +57,7 @@ pub use session::{Binds, CloseReason, Initiator};
 pub use stream::{Incoming, Stream};
 pub use wire::{
     H2_ALPN, H2_CONTROL_PATH, H2_STREAM_PATH, MAX_BIND_ID, MAX_BIND_META, PROTOCOL_VERSION,
-    QUIC_ALPN, RefusalCode, StreamHeader, StreamKind, Token,
+    QUIC_ALPN, RefusalCode, StreamHeader, StreamKind, Token, read_frame, write_frame,
 };
 
 /// The transport a session runs on.

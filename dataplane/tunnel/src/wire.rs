@@ -308,7 +308,9 @@ pub(crate) fn encode<T: Serialize>(msg: &T, max: usize) -> Result<BytesMut, Erro
     Ok(buf)
 }
 
-pub(crate) async fn write_frame<W, T>(w: &mut W, msg: &T, max: usize) -> Result<(), Error>
+/// Writes one frame: a big-endian u32 length, then `msg` as JSON; refused beyond `max` bytes.
+/// Also for protocols layered on a stream (the hub's, `spur-hub`).
+pub async fn write_frame<W, T>(w: &mut W, msg: &T, max: usize) -> Result<(), Error>
 where
     W: AsyncWrite + Unpin,
     T: Serialize,
@@ -321,7 +323,7 @@ where
 
 /// Reads one frame. `Ok(None)` is a clean end of stream before the frame started. The length
 /// is checked against `max` before anything is allocated.
-pub(crate) async fn read_frame<R, T>(r: &mut R, max: usize) -> Result<Option<T>, Error>
+pub async fn read_frame<R, T>(r: &mut R, max: usize) -> Result<Option<T>, Error>
 where
     R: AsyncRead + Unpin,
     T: DeserializeOwned,

@@ -1,0 +1,442 @@
+//! `spur hub` (the self-hosted hub: `serve`, and the registry commands that edit its database
+//! directly, also while it runs) and `spur agent` (the in-cluster end that dials the hub).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context as _, Result, bail};
+use axum::Router;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use clap::{Args, Subcommand};
+use prometheus_client::registry::Registry;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use spur_hub::Store;
+use spur_hub::server::{Hub, HubConfig, TlsSource};
+use spur_tunnel::{ClientConfig, ClientTls, SessionState, Token, TransportPolicy};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Args)]
+pub(crate) struct HubArgs {
+    #[command(subcommand)]
+    command: HubCommand,
+}
+
+#[derive(Args, Clone)]
+struct DbArg {
+    /// The hub's database (SQLite; created when missing).
+    #[arg(long, env = "SPUR_HUB_DB", default_value = "spur-hub.db")]
+    db: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum HubCommand {
+    /// Run the hub: the agents' tunnel listener (QUIC and HTTP/2 over TLS on one port).
+    Serve(ServeArgs),
+    /// Register, list and revoke clusters.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+    /// Create, list and revoke API keys (for previews and the web view).
+    #[command(subcommand)]
+    Apikey(ApiKeyCommand),
+    /// Print the hub's CA certificate (PEM), which agents trust when the hub issues its own
+    /// certificate. Made on first use.
+    Ca(DbArg),
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Register a cluster and print its token (shown once; only its hash is stored).
+    Add {
+        /// A DNS label.
+        name: String,
+        /// Issue a new token for a registered cluster; the old one stops working and its
+        /// session is closed.
+        #[arg(long)]
+        rotate: bool,
+        #[command(flatten)]
+        db: DbArg,
+    },
+    List(DbArg),
+    /// Revoke a cluster's token; a running hub closes its session within a second.
+    Revoke {
+        name: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
+}
+
+#[derive(Subcommand)]
+enum ApiKeyCommand {
+    /// Create an API key and print it (shown once).
+    Add {
+        name: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
+    List(DbArg),
+    Revoke {
+        name: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
+}
+
+#[derive(Args)]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    db: DbArg,
+    /// Address of the agents' tunnel listener: QUIC on UDP and HTTP/2 over TLS on TCP.
+    #[arg(long, env = "SPUR_HUB_TUNNEL_ADDR", default_value = "0.0.0.0:8443")]
+    tunnel_addr: SocketAddr,
+    /// Serve QUIC on the tunnel address (agents fall back to HTTP/2 without it).
+    #[arg(long, env = "SPUR_HUB_QUIC", default_value_t = true, action = clap::ArgAction::Set)]
+    quic: bool,
+    /// Names (DNS or IP) of the certificate the hub issues itself from its CA (repeatable).
+    /// Ignored with --tls-cert.
+    #[arg(
+        long = "name",
+        env = "SPUR_HUB_NAMES",
+        value_delimiter = ',',
+        default_value = "localhost"
+    )]
+    names: Vec<String>,
+    /// A serving certificate chain (PEM) to use instead of one from the hub's CA.
+    #[arg(long, env = "SPUR_HUB_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, env = "SPUR_HUB_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// How often the database is checked for revocations made by `spur hub cluster revoke`.
+    #[arg(long, env = "SPUR_HUB_REVOCATION_POLL_MS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    revocation_poll_ms: u64,
+    /// Address of /metrics and /healthz.
+    #[arg(long, env = "SPUR_HUB_METRICS_ADDR", default_value = "127.0.0.1:9090")]
+    metrics_addr: SocketAddr,
+    /// Seconds agents' streams get to finish on SIGTERM.
+    #[arg(long, env = "SPUR_HUB_DRAIN_GRACE", default_value_t = 10)]
+    drain_grace: u64,
+}
+
+fn open_store(db: &Path) -> Result<Store> {
+    Ok(Store::open(db)?)
+}
+
+fn ago(t: Option<SystemTime>) -> String {
+    match t.and_then(|t| SystemTime::now().duration_since(t).ok()) {
+        None => "-".into(),
+        Some(d) if d.as_secs() < 120 => format!("{}s ago", d.as_secs()),
+        Some(d) if d.as_secs() < 7200 => format!("{}m ago", d.as_secs() / 60),
+        Some(d) if d.as_secs() < 172_800 => format!("{}h ago", d.as_secs() / 3600),
+        Some(d) => format!("{}d ago", d.as_secs() / 86_400),
+    }
+}
+
+pub(crate) async fn run(args: HubArgs) -> Result<ExitCode> {
+    match args.command {
+        HubCommand::Serve(args) => serve(args).await,
+        HubCommand::Cluster(ClusterCommand::Add { name, rotate, db }) => {
+            let token = open_store(&db.db)?.add_cluster(&name, rotate)?;
+            eprintln!("cluster {name} registered; give this token to its agent (shown once):");
+            println!("{token}");
+            Ok(ExitCode::SUCCESS)
+        }
+        HubCommand::Cluster(ClusterCommand::List(db)) => {
+            println!(
+                "{:<24} {:<10} {:<14} {:<14}",
+                "NAME", "STATUS", "CREATED", "LAST SEEN"
+            );
+            for c in open_store(&db.db)?.clusters()? {
+                let status = if c.revoked.is_some() {
+                    "revoked"
+                } else {
+                    "active"
+                };
+                println!(
+                    "{:<24} {:<10} {:<14} {:<14}",
+                    c.name,
+                    status,
+                    ago(Some(c.created)),
+                    ago(c.last_seen)
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        HubCommand::Cluster(ClusterCommand::Revoke { name, db }) => {
+            if open_store(&db.db)?.revoke_cluster(&name)? {
+                eprintln!("cluster {name} revoked; a running hub closes its session");
+            } else {
+                eprintln!("cluster {name} was already revoked");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        HubCommand::Apikey(ApiKeyCommand::Add { name, db }) => {
+            let key = open_store(&db.db)?.add_api_key(&name)?;
+            eprintln!("API key {name} created (shown once):");
+            println!("{key}");
+            Ok(ExitCode::SUCCESS)
+        }
+        HubCommand::Apikey(ApiKeyCommand::List(db)) => {
+            println!("{:<24} {:<10} {:<14}", "NAME", "STATUS", "CREATED");
+            for k in open_store(&db.db)?.api_keys()? {
+                let status = if k.revoked.is_some() {
+                    "revoked"
+                } else {
+                    "active"
+                };
+                println!("{:<24} {:<10} {:<14}", k.name, status, ago(Some(k.created)));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        HubCommand::Apikey(ApiKeyCommand::Revoke { name, db }) => {
+            if open_store(&db.db)?.revoke_api_key(&name)? {
+                eprintln!("API key {name} revoked");
+            } else {
+                eprintln!("API key {name} was already revoked");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        HubCommand::Ca(db) => {
+            let ca = spur_hub::server::hub_ca(&open_store(&db.db)?)?;
+            print!("{}", ca.cert);
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// /healthz, /metrics (and /readyz from `ready`) on `addr`, until `stop`.
+async fn serve_health(
+    addr: SocketAddr,
+    registry: Registry,
+    ready: impl Fn() -> bool + Clone + Send + Sync + 'static,
+    stop: CancellationToken,
+) -> Result<tokio::task::JoinHandle<std::io::Result<()>>> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot bind the metrics address {addr}"))?;
+    let registry = Arc::new(registry);
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.clone();
+                async move {
+                    if ready() {
+                        (http::StatusCode::OK, "ready\n")
+                    } else {
+                        (http::StatusCode::SERVICE_UNAVAILABLE, "not connected\n")
+                    }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let registry = registry.clone();
+                async move {
+                    let mut out = String::new();
+                    match prometheus_client::encoding::text::encode(&mut out, &registry) {
+                        Ok(()) => out.into_response(),
+                        Err(_) => (
+                            http::StatusCode::INTERNAL_SERVER_ERROR,
+                            "cannot encode metrics\n",
+                        )
+                            .into_response(),
+                    }
+                }
+            }),
+        );
+    Ok(tokio::spawn(async move {
+        axum::serve(
+            crate::front_door::Guarded(listener),
+            crate::front_door::layer(app),
+        )
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await
+    }))
+}
+
+async fn serve(args: ServeArgs) -> Result<ExitCode> {
+    let shutdown = spur_runtime::shutdown_signal();
+    let store = open_store(&args.db.db)?;
+    let tls = match (args.tls_cert, args.tls_key) {
+        (Some(cert), Some(key)) => TlsSource::Files { cert, key },
+        _ => TlsSource::OwnCa { names: args.names },
+    };
+    let mut registry = Registry::with_prefix("spur_hub");
+    let hub = Hub::start(
+        HubConfig {
+            tunnel_quic: args.quic.then_some(args.tunnel_addr),
+            tunnel_h2: Some(args.tunnel_addr),
+            tls,
+            revocation_poll: Duration::from_millis(args.revocation_poll_ms),
+        },
+        store,
+        &mut registry,
+    )
+    .await?;
+    tracing::info!(
+        quic = ?hub.tunnel_quic_addr(),
+        h2 = ?hub.tunnel_h2_addr(),
+        db = %args.db.db.display(),
+        "hub started"
+    );
+    let stop = CancellationToken::new();
+    let http = serve_health(args.metrics_addr, registry, || true, stop.clone()).await?;
+    let run = hub.run(stop.clone(), Duration::from_secs(args.drain_grace));
+    tokio::pin!(run);
+    tokio::select! {
+        () = shutdown => {
+            tracing::info!("shutting down: agents are told to go away and reconnect");
+            stop.cancel();
+            run.await;
+        }
+        () = &mut run => {}
+    }
+    stop.cancel();
+    http.await.context("metrics server panicked")??;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args)]
+pub(crate) struct AgentArgs {
+    /// The hub's tunnel address, HOST:PORT (QUIC and HTTP/2 over TLS).
+    #[arg(long, env = "SPUR_HUB_ADDR")]
+    hub: String,
+    /// The name the hub's certificate carries (default: HOST of --hub).
+    #[arg(long, env = "SPUR_HUB_SERVER_NAME")]
+    hub_server_name: Option<String>,
+    /// CA certificate(s) (PEM) the hub's certificate chains to (`spur hub ca`).
+    #[arg(long, env = "SPUR_HUB_CA")]
+    hub_ca: PathBuf,
+    /// File holding the cluster token (`spur hub cluster add`); the env var SPUR_HUB_TOKEN
+    /// is read when this is not given.
+    #[arg(long, env = "SPUR_HUB_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// quic-then-h2 (default), h2-then-quic, quic or h2.
+    #[arg(long, env = "SPUR_HUB_TRANSPORT", default_value = "quic-then-h2")]
+    transport: String,
+    /// Host suffixes the hub may reach in the cluster (comma-separated). A leading dot means
+    /// names below it only.
+    #[arg(
+        long,
+        env = "SPUR_AGENT_TARGET_SUFFIXES",
+        value_delimiter = ',',
+        default_value = ".svc,.svc.cluster.local"
+    )]
+    target_suffix: Vec<String>,
+    /// Run without Kubernetes access (only TCP targets); for tests and non-Kubernetes hosts.
+    #[arg(long)]
+    no_kube: bool,
+    /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, env = "SPUR_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Address of /healthz, /readyz (connected to the hub) and /metrics.
+    #[arg(long, env = "SPUR_AGENT_HEALTH_ADDR", default_value = "0.0.0.0:8080")]
+    health_addr: SocketAddr,
+}
+
+pub(crate) async fn agent(args: AgentArgs) -> Result<ExitCode> {
+    let shutdown = spur_runtime::shutdown_signal();
+    let token = match &args.token_file {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the token file {}", path.display()))?,
+        None => std::env::var("SPUR_HUB_TOKEN")
+            .context("no cluster token: set --token-file or SPUR_HUB_TOKEN")?,
+    };
+    let token = token.trim().to_owned();
+    if token.is_empty() {
+        bail!("the cluster token is empty");
+    }
+    let ca = std::fs::read(&args.hub_ca)
+        .with_context(|| format!("cannot read the hub CA {}", args.hub_ca.display()))?;
+    let roots = CertificateDer::pem_slice_iter(&ca)
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("{}: not PEM certificates", args.hub_ca.display()))?;
+    let host = match args.hub.rsplit_once(':') {
+        Some((host, port)) if port.parse::<u16>().is_ok() => host.trim_matches(['[', ']']),
+        _ => bail!("--hub {:?}: expected HOST:PORT", args.hub),
+    };
+    let server_name = args
+        .hub_server_name
+        .clone()
+        .unwrap_or_else(|| host.to_owned());
+    let mut client = ClientConfig::new(
+        server_name,
+        ClientTls {
+            roots,
+            client_cert: None,
+        },
+    );
+    client.quic_addr = Some(args.hub.clone());
+    client.h2_addr = Some(args.hub.clone());
+    client.transports = match args.transport.as_str() {
+        "quic-then-h2" => TransportPolicy::QuicThenH2,
+        "h2-then-quic" => TransportPolicy::H2ThenQuic,
+        "quic" => TransportPolicy::QuicOnly,
+        "h2" => TransportPolicy::H2Only,
+        other => bail!("--transport {other:?}: expected quic-then-h2, h2-then-quic, quic or h2"),
+    };
+    client.token = Some(Token::new(token));
+    client.client_name = "spur-agent".into();
+    let kube = if args.no_kube {
+        None
+    } else {
+        Some(crate::kube_client(args.kubeconfig.as_deref()).await?)
+    };
+    let mut registry = Registry::with_prefix("spur_agent");
+    let agent = spur_hub::agent::Agent::start(
+        client,
+        kube,
+        spur_hub::agent::Scope {
+            target_suffixes: args.target_suffix,
+            ..spur_hub::agent::Scope::default()
+        },
+        &mut registry,
+    )?;
+    let state = agent.state();
+    let mut log_state = agent.state();
+    tokio::spawn(async move {
+        while log_state.changed().await.is_ok() {
+            let s = log_state.borrow_and_update().clone();
+            match s {
+                SessionState::Connected {
+                    transport,
+                    identity,
+                    ..
+                } => {
+                    tracing::info!(cluster = %identity, transport = transport.as_str(), "connected to the hub")
+                }
+                SessionState::Disconnected { reason, retry_in } => {
+                    tracing::warn!(%reason, ?retry_in, "disconnected from the hub")
+                }
+                SessionState::Closed { reason } => {
+                    tracing::error!(%reason, "the hub refused this agent")
+                }
+                SessionState::Connecting { .. } => {}
+            }
+        }
+    });
+    let stop = CancellationToken::new();
+    let ready = move || matches!(*state.borrow(), SessionState::Connected { .. });
+    let http = serve_health(args.health_addr, registry, ready, stop.clone()).await?;
+    let run = agent.run(stop.clone());
+    tokio::pin!(run);
+    let result = tokio::select! {
+        () = shutdown => {
+            tracing::info!("shutting down");
+            stop.cancel();
+            run.await
+        }
+        r = &mut run => r,
+    };
+    stop.cancel();
+    http.await.context("health server panicked")??;
+    result?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,235 @@
+//! `spur hub` and `spur agent` as shipped binaries, on loopback: the agent connects with its
+//! cluster token and reports ready; a hub killed with SIGKILL and started again is reconnected
+//! to without any manual step; a revoked cluster's session closes within seconds and its agent
+//! exits with the reason; a wrong token is refused; the registry survives processes killed in
+//! the middle of a write.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SPUR: &str = env!("CARGO_BIN_EXE_spur");
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spur(dir: &Path, args: &[&str]) -> std::process::Output {
+    let out = Command::new(SPUR)
+        .current_dir(dir)
+        .args(args)
+        .env("SPUR_HUB_DB", dir.join("hub.db"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "spur {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A port free on both TCP and UDP (the hub serves HTTP/2 and QUIC on one port), both probes
+/// held until it is known.
+fn free_port() -> u16 {
+    loop {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = tcp.local_addr().unwrap().port();
+        if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+fn start_hub(dir: &Path, port: u16) -> Killed {
+    Killed(
+        Command::new(SPUR)
+            .current_dir(dir)
+            .args([
+                "hub",
+                "serve",
+                "--db",
+                "hub.db",
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ])
+            .args(["--tunnel-addr", &format!("127.0.0.1:{port}")])
+            .args(["--revocation-poll-ms", "200"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join(format!("hub-{port}.log"))).unwrap())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+fn start_agent(dir: &Path, port: u16, token_file: &str, health: SocketAddr) -> Killed {
+    Killed(
+        Command::new(SPUR)
+            .current_dir(dir)
+            .args(["agent", "--hub", &format!("127.0.0.1:{port}")])
+            .args(["--hub-server-name", "localhost", "--hub-ca", "ca.pem"])
+            .args(["--token-file", token_file, "--no-kube"])
+            .args(["--health-addr", &health.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// GET `path` on `addr` with a raw HTTP/1.1 request; the status code, or None.
+fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.split(' ').nth(1)?.parse().ok()
+}
+
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    start.elapsed()
+}
+
+fn health_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+#[test]
+fn agent_connects_survives_a_hub_restart_and_is_cut_off_by_revocation() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let token = spur(d, &["hub", "cluster", "add", "east"]).stdout;
+    std::fs::write(d.join("east.token"), &token).unwrap();
+    std::fs::write(d.join("bad.token"), "spurc_0123456789abcdef").unwrap();
+    let ca = spur(d, &["hub", "ca"]).stdout;
+    std::fs::write(d.join("ca.pem"), ca).unwrap();
+
+    let port = free_port();
+    let mut hub = start_hub(d, port);
+    let health = health_addr();
+    let mut agent = start_agent(d, port, "east.token", health);
+    let took = wait_until("the agent to be ready", Duration::from_secs(20), || {
+        http_status(health, "/readyz") == Some(200)
+    });
+    eprintln!("agent ready after {took:?}");
+    let listed = String::from_utf8(spur(d, &["hub", "cluster", "list"]).stdout).unwrap();
+    assert!(
+        listed.contains("east") && listed.contains("active"),
+        "{listed}"
+    );
+
+    // A wrong token: refused, and the agent exits saying so (no retry loop on a bad secret).
+    let bad_health = health_addr();
+    let mut bad = start_agent(d, port, "bad.token", bad_health);
+    let exit = wait_for_exit(&mut bad.0, Duration::from_secs(20));
+    assert!(!exit.0.success());
+    assert!(
+        exit.1.contains("unknown or revoked cluster token"),
+        "{}",
+        exit.1
+    );
+
+    // The hub dies without warning and comes back: the agent reconnects on its own.
+    hub.0.kill().unwrap();
+    hub.0.wait().unwrap();
+    wait_until(
+        "the agent to notice the hub is gone",
+        Duration::from_secs(30),
+        || http_status(health, "/readyz") == Some(503),
+    );
+    let hub2 = start_hub(d, port);
+    let took = wait_until("the agent to reconnect", Duration::from_secs(30), || {
+        http_status(health, "/readyz") == Some(200)
+    });
+    eprintln!("agent reconnected {took:?} after the hub restarted");
+
+    // Revocation from the CLI while both run: the session ends and the agent exits.
+    let revoked = Instant::now();
+    spur(d, &["hub", "cluster", "revoke", "east"]);
+    let exit = wait_for_exit(&mut agent.0, Duration::from_secs(10));
+    eprintln!("agent exited {:?} after the revocation", revoked.elapsed());
+    assert!(!exit.0.success());
+    assert!(exit.1.contains("revoked"), "{}", exit.1);
+    drop(hub2);
+}
+
+/// Waits for `child` to exit; its status and stderr.
+fn wait_for_exit(child: &mut Child, limit: Duration) -> (std::process::ExitStatus, String) {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            return (status, err);
+        }
+        assert!(
+            start.elapsed() < limit,
+            "the process did not exit within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn registry_writes_killed_midway_lose_nothing_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    spur(d, &["hub", "cluster", "add", "first"]);
+    let mut kept = Vec::new();
+    for i in 0..30u64 {
+        let mut child = Command::new(SPUR)
+            .current_dir(d)
+            .args(["hub", "cluster", "add", &format!("c{i}"), "--db", "hub.db"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Kill at a different point of the process's life each time (start-up, open, commit).
+        std::thread::sleep(Duration::from_micros(i * 700));
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        let token = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        if out.status.success() && !token.is_empty() {
+            kept.push((format!("c{i}"), token));
+        }
+    }
+    eprintln!("{} of 30 adds finished before the kill", kept.len());
+    let check = rusqlite_check(d);
+    assert_eq!(check, "ok");
+    // Every add that reported a token is there, and its token works.
+    let store = spur_hub::Store::open(&d.join("hub.db")).unwrap();
+    for (name, token) in &kept {
+        let id = store.cluster_for_token(token).unwrap();
+        assert_eq!(id.map(|c| c.name).as_deref(), Some(name.as_str()));
+    }
+    // And the file still takes writes.
+    spur(d, &["hub", "cluster", "add", "last"]);
+}
+
+fn rusqlite_check(d: &Path) -> String {
+    spur_hub::store::integrity_check(&d.join("hub.db")).unwrap()
+}

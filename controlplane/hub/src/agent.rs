@@ -1,0 +1,368 @@
+//! `spur agent`: runs in a cluster, keeps one tunnel session to the hub (dialling out; the
+//! cluster accepts nothing inbound) and serves the streams the hub opens on its reverse
+//! listener: TCP connections to in-cluster targets and a scoped, read-only proxy to the
+//! Kubernetes API. Reconnects (backoff with jitter) are the tunnel client's.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
+use hyper_util::rt::TokioIo;
+use spur_tunnel::{Incoming, SessionState, TunnelClient};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::Error;
+use crate::protocol::{AGENT_BIND, AgentInfo, Answer, MAX_FRAME, Open};
+
+/// What the agent lets the hub do.
+#[derive(Clone, Debug)]
+pub struct Scope {
+    /// Host suffixes a TCP stream may connect to (in-cluster Service names). An IP address or
+    /// any other name is refused, so a hub cannot use the agent to reach arbitrary addresses.
+    pub target_suffixes: Vec<String>,
+    /// How long connecting to a target may take.
+    pub connect_timeout: Duration,
+}
+
+impl Default for Scope {
+    fn default() -> Self {
+        Scope {
+            target_suffixes: vec![".svc".into(), ".svc.cluster.local".into()],
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Scope {
+    /// Whether `host` may be reached: a DNS name under an allowed suffix. A suffix with a
+    /// leading dot (`.svc`) matches names below it only; one without (`localhost`) matches the
+    /// name itself as well.
+    pub fn allows(&self, host: &str) -> bool {
+        let host = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
+        if host.parse::<std::net::IpAddr>().is_ok() {
+            return false;
+        }
+        self.target_suffixes
+            .iter()
+            .any(|s| match s.strip_prefix('.') {
+                Some(_) => host.len() > s.len() && host.ends_with(s.as_str()),
+                None => {
+                    host == *s
+                        || (host.len() > s.len() + 1
+                            && host.ends_with(s.as_str())
+                            && host.as_bytes()[host.len() - s.len() - 1] == b'.')
+                }
+            })
+    }
+}
+
+/// The running agent.
+pub struct Agent {
+    client: Arc<TunnelClient>,
+    kube: Option<kube::Client>,
+    scope: Arc<Scope>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("scope", &self.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Agent {
+    /// Starts the tunnel client (it connects in the background).
+    pub fn start(
+        client: spur_tunnel::ClientConfig,
+        kube: Option<kube::Client>,
+        scope: Scope,
+        registry: &mut prometheus_client::registry::Registry,
+    ) -> Result<Agent, Error> {
+        let client = TunnelClient::start(client, registry)?;
+        Ok(Agent {
+            client: Arc::new(client),
+            kube,
+            scope: Arc::new(scope),
+        })
+    }
+
+    /// The tunnel session's state (for readiness).
+    pub fn state(&self) -> watch::Receiver<SessionState> {
+        self.client.state()
+    }
+
+    /// Serves the hub's streams until `stop`, or until the hub refuses the agent for good (an
+    /// unknown or revoked token), which is returned as an error.
+    pub async fn run(&self, stop: CancellationToken) -> Result<(), Error> {
+        let meta = serde_json::to_string(&AgentInfo {
+            version: env!("CARGO_PKG_VERSION").into(),
+        })
+        .map_err(|e| Error::Config(e.to_string()))?;
+        let mut state = self.client.state();
+        let bind = tokio::select! {
+            b = self.client.bind(AGENT_BIND, &meta) => b,
+            () = stop.cancelled() => return Ok(()),
+            r = closed(&mut state) => return Err(r),
+        };
+        let mut listener = match bind {
+            Ok(l) => l,
+            Err(e) => {
+                // Without a session yet, `bind` gives up after the client's open wait; the
+                // state says why (refused, unreachable).
+                let now = self.client.state().borrow().clone();
+                return Err(Error::Config(format!(
+                    "cannot register with the hub: {e} ({now:?})"
+                )));
+            }
+        };
+        let streams = tokio_util::task::TaskTracker::new();
+        let result = loop {
+            tokio::select! {
+                incoming = listener.accept() => match incoming {
+                    Some(incoming) => {
+                        let kube = self.kube.clone();
+                        let scope = self.scope.clone();
+                        streams.spawn(async move {
+                            if let Err(e) = serve_stream(incoming, kube, &scope).await {
+                                tracing::debug!("hub stream: {e}");
+                            }
+                        });
+                    }
+                    // The listener ends when the client closes for good; its state says why.
+                    None => break Err(match &*self.client.state().borrow() {
+                        SessionState::Closed { reason } => Error::Refused(reason.clone()),
+                        _ => Error::Refused("the hub refused the agent's listener".into()),
+                    }),
+                },
+                () = stop.cancelled() => break Ok(()),
+                r = closed(&mut state) => break Err(r),
+            }
+        };
+        drop(listener);
+        streams.close();
+        // In-flight requests get a moment; the tunnel's own drain bounds the rest.
+        let _ = tokio::time::timeout(Duration::from_secs(10), streams.wait()).await;
+        self.client.close(Duration::from_secs(5)).await;
+        result
+    }
+}
+
+/// Resolves when the client gives up for good (refused without retry, or closed).
+async fn closed(state: &mut watch::Receiver<SessionState>) -> Error {
+    loop {
+        if let SessionState::Closed { reason } = &*state.borrow_and_update() {
+            return Error::Refused(reason.clone());
+        }
+        if state.changed().await.is_err() {
+            return Error::Refused("the tunnel client stopped".into());
+        }
+    }
+}
+
+async fn serve_stream(
+    incoming: Incoming,
+    kube: Option<kube::Client>,
+    scope: &Scope,
+) -> Result<(), Error> {
+    let mut stream = incoming.accept().await?;
+    let Some(open) = spur_tunnel::read_frame::<_, Open>(&mut stream, MAX_FRAME).await? else {
+        return Ok(());
+    };
+    match open {
+        Open::Tcp { host, port } => {
+            if !scope.allows(&host) {
+                let reason = format!(
+                    "target {host:?} is outside the agent's scope (names ending in {})",
+                    scope.target_suffixes.join(", ")
+                );
+                answer(&mut stream, Answer::Error { reason }).await?;
+                return Ok(());
+            }
+            let tcp = tokio::time::timeout(
+                scope.connect_timeout,
+                TcpStream::connect((host.as_str(), port)),
+            )
+            .await;
+            let tcp = match tcp {
+                Ok(Ok(tcp)) => tcp,
+                Ok(Err(e)) => {
+                    let reason = format!("connecting to {host}:{port}: {e}");
+                    answer(&mut stream, Answer::Error { reason }).await?;
+                    return Ok(());
+                }
+                Err(_) => {
+                    let reason = format!("connecting to {host}:{port}: timed out");
+                    answer(&mut stream, Answer::Error { reason }).await?;
+                    return Ok(());
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            answer(&mut stream, Answer::Ok).await?;
+            stream.splice(tcp).await?;
+            Ok(())
+        }
+        Open::Kube => {
+            let Some(kube) = kube else {
+                let reason = "this agent runs without Kubernetes access".to_owned();
+                answer(&mut stream, Answer::Error { reason }).await?;
+                return Ok(());
+            };
+            answer(&mut stream, Answer::Ok).await?;
+            let service = hyper::service::service_fn(move |req| {
+                let kube = kube.clone();
+                async move { Ok::<_, Infallible>(kube_proxy(&kube, req).await) }
+            });
+            hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+                .map_err(|e| Error::Upstream(format!("kube proxy stream: {e}")))
+        }
+    }
+}
+
+async fn answer(stream: &mut spur_tunnel::Stream, a: Answer) -> Result<(), Error> {
+    spur_tunnel::write_frame(stream, &a, MAX_FRAME).await?;
+    Ok(())
+}
+
+type ProxyBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Forwards a request the scope allows to the Kubernetes API; anything else is a 403 that never
+/// leaves the agent.
+async fn kube_proxy(
+    kube: &kube::Client,
+    req: Request<hyper::body::Incoming>,
+) -> Response<ProxyBody> {
+    if req.method() != Method::GET || !kube_path_allowed(req.uri().path()) {
+        return status(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "the agent allows only reads of Spur's resources; refused {} {}",
+                req.method(),
+                req.uri().path()
+            ),
+        );
+    }
+    let mut builder = Request::get(req.uri().clone());
+    if let Some(accept) = req.headers().get(http::header::ACCEPT) {
+        builder = builder.header(http::header::ACCEPT, accept);
+    }
+    let Ok(out) = builder.body(kube::client::Body::empty()) else {
+        return status(StatusCode::BAD_REQUEST, "malformed request");
+    };
+    match kube.send(out).await {
+        Ok(resp) => {
+            let (parts, body) = resp.into_parts();
+            let body = body.map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>);
+            Response::from_parts(parts, UnsyncBoxBody::new(body))
+        }
+        Err(e) => status(StatusCode::BAD_GATEWAY, &format!("Kubernetes API: {e}")),
+    }
+}
+
+/// Reads of Spur's cluster-scoped Sandboxes and RouteGroups and of RoutingConfigs in any
+/// namespace: lists, watches (query parameters) and single objects.
+pub fn kube_path_allowed(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix("/apis/spur.dev/v1alpha1/") else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split('/').collect();
+    // A DNS subdomain: starts and ends with a letter or digit, so never `.` or `..`.
+    let name_ok = |s: &str| {
+        let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+        s.len() <= 253
+            && s.bytes().next().is_some_and(alnum)
+            && s.bytes().last().is_some_and(alnum)
+            && s.bytes().all(|b| alnum(b) || b == b'-' || b == b'.')
+    };
+    match parts.as_slice() {
+        ["sandboxes" | "routegroups"] => true,
+        ["sandboxes" | "routegroups", name] => name_ok(name),
+        ["namespaces", ns, "routingconfigs"] => name_ok(ns),
+        ["namespaces", ns, "routingconfigs", name] => name_ok(ns) && name_ok(name),
+        _ => false,
+    }
+}
+
+fn status(code: StatusCode, message: &str) -> Response<ProxyBody> {
+    let body = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "status": "Failure",
+        "message": message, "code": code.as_u16(),
+    });
+    let mut resp = Response::new(
+        Full::new(Bytes::from(body.to_string()))
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *resp.status_mut() = code;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scope_allows_service_names_only() {
+        let s = Scope::default();
+        for ok in [
+            "web.shop.svc",
+            "web.shop.svc.cluster.local",
+            "WEB.shop.svc.",
+        ] {
+            assert!(s.allows(ok), "{ok}");
+        }
+        for bad in [
+            "10.0.0.1",
+            "::1",
+            "example.com",
+            ".svc",
+            "svc",
+            "evil.svc.example.com",
+        ] {
+            assert!(!s.allows(bad), "{bad}");
+        }
+        let local = Scope {
+            target_suffixes: vec!["localhost".into()],
+            ..Scope::default()
+        };
+        assert!(local.allows("localhost") && local.allows("a.localhost"));
+        assert!(!local.allows("evillocalhost") && !local.allows("127.0.0.1"));
+    }
+
+    #[test]
+    fn kube_paths() {
+        for ok in [
+            "/apis/spur.dev/v1alpha1/sandboxes",
+            "/apis/spur.dev/v1alpha1/sandboxes/a-b",
+            "/apis/spur.dev/v1alpha1/routegroups",
+            "/apis/spur.dev/v1alpha1/namespaces/shop/routingconfigs",
+            "/apis/spur.dev/v1alpha1/namespaces/shop/routingconfigs/web",
+        ] {
+            assert!(kube_path_allowed(ok), "{ok}");
+        }
+        for bad in [
+            "/api/v1/secrets",
+            "/api/v1/namespaces/kube-system/secrets",
+            "/apis/spur.dev/v1alpha1/sandboxes/a/status/x",
+            "/apis/spur.dev/v1alpha1/forkedworkloads",
+            "/apis/spur.dev/v1alpha1/sandboxes/../../../api/v1/secrets",
+            "/apis/spur.dev/v1alpha1/sandboxes/%2e%2e",
+            "/apis/spur.dev/v1alpha1/",
+            "/apis/spur.dev/v1alpha1/sandboxes/..",
+            "/apis/spur.dev/v1alpha1/namespaces/../routingconfigs",
+        ] {
+            assert!(!kube_path_allowed(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! What the hub and the agent say on a tunnel stream before its bytes flow. The agent registers
+//! one reverse listener, [`AGENT_BIND`]; every stream the hub opens on it starts with an
+//! [`Open`] frame from the hub and an [`Answer`] frame from the agent (`spur_tunnel`'s framing:
+//! length-prefixed JSON). Raw bytes follow an `ok`.
+
+use serde::{Deserialize, Serialize};
+
+/// The agent's reverse listener.
+pub const AGENT_BIND: &str = "spur-agent";
+/// Longest frame either side accepts.
+pub const MAX_FRAME: usize = 4096;
+
+/// Hub → agent: what the stream is for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Open {
+    /// Connect to `host:port` inside the cluster (a preview endpoint's target).
+    Tcp { host: String, port: u16 },
+    /// HTTP/1.1 to the cluster's Kubernetes API, limited to what the agent's scope allows
+    /// (reads of Spur's own resources), with the agent's credentials.
+    Kube,
+}
+
+/// Agent → hub: the answer to an [`Open`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Answer {
+    Ok,
+    Error { reason: String },
+}
+
+/// The agent's bind metadata: who it is, for the hub's view and logs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentInfo {
+    pub version: String,
+}

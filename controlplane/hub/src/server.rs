@@ -1,0 +1,187 @@
+//! The hub process: the registry, the agents' tunnel listener and (in later modules) the
+//! preview front end and the web view, with their TLS identity.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use spur_tunnel::{ServerCert, ServerConfig, ServerTls, TunnelServer};
+use tokio_util::sync::CancellationToken;
+
+use crate::clusters::{Clusters, RegistryAuthenticator};
+use crate::{Error, Store};
+
+/// Lifetime of the hub's CA, and of the serving certificate it issues at each start.
+const CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 86_400);
+const SERVING_LIFETIME: Duration = Duration::from_secs(365 * 86_400);
+
+/// Where the hub's TLS certificate comes from.
+#[derive(Clone, Debug)]
+pub enum TlsSource {
+    /// PEM files the user provides (chain, key).
+    Files { cert: PathBuf, key: PathBuf },
+    /// Issued at start by the hub's own CA for these DNS names and IP addresses.
+    OwnCa { names: Vec<String> },
+}
+
+/// The hub's settings, validated by [`Hub::start`].
+#[derive(Clone, Debug)]
+pub struct HubConfig {
+    /// UDP address of the agents' QUIC listener; `None` disables QUIC.
+    pub tunnel_quic: Option<SocketAddr>,
+    /// TCP address of the agents' HTTP/2-over-TLS listener; `None` disables it.
+    pub tunnel_h2: Option<SocketAddr>,
+    pub tls: TlsSource,
+    /// How often the registry is checked for revocations made by other writers (the CLI).
+    pub revocation_poll: Duration,
+}
+
+/// A running hub.
+pub struct Hub {
+    store: Store,
+    tunnel: Arc<TunnelServer>,
+    clusters: Clusters,
+    /// The CA that issued the serving certificate (PEM), when it is the hub's own.
+    ca_pem: Option<String>,
+    revocation_poll: Duration,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub")
+            .field("quic", &self.tunnel.quic_addr())
+            .field("h2", &self.tunnel.h2_addr())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The hub's CA from the store, made on first use.
+pub fn hub_ca(store: &Store) -> Result<spur_operator::pki::Pair, Error> {
+    let (cert, key) = store.ca_or_create(|| {
+        let pair =
+            spur_operator::pki::new_ca("spur hub CA", CA_LIFETIME, spur_operator::pki::now_unix())
+                .map_err(|e| Error::Config(format!("making the hub CA: {e}")))?;
+        Ok((pair.cert, pair.key))
+    })?;
+    Ok(spur_operator::pki::Pair { cert, key })
+}
+
+/// The serving certificate chain and key, and the CA PEM when the hub issued it.
+pub fn serving_identity(
+    store: &Store,
+    tls: &TlsSource,
+) -> Result<
+    (
+        Vec<CertificateDer<'static>>,
+        PrivateKeyDer<'static>,
+        Option<String>,
+    ),
+    Error,
+> {
+    let (cert, key, ca) = match tls {
+        TlsSource::Files { cert, key } => {
+            let read = |p: &PathBuf| {
+                std::fs::read(p).map_err(|e| Error::Config(format!("{}: {e}", p.display())))
+            };
+            (read(cert)?, read(key)?, None)
+        }
+        TlsSource::OwnCa { names } => {
+            if names.is_empty() {
+                return Err(Error::Config(
+                    "the hub's own CA needs at least one name for its certificate".into(),
+                ));
+            }
+            let ca = hub_ca(store)?;
+            let pair = spur_operator::pki::issue_serving(
+                &ca,
+                &names[0],
+                names,
+                SERVING_LIFETIME,
+                spur_operator::pki::now_unix(),
+            )
+            .map_err(|e| Error::Config(format!("issuing the hub's certificate: {e}")))?;
+            (pair.cert.into_bytes(), pair.key.into_bytes(), Some(ca.cert))
+        }
+    };
+    let chain = CertificateDer::pem_slice_iter(&cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Error::Config(format!("the hub certificate: {e}")))?;
+    if chain.is_empty() {
+        return Err(Error::Config(
+            "the hub certificate file holds no certificate".into(),
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_slice(&key)
+        .map_err(|e| Error::Config(format!("the hub key: {e}")))?;
+    Ok((chain, key, ca))
+}
+
+impl Hub {
+    /// Opens the listeners. Metrics go under `registry`.
+    pub async fn start(
+        config: HubConfig,
+        store: Store,
+        registry: &mut prometheus_client::registry::Registry,
+    ) -> Result<Hub, Error> {
+        if config.revocation_poll.is_zero() {
+            return Err(Error::Config("revocation_poll must be > 0".into()));
+        }
+        let (chain, key, ca_pem) = serving_identity(&store, &config.tls)?;
+        let tls = ServerTls {
+            cert: ServerCert::Static { chain, key },
+            client_ca: Vec::new(),
+            require_client_cert: false,
+        };
+        let mut tunnel =
+            ServerConfig::new(tls, Arc::new(RegistryAuthenticator::new(store.clone())));
+        tunnel.quic_addr = config.tunnel_quic;
+        tunnel.h2_addr = config.tunnel_h2;
+        let tunnel = TunnelServer::bind(tunnel, registry).await?;
+        Ok(Hub {
+            store,
+            tunnel: Arc::new(tunnel),
+            clusters: Clusters::default(),
+            ca_pem,
+            revocation_poll: config.revocation_poll,
+        })
+    }
+
+    pub fn tunnel_quic_addr(&self) -> Option<SocketAddr> {
+        self.tunnel.quic_addr()
+    }
+
+    pub fn tunnel_h2_addr(&self) -> Option<SocketAddr> {
+        self.tunnel.h2_addr()
+    }
+
+    /// The CA agents must trust (PEM), when the hub issued its own certificate.
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.ca_pem.as_deref()
+    }
+
+    pub fn clusters(&self) -> &Clusters {
+        &self.clusters
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Serves until `stop`, then tells every agent to go away (they reconnect to the next hub)
+    /// and waits up to `grace` for open streams.
+    pub async fn run(&self, stop: CancellationToken, grace: Duration) {
+        let sessions = self
+            .clusters
+            .serve(self.tunnel.clone(), self.store.clone(), stop.clone());
+        let revocations = self.clusters.enforce_revocations(
+            self.store.clone(),
+            self.revocation_poll,
+            stop.clone(),
+        );
+        tokio::join!(sessions, revocations);
+        self.tunnel.shutdown(grace).await;
+    }
+}
