@@ -117,6 +117,17 @@ pub(crate) struct ServeArgs {
     /// Address of /metrics and /healthz.
     #[arg(long, env = "SPUR_HUB_METRICS_ADDR", default_value = "127.0.0.1:9090")]
     metrics_addr: SocketAddr,
+    /// HTTPS address of the preview front end (empty: no previews).
+    #[arg(long, env = "SPUR_HUB_PREVIEW_ADDR", default_value = "0.0.0.0:443")]
+    preview_addr: String,
+    /// Preview hosts are `<endpoint>--<sandbox>[--<cluster>].<domain>`; point a wildcard DNS
+    /// record at the hub. Without one, use the path form `https://<hub>/p/<endpoint>--<sandbox>/`.
+    #[arg(
+        long,
+        env = "SPUR_HUB_PREVIEW_DOMAIN",
+        default_value = "preview.localhost"
+    )]
+    preview_domain: String,
     /// Seconds agents' streams get to finish on SIGTERM.
     #[arg(long, env = "SPUR_HUB_DRAIN_GRACE", default_value_t = 10)]
     drain_grace: u64,
@@ -275,6 +286,15 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
             tunnel_h2: Some(args.tunnel_addr),
             tls,
             revocation_poll: Duration::from_millis(args.revocation_poll_ms),
+            preview: match args.preview_addr.trim() {
+                "" => None,
+                addr => Some(spur_hub::server::PreviewSettings {
+                    addr: addr
+                        .parse()
+                        .with_context(|| format!("--preview-addr {addr:?} is not IP:PORT"))?,
+                    domain: args.preview_domain,
+                }),
+            },
         },
         store,
         &mut registry,
@@ -283,6 +303,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
     tracing::info!(
         quic = ?hub.tunnel_quic_addr(),
         h2 = ?hub.tunnel_h2_addr(),
+        preview = ?hub.preview_addr(),
         db = %args.db.db.display(),
         "hub started"
     );

@@ -61,7 +61,7 @@ fn start_hub(dir: &Path, port: u16) -> Killed {
                 "127.0.0.1:0",
             ])
             .args(["--tunnel-addr", &format!("127.0.0.1:{port}")])
-            .args(["--revocation-poll-ms", "200"])
+            .args(["--revocation-poll-ms", "200", "--preview-addr", ""])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join(format!("hub-{port}.log"))).unwrap())
             .spawn()
@@ -232,4 +232,219 @@ fn registry_writes_killed_midway_lose_nothing_committed() {
 
 fn rusqlite_check(d: &Path) -> String {
     spur_hub::store::integrity_check(&d.join("hub.db")).unwrap()
+}
+
+/// An HTTP/1.1 app on loopback that answers every request with its request head (so the test
+/// sees exactly what the hub forwarded) and counts requests.
+fn echo_app() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = hits.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let counter = counter.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                loop {
+                    let mut head = String::new();
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        head.push_str(&line);
+                    }
+                    counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let body = head.to_ascii_lowercase();
+                    let _ = write!(
+                        conn,
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                }
+            });
+        }
+    });
+    (port, hits)
+}
+
+/// curl against the hub's preview port with the hub's CA; status and body.
+fn curl(ca: &Path, preview: u16, host: &str, path: &str, headers: &[&str]) -> (u16, String) {
+    let mut c = Command::new("curl");
+    c.args(["-sS", "--max-time", "10", "--cacert"])
+        .arg(ca)
+        .args(["--resolve", &format!("{host}:{preview}:127.0.0.1")])
+        .args(["-w", "\n%{http_code}"]);
+    for h in headers {
+        c.args(["-H", h]);
+    }
+    c.arg(format!("https://{host}:{preview}{path}"));
+    let out = c.output().expect("curl (tests/run.sh installs it)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthenticated() {
+    use kube::Api;
+    use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+    use spur_api::Sandbox;
+
+    let api = spur_kube_harness::KubeApi::start().await.unwrap();
+    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/spur/crds");
+    for entry in std::fs::read_dir(&crds).unwrap() {
+        api.install_crd_file(&entry.unwrap().path()).await.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    api.write_kubeconfig(&d.join("kubeconfig")).unwrap();
+    let (app_port, hits) = echo_app();
+
+    let sandboxes: Api<Sandbox> = Api::all(api.client());
+    let sb: Sandbox = serde_json::from_value(serde_json::json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": "feature-x"},
+        "spec": {
+            "forks": [{"forkOf": {"kind": "Deployment", "namespace": "default", "name": "web"}}],
+            "defaultRouteGroup": {"endpoints": [{"name": "web", "target": format!("http://localhost:{app_port}")}]}
+        }
+    }))
+    .unwrap();
+    sandboxes.create(&PostParams::default(), &sb).await.unwrap();
+    // No operator runs here: the key is written as the operator would.
+    sandboxes
+        .patch_status(
+            "feature-x",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"routingKey": "k3y4feature"}})),
+        )
+        .await
+        .unwrap();
+
+    let token = spur(d, &["hub", "cluster", "add", "east"]).stdout;
+    std::fs::write(d.join("east.token"), &token).unwrap();
+    let key = String::from_utf8(spur(d, &["hub", "apikey", "add", "dev"]).stdout).unwrap();
+    let key = key.trim().to_owned();
+    let ca = spur(d, &["hub", "ca"]).stdout;
+    std::fs::write(d.join("ca.pem"), ca).unwrap();
+
+    let port = free_port();
+    let preview = free_port();
+    let _hub = Killed(
+        Command::new(SPUR)
+            .current_dir(d)
+            .args([
+                "hub",
+                "serve",
+                "--db",
+                "hub.db",
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ])
+            .args(["--tunnel-addr", &format!("127.0.0.1:{port}")])
+            .args(["--preview-addr", &format!("127.0.0.1:{preview}")])
+            .args(["--preview-domain", "preview.test"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.join("hub.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let health = health_addr();
+    let _agent = Killed(
+        Command::new(SPUR)
+            .current_dir(d)
+            .args(["agent", "--hub", &format!("127.0.0.1:{port}")])
+            .args(["--hub-server-name", "localhost", "--hub-ca", "ca.pem"])
+            .args(["--token-file", "east.token", "--kubeconfig", "kubeconfig"])
+            .args(["--target-suffix", "localhost"])
+            .args(["--health-addr", &health.to_string()])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.join("agent.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let ca = d.join("ca.pem");
+    let host = "web--feature-x.preview.test";
+    let auth = format!("x-spur-api-key: {key}");
+
+    // Unauthenticated: 401, and nothing reached the cluster.
+    wait_until("the preview port", Duration::from_secs(20), || {
+        curl(&ca, preview, host, "/", &[]).0 == 401
+    });
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0);
+    let (code, _) = curl(&ca, preview, host, "/", &["x-spur-api-key: spurk_wrong"]);
+    assert_eq!(code, 401);
+
+    // Authenticated: the app answers, with the key in every carrier, a spoofed key replaced,
+    // and the API key gone.
+    let mut last = (0, String::new());
+    wait_until("the preview to answer", Duration::from_secs(30), || {
+        last = curl(
+            &ca,
+            preview,
+            host,
+            "/hello?x=1",
+            &[&auth, "baggage: sd-routing-key=someone-else"],
+        );
+        last.0 == 200
+    });
+    let (_, body) = last;
+    assert!(body.starts_with("get /hello?x=1 http/1.1"), "{body}");
+    assert!(body.contains("sd-routing-key=k3y4feature"), "{body}");
+    assert!(!body.contains("someone-else"), "{body}");
+    assert!(
+        body.contains("uberctx-sd-routing-key: k3y4feature"),
+        "{body}"
+    );
+    assert!(
+        !body.contains("x-spur-api-key") && !body.contains(&key),
+        "{body}"
+    );
+    assert!(
+        body.contains("x-forwarded-host: web--feature-x.preview.test"),
+        "{body}"
+    );
+
+    // The path form, and the cluster-qualified name.
+    let (code, body) = curl(
+        &ca,
+        preview,
+        "localhost",
+        "/p/web--feature-x--east/a/b",
+        &[&auth],
+    );
+    assert_eq!(code, 200, "{body}");
+    assert!(body.starts_with("get /a/b http/1.1"), "{body}");
+
+    // Bad input: a malformed name, an unknown endpoint, an unknown cluster.
+    let (code, _) = curl(&ca, preview, "web-feature-x.preview.test", "/", &[&auth]);
+    assert_eq!(code, 400);
+    let (code, body) = curl(&ca, preview, "api--feature-x.preview.test", "/", &[&auth]);
+    assert_eq!(code, 404, "{body}");
+    let (code, body) = curl(
+        &ca,
+        preview,
+        "web--feature-x--west.preview.test",
+        "/",
+        &[&auth],
+    );
+    assert_eq!(code, 404, "{body}");
+
+    // The sandbox goes: its URL is a 404.
+    sandboxes
+        .delete("feature-x", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_until(
+        "the deleted sandbox's URL to 404",
+        Duration::from_secs(20),
+        || curl(&ca, preview, host, "/", &[&auth]).0 == 404,
+    );
 }

@@ -6,7 +6,9 @@
 //! The cluster never accepts an inbound connection. See `docs/hub.md`.
 
 pub mod agent;
+pub mod catalog;
 pub mod clusters;
+pub mod preview;
 pub mod protocol;
 pub mod server;
 pub mod store;

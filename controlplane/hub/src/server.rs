@@ -11,7 +11,11 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use spur_tunnel::{ServerCert, ServerConfig, ServerTls, TunnelServer};
 use tokio_util::sync::CancellationToken;
 
+use tokio_rustls::TlsAcceptor;
+
+use crate::catalog::Catalog;
 use crate::clusters::{Clusters, RegistryAuthenticator};
+use crate::preview::Preview;
 use crate::{Error, Store};
 
 /// Lifetime of the hub's CA, and of the serving certificate it issues at each start.
@@ -37,6 +41,18 @@ pub struct HubConfig {
     pub tls: TlsSource,
     /// How often the registry is checked for revocations made by other writers (the CLI).
     pub revocation_poll: Duration,
+    /// The preview front end, if any.
+    pub preview: Option<PreviewSettings>,
+}
+
+/// Where previews are served.
+#[derive(Clone, Debug)]
+pub struct PreviewSettings {
+    /// HTTPS listener.
+    pub addr: SocketAddr,
+    /// Preview hosts are `<endpoint>--<name>[--<cluster>].<domain>`. The hub's own certificate
+    /// covers `*.<domain>`.
+    pub domain: String,
 }
 
 /// A running hub.
@@ -47,6 +63,8 @@ pub struct Hub {
     /// The CA that issued the serving certificate (PEM), when it is the hub's own.
     ca_pem: Option<String>,
     revocation_poll: Duration,
+    catalog: Catalog,
+    preview: Option<(Arc<Preview>, tokio::net::TcpListener, TlsAcceptor)>,
 }
 
 impl std::fmt::Debug for Hub {
@@ -129,7 +147,38 @@ impl Hub {
         if config.revocation_poll.is_zero() {
             return Err(Error::Config("revocation_poll must be > 0".into()));
         }
-        let (chain, key, ca_pem) = serving_identity(&store, &config.tls)?;
+        let mut tls_source = config.tls.clone();
+        if let (TlsSource::OwnCa { names }, Some(p)) = (&mut tls_source, &config.preview) {
+            names.push(format!("*.{}", p.domain));
+            names.push(p.domain.clone());
+        }
+        let (chain, key, ca_pem) = serving_identity(&store, &tls_source)?;
+        let clusters = Clusters::default();
+        let catalog = Catalog::default();
+        let preview = match &config.preview {
+            None => None,
+            Some(p) => {
+                let mut server = rustls::ServerConfig::builder()
+                    .with_no_client_auth()
+                    .with_single_cert(chain.clone(), key.clone_key())
+                    .map_err(|e| Error::Config(format!("the preview certificate: {e}")))?;
+                server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+                let listener = tokio::net::TcpListener::bind(p.addr).await.map_err(|e| {
+                    Error::Config(format!("binding the preview address {}: {e}", p.addr))
+                })?;
+                let preview = Preview {
+                    domain: p.domain.to_ascii_lowercase(),
+                    catalog: catalog.clone(),
+                    clusters: clusters.clone(),
+                    store: store.clone(),
+                };
+                Some((
+                    Arc::new(preview),
+                    listener,
+                    TlsAcceptor::from(Arc::new(server)),
+                ))
+            }
+        };
         let tls = ServerTls {
             cert: ServerCert::Static { chain, key },
             client_ca: Vec::new(),
@@ -143,9 +192,11 @@ impl Hub {
         Ok(Hub {
             store,
             tunnel: Arc::new(tunnel),
-            clusters: Clusters::default(),
+            clusters,
             ca_pem,
             revocation_poll: config.revocation_poll,
+            catalog,
+            preview,
         })
     }
 
@@ -162,6 +213,17 @@ impl Hub {
         self.ca_pem.as_deref()
     }
 
+    /// The preview listener's address.
+    pub fn preview_addr(&self) -> Option<SocketAddr> {
+        self.preview
+            .as_ref()
+            .and_then(|(_, l, _)| l.local_addr().ok())
+    }
+
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
     pub fn clusters(&self) -> &Clusters {
         &self.clusters
     }
@@ -172,7 +234,12 @@ impl Hub {
 
     /// Serves until `stop`, then tells every agent to go away (they reconnect to the next hub)
     /// and waits up to `grace` for open streams.
-    pub async fn run(&self, stop: CancellationToken, grace: Duration) {
+    pub async fn run(self, stop: CancellationToken, grace: Duration) {
+        let drain = spur_runtime::Drain::under(&stop);
+        if let Some((preview, listener, tls)) = self.preview {
+            drain.spawn(preview.serve(listener, tls, drain.clone()));
+        }
+        let catalog = self.catalog.run(self.clusters.clone(), stop.clone());
         let sessions = self
             .clusters
             .serve(self.tunnel.clone(), self.store.clone(), stop.clone());
@@ -181,7 +248,13 @@ impl Hub {
             self.revocation_poll,
             stop.clone(),
         );
-        tokio::join!(sessions, revocations);
-        self.tunnel.shutdown(grace).await;
+        tokio::join!(sessions, revocations, catalog);
+        let (left, ()) = tokio::join!(drain.wait(grace), self.tunnel.shutdown(grace));
+        if left > 0 {
+            tracing::warn!(
+                left,
+                "preview connections cut at the end of the grace period"
+            );
+        }
     }
 }

@@ -1,0 +1,377 @@
+//! What the hub knows of each connected cluster: its Sandboxes and RouteGroups, kept current by
+//! a list and a watch through the agent's Kubernetes API proxy (the only way in; the hub holds
+//! no cluster credentials). Preview requests are resolved against it.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use kube::core::{ObjectList, WatchEvent};
+use serde::de::DeserializeOwned;
+use spur_api::{RouteGroup, Sandbox};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::Error;
+use crate::clusters::Clusters;
+use crate::protocol::Open;
+
+/// How long opening a stream to an agent may take.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest line of a watch (one object); a bigger one means something is wrong.
+const MAX_WATCH_LINE: usize = 4 << 20;
+
+/// One cluster's objects.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterView {
+    pub sandboxes: BTreeMap<String, Sandbox>,
+    pub route_groups: BTreeMap<String, RouteGroup>,
+    /// Both lists have been read at least once since the cluster connected.
+    pub synced: bool,
+}
+
+/// Where a preview request goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolved {
+    pub cluster: String,
+    pub routing_key: String,
+    /// `http`, `https`, `grpc` or `tcp`.
+    pub scheme: String,
+    pub host: String,
+    pub port: u16,
+}
+
+/// Why a preview name does not resolve.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    #[error("no sandbox or route group {0:?}")]
+    UnknownOwner(String),
+    #[error("{owner:?} has no endpoint {endpoint:?}")]
+    UnknownEndpoint { owner: String, endpoint: String },
+    #[error("no cluster {0:?} is connected")]
+    UnknownCluster(String),
+    #[error("{0:?} exists in several clusters; name the cluster: <endpoint>--<name>--<cluster>")]
+    Ambiguous(String),
+    #[error("{0:?} has no routing key yet (not ready)")]
+    NoKey(String),
+}
+
+/// Every cluster's objects. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Catalog {
+    inner: Arc<RwLock<BTreeMap<String, ClusterView>>>,
+    changed: Arc<watch::Sender<u64>>,
+}
+
+impl Catalog {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, ClusterView>> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, ClusterView>> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Bumped on every change (for the web view's live updates).
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    fn update(&self, cluster: &str, f: impl FnOnce(&mut ClusterView)) {
+        f(self.write().entry(cluster.to_owned()).or_default());
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A copy of every cluster's view.
+    pub fn snapshot(&self) -> BTreeMap<String, ClusterView> {
+        self.read().clone()
+    }
+
+    /// Finds endpoint `endpoint` of sandbox (or, failing that, route group) `owner`, in
+    /// `cluster` or in the only cluster that has `owner`.
+    pub fn resolve(
+        &self,
+        cluster: Option<&str>,
+        owner: &str,
+        endpoint: &str,
+    ) -> Result<Resolved, ResolveError> {
+        let all = self.read();
+        let (cluster, view) = match cluster {
+            Some(c) => (
+                c,
+                all.get(c)
+                    .ok_or_else(|| ResolveError::UnknownCluster(c.to_owned()))?,
+            ),
+            None => {
+                let mut having = all.iter().filter(|(_, v)| {
+                    v.sandboxes.contains_key(owner) || v.route_groups.contains_key(owner)
+                });
+                let first = having
+                    .next()
+                    .ok_or_else(|| ResolveError::UnknownOwner(owner.to_owned()))?;
+                if having.next().is_some() {
+                    return Err(ResolveError::Ambiguous(owner.to_owned()));
+                }
+                (first.0.as_str(), first.1)
+            }
+        };
+        let (endpoints, key) = if let Some(s) = view.sandboxes.get(owner) {
+            (
+                s.spec
+                    .default_route_group
+                    .as_ref()
+                    .map(|g| g.endpoints.as_slice())
+                    .unwrap_or_default(),
+                s.status.as_ref().and_then(|s| s.routing_key.clone()),
+            )
+        } else if let Some(g) = view.route_groups.get(owner) {
+            (
+                g.spec.endpoints.as_slice(),
+                g.status.as_ref().and_then(|s| s.routing_key.clone()),
+            )
+        } else {
+            return Err(ResolveError::UnknownOwner(owner.to_owned()));
+        };
+        let e = endpoints
+            .iter()
+            .find(|e| e.name == endpoint)
+            .ok_or_else(|| ResolveError::UnknownEndpoint {
+                owner: owner.to_owned(),
+                endpoint: endpoint.to_owned(),
+            })?;
+        let key = key.ok_or_else(|| ResolveError::NoKey(owner.to_owned()))?;
+        let (scheme, host, port) =
+            parse_target(&e.target).ok_or_else(|| ResolveError::UnknownEndpoint {
+                owner: owner.to_owned(),
+                endpoint: endpoint.to_owned(),
+            })?;
+        Ok(Resolved {
+            cluster: cluster.to_owned(),
+            routing_key: key,
+            scheme,
+            host,
+            port,
+        })
+    }
+
+    /// Keeps a watcher running for every connected cluster until `stop`.
+    pub async fn run(&self, clusters: Clusters, stop: CancellationToken) {
+        let mut changes = clusters.changes();
+        let mut running: BTreeMap<String, (u64, CancellationToken)> = BTreeMap::new();
+        loop {
+            let connected = clusters.connected();
+            // Stop watchers of clusters that left or reconnected (a new session id).
+            running.retain(|name, (id, token)| {
+                let keep = connected
+                    .iter()
+                    .any(|(n, c)| n == name && c.session.id() == *id);
+                if !keep {
+                    token.cancel();
+                }
+                keep
+            });
+            for (name, c) in connected {
+                if running.contains_key(&name) {
+                    continue;
+                }
+                let token = stop.child_token();
+                running.insert(name.clone(), (c.session.id(), token.clone()));
+                let catalog = self.clone();
+                let clusters = clusters.clone();
+                tokio::spawn(async move {
+                    catalog.update(&name, |v| v.synced = false);
+                    tokio::join!(
+                        catalog.watch::<Sandbox>(&clusters, &name, "sandboxes", token.clone()),
+                        catalog.watch::<RouteGroup>(&clusters, &name, "routegroups", token),
+                    );
+                });
+            }
+            tokio::select! {
+                r = changes.changed() => if r.is_err() { return },
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// List, then watch, `plural` in `cluster`, again and again until `stop`.
+    async fn watch<K>(
+        &self,
+        clusters: &Clusters,
+        cluster: &str,
+        plural: &str,
+        stop: CancellationToken,
+    ) where
+        K: DeserializeOwned + kube::Resource + Clone,
+        K: Kind,
+    {
+        let path = format!("/apis/spur.dev/v1alpha1/{plural}");
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            let result = tokio::select! {
+                r = self.list_and_watch::<K>(clusters, cluster, &path) => r,
+                () = stop.cancelled() => return,
+            };
+            match result {
+                Ok(()) => backoff = Duration::from_millis(200),
+                Err(e) => {
+                    tracing::warn!(%cluster, %plural, "watching through the agent: {e}");
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        () = stop.cancelled() => return,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+    }
+
+    /// One list and the watch that follows it, until the watch ends (timeout, 410 Gone).
+    async fn list_and_watch<K>(
+        &self,
+        clusters: &Clusters,
+        cluster: &str,
+        path: &str,
+    ) -> Result<(), Error>
+    where
+        K: DeserializeOwned + kube::Resource + Clone + Kind,
+    {
+        let body = get(clusters, cluster, path).await?;
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| Error::Upstream(format!("listing {path}: {e}")))?
+            .to_bytes();
+        let list: ObjectList<K> = serde_json::from_slice(&body)
+            .map_err(|e| Error::Upstream(format!("listing {path}: {e}")))?;
+        let mut version = list.metadata.resource_version.clone().unwrap_or_default();
+        let objects: BTreeMap<String, K> = list
+            .items
+            .into_iter()
+            .filter_map(|o| Some((o.meta().name.clone()?, o)))
+            .collect();
+        self.update(cluster, |v| {
+            *K::map(v) = objects;
+            v.synced = true;
+        });
+        let watch = format!(
+            "{path}?watch=1&allowWatchBookmarks=true&timeoutSeconds=240&resourceVersion={version}"
+        );
+        let mut body = get(clusters, cluster, &watch).await?;
+        let mut buf = BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| Error::Upstream(format!("watching {path}: {e}")))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            buf.extend_from_slice(&data);
+            while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+                let line = buf.split_to(nl + 1);
+                let event: WatchEvent<K> = match serde_json::from_slice(&line[..nl]) {
+                    Ok(e) => e,
+                    Err(e) => return Err(Error::Upstream(format!("watching {path}: {e}"))),
+                };
+                match event {
+                    WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+                        if let Some(name) = o.meta().name.clone() {
+                            version = o.meta().resource_version.clone().unwrap_or(version);
+                            self.update(cluster, |v| {
+                                K::map(v).insert(name, o);
+                            });
+                        }
+                    }
+                    WatchEvent::Deleted(o) => {
+                        if let Some(name) = o.meta().name.clone() {
+                            self.update(cluster, |v| {
+                                K::map(v).remove(&name);
+                            });
+                        }
+                    }
+                    WatchEvent::Bookmark(b) => version = b.metadata.resource_version,
+                    // 410 Gone and friends: list again.
+                    WatchEvent::Error(e) => {
+                        return Err(Error::Upstream(format!("watching {path}: {}", e.message)));
+                    }
+                }
+            }
+            if buf.len() > MAX_WATCH_LINE {
+                return Err(Error::Upstream(format!(
+                    "watching {path}: a line over 4 MiB"
+                )));
+            }
+        }
+        // The watch timed out: the loop lists again, which also repairs anything missed.
+        let _ = version;
+        Ok(())
+    }
+}
+
+/// Which map of a [`ClusterView`] a kind lives in.
+pub trait Kind {
+    fn map(view: &mut ClusterView) -> &mut BTreeMap<String, Self>
+    where
+        Self: Sized;
+}
+
+impl Kind for Sandbox {
+    fn map(view: &mut ClusterView) -> &mut BTreeMap<String, Self> {
+        &mut view.sandboxes
+    }
+}
+
+impl Kind for RouteGroup {
+    fn map(view: &mut ClusterView) -> &mut BTreeMap<String, Self> {
+        &mut view.route_groups
+    }
+}
+
+/// GET `path` on `cluster`'s Kubernetes API, through its agent; the body of a 200.
+async fn get(
+    clusters: &Clusters,
+    cluster: &str,
+    path: &str,
+) -> Result<hyper::body::Incoming, Error> {
+    let stream = clusters.open(cluster, &Open::Kube, OPEN_TIMEOUT).await?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| Error::Upstream(format!("agent API stream: {e}")))?;
+    tokio::spawn(conn);
+    let req = Request::get(path)
+        .header(http::header::HOST, "kubernetes")
+        .header(http::header::ACCEPT, "application/json")
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| Error::Invalid(e.to_string()))?;
+    let resp = send
+        .send_request(req)
+        .await
+        .map_err(|e| Error::Upstream(format!("GET {path}: {e}")))?;
+    if resp.status() != StatusCode::OK {
+        let status = resp.status();
+        let body = resp.into_body().collect().await.map(|b| b.to_bytes());
+        let text = body
+            .map(|mut b| String::from_utf8_lossy(&b.copy_to_bytes(b.len().min(512))).into_owned())
+            .unwrap_or_default();
+        return Err(Error::Upstream(format!("GET {path}: {status}: {text}")));
+    }
+    Ok(resp.into_body())
+}
+
+/// `scheme://host[:port]` of an endpoint target; the port defaults by scheme.
+pub fn parse_target(target: &str) -> Option<(String, String, u16)> {
+    let (scheme, rest) = target.split_once("://")?;
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) => (h, p.parse().ok()?),
+        None => (
+            rest,
+            match scheme {
+                "https" => 443,
+                "http" | "grpc" => 80,
+                _ => return None,
+            },
+        ),
+    };
+    Some((scheme.to_owned(), host.to_owned(), port))
+}
