@@ -405,6 +405,9 @@ pub(crate) async fn agent(args: AgentArgs) -> Result<ExitCode> {
     };
     client.token = Some(Token::new(token));
     client.client_name = "spur-agent".into();
+    // Only the first registration waits on this (later sessions re-register on their own);
+    // the agent retries it, so a short wait just means an earlier log line.
+    client.open_wait = Duration::from_secs(3);
     let kube = if args.no_kube {
         None
     } else {

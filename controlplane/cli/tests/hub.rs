@@ -1,5 +1,5 @@
-//! `spur hub` and `spur agent` as shipped binaries, on loopback: the agent connects with its
-//! cluster token and reports ready; a hub killed with SIGKILL and started again is reconnected
+//! `spur hub` and `spur agent` as shipped binaries, on loopback: an agent started before its hub
+//! waits for it, connects with its cluster token and reports ready; a hub killed with SIGKILL and started again is reconnected
 //! to without any manual step; a revoked cluster's session closes within seconds and its agent
 //! exits with the reason; a wrong token is refused; the registry survives processes killed in
 //! the middle of a write.
@@ -126,10 +126,18 @@ fn agent_connects_survives_a_hub_restart_and_is_cut_off_by_revocation() {
     let ca = spur(d, &["hub", "ca"]).stdout;
     std::fs::write(d.join("ca.pem"), ca).unwrap();
 
+    // The agent starts first, with the hub not there yet, and waits past its first
+    // registration attempt (3 s): it keeps trying instead of exiting.
     let port = free_port();
-    let mut hub = start_hub(d, port);
     let health = health_addr();
     let mut agent = start_agent(d, port, "east.token", health);
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        agent.0.try_wait().unwrap().is_none(),
+        "the agent gave up on an absent hub"
+    );
+    assert_eq!(http_status(health, "/readyz"), Some(503));
+    let mut hub = start_hub(d, port);
     let took = wait_until("the agent to be ready", Duration::from_secs(20), || {
         http_status(health, "/readyz") == Some(200)
     });

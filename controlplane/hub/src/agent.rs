@@ -105,20 +105,27 @@ impl Agent {
         })
         .map_err(|e| Error::Config(e.to_string()))?;
         let mut state = self.client.state();
-        let bind = tokio::select! {
-            b = self.client.bind(AGENT_BIND, &meta) => b,
-            () = stop.cancelled() => return Ok(()),
-            r = closed(&mut state) => return Err(r),
-        };
-        let mut listener = match bind {
-            Ok(l) => l,
-            Err(e) => {
-                // Without a session yet, `bind` gives up after the client's open wait; the
-                // state says why (refused, unreachable).
-                let now = self.client.state().borrow().clone();
-                return Err(Error::Config(format!(
-                    "cannot register with the hub: {e} ({now:?})"
-                )));
+        // The hub may be down when the agent starts (both restarted together): keep trying to
+        // register rather than exit, until the hub refuses this agent for good.
+        let mut wait = Duration::from_secs(1);
+        let mut listener = loop {
+            let bind = tokio::select! {
+                b = self.client.bind(AGENT_BIND, &meta) => b,
+                () = stop.cancelled() => return Ok(()),
+                r = closed(&mut state) => return Err(r),
+            };
+            match bind {
+                Ok(l) => break l,
+                Err(e) => {
+                    let now = self.client.state().borrow().clone();
+                    tracing::warn!(state = ?now, "not registered with the hub yet: {e}");
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        () = stop.cancelled() => return Ok(()),
+                        r = closed(&mut state) => return Err(r),
+                    }
+                    wait = (wait * 2).min(Duration::from_secs(15));
+                }
             }
         };
         let streams = tokio_util::task::TaskTracker::new();
