@@ -6,8 +6,9 @@
 # etcd, CoreDNS and helm, built once and cached (about 10 minutes on a fresh machine).
 # Installs what the tests drive when it is missing: curl, h2load, iproute2, iptables (with
 # iptables-legacy), nftables, setpriv, and for the node tier containerd, runc, the CNI plugins,
-# mmdebstrap (the images' base layer), buildah and jq (the images, from the Containerfile) and
-# openssl. Needs root: for that, for the network-namespace tests and for the node.
+# mmdebstrap (the images' base layer), buildah and jq (the images, from the Containerfile),
+# openssl, and chromium (the hub's web view test). Needs root: for that, for the
+# network-namespace tests and for the node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +31,8 @@ command -v buildah >/dev/null 2>&1 || need+=(buildah)
 command -v jq >/dev/null 2>&1 || need+=(jq)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
+# The hub's web view is checked in a real headless browser.
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 { command -v pgrep && command -v sysctl; } >/dev/null 2>&1 || need+=(procps)
 if [ ${#need[@]} -gt 0 ]; then
     echo "tests/run.sh: installing ${need[*]}" >&2

@@ -43,6 +43,18 @@ enum HubCommand {
     /// Create, list and revoke API keys (for previews and the web view).
     #[command(subcommand)]
     Apikey(ApiKeyCommand),
+    /// Print a one-time login link for the web view, valid for 5 minutes, that logs the
+    /// browser in as API key NAME (for scripts and headless browsers; people can also paste
+    /// the key into the login form).
+    LoginLink {
+        /// The API key the session belongs to.
+        name: String,
+        /// The hub's web address, e.g. https://hub.example.com.
+        #[arg(long, env = "SPUR_HUB_URL")]
+        url: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
     /// Print the hub's CA certificate (PEM), which agents trust when the hub issues its own
     /// certificate. Made on first use.
     Ca(DbArg),
@@ -209,6 +221,11 @@ pub(crate) async fn run(args: HubArgs) -> Result<ExitCode> {
             } else {
                 eprintln!("API key {name} was already revoked");
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        HubCommand::LoginLink { name, url, db } => {
+            let code = open_store(&db.db)?.create_session(&name, Duration::from_secs(300))?;
+            println!("{}/login?code={code}", url.trim_end_matches('/'));
             Ok(ExitCode::SUCCESS)
         }
         HubCommand::Ca(db) => {

@@ -456,3 +456,309 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
         || curl(&ca, preview, host, "/", &[&auth]).0 == 404,
     );
 }
+
+/// A headless Chromium driven over the DevTools protocol (one page).
+struct Browser {
+    _child: Killed,
+    ws: tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>,
+    session: String,
+    next: u64,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    async fn start() -> Browser {
+        use std::io::BufRead;
+        let profile = tempfile::tempdir().unwrap();
+        let mut child = Command::new("chromium")
+            .args([
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+            ])
+            // The hub's certificate comes from its own CA, which this throwaway profile does not
+            // trust; what is under test is the page, not the browser's trust store.
+            .args(["--ignore-certificate-errors", "--remote-debugging-port=0"])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("about:blank")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("chromium (tests/run.sh installs it)");
+        let stderr = child.stderr.take().unwrap();
+        let child = Killed(child);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Some(url) = line.split("DevTools listening on ").nth(1) {
+                    let _ = tx.send(url.trim().to_owned());
+                }
+            }
+        });
+        let url = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("chromium printed no DevTools address");
+        let addr = url
+            .strip_prefix("ws://")
+            .and_then(|r| r.split('/').next())
+            .unwrap()
+            .to_owned();
+        let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let (ws, _) = tokio_tungstenite::client_async(url.as_str(), tcp)
+            .await
+            .unwrap();
+        let mut b = Browser {
+            _child: child,
+            ws,
+            session: String::new(),
+            next: 0,
+            _profile: profile,
+        };
+        let target = b
+            .call(
+                false,
+                "Target.createTarget",
+                serde_json::json!({"url": "about:blank"}),
+            )
+            .await;
+        let target = target["targetId"].as_str().unwrap().to_owned();
+        let attached = b
+            .call(
+                false,
+                "Target.attachToTarget",
+                serde_json::json!({"targetId": target, "flatten": true}),
+            )
+            .await;
+        b.session = attached["sessionId"].as_str().unwrap().to_owned();
+        b.call(
+            true,
+            "Emulation.setDeviceMetricsOverride",
+            serde_json::json!({"width": 1280, "height": 720, "deviceScaleFactor": 1, "mobile": false}),
+        )
+        .await;
+        b
+    }
+
+    async fn call(
+        &mut self,
+        on_page: bool,
+        method: &str,
+        params: serde_json::Value,
+    ) -> serde_json::Value {
+        use futures_util::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::Message;
+        self.next += 1;
+        let id = self.next;
+        let mut msg = serde_json::json!({"id": id, "method": method, "params": params});
+        if on_page {
+            msg["sessionId"] = self.session.clone().into();
+        }
+        self.ws.send(Message::text(msg.to_string())).await.unwrap();
+        loop {
+            let m = tokio::time::timeout(Duration::from_secs(30), self.ws.next())
+                .await
+                .unwrap_or_else(|_| panic!("no answer to {method}"))
+                .unwrap()
+                .unwrap();
+            let Message::Text(text) = m else { continue };
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            if v["id"].as_u64() == Some(id) {
+                assert!(v.get("error").is_none(), "{method}: {v}");
+                return v["result"].clone();
+            }
+        }
+    }
+
+    async fn eval(&mut self, expression: &str) -> serde_json::Value {
+        let r = self
+            .call(
+                true,
+                "Runtime.evaluate",
+                serde_json::json!({"expression": expression, "returnByValue": true}),
+            )
+            .await;
+        r["result"]["value"].clone()
+    }
+
+    async fn wait_for_text(&mut self, needle: &str, limit: Duration) -> String {
+        let start = Instant::now();
+        loop {
+            let text = self
+                .eval("document.readyState === 'complete' ? document.body.innerText : ''")
+                .await;
+            let text = text.as_str().unwrap_or_default().to_owned();
+            if text.contains(needle) {
+                return text;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "{needle:?} never appeared; the page says:\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+async fn sandbox_with_endpoint(api: &spur_kube_harness::KubeApi, name: &str) {
+    use kube::Api;
+    use kube::api::{Patch, PatchParams, PostParams};
+    let sandboxes: Api<spur_api::Sandbox> = Api::all(api.client());
+    let sb: spur_api::Sandbox = serde_json::from_value(serde_json::json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": name},
+        "spec": {
+            "forks": [{"forkOf": {"kind": "Deployment", "namespace": "shop", "name": "web"}}],
+            "defaultRouteGroup": {"endpoints": [{"name": "web", "target": "http://web.shop.svc:8080"}]},
+            "ttl": {"duration": "2h"}
+        }
+    }))
+    .unwrap();
+    sandboxes.create(&PostParams::default(), &sb).await.unwrap();
+    let status = serde_json::json!({"status": {
+        "routingKey": format!("key{name}"),
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Ready", "message": "",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+    }});
+    sandboxes
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
+    let (east, west) = tokio::join!(
+        spur_kube_harness::KubeApi::start(),
+        spur_kube_harness::KubeApi::start()
+    );
+    let (east, west) = (east.unwrap(), west.unwrap());
+    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/spur/crds");
+    for api in [&east, &west] {
+        for entry in std::fs::read_dir(&crds).unwrap() {
+            api.install_crd_file(&entry.unwrap().path()).await.unwrap();
+        }
+    }
+    sandbox_with_endpoint(&east, "checkout-fix").await;
+    sandbox_with_endpoint(&west, "search-v2").await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    east.write_kubeconfig(&d.join("east.kubeconfig")).unwrap();
+    west.write_kubeconfig(&d.join("west.kubeconfig")).unwrap();
+    for c in ["east", "west"] {
+        let token = spur(d, &["hub", "cluster", "add", c]).stdout;
+        std::fs::write(d.join(format!("{c}.token")), &token).unwrap();
+    }
+    let key = String::from_utf8(spur(d, &["hub", "apikey", "add", "dev"]).stdout).unwrap();
+    let key = key.trim().to_owned();
+    std::fs::write(d.join("ca.pem"), spur(d, &["hub", "ca"]).stdout).unwrap();
+
+    let (port, web) = (free_port(), free_port());
+    let _hub = Killed(
+        Command::new(SPUR)
+            .current_dir(d)
+            .args([
+                "hub",
+                "serve",
+                "--db",
+                "hub.db",
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ])
+            .args(["--tunnel-addr", &format!("127.0.0.1:{port}")])
+            .args(["--preview-addr", &format!("127.0.0.1:{web}")])
+            .args(["--preview-domain", "preview.test"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.join("hub.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let mut agents = Vec::new();
+    for c in ["east", "west"] {
+        agents.push(Killed(
+            Command::new(SPUR)
+                .current_dir(d)
+                .args(["agent", "--hub", &format!("127.0.0.1:{port}")])
+                .args(["--hub-server-name", "localhost", "--hub-ca", "ca.pem"])
+                .args(["--token-file", &format!("{c}.token")])
+                .args(["--kubeconfig", &format!("{c}.kubeconfig")])
+                .args(["--health-addr", &health_addr().to_string()])
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(d.join(format!("agent-{c}.log"))).unwrap())
+                .spawn()
+                .unwrap(),
+        ));
+    }
+    let ca = d.join("ca.pem");
+    // Without a session the page is a redirect to the login form, never the data.
+    let (code, body) = curl(&ca, web, "localhost", "/", &[]);
+    assert_eq!(code, 303, "{body}");
+    // Server-rendered: readable without JavaScript (here with an API key instead of a cookie).
+    let auth = format!("x-spur-api-key: {key}");
+    wait_until(
+        "both clusters' sandboxes in the HTML",
+        Duration::from_secs(30),
+        || {
+            let (code, body) = curl(&ca, web, "localhost", "/", &[&auth]);
+            code == 200 && body.contains("checkout-fix") && body.contains("search-v2")
+        },
+    );
+
+    let url = format!("https://localhost:{web}");
+    let link =
+        String::from_utf8(spur(d, &["hub", "login-link", "dev", "--url", &url]).stdout).unwrap();
+    let mut browser = Browser::start().await;
+    browser
+        .call(
+            true,
+            "Page.navigate",
+            serde_json::json!({"url": link.trim()}),
+        )
+        .await;
+    let text = browser
+        .wait_for_text("search-v2", Duration::from_secs(30))
+        .await;
+    assert!(
+        text.contains("checkout-fix") && text.contains("east") && text.contains("west"),
+        "{text}"
+    );
+    assert!(text.contains("connected"), "{text}");
+    // Wait for the live stream, then mark the page: a reload would lose the mark.
+    browser.wait_for_text("live", Duration::from_secs(20)).await;
+    browser.eval("window.spurMark = 42").await;
+    let shot = browser
+        .call(
+            true,
+            "Page.captureScreenshot",
+            serde_json::json!({"format": "png"}),
+        )
+        .await;
+    let png = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        shot["data"].as_str().unwrap(),
+    )
+    .unwrap();
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hub-web-view.png");
+    std::fs::write(&out, &png).unwrap();
+    eprintln!("screenshot: {}", out.display());
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
+
+    // A new sandbox appears without a reload.
+    sandbox_with_endpoint(&east, "payments-ab").await;
+    let text = browser
+        .wait_for_text("payments-ab", Duration::from_secs(20))
+        .await;
+    assert_eq!(
+        browser.eval("window.spurMark").await,
+        42,
+        "the page reloaded:\n{text}"
+    );
+}

@@ -12,6 +12,7 @@ pub mod preview;
 pub mod protocol;
 pub mod server;
 pub mod store;
+pub mod web;
 
 pub use store::Store;
 

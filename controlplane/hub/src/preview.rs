@@ -39,7 +39,7 @@ const MAX_HEAD: usize = 64 * 1024;
 
 // A concrete error type: with a boxed trait object here, the connection future's `Send` bound
 // runs into a higher-ranked lifetime limitation of the compiler.
-type Body = UnsyncBoxBody<Bytes, hyper::Error>;
+pub(crate) type Body = UnsyncBoxBody<Bytes, hyper::Error>;
 
 /// The preview front end's shared state.
 pub struct Preview {
@@ -153,9 +153,16 @@ impl Preview {
                     let strip = PATH_PREFIX.len() + label.len();
                     (label, Some(strip))
                 }
-                None => return text(StatusCode::NOT_FOUND, "not a preview URL\n"),
+                // The hub's own pages.
+                None => return self.web(req, &host).await,
             },
         };
+        if strip.is_none() && req.uri().path() == "/.spur/login" {
+            return match self.login_routes(req, &host).await {
+                Ok(resp) => resp,
+                Err(_) => text(StatusCode::NOT_FOUND, "not found\n"),
+            };
+        }
         let Some(name) = PreviewName::parse(&label) else {
             return text(
                 StatusCode::BAD_REQUEST,
@@ -165,6 +172,7 @@ impl Preview {
         // Authentication comes before anything about the cluster is revealed or touched.
         match self.authenticate(req.headers()).await {
             Ok(true) => {}
+            Ok(false) if wants_html(req.headers()) => return self.login_required(),
             Ok(false) => {
                 let mut r = text(
                     StatusCode::UNAUTHORIZED,
@@ -220,7 +228,20 @@ impl Preview {
         }
     }
 
-    async fn authenticate(&self, headers: &http::HeaderMap) -> Result<bool, crate::Error> {
+    /// Whether the request carries a valid API key or session cookie.
+    pub(crate) async fn authenticate(
+        &self,
+        headers: &http::HeaderMap,
+    ) -> Result<bool, crate::Error> {
+        if let Some(token) = crate::web::cookie(headers, crate::web::COOKIE) {
+            let (store, token) = (self.store.clone(), token.to_owned());
+            let found = tokio::task::spawn_blocking(move || store.session_key(&token))
+                .await
+                .map_err(|e| crate::Error::Db(e.to_string()))??;
+            if found.is_some() {
+                return Ok(true);
+            }
+        }
         let key = headers
             .get(API_KEY_HEADER)
             .and_then(|v| v.to_str().ok())
@@ -341,6 +362,38 @@ async fn serve_conn(
     }
 }
 
+/// A browser navigating (it would rather see a login form than a bare 401).
+fn wants_html(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/html"))
+}
+
+/// The `Cookie` header without the hub's session cookie (the app never sees it).
+fn without_hub_cookie(headers: &mut http::HeaderMap) {
+    let kept: Vec<String> = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .map(str::trim)
+        .filter(|kv| {
+            !kv.is_empty()
+                && kv
+                    .split_once('=')
+                    .is_none_or(|(k, _)| k != crate::web::COOKIE)
+        })
+        .map(str::to_owned)
+        .collect();
+    headers.remove(header::COOKIE);
+    if !kept.is_empty()
+        && let Ok(v) = HeaderValue::try_from(kept.join("; "))
+    {
+        headers.insert(header::COOKIE, v);
+    }
+}
+
 fn request_host<B>(req: &Request<B>) -> Option<String> {
     req.uri()
         .authority()
@@ -367,6 +420,7 @@ fn prepare<B>(req: &mut Request<B>, to: &Resolved, host: &str, peer: SocketAddr)
     if bearer_is_ours {
         h.remove(header::AUTHORIZATION);
     }
+    without_hub_cookie(h);
     // Hop-by-hop headers of the client's connection are not the target's business (an upgrade
     // is re-requested by hyper from the upgrade extension; keep Upgrade and Connection for it).
     h.remove("proxy-connection");
@@ -486,6 +540,18 @@ mod tests {
         assert_eq!(h.get("host").unwrap(), "web.shop.svc:8080");
         assert_eq!(h.get("x-forwarded-for").unwrap(), "192.0.2.1");
         assert_eq!(req.uri(), "/x?y=1");
+        let mut req = Request::get("/")
+            .header("cookie", "a=1; spur_hub=spurs_secret; b=2")
+            .body(())
+            .unwrap();
+        prepare(&mut req, &to, "h", "192.0.2.1:1".parse().unwrap());
+        assert_eq!(req.headers().get("cookie").unwrap(), "a=1; b=2");
+        let mut req = Request::get("/")
+            .header("cookie", "spur_hub=spurs_x")
+            .body(())
+            .unwrap();
+        prepare(&mut req, &to, "h", "192.0.2.1:1".parse().unwrap());
+        assert!(req.headers().get("cookie").is_none());
         // Someone else's bearer token (not a hub key) is the app's business and stays.
         let mut req = Request::get("/")
             .header("authorization", "Bearer app-token")

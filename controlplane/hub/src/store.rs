@@ -13,9 +13,12 @@ use rusqlite::{Connection, OptionalExtension, params};
 use crate::Error;
 
 /// Schema version in `PRAGMA user_version`; a newer file is refused rather than misread.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
-const SCHEMA: &str = "
+/// Migrations, in order: entry `i` takes a file from version `i` to `i + 1`.
+const MIGRATIONS: [&str; 2] = [SCHEMA_V1, SESSIONS_V2];
+
+const SCHEMA_V1: &str = "
 CREATE TABLE clusters (
     name        TEXT PRIMARY KEY NOT NULL,
     token_hash  BLOB NOT NULL UNIQUE,
@@ -39,10 +42,23 @@ CREATE TABLE api_keys (
 ) STRICT;
 ";
 
+/// Browser sessions (the cookie set at login), each tied to the API key that logged in: revoking
+/// the key ends them.
+const SESSIONS_V2: &str = "
+CREATE TABLE sessions (
+    token_hash  BLOB PRIMARY KEY NOT NULL,
+    key_name    TEXT NOT NULL REFERENCES api_keys (name),
+    created_ms  INTEGER NOT NULL,
+    expires_ms  INTEGER NOT NULL
+) STRICT;
+";
+
 /// Prefix of cluster tokens, so that a leaked one is recognisable (secret scanners, logs).
 pub const CLUSTER_TOKEN_PREFIX: &str = "spurc_";
 /// Prefix of API keys.
 pub const API_KEY_PREFIX: &str = "spurk_";
+/// Prefix of browser session tokens (cookies and one-time login codes).
+pub const SESSION_PREFIX: &str = "spurs_";
 
 /// Longest cluster or API key name: a DNS label, since a cluster name shows up in URLs.
 pub const MAX_NAME: usize = 63;
@@ -114,23 +130,20 @@ impl Store {
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .map_err(e)?;
-        match version {
-            0 => {
-                // Schema and version in one transaction: a kill in between leaves version 0
-                // and no tables, and the next start creates both.
-                let tx = conn.unchecked_transaction().map_err(e)?;
-                tx.execute_batch(SCHEMA).map_err(e)?;
-                tx.pragma_update(None, "user_version", SCHEMA_VERSION)
-                    .map_err(e)?;
-                tx.commit().map_err(e)?;
-            }
-            SCHEMA_VERSION => {}
-            v => {
-                return Err(Error::Db(format!(
-                    "schema version {v} is newer than this hub understands ({SCHEMA_VERSION}); \
-                     run a newer spur"
-                )));
-            }
+        if version > SCHEMA_VERSION {
+            return Err(Error::Db(format!(
+                "schema version {version} is newer than this hub understands \
+                 ({SCHEMA_VERSION}); run a newer spur"
+            )));
+        }
+        for (from, migration) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
+            // Each step and its version in one transaction: a kill in between leaves the file
+            // at the previous version, and the next start runs the step again.
+            let tx = conn.unchecked_transaction().map_err(e)?;
+            tx.execute_batch(migration).map_err(e)?;
+            tx.pragma_update(None, "user_version", from as i64 + 1)
+                .map_err(e)?;
+            tx.commit().map_err(e)?;
         }
         Ok(Store {
             conn: Arc::new(Mutex::new(conn)),
@@ -358,6 +371,66 @@ impl Store {
             .map_err(dbe)
     }
 
+    /// Starts a session for API key `key_name`, valid for `ttl`; returns its token.
+    pub fn create_session(&self, key_name: &str, ttl: Duration) -> Result<String, Error> {
+        let token = new_secret(SESSION_PREFIX)?;
+        let now = now_ms();
+        let ttl = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let conn = self.conn();
+        let active: bool = conn
+            .query_row(
+                "SELECT 1 FROM api_keys WHERE name = ?1 AND revoked_ms IS NULL",
+                [key_name],
+                |_| Ok(()),
+            )
+            .optional()
+            .map_err(dbe)?
+            .is_some();
+        if !active {
+            return Err(Error::NotFound(format!(
+                "no active API key named {key_name:?}"
+            )));
+        }
+        // Expired sessions go whenever a new one starts: the table stays small.
+        conn.execute("DELETE FROM sessions WHERE expires_ms < ?1", [now])
+            .map_err(dbe)?;
+        conn.execute(
+            "INSERT INTO sessions (token_hash, key_name, created_ms, expires_ms) \
+             VALUES (?1, ?2, ?3, ?4)",
+            params![sha256(&token), key_name, now, now.saturating_add(ttl)],
+        )
+        .map_err(dbe)?;
+        Ok(token)
+    }
+
+    /// The API key name behind a live session token (not expired, key not revoked).
+    pub fn session_key(&self, token: &str) -> Result<Option<String>, Error> {
+        if !token.starts_with(SESSION_PREFIX) {
+            return Ok(None);
+        }
+        self.conn()
+            .query_row(
+                "SELECT s.key_name FROM sessions s JOIN api_keys k ON k.name = s.key_name \
+                 WHERE s.token_hash = ?1 AND s.expires_ms > ?2 AND k.revoked_ms IS NULL",
+                params![sha256(token), now_ms()],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(dbe)
+    }
+
+    /// Ends a session (logout; a one-time login code once used). Returns whether it existed.
+    pub fn end_session(&self, token: &str) -> Result<bool, Error> {
+        let n = self
+            .conn()
+            .execute(
+                "DELETE FROM sessions WHERE token_hash = ?1",
+                [sha256(token)],
+            )
+            .map_err(dbe)?;
+        Ok(n > 0)
+    }
+
     /// The hub's CA (certificate and key, PEM), made by `create` on first use. Two hubs
     /// starting at once on one file agree: the insert is conditional and the winner is read back.
     pub fn ca_or_create(
@@ -543,6 +616,52 @@ mod tests {
         drop((hub, cli));
         let again = Store::open(&path).unwrap();
         assert_eq!(again.clusters().unwrap()[0].name, "east");
+    }
+
+    #[test]
+    fn sessions_expire_end_and_die_with_their_key() {
+        let s = Store::in_memory().unwrap();
+        s.add_api_key("dev").unwrap();
+        assert!(matches!(
+            s.create_session("nobody", Duration::from_secs(60)),
+            Err(Error::NotFound(_))
+        ));
+        let t = s.create_session("dev", Duration::from_secs(60)).unwrap();
+        assert_eq!(s.session_key(&t).unwrap().as_deref(), Some("dev"));
+        let short = s.create_session("dev", Duration::ZERO).unwrap();
+        assert_eq!(
+            s.session_key(&short).unwrap(),
+            None,
+            "an expired session works"
+        );
+        let other = s.create_session("dev", Duration::from_secs(60)).unwrap();
+        assert!(s.end_session(&other).unwrap());
+        assert_eq!(s.session_key(&other).unwrap(), None);
+        s.revoke_api_key("dev").unwrap();
+        assert_eq!(
+            s.session_key(&t).unwrap(),
+            None,
+            "a revoked key's session works"
+        );
+    }
+
+    #[test]
+    fn a_version_1_file_is_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(SCHEMA_V1).unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+            conn.execute(
+                "INSERT INTO api_keys (name, key_hash, created_ms) VALUES ('old', x'00', 1)",
+                [],
+            )
+            .unwrap();
+        }
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.api_keys().unwrap()[0].name, "old");
+        assert!(s.create_session("old", Duration::from_secs(5)).is_ok());
     }
 
     #[test]

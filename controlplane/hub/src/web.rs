@@ -1,0 +1,615 @@
+//! The web view, served by the hub on every host that is not a preview: clusters (connected or
+//! not, last seen), each cluster's sandboxes (forks, routing key, readiness, time to live, preview
+//! links) and route groups. Server-rendered HTML that reads fine with JavaScript off; with it on,
+//! a small script (no external assets) listens to `/events` (server-sent events) and swaps in the
+//! fresh table when anything changes. Login: an API key posted to `/login`, or a one-time code
+//! from `spur hub login-link`, sets a session cookie.
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+
+use crate::preview::{Body, Preview, preview_url};
+
+/// The session cookie.
+pub const COOKIE: &str = "spur_hub";
+/// How long a login lasts.
+pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+/// Longest login form body read.
+const MAX_FORM: usize = 4096;
+
+const CSS: &str = r#"
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
+header{background:#1d2330;color:#fff;padding:10px 20px;display:flex;justify-content:space-between;align-items:center}
+header h1{font-size:17px;margin:0} header a{color:#cfd6e4}
+main{padding:12px 20px;max-width:1200px}
+h2{font-size:15px;margin:18px 0 6px} h3{font-size:14px;margin:12px 0 4px;color:#445}
+table{border-collapse:collapse;width:100%;background:#fff;margin-bottom:8px}
+th,td{text-align:left;padding:5px 8px;border-bottom:1px solid #e3e6ec;vertical-align:top}
+th{background:#eef0f4;font-weight:600;font-size:12px;text-transform:uppercase;color:#556}
+code{font-size:12px;background:#eef0f4;padding:1px 4px;border-radius:3px}
+.ok{color:#137333;font-weight:600} .bad{color:#b3261e;font-weight:600} .dim{color:#778}
+.live{font-size:12px;color:#cfd6e4} form.login{background:#fff;padding:20px;max-width:420px}
+input[type=password]{width:100%;padding:6px;margin:8px 0}
+"#;
+
+const JS: &str = r#"
+(function(){
+  if(!window.EventSource) return;
+  var live=document.getElementById('live'); var pending=false;
+  var es=new EventSource('/events');
+  es.addEventListener('update',function(){
+    if(pending) return; pending=true;
+    setTimeout(function(){
+      fetch('/?fragment=1',{credentials:'same-origin'}).then(function(r){return r.text()}).then(function(h){
+        document.getElementById('main').innerHTML=h; pending=false;
+        if(live) live.textContent='live · updated '+new Date().toLocaleTimeString();
+      }).catch(function(){pending=false});
+    },150);
+  });
+  es.onopen=function(){ if(live) live.textContent='live'; };
+  es.onerror=function(){ if(live) live.textContent='reconnecting…'; };
+})();
+"#;
+
+/// Escapes text for HTML content and attribute values.
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The value of cookie `name` in a request's `Cookie` headers.
+pub fn cookie<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+fn full(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
+    let mut r = Response::new(
+        Full::new(Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    // Everything is served by the hub itself; nothing may be framed or loaded from elsewhere.
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+             img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
+fn redirect(to: &str, cookie: Option<String>) -> Response<Body> {
+    let mut r = full(
+        StatusCode::SEE_OTHER,
+        "text/plain; charset=utf-8",
+        String::new(),
+    );
+    if let Ok(v) = HeaderValue::try_from(to) {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    if let Some(c) = cookie.and_then(|c| HeaderValue::try_from(c).ok()) {
+        r.headers_mut().insert(header::SET_COOKIE, c);
+    }
+    r
+}
+
+fn page(title: &str, live: bool, main: &str) -> String {
+    let live = if live {
+        "<span class=live id=live>static (JavaScript off)</span> <a href=\"/logout\">log out</a>"
+    } else {
+        ""
+    };
+    format!(
+        "<!doctype html><html lang=en><head><meta charset=utf-8>\
+         <meta name=viewport content=\"width=device-width,initial-scale=1\">\
+         <title>{}</title><link rel=stylesheet href=\"/app.css\"></head><body>\
+         <header><h1>Spur hub</h1><div>{live}</div></header><main id=main>{main}</main>\
+         <script src=\"/app.js\"></script></body></html>",
+        esc(title)
+    )
+}
+
+fn login_page(message: Option<&str>, action: &str) -> String {
+    let message = message
+        .map(|m| format!("<p class=bad>{}</p>", esc(m)))
+        .unwrap_or_default();
+    page(
+        "Spur hub: log in",
+        false,
+        &format!(
+            "<form class=login method=post action=\"{}\"><h2>Log in</h2>{message}\
+             <label>API key (<code>spur hub apikey add NAME</code>)\
+             <input type=password name=key autocomplete=current-password autofocus></label>\
+             <button type=submit>Log in</button></form>",
+            esc(action)
+        ),
+    )
+}
+
+/// `Set-Cookie` for a session: for the whole preview domain when the request came to a host in
+/// it (one login then covers every preview), else for this host only.
+fn session_cookie(token: &str, host: &str, domain: &str) -> String {
+    let scope = if host == domain || host.ends_with(&format!(".{domain}")) {
+        format!("; Domain={domain}")
+    } else {
+        String::new()
+    };
+    format!(
+        "{COOKIE}={token}; Path=/; HttpOnly; Secure; SameSite=Lax; Max-Age={}{scope}",
+        SESSION_TTL.as_secs()
+    )
+}
+
+impl Preview {
+    /// The login page, as the answer to an unauthenticated browser on a preview host.
+    pub(crate) fn login_required(&self) -> Response<Body> {
+        let mut r = full(
+            StatusCode::UNAUTHORIZED,
+            "text/html; charset=utf-8",
+            login_page(None, "/.spur/login"),
+        );
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"spur hub\""),
+        );
+        r
+    }
+
+    /// Handles `/login`, `/.spur/login` (the same, on preview hosts) and `/logout`; None for
+    /// any other path.
+    pub(crate) async fn login_routes(
+        &self,
+        req: Request<Incoming>,
+        host: &str,
+    ) -> Result<Response<Body>, Request<Incoming>> {
+        let path = req.uri().path();
+        if path == "/logout" {
+            if let Some(token) = cookie(req.headers(), COOKIE) {
+                let (store, token) = (self.store.clone(), token.to_owned());
+                let _ = tokio::task::spawn_blocking(move || store.end_session(&token)).await;
+            }
+            let clear = format!("{COOKIE}=; Path=/; HttpOnly; Secure; SameSite=Lax; Max-Age=0");
+            return Ok(redirect("/login", Some(clear)));
+        }
+        if path != "/login" && path != "/.spur/login" {
+            return Err(req);
+        }
+        let action = path.to_owned();
+        let after = "/";
+        // A one-time code from `spur hub login-link`: exchanged for a fresh session.
+        if req.method() == Method::GET
+            && let Some(code) = req
+                .uri()
+                .query()
+                .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("code=")))
+        {
+            let (store, code) = (self.store.clone(), code.to_owned());
+            let exchanged = tokio::task::spawn_blocking(move || {
+                let Some(name) = store.session_key(&code)? else {
+                    return Ok(None);
+                };
+                // One use only, whatever happens next.
+                store.end_session(&code)?;
+                store.create_session(&name, SESSION_TTL).map(Some)
+            })
+            .await;
+            return Ok(match exchanged {
+                Ok(Ok(Some(token))) => {
+                    redirect(after, Some(session_cookie(&token, host, &self.domain)))
+                }
+                Ok(Ok(None)) => full(
+                    StatusCode::UNAUTHORIZED,
+                    "text/html; charset=utf-8",
+                    login_page(Some("That login link is used or expired."), &action),
+                ),
+                _ => full(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain; charset=utf-8",
+                    "cannot check credentials now\n".into(),
+                ),
+            });
+        }
+        match *req.method() {
+            Method::GET => Ok(full(
+                StatusCode::OK,
+                "text/html; charset=utf-8",
+                login_page(None, &action),
+            )),
+            Method::POST => {
+                let body = http_body_util::Limited::new(req.into_body(), MAX_FORM)
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes());
+                let Ok(body) = body else {
+                    return Ok(full(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "text/plain; charset=utf-8",
+                        "form too large\n".into(),
+                    ));
+                };
+                let key = form_value(&body, "key").unwrap_or_default();
+                let store = self.store.clone();
+                let session =
+                    tokio::task::spawn_blocking(move || match store.api_key_name(key.trim())? {
+                        Some(name) => store.create_session(&name, SESSION_TTL).map(Some),
+                        None => Ok(None),
+                    })
+                    .await;
+                Ok(match session {
+                    Ok(Ok(Some(token))) => {
+                        redirect(after, Some(session_cookie(&token, host, &self.domain)))
+                    }
+                    Ok(Ok(None)) => full(
+                        StatusCode::UNAUTHORIZED,
+                        "text/html; charset=utf-8",
+                        login_page(Some("Unknown or revoked API key."), &action),
+                    ),
+                    _ => full(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "text/plain; charset=utf-8",
+                        "cannot check credentials now\n".into(),
+                    ),
+                })
+            }
+            _ => Ok(full(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain; charset=utf-8",
+                "GET or POST\n".into(),
+            )),
+        }
+    }
+
+    /// The web view's routes (after authentication).
+    pub(crate) async fn web(&self, req: Request<Incoming>, host: &str) -> Response<Body> {
+        let req = match self.login_routes(req, host).await {
+            Ok(resp) => return resp,
+            Err(req) => req,
+        };
+        match (req.method(), req.uri().path()) {
+            (&Method::GET, "/app.css") => {
+                return full(StatusCode::OK, "text/css; charset=utf-8", CSS.into());
+            }
+            (&Method::GET, "/app.js") => {
+                return full(StatusCode::OK, "text/javascript; charset=utf-8", JS.into());
+            }
+            (&Method::GET, "/healthz") => {
+                return full(StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into());
+            }
+            _ => {}
+        }
+        match self.authenticate(req.headers()).await {
+            Ok(true) => {}
+            Ok(false) => return redirect("/login", None),
+            Err(_) => {
+                return full(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain; charset=utf-8",
+                    "cannot check credentials now\n".into(),
+                );
+            }
+        }
+        match (req.method(), req.uri().path()) {
+            (&Method::GET, "/") => {
+                let main = self.render().await;
+                if req.uri().query() == Some("fragment=1") {
+                    full(StatusCode::OK, "text/html; charset=utf-8", main)
+                } else {
+                    full(
+                        StatusCode::OK,
+                        "text/html; charset=utf-8",
+                        page("Spur hub", true, &main),
+                    )
+                }
+            }
+            (&Method::GET, "/events") => self.events(),
+            _ => full(
+                StatusCode::NOT_FOUND,
+                "text/plain; charset=utf-8",
+                "not found\n".into(),
+            ),
+        }
+    }
+
+    /// Server-sent events: `update` whenever a cluster connects or leaves or any object changes
+    /// (bursts coalesced), and a comment every 15 s to keep proxies from closing the stream.
+    fn events(&self) -> Response<Body> {
+        let mut catalog = self.catalog.changes();
+        let mut clusters = self.clusters.changes();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, hyper::Error>>(4);
+        tokio::spawn(async move {
+            let _ = tx
+                .send(Ok(Frame::data(Bytes::from_static(b"retry: 2000\n\n"))))
+                .await;
+            loop {
+                let frame = tokio::select! {
+                    r = catalog.changed() => match r { Ok(()) => "event: update\ndata: catalog\n\n", Err(_) => return },
+                    r = clusters.changed() => match r { Ok(()) => "event: update\ndata: clusters\n\n", Err(_) => return },
+                    () = tokio::time::sleep(Duration::from_secs(15)) => ":\n\n",
+                    () = tx.closed() => return,
+                };
+                if tx
+                    .send(Ok(Frame::data(Bytes::from_static(frame.as_bytes()))))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                // Coalesce a burst of changes into one update.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                catalog.borrow_and_update();
+                clusters.borrow_and_update();
+            }
+        });
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let mut r = Response::new(StreamBody::new(stream).boxed_unsync());
+        let h = r.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        r
+    }
+
+    /// The page's main content.
+    pub async fn render(&self) -> String {
+        let store = self.store.clone();
+        let registered = tokio::task::spawn_blocking(move || store.clusters())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        let connected = self.clusters.connected();
+        let views = self.catalog.snapshot();
+        let now = SystemTime::now();
+        let mut out = String::new();
+        out.push_str("<h2>Clusters</h2><table><tr><th>Cluster</th><th>Status</th><th>Transport</th><th>Connected since</th><th>Last seen</th><th>Sandboxes</th></tr>");
+        for c in &registered {
+            let live = connected.iter().find(|(n, _)| *n == c.name).map(|(_, s)| s);
+            let status = match (c.revoked.is_some(), live) {
+                (true, _) => "<span class=bad>revoked</span>",
+                (false, Some(_)) => "<span class=ok>connected</span>",
+                (false, None) => "<span class=dim>disconnected</span>",
+            };
+            let sandboxes = views.get(&c.name).map_or(0, |v| v.sandboxes.len());
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td>{status}</td><td>{}</td><td>{}</td><td>{}</td><td>{sandboxes}</td></tr>",
+                esc(&c.name),
+                live.map_or("-", |s| s.session.transport().as_str()),
+                live.map_or_else(|| "-".into(), |s| ago(now, s.since)),
+                c.last_seen.map_or_else(|| "never".into(), |t| ago(now, t)),
+            );
+        }
+        out.push_str("</table>");
+        for (cluster, view) in &views {
+            let _ = write!(out, "<h2>Sandboxes in {}</h2>", esc(cluster));
+            if !view.synced {
+                out.push_str("<p class=dim>loading…</p>");
+            }
+            out.push_str("<table><tr><th>Sandbox</th><th>Routing key</th><th>Ready</th><th>Forks</th><th>TTL left</th><th>Previews</th></tr>");
+            if view.sandboxes.is_empty() {
+                out.push_str("<tr><td colspan=6 class=dim>none</td></tr>");
+            }
+            for (name, sb) in &view.sandboxes {
+                let status = sb.status.as_ref();
+                let ready = status
+                    .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+                    .map_or("<span class=dim>unknown</span>".to_owned(), |c| {
+                        if c.status == "True" {
+                            "<span class=ok>ready</span>".into()
+                        } else {
+                            format!(
+                                "<span class=bad title=\"{}\">{}</span>",
+                                esc(&c.message),
+                                esc(&c.reason)
+                            )
+                        }
+                    });
+                let forks: Vec<String> = sb
+                    .spec
+                    .forks
+                    .iter()
+                    .map(|f| {
+                        format!(
+                            "<code>{}/{}</code>",
+                            esc(&f.fork_of.namespace),
+                            esc(&f.fork_of.name)
+                        )
+                    })
+                    .collect();
+                let ttl = status.and_then(|s| s.expires_at.as_ref()).map_or_else(
+                    || "-".into(),
+                    |t| {
+                        let left = t.0.as_second() - jiff_now();
+                        if left <= 0 {
+                            "expiring".into()
+                        } else {
+                            human(Duration::from_secs(left.unsigned_abs()))
+                        }
+                    },
+                );
+                let links: Vec<String> = sb
+                    .spec
+                    .default_route_group
+                    .iter()
+                    .flat_map(|g| &g.endpoints)
+                    .map(|e| {
+                        let url = preview_url(&self.domain, &e.name, name, Some(cluster));
+                        format!("<a href=\"{}\">{}</a>", esc(&url), esc(&e.name))
+                    })
+                    .collect();
+                let _ = write!(
+                    out,
+                    "<tr><td>{}</td><td><code>{}</code></td><td>{ready}</td><td>{}</td><td>{ttl}</td><td>{}</td></tr>",
+                    esc(name),
+                    esc(status.and_then(|s| s.routing_key.as_deref()).unwrap_or("-")),
+                    forks.join(" "),
+                    if links.is_empty() {
+                        "-".into()
+                    } else {
+                        links.join(" ")
+                    },
+                );
+            }
+            out.push_str("</table>");
+            if !view.route_groups.is_empty() {
+                let _ = write!(out, "<h3>Route groups in {}</h3>", esc(cluster));
+                out.push_str("<table><tr><th>Route group</th><th>Routing key</th><th>Sandboxes</th><th>Previews</th></tr>");
+                for (name, rg) in &view.route_groups {
+                    let status = rg.status.as_ref();
+                    let links: Vec<String> = rg
+                        .spec
+                        .endpoints
+                        .iter()
+                        .map(|e| {
+                            let url = preview_url(&self.domain, &e.name, name, Some(cluster));
+                            format!("<a href=\"{}\">{}</a>", esc(&url), esc(&e.name))
+                        })
+                        .collect();
+                    let _ = write!(
+                        out,
+                        "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
+                        esc(name),
+                        esc(status.and_then(|s| s.routing_key.as_deref()).unwrap_or("-")),
+                        esc(&status
+                            .map(|s| s.matched_sandboxes.join(", "))
+                            .unwrap_or_default()),
+                        if links.is_empty() {
+                            "-".into()
+                        } else {
+                            links.join(" ")
+                        },
+                    );
+                }
+                out.push_str("</table>");
+            }
+        }
+        out
+    }
+}
+
+fn jiff_now() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..120 => format!("{s}s"),
+        120..7200 => format!("{}m", s / 60),
+        7200..172_800 => format!("{}h {}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d {}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+fn ago(now: SystemTime, t: SystemTime) -> String {
+    now.duration_since(t)
+        .map_or_else(|_| "just now".into(), |d| format!("{} ago", human(d)))
+}
+
+/// Value of field `name` in an `application/x-www-form-urlencoded` body.
+fn form_value(body: &[u8], name: &str) -> Option<String> {
+    let body = std::str::from_utf8(body).ok()?;
+    body.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == name).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(v) => {
+                        out.push(v);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping_and_forms() {
+        assert_eq!(
+            esc("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
+        assert_eq!(
+            form_value(b"a=1&key=spurk_ab%2Bc+d", "key").as_deref(),
+            Some("spurk_ab+c d")
+        );
+        assert_eq!(form_value(b"key=%", "key").as_deref(), Some("%"));
+        assert_eq!(form_value(b"key=%4", "key").as_deref(), Some("%4"));
+        assert_eq!(form_value(b"key=%zz", "key").as_deref(), Some("%zz"));
+        assert_eq!(form_value(b"x=1", "key"), None);
+    }
+
+    #[test]
+    fn cookies() {
+        let mut h = http::HeaderMap::new();
+        h.append(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; spur_hub=spurs_x"),
+        );
+        h.append(header::COOKIE, HeaderValue::from_static("b=2"));
+        assert_eq!(cookie(&h, COOKIE), Some("spurs_x"));
+        assert_eq!(cookie(&h, "b"), Some("2"));
+        assert_eq!(cookie(&h, "c"), None);
+        let c = session_cookie("t", "web--a.preview.test", "preview.test");
+        assert!(
+            c.contains("Domain=preview.test") && c.contains("HttpOnly") && c.contains("Secure")
+        );
+        assert!(!session_cookie("t", "hub.example.com", "preview.test").contains("Domain"));
+    }
+}
