@@ -4,7 +4,8 @@
 //! and an application namespace. The answers must equal the committed expectation
 //! `tests/rbac/expected.txt`, so a widened rule fails here until someone writes it down there
 //! (and a reviewer sees it); and some invariants hold whatever the expectation says: no wildcard,
-//! a route server that writes nothing, a tunnel proxy that reads no Secret but the tokens.
+//! a route server that writes nothing, a tunnel proxy that reads no Secret but the tokens, a hub
+//! agent that only reads Spur's objects.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
@@ -114,7 +115,12 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
     .await
     .unwrap();
 
+    let agent = kube_rbac::chart_client(&api, "spur-agent", "agent-rules.yaml", None)
+        .await
+        .unwrap();
+
     let mut actual = BTreeSet::new();
+    actual.extend(rules_of("spur-agent", agent).await);
     actual.extend(rules_of("spur-operator", operator).await);
     actual.extend(rules_of("spur-routeserver", routeserver).await);
     actual.extend(rules_of("spur-tunnel-proxy", tunnel_proxy).await);
@@ -134,6 +140,14 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
             assert!(
                 !verbs.split(',').any(|v| WRITE_VERBS.contains(&v)),
                 "the route server may write: {line}"
+            );
+        }
+        // The agent serves a hub outside the cluster: it reads Spur's objects and nothing else.
+        if line.starts_with("spur-agent ") {
+            assert!(
+                !verbs.split(',').any(|v| WRITE_VERBS.contains(&v))
+                    && line.contains(" groups=spur.dev "),
+                "the agent may do more than read Spur's objects: {line}"
             );
         }
         if line.starts_with("spur-tunnel-proxy ") && line.contains("secrets") {

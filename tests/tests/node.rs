@@ -382,6 +382,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
     // --- every file under docs/examples/ does what its comments say ---------------------------
     docs_examples_on_the_node(node);
 
+    // --- the hub: an agent in the cluster dials a hub on a "laptop"; previews reach the fork --
+    hub_previews_through_the_agent(node, ns, &backend_pods[0]);
+
     // --- a laptop joins through the tunnel-proxy pod: keyed requests reach its process --------
     let workstation_token =
         laptop_joins_through_the_tunnel_proxy(node, ns, &client, &frontend, &backend_pods[0]);
@@ -1009,6 +1012,199 @@ fn fork_pod(node: &Node, ns: &str, sandbox: &str) -> String {
     )
     .with_context(|| node.describe(ns))
     .unwrap()
+}
+
+/// `spur hub serve` on a "laptop" network namespace (the test host's stand-in for a machine
+/// outside the cluster); the chart's agent, enabled by `helm upgrade`, dials it with a cluster
+/// token. A preview URL of a Sandbox endpoint (the frontend) answers from the backend's fork pod;
+/// without an API key the answer is 401 and nothing reaches the cluster; a hub killed and started
+/// again is reconnected to with no manual step; a deleted Sandbox's URL is a 404.
+fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
+    struct Hub(std::process::Child);
+    impl Drop for Hub {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let laptop = node.laptop(3).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let spur = spur_bin("spur");
+    let db = d.join("hub.db");
+    let hub_cli = |args: &[&str]| -> String {
+        let out = std::process::Command::new(&spur)
+            .args(args)
+            .arg("--db")
+            .arg(&db)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "spur {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let token = hub_cli(&["hub", "cluster", "add", "node"]);
+    let key = hub_cli(&["hub", "apikey", "add", "dev"]).trim().to_owned();
+    let ca = d.join("ca.pem");
+    std::fs::write(&ca, hub_cli(&["hub", "ca"])).unwrap();
+    let start_hub = || {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(d.join("hub.log"))
+            .unwrap();
+        Hub(std::process::Command::new("ip")
+            .args(["netns", "exec", &laptop.netns])
+            .arg(&spur)
+            .args(["hub", "serve", "--db"])
+            .arg(&db)
+            .args([
+                "--tunnel-addr",
+                "0.0.0.0:8443",
+                "--preview-addr",
+                "0.0.0.0:8444",
+            ])
+            .args(["--preview-domain", "preview.test", "--name", &laptop.ip])
+            .args(["--metrics-addr", "127.0.0.1:9090"])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap())
+    };
+    let mut hub = start_hub();
+    node.apply(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: spur-agent-token, namespace: {SPUR_NAMESPACE}}}\nstringData: {{token: {}}}\n",
+        token.trim()
+    ))
+    .unwrap();
+    let ca_arg = format!("agent.hubCA={}", ca.display());
+    let hub_arg = format!("agent.hub={}:8443", laptop.ip);
+    node.helm(&helm_args(
+        &[
+            "upgrade",
+            RELEASE,
+            &chart(),
+            "--namespace",
+            SPUR_NAMESPACE,
+            "--reuse-values",
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+        &[
+            "--set",
+            "agent.enabled=true",
+            "--set",
+            &hub_arg,
+            "--set-file",
+            &ca_arg,
+        ],
+    ))
+    .with_context(|| node.describe(SPUR_NAMESPACE))
+    .unwrap();
+    // Ready means connected to the hub (the readiness probe is the tunnel's state).
+    node.rollout(SPUR_NAMESPACE, "spur-agent")
+        .with_context(|| std::fs::read_to_string(d.join("hub.log")).unwrap_or_default())
+        .unwrap();
+
+    node.apply(&format!(
+        "{}  defaultRouteGroup:\n    endpoints:\n      - {{name: shop, target: \"http://frontend.{ns}.svc:8080\"}}\n",
+        sandbox("backend-preview", ns, "backend", "preview", None)
+    ))
+    .unwrap();
+    sandbox_ready(node, "backend-preview");
+    let fork = fork_pod(node, ns, "backend-preview");
+    let preview = |host: &str, headers: &[&str]| -> Answer {
+        let mut c = std::process::Command::new("ip");
+        c.args([
+            "netns",
+            "exec",
+            &laptop.netns,
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+            "--cacert",
+        ])
+        .arg(&ca)
+        .args([
+            "--resolve",
+            &format!("{host}:8444:127.0.0.1"),
+            "-w",
+            "\n%{http_code}",
+        ]);
+        for h in headers {
+            c.args(["-H", h]);
+        }
+        let out = c.arg(format!("https://{host}:8444/")).output().unwrap();
+        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = out.trim_end().rsplit_once('\n').unwrap_or(("", out.trim()));
+        Answer {
+            status: code.trim().parse().unwrap_or(0),
+            json: serde_json::from_str(body).unwrap_or(Value::Null),
+            body: body.to_owned(),
+        }
+    };
+    let host = "shop--backend-preview.preview.test";
+    let auth = format!("x-spur-api-key: {key}");
+    let answered = |a: &Answer| a.status == 200 && a.answered_by() == Some(fork.as_str());
+    let a = eventually(
+        "the preview URL to answer from the fork",
+        Duration::from_secs(90),
+        || {
+            let a = preview(host, &[&auth]);
+            Ok(answered(&a).then_some(a))
+        },
+    )
+    .with_context(|| std::fs::read_to_string(d.join("hub.log")).unwrap_or_default())
+    .unwrap();
+    assert_eq!(a.marker(), Some("preview"), "{a:?}");
+    // Unauthenticated: 401 from the hub; nothing reached the cluster (the baseline still
+    // answers keyless requests, and the fork saw no request without the key).
+    let denied = preview(host, &[]);
+    assert_eq!(denied.status, 401, "{denied:?}");
+    assert!(
+        !denied.body.contains(backend_pod) && !denied.body.contains(&fork),
+        "{denied:?}"
+    );
+
+    // The hub dies and comes back: the agent reconnects, previews work again, no manual step.
+    drop(hub);
+    hub = start_hub();
+    eventually(
+        "previews after the hub restarted",
+        Duration::from_secs(90),
+        || {
+            let a = preview(host, &[&auth]);
+            Ok(answered(&a).then_some(()))
+        },
+    )
+    .with_context(|| std::fs::read_to_string(d.join("hub.log")).unwrap_or_default())
+    .unwrap();
+
+    // The Sandbox goes: its URL is a 404.
+    node.kubectl(&[
+        "delete",
+        "sandbox",
+        "backend-preview",
+        "--wait=true",
+        "--timeout=120s",
+    ])
+    .unwrap();
+    eventually(
+        "the deleted sandbox's preview to 404",
+        Duration::from_secs(60),
+        || Ok((preview(host, &[&auth]).status == 404).then_some(())),
+    )
+    .unwrap();
+    drop(hub);
+    drop(laptop);
+    // The token Secret is the user's, not the chart's: helm uninstall would leave it.
+    node.kubectl(&["-n", SPUR_NAMESPACE, "delete", "secret", "spur-agent-token"])
+        .unwrap();
 }
 
 /// `spur local connect` from a "laptop" network namespace to the tunnel-proxy pod (its ClusterIP
