@@ -417,6 +417,26 @@ pub struct Endpoint {
     pub target: String,
 }
 
+/// An endpoint's preview URL, as the operator publishes it when it knows the hub's preview
+/// domain (`spur operator --preview-domain`; docs/hub.md).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointStatus {
+    /// The endpoint's name.
+    pub name: String,
+    /// `https://<endpoint>--<name>[--<cluster>].<preview domain>/`.
+    pub url: String,
+}
+
+/// The preview URL of endpoint `endpoint` of sandbox or route group `owner` (docs/hub.md): the
+/// host form, qualified by `cluster` when the hub serves several clusters.
+pub fn preview_url(domain: &str, endpoint: &str, owner: &str, cluster: Option<&str>) -> String {
+    match cluster {
+        Some(c) => format!("https://{endpoint}--{owner}--{c}.{domain}/"),
+        None => format!("https://{endpoint}--{owner}.{domain}/"),
+    }
+}
+
 /// Time to live.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -508,6 +528,10 @@ pub struct SandboxStatus {
     /// When the sandbox will be deleted, from `spec.ttl`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Time>,
+    /// Preview URLs of `spec.defaultRouteGroup.endpoints`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub endpoints: Vec<EndpointStatus>,
 }
 
 /// Where a fork stands.

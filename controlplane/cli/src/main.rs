@@ -7,6 +7,7 @@ mod hub;
 mod local;
 mod operator;
 mod routeserver;
+mod sandbox;
 mod tunnelproxy;
 
 use clap::{Parser, Subcommand};
@@ -46,6 +47,10 @@ enum Command {
     Hub(Box<hub::HubArgs>),
     /// The in-cluster agent: keeps a tunnel to the hub and serves the streams it opens.
     Agent(Box<hub::AgentArgs>),
+    /// Look at a sandbox: routing key, readiness, forks, expiry, preview URLs.
+    Sandbox(sandbox::SandboxArgs),
+    /// Open a sandbox's preview URL (served by the hub; docs/hub.md).
+    Preview(sandbox::PreviewArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -56,6 +61,7 @@ fn main() -> std::process::ExitCode {
         Command::Demo(_) => "warn",
         // `spur local` prints its own progress lines; the tunnel library's would repeat them.
         Command::Local(_) => "warn,spur_tunnel=error",
+        Command::Sandbox(_) | Command::Preview(_) => "warn",
         Command::Routeserver(_)
         | Command::Operator(_)
         | Command::TunnelProxy(_)
@@ -90,6 +96,8 @@ fn main() -> std::process::ExitCode {
             Command::TunnelProxy(args) => tunnelproxy::run(*args).await,
             Command::Hub(args) => hub::run(*args).await,
             Command::Agent(args) => hub::agent(*args).await,
+            Command::Sandbox(args) => sandbox::sandbox(args).await,
+            Command::Preview(args) => sandbox::preview(args).await,
         }
     });
     match result {

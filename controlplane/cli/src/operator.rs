@@ -29,6 +29,14 @@ pub(crate) struct OperatorArgs {
     /// name and process id).
     #[arg(long, env = "POD_NAME")]
     instance: Option<String>,
+    /// The hub's preview domain (docs/hub.md): endpoints of Sandboxes and RouteGroups get
+    /// their preview URLs in status. Empty: none.
+    #[arg(long, env = "SPUR_PREVIEW_DOMAIN")]
+    preview_domain: Option<String>,
+    /// This cluster's name at the hub (`spur hub cluster add NAME`), which qualifies preview
+    /// URLs when the hub serves several clusters.
+    #[arg(long, env = "SPUR_CLUSTER_NAME")]
+    cluster_name: Option<String>,
     /// Run the controllers without holding the lease (only for a single replica).
     #[arg(long, env = "SPUR_NO_LEADER_ELECT")]
     no_leader_elect: bool,
@@ -258,6 +266,12 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
     let mut ctx =
         spur_operator::Context::new(client.clone(), Some(instance.clone()), metrics.clone())
             .with_fork_policy(fork_policy);
+    if let Some(domain) = args.preview_domain.filter(|d| !d.is_empty()) {
+        ctx = ctx.with_previews(spur_operator::Previews {
+            domain,
+            cluster: args.cluster_name.filter(|c| !c.is_empty()),
+        });
+    }
     let stop = CancellationToken::new();
     let mut webhook = None;
     if let Some((pki, webhook_cfg)) = configs {

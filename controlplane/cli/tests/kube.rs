@@ -72,6 +72,7 @@ async fn operator_and_routeserver_binaries_run_against_the_apiserver() {
         .arg(&kubeconfig)
         .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
         .args(["--webhook-addr", "127.0.0.1:0"])
+        .args(["--preview-domain", "preview.test", "--cluster-name", "east"])
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
@@ -119,7 +120,10 @@ async fn operator_and_routeserver_binaries_run_against_the_apiserver() {
     let sb: Sandbox = serde_json::from_value(serde_json::json!({
         "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
         "metadata": {"name": "cli"},
-        "spec": {"forks": [{"forkOf": {"kind": "Deployment", "namespace": "default", "name": "web"}}]}
+        "spec": {
+            "forks": [{"forkOf": {"kind": "Deployment", "namespace": "default", "name": "web"}}],
+            "defaultRouteGroup": {"endpoints": [{"name": "web", "target": "http://web.default.svc:8080"}]}
+        }
     }))
     .unwrap();
     let sandboxes: Api<Sandbox> = Api::all(api.client());
@@ -134,6 +138,62 @@ async fn operator_and_routeserver_binaries_run_against_the_apiserver() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(reported, "the operator never reported on the sandbox");
+    // With a preview domain, the endpoint's preview URL is in status, and the CLI shows it.
+    let url = "https://web--cli--east.preview.test/";
+    let mut published = Vec::new();
+    for _ in 0..300 {
+        published = sandboxes
+            .get("cli")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .endpoints;
+        if !published.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(published.len(), 1, "{published:?}");
+    assert_eq!(published[0].url, url);
+    let get = tokio::process::Command::new(bin)
+        .args(["sandbox", "get", "cli", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .output()
+        .await
+        .unwrap();
+    let shown = String::from_utf8_lossy(&get.stdout);
+    assert!(
+        get.status.success(),
+        "{}",
+        String::from_utf8_lossy(&get.stderr)
+    );
+    assert!(
+        shown.contains(url) && shown.contains("Routing key:"),
+        "{shown}"
+    );
+    let open = tokio::process::Command::new(bin)
+        .args(["preview", "open", "cli", "--print", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        open.status.success(),
+        "{}",
+        String::from_utf8_lossy(&open.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&open.stdout).trim(), url.trim());
+    let missing = tokio::process::Command::new(bin)
+        .args(["preview", "open", "nope", "--print", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .output()
+        .await
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("no Sandbox or RouteGroup named nope")
+    );
     // The leader's certificate manager issued the webhook's serving certificate (into the
     // kubeconfig namespace's Secrets) and the webhook loaded it: the replica is ready.
     let mut ready = false;
@@ -208,7 +268,10 @@ async fn reported(api: &KubeApi, name: &str) -> bool {
     let sb: Sandbox = serde_json::from_value(serde_json::json!({
         "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
         "metadata": {"name": name},
-        "spec": {"forks": [{"forkOf": {"kind": "Deployment", "namespace": "default", "name": "web"}}]}
+        "spec": {
+            "forks": [{"forkOf": {"kind": "Deployment", "namespace": "default", "name": "web"}}],
+            "defaultRouteGroup": {"endpoints": [{"name": "web", "target": "http://web.default.svc:8080"}]}
+        }
     }))
     .unwrap();
     let sandboxes: Api<Sandbox> = Api::all(api.client());

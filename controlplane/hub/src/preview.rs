@@ -96,13 +96,7 @@ fn is_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
-/// The preview URL of endpoint `endpoint` of `owner`.
-pub fn preview_url(domain: &str, endpoint: &str, owner: &str, cluster: Option<&str>) -> String {
-    match cluster {
-        Some(c) => format!("https://{endpoint}--{owner}--{c}.{domain}/"),
-        None => format!("https://{endpoint}--{owner}.{domain}/"),
-    }
-}
+pub use spur_api::sandbox::preview_url;
 
 impl Preview {
     /// Accepts TLS connections on `listener` until the drain starts.

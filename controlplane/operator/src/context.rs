@@ -32,12 +32,44 @@ pub struct Context {
     pub(crate) tunnels: crate::TunnelConfig,
     /// What a fork patch may change.
     pub(crate) fork_policy: crate::ForkPolicy,
+    /// Where preview URLs live, when a hub serves this cluster.
+    pub(crate) previews: Option<Previews>,
     /// The controllers' views of the children they make, set by each `run` (a new leader term
     /// has new watches).
     stores: std::sync::RwLock<Option<Stores>>,
     /// Per object (`Kind/namespace/name`): the resource version of our last status write, until
     /// the store has it (see `apply_status`).
     written: Mutex<HashMap<String, String>>,
+}
+
+/// The hub's preview domain and this cluster's name there (docs/hub.md).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Previews {
+    pub domain: String,
+    /// Qualifies URLs when the hub serves several clusters.
+    pub cluster: Option<String>,
+}
+
+impl Previews {
+    /// The status entries of `endpoints` of `owner`.
+    pub fn urls(
+        &self,
+        owner: &str,
+        endpoints: &[spur_api::sandbox::Endpoint],
+    ) -> Vec<spur_api::sandbox::EndpointStatus> {
+        endpoints
+            .iter()
+            .map(|e| spur_api::sandbox::EndpointStatus {
+                name: e.name.clone(),
+                url: spur_api::sandbox::preview_url(
+                    &self.domain,
+                    &e.name,
+                    owner,
+                    self.cluster.as_deref(),
+                ),
+            })
+            .collect()
+    }
 }
 
 /// Children as the watches that wake their owners' controllers last saw them (each store is
@@ -69,6 +101,7 @@ impl Context {
             pki: None,
             tunnels: crate::TunnelConfig::default(),
             fork_policy: crate::ForkPolicy::default(),
+            previews: None,
             stores: std::sync::RwLock::new(None),
             written: Mutex::new(HashMap::new()),
         }
@@ -95,6 +128,12 @@ impl Context {
     /// Also run the certificate manager (on the leader, with the controllers).
     pub fn with_pki(mut self, pki: crate::PkiConfig) -> Self {
         self.pki = Some(pki);
+        self
+    }
+
+    /// Publish preview URLs of endpoints in Sandbox and RouteGroup status.
+    pub fn with_previews(mut self, previews: Previews) -> Self {
+        self.previews = Some(previews);
         self
     }
 

@@ -34,7 +34,7 @@ mod webhook;
 pub mod workstations;
 
 pub use certs::{PKI_LABEL, PkiConfig, ServingCert};
-pub use context::{Context, FIELD_MANAGER};
+pub use context::{Context, FIELD_MANAGER, Previews};
 pub use error::Error;
 pub use external::TunnelConfig;
 pub use fork::ForkPolicy;

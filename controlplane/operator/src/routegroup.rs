@@ -179,6 +179,12 @@ async fn write_status(
     let mut st = old.clone();
     st.observed_generation = rg.meta().generation;
     update(&mut st);
+    // Preview URLs follow from the spec alone: published whatever state the group is in.
+    st.endpoints = ctx
+        .previews
+        .as_ref()
+        .map(|p| p.urls(&rg.name_any(), &rg.spec.endpoints))
+        .unwrap_or_default();
     let api: Api<RouteGroup> = Api::all(ctx.client.clone());
     ctx.apply_status(&api, rg, &old, &st).await
 }

@@ -520,6 +520,11 @@ async fn write_status(
         st.observed_generation = sb.meta().generation;
     }
     update(&mut st);
+    // Preview URLs follow from the spec alone: published whatever state the sandbox is in.
+    st.endpoints = match (&ctx.previews, &sb.spec.default_route_group) {
+        (Some(p), Some(g)) => p.urls(&sb.name_any(), &g.endpoints),
+        _ => Vec::new(),
+    };
     let api: Api<Sandbox> = Api::all(ctx.client.clone());
     ctx.apply_status(&api, sb, &old, &st).await
 }

@@ -1,0 +1,173 @@
+//! `spur sandbox get` and `spur preview open`: a sandbox as a person wants to see it (key,
+//! readiness, forks, time left, preview URLs), and its preview URL in a browser.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Args, Subcommand};
+use kube::Api;
+use spur_api::{RouteGroup, Sandbox};
+
+#[derive(Args)]
+pub(crate) struct SandboxArgs {
+    #[command(subcommand)]
+    command: SandboxCommand,
+}
+
+#[derive(Subcommand)]
+enum SandboxCommand {
+    /// Show a sandbox: routing key, readiness, forks, expiry and preview URLs.
+    Get {
+        name: String,
+        /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
+        #[arg(long, env = "SPUR_KUBECONFIG")]
+        kubeconfig: Option<PathBuf>,
+    },
+}
+
+#[derive(Args)]
+pub(crate) struct PreviewArgs {
+    #[command(subcommand)]
+    command: PreviewCommand,
+}
+
+#[derive(Subcommand)]
+enum PreviewCommand {
+    /// Print a sandbox's (or route group's) preview URL and open it in the browser.
+    Open {
+        /// The sandbox or route group.
+        name: String,
+        /// The endpoint (default: the only one).
+        endpoint: Option<String>,
+        /// Print the URL only.
+        #[arg(long)]
+        print: bool,
+        /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
+        #[arg(long, env = "SPUR_KUBECONFIG")]
+        kubeconfig: Option<PathBuf>,
+    },
+}
+
+const NO_URLS: &str = "no preview URLs in its status: the operator publishes them when it knows \
+                       the hub's preview domain (chart value agent.previewDomain; docs/hub.md)";
+
+pub(crate) async fn sandbox(args: SandboxArgs) -> Result<ExitCode> {
+    let SandboxCommand::Get { name, kubeconfig } = args.command;
+    let client = crate::kube_client(kubeconfig.as_deref()).await?;
+    let sb = Api::<Sandbox>::all(client)
+        .get_opt(&name)
+        .await
+        .with_context(|| format!("reading Sandbox {name}"))?
+        .with_context(|| format!("no Sandbox named {name}"))?;
+    print!("{}", describe(&sb));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The text `spur sandbox get` prints.
+pub(crate) fn describe(sb: &Sandbox) -> String {
+    use std::fmt::Write as _;
+    let st = sb.status.clone().unwrap_or_default();
+    let mut out = String::new();
+    let name = sb.metadata.name.as_deref().unwrap_or_default();
+    let _ = writeln!(out, "Sandbox:     {name}");
+    if let Some(d) = &sb.spec.description {
+        let _ = writeln!(out, "Description: {d}");
+    }
+    let _ = writeln!(
+        out,
+        "Routing key: {}",
+        st.routing_key.as_deref().unwrap_or("(not assigned yet)")
+    );
+    let ready = st.conditions.iter().find(|c| c.type_ == "Ready");
+    let _ = match ready {
+        Some(c) if c.status == "True" => writeln!(out, "Ready:       yes"),
+        Some(c) => writeln!(out, "Ready:       no ({}: {})", c.reason, c.message),
+        None => writeln!(out, "Ready:       unknown"),
+    };
+    if let Some(t) = &st.expires_at {
+        let _ = writeln!(out, "Expires:     {}", t.0);
+    }
+    if !st.forks.is_empty() {
+        let _ = writeln!(out, "Forks:");
+        for f in &st.forks {
+            let _ = writeln!(
+                out,
+                "  {}/{} -> {} ({})",
+                f.fork_of.namespace,
+                f.fork_of.name,
+                f.fork.as_deref().unwrap_or("(not created yet)"),
+                if f.ready { "ready" } else { "not ready" }
+            );
+        }
+    }
+    let endpoints = sb
+        .spec
+        .default_route_group
+        .as_ref()
+        .map(|g| g.endpoints.as_slice())
+        .unwrap_or_default();
+    if !endpoints.is_empty() {
+        let _ = writeln!(out, "Previews:");
+        for e in endpoints {
+            let url = st
+                .endpoints
+                .iter()
+                .find(|s| s.name == e.name)
+                .map_or("(no URL: the operator has no preview domain)", |s| {
+                    s.url.as_str()
+                });
+            let _ = writeln!(out, "  {:<12} {url}  -> {}", e.name, e.target);
+        }
+    }
+    out
+}
+
+pub(crate) async fn preview(args: PreviewArgs) -> Result<ExitCode> {
+    let PreviewCommand::Open {
+        name,
+        endpoint,
+        print,
+        kubeconfig,
+    } = args.command;
+    let client = crate::kube_client(kubeconfig.as_deref()).await?;
+    let urls = match Api::<Sandbox>::all(client.clone()).get_opt(&name).await? {
+        Some(sb) => sb.status.map(|s| s.endpoints).unwrap_or_default(),
+        None => match Api::<RouteGroup>::all(client).get_opt(&name).await? {
+            Some(rg) => rg.status.map(|s| s.endpoints).unwrap_or_default(),
+            None => bail!("no Sandbox or RouteGroup named {name}"),
+        },
+    };
+    if urls.is_empty() {
+        bail!("{name} has {NO_URLS}");
+    }
+    let url = match &endpoint {
+        Some(e) => urls.iter().find(|u| &u.name == e).with_context(|| {
+            let known: Vec<&str> = urls.iter().map(|u| u.name.as_str()).collect();
+            format!(
+                "{name} has no endpoint {e:?} (it has: {})",
+                known.join(", ")
+            )
+        })?,
+        None if urls.len() == 1 => &urls[0],
+        None => {
+            let known: Vec<&str> = urls.iter().map(|u| u.name.as_str()).collect();
+            bail!(
+                "{name} has several endpoints; name one: {}",
+                known.join(", ")
+            )
+        }
+    };
+    println!("{}", url.url);
+    if !print {
+        // A desktop's opener; on a server there is none, and the printed URL is the answer.
+        match std::process::Command::new("xdg-open")
+            .arg(&url.url)
+            .status()
+        {
+            Ok(s) if s.success() => {}
+            _ => eprintln!("(no browser opener here; open the URL above yourself)"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
