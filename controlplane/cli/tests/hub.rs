@@ -365,7 +365,7 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
             .unwrap(),
     );
     let health = health_addr();
-    let _agent = Killed(
+    let agent = Killed(
         Command::new(SPUR)
             .current_dir(d)
             .args(["agent", "--hub", &format!("127.0.0.1:{port}")])
@@ -444,6 +444,90 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
         &[&auth],
     );
     assert_eq!(code, 404, "{body}");
+
+    // A stalled agent (stopped, its session still open): a clear gateway error, in bounded
+    // time, and the hub keeps serving; once it runs again, previews work.
+    let agent_pid = agent.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &agent_pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let stalled_at = Instant::now();
+    let (code, body) = curl(&ca, preview, host, "/", &[&auth]);
+    eprintln!(
+        "stalled agent: {code} after {:?}: {}",
+        stalled_at.elapsed(),
+        body.trim()
+    );
+    assert!(matches!(code, 502..=504), "{code}: {body}");
+    assert_eq!(
+        curl(&ca, preview, host, "/", &[]).0,
+        401,
+        "the hub stopped answering"
+    );
+    assert!(
+        Command::new("kill")
+            .args(["-CONT", &agent_pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    wait_until(
+        "previews after the agent resumed",
+        Duration::from_secs(60),
+        || curl(&ca, preview, host, "/", &[&auth]).0 == 200,
+    );
+
+    // A flood of sessions with a wrong token: each refused, the registration and previews
+    // unharmed.
+    std::fs::write(d.join("bad.token"), "spurc_00000000").unwrap();
+    let flood: Vec<Killed> = (0..20)
+        .map(|_| {
+            Killed(
+                Command::new(SPUR)
+                    .current_dir(d)
+                    .args(["agent", "--hub", &format!("127.0.0.1:{port}")])
+                    .args(["--hub-server-name", "localhost", "--hub-ca", "ca.pem"])
+                    .args(["--token-file", "bad.token", "--no-kube"])
+                    .args(["--health-addr", "127.0.0.1:0"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    for mut f in flood {
+        let (status, _) = wait_for_exit(&mut f.0, Duration::from_secs(30));
+        assert!(!status.success());
+    }
+    let listed = String::from_utf8(spur(d, &["hub", "cluster", "list"]).stdout).unwrap();
+    assert!(
+        listed.contains("east") && listed.contains("active"),
+        "{listed}"
+    );
+    assert_eq!(curl(&ca, preview, host, "/", &[&auth]).0, 200);
+    // Malformed Host headers (HTTP/1.1, where the client may send anything): 400.
+    for bad in [
+        "a b",
+        "x--y--z--w.preview.test",
+        "-x--y.preview.test",
+        "a@b",
+    ] {
+        let out = Command::new("curl")
+            .args(["-sS", "--http1.1", "--max-time", "10", "--cacert"])
+            .arg(&ca)
+            .args(["-o", "/dev/null", "-w", "%{http_code}", "-H", &auth])
+            .args(["-H", &format!("host: {bad}")])
+            .arg(format!("https://localhost:{preview}/"))
+            .output()
+            .unwrap();
+        let code = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(code, "400", "Host {bad:?}");
+    }
 
     // The sandbox goes: its URL is a 404.
     sandboxes

@@ -32,8 +32,9 @@ pub const API_KEY_HEADER: &str = "x-spur-api-key";
 pub const PATH_PREFIX: &str = "/p/";
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long opening a stream to a target through an agent may take.
-const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long opening a stream to a target through an agent may take (the agent answers after
+/// its own connect to the target, itself bounded by 5 s by default).
+const OPEN_TIMEOUT: Duration = Duration::from_secs(6);
 /// Largest HTTP/1 request head followed by the framing guard.
 const MAX_HEAD: usize = 64 * 1024;
 
@@ -217,7 +218,12 @@ impl Preview {
             Ok(resp) => resp,
             Err(e) => {
                 tracing::debug!(cluster = %resolved.cluster, target = %resolved.host, "preview: {e}");
-                text(StatusCode::BAD_GATEWAY, &format!("{e}\n"))
+                // The cluster or its agent cannot be reached: 503; the target failed: 502.
+                let status = match e {
+                    crate::Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+                    _ => StatusCode::BAD_GATEWAY,
+                };
+                text(status, &format!("{e}\n"))
             }
         }
     }

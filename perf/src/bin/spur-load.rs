@@ -52,6 +52,12 @@ struct Args {
     /// Worker threads (connections are spread over them).
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// CA certificates (PEM) for an https:// URL.
+    #[arg(long)]
+    cacert: Option<std::path::PathBuf>,
+    /// Connect to this address instead of resolving the URL's host (TLS and Host still use it).
+    #[arg(long, value_name = "IP:PORT")]
+    connect_to: Option<std::net::SocketAddr>,
     /// Print one JSON object instead of a summary.
     #[arg(long)]
     json: bool,
@@ -76,6 +82,8 @@ fn main() -> anyhow::Result<ExitCode> {
         warmup: args.warmup,
         drain: args.drain,
         threads: args.threads,
+        ca_file: args.cacert,
+        connect_to: args.connect_to,
         ..LoadConfig::new(url, args.proto, mode)
     };
     let report = load::run(&cfg)?;

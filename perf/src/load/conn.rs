@@ -139,7 +139,49 @@ impl RequestTemplate {
 }
 
 /// What a worker's slots share for making connections and requests.
+/// TLS to the server: the connector (CA roots, ALPN by protocol) and the name to verify.
+#[derive(Clone)]
+pub(crate) struct Tls {
+    connector: tokio_rustls::TlsConnector,
+    name: rustls::pki_types::ServerName<'static>,
+}
+
+impl Tls {
+    /// For an `https://` URL; `None` for cleartext.
+    pub(crate) fn new(cfg: &LoadConfig) -> anyhow::Result<Option<Tls>> {
+        use rustls::pki_types::pem::PemObject;
+        if cfg.url.scheme_str() != Some("https") {
+            return Ok(None);
+        }
+        let path = cfg
+            .ca_file
+            .as_ref()
+            .context("an https:// URL needs --cacert")?;
+        let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+            roots.add(cert.with_context(|| format!("{}: not PEM", path.display()))?)?;
+        }
+        let mut config = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = match cfg.proto {
+            Proto::H1 => vec![b"http/1.1".to_vec()],
+            Proto::H2 | Proto::Grpc => vec![b"h2".to_vec()],
+        };
+        let host = cfg.url.host().context("--url has no host")?;
+        let name =
+            rustls::pki_types::ServerName::try_from(host.trim_matches(['[', ']']).to_owned())
+                .with_context(|| format!("{host} is not a TLS server name"))?;
+        Ok(Some(Tls {
+            connector: tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)),
+            name,
+        }))
+    }
+}
+
 pub(crate) struct Env {
+    pub(crate) tls: Option<Tls>,
     pub(crate) addr: SocketAddr,
     pub(crate) proto: Proto,
     pub(crate) template: RequestTemplate,
@@ -220,8 +262,30 @@ pub(crate) async fn connect(env: &Env) -> anyhow::Result<Sender> {
             .with_context(|| format!("connecting to {}", env.addr))?;
         // Requests and small responses must not wait for delayed ACKs.
         tcp.set_nodelay(true)?;
-        let io = TokioIo::new(tcp);
-        Ok(match env.proto {
+        match &env.tls {
+            None => handshake(env.proto, TokioIo::new(tcp)).await,
+            Some(tls) => {
+                let stream = tls
+                    .connector
+                    .connect(tls.name.clone(), tcp)
+                    .await
+                    .context("TLS handshake")?;
+                handshake(env.proto, TokioIo::new(stream)).await
+            }
+        }
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+        .await
+        .with_context(|| format!("connecting to {}: timed out", env.addr))?
+}
+
+/// The HTTP handshake on an established connection; its driver runs on the current `LocalSet`.
+async fn handshake<I>(proto: Proto, io: I) -> anyhow::Result<Sender>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    {
+        Ok(match proto {
             Proto::H1 => {
                 let (sender, conn) = http1::handshake(io).await?;
                 tokio::task::spawn_local(async move {
@@ -240,10 +304,7 @@ pub(crate) async fn connect(env: &Env) -> anyhow::Result<Sender> {
                 Sender::H2(sender)
             }
         })
-    };
-    tokio::time::timeout(CONNECT_TIMEOUT, connecting)
-        .await
-        .with_context(|| format!("connecting to {}: timed out", env.addr))?
+    }
 }
 
 /// The current h2 connection shared by the stream slots of one connection: a generation number

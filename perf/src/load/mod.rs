@@ -85,6 +85,11 @@ pub struct LoadConfig {
     pub mode: Mode,
     /// Worker threads (capped at `connections`).
     pub threads: usize,
+    /// For `https://` URLs: the CA certificates (PEM file) the server's chain must reach.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// Connect here instead of resolving the URL's host (which still names the server in TLS
+    /// and Host): a preview host name served on loopback.
+    pub connect_to: Option<SocketAddr>,
 }
 
 impl LoadConfig {
@@ -103,6 +108,8 @@ impl LoadConfig {
             drain: Duration::from_secs(2),
             mode,
             threads: 1,
+            ca_file: None,
+            connect_to: None,
         }
     }
 
@@ -121,19 +128,28 @@ impl LoadConfig {
                 "--rate must be a positive number"
             );
         }
-        ensure!(
-            self.url.scheme_str() == Some("http"),
-            "--url must be http:// (cleartext; h2 uses prior knowledge)"
-        );
+        match self.url.scheme_str() {
+            Some("http") => {}
+            Some("https") => ensure!(self.ca_file.is_some(), "an https:// --url needs --cacert"),
+            _ => bail!("--url must be http:// (cleartext; h2 uses prior knowledge) or https://"),
+        }
         ensure!(self.url.host().is_some(), "--url has no host");
         Ok(())
     }
 
     fn resolve(&self) -> anyhow::Result<SocketAddr> {
+        if let Some(addr) = self.connect_to {
+            return Ok(addr);
+        }
         let host = self.url.host().context("--url has no host")?;
         // `Uri::host` keeps the brackets of an IPv6 literal; the resolver wants them off.
         let host = host.trim_start_matches('[').trim_end_matches(']');
-        let port = self.url.port_u16().unwrap_or(80);
+        let default = if self.url.scheme_str() == Some("https") {
+            443
+        } else {
+            80
+        };
+        let port = self.url.port_u16().unwrap_or(default);
         (host, port)
             .to_socket_addrs()
             .with_context(|| format!("resolving {host}:{port}"))?
@@ -338,6 +354,7 @@ pub(crate) struct Plan {
     pub(crate) drain: Duration,
     pub(crate) mode: Mode,
     pub(crate) threads: usize,
+    pub(crate) tls: Option<conn::Tls>,
 }
 
 /// Runs the load described by `cfg` and blocks until it is over: connect, warmup, window, drain.
@@ -363,6 +380,7 @@ pub fn run(cfg: &LoadConfig) -> anyhow::Result<Report> {
         drain: cfg.drain,
         mode: cfg.mode,
         threads,
+        tls: conn::Tls::new(cfg)?,
     });
 
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();

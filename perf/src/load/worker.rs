@@ -67,6 +67,7 @@ async fn work(
     start: oneshot::Receiver<Option<Instant>>,
 ) -> anyhow::Result<Stats> {
     let env = Env {
+        tls: plan.tls.clone(),
         addr: plan.addr,
         proto: plan.proto,
         template: plan.template.clone(),
