@@ -140,6 +140,10 @@ pub(crate) struct ServeArgs {
         default_value = "preview.localhost"
     )]
     preview_domain: String,
+    /// How long a preview target may take to send its response head before the hub answers
+    /// 504 (e.g. 60s, 500ms).
+    #[arg(long, env = "SPUR_HUB_PREVIEW_TIMEOUT", default_value = "60s", value_parser = spur_runtime::parse_duration)]
+    preview_timeout: Duration,
     /// Seconds agents' streams get to finish on SIGTERM.
     #[arg(long, env = "SPUR_HUB_DRAIN_GRACE", default_value_t = 10)]
     drain_grace: u64,
@@ -310,6 +314,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
                         .parse()
                         .with_context(|| format!("--preview-addr {addr:?} is not IP:PORT"))?,
                     domain: args.preview_domain,
+                    response_timeout: args.preview_timeout,
                 }),
             },
         },

@@ -358,7 +358,12 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
             ])
             .args(["--tunnel-addr", &format!("127.0.0.1:{port}")])
             .args(["--preview-addr", &format!("127.0.0.1:{preview}")])
-            .args(["--preview-domain", "preview.test"])
+            .args([
+                "--preview-domain",
+                "preview.test",
+                "--preview-timeout",
+                "4s",
+            ])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(d.join("hub.log")).unwrap())
             .spawn()

@@ -12,6 +12,7 @@ pub mod preview;
 pub mod protocol;
 pub mod server;
 pub mod store;
+pub mod upstream;
 pub mod web;
 
 pub use store::Store;
@@ -39,6 +40,9 @@ pub enum Error {
     /// The agent or the target behind it failed.
     #[error("{0}")]
     Upstream(String),
+    /// The target did not answer in time.
+    #[error("{0}")]
+    Timeout(String),
     /// The hub refused the agent for good (unknown or revoked token).
     #[error("refused by the hub: {0}")]
     Refused(String),

@@ -24,7 +24,6 @@ use tokio_rustls::TlsAcceptor;
 use crate::Store;
 use crate::catalog::{Catalog, ResolveError, Resolved};
 use crate::clusters::Clusters;
-use crate::protocol::Open;
 
 /// Header carrying an API key (besides `Authorization: Bearer`).
 pub const API_KEY_HEADER: &str = "x-spur-api-key";
@@ -35,6 +34,11 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long opening a stream to a target through an agent may take (the agent answers after
 /// its own connect to the target, itself bounded by 5 s by default).
 const OPEN_TIMEOUT: Duration = Duration::from_secs(6);
+/// How long a credential found valid is trusted without asking the database again: the bound
+/// on how late a revoked API key or ended session still works.
+pub const AUTH_CACHE_TTL: Duration = Duration::from_secs(2);
+/// Credentials remembered at most.
+const AUTH_CACHE_MAX: usize = 4096;
 /// Largest HTTP/1 request head followed by the framing guard.
 const MAX_HEAD: usize = 64 * 1024;
 
@@ -49,6 +53,14 @@ pub struct Preview {
     pub catalog: Catalog,
     pub clusters: Clusters,
     pub store: Store,
+    /// Pooled connections to targets, per cluster.
+    pub upstreams: crate::upstream::Upstreams,
+    /// How long a target may take to send its response head (a 504 after that). A stalled
+    /// agent is also noticed by the tunnel's keepalive (20 s), which fails every stream.
+    pub response_timeout: Duration,
+    /// Credentials found valid, by SHA-256, and when.
+    pub auth_cache:
+        std::sync::Mutex<std::collections::HashMap<(Vec<u8>, bool), std::time::Instant>>,
 }
 
 impl std::fmt::Debug for Preview {
@@ -221,6 +233,7 @@ impl Preview {
                 // The cluster or its agent cannot be reached: 503; the target failed: 502.
                 let status = match e {
                     crate::Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+                    crate::Error::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
                     _ => StatusCode::BAD_GATEWAY,
                 };
                 text(status, &format!("{e}\n"))
@@ -233,14 +246,10 @@ impl Preview {
         &self,
         headers: &http::HeaderMap,
     ) -> Result<bool, crate::Error> {
-        if let Some(token) = crate::web::cookie(headers, crate::web::COOKIE) {
-            let (store, token) = (self.store.clone(), token.to_owned());
-            let found = tokio::task::spawn_blocking(move || store.session_key(&token))
-                .await
-                .map_err(|e| crate::Error::Db(e.to_string()))??;
-            if found.is_some() {
-                return Ok(true);
-            }
+        if let Some(token) = crate::web::cookie(headers, crate::web::COOKIE)
+            && self.credential_valid(token, true).await?
+        {
+            return Ok(true);
         }
         let key = headers
             .get(API_KEY_HEADER)
@@ -251,14 +260,50 @@ impl Preview {
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.strip_prefix("Bearer "))
             })
-            .map(str::trim)
-            .map(str::to_owned);
-        let Some(key) = key else { return Ok(false) };
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.api_key_name(&key))
-            .await
-            .map_err(|e| crate::Error::Db(e.to_string()))?
-            .map(|n| n.is_some())
+            .map(str::trim);
+        match key {
+            Some(key) => self.credential_valid(key, false).await,
+            None => Ok(false),
+        }
+    }
+
+    /// Whether an API key (or, with `session`, a session token) is valid. A valid answer is
+    /// remembered for [`AUTH_CACHE_TTL`], so a revocation takes effect within that time and the
+    /// database is not read on every request; invalid answers are never cached.
+    async fn credential_valid(&self, secret: &str, session: bool) -> Result<bool, crate::Error> {
+        let hash = crate::store::sha256(secret);
+        let now = std::time::Instant::now();
+        {
+            let cache = self.auth_cache.lock().unwrap_or_else(|p| p.into_inner());
+            if cache
+                .get(&(hash.clone(), session))
+                .is_some_and(|at| now.duration_since(*at) < AUTH_CACHE_TTL)
+            {
+                return Ok(true);
+            }
+        }
+        let (store, secret) = (self.store.clone(), secret.to_owned());
+        let valid = tokio::task::spawn_blocking(move || {
+            if session {
+                store.session_key(&secret)
+            } else {
+                store.api_key_name(&secret)
+            }
+        })
+        .await
+        .map_err(|e| crate::Error::Db(e.to_string()))??
+        .is_some();
+        if valid {
+            let mut cache = self.auth_cache.lock().unwrap_or_else(|p| p.into_inner());
+            if cache.len() >= AUTH_CACHE_MAX {
+                cache.retain(|_, at| now.duration_since(*at) < AUTH_CACHE_TTL);
+                if cache.len() >= AUTH_CACHE_MAX {
+                    cache.clear();
+                }
+            }
+            cache.insert((hash, session), now);
+        }
+        Ok(valid)
     }
 
     async fn forward(
@@ -266,33 +311,42 @@ impl Preview {
         mut req: Request<Incoming>,
         to: &Resolved,
     ) -> Result<Response<Body>, crate::Error> {
-        let open = Open::Tcp {
-            host: to.host.clone(),
-            port: to.port,
-        };
-        let stream = self.clusters.open(&to.cluster, &open, OPEN_TIMEOUT).await?;
-        let io = TokioIo::new(stream);
         let upgrade = req
             .headers()
             .get(header::UPGRADE)
             .is_some()
             .then(|| hyper::upgrade::on(&mut req));
-        let resp = if to.scheme == "grpc" {
-            let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
-                .await
-                .map_err(|e| crate::Error::Upstream(format!("h2 to the target: {e}")))?;
-            tokio::spawn(conn);
-            *req.version_mut() = http::Version::HTTP_2;
-            send.send_request(req).await
+        // The pooling client wants an absolute URI; the target's name picks the pool.
+        let pq = req
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
+        *req.uri_mut() = format!("http://{}:{}{pq}", to.host, to.port)
+            .parse()
+            .map_err(|e| crate::Error::Invalid(format!("target URI: {e}")))?;
+        let h2 = to.scheme == "grpc";
+        *req.version_mut() = if h2 {
+            http::Version::HTTP_2
         } else {
-            let (mut send, conn) = hyper::client::conn::http1::handshake(io)
-                .await
-                .map_err(|e| crate::Error::Upstream(format!("to the target: {e}")))?;
-            tokio::spawn(conn.with_upgrades());
-            *req.version_mut() = http::Version::HTTP_11;
-            send.send_request(req).await
-        }
-        .map_err(|e| crate::Error::Upstream(format!("the target: {e}")))?;
+            http::Version::HTTP_11
+        };
+        let client = self
+            .upstreams
+            .client(&self.clusters, &to.cluster, h2, OPEN_TIMEOUT);
+        let resp = tokio::time::timeout(self.response_timeout, client.request(req))
+            .await
+            .map_err(|_| {
+                crate::Error::Timeout(format!(
+                    "the target sent no response within {:?}",
+                    self.response_timeout
+                ))
+            })?
+            .map_err(|e| match crate::upstream::hub_error(&e) {
+                Some(crate::Error::Unavailable(m)) => crate::Error::Unavailable(m.clone()),
+                Some(other) => crate::Error::Upstream(other.to_string()),
+                None => crate::Error::Upstream(format!("the target: {e}")),
+            })?;
         let mut resp = resp;
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS
             && let Some(client_upgrade) = upgrade

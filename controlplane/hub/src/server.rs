@@ -53,6 +53,8 @@ pub struct PreviewSettings {
     /// Preview hosts are `<endpoint>--<name>[--<cluster>].<domain>`. The hub's own certificate
     /// covers `*.<domain>`.
     pub domain: String,
+    /// How long a target may take to send its response head.
+    pub response_timeout: Duration,
 }
 
 /// A running hub.
@@ -171,6 +173,9 @@ impl Hub {
                     catalog: catalog.clone(),
                     clusters: clusters.clone(),
                     store: store.clone(),
+                    upstreams: crate::upstream::Upstreams::default(),
+                    response_timeout: p.response_timeout,
+                    auth_cache: Default::default(),
                 };
                 Some((
                     Arc::new(preview),
@@ -237,6 +242,22 @@ impl Hub {
     pub async fn run(self, stop: CancellationToken, grace: Duration) {
         let drain = spur_runtime::Drain::under(&stop);
         if let Some((preview, listener, tls)) = self.preview {
+            // Clients (and their pools) of clusters that left go with them.
+            let (upstreams, clusters, token) = (
+                preview.upstreams.clone(),
+                self.clusters.clone(),
+                stop.clone(),
+            );
+            tokio::spawn(async move {
+                let mut changes = clusters.changes();
+                loop {
+                    tokio::select! {
+                        r = changes.changed() => if r.is_err() { return },
+                        () = token.cancelled() => return,
+                    }
+                    upstreams.retain(|c| clusters.get(c).is_some());
+                }
+            });
             drain.spawn(preview.serve(listener, tls, drain.clone()));
         }
         let catalog = self.catalog.run(self.clusters.clone(), stop.clone());
