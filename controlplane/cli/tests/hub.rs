@@ -783,9 +783,14 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
         ));
     }
     let ca = d.join("ca.pem");
-    // Without a session the page is a redirect to the login form, never the data.
-    let (code, body) = curl(&ca, web, "localhost", "/", &[]);
-    assert_eq!(code, 303, "{body}");
+    // Without a session the page is a redirect to the login form, never the data (once the
+    // hub listens: curl says 0 before).
+    let mut first = (0, String::new());
+    wait_until("the hub's web port", Duration::from_secs(20), || {
+        first = curl(&ca, web, "localhost", "/", &[]);
+        first.0 != 0
+    });
+    assert_eq!(first.0, 303, "{}", first.1);
     // Server-rendered: readable without JavaScript (here with an API key instead of a cookie).
     let auth = format!("x-spur-api-key: {key}");
     wait_until(
