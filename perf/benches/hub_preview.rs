@@ -8,7 +8,7 @@
 //!
 //! - Latency at a fixed rate (`SPUR_BENCH_RATE`, default 500 rps, 16 connections, 10 s after 2 s
 //!   of warmup): p50/p90/p99/p99.9, direct (cleartext) and preview (TLS to the hub, API key,
-//!   key injection, one tunnel stream per request through the agent).
+//!   key injection, pooled tunnel streams through the agent).
 //! - One large download: 16 MiB GETs on one connection, closed loop, 5 s: MB/s.
 //! - Preview requests per hub core: closed loop, 32 connections, 10 s; CPU seconds of the hub
 //!   and of the agent from /proc; requests per CPU second of each.
@@ -280,7 +280,7 @@ fn main() -> Result<()> {
          2 cores, nothing pinned: the load generator, `spur-bench-upstream`, `spur hub serve` \
          and `spur agent` (release builds) share them. HTTP/1.1, 1 KiB responses. *direct*: \
          cleartext to the upstream. *preview*: TLS to the hub, API-key check, key injection, \
-         one tunnel stream (QUIC, loopback) per request through the agent to the upstream.\n",
+         then through the agent over pooled tunnel streams (QUIC, loopback) to the upstream.\n",
         date()
     )?;
 
