@@ -8,9 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, Result, bail};
-use axum::Router;
-use axum::response::IntoResponse;
-use axum::routing::get;
 use clap::{Args, Subcommand};
 use prometheus_client::registry::Registry;
 use rustls::pki_types::CertificateDer;
@@ -240,59 +237,6 @@ pub(crate) async fn run(args: HubArgs) -> Result<ExitCode> {
     }
 }
 
-/// /healthz, /metrics (and /readyz from `ready`) on `addr`, until `stop`.
-async fn serve_health(
-    addr: SocketAddr,
-    registry: Registry,
-    ready: impl Fn() -> bool + Clone + Send + Sync + 'static,
-    stop: CancellationToken,
-) -> Result<tokio::task::JoinHandle<std::io::Result<()>>> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot bind the metrics address {addr}"))?;
-    let registry = Arc::new(registry);
-    let app = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let ready = ready.clone();
-                async move {
-                    if ready() {
-                        (http::StatusCode::OK, "ready\n")
-                    } else {
-                        (http::StatusCode::SERVICE_UNAVAILABLE, "not connected\n")
-                    }
-                }
-            }),
-        )
-        .route(
-            "/metrics",
-            get(move || {
-                let registry = registry.clone();
-                async move {
-                    let mut out = String::new();
-                    match prometheus_client::encoding::text::encode(&mut out, &registry) {
-                        Ok(()) => out.into_response(),
-                        Err(_) => (
-                            http::StatusCode::INTERNAL_SERVER_ERROR,
-                            "cannot encode metrics\n",
-                        )
-                            .into_response(),
-                    }
-                }
-            }),
-        );
-    Ok(tokio::spawn(async move {
-        axum::serve(
-            crate::front_door::Guarded(listener),
-            crate::front_door::layer(app),
-        )
-        .with_graceful_shutdown(stop.cancelled_owned())
-        .await
-    }))
-}
-
 async fn serve(args: ServeArgs) -> Result<ExitCode> {
     let shutdown = spur_runtime::shutdown_signal();
     let store = open_store(&args.db.db)?;
@@ -330,7 +274,13 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
         "hub started"
     );
     let stop = CancellationToken::new();
-    let http = serve_health(args.metrics_addr, registry, || true, stop.clone()).await?;
+    let listener = crate::front_door::bind_health(args.metrics_addr).await?;
+    let http = tokio::spawn(crate::front_door::serve_health(
+        listener,
+        registry,
+        None,
+        stop.clone(),
+    ));
     let run = hub.run(stop.clone(), Duration::from_secs(args.drain_grace));
     tokio::pin!(run);
     tokio::select! {
@@ -470,7 +420,13 @@ pub(crate) async fn agent(args: AgentArgs) -> Result<ExitCode> {
     });
     let stop = CancellationToken::new();
     let ready = move || matches!(*state.borrow(), SessionState::Connected { .. });
-    let http = serve_health(args.health_addr, registry, ready, stop.clone()).await?;
+    let listener = crate::front_door::bind_health(args.health_addr).await?;
+    let http = tokio::spawn(crate::front_door::serve_health(
+        listener,
+        registry,
+        Some((Arc::new(ready), "not connected to the hub\n")),
+        stop.clone(),
+    ));
     let run = agent.run(stop.clone());
     tokio::pin!(run);
     let result = tokio::select! {

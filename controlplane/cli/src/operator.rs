@@ -10,9 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use axum::Router;
-use axum::response::IntoResponse;
-use axum::routing::get;
 use clap::Args;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -288,62 +285,15 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
         None => Arc::new(|| true),
     };
 
-    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
-        .await
-        .with_context(|| format!("cannot bind the metrics address {}", args.metrics_addr))?;
-    let registry = Arc::new(registry);
-    let app = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let ready = ready.clone();
-                async move {
-                    if ready() {
-                        (http::StatusCode::OK, "ready\n")
-                    } else {
-                        (
-                            http::StatusCode::SERVICE_UNAVAILABLE,
-                            "waiting for the webhook serving certificate\n",
-                        )
-                    }
-                }
-            }),
-        )
-        .route(
-            "/metrics",
-            get(move || {
-                let registry = registry.clone();
-                async move {
-                    let mut out = String::new();
-                    match prometheus_client::encoding::text::encode(&mut out, &registry) {
-                        Ok(()) => (
-                            [(
-                                http::header::CONTENT_TYPE,
-                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                            )],
-                            out,
-                        )
-                            .into_response(),
-                        Err(_) => (
-                            http::StatusCode::INTERNAL_SERVER_ERROR,
-                            "cannot encode metrics\n",
-                        )
-                            .into_response(),
-                    }
-                }
-            }),
-        );
+    let listener = crate::front_door::bind_health(args.metrics_addr).await?;
     let stop_controllers = stop.clone();
     let http_stop = stop.clone();
-    let http = tokio::spawn(async move {
-        axum::serve(
-            crate::front_door::Guarded(listener),
-            crate::front_door::layer(app),
-        )
-        .with_graceful_shutdown(http_stop.cancelled_owned())
-        .await
-    });
+    let http = tokio::spawn(crate::front_door::serve_health(
+        listener,
+        registry,
+        Some((ready, "waiting for the webhook serving certificate\n")),
+        http_stop,
+    ));
     let controllers = if args.no_leader_elect {
         tokio::spawn(async move {
             spur_operator::run(client, ctx, stop_controllers).await;

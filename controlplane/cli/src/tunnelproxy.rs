@@ -4,13 +4,9 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use axum::Router;
-use axum::response::IntoResponse;
-use axum::routing::get;
 use clap::Args;
 use prometheus_client::registry::Registry;
 use rustls::pki_types::pem::PemObject;
@@ -260,38 +256,13 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
     )
     .await?;
 
-    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
-        .await
-        .with_context(|| format!("cannot bind the metrics address {}", args.metrics_addr))?;
-    let registry = Arc::new(registry);
-    let app = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/metrics",
-            get(move || {
-                let registry = registry.clone();
-                async move {
-                    let mut out = String::new();
-                    match prometheus_client::encoding::text::encode(&mut out, &registry) {
-                        Ok(()) => out.into_response(),
-                        Err(_) => (
-                            http::StatusCode::INTERNAL_SERVER_ERROR,
-                            "cannot encode metrics\n",
-                        )
-                            .into_response(),
-                    }
-                }
-            }),
-        );
-    let http_stop = stop.clone();
-    let http = control.handle().spawn(async move {
-        axum::serve(
-            crate::front_door::Guarded(listener),
-            crate::front_door::layer(app),
-        )
-        .with_graceful_shutdown(http_stop.cancelled_owned())
-        .await
-    });
+    let listener = crate::front_door::bind_health(args.metrics_addr).await?;
+    let http = control.handle().spawn(crate::front_door::serve_health(
+        listener,
+        registry,
+        None,
+        stop.clone(),
+    ));
     // The mounted Secret changes under us when the certificate is renewed (the kubelet swaps
     // the files): new connections get the new certificate and client CA.
     let mut reload = tokio::time::interval(TLS_RELOAD_EVERY);

@@ -48,7 +48,8 @@ fn free_port() -> u16 {
     }
 }
 
-fn start_hub(dir: &Path, port: u16) -> Killed {
+/// `spur hub serve` with its tunnel on `port`, plus `extra` flags; logs to `hub-PORT.log`.
+fn start_hub(dir: &Path, port: u16, extra: &[&str]) -> Killed {
     Killed(
         Command::new(SPUR)
             .current_dir(dir)
@@ -61,7 +62,7 @@ fn start_hub(dir: &Path, port: u16) -> Killed {
                 "127.0.0.1:0",
             ])
             .args(["--tunnel-addr", &format!("127.0.0.1:{port}")])
-            .args(["--revocation-poll-ms", "200", "--preview-addr", ""])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join(format!("hub-{port}.log"))).unwrap())
             .spawn()
@@ -69,19 +70,24 @@ fn start_hub(dir: &Path, port: u16) -> Killed {
     )
 }
 
-fn start_agent(dir: &Path, port: u16, token_file: &str, health: SocketAddr) -> Killed {
+/// `spur agent` dialling the hub's tunnel on `port` with `token_file`, plus `extra` flags.
+fn start_agent(dir: &Path, port: u16, token_file: &str, extra: &[&str], stderr: Stdio) -> Killed {
     Killed(
         Command::new(SPUR)
             .current_dir(dir)
             .args(["agent", "--hub", &format!("127.0.0.1:{port}")])
             .args(["--hub-server-name", "localhost", "--hub-ca", "ca.pem"])
-            .args(["--token-file", token_file, "--no-kube"])
-            .args(["--health-addr", &health.to_string()])
+            .args(["--token-file", token_file])
+            .args(extra)
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stderr(stderr)
             .spawn()
             .unwrap(),
     )
+}
+
+fn log_file(dir: &Path, name: &str) -> Stdio {
+    std::fs::File::create(dir.join(name)).unwrap().into()
 }
 
 /// GET `path` on `addr` with a raw HTTP/1.1 request; the status code, or None.
@@ -130,14 +136,17 @@ fn agent_connects_survives_a_hub_restart_and_is_cut_off_by_revocation() {
     // registration attempt (3 s): it keeps trying instead of exiting.
     let port = free_port();
     let health = health_addr();
-    let mut agent = start_agent(d, port, "east.token", health);
+    let health_arg = health.to_string();
+    let no_kube = ["--no-kube", "--health-addr", &health_arg];
+    let mut agent = start_agent(d, port, "east.token", &no_kube, Stdio::piped());
     std::thread::sleep(Duration::from_secs(4));
     assert!(
         agent.0.try_wait().unwrap().is_none(),
         "the agent gave up on an absent hub"
     );
     assert_eq!(http_status(health, "/readyz"), Some(503));
-    let mut hub = start_hub(d, port);
+    let solo = ["--revocation-poll-ms", "200", "--preview-addr", ""];
+    let mut hub = start_hub(d, port, &solo);
     let took = wait_until("the agent to be ready", Duration::from_secs(20), || {
         http_status(health, "/readyz") == Some(200)
     });
@@ -150,7 +159,9 @@ fn agent_connects_survives_a_hub_restart_and_is_cut_off_by_revocation() {
 
     // A wrong token: refused, and the agent exits saying so (no retry loop on a bad secret).
     let bad_health = health_addr();
-    let mut bad = start_agent(d, port, "bad.token", bad_health);
+    let bad_arg = bad_health.to_string();
+    let bad_flags = ["--no-kube", "--health-addr", &bad_arg];
+    let mut bad = start_agent(d, port, "bad.token", &bad_flags, Stdio::piped());
     let exit = wait_for_exit(&mut bad.0, Duration::from_secs(20));
     assert!(!exit.0.success());
     assert!(
@@ -167,7 +178,7 @@ fn agent_connects_survives_a_hub_restart_and_is_cut_off_by_revocation() {
         Duration::from_secs(30),
         || http_status(health, "/readyz") == Some(503),
     );
-    let hub2 = start_hub(d, port);
+    let hub2 = start_hub(d, port, &solo);
     let took = wait_until("the agent to reconnect", Duration::from_secs(30), || {
         http_status(health, "/readyz") == Some(200)
     });
@@ -345,43 +356,34 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
 
     let port = free_port();
     let preview = free_port();
-    let _hub = Killed(
-        Command::new(SPUR)
-            .current_dir(d)
-            .args([
-                "hub",
-                "serve",
-                "--db",
-                "hub.db",
-                "--metrics-addr",
-                "127.0.0.1:0",
-            ])
-            .args(["--tunnel-addr", &format!("127.0.0.1:{port}")])
-            .args(["--preview-addr", &format!("127.0.0.1:{preview}")])
-            .args([
-                "--preview-domain",
-                "preview.test",
-                "--preview-timeout",
-                "4s",
-            ])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(d.join("hub.log")).unwrap())
-            .spawn()
-            .unwrap(),
+    let preview_addr = format!("127.0.0.1:{preview}");
+    let _hub = start_hub(
+        d,
+        port,
+        &[
+            "--preview-addr",
+            &preview_addr,
+            "--preview-domain",
+            "preview.test",
+            "--preview-timeout",
+            "4s",
+        ],
     );
     let health = health_addr();
-    let agent = Killed(
-        Command::new(SPUR)
-            .current_dir(d)
-            .args(["agent", "--hub", &format!("127.0.0.1:{port}")])
-            .args(["--hub-server-name", "localhost", "--hub-ca", "ca.pem"])
-            .args(["--token-file", "east.token", "--kubeconfig", "kubeconfig"])
-            .args(["--target-suffix", "localhost"])
-            .args(["--health-addr", &health.to_string()])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(d.join("agent.log")).unwrap())
-            .spawn()
-            .unwrap(),
+    let health_arg = health.to_string();
+    let agent = start_agent(
+        d,
+        port,
+        "east.token",
+        &[
+            "--kubeconfig",
+            "kubeconfig",
+            "--target-suffix",
+            "localhost",
+            "--health-addr",
+            &health_arg,
+        ],
+        log_file(d, "agent.log"),
     );
     let ca = d.join("ca.pem");
     let host = "web--feature-x.preview.test";
@@ -491,18 +493,8 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
     std::fs::write(d.join("bad.token"), "spurc_00000000").unwrap();
     let flood: Vec<Killed> = (0..20)
         .map(|_| {
-            Killed(
-                Command::new(SPUR)
-                    .current_dir(d)
-                    .args(["agent", "--hub", &format!("127.0.0.1:{port}")])
-                    .args(["--hub-server-name", "localhost", "--hub-ca", "ca.pem"])
-                    .args(["--token-file", "bad.token", "--no-kube"])
-                    .args(["--health-addr", "127.0.0.1:0"])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .unwrap(),
-            )
+            let flags = ["--no-kube", "--health-addr", "127.0.0.1:0"];
+            start_agent(d, port, "bad.token", &flags, Stdio::null())
         })
         .collect();
     for mut f in flood {
@@ -747,39 +739,26 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
     std::fs::write(d.join("ca.pem"), spur(d, &["hub", "ca"]).stdout).unwrap();
 
     let (port, web) = (free_port(), free_port());
-    let _hub = Killed(
-        Command::new(SPUR)
-            .current_dir(d)
-            .args([
-                "hub",
-                "serve",
-                "--db",
-                "hub.db",
-                "--metrics-addr",
-                "127.0.0.1:0",
-            ])
-            .args(["--tunnel-addr", &format!("127.0.0.1:{port}")])
-            .args(["--preview-addr", &format!("127.0.0.1:{web}")])
-            .args(["--preview-domain", "preview.test"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(d.join("hub.log")).unwrap())
-            .spawn()
-            .unwrap(),
+    let web_addr = format!("127.0.0.1:{web}");
+    let _hub = start_hub(
+        d,
+        port,
+        &[
+            "--preview-addr",
+            &web_addr,
+            "--preview-domain",
+            "preview.test",
+        ],
     );
     let mut agents = Vec::new();
     for c in ["east", "west"] {
-        agents.push(Killed(
-            Command::new(SPUR)
-                .current_dir(d)
-                .args(["agent", "--hub", &format!("127.0.0.1:{port}")])
-                .args(["--hub-server-name", "localhost", "--hub-ca", "ca.pem"])
-                .args(["--token-file", &format!("{c}.token")])
-                .args(["--kubeconfig", &format!("{c}.kubeconfig")])
-                .args(["--health-addr", &health_addr().to_string()])
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(d.join(format!("agent-{c}.log"))).unwrap())
-                .spawn()
-                .unwrap(),
+        let (kubeconfig, health) = (format!("{c}.kubeconfig"), health_addr().to_string());
+        agents.push(start_agent(
+            d,
+            port,
+            &format!("{c}.token"),
+            &["--kubeconfig", &kubeconfig, "--health-addr", &health],
+            log_file(d, &format!("agent-{c}.log")),
         ));
     }
     let ca = d.join("ca.pem");
