@@ -781,6 +781,42 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
         },
     );
 
+    // The login form: a wrong key is refused; the right one sets a session cookie that then
+    // opens the page (and logging out ends it).
+    let login = |key: &str| -> String {
+        let out = Command::new("curl")
+            .args(["-sS", "-i", "--max-time", "10", "--cacert"])
+            .arg(&ca)
+            .args(["--data-urlencode", &format!("key={key}")])
+            .arg(format!("https://localhost:{web}/login"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let refused = login("spurk_wrong");
+    assert!(
+        refused.starts_with("HTTP/2 401") || refused.starts_with("HTTP/1.1 401"),
+        "{refused}"
+    );
+    assert!(
+        !refused.to_ascii_lowercase().contains("set-cookie"),
+        "{refused}"
+    );
+    let accepted = login(&key);
+    let cookie = accepted
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("set-cookie: ")
+                .or_else(|| l.strip_prefix("Set-Cookie: "))
+        })
+        .and_then(|c| c.split(';').next())
+        .unwrap_or_else(|| panic!("no session cookie: {accepted}"))
+        .to_owned();
+    assert!(cookie.starts_with("spur_hub=spurs_"), "{cookie}");
+    let (code, body) = curl(&ca, web, "localhost", "/", &[&format!("cookie: {cookie}")]);
+    assert_eq!(code, 200);
+    assert!(body.contains("search-v2"), "{body}");
+
     let url = format!("https://localhost:{web}");
     let link =
         String::from_utf8(spur(d, &["hub", "login-link", "dev", "--url", &url]).stdout).unwrap();

@@ -207,7 +207,6 @@ impl Preview {
             return Err(req);
         }
         let action = path.to_owned();
-        let after = "/";
         // A one-time code from `spur hub login-link`: exchanged for a fresh session.
         if req.method() == Method::GET
             && let Some(code) = req
@@ -225,21 +224,12 @@ impl Preview {
                 store.create_session(&name, SESSION_TTL).map(Some)
             })
             .await;
-            return Ok(match exchanged {
-                Ok(Ok(Some(token))) => {
-                    redirect(after, Some(session_cookie(&token, host, &self.domain)))
-                }
-                Ok(Ok(None)) => full(
-                    StatusCode::UNAUTHORIZED,
-                    "text/html; charset=utf-8",
-                    login_page(Some("That login link is used or expired."), &action),
-                ),
-                _ => full(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain; charset=utf-8",
-                    "cannot check credentials now\n".into(),
-                ),
-            });
+            return Ok(self.logged_in(
+                exchanged,
+                host,
+                &action,
+                "That login link is used or expired.",
+            ));
         }
         match *req.method() {
             Method::GET => Ok(full(
@@ -267,27 +257,37 @@ impl Preview {
                         None => Ok(None),
                     })
                     .await;
-                Ok(match session {
-                    Ok(Ok(Some(token))) => {
-                        redirect(after, Some(session_cookie(&token, host, &self.domain)))
-                    }
-                    Ok(Ok(None)) => full(
-                        StatusCode::UNAUTHORIZED,
-                        "text/html; charset=utf-8",
-                        login_page(Some("Unknown or revoked API key."), &action),
-                    ),
-                    _ => full(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "text/plain; charset=utf-8",
-                        "cannot check credentials now\n".into(),
-                    ),
-                })
+                Ok(self.logged_in(session, host, &action, "Unknown or revoked API key."))
             }
             _ => Ok(full(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "text/plain; charset=utf-8",
                 "GET or POST\n".into(),
             )),
+        }
+    }
+
+    /// The answer to a login attempt: the session cookie and a redirect to the page, the login
+    /// form again with `refused`, or a 503 when the database could not be asked.
+    fn logged_in(
+        &self,
+        attempt: Result<Result<Option<String>, crate::Error>, tokio::task::JoinError>,
+        host: &str,
+        action: &str,
+        refused: &str,
+    ) -> Response<Body> {
+        match attempt {
+            Ok(Ok(Some(token))) => redirect("/", Some(session_cookie(&token, host, &self.domain))),
+            Ok(Ok(None)) => full(
+                StatusCode::UNAUTHORIZED,
+                "text/html; charset=utf-8",
+                login_page(Some(refused), action),
+            ),
+            _ => full(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain; charset=utf-8",
+                "cannot check credentials now\n".into(),
+            ),
         }
     }
 
