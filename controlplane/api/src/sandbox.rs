@@ -415,6 +415,15 @@ pub struct Endpoint {
     /// name such as `frontend.hotrod.svc`.
     #[schemars(length(min = 1, max = ENDPOINT_TARGET_MAX), regex(pattern = ENDPOINT_TARGET_PATTERN))]
     pub target: String,
+    /// With a multi-cluster hub: the cluster (its name at the hub) whose `target` this is;
+    /// default: the object's own cluster. The routing key is still this object's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = DNS_LABEL_MAX), regex(pattern = DNS_LABEL_PATTERN))]
+    pub cluster: Option<String>,
+    /// Anyone with the URL may use the preview, without an API key or login, where the hub
+    /// allows it (`spur hub serve --allow-public-previews`; off by default).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub public: bool,
 }
 
 /// An endpoint's preview URL, as the operator publishes it when it knows the hub's preview
@@ -990,6 +999,9 @@ pub(crate) fn check_endpoints(c: &mut Checker, path: &str, endpoints: &[Endpoint
             || format!("{path}[{i}].target"),
             "must be scheme://host[:port] with scheme http, https, grpc or tcp",
         );
+        if let Some(cluster) = &e.cluster {
+            c.dns_label(|| format!("{path}[{i}].cluster"), cluster);
+        }
     }
 }
 

@@ -141,6 +141,10 @@ pub(crate) struct ServeArgs {
     /// 504 (e.g. 60s, 500ms).
     #[arg(long, env = "SPUR_HUB_PREVIEW_TIMEOUT", default_value = "60s", value_parser = spur_runtime::parse_duration)]
     preview_timeout: Duration,
+    /// Serve endpoints whose spec says `public: true` to anyone, without an API key or login.
+    /// Off by default: anyone who may create a Sandbox could otherwise publish a service.
+    #[arg(long, env = "SPUR_HUB_ALLOW_PUBLIC_PREVIEWS")]
+    allow_public_previews: bool,
     /// Seconds agents' streams get to finish on SIGTERM.
     #[arg(long, env = "SPUR_HUB_DRAIN_GRACE", default_value_t = 10)]
     drain_grace: u64,
@@ -259,6 +263,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
                         .with_context(|| format!("--preview-addr {addr:?} is not IP:PORT"))?,
                     domain: args.preview_domain,
                     response_timeout: args.preview_timeout,
+                    allow_public: args.allow_public_previews,
                 }),
             },
         },

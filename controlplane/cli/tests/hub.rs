@@ -367,6 +367,7 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
             "preview.test",
             "--preview-timeout",
             "4s",
+            "--allow-public-previews",
         ],
     );
     let health = health_addr();
@@ -525,6 +526,76 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
         let code = String::from_utf8_lossy(&out.stdout).into_owned();
         assert_eq!(code, "400", "Host {bad:?}");
     }
+
+    // Multi-cluster: a second cluster's agent ("west", no Kubernetes of its own here); a
+    // sandbox of east whose public endpoint names west is served through west's agent (east's is
+    // stopped to prove it), without an API key.
+    let west_token = spur(d, &["hub", "cluster", "add", "west"]).stdout;
+    std::fs::write(d.join("west.token"), &west_token).unwrap();
+    let west_flags = [
+        "--no-kube",
+        "--target-suffix",
+        "localhost",
+        "--health-addr",
+        "127.0.0.1:0",
+    ];
+    let _west = start_agent(
+        d,
+        port,
+        "west.token",
+        &west_flags,
+        log_file(d, "agent-west.log"),
+    );
+    let cross: Sandbox = serde_json::from_value(serde_json::json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": "cross"},
+        "spec": {
+            "forks": [{"forkOf": {"kind": "Deployment", "namespace": "default", "name": "web"}}],
+            "defaultRouteGroup": {"endpoints": [{
+                "name": "web", "target": format!("http://localhost:{app_port}"),
+                "cluster": "west", "public": true
+            }]}
+        }
+    }))
+    .unwrap();
+    sandboxes
+        .create(&PostParams::default(), &cross)
+        .await
+        .unwrap();
+    sandboxes
+        .patch_status(
+            "cross",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"routingKey": "crosskey01"}})),
+        )
+        .await
+        .unwrap();
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &agent_pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut last = (0, String::new());
+    wait_until(
+        "the public cross-cluster preview",
+        Duration::from_secs(30),
+        || {
+            last = curl(&ca, preview, "web--cross.preview.test", "/x", &[]);
+            last.0 == 200
+        },
+    );
+    assert!(last.1.contains("sd-routing-key=crosskey01"), "{}", last.1);
+    // The other sandbox's endpoint is not public: still 401 without a key.
+    assert_eq!(curl(&ca, preview, host, "/", &[]).0, 401);
+    assert!(
+        Command::new("kill")
+            .args(["-CONT", &agent_pid])
+            .status()
+            .unwrap()
+            .success()
+    );
 
     // The sandbox goes: its URL is a 404.
     sandboxes

@@ -37,7 +37,10 @@ pub struct ClusterView {
 /// Where a preview request goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Resolved {
+    /// Where the target is (the endpoint's `cluster`, else the object's own).
     pub cluster: String,
+    /// The endpoint opted in to previews without authentication.
+    pub public: bool,
     pub routing_key: String,
     /// `http`, `https`, `grpc` or `tcp`.
     pub scheme: String,
@@ -144,13 +147,19 @@ impl Catalog {
                 endpoint: endpoint.to_owned(),
             })?;
         let key = key.ok_or_else(|| ResolveError::NoKey(owner.to_owned()))?;
+        // An endpoint may name another cluster for its target (a multi-cluster hub).
+        let target_cluster = e.cluster.as_deref().unwrap_or(cluster);
+        if !all.contains_key(target_cluster) {
+            return Err(ResolveError::UnknownCluster(target_cluster.to_owned()));
+        }
         let (scheme, host, port) =
             parse_target(&e.target).ok_or_else(|| ResolveError::UnknownEndpoint {
                 owner: owner.to_owned(),
                 endpoint: endpoint.to_owned(),
             })?;
         Ok(Resolved {
-            cluster: cluster.to_owned(),
+            cluster: target_cluster.to_owned(),
+            public: e.public,
             routing_key: key,
             scheme,
             host,

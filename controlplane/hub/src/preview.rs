@@ -58,6 +58,8 @@ pub struct Preview {
     /// How long a target may take to send its response head (a 504 after that). A stalled
     /// agent is also noticed by the tunnel's keepalive (20 s), which fails every stream.
     pub response_timeout: Duration,
+    /// Serve endpoints marked `public` without authentication.
+    pub allow_public: bool,
     /// Credentials found valid, by SHA-256, and when.
     pub auth_cache:
         std::sync::Mutex<std::collections::HashMap<(Vec<u8>, bool), std::time::Instant>>,
@@ -176,33 +178,37 @@ impl Preview {
                 "a preview name is <endpoint>--<sandbox or route group>[--<cluster>]\n",
             );
         };
-        // Authentication comes before anything about the cluster is revealed or touched.
-        match self.authenticate(req.headers()).await {
-            Ok(true) => {}
-            Ok(false) if wants_html(req.headers()) => return self.login_required(),
-            Ok(false) => {
-                let mut r = text(
-                    StatusCode::UNAUTHORIZED,
-                    "an API key is required: `x-spur-api-key: <key>` or `Authorization: Bearer <key>` (spur hub apikey add)\n",
-                );
-                r.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    HeaderValue::from_static("Bearer realm=\"spur hub\""),
-                );
-                return r;
-            }
-            Err(e) => {
-                tracing::warn!("API key check: {e}");
-                return text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "cannot check credentials now\n",
-                );
+        let resolved = self
+            .catalog
+            .resolve(name.cluster, name.owner, name.endpoint);
+        // Authentication comes before anything about the cluster is revealed or touched, unless
+        // the endpoint opted in to public access and the hub allows that.
+        let public = self.allow_public && resolved.as_ref().is_ok_and(|r| r.public);
+        if !public {
+            match self.authenticate(req.headers()).await {
+                Ok(true) => {}
+                Ok(false) if wants_html(req.headers()) => return self.login_required(),
+                Ok(false) => {
+                    let mut r = text(
+                        StatusCode::UNAUTHORIZED,
+                        "an API key is required: `x-spur-api-key: <key>` or `Authorization: Bearer <key>` (spur hub apikey add)\n",
+                    );
+                    r.headers_mut().insert(
+                        header::WWW_AUTHENTICATE,
+                        HeaderValue::from_static("Bearer realm=\"spur hub\""),
+                    );
+                    return r;
+                }
+                Err(e) => {
+                    tracing::warn!("API key check: {e}");
+                    return text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "cannot check credentials now\n",
+                    );
+                }
             }
         }
-        let resolved = match self
-            .catalog
-            .resolve(name.cluster, name.owner, name.endpoint)
-        {
+        let resolved = match resolved {
             Ok(r) => r,
             Err(e @ ResolveError::NoKey(_)) => {
                 return text(StatusCode::SERVICE_UNAVAILABLE, &format!("{e}\n"));
@@ -563,6 +569,7 @@ mod tests {
             .unwrap();
         let to = Resolved {
             cluster: "c".into(),
+            public: false,
             routing_key: "key123".into(),
             scheme: "http".into(),
             host: "web.shop.svc".into(),

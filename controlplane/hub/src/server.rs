@@ -55,6 +55,8 @@ pub struct PreviewSettings {
     pub domain: String,
     /// How long a target may take to send its response head.
     pub response_timeout: Duration,
+    /// Serve endpoints marked `public` without authentication.
+    pub allow_public: bool,
 }
 
 /// A running hub.
@@ -176,6 +178,7 @@ impl Hub {
                     upstreams: crate::upstream::Upstreams::default(),
                     response_timeout: p.response_timeout,
                     auth_cache: Default::default(),
+                    allow_public: p.allow_public,
                 };
                 Some((
                     Arc::new(preview),

@@ -228,6 +228,8 @@ fn all_problems_are_reported_at_once() {
         endpoints: vec![Endpoint {
             name: "web".into(),
             target: "ftp://x:1".into(),
+            cluster: Some("Not_A_Label".into()),
+            public: false,
         }],
     });
     let err = s.validate().unwrap_err();
@@ -238,10 +240,11 @@ fn all_problems_are_reported_at_once() {
         "spec.forks[0].customizations.images[0].image",
         "spec.ttl.duration",
         "spec.defaultRouteGroup.endpoints[0].target",
+        "spec.defaultRouteGroup.endpoints[0].cluster",
     ] {
         assert!(text.contains(needle), "{needle} in {text}");
     }
-    assert_eq!(err.field_errors().len(), 4, "{text}");
+    assert_eq!(err.field_errors().len(), 5, "{text}");
 
     // Same baseline twice, now spelled identically.
     s.forks[1].fork_of.namespace = "hotrod".into();
