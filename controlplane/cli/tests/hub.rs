@@ -796,6 +796,33 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
     }
     sandbox_with_endpoint(&east, "checkout-fix").await;
     sandbox_with_endpoint(&west, "search-v2").await;
+    // The route table east's sidecars hold (a RoutingConfig's exported routes, as the operator
+    // would write them).
+    {
+        use kube::api::{Patch, PatchParams, PostParams};
+        let rcs: kube::Api<spur_api::RoutingConfig> = kube::Api::all(east.client());
+        let rc: spur_api::RoutingConfig = serde_json::from_value(serde_json::json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "RoutingConfig",
+            "metadata": {"name": "checkout-fix-routes"},
+            "spec": {"routingKey": "keycheckout-fix", "workloads": [
+                {"kind": "ForkedWorkload", "namespace": "shop", "name": "web-fork", "sandbox": "checkout-fix"}
+            ]}
+        }))
+        .unwrap();
+        rcs.create(&PostParams::default(), &rc).await.unwrap();
+        let status = serde_json::json!({"status": {"routeServer": {"routes": [{
+            "fromHost": "web.shop.svc", "fromPort": 8080, "toHost": "checkout-fix-web.shop.svc",
+            "toPort": 8080, "workloadPort": 8080, "sandbox": "checkout-fix",
+            "baseline": {"kind": "Deployment", "namespace": "shop", "name": "web"}
+        }]}}});
+        rcs.patch_status(
+            "checkout-fix-routes",
+            &PatchParams::default(),
+            &Patch::Merge(status),
+        )
+        .await
+        .unwrap();
+    }
 
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -898,6 +925,9 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
             "Page.navigate",
             serde_json::json!({"url": link.trim()}),
         )
+        .await;
+    browser
+        .wait_for_text("checkout-fix-web.shop.svc:8080", Duration::from_secs(30))
         .await;
     let text = browser
         .wait_for_text("search-v2", Duration::from_secs(30))

@@ -273,8 +273,8 @@ async fn kube_proxy(
     }
 }
 
-/// Reads of Spur's cluster-scoped Sandboxes and RouteGroups and of RoutingConfigs in any
-/// namespace: lists, watches (query parameters) and single objects.
+/// Reads of Spur's cluster-scoped Sandboxes, RouteGroups and RoutingConfigs: lists, watches
+/// (query parameters) and single objects.
 pub fn kube_path_allowed(path: &str) -> bool {
     let Some(rest) = path.strip_prefix("/apis/spur.dev/v1alpha1/") else {
         return false;
@@ -289,10 +289,8 @@ pub fn kube_path_allowed(path: &str) -> bool {
             && s.bytes().all(|b| alnum(b) || b == b'-' || b == b'.')
     };
     match parts.as_slice() {
-        ["sandboxes" | "routegroups"] => true,
-        ["sandboxes" | "routegroups", name] => name_ok(name),
-        ["namespaces", ns, "routingconfigs"] => name_ok(ns),
-        ["namespaces", ns, "routingconfigs", name] => name_ok(ns) && name_ok(name),
+        ["sandboxes" | "routegroups" | "routingconfigs"] => true,
+        ["sandboxes" | "routegroups" | "routingconfigs", name] => name_ok(name),
         _ => false,
     }
 }
@@ -353,8 +351,8 @@ mod tests {
             "/apis/spur.dev/v1alpha1/sandboxes",
             "/apis/spur.dev/v1alpha1/sandboxes/a-b",
             "/apis/spur.dev/v1alpha1/routegroups",
-            "/apis/spur.dev/v1alpha1/namespaces/shop/routingconfigs",
-            "/apis/spur.dev/v1alpha1/namespaces/shop/routingconfigs/web",
+            "/apis/spur.dev/v1alpha1/routingconfigs",
+            "/apis/spur.dev/v1alpha1/routingconfigs/sandbox-x-1a2b",
         ] {
             assert!(kube_path_allowed(ok), "{ok}");
         }
@@ -367,7 +365,8 @@ mod tests {
             "/apis/spur.dev/v1alpha1/sandboxes/%2e%2e",
             "/apis/spur.dev/v1alpha1/",
             "/apis/spur.dev/v1alpha1/sandboxes/..",
-            "/apis/spur.dev/v1alpha1/namespaces/../routingconfigs",
+            "/apis/spur.dev/v1alpha1/namespaces/shop/routingconfigs",
+            "/apis/spur.dev/v1alpha1/routingconfigs/x/status",
         ] {
             assert!(!kube_path_allowed(bad), "{bad}");
         }

@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use kube::core::{ObjectList, WatchEvent};
 use serde::de::DeserializeOwned;
-use spur_api::{RouteGroup, Sandbox};
+use spur_api::{RouteGroup, RoutingConfig, Sandbox};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -30,7 +30,9 @@ const MAX_WATCH_LINE: usize = 4 << 20;
 pub struct ClusterView {
     pub sandboxes: BTreeMap<String, Sandbox>,
     pub route_groups: BTreeMap<String, RouteGroup>,
-    /// Both lists have been read at least once since the cluster connected.
+    /// The routes each key's RoutingConfig exports: what the baselines' sidecars hold.
+    pub routing_configs: BTreeMap<String, RoutingConfig>,
+    /// The lists have been read at least once since the cluster connected.
     pub synced: bool,
 }
 
@@ -195,7 +197,8 @@ impl Catalog {
                     catalog.update(&name, |v| v.synced = false);
                     tokio::join!(
                         catalog.watch::<Sandbox>(&clusters, &name, "sandboxes", token.clone()),
-                        catalog.watch::<RouteGroup>(&clusters, &name, "routegroups", token),
+                        catalog.watch::<RouteGroup>(&clusters, &name, "routegroups", token.clone()),
+                        catalog.watch::<RoutingConfig>(&clusters, &name, "routingconfigs", token),
                     );
                 });
             }
@@ -334,6 +337,12 @@ impl Kind for Sandbox {
 impl Kind for RouteGroup {
     fn map(view: &mut ClusterView) -> &mut BTreeMap<String, Self> {
         &mut view.route_groups
+    }
+}
+
+impl Kind for RoutingConfig {
+    fn map(view: &mut ClusterView) -> &mut BTreeMap<String, Self> {
+        &mut view.routing_configs
     }
 }
 

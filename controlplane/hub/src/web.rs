@@ -485,6 +485,36 @@ impl Preview {
                 );
             }
             out.push_str("</table>");
+            let routes: Vec<_> = view
+                .routing_configs
+                .values()
+                .flat_map(|rc| {
+                    let key = rc.spec.routing_key.as_str();
+                    rc.status
+                        .iter()
+                        .filter_map(|st| st.route_server.as_ref())
+                        .flat_map(|r| &r.routes)
+                        .map(move |r| (key, r))
+                })
+                .collect();
+            if !routes.is_empty() {
+                let _ = write!(out, "<h3>Routes the sidecars in {} hold</h3>", esc(cluster));
+                out.push_str("<table><tr><th>Baseline</th><th>Port</th><th>Routing key</th><th>To</th><th>Sandbox</th></tr>");
+                for (key, r) in routes {
+                    let _ = write!(
+                        out,
+                        "<tr><td><code>{}/{}</code></td><td>{}</td><td><code>{}</code></td><td><code>{}:{}</code></td><td>{}</td></tr>",
+                        esc(&r.baseline.namespace),
+                        esc(&r.baseline.name),
+                        r.workload_port,
+                        esc(key),
+                        esc(&r.to_host),
+                        r.to_port,
+                        esc(&r.sandbox),
+                    );
+                }
+                out.push_str("</table>");
+            }
             if !view.route_groups.is_empty() {
                 let _ = write!(out, "<h3>Route groups in {}</h3>", esc(cluster));
                 out.push_str("<table><tr><th>Route group</th><th>Routing key</th><th>Sandboxes</th><th>Previews</th></tr>");
