@@ -453,6 +453,114 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
     );
     assert_eq!(code, 404, "{body}");
 
+    // gRPC (HTTP/2 to a grpc:// target) and WebSocket (an HTTP/1.1 upgrade) through previews.
+    let apps = spur_demo_apps::CancellationToken::new();
+    let ws_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ws_port = ws_listener.local_addr().unwrap().port();
+    tokio::spawn(spur_demo_apps::serve_http(
+        ws_listener,
+        "ws-app".into(),
+        apps.clone(),
+    ));
+    let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc_port = grpc_listener.local_addr().unwrap().port();
+    let grpc_stop = apps.clone();
+    tokio::spawn(async move {
+        spur_perf::upstream::serve(vec![grpc_listener], grpc_stop.cancelled_owned()).await
+    });
+    let protos: Sandbox = serde_json::from_value(serde_json::json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": "protos"},
+        "spec": {
+            "forks": [{"forkOf": {"kind": "Deployment", "namespace": "default", "name": "api"}}],
+            "defaultRouteGroup": {"endpoints": [
+                {"name": "ws", "target": format!("http://localhost:{ws_port}")},
+                {"name": "rpc", "target": format!("grpc://localhost:{grpc_port}")}
+            ]}
+        }
+    }))
+    .unwrap();
+    sandboxes
+        .create(&PostParams::default(), &protos)
+        .await
+        .unwrap();
+    sandboxes
+        .patch_status(
+            "protos",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"routingKey": "protoskey1"}})),
+        )
+        .await
+        .unwrap();
+    wait_until(
+        "the protos sandbox at the hub",
+        Duration::from_secs(20),
+        || curl(&ca, preview, "ws--protos.preview.test", "/", &[&auth]).0 == 200,
+    );
+    let grpc = {
+        let mut cfg = spur_perf::load::LoadConfig::new(
+            format!("https://rpc--protos.preview.test:{preview}/")
+                .parse()
+                .unwrap(),
+            spur_perf::load::Proto::Grpc,
+            spur_perf::load::Mode::Closed,
+        );
+        cfg.duration = Duration::from_secs(1);
+        cfg.warmup = Duration::ZERO;
+        cfg.payload = 100;
+        cfg.ca_file = Some(ca.clone());
+        cfg.connect_to = Some(SocketAddr::from(([127, 0, 0, 1], preview)));
+        cfg.headers = vec![spur_perf::load::parse_header(&auth).unwrap()];
+        tokio::task::spawn_blocking(move || spur_perf::load::run(&cfg))
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    assert!(
+        grpc.requests > 10 && grpc.errors == 0,
+        "gRPC through the preview: {}",
+        grpc.summary()
+    );
+    {
+        use futures_util::{SinkExt, StreamExt};
+        use rustls::pki_types::pem::PemObject;
+        use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls::pki_types::CertificateDer::pem_file_iter(&ca).unwrap() {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let mut tls = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", preview))
+            .await
+            .unwrap();
+        let name = rustls::pki_types::ServerName::try_from("ws--protos.preview.test").unwrap();
+        let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let mut request = "wss://ws--protos.preview.test/ws"
+            .into_client_request()
+            .unwrap();
+        request
+            .headers_mut()
+            .insert("x-spur-api-key", key.parse().unwrap());
+        let (mut ws, resp) = tokio_tungstenite::client_async(request, stream)
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 101);
+        ws.send(Message::text("hello")).await.unwrap();
+        let reply = tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(reply, Message::text("ws-app: hello"));
+        let _ = ws.close(None).await;
+    }
+
     // A stalled agent (stopped, its session still open): a clear gateway error, in bounded
     // time, and the hub keeps serving; once it runs again, previews work.
     let agent_pid = agent.0.id().to_string();
