@@ -1101,10 +1101,50 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
             &hub_arg,
             "--set-file",
             &ca_arg,
+            "--set",
+            "agent.previewDomain=preview.test",
+            // The chart's own hub as well (not the one the agent dials): it starts from the
+            // image, and is administered with `kubectl exec`.
+            "--set",
+            "hub.enabled=true",
+            "--set",
+            "hub.previewDomain=preview.test",
+            "--set",
+            "hub.persistence.enabled=false",
+            "--set",
+            "hub.serviceType=ClusterIP",
         ],
     ))
     .with_context(|| node.describe(SPUR_NAMESPACE))
     .unwrap();
+    node.kubectl(&[
+        "-n",
+        SPUR_NAMESPACE,
+        "rollout",
+        "status",
+        "statefulset/spur-hub",
+        "--timeout=180s",
+    ])
+    .with_context(|| node.describe(SPUR_NAMESPACE))
+    .unwrap();
+    let in_cluster_token = node
+        .kubectl(&[
+            "-n",
+            SPUR_NAMESPACE,
+            "exec",
+            "spur-hub-0",
+            "--",
+            "spur",
+            "hub",
+            "cluster",
+            "add",
+            "incluster",
+        ])
+        .unwrap();
+    assert!(
+        in_cluster_token.trim().starts_with("spurc_"),
+        "{in_cluster_token}"
+    );
     // Ready means connected to the hub (the readiness probe is the tunnel's state).
     node.rollout(SPUR_NAMESPACE, "spur-agent")
         .with_context(|| std::fs::read_to_string(d.join("hub.log")).unwrap_or_default())
@@ -1117,6 +1157,15 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
     .unwrap();
     sandbox_ready(node, "backend-preview");
     let fork = fork_pod(node, ns, "backend-preview");
+    // The operator publishes the preview URL in status (agent.previewDomain).
+    let published = eventually("the preview URL in status", Duration::from_secs(60), || {
+        let s = node.get_json("default", &["sandbox", "backend-preview"])?;
+        Ok(s["status"]["endpoints"][0]["url"]
+            .as_str()
+            .map(String::from))
+    })
+    .unwrap();
+    assert_eq!(published, "https://shop--backend-preview.preview.test/");
     let preview = |host: &str, headers: &[&str]| -> Answer {
         let mut c = std::process::Command::new("ip");
         c.args([
