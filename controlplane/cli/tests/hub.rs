@@ -53,15 +53,13 @@ fn start_hub(dir: &Path, port: u16, extra: &[&str]) -> Killed {
     Killed(
         Command::new(SPUR)
             .current_dir(dir)
-            .args([
-                "hub",
-                "serve",
-                "--db",
-                "hub.db",
-                "--metrics-addr",
-                "127.0.0.1:0",
-            ])
+            .args(["hub", "serve", "--db", "hub.db"])
             .args(["--tunnel-addr", &format!("127.0.0.1:{port}")])
+            .args(if extra.contains(&"--metrics-addr") {
+                &[][..]
+            } else {
+                &["--metrics-addr", "127.0.0.1:0"][..]
+            })
             .args(extra)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join(format!("hub-{port}.log"))).unwrap())
@@ -90,8 +88,8 @@ fn log_file(dir: &Path, name: &str) -> Stdio {
     std::fs::File::create(dir.join(name)).unwrap().into()
 }
 
-/// GET `path` on `addr` with a raw HTTP/1.1 request; the status code, or None.
-fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
+/// GET `path` on `addr` with a raw HTTP/1.1 request; the whole response, or None.
+fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
@@ -102,7 +100,12 @@ fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
     .ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
-    out.split(' ').nth(1)?.parse().ok()
+    Some(out)
+}
+
+/// GET `path` on `addr`; the status code, or None.
+fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
+    http_get(addr, path)?.split(' ').nth(1)?.parse().ok()
 }
 
 fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
@@ -357,6 +360,8 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
     let port = free_port();
     let preview = free_port();
     let preview_addr = format!("127.0.0.1:{preview}");
+    let metrics = health_addr();
+    let metrics_arg = metrics.to_string();
     let _hub = start_hub(
         d,
         port,
@@ -368,6 +373,8 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
             "--preview-timeout",
             "4s",
             "--allow-public-previews",
+            "--metrics-addr",
+            &metrics_arg,
         ],
     );
     let health = health_addr();
@@ -704,6 +711,18 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
             .unwrap()
             .success()
     );
+
+    // The hub's metrics count what it answered and see both clusters.
+    let scraped = http_get(metrics, "/metrics").unwrap_or_default();
+    for needle in [
+        "spur_hub_preview_requests_total{code=\"200\"}",
+        "spur_hub_preview_requests_total{code=\"401\"}",
+        "spur_hub_preview_requests_total{code=\"504\"}",
+        "spur_hub_clusters_connected 2",
+        "spur_hub_preview_upstream_seconds_count",
+    ] {
+        assert!(scraped.contains(needle), "{needle} not in:\n{scraped}");
+    }
 
     // The sandbox goes: its URL is a 404.
     sandboxes

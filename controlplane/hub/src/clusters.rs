@@ -75,6 +75,7 @@ pub struct Connected {
 pub struct Clusters {
     inner: Arc<Mutex<BTreeMap<String, Connected>>>,
     changed: Arc<watch::Sender<u64>>,
+    metrics: Option<crate::metrics::Metrics>,
 }
 
 impl Clusters {
@@ -87,7 +88,18 @@ impl Clusters {
         self.changed.subscribe()
     }
 
+    /// Reports into `metrics` (connected clusters, revocations).
+    pub fn with_metrics(mut self, metrics: crate::metrics::Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
     fn bump(&self) {
+        if let Some(m) = &self.metrics {
+            let n = self.lock().len();
+            m.clusters_connected
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
@@ -223,6 +235,9 @@ impl Clusters {
                     for (name, session) in revoked {
                         tracing::warn!(cluster = %name, "cluster revoked or token rotated: closing its session");
                         session.goaway("cluster token revoked", Duration::ZERO);
+                        if let Some(m) = &self.metrics {
+                            m.revocations.inc();
+                        }
                     }
                 }
                 Ok(Err(e)) => tracing::warn!("checking revocations: {e}"),

@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod catalog;
 pub mod clusters;
+pub mod metrics;
 pub mod preview;
 pub mod protocol;
 pub mod server;

@@ -60,6 +60,7 @@ pub struct Preview {
     pub response_timeout: Duration,
     /// Serve endpoints marked `public` without authentication.
     pub allow_public: bool,
+    pub metrics: crate::metrics::Metrics,
     /// Credentials found valid, by SHA-256, and when.
     pub auth_cache:
         std::sync::Mutex<std::collections::HashMap<(Vec<u8>, bool), std::time::Instant>>,
@@ -340,6 +341,7 @@ impl Preview {
         let client = self
             .upstreams
             .client(&self.clusters, &to.cluster, h2, OPEN_TIMEOUT);
+        let started = std::time::Instant::now();
         let resp = tokio::time::timeout(self.response_timeout, client.request(req))
             .await
             .map_err(|_| {
@@ -353,6 +355,7 @@ impl Preview {
                 Some(other) => crate::Error::Upstream(other.to_string()),
                 None => crate::Error::Upstream(format!("the target: {e}")),
             })?;
+        self.metrics.upstream(started.elapsed().as_secs_f64());
         let mut resp = resp;
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS
             && let Some(client_upgrade) = upgrade
@@ -385,10 +388,11 @@ async fn serve_conn(
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
     let service = hyper::service::service_fn(move |req| {
         let this = this.clone();
-        let fut: std::pin::Pin<Box<dyn Future<Output = _> + Send>> =
-            Box::pin(
-                async move { Ok::<_, std::convert::Infallible>(this.handle(req, peer).await) },
-            );
+        let fut: std::pin::Pin<Box<dyn Future<Output = _> + Send>> = Box::pin(async move {
+            let resp = this.handle(req, peer).await;
+            this.metrics.preview(resp.status().as_u16());
+            Ok::<_, std::convert::Infallible>(resp)
+        });
         fut
     });
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());

@@ -157,7 +157,8 @@ impl Hub {
             names.push(p.domain.clone());
         }
         let (chain, key, ca_pem) = serving_identity(&store, &tls_source)?;
-        let clusters = Clusters::default();
+        let metrics = crate::metrics::Metrics::register(registry);
+        let clusters = Clusters::default().with_metrics(metrics.clone());
         let catalog = Catalog::default();
         let preview = match &config.preview {
             None => None,
@@ -179,6 +180,7 @@ impl Hub {
                     response_timeout: p.response_timeout,
                     auth_cache: Default::default(),
                     allow_public: p.allow_public,
+                    metrics: metrics.clone(),
                 };
                 Some((
                     Arc::new(preview),
