@@ -316,7 +316,7 @@ fn curl(ca: &Path, preview: u16, host: &str, path: &str, headers: &[&str]) -> (u
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthenticated() {
     use kube::Api;
-    use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+    use kube::api::DeleteParams;
     use spur_api::Sandbox;
 
     let api = spur_kube_harness::KubeApi::start().await.unwrap();
@@ -330,25 +330,16 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
     let (app_port, hits) = echo_app();
 
     let sandboxes: Api<Sandbox> = Api::all(api.client());
-    let sb: Sandbox = serde_json::from_value(serde_json::json!({
-        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
-        "metadata": {"name": "feature-x"},
-        "spec": {
-            "forks": [{"forkOf": {"kind": "Deployment", "namespace": "default", "name": "web"}}],
-            "defaultRouteGroup": {"endpoints": [{"name": "web", "target": format!("http://localhost:{app_port}")}]}
-        }
-    }))
-    .unwrap();
-    sandboxes.create(&PostParams::default(), &sb).await.unwrap();
     // No operator runs here: the key is written as the operator would.
-    sandboxes
-        .patch_status(
-            "feature-x",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"status": {"routingKey": "k3y4feature"}})),
-        )
-        .await
-        .unwrap();
+    let endpoints =
+        serde_json::json!([{"name": "web", "target": format!("http://localhost:{app_port}")}]);
+    sandbox_with(
+        &api,
+        "feature-x",
+        endpoints,
+        serde_json::json!({"routingKey": "k3y4feature"}),
+    )
+    .await;
 
     let token = spur(d, &["hub", "cluster", "add", "east"]).stdout;
     std::fs::write(d.join("east.token"), &token).unwrap();
@@ -475,30 +466,17 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
     tokio::spawn(async move {
         spur_perf::upstream::serve(vec![grpc_listener], grpc_stop.cancelled_owned()).await
     });
-    let protos: Sandbox = serde_json::from_value(serde_json::json!({
-        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
-        "metadata": {"name": "protos"},
-        "spec": {
-            "forks": [{"forkOf": {"kind": "Deployment", "namespace": "default", "name": "api"}}],
-            "defaultRouteGroup": {"endpoints": [
-                {"name": "ws", "target": format!("http://localhost:{ws_port}")},
-                {"name": "rpc", "target": format!("grpc://localhost:{grpc_port}")}
-            ]}
-        }
-    }))
-    .unwrap();
-    sandboxes
-        .create(&PostParams::default(), &protos)
-        .await
-        .unwrap();
-    sandboxes
-        .patch_status(
-            "protos",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"status": {"routingKey": "protoskey1"}})),
-        )
-        .await
-        .unwrap();
+    let endpoints = serde_json::json!([
+        {"name": "ws", "target": format!("http://localhost:{ws_port}")},
+        {"name": "rpc", "target": format!("grpc://localhost:{grpc_port}")}
+    ]);
+    sandbox_with(
+        &api,
+        "protos",
+        endpoints,
+        serde_json::json!({"routingKey": "protoskey1"}),
+    )
+    .await;
     wait_until(
         "the protos sandbox at the hub",
         Duration::from_secs(20),
@@ -661,37 +639,19 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
         &west_flags,
         log_file(d, "agent-west.log"),
     );
-    let cross: Sandbox = serde_json::from_value(serde_json::json!({
-        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
-        "metadata": {"name": "cross"},
-        "spec": {
-            "forks": [{"forkOf": {"kind": "Deployment", "namespace": "default", "name": "web"}}],
-            "defaultRouteGroup": {"endpoints": [{
-                "name": "web", "target": format!("http://localhost:{app_port}"),
-                "cluster": "west", "public": true
-            }]}
-        }
-    }))
-    .unwrap();
-    sandboxes
-        .create(&PostParams::default(), &cross)
-        .await
-        .unwrap();
-    sandboxes
-        .patch_status(
-            "cross",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"status": {"routingKey": "crosskey01"}})),
-        )
-        .await
-        .unwrap();
-    assert!(
-        Command::new("kill")
-            .args(["-STOP", &agent_pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    let endpoints = serde_json::json!([{
+        "name": "web", "target": format!("http://localhost:{app_port}"),
+        "cluster": "west", "public": true
+    }]);
+    sandbox_with(
+        &api,
+        "cross",
+        endpoints,
+        serde_json::json!({"routingKey": "crosskey01"}),
+    )
+    .await;
+    // The hub learns of the sandbox through east's agent (its watch): wait for that before
+    // stopping east, then the request can only be served through west.
     let mut last = (0, String::new());
     wait_until(
         "the public cross-cluster preview",
@@ -701,6 +661,15 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
             last.0 == 200
         },
     );
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &agent_pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    last = curl(&ca, preview, "web--cross.preview.test", "/x", &[]);
+    assert_eq!(last.0, 200, "{}", last.1);
     assert!(last.1.contains("sd-routing-key=crosskey01"), "{}", last.1);
     // The other sandbox's endpoint is not public: still 401 without a key.
     assert_eq!(curl(&ca, preview, host, "/", &[]).0, 401);
@@ -882,7 +851,14 @@ impl Browser {
     }
 }
 
-async fn sandbox_with_endpoint(api: &spur_kube_harness::KubeApi, name: &str) {
+/// Creates Sandbox `name` (a fork of `default/web`) with `endpoints`, and writes `status` as the
+/// operator would: no operator runs in these tests.
+async fn sandbox_with(
+    api: &spur_kube_harness::KubeApi,
+    name: &str,
+    endpoints: serde_json::Value,
+    status: serde_json::Value,
+) {
     use kube::Api;
     use kube::api::{Patch, PatchParams, PostParams};
     let sandboxes: Api<spur_api::Sandbox> = Api::all(api.client());
@@ -890,22 +866,28 @@ async fn sandbox_with_endpoint(api: &spur_kube_harness::KubeApi, name: &str) {
         "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
         "metadata": {"name": name},
         "spec": {
-            "forks": [{"forkOf": {"kind": "Deployment", "namespace": "shop", "name": "web"}}],
-            "defaultRouteGroup": {"endpoints": [{"name": "web", "target": "http://web.shop.svc:8080"}]},
-            "ttl": {"duration": "2h"}
+            "forks": [{"forkOf": {"kind": "Deployment", "namespace": "default", "name": "web"}}],
+            "defaultRouteGroup": {"endpoints": endpoints}
         }
     }))
     .unwrap();
     sandboxes.create(&PostParams::default(), &sb).await.unwrap();
-    let status = serde_json::json!({"status": {
-        "routingKey": format!("key{name}"),
-        "conditions": [{"type": "Ready", "status": "True", "reason": "Ready", "message": "",
-                        "lastTransitionTime": "2026-01-01T00:00:00Z"}]
-    }});
+    let status = serde_json::json!({ "status": status });
     sandboxes
         .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
         .await
         .unwrap();
+}
+
+/// A ready Sandbox with one endpoint, `web.shop.svc`.
+async fn sandbox_with_endpoint(api: &spur_kube_harness::KubeApi, name: &str) {
+    let endpoints = serde_json::json!([{"name": "web", "target": "http://web.shop.svc:8080"}]);
+    let status = serde_json::json!({
+        "routingKey": format!("key{name}"),
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Ready", "message": "",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+    });
+    sandbox_with(api, name, endpoints, status).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
