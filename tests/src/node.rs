@@ -661,16 +661,19 @@ impl Node {
 }
 
 impl Laptop {
-    /// Starts `program args` inside the laptop namespace, with `env`; killed on drop. Its output
-    /// goes to `log`.
+    /// Starts `program args` inside the laptop namespace, with `env`; killed on drop, or
+    /// earlier by [`Laptop::stop`]. Its output is appended to `log`.
     pub fn spawn(
         &mut self,
         program: &Path,
         args: &[&str],
         env: &[(&str, &str)],
         log: &Path,
-    ) -> anyhow::Result<()> {
-        let out = std::fs::File::create(log)?;
+    ) -> anyhow::Result<LaptopProcess> {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
         let child = Command::new("ip")
             .args(["netns", "exec", &self.netns])
             .arg(program)
@@ -682,9 +685,21 @@ impl Laptop {
             .spawn()
             .with_context(|| format!("starting {} in {}", program.display(), self.netns))?;
         self.children.push(child);
-        Ok(())
+        Ok(LaptopProcess(self.children.len() - 1))
+    }
+
+    /// Kills one process the laptop started (a crash, say); the others keep running.
+    pub fn stop(&mut self, process: LaptopProcess) {
+        if let Some(c) = self.children.get_mut(process.0) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
+
+/// A process started by [`Laptop::spawn`].
+#[derive(Debug)]
+pub struct LaptopProcess(usize);
 
 impl Drop for Laptop {
     fn drop(&mut self) {

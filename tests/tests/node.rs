@@ -1020,14 +1020,8 @@ fn fork_pod(node: &Node, ns: &str, sandbox: &str) -> String {
 /// without an API key the answer is 401 and nothing reaches the cluster; a hub killed and started
 /// again is reconnected to with no manual step; a deleted Sandbox's URL is a 404.
 fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
-    struct Hub(std::process::Child);
-    impl Drop for Hub {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let laptop = node.laptop(3).unwrap();
+    let mut laptop = node.laptop(3).unwrap();
+    let netns = laptop.netns.clone();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let spur = spur_bin("spur");
@@ -1050,31 +1044,26 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
     let key = hub_cli(&["hub", "apikey", "add", "dev"]).trim().to_owned();
     let ca = d.join("ca.pem");
     std::fs::write(&ca, hub_cli(&["hub", "ca"])).unwrap();
-    let start_hub = || {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(d.join("hub.log"))
-            .unwrap();
-        Hub(std::process::Command::new("ip")
-            .args(["netns", "exec", &laptop.netns])
-            .arg(&spur)
-            .args(["hub", "serve", "--db"])
-            .arg(&db)
-            .args([
-                "--tunnel-addr",
-                "0.0.0.0:8443",
-                "--preview-addr",
-                "0.0.0.0:8444",
-            ])
-            .args(["--preview-domain", "preview.test", "--name", &laptop.ip])
-            .args(["--metrics-addr", "127.0.0.1:9090"])
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap())
-    };
-    let mut hub = start_hub();
+    let db_arg = db.to_str().unwrap().to_owned();
+    let laptop_ip = laptop.ip.clone();
+    let hub_args = [
+        "hub",
+        "serve",
+        "--db",
+        &db_arg,
+        "--tunnel-addr",
+        "0.0.0.0:8443",
+        "--preview-addr",
+        "0.0.0.0:8444",
+        "--preview-domain",
+        "preview.test",
+        "--name",
+        &laptop_ip,
+        "--metrics-addr",
+        "127.0.0.1:9090",
+    ];
+    let hub_log = d.join("hub.log");
+    let mut hub = laptop.spawn(&spur, &hub_args, &[], &hub_log).unwrap();
     node.apply(&format!(
         "apiVersion: v1\nkind: Secret\nmetadata: {{name: spur-agent-token, namespace: {SPUR_NAMESPACE}}}\nstringData: {{token: {}}}\n",
         token.trim()
@@ -1171,7 +1160,7 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
         c.args([
             "netns",
             "exec",
-            &laptop.netns,
+            &netns,
             "curl",
             "-sS",
             "--max-time",
@@ -1221,8 +1210,8 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
     );
 
     // The hub dies and comes back: the agent reconnects, previews work again, no manual step.
-    drop(hub);
-    hub = start_hub();
+    laptop.stop(hub);
+    hub = laptop.spawn(&spur, &hub_args, &[], &hub_log).unwrap();
     eventually(
         "previews after the hub restarted",
         Duration::from_secs(90),
@@ -1249,7 +1238,7 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
         || Ok((preview(host, &[&auth]).status == 404).then_some(())),
     )
     .unwrap();
-    drop(hub);
+    laptop.stop(hub);
     drop(laptop);
     // The token Secret is the user's, not the chart's: helm uninstall would leave it.
     node.kubectl(&["-n", SPUR_NAMESPACE, "delete", "secret", "spur-agent-token"])

@@ -259,7 +259,7 @@ impl Catalog {
             .to_bytes();
         let list: ObjectList<K> = serde_json::from_slice(&body)
             .map_err(|e| Error::Upstream(format!("listing {path}: {e}")))?;
-        let mut version = list.metadata.resource_version.clone().unwrap_or_default();
+        let version = list.metadata.resource_version.clone().unwrap_or_default();
         let objects: BTreeMap<String, K> = list
             .items
             .into_iter()
@@ -269,9 +269,7 @@ impl Catalog {
             *K::map(v) = objects;
             v.synced = true;
         });
-        let watch = format!(
-            "{path}?watch=1&allowWatchBookmarks=true&timeoutSeconds=240&resourceVersion={version}"
-        );
+        let watch = format!("{path}?watch=1&timeoutSeconds=240&resourceVersion={version}");
         let mut body = get(clusters, cluster, &watch).await?;
         let mut buf = BytesMut::new();
         while let Some(frame) = body.frame().await {
@@ -289,7 +287,6 @@ impl Catalog {
                 match event {
                     WatchEvent::Added(o) | WatchEvent::Modified(o) => {
                         if let Some(name) = o.meta().name.clone() {
-                            version = o.meta().resource_version.clone().unwrap_or(version);
                             self.update(cluster, |v| {
                                 K::map(v).insert(name, o);
                             });
@@ -302,7 +299,8 @@ impl Catalog {
                             });
                         }
                     }
-                    WatchEvent::Bookmark(b) => version = b.metadata.resource_version,
+                    // Each watch starts from a fresh list, so no version is carried over.
+                    WatchEvent::Bookmark(_) => {}
                     // 410 Gone and friends: list again.
                     WatchEvent::Error(e) => {
                         return Err(Error::Upstream(format!("watching {path}: {}", e.message)));
@@ -316,7 +314,6 @@ impl Catalog {
             }
         }
         // The watch timed out: the loop lists again, which also repairs anything missed.
-        let _ = version;
         Ok(())
     }
 }

@@ -63,7 +63,7 @@ pub struct Preview {
     pub metrics: crate::metrics::Metrics,
     /// Credentials found valid, by SHA-256, and when.
     pub auth_cache:
-        std::sync::Mutex<std::collections::HashMap<(Vec<u8>, bool), std::time::Instant>>,
+        std::sync::Mutex<std::collections::HashMap<([u8; 32], bool), std::time::Instant>>,
 }
 
 impl std::fmt::Debug for Preview {
@@ -283,7 +283,7 @@ impl Preview {
         {
             let cache = self.auth_cache.lock().unwrap_or_else(|p| p.into_inner());
             if cache
-                .get(&(hash.clone(), session))
+                .get(&(hash, session))
                 .is_some_and(|at| now.duration_since(*at) < AUTH_CACHE_TTL)
             {
                 return Ok(true);

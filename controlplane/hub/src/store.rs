@@ -502,10 +502,10 @@ fn new_secret(prefix: &str) -> Result<String, Error> {
     Ok(s)
 }
 
-pub(crate) fn sha256(secret: &str) -> Vec<u8> {
-    ring::digest::digest(&ring::digest::SHA256, secret.as_bytes())
-        .as_ref()
-        .to_vec()
+pub(crate) fn sha256(secret: &str) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, secret.as_bytes()).as_ref());
+    out
 }
 
 fn now_ms() -> i64 {

@@ -383,6 +383,26 @@ impl Preview {
         r
     }
 
+    /// Preview links to `endpoints` of `owner` in `cluster`, or `-` when it has none.
+    fn links(
+        &self,
+        endpoints: &[spur_api::sandbox::Endpoint],
+        owner: &str,
+        cluster: &str,
+    ) -> String {
+        if endpoints.is_empty() {
+            return "-".into();
+        }
+        let links: Vec<String> = endpoints
+            .iter()
+            .map(|e| {
+                let url = preview_url(&self.domain, &e.name, owner, Some(cluster));
+                format!("<a href=\"{}\">{}</a>", esc(&url), esc(&e.name))
+            })
+            .collect();
+        links.join(" ")
+    }
+
     /// The page's main content.
     pub async fn render(&self) -> String {
         let store = self.store.clone();
@@ -452,36 +472,24 @@ impl Preview {
                     .collect();
                 let ttl = status.and_then(|s| s.expires_at.as_ref()).map_or_else(
                     || "-".into(),
-                    |t| {
-                        let left = t.0.as_second() - jiff_now();
-                        if left <= 0 {
-                            "expiring".into()
-                        } else {
-                            human(Duration::from_secs(left.unsigned_abs()))
-                        }
+                    |t| match SystemTime::from(t.0).duration_since(now) {
+                        Ok(left) if left.as_secs() > 0 => human(left),
+                        _ => "expiring".into(),
                     },
                 );
-                let links: Vec<String> = sb
+                let endpoints = sb
                     .spec
                     .default_route_group
-                    .iter()
-                    .flat_map(|g| &g.endpoints)
-                    .map(|e| {
-                        let url = preview_url(&self.domain, &e.name, name, Some(cluster));
-                        format!("<a href=\"{}\">{}</a>", esc(&url), esc(&e.name))
-                    })
-                    .collect();
+                    .as_ref()
+                    .map(|g| g.endpoints.as_slice())
+                    .unwrap_or_default();
                 let _ = write!(
                     out,
                     "<tr><td>{}</td><td><code>{}</code></td><td>{ready}</td><td>{}</td><td>{ttl}</td><td>{}</td></tr>",
                     esc(name),
                     esc(status.and_then(|s| s.routing_key.as_deref()).unwrap_or("-")),
                     forks.join(" "),
-                    if links.is_empty() {
-                        "-".into()
-                    } else {
-                        links.join(" ")
-                    },
+                    self.links(endpoints, name, cluster),
                 );
             }
             out.push_str("</table>");
@@ -520,15 +528,6 @@ impl Preview {
                 out.push_str("<table><tr><th>Route group</th><th>Routing key</th><th>Sandboxes</th><th>Previews</th></tr>");
                 for (name, rg) in &view.route_groups {
                     let status = rg.status.as_ref();
-                    let links: Vec<String> = rg
-                        .spec
-                        .endpoints
-                        .iter()
-                        .map(|e| {
-                            let url = preview_url(&self.domain, &e.name, name, Some(cluster));
-                            format!("<a href=\"{}\">{}</a>", esc(&url), esc(&e.name))
-                        })
-                        .collect();
                     let _ = write!(
                         out,
                         "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
@@ -537,11 +536,7 @@ impl Preview {
                         esc(&status
                             .map(|s| s.matched_sandboxes.join(", "))
                             .unwrap_or_default()),
-                        if links.is_empty() {
-                            "-".into()
-                        } else {
-                            links.join(" ")
-                        },
+                        self.links(&rg.spec.endpoints, name, cluster),
                     );
                 }
                 out.push_str("</table>");
@@ -549,12 +544,6 @@ impl Preview {
         }
         out
     }
-}
-
-fn jiff_now() -> i64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 fn human(d: Duration) -> String {
@@ -574,35 +563,9 @@ fn ago(now: SystemTime, t: SystemTime) -> String {
 
 /// Value of field `name` in an `application/x-www-form-urlencoded` body.
 fn form_value(body: &[u8], name: &str) -> Option<String> {
-    let body = std::str::from_utf8(body).ok()?;
-    body.split('&').find_map(|kv| {
-        let (k, v) = kv.split_once('=')?;
-        (k == name).then(|| percent_decode(v))
-    })
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => {
-                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
-                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(v) => {
-                        out.push(v);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    form_urlencoded::parse(body)
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
 }
 
 #[cfg(test)]
