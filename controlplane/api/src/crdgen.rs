@@ -9,7 +9,8 @@ use kube::CustomResourceExt;
 
 use crate::error::Error;
 use crate::{
-    ExternalWorkload, ForkedWorkload, RouteGroup, RoutingConfig, Sandbox, VirtualWorkload,
+    ExternalWorkload, ForkedWorkload, Job, JobRunnerGroup, RouteGroup, RoutingConfig, Sandbox,
+    VirtualWorkload,
 };
 
 /// First lines of every generated file.
@@ -25,6 +26,8 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         ExternalWorkload::crd(),
         VirtualWorkload::crd(),
         RoutingConfig::crd(),
+        JobRunnerGroup::crd(),
+        Job::crd(),
     ]
 }
 

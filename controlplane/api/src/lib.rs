@@ -14,6 +14,7 @@
 pub mod common;
 pub mod conditions;
 pub mod crdgen;
+pub mod jobs;
 pub mod keys;
 pub mod names;
 pub mod routegroup;
@@ -28,6 +29,7 @@ mod schema;
 
 pub use common::{ServiceMapping, ServicePort, WorkloadKind, WorkloadRef};
 pub use error::{Error, FieldError, FieldErrors};
+pub use jobs::{Job, JobRunnerGroup, JobRunnerGroupSpec, JobRunnerGroupStatus, JobSpec, JobStatus};
 pub use routegroup::{Match, RouteGroup, RouteGroupSpec, RouteGroupStatus};
 pub use routingconfig::{Route, RoutingConfig, RoutingConfigSpec, RoutingConfigStatus};
 pub use sandbox::{Sandbox, SandboxSpec, SandboxStatus};

@@ -11,6 +11,12 @@ pub(crate) fn any_value(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "x-kubernetes-preserve-unknown-fields": true })
 }
 
+/// Any JSON object, kept as written: a Kubernetes type embedded whole (a pod template), whose
+/// full schema would make the CRD large; the operator checks it by decoding it.
+pub(crate) fn any_object(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true })
+}
+
 /// CEL rule for the keys of a free-form label map (maps have no `propertyNames` in structural
 /// schemas, so the key syntax needs CEL).
 pub(crate) fn label_keys_rule() -> String {

@@ -399,3 +399,124 @@ fn cel_matches(pattern: &str, s: &str) -> bool {
         other => panic!("{other:?}"),
     }
 }
+
+fn job_example() -> Value {
+    example("job.yaml")
+}
+
+/// `mutate` breaks the example job; CEL and Rust must both reject it.
+fn job_rejected(what: &str, mutate: impl FnOnce(&mut Value), cel_says: &str, rust_says: &str) {
+    let mut obj = job_example();
+    mutate(&mut obj);
+    let errs = cel(&schema::<spur_api::Job>(), &obj, None);
+    assert!(
+        errs.iter().any(|e| e.contains(cel_says)),
+        "{what}: CEL should say {cel_says:?}, said {errs:#?}"
+    );
+    let job: spur_api::Job = serde_json::from_value(obj).unwrap();
+    let rust = job.validate().expect_err(what).to_string();
+    assert!(
+        rust.contains(rust_says),
+        "{what}: Rust should say {rust_says:?}, said {rust}"
+    );
+}
+
+#[test]
+fn job_rules() {
+    assert_eq!(
+        cel(&schema::<spur_api::Job>(), &job_example(), None),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        cel(
+            &schema::<spur_api::JobRunnerGroup>(),
+            &example("jobrunnergroup.yaml"),
+            None
+        ),
+        Vec::<String>::new()
+    );
+    job_rejected(
+        "script and command",
+        |o| o["spec"]["command"] = json!(["echo"]),
+        "exactly one of script and command",
+        "exactly one of script and command",
+    );
+    job_rejected(
+        "neither script nor command",
+        |o| {
+            o["spec"].as_object_mut().unwrap().remove("script");
+        },
+        "exactly one of script and command",
+        "exactly one of script and command",
+    );
+    job_rejected(
+        "reserved env",
+        |o| o["spec"]["env"][0]["name"] = json!("SPUR_ROUTING_KEY"),
+        "set by the operator",
+        "set by the operator",
+    );
+    job_rejected(
+        "both sandbox and route group",
+        |o| o["spec"]["routingContext"]["routeGroup"] = json!("g"),
+        "exactly one of sandbox and routeGroup",
+        "exactly one of sandbox and routeGroup",
+    );
+    job_rejected(
+        "relative artifact",
+        |o| o["spec"]["artifacts"][0]["path"] = json!("/tmp/../etc/shadow"),
+        "absolute, without '..'",
+        "absolute, without '..'",
+    );
+    job_rejected(
+        "zero timeout",
+        |o| o["spec"]["timeout"] = json!("0s"),
+        "above 0s",
+        "above 0s",
+    );
+    job_rejected(
+        "timeout beyond a week",
+        |o| o["spec"]["timeout"] = json!("200h"),
+        "above 0s",
+        "above 0s",
+    );
+}
+
+#[test]
+fn a_job_is_immutable_except_cancel() {
+    let schema = schema::<spur_api::Job>();
+    let old = job_example();
+    let mut canceled = old.clone();
+    canceled["spec"]["canceled"] = json!(true);
+    assert_eq!(cel(&schema, &canceled, Some(&old)), Vec::<String>::new());
+    let errs = cel(&schema, &old, Some(&canceled));
+    assert!(errs.iter().any(|e| e.contains("un-canceled")), "{errs:?}");
+    for (what, mutate) in [
+        (
+            "script",
+            Box::new(|o: &mut Value| o["spec"]["script"] = json!("#!/bin/sh\ntrue"))
+                as Box<dyn Fn(&mut Value)>,
+        ),
+        (
+            "timeout removed",
+            Box::new(|o: &mut Value| {
+                o["spec"].as_object_mut().unwrap().remove("timeout");
+            }),
+        ),
+        (
+            "runner group",
+            Box::new(|o: &mut Value| o["spec"]["runnerGroup"] = json!("other")),
+        ),
+        (
+            "inject",
+            Box::new(|o: &mut Value| o["spec"]["injectRoutingKey"] = json!("Auto")),
+        ),
+    ] {
+        let mut new = old.clone();
+        mutate(&mut new);
+        let errs = cel(&schema, &new, Some(&old));
+        assert!(
+            errs.iter().any(|e| e.contains("immutable")),
+            "{what}: {errs:?}"
+        );
+    }
+}

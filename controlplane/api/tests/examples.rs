@@ -116,3 +116,35 @@ fn example_route_group_matches_the_example_sandbox() {
             .matches(&labels(&[("team", "search"), ("pr", "7")]))
     );
 }
+
+#[test]
+fn example_job_and_runner_group() {
+    use spur_api::jobs::InjectRoutingKey;
+    use spur_api::{Job, JobRunnerGroup};
+    let group: JobRunnerGroup = round_trip(&example("jobrunnergroup.yaml"));
+    group.validate().unwrap();
+    assert_eq!(group.spec.replicas, 2);
+    assert!(group.spec.reuse_pods);
+    assert_eq!(
+        group.spec.job_timeout(),
+        std::time::Duration::from_secs(1800)
+    );
+    let job: Job = round_trip(&example("job.yaml"));
+    job.validate().unwrap();
+    assert_eq!(job.spec.runner_group, "smoke");
+    assert_eq!(
+        job.spec
+            .routing_context
+            .as_ref()
+            .unwrap()
+            .sandbox
+            .as_deref(),
+        Some("feature-x")
+    );
+    assert!(job.spec.script.as_deref().unwrap().starts_with("#!/bin/sh"));
+    assert_eq!(job.spec.inject_routing_key, InjectRoutingKey::Disabled);
+    assert_eq!(
+        job.spec.effective_timeout(&group.spec),
+        std::time::Duration::from_secs(300)
+    );
+}
