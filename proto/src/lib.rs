@@ -3,12 +3,18 @@
 //!
 //! `routes` is generated from `routes.proto` (package `routes`, wire-identical to the public
 //! `routesapi`); `tunnel` from `tunnel.proto` (package `spur.tunnel.v1`, what `spur local
-//! connect` asks the tunnel proxy). `tests/codegen.rs` keeps the committed code in step with
-//! the `.proto` files.
+//! connect` asks the tunnel proxy); `jobs` from `jobs.proto` (package `spur.jobs.v1`, what the
+//! operator asks the job executor in a runner pod). `tests/codegen.rs` keeps the committed code
+//! in step with the `.proto` files.
 
 #[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]
 pub mod routes {
     include!("gen/routes.rs");
+}
+
+#[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]
+pub mod jobs {
+    include!("gen/spur.jobs.v1.rs");
 }
 
 #[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]

@@ -9,6 +9,7 @@ use std::path::Path;
 fn generated_code_is_up_to_date() {
     check("routes.proto", "routes.rs");
     check("tunnel.proto", "spur.tunnel.v1.rs");
+    check("jobs.proto", "spur.jobs.v1.rs");
 }
 
 fn check(proto: &str, generated_file: &str) {
