@@ -495,10 +495,11 @@ pub enum CanceledBy {
 pub struct JobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<JobPhase>,
-    /// Queue order within the runner group: the submission instant (RFC 3339 with
-    /// nanoseconds), stamped once.
+    /// The job's `resourceVersion` when the controller first saw it (its creation revision):
+    /// with the creation time, the job's place in its group's queue, so jobs created in the
+    /// same second still run in the order they were submitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub submitted_at: Option<String>,
+    pub submission_revision: Option<u64>,
     /// The routing key the job runs with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routing_key: Option<String>,

@@ -4,6 +4,7 @@ mod demo;
 mod demo_app;
 mod front_door;
 mod hub;
+mod jobs;
 mod local;
 mod operator;
 mod routeserver;
@@ -51,6 +52,15 @@ enum Command {
     Sandbox(sandbox::SandboxArgs),
     /// Open a sandbox's preview URL (served by the hub; docs/hub.md).
     Preview(sandbox::PreviewArgs),
+    /// The jobs component: Job and JobRunnerGroup controllers, log and artifact store,
+    /// aggregated API (docs/jobs.md).
+    Jobs(jobs::JobsArgs),
+    /// Submit, list, show, follow and cancel Jobs.
+    Job(jobs::JobArgs),
+    /// List and download a job's artifacts.
+    Artifact(jobs::ArtifactArgs),
+    /// List runner groups.
+    RunnerGroup(jobs::RunnerGroupArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -61,12 +71,17 @@ fn main() -> std::process::ExitCode {
         Command::Demo(_) => "warn",
         // `spur local` prints its own progress lines; the tunnel library's would repeat them.
         Command::Local(_) => "warn,spur_tunnel=error",
-        Command::Sandbox(_) | Command::Preview(_) => "warn",
+        Command::Sandbox(_)
+        | Command::Preview(_)
+        | Command::Job(_)
+        | Command::Artifact(_)
+        | Command::RunnerGroup(_) => "warn",
         Command::Routeserver(_)
         | Command::Operator(_)
         | Command::TunnelProxy(_)
         | Command::Hub(_)
-        | Command::Agent(_) => "info",
+        | Command::Agent(_)
+        | Command::Jobs(_) => "info",
     });
     // Tunnels run on one thread, at both ends: a tunnel is one QUIC connection, whose driver,
     // endpoint and stream copies hand each packet to one another. On one thread those hand-offs
@@ -98,6 +113,10 @@ fn main() -> std::process::ExitCode {
             Command::Agent(args) => hub::agent(*args).await,
             Command::Sandbox(args) => sandbox::sandbox(args).await,
             Command::Preview(args) => sandbox::preview(args).await,
+            Command::Jobs(args) => jobs::jobs(args).await,
+            Command::Job(args) => jobs::job(args).await,
+            Command::Artifact(args) => jobs::artifact(args).await,
+            Command::RunnerGroup(args) => jobs::runner_group(args).await,
         }
     });
     match result {

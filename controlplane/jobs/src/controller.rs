@@ -1,0 +1,528 @@
+//! The Job and JobRunnerGroup controllers.
+//!
+//! A Job pass checks what the schema cannot (its runner group and routing context exist; the
+//! routing key), records its submission revision, and wakes its group. A group pass is the
+//! scheduler: it plans (crate::queue) and carries the plan out (pods created and deleted,
+//! queued jobs assigned, lost attempts re-queued, drivers started), one pass per group at a
+//! time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::runtime::controller::{Action, Config as ControllerConfig};
+use kube::runtime::finalizer::{Event, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, ResourceExt};
+use spur_api::conditions::{ConditionStatus, NewCondition, set_condition};
+use spur_api::jobs::{Attempt, AttemptPhase, CanceledBy, JobPhase, JobRunnerGroupStatus};
+use spur_api::{Job, JobRunnerGroup, RouteGroup, Sandbox};
+use tokio_util::sync::CancellationToken;
+
+use crate::driver::{self, Assignment};
+use crate::pods::{self, GROUP_LABEL};
+use crate::queue::{self, ACCEPTED, FINISHED};
+use crate::status::{self, condition, now_string};
+use crate::{Context, Error, Wakeups};
+
+/// The finalizer that deletes a Job's logs and artifacts with it.
+pub(crate) const FINALIZER: &str = "spur.dev/job-store";
+const FIELD_MANAGER: &str = "spur-jobs";
+
+/// Runs both controllers and the retention sweeper until `stop`.
+pub async fn run(ctx: Arc<Context>, wakeups: Wakeups, stop: CancellationToken) {
+    let client = ctx.client.clone();
+    let cfg = ControllerConfig::default().debounce(Duration::from_millis(50));
+    let jobs = Controller::new(Api::<Job>::all(client.clone()), watcher::Config::default())
+        .with_config(cfg.clone())
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(reconcile_job, job_error, ctx.clone())
+        .for_each(|_| std::future::ready(()));
+
+    let woken = tokio_stream::wrappers::ReceiverStream::new(wakeups)
+        .map(|(ns, name)| ObjectRef::<JobRunnerGroup>::new(&name).within(&ns));
+    let groups = Controller::new(
+        Api::<JobRunnerGroup>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .with_config(cfg)
+    .watches(Api::<Job>::all(client.clone()), watcher::Config::default(), |job| {
+        job.namespace()
+            .map(|ns| ObjectRef::new(&job.spec.runner_group).within(&ns))
+    })
+    .watches(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().labels(GROUP_LABEL),
+        |pod| {
+            let group = pod.labels().get(GROUP_LABEL)?.clone();
+            pod.namespace().map(|ns| ObjectRef::new(&group).within(&ns))
+        },
+    )
+    .reconcile_on(woken)
+    .graceful_shutdown_on(stop.clone().cancelled_owned())
+    .run(reconcile_group, group_error, ctx.clone())
+    .for_each(|_| std::future::ready(()));
+
+    let sweeper = sweep(ctx.clone(), stop.clone());
+    tokio::join!(jobs, groups, sweeper);
+}
+
+// === Job ===
+
+async fn reconcile_job(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = job.namespace().unwrap_or_default();
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
+    let r = finalizer(&api, FINALIZER, job, |event| async {
+        match event {
+            Event::Apply(job) => apply_job(&job, &ctx).await,
+            Event::Cleanup(job) => cleanup_job(&job, &ctx).await,
+        }
+    })
+    .await;
+    match r {
+        Ok(a) => Ok(a),
+        Err(kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e)) => Err(e),
+        Err(kube::runtime::finalizer::Error::RemoveFinalizer(kube::Error::Api(s))) if s.code == 404 => {
+            Ok(Action::await_change())
+        }
+        Err(e) => Err(Error::Pending(format!("the job finalizer: {e}"))),
+    }
+}
+
+/// What a job's routing context resolves to.
+enum Context_ {
+    None,
+    Key(String),
+    Missing(&'static str, String),
+}
+
+async fn routing(job: &Job, ctx: &Context) -> Result<Context_, Error> {
+    let Some(rc) = &job.spec.routing_context else {
+        return Ok(Context_::None);
+    };
+    if let Some(name) = &rc.sandbox {
+        let Some(sb) = Api::<Sandbox>::all(ctx.client.clone()).get_opt(name).await? else {
+            return Ok(Context_::Missing("SandboxNotFound", format!("sandbox {name} does not exist")));
+        };
+        return Ok(match sb.status.and_then(|s| s.routing_key) {
+            Some(k) => Context_::Key(k),
+            None => Context_::Missing("RoutingKeyPending", format!("sandbox {name} has no routing key yet")),
+        });
+    }
+    if let Some(name) = &rc.route_group {
+        let Some(rg) = Api::<RouteGroup>::all(ctx.client.clone()).get_opt(name).await? else {
+            return Ok(Context_::Missing("RouteGroupNotFound", format!("route group {name} does not exist")));
+        };
+        return Ok(match rg.status.and_then(|s| s.routing_key) {
+            Some(k) => Context_::Key(k),
+            None => Context_::Missing("RoutingKeyPending", format!("route group {name} has no routing key yet")),
+        });
+    }
+    Ok(Context_::None)
+}
+
+async fn apply_job(job: &Job, ctx: &Arc<Context>) -> Result<Action, Error> {
+    let ns = job.namespace().unwrap_or_default();
+    let name = job.name_any();
+    let phase = queue::phase(job);
+    if phase.is_terminal() {
+        return Ok(Action::await_change());
+    }
+    if phase == JobPhase::Running && job.spec.canceled {
+        ctx.drivers.cancel(&job.uid().unwrap_or_default());
+    }
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
+    let group = Api::<JobRunnerGroup>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(&job.spec.runner_group)
+        .await?;
+    let invalid = job.validate().err().map(|e| e.to_string());
+    let resolved = routing(job, ctx).await?;
+    let revision = job
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse::<u64>().ok());
+    let group_name = job.spec.runner_group.clone();
+    let mut accepted = false;
+    status::update(&api, &name, |job, st| {
+        if st.phase.is_some_and(JobPhase::is_terminal) {
+            return false;
+        }
+        if st.submission_revision.is_none() {
+            st.submission_revision = revision.or(Some(u64::MAX));
+        }
+        if st.phase.is_none() {
+            st.phase = Some(JobPhase::Queued);
+        }
+        let queued = st.phase == Some(JobPhase::Queued);
+        let refuse = |st: &mut spur_api::jobs::JobStatus, reason: &str, message: &str| {
+            condition(st, job, ACCEPTED, false, reason, message);
+            if queued && job.spec.canceled {
+                st.phase = Some(JobPhase::Canceled);
+                st.canceled_by = Some(CanceledBy::Request);
+                st.finished_at = Some(now_string());
+                condition(st, job, FINISHED, true, "Canceled", "canceled before it ran");
+            }
+        };
+        if let Some(m) = &invalid {
+            // The schema rejects these at admission; a CRD installed without it does not.
+            st.phase = Some(JobPhase::Failed);
+            st.finished_at = Some(now_string());
+            condition(st, job, ACCEPTED, false, "Invalid", m);
+            condition(st, job, FINISHED, true, "Failed", m);
+            return true;
+        }
+        if group.is_none() {
+            refuse(st, "RunnerGroupNotFound", &format!("runner group {group_name} does not exist in namespace {}", job.namespace().unwrap_or_default()));
+            return true;
+        }
+        match &resolved {
+            Context_::Missing(reason, message) => refuse(st, reason, message),
+            Context_::Key(k) => {
+                st.routing_key = Some(k.clone());
+                condition(st, job, ACCEPTED, true, "Accepted", &format!("queued on runner group {group_name}"));
+                accepted = true;
+            }
+            Context_::None => {
+                condition(st, job, ACCEPTED, true, "Accepted", &format!("queued on runner group {group_name} (no routing context: baselines)"));
+                accepted = true;
+            }
+        }
+        true
+    })
+    .await?;
+    ctx.wake(&ns, &job.spec.runner_group);
+    if accepted || group.is_some() && matches!(resolved, Context_::Key(_) | Context_::None) {
+        Ok(Action::requeue(Duration::from_secs(300)))
+    } else {
+        // A missing group or sandbox may appear: look again soon.
+        Ok(Action::requeue(Duration::from_secs(5)))
+    }
+}
+
+async fn cleanup_job(job: &Job, ctx: &Arc<Context>) -> Result<Action, Error> {
+    let uid = job.uid().unwrap_or_default();
+    let ns = job.namespace().unwrap_or_default();
+    // A running attempt goes with its job: cancel it on the runner, then stop driving it.
+    if let Some(pod) = queue::running_pod(job) {
+        ctx.drivers.cancel(&uid);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        ctx.drivers.abandon(&uid);
+        tracing::info!(%ns, job = %job.name_any(), %pod, "job deleted while running");
+    }
+    let n = ctx.store.forget(&ns, &uid).await?;
+    tracing::debug!(%ns, job = %job.name_any(), objects = n, "stored logs and artifacts deleted");
+    ctx.wake(&ns, &job.spec.runner_group);
+    Ok(Action::await_change())
+}
+
+fn job_error(job: Arc<Job>, err: &Error, _: Arc<Context>) -> Action {
+    tracing::warn!(job = %job.name_any(), error = %err, "job pass failed");
+    Action::requeue(Duration::from_secs(2))
+}
+
+// === JobRunnerGroup ===
+
+async fn reconcile_group(group: Arc<JobRunnerGroup>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = group.namespace().unwrap_or_default();
+    let name = group.name_any();
+    let groups: Api<JobRunnerGroup> = Api::namespaced(ctx.client.clone(), &ns);
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let jobs_api: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
+
+    let jobs: Vec<Arc<Job>> = jobs_api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|j| j.spec.runner_group == name)
+        .map(Arc::new)
+        .collect();
+    let pods: Vec<Arc<Pod>> = pods_api
+        .list(&ListParams::default().labels(&pods::labels_selector(&name)))
+        .await?
+        .items
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+
+    let template = group
+        .validate()
+        .map_err(|e| e.to_string())
+        .and_then(|()| pods::check_template(&group));
+    let template = match template {
+        Ok(t) => t,
+        Err(message) => {
+            write_group_status(&groups, &group, None, &pods, "InvalidSpec", &message, false).await?;
+            return Ok(Action::requeue(Duration::from_secs(60)));
+        }
+    };
+    ctx.pki.ensure_executor_secret(&ctx.client, &ns).await?;
+
+    let digest = pods::template_digest(&group);
+    let plan = queue::plan(&group, &jobs, &pods, &digest);
+    let job = |n: &str| jobs.iter().find(|j| j.name_any() == n);
+
+    for name in &plan.cancel_queued {
+        status::update(&jobs_api, name, |job, st| {
+            if st.phase.is_some_and(|p| p != JobPhase::Queued) {
+                return false;
+            }
+            st.phase = Some(JobPhase::Canceled);
+            st.canceled_by = Some(CanceledBy::Request);
+            st.finished_at = Some(now_string());
+            condition(st, job, FINISHED, true, "Canceled", "canceled before it ran");
+            true
+        })
+        .await?;
+        ctx.metrics.finished("Canceled");
+    }
+    for name in &plan.lost {
+        if let Some(j) = job(name) {
+            let uid = j.uid().unwrap_or_default();
+            let attempt = j.status.as_ref().and_then(|s| s.attempts.last()).map_or(0, |a| a.id);
+            ctx.drivers.abandon(&uid);
+            let len = ctx.store.seal_log(&ns, &uid, attempt).await.ok();
+            driver::lost(&ctx, j, attempt, "the runner pod is gone", len).await?;
+        }
+    }
+    for pod in &plan.delete_pods {
+        match pods_api.delete(pod, &DeleteParams::default()).await {
+            Ok(_) => {
+                ctx.metrics.pods_deleted.inc();
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let build = pods::Build {
+        executor_image: &ctx.cfg.executor_image,
+        pull_policy: ctx.cfg.executor_pull_policy.as_deref(),
+        max_log_bytes: ctx.cfg.max_log_bytes,
+    };
+    for _ in 0..plan.create_pods {
+        let pod = pods::runner_pod(&group, template.clone(), &build);
+        pods_api.create(&PostParams::default(), &pod).await?;
+        ctx.metrics.pods_created.inc();
+    }
+
+    // Assignments: recorded in the Job before the driver starts, so a restart finds them.
+    for (job_name, pod_name) in &plan.assign {
+        let Some(pod) = pods.iter().find(|p| &p.name_any() == pod_name) else { continue };
+        let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else { continue };
+        let pn = pod_name.clone();
+        let written = status::update(&jobs_api, job_name, |_, st| {
+            if st.phase.is_some_and(|p| p != JobPhase::Queued) {
+                return false;
+            }
+            let id = st.attempts.last().map_or(1, |a| a.id + 1);
+            let now = now_string();
+            st.attempts.push(Attempt {
+                id,
+                pod: pn.clone(),
+                phase: AttemptPhase::Running,
+                started_at: Some(now.clone()),
+                finished_at: None,
+                exit_code: None,
+                reason: None,
+                message: None,
+            });
+            st.attempt_count = i32::try_from(st.attempts.len()).unwrap_or(i32::MAX);
+            st.phase = Some(JobPhase::Running);
+            st.started_at.get_or_insert(now);
+            true
+        })
+        .await?;
+        if let Some(j) = written {
+            let attempt = j.status.as_ref().and_then(|s| s.attempts.last()).map_or(1, |a| a.id);
+            let routing_key = j.status.as_ref().and_then(|s| s.routing_key.clone());
+            tracing::info!(%ns, job = %job_name, pod = %pod_name, attempt, "assigned");
+            driver::spawn(
+                &ctx,
+                Assignment {
+                    job: j,
+                    attempt,
+                    pod: pod_name.clone(),
+                    pod_ip: ip,
+                    group: (*group).clone(),
+                    routing_key,
+                },
+            );
+        }
+    }
+    // Running attempts nobody drives (after a restart of this component): resume them.
+    for j in &jobs {
+        let Some(pod_name) = queue::running_pod(j) else { continue };
+        if plan.lost.iter().any(|n| *n == j.name_any()) {
+            continue;
+        }
+        let uid = j.uid().unwrap_or_default();
+        let attempt = j.status.as_ref().and_then(|s| s.attempts.last()).map_or(1, |a| a.id);
+        if ctx.drivers.running(&uid, attempt) {
+            if j.spec.canceled {
+                ctx.drivers.cancel(&uid);
+            }
+            continue;
+        }
+        let Some(ip) = pods
+            .iter()
+            .find(|p| p.name_any() == pod_name)
+            .and_then(|p| p.status.as_ref()?.pod_ip.clone())
+        else {
+            continue;
+        };
+        tracing::info!(%ns, job = %j.name_any(), pod = %pod_name, attempt, "resuming the attempt");
+        driver::spawn(
+            &ctx,
+            Assignment {
+                job: (**j).clone(),
+                attempt,
+                pod: pod_name.to_owned(),
+                pod_ip: ip,
+                group: (*group).clone(),
+                routing_key: j.status.as_ref().and_then(|s| s.routing_key.clone()),
+            },
+        );
+    }
+
+    let (reason, message, ready) = if plan.ready as i32 >= plan.desired {
+        ("Ready", format!("{} of {} runner(s) ready", plan.ready, plan.desired), true)
+    } else {
+        ("Scaling", format!("{} of {} runner(s) ready", plan.ready, plan.desired), false)
+    };
+    write_group_status(&groups, &group, Some(&plan), &pods, reason, &message, ready).await?;
+    Ok(Action::requeue(Duration::from_secs(30)))
+}
+
+async fn write_group_status(
+    api: &Api<JobRunnerGroup>,
+    group: &JobRunnerGroup,
+    plan: Option<&queue::Plan>,
+    pods: &[Arc<Pod>],
+    reason: &str,
+    message: &str,
+    ready: bool,
+) -> Result<(), Error> {
+    let old = group.status.clone().unwrap_or_default();
+    let mut st = JobRunnerGroupStatus {
+        conditions: old.conditions.clone(),
+        ..Default::default()
+    };
+    match plan {
+        Some(p) => {
+            let assigned = p.assign.len();
+            st.replicas = p.alive as i32;
+            st.desired_replicas = p.desired;
+            st.ready_replicas = p.ready as i32;
+            st.idle_replicas = p.idle as i32;
+            st.queued = (p.queued - assigned) as i32;
+            st.running = (p.running + assigned) as i32;
+        }
+        None => st.replicas = pods.len() as i32,
+    }
+    st.selector = Some(pods::labels_selector(&group.name_any()));
+    st.observed_generation = group.metadata.generation;
+    set_condition(
+        &mut st.conditions,
+        NewCondition {
+            type_: "Ready",
+            status: if ready {
+                ConditionStatus::True
+            } else {
+                ConditionStatus::False
+            },
+            reason,
+            message,
+            observed_generation: group.metadata.generation,
+        },
+        &status::now(),
+    );
+    if st == old {
+        return Ok(());
+    }
+    let body = serde_json::json!({
+        "apiVersion": "spur.dev/v1alpha1",
+        "kind": "JobRunnerGroup",
+        "status": st,
+    });
+    match api
+        .patch_status(
+            &group.name_any(),
+            &kube::api::PatchParams::apply(FIELD_MANAGER).force(),
+            &kube::api::Patch::Apply(&body),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn group_error(group: Arc<JobRunnerGroup>, err: &Error, _: Arc<Context>) -> Action {
+    tracing::warn!(group = %group.name_any(), error = %err, "runner group pass failed");
+    Action::requeue(Duration::from_secs(2))
+}
+
+// === retention ===
+
+/// Deletes finished jobs past the retention (their finalizer deletes what is stored), and
+/// stored data whose job no longer exists.
+async fn sweep(ctx: Arc<Context>, stop: CancellationToken) {
+    let every = Duration::from_secs(300);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        if let Err(e) = sweep_once(&ctx).await {
+            tracing::warn!(error = %e, "retention sweep failed");
+        }
+    }
+}
+
+pub(crate) async fn sweep_once(ctx: &Context) -> Result<(), Error> {
+    // Stored data first, jobs second: data of a job created in between is then never taken
+    // for a deleted job's.
+    let stored = ctx.store.stored_jobs().await?;
+    let jobs = Api::<Job>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let retention = k8s_openapi::jiff::SignedDuration::try_from(ctx.cfg.retention)
+        .unwrap_or(k8s_openapi::jiff::SignedDuration::MAX);
+    for job in &jobs {
+        let Some(finished) = job
+            .status
+            .as_ref()
+            .filter(|s| s.phase.is_some_and(JobPhase::is_terminal))
+            .and_then(|s| s.finished_at.as_deref())
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        else {
+            continue;
+        };
+        if now.duration_since(finished) > retention && job.metadata.deletion_timestamp.is_none() {
+            let api: Api<Job> = Api::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
+            match api.delete(&job.name_any(), &DeleteParams::default()).await {
+                Ok(_) => tracing::info!(job = %job.name_any(), "retention: finished job deleted"),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    let live: std::collections::BTreeSet<(String, String)> = jobs
+        .iter()
+        .map(|j| (j.namespace().unwrap_or_default(), j.uid().unwrap_or_default()))
+        .collect();
+    for (ns, uid) in stored {
+        if !live.contains(&(ns.clone(), uid.clone())) {
+            ctx.store.forget(&ns, &uid).await?;
+            tracing::info!(%ns, %uid, "retention: stored data of a deleted job removed");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,608 @@
+//! Attempt drivers: one task per running attempt that starts it on its runner's executor,
+//! copies its output into the spool as it comes (followers read it live), cancels it on
+//! request, collects its artifacts, seals the log into the store, records the outcome in the
+//! Job's status, and releases the executor.
+//!
+//! Every step is safe to repeat after a restart of `spur jobs`: `Start` is idempotent for the
+//! same attempt, the log resumes from the spool's length, and the executor is released only
+//! after the outcome is written, so an attempt is never run twice nor forgotten.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use kube::{Api, ResourceExt};
+use spur_api::jobs::{AttemptPhase, CanceledBy, JobPhase, env};
+use spur_api::{Job, JobRunnerGroup};
+use spur_proto::jobs::{self as pb, attempt_status::State};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+
+use crate::queue::FINISHED;
+use crate::status::{self, condition, now_string};
+use crate::store::{StoredArtifact, append, hex_sha256};
+use crate::{Context, Error};
+
+/// How long an executor may stay unreachable mid-attempt before the attempt counts as lost.
+const UNREACHABLE: Duration = Duration::from_secs(90);
+
+/// Running drivers by job UID.
+#[derive(Default)]
+pub(crate) struct Drivers(Mutex<HashMap<String, Handle>>);
+
+struct Handle {
+    attempt: i32,
+    cancel: CancellationToken,
+    abandon: CancellationToken,
+}
+
+impl Drivers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Handle>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn running(&self, uid: &str, attempt: i32) -> bool {
+        self.lock().get(uid).is_some_and(|h| h.attempt == attempt)
+    }
+
+    /// Asks the job's running attempt to stop (its `spec.canceled`).
+    pub(crate) fn cancel(&self, uid: &str) {
+        if let Some(h) = self.lock().get(uid) {
+            h.cancel.cancel();
+        }
+    }
+
+    /// Stops driving the job's attempt without writing anything (its pod is gone, or the Job).
+    pub(crate) fn abandon(&self, uid: &str) {
+        if let Some(h) = self.lock().remove(uid) {
+            h.abandon.cancel();
+        }
+    }
+}
+
+/// Where a running attempt's spool is, for followers.
+#[derive(Default)]
+pub(crate) struct Live(Mutex<HashMap<(String, i32), watch::Sender<LiveState>>>);
+
+/// Bytes spooled so far, and whether the attempt's log is sealed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct LiveState {
+    pub bytes: u64,
+    pub sealed: bool,
+}
+
+impl Live {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, i32), watch::Sender<LiveState>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A follower's view of the attempt, if it is being driven.
+    pub(crate) fn watch(&self, uid: &str, attempt: i32) -> Option<watch::Receiver<LiveState>> {
+        self.lock().get(&(uid.to_owned(), attempt)).map(|s| s.subscribe())
+    }
+
+    fn open(&self, uid: &str, attempt: i32, bytes: u64) -> watch::Sender<LiveState> {
+        let (tx, _) = watch::channel(LiveState { bytes, sealed: false });
+        self.lock().insert((uid.to_owned(), attempt), tx.clone());
+        tx
+    }
+
+    fn close(&self, uid: &str, attempt: i32) {
+        if let Some(tx) = self.lock().remove(&(uid.to_owned(), attempt)) {
+            tx.send_modify(|s| s.sealed = true);
+        }
+    }
+}
+
+/// What a driver is given.
+pub(crate) struct Assignment {
+    pub job: Job,
+    pub attempt: i32,
+    pub pod: String,
+    pub pod_ip: String,
+    pub group: JobRunnerGroup,
+    pub routing_key: Option<String>,
+}
+
+/// Starts driving an attempt unless it already is.
+pub(crate) fn spawn(ctx: &Arc<Context>, a: Assignment) {
+    let uid = a.job.uid().unwrap_or_default();
+    let (cancel, abandon) = (CancellationToken::new(), CancellationToken::new());
+    {
+        let mut d = ctx.drivers.lock();
+        if d.get(&uid).is_some_and(|h| h.attempt == a.attempt) {
+            return;
+        }
+        d.insert(
+            uid.clone(),
+            Handle {
+                attempt: a.attempt,
+                cancel: cancel.clone(),
+                abandon: abandon.clone(),
+            },
+        );
+    }
+    if a.job.spec.canceled {
+        cancel.cancel();
+    }
+    let ctx = ctx.clone();
+    tokio::spawn(async move {
+        ctx.metrics.running.inc();
+        let ns = a.job.namespace().unwrap_or_default();
+        let group = a.group.name_any();
+        let (job, attempt, pod) = (a.job.name_any(), a.attempt, a.pod.clone());
+        let stop = ctx.stop.clone();
+        tokio::select! {
+            () = abandon.cancelled() => {
+                tracing::info!(%ns, %job, attempt, %pod, "attempt abandoned");
+            }
+            // Shutting down: the attempt goes on in its pod; the next start resumes it.
+            () = stop.cancelled() => {}
+            r = drive(&ctx, &a, cancel) => {
+                if let Err(e) = r {
+                    tracing::warn!(%ns, %job, attempt, %pod, error = %e, "driving the attempt failed; the next pass retries");
+                }
+                let mut d = ctx.drivers.lock();
+                if d.get(&uid).is_some_and(|h| h.attempt == attempt) {
+                    d.remove(&uid);
+                }
+            }
+        }
+        ctx.live.close(&uid, attempt);
+        ctx.metrics.running.dec();
+        ctx.wake(&ns, &group);
+    });
+}
+
+fn environment(a: &Assignment) -> Vec<pb::EnvVar> {
+    let mut out: Vec<pb::EnvVar> = a
+        .job
+        .spec
+        .env
+        .iter()
+        .map(|e| pb::EnvVar {
+            name: e.name.clone(),
+            value: e.value.clone(),
+        })
+        .collect();
+    let mut put = |name: &str, value: String| {
+        out.push(pb::EnvVar {
+            name: name.to_owned(),
+            value,
+        })
+    };
+    if let Some(key) = &a.routing_key {
+        put(env::ROUTING_KEY, key.clone());
+        put(spur_api::jobs::SIGNADOT_ROUTING_KEY_ENV, key.clone());
+    }
+    if let Some(rc) = &a.job.spec.routing_context {
+        if let Some(s) = &rc.sandbox {
+            put(env::SANDBOX_NAME, s.clone());
+        }
+        if let Some(g) = &rc.route_group {
+            put(env::ROUTE_GROUP_NAME, g.clone());
+        }
+    }
+    put(env::JOB_NAME, a.job.name_any());
+    put(env::JOB_NAMESPACE, a.job.namespace().unwrap_or_default());
+    put(env::JOB_ATTEMPT, a.attempt.to_string());
+    out
+}
+
+pub(crate) fn attempt_uid(job_uid: &str, attempt: i32) -> String {
+    format!("{job_uid}.{attempt}")
+}
+
+/// How an attempt ended, as the driver saw it.
+enum Outcome {
+    Ended(pb::AttemptStatus),
+    Lost(String),
+}
+
+async fn drive(ctx: &Arc<Context>, a: &Assignment, cancel: CancellationToken) -> Result<(), Error> {
+    let ns = a.job.namespace().unwrap_or_default();
+    let uid = a.job.uid().unwrap_or_default();
+    let auid = attempt_uid(&uid, a.attempt);
+    let err = |message: String| Error::Executor {
+        pod: a.pod.clone(),
+        message,
+    };
+    let addr: SocketAddr = format!("{}:{}", a.pod_ip, spur_job_executor::DEFAULT_PORT)
+        .parse()
+        .map_err(|e| err(format!("pod IP {}: {e}", a.pod_ip)))?;
+    let mut client = spur_job_executor::client::connect(
+        addr,
+        &spur_job_executor::client::server_name(&ns),
+        ctx.pki.client()?,
+    )
+    .map_err(err)?;
+
+    let outcome = match start(&mut client, a, &auid).await {
+        Err(lost) => Outcome::Lost(lost),
+        Ok(()) => {
+            ctx.metrics.attempts_started.inc();
+            tracing::info!(%ns, job = %a.job.name_any(), attempt = a.attempt, pod = %a.pod, "attempt running");
+            follow(ctx, &mut client, a, &uid, &auid, cancel).await?
+        }
+    };
+    match outcome {
+        Outcome::Lost(reason) => {
+            let len = ctx.store.seal_log(&ns, &uid, a.attempt).await?;
+            lost(ctx, &a.job, a.attempt, &reason, Some(len)).await
+        }
+        Outcome::Ended(fin) => {
+            let (artifacts, note) = collect_artifacts(ctx, &mut client, a, &ns, &uid, &auid).await?;
+            let len = ctx.store.seal_log(&ns, &uid, a.attempt).await?;
+            finish(ctx, a, &fin, len, artifacts, note).await?;
+            let _ = client
+                .release(pb::ReleaseRequest {
+                    attempt_uid: auid.clone(),
+                })
+                .await;
+            Ok(())
+        }
+    }
+}
+
+/// Starts (or finds) the attempt on the executor. `Err` is why the attempt is lost.
+async fn start(
+    client: &mut spur_proto::jobs::job_executor_client::JobExecutorClient<tonic::transport::Channel>,
+    a: &Assignment,
+    auid: &str,
+) -> Result<(), String> {
+    let program = match (&a.job.spec.script, &a.job.spec.command) {
+        (Some(s), _) => pb::start_request::Program::Script(s.clone()),
+        (None, Some(c)) => pb::start_request::Program::Command(pb::Command { args: c.clone() }),
+        (None, None) => return Err("the job has neither script nor command".into()),
+    };
+    let req = pb::StartRequest {
+        attempt_uid: auid.to_owned(),
+        program: Some(program),
+        env: environment(a),
+        timeout_ms: u64::try_from(a.job.spec.effective_timeout(&a.group.spec).as_millis())
+            .unwrap_or(u64::MAX),
+        artifact_paths: a.job.spec.artifacts.iter().map(|x| x.path.clone()).collect(),
+    };
+    let deadline = tokio::time::Instant::now() + UNREACHABLE;
+    loop {
+        match client.start(req.clone()).await {
+            Ok(_) => return Ok(()),
+            Err(s) if s.code() == Code::FailedPrecondition => {
+                // An earlier attempt (another job's) that ended but was never released: its
+                // outcome is recorded before any release, so it can go.
+                let st = client
+                    .status(pb::StatusRequest {})
+                    .await
+                    .map_err(|e| format!("executor status: {}", e.message()))?
+                    .into_inner();
+                if st.state == State::Exited as i32 && st.attempt_uid != auid {
+                    tracing::info!(pod = %a.pod, stale = %st.attempt_uid, "releasing a finished attempt left on the runner");
+                    client
+                        .release(pb::ReleaseRequest {
+                            attempt_uid: st.attempt_uid,
+                        })
+                        .await
+                        .map_err(|e| format!("executor release: {}", e.message()))?;
+                    continue;
+                }
+                return Err(format!("the runner is busy with attempt {}", st.attempt_uid));
+            }
+            Err(s) if transient(&s) && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(s) => return Err(format!("cannot start on the runner: {}", s.message())),
+        }
+    }
+}
+
+fn transient(s: &tonic::Status) -> bool {
+    matches!(s.code(), Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded)
+}
+
+/// Streams the log into the spool until the attempt ends; passes cancel requests on.
+async fn follow(
+    ctx: &Arc<Context>,
+    client: &mut spur_proto::jobs::job_executor_client::JobExecutorClient<tonic::transport::Channel>,
+    a: &Assignment,
+    uid: &str,
+    auid: &str,
+    cancel: CancellationToken,
+) -> Result<Outcome, Error> {
+    let mut offset = ctx.store.spooled(uid, a.attempt).await;
+    let mut spool = ctx.store.open_spool(uid, a.attempt, offset).await?;
+    let live = ctx.live.open(uid, a.attempt, offset);
+    let mut canceled_sent = false;
+    let mut unreachable_since: Option<tokio::time::Instant> = None;
+    // The executor enforces the timeout; this backstop covers an executor that cannot.
+    let backstop = a.job.spec.effective_timeout(&a.group.spec) + Duration::from_secs(60);
+    let backstop = tokio::time::sleep(backstop);
+    tokio::pin!(backstop);
+    loop {
+        let stream = client
+            .logs(pb::LogsRequest {
+                attempt_uid: auid.to_owned(),
+                offset,
+            })
+            .await;
+        let mut stream = match stream {
+            Ok(s) => {
+                unreachable_since = None;
+                s.into_inner()
+            }
+            Err(s) if s.code() == Code::NotFound => {
+                return Ok(Outcome::Lost(format!("the runner no longer has the attempt: {}", s.message())));
+            }
+            Err(s) => {
+                let since = *unreachable_since.get_or_insert_with(tokio::time::Instant::now);
+                if since.elapsed() > UNREACHABLE {
+                    return Ok(Outcome::Lost(format!("the runner is unreachable: {}", s.message())));
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        loop {
+            let msg = tokio::select! {
+                m = stream.message() => m,
+                () = cancel.cancelled(), if !canceled_sent => {
+                    canceled_sent = true;
+                    tracing::info!(job = %a.job.name_any(), attempt = a.attempt, "canceling the attempt");
+                    if let Err(e) = client.cancel(pb::CancelRequest { attempt_uid: auid.to_owned() }).await {
+                        tracing::warn!(error = %e.message(), "cancel request failed; retried on the next log message");
+                        canceled_sent = false;
+                    }
+                    continue;
+                }
+                () = &mut backstop, if !canceled_sent => {
+                    canceled_sent = true;
+                    let _ = client.cancel(pb::CancelRequest { attempt_uid: auid.to_owned() }).await;
+                    continue;
+                }
+            };
+            match msg {
+                Ok(Some(chunk)) => {
+                    if chunk.offset != offset {
+                        return Err(Error::Executor {
+                            pod: a.pod.clone(),
+                            message: format!("log offset {} where {offset} was expected", chunk.offset),
+                        });
+                    }
+                    if !chunk.data.is_empty() {
+                        append(&mut spool, &chunk.data).await?;
+                        offset += chunk.data.len() as u64;
+                        ctx.metrics.log_bytes.inc_by(chunk.data.len() as u64);
+                        live.send_modify(|s| s.bytes = offset);
+                    }
+                    if let Some(fin) = chunk.r#final {
+                        return Ok(Outcome::Ended(fin));
+                    }
+                }
+                // The stream broke (executor restarted, network): resume from `offset`.
+                Ok(None) | Err(_) => break,
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Keeps the attempt's artifacts; returns the list and a note when some were not kept.
+async fn collect_artifacts(
+    ctx: &Arc<Context>,
+    client: &mut spur_proto::jobs::job_executor_client::JobExecutorClient<tonic::transport::Channel>,
+    a: &Assignment,
+    ns: &str,
+    uid: &str,
+    auid: &str,
+) -> Result<(Vec<StoredArtifact>, Option<String>), Error> {
+    if a.job.spec.artifacts.is_empty() {
+        return Ok((Vec::new(), None));
+    }
+    let mut kept: Vec<StoredArtifact> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    let mut stream = match client
+        .artifacts(pb::ArtifactsRequest {
+            attempt_uid: auid.to_owned(),
+            max_bytes: ctx.cfg.max_artifact_bytes,
+        })
+        .await
+    {
+        Ok(s) => s.into_inner(),
+        Err(s) => return Ok((kept, Some(format!("artifacts not kept: {}", s.message())))),
+    };
+    let mut current: Option<(pb::ArtifactFile, BytesMut)> = None;
+    loop {
+        let msg = match stream.message().await {
+            Ok(m) => m,
+            Err(s) => {
+                notes.push(format!("artifacts cut short: {}", s.message()));
+                // A partial file is not kept.
+                current = None;
+                break;
+            }
+        };
+        let Some(msg) = msg else { break };
+        match msg.part {
+            Some(pb::artifact_chunk::Part::File(f)) => {
+                if let Some((f, data)) = current.take() {
+                    keep(ctx, ns, uid, a.attempt, f, data.freeze(), &mut kept).await?;
+                }
+                let cap = usize::try_from(f.size.min(1 << 20)).unwrap_or(0);
+                current = Some((f, BytesMut::with_capacity(cap)));
+            }
+            Some(pb::artifact_chunk::Part::Data(d)) => {
+                if let Some((_, buf)) = current.as_mut() {
+                    buf.extend_from_slice(&d);
+                }
+            }
+            Some(pb::artifact_chunk::Part::Skipped(s)) => {
+                notes.push(format!("{}: {}", s.declared, s.reason));
+            }
+            None => {}
+        }
+    }
+    if let Some((f, data)) = current.take() {
+        keep(ctx, ns, uid, a.attempt, f, data.freeze(), &mut kept).await?;
+    }
+    // Earlier attempts' artifacts stay listed.
+    let mut index = ctx.store.artifacts(ns, uid).await?;
+    index.retain(|x| x.attempt != a.attempt);
+    index.extend(kept.iter().cloned());
+    ctx.store.put_artifact_index(ns, uid, &index).await?;
+    let note = (!notes.is_empty()).then(|| notes.join("; "));
+    Ok((kept, note))
+}
+
+async fn keep(
+    ctx: &Arc<Context>,
+    ns: &str,
+    uid: &str,
+    attempt: i32,
+    f: pb::ArtifactFile,
+    data: Bytes,
+    kept: &mut Vec<StoredArtifact>,
+) -> Result<(), Error> {
+    if data.len() as u64 != f.size {
+        tracing::warn!(path = %f.path, "artifact size mismatch; not kept");
+        return Ok(());
+    }
+    let sha = hex_sha256(&data);
+    ctx.metrics.artifact_bytes.inc_by(f.size);
+    ctx.store.put_artifact(ns, uid, attempt, &f.path, data).await?;
+    kept.push(StoredArtifact {
+        attempt,
+        path: f.path,
+        size: f.size,
+        sha256: sha,
+        declared: f.declared,
+    });
+    Ok(())
+}
+
+/// Records the attempt's end in the Job's status.
+async fn finish(
+    ctx: &Arc<Context>,
+    a: &Assignment,
+    fin: &pb::AttemptStatus,
+    log_len: u64,
+    artifacts: Vec<StoredArtifact>,
+    note: Option<String>,
+) -> Result<(), Error> {
+    let (phase, attempt_phase, reason, canceled_by) = if fin.timed_out {
+        (JobPhase::Canceled, AttemptPhase::Canceled, "TimedOut", Some(CanceledBy::Timeout))
+    } else if fin.canceled {
+        (JobPhase::Canceled, AttemptPhase::Canceled, "Canceled", Some(CanceledBy::Request))
+    } else if !fin.start_error.is_empty() {
+        (JobPhase::Failed, AttemptPhase::Failed, "StartFailed", None)
+    } else if fin.exit_code == Some(0) {
+        (JobPhase::Succeeded, AttemptPhase::Succeeded, "Exited", None)
+    } else {
+        (JobPhase::Failed, AttemptPhase::Failed, "Exited", None)
+    };
+    let mut message = match (fin.exit_code, fin.signal) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => format!("killed by signal {s}"),
+        (None, None) => fin.start_error.clone(),
+    };
+    if fin.timed_out {
+        message = format!("timed out after {:?} ({message})", a.job.spec.effective_timeout(&a.group.spec));
+    }
+    if fin.log_truncated {
+        message.push_str("; output beyond the log limit was dropped");
+    }
+    if let Some(n) = &note {
+        message.push_str("; ");
+        message.push_str(n);
+    }
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &a.job.namespace().unwrap_or_default());
+    let attempt = a.attempt;
+    let status_artifacts: Vec<spur_api::jobs::ArtifactStatus> = artifacts
+        .iter()
+        .map(|x| spur_api::jobs::ArtifactStatus {
+            path: x.path.clone(),
+            size: x.size,
+            sha256: x.sha256.clone(),
+            meta: a
+                .job
+                .spec
+                .artifacts
+                .iter()
+                .find(|d| d.path == x.declared)
+                .map(|d| d.meta.clone())
+                .unwrap_or_default(),
+        })
+        .collect();
+    let written = status::update(&api, &a.job.name_any(), |job, st| {
+        let Some(cur) = st.attempts.last_mut() else { return false };
+        if cur.id != attempt || cur.phase != AttemptPhase::Running {
+            return false;
+        }
+        let now = now_string();
+        cur.phase = attempt_phase;
+        cur.finished_at = Some(now.clone());
+        cur.exit_code = fin.exit_code;
+        cur.reason = Some(reason.to_owned());
+        cur.message = Some(message.clone());
+        st.phase = Some(phase);
+        st.exit_code = fin.exit_code;
+        st.canceled_by = canceled_by;
+        st.finished_at = Some(now);
+        st.log_bytes = Some(st.log_bytes.unwrap_or(0) + log_len);
+        st.artifacts = status_artifacts.clone();
+        condition(st, job, FINISHED, true, phase.as_str(), &message);
+        true
+    })
+    .await?;
+    if written.is_some() {
+        ctx.metrics.finished(phase.as_str());
+        tracing::info!(ns = %a.job.namespace().unwrap_or_default(), job = %a.job.name_any(), attempt, phase = phase.as_str(), %message, "job finished");
+    }
+    Ok(())
+}
+
+/// Records that the attempt's runner went away: the job is queued again, or fails after
+/// `max_attempts`.
+pub(crate) async fn lost(
+    ctx: &Context,
+    job: &Job,
+    attempt: i32,
+    reason: &str,
+    log_len: Option<u64>,
+) -> Result<(), Error> {
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
+    let max = ctx.cfg.max_attempts;
+    let written = status::update(&api, &job.name_any(), |job, st| {
+        let Some(cur) = st.attempts.last_mut() else { return false };
+        if cur.id != attempt || cur.phase != AttemptPhase::Running {
+            return false;
+        }
+        let now = now_string();
+        cur.phase = AttemptPhase::Lost;
+        cur.finished_at = Some(now.clone());
+        cur.reason = Some("PodLost".into());
+        cur.message = Some(reason.to_owned());
+        st.log_bytes = Some(st.log_bytes.unwrap_or(0) + log_len.unwrap_or(0));
+        if st.attempts.len() >= usize::try_from(max).unwrap_or(1) {
+            st.phase = Some(JobPhase::Failed);
+            st.finished_at = Some(now);
+            let m = format!("{} attempts lost their runner; last: {reason}", st.attempts.len());
+            condition(st, job, FINISHED, true, "Failed", &m);
+        } else if job.spec.canceled {
+            st.phase = Some(JobPhase::Canceled);
+            st.canceled_by = Some(CanceledBy::Request);
+            st.finished_at = Some(now);
+            condition(st, job, FINISHED, true, "Canceled", "canceled after its runner was lost");
+        } else {
+            st.phase = Some(JobPhase::Queued);
+        }
+        true
+    })
+    .await?;
+    if written.is_some() {
+        ctx.metrics.attempts_lost.inc();
+        tracing::warn!(ns = %job.namespace().unwrap_or_default(), job = %job.name_any(), attempt, %reason, "attempt lost");
+    }
+    Ok(())
+}

@@ -1,0 +1,145 @@
+//! Jobs and JobRunnerGroups (`spur jobs`): runner pods that run Spur's job executor in any
+//! image, a queue per runner group kept in the Jobs' status, attempt drivers that stream logs
+//! and collect artifacts into a store, and an aggregated API that serves them under Kubernetes
+//! RBAC (`jobs/log`, `jobs/artifacts` in group `jobs.spur.dev`). See docs/jobs.md.
+//!
+//! ```text
+//! Job ──(Accepted: group, routing context)──► queue (status.phase Queued, submission order)
+//! JobRunnerGroup ──► runner pods ──(idle, ready)──► attempt driver ──mTLS gRPC──► spur-job-executor
+//!                                                        │ log chunks, artifacts
+//!                                                        ▼
+//!                                              store (object_store) ◄── aggregated API ◄── kubectl / spur job logs
+//! ```
+
+pub mod api;
+mod controller;
+mod driver;
+mod metrics;
+pub mod pki;
+pub mod pods;
+pub mod queue;
+mod status;
+pub mod store;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use tokio_util::sync::CancellationToken;
+
+pub use controller::run;
+pub use metrics::Metrics;
+
+/// Everything that can fail in the jobs component.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("store: {0}")]
+    Store(String),
+    #[error("certificates: {0}")]
+    Pki(String),
+    #[error("executor of {pod}: {message}")]
+    Executor { pod: String, message: String },
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("waiting for {0}")]
+    Pending(String),
+    #[error("serving: {0}")]
+    Serve(String),
+}
+
+/// How the jobs component runs (flags of `spur jobs serve`).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The namespace of the component (its CA Secret lives there).
+    pub namespace: String,
+    /// The image of runner pods' init container: Spur's, with `spur-job-executor`.
+    pub executor_image: String,
+    pub executor_pull_policy: Option<String>,
+    /// Where logs and artifacts are kept.
+    pub store_dir: PathBuf,
+    /// Output beyond this per attempt is dropped by the executor.
+    pub max_log_bytes: u64,
+    /// Artifacts beyond this per attempt are not kept (the attempt's status says so).
+    pub max_artifact_bytes: u64,
+    /// Finished jobs (and what is stored for them) are deleted this long after they end.
+    pub retention: Duration,
+    /// Attempts of a job whose runner pod is lost before it is failed.
+    pub max_attempts: i32,
+}
+
+impl Config {
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.executor_image.trim().is_empty() {
+            return Err(Error::Config("--executor-image is required".into()));
+        }
+        if self.max_attempts < 1 {
+            return Err(Error::Config("--max-attempts must be at least 1".into()));
+        }
+        if self.retention < Duration::from_secs(60) {
+            return Err(Error::Config("--retention must be at least 1m".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Shared by the controllers, the drivers and the API.
+pub struct Context {
+    pub client: Client,
+    pub cfg: Config,
+    pub store: store::Store,
+    pub pki: pki::JobsPki,
+    pub metrics: Metrics,
+    pub(crate) drivers: driver::Drivers,
+    pub(crate) live: driver::Live,
+    pub(crate) wake: tokio::sync::mpsc::Sender<(String, String)>,
+    pub(crate) stop: CancellationToken,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").field("cfg", &self.cfg).finish_non_exhaustive()
+    }
+}
+
+/// The wake-up channel's receiving end, for [`run`].
+pub type Wakeups = tokio::sync::mpsc::Receiver<(String, String)>;
+
+impl Context {
+    /// Loads or creates the jobs CA and opens the store.
+    pub async fn new(
+        client: Client,
+        cfg: Config,
+        metrics: Metrics,
+        stop: CancellationToken,
+    ) -> Result<(Arc<Context>, Wakeups), Error> {
+        cfg.validate()?;
+        let store = store::Store::local(&cfg.store_dir)?;
+        let pki = pki::JobsPki::load_or_create(&client, &cfg.namespace).await?;
+        let (wake, rx) = tokio::sync::mpsc::channel(1024);
+        Ok((
+            Arc::new(Context {
+                client,
+                cfg,
+                store,
+                pki,
+                metrics,
+                drivers: driver::Drivers::default(),
+                live: driver::Live::default(),
+                wake,
+                stop,
+            }),
+            rx,
+        ))
+    }
+
+    /// Asks for a pass over runner group `ns/name` (never blocks: a full queue already holds
+    /// passes enough).
+    pub(crate) fn wake(&self, ns: &str, name: &str) {
+        let _ = self.wake.try_send((ns.to_owned(), name.to_owned()));
+    }
+}

@@ -1,0 +1,79 @@
+//! Job status writes: read, change, replace with the read `resourceVersion`, again on a
+//! conflict. The controllers and the attempt drivers all write Job status; optimistic
+//! concurrency keeps one writer from undoing another's change.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Api;
+use kube::api::PostParams;
+use spur_api::conditions::{ConditionStatus, NewCondition, set_condition};
+use spur_api::jobs::JobStatus;
+use spur_api::Job;
+
+use crate::Error;
+
+/// How often a conflicting write is retried.
+const ATTEMPTS: usize = 8;
+
+/// Applies `change` to the current status of `name`. `change` returns false to write nothing
+/// (the job is no longer in the state it expected). Returns the job as written, or `None` when
+/// it is gone or `change` declined.
+pub(crate) async fn update(
+    api: &Api<Job>,
+    name: &str,
+    mut change: impl FnMut(&Job, &mut JobStatus) -> bool,
+) -> Result<Option<Job>, Error> {
+    for _ in 0..ATTEMPTS {
+        let Some(mut job) = api.get_opt(name).await? else {
+            return Ok(None);
+        };
+        let mut st = job.status.clone().unwrap_or_default();
+        if !change(&job, &mut st) {
+            return Ok(None);
+        }
+        if job.status.as_ref() == Some(&st) {
+            return Ok(Some(job));
+        }
+        st.observed_generation = job.metadata.generation;
+        job.status = Some(st);
+        match api.replace_status(name, &PostParams::default(), &job).await {
+            Ok(j) => return Ok(Some(j)),
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(Error::Pending(format!("a status write of Job {name} without conflicts")))
+}
+
+pub(crate) fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+pub(crate) fn now_string() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
+
+pub(crate) fn condition(
+    st: &mut JobStatus,
+    job: &Job,
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: &str,
+) {
+    set_condition(
+        &mut st.conditions,
+        NewCondition {
+            type_,
+            status: if ok {
+                ConditionStatus::True
+            } else {
+                ConditionStatus::False
+            },
+            reason,
+            message,
+            observed_generation: job.metadata.generation,
+        },
+        &now(),
+    );
+}

@@ -1,0 +1,285 @@
+//! Where job logs and artifacts are kept after the runner pods are gone: an object store
+//! (`object_store`; a local directory by default), laid out by namespace, job UID and attempt:
+//!
+//! ```text
+//! jobs/<namespace>/<job uid>/<attempt>/log
+//! jobs/<namespace>/<job uid>/<attempt>/artifacts/<sha256 of the path>   (content)
+//! jobs/<namespace>/<job uid>/index.json                                  (artifact list)
+//! ```
+//!
+//! While an attempt runs, its log grows in a spool file under the live directory (appended as
+//! the executor sends it, read by followers); when the attempt ends the spool is put into the
+//! store whole and removed. Keys use the job's UID, never its name: a new Job with an old
+//! name never sees the old one's logs.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as ObjectPath;
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncWriteExt;
+
+use crate::Error;
+
+/// An artifact as the store lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredArtifact {
+    pub attempt: i32,
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+    pub declared: String,
+}
+
+/// The store plus the live spool.
+#[derive(Clone)]
+pub struct Store {
+    objects: Arc<dyn ObjectStore>,
+    live: PathBuf,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("objects", &self.objects.to_string())
+            .field("live", &self.live)
+            .finish()
+    }
+}
+
+impl Store {
+    /// A store in directory `dir` (created): objects under `dir/objects`, spools under
+    /// `dir/live`.
+    pub fn local(dir: &Path) -> Result<Self, Error> {
+        let objects = dir.join("objects");
+        let live = dir.join("live");
+        for d in [&objects, &live] {
+            std::fs::create_dir_all(d).map_err(|e| Error::Store(format!("{}: {e}", d.display())))?;
+        }
+        let fs = LocalFileSystem::new_with_prefix(&objects)
+            .map_err(|e| Error::Store(e.to_string()))?;
+        Ok(Store {
+            objects: Arc::new(fs),
+            live,
+        })
+    }
+
+    fn log_key(ns: &str, uid: &str, attempt: i32) -> ObjectPath {
+        ObjectPath::from(format!("jobs/{ns}/{uid}/{attempt}/log"))
+    }
+
+    fn artifact_key(ns: &str, uid: &str, attempt: i32, path: &str) -> ObjectPath {
+        ObjectPath::from(format!(
+            "jobs/{ns}/{uid}/{attempt}/artifacts/{}",
+            hex_sha256(path.as_bytes())
+        ))
+    }
+
+    fn index_key(ns: &str, uid: &str) -> ObjectPath {
+        ObjectPath::from(format!("jobs/{ns}/{uid}/index.json"))
+    }
+
+    /// The spool file of a running attempt.
+    pub fn spool_path(&self, uid: &str, attempt: i32) -> PathBuf {
+        self.live.join(format!("{uid}.{attempt}.log"))
+    }
+
+    /// Bytes already spooled for an attempt (where a driver resumes after a restart).
+    pub async fn spooled(&self, uid: &str, attempt: i32) -> u64 {
+        tokio::fs::metadata(self.spool_path(uid, attempt))
+            .await
+            .map(|m| m.len())
+            .unwrap_or(0)
+    }
+
+    /// Opens the spool for appending at `offset` (truncating anything after it).
+    pub async fn open_spool(&self, uid: &str, attempt: i32, offset: u64) -> Result<tokio::fs::File, Error> {
+        let path = self.spool_path(uid, attempt);
+        let io = |e: std::io::Error| Error::Store(format!("{}: {e}", path.display()));
+        let f = tokio::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .await
+            .map_err(io)?;
+        f.set_len(offset).await.map_err(io)?;
+        let mut f = f;
+        tokio::io::AsyncSeekExt::seek(&mut f, std::io::SeekFrom::Start(offset))
+            .await
+            .map_err(io)?;
+        Ok(f)
+    }
+
+    /// Moves the spool into the store (the attempt has ended). Returns the log's size.
+    pub async fn seal_log(&self, ns: &str, uid: &str, attempt: i32) -> Result<u64, Error> {
+        let path = self.spool_path(uid, attempt);
+        let data = match tokio::fs::read(&path).await {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(Error::Store(format!("{}: {e}", path.display()))),
+        };
+        let len = data.len() as u64;
+        self.objects
+            .put(&Self::log_key(ns, uid, attempt), Bytes::from(data).into())
+            .await
+            .map_err(|e| Error::Store(e.to_string()))?;
+        let _ = tokio::fs::remove_file(&path).await;
+        Ok(len)
+    }
+
+    /// A sealed log, or `None`.
+    pub async fn log(&self, ns: &str, uid: &str, attempt: i32) -> Result<Option<Bytes>, Error> {
+        match self.objects.get(&Self::log_key(ns, uid, attempt)).await {
+            Ok(r) => Ok(Some(r.bytes().await.map_err(|e| Error::Store(e.to_string()))?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Error::Store(e.to_string())),
+        }
+    }
+
+    /// Keeps one artifact file.
+    pub async fn put_artifact(
+        &self,
+        ns: &str,
+        uid: &str,
+        attempt: i32,
+        path: &str,
+        data: Bytes,
+    ) -> Result<(), Error> {
+        self.objects
+            .put(&Self::artifact_key(ns, uid, attempt, path), data.into())
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::Store(e.to_string()))
+    }
+
+    pub async fn artifact(
+        &self,
+        ns: &str,
+        uid: &str,
+        attempt: i32,
+        path: &str,
+    ) -> Result<Option<Bytes>, Error> {
+        match self.objects.get(&Self::artifact_key(ns, uid, attempt, path)).await {
+            Ok(r) => Ok(Some(r.bytes().await.map_err(|e| Error::Store(e.to_string()))?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Error::Store(e.to_string())),
+        }
+    }
+
+    /// The job's artifact list (all attempts).
+    pub async fn artifacts(&self, ns: &str, uid: &str) -> Result<Vec<StoredArtifact>, Error> {
+        match self.objects.get(&Self::index_key(ns, uid)).await {
+            Ok(r) => {
+                let b = r.bytes().await.map_err(|e| Error::Store(e.to_string()))?;
+                serde_json::from_slice(&b).map_err(|e| Error::Store(format!("artifact index: {e}")))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(Vec::new()),
+            Err(e) => Err(Error::Store(e.to_string())),
+        }
+    }
+
+    pub async fn put_artifact_index(
+        &self,
+        ns: &str,
+        uid: &str,
+        list: &[StoredArtifact],
+    ) -> Result<(), Error> {
+        let body = serde_json::to_vec(list).map_err(|e| Error::Store(e.to_string()))?;
+        self.objects
+            .put(&Self::index_key(ns, uid), Bytes::from(body).into())
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::Store(e.to_string()))
+    }
+
+    /// Deletes everything kept for a job (it was deleted, or its retention ran out).
+    pub async fn forget(&self, ns: &str, uid: &str) -> Result<usize, Error> {
+        use futures_util::StreamExt;
+        let prefix = ObjectPath::from(format!("jobs/{ns}/{uid}"));
+        let mut listed = self.objects.list(Some(&prefix));
+        let mut n = 0;
+        while let Some(meta) = listed.next().await {
+            let meta = meta.map_err(|e| Error::Store(e.to_string()))?;
+            match self.objects.delete(&meta.location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => n += 1,
+                Err(e) => return Err(Error::Store(e.to_string())),
+            }
+        }
+        Ok(n)
+    }
+
+    /// Namespaces and job UIDs that have anything stored (for garbage collection).
+    pub async fn stored_jobs(&self) -> Result<Vec<(String, String)>, Error> {
+        use futures_util::StreamExt;
+        let mut out = std::collections::BTreeSet::new();
+        let mut listed = self.objects.list(Some(&ObjectPath::from("jobs")));
+        while let Some(meta) = listed.next().await {
+            let meta = meta.map_err(|e| Error::Store(e.to_string()))?;
+            let parts: Vec<_> = meta.location.parts().map(|p| p.as_ref().to_owned()).collect();
+            if let [_, ns, uid, ..] = parts.as_slice() {
+                out.insert((ns.clone(), uid.clone()));
+            }
+        }
+        Ok(out.into_iter().collect())
+    }
+}
+
+/// Appends to a spool and flushes, so followers see every byte as soon as it is written.
+pub async fn append(f: &mut tokio::fs::File, data: &[u8]) -> Result<(), Error> {
+    f.write_all(data)
+        .await
+        .map_err(|e| Error::Store(format!("spool: {e}")))?;
+    f.flush().await.map_err(|e| Error::Store(format!("spool: {e}")))
+}
+
+pub fn hex_sha256(data: &[u8]) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, data);
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[tokio::test]
+    async fn logs_spool_then_seal_and_artifacts_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::local(dir.path()).unwrap();
+        let mut f = s.open_spool("u1", 1, 0).await.unwrap();
+        append(&mut f, b"hello ").await.unwrap();
+        append(&mut f, b"world\n").await.unwrap();
+        assert_eq!(s.spooled("u1", 1).await, 12);
+        // A resumed driver rewinds to what the executor will resend.
+        let mut f = s.open_spool("u1", 1, 6).await.unwrap();
+        append(&mut f, b"there\n").await.unwrap();
+        assert_eq!(s.seal_log("ns", "u1", 1).await.unwrap(), 12);
+        assert!(!s.spool_path("u1", 1).exists());
+        assert_eq!(&s.log("ns", "u1", 1).await.unwrap().unwrap()[..], b"hello there\n");
+        assert!(s.log("ns", "u1", 2).await.unwrap().is_none());
+        assert!(s.log("other", "u1", 1).await.unwrap().is_none());
+
+        s.put_artifact("ns", "u1", 1, "/tmp/a", Bytes::from_static(b"A"))
+            .await
+            .unwrap();
+        let list = vec![StoredArtifact {
+            attempt: 1,
+            path: "/tmp/a".into(),
+            size: 1,
+            sha256: hex_sha256(b"A"),
+            declared: "/tmp/a".into(),
+        }];
+        s.put_artifact_index("ns", "u1", &list).await.unwrap();
+        assert_eq!(s.artifacts("ns", "u1").await.unwrap(), list);
+        assert_eq!(&s.artifact("ns", "u1", 1, "/tmp/a").await.unwrap().unwrap()[..], b"A");
+        assert_eq!(s.stored_jobs().await.unwrap(), vec![("ns".into(), "u1".into())]);
+        assert_eq!(s.forget("ns", "u1").await.unwrap(), 3);
+        assert!(s.artifacts("ns", "u1").await.unwrap().is_empty());
+        assert!(s.stored_jobs().await.unwrap().is_empty());
+    }
+}
