@@ -15,9 +15,11 @@
 # turns it into images; nothing is pulled from a registry. The first run needs the Debian
 # mirror (about a minute); later runs reuse the cached rootfs.
 #
-# Usage: tests/node/image.sh <bindir with spur, spur-sidecar, spur-init> <outdir>
+# Usage: tests/node/image.sh <bindir with spur, spur-sidecar, spur-init, spur-job-executor> <outdir>
 # Prints one line per image on stdout: <name> <archive> compressed=<MB> uncompressed=<MB>.
-# Env: SPUR_NODE_BASE_REFRESH=1 rebuilds the cached rootfs; SPUR_DEBIAN_MIRROR overrides the
+# Env: SPUR_EXECUTOR_BIN is the spur-job-executor to use instead of <bindir>'s (tests/run.sh
+# passes a static build: it runs inside runner pods of any image); SPUR_NODE_BASE_REFRESH=1
+# rebuilds the cached rootfs; SPUR_DEBIAN_MIRROR overrides the
 # mirror (default: mmdebstrap's, deb.debian.org plus updates and security).
 #
 # Needs root (mmdebstrap's root mode; buildah's storage). The image config (user 65532:65532,
@@ -42,14 +44,18 @@ for tool in mmdebstrap buildah jq flock sha256sum tar findmnt; do
     command -v "$tool" >/dev/null 2>&1 \
         || die "'$tool' not found (apt-get install -y mmdebstrap buildah jq util-linux)"
 done
-bins=(spur spur-sidecar spur-init)
+bins=(spur spur-sidecar spur-init spur-job-executor)
+bindir=$(cd "$bindir" && pwd)
+srcs=()
 for b in "${bins[@]}"; do
-    [ -f "$bindir/$b" ] && [ -x "$bindir/$b" ] \
-        || die "$bindir/$b missing or not executable (cargo build --bin spur --bin spur-sidecar --bin spur-init)"
+    src=$bindir/$b
+    [ "$b" = spur-job-executor ] && src=${SPUR_EXECUTOR_BIN:-$src}
+    [ -f "$src" ] && [ -x "$src" ] \
+        || die "$src missing or not executable (cargo build --bin spur --bin spur-sidecar --bin spur-init --bin spur-job-executor)"
+    srcs+=("$src")
 done
 mkdir -p "$outdir" || die "cannot create $outdir"
 outdir=$(cd "$outdir" && pwd)
-bindir=$(cd "$bindir" && pwd)
 
 # ---- the base rootfs (cached) -------------------------------------------------------------
 suite=bookworm
@@ -127,7 +133,7 @@ stamp=$outdir/.images.stamp
 inputs=$( {
     stat -c '%n %s %Y' "$base_tar"
     sha256sum "$0" "$containerfile" | cut -d' ' -f1
-    (cd "$bindir" && sha256sum "${bins[@]}")
+    sha256sum "${srcs[@]}"
 } | sha256sum | cut -c1-32)
 if [ -f "$stamp" ] && [ "$(head -n1 "$stamp")" = "$inputs" ] \
         && (cd "$outdir" && ls "${files[@]}" >/dev/null 2>&1); then
@@ -174,8 +180,8 @@ bh rm "$c" >/dev/null
 
 # The Spur image: the Containerfile's `prebuilt` target, binaries from a context dir.
 mkdir -p "$tmp/ctx/bin"
-for b in "${bins[@]}"; do
-    ln "$bindir/$b" "$tmp/ctx/bin/$b" 2>/dev/null || cp "$bindir/$b" "$tmp/ctx/bin/$b"
+for i in "${!bins[@]}"; do
+    ln "${srcs[$i]}" "$tmp/ctx/bin/${bins[$i]}" 2>/dev/null || cp "${srcs[$i]}" "$tmp/ctx/bin/${bins[$i]}"
 done
 if ! bh bud "${policy[@]}" --quiet --isolation chroot --pull=never --timestamp 0 \
         --target prebuilt --build-arg BASE_IMAGE=localhost/spur-base:dev \

@@ -298,6 +298,17 @@ extendedKeyUsage=serverAuth,clientAuth"
         "IP:$NODE_IP,IP:$API_SERVICE_IP,IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
     issue apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" ""
     issue kubelet "/CN=$NODE_NAME" "IP:$NODE_IP,DNS:$NODE_NAME"
+    # The front proxy (aggregated APIs, e.g. jobs.spur.dev): its own CA, as kubeadm makes it,
+    # and the client certificate the apiserver presents to aggregated API servers.
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+        -subj "/CN=spur-node-front-proxy-ca" -keyout "$d/front-proxy-ca.key" \
+        -out "$d/front-proxy-ca.crt" 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+        -subj "/CN=front-proxy-client" -keyout "$d/front-proxy-client.key" \
+        -out "$d/front-proxy-client.csr" 2>/dev/null
+    openssl x509 -req -in "$d/front-proxy-client.csr" -CA "$d/front-proxy-ca.crt" \
+        -CAkey "$d/front-proxy-ca.key" -CAcreateserial -days 2 -out "$d/front-proxy-client.crt" \
+        -extfile <(echo "extendedKeyUsage=clientAuth") 2>/dev/null
     openssl ecparam -name prime256v1 -genkey -noout -out "$d/sa.key" 2>/dev/null
     openssl ec -in "$d/sa.key" -pubout -out "$d/sa.pub" 2>/dev/null
 }
@@ -439,6 +450,13 @@ EOF
         --kubelet-client-key "$ROOT/pki/apiserver-kubelet-client.key" \
         --kubelet-certificate-authority "$ROOT/pki/ca.crt" \
         --kubelet-preferred-address-types InternalIP \
+        --requestheader-client-ca-file "$ROOT/pki/front-proxy-ca.crt" \
+        --requestheader-allowed-names front-proxy-client \
+        --requestheader-username-headers X-Remote-User \
+        --requestheader-group-headers X-Remote-Group \
+        --requestheader-extra-headers-prefix X-Remote-Extra- \
+        --proxy-client-cert-file "$ROOT/pki/front-proxy-client.crt" \
+        --proxy-client-key-file "$ROOT/pki/front-proxy-client.key" \
         --profiling=false --v 1
 
     # containerd: its own root, state and socket; the CRI settings real-node.md found necessary.

@@ -118,9 +118,18 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
     let agent = kube_rbac::chart_client(&api, "spur-agent", "agent-rules.yaml", None)
         .await
         .unwrap();
+    let jobs = kube_rbac::chart_client(
+        &api,
+        "spur-jobs",
+        "jobs-rules.yaml",
+        Some("jobs-namespace-rules.yaml"),
+    )
+    .await
+    .unwrap();
 
     let mut actual = BTreeSet::new();
     actual.extend(rules_of("spur-agent", agent).await);
+    actual.extend(rules_of("spur-jobs", jobs).await);
     actual.extend(rules_of("spur-operator", operator).await);
     actual.extend(rules_of("spur-routeserver", routeserver).await);
     actual.extend(rules_of("spur-tunnel-proxy", tunnel_proxy).await);
@@ -148,6 +157,16 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
                 !verbs.split(',').any(|v| WRITE_VERBS.contains(&v))
                     && line.contains(" groups=spur.dev "),
                 "the agent may do more than read Spur's objects: {line}"
+            );
+        }
+        // The jobs component reads one Secret name anywhere (the executors' certificate) and
+        // its own CA's in its namespace; no other Secret.
+        if line.starts_with("spur-jobs ") && line.contains("resources=secrets ") {
+            assert!(
+                verbs == "create"
+                    || line.contains(" names=spur-job-executor-tls ")
+                    || line.contains(" names=spur-jobs-ca "),
+                "the jobs component may read Secrets it does not own: {line}"
             );
         }
         if line.starts_with("spur-tunnel-proxy ") && line.contains("secrets") {

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde_json::Value;
+mod node_jobs;
+
 use spur_e2e::node::{
     Answer, CHART_VALUES, Node, SPUR_NAMESPACE, demo_app, demo_app_annotated, eventually, node,
     spur_bin,
@@ -264,6 +266,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
 
     // --- the route server: TLS, and rules only for the reader they belong to -----------------
     routeserver_refuses_strangers(node, ns, &client, &backend_pods[0]);
+
+    // --- jobs in the sandbox's routing context, on a pool of runner pods ---------------------
+    node_jobs::jobs_on_the_node(node, ns, "backend-fix", &key, &fork, &backend_pods[0]);
 
     // --- a RouteGroup over two sandboxes routes by its own key -------------------------------
     node.apply(&sandbox(

@@ -133,7 +133,9 @@ pub(crate) async fn jobs(args: JobsArgs) -> Result<ExitCode> {
     let controllers = tokio::spawn(spur_jobs::run(ctx, wakeups, stop.clone()));
     tracing::info!(api = %args.api_addr, metrics = %args.metrics_addr, store = %args.store_dir.display(), "jobs component started");
     shutdown.await;
-    tracing::info!("shutting down (running attempts go on in their pods and are resumed on the next start)");
+    tracing::info!(
+        "shutting down (running attempts go on in their pods and are resumed on the next start)"
+    );
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(15), controllers).await;
     if let Some(api) = api {
@@ -255,7 +257,8 @@ pub(crate) async fn job(args: JobArgs) -> Result<ExitCode> {
                 std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)?;
                 s
             } else {
-                std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?
+                std::fs::read_to_string(&file)
+                    .with_context(|| format!("reading {}", file.display()))?
             };
             let mut job: Job = serde_yaml_ng::from_str(&text)
                 .with_context(|| format!("{} is not a Job", file.display()))?;
@@ -307,7 +310,10 @@ pub(crate) async fn job(args: JobArgs) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         JobCommand::Get { name } => {
-            let j = api.get(&name).await.with_context(|| format!("reading job {name}"))?;
+            let j = api
+                .get(&name)
+                .await
+                .with_context(|| format!("reading job {name}"))?;
             print!("{}", describe(&j));
             Ok(ExitCode::SUCCESS)
         }
@@ -316,7 +322,9 @@ pub(crate) async fn job(args: JobArgs) -> Result<ExitCode> {
             follow,
             attempt,
         } => {
-            api.get(&name).await.with_context(|| format!("reading job {name}"))?;
+            api.get(&name)
+                .await
+                .with_context(|| format!("reading job {name}"))?;
             if follow && attempt.is_none() {
                 follow_until_done(&client, &ns, &name).await?;
                 return Ok(ExitCode::SUCCESS);
@@ -349,7 +357,12 @@ pub(crate) fn describe(j: &Job) -> String {
     use std::fmt::Write as _;
     let st = j.status.clone().unwrap_or_default();
     let mut o = String::new();
-    let _ = writeln!(o, "Job:          {}/{}", j.namespace().unwrap_or_default(), j.name_any());
+    let _ = writeln!(
+        o,
+        "Job:          {}/{}",
+        j.namespace().unwrap_or_default(),
+        j.name_any()
+    );
     let _ = writeln!(o, "Runner group: {}", j.spec.runner_group);
     if let Some(rc) = &j.spec.routing_context {
         if let Some(s) = &rc.sandbox {
@@ -382,18 +395,33 @@ pub(crate) fn describe(j: &Job) -> String {
                 a.id,
                 a.pod,
                 a.phase,
-                a.exit_code.map(|c| format!(", exit {c}")).unwrap_or_default(),
-                a.message.as_ref().map(|m| format!(" ({m})")).unwrap_or_default()
+                a.exit_code
+                    .map(|c| format!(", exit {c}"))
+                    .unwrap_or_default(),
+                a.message
+                    .as_ref()
+                    .map(|m| format!(" ({m})"))
+                    .unwrap_or_default()
             );
         }
     }
     if let Some(b) = st.log_bytes {
-        let _ = writeln!(o, "Log:          {b} bytes (spur job logs {})", j.name_any());
+        let _ = writeln!(
+            o,
+            "Log:          {b} bytes (spur job logs {})",
+            j.name_any()
+        );
     }
     if !st.artifacts.is_empty() {
         let _ = writeln!(o, "Artifacts:");
         for a in &st.artifacts {
-            let _ = writeln!(o, "  {} ({} bytes, sha256 {})", a.path, a.size, &a.sha256[..a.sha256.len().min(16)]);
+            let _ = writeln!(
+                o,
+                "  {} ({} bytes, sha256 {})",
+                a.path,
+                a.size,
+                &a.sha256[..a.sha256.len().min(16)]
+            );
         }
     }
     o
@@ -461,7 +489,11 @@ async fn follow_until_done(client: &kube::Client, ns: &str, name: &str) -> Resul
     let mut attempt = 1;
     loop {
         let job = wait_for_attempt(&api, name, attempt).await?;
-        if job.status.as_ref().is_some_and(|s| s.attempts.len() as i32 >= attempt) {
+        if job
+            .status
+            .as_ref()
+            .is_some_and(|s| s.attempts.len() as i32 >= attempt)
+        {
             stream_log(client, ns, name, Some(attempt), true, &mut out).await?;
         }
         // Ended, or the attempt was lost and the job was queued again.
@@ -485,7 +517,10 @@ async fn follow_until_done(client: &kube::Client, ns: &str, name: &str) -> Resul
 async fn wait_for_attempt(api: &Api<Job>, name: &str, attempt: i32) -> Result<Job> {
     let mut last = String::new();
     loop {
-        let job = api.get(name).await.with_context(|| format!("reading job {name}"))?;
+        let job = api
+            .get(name)
+            .await
+            .with_context(|| format!("reading job {name}"))?;
         let st = job.status.clone().unwrap_or_default();
         if st.attempts.len() as i32 >= attempt || st.phase.is_some_and(JobPhase::is_terminal) {
             return Ok(job);
@@ -506,12 +541,18 @@ async fn wait_for_attempt(api: &Api<Job>, name: &str, attempt: i32) -> Result<Jo
                     })
                     .collect();
                 queued.sort_by_key(|j| spur_jobs::queue::queue_key(j));
-                let pos = queued.iter().position(|j| j.name_any() == name).map_or(0, |p| p + 1);
-                let group = Api::<JobRunnerGroup>::namespaced(api.clone().into_client(), &job.namespace().unwrap_or_default())
-                    .get_opt(&job.spec.runner_group)
-                    .await?
-                    .and_then(|g| g.status)
-                    .unwrap_or_default();
+                let pos = queued
+                    .iter()
+                    .position(|j| j.name_any() == name)
+                    .map_or(0, |p| p + 1);
+                let group = Api::<JobRunnerGroup>::namespaced(
+                    api.clone().into_client(),
+                    &job.namespace().unwrap_or_default(),
+                )
+                .get_opt(&job.spec.runner_group)
+                .await?
+                .and_then(|g| g.status)
+                .unwrap_or_default();
                 format!(
                     "waiting for a runner: position {pos} of {} in group {} ({} ready, {} idle)",
                     queued.len(),
@@ -562,7 +603,9 @@ async fn attach_to(client: &kube::Client, ns: &str, name: &str) -> Result<ExitCo
     eprintln!(
         "[spur] job {name}: {}{}",
         st.phase.map_or("?", JobPhase::as_str),
-        st.exit_code.map(|c| format!(", exit code {c}")).unwrap_or_default()
+        st.exit_code
+            .map(|c| format!(", exit code {c}"))
+            .unwrap_or_default()
     );
     Ok(match (st.phase, st.exit_code, st.canceled_by) {
         (Some(JobPhase::Succeeded), _, _) => ExitCode::SUCCESS,
@@ -588,9 +631,13 @@ pub(crate) async fn artifact(args: ArtifactArgs) -> Result<ExitCode> {
             for a in v["items"].as_array().into_iter().flatten() {
                 println!(
                     "{:>7} {:>12}  {:<16} {}",
-                    a["attempt"],
-                    a["size"],
-                    a["sha256"].as_str().unwrap_or_default().get(..16).unwrap_or_default(),
+                    a["attempt"].to_string(),
+                    a["size"].to_string(),
+                    a["sha256"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .get(..16)
+                        .unwrap_or_default(),
                     a["path"].as_str().unwrap_or_default()
                 );
             }
@@ -619,7 +666,10 @@ pub(crate) async fn artifact(args: ArtifactArgs) -> Result<ExitCode> {
             reader.read_to_end(&mut data).await.context("downloading")?;
             // The list says what the content must hash to.
             let list_req = http::Request::get(api_path(&ns, &job, "artifacts")).body(Vec::new())?;
-            let list: serde_json::Value = client.request(list_req).await.map_err(|e| artifact_error(e, &job))?;
+            let list: serde_json::Value = client
+                .request(list_req)
+                .await
+                .map_err(|e| artifact_error(e, &job))?;
             let want = list["items"]
                 .as_array()
                 .into_iter()
@@ -629,7 +679,9 @@ pub(crate) async fn artifact(args: ArtifactArgs) -> Result<ExitCode> {
                 .and_then(|a| a["sha256"].as_str().map(str::to_owned));
             let got = spur_jobs::store::hex_sha256(&data);
             if want.as_deref() != Some(got.as_str()) {
-                bail!("downloaded {path} does not match its recorded SHA-256 (got {got}, want {want:?})");
+                bail!(
+                    "downloaded {path} does not match its recorded SHA-256 (got {got}, want {want:?})"
+                );
             }
             match output.as_deref() {
                 Some(p) if p.as_os_str() == "-" => {
@@ -645,7 +697,8 @@ pub(crate) async fn artifact(args: ArtifactArgs) -> Result<ExitCode> {
                                 .unwrap_or_else(|| "artifact".into()),
                         )
                     });
-                    std::fs::write(&dest, &data).with_context(|| format!("writing {}", dest.display()))?;
+                    std::fs::write(&dest, &data)
+                        .with_context(|| format!("writing {}", dest.display()))?;
                     eprintln!("{} ({} bytes, sha256 {got})", dest.display(), data.len());
                 }
             }
@@ -670,7 +723,9 @@ pub(crate) async fn runner_group(args: RunnerGroupArgs) -> Result<ExitCode> {
     let (client, ns) = client_ns(&args.common).await?;
     let RunnerGroupCommand::List { all_namespaces } = args.command;
     let list = if all_namespaces {
-        Api::<JobRunnerGroup>::all(client).list(&ListParams::default()).await?
+        Api::<JobRunnerGroup>::all(client)
+            .list(&ListParams::default())
+            .await?
     } else {
         Api::<JobRunnerGroup>::namespaced(client, &ns)
             .list(&ListParams::default())
@@ -696,4 +751,3 @@ pub(crate) async fn runner_group(args: RunnerGroupArgs) -> Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
-

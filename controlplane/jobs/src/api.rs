@@ -118,7 +118,10 @@ pub async fn sync_api_service(client: &kube::Client, ca_pem: &str) -> Result<(),
     {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => {
-            tracing::warn!(apiservice = API_SERVICE, "no APIService: job logs are not reachable through the API server (install the chart's)");
+            tracing::warn!(
+                apiservice = API_SERVICE,
+                "no APIService: job logs are not reachable through the API server (install the chart's)"
+            );
             Ok(())
         }
         Err(e) => Err(e.into()),
@@ -126,7 +129,11 @@ pub async fn sync_api_service(client: &kube::Client, ca_pem: &str) -> Result<(),
 }
 
 /// The TLS configuration: our serving certificate, the front proxy's client CA required.
-pub fn tls_config(cert_pem: &str, key_pem: &str, fp: &FrontProxy) -> Result<Arc<rustls::ServerConfig>, Error> {
+pub fn tls_config(
+    cert_pem: &str,
+    key_pem: &str,
+    fp: &FrontProxy,
+) -> Result<Arc<rustls::ServerConfig>, Error> {
     let err = |e: &dyn std::fmt::Display| Error::Pki(e.to_string());
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(fp.client_ca_pem.as_bytes()) {
@@ -173,21 +180,24 @@ pub async fn serve(
     {
         let (acceptor, ctx, fp, stop) = (acceptor.clone(), ctx.clone(), fp.clone(), stop.clone());
         tasks.spawn(async move {
-            let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
-                Ok(Ok(t)) => t,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "jobs API: TLS handshake refused");
-                    return;
-                }
-                Err(_) => return,
-            };
+            let tls =
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(t)) => t,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "jobs API: TLS handshake refused");
+                        return;
+                    }
+                    Err(_) => return,
+                };
             let cn = tls
                 .get_ref()
                 .1
                 .peer_certificates()
                 .and_then(|c| c.first())
                 .and_then(|c| common_name(c));
-            if !fp.allowed_names.is_empty() && !cn.as_ref().is_some_and(|n| fp.allowed_names.contains(n)) {
+            if !fp.allowed_names.is_empty()
+                && !cn.as_ref().is_some_and(|n| fp.allowed_names.contains(n))
+            {
                 tracing::warn!(%peer, cn = ?cn, "jobs API: client certificate name not allowed");
                 return;
             }
@@ -195,7 +205,8 @@ pub async fn serve(
                 let (ctx, fp) = (ctx.clone(), fp.clone());
                 async move { Ok::<_, Infallible>(handle(ctx, &fp, peer, req).await) }
             });
-            let conn = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let conn =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
             let io = hyper_util::rt::TokioIo::new(tls);
             let c = conn.serve_connection(io, svc);
             tokio::pin!(c);
@@ -231,9 +242,7 @@ fn status_error(code: StatusCode, reason: &str, message: &str) -> Response<Body>
 }
 
 fn discovery() -> Response<Body> {
-    let resource = |name: &str, kind: &str| {
-        serde_json::json!({"name": name, "singularName": "", "namespaced": true, "kind": kind, "verbs": ["get"]})
-    };
+    let resource = |name: &str, kind: &str| serde_json::json!({"name": name, "singularName": "", "namespaced": true, "kind": kind, "verbs": ["get"]});
     let body = serde_json::json!({
         "kind": "APIResourceList", "apiVersion": "v1",
         "groupVersion": format!("{GROUP}/{VERSION}"),
@@ -249,9 +258,18 @@ fn query(req: &Request<Incoming>, key: &str) -> Option<String> {
         .map(|(_, v)| v.into_owned())
 }
 
-async fn handle(ctx: Arc<Context>, fp: &FrontProxy, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+async fn handle(
+    ctx: Arc<Context>,
+    fp: &FrontProxy,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Response<Body> {
     if req.method() != Method::GET {
-        return status_error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "only get is supported");
+        return status_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "only get is supported",
+        );
     }
     let user = fp
         .username_headers
@@ -282,13 +300,24 @@ async fn handle(ctx: Arc<Context>, fp: &FrontProxy, peer: SocketAddr, req: Reque
     };
     let (ns, name, sub) = (ns.to_string(), name.to_string(), sub.to_string());
     tracing::debug!(%peer, %user, %ns, %name, %sub, "jobs API request");
-    let job = match Api::<Job>::namespaced(ctx.client.clone(), &ns).get_opt(&name).await {
+    let job = match Api::<Job>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(&name)
+        .await
+    {
         Ok(Some(j)) => j,
         Ok(None) => {
-            return status_error(StatusCode::NOT_FOUND, "NotFound", &format!("jobs.spur.dev \"{name}\" not found"));
+            return status_error(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("jobs.spur.dev \"{name}\" not found"),
+            );
         }
         Err(e) => {
-            return status_error(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", &format!("reading the job: {e}"));
+            return status_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                &format!("reading the job: {e}"),
+            );
         }
     };
     let attempts = job.status.as_ref().map(|s| s.attempts.len()).unwrap_or(0);
@@ -297,7 +326,11 @@ async fn handle(ctx: Arc<Context>, fp: &FrontProxy, peer: SocketAddr, req: Reque
         Some(a) => match a.parse::<i32>() {
             Ok(n) if n >= 1 && usize::try_from(n).is_ok_and(|n| n <= attempts) => n,
             _ => {
-                return status_error(StatusCode::BAD_REQUEST, "BadRequest", &format!("attempt must be 1 to {attempts}"));
+                return status_error(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    &format!("attempt must be 1 to {attempts}"),
+                );
             }
         },
     };
@@ -312,17 +345,36 @@ async fn handle(ctx: Arc<Context>, fp: &FrontProxy, peer: SocketAddr, req: Reque
             let follow = query(&req, "follow").as_deref() == Some("true");
             log_response(ctx, job, attempt, follow)
         }
-        "artifacts" => artifacts(&ctx, &job, query(&req, "path"), query(&req, "attempt").map(|_| attempt)).await,
+        "artifacts" => {
+            artifacts(
+                &ctx,
+                &job,
+                query(&req, "path"),
+                query(&req, "attempt").map(|_| attempt),
+            )
+            .await
+        }
         _ => status_error(StatusCode::NOT_FOUND, "NotFound", "not found"),
     }
 }
 
-async fn artifacts(ctx: &Context, job: &Job, path: Option<String>, attempt: Option<i32>) -> Response<Body> {
+async fn artifacts(
+    ctx: &Context,
+    job: &Job,
+    path: Option<String>,
+    attempt: Option<i32>,
+) -> Response<Body> {
     let ns = job.namespace().unwrap_or_default();
     let uid = job.uid().unwrap_or_default();
     let list = match ctx.store.artifacts(&ns, &uid).await {
         Ok(l) => l,
-        Err(e) => return status_error(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", &e.to_string()),
+        Err(e) => {
+            return status_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                &e.to_string(),
+            );
+        }
     };
     let Some(path) = path else {
         let body = serde_json::json!({"kind": "JobArtifactList", "apiVersion": format!("{GROUP}/{VERSION}"), "items": list});
@@ -334,9 +386,17 @@ async fn artifacts(ctx: &Context, job: &Job, path: Option<String>, attempt: Opti
         .filter(|a| a.path == path && attempt.is_none_or(|n| a.attempt == n))
         .max_by_key(|a| a.attempt)
     else {
-        return status_error(StatusCode::NOT_FOUND, "NotFound", &format!("no artifact {path}"));
+        return status_error(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            &format!("no artifact {path}"),
+        );
     };
-    match ctx.store.artifact(&ns, &uid, item.attempt, &item.path).await {
+    match ctx
+        .store
+        .artifact(&ns, &uid, item.attempt, &item.path)
+        .await
+    {
         Ok(Some(b)) => {
             let mut r = full(StatusCode::OK, "application/octet-stream", b);
             if let Ok(v) = http::HeaderValue::from_str(&item.sha256) {
@@ -344,8 +404,16 @@ async fn artifacts(ctx: &Context, job: &Job, path: Option<String>, attempt: Opti
             }
             r
         }
-        Ok(None) => status_error(StatusCode::NOT_FOUND, "NotFound", &format!("artifact {path} is listed but missing from the store")),
-        Err(e) => status_error(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", &e.to_string()),
+        Ok(None) => status_error(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            &format!("artifact {path} is listed but missing from the store"),
+        ),
+        Err(e) => status_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            &e.to_string(),
+        ),
     }
 }
 
@@ -354,7 +422,9 @@ fn log_response(ctx: Arc<Context>, job: Job, attempt: i32, follow: bool) -> Resp
     let (tx, rx) = mpsc::channel::<Bytes>(8);
     tokio::spawn(async move {
         if let Err(e) = stream_log(&ctx, &job, attempt, follow, &tx).await {
-            let _ = tx.send(Bytes::from(format!("\n[spur] log stream failed: {e}\n"))).await;
+            let _ = tx
+                .send(Bytes::from(format!("\n[spur] log stream failed: {e}\n")))
+                .await;
         }
     });
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx)
@@ -369,7 +439,13 @@ fn log_response(ctx: Arc<Context>, job: Job, attempt: i32, follow: bool) -> Resp
 
 use futures_util::StreamExt as _;
 
-async fn stream_log(ctx: &Context, job: &Job, mut attempt: i32, follow: bool, tx: &mpsc::Sender<Bytes>) -> Result<(), Error> {
+async fn stream_log(
+    ctx: &Context,
+    job: &Job,
+    mut attempt: i32,
+    follow: bool,
+    tx: &mpsc::Sender<Bytes>,
+) -> Result<(), Error> {
     let ns = job.namespace().unwrap_or_default();
     let uid = job.uid().unwrap_or_default();
     let name = job.name_any();
@@ -379,7 +455,9 @@ async fn stream_log(ctx: &Context, job: &Job, mut attempt: i32, follow: bool, tx
     loop {
         if attempt >= 1 {
             if let Some(sealed) = ctx.store.log(&ns, &uid, attempt).await? {
-                let from = usize::try_from(offset).unwrap_or(usize::MAX).min(sealed.len());
+                let from = usize::try_from(offset)
+                    .unwrap_or(usize::MAX)
+                    .min(sealed.len());
                 if from < sealed.len() {
                     let _ = tx.send(sealed.slice(from..)).await;
                 }
@@ -394,8 +472,13 @@ async fn stream_log(ctx: &Context, job: &Job, mut attempt: i32, follow: bool, tx
                                 .await
                                 .map_err(|e| Error::Store(e.to_string()))?;
                             while offset < st.bytes {
-                                let want = usize::try_from(st.bytes - offset).unwrap_or(CHUNK).min(CHUNK);
-                                let n = f.read(&mut buf[..want]).await.map_err(|e| Error::Store(e.to_string()))?;
+                                let want = usize::try_from(st.bytes - offset)
+                                    .unwrap_or(CHUNK)
+                                    .min(CHUNK);
+                                let n = f
+                                    .read(&mut buf[..want])
+                                    .await
+                                    .map_err(|e| Error::Store(e.to_string()))?;
                                 if n == 0 {
                                     break;
                                 }
@@ -432,7 +515,9 @@ async fn stream_log(ctx: &Context, job: &Job, mut attempt: i32, follow: bool, tx
             () = tx.closed() => return Ok(()),
             () = tokio::time::sleep(Duration::from_millis(250)) => {}
         }
-        let Some(now) = jobs.get_opt(&name).await? else { return Ok(()) };
+        let Some(now) = jobs.get_opt(&name).await? else {
+            return Ok(());
+        };
         if now.uid() != job.uid() {
             return Ok(());
         }
@@ -449,4 +534,3 @@ async fn stream_log(ctx: &Context, job: &Job, mut attempt: i32, follow: bool, tx
         }
     }
 }
-

@@ -49,10 +49,14 @@ pub async fn run(ctx: Arc<Context>, wakeups: Wakeups, stop: CancellationToken) {
         watcher::Config::default(),
     )
     .with_config(cfg)
-    .watches(Api::<Job>::all(client.clone()), watcher::Config::default(), |job| {
-        job.namespace()
-            .map(|ns| ObjectRef::new(&job.spec.runner_group).within(&ns))
-    })
+    .watches(
+        Api::<Job>::all(client.clone()),
+        watcher::Config::default(),
+        |job| {
+            job.namespace()
+                .map(|ns| ObjectRef::new(&job.spec.runner_group).within(&ns))
+        },
+    )
     .watches(
         Api::<Pod>::all(client.clone()),
         watcher::Config::default().labels(GROUP_LABEL),
@@ -84,8 +88,13 @@ async fn reconcile_job(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action, Error
     .await;
     match r {
         Ok(a) => Ok(a),
-        Err(kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e)) => Err(e),
-        Err(kube::runtime::finalizer::Error::RemoveFinalizer(kube::Error::Api(s))) if s.code == 404 => {
+        Err(
+            kube::runtime::finalizer::Error::ApplyFailed(e)
+            | kube::runtime::finalizer::Error::CleanupFailed(e),
+        ) => Err(e),
+        Err(kube::runtime::finalizer::Error::RemoveFinalizer(kube::Error::Api(s)))
+            if s.code == 404 =>
+        {
             Ok(Action::await_change())
         }
         Err(e) => Err(Error::Pending(format!("the job finalizer: {e}"))),
@@ -104,21 +113,39 @@ async fn routing(job: &Job, ctx: &Context) -> Result<Context_, Error> {
         return Ok(Context_::None);
     };
     if let Some(name) = &rc.sandbox {
-        let Some(sb) = Api::<Sandbox>::all(ctx.client.clone()).get_opt(name).await? else {
-            return Ok(Context_::Missing("SandboxNotFound", format!("sandbox {name} does not exist")));
+        let Some(sb) = Api::<Sandbox>::all(ctx.client.clone())
+            .get_opt(name)
+            .await?
+        else {
+            return Ok(Context_::Missing(
+                "SandboxNotFound",
+                format!("sandbox {name} does not exist"),
+            ));
         };
         return Ok(match sb.status.and_then(|s| s.routing_key) {
             Some(k) => Context_::Key(k),
-            None => Context_::Missing("RoutingKeyPending", format!("sandbox {name} has no routing key yet")),
+            None => Context_::Missing(
+                "RoutingKeyPending",
+                format!("sandbox {name} has no routing key yet"),
+            ),
         });
     }
     if let Some(name) = &rc.route_group {
-        let Some(rg) = Api::<RouteGroup>::all(ctx.client.clone()).get_opt(name).await? else {
-            return Ok(Context_::Missing("RouteGroupNotFound", format!("route group {name} does not exist")));
+        let Some(rg) = Api::<RouteGroup>::all(ctx.client.clone())
+            .get_opt(name)
+            .await?
+        else {
+            return Ok(Context_::Missing(
+                "RouteGroupNotFound",
+                format!("route group {name} does not exist"),
+            ));
         };
         return Ok(match rg.status.and_then(|s| s.routing_key) {
             Some(k) => Context_::Key(k),
-            None => Context_::Missing("RoutingKeyPending", format!("route group {name} has no routing key yet")),
+            None => Context_::Missing(
+                "RoutingKeyPending",
+                format!("route group {name} has no routing key yet"),
+            ),
         });
     }
     Ok(Context_::None)
@@ -173,6 +200,12 @@ async fn apply_job(job: &Job, ctx: &Arc<Context>) -> Result<Action, Error> {
             st.finished_at = Some(now_string());
             condition(st, job, ACCEPTED, false, "Invalid", m);
             condition(st, job, FINISHED, true, "Failed", m);
+            return true;
+        }
+        if job.spec.inject_routing_key == spur_api::jobs::InjectRoutingKey::Auto {
+            // Not built yet (docs/jobs.md): say so rather than run without the header the
+            // job relies on.
+            refuse(st, "Unsupported", "injectRoutingKey: Auto is not supported by this version; set the header from $SPUR_ROUTING_KEY");
             return true;
         }
         if group.is_none() {
@@ -256,7 +289,8 @@ async fn reconcile_group(group: Arc<JobRunnerGroup>, ctx: Arc<Context>) -> Resul
     let template = match template {
         Ok(t) => t,
         Err(message) => {
-            write_group_status(&groups, &group, None, &pods, "InvalidSpec", &message, false).await?;
+            write_group_status(&groups, &group, None, &pods, "InvalidSpec", &message, false)
+                .await?;
             return Ok(Action::requeue(Duration::from_secs(60)));
         }
     };
@@ -274,7 +308,14 @@ async fn reconcile_group(group: Arc<JobRunnerGroup>, ctx: Arc<Context>) -> Resul
             st.phase = Some(JobPhase::Canceled);
             st.canceled_by = Some(CanceledBy::Request);
             st.finished_at = Some(now_string());
-            condition(st, job, FINISHED, true, "Canceled", "canceled before it ran");
+            condition(
+                st,
+                job,
+                FINISHED,
+                true,
+                "Canceled",
+                "canceled before it ran",
+            );
             true
         })
         .await?;
@@ -283,7 +324,11 @@ async fn reconcile_group(group: Arc<JobRunnerGroup>, ctx: Arc<Context>) -> Resul
     for name in &plan.lost {
         if let Some(j) = job(name) {
             let uid = j.uid().unwrap_or_default();
-            let attempt = j.status.as_ref().and_then(|s| s.attempts.last()).map_or(0, |a| a.id);
+            let attempt = j
+                .status
+                .as_ref()
+                .and_then(|s| s.attempts.last())
+                .map_or(0, |a| a.id);
             ctx.drivers.abandon(&uid);
             let len = ctx.store.seal_log(&ns, &uid, attempt).await.ok();
             driver::lost(&ctx, j, attempt, "the runner pod is gone", len).await?;
@@ -311,8 +356,12 @@ async fn reconcile_group(group: Arc<JobRunnerGroup>, ctx: Arc<Context>) -> Resul
 
     // Assignments: recorded in the Job before the driver starts, so a restart finds them.
     for (job_name, pod_name) in &plan.assign {
-        let Some(pod) = pods.iter().find(|p| &p.name_any() == pod_name) else { continue };
-        let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else { continue };
+        let Some(pod) = pods.iter().find(|p| &p.name_any() == pod_name) else {
+            continue;
+        };
+        let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
+            continue;
+        };
         let pn = pod_name.clone();
         let written = status::update(&jobs_api, job_name, |_, st| {
             if st.phase.is_some_and(|p| p != JobPhase::Queued) {
@@ -337,7 +386,11 @@ async fn reconcile_group(group: Arc<JobRunnerGroup>, ctx: Arc<Context>) -> Resul
         })
         .await?;
         if let Some(j) = written {
-            let attempt = j.status.as_ref().and_then(|s| s.attempts.last()).map_or(1, |a| a.id);
+            let attempt = j
+                .status
+                .as_ref()
+                .and_then(|s| s.attempts.last())
+                .map_or(1, |a| a.id);
             let routing_key = j.status.as_ref().and_then(|s| s.routing_key.clone());
             tracing::info!(%ns, job = %job_name, pod = %pod_name, attempt, "assigned");
             driver::spawn(
@@ -355,12 +408,18 @@ async fn reconcile_group(group: Arc<JobRunnerGroup>, ctx: Arc<Context>) -> Resul
     }
     // Running attempts nobody drives (after a restart of this component): resume them.
     for j in &jobs {
-        let Some(pod_name) = queue::running_pod(j) else { continue };
+        let Some(pod_name) = queue::running_pod(j) else {
+            continue;
+        };
         if plan.lost.iter().any(|n| *n == j.name_any()) {
             continue;
         }
         let uid = j.uid().unwrap_or_default();
-        let attempt = j.status.as_ref().and_then(|s| s.attempts.last()).map_or(1, |a| a.id);
+        let attempt = j
+            .status
+            .as_ref()
+            .and_then(|s| s.attempts.last())
+            .map_or(1, |a| a.id);
         if ctx.drivers.running(&uid, attempt) {
             if j.spec.canceled {
                 ctx.drivers.cancel(&uid);
@@ -389,9 +448,17 @@ async fn reconcile_group(group: Arc<JobRunnerGroup>, ctx: Arc<Context>) -> Resul
     }
 
     let (reason, message, ready) = if plan.ready as i32 >= plan.desired {
-        ("Ready", format!("{} of {} runner(s) ready", plan.ready, plan.desired), true)
+        (
+            "Ready",
+            format!("{} of {} runner(s) ready", plan.ready, plan.desired),
+            true,
+        )
     } else {
-        ("Scaling", format!("{} of {} runner(s) ready", plan.ready, plan.desired), false)
+        (
+            "Scaling",
+            format!("{} of {} runner(s) ready", plan.ready, plan.desired),
+            false,
+        )
     };
     write_group_status(&groups, &group, Some(&plan), &pods, reason, &message, ready).await?;
     Ok(Action::requeue(Duration::from_secs(30)))
@@ -506,7 +573,8 @@ pub(crate) async fn sweep_once(ctx: &Context) -> Result<(), Error> {
             continue;
         };
         if now.duration_since(finished) > retention && job.metadata.deletion_timestamp.is_none() {
-            let api: Api<Job> = Api::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
+            let api: Api<Job> =
+                Api::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
             match api.delete(&job.name_any(), &DeleteParams::default()).await {
                 Ok(_) => tracing::info!(job = %job.name_any(), "retention: finished job deleted"),
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
@@ -516,7 +584,12 @@ pub(crate) async fn sweep_once(ctx: &Context) -> Result<(), Error> {
     }
     let live: std::collections::BTreeSet<(String, String)> = jobs
         .iter()
-        .map(|j| (j.namespace().unwrap_or_default(), j.uid().unwrap_or_default()))
+        .map(|j| {
+            (
+                j.namespace().unwrap_or_default(),
+                j.uid().unwrap_or_default(),
+            )
+        })
         .collect();
     for (ns, uid) in stored {
         if !live.contains(&(ns.clone(), uid.clone())) {

@@ -81,11 +81,16 @@ impl Live {
 
     /// A follower's view of the attempt, if it is being driven.
     pub(crate) fn watch(&self, uid: &str, attempt: i32) -> Option<watch::Receiver<LiveState>> {
-        self.lock().get(&(uid.to_owned(), attempt)).map(|s| s.subscribe())
+        self.lock()
+            .get(&(uid.to_owned(), attempt))
+            .map(|s| s.subscribe())
     }
 
     fn open(&self, uid: &str, attempt: i32, bytes: u64) -> watch::Sender<LiveState> {
-        let (tx, _) = watch::channel(LiveState { bytes, sealed: false });
+        let (tx, _) = watch::channel(LiveState {
+            bytes,
+            sealed: false,
+        });
         self.lock().insert((uid.to_owned(), attempt), tx.clone());
         tx
     }
@@ -234,7 +239,8 @@ async fn drive(ctx: &Arc<Context>, a: &Assignment, cancel: CancellationToken) ->
             lost(ctx, &a.job, a.attempt, &reason, Some(len)).await
         }
         Outcome::Ended(fin) => {
-            let (artifacts, note) = collect_artifacts(ctx, &mut client, a, &ns, &uid, &auid).await?;
+            let (artifacts, note) =
+                collect_artifacts(ctx, &mut client, a, &ns, &uid, &auid).await?;
             let len = ctx.store.seal_log(&ns, &uid, a.attempt).await?;
             finish(ctx, a, &fin, len, artifacts, note).await?;
             let _ = client
@@ -249,7 +255,9 @@ async fn drive(ctx: &Arc<Context>, a: &Assignment, cancel: CancellationToken) ->
 
 /// Starts (or finds) the attempt on the executor. `Err` is why the attempt is lost.
 async fn start(
-    client: &mut spur_proto::jobs::job_executor_client::JobExecutorClient<tonic::transport::Channel>,
+    client: &mut spur_proto::jobs::job_executor_client::JobExecutorClient<
+        tonic::transport::Channel,
+    >,
     a: &Assignment,
     auid: &str,
 ) -> Result<(), String> {
@@ -264,7 +272,13 @@ async fn start(
         env: environment(a),
         timeout_ms: u64::try_from(a.job.spec.effective_timeout(&a.group.spec).as_millis())
             .unwrap_or(u64::MAX),
-        artifact_paths: a.job.spec.artifacts.iter().map(|x| x.path.clone()).collect(),
+        artifact_paths: a
+            .job
+            .spec
+            .artifacts
+            .iter()
+            .map(|x| x.path.clone())
+            .collect(),
     };
     let deadline = tokio::time::Instant::now() + UNREACHABLE;
     loop {
@@ -288,7 +302,10 @@ async fn start(
                         .map_err(|e| format!("executor release: {}", e.message()))?;
                     continue;
                 }
-                return Err(format!("the runner is busy with attempt {}", st.attempt_uid));
+                return Err(format!(
+                    "the runner is busy with attempt {}",
+                    st.attempt_uid
+                ));
             }
             Err(s) if transient(&s) && tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(500)).await;
@@ -299,13 +316,18 @@ async fn start(
 }
 
 fn transient(s: &tonic::Status) -> bool {
-    matches!(s.code(), Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded)
+    matches!(
+        s.code(),
+        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
+    )
 }
 
 /// Streams the log into the spool until the attempt ends; passes cancel requests on.
 async fn follow(
     ctx: &Arc<Context>,
-    client: &mut spur_proto::jobs::job_executor_client::JobExecutorClient<tonic::transport::Channel>,
+    client: &mut spur_proto::jobs::job_executor_client::JobExecutorClient<
+        tonic::transport::Channel,
+    >,
     a: &Assignment,
     uid: &str,
     auid: &str,
@@ -333,12 +355,18 @@ async fn follow(
                 s.into_inner()
             }
             Err(s) if s.code() == Code::NotFound => {
-                return Ok(Outcome::Lost(format!("the runner no longer has the attempt: {}", s.message())));
+                return Ok(Outcome::Lost(format!(
+                    "the runner no longer has the attempt: {}",
+                    s.message()
+                )));
             }
             Err(s) => {
                 let since = *unreachable_since.get_or_insert_with(tokio::time::Instant::now);
                 if since.elapsed() > UNREACHABLE {
-                    return Ok(Outcome::Lost(format!("the runner is unreachable: {}", s.message())));
+                    return Ok(Outcome::Lost(format!(
+                        "the runner is unreachable: {}",
+                        s.message()
+                    )));
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
@@ -367,7 +395,10 @@ async fn follow(
                     if chunk.offset != offset {
                         return Err(Error::Executor {
                             pod: a.pod.clone(),
-                            message: format!("log offset {} where {offset} was expected", chunk.offset),
+                            message: format!(
+                                "log offset {} where {offset} was expected",
+                                chunk.offset
+                            ),
                         });
                     }
                     if !chunk.data.is_empty() {
@@ -391,7 +422,9 @@ async fn follow(
 /// Keeps the attempt's artifacts; returns the list and a note when some were not kept.
 async fn collect_artifacts(
     ctx: &Arc<Context>,
-    client: &mut spur_proto::jobs::job_executor_client::JobExecutorClient<tonic::transport::Channel>,
+    client: &mut spur_proto::jobs::job_executor_client::JobExecutorClient<
+        tonic::transport::Channel,
+    >,
     a: &Assignment,
     ns: &str,
     uid: &str,
@@ -470,7 +503,9 @@ async fn keep(
     }
     let sha = hex_sha256(&data);
     ctx.metrics.artifact_bytes.inc_by(f.size);
-    ctx.store.put_artifact(ns, uid, attempt, &f.path, data).await?;
+    ctx.store
+        .put_artifact(ns, uid, attempt, &f.path, data)
+        .await?;
     kept.push(StoredArtifact {
         attempt,
         path: f.path,
@@ -491,9 +526,19 @@ async fn finish(
     note: Option<String>,
 ) -> Result<(), Error> {
     let (phase, attempt_phase, reason, canceled_by) = if fin.timed_out {
-        (JobPhase::Canceled, AttemptPhase::Canceled, "TimedOut", Some(CanceledBy::Timeout))
+        (
+            JobPhase::Canceled,
+            AttemptPhase::Canceled,
+            "TimedOut",
+            Some(CanceledBy::Timeout),
+        )
     } else if fin.canceled {
-        (JobPhase::Canceled, AttemptPhase::Canceled, "Canceled", Some(CanceledBy::Request))
+        (
+            JobPhase::Canceled,
+            AttemptPhase::Canceled,
+            "Canceled",
+            Some(CanceledBy::Request),
+        )
     } else if !fin.start_error.is_empty() {
         (JobPhase::Failed, AttemptPhase::Failed, "StartFailed", None)
     } else if fin.exit_code == Some(0) {
@@ -507,7 +552,10 @@ async fn finish(
         (None, None) => fin.start_error.clone(),
     };
     if fin.timed_out {
-        message = format!("timed out after {:?} ({message})", a.job.spec.effective_timeout(&a.group.spec));
+        message = format!(
+            "timed out after {:?} ({message})",
+            a.job.spec.effective_timeout(&a.group.spec)
+        );
     }
     if fin.log_truncated {
         message.push_str("; output beyond the log limit was dropped");
@@ -535,7 +583,9 @@ async fn finish(
         })
         .collect();
     let written = status::update(&api, &a.job.name_any(), |job, st| {
-        let Some(cur) = st.attempts.last_mut() else { return false };
+        let Some(cur) = st.attempts.last_mut() else {
+            return false;
+        };
         if cur.id != attempt || cur.phase != AttemptPhase::Running {
             return false;
         }
@@ -574,7 +624,9 @@ pub(crate) async fn lost(
     let api: Api<Job> = Api::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
     let max = ctx.cfg.max_attempts;
     let written = status::update(&api, &job.name_any(), |job, st| {
-        let Some(cur) = st.attempts.last_mut() else { return false };
+        let Some(cur) = st.attempts.last_mut() else {
+            return false;
+        };
         if cur.id != attempt || cur.phase != AttemptPhase::Running {
             return false;
         }
@@ -587,13 +639,23 @@ pub(crate) async fn lost(
         if st.attempts.len() >= usize::try_from(max).unwrap_or(1) {
             st.phase = Some(JobPhase::Failed);
             st.finished_at = Some(now);
-            let m = format!("{} attempts lost their runner; last: {reason}", st.attempts.len());
+            let m = format!(
+                "{} attempts lost their runner; last: {reason}",
+                st.attempts.len()
+            );
             condition(st, job, FINISHED, true, "Failed", &m);
         } else if job.spec.canceled {
             st.phase = Some(JobPhase::Canceled);
             st.canceled_by = Some(CanceledBy::Request);
             st.finished_at = Some(now);
-            condition(st, job, FINISHED, true, "Canceled", "canceled after its runner was lost");
+            condition(
+                st,
+                job,
+                FINISHED,
+                true,
+                "Canceled",
+                "canceled after its runner was lost",
+            );
         } else {
             st.phase = Some(JobPhase::Queued);
         }

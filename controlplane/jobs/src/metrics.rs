@@ -35,20 +35,54 @@ impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Metrics::default();
         let r = registry.sub_registry_with_prefix("spur_jobs");
-        r.register("attempts_started", "Attempts started on a runner pod", m.attempts_started.clone());
-        r.register("attempts_lost", "Attempts whose runner pod was lost mid-run (retried)", m.attempts_lost.clone());
-        r.register("finished", "Jobs that reached a terminal phase", m.jobs_finished.clone());
-        r.register("log_bytes", "Log bytes received from executors", m.log_bytes.clone());
-        r.register("artifact_bytes", "Artifact bytes kept", m.artifact_bytes.clone());
-        r.register("running_attempts", "Attempts being driven now", m.running.clone());
-        r.register("pods_created", "Runner pods created", m.pods_created.clone());
-        r.register("pods_deleted", "Runner pods deleted", m.pods_deleted.clone());
+        r.register(
+            "attempts_started",
+            "Attempts started on a runner pod",
+            m.attempts_started.clone(),
+        );
+        r.register(
+            "attempts_lost",
+            "Attempts whose runner pod was lost mid-run (retried)",
+            m.attempts_lost.clone(),
+        );
+        r.register(
+            "finished",
+            "Jobs that reached a terminal phase",
+            m.jobs_finished.clone(),
+        );
+        r.register(
+            "log_bytes",
+            "Log bytes received from executors",
+            m.log_bytes.clone(),
+        );
+        r.register(
+            "artifact_bytes",
+            "Artifact bytes kept",
+            m.artifact_bytes.clone(),
+        );
+        r.register(
+            "running_attempts",
+            "Attempts being driven now",
+            m.running.clone(),
+        );
+        r.register(
+            "pods_created",
+            "Runner pods created",
+            m.pods_created.clone(),
+        );
+        r.register(
+            "pods_deleted",
+            "Runner pods deleted",
+            m.pods_deleted.clone(),
+        );
         m
     }
 
     pub(crate) fn finished(&self, phase: &str) {
         self.jobs_finished
-            .get_or_create(&PhaseLabel { phase: phase.into() })
+            .get_or_create(&PhaseLabel {
+                phase: phase.into(),
+            })
             .inc();
     }
 }

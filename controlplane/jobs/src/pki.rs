@@ -35,7 +35,9 @@ pub struct JobsPki {
 
 impl std::fmt::Debug for JobsPki {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JobsPki").field("ca", &self.ca).finish_non_exhaustive()
+        f.debug_struct("JobsPki")
+            .field("ca", &self.ca)
+            .finish_non_exhaustive()
     }
 }
 
@@ -49,10 +51,14 @@ impl JobsPki {
     pub async fn load_or_create(client: &Client, namespace: &str) -> Result<Self, Error> {
         let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
         let ca = match secrets.get_opt(CA_SECRET).await? {
-            Some(s) => read_pair(&s, "ca.crt", "ca.key")
-                .ok_or_else(|| Error::Pki(format!("Secret {namespace}/{CA_SECRET} lacks ca.crt or ca.key")))?,
+            Some(s) => read_pair(&s, "ca.crt", "ca.key").ok_or_else(|| {
+                Error::Pki(format!(
+                    "Secret {namespace}/{CA_SECRET} lacks ca.crt or ca.key"
+                ))
+            })?,
             None => {
-                let ca = pki::new_ca("spur jobs CA", CA_LIFETIME, pki::now_unix()).map_err(pki_err)?;
+                let ca =
+                    pki::new_ca("spur jobs CA", CA_LIFETIME, pki::now_unix()).map_err(pki_err)?;
                 let secret = Secret {
                     metadata: ObjectMeta {
                         name: Some(CA_SECRET.into()),
@@ -71,8 +77,9 @@ impl JobsPki {
                     }
                     Err(kube::Error::Api(s)) if s.code == 409 => {
                         let s = secrets.get(CA_SECRET).await?;
-                        read_pair(&s, "ca.crt", "ca.key")
-                            .ok_or_else(|| Error::Pki(format!("Secret {CA_SECRET} lacks ca.crt or ca.key")))?
+                        read_pair(&s, "ca.crt", "ca.key").ok_or_else(|| {
+                            Error::Pki(format!("Secret {CA_SECRET} lacks ca.crt or ca.key"))
+                        })?
                     }
                     Err(e) => return Err(e.into()),
                 }
@@ -118,7 +125,11 @@ impl JobsPki {
 
     /// Makes sure `namespace` has a current executor Secret (created, or renewed at 80 % of its
     /// lifetime or when signed by another CA).
-    pub async fn ensure_executor_secret(&self, client: &Client, namespace: &str) -> Result<(), Error> {
+    pub async fn ensure_executor_secret(
+        &self,
+        client: &Client,
+        namespace: &str,
+    ) -> Result<(), Error> {
         let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
         let now = pki::now_unix();
         if let Some(s) = secrets.get_opt(EXECUTOR_SECRET).await? {
@@ -131,10 +142,19 @@ impl JobsPki {
             }
         }
         let name = spur_job_executor::client::server_name(namespace);
-        let serving = pki::issue_serving(&self.ca, &name, std::slice::from_ref(&name), SERVING_LIFETIME, now)
-            .map_err(pki_err)?;
+        let serving = pki::issue_serving(
+            &self.ca,
+            &name,
+            std::slice::from_ref(&name),
+            SERVING_LIFETIME,
+            now,
+        )
+        .map_err(pki_err)?;
         let mut data = pair_data(&serving, "tls.crt", "tls.key");
-        data.insert("ca.crt".into(), ByteString(self.ca.cert.clone().into_bytes()));
+        data.insert(
+            "ca.crt".into(),
+            ByteString(self.ca.cert.clone().into_bytes()),
+        );
         let secret = Secret {
             metadata: ObjectMeta {
                 name: Some(EXECUTOR_SECRET.into()),
@@ -147,7 +167,11 @@ impl JobsPki {
             ..Default::default()
         };
         secrets
-            .patch(EXECUTOR_SECRET, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&secret))
+            .patch(
+                EXECUTOR_SECRET,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&secret),
+            )
             .await?;
         tracing::info!(%namespace, "issued the job executors' serving certificate");
         Ok(())
@@ -165,7 +189,9 @@ fn client_config(ca: &Pair) -> Result<Arc<rustls::ClientConfig>, Error> {
     let issuer = Issuer::from_ca_cert_der(&ca_der, ca_key).map_err(pki_err)?;
     let key = KeyPair::generate().map_err(pki_err)?;
     let mut params = CertificateParams::default();
-    params.distinguished_name.push(DnType::CommonName, "spur-jobs");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "spur-jobs");
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     let now = time::OffsetDateTime::now_utc();

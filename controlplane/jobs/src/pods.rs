@@ -33,14 +33,18 @@ pub const MOUNT: &str = "/spur-job";
 pub fn check_template(group: &JobRunnerGroup) -> Result<PodTemplateSpec, String> {
     let template: PodTemplateSpec = match &group.spec.pod_template {
         None => PodTemplateSpec::default(),
-        Some(v) => serde_json::from_value(v.clone()).map_err(|e| format!("spec.podTemplate: {e}"))?,
+        Some(v) => {
+            serde_json::from_value(v.clone()).map_err(|e| format!("spec.podTemplate: {e}"))?
+        }
     };
     let spec = template.spec.clone().unwrap_or_default();
     let reserved_c = |c: &Container| c.name == INIT_CONTAINER;
     if spec.containers.iter().any(reserved_c)
         || spec.init_containers.iter().flatten().any(reserved_c)
     {
-        return Err(format!("spec.podTemplate: container name {INIT_CONTAINER} is reserved"));
+        return Err(format!(
+            "spec.podTemplate: container name {INIT_CONTAINER} is reserved"
+        ));
     }
     if let Some(v) = spec
         .volumes
@@ -48,7 +52,10 @@ pub fn check_template(group: &JobRunnerGroup) -> Result<PodTemplateSpec, String>
         .flatten()
         .find(|v| v.name == VOLUME || v.name == TLS_VOLUME)
     {
-        return Err(format!("spec.podTemplate: volume name {} is reserved", v.name));
+        return Err(format!(
+            "spec.podTemplate: volume name {} is reserved",
+            v.name
+        ));
     }
     if spec
         .containers
@@ -293,29 +300,71 @@ mod tests {
         assert_eq!(labels[GROUP_LABEL], "smoke");
         assert_eq!(labels["team"], "a");
         let spec = pod.spec.unwrap();
-        assert_eq!(spec.init_containers.as_ref().unwrap()[0].name, INIT_CONTAINER);
-        assert_eq!(spec.init_containers.as_ref().unwrap()[0].image.as_deref(), Some("spur:dev"));
+        assert_eq!(
+            spec.init_containers.as_ref().unwrap()[0].name,
+            INIT_CONTAINER
+        );
+        assert_eq!(
+            spec.init_containers.as_ref().unwrap()[0].image.as_deref(),
+            Some("spur:dev")
+        );
         let runner = &spec.containers[1];
         assert_eq!(runner.image.as_deref(), Some("busybox:1"));
-        assert_eq!(runner.command.as_ref().unwrap()[0], "/spur-job/bin/spur-job-executor");
-        assert!(runner.command.as_ref().unwrap().contains(&"1000".to_owned()));
-        assert_eq!(runner.env.as_ref().unwrap()[0].name, "A", "the template's env stays");
-        assert_eq!(spec.containers[0].image.as_deref(), Some("x"), "other containers untouched");
+        assert_eq!(
+            runner.command.as_ref().unwrap()[0],
+            "/spur-job/bin/spur-job-executor"
+        );
+        assert!(
+            runner
+                .command
+                .as_ref()
+                .unwrap()
+                .contains(&"1000".to_owned())
+        );
+        assert_eq!(
+            runner.env.as_ref().unwrap()[0].name,
+            "A",
+            "the template's env stays"
+        );
+        assert_eq!(
+            spec.containers[0].image.as_deref(),
+            Some("x"),
+            "other containers untouched"
+        );
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
         assert_eq!(spec.automount_service_account_token, Some(false));
         let vols: Vec<_> = spec.volumes.unwrap().into_iter().map(|v| v.name).collect();
         assert_eq!(vols, ["data", VOLUME, TLS_VOLUME]);
         // The TLS Secret is mounted into the init container only.
-        assert!(runner.volume_mounts.as_ref().unwrap().iter().all(|m| m.name != TLS_VOLUME));
+        assert!(
+            runner
+                .volume_mounts
+                .as_ref()
+                .unwrap()
+                .iter()
+                .all(|m| m.name != TLS_VOLUME)
+        );
     }
 
     #[test]
     fn reserved_names_and_bad_templates_are_refused() {
         for (t, want) in [
-            (json!({"spec": {"containers": [{"name": "spur-job-init"}]}}), "reserved"),
-            (json!({"spec": {"containers": [{"name": "r"}], "volumes": [{"name": "spur-job", "emptyDir": {}}]}}), "reserved"),
-            (json!({"spec": {"containers": [{"name": "r", "volumeMounts": [{"name": "d", "mountPath": "/spur-job"}]}]}}), "reserved"),
-            (json!({"spec": {"hostNetwork": true, "containers": [{"name": "r"}]}}), "hostNetwork"),
+            (
+                json!({"spec": {"containers": [{"name": "spur-job-init"}]}}),
+                "reserved",
+            ),
+            (
+                json!({"spec": {"containers": [{"name": "r"}], "volumes": [{"name": "spur-job", "emptyDir": {}}]}}),
+                "reserved",
+            ),
+            (
+                json!({"spec": {"containers": [{"name": "r", "volumeMounts": [{"name": "d", "mountPath": "/spur-job"}]}]}}),
+                "reserved",
+            ),
+            (
+                json!({"spec": {"hostNetwork": true, "containers": [{"name": "r"}]}}),
+                "hostNetwork",
+            ),
             (json!({"spec": {"containers": "nope"}}), "spec.podTemplate"),
         ] {
             let err = check_template(&group(t.clone())).unwrap_err();

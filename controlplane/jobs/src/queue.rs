@@ -96,9 +96,7 @@ pub fn plan(group: &JobRunnerGroup, jobs: &[Arc<Job>], pods: &[Arc<Pod>], digest
         }
         match phase(job) {
             JobPhase::Running => match running_pod(job) {
-                Some(pod)
-                    if by_name(pod).is_some_and(|p| runner_state(p) != RunnerState::Gone) =>
-                {
+                Some(pod) if by_name(pod).is_some_and(|p| runner_state(p) != RunnerState::Gone) => {
                     busy.insert(pod.to_owned());
                     p.running += 1;
                 }
@@ -118,7 +116,10 @@ pub fn plan(group: &JobRunnerGroup, jobs: &[Arc<Job>], pods: &[Arc<Pod>], digest
     p.queued = queued.len();
 
     let current = |pod: &Pod| {
-        pod.annotations().get(TEMPLATE_ANNOTATION).map(String::as_str) == Some(digest)
+        pod.annotations()
+            .get(TEMPLATE_ANNOTATION)
+            .map(String::as_str)
+            == Some(digest)
     };
     let mut sorted: Vec<&Arc<Pod>> = pods.iter().collect();
     sorted.sort_by_key(|pod| pod.name_any());
@@ -260,9 +261,7 @@ mod tests {
     #[test]
     fn busy_pods_lost_pods_cancels_and_scaling() {
         let g = group(3, true);
-        let running = |pod: &str| {
-            json!({"phase": "Running", "attempts": [{"id": 1, "pod": pod, "phase": "Running"}]})
-        };
+        let running = |pod: &str| json!({"phase": "Running", "attempts": [{"id": 1, "pod": pod, "phase": "Running"}]});
         let mut canceled = (*job("x", 1, 1, json!({}))).clone();
         canceled.spec.canceled = true;
         let jobs = vec![
@@ -271,7 +270,11 @@ mod tests {
             Arc::new(canceled),
             job("q", 2, 3, json!({})),
         ];
-        let pods = vec![pod("g-1", true, "d"), pod("g-2", false, "d"), pod("g-old", true, "old")];
+        let pods = vec![
+            pod("g-1", true, "d"),
+            pod("g-2", false, "d"),
+            pod("g-old", true, "old"),
+        ];
         let p = plan(&g, &jobs, &pods, "d");
         assert_eq!(p.lost, vec!["r2".to_owned()]);
         assert_eq!(p.cancel_queued, vec!["x".to_owned()]);
@@ -305,7 +308,9 @@ mod tests {
             min_replicas: 0,
             max_replicas: 4,
         });
-        let jobs: Vec<_> = (0..6).map(|i| job(&format!("j{i}"), 1, i, json!({}))).collect();
+        let jobs: Vec<_> = (0..6)
+            .map(|i| job(&format!("j{i}"), 1, i, json!({})))
+            .collect();
         let p = plan(&g, &jobs, &[], "d");
         assert_eq!((p.desired, p.create_pods), (4, 4));
         let p = plan(&g, &[], &[pod("g-1", true, "d")], "d");

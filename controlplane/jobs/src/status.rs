@@ -5,9 +5,9 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
 use kube::api::PostParams;
+use spur_api::Job;
 use spur_api::conditions::{ConditionStatus, NewCondition, set_condition};
 use spur_api::jobs::JobStatus;
-use spur_api::Job;
 
 use crate::Error;
 
@@ -42,7 +42,9 @@ pub(crate) async fn update(
             Err(e) => return Err(e.into()),
         }
     }
-    Err(Error::Pending(format!("a status write of Job {name} without conflicts")))
+    Err(Error::Pending(format!(
+        "a status write of Job {name} without conflicts"
+    )))
 }
 
 pub(crate) fn now() -> Time {

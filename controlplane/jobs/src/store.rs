@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use object_store::{ObjectStore, ObjectStoreExt};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 
@@ -58,10 +58,11 @@ impl Store {
         let objects = dir.join("objects");
         let live = dir.join("live");
         for d in [&objects, &live] {
-            std::fs::create_dir_all(d).map_err(|e| Error::Store(format!("{}: {e}", d.display())))?;
+            std::fs::create_dir_all(d)
+                .map_err(|e| Error::Store(format!("{}: {e}", d.display())))?;
         }
-        let fs = LocalFileSystem::new_with_prefix(&objects)
-            .map_err(|e| Error::Store(e.to_string()))?;
+        let fs =
+            LocalFileSystem::new_with_prefix(&objects).map_err(|e| Error::Store(e.to_string()))?;
         Ok(Store {
             objects: Arc::new(fs),
             live,
@@ -97,7 +98,12 @@ impl Store {
     }
 
     /// Opens the spool for appending at `offset` (truncating anything after it).
-    pub async fn open_spool(&self, uid: &str, attempt: i32, offset: u64) -> Result<tokio::fs::File, Error> {
+    pub async fn open_spool(
+        &self,
+        uid: &str,
+        attempt: i32,
+        offset: u64,
+    ) -> Result<tokio::fs::File, Error> {
         let path = self.spool_path(uid, attempt);
         let io = |e: std::io::Error| Error::Store(format!("{}: {e}", path.display()));
         let f = tokio::fs::OpenOptions::new()
@@ -135,7 +141,9 @@ impl Store {
     /// A sealed log, or `None`.
     pub async fn log(&self, ns: &str, uid: &str, attempt: i32) -> Result<Option<Bytes>, Error> {
         match self.objects.get(&Self::log_key(ns, uid, attempt)).await {
-            Ok(r) => Ok(Some(r.bytes().await.map_err(|e| Error::Store(e.to_string()))?)),
+            Ok(r) => Ok(Some(
+                r.bytes().await.map_err(|e| Error::Store(e.to_string()))?,
+            )),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(Error::Store(e.to_string())),
         }
@@ -164,8 +172,14 @@ impl Store {
         attempt: i32,
         path: &str,
     ) -> Result<Option<Bytes>, Error> {
-        match self.objects.get(&Self::artifact_key(ns, uid, attempt, path)).await {
-            Ok(r) => Ok(Some(r.bytes().await.map_err(|e| Error::Store(e.to_string()))?)),
+        match self
+            .objects
+            .get(&Self::artifact_key(ns, uid, attempt, path))
+            .await
+        {
+            Ok(r) => Ok(Some(
+                r.bytes().await.map_err(|e| Error::Store(e.to_string()))?,
+            )),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(Error::Store(e.to_string())),
         }
@@ -220,7 +234,11 @@ impl Store {
         let mut listed = self.objects.list(Some(&ObjectPath::from("jobs")));
         while let Some(meta) = listed.next().await {
             let meta = meta.map_err(|e| Error::Store(e.to_string()))?;
-            let parts: Vec<_> = meta.location.parts().map(|p| p.as_ref().to_owned()).collect();
+            let parts: Vec<_> = meta
+                .location
+                .parts()
+                .map(|p| p.as_ref().to_owned())
+                .collect();
             if let [_, ns, uid, ..] = parts.as_slice() {
                 out.insert((ns.clone(), uid.clone()));
             }
@@ -234,7 +252,9 @@ pub async fn append(f: &mut tokio::fs::File, data: &[u8]) -> Result<(), Error> {
     f.write_all(data)
         .await
         .map_err(|e| Error::Store(format!("spool: {e}")))?;
-    f.flush().await.map_err(|e| Error::Store(format!("spool: {e}")))
+    f.flush()
+        .await
+        .map_err(|e| Error::Store(format!("spool: {e}")))
 }
 
 pub fn hex_sha256(data: &[u8]) -> String {
@@ -260,7 +280,10 @@ mod tests {
         append(&mut f, b"there\n").await.unwrap();
         assert_eq!(s.seal_log("ns", "u1", 1).await.unwrap(), 12);
         assert!(!s.spool_path("u1", 1).exists());
-        assert_eq!(&s.log("ns", "u1", 1).await.unwrap().unwrap()[..], b"hello there\n");
+        assert_eq!(
+            &s.log("ns", "u1", 1).await.unwrap().unwrap()[..],
+            b"hello there\n"
+        );
         assert!(s.log("ns", "u1", 2).await.unwrap().is_none());
         assert!(s.log("other", "u1", 1).await.unwrap().is_none());
 
@@ -276,8 +299,14 @@ mod tests {
         }];
         s.put_artifact_index("ns", "u1", &list).await.unwrap();
         assert_eq!(s.artifacts("ns", "u1").await.unwrap(), list);
-        assert_eq!(&s.artifact("ns", "u1", 1, "/tmp/a").await.unwrap().unwrap()[..], b"A");
-        assert_eq!(s.stored_jobs().await.unwrap(), vec![("ns".into(), "u1".into())]);
+        assert_eq!(
+            &s.artifact("ns", "u1", 1, "/tmp/a").await.unwrap().unwrap()[..],
+            b"A"
+        );
+        assert_eq!(
+            s.stored_jobs().await.unwrap(),
+            vec![("ns".into(), "u1".into())]
+        );
         assert_eq!(s.forget("ns", "u1").await.unwrap(), 3);
         assert!(s.artifacts("ns", "u1").await.unwrap().is_empty());
         assert!(s.stored_jobs().await.unwrap().is_empty());
