@@ -63,6 +63,9 @@ struct ServeArgs {
     /// Attempts a job gets when its runner pods are lost.
     #[arg(long, default_value_t = 3)]
     max_attempts: i32,
+    /// The component's own StatefulSet: it owns the jobs CA Secret, so uninstalling removes it.
+    #[arg(long)]
+    owner_statefulset: Option<String>,
     /// The aggregated API's address.
     #[arg(long, default_value = "0.0.0.0:8443")]
     api_addr: SocketAddr,
@@ -97,6 +100,7 @@ pub(crate) async fn jobs(args: JobsArgs) -> Result<ExitCode> {
         max_artifact_bytes: args.max_artifact_bytes,
         retention: args.retention,
         max_attempts: args.max_attempts,
+        owner_statefulset: args.owner_statefulset.clone(),
     };
     let (ctx, wakeups) = spur_jobs::Context::new(client.clone(), cfg, metrics, stop.clone())
         .await

@@ -294,7 +294,20 @@ async fn reconcile_group(group: Arc<JobRunnerGroup>, ctx: Arc<Context>) -> Resul
             return Ok(Action::requeue(Duration::from_secs(60)));
         }
     };
-    ctx.pki.ensure_executor_secret(&ctx.client, &ns).await?;
+    let owner =
+        group.uid().map(
+            |uid| k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "spur.dev/v1alpha1".into(),
+                kind: "JobRunnerGroup".into(),
+                name: name.clone(),
+                uid,
+                controller: None,
+                block_owner_deletion: None,
+            },
+        );
+    ctx.pki
+        .ensure_executor_secret(&ctx.client, &ns, owner)
+        .await?;
 
     let digest = pods::template_digest(&group);
     let plan = queue::plan(&group, &jobs, &pods, &digest);

@@ -70,6 +70,9 @@ pub struct Config {
     pub retention: Duration,
     /// Attempts of a job whose runner pod is lost before it is failed.
     pub max_attempts: i32,
+    /// The component's StatefulSet, made the owner of what it creates in its namespace (the
+    /// jobs CA Secret), so `helm uninstall` removes it.
+    pub owner_statefulset: Option<String>,
 }
 
 impl Config {
@@ -121,7 +124,11 @@ impl Context {
     ) -> Result<(Arc<Context>, Wakeups), Error> {
         cfg.validate()?;
         let store = store::Store::local(&cfg.store_dir)?;
-        let pki = pki::JobsPki::load_or_create(&client, &cfg.namespace).await?;
+        let owner = match cfg.owner_statefulset.as_deref().filter(|s| !s.is_empty()) {
+            None => None,
+            Some(name) => Some(statefulset_owner(&client, &cfg.namespace, name).await?),
+        };
+        let pki = pki::JobsPki::load_or_create(&client, &cfg.namespace, owner.as_ref()).await?;
         let (wake, rx) = tokio::sync::mpsc::channel(1024);
         Ok((
             Arc::new(Context {
@@ -144,4 +151,34 @@ impl Context {
     pub(crate) fn wake(&self, ns: &str, name: &str) {
         let _ = self.wake.try_send((ns.to_owned(), name.to_owned()));
     }
+}
+
+async fn statefulset_owner(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference, Error> {
+    let s =
+        kube::Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(client.clone(), namespace)
+            .get_opt(name)
+            .await?
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "owner StatefulSet {namespace}/{name} not found (--owner-statefulset)"
+                ))
+            })?;
+    let uid = s
+        .metadata
+        .uid
+        .ok_or_else(|| Error::Config(format!("StatefulSet {namespace}/{name} has no uid")))?;
+    Ok(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "StatefulSet".into(),
+            name: name.into(),
+            uid,
+            controller: None,
+            block_owner_deletion: None,
+        },
+    )
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair, KeyUsagePurpose};
@@ -47,15 +48,41 @@ fn pki_err(e: impl std::fmt::Display) -> Error {
 
 impl JobsPki {
     /// Reads the CA Secret, creating it on first start (a concurrent creator wins, and its CA
-    /// is read back).
-    pub async fn load_or_create(client: &Client, namespace: &str) -> Result<Self, Error> {
+    /// is read back). With `owner` (the component's StatefulSet), the Secret goes with the
+    /// installation.
+    pub async fn load_or_create(
+        client: &Client,
+        namespace: &str,
+        owner: Option<&OwnerReference>,
+    ) -> Result<Self, Error> {
         let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
         let ca = match secrets.get_opt(CA_SECRET).await? {
-            Some(s) => read_pair(&s, "ca.crt", "ca.key").ok_or_else(|| {
-                Error::Pki(format!(
-                    "Secret {namespace}/{CA_SECRET} lacks ca.crt or ca.key"
-                ))
-            })?,
+            Some(s) => {
+                let pair = read_pair(&s, "ca.crt", "ca.key").ok_or_else(|| {
+                    Error::Pki(format!(
+                        "Secret {namespace}/{CA_SECRET} lacks ca.crt or ca.key"
+                    ))
+                })?;
+                if let Some(owner) = owner
+                    && !s
+                        .metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|o| o.uid == owner.uid)
+                {
+                    let mut owners = s.metadata.owner_references.clone().unwrap_or_default();
+                    owners.push(owner.clone());
+                    let patch = serde_json::json!({"metadata": {
+                        "ownerReferences": owners,
+                        "resourceVersion": s.metadata.resource_version,
+                    }});
+                    secrets
+                        .patch(CA_SECRET, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await?;
+                }
+                pair
+            }
             None => {
                 let ca =
                     pki::new_ca("spur jobs CA", CA_LIFETIME, pki::now_unix()).map_err(pki_err)?;
@@ -64,6 +91,7 @@ impl JobsPki {
                         name: Some(CA_SECRET.into()),
                         namespace: Some(namespace.into()),
                         labels: Some(managed_labels()),
+                        owner_references: owner.map(|o| vec![o.clone()]),
                         ..Default::default()
                     },
                     type_: Some("Opaque".into()),
@@ -129,6 +157,7 @@ impl JobsPki {
         &self,
         client: &Client,
         namespace: &str,
+        owner: Option<OwnerReference>,
     ) -> Result<(), Error> {
         let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
         let now = pki::now_unix();
@@ -160,6 +189,7 @@ impl JobsPki {
                 name: Some(EXECUTOR_SECRET.into()),
                 namespace: Some(namespace.into()),
                 labels: Some(managed_labels()),
+                owner_references: owner.map(|o| vec![o]),
                 ..Default::default()
             },
             type_: Some("Opaque".into()),
