@@ -111,6 +111,7 @@ pub fn rule_yaml(key: &str, workload_port: u16, dest: SocketAddr) -> String {
 /// no rules, default key carriers, a 5 s drain grace.
 pub fn sidecar_config(app: SocketAddr) -> SidecarConfig {
     SidecarConfig {
+        inject_key_file: None,
         inbound_addr: "127.0.0.1:0".parse().unwrap(),
         inbound: Inbound::Explicit { app },
         baseline: baseline_workload(),
@@ -129,6 +130,7 @@ pub fn sidecar_config(app: SocketAddr) -> SidecarConfig {
 /// A running sidecar in front of `app`, without rules.
 pub async fn sidecar_for(app: SocketAddr, proxy: ProxyConfig) -> Sidecar {
     Sidecar::start(SidecarConfig {
+        inject_key_file: None,
         proxy,
         ..sidecar_config(app)
     })
@@ -156,6 +158,7 @@ impl Env {
         };
         env.write_rules(&opts.rules);
         let config = SidecarConfig {
+            inject_key_file: None,
             rules: Some(env.rules_path.clone()),
             extract: opts.extract,
             proxy: opts.proxy,

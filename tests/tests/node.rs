@@ -1543,3 +1543,4 @@ fn until_answered_by(
         },
     )
 }
+

@@ -136,6 +136,13 @@ pub struct JobRunnerGroupSpec {
     /// replaced after each job, so no job can see what an earlier one left behind.
     #[serde(default = "default_true")]
     pub reuse_pods: bool,
+    /// Runner pods get Spur's sidecar in outbound mode (default), so jobs with
+    /// `injectRoutingKey: Auto` have their routing key added to every HTTP/1, h2 and gRPC request
+    /// they make. The sidecar starts as root with NET_ADMIN, NET_RAW, SETUID and SETGID to
+    /// program the pod's rules, then gives them up; turn this off where pod security forbids
+    /// that (`Auto` jobs are then not accepted).
+    #[serde(default = "default_true")]
+    pub routing_key_injection: bool,
 }
 
 fn default_replicas() -> i32 {

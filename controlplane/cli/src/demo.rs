@@ -231,6 +231,7 @@ async fn sidecar(
     routeserver: &str,
 ) -> Result<Sidecar> {
     let config = SidecarConfig {
+        inject_key_file: None,
         inbound_addr: SocketAddr::from(([127, 0, 0, 1], port(base, index)?)),
         inbound: Inbound::Explicit { app },
         baseline: BaselineWorkload {

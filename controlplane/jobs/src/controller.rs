@@ -202,14 +202,19 @@ async fn apply_job(job: &Job, ctx: &Arc<Context>) -> Result<Action, Error> {
             condition(st, job, FINISHED, true, "Failed", m);
             return true;
         }
-        if job.spec.inject_routing_key == spur_api::jobs::InjectRoutingKey::Auto {
-            // Not built yet (docs/jobs.md): say so rather than run without the header the
-            // job relies on.
-            refuse(st, "Unsupported", "injectRoutingKey: Auto is not supported by this version; set the header from $SPUR_ROUTING_KEY");
-            return true;
-        }
         if group.is_none() {
             refuse(st, "RunnerGroupNotFound", &format!("runner group {group_name} does not exist in namespace {}", job.namespace().unwrap_or_default()));
+            return true;
+        }
+        if job.spec.inject_routing_key == spur_api::jobs::InjectRoutingKey::Auto
+            && group.as_ref().is_some_and(|g| !g.spec.routing_key_injection)
+        {
+            // Running it without the header it relies on would reach the baselines.
+            refuse(
+                st,
+                "NoRoutingKeyInjection",
+                &format!("injectRoutingKey: Auto needs runner group {group_name} with routingKeyInjection: true"),
+            );
             return true;
         }
         match &resolved {
@@ -363,8 +368,20 @@ async fn reconcile_group(group: Arc<JobRunnerGroup>, ctx: Arc<Context>) -> Resul
     };
     for _ in 0..plan.create_pods {
         let pod = pods::runner_pod(&group, template.clone(), &build);
-        pods_api.create(&PostParams::default(), &pod).await?;
-        ctx.metrics.pods_created.inc();
+        match pods_api.create(&PostParams::default(), &pod).await {
+            Ok(_) => {
+                ctx.metrics.pods_created.inc();
+            }
+            // The namespace (and the group with it) is going away.
+            Err(kube::Error::Api(s))
+                if s.details.as_ref().is_some_and(|d| {
+                    d.causes.iter().any(|c| c.reason == "NamespaceTerminating")
+                }) =>
+            {
+                return Ok(Action::await_change());
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 
     // Assignments: recorded in the Job before the driver starts, so a restart finds them.
@@ -437,6 +454,10 @@ async fn reconcile_group(group: Arc<JobRunnerGroup>, ctx: Arc<Context>) -> Resul
             if j.spec.canceled {
                 ctx.drivers.cancel(&uid);
             }
+            continue;
+        }
+        if ctx.drivers.finished(&uid, attempt) {
+            // Ended since this pass listed the jobs.
             continue;
         }
         let Some(ip) = pods

@@ -29,9 +29,20 @@ use crate::{Context, Error};
 /// How long an executor may stay unreachable mid-attempt before the attempt counts as lost.
 const UNREACHABLE: Duration = Duration::from_secs(90);
 
-/// Running drivers by job UID.
+/// Running drivers by job UID, and the attempts whose outcome is recorded (so a pass working
+/// from a list a moment old never drives one again).
 #[derive(Default)]
-pub(crate) struct Drivers(Mutex<HashMap<String, Handle>>);
+pub(crate) struct Drivers(Mutex<HashMap<String, Handle>>, Mutex<Done>);
+
+/// The last attempts driven to their end, oldest first.
+#[derive(Default)]
+struct Done {
+    order: std::collections::VecDeque<(String, i32)>,
+    set: std::collections::HashSet<(String, i32)>,
+}
+
+/// How many finished attempts [`Drivers`] remembers.
+const DONE_REMEMBERED: usize = 16 * 1024;
 
 struct Handle {
     attempt: i32,
@@ -46,6 +57,28 @@ impl Drivers {
 
     pub(crate) fn running(&self, uid: &str, attempt: i32) -> bool {
         self.lock().get(uid).is_some_and(|h| h.attempt == attempt)
+    }
+
+    fn done(&self) -> std::sync::MutexGuard<'_, Done> {
+        self.1.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the attempt's outcome is recorded (by a driver of this process).
+    pub(crate) fn finished(&self, uid: &str, attempt: i32) -> bool {
+        self.done().set.contains(&(uid.to_owned(), attempt))
+    }
+
+    fn mark_finished(&self, uid: &str, attempt: i32) {
+        let mut d = self.done();
+        let k = (uid.to_owned(), attempt);
+        if d.set.insert(k.clone()) {
+            d.order.push_back(k);
+            if d.order.len() > DONE_REMEMBERED
+                && let Some(old) = d.order.pop_front()
+            {
+                d.set.remove(&old);
+            }
+        }
     }
 
     /// Asks the job's running attempt to stop (its `spec.canceled`).
@@ -115,6 +148,9 @@ pub(crate) struct Assignment {
 /// Starts driving an attempt unless it already is.
 pub(crate) fn spawn(ctx: &Arc<Context>, a: Assignment) {
     let uid = a.job.uid().unwrap_or_default();
+    if ctx.drivers.finished(&uid, a.attempt) {
+        return;
+    }
     let (cancel, abandon) = (CancellationToken::new(), CancellationToken::new());
     {
         let mut d = ctx.drivers.lock();
@@ -147,8 +183,9 @@ pub(crate) fn spawn(ctx: &Arc<Context>, a: Assignment) {
             // Shutting down: the attempt goes on in its pod; the next start resumes it.
             () = stop.cancelled() => {}
             r = drive(&ctx, &a, cancel) => {
-                if let Err(e) = r {
-                    tracing::warn!(%ns, %job, attempt, %pod, error = %e, "driving the attempt failed; the next pass retries");
+                match r {
+                    Ok(()) => ctx.drivers.mark_finished(&uid, attempt),
+                    Err(e) => tracing::warn!(%ns, %job, attempt, %pod, error = %e, "driving the attempt failed; the next pass retries"),
                 }
                 let mut d = ctx.drivers.lock();
                 if d.get(&uid).is_some_and(|h| h.attempt == attempt) {
@@ -227,7 +264,12 @@ async fn drive(ctx: &Arc<Context>, a: &Assignment, cancel: CancellationToken) ->
 
     let outcome = match start(&mut client, a, &auid).await {
         Err(lost) => Outcome::Lost(lost),
-        Ok(()) => {
+        Ok(Started::AlreadyRan) => {
+            // Its outcome was recorded before the runner released it; nothing to do.
+            tracing::info!(%ns, job = %a.job.name_any(), attempt = a.attempt, "attempt already ran");
+            return Ok(());
+        }
+        Ok(Started::Running) => {
             ctx.metrics.attempts_started.inc();
             tracing::info!(%ns, job = %a.job.name_any(), attempt = a.attempt, pod = %a.pod, "attempt running");
             follow(ctx, &mut client, a, &uid, &auid, cancel).await?
@@ -253,6 +295,13 @@ async fn drive(ctx: &Arc<Context>, a: &Assignment, cancel: CancellationToken) ->
     }
 }
 
+/// What starting found.
+enum Started {
+    Running,
+    /// The runner ran and released it already.
+    AlreadyRan,
+}
+
 /// Starts (or finds) the attempt on the executor. `Err` is why the attempt is lost.
 async fn start(
     client: &mut spur_proto::jobs::job_executor_client::JobExecutorClient<
@@ -260,7 +309,7 @@ async fn start(
     >,
     a: &Assignment,
     auid: &str,
-) -> Result<(), String> {
+) -> Result<Started, String> {
     let program = match (&a.job.spec.script, &a.job.spec.command) {
         (Some(s), _) => pb::start_request::Program::Script(s.clone()),
         (None, Some(c)) => pb::start_request::Program::Command(pb::Command { args: c.clone() }),
@@ -279,20 +328,31 @@ async fn start(
             .iter()
             .map(|x| x.path.clone())
             .collect(),
+        inject_routing_key: match a.job.spec.inject_routing_key {
+            spur_api::jobs::InjectRoutingKey::Auto => a.routing_key.clone().unwrap_or_default(),
+            spur_api::jobs::InjectRoutingKey::Disabled => String::new(),
+        },
     };
     let deadline = tokio::time::Instant::now() + UNREACHABLE;
     loop {
         match client.start(req.clone()).await {
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(Started::Running),
+            Err(s) if s.code() == Code::AlreadyExists => return Ok(Started::AlreadyRan),
             Err(s) if s.code() == Code::FailedPrecondition => {
-                // An earlier attempt (another job's) that ended but was never released: its
-                // outcome is recorded before any release, so it can go.
                 let st = client
                     .status(pb::StatusRequest {})
                     .await
                     .map_err(|e| format!("executor status: {}", e.message()))?
                     .into_inner();
-                if st.state == State::Exited as i32 && st.attempt_uid != auid {
+                tracing::info!(pod = %a.pod, attempt = %auid, on_runner = %st.attempt_uid, state = st.state, "start refused: the runner has another attempt");
+                if st.attempt_uid == auid {
+                    // Ours after all (a Start that raced the release of the one before): it
+                    // runs, and must not be started anywhere else.
+                    return Ok(Started::Running);
+                }
+                if st.state == State::Exited as i32 {
+                    // An earlier attempt (another job's) that ended but was not released yet:
+                    // its outcome is recorded before any release, so it can go.
                     tracing::info!(pod = %a.pod, stale = %st.attempt_uid, "releasing a finished attempt left on the runner");
                     client
                         .release(pb::ReleaseRequest {
@@ -302,10 +362,15 @@ async fn start(
                         .map_err(|e| format!("executor release: {}", e.message()))?;
                     continue;
                 }
-                return Err(format!(
-                    "the runner is busy with attempt {}",
-                    st.attempt_uid
-                ));
+                // Idle again (released meanwhile) or still running another attempt: the
+                // queue's view was a moment old. Try again until the deadline.
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(format!(
+                        "the runner is busy with attempt {}",
+                        st.attempt_uid
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(s) if transient(&s) && tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(500)).await;

@@ -24,6 +24,12 @@ pub const TEMPLATE_ANNOTATION: &str = "spur.dev/runner-template";
 pub const RUNNER_CONTAINER: &str = "runner";
 /// Names the operator adds; a template that uses them is rejected.
 pub const INIT_CONTAINER: &str = "spur-job-init";
+/// The outbound sidecar (groups with `routingKeyInjection`).
+pub const SIDECAR_CONTAINER: &str = "spur-sidecar";
+/// Where the executor writes the running job's key for the sidecar.
+pub const KEY_FILE: &str = "/spur-job/routing-key";
+/// The outbound sidecar's listener (redirect target).
+pub const OUTBOUND_PORT: u16 = 15001;
 pub const VOLUME: &str = "spur-job";
 pub const TLS_VOLUME: &str = "spur-job-tls";
 /// Where the shared volume is mounted.
@@ -38,12 +44,12 @@ pub fn check_template(group: &JobRunnerGroup) -> Result<PodTemplateSpec, String>
         }
     };
     let spec = template.spec.clone().unwrap_or_default();
-    let reserved_c = |c: &Container| c.name == INIT_CONTAINER;
+    let reserved_c = |c: &Container| c.name == INIT_CONTAINER || c.name == SIDECAR_CONTAINER;
     if spec.containers.iter().any(reserved_c)
         || spec.init_containers.iter().flatten().any(reserved_c)
     {
         return Err(format!(
-            "spec.podTemplate: container name {INIT_CONTAINER} is reserved"
+            "spec.podTemplate: container names {INIT_CONTAINER} and {SIDECAR_CONTAINER} are reserved"
         ));
     }
     if let Some(v) = spec
@@ -151,6 +157,11 @@ pub fn runner_pod(group: &JobRunnerGroup, template: PodTemplateSpec, b: &Build<'
         "--max-log-bytes".into(),
         b.max_log_bytes.to_string(),
     ]);
+    if group.spec.routing_key_injection
+        && let Some(cmd) = runner.command.as_mut()
+    {
+        cmd.extend(["--routing-key-file".to_owned(), KEY_FILE.to_owned()]);
+    }
     runner.args = None;
     let mut ports = runner.ports.take().unwrap_or_default();
     ports.push(ContainerPort {
@@ -172,6 +183,11 @@ pub fn runner_pod(group: &JobRunnerGroup, template: PodTemplateSpec, b: &Build<'
     mounts.push(shared);
     runner.volume_mounts = Some(mounts);
 
+    if group.spec.routing_key_injection {
+        // First, so the kubelet starts the runner only once the sidecar listens (its postStart
+        // hook) and the pod's outbound rules are in place.
+        spec.containers.insert(0, outbound_sidecar(group, b));
+    }
     let mut volumes = spec.volumes.take().unwrap_or_default();
     volumes.push(Volume {
         name: VOLUME.into(),
@@ -210,11 +226,86 @@ pub fn runner_pod(group: &JobRunnerGroup, template: PodTemplateSpec, b: &Build<'
     }
 }
 
+/// Spur's sidecar in outbound mode: it programs the pod's rules (the pod's own outbound TCP to
+/// it; nothing inbound), drops to its own uid without capabilities, and adds the key in
+/// [`KEY_FILE`] to every request (the executor writes it only for `Auto` jobs).
+fn outbound_sidecar(group: &JobRunnerGroup, b: &Build<'_>) -> Container {
+    use k8s_openapi::api::core::v1::{
+        Capabilities, EnvVar, ExecAction, Lifecycle, LifecycleHandler, SecurityContext,
+    };
+    let env = |name: &str, value: &str| EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..Default::default()
+    };
+    let strings = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let listen = format!("0.0.0.0:{OUTBOUND_PORT}");
+    let ns = group.namespace().unwrap_or_default();
+    let name = group.name_any();
+    Container {
+        name: SIDECAR_CONTAINER.into(),
+        image: Some(b.executor_image.into()),
+        image_pull_policy: b.pull_policy.map(Into::into),
+        command: Some(strings(&[
+            "spur-sidecar",
+            "--transparent",
+            "--intercept",
+            "--inbound-addr",
+            &listen,
+            "--admin-addr",
+            "127.0.0.1:15020",
+            "--inject-key-file",
+            KEY_FILE,
+            "--baseline-kind",
+            "JobRunnerGroup",
+            "--baseline-namespace",
+            &ns,
+            "--baseline-name",
+            &name,
+        ])),
+        env: Some(vec![
+            env("SPUR_INIT_IPV6", "false"),
+            // iptables-legacy's lock file, off the read-only root (a pod-local lock).
+            env("XTABLES_LOCKFILE", "/dev/shm/spur-xtables.lock"),
+        ]),
+        lifecycle: Some(Lifecycle {
+            post_start: Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(strings(&["spur-sidecar", "--wait-listening", "60s"])),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: VOLUME.into(),
+            mount_path: MOUNT.into(),
+            read_only: Some(true),
+            ..Default::default()
+        }]),
+        security_context: Some(SecurityContext {
+            run_as_user: Some(0),
+            run_as_group: Some(0),
+            run_as_non_root: Some(false),
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                add: Some(strings(&["NET_ADMIN", "NET_RAW", "SETUID", "SETGID"])),
+                drop: Some(vec!["ALL".into()]),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// A digest of what a group's pods are built from (image and template).
 pub fn template_digest(group: &JobRunnerGroup) -> String {
     let v = serde_json::json!({
         "image": group.spec.image,
         "podTemplate": group.spec.pod_template,
+        "routingKeyInjection": group.spec.routing_key_injection,
     });
     let text = serde_json::to_string(&v).unwrap_or_default();
     crate::store::hex_sha256(text.as_bytes())[..16].to_owned()
@@ -308,7 +399,21 @@ mod tests {
             spec.init_containers.as_ref().unwrap()[0].image.as_deref(),
             Some("spur:dev")
         );
-        let runner = &spec.containers[1];
+        assert_eq!(
+            spec.containers[0].name, SIDECAR_CONTAINER,
+            "the outbound sidecar first"
+        );
+        let sidecar_cmd = spec.containers[0].command.clone().unwrap();
+        assert!(sidecar_cmd.contains(&"--inject-key-file".to_owned()));
+        assert!(sidecar_cmd.contains(&"--intercept".to_owned()));
+        let runner = &spec.containers[2];
+        assert!(
+            runner
+                .command
+                .as_ref()
+                .unwrap()
+                .ends_with(&["--routing-key-file".to_owned(), KEY_FILE.to_owned()])
+        );
         assert_eq!(runner.image.as_deref(), Some("busybox:1"));
         assert_eq!(
             runner.command.as_ref().unwrap()[0],
@@ -327,7 +432,7 @@ mod tests {
             "the template's env stays"
         );
         assert_eq!(
-            spec.containers[0].image.as_deref(),
+            spec.containers[1].image.as_deref(),
             Some("x"),
             "other containers untouched"
         );
@@ -344,6 +449,24 @@ mod tests {
                 .iter()
                 .all(|m| m.name != TLS_VOLUME)
         );
+
+        // Without injection: no sidecar, no key file, another digest.
+        let mut plain = g.clone();
+        plain.spec.routing_key_injection = false;
+        let pod = runner_pod(
+            &plain,
+            check_template(&plain).unwrap(),
+            &Build {
+                executor_image: "spur:dev",
+                pull_policy: None,
+                max_log_bytes: 1000,
+            },
+        );
+        let spec = pod.spec.unwrap();
+        assert!(spec.containers.iter().all(|c| c.name != SIDECAR_CONTAINER));
+        let cmd = spec.containers[1].command.clone().unwrap();
+        assert!(!cmd.contains(&"--routing-key-file".to_owned()));
+        assert_ne!(template_digest(&plain), template_digest(&g));
     }
 
     #[test]

@@ -138,9 +138,13 @@ pub struct InitArgs {
     /// The sidecar's uid: its own connections are never redirected.
     #[arg(long, env = "SPUR_PROXY_UID", default_value_t = 15337)]
     pub proxy_uid: u32,
-    /// Inbound TCP ports to redirect: `*` for all, or a comma-separated list.
+    /// Inbound TCP ports to redirect: `*` for all, a comma-separated list, or `none`.
     #[arg(long, env = "SPUR_INBOUND_PORTS", default_value = "*")]
     pub inbound_ports: String,
+    /// Also redirect the pod's own outbound TCP (all but the proxy uid's and loopback's) to
+    /// this port: the outbound sidecar of job runner pods, which adds the routing key.
+    #[arg(long, env = "SPUR_OUTBOUND_PORT")]
+    pub outbound_port: Option<u16>,
     /// Inbound TCP ports never redirected (comma-separated; may be empty). The proxy port is
     /// always excluded.
     #[arg(long, env = "SPUR_EXCLUDE_INBOUND_PORTS", default_value = "15020")]
@@ -188,6 +192,8 @@ pub struct Rules {
     pub inbound: Ports,
     /// Never redirected; always contains `proxy_port`.
     pub exclude: BTreeSet<u16>,
+    /// Where the pod's own outbound TCP goes (none: it is not redirected).
+    pub outbound_port: Option<u16>,
 }
 
 impl Rules {
@@ -229,15 +235,24 @@ impl TryFrom<InitArgs> for Config {
                 reason: "must be 1-65535".into(),
             });
         }
+        if a.outbound_port == Some(0) {
+            return Err(Error::InvalidArgument {
+                flag: "--outbound-port",
+                value: "0".into(),
+                reason: "must be 1-65535".into(),
+            });
+        }
         let inbound = if a.inbound_ports.trim() == "*" {
             Ports::All
+        } else if a.inbound_ports.trim() == "none" {
+            Ports::Only(BTreeSet::new())
         } else {
             let ports = parse_ports("--inbound-ports", &a.inbound_ports)?;
             if ports.is_empty() {
                 return Err(Error::InvalidArgument {
                     flag: "--inbound-ports",
                     value: a.inbound_ports,
-                    reason: "expected `*` or a comma-separated list of ports".into(),
+                    reason: "expected `*`, `none` or a comma-separated list of ports".into(),
                 });
             }
             Ports::Only(ports)
@@ -258,6 +273,7 @@ impl TryFrom<InitArgs> for Config {
                 proxy_uid: a.proxy_uid,
                 inbound,
                 exclude,
+                outbound_port: a.outbound_port,
             },
         })
     }
@@ -484,10 +500,23 @@ mod tests {
             proxy_uid: 15337,
             inbound_ports: inbound.into(),
             exclude_inbound_ports: exclude.into(),
+            outbound_port: None,
             ipv6: Ipv6::Auto,
             cleanup: false,
             dry_run: false,
         }
+    }
+
+    #[test]
+    fn no_inbound_and_an_outbound_port() {
+        let mut a = args("none", "");
+        a.outbound_port = Some(15001);
+        let c = Config::try_from(a).unwrap();
+        assert_eq!(c.rules.inbound, Ports::Only(BTreeSet::new()));
+        assert_eq!(c.rules.outbound_port, Some(15001));
+        let mut zero = args("*", "");
+        zero.outbound_port = Some(0);
+        assert!(Config::try_from(zero).is_err());
     }
 
     #[test]

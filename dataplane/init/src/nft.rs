@@ -33,6 +33,12 @@ pub fn apply_script(rules: &Rules, ipv6: bool) -> String {
     if ipv6 {
         hairpin.push_str("\t\toifname \"lo\" ip6 daddr != ::1 jump inbound\n");
     }
+    if let Some(port) = rules.outbound_port {
+        // Everything else the pod sends over TCP, loopback aside, to the outbound proxy.
+        hairpin.push_str(&format!(
+            "\t\toifname \"lo\" return\n\t\tmeta l4proto tcp redirect to :{port}\n"
+        ));
+    }
     // Chains declared before the rules that jump to them; `priority -100` is dstnat (the name is
     // only accepted for prerouting by older nft).
     format!(
@@ -84,7 +90,20 @@ mod tests {
             proxy_uid: 15337,
             inbound,
             exclude: exclude.iter().copied().collect(),
+            outbound_port: None,
         }
+    }
+
+    #[test]
+    fn outbound_only_for_a_job_runner() {
+        let mut r = rules(Ports::Only(BTreeSet::new()), &[15001]);
+        r.outbound_port = Some(15001);
+        let script = apply_script(&r, false);
+        assert!(script.contains("\tchain inbound {\n\t}\n"), "{script}");
+        assert!(
+            script.contains("\t\tmeta skuid 15337 return\n\t\toifname \"lo\" ip daddr != 127.0.0.1 jump inbound\n\t\toifname \"lo\" return\n\t\tmeta l4proto tcp redirect to :15001\n"),
+            "{script}"
+        );
     }
 
     #[test]

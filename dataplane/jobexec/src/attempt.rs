@@ -27,6 +27,8 @@ pub struct Program {
     pub env: Vec<(String, String)>,
     pub timeout: Option<Duration>,
     pub artifact_paths: Vec<String>,
+    /// For the pod's outbound sidecar (see [`Limits::routing_key_file`]).
+    pub inject_key: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -78,6 +80,18 @@ pub struct Limits {
     pub max_log_bytes: u64,
     /// Between SIGTERM and SIGKILL when an attempt is canceled or times out.
     pub kill_grace: Duration,
+    /// The file the pod's outbound sidecar reads the routing key to add from: it holds an
+    /// attempt's key while that attempt runs (when it asked for injection), and nothing
+    /// otherwise.
+    pub routing_key_file: Option<PathBuf>,
+}
+
+/// Replaces the key file's content atomically (the sidecar never reads half a key).
+pub fn write_key_file(path: &Path, key: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, key)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))?;
+    std::fs::rename(&tmp, path)
 }
 
 impl Attempt {
@@ -140,6 +154,25 @@ async fn run(
     tx: watch::Sender<Progress>,
     cancel: CancellationToken,
 ) {
+    let key_file = limits.routing_key_file.clone();
+    if let Some(path) = &key_file {
+        let key = program.inject_key.as_deref().unwrap_or("");
+        if let Err(e) = write_key_file(path, key) {
+            // Without the key the job's requests would reach the baselines: do not run it.
+            let msg = format!("cannot write the routing key file {}: {e}", path.display());
+            let _ = tokio::fs::create_dir_all(&dir).await;
+            let _ = append_note(&dir.join("log"), &format!("[spur] {msg}\n")).await;
+            tx.send_modify(|p| {
+                p.log_bytes = file_len(&dir.join("log"));
+                p.end = Some(End {
+                    start_error: msg,
+                    finished_at_ms: now_ms(),
+                    ..End::default()
+                });
+            });
+            return;
+        }
+    }
     let end = match spawn(&program, &dir).await {
         Err(e) => {
             let _ = append_note(
@@ -203,6 +236,11 @@ async fn run(
             end
         }
     };
+    if let Some(path) = &key_file
+        && let Err(e) = write_key_file(path, "")
+    {
+        tracing::warn!(file = %path.display(), error = %e, "cannot empty the routing key file");
+    }
     tx.send_modify(|p| p.end = Some(end));
 }
 

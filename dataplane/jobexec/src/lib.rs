@@ -71,6 +71,13 @@ pub async fn serve(
         path: cfg.work_dir.clone(),
         source,
     })?;
+    // No key until a job that asked for one runs.
+    if let Some(path) = &cfg.limits.routing_key_file {
+        attempt::write_key_file(path, "").map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
+        })?;
+    }
     let local = listener.local_addr().map_err(|source| Error::Io {
         path: "listener".into(),
         source,

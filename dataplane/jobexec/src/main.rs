@@ -52,6 +52,11 @@ enum Cmd {
         /// Between SIGTERM and SIGKILL when an attempt is canceled or times out.
         #[arg(long, default_value = "5s", value_parser = spur_runtime::parse_duration)]
         kill_grace: Duration,
+        /// Where the pod's outbound sidecar reads the routing key to add (runner pods with
+        /// routing-key injection): the running attempt's key when it asked for injection,
+        /// empty otherwise.
+        #[arg(long)]
+        routing_key_file: Option<PathBuf>,
     },
 }
 
@@ -67,6 +72,7 @@ fn main() -> Result<()> {
             work_dir,
             max_log_bytes,
             kill_grace,
+            routing_key_file,
         } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -91,6 +97,7 @@ fn main() -> Result<()> {
                     limits: Limits {
                         max_log_bytes,
                         kill_grace,
+                        routing_key_file,
                     },
                 };
                 spur_job_executor::serve(listener, tls, cfg, stop).await?;

@@ -23,9 +23,14 @@ const CHUNK: usize = 64 * 1024;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
+/// How many released attempt ids the executor remembers (a late or repeated Start of one of
+/// them is refused, never run again).
+const REMEMBERED: usize = 1024;
+
 /// The executor: at most one attempt at a time.
 pub struct Service {
     current: Mutex<Option<Arc<Attempt>>>,
+    released: Mutex<std::collections::VecDeque<String>>,
     work_dir: PathBuf,
     limits: Limits,
     seq: AtomicU64,
@@ -35,6 +40,7 @@ impl Service {
     pub fn new(work_dir: PathBuf, limits: Limits) -> Self {
         Service {
             current: Mutex::new(None),
+            released: Mutex::new(std::collections::VecDeque::new()),
             work_dir,
             limits,
             seq: AtomicU64::new(0),
@@ -97,7 +103,25 @@ pub fn status_of(attempt: Option<&Attempt>) -> pb::AttemptStatus {
     s
 }
 
-fn program(req: pb::StartRequest) -> Result<Program, Status> {
+fn program(req: pb::StartRequest, key_file: bool) -> Result<Program, Status> {
+    let inject_key = match req.inject_routing_key.as_str() {
+        "" => None,
+        k if !key_file => {
+            return Err(Status::failed_precondition(format!(
+                "cannot inject routing key {k}: this runner has no outbound sidecar (--routing-key-file)"
+            )));
+        }
+        k if k.len() > 63
+            || !k
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b)) =>
+        {
+            return Err(Status::invalid_argument(
+                "inject_routing_key is not a routing key",
+            ));
+        }
+        k => Some(k.to_owned()),
+    };
     let uid = req.attempt_uid;
     if uid.is_empty()
         || uid.len() > MAX_UID
@@ -141,6 +165,7 @@ fn program(req: pb::StartRequest) -> Result<Program, Status> {
         env,
         timeout: (req.timeout_ms > 0).then(|| Duration::from_millis(req.timeout_ms)),
         artifact_paths: req.artifact_paths,
+        inject_key,
     })
 }
 
@@ -157,7 +182,18 @@ impl JobExecutor for Service {
         &self,
         req: Request<pb::StartRequest>,
     ) -> Result<Response<pb::AttemptStatus>, Status> {
-        let program = program(req.into_inner())?;
+        let program = program(req.into_inner(), self.limits.routing_key_file.is_some())?;
+        if self
+            .released
+            .lock()
+            .map_err(|_| Status::internal("executor state poisoned"))?
+            .contains(&program.attempt_uid)
+        {
+            return Err(Status::already_exists(format!(
+                "attempt {} already ran here and was released",
+                program.attempt_uid
+            )));
+        }
         let mut cur = self
             .current
             .lock()
@@ -251,6 +287,12 @@ impl JobExecutor for Service {
             }
         };
         if let Some(a) = released {
+            if let Ok(mut r) = self.released.lock() {
+                if r.len() >= REMEMBERED {
+                    r.pop_front();
+                }
+                r.push_back(a.program.attempt_uid.clone());
+            }
             if let Err(e) = tokio::fs::remove_dir_all(&a.dir).await {
                 tracing::warn!(dir = %a.dir.display(), error = %e, "cannot remove the attempt's files");
             }

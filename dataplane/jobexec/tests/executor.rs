@@ -88,6 +88,12 @@ async fn executor(limits: Limits) -> Executor {
             "--kill-grace",
             &format!("{}ms", limits.kill_grace.as_millis()),
         ])
+        .args(
+            limits
+                .routing_key_file
+                .iter()
+                .flat_map(|f| [std::ffi::OsStr::new("--routing-key-file"), f.as_os_str()]),
+        )
         .env("SPUR_LOG", "info")
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -173,6 +179,7 @@ fn limits() -> Limits {
     Limits {
         max_log_bytes: 1 << 20,
         kill_grace: Duration::from_millis(500),
+        routing_key_file: None,
     }
 }
 
@@ -296,6 +303,9 @@ async fn runs_a_script_streams_its_log_live_and_reports_the_exit_code() {
         .unwrap()
         .into_inner();
     assert_eq!(idle.state, State::Idle as i32);
+    // A released attempt never runs again (a late or repeated Start).
+    let again = c.start(script("job-1.1", "echo again")).await.unwrap_err();
+    assert_eq!(again.code(), tonic::Code::AlreadyExists);
     let cmd = pb::StartRequest {
         attempt_uid: "job-2.1".into(),
         program: Some(pb::start_request::Program::Command(pb::Command {
@@ -392,6 +402,7 @@ async fn start_errors_and_output_beyond_the_limit() {
     let ex = executor(Limits {
         max_log_bytes: 1000,
         kill_grace: Duration::from_millis(200),
+        routing_key_file: None,
     })
     .await;
     let mut c = ex.client();
@@ -604,4 +615,65 @@ async fn stopping_the_executor_kills_a_running_job() {
     ex.stop().await;
     assert!(t.elapsed() < Duration::from_secs(10));
     assert!(!alive(pid), "the job outlived its executor");
+}
+
+#[tokio::test]
+async fn the_key_file_holds_the_key_only_while_its_job_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("routing-key");
+    let ex = executor(Limits {
+        routing_key_file: Some(key_file.clone()),
+        ..limits()
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(&key_file).unwrap(),
+        "",
+        "empty at start"
+    );
+    let mut c = ex.client();
+    let mut req = script(
+        "inject.1",
+        &format!("#!/bin/sh\necho \"during=$(cat {})\"\n", key_file.display()),
+    );
+    req.inject_routing_key = "k3y-1".into();
+    c.start(req).await.unwrap();
+    let (text, fin) = log(&mut c, "inject.1").await;
+    assert_eq!(text, "during=k3y-1\n");
+    assert_eq!(fin.exit_code, Some(0));
+    assert_eq!(
+        std::fs::read_to_string(&key_file).unwrap(),
+        "",
+        "emptied after"
+    );
+    c.release(pb::ReleaseRequest {
+        attempt_uid: "inject.1".into(),
+    })
+    .await
+    .unwrap();
+    // A job that did not ask for injection runs with an empty file.
+    std::fs::write(&key_file, "stale").unwrap();
+    c.start(script(
+        "plain.1",
+        &format!("#!/bin/sh\necho \"during=$(cat {})\"\n", key_file.display()),
+    ))
+    .await
+    .unwrap();
+    let (text, _) = log(&mut c, "plain.1").await;
+    assert_eq!(text, "during=\n");
+    ex.stop().await;
+
+    // Without a key file, injection is refused rather than silently skipped.
+    let ex = executor(limits()).await;
+    let mut c = ex.client();
+    let mut req = script("inject.2", "true");
+    req.inject_routing_key = "k".into();
+    let err = c.start(req).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        err.message().contains("outbound sidecar"),
+        "{}",
+        err.message()
+    );
+    ex.stop().await;
 }

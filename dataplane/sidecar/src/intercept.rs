@@ -28,14 +28,21 @@ struct InitEnv {
 
 /// The rules for a sidecar listening on `inbound` (its port is where connections are redirected)
 /// with its admin server on `admin` (never redirected), from spur-init's variables.
+/// With `outbound` (the sidecar's outbound mode), nothing inbound is redirected and the pod's
+/// own outbound TCP goes to `inbound`'s port instead.
 pub fn rules_from_env(
     inbound: SocketAddr,
     admin: SocketAddr,
+    outbound: bool,
 ) -> Result<(spur_init::Config, u32), Error> {
     let mut args = InitEnv::try_parse_from(["spur-sidecar"])
         .map_err(|e| Error::Config(format!("--intercept: {e}")))?
         .init;
     args.proxy_port = inbound.port();
+    if outbound {
+        args.inbound_ports = "none".into();
+        args.outbound_port = Some(inbound.port());
+    }
     args.exclude_inbound_ports = format!("{},{}", args.exclude_inbound_ports, admin.port());
     let uid = args.proxy_uid;
     if uid == 0 {

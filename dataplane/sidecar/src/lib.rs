@@ -20,6 +20,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub mod intercept;
+pub mod outbound;
 mod router;
 
 pub use router::{KeyRouter, KeyRouterConfig, ROUTED_HEADER};
@@ -114,6 +115,12 @@ pub struct SidecarArgs {
     /// (repeatable; comma-separated in env). For sidecars outside the cluster's DNS.
     #[arg(long = "resolve", env = "SPUR_RESOLVE", value_delimiter = ',', value_parser = parse_resolve)]
     pub resolve: Vec<(String, SocketAddr)>,
+    /// Outbound mode (job runner pods): instead of routing by key, add the routing key in this
+    /// file to every HTTP/1, h2 and gRPC request the pod sends, and forward each to its original
+    /// destination. With --intercept, the pod's own outbound TCP (not inbound) is redirected
+    /// to --inbound-addr. Needs neither --rules nor --routeserver.
+    #[arg(long, env = "SPUR_INJECT_KEY_FILE")]
+    pub inject_key_file: Option<PathBuf>,
 }
 
 /// Parses a `--resolve` entry, `HOST:PORT=IP:PORT` (like curl's), for every Spur binary that
@@ -141,6 +148,8 @@ pub struct SidecarConfig {
     pub admin_addr: Option<SocketAddr>,
     pub extract: ExtractConfig,
     pub proxy: ProxyConfig,
+    /// Outbound mode: the file with the routing key to add (see [`outbound`]).
+    pub inject_key_file: Option<PathBuf>,
 }
 
 impl TryFrom<SidecarArgs> for SidecarConfig {
@@ -161,6 +170,11 @@ impl TryFrom<SidecarArgs> for SidecarConfig {
                 ));
             }
         };
+        if a.inject_key_file.is_some() && (a.rules.is_some() || a.routeserver.is_some()) {
+            return Err(Error::Config(
+                "--inject-key-file (outbound mode) routes by nothing: it excludes --rules and --routeserver".into(),
+            ));
+        }
         if a.rules.is_some() && a.routeserver.is_some() {
             return Err(Error::Config(
                 "--rules and --routeserver exclude each other".into(),
@@ -217,6 +231,7 @@ impl TryFrom<SidecarArgs> for SidecarConfig {
                 query_param: a.query_param,
             },
             proxy,
+            inject_key_file: a.inject_key_file,
         })
     }
 }
@@ -242,14 +257,17 @@ impl Sidecar {
         let table = SharedTable::new();
         let publisher = Publisher::new(table.clone(), &mut registry);
         let mut changes = publisher.subscribe();
-        let router = KeyRouter::new(
-            KeyRouterConfig {
-                baseline: config.baseline.clone(),
-                extract: config.extract,
-            },
-            table.clone(),
-        )?;
-        let proxy = Proxy::new(config.proxy.clone(), Arc::new(router), &mut registry)?;
+        let router: Arc<dyn spur_proxy::Router> = match &config.inject_key_file {
+            Some(path) => Arc::new(outbound::InjectRouter::new(path.clone())),
+            None => Arc::new(KeyRouter::new(
+                KeyRouterConfig {
+                    baseline: config.baseline.clone(),
+                    extract: config.extract,
+                },
+                table.clone(),
+            )?),
+        };
+        let proxy = Proxy::new(config.proxy.clone(), router, &mut registry)?;
 
         let listener = TcpListener::bind(config.inbound_addr)
             .await
@@ -327,6 +345,7 @@ impl Sidecar {
                     },
                     "inbound": inbound_addr.to_string(),
                     "mode": match config.inbound { Inbound::Transparent => "transparent", Inbound::Explicit { .. } => "explicit" },
+                    "direction": if config.inject_key_file.is_some() { "outbound" } else { "inbound" },
                 }),
             };
             tokio::spawn(spur_proxy::serve_admin(l, state, stop.clone()));

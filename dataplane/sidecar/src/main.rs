@@ -73,7 +73,8 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
         let admin = config.admin_addr.unwrap_or(config.inbound_addr);
-        let (rules, uid) = match intercept::rules_from_env(config.inbound_addr, admin) {
+        let outbound = config.inject_key_file.is_some();
+        let (rules, uid) = match intercept::rules_from_env(config.inbound_addr, admin, outbound) {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("spur-sidecar: {e}");

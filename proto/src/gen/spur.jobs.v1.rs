@@ -27,6 +27,11 @@ pub struct StartRequest {
     /// What `Artifacts` returns after the run: absolute paths of files or directories.
     #[prost(string, repeated, tag = "6")]
     pub artifact_paths: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// A routing key for the pod's outbound sidecar to add to the job's HTTP requests: written to
+    /// the executor's key file before the process starts, emptied when the attempt ends.
+    /// FAILED_PRECONDITION when the executor has no key file (the runner has no such sidecar).
+    #[prost(string, tag = "7")]
+    pub inject_routing_key: ::prost::alloc::string::String,
     #[prost(oneof = "start_request::Program", tags = "2, 3")]
     pub program: ::core::option::Option<start_request::Program>,
 }

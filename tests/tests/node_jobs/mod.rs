@@ -15,15 +15,18 @@ use spur_e2e::node::{Answer, Node, eventually, spur_bin};
 const GROUP: &str = "smoke";
 const RUNNER_IMAGE: &str = "localhost/spur-test-client:dev";
 
+/// `spur` on the host with the admin kubeconfig, killed after 3 minutes whatever happens.
 fn spur(node: &Node, ns: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(spur_bin("spur"));
-    c.args(args)
+    let mut c = Command::new("timeout");
+    c.args(["-s", "KILL", "180"])
+        .arg(spur_bin("spur"))
+        .args(args)
         .args(["-n", ns])
         .env("SPUR_KUBECONFIG", &node.kubeconfig);
     c
 }
 
-/// Runs `spur`; (exit code, stdout, stderr).
+/// Runs `spur`; (exit code, stdout, stderr). Killed after 3 minutes (no test waits forever).
 fn run(node: &Node, ns: &str, args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
     let mut c = spur(node, ns, args);
     c.stdin(if stdin.is_some() {
@@ -43,11 +46,35 @@ fn run(node: &Node, ns: &str, args: &[&str], stdin: Option<&str>) -> (i32, Strin
             .write_all(text.as_bytes())
             .unwrap();
     }
-    let out = child.wait_with_output().unwrap();
+    let read = |mut r: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = read(Box::new(child.stdout.take().unwrap()));
+    let err = read(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "spur {args:?} ran for 3 minutes: {}\n{}",
+                err.join().unwrap_or_default(),
+                node.describe(ns)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+        status.code().unwrap_or(-1),
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
     )
 }
 
@@ -160,7 +187,11 @@ pub(crate) fn jobs_on_the_node(
     // The image is used unchanged: the executor came in through the init container.
     let p = node.get_json(ns, &["pod", &runners[0]]).unwrap();
     assert_eq!(p["spec"]["initContainers"][0]["name"], "spur-job-init");
-    assert_eq!(p["spec"]["containers"][0]["image"], RUNNER_IMAGE);
+    let containers = p["spec"]["containers"].as_array().unwrap();
+    // The outbound sidecar (routingKeyInjection, the default) first, then the runner.
+    assert_eq!(containers[0]["name"], "spur-sidecar");
+    assert_eq!(containers[1]["name"], "runner");
+    assert_eq!(containers[1]["image"], RUNNER_IMAGE);
 
     let frontend = format!("http://frontend.{app_ns}.svc.cluster.local:8080/");
 
@@ -226,6 +257,55 @@ pub(crate) fn jobs_on_the_node(
     };
     assert_eq!(answer.answered_by(), Some(baseline), "{out}");
     assert!(out.contains("key=none"), "{out}");
+
+    // --- injectRoutingKey: Auto: a script that sets no header still reaches the fork ---------
+    // (HTTP/1 and h2 with prior knowledge, both through the runner's outbound sidecar).
+    let auto = job_yaml(
+        ns,
+        "auto",
+        &format!("  routingContext:\n    sandbox: {sandbox}\n  injectRoutingKey: Auto\n"),
+        &format!(
+            "#!/bin/sh\nset -eu\ncurl -sS --max-time 10 {frontend}\ncurl -sS --max-time 10 --http2-prior-knowledge {frontend}\n"
+        ),
+    );
+    let (code, out, err) = run(
+        node,
+        ns,
+        &["job", "submit", "-f", "-", "--attach"],
+        Some(&auto),
+    );
+    assert_eq!(code, 0, "{out}\n{err}\n{}", node.describe(ns));
+    let answers: Vec<Answer> = out
+        .lines()
+        .map(|l| Answer {
+            status: 200,
+            json: serde_json::from_str(l).unwrap_or(Value::Null),
+            body: l.to_owned(),
+        })
+        .collect();
+    assert_eq!(answers.len(), 2, "{out}");
+    for a in &answers {
+        assert_eq!(a.answered_by(), Some(fork), "{out}");
+    }
+    // The same runners, a job without Auto: nothing is added.
+    let (code, out, _) = run(
+        node,
+        ns,
+        &["job", "submit", "-f", "-", "--attach"],
+        Some(&plain.replace("name: plain", "name: plain-again")),
+    );
+    assert_eq!(code, 0);
+    let first = out.lines().next().unwrap_or_default();
+    let answer = Answer {
+        status: 200,
+        json: serde_json::from_str(first).unwrap_or(Value::Null),
+        body: first.to_owned(),
+    };
+    assert_eq!(
+        answer.answered_by(),
+        Some(baseline),
+        "a key left from the Auto job: {out}"
+    );
 
     // --- logs and artifacts outlive the runner pod ------------------------------------------
     let j = job(node, ns, "keyed");
