@@ -1421,7 +1421,13 @@ fn docs_examples_on_the_node(node: &Node) {
     files.sort();
     assert_eq!(
         files,
-        ["routegroup.yaml", "sandbox-local.yaml", "sandbox.yaml"],
+        [
+            "job.yaml",
+            "jobrunnergroup.yaml",
+            "routegroup.yaml",
+            "sandbox-local.yaml",
+            "sandbox.yaml"
+        ],
         "a new example needs its check here"
     );
     node.apply(
@@ -1490,6 +1496,46 @@ fn docs_examples_on_the_node(node: &Node) {
         assert_eq!(a.json["service"], "frontend");
     }
 
+    // The runner group and the job: the job's request (the sandbox's key in baggage) is answered
+    // by the fork, and its answer is kept as an artifact. The runners' image is the one thing
+    // changed (no registry here).
+    node.apply(&example("jobrunnergroup.yaml").replace(
+        "image: docker.io/curlimages/curl:8.10.1",
+        "image: localhost/spur-test-client:dev",
+    ))
+    .unwrap();
+    let out = std::process::Command::new("timeout")
+        .args(["-s", "KILL", "180"])
+        .arg(spur_bin("spur"))
+        .args(["job", "submit", "--attach", "-f"])
+        .arg(format!(
+            "{}/../docs/examples/job.yaml",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .env("SPUR_KUBECONFIG", &node.kubeconfig)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        node.describe("hotrod")
+    );
+    let answer = Answer {
+        status: 200,
+        json: serde_json::from_str(stdout.trim()).unwrap_or(Value::Null),
+        body: stdout.to_string(),
+    };
+    assert_eq!(answer.answered_by(), Some(fork.as_str()), "{stdout}");
+    let jobs = node.get_json("hotrod", &["jobs.spur.dev"]).unwrap();
+    let job = &jobs["items"][0];
+    assert_eq!(
+        job["status"]["artifacts"][0]["path"], "/tmp/answer.json",
+        "{job}"
+    );
+    assert_eq!(job["status"]["artifacts"][0]["meta"]["kind"], "response");
+
     // The local sandbox, with no workstation connected: admitted, and not Ready, as its comments say.
     node.apply(&example("sandbox-local.yaml")).unwrap();
     eventually(
@@ -1543,4 +1589,3 @@ fn until_answered_by(
         },
     )
 }
-

@@ -139,7 +139,7 @@ fn example_job_and_runner_group() {
             .unwrap()
             .sandbox
             .as_deref(),
-        Some("feature-x")
+        Some("route-pr-42")
     );
     assert!(job.spec.script.as_deref().unwrap().starts_with("#!/bin/sh"));
     assert_eq!(job.spec.inject_routing_key, InjectRoutingKey::Disabled);

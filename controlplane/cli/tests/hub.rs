@@ -905,6 +905,27 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
     }
     sandbox_with_endpoint(&east, "checkout-fix").await;
     sandbox_with_endpoint(&west, "search-v2").await;
+    // A job in east, with the phase the jobs component would have written.
+    {
+        use kube::api::{Patch, PatchParams, PostParams};
+        spur_e2e_namespace(&east, "ci").await;
+        let jobs: kube::Api<spur_api::Job> = kube::Api::namespaced(east.client(), "ci");
+        let job: spur_api::Job = serde_json::from_value(serde_json::json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "Job",
+            "metadata": {"name": "smoke-checkout", "namespace": "ci"},
+            "spec": {"runnerGroup": "smoke", "command": ["true"],
+                     "routingContext": {"sandbox": "checkout-fix"}}
+        }))
+        .unwrap();
+        jobs.create(&PostParams::default(), &job).await.unwrap();
+        jobs.patch_status(
+            "smoke-checkout",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"phase": "Succeeded", "exitCode": 0}})),
+        )
+        .await
+        .unwrap();
+    }
     // The route table east's sidecars hold (a RoutingConfig's exported routes, as the operator
     // would write them).
     {
@@ -984,8 +1005,16 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
         Duration::from_secs(30),
         || {
             let (code, body) = curl(&ca, web, "localhost", "/", &[&auth]);
-            code == 200 && body.contains("checkout-fix") && body.contains("search-v2")
+            code == 200
+                && body.contains("checkout-fix")
+                && body.contains("search-v2")
+                && body.contains("ci/smoke-checkout")
         },
+    );
+    let (_, body) = curl(&ca, web, "localhost", "/", &[&auth]);
+    assert!(
+        body.contains("<td>ci/smoke-checkout</td><td>smoke</td><td>sandbox checkout-fix</td><td>Succeeded</td><td>0</td>"),
+        "{body}"
     );
 
     // The login form: a wrong key is refused; the right one sets a session cookie that then
@@ -1080,4 +1109,14 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
         42,
         "the page reloaded:\n{text}"
     );
+}
+
+async fn spur_e2e_namespace(api: &spur_kube_harness::KubeApi, name: &str) {
+    use kube::api::PostParams;
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+    kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(api.client())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
 }

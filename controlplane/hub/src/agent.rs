@@ -273,8 +273,8 @@ async fn kube_proxy(
     }
 }
 
-/// Reads of Spur's cluster-scoped Sandboxes, RouteGroups and RoutingConfigs: lists, watches
-/// (query parameters) and single objects.
+/// Reads of Spur's cluster-scoped Sandboxes, RouteGroups and RoutingConfigs (lists, watches and
+/// single objects) and the cluster-wide list and watch of Jobs (for the web view).
 pub fn kube_path_allowed(path: &str) -> bool {
     let Some(rest) = path.strip_prefix("/apis/spur.dev/v1alpha1/") else {
         return false;
@@ -289,7 +289,7 @@ pub fn kube_path_allowed(path: &str) -> bool {
             && s.bytes().all(|b| alnum(b) || b == b'-' || b == b'.')
     };
     match parts.as_slice() {
-        ["sandboxes" | "routegroups" | "routingconfigs"] => true,
+        ["sandboxes" | "routegroups" | "routingconfigs" | "jobs"] => true,
         ["sandboxes" | "routegroups" | "routingconfigs", name] => name_ok(name),
         _ => false,
     }
@@ -353,6 +353,7 @@ mod tests {
             "/apis/spur.dev/v1alpha1/routegroups",
             "/apis/spur.dev/v1alpha1/routingconfigs",
             "/apis/spur.dev/v1alpha1/routingconfigs/sandbox-x-1a2b",
+            "/apis/spur.dev/v1alpha1/jobs",
         ] {
             assert!(kube_path_allowed(ok), "{ok}");
         }

@@ -32,6 +32,8 @@ pub struct ClusterView {
     pub route_groups: BTreeMap<String, RouteGroup>,
     /// The routes each key's RoutingConfig exports: what the baselines' sidecars hold.
     pub routing_configs: BTreeMap<String, RoutingConfig>,
+    /// Jobs, by `namespace/name`.
+    pub jobs: BTreeMap<String, spur_api::Job>,
     /// The lists have been read at least once since the cluster connected.
     pub synced: bool,
 }
@@ -198,7 +200,13 @@ impl Catalog {
                     tokio::join!(
                         catalog.watch::<Sandbox>(&clusters, &name, "sandboxes", token.clone()),
                         catalog.watch::<RouteGroup>(&clusters, &name, "routegroups", token.clone()),
-                        catalog.watch::<RoutingConfig>(&clusters, &name, "routingconfigs", token),
+                        catalog.watch::<RoutingConfig>(
+                            &clusters,
+                            &name,
+                            "routingconfigs",
+                            token.clone()
+                        ),
+                        catalog.watch::<spur_api::Job>(&clusters, &name, "jobs", token),
                     );
                 });
             }
@@ -263,7 +271,7 @@ impl Catalog {
         let objects: BTreeMap<String, K> = list
             .items
             .into_iter()
-            .filter_map(|o| Some((o.meta().name.clone()?, o)))
+            .filter_map(|o| Some((key_of(&o)?, o)))
             .collect();
         self.update(cluster, |v| {
             *K::map(v) = objects;
@@ -286,14 +294,14 @@ impl Catalog {
                 };
                 match event {
                     WatchEvent::Added(o) | WatchEvent::Modified(o) => {
-                        if let Some(name) = o.meta().name.clone() {
+                        if let Some(name) = key_of(&o) {
                             self.update(cluster, |v| {
                                 K::map(v).insert(name, o);
                             });
                         }
                     }
                     WatchEvent::Deleted(o) => {
-                        if let Some(name) = o.meta().name.clone() {
+                        if let Some(name) = key_of(&o) {
                             self.update(cluster, |v| {
                                 K::map(v).remove(&name);
                             });
@@ -315,6 +323,21 @@ impl Catalog {
         }
         // The watch timed out: the loop lists again, which also repairs anything missed.
         Ok(())
+    }
+}
+
+/// The key of an object in its map: its name, or `namespace/name` for a namespaced one.
+fn key_of<K: kube::Resource>(o: &K) -> Option<String> {
+    let name = o.meta().name.clone()?;
+    Some(match &o.meta().namespace {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name,
+    })
+}
+
+impl Kind for spur_api::Job {
+    fn map(view: &mut ClusterView) -> &mut BTreeMap<String, Self> {
+        &mut view.jobs
     }
 }
 

@@ -523,6 +523,47 @@ impl Preview {
                 }
                 out.push_str("</table>");
             }
+            if !view.jobs.is_empty() {
+                let _ = write!(out, "<h3>Jobs in {}</h3>", esc(cluster));
+                out.push_str("<table><tr><th>Job</th><th>Runner group</th><th>Routing context</th><th>Phase</th><th>Exit code</th><th>Attempts</th></tr>");
+                // Newest first: the latest runs are what people look for.
+                let mut jobs: Vec<(&String, &spur_api::Job)> = view.jobs.iter().collect();
+                jobs.sort_by(|a, b| {
+                    b.1.metadata
+                        .creation_timestamp
+                        .cmp(&a.1.metadata.creation_timestamp)
+                        .then(a.0.cmp(b.0))
+                });
+                for (key, job) in jobs.into_iter().take(MAX_JOBS_SHOWN) {
+                    let st = job.status.clone().unwrap_or_default();
+                    let context = job
+                        .spec
+                        .routing_context
+                        .as_ref()
+                        .and_then(|rc| {
+                            rc.sandbox
+                                .as_ref()
+                                .map(|s| format!("sandbox {s}"))
+                                .or_else(|| {
+                                    rc.route_group.as_ref().map(|g| format!("route group {g}"))
+                                })
+                        })
+                        .unwrap_or_else(|| "baselines".into());
+                    let _ = write!(
+                        out,
+                        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                        esc(key),
+                        esc(&job.spec.runner_group),
+                        esc(&context),
+                        st.phase.map_or("Queued", spur_api::jobs::JobPhase::as_str),
+                        st.exit_code
+                            .map(|c| c.to_string())
+                            .unwrap_or_else(|| "-".into()),
+                        st.attempts.len(),
+                    );
+                }
+                out.push_str("</table>");
+            }
             if !view.route_groups.is_empty() {
                 let _ = write!(out, "<h3>Route groups in {}</h3>", esc(cluster));
                 out.push_str("<table><tr><th>Route group</th><th>Routing key</th><th>Sandboxes</th><th>Previews</th></tr>");
@@ -545,6 +586,9 @@ impl Preview {
         out
     }
 }
+
+/// Jobs listed per cluster (the newest); the rest are a `spur job list` away.
+const MAX_JOBS_SHOWN: usize = 50;
 
 fn human(d: Duration) -> String {
     let s = d.as_secs();

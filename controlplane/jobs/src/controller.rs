@@ -315,7 +315,13 @@ async fn reconcile_group(group: Arc<JobRunnerGroup>, ctx: Arc<Context>) -> Resul
         .await?;
 
     let digest = pods::template_digest(&group);
-    let plan = queue::plan(&group, &jobs, &pods, &digest);
+    let plan = queue::plan(
+        &group,
+        &jobs,
+        &pods,
+        &digest,
+        k8s_openapi::jiff::Timestamp::now().as_second(),
+    );
     let job = |n: &str| jobs.iter().find(|j| j.name_any() == n);
 
     for name in &plan.cancel_queued {

@@ -58,6 +58,25 @@ fn accepted(job: &Job) -> bool {
         .is_some_and(|s| is_condition_true(&s.conditions, ACCEPTED))
 }
 
+/// Not yet looked at by the Job controller: no `Accepted` condition either way.
+fn unevaluated(job: &Job) -> bool {
+    job.status
+        .as_ref()
+        .is_none_or(|s| !s.conditions.iter().any(|c| c.type_ == ACCEPTED))
+}
+
+/// How long a job the Job controller has not looked at holds back the jobs submitted after it
+/// (its place in the queue is unknown until then). Past this, a job that cannot be looked at
+/// (the API refusing its status writes, say) no longer stalls its group.
+pub const EVALUATION_WAIT_SECS: i64 = 30;
+
+fn created(job: &Job) -> i64 {
+    job.metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(0, |t| t.0.as_second())
+}
+
 /// The decisions of one pass.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Plan {
@@ -78,7 +97,14 @@ pub struct Plan {
     pub desired: i32,
 }
 
-pub fn plan(group: &JobRunnerGroup, jobs: &[Arc<Job>], pods: &[Arc<Pod>], digest: &str) -> Plan {
+/// `now` (Unix seconds) decides which not-yet-evaluated jobs still hold the queue back.
+pub fn plan(
+    group: &JobRunnerGroup,
+    jobs: &[Arc<Job>],
+    pods: &[Arc<Pod>],
+    digest: &str,
+    now: i64,
+) -> Plan {
     let mut p = Plan::default();
     let by_name = |name: &str| pods.iter().find(|pod| pod.name_any() == name);
 
@@ -90,6 +116,15 @@ pub fn plan(group: &JobRunnerGroup, jobs: &[Arc<Job>], pods: &[Arc<Pod>], digest
         .collect();
     let mut busy: BTreeSet<String> = BTreeSet::new();
     let mut queued: Vec<&Arc<Job>> = Vec::new();
+    // Jobs the Job controller has not looked at yet may come before any job of their creation
+    // second or later (their revision is not known yet): those wait for them.
+    let barrier = jobs
+        .iter()
+        .filter(|j| j.metadata.deletion_timestamp.is_none() && !j.spec.canceled)
+        .filter(|j| phase(j) == JobPhase::Queued && unevaluated(j))
+        .map(|j| created(j))
+        .filter(|c| now - c < EVALUATION_WAIT_SECS)
+        .min();
     for job in jobs {
         if job.metadata.deletion_timestamp.is_some() {
             continue;
@@ -105,7 +140,7 @@ pub fn plan(group: &JobRunnerGroup, jobs: &[Arc<Job>], pods: &[Arc<Pod>], digest
             JobPhase::Queued => {
                 if job.spec.canceled {
                     p.cancel_queued.push(job.name_any());
-                } else if accepted(job) {
+                } else if accepted(job) && barrier.is_none_or(|b| created(job) < b) {
                     queued.push(job);
                 }
             }
@@ -198,6 +233,9 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// 2026-01-01T00:00:10Z: the test jobs were created seconds ago.
+    const NOW: i64 = 1_767_225_610;
+
     fn group(replicas: i32, reuse: bool) -> JobRunnerGroup {
         serde_json::from_value(json!({
             "apiVersion": "spur.dev/v1alpha1", "kind": "JobRunnerGroup",
@@ -250,12 +288,31 @@ mod tests {
             job("b", 4, 99, json!({})),
         ];
         let pods = vec![pod("g-2", true, "d"), pod("g-1", true, "d")];
-        let p = plan(&g, &jobs, &pods, "d");
+        let p = plan(&g, &jobs, &pods, "d", NOW);
         assert_eq!(
             p.assign,
             vec![("b".into(), "g-1".into()), ("c".into(), "g-2".into())]
         );
         assert_eq!((p.queued, p.create_pods, p.delete_pods.len()), (3, 0, 0));
+    }
+
+    #[test]
+    fn a_job_not_yet_evaluated_holds_back_those_after_it() {
+        let g = group(2, true);
+        let mut fresh = (*job("b", 5, 0, json!({}))).clone();
+        fresh.status = None; // not seen by the Job controller yet
+        let jobs = vec![
+            job("early", 4, 10, json!({})),
+            Arc::new(fresh),
+            job("same-second", 5, 31, json!({})),
+            job("later", 6, 40, json!({})),
+        ];
+        let pods = vec![pod("g-1", true, "d"), pod("g-2", true, "d")];
+        let p = plan(&g, &jobs, &pods, "d", NOW);
+        assert_eq!(p.assign, vec![("early".into(), "g-1".into())]);
+        // Long unevaluated: it no longer holds the queue.
+        let p = plan(&g, &jobs, &pods, "d", NOW + EVALUATION_WAIT_SECS);
+        assert_eq!(p.assign.len(), 2);
     }
 
     #[test]
@@ -275,7 +332,7 @@ mod tests {
             pod("g-2", false, "d"),
             pod("g-old", true, "old"),
         ];
-        let p = plan(&g, &jobs, &pods, "d");
+        let p = plan(&g, &jobs, &pods, "d", NOW);
         assert_eq!(p.lost, vec!["r2".to_owned()]);
         assert_eq!(p.cancel_queued, vec!["x".to_owned()]);
         assert!(p.assign.is_empty(), "g-2 is not ready, g-old is stale");
@@ -284,7 +341,7 @@ mod tests {
 
         // Scale down: never the busy pod.
         let g1 = group(1, true);
-        let p = plan(&g1, &jobs, &pods, "d");
+        let p = plan(&g1, &jobs, &pods, "d", NOW);
         assert_eq!(p.delete_pods, vec!["g-old".to_owned(), "g-2".to_owned()]);
         assert_eq!(p.alive, 1);
     }
@@ -295,7 +352,7 @@ mod tests {
         let done = json!({"phase": "Succeeded", "attempts": [{"id": 1, "pod": "g-1", "phase": "Succeeded"}]});
         let jobs = vec![job("done", 1, 1, done), job("next", 2, 2, json!({}))];
         let pods = vec![pod("g-1", true, "d")];
-        let p = plan(&g, &jobs, &pods, "d");
+        let p = plan(&g, &jobs, &pods, "d", NOW);
         assert!(p.assign.is_empty());
         assert_eq!(p.delete_pods, vec!["g-1".to_owned()]);
         assert_eq!(p.create_pods, 1);
@@ -311,9 +368,9 @@ mod tests {
         let jobs: Vec<_> = (0..6)
             .map(|i| job(&format!("j{i}"), 1, i, json!({})))
             .collect();
-        let p = plan(&g, &jobs, &[], "d");
+        let p = plan(&g, &jobs, &[], "d", NOW);
         assert_eq!((p.desired, p.create_pods), (4, 4));
-        let p = plan(&g, &[], &[pod("g-1", true, "d")], "d");
+        let p = plan(&g, &[], &[pod("g-1", true, "d")], "d", NOW);
         assert_eq!((p.desired, p.delete_pods.len()), (0, 1));
     }
 }
