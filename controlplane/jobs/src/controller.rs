@@ -18,7 +18,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt};
 use spur_api::conditions::{ConditionStatus, NewCondition, set_condition};
-use spur_api::jobs::{Attempt, AttemptPhase, CanceledBy, JobPhase, JobRunnerGroupStatus};
+use spur_api::jobs::{Attempt, AttemptPhase, JobPhase, JobRunnerGroupStatus};
 use spur_api::{Job, JobRunnerGroup, RouteGroup, Sandbox};
 use tokio_util::sync::CancellationToken;
 
@@ -188,10 +188,7 @@ async fn apply_job(job: &Job, ctx: &Arc<Context>) -> Result<Action, Error> {
         let refuse = |st: &mut spur_api::jobs::JobStatus, reason: &str, message: &str| {
             condition(st, job, ACCEPTED, false, reason, message);
             if queued && job.spec.canceled {
-                st.phase = Some(JobPhase::Canceled);
-                st.canceled_by = Some(CanceledBy::Request);
-                st.finished_at = Some(now_string());
-                condition(st, job, FINISHED, true, "Canceled", "canceled before it ran");
+                status::canceled_by_request(st, job, "canceled before it ran");
             }
         };
         if let Some(m) = &invalid {
@@ -329,17 +326,7 @@ async fn reconcile_group(group: Arc<JobRunnerGroup>, ctx: Arc<Context>) -> Resul
             if st.phase.is_some_and(|p| p != JobPhase::Queued) {
                 return false;
             }
-            st.phase = Some(JobPhase::Canceled);
-            st.canceled_by = Some(CanceledBy::Request);
-            st.finished_at = Some(now_string());
-            condition(
-                st,
-                job,
-                FINISHED,
-                true,
-                "Canceled",
-                "canceled before it ran",
-            );
+            status::canceled_by_request(st, job, "canceled before it ran");
             true
         })
         .await?;

@@ -710,17 +710,7 @@ pub(crate) async fn lost(
             );
             condition(st, job, FINISHED, true, "Failed", &m);
         } else if job.spec.canceled {
-            st.phase = Some(JobPhase::Canceled);
-            st.canceled_by = Some(CanceledBy::Request);
-            st.finished_at = Some(now);
-            condition(
-                st,
-                job,
-                FINISHED,
-                true,
-                "Canceled",
-                "canceled after its runner was lost",
-            );
+            status::canceled_by_request(st, job, "canceled after its runner was lost");
         } else {
             st.phase = Some(JobPhase::Queued);
         }

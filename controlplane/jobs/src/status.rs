@@ -79,3 +79,11 @@ pub(crate) fn condition(
         &now(),
     );
 }
+
+/// Ends a job that was not running (or whose runner was lost) as canceled by request.
+pub(crate) fn canceled_by_request(st: &mut JobStatus, job: &Job, message: &str) {
+    st.phase = Some(spur_api::jobs::JobPhase::Canceled);
+    st.canceled_by = Some(spur_api::jobs::CanceledBy::Request);
+    st.finished_at = Some(now_string());
+    condition(st, job, crate::queue::FINISHED, true, "Canceled", message);
+}
