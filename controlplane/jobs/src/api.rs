@@ -452,6 +452,7 @@ async fn stream_log(
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
     let mut offset: u64 = 0;
     let mut buf = vec![0u8; CHUNK];
+    let mut opened = ctx.live.opened();
     loop {
         if attempt >= 1 {
             if let Some(sealed) = ctx.store.log(&ns, &uid, attempt).await? {
@@ -510,9 +511,11 @@ async fn stream_log(
             return Ok(());
         }
         // Not being driven here (not started, or between a lost attempt and the next): look
-        // at the job again shortly.
+        // at the job again when an attempt starts somewhere, or shortly.
+        opened.borrow_and_update();
         tokio::select! {
             () = tx.closed() => return Ok(()),
+            _ = opened.changed() => {}
             () = tokio::time::sleep(Duration::from_millis(250)) => {}
         }
         let Some(now) = jobs.get_opt(&name).await? else {

@@ -96,9 +96,18 @@ impl Drivers {
     }
 }
 
-/// Where a running attempt's spool is, for followers.
-#[derive(Default)]
-pub(crate) struct Live(Mutex<HashMap<(String, i32), watch::Sender<LiveState>>>);
+/// Where a running attempt's spool is, for followers; `opened` ticks whenever an attempt starts
+/// being driven, so a follower waiting for one wakes at once.
+pub(crate) struct Live(
+    Mutex<HashMap<(String, i32), watch::Sender<LiveState>>>,
+    watch::Sender<u64>,
+);
+
+impl Default for Live {
+    fn default() -> Self {
+        Live(Mutex::new(HashMap::new()), watch::channel(0).0)
+    }
+}
 
 /// Bytes spooled so far, and whether the attempt's log is sealed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -125,7 +134,13 @@ impl Live {
             sealed: false,
         });
         self.lock().insert((uid.to_owned(), attempt), tx.clone());
+        self.1.send_modify(|n| *n = n.wrapping_add(1));
         tx
+    }
+
+    /// Ticks whenever an attempt starts being driven.
+    pub(crate) fn opened(&self) -> watch::Receiver<u64> {
+        self.1.subscribe()
     }
 
     fn close(&self, uid: &str, attempt: i32) {
