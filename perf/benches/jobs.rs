@@ -185,10 +185,10 @@ async fn one(client: &Client, ns: &str, name: &str) -> Result<Sample> {
     })
 }
 
-/// user+system CPU time (ms) of every process whose command line starts with `prefix`.
+/// User + system CPU time (ms) of every process whose command line starts with `prefix`
+/// (read with the side-by-side runner's /proc helpers).
 fn cpu_ms(prefix: &[&str]) -> f64 {
-    let tick = 100.0; // USER_HZ
-    let mut total = 0.0;
+    let mut pids = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
             continue;
@@ -204,20 +204,11 @@ fn cpu_ms(prefix: &[&str]) -> f64 {
             args.get(i)
                 .is_some_and(|a| a == p || a.ends_with(&format!("/{p}")))
         });
-        if !matches {
-            continue;
-        }
-        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            && let Some(rest) = stat.rsplit_once(')').map(|x| x.1)
-        {
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            // Fields after the comm: state(0) ppid(1) … utime(11) stime(12).
-            let ticks: f64 = f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
-                + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-            total += ticks / tick * 1e3;
+        if matches {
+            pids.push(pid);
         }
     }
-    total
+    spur_perf::bench::proc::cpu_seconds_sum(&pids) * 1e3
 }
 
 async fn run(node: &'static Node, jobs: usize, burst: usize) -> Result<Results> {

@@ -206,11 +206,7 @@ impl JobRunnerGroup {
     pub fn validate(&self) -> Result<(), Error> {
         let mut c = Checker::default();
         if let Some(name) = self.metadata.name.as_deref() {
-            c.require(
-                is_dns_label(name) && name.len() <= RUNNER_GROUP_NAME_MAX,
-                || "metadata.name".into(),
-                "must be a DNS-1123 label of at most 50 characters",
-            );
+            check_group_name(&mut c, "metadata.name", name);
         }
         self.spec.check(&mut c);
         c.finish("JobRunnerGroup")
@@ -620,11 +616,7 @@ impl JobSpec {
     }
 
     fn check(&self, c: &mut Checker) {
-        c.require(
-            is_dns_label(&self.runner_group) && self.runner_group.len() <= RUNNER_GROUP_NAME_MAX,
-            || "spec.runnerGroup".into(),
-            "must be a DNS-1123 label of at most 50 characters",
-        );
+        check_group_name(c, "spec.runnerGroup", &self.runner_group);
         match (&self.script, &self.command) {
             (Some(_), Some(_)) | (None, None) => {
                 c.fail("spec", "exactly one of script and command must be set")
@@ -706,6 +698,15 @@ impl JobSpec {
             None => group_max,
         }
     }
+}
+
+/// A runner group's name: a DNS label short enough for its pods' names.
+fn check_group_name(c: &mut Checker, path: &str, name: &str) {
+    c.require(
+        is_dns_label(name) && name.len() <= RUNNER_GROUP_NAME_MAX,
+        || path.into(),
+        "must be a DNS-1123 label of at most 50 characters",
+    );
 }
 
 /// Whether `p` is an absolute path with no `..` component.

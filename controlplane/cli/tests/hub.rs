@@ -908,7 +908,7 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
     // A job in east, with the phase the jobs component would have written.
     {
         use kube::api::{Patch, PatchParams, PostParams};
-        spur_e2e_namespace(&east, "ci").await;
+        create_namespace(&east, "ci").await;
         let jobs: kube::Api<spur_api::Job> = kube::Api::namespaced(east.client(), "ci");
         let job: spur_api::Job = serde_json::from_value(serde_json::json!({
             "apiVersion": "spur.dev/v1alpha1", "kind": "Job",
@@ -1111,7 +1111,7 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
     );
 }
 
-async fn spur_e2e_namespace(api: &spur_kube_harness::KubeApi, name: &str) {
+async fn create_namespace(api: &spur_kube_harness::KubeApi, name: &str) {
     use kube::api::PostParams;
     let ns: k8s_openapi::api::core::v1::Namespace =
         serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();

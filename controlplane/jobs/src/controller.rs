@@ -102,29 +102,29 @@ async fn reconcile_job(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action, Error
 }
 
 /// What a job's routing context resolves to.
-enum Context_ {
+enum Resolved {
     None,
     Key(String),
     Missing(&'static str, String),
 }
 
-async fn routing(job: &Job, ctx: &Context) -> Result<Context_, Error> {
+async fn routing(job: &Job, ctx: &Context) -> Result<Resolved, Error> {
     let Some(rc) = &job.spec.routing_context else {
-        return Ok(Context_::None);
+        return Ok(Resolved::None);
     };
     if let Some(name) = &rc.sandbox {
         let Some(sb) = Api::<Sandbox>::all(ctx.client.clone())
             .get_opt(name)
             .await?
         else {
-            return Ok(Context_::Missing(
+            return Ok(Resolved::Missing(
                 "SandboxNotFound",
                 format!("sandbox {name} does not exist"),
             ));
         };
         return Ok(match sb.status.and_then(|s| s.routing_key) {
-            Some(k) => Context_::Key(k),
-            None => Context_::Missing(
+            Some(k) => Resolved::Key(k),
+            None => Resolved::Missing(
                 "RoutingKeyPending",
                 format!("sandbox {name} has no routing key yet"),
             ),
@@ -135,20 +135,20 @@ async fn routing(job: &Job, ctx: &Context) -> Result<Context_, Error> {
             .get_opt(name)
             .await?
         else {
-            return Ok(Context_::Missing(
+            return Ok(Resolved::Missing(
                 "RouteGroupNotFound",
                 format!("route group {name} does not exist"),
             ));
         };
         return Ok(match rg.status.and_then(|s| s.routing_key) {
-            Some(k) => Context_::Key(k),
-            None => Context_::Missing(
+            Some(k) => Resolved::Key(k),
+            None => Resolved::Missing(
                 "RoutingKeyPending",
                 format!("route group {name} has no routing key yet"),
             ),
         });
     }
-    Ok(Context_::None)
+    Ok(Resolved::None)
 }
 
 async fn apply_job(job: &Job, ctx: &Arc<Context>) -> Result<Action, Error> {
@@ -215,13 +215,13 @@ async fn apply_job(job: &Job, ctx: &Arc<Context>) -> Result<Action, Error> {
             return true;
         }
         match &resolved {
-            Context_::Missing(reason, message) => refuse(st, reason, message),
-            Context_::Key(k) => {
+            Resolved::Missing(reason, message) => refuse(st, reason, message),
+            Resolved::Key(k) => {
                 st.routing_key = Some(k.clone());
                 condition(st, job, ACCEPTED, true, "Accepted", &format!("queued on runner group {group_name}"));
                 accepted = true;
             }
-            Context_::None => {
+            Resolved::None => {
                 condition(st, job, ACCEPTED, true, "Accepted", &format!("queued on runner group {group_name} (no routing context: baselines)"));
                 accepted = true;
             }
@@ -230,7 +230,7 @@ async fn apply_job(job: &Job, ctx: &Arc<Context>) -> Result<Action, Error> {
     })
     .await?;
     ctx.wake(&ns, &job.spec.runner_group);
-    if accepted || group.is_some() && matches!(resolved, Context_::Key(_) | Context_::None) {
+    if accepted || group.is_some() && matches!(resolved, Resolved::Key(_) | Resolved::None) {
         Ok(Action::requeue(Duration::from_secs(300)))
     } else {
         // A missing group or sandbox may appear: look again soon.

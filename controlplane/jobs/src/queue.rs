@@ -20,17 +20,12 @@ pub const FINISHED: &str = "Finished";
 
 /// A job's place in its group's queue: creation second, creation revision, name.
 pub fn queue_key(job: &Job) -> (i64, u64, String) {
-    let created = job
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map_or(0, |t| t.0.as_second());
     let rev = job
         .status
         .as_ref()
         .and_then(|s| s.submission_revision)
         .unwrap_or(u64::MAX);
-    (created, rev, job.name_any())
+    (created(job), rev, job.name_any())
 }
 
 pub fn phase(job: &Job) -> JobPhase {
