@@ -4,7 +4,8 @@
 //! `routes` is generated from `routes.proto` (package `routes`, wire-identical to the public
 //! `routesapi`); `tunnel` from `tunnel.proto` (package `spur.tunnel.v1`, what `spur local
 //! connect` asks the tunnel proxy); `jobs` from `jobs.proto` (package `spur.jobs.v1`, what the
-//! operator asks the job executor in a runner pod). `tests/codegen.rs` keeps the committed code
+//! operator asks the job executor in a runner pod); `io` from `io.proto` (package `spur.io.v1`,
+//! what a sandbox resource's step pod asks the io context server). `tests/codegen.rs` keeps the committed code
 //! in step with the `.proto` files.
 
 #[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]
@@ -15,6 +16,11 @@ pub mod routes {
 #[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]
 pub mod jobs {
     include!("gen/spur.jobs.v1.rs");
+}
+
+#[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]
+pub mod io {
+    include!("gen/spur.io.v1.rs");
 }
 
 #[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]

@@ -10,6 +10,7 @@ fn generated_code_is_up_to_date() {
     check("routes.proto", "routes.rs");
     check("tunnel.proto", "spur.tunnel.v1.rs");
     check("jobs.proto", "spur.jobs.v1.rs");
+    check("io.proto", "spur.io.v1.rs");
 }
 
 fn check(proto: &str, generated_file: &str) {

@@ -112,7 +112,7 @@ pub async fn install_crds(api: &KubeApi) -> anyhow::Result<()> {
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
         .collect();
     files.sort();
-    anyhow::ensure!(files.len() == 8, "expected eight CRDs, found {files:?}");
+    anyhow::ensure!(files.len() == 11, "expected eleven CRDs, found {files:?}");
     for f in files {
         api.install_crd_file(&f).await?;
     }

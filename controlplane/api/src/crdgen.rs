@@ -9,8 +9,8 @@ use kube::CustomResourceExt;
 
 use crate::error::Error;
 use crate::{
-    ExternalWorkload, ForkedWorkload, Job, JobRunnerGroup, RouteGroup, RoutingConfig, Sandbox,
-    VirtualWorkload,
+    ExternalWorkload, ForkedWorkload, Job, JobRunnerGroup, ObjectLifecycleMethods, Resource,
+    ResourcePlugin, RouteGroup, RoutingConfig, Sandbox, VirtualWorkload,
 };
 
 /// First lines of every generated file.
@@ -28,6 +28,9 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         RoutingConfig::crd(),
         JobRunnerGroup::crd(),
         Job::crd(),
+        ResourcePlugin::crd(),
+        Resource::crd(),
+        ObjectLifecycleMethods::crd(),
     ]
 }
 

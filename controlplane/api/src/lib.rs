@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! Sandbox ──► ForkedWorkload / ExternalWorkload / VirtualWorkload   (one per baseline, in its namespace)
+//!        ├──► Resource ──► ObjectLifecycleMethods ──► work-unit pods (io context server)
 //!        └──► RoutingConfig (its routing key) ◄── RouteGroup (label match over sandboxes)
 //!                   status.routeServer.routes ──► route server ──► Routes API rules
 //! ```
@@ -17,6 +18,7 @@ pub mod crdgen;
 pub mod jobs;
 pub mod keys;
 pub mod names;
+pub mod resources;
 pub mod routegroup;
 pub mod routingconfig;
 pub mod sandbox;
@@ -30,6 +32,10 @@ mod schema;
 pub use common::{ServiceMapping, ServicePort, WorkloadKind, WorkloadRef};
 pub use error::{Error, FieldError, FieldErrors};
 pub use jobs::{Job, JobRunnerGroup, JobRunnerGroupSpec, JobRunnerGroupStatus, JobSpec, JobStatus};
+pub use resources::{
+    ObjectLifecycleMethods, OlmSpec, OlmStatus, Resource, ResourcePlugin, ResourcePluginSpec,
+    ResourceSpec, ResourceStatus,
+};
 pub use routegroup::{Match, RouteGroup, RouteGroupSpec, RouteGroupStatus};
 pub use routingconfig::{Route, RoutingConfig, RoutingConfigSpec, RoutingConfigStatus};
 pub use sandbox::{Sandbox, SandboxSpec, SandboxStatus};

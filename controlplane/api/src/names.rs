@@ -90,6 +90,17 @@ pub fn virtual_workload_name(sandbox: &str, virtual_name: &str) -> String {
     derived_name(&[sandbox, virtual_name], &["virtual"])
 }
 
+/// Name of the Resource (cluster-scoped) for `spec.resources[].name == resource`; also its
+/// ObjectLifecycleMethods', its io context's and its output Secrets' (one per fork namespace).
+pub fn resource_name(sandbox: &str, resource: &str) -> String {
+    derived_name(&[sandbox, resource], &["resource"])
+}
+
+/// Name of the Secret holding an io context's values (in the io context server's namespace).
+pub fn io_context_secret_name(io_context: &str) -> String {
+    format!("spur-io-{io_context}")
+}
+
 /// Name of the RoutingConfig of a sandbox's routing key.
 pub fn sandbox_routing_config_name(sandbox: &str) -> String {
     derived_name(&[sandbox], &["routingconfig", "Sandbox"])

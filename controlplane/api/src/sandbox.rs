@@ -531,6 +531,10 @@ pub struct SandboxStatus {
     #[serde(rename = "virtual", default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub virtual_workloads: Vec<VirtualStatus>,
+    /// One entry per `spec.resources[]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub resources: Vec<ResourceStatusSummary>,
     /// When the controller first saw the current spec (the base of `ttl.offsetFrom: updatedAt`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated_at: Option<Time>,
@@ -541,6 +545,28 @@ pub struct SandboxStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub endpoints: Vec<EndpointStatus>,
+}
+
+/// Where a resource stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceStatusSummary {
+    /// `spec.resources[].name`.
+    pub name: String,
+    /// The Resource object (cluster-scoped), once created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
+    /// The plugin version it was made from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin: Option<String>,
+    /// `Pending`, `Creating`, `Ready`, `Failed` or `Deleting`.
+    pub phase: String,
+    /// The Secret (in each fork namespace) its outputs are in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_secret: Option<String>,
+    /// What it waits for, or why it failed (the step, and the end of its log).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// Where a fork stands.

@@ -520,3 +520,65 @@ fn a_job_is_immutable_except_cancel() {
         );
     }
 }
+
+fn plugin_rejected(what: &str, mutate: impl FnOnce(&mut Value), cel_says: &str, rust_says: &str) {
+    let mut obj = example("resourceplugin-postgres.yaml");
+    mutate(&mut obj);
+    let errs = cel(&schema::<spur_api::ResourcePlugin>(), &obj, None);
+    assert!(
+        errs.iter().any(|e| e.contains(cel_says)),
+        "{what}: CEL should say {cel_says:?}, said {errs:#?}"
+    );
+    let plugin: spur_api::ResourcePlugin = serde_json::from_value(obj).unwrap();
+    let rust = plugin.validate().expect_err(what).to_string();
+    assert!(
+        rust.contains(rust_says),
+        "{what}: Rust should say {rust_says:?}, said {rust}"
+    );
+}
+
+#[test]
+fn resource_plugin_rules() {
+    let plugin = example("resourceplugin-postgres.yaml");
+    assert_eq!(
+        cel(&schema::<Sandbox>(), &example("sandbox-resource.yaml"), None),
+        Vec::<String>::new()
+    );
+    let schema = schema::<spur_api::ResourcePlugin>();
+    assert_eq!(cel(&schema, &plugin, None), Vec::<String>::new());
+    plugin_rejected(
+        "input from both the sandbox and a step",
+        |o| o["spec"]["create"][1]["inputs"][0]["valueFromSandbox"] = json!(true),
+        "exactly one of valueFromSandbox",
+        "exactly one of valueFromSandbox",
+    );
+    plugin_rejected(
+        "input from neither",
+        |o| {
+            o["spec"]["create"][0]["inputs"][0]
+                .as_object_mut()
+                .unwrap()
+                .remove("valueFromSandbox");
+        },
+        "exactly one of valueFromSandbox",
+        "exactly one of valueFromSandbox",
+    );
+    plugin_rejected(
+        "env and path",
+        |o| o["spec"]["create"][0]["inputs"][0]["as"] = json!({"env": "X", "path": "/tmp/x"}),
+        "exactly one of env and path",
+        "exactly one of env and path",
+    );
+    plugin_rejected(
+        "a version with a leading zero",
+        |o| o["metadata"]["name"] = json!("postgres.01.0.0"),
+        "<plugin>.<major>.<minor>.<patch>",
+        "<plugin>.<major>.<minor>.<patch>",
+    );
+    // Immutable: any change to a published version is refused.
+    let mut changed = plugin.clone();
+    changed["spec"]["create"][0]["script"] = json!("#!/bin/sh\ntrue\n");
+    let errs = cel(&schema, &changed, Some(&plugin));
+    assert!(errs.iter().any(|e| e.contains("immutable")), "{errs:?}");
+    assert_eq!(cel(&schema, &plugin, Some(&plugin)), Vec::<String>::new());
+}

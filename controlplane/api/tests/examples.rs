@@ -148,3 +148,35 @@ fn example_job_and_runner_group() {
         std::time::Duration::from_secs(300)
     );
 }
+
+#[test]
+fn example_resource_plugin_and_sandbox() {
+    use spur_api::resources::{PluginRequest, parse_plugin_request};
+    let plugin: spur_api::ResourcePlugin = round_trip(&example("resourceplugin-postgres.yaml"));
+    plugin.validate().unwrap();
+    assert_eq!(plugin.metadata.name.as_deref(), Some("postgres.1.0.0"));
+    let steps: Vec<&str> = plugin.spec.create.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(steps, ["database", "user"]);
+    assert_eq!(plugin.spec.delete[0].name, "drop");
+    assert_eq!(plugin.spec.parameters().collect::<Vec<_>>(), ["db-prefix"]);
+
+    let sbx: Sandbox = round_trip(&example("sandbox-resource.yaml"));
+    sbx.spec.validate().unwrap();
+    let r = &sbx.spec.resources[0];
+    assert_eq!(
+        parse_plugin_request(&r.plugin),
+        Ok(PluginRequest::Exact("postgres", (1, 0, 0)))
+    );
+    let env = &sbx.spec.forks[0].customizations.env[0];
+    let from = env.value_from.as_ref().unwrap().resource.as_ref().unwrap();
+    assert_eq!((from.name.as_str(), from.output_key.as_str()), ("db", "user.dsn"));
+    // The output key names a step and an output the plugin declares.
+    let (step, output) = from.output_key.split_once('.').unwrap();
+    assert!(
+        plugin
+            .spec
+            .create
+            .iter()
+            .any(|s| s.name == step && s.outputs.iter().any(|o| o.name == output))
+    );
+}
