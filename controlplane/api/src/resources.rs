@@ -24,8 +24,7 @@ use crate::validation::*;
 
 /// Object names of plugins: `<plugin>` (version 0.0.0) or `<plugin>.<major>.<minor>.<patch>`,
 /// so that a (plugin, version) pair is one object by construction.
-pub const PLUGIN_OBJECT_NAME_PATTERN: &str =
-    "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.](0|[1-9][0-9]{0,8})[.](0|[1-9][0-9]{0,8})[.](0|[1-9][0-9]{0,8}))?$";
+pub const PLUGIN_OBJECT_NAME_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.](0|[1-9][0-9]{0,8})[.](0|[1-9][0-9]{0,8})[.](0|[1-9][0-9]{0,8}))?$";
 /// Longest plugin object name.
 pub const PLUGIN_OBJECT_NAME_MAX: usize = 100;
 /// Step and work-unit names: short DNS labels (they end up in pod names).
@@ -251,7 +250,9 @@ pub fn parse_version(s: &str) -> Option<PluginVersion> {
         if p.is_empty() || p.len() > 9 || (p.len() > 1 && p.starts_with('0')) {
             return None;
         }
-        p.bytes().all(|b| b.is_ascii_digit()).then(|| p.parse().ok())?
+        p.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| p.parse().ok())?
     };
     let v = (next()?, next()?, next()?);
     parts.next().is_none().then_some(v)
@@ -519,7 +520,9 @@ pub fn is_io_path(p: &str) -> bool {
         && p.starts_with('/')
         && !p.ends_with('/')
         && !p.contains('\0')
-        && p[1..].split('/').all(|c| !c.is_empty() && c != ".." && c != ".")
+        && p[1..]
+            .split('/')
+            .all(|c| !c.is_empty() && c != ".." && c != ".")
         && p != "/spur-io"
         && !p.starts_with("/spur-io/")
 }
@@ -540,8 +543,17 @@ pub fn is_io_path(p: &str) -> bool {
     derive = "PartialEq",
     doc = "Workflows run around an object's life: preStart work units in order when it is created, postStop work units in order when it is deleted (behind a finalizer, retried with backoff until they succeed). Each work unit is a pod; its inputs and outputs go through the io context server. Made by the operator for each sandbox Resource.",
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Context", type_ = "string", json_path = ".spec.ioContextName", priority = 1),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Context",
+        type_ = "string",
+        json_path = ".spec.ioContextName",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [{
@@ -618,7 +630,8 @@ pub struct IoContextRef {
 }
 
 /// Keys of an io context: `<unit>.<output>`.
-pub const IO_KEY_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?[.][a-zA-Z]([a-zA-Z0-9-]*[a-zA-Z0-9])?$";
+pub const IO_KEY_PATTERN: &str =
+    "^[a-z0-9]([-a-z0-9]*[a-z0-9])?[.][a-zA-Z]([a-zA-Z0-9-]*[a-zA-Z0-9])?$";
 
 /// The io context key of a unit's output.
 pub fn io_key(unit: &str, output: &str) -> String {
@@ -874,8 +887,7 @@ impl OlmSpec {
                         _ => c.fail(ipath, "an input has exactly one of value and iocontext"),
                     }
                 }
-                let outputs: HashSet<&str> =
-                    unit.outputs.iter().map(|o| o.name.as_str()).collect();
+                let outputs: HashSet<&str> = unit.outputs.iter().map(|o| o.name.as_str()).collect();
                 let t = &unit.exec_unit_template;
                 c.require(
                     t.pod_template.is_object(),
@@ -892,7 +904,9 @@ impl OlmSpec {
                         "must name one of the unit's inputs",
                     );
                     match (&inj.dst.env, &inj.dst.local_path) {
-                        (Some(e), None) => check_env(&mut c, &format!("{jpath}.dst.env"), e, &mut envs),
+                        (Some(e), None) => {
+                            check_env(&mut c, &format!("{jpath}.dst.env"), e, &mut envs)
+                        }
                         (None, Some(p)) => {
                             check_path(&mut c, &format!("{jpath}.dst.localPath"), p, &mut paths)
                         }
@@ -938,7 +952,11 @@ impl OlmSpec {
     printcolumn(name = "Sandbox", type_ = "string", json_path = ".spec.sandbox"),
     printcolumn(name = "Plugin", type_ = "string", json_path = ".spec.plugin"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [{
@@ -1206,10 +1224,23 @@ mod tests {
             parse_plugin_object_name("postgres.1.10.0"),
             Some(("postgres", (1, 10, 0)))
         );
-        for bad in ["Pg", "pg.1", "pg.1.0", "pg.01.0.0", "pg.1.0.0.0", "pg.a.b.c", "pg."] {
+        for bad in [
+            "Pg",
+            "pg.1",
+            "pg.1.0",
+            "pg.01.0.0",
+            "pg.1.0.0.0",
+            "pg.a.b.c",
+            "pg.",
+        ] {
             assert_eq!(parse_plugin_object_name(bad), None, "{bad}");
         }
-        let names = ["postgres", "postgres.1.2.0", "postgres.1.10.0", "mariadb.2.0.0"];
+        let names = [
+            "postgres",
+            "postgres.1.2.0",
+            "postgres.1.10.0",
+            "mariadb.2.0.0",
+        ];
         let pick = |s: &str| resolve_plugin(&parse_plugin_request(s).unwrap(), names);
         assert_eq!(pick("postgres"), Some("postgres.1.10.0"));
         assert_eq!(pick("postgres@latest"), Some("postgres.1.10.0"));
@@ -1226,7 +1257,11 @@ mod tests {
         let ok = plugin(
             vec![
                 step("server", vec![from_sandbox("dbname")], &["host"]),
-                step("provision", vec![from_step("host", "server", "host")], &["dsn"]),
+                step(
+                    "provision",
+                    vec![from_step("host", "server", "host")],
+                    &["dsn"],
+                ),
             ],
             vec![step(
                 "drop",
@@ -1245,7 +1280,10 @@ mod tests {
             vec![],
         );
         let e = forward.validate().unwrap_err().to_string();
-        assert!(e.contains("spec.create[0].inputs[0].valueFromStep.name"), "{e}");
+        assert!(
+            e.contains("spec.create[0].inputs[0].valueFromStep.name"),
+            "{e}"
+        );
 
         let undeclared = plugin(
             vec![
@@ -1258,17 +1296,25 @@ mod tests {
         assert!(e.contains("declares no output"), "{e}");
 
         let dup = plugin(vec![step("a", vec![], &[])], vec![step("a", vec![], &[])]);
-        assert!(dup.validate().unwrap_err().to_string().contains("duplicate step"));
+        assert!(
+            dup.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("duplicate step")
+        );
 
         let mut both = from_sandbox("x");
         both.value_from_step = Some(StepOutputRef {
             name: "a".into(),
             output: "x".into(),
         });
-        let e = plugin(vec![step("a", vec![], &["x"]), step("b", vec![both], &[])], vec![])
-            .validate()
-            .unwrap_err()
-            .to_string();
+        let e = plugin(
+            vec![step("a", vec![], &["x"]), step("b", vec![both], &[])],
+            vec![],
+        )
+        .validate()
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("exactly one"), "{e}");
 
         let mut reserved_env = from_sandbox("x");
@@ -1294,7 +1340,17 @@ mod tests {
         for ok in ["/tmp/dsn", "/out/a-b.txt"] {
             assert!(is_io_path(ok), "{ok}");
         }
-        for bad in ["", "/", "tmp/x", "/a/../b", "/a/./b", "/a//b", "/a/", "/spur-io", "/spur-io/in"] {
+        for bad in [
+            "",
+            "/",
+            "tmp/x",
+            "/a/../b",
+            "/a/./b",
+            "/a//b",
+            "/a/",
+            "/spur-io",
+            "/spur-io/in",
+        ] {
             assert!(!is_io_path(bad), "{bad}");
         }
     }
@@ -1304,16 +1360,27 @@ mod tests {
         let p = plugin(
             vec![
                 step("server", vec![from_sandbox("db-name")], &["host"]),
-                step("provision", vec![from_step("host", "server", "host")], &["dsn"]),
+                step(
+                    "provision",
+                    vec![from_step("host", "server", "host")],
+                    &["dsn"],
+                ),
             ],
-            vec![step("drop", vec![from_step("dsn", "provision", "dsn")], &[])],
+            vec![step(
+                "drop",
+                vec![from_step("dsn", "provision", "dsn")],
+                &[],
+            )],
         );
         let params = BTreeMap::from([("db-name".to_string(), "orders".to_string())]);
         let olm = compile(&p, &params, "ctx1", &[(env::SANDBOX_NAME, "sb")]).unwrap();
         assert_eq!(olm.pre_start.len(), 2);
         assert_eq!(olm.pre_start[0].inputs[0].value.as_deref(), Some("orders"));
         assert_eq!(
-            olm.pre_start[0].exec_unit_template.input_injects[0].dst.env.as_deref(),
+            olm.pre_start[0].exec_unit_template.input_injects[0]
+                .dst
+                .env
+                .as_deref(),
             Some("DB_NAME")
         );
         let r = olm.post_stop[0].inputs[0].iocontext.as_ref().unwrap();
@@ -1326,8 +1393,18 @@ mod tests {
         spec.validate().unwrap();
 
         let mut foreign = spec.clone();
-        foreign.post_stop[0].inputs[0].iocontext.as_mut().unwrap().name = "other".into();
-        assert!(foreign.validate().unwrap_err().to_string().contains("own ioContextName"));
+        foreign.post_stop[0].inputs[0]
+            .iocontext
+            .as_mut()
+            .unwrap()
+            .name = "other".into();
+        assert!(
+            foreign
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("own ioContextName")
+        );
 
         let e = compile(&p, &BTreeMap::new(), "ctx1", &[]).unwrap_err();
         assert!(e.contains("db-name"), "{e}");

@@ -541,7 +541,11 @@ fn plugin_rejected(what: &str, mutate: impl FnOnce(&mut Value), cel_says: &str, 
 fn resource_plugin_rules() {
     let plugin = example("resourceplugin-postgres.yaml");
     assert_eq!(
-        cel(&schema::<Sandbox>(), &example("sandbox-resource.yaml"), None),
+        cel(
+            &schema::<Sandbox>(),
+            &example("sandbox-resource.yaml"),
+            None
+        ),
         Vec::<String>::new()
     );
     let schema = schema::<spur_api::ResourcePlugin>();

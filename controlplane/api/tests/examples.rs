@@ -169,7 +169,10 @@ fn example_resource_plugin_and_sandbox() {
     );
     let env = &sbx.spec.forks[0].customizations.env[0];
     let from = env.value_from.as_ref().unwrap().resource.as_ref().unwrap();
-    assert_eq!((from.name.as_str(), from.output_key.as_str()), ("db", "user.dsn"));
+    assert_eq!(
+        (from.name.as_str(), from.output_key.as_str()),
+        ("db", "user.dsn")
+    );
     // The output key names a step and an output the plugin declares.
     let (step, output) = from.output_key.split_once('.').unwrap();
     assert!(

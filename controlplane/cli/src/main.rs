@@ -4,6 +4,7 @@ mod demo;
 mod demo_app;
 mod front_door;
 mod hub;
+mod ics;
 mod jobs;
 mod local;
 mod operator;
@@ -61,6 +62,9 @@ enum Command {
     Artifact(jobs::ArtifactArgs),
     /// List runner groups.
     RunnerGroup(jobs::RunnerGroupArgs),
+    /// The io context server of sandbox resources: the values their workflow steps hand each
+    /// other (docs/resources.md).
+    Ics(ics::IcsArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -81,7 +85,8 @@ fn main() -> std::process::ExitCode {
         | Command::TunnelProxy(_)
         | Command::Hub(_)
         | Command::Agent(_)
-        | Command::Jobs(_) => "info",
+        | Command::Jobs(_)
+        | Command::Ics(_) => "info",
     });
     // Tunnels run on one thread, at both ends: a tunnel is one QUIC connection, whose driver,
     // endpoint and stream copies hand each packet to one another. On one thread those hand-offs
@@ -117,6 +122,7 @@ fn main() -> std::process::ExitCode {
             Command::Job(args) => jobs::job(args).await,
             Command::Artifact(args) => jobs::artifact(args).await,
             Command::RunnerGroup(args) => jobs::runner_group(args).await,
+            Command::Ics(args) => ics::run(args).await,
         }
     });
     match result {

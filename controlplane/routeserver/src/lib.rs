@@ -21,7 +21,7 @@ mod kube_store;
 mod metrics;
 mod rest;
 mod store;
-mod tls;
+pub mod tls;
 mod watch;
 mod wire;
 

@@ -6,6 +6,9 @@
 //!
 //! Handshakes run concurrently, each bounded in time, so a client that opens a connection and
 //! sends nothing delays nobody else.
+//!
+//! Public so that Spur's other gRPC servers in the cluster (the io context server) serve TLS
+//! the same way rather than with a copy of this loop.
 
 use std::io;
 use std::net::SocketAddr;
@@ -90,18 +93,14 @@ impl ResolvesServerCert for Resolver {
 }
 
 /// Both listeners' TLS configurations, sharing one certificate.
-pub(crate) struct Tls {
-    pub(crate) grpc: Arc<rustls::ServerConfig>,
-    pub(crate) http: Arc<rustls::ServerConfig>,
+pub struct Tls {
+    pub grpc: Arc<rustls::ServerConfig>,
+    pub http: Arc<rustls::ServerConfig>,
 }
 
 /// Loads the certificate (an error if it is unusable: the server does not start without one)
 /// and keeps reloading it until `stop`.
-pub(crate) fn start(
-    files: &ServingTls,
-    tasks: &Drain,
-    stop: CancellationToken,
-) -> Result<Tls, Error> {
+pub fn start(files: &ServingTls, tasks: &Drain, stop: CancellationToken) -> Result<Tls, Error> {
     let (cert, key) = files.read()?;
     let resolver = Arc::new(Resolver(ArcSwap::from_pointee(files.parse(&cert, &key)?)));
     let config = |alpn: &[&[u8]]| -> Result<Arc<rustls::ServerConfig>, Error> {
@@ -155,15 +154,15 @@ pub(crate) fn start(
 }
 
 /// An accepted connection, plain or TLS.
-pub(crate) enum Conn {
+pub enum Conn {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
 /// What a gRPC handler can learn about its connection.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Peer {
-    pub(crate) remote: Option<SocketAddr>,
+pub struct Peer {
+    pub remote: Option<SocketAddr>,
 }
 
 impl tonic::transport::server::Connected for Conn {
@@ -234,14 +233,14 @@ impl AsyncWrite for Conn {
 }
 
 /// Connections ready to serve (handshake done), from one listener.
-pub(crate) struct Incoming {
+pub struct Incoming {
     rx: mpsc::Receiver<(Conn, SocketAddr)>,
     local: SocketAddr,
 }
 
 /// Accepts on `listener` until `stop`, completing TLS handshakes (with `tls`) off the accept
 /// loop; failed or slow handshakes are logged at debug level and dropped.
-pub(crate) fn incoming(
+pub fn incoming(
     listener: TcpListener,
     local: SocketAddr,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -296,7 +295,7 @@ pub(crate) fn incoming(
 
 impl Incoming {
     /// For tonic: a stream that ends when the accept loop does.
-    pub(crate) fn into_stream(
+    pub fn into_stream(
         self,
     ) -> impl futures_util::Stream<Item = Result<Conn, io::Error>> + Send + 'static {
         futures_util::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(self.rx), |c| {
