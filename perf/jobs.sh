@@ -23,13 +23,14 @@ export SPUR_KUBE_BINDIR
 cargo build --release --locked --bin spur --bin spur-sidecar --bin spur-init >&2
 host_target="$(rustc -vV | sed -n 's/^host: //p')"
 RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked --target "$host_target" \
-    --bin spur-job-executor >&2
+    --bin spur-job-executor --bin spur-io >&2
 target_dir="$(cargo metadata --format-version 1 --no-deps 2>/dev/null \
     | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
 target_dir="${target_dir:-$root/target}"
 bindir="$target_dir/release"
 export SPUR_IMAGE_BINDIR="$bindir"
 export SPUR_EXECUTOR_BIN="$target_dir/$host_target/release/spur-job-executor"
+export SPUR_IO_BIN="$target_dir/$host_target/release/spur-io"
 
 image_out="$(tests/node/image.sh "$bindir" "$bindir/node-images")"
 echo "$image_out" >&2

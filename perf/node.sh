@@ -23,10 +23,16 @@ SPUR_KUBE_BINDIR="$(tests/kube/build.sh | tail -n 1)"
 export SPUR_KUBE_BINDIR
 
 cargo build --release --locked --bin spur --bin spur-sidecar --bin spur-init >&2
+# The image also holds the static helpers that run inside pods of any image.
+host_target="$(rustc -vV | sed -n 's/^host: //p')"
+RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked --target "$host_target" \
+    --bin spur-job-executor --bin spur-io >&2
 target_dir="$(cargo metadata --format-version 1 --no-deps 2>/dev/null \
     | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
 bindir="${target_dir:-$root/target}/release"
 export SPUR_IMAGE_BINDIR="$bindir"
+export SPUR_EXECUTOR_BIN="${target_dir:-$root/target}/$host_target/release/spur-job-executor"
+export SPUR_IO_BIN="${target_dir:-$root/target}/$host_target/release/spur-io"
 
 # One line per image: <name> <archive> compressed=<MB> uncompressed=<size>.
 image_out="$(tests/node/image.sh "$bindir" "$bindir/node-images")"

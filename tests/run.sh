@@ -72,16 +72,18 @@ export SPUR_KUBE_BINDIR SPUR_GO_BINDIR
 # The node tier: one node for the whole run, shared by every node test, with Spur's image built
 # from this checkout's binaries. A node left by a killed run is removed first; this one goes when
 # the run ends, however it ends.
-cargo build --locked --bin spur --bin spur-sidecar --bin spur-init --bin spur-job-executor
+cargo build --locked --bin spur --bin spur-sidecar --bin spur-init --bin spur-job-executor --bin spur-io
 SPUR_IMAGE_BINDIR="$(cd "${CARGO_TARGET_DIR:-target}/debug" && pwd)"
 export SPUR_IMAGE_BINDIR
 # The job executor runs inside runner pods of any image (alpine's musl, distroless): built
 # statically, in its own target directory so the RUSTFLAGS leave the other builds' caches alone.
 host_target="$(rustc -vV | sed -n 's/^host: //p')"
 RUSTFLAGS="-C target-feature=+crt-static" cargo build --locked --target "$host_target" \
-    --bin spur-job-executor
+    --bin spur-job-executor --bin spur-io
 SPUR_EXECUTOR_BIN="$(cd "${CARGO_TARGET_DIR:-target}/$host_target/debug" && pwd)/spur-job-executor"
-export SPUR_EXECUTOR_BIN
+# spur-io likewise: resource step pods of any image run it.
+SPUR_IO_BIN="$(cd "${CARGO_TARGET_DIR:-target}/$host_target/debug" && pwd)/spur-io"
+export SPUR_EXECUTOR_BIN SPUR_IO_BIN
 image_out="$(tests/node/image.sh "$SPUR_IMAGE_BINDIR" "$SPUR_IMAGE_BINDIR/node-images")"
 # One line per image: name, archive, sizes.
 mapfile -t images < <(awk '$2 ~ /\.tar$/ { print $2 }' <<<"$image_out")

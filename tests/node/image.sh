@@ -15,10 +15,10 @@
 # turns it into images; nothing is pulled from a registry. The first run needs the Debian
 # mirror (about a minute); later runs reuse the cached rootfs.
 #
-# Usage: tests/node/image.sh <bindir with spur, spur-sidecar, spur-init, spur-job-executor> <outdir>
+# Usage: tests/node/image.sh <bindir with spur, spur-sidecar, spur-init, spur-job-executor, spur-io> <outdir>
 # Prints one line per image on stdout: <name> <archive> compressed=<MB> uncompressed=<MB>.
-# Env: SPUR_EXECUTOR_BIN is the spur-job-executor to use instead of <bindir>'s (tests/run.sh
-# passes a static build: it runs inside runner pods of any image); SPUR_NODE_BASE_REFRESH=1
+# Env: SPUR_EXECUTOR_BIN and SPUR_IO_BIN are the spur-job-executor and spur-io to use instead of
+# <bindir>'s (tests/run.sh passes static builds: they run inside pods of any image); SPUR_NODE_BASE_REFRESH=1
 # rebuilds the cached rootfs; SPUR_DEBIAN_MIRROR overrides the
 # mirror (default: mmdebstrap's, deb.debian.org plus updates and security).
 #
@@ -44,14 +44,15 @@ for tool in mmdebstrap buildah jq flock sha256sum tar findmnt; do
     command -v "$tool" >/dev/null 2>&1 \
         || die "'$tool' not found (apt-get install -y mmdebstrap buildah jq util-linux)"
 done
-bins=(spur spur-sidecar spur-init spur-job-executor)
+bins=(spur spur-sidecar spur-init spur-job-executor spur-io)
 bindir=$(cd "$bindir" && pwd)
 srcs=()
 for b in "${bins[@]}"; do
     src=$bindir/$b
     [ "$b" = spur-job-executor ] && src=${SPUR_EXECUTOR_BIN:-$src}
+    [ "$b" = spur-io ] && src=${SPUR_IO_BIN:-$src}
     [ -f "$src" ] && [ -x "$src" ] \
-        || die "$src missing or not executable (cargo build --bin spur --bin spur-sidecar --bin spur-init --bin spur-job-executor)"
+        || die "$src missing or not executable (cargo build --bin spur --bin spur-sidecar --bin spur-init --bin spur-job-executor --bin spur-io)"
     srcs+=("$src")
 done
 mkdir -p "$outdir" || die "cannot create $outdir"

@@ -15,7 +15,12 @@ use kube::api::{Api, PostParams};
 use spur_e2e::kube as kube_rbac;
 use spur_kube_harness::KubeApi;
 
-const NAMESPACES: [&str; 3] = ["spur-system", "spur-workstation-tokens", "shop"];
+const NAMESPACES: [&str; 4] = [
+    "spur-system",
+    "spur-workstation-tokens",
+    "spur-resources",
+    "shop",
+];
 const EXPECTED: &str = include_str!("../rbac/expected.txt");
 const WRITE_VERBS: [&str; 6] = [
     "create",
@@ -127,8 +132,26 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
     .await
     .unwrap();
 
+    kube_rbac::grant_in_namespace(
+        &api,
+        "spur-operator",
+        "spur-resources",
+        "resources-namespace-rules.yaml",
+    )
+    .await
+    .unwrap();
+    let ics = kube_rbac::chart_client(
+        &api,
+        "spur-ics",
+        "ics-rules.yaml",
+        Some("ics-namespace-rules.yaml"),
+    )
+    .await
+    .unwrap();
+
     let mut actual = BTreeSet::new();
     actual.extend(rules_of("spur-agent", agent).await);
+    actual.extend(rules_of("spur-ics", ics).await);
     actual.extend(rules_of("spur-jobs", jobs).await);
     actual.extend(rules_of("spur-operator", operator).await);
     actual.extend(rules_of("spur-routeserver", routeserver).await);
@@ -167,6 +190,27 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
                     || line.contains(" names=spur-job-executor-tls ")
                     || line.contains(" names=spur-jobs-ca "),
                 "the jobs component may read Secrets it does not own: {line}"
+            );
+        }
+        // The io context server reads and writes Secrets (the io contexts) only in its own
+        // namespace, and creates or deletes none.
+        if line.starts_with("spur-ics ") && line.contains("resources=secrets ") {
+            assert!(
+                line.starts_with("spur-ics spur-system ") && verbs == "get,patch",
+                "the io context server may touch Secrets beyond its io contexts: {line}"
+            );
+        }
+        // The operator never reads a Secret outside its own namespace (a resource's outputs are
+        // written into fork namespaces, never read back).
+        if line.starts_with("spur-operator ")
+            && line.contains("resources=secrets ")
+            && !line.starts_with("spur-operator spur-system ")
+        {
+            assert!(
+                !verbs
+                    .split(',')
+                    .any(|v| ["get", "list", "watch"].contains(&v)),
+                "the operator may read Secrets outside its namespace: {line}"
             );
         }
         if line.starts_with("spur-tunnel-proxy ") && line.contains("secrets") {

@@ -22,6 +22,13 @@ pub mod labels {
     pub const FORK: &str = "spur.dev/fork";
     /// On the Services and EndpointSlices of an ExternalWorkload: its name.
     pub const EXTERNAL_WORKLOAD: &str = "spur.dev/external-workload";
+    /// On a sandbox resource's objects (its ObjectLifecycleMethods, work-unit pods, io context
+    /// and output Secrets): the Resource's name.
+    pub const RESOURCE: &str = "spur.dev/resource";
+    /// On work-unit pods: their ObjectLifecycleMethods' name.
+    pub const OLM: &str = "spur.dev/olm";
+    /// On work-unit pods: the unit's name.
+    pub const WORK_UNIT: &str = "spur.dev/work-unit";
     /// Standard `app.kubernetes.io/managed-by`, set to [`MANAGED_BY_VALUE`].
     pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
     pub const MANAGED_BY_VALUE: &str = "spur";

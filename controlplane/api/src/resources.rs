@@ -1067,14 +1067,17 @@ pub struct StepFailure {
 }
 
 /// Compiles a plugin's steps into work units for one sandbox resource: `valueFromSandbox`
-/// inputs become constants from `params`, `valueFromStep` inputs keys of `io_context`; every
-/// step gets the sandbox's identity in `SPUR_*` env. `Err` names a missing parameter.
+/// inputs become constants from `params`, `valueFromStep` inputs keys of `io_context`; each
+/// step's pod template is the runner's overlay with the step container (named `step`, the
+/// runner image unless the overlay names another) given the sandbox's identity in `SPUR_*` env.
+/// `Err` says what is missing or unusable.
 pub fn compile(
     plugin: &ResourcePluginSpec,
     params: &BTreeMap<String, String>,
     io_context: &str,
     identity: &[(&str, &str)],
 ) -> Result<ResourceOlm, String> {
+    let base = step_pod_template(&plugin.runner)?;
     let unit = |step: &PluginStep| -> Result<WorkUnit, String> {
         let mut inputs = Vec::with_capacity(step.inputs.len());
         let mut injects = Vec::with_capacity(step.inputs.len());
@@ -1127,6 +1130,18 @@ pub fn compile(
             .map(|(k, v)| serde_json::json!({"name": k, "value": v}))
             .collect();
         env.push(serde_json::json!({"name": env::STEP_NAME, "value": step.name}));
+        let mut pod_template = base.clone();
+        if let Some(c) = pod_template
+            .pointer_mut("/spec/containers/0/env")
+            .and_then(|e| e.as_array_mut())
+        {
+            c.retain(|e| {
+                !e.get("name")
+                    .and_then(|n| n.as_str())
+                    .is_some_and(|n| n.starts_with("SPUR_"))
+            });
+            c.extend(env);
+        }
         Ok(WorkUnit {
             name: step.name.clone(),
             type_: WorkUnitType::ExecUnit,
@@ -1139,9 +1154,7 @@ pub fn compile(
                 })
                 .collect(),
             exec_unit_template: ExecUnitTemplate {
-                pod_template: serde_json::json!({
-                    "spec": {"containers": [{"name": reserved::STEP_CONTAINER, "env": env}]}
-                }),
+                pod_template,
                 script: Some(step.script.clone()),
                 input_injects: injects,
                 output_exports: step
@@ -1159,6 +1172,47 @@ pub fn compile(
         pre_start: plugin.create.iter().map(unit).collect::<Result<_, _>>()?,
         post_stop: plugin.delete.iter().map(unit).collect::<Result<_, _>>()?,
     })
+}
+
+/// The runner's overlay as a pod template whose first container is the step container,
+/// named `step`, with the runner image (unless the overlay sets one) and an `env` list.
+fn step_pod_template(runner: &Runner) -> Result<serde_json::Value, String> {
+    let mut t = runner
+        .pod_template_overlay
+        .clone()
+        .unwrap_or_else(|| serde_json::json!({}));
+    let obj = t
+        .as_object_mut()
+        .ok_or("runner.podTemplateOverlay must be an object")?;
+    let spec = obj
+        .entry("spec")
+        .or_insert_with(|| serde_json::json!({}))
+        .as_object_mut()
+        .ok_or("runner.podTemplateOverlay.spec must be an object")?;
+    let containers = spec
+        .entry("containers")
+        .or_insert_with(|| serde_json::json!([]))
+        .as_array_mut()
+        .ok_or("runner.podTemplateOverlay.spec.containers must be a list")?;
+    let name_of = |c: &serde_json::Value| c.get("name").and_then(|n| n.as_str()).map(str::to_owned);
+    let at = containers
+        .iter()
+        .position(|c| name_of(c).as_deref() == Some(reserved::STEP_CONTAINER));
+    let mut step = match at {
+        Some(i) => containers.remove(i),
+        None => serde_json::json!({ "name": reserved::STEP_CONTAINER }),
+    };
+    let c = step
+        .as_object_mut()
+        .ok_or("the step container must be an object")?;
+    c.entry("image")
+        .or_insert_with(|| serde_json::Value::String(runner.image.clone()));
+    let env = c.entry("env").or_insert_with(|| serde_json::json!([]));
+    if !env.is_array() {
+        return Err("the step container's env must be a list".into());
+    }
+    containers.insert(0, step);
+    Ok(t)
 }
 
 #[cfg(test)]
@@ -1383,6 +1437,11 @@ mod tests {
                 .as_deref(),
             Some("DB_NAME")
         );
+        let step = &olm.pre_start[0].exec_unit_template.pod_template["spec"]["containers"][0];
+        assert_eq!(step["name"], "step");
+        assert_eq!(step["image"], "localhost/spur-postgres:dev");
+        assert_eq!(step["env"][0]["name"], env::SANDBOX_NAME);
+        assert_eq!(step["env"][1]["name"], env::STEP_NAME);
         let r = olm.post_stop[0].inputs[0].iocontext.as_ref().unwrap();
         assert_eq!((r.name.as_str(), r.key.as_str()), ("ctx1", "provision.dsn"));
         let spec = OlmSpec {

@@ -1,4 +1,5 @@
-//! `spur operator`: the Sandbox, ForkedWorkload, RouteGroup and RoutingConfig controllers, the
+//! `spur operator`: the Sandbox, ForkedWorkload, RouteGroup and RoutingConfig controllers (and,
+//! with `--resources-namespace`, the ResourcePlugin, Resource and ObjectLifecycleMethods ones), the
 //! certificate manager and the workstation certificate signer (on the elected leader), the
 //! sidecar-injection webhook (on every replica), with `/metrics`, `/healthz` and `/readyz` on a
 //! small HTTP port.
@@ -74,6 +75,78 @@ pub(crate) struct OperatorArgs {
     lease_duration: u64,
     #[command(flatten)]
     webhook: WebhookArgs,
+    #[command(flatten)]
+    resources: ResourcesArgs,
+}
+
+/// Sandbox resources (docs/resources.md).
+#[derive(Args)]
+struct ResourcesArgs {
+    /// Namespace the steps of sandbox resources run in (a namespace of their own, with no
+    /// Spur secrets). Empty: sandbox resources are not enabled.
+    #[arg(long, env = "SPUR_RESOURCES_NAMESPACE", default_value = "")]
+    resources_namespace: String,
+    /// ServiceAccount of step pods (it needs no RBAC rights).
+    #[arg(
+        long,
+        env = "SPUR_RESOURCES_SERVICE_ACCOUNT",
+        default_value = "spur-resource-runner"
+    )]
+    resources_service_account: String,
+    /// Spur's image (with spur-io), for the step pods' init container.
+    #[arg(long, env = "SPUR_RESOURCES_IO_IMAGE", default_value = "")]
+    resources_io_image: String,
+    #[arg(long, env = "SPUR_RESOURCES_IO_PULL_POLICY")]
+    resources_io_pull_policy: Option<String>,
+    /// The io context server's URL (default: https://spur-ics.<namespace>.svc:8443).
+    #[arg(long, env = "SPUR_RESOURCES_ICS_URL")]
+    resources_ics_url: Option<String>,
+    /// The CA bundle ConfigMap (key ca.crt) the step pods trust the io context server with.
+    #[arg(
+        long,
+        env = "SPUR_RESOURCES_CA_CONFIG_MAP",
+        default_value = "spur-ca-bundle"
+    )]
+    resources_ca_config_map: String,
+    /// First wait after a failed delete step (doubles per attempt).
+    #[arg(long, env = "SPUR_RESOURCES_RETRY_BASE", default_value = "10s", value_parser = spur_runtime::parse_duration)]
+    resources_retry_base: Duration,
+    /// Longest wait between attempts of a failing delete step.
+    #[arg(long, env = "SPUR_RESOURCES_RETRY_MAX", default_value = "5m", value_parser = spur_runtime::parse_duration)]
+    resources_retry_max: Duration,
+    /// Also issue the io context server's serving certificate into this kubernetes.io/tls
+    /// Secret (empty: provided some other way, or no io context server).
+    #[arg(long, env = "SPUR_ICS_SECRET", default_value = "")]
+    ics_secret: String,
+}
+
+impl ResourcesArgs {
+    fn config(&self, namespace: &str) -> Result<Option<spur_operator::ResourceConfig>> {
+        if self.resources_namespace.is_empty() {
+            return Ok(None);
+        }
+        let cfg = spur_operator::ResourceConfig {
+            namespace: self.resources_namespace.clone(),
+            service_account: self.resources_service_account.clone(),
+            io_image: self.resources_io_image.clone(),
+            io_pull_policy: self
+                .resources_io_pull_policy
+                .clone()
+                .filter(|p| !p.is_empty()),
+            ics_url: self
+                .resources_ics_url
+                .clone()
+                .filter(|u| !u.is_empty())
+                .unwrap_or_else(|| format!("https://spur-ics.{namespace}.svc:8443")),
+            ics_namespace: namespace.to_string(),
+            ca_config_map: self.resources_ca_config_map.clone(),
+            operator_namespace: namespace.to_string(),
+            retry_base: self.resources_retry_base,
+            retry_max: self.resources_retry_max,
+        };
+        cfg.validate()?;
+        Ok(Some(cfg))
+    }
 }
 
 #[derive(Args)]
@@ -167,6 +240,7 @@ impl WebhookArgs {
     fn configs(
         &self,
         namespace: &str,
+        ics_secret: &str,
     ) -> Result<(spur_operator::PkiConfig, spur_operator::WebhookConfig)> {
         let mut pki = spur_operator::PkiConfig::new(namespace, &self.webhook_service);
         pki.ca_secret.clone_from(&self.ca_secret);
@@ -187,6 +261,11 @@ impl WebhookArgs {
                 spur_operator::ServingCert::tunnel_proxy(namespace, &self.tunnel_proxy_cert_names);
             tunnel.secret.clone_from(&self.tunnel_proxy_secret);
             pki.tunnel_proxy = Some(tunnel);
+        }
+        if !ics_secret.is_empty() {
+            let mut ics = spur_operator::ServingCert::ics(namespace);
+            ics.secret = ics_secret.to_string();
+            pki.ics = Some(ics);
         }
         if !self.routeserver_secret.is_empty() {
             let mut rs =
@@ -235,8 +314,12 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
     let mut configs = if args.webhook.no_webhook {
         None
     } else {
-        Some(args.webhook.configs(&args.namespace)?)
+        Some(
+            args.webhook
+                .configs(&args.namespace, &args.resources.ics_secret)?,
+        )
     };
+    let resources = args.resources.config(&args.namespace)?;
     let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
     // Fail fast with a clear message when the API server is unreachable or refuses us.
     client
@@ -268,6 +351,9 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
             domain,
             cluster: args.cluster_name.filter(|c| !c.is_empty()),
         });
+    }
+    if let Some(r) = resources {
+        ctx = ctx.with_resources(r);
     }
     let stop = CancellationToken::new();
     let mut webhook = None;

@@ -64,6 +64,9 @@ pub struct PkiConfig {
     /// The route server's serving certificate, issued like the webhook's (None: provided some
     /// other way).
     pub routeserver: Option<ServingCert>,
+    /// The io context server's serving certificate (sandbox resources), issued like the
+    /// webhook's (None: no io context server, or provided some other way).
+    pub ics: Option<ServingCert>,
     /// A ConfigMap (key `ca.crt`) with the CA bundle, for workstations to trust the tunnel proxy:
     /// public, unlike the Secrets. None: not published.
     pub bundle_config_map: Option<String>,
@@ -105,6 +108,17 @@ impl ServingCert {
         }
     }
 
+    /// The chart's io context server: Service `spur-ics` in `namespace`, Secret `spur-ics-tls`.
+    pub fn ics(namespace: &str) -> Self {
+        ServingCert {
+            secret: "spur-ics-tls".into(),
+            names: vec![
+                format!("spur-ics.{namespace}.svc"),
+                format!("spur-ics.{namespace}.svc.cluster.local"),
+            ],
+        }
+    }
+
     /// The chart's tunnel proxy: Service `spur-tunnel-proxy` in `namespace`, Secret
     /// `spur-tunnel-proxy-tls`, plus `extra` names (its load balancer's name or address).
     pub fn tunnel_proxy(namespace: &str, extra: &[String]) -> Self {
@@ -140,6 +154,7 @@ impl PkiConfig {
             propagation: Duration::from_secs(180),
             tunnel_proxy: None,
             routeserver: None,
+            ics: None,
             bundle_config_map: Some("spur-ca-bundle".into()),
             workstation_cert_lifetime: Duration::from_secs(24 * 3600),
             workstation_cert_max_lifetime: Duration::from_secs(7 * 24 * 3600),
@@ -162,6 +177,7 @@ impl PkiConfig {
         for (what, t) in [
             ("tunnel proxy", &self.tunnel_proxy),
             ("route server", &self.routeserver),
+            ("io context server", &self.ics),
         ] {
             if let Some(t) = t
                 && (t.names.is_empty() || t.secret.is_empty() || t.secret == self.serving_secret)
@@ -171,11 +187,15 @@ impl PkiConfig {
                 )));
             }
         }
-        if let (Some(a), Some(b)) = (&self.tunnel_proxy, &self.routeserver)
-            && a.secret == b.secret
-        {
+        let secrets: Vec<&str> = [&self.tunnel_proxy, &self.routeserver, &self.ics]
+            .into_iter()
+            .flatten()
+            .map(|t| t.secret.as_str())
+            .collect();
+        if (1..secrets.len()).any(|i| secrets[..i].contains(&secrets[i])) {
             return Err(Error::Config(
-                "the tunnel proxy and the route server need different Secrets".into(),
+                "the tunnel proxy, the route server and the io context server need different Secrets"
+                    .into(),
             ));
         }
         // Kubernetes accepts no request for less than ten minutes (expirationSeconds >= 600).
@@ -451,6 +471,7 @@ impl Manager {
         for (role, target) in [
             ("tunnel-proxy", &cfg.tunnel_proxy),
             ("routeserver", &cfg.routeserver),
+            ("ics", &cfg.ics),
         ] {
             let Some(target) = target else { continue };
             let held = self
@@ -477,11 +498,13 @@ impl Manager {
         if let Some(owner) = &cfg.owner {
             let tunnel = cfg.tunnel_proxy.as_ref().map(|t| t.secret.as_str());
             let routeserver = cfg.routeserver.as_ref().map(|t| t.secret.as_str());
+            let ics = cfg.ics.as_ref().map(|t| t.secret.as_str());
             for name in [
                 Some(cfg.ca_secret.as_str()),
                 Some(cfg.serving_secret.as_str()),
                 tunnel,
                 routeserver,
+                ics,
             ]
             .into_iter()
             .flatten()

@@ -34,6 +34,8 @@ pub struct Context {
     pub(crate) fork_policy: crate::ForkPolicy,
     /// Where preview URLs live, when a hub serves this cluster.
     pub(crate) previews: Option<Previews>,
+    /// Sandbox resources: where their steps run. `None`: resources are not enabled.
+    pub(crate) resources: Option<crate::ResourceConfig>,
     /// The controllers' views of the children they make, set by each `run` (a new leader term
     /// has new watches).
     stores: std::sync::RwLock<Option<Stores>>,
@@ -102,6 +104,7 @@ impl Context {
             tunnels: crate::TunnelConfig::default(),
             fork_policy: crate::ForkPolicy::default(),
             previews: None,
+            resources: None,
             stores: std::sync::RwLock::new(None),
             written: Mutex::new(HashMap::new()),
         }
@@ -134,6 +137,12 @@ impl Context {
     /// Publish preview URLs of endpoints in Sandbox and RouteGroup status.
     pub fn with_previews(mut self, previews: Previews) -> Self {
         self.previews = Some(previews);
+        self
+    }
+
+    /// Run sandbox resources' workflows as configured.
+    pub fn with_resources(mut self, resources: crate::ResourceConfig) -> Self {
+        self.resources = Some(resources);
         self
     }
 

@@ -137,7 +137,7 @@ pub fn plan(
         .spec
         .as_mut()
         .ok_or_else(|| format!("Deployment {namespace}/{baseline_name} has no pod spec"))?;
-    customize(&mut pod.containers, customizations)?;
+    customize(&mut pod.containers, customizations, id.sandbox)?;
     for c in &mut pod.containers {
         upsert_env(c, ENV_SANDBOX_NAME, Some(id.sandbox.to_owned()), None);
         upsert_env(c, ENV_ROUTING_KEY, Some(id.routing_key.to_owned()), None);
@@ -513,7 +513,11 @@ pub(crate) fn resolve_target_port(p: &K8sServicePort, containers: &[Container]) 
     }
 }
 
-fn customize(containers: &mut [Container], c: &Customizations) -> Result<(), String> {
+fn customize(
+    containers: &mut [Container],
+    c: &Customizations,
+    sandbox: &str,
+) -> Result<(), String> {
     let names: Vec<String> = containers.iter().map(|c| c.name.clone()).collect();
     let find = |want: &str| -> Result<usize, String> {
         names.iter().position(|n| n == want).ok_or_else(|| {
@@ -552,7 +556,7 @@ fn customize(containers: &mut [Container], c: &Customizations) -> Result<(), Str
                 EnvOperation::Upsert => {
                     let from = match &e.value_from {
                         None => None,
-                        Some(vf) => Some(env_source(&e.name, vf)?),
+                        Some(vf) => Some(env_source(&e.name, vf, sandbox)?),
                     };
                     upsert_env(container, &e.name, e.value.clone(), from);
                 }
@@ -562,7 +566,11 @@ fn customize(containers: &mut [Container], c: &Customizations) -> Result<(), Str
     Ok(())
 }
 
-fn env_source(name: &str, vf: &spur_api::sandbox::EnvValueFrom) -> Result<EnvVarSource, String> {
+fn env_source(
+    name: &str,
+    vf: &spur_api::sandbox::EnvValueFrom,
+    sandbox: &str,
+) -> Result<EnvVarSource, String> {
     if let Some(cm) = &vf.config_map {
         return Ok(EnvVarSource {
             config_map_key_ref: Some(ConfigMapKeySelector {
@@ -583,8 +591,21 @@ fn env_source(name: &str, vf: &spur_api::sandbox::EnvValueFrom) -> Result<EnvVar
             ..EnvVarSource::default()
         });
     }
+    if let Some(r) = &vf.resource {
+        // The resource's outputs, in the Secret the operator fills in the fork's namespace
+        // before the fork is created (docs/resources.md). Not optional: a fork without its
+        // resource would write to the wrong place.
+        return Ok(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: spur_api::names::resource_name(sandbox, &r.name),
+                key: r.output_key.clone(),
+                optional: None,
+            }),
+            ..EnvVarSource::default()
+        });
+    }
     Err(format!(
-        "env {name}: valueFrom.resource and valueFrom.fork are not supported yet; use value, configMap or secret"
+        "env {name}: valueFrom.fork is not supported yet; use value, configMap, secret or resource"
     ))
 }
 

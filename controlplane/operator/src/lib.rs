@@ -23,9 +23,11 @@ mod forked;
 pub mod inject;
 mod leader;
 mod metrics;
+pub mod olm;
 pub mod owner;
 pub mod patch;
 pub mod pki;
+mod resources;
 mod routegroup;
 mod routingconfig;
 pub mod sandbox;
@@ -41,6 +43,7 @@ pub use fork::ForkPolicy;
 pub use inject::InjectionConfig;
 pub use leader::{LeaderElection, run_elected};
 pub use metrics::Metrics;
+pub use olm::ResourceConfig;
 pub use webhook::{MUTATE_POD_PATH, Webhook, WebhookConfig};
 
 use std::sync::Arc;
@@ -56,7 +59,10 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, controller, watcher};
 use kube::{Api, Client, ResourceExt};
 use spur_api::routingconfig::SandboxedKind;
-use spur_api::{ExternalWorkload, ForkedWorkload, RouteGroup, RoutingConfig, Sandbox};
+use spur_api::{
+    ExternalWorkload, ForkedWorkload, ObjectLifecycleMethods, Resource, ResourcePlugin, RouteGroup,
+    RoutingConfig, Sandbox,
+};
 use tokio_util::sync::CancellationToken;
 
 /// The finalizer on Sandboxes, ForkedWorkloads and RouteGroups.
@@ -153,6 +159,8 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         .watches_stream(sb_forks, |fw| cluster_owners::<Sandbox>(&fw))
         .watches_stream(sb_externals, |ew| cluster_owners::<Sandbox>(&ew))
         .owns_stream(sb_configs)
+        // Cluster-scoped like the Sandbox: `owns` keys them right.
+        .owns(Api::<Resource>::all(client.clone()), wc())
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(sandbox::reconcile, sandbox::error_policy, ctx.clone())
         .for_each(|_| std::future::ready(()));
@@ -279,6 +287,8 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         )
         .for_each(|_| std::future::ready(()));
 
+    let cfg_resources = cfg.clone();
+    let stop_resources = stop.clone();
     let rg = primary(Api::<RouteGroup>::all(client.clone())).with_config(cfg);
     let rg_store = rg.store();
     let groups = rg
@@ -292,10 +302,54 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
                 .collect::<Vec<_>>()
         })
         .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(routegroup::reconcile, routegroup::error_policy, ctx)
+        .run(routegroup::reconcile, routegroup::error_policy, ctx.clone())
         .for_each(|_| std::future::ready(()));
 
+    // Sandbox resources: plugins are validated into their status; Resources drive their
+    // ObjectLifecycleMethods, whose step pods (in the resource namespace) wake them.
+    let plugins = primary(Api::<ResourcePlugin>::all(client.clone()))
+        .with_config(cfg_resources.clone())
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(
+            resources::reconcile_plugin,
+            resources::plugin_error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| std::future::ready(()));
+    let resource_objects = primary(Api::<Resource>::all(client.clone()))
+        .with_config(cfg_resources.clone())
+        .owns(Api::<ObjectLifecycleMethods>::all(client.clone()), wc())
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(resources::reconcile, resources::error_policy, ctx.clone())
+        .for_each(|_| std::future::ready(()));
+    let step_namespace = ctx
+        .resources
+        .as_ref()
+        .map_or_else(|| "default".to_string(), |r| r.namespace.clone());
+    let olms = primary(Api::<ObjectLifecycleMethods>::all(client.clone()))
+        .with_config(cfg_resources)
+        .watches(
+            Api::<Pod>::namespaced(client.clone(), &step_namespace),
+            watcher::Config::default().labels(spur_api::keys::labels::OLM),
+            |pod| cluster_owners::<ObjectLifecycleMethods>(&pod),
+        )
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(olm::reconcile, olm::error_policy, ctx.clone())
+        .for_each(|_| std::future::ready(()));
+    let with_resources = ctx.resources.is_some();
+    let resource_controllers = async move {
+        // Without resources enabled the controllers would only watch for nothing.
+        if with_resources {
+            tokio::join!(
+                drained("resourceplugin", plugins, stop_resources.clone()),
+                drained("resource", resource_objects, stop_resources.clone()),
+                drained("objectlifecyclemethods", olms, stop_resources),
+            );
+        }
+    };
+
     tokio::join!(
+        resource_controllers,
         drained("sandbox", sandboxes, stop.clone()),
         drained("forkedworkload", forks, stop.clone()),
         drained("externalworkload", externals, stop.clone()),

@@ -117,6 +117,7 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             st.routing_key = Some(key.clone());
             st.forks.clear();
             st.local.clear();
+            st.resources.clear();
             condition(st, sb, READY, ConditionStatus::False, reason, &message)
         })
         .await?;
@@ -127,6 +128,52 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     }
 
     let owner: Vec<_> = sb.controller_owner_ref(&()).into_iter().collect();
+    // Resources first: forks start only once every resource is ready, so that they start
+    // with its outputs (a fork without its own database would write to the baseline's).
+    let mut resource_entries = Vec::new();
+    if !sb.spec.resources.is_empty() {
+        let res = crate::resources::ensure(sb, &key, &owner, ctx).await?;
+        resource_entries = res.entries;
+        if !res.ready {
+            let (reason, message) = match res.failed {
+                Some(m) => ("ResourceFailed", format!("{m}; no fork is started")),
+                None => (
+                    "ResourcesPending",
+                    format!(
+                        "waiting for resources before starting forks: {}",
+                        resource_entries
+                            .iter()
+                            .filter(|e| e.phase != "Ready")
+                            .map(|e| format!(
+                                "{} ({}{})",
+                                e.name,
+                                e.phase,
+                                e.message
+                                    .as_deref()
+                                    .map(|m| format!(": {m}"))
+                                    .unwrap_or_default()
+                            ))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    ),
+                ),
+            };
+            let failed = reason == "ResourceFailed";
+            let changed = write_status(sb, ctx, |st| {
+                st.routing_key = Some(key.clone());
+                st.resources = resource_entries;
+                st.expires_at = expires_at.map(Time);
+                condition(st, sb, READY, ConditionStatus::False, reason, &message);
+            })
+            .await?;
+            if changed && failed {
+                ctx.event(sb, true, reason, "CreateResources", message)
+                    .await;
+            }
+            ctx.succeeded(&key_of(sb));
+            return Ok(Action::requeue(requeue));
+        }
+    }
     let stores = ctx.stores();
     let mut workloads = Vec::new();
     let mut forks = Vec::new();
@@ -261,6 +308,7 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     let all_ready = forks.iter().all(|f| f.ready) && locals.iter().all(|l| l.ready);
     write_status(sb, ctx, |st| {
         st.routing_key = Some(key.clone());
+        st.resources = resource_entries;
         st.forks = forks;
         st.local = locals;
         st.expires_at = expires_at.map(Time);
@@ -363,11 +411,12 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
 }
 
 /// The Ready reasons of a failed [`check`].
-const CHECK_FAILURES: [&str; 4] = [
+const CHECK_FAILURES: [&str; 5] = [
     "Invalid",
     "Unsupported",
     "BaselineNotFound",
     "InvalidCustomization",
+    "InvalidResource",
 ];
 
 /// Whether this generation of the sandbox passed [`check`] already.
@@ -397,6 +446,9 @@ async fn check(
 ) -> Result<Result<(), (&'static str, String)>, Error> {
     if let Err(e) = sb.validate() {
         return Ok(Err(("Invalid", e.to_string())));
+    }
+    if let Err(bad) = crate::resources::check(sb, ctx).await? {
+        return Ok(Err(bad));
     }
     for (i, fork) in sb.spec.forks.iter().enumerate() {
         let b = &fork.fork_of;
@@ -566,22 +618,31 @@ where
     Ok(remaining)
 }
 
-/// Deletes everything the sandbox made; `true` while some of it still exists.
+/// Deletes everything the sandbox made; `true` while some of it still exists. Resources go
+/// last: their delete workflows run once no fork uses them any more.
 async fn delete_children(name: &str, ctx: &Context) -> Result<bool, Error> {
     let mut remaining = prune::<ForkedWorkload>(ctx, name, None, true).await?;
     remaining |= prune::<ExternalWorkload>(ctx, name, None, true).await?;
     remaining |= prune::<VirtualWorkload>(ctx, name, None, true).await?;
     let rcs: Api<RoutingConfig> = Api::all(ctx.client.clone());
     delete_opt(&rcs, &names::sandbox_routing_config_name(name)).await?;
+    if !remaining {
+        remaining |= crate::resources::delete_all(name, ctx).await?;
+    }
     Ok(remaining)
 }
 
 async fn cleanup(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     let name = sb.name_any();
     if delete_children(&name, ctx).await? {
-        // Each ForkedWorkload's own finalizer removes its Deployment and Services first.
+        // Each ForkedWorkload's own finalizer removes its Deployment and Services first; each
+        // Resource's runs its delete workflow (retried until it succeeds, shown here).
+        if !sb.spec.resources.is_empty() {
+            let entries = crate::resources::summaries(sb, ctx).await?;
+            write_status(sb, ctx, |st| st.resources = entries).await?;
+        }
         return Err(Error::Pending(format!(
-            "the ForkedWorkloads of Sandbox {name} to be deleted"
+            "the ForkedWorkloads and Resources of Sandbox {name} to be deleted"
         )));
     }
     ctx.succeeded(&key_of(sb));
