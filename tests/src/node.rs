@@ -55,6 +55,9 @@ pub const CHART_VALUES: &[&str] = &[
     "operator.pki.servingLifetime=4m",
     "--set",
     "operator.pki.caPropagation=40s",
+    // A failing delete step of a sandbox resource is retried after 2 s, 4 s... (default 10 s).
+    "--set",
+    "resources.retryBase=2s",
 ];
 
 /// A running node: what `node.sh up` wrote to its env file.
@@ -567,6 +570,88 @@ spec:
     - {{name: http, port: 8080, targetPort: http}}
 "#
     )
+}
+
+/// The PostgreSQL image (Debian's packages; `tests/node/image.sh`).
+pub const POSTGRES_IMAGE: &str = "localhost/spur-postgres:dev";
+
+/// A PostgreSQL server as Deployment and Service `postgres` in `namespace` (no sidecar), its
+/// superuser password from key `password` of Secret `admin_secret` there; waits until it is
+/// ready.
+pub fn postgres(node: &Node, namespace: &str, admin_secret: &str) -> anyhow::Result<()> {
+    node.apply(&format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: postgres, namespace: {namespace}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: postgres}}}}
+  template:
+    metadata:
+      labels: {{app: postgres}}
+      annotations: {{sidecar.spur.dev/inject: "false"}}
+    spec:
+      terminationGracePeriodSeconds: 10
+      containers:
+        - name: postgres
+          image: {POSTGRES_IMAGE}
+          imagePullPolicy: IfNotPresent
+          env:
+            - name: POSTGRES_PASSWORD
+              valueFrom: {{secretKeyRef: {{name: {admin_secret}, key: password}}}}
+          ports: [{{name: pg, containerPort: 5432}}]
+          readinessProbe:
+            exec: {{command: [pg_isready, -h, 127.0.0.1, -U, postgres]}}
+            periodSeconds: 1
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: postgres, namespace: {namespace}}}
+spec:
+  selector: {{app: postgres}}
+  ports: [{{name: pg, port: 5432, targetPort: pg}}]
+"#
+    ))?;
+    node.rollout(namespace, "postgres")
+}
+
+/// `psql -tA -c sql` against database `db` of the [`postgres`] server in `namespace`, run in
+/// its pod; the output, trimmed.
+pub fn psql(
+    node: &Node,
+    namespace: &str,
+    password: &str,
+    db: &str,
+    sql: &str,
+) -> anyhow::Result<String> {
+    let pod = node
+        .pods(namespace, "app=postgres")?
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow!("no postgres pod in {namespace}"))?;
+    let password = format!("PGPASSWORD={password}");
+    node.kubectl(&[
+        "-n",
+        namespace,
+        "exec",
+        &pod,
+        "--",
+        "env",
+        &password,
+        "psql",
+        "-h",
+        "127.0.0.1",
+        "-U",
+        "postgres",
+        "-d",
+        db,
+        "-tA",
+        "-v",
+        "ON_ERROR_STOP=1",
+        "-c",
+        sql,
+    ])
+    .map(|s| s.trim().to_string())
 }
 
 /// Polls `check` every 500 ms until it returns `Ok(Some)`, for at most `limit`; the error names

@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde_json::Value;
 mod node_jobs;
+mod node_resources;
 
 use spur_e2e::node::{
     Answer, CHART_VALUES, Node, SPUR_NAMESPACE, demo_app, demo_app_annotated, eventually, node,
@@ -20,6 +21,8 @@ use spur_e2e::node::{
 
 /// The chart's `tunnelProxy.tokenNamespace` default.
 const TOKEN_NAMESPACE: &str = "spur-workstation-tokens";
+/// The chart's `resources.namespace` default.
+const RESOURCE_NAMESPACE: &str = "spur-resources";
 const RELEASE: &str = "spur";
 
 fn helm_args<'a>(first: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
@@ -34,6 +37,7 @@ fn chart() -> String {
 }
 
 const COMPONENTS: &[(&str, &str)] = &[
+    ("spur-ics", "spur-ics"),
     ("spur-operator", "spur-operator"),
     ("spur-routeserver", "spur-routeserver"),
     ("spur-tunnel-proxy", "spur-tunnel-proxy"),
@@ -57,7 +61,10 @@ fn helm_install_and_the_user_path_on_running_pods() {
     // nothing); the install below creates them for real.
     let checkable: Vec<&str> = rendered
         .split("\n---\n")
-        .filter(|doc| !doc.contains(&format!("namespace: {TOKEN_NAMESPACE}\n")))
+        .filter(|doc| {
+            !doc.contains(&format!("namespace: {TOKEN_NAMESPACE}\n"))
+                && !doc.contains(&format!("namespace: {RESOURCE_NAMESPACE}\n"))
+        })
         .collect();
     assert!(checkable.len() > 10, "{rendered}");
     node.kubectl_stdin(&["apply", "--dry-run=server"], &checkable.join("\n---\n"))
@@ -387,6 +394,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
     // --- every file under docs/examples/ does what its comments say ---------------------------
     docs_examples_on_the_node(node);
 
+    // --- sandbox resources: a database per sandbox, made before its fork starts ---------------
+    let resource_secrets = node_resources::resources_on_the_node(node);
+
     // --- the hub: an agent in the cluster dials a hub on a "laptop"; previews reach the fork --
     hub_previews_through_the_agent(node, ns, &backend_pods[0]);
 
@@ -399,11 +409,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
         certificates_rotate_under_load(node, ns, &client, &frontend, &backend_pods[0]);
 
     // --- no component logged a secret, at debug level ----------------------------------------
-    secrets_never_logged(
-        node,
-        ns,
-        &[workstation_token.as_str(), reader_token.as_str()],
-    );
+    let mut secrets = vec![workstation_token.as_str(), reader_token.as_str()];
+    secrets.extend(resource_secrets.iter().map(String::as_str));
+    secrets_never_logged(node, ns, &secrets);
 
     // --- with the webhook down, new pods still start, uninjected ------------------------------
     node.kubectl(&[
@@ -1424,11 +1432,13 @@ fn docs_examples_on_the_node(node: &Node) {
         [
             "job.yaml",
             "jobrunnergroup.yaml",
+            "resourceplugin-postgres.yaml",
             "routegroup.yaml",
             "sandbox-local.yaml",
+            "sandbox-resource.yaml",
             "sandbox.yaml"
         ],
-        "a new example needs its check here"
+        "a new example needs its check here (the resource examples: node_resources)"
     );
     node.apply(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: hotrod\n  labels:\n    sidecar.spur.dev/inject: \"true\"\n",

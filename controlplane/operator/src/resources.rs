@@ -145,9 +145,11 @@ pub(crate) async fn check(
             );
         }
         let all = plugins.as_deref().unwrap_or_default();
-        if let Err(why) = pick(all, &r.plugin)
-            .and_then(|p| compile_for(p, sb, &r.name, &r.params, "check").map(|_| ()))
-        {
+        let checked = pick(all, &r.plugin).and_then(|p| {
+            compile_for(p, sb, &r.name, &r.params, "check")?;
+            outputs_exist(sb, &r.name, p)
+        });
+        if let Err(why) = checked {
             return Ok(Err((
                 "InvalidResource",
                 format!("resources[{i}] ({}): {why}", r.name),
@@ -155,6 +157,38 @@ pub(crate) async fn check(
         }
     }
     Ok(Ok(()))
+}
+
+/// Every `valueFrom.resource` of the forks that names `resource` names an output its plugin's
+/// create steps declare (a typo would otherwise leave the fork waiting for a key that never
+/// comes).
+fn outputs_exist(sb: &Sandbox, resource: &str, plugin: &ResourcePlugin) -> Result<(), String> {
+    let declared: Vec<String> = plugin
+        .spec
+        .create
+        .iter()
+        .flat_map(|s| s.outputs.iter().map(|o| io_key(&s.name, &o.name)))
+        .collect();
+    for (i, f) in sb.spec.forks.iter().enumerate() {
+        for (j, e) in f.customizations.env.iter().enumerate() {
+            let Some(r) = e.value_from.as_ref().and_then(|v| v.resource.as_ref()) else {
+                continue;
+            };
+            if r.name == resource && !declared.contains(&r.output_key) {
+                return Err(format!(
+                    "forks[{i}].customizations.env[{j}]: plugin {} has no output {} (its create steps declare: {})",
+                    plugin.name_any(),
+                    r.output_key,
+                    if declared.is_empty() {
+                        "none".to_string()
+                    } else {
+                        declared.join(", ")
+                    }
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn pick<'a>(plugins: &'a [ResourcePlugin], request: &str) -> Result<&'a ResourcePlugin, String> {
