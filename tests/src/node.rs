@@ -23,6 +23,9 @@ use serde_json::Value;
 pub const SPUR_IMAGE: &str = "localhost/spur:dev";
 /// An image with curl that sleeps until it is stopped: the client pods of the tests.
 pub const CLIENT_IMAGE: &str = "localhost/spur-test-client:dev";
+/// PostgreSQL 15 (server and psql): entrypoint `spur-postgres-server`, which needs
+/// `POSTGRES_PASSWORD` on first start and serves on :5432 (tests/node/README.md).
+pub const POSTGRES_IMAGE: &str = "localhost/spur-postgres:dev";
 /// Where the chart goes.
 pub const SPUR_NAMESPACE: &str = "spur-system";
 /// The `helm install` values of the node tier: what a user with a registry sets, pointed at the
