@@ -7,8 +7,8 @@
 # Installs what the tests drive when it is missing: curl, h2load, iproute2, iptables (with
 # iptables-legacy), nftables, setpriv, and for the node tier containerd, runc, the CNI plugins,
 # mmdebstrap (the images' base layer), buildah and jq (the images, from the Containerfile),
-# openssl, and chromium (the hub's web view test). Needs root: for that, for the
-# network-namespace tests and for the node.
+# openssl, chromium (the hub's web view test) and postgresql-15 (the demo app's database test).
+# Needs root: for that, for the network-namespace tests and for the node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +33,10 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
 # The hub's web view is checked in a real headless browser.
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# `spur demo app --database-url` is tested against a real server (initdb and postgres, which
+# Debian keeps off PATH).
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || command -v initdb >/dev/null 2>&1 \
+    || need+=(postgresql-15)
 { command -v pgrep && command -v sysctl; } >/dev/null 2>&1 || need+=(procps)
 if [ ${#need[@]} -gt 0 ]; then
     echo "tests/run.sh: installing ${need[*]}" >&2

@@ -97,7 +97,14 @@ fn setup(node: &Node) -> Result<()> {
         ),
     )?;
     for ns in [NS, "spur-resources"] {
-        let _ = node.kubectl(&["-n", ns, "delete", "secret", "postgres-admin", "--ignore-not-found"]);
+        let _ = node.kubectl(&[
+            "-n",
+            ns,
+            "delete",
+            "secret",
+            "postgres-admin",
+            "--ignore-not-found",
+        ]);
         node.kubectl(&[
             "-n",
             ns,
@@ -312,7 +319,10 @@ fn report(r: &Results, setup: Duration, load_before: &str, load_after: &str) -> 
     );
     for (what, v) in [
         ("create → Resource Ready", col(|s| s.resource_ready)),
-        ("create → Sandbox Ready (fork Ready)", col(|s| s.sandbox_ready)),
+        (
+            "create → Sandbox Ready (fork Ready)",
+            col(|s| s.sandbox_ready),
+        ),
         ("delete → Sandbox gone", col(|s| s.deleted)),
     ] {
         let _ = writeln!(

@@ -8,18 +8,28 @@
 #                                   curl available
 #   localhost/pause:dev             base only; entrypoint `catatonit -P`, for containerd's
 #                                   sandbox_image
+#   localhost/spur-postgres:dev     PostgreSQL 15 from Debian's packages (server, psql): a
+#                                   database server as a Deployment, and the stock image of
+#                                   steps that run psql. Entrypoint spur-postgres-server
+#                                   (tests/node/spur-postgres-server.sh: initdb on first start,
+#                                   superuser password from POSTGRES_PASSWORD, then postgres in
+#                                   the foreground on *:5432); user postgres; StopSignal SIGINT
+#                                   (fast shutdown); PGDATA=/var/lib/postgresql/data/pgdata.
 #
-# All three share one layer: a Debian bookworm rootfs made with mmdebstrap (iptables, nftables,
-# ca-certificates, curl, catatonit), cached under ${XDG_CACHE_HOME:-~/.cache}/spur/node/ keyed
-# by a hash of its recipe. buildah (vfs storage in a temp dir, chroot isolation, --pull=never)
-# turns it into images; nothing is pulled from a registry. The first run needs the Debian
-# mirror (about a minute); later runs reuse the cached rootfs.
+# The first three share one layer: a Debian bookworm rootfs made with mmdebstrap (iptables,
+# nftables, ca-certificates, curl, catatonit). The postgres image has a rootfs of its own (same
+# options; postgresql-15, postgresql-client-15, ca-certificates, catatonit; without LLVM, whose
+# only user is PostgreSQL's optional JIT) plus a layer with its entrypoint. Both rootfs are
+# cached under ${XDG_CACHE_HOME:-~/.cache}/spur/node/, each keyed by a hash of its recipe.
+# buildah (vfs storage in a temp dir, chroot isolation, --pull=never) turns them into images;
+# nothing is pulled from a registry. The first run needs the Debian mirror (about two minutes);
+# later runs reuse the cached rootfs.
 #
 # Usage: tests/node/image.sh <bindir with spur, spur-sidecar, spur-init, spur-job-executor, spur-io> <outdir>
 # Prints one line per image on stdout: <name> <archive> compressed=<MB> uncompressed=<MB>.
-# Env: SPUR_EXECUTOR_BIN and SPUR_IO_BIN are the spur-job-executor and spur-io to use instead of
-# <bindir>'s (tests/run.sh passes static builds: they run inside pods of any image); SPUR_NODE_BASE_REFRESH=1
-# rebuilds the cached rootfs; SPUR_DEBIAN_MIRROR overrides the
+# Env: SPUR_EXECUTOR_BIN and SPUR_IO_BIN are the spur-job-executor and spur-io to use instead
+# of <bindir>'s (tests/run.sh passes static builds: they run inside pods of any image);
+# SPUR_NODE_BASE_REFRESH=1 rebuilds both cached rootfs; SPUR_DEBIAN_MIRROR overrides the
 # mirror (default: mmdebstrap's, deb.debian.org plus updates and security).
 #
 # Needs root (mmdebstrap's root mode; buildah's storage). The image config (user 65532:65532,
@@ -58,12 +68,14 @@ done
 mkdir -p "$outdir" || die "cannot create $outdir"
 outdir=$(cd "$outdir" && pwd)
 
-# ---- the base rootfs (cached) -------------------------------------------------------------
+pg_server=$repo/tests/node/spur-postgres-server.sh
+[ -f "$pg_server" ] || die "no $pg_server"
+
+# ---- the rootfs (cached) ------------------------------------------------------------------
 suite=bookworm
 packages=(iptables nftables ca-certificates curl catatonit)
-mm_opts=(
-    --variant=minbase
-    --include="$(IFS=,; echo "${packages[*]}")"
+# Shared by both rootfs; the base's options keep their order (its cache key is their hash).
+common_opts=(
     --aptopt='APT::Install-Recommends "false"'
     --dpkgopt='path-exclude=/usr/share/doc/*'
     --dpkgopt='path-include=/usr/share/doc/*/copyright'
@@ -73,10 +85,31 @@ mm_opts=(
     --skip=output/dev
     --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/log/*.log "$1"/var/log/apt/*'
 )
+mm_opts=(--variant=minbase --include="$(IFS=,; echo "${packages[*]}")" "${common_opts[@]}")
+pg_packages=(postgresql-15 postgresql-client-15 ca-certificates catatonit)
+pg_opts=(
+    --variant=minbase
+    --include="$(IFS=,; echo "${pg_packages[*]}")"
+    "${common_opts[@]}"
+    # libLLVM (110 MB), its libz3 (23 MB) and the JIT's bitcode (26 MB) serve only PostgreSQL's
+    # optional JIT, and PostgreSQL quietly runs without it when llvmjit.so is absent.
+    --dpkgopt='path-exclude=/usr/lib/*/libLLVM-*'
+    --dpkgopt='path-exclude=/usr/lib/*/libz3.so*'
+    --dpkgopt='path-exclude=/usr/lib/postgresql/*/lib/llvmjit*'
+    --dpkgopt='path-exclude=/usr/lib/postgresql/*/lib/bitcode/*'
+    # No cluster from the package's postinst: the entrypoint makes one in $PGDATA.
+    --essential-hook='mkdir -p "$1"/etc/postgresql-common/createcluster.d && echo "create_main_cluster = false" >"$1"/etc/postgresql-common/createcluster.d/spur.conf'
+    # ssl-cert's postinst made a snakeoil key pair; the server does not use TLS, and an image
+    # is no place for a private key.
+    --customize-hook='rm -f "$1"/etc/ssl/private/ssl-cert-snakeoil.key "$1"/etc/ssl/certs/ssl-cert-snakeoil.pem'
+    --customize-hook='chroot "$1" install -d -o postgres -g postgres -m 0700 /var/lib/postgresql/data'
+)
 mirror=${SPUR_DEBIAN_MIRROR:-}
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/spur/node
 key=$(printf '%s\n' base-v1 "$suite" "$mirror" "${mm_opts[@]}" | sha256sum | cut -c1-16)
 base_tar=$cache/base-$suite-$key.tar
+pg_key=$(printf '%s\n' postgres-v1 "$suite" "$mirror" "${pg_opts[@]}" | sha256sum | cut -c1-16)
+pg_tar=$cache/postgres-$suite-$pg_key.tar
 mkdir -p "$cache"
 
 tmp=
@@ -103,37 +136,43 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/spur-image.XXXXXX")
 
-build_base() {
-    exec 9>"$cache/base.lock"
-    flock -n 9 || { log "waiting for another image.sh run (lock $cache/base.lock)"; flock 9; }
-    rm -f "$cache"/base-*.part.*  # from interrupted runs
-    if [ -s "$base_tar" ] && [ -z "${SPUR_NODE_BASE_REFRESH:-}" ]; then
+# build_rootfs <what> <tar> <mmdebstrap option...>: the cached rootfs <tar>, built if missing.
+build_rootfs() {
+    local what=$1 tar=$2
+    shift 2
+    local prefix
+    prefix=$(basename "$tar" | cut -d- -f1)
+    rm -f "$cache/$prefix"-*.part.*  # from interrupted runs
+    if [ -s "$tar" ] && [ -z "${SPUR_NODE_BASE_REFRESH:-}" ]; then
         return
     fi
-    log "building the Debian $suite base rootfs with mmdebstrap (about a minute; needs the Debian mirror)"
-    local part="$base_tar.part.$$" start=$SECONDS
+    log "building the Debian $suite $what rootfs with mmdebstrap (about a minute; needs the Debian mirror)"
+    local part="$tar.part.$$" start=$SECONDS
     rm -f "$part"
-    if ! mmdebstrap --quiet --mode=root --format=tar "${mm_opts[@]}" "$suite" "$part" \
+    if ! mmdebstrap --quiet --mode=root --format=tar "$@" "$suite" "$part" \
             ${mirror:+"$mirror"} >"$tmp/mmdebstrap.log" 2>&1; then
         rm -f "$part"
         tail -n 30 "$tmp/mmdebstrap.log" >&2
-        die "mmdebstrap failed (is the Debian mirror reachable?)"
+        die "mmdebstrap failed for the $what rootfs (is the Debian mirror reachable?)"
     fi
-    mv -f "$part" "$base_tar"
+    mv -f "$part" "$tar"
     # Old rootfs from other recipes.
-    find "$cache" -maxdepth 1 -name "base-*.tar" ! -name "$(basename "$base_tar")" -delete
-    log "base rootfs: $base_tar ($(( $(stat -c %s "$base_tar") / 1048576 )) MB, $((SECONDS - start)) s)"
+    find "$cache" -maxdepth 1 -name "$prefix-*.tar" ! -name "$(basename "$tar")" -delete
+    log "$what rootfs: $tar ($(( $(stat -c %s "$tar") / 1048576 )) MB, $((SECONDS - start)) s)"
 }
 # The lock stays held until exit: concurrent runs take turns.
-build_base
+exec 9>"$cache/base.lock"
+flock -n 9 || { log "waiting for another image.sh run (lock $cache/base.lock)"; flock 9; }
+build_rootfs base "$base_tar" "${mm_opts[@]}"
+build_rootfs postgres "$pg_tar" "${pg_opts[@]}"
 
 # ---- skip when nothing changed --------------------------------------------------------------
-names=(localhost/spur:dev localhost/spur-test-client:dev localhost/pause:dev)
-files=(spur.tar spur-test-client.tar pause.tar)
+names=(localhost/spur:dev localhost/spur-test-client:dev localhost/pause:dev localhost/spur-postgres:dev)
+files=(spur.tar spur-test-client.tar pause.tar spur-postgres.tar)
 stamp=$outdir/.images.stamp
 inputs=$( {
-    stat -c '%n %s %Y' "$base_tar"
-    sha256sum "$0" "$containerfile" | cut -d' ' -f1
+    stat -c '%n %s %Y' "$base_tar" "$pg_tar"
+    sha256sum "$0" "$containerfile" "$pg_server" | cut -d' ' -f1
     sha256sum "${srcs[@]}"
 } | sha256sum | cut -c1-32)
 if [ -f "$stamp" ] && [ "$(head -n1 "$stamp")" = "$inputs" ] \
@@ -178,6 +217,33 @@ bh config --entrypoint '' --cmd '' --user 0:0 \
     --label org.opencontainers.image.title=spur-base "$c"
 commit localhost/spur-base:dev
 bh rm "$c" >/dev/null
+
+# The postgres image: its own rootfs, then a layer of its own (editing the script rebuilds no
+# rootfs) with the entrypoint and the socket directory Debian's libpq looks in (mmdebstrap
+# empties /run). Numeric user: the kubelet can check runAsNonRoot only against a uid.
+pg_user=$(tar -xOf "$pg_tar" ./etc/passwd | awk -F: '$1 == "postgres" { print $3 ":" $4 }')
+[ -n "$pg_user" ] || die "no postgres user in $pg_tar"
+mkdir -p "$tmp/pg-layer/usr/local/bin" "$tmp/pg-layer/run/postgresql"
+install -m 0755 "$pg_server" "$tmp/pg-layer/usr/local/bin/spur-postgres-server"
+chown "$pg_user" "$tmp/pg-layer/run/postgresql"
+chmod 2775 "$tmp/pg-layer/run/postgresql"
+# Only these two entries: a parent directory in the tar would replace the rootfs' own.
+tar -cf "$tmp/pg-layer.tar" --numeric-owner --mtime=@0 -C "$tmp/pg-layer" \
+    ./usr/local/bin/spur-postgres-server ./run/postgresql
+p=$(bh from "${policy[@]}" scratch)
+bh add "$p" "$pg_tar" / >/dev/null
+bh commit "${policy[@]}" --quiet --timestamp 0 "$p" localhost/spur-postgres-base:dev >/dev/null
+bh rm "$p" >/dev/null
+p=$(bh from "${policy[@]}" localhost/spur-postgres-base:dev)
+bh add "$p" "$tmp/pg-layer.tar" / >/dev/null
+bh config --env "PATH=/usr/lib/postgresql/15/bin:${path_env#PATH=}" --env LANG=C.UTF-8 \
+    --env PGDATA=/var/lib/postgresql/data/pgdata \
+    --entrypoint '["/usr/local/bin/spur-postgres-server"]' --cmd '' --user "$pg_user" \
+    --port 5432/tcp --stop-signal SIGINT --workingdir /var/lib/postgresql \
+    --label org.opencontainers.image.source=https://github.com/spur-dev/spur \
+    --label org.opencontainers.image.title=spur-postgres "$p"
+bh commit "${policy[@]}" --quiet --timestamp 0 "$p" localhost/spur-postgres:dev >/dev/null
+bh rm "$p" >/dev/null
 
 # The Spur image: the Containerfile's `prebuilt` target, binaries from a context dir.
 mkdir -p "$tmp/ctx/bin"

@@ -23,6 +23,9 @@ use serde_json::Value;
 pub const SPUR_IMAGE: &str = "localhost/spur:dev";
 /// An image with curl that sleeps until it is stopped: the client pods of the tests.
 pub const CLIENT_IMAGE: &str = "localhost/spur-test-client:dev";
+/// PostgreSQL 15 (server and psql): entrypoint `spur-postgres-server`, which needs
+/// `POSTGRES_PASSWORD` on first start and serves on :5432 (tests/node/README.md).
+pub const POSTGRES_IMAGE: &str = "localhost/spur-postgres:dev";
 /// Where the chart goes.
 pub const SPUR_NAMESPACE: &str = "spur-system";
 /// The `helm install` values of the node tier: what a user with a registry sets, pointed at the
@@ -572,9 +575,6 @@ spec:
     )
 }
 
-/// The PostgreSQL image (Debian's packages; `tests/node/image.sh`).
-pub const POSTGRES_IMAGE: &str = "localhost/spur-postgres:dev";
-
 /// A PostgreSQL server as Deployment and Service `postgres` in `namespace` (no sidecar), its
 /// superuser password from key `password` of Secret `admin_secret` there; waits until it is
 /// ready.
@@ -592,6 +592,7 @@ spec:
       annotations: {{sidecar.spur.dev/inject: "false"}}
     spec:
       terminationGracePeriodSeconds: 10
+      volumes: [{{name: data, emptyDir: {{}}}}]
       containers:
         - name: postgres
           image: {POSTGRES_IMAGE}
@@ -600,6 +601,7 @@ spec:
             - name: POSTGRES_PASSWORD
               valueFrom: {{secretKeyRef: {{name: {admin_secret}, key: password}}}}
           ports: [{{name: pg, containerPort: 5432}}]
+          volumeMounts: [{{name: data, mountPath: /var/lib/postgresql/data}}]
           readinessProbe:
             exec: {{command: [pg_isready, -h, 127.0.0.1, -U, postgres]}}
             periodSeconds: 1

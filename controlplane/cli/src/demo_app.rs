@@ -4,6 +4,24 @@
 //! (W3C `baggage`/`tracestate`/`traceparent`, the OpenTracing/Jaeger routing-key headers,
 //! `x-request-id`) the way an OpenTelemetry-instrumented app does. That propagation is what lets
 //! Spur route every hop of a keyed request to the sandbox's forks.
+//!
+//! With `--database-url` (`SPUR_APP_DATABASE_URL`, a libpq URL such as
+//! `postgres://user:password@host:5432/db`) it also keeps rows in PostgreSQL, in table
+//! `spur_demo_rows` (created at first use), so a test can see which database a fork writes to:
+//!
+//! - `POST /rows` with a UTF-8 body of at most 4 KiB (else 400) stores the body as a row written
+//!   by the pod (the service name when the pod is unknown) and answers 201 with
+//!   `{service, pod, marker, database, id, value}`; `database` is `current_database()`.
+//! - `GET /rows` answers `{service, pod, marker, database, rows}`: the latest 100 rows, newest
+//!   first, each `{id, value, written_by, at}` (`at` in RFC 3339, UTC).
+//! - A database that cannot be reached or fails is a 503 with `{..., error}`; the connection is
+//!   made on first use and again after it breaks. Logs and answers name the URL without its
+//!   password.
+//!
+//! `/rows` is then never forwarded to `--call`'s upstream; every other path behaves as without the
+//! flag.
+
+mod rows;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -63,6 +81,10 @@ pub(crate) struct AppArgs {
     /// header), comma-separated.
     #[arg(long, env = "SPUR_APP_PROPAGATE", value_delimiter = ',')]
     propagate: Vec<String>,
+    /// PostgreSQL to keep rows in, a libpq URL (`postgres://user:password@host:5432/db`): adds
+    /// `POST /rows` and `GET /rows`. Connected on first use; never logged with its password.
+    #[arg(long, env = "SPUR_APP_DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
 }
 
 /// What one app instance is.
@@ -72,6 +94,7 @@ pub(crate) struct App {
     marker: Option<String>,
     upstream: Option<Upstream>,
     propagate: Vec<HeaderName>,
+    database: Option<rows::Database>,
 }
 
 struct Upstream {
@@ -86,6 +109,7 @@ impl App {
         marker: Option<String>,
         call: Option<&str>,
         extra_propagate: &[String],
+        database_url: Option<&str>,
     ) -> Result<App> {
         if name.is_empty() {
             bail!("--name (SPUR_APP_NAME) must not be empty");
@@ -105,12 +129,23 @@ impl App {
                 propagate.push(h);
             }
         }
+        let database = database_url.map(rows::Database::new).transpose()?;
         Ok(App {
             name,
             pod,
             marker,
             upstream,
             propagate,
+            database,
+        })
+    }
+
+    /// The JSON every answer starts with: who answered.
+    fn identity(&self) -> Value {
+        json!({
+            "service": self.name,
+            "pod": self.pod,
+            "marker": self.marker,
         })
     }
 }
@@ -171,13 +206,16 @@ pub(crate) async fn run(args: AppArgs) -> Result<ExitCode> {
         .or_else(|| non_empty(std::env::var("HOSTNAME").ok()))
         .unwrap_or_default();
     let call = non_empty(args.call);
+    let database_url = non_empty(args.database_url);
     let app = App::new(
         args.name,
         pod,
         non_empty(args.marker),
         call.as_deref(),
         &args.propagate,
+        database_url.as_deref(),
     )?;
+    let database = app.database.as_ref().map(|d| d.redacted().to_owned());
     // Before the listener opens: a SIGTERM from then on shuts down cleanly.
     let shutdown = shutdown_signal();
     let listener = TcpListener::bind(args.listen)
@@ -185,10 +223,14 @@ pub(crate) async fn run(args: AppArgs) -> Result<ExitCode> {
         .with_context(|| format!("cannot bind {}", args.listen))?;
     let token = CancellationToken::new();
     let server = tokio::spawn(serve(listener, Arc::new(app), token.clone()));
-    match &call {
-        Some(call) => println!("serving on {} (calling {call})", args.listen),
-        None => println!("serving on {}", args.listen),
+    let mut serving = format!("serving on {}", args.listen);
+    if let Some(call) = &call {
+        serving.push_str(&format!(" (calling {call})"));
     }
+    if let Some(database) = &database {
+        serving.push_str(&format!(" (rows in {database})"));
+    }
+    println!("{serving}");
     shutdown.await;
     token.cancel();
     server.await.context("server task failed")?;
@@ -253,6 +295,11 @@ async fn respond(
     req: Request<Incoming>,
     app: Arc<App>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.uri().path() == "/rows"
+        && let Some(database) = &app.database
+    {
+        return Ok(respond_rows(req, &app, database).await);
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         let mut resp = reply(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -299,6 +346,87 @@ async fn respond(
     let mut body = doc.to_string();
     body.push('\n');
     Ok(reply(status, "application/json", body))
+}
+
+/// `/rows` in database mode.
+async fn respond_rows(
+    req: Request<Incoming>,
+    app: &App,
+    database: &rows::Database,
+) -> Response<Full<Bytes>> {
+    let mut doc = app.identity();
+    let result = match *req.method() {
+        Method::POST => {
+            let value = match read_value(req.into_body()).await {
+                Ok(value) => value,
+                Err(e) => {
+                    doc["error"] = Value::String(e);
+                    return json_reply(StatusCode::BAD_REQUEST, &doc);
+                }
+            };
+            let written_by = if app.pod.is_empty() {
+                &app.name
+            } else {
+                &app.pod
+            };
+            database.insert(&value, written_by).await.map(|(name, id)| {
+                doc["database"] = Value::String(name);
+                doc["id"] = Value::from(id);
+                doc["value"] = Value::String(value);
+                StatusCode::CREATED
+            })
+        }
+        Method::GET | Method::HEAD => database.list().await.map(|(name, rows)| {
+            doc["database"] = Value::String(name);
+            doc["rows"] = Value::Array(rows);
+            StatusCode::OK
+        }),
+        _ => {
+            let mut resp = reply(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain; charset=utf-8",
+                "only GET and POST\n",
+            );
+            resp.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, POST"));
+            return resp;
+        }
+    };
+    match result {
+        Ok(status) => json_reply(status, &doc),
+        Err(e) => {
+            // The error names the database by its redacted URL only.
+            tracing::warn!(error = format!("{e:#}"), "database request failed");
+            doc["error"] = Value::String(format!("{e:#}"));
+            json_reply(StatusCode::SERVICE_UNAVAILABLE, &doc)
+        }
+    }
+}
+
+/// The body of `POST /rows`: UTF-8, at most [`rows::VALUE_LIMIT`] bytes, read within
+/// [`UPSTREAM_TIMEOUT`] (a client trickling its body must not hold the request forever).
+async fn read_value(body: Incoming) -> Result<String, String> {
+    let limit = rows::VALUE_LIMIT;
+    let read = Limited::new(body, limit).collect();
+    let bytes = match tokio::time::timeout(UPSTREAM_TIMEOUT, read).await {
+        Err(_) => {
+            return Err(format!(
+                "the body did not arrive within {UPSTREAM_TIMEOUT:?}"
+            ));
+        }
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err(format!("the body is larger than {limit} bytes"));
+        }
+        Ok(Err(e)) => return Err(format!("reading the body failed: {e}")),
+        Ok(Ok(collected)) => collected.to_bytes(),
+    };
+    String::from_utf8(bytes.into()).map_err(|_| "the body is not UTF-8".to_owned())
+}
+
+fn json_reply(status: StatusCode, doc: &Value) -> Response<Full<Bytes>> {
+    let mut body = doc.to_string();
+    body.push('\n');
+    reply(status, "application/json", body)
 }
 
 /// Every line of header `name`, joined with "," (one list, as W3C baggage defines it).
@@ -407,6 +535,7 @@ mod tests {
             marker.map(str::to_owned),
             call,
             &[],
+            None,
         )
         .unwrap()
     }
@@ -482,6 +611,7 @@ mod tests {
                 None,
                 Some(&call),
                 &["x-custom-key".into()],
+                None,
             )
             .unwrap(),
         )
