@@ -391,11 +391,13 @@ fn helm_install_and_the_user_path_on_running_pods() {
     )
     .unwrap();
 
+    // --- sandbox resources: a database per sandbox, made before its fork starts ---------------
+    // (in namespace hotrod, as docs/examples/resourceplugin-postgres.yaml says; before the
+    // other examples, whose check ends by deleting that namespace)
+    let resource_secrets = node_resources::resources_on_the_node(node);
+
     // --- every file under docs/examples/ does what its comments say ---------------------------
     docs_examples_on_the_node(node);
-
-    // --- sandbox resources: a database per sandbox, made before its fork starts ---------------
-    let resource_secrets = node_resources::resources_on_the_node(node);
 
     // --- the hub: an agent in the cluster dials a hub on a "laptop"; previews reach the fork --
     hub_previews_through_the_agent(node, ns, &backend_pods[0]);

@@ -107,6 +107,13 @@ pub(crate) async fn reconcile(
         return Ok(Action::await_change());
     };
     let api: Api<ObjectLifecycleMethods> = Api::all(ctx.client.clone());
+    // The object as the API server has it now, not as the watch cache last delivered it: a
+    // pass woken by a pod event (say, the deletion of a unit's finished pod) must see the
+    // status the previous pass wrote, or it would take that pod for one lost mid-run.
+    let Some(olm) = api.get_opt(&olm.name_any()).await? else {
+        return Ok(Action::await_change());
+    };
+    let olm = Arc::new(olm);
     let action = finalizer(&api, FINALIZER, olm, |event| async {
         match event {
             Event::Apply(olm) => start(&olm, &ctx, &cfg).await,

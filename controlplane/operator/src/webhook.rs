@@ -428,12 +428,20 @@ async fn ensure_bundle(namespace: &str, st: &State) -> Result<(), Error> {
         return Ok(());
     }
     let fresh = |t: &Instant| t.elapsed() < BUNDLE_RECHECK;
-    if st
-        .bundles_checked
-        .lock()
-        .ok()
-        .and_then(|m| m.get(namespace).copied())
-        .is_some_and(|t| fresh(&t))
+    // Remembered per namespace object, not per name: a namespace deleted and created again
+    // within the recheck period has no copy, and its pods would wait for one forever.
+    let checked_key = st
+        .namespaces
+        .get(&ObjectRef::new(namespace))
+        .and_then(|n| n.metadata.uid.clone())
+        .map(|uid| format!("{namespace}/{uid}"));
+    if let Some(k) = &checked_key
+        && st
+            .bundles_checked
+            .lock()
+            .ok()
+            .and_then(|m| m.get(k).copied())
+            .is_some_and(|t| fresh(&t))
     {
         return Ok(());
     }
@@ -461,9 +469,11 @@ async fn ensure_bundle(namespace: &str, st: &State) -> Result<(), Error> {
             Err(e) => return Err(e.into()),
         }
     }
-    if let Ok(mut m) = st.bundles_checked.lock() {
+    if let Some(k) = checked_key
+        && let Ok(mut m) = st.bundles_checked.lock()
+    {
         m.retain(|_, t| fresh(t));
-        m.insert(namespace.to_string(), Instant::now());
+        m.insert(k, Instant::now());
     }
     Ok(())
 }

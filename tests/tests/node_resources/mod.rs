@@ -138,19 +138,14 @@ spec:
     )
 }
 
-fn sandbox_with(name: &str, plugin: &str, fork: bool) -> String {
-    let forks = if fork {
-        format!(
-            r#"  forks:
-    - forkOf: {{kind: Deployment, namespace: {NS}, name: customer}}
-      customizations:
-        env:
-          - name: SPUR_APP_DATABASE_URL
-            valueFrom: {{resource: {{name: db, outputKey: two.dsn}}}}
-"#
-        )
-    } else {
-        String::new()
+/// A Sandbox with resource `db` of `plugin` and a fork of `customer`; with `dsn_from`, the
+/// fork's database URL is that output of the resource.
+fn sandbox_with(name: &str, plugin: &str, dsn_from: Option<&str>) -> String {
+    let env = match dsn_from {
+        Some(key) => format!(
+            "          - name: SPUR_APP_DATABASE_URL\n            valueFrom: {{resource: {{name: db, outputKey: {key}}}}}\n"
+        ),
+        None => "          - {name: SPUR_APP_MARKER, value: plain}\n".to_string(),
     };
     format!(
         r#"apiVersion: spur.dev/v1alpha1
@@ -160,7 +155,11 @@ metadata:
 spec:
   resources:
     - {{name: db, plugin: {plugin}}}
-{forks}"#
+  forks:
+    - forkOf: {{kind: Deployment, namespace: {NS}, name: customer}}
+      customizations:
+        env:
+{env}"#
     )
 }
 
@@ -168,7 +167,20 @@ spec:
 /// sandbox database's DSN).
 pub(crate) fn resources_on_the_node(node: &Node) -> Vec<String> {
     // --- the shared PostgreSQL server, its admin Secret where the steps run ------------------
+    node.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n  labels:\n    sidecar.spur.dev/inject: \"true\"\n"
+    ))
+    .unwrap();
     for ns in [NS, STEPS_NAMESPACE] {
+        node.kubectl(&[
+            "-n",
+            ns,
+            "delete",
+            "secret",
+            "postgres-admin",
+            "--ignore-not-found",
+        ])
+        .unwrap();
         node.kubectl(&[
             "-n",
             ns,
@@ -219,23 +231,6 @@ pub(crate) fn resources_on_the_node(node: &Node) -> Vec<String> {
         keys.contains("user.dsn") && keys.contains("database.dbname"),
         "{keys}"
     );
-    let resource = node
-        .kubectl(&[
-            "get",
-            "resources.spur.dev",
-            res["resource"].as_str().unwrap(),
-            "-o",
-            "json",
-        ])
-        .unwrap();
-    assert!(
-        !resource.contains("postgres://"),
-        "a DSN in the Resource: {resource}"
-    );
-    assert!(
-        !sb.to_string().contains("postgres://"),
-        "a DSN in the Sandbox: {sb}"
-    );
     let dbname = format!("customers_{key}");
     let dsn = node
         .kubectl(&[
@@ -263,9 +258,34 @@ pub(crate) fn resources_on_the_node(node: &Node) -> Vec<String> {
         ])
         .unwrap();
     assert!(
-        fork_env.contains(&format!("\"name\": \"{secret}\"")) && !fork_env.contains("postgres://"),
+        fork_env.contains(&format!("\"name\": \"{secret}\"")) && !fork_env.contains(&dsn),
         "the fork reads its DSN from the Secret: {fork_env}"
     );
+    let resource = node
+        .kubectl(&[
+            "get",
+            "resources.spur.dev",
+            res["resource"].as_str().unwrap(),
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    let olm = node
+        .kubectl(&[
+            "get",
+            "objectlifecyclemethods",
+            res["resource"].as_str().unwrap(),
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    for (what, text) in [
+        ("Resource", &resource),
+        ("ObjectLifecycleMethods", &olm),
+        ("Sandbox", &sb.to_string()),
+    ] {
+        assert!(!text.contains(&dsn), "the DSN is in the {what}: {text}");
+    }
 
     // Keyed: the fork, in the sandbox's database. Unkeyed: the baseline, in the shared one.
     let keyed = eventually(
@@ -407,7 +427,7 @@ fn two_steps_survive_an_operator_restart(node: &Node, client: &str, url: &str, b
         psql -v ON_ERROR_STOP=1 -d postgres -c "DROP DATABASE IF EXISTS \"$DB\" WITH (FORCE)""##,
     ))
     .unwrap();
-    node.apply(&sandbox_with("restarted", "twostep", true))
+    node.apply(&sandbox_with("restarted", "twostep", Some("two.dsn")))
         .unwrap();
     // While step two runs (its pod exists), the operator goes away and comes back.
     eventually("step two to run", Duration::from_secs(120), || {
@@ -477,7 +497,7 @@ fn a_failing_create_step_stops_the_sandbox(node: &Node) {
         "    []",
     ))
     .unwrap();
-    node.apply(&sandbox_with("broken-db", "broken", true))
+    node.apply(&sandbox_with("broken-db", "broken", Some("two.dsn")))
         .unwrap();
     let (reason, message) = eventually("the sandbox to fail", Duration::from_secs(120), || {
         let s = sandbox_json(node, "broken-db")?;
@@ -540,12 +560,12 @@ fn a_failing_delete_step_is_retried(node: &Node) {
       script: |
         #!/bin/sh
         set -eu
-        n=$(psql -tA -v ON_ERROR_STOP=1 -d postgres -c "insert into flaky default values returning n")
+        n=$(psql -qtA -v ON_ERROR_STOP=1 -d postgres -c "insert into flaky default values returning n")
         if [ "$n" -lt 3 ]; then echo "attempt $n: the server is busy" >&2; exit 1; fi
         echo "attempt $n: done""##,
     ))
     .unwrap();
-    node.apply(&sandbox_with("flaky-db", "flaky", false))
+    node.apply(&sandbox_with("flaky-db", "flaky", None))
         .unwrap();
     wait_ready(node, "flaky-db", Duration::from_secs(120));
     node.kubectl(&["delete", "sandbox", "flaky-db", "--wait=false"])
