@@ -730,6 +730,16 @@ pub enum UnitPhase {
     Running,
     Succeeded,
     Failed,
+    /// Not run: a postStop unit whose inputs come from outputs that were never written (the
+    /// create step making them failed or never ran, so there is nothing for it to undo).
+    Skipped,
+}
+
+impl UnitPhase {
+    /// Succeeded or skipped: the workflow goes on past it.
+    pub fn is_done(self) -> bool {
+        matches!(self, UnitPhase::Succeeded | UnitPhase::Skipped)
+    }
 }
 
 /// Which workflow.

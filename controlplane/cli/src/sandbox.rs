@@ -1,5 +1,5 @@
 //! `spur sandbox get` and `spur preview open`: a sandbox as a person wants to see it (key,
-//! readiness, forks, time left, preview URLs), and its preview URL in a browser.
+//! readiness, resources, forks, time left, preview URLs), and its preview URL in a browser.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -88,6 +88,25 @@ pub(crate) fn describe(sb: &Sandbox) -> String {
     if let Some(t) = &st.expires_at {
         let _ = writeln!(out, "Expires:     {}", t.0);
     }
+    if !st.resources.is_empty() {
+        let _ = writeln!(out, "Resources:");
+        for r in &st.resources {
+            let _ = writeln!(
+                out,
+                "  {} ({}): {}{}",
+                r.name,
+                r.plugin.as_deref().unwrap_or("plugin not resolved yet"),
+                r.phase,
+                r.message
+                    .as_deref()
+                    .map(|m| format!(" - {m}"))
+                    .unwrap_or_default()
+            );
+            if let Some(secret) = &r.output_secret {
+                let _ = writeln!(out, "    outputs in Secret {secret} of each fork namespace");
+            }
+        }
+    }
     if !st.forks.is_empty() {
         let _ = writeln!(out, "Forks:");
         for f in &st.forks {
@@ -170,4 +189,40 @@ pub(crate) async fn preview(args: PreviewArgs) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources_show_their_phase_failure_and_secret() {
+        let sb: Sandbox = serde_json::from_value(serde_json::json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "customer-db"},
+            "spec": {"resources": [{"name": "db", "plugin": "postgres"}],
+                     "forks": [{"forkOf": {"kind": "Deployment", "namespace": "hotrod", "name": "customer"}}]},
+            "status": {"routingKey": "k1", "resources": [
+                {"name": "db", "plugin": "postgres.1.0.0", "phase": "Failed",
+                 "message": "step user failed: the step failed (exit code 3)"},
+                {"name": "cache", "phase": "Ready", "outputSecret": "customer-db-cache-1"}
+            ]}
+        }))
+        .unwrap();
+        let text = describe(&sb);
+        assert!(
+            text.contains(
+                "  db (postgres.1.0.0): Failed - step user failed: the step failed (exit code 3)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("  cache (plugin not resolved yet): Ready"),
+            "{text}"
+        );
+        assert!(
+            text.contains("outputs in Secret customer-db-cache-1 of each fork namespace"),
+            "{text}"
+        );
+    }
 }

@@ -111,7 +111,10 @@ impl Handler {
             .unit
             .ok_or_else(|| Status::invalid_argument("unit is required"))?;
         let unit = self.unit(&pod, &r).await?;
-        if matches!(unit.phase, UnitPhase::Succeeded | UnitPhase::Failed) {
+        if matches!(
+            unit.phase,
+            UnitPhase::Succeeded | UnitPhase::Failed | UnitPhase::Skipped
+        ) {
             return Err(Status::failed_precondition(
                 "the unit has finished: its outputs can no longer change",
             ));

@@ -346,10 +346,27 @@ async fn advance(
                 }
             }
             UnitPhase::Pending => {
-                *st.units_mut(workflow) = statuses.clone();
-                launch(olm, ctx, cfg, workflow, unit, &mut us, st).await?;
-                Some(Progress::Waiting(None))
+                let missing = if retry {
+                    missing_inputs(olm, ctx, cfg, unit).await?
+                } else {
+                    Vec::new()
+                };
+                if missing.is_empty() {
+                    *st.units_mut(workflow) = statuses.clone();
+                    launch(olm, ctx, cfg, workflow, unit, &mut us, st).await?;
+                    Some(Progress::Waiting(None))
+                } else {
+                    // Retrying could never help: the values will not appear.
+                    us.phase = UnitPhase::Skipped;
+                    us.finished_at = Some(Timestamp::now().to_string());
+                    us.message = Some(format!(
+                        "skipped: its inputs {} come from outputs that were never written (the create step making them failed or never ran)",
+                        missing.join(", ")
+                    ));
+                    None
+                }
             }
+            UnitPhase::Skipped => None,
             UnitPhase::Running => match observe(olm, &mut us, &pods).await? {
                 Observed::Running => Some(Progress::Waiting(None)),
                 Observed::NeverCreated => {
@@ -413,6 +430,37 @@ async fn advance(
     }
     *st.units_mut(workflow) = statuses;
     Ok(progress)
+}
+
+/// The io context keys `unit` reads that its OLM's io context does not hold.
+async fn missing_inputs(
+    olm: &ObjectLifecycleMethods,
+    ctx: &Context,
+    cfg: &ResourceConfig,
+    unit: &WorkUnit,
+) -> Result<Vec<String>, Error> {
+    let wanted: Vec<&str> = unit
+        .inputs
+        .iter()
+        .filter_map(|i| i.iocontext.as_ref().map(|c| c.key.as_str()))
+        .collect();
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(ctx.client.clone(), &cfg.ics_namespace);
+    let data = secrets
+        .get_opt(&spur_api::names::io_context_secret_name(
+            &olm.spec.io_context_name,
+        ))
+        .await?
+        .and_then(|s| s.data)
+        .unwrap_or_default();
+    Ok(wanted
+        .into_iter()
+        .filter(|k| !data.contains_key(*k))
+        .map(str::to_owned)
+        .collect())
 }
 
 fn backoff(cfg: &ResourceConfig, attempts: i32) -> Duration {

@@ -402,7 +402,7 @@ fn progress_message(st: &ResourceStatus) -> String {
         ResourcePhase::Deleting => &st.delete,
         _ => &st.create,
     };
-    match units.iter().find(|u| u.phase != UnitPhase::Succeeded) {
+    match units.iter().find(|u| !u.phase.is_done()) {
         Some(u) => format!(
             "step {}: {}",
             u.name,

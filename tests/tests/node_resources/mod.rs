@@ -479,7 +479,9 @@ fn two_steps_survive_an_operator_restart(node: &Node, client: &str, url: &str, b
     .unwrap();
 }
 
-/// A create step that fails: the sandbox names it and shows why, and no fork is created.
+/// A create step that fails: the sandbox names it and shows why, and no fork is created. Its
+/// delete step, which would undo what the failed step never wrote, is skipped rather than
+/// retried forever: the sandbox goes.
 fn a_failing_create_step_stops_the_sandbox(node: &Node) {
     node.apply(&plugin(
         "broken",
@@ -494,7 +496,10 @@ fn a_failing_create_step_stops_the_sandbox(node: &Node) {
       script: "#!/bin/sh\ntrue\n"
       outputs:
         - {name: dsn, valueFromPath: /tmp/dsn}"##,
-        "    []",
+        r##"    - name: cleanup
+      inputs:
+        - {name: dsn, valueFromStep: {name: fails, output: dsn}}
+      script: "#!/bin/sh\nexit 1\n""##,
     ))
     .unwrap();
     node.apply(&sandbox_with("broken-db", "broken", Some("two.dsn")))
