@@ -185,30 +185,8 @@ async fn one(client: &Client, ns: &str, name: &str) -> Result<Sample> {
     })
 }
 
-/// User + system CPU time (ms) of every process whose command line starts with `prefix`
-/// (read with the side-by-side runner's /proc helpers).
 fn cpu_ms(prefix: &[&str]) -> f64 {
-    let mut pids = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = cmd
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        let matches = prefix.iter().enumerate().all(|(i, p)| {
-            args.get(i)
-                .is_some_and(|a| a == p || a.ends_with(&format!("/{p}")))
-        });
-        if matches {
-            pids.push(pid);
-        }
-    }
-    spur_perf::bench::proc::cpu_seconds_sum(&pids) * 1e3
+    spur_perf::bench::proc::cpu_ms_running(prefix)
 }
 
 async fn run(node: &'static Node, jobs: usize, burst: usize) -> Result<Results> {

@@ -136,15 +136,7 @@ pub(crate) async fn check(
         {
             continue;
         }
-        if plugins.is_none() {
-            plugins = Some(
-                Api::<ResourcePlugin>::all(ctx.client.clone())
-                    .list(&ListParams::default())
-                    .await?
-                    .items,
-            );
-        }
-        let all = plugins.as_deref().unwrap_or_default();
+        let all = plugins_once(&mut plugins, ctx).await?;
         let checked = pick(all, &r.plugin).and_then(|p| {
             compile_for(p, sb, &r.name, &r.params, "check")?;
             outputs_exist(sb, &r.name, p)
@@ -189,6 +181,21 @@ fn outputs_exist(sb: &Sandbox, resource: &str, plugin: &ResourcePlugin) -> Resul
         }
     }
     Ok(())
+}
+
+/// The cluster's plugins, listed at most once per pass (and only when a resource needs one).
+async fn plugins_once<'a>(
+    cache: &'a mut Option<Vec<ResourcePlugin>>,
+    ctx: &Context,
+) -> Result<&'a [ResourcePlugin], Error> {
+    if cache.is_none() {
+        let all = Api::<ResourcePlugin>::all(ctx.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items;
+        *cache = Some(all);
+    }
+    Ok(cache.as_deref().unwrap_or_default())
 }
 
 fn pick<'a>(plugins: &'a [ResourcePlugin], request: &str) -> Result<&'a ResourcePlugin, String> {
@@ -265,15 +272,7 @@ pub(crate) async fn ensure(
         let res = match api.get_opt(&rname).await? {
             Some(res) => res,
             None => {
-                if plugins.is_none() {
-                    plugins = Some(
-                        Api::<ResourcePlugin>::all(ctx.client.clone())
-                            .list(&ListParams::default())
-                            .await?
-                            .items,
-                    );
-                }
-                let all = plugins.as_deref().unwrap_or_default();
+                let all = plugins_once(&mut plugins, ctx).await?;
                 let plugin = pick(all, &r.plugin).map_err(Error::Pending)?;
                 let olm =
                     compile_for(plugin, sb, &r.name, &r.params, &rname).map_err(Error::Pending)?;

@@ -303,6 +303,37 @@ pub fn cpu_seconds(pid: u32) -> Result<f64> {
 }
 
 /// Sum of [`cpu_seconds`] over `pids` (processes that vanished count 0).
+/// Pids of every process whose command line starts with `prefix` (each argument equal, or a
+/// path ending in `/<argument>`): the node's components, found by what they run.
+pub fn pids_running(prefix: &[&str]) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmd
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let matches = prefix.iter().enumerate().all(|(i, p)| {
+            args.get(i)
+                .is_some_and(|a| a == p || a.ends_with(&format!("/{p}")))
+        });
+        if matches {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// User + system CPU time (ms) of every process [`pids_running`] `prefix`.
+pub fn cpu_ms_running(prefix: &[&str]) -> f64 {
+    cpu_seconds_sum(&pids_running(prefix)) * 1e3
+}
+
 pub fn cpu_seconds_sum(pids: &[u32]) -> f64 {
     pids.iter().filter_map(|&p| cpu_seconds(p).ok()).sum()
 }
