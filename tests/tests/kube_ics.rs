@@ -15,11 +15,13 @@ use kube::{Client, ResourceExt};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use spur_api::ObjectLifecycleMethods;
-use spur_e2e::kube::{self as kt, SYSTEM_NAMESPACE};
+use spur_e2e::kube as kt;
 use spur_kube_harness::KubeApi;
 use tokio_util::sync::CancellationToken;
 
 const STEPS: &str = "spur-resources";
+/// Where the io context Secrets live (the chart's `resources.contextNamespace`).
+const CONTEXTS: &str = "spur-io-contexts";
 const SA: &str = "spur-resource-runner";
 const SECRET_A: &str = "first-output-of-context-a";
 const SECRET_B: &str = "first-output-of-context-b";
@@ -90,7 +92,7 @@ async fn olm(client: &Client, name: &str, second_pod: &Pod) {
 }
 
 async fn context(client: &Client, name: &str, x: &str) {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), CONTEXTS);
     let s = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(format!("spur-io-{name}")),
@@ -107,7 +109,7 @@ async fn context(client: &Client, name: &str, x: &str) {
 }
 
 async fn context_data(client: &Client, name: &str) -> std::collections::BTreeMap<String, String> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), CONTEXTS);
     secrets
         .get(&format!("spur-io-{name}"))
         .await
@@ -154,9 +156,7 @@ async fn a_step_pod_reads_and_writes_only_its_own_unit() {
     kt::install_crds(&api).await.unwrap();
     let admin = api.client();
     kt::ensure_namespace(&admin, STEPS).await.unwrap();
-    kt::ensure_namespace(&admin, SYSTEM_NAMESPACE)
-        .await
-        .unwrap();
+    kt::ensure_namespace(&admin, CONTEXTS).await.unwrap();
     // The ServiceAccount exists before its pods (no ServiceAccount admission here).
     let _ = api.service_account_token(STEPS, SA).await.unwrap();
     let pod_a = pod(&admin, "a-second-1").await;
@@ -167,14 +167,12 @@ async fn a_step_pod_reads_and_writes_only_its_own_unit() {
     context(&admin, "b", SECRET_B).await;
 
     // The server, as the chart runs it: its ServiceAccount, its rules, TLS.
-    let ics_client = kt::chart_client(
-        &api,
-        "spur-ics",
-        "ics-rules.yaml",
-        Some("ics-namespace-rules.yaml"),
-    )
-    .await
-    .unwrap();
+    let ics_client = kt::chart_client(&api, "spur-ics", "ics-rules.yaml", None)
+        .await
+        .unwrap();
+    kt::grant_in_namespace(&api, "spur-ics", CONTEXTS, "ics-namespace-rules.yaml")
+        .await
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let key = rcgen::KeyPair::generate().unwrap();
     let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
@@ -187,7 +185,7 @@ async fn a_step_pod_reads_and_writes_only_its_own_unit() {
     std::fs::write(&ca, cert.pem()).unwrap();
     let server = spur_ics::Server::bind(
         spur_ics::Config {
-            namespace: SYSTEM_NAMESPACE.into(),
+            namespace: CONTEXTS.into(),
             listen: "127.0.0.1:0".parse().unwrap(),
             tls: Some(spur_routeserver::ServingTls::new(
                 dir.path().join("tls.crt"),

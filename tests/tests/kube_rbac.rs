@@ -15,10 +15,11 @@ use kube::api::{Api, PostParams};
 use spur_e2e::kube as kube_rbac;
 use spur_kube_harness::KubeApi;
 
-const NAMESPACES: [&str; 4] = [
+const NAMESPACES: [&str; 5] = [
     "spur-system",
     "spur-workstation-tokens",
     "spur-resources",
+    "spur-io-contexts",
     "shop",
 ];
 const EXPECTED: &str = include_str!("../rbac/expected.txt");
@@ -140,11 +141,22 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
     )
     .await
     .unwrap();
-    let ics = kube_rbac::chart_client(
+    kube_rbac::grant_in_namespace(
+        &api,
+        "spur-operator",
+        "spur-io-contexts",
+        "resources-context-rules.yaml",
+    )
+    .await
+    .unwrap();
+    let ics = kube_rbac::chart_client(&api, "spur-ics", "ics-rules.yaml", None)
+        .await
+        .unwrap();
+    kube_rbac::grant_in_namespace(
         &api,
         "spur-ics",
-        "ics-rules.yaml",
-        Some("ics-namespace-rules.yaml"),
+        "spur-io-contexts",
+        "ics-namespace-rules.yaml",
     )
     .await
     .unwrap();
@@ -192,19 +204,20 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
                 "the jobs component may read Secrets it does not own: {line}"
             );
         }
-        // The io context server reads and writes Secrets (the io contexts) only in its own
-        // namespace, and creates or deletes none.
+        // The io context server reads and writes Secrets only in the io context namespace,
+        // and creates or deletes none.
         if line.starts_with("spur-ics ") && line.contains("resources=secrets ") {
             assert!(
-                line.starts_with("spur-ics spur-system ") && verbs == "get,patch",
+                line.starts_with("spur-ics spur-io-contexts ") && verbs == "get,patch",
                 "the io context server may touch Secrets beyond its io contexts: {line}"
             );
         }
-        // The operator never reads a Secret outside its own namespace (a resource's outputs are
-        // written into fork namespaces, never read back).
+        // The operator never reads a Secret outside its own namespace and the io context
+        // namespace (a resource's outputs are written into fork namespaces, never read back).
         if line.starts_with("spur-operator ")
             && line.contains("resources=secrets ")
             && !line.starts_with("spur-operator spur-system ")
+            && !line.starts_with("spur-operator spur-io-contexts ")
         {
             assert!(
                 !verbs

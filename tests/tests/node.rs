@@ -23,6 +23,8 @@ use spur_e2e::node::{
 const TOKEN_NAMESPACE: &str = "spur-workstation-tokens";
 /// The chart's `resources.namespace` default.
 const RESOURCE_NAMESPACE: &str = "spur-resources";
+/// The chart's `resources.contextNamespace` default.
+const CONTEXT_NAMESPACE: &str = "spur-io-contexts";
 const RELEASE: &str = "spur";
 
 fn helm_args<'a>(first: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
@@ -64,6 +66,7 @@ fn helm_install_and_the_user_path_on_running_pods() {
         .filter(|doc| {
             !doc.contains(&format!("namespace: {TOKEN_NAMESPACE}\n"))
                 && !doc.contains(&format!("namespace: {RESOURCE_NAMESPACE}\n"))
+                && !doc.contains(&format!("namespace: {CONTEXT_NAMESPACE}\n"))
         })
         .collect();
     assert!(checkable.len() > 10, "{rendered}");

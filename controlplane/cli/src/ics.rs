@@ -23,9 +23,13 @@ enum IcsCommand {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// The server's namespace: the io context Secrets live here.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "spur-system")]
-    namespace: String,
+    /// The namespace of the io context Secrets (the only Secrets it reads or writes).
+    #[arg(
+        long,
+        env = "SPUR_ICS_CONTEXT_NAMESPACE",
+        default_value = "spur-io-contexts"
+    )]
+    context_namespace: String,
     /// gRPC address.
     #[arg(long, default_value = "0.0.0.0:8443")]
     listen: SocketAddr,
@@ -61,7 +65,7 @@ pub(crate) async fn run(args: IcsArgs) -> Result<ExitCode> {
     let mut registry = Registry::default();
     let metrics = spur_ics::Metrics::register(&mut registry);
     let cfg = spur_ics::Config {
-        namespace: args.namespace.clone(),
+        namespace: args.context_namespace.clone(),
         listen: args.listen,
         tls,
         audience: args.audience.clone(),
@@ -77,7 +81,7 @@ pub(crate) async fn run(args: IcsArgs) -> Result<ExitCode> {
         None,
         stop.clone(),
     ));
-    tracing::info!(listen = %server.local_addr(), namespace = %args.namespace, metrics = %args.metrics_addr, "io context server started");
+    tracing::info!(listen = %server.local_addr(), contexts = %args.context_namespace, metrics = %args.metrics_addr, "io context server started");
     let served = tokio::spawn(server.run(stop.clone()));
     shutdown.await;
     tracing::info!("shutting down");

@@ -101,6 +101,13 @@ struct ResourcesArgs {
     /// The io context server's URL (default: https://spur-ics.<namespace>.svc:8443).
     #[arg(long, env = "SPUR_RESOURCES_ICS_URL")]
     resources_ics_url: Option<String>,
+    /// The namespace of the io context Secrets (nothing else lives there).
+    #[arg(
+        long,
+        env = "SPUR_RESOURCES_CONTEXT_NAMESPACE",
+        default_value = "spur-io-contexts"
+    )]
+    resources_context_namespace: String,
     /// The CA bundle ConfigMap (key ca.crt) the step pods trust the io context server with.
     #[arg(
         long,
@@ -138,7 +145,7 @@ impl ResourcesArgs {
                 .clone()
                 .filter(|u| !u.is_empty())
                 .unwrap_or_else(|| format!("https://spur-ics.{namespace}.svc:8443")),
-            ics_namespace: namespace.to_string(),
+            ics_namespace: self.resources_context_namespace.clone(),
             ca_config_map: self.resources_ca_config_map.clone(),
             operator_namespace: namespace.to_string(),
             retry_base: self.resources_retry_base,

@@ -42,7 +42,7 @@ pub enum Error {
 /// How the server runs (flags of `spur ics serve`).
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Its namespace: the io context Secrets live here.
+    /// The namespace of the io context Secrets.
     pub namespace: String,
     pub listen: SocketAddr,
     /// The serving certificate; `None` serves plaintext (`--insecure-plaintext`, tests only).

@@ -16,6 +16,9 @@ use tonic::{Request, Response, Status};
 use crate::auth::{Authenticator, PodIdentity};
 use crate::metrics::Metrics;
 
+/// Most bytes one unit may store in one call: a resource's values share one Secret (1 MiB).
+const OUTPUTS_MAX: usize = 512 * 1024;
+
 pub(crate) struct Handler {
     pub(crate) auth: Authenticator,
     pub(crate) client: Client,
@@ -61,6 +64,13 @@ impl Handler {
         let pod = self.auth.pod(&req).await?;
         let r = req.into_inner();
         let unit = self.unit(&pod, &r).await?;
+        // Only while the unit runs: a finished pod (failed ones are kept for their logs) has
+        // no more use for its inputs.
+        if unit.phase != UnitPhase::Running {
+            return Err(Status::failed_precondition(
+                "the unit is not running: its inputs are no longer served",
+            ));
+        }
         let mut inputs = Vec::with_capacity(unit.spec.inputs.len());
         let mut secret: Option<BTreeMap<String, ByteString>> = None;
         for input in &unit.spec.inputs {
@@ -144,6 +154,11 @@ impl Handler {
                 )));
             }
             bytes += v.value.len() as u64;
+            if bytes > OUTPUTS_MAX as u64 {
+                return Err(Status::invalid_argument(format!(
+                    "the outputs total more than {OUTPUTS_MAX} bytes (nothing stored)"
+                )));
+            }
             data.insert(
                 io_key(&r.unit, &v.name),
                 serde_json::to_value(ByteString(v.value.clone()))
@@ -164,6 +179,14 @@ impl Handler {
                     "io context {} is gone (its resource was deleted)",
                     unit.context
                 )),
+                // Refused for good (the Secret would grow past its limit, say): retrying
+                // would not help.
+                kube::Error::Api(ae) if (400..500).contains(&ae.code) && ae.code != 429 => {
+                    Status::failed_precondition(format!(
+                        "the API server refused the outputs: {}",
+                        ae.message
+                    ))
+                }
                 e => {
                     tracing::warn!(error = %e, "cannot store outputs");
                     Status::unavailable("cannot store the outputs now; retry")

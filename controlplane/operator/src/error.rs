@@ -9,6 +9,12 @@ pub enum Error {
     NoNamespace { kind: &'static str, name: String },
     #[error("waiting for {0}")]
     Pending(String),
+    /// Waiting, and when to look again (a step's backoff), not a failure.
+    #[error("waiting for {what} (next look in {after:?})")]
+    Requeue {
+        what: String,
+        after: std::time::Duration,
+    },
     #[error("JSON encoding: {0}")]
     Json(#[from] serde_json::Error),
     #[error("leader election: {0}")]

@@ -47,7 +47,8 @@ pub struct ResourceConfig {
     pub io_pull_policy: Option<String>,
     /// `https://host:port` of the io context server.
     pub ics_url: String,
-    /// The io context server's namespace: io context Secrets live there.
+    /// Where the io context Secrets live: a namespace of their own (holding nothing else), so
+    /// the io context server's Secret rights reach no other Secret.
     pub ics_namespace: String,
     /// The CA bundle ConfigMap (key `ca.crt`) in the operator's namespace; copied into
     /// `namespace` for the step pods.
@@ -67,6 +68,7 @@ impl ResourceConfig {
             ("--resources-io-image", &self.io_image),
             ("--resources-ics-url", &self.ics_url),
             ("--resources-ca-config-map", &self.ca_config_map),
+            ("--resources-context-namespace", &self.ics_namespace),
         ] {
             if v.trim().is_empty() {
                 return Err(Error::Config(format!("{what} must not be empty")));
@@ -129,8 +131,10 @@ pub(crate) fn error_policy(
     err: &Error,
     ctx: Arc<Context>,
 ) -> Action {
-    if matches!(err, Error::Pending(_)) {
-        return Action::requeue(Duration::from_secs(2));
+    match err {
+        Error::Pending(_) => return Action::requeue(Duration::from_secs(2)),
+        Error::Requeue { after, .. } => return Action::requeue(*after),
+        _ => {}
     }
     ctx.backoff(key_of(&olm), err)
 }
@@ -217,14 +221,36 @@ async fn stop(
 ) -> Result<Action, Error> {
     let mut st = olm.status.clone().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &cfg.namespace);
+    // A create step still running is stopped first, and the delete steps wait until its pod is
+    // gone: spur-io passes the SIGTERM to the script and still sends what it wrote, which the
+    // delete steps may need (the unit stays Running meanwhile, so the io context server takes
+    // those outputs).
+    let mut stopping = false;
     for u in st.pre_start.iter_mut() {
         if u.phase == UnitPhase::Running
             && let Some(e) = &u.exec_unit
         {
-            delete_opt(&pods, &e.name).await?;
-            u.phase = UnitPhase::Failed;
-            u.message = Some("stopped: the object was deleted".into());
+            match pods.get_opt(&e.name).await? {
+                Some(p) => {
+                    if p.metadata.deletion_timestamp.is_none() {
+                        delete_opt(&pods, &e.name).await?;
+                    }
+                    u.message = Some("stopping: the object is being deleted".into());
+                    stopping = true;
+                }
+                None => {
+                    u.phase = UnitPhase::Failed;
+                    u.message = Some("stopped: the object was deleted".into());
+                }
+            }
         }
+    }
+    if stopping {
+        write(olm, ctx, &st).await?;
+        return Err(Error::Requeue {
+            what: format!("the running preStart unit of {} to stop", olm.name_any()),
+            after: Duration::from_secs(2),
+        });
     }
     if olm.spec.validate().is_err() {
         // Nothing of an invalid OLM ever ran.
@@ -272,11 +298,13 @@ async fn stop(
             ctx.succeeded(&key_of(olm));
             Ok(Action::await_change())
         }
-        // The finalizer helper releases on Ok: keep it by reporting what we wait for.
-        Some(after) => Err(Error::Pending(format!(
-            "the postStop workflow of {} (next look in {after:?})",
-            olm.name_any()
-        ))),
+        // The finalizer helper releases on Ok: keep it by reporting what we wait for, and
+        // when to look again (a unit waiting out its backoff is not polled meanwhile; pod
+        // changes wake the pass earlier).
+        Some(after) => Err(Error::Requeue {
+            what: format!("the postStop workflow of {}", olm.name_any()),
+            after,
+        }),
     }
 }
 
@@ -382,6 +410,11 @@ async fn advance(
                     us.message = None;
                     us.log_tail = None;
                     us.retry_at = None;
+                    // Recorded before the pod goes: a pass that found the pod gone and the
+                    // unit still Running would take it for a pod lost mid-run.
+                    statuses[i] = us.clone();
+                    *st.units_mut(workflow) = statuses.clone();
+                    write(olm, ctx, st).await?;
                     if let Some(e) = &us.exec_unit {
                         delete_opt(&pods, &e.name).await?;
                     }
@@ -449,12 +482,20 @@ async fn missing_inputs(
     }
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(ctx.client.clone(), &cfg.ics_namespace);
+    let name = spur_api::names::io_context_secret_name(&olm.spec.io_context_name);
+    // No Secret is not "nothing was written": the values may be lost, and skipping would leave
+    // behind whatever they name. Wait (and say so) rather than guess.
     let data = secrets
-        .get_opt(&spur_api::names::io_context_secret_name(
-            &olm.spec.io_context_name,
-        ))
+        .get_opt(&name)
         .await?
-        .and_then(|s| s.data)
+        .ok_or_else(|| {
+            Error::Pending(format!(
+                "the io context Secret {}/{name}, which the delete steps read (recreate it, or remove the finalizer of ObjectLifecycleMethods {} to give up)",
+                cfg.ics_namespace,
+                olm.name_any()
+            ))
+        })?
+        .data
         .unwrap_or_default();
     Ok(wanted
         .into_iter()
@@ -505,11 +546,24 @@ async fn launch(
             us.message = Some(why.clone());
             us.retry_at = Some((Timestamp::now() + cfg.retry_max).to_string());
             set_unit(st, workflow, us);
+            write(olm, ctx, st).await?;
             return Ok(());
         }
     };
     let created = match pods.create(&PostParams::default(), &pod).await {
         Ok(p) => p,
+        // Refused for good (pod security, an invalid field, a webhook): creating it again
+        // would be refused again. Quota (403 "exceeded quota") and throttling (429) pass.
+        Err(kube::Error::Api(ae))
+            if matches!(ae.code, 400 | 403 | 422) && !ae.message.contains("exceeded quota") =>
+        {
+            us.phase = UnitPhase::Failed;
+            us.message = Some(format!("the API server refused the pod: {}", ae.message));
+            us.retry_at = Some((Timestamp::now() + backoff(cfg, us.attempts)).to_string());
+            set_unit(st, workflow, us);
+            write(olm, ctx, st).await?;
+            return Ok(());
+        }
         Err(kube::Error::Api(ae)) if ae.code == 409 => {
             // Created by a pass that crashed before recording it: adopt it if it is ours.
             let existing = pods.get(&pod_name).await?;
@@ -958,7 +1012,7 @@ mod tests {
             io_image: "localhost/spur:dev".into(),
             io_pull_policy: Some("Never".into()),
             ics_url: "https://spur-ics.spur-system.svc:8443".into(),
-            ics_namespace: "spur-system".into(),
+            ics_namespace: "spur-io-contexts".into(),
             ca_config_map: "spur-ca-bundle".into(),
             operator_namespace: "spur-system".into(),
             retry_base: Duration::from_secs(10),

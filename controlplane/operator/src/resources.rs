@@ -129,11 +129,28 @@ pub(crate) async fn check(
     let resources: Api<Resource> = Api::all(ctx.client.clone());
     let mut plugins: Option<Vec<ResourcePlugin>> = None;
     for (i, r) in sb.spec.resources.iter().enumerate() {
-        if resources
-            .get_metadata_opt(&names::resource_name(&name, &r.name))
+        if let Some(existing) = resources
+            .get_opt(&names::resource_name(&name, &r.name))
             .await?
-            .is_some()
         {
+            // Made already (and immutable): its outputs reach the namespaces it was made for.
+            let reached = &existing.spec.output_namespaces;
+            if let Some(ns) = sb
+                .spec
+                .forks
+                .iter()
+                .map(|f| &f.fork_of.namespace)
+                .find(|ns| !reached.contains(ns))
+            {
+                return Ok(Err((
+                    "InvalidResource",
+                    format!(
+                        "resources[{i}] ({}): made for forks in {}; a fork in {ns} would not get its outputs (recreate the sandbox to fork there)",
+                        r.name,
+                        reached.join(", ")
+                    ),
+                )));
+            }
             continue;
         }
         let all = plugins_once(&mut plugins, ctx).await?;
@@ -340,7 +357,8 @@ pub(crate) async fn ensure(
     Ok(out)
 }
 
-/// Summaries of the sandbox's Resources as they are (while it is being deleted).
+/// Summaries of the sandbox's Resources as they are (while it is being deleted: `Deleting`
+/// once their deletion has started).
 pub(crate) async fn summaries(
     sb: &Sandbox,
     ctx: &Context,
@@ -354,11 +372,16 @@ pub(crate) async fn summaries(
             continue;
         };
         let st = res.status.clone().unwrap_or_default();
+        let phase = if res.meta().deletion_timestamp.is_some() {
+            ResourcePhase::Deleting
+        } else {
+            st.phase
+        };
         out.push(ResourceStatusSummary {
             name: r.name.clone(),
             resource: Some(rname),
             plugin: Some(res.spec.plugin.clone()),
-            phase: ResourcePhase::Deleting.as_str().into(),
+            phase: phase.as_str().into(),
             output_secret: st.output_secret.clone(),
             message: Some(match &st.failure {
                 Some(f) => failure_message(f),
@@ -445,8 +468,10 @@ pub(crate) async fn reconcile(res: Arc<Resource>, ctx: Arc<Context>) -> Result<A
 }
 
 pub(crate) fn error_policy(res: Arc<Resource>, err: &Error, ctx: Arc<Context>) -> Action {
-    if matches!(err, Error::Pending(_)) {
-        return Action::requeue(Duration::from_secs(2));
+    match err {
+        Error::Pending(_) => return Action::requeue(Duration::from_secs(2)),
+        Error::Requeue { after, .. } => return Action::requeue(*after),
+        _ => {}
     }
     ctx.backoff(format!("Resource/{}", res.name_any()), err)
 }
@@ -465,7 +490,9 @@ async fn apply(res: &Resource, ctx: &Context, cfg: &ResourceConfig) -> Result<Ac
                 name: Some(context_secret.clone()),
                 namespace: Some(cfg.ics_namespace.clone()),
                 labels: Some(labels_map.clone()),
-                owner_references: Some(owner.clone()),
+                // No owner: the garbage collector must not remove it while the delete steps
+                // still need its values (a foreground deletion would); this Resource's
+                // finalizer deletes it once they have run.
                 ..ObjectMeta::default()
             },
             type_: Some("Opaque".into()),
@@ -651,9 +678,11 @@ async fn cleanup(res: &Resource, ctx: &Context, cfg: &ResourceConfig) -> Result<
         condition(&mut st, res, false, "Deleting", &msg);
         let api: Api<Resource> = Api::all(ctx.client.clone());
         ctx.apply_status(&api, res, &old, &st).await?;
-        return Err(Error::Pending(format!(
-            "the delete workflow of resource {name}"
-        )));
+        // Every change of the OLM wakes this pass; the requeue is a safety net.
+        return Err(Error::Requeue {
+            what: format!("the delete workflow of resource {name}"),
+            after: Duration::from_secs(30),
+        });
     }
     // The io context goes with its resource (its owner reference covers clusters with a
     // garbage collector; this covers the moment).

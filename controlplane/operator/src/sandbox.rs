@@ -639,7 +639,17 @@ async fn cleanup(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         // Resource's runs its delete workflow (retried until it succeeds, shown here).
         if !sb.spec.resources.is_empty() {
             let entries = crate::resources::summaries(sb, ctx).await?;
+            let deleting = entries.iter().any(|e| e.phase == "Deleting");
             write_status(sb, ctx, |st| st.resources = entries).await?;
+            if deleting {
+                // Only the resources' delete workflows are left (resources are deleted once
+                // the forks are gone), which may take minutes of retries: their changes wake
+                // this pass, the requeue is a safety net.
+                return Err(Error::Requeue {
+                    what: format!("the Resources of Sandbox {name} to be deleted"),
+                    after: Duration::from_secs(30),
+                });
+            }
         }
         return Err(Error::Pending(format!(
             "the ForkedWorkloads and Resources of Sandbox {name} to be deleted"
@@ -655,8 +665,10 @@ pub(crate) fn key_of(sb: &Sandbox) -> String {
 
 pub(crate) fn error_policy(sb: Arc<Sandbox>, err: &Error, ctx: Arc<Context>) -> Action {
     // Waiting for children is expected: poll quickly instead of backing off.
-    if matches!(err, Error::Pending(_)) {
-        return Action::requeue(Duration::from_millis(500));
+    match err {
+        Error::Pending(_) => return Action::requeue(Duration::from_millis(500)),
+        Error::Requeue { after, .. } => return Action::requeue(*after),
+        _ => {}
     }
     ctx.backoff(key_of(&sb), err)
 }

@@ -30,8 +30,9 @@ use tonic::transport::{Channel, Endpoint};
 /// Largest output value (the io context server refuses more).
 const OUTPUT_VALUE_MAX: usize = 64 * 1024;
 /// How long calls are retried while the server is unreachable or the operator has not yet
-/// recorded this pod.
-const RETRY_FOR: Duration = Duration::from_secs(120);
+/// recorded this pod: long enough to ride out an io context server being installed, upgraded
+/// or waiting for its certificate (a create step whose inputs never come fails for good).
+const RETRY_FOR: Duration = Duration::from_secs(600);
 /// Prefix of the helper's own env vars: removed from the step's environment.
 const OWN_ENV_PREFIX: &str = "SPUR_IO_";
 
@@ -255,12 +256,25 @@ async fn run(a: RunArgs) -> Result<u8> {
     for (path, input) in &a.files {
         write_file(Path::new(path), &read_input(input)?, 0o600)?;
     }
+    // Injected where the step wants them: the copies in the shared volume go (only the step's
+    // own env and files hold the values from here on).
+    for (_, input) in a.envs.iter().chain(&a.files) {
+        let _ = std::fs::remove_file(inputs.join(input));
+    }
 
+    // Handlers before the child exists, so a SIGTERM arriving meanwhile is not lost; the
+    // script gets a process group of its own, so the whole tree hears it.
+    use tokio::signal::unix::{SignalKind, signal};
+    let signals = (
+        signal(SignalKind::terminate())?,
+        signal(SignalKind::interrupt())?,
+    );
+    cmd.process_group(0);
     let mut child = cmd
         .spawn()
         .with_context(|| "starting the step's script".to_string())?;
     let pid = child.id();
-    let status = wait_forwarding_signals(&mut child, pid).await?;
+    let status = wait_forwarding_signals(&mut child, pid, signals).await?;
     let exit_code = status_code(&status);
 
     let (outputs, problems) = collect(&a.exports);
@@ -268,18 +282,22 @@ async fn run(a: RunArgs) -> Result<u8> {
     for p in &problems {
         eprintln!("spur-io: {p}");
     }
-    let client = Client::connect(c)?;
-    let sent = retry("PutOutputs", || {
-        let mut client = client.clone();
-        let req = client.request(Outputs {
-            unit: Some(unit_ref(c)),
-            outputs: outputs.clone(),
-            exit_code,
-            message: message.clone(),
-        });
-        async move { client.grpc.put_outputs(req?).await }
-    })
-    .await;
+    let sent = match Client::connect(c) {
+        Err(e) => Err(e),
+        Ok(client) => {
+            retry("PutOutputs", || {
+                let mut client = client.clone();
+                let req = client.request(Outputs {
+                    unit: Some(unit_ref(c)),
+                    outputs: outputs.clone(),
+                    exit_code,
+                    message: message.clone(),
+                });
+                async move { client.grpc.put_outputs(req?).await }
+            })
+            .await
+        }
+    };
     let stored_ok = match sent {
         Ok(_) => {
             eprintln!(
@@ -304,14 +322,13 @@ async fn run(a: RunArgs) -> Result<u8> {
     })
 }
 
-/// Waits for the script, passing SIGTERM and SIGINT on to it (a pod being deleted).
+/// Waits for the script, passing SIGTERM and SIGINT on to its process group (a pod being
+/// deleted).
 async fn wait_forwarding_signals(
     child: &mut tokio::process::Child,
     pid: Option<u32>,
+    (mut term, mut int): (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
 ) -> Result<std::process::ExitStatus> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
     loop {
         let sig = tokio::select! {
             s = child.wait() => return s.context("waiting for the step's script"),
@@ -319,7 +336,8 @@ async fn wait_forwarding_signals(
             _ = int.recv() => nix::sys::signal::Signal::SIGINT,
         };
         if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+            // The group the child leads (process_group(0)): the script and what it started.
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), sig);
         }
     }
 }
