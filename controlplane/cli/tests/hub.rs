@@ -348,26 +348,54 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
     let ca = spur(d, &["hub", "ca"]).stdout;
     std::fs::write(d.join("ca.pem"), ca).unwrap();
 
-    let port = free_port();
-    let preview = free_port();
-    let preview_addr = format!("127.0.0.1:{preview}");
-    let metrics = health_addr();
-    let metrics_arg = metrics.to_string();
-    let _hub = start_hub(
-        d,
-        port,
-        &[
-            "--preview-addr",
-            &preview_addr,
-            "--preview-domain",
-            "preview.test",
-            "--preview-timeout",
-            "4s",
-            "--allow-public-previews",
-            "--metrics-addr",
-            &metrics_arg,
-        ],
-    );
+    // The ports are probed free and then bound by the hub: another process may take one in
+    // between. A hub that exits at start (its bind failed) is started again on other ports,
+    // with its log shown if it never comes up.
+    let ca = d.join("ca.pem");
+    let host = "web--feature-x.preview.test";
+    let auth = format!("x-spur-api-key: {key}");
+    let mut attempt = 0;
+    let (port, preview, metrics, _hub) = loop {
+        attempt += 1;
+        let metrics = health_addr();
+        let metrics_arg = metrics.to_string();
+        let port = free_port();
+        let preview = free_port();
+        let preview_addr = format!("127.0.0.1:{preview}");
+        let mut hub = start_hub(
+            d,
+            port,
+            &[
+                "--preview-addr",
+                &preview_addr,
+                "--preview-domain",
+                "preview.test",
+                "--preview-timeout",
+                "4s",
+                "--allow-public-previews",
+                "--metrics-addr",
+                &metrics_arg,
+            ],
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut exited = false;
+        while Instant::now() < deadline {
+            if hub.0.try_wait().ok().flatten().is_some() {
+                exited = true;
+                break;
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", preview)).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if !exited && std::net::TcpStream::connect(("127.0.0.1", preview)).is_ok() {
+            break (port, preview, metrics, hub);
+        }
+        let log = std::fs::read_to_string(d.join(format!("hub-{port}.log"))).unwrap_or_default();
+        assert!(attempt < 3, "the hub never served its preview port:\n{log}");
+        eprintln!("hub start {attempt} failed (retrying on other ports):\n{log}");
+    };
     let health = health_addr();
     let health_arg = health.to_string();
     let agent = start_agent(
@@ -384,9 +412,6 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
         ],
         log_file(d, "agent.log"),
     );
-    let ca = d.join("ca.pem");
-    let host = "web--feature-x.preview.test";
-    let auth = format!("x-spur-api-key: {key}");
 
     // Unauthenticated: 401, and nothing reached the cluster.
     wait_until("the preview port", Duration::from_secs(20), || {
