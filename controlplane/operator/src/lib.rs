@@ -154,13 +154,17 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         services: services_store,
     });
     // Not `owns` for the namespaced children: see `cluster_owners`.
-    let sandboxes = primary(Api::<Sandbox>::all(client.clone()))
+    let mut sandboxes = primary(Api::<Sandbox>::all(client.clone()))
         .with_config(cfg.clone())
         .watches_stream(sb_forks, |fw| cluster_owners::<Sandbox>(&fw))
         .watches_stream(sb_externals, |ew| cluster_owners::<Sandbox>(&ew))
-        .owns_stream(sb_configs)
-        // Cluster-scoped like the Sandbox: `owns` keys them right.
-        .owns(Api::<Resource>::all(client.clone()), wc())
+        .owns_stream(sb_configs);
+    // Resources wake their Sandbox (cluster-scoped like it: `owns` keys them right); without
+    // resources enabled there is nothing to watch.
+    if ctx.resources.is_some() {
+        sandboxes = sandboxes.owns(Api::<Resource>::all(client.clone()), wc());
+    }
+    let sandboxes = sandboxes
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(sandbox::reconcile, sandbox::error_policy, ctx.clone())
         .for_each(|_| std::future::ready(()));
