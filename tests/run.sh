@@ -2,7 +2,7 @@
 # Runs Spur's whole test suite: unit, property, end-to-end (real sockets, real clients) tests, the
 # apiserver tier (a real kube-apiserver and etcd) and the node tier (a real one-node cluster with
 # Spur's chart installed by helm; tests/node/README.md).
-# Needs Go >= 1.24 for the test tools built from Go modules (tests/go, tests/kube): Kubernetes,
+# Needs Go >= 1.26 for the test tools built from Go modules (tests/go, tests/kube): Kubernetes,
 # etcd, CoreDNS and helm, built once and cached (about 10 minutes on a fresh machine).
 # Installs what the tests drive when it is missing: curl, h2load, iproute2, iptables (with
 # iptables-legacy), nftables, setpriv, and for the node tier containerd, runc, the CNI plugins,
@@ -59,9 +59,9 @@ fi
 # Go builds the test tools; say plainly when it is missing or too old rather than fail in a build.
 go_version="$(go env GOVERSION 2>/dev/null || true)"
 case "$go_version" in
-    go1.2[4-9]* | go1.[3-9][0-9]* | go[2-9]*) ;;
+    go1.2[6-9]* | go1.[3-9][0-9]* | go[2-9]*) ;;
     *)
-        echo "tests/run.sh: Go >= 1.24 is needed to build the test tools (found: ${go_version:-none}); see https://go.dev/doc/install" >&2
+        echo "tests/run.sh: Go >= 1.26 is needed to build the test tools (grpc-go v1.85 in tests/go-xds) (found: ${go_version:-none}); see https://go.dev/doc/install" >&2
         exit 127
         ;;
 esac

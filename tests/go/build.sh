@@ -4,6 +4,8 @@
 #   routesapi-watch  our harness (tests/go/main.go) importing their watched/workload packages
 #   h2spec           github.com/summerwind/h2spec/cmd/h2spec from tests/go-h2spec (its own module),
 #                    the HTTP/2 conformance suite tests/tests/h2spec.rs runs against the sidecar
+#   xds-client       our harness tests/go-xds/main.go (its own module): a proxyless gRPC client on
+#                    grpc-go's real, unchanged xDS client, run against Spur's xDS (ADS) server
 # into $OUT (default: target/go-bin, relative to the repository root). Go is a test-harness tool
 # only. tests/run.sh runs it before the tests and exports SPUR_GO_BINDIR (the last stdout line);
 # a test run without it builds here itself. Re-running is cheap: go's build cache makes an up-to-date build a no-op.
@@ -13,7 +15,7 @@ out="${OUT:-target/go-bin}"
 case "$out" in /*) ;; *) out="$root/$out" ;; esac
 
 if ! command -v go >/dev/null 2>&1; then
-    echo "tests/go/build.sh: 'go' is not installed (needed >= 1.21 to build the Routes API Go clients for tests/tests/routesapi_go.rs; see https://go.dev/doc/install)" >&2
+    echo "tests/go/build.sh: 'go' is not installed (needed >= 1.26 (grpc-go v1.85 in tests/go-xds needs it) to build the Go test clients; see https://go.dev/doc/install)" >&2
     exit 127
 fi
 
@@ -25,4 +27,6 @@ go build -o "$out/sdroutes" github.com/signadot/routesapi/go-routesapi/cmd/sdrou
 go build -o "$out/routesapi-watch" .
 cd "$root/tests/go-h2spec"
 go build -o "$out/h2spec" github.com/summerwind/h2spec/cmd/h2spec
+cd "$root/tests/go-xds"
+go build -o "$out/xds-client" .
 echo "$out"

@@ -22,6 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 pub use spur_demo_apps as apps;
 
 pub mod kube;
+pub mod netns;
 pub mod node;
 
 pub const NAMESPACE: &str = "test";

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use spur_routeserver::{AuthConfig, KubeStore, RouteServer, RouteServerConfig, ServingTls};
+use spur_routeserver::{
+    AuthConfig, KubeStore, RouteServer, RouteServerConfig, ServingTls, XdsConfig, XdsTls,
+};
 use spur_runtime::parse_duration;
 
 #[derive(Args)]
@@ -62,6 +64,25 @@ pub(crate) struct RouteserverArgs {
     /// Let anyone who reaches the ports read every rule, without a token.
     #[arg(long, env = "SPUR_ALLOW_UNAUTHENTICATED")]
     allow_unauthenticated: bool,
+    /// Serve Envoy xDS (ADS) on this address, for proxyless gRPC clients and Envoy
+    /// (--kubernetes only: docs/xds.md). Clients need a certificate from --xds-client-ca.
+    #[arg(long, env = "SPUR_XDS_ADDR", requires = "kubernetes")]
+    xds_addr: Option<SocketAddr>,
+    /// CA bundle (PEM) whose client certificates the xDS port accepts (the operator's CA).
+    #[arg(long, env = "SPUR_XDS_CLIENT_CA", requires = "xds_addr")]
+    xds_client_ca: Option<PathBuf>,
+    /// Serve xDS in plaintext, without client certificates: any client that reaches the port
+    /// reads the routes of every Service.
+    #[arg(
+        long,
+        env = "SPUR_XDS_INSECURE_PLAINTEXT",
+        requires = "xds_addr",
+        conflicts_with = "xds_client_ca"
+    )]
+    xds_insecure_plaintext: bool,
+    /// The cluster's DNS domain, accepted at the end of the names xDS clients dial.
+    #[arg(long, env = "SPUR_CLUSTER_DOMAIN", default_value = "cluster.local")]
+    cluster_domain: String,
 }
 
 pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
@@ -90,6 +111,36 @@ pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
             "without --kubernetes there is no API server to check readers' tokens: pass --allow-unauthenticated to let anyone who reaches the ports read every rule"
         ),
     };
+    let xds = match (
+        args.xds_addr,
+        &args.xds_client_ca,
+        args.xds_insecure_plaintext,
+    ) {
+        (None, _, _) => None,
+        (Some(addr), Some(ca), false) => {
+            let Some(serving) = tls.clone() else {
+                anyhow::bail!(
+                    "--xds-client-ca needs the serving certificate (--tls-cert, --tls-key) for the xDS port too"
+                );
+            };
+            Some(XdsConfig {
+                addr,
+                cluster_domain: args.cluster_domain.clone(),
+                ..XdsConfig::new(Some(XdsTls {
+                    serving,
+                    client_ca: ca.clone(),
+                }))
+            })
+        }
+        (Some(addr), None, true) => Some(XdsConfig {
+            addr,
+            cluster_domain: args.cluster_domain.clone(),
+            ..XdsConfig::new(None)
+        }),
+        (Some(_), _, _) => anyhow::bail!(
+            "the xDS port requires client certificates: pass --xds-client-ca (the operator's CA bundle), or --xds-insecure-plaintext if only trusted clients reach it"
+        ),
+    };
     let config = RouteServerConfig {
         rules_dir: args.rules_dir.clone().unwrap_or_default(),
         poll_interval: args.poll_interval,
@@ -98,9 +149,14 @@ pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
         watch_buffer: args.watch_buffer,
         tls,
         auth,
+        xds,
     };
     let server = if let Some(client) = client {
-        RouteServer::start_with(config, KubeStore::new(client)).await
+        let mut store = KubeStore::new(client);
+        if config.xds.is_some() {
+            store = store.with_xds();
+        }
+        RouteServer::start_with(config, store).await
     } else {
         RouteServer::start(config).await
     }

@@ -165,6 +165,7 @@ pub struct Index {
     tx: Arc<watch::Sender<Arc<Snapshot>>>,
     problems: Arc<Mutex<Arc<Vec<String>>>>,
     services: Arc<Mutex<Arc<Vec<routes::ClusterService>>>>,
+    xds: Arc<watch::Sender<Arc<crate::xds::model::Model>>>,
 }
 
 impl Default for Index {
@@ -186,7 +187,24 @@ impl Index {
             tx: Arc::new(tx),
             problems: Arc::default(),
             services: Arc::default(),
+            xds: Arc::new(watch::channel(Arc::default()).0),
         }
+    }
+
+    /// The cluster as the xDS server serves it. Only a store that sees Services and
+    /// EndpointSlices (the Kubernetes store, with xDS on) sets it; published only on change.
+    pub fn set_xds(&self, model: crate::xds::model::Model) {
+        self.xds.send_if_modified(|m| {
+            if **m == model {
+                return false;
+            }
+            *m = Arc::new(model);
+            true
+        });
+    }
+
+    pub fn subscribe_xds(&self) -> watch::Receiver<Arc<crate::xds::model::Model>> {
+        self.xds.subscribe()
     }
 
     pub fn current(&self) -> Arc<Snapshot> {

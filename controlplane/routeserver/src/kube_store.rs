@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -30,12 +31,15 @@ pub struct KubeStore {
     client: Client,
     sync_timeout: Duration,
     debounce: Duration,
+    xds: bool,
     running: Option<Running>,
 }
 
 struct Running {
     configs: Store<RoutingConfig>,
     services: Store<Service>,
+    /// Only with xDS: its clusters' endpoints.
+    slices: Option<Store<EndpointSlice>>,
     dirty: Arc<Notify>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -55,8 +59,15 @@ impl KubeStore {
             client,
             sync_timeout: Duration::from_secs(60),
             debounce: Duration::from_millis(20),
+            xds: false,
             running: None,
         }
+    }
+
+    /// Also watches EndpointSlices and publishes the xDS model (see [`crate::xds`]).
+    pub fn with_xds(mut self) -> Self {
+        self.xds = true;
+        self
     }
 
     /// How long start-up waits for the first complete list of RoutingConfigs and Services.
@@ -112,14 +123,28 @@ impl RuleStore for KubeStore {
             dirty.clone(),
             "Service",
         );
+        let mut tasks = vec![t1, t2];
+        let slices = self.xds.then(|| {
+            let (slices, t3) = spawn_reflector(
+                Api::<EndpointSlice>::all(self.client.clone()),
+                dirty.clone(),
+                "EndpointSlice",
+            );
+            tasks.push(t3);
+            slices
+        });
         let running = Running {
             configs,
             services,
+            slices,
             dirty,
-            tasks: vec![t1, t2],
+            tasks,
         };
         let ready = async {
             running.configs.wait_until_ready().await?;
+            if let Some(slices) = &running.slices {
+                slices.wait_until_ready().await?;
+            }
             running.services.wait_until_ready().await
         };
         match tokio::time::timeout(self.sync_timeout, ready).await {
@@ -127,7 +152,7 @@ impl RuleStore for KubeStore {
             Ok(Err(e)) => return Err(crate::Error::Store(format!("watch ended: {e}"))),
             Err(_) => {
                 return Err(crate::Error::Store(format!(
-                    "no complete list of RoutingConfigs and Services within {:?} (is the API server reachable, are the CRDs installed, may this service account list and watch them?)",
+                    "no complete list of RoutingConfigs and Services (and EndpointSlices, with xDS) within {:?} (is the API server reachable, are the CRDs installed, may this service account list and watch them?)",
                     self.sync_timeout
                 )));
             }
@@ -165,7 +190,15 @@ fn publish(running: &Running, index: &Index, metrics: &Metrics) {
     metrics.set_problems(problems.len());
     index.replace_all(rules);
     index.set_problems(problems);
-    index.set_services(cluster_services(&running.services.state(), &configs));
+    let services = running.services.state();
+    index.set_services(cluster_services(&services, &configs));
+    if let Some(slices) = &running.slices {
+        index.set_xds(crate::xds::model::Model::build(
+            &services,
+            &configs,
+            &slices.state(),
+        ));
+    }
 }
 
 /// Every RoutingConfig's rules, validated one by one: an invalid rule or a second rule for the

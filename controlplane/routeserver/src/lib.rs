@@ -24,6 +24,7 @@ mod store;
 pub mod tls;
 mod watch;
 mod wire;
+pub mod xds;
 
 pub use auth::AuthConfig;
 pub use tls::ServingTls;
@@ -33,6 +34,7 @@ pub use kube_store::{KubeStore, cluster_services, rules_from};
 pub use metrics::Metrics;
 pub use rest::front_door;
 pub use store::{DirStore, RuleStore};
+pub use xds::{XdsConfig, XdsTls};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -78,6 +80,9 @@ pub struct RouteServerConfig {
     pub tls: Option<ServingTls>,
     /// Who may read rules.
     pub auth: AuthConfig,
+    /// The xDS (ADS) port; None serves no xDS. Its resources come from a store that publishes
+    /// an xDS model (the Kubernetes store built `with_xds`).
+    pub xds: Option<XdsConfig>,
 }
 
 impl RouteServerConfig {
@@ -90,6 +95,7 @@ impl RouteServerConfig {
             watch_buffer: 1024,
             tls: None,
             auth: AuthConfig::Disabled,
+            xds: None,
         }
     }
 }
@@ -101,6 +107,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub struct RouteServer {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    /// The xDS port, if served.
+    pub xds_addr: Option<SocketAddr>,
+    xds_nodes: xds::Nodes,
     index: Index,
     /// Stops the store, the servers and every watch stream, and tracks their tasks.
     drain: Drain,
@@ -156,6 +165,11 @@ impl RouteServer {
             &tasks,
             stop.clone(),
         );
+
+        let xds = match &config.xds {
+            Some(x) => Some(xds::start(x, &index, &mut registry, &tasks, stop.clone()).await?),
+            None => None,
+        };
 
         store.initial(&index, &metrics).await?;
         tasks.spawn(store.run(index.clone(), metrics.clone(), stop.clone()));
@@ -221,12 +235,16 @@ impl RouteServer {
             %grpc_addr,
             %http_addr,
             tls = config.tls.is_some(),
+            xds_addr = ?xds.as_ref().map(|x| x.addr),
+            xds_tls = config.xds.as_ref().map(|x| x.tls.is_some()),
             auth = ?config.auth,
             "route server started"
         );
         Ok(RouteServer {
             grpc_addr,
             http_addr,
+            xds_addr: xds.as_ref().map(|x| x.addr),
+            xds_nodes: xds.map(|x| x.nodes).unwrap_or_default(),
             index,
             drain: tasks,
         })
@@ -234,6 +252,11 @@ impl RouteServer {
 
     pub fn index(&self) -> &Index {
         &self.index
+    }
+
+    /// The xDS streams open now, each with what its node accepted and rejected.
+    pub fn xds_nodes(&self) -> Vec<xds::NodeStatus> {
+        self.xds_nodes.list()
     }
 
     /// Ends every watch stream, stops both servers and the store, and waits (bounded) for them.

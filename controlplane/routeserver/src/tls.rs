@@ -101,25 +101,76 @@ pub struct Tls {
 /// Loads the certificate (an error if it is unusable: the server does not start without one)
 /// and keeps reloading it until `stop`.
 pub fn start(files: &ServingTls, tasks: &Drain, stop: CancellationToken) -> Result<Tls, Error> {
-    let (cert, key) = files.read()?;
-    let resolver = Arc::new(Resolver(ArcSwap::from_pointee(files.parse(&cert, &key)?)));
+    let resolver = reloading(files, tasks, stop)?;
     let config = |alpn: &[&[u8]]| -> Result<Arc<rustls::ServerConfig>, Error> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut c = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Tls(e.to_string()))?
+        let mut c = builder()?
             .with_no_client_auth()
             .with_cert_resolver(resolver.clone());
         c.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Ok(Arc::new(c))
     };
     // The REST port speaks HTTP/1.1 only: every connection reads through the HTTP/1 guard.
-    let tls = Tls {
+    Ok(Tls {
         grpc: config(&[b"h2"])?,
         http: config(&[b"http/1.1"])?,
-    };
+    })
+}
+
+/// Like [`start`], for one gRPC port that also requires a client certificate issued by a CA
+/// in `client_ca` (PEM bundle, read once: client certificates are renewed, their CA is not).
+pub fn start_mutual(
+    files: &ServingTls,
+    client_ca: &std::path::Path,
+    tasks: &Drain,
+    stop: CancellationToken,
+) -> Result<Arc<rustls::ServerConfig>, Error> {
+    let pem = std::fs::read(client_ca)
+        .map_err(|e| Error::Tls(format!("cannot read {}: {e}", client_ca.display())))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| Error::Tls(format!("{}: {e}", client_ca.display())))?;
+        roots
+            .add(cert)
+            .map_err(|e| Error::Tls(format!("{}: {e}", client_ca.display())))?;
+    }
+    if roots.is_empty() {
+        return Err(Error::Tls(format!(
+            "{}: no CA certificate in it",
+            client_ca.display()
+        )));
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::new(rustls::crypto::ring::default_provider()),
+    )
+    .build()
+    .map_err(|e| Error::Tls(format!("client CA {}: {e}", client_ca.display())))?;
+    let resolver = reloading(files, tasks, stop)?;
+    let mut c = builder()?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(resolver);
+    c.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(c))
+}
+
+fn builder() -> Result<rustls::ConfigBuilder<rustls::ServerConfig, rustls::WantsVerifier>, Error> {
+    rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Tls(e.to_string()))
+}
+
+/// The serving certificate, loaded now and re-read every `reload_every` until `stop`.
+fn reloading(
+    files: &ServingTls,
+    tasks: &Drain,
+    stop: CancellationToken,
+) -> Result<Arc<Resolver>, Error> {
+    let (cert, key) = files.read()?;
+    let resolver = Arc::new(Resolver(ArcSwap::from_pointee(files.parse(&cert, &key)?)));
     let files = files.clone();
+    let swap = resolver.clone();
     tasks.spawn(async move {
+        let resolver = swap;
         let mut loaded = (cert, key);
         let mut tick = tokio::time::interval(files.reload_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -150,7 +201,7 @@ pub fn start(files: &ServingTls, tasks: &Drain, stop: CancellationToken) -> Resu
             }
         }
     });
-    Ok(tls)
+    Ok(resolver)
 }
 
 /// An accepted connection, plain or TLS.

@@ -1,0 +1,403 @@
+//! The Aggregated Discovery Service, state of the world: one task per stream that tracks, per
+//! resource type, what the client subscribed to, what it was last sent, and whether it accepted
+//! it — and re-sends a type only when that client's own view of it changed.
+//!
+//! The protocol's rules, as Envoy's and gRPC's clients expect them: a request whose
+//! `response_nonce` is not the last one sent for its type is stale and ignored; a request with
+//! `error_detail` NACKs the response with that nonce (the client keeps its previous config, and
+//! the server does not send the same resources again); a change of subscription is answered
+//! with the current state even if nothing changed.
+
+use std::collections::{BTreeSet, HashMap};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use envoy_types::pb::envoy::config::core::v3::ControlPlane;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use envoy_types::pb::google::protobuf::Any;
+use futures_util::Stream;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::metrics::XdsMetrics;
+use super::model::canonical_listener;
+use super::render::{Kind, Snapshot, listener};
+
+/// Responses queued per stream before its task waits for the client to read.
+const STREAM_BUFFER: usize = 4;
+/// The longest NACK message kept for logs and the node registry.
+const MAX_ERROR_LEN: usize = 512;
+
+/// What one connected node last did with each resource type.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TypeStatus {
+    /// The version last sent, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sent: Option<String>,
+    /// The last version it accepted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acked: Option<String>,
+    /// The version it rejected last, if its latest answer was a rejection, and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nacked: Option<Nack>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Nack {
+    pub version: String,
+    pub message: String,
+}
+
+/// One open stream, as reported by [`Nodes::list`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    pub node_id: String,
+    pub cluster: String,
+    /// Per type label (`lds`, `rds`, `cds`, `eds`), for the types the node subscribed to.
+    pub types: std::collections::BTreeMap<&'static str, TypeStatus>,
+}
+
+/// Every open stream's status; a stream's entry goes when the stream does.
+#[derive(Debug, Clone, Default)]
+pub struct Nodes(Arc<Mutex<HashMap<u64, NodeStatus>>>);
+
+impl Nodes {
+    pub fn list(&self) -> Vec<NodeStatus> {
+        let mut v: Vec<_> = self.lock().values().cloned().collect();
+        v.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        v
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, NodeStatus>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn update(&self, id: u64, kind: Kind, f: impl FnOnce(&mut TypeStatus)) {
+        if let Some(n) = self.lock().get_mut(&id) {
+            f(n.types.entry(kind.label()).or_default());
+        }
+    }
+}
+
+/// The ADS service.
+#[derive(Clone)]
+pub(crate) struct Ads {
+    pub(crate) snapshots: watch::Receiver<Arc<Snapshot>>,
+    pub(crate) cluster_domain: Arc<str>,
+    pub(crate) metrics: XdsMetrics,
+    pub(crate) nodes: Nodes,
+    pub(crate) stop: CancellationToken,
+    /// Most resource names one stream may subscribe to per type.
+    pub(crate) max_names: usize,
+    pub(crate) next_stream: Arc<AtomicU64>,
+}
+
+type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Ads {
+    type StreamAggregatedResourcesStream = ResponseStream<DiscoveryResponse>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let requests = request.into_inner();
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        let stream = AdsStream {
+            ads: self.clone(),
+            id,
+            tx,
+            nonce: 0,
+            types: Default::default(),
+            registered: false,
+        };
+        tokio::spawn(stream.run(requests));
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    type DeltaAggregatedResourcesStream = ResponseStream<DeltaDiscoveryResponse>;
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Err(Status::unimplemented(
+            "Spur's xDS server speaks state-of-the-world ADS only; configure the client without delta xDS",
+        ))
+    }
+}
+
+/// One resource type on one stream.
+#[derive(Default)]
+struct TypeState {
+    subscribed: bool,
+    wildcard: bool,
+    names: BTreeSet<String>,
+    /// The nonce of the last response sent for this type.
+    nonce: String,
+    /// What that response carried (None before the first), and its version.
+    sent: Option<Vec<Arc<Any>>>,
+    version: String,
+    /// Whether the client's latest answer for this type was a NACK.
+    nacking: bool,
+}
+
+struct AdsStream {
+    ads: Ads,
+    id: u64,
+    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    nonce: u64,
+    types: [TypeState; 4],
+    registered: bool,
+}
+
+/// Why a stream ends early.
+enum End {
+    /// The client went, the server stops, or the response channel closed.
+    Quiet,
+    Error(Status),
+}
+
+impl AdsStream {
+    async fn run(mut self, mut requests: Streaming<DiscoveryRequest>) {
+        let metrics = self.ads.metrics.clone();
+        metrics.streams.inc();
+        let stop = self.ads.stop.clone();
+        let mut snapshots = self.ads.snapshots.clone();
+        let end = loop {
+            tokio::select! {
+                () = stop.cancelled() => break End::Quiet,
+                msg = requests.message() => match msg {
+                    Ok(Some(req)) => {
+                        if let Err(e) = self.on_request(req).await {
+                            break e;
+                        }
+                    }
+                    Ok(None) => break End::Quiet,
+                    Err(status) => {
+                        tracing::debug!(stream = self.id, %status, "xDS stream broke");
+                        break End::Quiet;
+                    }
+                },
+                changed = snapshots.changed() => {
+                    if changed.is_err() {
+                        break End::Quiet;
+                    }
+                    let snap = snapshots.borrow_and_update().clone();
+                    if let Err(e) = self.on_snapshot(&snap).await {
+                        break e;
+                    }
+                }
+            }
+        };
+        if let End::Error(status) = end {
+            // Best effort: the client may already be gone.
+            let _ = self.tx.try_send(Err(status));
+        }
+        for (kind, t) in Kind::ALL.iter().zip(&self.types) {
+            if t.nacking {
+                metrics.nacking(*kind).dec();
+            }
+        }
+        if self.registered {
+            self.ads.nodes.lock().remove(&self.id);
+        }
+        metrics.streams.dec();
+    }
+
+    async fn on_request(&mut self, req: DiscoveryRequest) -> Result<(), End> {
+        if !self.registered {
+            let node = req.node.clone().unwrap_or_default();
+            if node.id.is_empty() {
+                return Err(End::Error(Status::invalid_argument(
+                    "the first DiscoveryRequest of a stream must carry node.id",
+                )));
+            }
+            tracing::debug!(stream = self.id, node = %node.id, "xDS stream opened");
+            self.ads.nodes.lock().insert(
+                self.id,
+                NodeStatus {
+                    node_id: node.id,
+                    cluster: node.cluster,
+                    types: Default::default(),
+                },
+            );
+            self.registered = true;
+        }
+        let Some(kind) = Kind::from_type_url(&req.type_url) else {
+            // SDS, RTDS and the like: nothing of them is served, and answering nothing is how
+            // a server says so.
+            self.ads.metrics.unknown_types.inc();
+            return Ok(());
+        };
+        let metrics = self.ads.metrics.clone();
+        if req.resource_names.len() > self.ads.max_names {
+            return Err(End::Error(Status::resource_exhausted(format!(
+                "{} resource names of type {}: at most {} per stream",
+                req.resource_names.len(),
+                req.type_url,
+                self.ads.max_names
+            ))));
+        }
+        let node = self.node_id();
+        let st = &mut self.types[kind.index()];
+        if !req.response_nonce.is_empty() {
+            if req.response_nonce != st.nonce {
+                metrics.requests(kind, "stale").inc();
+                return Ok(());
+            }
+            match &req.error_detail {
+                Some(err) => {
+                    metrics.requests(kind, "nack").inc();
+                    if !st.nacking {
+                        st.nacking = true;
+                        metrics.nacking(kind).inc();
+                    }
+                    let message = truncate(&err.message);
+                    tracing::warn!(
+                        node = %node,
+                        r#type = kind.label(),
+                        rejected = %st.version,
+                        kept = %req.version_info,
+                        error = %message,
+                        "xDS client rejected a response; it keeps its previous config"
+                    );
+                    let version = st.version.clone();
+                    self.ads.nodes.update(self.id, kind, |s| {
+                        s.nacked = Some(Nack { version, message });
+                    });
+                }
+                None => {
+                    metrics.requests(kind, "ack").inc();
+                    if st.nacking {
+                        st.nacking = false;
+                        metrics.nacking(kind).dec();
+                    }
+                    let version = req.version_info.clone();
+                    self.ads.nodes.update(self.id, kind, |s| {
+                        s.acked = Some(version);
+                        s.nacked = None;
+                    });
+                }
+            }
+        } else {
+            metrics.requests(kind, "subscribe").inc();
+        }
+        let st = &mut self.types[kind.index()];
+        let names: BTreeSet<String> = req.resource_names.into_iter().collect();
+        let wildcard = names.contains("*")
+            || (kind.full_state() && names.is_empty() && (!st.subscribed || st.wildcard));
+        let changed = !st.subscribed || st.wildcard != wildcard || st.names != names;
+        st.subscribed = true;
+        st.wildcard = wildcard;
+        st.names = names;
+        if changed {
+            let snap = self.ads.snapshots.borrow().clone();
+            self.send(kind, &snap, true).await?;
+        }
+        Ok(())
+    }
+
+    async fn on_snapshot(&mut self, snap: &Arc<Snapshot>) -> Result<(), End> {
+        for kind in Kind::ALL {
+            if self.types[kind.index()].subscribed {
+                self.send(kind, snap, false).await?;
+            }
+        }
+        Ok(())
+    }
+
+    fn node_id(&self) -> String {
+        self.ads
+            .nodes
+            .lock()
+            .get(&self.id)
+            .map(|n| n.node_id.clone())
+            .unwrap_or_default()
+    }
+
+    /// Sends `kind`'s current state to the client, unless (`force` aside) it is what the client
+    /// was last sent.
+    async fn send(&mut self, kind: Kind, snap: &Snapshot, force: bool) -> Result<(), End> {
+        let st = &self.types[kind.index()];
+        let resources = self.resources(kind, st, snap);
+        if !force && st.sent.as_ref() == Some(&resources) {
+            return Ok(());
+        }
+        self.nonce += 1;
+        let nonce = self.nonce.to_string();
+        let version = snap.resources(kind).version.to_string();
+        let response = DiscoveryResponse {
+            version_info: version.clone(),
+            resources: resources.iter().map(|a| (**a).clone()).collect(),
+            type_url: kind.type_url().into(),
+            nonce: nonce.clone(),
+            control_plane: Some(ControlPlane {
+                identifier: concat!("spur-routeserver/", env!("CARGO_PKG_VERSION")).into(),
+            }),
+            ..Default::default()
+        };
+        let st = &mut self.types[kind.index()];
+        st.nonce = nonce;
+        st.sent = Some(resources);
+        st.version.clone_from(&version);
+        self.ads
+            .nodes
+            .update(self.id, kind, |s| s.sent = Some(version));
+        self.ads.metrics.responses(kind).inc();
+        self.ads
+            .metrics
+            .push_latency
+            .observe(snap.published.elapsed().as_secs_f64());
+        self.tx.send(Ok(response)).await.map_err(|_| End::Quiet)
+    }
+
+    fn resources(&self, kind: Kind, st: &TypeState, snap: &Snapshot) -> Vec<Arc<Any>> {
+        let all = &snap.resources(kind).by_name;
+        match kind {
+            Kind::Listener if st.wildcard => all.values().cloned().collect(),
+            Kind::Listener => st
+                .names
+                .iter()
+                .filter_map(|requested| {
+                    let canonical =
+                        canonical_listener(&snap.model, requested, &self.ads.cluster_domain)?;
+                    Some(if *requested == canonical {
+                        all.get(&canonical)?.clone()
+                    } else {
+                        listener(requested, &canonical)
+                    })
+                })
+                .collect(),
+            _ if st.wildcard => all.values().cloned().collect(),
+            _ => st
+                .names
+                .iter()
+                .filter_map(|n| all.get(n).cloned())
+                .collect(),
+        }
+    }
+}
+
+fn truncate(s: &str) -> String {
+    if s.len() <= MAX_ERROR_LEN {
+        return s.to_owned();
+    }
+    let mut end = MAX_ERROR_LEN;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}

@@ -1,0 +1,441 @@
+//! The model rendered as Envoy v3 resources, one map per resource type, each with its own
+//! version: a change that touches only routes bumps only the route configurations' version, so
+//! streams re-send only those.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
+use envoy_types::pb::envoy::config::core::v3::{
+    AggregatedConfigSource, ApiVersion, ConfigSource, Locality, SocketAddress, address,
+    config_source, socket_address,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
+};
+use envoy_types::pb::envoy::config::listener::v3::{ApiListener, Listener};
+use envoy_types::pb::envoy::config::route::v3::{
+    HeaderMatcher, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, header_matcher,
+    route, route_action, route_match,
+};
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::{RegexMatcher, StringMatcher, string_matcher};
+use envoy_types::pb::google::protobuf::{Any, UInt32Value};
+use prost::{Message, Name};
+use spur_routing::extract::{LEGACY_HEADERS, MEMBER_NAMES};
+use tokio::time::Instant;
+
+use super::model::{Model, ServiceRoutes};
+
+/// The resource types served, in the order a client needs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Listener,
+    Route,
+    Cluster,
+    Endpoint,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 4] = [Kind::Listener, Kind::Route, Kind::Cluster, Kind::Endpoint];
+
+    pub fn type_url(self) -> &'static str {
+        match self {
+            Kind::Listener => "type.googleapis.com/envoy.config.listener.v3.Listener",
+            Kind::Route => "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
+            Kind::Cluster => "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+            Kind::Endpoint => "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+        }
+    }
+
+    pub fn from_type_url(url: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.type_url() == url)
+    }
+
+    /// Short label for metrics and logs.
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::Listener => "lds",
+            Kind::Route => "rds",
+            Kind::Cluster => "cds",
+            Kind::Endpoint => "eds",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Whether a state-of-the-world response carries every subscribed resource of the type, so
+    /// that one left out is deleted (LDS and CDS), rather than only the changed ones.
+    pub fn full_state(self) -> bool {
+        matches!(self, Kind::Listener | Kind::Cluster)
+    }
+}
+
+/// One resource type's resources and version.
+#[derive(Debug, Clone, Default)]
+pub struct Resources {
+    /// Starts at 1 and grows by one whenever any resource of the type changes.
+    pub version: u64,
+    pub by_name: BTreeMap<String, Arc<Any>>,
+}
+
+/// Everything the server serves at one instant.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub model: Arc<Model>,
+    pub types: [Resources; 4],
+    /// When the model it renders was published (push latency is measured from here).
+    pub published: Instant,
+}
+
+impl Default for Snapshot {
+    fn default() -> Self {
+        Snapshot {
+            model: Arc::default(),
+            types: Default::default(),
+            published: Instant::now(),
+        }
+    }
+}
+
+impl Snapshot {
+    pub fn resources(&self, kind: Kind) -> &Resources {
+        &self.types[kind.index()]
+    }
+
+    /// The next snapshot: `model` rendered, each type's version bumped only if its resources
+    /// differ from this snapshot's.
+    pub fn next(&self, model: Arc<Model>) -> Snapshot {
+        let mut types: [Resources; 4] = Default::default();
+        for kind in Kind::ALL {
+            let rendered = render(kind, &model);
+            let prev = self.resources(kind);
+            types[kind.index()] = if prev.version > 0 && prev.by_name == rendered {
+                prev.clone()
+            } else {
+                Resources {
+                    version: prev.version + 1,
+                    by_name: rendered,
+                }
+            };
+        }
+        Snapshot {
+            model,
+            types,
+            published: Instant::now(),
+        }
+    }
+}
+
+fn any<M: Message + Name>(m: &M) -> Arc<Any> {
+    Arc::new(Any {
+        type_url: M::type_url(),
+        value: m.encode_to_vec(),
+    })
+}
+
+fn render(kind: Kind, model: &Model) -> BTreeMap<String, Arc<Any>> {
+    match kind {
+        // Listener names are the client's own spelling of the target; rendered per stream
+        // from these canonical ones (see `listener`).
+        Kind::Listener => model
+            .services
+            .keys()
+            .map(|n| (n.clone(), listener(n, n)))
+            .collect(),
+        Kind::Route => model
+            .services
+            .iter()
+            .map(|(n, s)| (n.clone(), any(&route_configuration(n, s))))
+            .collect(),
+        Kind::Cluster => model
+            .clusters
+            .keys()
+            .map(|n| (n.clone(), any(&eds_cluster(n))))
+            .collect(),
+        Kind::Endpoint => model
+            .clusters
+            .iter()
+            .map(|(n, eps)| (n.clone(), any(&load_assignment(n, eps))))
+            .collect(),
+    }
+}
+
+fn ads() -> ConfigSource {
+    ConfigSource {
+        config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(
+            AggregatedConfigSource {},
+        )),
+        resource_api_version: ApiVersion::V3 as i32,
+        ..Default::default()
+    }
+}
+
+/// A client-side (API) listener named as the client asked, whose routes come over RDS from
+/// the route configuration `canonical`.
+pub fn listener(requested: &str, canonical: &str) -> Arc<Any> {
+    let router = HttpFilter {
+        name: "envoy.filters.http.router".into(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(
+            (*any(&Router::default())).clone(),
+        )),
+        ..Default::default()
+    };
+    let hcm = HttpConnectionManager {
+        stat_prefix: canonical.into(),
+        http_filters: vec![router],
+        route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
+            config_source: Some(ads()),
+            route_config_name: canonical.into(),
+        })),
+        ..Default::default()
+    };
+    any(&Listener {
+        name: requested.into(),
+        api_listener: Some(ApiListener {
+            api_listener: Some((*any(&hcm)).clone()),
+        }),
+        ..Default::default()
+    })
+}
+
+/// Every key carrier Spur's sidecar reads, as header matchers: W3C `baggage` and `tracestate`
+/// members by regular expression, the OpenTracing/Jaeger headers by exact value. A route
+/// matches when all its matchers do, so each carrier is its own route.
+fn key_matchers(key: &str) -> Vec<HeaderMatcher> {
+    let key = regex_escape(key);
+    let names = MEMBER_NAMES.map(regex_escape).join("|");
+    let regex = |name: &str, re: String| HeaderMatcher {
+        name: name.into(),
+        header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(
+            StringMatcher {
+                match_pattern: Some(string_matcher::MatchPattern::SafeRegex(RegexMatcher {
+                    regex: re,
+                    ..Default::default()
+                })),
+                ignore_case: false,
+            },
+        )),
+        ..Default::default()
+    };
+    // A member starts the value or follows a comma (a `;` starts a property of the member
+    // before it); after its value come properties, more members, or nothing.
+    let mut out = vec![
+        regex(
+            "baggage",
+            format!("^(?:.*,)?[ \\t]*(?:{names})[ \\t]*=[ \\t]*{key}[ \\t]*(?:[;,].*)?$"),
+        ),
+        regex(
+            "tracestate",
+            format!("^(?:.*,)?[ \\t]*(?:{names})={key}[ \\t]*(?:,.*)?$"),
+        ),
+    ];
+    out.extend(LEGACY_HEADERS.iter().map(|h| HeaderMatcher {
+        name: (*h).into(),
+        header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(
+            StringMatcher {
+                match_pattern: Some(string_matcher::MatchPattern::Exact(key_unescaped(&key))),
+                ignore_case: false,
+            },
+        )),
+        ..Default::default()
+    }));
+    out
+}
+
+fn key_unescaped(escaped: &str) -> String {
+    escaped.replace('\\', "")
+}
+
+/// Keys are `[A-Za-z0-9._-]`, names `[a-z-]`: only `.` means anything to RE2.
+fn regex_escape(s: &str) -> String {
+    s.replace('.', "\\.")
+}
+
+fn to_cluster(name: &str) -> Option<route::Action> {
+    Some(route::Action::Route(RouteAction {
+        cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(name.into())),
+        ..Default::default()
+    }))
+}
+
+fn route_configuration(name: &str, routes: &ServiceRoutes) -> RouteConfiguration {
+    let matching = |headers: Vec<HeaderMatcher>| RouteMatch {
+        path_specifier: Some(route_match::PathSpecifier::Prefix("/".into())),
+        headers,
+        ..Default::default()
+    };
+    let mut out = Vec::with_capacity(routes.keyed.len() * 10 + 1);
+    for k in &routes.keyed {
+        for (i, m) in key_matchers(&k.key).into_iter().enumerate() {
+            out.push(Route {
+                name: format!("{}/{}/{i}", k.sandbox, k.key),
+                r#match: Some(matching(vec![m])),
+                action: to_cluster(&k.cluster),
+                ..Default::default()
+            });
+        }
+    }
+    out.push(Route {
+        name: "baseline".into(),
+        r#match: Some(matching(Vec::new())),
+        action: to_cluster(name),
+        ..Default::default()
+    });
+    RouteConfiguration {
+        name: name.into(),
+        virtual_hosts: vec![VirtualHost {
+            name: name.into(),
+            // One route configuration per Service port: whatever authority the client uses.
+            domains: vec!["*".into()],
+            routes: out,
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn eds_cluster(name: &str) -> Cluster {
+    Cluster {
+        name: name.into(),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::Eds as i32,
+        )),
+        eds_cluster_config: Some(cluster::EdsClusterConfig {
+            eds_config: Some(ads()),
+            service_name: name.into(),
+        }),
+        lb_policy: cluster::LbPolicy::RoundRobin as i32,
+        ..Default::default()
+    }
+}
+
+fn load_assignment(name: &str, endpoints: &[std::net::SocketAddr]) -> ClusterLoadAssignment {
+    let lb_endpoints = endpoints
+        .iter()
+        .map(|a| LbEndpoint {
+            host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                address: Some(envoy_types::pb::envoy::config::core::v3::Address {
+                    address: Some(address::Address::SocketAddress(SocketAddress {
+                        address: a.ip().to_string(),
+                        port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(
+                            a.port(),
+                        ))),
+                        ..Default::default()
+                    })),
+                }),
+                ..Default::default()
+            })),
+            ..Default::default()
+        })
+        .collect();
+    ClusterLoadAssignment {
+        cluster_name: name.into(),
+        // gRPC ignores a locality without a weight.
+        endpoints: vec![LocalityLbEndpoints {
+            locality: Some(Locality::default()),
+            lb_endpoints,
+            load_balancing_weight: Some(UInt32Value { value: 1 }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xds::model::KeyRoute;
+
+    fn model() -> Model {
+        let mut m = Model::default();
+        m.services.insert(
+            "api.default.svc:80".into(),
+            ServiceRoutes {
+                keyed: vec![KeyRoute {
+                    key: "k1.x".into(),
+                    sandbox: "sb1".into(),
+                    cluster: "sb1-api.default.svc:80".into(),
+                }],
+            },
+        );
+        m.services
+            .insert("sb1-api.default.svc:80".into(), ServiceRoutes::default());
+        m.clusters.insert(
+            "api.default.svc:80".into(),
+            vec!["10.0.0.1:8080".parse().unwrap()],
+        );
+        m.clusters.insert("sb1-api.default.svc:80".into(), vec![]);
+        m
+    }
+
+    #[test]
+    fn versions_move_per_type() {
+        let s1 = Snapshot::default().next(Arc::new(model()));
+        assert!(Kind::ALL.iter().all(|k| s1.resources(*k).version == 1));
+        // An endpoint change: only EDS moves.
+        let mut m = model();
+        m.clusters.insert(
+            "sb1-api.default.svc:80".into(),
+            vec!["10.0.0.9:8080".parse().unwrap()],
+        );
+        let s2 = s1.next(Arc::new(m.clone()));
+        let v: Vec<_> = Kind::ALL.iter().map(|k| s2.resources(*k).version).collect();
+        assert_eq!(v, [1, 1, 1, 2]);
+        // A new key: only RDS moves.
+        m.services
+            .get_mut("api.default.svc:80")
+            .unwrap()
+            .keyed
+            .push(KeyRoute {
+                key: "k2".into(),
+                sandbox: "sb2".into(),
+                cluster: "sb1-api.default.svc:80".into(),
+            });
+        let s3 = s2.next(Arc::new(m));
+        let v: Vec<_> = Kind::ALL.iter().map(|k| s3.resources(*k).version).collect();
+        assert_eq!(v, [1, 2, 1, 2]);
+    }
+
+    #[test]
+    fn routes_match_every_carrier_then_fall_back_to_the_baseline() {
+        let m = model();
+        let rc = route_configuration("api.default.svc:80", &m.services["api.default.svc:80"]);
+        let routes = &rc.virtual_hosts[0].routes;
+        assert_eq!(routes.len(), 2 + LEGACY_HEADERS.len() + 1);
+        assert_eq!(routes.last().unwrap().name, "baseline");
+        let re = |r: &Route| match &r.r#match.as_ref().unwrap().headers[0].header_match_specifier {
+            Some(header_matcher::HeaderMatchSpecifier::StringMatch(StringMatcher {
+                match_pattern: Some(string_matcher::MatchPattern::SafeRegex(re)),
+                ..
+            })) => re.regex.clone(),
+            other => panic!("{other:?}"),
+        };
+        let baggage = regex_lite(&re(&routes[0]));
+        for (v, want) in [
+            ("sd-routing-key=k1.x", true),
+            ("a=1, sd-routing-key = k1.x ;p=2,b=3", true),
+            ("spur-routing-key=k1.x,a=1", true),
+            ("sd-routing-key=k1.xy", false),
+            ("sd-routing-key=k1Zx", false),
+            ("a=1;sd-routing-key=k1.x", false),
+            ("xsd-routing-key=k1.x", false),
+        ] {
+            assert_eq!(baggage(v), want, "baggage {v:?}");
+        }
+        let tracestate = regex_lite(&re(&routes[1]));
+        assert!(tracestate("vendor=x,sd-routing-key=k1.x"));
+        assert!(!tracestate("sd-routing-key=k1.x;p"));
+    }
+
+    /// The `regex` crate's syntax is RE2's for everything these patterns use.
+    fn regex_lite(pattern: &str) -> impl Fn(&str) -> bool + use<> {
+        let re = ::regex::Regex::new(pattern).unwrap();
+        move |s| re.is_match(s)
+    }
+}

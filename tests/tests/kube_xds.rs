@@ -1,0 +1,568 @@
+//! Proxyless gRPC routed by sandbox key through the route server's xDS (ADS) port, against a
+//! real kube-apiserver: grpc-go's own xDS client (tests/go-xds, built from its Go module and
+//! used unchanged) dials `xds:///api.shop.svc:80` and the test checks which server answered.
+//!
+//! The route server runs as the chart's ServiceAccount with the chart's rules (so the
+//! EndpointSlice watch is proven allowed), serves the xDS port with mutual TLS from a test CA,
+//! and reads Services, EndpointSlices and RoutingConfigs written here as the operator and the
+//! EndpointSlice controller would write them (no pods in this tier: the endpoints are demo gRPC
+//! servers in a network namespace of the test, since the API server refuses loopback endpoints).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Client;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use spur_api::RoutingConfig;
+use spur_e2e::kube::{self as kt, eventually};
+use spur_e2e::netns::TestNet;
+use spur_kube_harness::KubeApi;
+use spur_routeserver::{KubeStore, RouteServer, RouteServerConfig, ServingTls, XdsConfig, XdsTls};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio_util::sync::CancellationToken;
+
+const NS: &str = "shop";
+
+/// A CA, a server certificate for `localhost` and a client certificate, as files.
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, "spur test CA");
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        std::fs::write(dir.path().join("ca.crt"), ca_cert.pem()).unwrap();
+        let leaf = |name: &str, sans: Vec<String>, usage: rcgen::ExtendedKeyUsagePurpose| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut p = rcgen::CertificateParams::new(sans).unwrap();
+            p.distinguished_name.push(rcgen::DnType::CommonName, name);
+            p.extended_key_usages = vec![usage];
+            let cert = p.signed_by(&key, &issuer).unwrap();
+            std::fs::write(dir.path().join(format!("{name}.crt")), cert.pem()).unwrap();
+            std::fs::write(dir.path().join(format!("{name}.key")), key.serialize_pem()).unwrap();
+        };
+        leaf(
+            "server",
+            vec!["localhost".into()],
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        leaf("client", vec![], rcgen::ExtendedKeyUsagePurpose::ClientAuth);
+        Pki { dir }
+    }
+
+    fn path(&self, f: &str) -> PathBuf {
+        self.dir.path().join(f)
+    }
+
+    fn xds_tls(&self) -> XdsTls {
+        XdsTls {
+            serving: ServingTls::new(self.path("server.crt"), self.path("server.key")),
+            client_ca: self.path("ca.crt"),
+        }
+    }
+
+    /// grpc-go's bootstrap: mutual TLS to the xDS port, as `node_id`.
+    fn bootstrap(&self, xds: SocketAddr, node_id: &str) -> PathBuf {
+        let p = |f: &str| self.path(f).display().to_string();
+        let doc = json!({
+            "xds_servers": [{
+                "server_uri": format!("localhost:{}", xds.port()),
+                "channel_creds": [{"type": "tls", "config": {
+                    "ca_certificate_file": p("ca.crt"),
+                    "certificate_file": p("client.crt"),
+                    "private_key_file": p("client.key"),
+                    "refresh_interval": "1s",
+                }}],
+                "server_features": ["xds_v3"],
+            }],
+            "node": {"id": node_id, "cluster": "spur-tests"},
+        });
+        let path = self.path(&format!("bootstrap-{node_id}.json"));
+        std::fs::write(&path, doc.to_string()).unwrap();
+        path
+    }
+}
+
+/// One grpc-go xDS client process (tests/go-xds): a line per call on stdin, its answer on stdout.
+struct GoClient {
+    _child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+impl GoClient {
+    async fn start(target: &str, bootstrap: &Path) -> GoClient {
+        let mut child = tokio::process::Command::new(spur_e2e::go_bin_dir().join("xds-client"))
+            .arg("-target")
+            .arg(target)
+            .arg("-bootstrap")
+            .arg(bootstrap)
+            .arg("-timeout")
+            .arg("3s")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("xds-client did not start within 30 s")
+            .unwrap();
+        assert_eq!(first.as_deref(), Some("ready"));
+        GoClient {
+            _child: child,
+            stdin,
+            lines,
+        }
+    }
+
+    /// One unary call with `metadata`: the answering server's name, or the error line.
+    async fn call(&mut self, metadata: &[(&str, &str)]) -> Result<String, String> {
+        let mut line = String::from("call");
+        for (k, v) in metadata {
+            line.push_str(&format!(" {k}={v}"));
+        }
+        line.push('\n');
+        self.stdin.write_all(line.as_bytes()).await.unwrap();
+        let out = tokio::time::timeout(Duration::from_secs(10), self.lines.next_line())
+            .await
+            .expect("xds-client did not answer a call within 10 s")
+            .unwrap()
+            .expect("xds-client exited");
+        match out.strip_prefix("ok served_by=") {
+            Some(rest) => Ok(rest.split(' ').next().unwrap_or_default().to_owned()),
+            None => Err(out),
+        }
+    }
+
+    /// Calls until one is answered by `want`.
+    async fn eventually_served_by(&mut self, what: &str, metadata: &[(&str, &str)], want: &str) {
+        let deadline = tokio::time::Instant::now() + kt::WAIT;
+        loop {
+            let got = self.call(metadata).await;
+            if got.as_deref() == Ok(want) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}: last answer {got:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// The demo gRPC server `name` (it answers with its name), in the test's network namespace.
+fn grpc_app(net: &TestNet, name: &str, stop: &CancellationToken) -> SocketAddr {
+    let l = tokio::net::TcpListener::from_std(net.listen().unwrap()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let (name, stop) = (name.to_owned(), stop.clone());
+    tokio::spawn(async move {
+        if let Err(e) = spur_demo_apps::serve_grpc(l, name, stop).await {
+            eprintln!("demo gRPC server failed: {e}");
+        }
+    });
+    addr
+}
+
+/// A Service `name` (port 80, named `grpc`) and its EndpointSlice pointing at `backend`.
+async fn service(client: &Client, name: &str, backend: SocketAddr) {
+    let svcs: Api<Service> = Api::namespaced(client.clone(), NS);
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"selector": {"app": name}, "ports": [
+            {"name": "grpc", "port": 80, "targetPort": 8080, "appProtocol": "grpc"}]},
+    }))
+    .unwrap();
+    svcs.create(&PostParams::default(), &svc).await.unwrap();
+    set_endpoints(client, name, backend).await;
+}
+
+/// What the EndpointSlice controller would write for one ready pod at `backend`.
+async fn set_endpoints(client: &Client, name: &str, backend: SocketAddr) {
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
+    let slice = json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{name}-abcde"),
+                     "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4",
+        "ports": [{"name": "grpc", "port": backend.port(), "protocol": "TCP"}],
+        "endpoints": [{"addresses": [backend.ip().to_string()], "conditions": {"ready": true}}],
+    });
+    slices
+        .patch(
+            &format!("{name}-abcde"),
+            &PatchParams::apply("spur-tests").force(),
+            &Patch::Apply(slice),
+        )
+        .await
+        .unwrap();
+}
+
+/// The RoutingConfig of sandbox `sandbox` with key `key`, routing `api` to `to`, as the
+/// operator writes it (spec, then the routes in status).
+async fn sandbox(client: &Client, sandbox: &str, key: &str, to: &str) {
+    let rcs: Api<RoutingConfig> = Api::all(client.clone());
+    let rc: RoutingConfig = serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "RoutingConfig",
+        "metadata": {"name": sandbox}, "spec": {"routingKey": key}
+    }))
+    .unwrap();
+    rcs.create(&PostParams::default(), &rc).await.unwrap();
+    let route = json!({
+        "fromHost": format!("api.{NS}.svc"), "fromPort": 80,
+        "toHost": format!("{to}.{NS}.svc"), "toPort": 80, "workloadPort": 8080,
+        "sandbox": sandbox,
+        "baseline": {"kind": "Deployment", "namespace": NS, "name": "api"},
+    });
+    rcs.patch_status(
+        sandbox,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"routeServer": {"routes": [route]}}})),
+    )
+    .await
+    .unwrap();
+}
+
+/// The chart's route-server identity.
+async fn routeserver_client(api: &KubeApi) -> Client {
+    kt::chart_client(api, "spur-routeserver", "routeserver-rules.yaml", None)
+        .await
+        .unwrap()
+}
+
+async fn start_routeserver(client: &Client, xds: XdsConfig) -> RouteServer {
+    let client = client.clone();
+    RouteServer::start_with(
+        RouteServerConfig {
+            grpc_addr: "127.0.0.1:0".parse().unwrap(),
+            http_addr: "127.0.0.1:0".parse().unwrap(),
+            xds: Some(xds),
+            ..RouteServerConfig::new("")
+        },
+        KubeStore::new(client).with_xds(),
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxyless_grpc_client_routes_by_key_through_xds() {
+    kt::capture_logs();
+    let api = KubeApi::start().await.unwrap();
+    kt::install_crds(&api).await.unwrap();
+    let admin = api.client();
+    kt::ensure_namespace(&admin, NS).await.unwrap();
+    let net = TestNet::new().unwrap();
+    let apps = CancellationToken::new();
+    let _stop_apps = apps.clone().drop_guard();
+    let baseline = grpc_app(&net, "baseline", &apps);
+    let fork1 = grpc_app(&net, "fork-1", &apps);
+    let fork2 = grpc_app(&net, "fork-2", &apps);
+    service(&admin, "api", baseline).await;
+    service(&admin, "sb1-api", fork1).await;
+    sandbox(&admin, "sb1", "k1", "sb1-api").await;
+
+    let pki = Pki::new();
+    let xds = XdsConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        ..XdsConfig::new(Some(pki.xds_tls()))
+    };
+    let rs_client = routeserver_client(&api).await;
+    let server = start_routeserver(&rs_client, xds.clone()).await;
+    let xds_addr = server.xds_addr.unwrap();
+    let bootstrap = pki.bootstrap(xds_addr, "client-1");
+    let mut c = GoClient::start(&format!("xds:///api.{NS}.svc:80"), &bootstrap).await;
+
+    // No key: the baseline. The key in any carrier the sidecar reads: the fork.
+    assert_eq!(c.call(&[]).await.as_deref(), Ok("baseline"));
+    for md in [
+        ("baggage", "sd-routing-key=k1"),
+        ("baggage", "other=1,spur-routing-key=k1;prop=x"),
+        ("tracestate", "vendor=abc,sd-routing-key=k1"),
+        ("ot-baggage-sd-routing-key", "k1"),
+        ("uberctx-sd-sandbox", "k1"),
+    ] {
+        assert_eq!(c.call(&[md]).await.as_deref(), Ok("fork-1"), "{md:?}");
+    }
+    // Near misses stay with the baseline: another key, a key only as a baggage property, a
+    // member whose name merely ends like a carrier's.
+    for md in [
+        ("baggage", "sd-routing-key=k2"),
+        ("baggage", "a=1;sd-routing-key=k1"),
+        ("baggage", "xsd-routing-key=k1"),
+        ("sd-routing-key", "k1"),
+    ] {
+        assert_eq!(c.call(&[md]).await.as_deref(), Ok("baseline"), "{md:?}");
+    }
+    // Another client, dialing the Service by its fully qualified name.
+    let mut fq = GoClient::start(
+        &format!("xds:///api.{NS}.svc.cluster.local:80"),
+        &pki.bootstrap(xds_addr, "client-2"),
+    )
+    .await;
+    assert_eq!(
+        fq.call(&[("baggage", "sd-routing-key=k1")])
+            .await
+            .as_deref(),
+        Ok("fork-1")
+    );
+    drop(fq);
+
+    // A new sandbox takes effect on the running client.
+    service(&admin, "sb2-api", fork2).await;
+    sandbox(&admin, "sb2", "k2", "sb2-api").await;
+    c.eventually_served_by(
+        "the new sandbox's route",
+        &[("baggage", "sd-routing-key=k2")],
+        "fork-2",
+    )
+    .await;
+    assert_eq!(c.call(&[]).await.as_deref(), Ok("baseline"));
+
+    // Every node acknowledged what it was sent, per type.
+    eventually("client-1 ACKed all four types", || async {
+        let nodes = server.xds_nodes();
+        let n = nodes.iter().find(|n| n.node_id == "client-1")?;
+        (n.types.len() == 4
+            && n.types
+                .values()
+                .all(|t| t.acked.is_some() && t.acked == t.sent && t.nacked.is_none()))
+        .then_some(())
+    })
+    .await;
+
+    // The route server goes away: the client keeps its last config and keeps routing.
+    server.shutdown().await;
+    assert_eq!(
+        c.call(&[("baggage", "sd-routing-key=k2")]).await.as_deref(),
+        Ok("fork-2")
+    );
+    assert_eq!(c.call(&[]).await.as_deref(), Ok("baseline"));
+    // It comes back on the same port; what changed meanwhile reaches the client when it has
+    // resynced: sandbox 1 is gone, so its key now reaches the baseline.
+    let rcs: Api<RoutingConfig> = Api::all(admin.clone());
+    rcs.delete("sb1", &DeleteParams::default()).await.unwrap();
+    let server = start_routeserver(
+        &rs_client,
+        XdsConfig {
+            addr: xds_addr,
+            ..xds.clone()
+        },
+    )
+    .await;
+    c.eventually_served_by(
+        "sandbox 1's route removed after the resync",
+        &[("baggage", "sd-routing-key=k1")],
+        "baseline",
+    )
+    .await;
+    assert_eq!(
+        c.call(&[("baggage", "sd-routing-key=k2")]).await.as_deref(),
+        Ok("fork-2")
+    );
+    // A fork's endpoints move (its pod replaced): only EDS changes, and calls follow.
+    let fork2b = grpc_app(&net, "fork-2b", &apps);
+    set_endpoints(&admin, "sb2-api", fork2b).await;
+    c.eventually_served_by(
+        "the fork's new endpoint",
+        &[("baggage", "sd-routing-key=k2")],
+        "fork-2b",
+    )
+    .await;
+    drop(c);
+    server.shutdown().await;
+}
+
+/// The ADS protocol as a raw client sees it: per-type versions, ACK and NACK tracked per node,
+/// stale nonces ignored, and no connection without a client certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ads_protocol_versions_acks_nacks_and_client_certificates() {
+    kt::capture_logs();
+    let api = KubeApi::start().await.unwrap();
+    kt::install_crds(&api).await.unwrap();
+    let admin = api.client();
+    kt::ensure_namespace(&admin, NS).await.unwrap();
+    // Nothing is sent to these.
+    service(&admin, "api", "10.0.0.1:8080".parse().unwrap()).await;
+    service(&admin, "sb1-api", "10.0.0.2:8080".parse().unwrap()).await;
+    let pki = Pki::new();
+    let server = start_routeserver(
+        &routeserver_client(&api).await,
+        XdsConfig {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            ..XdsConfig::new(Some(pki.xds_tls()))
+        },
+    )
+    .await;
+    let addr = server.xds_addr.unwrap();
+
+    // Without a client certificate: no stream.
+    let anonymous = ads_client(addr, &pki, false).await;
+    if let Ok(mut c) = anonymous {
+        let (_tx, rx) = tokio::sync::mpsc::channel::<DiscoveryRequest>(1);
+        let r = c
+            .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await;
+        assert!(r.is_err(), "a client without a certificate opened a stream");
+    }
+
+    let mut c = ads_client(addr, &pki, true).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel::<DiscoveryRequest>(8);
+    let mut responses = c
+        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let rds = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+    let eds = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+    let req = |type_url: &str, names: &[&str], version: &str, nonce: &str| DiscoveryRequest {
+        node: Some(Node {
+            id: "raw-1".into(),
+            ..Default::default()
+        }),
+        type_url: type_url.into(),
+        resource_names: names.iter().map(|n| n.to_string()).collect(),
+        version_info: version.into(),
+        response_nonce: nonce.into(),
+        ..Default::default()
+    };
+    let route_name = format!("api.{NS}.svc:80");
+    tx.send(req(rds, &[&route_name], "", "")).await.unwrap();
+    let r1 = next(&mut responses).await;
+    assert_eq!((r1.type_url.as_str(), r1.resources.len()), (rds, 1));
+    tx.send(req(eds, &[&route_name], "", "")).await.unwrap();
+    let e1 = next(&mut responses).await;
+    assert_eq!((e1.type_url.as_str(), e1.resources.len()), (eds, 1));
+    // ACK both; then a stale ACK (an old nonce) is ignored: no response to it.
+    tx.send(req(rds, &[&route_name], &r1.version_info, &r1.nonce))
+        .await
+        .unwrap();
+    tx.send(req(eds, &[&route_name], &e1.version_info, &e1.nonce))
+        .await
+        .unwrap();
+    tx.send(req(rds, &[&route_name], &r1.version_info, "stale"))
+        .await
+        .unwrap();
+
+    // A new sandbox changes routes only: the next response is RDS, a new version.
+    sandbox(&admin, "sb1", "k1", "sb1-api").await;
+    let r2 = next(&mut responses).await;
+    assert_eq!(r2.type_url, rds);
+    assert_ne!(r2.version_info, r1.version_info);
+    // The client rejects it: recorded for this node and type, and not sent again.
+    tx.send(DiscoveryRequest {
+        error_detail: Some(RpcStatus {
+            code: 3,
+            message: "pretend the route was invalid".into(),
+            details: vec![],
+        }),
+        ..req(rds, &[&route_name], &r1.version_info, &r2.nonce)
+    })
+    .await
+    .unwrap();
+    eventually("the NACK recorded", || async {
+        let nodes = server.xds_nodes();
+        let n = nodes.iter().find(|n| n.node_id == "raw-1")?;
+        let t = n.types.get("rds")?;
+        let nack = t.nacked.as_ref()?;
+        (nack.version == r2.version_info
+            && nack.message == "pretend the route was invalid"
+            && t.acked.as_deref() == Some(r1.version_info.as_str()))
+        .then_some(())
+    })
+    .await;
+    // An endpoint change: EDS alone moves, RDS is not re-sent.
+    set_endpoints(&admin, "api", "10.0.0.3:8080".parse().unwrap()).await;
+    let e2 = next(&mut responses).await;
+    assert_eq!(e2.type_url, eds);
+    assert_ne!(e2.version_info, e1.version_info);
+    // Dropping the stream drops the node.
+    drop(tx);
+    drop(responses);
+    eventually("the node forgotten with its stream", || async {
+        server
+            .xds_nodes()
+            .iter()
+            .all(|n| n.node_id != "raw-1")
+            .then_some(())
+    })
+    .await;
+    server.shutdown().await;
+}
+
+async fn next(responses: &mut tonic::Streaming<DiscoveryResponse>) -> DiscoveryResponse {
+    tokio::time::timeout(Duration::from_secs(10), responses.message())
+        .await
+        .expect("no DiscoveryResponse within 10 s")
+        .unwrap()
+        .unwrap()
+}
+
+/// An ADS client over TLS trusting the test CA, with the client certificate if `with_cert`.
+async fn ads_client(
+    addr: SocketAddr,
+    pki: &Pki,
+    with_cert: bool,
+) -> Result<AggregatedDiscoveryServiceClient<tonic::transport::Channel>, tonic::transport::Error> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(pki.path("ca.crt")).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let mut config = if with_cert {
+        let chain = CertificateDer::pem_file_iter(pki.path("client.crt"))
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(pki.path("client.key")).unwrap();
+        builder.with_client_auth_cert(chain, key).unwrap()
+    } else {
+        builder.with_no_client_auth()
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let port = addr.port();
+    let connector = tower::service_fn(move |_: http::Uri| {
+        let tls = tls.clone();
+        async move {
+            let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            let s = tls.connect(name, tcp).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+        }
+    });
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://localhost:{port}"))
+        .unwrap()
+        .connect_with_connector(connector)
+        .await?;
+    Ok(AggregatedDiscoveryServiceClient::new(channel))
+}
