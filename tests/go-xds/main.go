@@ -25,16 +25,31 @@
 // Anything else answers "error code=InvalidArgument msg=unknown command ...". grpc-go logs go to
 // stderr as usual (set GRPC_GO_LOG_SEVERITY_LEVEL=info and GRPC_GO_LOG_VERBOSITY_LEVEL=99 to see
 // the xDS client's own logs).
+//
+// Benchmark mode (many xDS clients in one process, for measuring xDS push latency):
+//
+//	xds-client -clients N -bootstrap FILE -target xds:///HOST:PORT [-node-prefix PREFIX]
+//
+// reads FILE once and creates N independent channels, channel i (0 <= i < N) with its own xDS
+// client whose bootstrap is FILE's with node.id set to "PREFIX-i" (PREFIX defaults to FILE's
+// node.id), hence its own connection and ADS stream to the xDS server, subscribed to the target's
+// listener and from there its route configuration, clusters and endpoints. No calls are made. It
+// prints "ready" once all N are created and connecting, then waits for EOF on stdin (or a line
+// "quit"), closes them all and exits 0. Nothing else goes to stdout; errors go to stderr with
+// exit code 1.
 package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -53,7 +68,20 @@ func main() {
 	target := flag.String("target", "", "xDS target, e.g. xds:///api.default.svc:80 (required)")
 	bootstrapFile := flag.String("bootstrap", "", "xDS bootstrap JSON file (default: grpc-go reads GRPC_XDS_BOOTSTRAP / GRPC_XDS_BOOTSTRAP_CONFIG)")
 	timeout := flag.Duration("timeout", 5*time.Second, "deadline of each call")
+	clients := flag.Int("clients", 0, "benchmark mode: create this many xDS clients (needs -bootstrap), make no calls")
+	nodePrefix := flag.String("node-prefix", "", "benchmark mode: client i has node.id PREFIX-i (default: the bootstrap's node.id)")
 	flag.Parse()
+	if *clients != 0 || *nodePrefix != "" {
+		if *clients <= 0 || *target == "" || *bootstrapFile == "" || flag.NArg() != 0 {
+			fmt.Fprintln(os.Stderr, "usage: xds-client -clients N -bootstrap FILE -target xds:///HOST:PORT [-node-prefix PREFIX]")
+			os.Exit(1)
+		}
+		if err := runMany(*clients, *bootstrapFile, *target, *nodePrefix); err != nil {
+			fmt.Fprintln(os.Stderr, "xds-client:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *target == "" || flag.NArg() != 0 {
 		fmt.Fprintln(os.Stderr, "usage: xds-client -target xds:///HOST:PORT [-bootstrap FILE] [-timeout 5s]")
 		os.Exit(2)
@@ -144,6 +172,168 @@ func newClient(target string, builder resolver.Builder) (*client, error) {
 	}
 	conn.Connect()
 	return &client{conn: conn}, nil
+}
+
+// runMany is the benchmark mode: n channels to target, each with an xDS client of its own (node.id
+// prefix-i), "ready" on stdout once all are connecting, then closed at EOF or "quit" on stdin.
+func runMany(n int, bootstrapFile, target, prefix string) error {
+	if !strings.HasPrefix(target, "xds:") {
+		return fmt.Errorf("target %q is not an xds: target (xds:///HOST:PORT)", target)
+	}
+	contents, err := os.ReadFile(bootstrapFile)
+	if err != nil {
+		return fmt.Errorf("reading bootstrap: %w", err)
+	}
+	// UseNumber keeps numbers exactly as written when the document is encoded again.
+	dec := json.NewDecoder(bytes.NewReader(contents))
+	dec.UseNumber()
+	var doc map[string]any
+	if err := dec.Decode(&doc); err != nil {
+		return fmt.Errorf("bootstrap %s: %w", bootstrapFile, err)
+	}
+	node, _ := doc["node"].(map[string]any)
+	if node == nil {
+		if doc["node"] != nil {
+			return fmt.Errorf("bootstrap %s: node is not an object", bootstrapFile)
+		}
+		node = map[string]any{}
+		doc["node"] = node
+	}
+	if prefix == "" {
+		prefix, _ = node["id"].(string)
+		if prefix == "" {
+			return fmt.Errorf("bootstrap %s has no node.id: pass -node-prefix", bootstrapFile)
+		}
+	}
+	// One bootstrap per client, encoded here (doc is not safe to share between goroutines).
+	configs := make([][]byte, n)
+	for i := range configs {
+		node["id"] = fmt.Sprintf("%s-%d", prefix, i)
+		if configs[i], err = json.Marshal(doc); err != nil {
+			return fmt.Errorf("encoding bootstrap: %w", err)
+		}
+	}
+
+	conns := make([]*grpc.ClientConn, n)
+	closeAll := func() {
+		forEach(n, func(i int) error {
+			if conns[i] != nil {
+				conns[i].Close()
+			}
+			return nil
+		})
+	}
+	// Creating a channel builds its xDS client inline (Connect() builds the resolver), which costs
+	// a bootstrap parse and a new transport; a few workers make 1000 of them quick.
+	err = forEach(n, func(i int) error {
+		b, err := xds.NewXDSResolverWithConfigForTesting(configs[i])
+		if err != nil {
+			return fmt.Errorf("client %d: %w", i, err)
+		}
+		rb := &recordingBuilder{Builder: b}
+		conn, err := grpc.NewClient(target,
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithResolvers(rb),
+			// Without calls, the default 30 min idle timeout would shut the resolver, hence the
+			// xDS client and its ADS stream, down in the middle of a long benchmark.
+			// (Idle connections hold no read or write buffer: grpc-go v1.85 pools both by default.)
+			grpc.WithIdleTimeout(0),
+		)
+		if err != nil {
+			return fmt.Errorf("client %d: dialing %s: %w", i, target, err)
+		}
+		conns[i] = conn
+		conn.Connect() // leaves idle at once: builds the resolver, hence the xDS client and its watch
+		if err := rb.result(); err != nil {
+			return fmt.Errorf("client %d: %w", i, err)
+		}
+		configs[i] = nil
+		return nil
+	})
+	if err != nil {
+		closeAll()
+		return err
+	}
+	configs = nil
+
+	if _, err := os.Stdout.WriteString("ready\n"); err != nil {
+		closeAll()
+		return fmt.Errorf("writing ready: %w", err)
+	}
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(make([]byte, 64*1024), 1024*1024)
+	for in.Scan() {
+		if strings.TrimSpace(in.Text()) == "quit" {
+			break
+		}
+	}
+	closeAll()
+	return nil
+}
+
+// forEach runs f(0) ... f(n-1) on a few goroutines and returns the first error; after an error
+// it starts no new ones.
+func forEach(n int, f func(i int) error) error {
+	workers := min(n, 32)
+	next := make(chan int)
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+	)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if err := f(i); err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for i := 0; i < n; i++ {
+		mu.Lock()
+		failed := firstErr != nil
+		mu.Unlock()
+		if failed {
+			break
+		}
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return firstErr
+}
+
+// recordingBuilder remembers whether its resolver was built and how that went: grpc-go builds it
+// inline in Connect() and otherwise only reports a failure (e.g. a bootstrap it rejects) to calls.
+type recordingBuilder struct {
+	resolver.Builder
+	mu    sync.Mutex
+	built bool
+	err   error
+}
+
+func (b *recordingBuilder) Build(t resolver.Target, cc resolver.ClientConn, opts resolver.BuildOptions) (resolver.Resolver, error) {
+	r, err := b.Builder.Build(t, cc, opts)
+	b.mu.Lock()
+	b.built, b.err = true, err
+	b.mu.Unlock()
+	return r, err
+}
+
+func (b *recordingBuilder) result() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.built {
+		return errors.New("the xDS resolver was not built by Connect()")
+	}
+	return b.err
 }
 
 // call performs one Hello call with the given name=value metadata pairs and returns its result

@@ -1157,7 +1157,7 @@ async fn tunnel_proxy_tokens_api_and_session_lease() {
         .await
         .unwrap()
         .into_inner();
-    let first = watch.message().await.unwrap().unwrap();
+    let first = first_local_workloads(&mut watch).await;
     assert_eq!(first.workloads.len(), 1);
     assert_eq!(first.workloads[0].mappings[0].bind_id, bind);
 
@@ -1284,6 +1284,23 @@ fn test_tunnel_proxy_config(tls: spur_tunnel::ServerTls) -> spur_tunnelproxy::Tu
         // The test's "cluster" is loopback: only link-local (cloud metadata) stays denied.
         deny: spur_tunnelproxy::TunnelProxyConfig::parse_deny("169.254.0.0/16").unwrap(),
     }
+}
+
+/// The first message of a local-workload watch that lists any: the stream starts with what
+/// the proxy knows, which may be from before its own watch saw the ExternalWorkload.
+async fn first_local_workloads(
+    watch: &mut tonic::Streaming<spur_proto::tunnel::LocalWorkloads>,
+) -> spur_proto::tunnel::LocalWorkloads {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let m = watch.message().await.unwrap().unwrap();
+            if !m.workloads.is_empty() {
+                return m;
+            }
+        }
+    })
+    .await
+    .expect("no local workload reached the watch")
 }
 
 /// A workstation's whole path through the real tunnel proxy (in process, under its chart RBAC)
@@ -1440,7 +1457,7 @@ async fn workstation_session_through_the_tunnel_proxy() {
             .await
             .unwrap()
             .into_inner();
-        let locals = watch.message().await.unwrap().unwrap();
+        let locals = first_local_workloads(&mut watch).await;
         let mapping = locals.workloads[0].mappings[0].clone();
         assert_eq!(mapping.bind_id, format!("{NS}/{ew_name}/8080"));
 

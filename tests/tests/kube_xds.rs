@@ -7,6 +7,10 @@
 //! and reads Services, EndpointSlices and RoutingConfigs written here as the operator and the
 //! EndpointSlice controller would write them (no pods in this tier: the endpoints are demo gRPC
 //! servers in a network namespace of the test, since the API server refuses loopback endpoints).
+//!
+//! Also checked: the ADS protocol as a raw client sees it (per-type versions, ACK/NACK per node,
+//! stale nonces, no stream without a client certificate), and the operator's credentials for
+//! opted-in namespaces, used as issued.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
@@ -565,4 +569,134 @@ async fn ads_client(
         .connect_with_connector(connector)
         .await?;
     Ok(AggregatedDiscoveryServiceClient::new(channel))
+}
+
+/// The chart's way: the operator (under the chart's RBAC) issues the route server's certificate
+/// and, for a namespace labelled `spur.dev/xds=enabled`, a client Secret whose bootstrap grpc-go
+/// uses as is (its file paths and server address pointed at this test's copies); opting out
+/// empties the Secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_issued_client_credentials_reach_the_xds_port() {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    use prometheus_client::registry::Registry;
+    use spur_e2e::kube::SYSTEM_NAMESPACE;
+    use spur_operator::{PkiConfig, ServingCert, XdsClientConfig};
+
+    kt::capture_logs();
+    let api = KubeApi::start().await.unwrap();
+    kt::install_crds(&api).await.unwrap();
+    let admin = api.client();
+    kt::ensure_namespace(&admin, NS).await.unwrap();
+    let operator = kt::chart_client(
+        &api,
+        "spur-operator",
+        "operator-rules.yaml",
+        Some("operator-lease-rules.yaml"),
+    )
+    .await
+    .unwrap();
+    let mut registry = Registry::with_prefix("spur_operator");
+    let metrics = spur_operator::Metrics::register(&mut registry);
+    let mut pki = PkiConfig::new(SYSTEM_NAMESPACE, "spur-webhook");
+    pki.routeserver = Some(ServingCert::routeserver(
+        SYSTEM_NAMESPACE,
+        &["localhost".into()],
+    ));
+    let server_uri = format!("spur-routeserver.{SYSTEM_NAMESPACE}.svc:7779");
+    pki.xds_clients = Some(XdsClientConfig::new(server_uri.clone()));
+    pki.validate().unwrap();
+    let ctx = Arc::new(
+        spur_operator::Context::new(operator.clone(), Some("test".into()), metrics).with_pki(pki),
+    );
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(spur_operator::run(operator, ctx, stop.clone()));
+
+    // The route server's files, as its pod would mount them.
+    let files = tempfile::tempdir().unwrap();
+    let write = |data: &std::collections::BTreeMap<String, ByteString>, keys: &[&str]| {
+        for k in keys {
+            std::fs::write(files.path().join(k), &data[*k].0).unwrap();
+        }
+    };
+    let system: Api<Secret> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let serving = eventually("the route server's certificate", || async {
+        system.get_opt("spur-routeserver-tls").await.ok()??.data
+    })
+    .await;
+    write(&serving, &["tls.crt", "tls.key", "ca.crt"]);
+    let xds = XdsConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        ..XdsConfig::new(Some(XdsTls {
+            serving: ServingTls::new(files.path().join("tls.crt"), files.path().join("tls.key")),
+            client_ca: files.path().join("ca.crt"),
+        }))
+    };
+    let net = TestNet::new().unwrap();
+    let apps = CancellationToken::new();
+    let _stop_apps = apps.clone().drop_guard();
+    service(&admin, "api", grpc_app(&net, "baseline", &apps)).await;
+    let server = start_routeserver(&routeserver_client(&api).await, xds).await;
+
+    // Opting in: the Secret appears with a client certificate, the bundle and a bootstrap.
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    let label = |v: Option<&str>| json!({"metadata": {"labels": {"spur.dev/xds": v}}});
+    namespaces
+        .patch(
+            NS,
+            &PatchParams::default(),
+            &Patch::Merge(label(Some("enabled"))),
+        )
+        .await
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NS);
+    let creds = eventually("the namespace's xDS client Secret", || async {
+        let d = secrets.get_opt("spur-xds").await.ok()??.data?;
+        d.contains_key("tls.key").then_some(d)
+    })
+    .await;
+    let cert = String::from_utf8(creds["tls.crt"].0.clone()).unwrap();
+    let info = spur_operator::pki::info(&cert).unwrap();
+    assert!(!info.is_ca);
+    assert_eq!(creds["ca.crt"].0, serving["ca.crt"].0);
+    let client_dir = tempfile::tempdir().unwrap();
+    for k in ["tls.crt", "tls.key", "ca.crt"] {
+        std::fs::write(client_dir.path().join(k), &creds[k].0).unwrap();
+    }
+    let bootstrap = String::from_utf8(creds["bootstrap.json"].0.clone())
+        .unwrap()
+        .replace(
+            spur_operator::xds_clients::MOUNT_PATH,
+            &client_dir.path().display().to_string(),
+        )
+        .replace(
+            &server_uri,
+            &format!("localhost:{}", server.xds_addr.unwrap().port()),
+        );
+    let bootstrap_path = client_dir.path().join("bootstrap.json");
+    std::fs::write(&bootstrap_path, bootstrap).unwrap();
+    let mut c = GoClient::start(&format!("xds:///api.{NS}:80"), &bootstrap_path).await;
+    assert_eq!(c.call(&[]).await.as_deref(), Ok("baseline"));
+    let nodes = server.xds_nodes();
+    assert!(
+        nodes
+            .iter()
+            .any(|n| n.node_id == format!("{NS}/spur-xds-client")),
+        "{nodes:?}"
+    );
+    drop(c);
+
+    // Opting out: the Secret is emptied.
+    namespaces
+        .patch(NS, &PatchParams::default(), &Patch::Merge(label(None)))
+        .await
+        .unwrap();
+    eventually("the Secret emptied", || async {
+        let s = secrets.get_opt("spur-xds").await.ok()??;
+        s.data.unwrap_or_default().is_empty().then_some(())
+    })
+    .await;
+    server.shutdown().await;
+    stop.cancel();
+    running.await.unwrap();
 }

@@ -241,6 +241,17 @@ struct WebhookArgs {
     /// a short maximum bounds how long a lost laptop's certificate works).
     #[arg(long, env = "SPUR_WORKSTATION_CERT_MAX_LIFETIME", default_value = "168h", value_parser = spur_runtime::parse_duration)]
     workstation_cert_max_lifetime: Duration,
+    /// The route server's xDS address as clients dial it (`host:port`): namespaces labelled
+    /// `spur.dev/xds=enabled` get a client certificate and a grpc-go bootstrap for it in
+    /// Secret --xds-client-secret (docs/xds.md). Empty: none are issued.
+    #[arg(long, env = "SPUR_XDS_SERVER_URI", default_value = "")]
+    xds_server_uri: String,
+    /// The Secret an opted-in namespace gets its xDS client credentials in.
+    #[arg(long, env = "SPUR_XDS_CLIENT_SECRET", default_value = "spur-xds")]
+    xds_client_secret: String,
+    /// Lifetime of an xDS client certificate (renewed at 80 %).
+    #[arg(long, env = "SPUR_XDS_CLIENT_CERT_LIFETIME", default_value = "24h", value_parser = spur_runtime::parse_duration)]
+    xds_client_cert_lifetime: Duration,
 }
 
 impl WebhookArgs {
@@ -284,6 +295,13 @@ impl WebhookArgs {
             (!self.ca_bundle_config_map.is_empty()).then(|| self.ca_bundle_config_map.clone());
         pki.workstation_cert_lifetime = self.workstation_cert_lifetime;
         pki.workstation_cert_max_lifetime = self.workstation_cert_max_lifetime;
+        if !self.xds_server_uri.is_empty() {
+            pki.xds_clients = Some(spur_operator::XdsClientConfig {
+                secret: self.xds_client_secret.clone(),
+                server_uri: self.xds_server_uri.clone(),
+                lifetime: self.xds_client_cert_lifetime,
+            });
+        }
         pki.validate()?;
         let mut injection: spur_operator::InjectionConfig = match &self.injection_config {
             None => spur_operator::InjectionConfig::default(),

@@ -78,6 +78,8 @@ pub struct PkiConfig {
     /// (the injection config's `routeserverCaConfigMap`); the manager keeps the copies current.
     /// None: no copies.
     pub namespace_bundle: Option<String>,
+    /// xDS client credentials for opted-in namespaces ([`crate::xds_clients`]).
+    pub xds_clients: Option<crate::xds_clients::XdsClientConfig>,
     /// The operator's Deployment: it owns the Secrets and the ConfigMap, so they go with the
     /// installation (crate::owner). None: they are nobody's (and outlive an uninstall).
     pub owner: Option<OwnerReference>,
@@ -159,6 +161,7 @@ impl PkiConfig {
             workstation_cert_lifetime: Duration::from_secs(24 * 3600),
             workstation_cert_max_lifetime: Duration::from_secs(7 * 24 * 3600),
             namespace_bundle: None,
+            xds_clients: None,
             owner: None,
         }
     }
@@ -206,6 +209,24 @@ impl PkiConfig {
                 "workstation certificates: the default lifetime ({:?}) must be at least 10m and at most the maximum ({:?})",
                 self.workstation_cert_lifetime, self.workstation_cert_max_lifetime
             )));
+        }
+        if let Some(x) = &self.xds_clients {
+            let port_ok = x
+                .server_uri
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+            if !port_ok {
+                return Err(Error::Config(format!(
+                    "the xDS server address {:?} must be host:port",
+                    x.server_uri
+                )));
+            }
+            if x.lifetime < Duration::from_secs(60) || x.secret.is_empty() {
+                return Err(Error::Config(format!(
+                    "xDS client certificates need a Secret name and a lifetime of at least 1m (got {:?})",
+                    x.lifetime
+                )));
+            }
         }
         // The CA must outlive several serving certificates and its own rotation.
         if self.ca_lifetime < self.serving_lifetime * 2

@@ -34,6 +34,7 @@ pub mod sandbox;
 mod triggers;
 mod webhook;
 pub mod workstations;
+pub mod xds_clients;
 
 pub use certs::{PKI_LABEL, PkiConfig, ServingCert};
 pub use context::{Context, FIELD_MANAGER, Previews};
@@ -45,6 +46,7 @@ pub use leader::{LeaderElection, run_elected};
 pub use metrics::Metrics;
 pub use olm::ResourceConfig;
 pub use webhook::{MUTATE_POD_PATH, Webhook, WebhookConfig};
+pub use xds_clients::XdsClientConfig;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -87,9 +89,27 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
                 ),
                 stop.clone(),
             );
+            let xds = cfg.xds_clients.clone().map(|x| {
+                drained(
+                    "xds-client-issuer",
+                    xds_clients::run(
+                        client.clone(),
+                        cfg.clone(),
+                        x,
+                        ctx.metrics.clone(),
+                        stop.clone(),
+                    ),
+                    stop.clone(),
+                )
+            });
             let manager = certs::run(client.clone(), cfg, ctx.metrics.clone(), stop.clone());
             tokio::spawn(async move {
-                tokio::join!(manager, signer);
+                let xds = async move {
+                    if let Some(x) = xds {
+                        x.await;
+                    }
+                };
+                tokio::join!(manager, signer, xds);
             })
         }
         None => tokio::spawn(async {}),

@@ -154,6 +154,28 @@ pub fn issue_serving(
     })
 }
 
+/// Issues a TLS client certificate and its new key, naming `common_name`, signed by `ca`.
+pub fn issue_client_pair(
+    ca: &Pair,
+    common_name: &str,
+    lifetime: Duration,
+    now: i64,
+) -> Result<Pair, Error> {
+    let (issuer, lifetime) = issuer(ca, lifetime, now)?;
+    let key = KeyPair::generate().map_err(pki)?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = subject(common_name);
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    params.use_authority_key_identifier_extension = true;
+    set_validity(&mut params, lifetime, now)?;
+    let cert = params.signed_by(&key, &issuer).map_err(pki)?;
+    Ok(Pair {
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+    })
+}
+
 /// A certificate signing request whose signature checks out.
 pub struct ClientRequest {
     /// The subject's common name, if the request has one.

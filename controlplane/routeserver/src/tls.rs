@@ -19,10 +19,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use spur_runtime::Drain;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -117,40 +120,130 @@ pub fn start(files: &ServingTls, tasks: &Drain, stop: CancellationToken) -> Resu
 }
 
 /// Like [`start`], for one gRPC port that also requires a client certificate issued by a CA
-/// in `client_ca` (PEM bundle, read once: client certificates are renewed, their CA is not).
+/// in `client_ca` (PEM bundle). The bundle is re-read like the certificate: during a CA
+/// rotation the operator adds the next CA to it before that CA signs anything.
 pub fn start_mutual(
     files: &ServingTls,
     client_ca: &std::path::Path,
     tasks: &Drain,
     stop: CancellationToken,
 ) -> Result<Arc<rustls::ServerConfig>, Error> {
-    let pem = std::fs::read(client_ca)
-        .map_err(|e| Error::Tls(format!("cannot read {}: {e}", client_ca.display())))?;
+    let pem = read_file(client_ca)?;
+    let verifier = Arc::new(ClientCa(ArcSwap::from_pointee(client_verifier(
+        client_ca, &pem,
+    )?)));
+    let resolver = reloading(files, tasks, stop.clone())?;
+    let mut c = builder()?
+        .with_client_cert_verifier(verifier.clone())
+        .with_cert_resolver(resolver);
+    c.alpn_protocols = vec![b"h2".to_vec()];
+
+    let path = client_ca.to_path_buf();
+    let every = files.reload_every;
+    tasks.spawn(async move {
+        let mut loaded = pem;
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            match read_file(&path) {
+                Ok(pem) if pem == loaded => {}
+                Ok(pem) => match client_verifier(&path, &pem) {
+                    Ok(v) => {
+                        verifier.0.store(Arc::new(v));
+                        loaded = pem;
+                        tracing::info!("client CA bundle changed: new connections are verified with it");
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "client CA bundle changed but is unusable; keeping the current one")
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the client CA bundle; keeping the current one")
+                }
+            }
+        }
+    });
+    Ok(Arc::new(c))
+}
+
+fn read_file(path: &std::path::Path) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|e| Error::Tls(format!("cannot read {}: {e}", path.display())))
+}
+
+/// A verifier of client certificates issued by a CA of `pem`.
+fn client_verifier(path: &std::path::Path, pem: &[u8]) -> Result<Verifier, Error> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&pem) {
-        let cert = cert.map_err(|e| Error::Tls(format!("{}: {e}", client_ca.display())))?;
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        let cert = cert.map_err(|e| Error::Tls(format!("{}: {e}", path.display())))?;
         roots
             .add(cert)
-            .map_err(|e| Error::Tls(format!("{}: {e}", client_ca.display())))?;
+            .map_err(|e| Error::Tls(format!("{}: {e}", path.display())))?;
     }
     if roots.is_empty() {
         return Err(Error::Tls(format!(
             "{}: no CA certificate in it",
-            client_ca.display()
+            path.display()
         )));
     }
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+    rustls::server::WebPkiClientVerifier::builder_with_provider(
         Arc::new(roots),
         Arc::new(rustls::crypto::ring::default_provider()),
     )
     .build()
-    .map_err(|e| Error::Tls(format!("client CA {}: {e}", client_ca.display())))?;
-    let resolver = reloading(files, tasks, stop)?;
-    let mut c = builder()?
-        .with_client_cert_verifier(verifier)
-        .with_cert_resolver(resolver);
-    c.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Arc::new(c))
+    .map(Verifier)
+    .map_err(|e| Error::Tls(format!("client CA {}: {e}", path.display())))
+}
+
+#[derive(Debug)]
+struct Verifier(Arc<dyn ClientCertVerifier>);
+
+/// The current client verifier, swapped whole when the CA bundle changes.
+#[derive(Debug)]
+struct ClientCa(ArcSwap<Verifier>);
+
+impl ClientCertVerifier for ClientCa {
+    // No hints: they would have to outlive a swap. Clients then offer their one certificate.
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.0
+            .load()
+            .0
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.load().0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.load().0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.load().0.supported_verify_schemes()
+    }
 }
 
 fn builder() -> Result<rustls::ConfigBuilder<rustls::ServerConfig, rustls::WantsVerifier>, Error> {

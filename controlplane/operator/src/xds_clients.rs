@@ -1,0 +1,288 @@
+//! xDS client credentials (runs on the leader only): every namespace labelled
+//! `spur.dev/xds=enabled` gets a Secret (`spur-xds` by default) with a client certificate from
+//! the operator's CA, the CA bundle, and a grpc-go bootstrap file pointing at the route server's
+//! xDS port. A proxyless gRPC app there mounts the Secret and sets `GRPC_XDS_BOOTSTRAP`.
+//!
+//! The Secret is written by server-side apply and never read: outside its own namespace the
+//! operator may create and patch Secrets, not read them. So it issues from what it remembers:
+//! at start (a new leader), when a namespace opts in, when the signing CA changes, and at 80 %
+//! of the certificate's lifetime. The old certificate stays valid until it expires, so a
+//! client that has not yet re-read its files keeps working. A namespace that opts out gets its
+//! Secret emptied (the operator cannot delete it); its last certificate works until it expires,
+//! which a short lifetime bounds.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{ObjectMeta, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::pki::{self, Pair, now_unix};
+use crate::{Error, FIELD_MANAGER, Metrics, PkiConfig};
+
+/// The namespace label that asks for the Secret, and its value.
+pub const XDS_LABEL: &str = "spur.dev/xds";
+pub const XDS_LABEL_VALUE: &str = "enabled";
+/// Where the bootstrap expects the Secret to be mounted (documented in docs/xds.md).
+pub const MOUNT_PATH: &str = "/etc/spur/xds";
+
+/// What the issuer writes.
+#[derive(Debug, Clone)]
+pub struct XdsClientConfig {
+    /// The Secret's name in each opted-in namespace.
+    pub secret: String,
+    /// The route server's xDS address as clients dial it (`host:port`), put in the bootstrap;
+    /// the route server's certificate must name the host.
+    pub server_uri: String,
+    pub lifetime: Duration,
+}
+
+impl XdsClientConfig {
+    pub fn new(server_uri: impl Into<String>) -> Self {
+        XdsClientConfig {
+            secret: "spur-xds".into(),
+            server_uri: server_uri.into(),
+            lifetime: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// What was last issued into one namespace.
+struct Issued {
+    renew_at: i64,
+    issuer: String,
+}
+
+/// How often the signing CA is checked for a change besides renewals.
+const CA_CHECK: Duration = Duration::from_secs(300);
+
+/// Runs until `stop`.
+pub(crate) async fn run(
+    client: Client,
+    pki_cfg: PkiConfig,
+    cfg: XdsClientConfig,
+    metrics: Metrics,
+    stop: CancellationToken,
+) {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ca_secrets: Api<Secret> = Api::namespaced(client.clone(), &pki_cfg.namespace);
+    let events = watcher(
+        namespaces,
+        watcher::Config::default().labels(&format!("{XDS_LABEL}={XDS_LABEL_VALUE}")),
+    )
+    .default_backoff();
+    let mut events = std::pin::pin!(events);
+    let mut wanted: HashSet<String> = HashSet::new();
+    let mut relisting: Option<HashSet<String>> = None;
+    let mut issued: HashMap<String, Issued> = HashMap::new();
+    let mut wake = tokio::time::Instant::now() + CA_CHECK;
+    let mut synced = false;
+    loop {
+        let mut removed = Vec::new();
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep_until(wake) => {}
+            e = events.next() => match e {
+                None => return,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "namespace watch for xDS clients failed; retrying");
+                    continue;
+                }
+                Some(Ok(watcher::Event::Apply(ns))) => {
+                    wanted.insert(ns.name_any());
+                }
+                Some(Ok(watcher::Event::Delete(ns))) => {
+                    wanted.remove(&ns.name_any());
+                    removed.push(ns.name_any());
+                }
+                Some(Ok(watcher::Event::Init)) => relisting = Some(HashSet::new()),
+                Some(Ok(watcher::Event::InitApply(ns))) => {
+                    if let Some(r) = relisting.as_mut() {
+                        r.insert(ns.name_any());
+                    }
+                }
+                Some(Ok(watcher::Event::InitDone)) => {
+                    if let Some(now) = relisting.take() {
+                        removed.extend(wanted.difference(&now).cloned());
+                        wanted = now;
+                    }
+                    synced = true;
+                }
+            }
+        }
+        if !synced {
+            continue;
+        }
+        let issuer = Issuer {
+            ca_secrets: &ca_secrets,
+            client: &client,
+            pki: &pki_cfg,
+            cfg: &cfg,
+            metrics: &metrics,
+        };
+        for ns in removed {
+            issued.remove(&ns);
+            if let Err(e) = issuer.revoke(&ns).await {
+                tracing::warn!(namespace = %ns, error = %e, "cannot empty the xDS client Secret of a namespace that opted out");
+            }
+        }
+        let next = match issuer.pass(&wanted, &mut issued).await {
+            Ok(next) => next,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot issue xDS client certificates; retrying");
+                metrics.pki_failure();
+                Duration::from_secs(10)
+            }
+        };
+        wake = tokio::time::Instant::now() + next;
+    }
+}
+
+struct Issuer<'a> {
+    ca_secrets: &'a Api<Secret>,
+    client: &'a Client,
+    pki: &'a PkiConfig,
+    cfg: &'a XdsClientConfig,
+    metrics: &'a Metrics,
+}
+
+impl Issuer<'_> {
+    /// Issues where needed; returns how long until the next renewal (or CA check).
+    async fn pass(
+        &self,
+        wanted: &HashSet<String>,
+        issued: &mut HashMap<String, Issued>,
+    ) -> Result<Duration, Error> {
+        let (signer, bundle) = self.signing_ca().await?;
+        let fingerprint = pki::fingerprint(&signer.cert);
+        let now = now_unix();
+        let mut next = CA_CHECK;
+        for ns in wanted {
+            let due = issued
+                .get(ns)
+                .is_none_or(|i| now >= i.renew_at || i.issuer != fingerprint);
+            if due {
+                let pair = pki::issue_client_pair(
+                    &signer,
+                    &format!("system:spur:xds:{ns}"),
+                    self.cfg.lifetime,
+                    now,
+                )?;
+                let info = pki::info(&pair.cert)?;
+                self.apply(ns, Some((&pair, &bundle))).await?;
+                self.metrics.cert_issued("xds-client");
+                tracing::info!(namespace = %ns, secret = %self.cfg.secret, not_after = info.validity.not_after, "xDS client certificate issued");
+                issued.insert(
+                    ns.clone(),
+                    Issued {
+                        renew_at: info.validity.renew_at_for(self.cfg.lifetime),
+                        issuer: fingerprint.clone(),
+                    },
+                );
+            }
+            if let Some(i) = issued.get(ns) {
+                let left = u64::try_from(i.renew_at - now).unwrap_or(0);
+                next = next.min(Duration::from_secs(left.max(1)));
+            }
+        }
+        Ok(next)
+    }
+
+    async fn revoke(&self, ns: &str) -> Result<(), Error> {
+        match self.apply(ns, None).await {
+            // The namespace itself is gone, and its Secrets with it.
+            Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => Ok(()),
+            r => r,
+        }
+    }
+
+    /// Writes the Secret of `ns`: the credentials, or (None) nothing.
+    async fn apply(&self, ns: &str, creds: Option<(&Pair, &str)>) -> Result<(), Error> {
+        let mut data = BTreeMap::new();
+        if let Some((pair, bundle)) = creds {
+            let bytes = |s: &str| ByteString(s.as_bytes().to_vec());
+            data.insert("tls.crt".to_string(), bytes(&pair.cert));
+            data.insert("tls.key".to_string(), bytes(&pair.key));
+            data.insert("ca.crt".to_string(), bytes(bundle));
+            data.insert(
+                "bootstrap.json".to_string(),
+                bytes(&bootstrap(&self.cfg.server_uri, ns)),
+            );
+        }
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(self.cfg.secret.clone()),
+                namespace: Some(ns.to_string()),
+                labels: Some(BTreeMap::from([(
+                    crate::certs::PKI_LABEL.to_string(),
+                    "xds-client".to_string(),
+                )])),
+                ..Default::default()
+            },
+            // Not `kubernetes.io/tls`: that type must hold a key, and opting out empties it.
+            type_: Some("Opaque".into()),
+            data: Some(data),
+            ..Default::default()
+        };
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), ns);
+        secrets
+            .patch(
+                &self.cfg.secret,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&secret),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The CA that signs now, and the bundle of every CA to trust.
+    async fn signing_ca(&self) -> Result<(Pair, String), Error> {
+        let secret = self
+            .ca_secrets
+            .get_opt(&self.pki.ca_secret)
+            .await?
+            .ok_or_else(|| Error::Pending(format!("the CA Secret {}", self.pki.ca_secret)))?;
+        let data = secret.data.unwrap_or_default();
+        let text = |k: &str| {
+            data.get(k)
+                .and_then(|b| String::from_utf8(b.0.clone()).ok())
+                .filter(|s| !s.trim().is_empty())
+        };
+        match (text("ca.crt"), text("ca.key")) {
+            (Some(cert), Some(key)) => {
+                let bundle = text("bundle.crt").unwrap_or_else(|| cert.clone());
+                Ok((Pair { cert, key }, bundle))
+            }
+            _ => Err(Error::Pending(format!(
+                "a CA in Secret {}",
+                self.pki.ca_secret
+            ))),
+        }
+    }
+}
+
+/// grpc-go's bootstrap for a client in `namespace`: mutual TLS to `server_uri` with the files
+/// of the Secret mounted at [`MOUNT_PATH`], re-read every minute (renewals).
+pub fn bootstrap(server_uri: &str, namespace: &str) -> String {
+    let file = |f: &str| format!("{MOUNT_PATH}/{f}");
+    json!({
+        "xds_servers": [{
+            "server_uri": server_uri,
+            "channel_creds": [{"type": "tls", "config": {
+                "ca_certificate_file": file("ca.crt"),
+                "certificate_file": file("tls.crt"),
+                "private_key_file": file("tls.key"),
+                "refresh_interval": "60s",
+            }}],
+            "server_features": ["xds_v3"],
+        }],
+        "node": {"id": format!("{namespace}/spur-xds-client"), "cluster": namespace},
+    })
+    .to_string()
+}
