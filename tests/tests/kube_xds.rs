@@ -9,7 +9,8 @@
 //! servers in a network namespace of the test, since the API server refuses loopback endpoints).
 //!
 //! Also checked: the ADS protocol as a raw client sees it (per-type versions, ACK/NACK per node,
-//! stale nonces, no stream without a client certificate), and the operator's credentials for
+//! stale nonces, no stream without a client certificate of a trusted CA, a CA added to the
+//! bundle trusted without a restart), and the operator's credentials for
 //! opted-in namespaces, used as issued.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -72,13 +73,34 @@ impl Pki {
         Pki { dir }
     }
 
+    /// Another CA and a client certificate from it (`ca2.crt`, `client2.crt`, `client2.key`).
+    fn second_ca(&self) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, "spur test CA 2");
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        std::fs::write(self.path("ca2.crt"), ca_cert.pem()).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = p.signed_by(&key, &issuer).unwrap();
+        std::fs::write(self.path("client2.crt"), cert.pem()).unwrap();
+        std::fs::write(self.path("client2.key"), key.serialize_pem()).unwrap();
+    }
+
     fn path(&self, f: &str) -> PathBuf {
         self.dir.path().join(f)
     }
 
     fn xds_tls(&self) -> XdsTls {
         XdsTls {
-            serving: ServingTls::new(self.path("server.crt"), self.path("server.key")),
+            serving: ServingTls {
+                reload_every: Duration::from_millis(100),
+                ..ServingTls::new(self.path("server.crt"), self.path("server.key"))
+            },
             client_ca: self.path("ca.crt"),
         }
     }
@@ -422,17 +444,25 @@ async fn ads_protocol_versions_acks_nacks_and_client_certificates() {
     .await;
     let addr = server.xds_addr.unwrap();
 
-    // Without a client certificate: no stream.
-    let anonymous = ads_client(addr, &pki, false).await;
-    if let Ok(mut c) = anonymous {
-        let (_tx, rx) = tokio::sync::mpsc::channel::<DiscoveryRequest>(1);
-        let r = c
-            .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await;
-        assert!(r.is_err(), "a client without a certificate opened a stream");
-    }
+    // Without a client certificate, or with one of a CA the server does not trust: no stream.
+    assert!(!opens_stream(addr, &pki, None).await);
+    pki.second_ca();
+    assert!(!opens_stream(addr, &pki, Some("client2")).await);
+    // The CA bundle gains that CA (a CA rotation): its clients are accepted, no restart.
+    let bundle = [
+        std::fs::read_to_string(pki.path("ca.crt")).unwrap(),
+        std::fs::read_to_string(pki.path("ca2.crt")).unwrap(),
+    ]
+    .concat();
+    std::fs::write(pki.path("ca.crt"), bundle).unwrap();
+    eventually("a client of the new CA accepted", || async {
+        opens_stream(addr, &pki, Some("client2"))
+            .await
+            .then_some(())
+    })
+    .await;
 
-    let mut c = ads_client(addr, &pki, true).await.unwrap();
+    let mut c = ads_client(addr, &pki, Some("client")).await.unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel::<DiscoveryRequest>(8);
     let mut responses = c
         .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
@@ -524,11 +554,42 @@ async fn next(responses: &mut tonic::Streaming<DiscoveryResponse>) -> DiscoveryR
         .unwrap()
 }
 
-/// An ADS client over TLS trusting the test CA, with the client certificate if `with_cert`.
+/// Whether a client with certificate `cert` (file stem, None: no certificate) gets a listener
+/// over a new ADS stream.
+async fn opens_stream(addr: SocketAddr, pki: &Pki, cert: Option<&str>) -> bool {
+    let Ok(mut c) = ads_client(addr, pki, cert).await else {
+        return false;
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<DiscoveryRequest>(1);
+    tx.send(DiscoveryRequest {
+        node: Some(Node {
+            id: "probe".into(),
+            ..Default::default()
+        }),
+        type_url: "type.googleapis.com/envoy.config.listener.v3.Listener".into(),
+        resource_names: vec![format!("api.{NS}.svc:80")],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let Ok(r) = c
+        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+    else {
+        return false;
+    };
+    let mut responses = r.into_inner();
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), responses.message()).await,
+        Ok(Ok(Some(_)))
+    )
+}
+
+/// An ADS client over TLS trusting the test CAs, with client certificate `cert` if any.
 async fn ads_client(
     addr: SocketAddr,
     pki: &Pki,
-    with_cert: bool,
+    cert: Option<&str>,
 ) -> Result<AggregatedDiscoveryServiceClient<tonic::transport::Channel>, tonic::transport::Error> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -542,15 +603,16 @@ async fn ads_client(
     .with_safe_default_protocol_versions()
     .unwrap()
     .with_root_certificates(roots);
-    let mut config = if with_cert {
-        let chain = CertificateDer::pem_file_iter(pki.path("client.crt"))
-            .unwrap()
-            .collect::<Result<Vec<_>, _>>()
-            .unwrap();
-        let key = PrivateKeyDer::from_pem_file(pki.path("client.key")).unwrap();
-        builder.with_client_auth_cert(chain, key).unwrap()
-    } else {
-        builder.with_no_client_auth()
+    let mut config = match cert {
+        Some(stem) => {
+            let chain = CertificateDer::pem_file_iter(pki.path(&format!("{stem}.crt")))
+                .unwrap()
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            let key = PrivateKeyDer::from_pem_file(pki.path(&format!("{stem}.key"))).unwrap();
+            builder.with_client_auth_cert(chain, key).unwrap()
+        }
+        None => builder.with_no_client_auth(),
     };
     config.alpn_protocols = vec![b"h2".to_vec()];
     let tls = tokio_rustls::TlsConnector::from(Arc::new(config));
