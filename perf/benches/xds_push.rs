@@ -82,17 +82,7 @@ async fn run(full: bool) -> Result<()> {
         (vec![4], 2, 200)
     };
     let api = KubeApi::start().await?;
-    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/spur/crds");
-    let mut files: Vec<_> = std::fs::read_dir(&crds)?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<std::io::Result<_>>()?;
-    files.sort();
-    for f in files
-        .iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-    {
-        api.install_crd_file(f).await?;
-    }
+    spur_e2e::kube::install_crds(&api).await?;
     let client = api.client();
     let version = client.apiserver_version().await?.git_version;
     Api::<Namespace>::all(client.clone())

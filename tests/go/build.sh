@@ -28,5 +28,6 @@ go build -o "$out/routesapi-watch" .
 cd "$root/tests/go-h2spec"
 go build -o "$out/h2spec" github.com/summerwind/h2spec/cmd/h2spec
 cd "$root/tests/go-xds"
-go build -o "$out/xds-client" .
+# Static (no cgo): the node test copies it into a pod of a Debian image.
+CGO_ENABLED=0 go build -o "$out/xds-client" .
 echo "$out"

@@ -213,10 +213,16 @@ impl Node {
 
     /// `kubectl <args> -f -` with `yaml` on stdin (apply, create, delete, ...).
     pub fn kubectl_stdin(&self, args: &[&str], yaml: &str) -> anyhow::Result<String> {
+        let mut all = args.to_vec();
+        all.extend(["-f", "-"]);
+        self.kubectl_input(&all, yaml)
+    }
+
+    /// `kubectl <args>` with `input` on its stdin (e.g. `exec -i`): its stdout.
+    pub fn kubectl_input(&self, args: &[&str], input: &str) -> anyhow::Result<String> {
         let mut child = self
             .kubectl_cmd()
             .args(args)
-            .args(["-f", "-"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -225,11 +231,11 @@ impl Node {
             .stdin
             .take()
             .ok_or_else(|| anyhow!("kubectl has no stdin"))?
-            .write_all(yaml.as_bytes())?;
+            .write_all(input.as_bytes())?;
         let out = child.wait_with_output()?;
         if !out.status.success() {
             bail!(
-                "kubectl {args:?} failed ({}):\n{}\n--- input ---\n{yaml}",
+                "kubectl {args:?} failed ({}):\n{}\n--- input ---\n{input}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr)
             );

@@ -13,6 +13,7 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 mod node_jobs;
 mod node_resources;
+mod node_xds;
 
 use spur_e2e::node::{
     Answer, CHART_VALUES, Node, SPUR_NAMESPACE, demo_app, demo_app_annotated, eventually, node,
@@ -398,6 +399,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
     // (in namespace hotrod, as docs/examples/resourceplugin-postgres.yaml says; before the
     // other examples, whose check ends by deleting that namespace)
     let resource_secrets = node_resources::resources_on_the_node(node);
+
+    // --- proxyless gRPC: grpc-go's xDS client in a pod routes by key through the route server -
+    node_xds::proxyless_grpc_on_the_node(node);
 
     // --- every file under docs/examples/ does what its comments say ---------------------------
     docs_examples_on_the_node(node);

@@ -241,6 +241,28 @@ impl PkiConfig {
     }
 }
 
+/// The CA that signs now (`ca.crt`/`ca.key` of Secret `name`), and the bundle of every CA to
+/// trust (`bundle.crt`, else that CA alone). Pending until the certificate manager made it.
+pub(crate) async fn signing_ca(secrets: &Api<Secret>, name: &str) -> Result<(Pair, String), Error> {
+    let secret = secrets
+        .get_opt(name)
+        .await?
+        .ok_or_else(|| Error::Pending(format!("the CA Secret {name}")))?;
+    let data = secret.data.unwrap_or_default();
+    let text = |k: &str| {
+        data.get(k)
+            .and_then(|b| String::from_utf8(b.0.clone()).ok())
+            .filter(|s| !s.trim().is_empty())
+    };
+    match (text("ca.crt"), text("ca.key")) {
+        (Some(cert), Some(key)) => {
+            let bundle = text("bundle.crt").unwrap_or_else(|| cert.clone());
+            Ok((Pair { cert, key }, bundle))
+        }
+        _ => Err(Error::Pending(format!("a CA in Secret {name}"))),
+    }
+}
+
 /// Runs the certificate manager until `stop`: a pass at start, whenever one of its Secrets or
 /// the webhook configuration changes, and when the next renewal is due.
 pub(crate) async fn run(client: Client, cfg: PkiConfig, metrics: Metrics, stop: CancellationToken) {

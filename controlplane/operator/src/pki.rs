@@ -132,26 +132,21 @@ pub fn issue_serving(
     lifetime: Duration,
     now: i64,
 ) -> Result<Pair, Error> {
-    let (issuer, lifetime) = issuer(ca, lifetime, now)?;
-    let key = KeyPair::generate().map_err(pki)?;
-    let mut params = CertificateParams::default();
-    params.distinguished_name = subject(common_name);
-    params.subject_alt_names = names
+    let subject_alt_names = names
         .iter()
         .map(|n| match n.parse::<IpAddr>() {
             Ok(ip) => Ok(SanType::IpAddress(ip)),
             Err(_) => n.clone().try_into().map(SanType::DnsName).map_err(pki),
         })
         .collect::<Result<_, Error>>()?;
-    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    params.use_authority_key_identifier_extension = true;
-    set_validity(&mut params, lifetime, now)?;
-    let cert = params.signed_by(&key, &issuer).map_err(pki)?;
-    Ok(Pair {
-        cert: cert.pem(),
-        key: key.serialize_pem(),
-    })
+    issue_leaf(
+        ca,
+        common_name,
+        subject_alt_names,
+        ExtendedKeyUsagePurpose::ServerAuth,
+        lifetime,
+        now,
+    )
 }
 
 /// Issues a TLS client certificate and its new key, naming `common_name`, signed by `ca`.
@@ -161,12 +156,32 @@ pub fn issue_client_pair(
     lifetime: Duration,
     now: i64,
 ) -> Result<Pair, Error> {
+    issue_leaf(
+        ca,
+        common_name,
+        Vec::new(),
+        ExtendedKeyUsagePurpose::ClientAuth,
+        lifetime,
+        now,
+    )
+}
+
+/// A new key and a certificate for it with one extended usage, signed by `ca`.
+fn issue_leaf(
+    ca: &Pair,
+    common_name: &str,
+    subject_alt_names: Vec<SanType>,
+    usage: ExtendedKeyUsagePurpose,
+    lifetime: Duration,
+    now: i64,
+) -> Result<Pair, Error> {
     let (issuer, lifetime) = issuer(ca, lifetime, now)?;
     let key = KeyPair::generate().map_err(pki)?;
     let mut params = CertificateParams::default();
     params.distinguished_name = subject(common_name);
+    params.subject_alt_names = subject_alt_names;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    params.extended_key_usages = vec![usage];
     params.use_authority_key_identifier_extension = true;
     set_validity(&mut params, lifetime, now)?;
     let cert = params.signed_by(&key, &issuer).map_err(pki)?;

@@ -197,24 +197,9 @@ fn pem_request(csr: &CertificateSigningRequest) -> Result<String, Error> {
 impl Signer {
     /// The CA that signs now (the certificate manager's `ca.crt`/`ca.key`).
     async fn signing_ca(&self) -> Result<Pair, Error> {
-        let secret = self
-            .secrets
-            .get_opt(&self.cfg.ca_secret)
+        Ok(crate::certs::signing_ca(&self.secrets, &self.cfg.ca_secret)
             .await?
-            .ok_or_else(|| Error::Pending(format!("the CA Secret {}", self.cfg.ca_secret)))?;
-        let data = secret.data.unwrap_or_default();
-        let text = |k: &str| {
-            data.get(k)
-                .and_then(|b| String::from_utf8(b.0.clone()).ok())
-                .filter(|s| !s.trim().is_empty())
-        };
-        match (text("ca.crt"), text("ca.key")) {
-            (Some(cert), Some(key)) => Ok(Pair { cert, key }),
-            _ => Err(Error::Pending(format!(
-                "a CA in Secret {}",
-                self.cfg.ca_secret
-            ))),
-        }
+            .0)
     }
 
     /// Adds a `Failed` condition (the conditions are replaced as a whole by a merge patch, so

@@ -241,29 +241,8 @@ impl Issuer<'_> {
         Ok(())
     }
 
-    /// The CA that signs now, and the bundle of every CA to trust.
     async fn signing_ca(&self) -> Result<(Pair, String), Error> {
-        let secret = self
-            .ca_secrets
-            .get_opt(&self.pki.ca_secret)
-            .await?
-            .ok_or_else(|| Error::Pending(format!("the CA Secret {}", self.pki.ca_secret)))?;
-        let data = secret.data.unwrap_or_default();
-        let text = |k: &str| {
-            data.get(k)
-                .and_then(|b| String::from_utf8(b.0.clone()).ok())
-                .filter(|s| !s.trim().is_empty())
-        };
-        match (text("ca.crt"), text("ca.key")) {
-            (Some(cert), Some(key)) => {
-                let bundle = text("bundle.crt").unwrap_or_else(|| cert.clone());
-                Ok((Pair { cert, key }, bundle))
-            }
-            _ => Err(Error::Pending(format!(
-                "a CA in Secret {}",
-                self.pki.ca_secret
-            ))),
-        }
+        crate::certs::signing_ca(self.ca_secrets, &self.pki.ca_secret).await
     }
 }
 

@@ -388,14 +388,18 @@ pub(crate) fn jobs_on_the_node(
     let t = Instant::now();
     node.kubectl_stdin(&["create"], &many.join("---\n"))
         .unwrap();
-    let mut by_pod: std::collections::BTreeMap<String, Vec<(String, usize)>> = Default::default();
+    let mut by_pod: std::collections::BTreeMap<String, Vec<(k8s_openapi::jiff::Timestamp, usize)>> =
+        Default::default();
     for i in 0..20 {
         let name = format!("q-{i:02}");
         let j = wait_phase(node, ns, &name, &["Succeeded"], Duration::from_secs(180));
         let attempts = j["status"]["attempts"].as_array().unwrap();
         assert_eq!(attempts.len(), 1, "{name} ran once: {attempts:?}");
         let pod = attempts[0]["pod"].as_str().unwrap().to_owned();
-        let started = attempts[0]["startedAt"].as_str().unwrap().to_owned();
+        // Compared as instants: the RFC 3339 text has as many fraction digits as it needs, so
+        // "…:05.12Z" sorts after "…:05.123Z" as text.
+        let started: k8s_openapi::jiff::Timestamp =
+            attempts[0]["startedAt"].as_str().unwrap().parse().unwrap();
         by_pod.entry(pod.clone()).or_default().push((started, i));
         let (_, log, _) = run(node, ns, &["job", "logs", &name], None);
         assert_eq!(log, format!("{name} on {pod}\n"), "{name}'s log");

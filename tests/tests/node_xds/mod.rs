@@ -1,0 +1,224 @@
+//! Proxyless gRPC on the node (docs/xds.md): a namespace labelled `spur.dev/xds=enabled` gets
+//! its client Secret from the operator; grpc-go's own xDS client (tests/go-xds), run in a pod
+//! with that Secret mounted and `GRPC_XDS_BOOTSTRAP` pointing at it, dials
+//! `xds:///grpc-api.<ns>:8080` through the chart's route server over mutual TLS: without a key
+//! the baseline pod answers, with a Sandbox's key (in baggage, or an OpenTracing header) the
+//! fork pod answers, and once the Sandbox is deleted its key reaches the baseline again.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use spur_e2e::node::{CLIENT_IMAGE, Node, SPUR_IMAGE, eventually};
+
+/// The demo gRPC server answering with its pod's name, and its Service.
+fn grpc_app(ns: &str) -> String {
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: grpc-api
+  namespace: {ns}
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {{app: grpc-api}}
+  template:
+    metadata:
+      labels: {{app: grpc-api}}
+    spec:
+      terminationGracePeriodSeconds: 5
+      containers:
+        - name: app
+          image: {SPUR_IMAGE}
+          imagePullPolicy: IfNotPresent
+          args: [demo, serve, --kind, grpc, --name, $(POD_NAME), --listen, "0.0.0.0:8080"]
+          env:
+            - name: POD_NAME
+              valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}
+          ports:
+            - {{name: grpc, containerPort: 8080}}
+          readinessProbe:
+            tcpSocket: {{port: grpc}}
+            periodSeconds: 1
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: grpc-api
+  namespace: {ns}
+spec:
+  selector: {{app: grpc-api}}
+  ports:
+    - {{name: grpc, port: 8080, targetPort: grpc, appProtocol: grpc}}
+"#
+    )
+}
+
+/// A client pod with the namespace's xDS Secret mounted where its bootstrap expects it.
+fn xds_client_pod(ns: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: xds-client
+  namespace: {ns}
+  annotations: {{sidecar.spur.dev/inject: "false"}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: client
+      image: {CLIENT_IMAGE}
+      imagePullPolicy: Never
+      env:
+        - {{name: GRPC_XDS_BOOTSTRAP, value: /etc/spur/xds/bootstrap.json}}
+      volumeMounts:
+        - {{name: spur-xds, mountPath: /etc/spur/xds, readOnly: true}}
+  volumes:
+    - name: spur-xds
+      secret: {{secretName: spur-xds}}
+"#
+    )
+}
+
+fn sandbox(ns: &str) -> String {
+    format!(
+        r#"apiVersion: spur.dev/v1alpha1
+kind: Sandbox
+metadata:
+  name: grpc-xds
+spec:
+  description: proxyless gRPC through xDS
+  forks:
+    - forkOf: {{kind: Deployment, namespace: {ns}, name: grpc-api}}
+"#
+    )
+}
+
+/// One call per metadata set, by a fresh grpc-go xDS client in the client pod: who answered.
+fn calls(node: &Node, ns: &str, metadata: &[&str]) -> anyhow::Result<Vec<String>> {
+    let mut input = String::new();
+    for m in metadata {
+        input.push_str(format!("call {m}").trim_end());
+        input.push('\n');
+    }
+    input.push_str("quit\n");
+    let target = format!("xds:///grpc-api.{ns}:8080");
+    let out = node.kubectl_input(
+        &[
+            "-n",
+            ns,
+            "exec",
+            "-i",
+            "xds-client",
+            "--",
+            "/tmp/xds-client",
+            "-target",
+            &target,
+            "-timeout",
+            "10s",
+        ],
+        &input,
+    )?;
+    let mut lines = out.lines();
+    if lines.next() != Some("ready") {
+        bail!("xds-client did not start: {out}");
+    }
+    lines
+        .map(|l| {
+            l.strip_prefix("ok served_by=")
+                .and_then(|r| r.split(' ').next())
+                .map(String::from)
+                .with_context(|| format!("call failed: {l}"))
+        })
+        .collect()
+}
+
+pub(crate) fn proxyless_grpc_on_the_node(node: &Node) {
+    let ns = node
+        .namespace("xds", &[("spur.dev/xds", "enabled")])
+        .unwrap();
+    let ns = ns.name.as_str();
+    node.apply(&grpc_app(ns)).unwrap();
+    node.rollout(ns, "grpc-api").unwrap();
+    let baseline = node.pods(ns, "app=grpc-api").unwrap();
+    let [baseline] = baseline.as_slice() else {
+        panic!("one baseline pod expected: {baseline:?}");
+    };
+    // The operator's Secret, then the client pod that mounts it.
+    eventually(
+        "the namespace's xDS client Secret",
+        Duration::from_secs(60),
+        || {
+            let s = node.get_json(ns, &["secret", "spur-xds"]).ok();
+            Ok(s.and_then(|s| s["data"]["bootstrap.json"].as_str().map(drop)))
+        },
+    )
+    .unwrap();
+    node.apply(&xds_client_pod(ns)).unwrap();
+    node.kubectl(&[
+        "-n",
+        ns,
+        "wait",
+        "--for=condition=Ready",
+        "pod/xds-client",
+        "--timeout=120s",
+    ])
+    .with_context(|| node.describe(ns))
+    .unwrap();
+    let bin = spur_e2e::go_bin_dir().join("xds-client");
+    node.kubectl(&[
+        "-n",
+        ns,
+        "cp",
+        &bin.display().to_string(),
+        "xds-client:/tmp/xds-client",
+    ])
+    .unwrap();
+
+    let answered = eventually(
+        "the baseline answering through xDS",
+        Duration::from_secs(60),
+        || Ok(calls(node, ns, &[""]).ok()),
+    )
+    .unwrap();
+    assert_eq!(answered, vec![baseline.clone()]);
+
+    node.apply(&sandbox(ns)).unwrap();
+    let key = super::sandbox_ready(node, "grpc-xds");
+    let fork = super::fork_pod(node, ns, "grpc-xds");
+    let keyed = [
+        format!("baggage=sd-routing-key={key}"),
+        format!("ot-baggage-sd-routing-key={key}"),
+        String::new(),
+    ];
+    let keyed: Vec<&str> = keyed.iter().map(String::as_str).collect();
+    eventually(
+        "the sandbox's key reaching the fork through xDS",
+        Duration::from_secs(60),
+        || {
+            let got = calls(node, ns, &keyed)?;
+            Ok((got == [fork.as_str(), fork.as_str(), baseline.as_str()]).then_some(()))
+        },
+    )
+    .with_context(|| format!("fork {fork}, baseline {baseline}"))
+    .unwrap();
+
+    node.kubectl(&[
+        "delete",
+        "sandbox",
+        "grpc-xds",
+        "--wait=true",
+        "--timeout=120s",
+    ])
+    .unwrap();
+    eventually(
+        "the deleted sandbox's key reaching the baseline",
+        Duration::from_secs(60),
+        || {
+            let got = calls(node, ns, &keyed[..1])?;
+            Ok((got == [baseline.as_str()]).then_some(()))
+        },
+    )
+    .unwrap();
+    eprintln!("proxyless gRPC through xDS: key {key} reached fork {fork}, others {baseline}");
+}
