@@ -55,21 +55,36 @@ impl Pki {
         let ca_cert = ca.self_signed(&ca_key).unwrap();
         let issuer = rcgen::Issuer::new(ca, ca_key);
         std::fs::write(dir.path().join("ca.crt"), ca_cert.pem()).unwrap();
-        let leaf = |name: &str, sans: Vec<String>, usage: rcgen::ExtendedKeyUsagePurpose| {
-            let key = rcgen::KeyPair::generate().unwrap();
-            let mut p = rcgen::CertificateParams::new(sans).unwrap();
-            p.distinguished_name.push(rcgen::DnType::CommonName, name);
-            p.extended_key_usages = vec![usage];
-            let cert = p.signed_by(&key, &issuer).unwrap();
-            std::fs::write(dir.path().join(format!("{name}.crt")), cert.pem()).unwrap();
-            std::fs::write(dir.path().join(format!("{name}.key")), key.serialize_pem()).unwrap();
-        };
+        let leaf =
+            |name: &str, cn: &str, sans: Vec<String>, usage: rcgen::ExtendedKeyUsagePurpose| {
+                let key = rcgen::KeyPair::generate().unwrap();
+                let mut p = rcgen::CertificateParams::new(sans).unwrap();
+                p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+                p.extended_key_usages = vec![usage];
+                let cert = p.signed_by(&key, &issuer).unwrap();
+                std::fs::write(dir.path().join(format!("{name}.crt")), cert.pem()).unwrap();
+                std::fs::write(dir.path().join(format!("{name}.key")), key.serialize_pem())
+                    .unwrap();
+            };
         leaf(
+            "server",
             "server",
             vec!["localhost".into()],
             rcgen::ExtendedKeyUsagePurpose::ServerAuth,
         );
-        leaf("client", vec![], rcgen::ExtendedKeyUsagePurpose::ClientAuth);
+        leaf(
+            "client",
+            "system:spur:xds:test",
+            vec![],
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        );
+        // The same CA signs workstations' certificates: not an xDS client.
+        leaf(
+            "workstation",
+            "alice",
+            vec![],
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        );
         Pki { dir }
     }
 
@@ -85,6 +100,8 @@ impl Pki {
         std::fs::write(self.path("ca2.crt"), ca_cert.pem()).unwrap();
         let key = rcgen::KeyPair::generate().unwrap();
         let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, "system:spur:xds:test2");
         p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
         let cert = p.signed_by(&key, &issuer).unwrap();
         std::fs::write(self.path("client2.crt"), cert.pem()).unwrap();
@@ -102,6 +119,7 @@ impl Pki {
                 ..ServingTls::new(self.path("server.crt"), self.path("server.key"))
             },
             client_ca: self.path("ca.crt"),
+            client_cn_prefix: Some(spur_routeserver::xds::CLIENT_CN_PREFIX.into()),
         }
     }
 
@@ -446,6 +464,10 @@ async fn ads_protocol_versions_acks_nacks_and_client_certificates() {
 
     // Without a client certificate, or with one of a CA the server does not trust: no stream.
     assert!(!opens_stream(addr, &pki, None).await);
+    assert!(
+        !opens_stream(addr, &pki, Some("workstation")).await,
+        "a workstation's certificate (same CA) read xDS"
+    );
     pki.second_ca();
     assert!(!opens_stream(addr, &pki, Some("client2")).await);
     // The CA bundle gains that CA (a CA rotation): its clients are accepted, no restart.
@@ -692,6 +714,7 @@ async fn operator_issued_client_credentials_reach_the_xds_port() {
         ..XdsConfig::new(Some(XdsTls {
             serving: ServingTls::new(files.path().join("tls.crt"), files.path().join("tls.key")),
             client_ca: files.path().join("ca.crt"),
+            client_cn_prefix: Some(spur_routeserver::xds::CLIENT_CN_PREFIX.into()),
         }))
     };
     let net = TestNet::new().unwrap();

@@ -129,6 +129,7 @@ pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
                 ..XdsConfig::new(Some(XdsTls {
                     serving,
                     client_ca: ca.clone(),
+                    client_cn_prefix: Some(spur_routeserver::xds::CLIENT_CN_PREFIX.into()),
                 }))
             })
         }

@@ -98,7 +98,17 @@ pub fn fingerprint(cert_pem: &str) -> String {
     let der = CertificateDer::from_pem_slice(cert_pem.as_bytes())
         .map(|d| d.to_vec())
         .unwrap_or_else(|_| cert_pem.trim().as_bytes().to_vec());
-    let h = der.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+    fnv(&der)
+}
+
+/// A short fingerprint of a whole text (e.g. a bundle of several certificates): tells versions
+/// apart, proves nothing.
+pub fn fingerprint_text(text: &str) -> String {
+    fnv(text.trim().as_bytes())
+}
+
+fn fnv(bytes: &[u8]) -> String {
+    let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
     });
     format!("{h:016x}")

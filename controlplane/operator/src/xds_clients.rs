@@ -26,6 +26,10 @@ use tokio_util::sync::CancellationToken;
 use crate::pki::{self, Pair, now_unix};
 use crate::{Error, FIELD_MANAGER, Metrics, PkiConfig};
 
+/// The common-name prefix the route server's xDS port requires (`spur_routeserver::xds::
+/// CLIENT_CN_PREFIX`; the operator does not depend on the route server).
+pub const CLIENT_CN_PREFIX: &str = "system:spur:xds:";
+
 /// The namespace label that asks for the Secret, and its value.
 pub const XDS_LABEL: &str = "spur.dev/xds";
 pub const XDS_LABEL_VALUE: &str = "enabled";
@@ -117,6 +121,8 @@ pub(crate) async fn run(
             }
         }
         if !synced {
+            // Until the first complete list, only watch events wake the loop.
+            wake = tokio::time::Instant::now() + CA_CHECK;
             continue;
         }
         let issuer = Issuer {
@@ -160,31 +166,38 @@ impl Issuer<'_> {
         issued: &mut HashMap<String, Issued>,
     ) -> Result<Duration, Error> {
         let (signer, bundle) = self.signing_ca().await?;
-        let fingerprint = pki::fingerprint(&signer.cert);
+        // The bundle too: when a CA rotation adds the next CA, clients must trust the route
+        // server's certificate once that CA signs it.
+        let issuer = format!(
+            "{}/{}",
+            pki::fingerprint(&signer.cert),
+            pki::fingerprint_text(&bundle)
+        );
         let now = now_unix();
         let mut next = CA_CHECK;
         for ns in wanted {
             let due = issued
                 .get(ns)
-                .is_none_or(|i| now >= i.renew_at || i.issuer != fingerprint);
+                .is_none_or(|i| now >= i.renew_at || i.issuer != issuer);
             if due {
-                let pair = pki::issue_client_pair(
-                    &signer,
-                    &format!("system:spur:xds:{ns}"),
-                    self.cfg.lifetime,
-                    now,
-                )?;
-                let info = pki::info(&pair.cert)?;
-                self.apply(ns, Some((&pair, &bundle))).await?;
-                self.metrics.cert_issued("xds-client");
-                tracing::info!(namespace = %ns, secret = %self.cfg.secret, not_after = info.validity.not_after, "xDS client certificate issued");
-                issued.insert(
-                    ns.clone(),
-                    Issued {
-                        renew_at: info.validity.renew_at_for(self.cfg.lifetime),
-                        issuer: fingerprint.clone(),
-                    },
-                );
+                // One namespace that cannot be written (terminating, a Secret of another type
+                // in the way, a quota) must not hold up the others: retried at the next pass.
+                match self.issue(ns, &signer, &bundle, now).await {
+                    Ok(renew_at) => {
+                        issued.insert(
+                            ns.clone(),
+                            Issued {
+                                renew_at,
+                                issuer: issuer.clone(),
+                            },
+                        );
+                    }
+                    Err(e) => {
+                        tracing::warn!(namespace = %ns, error = %e, "cannot issue the xDS client certificate of a namespace; retrying");
+                        self.metrics.pki_failure();
+                        next = next.min(Duration::from_secs(30));
+                    }
+                }
             }
             if let Some(i) = issued.get(ns) {
                 let left = u64::try_from(i.renew_at - now).unwrap_or(0);
@@ -192,6 +205,21 @@ impl Issuer<'_> {
             }
         }
         Ok(next)
+    }
+
+    /// Issues and writes the credentials of `ns`; returns when they are due for renewal.
+    async fn issue(&self, ns: &str, signer: &Pair, bundle: &str, now: i64) -> Result<i64, Error> {
+        let pair = pki::issue_client_pair(
+            signer,
+            &format!("{CLIENT_CN_PREFIX}{ns}"),
+            self.cfg.lifetime,
+            now,
+        )?;
+        let info = pki::info(&pair.cert)?;
+        self.apply(ns, Some((&pair, bundle))).await?;
+        self.metrics.cert_issued("xds-client");
+        tracing::info!(namespace = %ns, secret = %self.cfg.secret, not_after = info.validity.not_after, "xDS client certificate issued");
+        Ok(info.validity.renew_at_for(self.cfg.lifetime))
     }
 
     async fn revoke(&self, ns: &str) -> Result<(), Error> {

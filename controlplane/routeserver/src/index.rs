@@ -165,7 +165,8 @@ pub struct Index {
     tx: Arc<watch::Sender<Arc<Snapshot>>>,
     problems: Arc<Mutex<Arc<Vec<String>>>>,
     services: Arc<Mutex<Arc<Vec<routes::ClusterService>>>>,
-    xds: Arc<watch::Sender<Arc<crate::xds::model::Model>>>,
+    /// None until a store publishes its first model.
+    xds: Arc<watch::Sender<Option<Arc<crate::xds::model::Model>>>>,
 }
 
 impl Default for Index {
@@ -187,7 +188,7 @@ impl Index {
             tx: Arc::new(tx),
             problems: Arc::default(),
             services: Arc::default(),
-            xds: Arc::new(watch::channel(Arc::default()).0),
+            xds: Arc::new(watch::channel(None).0),
         }
     }
 
@@ -195,15 +196,15 @@ impl Index {
     /// EndpointSlices (the Kubernetes store, with xDS on) sets it; published only on change.
     pub fn set_xds(&self, model: crate::xds::model::Model) {
         self.xds.send_if_modified(|m| {
-            if **m == model {
+            if m.as_deref() == Some(&model) {
                 return false;
             }
-            *m = Arc::new(model);
+            *m = Some(Arc::new(model));
             true
         });
     }
 
-    pub fn subscribe_xds(&self) -> watch::Receiver<Arc<crate::xds::model::Model>> {
+    pub fn subscribe_xds(&self) -> watch::Receiver<Option<Arc<crate::xds::model::Model>>> {
         self.xds.subscribe()
     }
 

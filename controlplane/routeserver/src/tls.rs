@@ -120,18 +120,22 @@ pub fn start(files: &ServingTls, tasks: &Drain, stop: CancellationToken) -> Resu
 }
 
 /// Like [`start`], for one gRPC port that also requires a client certificate issued by a CA
-/// in `client_ca` (PEM bundle). The bundle is re-read like the certificate: during a CA
-/// rotation the operator adds the next CA to it before that CA signs anything.
+/// in `client_ca` (PEM bundle), whose subject's common name starts with `cn_prefix` when one is
+/// given (the same CA signs other kinds of client certificates, e.g. workstations'). The bundle
+/// is re-read like the certificate: during a CA rotation the operator adds the next CA to it
+/// before that CA signs anything.
 pub fn start_mutual(
     files: &ServingTls,
     client_ca: &std::path::Path,
+    cn_prefix: Option<&str>,
     tasks: &Drain,
     stop: CancellationToken,
 ) -> Result<Arc<rustls::ServerConfig>, Error> {
     let pem = read_file(client_ca)?;
-    let verifier = Arc::new(ClientCa(ArcSwap::from_pointee(client_verifier(
-        client_ca, &pem,
-    )?)));
+    let verifier = Arc::new(ClientCa {
+        current: ArcSwap::from_pointee(client_verifier(client_ca, &pem)?),
+        cn_prefix: cn_prefix.map(str::to_owned),
+    });
     let resolver = reloading(files, tasks, stop.clone())?;
     let mut c = builder()?
         .with_client_cert_verifier(verifier.clone())
@@ -153,7 +157,7 @@ pub fn start_mutual(
                 Ok(pem) if pem == loaded => {}
                 Ok(pem) => match client_verifier(&path, &pem) {
                     Ok(v) => {
-                        verifier.0.store(Arc::new(v));
+                        verifier.current.store(Arc::new(v));
                         loaded = pem;
                         tracing::info!("client CA bundle changed: new connections are verified with it");
                     }
@@ -201,9 +205,13 @@ fn client_verifier(path: &std::path::Path, pem: &[u8]) -> Result<Verifier, Error
 #[derive(Debug)]
 struct Verifier(Arc<dyn ClientCertVerifier>);
 
-/// The current client verifier, swapped whole when the CA bundle changes.
+/// The current client verifier, swapped whole when the CA bundle changes, and the common-name
+/// prefix a client certificate must have.
 #[derive(Debug)]
-struct ClientCa(ArcSwap<Verifier>);
+struct ClientCa {
+    current: ArcSwap<Verifier>,
+    cn_prefix: Option<String>,
+}
 
 impl ClientCertVerifier for ClientCa {
     // No hints: they would have to outlive a swap. Clients then offer their one certificate.
@@ -217,10 +225,28 @@ impl ClientCertVerifier for ClientCa {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.0
+        let verified = self
+            .current
             .load()
             .0
-            .verify_client_cert(end_entity, intermediates, now)
+            .verify_client_cert(end_entity, intermediates, now)?;
+        if let Some(prefix) = &self.cn_prefix {
+            let cn = x509_parser::parse_x509_certificate(end_entity.as_ref())
+                .ok()
+                .and_then(|(_, c)| {
+                    c.subject()
+                        .iter_common_name()
+                        .next()
+                        .and_then(|cn| cn.as_str().ok())
+                        .map(str::to_owned)
+                });
+            if !cn.is_some_and(|cn| cn.starts_with(prefix.as_str())) {
+                return Err(rustls::Error::General(format!(
+                    "the client certificate is not one of this port's clients (common name must start with {prefix:?})"
+                )));
+            }
+        }
+        Ok(verified)
     }
 
     fn verify_tls12_signature(
@@ -229,7 +255,10 @@ impl ClientCertVerifier for ClientCa {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.load().0.verify_tls12_signature(message, cert, dss)
+        self.current
+            .load()
+            .0
+            .verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -238,11 +267,14 @@ impl ClientCertVerifier for ClientCa {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.load().0.verify_tls13_signature(message, cert, dss)
+        self.current
+            .load()
+            .0
+            .verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.load().0.supported_verify_schemes()
+        self.current.load().0.supported_verify_schemes()
     }
 }
 

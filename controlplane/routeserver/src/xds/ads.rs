@@ -32,6 +32,8 @@ use super::render::{Kind, Snapshot, listener};
 const STREAM_BUFFER: usize = 4;
 /// The longest NACK message kept for logs and the node registry.
 const MAX_ERROR_LEN: usize = 512;
+/// The longest resource name, node id or cluster a client may send.
+const MAX_NAME_LEN: usize = 256;
 
 /// What one connected node last did with each resource type.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -97,6 +99,9 @@ pub(crate) struct Ads {
     pub(crate) stop: CancellationToken,
     /// Most resource names one stream may subscribe to per type.
     pub(crate) max_names: usize,
+    /// Most open streams, and how many are open.
+    pub(crate) max_streams: usize,
+    pub(crate) open: Arc<std::sync::atomic::AtomicUsize>,
     pub(crate) next_stream: Arc<AtomicU64>,
 }
 
@@ -111,6 +116,14 @@ impl AggregatedDiscoveryService for Ads {
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
         let requests = request.into_inner();
+        // Counted here, released by the stream's task when it ends.
+        if self.open.fetch_add(1, Ordering::AcqRel) >= self.max_streams {
+            self.open.fetch_sub(1, Ordering::AcqRel);
+            return Err(Status::resource_exhausted(format!(
+                "{} ADS streams are open: the most this server takes",
+                self.max_streams
+            )));
+        }
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let stream = AdsStream {
@@ -150,6 +163,9 @@ struct TypeState {
     /// What that response carried (None before the first), and its version.
     sent: Option<Vec<Arc<Any>>>,
     version: String,
+    /// The snapshot version of the type last compared with what was sent: a snapshot that
+    /// moved other types only is not looked at again.
+    evaluated: u64,
     /// Whether the client's latest answer for this type was a NACK.
     nacking: bool,
 }
@@ -176,28 +192,37 @@ impl AdsStream {
         metrics.streams.inc();
         let stop = self.ads.stop.clone();
         let mut snapshots = self.ads.snapshots.clone();
-        let end = loop {
-            tokio::select! {
-                () = stop.cancelled() => break End::Quiet,
-                msg = requests.message() => match msg {
-                    Ok(Some(req)) => {
-                        if let Err(e) = self.on_request(req).await {
+        // Nothing is answered before the first complete view of the cluster.
+        let ready = tokio::select! {
+            () = stop.cancelled() => false,
+            r = snapshots.wait_for(|s| s.ready) => r.is_ok(),
+        };
+        let end = if !ready {
+            End::Quiet
+        } else {
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => break End::Quiet,
+                    msg = requests.message() => match msg {
+                        Ok(Some(req)) => {
+                            if let Err(e) = self.on_request(req).await {
+                                break e;
+                            }
+                        }
+                        Ok(None) => break End::Quiet,
+                        Err(status) => {
+                            tracing::debug!(stream = self.id, %status, "xDS stream broke");
+                            break End::Quiet;
+                        }
+                    },
+                    changed = snapshots.changed() => {
+                        if changed.is_err() {
+                            break End::Quiet;
+                        }
+                        let snap = snapshots.borrow_and_update().clone();
+                        if let Err(e) = self.on_snapshot(&snap).await {
                             break e;
                         }
-                    }
-                    Ok(None) => break End::Quiet,
-                    Err(status) => {
-                        tracing::debug!(stream = self.id, %status, "xDS stream broke");
-                        break End::Quiet;
-                    }
-                },
-                changed = snapshots.changed() => {
-                    if changed.is_err() {
-                        break End::Quiet;
-                    }
-                    let snap = snapshots.borrow_and_update().clone();
-                    if let Err(e) = self.on_snapshot(&snap).await {
-                        break e;
                     }
                 }
             }
@@ -214,12 +239,18 @@ impl AdsStream {
         if self.registered {
             self.ads.nodes.lock().remove(&self.id);
         }
+        self.ads.open.fetch_sub(1, Ordering::AcqRel);
         metrics.streams.dec();
     }
 
     async fn on_request(&mut self, req: DiscoveryRequest) -> Result<(), End> {
         if !self.registered {
             let node = req.node.clone().unwrap_or_default();
+            if node.id.len() > MAX_NAME_LEN || node.cluster.len() > MAX_NAME_LEN {
+                return Err(End::Error(Status::invalid_argument(format!(
+                    "node.id and node.cluster may have at most {MAX_NAME_LEN} bytes"
+                ))));
+            }
             if node.id.is_empty() {
                 return Err(End::Error(Status::invalid_argument(
                     "the first DiscoveryRequest of a stream must carry node.id",
@@ -295,6 +326,12 @@ impl AdsStream {
         } else {
             metrics.requests(kind, "subscribe").inc();
         }
+        if let Some(n) = req.resource_names.iter().find(|n| n.len() > MAX_NAME_LEN) {
+            return Err(End::Error(Status::invalid_argument(format!(
+                "resource name of {} bytes: at most {MAX_NAME_LEN}",
+                n.len()
+            ))));
+        }
         let st = &mut self.types[kind.index()];
         let names: BTreeSet<String> = req.resource_names.into_iter().collect();
         let wildcard = names.contains("*")
@@ -331,6 +368,11 @@ impl AdsStream {
     /// Sends `kind`'s current state to the client, unless (`force` aside) it is what the client
     /// was last sent.
     async fn send(&mut self, kind: Kind, snap: &Snapshot, force: bool) -> Result<(), End> {
+        let snap_version = snap.resources(kind).version;
+        if !force && self.types[kind.index()].evaluated == snap_version {
+            return Ok(());
+        }
+        self.types[kind.index()].evaluated = snap_version;
         let st = &self.types[kind.index()];
         let resources = self.resources(kind, st, snap);
         if !force && st.sent.as_ref() == Some(&resources) {
@@ -357,11 +399,18 @@ impl AdsStream {
             .nodes
             .update(self.id, kind, |s| s.sent = Some(version));
         self.ads.metrics.responses(kind).inc();
-        self.ads
-            .metrics
-            .push_latency
-            .observe(snap.published.elapsed().as_secs_f64());
-        self.tx.send(Ok(response)).await.map_err(|_| End::Quiet)
+        if !force {
+            // A change of the cluster's state, not an answer to a subscription.
+            self.ads
+                .metrics
+                .push_latency
+                .observe(snap.published.elapsed().as_secs_f64());
+        }
+        // A client that stops reading holds only its own task, and not past shutdown.
+        tokio::select! {
+            r = self.tx.send(Ok(response)) => r.map_err(|_| End::Quiet),
+            () = self.ads.stop.cancelled() => Err(End::Quiet),
+        }
     }
 
     fn resources(&self, kind: Kind, st: &TypeState, snap: &Snapshot) -> Vec<Arc<Any>> {

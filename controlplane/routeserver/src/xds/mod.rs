@@ -49,6 +49,10 @@ pub struct XdsConfig {
     pub cluster_domain: String,
     /// Most resource names one stream may subscribe to per type.
     pub max_names: usize,
+    /// Most open ADS streams (all connections); beyond, new ones are refused.
+    pub max_streams: usize,
+    /// Most concurrent streams on one connection.
+    pub max_streams_per_connection: u32,
 }
 
 impl XdsConfig {
@@ -58,15 +62,25 @@ impl XdsConfig {
             tls,
             cluster_domain: "cluster.local".into(),
             max_names: 10_000,
+            max_streams: 20_000,
+            max_streams_per_connection: 100,
         }
     }
 }
+
+/// The common-name prefix of the client certificates the operator issues for xDS
+/// (`system:spur:xds:<namespace>`): its CA also signs workstations' certificates, which must not
+/// read xDS.
+pub const CLIENT_CN_PREFIX: &str = "system:spur:xds:";
 
 /// The server's certificate and the CA whose client certificates it accepts.
 #[derive(Debug, Clone)]
 pub struct XdsTls {
     pub serving: ServingTls,
     pub client_ca: PathBuf,
+    /// Client certificates must name a subject starting with this ([`CLIENT_CN_PREFIX`] from
+    /// the CLI); None accepts any certificate of the CA.
+    pub client_cn_prefix: Option<String>,
 }
 
 /// A running xDS server.
@@ -99,6 +113,7 @@ pub(crate) async fn start(
         Some(t) => Some(tls::start_mutual(
             &t.serving,
             &t.client_ca,
+            t.client_cn_prefix.as_deref(),
             tasks,
             stop.clone(),
         )?),
@@ -111,14 +126,16 @@ pub(crate) async fn start(
     let render_stop = stop.clone();
     tasks.spawn(async move {
         loop {
-            let model = models.borrow_and_update().clone();
-            let next = tx.borrow().next(model);
-            for kind in Kind::ALL {
-                render_metrics.set_version(kind, next.resources(kind).version);
+            // Nothing is served before the store's first complete view: an empty state of the
+            // world would make clients drop every listener and cluster they hold.
+            if let Some(model) = models.borrow_and_update().clone() {
+                let next = tx.borrow().next(model);
+                for kind in Kind::ALL {
+                    render_metrics.set_version(kind, next.resources(kind).version);
+                }
+                // A stream re-evaluates only the types whose version moved.
+                tx.send_replace(Arc::new(next));
             }
-            // Streams compare what they would send with what they sent: publishing a snapshot
-            // whose versions did not move costs each of them one comparison.
-            tx.send_replace(Arc::new(next));
             tokio::select! {
                 () = render_stop.cancelled() => return,
                 r = models.changed() => if r.is_err() { return },
@@ -133,14 +150,18 @@ pub(crate) async fn start(
         nodes: nodes.clone(),
         stop: stop.clone(),
         max_names: config.max_names,
+        max_streams: config.max_streams,
+        open: Arc::default(),
         next_stream: Arc::new(AtomicU64::new(1)),
     };
     let incoming = tls::incoming(listener, addr, tls, tasks, stop.clone());
+    let max_per_connection = config.max_streams_per_connection;
     tasks.spawn(async move {
         let res = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
             .tcp_nodelay(true)
+            .max_concurrent_streams(Some(max_per_connection))
             .add_service(AggregatedDiscoveryServiceServer::new(ads))
             .serve_with_incoming_shutdown(incoming.into_stream(), stop.cancelled())
             .await;

@@ -96,9 +96,10 @@ impl Model {
             for r in routes {
                 let from = resource_name(&r.from_host, r.from_port);
                 let to = resource_name(&r.to_host, r.to_port);
-                // A route to a Service that does not exist (yet) would send keyed calls nowhere:
-                // the baseline keeps them until the sandbox Service appears.
-                if !model.clusters.contains_key(&to) || !seen.insert((from.clone(), key.clone())) {
+                // The first config to claim a key for a Service port keeps it, as in the Routes
+                // API's index, even while its sandbox Service does not exist yet: until then the
+                // baseline keeps the key's calls (they would go nowhere).
+                if !seen.insert((from.clone(), key.clone())) || !model.clusters.contains_key(&to) {
                     continue;
                 }
                 if let Some(s) = model.services.get_mut(&from) {
@@ -155,7 +156,12 @@ fn endpoints(port: &ServicePort, slices: &[&EndpointSlice]) -> Vec<SocketAddr> {
 /// (trailing dot allowed). Without a port, a Service with a single port is meant.
 pub fn canonical_listener(model: &Model, requested: &str, cluster_domain: &str) -> Option<String> {
     let (host, port) = match requested.rsplit_once(':') {
-        Some((h, p)) => (h, Some(p.parse::<u16>().ok()?)),
+        // Digits only, no leading zero: one spelling per port, so a client cannot make the
+        // server render the same listener under endless names.
+        Some((h, p)) if !p.starts_with('0') && p.bytes().all(|b| b.is_ascii_digit()) => {
+            (h, Some(p.parse::<u16>().ok()?))
+        }
+        Some(_) => return None,
         None => (requested, None),
     };
     let host = host.strip_suffix('.').unwrap_or(host);

@@ -91,6 +91,8 @@ pub struct Snapshot {
     pub types: [Resources; 4],
     /// When the model it renders was published (push latency is measured from here).
     pub published: Instant,
+    /// False only for the empty snapshot before the first model: nothing is served from it.
+    pub ready: bool,
 }
 
 impl Default for Snapshot {
@@ -99,6 +101,7 @@ impl Default for Snapshot {
             model: Arc::default(),
             types: Default::default(),
             published: Instant::now(),
+            ready: false,
         }
     }
 }
@@ -128,6 +131,7 @@ impl Snapshot {
             model,
             types,
             published: Instant::now(),
+            ready: true,
         }
     }
 }
