@@ -133,6 +133,7 @@ impl AggregatedDiscoveryService for Ads {
             nonce: 0,
             types: Default::default(),
             registered: false,
+            node_id: String::new(),
         };
         tokio::spawn(stream.run(requests));
         Ok(Response::new(Box::pin(
@@ -177,6 +178,8 @@ struct AdsStream {
     nonce: u64,
     types: [TypeState; 4],
     registered: bool,
+    /// From the stream's first request.
+    node_id: String,
 }
 
 /// Why a stream ends early.
@@ -257,6 +260,7 @@ impl AdsStream {
                 )));
             }
             tracing::debug!(stream = self.id, node = %node.id, "xDS stream opened");
+            self.node_id.clone_from(&node.id);
             self.ads.nodes.lock().insert(
                 self.id,
                 NodeStatus {
@@ -282,7 +286,6 @@ impl AdsStream {
                 self.ads.max_names
             ))));
         }
-        let node = self.node_id();
         let st = &mut self.types[kind.index()];
         if !req.response_nonce.is_empty() {
             if req.response_nonce != st.nonce {
@@ -298,7 +301,7 @@ impl AdsStream {
                     }
                     let message = truncate(&err.message);
                     tracing::warn!(
-                        node = %node,
+                        node = %self.node_id,
                         r#type = kind.label(),
                         rejected = %st.version,
                         kept = %req.version_info,
@@ -354,15 +357,6 @@ impl AdsStream {
             }
         }
         Ok(())
-    }
-
-    fn node_id(&self) -> String {
-        self.ads
-            .nodes
-            .lock()
-            .get(&self.id)
-            .map(|n| n.node_id.clone())
-            .unwrap_or_default()
     }
 
     /// Sends `kind`'s current state to the client, unless (`force` aside) it is what the client

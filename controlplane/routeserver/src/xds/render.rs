@@ -116,8 +116,18 @@ impl Snapshot {
     pub fn next(&self, model: Arc<Model>) -> Snapshot {
         let mut types: [Resources; 4] = Default::default();
         for kind in Kind::ALL {
-            let rendered = render(kind, &model);
             let prev = self.resources(kind);
+            // Listeners and routes come from the Services' routes, clusters and endpoints from
+            // the endpoints: a change to one side does not re-encode the other.
+            let same_input = match kind {
+                Kind::Listener | Kind::Route => self.model.services == model.services,
+                Kind::Cluster | Kind::Endpoint => self.model.clusters == model.clusters,
+            };
+            if prev.version > 0 && same_input {
+                types[kind.index()] = prev.clone();
+                continue;
+            }
+            let rendered = render(kind, &model);
             types[kind.index()] = if prev.version > 0 && prev.by_name == rendered {
                 prev.clone()
             } else {
