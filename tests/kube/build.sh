@@ -6,7 +6,8 @@
 #   - the apiserver tier (tests/kube-harness): kube-apiserver and etcd, from tests/kube/go;
 #   - the node tier (tests/node): kubelet, kube-controller-manager, kube-scheduler, kube-proxy and
 #     kubectl from the same module graph, CoreDNS from tests/kube/go-coredns and helm from
-#     tests/kube/go-helm (their own modules, so they never move kube-apiserver's dependencies).
+#     tests/kube/go-helm (their own modules, so they never move kube-apiserver's dependencies);
+#   - not a program: Istio's and Gateway API's CRDs (YAML) from their Go modules, in mesh-crds/.
 # A binary that is there and reports its pinned version is reused without touching Go or the
 # network. Go is a test-harness tool only.
 #
@@ -90,7 +91,55 @@ stale_binaries() {
     done
 }
 
-if [ "$mode" = build ] && [ -z "$(stale_binaries)" ]; then
+# Istio's and Gateway API's CRDs, for the mesh-mode tests (tests/tests/kube_mesh.rs): the YAML
+# their projects publish in their Go modules, fetched through the module proxy once, checked
+# against the h1 sums pinned here (go.sum's hash), and copied into $bindir/mesh-crds, so no test
+# fetches anything. One row per module: path, version, h1 sum, then the files to copy (shell
+# globs, relative to the module root).
+mesh_modules=(
+    "istio.io/api|v1.32.0|h1:37mJvg9I0biYZAEQF+MATs4FNeCpXEIVO3LFpVb6iNM=|kubernetes/customresourcedefinitions.gen.yaml"
+    "sigs.k8s.io/gateway-api|v1.6.3|h1:lKpJa5bGlraC/QeACvCpsHLdmO6y0iKfzVl6gzaFEYc=|config/crd/standard/gateway.networking.k8s.io_*.yaml"
+)
+mesh_dir="$bindir/mesh-crds"
+
+# The stamp lists the rows the directory was filled from: other rows, another content.
+mesh_crds_current() {
+    [ -f "$mesh_dir/MODULES" ] && [ "$(cat "$mesh_dir/MODULES")" = "$(printf '%s\n' "${mesh_modules[@]}")" ]
+}
+
+# A field of `go mod download -json` output (one "Key": "value" per line).
+json_field() {
+    sed -n "s/^[[:space:]]*\"$1\": \"\(.*\)\",\{0,1\}$/\1/p" <<<"$2"
+}
+
+fetch_mesh_crds() {
+    local row mod version sum files out dir got tmpdir
+    tmpdir="$(mktemp -d "$bindir/.mesh.XXXXXX")"
+    for row in "${mesh_modules[@]}"; do
+        IFS='|' read -r mod version sum files <<<"$row"
+        # Outside any module, so no go.mod is read or written; -mod=mod lets `download` resolve.
+        out="$(cd "$tmpdir" && GOFLAGS=-mod=mod go mod download -json "$mod@$version")"
+        dir="$(json_field Dir "$out")"
+        got="$(json_field Sum "$out")"
+        if [ "$got" != "$sum" ] || [ ! -d "$dir" ]; then
+            echo "tests/kube/build.sh: $mod@$version: expected sum $sum, got '${got}' (dir '${dir}'):" >&2
+            echo "$out" >&2
+            rm -rf "$tmpdir"
+            exit 1
+        fi
+        mkdir -p "$tmpdir/${mod//\//_}"
+        # shellcheck disable=SC2086 # files is a glob on purpose
+        (cd "$dir" && cp $files "$tmpdir/${mod//\//_}/")
+    done
+    printf '%s\n' "${mesh_modules[@]}" >"$tmpdir/MODULES"
+    rm -rf "$mesh_dir.old"
+    if [ -d "$mesh_dir" ]; then mv "$mesh_dir" "$mesh_dir.old"; fi
+    mv "$tmpdir" "$mesh_dir"
+    rm -rf "$mesh_dir.old"
+    echo "tests/kube/build.sh: mesh CRDs in $mesh_dir" >&2
+}
+
+if [ "$mode" = build ] && [ -z "$(stale_binaries)" ] && mesh_crds_current; then
     echo "$bindir"
     exit 0
 fi
@@ -106,10 +155,14 @@ mkdir -p "$bindir"
 if command -v flock >/dev/null 2>&1; then
     exec 9>"$bindir/.build.lock"
     flock 9
-    if [ "$mode" = build ] && [ -z "$(stale_binaries)" ]; then
+    if [ "$mode" = build ] && [ -z "$(stale_binaries)" ] && mesh_crds_current; then
         echo "$bindir"
         exit 0
     fi
+fi
+
+if [ "$mode" = force ] || ! mesh_crds_current; then
+    fetch_mesh_crds
 fi
 
 # The binaries are built next to their final place and renamed in, so a reader never sees a
@@ -125,7 +178,9 @@ if [ "$mode" = force ]; then
 else
     todo="$(stale_binaries)"
 fi
-echo "tests/kube/build.sh: building $(echo $todo) into $bindir with $(go version | cut -d' ' -f3) (a cold build takes about 10 minutes; see tests/kube/README.md)" >&2
+if [ -n "$todo" ]; then
+    echo "tests/kube/build.sh: building $(echo $todo) into $bindir with $(go version | cut -d' ' -f3) (a cold build takes about 10 minutes; see tests/kube/README.md)" >&2
+fi
 
 # Without these the Kubernetes programs report v0.0.0-master and helm its minor only, which the
 # version check could not tell from any other build.

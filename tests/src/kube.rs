@@ -112,7 +112,12 @@ pub async fn install_crds(api: &KubeApi) -> anyhow::Result<()> {
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
         .collect();
     files.sort();
-    anyhow::ensure!(files.len() == 11, "expected eleven CRDs, found {files:?}");
+    // Every kind the API crate generates (a file left behind or missing fails here).
+    let kinds = spur_api::crdgen::crds().len();
+    anyhow::ensure!(
+        files.len() == kinds,
+        "expected {kinds} CRDs, found {files:?}"
+    );
     for f in files {
         api.install_crd_file(&f).await?;
     }
@@ -171,6 +176,34 @@ pub async fn chart_client(
     }
     let token = api.service_account_token(SYSTEM_NAMESPACE, name).await?;
     api.client_with_token(&token).await
+}
+
+/// Adds the rules in `charts/spur/files/<file>` to what the ServiceAccount `name` of
+/// [`SYSTEM_NAMESPACE`] may do cluster-wide, as the chart does when a value appends them to a
+/// component's ClusterRole (e.g. `mesh.istio.enabled`).
+pub async fn grant_cluster(api: &KubeApi, name: &str, file: &str) -> anyhow::Result<()> {
+    let admin = api.client();
+    let role_name = format!("{name}-{}", file.trim_end_matches(".yaml"));
+    let role = ClusterRole {
+        metadata: ObjectMeta {
+            name: Some(role_name.clone()),
+            ..ObjectMeta::default()
+        },
+        rules: Some(rules(file)?),
+        ..ClusterRole::default()
+    };
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": role_name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": SYSTEM_NAMESPACE}]
+    }))?;
+    Api::<ClusterRoleBinding>::all(admin)
+        .create(&PostParams::default(), &binding)
+        .await?;
+    Ok(())
 }
 
 /// Grants the ServiceAccount `name` (of [`SYSTEM_NAMESPACE`], as [`chart_client`] makes it) the

@@ -24,6 +24,7 @@ pub use spur_demo_apps as apps;
 pub mod kube;
 pub mod netns;
 pub mod node;
+pub mod xds;
 
 pub const NAMESPACE: &str = "test";
 pub const BASELINE_NAME: &str = "app";

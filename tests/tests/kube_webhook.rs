@@ -1,6 +1,6 @@
-//! Sidecar injection on a real kube-apiserver: our MutatingWebhookConfiguration (URL + caBundle,
-//! as the chart's but pointing at loopback) makes the API server call the operator's webhook
-//! for every pod. The operator runs under the chart's RBAC, leader-elected, with its
+//! Sidecar injection and EnvoyConfig validation on a real kube-apiserver: our webhook
+//! configurations (URL + caBundle, as the chart's but pointing at loopback) make the API server
+//! call the operator's webhook for every pod and every EnvoyConfig. The operator runs under the chart's RBAC, leader-elected, with its
 //! certificate manager filling the caBundle. There is no kubelet or ReplicaSet controller: the
 //! test creates ReplicaSets and pods the way those controllers would.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -9,7 +9,9 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -18,8 +20,9 @@ use prometheus_client::registry::Registry;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use serde_json::{Value, json};
-use spur_api::Sandbox;
+use spur_api::envoyconfig::{EnvoyResource, EnvoyResourceType, Serialization};
 use spur_api::keys::injection as keys;
+use spur_api::{EnvoyConfig, EnvoyConfigSpec, Sandbox};
 use spur_e2e::kube::{SYSTEM_NAMESPACE, WAIT, chart_client, eventually, install_crds};
 use spur_kube_harness::KubeApi;
 use spur_operator::inject::{Baseline, InjectionConfig};
@@ -27,6 +30,7 @@ use spur_operator::{PkiConfig, Webhook, WebhookConfig};
 use tokio_util::sync::CancellationToken;
 
 const WEBHOOK_CONFIGURATION: &str = "spur-sidecar-injector";
+const VALIDATING_CONFIGURATION: &str = "spur-envoyconfig-validator";
 
 fn injection_config() -> InjectionConfig {
     let mut cfg = InjectionConfig {
@@ -97,6 +101,19 @@ impl Setup {
             .create(&PostParams::default(), &mwc)
             .await
             .unwrap();
+        let mut vwc = chart_validating_configuration();
+        for w in vwc.webhooks.iter_mut().flatten() {
+            w.client_config = serde_json::from_value(json!({"url": format!(
+                "https://127.0.0.1:{}{}",
+                webhook.local_addr().port(),
+                spur_operator::VALIDATE_ENVOYCONFIG_PATH
+            )}))
+            .unwrap();
+        }
+        Api::<ValidatingWebhookConfiguration>::all(api.client())
+            .create(&PostParams::default(), &vwc)
+            .await
+            .unwrap();
 
         let mut pki = PkiConfig::new(SYSTEM_NAMESPACE, "spur-webhook");
         pki.serving_names.push("127.0.0.1".into());
@@ -128,14 +145,17 @@ impl Setup {
             registry: Arc::new(registry),
             cfg,
         };
-        // Ready: the caBundle is in place and the server holds a certificate.
+        // Ready: the caBundles are in place and the server holds a certificate.
         let mwcs: Api<MutatingWebhookConfiguration> = Api::all(setup.client());
-        eventually("the caBundle and the serving certificate", || {
-            let mwcs = mwcs.clone();
+        let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(setup.client());
+        eventually("the caBundles and the serving certificate", || {
+            let (mwcs, vwcs) = (mwcs.clone(), vwcs.clone());
             let ready = setup.webhook.as_ref().unwrap().ready();
             async move {
                 let m = mwcs.get(WEBHOOK_CONFIGURATION).await.ok()?;
-                let has_bundle = m.webhooks?.first()?.client_config.ca_bundle.is_some();
+                let v = vwcs.get(VALIDATING_CONFIGURATION).await.ok()?;
+                let has_bundle = m.webhooks?.first()?.client_config.ca_bundle.is_some()
+                    && v.webhooks?.first()?.client_config.ca_bundle.is_some();
                 (has_bundle && ready).then_some(())
             }
         })
@@ -168,12 +188,44 @@ impl Setup {
 /// The MutatingWebhookConfiguration of `charts/spur/templates/operator.yaml`, its few template
 /// expressions filled in as Helm would for release namespace spur-system.
 fn chart_webhook_configuration() -> MutatingWebhookConfiguration {
-    let template =
-        std::fs::read_to_string(spur_e2e::kube::chart_path("templates/operator.yaml")).unwrap();
+    let mwc: MutatingWebhookConfiguration = serde_yaml_ng::from_str(&chart_document(
+        "templates/operator.yaml",
+        "kind: MutatingWebhookConfiguration",
+    ))
+    .unwrap();
+    assert_eq!(mwc.metadata.name.as_deref(), Some(WEBHOOK_CONFIGURATION));
+    let w = &mwc.webhooks.as_ref().unwrap()[0];
+    assert_eq!(w.failure_policy.as_deref(), Some("Ignore"));
+    mwc
+}
+
+/// The ValidatingWebhookConfiguration of `charts/spur/templates/admission.yaml`, likewise.
+fn chart_validating_configuration() -> ValidatingWebhookConfiguration {
+    let vwc: ValidatingWebhookConfiguration = serde_yaml_ng::from_str(&chart_document(
+        "templates/admission.yaml",
+        "kind: ValidatingWebhookConfiguration",
+    ))
+    .unwrap();
+    assert_eq!(vwc.metadata.name.as_deref(), Some(VALIDATING_CONFIGURATION));
+    let w = &vwc.webhooks.as_ref().unwrap()[0];
+    assert_eq!(w.failure_policy.as_deref(), Some("Fail"));
+    assert_eq!(w.side_effects, "None");
+    let service = w.client_config.service.as_ref().unwrap();
+    assert_eq!(
+        service.path.as_deref(),
+        Some(spur_operator::VALIDATE_ENVOYCONFIG_PATH)
+    );
+    vwc
+}
+
+/// The document of chart template `file` that contains `marker`, its few template expressions
+/// filled in as Helm would for release namespace spur-system.
+fn chart_document(file: &str, marker: &str) -> String {
+    let template = std::fs::read_to_string(spur_e2e::kube::chart_path(file)).unwrap();
     let doc = template
         .split("\n---\n")
-        .find(|d| d.contains("kind: MutatingWebhookConfiguration"))
-        .expect("the chart has a MutatingWebhookConfiguration");
+        .find(|d| d.contains(marker))
+        .unwrap_or_else(|| panic!("{file} has no {marker}"));
     let doc: String = doc
         .lines()
         .filter(|l| !l.contains("include \"spur.labels\""))
@@ -187,11 +239,7 @@ fn chart_webhook_configuration() -> MutatingWebhookConfiguration {
         !doc.contains("{{"),
         "unhandled template expression in:\n{doc}"
     );
-    let mwc: MutatingWebhookConfiguration = serde_yaml_ng::from_str(&doc).unwrap();
-    assert_eq!(mwc.metadata.name.as_deref(), Some(WEBHOOK_CONFIGURATION));
-    let w = &mwc.webhooks.as_ref().unwrap()[0];
-    assert_eq!(w.failure_policy.as_deref(), Some("Ignore"));
-    mwc
+    doc
 }
 
 /// A namespace with `labels` and its `default` ServiceAccount (which pods need; there is no
@@ -830,4 +878,206 @@ async fn certificates_rotate_with_no_failed_admission() {
     let key_lines: Vec<&str> = keys.iter().flat_map(|k| k.lines()).collect();
     setup.shutdown().await;
     spur_e2e::kube::assert_no_secret_logged(&key_lines);
+}
+
+// === EnvoyConfig validation ===
+
+const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+
+/// A proxyless gRPC client's listener: its connection manager (an `Any`) takes routes over RDS
+/// and ends in the router filter (another `Any`).
+fn api_listener(filter_config: Value) -> Value {
+    json!({
+        "name": "echo.default.svc:8080",
+        "api_listener": {"api_listener": {
+            "@type": HCM,
+            "stat_prefix": "echo",
+            "rds": {"route_config_name": "echo", "config_source": {"ads": {}, "resource_api_version": "V3"}},
+            "http_filters": [{"name": "envoy.filters.http.router", "typed_config": filter_config}]
+        }}
+    })
+}
+
+fn router() -> Value {
+    json!({"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"})
+}
+
+fn envoy_config(name: &str, serialization: Serialization, values: &[String]) -> EnvoyConfig {
+    let types = [EnvoyResourceType::Cluster, EnvoyResourceType::Listener];
+    EnvoyConfig::new(
+        name,
+        EnvoyConfigSpec {
+            node_id: "echo-client".into(),
+            serialization,
+            resources: values
+                .iter()
+                .enumerate()
+                .map(|(i, v)| EnvoyResource {
+                    type_: types[i.min(1)],
+                    value: v.clone(),
+                })
+                .collect(),
+        },
+    )
+}
+
+/// The API server's refusal of `r`: its code and message.
+fn refusal<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> (u16, String) {
+    match r {
+        Err(kube::Error::Api(s)) => (s.code, s.message),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_refuses_envoyconfigs_that_do_not_decode() {
+    let setup = Setup::start(|_| {}).await;
+    let client = setup.client();
+    spur_e2e::kube::ensure_namespace(&client, "xds")
+        .await
+        .unwrap();
+    let configs: Api<EnvoyConfig> = Api::namespaced(client.clone(), "xds");
+    let cluster =
+        json!({"name": "echo", "type": "EDS", "eds_cluster_config": {"eds_config": {"ads": {}}}})
+            .to_string();
+    let good = api_listener(router()).to_string();
+
+    // Refused, each with the resource's index, the field path and what is wrong there.
+    let mut bogus = router();
+    bogus["bogus_field"] = json!(true);
+    let cases = [
+        (
+            "syntax",
+            vec![cluster.clone(), r#"{"name": "echo", "api_listener": {"#.to_string()],
+            "spec.resources[1].value: EOF while parsing an object at line 1 column",
+        ),
+        (
+            "unknown-field",
+            vec![cluster.clone(), api_listener(bogus).to_string()],
+            "spec.resources[1].value: api_listener.api_listener.http_filters[0].typed_config.bogus_field: unrecognized field name 'bogus_field'",
+        ),
+        (
+            "unknown-type",
+            vec![
+                cluster.clone(),
+                api_listener(json!({"@type": "type.googleapis.com/envoy.extensions.filters.http.nope.v3.Nope"}))
+                    .to_string(),
+            ],
+            "spec.resources[1].value: api_listener.api_listener.http_filters[0].typed_config.@type: message 'envoy.extensions.filters.http.nope.v3.Nope' not found",
+        ),
+        (
+            "wrong-type",
+            vec![json!({"name": "echo", "connect_timeout": 5}).to_string()],
+            "spec.resources[0].value: connect_timeout: ",
+        ),
+    ];
+    for (name, values, want) in cases {
+        let ec = envoy_config(name, Serialization::Json, &values);
+        let (code, message) = refusal(configs.create(&PostParams::default(), &ec).await);
+        assert_eq!(code, 422, "{name}: {message}");
+        assert!(
+            message.contains("admission webhook \"envoyconfig.spur.dev\" denied the request")
+                && message.contains(want),
+            "{name}: {message}"
+        );
+        assert!(configs.get_opt(name).await.unwrap().is_none(), "{name}");
+    }
+
+    // Valid, in JSON and in YAML.
+    let json_ec = envoy_config(
+        "json",
+        Serialization::Json,
+        &[cluster.clone(), good.clone()],
+    );
+    let created = configs
+        .create(&PostParams::default(), &json_ec)
+        .await
+        .unwrap();
+    let yaml =
+        |v: &str| serde_yaml_ng::to_string(&serde_json::from_str::<Value>(v).unwrap()).unwrap();
+    let yaml_ec = envoy_config("yaml", Serialization::Yaml, &[yaml(&cluster), yaml(&good)]);
+    configs
+        .create(&PostParams::default(), &yaml_ec)
+        .await
+        .unwrap();
+    // YAML is checked the same way, paths and all.
+    let mut bogus = router();
+    bogus["bogus_field"] = json!(true);
+    let bad_yaml = envoy_config(
+        "yaml-bad",
+        Serialization::Yaml,
+        &[yaml(&cluster), yaml(&api_listener(bogus).to_string())],
+    );
+    let (code, message) = refusal(configs.create(&PostParams::default(), &bad_yaml).await);
+    assert_eq!(code, 422);
+    assert!(
+        message.contains(
+            "spec.resources[1].value: api_listener.api_listener.http_filters[0].typed_config.bogus_field"
+        ),
+        "{message}"
+    );
+
+    // An update that breaks it (the listener's own stat_prefix, as a number) is refused, and
+    // what is stored stays as it was.
+    let mut broken = good.clone();
+    broken.insert_str(1, r#""stat_prefix": 7, "#);
+    let patch = json!({"spec": {"resources": [
+        {"type": "cluster", "value": cluster},
+        {"type": "listener", "value": broken},
+    ]}});
+    let (code, message) = refusal(
+        configs
+            .patch("json", &PatchParams::default(), &Patch::Merge(&patch))
+            .await,
+    );
+    assert_eq!(code, 422);
+    assert!(
+        message.contains(
+            "spec.resources[1].value: stat_prefix: invalid type: integer `7`, expected a string"
+        ),
+        "{message}"
+    );
+    let stored = configs.get("json").await.unwrap();
+    assert_eq!(stored.spec, created.spec);
+    // A change that leaves the spec alone (a label, as a controller's finalizer would) is
+    // allowed without decoding the spec again.
+    let before =
+        setup.metric("spur_operator_webhook_envoyconfig_admissions_total{result=\"allowed\"}");
+    configs
+        .patch(
+            "json",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"labels": {"team": "a"}}})),
+        )
+        .await
+        .unwrap();
+    // A valid change is allowed.
+    let mut renamed: Value = serde_json::from_str(&good).unwrap();
+    renamed["api_listener"]["api_listener"]["stat_prefix"] = json!("echo2");
+    let patch = json!({"spec": {"resources": [
+        {"type": "cluster", "value": cluster},
+        {"type": "listener", "value": renamed.to_string()},
+    ]}});
+    configs
+        .patch("json", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    assert!(
+        setup.metric("spur_operator_webhook_envoyconfig_admissions_total{result=\"allowed\"}")
+            >= before + 2.0
+    );
+    assert_eq!(
+        setup.metric("spur_operator_webhook_envoyconfig_admissions_total{result=\"denied\"}"),
+        6.0
+    );
+    assert_eq!(
+        setup.metric("spur_operator_webhook_envoyconfig_admissions_total{result=\"error\"}"),
+        0.0
+    );
+    // Deleting never asks.
+    configs
+        .delete("yaml", &DeleteParams::default())
+        .await
+        .unwrap();
+    setup.shutdown().await;
 }

@@ -584,7 +584,7 @@ fn helm_install_and_the_user_path_on_running_pods() {
     let left = node
         .kubectl(&[
             "get",
-            "clusterroles,clusterrolebindings,mutatingwebhookconfigurations",
+            "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations",
             "-l",
             "app.kubernetes.io/part-of=spur",
             "-o",

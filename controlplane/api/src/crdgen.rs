@@ -8,9 +8,11 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 use crate::error::Error;
+use crate::mesh::{GatewayAPIRoute, IstioRoute};
 use crate::{
-    ExternalWorkload, ForkedWorkload, Job, JobRunnerGroup, ObjectLifecycleMethods, Resource,
-    ResourcePlugin, RouteGroup, RoutingConfig, Sandbox, VirtualWorkload,
+    EnvoyConfig, EnvoyConfigRevision, ExternalWorkload, ForkedWorkload, Job, JobRunnerGroup,
+    ObjectLifecycleMethods, Resource, ResourcePlugin, RouteGroup, RoutingConfig, Sandbox,
+    VirtualWorkload,
 };
 
 /// First lines of every generated file.
@@ -26,11 +28,15 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         ExternalWorkload::crd(),
         VirtualWorkload::crd(),
         RoutingConfig::crd(),
+        IstioRoute::crd(),
+        GatewayAPIRoute::crd(),
         JobRunnerGroup::crd(),
         Job::crd(),
         ResourcePlugin::crd(),
         Resource::crd(),
         ObjectLifecycleMethods::crd(),
+        EnvoyConfig::crd(),
+        EnvoyConfigRevision::crd(),
     ]
 }
 

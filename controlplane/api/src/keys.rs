@@ -12,6 +12,10 @@ pub mod labels {
     pub const SANDBOX: &str = "spur.dev/sandbox";
     /// The route group an object belongs to (a RoutingConfig); the value is its name.
     pub const ROUTE_GROUP: &str = "spur.dev/route-group";
+    /// On IstioRoutes and GatewayAPIRoutes: the RoutingConfig that made them (its name).
+    pub const ROUTING_CONFIG: &str = "spur.dev/routing-config";
+    /// On derived HTTPRoutes: the GatewayAPIRoute that made them (its name).
+    pub const GATEWAY_API_ROUTE: &str = "spur.dev/gateway-api-route";
     /// The routing key an object serves; keys are valid label values by construction.
     pub const ROUTING_KEY: &str = "spur.dev/routing-key";
     /// On forked objects: `names::label_value` of the baseline's name, to list the forks of a

@@ -5,18 +5,22 @@
 //! Sandbox ──► ForkedWorkload / ExternalWorkload / VirtualWorkload   (one per baseline, in its namespace)
 //!        ├──► Resource ──► ObjectLifecycleMethods ──► work-unit pods (io context server)
 //!        └──► RoutingConfig (its routing key) ◄── RouteGroup (label match over sandboxes)
-//!                   status.routeServer.routes ──► route server ──► Routes API rules
+//!                   ├── status.routeServer.routes ──► route server ──► Routes API rules
+//!                   └── IstioRoute / GatewayAPIRoute (per baseline Service, mesh modes only)
 //! ```
 //!
 //! Validation happens twice with the same rules: the apiserver enforces the schema (patterns,
 //! bounds, CEL `x-kubernetes-validations`) on every write, and each spec's `validate()` repeats
 //! those checks in Rust and adds what CEL cannot express, for controllers and tests.
 
+pub mod carriers;
 pub mod common;
 pub mod conditions;
 pub mod crdgen;
+pub mod envoyconfig;
 pub mod jobs;
 pub mod keys;
+pub mod mesh;
 pub mod names;
 pub mod resources;
 pub mod routegroup;
@@ -30,8 +34,13 @@ mod error;
 mod schema;
 
 pub use common::{ServiceMapping, ServicePort, WorkloadKind, WorkloadRef};
+pub use envoyconfig::{
+    EnvoyConfig, EnvoyConfigRevision, EnvoyConfigRevisionSpec, EnvoyConfigRevisionStatus,
+    EnvoyConfigSpec, EnvoyConfigStatus,
+};
 pub use error::{Error, FieldError, FieldErrors};
 pub use jobs::{Job, JobRunnerGroup, JobRunnerGroupSpec, JobRunnerGroupStatus, JobSpec, JobStatus};
+pub use mesh::{GatewayAPIRoute, GatewayAPIRouteSpec, IstioRoute, IstioRouteSpec, MeshRouteStatus};
 pub use resources::{
     ObjectLifecycleMethods, OlmSpec, OlmStatus, Resource, ResourcePlugin, ResourcePluginSpec,
     ResourceSpec, ResourceStatus,

@@ -111,6 +111,43 @@ pub fn route_group_routing_config_name(route_group: &str) -> String {
     derived_name(&[route_group], &["routingconfig", "RouteGroup"])
 }
 
+/// Name of the IstioRoute (cluster-scoped) of RoutingConfig `routing_config` for the baseline
+/// Service `namespace/service`; `owner` (the sandbox or route group) is only for people.
+pub fn istio_route_name(
+    owner: &str,
+    routing_config: &str,
+    namespace: &str,
+    service: &str,
+) -> String {
+    derived_name(
+        &[owner, service],
+        &["istioroute", routing_config, namespace],
+    )
+}
+
+/// Name of the GatewayAPIRoute (cluster-scoped) of RoutingConfig `routing_config` for the
+/// baseline Service `namespace/service`.
+pub fn gateway_api_route_name(
+    owner: &str,
+    routing_config: &str,
+    namespace: &str,
+    service: &str,
+) -> String {
+    derived_name(
+        &[owner, service],
+        &["gatewayapiroute", routing_config, namespace],
+    )
+}
+
+/// Name of the HTTPRoute derived by GatewayAPIRoute `mesh_route` from the user's HTTPRoute
+/// `http_route` (same namespace) for the target Service's `port`.
+pub fn derived_http_route_name(mesh_route: &str, http_route: &str, port: i32) -> String {
+    derived_name(
+        &[http_route, "spur"],
+        &["httproute", mesh_route, &port.to_string()],
+    )
+}
+
 /// `value` itself when it is a valid label value, else a derived name standing for it.
 pub fn label_value(value: &str) -> String {
     if is_label_value(value) {
@@ -170,6 +207,11 @@ mod tests {
             derived_name(&["sb1"], &["route"]),
             sandbox_routing_config_name("sb1"),
             route_group_routing_config_name("sb1"),
+            istio_route_name("sb1", "rc", "shop", "route"),
+            gateway_api_route_name("sb1", "rc", "shop", "route"),
+            istio_route_name("sb1", "rc", "other", "route"),
+            derived_http_route_name("gar", "route", 80),
+            derived_http_route_name("gar", "route", 81),
         ];
         let unique: std::collections::HashSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");

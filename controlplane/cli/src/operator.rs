@@ -1,6 +1,7 @@
 //! `spur operator`: the Sandbox, ForkedWorkload, RouteGroup and RoutingConfig controllers (and,
 //! with `--resources-namespace`, the ResourcePlugin, Resource and ObjectLifecycleMethods ones), the
 //! certificate manager and the workstation certificate signer (on the elected leader), the
+//! IstioRoute and GatewayAPIRoute controllers (with `--mesh-istio`, `--mesh-gateway-api`), the
 //! sidecar-injection webhook (on every replica), with `/metrics`, `/healthz` and `/readyz` on a
 //! small HTTP port.
 
@@ -77,6 +78,42 @@ pub(crate) struct OperatorArgs {
     webhook: WebhookArgs,
     #[command(flatten)]
     resources: ResourcesArgs,
+    #[command(flatten)]
+    mesh: MeshArgs,
+}
+
+/// Mesh modes (docs/mesh.md): routing keys' routes written into Istio VirtualServices and/or
+/// Gateway API HTTPRoutes, for clusters that route with a mesh instead of Spur's sidecar.
+#[derive(Args)]
+struct MeshArgs {
+    /// Keep routes for each sandboxed Service in the Istio VirtualServices that name it
+    /// (IstioRoutes; needs Istio's CRDs and the chart's mesh.istio rights).
+    #[arg(long, env = "SPUR_MESH_ISTIO")]
+    mesh_istio: bool,
+    /// Keep derived HTTPRoutes beside the Gateway API HTTPRoutes that send to each sandboxed
+    /// Service (GatewayAPIRoutes; needs Gateway API's CRDs and the chart's mesh.gatewayAPI
+    /// rights).
+    #[arg(long, env = "SPUR_MESH_GATEWAY_API")]
+    mesh_gateway_api: bool,
+    /// The cluster's DNS domain, for the sandbox Service names written into VirtualServices.
+    #[arg(
+        long,
+        env = "SPUR_MESH_CLUSTER_DOMAIN",
+        default_value = "cluster.local"
+    )]
+    mesh_cluster_domain: String,
+}
+
+impl MeshArgs {
+    fn config(&self) -> Result<spur_operator::MeshConfig> {
+        let cfg = spur_operator::MeshConfig {
+            istio: self.mesh_istio,
+            gateway_api: self.mesh_gateway_api,
+            cluster_domain: self.mesh_cluster_domain.clone(),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
 }
 
 /// Sandbox resources (docs/resources.md).
@@ -185,6 +222,14 @@ struct WebhookArgs {
         default_value = "spur-sidecar-injector"
     )]
     webhook_configuration: String,
+    /// The ValidatingWebhookConfiguration (EnvoyConfig validation) whose caBundle the operator
+    /// keeps current too; empty: none.
+    #[arg(
+        long,
+        env = "SPUR_ENVOYCONFIG_WEBHOOK_CONFIGURATION",
+        default_value = "spur-envoyconfig-validator"
+    )]
+    envoyconfig_webhook_configuration: String,
     /// Secret holding the operator's CA.
     #[arg(long, env = "SPUR_CA_SECRET", default_value = "spur-ca")]
     ca_secret: String,
@@ -265,6 +310,8 @@ impl WebhookArgs {
         pki.serving_secret.clone_from(&self.serving_secret);
         pki.webhook_configuration
             .clone_from(&self.webhook_configuration);
+        pki.validating_webhook_configuration = (!self.envoyconfig_webhook_configuration.is_empty())
+            .then(|| self.envoyconfig_webhook_configuration.clone());
         pki.serving_names.extend(
             self.webhook_cert_names
                 .iter()
@@ -345,6 +392,7 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
         )
     };
     let resources = args.resources.config(&args.namespace)?;
+    let mesh = args.mesh.config()?;
     let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
     // Fail fast with a clear message when the API server is unreachable or refuses us.
     client
@@ -370,7 +418,8 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
     });
     let mut ctx =
         spur_operator::Context::new(client.clone(), Some(instance.clone()), metrics.clone())
-            .with_fork_policy(fork_policy);
+            .with_fork_policy(fork_policy)
+            .with_mesh(mesh);
     if let Some(domain) = args.preview_domain.filter(|d| !d.is_empty()) {
         ctx = ctx.with_previews(spur_operator::Previews {
             domain,

@@ -83,6 +83,14 @@ pub(crate) struct RouteserverArgs {
     /// The cluster's DNS domain, accepted at the end of the names xDS clients dial.
     #[arg(long, env = "SPUR_CLUSTER_DOMAIN", default_value = "cluster.local")]
     cluster_domain: String,
+    /// This replica's name (the chart passes the pod's), under which it reports what its xDS
+    /// clients did with EnvoyConfig revisions; the host name by default.
+    #[arg(long, env = "SPUR_REPLICA_NAME")]
+    replica_name: Option<String>,
+    /// How often a replica refreshes an unchanged EnvoyConfig report; the operator ignores
+    /// reports older than three of these.
+    #[arg(long, env = "SPUR_XDS_REPORT_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    xds_report_interval: Duration,
 }
 
 pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
@@ -142,6 +150,24 @@ pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
             "the xDS port requires client certificates: pass --xds-client-ca (the operator's CA bundle), or --xds-insecure-plaintext if only trusted clients reach it"
         ),
     };
+    let mut xds = xds;
+    if let (Some(x), Some(client)) = (xds.as_mut(), &client) {
+        let replica = match &args.replica_name {
+            Some(r) => r.clone(),
+            None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .context("no --replica-name and cannot read the host name")?,
+        };
+        anyhow::ensure!(
+            !replica.is_empty() && replica.len() <= 120,
+            "--replica-name must have 1 to 120 bytes (it becomes a field manager name)"
+        );
+        x.reports = Some(spur_routeserver::xds::Reports {
+            client: client.clone(),
+            replica,
+            interval: args.xds_report_interval,
+        });
+    }
     let config = RouteServerConfig {
         rules_dir: args.rules_dir.clone().unwrap_or_default(),
         poll_interval: args.poll_interval,

@@ -1,6 +1,7 @@
 //! Certificate manager (runs on the leader only): keeps the operator's CA and the webhook's
 //! serving certificate current in two Secrets of the operator's namespace, and the `caBundle`
-//! of the MutatingWebhookConfiguration the chart installs.
+//! of the webhook configurations the chart installs (the MutatingWebhookConfiguration of
+//! sidecar injection, the ValidatingWebhookConfiguration of EnvoyConfigs).
 //!
 //! Rotation never breaks an admission call:
 //! - The serving certificate is renewed at 80 % of its lifetime. The old one stays valid, and
@@ -19,7 +20,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ObjectMeta, Patch, PatchParams};
@@ -51,6 +54,9 @@ pub struct PkiConfig {
     pub serving_secret: String,
     /// Name of the MutatingWebhookConfiguration whose `caBundle` is kept current.
     pub webhook_configuration: String,
+    /// Name of the ValidatingWebhookConfiguration (EnvoyConfig validation) whose `caBundle` is
+    /// kept current too. None: there is none.
+    pub validating_webhook_configuration: Option<String>,
     /// Subject alternative names of the serving certificate (DNS names or IP addresses).
     pub serving_names: Vec<String>,
     pub ca_lifetime: Duration,
@@ -144,6 +150,7 @@ impl PkiConfig {
             ca_secret: "spur-ca".into(),
             serving_secret: "spur-webhook-tls".into(),
             webhook_configuration: "spur-sidecar-injector".into(),
+            validating_webhook_configuration: Some("spur-envoyconfig-validator".into()),
             serving_names: vec![
                 format!("{service}.{namespace}.svc"),
                 format!("{service}.{namespace}.svc.cluster.local"),
@@ -272,6 +279,7 @@ pub(crate) async fn run(client: Client, cfg: PkiConfig, metrics: Metrics, stop: 
         namespaces: Api::all(client.clone()),
         namespace_bundle_synced: std::sync::Mutex::new(None),
         webhooks: Api::all(client.clone()),
+        validating: Api::all(client.clone()),
         client,
         cfg,
         metrics,
@@ -291,7 +299,20 @@ pub(crate) async fn run(client: Client, cfg: PkiConfig, metrics: Metrics, stop: 
     )
     .default_backoff()
     .map(|_| ());
-    let mut changes = std::pin::pin!(futures_util::stream::select(secrets, webhooks));
+    let validating = match &manager.cfg.validating_webhook_configuration {
+        Some(name) => watcher(
+            manager.validating.clone(),
+            watcher::Config::default().fields(&format!("metadata.name={name}")),
+        )
+        .default_backoff()
+        .map(|_| ())
+        .boxed(),
+        None => futures_util::stream::pending().boxed(),
+    };
+    let mut changes = std::pin::pin!(futures_util::stream::select(
+        secrets,
+        futures_util::stream::select(webhooks, validating)
+    ));
     let mut failures = 0u32;
     let mut wake = tokio::time::Instant::now();
     loop {
@@ -327,6 +348,7 @@ struct Manager {
     /// The bundle every namespace copy was last brought to.
     namespace_bundle_synced: std::sync::Mutex<Option<String>>,
     webhooks: Api<MutatingWebhookConfiguration>,
+    validating: Api<ValidatingWebhookConfiguration>,
     cfg: PkiConfig,
     metrics: Metrics,
 }
@@ -365,6 +387,39 @@ pub(crate) fn namespace_bundle(namespace: &str, name: &str, bundle: &str) -> Con
         data: Some(BTreeMap::from([("ca.crt".to_string(), bundle.to_string())])),
         ..Default::default()
     }
+}
+
+/// Sets `caBundle` to `want` in those of `webhooks` (name, current bundle) of configuration
+/// `name` that carry another.
+async fn patch_ca_bundles<K>(
+    api: &Api<K>,
+    name: &str,
+    webhooks: Vec<(String, Option<ByteString>)>,
+    want: &ByteString,
+) -> Result<(), Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let stale: Vec<_> = webhooks
+        .into_iter()
+        .filter(|(_, bundle)| bundle.as_ref() != Some(want))
+        .map(|(n, _)| n)
+        .collect();
+    if stale.is_empty() {
+        return Ok(());
+    }
+    // A strategic merge patch keyed by webhook name touches only `caBundle`: everything else
+    // stays as the chart wrote it.
+    let patch = serde_json::json!({
+        "webhooks": stale.iter().map(|n| serde_json::json!({
+            "name": n,
+            "clientConfig": {"caBundle": want},
+        })).collect::<Vec<_>>()
+    });
+    api.patch(name, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await?;
+    tracing::info!(configuration = %name, webhooks = stale.len(), "caBundle updated");
+    Ok(())
 }
 
 /// Never wait longer than this between passes: a safety net against missed watch events.
@@ -618,38 +673,40 @@ impl Manager {
             .await
     }
 
-    /// Puts `bundle` into every webhook of the configuration. Returns whether the API servers
-    /// can be taken to trust it: the configuration carries it, or there is no configuration
-    /// (then nothing calls the webhook, and a rotation need not wait for it).
+    /// Puts `bundle` into every webhook of both configurations. Returns whether the API servers
+    /// can be taken to trust it: each configuration carries it, or does not exist (then
+    /// nothing calls that webhook, and a rotation need not wait for it).
     async fn sync_webhook_configuration(&self, bundle: &str) -> Result<bool, Error> {
-        let name = &self.cfg.webhook_configuration;
-        let Some(mwc) = self.webhooks.get_opt(name).await? else {
-            tracing::warn!(configuration = %name, "MutatingWebhookConfiguration not found: the chart installs it; sidecars are not injected until it exists");
-            return Ok(true);
-        };
         let want = ByteString(bundle.as_bytes().to_vec());
-        let stale: Vec<_> = mwc
-            .webhooks
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|w| w.client_config.ca_bundle.as_ref() != Some(&want))
-            .map(|w| w.name)
-            .collect();
-        if stale.is_empty() {
-            return Ok(true);
-        }
-        // A strategic merge patch keyed by webhook name touches only `caBundle`: everything else
-        // stays as the chart wrote it.
-        let patch = serde_json::json!({
-            "webhooks": stale.iter().map(|n| serde_json::json!({
-                "name": n,
-                "clientConfig": {"caBundle": want},
-            })).collect::<Vec<_>>()
+        let name = &self.cfg.webhook_configuration;
+        let found = self.webhooks.get_opt(name).await?.map(|c| {
+            c.webhooks
+                .unwrap_or_default()
+                .into_iter()
+                .map(|w| (w.name, w.client_config.ca_bundle))
+                .collect()
         });
-        self.webhooks
-            .patch(name, &PatchParams::default(), &Patch::Strategic(&patch))
-            .await?;
-        tracing::info!(configuration = %name, webhooks = stale.len(), "caBundle updated");
+        match found {
+            Some(webhooks) => patch_ca_bundles(&self.webhooks, name, webhooks, &want).await?,
+            None => {
+                tracing::warn!(configuration = %name, "MutatingWebhookConfiguration not found: the chart installs it; sidecars are not injected until it exists")
+            }
+        }
+        if let Some(name) = &self.cfg.validating_webhook_configuration {
+            let found = self.validating.get_opt(name).await?.map(|c| {
+                c.webhooks
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|w| (w.name, w.client_config.ca_bundle))
+                    .collect()
+            });
+            match found {
+                Some(webhooks) => patch_ca_bundles(&self.validating, name, webhooks, &want).await?,
+                None => {
+                    tracing::warn!(configuration = %name, "ValidatingWebhookConfiguration not found: the chart installs it; EnvoyConfigs are admitted unchecked until it exists")
+                }
+            }
+        }
         Ok(true)
     }
 

@@ -36,6 +36,8 @@ pub struct Context {
     pub(crate) previews: Option<Previews>,
     /// Sandbox resources: where their steps run. `None`: resources are not enabled.
     pub(crate) resources: Option<crate::ResourceConfig>,
+    /// Mesh modes (docs/mesh.md). `None`: none is enabled.
+    pub(crate) mesh: Option<crate::MeshConfig>,
     /// The controllers' views of the children they make, set by each `run` (a new leader term
     /// has new watches).
     stores: std::sync::RwLock<Option<Stores>>,
@@ -105,6 +107,7 @@ impl Context {
             fork_policy: crate::ForkPolicy::default(),
             previews: None,
             resources: None,
+            mesh: None,
             stores: std::sync::RwLock::new(None),
             written: Mutex::new(HashMap::new()),
         }
@@ -143,6 +146,13 @@ impl Context {
     /// Run sandbox resources' workflows as configured.
     pub fn with_resources(mut self, resources: crate::ResourceConfig) -> Self {
         self.resources = Some(resources);
+        self
+    }
+
+    /// Also write routing keys' routes into Istio and/or Gateway API objects (a configuration
+    /// with no mode enabled is the same as none).
+    pub fn with_mesh(mut self, mesh: crate::MeshConfig) -> Self {
+        self.mesh = mesh.enabled().then_some(mesh);
         self
     }
 

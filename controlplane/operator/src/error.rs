@@ -25,6 +25,13 @@ pub enum Error {
     Config(String),
     #[error("webhook server: {0}")]
     Webhook(String),
+    /// The Envoy descriptor set did not load (a build fault: every EnvoyConfig waits).
+    #[error("Envoy descriptors: {0}")]
+    Envoy(String),
+    /// A mesh object (VirtualService, HTTPRoute) could not be brought to what a mesh route
+    /// wants.
+    #[error("mesh routes: {0}")]
+    Mesh(String),
 }
 
 /// The reconciler's own error out of a finalizer pass, so the error policy sees what happened.

@@ -8,6 +8,8 @@
 //!    └──────► RoutingConfig (its routing key) ◄── ForkedWorkload status (Service mapping)
 //! RouteGroup ─(label match over Sandboxes)─► RoutingConfig (the group's key)
 //! RoutingConfig status.routeServer.routes ──► route server (`spur routeserver --kubernetes`)
+//! RoutingConfig ─(mesh modes)─► IstioRoute ──► Spur's routes in the user's VirtualServices
+//!               └────────────► GatewayAPIRoute ──► derived HTTPRoutes beside the user's
 //! ```
 //!
 //! Deletion never relies on the garbage collector: every owner carries a finalizer and deletes
@@ -16,12 +18,17 @@
 mod apply;
 mod certs;
 mod context;
+pub mod envoy_decode;
+pub mod envoyconfig;
 mod error;
 pub mod external;
 pub mod fork;
 mod forked;
 pub mod inject;
 mod leader;
+mod mesh;
+mod mesh_gateway;
+mod mesh_istio;
 mod metrics;
 pub mod olm;
 pub mod owner;
@@ -43,9 +50,10 @@ pub use external::TunnelConfig;
 pub use fork::ForkPolicy;
 pub use inject::InjectionConfig;
 pub use leader::{LeaderElection, run_elected};
+pub use mesh::MeshConfig;
 pub use metrics::Metrics;
 pub use olm::ResourceConfig;
-pub use webhook::{MUTATE_POD_PATH, Webhook, WebhookConfig};
+pub use webhook::{MUTATE_POD_PATH, VALIDATE_ENVOYCONFIG_PATH, Webhook, WebhookConfig};
 pub use xds_clients::XdsClientConfig;
 
 use std::sync::Arc;
@@ -62,8 +70,8 @@ use kube::runtime::{Controller, controller, watcher};
 use kube::{Api, Client, ResourceExt};
 use spur_api::routingconfig::SandboxedKind;
 use spur_api::{
-    ExternalWorkload, ForkedWorkload, ObjectLifecycleMethods, Resource, ResourcePlugin, RouteGroup,
-    RoutingConfig, Sandbox,
+    EnvoyConfig, EnvoyConfigRevision, ExternalWorkload, ForkedWorkload, ObjectLifecycleMethods,
+    Resource, ResourcePlugin, RouteGroup, RoutingConfig, Sandbox,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -284,8 +292,16 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         .for_each(|_| std::future::ready(()));
     let gc = tokio::spawn(external::collect_dead_tunnels(ctx.clone(), stop.clone()));
 
-    let rc = primary(Api::<RoutingConfig>::all(client.clone())).with_config(cfg.clone());
+    let mut rc = primary(Api::<RoutingConfig>::all(client.clone())).with_config(cfg.clone());
     let (rc_store, rc_store_ew) = (rc.store(), rc.store());
+    // A mesh route changed or deleted behind the operator's back is restored.
+    let mesh = ctx.mesh.clone().unwrap_or_default();
+    if mesh.istio {
+        rc = rc.owns(Api::<spur_api::IstioRoute>::all(client.clone()), wc());
+    }
+    if mesh.gateway_api {
+        rc = rc.owns(Api::<spur_api::GatewayAPIRoute>::all(client.clone()), wc());
+    }
     let configs = rc
         .watches_stream(rc_fork_changes, move |fw| {
             rc_store
@@ -372,13 +388,47 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         }
     };
 
+    // EnvoyConfigs: a revision's status (the route servers' reports) wakes its config.
+    let envoy = primary(Api::<EnvoyConfig>::all(client.clone()))
+        .with_config(controller::Config::default().debounce(Duration::from_millis(10)))
+        .owns(Api::<EnvoyConfigRevision>::all(client.clone()), wc())
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(
+            envoyconfig::reconcile,
+            envoyconfig::error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| std::future::ready(()));
+
+    let stop_mesh = stop.clone();
+    let mesh_controllers = async move {
+        // Each mode's controller runs only when enabled: without it neither the mesh's CRDs
+        // nor the rights to them need to exist.
+        let istio = async {
+            if mesh.istio {
+                let work =
+                    mesh_istio::run(client.clone(), ctx.clone(), mesh.clone(), stop_mesh.clone());
+                drained("istioroute", work, stop_mesh.clone()).await;
+            }
+        };
+        let gateway = async {
+            if mesh.gateway_api {
+                let work = mesh_gateway::run(client.clone(), ctx.clone(), stop_mesh.clone());
+                drained("gatewayapiroute", work, stop_mesh.clone()).await;
+            }
+        };
+        tokio::join!(istio, gateway);
+    };
+
     tokio::join!(
+        mesh_controllers,
         resource_controllers,
         drained("sandbox", sandboxes, stop.clone()),
         drained("forkedworkload", forks, stop.clone()),
         drained("externalworkload", externals, stop.clone()),
         drained("routingconfig", configs, stop.clone()),
         drained("routegroup", groups, stop.clone()),
+        drained("envoyconfig", envoy, stop.clone()),
     );
     let _ = pki.await;
     let _ = gc.await;

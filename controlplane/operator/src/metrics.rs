@@ -38,6 +38,7 @@ pub struct Metrics {
     cert_issued: Family<Cert, Counter>,
     pki_failures: Counter,
     admissions: Family<Admission, Counter>,
+    envoyconfig_admissions: Family<Admission, Counter>,
     tls_errors: Counter,
     serving_cert_loaded: Gauge,
     tunnels_collected: Counter,
@@ -59,6 +60,7 @@ impl Default for Metrics {
             cert_issued: Family::default(),
             pki_failures: Counter::default(),
             admissions: Family::default(),
+            envoyconfig_admissions: Family::default(),
             tls_errors: Counter::default(),
             serving_cert_loaded: Gauge::default(),
             tunnels_collected: Counter::default(),
@@ -122,6 +124,11 @@ impl Metrics {
             m.admissions.clone(),
         );
         registry.register(
+            "webhook_envoyconfig_admissions",
+            "EnvoyConfig admission reviews answered, by result (allowed, denied, error, invalid)",
+            m.envoyconfig_admissions.clone(),
+        );
+        registry.register(
             "webhook_tls_handshake_errors",
             "TLS handshakes on the webhook port that failed (unknown CA, no certificate yet, ...)",
             m.tls_errors.clone(),
@@ -180,6 +187,12 @@ impl Metrics {
 
     pub(crate) fn admission(&self, result: &'static str) {
         self.admissions.get_or_create(&Admission { result }).inc();
+    }
+
+    pub(crate) fn envoyconfig_admission(&self, result: &'static str) {
+        self.envoyconfig_admissions
+            .get_or_create(&Admission { result })
+            .inc();
     }
 
     pub(crate) fn tls_error(&self) {

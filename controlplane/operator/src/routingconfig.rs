@@ -1,11 +1,14 @@
 //! RoutingConfig controller: turns the sandboxed workloads of one routing key into
 //! `status.routeServer.routes`, which the route server serves. A workload contributes routes
-//! only once it is ready, so keyed traffic never reaches a fork that cannot answer yet.
+//! only once it is ready, so keyed traffic never reaches a fork that cannot answer yet. With
+//! mesh modes enabled it also keeps one IstioRoute / GatewayAPIRoute per baseline Service of
+//! those workloads (`crate::mesh`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use spur_api::conditions::{
@@ -14,15 +17,45 @@ use spur_api::conditions::{
 use spur_api::routingconfig::{RouteServerStatus, SandboxedKind};
 use spur_api::{Route, RoutingConfig, RoutingConfigStatus};
 
-use crate::Error;
 use crate::context::{Context, now};
+use crate::{Error, FINALIZER};
 
 pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("RoutingConfig");
-    if rc.meta().deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
-    }
+    let api: Api<RoutingConfig> = Api::all(ctx.client.clone());
+    let Some(mesh) = ctx.mesh.clone() else {
+        // Without mesh modes a RoutingConfig has nothing of its own to clean up. A finalizer
+        // left from a run with them goes (what remains of its mesh routes is owned by it, and
+        // goes with it through the garbage collector).
+        crate::mesh::remove_finalizer(&api, &*rc, FINALIZER).await?;
+        if rc.meta().deletion_timestamp.is_some() {
+            return Ok(Action::await_change());
+        }
+        return apply(&rc, &ctx, None).await;
+    };
+    // With mesh modes the RoutingConfig owns mesh routes, which write into objects of the
+    // user's: it keeps a finalizer until they are gone.
+    let action = finalizer(&api, FINALIZER, rc, |event| async {
+        match event {
+            Event::Apply(rc) => apply(&rc, &ctx, Some(&mesh)).await,
+            Event::Cleanup(rc) => {
+                let action = crate::mesh::cleanup(&rc, &mesh, &ctx).await?;
+                ctx.succeeded(&key_of(&rc));
+                Ok(action)
+            }
+        }
+    })
+    .await;
+    crate::error::from_finalizer(action)
+}
+
+async fn apply(
+    rc: &RoutingConfig,
+    ctx: &Context,
+    mesh: Option<&crate::MeshConfig>,
+) -> Result<Action, Error> {
     let mut routes = Vec::new();
+    let mut targets = Vec::new();
     let mut waiting = Vec::new();
     let invalid = rc.spec.validate().err().map(|e| e.to_string());
     let stores = ctx.stores();
@@ -32,7 +65,7 @@ pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Context>) -> Resu
             match w.kind {
                 SandboxedKind::ForkedWorkload => {
                     let store = stores.as_ref().map(|s| &s.rc_forks);
-                    let Some(fw) = read(&ctx, store, &w.namespace, &w.name).await? else {
+                    let Some(fw) = read(ctx, store, &w.namespace, &w.name).await? else {
                         waiting.push(format!("{id} (not found)"));
                         continue;
                     };
@@ -47,10 +80,11 @@ pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Context>) -> Resu
                         &fw.spec.baseline,
                         &st.services,
                     ));
+                    targets.push((w, st.services));
                 }
                 SandboxedKind::ExternalWorkload => {
                     let store = stores.as_ref().map(|s| &s.rc_externals);
-                    let Some(ew) = read(&ctx, store, &w.namespace, &w.name).await? else {
+                    let Some(ew) = read(ctx, store, &w.namespace, &w.name).await? else {
                         waiting.push(format!("{id} (not found)"));
                         continue;
                     };
@@ -67,6 +101,7 @@ pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Context>) -> Resu
                         &ew.spec.baseline,
                         &st.services,
                     ));
+                    targets.push((w, st.services));
                 }
                 SandboxedKind::VirtualWorkload => {
                     waiting.push(format!("{id} (kind not supported yet)"));
@@ -106,9 +141,21 @@ pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Context>) -> Resu
         },
         &now(),
     );
+    // The mesh routes follow the same ready workloads as the route server's routes.
+    if let Some(mesh) = mesh {
+        let targets: Vec<crate::mesh::Target<'_>> = targets
+            .iter()
+            .map(|(w, services)| crate::mesh::Target {
+                namespace: &w.namespace,
+                sandbox: &w.sandbox,
+                services,
+            })
+            .collect();
+        crate::mesh::sync(rc, &targets, mesh, ctx).await?;
+    }
     let api: Api<RoutingConfig> = Api::all(ctx.client.clone());
-    ctx.apply_status(&api, &rc, &old, &st).await?;
-    ctx.succeeded(&key_of(&rc));
+    ctx.apply_status(&api, rc, &old, &st).await?;
+    ctx.succeeded(&key_of(rc));
     Ok(Action::requeue(Duration::from_secs(300)))
 }
 

@@ -1,4 +1,6 @@
-//! The sidecar-injection webhook server: AdmissionReview v1 on `POST /mutate-v1-pod` over TLS.
+//! The operator's admission webhooks, AdmissionReview v1 over TLS: sidecar injection on
+//! `POST /mutate-v1-pod`, and EnvoyConfig validation on
+//! `POST /validate-spur-dev-v1alpha1-envoyconfig`.
 //!
 //! Every operator replica serves it (not only the leader). The serving certificate comes from
 //! the Secret the certificate manager maintains, through a watch, and is swapped into the TLS
@@ -13,6 +15,13 @@
 //! It never denies a pod. On any internal fault (API unreachable, ReplicaSet gone) the pod is
 //! admitted unchanged with a warning; the webhook configuration's `failurePolicy: Ignore`
 //! covers the faults this server cannot answer at all.
+//!
+//! EnvoyConfig validation does deny: every resource is decoded into its Envoy v3 message
+//! ([`crate::envoy_decode`]), and the first that does not decode is refused with status 422 and
+//! `spec.resources[i].value: <field path>: <what is wrong>`. An update that leaves the spec as
+//! it was is always allowed, so that a config stored before the webhook existed can still get
+//! its finalizer removed. Its webhook configuration has `failurePolicy: Fail`: an EnvoyConfig
+//! nobody checked would reach the clients.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -28,7 +37,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
-use kube::api::PartialObjectMeta;
+use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -37,7 +46,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
+use spur_api::envoyconfig::EnvoyConfigSpec;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::inject::{self, InjectionConfig, Screen};
@@ -45,6 +56,13 @@ use crate::{Error, Metrics};
 
 /// The admission path, as in the webhook configuration.
 pub const MUTATE_POD_PATH: &str = "/mutate-v1-pod";
+/// The EnvoyConfig validation path, as in the chart's ValidatingWebhookConfiguration.
+pub const VALIDATE_ENVOYCONFIG_PATH: &str = "/validate-spur-dev-v1alpha1-envoyconfig";
+/// EnvoyConfigs decoded at once (each on a blocking thread): decoding is CPU and memory, a
+/// few times the size of the text.
+const DECODES: usize = 2;
+/// How long a review waits for a decoding slot before it is refused as an internal error.
+const DECODE_WAIT: Duration = Duration::from_secs(5);
 /// API server requests are at most 3 MiB; anything larger is not an AdmissionReview.
 const MAX_BODY: usize = 8 << 20;
 /// Each API call made while answering; the API server waits at most `timeoutSeconds` in all.
@@ -124,6 +142,7 @@ impl Webhook {
             metrics,
             certs: certs.clone(),
             bundles_checked: Mutex::new(HashMap::new()),
+            decodes: Arc::new(Semaphore::new(DECODES)),
         });
         let task = tokio::spawn(serve(
             listener,
@@ -131,7 +150,7 @@ impl Webhook {
             state,
             stop,
         ));
-        tracing::info!(addr = %local_addr, path = MUTATE_POD_PATH, "injection webhook listening");
+        tracing::info!(addr = %local_addr, paths = ?[MUTATE_POD_PATH, VALIDATE_ENVOYCONFIG_PATH], "admission webhook listening");
         Ok(Webhook {
             local_addr,
             certs,
@@ -239,6 +258,8 @@ struct State {
     certs: Arc<Certs>,
     /// Namespaces whose CA bundle ConfigMap was seen or created, and when.
     bundles_checked: Mutex<HashMap<String, Instant>>,
+    /// EnvoyConfig decoding slots ([`DECODES`]).
+    decodes: Arc<Semaphore>,
 }
 
 /// How long a namespace's CA bundle ConfigMap is taken to exist without looking again.
@@ -302,19 +323,34 @@ async fn serve(
 }
 
 async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
-    match (req.method(), req.uri().path()) {
-        (&hyper::Method::POST, MUTATE_POD_PATH) => {}
-        (_, MUTATE_POD_PATH) => return text(StatusCode::METHOD_NOT_ALLOWED, "POST only\n"),
+    let pod = match (req.method(), req.uri().path()) {
+        (&hyper::Method::POST, MUTATE_POD_PATH) => true,
+        (&hyper::Method::POST, VALIDATE_ENVOYCONFIG_PATH) => false,
+        (_, MUTATE_POD_PATH | VALIDATE_ENVOYCONFIG_PATH) => {
+            return text(StatusCode::METHOD_NOT_ALLOWED, "POST only\n");
+        }
         _ => return text(StatusCode::NOT_FOUND, "not found\n"),
-    }
+    };
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
-            st.metrics.admission("invalid");
+            if pod {
+                st.metrics.admission("invalid");
+            } else {
+                st.metrics.envoyconfig_admission("invalid");
+            }
             return text(StatusCode::BAD_REQUEST, &format!("cannot read body: {e}\n"));
         }
     };
-    let review: AdmissionReview<Pod> = match serde_json::from_slice(&body) {
+    if pod {
+        review_pod(&body, st).await
+    } else {
+        review_envoyconfig(&body, st).await
+    }
+}
+
+async fn review_pod(body: &[u8], st: &State) -> Response<Full<Bytes>> {
+    let review: AdmissionReview<Pod> = match serde_json::from_slice(body) {
         Ok(r) => r,
         Err(e) => {
             st.metrics.admission("invalid");
@@ -356,6 +392,10 @@ async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
             )]);
         }
     }
+    reply(response)
+}
+
+fn reply(response: AdmissionResponse) -> Response<Full<Bytes>> {
     match serde_json::to_vec(&response.into_review()) {
         Ok(body) => Response::builder()
             .status(StatusCode::OK)
@@ -367,6 +407,88 @@ async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
             "cannot encode response\n",
         ),
     }
+}
+
+// === EnvoyConfig validation ===
+
+async fn review_envoyconfig(body: &[u8], st: &State) -> Response<Full<Bytes>> {
+    // A dynamic object: a spec this operator's types do not read is denied with the reason
+    // below, not answered with a 400 the API server reports as a webhook failure.
+    let request: AdmissionRequest<DynamicObject> =
+        match serde_json::from_slice::<AdmissionReview<DynamicObject>>(body)
+            .map_err(|e| e.to_string())
+            .and_then(|r| {
+                r.try_into()
+                    .map_err(|e: kube::core::admission::ConvertAdmissionReviewError| e.to_string())
+            }) {
+            Ok(r) => r,
+            Err(e) => {
+                st.metrics.envoyconfig_admission("invalid");
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    &format!("not an AdmissionReview with a request: {e}\n"),
+                );
+            }
+        };
+    let mut response = AdmissionResponse::from(&request);
+    match validate_envoyconfig(&request, st).await {
+        Ok(()) => st.metrics.envoyconfig_admission("allowed"),
+        Err(Refusal::Invalid(message)) => {
+            st.metrics.envoyconfig_admission("denied");
+            tracing::debug!(namespace = ?request.namespace, name = %request.name, %message, "EnvoyConfig refused");
+            response = response.deny(message);
+            response.result.code = StatusCode::UNPROCESSABLE_ENTITY.as_u16();
+            response.result.reason = "Invalid".into();
+        }
+        Err(Refusal::Internal(message)) => {
+            st.metrics.envoyconfig_admission("error");
+            tracing::warn!(namespace = ?request.namespace, name = %request.name, error = %message, "EnvoyConfig not validated");
+            response = response.deny(format!(
+                "spur: the EnvoyConfig could not be validated: {message}"
+            ));
+            response.result.code = StatusCode::INTERNAL_SERVER_ERROR.as_u16();
+            response.result.reason = "InternalError".into();
+        }
+    }
+    reply(response)
+}
+
+/// Why an EnvoyConfig is not admitted.
+enum Refusal {
+    /// The user's to fix (422).
+    Invalid(String),
+    /// Spur's: no decoding slot, the descriptors did not load (500).
+    Internal(String),
+}
+
+async fn validate_envoyconfig(
+    req: &AdmissionRequest<DynamicObject>,
+    st: &State,
+) -> Result<(), Refusal> {
+    if !matches!(req.operation, Operation::Create | Operation::Update) {
+        return Ok(());
+    }
+    let spec_of = |o: &Option<DynamicObject>| o.as_ref().and_then(|o| o.data.get("spec").cloned());
+    let Some(spec) = spec_of(&req.object) else {
+        return Err(Refusal::Invalid("spec: required".into()));
+    };
+    if req.operation == Operation::Update && spec_of(&req.old_object).as_ref() == Some(&spec) {
+        return Ok(());
+    }
+    let spec: EnvoyConfigSpec =
+        serde_json::from_value(spec).map_err(|e| Refusal::Invalid(format!("spec: {e}")))?;
+    let permit = tokio::time::timeout(DECODE_WAIT, st.decodes.clone().acquire_owned())
+        .await
+        .map_err(|_| Refusal::Internal("every decoding slot is busy; retry".into()))?
+        .map_err(|e| Refusal::Internal(e.to_string()))?;
+    let decoded = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        crate::envoy_decode::decoder().map(|d| d.decode_all(&spec).map(|_| ()))
+    })
+    .await
+    .map_err(|e| Refusal::Internal(format!("decoding failed: {e}")))?
+    .map_err(|e| Refusal::Internal(e.to_string()))?;
+    decoded.map_err(|e| Refusal::Invalid(e.to_string()))
 }
 
 /// The patch to return and the result to count, `None` to admit without one, or an internal

@@ -15,7 +15,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use spur_api::RoutingConfig;
+use spur_api::{EnvoyConfigRevision, RoutingConfig};
 use spur_proto::routes;
 use spur_routing::RoutingRule;
 use tokio::sync::Notify;
@@ -38,8 +38,9 @@ pub struct KubeStore {
 struct Running {
     configs: Store<RoutingConfig>,
     services: Store<Service>,
-    /// Only with xDS: its clusters' endpoints.
+    /// Only with xDS: its clusters' endpoints, and the published EnvoyConfig revisions.
     slices: Option<Store<EndpointSlice>>,
+    revisions: Option<Store<EnvoyConfigRevision>>,
     dirty: Arc<Notify>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -92,8 +93,26 @@ where
         + Sync
         + 'static,
 {
+    spawn_reflector_with(api, watcher::Config::default(), dirty, what)
+}
+
+fn spawn_reflector_with<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    dirty: Arc<Notify>,
+    what: &'static str,
+) -> (Store<K>, JoinHandle<()>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
     let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+    let stream = reflector::reflector(writer, watcher(api, config))
         .default_backoff()
         .boxed();
     let task = tokio::spawn(async move {
@@ -133,10 +152,23 @@ impl RuleStore for KubeStore {
             tasks.push(t3);
             slices
         });
+        // Only the published revisions: one per EnvoyConfig, not the ten it may keep.
+        let revisions = self.xds.then(|| {
+            let (revisions, t4) = spawn_reflector_with(
+                Api::<EnvoyConfigRevision>::all(self.client.clone()),
+                watcher::Config::default()
+                    .labels(&format!("{}=true", spur_api::envoyconfig::PUBLISHED_LABEL)),
+                dirty.clone(),
+                "EnvoyConfigRevision",
+            );
+            tasks.push(t4);
+            revisions
+        });
         let running = Running {
             configs,
             services,
             slices,
+            revisions,
             dirty,
             tasks,
         };
@@ -145,6 +177,9 @@ impl RuleStore for KubeStore {
             if let Some(slices) = &running.slices {
                 slices.wait_until_ready().await?;
             }
+            if let Some(revisions) = &running.revisions {
+                revisions.wait_until_ready().await?;
+            }
             running.services.wait_until_ready().await
         };
         match tokio::time::timeout(self.sync_timeout, ready).await {
@@ -152,7 +187,7 @@ impl RuleStore for KubeStore {
             Ok(Err(e)) => return Err(crate::Error::Store(format!("watch ended: {e}"))),
             Err(_) => {
                 return Err(crate::Error::Store(format!(
-                    "no complete list of RoutingConfigs and Services (and EndpointSlices, with xDS) within {:?} (is the API server reachable, are the CRDs installed, may this service account list and watch them?)",
+                    "no complete list of RoutingConfigs and Services (and EndpointSlices and published EnvoyConfigRevisions, with xDS) within {:?} (is the API server reachable, are the CRDs installed, may this service account list and watch them?)",
                     self.sync_timeout
                 )));
             }
@@ -193,11 +228,15 @@ fn publish(running: &Running, index: &Index, metrics: &Metrics) {
     let services = running.services.state();
     index.set_services(cluster_services(&services, &configs));
     if let Some(slices) = &running.slices {
-        index.set_xds(crate::xds::model::Model::build(
-            &services,
-            &configs,
-            &slices.state(),
-        ));
+        let revisions = running
+            .revisions
+            .as_ref()
+            .map(Store::state)
+            .unwrap_or_default();
+        index.set_xds(
+            crate::xds::model::Model::build(&services, &configs, &slices.state())
+                .with_node_configs(&revisions),
+        );
     }
 }
 

@@ -399,6 +399,12 @@ impl KubeApi {
     }
 }
 
+/// The directory `tests/kube/build.sh` fills (located, or built, once per process): besides
+/// `kube-apiserver` and `etcd` it holds what else the script provides, e.g. `mesh-crds/`.
+pub async fn bin_dir() -> anyhow::Result<PathBuf> {
+    binaries_dir().await
+}
+
 /// The directory holding `kube-apiserver` and `etcd`, located (or built) once per process.
 async fn binaries_dir() -> anyhow::Result<PathBuf> {
     static DIR: tokio::sync::OnceCell<PathBuf> = tokio::sync::OnceCell::const_new();

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::metrics::XdsMetrics;
-use super::model::canonical_listener;
+use super::model::{NodeConfig, canonical_listener};
 use super::render::{Kind, Snapshot, listener};
 
 /// Responses queued per stream before its task waits for the client to read.
@@ -48,6 +48,10 @@ pub struct TypeStatus {
     /// The version it rejected last, if its latest answer was a rejection, and why.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nacked: Option<Nack>,
+    /// The EnvoyConfigRevision (`namespace/name`) the type was last evaluated against, for a
+    /// node served an EnvoyConfig.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -55,6 +59,9 @@ pub struct TypeStatus {
 pub struct Nack {
     pub version: String,
     pub message: String,
+    /// The EnvoyConfigRevision the rejected response came from, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
 }
 
 /// One open stream, as reported by [`Nodes::list`].
@@ -82,11 +89,51 @@ impl Nodes {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// What the streams of `node_id` did with `revision`: how many are open, how many accepted
+    /// every type they were sent from it, how many rejected one, and the first rejection.
+    pub fn revision_counts(&self, node_id: &str, revision: &str) -> RevisionCounts {
+        let mut c = RevisionCounts::default();
+        for n in self.lock().values().filter(|n| n.node_id == node_id) {
+            if n.types.is_empty() {
+                continue;
+            }
+            c.subscribed += 1;
+            let nack = n.types.values().find_map(|t| {
+                t.nacked
+                    .as_ref()
+                    .filter(|k| k.revision.as_deref() == Some(revision))
+            });
+            if let Some(k) = nack {
+                c.nacked += 1;
+                if c.message.is_none() {
+                    c.message = Some(k.message.clone());
+                }
+                continue;
+            }
+            let all_acked = n.types.values().all(|t| {
+                t.sent.is_some() && t.acked == t.sent && t.revision.as_deref() == Some(revision)
+            });
+            if all_acked {
+                c.acked += 1;
+            }
+        }
+        c
+    }
+
     fn update(&self, id: u64, kind: Kind, f: impl FnOnce(&mut TypeStatus)) {
         if let Some(n) = self.lock().get_mut(&id) {
             f(n.types.entry(kind.label()).or_default());
         }
     }
+}
+
+/// See [`Nodes::revision_counts`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RevisionCounts {
+    pub subscribed: u32,
+    pub acked: u32,
+    pub nacked: u32,
+    pub message: Option<String>,
 }
 
 /// The ADS service.
@@ -169,6 +216,8 @@ struct TypeState {
     evaluated: u64,
     /// Whether the client's latest answer for this type was a NACK.
     nacking: bool,
+    /// The EnvoyConfigRevision what was sent stands for (None: the cluster's own config).
+    source: Option<Arc<str>>,
 }
 
 struct AdsStream {
@@ -309,8 +358,13 @@ impl AdsStream {
                         "xDS client rejected a response; it keeps its previous config"
                     );
                     let version = st.version.clone();
+                    let revision = st.source.as_deref().map(str::to_owned);
                     self.ads.nodes.update(self.id, kind, |s| {
-                        s.nacked = Some(Nack { version, message });
+                        s.nacked = Some(Nack {
+                            version,
+                            message,
+                            revision,
+                        });
                     });
                 }
                 None => {
@@ -362,19 +416,41 @@ impl AdsStream {
     /// Sends `kind`'s current state to the client, unless (`force` aside) it is what the client
     /// was last sent.
     async fn send(&mut self, kind: Kind, snap: &Snapshot, force: bool) -> Result<(), End> {
-        let snap_version = snap.resources(kind).version;
+        let node_config = snap.model.node_configs.get(&self.node_id).cloned();
+        // A node with an EnvoyConfig is evaluated against the configs' version (its high bit
+        // set so the two never compare equal), any other against its type's.
+        let snap_version = match &node_config {
+            Some(_) => snap.nodes_version | 1 << 63,
+            None => snap.resources(kind).version,
+        };
         if !force && self.types[kind.index()].evaluated == snap_version {
             return Ok(());
         }
         self.types[kind.index()].evaluated = snap_version;
         let st = &self.types[kind.index()];
-        let resources = self.resources(kind, st, snap);
+        let resources = match &node_config {
+            Some(cfg) => self.own_resources(kind, st, cfg),
+            None => self.resources(kind, st, snap),
+        };
+        let source: Option<Arc<str>> = node_config.as_ref().map(|c| c.revision.as_str().into());
         if !force && st.sent.as_ref() == Some(&resources) {
+            // Same bytes from another revision: what the client accepted (or rejected) of
+            // them stands for this one too.
+            if st.source != source {
+                let revision = source.as_deref().map(str::to_owned);
+                self.types[kind.index()].source = source;
+                self.ads
+                    .nodes
+                    .update(self.id, kind, |s| s.revision = revision);
+            }
             return Ok(());
         }
         self.nonce += 1;
         let nonce = self.nonce.to_string();
-        let version = snap.resources(kind).version.to_string();
+        let version = match &node_config {
+            Some(cfg) => cfg.version.clone(),
+            None => snap.resources(kind).version.to_string(),
+        };
         let response = DiscoveryResponse {
             version_info: version.clone(),
             resources: resources.iter().map(|a| (**a).clone()).collect(),
@@ -389,9 +465,12 @@ impl AdsStream {
         st.nonce = nonce;
         st.sent = Some(resources);
         st.version.clone_from(&version);
-        self.ads
-            .nodes
-            .update(self.id, kind, |s| s.sent = Some(version));
+        st.source.clone_from(&source);
+        let revision = source.as_deref().map(str::to_owned);
+        self.ads.nodes.update(self.id, kind, |s| {
+            s.sent = Some(version);
+            s.revision = revision;
+        });
         self.ads.metrics.responses(kind).inc();
         if !force {
             // A change of the cluster's state, not an answer to a subscription.
@@ -405,6 +484,19 @@ impl AdsStream {
             r = self.tx.send(Ok(response)) => r.map_err(|_| End::Quiet),
             () = self.ads.stop.cancelled() => Err(End::Quiet),
         }
+    }
+
+    /// The subscribed part of a node's own (EnvoyConfig) resources: names as written, no
+    /// respelling of listener names.
+    fn own_resources(&self, kind: Kind, st: &TypeState, cfg: &NodeConfig) -> Vec<Arc<Any>> {
+        let all = &cfg.types[kind.index()];
+        if st.wildcard {
+            return all.values().cloned().collect();
+        }
+        st.names
+            .iter()
+            .filter_map(|n| all.get(n).cloned())
+            .collect()
     }
 
     fn resources(&self, kind: Kind, st: &TypeState, snap: &Snapshot) -> Vec<Arc<Any>> {
@@ -443,4 +535,82 @@ fn truncate(s: &str) -> String {
         end -= 1;
     }
     format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(sent: &str, acked: Option<&str>, nack: Option<&str>, rev: &str) -> TypeStatus {
+        TypeStatus {
+            sent: Some(sent.into()),
+            acked: acked.map(Into::into),
+            nacked: nack.map(|r| Nack {
+                version: sent.into(),
+                message: format!("no {r}"),
+                revision: Some(r.into()),
+            }),
+            revision: Some(rev.into()),
+        }
+    }
+
+    #[test]
+    fn revision_counts_attribute_rejections_to_the_revision_that_was_sent() {
+        let nodes = Nodes::default();
+        let add = |id: u64, node: &str, types: &[(Kind, TypeStatus)]| {
+            nodes.lock().insert(
+                id,
+                NodeStatus {
+                    node_id: node.into(),
+                    cluster: String::new(),
+                    types: types.iter().map(|(k, t)| (k.label(), t.clone())).collect(),
+                },
+            );
+        };
+        // Accepted everything of r2 (the cluster's bytes came from r1 and were not re-sent,
+        // but count for r2).
+        add(
+            1,
+            "n",
+            &[
+                (Kind::Listener, status("v2", Some("v2"), None, "ns/r2")),
+                (Kind::Cluster, status("v1", Some("v1"), None, "ns/r2")),
+            ],
+        );
+        // Rejected r2's listener.
+        add(
+            2,
+            "n",
+            &[(
+                Kind::Listener,
+                status("v2", Some("v1"), Some("ns/r2"), "ns/r2"),
+            )],
+        );
+        // Sent r2, no answer yet.
+        add(
+            3,
+            "n",
+            &[(Kind::Listener, status("v2", Some("v1"), None, "ns/r2"))],
+        );
+        // Another node, and a stream that subscribed to nothing yet.
+        add(
+            4,
+            "m",
+            &[(Kind::Listener, status("v2", Some("v2"), None, "ns/r2"))],
+        );
+        add(5, "n", &[]);
+        let c = nodes.revision_counts("n", "ns/r2");
+        assert_eq!(
+            c,
+            RevisionCounts {
+                subscribed: 3,
+                acked: 1,
+                nacked: 1,
+                message: Some("no ns/r2".into()),
+            }
+        );
+        // A rejection of r2 says nothing about r1, which nobody has been sent.
+        let c = nodes.revision_counts("n", "ns/r1");
+        assert_eq!((c.subscribed, c.acked, c.nacked), (3, 0, 0));
+    }
 }

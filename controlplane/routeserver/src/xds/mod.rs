@@ -17,8 +17,10 @@ mod ads;
 mod metrics;
 pub mod model;
 pub mod render;
+mod report;
 
-pub use ads::{Nack, NodeStatus, Nodes, TypeStatus};
+pub use ads::{Nack, NodeStatus, Nodes, RevisionCounts, TypeStatus};
+pub use report::Reports;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -53,6 +55,9 @@ pub struct XdsConfig {
     pub max_streams: usize,
     /// Most concurrent streams on one connection.
     pub max_streams_per_connection: u32,
+    /// Where this replica reports what its streams did with EnvoyConfig revisions (the
+    /// operator's rollback reads it); None reports nothing.
+    pub reports: Option<Reports>,
 }
 
 impl XdsConfig {
@@ -64,6 +69,7 @@ impl XdsConfig {
             max_names: 10_000,
             max_streams: 20_000,
             max_streams_per_connection: 100,
+            reports: None,
         }
     }
 }
@@ -143,6 +149,14 @@ pub(crate) async fn start(
         }
     });
     let nodes = Nodes::default();
+    if let Some(r) = config.reports.clone() {
+        tasks.spawn(report::run(
+            r,
+            nodes.clone(),
+            index.subscribe_xds(),
+            stop.clone(),
+        ));
+    }
     let ads = ads::Ads {
         snapshots: rx,
         cluster_domain: config.cluster_domain.as_str().into(),

@@ -8,11 +8,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use envoy_types::pb::google::protobuf::Any;
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
-use spur_api::RoutingConfig;
 use spur_api::common::service_host;
+use spur_api::envoyconfig::EnvoyResourceType;
+use spur_api::{EnvoyConfigRevision, RoutingConfig};
 
 /// The label that ties an EndpointSlice to its Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -24,6 +26,20 @@ pub struct Model {
     pub services: BTreeMap<String, ServiceRoutes>,
     /// Ready endpoints of every Service port, by cluster name.
     pub clusters: BTreeMap<String, Vec<SocketAddr>>,
+    /// Users' own Envoy resources (EnvoyConfig), by node id: a node listed here is served
+    /// these instead of the cluster's.
+    pub node_configs: BTreeMap<String, Arc<NodeConfig>>,
+}
+
+/// The published revision of an EnvoyConfig, as served to its node id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeConfig {
+    /// `namespace/name` of the EnvoyConfigRevision.
+    pub revision: String,
+    /// Its version, which every response from it carries.
+    pub version: String,
+    /// Resources by type ([`super::render::Kind::index`]) and name.
+    pub types: [BTreeMap<String, Arc<Any>>; 4],
 }
 
 /// The routes of one Service port: each key's sandbox cluster, then the baseline.
@@ -115,6 +131,61 @@ impl Model {
             s.keyed.sort_by(|a, b| a.key.cmp(&b.key));
         }
         model
+    }
+
+    /// Adds the published EnvoyConfig revisions. For one node id the latest-published wins:
+    /// the operator labels a new revision before it unlabels the old one, so for a moment both
+    /// are published.
+    pub fn with_node_configs(mut self, revisions: &[Arc<EnvoyConfigRevision>]) -> Model {
+        use base64::Engine;
+        let mut latest: BTreeMap<&str, &EnvoyConfigRevision> = BTreeMap::new();
+        let when = |r: &EnvoyConfigRevision| {
+            (
+                r.status.as_ref().and_then(|s| s.last_published_at.clone()),
+                r.name_any(),
+            )
+        };
+        for r in revisions {
+            let entry = latest.entry(r.spec.node_id.as_str()).or_insert(r);
+            if when(r) > when(entry) {
+                *entry = r;
+            }
+        }
+        for (node, rev) in latest {
+            let mut types: [BTreeMap<String, Arc<Any>>; 4] = Default::default();
+            for res in &rev.spec.resources {
+                let value = match base64::engine::general_purpose::STANDARD.decode(&res.value) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        // The operator wrote it; only a hand-edited revision gets here.
+                        tracing::warn!(revision = %rev.name_any(), resource = %res.name, error = %e, "EnvoyConfigRevision resource is not base64; left out");
+                        continue;
+                    }
+                };
+                let i = match res.type_ {
+                    EnvoyResourceType::Listener => 0,
+                    EnvoyResourceType::Route => 1,
+                    EnvoyResourceType::Cluster => 2,
+                    EnvoyResourceType::Endpoint => 3,
+                };
+                types[i].insert(
+                    res.name.clone(),
+                    Arc::new(Any {
+                        type_url: res.type_.type_url(),
+                        value,
+                    }),
+                );
+            }
+            self.node_configs.insert(
+                node.to_owned(),
+                Arc::new(NodeConfig {
+                    revision: format!("{}/{}", rev.namespace().unwrap_or_default(), rev.name_any()),
+                    version: rev.spec.version.clone(),
+                    types,
+                }),
+            );
+        }
+        self
     }
 }
 
@@ -324,5 +395,48 @@ mod tests {
         ] {
             assert_eq!(c(n), None, "{n}");
         }
+    }
+
+    fn revision(
+        name: &str,
+        node: &str,
+        published_at: &str,
+        value: &str,
+    ) -> Arc<EnvoyConfigRevision> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "spur.dev/v1alpha1", "kind": "EnvoyConfigRevision",
+                "metadata": {"name": name, "namespace": "edge"},
+                "spec": {"nodeID": node, "version": name, "resources": [
+                    {"type": "cluster", "name": "c", "value": value},
+                    {"type": "endpoint", "name": "c", "value": "AA=="},
+                ]},
+                "status": {"published": true, "lastPublishedAt": published_at},
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_node_gets_its_latest_published_revision() {
+        let m = Model::default().with_node_configs(&[
+            revision("new", "n1", "2026-11-26T10:00:01Z", "AQI="),
+            revision("old", "n1", "2026-11-26T10:00:00Z", "AQE="),
+            revision("other", "n2", "2026-11-26T09:00:00Z", "not base64!"),
+        ]);
+        let n1 = &m.node_configs["n1"];
+        assert_eq!(n1.revision, "edge/new");
+        assert_eq!(n1.version, "new");
+        let cluster = &n1.types[2]["c"];
+        assert_eq!(cluster.value, vec![1, 2]);
+        assert_eq!(
+            cluster.type_url,
+            "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+        );
+        assert!(n1.types[3].contains_key("c"));
+        assert!(n1.types[0].is_empty() && n1.types[1].is_empty());
+        // A resource that is not base64 is left out, not the revision.
+        let n2 = &m.node_configs["n2"];
+        assert!(n2.types[2].is_empty() && n2.types[3].contains_key("c"));
     }
 }

@@ -25,7 +25,7 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 use envoy_types::pb::envoy::r#type::matcher::v3::{RegexMatcher, StringMatcher, string_matcher};
 use envoy_types::pb::google::protobuf::{Any, UInt32Value};
 use prost::{Message, Name};
-use spur_routing::extract::{LEGACY_HEADERS, MEMBER_NAMES};
+use spur_api::carriers::{MatchKind, key_matches};
 use tokio::time::Instant;
 
 use super::model::{Model, ServiceRoutes};
@@ -93,6 +93,8 @@ pub struct Snapshot {
     pub published: Instant,
     /// False only for the empty snapshot before the first model: nothing is served from it.
     pub ready: bool,
+    /// Grows by one whenever any node's EnvoyConfig changes.
+    pub nodes_version: u64,
 }
 
 impl Default for Snapshot {
@@ -102,6 +104,7 @@ impl Default for Snapshot {
             types: Default::default(),
             published: Instant::now(),
             ready: false,
+            nodes_version: 0,
         }
     }
 }
@@ -137,11 +140,17 @@ impl Snapshot {
                 }
             };
         }
+        let nodes_version = if self.model.node_configs == model.node_configs {
+            self.nodes_version
+        } else {
+            self.nodes_version + 1
+        };
         Snapshot {
             model,
             types,
             published: Instant::now(),
             ready: true,
+            nodes_version,
         }
     }
 }
@@ -218,57 +227,30 @@ pub fn listener(requested: &str, canonical: &str) -> Arc<Any> {
     })
 }
 
-/// Every key carrier Spur's sidecar reads, as header matchers: W3C `baggage` and `tracestate`
-/// members by regular expression, the OpenTracing/Jaeger headers by exact value. A route
-/// matches when all its matchers do, so each carrier is its own route.
+/// Every key carrier Spur's sidecar reads, as header matchers ([`spur_api::carriers`], shared
+/// with the mesh modes): W3C `baggage` and `tracestate` members by regular expression, the
+/// OpenTracing/Jaeger headers by exact value. A route matches when all its matchers do, so each
+/// carrier is its own route.
 fn key_matchers(key: &str) -> Vec<HeaderMatcher> {
-    let key = regex_escape(key);
-    let names = MEMBER_NAMES.map(regex_escape).join("|");
-    let regex = |name: &str, re: String| HeaderMatcher {
-        name: name.into(),
-        header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(
-            StringMatcher {
-                match_pattern: Some(string_matcher::MatchPattern::SafeRegex(RegexMatcher {
-                    regex: re,
-                    ..Default::default()
-                })),
-                ignore_case: false,
-            },
-        )),
-        ..Default::default()
-    };
-    // A member starts the value or follows a comma (a `;` starts a property of the member
-    // before it); after its value come properties, more members, or nothing.
-    let mut out = vec![
-        regex(
-            "baggage",
-            format!("^(?:.*,)?[ \\t]*(?:{names})[ \\t]*=[ \\t]*{key}[ \\t]*(?:[;,].*)?$"),
-        ),
-        regex(
-            "tracestate",
-            format!("^(?:.*,)?[ \\t]*(?:{names})={key}[ \\t]*(?:,.*)?$"),
-        ),
-    ];
-    out.extend(LEGACY_HEADERS.iter().map(|h| HeaderMatcher {
-        name: (*h).into(),
-        header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(
-            StringMatcher {
-                match_pattern: Some(string_matcher::MatchPattern::Exact(key_unescaped(&key))),
-                ignore_case: false,
-            },
-        )),
-        ..Default::default()
-    }));
-    out
-}
-
-fn key_unescaped(escaped: &str) -> String {
-    escaped.replace('\\', "")
-}
-
-/// Keys are `[A-Za-z0-9._-]`, names `[a-z-]`: only `.` means anything to RE2.
-fn regex_escape(s: &str) -> String {
-    s.replace('.', "\\.")
+    key_matches(key)
+        .into_iter()
+        .map(|m| HeaderMatcher {
+            name: m.header.into(),
+            header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(
+                StringMatcher {
+                    match_pattern: Some(match m.kind {
+                        MatchKind::Regex => string_matcher::MatchPattern::SafeRegex(RegexMatcher {
+                            regex: m.value,
+                            ..Default::default()
+                        }),
+                        MatchKind::Exact => string_matcher::MatchPattern::Exact(m.value),
+                    }),
+                    ignore_case: false,
+                },
+            )),
+            ..Default::default()
+        })
+        .collect()
 }
 
 fn to_cluster(name: &str) -> Option<route::Action> {
@@ -421,7 +403,10 @@ mod tests {
         let m = model();
         let rc = route_configuration("api.default.svc:80", &m.services["api.default.svc:80"]);
         let routes = &rc.virtual_hosts[0].routes;
-        assert_eq!(routes.len(), 2 + LEGACY_HEADERS.len() + 1);
+        assert_eq!(
+            routes.len(),
+            2 + spur_routing::extract::LEGACY_HEADERS.len() + 1
+        );
         assert_eq!(routes.last().unwrap().name, "baseline");
         let re = |r: &Route| match &r.r#match.as_ref().unwrap().headers[0].header_match_specifier {
             Some(header_matcher::HeaderMatchSpecifier::StringMatch(StringMatcher {
