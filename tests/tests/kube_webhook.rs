@@ -1066,9 +1066,12 @@ async fn the_api_server_refuses_envoyconfigs_that_do_not_decode() {
         setup.metric("spur_operator_webhook_envoyconfig_admissions_total{result=\"allowed\"}")
             >= before + 2.0
     );
-    assert_eq!(
-        setup.metric("spur_operator_webhook_envoyconfig_admissions_total{result=\"denied\"}"),
-        6.0
+    // At least the six refusals above (each checked by its message): the API server calls a
+    // webhook again when a connection drops before the answer came, which a loaded machine
+    // sees now and then.
+    assert!(
+        setup.metric("spur_operator_webhook_envoyconfig_admissions_total{result=\"denied\"}")
+            >= 6.0
     );
     assert_eq!(
         setup.metric("spur_operator_webhook_envoyconfig_admissions_total{result=\"error\"}"),
