@@ -432,7 +432,7 @@ impl AdsStream {
             Some(cfg) => self.own_resources(kind, st, cfg),
             None => self.resources(kind, st, snap),
         };
-        let source: Option<Arc<str>> = node_config.as_ref().map(|c| c.revision.as_str().into());
+        let source: Option<Arc<str>> = node_config.as_ref().map(|c| c.revision.clone());
         if !force && st.sent.as_ref() == Some(&resources) {
             // Same bytes from another revision: what the client accepted (or rejected) of
             // them stands for this one too.

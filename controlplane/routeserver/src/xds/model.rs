@@ -35,7 +35,8 @@ pub struct Model {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeConfig {
     /// `namespace/name` of the EnvoyConfigRevision.
-    pub revision: String,
+    /// Shared with every stream that serves it (each one tags what it sends with it).
+    pub revision: Arc<str>,
     /// Its version, which every response from it carries.
     pub version: String,
     /// Resources by type ([`super::render::Kind::index`]) and name.
@@ -179,7 +180,8 @@ impl Model {
             self.node_configs.insert(
                 node.to_owned(),
                 Arc::new(NodeConfig {
-                    revision: format!("{}/{}", rev.namespace().unwrap_or_default(), rev.name_any()),
+                    revision: format!("{}/{}", rev.namespace().unwrap_or_default(), rev.name_any())
+                        .into(),
                     version: rev.spec.version.clone(),
                     types,
                 }),
@@ -425,7 +427,7 @@ mod tests {
             revision("other", "n2", "2026-11-26T09:00:00Z", "not base64!"),
         ]);
         let n1 = &m.node_configs["n1"];
-        assert_eq!(n1.revision, "edge/new");
+        assert_eq!(&*n1.revision, "edge/new");
         assert_eq!(n1.version, "new");
         let cluster = &n1.types[2]["c"];
         assert_eq!(cluster.value, vec![1, 2]);

@@ -82,7 +82,7 @@ pub(crate) async fn run(
                     k8s_openapi::jiff::Timestamp::now(),
                 ),
             });
-            wanted.insert(nc.revision.clone(), entry);
+            wanted.insert(nc.revision.to_string(), entry);
         }
         // Revisions no longer published: take this replica's entry out once.
         for rev in written.keys() {
