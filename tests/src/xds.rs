@@ -72,6 +72,17 @@ impl Pki {
         cert.der().to_vec()
     }
 
+    /// An xDS client certificate of `namespace` (`system:spur:xds:<namespace>`, as the
+    /// operator issues them) as `<stem>.crt` and `<stem>.key`.
+    pub fn xds_client(&self, stem: &str, namespace: &str) {
+        self.leaf(
+            stem,
+            &format!("system:spur:xds:{namespace}"),
+            vec![],
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        );
+    }
+
     /// A new server certificate for `localhost` (`server.crt`, `server.key`), as a renewal
     /// writes it; returns its DER.
     pub fn reissue_server(&self) -> Vec<u8> {

@@ -1,7 +1,9 @@
 //! EnvoyConfig end to end against a real kube-apiserver: the operator (under the chart's RBAC)
 //! cuts revisions, the route server (under the chart's RBAC) serves the published one over its
 //! xDS port to grpc-go's own xDS client (tests/go-xds, unchanged) and reports what the client
-//! did with it, and the operator rolls back a revision every subscribed node rejects.
+//! did with it, and the operator rolls back a revision every subscribed node rejects. Secrets
+//! an EnvoyConfig names are served over SDS, to clients of its namespace only, and sent again
+//! when the Secret changes.
 //!
 //! The rejected revision is one grpc-go refuses though it decodes fine (a cluster with
 //! `lb_policy: MAGLEV`, which gRPC does not implement): the "invalid resource that gets past
@@ -419,6 +421,281 @@ async fn a_revision_every_node_rejects_is_rolled_back_without_stopping_traffic()
     assert!(names.is_empty(), "{names:?}");
 
     drop(c);
+    server.shutdown().await;
+    stop.cancel();
+    operator.await.unwrap();
+}
+
+/// One ADS stream of node `node` subscribed to the SDS secrets `names`.
+struct SdsStream {
+    tx: tokio::sync::mpsc::Sender<DiscoveryRequest>,
+    responses: tonic::Streaming<envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse>,
+    subscribe: DiscoveryRequest,
+}
+
+const SDS: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
+
+impl SdsStream {
+    async fn open(addr: SocketAddr, pki: &Pki, cert: &str, node: &str, names: &[&str]) -> Self {
+        let mut c = ads_client(addr, pki, Some(cert)).await.unwrap();
+        let (tx, rx) = tokio::sync::mpsc::channel::<DiscoveryRequest>(4);
+        let subscribe = DiscoveryRequest {
+            node: Some(Node {
+                id: node.into(),
+                ..Default::default()
+            }),
+            type_url: SDS.into(),
+            resource_names: names.iter().map(|n| (*n).to_owned()).collect(),
+            ..Default::default()
+        };
+        tx.send(subscribe.clone()).await.unwrap();
+        let responses = c
+            .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        SdsStream {
+            tx,
+            responses,
+            subscribe,
+        }
+    }
+
+    /// The next response's secrets (name, certificate chain or trusted CA), ACKed.
+    async fn next(&mut self) -> (String, Vec<(String, Vec<u8>)>) {
+        use envoy_types::pb::envoy::config::core::v3::data_source::Specifier;
+        use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3 as tls;
+        use prost::Message as _;
+        let r = next(&mut self.responses).await;
+        assert_eq!(r.type_url, SDS);
+        let secrets = r
+            .resources
+            .iter()
+            .map(|a| {
+                let s = tls::Secret::decode(a.value.as_slice()).unwrap();
+                let source = match s.r#type.unwrap() {
+                    tls::secret::Type::TlsCertificate(c) => {
+                        // The key goes along with the chain.
+                        assert!(c.private_key.is_some(), "{}: no private key", s.name);
+                        c.certificate_chain.unwrap()
+                    }
+                    tls::secret::Type::ValidationContext(v) => v.trusted_ca.unwrap(),
+                    other => panic!("unexpected secret type {other:?}"),
+                };
+                let Some(Specifier::InlineBytes(b)) = source.specifier else {
+                    panic!("{}: not inline bytes", s.name)
+                };
+                (s.name, b)
+            })
+            .collect();
+        let ack = DiscoveryRequest {
+            version_info: r.version_info.clone(),
+            response_nonce: r.nonce,
+            ..self.subscribe.clone()
+        };
+        self.tx.send(ack).await.unwrap();
+        (r.version_info, secrets)
+    }
+}
+
+async fn put_tls_secret(client: &Client, name: &str, labelled: bool, chain: &str) {
+    let api: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), NS);
+    let labels = if labelled {
+        json!({"spur.dev/envoy-secret": "true"})
+    } else {
+        json!({})
+    };
+    let body = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "labels": labels},
+        "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": chain, "tls.key": "-----BEGIN PRIVATE KEY-----\nnot a real key\n-----END PRIVATE KEY-----\n"},
+    });
+    api.patch(
+        name,
+        &PatchParams::apply("spur-tests").force(),
+        &Patch::Apply(body),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_are_served_over_sds_to_their_namespace_and_sent_again_when_they_change() {
+    kt::capture_logs();
+    let api = KubeApi::start().await.unwrap();
+    kt::install_crds(&api).await.unwrap();
+    let admin = api.client();
+    kt::ensure_namespace(&admin, NS).await.unwrap();
+    let stop = CancellationToken::new();
+    let _stop_all = stop.clone().drop_guard();
+    let operator_client = kt::chart_client(
+        &api,
+        "spur-operator",
+        "operator-rules.yaml",
+        Some("operator-lease-rules.yaml"),
+    )
+    .await
+    .unwrap();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = spur_operator::Metrics::register(&mut registry);
+    let ctx = std::sync::Arc::new(spur_operator::Context::new(
+        operator_client.clone(),
+        Some("test".into()),
+        metrics,
+    ));
+    let operator = tokio::spawn(spur_operator::run(operator_client, ctx, stop.clone()));
+    // The route server with the chart's rights, and the SDS Role in NS as the chart binds it
+    // for xds.sds.namespaces=[edge].
+    let rs_client = kt::chart_client(&api, "spur-routeserver", "routeserver-rules.yaml", None)
+        .await
+        .unwrap();
+    kt::grant_in_namespace(&api, "spur-routeserver", NS, "routeserver-sds-rules.yaml")
+        .await
+        .unwrap();
+    let pki = Pki::new();
+    pki.xds_client("edge-client", NS);
+    let server = RouteServer::start_with(
+        RouteServerConfig {
+            grpc_addr: "127.0.0.1:0".parse().unwrap(),
+            http_addr: "127.0.0.1:0".parse().unwrap(),
+            xds: Some(XdsConfig {
+                addr: "127.0.0.1:0".parse().unwrap(),
+                reports: Some(Reports {
+                    client: rs_client.clone(),
+                    replica: "routeserver-0".into(),
+                    interval: Duration::from_secs(1),
+                }),
+                ..XdsConfig::new(Some(pki.xds_tls()))
+            }),
+            ..RouteServerConfig::new("")
+        },
+        KubeStore::new(rs_client)
+            .with_xds()
+            .with_secret_namespaces(vec![NS.into()]),
+    )
+    .await
+    .unwrap();
+    let xds_addr = server.xds_addr.unwrap();
+
+    put_tls_secret(&admin, "edge-cert", true, "CHAIN-1").await;
+    // Not labelled: an EnvoyConfig author who may not read Secrets cannot have it served.
+    put_tls_secret(&admin, "ingress-cert", false, "INGRESS").await;
+    let api_ec: Api<EnvoyConfig> = Api::namespaced(admin.clone(), NS);
+    api_ec
+        .patch(
+            "gateway",
+            &PatchParams::apply("spur-tests").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "spur.dev/v1alpha1", "kind": "EnvoyConfig",
+                "metadata": {"name": "gateway"},
+                "spec": {"nodeID": "gateway", "resources": [
+                    {"type": "secret", "generateFromTlsSecret": "edge-cert"},
+                    {"type": "secret", "generateFromTlsSecret": "edge-cert-ca", "blueprint": "validationContext"},
+                    {"type": "secret", "generateFromTlsSecret": "ingress-cert"},
+                ]},
+            })),
+        )
+        .await
+        .unwrap();
+    eventually("the revision published", || async {
+        let st = api_ec.get("gateway").await.ok()?.status?;
+        (st.cache_state == Some(spur_api::envoyconfig::CacheState::InSync)).then_some(())
+    })
+    .await;
+
+    let mut edge = SdsStream::open(
+        xds_addr,
+        &pki,
+        "edge-client",
+        "gateway",
+        &["edge-cert", "edge-cert-ca", "ingress-cert"],
+    )
+    .await;
+    // Until the route server sees the published revision, the node has the cluster's own
+    // config, which has no secrets.
+    let (mut v1, mut got) = edge.next().await;
+    for _ in 0..3 {
+        if !got.is_empty() {
+            break;
+        }
+        (v1, got) = edge.next().await;
+    }
+    assert_eq!(got, [("edge-cert".to_owned(), b"CHAIN-1".to_vec())]);
+
+    // What cannot be served says so in the EnvoyConfig's status.
+    let st = eventually("the unresolved secrets in status", || async {
+        let st = serde_json::to_value(api_ec.get("gateway").await.ok()?.status).ok()?;
+        (condition(&st, "SecretsResolved")["status"] == "False").then_some(st)
+    })
+    .await;
+    let message = condition(&st, "SecretsResolved")["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains("edge/ingress-cert: no Secret labelled spur.dev/envoy-secret=true")
+            && message.contains("edge/edge-cert-ca"),
+        "{message}"
+    );
+
+    // A client whose certificate is of another namespace gets no secret of this one, even
+    // with the right node id.
+    let mut other = SdsStream::open(xds_addr, &pki, "client", "gateway", &["edge-cert"]).await;
+    let (_, got) = other.next().await;
+    assert!(got.is_empty(), "{got:?}");
+    let refused = spur_e2e::sample(
+        &spur_e2e::metrics(server.http_addr).await,
+        "spur_routeserver_xds_secrets_refused_total",
+    );
+    assert_eq!(refused, 1.0);
+
+    // The Secret changes (a renewal): sent again on the open stream, a new version, no new
+    // subscription.
+    put_tls_secret(&admin, "edge-cert", true, "CHAIN-2").await;
+    let (v2, got) = edge.next().await;
+    assert_eq!(got, [("edge-cert".to_owned(), b"CHAIN-2".to_vec())]);
+    assert_ne!(v1, v2);
+
+    // The missing CA appears, and the once-unlabelled Secret is labelled: both are served.
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(admin.clone(), NS);
+    secrets
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "edge-cert-ca", "labels": {"spur.dev/envoy-secret": "true"}},
+                "type": "kubernetes.io/tls",
+                "stringData": {"tls.crt": "LEAF", "tls.key": "KEY", "ca.crt": "THE-CA"},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    // The next response carries it (nothing else changes meanwhile); a few allow for a
+    // watch event that moved nothing served.
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got = edge.next().await.1;
+        if got.iter().any(|(n, _)| n == "edge-cert-ca") {
+            break;
+        }
+    }
+    assert!(
+        got.contains(&("edge-cert-ca".to_owned(), b"THE-CA".to_vec())),
+        "{got:?}"
+    );
+    put_tls_secret(&admin, "ingress-cert", true, "INGRESS").await;
+    let (_, got) = edge.next().await;
+    assert_eq!(got.len(), 3, "{got:?}");
+    eventually("every secret resolved", || async {
+        let st = serde_json::to_value(api_ec.get("gateway").await.ok()?.status).ok()?;
+        (condition(&st, "SecretsResolved")["status"] == "True").then_some(())
+    })
+    .await;
+
+    drop(edge);
+    drop(other);
     server.shutdown().await;
     stop.cancel();
     operator.await.unwrap();

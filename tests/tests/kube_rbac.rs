@@ -121,6 +121,16 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
     .await
     .unwrap();
 
+    // As the chart binds it with xds.sds.namespaces=[shop].
+    kube_rbac::grant_in_namespace(
+        &api,
+        "spur-routeserver",
+        "shop",
+        "routeserver-sds-rules.yaml",
+    )
+    .await
+    .unwrap();
+
     let agent = kube_rbac::chart_client(&api, "spur-agent", "agent-rules.yaml", None)
         .await
         .unwrap();
@@ -246,6 +256,13 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
                     .split(',')
                     .any(|v| ["get", "list", "watch"].contains(&v)),
                 "the operator may read Secrets outside its namespace: {line}"
+            );
+        }
+        // SDS: the route server reads Secrets only in the namespaces xds.sds.namespaces names.
+        if line.starts_with("spur-routeserver ") && line.contains("resources=secrets ") {
+            assert!(
+                line.starts_with("spur-routeserver shop ") && verbs == "list,watch",
+                "the route server may read Secrets beyond its SDS namespaces: {line}"
             );
         }
         if line.starts_with("spur-tunnel-proxy ") && line.contains("secrets") {

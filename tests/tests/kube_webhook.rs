@@ -915,6 +915,8 @@ fn envoy_config(name: &str, serialization: Serialization, values: &[String]) -> 
                 .map(|(i, v)| EnvoyResource {
                     type_: types[i.min(1)],
                     value: v.clone(),
+                    generate_from_tls_secret: None,
+                    blueprint: None,
                 })
                 .collect(),
         },
@@ -982,6 +984,43 @@ async fn the_api_server_refuses_envoyconfigs_that_do_not_decode() {
         );
         assert!(configs.get_opt(name).await.unwrap().is_none(), "{name}");
     }
+
+    // A secret is never written inline (its key would be readable by whoever reads
+    // EnvoyConfigs): it names a Secret, which is served over SDS.
+    let mut inline = envoy_config(
+        "inline-secret",
+        Serialization::Json,
+        std::slice::from_ref(&cluster),
+    );
+    inline.spec.resources.push(EnvoyResource {
+        type_: EnvoyResourceType::Secret,
+        value: json!({"name": "tls", "tls_certificate": {"private_key": {"inline_string": "KEY"}}})
+            .to_string(),
+        generate_from_tls_secret: None,
+        blueprint: None,
+    });
+    let (code, message) = refusal(configs.create(&PostParams::default(), &inline).await);
+    assert_eq!(code, 422, "{message}");
+    assert!(
+        message.contains("spec.resources[1].value: a secret is not written inline")
+            && !message.contains("KEY"),
+        "{message}"
+    );
+    let mut by_ref = envoy_config(
+        "secret-ref",
+        Serialization::Json,
+        std::slice::from_ref(&cluster),
+    );
+    by_ref.spec.resources.push(EnvoyResource {
+        type_: EnvoyResourceType::Secret,
+        value: String::new(),
+        generate_from_tls_secret: Some("edge-cert".into()),
+        blueprint: None,
+    });
+    configs
+        .create(&PostParams::default(), &by_ref)
+        .await
+        .unwrap();
 
     // Valid, in JSON and in YAML.
     let json_ec = envoy_config(
@@ -1066,12 +1105,12 @@ async fn the_api_server_refuses_envoyconfigs_that_do_not_decode() {
         setup.metric("spur_operator_webhook_envoyconfig_admissions_total{result=\"allowed\"}")
             >= before + 2.0
     );
-    // At least the six refusals above (each checked by its message): the API server calls a
+    // At least the seven refusals above (each checked by its message): the API server calls a
     // webhook again when a connection drops before the answer came, which a loaded machine
     // sees now and then.
     assert!(
         setup.metric("spur_operator_webhook_envoyconfig_admissions_total{result=\"denied\"}")
-            >= 6.0
+            >= 7.0
     );
     assert_eq!(
         setup.metric("spur_operator_webhook_envoyconfig_admissions_total{result=\"error\"}"),

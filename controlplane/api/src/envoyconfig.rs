@@ -34,6 +34,9 @@ pub const RESOURCE_MAX: usize = 256 * 1024;
 pub const PUBLISHED_LABEL: &str = "spur.dev/envoy-published";
 /// The label naming a revision's EnvoyConfig.
 pub const CONFIG_LABEL: &str = "spur.dev/envoy-config";
+/// The label (value `true`) a Secret needs before the route server serves it over SDS: being
+/// able to write an EnvoyConfig must not be enough to read a Secret out through xDS.
+pub const SECRET_LABEL: &str = "spur.dev/envoy-secret";
 
 /// State of the art for this node id: `InSync` serves the newest revision, `Rollback` serves an
 /// older one because every subscribed node rejected the newer, `RollbackFailed` found no good
@@ -53,6 +56,9 @@ pub mod conditions {
     /// True while some, not all, of the nodes subscribed to the published revision reject it:
     /// no rollback (as in MARIN3R), but it shows.
     pub const NODES_FAILING: &str = "NodesFailing";
+    /// False (reason `SecretUnavailable`) while a route server with subscribed nodes cannot
+    /// serve a Secret the published revision names.
+    pub const SECRETS_RESOLVED: &str = "SecretsResolved";
     /// On a revision: every subscribed node rejected it.
     pub const TAINTED: &str = "RevisionTainted";
 }
@@ -121,14 +127,18 @@ pub enum EnvoyResourceType {
     Cluster,
     /// `envoy.config.endpoint.v3.ClusterLoadAssignment`
     Endpoint,
+    /// `envoy.extensions.transport_sockets.tls.v3.Secret`, served over SDS and generated from a
+    /// `kubernetes.io/tls` Secret (`generateFromTlsSecret`), never written inline.
+    Secret,
 }
 
 impl EnvoyResourceType {
-    pub const ALL: [EnvoyResourceType; 4] = [
+    pub const ALL: [EnvoyResourceType; 5] = [
         EnvoyResourceType::Listener,
         EnvoyResourceType::Route,
         EnvoyResourceType::Cluster,
         EnvoyResourceType::Endpoint,
+        EnvoyResourceType::Secret,
     ];
 
     /// The fully qualified protobuf message name.
@@ -138,6 +148,7 @@ impl EnvoyResourceType {
             EnvoyResourceType::Route => "envoy.config.route.v3.RouteConfiguration",
             EnvoyResourceType::Cluster => "envoy.config.cluster.v3.Cluster",
             EnvoyResourceType::Endpoint => "envoy.config.endpoint.v3.ClusterLoadAssignment",
+            EnvoyResourceType::Secret => "envoy.extensions.transport_sockets.tls.v3.Secret",
         }
     }
 
@@ -147,15 +158,38 @@ impl EnvoyResourceType {
     }
 }
 
+/// What an SDS secret generated from a `kubernetes.io/tls` Secret carries (MARIN3R's
+/// `blueprint`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum SecretBlueprint {
+    /// `tls_certificate`: `tls.crt` as the chain, `tls.key` as the private key.
+    #[default]
+    TlsCertificate,
+    /// `validation_context`: `ca.crt` (or `tls.crt` when the Secret has no `ca.crt`) as the
+    /// trusted CA.
+    ValidationContext,
+}
+
 /// One resource as the user wrote it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EnvoyResource {
     #[serde(rename = "type")]
     pub type_: EnvoyResourceType,
-    /// The message, in `spec.serialization`.
-    #[schemars(length(min = 1, max = RESOURCE_MAX))]
+    /// The message, in `spec.serialization`. Every type but `secret` has one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = RESOURCE_MAX))]
     pub value: String,
+    /// Only for `type: secret`: the `kubernetes.io/tls` Secret, in this namespace and labelled
+    /// `spur.dev/envoy-secret=true`, the SDS secret is generated from. The SDS resource is named
+    /// after it and re-sent whenever it changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub generate_from_tls_secret: Option<String>,
+    /// Only for `type: secret`: what the SDS secret carries (default `tlsCertificate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blueprint: Option<SecretBlueprint>,
 }
 
 /// Observed state of an EnvoyConfig.
@@ -208,6 +242,9 @@ pub struct NodeCounts {
     /// The first rejection's message, shortened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Secrets the revision names that a route server cannot serve, each with the reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unresolved_secrets: Vec<String>,
 }
 
 /// One revision of an EnvoyConfig: its resources, decoded and encoded once, as served.
@@ -255,8 +292,15 @@ pub struct EncodedResource {
     /// The resource's `name` (`cluster_name` for endpoints).
     #[schemars(length(min = 1, max = NODE_ID_MAX))]
     pub name: String,
-    /// The protobuf encoding of the message, base64.
+    /// The protobuf encoding of the message, base64; empty for a secret, which the route server
+    /// generates from its Secret whenever that changes.
+    #[serde(default)]
     pub value: String,
+    /// For a secret: the Secret it is generated from (in the revision's namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generate_from_tls_secret: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blueprint: Option<SecretBlueprint>,
 }
 
 /// Observed state of a revision.
@@ -290,6 +334,11 @@ pub struct ReplicaReport {
     pub nacked: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Secrets of the revision this replica cannot serve (missing, not labelled
+    /// `spur.dev/envoy-secret=true`, not `kubernetes.io/tls`, or in a namespace it does not
+    /// watch), each with the reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unresolved_secrets: Vec<String>,
     /// When the replica last wrote this entry; the operator ignores entries older than three
     /// report intervals (a replica that died without clearing its entry).
     pub updated_at: Time,
@@ -310,7 +359,11 @@ impl EnvoyConfigRevisionStatus {
             if c.message.is_none() {
                 c.message.clone_from(&r.message);
             }
+            c.unresolved_secrets
+                .extend(r.unresolved_secrets.iter().cloned());
         }
+        c.unresolved_secrets.sort();
+        c.unresolved_secrets.dedup();
         c
     }
 }

@@ -91,6 +91,16 @@ pub(crate) struct RouteserverArgs {
     /// reports older than three of these.
     #[arg(long, env = "SPUR_XDS_REPORT_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     xds_report_interval: Duration,
+    /// Namespaces in which EnvoyConfigs may have Secrets served over SDS (comma-separated): the
+    /// route server watches the Secrets labelled spur.dev/envoy-secret=true there, and must be
+    /// allowed to read Secrets in each (the chart's xds.sds.namespaces grants exactly that).
+    #[arg(
+        long,
+        env = "SPUR_XDS_SECRET_NAMESPACES",
+        value_delimiter = ',',
+        requires = "xds_addr"
+    )]
+    xds_secret_namespaces: Vec<String>,
 }
 
 pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
@@ -178,10 +188,24 @@ pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
         auth,
         xds,
     };
+    let mut secret_namespaces: Vec<String> = args
+        .xds_secret_namespaces
+        .iter()
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .collect();
+    secret_namespaces.sort();
+    secret_namespaces.dedup();
+    if let Some(bad) = secret_namespaces
+        .iter()
+        .find(|n| !spur_api::validation::is_dns_label(n))
+    {
+        anyhow::bail!("--xds-secret-namespaces: {bad:?} is not a namespace name");
+    }
     let server = if let Some(client) = client {
         let mut store = KubeStore::new(client);
         if config.xds.is_some() {
-            store = store.with_xds();
+            store = store.with_xds().with_secret_namespaces(secret_namespaces);
         }
         RouteServer::start_with(config, store).await
     } else {

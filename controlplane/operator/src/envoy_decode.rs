@@ -74,6 +74,8 @@ pub struct Decoded {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct DecodeError {
     pub index: usize,
+    /// The resource's field at fault: `value` but for a secret's own fields.
+    pub field: &'static str,
     /// Where in the resource, as written (`filter_chains[0].filters[0].typed_config.foo`);
     /// empty when the resource as a whole is wrong (syntax, length, name).
     pub path: String,
@@ -82,7 +84,7 @@ pub struct DecodeError {
 
 impl fmt::Display for DecodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "spec.resources[{}].value: ", self.index)?;
+        write!(f, "spec.resources[{}].{}: ", self.index, self.field)?;
         if !self.path.is_empty() {
             write!(f, "{}: ", self.path)?;
         }
@@ -199,6 +201,7 @@ impl Decoder {
         if spec.resources.len() > MAX_RESOURCES {
             return Err(DecodeError {
                 index: MAX_RESOURCES,
+                field: "value",
                 path: String::new(),
                 message: format!("more than {MAX_RESOURCES} resources"),
             });
@@ -208,9 +211,56 @@ impl Decoder {
         for (index, r) in spec.resources.iter().enumerate() {
             let fail = |path: String, message: String| DecodeError {
                 index,
+                field: "value",
                 path,
                 message,
             };
+            if r.type_ == EnvoyResourceType::Secret {
+                let secret = secret_ref(index, r)?;
+                if !seen.insert((r.type_, secret.clone())) {
+                    return Err(DecodeError {
+                        index,
+                        field: "generateFromTlsSecret",
+                        path: String::new(),
+                        message: format!(
+                            "a second secret generated from Secret {secret:?}: names are unique per type"
+                        ),
+                    });
+                }
+                out.push(EncodedResource {
+                    type_: r.type_,
+                    name: secret.clone(),
+                    value: String::new(),
+                    generate_from_tls_secret: Some(secret),
+                    blueprint: Some(r.blueprint.unwrap_or_default()),
+                });
+                continue;
+            }
+            for (field, set) in [
+                (
+                    "generateFromTlsSecret",
+                    r.generate_from_tls_secret.is_some(),
+                ),
+                ("blueprint", r.blueprint.is_some()),
+            ] {
+                if set {
+                    return Err(DecodeError {
+                        index,
+                        field,
+                        path: String::new(),
+                        message: format!("only a resource of type secret has {field}"),
+                    });
+                }
+            }
+            if r.value.is_empty() {
+                return Err(fail(
+                    String::new(),
+                    format!(
+                        "a resource of type {} needs a value",
+                        r.type_.message_name()
+                    ),
+                ));
+            }
             let d = self
                 .decode(r.type_, spec.serialization, &r.value)
                 .map_err(|(p, m)| fail(p, m))?;
@@ -244,6 +294,8 @@ impl Decoder {
                 type_: r.type_,
                 name: d.name,
                 value: base64::engine::general_purpose::STANDARD.encode(&d.bytes),
+                generate_from_tls_secret: None,
+                blueprint: None,
             });
         }
         Ok(out)
@@ -523,4 +575,41 @@ impl<'de> Visitor<'de> for Budgeted<'_> {
         }
         Ok(serde_json::Value::Object(out))
     }
+}
+
+/// The Secret a `type: secret` resource is generated from, checked: a private key written into
+/// an EnvoyConfig would be readable by everyone who may read EnvoyConfigs, so there is no inline
+/// form.
+fn secret_ref(
+    index: usize,
+    r: &spur_api::envoyconfig::EnvoyResource,
+) -> Result<String, DecodeError> {
+    let fail = |field: &'static str, message: String| DecodeError {
+        index,
+        field,
+        path: String::new(),
+        message,
+    };
+    if !r.value.is_empty() {
+        return Err(fail(
+            "value",
+            "a secret is not written inline: name a kubernetes.io/tls Secret in generateFromTlsSecret (labelled spur.dev/envoy-secret=true) and it is served over SDS".into(),
+        ));
+    }
+    let Some(name) = &r.generate_from_tls_secret else {
+        return Err(fail(
+            "generateFromTlsSecret",
+            "a resource of type secret names the kubernetes.io/tls Secret it is generated from"
+                .into(),
+        ));
+    };
+    if !spur_api::validation::is_dns_subdomain(name) {
+        return Err(fail(
+            "generateFromTlsSecret",
+            format!(
+                "{name:?} is not a Secret name (a DNS subdomain: lowercase letters, digits, '-' and '.', at most 253)"
+            ),
+        ));
+    }
+    Ok(name.clone())
 }

@@ -358,6 +358,29 @@ async fn apply(ec: &EnvoyConfig, ns: &str, ctx: &Context) -> Result<Action, Erro
             "",
         );
     }
+    if counts.unresolved_secrets.is_empty() {
+        set(
+            &mut st,
+            ec,
+            conditions::SECRETS_RESOLVED,
+            true,
+            "Resolved",
+            "",
+        );
+    } else {
+        let message = format!(
+            "the route server cannot serve: {}",
+            counts.unresolved_secrets.join("; ")
+        );
+        set(
+            &mut st,
+            ec,
+            conditions::SECRETS_RESOLVED,
+            false,
+            "SecretUnavailable",
+            &message,
+        );
+    }
     ctx.apply_status(&cfg_api, ec, &old, &st).await?;
     ctx.succeeded(&key_of(ec));
     // Reports are refreshed every REPORT_INTERVAL; a look now and then ages dead ones out.
@@ -499,6 +522,8 @@ mod tests {
                 .map(|(t, v)| EnvoyResource {
                     type_: *t,
                     value: (*v).into(),
+                    generate_from_tls_secret: None,
+                    blueprint: None,
                 })
                 .collect(),
         };

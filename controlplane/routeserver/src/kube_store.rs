@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -32,6 +32,8 @@ pub struct KubeStore {
     sync_timeout: Duration,
     debounce: Duration,
     xds: bool,
+    /// Namespaces whose labelled Secrets SDS may serve.
+    secret_namespaces: Vec<String>,
     running: Option<Running>,
 }
 
@@ -41,6 +43,9 @@ struct Running {
     /// Only with xDS: its clusters' endpoints, and the published EnvoyConfig revisions.
     slices: Option<Store<EndpointSlice>>,
     revisions: Option<Store<EnvoyConfigRevision>>,
+    /// One per namespace of `secret_namespaces`, only Secrets labelled for SDS.
+    secrets: Vec<Store<Secret>>,
+    secret_namespaces: Vec<String>,
     dirty: Arc<Notify>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -61,6 +66,7 @@ impl KubeStore {
             sync_timeout: Duration::from_secs(60),
             debounce: Duration::from_millis(20),
             xds: false,
+            secret_namespaces: Vec::new(),
             running: None,
         }
     }
@@ -68,6 +74,14 @@ impl KubeStore {
     /// Also watches EndpointSlices and publishes the xDS model (see [`crate::xds`]).
     pub fn with_xds(mut self) -> Self {
         self.xds = true;
+        self
+    }
+
+    /// With xDS, also serves over SDS the Secrets labelled `spur.dev/envoy-secret=true` in
+    /// `namespaces` that EnvoyConfigs there name (the route server may read Secrets there and
+    /// nowhere else).
+    pub fn with_secret_namespaces(mut self, namespaces: Vec<String>) -> Self {
+        self.secret_namespaces = namespaces;
         self
     }
 
@@ -164,11 +178,27 @@ impl RuleStore for KubeStore {
             tasks.push(t4);
             revisions
         });
+        let mut secrets = Vec::new();
+        if self.xds {
+            for ns in &self.secret_namespaces {
+                let (store, task) = spawn_reflector_with(
+                    Api::<Secret>::namespaced(self.client.clone(), ns),
+                    watcher::Config::default()
+                        .labels(&format!("{}=true", spur_api::envoyconfig::SECRET_LABEL)),
+                    dirty.clone(),
+                    "Secret",
+                );
+                tasks.push(task);
+                secrets.push(store);
+            }
+        }
         let running = Running {
             configs,
             services,
             slices,
             revisions,
+            secrets,
+            secret_namespaces: self.secret_namespaces.clone(),
             dirty,
             tasks,
         };
@@ -180,6 +210,9 @@ impl RuleStore for KubeStore {
             if let Some(revisions) = &running.revisions {
                 revisions.wait_until_ready().await?;
             }
+            for s in &running.secrets {
+                s.wait_until_ready().await?;
+            }
             running.services.wait_until_ready().await
         };
         match tokio::time::timeout(self.sync_timeout, ready).await {
@@ -187,7 +220,7 @@ impl RuleStore for KubeStore {
             Ok(Err(e)) => return Err(crate::Error::Store(format!("watch ended: {e}"))),
             Err(_) => {
                 return Err(crate::Error::Store(format!(
-                    "no complete list of RoutingConfigs and Services (and EndpointSlices and published EnvoyConfigRevisions, with xDS) within {:?} (is the API server reachable, are the CRDs installed, may this service account list and watch them?)",
+                    "no complete list of RoutingConfigs and Services (and EndpointSlices, published EnvoyConfigRevisions and SDS Secrets, with xDS) within {:?} (is the API server reachable, are the CRDs installed, may this service account list and watch them?)",
                     self.sync_timeout
                 )));
             }
@@ -233,9 +266,16 @@ fn publish(running: &Running, index: &Index, metrics: &Metrics) {
             .as_ref()
             .map(Store::state)
             .unwrap_or_default();
+        let secrets: Vec<Arc<Secret>> = running.secrets.iter().flat_map(Store::state).collect();
         index.set_xds(
             crate::xds::model::Model::build(&services, &configs, &slices.state())
-                .with_node_configs(&revisions),
+                .with_node_configs(
+                    &revisions,
+                    crate::xds::model::TlsSecrets {
+                        namespaces: &running.secret_namespaces,
+                        secrets: &secrets,
+                    },
+                ),
         );
     }
 }

@@ -231,15 +231,7 @@ impl ClientCertVerifier for ClientCa {
             .0
             .verify_client_cert(end_entity, intermediates, now)?;
         if let Some(prefix) = &self.cn_prefix {
-            let cn = x509_parser::parse_x509_certificate(end_entity.as_ref())
-                .ok()
-                .and_then(|(_, c)| {
-                    c.subject()
-                        .iter_common_name()
-                        .next()
-                        .and_then(|cn| cn.as_str().ok())
-                        .map(str::to_owned)
-                });
+            let cn = common_name(end_entity.as_ref());
             if !cn.is_some_and(|cn| cn.starts_with(prefix.as_str())) {
                 return Err(rustls::Error::General(format!(
                     "the client certificate is not one of this port's clients (common name must start with {prefix:?})"
@@ -336,22 +328,45 @@ pub enum Conn {
 }
 
 /// What a gRPC handler can learn about its connection.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Peer {
     pub remote: Option<SocketAddr>,
+    /// The common name of the client certificate the handshake verified (None over plaintext
+    /// or without one).
+    pub client_cn: Option<Arc<str>>,
 }
 
 impl tonic::transport::server::Connected for Conn {
     type ConnectInfo = Peer;
     fn connect_info(&self) -> Peer {
-        let tcp = match self {
-            Conn::Plain(t) => t,
-            Conn::Tls(t) => t.get_ref().0,
-        };
-        Peer {
-            remote: tcp.peer_addr().ok(),
+        match self {
+            Conn::Plain(t) => Peer {
+                remote: t.peer_addr().ok(),
+                client_cn: None,
+            },
+            Conn::Tls(t) => {
+                let (tcp, session) = t.get_ref();
+                Peer {
+                    remote: tcp.peer_addr().ok(),
+                    client_cn: session
+                        .peer_certificates()
+                        .and_then(|chain| chain.first())
+                        .and_then(|c| common_name(c.as_ref()))
+                        .map(Arc::from),
+                }
+            }
         }
     }
+}
+
+/// The first common name of a DER certificate's subject.
+fn common_name(der: &[u8]) -> Option<String> {
+    let (_, c) = x509_parser::parse_x509_certificate(der).ok()?;
+    c.subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .map(str::to_owned)
 }
 
 impl AsyncRead for Conn {

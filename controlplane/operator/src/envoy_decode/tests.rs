@@ -53,6 +53,8 @@ fn spec(ser: Serialization, resources: &[(EnvoyResourceType, String)]) -> EnvoyC
             .map(|(t, v)| EnvoyResource {
                 type_: *t,
                 value: v.clone(),
+                generate_from_tls_secret: None,
+                blueprint: None,
             })
             .collect(),
     }
@@ -359,6 +361,81 @@ fn names_are_required_and_unique_per_type() {
         ))
         .unwrap_err();
     assert_eq!(err.path, "cluster_name");
+}
+
+#[test]
+fn secrets_name_a_tls_secret_and_carry_nothing_inline() {
+    use spur_api::envoyconfig::SecretBlueprint;
+    let secret =
+        |from: Option<&str>, value: &str, blueprint: Option<SecretBlueprint>| EnvoyResource {
+            type_: EnvoyResourceType::Secret,
+            value: value.into(),
+            generate_from_tls_secret: from.map(str::to_owned),
+            blueprint,
+        };
+    let with = |resources: Vec<EnvoyResource>| EnvoyConfigSpec {
+        node_id: "node".into(),
+        serialization: Serialization::Json,
+        resources,
+    };
+    let got = d()
+        .decode_all(&with(vec![
+            secret(Some("edge-cert"), "", None),
+            secret(
+                Some("client-ca"),
+                "",
+                Some(SecretBlueprint::ValidationContext),
+            ),
+        ]))
+        .unwrap();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].name, "edge-cert");
+    assert_eq!(got[0].value, "");
+    assert_eq!(got[0].blueprint, Some(SecretBlueprint::TlsCertificate));
+    assert_eq!(
+        got[1].generate_from_tls_secret.as_deref(),
+        Some("client-ca")
+    );
+    assert_eq!(got[1].blueprint, Some(SecretBlueprint::ValidationContext));
+
+    let err = d()
+        .decode_all(&with(vec![secret(
+            Some("edge-cert"),
+            r#"{"name":"edge-cert","tls_certificate":{}}"#,
+            None,
+        )]))
+        .unwrap_err();
+    assert_eq!(err.field, "value");
+    assert!(err.to_string().contains("not written inline"), "{err}");
+
+    let err = d()
+        .decode_all(&with(vec![secret(None, "", None)]))
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "spec.resources[0].generateFromTlsSecret: a resource of type secret names the kubernetes.io/tls Secret it is generated from"
+    );
+    let err = d()
+        .decode_all(&with(vec![secret(Some("Not_A_Name"), "", None)]))
+        .unwrap_err();
+    assert_eq!(err.field, "generateFromTlsSecret");
+
+    let err = d()
+        .decode_all(&with(vec![
+            secret(Some("a"), "", None),
+            secret(Some("a"), "", Some(SecretBlueprint::ValidationContext)),
+        ]))
+        .unwrap_err();
+    assert_eq!((err.index, err.field), (1, "generateFromTlsSecret"));
+
+    // The secret fields belong to secrets only.
+    let mut cluster = secret(Some("a"), r#"{"name":"c"}"#, None);
+    cluster.type_ = EnvoyResourceType::Cluster;
+    let err = d().decode_all(&with(vec![cluster])).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "spec.resources[0].generateFromTlsSecret: only a resource of type secret has generateFromTlsSecret"
+    );
 }
 
 #[test]

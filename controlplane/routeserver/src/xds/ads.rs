@@ -26,7 +26,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::metrics::XdsMetrics;
 use super::model::{NodeConfig, canonical_listener};
-use super::render::{Kind, Snapshot, listener};
+use super::render::{KINDS, Kind, Snapshot, listener};
 
 /// Responses queued per stream before its task waits for the client to read.
 const STREAM_BUFFER: usize = 4;
@@ -162,6 +162,15 @@ impl AggregatedDiscoveryService for Ads {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        // The namespace of the client's certificate (`system:spur:xds:<namespace>`): secrets
+        // go only to clients of their EnvoyConfig's namespace.
+        let client_namespace = request
+            .extensions()
+            .get::<crate::tls::Peer>()
+            .and_then(|p| p.client_cn.as_deref())
+            .and_then(|cn| cn.strip_prefix(super::CLIENT_CN_PREFIX))
+            .filter(|ns| !ns.is_empty())
+            .map(str::to_owned);
         let requests = request.into_inner();
         // Counted here, released by the stream's task when it ends.
         if self.open.fetch_add(1, Ordering::AcqRel) >= self.max_streams {
@@ -181,6 +190,8 @@ impl AggregatedDiscoveryService for Ads {
             types: Default::default(),
             registered: false,
             node_id: String::new(),
+            client_namespace,
+            refused_secrets: false,
         };
         tokio::spawn(stream.run(requests));
         Ok(Response::new(Box::pin(
@@ -225,10 +236,14 @@ struct AdsStream {
     id: u64,
     tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
     nonce: u64,
-    types: [TypeState; 4],
+    types: [TypeState; KINDS],
     registered: bool,
     /// From the stream's first request.
     node_id: String,
+    /// From the client's certificate; None over plaintext.
+    client_namespace: Option<String>,
+    /// Whether this stream was refused a node config's secrets (counted once).
+    refused_secrets: bool,
 }
 
 /// Why a stream ends early.
@@ -321,7 +336,7 @@ impl AdsStream {
             self.registered = true;
         }
         let Some(kind) = Kind::from_type_url(&req.type_url) else {
-            // SDS, RTDS and the like: nothing of them is served, and answering nothing is how
+            // RTDS, ECDS and the like: nothing of them is served, and answering nothing is how
             // a server says so.
             self.ads.metrics.unknown_types.inc();
             return Ok(());
@@ -427,8 +442,13 @@ impl AdsStream {
             return Ok(());
         }
         self.types[kind.index()].evaluated = snap_version;
+        let withheld = match &node_config {
+            Some(cfg) => kind == Kind::Secret && !self.may_read_secrets(cfg),
+            None => false,
+        };
         let st = &self.types[kind.index()];
         let resources = match &node_config {
+            Some(_) if withheld => Vec::new(),
             Some(cfg) => self.own_resources(kind, st, cfg),
             None => self.resources(kind, st, snap),
         };
@@ -448,6 +468,7 @@ impl AdsStream {
         self.nonce += 1;
         let nonce = self.nonce.to_string();
         let version = match &node_config {
+            Some(cfg) if kind == Kind::Secret => cfg.secrets_version.clone(),
             Some(cfg) => cfg.version.clone(),
             None => snap.resources(kind).version.to_string(),
         };
@@ -484,6 +505,26 @@ impl AdsStream {
             r = self.tx.send(Ok(response)) => r.map_err(|_| End::Quiet),
             () = self.ads.stop.cancelled() => Err(End::Quiet),
         }
+    }
+
+    /// Whether this stream's client may have `cfg`'s secrets: its certificate is of the
+    /// EnvoyConfig's namespace. Without one (plaintext, or a certificate not issued for xDS)
+    /// no secret is served: a node id is only a name the client chose.
+    fn may_read_secrets(&mut self, cfg: &NodeConfig) -> bool {
+        if self.client_namespace.as_deref() == Some(cfg.namespace.as_str()) {
+            return true;
+        }
+        if !self.refused_secrets && !cfg.types[Kind::Secret.index()].is_empty() {
+            self.refused_secrets = true;
+            self.ads.metrics.secrets_refused.inc();
+            tracing::warn!(
+                node = %self.node_id,
+                client_namespace = self.client_namespace.as_deref().unwrap_or("(none)"),
+                config_namespace = %cfg.namespace,
+                "xDS client asked for secrets of another namespace's EnvoyConfig; none sent"
+            );
+        }
+        false
     }
 
     /// The subscribed part of a node's own (EnvoyConfig) resources: names as written, no

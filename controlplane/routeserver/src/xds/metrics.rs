@@ -29,6 +29,7 @@ pub(crate) struct XdsMetrics {
     nacking: Family<TypeLabel, Gauge>,
     versions: Family<TypeLabel, Gauge>,
     pub(crate) unknown_types: Counter,
+    pub(crate) secrets_refused: Counter,
     pub(crate) push_latency: Histogram,
 }
 
@@ -41,6 +42,7 @@ impl XdsMetrics {
             nacking: Family::default(),
             versions: Family::default(),
             unknown_types: Counter::default(),
+            secrets_refused: Counter::default(),
             push_latency: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
         };
         registry.register("xds_streams", "Open ADS streams", m.streams.clone());
@@ -68,6 +70,11 @@ impl XdsMetrics {
             "xds_unknown_type_requests",
             "DiscoveryRequests for resource types this server does not serve",
             m.unknown_types.clone(),
+        );
+        registry.register(
+            "xds_secrets_refused",
+            "Streams refused an EnvoyConfig's secrets because their client certificate is not of its namespace",
+            m.secrets_refused.clone(),
         );
         registry.register(
             "xds_push_latency_seconds",

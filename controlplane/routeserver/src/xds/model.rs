@@ -9,12 +9,14 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use envoy_types::pb::google::protobuf::Any;
-use k8s_openapi::api::core::v1::{Service, ServicePort};
+use k8s_openapi::api::core::v1::{Secret, Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
 use spur_api::common::service_host;
-use spur_api::envoyconfig::EnvoyResourceType;
+use spur_api::envoyconfig::{EnvoyResourceType, SECRET_LABEL, SecretBlueprint};
 use spur_api::{EnvoyConfigRevision, RoutingConfig};
+
+use super::render::KINDS;
 
 /// The label that ties an EndpointSlice to its Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -32,15 +34,46 @@ pub struct Model {
 }
 
 /// The published revision of an EnvoyConfig, as served to its node id.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct NodeConfig {
     /// `namespace/name` of the EnvoyConfigRevision.
     /// Shared with every stream that serves it (each one tags what it sends with it).
     pub revision: Arc<str>,
+    /// The revision's namespace: its secrets go only to clients whose certificate is of it.
+    pub namespace: String,
     /// Its version, which every response from it carries.
     pub version: String,
+    /// The SDS version: the revision's, and a digest of the secrets' bytes, so that a Secret
+    /// that changes under one revision is a new version too.
+    pub secrets_version: String,
     /// Resources by type ([`super::render::Kind::index`]) and name.
-    pub types: [BTreeMap<String, Arc<Any>>; 4],
+    pub types: [BTreeMap<String, Arc<Any>>; KINDS],
+    /// Secrets the revision names that cannot be served, each with the reason.
+    pub unresolved_secrets: Vec<String>,
+}
+
+// By hand: the secrets' bytes hold private keys, which no log line may carry.
+impl std::fmt::Debug for NodeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeConfig")
+            .field("revision", &self.revision)
+            .field("version", &self.version)
+            .field("secrets_version", &self.secrets_version)
+            .field(
+                "resources",
+                &self.types.iter().map(BTreeMap::len).collect::<Vec<_>>(),
+            )
+            .field("unresolved_secrets", &self.unresolved_secrets)
+            .finish()
+    }
+}
+
+/// The Secrets SDS may serve: those labelled `spur.dev/envoy-secret=true` in the namespaces the
+/// route server watches (none unless it is told to).
+#[derive(Clone, Copy, Default)]
+pub struct TlsSecrets<'a> {
+    pub namespaces: &'a [String],
+    pub secrets: &'a [Arc<Secret>],
 }
 
 /// The routes of one Service port: each key's sandbox cluster, then the baseline.
@@ -134,10 +167,14 @@ impl Model {
         model
     }
 
-    /// Adds the published EnvoyConfig revisions. For one node id the latest-published wins:
-    /// the operator labels a new revision before it unlabels the old one, so for a moment both
-    /// are published.
-    pub fn with_node_configs(mut self, revisions: &[Arc<EnvoyConfigRevision>]) -> Model {
+    /// Adds the published EnvoyConfig revisions, their secrets generated from `secrets`. For
+    /// one node id the latest-published wins: the operator labels a new revision before it
+    /// unlabels the old one, so for a moment both are published.
+    pub fn with_node_configs(
+        mut self,
+        revisions: &[Arc<EnvoyConfigRevision>],
+        secrets: TlsSecrets<'_>,
+    ) -> Model {
         use base64::Engine;
         let mut latest: BTreeMap<&str, &EnvoyConfigRevision> = BTreeMap::new();
         let when = |r: &EnvoyConfigRevision| {
@@ -152,22 +189,65 @@ impl Model {
                 *entry = r;
             }
         }
+        let by_key: BTreeMap<(&str, &str), &Secret> = secrets
+            .secrets
+            .iter()
+            .filter_map(|s| {
+                Some((
+                    (
+                        s.metadata.namespace.as_deref()?,
+                        s.metadata.name.as_deref()?,
+                    ),
+                    &**s,
+                ))
+            })
+            .collect();
         for (node, rev) in latest {
-            let mut types: [BTreeMap<String, Arc<Any>>; 4] = Default::default();
+            let namespace = rev.namespace().unwrap_or_default();
+            let mut types: [BTreeMap<String, Arc<Any>>; KINDS] = Default::default();
+            let mut unresolved = Vec::new();
+            let mut digest = std::hash::DefaultHasher::new();
             for res in &rev.spec.resources {
-                let value = match base64::engine::general_purpose::STANDARD.decode(&res.value) {
-                    Ok(v) => v,
-                    Err(e) => {
-                        // The operator wrote it; only a hand-edited revision gets here.
-                        tracing::warn!(revision = %rev.name_any(), resource = %res.name, error = %e, "EnvoyConfigRevision resource is not base64; left out");
-                        continue;
-                    }
-                };
                 let i = match res.type_ {
                     EnvoyResourceType::Listener => 0,
                     EnvoyResourceType::Route => 1,
                     EnvoyResourceType::Cluster => 2,
                     EnvoyResourceType::Endpoint => 3,
+                    EnvoyResourceType::Secret => 4,
+                };
+                let value = if res.type_ == EnvoyResourceType::Secret {
+                    let from = res.generate_from_tls_secret.as_deref().unwrap_or(&res.name);
+                    let secret = if !secrets.namespaces.contains(&namespace) {
+                        Err(format!(
+                            "namespace {namespace} is not one the route server reads Secrets in (chart value xds.sds.namespaces)"
+                        ))
+                    } else {
+                        by_key
+                            .get(&(namespace.as_str(), from))
+                            .ok_or_else(|| format!("no Secret labelled {SECRET_LABEL}=true"))
+                            .and_then(|s| {
+                                sds_secret(&res.name, s, res.blueprint.unwrap_or_default())
+                            })
+                    };
+                    match secret {
+                        Ok(bytes) => {
+                            std::hash::Hash::hash(&(&res.name, &bytes), &mut digest);
+                            bytes
+                        }
+                        Err(why) => {
+                            unresolved.push(format!("Secret {namespace}/{from}: {why}"));
+                            continue;
+                        }
+                    }
+                } else {
+                    match base64::engine::general_purpose::STANDARD.decode(&res.value) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            // The operator wrote it; only a hand-edited revision gets here.
+                            tracing::warn!(revision = %rev.name_any(), resource = %res.name, error = %e, "EnvoyConfigRevision resource is not base64; left out");
+                            continue;
+                        }
+                    }
                 };
                 types[i].insert(
                     res.name.clone(),
@@ -177,18 +257,74 @@ impl Model {
                     }),
                 );
             }
+            let secrets_version = if types[4].is_empty() {
+                rev.spec.version.clone()
+            } else {
+                format!(
+                    "{}.{:016x}",
+                    rev.spec.version,
+                    std::hash::Hasher::finish(&digest)
+                )
+            };
             self.node_configs.insert(
                 node.to_owned(),
                 Arc::new(NodeConfig {
-                    revision: format!("{}/{}", rev.namespace().unwrap_or_default(), rev.name_any())
-                        .into(),
+                    revision: format!("{namespace}/{}", rev.name_any()).into(),
+                    namespace,
                     version: rev.spec.version.clone(),
+                    secrets_version,
                     types,
+                    unresolved_secrets: unresolved,
                 }),
             );
         }
         self
     }
+}
+
+/// An Envoy SDS secret from a `kubernetes.io/tls` Secret, encoded; or why there is none.
+fn sds_secret(name: &str, secret: &Secret, blueprint: SecretBlueprint) -> Result<Vec<u8>, String> {
+    use envoy_types::pb::envoy::config::core::v3::{DataSource, data_source::Specifier};
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3 as tls;
+    use prost::Message as _;
+    if secret.type_.as_deref() != Some("kubernetes.io/tls") {
+        return Err(format!(
+            "of type {}, not kubernetes.io/tls",
+            secret.type_.as_deref().unwrap_or("Opaque")
+        ));
+    }
+    let data = secret.data.as_ref();
+    let field = |key: &str| {
+        data.and_then(|d| d.get(key))
+            .filter(|v| !v.0.is_empty())
+            .map(|v| DataSource {
+                specifier: Some(Specifier::InlineBytes(v.0.clone())),
+                ..Default::default()
+            })
+    };
+    let missing = |key: &str| format!("has no {key}");
+    let kind = match blueprint {
+        SecretBlueprint::TlsCertificate => tls::secret::Type::TlsCertificate(tls::TlsCertificate {
+            certificate_chain: Some(field("tls.crt").ok_or_else(|| missing("tls.crt"))?),
+            private_key: Some(field("tls.key").ok_or_else(|| missing("tls.key"))?),
+            ..Default::default()
+        }),
+        SecretBlueprint::ValidationContext => {
+            tls::secret::Type::ValidationContext(tls::CertificateValidationContext {
+                trusted_ca: Some(
+                    field("ca.crt")
+                        .or_else(|| field("tls.crt"))
+                        .ok_or_else(|| missing("ca.crt or tls.crt"))?,
+                ),
+                ..Default::default()
+            })
+        }
+    };
+    Ok(tls::Secret {
+        name: name.to_owned(),
+        r#type: Some(kind),
+    }
+    .encode_to_vec())
 }
 
 /// The ready addresses behind one Service port: the slices' port of the same name (the
@@ -421,11 +557,14 @@ mod tests {
 
     #[test]
     fn a_node_gets_its_latest_published_revision() {
-        let m = Model::default().with_node_configs(&[
-            revision("new", "n1", "2026-11-26T10:00:01Z", "AQI="),
-            revision("old", "n1", "2026-11-26T10:00:00Z", "AQE="),
-            revision("other", "n2", "2026-11-26T09:00:00Z", "not base64!"),
-        ]);
+        let m = Model::default().with_node_configs(
+            &[
+                revision("new", "n1", "2026-11-26T10:00:01Z", "AQI="),
+                revision("old", "n1", "2026-11-26T10:00:00Z", "AQE="),
+                revision("other", "n2", "2026-11-26T09:00:00Z", "not base64!"),
+            ],
+            TlsSecrets::default(),
+        );
         let n1 = &m.node_configs["n1"];
         assert_eq!(&*n1.revision, "edge/new");
         assert_eq!(n1.version, "new");
@@ -440,5 +579,119 @@ mod tests {
         // A resource that is not base64 is left out, not the revision.
         let n2 = &m.node_configs["n2"];
         assert!(n2.types[2].is_empty() && n2.types[3].contains_key("c"));
+    }
+
+    fn tls_secret(name: &str, type_: &str, data: &[(&str, &str)]) -> Arc<Secret> {
+        let data: serde_json::Map<String, serde_json::Value> = data
+            .iter()
+            .map(|(k, v)| {
+                use base64::Engine;
+                (
+                    (*k).to_owned(),
+                    base64::engine::general_purpose::STANDARD.encode(v).into(),
+                )
+            })
+            .collect();
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": name, "namespace": "edge"},
+                "type": type_, "data": data,
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn secrets_are_generated_from_labelled_tls_secrets_of_watched_namespaces() {
+        use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3 as tls;
+        use prost::Message as _;
+        let rev: Arc<EnvoyConfigRevision> = Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "spur.dev/v1alpha1", "kind": "EnvoyConfigRevision",
+                "metadata": {"name": "r", "namespace": "edge"},
+                "spec": {"nodeID": "n", "version": "v1", "resources": [
+                    {"type": "secret", "name": "cert", "generateFromTlsSecret": "cert", "blueprint": "tlsCertificate"},
+                    {"type": "secret", "name": "ca", "generateFromTlsSecret": "ca", "blueprint": "validationContext"},
+                    {"type": "secret", "name": "opaque", "generateFromTlsSecret": "opaque"},
+                    {"type": "secret", "name": "gone", "generateFromTlsSecret": "gone"},
+                ]},
+                "status": {"published": true},
+            }))
+            .unwrap(),
+        );
+        let ns = ["edge".to_owned()];
+        let secrets = vec![
+            tls_secret(
+                "cert",
+                "kubernetes.io/tls",
+                &[("tls.crt", "CHAIN"), ("tls.key", "PRIVATE KEY")],
+            ),
+            tls_secret("ca", "kubernetes.io/tls", &[("tls.crt", "CA")]),
+            tls_secret("opaque", "Opaque", &[("password", "x")]),
+        ];
+        let build = |secrets: &[Arc<Secret>], namespaces: &[String]| {
+            Model::default()
+                .with_node_configs(
+                    std::slice::from_ref(&rev),
+                    TlsSecrets {
+                        namespaces,
+                        secrets,
+                    },
+                )
+                .node_configs["n"]
+                .clone()
+        };
+        let n = build(&secrets, &ns);
+        assert_eq!(&n.namespace, "edge");
+        let cert = tls::Secret::decode(n.types[4]["cert"].value.as_slice()).unwrap();
+        let Some(tls::secret::Type::TlsCertificate(c)) = cert.r#type else {
+            panic!("{cert:?}")
+        };
+        use envoy_types::pb::envoy::config::core::v3::data_source::Specifier;
+        assert_eq!(
+            c.private_key.unwrap().specifier,
+            Some(Specifier::InlineBytes(b"PRIVATE KEY".to_vec()))
+        );
+        let ca = tls::Secret::decode(n.types[4]["ca"].value.as_slice()).unwrap();
+        let Some(tls::secret::Type::ValidationContext(v)) = ca.r#type else {
+            panic!("{ca:?}")
+        };
+        // Without ca.crt, tls.crt is the trusted CA.
+        assert_eq!(
+            v.trusted_ca.unwrap().specifier,
+            Some(Specifier::InlineBytes(b"CA".to_vec()))
+        );
+        assert_eq!(
+            n.unresolved_secrets,
+            [
+                "Secret edge/opaque: of type Opaque, not kubernetes.io/tls",
+                "Secret edge/gone: no Secret labelled spur.dev/envoy-secret=true",
+            ]
+        );
+        assert!(
+            n.secrets_version.starts_with("v1."),
+            "{}",
+            n.secrets_version
+        );
+        assert!(!format!("{n:?}").contains("PRIVATE"), "{n:?}");
+
+        // A Secret that changes is a new SDS version under the same revision.
+        let mut changed = secrets.clone();
+        changed[0] = tls_secret(
+            "cert",
+            "kubernetes.io/tls",
+            &[("tls.crt", "CHAIN2"), ("tls.key", "PRIVATE KEY")],
+        );
+        let n2 = build(&changed, &ns);
+        assert_eq!(n2.version, n.version);
+        assert_ne!(n2.secrets_version, n.secrets_version);
+        assert_eq!(build(&secrets, &ns).secrets_version, n.secrets_version);
+
+        // A namespace the route server does not read Secrets in serves none.
+        let n3 = build(&secrets, &[]);
+        assert!(n3.types[4].is_empty());
+        assert_eq!(n3.unresolved_secrets.len(), 4);
+        assert!(n3.unresolved_secrets[0].contains("xds.sds.namespaces"));
     }
 }

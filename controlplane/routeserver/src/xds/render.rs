@@ -37,10 +37,21 @@ pub enum Kind {
     Route,
     Cluster,
     Endpoint,
+    /// SDS: only a node with an EnvoyConfig that names Secrets has any.
+    Secret,
 }
 
+/// How many resource types are served.
+pub const KINDS: usize = 5;
+
 impl Kind {
-    pub const ALL: [Kind; 4] = [Kind::Listener, Kind::Route, Kind::Cluster, Kind::Endpoint];
+    pub const ALL: [Kind; KINDS] = [
+        Kind::Listener,
+        Kind::Route,
+        Kind::Cluster,
+        Kind::Endpoint,
+        Kind::Secret,
+    ];
 
     pub fn type_url(self) -> &'static str {
         match self {
@@ -48,6 +59,7 @@ impl Kind {
             Kind::Route => "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
             Kind::Cluster => "type.googleapis.com/envoy.config.cluster.v3.Cluster",
             Kind::Endpoint => "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+            Kind::Secret => "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret",
         }
     }
 
@@ -62,6 +74,7 @@ impl Kind {
             Kind::Route => "rds",
             Kind::Cluster => "cds",
             Kind::Endpoint => "eds",
+            Kind::Secret => "sds",
         }
     }
 
@@ -88,7 +101,7 @@ pub struct Resources {
 #[derive(Debug, Clone)]
 pub struct Snapshot {
     pub model: Arc<Model>,
-    pub types: [Resources; 4],
+    pub types: [Resources; KINDS],
     /// When the model it renders was published (push latency is measured from here).
     pub published: Instant,
     /// False only for the empty snapshot before the first model: nothing is served from it.
@@ -117,7 +130,7 @@ impl Snapshot {
     /// The next snapshot: `model` rendered, each type's version bumped only if its resources
     /// differ from this snapshot's.
     pub fn next(&self, model: Arc<Model>) -> Snapshot {
-        let mut types: [Resources; 4] = Default::default();
+        let mut types: [Resources; KINDS] = Default::default();
         for kind in Kind::ALL {
             let prev = self.resources(kind);
             // Listeners and routes come from the Services' routes, clusters and endpoints from
@@ -125,6 +138,8 @@ impl Snapshot {
             let same_input = match kind {
                 Kind::Listener | Kind::Route => self.model.services == model.services,
                 Kind::Cluster | Kind::Endpoint => self.model.clusters == model.clusters,
+                // The cluster's own config has no secrets.
+                Kind::Secret => true,
             };
             if prev.version > 0 && same_input {
                 types[kind.index()] = prev.clone();
@@ -186,6 +201,7 @@ fn render(kind: Kind, model: &Model) -> BTreeMap<String, Arc<Any>> {
             .iter()
             .map(|(n, eps)| (n.clone(), any(&load_assignment(n, eps))))
             .collect(),
+        Kind::Secret => BTreeMap::new(),
     }
 }
 
@@ -382,7 +398,7 @@ mod tests {
         );
         let s2 = s1.next(Arc::new(m.clone()));
         let v: Vec<_> = Kind::ALL.iter().map(|k| s2.resources(*k).version).collect();
-        assert_eq!(v, [1, 1, 1, 2]);
+        assert_eq!(v, [1, 1, 1, 2, 1]);
         // A new key: only RDS moves.
         m.services
             .get_mut("api.default.svc:80")
@@ -395,7 +411,7 @@ mod tests {
             });
         let s3 = s2.next(Arc::new(m));
         let v: Vec<_> = Kind::ALL.iter().map(|k| s3.resources(*k).version).collect();
-        assert_eq!(v, [1, 2, 1, 2]);
+        assert_eq!(v, [1, 2, 1, 2, 1]);
     }
 
     #[test]

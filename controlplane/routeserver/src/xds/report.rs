@@ -78,6 +78,7 @@ pub(crate) async fn run(
                 acked: c.acked,
                 nacked: c.nacked,
                 message: c.message.map(|m| shorten(&m)),
+                unresolved_secrets: nc.unresolved_secrets.iter().map(|m| shorten(m)).collect(),
                 updated_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                     k8s_openapi::jiff::Timestamp::now(),
                 ),
@@ -133,8 +134,19 @@ fn same_counts(a: Option<&ReplicaReport>, b: Option<&ReplicaReport>) -> bool {
     match (a, b) {
         (None, None) => true,
         (Some(a), Some(b)) => {
-            (a.subscribed, a.acked, a.nacked, &a.message)
-                == (b.subscribed, b.acked, b.nacked, &b.message)
+            (
+                a.subscribed,
+                a.acked,
+                a.nacked,
+                &a.message,
+                &a.unresolved_secrets,
+            ) == (
+                b.subscribed,
+                b.acked,
+                b.nacked,
+                &b.message,
+                &b.unresolved_secrets,
+            )
         }
         _ => false,
     }
