@@ -11,8 +11,8 @@ use crate::error::Error;
 use crate::mesh::{GatewayAPIRoute, IstioRoute};
 use crate::{
     EnvoyConfig, EnvoyConfigRevision, ExternalWorkload, ForkedWorkload, Job, JobRunnerGroup,
-    ObjectLifecycleMethods, Resource, ResourcePlugin, RouteGroup, RoutingConfig, Sandbox,
-    VirtualWorkload,
+    ListenerSet, ObjectLifecycleMethods, Resource, ResourcePlugin, RouteGroup, RoutingConfig,
+    Sandbox, VirtualWorkload,
 };
 
 /// First lines of every generated file.
@@ -37,6 +37,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         ObjectLifecycleMethods::crd(),
         EnvoyConfig::crd(),
         EnvoyConfigRevision::crd(),
+        ListenerSet::crd(),
     ]
 }
 

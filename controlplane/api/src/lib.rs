@@ -20,6 +20,7 @@ pub mod crdgen;
 pub mod envoyconfig;
 pub mod jobs;
 pub mod keys;
+pub mod listenerset;
 pub mod mesh;
 pub mod names;
 pub mod resources;
@@ -40,6 +41,7 @@ pub use envoyconfig::{
 };
 pub use error::{Error, FieldError, FieldErrors};
 pub use jobs::{Job, JobRunnerGroup, JobRunnerGroupSpec, JobRunnerGroupStatus, JobSpec, JobStatus};
+pub use listenerset::{ListenerSet, ListenerSetSpec, ListenerSetStatus};
 pub use mesh::{GatewayAPIRoute, GatewayAPIRouteSpec, IstioRoute, IstioRouteSpec, MeshRouteStatus};
 pub use resources::{
     ObjectLifecycleMethods, OlmSpec, OlmStatus, Resource, ResourcePlugin, ResourcePluginSpec,
