@@ -166,6 +166,76 @@ async fn accepting_node(addr: SocketAddr, pki: &Pki, stop: CancellationToken) {
     });
 }
 
+/// The operator and the route server (with xDS and reports), each with the chart's rights;
+/// the route server also reads Secrets in `sds_namespaces` (the chart's SDS Role there).
+struct Stack {
+    stop: CancellationToken,
+    _stop_all: tokio_util::sync::DropGuard,
+    operator: tokio::task::JoinHandle<()>,
+    server: RouteServer,
+    pki: Pki,
+}
+
+impl Stack {
+    async fn start(api: &KubeApi, sds_namespaces: &[&str]) -> Stack {
+        let stop = CancellationToken::new();
+        let _stop_all = stop.clone().drop_guard();
+        let operator_client = kt::chart_client(
+            api,
+            "spur-operator",
+            "operator-rules.yaml",
+            Some("operator-lease-rules.yaml"),
+        )
+        .await
+        .unwrap();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = spur_operator::Metrics::register(&mut registry);
+        let ctx = std::sync::Arc::new(spur_operator::Context::new(
+            operator_client.clone(),
+            Some("test".into()),
+            metrics,
+        ));
+        let operator = tokio::spawn(spur_operator::run(operator_client, ctx, stop.clone()));
+        let rs_client = kt::chart_client(api, "spur-routeserver", "routeserver-rules.yaml", None)
+            .await
+            .unwrap();
+        for ns in sds_namespaces {
+            kt::grant_in_namespace(api, "spur-routeserver", ns, "routeserver-sds-rules.yaml")
+                .await
+                .unwrap();
+        }
+        let pki = Pki::new();
+        let server = RouteServer::start_with(
+            RouteServerConfig {
+                grpc_addr: "127.0.0.1:0".parse().unwrap(),
+                http_addr: "127.0.0.1:0".parse().unwrap(),
+                xds: Some(XdsConfig {
+                    addr: "127.0.0.1:0".parse().unwrap(),
+                    reports: Some(Reports {
+                        client: rs_client.clone(),
+                        replica: "routeserver-0".into(),
+                        interval: Duration::from_secs(1),
+                    }),
+                    ..XdsConfig::new(Some(pki.xds_tls()))
+                }),
+                ..RouteServerConfig::new("")
+            },
+            KubeStore::new(rs_client)
+                .with_xds()
+                .with_secret_namespaces(sds_namespaces.iter().map(|n| (*n).to_owned()).collect()),
+        )
+        .await
+        .unwrap();
+        Stack {
+            stop,
+            _stop_all,
+            operator,
+            server,
+            pki,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revision_every_node_rejects_is_rolled_back_without_stopping_traffic() {
     kt::capture_logs();
@@ -180,47 +250,13 @@ async fn a_revision_every_node_rejects_is_rolled_back_without_stopping_traffic()
     let two = grpc_app(&net, "backend-2", &apps);
 
     // The operator and the route server, each with the chart's rights.
-    let stop = CancellationToken::new();
-    let _stop_all = stop.clone().drop_guard();
-    let operator_client = kt::chart_client(
-        &api,
-        "spur-operator",
-        "operator-rules.yaml",
-        Some("operator-lease-rules.yaml"),
-    )
-    .await
-    .unwrap();
-    let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = spur_operator::Metrics::register(&mut registry);
-    let ctx = std::sync::Arc::new(spur_operator::Context::new(
-        operator_client.clone(),
-        Some("test".into()),
-        metrics,
-    ));
-    let operator = tokio::spawn(spur_operator::run(operator_client, ctx, stop.clone()));
-    let rs_client = kt::chart_client(&api, "spur-routeserver", "routeserver-rules.yaml", None)
-        .await
-        .unwrap();
-    let pki = Pki::new();
-    let server = RouteServer::start_with(
-        RouteServerConfig {
-            grpc_addr: "127.0.0.1:0".parse().unwrap(),
-            http_addr: "127.0.0.1:0".parse().unwrap(),
-            xds: Some(XdsConfig {
-                addr: "127.0.0.1:0".parse().unwrap(),
-                reports: Some(Reports {
-                    client: rs_client.clone(),
-                    replica: "routeserver-0".into(),
-                    interval: Duration::from_secs(1),
-                }),
-                ..XdsConfig::new(Some(pki.xds_tls()))
-            }),
-            ..RouteServerConfig::new("")
-        },
-        KubeStore::new(rs_client).with_xds(),
-    )
-    .await
-    .unwrap();
+    let Stack {
+        stop,
+        _stop_all,
+        operator,
+        server,
+        pki,
+    } = Stack::start(&api, &[]).await;
     let xds_addr = server.xds_addr.unwrap();
 
     // Revision 1: served, accepted, in sync.
@@ -527,55 +563,16 @@ async fn secrets_are_served_over_sds_to_their_namespace_and_sent_again_when_they
     kt::install_crds(&api).await.unwrap();
     let admin = api.client();
     kt::ensure_namespace(&admin, NS).await.unwrap();
-    let stop = CancellationToken::new();
-    let _stop_all = stop.clone().drop_guard();
-    let operator_client = kt::chart_client(
-        &api,
-        "spur-operator",
-        "operator-rules.yaml",
-        Some("operator-lease-rules.yaml"),
-    )
-    .await
-    .unwrap();
-    let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = spur_operator::Metrics::register(&mut registry);
-    let ctx = std::sync::Arc::new(spur_operator::Context::new(
-        operator_client.clone(),
-        Some("test".into()),
-        metrics,
-    ));
-    let operator = tokio::spawn(spur_operator::run(operator_client, ctx, stop.clone()));
-    // The route server with the chart's rights, and the SDS Role in NS as the chart binds it
-    // for xds.sds.namespaces=[edge].
-    let rs_client = kt::chart_client(&api, "spur-routeserver", "routeserver-rules.yaml", None)
-        .await
-        .unwrap();
-    kt::grant_in_namespace(&api, "spur-routeserver", NS, "routeserver-sds-rules.yaml")
-        .await
-        .unwrap();
-    let pki = Pki::new();
+    // The route server also gets the SDS Role in NS, as the chart binds it for
+    // xds.sds.namespaces=[edge].
+    let Stack {
+        stop,
+        _stop_all,
+        operator,
+        server,
+        pki,
+    } = Stack::start(&api, &[NS]).await;
     pki.xds_client("edge-client", NS);
-    let server = RouteServer::start_with(
-        RouteServerConfig {
-            grpc_addr: "127.0.0.1:0".parse().unwrap(),
-            http_addr: "127.0.0.1:0".parse().unwrap(),
-            xds: Some(XdsConfig {
-                addr: "127.0.0.1:0".parse().unwrap(),
-                reports: Some(Reports {
-                    client: rs_client.clone(),
-                    replica: "routeserver-0".into(),
-                    interval: Duration::from_secs(1),
-                }),
-                ..XdsConfig::new(Some(pki.xds_tls()))
-            }),
-            ..RouteServerConfig::new("")
-        },
-        KubeStore::new(rs_client)
-            .with_xds()
-            .with_secret_namespaces(vec![NS.into()]),
-    )
-    .await
-    .unwrap();
     let xds_addr = server.xds_addr.unwrap();
 
     put_tls_secret(&admin, "edge-cert", true, "CHAIN-1").await;
