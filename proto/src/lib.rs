@@ -5,8 +5,9 @@
 //! `routesapi`); `tunnel` from `tunnel.proto` (package `spur.tunnel.v1`, what `spur local
 //! connect` asks the tunnel proxy); `jobs` from `jobs.proto` (package `spur.jobs.v1`, what the
 //! operator asks the job executor in a runner pod); `io` from `io.proto` (package `spur.io.v1`,
-//! what a sandbox resource's step pod asks the io context server). `tests/codegen.rs` keeps the committed code
-//! in step with the `.proto` files.
+//! what a sandbox resource's step pod asks the io context server); `l4` from `l4.proto` (package
+//! `spur.l4.v1`, what a Spur gateway pod asks the route server for its L4 listeners).
+//! `tests/codegen.rs` keeps the committed code in step with the `.proto` files.
 
 #[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]
 pub mod routes {
@@ -21,6 +22,11 @@ pub mod jobs {
 #[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]
 pub mod io {
     include!("gen/spur.io.v1.rs");
+}
+
+#[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]
+pub mod l4 {
+    include!("gen/spur.l4.v1.rs");
 }
 
 #[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]

@@ -11,6 +11,7 @@ fn generated_code_is_up_to_date() {
     check("tunnel.proto", "spur.tunnel.v1.rs");
     check("jobs.proto", "spur.jobs.v1.rs");
     check("io.proto", "spur.io.v1.rs");
+    check("l4.proto", "spur.l4.v1.rs");
 }
 
 fn check(proto: &str, generated_file: &str) {

@@ -211,7 +211,10 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
             || line.contains("resources=subjectaccessreviews ");
         // Its one write: each replica's report of what its xDS clients did with an EnvoyConfig
         // revision, in that revision's status (docs/xds.md, "Rollback").
-        let report = line.contains("resources=envoyconfigrevisions/status ") && verbs == "patch";
+        let report = (line.contains("resources=envoyconfigrevisions/status ")
+            // and each gateway's endpoint health in the ListenerSets it serves (docs/l4.md).
+            || line.contains("resources=listenersets/status "))
+            && verbs == "patch";
         if line.starts_with("spur-routeserver ") && !(review && verbs == "create") && !report {
             assert!(
                 !verbs.split(',').any(|v| WRITE_VERBS.contains(&v)),

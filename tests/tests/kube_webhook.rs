@@ -1,6 +1,6 @@
-//! Sidecar injection and EnvoyConfig validation on a real kube-apiserver: our webhook
-//! configurations (URL + caBundle, as the chart's but pointing at loopback) make the API server
-//! call the operator's webhook for every pod and every EnvoyConfig. The operator runs under the chart's RBAC, leader-elected, with its
+//! Sidecar injection and EnvoyConfig and ListenerSet validation on a real kube-apiserver: our
+//! webhook configurations (URL + caBundle, as the chart's but pointing at loopback) make the API
+//! server call the operator's webhook for every pod, EnvoyConfig and ListenerSet. The operator runs under the chart's RBAC, leader-elected, with its
 //! certificate manager filling the caBundle. There is no kubelet or ReplicaSet controller: the
 //! test creates ReplicaSets and pods the way those controllers would.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -22,7 +22,7 @@ use rustls::pki_types::pem::PemObject;
 use serde_json::{Value, json};
 use spur_api::envoyconfig::{EnvoyResource, EnvoyResourceType, Serialization};
 use spur_api::keys::injection as keys;
-use spur_api::{EnvoyConfig, EnvoyConfigSpec, Sandbox};
+use spur_api::{EnvoyConfig, EnvoyConfigSpec, ListenerSet, Sandbox};
 use spur_e2e::kube::{SYSTEM_NAMESPACE, WAIT, chart_client, eventually, install_crds};
 use spur_kube_harness::KubeApi;
 use spur_operator::inject::{Baseline, InjectionConfig};
@@ -103,10 +103,17 @@ impl Setup {
             .unwrap();
         let mut vwc = chart_validating_configuration();
         for w in vwc.webhooks.iter_mut().flatten() {
+            let path = w
+                .client_config
+                .service
+                .as_ref()
+                .unwrap()
+                .path
+                .clone()
+                .unwrap();
             w.client_config = serde_json::from_value(json!({"url": format!(
-                "https://127.0.0.1:{}{}",
+                "https://127.0.0.1:{}{path}",
                 webhook.local_addr().port(),
-                spur_operator::VALIDATE_ENVOYCONFIG_PATH
             )}))
             .unwrap();
         }
@@ -155,7 +162,9 @@ impl Setup {
                 let m = mwcs.get(WEBHOOK_CONFIGURATION).await.ok()?;
                 let v = vwcs.get(VALIDATING_CONFIGURATION).await.ok()?;
                 let has_bundle = m.webhooks?.first()?.client_config.ca_bundle.is_some()
-                    && v.webhooks?.first()?.client_config.ca_bundle.is_some();
+                    && v.webhooks?
+                        .iter()
+                        .all(|w| w.client_config.ca_bundle.is_some());
                 (has_bundle && ready).then_some(())
             }
         })
@@ -207,14 +216,25 @@ fn chart_validating_configuration() -> ValidatingWebhookConfiguration {
     ))
     .unwrap();
     assert_eq!(vwc.metadata.name.as_deref(), Some(VALIDATING_CONFIGURATION));
-    let w = &vwc.webhooks.as_ref().unwrap()[0];
-    assert_eq!(w.failure_policy.as_deref(), Some("Fail"));
-    assert_eq!(w.side_effects, "None");
-    let service = w.client_config.service.as_ref().unwrap();
-    assert_eq!(
-        service.path.as_deref(),
-        Some(spur_operator::VALIDATE_ENVOYCONFIG_PATH)
-    );
+    let webhooks = vwc.webhooks.as_ref().unwrap();
+    let paths = [
+        (
+            "envoyconfig.spur.dev",
+            spur_operator::VALIDATE_ENVOYCONFIG_PATH,
+        ),
+        (
+            "listenerset.spur.dev",
+            spur_operator::VALIDATE_LISTENERSET_PATH,
+        ),
+    ];
+    assert_eq!(webhooks.len(), paths.len());
+    for (w, (name, path)) in webhooks.iter().zip(paths) {
+        assert_eq!(w.name, name);
+        assert_eq!(w.failure_policy.as_deref(), Some("Fail"), "{name}");
+        assert_eq!(w.side_effects, "None", "{name}");
+        let service = w.client_config.service.as_ref().unwrap();
+        assert_eq!(service.path.as_deref(), Some(path), "{name}");
+    }
     vwc
 }
 
@@ -1121,5 +1141,128 @@ async fn the_api_server_refuses_envoyconfigs_that_do_not_decode() {
         .delete("yaml", &DeleteParams::default())
         .await
         .unwrap();
+    setup.shutdown().await;
+}
+
+// === ListenerSet validation ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_refuses_invalid_listenersets_naming_the_field() {
+    let setup = Setup::start(|_| {}).await;
+    let client = setup.client();
+    spur_e2e::kube::ensure_namespace(&client, "l4")
+        .await
+        .unwrap();
+    let sets: Api<ListenerSet> = Api::namespaced(client.clone(), "l4");
+    let good = || {
+        json!({
+            "selector": {"matchLabels": {"app": "gw"}},
+            "listeners": [
+                {"name": "dns", "protocol": "udp", "port": 53, "cluster": {"name": "dns",
+                    "endpoints": [{"selector": {"matchLabels": {"app": "dns"}}, "port": 5353}]}},
+                {"name": "dns-tcp", "protocol": "tcp", "port": 53, "cluster": {"name": "dns-tcp",
+                    "endpoints": [{"address": "10.0.0.53", "port": 53}]}},
+            ],
+        })
+    };
+    let create = |name: &str, spec: Value| {
+        let sets = sets.clone();
+        let body: ListenerSet = serde_json::from_value(json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "ListenerSet",
+            "metadata": {"name": name}, "spec": spec,
+        }))
+        .unwrap();
+        async move { sets.create(&PostParams::default(), &body).await }
+    };
+
+    let mut dup_port = good();
+    dup_port["listeners"][1]["protocol"] = json!("udp");
+    let mut clash = good();
+    clash["listeners"][1]["cluster"]["name"] = json!("dns");
+    let mut bad_selector = good();
+    bad_selector["listeners"][0]["cluster"]["endpoints"][0]["selector"] =
+        json!({"matchExpressions": [{"key": "app", "operator": "Exists"}]});
+    let mut bad_label = good();
+    bad_label["selector"]["matchLabels"] = json!({"app": "gw!"});
+    let cases = [
+        (
+            "dup-port",
+            dup_port,
+            vec![
+                "spec.listeners[1].port: udp port 53 is already taken by spec.listeners[0] (\"dns\")",
+            ],
+        ),
+        (
+            "clash",
+            clash,
+            vec![
+                "spec.listeners[1].cluster.name: cluster name \"dns\" is already used by spec.listeners[0].cluster",
+            ],
+        ),
+        (
+            "bad-selector",
+            bad_selector,
+            vec![
+                "spec.listeners[0].cluster.endpoints[0].selector.matchExpressions: must be empty",
+                "spec.listeners[0].cluster.endpoints[0].selector.matchLabels: must not be empty",
+            ],
+        ),
+        (
+            "bad-label",
+            bad_label,
+            vec!["spec.selector.matchLabels[app]: the value must be a label value"],
+        ),
+    ];
+    for (name, spec, wants) in cases {
+        let (code, message) = refusal(create(name, spec).await);
+        assert_eq!(code, 422, "{name}: {message}");
+        assert!(
+            message.contains("admission webhook \"listenerset.spur.dev\" denied the request"),
+            "{name}: {message}"
+        );
+        for want in wants {
+            assert!(message.contains(want), "{name}: {message}");
+        }
+        assert!(sets.get_opt(name).await.unwrap().is_none(), "{name}");
+    }
+
+    // Valid: created; an update that breaks it is refused and leaves it as it was; a change
+    // that leaves the spec alone is allowed.
+    let created = create("dns", good()).await.unwrap();
+    let patch = json!({"spec": {"listeners": [
+        {"name": "dns", "protocol": "udp", "port": 53, "cluster": {"name": "dns",
+            "endpoints": [{"address": "10.0.0.53", "dnsName": "dns.example.com", "port": 53}]}},
+    ]}});
+    let (code, message) = refusal(
+        sets.patch("dns", &PatchParams::default(), &Patch::Merge(&patch))
+            .await,
+    );
+    assert_eq!(code, 422, "{message}");
+    assert!(
+        message.contains("spec.listeners[0].cluster.endpoints[0]: set exactly one of selector, address and dnsName"),
+        "{message}"
+    );
+    assert_eq!(sets.get("dns").await.unwrap().spec, created.spec);
+    sets.patch(
+        "dns",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"metadata": {"labels": {"team": "a"}}})),
+    )
+    .await
+    .unwrap();
+    // At least the five refusals above (the API server may call again after a dropped
+    // connection); none answered as unreadable.
+    assert!(
+        setup.metric("spur_operator_webhook_listenerset_admissions_total{result=\"denied\"}")
+            >= 5.0
+    );
+    assert!(
+        setup.metric("spur_operator_webhook_listenerset_admissions_total{result=\"allowed\"}")
+            >= 2.0
+    );
+    assert_eq!(
+        setup.metric("spur_operator_webhook_listenerset_admissions_total{result=\"invalid\"}"),
+        0.0
+    );
     setup.shutdown().await;
 }

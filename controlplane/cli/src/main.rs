@@ -3,6 +3,7 @@
 mod demo;
 mod demo_app;
 mod front_door;
+mod gateway;
 mod hub;
 mod ics;
 mod jobs;
@@ -37,6 +38,9 @@ enum Command {
     /// Serve the Routes API (gRPC 7777, REST 7778) from a directory of rule files or from the
     /// cluster's RoutingConfigs.
     Routeserver(routeserver::RouteserverArgs),
+    /// Run an L4 gateway: the TCP and UDP listeners of the ListenerSets that select this pod,
+    /// configured by the route server (docs/l4.md, "Gateway").
+    Gateway(gateway::GatewayArgs),
     /// Run the Kubernetes controllers (Sandbox, ForkedWorkload, RouteGroup, RoutingConfig), the
     /// certificate manager and the sidecar-injection webhook.
     // Boxed: its flags make it far larger than the other variants.
@@ -81,6 +85,7 @@ fn main() -> std::process::ExitCode {
         | Command::Artifact(_)
         | Command::RunnerGroup(_) => "warn",
         Command::Routeserver(_)
+        | Command::Gateway(_)
         | Command::Operator(_)
         | Command::TunnelProxy(_)
         | Command::Hub(_)
@@ -112,6 +117,7 @@ fn main() -> std::process::ExitCode {
             Command::Demo(args) => demo::run(args).await,
             Command::Local(args) => local::run(*args).await,
             Command::Routeserver(args) => routeserver::run(args).await,
+            Command::Gateway(args) => gateway::run(args).await,
             Command::Operator(args) => operator::run(*args).await,
             Command::TunnelProxy(args) => tunnelproxy::run(*args).await,
             Command::Hub(args) => hub::run(*args).await,

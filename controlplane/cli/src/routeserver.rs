@@ -1,5 +1,6 @@
 //! `spur routeserver`: the route server, fed from a rule directory (standalone) or from the
-//! RoutingConfigs of a Kubernetes cluster (`--kubernetes`).
+//! RoutingConfigs of a Kubernetes cluster (`--kubernetes`, which also serves gateway pods their
+//! L4 listeners from ListenerSets: docs/l4.md, "Gateway").
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use spur_routeserver::{
-    AuthConfig, KubeStore, RouteServer, RouteServerConfig, ServingTls, XdsConfig, XdsTls,
+    AuthConfig, KubeStore, L4Options, RouteServer, RouteServerConfig, ServingTls, XdsConfig, XdsTls,
 };
 use spur_runtime::parse_duration;
 
@@ -187,6 +188,7 @@ pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
         tls,
         auth,
         xds,
+        l4: client.clone().map(L4Options::new),
     };
     let mut secret_namespaces: Vec<String> = args
         .xds_secret_namespaces
@@ -203,7 +205,7 @@ pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
         anyhow::bail!("--xds-secret-namespaces: {bad:?} is not a namespace name");
     }
     let server = if let Some(client) = client {
-        let mut store = KubeStore::new(client);
+        let mut store = KubeStore::new(client).with_l4();
         if config.xds.is_some() {
             store = store.with_xds().with_secret_namespaces(secret_namespaces);
         }

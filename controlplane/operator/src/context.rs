@@ -89,6 +89,8 @@ pub(crate) struct Stores {
     /// The operator's own (managed) Deployments and Services.
     pub(crate) deployments: Store<Deployment>,
     pub(crate) services: Store<Service>,
+    /// The Services the ListenerSet controller made (labelled `spur.dev/listener-set`).
+    pub(crate) listener_services: Store<Service>,
 }
 
 impl Context {

@@ -10,10 +10,14 @@
 //! RoutingConfig status.routeServer.routes ──► route server (`spur routeserver --kubernetes`)
 //! RoutingConfig ─(mesh modes)─► IstioRoute ──► Spur's routes in the user's VirtualServices
 //!               └────────────► GatewayAPIRoute ──► derived HTTPRoutes beside the user's
+//! ListenerSet ──► its Service + a headless Service per selector endpoint (owner references, no
+//!                 finalizer) ◄── EndpointSlices (status.listeners[])
 //! ```
 //!
 //! Deletion never relies on the garbage collector: every owner carries a finalizer and deletes
-//! its children itself (owner references are set too, for `kubectl` and a cluster's GC).
+//! its children itself (owner references are set too, for `kubectl` and a cluster's GC). The
+//! one exception is ListenerSet: its children are Services of its own namespace, which a
+//! controller owner reference is enough for, so it has no finalizer to be stuck on.
 
 mod apply;
 mod certs;
@@ -26,6 +30,7 @@ pub mod fork;
 mod forked;
 pub mod inject;
 mod leader;
+pub mod listenerset;
 mod mesh;
 mod mesh_gateway;
 mod mesh_istio;
@@ -53,7 +58,9 @@ pub use leader::{LeaderElection, run_elected};
 pub use mesh::MeshConfig;
 pub use metrics::Metrics;
 pub use olm::ResourceConfig;
-pub use webhook::{MUTATE_POD_PATH, VALIDATE_ENVOYCONFIG_PATH, Webhook, WebhookConfig};
+pub use webhook::{
+    MUTATE_POD_PATH, VALIDATE_ENVOYCONFIG_PATH, VALIDATE_LISTENERSET_PATH, Webhook, WebhookConfig,
+};
 pub use xds_clients::XdsClientConfig;
 
 use std::sync::Arc;
@@ -70,8 +77,8 @@ use kube::runtime::{Controller, controller, watcher};
 use kube::{Api, Client, ResourceExt};
 use spur_api::routingconfig::SandboxedKind;
 use spur_api::{
-    EnvoyConfig, EnvoyConfigRevision, ExternalWorkload, ForkedWorkload, ObjectLifecycleMethods,
-    Resource, ResourcePlugin, RouteGroup, RoutingConfig, Sandbox,
+    EnvoyConfig, EnvoyConfigRevision, ExternalWorkload, ForkedWorkload, ListenerSet,
+    ObjectLifecycleMethods, Resource, ResourcePlugin, RouteGroup, RoutingConfig, Sandbox,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -172,6 +179,13 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         wc(),
         triggers::external_workload,
     );
+    // The ListenerSet controller's Services (client and endpoint Services), by their label.
+    // `fork_service` reads what matters of them too: spec and metadata, not status.
+    let (ls_services_store, ls_services) = triggers::changes(
+        Api::<Service>::all(client.clone()),
+        watcher::Config::default().labels(spur_api::listenerset::LISTENER_SET_LABEL),
+        triggers::fork_service,
+    );
     ctx.set_stores(context::Stores {
         rc_forks,
         rc_externals,
@@ -180,6 +194,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         configs: configs_store,
         deployments: deployments_store,
         services: services_store,
+        listener_services: ls_services_store.clone(),
     });
     // Not `owns` for the namespaced children: see `cluster_owners`.
     let mut sandboxes = primary(Api::<Sandbox>::all(client.clone()))
@@ -400,6 +415,28 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         )
         .for_each(|_| std::future::ready(()));
 
+    // ListenerSets: their Services wake them (changed or deleted behind the operator's back),
+    // and so do the EndpointSlices of their endpoint Services, so status follows pods coming,
+    // going and changing readiness. The slice watch is metadata-only and cluster-wide (no
+    // label selects the slices of the operator's Services: the EndpointSlice controller names
+    // the Service in `kubernetes.io/service-name`); a slice is mapped to its set through the
+    // Service store.
+    let listener_sets = primary(Api::<ListenerSet>::all(client.clone()))
+        .with_config(controller::Config::default().debounce(Duration::from_millis(10)))
+        .owns_stream(ls_services)
+        .watches(
+            Api::<PartialObjectMeta<EndpointSlice>>::all(client.clone()),
+            wc(),
+            move |slice| listenerset::set_of_slice(&ls_services_store, &slice),
+        )
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(
+            listenerset::reconcile,
+            listenerset::error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| std::future::ready(()));
+
     let stop_mesh = stop.clone();
     let mesh_controllers = async move {
         // Each mode's controller runs only when enabled: without it neither the mesh's CRDs
@@ -429,6 +466,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         drained("routingconfig", configs, stop.clone()),
         drained("routegroup", groups, stop.clone()),
         drained("envoyconfig", envoy, stop.clone()),
+        drained("listenerset", listener_sets, stop.clone()),
     );
     let _ = pki.await;
     let _ = gc.await;

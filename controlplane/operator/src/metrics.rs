@@ -39,6 +39,7 @@ pub struct Metrics {
     pki_failures: Counter,
     admissions: Family<Admission, Counter>,
     envoyconfig_admissions: Family<Admission, Counter>,
+    listenerset_admissions: Family<Admission, Counter>,
     tls_errors: Counter,
     serving_cert_loaded: Gauge,
     tunnels_collected: Counter,
@@ -61,6 +62,7 @@ impl Default for Metrics {
             pki_failures: Counter::default(),
             admissions: Family::default(),
             envoyconfig_admissions: Family::default(),
+            listenerset_admissions: Family::default(),
             tls_errors: Counter::default(),
             serving_cert_loaded: Gauge::default(),
             tunnels_collected: Counter::default(),
@@ -129,6 +131,11 @@ impl Metrics {
             m.envoyconfig_admissions.clone(),
         );
         registry.register(
+            "webhook_listenerset_admissions",
+            "ListenerSet admission reviews answered, by result (allowed, denied, invalid)",
+            m.listenerset_admissions.clone(),
+        );
+        registry.register(
             "webhook_tls_handshake_errors",
             "TLS handshakes on the webhook port that failed (unknown CA, no certificate yet, ...)",
             m.tls_errors.clone(),
@@ -187,6 +194,12 @@ impl Metrics {
 
     pub(crate) fn admission(&self, result: &'static str) {
         self.admissions.get_or_create(&Admission { result }).inc();
+    }
+
+    pub(crate) fn listenerset_admission(&self, result: &'static str) {
+        self.listenerset_admissions
+            .get_or_create(&Admission { result })
+            .inc();
     }
 
     pub(crate) fn envoyconfig_admission(&self, result: &'static str) {

@@ -1,6 +1,7 @@
 //! The operator's admission webhooks, AdmissionReview v1 over TLS: sidecar injection on
-//! `POST /mutate-v1-pod`, and EnvoyConfig validation on
-//! `POST /validate-spur-dev-v1alpha1-envoyconfig`.
+//! `POST /mutate-v1-pod`, EnvoyConfig validation on
+//! `POST /validate-spur-dev-v1alpha1-envoyconfig`, and ListenerSet validation on
+//! `POST /validate-spur-dev-v1alpha1-listenerset`.
 //!
 //! Every operator replica serves it (not only the leader). The serving certificate comes from
 //! the Secret the certificate manager maintains, through a watch, and is swapped into the TLS
@@ -22,6 +23,11 @@
 //! it was is always allowed, so that a config stored before the webhook existed can still get
 //! its finalizer removed. Its webhook configuration has `failurePolicy: Fail`: an EnvoyConfig
 //! nobody checked would reach the clients.
+//!
+//! ListenerSet validation is `ListenerSetSpec::validate` (cheap, answered inline): every
+//! problem is refused at once with status 422, each as `<field path>: <what is wrong>`. The
+//! same rules as for EnvoyConfigs otherwise: an unchanged spec is allowed, `failurePolicy:
+//! Fail`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -47,6 +53,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use spur_api::envoyconfig::EnvoyConfigSpec;
+use spur_api::listenerset::ListenerSetSpec;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -58,6 +65,8 @@ use crate::{Error, Metrics};
 pub const MUTATE_POD_PATH: &str = "/mutate-v1-pod";
 /// The EnvoyConfig validation path, as in the chart's ValidatingWebhookConfiguration.
 pub const VALIDATE_ENVOYCONFIG_PATH: &str = "/validate-spur-dev-v1alpha1-envoyconfig";
+/// The ListenerSet validation path, as in the chart's ValidatingWebhookConfiguration.
+pub const VALIDATE_LISTENERSET_PATH: &str = "/validate-spur-dev-v1alpha1-listenerset";
 /// EnvoyConfigs decoded at once (each on a blocking thread): decoding is CPU and memory, a
 /// few times the size of the text.
 const DECODES: usize = 2;
@@ -150,7 +159,7 @@ impl Webhook {
             state,
             stop,
         ));
-        tracing::info!(addr = %local_addr, paths = ?[MUTATE_POD_PATH, VALIDATE_ENVOYCONFIG_PATH], "admission webhook listening");
+        tracing::info!(addr = %local_addr, paths = ?[MUTATE_POD_PATH, VALIDATE_ENVOYCONFIG_PATH, VALIDATE_LISTENERSET_PATH], "admission webhook listening");
         Ok(Webhook {
             local_addr,
             certs,
@@ -322,11 +331,20 @@ async fn serve(
     }
 }
 
+/// What a request is for.
+#[derive(Clone, Copy)]
+enum Review {
+    Pod,
+    EnvoyConfig,
+    ListenerSet,
+}
+
 async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
-    let pod = match (req.method(), req.uri().path()) {
-        (&hyper::Method::POST, MUTATE_POD_PATH) => true,
-        (&hyper::Method::POST, VALIDATE_ENVOYCONFIG_PATH) => false,
-        (_, MUTATE_POD_PATH | VALIDATE_ENVOYCONFIG_PATH) => {
+    let review = match (req.method(), req.uri().path()) {
+        (&hyper::Method::POST, MUTATE_POD_PATH) => Review::Pod,
+        (&hyper::Method::POST, VALIDATE_ENVOYCONFIG_PATH) => Review::EnvoyConfig,
+        (&hyper::Method::POST, VALIDATE_LISTENERSET_PATH) => Review::ListenerSet,
+        (_, MUTATE_POD_PATH | VALIDATE_ENVOYCONFIG_PATH | VALIDATE_LISTENERSET_PATH) => {
             return text(StatusCode::METHOD_NOT_ALLOWED, "POST only\n");
         }
         _ => return text(StatusCode::NOT_FOUND, "not found\n"),
@@ -334,18 +352,18 @@ async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
-            if pod {
-                st.metrics.admission("invalid");
-            } else {
-                st.metrics.envoyconfig_admission("invalid");
+            match review {
+                Review::Pod => st.metrics.admission("invalid"),
+                Review::EnvoyConfig => st.metrics.envoyconfig_admission("invalid"),
+                Review::ListenerSet => st.metrics.listenerset_admission("invalid"),
             }
             return text(StatusCode::BAD_REQUEST, &format!("cannot read body: {e}\n"));
         }
     };
-    if pod {
-        review_pod(&body, st).await
-    } else {
-        review_envoyconfig(&body, st).await
+    match review {
+        Review::Pod => review_pod(&body, st).await,
+        Review::EnvoyConfig => review_envoyconfig(&body, st).await,
+        Review::ListenerSet => review_listenerset(&body, st),
     }
 }
 
@@ -491,6 +509,70 @@ async fn validate_envoyconfig(
     decoded.map_err(|e| Refusal::Invalid(e.to_string()))
 }
 
+// === ListenerSet validation ===
+
+fn review_listenerset(body: &[u8], st: &State) -> Response<Full<Bytes>> {
+    // A dynamic object, as for EnvoyConfigs: a spec these types do not read is denied with the
+    // reason, not answered with a 400.
+    let request: AdmissionRequest<DynamicObject> =
+        match serde_json::from_slice::<AdmissionReview<DynamicObject>>(body)
+            .map_err(|e| e.to_string())
+            .and_then(|r| {
+                r.try_into()
+                    .map_err(|e: kube::core::admission::ConvertAdmissionReviewError| e.to_string())
+            }) {
+            Ok(r) => r,
+            Err(e) => {
+                st.metrics.listenerset_admission("invalid");
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    &format!("not an AdmissionReview with a request: {e}\n"),
+                );
+            }
+        };
+    let mut response = AdmissionResponse::from(&request);
+    match validate_listenerset(&request) {
+        Ok(()) => st.metrics.listenerset_admission("allowed"),
+        Err(message) => {
+            st.metrics.listenerset_admission("denied");
+            tracing::debug!(namespace = ?request.namespace, name = %request.name, %message, "ListenerSet refused");
+            response = response.deny(message);
+            response.result.code = StatusCode::UNPROCESSABLE_ENTITY.as_u16();
+            response.result.reason = "Invalid".into();
+        }
+    }
+    reply(response)
+}
+
+/// `Err` with every problem, each with its field path.
+fn validate_listenerset(req: &AdmissionRequest<DynamicObject>) -> Result<(), String> {
+    if !matches!(req.operation, Operation::Create | Operation::Update) {
+        return Ok(());
+    }
+    let spec_of = |o: &Option<DynamicObject>| o.as_ref().and_then(|o| o.data.get("spec").cloned());
+    let Some(spec) = spec_of(&req.object) else {
+        return Err("spec: required".into());
+    };
+    if req.operation == Operation::Update && spec_of(&req.old_object).as_ref() == Some(&spec) {
+        return Ok(());
+    }
+    let spec: ListenerSetSpec = serde_path_to_error::deserialize(spec).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            format!("spec: {}", e.inner())
+        } else {
+            format!("spec.{path}: {}", e.inner())
+        }
+    })?;
+    // The object's name (a generated one is set by now); the request's as a fallback.
+    let name = req
+        .object
+        .as_ref()
+        .and_then(|o| o.metadata.name.clone())
+        .unwrap_or_else(|| req.name.clone());
+    spec.validate(&name).map_err(|e| e.to_string())
+}
+
 /// The patch to return and the result to count, `None` to admit without one, or an internal
 /// error (admitted unchanged).
 async fn decide(
@@ -619,4 +701,77 @@ fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
     *r.status_mut() = status;
     r
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn request(
+        operation: &str,
+        spec: Option<Value>,
+        old: Option<Value>,
+    ) -> AdmissionRequest<DynamicObject> {
+        let object = |spec: Option<Value>| {
+            let mut o = json!({"apiVersion": "spur.dev/v1alpha1", "kind": "ListenerSet",
+                               "metadata": {"name": "media", "namespace": "voip"}});
+            if let Some(s) = spec {
+                o["spec"] = s;
+            }
+            o
+        };
+        let review: AdmissionReview<DynamicObject> = serde_json::from_value(json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "u", "operation": operation, "name": "media", "namespace": "voip",
+                "kind": {"group": "spur.dev", "version": "v1alpha1", "kind": "ListenerSet"},
+                "resource": {"group": "spur.dev", "version": "v1alpha1", "resource": "listenersets"},
+                "userInfo": {}, "object": object(spec),
+                "oldObject": old.map(|o| object(Some(o))),
+            }
+        }))
+        .unwrap();
+        review.try_into().unwrap()
+    }
+
+    fn spec(port: Value) -> Value {
+        json!({"selector": {"matchLabels": {"app": "gw"}}, "listeners": [
+            {"name": "rtp", "protocol": "udp", "port": port, "cluster": {"name": "media",
+                "endpoints": [{"address": "10.0.0.1", "port": 6000}]}}]})
+    }
+
+    #[test]
+    fn listenerset_reviews() {
+        assert_eq!(
+            validate_listenerset(&request("CREATE", Some(spec(json!(5000))), None)),
+            Ok(())
+        );
+        assert_eq!(
+            validate_listenerset(&request("CREATE", None, None)),
+            Err("spec: required".into())
+        );
+        // What the types cannot read is refused with its path, not answered with a 400.
+        let err =
+            validate_listenerset(&request("CREATE", Some(spec(json!("x"))), None)).unwrap_err();
+        assert!(
+            err.starts_with("spec.listeners[0].port: invalid type"),
+            "{err}"
+        );
+        let err = validate_listenerset(&request("CREATE", Some(spec(json!(0))), None)).unwrap_err();
+        assert!(
+            err.contains("spec.listeners[0].port: must be between 1 and 65535"),
+            "{err}"
+        );
+        // An update that leaves an (old, invalid) spec alone is allowed; one that changes it is
+        // checked.
+        let bad = spec(json!(0));
+        assert_eq!(
+            validate_listenerset(&request("UPDATE", Some(bad.clone()), Some(bad.clone()))),
+            Ok(())
+        );
+        assert!(validate_listenerset(&request("UPDATE", Some(bad), Some(spec(json!(1))))).is_err());
+        assert_eq!(validate_listenerset(&request("DELETE", None, None)), Ok(()));
+    }
 }

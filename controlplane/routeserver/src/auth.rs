@@ -10,6 +10,10 @@
 //!   the cluster's services (GetClusterServices) if it may `list` `services` cluster-wide —
 //!   asked with a SubjectAccessReview.
 //!
+//! - For the L4 listener API (a gateway's `spur.l4.v1.Listeners`), a pod-bound token may ask
+//!   only for its own pod's listeners; any other identity needs `list` on
+//!   `listenersets.spur.dev` in the pod's namespace.
+//!
 //! Answers are cached briefly, so thousands of sidecars reconnecting at once cost the API server
 //! one review per token, and at most [`MAX_REVIEWS`] reviews run at a time.
 //!
@@ -44,6 +48,8 @@ const MAX_REVIEWS: usize = 16;
 const ACCEPTED_TTL: Duration = Duration::from_secs(60);
 /// How long a refused token stays refused without asking again.
 const REFUSED_TTL: Duration = Duration::from_secs(5);
+/// Namespaces whose `list listenersets` answer one token's cache entry keeps.
+const MAX_CACHED_NAMESPACES: usize = 16;
 /// Cached tokens; past it, expired entries go, then everything.
 const MAX_CACHED: usize = 20_000;
 /// TokenReview's names for the pod a bound token was issued for.
@@ -90,6 +96,11 @@ impl fmt::Debug for AuthConfig {
 pub(crate) enum Scope<'a> {
     Rules(&'a Filter),
     ClusterServices,
+    /// The L4 listeners of one gateway pod (its Watch and its Report).
+    Listeners {
+        namespace: &'a str,
+        pod: &'a str,
+    },
 }
 
 /// Why a request is refused.
@@ -164,6 +175,8 @@ struct Entry {
     /// For users: whether they may read every rule, and the cluster's services.
     reads_rules: Option<bool>,
     reads_services: Option<bool>,
+    /// For users: per namespace, whether they may list ListenerSets there.
+    reads_listeners: Vec<(String, bool)>,
 }
 
 /// Checks requests against [`AuthConfig`].
@@ -260,6 +273,51 @@ impl Authenticator {
             }
         };
         let result = match (&identity, scope) {
+            (
+                Identity::Pod {
+                    namespace, name, ..
+                },
+                Scope::Listeners {
+                    namespace: want_ns,
+                    pod,
+                },
+            ) => {
+                if namespace == want_ns && name == pod {
+                    Ok(grant)
+                } else {
+                    Err(Denied::Forbidden(format!(
+                        "this pod's token reads only the listeners of its own pod {namespace}/{name}"
+                    )))
+                }
+            }
+            (Identity::User(user), Scope::Listeners { namespace, .. }) => {
+                let cached = entry
+                    .reads_listeners
+                    .iter()
+                    .find(|(ns, _)| ns == namespace)
+                    .map(|(_, a)| *a);
+                let allowed = match cached {
+                    Some(a) => a,
+                    None => {
+                        let a = kube
+                            .may_list(user, "spur.dev", "listenersets", Some(namespace))
+                            .await?;
+                        if entry.reads_listeners.len() >= MAX_CACHED_NAMESPACES {
+                            entry.reads_listeners.remove(0);
+                        }
+                        entry.reads_listeners.push((namespace.to_string(), a));
+                        a
+                    }
+                };
+                if allowed {
+                    Ok(grant)
+                } else {
+                    let who = user.username.as_deref().unwrap_or("this user");
+                    Err(Denied::Forbidden(format!(
+                        "{who} may not list listenersets.spur.dev in namespace {namespace}, which reading a gateway's listeners requires"
+                    )))
+                }
+            }
             (Identity::Pod { .. }, Scope::ClusterServices) => Err(Denied::Forbidden(
                 "a pod's token reads only its own baseline's rules".into(),
             )),
@@ -292,14 +350,16 @@ impl Authenticator {
                 }
             }
             (Identity::User(user), scope) => {
-                let (cached, resource, group) = match scope {
-                    Scope::Rules(_) => (&mut entry.reads_rules, "routingconfigs", "spur.dev"),
-                    Scope::ClusterServices => (&mut entry.reads_services, "services", ""),
+                // (Listeners were answered above.)
+                let (cached, resource, group) = if matches!(scope, Scope::ClusterServices) {
+                    (&mut entry.reads_services, "services", "")
+                } else {
+                    (&mut entry.reads_rules, "routingconfigs", "spur.dev")
                 };
                 let allowed = match *cached {
                     Some(a) => a,
                     None => {
-                        let a = kube.may_list(user, group, resource).await?;
+                        let a = kube.may_list(user, group, resource, None).await?;
                         *cached = Some(a);
                         a
                     }
@@ -379,6 +439,7 @@ impl Kube {
             baseline: None,
             reads_rules: None,
             reads_services: None,
+            reads_listeners: Vec::new(),
         }
     }
 
@@ -507,7 +568,14 @@ impl Kube {
         Ok((kind.into(), namespace.into(), owner.name.clone()))
     }
 
-    async fn may_list(&self, user: &UserInfo, group: &str, resource: &str) -> Result<bool, Denied> {
+    /// Whether `user` may list `resource` in `namespace`, or cluster-wide with None.
+    async fn may_list(
+        &self,
+        user: &UserInfo,
+        group: &str,
+        resource: &str,
+        namespace: Option<&str>,
+    ) -> Result<bool, Denied> {
         let _permit = self
             .reviews
             .acquire()
@@ -522,6 +590,7 @@ impl Kube {
                 resource_attributes: Some(ResourceAttributes {
                     group: Some(group.into()),
                     resource: Some(resource.into()),
+                    namespace: namespace.map(Into::into),
                     verb: Some("list".into()),
                     ..ResourceAttributes::default()
                 }),

@@ -167,6 +167,8 @@ pub struct Index {
     services: Arc<Mutex<Arc<Vec<routes::ClusterService>>>>,
     /// None until a store publishes its first model.
     xds: Arc<watch::Sender<Option<Arc<crate::xds::model::Model>>>>,
+    /// None until a store publishes its first L4 model (ListenerSets).
+    l4: Arc<watch::Sender<Option<Arc<crate::l4::Model>>>>,
 }
 
 impl Default for Index {
@@ -189,7 +191,24 @@ impl Index {
             problems: Arc::default(),
             services: Arc::default(),
             xds: Arc::new(watch::channel(None).0),
+            l4: Arc::new(watch::channel(None).0),
         }
+    }
+
+    /// Every ListenerSet, rendered for gateways. Only a store that watches ListenerSets (the
+    /// Kubernetes store `with_l4`) sets it; published only on change.
+    pub fn set_l4(&self, model: crate::l4::Model) {
+        self.l4.send_if_modified(|m| {
+            if m.as_deref() == Some(&model) {
+                return false;
+            }
+            *m = Some(Arc::new(model));
+            true
+        });
+    }
+
+    pub fn subscribe_l4(&self) -> watch::Receiver<Option<Arc<crate::l4::Model>>> {
+        self.l4.subscribe()
     }
 
     /// The cluster as the xDS server serves it. Only a store that sees Services and

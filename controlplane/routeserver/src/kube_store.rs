@@ -1,7 +1,10 @@
 //! The Kubernetes rule store: routing rules from the status of every `RoutingConfig` in the
 //! cluster, cluster services (for `GetClusterServices`) from Services.
 //!
-//! Both come from watch-backed reflectors. Every change marks the set dirty; a publisher task
+//! With [`KubeStore::with_l4`], also ListenerSets and the EndpointSlices of their endpoint
+//! Services, rendered into the L4 model gateways are served from ([`crate::l4`]).
+//!
+//! All come from watch-backed reflectors. Every change marks the set dirty; a publisher task
 //! rebuilds the whole rule set at most once per `debounce` and hands it to the index, which
 //! diffs it and streams only the changed rules to watchers.
 
@@ -15,7 +18,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use spur_api::{EnvoyConfigRevision, RoutingConfig};
+use spur_api::{EnvoyConfigRevision, ListenerSet, RoutingConfig};
 use spur_proto::routes;
 use spur_routing::RoutingRule;
 use tokio::sync::Notify;
@@ -32,6 +35,7 @@ pub struct KubeStore {
     sync_timeout: Duration,
     debounce: Duration,
     xds: bool,
+    l4: bool,
     /// Namespaces whose labelled Secrets SDS may serve.
     secret_namespaces: Vec<String>,
     running: Option<Running>,
@@ -43,6 +47,10 @@ struct Running {
     /// Only with xDS: its clusters' endpoints, and the published EnvoyConfig revisions.
     slices: Option<Store<EndpointSlice>>,
     revisions: Option<Store<EnvoyConfigRevision>>,
+    /// Only with L4: ListenerSets, and (without xDS, which watches them all) the EndpointSlices
+    /// labelled with a ListenerSet.
+    listener_sets: Option<Store<ListenerSet>>,
+    l4_slices: Option<Store<EndpointSlice>>,
     /// One per namespace of `secret_namespaces`, only Secrets labelled for SDS.
     secrets: Vec<Store<Secret>>,
     secret_namespaces: Vec<String>,
@@ -66,6 +74,7 @@ impl KubeStore {
             sync_timeout: Duration::from_secs(60),
             debounce: Duration::from_millis(20),
             xds: false,
+            l4: false,
             secret_namespaces: Vec::new(),
             running: None,
         }
@@ -74,6 +83,17 @@ impl KubeStore {
     /// Also watches EndpointSlices and publishes the xDS model (see [`crate::xds`]).
     pub fn with_xds(mut self) -> Self {
         self.xds = true;
+        self
+    }
+
+    /// Also watches ListenerSets (and the EndpointSlices of their endpoint Services) and
+    /// publishes the L4 model gateways are served from (see [`crate::l4`]).
+    ///
+    /// Without xDS only the EndpointSlices labelled `spur.dev/listener-set` are watched (the
+    /// EndpointSlice controller copies a Service's labels onto its slices, and the operator
+    /// labels the endpoint Services so), not every slice of the cluster.
+    pub fn with_l4(mut self) -> Self {
+        self.l4 = true;
         self
     }
 
@@ -178,6 +198,25 @@ impl RuleStore for KubeStore {
             tasks.push(t4);
             revisions
         });
+        let listener_sets = self.l4.then(|| {
+            let (sets, t) = spawn_reflector(
+                Api::<ListenerSet>::all(self.client.clone()),
+                dirty.clone(),
+                "ListenerSet",
+            );
+            tasks.push(t);
+            sets
+        });
+        let l4_slices = (self.l4 && !self.xds).then(|| {
+            let (slices, t) = spawn_reflector_with(
+                Api::<EndpointSlice>::all(self.client.clone()),
+                watcher::Config::default().labels(spur_api::listenerset::LISTENER_SET_LABEL),
+                dirty.clone(),
+                "EndpointSlice",
+            );
+            tasks.push(t);
+            slices
+        });
         let mut secrets = Vec::new();
         if self.xds {
             for ns in &self.secret_namespaces {
@@ -197,6 +236,8 @@ impl RuleStore for KubeStore {
             services,
             slices,
             revisions,
+            listener_sets,
+            l4_slices,
             secrets,
             secret_namespaces: self.secret_namespaces.clone(),
             dirty,
@@ -210,6 +251,12 @@ impl RuleStore for KubeStore {
             if let Some(revisions) = &running.revisions {
                 revisions.wait_until_ready().await?;
             }
+            if let Some(sets) = &running.listener_sets {
+                sets.wait_until_ready().await?;
+            }
+            if let Some(slices) = &running.l4_slices {
+                slices.wait_until_ready().await?;
+            }
             for s in &running.secrets {
                 s.wait_until_ready().await?;
             }
@@ -220,7 +267,7 @@ impl RuleStore for KubeStore {
             Ok(Err(e)) => return Err(crate::Error::Store(format!("watch ended: {e}"))),
             Err(_) => {
                 return Err(crate::Error::Store(format!(
-                    "no complete list of RoutingConfigs and Services (and EndpointSlices, published EnvoyConfigRevisions and SDS Secrets, with xDS) within {:?} (is the API server reachable, are the CRDs installed, may this service account list and watch them?)",
+                    "no complete list of RoutingConfigs and Services (and EndpointSlices, published EnvoyConfigRevisions and SDS Secrets, with xDS; ListenerSets, with L4) within {:?} (is the API server reachable, are the CRDs installed, may this service account list and watch them?)",
                     self.sync_timeout
                 )));
             }
@@ -254,7 +301,18 @@ fn publish(running: &Running, index: &Index, metrics: &Metrics) {
     let mut configs = running.configs.state();
     // A stable order decides conflicts the same way on every publication and every replica.
     configs.sort_by_key(|c| (c.namespace(), c.name_any()));
-    let (rules, problems) = rules_from(&configs);
+    let (rules, mut problems) = rules_from(&configs);
+    if let Some(sets) = &running.listener_sets {
+        let slices = running
+            .l4_slices
+            .as_ref()
+            .or(running.slices.as_ref())
+            .map(Store::state)
+            .unwrap_or_default();
+        let model = crate::l4::Model::build(&sets.state(), &slices, &configs);
+        problems.extend(model.problems.iter().cloned());
+        index.set_l4(model);
+    }
     metrics.set_problems(problems.len());
     index.replace_all(rules);
     index.set_problems(problems);

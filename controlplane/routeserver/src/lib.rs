@@ -4,6 +4,7 @@
 //! RuleStore (rule directory, or Kubernetes RoutingConfigs) ──complete rule sets──► Index (snapshots + change log)
 //!        ──► gRPC routes.Routes :7777   Get / Watch / GetClusterServices
 //!        ──► REST :7778                 /api/v1/workloads/routing-rules[/watch], /healthz, /metrics
+//! ListenerSets (Kubernetes store `with_l4`) ──► L4 model ──► gRPC spur.l4.v1.Listeners :7777 (gateways)
 //! ```
 //!
 //! Both ports serve TLS with a certificate re-read from its files ([`ServingTls`]), and every
@@ -18,6 +19,7 @@ mod auth;
 mod grpc;
 mod index;
 mod kube_store;
+pub mod l4;
 mod metrics;
 mod rest;
 mod store;
@@ -31,6 +33,7 @@ pub use tls::ServingTls;
 
 pub use index::{Entry, Filter, Index, RuleKey, Snapshot};
 pub use kube_store::{KubeStore, cluster_services, rules_from};
+pub use l4::L4Options;
 pub use metrics::Metrics;
 pub use rest::front_door;
 pub use store::{DirStore, RuleStore};
@@ -83,6 +86,9 @@ pub struct RouteServerConfig {
     /// The xDS (ADS) port; None serves no xDS. Its resources come from a store that publishes
     /// an xDS model (the Kubernetes store built `with_xds`).
     pub xds: Option<XdsConfig>,
+    /// The L4 listener API for gateway pods on the gRPC port; None serves none. Its model
+    /// comes from a store that publishes one (the Kubernetes store built `with_l4`).
+    pub l4: Option<L4Options>,
 }
 
 impl RouteServerConfig {
@@ -96,6 +102,7 @@ impl RouteServerConfig {
             tls: None,
             auth: AuthConfig::Disabled,
             xds: None,
+            l4: None,
         }
     }
 }
@@ -171,6 +178,18 @@ impl RouteServer {
             None => None,
         };
 
+        let listeners = config.l4.as_ref().map(|o| {
+            l4::service(
+                o,
+                &index,
+                &auth,
+                &metrics,
+                &mut registry,
+                &tasks,
+                stop.clone(),
+            )
+        });
+
         store.initial(&index, &metrics).await?;
         tasks.spawn(store.run(index.clone(), metrics.clone(), stop.clone()));
 
@@ -204,6 +223,7 @@ impl RouteServer {
                 .http2_keepalive_timeout(Some(Duration::from_secs(10)))
                 .tcp_nodelay(true)
                 .add_service(wire::RoutesService::new(service))
+                .add_optional_service(listeners)
                 .serve_with_incoming_shutdown(grpc_incoming.into_stream(), grpc_stop.cancelled())
                 .await;
             if let Err(e) = res {
@@ -238,6 +258,7 @@ impl RouteServer {
             xds_addr = ?xds.as_ref().map(|x| x.addr),
             xds_tls = config.xds.as_ref().map(|x| x.tls.is_some()),
             auth = ?config.auth,
+            l4 = config.l4.is_some(),
             "route server started"
         );
         Ok(RouteServer {

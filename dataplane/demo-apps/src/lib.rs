@@ -1,4 +1,4 @@
-//! Example upstream services (HTTP/1.1 + h2c, WebSocket, gRPC, raw TCP, TLS) that `spur demo`
+//! Example upstream services (HTTP/1.1 + h2c, WebSocket, gRPC, raw TCP, TLS, UDP echo) that `spur demo`
 //! runs on loopback and the end-to-end tests use as real upstreams behind the proxy.
 //!
 //! Every service is told a `name` and reports it back in each response, so a caller can tell
@@ -11,12 +11,14 @@ pub mod grpc_client;
 mod http;
 mod net;
 mod tcp;
+mod udp;
 
 pub use grpc::{HelloReply, HelloRequest, serve_grpc};
 pub use http::serve_http;
 pub use net::accept;
 pub use tcp::{TestTls, serve_tcp_echo, serve_tls_echo, test_tls};
 pub use tokio_util::sync::CancellationToken;
+pub use udp::serve_udp_echo;
 
 /// Header (and gRPC trailing metadata key) naming the service that answered.
 pub const SERVED_BY: &str = "x-served-by";

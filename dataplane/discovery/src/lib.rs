@@ -5,9 +5,11 @@
 //! good table stays in force. Consumers that must react to a swap (connection pools) watch the
 //! [`Publisher::subscribe`] channel, which carries the published version.
 
+mod connect;
 mod file;
 mod routeserver;
 
+pub use connect::Connector;
 pub use file::{FileSource, parse_rules};
 pub use routeserver::{RouteServerConn, RouteServerSource};
 

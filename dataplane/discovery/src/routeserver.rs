@@ -13,7 +13,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -24,9 +23,8 @@ use spur_proto::routes::routes_client::RoutesClient;
 use spur_proto::routes::{self, WatchOp, WorkloadRoutingRuleOp};
 use spur_routing::{BaselineWorkload, RoutingRule};
 use tokio_util::sync::CancellationToken;
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::transport::Endpoint;
 
+use crate::connect::Connector;
 use crate::{Error, Publisher};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -56,11 +54,7 @@ impl RouteServerConn {
 
 /// Watches the route server for one baseline's rules and publishes them.
 pub struct RouteServerSource {
-    addr: String,
-    conn: RouteServerConn,
-    /// The name verified against the route server's certificate.
-    server_name: String,
-    endpoint: Endpoint,
+    connector: Connector,
     baseline: BaselineWorkload,
     publisher: Publisher,
     connected: Gauge,
@@ -77,36 +71,7 @@ impl RouteServerSource {
         publisher: Publisher,
         registry: &mut Registry,
     ) -> Result<Self, Error> {
-        let addr = conn.addr.as_str();
-        let invalid = |reason: String| Error::RouteServer {
-            addr: addr.to_string(),
-            reason,
-        };
-        let url = if addr.contains("://") {
-            addr.to_string()
-        } else {
-            format!("http://{addr}")
-        };
-        // TLS is ours (see `session`), so tonic always sees http://.
-        let endpoint =
-            Endpoint::from_shared(url).map_err(|e| invalid(format!("invalid address: {e}")))?;
-        let server_name = endpoint
-            .uri()
-            .host()
-            .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string())
-            .ok_or_else(|| invalid("no host in the address".into()))?;
-        if endpoint.uri().scheme_str() != Some("http") {
-            return Err(invalid(
-                "the address is host:port or http://host:port (TLS is on when a CA is given)"
-                    .into(),
-            ));
-        }
-        let endpoint = endpoint
-            .connect_timeout(Duration::from_secs(5))
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_timeout(Duration::from_secs(10))
-            .keep_alive_while_idle(true)
-            .tcp_nodelay(true);
+        let connector = Connector::new(conn)?;
         let connected = Gauge::default();
         let reconnects = Counter::default();
         let rejected = Counter::default();
@@ -126,10 +91,7 @@ impl RouteServerSource {
             rejected.clone(),
         );
         Ok(RouteServerSource {
-            addr: addr.to_string(),
-            server_name,
-            conn,
-            endpoint,
+            connector,
             baseline,
             publisher,
             connected,
@@ -150,7 +112,7 @@ impl RouteServerSource {
             self.reconnects.inc();
             match res {
                 Ok(()) => {
-                    tracing::info!(addr = %self.addr, "route server closed the watch stream; reconnecting")
+                    tracing::info!(addr = %self.connector.addr(), "route server closed the watch stream; reconnecting")
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "route server watch failed; keeping the last table")
@@ -166,96 +128,12 @@ impl RouteServerSource {
     }
 
     fn err(&self, reason: impl std::fmt::Display) -> Error {
-        Error::RouteServer {
-            addr: self.addr.clone(),
-            reason: reason.to_string(),
-        }
-    }
-
-    /// A TLS client for the CA bundle in `path`, read now.
-    fn tls(&self, path: &PathBuf) -> Result<tokio_rustls::TlsConnector, Error> {
-        use rustls::pki_types::CertificateDer;
-        use rustls::pki_types::pem::PemObject;
-        let pem = std::fs::read(path)
-            .map_err(|e| self.err(format!("cannot read the CA bundle {}: {e}", path.display())))?;
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(&pem) {
-            let cert = cert.map_err(|e| self.err(format!("CA bundle {}: {e}", path.display())))?;
-            roots
-                .add(cert)
-                .map_err(|e| self.err(format!("CA bundle {}: {e}", path.display())))?;
-        }
-        if roots.is_empty() {
-            return Err(self.err(format!(
-                "the CA bundle {} holds no certificate",
-                path.display()
-            )));
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| self.err(e))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        config.alpn_protocols = vec![b"h2".to_vec()];
-        Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
-    }
-
-    /// `Bearer <token>` from the token file, read now.
-    fn authorization(&self) -> Result<Option<MetadataValue<Ascii>>, Error> {
-        let Some(path) = &self.conn.token else {
-            return Ok(None);
-        };
-        let token = std::fs::read_to_string(path)
-            .map_err(|e| self.err(format!("cannot read the token {}: {e}", path.display())))?;
-        let token = token.trim();
-        if token.is_empty() {
-            return Err(self.err(format!("the token file {} is empty", path.display())));
-        }
-        // Never echo the value: it is a credential.
-        MetadataValue::try_from(format!("Bearer {token}"))
-            .map(Some)
-            .map_err(|_| {
-                self.err(format!(
-                    "the token in {} has characters a header cannot carry",
-                    path.display()
-                ))
-            })
-    }
-
-    async fn channel(&self) -> Result<tonic::transport::Channel, Error> {
-        let Some(ca) = &self.conn.ca else {
-            return self
-                .endpoint
-                .connect()
-                .await
-                .map_err(|e| self.err(tonic_error_chain(&e)));
-        };
-        let tls = self.tls(ca)?;
-        let name = rustls::pki_types::ServerName::try_from(self.server_name.clone())
-            .map_err(|e| self.err(format!("{}: {e}", self.server_name)))?;
-        let connector = tower::service_fn(move |uri: http::Uri| {
-            let tls = tls.clone();
-            let name = name.clone();
-            async move {
-                let host = uri.host().unwrap_or_default();
-                let host = host.trim_start_matches('[').trim_end_matches(']');
-                let port = uri.port_u16().unwrap_or(80);
-                let tcp = tokio::net::TcpStream::connect((host, port)).await?;
-                tcp.set_nodelay(true)?;
-                let stream = tls.connect(name, tcp).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-            }
-        });
-        self.endpoint
-            .connect_with_connector(connector)
-            .await
-            .map_err(|e| self.err(tonic_error_chain(&e)))
+        self.connector.err(reason)
     }
 
     async fn session(&self, backoff: &mut Duration) -> Result<(), Error> {
-        let authorization = self.authorization()?;
-        let channel = self.channel().await?;
+        let authorization = self.connector.authorization()?;
+        let channel = self.connector.channel().await?;
         let mut client = RoutesClient::new(channel);
         let request = routes::WorkloadRoutingRulesRequest {
             baseline_workload: Some(routes::BaselineWorkload {
@@ -351,17 +229,4 @@ impl RouteServerSource {
             "routing table published from the route server"
         );
     }
-}
-
-/// tonic's transport error says only "transport error"; the cause (a refused certificate, a
-/// refused connection) is in its sources.
-fn tonic_error_chain(e: &tonic::transport::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
