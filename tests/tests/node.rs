@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde_json::Value;
 mod node_jobs;
+mod node_l4;
 mod node_resources;
 mod node_xds;
 
@@ -402,6 +403,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
 
     // --- proxyless gRPC: grpc-go's xDS client in a pod routes by key through the route server -
     node_xds::proxyless_grpc_on_the_node(node);
+
+    // --- UDP listeners: a ListenerSet on a spur gateway pod, sessions hashed over workers -----
+    node_l4::udp_listeners_on_the_node(node);
 
     // --- every file under docs/examples/ does what its comments say ---------------------------
     docs_examples_on_the_node(node);

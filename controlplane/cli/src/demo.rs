@@ -47,9 +47,11 @@ pub(crate) struct DemoArgs {
 #[derive(Subcommand)]
 enum DemoCommand {
     /// Run one example app on its own (e.g. to put a standalone spur-sidecar in front of it):
-    /// HTTP (/, /headers, /echo, /slow, /stream, /ws), gRPC (spur.demo.v1.Demo) or TCP echo.
+    /// HTTP (/, /headers, /echo, /slow, /stream, /ws), gRPC (spur.demo.v1.Demo), TCP echo, or
+    /// UDP echo (each reply is the name, a space and the datagram; with a TCP echo on the same
+    /// port for probes).
     Serve {
-        /// http, grpc or tcp.
+        /// http, grpc, tcp or udp.
         #[arg(long, default_value = "http")]
         kind: String,
         /// The name the app answers with ("hello from NAME", x-served-by).
@@ -70,6 +72,29 @@ enum DemoCommand {
         /// Routing key to send in `baggage` (omit for an unkeyed request).
         #[arg(long)]
         key: Option<String>,
+    },
+    /// Send UDP sessions to a listener of UDP echo servers (`serve --kind udp`), each from a
+    /// new socket (a new source port) with the payload `s<7-digit number>`: prints
+    /// `<number> <who answered>` per session, or `<number> error <why>`. For checking a
+    /// ListenerSet's spread and affinity (docs/l4.md).
+    UdpProbe {
+        #[arg(long)]
+        target: SocketAddr,
+        #[arg(long, default_value_t = 100)]
+        sessions: u32,
+        /// The first session number.
+        #[arg(long, default_value_t = 0)]
+        first: u32,
+        /// How long to wait for each reply.
+        #[arg(long, default_value = "2s", value_parser = spur_runtime::parse_duration)]
+        timeout: Duration,
+        /// Sessions whose sockets are open at once (distinct source ports).
+        #[arg(long, default_value_t = 100)]
+        batch: u32,
+        /// A pause between batches: longer than the listener's idle timeout, so a source port
+        /// the system hands out again starts a new session.
+        #[arg(long, default_value = "0s", value_parser = spur_runtime::parse_duration)]
+        pause: Duration,
     },
 }
 
@@ -94,6 +119,14 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
         Some(DemoCommand::Call { addr, key }) => return call(addr, key.as_deref()).await,
         Some(DemoCommand::Serve { kind, name, listen }) => return serve(&kind, name, listen).await,
         Some(DemoCommand::App(args)) => return crate::demo_app::run(args).await,
+        Some(DemoCommand::UdpProbe {
+            target,
+            sessions,
+            first,
+            timeout,
+            batch,
+            pause,
+        }) => return udp_probe(target, first, sessions, timeout, batch, pause).await,
         None => {}
     }
     let demo = start(args.port_base, args.rules_dir).await?;
@@ -511,7 +544,21 @@ async fn serve(kind: &str, name: String, listen: SocketAddr) -> Result<ExitCode>
             "http" => tokio::spawn(serve_http(listener, name, token)),
             "grpc" => tokio::spawn(serve_grpc(listener, name, token)),
             "tcp" => tokio::spawn(spur_demo_apps::serve_tcp_echo(listener, name, token)),
-            other => bail!("unknown app kind {other:?}: use http, grpc or tcp"),
+            // A UDP echo, with the TCP echo on the same port number for probes and a
+            // ListenerSet's tcp health checks (UDP has no connection to check).
+            "udp" => {
+                let socket = tokio::net::UdpSocket::bind(listen)
+                    .await
+                    .with_context(|| format!("cannot bind UDP {listen}"))?;
+                tokio::spawn(async move {
+                    let (udp, tcp) = tokio::join!(
+                        spur_demo_apps::serve_udp_echo(socket, name.clone(), token.clone()),
+                        spur_demo_apps::serve_tcp_echo(listener, name, token),
+                    );
+                    udp.and(tcp)
+                })
+            }
+            other => bail!("unknown app kind {other:?}: use http, grpc, tcp or udp"),
         }
     };
     println!("serving {kind} on {listen}");
@@ -519,6 +566,67 @@ async fn serve(kind: &str, name: String, listen: SocketAddr) -> Result<ExitCode>
     token.cancel();
     app.await?.map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(ExitCode::SUCCESS)
+}
+
+async fn udp_probe(
+    target: SocketAddr,
+    first: u32,
+    sessions: u32,
+    timeout: Duration,
+    batch: u32,
+    pause: Duration,
+) -> Result<ExitCode> {
+    let bind: SocketAddr = if target.is_ipv4() {
+        ([0, 0, 0, 0], 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let mut failed = false;
+    let mut buf = vec![0u8; 65_536];
+    let end = first.saturating_add(sessions);
+    let mut start = first;
+    while start < end {
+        if start > first {
+            tokio::time::sleep(pause).await;
+        }
+        let stop = start.saturating_add(batch.max(1)).min(end);
+        // A batch's sockets stay open until it is done, so its sessions have distinct source
+        // ports: a listener keeps a session per client address, and a port used again while
+        // the listener still holds its session would reach that session's worker. One session
+        // at a time, so a listener sees no burst.
+        let mut open = Vec::new();
+        for n in start..stop {
+            let payload = format!("s{n:07}");
+            let answer: Result<String> = async {
+                let socket = tokio::net::UdpSocket::bind(bind).await?;
+                socket.send_to(payload.as_bytes(), target).await?;
+                let (len, _) = tokio::time::timeout(timeout, socket.recv_from(&mut buf))
+                    .await
+                    .map_err(|_| anyhow::anyhow!("no reply within {timeout:?}"))??;
+                open.push(socket);
+                let reply = String::from_utf8_lossy(&buf[..len]);
+                match reply.split_once(' ') {
+                    Some((who, echoed)) if echoed == payload => Ok(who.to_owned()),
+                    _ => bail!("unexpected reply {reply:?}"),
+                }
+            }
+            .await;
+            match answer {
+                Ok(who) => println!("{n} {who}"),
+                Err(e) => {
+                    failed = true;
+                    println!("{n} error {e:#}");
+                }
+            }
+        }
+        drop(open);
+        start = stop;
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// The `baggage` value carrying `key`, if any.
