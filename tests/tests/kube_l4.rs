@@ -13,13 +13,19 @@
 //! stream ends; the gateway keeps serving while the route server is down and picks up a change
 //! once it is back; another pod's token is refused; a worker whose health port closes turns
 //! unhealthy in status and gets no new session.
+//!
+//! And a DNS endpoint (a name server on loopback that the gateway is pointed at) is resolved
+//! again when its records expire: when the name's address changes, new sessions reach the new
+//! worker within a few seconds, long before the gateway's 30 s DNS interval. A newer set with a
+//! listener on the same port is not served on that port, and its status says so.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequestSpec};
 use k8s_openapi::api::core::v1::Pod;
@@ -87,6 +93,46 @@ async fn start_route_server(client: &Client, dir: &Path, grpc: SocketAddr) -> Ro
     )
     .await
     .unwrap()
+}
+
+/// A kube-apiserver with the CRDs and the test namespace, and its admin client.
+async fn start_api() -> (KubeApi, Client) {
+    kt::capture_logs();
+    let api = KubeApi::start().await.unwrap();
+    kt::install_crds(&api).await.unwrap();
+    let admin = api.client();
+    kt::ensure_namespace(&admin, NS).await.unwrap();
+    (api, admin)
+}
+
+/// A UDP and a TCP port free on `ip` just now.
+async fn free_ports(ip: impl Into<IpAddr>) -> (u16, u16) {
+    let ip = ip.into();
+    let udp = UdpSocket::bind((ip, 0)).await.unwrap();
+    let tcp = TcpListener::bind((ip, 0)).await.unwrap();
+    (
+        udp.local_addr().unwrap().port(),
+        tcp.local_addr().unwrap().port(),
+    )
+}
+
+/// Gateway pod gw-0 of `NS`, with the token and CA in `dir`, watching the route server at
+/// `grpc`; `configure` changes the defaults.
+async fn start_gateway(
+    dir: &Path,
+    grpc: SocketAddr,
+    configure: impl FnOnce(GatewayConfig) -> GatewayConfig,
+) -> Gateway {
+    let config = GatewayConfig::new(
+        RouteServerConn {
+            addr: format!("localhost:{}", grpc.port()),
+            ca: Some(dir.join("ca.crt")),
+            token: Some(dir.join("token")),
+        },
+        NS,
+        "gw-0",
+    );
+    Gateway::start(configure(config)).await.unwrap()
 }
 
 /// A UDP echo worker named `name` on `ip:port`, with a TCP health port `ip:health` whose
@@ -313,41 +359,21 @@ fn authorized<T>(message: T, token: &str) -> tonic::Request<T> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_set_is_served_by_its_gateway_pod() {
-    kt::capture_logs();
-    let api = KubeApi::start().await.unwrap();
-    kt::install_crds(&api).await.unwrap();
-    let admin = api.client();
-    kt::ensure_namespace(&admin, NS).await.unwrap();
+    let (api, admin) = start_api().await;
 
     // Four workers on one port, each on its own address, with a TCP health port.
     let nets: Vec<TestNet> = (0..4).map(|_| TestNet::new().unwrap()).collect();
     let ips: Vec<IpAddr> = nets.iter().map(host_ip).collect();
     let stop = CancellationToken::new();
     let _stop_all = stop.clone().drop_guard();
-    let port = UdpSocket::bind((ips[0], 0))
-        .await
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let health = TcpListener::bind((ips[0], 0))
-        .await
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let (port, health) = free_ports(ips[0]).await;
     let mut health_stops = Vec::new();
     for (i, ip) in ips.iter().enumerate() {
         let hs = CancellationToken::new();
         worker(&format!("w-{i}"), *ip, port, health, &stop, hs.clone()).await;
         health_stops.push(hs);
     }
-    let listen_port = UdpSocket::bind("0.0.0.0:0")
-        .await
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let listen_port = free_ports(Ipv4Addr::UNSPECIFIED).await.0;
     let target = SocketAddr::from(([127, 0, 0, 1], listen_port));
 
     // The ListenerSet, its endpoint Service's slice (w-0..w-2), the gateway pod and its token.
@@ -392,20 +418,11 @@ async fn a_listener_set_is_served_by_its_gateway_pod() {
     let server = start_route_server(&rs_client, dir.path(), "127.0.0.1:0".parse().unwrap()).await;
     let grpc = server.grpc_addr;
 
-    let gateway = Gateway::start(GatewayConfig {
+    let gateway = start_gateway(dir.path(), grpc, |c| GatewayConfig {
         report_interval: Duration::from_secs(1),
-        ..GatewayConfig::new(
-            RouteServerConn {
-                addr: format!("localhost:{}", grpc.port()),
-                ca: Some(dir.path().join("ca.crt")),
-                token: Some(dir.path().join("token")),
-            },
-            NS,
-            "gw-0",
-        )
+        ..c
     })
-    .await
-    .unwrap();
+    .await;
     eventually("the gateway runs the listener", || async {
         (gateway.is_ready() && gateway.listeners().local_addr(LISTENER).is_some()).then_some(())
     })
@@ -545,4 +562,214 @@ async fn a_listener_set_is_served_by_its_gateway_pod() {
     gateway.shutdown().await;
     server.shutdown().await;
     kt::assert_no_secret_logged(&[&token, &other]);
+}
+
+/// A name server on loopback: every A query is answered with the current address and a TTL of
+/// `ttl` seconds, every other query with no records. Counts A queries.
+struct NameServer {
+    addr: SocketAddr,
+    answer: Arc<Mutex<Ipv4Addr>>,
+    queries: Arc<AtomicU32>,
+}
+
+impl NameServer {
+    async fn start(ip: Ipv4Addr, ttl: u32, stop: CancellationToken) -> NameServer {
+        use hickory_proto::op::{Message, MessageType};
+        use hickory_proto::rr::rdata::A;
+        use hickory_proto::rr::{RData, Record, RecordType};
+
+        let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = socket.local_addr().unwrap();
+        let answer = Arc::new(Mutex::new(ip));
+        let queries = Arc::new(AtomicU32::new(0));
+        let (current, count) = (answer.clone(), queries.clone());
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1500];
+            loop {
+                let (n, peer) = tokio::select! {
+                    () = stop.cancelled() => return,
+                    r = socket.recv_from(&mut buf) => match r {
+                        Ok(got) => got,
+                        Err(_) => continue,
+                    },
+                };
+                let Ok(query) = Message::from_vec(&buf[..n]) else {
+                    continue;
+                };
+                let mut reply = Message::response(query.metadata.id, query.metadata.op_code);
+                reply.metadata.message_type = MessageType::Response;
+                reply.metadata.recursion_desired = query.metadata.recursion_desired;
+                reply.metadata.recursion_available = true;
+                for q in &query.queries {
+                    reply.add_query(q.clone());
+                    if q.query_type() == RecordType::A {
+                        count.fetch_add(1, Ordering::SeqCst);
+                        let ip = *current.lock().unwrap();
+                        reply.add_answer(Record::from_rdata(
+                            q.name().clone(),
+                            ttl,
+                            RData::A(A(ip)),
+                        ));
+                    }
+                }
+                if let Ok(bytes) = reply.to_vec() {
+                    let _ = socket.send_to(&bytes, peer).await;
+                }
+            }
+        });
+        NameServer {
+            addr,
+            answer,
+            queries,
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_dns_endpoint_follows_its_records() {
+    let (api, admin) = start_api().await;
+
+    // Two workers on loopback addresses of their own (the name's answers; loopback is fine
+    // here, no EndpointSlice carries it), one port.
+    let stop = CancellationToken::new();
+    let _stop_all = stop.clone().drop_guard();
+    let ips = [Ipv4Addr::new(127, 0, 0, 2), Ipv4Addr::new(127, 0, 0, 3)];
+    let (port, health) = free_ports(ips[0]).await;
+    for (i, ip) in ips.iter().enumerate() {
+        let name = format!("w-{i}");
+        worker(
+            &name,
+            IpAddr::V4(*ip),
+            port,
+            health,
+            &stop,
+            stop.child_token(),
+        )
+        .await;
+    }
+    const TTL: u32 = 2;
+    let names = NameServer::start(ips[0], TTL, stop.child_token()).await;
+
+    let listen_port = free_ports(Ipv4Addr::UNSPECIFIED).await.0;
+    let target = SocketAddr::from(([127, 0, 0, 1], listen_port));
+    let set: ListenerSet = serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "ListenerSet",
+        "metadata": {"name": "named"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "gw"}},
+            "listeners": [{
+                "name": "media", "protocol": "udp", "port": listen_port,
+                "cluster": {
+                    "name": "workers",
+                    "idleTimeout": "1s",
+                    "healthCheck": {"protocol": "tcp", "interval": "300ms", "timeout": "200ms"},
+                    "endpoints": [{"dnsName": "workers.media.example.", "port": port,
+                                   "healthCheckPort": health}]
+                }
+            }]
+        }
+    }))
+    .unwrap();
+    Api::<ListenerSet>::namespaced(admin.clone(), NS)
+        .create(&PostParams::default(), &set)
+        .await
+        .unwrap();
+    let _ = pod_token(&api, None).await;
+    let gw = pod(&admin, "gw-0", "gw").await;
+    let dir = tempfile::tempdir().unwrap();
+    pki(dir.path());
+    let token = pod_token(&api, Some(&gw)).await;
+    std::fs::write(dir.path().join("token"), &token).unwrap();
+    let rs_client = kt::chart_client(&api, "spur-routeserver", "routeserver-rules.yaml", None)
+        .await
+        .unwrap();
+    let server = start_route_server(&rs_client, dir.path(), "127.0.0.1:0".parse().unwrap()).await;
+    let interval = Duration::from_secs(30);
+    let gateway = start_gateway(dir.path(), server.grpc_addr, |c| GatewayConfig {
+        dns_interval: interval,
+        dns_server: Some(names.addr),
+        ..c
+    })
+    .await;
+    eventually("the gateway runs the listener", || async {
+        (gateway.is_ready() && gateway.listeners().local_addr("named/media").is_some())
+            .then_some(())
+    })
+    .await;
+    // A new socket is a new session.
+    let who = || async {
+        let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        ask(&socket, target, b"hello").await
+    };
+    eventually("w-0 answers", || async {
+        (who().await? == "w-0").then_some(())
+    })
+    .await;
+
+    // The name moves to w-1: new sessions follow once the records expire.
+    *names.answer.lock().unwrap() = ips[1];
+    let moved = Instant::now();
+    loop {
+        if who().await.as_deref() == Some("w-1") {
+            break;
+        }
+        assert!(
+            moved.elapsed() < Duration::from_secs(15),
+            "sessions still reach w-0 15 s after its name moved (TTL {TTL} s)"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let took = moved.elapsed();
+    eprintln!("kube_l4: the DNS endpoint moved {took:?} after its name (TTL {TTL} s)");
+    assert!(
+        took < interval / 2,
+        "{took:?}: the interval, not the TTL, drove it"
+    );
+    // A lookup per TTL, not one per session or per tick.
+    let asked = names.queries.load(Ordering::SeqCst);
+    assert!(
+        (2..=20).contains(&asked),
+        "{asked} A queries in about {took:?} plus start-up"
+    );
+
+    // A newer set with a listener on the same port: the gateway keeps serving the older one,
+    // and the newer set's status says which listener it does not serve and why.
+    let shadow: ListenerSet = serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "ListenerSet",
+        "metadata": {"name": "shadow"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "gw"}},
+            "listeners": [{
+                "name": "media", "protocol": "udp", "port": listen_port,
+                "cluster": {"name": "other", "endpoints": [{"address": "127.0.0.3", "port": port}]}
+            }]
+        }
+    }))
+    .unwrap();
+    Api::<ListenerSet>::namespaced(admin.clone(), NS)
+        .create(&PostParams::default(), &shadow)
+        .await
+        .unwrap();
+    let want = format!("shadow/media: udp port {listen_port} is served by the older named/media");
+    eventually(
+        "the shadowed listener in the newer set's status",
+        || async {
+            let set = Api::<ListenerSet>::namespaced(admin.clone(), NS)
+                .get("shadow")
+                .await
+                .ok()?;
+            let gateways = set.status?.gateways;
+            (gateways.first()?.shadowed == [want.clone()]).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        who().await.as_deref(),
+        Some("w-1"),
+        "the older set still serves"
+    );
+
+    gateway.shutdown().await;
+    server.shutdown().await;
+    kt::assert_no_secret_logged(&[&token]);
 }

@@ -405,7 +405,7 @@ fn helm_install_and_the_user_path_on_running_pods() {
     node_xds::proxyless_grpc_on_the_node(node);
 
     // --- UDP listeners: a ListenerSet on a spur gateway pod, sessions hashed over workers -----
-    node_l4::udp_listeners_on_the_node(node);
+    node_l4::l4_listeners_on_the_node(node);
 
     // --- every file under docs/examples/ does what its comments say ---------------------------
     docs_examples_on_the_node(node);

@@ -23,3 +23,9 @@ seccompProfile: {type: RuntimeDefault}
 - {name: SPUR_LOG, value: {{ . | quote }}}
 {{- end }}
 {{- end -}}
+
+{{- /* The namespaces of the L4 gateway (gateway.namespaces, else the release namespace), as a
+JSON list: `include "spur.gatewayNamespaces" . | fromJsonArray`. */ -}}
+{{- define "spur.gatewayNamespaces" -}}
+{{- .Values.gateway.namespaces | default (list .Release.Namespace) | uniq | toJson -}}
+{{- end -}}

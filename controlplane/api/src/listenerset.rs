@@ -345,6 +345,10 @@ pub struct GatewayStatus {
     pub pod: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub endpoints: Vec<EndpointHealth>,
+    /// Listeners of this set the pod does not serve: an older ListenerSet that also selects
+    /// the pod has a listener with the same protocol and port.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shadowed: Vec<String>,
     pub updated_at: Option<Time>,
 }
 

@@ -73,18 +73,29 @@ enum DemoCommand {
         #[arg(long)]
         key: Option<String>,
     },
-    /// Send UDP sessions to a listener of UDP echo servers (`serve --kind udp`), each from a
-    /// new socket (a new source port) with the payload `s<7-digit number>`: prints
-    /// `<number> <who answered>` per session, or `<number> error <why>`. For checking a
-    /// ListenerSet's spread and affinity (docs/l4.md).
-    UdpProbe {
+    /// Send sessions to a listener of echo servers (`serve --kind udp` or `--kind tcp`): each
+    /// from a new socket (a new source port), its payload `s<7-digit number>` (padded with
+    /// dots or cut to --size bytes). Prints `<number> <who answered>` per session, or
+    /// `<number> error <why>`, and fails when any session failed. For checking a ListenerSet's
+    /// spread, affinity and framing (docs/l4.md). A TCP session writes its payload, half-closes
+    /// and reads to the end: the echo, then the worker's `bye from <name>` that it sends only
+    /// after it has seen the half-close.
+    #[command(alias = "udp-probe")]
+    Probe {
         #[arg(long)]
         target: SocketAddr,
+        /// udp or tcp.
+        #[arg(long, default_value = "udp")]
+        protocol: ProbeProtocol,
         #[arg(long, default_value_t = 100)]
         sessions: u32,
         /// The first session number.
         #[arg(long, default_value_t = 0)]
         first: u32,
+        /// Payload size in bytes (UDP: at most 65 507, the largest IPv4 datagram); default the
+        /// 8-byte session id alone.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(0..=65_507))]
+        size: Option<u32>,
         /// How long to wait for each reply.
         #[arg(long, default_value = "2s", value_parser = spur_runtime::parse_duration)]
         timeout: Duration,
@@ -119,14 +130,24 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode> {
         Some(DemoCommand::Call { addr, key }) => return call(addr, key.as_deref()).await,
         Some(DemoCommand::Serve { kind, name, listen }) => return serve(&kind, name, listen).await,
         Some(DemoCommand::App(args)) => return crate::demo_app::run(args).await,
-        Some(DemoCommand::UdpProbe {
+        Some(DemoCommand::Probe {
             target,
+            protocol,
             sessions,
             first,
+            size,
             timeout,
             batch,
             pause,
-        }) => return udp_probe(target, first, sessions, timeout, batch, pause).await,
+        }) => {
+            let probe = Probe {
+                target,
+                protocol,
+                size,
+                timeout,
+            };
+            return probe.run(first, sessions, batch, pause).await;
+        }
         None => {}
     }
     let demo = start(args.port_base, args.rules_dir).await?;
@@ -568,65 +589,138 @@ async fn serve(kind: &str, name: String, listen: SocketAddr) -> Result<ExitCode>
     Ok(ExitCode::SUCCESS)
 }
 
-async fn udp_probe(
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ProbeProtocol {
+    Udp,
+    Tcp,
+}
+
+struct Probe {
     target: SocketAddr,
-    first: u32,
-    sessions: u32,
+    protocol: ProbeProtocol,
+    size: Option<u32>,
     timeout: Duration,
-    batch: u32,
-    pause: Duration,
-) -> Result<ExitCode> {
-    let bind: SocketAddr = if target.is_ipv4() {
-        ([0, 0, 0, 0], 0).into()
-    } else {
-        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-    };
-    let mut failed = false;
-    let mut buf = vec![0u8; 65_536];
-    let end = first.saturating_add(sessions);
-    let mut start = first;
-    while start < end {
-        if start > first {
-            tokio::time::sleep(pause).await;
-        }
-        let stop = start.saturating_add(batch.max(1)).min(end);
-        // A batch's sockets stay open until it is done, so its sessions have distinct source
-        // ports: a listener keeps a session per client address, and a port used again while
-        // the listener still holds its session would reach that session's worker. One session
-        // at a time, so a listener sees no burst.
-        let mut open = Vec::new();
-        for n in start..stop {
-            let payload = format!("s{n:07}");
-            let answer: Result<String> = async {
-                let socket = tokio::net::UdpSocket::bind(bind).await?;
-                socket.send_to(payload.as_bytes(), target).await?;
-                let (len, _) = tokio::time::timeout(timeout, socket.recv_from(&mut buf))
-                    .await
-                    .map_err(|_| anyhow::anyhow!("no reply within {timeout:?}"))??;
-                open.push(socket);
-                let reply = String::from_utf8_lossy(&buf[..len]);
-                match reply.split_once(' ') {
-                    Some((who, echoed)) if echoed == payload => Ok(who.to_owned()),
-                    _ => bail!("unexpected reply {reply:?}"),
+}
+
+/// The largest UDP payload over IPv4, and what the demo's UDP echo answers at most.
+const MAX_DATAGRAM: usize = 65_507;
+
+impl Probe {
+    async fn run(
+        &self,
+        first: u32,
+        sessions: u32,
+        batch: u32,
+        pause: Duration,
+    ) -> Result<ExitCode> {
+        let mut failed = false;
+        let mut buf = vec![0u8; 65_536];
+        let end = first.saturating_add(sessions);
+        let mut start = first;
+        while start < end {
+            if start > first {
+                tokio::time::sleep(pause).await;
+            }
+            let stop = start.saturating_add(batch.max(1)).min(end);
+            // A batch's sockets stay open until it is done, so its sessions have distinct
+            // source ports: a listener keeps a UDP session per client address, and a port used
+            // again while the listener still holds its session would reach that session's
+            // worker. One session at a time, so a listener sees no burst.
+            let mut open = Vec::new();
+            for n in start..stop {
+                let payload = self.payload(n);
+                let answer = match self.protocol {
+                    ProbeProtocol::Udp => self.udp(&payload, &mut buf, &mut open).await,
+                    ProbeProtocol::Tcp => self.tcp(&payload).await,
+                };
+                match answer {
+                    Ok(who) => println!("{n} {who}"),
+                    Err(e) => {
+                        failed = true;
+                        println!("{n} error {e:#}");
+                    }
                 }
             }
-            .await;
-            match answer {
-                Ok(who) => println!("{n} {who}"),
-                Err(e) => {
-                    failed = true;
-                    println!("{n} error {e:#}");
-                }
-            }
+            drop(open);
+            start = stop;
         }
-        drop(open);
-        start = stop;
+        Ok(if failed {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        })
     }
-    Ok(if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+
+    fn payload(&self, n: u32) -> Vec<u8> {
+        let mut p = format!("s{n:07}").into_bytes();
+        if let Some(size) = self.size {
+            p.resize(size as usize, b'.');
+        }
+        p
+    }
+
+    async fn udp(
+        &self,
+        payload: &[u8],
+        buf: &mut [u8],
+        open: &mut Vec<tokio::net::UdpSocket>,
+    ) -> Result<String> {
+        let bind: SocketAddr = if self.target.is_ipv4() {
+            ([0, 0, 0, 0], 0).into()
+        } else {
+            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+        };
+        let socket = tokio::net::UdpSocket::bind(bind).await?;
+        socket.send_to(payload, self.target).await?;
+        let (len, _) = tokio::time::timeout(self.timeout, socket.recv_from(buf))
+            .await
+            .map_err(|_| anyhow::anyhow!("no reply within {:?}", self.timeout))??;
+        open.push(socket);
+        let reply = &buf[..len];
+        let Some(space) = reply.iter().position(|&b| b == b' ') else {
+            bail!("unexpected reply {:?}", String::from_utf8_lossy(reply));
+        };
+        let (who, echoed) = (&reply[..space], &reply[space + 1..]);
+        // The echo cuts what does not fit in one datagram after its name.
+        let fits = payload.len().min(MAX_DATAGRAM.saturating_sub(space + 1));
+        if echoed != &payload[..fits] {
+            bail!(
+                "the reply of {} bytes from {} does not echo the {} bytes sent",
+                len,
+                String::from_utf8_lossy(who),
+                payload.len()
+            );
+        }
+        Ok(String::from_utf8_lossy(who).into_owned())
+    }
+
+    async fn tcp(&self, payload: &[u8]) -> Result<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let exchange = async {
+            let mut stream = tokio::net::TcpStream::connect(self.target).await?;
+            stream.write_all(payload).await?;
+            stream.shutdown().await?;
+            let mut reply = Vec::new();
+            stream.read_to_end(&mut reply).await?;
+            anyhow::Ok(reply)
+        };
+        let reply = tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| anyhow::anyhow!("no full reply within {:?}", self.timeout))??;
+        let bye = reply
+            .strip_prefix(payload)
+            .and_then(|rest| rest.strip_prefix(b"bye from "))
+            .and_then(|rest| rest.strip_suffix(b"\n"));
+        match bye {
+            Some(who) => Ok(String::from_utf8_lossy(who).into_owned()),
+            None => bail!(
+                "unexpected reply of {} bytes (want the {} sent, then `bye from <name>`): {:?}",
+                reply.len(),
+                payload.len(),
+                String::from_utf8_lossy(&reply[..reply.len().min(200)])
+            ),
+        }
+    }
 }
 
 /// The `baggage` value carrying `key`, if any.

@@ -41,9 +41,14 @@ pub(crate) struct GatewayArgs {
     /// Admin server: /live, /ready, /metrics, /config_dump (loopback clients only).
     #[arg(long, env = "SPUR_ADMIN_ADDR", default_value = "0.0.0.0:15021")]
     admin_addr: SocketAddr,
-    /// How often DNS endpoints are resolved again (the system resolver tells no TTL).
+    /// The longest a DNS endpoint's answer is used: names are resolved again when their
+    /// records expire (their TTL, at least 1 s apart) and at least this often.
     #[arg(long, env = "SPUR_DNS_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     dns_interval: Duration,
+    /// Resolve DNS endpoints with this name server (ip:port) instead of the system's
+    /// configuration (/etc/resolv.conf and /etc/hosts).
+    #[arg(long, env = "SPUR_DNS_SERVER")]
+    dns_server: Option<SocketAddr>,
     /// How often endpoint health is reported to the route server when nothing changed.
     #[arg(long, env = "SPUR_REPORT_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     report_interval: Duration,
@@ -55,6 +60,7 @@ pub(crate) async fn run(args: GatewayArgs) -> Result<ExitCode> {
     let config = GatewayConfig {
         admin_addr: Some(args.admin_addr),
         dns_interval: args.dns_interval,
+        dns_server: args.dns_server,
         report_interval: args.report_interval,
         ..GatewayConfig::new(
             RouteServerConn {

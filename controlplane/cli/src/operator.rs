@@ -279,6 +279,15 @@ struct WebhookArgs {
         default_value = "spur-ca-bundle"
     )]
     ca_bundle_config_map: String,
+    /// Namespaces that get a copy of the route server's CA bundle ConfigMap (the injection
+    /// config's routeserverCaConfigMap) without an injected pod: the chart's L4 gateway
+    /// namespaces (repeatable). The copy is created when missing and kept current.
+    #[arg(
+        long = "ca-bundle-namespace",
+        env = "SPUR_CA_BUNDLE_NAMESPACES",
+        value_delimiter = ','
+    )]
+    ca_bundle_namespaces: Vec<String>,
     /// Lifetime of a workstation client certificate whose request asks for none.
     #[arg(long, env = "SPUR_WORKSTATION_CERT_LIFETIME", default_value = "24h", value_parser = spur_runtime::parse_duration)]
     workstation_cert_lifetime: Duration,
@@ -340,6 +349,12 @@ impl WebhookArgs {
         }
         pki.bundle_config_map =
             (!self.ca_bundle_config_map.is_empty()).then(|| self.ca_bundle_config_map.clone());
+        pki.bundle_namespaces = self
+            .ca_bundle_namespaces
+            .iter()
+            .filter(|n| !n.is_empty())
+            .cloned()
+            .collect();
         pki.workstation_cert_lifetime = self.workstation_cert_lifetime;
         pki.workstation_cert_max_lifetime = self.workstation_cert_max_lifetime;
         if !self.xds_server_uri.is_empty() {
@@ -365,6 +380,11 @@ impl WebhookArgs {
         injection.validate()?;
         pki.namespace_bundle = (!injection.routeserver_ca_config_map.is_empty())
             .then(|| injection.routeserver_ca_config_map.clone());
+        if pki.namespace_bundle.is_none() && !pki.bundle_namespaces.is_empty() {
+            anyhow::bail!(
+                "--ca-bundle-namespace needs the injection config's routeserverCaConfigMap (the ConfigMap to copy)"
+            );
+        }
         let webhook = spur_operator::WebhookConfig {
             addr: self.webhook_addr,
             namespace: namespace.to_string(),

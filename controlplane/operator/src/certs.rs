@@ -84,6 +84,12 @@ pub struct PkiConfig {
     /// (the injection config's `routeserverCaConfigMap`); the manager keeps the copies current.
     /// None: no copies.
     pub namespace_bundle: Option<String>,
+    /// Namespaces that hold a copy of `namespace_bundle` whether or not the webhook injected
+    /// into them: the chart's L4 gateway namespaces (docs/l4.md). The manager creates the copy
+    /// when it is missing (at once when such a namespace is created) and keeps it current; a
+    /// ConfigMap of that name it did not make is left alone. The operator's own namespace is
+    /// skipped (it holds the published bundle, `bundle_config_map`).
+    pub bundle_namespaces: Vec<String>,
     /// xDS client credentials for opted-in namespaces ([`crate::xds_clients`]).
     pub xds_clients: Option<crate::xds_clients::XdsClientConfig>,
     /// The operator's Deployment: it owns the Secrets and the ConfigMap, so they go with the
@@ -168,6 +174,7 @@ impl PkiConfig {
             workstation_cert_lifetime: Duration::from_secs(24 * 3600),
             workstation_cert_max_lifetime: Duration::from_secs(7 * 24 * 3600),
             namespace_bundle: None,
+            bundle_namespaces: Vec::new(),
             xds_clients: None,
             owner: None,
         }
@@ -215,6 +222,15 @@ impl PkiConfig {
             return Err(Error::Config(format!(
                 "workstation certificates: the default lifetime ({:?}) must be at least 10m and at most the maximum ({:?})",
                 self.workstation_cert_lifetime, self.workstation_cert_max_lifetime
+            )));
+        }
+        if let Some(ns) = self
+            .bundle_namespaces
+            .iter()
+            .find(|n| !spur_api::validation::is_dns_label(n))
+        {
+            return Err(Error::Config(format!(
+                "CA bundle namespace {ns:?} is not a namespace name (a DNS-1123 label)"
             )));
         }
         if let Some(x) = &self.xds_clients {
@@ -309,8 +325,25 @@ pub(crate) async fn run(client: Client, cfg: PkiConfig, metrics: Metrics, stop: 
         .boxed(),
         None => futures_util::stream::pending().boxed(),
     };
+    // The namespaces that get a bundle copy whatever the webhook does: a pass when one is
+    // created (or changes), so a namespace made after the operator started (or made again)
+    // gets its copy at once.
+    let bundle_namespaces = if manager.cfg.namespace_bundle.is_some() {
+        manager.cfg.bundle_namespaces.clone()
+    } else {
+        Vec::new()
+    };
+    let bundle_namespaces = futures_util::stream::select_all(bundle_namespaces.iter().map(|ns| {
+        watcher(
+            manager.namespaces.clone(),
+            watcher::Config::default().fields(&format!("metadata.name={ns}")),
+        )
+        .default_backoff()
+        .map(|_| ())
+        .boxed()
+    }));
     let mut changes = std::pin::pin!(futures_util::stream::select(
-        secrets,
+        futures_util::stream::select(secrets, bundle_namespaces),
         futures_util::stream::select(webhooks, validating)
     ));
     let mut failures = 0u32;
@@ -366,6 +399,24 @@ struct CaState {
 
 /// `spur.dev/pki` value of the bundle copies in application namespaces.
 const NAMESPACE_BUNDLE_ROLE: &str = "namespace-bundle";
+
+/// Whether a namespace's bundle ConfigMap is a copy the operator made (its label), and whether
+/// it already holds `bundle`.
+fn bundle_copy_state(cm: &ConfigMap, bundle: &str) -> (bool, bool) {
+    let ours = cm
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(PKI_LABEL))
+        .is_some_and(|v| v == NAMESPACE_BUNDLE_ROLE);
+    let current = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get("ca.crt"))
+        .map(String::as_str)
+        == Some(bundle);
+    (ours, current)
+}
 
 /// The CA bundle ConfigMap the webhook puts into a namespace it injects into, for the
 /// sidecars' route-server connection. It outlives an uninstall (an owner in another namespace
@@ -590,6 +641,7 @@ impl Manager {
         }
         if let Some(name) = &cfg.namespace_bundle {
             self.sync_namespace_bundles(name, &bundle_pem).await?;
+            self.sync_listed_bundles(name, &bundle_pem).await?;
         }
         // Secrets written before the operator had an owner (an upgrade) are adopted here; new
         // ones are written owned.
@@ -732,18 +784,7 @@ impl Manager {
             let Some(cm) = api.get_opt(name).await? else {
                 continue;
             };
-            let ours = cm
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(PKI_LABEL))
-                .is_some_and(|v| v == NAMESPACE_BUNDLE_ROLE);
-            let current = cm
-                .data
-                .as_ref()
-                .and_then(|d| d.get("ca.crt"))
-                .map(String::as_str)
-                == Some(bundle);
+            let (ours, current) = bundle_copy_state(&cm, bundle);
             if !ours || current {
                 continue;
             }
@@ -761,6 +802,47 @@ impl Manager {
         }
         if let Ok(mut b) = self.namespace_bundle_synced.lock() {
             *b = Some(bundle.to_string());
+        }
+        Ok(())
+    }
+
+    /// Makes sure every namespace of `bundle_namespaces` holds a current copy of the bundle:
+    /// creates a missing one, updates a stale one of ours, leaves any other ConfigMap of that
+    /// name alone. A namespace that does not exist is skipped (its creation wakes the manager).
+    async fn sync_listed_bundles(&self, name: &str, bundle: &str) -> Result<(), Error> {
+        for ns in &self.cfg.bundle_namespaces {
+            if *ns == self.cfg.namespace {
+                continue;
+            }
+            let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
+            let body = namespace_bundle(ns, name, bundle);
+            match api.get_opt(name).await? {
+                None => match api.create(&kube::api::PostParams::default(), &body).await {
+                    Ok(_) => {
+                        tracing::info!(namespace = %ns, config_map = %name, "CA bundle copied");
+                    }
+                    // Another writer (the webhook) was faster: looked at again next pass.
+                    Err(kube::Error::Api(e)) if e.code == 409 => {}
+                    Err(kube::Error::Api(e)) if e.code == 404 => {
+                        tracing::debug!(namespace = %ns, "no such namespace (yet): no CA bundle copy");
+                    }
+                    Err(e) => return Err(e.into()),
+                },
+                Some(cm) => {
+                    let (ours, current) = bundle_copy_state(&cm, bundle);
+                    if !ours {
+                        tracing::debug!(namespace = %ns, config_map = %name, "not our ConfigMap: left alone");
+                    } else if !current {
+                        api.patch(
+                            name,
+                            &PatchParams::apply(FIELD_MANAGER).force(),
+                            &Patch::Apply(&body),
+                        )
+                        .await?;
+                        tracing::info!(namespace = %ns, config_map = %name, "CA bundle copy updated");
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -985,6 +1067,17 @@ mod tests {
                 pki::fingerprint(&old.cert)
             ]
         );
+    }
+
+    #[test]
+    fn config_rejects_bundle_namespaces_that_are_no_namespace_names() {
+        let mut c = PkiConfig::new("spur", "spur-webhook");
+        c.bundle_namespaces = vec!["voip".into(), "edge-1".into()];
+        c.validate().unwrap();
+        for bad in ["Voip", "-edge", "a.b", "", &"x".repeat(64)] {
+            c.bundle_namespaces = vec!["voip".into(), bad.to_string()];
+            assert!(c.validate().is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

@@ -13,9 +13,10 @@
 //!   reported; the last good one keeps running.
 //! - While the route server is away the gateway keeps serving its last configuration and
 //!   reconnects with jittered backoff (100 ms to 10 s), re-reading its token and CA bundle.
-//! - DNS names are resolved every `dns_interval` with the system resolver (`getaddrinfo`, which
-//!   tells no TTL: the interval stands in for it). A name that fails to resolve keeps its last
-//!   addresses; a name never resolved contributes nothing.
+//! - DNS names are resolved again when their records expire (their TTL, at least 1 s apart and
+//!   at most `dns_interval`), with the system's resolver configuration (`dns`). A name that
+//!   fails to resolve keeps its last addresses and is tried again within 5 s; a name never
+//!   resolved contributes nothing.
 //! - Shutdown drains: listeners stop taking sessions, open UDP sessions and TCP streams run on
 //!   for the configuration's `drainGrace`, then close.
 //!
@@ -24,6 +25,7 @@
 
 mod admin;
 mod assemble;
+mod dns;
 mod metrics;
 
 pub use spur_discovery::RouteServerConn;
@@ -53,10 +55,8 @@ use spur_discovery::Connector;
 
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
-/// One DNS lookup's bound.
-const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
-/// Most addresses one DNS name contributes.
-const MAX_ADDRESSES: usize = 64;
+/// How often DNS names are looked at for expired answers.
+const DNS_TICK: Duration = dns::MIN_REFRESH;
 /// How often endpoint health is looked at for changes worth reporting at once.
 const REPORT_TICK: Duration = Duration::from_secs(1);
 /// Largest configuration message accepted (a big set's JSON).
@@ -108,8 +108,12 @@ pub struct GatewayConfig {
     pub pod: String,
     /// `/live`, `/ready`, `/metrics`, `/config_dump`; None serves no admin port.
     pub admin_addr: Option<SocketAddr>,
-    /// How often DNS endpoints are resolved again.
+    /// The longest a DNS answer is used: names are resolved again when their records expire,
+    /// and at least this often.
     pub dns_interval: Duration,
+    /// The name server for DNS endpoints; None uses the system's configuration
+    /// (`/etc/resolv.conf`, `/etc/hosts`).
+    pub dns_server: Option<SocketAddr>,
     /// How often endpoint health is reported when nothing changed.
     pub report_interval: Duration,
 }
@@ -122,6 +126,7 @@ impl GatewayConfig {
             pod: pod.to_owned(),
             admin_addr: None,
             dns_interval: Duration::from_secs(30),
+            dns_server: None,
             report_interval: Duration::from_secs(10),
         }
     }
@@ -144,6 +149,7 @@ pub(crate) struct Shared {
     metrics: Metrics,
     pub(crate) registry: Registry,
     connector: Connector,
+    dns: dns::Dns,
     namespace: String,
     pod: String,
     /// Serialises applying configurations (updates and DNS changes).
@@ -165,6 +171,8 @@ struct State {
     received: Option<Received>,
     /// DNS name → its last addresses.
     resolved: HashMap<String, Vec<IpAddr>>,
+    /// DNS name → when to look it up again.
+    due: HashMap<String, Instant>,
     /// What runs now.
     running: Option<Assembled>,
 }
@@ -208,6 +216,7 @@ impl Gateway {
             metrics,
             registry,
             connector,
+            dns: dns::Dns::new(config.dns_server, config.dns_interval),
             namespace: config.namespace.clone(),
             pod: config.pod.clone(),
             state: tokio::sync::Mutex::default(),
@@ -222,11 +231,7 @@ impl Gateway {
         let admin_stop = CancellationToken::new();
         let tasks = TaskTracker::new();
         tasks.spawn(watch_loop(shared.clone(), control.clone()));
-        tasks.spawn(dns_loop(
-            shared.clone(),
-            config.dns_interval,
-            control.clone(),
-        ));
+        tasks.spawn(dns_loop(shared.clone(), control.clone()));
         tasks.spawn(report_loop(
             shared.clone(),
             config.report_interval,
@@ -365,7 +370,9 @@ impl Shared {
             .filter(|n| !state.resolved.contains_key(*n))
             .collect();
         for name in names {
-            if let Some(ips) = self.lookup(name).await {
+            let (ips, due) = self.lookup(name).await;
+            state.due.insert(name.to_owned(), due);
+            if let Some(ips) = ips {
                 state.resolved.insert(name.to_owned(), ips);
             }
         }
@@ -381,9 +388,9 @@ impl Shared {
             .map_err(|e| refuse(e.to_string()))?;
         self.note_empty(&assembled);
         // Names no longer used are forgotten.
-        state
-            .resolved
-            .retain(|n, _| update.dns_endpoints.iter().any(|d| &d.name == n));
+        let used = |n: &String| update.dns_endpoints.iter().any(|d| &d.name == n);
+        state.resolved.retain(|n, _| used(n));
+        state.due.retain(|n, _| used(n));
         state.running = Some(assembled);
         state.received = Some(Received {
             version,
@@ -402,42 +409,41 @@ impl Shared {
         }
     }
 
-    /// The addresses of `name`, or None when it cannot be resolved now.
-    async fn lookup(&self, name: &str) -> Option<Vec<IpAddr>> {
-        let found = tokio::time::timeout(LOOKUP_TIMEOUT, tokio::net::lookup_host((name, 0))).await;
-        match found {
-            Ok(Ok(addrs)) => {
-                let mut ips: Vec<IpAddr> = addrs.map(|a| a.ip()).collect();
-                ips.sort();
-                ips.dedup();
-                ips.truncate(MAX_ADDRESSES);
-                self.metrics.lookup(!ips.is_empty());
-                (!ips.is_empty()).then_some(ips)
+    /// The addresses of `name` (None when it cannot be resolved now), and when to look again.
+    async fn lookup(&self, name: &str) -> (Option<Vec<IpAddr>>, Instant) {
+        match self.dns.lookup(name).await {
+            Ok(answer) => {
+                self.metrics.lookup(true);
+                (Some(answer.ips), Instant::now() + answer.refresh_in)
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 self.metrics.lookup(false);
                 tracing::debug!(name, error = %e, "DNS lookup failed; the last addresses stay");
-                None
-            }
-            Err(_) => {
-                self.metrics.lookup(false);
-                tracing::debug!(name, "DNS lookup timed out; the last addresses stay");
-                None
+                (None, Instant::now() + self.dns.retry_in())
             }
         }
     }
 
-    /// Resolves every DNS name again and pushes what changed: `update_endpoints` for a cluster
-    /// that keeps running, a full apply when a cluster appears or empties.
+    /// Resolves the DNS names whose answers expired and pushes what changed:
+    /// `update_endpoints` for a cluster that keeps running, a full apply when a cluster appears
+    /// or empties.
     async fn refresh_dns(&self) {
         let mut state = self.state.lock().await;
         let Some(received) = &state.received else {
             return;
         };
-        let names: BTreeSet<String> = received.dns.iter().map(|d| d.name.clone()).collect();
+        let now = Instant::now();
+        let names: BTreeSet<String> = received
+            .dns
+            .iter()
+            .filter(|d| state.due.get(&d.name).is_none_or(|due| *due <= now))
+            .map(|d| d.name.clone())
+            .collect();
         let mut changed = false;
         for name in names {
-            if let Some(ips) = self.lookup(&name).await
+            let (ips, due) = self.lookup(&name).await;
+            state.due.insert(name.clone(), due);
+            if let Some(ips) = ips
                 && state.resolved.get(&name) != Some(&ips)
             {
                 state.resolved.insert(name, ips);
@@ -451,6 +457,7 @@ impl Shared {
             received: Some(received),
             resolved,
             running,
+            ..
         } = &mut *state
         else {
             return;
@@ -565,8 +572,8 @@ async fn session(shared: &Shared, backoff: &mut Duration) -> Result<(), Error> {
     }
 }
 
-async fn dns_loop(shared: Arc<Shared>, interval: Duration, stop: CancellationToken) {
-    let mut tick = tokio::time::interval(interval);
+async fn dns_loop(shared: Arc<Shared>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(DNS_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first tick is immediate; the first configuration resolves its own names.
     tick.tick().await;

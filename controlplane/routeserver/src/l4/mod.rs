@@ -302,10 +302,11 @@ impl Handler {
             // would make the gateway close every listener it has.
             if let Some(model) = model {
                 let config = model.for_pod(namespace, &labels);
-                gateway.set_sets(config.sets);
+                gateway.set_sets(config.sets, config.shadowed.clone());
                 if config.update.version != sent {
                     if !config.shadowed.is_empty() {
-                        self.l4.shadowed.inc_by(config.shadowed.len() as u64);
+                        let n: usize = config.shadowed.values().map(Vec::len).sum();
+                        self.l4.shadowed.inc_by(n as u64);
                         tracing::warn!(namespace, pod, shadowed = ?config.shadowed, "listeners left out: an older ListenerSet serves their port");
                     }
                     sent = config.update.version;

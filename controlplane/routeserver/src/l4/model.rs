@@ -59,8 +59,8 @@ struct SetRender {
 pub(crate) struct PodConfig {
     /// The sets whose selector picks the pod (their `status.gateways` get its reports).
     pub(crate) sets: BTreeSet<String>,
-    /// Listeners left out because an older set serves their port.
-    pub(crate) shadowed: Vec<String>,
+    /// Set → its listeners left out because an older set serves their port, and why.
+    pub(crate) shadowed: BTreeMap<String, Vec<String>>,
     pub(crate) update: ListenersUpdate,
 }
 
@@ -146,7 +146,7 @@ impl Model {
         let mut config = L4Config::default();
         let mut dns: Vec<DnsEndpoint> = Vec::new();
         let mut sets = BTreeSet::new();
-        let mut shadowed = Vec::new();
+        let mut shadowed: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for set in self.namespaces.get(namespace).into_iter().flatten() {
             if !selector::matches(&set.selector, labels) {
                 continue;
@@ -160,7 +160,7 @@ impl Model {
                     .iter()
                     .find(|o| o.protocol == l.protocol && o.port.port() == l.port.port())
                 {
-                    shadowed.push(format!(
+                    shadowed.entry(set.name.clone()).or_default().push(format!(
                         "{}: {} port {} is served by the older {}",
                         l.name,
                         l.protocol,
@@ -656,8 +656,9 @@ mod tests {
             "both select the pod"
         );
         assert_eq!(pod.shadowed.len(), 1);
-        assert!(
-            pod.shadowed[0].contains("other/clash: udp port 5000 is served by the older rtp/media")
+        assert_eq!(
+            pod.shadowed["other"],
+            ["other/clash: udp port 5000 is served by the older rtp/media"]
         );
         let c = config(&pod);
         let names: Vec<_> = c.listeners.iter().map(|l| l.name.as_str()).collect();

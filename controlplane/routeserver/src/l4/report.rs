@@ -54,8 +54,9 @@ pub(crate) struct Gateway {
     pod: String,
     /// Its open streams; changed only under the [`Gateways`] lock.
     streams: AtomicUsize,
-    /// The sets it serves, as its newest stream last computed them.
-    sets: Mutex<BTreeSet<String>>,
+    /// The sets it serves, as its newest stream last computed them, each with its listeners
+    /// left out for an older set's (see `model::PodConfig::shadowed`).
+    sets: Mutex<BTreeMap<String, Vec<String>>>,
     /// What this replica wrote per set. Held across the writes, so the reports of one pod and
     /// its removal are applied one at a time and in order.
     written: tokio::sync::Mutex<BTreeMap<String, Written>>,
@@ -63,8 +64,15 @@ pub(crate) struct Gateway {
     config_error: Mutex<String>,
 }
 
-struct Written {
+/// One set's entry for a pod.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Entry {
     endpoints: Vec<EndpointHealth>,
+    shadowed: Vec<String>,
+}
+
+struct Written {
+    entry: Entry,
     at: Instant,
 }
 
@@ -131,7 +139,18 @@ impl Gateways {
 }
 
 impl Gateway {
-    pub(crate) fn set_sets(&self, sets: BTreeSet<String>) {
+    pub(crate) fn set_sets(
+        &self,
+        sets: BTreeSet<String>,
+        mut shadowed: BTreeMap<String, Vec<String>>,
+    ) {
+        let sets = sets
+            .into_iter()
+            .map(|s| {
+                let left_out = shadowed.remove(&s).unwrap_or_default();
+                (s, left_out)
+            })
+            .collect();
         *self.sets.lock().unwrap_or_else(|p| p.into_inner()) = sets;
     }
 
@@ -153,12 +172,20 @@ impl Gateway {
         endpoints: Vec<EndpointReport>,
     ) -> Result<(), kube::Error> {
         let sets = self.sets.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut by_set: BTreeMap<String, Vec<EndpointHealth>> =
-            sets.into_iter().map(|s| (s, Vec::new())).collect();
+        let mut by_set: BTreeMap<String, Entry> = sets
+            .into_iter()
+            .map(|(s, shadowed)| {
+                let entry = Entry {
+                    endpoints: Vec::new(),
+                    shadowed,
+                };
+                (s, entry)
+            })
+            .collect();
         for e in endpoints {
             // Endpoints of sets the pod does not serve are not its to report.
-            if let Some(list) = by_set.get_mut(&e.listener_set) {
-                list.push(EndpointHealth {
+            if let Some(entry) = by_set.get_mut(&e.listener_set) {
+                entry.endpoints.push(EndpointHealth {
                     cluster: e.cluster,
                     id: e.id,
                     address: e.address,
@@ -173,24 +200,26 @@ impl Gateway {
             // Its stream ended while this report waited: the entries are gone, leave them so.
             return Ok(());
         }
-        for (set, mut eps) in by_set
+        for (set, mut entry) in by_set
             .iter_mut()
             .map(|(s, e)| (s.clone(), std::mem::take(e)))
         {
-            eps.sort_by(|a, b| (&a.cluster, &a.id).cmp(&(&b.cluster, &b.id)));
+            entry
+                .endpoints
+                .sort_by(|a, b| (&a.cluster, &a.id).cmp(&(&b.cluster, &b.id)));
             let due = written
                 .get(&set)
-                .is_none_or(|w| w.endpoints != eps || w.at.elapsed() >= writer.refresh);
+                .is_none_or(|w| w.entry != entry || w.at.elapsed() >= writer.refresh);
             if !due {
                 continue;
             }
             writer
-                .write(&self.namespace, &set, &self.pod, Some(&eps))
+                .write(&self.namespace, &set, &self.pod, Some(&entry))
                 .await?;
             written.insert(
                 set,
                 Written {
-                    endpoints: eps,
+                    entry,
                     at: Instant::now(),
                 },
             );
@@ -215,13 +244,14 @@ impl Writer {
         namespace: &str,
         set: &str,
         pod: &str,
-        endpoints: Option<&[EndpointHealth]>,
+        entry: Option<&Entry>,
     ) -> Result<(), kube::Error> {
         let api: Api<ListenerSet> = Api::namespaced(self.client.clone(), namespace);
-        let entries: Vec<GatewayStatus> = endpoints
-            .map(|eps| GatewayStatus {
+        let entries: Vec<GatewayStatus> = entry
+            .map(|e| GatewayStatus {
                 pod: pod.to_owned(),
-                endpoints: eps.to_vec(),
+                endpoints: e.endpoints.clone(),
+                shadowed: e.shadowed.iter().map(|s| shorten(s)).collect(),
                 updated_at: Some(Time(k8s_openapi::jiff::Timestamp::now())),
             })
             .into_iter()
