@@ -1,5 +1,6 @@
 //! `spur gateway`: the L4 gateway of ListenerSets (docs/l4.md, "Gateway"): TCP and UDP listeners
-//! configured by the route server for this pod, drained on SIGTERM.
+//! configured by the route server for this pod, drained on SIGTERM; or, with `--config`, the
+//! listeners of a local `L4Config` file, read again on SIGHUP (docs/l4.md, "Standalone").
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,15 +9,34 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use spur_gateway::{Gateway, GatewayConfig, RouteServerConn};
+use spur_gateway::{Gateway, GatewayConfig, RouteServerConn, Standalone, StandaloneConfig};
 use spur_runtime::parse_duration;
 
 #[derive(Args)]
+#[command(after_help = "\
+Standalone (no cluster): `spur gateway --config l4.yaml [--admin-addr ADDR]` runs the listeners \
+of an L4Config file (YAML, or JSON when the name ends in .json; the schema the route server \
+sends, docs/l4.md), endpoints given as addresses. An invalid file is refused at start-up with the \
+file and the field named (exit code 1). SIGHUP reads the file again: a valid one is applied \
+(unchanged listeners keep their sockets and sessions), an invalid one is logged and counted \
+(spur_gateway_config_updates_total{result=\"rejected\"}) and the last good one keeps running. \
+SIGTERM drains for the file's drainGrace.")]
 pub(crate) struct GatewayArgs {
+    /// Standalone mode: run the listeners of this L4Config file (YAML or JSON) instead of
+    /// asking a route server; SIGHUP reads it again. Conflicts with the route-server flags.
+    #[arg(
+        long,
+        env = "SPUR_GATEWAY_CONFIG",
+        conflicts_with_all = [
+            "route_server", "token_file", "ca", "insecure_plaintext", "pod_name",
+            "pod_namespace", "dns_interval", "dns_server", "report_interval",
+        ]
+    )]
+    config: Option<PathBuf>,
     /// The route server's gRPC address (host:port or http://host:port); the host is the name
-    /// its certificate must carry.
-    #[arg(long, env = "SPUR_ROUTE_SERVER")]
-    route_server: String,
+    /// its certificate must carry. Required unless --config.
+    #[arg(long, env = "SPUR_ROUTE_SERVER", required_unless_present = "config")]
+    route_server: Option<String>,
     /// File with the bearer token for the route server (the pod's projected ServiceAccount
     /// token, audience spur-routeserver); re-read for every connection.
     #[arg(long, env = "SPUR_TOKEN_FILE")]
@@ -26,18 +46,18 @@ pub(crate) struct GatewayArgs {
     #[arg(
         long,
         env = "SPUR_ROUTE_SERVER_CA",
-        required_unless_present = "insecure_plaintext"
+        required_unless_present_any = ["insecure_plaintext", "config"]
     )]
     ca: Option<PathBuf>,
     /// Talk plaintext to the route server (a route server on loopback only).
     #[arg(long, env = "SPUR_INSECURE_PLAINTEXT", conflicts_with = "ca")]
     insecure_plaintext: bool,
-    /// This pod's name (downward API: metadata.name).
-    #[arg(long, env = "POD_NAME")]
-    pod_name: String,
-    /// This pod's namespace (downward API: metadata.namespace).
-    #[arg(long, env = "POD_NAMESPACE")]
-    pod_namespace: String,
+    /// This pod's name (downward API: metadata.name). Required unless --config.
+    #[arg(long, env = "POD_NAME", required_unless_present = "config")]
+    pod_name: Option<String>,
+    /// This pod's namespace (downward API: metadata.namespace). Required unless --config.
+    #[arg(long, env = "POD_NAMESPACE", required_unless_present = "config")]
+    pod_namespace: Option<String>,
     /// Admin server: /live, /ready, /metrics, /config_dump (loopback clients only).
     #[arg(long, env = "SPUR_ADMIN_ADDR", default_value = "0.0.0.0:15021")]
     admin_addr: SocketAddr,
@@ -57,6 +77,24 @@ pub(crate) struct GatewayArgs {
 pub(crate) async fn run(args: GatewayArgs) -> Result<ExitCode> {
     // Before anything listens: a SIGTERM from then on drains cleanly.
     let shutdown = spur_runtime::shutdown_signal();
+    if let Some(file) = args.config {
+        let gateway = Standalone::start(StandaloneConfig {
+            file,
+            admin_addr: Some(args.admin_addr),
+        })
+        .await
+        .context("cannot start the gateway")?;
+        gateway.run(shutdown).await;
+        return Ok(ExitCode::SUCCESS);
+    }
+    // clap requires these without --config.
+    let (Some(route_server), Some(pod_name), Some(pod_namespace)) =
+        (args.route_server, args.pod_name, args.pod_namespace)
+    else {
+        anyhow::bail!(
+            "--route-server, --pod-name and --pod-namespace are required without --config"
+        );
+    };
     let config = GatewayConfig {
         admin_addr: Some(args.admin_addr),
         dns_interval: args.dns_interval,
@@ -64,12 +102,12 @@ pub(crate) async fn run(args: GatewayArgs) -> Result<ExitCode> {
         report_interval: args.report_interval,
         ..GatewayConfig::new(
             RouteServerConn {
-                addr: args.route_server,
+                addr: route_server,
                 ca: args.ca,
                 token: args.token_file,
             },
-            &args.pod_namespace,
-            &args.pod_name,
+            &pod_namespace,
+            &pod_name,
         )
     };
     let gateway = Gateway::start(config)

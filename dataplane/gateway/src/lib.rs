@@ -27,8 +27,10 @@ mod admin;
 mod assemble;
 mod dns;
 mod metrics;
+mod standalone;
 
 pub use spur_discovery::RouteServerConn;
+pub use standalone::{Standalone, StandaloneConfig, load_config_file};
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -84,6 +86,24 @@ pub enum Error {
     /// A configuration from the route server that cannot run (it keeps the last good one).
     #[error("configuration version {version}: {reason}")]
     Config { version: u64, reason: String },
+    /// Standalone mode: the file cannot be read, parsed or validated, or its listeners cannot
+    /// be bound; the reason names the field (`listeners[0].cluster.lb: …`) or the listener.
+    #[error("{}: {reason}", path.display())]
+    File {
+        path: std::path::PathBuf,
+        reason: String,
+    },
+}
+
+/// The admin server's socket, when one is asked for.
+async fn bind_admin(addr: Option<SocketAddr>) -> Result<Option<TcpListener>, Error> {
+    match addr {
+        Some(addr) => TcpListener::bind(addr)
+            .await
+            .map(Some)
+            .map_err(|source| Error::Bind { addr, source }),
+        None => Ok(None),
+    }
 }
 
 // The connection's errors are the route-server client's (spur-discovery), all of them about
@@ -198,14 +218,7 @@ impl Gateway {
             ));
         }
         let connector = Connector::new(config.route_server.clone())?;
-        let admin = match config.admin_addr {
-            Some(addr) => Some(
-                TcpListener::bind(addr)
-                    .await
-                    .map_err(|source| Error::Bind { addr, source })?,
-            ),
-            None => None,
-        };
+        let admin = bind_admin(config.admin_addr).await?;
         let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
         let mut registry = Registry::default();
         let l4_stop = CancellationToken::new();

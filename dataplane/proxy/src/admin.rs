@@ -1,17 +1,16 @@
-//! The admin server: `/live`, `/ready`, `/metrics` (Prometheus text) and `/config_dump`.
+//! The admin server: `/live`, `/ready`, `/metrics` (Prometheus text) and `/config_dump`
+//! (answered by `spur_runtime::admin`, shared with the L4 gateway).
 //!
 //! `/config_dump` lists every rule in force, routing keys included, so it is served only to
 //! clients on loopback (the pod itself, `kubectl port-forward`, `kubectl exec`); the port is
 //! reachable from the network for the kubelet's probes and metrics scrapes, which reveal no rule.
+//! Unlike the gateway's admin server, this one holds requests to the front door's rules (Host
+//! header, bare LF line endings).
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use std::net::SocketAddr;
-
-use http::{Method, Response, StatusCode, header};
-use http_body_util::Full;
+use http::{StatusCode, header};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
@@ -20,6 +19,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use spur_runtime::Drain;
+use spur_runtime::admin::{AdminSource, Readiness, respond, text};
 
 /// What the admin endpoints report on.
 #[derive(Clone)]
@@ -39,7 +39,7 @@ impl AdminState {
         !self.drain.is_draining() && (!self.requires_table || self.table.load().version > 0)
     }
 
-    fn config_dump(&self) -> serde_json::Value {
+    fn dump(&self) -> serde_json::Value {
         let snapshot = self.table.load_full();
         let rules: Vec<_> = snapshot.table.rules().iter().map(|r| r.to_spec()).collect();
         serde_json::json!({
@@ -47,6 +47,26 @@ impl AdminState {
             "tableVersion": snapshot.version,
             "routingRules": rules,
         })
+    }
+}
+
+impl AdminSource for AdminState {
+    fn readiness(&self) -> Readiness {
+        if self.is_ready() {
+            Readiness::Ready
+        } else if self.drain.is_draining() {
+            Readiness::Draining
+        } else {
+            Readiness::Waiting("waiting for a routing table")
+        }
+    }
+
+    fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    async fn config_dump(&self) -> serde_json::Value {
+        self.dump()
     }
 }
 
@@ -70,7 +90,7 @@ pub async fn serve_admin(listener: TcpListener, state: AdminState, stop: Cancell
                         );
                         return Ok::<_, Infallible>(r);
                     }
-                    Ok::<_, Infallible>(handle(&state, req.method(), req.uri().path(), peer))
+                    Ok::<_, Infallible>(respond(&state, req.method(), req.uri().path(), peer).await)
                 }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
@@ -86,83 +106,13 @@ pub async fn serve_admin(listener: TcpListener, state: AdminState, stop: Cancell
     }
 }
 
-fn handle(
-    state: &AdminState,
-    method: &Method,
-    path: &str,
-    peer: SocketAddr,
-) -> Response<Full<Bytes>> {
-    if method != Method::GET && method != Method::HEAD {
-        return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n".into());
-    }
-    match path {
-        "/live" => text(StatusCode::OK, "live\n".into()),
-        "/ready" if state.is_ready() => text(StatusCode::OK, "ready\n".into()),
-        "/ready" if state.drain.is_draining() => {
-            text(StatusCode::SERVICE_UNAVAILABLE, "draining\n".into())
-        }
-        "/ready" => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "waiting for a routing table\n".into(),
-        ),
-        "/metrics" => {
-            let mut out = String::new();
-            match prometheus_client::encoding::text::encode(&mut out, &state.registry) {
-                Ok(()) => {
-                    let mut r = text(StatusCode::OK, out);
-                    r.headers_mut().insert(
-                        header::CONTENT_TYPE,
-                        header::HeaderValue::from_static(
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        ),
-                    );
-                    r
-                }
-                Err(_) => text(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "metrics encoding failed\n".into(),
-                ),
-            }
-        }
-        "/config_dump" if !peer.ip().to_canonical().is_loopback() => text(
-            StatusCode::FORBIDDEN,
-            "/config_dump is served to loopback clients only (kubectl port-forward or exec)\n"
-                .into(),
-        ),
-        "/config_dump" => {
-            let body =
-                serde_json::to_string_pretty(&state.config_dump()).unwrap_or_else(|_| "{}".into());
-            let mut r = text(StatusCode::OK, body + "\n");
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                header::HeaderValue::from_static("application/json"),
-            );
-            r
-        }
-        _ => text(
-            StatusCode::NOT_FOUND,
-            "endpoints: /live /ready /metrics /config_dump\n".into(),
-        ),
-    }
-}
-
-fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    #[test]
-    fn config_dump_only_for_loopback_peers() {
+    #[tokio::test]
+    async fn config_dump_only_for_loopback_peers() {
         let state = AdminState {
             registry: Arc::new(Registry::default()),
             table: SharedTable::default(),
@@ -170,25 +120,34 @@ mod tests {
             requires_table: false,
             identity: serde_json::json!({"role": "test"}),
         };
-        let status = |path: &str, peer: &str| {
-            handle(&state, &Method::GET, path, peer.parse().unwrap()).status()
+        let status = async |path: &str, peer: &str| {
+            respond(&state, &http::Method::GET, path, peer.parse().unwrap())
+                .await
+                .status()
         };
-        assert_eq!(status("/config_dump", "127.0.0.1:5000"), StatusCode::OK);
-        assert_eq!(status("/config_dump", "[::1]:5000"), StatusCode::OK);
         assert_eq!(
-            status("/config_dump", "[::ffff:127.0.0.1]:5000"),
+            status("/config_dump", "127.0.0.1:5000").await,
+            StatusCode::OK
+        );
+        assert_eq!(status("/config_dump", "[::1]:5000").await, StatusCode::OK);
+        assert_eq!(
+            status("/config_dump", "[::ffff:127.0.0.1]:5000").await,
             StatusCode::OK
         );
         assert_eq!(
-            status("/config_dump", "10.244.0.7:5000"),
+            status("/config_dump", "10.244.0.7:5000").await,
             StatusCode::FORBIDDEN
         );
         assert_eq!(
-            status("/config_dump", "[fd00::7]:5000"),
+            status("/config_dump", "[fd00::7]:5000").await,
             StatusCode::FORBIDDEN
         );
         for path in ["/live", "/ready", "/metrics"] {
-            assert_eq!(status(path, "10.244.0.7:5000"), StatusCode::OK, "{path}");
+            assert_eq!(
+                status(path, "10.244.0.7:5000").await,
+                StatusCode::OK,
+                "{path}"
+            );
         }
     }
 }

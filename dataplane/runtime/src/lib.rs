@@ -1,7 +1,9 @@
 //! What every Spur binary shares at run time: SIGTERM and Ctrl-C ([`shutdown_signal`]),
 //! logging set-up ([`init_tracing`]), duration flags ([`parse_duration`]), accepting
 //! connections with a back-off on errors ([`accept`]), draining with a deadline ([`Drain`])
-//! and spreading retries ([`jitter`]). No binary should write these again.
+//! and spreading retries ([`jitter`]). No binary should write these again. With feature
+//! `admin`, the admin endpoints (`/live`, `/ready`, `/metrics`, `/config_dump`) of the
+//! data-plane servers ([`admin`]).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -11,6 +13,9 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+#[cfg(feature = "admin")]
+pub mod admin;
 
 /// How long [`accept`] waits after a failed accept before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
