@@ -134,6 +134,18 @@ pub async fn ensure_namespace(client: &Client, namespace: &str) -> anyhow::Resul
     Ok(())
 }
 
+/// The operator's client: ServiceAccount `spur-operator` with exactly the chart's operator
+/// rules (`operator-rules.yaml`, and `operator-lease-rules.yaml` in its namespace).
+pub async fn operator_client(api: &KubeApi) -> anyhow::Result<Client> {
+    chart_client(
+        api,
+        "spur-operator",
+        "operator-rules.yaml",
+        Some("operator-lease-rules.yaml"),
+    )
+    .await
+}
+
 /// A client for ServiceAccount `spur-system/<name>`, bound to a ClusterRole with the rules in
 /// `charts/spur/files/<cluster_rules>` and, if given, a Role in spur-system with those in
 /// `charts/spur/files/<namespace_rules>` — the bindings the chart installs.

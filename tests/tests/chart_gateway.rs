@@ -26,7 +26,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use spur_e2e::kube::{
-    SYSTEM_NAMESPACE, chart_client, chart_path, ensure_namespace, eventually, install_crds,
+    SYSTEM_NAMESPACE, chart_path, ensure_namespace, eventually, install_crds, operator_client,
 };
 use spur_kube_harness::KubeApi;
 use spur_operator::PkiConfig;
@@ -428,14 +428,7 @@ async fn the_operator_keeps_the_ca_bundle_in_gateway_namespaces() {
     let api = KubeApi::start().await.unwrap();
     install_crds(&api).await.unwrap();
     let admin = api.client();
-    let operator = chart_client(
-        &api,
-        "spur-operator",
-        "operator-rules.yaml",
-        Some("operator-lease-rules.yaml"),
-    )
-    .await
-    .unwrap();
+    let operator = operator_client(&api).await.unwrap();
     // voip exists before the operator starts; edge comes later; mine holds someone else's
     // ConfigMap of that name.
     ensure_namespace(&admin, "voip").await.unwrap();

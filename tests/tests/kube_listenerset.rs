@@ -156,14 +156,7 @@ async fn listener_sets_get_their_services_and_a_status_that_follows_the_endpoint
     kt::ensure_namespace(&admin, NS).await.unwrap();
     let stop = CancellationToken::new();
     let _stop_all = stop.clone().drop_guard();
-    let operator_client = kt::chart_client(
-        &api,
-        "spur-operator",
-        "operator-rules.yaml",
-        Some("operator-lease-rules.yaml"),
-    )
-    .await
-    .unwrap();
+    let operator_client = kt::operator_client(&api).await.unwrap();
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = spur_operator::Metrics::register(&mut registry);
     let ctx = std::sync::Arc::new(spur_operator::Context::new(

@@ -87,14 +87,7 @@ impl ControlPlane {
         api.install_crds(&[istio, gateway].concat()).await.unwrap();
         // The chart's operator rules plus what mesh.istio.enabled and mesh.gatewayAPI.enabled
         // add to its ClusterRole: a right the chart lacks fails this test.
-        let client = kube_rbac::chart_client(
-            &api,
-            "spur-operator",
-            "operator-rules.yaml",
-            Some("operator-lease-rules.yaml"),
-        )
-        .await
-        .unwrap();
+        let client = kube_rbac::operator_client(&api).await.unwrap();
         for file in [
             "operator-mesh-istio-rules.yaml",
             "operator-mesh-gateway-api-rules.yaml",

@@ -92,14 +92,7 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
     for ns in NAMESPACES {
         kube_rbac::ensure_namespace(&admin, ns).await.unwrap();
     }
-    let operator = kube_rbac::chart_client(
-        &api,
-        "spur-operator",
-        "operator-rules.yaml",
-        Some("operator-lease-rules.yaml"),
-    )
-    .await
-    .unwrap();
+    let operator = kube_rbac::operator_client(&api).await.unwrap();
     let routeserver =
         kube_rbac::chart_client(&api, "spur-routeserver", "routeserver-rules.yaml", None)
             .await

@@ -45,14 +45,7 @@ impl ControlPlane {
         kube_rbac::install_crds(&api).await.unwrap();
         // Both components run under the chart's RBAC rules (the operator with its namespace
         // Role, which holds its lease), so a permission the chart lacks fails these tests.
-        let operator_client = kube_rbac::chart_client(
-            &api,
-            "spur-operator",
-            "operator-rules.yaml",
-            Some("operator-lease-rules.yaml"),
-        )
-        .await
-        .unwrap();
+        let operator_client = kube_rbac::operator_client(&api).await.unwrap();
         let routeserver_client =
             kube_rbac::chart_client(&api, "spur-routeserver", "routeserver-rules.yaml", None)
                 .await

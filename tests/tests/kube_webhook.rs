@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use spur_api::envoyconfig::{EnvoyResource, EnvoyResourceType, Serialization};
 use spur_api::keys::injection as keys;
 use spur_api::{EnvoyConfig, EnvoyConfigSpec, ListenerSet, Sandbox};
-use spur_e2e::kube::{SYSTEM_NAMESPACE, WAIT, chart_client, eventually, install_crds};
+use spur_e2e::kube::{SYSTEM_NAMESPACE, WAIT, eventually, install_crds, operator_client};
 use spur_kube_harness::KubeApi;
 use spur_operator::inject::{Baseline, InjectionConfig};
 use spur_operator::{PkiConfig, Webhook, WebhookConfig};
@@ -60,14 +60,7 @@ impl Setup {
         spur_e2e::kube::capture_logs();
         let api = KubeApi::start().await.unwrap();
         install_crds(&api).await.unwrap();
-        let client = chart_client(
-            &api,
-            "spur-operator",
-            "operator-rules.yaml",
-            Some("operator-lease-rules.yaml"),
-        )
-        .await
-        .unwrap();
+        let client = operator_client(&api).await.unwrap();
         let mut registry = Registry::with_prefix("spur_operator");
         let metrics = spur_operator::Metrics::register(&mut registry);
         let stop = CancellationToken::new();

@@ -20,7 +20,7 @@ use prometheus_client::registry::Registry;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use serde_json::json;
-use spur_e2e::kube::{SYSTEM_NAMESPACE, chart_client, eventually, install_crds};
+use spur_e2e::kube::{SYSTEM_NAMESPACE, chart_client, eventually, install_crds, operator_client};
 use spur_kube_harness::KubeApi;
 use spur_operator::{PkiConfig, ServingCert};
 use tokio_util::sync::CancellationToken;
@@ -88,14 +88,7 @@ async fn approved_workstation_requests_are_signed_and_invalid_ones_fail() {
     spur_e2e::kube::capture_logs();
     let api = KubeApi::start().await.unwrap();
     install_crds(&api).await.unwrap();
-    let operator = chart_client(
-        &api,
-        "spur-operator",
-        "operator-rules.yaml",
-        Some("operator-lease-rules.yaml"),
-    )
-    .await
-    .unwrap();
+    let operator = operator_client(&api).await.unwrap();
     let developer = chart_client(&api, "developer", "workstation-rules.yaml", None)
         .await
         .unwrap();

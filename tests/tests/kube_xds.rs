@@ -422,14 +422,7 @@ async fn operator_issued_client_credentials_reach_the_xds_port() {
     kt::install_crds(&api).await.unwrap();
     let admin = api.client();
     kt::ensure_namespace(&admin, NS).await.unwrap();
-    let operator = kt::chart_client(
-        &api,
-        "spur-operator",
-        "operator-rules.yaml",
-        Some("operator-lease-rules.yaml"),
-    )
-    .await
-    .unwrap();
+    let operator = kt::operator_client(&api).await.unwrap();
     let mut registry = Registry::with_prefix("spur_operator");
     let metrics = spur_operator::Metrics::register(&mut registry);
     let mut pki = PkiConfig::new(SYSTEM_NAMESPACE, "spur-webhook");
