@@ -104,6 +104,41 @@ fn rules(file: &str) -> anyhow::Result<Vec<PolicyRule>> {
     Ok(serde_yaml_ng::from_str(&text)?)
 }
 
+/// The document of chart template `file` that contains `marker`, rendered as Helm would for
+/// release namespace [`SYSTEM_NAMESPACE`] with every optional part on: the few template
+/// expressions it may hold are `.Release.Namespace`, the labels include, and `if`/`end` lines
+/// (dropped, so what they guard stays). Anything else fails the test.
+pub fn chart_document(file: &str, marker: &str) -> String {
+    let path = chart_path(file);
+    let template =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let doc = template
+        .split("\n---\n")
+        .find(|d| d.contains(marker))
+        .unwrap_or_else(|| panic!("{file} has no {marker}"));
+    let doc: String = doc
+        .lines()
+        .filter(|l| !l.contains("include \"spur.labels\""))
+        .filter(|l| {
+            let t = l.trim();
+            !(t.starts_with("{{- if .Values.") || t == "{{- end }}")
+        })
+        .map(|l| {
+            l.replace(
+                "{{ .Release.Namespace | quote }}",
+                &format!("\"{SYSTEM_NAMESPACE}\""),
+            )
+            .replace("{{ .Release.Namespace }}", SYSTEM_NAMESPACE)
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        !doc.contains("{{"),
+        "unhandled template expression in:\n{doc}"
+    );
+    doc
+}
+
 /// Installs every CRD of the chart.
 pub async fn install_crds(api: &KubeApi) -> anyhow::Result<()> {
     let mut files: Vec<_> = std::fs::read_dir(chart_path("crds"))?

@@ -182,7 +182,28 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
     .await
     .unwrap();
 
+    // What access.enabled (on by default) appends to the operator's ClusterRole, on its own
+    // like the mesh rules, and the ClusterRole the chart offers for binding to engineers.
+    let access = kube_rbac::chart_client(
+        &api,
+        "spur-operator-access",
+        "operator-access-rules.yaml",
+        None,
+    )
+    .await
+    .unwrap();
+    let requester = kube_rbac::chart_client(
+        &api,
+        "spur-access-requester",
+        "access-requester-rules.yaml",
+        None,
+    )
+    .await
+    .unwrap();
+
     let mut actual = BTreeSet::new();
+    actual.extend(rules_of("spur-access-requester", requester).await);
+    actual.extend(rules_of("spur-operator-access", access).await);
     actual.extend(rules_of("spur-agent", agent).await);
     actual.extend(rules_of("spur-ics", ics).await);
     actual.extend(rules_of("spur-jobs", jobs).await);

@@ -23,7 +23,9 @@ use serde_json::{Value, json};
 use spur_api::envoyconfig::{EnvoyResource, EnvoyResourceType, Serialization};
 use spur_api::keys::injection as keys;
 use spur_api::{EnvoyConfig, EnvoyConfigSpec, ListenerSet, Sandbox};
-use spur_e2e::kube::{SYSTEM_NAMESPACE, WAIT, eventually, install_crds, operator_client};
+use spur_e2e::kube::{
+    SYSTEM_NAMESPACE, WAIT, chart_document, eventually, install_crds, operator_client,
+};
 use spur_kube_harness::KubeApi;
 use spur_operator::inject::{Baseline, InjectionConfig};
 use spur_operator::{PkiConfig, Webhook, WebhookConfig};
@@ -83,10 +85,17 @@ impl Setup {
         // the operator fills it in.
         let mut mwc = chart_webhook_configuration();
         for w in mwc.webhooks.iter_mut().flatten() {
+            let path = w
+                .client_config
+                .service
+                .as_ref()
+                .unwrap()
+                .path
+                .clone()
+                .unwrap();
             w.client_config = serde_json::from_value(json!({"url": format!(
-                "https://127.0.0.1:{}{}",
+                "https://127.0.0.1:{}{path}",
                 webhook.local_addr().port(),
-                spur_operator::MUTATE_POD_PATH
             )}))
             .unwrap();
         }
@@ -229,30 +238,6 @@ fn chart_validating_configuration() -> ValidatingWebhookConfiguration {
         assert_eq!(service.path.as_deref(), Some(path), "{name}");
     }
     vwc
-}
-
-/// The document of chart template `file` that contains `marker`, its few template expressions
-/// filled in as Helm would for release namespace spur-system.
-fn chart_document(file: &str, marker: &str) -> String {
-    let template = std::fs::read_to_string(spur_e2e::kube::chart_path(file)).unwrap();
-    let doc = template
-        .split("\n---\n")
-        .find(|d| d.contains(marker))
-        .unwrap_or_else(|| panic!("{file} has no {marker}"));
-    let doc: String = doc
-        .lines()
-        .filter(|l| !l.contains("include \"spur.labels\""))
-        .map(|l| {
-            l.replace("{{ .Release.Namespace | quote }}", "\"spur-system\"")
-                .replace("{{ .Release.Namespace }}", SYSTEM_NAMESPACE)
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    assert!(
-        !doc.contains("{{"),
-        "unhandled template expression in:\n{doc}"
-    );
-    doc
 }
 
 /// A namespace with `labels` and its `default` ServiceAccount (which pods need; there is no

@@ -10,9 +10,10 @@ use kube::CustomResourceExt;
 use crate::error::Error;
 use crate::mesh::{GatewayAPIRoute, IstioRoute};
 use crate::{
-    EnvoyConfig, EnvoyConfigRevision, ExternalWorkload, ForkedWorkload, Job, JobRunnerGroup,
-    ListenerSet, ObjectLifecycleMethods, Resource, ResourcePlugin, RouteGroup, RoutingConfig,
-    Sandbox, VirtualWorkload,
+    EnvoyConfig, EnvoyConfigRevision, ExecAccessRequest, ExecAccessTemplate, ExternalWorkload,
+    ForkedWorkload, Job, JobRunnerGroup, ListenerSet, ObjectLifecycleMethods, PodAccessRequest,
+    PodAccessTemplate, Resource, ResourcePlugin, RouteGroup, RoutingConfig, Sandbox,
+    VirtualWorkload,
 };
 
 /// First lines of every generated file.
@@ -38,6 +39,10 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         EnvoyConfig::crd(),
         EnvoyConfigRevision::crd(),
         ListenerSet::crd(),
+        ExecAccessTemplate::crd(),
+        ExecAccessRequest::crd(),
+        PodAccessTemplate::crd(),
+        PodAccessRequest::crd(),
     ]
 }
 

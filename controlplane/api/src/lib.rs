@@ -13,6 +13,7 @@
 //! bounds, CEL `x-kubernetes-validations`) on every write, and each spec's `validate()` repeats
 //! those checks in Rust and adds what CEL cannot express, for controllers and tests.
 
+pub mod access;
 pub mod carriers;
 pub mod common;
 pub mod conditions;
@@ -34,6 +35,10 @@ pub mod workloads;
 mod error;
 mod schema;
 
+pub use access::{
+    ExecAccessRequest, ExecAccessRequestSpec, ExecAccessTemplate, ExecAccessTemplateSpec,
+    PodAccessRequest, PodAccessRequestSpec, PodAccessTemplate, PodAccessTemplateSpec,
+};
 pub use common::{ServiceMapping, ServicePort, WorkloadKind, WorkloadRef};
 pub use envoyconfig::{
     EnvoyConfig, EnvoyConfigRevision, EnvoyConfigRevisionSpec, EnvoyConfigRevisionStatus,

@@ -30,10 +30,18 @@ fn every_kind_has_status_printer_columns_short_name_and_category() {
         let name = crd.metadata.name.clone().unwrap();
         assert_eq!(crd.spec.group, "spur.dev", "{name}");
         let names = &crd.spec.names;
+        // `kubectl get spur` lists every kind; the access kinds also answer to
+        // `kubectl get spur-access`.
+        let categories = names.categories.clone().unwrap_or_default();
         assert_eq!(
-            names.categories.as_deref(),
-            Some(&["spur".to_owned()][..]),
+            categories.first().map(String::as_str),
+            Some("spur"),
             "{name}"
+        );
+        assert!(
+            categories[1..].iter().all(|c| c == "spur-access")
+                && (categories.len() == 1) != name.contains("access"),
+            "{name}: {categories:?}"
         );
         assert_eq!(names.short_names.as_ref().map(Vec::len), Some(1), "{name}");
         let [version] = &crd.spec.versions[..] else {

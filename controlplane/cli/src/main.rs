@@ -1,5 +1,6 @@
 //! The `spur` command: the standalone demo, the route server and the operator.
 
+mod access;
 mod demo;
 mod demo_app;
 mod front_door;
@@ -53,6 +54,9 @@ enum Command {
     Hub(Box<hub::HubArgs>),
     /// The in-cluster agent: keeps a tunnel to the hub and serves the streams it opens.
     Agent(Box<hub::AgentArgs>),
+    /// Just-in-time access: request exec into a workload's pod, or a debug pod, for a bounded
+    /// time; list and revoke grants (docs/access.md).
+    Access(access::AccessArgs),
     /// Look at a sandbox: routing key, readiness, forks, expiry, preview URLs.
     Sandbox(sandbox::SandboxArgs),
     /// Open a sandbox's preview URL (served by the hub; docs/hub.md).
@@ -80,6 +84,7 @@ fn main() -> std::process::ExitCode {
         // `spur local` prints its own progress lines; the tunnel library's would repeat them.
         Command::Local(_) => "warn,spur_tunnel=error",
         Command::Sandbox(_)
+        | Command::Access(_)
         | Command::Preview(_)
         | Command::Job(_)
         | Command::Artifact(_)
@@ -129,6 +134,7 @@ fn main() -> std::process::ExitCode {
             Command::Artifact(args) => jobs::artifact(args).await,
             Command::RunnerGroup(args) => jobs::runner_group(args).await,
             Command::Ics(args) => ics::run(args).await,
+            Command::Access(args) => access::run(args).await,
         }
     });
     match result {

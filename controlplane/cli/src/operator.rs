@@ -80,6 +80,10 @@ pub(crate) struct OperatorArgs {
     resources: ResourcesArgs,
     #[command(flatten)]
     mesh: MeshArgs,
+    /// Run the just-in-time access controllers (docs/access.md): Exec/PodAccessTemplates and
+    /// requests. Needs the chart's access rights (`access.enabled`).
+    #[arg(long, env = "SPUR_ACCESS")]
+    access: bool,
 }
 
 /// Mesh modes (docs/mesh.md): routing keys' routes written into Istio VirtualServices and/or
@@ -445,6 +449,9 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
             domain,
             cluster: args.cluster_name.filter(|c| !c.is_empty()),
         });
+    }
+    if args.access {
+        ctx = ctx.with_access();
     }
     if let Some(r) = resources {
         ctx = ctx.with_resources(r);

@@ -38,6 +38,8 @@ pub struct Context {
     pub(crate) resources: Option<crate::ResourceConfig>,
     /// Mesh modes (docs/mesh.md). `None`: none is enabled.
     pub(crate) mesh: Option<crate::MeshConfig>,
+    /// Just-in-time access controllers (docs/access.md) run.
+    pub(crate) access: bool,
     /// The controllers' views of the children they make, set by each `run` (a new leader term
     /// has new watches).
     stores: std::sync::RwLock<Option<Stores>>,
@@ -110,6 +112,7 @@ impl Context {
             previews: None,
             resources: None,
             mesh: None,
+            access: false,
             stores: std::sync::RwLock::new(None),
             written: Mutex::new(HashMap::new()),
         }
@@ -158,6 +161,13 @@ impl Context {
         self
     }
 
+    /// Runs the just-in-time access controllers (their rights are the chart's
+    /// `operator-access-rules.yaml`).
+    pub fn with_access(mut self) -> Self {
+        self.access = true;
+        self
+    }
+
     /// Fork patches go through `policy` instead of the default one.
     pub fn with_fork_policy(mut self, policy: crate::ForkPolicy) -> Self {
         self.fork_policy = policy;
@@ -191,13 +201,19 @@ impl Context {
 
     /// Exponential per-object backoff: 1 s, 2 s, 4 s … capped at 5 min; reset by a success.
     pub(crate) fn backoff(&self, key: String, err: &Error) -> Action {
+        Action::requeue(self.backoff_delay(key, err))
+    }
+
+    /// The delay [`Context::backoff`] would requeue after (counting the failure), for error
+    /// policies that cap it.
+    pub(crate) fn backoff_delay(&self, key: String, err: &Error) -> Duration {
         let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         let n = f.entry(key.clone()).or_insert(0);
         *n = n.saturating_add(1);
         let delay = Duration::from_secs(1u64 << (*n - 1).min(8)).min(Duration::from_secs(300));
         tracing::warn!(object = %key, error = %err, retry_in = ?delay, "reconcile failed");
         self.metrics.failure();
-        Action::requeue(delay)
+        delay
     }
 
     pub(crate) fn succeeded(&self, key: &str) {

@@ -19,6 +19,7 @@
 //! one exception is ListenerSet: its children are Services of its own namespace, which a
 //! controller owner reference is enough for, so it has no finalizer to be stuck on.
 
+pub mod access;
 mod apply;
 mod certs;
 mod context;
@@ -59,7 +60,8 @@ pub use mesh::MeshConfig;
 pub use metrics::Metrics;
 pub use olm::ResourceConfig;
 pub use webhook::{
-    MUTATE_POD_PATH, VALIDATE_ENVOYCONFIG_PATH, VALIDATE_LISTENERSET_PATH, Webhook, WebhookConfig,
+    MUTATE_ACCESS_REQUEST_PATH, MUTATE_POD_PATH, VALIDATE_ENVOYCONFIG_PATH,
+    VALIDATE_LISTENERSET_PATH, Webhook, WebhookConfig,
 };
 pub use xds_clients::XdsClientConfig;
 
@@ -437,6 +439,8 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         )
         .for_each(|_| std::future::ready(()));
 
+    let access_controllers = access_controllers(client.clone(), ctx.clone(), stop.clone());
+
     let stop_mesh = stop.clone();
     let mesh_controllers = async move {
         // Each mode's controller runs only when enabled: without it neither the mesh's CRDs
@@ -458,6 +462,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     };
 
     tokio::join!(
+        access_controllers,
         mesh_controllers,
         resource_controllers,
         drained("sandbox", sandboxes, stop.clone()),
@@ -470,6 +475,89 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     );
     let _ = pki.await;
     let _ = gc.await;
+}
+
+/// The just-in-time access controllers (docs/access.md), when enabled: templates, and requests
+/// woken by their template and by their debug pods.
+async fn access_controllers(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+    use spur_api::access::labels::ACCESS_KIND;
+    use spur_api::{ExecAccessRequest, ExecAccessTemplate, PodAccessRequest, PodAccessTemplate};
+    if !ctx.access {
+        return;
+    }
+    let cfg = || controller::Config::default().debounce(Duration::from_millis(10));
+    let exec_templates = primary(Api::<ExecAccessTemplate>::all(client.clone()))
+        .with_config(cfg())
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(
+            access::reconcile_exec_template,
+            access::template_error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| std::future::ready(()));
+    let pod_templates = primary(Api::<PodAccessTemplate>::all(client.clone()))
+        .with_config(cfg())
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(
+            access::reconcile_pod_template,
+            access::template_error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| std::future::ready(()));
+    let ear = primary(Api::<ExecAccessRequest>::all(client.clone())).with_config(cfg());
+    let ear_store = ear.store();
+    let exec_requests = ear
+        // A template's status (readiness) matters to its requests: not `primary`'s filter.
+        .watches(
+            Api::<ExecAccessTemplate>::all(client.clone()),
+            watcher::Config::default(),
+            move |t| {
+                access::requests_of(
+                    &ear_store,
+                    &t.namespace().unwrap_or_default(),
+                    &t.name_any(),
+                )
+            },
+        )
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(
+            access::reconcile_exec,
+            access::request_error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| std::future::ready(()));
+    let par = primary(Api::<PodAccessRequest>::all(client.clone())).with_config(cfg());
+    let par_store = par.store();
+    let pod_requests = par
+        .watches(
+            Api::<PodAccessTemplate>::all(client.clone()),
+            watcher::Config::default(),
+            move |t| {
+                access::requests_of(
+                    &par_store,
+                    &t.namespace().unwrap_or_default(),
+                    &t.name_any(),
+                )
+            },
+        )
+        // Debug pods starting (readiness) or going.
+        .owns(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().labels(&format!("{ACCESS_KIND}=pod")),
+        )
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(
+            access::reconcile_pod,
+            access::request_error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| std::future::ready(()));
+    tokio::join!(
+        drained("execaccesstemplate", exec_templates, stop.clone()),
+        drained("podaccesstemplate", pod_templates, stop.clone()),
+        drained("execaccessrequest", exec_requests, stop.clone()),
+        drained("podaccessrequest", pod_requests, stop),
+    );
 }
 
 /// Runs `work` to its end, but for no longer than [`DRAIN_GRACE`] once `stop` is cancelled.

@@ -28,6 +28,12 @@ struct Admission {
     result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AccessEvent {
+    kind: &'static str,
+    event: &'static str,
+}
+
 #[derive(Clone, Debug)]
 pub struct Metrics {
     reconciles: Family<Kind, Counter>,
@@ -40,6 +46,8 @@ pub struct Metrics {
     admissions: Family<Admission, Counter>,
     envoyconfig_admissions: Family<Admission, Counter>,
     listenerset_admissions: Family<Admission, Counter>,
+    access_admissions: Family<Admission, Counter>,
+    access_grants: Family<AccessEvent, Counter>,
     tls_errors: Counter,
     serving_cert_loaded: Gauge,
     tunnels_collected: Counter,
@@ -63,6 +71,8 @@ impl Default for Metrics {
             admissions: Family::default(),
             envoyconfig_admissions: Family::default(),
             listenerset_admissions: Family::default(),
+            access_admissions: Family::default(),
+            access_grants: Family::default(),
             tls_errors: Counter::default(),
             serving_cert_loaded: Gauge::default(),
             tunnels_collected: Counter::default(),
@@ -136,6 +146,16 @@ impl Metrics {
             m.listenerset_admissions.clone(),
         );
         registry.register(
+            "webhook_access_admissions",
+            "Access request admission reviews answered, by result (stamped, ignored, denied, invalid, error)",
+            m.access_admissions.clone(),
+        );
+        registry.register(
+            "access_grants",
+            "Just-in-time access grants, by kind (exec, pod) and event (granted, expired, revoked)",
+            m.access_grants.clone(),
+        );
+        registry.register(
             "webhook_tls_handshake_errors",
             "TLS handshakes on the webhook port that failed (unknown CA, no certificate yet, ...)",
             m.tls_errors.clone(),
@@ -194,6 +214,18 @@ impl Metrics {
 
     pub(crate) fn admission(&self, result: &'static str) {
         self.admissions.get_or_create(&Admission { result }).inc();
+    }
+
+    pub(crate) fn access_admission(&self, result: &'static str) {
+        self.access_admissions
+            .get_or_create(&Admission { result })
+            .inc();
+    }
+
+    pub(crate) fn access_grant(&self, kind: &'static str, event: &'static str) {
+        self.access_grants
+            .get_or_create(&AccessEvent { kind, event })
+            .inc();
     }
 
     pub(crate) fn listenerset_admission(&self, result: &'static str) {

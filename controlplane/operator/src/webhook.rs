@@ -67,6 +67,9 @@ pub const MUTATE_POD_PATH: &str = "/mutate-v1-pod";
 pub const VALIDATE_ENVOYCONFIG_PATH: &str = "/validate-spur-dev-v1alpha1-envoyconfig";
 /// The ListenerSet validation path, as in the chart's ValidatingWebhookConfiguration.
 pub const VALIDATE_LISTENERSET_PATH: &str = "/validate-spur-dev-v1alpha1-listenerset";
+/// Access requests get their requester stamped here (docs/access.md), as in the chart's
+/// MutatingWebhookConfiguration.
+pub const MUTATE_ACCESS_REQUEST_PATH: &str = "/mutate-spur-dev-v1alpha1-accessrequest";
 /// EnvoyConfigs decoded at once (each on a blocking thread): decoding is CPU and memory, a
 /// few times the size of the text.
 const DECODES: usize = 2;
@@ -159,7 +162,7 @@ impl Webhook {
             state,
             stop,
         ));
-        tracing::info!(addr = %local_addr, paths = ?[MUTATE_POD_PATH, VALIDATE_ENVOYCONFIG_PATH, VALIDATE_LISTENERSET_PATH], "admission webhook listening");
+        tracing::info!(addr = %local_addr, paths = ?[MUTATE_POD_PATH, MUTATE_ACCESS_REQUEST_PATH, VALIDATE_ENVOYCONFIG_PATH, VALIDATE_LISTENERSET_PATH], "admission webhook listening");
         Ok(Webhook {
             local_addr,
             certs,
@@ -337,6 +340,7 @@ enum Review {
     Pod,
     EnvoyConfig,
     ListenerSet,
+    AccessRequest,
 }
 
 async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
@@ -344,7 +348,14 @@ async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
         (&hyper::Method::POST, MUTATE_POD_PATH) => Review::Pod,
         (&hyper::Method::POST, VALIDATE_ENVOYCONFIG_PATH) => Review::EnvoyConfig,
         (&hyper::Method::POST, VALIDATE_LISTENERSET_PATH) => Review::ListenerSet,
-        (_, MUTATE_POD_PATH | VALIDATE_ENVOYCONFIG_PATH | VALIDATE_LISTENERSET_PATH) => {
+        (&hyper::Method::POST, MUTATE_ACCESS_REQUEST_PATH) => Review::AccessRequest,
+        (
+            _,
+            MUTATE_POD_PATH
+            | VALIDATE_ENVOYCONFIG_PATH
+            | VALIDATE_LISTENERSET_PATH
+            | MUTATE_ACCESS_REQUEST_PATH,
+        ) => {
             return text(StatusCode::METHOD_NOT_ALLOWED, "POST only\n");
         }
         _ => return text(StatusCode::NOT_FOUND, "not found\n"),
@@ -356,6 +367,7 @@ async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
                 Review::Pod => st.metrics.admission("invalid"),
                 Review::EnvoyConfig => st.metrics.envoyconfig_admission("invalid"),
                 Review::ListenerSet => st.metrics.listenerset_admission("invalid"),
+                Review::AccessRequest => st.metrics.access_admission("invalid"),
             }
             return text(StatusCode::BAD_REQUEST, &format!("cannot read body: {e}\n"));
         }
@@ -364,6 +376,7 @@ async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
         Review::Pod => review_pod(&body, st).await,
         Review::EnvoyConfig => review_envoyconfig(&body, st).await,
         Review::ListenerSet => review_listenerset(&body, st),
+        Review::AccessRequest => review_access_request(&body, st),
     }
 }
 
@@ -507,6 +520,98 @@ async fn validate_envoyconfig(
     .map_err(|e| Refusal::Internal(format!("decoding failed: {e}")))?
     .map_err(|e| Refusal::Internal(e.to_string()))?;
     decoded.map_err(|e| Refusal::Invalid(e.to_string()))
+}
+
+// === Access requests ===
+
+fn review_access_request(body: &[u8], st: &State) -> Response<Full<Bytes>> {
+    let request: AdmissionRequest<DynamicObject> =
+        match serde_json::from_slice::<AdmissionReview<DynamicObject>>(body)
+            .map_err(|e| e.to_string())
+            .and_then(|r| {
+                r.try_into()
+                    .map_err(|e: kube::core::admission::ConvertAdmissionReviewError| e.to_string())
+            }) {
+            Ok(r) => r,
+            Err(e) => {
+                st.metrics.access_admission("invalid");
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    &format!("not an AdmissionReview with a request: {e}\n"),
+                );
+            }
+        };
+    let response = AdmissionResponse::from(&request);
+    match requester_patch(&request) {
+        Ok(None) => {
+            st.metrics.access_admission("ignored");
+            reply(response)
+        }
+        Ok(Some(patch)) => match response.clone().with_patch(patch) {
+            Ok(r) => {
+                st.metrics.access_admission("stamped");
+                tracing::debug!(namespace = ?request.namespace, name = %request.name, user = %request.user_info.username.as_deref().unwrap_or_default(), "access request stamped");
+                reply(r)
+            }
+            Err(e) => {
+                st.metrics.access_admission("error");
+                reply(response.deny(format!("spur: cannot stamp the requester: {e}")))
+            }
+        },
+        Err(message) => {
+            st.metrics.access_admission("denied");
+            let mut response = response.deny(message);
+            response.result.code = StatusCode::FORBIDDEN.as_u16();
+            response.result.reason = "Forbidden".into();
+            reply(response)
+        }
+    }
+}
+
+/// On create, `spec.requester` becomes the user the API server authenticated, whatever the
+/// client wrote there. A request without an authenticated user is refused: it could never be
+/// granted to anyone.
+pub(crate) fn requester_patch(
+    req: &AdmissionRequest<DynamicObject>,
+) -> Result<Option<json_patch::Patch>, String> {
+    if req.operation != Operation::Create {
+        return Ok(None);
+    }
+    let user = &req.user_info;
+    let Some(username) = user.username.clone().filter(|u| !u.is_empty()) else {
+        return Err("an access request needs an authenticated user".into());
+    };
+    if username.len() > spur_api::access::IDENTITY_MAX {
+        return Err(format!(
+            "user names above {} bytes are not supported",
+            spur_api::access::IDENTITY_MAX
+        ));
+    }
+    let groups: Vec<String> = user
+        .groups
+        .iter()
+        .flatten()
+        .filter(|g| g.len() <= spur_api::access::IDENTITY_MAX)
+        .take(spur_api::access::MAX_REQUESTER_GROUPS)
+        .cloned()
+        .collect();
+    let requester = spur_api::access::Requester {
+        username,
+        uid: user.uid.clone().filter(|u| !u.is_empty()),
+        groups,
+    };
+    let has_spec = req
+        .object
+        .as_ref()
+        .is_some_and(|o| o.data.get("spec").is_some_and(serde_json::Value::is_object));
+    let op = if has_spec {
+        serde_json::json!([{"op": "add", "path": "/spec/requester", "value": requester}])
+    } else {
+        serde_json::json!([{"op": "add", "path": "/spec", "value": {"requester": requester}}])
+    };
+    serde_json::from_value(op)
+        .map(Some)
+        .map_err(|e| format!("cannot build the patch: {e}"))
 }
 
 // === ListenerSet validation ===

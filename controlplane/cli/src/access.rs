@@ -1,0 +1,279 @@
+//! `spur access request exec|pod TEMPLATE`, `spur access list` and `spur access revoke`: file a
+//! just-in-time access request, wait for it and print the command to run; see and end one's
+//! grants (docs/access.md). The requester is whoever the kubeconfig authenticates as: the API
+//! server stamps it, nothing here can choose it.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, ResourceExt};
+use spur_api::access::{AccessRequestStatus, parse_access_duration};
+use spur_api::conditions::READY;
+use spur_api::{ExecAccessRequest, PodAccessRequest};
+
+#[derive(Args)]
+pub(crate) struct AccessArgs {
+    #[command(subcommand)]
+    command: AccessCommand,
+    /// Namespace (default: the kubeconfig's, else `default`).
+    #[arg(short, long, global = true)]
+    namespace: Option<String>,
+    /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, env = "SPUR_KUBECONFIG", global = true)]
+    kubeconfig: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Kind {
+    /// Exec into a pod of the template's workload (ExecAccessTemplate).
+    Exec,
+    /// A debug pod cloned from the template's workload (PodAccessTemplate).
+    Pod,
+}
+
+#[derive(Subcommand)]
+enum AccessCommand {
+    /// File a request against a template; with --wait, print the command to run once granted.
+    Request {
+        kind: Kind,
+        /// The ExecAccessTemplate or PodAccessTemplate.
+        template: String,
+        /// A sandbox forking the template's workload: the grant is on its fork.
+        #[arg(long)]
+        sandbox: Option<String>,
+        /// How long (default: the template's; above its maximum, the maximum is granted).
+        #[arg(long)]
+        duration: Option<String>,
+        /// A pod of the workload (exec only; default: one the operator picks).
+        #[arg(long)]
+        pod: Option<String>,
+        /// Wait until the grant is ready (or refused), for at most this long.
+        #[arg(long, num_args = 0..=1, default_missing_value = "2m", value_parser = spur_runtime::parse_duration)]
+        wait: Option<Duration>,
+    },
+    /// List access requests: template, requester, pod, readiness, expiry.
+    List {
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+    },
+    /// Delete a request, ending its grant now (yours, or anyone's with the `revoke` verb).
+    Revoke { kind: Kind, name: String },
+}
+
+pub(crate) async fn run(args: AccessArgs) -> Result<ExitCode> {
+    let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
+    let ns = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    match args.command {
+        AccessCommand::Request {
+            kind,
+            template,
+            sandbox,
+            duration,
+            pod,
+            wait,
+        } => {
+            if let Some(d) = &duration
+                && parse_access_duration(d).is_none()
+            {
+                bail!("--duration {d:?}: expected e.g. 30m, 1h30m or 90s (at most 168h)");
+            }
+            if pod.is_some() && kind == Kind::Pod {
+                bail!("--pod applies to exec requests only");
+            }
+            let name = request_name(&template);
+            let spec = serde_json::json!({
+                "templateName": template,
+                "duration": duration,
+                "sandbox": sandbox,
+                "targetPod": pod,
+            });
+            let meta = serde_json::json!({"generateName": name, "namespace": ns});
+            let created = match kind {
+                Kind::Exec => {
+                    let r: ExecAccessRequest = serde_json::from_value(serde_json::json!({
+                        "apiVersion": "spur.dev/v1alpha1", "kind": "ExecAccessRequest",
+                        "metadata": meta, "spec": without_nulls(spec),
+                    }))?;
+                    Api::<ExecAccessRequest>::namespaced(client.clone(), &ns)
+                        .create(&PostParams::default(), &r)
+                        .await
+                        .context("filing the ExecAccessRequest")?
+                        .name_any()
+                }
+                Kind::Pod => {
+                    let r: PodAccessRequest = serde_json::from_value(serde_json::json!({
+                        "apiVersion": "spur.dev/v1alpha1", "kind": "PodAccessRequest",
+                        "metadata": meta, "spec": without_nulls(spec),
+                    }))?;
+                    Api::<PodAccessRequest>::namespaced(client.clone(), &ns)
+                        .create(&PostParams::default(), &r)
+                        .await
+                        .context("filing the PodAccessRequest")?
+                        .name_any()
+                }
+            };
+            let Some(wait) = wait else {
+                println!("{created}");
+                return Ok(ExitCode::SUCCESS);
+            };
+            eprintln!("waiting for {created} to be granted ...");
+            let deadline = Instant::now() + wait;
+            loop {
+                let status = match kind {
+                    Kind::Exec => Api::<ExecAccessRequest>::namespaced(client.clone(), &ns)
+                        .get(&created)
+                        .await?
+                        .status
+                        .unwrap_or_default(),
+                    Kind::Pod => Api::<PodAccessRequest>::namespaced(client.clone(), &ns)
+                        .get(&created)
+                        .await?
+                        .status
+                        .unwrap_or_default(),
+                };
+                if status.ready {
+                    if let Some(at) = &status.expires_at {
+                        eprintln!("granted until {}", at.0);
+                    }
+                    println!("{}", status.access_message.unwrap_or_default());
+                    return Ok(ExitCode::SUCCESS);
+                }
+                // Refusals that waiting will not change.
+                if let Some(c) = refused(&status.conditions) {
+                    eprintln!("{created} is not granted: {}: {}", c.reason, c.message);
+                    return Ok(ExitCode::FAILURE);
+                }
+                if Instant::now() >= deadline {
+                    let why = spur_api::conditions::find_condition(&status.conditions, READY)
+                        .map(|c| format!("{}: {}", c.reason, c.message))
+                        .unwrap_or_else(|| {
+                            "no status yet (is the operator running with access enabled?)".into()
+                        });
+                    eprintln!("{created} is not ready after {wait:?}: {why}");
+                    return Ok(ExitCode::FAILURE);
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        AccessCommand::List { all_namespaces } => {
+            let lp = ListParams::default();
+            let (execs, pods) = if all_namespaces {
+                (
+                    Api::<ExecAccessRequest>::all(client.clone())
+                        .list(&lp)
+                        .await?,
+                    Api::<PodAccessRequest>::all(client.clone())
+                        .list(&lp)
+                        .await?,
+                )
+            } else {
+                (
+                    Api::<ExecAccessRequest>::namespaced(client.clone(), &ns)
+                        .list(&lp)
+                        .await?,
+                    Api::<PodAccessRequest>::namespaced(client.clone(), &ns)
+                        .list(&lp)
+                        .await?,
+                )
+            };
+            println!(
+                "{:<16} {:<5} {:<28} {:<20} {:<36} {:<28} {:<6} EXPIRES",
+                "NAMESPACE", "KIND", "NAME", "TEMPLATE", "REQUESTER", "POD", "READY"
+            );
+            let row = |ns: String,
+                       kind: &str,
+                       name: String,
+                       template: &str,
+                       requester: Option<&spur_api::access::Requester>,
+                       status: Option<&AccessRequestStatus>| {
+                let st = status.cloned().unwrap_or_default();
+                println!(
+                    "{:<16} {:<5} {:<28} {:<20} {:<36} {:<28} {:<6} {}",
+                    ns,
+                    kind,
+                    name,
+                    template,
+                    requester.map(|r| r.username.as_str()).unwrap_or("-"),
+                    st.pod_name.as_deref().unwrap_or("-"),
+                    st.ready,
+                    st.expires_at.map(|t| t.0.to_string()).unwrap_or_default()
+                );
+            };
+            for r in execs.items {
+                row(
+                    r.namespace().unwrap_or_default(),
+                    "exec",
+                    r.name_any(),
+                    &r.spec.template_name,
+                    r.spec.requester.as_ref(),
+                    r.status.as_ref(),
+                );
+            }
+            for r in pods.items {
+                row(
+                    r.namespace().unwrap_or_default(),
+                    "pod",
+                    r.name_any(),
+                    &r.spec.template_name,
+                    r.spec.requester.as_ref(),
+                    r.status.as_ref(),
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        AccessCommand::Revoke { kind, name } => {
+            let dp = DeleteParams::default();
+            match kind {
+                Kind::Exec => {
+                    Api::<ExecAccessRequest>::namespaced(client, &ns)
+                        .delete(&name, &dp)
+                        .await
+                        .with_context(|| format!("revoking {name}"))?;
+                }
+                Kind::Pod => {
+                    Api::<PodAccessRequest>::namespaced(client, &ns)
+                        .delete(&name, &dp)
+                        .await
+                        .with_context(|| format!("revoking {name}"))?;
+                }
+            }
+            println!("{name} revoked");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// `<template>-` (the API server appends 5 characters), within the 253 of a name.
+fn request_name(template: &str) -> String {
+    let mut base: String = template.chars().take(200).collect();
+    base.push('-');
+    base
+}
+
+fn without_nulls(v: serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(m) => {
+            serde_json::Value::Object(m.into_iter().filter(|(_, v)| !v.is_null()).collect())
+        }
+        v => v,
+    }
+}
+
+/// A condition that says the request will not be granted without someone changing something.
+fn refused(conditions: &[Condition]) -> Option<&Condition> {
+    conditions.iter().find(|c| {
+        c.status == "False"
+            && matches!(
+                c.reason.as_str(),
+                "NotInAllowedGroups" | "NoRequester" | "Invalid" | "Expired"
+            )
+    })
+}

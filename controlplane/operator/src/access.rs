@@ -1,0 +1,1222 @@
+//! Just-in-time access controllers (docs/access.md): templates are checked into their status;
+//! a request is granted for its duration and everything it made is deleted, with the request,
+//! the moment it expires.
+//!
+//! ```text
+//! ExecAccessRequest ──► Role + RoleBinding (pods get, pods/exec on one pod of the target, for the requester)
+//! PodAccessRequest  ──► debug pod (cloned from the target's pod template) + Role + RoleBinding
+//! ```
+//!
+//! The expiry is the request's creation time plus the granted duration, both stored on the
+//! object, so an operator restart changes nothing: the first pass after it deletes what expired
+//! meanwhile. Each pass asks to be woken at the expiry instant itself (and the error policy
+//! never backs off past it), not at the next resync.
+//!
+//! The operator does not hold `pods/exec`: it creates the Roles under `escalate` and binds them
+//! under `bind`, and a ValidatingAdmissionPolicy in the chart limits the Roles and RoleBindings
+//! it may write to the shape built here (one pod, one user). "Ready" is not taken on trust: a
+//! SubjectAccessReview must say the requester may exec into the pod.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodSpec};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event, finalizer};
+use kube::{Resource, ResourceExt};
+use spur_api::access::{
+    AccessConfig, AccessRequestStatus, AccessTemplateStatus, ExecAccessRequest, ExecAccessTemplate,
+    PodAccessRequest, PodAccessTemplate, PodMutation, Requester, TargetKind, TargetRef,
+    conditions as cond, format_access_duration, labels as access_labels,
+};
+use spur_api::conditions::{ConditionStatus, NewCondition, READY, set_condition};
+use spur_api::keys::labels::{FORK, MANAGED_BY, MANAGED_BY_VALUE, SANDBOX};
+use spur_api::names;
+
+use crate::Error;
+use crate::context::{Context, delete_opt, now};
+
+/// The finalizer on requests: what a grant made goes before the request does.
+pub const FINALIZER: &str = "spur.dev/access-cleanup";
+/// Templates are looked at again this often (their target may come or go).
+const TEMPLATE_RESYNC: Duration = Duration::from_secs(60);
+/// A request that is not ready yet (pod starting, template missing) is looked at again this
+/// often.
+const PENDING_RESYNC: Duration = Duration::from_secs(5);
+/// A ready request is looked at again at least this often (its pod may be gone).
+const READY_RESYNC: Duration = Duration::from_secs(60);
+/// The annotation that names the container `kubectl exec` picks by default.
+const DEFAULT_CONTAINER_ANNOTATION: &str = "kubectl.kubernetes.io/default-container";
+
+// === Templates ===
+
+pub(crate) async fn reconcile_exec_template(
+    t: Arc<ExecAccessTemplate>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let _pass = ctx.metrics.reconcile("ExecAccessTemplate");
+    let ns = namespace_of(&*t, "ExecAccessTemplate")?;
+    let valid = t.spec.validate().map_err(|e| e.to_string());
+    let target = check_target(&ctx, &ns, Some(&t.spec.target_ref)).await?;
+    let status = template_status(t.status.as_ref(), t.metadata.generation, valid, target);
+    let api: Api<ExecAccessTemplate> = Api::namespaced(ctx.client.clone(), &ns);
+    ctx.apply_status(&api, &*t, &t.status.clone().unwrap_or_default(), &status)
+        .await?;
+    ctx.succeeded(&key_of(&*t));
+    Ok(Action::requeue(TEMPLATE_RESYNC))
+}
+
+pub(crate) async fn reconcile_pod_template(
+    t: Arc<PodAccessTemplate>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let _pass = ctx.metrics.reconcile("PodAccessTemplate");
+    let ns = namespace_of(&*t, "PodAccessTemplate")?;
+    let mut valid = t.spec.validate().map_err(|e| e.to_string());
+    if valid.is_ok()
+        && let Some(spec) = &t.spec.pod_spec
+        && let Err(e) = serde_json::from_value::<PodSpec>(spec.clone())
+    {
+        valid = Err(format!("spec.podSpec: {e}"));
+    }
+    let target = check_target(&ctx, &ns, t.spec.target_ref.as_ref()).await?;
+    let status = template_status(t.status.as_ref(), t.metadata.generation, valid, target);
+    let api: Api<PodAccessTemplate> = Api::namespaced(ctx.client.clone(), &ns);
+    ctx.apply_status(&api, &*t, &t.status.clone().unwrap_or_default(), &status)
+        .await?;
+    ctx.succeeded(&key_of(&*t));
+    Ok(Action::requeue(TEMPLATE_RESYNC))
+}
+
+pub(crate) fn template_error_policy<K>(t: Arc<K>, err: &Error, ctx: Arc<Context>) -> Action
+where
+    K: Resource<DynamicType = ()>,
+{
+    ctx.backoff(key_of(&*t), err)
+}
+
+/// `Ok(None)`: no target to check (a pod-spec template); `Ok(Some(Err))`: why the target is
+/// unusable.
+async fn check_target(
+    ctx: &Context,
+    ns: &str,
+    target: Option<&TargetRef>,
+) -> Result<Option<Result<(), String>>, Error> {
+    let Some(target) = target else {
+        return Ok(None);
+    };
+    Ok(Some(
+        workload(ctx, ns, target.kind, &target.name)
+            .await?
+            .map(|_| ()),
+    ))
+}
+
+fn template_status(
+    old: Option<&AccessTemplateStatus>,
+    generation: Option<i64>,
+    valid: Result<(), String>,
+    target: Option<Result<(), String>>,
+) -> AccessTemplateStatus {
+    let mut status = old.cloned().unwrap_or_default();
+    let t = now();
+    let mut set = |type_, ok: bool, reason: &str, message: &str| {
+        set_condition(
+            &mut status.conditions,
+            NewCondition {
+                type_,
+                status: ok.into(),
+                reason,
+                message,
+                observed_generation: generation,
+            },
+            &t,
+        );
+    };
+    match &valid {
+        Ok(()) => set(cond::TEMPLATE_DURATIONS_VALID, true, "Valid", ""),
+        Err(e) => set(cond::TEMPLATE_DURATIONS_VALID, false, "Invalid", e),
+    }
+    match &target {
+        None => set(
+            cond::TARGET_REF_EXISTS,
+            true,
+            "PodSpec",
+            "the template carries its own pod spec",
+        ),
+        Some(Ok(())) => set(cond::TARGET_REF_EXISTS, true, "Found", ""),
+        Some(Err(e)) => set(cond::TARGET_REF_EXISTS, false, "NotFound", e),
+    }
+    let ready = valid.is_ok() && target.as_ref().is_none_or(Result::is_ok);
+    let message = match (&valid, &target) {
+        (Err(e), _) | (_, Some(Err(e))) => e.as_str(),
+        _ => "",
+    };
+    set(
+        READY,
+        ready,
+        if ready { "Ready" } else { "NotReady" },
+        message,
+    );
+    status.ready = ready;
+    status.observed_generation = generation;
+    status
+}
+
+// === Requests ===
+
+/// What the two request kinds share.
+pub(crate) trait AccessRequest:
+    Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + std::fmt::Debug
+    + serde::Serialize
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    /// `exec` or `pod`: the label value on what the request makes.
+    const ACCESS: &'static str;
+    fn template_name(&self) -> &str;
+    fn duration(&self) -> Option<&str>;
+    fn sandbox(&self) -> Option<&str>;
+    fn requester(&self) -> Option<&Requester>;
+    fn target_pod(&self) -> Option<&str>;
+    fn status(&self) -> Option<&AccessRequestStatus>;
+}
+
+impl AccessRequest for ExecAccessRequest {
+    const ACCESS: &'static str = "exec";
+    fn template_name(&self) -> &str {
+        &self.spec.template_name
+    }
+    fn duration(&self) -> Option<&str> {
+        self.spec.duration.as_deref()
+    }
+    fn sandbox(&self) -> Option<&str> {
+        self.spec.sandbox.as_deref()
+    }
+    fn requester(&self) -> Option<&Requester> {
+        self.spec.requester.as_ref()
+    }
+    fn target_pod(&self) -> Option<&str> {
+        self.spec.target_pod.as_deref()
+    }
+    fn status(&self) -> Option<&AccessRequestStatus> {
+        self.status.as_ref()
+    }
+}
+
+impl AccessRequest for PodAccessRequest {
+    const ACCESS: &'static str = "pod";
+    fn template_name(&self) -> &str {
+        &self.spec.template_name
+    }
+    fn duration(&self) -> Option<&str> {
+        self.spec.duration.as_deref()
+    }
+    fn sandbox(&self) -> Option<&str> {
+        self.spec.sandbox.as_deref()
+    }
+    fn requester(&self) -> Option<&Requester> {
+        self.spec.requester.as_ref()
+    }
+    fn target_pod(&self) -> Option<&str> {
+        None
+    }
+    fn status(&self) -> Option<&AccessRequestStatus> {
+        self.status.as_ref()
+    }
+}
+
+/// The template a request names, as far as a grant needs it.
+enum Template {
+    Exec(ExecAccessTemplate),
+    Pod(PodAccessTemplate),
+}
+
+impl Template {
+    fn access(&self) -> &AccessConfig {
+        match self {
+            Template::Exec(t) => &t.spec.access_config,
+            Template::Pod(t) => &t.spec.access_config,
+        }
+    }
+
+    fn ready(&self) -> bool {
+        match self {
+            Template::Exec(t) => t.status.as_ref().is_some_and(|s| s.ready),
+            Template::Pod(t) => t.status.as_ref().is_some_and(|s| s.ready),
+        }
+    }
+}
+
+pub(crate) async fn reconcile_exec(
+    r: Arc<ExecAccessRequest>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let _pass = ctx.metrics.reconcile("ExecAccessRequest");
+    reconcile_request(r, &ctx).await
+}
+
+pub(crate) async fn reconcile_pod(
+    r: Arc<PodAccessRequest>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let _pass = ctx.metrics.reconcile("PodAccessRequest");
+    reconcile_request(r, &ctx).await
+}
+
+async fn reconcile_request<K: AccessRequest>(r: Arc<K>, ctx: &Context) -> Result<Action, Error> {
+    let ns = namespace_of(
+        &*r,
+        if K::ACCESS == "exec" {
+            "ExecAccessRequest"
+        } else {
+            "PodAccessRequest"
+        },
+    )?;
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &ns);
+    let action = finalizer(&api, FINALIZER, r, |event| async {
+        match event {
+            Event::Apply(r) => grant(&*r, &ns, ctx).await,
+            Event::Cleanup(r) => revoke(&*r, &ns, ctx).await,
+        }
+    })
+    .await;
+    crate::error::from_finalizer(action)
+}
+
+/// Never backs off past the request's expiry: a request failing at that instant is still
+/// deleted on time.
+pub(crate) fn request_error_policy<K: AccessRequest>(
+    r: Arc<K>,
+    err: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    let delay = match err {
+        Error::Requeue { after, .. } => *after,
+        _ => ctx.backoff_delay(key_of(&*r), err),
+    };
+    let cap = r
+        .status()
+        .filter(|s| s.expires_at.is_some())
+        .map_or(delay, until_expiry_of);
+    Action::requeue(delay.min(cap).max(Duration::from_millis(50)))
+}
+
+/// One pass of a request that is not being deleted.
+async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Action, Error> {
+    let name = r.name_any();
+    let old = r.status().cloned().unwrap_or_default();
+    let mut status = old.clone();
+    let generation = r.meta().generation;
+    let t = now();
+    let set = |status: &mut AccessRequestStatus,
+               type_,
+               ok: ConditionStatus,
+               reason: &str,
+               message: &str| {
+        set_condition(
+            &mut status.conditions,
+            NewCondition {
+                type_,
+                status: ok,
+                reason,
+                message,
+                observed_generation: generation,
+            },
+            &t,
+        );
+    };
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
+    let not_ready = |status: &mut AccessRequestStatus, reason: &str, message: &str| {
+        status.ready = false;
+        status.access_message = None;
+        set_condition(
+            &mut status.conditions,
+            NewCondition {
+                type_: READY,
+                status: ConditionStatus::False,
+                reason,
+                message,
+                observed_generation: generation,
+            },
+            &now(),
+        );
+    };
+
+    // The template.
+    let template = match get_template::<K>(ctx, ns, r.template_name()).await? {
+        Some(t) if t.ready() => t,
+        found => {
+            let (reason, message) = if found.is_some() {
+                (
+                    "TemplateNotReady",
+                    format!(
+                        "template {} is not ready (see its conditions)",
+                        r.template_name()
+                    ),
+                )
+            } else {
+                (
+                    "TemplateNotFound",
+                    format!(
+                        "no {}AccessTemplate {} in namespace {ns}",
+                        if K::ACCESS == "exec" { "Exec" } else { "Pod" },
+                        r.template_name()
+                    ),
+                )
+            };
+            set(
+                &mut status,
+                cond::TARGET_TEMPLATE_EXISTS,
+                ConditionStatus::False,
+                reason,
+                &message,
+            );
+            not_ready(&mut status, reason, &message);
+            ctx.apply_status(&api, r, &old, &status).await?;
+            return Ok(Action::requeue(PENDING_RESYNC));
+        }
+    };
+    set(
+        &mut status,
+        cond::TARGET_TEMPLATE_EXISTS,
+        ConditionStatus::True,
+        "Found",
+        "",
+    );
+
+    // The requester, and whether the template lets them ask.
+    let Some(requester) = r.requester().filter(|q| !q.username.is_empty()) else {
+        let message = "spec.requester is not set: the access webhook stamps it at admission (is the chart's access.enabled on?)";
+        set(
+            &mut status,
+            cond::REQUESTER_ALLOWED,
+            ConditionStatus::False,
+            "NoRequester",
+            message,
+        );
+        not_ready(&mut status, "NoRequester", message);
+        ctx.apply_status(&api, r, &old, &status).await?;
+        return Ok(Action::await_change());
+    };
+    if !template.access().allows(&requester.groups) {
+        let message = format!(
+            "{} is in none of the template's allowed groups ({})",
+            requester.username,
+            template.access().allowed_groups.join(", ")
+        );
+        set(
+            &mut status,
+            cond::REQUESTER_ALLOWED,
+            ConditionStatus::False,
+            "NotInAllowedGroups",
+            &message,
+        );
+        not_ready(&mut status, "NotInAllowedGroups", &message);
+        // Nothing may stay granted to someone the template no longer allows.
+        remove_grant::<K>(ctx, ns, &name, status.pod_name.is_some()).await?;
+        ctx.apply_status(&api, r, &old, &status).await?;
+        return Ok(Action::requeue(READY_RESYNC));
+    }
+    set(
+        &mut status,
+        cond::REQUESTER_ALLOWED,
+        ConditionStatus::True,
+        "InAllowedGroup",
+        "",
+    );
+
+    // The duration, decided once: a template changed later does not stretch a grant.
+    let granted = match (&old.duration, &old.expires_at) {
+        (Some(d), Some(at)) => Ok((d.clone(), at.clone())),
+        _ => template.access().grant(r.duration()).map(|g| {
+            let created = r.meta().creation_timestamp.clone().unwrap_or_else(now);
+            let at = created.0.checked_add(g.duration).unwrap_or(created.0);
+            let message = if g.capped {
+                format!(
+                    "asked for {}, above the template's maximum: granted {}",
+                    r.duration().unwrap_or_default(),
+                    format_access_duration(g.duration)
+                )
+            } else {
+                format!("granted {}", format_access_duration(g.duration))
+            };
+            set(
+                &mut status,
+                cond::ACCESS_DURATIONS_VALID,
+                ConditionStatus::True,
+                if g.capped { "Capped" } else { "Valid" },
+                &message,
+            );
+            (
+                format_access_duration(g.duration),
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at),
+            )
+        }),
+    };
+    let (duration, expires_at) = match granted {
+        Ok(g) => g,
+        Err(e) => {
+            set(
+                &mut status,
+                cond::ACCESS_DURATIONS_VALID,
+                ConditionStatus::False,
+                "Invalid",
+                &e,
+            );
+            not_ready(&mut status, "InvalidDuration", &e);
+            ctx.apply_status(&api, r, &old, &status).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    status.duration = Some(duration);
+    status.expires_at = Some(expires_at);
+
+    // Expired: the request goes, and the finalizer takes what it made with it.
+    let left = until_expiry_of(&status);
+    if left.is_zero() {
+        set(
+            &mut status,
+            cond::ACCESS_STILL_VALID,
+            ConditionStatus::False,
+            "Expired",
+            "the grant has expired",
+        );
+        not_ready(&mut status, "Expired", "the grant has expired");
+        // The binding goes first, so the grant ends now rather than after the finalizer pass.
+        remove_grant::<K>(ctx, ns, &name, true).await?;
+        ctx.apply_status(&api, r, &old, &status).await?;
+        ctx.event(
+            r,
+            false,
+            "Expired",
+            "Delete",
+            format!(
+                "the grant to {} expired; deleting the request",
+                requester.username
+            ),
+        )
+        .await;
+        tracing::info!(kind = K::ACCESS, namespace = ns, request = %name, user = %requester.username, "access grant expired");
+        ctx.metrics.access_grant(K::ACCESS, "expired");
+        delete_opt(&api, &name).await?;
+        return Ok(Action::await_change());
+    }
+    set(
+        &mut status,
+        cond::ACCESS_STILL_VALID,
+        ConditionStatus::True,
+        "NotExpired",
+        "",
+    );
+
+    // The pod.
+    let owner = r
+        .controller_owner_ref(&())
+        .ok_or_else(|| Error::Pending("request uid".into()))?;
+    let target = match (&template, &status.pod_name) {
+        (_, Some(pod)) => PodChoice::Chosen(pod.clone()),
+        (Template::Exec(t), None) => {
+            pick_pod(ctx, ns, &t.spec.target_ref, r.sandbox(), r.target_pod()).await?
+        }
+        (Template::Pod(t), None) => {
+            match debug_pod(ctx, ns, &name, t, r.sandbox(), left, &owner).await? {
+                Ok(pod) => PodChoice::Chosen(pod),
+                Err(e) => PodChoice::Unavailable(e),
+            }
+        }
+    };
+    let pod_name = match target {
+        PodChoice::Chosen(p) => p,
+        PodChoice::Unavailable(message) => {
+            set(
+                &mut status,
+                cond::ACCESS_RESOURCES_CREATED,
+                ConditionStatus::False,
+                "NoPod",
+                &message,
+            );
+            not_ready(&mut status, "NoPod", &message);
+            ctx.apply_status(&api, r, &old, &status).await?;
+            return Ok(requeue_within(PENDING_RESYNC, left));
+        }
+    };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let Some(pod) = pods.get_opt(&pod_name).await? else {
+        let message = format!("pod {pod_name} is gone: file a new request");
+        remove_grant::<K>(ctx, ns, &name, false).await?;
+        set(
+            &mut status,
+            cond::ACCESS_RESOURCES_READY,
+            ConditionStatus::False,
+            "PodGone",
+            &message,
+        );
+        not_ready(&mut status, "PodGone", &message);
+        ctx.apply_status(&api, r, &old, &status).await?;
+        return Ok(requeue_within(READY_RESYNC, left));
+    };
+    status.pod_name = Some(pod_name.clone());
+    let container = match &template {
+        Template::Exec(t) => t.spec.container.clone(),
+        Template::Pod(t) => t
+            .spec
+            .mutation
+            .as_ref()
+            .and_then(|m| m.default_container.clone()),
+    }
+    .or_else(|| default_container(&pod));
+    status.container = container.clone();
+
+    // The Role and RoleBinding, for the requester alone.
+    let role_name = grant_name(K::ACCESS, ns, &name);
+    let labels = grant_labels(K::ACCESS, &name);
+    apply_grant(
+        ctx,
+        ns,
+        &role_name,
+        &labels,
+        &pod_name,
+        &requester.username,
+        &owner,
+    )
+    .await?;
+    set(
+        &mut status,
+        cond::ACCESS_RESOURCES_CREATED,
+        ConditionStatus::True,
+        "Created",
+        &format!("Role and RoleBinding {role_name}"),
+    );
+
+    // Ready: the pod runs and the API server agrees the requester may exec into it.
+    let running = is_running(&pod, K::ACCESS == "pod");
+    let allowed = if running {
+        may_exec(ctx, ns, &pod_name, requester).await?
+    } else {
+        false
+    };
+    if !(running && allowed) {
+        let message = if running {
+            format!(
+                "the API server does not yet allow {} to exec into {pod_name}",
+                requester.username
+            )
+        } else {
+            format!("pod {pod_name} is not running and ready yet")
+        };
+        set(
+            &mut status,
+            cond::ACCESS_RESOURCES_READY,
+            ConditionStatus::False,
+            "Waiting",
+            &message,
+        );
+        not_ready(&mut status, "Waiting", &message);
+        ctx.apply_status(&api, r, &old, &status).await?;
+        return Ok(requeue_within(Duration::from_secs(1), left));
+    }
+    set(
+        &mut status,
+        cond::ACCESS_RESOURCES_READY,
+        ConditionStatus::True,
+        "Allowed",
+        "",
+    );
+    let command =
+        template
+            .access()
+            .access_command(ns, &pod_name, container.as_deref().unwrap_or("app"));
+    status.access_message = Some(command);
+    status.ready = true;
+    let message = format!(
+        "{} may exec into {pod_name} until {}",
+        requester.username,
+        status
+            .expires_at
+            .as_ref()
+            .map(|t| t.0.to_string())
+            .unwrap_or_default()
+    );
+    set(
+        &mut status,
+        READY,
+        ConditionStatus::True,
+        "Granted",
+        &message,
+    );
+    if ctx.apply_status(&api, r, &old, &status).await? && !old.ready {
+        tracing::info!(kind = K::ACCESS, namespace = ns, request = %name, user = %requester.username, pod = %pod_name, expires = ?status.expires_at, "access granted");
+        ctx.metrics.access_grant(K::ACCESS, "granted");
+        ctx.event(r, false, "Granted", "Grant", message).await;
+    }
+    ctx.succeeded(&key_of(r));
+    Ok(requeue_within(READY_RESYNC, left))
+}
+
+/// Wakes at `every` or at the expiry, whichever comes first.
+fn requeue_within(every: Duration, left: Duration) -> Action {
+    Action::requeue(every.min(left).max(Duration::from_millis(50)))
+}
+
+fn until_expiry_of(status: &AccessRequestStatus) -> Duration {
+    status.expires_at.as_ref().map_or(Duration::ZERO, |at| {
+        Duration::try_from(at.0.duration_since(k8s_openapi::jiff::Timestamp::now()))
+            .unwrap_or(Duration::ZERO)
+    })
+}
+
+/// Deletes what a request made; the owner references would have the garbage collector do it
+/// too, but not on time.
+async fn revoke<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Action, Error> {
+    let name = r.name_any();
+    remove_grant::<K>(ctx, ns, &name, K::ACCESS == "pod").await?;
+    tracing::info!(kind = K::ACCESS, namespace = ns, request = %name, "access request deleted: grant removed");
+    ctx.metrics.access_grant(K::ACCESS, "revoked");
+    Ok(Action::await_change())
+}
+
+async fn remove_grant<K: AccessRequest>(
+    ctx: &Context,
+    ns: &str,
+    request: &str,
+    with_pod: bool,
+) -> Result<(), Error> {
+    let role_name = grant_name(K::ACCESS, ns, request);
+    // The binding first: once it is gone, nothing is granted whatever happens next.
+    delete_opt(
+        &Api::<RoleBinding>::namespaced(ctx.client.clone(), ns),
+        &role_name,
+    )
+    .await?;
+    delete_opt(&Api::<Role>::namespaced(ctx.client.clone(), ns), &role_name).await?;
+    if with_pod && K::ACCESS == "pod" {
+        delete_opt(
+            &Api::<Pod>::namespaced(ctx.client.clone(), ns),
+            &debug_pod_name(ns, request),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+async fn get_template<K: AccessRequest>(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+) -> Result<Option<Template>, Error> {
+    Ok(if K::ACCESS == "exec" {
+        Api::<ExecAccessTemplate>::namespaced(ctx.client.clone(), ns)
+            .get_opt(name)
+            .await?
+            .map(Template::Exec)
+    } else {
+        Api::<PodAccessTemplate>::namespaced(ctx.client.clone(), ns)
+            .get_opt(name)
+            .await?
+            .map(Template::Pod)
+    })
+}
+
+/// Name of a request's Role and RoleBinding.
+pub fn grant_name(access: &str, ns: &str, request: &str) -> String {
+    names::derived_name(&["access", request], &[access, ns])
+}
+
+/// Name of a PodAccessRequest's debug pod.
+pub fn debug_pod_name(ns: &str, request: &str) -> String {
+    names::derived_name(&[request, "debug"], &["debug-pod", ns])
+}
+
+fn grant_labels(access: &str, request: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (MANAGED_BY.to_owned(), MANAGED_BY_VALUE.to_owned()),
+        (
+            access_labels::ACCESS_REQUEST.to_owned(),
+            names::label_value(request),
+        ),
+        (access_labels::ACCESS_KIND.to_owned(), access.to_owned()),
+    ])
+}
+
+async fn apply_grant(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+    pod: &str,
+    user: &str,
+    owner: &OwnerReference,
+) -> Result<(), Error> {
+    let meta = ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(ns.to_owned()),
+        labels: Some(labels.clone()),
+        owner_references: Some(vec![owner.clone()]),
+        ..ObjectMeta::default()
+    };
+    let rule = |resource: &str, verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec![String::new()]),
+        resources: Some(vec![resource.to_owned()]),
+        resource_names: Some(vec![pod.to_owned()]),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..PolicyRule::default()
+    };
+    let role = Role {
+        metadata: meta.clone(),
+        // `get` on pods/exec as well as `create`: kubectl's WebSocket exec is a GET.
+        rules: Some(vec![
+            rule("pods", &["get"]),
+            rule("pods/exec", &["get", "create"]),
+        ]),
+    };
+    let binding = RoleBinding {
+        metadata: meta,
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: name.to_owned(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "User".into(),
+            name: user.to_owned(),
+            namespace: None,
+        }]),
+    };
+    crate::apply::ensure(&Api::<Role>::namespaced(ctx.client.clone(), ns), None, role).await?;
+    crate::apply::ensure(
+        &Api::<RoleBinding>::namespaced(ctx.client.clone(), ns),
+        None,
+        binding,
+    )
+    .await?;
+    Ok(())
+}
+
+/// A SubjectAccessReview for the requester: may they exec into `pod`?
+async fn may_exec(ctx: &Context, ns: &str, pod: &str, who: &Requester) -> Result<bool, Error> {
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(who.username.clone()),
+            uid: who.uid.clone(),
+            groups: Some(who.groups.clone()),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(ns.to_owned()),
+                verb: Some("create".into()),
+                resource: Some("pods".into()),
+                subresource: Some("exec".into()),
+                name: Some(pod.to_owned()),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    let answer = Api::<SubjectAccessReview>::all(ctx.client.clone())
+        .create(&PostParams::default(), &review)
+        .await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+enum PodChoice {
+    Chosen(String),
+    Unavailable(String),
+}
+
+/// The workload object (`spec.selector` and `spec.template`), or why it is unusable.
+async fn workload(
+    ctx: &Context,
+    ns: &str,
+    kind: TargetKind,
+    name: &str,
+) -> Result<Result<DynamicObject, String>, Error> {
+    let (group, version, plural) = match kind {
+        TargetKind::Deployment => ("apps", "v1", "deployments"),
+        TargetKind::StatefulSet => ("apps", "v1", "statefulsets"),
+        TargetKind::DaemonSet => ("apps", "v1", "daemonsets"),
+        TargetKind::Rollout => ("argoproj.io", "v1alpha1", "rollouts"),
+    };
+    let ar = ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: if group.is_empty() {
+            version.into()
+        } else {
+            format!("{group}/{version}")
+        },
+        kind: kind.as_str().into(),
+        plural: plural.into(),
+    };
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), ns, &ar);
+    match api.get_opt(name).await {
+        Ok(Some(o)) => Ok(Ok(o)),
+        Ok(None) => Ok(Err(format!("{kind} {ns}/{name} does not exist"))),
+        // No such resource at all (Argo Rollouts not installed).
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Err(format!(
+            "{kind} {ns}/{name} does not exist ({})",
+            s.message
+        ))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The workload a request reaches: the template's target, or a sandbox's fork of it.
+async fn resolve_target(
+    ctx: &Context,
+    ns: &str,
+    target: &TargetRef,
+    sandbox: Option<&str>,
+) -> Result<Result<DynamicObject, String>, Error> {
+    let Some(sandbox) = sandbox else {
+        return workload(ctx, ns, target.kind, &target.name).await;
+    };
+    let Some(kind) = target.kind.forkable() else {
+        return Ok(Err(format!("a sandbox cannot fork a {}", target.kind)));
+    };
+    let fork = names::fork_name(sandbox, &spur_api::WorkloadRef::new(kind, ns, &target.name));
+    let w = match workload(ctx, ns, target.kind, &fork).await? {
+        Ok(w) => w,
+        Err(_) => {
+            return Ok(Err(format!(
+                "sandbox {sandbox} has no fork of {target} in {ns}"
+            )));
+        }
+    };
+    // A fork is only the sandbox's if the operator made it for that sandbox.
+    if w.labels().get(SANDBOX).map(String::as_str) != Some(sandbox) {
+        return Ok(Err(format!(
+            "{} {ns}/{fork} is not a fork of sandbox {sandbox}",
+            target.kind
+        )));
+    }
+    Ok(Ok(w))
+}
+
+async fn pick_pod(
+    ctx: &Context,
+    ns: &str,
+    target: &TargetRef,
+    sandbox: Option<&str>,
+    wanted: Option<&str>,
+) -> Result<PodChoice, Error> {
+    let w = match resolve_target(ctx, ns, target, sandbox).await? {
+        Ok(w) => w,
+        Err(e) => return Ok(PodChoice::Unavailable(e)),
+    };
+    let selector: LabelSelector = match w
+        .data
+        .pointer("/spec/selector")
+        .cloned()
+        .map(serde_json::from_value)
+    {
+        Some(Ok(s)) => s,
+        _ => {
+            return Ok(PodChoice::Unavailable(format!(
+                "{target} has no usable spec.selector"
+            )));
+        }
+    };
+    let Some(query) = selector_query(&selector) else {
+        return Ok(PodChoice::Unavailable(format!(
+            "{target} has an empty or unusable spec.selector"
+        )));
+    };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let mut candidates: Vec<Pod> = pods
+        .list(&ListParams::default().labels(&query))
+        .await?
+        .items
+        .into_iter()
+        // A baseline's selector also matches its forks' pods (they carry its labels) and
+        // never a debug pod; a grant on the baseline must not reach a fork.
+        .filter(|p| sandbox.is_some() || !p.labels().contains_key(FORK))
+        .filter(|p| !p.labels().contains_key(access_labels::ACCESS_REQUEST))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    if let Some(wanted) = wanted {
+        return Ok(match candidates.iter().find(|p| p.name_any() == wanted) {
+            Some(_) => PodChoice::Chosen(wanted.to_owned()),
+            None => PodChoice::Unavailable(format!(
+                "pod {wanted} is not a pod of {target}{}",
+                sandbox
+                    .map(|s| format!(" in sandbox {s}"))
+                    .unwrap_or_default()
+            )),
+        });
+    }
+    candidates.sort_by_key(|p| (!is_running(p, true), p.name_any()));
+    Ok(match candidates.first() {
+        Some(p) if is_running(p, false) => PodChoice::Chosen(p.name_any()),
+        _ => PodChoice::Unavailable(format!("{target} has no running pod")),
+    })
+}
+
+/// `key=value,key in (a,b),!key` for a label selector; `None` when it selects everything (an
+/// empty selector) or uses an operator this does not know.
+fn selector_query(s: &LabelSelector) -> Option<String> {
+    let mut parts: Vec<String> = s
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for e in s.match_expressions.iter().flatten() {
+        let values = e.values.clone().unwrap_or_default().join(",");
+        parts.push(match e.operator.as_str() {
+            "In" => format!("{} in ({values})", e.key),
+            "NotIn" => format!("{} notin ({values})", e.key),
+            "Exists" => e.key.clone(),
+            "DoesNotExist" => format!("!{}", e.key),
+            _ => return None,
+        });
+    }
+    (!parts.is_empty()).then(|| parts.join(","))
+}
+
+fn is_running(pod: &Pod, need_ready: bool) -> bool {
+    let Some(status) = &pod.status else {
+        return false;
+    };
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    status.phase.as_deref() == Some("Running") && (ready || !need_ready)
+}
+
+fn default_container(pod: &Pod) -> Option<String> {
+    pod.annotations()
+        .get(DEFAULT_CONTAINER_ANNOTATION)
+        .cloned()
+        .or_else(|| {
+            pod.spec
+                .as_ref()?
+                .containers
+                .first()
+                .map(|c| c.name.clone())
+        })
+}
+
+/// Creates (once) the debug pod of a PodAccessRequest; its name, or why there is none.
+async fn debug_pod(
+    ctx: &Context,
+    ns: &str,
+    request: &str,
+    template: &PodAccessTemplate,
+    sandbox: Option<&str>,
+    left: Duration,
+    owner: &OwnerReference,
+) -> Result<Result<String, String>, Error> {
+    let name = debug_pod_name(ns, request);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    if pods.get_metadata_opt(&name).await?.is_some() {
+        return Ok(Ok(name));
+    }
+    let (template_meta, spec) = match (&template.spec.target_ref, &template.spec.pod_spec) {
+        (Some(target), _) => {
+            let w = match resolve_target(ctx, ns, target, sandbox).await? {
+                Ok(w) => w,
+                Err(e) => return Ok(Err(e)),
+            };
+            let Some(t) = w.data.pointer("/spec/template").cloned() else {
+                return Ok(Err(format!("{target} has no spec.template")));
+            };
+            let meta: ObjectMeta = t
+                .get("metadata")
+                .cloned()
+                .map(serde_json::from_value)
+                .transpose()
+                .map_err(Error::Json)?
+                .unwrap_or_default();
+            match t
+                .get("spec")
+                .cloned()
+                .map(serde_json::from_value::<PodSpec>)
+            {
+                Some(Ok(spec)) => (meta, spec),
+                _ => return Ok(Err(format!("{target} has an unreadable pod template"))),
+            }
+        }
+        (None, Some(spec)) => match serde_json::from_value::<PodSpec>(spec.clone()) {
+            Ok(spec) => (ObjectMeta::default(), spec),
+            Err(e) => return Ok(Err(format!("the template's podSpec: {e}"))),
+        },
+        (None, None) => {
+            return Ok(Err(
+                "the template names neither targetRef nor podSpec".into()
+            ));
+        }
+    };
+    let pod = match build_debug_pod(
+        &name,
+        ns,
+        request,
+        &template_meta,
+        spec,
+        template.spec.mutation.as_ref(),
+        left,
+        owner,
+    ) {
+        Ok(p) => p,
+        Err(e) => return Ok(Err(e)),
+    };
+    match pods.create(&PostParams::default(), &pod).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        // The pod is refused (quota, pod security): the user's to fix, not a reason to back off.
+        Err(kube::Error::Api(s)) if s.code == 403 || s.code == 422 => {
+            return Ok(Err(format!("the debug pod was refused: {}", s.message)));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(Ok(name))
+}
+
+/// The debug pod: the workload's pod spec with Spur's labels only (so no Service or
+/// controller selects it), the template's annotations dropped, probes stripped unless kept,
+/// the mutation applied to its main container, and a deadline at the grant's expiry.
+#[allow(clippy::too_many_arguments)]
+pub fn build_debug_pod(
+    name: &str,
+    ns: &str,
+    request: &str,
+    template: &ObjectMeta,
+    mut spec: PodSpec,
+    mutation: Option<&PodMutation>,
+    left: Duration,
+    owner: &OwnerReference,
+) -> Result<Pod, String> {
+    let default = PodMutation::default();
+    let m = mutation.unwrap_or(&default);
+    let mut labels = grant_labels("pod", request);
+    labels.extend(m.pod_labels.clone());
+    let mut annotations = m.pod_annotations.clone();
+    // A debug pod is nobody's baseline: no sidecar, whatever the namespace says.
+    annotations.insert(spur_api::keys::injection::INJECT.into(), "false".into());
+    let wanted = m.default_container.clone().or_else(|| {
+        template
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DEFAULT_CONTAINER_ANNOTATION).cloned())
+    });
+    let index = match &wanted {
+        Some(w) => spec
+            .containers
+            .iter()
+            .position(|c| &c.name == w)
+            .ok_or_else(|| format!("the pod template has no container {w}"))?,
+        None if spec.containers.is_empty() => {
+            return Err("the pod template has no container".into());
+        }
+        None => 0,
+    };
+    if let Some(c) = wanted.or_else(|| spec.containers.first().map(|c| c.name.clone())) {
+        annotations.insert(DEFAULT_CONTAINER_ANNOTATION.into(), c);
+    }
+    for c in spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten())
+    {
+        strip_probes(c, m);
+    }
+    let main = &mut spec.containers[index];
+    if !m.command.is_empty() {
+        main.command = Some(m.command.clone());
+    }
+    if !m.args.is_empty() {
+        main.args = Some(m.args.clone());
+    }
+    if !m.env.is_empty() {
+        let env = main.env.get_or_insert_with(Vec::new);
+        for e in &m.env {
+            env.retain(|x| x.name != e.name);
+            env.push(EnvVar {
+                name: e.name.clone(),
+                value: Some(e.value.clone()),
+                value_from: None,
+            });
+        }
+    }
+    if let Some(r) = &m.resources {
+        main.resources = Some(
+            serde_json::from_value(r.clone()).map_err(|e| format!("mutation.resources: {e}"))?,
+        );
+    }
+    // The kubelet kills the pod at the deadline even if the operator is down then.
+    spec.active_deadline_seconds = Some(i64::try_from(left.as_secs().max(1)).unwrap_or(i64::MAX));
+    // A pod created directly is nobody's replica: fixed node bindings of a DaemonSet's
+    // template stay (they are affinities), a hostname from a StatefulSet does not apply.
+    spec.hostname = None;
+    spec.subdomain = None;
+    Ok(Pod {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(ns.to_owned()),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            owner_references: Some(vec![owner.clone()]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(spec),
+        status: None,
+    })
+}
+
+fn strip_probes(c: &mut Container, m: &PodMutation) {
+    if !m.keep_liveness_probe {
+        c.liveness_probe = None;
+    }
+    if !m.keep_readiness_probe {
+        c.readiness_probe = None;
+    }
+    if !m.keep_startup_probe {
+        c.startup_probe = None;
+    }
+}
+
+fn namespace_of<K: Resource>(obj: &K, kind: &'static str) -> Result<String, Error> {
+    obj.meta()
+        .namespace
+        .clone()
+        .ok_or_else(|| Error::NoNamespace {
+            kind,
+            name: obj.meta().name.clone().unwrap_or_default(),
+        })
+}
+
+fn key_of<K: Resource<DynamicType = ()>>(obj: &K) -> String {
+    format!(
+        "{}/{}/{}",
+        K::kind(&()),
+        obj.meta().namespace.as_deref().unwrap_or_default(),
+        obj.meta().name.as_deref().unwrap_or_default()
+    )
+}
+
+/// The requests of `ns` naming template `name` (to wake them when it changes).
+pub(crate) fn requests_of<K: AccessRequest>(
+    store: &kube::runtime::reflector::Store<K>,
+    ns: &str,
+    name: &str,
+) -> Vec<kube::runtime::reflector::ObjectRef<K>> {
+    store
+        .state()
+        .into_iter()
+        .filter(|r| r.meta().namespace.as_deref() == Some(ns) && r.template_name() == name)
+        .map(|r| kube::runtime::reflector::ObjectRef::from_obj(&*r))
+        .collect()
+}
