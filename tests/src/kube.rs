@@ -64,6 +64,16 @@ pub fn assert_no_secret_logged(secrets: &[&str]) {
     }
 }
 
+/// The lines logged so far in this process (see [`capture_logs`]) that contain `needle`.
+pub fn logged_lines(needle: &str) -> Vec<String> {
+    let logs = LOGS.lock().map(|l| l.clone()).unwrap_or_default();
+    String::from_utf8_lossy(&logs)
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// How long [`eventually`] waits: generous, the machine is small and shared.
 pub const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -106,8 +116,9 @@ fn rules(file: &str) -> anyhow::Result<Vec<PolicyRule>> {
 
 /// The document of chart template `file` that contains `marker`, rendered as Helm would for
 /// release namespace [`SYSTEM_NAMESPACE`] with every optional part on: the few template
-/// expressions it may hold are `.Release.Namespace`, the labels include, and `if`/`end` lines
-/// (dropped, so what they guard stays). Anything else fails the test.
+/// expressions it may hold are `.Release.Namespace`, `{{ .Values.x.y }}` (the default from
+/// `values.yaml`), the labels include, and `if`/`end` lines (dropped, so what they guard
+/// stays). Anything else fails the test.
 pub fn chart_document(file: &str, marker: &str) -> String {
     let path = chart_path(file);
     let template =
@@ -124,11 +135,13 @@ pub fn chart_document(file: &str, marker: &str) -> String {
             !(t.starts_with("{{- if .Values.") || t == "{{- end }}")
         })
         .map(|l| {
-            l.replace(
-                "{{ .Release.Namespace | quote }}",
-                &format!("\"{SYSTEM_NAMESPACE}\""),
-            )
-            .replace("{{ .Release.Namespace }}", SYSTEM_NAMESPACE)
+            let l = l
+                .replace(
+                    "{{ .Release.Namespace | quote }}",
+                    &format!("\"{SYSTEM_NAMESPACE}\""),
+                )
+                .replace("{{ .Release.Namespace }}", SYSTEM_NAMESPACE);
+            with_default_values(&l)
         })
         .collect::<Vec<_>>()
         .join("\n");
@@ -137,6 +150,34 @@ pub fn chart_document(file: &str, marker: &str) -> String {
         "unhandled template expression in:\n{doc}"
     );
     doc
+}
+
+/// `line` with each `{{ .Values.a.b }}` replaced by that value of the chart's `values.yaml`.
+fn with_default_values(line: &str) -> String {
+    let mut out = line.to_owned();
+    while let Some(start) = out.find("{{ .Values.") {
+        let Some(len) = out[start..].find(" }}") else {
+            break;
+        };
+        let path = out[start + "{{ .Values.".len()..start + len].to_owned();
+        let values: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+            &std::fs::read_to_string(chart_path("values.yaml")).unwrap_or_default(),
+        )
+        .unwrap_or_default();
+        let value = path
+            .split('.')
+            .try_fold(&values, |v, k| v.get(k))
+            .unwrap_or_else(|| panic!("values.yaml has no {path}"));
+        let text = match value {
+            serde_yaml_ng::Value::String(s) => s.clone(),
+            other => serde_yaml_ng::to_string(other)
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+        };
+        out.replace_range(start..start + len + " }}".len(), &text);
+    }
+    out
 }
 
 /// Installs every CRD of the chart.

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authorization::v1::{
@@ -111,11 +112,29 @@ impl Setup {
             .create(&PostParams::default(), &mwc)
             .await
             .unwrap();
+        // The chart's exec audit webhook alone, likewise.
+        let mut vwc: ValidatingWebhookConfiguration = serde_yaml_ng::from_str(&chart_document(
+            "templates/admission.yaml",
+            "kind: ValidatingWebhookConfiguration",
+        ))
+        .unwrap();
+        let hooks = vwc.webhooks.as_mut().unwrap();
+        hooks.retain(|w| w.name == "connect-audit.spur.dev");
+        assert_eq!(hooks.len(), 1, "the chart has the audit webhook");
+        hooks[0].client_config = serde_json::from_value(json!({"url": format!(
+            "https://127.0.0.1:{}{}",
+            webhook.local_addr().port(),
+            spur_operator::VALIDATE_POD_CONNECT_PATH
+        )}))
+        .unwrap();
+        Api::<ValidatingWebhookConfiguration>::all(api.client())
+            .create(&PostParams::default(), &vwc)
+            .await
+            .unwrap();
         install_policies(&api).await;
 
         let mut pki = PkiConfig::new(SYSTEM_NAMESPACE, "spur-webhook");
         pki.serving_names.push("127.0.0.1".into());
-        pki.validating_webhook_configuration = None;
         pki.validate().unwrap();
         let ctx = Arc::new(
             spur_operator::Context::new(client.clone(), Some("test".into()), metrics)
@@ -132,13 +151,18 @@ impl Setup {
             registry: Arc::new(registry),
         };
         let mwcs: Api<MutatingWebhookConfiguration> = Api::all(setup.api.client());
+        let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(setup.api.client());
         let ready = setup.webhook.as_ref().unwrap().readiness();
-        eventually("the access webhook's caBundle and certificate", || {
-            let mwcs = mwcs.clone();
+        eventually("the webhooks' caBundles and certificate", || {
+            let (mwcs, vwcs) = (mwcs.clone(), vwcs.clone());
             let ready = ready();
             async move {
                 let m = mwcs.get("spur-sidecar-injector").await.ok()?;
-                (m.webhooks?.first()?.client_config.ca_bundle.is_some() && ready).then_some(())
+                let v = vwcs.get("spur-envoyconfig-validator").await.ok()?;
+                (m.webhooks?.first()?.client_config.ca_bundle.is_some()
+                    && v.webhooks?.first()?.client_config.ca_bundle.is_some()
+                    && ready)
+                    .then_some(())
             }
         })
         .await;
@@ -666,6 +690,79 @@ async fn bad_templates_and_requests_get_conditions_and_the_operator_is_fenced() 
         }
     })
     .await;
+    // Every exec, attach and port-forward is recorded: alice's exec under her grant, and an
+    // admin's attach and port-forward. (No kubelet here: the API server admits the connection,
+    // then fails to reach a node; admission is all the audit needs.)
+    let connect = |client: Client, query: &'static str| async move {
+        let req = http::Request::post(format!("/api/v1/namespaces/{NS}/pods/web-1/{query}"))
+            .body(Vec::new())
+            .unwrap();
+        let _ = client.request_text(req).await;
+    };
+    connect(
+        alice.clone(),
+        "exec?container=app&command=cat&command=%2Fetc%2Fos-release&stdout=true",
+    )
+    .await;
+    connect(
+        admin.clone(),
+        "attach?container=app&stdin=true&tty=true&stdout=true",
+    )
+    .await;
+    connect(admin.clone(), "portforward?ports=8080").await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin.clone(), NS);
+    let notes = eventually("three audit events on web-1", || {
+        let events = events.clone();
+        async move {
+            let notes: Vec<String> = events
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web-1"))
+                .map(|e| {
+                    format!(
+                        "{} {}",
+                        e.reason.unwrap_or_default(),
+                        e.note.unwrap_or_default()
+                    )
+                })
+                .collect();
+            (notes.len() >= 3).then_some(notes)
+        }
+    })
+    .await;
+    let alice_name = "system:serviceaccount:devs:alice";
+    assert!(
+        notes.contains(&format!(
+            "Exec exec by {alice_name} into container app: cat /etc/os-release (tty: false)"
+        )),
+        "{notes:?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("Attach attach by ") && n.contains("tty: true")),
+        "{notes:?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("PortForward ") && n.contains("[8080]")),
+        "{notes:?}"
+    );
+    let lines = spur_e2e::kube::logged_lines("spur_audit");
+    assert!(
+        lines.iter().any(|l| l.contains(alice_name)
+            && l.contains("/etc/os-release")
+            && l.contains("pod=web-1")),
+        "{lines:?}"
+    );
+    assert!(
+        setup.metric("spur_operator_webhook_pod_connect_audits_total{result=\"recorded\"}") >= 3.0
+    );
+
     // A request must name its requester's own identity even when written by an admin straight
     // past the webhook (the policy checks the stamp against the API server's user info).
     let mut forged = exec_request("forged", "web-exec", None);

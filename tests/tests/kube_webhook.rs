@@ -229,6 +229,21 @@ fn chart_validating_configuration() -> ValidatingWebhookConfiguration {
             spur_operator::VALIDATE_LISTENERSET_PATH,
         ),
     ];
+    // The exec audit webhook (kube_access tests it) comes last: never refusing, it may
+    // record Events.
+    let (audit, webhooks) = webhooks.split_last().unwrap();
+    assert_eq!(audit.name, "connect-audit.spur.dev");
+    assert_eq!(audit.failure_policy.as_deref(), Some("Ignore"));
+    assert_eq!(
+        audit
+            .client_config
+            .service
+            .as_ref()
+            .unwrap()
+            .path
+            .as_deref(),
+        Some(spur_operator::VALIDATE_POD_CONNECT_PATH)
+    );
     assert_eq!(webhooks.len(), paths.len());
     for (w, (name, path)) in webhooks.iter().zip(paths) {
         assert_eq!(w.name, name);

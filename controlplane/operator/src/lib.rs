@@ -21,6 +21,7 @@
 
 pub mod access;
 mod apply;
+pub mod audit;
 mod certs;
 mod context;
 pub mod envoy_decode;
@@ -61,7 +62,7 @@ pub use metrics::Metrics;
 pub use olm::ResourceConfig;
 pub use webhook::{
     MUTATE_ACCESS_REQUEST_PATH, MUTATE_POD_PATH, VALIDATE_ENVOYCONFIG_PATH,
-    VALIDATE_LISTENERSET_PATH, Webhook, WebhookConfig,
+    VALIDATE_LISTENERSET_PATH, VALIDATE_POD_CONNECT_PATH, Webhook, WebhookConfig,
 };
 pub use xds_clients::XdsClientConfig;
 

@@ -48,6 +48,7 @@ pub struct Metrics {
     listenerset_admissions: Family<Admission, Counter>,
     access_admissions: Family<Admission, Counter>,
     access_grants: Family<AccessEvent, Counter>,
+    audits: Family<Admission, Counter>,
     tls_errors: Counter,
     serving_cert_loaded: Gauge,
     tunnels_collected: Counter,
@@ -73,6 +74,7 @@ impl Default for Metrics {
             listenerset_admissions: Family::default(),
             access_admissions: Family::default(),
             access_grants: Family::default(),
+            audits: Family::default(),
             tls_errors: Counter::default(),
             serving_cert_loaded: Gauge::default(),
             tunnels_collected: Counter::default(),
@@ -156,6 +158,11 @@ impl Metrics {
             m.access_grants.clone(),
         );
         registry.register(
+            "webhook_pod_connect_audits",
+            "Exec, attach and port-forward connections audited, by result (recorded, event_failed, event_dropped, invalid)",
+            m.audits.clone(),
+        );
+        registry.register(
             "webhook_tls_handshake_errors",
             "TLS handshakes on the webhook port that failed (unknown CA, no certificate yet, ...)",
             m.tls_errors.clone(),
@@ -220,6 +227,10 @@ impl Metrics {
         self.access_admissions
             .get_or_create(&Admission { result })
             .inc();
+    }
+
+    pub(crate) fn audit(&self, result: &'static str) {
+        self.audits.get_or_create(&Admission { result }).inc();
     }
 
     pub(crate) fn access_grant(&self, kind: &'static str, event: &'static str) {

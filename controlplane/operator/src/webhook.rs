@@ -1,7 +1,9 @@
 //! The operator's admission webhooks, AdmissionReview v1 over TLS: sidecar injection on
 //! `POST /mutate-v1-pod`, EnvoyConfig validation on
-//! `POST /validate-spur-dev-v1alpha1-envoyconfig`, and ListenerSet validation on
-//! `POST /validate-spur-dev-v1alpha1-listenerset`.
+//! `POST /validate-spur-dev-v1alpha1-envoyconfig`, ListenerSet validation on
+//! `POST /validate-spur-dev-v1alpha1-listenerset`, and for just-in-time access
+//! (docs/access.md) the requester stamp on `POST /mutate-spur-dev-v1alpha1-accessrequest`
+//! and the exec audit on `POST /validate-v1-pod-connect` ([`crate::audit`]).
 //!
 //! Every operator replica serves it (not only the leader). The serving certificate comes from
 //! the Secret the certificate manager maintains, through a watch, and is swapped into the TLS
@@ -70,6 +72,9 @@ pub const VALIDATE_LISTENERSET_PATH: &str = "/validate-spur-dev-v1alpha1-listene
 /// Access requests get their requester stamped here (docs/access.md), as in the chart's
 /// MutatingWebhookConfiguration.
 pub const MUTATE_ACCESS_REQUEST_PATH: &str = "/mutate-spur-dev-v1alpha1-accessrequest";
+/// Every exec, attach and port-forward is recorded here ([`crate::audit`]), as in the chart's
+/// ValidatingWebhookConfiguration.
+pub const VALIDATE_POD_CONNECT_PATH: &str = "/validate-v1-pod-connect";
 /// EnvoyConfigs decoded at once (each on a blocking thread): decoding is CPU and memory, a
 /// few times the size of the text.
 const DECODES: usize = 2;
@@ -147,7 +152,9 @@ impl Webhook {
         .with_no_client_auth()
         .with_cert_resolver(certs.clone());
         tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let auditor = crate::audit::Auditor::start(client.clone(), metrics.clone());
         let state = Arc::new(State {
+            auditor,
             client,
             injection: cfg.injection,
             namespaces,
@@ -162,7 +169,7 @@ impl Webhook {
             state,
             stop,
         ));
-        tracing::info!(addr = %local_addr, paths = ?[MUTATE_POD_PATH, MUTATE_ACCESS_REQUEST_PATH, VALIDATE_ENVOYCONFIG_PATH, VALIDATE_LISTENERSET_PATH], "admission webhook listening");
+        tracing::info!(addr = %local_addr, paths = ?[MUTATE_POD_PATH, MUTATE_ACCESS_REQUEST_PATH, VALIDATE_ENVOYCONFIG_PATH, VALIDATE_LISTENERSET_PATH, VALIDATE_POD_CONNECT_PATH], "admission webhook listening");
         Ok(Webhook {
             local_addr,
             certs,
@@ -263,6 +270,7 @@ async fn watch_certificate(
 }
 
 struct State {
+    auditor: crate::audit::Auditor,
     client: Client,
     injection: InjectionConfig,
     namespaces: Store<PartialObjectMeta<Namespace>>,
@@ -341,6 +349,7 @@ enum Review {
     EnvoyConfig,
     ListenerSet,
     AccessRequest,
+    Connect,
 }
 
 async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
@@ -349,12 +358,14 @@ async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
         (&hyper::Method::POST, VALIDATE_ENVOYCONFIG_PATH) => Review::EnvoyConfig,
         (&hyper::Method::POST, VALIDATE_LISTENERSET_PATH) => Review::ListenerSet,
         (&hyper::Method::POST, MUTATE_ACCESS_REQUEST_PATH) => Review::AccessRequest,
+        (&hyper::Method::POST, VALIDATE_POD_CONNECT_PATH) => Review::Connect,
         (
             _,
             MUTATE_POD_PATH
             | VALIDATE_ENVOYCONFIG_PATH
             | VALIDATE_LISTENERSET_PATH
-            | MUTATE_ACCESS_REQUEST_PATH,
+            | MUTATE_ACCESS_REQUEST_PATH
+            | VALIDATE_POD_CONNECT_PATH,
         ) => {
             return text(StatusCode::METHOD_NOT_ALLOWED, "POST only\n");
         }
@@ -368,6 +379,7 @@ async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
                 Review::EnvoyConfig => st.metrics.envoyconfig_admission("invalid"),
                 Review::ListenerSet => st.metrics.listenerset_admission("invalid"),
                 Review::AccessRequest => st.metrics.access_admission("invalid"),
+                Review::Connect => st.metrics.audit("invalid"),
             }
             return text(StatusCode::BAD_REQUEST, &format!("cannot read body: {e}\n"));
         }
@@ -377,6 +389,7 @@ async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
         Review::EnvoyConfig => review_envoyconfig(&body, st).await,
         Review::ListenerSet => review_listenerset(&body, st),
         Review::AccessRequest => review_access_request(&body, st),
+        Review::Connect => review_connect(&body, st),
     }
 }
 
@@ -520,6 +533,47 @@ async fn validate_envoyconfig(
     .map_err(|e| Refusal::Internal(format!("decoding failed: {e}")))?
     .map_err(|e| Refusal::Internal(e.to_string()))?;
     decoded.map_err(|e| Refusal::Invalid(e.to_string()))
+}
+
+// === Exec audit ===
+
+/// Records the connection and allows it: the audit trail never refuses.
+fn review_connect(body: &[u8], st: &State) -> Response<Full<Bytes>> {
+    let review: serde_json::Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => {
+            st.metrics.audit("invalid");
+            return text(
+                StatusCode::BAD_REQUEST,
+                &format!("not an AdmissionReview: {e}\n"),
+            );
+        }
+    };
+    let connect = match crate::audit::Connect::from_review(&review) {
+        Ok(c) => c,
+        Err(e) => {
+            st.metrics.audit("invalid");
+            return text(StatusCode::BAD_REQUEST, &format!("{e}\n"));
+        }
+    };
+    let uid = connect.uid.clone();
+    st.auditor.record(connect);
+    let answer = serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": {"uid": uid, "allowed": true},
+    });
+    match serde_json::to_vec(&answer) {
+        Ok(body) => Response::builder()
+            .status(StatusCode::OK)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "")),
+        Err(_) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "cannot encode response\n",
+        ),
+    }
 }
 
 // === Access requests ===
