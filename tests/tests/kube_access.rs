@@ -25,7 +25,7 @@ use kube::{Api, Client, ResourceExt};
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use spur_api::access::conditions as cond;
-use spur_api::conditions::find_condition;
+use spur_api::conditions::{READY, find_condition};
 use spur_api::{ExecAccessRequest, ExecAccessTemplate, PodAccessRequest, PodAccessTemplate};
 use spur_e2e::kube::{
     SYSTEM_NAMESPACE, WAIT, chart_document, ensure_namespace, eventually, grant_cluster,
@@ -264,7 +264,11 @@ fn spawn_operator(
 
 /// The chart's admission policies of `templates/access.yaml`, with their bindings.
 async fn install_policies(api: &KubeApi) {
-    for name in ["spur-access-requests", "spur-operator-access-roles"] {
+    for name in [
+        "spur-access-requests",
+        "spur-operator-access-roles",
+        "spur-access-templates",
+    ] {
         let policy: ValidatingAdmissionPolicy = serde_yaml_ng::from_str(&chart_document(
             "templates/access.yaml",
             &format!("kind: ValidatingAdmissionPolicy\nmetadata:\n  name: {name}\n"),
@@ -286,9 +290,10 @@ async fn install_policies(api: &KubeApi) {
     }
 }
 
-/// Deployment `name` (selector app=<name>) and its pod `<name>-1`, running and ready as a
-/// kubelet would report it; plus a fork pod carrying the same labels, which no grant on the
-/// baseline may pick.
+/// Deployment `name` (selector app=<name>), its ReplicaSet and pod `<name>-1` (owned as the
+/// controllers would own them), running and ready as a kubelet would report it; plus a fork
+/// pod and a pod of another ReplicaSet carrying the same labels, which no grant on `name` may
+/// pick.
 async fn workload(client: &Client, name: &str) {
     let d: Deployment = serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": NS},
@@ -298,6 +303,7 @@ async fn workload(client: &Client, name: &str) {
                 "metadata": {"labels": {"app": name}, "annotations": {"team": "shop"}},
                 "spec": {"containers": [{
                     "name": "app", "image": "spur:test", "command": ["spur", "demo", "serve"],
+                    "args": ["--port", "8080"],
                     "readinessProbe": {"tcpSocket": {"port": 8080}},
                     "livenessProbe": {"tcpSocket": {"port": 8080}},
                 }]}
@@ -305,24 +311,67 @@ async fn workload(client: &Client, name: &str) {
         }
     }))
     .unwrap();
-    Api::<Deployment>::namespaced(client.clone(), NS)
+    let d = Api::<Deployment>::namespaced(client.clone(), NS)
         .create(&PostParams::default(), &d)
         .await
         .unwrap();
-    // The fork pod first, so that a controller picking "the first pod" by name would pick it.
+    let rs = replicaset(client, &format!("{name}-6d9c"), name, Some(&d)).await;
+    let stray = replicaset(client, &format!("{name}-stray"), name, None).await;
+    // Sorted by name, each of these comes before the workload's own pod.
     running_pod(
         client,
         &format!("{name}-0-fork"),
         json!({"app": name, "spur.dev/fork": "x"}),
+        &rs,
     )
     .await;
-    running_pod(client, &format!("{name}-1"), json!({"app": name})).await;
+    running_pod(
+        client,
+        &format!("{name}-0-stray"),
+        json!({"app": name}),
+        &stray,
+    )
+    .await;
+    running_pod(client, &format!("{name}-1"), json!({"app": name}), &rs).await;
 }
 
-async fn running_pod(client: &Client, name: &str, labels: Value) {
+/// A ReplicaSet selecting app=<app>, owned by `owner` as the Deployment controller would.
+async fn replicaset(
+    client: &Client,
+    name: &str,
+    app: &str,
+    owner: Option<&Deployment>,
+) -> k8s_openapi::api::apps::v1::ReplicaSet {
+    use kube::Resource;
+    let mut rs: k8s_openapi::api::apps::v1::ReplicaSet = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "selector": {"matchLabels": {"app": app}},
+            "template": {"metadata": {"labels": {"app": app}},
+                         "spec": {"containers": [{"name": "app", "image": "spur:test"}]}}
+        }
+    }))
+    .unwrap();
+    if let Some(d) = owner {
+        rs.metadata.owner_references = Some(vec![d.controller_owner_ref(&()).unwrap()]);
+    }
+    Api::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &rs)
+        .await
+        .unwrap()
+}
+
+async fn running_pod(
+    client: &Client,
+    name: &str,
+    labels: Value,
+    owner: &k8s_openapi::api::apps::v1::ReplicaSet,
+) {
+    use kube::Resource;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "metadata": {"name": name, "namespace": NS, "labels": labels,
+                     "ownerReferences": [owner.controller_owner_ref(&()).unwrap()]},
         "spec": {"containers": [{"name": "app", "image": "spur:test"}]}
     }))
     .unwrap();
@@ -482,6 +531,7 @@ async fn exec_grants_are_for_the_requester_alone_and_end_on_time() {
         "alice may exec into her pod"
     );
     assert!(!may_exec(&alice, "web-0-fork").await, "and into no other");
+    assert!(!may_exec(&alice, "web-0-stray").await);
     assert!(
         !may_exec(&bob, "web-1").await,
         "bob, in the same group, may not use her grant"
@@ -489,7 +539,7 @@ async fn exec_grants_are_for_the_requester_alone_and_end_on_time() {
 
     // Bob can neither change nor delete alice's request; nobody can change one.
     let bob_requests: Api<ExecAccessRequest> = Api::namespaced(bob.clone(), NS);
-    let e = alice_requests
+    let e = requests
         .patch(
             "alice-web",
             &PatchParams::default(),
@@ -498,10 +548,7 @@ async fn exec_grants_are_for_the_requester_alone_and_end_on_time() {
         .await
         .unwrap_err()
         .to_string();
-    assert!(
-        e.contains("cannot be changed") || e.contains("forbidden"),
-        "{e}"
-    );
+    assert!(e.contains("cannot be changed"), "even an admin: {e}");
     let e = bob_requests
         .delete("alice-web", &DeleteParams::default())
         .await
@@ -575,6 +622,42 @@ async fn exec_grants_are_for_the_requester_alone_and_end_on_time() {
         async move { (!may_exec(&alice, "web-1").await).then_some(()) }
     })
     .await;
+
+    // Deleting a template cuts the access it gave, long before the grant's end.
+    templates
+        .create(
+            &PostParams::default(),
+            &exec_template("web-hour", "web", "1h"),
+        )
+        .await
+        .unwrap();
+    alice_requests
+        .create(
+            &PostParams::default(),
+            &exec_request("hour", "web-hour", None),
+        )
+        .await
+        .unwrap();
+    eventually("the hour-long request is ready", || {
+        let requests = requests.clone();
+        async move { requests.get("hour").await.ok()?.status?.ready.then_some(()) }
+    })
+    .await;
+    assert!(may_exec(&alice, "web-1").await);
+    templates
+        .delete("web-hour", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the grant withdrawn with its template", || {
+        let alice = alice.clone();
+        async move { (!may_exec(&alice, "web-1").await).then_some(()) }
+    })
+    .await;
+    let r = requests.get("hour").await.unwrap().status.unwrap();
+    assert_eq!(
+        reason_of(&r.conditions, READY).as_deref(),
+        Some("False/TemplateNotFound")
+    );
     setup.shutdown().await;
 }
 
@@ -785,11 +868,65 @@ async fn bad_templates_and_requests_get_conditions_and_the_operator_is_fenced() 
         "{e}"
     );
 
+    // Nor claim a group they are not in (templates allow by group).
+    let mut forged = exec_request("forged-group", "web-exec", None);
+    forged.spec.requester = Some(spur_api::access::Requester {
+        username: "system:serviceaccount:others:carol".into(),
+        uid: None,
+        groups: vec![DEVS_GROUP.into()],
+    });
+    let e = Api::<ExecAccessRequest>::namespaced(carol.clone(), NS)
+        .create(&PostParams::default(), &forged)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("spec.requester must be the user filing the request"),
+        "{e}"
+    );
+
+    // Writing a template needs the rights it hands out: carol may create templates (RBAC)
+    // but may not exec into the namespace's pods.
+    let template_writer: Role = serde_json::from_value(json!({
+        "metadata": {"name": "template-writer", "namespace": NS},
+        "rules": [{"apiGroups": ["spur.dev"], "resources": ["execaccesstemplates"], "verbs": ["create"]}]
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(admin.clone(), NS)
+        .create(&PostParams::default(), &template_writer)
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "template-writer", "namespace": NS},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "template-writer"},
+        "subjects": [{"kind": "ServiceAccount", "name": "carol", "namespace": "others"}],
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), NS)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let e = eventually("carol's template refused by the policy", || {
+        let carol = carol.clone();
+        async move {
+            let r = Api::<ExecAccessTemplate>::namespaced(carol, NS)
+                .create(&PostParams::default(), &exec_template("mine", "web", "1h"))
+                .await;
+            // Until the RoleBinding reaches the authorizer, RBAC refuses first.
+            match r {
+                Err(e) if e.to_string().contains("needs the right to exec") => Some(e.to_string()),
+                _ => None,
+            }
+        }
+    })
+    .await;
+    assert!(e.contains("ExecAccessTemplate"), "{e}");
+
     // The operator's own rights are fenced: no Role beyond a grant's shape, even labelled as
-    // one, and no other Role deleted.
+    // one, and no other Role deleted or taken over.
     let operator_roles: Api<Role> = Api::namespaced(setup.operator_client.clone(), NS);
     let wide: Role = serde_json::from_value(json!({
-        "metadata": {"name": "wide", "namespace": NS, "labels": {"spur.dev/access-request": "x"}},
+        "metadata": {"name": "access-wide", "namespace": NS, "labels": {"spur.dev/access-request": "x"}},
         "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
     }))
     .unwrap();
@@ -819,6 +956,52 @@ async fn bad_templates_and_requests_get_conditions_and_the_operator_is_fenced() 
         e.contains("only the Roles and RoleBindings of access grants"),
         "{e}"
     );
+    // A RoleBinding of someone else's, relabelled and rebound by server-side apply.
+    let theirs: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "access-theirs", "namespace": NS},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "access-theirs"},
+        "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "admins"}],
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), NS)
+        .create(&PostParams::default(), &theirs)
+        .await
+        .unwrap();
+    let takeover = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "access-theirs", "namespace": NS,
+                     "labels": {"spur.dev/access-request": "x"}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "access-theirs"},
+        "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "mallory"}],
+    });
+    let e = Api::<RoleBinding>::namespaced(setup.operator_client.clone(), NS)
+        .patch(
+            "access-theirs",
+            &PatchParams::apply("spur-operator").force(),
+            &Patch::Apply(&takeover),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("only the Roles and RoleBindings of access grants"),
+        "{e}"
+    );
+    // A grant-shaped Role naming two pods.
+    let two: Role = serde_json::from_value(json!({
+        "metadata": {"name": "access-two", "namespace": NS, "labels": {"spur.dev/access-request": "x"}},
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "resourceNames": ["web-1"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["pods/exec"], "resourceNames": ["web-0-stray"], "verbs": ["create"]},
+        ]
+    }))
+    .unwrap();
+    let e = operator_roles
+        .create(&PostParams::default(), &two)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("an access Role grants get on one pod"), "{e}");
     setup.shutdown().await;
 }
 
@@ -881,6 +1064,10 @@ async fn debug_pods_are_cloned_unselected_and_expire_across_an_operator_restart(
     assert_eq!(
         c.command.as_deref(),
         Some(&["sleep".to_string(), "infinity".to_string()][..])
+    );
+    assert_eq!(
+        c.args, None,
+        "the workload's arguments went with its command"
     );
     assert!(c.readiness_probe.is_none(), "probes are stripped");
     assert!(c.liveness_probe.is_some(), "unless kept");

@@ -52,8 +52,9 @@ enum AccessCommand {
         /// A pod of the workload (exec only; default: one the operator picks).
         #[arg(long)]
         pod: Option<String>,
-        /// Wait until the grant is ready (or refused), for at most this long.
-        #[arg(long, num_args = 0..=1, default_missing_value = "2m", value_parser = spur_runtime::parse_duration)]
+        /// Wait until the grant is ready (or refused): `--wait` for up to 2m, `--wait=5m` for
+        /// up to 5 minutes.
+        #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "2m", value_parser = parse_wait)]
         wait: Option<Duration>,
     },
     /// List access requests: template, requester, pod, readiness, expiry.
@@ -129,15 +130,17 @@ pub(crate) async fn run(args: AccessArgs) -> Result<ExitCode> {
             loop {
                 let status = match kind {
                     Kind::Exec => Api::<ExecAccessRequest>::namespaced(client.clone(), &ns)
-                        .get(&created)
+                        .get_opt(&created)
                         .await?
-                        .status
-                        .unwrap_or_default(),
+                        .map(|r| r.status.unwrap_or_default()),
                     Kind::Pod => Api::<PodAccessRequest>::namespaced(client.clone(), &ns)
-                        .get(&created)
+                        .get_opt(&created)
                         .await?
-                        .status
-                        .unwrap_or_default(),
+                        .map(|r| r.status.unwrap_or_default()),
+                };
+                let Some(status) = status else {
+                    eprintln!("{created} was deleted (expired or revoked) before it was granted");
+                    return Ok(ExitCode::FAILURE);
                 };
                 if status.ready {
                     if let Some(at) = &status.expires_at {
@@ -251,6 +254,13 @@ pub(crate) async fn run(args: AccessArgs) -> Result<ExitCode> {
     }
 }
 
+/// `--wait`'s value: the same syntax as `--duration` (`90s`, `5m`, `1h30m`).
+fn parse_wait(s: &str) -> Result<Duration, String> {
+    spur_api::jobs::parse_job_duration(s)
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("{s:?}: expected e.g. 90s, 5m or 1h30m"))
+}
+
 /// `<template>-` (the API server appends 5 characters), within the 253 of a name.
 fn request_name(template: &str) -> String {
     let mut base: String = template.chars().take(200).collect();
@@ -273,7 +283,14 @@ fn refused(conditions: &[Condition]) -> Option<&Condition> {
         c.status == "False"
             && matches!(
                 c.reason.as_str(),
-                "NotInAllowedGroups" | "NoRequester" | "Invalid" | "Expired"
+                "NotInAllowedGroups"
+                    | "NoRequester"
+                    | "Invalid"
+                    | "InvalidDuration"
+                    | "Expired"
+                    | "PodGone"
+                    | "PodRefused"
+                    | "PodConflict"
             )
     })
 }

@@ -31,6 +31,7 @@ use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Resource, ResourceExt};
+use serde_json::Value;
 use spur_api::access::{
     AccessConfig, AccessRequestStatus, AccessTemplateStatus, ExecAccessRequest, ExecAccessTemplate,
     PodAccessRequest, PodAccessTemplate, PodMutation, Requester, TargetKind, TargetRef,
@@ -296,7 +297,7 @@ async fn reconcile_request<K: AccessRequest>(r: Arc<K>, ctx: &Context) -> Result
 }
 
 /// Never backs off past the request's expiry: a request failing at that instant is still
-/// deleted on time.
+/// deleted on time. Past it, failures are retried every second (not in a tight loop).
 pub(crate) fn request_error_policy<K: AccessRequest>(
     r: Arc<K>,
     err: &Error,
@@ -306,11 +307,101 @@ pub(crate) fn request_error_policy<K: AccessRequest>(
         Error::Requeue { after, .. } => *after,
         _ => ctx.backoff_delay(key_of(&*r), err),
     };
-    let cap = r
-        .status()
-        .filter(|s| s.expires_at.is_some())
-        .map_or(delay, until_expiry_of);
+    let left = until(deadline(&*r));
+    let cap = if left.is_zero() {
+        Duration::from_secs(1)
+    } else {
+        left
+    };
     Action::requeue(delay.min(cap).max(Duration::from_millis(50)))
+}
+
+/// When the request ends: its recorded expiry, never later than creation plus the longest
+/// grant the API allows (so a status written by someone else cannot stretch it); a request
+/// never granted ends at that bound too.
+fn deadline<K: AccessRequest>(r: &K) -> k8s_openapi::jiff::Timestamp {
+    let created = r
+        .meta()
+        .creation_timestamp
+        .as_ref()
+        .map_or_else(k8s_openapi::jiff::Timestamp::now, |t| t.0);
+    let bound = created
+        .checked_add(spur_api::access::MAX_ACCESS_DURATION)
+        .unwrap_or(created);
+    match r.status().and_then(|s| s.expires_at.as_ref()) {
+        Some(at) => at.0.min(bound),
+        None => bound,
+    }
+}
+
+/// Time from now to `at` (zero when past).
+fn until(at: k8s_openapi::jiff::Timestamp) -> Duration {
+    Duration::try_from(at.duration_since(k8s_openapi::jiff::Timestamp::now()))
+        .unwrap_or(Duration::ZERO)
+}
+
+/// Sets one condition of a request's status.
+fn mark(
+    status: &mut AccessRequestStatus,
+    generation: Option<i64>,
+    type_: &str,
+    ok: ConditionStatus,
+    reason: &str,
+    message: &str,
+) {
+    set_condition(
+        &mut status.conditions,
+        NewCondition {
+            type_,
+            status: ok,
+            reason,
+            message,
+            observed_generation: generation,
+        },
+        &now(),
+    );
+}
+
+/// The request is not (or no longer) granted: `Ready=False`, and nothing of the grant left.
+async fn withhold<K: AccessRequest>(
+    r: &K,
+    ns: &str,
+    ctx: &Context,
+    status: &mut AccessRequestStatus,
+    reason: &str,
+    message: &str,
+) -> Result<(), Error> {
+    let generation = r.meta().generation;
+    let removed = remove_grant::<K>(ctx, ns, &r.name_any(), true).await?;
+    if removed || status.ready {
+        mark(
+            status,
+            generation,
+            cond::ACCESS_RESOURCES_CREATED,
+            ConditionStatus::False,
+            "Removed",
+            message,
+        );
+        mark(
+            status,
+            generation,
+            cond::ACCESS_RESOURCES_READY,
+            ConditionStatus::False,
+            "Removed",
+            message,
+        );
+    }
+    status.ready = false;
+    status.access_message = None;
+    mark(
+        status,
+        generation,
+        READY,
+        ConditionStatus::False,
+        reason,
+        message,
+    );
+    Ok(())
 }
 
 /// One pass of a request that is not being deleted.
@@ -319,42 +410,18 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
     let old = r.status().cloned().unwrap_or_default();
     let mut status = old.clone();
     let generation = r.meta().generation;
-    let t = now();
-    let set = |status: &mut AccessRequestStatus,
-               type_,
-               ok: ConditionStatus,
-               reason: &str,
-               message: &str| {
-        set_condition(
-            &mut status.conditions,
-            NewCondition {
-                type_,
-                status: ok,
-                reason,
-                message,
-                observed_generation: generation,
-            },
-            &t,
-        );
+    let set = |status: &mut AccessRequestStatus, type_, ok, reason: &str, message: &str| {
+        mark(status, generation, type_, ok, reason, message);
     };
     let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
-    let not_ready = |status: &mut AccessRequestStatus, reason: &str, message: &str| {
-        status.ready = false;
-        status.access_message = None;
-        set_condition(
-            &mut status.conditions,
-            NewCondition {
-                type_: READY,
-                status: ConditionStatus::False,
-                reason,
-                message,
-                observed_generation: generation,
-            },
-            &now(),
-        );
-    };
 
-    // The template.
+    // Expiry first: whatever else is wrong, an expired request goes, and its grant with it.
+    if until(deadline(r)).is_zero() {
+        return expire(r, ns, ctx, &api, &old, status).await;
+    }
+
+    // The template. Gone or broken, it grants nothing any more: a platform team deleting a
+    // template cuts the access it gave.
     let template = match get_template::<K>(ctx, ns, r.template_name()).await? {
         Some(t) if t.ready() => t,
         found => {
@@ -383,9 +450,9 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
                 reason,
                 &message,
             );
-            not_ready(&mut status, reason, &message);
+            withhold(r, ns, ctx, &mut status, reason, &message).await?;
             ctx.apply_status(&api, r, &old, &status).await?;
-            return Ok(Action::requeue(PENDING_RESYNC));
+            return Ok(requeue_within(PENDING_RESYNC, until(deadline(r))));
         }
     };
     set(
@@ -406,9 +473,9 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
             "NoRequester",
             message,
         );
-        not_ready(&mut status, "NoRequester", message);
+        withhold(r, ns, ctx, &mut status, "NoRequester", message).await?;
         ctx.apply_status(&api, r, &old, &status).await?;
-        return Ok(Action::await_change());
+        return Ok(requeue_within(READY_RESYNC, until(deadline(r))));
     };
     if !template.access().allows(&requester.groups) {
         let message = format!(
@@ -423,11 +490,10 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
             "NotInAllowedGroups",
             &message,
         );
-        not_ready(&mut status, "NotInAllowedGroups", &message);
         // Nothing may stay granted to someone the template no longer allows.
-        remove_grant::<K>(ctx, ns, &name, status.pod_name.is_some()).await?;
+        withhold(r, ns, ctx, &mut status, "NotInAllowedGroups", &message).await?;
         ctx.apply_status(&api, r, &old, &status).await?;
-        return Ok(Action::requeue(READY_RESYNC));
+        return Ok(requeue_within(READY_RESYNC, until(deadline(r))));
     }
     set(
         &mut status,
@@ -438,124 +504,107 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
     );
 
     // The duration, decided once: a template changed later does not stretch a grant.
-    let granted = match (&old.duration, &old.expires_at) {
-        (Some(d), Some(at)) => Ok((d.clone(), at.clone())),
-        _ => template.access().grant(r.duration()).map(|g| {
-            let created = r.meta().creation_timestamp.clone().unwrap_or_else(now);
-            let at = created.0.checked_add(g.duration).unwrap_or(created.0);
-            let message = if g.capped {
-                format!(
-                    "asked for {}, above the template's maximum: granted {}",
-                    r.duration().unwrap_or_default(),
-                    format_access_duration(g.duration)
-                )
-            } else {
-                format!("granted {}", format_access_duration(g.duration))
-            };
-            set(
-                &mut status,
-                cond::ACCESS_DURATIONS_VALID,
-                ConditionStatus::True,
-                if g.capped { "Capped" } else { "Valid" },
-                &message,
-            );
-            (
-                format_access_duration(g.duration),
-                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at),
-            )
-        }),
-    };
-    let (duration, expires_at) = match granted {
-        Ok(g) => g,
-        Err(e) => {
-            set(
-                &mut status,
-                cond::ACCESS_DURATIONS_VALID,
-                ConditionStatus::False,
-                "Invalid",
-                &e,
-            );
-            not_ready(&mut status, "InvalidDuration", &e);
-            ctx.apply_status(&api, r, &old, &status).await?;
-            return Ok(Action::await_change());
+    if status.expires_at.is_none() {
+        match template.access().grant(r.duration()) {
+            Ok(g) => {
+                let created = r
+                    .meta()
+                    .creation_timestamp
+                    .as_ref()
+                    .map_or_else(k8s_openapi::jiff::Timestamp::now, |t| t.0);
+                let at = created.checked_add(g.duration).unwrap_or(created);
+                let message = if g.capped {
+                    format!(
+                        "asked for {}, above the template's maximum: granted {}",
+                        r.duration().unwrap_or_default(),
+                        format_access_duration(g.duration)
+                    )
+                } else {
+                    format!("granted {}", format_access_duration(g.duration))
+                };
+                let reason = if g.capped { "Capped" } else { "Valid" };
+                set(
+                    &mut status,
+                    cond::ACCESS_DURATIONS_VALID,
+                    ConditionStatus::True,
+                    reason,
+                    &message,
+                );
+                status.duration = Some(format_access_duration(g.duration));
+                status.expires_at = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at));
+            }
+            Err(e) => {
+                set(
+                    &mut status,
+                    cond::ACCESS_DURATIONS_VALID,
+                    ConditionStatus::False,
+                    "Invalid",
+                    &e,
+                );
+                withhold(r, ns, ctx, &mut status, "InvalidDuration", &e).await?;
+                ctx.apply_status(&api, r, &old, &status).await?;
+                return Ok(requeue_within(READY_RESYNC, until(deadline(r))));
+            }
         }
-    };
-    status.duration = Some(duration);
-    status.expires_at = Some(expires_at);
-
-    // Expired: the request goes, and the finalizer takes what it made with it.
-    let left = until_expiry_of(&status);
-    if left.is_zero() {
         set(
             &mut status,
             cond::ACCESS_STILL_VALID,
-            ConditionStatus::False,
-            "Expired",
-            "the grant has expired",
+            ConditionStatus::True,
+            "NotExpired",
+            "",
         );
-        not_ready(&mut status, "Expired", "the grant has expired");
-        // The binding goes first, so the grant ends now rather than after the finalizer pass.
-        remove_grant::<K>(ctx, ns, &name, true).await?;
+        // The expiry is on the object before anything is granted: whatever fails next, the
+        // error policy and a restarted operator know when to take the grant back.
         ctx.apply_status(&api, r, &old, &status).await?;
-        ctx.event(
-            r,
-            false,
-            "Expired",
-            "Delete",
-            format!(
-                "the grant to {} expired; deleting the request",
-                requester.username
-            ),
-        )
-        .await;
-        tracing::info!(kind = K::ACCESS, namespace = ns, request = %name, user = %requester.username, "access grant expired");
-        ctx.metrics.access_grant(K::ACCESS, "expired");
-        delete_opt(&api, &name).await?;
-        return Ok(Action::await_change());
+        return Ok(Action::requeue(Duration::from_millis(50)));
     }
-    set(
-        &mut status,
-        cond::ACCESS_STILL_VALID,
-        ConditionStatus::True,
-        "NotExpired",
-        "",
-    );
+    let left = until(deadline(r));
+    if left.is_zero() {
+        return expire(r, ns, ctx, &api, &old, status).await;
+    }
 
     // The pod.
     let owner = r
         .controller_owner_ref(&())
         .ok_or_else(|| Error::Pending("request uid".into()))?;
-    let target = match (&template, &status.pod_name) {
-        (_, Some(pod)) => PodChoice::Chosen(pod.clone()),
-        (Template::Exec(t), None) => {
-            pick_pod(ctx, ns, &t.spec.target_ref, r.sandbox(), r.target_pod()).await?
+    let chosen = match &template {
+        Template::Exec(t) => {
+            pick_pod(
+                ctx,
+                ns,
+                &t.spec.target_ref,
+                r.sandbox(),
+                r.target_pod().or(status.pod_name.as_deref()),
+            )
+            .await?
         }
-        (Template::Pod(t), None) => {
-            match debug_pod(ctx, ns, &name, t, r.sandbox(), left, &owner).await? {
-                Ok(pod) => PodChoice::Chosen(pod),
-                Err(e) => PodChoice::Unavailable(e),
-            }
-        }
+        Template::Pod(t) => match debug_pod(ctx, ns, &name, t, r.sandbox(), left, &owner).await? {
+            Ok(pod) => PodChoice::Chosen(Box::new(pod)),
+            Err((reason, e)) => PodChoice::Unavailable(reason, e),
+        },
     };
-    let pod_name = match target {
+    let pod = match chosen {
         PodChoice::Chosen(p) => p,
-        PodChoice::Unavailable(message) => {
+        PodChoice::Unavailable(reason, message) => {
             set(
                 &mut status,
                 cond::ACCESS_RESOURCES_CREATED,
                 ConditionStatus::False,
-                "NoPod",
+                reason,
                 &message,
             );
-            not_ready(&mut status, "NoPod", &message);
+            withhold(r, ns, ctx, &mut status, reason, &message).await?;
             ctx.apply_status(&api, r, &old, &status).await?;
             return Ok(requeue_within(PENDING_RESYNC, left));
         }
     };
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let Some(pod) = pods.get_opt(&pod_name).await? else {
-        let message = format!("pod {pod_name} is gone: file a new request");
-        remove_grant::<K>(ctx, ns, &name, false).await?;
+    let pod_name = pod.name_any();
+    if status.pod_name.as_ref().is_some_and(|p| *p != pod_name) {
+        // The pod chosen first is gone (or no longer the workload's): a grant never moves.
+        let message = format!(
+            "pod {} is gone: file a new request",
+            status.pod_name.clone().unwrap_or_default()
+        );
         set(
             &mut status,
             cond::ACCESS_RESOURCES_READY,
@@ -563,10 +612,10 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
             "PodGone",
             &message,
         );
-        not_ready(&mut status, "PodGone", &message);
+        withhold(r, ns, ctx, &mut status, "PodGone", &message).await?;
         ctx.apply_status(&api, r, &old, &status).await?;
         return Ok(requeue_within(READY_RESYNC, left));
-    };
+    }
     status.pod_name = Some(pod_name.clone());
     let container = match &template {
         Template::Exec(t) => t.spec.container.clone(),
@@ -623,7 +672,15 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
             "Waiting",
             &message,
         );
-        not_ready(&mut status, "Waiting", &message);
+        status.ready = false;
+        status.access_message = None;
+        set(
+            &mut status,
+            READY,
+            ConditionStatus::False,
+            "Waiting",
+            &message,
+        );
         ctx.apply_status(&api, r, &old, &status).await?;
         return Ok(requeue_within(Duration::from_secs(1), left));
     }
@@ -665,50 +722,111 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
     Ok(requeue_within(READY_RESYNC, left))
 }
 
+/// The request's time is up: the grant goes first (so it ends now, not after the finalizer
+/// pass), then the request.
+async fn expire<K: AccessRequest>(
+    r: &K,
+    ns: &str,
+    ctx: &Context,
+    api: &Api<K>,
+    old: &AccessRequestStatus,
+    mut status: AccessRequestStatus,
+) -> Result<Action, Error> {
+    let name = r.name_any();
+    let generation = r.meta().generation;
+    mark(
+        &mut status,
+        generation,
+        cond::ACCESS_STILL_VALID,
+        ConditionStatus::False,
+        "Expired",
+        "the grant has expired",
+    );
+    withhold(r, ns, ctx, &mut status, "Expired", "the grant has expired").await?;
+    ctx.apply_status(api, r, old, &status).await?;
+    let user = r
+        .requester()
+        .map(|q| q.username.clone())
+        .unwrap_or_default();
+    ctx.event(
+        r,
+        false,
+        "Expired",
+        "Delete",
+        format!("the grant to {user} expired; deleting the request"),
+    )
+    .await;
+    tracing::info!(kind = K::ACCESS, namespace = ns, request = %name, user = %user, "access grant expired");
+    ctx.metrics.access_grant(K::ACCESS, "expired");
+    delete_opt(api, &name).await?;
+    Ok(Action::await_change())
+}
+
 /// Wakes at `every` or at the expiry, whichever comes first.
 fn requeue_within(every: Duration, left: Duration) -> Action {
     Action::requeue(every.min(left).max(Duration::from_millis(50)))
-}
-
-fn until_expiry_of(status: &AccessRequestStatus) -> Duration {
-    status.expires_at.as_ref().map_or(Duration::ZERO, |at| {
-        Duration::try_from(at.0.duration_since(k8s_openapi::jiff::Timestamp::now()))
-            .unwrap_or(Duration::ZERO)
-    })
 }
 
 /// Deletes what a request made; the owner references would have the garbage collector do it
 /// too, but not on time.
 async fn revoke<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Action, Error> {
     let name = r.name_any();
-    remove_grant::<K>(ctx, ns, &name, K::ACCESS == "pod").await?;
+    remove_grant::<K>(ctx, ns, &name, true).await?;
     tracing::info!(kind = K::ACCESS, namespace = ns, request = %name, "access request deleted: grant removed");
     ctx.metrics.access_grant(K::ACCESS, "revoked");
     Ok(Action::await_change())
 }
 
+/// Deletes the request's RoleBinding (first: once it is gone, nothing is granted whatever
+/// happens next), Role and debug pod; whether any of them existed.
 async fn remove_grant<K: AccessRequest>(
     ctx: &Context,
     ns: &str,
     request: &str,
     with_pod: bool,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let role_name = grant_name(K::ACCESS, ns, request);
-    // The binding first: once it is gone, nothing is granted whatever happens next.
-    delete_opt(
+    let mut removed = delete_existing(
         &Api::<RoleBinding>::namespaced(ctx.client.clone(), ns),
         &role_name,
     )
     .await?;
-    delete_opt(&Api::<Role>::namespaced(ctx.client.clone(), ns), &role_name).await?;
+    removed |=
+        delete_existing(&Api::<Role>::namespaced(ctx.client.clone(), ns), &role_name).await?;
     if with_pod && K::ACCESS == "pod" {
-        delete_opt(
-            &Api::<Pod>::namespaced(ctx.client.clone(), ns),
-            &debug_pod_name(ns, request),
-        )
-        .await?;
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+        let name = debug_pod_name(ns, request);
+        // Only the pod this request made (a pod of that name may be someone else's).
+        if let Some(pod) = pods.get_metadata_opt(&name).await?
+            && is_debug_pod_of(&pod.metadata, request)
+        {
+            removed |= delete_existing(&pods, &name).await?;
+        }
     }
-    Ok(())
+    Ok(removed)
+}
+
+/// Whether `meta` is the debug pod of PodAccessRequest `request`.
+fn is_debug_pod_of(meta: &ObjectMeta, request: &str) -> bool {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.kind == "PodAccessRequest" && o.name == request)
+}
+
+/// Deletes `name`; whether it existed.
+async fn delete_existing<K>(api: &Api<K>, name: &str) -> Result<bool, Error>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    match api
+        .delete(name, &kube::api::DeleteParams::background())
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn get_template<K: AccessRequest>(
@@ -831,8 +949,9 @@ async fn may_exec(ctx: &Context, ns: &str, pod: &str, who: &Requester) -> Result
 }
 
 enum PodChoice {
-    Chosen(String),
-    Unavailable(String),
+    Chosen(Box<Pod>),
+    /// A condition reason and message.
+    Unavailable(&'static str, String),
 }
 
 /// The workload object (`spec.selector` and `spec.template`), or why it is unusable.
@@ -895,7 +1014,10 @@ async fn resolve_target(
         }
     };
     // A fork is only the sandbox's if the operator made it for that sandbox.
-    if w.labels().get(SANDBOX).map(String::as_str) != Some(sandbox) {
+    let labels = w.labels();
+    if labels.get(SANDBOX).map(String::as_str) != Some(sandbox)
+        || labels.get(MANAGED_BY).map(String::as_str) != Some(MANAGED_BY_VALUE)
+    {
         return Ok(Err(format!(
             "{} {ns}/{fork} is not a fork of sandbox {sandbox}",
             target.kind
@@ -904,6 +1026,10 @@ async fn resolve_target(
     Ok(Ok(w))
 }
 
+/// A pod of the target (the sandbox's fork of it, with `sandbox`): `wanted` if it is one, else
+/// a running one (ready ones first, then by name). A pod is the workload's when its
+/// controller chain leads to the workload's uid, not merely when the selector matches it:
+/// selectors of different workloads may overlap.
 async fn pick_pod(
     ctx: &Context,
     ns: &str,
@@ -913,7 +1039,7 @@ async fn pick_pod(
 ) -> Result<PodChoice, Error> {
     let w = match resolve_target(ctx, ns, target, sandbox).await? {
         Ok(w) => w,
-        Err(e) => return Ok(PodChoice::Unavailable(e)),
+        Err(e) => return Ok(PodChoice::Unavailable("NoPod", e)),
     };
     let selector: LabelSelector = match w
         .data
@@ -923,43 +1049,97 @@ async fn pick_pod(
     {
         Some(Ok(s)) => s,
         _ => {
-            return Ok(PodChoice::Unavailable(format!(
-                "{target} has no usable spec.selector"
-            )));
+            return Ok(PodChoice::Unavailable(
+                "NoPod",
+                format!("{target} has no usable spec.selector"),
+            ));
         }
     };
     let Some(query) = selector_query(&selector) else {
-        return Ok(PodChoice::Unavailable(format!(
-            "{target} has an empty or unusable spec.selector"
-        )));
+        return Ok(PodChoice::Unavailable(
+            "NoPod",
+            format!("{target} has an empty or unusable spec.selector"),
+        ));
     };
+    let uid = w.metadata.uid.clone().unwrap_or_default();
+    let fork = w.name_any();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let mut candidates: Vec<Pod> = pods
+    let listed = pods
         .list(&ListParams::default().labels(&query))
         .await?
-        .items
-        .into_iter()
-        // A baseline's selector also matches its forks' pods (they carry its labels) and
-        // never a debug pod; a grant on the baseline must not reach a fork.
-        .filter(|p| sandbox.is_some() || !p.labels().contains_key(FORK))
-        .filter(|p| !p.labels().contains_key(access_labels::ACCESS_REQUEST))
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect();
+        .items;
+    let replicasets: Api<k8s_openapi::api::apps::v1::ReplicaSet> =
+        Api::namespaced(ctx.client.clone(), ns);
+    let mut owners_of_rs: BTreeMap<String, Option<String>> = BTreeMap::new();
+    let mut candidates = Vec::new();
+    for p in listed {
+        // Fork pods are the fork's: a grant on the baseline never reaches them, and one in
+        // a sandbox reaches only its own fork's (fork pods drop the baseline's selector
+        // labels too; this holds even if someone copied them back).
+        let fork_label = p.labels().get(FORK);
+        let fork_ok = match sandbox {
+            None => fork_label.is_none(),
+            Some(_) => fork_label == Some(&fork),
+        };
+        if !fork_ok
+            || p.labels().contains_key(access_labels::ACCESS_REQUEST)
+            || p.metadata.deletion_timestamp.is_some()
+        {
+            continue;
+        }
+        let Some(controller) = p
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true))
+            .cloned()
+        else {
+            continue;
+        };
+        let owned = match target.kind {
+            TargetKind::StatefulSet | TargetKind::DaemonSet => controller.uid == uid,
+            TargetKind::Deployment | TargetKind::Rollout => {
+                if controller.kind != "ReplicaSet" {
+                    false
+                } else {
+                    if !owners_of_rs.contains_key(&controller.name) {
+                        let owner = replicasets.get_opt(&controller.name).await?.and_then(|rs| {
+                            rs.owner_references()
+                                .iter()
+                                .find(|o| o.controller == Some(true))
+                                .map(|o| o.uid.clone())
+                        });
+                        owners_of_rs.insert(controller.name.clone(), owner);
+                    }
+                    owners_of_rs
+                        .get(&controller.name)
+                        .and_then(Option::as_deref)
+                        == Some(uid.as_str())
+                }
+            }
+        };
+        if owned {
+            candidates.push(p);
+        }
+    }
+    let of_what = match sandbox {
+        Some(s) => format!("{target} in sandbox {s}"),
+        None => target.to_string(),
+    };
     if let Some(wanted) = wanted {
-        return Ok(match candidates.iter().find(|p| p.name_any() == wanted) {
-            Some(_) => PodChoice::Chosen(wanted.to_owned()),
-            None => PodChoice::Unavailable(format!(
-                "pod {wanted} is not a pod of {target}{}",
-                sandbox
-                    .map(|s| format!(" in sandbox {s}"))
-                    .unwrap_or_default()
-            )),
-        });
+        return Ok(
+            match candidates.into_iter().find(|p| p.name_any() == wanted) {
+                Some(p) => PodChoice::Chosen(Box::new(p)),
+                None => PodChoice::Unavailable(
+                    "NoPod",
+                    format!("pod {wanted} is not a (live) pod of {of_what}"),
+                ),
+            },
+        );
     }
     candidates.sort_by_key(|p| (!is_running(p, true), p.name_any()));
-    Ok(match candidates.first() {
-        Some(p) if is_running(p, false) => PodChoice::Chosen(p.name_any()),
-        _ => PodChoice::Unavailable(format!("{target} has no running pod")),
+    Ok(match candidates.into_iter().next() {
+        Some(p) if is_running(&p, false) => PodChoice::Chosen(Box::new(p)),
+        _ => PodChoice::Unavailable("NoPod", format!("{of_what} has no running pod")),
     })
 }
 
@@ -973,7 +1153,12 @@ fn selector_query(s: &LabelSelector) -> Option<String> {
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
     for e in s.match_expressions.iter().flatten() {
-        let values = e.values.clone().unwrap_or_default().join(",");
+        let values = e.values.clone().unwrap_or_default();
+        // `in ()` is not a valid query (and selects nothing in the API's own terms).
+        if matches!(e.operator.as_str(), "In" | "NotIn") && values.is_empty() {
+            return None;
+        }
+        let values = values.join(",");
         parts.push(match e.operator.as_str() {
             "In" => format!("{} in ({values})", e.key),
             "NotIn" => format!("{} notin ({values})", e.key),
@@ -1010,7 +1195,8 @@ fn default_container(pod: &Pod) -> Option<String> {
         })
 }
 
-/// Creates (once) the debug pod of a PodAccessRequest; its name, or why there is none.
+/// Creates (once) the debug pod of a PodAccessRequest: the pod, or a condition reason and why
+/// there is none.
 async fn debug_pod(
     ctx: &Context,
     ns: &str,
@@ -1019,21 +1205,47 @@ async fn debug_pod(
     sandbox: Option<&str>,
     left: Duration,
     owner: &OwnerReference,
-) -> Result<Result<String, String>, Error> {
+) -> Result<Result<Pod, (&'static str, String)>, Error> {
     let name = debug_pod_name(ns, request);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    if pods.get_metadata_opt(&name).await?.is_some() {
-        return Ok(Ok(name));
+    if let Some(pod) = pods.get_opt(&name).await? {
+        let ours = pod
+            .owner_references()
+            .iter()
+            .any(|o| o.controller == Some(true) && o.uid == owner.uid);
+        return Ok(match (ours, pod.metadata.deletion_timestamp.is_some()) {
+            (true, false) => Ok(pod),
+            (true, true) => Err((
+                "PodGone",
+                format!("debug pod {name} is being deleted: file a new request"),
+            )),
+            (false, _) => Err((
+                "PodConflict",
+                format!("a pod named {name} exists and is not this request's"),
+            )),
+        });
     }
+    let mut claims = Vec::new();
     let (template_meta, spec) = match (&template.spec.target_ref, &template.spec.pod_spec) {
         (Some(target), _) => {
             let w = match resolve_target(ctx, ns, target, sandbox).await? {
                 Ok(w) => w,
-                Err(e) => return Ok(Err(e)),
+                Err(e) => return Ok(Err(("NoPod", e))),
             };
             let Some(t) = w.data.pointer("/spec/template").cloned() else {
-                return Ok(Err(format!("{target} has no spec.template")));
+                return Ok(Err(("NoPod", format!("{target} has no spec.template"))));
             };
+            // A StatefulSet's claims become volumes of its pods: the debug pod gets empty
+            // ones instead (it must not share a replica's disk).
+            claims = w
+                .data
+                .pointer("/spec/volumeClaimTemplates")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c.pointer("/metadata/name").and_then(Value::as_str))
+                .map(str::to_owned)
+                .collect();
             let meta: ObjectMeta = t
                 .get("metadata")
                 .cloned()
@@ -1047,58 +1259,86 @@ async fn debug_pod(
                 .map(serde_json::from_value::<PodSpec>)
             {
                 Some(Ok(spec)) => (meta, spec),
-                _ => return Ok(Err(format!("{target} has an unreadable pod template"))),
+                _ => {
+                    return Ok(Err((
+                        "NoPod",
+                        format!("{target} has an unreadable pod template"),
+                    )));
+                }
             }
         }
         (None, Some(spec)) => match serde_json::from_value::<PodSpec>(spec.clone()) {
             Ok(spec) => (ObjectMeta::default(), spec),
-            Err(e) => return Ok(Err(format!("the template's podSpec: {e}"))),
+            Err(e) => return Ok(Err(("NoPod", format!("the template's podSpec: {e}")))),
         },
         (None, None) => {
-            return Ok(Err(
-                "the template names neither targetRef nor podSpec".into()
-            ));
+            return Ok(Err((
+                "NoPod",
+                "the template names neither targetRef nor podSpec".into(),
+            )));
         }
     };
     let pod = match build_debug_pod(
-        &name,
-        ns,
-        request,
-        &template_meta,
+        &DebugPod {
+            name: &name,
+            namespace: ns,
+            request,
+            template: &template_meta,
+            claims: &claims,
+            mutation: template.spec.mutation.as_ref(),
+            left,
+            owner,
+        },
         spec,
-        template.spec.mutation.as_ref(),
-        left,
-        owner,
     ) {
         Ok(p) => p,
-        Err(e) => return Ok(Err(e)),
+        Err(e) => return Ok(Err(("PodRefused", e))),
     };
     match pods.create(&PostParams::default(), &pod).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Ok(created) => Ok(Ok(created)),
+        // Made by a pass a moment ago: the next pass reads it.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Err((
+            "Waiting",
+            format!("debug pod {name} is being created"),
+        ))),
         // The pod is refused (quota, pod security): the user's to fix, not a reason to back off.
-        Err(kube::Error::Api(s)) if s.code == 403 || s.code == 422 => {
-            return Ok(Err(format!("the debug pod was refused: {}", s.message)));
-        }
-        Err(e) => return Err(e.into()),
+        Err(kube::Error::Api(s)) if s.code == 403 || s.code == 422 => Ok(Err((
+            "PodRefused",
+            format!("the debug pod was refused: {}", s.message),
+        ))),
+        Err(e) => Err(e.into()),
     }
-    Ok(Ok(name))
+}
+
+/// What a debug pod is made from, besides the pod spec.
+pub struct DebugPod<'a> {
+    pub name: &'a str,
+    pub namespace: &'a str,
+    pub request: &'a str,
+    /// The pod template's metadata (for its default-container annotation).
+    pub template: &'a ObjectMeta,
+    /// A StatefulSet's claim template names: empty volumes of those names.
+    pub claims: &'a [String],
+    pub mutation: Option<&'a PodMutation>,
+    /// Time left on the grant (the pod's deadline).
+    pub left: Duration,
+    pub owner: &'a OwnerReference,
 }
 
 /// The debug pod: the workload's pod spec with Spur's labels only (so no Service or
 /// controller selects it), the template's annotations dropped, probes stripped unless kept,
 /// the mutation applied to its main container, and a deadline at the grant's expiry.
-#[allow(clippy::too_many_arguments)]
-pub fn build_debug_pod(
-    name: &str,
-    ns: &str,
-    request: &str,
-    template: &ObjectMeta,
-    mut spec: PodSpec,
-    mutation: Option<&PodMutation>,
-    left: Duration,
-    owner: &OwnerReference,
-) -> Result<Pod, String> {
+pub fn build_debug_pod(d: &DebugPod<'_>, mut spec: PodSpec) -> Result<Pod, String> {
+    let DebugPod {
+        name,
+        namespace: ns,
+        request,
+        template,
+        claims,
+        mutation,
+        left,
+        owner,
+    } = *d;
     let default = PodMutation::default();
     let m = mutation.unwrap_or(&default);
     let mut labels = grant_labels("pod", request);
@@ -1136,6 +1376,8 @@ pub fn build_debug_pod(
     let main = &mut spec.containers[index];
     if !m.command.is_empty() {
         main.command = Some(m.command.clone());
+        // The workload's arguments belong to its command, not to this one.
+        main.args = None;
     }
     if !m.args.is_empty() {
         main.args = Some(m.args.clone());
@@ -1162,6 +1404,16 @@ pub fn build_debug_pod(
     // template stay (they are affinities), a hostname from a StatefulSet does not apply.
     spec.hostname = None;
     spec.subdomain = None;
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    for claim in claims {
+        if !volumes.iter().any(|v| &v.name == claim) {
+            volumes.push(k8s_openapi::api::core::v1::Volume {
+                name: claim.clone(),
+                empty_dir: Some(Default::default()),
+                ..Default::default()
+            });
+        }
+    }
     Ok(Pod {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
