@@ -26,7 +26,10 @@ use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use spur_api::access::conditions as cond;
 use spur_api::conditions::{READY, find_condition};
-use spur_api::{ExecAccessRequest, ExecAccessTemplate, PodAccessRequest, PodAccessTemplate};
+use spur_api::{
+    ExecAccessRequest, ExecAccessTemplate, PodAccessRequest, PodAccessTemplate,
+    TunnelAccessRequest, TunnelAccessTemplate,
+};
 use spur_e2e::kube::{
     SYSTEM_NAMESPACE, WAIT, chart_document, ensure_namespace, eventually, grant_cluster,
     install_crds, operator_client,
@@ -39,6 +42,8 @@ const NS: &str = "shop";
 /// The namespace of the users' ServiceAccounts: its group is the one templates allow.
 const DEVS: &str = "devs";
 const DEVS_GROUP: &str = "system:serviceaccounts:devs";
+/// The tunnel proxy's token namespace (the chart's default).
+const TOKEN_NS: &str = "spur-workstation-tokens";
 
 struct Setup {
     api: KubeApi,
@@ -58,6 +63,14 @@ impl Setup {
         grant_cluster(&api, "spur-operator", "operator-access-rules.yaml")
             .await
             .unwrap();
+        spur_e2e::kube::grant_in_namespace(
+            &api,
+            "spur-operator",
+            TOKEN_NS,
+            "operator-access-token-rules.yaml",
+        )
+        .await
+        .unwrap();
         let mut registry = Registry::with_prefix("spur_operator");
         let metrics = spur_operator::Metrics::register(&mut registry);
         let stop = CancellationToken::new();
@@ -139,7 +152,8 @@ impl Setup {
         let ctx = Arc::new(
             spur_operator::Context::new(client.clone(), Some("test".into()), metrics)
                 .with_pki(pki)
-                .with_access(),
+                .with_access()
+                .with_access_tokens(TOKEN_NS),
         );
         let operator = spawn_operator(client.clone(), ctx, stop.clone());
         let setup = Setup {
@@ -1127,5 +1141,164 @@ async fn debug_pods_are_cloned_unselected_and_expire_across_an_operator_restart(
         restarted.elapsed()
     );
     assert!(!may_exec(&alice, &pod_name).await);
+    setup.shutdown().await;
+}
+
+fn tunnel_request(
+    name: &str,
+    template: &str,
+    workstation: &str,
+    token: &str,
+) -> TunnelAccessRequest {
+    serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "TunnelAccessRequest",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "templateName": template,
+            "workstation": workstation,
+            "tokenSha256": spur_tunnelproxy::tokens::token_sha256(token),
+        }
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnel_grants_are_hashed_tokens_that_end_with_the_grant() {
+    let setup = Setup::start().await;
+    let admin = setup.api.client();
+    let templates: Api<TunnelAccessTemplate> = Api::namespaced(admin.clone(), NS);
+    for (name, max) in [("laptops", "6s"), ("laptops-hour", "1h")] {
+        let t: TunnelAccessTemplate = serde_json::from_value(json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "TunnelAccessTemplate",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"accessConfig": {"allowedGroups": [DEVS_GROUP], "defaultDuration": max, "maxDuration": max}}
+        }))
+        .unwrap();
+        templates.create(&PostParams::default(), &t).await.unwrap();
+    }
+    let alice = setup.user(DEVS, "alice").await;
+    let bob = setup.user(DEVS, "bob").await;
+    let token = spur_tunnelproxy::tokens::generate_token().unwrap();
+    let alice_requests: Api<TunnelAccessRequest> = Api::namespaced(alice.clone(), NS);
+    alice_requests
+        .create(
+            &PostParams::default(),
+            &tunnel_request("alice-tunnel", "laptops", "alice-laptop", &token),
+        )
+        .await
+        .unwrap();
+    let requests: Api<TunnelAccessRequest> = Api::namespaced(admin.clone(), NS);
+    let ready = eventually("alice's tunnel grant is ready", || {
+        let requests = requests.clone();
+        async move {
+            let r = requests.get("alice-tunnel").await.ok()?;
+            r.status.as_ref()?.ready.then_some(r)
+        }
+    })
+    .await;
+    let status = ready.status.unwrap();
+    assert_eq!(
+        status.access_message.as_deref(),
+        Some("spur local connect --token-file <token file>")
+    );
+    // The tunnel proxy's view: the token (never stored) names the workstation until the end
+    // of the grant.
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(admin.clone(), TOKEN_NS);
+    let list = secrets
+        .list(&kube::api::ListParams::default().labels("spur.dev/credential=token"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(list.len(), 1);
+    let stored = serde_json::to_string(&list[0]).unwrap();
+    assert!(
+        !stored.contains(&token),
+        "the token itself is not in the cluster"
+    );
+    let found = spur_tunnelproxy::tokens::lookup(list.iter(), &token, std::time::SystemTime::now())
+        .unwrap();
+    assert_eq!(found.name, "alice-laptop");
+    let expires = status.expires_at.unwrap().0;
+    let until = found
+        .expires_at
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert_eq!(until as i64, expires.as_second());
+
+    // Bob cannot take alice's workstation while her grant lasts.
+    let bob_token = spur_tunnelproxy::tokens::generate_token().unwrap();
+    Api::<TunnelAccessRequest>::namespaced(bob.clone(), NS)
+        .create(
+            &PostParams::default(),
+            &tunnel_request("bob-tunnel", "laptops-hour", "alice-laptop", &bob_token),
+        )
+        .await
+        .unwrap();
+    let reason = eventually("bob's request refused", || {
+        let requests = requests.clone();
+        async move {
+            let s = requests.get("bob-tunnel").await.ok()?.status?;
+            reason_of(&s.conditions, READY).filter(|r| r.contains("WorkstationTaken"))
+        }
+    })
+    .await;
+    assert_eq!(reason, "False/WorkstationTaken");
+
+    // At the end of the grant its token Secret goes with the request; then bob's is granted.
+    eventually("alice's grant ended", || {
+        let (requests, secrets) = (requests.clone(), secrets.clone());
+        let name = spur_operator::access::grant_name("tunnel", NS, "alice-tunnel");
+        async move {
+            (requests.get_opt("alice-tunnel").await.ok()?.is_none()
+                && secrets.get_opt(&name).await.ok()?.is_none())
+            .then_some(())
+        }
+    })
+    .await;
+    eventually("bob's grant once the workstation is free", || {
+        let requests = requests.clone();
+        async move {
+            requests
+                .get("bob-tunnel")
+                .await
+                .ok()?
+                .status?
+                .ready
+                .then_some(())
+        }
+    })
+    .await;
+
+    // Taken back early (bob deletes his request): the Secret goes and the workstation's
+    // credentials issued until now are revoked, which closes open tunnels.
+    Api::<TunnelAccessRequest>::namespaced(bob.clone(), NS)
+        .delete("bob-tunnel", &DeleteParams::default())
+        .await
+        .unwrap();
+    let revocation = eventually("the revocation", || {
+        let secrets = secrets.clone();
+        async move {
+            secrets
+                .get_opt(&spur_api::tunnel::credentials::revocation_secret_name(
+                    "alice-laptop",
+                ))
+                .await
+                .ok()?
+        }
+    })
+    .await;
+    assert!(
+        revocation
+            .annotations()
+            .contains_key(spur_api::tunnel::credentials::REVOKED_BEFORE_ANNOTATION)
+    );
+    let left = secrets
+        .list(&kube::api::ListParams::default().labels("spur.dev/credential=token"))
+        .await
+        .unwrap()
+        .items;
+    assert!(left.is_empty(), "{left:?}");
     setup.shutdown().await;
 }

@@ -192,6 +192,14 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
     )
     .await
     .unwrap();
+    kube_rbac::grant_in_namespace(
+        &api,
+        "spur-operator-access",
+        "spur-workstation-tokens",
+        "operator-access-token-rules.yaml",
+    )
+    .await
+    .unwrap();
     let requester = kube_rbac::chart_client(
         &api,
         "spur-access-requester",

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde_json::Value;
+mod node_access;
 mod node_jobs;
 mod node_l4;
 mod node_resources;
@@ -281,6 +282,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
 
     // --- jobs in the sandbox's routing context, on a pool of runner pods ---------------------
     node_jobs::jobs_on_the_node(node, ns, "backend-fix", &key, &fork, &backend_pods[0]);
+
+    // --- just-in-time access: kubectl exec under a grant, audited, refused after expiry -------
+    node_access::access_on_the_node(node, ns, "backend-fix", &fork, &backend_pods[0]);
 
     // --- a RouteGroup over two sandboxes routes by its own key -------------------------------
     node.apply(&sandbox(

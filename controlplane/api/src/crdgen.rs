@@ -13,7 +13,7 @@ use crate::{
     EnvoyConfig, EnvoyConfigRevision, ExecAccessRequest, ExecAccessTemplate, ExternalWorkload,
     ForkedWorkload, Job, JobRunnerGroup, ListenerSet, ObjectLifecycleMethods, PodAccessRequest,
     PodAccessTemplate, Resource, ResourcePlugin, RouteGroup, RoutingConfig, Sandbox,
-    VirtualWorkload,
+    TunnelAccessRequest, TunnelAccessTemplate, VirtualWorkload,
 };
 
 /// First lines of every generated file.
@@ -43,6 +43,8 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         ExecAccessRequest::crd(),
         PodAccessTemplate::crd(),
         PodAccessRequest::crd(),
+        TunnelAccessTemplate::crd(),
+        TunnelAccessRequest::crd(),
     ]
 }
 

@@ -38,6 +38,7 @@ mod schema;
 pub use access::{
     ExecAccessRequest, ExecAccessRequestSpec, ExecAccessTemplate, ExecAccessTemplateSpec,
     PodAccessRequest, PodAccessRequestSpec, PodAccessTemplate, PodAccessTemplateSpec,
+    TunnelAccessRequest, TunnelAccessRequestSpec, TunnelAccessTemplate, TunnelAccessTemplateSpec,
 };
 pub use common::{ServiceMapping, ServicePort, WorkloadKind, WorkloadRef};
 pub use envoyconfig::{

@@ -14,7 +14,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use spur_api::access::{AccessRequestStatus, parse_access_duration};
 use spur_api::conditions::READY;
-use spur_api::{ExecAccessRequest, PodAccessRequest};
+use spur_api::{ExecAccessRequest, PodAccessRequest, TunnelAccessRequest};
 
 #[derive(Args)]
 pub(crate) struct AccessArgs {
@@ -34,6 +34,8 @@ enum Kind {
     Exec,
     /// A debug pod cloned from the template's workload (PodAccessTemplate).
     Pod,
+    /// A workstation tunnel token for `spur local connect` (TunnelAccessTemplate).
+    Tunnel,
 }
 
 #[derive(Subcommand)]
@@ -52,6 +54,13 @@ enum AccessCommand {
         /// A pod of the workload (exec only; default: one the operator picks).
         #[arg(long)]
         pod: Option<String>,
+        /// The workstation (tunnel only): what Sandboxes' `local[].workstation` name.
+        #[arg(long)]
+        workstation: Option<String>,
+        /// Where to write the tunnel token (tunnel only; created with mode 0600). Only its
+        /// SHA-256 goes to the cluster.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
         /// Wait until the grant is ready (or refused): `--wait` for up to 2m, `--wait=5m` for
         /// up to 5 minutes.
         #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "2m", value_parser = parse_wait)]
@@ -79,6 +88,8 @@ pub(crate) async fn run(args: AccessArgs) -> Result<ExitCode> {
             sandbox,
             duration,
             pod,
+            workstation,
+            token_file,
             wait,
         } => {
             if let Some(d) = &duration
@@ -86,16 +97,29 @@ pub(crate) async fn run(args: AccessArgs) -> Result<ExitCode> {
             {
                 bail!("--duration {d:?}: expected e.g. 30m, 1h30m or 90s (at most 168h)");
             }
-            if pod.is_some() && kind == Kind::Pod {
+            if pod.is_some() && kind != Kind::Exec {
                 bail!("--pod applies to exec requests only");
             }
-            let name = request_name(&template);
-            let spec = serde_json::json!({
+            let mut spec = serde_json::json!({
                 "templateName": template,
                 "duration": duration,
                 "sandbox": sandbox,
                 "targetPod": pod,
             });
+            if kind == Kind::Tunnel {
+                let (Some(ws), Some(file)) = (&workstation, &token_file) else {
+                    bail!("a tunnel request needs --workstation and --token-file");
+                };
+                let token = spur_tunnelproxy::tokens::generate_token()?;
+                write_private(file, &token)
+                    .with_context(|| format!("writing the token to {}", file.display()))?;
+                spec["workstation"] = serde_json::json!(ws);
+                spec["tokenSha256"] =
+                    serde_json::json!(spur_tunnelproxy::tokens::token_sha256(&token));
+            } else if workstation.is_some() || token_file.is_some() {
+                bail!("--workstation and --token-file apply to tunnel requests only");
+            }
+            let name = request_name(&template);
             let meta = serde_json::json!({"generateName": name, "namespace": ns});
             let created = match kind {
                 Kind::Exec => {
@@ -120,6 +144,17 @@ pub(crate) async fn run(args: AccessArgs) -> Result<ExitCode> {
                         .context("filing the PodAccessRequest")?
                         .name_any()
                 }
+                Kind::Tunnel => {
+                    let r: TunnelAccessRequest = serde_json::from_value(serde_json::json!({
+                        "apiVersion": "spur.dev/v1alpha1", "kind": "TunnelAccessRequest",
+                        "metadata": meta, "spec": without_nulls(spec),
+                    }))?;
+                    Api::<TunnelAccessRequest>::namespaced(client.clone(), &ns)
+                        .create(&PostParams::default(), &r)
+                        .await
+                        .context("filing the TunnelAccessRequest")?
+                        .name_any()
+                }
             };
             let Some(wait) = wait else {
                 println!("{created}");
@@ -137,6 +172,10 @@ pub(crate) async fn run(args: AccessArgs) -> Result<ExitCode> {
                         .get_opt(&created)
                         .await?
                         .map(|r| r.status.unwrap_or_default()),
+                    Kind::Tunnel => Api::<TunnelAccessRequest>::namespaced(client.clone(), &ns)
+                        .get_opt(&created)
+                        .await?
+                        .map(|r| r.status.unwrap_or_default()),
                 };
                 let Some(status) = status else {
                     eprintln!("{created} was deleted (expired or revoked) before it was granted");
@@ -146,7 +185,11 @@ pub(crate) async fn run(args: AccessArgs) -> Result<ExitCode> {
                     if let Some(at) = &status.expires_at {
                         eprintln!("granted until {}", at.0);
                     }
-                    println!("{}", status.access_message.unwrap_or_default());
+                    let mut command = status.access_message.unwrap_or_default();
+                    if let Some(file) = &token_file {
+                        command = command.replace("<token file>", &file.display().to_string());
+                    }
+                    println!("{command}");
                     return Ok(ExitCode::SUCCESS);
                 }
                 // Refusals that waiting will not change.
@@ -168,12 +211,15 @@ pub(crate) async fn run(args: AccessArgs) -> Result<ExitCode> {
         }
         AccessCommand::List { all_namespaces } => {
             let lp = ListParams::default();
-            let (execs, pods) = if all_namespaces {
+            let (execs, pods, tunnels) = if all_namespaces {
                 (
                     Api::<ExecAccessRequest>::all(client.clone())
                         .list(&lp)
                         .await?,
                     Api::<PodAccessRequest>::all(client.clone())
+                        .list(&lp)
+                        .await?,
+                    Api::<TunnelAccessRequest>::all(client.clone())
                         .list(&lp)
                         .await?,
                 )
@@ -183,6 +229,9 @@ pub(crate) async fn run(args: AccessArgs) -> Result<ExitCode> {
                         .list(&lp)
                         .await?,
                     Api::<PodAccessRequest>::namespaced(client.clone(), &ns)
+                        .list(&lp)
+                        .await?,
+                    Api::<TunnelAccessRequest>::namespaced(client.clone(), &ns)
                         .list(&lp)
                         .await?,
                 )
@@ -220,6 +269,19 @@ pub(crate) async fn run(args: AccessArgs) -> Result<ExitCode> {
                     r.status.as_ref(),
                 );
             }
+            for r in tunnels.items {
+                let mut st = r.status.clone().unwrap_or_default();
+                // The workstation stands where a pod would.
+                st.pod_name = Some(format!("workstation {}", r.spec.workstation));
+                row(
+                    r.namespace().unwrap_or_default(),
+                    "tunnel",
+                    r.name_any(),
+                    &r.spec.template_name,
+                    r.spec.requester.as_ref(),
+                    Some(&st),
+                );
+            }
             for r in pods.items {
                 row(
                     r.namespace().unwrap_or_default(),
@@ -247,6 +309,12 @@ pub(crate) async fn run(args: AccessArgs) -> Result<ExitCode> {
                         .await
                         .with_context(|| format!("revoking {name}"))?;
                 }
+                Kind::Tunnel => {
+                    Api::<TunnelAccessRequest>::namespaced(client, &ns)
+                        .delete(&name, &dp)
+                        .await
+                        .with_context(|| format!("revoking {name}"))?;
+                }
             }
             println!("{name} revoked");
             Ok(ExitCode::SUCCESS)
@@ -266,6 +334,20 @@ fn request_name(template: &str) -> String {
     let mut base: String = template.chars().take(200).collect();
     base.push('-');
     base
+}
+
+/// Writes `token` to `path`, readable by its owner alone.
+fn write_private(path: &std::path::Path, token: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(token.as_bytes())?;
+    f.write_all(b"\n")
 }
 
 fn without_nulls(v: serde_json::Value) -> serde_json::Value {
@@ -291,6 +373,9 @@ fn refused(conditions: &[Condition]) -> Option<&Condition> {
                     | "PodGone"
                     | "PodRefused"
                     | "PodConflict"
+                    | "WorkstationTaken"
+                    | "NoSandbox"
+                    | "NoTokenNamespace"
             )
     })
 }

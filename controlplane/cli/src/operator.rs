@@ -84,6 +84,10 @@ pub(crate) struct OperatorArgs {
     /// requests. Needs the chart's access rights (`access.enabled`).
     #[arg(long, env = "SPUR_ACCESS")]
     access: bool,
+    /// The tunnel proxy's token namespace: tunnel grants (TunnelAccessRequests) write their
+    /// token Secrets there. Without it, tunnel grants are refused with a condition.
+    #[arg(long, env = "SPUR_ACCESS_TOKEN_NAMESPACE")]
+    access_token_namespace: Option<String>,
 }
 
 /// Mesh modes (docs/mesh.md): routing keys' routes written into Istio VirtualServices and/or
@@ -452,6 +456,9 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
     }
     if args.access {
         ctx = ctx.with_access();
+    }
+    if let Some(ns) = args.access_token_namespace.filter(|n| !n.is_empty()) {
+        ctx = ctx.with_access_tokens(ns);
     }
     if let Some(r) = resources {
         ctx = ctx.with_resources(r);

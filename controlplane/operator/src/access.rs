@@ -35,7 +35,8 @@ use serde_json::Value;
 use spur_api::access::{
     AccessConfig, AccessRequestStatus, AccessTemplateStatus, ExecAccessRequest, ExecAccessTemplate,
     PodAccessRequest, PodAccessTemplate, PodMutation, Requester, TargetKind, TargetRef,
-    conditions as cond, format_access_duration, labels as access_labels,
+    TunnelAccessRequest, TunnelAccessTemplate, conditions as cond, format_access_duration,
+    labels as access_labels,
 };
 use spur_api::conditions::{ConditionStatus, NewCondition, READY, set_condition};
 use spur_api::keys::labels::{FORK, MANAGED_BY, MANAGED_BY_VALUE, SANDBOX};
@@ -149,8 +150,8 @@ fn template_status(
         None => set(
             cond::TARGET_REF_EXISTS,
             true,
-            "PodSpec",
-            "the template carries its own pod spec",
+            "NoTarget",
+            "the template names no workload",
         ),
         Some(Ok(())) => set(cond::TARGET_REF_EXISTS, true, "Found", ""),
         Some(Err(e)) => set(cond::TARGET_REF_EXISTS, false, "NotFound", e),
@@ -192,6 +193,35 @@ pub(crate) trait AccessRequest:
     fn requester(&self) -> Option<&Requester>;
     fn target_pod(&self) -> Option<&str>;
     fn status(&self) -> Option<&AccessRequestStatus>;
+    /// A tunnel grant's workstation and token hash.
+    fn tunnel(&self) -> Option<(&str, &str)> {
+        None
+    }
+}
+
+impl AccessRequest for TunnelAccessRequest {
+    const ACCESS: &'static str = "tunnel";
+    fn template_name(&self) -> &str {
+        &self.spec.template_name
+    }
+    fn duration(&self) -> Option<&str> {
+        self.spec.duration.as_deref()
+    }
+    fn sandbox(&self) -> Option<&str> {
+        self.spec.sandbox.as_deref()
+    }
+    fn requester(&self) -> Option<&Requester> {
+        self.spec.requester.as_ref()
+    }
+    fn target_pod(&self) -> Option<&str> {
+        None
+    }
+    fn status(&self) -> Option<&AccessRequestStatus> {
+        self.status.as_ref()
+    }
+    fn tunnel(&self) -> Option<(&str, &str)> {
+        Some((&self.spec.workstation, &self.spec.token_sha256))
+    }
 }
 
 impl AccessRequest for ExecAccessRequest {
@@ -242,6 +272,7 @@ impl AccessRequest for PodAccessRequest {
 enum Template {
     Exec(ExecAccessTemplate),
     Pod(PodAccessTemplate),
+    Tunnel(TunnelAccessTemplate),
 }
 
 impl Template {
@@ -249,6 +280,7 @@ impl Template {
         match self {
             Template::Exec(t) => &t.spec.access_config,
             Template::Pod(t) => &t.spec.access_config,
+            Template::Tunnel(t) => &t.spec.access_config,
         }
     }
 
@@ -256,6 +288,7 @@ impl Template {
         match self {
             Template::Exec(t) => t.status.as_ref().is_some_and(|s| s.ready),
             Template::Pod(t) => t.status.as_ref().is_some_and(|s| s.ready),
+            Template::Tunnel(t) => t.status.as_ref().is_some_and(|s| s.ready),
         }
     }
 }
@@ -276,15 +309,31 @@ pub(crate) async fn reconcile_pod(
     reconcile_request(r, &ctx).await
 }
 
+pub(crate) async fn reconcile_tunnel(
+    r: Arc<TunnelAccessRequest>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let _pass = ctx.metrics.reconcile("TunnelAccessRequest");
+    reconcile_request(r, &ctx).await
+}
+
+pub(crate) async fn reconcile_tunnel_template(
+    t: Arc<TunnelAccessTemplate>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let _pass = ctx.metrics.reconcile("TunnelAccessTemplate");
+    let ns = namespace_of(&*t, "TunnelAccessTemplate")?;
+    let valid = t.spec.validate().map_err(|e| e.to_string());
+    let status = template_status(t.status.as_ref(), t.metadata.generation, valid, None);
+    let api: Api<TunnelAccessTemplate> = Api::namespaced(ctx.client.clone(), &ns);
+    ctx.apply_status(&api, &*t, &t.status.clone().unwrap_or_default(), &status)
+        .await?;
+    ctx.succeeded(&key_of(&*t));
+    Ok(Action::requeue(TEMPLATE_RESYNC))
+}
+
 async fn reconcile_request<K: AccessRequest>(r: Arc<K>, ctx: &Context) -> Result<Action, Error> {
-    let ns = namespace_of(
-        &*r,
-        if K::ACCESS == "exec" {
-            "ExecAccessRequest"
-        } else {
-            "PodAccessRequest"
-        },
-    )?;
+    let ns = namespace_of(&*r, kind_name::<K>())?;
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &ns);
     let action = finalizer(&api, FINALIZER, r, |event| async {
         match event {
@@ -294,6 +343,15 @@ async fn reconcile_request<K: AccessRequest>(r: Arc<K>, ctx: &Context) -> Result
     })
     .await;
     crate::error::from_finalizer(action)
+}
+
+/// The request kind's name, for messages.
+fn kind_name<K: AccessRequest>() -> &'static str {
+    match K::ACCESS {
+        "exec" => "ExecAccessRequest",
+        "pod" => "PodAccessRequest",
+        _ => "TunnelAccessRequest",
+    }
 }
 
 /// Never backs off past the request's expiry: a request failing at that instant is still
@@ -437,8 +495,8 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
                 (
                     "TemplateNotFound",
                     format!(
-                        "no {}AccessTemplate {} in namespace {ns}",
-                        if K::ACCESS == "exec" { "Exec" } else { "Pod" },
+                        "no {} {} in namespace {ns}",
+                        kind_name::<K>().replace("Request", "Template"),
                         r.template_name()
                     ),
                 )
@@ -563,6 +621,21 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
         return expire(r, ns, ctx, &api, &old, status).await;
     }
 
+    if let Template::Tunnel(t) = &template {
+        return tunnel_grant(
+            r,
+            ns,
+            ctx,
+            &api,
+            &old,
+            status,
+            &t.spec.access_config,
+            requester,
+            left,
+        )
+        .await;
+    }
+
     // The pod.
     let owner = r
         .controller_owner_ref(&())
@@ -578,6 +651,7 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
             )
             .await?
         }
+        Template::Tunnel(_) => return Ok(Action::await_change()),
         Template::Pod(t) => match debug_pod(ctx, ns, &name, t, r.sandbox(), left, &owner).await? {
             Ok(pod) => PodChoice::Chosen(Box::new(pod)),
             Err((reason, e)) => PodChoice::Unavailable(reason, e),
@@ -624,6 +698,7 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
             .mutation
             .as_ref()
             .and_then(|m| m.default_container.clone()),
+        Template::Tunnel(_) => None,
     }
     .or_else(|| default_container(&pod));
     status.container = container.clone();
@@ -722,6 +797,153 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
     Ok(requeue_within(READY_RESYNC, left))
 }
 
+/// A tunnel grant: the workstation is this user's alone while the grant lasts, the sandbox
+/// (if named) exists, and the token Secret (only the token's hash, expiring with the grant)
+/// is where the tunnel proxy looks.
+#[allow(clippy::too_many_arguments)]
+async fn tunnel_grant<K: AccessRequest>(
+    r: &K,
+    ns: &str,
+    ctx: &Context,
+    api: &Api<K>,
+    old: &AccessRequestStatus,
+    mut status: AccessRequestStatus,
+    access: &AccessConfig,
+    requester: &Requester,
+    left: Duration,
+) -> Result<Action, Error> {
+    use spur_api::tunnel::credentials as cred;
+    let generation = r.meta().generation;
+    let name = r.name_any();
+    let Some((workstation, hash)) = r.tunnel() else {
+        return Ok(Action::await_change());
+    };
+    let Some(token_ns) = ctx.access_tokens.clone() else {
+        let message =
+            "the operator has no token namespace for tunnel grants (--access-token-namespace)";
+        withhold(r, ns, ctx, &mut status, "NoTokenNamespace", message).await?;
+        ctx.apply_status(api, r, old, &status).await?;
+        return Ok(requeue_within(READY_RESYNC, left));
+    };
+    if let Some(sandbox) = r.sandbox()
+        && Api::<spur_api::Sandbox>::all(ctx.client.clone())
+            .get_opt(sandbox)
+            .await?
+            .is_none()
+    {
+        let message = format!("sandbox {sandbox} does not exist");
+        withhold(r, ns, ctx, &mut status, "NoSandbox", &message).await?;
+        ctx.apply_status(api, r, old, &status).await?;
+        return Ok(requeue_within(PENDING_RESYNC, left));
+    }
+    // A workstation is one user's at a time: another user's live grant that is already in
+    // effect holds it; of two not yet in effect, the older request. (Creation times have
+    // whole seconds, so age alone would often be a coin toss.)
+    let others = Api::<TunnelAccessRequest>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await?;
+    let mine = (r.meta().creation_timestamp.clone(), r.meta().uid.clone());
+    let holder = others.items.iter().find(|o| {
+        let in_effect = o.status.as_ref().is_some_and(|s| s.ready);
+        o.spec.workstation == workstation
+            && o.meta().uid != r.meta().uid
+            && o.meta().deletion_timestamp.is_none()
+            && o.spec.requester.as_ref().map(|q| q.username.as_str())
+                != Some(requester.username.as_str())
+            && until(deadline(*o)) > Duration::ZERO
+            && (in_effect
+                || (!old.ready
+                    && (o.meta().creation_timestamp.clone(), o.meta().uid.clone()) < mine))
+    });
+    if let Some(h) = holder {
+        let message = format!(
+            "workstation {workstation} is held by another user's grant ({}/{}) until it ends",
+            h.namespace().unwrap_or_default(),
+            h.name_any()
+        );
+        withhold(r, ns, ctx, &mut status, "WorkstationTaken", &message).await?;
+        ctx.apply_status(api, r, old, &status).await?;
+        return Ok(requeue_within(PENDING_RESYNC, left));
+    }
+    let secret_name = grant_name("tunnel", ns, &name);
+    let expires = status
+        .expires_at
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .unwrap_or_default();
+    let issued = r
+        .meta()
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .unwrap_or_default();
+    let secret = serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {
+            "name": secret_name,
+            "namespace": token_ns,
+            "labels": {
+                spur_api::tunnel::WORKSTATION_LABEL: workstation,
+                cred::CREDENTIAL_LABEL: "token",
+                access_labels::ACCESS_REQUEST: names::label_value(&name),
+                access_labels::ACCESS_KIND: "tunnel",
+                MANAGED_BY: MANAGED_BY_VALUE,
+            },
+            "annotations": {
+                cred::EXPIRES_ANNOTATION: expires,
+                cred::ISSUED_ANNOTATION: issued,
+                "spur.dev/access-request-namespace": ns,
+            },
+        },
+        "type": "Opaque",
+        "stringData": {cred::TOKEN_SHA256_KEY: hash},
+    });
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(ctx.client.clone(), &token_ns)
+        .patch(
+            &secret_name,
+            &kube::api::PatchParams::apply(crate::FIELD_MANAGER).force(),
+            &kube::api::Patch::Apply(&secret),
+        )
+        .await?;
+    mark(
+        &mut status,
+        generation,
+        cond::ACCESS_RESOURCES_CREATED,
+        ConditionStatus::True,
+        "Created",
+        &format!("token Secret {token_ns}/{secret_name}"),
+    );
+    mark(
+        &mut status,
+        generation,
+        cond::ACCESS_RESOURCES_READY,
+        ConditionStatus::True,
+        "Allowed",
+        "",
+    );
+    status.access_message = Some(access.tunnel_command(ns, workstation));
+    status.ready = true;
+    let message = format!(
+        "{} may open a tunnel as workstation {workstation} until {expires}",
+        requester.username
+    );
+    mark(
+        &mut status,
+        generation,
+        READY,
+        ConditionStatus::True,
+        "Granted",
+        &message,
+    );
+    if ctx.apply_status(api, r, old, &status).await? && !old.ready {
+        tracing::info!(kind = K::ACCESS, namespace = ns, request = %name, user = %requester.username, workstation, expires, "tunnel access granted");
+        ctx.metrics.access_grant(K::ACCESS, "granted");
+        ctx.event(r, false, "Granted", "Grant", message).await;
+    }
+    ctx.succeeded(&key_of(r));
+    Ok(requeue_within(READY_RESYNC, left))
+}
+
 /// The request's time is up: the grant goes first (so it ends now, not after the finalizer
 /// pass), then the request.
 async fn expire<K: AccessRequest>(
@@ -793,6 +1015,9 @@ async fn remove_grant<K: AccessRequest>(
     .await?;
     removed |=
         delete_existing(&Api::<Role>::namespaced(ctx.client.clone(), ns), &role_name).await?;
+    if K::ACCESS == "tunnel" {
+        removed |= remove_tunnel_token(ctx, ns, request).await?;
+    }
     if with_pod && K::ACCESS == "pod" {
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
         let name = debug_pod_name(ns, request);
@@ -802,6 +1027,62 @@ async fn remove_grant<K: AccessRequest>(
         {
             removed |= delete_existing(&pods, &name).await?;
         }
+    }
+    Ok(removed)
+}
+
+/// Deletes a tunnel grant's token Secret. Taken back before its expiry, the grant's open
+/// tunnels are closed too: a revocation of the workstation's credentials issued until now
+/// (the tunnel proxy closes such sessions; at expiry they end by themselves).
+async fn remove_tunnel_token(ctx: &Context, ns: &str, request: &str) -> Result<bool, Error> {
+    use spur_api::tunnel::credentials as cred;
+    let Some(token_ns) = ctx.access_tokens.as_deref() else {
+        return Ok(false);
+    };
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(ctx.client.clone(), token_ns);
+    let name = grant_name("tunnel", ns, request);
+    let Some(secret) = secrets.get_metadata_opt(&name).await? else {
+        return Ok(false);
+    };
+    // Only the Secret this grant wrote.
+    if secret.labels().get(access_labels::ACCESS_REQUEST) != Some(&names::label_value(request)) {
+        return Ok(false);
+    }
+    let workstation = secret
+        .labels()
+        .get(spur_api::tunnel::WORKSTATION_LABEL)
+        .cloned();
+    let early = secret
+        .annotations()
+        .get(cred::EXPIRES_ANNOTATION)
+        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        .is_some_and(|at| at > k8s_openapi::jiff::Timestamp::now());
+    let removed = delete_existing(&secrets, &name).await?;
+    if early && let Some(ws) = workstation {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let revocation = serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {
+                "name": cred::revocation_secret_name(&ws),
+                "namespace": token_ns,
+                "labels": {
+                    spur_api::tunnel::WORKSTATION_LABEL: ws,
+                    cred::CREDENTIAL_LABEL: "revocation",
+                    MANAGED_BY: MANAGED_BY_VALUE,
+                },
+                "annotations": {cred::REVOKED_BEFORE_ANNOTATION: now.to_string()},
+            },
+            "type": "Opaque",
+        });
+        secrets
+            .patch(
+                &cred::revocation_secret_name(&ws),
+                &kube::api::PatchParams::apply(crate::FIELD_MANAGER).force(),
+                &kube::api::Patch::Apply(&revocation),
+            )
+            .await?;
+        tracing::info!(workstation = %ws, request, "tunnel grant taken back before its end: workstation credentials revoked");
     }
     Ok(removed)
 }
@@ -834,16 +1115,20 @@ async fn get_template<K: AccessRequest>(
     ns: &str,
     name: &str,
 ) -> Result<Option<Template>, Error> {
-    Ok(if K::ACCESS == "exec" {
-        Api::<ExecAccessTemplate>::namespaced(ctx.client.clone(), ns)
+    let c = ctx.client.clone();
+    Ok(match K::ACCESS {
+        "exec" => Api::<ExecAccessTemplate>::namespaced(c, ns)
             .get_opt(name)
             .await?
-            .map(Template::Exec)
-    } else {
-        Api::<PodAccessTemplate>::namespaced(ctx.client.clone(), ns)
+            .map(Template::Exec),
+        "pod" => Api::<PodAccessTemplate>::namespaced(c, ns)
             .get_opt(name)
             .await?
-            .map(Template::Pod)
+            .map(Template::Pod),
+        _ => Api::<TunnelAccessTemplate>::namespaced(c, ns)
+            .get_opt(name)
+            .await?
+            .map(Template::Tunnel),
     })
 }
 
@@ -1182,15 +1467,18 @@ fn is_running(pod: &Pod, need_ready: bool) -> bool {
     status.phase.as_deref() == Some("Running") && (ready || !need_ready)
 }
 
+/// The container `kubectl exec` should name: the pod's default-container annotation, else its
+/// first container that is not Spur's injected sidecar (the application's).
 fn default_container(pod: &Pod) -> Option<String> {
     pod.annotations()
         .get(DEFAULT_CONTAINER_ANNOTATION)
         .cloned()
         .or_else(|| {
-            pod.spec
-                .as_ref()?
-                .containers
-                .first()
+            let containers = &pod.spec.as_ref()?.containers;
+            containers
+                .iter()
+                .find(|c| c.name != spur_api::keys::injection::SIDECAR_CONTAINER)
+                .or(containers.first())
                 .map(|c| c.name.clone())
         })
 }

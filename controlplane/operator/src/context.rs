@@ -40,6 +40,8 @@ pub struct Context {
     pub(crate) mesh: Option<crate::MeshConfig>,
     /// Just-in-time access controllers (docs/access.md) run.
     pub(crate) access: bool,
+    /// The tunnel proxy's token namespace, where tunnel grants write their token Secrets.
+    pub(crate) access_tokens: Option<String>,
     /// The controllers' views of the children they make, set by each `run` (a new leader term
     /// has new watches).
     stores: std::sync::RwLock<Option<Stores>>,
@@ -113,6 +115,7 @@ impl Context {
             resources: None,
             mesh: None,
             access: false,
+            access_tokens: None,
             stores: std::sync::RwLock::new(None),
             written: Mutex::new(HashMap::new()),
         }
@@ -165,6 +168,13 @@ impl Context {
     /// `operator-access-rules.yaml`).
     pub fn with_access(mut self) -> Self {
         self.access = true;
+        self
+    }
+
+    /// Tunnel grants write their token Secrets into `namespace` (the tunnel proxy's token
+    /// namespace; rights: the chart's `operator-access-token-rules.yaml` there).
+    pub fn with_access_tokens(mut self, namespace: impl Into<String>) -> Self {
+        self.access_tokens = Some(namespace.into());
         self
     }
 

@@ -482,7 +482,10 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
 /// woken by their template and by their debug pods.
 async fn access_controllers(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     use spur_api::access::labels::ACCESS_KIND;
-    use spur_api::{ExecAccessRequest, ExecAccessTemplate, PodAccessRequest, PodAccessTemplate};
+    use spur_api::{
+        ExecAccessRequest, ExecAccessTemplate, PodAccessRequest, PodAccessTemplate,
+        TunnelAccessRequest, TunnelAccessTemplate,
+    };
     if !ctx.access {
         return;
     }
@@ -553,7 +556,39 @@ async fn access_controllers(client: Client, ctx: Arc<Context>, stop: Cancellatio
             ctx.clone(),
         )
         .for_each(|_| std::future::ready(()));
+    let tunnel_templates = primary(Api::<TunnelAccessTemplate>::all(client.clone()))
+        .with_config(cfg())
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(
+            access::reconcile_tunnel_template,
+            access::template_error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| std::future::ready(()));
+    let tar = primary(Api::<TunnelAccessRequest>::all(client.clone())).with_config(cfg());
+    let tar_store = tar.store();
+    let tunnel_requests = tar
+        .watches(
+            Api::<TunnelAccessTemplate>::all(client.clone()),
+            watcher::Config::default(),
+            move |t| {
+                access::requests_of(
+                    &tar_store,
+                    &t.namespace().unwrap_or_default(),
+                    &t.name_any(),
+                )
+            },
+        )
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(
+            access::reconcile_tunnel,
+            access::request_error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| std::future::ready(()));
     tokio::join!(
+        drained("tunnelaccesstemplate", tunnel_templates, stop.clone()),
+        drained("tunnelaccessrequest", tunnel_requests, stop.clone()),
         drained("execaccesstemplate", exec_templates, stop.clone()),
         drained("podaccesstemplate", pod_templates, stop.clone()),
         drained("execaccessrequest", exec_requests, stop.clone()),

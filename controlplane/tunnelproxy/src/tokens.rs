@@ -25,15 +25,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Error;
 
-/// Label marking a Secret as a workstation credential; the value is its kind (`token`).
-pub const CREDENTIAL_LABEL: &str = "spur.dev/credential";
-/// Annotation: when the token stops being accepted (RFC 3339).
-pub const EXPIRES_ANNOTATION: &str = "spur.dev/expires-at";
-/// Annotation of a token Secret: when this token was written (RFC 3339); a revocation covers
-/// tokens written before it. Without it, the Secret's creation counts.
-pub const ISSUED_ANNOTATION: &str = "spur.dev/issued-at";
-/// Annotation of a revocation: credentials issued before this instant are revoked (RFC 3339).
-pub const REVOKED_BEFORE_ANNOTATION: &str = "spur.dev/revoked-before";
+pub use spur_api::tunnel::credentials::{
+    CREDENTIAL_LABEL, EXPIRES_ANNOTATION, ISSUED_ANNOTATION, REVOKED_BEFORE_ANNOTATION,
+    TOKEN_SHA256_KEY,
+};
 /// Tokens shorter than this are refused when created: they could be guessed.
 const MIN_TOKEN_LEN: usize = 32;
 
@@ -176,7 +171,9 @@ pub fn revocation_secret(
     let t = timestamp(before)?;
     Ok(Secret {
         metadata: ObjectMeta {
-            name: Some(format!("spur-workstation-revoked-{workstation}")),
+            name: Some(spur_api::tunnel::credentials::revocation_secret_name(
+                workstation,
+            )),
             namespace: Some(namespace.into()),
             labels: Some(BTreeMap::from([
                 (WORKSTATION_LABEL.to_string(), workstation.to_string()),
@@ -201,20 +198,22 @@ pub fn lookup<'a>(
     now: SystemTime,
 ) -> Result<Workstation, TokenError> {
     let mut found = None;
+    let hashed = token_sha256(token);
     for secret in secrets {
         if credential_kind(secret) != Some("token") {
             continue;
         }
-        let Some(stored) = secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get("token"))
-            .map(|b| b.0.as_slice())
-        else {
-            continue;
+        let data = secret.data.as_ref();
+        let (stored, presented) = match (
+            data.and_then(|d| d.get("token")),
+            data.and_then(|d| d.get(TOKEN_SHA256_KEY)),
+        ) {
+            (Some(t), _) => (t.0.as_slice(), token.as_bytes()),
+            (None, Some(h)) => (h.0.as_slice(), hashed.as_bytes()),
+            (None, None) => continue,
         };
         let stored = trim_ascii(stored);
-        if constant_time_eq(stored, token.as_bytes()) && !stored.is_empty() {
+        if constant_time_eq(stored, presented) && !stored.is_empty() {
             found = Some(secret);
         }
     }
@@ -268,6 +267,15 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// SHA-256 of a token, lowercase hex (what a tunnel grant stores).
+pub fn token_sha256(token: &str) -> String {
+    ring::digest::digest(&ring::digest::SHA256, token.as_bytes())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A fresh random token (256 bits, URL-safe hex).
@@ -365,6 +373,26 @@ mod tests {
             Err(TokenError::Expired("carol".into()))
         );
         assert!(token_secret("ns", "x", "short", None).is_err());
+        // A grant's Secret holds only the token's hash.
+        let mut dave = token_secret("ns", "dave", &t1, None).unwrap();
+        dave.data = Some(BTreeMap::from([(
+            TOKEN_SHA256_KEY.into(),
+            ByteString(token_sha256(&t1).into_bytes()),
+        )]));
+        assert_eq!(
+            lookup([dave.clone()].iter(), &t1, now).unwrap().name,
+            "dave"
+        );
+        assert_eq!(
+            lookup([dave.clone()].iter(), &token_sha256(&t1), now),
+            Err(TokenError::Unknown),
+            "the hash itself is not a token"
+        );
+        assert_eq!(lookup([dave].iter(), &t2, now), Err(TokenError::Unknown));
+        assert_eq!(
+            token_sha256("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
     }
 
     #[test]
