@@ -3,6 +3,11 @@
 //! `pods/portforward`; each is recorded as a `spur_audit` log line (user, pod, container,
 //! command, tty) and an Event on the pod, and always allowed.
 //!
+//! Credentials on a command line are not recorded: JWTs, the value after `Bearer`/`Basic`,
+//! values of `token=`, `password=`, `secret=` and the like, the argument after such a flag,
+//! and long runs of hex or base64 (keys, tokens) become `<redacted>` ([`redact`]). What
+//! remains is what an auditor needs: which program, which arguments.
+//!
 //! The answer never waits on the record: events go through a bounded queue to one publisher,
 //! and when the queue is full the event is dropped and counted (the log line is written
 //! anyway). Whether an exec may proceed while the webhook is down is the webhook
@@ -68,15 +73,17 @@ impl Connect {
             pod: text(req.get("name")).unwrap_or_default(),
             subresource: text(req.get("subResource")).unwrap_or_default(),
             container: text(field("container")),
-            command: field("command")
-                .and_then(Value::as_array)
-                .map(|c| {
-                    c.iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_owned)
-                        .collect()
-                })
-                .unwrap_or_default(),
+            command: redact(
+                &field("command")
+                    .and_then(Value::as_array)
+                    .map(|c| {
+                        c.iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_owned)
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or_default(),
+            ),
             tty: field("tty").and_then(Value::as_bool).unwrap_or(false),
             stdin: field("stdin").and_then(Value::as_bool).unwrap_or(false),
             ports: field("ports")
@@ -141,6 +148,86 @@ impl Connect {
             "pod connect"
         );
     }
+}
+
+/// Words that mark what follows them as a credential.
+const SENSITIVE: [&str; 7] = [
+    "token", "password", "passwd", "secret", "apikey", "api-key", "api_key",
+];
+
+fn is_sensitive_key(key: &str) -> bool {
+    let k = key.trim_start_matches('-').to_ascii_lowercase();
+    SENSITIVE.iter().any(|s| k.contains(s))
+}
+
+/// The command with credentials replaced by `<redacted>` (see the module docs).
+pub fn redact(args: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut next_is_secret = false;
+    for arg in args {
+        if next_is_secret {
+            out.push("<redacted>".to_owned());
+            next_is_secret = false;
+            continue;
+        }
+        if arg.starts_with('-') && !arg.contains('=') && is_sensitive_key(arg) {
+            next_is_secret = true;
+        }
+        out.push(redact_text(arg));
+    }
+    out
+}
+
+/// Redacts credentials inside one argument (which may be a whole shell script).
+fn redact_text(text: &str) -> String {
+    let is_word = |c: char| c.is_ascii_alphanumeric() || "-_.+/=".contains(c);
+    let mut out = String::with_capacity(text.len());
+    let mut after_scheme = false;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let start = rest.find(is_word).unwrap_or(rest.len());
+        let (gap, tail) = rest.split_at(start);
+        out.push_str(gap);
+        // Only blanks may stand between `Bearer` and its value.
+        if !gap.chars().all(|c| c == ' ' || c == '\t') {
+            after_scheme = false;
+        }
+        let end = tail.find(|c: char| !is_word(c)).unwrap_or(tail.len());
+        let (word, next) = tail.split_at(end);
+        rest = next;
+        if word.is_empty() {
+            continue;
+        }
+        let lower = word.to_ascii_lowercase();
+        if after_scheme || looks_like_credential(word) {
+            out.push_str("<redacted>");
+        } else if let Some((key, value)) = word.split_once('=')
+            && !value.is_empty()
+            && is_sensitive_key(key)
+        {
+            out.push_str(key);
+            out.push_str("=<redacted>");
+        } else {
+            out.push_str(word);
+        }
+        after_scheme = lower == "bearer" || lower == "basic";
+    }
+    out
+}
+
+/// A JWT, or a long run of hex or base64 with both letters and digits (a key or token).
+fn looks_like_credential(word: &str) -> bool {
+    let word = word.trim_end_matches('=');
+    if word.starts_with("eyJ") && word.matches('.').count() >= 2 {
+        return true;
+    }
+    word.len() >= 32
+        && !word.contains('/')
+        && word.chars().any(|c| c.is_ascii_digit())
+        && word.chars().any(|c| c.is_ascii_alphabetic())
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_+".contains(c))
 }
 
 /// The command as one would type it: arguments with spaces or quotes are quoted.
@@ -221,6 +308,57 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn credentials_on_a_command_line_are_redacted() {
+        let jwt = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJlLXNpZ25hdHVyZQ";
+        let hex = "3f9a1c0e5b7d2a4f6e8c0b1d3f5a7c9e1b3d5f7a9c0e2b4d6f8a0c2e4b6d8f0a";
+        let script =
+            format!("curl -H 'Authorization: Bearer {jwt}' https://x/api; echo {hex} > /tmp/t");
+        let args: Vec<String> = [
+            "sh",
+            "-c",
+            script.as_str(),
+            "--token",
+            "short-one",
+            "--password=hunter2",
+            "API_KEY=abc",
+            "cat",
+            "/etc/os-release",
+            "ls",
+            "-la",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let r = redact(&args);
+        let all = r.join(" ");
+        for secret in [jwt, hex, "short-one", "hunter2", "abc"] {
+            assert!(!all.contains(secret), "{secret} in {all}");
+        }
+        assert_eq!(
+            r[2],
+            "curl -H 'Authorization: Bearer <redacted>' https://x/api; echo <redacted> > /tmp/t"
+        );
+        assert_eq!(
+            &r[3..],
+            [
+                "--token",
+                "<redacted>",
+                "--password=<redacted>",
+                "API_KEY=<redacted>",
+                "cat",
+                "/etc/os-release",
+                "ls",
+                "-la"
+            ]
+        );
+        assert_eq!(
+            redact_text("Authorization: Bearer abc"),
+            "Authorization: Bearer <redacted>"
+        );
+        assert_eq!(redact_text("spur --version"), "spur --version");
+    }
 
     #[test]
     fn an_exec_review_is_read_and_described() {
