@@ -458,22 +458,16 @@ fn reply(response: AdmissionResponse) -> Response<Full<Bytes>> {
 async fn review_envoyconfig(body: &[u8], st: &State) -> Response<Full<Bytes>> {
     // A dynamic object: a spec this operator's types do not read is denied with the reason
     // below, not answered with a 400 the API server reports as a webhook failure.
-    let request: AdmissionRequest<DynamicObject> =
-        match serde_json::from_slice::<AdmissionReview<DynamicObject>>(body)
-            .map_err(|e| e.to_string())
-            .and_then(|r| {
-                r.try_into()
-                    .map_err(|e: kube::core::admission::ConvertAdmissionReviewError| e.to_string())
-            }) {
-            Ok(r) => r,
-            Err(e) => {
-                st.metrics.envoyconfig_admission("invalid");
-                return text(
-                    StatusCode::BAD_REQUEST,
-                    &format!("not an AdmissionReview with a request: {e}\n"),
-                );
-            }
-        };
+    let request = match dynamic_request(body) {
+        Ok(r) => r,
+        Err(e) => {
+            st.metrics.envoyconfig_admission("invalid");
+            return text(
+                StatusCode::BAD_REQUEST,
+                &format!("not an AdmissionReview with a request: {e}\n"),
+            );
+        }
+    };
     let mut response = AdmissionResponse::from(&request);
     match validate_envoyconfig(&request, st).await {
         Ok(()) => st.metrics.envoyconfig_admission("allowed"),
@@ -535,6 +529,18 @@ async fn validate_envoyconfig(
     decoded.map_err(|e| Refusal::Invalid(e.to_string()))
 }
 
+/// The request of an AdmissionReview read as a dynamic object: a spec these types do not read
+/// is then refused with its reason, not answered with a 400 the API server reports as a
+/// webhook failure.
+fn dynamic_request(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String> {
+    serde_json::from_slice::<AdmissionReview<DynamicObject>>(body)
+        .map_err(|e| e.to_string())
+        .and_then(|r| {
+            r.try_into()
+                .map_err(|e: kube::core::admission::ConvertAdmissionReviewError| e.to_string())
+        })
+}
+
 // === Exec audit ===
 
 /// Records the connection and allows it: the audit trail never refuses.
@@ -579,22 +585,16 @@ fn review_connect(body: &[u8], st: &State) -> Response<Full<Bytes>> {
 // === Access requests ===
 
 fn review_access_request(body: &[u8], st: &State) -> Response<Full<Bytes>> {
-    let request: AdmissionRequest<DynamicObject> =
-        match serde_json::from_slice::<AdmissionReview<DynamicObject>>(body)
-            .map_err(|e| e.to_string())
-            .and_then(|r| {
-                r.try_into()
-                    .map_err(|e: kube::core::admission::ConvertAdmissionReviewError| e.to_string())
-            }) {
-            Ok(r) => r,
-            Err(e) => {
-                st.metrics.access_admission("invalid");
-                return text(
-                    StatusCode::BAD_REQUEST,
-                    &format!("not an AdmissionReview with a request: {e}\n"),
-                );
-            }
-        };
+    let request = match dynamic_request(body) {
+        Ok(r) => r,
+        Err(e) => {
+            st.metrics.access_admission("invalid");
+            return text(
+                StatusCode::BAD_REQUEST,
+                &format!("not an AdmissionReview with a request: {e}\n"),
+            );
+        }
+    };
     let response = AdmissionResponse::from(&request);
     match requester_patch(&request) {
         Ok(None) => {
@@ -673,22 +673,16 @@ pub(crate) fn requester_patch(
 fn review_listenerset(body: &[u8], st: &State) -> Response<Full<Bytes>> {
     // A dynamic object, as for EnvoyConfigs: a spec these types do not read is denied with the
     // reason, not answered with a 400.
-    let request: AdmissionRequest<DynamicObject> =
-        match serde_json::from_slice::<AdmissionReview<DynamicObject>>(body)
-            .map_err(|e| e.to_string())
-            .and_then(|r| {
-                r.try_into()
-                    .map_err(|e: kube::core::admission::ConvertAdmissionReviewError| e.to_string())
-            }) {
-            Ok(r) => r,
-            Err(e) => {
-                st.metrics.listenerset_admission("invalid");
-                return text(
-                    StatusCode::BAD_REQUEST,
-                    &format!("not an AdmissionReview with a request: {e}\n"),
-                );
-            }
-        };
+    let request = match dynamic_request(body) {
+        Ok(r) => r,
+        Err(e) => {
+            st.metrics.listenerset_admission("invalid");
+            return text(
+                StatusCode::BAD_REQUEST,
+                &format!("not an AdmissionReview with a request: {e}\n"),
+            );
+        }
+    };
     let mut response = AdmissionResponse::from(&request);
     match validate_listenerset(&request) {
         Ok(()) => st.metrics.listenerset_admission("allowed"),
