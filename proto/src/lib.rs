@@ -6,7 +6,9 @@
 //! connect` asks the tunnel proxy); `jobs` from `jobs.proto` (package `spur.jobs.v1`, what the
 //! operator asks the job executor in a runner pod); `io` from `io.proto` (package `spur.io.v1`,
 //! what a sandbox resource's step pod asks the io context server); `l4` from `l4.proto` (package
-//! `spur.l4.v1`, what a Spur gateway pod asks the route server for its L4 listeners).
+//! `spur.l4.v1`, what a Spur gateway pod asks the route server for its L4 listeners); `traffic`
+//! from `traffic.proto` (package `spur.traffic.v1`, how sidecars ship captured exchanges to the
+//! traffic store and how the CLI reads them).
 //! `tests/codegen.rs` keeps the committed code in step with the `.proto` files.
 
 #[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]
@@ -27,6 +29,11 @@ pub mod io {
 #[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]
 pub mod l4 {
     include!("gen/spur.l4.v1.rs");
+}
+
+#[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]
+pub mod traffic {
+    include!("gen/spur.traffic.v1.rs");
 }
 
 #[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]

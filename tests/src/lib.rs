@@ -114,6 +114,7 @@ pub fn rule_yaml(key: &str, workload_port: u16, dest: SocketAddr) -> String {
 pub fn sidecar_config(app: SocketAddr) -> SidecarConfig {
     SidecarConfig {
         inject_key_file: None,
+        capture: None,
         inbound_addr: "127.0.0.1:0".parse().unwrap(),
         inbound: Inbound::Explicit { app },
         baseline: baseline_workload(),

@@ -209,7 +209,32 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
     .await
     .unwrap();
 
+    // Traffic capture (traffic.enabled, on by default): the store, and the two ClusterRoles the
+    // chart offers for binding to engineers.
+    let traffic = kube_rbac::chart_client(&api, "spur-traffic", "traffic-rules.yaml", None)
+        .await
+        .unwrap();
+    let traffic_reader = kube_rbac::chart_client(
+        &api,
+        "spur-traffic-reader",
+        "traffic-reader-rules.yaml",
+        None,
+    )
+    .await
+    .unwrap();
+    let traffic_capturer = kube_rbac::chart_client(
+        &api,
+        "spur-traffic-capturer",
+        "traffic-capturer-rules.yaml",
+        None,
+    )
+    .await
+    .unwrap();
+
     let mut actual = BTreeSet::new();
+    actual.extend(rules_of("spur-traffic", traffic).await);
+    actual.extend(rules_of("spur-traffic-reader", traffic_reader).await);
+    actual.extend(rules_of("spur-traffic-capturer", traffic_capturer).await);
     actual.extend(rules_of("spur-access-requester", requester).await);
     actual.extend(rules_of("spur-operator-access", access).await);
     actual.extend(rules_of("spur-agent", agent).await);
@@ -288,6 +313,15 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
             assert!(
                 line.starts_with("spur-routeserver shop ") && verbs == "list,watch",
                 "the route server may read Secrets beyond its SDS namespaces: {line}"
+            );
+        }
+        // The traffic store reads Sandboxes and asks questions; it writes nothing.
+        if line.starts_with("spur-traffic ") {
+            assert!(
+                (review && verbs == "create")
+                    || (line.contains(" resources=sandboxes ")
+                        && !verbs.split(',').any(|v| WRITE_VERBS.contains(&v))),
+                "the traffic store may do more than read Sandboxes: {line}"
             );
         }
         if line.starts_with("spur-tunnel-proxy ") && line.contains("secrets") {

@@ -78,4 +78,6 @@ pub mod injection {
     pub const ROUTESERVER_CA_VOLUME: &str = "spur-routeserver-ca";
     /// Injected pod volume with the sidecar's projected token for the route server.
     pub const ROUTESERVER_TOKEN_VOLUME: &str = "spur-routeserver-token";
+    /// Injected pod volume with the sidecar's projected token for the traffic store.
+    pub const TRAFFIC_TOKEN_VOLUME: &str = "spur-traffic-token";
 }

@@ -55,7 +55,7 @@ pub use resources::{
 };
 pub use routegroup::{Match, RouteGroup, RouteGroupSpec, RouteGroupStatus};
 pub use routingconfig::{Route, RoutingConfig, RoutingConfigSpec, RoutingConfigStatus};
-pub use sandbox::{Sandbox, SandboxSpec, SandboxStatus};
+pub use sandbox::{Sandbox, SandboxCapture, SandboxSpec, SandboxStatus};
 pub use workloads::{
     ExternalWorkload, ExternalWorkloadSpec, ExternalWorkloadStatus, ForkedWorkload,
     ForkedWorkloadSpec, ForkedWorkloadStatus, SidecarCoverage, VirtualWorkload,

@@ -147,6 +147,44 @@ pub struct SandboxSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = DNS_LABEL_MAX), regex(pattern = DNS_LABEL_PATTERN))]
     pub workstation: Option<String>,
+
+    /// Traffic capture of the requests carrying this sandbox's routing key, at the sidecars of
+    /// the baselines it forks, replaces or virtualizes (docs/traffic.md). Off unless enabled;
+    /// enabling it needs `update` on `sandboxes/capture` (checked at admission).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<SandboxCapture>,
+}
+
+/// Traffic capture settings of one sandbox.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxCapture {
+    /// Capture on or off; `spur traffic capture on|off` flips it.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Headers whose values are redacted before an exchange leaves the sidecar, in addition to
+    /// `authorization`, `proxy-authorization`, `cookie`, `set-cookie` and the cluster's list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = MAX_REDACT_HEADERS),
+        inner(length(min = 1, max = HEADER_NAME_MAX), regex(pattern = HEADER_NAME_PATTERN))
+    )]
+    pub redact_headers: Vec<String>,
+}
+
+/// Most extra redacted headers per sandbox.
+pub const MAX_REDACT_HEADERS: usize = 32;
+const HEADER_NAME_MAX: usize = 64;
+/// Lowercase HTTP header names (tokens, RFC 9110).
+const HEADER_NAME_PATTERN: &str = "^[a-z0-9!#$%&'*+.^_`|~-]+$";
+
+/// What [`HEADER_NAME_PATTERN`] and [`HEADER_NAME_MAX`] accept.
+pub fn is_header_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= HEADER_NAME_MAX
+        && s.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+.^_`|~-".contains(&b)
+        })
 }
 
 /// A fork of one baseline workload.
@@ -680,6 +718,20 @@ impl SandboxSpec {
             MAX_WORKLOADS,
         );
         c.max_items(|| "spec.resources".into(), &self.resources, MAX_RESOURCES);
+        if let Some(capture) = &self.capture {
+            c.max_items(
+                || "spec.capture.redactHeaders".into(),
+                &capture.redact_headers,
+                MAX_REDACT_HEADERS,
+            );
+            for (i, h) in capture.redact_headers.iter().enumerate() {
+                c.require(
+                    is_header_name(h),
+                    || format!("spec.capture.redactHeaders[{i}]"),
+                    "a lowercase HTTP header name of at most 64 characters",
+                );
+            }
+        }
 
         // A baseline has one routing rule per key, so it may stand in one place only.
         let mut baselines: BTreeMap<&WorkloadRef, String> = BTreeMap::new();

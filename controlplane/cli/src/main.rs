@@ -12,6 +12,8 @@ mod local;
 mod operator;
 mod routeserver;
 mod sandbox;
+mod traffic;
+mod traffic_server;
 mod tunnelproxy;
 
 use clap::{Parser, Subcommand};
@@ -57,6 +59,11 @@ enum Command {
     /// Just-in-time access: request exec into a workload's pod, or a debug pod, for a bounded
     /// time; list and revoke grants (docs/access.md).
     Access(access::AccessArgs),
+    /// Captured traffic of a sandbox: tail it, query it, and diff what its forks answered
+    /// against what the baseline answered to the same requests (docs/traffic.md).
+    Traffic(traffic::TrafficArgs),
+    /// The traffic store: keeps what sidecars capture, serves `spur traffic` (docs/traffic.md).
+    TrafficStore(traffic_server::TrafficStoreArgs),
     /// Look at a sandbox: routing key, readiness, forks, expiry, preview URLs.
     Sandbox(sandbox::SandboxArgs),
     /// Open a sandbox's preview URL (served by the hub; docs/hub.md).
@@ -85,6 +92,7 @@ fn main() -> std::process::ExitCode {
         Command::Local(_) => "warn,spur_tunnel=error",
         Command::Sandbox(_)
         | Command::Access(_)
+        | Command::Traffic(_)
         | Command::Preview(_)
         | Command::Job(_)
         | Command::Artifact(_)
@@ -96,7 +104,8 @@ fn main() -> std::process::ExitCode {
         | Command::Hub(_)
         | Command::Agent(_)
         | Command::Jobs(_)
-        | Command::Ics(_) => "info",
+        | Command::Ics(_)
+        | Command::TrafficStore(_) => "info",
     });
     // Tunnels run on one thread, at both ends: a tunnel is one QUIC connection, whose driver,
     // endpoint and stream copies hand each packet to one another. On one thread those hand-offs
@@ -135,6 +144,8 @@ fn main() -> std::process::ExitCode {
             Command::RunnerGroup(args) => jobs::runner_group(args).await,
             Command::Ics(args) => ics::run(args).await,
             Command::Access(args) => access::run(args).await,
+            Command::Traffic(args) => traffic::run(args).await,
+            Command::TrafficStore(args) => traffic_server::run(args).await,
         }
     });
     match result {

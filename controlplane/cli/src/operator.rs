@@ -271,6 +271,10 @@ struct WebhookArgs {
     /// (empty: the Secret is provided some other way).
     #[arg(long, env = "SPUR_ROUTESERVER_SECRET", default_value = "")]
     routeserver_secret: String,
+    /// Also issue the traffic store's serving certificate (Service `spur-traffic`) into this
+    /// kubernetes.io/tls Secret (empty: no traffic store, or provided some other way).
+    #[arg(long, env = "SPUR_TRAFFIC_SECRET", default_value = "")]
+    traffic_secret: String,
     /// Names (DNS or IP) the route server's certificate carries besides its Service's cluster
     /// names (repeatable).
     #[arg(
@@ -348,6 +352,11 @@ impl WebhookArgs {
             let mut ics = spur_operator::ServingCert::ics(namespace);
             ics.secret = ics_secret.to_string();
             pki.ics = Some(ics);
+        }
+        if !self.traffic_secret.is_empty() {
+            let mut traffic = spur_operator::ServingCert::traffic(namespace);
+            traffic.secret.clone_from(&self.traffic_secret);
+            pki.traffic = Some(traffic);
         }
         if !self.routeserver_secret.is_empty() {
             let mut rs =

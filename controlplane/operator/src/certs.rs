@@ -73,6 +73,9 @@ pub struct PkiConfig {
     /// The io context server's serving certificate (sandbox resources), issued like the
     /// webhook's (None: no io context server, or provided some other way).
     pub ics: Option<ServingCert>,
+    /// The traffic store's serving certificate (traffic capture), issued like the webhook's
+    /// (None: no traffic store, or provided some other way).
+    pub traffic: Option<ServingCert>,
     /// A ConfigMap (key `ca.crt`) with the CA bundle, for workstations to trust the tunnel proxy:
     /// public, unlike the Secrets. None: not published.
     pub bundle_config_map: Option<String>,
@@ -133,6 +136,18 @@ impl ServingCert {
         }
     }
 
+    /// The chart's traffic store: Service `spur-traffic` in `namespace`, Secret
+    /// `spur-traffic-tls`.
+    pub fn traffic(namespace: &str) -> Self {
+        ServingCert {
+            secret: "spur-traffic-tls".into(),
+            names: vec![
+                format!("spur-traffic.{namespace}.svc"),
+                format!("spur-traffic.{namespace}.svc.cluster.local"),
+            ],
+        }
+    }
+
     /// The chart's tunnel proxy: Service `spur-tunnel-proxy` in `namespace`, Secret
     /// `spur-tunnel-proxy-tls`, plus `extra` names (its load balancer's name or address).
     pub fn tunnel_proxy(namespace: &str, extra: &[String]) -> Self {
@@ -170,6 +185,7 @@ impl PkiConfig {
             tunnel_proxy: None,
             routeserver: None,
             ics: None,
+            traffic: None,
             bundle_config_map: Some("spur-ca-bundle".into()),
             workstation_cert_lifetime: Duration::from_secs(24 * 3600),
             workstation_cert_max_lifetime: Duration::from_secs(7 * 24 * 3600),
@@ -195,6 +211,7 @@ impl PkiConfig {
             ("tunnel proxy", &self.tunnel_proxy),
             ("route server", &self.routeserver),
             ("io context server", &self.ics),
+            ("traffic store", &self.traffic),
         ] {
             if let Some(t) = t
                 && (t.names.is_empty() || t.secret.is_empty() || t.secret == self.serving_secret)
@@ -204,14 +221,19 @@ impl PkiConfig {
                 )));
             }
         }
-        let secrets: Vec<&str> = [&self.tunnel_proxy, &self.routeserver, &self.ics]
-            .into_iter()
-            .flatten()
-            .map(|t| t.secret.as_str())
-            .collect();
+        let secrets: Vec<&str> = [
+            &self.tunnel_proxy,
+            &self.routeserver,
+            &self.ics,
+            &self.traffic,
+        ]
+        .into_iter()
+        .flatten()
+        .map(|t| t.secret.as_str())
+        .collect();
         if (1..secrets.len()).any(|i| secrets[..i].contains(&secrets[i])) {
             return Err(Error::Config(
-                "the tunnel proxy, the route server and the io context server need different Secrets"
+                "the tunnel proxy, the route server, the io context server and the traffic store need different Secrets"
                     .into(),
             ));
         }
@@ -621,6 +643,7 @@ impl Manager {
             ("tunnel-proxy", &cfg.tunnel_proxy),
             ("routeserver", &cfg.routeserver),
             ("ics", &cfg.ics),
+            ("traffic", &cfg.traffic),
         ] {
             let Some(target) = target else { continue };
             let held = self
@@ -649,12 +672,14 @@ impl Manager {
             let tunnel = cfg.tunnel_proxy.as_ref().map(|t| t.secret.as_str());
             let routeserver = cfg.routeserver.as_ref().map(|t| t.secret.as_str());
             let ics = cfg.ics.as_ref().map(|t| t.secret.as_str());
+            let traffic = cfg.traffic.as_ref().map(|t| t.secret.as_str());
             for name in [
                 Some(cfg.ca_secret.as_str()),
                 Some(cfg.serving_secret.as_str()),
                 tunnel,
                 routeserver,
                 ics,
+                traffic,
             ]
             .into_iter()
             .flatten()

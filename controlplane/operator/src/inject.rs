@@ -31,6 +31,12 @@ pub struct InjectionConfig {
     /// Audience of the projected ServiceAccount token the sidecar presents to the route server.
     /// Empty: no token (only for a route server run with `--allow-unauthenticated`).
     pub routeserver_token_audience: String,
+    /// Traffic store the sidecars watch capture settings from and ship captured exchanges to,
+    /// `host:port`, with TLS under the same CA bundle as the route server. Empty: sidecars
+    /// capture nothing (docs/traffic.md).
+    pub traffic_server: String,
+    /// Audience of the projected ServiceAccount token the sidecar presents to the traffic store.
+    pub traffic_token_audience: String,
     /// Sidecar inbound port (where redirected connections land).
     pub proxy_port: u16,
     /// Sidecar admin port (/live, /ready, /metrics); never intercepted.
@@ -83,6 +89,8 @@ impl Default for InjectionConfig {
             routeserver: "spur-routeserver.spur-system.svc:7777".into(),
             routeserver_ca_config_map: "spur-ca-bundle".into(),
             routeserver_token_audience: "spur-routeserver".into(),
+            traffic_server: String::new(),
+            traffic_token_audience: "spur-traffic".into(),
             proxy_port: 15006,
             admin_port: 15020,
             proxy_uid: 15337,
@@ -117,6 +125,20 @@ impl InjectionConfig {
                     "routeserver {:?} is not host:port",
                     self.routeserver
                 ));
+            }
+        }
+        if !self.traffic_server.is_empty() {
+            match self.traffic_server.rsplit_once(':') {
+                Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
+                _ => {
+                    return bad(format!(
+                        "trafficServer {:?} is not host:port",
+                        self.traffic_server
+                    ));
+                }
+            }
+            if self.traffic_token_audience.is_empty() {
+                return bad("trafficTokenAudience must be set with trafficServer".into());
             }
         }
         if self.proxy_port == 0 || self.admin_port == 0 || self.proxy_port == self.admin_port {
@@ -578,6 +600,29 @@ pub fn containers(
         }));
         mounts.push(json!({"name": keys::ROUTESERVER_TOKEN_VOLUME, "mountPath": ROUTESERVER_TOKEN_DIR, "readOnly": true}));
     }
+    if !cfg.traffic_server.is_empty() {
+        env_list.push(env("SPUR_TRAFFIC_SERVER", cfg.traffic_server.clone()));
+        env_list.push(field("SPUR_POD_NAME", "metadata.name"));
+        if !cfg.routeserver_ca_config_map.is_empty() {
+            env_list.push(env(
+                "SPUR_TRAFFIC_SERVER_CA",
+                format!("{ROUTESERVER_CA_DIR}/ca.crt"),
+            ));
+        }
+        env_list.push(env(
+            "SPUR_TRAFFIC_SERVER_TOKEN_FILE",
+            format!("{TRAFFIC_TOKEN_DIR}/token"),
+        ));
+        volumes.push(json!({
+            "name": keys::TRAFFIC_TOKEN_VOLUME,
+            "projected": {"sources": [{"serviceAccountToken": {
+                "audience": cfg.traffic_token_audience,
+                "expirationSeconds": 3600,
+                "path": "token",
+            }}]},
+        }));
+        mounts.push(json!({"name": keys::TRAFFIC_TOKEN_VOLUME, "mountPath": TRAFFIC_TOKEN_DIR, "readOnly": true}));
+    }
     let mut sidecar = json!({
         "name": keys::SIDECAR_CONTAINER,
         "image": cfg.sidecar_image,
@@ -630,6 +675,7 @@ pub fn containers(
 /// Where the sidecar finds the route server's CA bundle and its token.
 const ROUTESERVER_CA_DIR: &str = "/var/run/spur/routeserver-ca";
 const ROUTESERVER_TOKEN_DIR: &str = "/var/run/spur/routeserver-token";
+const TRAFFIC_TOKEN_DIR: &str = "/var/run/spur/traffic-token";
 
 fn join(ports: &[u16]) -> String {
     ports

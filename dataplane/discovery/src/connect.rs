@@ -13,20 +13,36 @@ use tonic::transport::{Channel, Endpoint};
 use crate::Error;
 use crate::RouteServerConn;
 
-/// Connects, again and again, to one route server.
+fn error(what: Option<&'static str>, addr: String, reason: String) -> Error {
+    match what {
+        None => Error::RouteServer { addr, reason },
+        Some(what) => Error::Server { what, addr, reason },
+    }
+}
+
+/// Connects, again and again, to one route server (or another Spur server, [`Connector::named`]).
 #[derive(Clone)]
 pub struct Connector {
     conn: RouteServerConn,
+    /// What the server is, for errors; `None`: the route server.
+    what: Option<&'static str>,
     server_name: String,
     endpoint: Endpoint,
 }
 
 impl Connector {
     pub fn new(conn: RouteServerConn) -> Result<Self, Error> {
-        let invalid = |reason: String| Error::RouteServer {
-            addr: conn.addr.clone(),
-            reason,
-        };
+        Self::build(conn, None)
+    }
+
+    /// A connector to another Spur server with the same address, CA and token rules (`what`
+    /// names it in errors, e.g. "traffic store").
+    pub fn named(conn: RouteServerConn, what: &'static str) -> Result<Self, Error> {
+        Self::build(conn, Some(what))
+    }
+
+    fn build(conn: RouteServerConn, what: Option<&'static str>) -> Result<Self, Error> {
+        let invalid = |reason: String| error(what, conn.addr.clone(), reason);
         let url = if conn.addr.contains("://") {
             conn.addr.clone()
         } else {
@@ -54,6 +70,7 @@ impl Connector {
             .tcp_nodelay(true);
         Ok(Connector {
             conn,
+            what,
             server_name,
             endpoint,
         })
@@ -64,10 +81,7 @@ impl Connector {
     }
 
     pub fn err(&self, reason: impl std::fmt::Display) -> Error {
-        Error::RouteServer {
-            addr: self.conn.addr.clone(),
-            reason: reason.to_string(),
-        }
+        error(self.what, self.conn.addr.clone(), reason.to_string())
     }
 
     /// A TLS client for the CA bundle in `path`, read now.

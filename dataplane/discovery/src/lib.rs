@@ -37,6 +37,13 @@ pub enum Error {
     },
     #[error("route server {addr}: {reason}")]
     RouteServer { addr: String, reason: String },
+    /// Another Spur server reached with a [`connect::Connector`] (the traffic store).
+    #[error("{what} {addr}: {reason}")]
+    Server {
+        what: &'static str,
+        addr: String,
+        reason: String,
+    },
 }
 
 /// The write side of a routing table: publishes validated tables and counts what happened.

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, Version as HttpVersion};
+use http_body::Body as _;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
@@ -23,6 +24,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 
+use crate::capture::{self, Direction, TeeBody};
 use crate::conn::ConnMeta;
 use crate::detect::Protocol;
 use crate::io::{Activity, Coalesce, Tracked};
@@ -197,7 +199,10 @@ async fn forward(
     let client_upgrade = (connect || upgrade.is_some()).then(|| hyper::upgrade::on(&mut req));
 
     let (mut parts, body) = req.into_parts();
-    let route = shared.router.route_http(meta, &mut parts);
+    let (route, tag) = match &shared.capture {
+        Some(_) => shared.router.route_http_capture(meta, &mut parts),
+        None => (shared.router.route_http(meta, &mut parts), None),
+    };
     let (upstream, outcome) = match &route {
         Route::Original => (Upstream::Original(meta.original_dst), Outcome::Baseline),
         Route::Destination(d) => (Upstream::Sandbox(d.location.clone()), Outcome::Sandbox),
@@ -209,7 +214,22 @@ async fn forward(
     if let Err(status) = headers::normalize_target(&mut parts, version) {
         return error(status, "invalid request target");
     }
-    let upstream_req = Request::from_parts(parts, body.boxed());
+    let pending = match (tag, &shared.capture) {
+        (Some(tag), Some(capture)) => {
+            let destination = match &route {
+                Route::Destination(d) => Some(d.location.to_string()),
+                Route::Original => None,
+            };
+            let protocol = capture::protocol_of(&parts, version == Version::Http2);
+            capture.begin(tag, destination, protocol, &parts)
+        }
+        _ => None,
+    };
+    let body = match &pending {
+        Some(p) => TeeBody::new(body, p.clone(), Direction::Request).boxed(),
+        None => body.boxed(),
+    };
+    let upstream_req = Request::from_parts(parts, body);
 
     let mut resp = match shared.pool.send(&upstream, version, upstream_req).await {
         Ok(r) => r,
@@ -218,6 +238,9 @@ async fn forward(
         // is closed, not a 502 that blames the upstream.
         Err(e) if client_body_failed(&e) => {
             tracing::debug!(client = %meta.client, error = %e, "invalid request body");
+            if let Some(p) = &pending {
+                p.fail(400, "invalid request body");
+            }
             return reject(StatusCode::BAD_REQUEST, "invalid request body");
         }
         Err(e) => {
@@ -226,6 +249,9 @@ async fn forward(
                 Error::ConnectTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
                 _ => StatusCode::BAD_GATEWAY,
             };
+            if let Some(p) = &pending {
+                p.fail(status.as_u16(), e.to_string());
+            }
             return error(status, "upstream unavailable");
         }
     };
@@ -235,19 +261,38 @@ async fn forward(
     if let (Some(client_upgrade), true) = (client_upgrade, switched) {
         let server_upgrade = hyper::upgrade::on(&mut resp);
         let idle = config.idle_timeout;
+        let pending = pending.clone();
         tunnels.spawn(async move {
             match tokio::try_join!(client_upgrade, server_upgrade) {
                 Ok((client, server)) => {
-                    let _ =
+                    let res =
                         crate::io::splice(TokioIo::new(client), TokioIo::new(server), idle).await;
+                    if let Some(p) = pending {
+                        p.upgraded(res);
+                    }
                 }
-                Err(e) => tracing::debug!(error = %e, "upgrade failed"),
+                Err(e) => {
+                    tracing::debug!(error = %e, "upgrade failed");
+                    if let Some(p) = pending {
+                        p.upgraded(Err("upgrade failed"));
+                    }
+                }
             }
         });
     }
     let keep_upgrade = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
     let (mut parts, body) = resp.into_parts();
     headers::prepare_response(&mut parts, version, keep_upgrade);
+    let body = match pending {
+        Some(p) => {
+            p.response(&parts);
+            if body.is_end_stream() {
+                p.end_response();
+            }
+            TeeBody::new(body, p, Direction::Response).boxed()
+        }
+        None => body,
+    };
     (Response::from_parts(parts, body), outcome)
 }
 

@@ -356,7 +356,8 @@ impl<T: AsyncWrite> AsyncWrite for Coalesce<T> {
 
 /// Copies both ways until both directions have seen EOF (each EOF is passed on as a write
 /// shutdown, so half-closed protocols keep working), an error occurs, or the pair stays idle.
-pub(crate) async fn splice<A, B>(a: A, b: B, idle: Duration) -> Result<(), &'static str>
+/// On success, the bytes copied from `a` to `b` and from `b` to `a`.
+pub(crate) async fn splice<A, B>(a: A, b: B, idle: Duration) -> Result<(u64, u64), &'static str>
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
@@ -366,7 +367,7 @@ where
     let mut b = b;
     tokio::select! {
         res = tokio::io::copy_bidirectional(&mut a, &mut b) => match res {
-            Ok(_) => Ok(()),
+            Ok(counts) => Ok(counts),
             Err(_) => Err("stream error"),
         },
         () = activity.idle_for(idle) => Err("idle timeout"),

@@ -22,6 +22,7 @@
 //! after the grace period is cut.
 
 mod admin;
+pub mod capture;
 mod config;
 mod conn;
 mod detect;
@@ -68,6 +69,8 @@ pub(crate) struct Shared {
     pub(crate) router: Arc<dyn Router>,
     pub(crate) pool: pool::Pool,
     pub(crate) metrics: Metrics,
+    /// Set when the component captures traffic (see [`capture`]).
+    pub(crate) capture: Option<Arc<capture::Capture>>,
 }
 
 /// Keeps a timer due within a second in the runtime, forever.
@@ -91,6 +94,17 @@ impl Proxy {
         router: Arc<dyn Router>,
         registry: &mut Registry,
     ) -> Result<Self, Error> {
+        Self::with_capture(config, router, None, registry)
+    }
+
+    /// [`Proxy::new`] with a capture sink: the router decides per request what is captured
+    /// ([`Router::route_http_capture`]).
+    pub fn with_capture(
+        config: ProxyConfig,
+        router: Arc<dyn Router>,
+        capture: Option<Arc<capture::Capture>>,
+        registry: &mut Registry,
+    ) -> Result<Self, Error> {
         config.validate()?;
         let metrics = Metrics::register(registry);
         let pool = pool::Pool::new(&config, metrics.clone());
@@ -103,6 +117,7 @@ impl Proxy {
                 router,
                 pool,
                 metrics,
+                capture,
             }),
         })
     }

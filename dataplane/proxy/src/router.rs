@@ -6,6 +6,7 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use spur_routing::Destination;
 
+use crate::capture::CaptureTag;
 use crate::conn::ConnMeta;
 
 /// Where one request goes.
@@ -31,6 +32,18 @@ pub struct RawRoute {
 pub trait Router: Send + Sync + 'static {
     /// May rewrite the request head (e.g. move a routing query parameter into headers).
     fn route_http(&self, conn: &ConnMeta, req: &mut http::request::Parts) -> Route;
+
+    /// [`Router::route_http`], and whether the exchange is captured (and under which sandbox).
+    /// The proxy calls it instead of `route_http` only when it has a capture sink. A router that
+    /// captures must also make [`Router::route_raw`] decline every request it would capture, so
+    /// the HTTP/1 relay hands those to the full path, where capture happens.
+    fn route_http_capture(
+        &self,
+        conn: &ConnMeta,
+        req: &mut http::request::Parts,
+    ) -> (Route, Option<CaptureTag>) {
+        (self.route_http(conn, req), None)
+    }
 
     /// Whether a request header (name as sent, any case) can influence [`Router::route_raw`].
     fn is_carrier(&self, _name: &[u8]) -> bool {

@@ -25,5 +25,7 @@ where
             return Err("upstream unreachable");
         }
     };
-    splice(client, server, shared.config.idle_timeout).await
+    splice(client, server, shared.config.idle_timeout)
+        .await
+        .map(|_| ())
 }

@@ -19,6 +19,7 @@ use spur_runtime::parse_duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub mod capture;
 pub mod intercept;
 pub mod outbound;
 mod router;
@@ -121,6 +122,8 @@ pub struct SidecarArgs {
     /// to --inbound-addr. Needs neither --rules nor --routeserver.
     #[arg(long, env = "SPUR_INJECT_KEY_FILE")]
     pub inject_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub capture: capture::CaptureArgs,
 }
 
 /// Parses a `--resolve` entry, `HOST:PORT=IP:PORT` (like curl's), for every Spur binary that
@@ -150,6 +153,8 @@ pub struct SidecarConfig {
     pub proxy: ProxyConfig,
     /// Outbound mode: the file with the routing key to add (see [`outbound`]).
     pub inject_key_file: Option<PathBuf>,
+    /// Traffic capture (see [`capture`]).
+    pub capture: Option<capture::CaptureConfig>,
 }
 
 impl TryFrom<SidecarArgs> for SidecarConfig {
@@ -173,6 +178,13 @@ impl TryFrom<SidecarArgs> for SidecarConfig {
         if a.inject_key_file.is_some() && (a.rules.is_some() || a.routeserver.is_some()) {
             return Err(Error::Config(
                 "--inject-key-file (outbound mode) routes by nothing: it excludes --rules and --routeserver".into(),
+            ));
+        }
+        let capture = a.capture.validate()?;
+        if a.inject_key_file.is_some() && capture.is_some() {
+            return Err(Error::Config(
+                "--inject-key-file (outbound mode) captures nothing: it excludes --traffic-server"
+                    .into(),
             ));
         }
         if a.rules.is_some() && a.routeserver.is_some() {
@@ -232,6 +244,7 @@ impl TryFrom<SidecarArgs> for SidecarConfig {
             },
             proxy,
             inject_key_file: a.inject_key_file,
+            capture,
         })
     }
 }
@@ -244,6 +257,7 @@ pub struct Sidecar {
     pub admin_addr: Option<SocketAddr>,
     proxy: Proxy,
     table: SharedTable,
+    capture_keys: Option<capture::CaptureKeys>,
     drain: Drain,
     stop: CancellationToken,
     grace: Duration,
@@ -257,17 +271,36 @@ impl Sidecar {
         let table = SharedTable::new();
         let publisher = Publisher::new(table.clone(), &mut registry);
         let mut changes = publisher.subscribe();
+        let capturer = match &config.capture {
+            Some(c) => Some(capture::Capturer::new(
+                c.clone(),
+                config.baseline.clone(),
+                &mut registry,
+            )?),
+            None => None,
+        };
         let router: Arc<dyn spur_proxy::Router> = match &config.inject_key_file {
             Some(path) => Arc::new(outbound::InjectRouter::new(path.clone())),
-            None => Arc::new(KeyRouter::new(
-                KeyRouterConfig {
-                    baseline: config.baseline.clone(),
-                    extract: config.extract,
-                },
-                table.clone(),
-            )?),
+            None => {
+                let mut router = KeyRouter::new(
+                    KeyRouterConfig {
+                        baseline: config.baseline.clone(),
+                        extract: config.extract,
+                    },
+                    table.clone(),
+                )?;
+                if let Some(c) = &capturer {
+                    router = router.with_capture(c.keys.clone());
+                }
+                Arc::new(router)
+            }
         };
-        let proxy = Proxy::new(config.proxy.clone(), router, &mut registry)?;
+        let proxy = Proxy::with_capture(
+            config.proxy.clone(),
+            router,
+            capturer.as_ref().map(|c| c.sink.clone()),
+            &mut registry,
+        )?;
 
         let listener = TcpListener::bind(config.inbound_addr)
             .await
@@ -317,6 +350,10 @@ impl Sidecar {
         } else {
             drop(publisher);
         }
+        let capture_keys = capturer.as_ref().map(|c| c.keys.clone());
+        if let Some(c) = capturer {
+            c.spawn(config.rules_poll, stop.clone());
+        }
         // Single consumer of table swaps: close pooled connections to destinations that left.
         let pool_proxy = proxy.clone();
         let pool_table = table.clone();
@@ -346,6 +383,7 @@ impl Sidecar {
                     "inbound": inbound_addr.to_string(),
                     "mode": match config.inbound { Inbound::Transparent => "transparent", Inbound::Explicit { .. } => "explicit" },
                     "direction": if config.inject_key_file.is_some() { "outbound" } else { "inbound" },
+                    "capture": config.capture.as_ref().map(|c| c.server.addr.clone()),
                 }),
             };
             tokio::spawn(spur_proxy::serve_admin(l, state, stop.clone()));
@@ -360,6 +398,7 @@ impl Sidecar {
             admin_addr,
             proxy,
             table,
+            capture_keys,
             drain,
             stop,
             grace: config.proxy.drain_grace,
@@ -372,6 +411,11 @@ impl Sidecar {
 
     pub fn table(&self) -> &SharedTable {
         &self.table
+    }
+
+    /// The routing keys being captured, when the sidecar captures.
+    pub fn capture_keys(&self) -> Option<&capture::CaptureKeys> {
+        self.capture_keys.as_ref()
     }
 
     /// Stops accepting, lets in-flight work finish within the grace period, then stops the rule

@@ -2,12 +2,14 @@
 //! table for this sidecar's baseline workload.
 
 use http::{HeaderMap, HeaderName, HeaderValue, Uri};
+use spur_proxy::capture::CaptureTag;
 use spur_proxy::{ConnMeta, RawRoute, Route, Router};
 use spur_routing::extract::{LEGACY_HEADERS, strip_query_param};
 use spur_routing::inject::inject_key;
 use spur_routing::{BaselineWorkload, ExtractConfig, KeyExtractor, SharedTable};
 
 use crate::Error;
+use crate::capture::CaptureKeys;
 
 /// Marks a request a sidecar has already sent to a sandbox; its value names the baseline whose
 /// sidecar did it. If a misconfigured destination points back at the same sidecar, the request
@@ -37,6 +39,8 @@ pub struct KeyRouter {
     /// so most names are dismissed by one table lookup.
     carriers: Vec<HeaderName>,
     carrier_first: [bool; 256],
+    /// Routing keys whose requests are captured; `None` when the sidecar does not capture.
+    capture: Option<CaptureKeys>,
 }
 
 impl KeyRouter {
@@ -70,30 +74,58 @@ impl KeyRouter {
             table,
             carriers,
             carrier_first,
+            capture: None,
         })
     }
 
-    /// The decision once any routing query parameter has been lifted into headers.
-    fn decide(&self, conn: &ConnMeta, headers: &HeaderMap, query: Option<&str>) -> Route {
+    /// Captures the requests whose routing key is in `keys` (a routed request: its
+    /// destination's key; one that stays on the baseline: its first candidate in `keys`, the
+    /// traffic of a virtual workload).
+    pub fn with_capture(mut self, keys: CaptureKeys) -> Self {
+        self.capture = Some(keys);
+        self
+    }
+
+    /// The decision once any routing query parameter has been lifted into headers, and whether
+    /// the request is captured.
+    fn decide(
+        &self,
+        conn: &ConnMeta,
+        headers: &HeaderMap,
+        query: Option<&str>,
+    ) -> (Route, Option<CaptureTag>) {
         if headers
             .get_all(ROUTED_HEADER)
             .iter()
             .any(|v| v == self.mark)
         {
-            return Route::Original;
+            return (Route::Original, None);
         }
         let candidates = self.extractor.extract(headers, query);
         if candidates.is_empty() {
-            return Route::Original;
+            return (Route::Original, None);
         }
         let snapshot = self.table.load();
-        let Some(rules) = snapshot.table.baseline(&self.baseline) else {
-            return Route::Original;
-        };
-        match rules.route(conn.original_dst.port(), candidates.iter()) {
+        let route = match snapshot
+            .table
+            .baseline(&self.baseline)
+            .and_then(|rules| rules.route(conn.original_dst.port(), candidates.iter()))
+        {
             Some(d) => Route::Destination(d.clone()),
             None => Route::Original,
+        };
+        let Some(capture) = &self.capture else {
+            return (route, None);
+        };
+        let keys = capture.load();
+        if keys.is_empty() {
+            return (route, None);
         }
+        let tag = match &route {
+            Route::Destination(d) => keys.get(&d.routing_key),
+            Route::Original => candidates.iter().find_map(|k| keys.get(k)),
+        };
+        (route, tag)
     }
 
     /// Moves `?<param>=<key>` out of the URL and into the standard key headers, so the
@@ -125,20 +157,28 @@ impl KeyRouter {
 
 impl Router for KeyRouter {
     fn route_http(&self, conn: &ConnMeta, req: &mut http::request::Parts) -> Route {
+        self.route_http_capture(conn, req).0
+    }
+
+    fn route_http_capture(
+        &self,
+        conn: &ConnMeta,
+        req: &mut http::request::Parts,
+    ) -> (Route, Option<CaptureTag>) {
         if req
             .headers
             .get_all(ROUTED_HEADER)
             .iter()
             .any(|v| v == self.mark)
         {
-            return Route::Original;
+            return (Route::Original, None);
         }
         self.lift_query_param(req);
-        let route = self.decide(conn, &req.headers, req.uri.query());
+        let (route, tag) = self.decide(conn, &req.headers, req.uri.query());
         if let Route::Destination(_) = route {
             req.headers.insert(ROUTED_HEADER, self.mark.clone());
         }
-        route
+        (route, tag)
     }
 
     fn is_carrier(&self, name: &[u8]) -> bool {
@@ -160,7 +200,11 @@ impl Router for KeyRouter {
         {
             return None;
         }
-        let route = self.decide(conn, carriers, query);
+        let (route, tag) = self.decide(conn, carriers, query);
+        if tag.is_some() {
+            // Captured exchanges take the full path, where the capture is.
+            return None;
+        }
         let set =
             matches!(route, Route::Destination(_)).then(|| (ROUTED_HEADER, self.mark.clone()));
         Some(RawRoute { route, set })

@@ -26,6 +26,7 @@ fn spec(forks: Vec<Fork>) -> SandboxSpec {
         default_route_group: None,
         ttl: None,
         workstation: None,
+        capture: None,
     }
 }
 

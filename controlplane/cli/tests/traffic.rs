@@ -1,0 +1,264 @@
+//! Traffic capture as a user drives it on one machine (issue #27): `spur traffic-store serve`
+//! with a settings file, a sidecar in front of a baseline app with a fork, and `spur traffic
+//! tail`, `query` and `diff` against the store. A keyed request shows up in `tail` with the
+//! fork's answer; `diff` shows how the fork's answer differs from the baseline's to the same
+//! request (captured through a virtual workload's key).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio_util::sync::CancellationToken;
+
+const SPUR: &str = env!("CARGO_BIN_EXE_spur");
+const TOKEN: &str = "traffic-cli-test-token";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn wait_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "nothing listens on {port}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn app(name: &str, stop: CancellationToken) -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let name = name.to_string();
+    tokio::spawn(async move { spur_demo_apps::serve_http(l, name, stop).await });
+    addr
+}
+
+/// One keyed GET through the sidecar; returns who answered.
+async fn get(addr: SocketAddr, key: &str) -> String {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::get("/")
+        .header("host", "backend")
+        .header("baggage", format!("sd-routing-key={key}"))
+        .header("authorization", "Bearer do-not-store-me")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    let by = resp.headers()[spur_demo_apps::SERVED_BY]
+        .to_str()
+        .unwrap()
+        .to_string();
+    resp.into_body().collect().await.unwrap();
+    by
+}
+
+fn spur(dir: &Path, server: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(SPUR)
+        .args(args)
+        .args(["--server", server, "--token-file"])
+        .arg(dir.join("token"))
+        .env_remove("SPUR_TRAFFIC_TOKEN")
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_shows_the_forks_answer_and_diff_shows_what_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("token"), TOKEN).unwrap();
+    std::fs::write(
+        d.join("capture.yaml"),
+        "sandboxes:\n\
+         - {name: sb1, routingKey: k1, workloads: [{kind: Deployment, namespace: demo, name: backend}]}\n\
+         - {name: ref, routingKey: k2, workloads: [{kind: Deployment, namespace: demo, name: backend}]}\n",
+    )
+    .unwrap();
+    let (grpc, metrics) = (free_port(), free_port());
+    let _store = tokio::process::Command::new(SPUR)
+        .args(["traffic-store", "serve", "--insecure-plaintext"])
+        .arg(format!("--listen=127.0.0.1:{grpc}"))
+        .arg(format!("--metrics-addr=127.0.0.1:{metrics}"))
+        .arg("--db")
+        .arg(d.join("traffic.db"))
+        .arg("--settings")
+        .arg(d.join("capture.yaml"))
+        .arg("--token-file")
+        .arg(d.join("token"))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_port(grpc).await;
+    let server = format!("http://127.0.0.1:{grpc}");
+
+    let apps = CancellationToken::new();
+    let baseline = app("baseline", apps.clone()).await;
+    let fork = app("fork", apps.clone()).await;
+    std::fs::write(
+        d.join("rules.yaml"),
+        format!(
+            "- routingKey: k1\n  baseline: {{kind: Deployment, namespace: demo, name: backend}}\n  destinationSandbox: {{name: sb1}}\n  mappings:\n    - workloadPort: {}\n      destinations: [{{host: 127.0.0.1, port: {}}}]\n",
+            baseline.port(),
+            fork.port()
+        ),
+    )
+    .unwrap();
+    let sidecar = spur_sidecar::Sidecar::start(spur_sidecar::SidecarConfig {
+        inject_key_file: None,
+        capture: Some(spur_sidecar::capture::CaptureConfig {
+            server: spur_sidecar::RouteServerConn {
+                addr: format!("127.0.0.1:{grpc}"),
+                ca: None,
+                token: Some(d.join("token")),
+            },
+            settings_file: None,
+            bounds: spur_proxy::capture::CaptureBounds::default(),
+            pod: "backend-pod".into(),
+        }),
+        inbound_addr: "127.0.0.1:0".parse().unwrap(),
+        inbound: spur_proxy::Inbound::Explicit { app: baseline },
+        baseline: spur_routing::BaselineWorkload {
+            kind: "Deployment".into(),
+            namespace: "demo".into(),
+            name: "backend".into(),
+        },
+        rules: Some(d.join("rules.yaml")),
+        rules_poll: Duration::from_millis(100),
+        routeserver: None,
+        admin_addr: None,
+        extract: spur_routing::ExtractConfig::default(),
+        proxy: spur_proxy::ProxyConfig::default(),
+    })
+    .await
+    .unwrap();
+    let keys = sidecar.capture_keys().unwrap().clone();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while keys.load().len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "no capture settings at the sidecar"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // `tail` subscribes, then the keyed request is made.
+    let mut tail = tokio::process::Command::new(SPUR)
+        .args(["traffic", "tail", "sb1", "--json", "--count", "1"])
+        .args(["--timeout", "30s", "--server", &server, "--token-file"])
+        .arg(d.join("token"))
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = reqwest_metrics(metrics).await;
+        if text
+            .lines()
+            .any(|l| l.starts_with("spur_traffic_tail_subscribers 1"))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "tail never subscribed:\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sent = Instant::now();
+    assert_eq!(get(sidecar.inbound_addr, "k1").await, "fork");
+    let mut lines = BufReader::new(tail.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("tail printed the exchange")
+        .unwrap()
+        .expect("a line");
+    eprintln!(
+        "tail printed the exchange {:?} after the request",
+        sent.elapsed()
+    );
+    let x: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(x["sandbox"], "sb1", "{x}");
+    assert_eq!(x["routed"], "sandbox", "{x}");
+    assert_eq!(x["status"], 200, "{x}");
+    assert_eq!(x["responseBody"]["data"], "hello from fork\n", "{x}");
+    assert!(!line.contains("do-not-store-me"), "{line}");
+    let status = tokio::time::timeout(Duration::from_secs(10), tail.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "tail --count 1 exits 0: {status}");
+
+    // The reference sandbox's key: the baseline answers the same request.
+    assert_eq!(get(sidecar.inbound_addr, "k2").await, "baseline");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = spur(d, &server, &["traffic", "query", "ref", "--json"]);
+        assert!(out.status.success(), "{out:?}");
+        if !out.stdout.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the baseline exchange was never stored"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = spur(d, &server, &["traffic", "diff", "sb1", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "differences found: {out:?}");
+    let diff: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(diff["summary"]["pairs"], 1, "{diff}");
+    let differences = diff["pairs"][0]["differences"].as_array().unwrap();
+    let text = serde_json::to_string(differences).unwrap();
+    assert!(
+        text.contains("hello from fork") && text.contains("hello from baseline"),
+        "the bodies differ: {diff}"
+    );
+    assert!(text.contains("x-served-by"), "the header differs: {diff}");
+    // Readable text output too.
+    let out = spur(d, &server, &["traffic", "diff", "sb1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("spur traffic diff sb1:\n{text}");
+    assert!(text.contains("hello from fork"), "{text}");
+
+    // A wrong token is refused with a clear message.
+    std::fs::write(d.join("token"), "wrong").unwrap();
+    let out = spur(d, &server, &["traffic", "query", "sb1"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unauthenticated"), "{err}");
+
+    sidecar.shutdown().await;
+    apps.cancel();
+}
+
+/// The store's /metrics, over a plain HTTP/1.1 GET.
+async fn reqwest_metrics(port: u16) -> String {
+    let Ok(tcp) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return String::new();
+    };
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::get("/metrics")
+        .header("host", "store")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8_lossy(&body).into_owned()
+}
