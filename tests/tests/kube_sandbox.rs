@@ -739,8 +739,8 @@ async fn invalid_sandboxes_are_rejected_or_reported_and_leave_nothing() {
             .unwrap();
         all_gone(&client, name).await;
     }
-    // Local and virtual workloads: their objects are created and owned (nothing serves virtual
-    // workloads yet, which the sandbox says), and deleted with the sandbox.
+    // Local and virtual workloads: their objects are created and owned, the sandbox waits for
+    // them (no tunnel, no baseline `api`), and they are deleted with the sandbox.
     let mixed: Sandbox = serde_json::from_value(json!({
         "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
         "metadata": {"name": "mixed"},
@@ -756,12 +756,15 @@ async fn invalid_sandboxes_are_rejected_or_reported_and_leave_nothing() {
         .create(&PostParams::default(), &mixed)
         .await
         .unwrap();
+    let shadow = names::virtual_workload_name("mixed", "shadow");
     let cond = eventually("mixed reported", || async {
         let st = sandbox_status(&client, "mixed").await?.status?;
-        find_condition(&st.conditions, READY).cloned()
+        find_condition(&st.conditions, READY)
+            .filter(|c| c.message.contains(&shadow))
+            .cloned()
     })
     .await;
-    assert_eq!(cond.reason, "Unsupported", "{cond:?}");
+    assert_eq!(cond.reason, "NotReady", "{cond:?}");
     let ew = Api::<ExternalWorkload>::namespaced(client.clone(), NS)
         .get(&names::external_workload_name("mixed", "dev"))
         .await
@@ -2121,5 +2124,135 @@ async fn children_changed_behind_the_operators_back_are_restored() {
     .await;
 
     apps.cancel();
+    cp.shutdown().await;
+}
+
+/// Virtual workloads (issue 27): nothing is deployed or routed; the VirtualWorkload reports
+/// whether the baseline exists and which of its pods carry a sidecar, and the Sandbox is Ready
+/// once every virtual workload is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn virtual_workloads_report_their_baselines_sidecars() {
+    use k8s_openapi::api::core::v1::Pod;
+    let cp = ControlPlane::start().await;
+    let client = cp.client();
+    create_namespace(&client).await;
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "orders", "namespace": NS},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "orders"}},
+            "template": {
+                "metadata": {"labels": {"app": "orders"}},
+                "spec": {"containers": [{"name": "app", "image": "orders:1"}]}
+            }
+        }
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+    // Plays kubelet: one running pod with a ready sidecar, one without a sidecar.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    for (name, sidecar) in [("orders-1", true), ("orders-2", false)] {
+        let mut containers = vec![json!({"name": "app", "image": "orders:1"})];
+        let mut statuses = vec![json!({"name": "app", "ready": true, "restartCount": 0,
+            "image": "orders:1", "imageID": "", "state": {"running": {}}})];
+        if sidecar {
+            containers.push(json!({"name": "spur-sidecar", "image": "spur:1"}));
+            statuses.push(
+                json!({"name": "spur-sidecar", "ready": true, "restartCount": 0,
+                "image": "spur:1", "imageID": "", "state": {"running": {}}}),
+            );
+        }
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"app": "orders"},
+                         "annotations": if sidecar { json!({"sidecar.spur.dev/status": "injected"}) } else { json!({}) }},
+            "spec": {"containers": containers}
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+        pods.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running", "containerStatuses": statuses}})),
+        )
+        .await
+        .unwrap();
+    }
+    let virtual_sandbox = |name: &str, baseline: &str| -> Sandbox {
+        serde_json::from_value(json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": name},
+            "spec": {"virtual": [{"name": "orders",
+                "workload": {"kind": "Deployment", "namespace": NS, "name": baseline}}]}
+        }))
+        .unwrap()
+    };
+    let sandboxes: Api<Sandbox> = Api::all(client.clone());
+    sandboxes
+        .create(&PostParams::default(), &virtual_sandbox("ref", "orders"))
+        .await
+        .unwrap();
+    sandboxes
+        .create(&PostParams::default(), &virtual_sandbox("ghost", "nothere"))
+        .await
+        .unwrap();
+
+    ready_key(&client, "ref").await;
+    let vws: Api<VirtualWorkload> = Api::namespaced(client.clone(), NS);
+    let vw = vws
+        .get(&names::virtual_workload_name("ref", "orders"))
+        .await
+        .unwrap();
+    let st = vw.status.unwrap();
+    let ready = find_condition(&st.conditions, READY).unwrap();
+    assert_eq!(ready.reason, "SidecarsReady", "{ready:?}");
+    let cov = st.baseline_sidecars.unwrap();
+    assert_eq!((cov.pods, cov.injected, cov.ready), (2, 1, 1), "{cov:?}");
+    assert_eq!(cov.without_sidecar[0].name, "orders-2");
+    assert!(st.services.is_empty(), "a virtual workload deploys nothing");
+    let sb = sandbox_status(&client, "ref")
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert!(sb.virtual_workloads[0].ready, "{sb:?}");
+    let sidecars = find_condition(&sb.conditions, "BaselineSidecars").unwrap();
+    assert!(sidecars.message.contains("orders-2"), "{sidecars:?}");
+    assert!(sb.forks.is_empty());
+
+    // A baseline that does not exist: not ready, and the sandbox says what it waits for.
+    let ghost = names::virtual_workload_name("ghost", "orders");
+    eventually(
+        "the ghost's VirtualWorkload to report its baseline missing",
+        || async {
+            let st = vws.get_opt(&ghost).await.unwrap()?.status?;
+            let c = find_condition(&st.conditions, READY)?;
+            (c.reason == "BaselineNotFound").then_some(())
+        },
+    )
+    .await;
+    eventually("the ghost sandbox to wait for it", || async {
+        let st = sandbox_status(&client, "ghost").await?.status?;
+        let c = find_condition(&st.conditions, READY)?;
+        (c.status == "False" && c.message.contains(&ghost)).then_some(())
+    })
+    .await;
+
+    for name in ["ref", "ghost"] {
+        sandboxes
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+        all_gone(&client, name).await;
+    }
+    assert!(
+        vws.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
     cp.shutdown().await;
 }

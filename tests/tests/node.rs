@@ -15,6 +15,7 @@ mod node_access;
 mod node_jobs;
 mod node_l4;
 mod node_resources;
+mod node_traffic;
 mod node_xds;
 
 use spur_e2e::node::{
@@ -46,6 +47,7 @@ const COMPONENTS: &[(&str, &str)] = &[
     ("spur-operator", "spur-operator"),
     ("spur-routeserver", "spur-routeserver"),
     ("spur-tunnel-proxy", "spur-tunnel-proxy"),
+    ("spur-traffic", "spur-traffic"),
 ];
 
 #[test]
@@ -285,6 +287,20 @@ fn helm_install_and_the_user_path_on_running_pods() {
 
     // --- just-in-time access: kubectl exec under a grant, audited, refused after expiry -------
     node_access::access_on_the_node(node, ns, "backend-fix", &fork, &backend_pods[0]);
+
+    // --- traffic capture: tail, diff against a virtual workload, redaction, load, outage ------
+    node_traffic::traffic_on_the_node(
+        node,
+        &node_traffic::Scene {
+            ns,
+            client: &client,
+            frontend: &frontend,
+            sandbox: "backend-fix",
+            key: &key,
+            fork_pod: &fork,
+            backend_pod: &backend_pods[0],
+        },
+    );
 
     // --- a RouteGroup over two sandboxes routes by its own key -------------------------------
     node.apply(&sandbox(

@@ -654,9 +654,12 @@ pub struct VirtualStatus {
     pub name: String,
     /// The VirtualWorkload object, in the baseline's namespace.
     pub virtual_workload: String,
-    /// Its routes are published.
+    /// The baseline exists and its pods' sidecars see the key.
     #[serde(default)]
     pub ready: bool,
+    /// Whether the baseline's pods carry a ready sidecar.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline_sidecars: Option<crate::SidecarCoverage>,
 }
 
 // === validation ===

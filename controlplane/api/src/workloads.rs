@@ -324,7 +324,7 @@ impl ExternalWorkloadSpec {
     namespaced,
     status = "VirtualWorkloadStatus",
     derive = "PartialEq",
-    doc = "Key-scoped traffic handling for a baseline without a new workload: the routing key gets its own route to the baseline, so the handling (e.g. request middleware) can apply to exactly the sandbox's requests; whatever it does not answer reaches the baseline. Created by the Sandbox controller (one per spec.virtual[]) in the baseline's namespace.",
+    doc = "Stands for a baseline inside a sandbox without forking it: requests carrying the sandbox's routing key keep reaching the baseline, and its sidecars handle them as the sandbox's (traffic capture, so a reference sandbox records what the baseline answers; docs/traffic.md). Created by the Sandbox controller (one per spec.virtual[]) in the baseline's namespace.",
     printcolumn(name = "Sandbox", type_ = "string", json_path = ".spec.sandbox"),
     printcolumn(name = "Baseline", type_ = "string", json_path = ".spec.baseline.name"),
     printcolumn(
@@ -367,6 +367,10 @@ pub struct VirtualWorkloadStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["baselineService"]))]
     pub services: Vec<ServiceMapping>,
+    /// Whether the baseline's pods carry a ready DevMesh sidecar: only those see (and capture)
+    /// the sandbox's keyed requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline_sidecars: Option<SidecarCoverage>,
     /// `Ready` and friends.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]

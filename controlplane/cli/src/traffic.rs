@@ -61,6 +61,10 @@ struct Conn {
     /// File holding the bearer token (default: the token itself in $SPUR_TRAFFIC_TOKEN).
     #[arg(long, global = true)]
     token_file: Option<PathBuf>,
+    /// The name the server's certificate must carry, when --server names it otherwise (a
+    /// port-forward to 127.0.0.1: spur-traffic.spur-system.svc).
+    #[arg(long, env = "SPUR_TRAFFIC_TLS_SERVER_NAME", global = true)]
+    tls_server_name: Option<String>,
 }
 
 #[derive(Args)]
@@ -322,11 +326,18 @@ async fn connect(conn: &Conn) -> Result<Client> {
                 Some(path) => tls.ca_certificate(Certificate::from_pem(read_ca(path)?)),
                 None => tls.with_native_roots(),
             };
+            let tls = match &conn.tls_server_name {
+                Some(name) => tls.domain_name(name.clone()),
+                None => tls,
+            };
             endpoint = endpoint
                 .tls_config(tls)
                 .map_err(|e| anyhow!("TLS for {server}: {}", error_chain(&e)))?;
         }
-        (Some("http"), None) => {}
+        (Some("http"), None) if conn.tls_server_name.is_none() => {}
+        (Some("http"), None) => {
+            bail!("--tls-server-name is for an https:// server; {server} is http")
+        }
         (Some("http"), Some(_)) => bail!("--ca is for an https:// server; {server} is http"),
         _ => bail!("--server {server:?}: expected http://HOST:PORT or https://HOST:PORT"),
     }

@@ -223,6 +223,23 @@ async fn sidecar_coverage(
     ns: &str,
     ctx: &Context,
 ) -> Result<Option<spur_api::SidecarCoverage>, Error> {
+    let before = fw
+        .status
+        .as_ref()
+        .and_then(|s| s.baseline_sidecars.as_ref());
+    coverage_of(&fw.name_any(), &fw.spec.sandbox, before, baseline, ns, ctx).await
+}
+
+/// [`sidecar_coverage`] for any sandbox workload `owner` (its name, for the metric) of
+/// `sandbox` standing in front of `baseline`, given the coverage it reported before.
+pub(crate) async fn coverage_of(
+    owner: &str,
+    sandbox: &str,
+    before: Option<&spur_api::SidecarCoverage>,
+    baseline: &Deployment,
+    ns: &str,
+    ctx: &Context,
+) -> Result<Option<spur_api::SidecarCoverage>, Error> {
     let Some(selector) = baseline.spec.as_ref().map(|s| s.selector.clone()) else {
         return Ok(None);
     };
@@ -255,12 +272,8 @@ async fn sidecar_coverage(
         }
     }
     missing.sort_by_key(ResourceExt::name_any);
-    ctx.metrics
-        .pods_without_sidecar(ns, &fw.name_any(), missing.len());
-    let before: BTreeSet<String> = fw
-        .status
-        .as_ref()
-        .and_then(|s| s.baseline_sidecars.as_ref())
+    ctx.metrics.pods_without_sidecar(ns, owner, missing.len());
+    let before: BTreeSet<String> = before
         .map(|c| c.without_sidecar.iter().map(|p| p.name.clone()).collect())
         .unwrap_or_default();
     let mut coverage = spur_api::SidecarCoverage::new(total, injected, ready);
@@ -274,8 +287,7 @@ async fn sidecar_coverage(
                 "SidecarMissing",
                 "Route",
                 format!(
-                    "no Spur sidecar, so requests keyed for sandbox {} that reach this pod stay on the baseline: {reason}",
-                    fw.spec.sandbox
+                    "no Spur sidecar, so requests keyed for sandbox {sandbox} that reach this pod are not handled as the sandbox's: {reason}"
                 ),
             )
             .await;

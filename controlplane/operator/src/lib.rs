@@ -46,6 +46,7 @@ mod routegroup;
 mod routingconfig;
 pub mod sandbox;
 mod triggers;
+mod virtualw;
 mod webhook;
 pub mod workstations;
 pub mod xds_clients;
@@ -82,6 +83,7 @@ use spur_api::routingconfig::SandboxedKind;
 use spur_api::{
     EnvoyConfig, EnvoyConfigRevision, ExternalWorkload, ForkedWorkload, ListenerSet,
     ObjectLifecycleMethods, Resource, ResourcePlugin, RouteGroup, RoutingConfig, Sandbox,
+    VirtualWorkload,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -156,6 +158,11 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         wc(),
         triggers::external_workload,
     );
+    let (_, sb_virtuals) = triggers::changes(
+        Api::<VirtualWorkload>::all(client.clone()),
+        wc(),
+        triggers::virtual_workload,
+    );
     let (configs_store, sb_configs) = triggers::changes(
         Api::<RoutingConfig>::all(client.clone()),
         wc(),
@@ -204,6 +211,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         .with_config(cfg.clone())
         .watches_stream(sb_forks, |fw| cluster_owners::<Sandbox>(&fw))
         .watches_stream(sb_externals, |ew| cluster_owners::<Sandbox>(&ew))
+        .watches_stream(sb_virtuals, |vw| cluster_owners::<Sandbox>(&vw))
         .owns_stream(sb_configs);
     // Resources wake their Sandbox (cluster-scoped like it: `owns` keys them right); without
     // resources enabled there is nothing to watch.
@@ -263,6 +271,35 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         )
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(forked::reconcile, forked::error_policy, ctx.clone())
+        .for_each(|_| std::future::ready(()));
+
+    // VirtualWorkloads: their baseline Deployment and its pods (metadata only) decide status.
+    let vw = primary(Api::<VirtualWorkload>::all(client.clone())).with_config(cfg.clone());
+    let (vw_by_baseline, vw_by_pod) = (vw.store(), vw.store());
+    let virtuals = vw
+        .watches(
+            Api::<PartialObjectMeta<Deployment>>::all(client.clone()),
+            wc(),
+            move |d| {
+                let (ns, name) = (d.namespace().unwrap_or_default(), d.name_any());
+                objects_where(&vw_by_baseline, |vw| {
+                    vw.spec.baseline.namespace == ns && vw.spec.baseline.name == name
+                })
+            },
+        )
+        .watches(
+            Api::<PartialObjectMeta<Pod>>::all(client.clone()),
+            wc(),
+            move |pod| {
+                if pod.labels().contains_key(spur_api::keys::labels::FORK) {
+                    return Vec::new();
+                }
+                let ns = pod.namespace().unwrap_or_default();
+                objects_where(&vw_by_pod, |vw| vw.spec.baseline.namespace == ns)
+            },
+        )
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(virtualw::reconcile, virtualw::error_policy, ctx.clone())
         .for_each(|_| std::future::ready(()));
 
     let ew = primary(Api::<ExternalWorkload>::all(client.clone())).with_config(cfg.clone());
@@ -469,6 +506,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         drained("sandbox", sandboxes, stop.clone()),
         drained("forkedworkload", forks, stop.clone()),
         drained("externalworkload", externals, stop.clone()),
+        drained("virtualworkload", virtuals, stop.clone()),
         drained("routingconfig", configs, stop.clone()),
         drained("routegroup", groups, stop.clone()),
         drained("envoyconfig", envoy, stop.clone()),

@@ -103,9 +103,9 @@ async fn apply(
                     ));
                     targets.push((w, st.services));
                 }
-                SandboxedKind::VirtualWorkload => {
-                    waiting.push(format!("{id} (kind not supported yet)"));
-                }
+                // A virtual workload has no route: its key stays on the baseline, whose
+                // sidecars handle it (the Sandbox reports whether they can).
+                SandboxedKind::VirtualWorkload => {}
             }
         }
     }

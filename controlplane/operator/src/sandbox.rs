@@ -20,7 +20,7 @@ use spur_api::conditions::{
 };
 use spur_api::keys::labels;
 use spur_api::routingconfig::{SandboxedKind, SandboxedWorkloadRef};
-use spur_api::sandbox::{ForkStatus, LocalStatus};
+use spur_api::sandbox::{ForkStatus, LocalStatus, VirtualStatus};
 use spur_api::{
     ExternalWorkload, ExternalWorkloadSpec, ForkedWorkload, ForkedWorkloadSpec, RoutingConfig,
     RoutingConfigSpec, Sandbox, SandboxStatus, VirtualWorkload, VirtualWorkloadSpec, WorkloadKind,
@@ -117,6 +117,7 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             st.routing_key = Some(key.clone());
             st.forks.clear();
             st.local.clear();
+            st.virtual_workloads.clear();
             st.resources.clear();
             condition(st, sb, READY, ConditionStatus::False, reason, &message)
         })
@@ -208,9 +209,7 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             sandbox: name.clone(),
         });
     }
-    // Local workloads: an ExternalWorkload each, served by the workstation's tunnel. Virtual
-    // workloads: the objects are created (their handling comes later), so the sandbox's shape
-    // is complete and owned.
+    // Local workloads: an ExternalWorkload each, served by the workstation's tunnel.
     let mut locals = Vec::new();
     for local in &sb.spec.local {
         let b = &local.from;
@@ -243,6 +242,9 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             sandbox: name.clone(),
         });
     }
+    // Virtual workloads: a VirtualWorkload each, which reports whether the baseline's sidecars
+    // can handle the key (nothing is deployed, nothing routed).
+    let mut virtuals = Vec::new();
     for v in &sb.spec.virtual_workloads {
         let b = &v.workload;
         let vw_name = names::virtual_workload_name(&name, &v.name);
@@ -256,13 +258,20 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             },
         );
         vw.metadata = child_meta(&vw_name, &b.namespace, &name, &key, &owner);
-        Api::<VirtualWorkload>::namespaced(ctx.client.clone(), &b.namespace)
+        let applied = Api::<VirtualWorkload>::namespaced(ctx.client.clone(), &b.namespace)
             .patch(
                 &vw_name,
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&vw),
             )
             .await?;
+        let st = applied.status.clone().unwrap_or_default();
+        virtuals.push(VirtualStatus {
+            name: v.name.clone(),
+            virtual_workload: vw_name.clone(),
+            ready: is_condition_true(&st.conditions, READY),
+            baseline_sidecars: st.baseline_sidecars.clone(),
+        });
         workloads.push(SandboxedWorkloadRef {
             kind: SandboxedKind::VirtualWorkload,
             namespace: b.namespace.clone(),
@@ -304,13 +313,15 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         .as_ref()
         .is_some_and(|s| is_condition_true(&s.conditions, READY));
 
-    let unsupported = !sb.spec.virtual_workloads.is_empty();
-    let all_ready = forks.iter().all(|f| f.ready) && locals.iter().all(|l| l.ready);
+    let all_ready = forks.iter().all(|f| f.ready)
+        && locals.iter().all(|l| l.ready)
+        && virtuals.iter().all(|v| v.ready);
     write_status(sb, ctx, |st| {
         st.routing_key = Some(key.clone());
         st.resources = resource_entries;
         st.forks = forks;
         st.local = locals;
+        st.virtual_workloads = virtuals;
         st.expires_at = expires_at.map(Time);
         condition(
             st,
@@ -333,17 +344,25 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             },
         );
         // Baseline pods without a sidecar never see the key: say which, and why.
+        let virtual_baselines: Vec<(&str, Option<&spur_api::SidecarCoverage>)> = sb
+            .spec
+            .virtual_workloads
+            .iter()
+            .zip(&st.virtual_workloads)
+            .map(|(v, s)| (v.workload.namespace.as_str(), s.baseline_sidecars.as_ref()))
+            .collect();
         let without: Vec<String> = st
             .forks
             .iter()
-            .flat_map(|f| {
-                f.baseline_sidecars
-                    .iter()
+            .map(|f| (f.fork_of.namespace.as_str(), f.baseline_sidecars.as_ref()))
+            .chain(virtual_baselines)
+            .flat_map(|(ns, c)| {
+                c.into_iter()
                     .flat_map(|c| c.without_sidecar.iter())
-                    .map(|p| format!("{}/{} ({})", f.fork_of.namespace, p.name, p.reason))
+                    .map(move |p| format!("{ns}/{} ({})", p.name, p.reason))
             })
             .collect();
-        if !st.forks.is_empty() {
+        if !st.forks.is_empty() || !st.virtual_workloads.is_empty() {
             if without.is_empty() {
                 condition(
                     st,
@@ -361,20 +380,13 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                     ConditionStatus::False,
                     "PodsWithoutSidecar",
                     &format!(
-                        "requests with this sandbox's key that reach these baseline pods are not routed: {}",
+                        "requests with this sandbox's key that reach these baseline pods are not routed (or captured): {}",
                         without.join("; ")
                     ),
                 );
             }
         }
-        let (status, reason, message) = if unsupported {
-            (
-                ConditionStatus::False,
-                "Unsupported",
-                "virtual workloads are not supported yet; only forks and local workloads are deployed"
-                    .to_string(),
-            )
-        } else if all_ready && routing_ready {
+        let (status, reason, message) = if all_ready && routing_ready {
             (
                 ConditionStatus::True,
                 "Ready",
@@ -391,6 +403,12 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                         .iter()
                         .filter(|l| !l.ready)
                         .map(|l| l.external_workload.as_str()),
+                )
+                .chain(
+                    st.virtual_workloads
+                        .iter()
+                        .filter(|v| !v.ready)
+                        .map(|v| v.virtual_workload.as_str()),
                 )
                 .collect();
             (

@@ -178,6 +178,16 @@ pub(crate) fn external_workload(ew: &ExternalWorkload) -> u64 {
     ))
 }
 
+/// A VirtualWorkload as its Sandbox reads it: readiness and sidecar coverage.
+pub(crate) fn virtual_workload(vw: &spur_api::VirtualWorkload) -> u64 {
+    let st = vw.status.as_ref();
+    hash_of(&(
+        meta_digest(vw),
+        st.map(|s| &s.baseline_sidecars),
+        st.is_some_and(|s| is_condition_true(&s.conditions, READY)),
+    ))
+}
+
 /// A RoutingConfig as its Sandbox reads it: spec and whether it routes.
 pub(crate) fn routing_config(rc: &RoutingConfig) -> u64 {
     let st = rc.status.as_ref();

@@ -335,10 +335,16 @@ spec:
 /// A kubeconfig authenticating as ServiceAccount `devs/<name>` (a token from the TokenRequest
 /// API), for kubectl and `spur`.
 fn user(node: &Node, dir: &Path, name: &str) -> PathBuf {
-    node.kubectl(&["-n", DEVS, "create", "serviceaccount", name])
+    user_in(node, dir, DEVS, name).0
+}
+
+/// A kubeconfig authenticating as ServiceAccount `<namespace>/<name>` (created, in a namespace
+/// that exists), and its token.
+pub(super) fn user_in(node: &Node, dir: &Path, namespace: &str, name: &str) -> (PathBuf, String) {
+    node.kubectl(&["-n", namespace, "create", "serviceaccount", name])
         .unwrap();
     let token = node
-        .kubectl(&["-n", DEVS, "create", "token", name, "--duration=1h"])
+        .kubectl(&["-n", namespace, "create", "token", name, "--duration=1h"])
         .unwrap();
     let admin = std::fs::read_to_string(&node.kubeconfig).unwrap();
     let config: String = admin
@@ -352,9 +358,9 @@ fn user(node: &Node, dir: &Path, name: &str) -> PathBuf {
         })
         .collect::<Vec<_>>()
         .join("\n");
-    let path = dir.join(format!("{name}.kubeconfig"));
+    let path = dir.join(format!("{namespace}-{name}.kubeconfig"));
     std::fs::write(&path, config).unwrap();
-    path
+    (path, token.trim().to_string())
 }
 
 /// `spur access request <args> --wait` as the user of `kubeconfig`: the command it prints.
