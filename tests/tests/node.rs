@@ -1138,6 +1138,9 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
             &ca_arg,
             "--set",
             "agent.previewDomain=preview.test",
+            // The web view's traffic tab, read through this agent.
+            "--set",
+            "agent.traffic.enabled=true",
             // The chart's own hub as well (not the one the agent dials): it starts from the
             // image, and is administered with `kubectl exec`.
             "--set",
@@ -1253,6 +1256,44 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
     assert!(
         !denied.body.contains(backend_pod) && !denied.body.contains(&fork),
         "{denied:?}"
+    );
+
+    // The web view's traffic tab (agent.traffic.enabled): the agent reads the cluster's traffic
+    // store over TLS under the operator's CA bundle, with its own token, which RBAC
+    // (spur-traffic-reader) lets read. This sandbox captures nothing, so the tab says so; a
+    // refused read would say "Cannot read this sandbox's traffic" (and why).
+    let tab = format!("https://{laptop_ip}:8444/traffic?cluster=node&sandbox=backend-preview");
+    let page = eventually(
+        "the traffic tab through the agent",
+        Duration::from_secs(60),
+        || {
+            let out = std::process::Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    &netns,
+                    "curl",
+                    "-sS",
+                    "--max-time",
+                    "10",
+                    "--cacert",
+                ])
+                .arg(&ca)
+                .args(["-H", &auth, &tab])
+                .output()?;
+            let body = String::from_utf8_lossy(&out.stdout).into_owned();
+            anyhow::ensure!(
+                body.contains("No captured exchange matches"),
+                "the tab says: {body}"
+            );
+            Ok(Some(body))
+        },
+    )
+    .with_context(|| std::fs::read_to_string(d.join("hub.log")).unwrap_or_default())
+    .unwrap();
+    assert!(
+        page.contains("Traffic of sandbox backend-preview in node"),
+        "{page}"
     );
 
     // The hub dies and comes back: the agent reconnects, previews work again, no manual step.

@@ -328,6 +328,32 @@ pub(crate) struct AgentArgs {
         default_value = ".svc,.svc.cluster.local"
     )]
     target_suffix: Vec<String>,
+    /// Let the hub's web view read sandboxes' captured traffic from this cluster's traffic
+    /// store, HOST:PORT (the chart's `spur-traffic.<namespace>.svc:7790`). The agent reads with
+    /// its own token, so RBAC decides what the hub sees (the ClusterRole spur-traffic-reader).
+    #[arg(long, env = "SPUR_AGENT_TRAFFIC_SERVER")]
+    traffic_server: Option<String>,
+    /// CA bundle (PEM) the traffic store's certificate chains to.
+    #[arg(
+        long,
+        env = "SPUR_AGENT_TRAFFIC_SERVER_CA",
+        requires = "traffic_server"
+    )]
+    traffic_server_ca: Option<PathBuf>,
+    /// File holding the token presented to the traffic store (re-read for every connection).
+    #[arg(
+        long,
+        env = "SPUR_AGENT_TRAFFIC_TOKEN_FILE",
+        default_value = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    )]
+    traffic_server_token_file: PathBuf,
+    /// Talk to the traffic store without TLS (a store serving loopback only).
+    #[arg(
+        long,
+        requires = "traffic_server",
+        conflicts_with = "traffic_server_ca"
+    )]
+    traffic_insecure_plaintext: bool,
     /// Run without Kubernetes access (only TCP targets); for tests and non-Kubernetes hosts.
     #[arg(long)]
     no_kube: bool,
@@ -400,6 +426,22 @@ pub(crate) async fn agent(args: AgentArgs) -> Result<ExitCode> {
         },
         &mut registry,
     )?;
+    let agent = match &args.traffic_server {
+        None => agent,
+        Some(addr) => {
+            if args.traffic_server_ca.is_none() && !args.traffic_insecure_plaintext {
+                bail!(
+                    "--traffic-server needs --traffic-server-ca (or --traffic-insecure-plaintext for a store on loopback)"
+                );
+            }
+            let conn = spur_discovery::RouteServerConn {
+                addr: addr.clone(),
+                ca: args.traffic_server_ca.clone(),
+                token: Some(args.traffic_server_token_file.clone()),
+            };
+            agent.with_traffic(spur_discovery::Connector::named(conn, "traffic store")?)
+        }
+    };
     let state = agent.state();
     let mut log_state = agent.state();
     tokio::spawn(async move {

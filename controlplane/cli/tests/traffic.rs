@@ -195,6 +195,8 @@ async fn tail_shows_the_forks_answer_and_diff_shows_what_changed() {
     assert_eq!(x["routed"], "sandbox", "{x}");
     assert_eq!(x["status"], 200, "{x}");
     assert_eq!(x["responseBody"]["data"], "hello from fork\n", "{x}");
+    // Read to its last byte by the client: a complete exchange, no error.
+    assert_eq!(x["error"], serde_json::Value::Null, "{x}");
     assert!(!line.contains("do-not-store-me"), "{line}");
     let status = tokio::time::timeout(Duration::from_secs(10), tail.wait())
         .await
@@ -234,6 +236,13 @@ async fn tail_shows_the_forks_answer_and_diff_shows_what_changed() {
     eprintln!("spur traffic diff sb1:\n{text}");
     assert!(text.contains("hello from fork"), "{text}");
 
+    let t = Instant::now();
+    hub_web_view_shows_the_traffic(d, grpc).await;
+    eprintln!(
+        "the hub's traffic tab showed the exchange after {:?}",
+        t.elapsed()
+    );
+
     // A wrong token is refused with a clear message.
     std::fs::write(d.join("token"), "wrong").unwrap();
     let out = spur(d, &server, &["traffic", "query", "sb1"]);
@@ -243,6 +252,122 @@ async fn tail_shows_the_forks_answer_and_diff_shows_what_changed() {
 
     sidecar.shutdown().await;
     apps.cancel();
+}
+
+/// The hub's web view, its traffic tab: the same exchanges, read through the cluster's agent
+/// (which reads the store with its own token); the hub keeps none of them.
+async fn hub_web_view_shows_the_traffic(d: &Path, store_port: u16) {
+    let hub_cmd = |args: &[&str]| {
+        let out = std::process::Command::new(SPUR)
+            .current_dir(d)
+            .args(args)
+            .env("SPUR_HUB_DB", d.join("hub.db"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "spur {args:?}: {out:?}");
+        out.stdout
+    };
+    std::fs::write(
+        d.join("east.token"),
+        hub_cmd(&["hub", "cluster", "add", "east"]),
+    )
+    .unwrap();
+    let key = String::from_utf8(hub_cmd(&["hub", "apikey", "add", "dev"])).unwrap();
+    std::fs::write(d.join("ca.pem"), hub_cmd(&["hub", "ca"])).unwrap();
+    let auth = format!("x-spur-api-key: {}", key.trim());
+    let curl = |web: u16, path: &str, headers: &[&str]| -> (u16, String) {
+        let mut c = std::process::Command::new("curl");
+        c.args(["-sS", "--max-time", "10", "--cacert"])
+            .arg(d.join("ca.pem"))
+            .args(["-w", "\n%{http_code}"]);
+        for h in headers {
+            c.args(["-H", h]);
+        }
+        let out = c
+            .arg(format!("https://localhost:{web}{path}"))
+            .output()
+            .expect("curl (tests/run.sh installs it)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.to_owned())
+    };
+    // The tunnel port must be free on TCP and UDP (QUIC); both probes are held until known.
+    let (tunnel, web) = loop {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = tcp.local_addr().unwrap().port();
+        if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            break (port, free_port());
+        }
+    };
+    let log = |name: &str| std::fs::File::create(d.join(name)).unwrap();
+    let _hub = tokio::process::Command::new(SPUR)
+        .current_dir(d)
+        .args([
+            "hub",
+            "serve",
+            "--db",
+            "hub.db",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--tunnel-addr", &format!("127.0.0.1:{tunnel}")])
+        .args(["--preview-addr", &format!("127.0.0.1:{web}")])
+        .args(["--preview-domain", "preview.test"])
+        .stderr(log("hub.log"))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let _agent = tokio::process::Command::new(SPUR)
+        .current_dir(d)
+        .args(["agent", "--hub", &format!("127.0.0.1:{tunnel}")])
+        .args(["--hub-server-name", "localhost", "--hub-ca", "ca.pem"])
+        .args([
+            "--token-file",
+            "east.token",
+            "--no-kube",
+            "--health-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--traffic-server", &format!("127.0.0.1:{store_port}")])
+        .args([
+            "--traffic-insecure-plaintext",
+            "--traffic-server-token-file",
+            "token",
+        ])
+        .stderr(log("agent.log"))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let page = "/traffic?cluster=east&sandbox=sb1";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let (code, body) = curl(web, page, &[&auth]);
+        if code == 200 && body.contains("hello from fork") {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no traffic tab with the fork's answer: {code} {body}\nhub: {}\nagent: {}",
+            std::fs::read_to_string(d.join("hub.log")).unwrap_or_default(),
+            std::fs::read_to_string(d.join("agent.log")).unwrap_or_default(),
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(body.contains("<code>demo/backend</code>"), "{body}");
+    assert!(body.contains("<code>GET /</code>"), "{body}");
+    assert!(body.contains("authorization: &lt;redacted&gt;"), "{body}");
+    assert!(!body.contains("do-not-store-me"), "{body}");
+    // The reference sandbox's exchange is its own page's, not this one's.
+    assert!(!body.contains("hello from baseline"), "{body}");
+    // Filters reach the store: a status nothing has is an empty page, a bad one a clear error.
+    let (_, none) = curl(web, &format!("{page}&status=404"), &[&auth]);
+    assert!(none.contains("No captured exchange matches"), "{none}");
+    let (_, bad) = curl(web, &format!("{page}&limit=100000"), &[&auth]);
+    assert!(bad.contains("expected a number from 1 to 200"), "{bad}");
+    // Without a login: the login form, never the data.
+    let (code, anon) = curl(web, page, &[]);
+    assert_eq!(code, 303, "{anon}");
+    assert!(!anon.contains("hello from fork"));
 }
 
 /// The store's /metrics, over a plain HTTP/1.1 GET.

@@ -1,7 +1,8 @@
 //! `spur agent`: runs in a cluster, keeps one tunnel session to the hub (dialling out; the
 //! cluster accepts nothing inbound) and serves the streams the hub opens on its reverse
-//! listener: TCP connections to in-cluster targets and a scoped, read-only proxy to the
-//! Kubernetes API. Reconnects (backoff with jitter) are the tunnel client's.
+//! listener: TCP connections to in-cluster targets, a scoped, read-only proxy to the
+//! Kubernetes API and, when given one, reads of the cluster's traffic store (the web view's
+//! traffic tab). Reconnects (backoff with jitter) are the tunnel client's.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -17,7 +18,10 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
-use crate::protocol::{AGENT_BIND, AgentInfo, Answer, MAX_FRAME, Open};
+use crate::protocol::{
+    AGENT_BIND, AgentInfo, Answer, MAX_FRAME, MAX_TRAFFIC_LIMIT, Open, TRAFFIC_CONTENT_TYPE,
+    TRAFFIC_PATH,
+};
 
 /// What the agent lets the hub do.
 #[derive(Clone, Debug)]
@@ -66,6 +70,7 @@ pub struct Agent {
     client: Arc<TunnelClient>,
     kube: Option<kube::Client>,
     scope: Arc<Scope>,
+    traffic: Option<spur_discovery::Connector>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -89,7 +94,16 @@ impl Agent {
             client: Arc::new(client),
             kube,
             scope: Arc::new(scope),
+            traffic: None,
         })
+    }
+
+    /// Lets the hub read the cluster's traffic store through `store` (its address, CA and the
+    /// agent's token, which RBAC must let read sandboxes' traffic). Without it the hub's
+    /// traffic reads are refused.
+    pub fn with_traffic(mut self, store: spur_discovery::Connector) -> Self {
+        self.traffic = Some(store);
+        self
     }
 
     /// The tunnel session's state (for readiness).
@@ -135,8 +149,9 @@ impl Agent {
                     Some(incoming) => {
                         let kube = self.kube.clone();
                         let scope = self.scope.clone();
+                        let traffic = self.traffic.clone();
                         streams.spawn(async move {
-                            if let Err(e) = serve_stream(incoming, kube, &scope).await {
+                            if let Err(e) = serve_stream(incoming, kube, traffic, &scope).await {
                                 tracing::debug!("hub stream: {e}");
                             }
                         });
@@ -175,6 +190,7 @@ async fn closed(state: &mut watch::Receiver<SessionState>) -> Error {
 async fn serve_stream(
     incoming: Incoming,
     kube: Option<kube::Client>,
+    traffic: Option<spur_discovery::Connector>,
     scope: &Scope,
 ) -> Result<(), Error> {
     let mut stream = incoming.accept().await?;
@@ -230,8 +246,128 @@ async fn serve_stream(
                 .await
                 .map_err(|e| Error::Upstream(format!("kube proxy stream: {e}")))
         }
+        Open::Traffic => {
+            let Some(store) = traffic else {
+                let reason = "this agent does not read the traffic store (spur agent --traffic-server; the chart's agent.traffic.enabled)".to_owned();
+                answer(&mut stream, Answer::Error { reason }).await?;
+                return Ok(());
+            };
+            answer(&mut stream, Answer::Ok).await?;
+            let service = hyper::service::service_fn(move |req| {
+                let store = store.clone();
+                async move { Ok::<_, Infallible>(traffic_read(&store, req).await) }
+            });
+            hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+                .map_err(|e| Error::Upstream(format!("traffic stream: {e}")))
+        }
     }
 }
+
+/// The filter of a traffic read, from its query string; an error names what is wrong.
+pub fn traffic_query(query: &str) -> Result<spur_proto::traffic::QueryRequest, String> {
+    let mut filter = spur_proto::traffic::Filter::default();
+    let mut limit = 50;
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        match &*k {
+            "sandbox" => filter.sandbox = v.into_owned(),
+            "path" => filter.path_prefix = v.into_owned(),
+            "method" => filter.method = v.into_owned(),
+            "status" if v.is_empty() => {}
+            "status" => {
+                filter.status = v
+                    .parse()
+                    .ok()
+                    .filter(|s| (100..=599).contains(s))
+                    .ok_or_else(|| format!("status {v:?}: expected a number from 100 to 599"))?;
+            }
+            "limit" => {
+                limit = v
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|l| (1..=MAX_TRAFFIC_LIMIT).contains(l))
+                    .ok_or_else(|| {
+                        format!("limit {v:?}: expected a number from 1 to {MAX_TRAFFIC_LIMIT}")
+                    })?;
+            }
+            other => return Err(format!("unknown parameter {other:?}")),
+        }
+    }
+    if filter.sandbox.is_empty() {
+        return Err("sandbox is required (a reader may see only sandboxes RBAC lets it)".into());
+    }
+    Ok(spur_proto::traffic::QueryRequest {
+        filter: Some(filter),
+        limit,
+    })
+}
+
+/// One read of the traffic store with the agent's credentials; the reply as protobuf, or an
+/// error status whose body says why.
+async fn traffic_read(
+    store: &spur_discovery::Connector,
+    req: Request<hyper::body::Incoming>,
+) -> Response<ProxyBody> {
+    if req.method() != Method::GET || req.uri().path() != TRAFFIC_PATH {
+        return status(
+            StatusCode::NOT_FOUND,
+            &format!("the agent serves only GET {TRAFFIC_PATH} on traffic streams"),
+        );
+    }
+    let query = match traffic_query(req.uri().query().unwrap_or_default()) {
+        Ok(q) => q,
+        Err(e) => return status(StatusCode::BAD_REQUEST, &e),
+    };
+    let reply = async {
+        let channel = store
+            .channel()
+            .await
+            .map_err(|e| (StatusCode::BAD_GATEWAY, e.to_string()))?;
+        let mut request = tonic::Request::new(query);
+        if let Some(auth) = store
+            .authorization()
+            .map_err(|e| (StatusCode::BAD_GATEWAY, e.to_string()))?
+        {
+            request.metadata_mut().insert("authorization", auth);
+        }
+        spur_proto::traffic::traffic_client::TrafficClient::new(channel)
+            .query(request)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| {
+                let code = match s.code() {
+                    tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => {
+                        StatusCode::FORBIDDEN
+                    }
+                    tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
+                    _ => StatusCode::BAD_GATEWAY,
+                };
+                (code, format!("traffic store: {}", s.message()))
+            })
+    };
+    match tokio::time::timeout(TRAFFIC_TIMEOUT, reply).await {
+        Ok(Ok(reply)) => {
+            use prost::Message as _;
+            let mut resp = Response::new(UnsyncBoxBody::new(
+                Full::new(Bytes::from(reply.encode_to_vec())).map_err(|e| match e {}),
+            ));
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static(TRAFFIC_CONTENT_TYPE),
+            );
+            resp
+        }
+        Ok(Err((code, message))) => status(code, &message),
+        Err(_) => status(
+            StatusCode::GATEWAY_TIMEOUT,
+            &format!("the traffic store did not answer within {TRAFFIC_TIMEOUT:?}"),
+        ),
+    }
+}
+
+/// How long one traffic read may take, connecting included.
+const TRAFFIC_TIMEOUT: Duration = Duration::from_secs(10);
 
 async fn answer(stream: &mut spur_tunnel::Stream, a: Answer) -> Result<(), Error> {
     spur_tunnel::write_frame(stream, &a, MAX_FRAME).await?;

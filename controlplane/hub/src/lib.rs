@@ -13,6 +13,7 @@ pub mod preview;
 pub mod protocol;
 pub mod server;
 pub mod store;
+pub mod traffic;
 pub mod upstream;
 pub mod web;
 

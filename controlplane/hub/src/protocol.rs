@@ -19,7 +19,21 @@ pub enum Open {
     /// HTTP/1.1 to the cluster's Kubernetes API, limited to what the agent's scope allows
     /// (reads of Spur's own resources), with the agent's credentials.
     Kube,
+    /// HTTP/1.1 to the agent's reader of the cluster's traffic store (`GET /exchanges?…`, see
+    /// [`TRAFFIC_PATH`]), with the agent's credentials; refused unless the agent was given one
+    /// (`spur agent --traffic-server`).
+    Traffic,
 }
+
+/// The one path an [`Open::Traffic`] stream serves. Query parameters: `sandbox` (required),
+/// `limit` (at most [`MAX_TRAFFIC_LIMIT`]), `path` (a prefix), `status`, `method`. The answer
+/// is a protobuf `spur.traffic.v1.QueryReply`, newest exchange first.
+pub const TRAFFIC_PATH: &str = "/exchanges";
+/// Most exchanges one traffic read returns.
+pub const MAX_TRAFFIC_LIMIT: u32 = 200;
+/// The content type of a traffic answer.
+pub const TRAFFIC_CONTENT_TYPE: &str =
+    "application/x-protobuf; messageType=spur.traffic.v1.QueryReply";
 
 /// Agent → hub: the answer to an [`Open`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

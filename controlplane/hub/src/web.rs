@@ -36,6 +36,9 @@ code{font-size:12px;background:#eef0f4;padding:1px 4px;border-radius:3px}
 .ok{color:#137333;font-weight:600} .bad{color:#b3261e;font-weight:600} .dim{color:#778}
 .live{font-size:12px;color:#cfd6e4} form.login{background:#fff;padding:20px;max-width:420px}
 input[type=password]{width:100%;padding:6px;margin:8px 0}
+form.filter{background:#fff;padding:8px;margin-bottom:8px} form.filter input{padding:3px}
+pre{white-space:pre-wrap;word-break:break-all;font-size:12px;background:#f6f7f9;padding:4px;margin:2px 0}
+details summary{cursor:pointer} .detail h3{margin:8px 0 2px}
 "#;
 
 const JS: &str = r#"
@@ -334,6 +337,25 @@ impl Preview {
                 }
             }
             (&Method::GET, "/events") => self.events(),
+            (&Method::GET, "/traffic") => {
+                let params =
+                    crate::traffic::TrafficParams::parse(req.uri().query().unwrap_or_default());
+                if params.cluster.is_empty() || params.sandbox.is_empty() {
+                    return full(
+                        StatusCode::BAD_REQUEST,
+                        "text/plain; charset=utf-8",
+                        "/traffic needs cluster and sandbox\n".into(),
+                    );
+                }
+                let result = crate::traffic::read(&self.clusters, &params).await;
+                let main = crate::traffic::render(&params, &result, SystemTime::now());
+                let title = format!("Traffic of {} · Spur hub", params.sandbox);
+                full(
+                    StatusCode::OK,
+                    "text/html; charset=utf-8",
+                    page(&title, false, &main),
+                )
+            }
             _ => full(
                 StatusCode::NOT_FOUND,
                 "text/plain; charset=utf-8",
@@ -439,9 +461,9 @@ impl Preview {
             if !view.synced {
                 out.push_str("<p class=dim>loading…</p>");
             }
-            out.push_str("<table><tr><th>Sandbox</th><th>Routing key</th><th>Ready</th><th>Forks</th><th>TTL left</th><th>Previews</th></tr>");
+            out.push_str("<table><tr><th>Sandbox</th><th>Routing key</th><th>Ready</th><th>Forks</th><th>TTL left</th><th>Previews</th><th>Traffic</th></tr>");
             if view.sandboxes.is_empty() {
-                out.push_str("<tr><td colspan=6 class=dim>none</td></tr>");
+                out.push_str("<tr><td colspan=7 class=dim>none</td></tr>");
             }
             for (name, sb) in &view.sandboxes {
                 let status = sb.status.as_ref();
@@ -483,9 +505,23 @@ impl Preview {
                     .as_ref()
                     .map(|g| g.endpoints.as_slice())
                     .unwrap_or_default();
+                // Captured exchanges may outlive a capture switched off: the link stays.
+                let capturing = sb.spec.capture.as_ref().is_some_and(|c| c.enabled);
+                let traffic_link = format!(
+                    "<a href=\"/traffic?{}\">{}</a>",
+                    esc(&form_urlencoded::Serializer::new(String::new())
+                        .append_pair("cluster", cluster)
+                        .append_pair("sandbox", name)
+                        .finish()),
+                    if capturing {
+                        "capturing"
+                    } else {
+                        "capture off"
+                    },
+                );
                 let _ = write!(
                     out,
-                    "<tr><td>{}</td><td><code>{}</code></td><td>{ready}</td><td>{}</td><td>{ttl}</td><td>{}</td></tr>",
+                    "<tr><td>{}</td><td><code>{}</code></td><td>{ready}</td><td>{}</td><td>{ttl}</td><td>{}</td><td>{traffic_link}</td></tr>",
                     esc(name),
                     esc(status.and_then(|s| s.routing_key.as_deref()).unwrap_or("-")),
                     forks.join(" "),
@@ -600,7 +636,7 @@ fn human(d: Duration) -> String {
     }
 }
 
-fn ago(now: SystemTime, t: SystemTime) -> String {
+pub(crate) fn ago(now: SystemTime, t: SystemTime) -> String {
     now.duration_since(t)
         .map_or_else(|_| "just now".into(), |d| format!("{} ago", human(d)))
 }

@@ -582,7 +582,8 @@ where
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, B::Error>>> {
         let this = self.project();
-        let res = std::task::ready!(this.inner.poll_frame(cx));
+        let mut inner = this.inner;
+        let res = std::task::ready!(inner.as_mut().poll_frame(cx));
         if let Some(p) = this.pending.as_ref() {
             match &res {
                 Some(Ok(frame)) => {
@@ -590,6 +591,12 @@ where
                         p.data(*this.dir, data);
                     } else if let Some(t) = frame.trailers_ref() {
                         p.trailers(*this.dir, t);
+                    }
+                    // A body that knows it is complete (its content-length reached) may be
+                    // dropped without being polled to its end: hyper stops there.
+                    if inner.is_end_stream() {
+                        p.end(*this.dir, None);
+                        *this.pending = None;
                     }
                 }
                 Some(Err(e)) => {
@@ -689,6 +696,31 @@ mod tests {
         assert_eq!(r.request_body.data, b"0123");
         assert!(r.request_body.truncated);
         assert!(r.error.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_body_complete_by_its_length_ends_the_exchange_without_an_error() {
+        use http_body_util::BodyExt as _;
+        let mut reg = Registry::default();
+        let c = Capture::new(CaptureBounds::default(), &mut reg);
+        let p = c
+            .begin(tag(), None, CapturedProtocol::Http1, &parts(&[]))
+            .unwrap();
+        p.response(&http::Response::new(()).into_parts().0);
+        let mut body = TeeBody::new(
+            http_body_util::Full::new(Bytes::from_static(b"hello")),
+            p.clone(),
+            Direction::Response,
+        );
+        drop(p);
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.data_ref().unwrap().as_ref(), b"hello");
+        // Dropped after its last byte, never polled to None (as hyper does at content-length).
+        drop(body);
+        let r = c.take(10).pop().unwrap();
+        assert!(r.error.is_none(), "{r:?}");
+        assert!(!r.duration.is_zero());
+        assert_eq!(r.response_body.data, b"hello");
     }
 
     #[test]
