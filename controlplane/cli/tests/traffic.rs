@@ -354,6 +354,8 @@ async fn hub_web_view_shows_the_traffic(d: &Path, store_port: u16) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(body.contains("<code>demo/backend</code>"), "{body}");
+    // A static page: the overview's live script would swap the tab out for the overview.
+    assert!(!body.contains("<script"), "{body}");
     assert!(body.contains("<code>GET /</code>"), "{body}");
     assert!(body.contains("authorization: &lt;redacted&gt;"), "{body}");
     assert!(!body.contains("do-not-store-me"), "{body}");

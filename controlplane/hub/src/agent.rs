@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Error;
 use crate::protocol::{
-    AGENT_BIND, AgentInfo, Answer, MAX_FRAME, MAX_TRAFFIC_LIMIT, Open, TRAFFIC_CONTENT_TYPE,
-    TRAFFIC_PATH,
+    AGENT_BIND, AgentInfo, Answer, MAX_FRAME, MAX_TRAFFIC_LIMIT, MAX_TRAFFIC_READS, Open,
+    TRAFFIC_BODY_BYTES, TRAFFIC_CONTENT_TYPE, TRAFFIC_PATH,
 };
 
 /// What the agent lets the hub do.
@@ -70,7 +70,15 @@ pub struct Agent {
     client: Arc<TunnelClient>,
     kube: Option<kube::Client>,
     scope: Arc<Scope>,
-    traffic: Option<spur_discovery::Connector>,
+    traffic: Option<TrafficReader>,
+}
+
+/// The agent's reader of the cluster's traffic store.
+#[derive(Clone)]
+struct TrafficReader {
+    store: spur_discovery::Connector,
+    /// Reads in flight, bounded: each one decodes and re-encodes a reply of up to 16 MiB.
+    permits: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -102,7 +110,10 @@ impl Agent {
     /// agent's token, which RBAC must let read sandboxes' traffic). Without it the hub's
     /// traffic reads are refused.
     pub fn with_traffic(mut self, store: spur_discovery::Connector) -> Self {
-        self.traffic = Some(store);
+        self.traffic = Some(TrafficReader {
+            store,
+            permits: Arc::new(tokio::sync::Semaphore::new(MAX_TRAFFIC_READS)),
+        });
         self
     }
 
@@ -190,7 +201,7 @@ async fn closed(state: &mut watch::Receiver<SessionState>) -> Error {
 async fn serve_stream(
     incoming: Incoming,
     kube: Option<kube::Client>,
-    traffic: Option<spur_discovery::Connector>,
+    traffic: Option<TrafficReader>,
     scope: &Scope,
 ) -> Result<(), Error> {
     let mut stream = incoming.accept().await?;
@@ -247,15 +258,15 @@ async fn serve_stream(
                 .map_err(|e| Error::Upstream(format!("kube proxy stream: {e}")))
         }
         Open::Traffic => {
-            let Some(store) = traffic else {
+            let Some(reader) = traffic else {
                 let reason = "this agent does not read the traffic store (spur agent --traffic-server; the chart's agent.traffic.enabled)".to_owned();
                 answer(&mut stream, Answer::Error { reason }).await?;
                 return Ok(());
             };
             answer(&mut stream, Answer::Ok).await?;
             let service = hyper::service::service_fn(move |req| {
-                let store = store.clone();
-                async move { Ok::<_, Infallible>(traffic_read(&store, req).await) }
+                let reader = reader.clone();
+                async move { Ok::<_, Infallible>(traffic_read(&reader, req).await) }
             });
             hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -306,9 +317,10 @@ pub fn traffic_query(query: &str) -> Result<spur_proto::traffic::QueryRequest, S
 /// One read of the traffic store with the agent's credentials; the reply as protobuf, or an
 /// error status whose body says why.
 async fn traffic_read(
-    store: &spur_discovery::Connector,
+    reader: &TrafficReader,
     req: Request<hyper::body::Incoming>,
 ) -> Response<ProxyBody> {
+    let store = &reader.store;
     if req.method() != Method::GET || req.uri().path() != TRAFFIC_PATH {
         return status(
             StatusCode::NOT_FOUND,
@@ -318,6 +330,12 @@ async fn traffic_read(
     let query = match traffic_query(req.uri().query().unwrap_or_default()) {
         Ok(q) => q,
         Err(e) => return status(StatusCode::BAD_REQUEST, &e),
+    };
+    let Ok(_permit) = reader.permits.try_acquire() else {
+        return status(
+            StatusCode::TOO_MANY_REQUESTS,
+            &format!("the agent is serving {MAX_TRAFFIC_READS} traffic reads already; try again"),
+        );
     };
     let reply = async {
         let channel = store
@@ -332,6 +350,7 @@ async fn traffic_read(
             request.metadata_mut().insert("authorization", auth);
         }
         spur_proto::traffic::traffic_client::TrafficClient::new(channel)
+            .max_decoding_message_size(MAX_STORE_REPLY)
             .query(request)
             .await
             .map(tonic::Response::into_inner)
@@ -347,8 +366,9 @@ async fn traffic_read(
             })
     };
     match tokio::time::timeout(TRAFFIC_TIMEOUT, reply).await {
-        Ok(Ok(reply)) => {
+        Ok(Ok(mut reply)) => {
             use prost::Message as _;
+            cut_bodies(&mut reply);
             let mut resp = Response::new(UnsyncBoxBody::new(
                 Full::new(Bytes::from(reply.encode_to_vec())).map_err(|e| match e {}),
             ));
@@ -368,6 +388,27 @@ async fn traffic_read(
 
 /// How long one traffic read may take, connecting included.
 const TRAFFIC_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest reply taken from the store (it caps its own at 16 MiB; framing on top).
+const MAX_STORE_REPLY: usize = 17 * 1024 * 1024;
+
+/// Cuts every body to [`TRAFFIC_BODY_BYTES`], marking the cut ones truncated.
+pub fn cut_bodies(reply: &mut spur_proto::traffic::QueryReply) {
+    for x in reply
+        .exchanges
+        .iter_mut()
+        .filter_map(|s| s.exchange.as_mut())
+    {
+        for body in [x.request_body.as_mut(), x.response_body.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            if body.data.len() > TRAFFIC_BODY_BYTES {
+                body.data.truncate(TRAFFIC_BODY_BYTES);
+                body.truncated = true;
+            }
+        }
+    }
+}
 
 async fn answer(stream: &mut spur_tunnel::Stream, a: Answer) -> Result<(), Error> {
     spur_tunnel::write_frame(stream, &a, MAX_FRAME).await?;

@@ -31,6 +31,11 @@ pub enum Open {
 pub const TRAFFIC_PATH: &str = "/exchanges";
 /// Most exchanges one traffic read returns.
 pub const MAX_TRAFFIC_LIMIT: u32 = 200;
+/// Body bytes per direction in a traffic answer: the agent cuts longer ones (marking them
+/// truncated), so a page of 200 exchanges stays small; the CLI reads the store for the rest.
+pub const TRAFFIC_BODY_BYTES: usize = 4096;
+/// Traffic reads one agent serves at once; more are refused with a 429.
+pub const MAX_TRAFFIC_READS: usize = 4;
 /// The content type of a traffic answer.
 pub const TRAFFIC_CONTENT_TYPE: &str =
     "application/x-protobuf; messageType=spur.traffic.v1.QueryReply";

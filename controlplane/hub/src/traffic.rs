@@ -24,8 +24,11 @@ const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 const READ_TIMEOUT: Duration = Duration::from_secs(15);
 /// Largest answer read from the agent (the store caps its replies at 16 MiB).
 const MAX_REPLY: usize = 20 * 1024 * 1024;
-/// Body bytes shown per direction; the rest is a `spur traffic query --json` away.
-const SHOWN_BODY: usize = 4096;
+/// Body bytes shown per direction (the agent sends no more); the rest is a `spur traffic query
+/// --json` away.
+const SHOWN_BODY: usize = crate::protocol::TRAFFIC_BODY_BYTES;
+/// Bytes of a binary body shown, as hex.
+const SHOWN_HEX: usize = 256;
 
 /// What the page was asked for, from its query string.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -267,21 +270,21 @@ fn body(out: &mut String, title: &str, b: Option<&CapturedBody>) {
         out.push_str("<p class=dim>not stored (capture keeps no bodies here)</p>");
         return;
     }
-    let cut = b.data.len() > SHOWN_BODY;
-    let shown = &b.data[..b.data.len().min(SHOWN_BODY)];
+    let mut shown = &b.data[..b.data.len().min(SHOWN_BODY)];
     match std::str::from_utf8(shown) {
         Ok(text) => {
             let _ = write!(out, "<pre>{}</pre>", esc(text));
         }
         // A cut may split a character: show what decodes.
         Err(e) if e.error_len().is_none() => {
-            let text = std::str::from_utf8(&shown[..e.valid_up_to()]).unwrap_or_default();
+            shown = &shown[..e.valid_up_to()];
+            let text = std::str::from_utf8(shown).unwrap_or_default();
             let _ = write!(out, "<pre>{}</pre>", esc(text));
         }
         Err(_) => {
+            shown = &shown[..shown.len().min(SHOWN_HEX)];
             let hex: String = shown
                 .iter()
-                .take(256)
                 .map(|b| format!("{b:02x}"))
                 .collect::<Vec<_>>()
                 .join(" ");
@@ -291,7 +294,7 @@ fn body(out: &mut String, title: &str, b: Option<&CapturedBody>) {
             );
         }
     }
-    if cut || b.truncated {
+    if (shown.len() as u64) < b.size {
         let _ = write!(
             out,
             "<p class=dim>… {} of {} bytes shown</p>",
@@ -376,6 +379,36 @@ mod tests {
         ] {
             assert!(crate::agent::traffic_query(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_agent_cuts_bodies_to_what_the_page_shows() {
+        let mut reply = QueryReply {
+            exchanges: vec![StoredExchange {
+                exchange: Some(exchange()),
+                stored_unix_micros: 1,
+            }],
+        };
+        crate::agent::cut_bodies(&mut reply);
+        let x = reply.exchanges[0].exchange.as_ref().unwrap();
+        let resp = x.response_body.as_ref().unwrap();
+        assert_eq!((resp.data.len(), resp.truncated), (SHOWN_BODY, true));
+        let req = x.request_body.as_ref().unwrap();
+        assert_eq!((req.data.len(), req.truncated), (3, false));
+    }
+
+    #[test]
+    fn a_binary_body_says_how_much_of_it_is_shown() {
+        let mut x = exchange();
+        x.request_body = Some(CapturedBody {
+            size: 1000,
+            data: vec![0xfe; 1000],
+            truncated: false,
+        });
+        let mut out = String::new();
+        body(&mut out, "Request body", x.request_body.as_ref());
+        assert!(out.contains("256 of 1000 bytes shown"), "{out}");
+        assert_eq!(out.matches("fe").count(), SHOWN_HEX);
     }
 
     #[test]

@@ -128,18 +128,32 @@ fn redirect(to: &str, cookie: Option<String>) -> Response<Body> {
     r
 }
 
-fn page(title: &str, live: bool, main: &str) -> String {
-    let live = if live {
-        "<span class=live id=live>static (JavaScript off)</span> <a href=\"/logout\">log out</a>"
-    } else {
-        ""
+/// What surrounds a page's content.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Chrome {
+    /// The login form: no session, so no log-out link and no script.
+    Login,
+    /// A page that stays as rendered (the traffic tab): the overview's script would replace it.
+    Static,
+    /// The overview: its script follows `/events` and swaps in fresh tables.
+    Live,
+}
+
+fn page(title: &str, chrome: Chrome, main: &str) -> String {
+    let (header, script) = match chrome {
+        Chrome::Login => ("", ""),
+        Chrome::Static => ("<a href=\"/logout\">log out</a>", ""),
+        Chrome::Live => (
+            "<span class=live id=live>static (JavaScript off)</span> <a href=\"/logout\">log out</a>",
+            "<script src=\"/app.js\"></script>",
+        ),
     };
     format!(
         "<!doctype html><html lang=en><head><meta charset=utf-8>\
          <meta name=viewport content=\"width=device-width,initial-scale=1\">\
          <title>{}</title><link rel=stylesheet href=\"/app.css\"></head><body>\
-         <header><h1>Spur hub</h1><div>{live}</div></header><main id=main>{main}</main>\
-         <script src=\"/app.js\"></script></body></html>",
+         <header><h1>Spur hub</h1><div>{header}</div></header><main id=main>{main}</main>\
+         {script}</body></html>",
         esc(title)
     )
 }
@@ -150,7 +164,7 @@ fn login_page(message: Option<&str>, action: &str) -> String {
         .unwrap_or_default();
     page(
         "Spur hub: log in",
-        false,
+        Chrome::Login,
         &format!(
             "<form class=login method=post action=\"{}\"><h2>Log in</h2>{message}\
              <label>API key (<code>spur hub apikey add NAME</code>)\
@@ -332,7 +346,7 @@ impl Preview {
                     full(
                         StatusCode::OK,
                         "text/html; charset=utf-8",
-                        page("Spur hub", true, &main),
+                        page("Spur hub", Chrome::Live, &main),
                     )
                 }
             }
@@ -353,7 +367,7 @@ impl Preview {
                 full(
                     StatusCode::OK,
                     "text/html; charset=utf-8",
-                    page(&title, false, &main),
+                    page(&title, Chrome::Static, &main),
                 )
             }
             _ => full(
