@@ -6,10 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
-use http::{Request, StatusCode};
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
+use bytes::{Buf, BytesMut};
+use http::StatusCode;
+use http_body_util::BodyExt;
 use kube::core::{ObjectList, WatchEvent};
 use serde::de::DeserializeOwned;
 use spur_api::{RouteGroup, RoutingConfig, Sandbox};
@@ -372,20 +371,9 @@ async fn get(
     cluster: &str,
     path: &str,
 ) -> Result<hyper::body::Incoming, Error> {
-    let stream = clusters.open(cluster, &Open::Kube, OPEN_TIMEOUT).await?;
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| Error::Upstream(format!("agent API stream: {e}")))?;
-    tokio::spawn(conn);
-    let req = Request::get(path)
-        .header(http::header::HOST, "kubernetes")
-        .header(http::header::ACCEPT, "application/json")
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| Error::Invalid(e.to_string()))?;
-    let resp = send
-        .send_request(req)
-        .await
-        .map_err(|e| Error::Upstream(format!("GET {path}: {e}")))?;
+    let resp = clusters
+        .http_get(cluster, &Open::Kube, path, OPEN_TIMEOUT)
+        .await?;
     if resp.status() != StatusCode::OK {
         let status = resp.status();
         let body = resp.into_body().collect().await.map(|b| b.to_bytes());

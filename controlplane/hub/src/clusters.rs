@@ -141,6 +141,31 @@ impl Clusters {
         })?
     }
 
+    /// One HTTP/1.1 GET of `path` on a stream opened for `open` (the agent's Kubernetes proxy
+    /// or traffic reader); the response, whatever its status.
+    pub async fn http_get(
+        &self,
+        cluster: &str,
+        open: &Open,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<http::Response<hyper::body::Incoming>, Error> {
+        let stream = self.open(cluster, open, timeout).await?;
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| Error::Upstream(format!("agent stream: {e}")))?;
+        tokio::spawn(conn);
+        let req = http::Request::get(path)
+            .header(http::header::HOST, "agent")
+            .header(http::header::ACCEPT, "application/json")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+        send.send_request(req)
+            .await
+            .map_err(|e| Error::Upstream(format!("GET {path}: {e}")))
+    }
+
     /// Takes sessions from `server` until `stop`: one per cluster, the newest wins (an agent
     /// restarted before its old session timed out must not be shut out).
     pub async fn serve(&self, server: Arc<TunnelServer>, store: Store, stop: CancellationToken) {

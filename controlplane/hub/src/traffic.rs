@@ -6,10 +6,8 @@
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
-use http::{Request, StatusCode};
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
+use http::StatusCode;
+use http_body_util::BodyExt;
 use prost::Message as _;
 use spur_proto::traffic::{Body as CapturedBody, Exchange, Header, QueryReply};
 
@@ -80,21 +78,10 @@ impl TrafficParams {
 /// Reads a sandbox's exchanges from `cluster`'s traffic store through its agent.
 pub async fn read(clusters: &Clusters, p: &TrafficParams) -> Result<QueryReply, Error> {
     let attempt = async {
-        let stream = clusters
-            .open(&p.cluster, &Open::Traffic, OPEN_TIMEOUT)
+        let path = format!("{TRAFFIC_PATH}?{}", p.agent_query());
+        let resp = clusters
+            .http_get(&p.cluster, &Open::Traffic, &path, OPEN_TIMEOUT)
             .await?;
-        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| Error::Upstream(format!("agent traffic stream: {e}")))?;
-        tokio::spawn(conn);
-        let req = Request::get(format!("{TRAFFIC_PATH}?{}", p.agent_query()))
-            .header(http::header::HOST, "traffic")
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| Error::Invalid(e.to_string()))?;
-        let resp = send
-            .send_request(req)
-            .await
-            .map_err(|e| Error::Upstream(format!("agent traffic stream: {e}")))?;
         let status = resp.status();
         let body = http_body_util::Limited::new(resp.into_body(), MAX_REPLY)
             .collect()
