@@ -181,6 +181,27 @@ pub struct StepInput {
     /// How the step sees it; default: an env var named after the input, upper-cased, `-` → `_`.
     #[serde(default, rename = "as", skip_serializing_if = "Option::is_none")]
     pub as_: Option<InjectAs>,
+    /// For a `valueFromSandbox` input: a regular expression (Rust `regex` syntax) the whole
+    /// parameter must match, or the sandbox is refused. Sandbox creators are not plugin authors:
+    /// a parameter that reaches a shell command or SQL should be held to the characters the
+    /// script expects (e.g. `[a-z][a-z0-9_]{0,30}` for a database name prefix).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = INPUT_PATTERN_MAX))]
+    pub pattern: Option<String>,
+}
+
+/// Longest `inputs[].pattern`.
+pub const INPUT_PATTERN_MAX: usize = 512;
+/// Compiled size limit of an input pattern (the `regex` crate's own limit is 10 MiB): the
+/// operator compiles it for every sandbox that uses the plugin.
+const INPUT_PATTERN_SIZE_LIMIT: usize = 256 * 1024;
+
+/// An input's pattern, anchored to match the whole parameter.
+fn input_pattern(pattern: &str) -> Result<regex::Regex, String> {
+    regex::RegexBuilder::new(&format!("^(?:{pattern})$"))
+        .size_limit(INPUT_PATTERN_SIZE_LIMIT)
+        .build()
+        .map_err(|e| format!("not a usable regular expression: {e}"))
 }
 
 /// `<step>.<output>`.
@@ -435,6 +456,18 @@ fn check_step(c: &mut Checker, path: &str, step: &PluginStep, seen: &HashMap<&st
                 ipath.clone(),
                 "an input has exactly one of valueFromSandbox: true and valueFromStep",
             ),
+        }
+        if let Some(pattern) = &input.pattern {
+            if !input.value_from_sandbox {
+                c.fail(
+                    format!("{ipath}.pattern"),
+                    "only a valueFromSandbox input has a pattern (step outputs come from the plugin's own steps)",
+                );
+            }
+            c.max_len(|| format!("{ipath}.pattern"), pattern, INPUT_PATTERN_MAX);
+            if let Err(e) = input_pattern(pattern) {
+                c.fail(format!("{ipath}.pattern"), e);
+            }
         }
         match &input.as_ {
             None => {
@@ -1101,16 +1134,31 @@ pub fn compile(
                         key: io_key(&r.name, &r.output),
                     }),
                 },
-                None => UnitInput {
-                    name: input.name.clone(),
-                    value: Some(params.get(&input.name).cloned().ok_or_else(|| {
+                None => {
+                    let value = params.get(&input.name).ok_or_else(|| {
                         format!(
                             "step {:?} needs parameter {:?}: set it in params",
                             step.name, input.name
                         )
-                    })?),
-                    iocontext: None,
-                },
+                    })?;
+                    if let Some(pattern) = &input.pattern {
+                        // The value is not repeated: the creator has it, and the status that
+                        // carries this message is read by more people than the spec.
+                        let re = input_pattern(pattern)
+                            .map_err(|e| format!("input {:?}'s pattern is {e}", input.name))?;
+                        if !re.is_match(value) {
+                            return Err(format!(
+                                "parameter {:?} must match the plugin's pattern {pattern:?}",
+                                input.name
+                            ));
+                        }
+                    }
+                    UnitInput {
+                        name: input.name.clone(),
+                        value: Some(value.clone()),
+                        iocontext: None,
+                    }
+                }
             };
             inputs.push(unit_input);
             let dst = match &input.as_ {
@@ -1254,6 +1302,7 @@ mod tests {
                 output: output.into(),
             }),
             as_: None,
+            pattern: None,
         }
     }
 
@@ -1263,6 +1312,7 @@ mod tests {
             value_from_sandbox: true,
             value_from_step: None,
             as_: None,
+            pattern: None,
         }
     }
 
@@ -1417,6 +1467,59 @@ mod tests {
         ] {
             assert!(!is_io_path(bad), "{bad}");
         }
+    }
+
+    /// A parameter that reaches a script is held to its input's pattern, as a whole: the
+    /// documented PostgreSQL plugin's prefix cannot smuggle a quote into its SQL.
+    #[test]
+    fn parameters_must_match_their_inputs_pattern() {
+        let mut prefix = from_sandbox("db-prefix");
+        prefix.pattern = Some("[a-z][a-z0-9_]{0,30}".into());
+        let p = plugin(vec![step("database", vec![prefix], &["dbname"])], vec![]);
+        p.validate().unwrap();
+        let with = |v: &str| BTreeMap::from([("db-prefix".to_string(), v.to_string())]);
+        compile(&p, &with("orders_v2"), "ctx", &[]).unwrap();
+        for hostile in [
+            "x\"; DROP DATABASE postgres; --",
+            "orders\nDROP",
+            "orders' OR '1'='1",
+            "Orders",
+            "",
+            "a-b",
+        ] {
+            let err = compile(&p, &with(hostile), "ctx", &[]).unwrap_err();
+            assert!(
+                err.contains("must match the plugin's pattern") && !err.contains("DROP"),
+                "{hostile:?}: {err}"
+            );
+        }
+        // A pattern is checked when the plugin is: it must compile and belong to a parameter.
+        let mut bad = from_sandbox("db-prefix");
+        bad.pattern = Some("[a-z".into());
+        let e = plugin(vec![step("database", vec![bad], &[])], vec![])
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("pattern") && e.contains("regular expression"),
+            "{e}"
+        );
+        let mut on_step = from_step("dbname", "database", "dbname");
+        on_step.pattern = Some("[a-z]+".into());
+        let e = plugin(
+            vec![
+                step("database", vec![from_sandbox("p")], &["dbname"]),
+                step("user", vec![on_step], &[]),
+            ],
+            vec![],
+        )
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("only a valueFromSandbox input has a pattern"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,0 +1,172 @@
+//! A real PostgreSQL server for tests (Debian's postgresql-15 binaries, started on loopback in a
+//! temporary directory). Tests that use it fail, rather than skip, when `initdb`/`postgres` are
+//! missing: tests/run.sh installs postgresql-15.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::{Pid, User, geteuid};
+use tokio::process::{Child, Command};
+
+pub(crate) const PASSWORD: &str = "pw-never-logged-7f3a9";
+
+pub(crate) fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The directory with `initdb` and `postgres`: Debian's (newest version first), else `PATH`'s.
+pub(crate) fn pg_bindir() -> PathBuf {
+    let mut dirs: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse().ok()?;
+            Some((version, e.path().join("bin")))
+        })
+        .collect();
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.0));
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    dirs.into_iter()
+        .map(|(_, d)| d)
+        .chain(std::env::split_paths(&path))
+        .find(|d| d.join("initdb").is_file() && d.join("postgres").is_file())
+        .expect(
+            "initdb and postgres are required (the test script installs them: \
+             apt-get install -y postgresql-15)",
+        )
+}
+
+/// PostgreSQL refuses to run as root: as root, the server runs as `postgres` (Debian's package
+/// makes that user) or else `nobody`.
+fn server_ids() -> Option<(u32, u32)> {
+    if !geteuid().is_root() {
+        return None;
+    }
+    let user = ["postgres", "nobody"]
+        .into_iter()
+        .find_map(|name| User::from_name(name).ok().flatten())
+        .expect("no postgres or nobody user to run the server as");
+    Some((user.uid.as_raw(), user.gid.as_raw()))
+}
+
+fn as_server_user(cmd: &mut Command, ids: Option<(u32, u32)>) -> &mut Command {
+    if let Some((uid, gid)) = ids {
+        cmd.uid(uid).gid(gid);
+    }
+    cmd
+}
+
+/// A server in a temporary directory, listening on 127.0.0.1 only; killed when dropped.
+pub(crate) struct Postgres {
+    child: Child,
+    pub(crate) port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Postgres {
+    pub(crate) async fn start() -> Postgres {
+        let bin = pg_bindir();
+        let ids = server_ids();
+        let dir = tempfile::tempdir().unwrap();
+        let pwfile = dir.path().join("pw");
+        std::fs::write(&pwfile, format!("{PASSWORD}\n")).unwrap();
+        if let Some((uid, gid)) = ids {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).unwrap();
+            std::os::unix::fs::chown(&pwfile, Some(uid), Some(gid)).unwrap();
+        }
+        let data = dir.path().join("data");
+        let out = as_server_user(&mut Command::new(bin.join("initdb")), ids)
+            .arg("--pgdata")
+            .arg(&data)
+            .args(["--username=postgres", "--encoding=UTF8", "--locale=C"])
+            .args(["--auth=scram-sha-256", "--no-sync"])
+            .arg(format!("--pwfile={}", pwfile.display()))
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "initdb failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let port = free_port();
+        let child = as_server_user(&mut Command::new(bin.join("postgres")), ids)
+            .arg("-D")
+            .arg(&data)
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .arg("-k")
+            .arg(dir.path())
+            .args(["-c", "fsync=off"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Postgres {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    /// A superuser session, once the server accepts one.
+    pub(crate) async fn admin(&self) -> tokio_postgres::Client {
+        let url = format!(
+            "postgres://postgres:{PASSWORD}@127.0.0.1:{}/postgres",
+            self.port
+        );
+        for _ in 0..300 {
+            if let Ok((client, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+                tokio::spawn(conn);
+                return client;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "PostgreSQL on 127.0.0.1:{} never accepted a session",
+            self.port
+        );
+    }
+
+    /// Fast shutdown (SIGINT), as a container runtime asks the image's server for.
+    pub(crate) async fn stop(&mut self) {
+        signal(&self.child, Signal::SIGINT);
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("postgres did not stop on SIGINT")
+            .unwrap();
+    }
+}
+
+impl Drop for Postgres {
+    /// A test that fails half-way still takes the server down: an immediate shutdown (SIGQUIT:
+    /// the postmaster ends its backends too), then the SIGKILL of `kill_on_drop`.
+    fn drop(&mut self) {
+        if let (Ok(None), Some(pid)) = (self.child.try_wait(), self.child.id())
+            && let Ok(pid) = i32::try_from(pid)
+        {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGQUIT);
+            for _ in 0..50 {
+                if !matches!(self.child.try_wait(), Ok(None)) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+pub(crate) fn signal(child: &Child, sig: Signal) {
+    let pid = Pid::from_raw(child.id().unwrap().try_into().unwrap());
+    kill(pid, sig).unwrap();
+}
