@@ -9,11 +9,12 @@
 //! deep inside one is refused like one at the top.
 //!
 //! What is checked is the proto3 JSON mapping: field names, types, enum values, `Any` type URLs,
-//! well-known types (durations, wrappers, `Struct`). Envoy's own constraints (the PGV
-//! `validate.rules` annotations: required fields, ranges, lengths) and semantic checks (a route
-//! pointing at an unknown cluster, a listener whose address changes) are **not** checked here:
-//! the clients reject those, and a revision every client rejects is rolled back
-//! (docs/xds.md).
+//! well-known types (durations, wrappers, `Struct`); and one rule of Spur's: no data source may
+//! read a file or an environment variable of the client's own pod ([`local_sources`]). Envoy's
+//! own constraints (the PGV `validate.rules` annotations: required fields, ranges, lengths) and
+//! semantic checks (a route pointing at an unknown cluster, a listener whose address changes)
+//! are **not** checked here: the clients reject those, and a revision every client rejects is
+//! rolled back (docs/xds.md).
 //!
 //! Bounds: a resource is at most [`RESOURCE_MAX`] bytes of text; JSON and YAML nest at most 128
 //! levels (their parsers' limits); YAML has at most [`YAML_FLOW_MAX`] flow collections and its
@@ -46,6 +47,7 @@ use crate::Error;
 mod tests;
 
 pub mod descriptors;
+mod local_sources;
 
 /// Most bytes (scalars and keys) a YAML resource may expand to through aliases: a few anchors
 /// are fine, a "billion laughs" is not.
@@ -177,6 +179,7 @@ impl Decoder {
         )
         .map_err(|e| error_at(&track.path(), e.to_string()))?;
         drop(value);
+        local_sources::find(&self.pool, &msg)?;
         let name_field = match ty {
             EnvoyResourceType::Endpoint => "cluster_name",
             _ => "name",
@@ -192,6 +195,24 @@ impl Decoder {
         DynamicMessage::decode(desc, bytes.as_slice())
             .map_err(|e| whole(format!("does not decode as protobuf again: {e}")))?;
         Ok(Decoded { name, bytes })
+    }
+
+    /// Refuses an encoded resource of type `ty` (as a revision stores it) that has a data
+    /// source reading the client's own pod (`filename`, `environment_variable`), or that does
+    /// not decode: the field path and what is wrong there. The route server's second look at
+    /// what it serves ([`local_sources`]).
+    pub fn check_encoded(
+        &self,
+        ty: EnvoyResourceType,
+        bytes: &[u8],
+    ) -> Result<(), (String, String)> {
+        let msg = DynamicMessage::decode(self.message(ty).clone(), bytes).map_err(|e| {
+            (
+                String::new(),
+                format!("does not decode as a {}: {e}", ty.message_name()),
+            )
+        })?;
+        local_sources::find(&self.pool, &msg)
     }
 
     /// Every resource of `spec`, in order. Also refuses more than [`MAX_RESOURCES`], a resource
