@@ -1020,3 +1020,112 @@ async fn http2_rapid_reset_is_bounded() {
     assert_healthy(&env).await;
     env.shutdown().await;
 }
+
+/// A raw HTTP/1 upstream that accepts an h2c upgrade whenever it is offered (as an app serving
+/// h2c with upgrade support would), answers anything else `200 ok`, and sends every request head
+/// it read to `heads`. A second request on a connection it switched is answered `200 switched`.
+async fn spawn_h2c_upgrading_upstream(
+    heads: tokio::sync::mpsc::UnboundedSender<String>,
+) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let heads = heads.clone();
+            tokio::spawn(async move {
+                let mut switched = false;
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    buf.drain(..end + 4);
+                    let _ = heads.send(head.clone());
+                    let answer: &[u8] = if switched {
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nswitched"
+                    } else if head.contains("\r\nupgrade: h2c") {
+                        switched = true;
+                        b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"
+                    } else {
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                    };
+                    if stream.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// RFC 9113 §3.1 deprecates the h2c upgrade. Passed through, it would switch the client's
+/// connection to HTTP/2 between the client and the app, past the sidecar: every later request
+/// on it would skip routing by key, capture and redaction. The offer is dropped: the app never
+/// sees `Upgrade: h2c` or `HTTP2-Settings`, and the client gets a plain HTTP/1.1 answer. An
+/// upstream that switches protocols unasked gets the client a 502, not a tunnel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_upgrade_never_switches_a_connection_behind_the_sidecar() {
+    let (tx, mut heads) = tokio::sync::mpsc::unbounded_channel();
+    let upstream = spawn_h2c_upgrading_upstream(tx).await;
+    let sidecar = spur_e2e::sidecar_for(upstream, test_proxy_config()).await;
+    let addr = sidecar.inbound_addr;
+
+    for offer in [
+        "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n",
+        "Connection: upgrade\r\nUpgrade: H2C\r\n",
+    ] {
+        let req = format!(
+            "GET /first HTTP/1.1\r\nHost: app\r\n{offer}HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n\
+             GET /second HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n"
+        );
+        let resp = exchange(addr, req.into_bytes()).await;
+        let text = String::from_utf8_lossy(&resp);
+        assert_eq!(status_of(&resp), Some(200), "{offer:?}: {text}");
+        assert!(!text.contains(" 101 "), "{offer:?}: switched: {text}");
+        assert!(!text.contains("switched"), "{offer:?}: {text}");
+        for _ in 0..2 {
+            let head = timeout(BOUND, heads.recv()).await.unwrap().unwrap();
+            assert!(!head.contains("upgrade"), "the app saw the offer: {head}");
+            assert!(!head.contains("http2-settings"), "the app saw: {head}");
+        }
+    }
+
+    // An upstream that switches to h2c although nothing asked it to is refused.
+    let raw = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let raw_addr = raw.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = raw.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
+                    )
+                    .await;
+                let _ = s.read(&mut buf).await;
+            });
+        }
+    });
+    let unasked = spur_e2e::sidecar_for(raw_addr, test_proxy_config()).await;
+    let resp = exchange(
+        unasked.inbound_addr,
+        &b"GET / HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n"[..],
+    )
+    .await;
+    assert_eq!(
+        status_of(&resp),
+        Some(502),
+        "{}",
+        String::from_utf8_lossy(&resp)
+    );
+    unasked.shutdown().await;
+    sidecar.shutdown().await;
+}

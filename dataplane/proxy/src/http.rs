@@ -256,6 +256,18 @@ async fn forward(
         }
     };
 
+    // A 101 to a request that offered no upgrade (or offered only h2c, which is never passed
+    // on) would hand the connection to a protocol the proxy does not read: refused.
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS && client_upgrade.is_none() {
+        tracing::warn!(client = %meta.client, to = %upstream, "upstream switched protocols without an upgrade request");
+        if let Some(p) = &pending {
+            p.fail(502, "101 without an upgrade request");
+        }
+        return error(
+            StatusCode::BAD_GATEWAY,
+            "upstream switched protocols unasked",
+        );
+    }
     let switched =
         resp.status() == StatusCode::SWITCHING_PROTOCOLS || (connect && resp.status().is_success());
     if let (Some(client_upgrade), true) = (client_upgrade, switched) {

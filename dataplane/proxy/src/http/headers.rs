@@ -12,8 +12,15 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+/// The h2c upgrade's settings (RFC 7540 §3.2.1): connection-specific, never forwarded.
+const HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 
-/// The protocol a request asks to upgrade to (`Connection: upgrade` + `Upgrade: x`).
+/// The protocols a request asks to upgrade to (`Connection: upgrade` + `Upgrade: x`), without
+/// `h2c`. An upgrade to h2c (RFC 7540 §3.2, deprecated by RFC 9113 §3.1) would turn the rest of
+/// the connection into HTTP/2 that the proxy never parses: every later request on it would
+/// bypass per-request routing, capture and redaction. So the offer is dropped (the request goes
+/// on as plain HTTP/1.1, which the RFC allows a server to do) and the other protocols offered
+/// with it, if any, are kept.
 pub(super) fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
     let asks = headers
         .get_all(header::CONNECTION)
@@ -21,11 +28,30 @@ pub(super) fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
-    if asks {
-        headers.get(header::UPGRADE).cloned()
-    } else {
-        None
+    if !asks {
+        return None;
     }
+    let offered = headers.get(header::UPGRADE)?;
+    let Ok(list) = offered.to_str() else {
+        // Not visible ASCII: nothing to recognise h2c in, and nothing an upstream should get.
+        return None;
+    };
+    let is_h2c = |t: &str| {
+        let name = t.split('/').next().unwrap_or(t).trim();
+        name.eq_ignore_ascii_case("h2c")
+    };
+    if !list.split(',').any(is_h2c) {
+        return Some(offered.clone());
+    }
+    let kept: Vec<&str> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty() && !is_h2c(t))
+        .collect();
+    if kept.is_empty() {
+        return None;
+    }
+    HeaderValue::from_str(&kept.join(", ")).ok()
 }
 
 /// The fixed hop-by-hop set (RFC 9110 §7.6.1, plus the legacy proxy headers).
@@ -38,6 +64,7 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
         || name == header::PROXY_AUTHORIZATION
         || name == PROXY_CONNECTION
         || name == KEEP_ALIVE
+        || name == HTTP2_SETTINGS
 }
 
 /// Removes hop-by-hop headers: the fixed set plus every header the `Connection` header names.
@@ -358,6 +385,38 @@ mod tests {
         assert_eq!(parts.headers["upgrade"], "websocket");
         assert_eq!(parts.headers["connection"], "upgrade");
         assert!(!parts.headers.contains_key("x-forwarded-for"));
+    }
+
+    #[test]
+    fn an_h2c_upgrade_offer_never_reaches_the_upstream() {
+        let offer = |upgrade: &str, connection: &str| {
+            let req = http::Request::get("/")
+                .header("connection", connection)
+                .header("upgrade", upgrade)
+                .header("http2-settings", "AAMAAABkAAQCAAAAAAIAAAAA")
+                .body(())
+                .unwrap();
+            let proto = upgrade_protocol(req.headers());
+            let (mut parts, ()) = req.into_parts();
+            prepare_request(&mut parts, &meta(), proto.as_ref(), false);
+            (proto, parts.headers)
+        };
+        for (upgrade, connection) in [
+            ("h2c", "Upgrade, HTTP2-Settings"),
+            ("H2C", "upgrade"),
+            (" h2c ", "keep-alive, Upgrade"),
+        ] {
+            let (proto, h) = offer(upgrade, connection);
+            assert_eq!(proto, None, "{upgrade:?}");
+            for gone in ["upgrade", "connection", "http2-settings"] {
+                assert!(!h.contains_key(gone), "{gone} kept for {upgrade:?}");
+            }
+        }
+        // Another protocol offered beside h2c is kept; h2c and its settings are not.
+        let (proto, h) = offer("h2c, websocket", "Upgrade");
+        assert_eq!(proto.as_ref().unwrap(), "websocket");
+        assert_eq!(h["upgrade"], "websocket");
+        assert!(!h.contains_key("http2-settings"));
     }
 
     #[test]
