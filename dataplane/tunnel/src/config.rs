@@ -178,9 +178,14 @@ pub struct ServerConfig {
     pub handshake_timeout: Duration,
     /// Established sessions; beyond this, new ones are refused (`unavailable`, retry).
     pub max_sessions: usize,
-    /// Connections in their handshake at once; more wait for a slot (QUIC) or in the TCP
-    /// backlog (HTTP/2).
+    /// Connections in their handshake (TLS, `hello`, authentication) at once, over both
+    /// listeners. Every connection is accepted; when this many are in flight, a new one takes
+    /// the slot of the oldest, whose handshake is cut short (idle connections are the oldest).
     pub max_handshakes: usize,
+    /// Handshakes in flight from one peer (an IPv4 address, an IPv6 /64); beyond that its new
+    /// connections are closed at once. Workstations behind one NAT share an address: each
+    /// handshake takes a few round trips, and a refused client reconnects with backoff.
+    pub max_handshakes_per_peer: usize,
     /// Sessions established but not yet taken by [`TunnelServer::accept`](crate::TunnelServer).
     pub session_queue: usize,
     /// Grace period of a drain the peer starts with `goaway`.
@@ -200,7 +205,8 @@ impl ServerConfig {
             congestion: Congestion::default(),
             handshake_timeout: Duration::from_secs(10),
             max_sessions: 1024,
-            max_handshakes: 64,
+            max_handshakes: 256,
+            max_handshakes_per_peer: 16,
             session_queue: 64,
             drain_grace: Duration::from_secs(10),
         }
@@ -210,9 +216,14 @@ impl ServerConfig {
         if self.quic_addr.is_none() && self.h2_addr.is_none() {
             return Err(Error::Config("neither quic_addr nor h2_addr is set".into()));
         }
-        if self.max_sessions == 0 || self.max_handshakes == 0 || self.session_queue == 0 {
+        if self.max_sessions == 0
+            || self.max_handshakes == 0
+            || self.max_handshakes_per_peer == 0
+            || self.session_queue == 0
+        {
             return Err(Error::Config(
-                "max_sessions, max_handshakes and session_queue must be > 0".into(),
+                "max_sessions, max_handshakes, max_handshakes_per_peer and session_queue must be > 0"
+                    .into(),
             ));
         }
         if self.handshake_timeout.is_zero() {
@@ -234,6 +245,8 @@ impl fmt::Debug for ServerConfig {
             .field("congestion", &self.congestion)
             .field("handshake_timeout", &self.handshake_timeout)
             .field("max_sessions", &self.max_sessions)
+            .field("max_handshakes", &self.max_handshakes)
+            .field("max_handshakes_per_peer", &self.max_handshakes_per_peer)
             .finish_non_exhaustive()
     }
 }

@@ -26,6 +26,7 @@ mod bbr;
 mod client;
 mod config;
 mod error;
+mod handshakes;
 mod metrics;
 mod server;
 mod session;

@@ -50,7 +50,7 @@ pub(crate) struct PerTransport {
 /// Server: `sessions_total{transport}`, `sessions_active{transport}`,
 /// `streams_total{kind}`, `streams_active{kind}`, `stream_bytes_received_total{kind}`,
 /// `stream_bytes_sent_total{kind}`, `streams_rejected_total{kind}`, `auth_failures_total{reason}`,
-/// `rtt_seconds`. Client: the same without `auth_failures`, plus `reconnects_total` and
+/// `handshakes_shed_total{reason}`, `rtt_seconds`. Client: the same without `auth_failures`, plus `reconnects_total` and
 /// `connect_attempts_total{transport,result}`. `kind` is `forward` (workstation → cluster) or
 /// `reverse`; bytes are counted at this end.
 #[derive(Clone, Debug)]
@@ -60,6 +60,7 @@ pub(crate) struct Metrics {
     pub forward: PerKind,
     pub reverse: PerKind,
     auth_failures: Family<ReasonLabels, Counter>,
+    handshakes_shed: Family<ReasonLabels, Counter>,
     pub reconnects: Counter,
     attempts: Family<AttemptLabels, Counter>,
     pub rtt: Histogram,
@@ -75,6 +76,7 @@ impl Metrics {
         let bytes_out = Family::<KindLabels, Counter>::default();
         let rejected = Family::<KindLabels, Counter>::default();
         let auth_failures = Family::<ReasonLabels, Counter>::default();
+        let handshakes_shed = Family::<ReasonLabels, Counter>::default();
         let reconnects = Counter::default();
         let attempts = Family::<AttemptLabels, Counter>::default();
         let rtt = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
@@ -116,6 +118,13 @@ impl Metrics {
                 "Sessions refused during the handshake, by reason",
                 auth_failures.clone(),
             );
+            registry.register(
+                "handshakes_shed",
+                "Connections closed before their handshake finished to keep room for others, by \
+                 reason (peer_cap: their peer had its share in flight; evicted_oldest: the \
+                 oldest handshake gave its slot to a new connection)",
+                handshakes_shed.clone(),
+            );
         } else {
             registry.register(
                 "reconnects",
@@ -156,6 +165,7 @@ impl Metrics {
             forward: kind(StreamKind::Forward),
             reverse: kind(StreamKind::Reverse),
             auth_failures,
+            handshakes_shed,
             reconnects,
             attempts,
             rtt,
@@ -186,6 +196,12 @@ impl Metrics {
 
     pub(crate) fn auth_failure(&self, reason: &'static str) {
         self.auth_failures
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub(crate) fn handshake_shed(&self, reason: &'static str) {
+        self.handshakes_shed
             .get_or_create(&ReasonLabels { reason })
             .inc();
     }
