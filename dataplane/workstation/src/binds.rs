@@ -2,8 +2,14 @@
 //! (`bind_id` from `WatchLocalWorkloads`), each reverse stream spliced to `to_local` on the
 //! workstation. Binds that leave the list are dropped (the library unbinds them); binds survive
 //! reconnects inside the tunnel library.
+//!
+//! A mapping's `to_local` comes from a Sandbox, which someone else may have written: unless
+//! the user passes `--allow-remote-targets`, only this machine's loopback addresses are
+//! connected to (`localhost`, 127.0.0.0/8, `::1`), so a Sandbox cannot make the workstation
+//! a way into the network it sits in.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -76,13 +82,23 @@ impl Binds {
                     ..MappingStatus::default()
                 };
                 let problem = if desired.contains_key(&m.bind_id) {
-                    Some("the same bind id appears twice".to_owned())
+                    Some(("invalid", "the same bind id appears twice".to_owned()))
                 } else {
-                    check_to_local(&m.to_local).err()
+                    check_to_local(&m.to_local, self.shared.allow_remote_targets).err()
                 };
                 match problem {
-                    Some(why) => {
-                        ms.bind = "invalid".into();
+                    Some((bind, why)) => {
+                        // Said once per mapping, not on every re-sent list.
+                        let known = previous
+                            .get(&m.bind_id)
+                            .is_some_and(|p| p.bind == bind && p.detail.as_deref() == Some(&why));
+                        if bind == "refused" && !known {
+                            self.shared.emit(Event::BindRefused {
+                                id: m.bind_id.clone(),
+                                reason: why.clone(),
+                            });
+                        }
+                        ms.bind = bind.into();
                         ms.detail = Some(why);
                     }
                     None => {
@@ -164,17 +180,55 @@ impl Binds {
     }
 }
 
-/// `host:port` with a non-zero port.
-fn check_to_local(to_local: &str) -> Result<(), String> {
-    let bad = || Err(format!("to_local {to_local:?} is not host:port"));
+/// `host:port` with a non-zero port, and (unless `allow_remote`) a loopback host. `Err` is the
+/// status (`invalid` or `refused`) and the reason.
+fn check_to_local(to_local: &str, allow_remote: bool) -> Result<(), (&'static str, String)> {
+    let bad = || Err(("invalid", format!("to_local {to_local:?} is not host:port")));
     let Some((host, port)) = to_local.rsplit_once(':') else {
         return bad();
     };
     let host = host.trim_start_matches('[').trim_end_matches(']');
     match port.parse::<u16>() {
-        Ok(p) if p != 0 && !host.is_empty() && !host.contains(char::is_whitespace) => Ok(()),
-        _ => bad(),
+        Ok(p) if p != 0 && !host.is_empty() && !host.contains(char::is_whitespace) => {}
+        _ => return bad(),
     }
+    if allow_remote || is_loopback_host(host) {
+        return Ok(());
+    }
+    Err((
+        "refused",
+        format!(
+            "to_local {to_local:?} is not on this workstation: only localhost, 127.0.0.0/8 and ::1 are connected to unless `spur local connect --allow-remote-targets` is given"
+        ),
+    ))
+}
+
+/// `localhost` or a loopback address (an IPv4-mapped one too).
+fn is_loopback_host(host: &str) -> bool {
+    let name = host.strip_suffix('.').unwrap_or(host);
+    name.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<IpAddr>()
+            .is_ok_and(|ip| ip.to_canonical().is_loopback())
+}
+
+/// Connects to `to_local`. Without `allow_remote`, only to the loopback addresses the name
+/// resolves to: `localhost` in a hosts file pointing elsewhere does not widen the check.
+async fn connect_local(to_local: &str, allow_remote: bool) -> std::io::Result<TcpStream> {
+    if allow_remote {
+        return TcpStream::connect(to_local).await;
+    }
+    let loopback: Vec<SocketAddr> = tokio::net::lookup_host(to_local)
+        .await?
+        .filter(|a| a.ip().to_canonical().is_loopback())
+        .collect();
+    if loopback.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "it resolves to no loopback address (--allow-remote-targets allows others)",
+        ));
+    }
+    TcpStream::connect(&loopback[..]).await
 }
 
 fn set_mapping(shared: &Shared, id: &str, f: impl FnOnce(&mut MappingStatus)) {
@@ -281,7 +335,7 @@ async fn reverse(
     incoming: Incoming,
     failing: &AtomicBool,
 ) {
-    let connect = TcpStream::connect(to_local);
+    let connect = connect_local(to_local, shared.allow_remote_targets);
     let why = match tokio::time::timeout(shared.local_connect_timeout, connect).await {
         Ok(Ok(tcp)) => {
             let _ = tcp.set_nodelay(true);
@@ -326,7 +380,7 @@ async fn reverse(
 
 #[cfg(test)]
 mod tests {
-    use super::check_to_local;
+    use super::{check_to_local, connect_local};
 
     #[test]
     fn to_local_must_be_host_and_port() {
@@ -336,7 +390,7 @@ mod tests {
             "[::1]:9000",
             "web.local:80",
         ] {
-            assert!(check_to_local(ok).is_ok(), "{ok}");
+            assert!(check_to_local(ok, true).is_ok(), "{ok}");
         }
         for bad in [
             "",
@@ -347,7 +401,48 @@ mod tests {
             "a b:80",
             "h:99999",
         ] {
-            assert!(check_to_local(bad).is_err(), "{bad}");
+            assert_eq!(check_to_local(bad, true).unwrap_err().0, "invalid", "{bad}");
         }
+    }
+
+    /// A Sandbox points `toLocal` at an address on the developer's network (a router, a
+    /// metadata service, another machine): refused without the flag, with the way to allow it.
+    #[test]
+    fn remote_targets_are_refused_without_the_flag() {
+        for local in [
+            "localhost:8080",
+            "LOCALHOST.:8080",
+            "127.0.0.1:1",
+            "127.8.9.10:80",
+            "[::1]:9000",
+            "[::ffff:127.0.0.1]:80",
+        ] {
+            assert!(check_to_local(local, false).is_ok(), "{local}");
+        }
+        for remote in [
+            "10.0.0.5:22",
+            "192.168.1.1:80",
+            "169.254.169.254:80",
+            "[::ffff:169.254.169.254]:80",
+            "0.0.0.0:80",
+            "[::]:80",
+            "db.internal.example.com:5432",
+            "localhost.evil.example:80",
+        ] {
+            let (status, why) = check_to_local(remote, false).unwrap_err();
+            assert_eq!(status, "refused", "{remote}");
+            assert!(why.contains("--allow-remote-targets"), "{why}");
+            assert!(check_to_local(remote, true).is_ok(), "{remote}");
+        }
+    }
+
+    #[tokio::test]
+    async fn only_loopback_addresses_are_dialed_without_the_flag() {
+        let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = server.local_addr().unwrap();
+        assert!(connect_local(&addr.to_string(), false).await.is_ok());
+        // A name that resolves elsewhere is not dialed, whatever listens there.
+        let err = connect_local("192.0.2.1:80", false).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied);
     }
 }

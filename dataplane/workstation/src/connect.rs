@@ -65,6 +65,9 @@ pub struct ConnectConfig {
     pub services_refresh: Duration,
     /// Timeout for connecting to a local process for a reverse stream.
     pub local_connect_timeout: Duration,
+    /// Reverse streams may go to any `to_local` the Sandbox names, not only to this machine's
+    /// loopback addresses (`--allow-remote-targets`).
+    pub allow_remote_targets: bool,
     /// Timeout for opening the tunnel API connection and for opening a forward stream.
     pub open_timeout: Duration,
     /// Sent in `Hello`.
@@ -86,6 +89,7 @@ impl ConnectConfig {
             max_services: 2000,
             services_refresh: Duration::from_secs(30),
             local_connect_timeout: Duration::from_secs(5),
+            allow_remote_targets: false,
             open_timeout: Duration::from_secs(15),
             client_version: String::new(),
             on_event: None,
@@ -136,6 +140,11 @@ pub enum Event {
         to_local: String,
     },
     BindRejected {
+        id: String,
+        reason: String,
+    },
+    /// Not bound by the workstation itself (a `to_local` it will not connect to).
+    BindRefused {
         id: String,
         reason: String,
     },
@@ -203,6 +212,9 @@ impl fmt::Display for Event {
             Event::BindRejected { id, reason } => {
                 write!(f, "warning: reverse bind {id} rejected: {reason}")
             }
+            Event::BindRefused { id, reason } => {
+                write!(f, "warning: reverse bind {id} refused here: {reason}")
+            }
             Event::LocalUnreachable {
                 id,
                 to_local,
@@ -260,6 +272,7 @@ pub(crate) struct Shared {
     pub(crate) status: watch::Sender<Status>,
     pub(crate) drain: Drain,
     pub(crate) local_connect_timeout: Duration,
+    pub(crate) allow_remote_targets: bool,
     on_event: Option<EventSink>,
 }
 
@@ -361,6 +374,7 @@ impl Workstation {
             status: watch::Sender::new(status),
             drain: Drain::new(),
             local_connect_timeout: config.local_connect_timeout,
+            allow_remote_targets: config.allow_remote_targets,
             on_event: config.on_event.clone(),
         });
         let cancel = CancellationToken::new();
