@@ -1277,8 +1277,8 @@ fn test_tunnel_proxy_config(tls: spur_tunnel::ServerTls) -> spur_tunnelproxy::Tu
         cluster_domain: "cluster.local".into(),
         dial_timeout: Duration::from_secs(5),
         resolve: Default::default(),
-        // The test's "cluster" is loopback: only link-local (cloud metadata) stays denied.
-        deny: spur_tunnelproxy::TunnelProxyConfig::parse_deny("169.254.0.0/16").unwrap(),
+        // The test's "cluster" is loopback.
+        destinations: spur_tunnelproxy::Destinations::default().allowing_loopback(),
     }
 }
 

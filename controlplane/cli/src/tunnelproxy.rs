@@ -67,11 +67,19 @@ pub(crate) struct TunnelProxyArgs {
     /// (repeatable; comma-separated in env). For proxies outside the cluster's DNS.
     #[arg(long = "resolve", env = "SPUR_RESOLVE", value_delimiter = ',', value_parser = spur_sidecar::parse_resolve)]
     resolve: Vec<(String, SocketAddr)>,
-    /// Destinations workstations may not reach (comma-separated CIDRs, checked after name
-    /// resolution; empty: none). Default: the pod's loopback and link-local addresses (cloud
-    /// metadata services).
-    #[arg(long, env = "SPUR_DENY_CIDRS", default_value = spur_tunnelproxy::TunnelProxyConfig::DEFAULT_DENY)]
+    /// The only destinations workstations may reach (comma-separated CIDRs, checked after name
+    /// resolution): the cluster's Service and Pod ranges. Empty: any address not refused.
+    #[arg(long, env = "SPUR_ALLOW_CIDRS", default_value = "")]
+    allow_cidrs: String,
+    /// Destinations workstations may not reach (comma-separated CIDRs), besides the
+    /// unspecified, loopback, link-local, multicast and broadcast addresses, which are always
+    /// refused in every form. Default: cloud metadata services outside link-local.
+    #[arg(long, env = "SPUR_DENY_CIDRS", default_value = spur_tunnelproxy::Destinations::DEFAULT_DENY)]
     deny_cidr: String,
+    /// Lets workstations reach loopback addresses: only for tests whose cluster is this
+    /// machine's loopback. In a pod, loopback is the proxy's own ports.
+    #[arg(long, hide = true)]
+    allow_loopback_destinations: bool,
     /// Address of /metrics and /healthz.
     #[arg(long, env = "SPUR_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
@@ -203,7 +211,13 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
     let quic_addr = optional_addr("quic-addr", &args.quic_addr)?;
     let h2_addr = optional_addr("h2-addr", &args.h2_addr)?;
     let socks_addr = optional_addr("socks-addr", &args.socks_addr)?;
-    let deny = spur_tunnelproxy::TunnelProxyConfig::parse_deny(&args.deny_cidr)?;
+    let mut destinations = spur_tunnelproxy::Destinations::new(
+        spur_tunnelproxy::Destinations::parse_cidrs(&args.allow_cidrs).context("--allow-cidrs")?,
+        spur_tunnelproxy::Destinations::parse_cidrs(&args.deny_cidr).context("--deny-cidr")?,
+    );
+    if args.allow_loopback_destinations {
+        destinations = destinations.allowing_loopback();
+    }
     let tls_files = TlsFiles {
         cert: args.tls_cert.clone(),
         key: args.tls_key.clone(),
@@ -248,7 +262,7 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
             cluster_domain: args.cluster_domain,
             dial_timeout: Duration::from_secs(10),
             resolve: args.resolve.into_iter().collect(),
-            deny,
+            destinations,
         },
         control.handle().clone(),
         &mut registry,

@@ -524,9 +524,8 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
             // Cluster DNS stand-in for the Service the laptop calls.
             "--resolve",
             &format!("api.shop.svc:80={baseline_addr}"),
-            // The test's "cluster" is loopback: only link-local stays denied.
-            "--deny-cidr",
-            "169.254.0.0/16",
+            // The test's "cluster" is loopback.
+            "--allow-loopback-destinations",
             "--metrics-addr",
             &format!("127.0.0.1:{tp_metrics}"),
         ],

@@ -13,11 +13,13 @@
 //! ```
 
 pub mod api;
+pub mod destinations;
 pub mod server;
 pub mod sessions;
 pub mod tokens;
 
 pub use api::{BindId, Caches, TunnelApiService};
+pub use destinations::Destinations;
 pub use server::{RunningProxy, TunnelProxyConfig, run};
 pub use sessions::{Ended, SessionReporter};
 pub use tokens::{TokenError, TokenStore, Workstation};

@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Error;
 use crate::api::{BindId, Caches, TunnelApiService};
+use crate::destinations::{Destinations, dial_cluster};
 use crate::sessions::SessionReporter;
 use crate::tokens::{TokenError, TokenStore};
 
@@ -64,28 +65,8 @@ pub struct TunnelProxyConfig {
     /// Fixed addresses for `host:port` targets, used instead of DNS (like curl's `--resolve`):
     /// for proxies outside the cluster's DNS, and tests.
     pub resolve: std::collections::HashMap<String, SocketAddr>,
-    /// Destinations workstations may not reach through the proxy, checked after name
-    /// resolution ([`TunnelProxyConfig::DEFAULT_DENY`] by default).
-    pub deny: Vec<ipnet::IpNet>,
-}
-
-impl TunnelProxyConfig {
-    /// The proxy pod's own loopback (its metrics and admin ports) and link-local addresses
-    /// (cloud metadata services such as 169.254.169.254) are not the cluster a developer
-    /// should reach from a laptop.
-    pub const DEFAULT_DENY: &'static str = "127.0.0.0/8,::1/128,169.254.0.0/16,fe80::/10";
-
-    /// Parses a comma-separated CIDR list (empty: none).
-    pub fn parse_deny(list: &str) -> Result<Vec<ipnet::IpNet>, Error> {
-        list.split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(|s| {
-                s.parse::<ipnet::IpNet>()
-                    .map_err(|e| Error::Config(format!("{s:?} is not a CIDR: {e}")))
-            })
-            .collect()
-    }
+    /// Where workstations may connect through the proxy, checked after name resolution.
+    pub destinations: Destinations,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -339,7 +320,7 @@ pub async fn run(
         caches,
         metrics: metrics.clone(),
         resolve: Arc::new(config.resolve),
-        deny: Arc::new(config.deny),
+        destinations: Arc::new(config.destinations.denying(config.pod_ip)),
         tokens: tokens.clone(),
         live: std::sync::Mutex::new(std::collections::HashMap::new()),
         next_session: std::sync::atomic::AtomicU64::new(0),
@@ -354,7 +335,7 @@ pub async fn run(
             let dialer = Arc::new(ClusterDialer {
                 tokens,
                 resolve: shared.resolve.clone(),
-                deny: shared.deny.clone(),
+                destinations: shared.destinations.clone(),
                 dial_timeout: shared.dial_timeout,
                 metrics: metrics.clone(),
             });
@@ -441,7 +422,7 @@ struct Shared {
     caches: Caches,
     metrics: Metrics,
     resolve: Arc<std::collections::HashMap<String, SocketAddr>>,
-    deny: Arc<Vec<ipnet::IpNet>>,
+    destinations: Arc<Destinations>,
     tokens: TokenStore,
     /// Open sessions, to close those whose credentials get revoked.
     live: std::sync::Mutex<std::collections::HashMap<u64, spur_tunnel::SessionHandle>>,
@@ -479,44 +460,6 @@ async fn close_revoked(shared: Arc<Shared>, stop: CancellationToken) {
             });
         }
     }
-}
-
-/// Connects to `host:port` in the cluster: a fixed address if configured, else through DNS.
-async fn dial_cluster(
-    resolve: &std::collections::HashMap<String, SocketAddr>,
-    deny: &[ipnet::IpNet],
-    host: &str,
-    port: u16,
-) -> std::io::Result<TcpStream> {
-    let candidates: Vec<SocketAddr> = match resolve.get(&format!("{host}:{port}")) {
-        Some(addr) => vec![*addr],
-        None => tokio::net::lookup_host((host, port)).await?.collect(),
-    };
-    let allowed: Vec<SocketAddr> = candidates
-        .iter()
-        .copied()
-        .filter(|a| !deny.iter().any(|n| n.contains(&a.ip())))
-        .collect();
-    if allowed.is_empty() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::PermissionDenied,
-            match candidates.first() {
-                Some(a) => format!(
-                    "destination {} is not allowed through the tunnel proxy",
-                    a.ip()
-                ),
-                None => format!("{host} has no address"),
-            },
-        ));
-    }
-    let mut last = None;
-    for addr in allowed {
-        match TcpStream::connect(addr).await {
-            Ok(s) => return Ok(s),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| std::io::Error::other("no address to connect to")))
 }
 
 async fn serve_session(mut session: spur_tunnel::Session, shared: Arc<Shared>) {
@@ -725,7 +668,7 @@ async fn forward(incoming: Incoming, handle: SessionHandle, shared: &Shared) {
     let target = Target::Host(host.clone(), port);
     match tokio::time::timeout(
         shared.dial_timeout,
-        dial_cluster(&shared.resolve, &shared.deny, &host, port),
+        dial_cluster(&shared.resolve, &shared.destinations, &host, port),
     )
     .await
     {
@@ -814,7 +757,7 @@ async fn carry(
 struct ClusterDialer {
     tokens: TokenStore,
     resolve: Arc<std::collections::HashMap<String, SocketAddr>>,
-    deny: Arc<Vec<ipnet::IpNet>>,
+    destinations: Arc<Destinations>,
     dial_timeout: Duration,
     metrics: Metrics,
 }
@@ -831,9 +774,15 @@ impl Dialer for ClusterDialer {
         let connect = async {
             match target {
                 Target::Addr(a) => {
-                    dial_cluster(&self.resolve, &self.deny, &a.ip().to_string(), a.port()).await
+                    dial_cluster(
+                        &self.resolve,
+                        &self.destinations,
+                        &a.ip().to_string(),
+                        a.port(),
+                    )
+                    .await
                 }
-                Target::Host(h, p) => dial_cluster(&self.resolve, &self.deny, h, *p).await,
+                Target::Host(h, p) => dial_cluster(&self.resolve, &self.destinations, h, *p).await,
             }
         };
         match tokio::time::timeout(self.dial_timeout, connect).await {
