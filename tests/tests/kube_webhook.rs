@@ -228,6 +228,10 @@ fn chart_validating_configuration() -> ValidatingWebhookConfiguration {
             "listenerset.spur.dev",
             spur_operator::VALIDATE_LISTENERSET_PATH,
         ),
+        (
+            "sandbox-workstation.spur.dev",
+            spur_operator::VALIDATE_SANDBOX_PATH,
+        ),
     ];
     // The exec audit webhook (kube_access tests it) comes last: never refusing, it may
     // record Events.

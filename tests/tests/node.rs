@@ -1344,7 +1344,29 @@ fn laptop_joins_through_the_tunnel_proxy(
 ) -> String {
     let dir = tempfile::tempdir().unwrap();
     let spur = spur_bin("spur");
-    let token = node_spur(node, &["local", "token", "--workstation", "alice"]);
+    // The workstation is the admin's (who creates the Sandbox below): only its owner's
+    // Sandboxes may name it.
+    let admin = node
+        .kubectl(&[
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ])
+        .unwrap();
+    let token = node_spur(
+        node,
+        &[
+            "local",
+            "token",
+            "--workstation",
+            "alice",
+            "--owner",
+            admin.trim(),
+            "--owner-namespace",
+            SPUR_NAMESPACE,
+        ],
+    );
     std::fs::write(dir.path().join("token"), token.trim()).unwrap();
     let ca = node
         .kubectl(&[

@@ -31,6 +31,7 @@ pub mod sandbox;
 pub mod tunnel;
 pub mod validation;
 pub mod workloads;
+pub mod workstation;
 
 mod error;
 mod schema;

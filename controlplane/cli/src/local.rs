@@ -15,6 +15,8 @@ use spur_workstation::state::{self, Status, Terminated};
 use spur_workstation::tunnel::{ClientConfig, ClientTls, Token, TransportPolicy};
 use spur_workstation::{ConnectConfig, Event, SocksOpener, Workstation};
 
+mod owner;
+
 #[derive(Args)]
 pub(crate) struct LocalArgs {
     #[command(subcommand)]
@@ -288,6 +290,11 @@ struct TokenArgs {
     /// `spec.workstation`).
     #[arg(long)]
     workstation: String,
+    /// The Kubernetes user the workstation belongs to (as the API server names them, e.g.
+    /// `alice@example.com` or `system:serviceaccount:devs:alice`): only Sandboxes this user
+    /// creates may name the workstation. Replaces another user's claim.
+    #[arg(long)]
+    owner: String,
     /// How long the token is accepted (e.g. 12h); without it, until the Secret is deleted.
     #[arg(long, value_parser = spur_runtime::parse_duration)]
     ttl: Option<std::time::Duration>,
@@ -295,6 +302,9 @@ struct TokenArgs {
     /// `tunnelProxy.tokenNamespace`).
     #[arg(long, default_value = "spur-workstation-tokens")]
     namespace: String,
+    /// The operator's namespace, where workstation owner records are kept.
+    #[arg(long, default_value = "spur-system")]
+    owner_namespace: String,
     /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
     #[arg(long, env = "SPUR_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
@@ -306,6 +316,27 @@ async fn token_cmd(a: TokenArgs) -> Result<ExitCode> {
     check_workstation(&a.workstation)?;
     let token = spur_tunnelproxy::tokens::generate_token()?;
     let expires = a.ttl.map(|t| std::time::SystemTime::now() + t);
+    // The owner first: a token never exists for a workstation nobody owns.
+    let until = a
+        .ttl
+        .map(|t| {
+            k8s_openapi::jiff::SignedDuration::try_from(t)
+                .ok()
+                .and_then(|d| k8s_openapi::jiff::Timestamp::now().checked_add(d).ok())
+                .context("--ttl is too long")
+        })
+        .transpose()?;
+    let client = crate::kube_client(a.kubeconfig.as_deref()).await?;
+    match owner::record(client, &a.owner_namespace, &a.workstation, &a.owner, until).await? {
+        owner::Recorded::Owner => say(format!(
+            "workstation {} belongs to {}",
+            a.workstation, a.owner
+        )),
+        owner::Recorded::Reassigned => say(format!(
+            "workstation {} now belongs to {}; it was another user's, and Sandboxes they created before still name it: delete those",
+            a.workstation, a.owner
+        )),
+    }
     let secret =
         spur_tunnelproxy::tokens::token_secret(&a.namespace, &a.workstation, &token, expires)?;
     let name = apply_secret(a.kubeconfig.as_deref(), &a.namespace, &secret).await?;
@@ -409,6 +440,11 @@ struct ConnectArgs {
     /// At most this many Services get names and listeners.
     #[arg(long, default_value_t = 2000)]
     max_services: usize,
+    /// Let reverse binds connect to any `toLocal` a Sandbox names. Without it only this
+    /// machine's loopback addresses (localhost, 127.0.0.0/8, ::1) are connected to, so a
+    /// Sandbox cannot reach other machines on your network through this workstation.
+    #[arg(long)]
+    allow_remote_targets: bool,
     #[command(flatten)]
     state: StateDir,
 }
@@ -583,6 +619,7 @@ async fn connect(args: ConnectArgs) -> Result<ExitCode> {
     config.state_dir = Some(state_dir.clone());
     config.namespaces = args.namespaces.clone();
     config.max_services = args.max_services;
+    config.allow_remote_targets = args.allow_remote_targets;
     config.client_version = env!("CARGO_PKG_VERSION").into();
     config.on_event = Some(Arc::new(|e: &Event| say(e)));
     if config.dns_addr.is_some() || config.hosts_file.is_some() {

@@ -338,6 +338,8 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
                 "token",
                 "--workstation",
                 who,
+                "--owner",
+                who,
                 "--namespace",
                 "spur-system",
             ])
@@ -368,6 +370,8 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
             "token",
             "--workstation",
             "Not_A_Label",
+            "--owner",
+            "alice",
             "--kubeconfig",
             &kubeconfig,
         ])

@@ -865,6 +865,28 @@ async fn tunnel_grant<K: AccessRequest>(
         ctx.apply_status(api, r, old, &status).await?;
         return Ok(requeue_within(PENDING_RESYNC, left));
     }
+    // The workstation is recorded as the requester's until the grant ends (docs/local.md,
+    // "Workstation owners"): their Sandboxes may then name it, and nobody else's. A workstation
+    // another user owns (their certificate or grant has not ended) is not handed over.
+    let owners = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+        ctx.client.clone(),
+        &ctx.tunnels.namespace,
+    );
+    let until = status.expires_at.as_ref().map(|t| t.0);
+    if let Err(refused) = crate::workstation_owner::claim(
+        &owners,
+        &ctx.tunnels.namespace,
+        workstation,
+        &requester.username,
+        until,
+    )
+    .await?
+    {
+        let message = format!("workstation {workstation}: {refused}");
+        withhold(r, ns, ctx, &mut status, "WorkstationOwned", &message).await?;
+        ctx.apply_status(api, r, old, &status).await?;
+        return Ok(requeue_within(PENDING_RESYNC, left));
+    }
     let secret_name = grant_name("tunnel", ns, &name);
     let expires = status
         .expires_at

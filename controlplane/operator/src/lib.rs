@@ -48,6 +48,8 @@ pub mod sandbox;
 mod triggers;
 mod virtualw;
 mod webhook;
+mod webhook_sandbox;
+mod workstation_owner;
 pub mod workstations;
 pub mod xds_clients;
 
@@ -65,6 +67,7 @@ pub use webhook::{
     MUTATE_ACCESS_REQUEST_PATH, MUTATE_POD_PATH, VALIDATE_ENVOYCONFIG_PATH,
     VALIDATE_LISTENERSET_PATH, VALIDATE_POD_CONNECT_PATH, Webhook, WebhookConfig,
 };
+pub use webhook_sandbox::{MUTATE_SANDBOX_PATH, VALIDATE_SANDBOX_PATH};
 pub use xds_clients::XdsClientConfig;
 
 use std::sync::Arc;

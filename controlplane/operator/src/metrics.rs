@@ -47,6 +47,7 @@ pub struct Metrics {
     envoyconfig_admissions: Family<Admission, Counter>,
     listenerset_admissions: Family<Admission, Counter>,
     access_admissions: Family<Admission, Counter>,
+    sandbox_admissions: Family<Admission, Counter>,
     access_grants: Family<AccessEvent, Counter>,
     audits: Family<Admission, Counter>,
     tls_errors: Counter,
@@ -73,6 +74,7 @@ impl Default for Metrics {
             envoyconfig_admissions: Family::default(),
             listenerset_admissions: Family::default(),
             access_admissions: Family::default(),
+            sandbox_admissions: Family::default(),
             access_grants: Family::default(),
             audits: Family::default(),
             tls_errors: Counter::default(),
@@ -153,6 +155,11 @@ impl Metrics {
             m.access_admissions.clone(),
         );
         registry.register(
+            "webhook_sandbox_admissions",
+            "Sandbox admission reviews answered (creator stamp and workstation owner check), by result (stamped, unchanged, allowed, denied, invalid, error)",
+            m.sandbox_admissions.clone(),
+        );
+        registry.register(
             "access_grants",
             "Just-in-time access grants, by kind (exec, pod) and event (granted, expired, revoked)",
             m.access_grants.clone(),
@@ -225,6 +232,12 @@ impl Metrics {
 
     pub(crate) fn access_admission(&self, result: &'static str) {
         self.access_admissions
+            .get_or_create(&Admission { result })
+            .inc();
+    }
+
+    pub(crate) fn sandbox_admission(&self, result: &'static str) {
+        self.sandbox_admissions
             .get_or_create(&Admission { result })
             .inc();
     }

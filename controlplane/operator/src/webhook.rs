@@ -3,7 +3,8 @@
 //! `POST /validate-spur-dev-v1alpha1-envoyconfig`, ListenerSet validation on
 //! `POST /validate-spur-dev-v1alpha1-listenerset`, and for just-in-time access
 //! (docs/access.md) the requester stamp on `POST /mutate-spur-dev-v1alpha1-accessrequest`
-//! and the exec audit on `POST /validate-v1-pod-connect` ([`crate::audit`]).
+//! and the exec audit on `POST /validate-v1-pod-connect` ([`crate::audit`]); Sandboxes get
+//! their creator stamped and their workstation checked ([`crate::webhook_sandbox`]).
 //!
 //! Every operator replica serves it (not only the leader). The serving certificate comes from
 //! the Secret the certificate manager maintains, through a watch, and is swapped into the TLS
@@ -61,6 +62,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::inject::{self, InjectionConfig, Screen};
+use crate::webhook_sandbox::{MUTATE_SANDBOX_PATH, VALIDATE_SANDBOX_PATH};
 use crate::{Error, Metrics};
 
 /// The admission path, as in the webhook configuration.
@@ -157,6 +159,7 @@ impl Webhook {
             auditor,
             client,
             injection: cfg.injection,
+            owners_namespace: cfg.namespace.clone(),
             namespaces,
             metrics,
             certs: certs.clone(),
@@ -169,7 +172,7 @@ impl Webhook {
             state,
             stop,
         ));
-        tracing::info!(addr = %local_addr, paths = ?[MUTATE_POD_PATH, MUTATE_ACCESS_REQUEST_PATH, VALIDATE_ENVOYCONFIG_PATH, VALIDATE_LISTENERSET_PATH, VALIDATE_POD_CONNECT_PATH], "admission webhook listening");
+        tracing::info!(addr = %local_addr, paths = ?[MUTATE_POD_PATH, MUTATE_ACCESS_REQUEST_PATH, VALIDATE_ENVOYCONFIG_PATH, VALIDATE_LISTENERSET_PATH, VALIDATE_POD_CONNECT_PATH, MUTATE_SANDBOX_PATH, VALIDATE_SANDBOX_PATH], "admission webhook listening");
         Ok(Webhook {
             local_addr,
             certs,
@@ -273,6 +276,8 @@ struct State {
     auditor: crate::audit::Auditor,
     client: Client,
     injection: InjectionConfig,
+    /// Where workstation owner records are (the operator's namespace).
+    owners_namespace: String,
     namespaces: Store<PartialObjectMeta<Namespace>>,
     metrics: Metrics,
     certs: Arc<Certs>,
@@ -350,6 +355,8 @@ enum Review {
     ListenerSet,
     AccessRequest,
     Connect,
+    SandboxStamp,
+    SandboxOwner,
 }
 
 async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
@@ -359,13 +366,17 @@ async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
         (&hyper::Method::POST, VALIDATE_LISTENERSET_PATH) => Review::ListenerSet,
         (&hyper::Method::POST, MUTATE_ACCESS_REQUEST_PATH) => Review::AccessRequest,
         (&hyper::Method::POST, VALIDATE_POD_CONNECT_PATH) => Review::Connect,
+        (&hyper::Method::POST, MUTATE_SANDBOX_PATH) => Review::SandboxStamp,
+        (&hyper::Method::POST, VALIDATE_SANDBOX_PATH) => Review::SandboxOwner,
         (
             _,
             MUTATE_POD_PATH
             | VALIDATE_ENVOYCONFIG_PATH
             | VALIDATE_LISTENERSET_PATH
             | MUTATE_ACCESS_REQUEST_PATH
-            | VALIDATE_POD_CONNECT_PATH,
+            | VALIDATE_POD_CONNECT_PATH
+            | MUTATE_SANDBOX_PATH
+            | VALIDATE_SANDBOX_PATH,
         ) => {
             return text(StatusCode::METHOD_NOT_ALLOWED, "POST only\n");
         }
@@ -380,6 +391,9 @@ async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
                 Review::ListenerSet => st.metrics.listenerset_admission("invalid"),
                 Review::AccessRequest => st.metrics.access_admission("invalid"),
                 Review::Connect => st.metrics.audit("invalid"),
+                Review::SandboxStamp | Review::SandboxOwner => {
+                    st.metrics.sandbox_admission("invalid")
+                }
             }
             return text(StatusCode::BAD_REQUEST, &format!("cannot read body: {e}\n"));
         }
@@ -390,6 +404,16 @@ async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
         Review::ListenerSet => review_listenerset(&body, st),
         Review::AccessRequest => review_access_request(&body, st),
         Review::Connect => review_connect(&body, st),
+        Review::SandboxStamp => crate::webhook_sandbox::review_stamp(&body, &st.metrics),
+        Review::SandboxOwner => {
+            crate::webhook_sandbox::review_owner(
+                &body,
+                &st.client,
+                &st.owners_namespace,
+                &st.metrics,
+            )
+            .await
+        }
     }
 }
 
@@ -439,7 +463,7 @@ async fn review_pod(body: &[u8], st: &State) -> Response<Full<Bytes>> {
     reply(response)
 }
 
-fn reply(response: AdmissionResponse) -> Response<Full<Bytes>> {
+pub(crate) fn reply(response: AdmissionResponse) -> Response<Full<Bytes>> {
     match serde_json::to_vec(&response.into_review()) {
         Ok(body) => Response::builder()
             .status(StatusCode::OK)
@@ -532,7 +556,7 @@ async fn validate_envoyconfig(
 /// The request of an AdmissionReview read as a dynamic object: a spec these types do not read
 /// is then refused with its reason, not answered with a 400 the API server reports as a
 /// webhook failure.
-fn dynamic_request(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String> {
+pub(crate) fn dynamic_request(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String> {
     serde_json::from_slice::<AdmissionReview<DynamicObject>>(body)
         .map_err(|e| e.to_string())
         .and_then(|r| {
@@ -850,7 +874,7 @@ async fn namespace_labels(
     Ok(ns.and_then(|n| n.metadata.labels))
 }
 
-fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+pub(crate) fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
     *r.status_mut() = status;
     r

@@ -11,6 +11,11 @@
 //! The certificate carries only the requested key: subject, usages and lifetime are the
 //! signer's. Its lifetime is the request's `expirationSeconds`, else a default, capped by the
 //! configured maximum and by the CA's own expiry. There is no revocation: keep lifetimes short.
+//!
+//! Signing records the requester (`spec.username`) as the workstation's owner until the
+//! certificate expires ([`spur_api::workstation`]): a request for a workstation another user
+//! owns is marked `Failed` instead, whoever approved it, so an approval cannot hand one
+//! developer's workstation (and the routing keys of their Sandboxes) to another.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +25,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition,
 };
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -39,6 +44,8 @@ const ALLOWED_USAGES: [&str; 3] = ["client auth", "digital signature", "key enci
 struct Signer {
     csrs: Api<CertificateSigningRequest>,
     secrets: Api<Secret>,
+    /// Workstation owner records (the operator's namespace).
+    owners: Api<ConfigMap>,
     cfg: PkiConfig,
     metrics: Metrics,
 }
@@ -62,7 +69,8 @@ enum Decision {
 pub(crate) async fn run(client: Client, cfg: PkiConfig, metrics: Metrics, stop: CancellationToken) {
     let signer = Arc::new(Signer {
         csrs: Api::all(client.clone()),
-        secrets: Api::namespaced(client, &cfg.namespace),
+        secrets: Api::namespaced(client.clone(), &cfg.namespace),
+        owners: Api::namespaced(client, &cfg.namespace),
         cfg,
         metrics,
     });
@@ -102,6 +110,26 @@ async fn reconcile(
     let ca = signer.signing_ca().await?;
     let cert = pki::issue_client(&ca, &request, &workstation, lifetime, pki::now_unix())?;
     let not_after = pki::info(&cert)?.validity.not_after;
+    // The owner is recorded before the certificate is published: a certificate never exists
+    // for a workstation whose owner is someone else.
+    let requester = csr.spec.username.as_deref().unwrap_or_default();
+    let until = k8s_openapi::jiff::Timestamp::from_second(not_after)
+        .map_err(|e| Error::Pki(format!("certificate expiry: {e}")))?;
+    if let Err(refused) = crate::workstation_owner::claim(
+        &signer.owners,
+        &signer.cfg.namespace,
+        &workstation,
+        requester,
+        Some(until),
+    )
+    .await?
+    {
+        let message = format!("workstation {workstation}: {refused}");
+        tracing::info!(request = %name, reason = %message, "workstation certificate request failed");
+        signer.metrics.workstation_request_failed();
+        signer.fail(&csr, &message).await?;
+        return Ok(Action::await_change());
+    }
     let patch = serde_json::json!({"status": {"certificate": ByteString(cert.into_bytes())}});
     signer
         .csrs

@@ -1,0 +1,403 @@
+//! Sandbox admission: workstations belong to their owner (docs/local.md, "Workstation owners").
+//!
+//! - `POST /mutate-spur-dev-v1alpha1-sandbox` stamps the creator: on create, the annotation
+//!   `spur.dev/created-by` becomes the user the API server authenticated. A client-supplied
+//!   different value is refused, and so is any change to it later; an update that drops it
+//!   (a `kubectl replace` with an older manifest) gets it back.
+//! - `POST /validate-spur-dev-v1alpha1-sandbox` refuses a Sandbox whose `spec.workstation` is
+//!   not its creator's: the workstation's owner record ([`spur_api::workstation`]) must name the
+//!   creator. Checked on create and whenever an update changes the workstation; other updates
+//!   (the operator's finalizers, a Sandbox from before this check) pass, so nothing is stuck.
+//!
+//! Both run with `failurePolicy: Fail`: a Sandbox nobody checked could send its routing key to
+//! another developer's laptop. The stamp is checked again by the validating webhook, which runs
+//! after every mutation, so a later mutating webhook cannot change the workstation unseen.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Response, StatusCode};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use kube::{Api, Client};
+use spur_api::workstation::{CREATED_BY_ANNOTATION, USERNAME_MAX};
+
+use crate::Metrics;
+use crate::webhook::{dynamic_request, reply, text};
+
+/// Sandboxes get their creator stamped here, as in the chart's MutatingWebhookConfiguration.
+pub const MUTATE_SANDBOX_PATH: &str = "/mutate-spur-dev-v1alpha1-sandbox";
+/// Sandboxes naming a workstation are checked against its owner here, as in the chart's
+/// ValidatingWebhookConfiguration.
+pub const VALIDATE_SANDBOX_PATH: &str = "/validate-spur-dev-v1alpha1-sandbox";
+/// Reading the owner record; the API server waits at most the webhook's `timeoutSeconds`.
+const API_TIMEOUT: Duration = Duration::from_secs(3);
+
+fn annotation(o: Option<&DynamicObject>) -> Option<&str> {
+    o?.metadata
+        .annotations
+        .as_ref()?
+        .get(CREATED_BY_ANNOTATION)
+        .map(String::as_str)
+}
+
+fn workstation(o: Option<&DynamicObject>) -> Option<&str> {
+    o?.data.get("spec")?.get("workstation")?.as_str()
+}
+
+fn forbidden(response: AdmissionResponse, message: String) -> AdmissionResponse {
+    let mut response = response.deny(message);
+    response.result.code = StatusCode::FORBIDDEN.as_u16();
+    response.result.reason = "Forbidden".into();
+    response
+}
+
+/// The creator stamp.
+pub(crate) fn review_stamp(body: &[u8], metrics: &Metrics) -> Response<Full<Bytes>> {
+    let request = match dynamic_request(body) {
+        Ok(r) => r,
+        Err(e) => {
+            metrics.sandbox_admission("invalid");
+            return text(
+                StatusCode::BAD_REQUEST,
+                &format!("not an AdmissionReview with a request: {e}\n"),
+            );
+        }
+    };
+    let response = AdmissionResponse::from(&request);
+    match creator_patch(&request) {
+        Ok(None) => {
+            metrics.sandbox_admission("unchanged");
+            reply(response)
+        }
+        Ok(Some(patch)) => match response.clone().with_patch(patch) {
+            Ok(r) => {
+                metrics.sandbox_admission("stamped");
+                reply(r)
+            }
+            Err(e) => {
+                metrics.sandbox_admission("error");
+                reply(response.deny(format!("spur: cannot stamp the Sandbox's creator: {e}")))
+            }
+        },
+        Err(message) => {
+            metrics.sandbox_admission("denied");
+            tracing::debug!(name = %request.name, %message, "Sandbox stamp refused");
+            reply(forbidden(response, message))
+        }
+    }
+}
+
+/// The patch that sets (on create) or restores (on update) the creator annotation, `None` when
+/// it is right already, or why the request is refused.
+pub(crate) fn creator_patch(
+    req: &AdmissionRequest<DynamicObject>,
+) -> Result<Option<json_patch::Patch>, String> {
+    let (new, old) = (
+        annotation(req.object.as_ref()),
+        annotation(req.old_object.as_ref()),
+    );
+    let value = match req.operation {
+        Operation::Create => {
+            let Some(user) = req.user_info.username.as_deref().filter(|u| !u.is_empty()) else {
+                return Err("a Sandbox needs an authenticated user as its creator".into());
+            };
+            if user.len() > USERNAME_MAX {
+                return Err(format!(
+                    "user names above {USERNAME_MAX} bytes are not supported"
+                ));
+            }
+            match new {
+                Some(n) if n == user => return Ok(None),
+                Some(_) => {
+                    return Err(format!(
+                        "the annotation {CREATED_BY_ANNOTATION} is set by Spur to the user creating the Sandbox; remove it from the manifest"
+                    ));
+                }
+                None => user.to_string(),
+            }
+        }
+        Operation::Update => match (old, new) {
+            (Some(o), Some(n)) if o == n => return Ok(None),
+            (Some(_), Some(_)) => {
+                return Err(format!(
+                    "the annotation {CREATED_BY_ANNOTATION} records who created the Sandbox and cannot be changed"
+                ));
+            }
+            (Some(o), None) => o.to_string(),
+            (None, Some(_)) => {
+                return Err(format!(
+                    "this Sandbox was created without {CREATED_BY_ANNOTATION} and cannot be given one; create a new Sandbox instead"
+                ));
+            }
+            (None, None) => return Ok(None),
+        },
+        _ => return Ok(None),
+    };
+    let has_annotations = req
+        .object
+        .as_ref()
+        .is_some_and(|o| o.metadata.annotations.is_some());
+    let op = if has_annotations {
+        serde_json::json!([{
+            "op": "add",
+            "path": format!("/metadata/annotations/{}", CREATED_BY_ANNOTATION.replace('~', "~0").replace('/', "~1")),
+            "value": value,
+        }])
+    } else {
+        serde_json::json!([{"op": "add", "path": "/metadata/annotations", "value": {CREATED_BY_ANNOTATION: value}}])
+    };
+    serde_json::from_value(op)
+        .map(Some)
+        .map_err(|e| format!("cannot build the patch: {e}"))
+}
+
+/// The workstation owner check.
+pub(crate) async fn review_owner(
+    body: &[u8],
+    client: &Client,
+    namespace: &str,
+    metrics: &Metrics,
+) -> Response<Full<Bytes>> {
+    let request = match dynamic_request(body) {
+        Ok(r) => r,
+        Err(e) => {
+            metrics.sandbox_admission("invalid");
+            return text(
+                StatusCode::BAD_REQUEST,
+                &format!("not an AdmissionReview with a request: {e}\n"),
+            );
+        }
+    };
+    let response = AdmissionResponse::from(&request);
+    let (workstation, creator) = match to_check(&request) {
+        Ok(None) => {
+            metrics.sandbox_admission("allowed");
+            return reply(response);
+        }
+        Ok(Some(c)) => c,
+        Err(message) => {
+            metrics.sandbox_admission("denied");
+            return reply(forbidden(response, message));
+        }
+    };
+    let records: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let owner = match tokio::time::timeout(
+        API_TIMEOUT,
+        crate::workstation_owner::owner(&records, &workstation),
+    )
+    .await
+    {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => return internal(response, metrics, &request, &e.to_string()),
+        Err(_) => return internal(response, metrics, &request, "timed out"),
+    };
+    match spur_api::workstation::may_use(&workstation, owner.as_ref(), &creator) {
+        Ok(()) => {
+            metrics.sandbox_admission("allowed");
+            reply(response)
+        }
+        Err(message) => {
+            metrics.sandbox_admission("denied");
+            tracing::info!(sandbox = %request.name, %workstation, %creator, "Sandbox refused: the workstation is not its creator's");
+            reply(forbidden(response, message))
+        }
+    }
+}
+
+fn internal(
+    response: AdmissionResponse,
+    metrics: &Metrics,
+    request: &AdmissionRequest<DynamicObject>,
+    error: &str,
+) -> Response<Full<Bytes>> {
+    metrics.sandbox_admission("error");
+    tracing::warn!(sandbox = %request.name, %error, "cannot read a workstation's owner record");
+    let mut response = response.deny(format!(
+        "spur: the workstation's owner could not be checked ({error}); retry"
+    ));
+    response.result.code = StatusCode::INTERNAL_SERVER_ERROR.as_u16();
+    response.result.reason = "InternalError".into();
+    reply(response)
+}
+
+/// The workstation and the creator to check it against, `None` when there is nothing to check,
+/// or why the request is refused without looking.
+pub(crate) fn to_check(
+    req: &AdmissionRequest<DynamicObject>,
+) -> Result<Option<(String, String)>, String> {
+    if !matches!(req.operation, Operation::Create | Operation::Update) {
+        return Ok(None);
+    }
+    let Some(ws) = workstation(req.object.as_ref()) else {
+        return Ok(None);
+    };
+    let creator = annotation(req.object.as_ref());
+    if req.operation == Operation::Update
+        && workstation(req.old_object.as_ref()) == Some(ws)
+        && annotation(req.old_object.as_ref()) == creator
+    {
+        return Ok(None);
+    }
+    let Some(creator) = creator else {
+        return Err(format!(
+            "the Sandbox has no {CREATED_BY_ANNOTATION}, so it cannot name a workstation: create a new Sandbox (the webhook sandbox-creator.spur.dev records its creator)"
+        ));
+    };
+    // On create the stamp must be the requester's: the mutating webhook set it, and nothing
+    // after it may put another user there.
+    if req.operation == Operation::Create && req.user_info.username.as_deref() != Some(creator) {
+        return Err(format!(
+            "{CREATED_BY_ANNOTATION} must be the user creating the Sandbox"
+        ));
+    }
+    Ok(Some((ws.to_string(), creator.to_string())))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use kube::core::admission::AdmissionReview;
+    use serde_json::{Value, json};
+
+    fn sandbox(workstation: Option<&str>, created_by: Option<&str>) -> Value {
+        let mut o = json!({"apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "sb"},
+            "spec": {"local": [{"name": "api", "from": {"kind": "Deployment", "namespace": "b", "name": "api"},
+                                "mappings": [{"port": 8080, "toLocal": "localhost:8080"}]}]}});
+        if let Some(w) = workstation {
+            o["spec"]["workstation"] = w.into();
+        }
+        if let Some(c) = created_by {
+            o["metadata"]["annotations"] = json!({CREATED_BY_ANNOTATION: c});
+        }
+        o
+    }
+
+    fn request(
+        operation: &str,
+        user: &str,
+        object: Value,
+        old: Option<Value>,
+    ) -> AdmissionRequest<DynamicObject> {
+        let review: AdmissionReview<DynamicObject> = serde_json::from_value(json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "u", "operation": operation, "name": "sb",
+                "kind": {"group": "spur.dev", "version": "v1alpha1", "kind": "Sandbox"},
+                "resource": {"group": "spur.dev", "version": "v1alpha1", "resource": "sandboxes"},
+                "userInfo": {"username": user}, "object": object, "oldObject": old,
+            }
+        }))
+        .unwrap();
+        review.try_into().unwrap()
+    }
+
+    fn patched(req: &AdmissionRequest<DynamicObject>) -> Value {
+        let mut doc = serde_json::to_value(req.object.as_ref().unwrap()).unwrap();
+        json_patch::patch(&mut doc, &creator_patch(req).unwrap().unwrap()).unwrap();
+        doc
+    }
+
+    #[test]
+    fn the_creator_is_stamped_and_cannot_be_forged_or_changed() {
+        // Create: stamped from the user info, with or without other annotations.
+        let doc = patched(&request("CREATE", "bob", sandbox(Some("w"), None), None));
+        assert_eq!(doc["metadata"]["annotations"][CREATED_BY_ANNOTATION], "bob");
+        let mut with_other = sandbox(Some("w"), None);
+        with_other["metadata"]["annotations"] = json!({"team": "b"});
+        let doc = patched(&request("CREATE", "bob", with_other, None));
+        assert_eq!(doc["metadata"]["annotations"][CREATED_BY_ANNOTATION], "bob");
+        assert_eq!(doc["metadata"]["annotations"]["team"], "b");
+        // Bob writing alice's name is refused; his own is left alone.
+        let forged = request("CREATE", "bob", sandbox(Some("w"), Some("alice")), None);
+        assert!(creator_patch(&forged).unwrap_err().contains("set by Spur"));
+        let own = request("CREATE", "bob", sandbox(Some("w"), Some("bob")), None);
+        assert_eq!(creator_patch(&own), Ok(None));
+        assert!(creator_patch(&request("CREATE", "", sandbox(None, None), None)).is_err());
+        // Update: a change is refused, a drop restored, a late addition refused.
+        let old = Some(sandbox(Some("w"), Some("alice")));
+        let changed = request(
+            "UPDATE",
+            "alice",
+            sandbox(Some("w"), Some("bob")),
+            old.clone(),
+        );
+        assert!(
+            creator_patch(&changed)
+                .unwrap_err()
+                .contains("cannot be changed")
+        );
+        let dropped = request("UPDATE", "carol", sandbox(Some("w"), None), old.clone());
+        assert_eq!(
+            patched(&dropped)["metadata"]["annotations"][CREATED_BY_ANNOTATION],
+            "alice"
+        );
+        let late = request(
+            "UPDATE",
+            "bob",
+            sandbox(Some("w"), Some("bob")),
+            Some(sandbox(Some("w"), None)),
+        );
+        assert!(creator_patch(&late).is_err());
+        let legacy = request(
+            "UPDATE",
+            "op",
+            sandbox(None, None),
+            Some(sandbox(None, None)),
+        );
+        assert_eq!(creator_patch(&legacy), Ok(None));
+    }
+
+    #[test]
+    fn the_workstation_is_checked_against_the_creator() {
+        // Create: the stamped creator, who must be the requester.
+        let create = request(
+            "CREATE",
+            "bob",
+            sandbox(Some("alice-laptop"), Some("bob")),
+            None,
+        );
+        assert_eq!(
+            to_check(&create),
+            Ok(Some(("alice-laptop".into(), "bob".into())))
+        );
+        let unstamped = request("CREATE", "bob", sandbox(Some("w"), None), None);
+        assert!(to_check(&unstamped).is_err());
+        let other = request("CREATE", "bob", sandbox(Some("w"), Some("alice")), None);
+        assert!(to_check(&other).is_err());
+        // No workstation: nothing to check.
+        assert_eq!(
+            to_check(&request("CREATE", "bob", sandbox(None, Some("bob")), None)),
+            Ok(None)
+        );
+        // Update: the operator's metadata changes pass; a new workstation is the creator's
+        // to own, whoever makes the change.
+        let old = sandbox(Some("w"), Some("alice"));
+        let same = request("UPDATE", "spur-operator", old.clone(), Some(old.clone()));
+        assert_eq!(to_check(&same), Ok(None));
+        let legacy = sandbox(Some("w"), None);
+        let legacy_update = request("UPDATE", "spur-operator", legacy.clone(), Some(legacy));
+        assert_eq!(to_check(&legacy_update), Ok(None));
+        let moved = request(
+            "UPDATE",
+            "carol",
+            sandbox(Some("carol-laptop"), Some("alice")),
+            Some(old),
+        );
+        assert_eq!(
+            to_check(&moved),
+            Ok(Some(("carol-laptop".into(), "alice".into())))
+        );
+        let legacy_moved = request(
+            "UPDATE",
+            "bob",
+            sandbox(Some("v"), None),
+            Some(sandbox(Some("w"), None)),
+        );
+        assert!(to_check(&legacy_moved).is_err());
+    }
+}
