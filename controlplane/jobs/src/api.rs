@@ -205,18 +205,9 @@ pub async fn serve(
                 let (ctx, fp) = (ctx.clone(), fp.clone());
                 async move { Ok::<_, Infallible>(handle(ctx, &fp, peer, req).await) }
             });
-            let conn =
-                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            // Request heads, HTTP/2 keep-alive and a silent client all have deadlines.
             let io = hyper_util::rt::TokioIo::new(tls);
-            let c = conn.serve_connection(io, svc);
-            tokio::pin!(c);
-            tokio::select! {
-                _ = &mut c => {}
-                () = stop.cancelled() => {
-                    c.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(Duration::from_secs(5), c).await;
-                }
-            }
+            spur_runtime::serve::serve_connection(io, svc, &stop, Duration::from_secs(5)).await;
         });
     }
     tasks.close();

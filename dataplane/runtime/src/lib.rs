@@ -3,7 +3,8 @@
 //! connections with a back-off on errors ([`accept`]), draining with a deadline ([`Drain`])
 //! and spreading retries ([`jitter`]). No binary should write these again. With feature
 //! `admin`, the admin endpoints (`/live`, `/ready`, `/metrics`, `/config_dump`) of the
-//! data-plane servers ([`admin`]).
+//! data-plane servers ([`admin`]); with feature `serve`, HTTP server settings whose deadlines
+//! hold ([`serve`]).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -16,6 +17,8 @@ use tokio_util::task::TaskTracker;
 
 #[cfg(feature = "admin")]
 pub mod admin;
+#[cfg(feature = "serve")]
+pub mod serve;
 
 /// How long [`accept`] waits after a failed accept before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
