@@ -43,7 +43,7 @@ use futures_util::StreamExt;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use kube::api::{DynamicObject, PartialObjectMeta};
@@ -297,18 +297,12 @@ async fn serve(
     stop: CancellationToken,
 ) {
     let drain = spur_runtime::Drain::under(&stop);
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     while let Some((tcp, peer)) = spur_runtime::accept(&listener, stop.cancelled(), "webhook").await
     {
         let _ = tcp.set_nodelay(true);
         // The handshake runs in the connection's own task: a client that connects and stays
         // silent must not hold up the API server's admission calls behind it.
-        let (acceptor, builder, conn_drain, st) = (
-            acceptor.clone(),
-            builder.clone(),
-            drain.clone(),
-            state.clone(),
-        );
+        let (acceptor, conn_drain, st) = (acceptor.clone(), drain.clone(), state.clone());
         drain.spawn(async move {
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
@@ -326,15 +320,15 @@ async fn serve(
                 let st = st.clone();
                 async move { Ok::<_, std::convert::Infallible>(handle(req, &st).await) }
             });
-            let conn = builder
-                .serve_connection(TokioIo::new(tls), svc)
-                .into_owned();
-            if let Err(e) = conn_drain
-                .run_graceful(conn, |c| c.graceful_shutdown())
-                .await
-            {
-                tracing::debug!(%peer, error = %e, "webhook connection ended with an error");
-            }
+            // Request heads, HTTP/2 keep-alive and a silent client all have deadlines (hyper
+            // enforces none without a timer).
+            spur_runtime::serve::serve_connection(
+                TokioIo::new(tls),
+                svc,
+                &conn_drain.token(),
+                DRAIN,
+            )
+            .await;
         });
     }
     drop(listener);
