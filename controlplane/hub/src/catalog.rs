@@ -23,6 +23,11 @@ use crate::protocol::Open;
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest line of a watch (one object); a bigger one means something is wrong.
 const MAX_WATCH_LINE: usize = 4 << 20;
+/// Largest list read from an agent: tens of thousands of objects fit; more is refused rather
+/// than held in the hub's memory (an agent, or whatever answers for it, may send anything).
+pub const MAX_LIST_BODY: usize = 64 << 20;
+/// Bytes of an agent's error answer read (the first 512 are shown).
+const MAX_ERROR_BODY: usize = 64 << 10;
 
 /// One cluster's objects.
 #[derive(Clone, Debug, Default)]
@@ -67,13 +72,31 @@ pub enum ResolveError {
 }
 
 /// Every cluster's objects. Cheap to clone.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Catalog {
     inner: Arc<RwLock<BTreeMap<String, ClusterView>>>,
     changed: Arc<watch::Sender<u64>>,
+    /// Largest list answer read ([`MAX_LIST_BODY`]).
+    max_list: usize,
+}
+
+impl Default for Catalog {
+    fn default() -> Self {
+        Catalog {
+            inner: Arc::default(),
+            changed: Arc::default(),
+            max_list: MAX_LIST_BODY,
+        }
+    }
 }
 
 impl Catalog {
+    /// A catalog that refuses lists over `bytes`.
+    pub fn with_max_list(mut self, bytes: usize) -> Self {
+        self.max_list = bytes;
+        self
+    }
+
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, ClusterView>> {
         self.inner.write().unwrap_or_else(|p| p.into_inner())
     }
@@ -259,11 +282,7 @@ impl Catalog {
         K: DeserializeOwned + kube::Resource + Clone + Kind,
     {
         let body = get(clusters, cluster, path).await?;
-        let body = body
-            .collect()
-            .await
-            .map_err(|e| Error::Upstream(format!("listing {path}: {e}")))?
-            .to_bytes();
+        let body = read_limited(body, self.max_list, &format!("listing {path}")).await?;
         let list: ObjectList<K> = serde_json::from_slice(&body)
             .map_err(|e| Error::Upstream(format!("listing {path}: {e}")))?;
         let version = list.metadata.resource_version.clone().unwrap_or_default();
@@ -376,13 +395,32 @@ async fn get(
         .await?;
     if resp.status() != StatusCode::OK {
         let status = resp.status();
-        let body = resp.into_body().collect().await.map(|b| b.to_bytes());
+        let body = read_limited(resp.into_body(), MAX_ERROR_BODY, "an error answer").await;
         let text = body
             .map(|mut b| String::from_utf8_lossy(&b.copy_to_bytes(b.len().min(512))).into_owned())
             .unwrap_or_default();
         return Err(Error::Upstream(format!("GET {path}: {status}: {text}")));
     }
     Ok(resp.into_body())
+}
+
+/// The whole of an agent's answer, refused (an error that says so, and a warning in the log)
+/// once it is over `max` bytes: the hub reads no further and the stream is dropped.
+pub async fn read_limited(
+    body: hyper::body::Incoming,
+    max: usize,
+    what: &str,
+) -> Result<bytes::Bytes, Error> {
+    match http_body_util::Limited::new(body, max).collect().await {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            tracing::warn!(what, max, "an agent's answer was over the limit: refused");
+            Err(Error::Upstream(format!(
+                "{what}: the agent's answer is over {max} bytes; refused"
+            )))
+        }
+        Err(e) => Err(Error::Upstream(format!("{what}: {e}"))),
+    }
 }
 
 /// `scheme://host[:port]` of an endpoint target; the port defaults by scheme.

@@ -7,7 +7,6 @@ use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::StatusCode;
-use http_body_util::BodyExt;
 use prost::Message as _;
 use spur_proto::traffic::{Body as CapturedBody, Exchange, Header, QueryReply};
 
@@ -83,11 +82,12 @@ pub async fn read(clusters: &Clusters, p: &TrafficParams) -> Result<QueryReply, 
             .http_get(&p.cluster, &Open::Traffic, &path, OPEN_TIMEOUT)
             .await?;
         let status = resp.status();
-        let body = http_body_util::Limited::new(resp.into_body(), MAX_REPLY)
-            .collect()
-            .await
-            .map_err(|e| Error::Upstream(format!("reading the agent's answer: {e}")))?
-            .to_bytes();
+        let body = crate::catalog::read_limited(
+            resp.into_body(),
+            MAX_REPLY,
+            "reading the agent's traffic answer",
+        )
+        .await?;
         if status != StatusCode::OK {
             // The agent's errors are Kubernetes-style Status objects; say what they say.
             let message = serde_json::from_slice::<serde_json::Value>(&body)
