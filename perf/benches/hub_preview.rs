@@ -229,6 +229,9 @@ fn main() -> Result<()> {
             "kubeconfig",
             "--target-suffix",
             "localhost",
+            // The upstream listens on loopback, which the agent refuses unless named.
+            "--allow-cidrs",
+            "127.0.0.0/8",
             "--health-addr",
             "127.0.0.1:0",
         ],

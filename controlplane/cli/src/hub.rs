@@ -40,9 +40,9 @@ enum HubCommand {
     /// Create, list and revoke API keys (for previews and the web view).
     #[command(subcommand)]
     Apikey(ApiKeyCommand),
-    /// Print a one-time login link for the web view, valid for 5 minutes, that logs the
-    /// browser in as API key NAME (for scripts and headless browsers; people can also paste
-    /// the key into the login form).
+    /// Print a one-time login link for the web view, valid for 5 minutes and usable once: it
+    /// opens a page that logs the browser in as API key NAME when the user confirms (people can
+    /// also paste the key into the login form).
     LoginLink {
         /// The API key the session belongs to.
         name: String,
@@ -126,17 +126,29 @@ pub(crate) struct ServeArgs {
     /// Address of /metrics and /healthz.
     #[arg(long, env = "SPUR_HUB_METRICS_ADDR", default_value = "127.0.0.1:9090")]
     metrics_addr: SocketAddr,
-    /// HTTPS address of the preview front end (empty: no previews).
+    /// HTTPS address of the preview front end and the web view (empty: neither).
     #[arg(long, env = "SPUR_HUB_PREVIEW_ADDR", default_value = "0.0.0.0:443")]
     preview_addr: String,
     /// Preview hosts are `<endpoint>--<sandbox>[--<cluster>].<domain>`; point a wildcard DNS
-    /// record at the hub. Without one, use the path form `https://<hub>/p/<endpoint>--<sandbox>/`.
-    #[arg(
-        long,
-        env = "SPUR_HUB_PREVIEW_DOMAIN",
-        default_value = "preview.localhost"
-    )]
+    /// record at the hub. It must not share a site with --web-host: use another registrable
+    /// domain (hub.example.com, example-preview.net).
+    #[arg(long, env = "SPUR_HUB_PREVIEW_DOMAIN", default_value = "preview.test")]
     preview_domain: String,
+    /// The web view's host name: the web view is served under this name only (default: the
+    /// first --name).
+    #[arg(long, env = "SPUR_HUB_WEB_HOST")]
+    web_host: Option<String>,
+    /// How long a browser or client may take to send a request head (and how long a kept-alive
+    /// connection may wait for its next one), e.g. 10s.
+    #[arg(long, env = "SPUR_HUB_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = spur_runtime::parse_duration)]
+    header_read_timeout: Duration,
+    /// How long a connection may stay with no request in flight before the hub closes it.
+    #[arg(long, env = "SPUR_HUB_IDLE_TIMEOUT", default_value = "120s", value_parser = spur_runtime::parse_duration)]
+    idle_timeout: Duration,
+    /// Connections one client address may hold on the preview and web view port; more are
+    /// closed at accept.
+    #[arg(long, env = "SPUR_HUB_MAX_CONNECTIONS_PER_IP", default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_connections_per_ip: u64,
     /// How long a preview target may take to send its response head before the hub answers
     /// 504 (e.g. 60s, 500ms).
     #[arg(long, env = "SPUR_HUB_PREVIEW_TIMEOUT", default_value = "60s", value_parser = spur_runtime::parse_duration)]
@@ -229,7 +241,7 @@ pub(crate) async fn run(args: HubArgs) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         HubCommand::LoginLink { name, url, db } => {
-            let code = open_store(&db.db)?.create_session(&name, Duration::from_secs(300))?;
+            let code = open_store(&db.db)?.create_login_code(&name, Duration::from_secs(300))?;
             println!("{}/login?code={code}", url.trim_end_matches('/'));
             Ok(ExitCode::SUCCESS)
         }
@@ -244,6 +256,14 @@ pub(crate) async fn run(args: HubArgs) -> Result<ExitCode> {
 async fn serve(args: ServeArgs) -> Result<ExitCode> {
     let shutdown = spur_runtime::shutdown_signal();
     let store = open_store(&args.db.db)?;
+    let web_host = match &args.web_host {
+        Some(h) => h.clone(),
+        None => args
+            .names
+            .first()
+            .cloned()
+            .context("no --web-host and no --name to take it from")?,
+    };
     let tls = match (args.tls_cert, args.tls_key) {
         (Some(cert), Some(key)) => TlsSource::Files { cert, key },
         _ => TlsSource::OwnCa { names: args.names },
@@ -262,6 +282,14 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
                         .parse()
                         .with_context(|| format!("--preview-addr {addr:?} is not IP:PORT"))?,
                     domain: args.preview_domain,
+                    web_host,
+                    limits: spur_hub::listener::ListenerLimits {
+                        header_read_timeout: args.header_read_timeout,
+                        idle_timeout: args.idle_timeout,
+                        max_per_peer: usize::try_from(args.max_connections_per_ip)
+                            .unwrap_or(usize::MAX),
+                        ..spur_hub::listener::ListenerLimits::default()
+                    },
                     response_timeout: args.preview_timeout,
                     allow_public: args.allow_public_previews,
                 }),
@@ -328,6 +356,12 @@ pub(crate) struct AgentArgs {
         default_value = ".svc,.svc.cluster.local"
     )]
     target_suffix: Vec<String>,
+    /// Address ranges (CIDRs, comma-separated) target names may resolve to: the cluster's
+    /// Service and Pod ranges. Empty: any address but the ones always refused (unspecified,
+    /// link-local and cloud metadata, multicast) and loopback, which is allowed only by a range
+    /// inside it (127.0.0.0/8).
+    #[arg(long, env = "SPUR_AGENT_ALLOW_CIDRS", value_delimiter = ',')]
+    allow_cidrs: Vec<spur_hub::agent::targets::IpNet>,
     /// Let the hub's web view read sandboxes' captured traffic from this cluster's traffic
     /// store, HOST:PORT (the chart's `spur-traffic.<namespace>.svc:7790`). The agent reads with
     /// its own token, so RBAC decides what the hub sees (the ClusterRole spur-traffic-reader).
@@ -422,6 +456,9 @@ pub(crate) async fn agent(args: AgentArgs) -> Result<ExitCode> {
         kube,
         spur_hub::agent::Scope {
             target_suffixes: args.target_suffix,
+            addresses: spur_hub::agent::targets::AddressPolicy {
+                allow_cidrs: args.allow_cidrs,
+            },
             ..spur_hub::agent::Scope::default()
         },
         &mut registry,

@@ -407,6 +407,9 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
             "kubeconfig",
             "--target-suffix",
             "localhost",
+            // The test's apps listen on loopback, which the agent refuses unless named.
+            "--allow-cidrs",
+            "127.0.0.0/8",
             "--health-addr",
             &health_arg,
         ],
@@ -451,12 +454,22 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
         "{body}"
     );
 
-    // The path form, and the cluster-qualified name.
+    // No path form: a preview on the web view's host would run on its origin (issue 42).
     let (code, body) = curl(
         &ca,
         preview,
         "localhost",
         "/p/web--feature-x--east/a/b",
+        &[&auth],
+    );
+    assert_eq!(code, 404, "{body}");
+    assert!(!body.contains("get /a/b"), "{body}");
+    // The cluster-qualified name.
+    let (code, body) = curl(
+        &ca,
+        preview,
+        "web--feature-x--east.preview.test",
+        "/a/b",
         &[&auth],
     );
     assert_eq!(code, 200, "{body}");
@@ -654,6 +667,8 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
         "--no-kube",
         "--target-suffix",
         "localhost",
+        "--allow-cidrs",
+        "127.0.0.0/8",
         "--health-addr",
         "127.0.0.1:0",
     ];
@@ -1073,7 +1088,7 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
         .and_then(|c| c.split(';').next())
         .unwrap_or_else(|| panic!("no session cookie: {accepted}"))
         .to_owned();
-    assert!(cookie.starts_with("spur_hub=spurs_"), "{cookie}");
+    assert!(cookie.starts_with("__Host-spur_hub=spurs_"), "{cookie}");
     let (code, body) = curl(&ca, web, "localhost", "/", &[&format!("cookie: {cookie}")]);
     assert_eq!(code, 200);
     assert!(body.contains("search-v2"), "{body}");
@@ -1088,6 +1103,13 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
             "Page.navigate",
             serde_json::json!({"url": link.trim()}),
         )
+        .await;
+    // The link's page logs in only when the user confirms (a GET logs no one in).
+    browser
+        .wait_for_text("Log in as dev", Duration::from_secs(30))
+        .await;
+    browser
+        .eval("document.querySelector('form button').click()")
         .await;
     browser
         .wait_for_text("checkout-fix-web.shop.svc:8080", Duration::from_secs(30))

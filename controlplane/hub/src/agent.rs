@@ -4,6 +4,8 @@
 //! Kubernetes API and, when given one, reads of the cluster's traffic store (the web view's
 //! traffic tab). Reconnects (backoff with jitter) are the tunnel client's.
 
+pub mod targets;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,9 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use spur_tunnel::{Incoming, SessionState, TunnelClient};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -29,15 +30,27 @@ pub struct Scope {
     /// Host suffixes a TCP stream may connect to (in-cluster Service names). An IP address or
     /// any other name is refused, so a hub cannot use the agent to reach arbitrary addresses.
     pub target_suffixes: Vec<String>,
-    /// How long connecting to a target may take.
+    /// The addresses those names may resolve to ([`targets::AddressPolicy`]). With Kubernetes
+    /// access, a `<service>.<namespace>.svc` name must also be a Service that is not of type
+    /// ExternalName.
+    pub addresses: targets::AddressPolicy,
+    /// How long connecting to a target may take (the Service read and lookup included).
     pub connect_timeout: Duration,
+    /// How long the hub may take to send a stream's `Open` frame, and a request head on a
+    /// Kubernetes or traffic stream (hyper enforces the latter only with a timer set).
+    pub header_read_timeout: Duration,
+    /// Streams served at once; more are refused until one ends.
+    pub max_streams: usize,
 }
 
 impl Default for Scope {
     fn default() -> Self {
         Scope {
             target_suffixes: vec![".svc".into(), ".svc.cluster.local".into()],
+            addresses: targets::AddressPolicy::default(),
             connect_timeout: Duration::from_secs(5),
+            header_read_timeout: Duration::from_secs(10),
+            max_streams: 1024,
         }
     }
 }
@@ -71,6 +84,8 @@ pub struct Agent {
     kube: Option<kube::Client>,
     scope: Arc<Scope>,
     traffic: Option<TrafficReader>,
+    /// Streams being served, at most [`Scope::max_streams`].
+    streams: Arc<tokio::sync::Semaphore>,
 }
 
 /// The agent's reader of the cluster's traffic store.
@@ -97,10 +112,16 @@ impl Agent {
         scope: Scope,
         registry: &mut prometheus_client::registry::Registry,
     ) -> Result<Agent, Error> {
+        if scope.max_streams == 0 || scope.header_read_timeout.is_zero() {
+            return Err(Error::Config(
+                "the agent's stream limit and header read timeout must be above zero".into(),
+            ));
+        }
         let client = TunnelClient::start(client, registry)?;
         Ok(Agent {
             client: Arc::new(client),
             kube,
+            streams: Arc::new(tokio::sync::Semaphore::new(scope.max_streams)),
             scope: Arc::new(scope),
             traffic: None,
         })
@@ -158,6 +179,10 @@ impl Agent {
             tokio::select! {
                 incoming = listener.accept() => match incoming {
                     Some(incoming) => {
+                        let Ok(permit) = self.streams.clone().try_acquire_owned() else {
+                            streams.spawn(incoming.reject("the agent is serving as many streams as it may; try again"));
+                            continue;
+                        };
                         let kube = self.kube.clone();
                         let scope = self.scope.clone();
                         let traffic = self.traffic.clone();
@@ -165,6 +190,7 @@ impl Agent {
                             if let Err(e) = serve_stream(incoming, kube, traffic, &scope).await {
                                 tracing::debug!("hub stream: {e}");
                             }
+                            drop(permit);
                         });
                     }
                     // The listener ends when the client closes for good; its state says why.
@@ -205,9 +231,26 @@ async fn serve_stream(
     scope: &Scope,
 ) -> Result<(), Error> {
     let mut stream = incoming.accept().await?;
-    let Some(open) = spur_tunnel::read_frame::<_, Open>(&mut stream, MAX_FRAME).await? else {
+    let open = tokio::time::timeout(
+        scope.header_read_timeout,
+        spur_tunnel::read_frame::<_, Open>(&mut stream, MAX_FRAME),
+    )
+    .await
+    .map_err(|_| {
+        Error::Timeout(format!(
+            "the hub sent no Open frame within {:?}",
+            scope.header_read_timeout
+        ))
+    })??;
+    let Some(open) = open else {
         return Ok(());
     };
+    // The Kubernetes and traffic streams are HTTP/1.1 servers: a request head that does not
+    // arrive in time closes the stream (hyper needs the timer for that).
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
+        .timer(TokioTimer::new())
+        .header_read_timeout(scope.header_read_timeout);
     match open {
         Open::Tcp { host, port } => {
             if !scope.allows(&host) {
@@ -218,20 +261,21 @@ async fn serve_stream(
                 answer(&mut stream, Answer::Error { reason }).await?;
                 return Ok(());
             }
-            let tcp = tokio::time::timeout(
-                scope.connect_timeout,
-                TcpStream::connect((host.as_str(), port)),
-            )
-            .await;
-            let tcp = match tcp {
-                Ok(Ok(tcp)) => tcp,
-                Ok(Err(e)) => {
-                    let reason = format!("connecting to {host}:{port}: {e}");
-                    answer(&mut stream, Answer::Error { reason }).await?;
-                    return Ok(());
+            let checked = async {
+                if let (Some(kube), Some((namespace, name))) =
+                    (kube.as_ref(), targets::service_of(&host))
+                {
+                    targets::check_service(kube, &namespace, &name, scope.connect_timeout).await?;
                 }
-                Err(_) => {
-                    let reason = format!("connecting to {host}:{port}: timed out");
+                let addrs = scope
+                    .addresses
+                    .resolve(&host, port, scope.connect_timeout)
+                    .await?;
+                targets::connect(&addrs, scope.connect_timeout, &format!("{host}:{port}")).await
+            };
+            let tcp = match checked.await {
+                Ok(tcp) => tcp,
+                Err(reason) => {
                     answer(&mut stream, Answer::Error { reason }).await?;
                     return Ok(());
                 }
@@ -252,7 +296,7 @@ async fn serve_stream(
                 let kube = kube.clone();
                 async move { Ok::<_, Infallible>(kube_proxy(&kube, req).await) }
             });
-            hyper::server::conn::http1::Builder::new()
+            http1
                 .serve_connection(TokioIo::new(stream), service)
                 .await
                 .map_err(|e| Error::Upstream(format!("kube proxy stream: {e}")))
@@ -268,7 +312,7 @@ async fn serve_stream(
                 let reader = reader.clone();
                 async move { Ok::<_, Infallible>(traffic_read(&reader, req).await) }
             });
-            hyper::server::conn::http1::Builder::new()
+            http1
                 .serve_connection(TokioIo::new(stream), service)
                 .await
                 .map_err(|e| Error::Upstream(format!("traffic stream: {e}")))
@@ -411,7 +455,19 @@ pub fn cut_bodies(reply: &mut spur_proto::traffic::QueryReply) {
 }
 
 async fn answer(stream: &mut spur_tunnel::Stream, a: Answer) -> Result<(), Error> {
+    let refused = matches!(a, Answer::Error { .. });
     spur_tunnel::write_frame(stream, &a, MAX_FRAME).await?;
+    if refused {
+        // End the stream cleanly and let the hub read the reason before it goes: over HTTP/2 a
+        // stream dropped while the hub's side is open is reset, and the reset overtakes it.
+        let _ = tokio::io::AsyncWriteExt::shutdown(stream).await;
+        let mut rest = [0u8; 512];
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            while matches!(tokio::io::AsyncReadExt::read(stream, &mut rest).await, Ok(n) if n > 0) {
+            }
+        })
+        .await;
+    }
     Ok(())
 }
 

@@ -8,6 +8,8 @@
 pub mod agent;
 pub mod catalog;
 pub mod clusters;
+pub mod listener;
+pub mod login;
 pub mod metrics;
 pub mod preview;
 pub mod protocol;

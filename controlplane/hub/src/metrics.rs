@@ -22,6 +22,7 @@ pub struct Metrics {
     upstream_seconds: Histogram,
     pub(crate) clusters_connected: Gauge,
     pub(crate) revocations: Counter,
+    connections_refused: Counter,
 }
 
 impl Metrics {
@@ -32,6 +33,7 @@ impl Metrics {
             upstream_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 19)),
             clusters_connected: Gauge::default(),
             revocations: Counter::default(),
+            connections_refused: Counter::default(),
         };
         registry.register(
             "preview_requests",
@@ -53,7 +55,16 @@ impl Metrics {
             "Agent sessions closed because their cluster was revoked or its token rotated",
             m.revocations.clone(),
         );
+        registry.register(
+            "connections_refused",
+            "Preview and web view connections closed at accept: their peer, or the listener, held its limit",
+            m.connections_refused.clone(),
+        );
         m
+    }
+
+    pub(crate) fn connection_refused(&self) {
+        self.connections_refused.inc();
     }
 
     pub(crate) fn preview(&self, code: u16) {

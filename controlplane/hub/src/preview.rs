@@ -1,14 +1,19 @@
 //! The preview front end: HTTPS (HTTP/1.1 and HTTP/2 by ALPN) for
-//! `<endpoint>--<name>[--<cluster>].<preview domain>`, and the path form
-//! `/p/<endpoint>--<name>[--<cluster>]/...` on any host for set-ups without wildcard DNS. A request
-//! is authenticated (API key), its credentials are stripped, the routing key of the sandbox or
+//! `<endpoint>--<name>[--<cluster>].<preview domain>`. A request is authenticated (API key or the
+//! previews' session cookie), its credentials are stripped, the routing key of the sandbox or
 //! route group is written into every carrier Spur reads (replacing whatever the caller sent, so
 //! no caller can reach another sandbox by spoofing a key), forwarding headers are added, and it
 //! goes through the cluster's agent to the endpoint's target. Nothing reaches a cluster before
 //! the request is authenticated.
+//!
+//! The same listener serves the web view, on its own host only (`--web-host`), which the hub
+//! refuses to start with unless it lies outside the preview domain's site (see
+//! [`check_sites`]): a preview's page runs on its preview host and can never be same-origin, or
+//! even same-site, with the web view. There is no path form (`/p/<name>/` on the hub's host):
+//! it would run a sandbox's page on the web view's origin. A target's `Set-Cookie` for a hub
+//! cookie is dropped.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,21 +21,18 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use spur_runtime::Drain;
-use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
+use hyper_util::rt::TokioIo;
 
 use crate::Store;
 use crate::catalog::{Catalog, ResolveError, Resolved};
 use crate::clusters::Clusters;
+use crate::store::SessionScope;
 
 /// Header carrying an API key (besides `Authorization: Bearer`).
 pub const API_KEY_HEADER: &str = "x-spur-api-key";
-/// Path prefix of the path form.
-pub const PATH_PREFIX: &str = "/p/";
-/// How long a TLS handshake may take.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The path prefix of the former path form, refused on the web view's host with a pointer to
+/// the host form.
+const PATH_PREFIX: &str = "/p/";
 /// How long opening a stream to a target through an agent may take (the agent answers after
 /// its own connect to the target, itself bounded by 5 s by default).
 const OPEN_TIMEOUT: Duration = Duration::from_secs(6);
@@ -39,17 +41,23 @@ const OPEN_TIMEOUT: Duration = Duration::from_secs(6);
 pub const AUTH_CACHE_TTL: Duration = Duration::from_secs(2);
 /// Credentials remembered at most.
 const AUTH_CACHE_MAX: usize = 4096;
-/// Largest HTTP/1 request head followed by the framing guard.
-const MAX_HEAD: usize = 64 * 1024;
 
 // A concrete error type: with a boxed trait object here, the connection future's `Send` bound
 // runs into a higher-ranked lifetime limitation of the compiler.
 pub(crate) type Body = UnsyncBoxBody<Bytes, hyper::Error>;
 
+/// Credentials found valid: (SHA-256, the session scope or None for an API key) → when.
+pub type AuthCache =
+    std::collections::HashMap<([u8; 32], Option<SessionScope>), std::time::Instant>;
+
 /// The preview front end's shared state.
 pub struct Preview {
     /// `preview.example.com`: hosts `<label>.<domain>` are previews.
     pub domain: String,
+    /// The web view's host name (lowercase, no port).
+    pub web_host: String,
+    /// What one client may hold of the listener.
+    pub limits: crate::listener::ListenerLimits,
     pub catalog: Catalog,
     pub clusters: Clusters,
     pub store: Store,
@@ -62,14 +70,14 @@ pub struct Preview {
     pub allow_public: bool,
     pub metrics: crate::metrics::Metrics,
     /// Credentials found valid, by SHA-256, and when.
-    pub auth_cache:
-        std::sync::Mutex<std::collections::HashMap<([u8; 32], bool), std::time::Instant>>,
+    pub auth_cache: std::sync::Mutex<AuthCache>,
 }
 
 impl std::fmt::Debug for Preview {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Preview")
             .field("domain", &self.domain)
+            .field("web_host", &self.web_host)
             .finish_non_exhaustive()
     }
 }
@@ -114,65 +122,98 @@ fn is_label(s: &str) -> bool {
 
 pub use spur_api::sandbox::preview_url;
 
-impl Preview {
-    /// Accepts TLS connections on `listener` until the drain starts.
-    pub async fn serve(self: Arc<Self>, listener: TcpListener, tls: TlsAcceptor, drain: Drain) {
-        loop {
-            let (tcp, peer) = tokio::select! {
-                r = listener.accept() => match r {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // Out of descriptors and the like: back off rather than spin.
-                        tracing::warn!("preview listener: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
-                () = drain.signaled() => return,
-            };
-            let _ = tcp.set_nodelay(true);
-            let this = self.clone();
-            let tls = tls.clone();
-            let conn_drain = drain.clone();
-            drain.spawn(serve_conn(this, tcp, peer, tls, conn_drain));
-        }
+/// Refuses a web view host and preview domain that could share a site (so a preview could send
+/// the web view same-site requests or set cookies it reads): the same name, one inside the
+/// other, or the same last two labels (`hub.example.com` and `preview.example.com` share
+/// `example.com`). Without a public-suffix list this is stricter than browsers under suffixes
+/// of two labels (`a.example.co.uk` and `b.other.co.uk` are refused though they are separate
+/// sites): pick names whose last two labels differ, e.g. `hub.example.com` and
+/// `example-preview.net`.
+pub fn check_sites(web_host: &str, preview_domain: &str) -> Result<(), String> {
+    let norm = |s: &str| s.trim().trim_end_matches('.').to_ascii_lowercase();
+    let (web, preview) = (norm(web_host), norm(preview_domain));
+    if preview.is_empty() || preview.parse::<std::net::IpAddr>().is_ok() {
+        return Err(format!(
+            "the preview domain {preview_domain:?} must be a DNS name (previews are \
+             <endpoint>--<name>.<domain>)"
+        ));
     }
+    let web_ip = web
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<std::net::IpAddr>()
+        .is_ok();
+    if web.is_empty() {
+        return Err("the web view's host name is empty (--web-host)".into());
+    }
+    if web_ip {
+        // An address shares no cookies or site with a DNS name.
+        return Ok(());
+    }
+    let inside = |a: &str, b: &str| a == b || a.ends_with(&format!(".{b}"));
+    let last_two = |s: &str| {
+        let labels: Vec<&str> = s.rsplitn(3, '.').take(2).collect();
+        (labels.len() == 2).then(|| format!("{}.{}", labels[1], labels[0]))
+    };
+    let shared = match (last_two(&web), last_two(&preview)) {
+        (Some(a), Some(b)) => a == b,
+        _ => false,
+    };
+    if inside(&web, &preview) || inside(&preview, &web) || shared {
+        return Err(format!(
+            "the web view's host {web:?} and the preview domain {preview:?} may share a site: a \
+             preview's page could then send the web view requests with its cookies. Use a \
+             preview domain under another registrable domain (e.g. hub.example.com and \
+             example-preview.net); --web-host and --preview-domain"
+        ));
+    }
+    Ok(())
+}
 
-    async fn handle(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+impl Preview {
+    pub(crate) async fn handle(
+        &self,
+        mut req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Response<Body> {
         if let Err(why) = spur_proxy::check_host(&req) {
             return text(StatusCode::BAD_REQUEST, why);
         }
-        let host = request_host(&req).unwrap_or_default();
-        let host = host.rsplit_once(':').map_or(host.as_str(), |(h, p)| {
-            if p.bytes().all(|b| b.is_ascii_digit()) {
-                h
-            } else {
-                host.as_str()
-            }
-        });
-        let host = host.to_ascii_lowercase();
-        // Host form, else path form; anything else is not a preview.
-        let (label, strip) = match host
+        let authority = request_host(&req).unwrap_or_default().to_ascii_lowercase();
+        let host = strip_port(&authority);
+        // A preview host, the previews' login host, the web view's host; nothing else.
+        let label = match host
             .strip_suffix(self.domain.as_str())
             .and_then(|h| h.strip_suffix('.'))
         {
-            Some(label) if !label.contains('.') => (label.to_owned(), None),
-            _ => match req.uri().path().strip_prefix(PATH_PREFIX) {
-                Some(rest) => {
-                    let label = rest.split('/').next().unwrap_or_default().to_owned();
-                    let strip = PATH_PREFIX.len() + label.len();
-                    (label, Some(strip))
+            Some(crate::login::LOGIN_LABEL) => {
+                return self.preview_login(req, &authority).await;
+            }
+            Some(label) if !label.contains('.') => label.to_owned(),
+            _ if host == self.web_host => {
+                if req.uri().path().starts_with(PATH_PREFIX) {
+                    return text(
+                        StatusCode::NOT_FOUND,
+                        &format!(
+                            "previews are served only on their own hosts, \
+                             https://<endpoint>--<name>[--<cluster>].{}/, never on the web view's\n",
+                            self.domain
+                        ),
+                    );
                 }
-                // The hub's own pages.
-                None => return self.web(req, &host).await,
-            },
+                return self.web(req, &authority).await;
+            }
+            _ => {
+                return text(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    &format!(
+                        "this hub serves its web view at https://{}/ and previews at \
+                         https://<endpoint>--<name>[--<cluster>].{}/\n",
+                        self.web_host, self.domain
+                    ),
+                );
+            }
         };
-        if strip.is_none() && req.uri().path() == "/.spur/login" {
-            return match self.login_routes(req, &host).await {
-                Ok(resp) => resp,
-                Err(_) => text(StatusCode::NOT_FOUND, "not found\n"),
-            };
-        }
         let Some(name) = PreviewName::parse(&label) else {
             return text(
                 StatusCode::BAD_REQUEST,
@@ -186,9 +227,15 @@ impl Preview {
         // the endpoint opted in to public access and the hub allows that.
         let public = self.allow_public && resolved.as_ref().is_ok_and(|r| r.public);
         if !public {
-            match self.authenticate(req.headers()).await {
+            match self
+                .authenticate(req.headers(), SessionScope::Preview)
+                .await
+            {
                 Ok(true) => {}
-                Ok(false) if wants_html(req.headers()) => return self.login_required(),
+                Ok(false) if wants_html(req.headers()) => {
+                    let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
+                    return self.login_required(&authority, &format!("https://{authority}{pq}"));
+                }
                 Ok(false) => {
                     let mut r = text(
                         StatusCode::UNAUTHORIZED,
@@ -219,20 +266,7 @@ impl Preview {
             }
             Err(e) => return text(StatusCode::NOT_FOUND, &format!("{e}\n")),
         };
-        if let Some(strip) = strip {
-            let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
-            let rest = pq.get(strip..).unwrap_or_default();
-            let rest = if rest.starts_with('/') {
-                rest.to_owned()
-            } else {
-                format!("/{rest}")
-            };
-            match rest.parse() {
-                Ok(uri) => *req.uri_mut() = uri,
-                Err(_) => return text(StatusCode::BAD_REQUEST, "malformed path\n"),
-            }
-        }
-        prepare(&mut req, &resolved, &host, peer);
+        prepare(&mut req, &resolved, host, peer);
         match self.forward(req, &resolved).await {
             Ok(resp) => resp,
             Err(e) => {
@@ -248,13 +282,18 @@ impl Preview {
         }
     }
 
-    /// Whether the request carries a valid API key or session cookie.
+    /// Whether the request carries a valid API key or a session cookie of `scope`.
     pub(crate) async fn authenticate(
         &self,
         headers: &http::HeaderMap,
+        scope: SessionScope,
     ) -> Result<bool, crate::Error> {
-        if let Some(token) = crate::web::cookie(headers, crate::web::COOKIE)
-            && self.credential_valid(token, true).await?
+        let name = match scope {
+            SessionScope::Web => crate::web::WEB_COOKIE,
+            SessionScope::Preview => crate::web::PREVIEW_COOKIE,
+        };
+        if let Some(token) = crate::web::cookie(headers, name)
+            && self.credential_valid(token, Some(scope)).await?
         {
             return Ok(true);
         }
@@ -269,15 +308,19 @@ impl Preview {
             })
             .map(str::trim);
         match key {
-            Some(key) => self.credential_valid(key, false).await,
+            Some(key) => self.credential_valid(key, None).await,
             None => Ok(false),
         }
     }
 
-    /// Whether an API key (or, with `session`, a session token) is valid. A valid answer is
+    /// Whether an API key (or, with a scope, a session token of it) is valid. A valid answer is
     /// remembered for [`AUTH_CACHE_TTL`], so a revocation takes effect within that time and the
     /// database is not read on every request; invalid answers are never cached.
-    async fn credential_valid(&self, secret: &str, session: bool) -> Result<bool, crate::Error> {
+    async fn credential_valid(
+        &self,
+        secret: &str,
+        session: Option<SessionScope>,
+    ) -> Result<bool, crate::Error> {
         let hash = crate::store::sha256(secret);
         let now = std::time::Instant::now();
         {
@@ -290,12 +333,9 @@ impl Preview {
             }
         }
         let (store, secret) = (self.store.clone(), secret.to_owned());
-        let valid = tokio::task::spawn_blocking(move || {
-            if session {
-                store.session_key(&secret)
-            } else {
-                store.api_key_name(&secret)
-            }
+        let valid = tokio::task::spawn_blocking(move || match session {
+            Some(scope) => store.session_key(&secret, scope),
+            None => store.api_key_name(&secret),
         })
         .await
         .map_err(|e| crate::Error::Db(e.to_string()))??
@@ -357,6 +397,7 @@ impl Preview {
             })?;
         self.metrics.upstream(started.elapsed().as_secs_f64());
         let mut resp = resp;
+        without_hub_set_cookie(resp.headers_mut());
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS
             && let Some(client_upgrade) = upgrade
         {
@@ -375,57 +416,6 @@ impl Preview {
     }
 }
 
-async fn serve_conn(
-    this: Arc<Preview>,
-    tcp: tokio::net::TcpStream,
-    peer: SocketAddr,
-    tls: TlsAcceptor,
-    drain: Drain,
-) {
-    let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(tcp)).await else {
-        return;
-    };
-    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-    let service = hyper::service::service_fn(move |req| {
-        let this = this.clone();
-        let fut: std::pin::Pin<Box<dyn Future<Output = _> + Send>> = Box::pin(async move {
-            let resp = this.handle(req, peer).await;
-            this.metrics.preview(resp.status().as_u16());
-            Ok::<_, std::convert::Infallible>(resp)
-        });
-        fut
-    });
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    // hyper's connection futures are Send, but the drain's generic helper (a closure over a
-    // pinned borrow) trips a higher-ranked lifetime limitation here: the same select, inline.
-    macro_rules! drive {
-        ($conn:expr) => {{
-            let mut conn = std::pin::pin!($conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                () = drain.signaled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
-            }
-        }};
-    }
-    if h2 {
-        drive!(
-            builder
-                .serve_connection_with_upgrades(TokioIo::new(tls), service)
-                .into_owned()
-        );
-    } else {
-        let io = TokioIo::new(spur_proxy::Http1Guard::new(tls, MAX_HEAD));
-        drive!(
-            builder
-                .serve_connection_with_upgrades(io, service)
-                .into_owned()
-        );
-    }
-}
-
 /// A browser navigating (it would rather see a login form than a bare 401).
 fn wants_html(headers: &http::HeaderMap) -> bool {
     headers
@@ -434,7 +424,40 @@ fn wants_html(headers: &http::HeaderMap) -> bool {
         .is_some_and(|v| v.contains("text/html"))
 }
 
-/// The `Cookie` header without the hub's session cookie (the app never sees it).
+/// Whether `name` is one of the hub's own cookies (browsers compare the `__Host-` prefix without
+/// regard to case, so the whole name is compared so).
+fn is_hub_cookie(name: &str) -> bool {
+    crate::web::HUB_COOKIES
+        .iter()
+        .any(|c| c.eq_ignore_ascii_case(name.trim()))
+}
+
+/// A target's response without its `Set-Cookie` for any of the hub's cookies: an app must not
+/// replace a viewer's session with another (its own key's, say).
+fn without_hub_set_cookie(headers: &mut http::HeaderMap) {
+    let all: Vec<HeaderValue> = headers
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .cloned()
+        .collect();
+    if all.is_empty() {
+        return;
+    }
+    headers.remove(header::SET_COOKIE);
+    for v in all {
+        let name = v
+            .to_str()
+            .ok()
+            .map(|s| s.split(';').next().unwrap_or_default())
+            .map(|kv| kv.split_once('=').map_or(kv, |(k, _)| k));
+        // A value that is not text cannot be checked, so it goes too.
+        if name.is_some_and(|n| !is_hub_cookie(n)) {
+            headers.append(header::SET_COOKIE, v);
+        }
+    }
+}
+
+/// The `Cookie` header without the hub's session cookies (the app never sees them).
 fn without_hub_cookie(headers: &mut http::HeaderMap) {
     let kept: Vec<String> = headers
         .get_all(header::COOKIE)
@@ -442,12 +465,7 @@ fn without_hub_cookie(headers: &mut http::HeaderMap) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .map(str::trim)
-        .filter(|kv| {
-            !kv.is_empty()
-                && kv
-                    .split_once('=')
-                    .is_none_or(|(k, _)| k != crate::web::COOKIE)
-        })
+        .filter(|kv| !kv.is_empty() && kv.split_once('=').is_none_or(|(k, _)| !is_hub_cookie(k)))
         .map(str::to_owned)
         .collect();
     headers.remove(header::COOKIE);
@@ -456,6 +474,15 @@ fn without_hub_cookie(headers: &mut http::HeaderMap) {
     {
         headers.insert(header::COOKIE, v);
     }
+}
+
+/// `host` of `host[:port]` (an IPv6 literal without its brackets).
+fn strip_port(authority: &str) -> &str {
+    let host = match authority.rsplit_once(':') {
+        Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) && !h.ends_with(':') => h,
+        _ => authority,
+    };
+    host.trim_start_matches('[').trim_end_matches(']')
 }
 
 fn request_host<B>(req: &Request<B>) -> Option<String> {
@@ -529,6 +556,7 @@ fn text(status: StatusCode, body: &str) -> Response<Body> {
             .boxed_unsync(),
     );
     *r.status_mut() = status;
+    crate::web::hub_headers(r.headers_mut());
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
@@ -606,7 +634,10 @@ mod tests {
         assert_eq!(h.get("x-forwarded-for").unwrap(), "192.0.2.1");
         assert_eq!(req.uri(), "/x?y=1");
         let mut req = Request::get("/")
-            .header("cookie", "a=1; spur_hub=spurs_secret; b=2")
+            .header(
+                "cookie",
+                "a=1; __Host-spur_hub=spurs_secret; b=2; spur_preview=spurs_p",
+            )
             .body(())
             .unwrap();
         prepare(&mut req, &to, "h", "192.0.2.1:1".parse().unwrap());

@@ -53,6 +53,11 @@ pub struct PreviewSettings {
     /// Preview hosts are `<endpoint>--<name>[--<cluster>].<domain>`. The hub's own certificate
     /// covers `*.<domain>`.
     pub domain: String,
+    /// The web view's host: served on this listener under this name only. It must not share a
+    /// site with `domain` ([`crate::preview::check_sites`]).
+    pub web_host: String,
+    /// What one client may hold of the listener.
+    pub limits: crate::listener::ListenerLimits,
     /// How long a target may take to send its response head.
     pub response_timeout: Duration,
     /// Serve endpoints marked `public` without authentication.
@@ -151,10 +156,16 @@ impl Hub {
         if config.revocation_poll.is_zero() {
             return Err(Error::Config("revocation_poll must be > 0".into()));
         }
+        if let Some(p) = &config.preview {
+            crate::preview::check_sites(&p.web_host, &p.domain).map_err(Error::Config)?;
+            p.limits.validate()?;
+        }
         let mut tls_source = config.tls.clone();
         if let (TlsSource::OwnCa { names }, Some(p)) = (&mut tls_source, &config.preview) {
+            if !names.iter().any(|n| n.eq_ignore_ascii_case(&p.web_host)) {
+                names.push(p.web_host.clone());
+            }
             names.push(format!("*.{}", p.domain));
-            names.push(p.domain.clone());
         }
         let (chain, key, ca_pem) = serving_identity(&store, &tls_source)?;
         let metrics = crate::metrics::Metrics::register(registry);
@@ -172,7 +183,14 @@ impl Hub {
                     Error::Config(format!("binding the preview address {}: {e}", p.addr))
                 })?;
                 let preview = Preview {
-                    domain: p.domain.to_ascii_lowercase(),
+                    domain: p.domain.trim_end_matches('.').to_ascii_lowercase(),
+                    web_host: p
+                        .web_host
+                        .trim_end_matches('.')
+                        .trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .to_ascii_lowercase(),
+                    limits: p.limits,
                     catalog: catalog.clone(),
                     clusters: clusters.clone(),
                     store: store.clone(),

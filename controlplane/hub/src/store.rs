@@ -12,11 +12,15 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::Error;
 
+mod sessions;
+
+pub use sessions::SessionScope;
+
 /// Schema version in `PRAGMA user_version`; a newer file is refused rather than misread.
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
 /// Migrations, in order: entry `i` takes a file from version `i` to `i + 1`.
-const MIGRATIONS: [&str; 2] = [SCHEMA_V1, SESSIONS_V2];
+const MIGRATIONS: [&str; 3] = [SCHEMA_V1, SESSIONS_V2, LOGIN_CODES_V3];
 
 const SCHEMA_V1: &str = "
 CREATE TABLE clusters (
@@ -53,12 +57,30 @@ CREATE TABLE sessions (
 ) STRICT;
 ";
 
+/// One-time login codes get a table of their own (before, a code was a session row and so
+/// worked as a cookie), and each session says which cookie it belongs to: the web view's or the
+/// previews'. Every older session ends: the web view's cookie has a new name, and an old login
+/// code cannot be told from a session.
+const LOGIN_CODES_V3: &str = "
+CREATE TABLE login_codes (
+    code_hash   BLOB PRIMARY KEY NOT NULL,
+    key_name    TEXT NOT NULL REFERENCES api_keys (name),
+    created_ms  INTEGER NOT NULL,
+    expires_ms  INTEGER NOT NULL
+) STRICT;
+DELETE FROM sessions;
+ALTER TABLE sessions ADD COLUMN scope TEXT NOT NULL DEFAULT 'web'
+    CHECK (scope IN ('web', 'preview'));
+";
+
 /// Prefix of cluster tokens, so that a leaked one is recognisable (secret scanners, logs).
 pub const CLUSTER_TOKEN_PREFIX: &str = "spurc_";
 /// Prefix of API keys.
 pub const API_KEY_PREFIX: &str = "spurk_";
-/// Prefix of browser session tokens (cookies and one-time login codes).
+/// Prefix of browser session tokens (cookies).
 pub const SESSION_PREFIX: &str = "spurs_";
+/// Prefix of one-time login codes (`spur hub login-link`).
+pub const LOGIN_CODE_PREFIX: &str = "spurl_";
 
 /// Longest cluster or API key name: a DNS label, since a cluster name shows up in URLs.
 pub const MAX_NAME: usize = 63;
@@ -104,8 +126,12 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
-    /// Opens (creating when missing) the database at `path`.
+    /// Opens (creating when missing) the database at `path`. The file holds the hub's CA key
+    /// (when the hub issues its own certificate): it is created readable by its owner only, and
+    /// an existing file (or its WAL and shared-memory files) readable by others is narrowed to
+    /// that first.
     pub fn open(path: &Path) -> Result<Store, Error> {
+        owner_only(path)?;
         let conn = Connection::open(path).map_err(|e| db(path, e))?;
         Self::init(conn).map_err(|e| match e {
             Error::Db(m) => Error::Db(format!("{}: {m}", path.display())),
@@ -371,66 +397,6 @@ impl Store {
             .map_err(dbe)
     }
 
-    /// Starts a session for API key `key_name`, valid for `ttl`; returns its token.
-    pub fn create_session(&self, key_name: &str, ttl: Duration) -> Result<String, Error> {
-        let token = new_secret(SESSION_PREFIX)?;
-        let now = now_ms();
-        let ttl = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        let conn = self.conn();
-        let active: bool = conn
-            .query_row(
-                "SELECT 1 FROM api_keys WHERE name = ?1 AND revoked_ms IS NULL",
-                [key_name],
-                |_| Ok(()),
-            )
-            .optional()
-            .map_err(dbe)?
-            .is_some();
-        if !active {
-            return Err(Error::NotFound(format!(
-                "no active API key named {key_name:?}"
-            )));
-        }
-        // Expired sessions go whenever a new one starts: the table stays small.
-        conn.execute("DELETE FROM sessions WHERE expires_ms < ?1", [now])
-            .map_err(dbe)?;
-        conn.execute(
-            "INSERT INTO sessions (token_hash, key_name, created_ms, expires_ms) \
-             VALUES (?1, ?2, ?3, ?4)",
-            params![sha256(&token), key_name, now, now.saturating_add(ttl)],
-        )
-        .map_err(dbe)?;
-        Ok(token)
-    }
-
-    /// The API key name behind a live session token (not expired, key not revoked).
-    pub fn session_key(&self, token: &str) -> Result<Option<String>, Error> {
-        if !token.starts_with(SESSION_PREFIX) {
-            return Ok(None);
-        }
-        self.conn()
-            .query_row(
-                "SELECT s.key_name FROM sessions s JOIN api_keys k ON k.name = s.key_name \
-                 WHERE s.token_hash = ?1 AND s.expires_ms > ?2 AND k.revoked_ms IS NULL",
-                params![sha256(token), now_ms()],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(dbe)
-    }
-
-    /// Ends a session (logout; a one-time login code once used). Returns whether it existed.
-    pub fn end_session(&self, token: &str) -> Result<bool, Error> {
-        let n = self
-            .conn()
-            .execute(
-                "DELETE FROM sessions WHERE token_hash = ?1",
-                [sha256(token)],
-            )
-            .map_err(dbe)?;
-        Ok(n > 0)
-    }
-
     /// The hub's CA (certificate and key, PEM), made by `create` on first use. Two hubs
     /// starting at once on one file agree: the insert is conditional and the winner is read back.
     pub fn ca_or_create(
@@ -463,6 +429,44 @@ impl Store {
             .pragma_query_value(None, "data_version", |r| r.get(0))
             .map_err(dbe)
     }
+}
+
+/// Creates `path` with mode 0600 when missing, and takes group and other permissions away from
+/// it and its `-wal` and `-shm` files when present (SQLite gives those the main file's mode).
+fn owner_only(path: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let io = |p: &Path, e: std::io::Error| Error::Db(format!("{}: {e}", p.display()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io(path, e)),
+    }
+    let mut name = path.as_os_str().to_owned();
+    let mut wal = name.clone();
+    wal.push("-wal");
+    name.push("-shm");
+    for p in [path, Path::new(&wal), Path::new(&name)] {
+        let mode = match std::fs::metadata(p) {
+            Ok(m) => m.permissions().mode(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io(p, e)),
+        };
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                file = %p.display(),
+                mode = format!("{:o}", mode & 0o777),
+                "the hub's database was readable by others (it holds the CA key): narrowed to 0600"
+            );
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode & 0o700))
+                .map_err(|e| io(p, e))?;
+        }
+    }
+    Ok(())
 }
 
 /// SQLite's `PRAGMA integrity_check` of the file at `path`: `"ok"` when sound.
@@ -619,33 +623,6 @@ mod tests {
     }
 
     #[test]
-    fn sessions_expire_end_and_die_with_their_key() {
-        let s = Store::in_memory().unwrap();
-        s.add_api_key("dev").unwrap();
-        assert!(matches!(
-            s.create_session("nobody", Duration::from_secs(60)),
-            Err(Error::NotFound(_))
-        ));
-        let t = s.create_session("dev", Duration::from_secs(60)).unwrap();
-        assert_eq!(s.session_key(&t).unwrap().as_deref(), Some("dev"));
-        let short = s.create_session("dev", Duration::ZERO).unwrap();
-        assert_eq!(
-            s.session_key(&short).unwrap(),
-            None,
-            "an expired session works"
-        );
-        let other = s.create_session("dev", Duration::from_secs(60)).unwrap();
-        assert!(s.end_session(&other).unwrap());
-        assert_eq!(s.session_key(&other).unwrap(), None);
-        s.revoke_api_key("dev").unwrap();
-        assert_eq!(
-            s.session_key(&t).unwrap(),
-            None,
-            "a revoked key's session works"
-        );
-    }
-
-    #[test]
     fn a_version_1_file_is_migrated() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hub.db");
@@ -661,7 +638,32 @@ mod tests {
         }
         let s = Store::open(&path).unwrap();
         assert_eq!(s.api_keys().unwrap()[0].name, "old");
-        assert!(s.create_session("old", Duration::from_secs(5)).is_ok());
+        assert!(
+            s.create_session("old", Duration::from_secs(5), SessionScope::Web)
+                .is_ok()
+        );
+    }
+
+    /// Issue 42, point 2: the file holds the CA key, and was created with the umask's mode
+    /// (0644 under the usual 022): readable by every local user.
+    #[test]
+    fn the_file_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.db");
+        let s = Store::open(&path).unwrap();
+        s.ca_or_create(|| Ok(("cert".into(), "key".into())))
+            .unwrap();
+        s.add_api_key("dev").unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        let wal = dir.path().join("hub.db-wal");
+        assert!(!wal.exists() || mode(&wal) == 0o600, "{:o}", mode(&wal));
+        drop(s);
+        // A file made readable by others (an old hub, a copy) is narrowed when opened.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        drop(Store::open(&path).unwrap());
+        assert_eq!(mode(&path), 0o600);
     }
 
     #[test]

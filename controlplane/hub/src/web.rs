@@ -1,9 +1,10 @@
-//! The web view, served by the hub on every host that is not a preview: clusters (connected or
-//! not, last seen), each cluster's sandboxes (forks, routing key, readiness, time to live, preview
-//! links) and route groups. Server-rendered HTML that reads fine with JavaScript off; with it on,
-//! a small script (no external assets) listens to `/events` (server-sent events) and swaps in the
-//! fresh table when anything changes. Login: an API key posted to `/login`, or a one-time code
-//! from `spur hub login-link`, sets a session cookie.
+//! The web view, served by the hub on its own host (`--web-host`, never a preview host): clusters
+//! (connected or not, last seen), each cluster's sandboxes (forks, routing key, readiness, time
+//! to live, preview links) and route groups. Server-rendered HTML that reads fine with JavaScript
+//! off; with it on, a small script (no external assets) listens to `/events` (server-sent events)
+//! and swaps in the fresh table when anything changes. Login: an API key posted to `/login`, or a
+//! one-time code from `spur hub login-link` posted from the page its link opens; either sets the
+//! host-only cookie [`WEB_COOKIE`]. Every page the hub writes carries [`hub_headers`].
 
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
@@ -15,13 +16,20 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 
 use crate::preview::{Body, Preview, preview_url};
+use crate::store::SessionScope;
 
-/// The session cookie.
-pub const COOKIE: &str = "spur_hub";
+/// The web view's session cookie. `__Host-`: the browser takes it only from the web view's own
+/// host, Secure, with `Path=/` and no `Domain`, so no other host (a preview) can set or replace it.
+pub const WEB_COOKIE: &str = "__Host-spur_hub";
+/// The previews' session cookie, for the whole preview domain (one login covers every preview).
+/// It never opens the web view: its session is of the preview scope.
+pub const PREVIEW_COOKIE: &str = "spur_preview";
+/// Cookie names only the hub may set: a target's `Set-Cookie` for one of them is dropped, and
+/// a request's `Cookie` loses them before it goes to a target. (`spur_hub` is the web view's
+/// cookie before `__Host-`.)
+pub const HUB_COOKIES: [&str; 3] = [WEB_COOKIE, PREVIEW_COOKIE, "spur_hub"];
 /// How long a login lasts.
 pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
-/// Longest login form body read.
-const MAX_FORM: usize = 4096;
 
 const CSS: &str = r#"
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
@@ -39,6 +47,7 @@ input[type=password]{width:100%;padding:6px;margin:8px 0}
 form.filter{background:#fff;padding:8px;margin-bottom:8px} form.filter input{padding:3px}
 pre{white-space:pre-wrap;word-break:break-all;font-size:12px;background:#f6f7f9;padding:4px;margin:2px 0}
 details summary{cursor:pointer} .detail h3{margin:8px 0 2px}
+form.logout{display:inline} form.logout button{background:none;border:0;padding:0;color:#cfd6e4;text-decoration:underline;cursor:pointer;font:inherit}
 "#;
 
 const JS: &str = r#"
@@ -88,7 +97,7 @@ pub fn cookie<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
-fn full(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
+pub(crate) fn full(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
     let mut r = Response::new(
         Full::new(Bytes::from(body))
             .map_err(|never| match never {})
@@ -97,8 +106,15 @@ fn full(status: StatusCode, content_type: &'static str, body: String) -> Respons
     *r.status_mut() = status;
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    hub_headers(h);
+    r
+}
+
+/// The headers of every response the hub writes itself (pages, errors, redirects, events; not
+/// a target's answers): everything is served by the hub, nothing may be framed or loaded from
+/// elsewhere, no content type is guessed, no URL leaks in a `Referer`, nothing is cached.
+pub fn hub_headers(h: &mut http::HeaderMap) {
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    // Everything is served by the hub itself; nothing may be framed or loaded from elsewhere.
     h.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(
@@ -110,10 +126,14 @@ fn full(status: StatusCode, content_type: &'static str, body: String) -> Respons
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    r
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
 }
 
-fn redirect(to: &str, cookie: Option<String>) -> Response<Body> {
+pub(crate) fn redirect(to: &str, cookie: Option<String>) -> Response<Body> {
     let mut r = full(
         StatusCode::SEE_OTHER,
         "text/plain; charset=utf-8",
@@ -128,9 +148,13 @@ fn redirect(to: &str, cookie: Option<String>) -> Response<Body> {
     r
 }
 
+/// Logging out is a POST (a cross-site link cannot end a session).
+const LOGOUT: &str =
+    "<form class=logout method=post action=\"/logout\"><button type=submit>log out</button></form>";
+
 /// What surrounds a page's content.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Chrome {
+pub(crate) enum Chrome {
     /// The login form: no session, so no log-out link and no script.
     Login,
     /// A page that stays as rendered (the traffic tab): the overview's script would replace it.
@@ -139,12 +163,12 @@ enum Chrome {
     Live,
 }
 
-fn page(title: &str, chrome: Chrome, main: &str) -> String {
+pub(crate) fn page(title: &str, chrome: Chrome, main: &str) -> String {
     let (header, script) = match chrome {
         Chrome::Login => ("", ""),
-        Chrome::Static => ("<a href=\"/logout\">log out</a>", ""),
+        Chrome::Static => (LOGOUT, ""),
         Chrome::Live => (
-            "<span class=live id=live>static (JavaScript off)</span> <a href=\"/logout\">log out</a>",
+            "<span class=live id=live>static (JavaScript off)</span> <form class=logout method=post action=\"/logout\"><button type=submit>log out</button></form>",
             "<script src=\"/app.js\"></script>",
         ),
     };
@@ -158,166 +182,21 @@ fn page(title: &str, chrome: Chrome, main: &str) -> String {
     )
 }
 
-fn login_page(message: Option<&str>, action: &str) -> String {
-    let message = message
-        .map(|m| format!("<p class=bad>{}</p>", esc(m)))
-        .unwrap_or_default();
-    page(
-        "Spur hub: log in",
-        Chrome::Login,
-        &format!(
-            "<form class=login method=post action=\"{}\"><h2>Log in</h2>{message}\
-             <label>API key (<code>spur hub apikey add NAME</code>)\
-             <input type=password name=key autocomplete=current-password autofocus></label>\
-             <button type=submit>Log in</button></form>",
-            esc(action)
-        ),
-    )
-}
-
-/// `Set-Cookie` for a session: for the whole preview domain when the request came to a host in
-/// it (one login then covers every preview), else for this host only.
-fn session_cookie(token: &str, host: &str, domain: &str) -> String {
-    let scope = if host == domain || host.ends_with(&format!(".{domain}")) {
-        format!("; Domain={domain}")
-    } else {
-        String::new()
-    };
-    format!(
-        "{COOKIE}={token}; Path=/; HttpOnly; Secure; SameSite=Lax; Max-Age={}{scope}",
-        SESSION_TTL.as_secs()
-    )
+/// The stylesheet of every hub page.
+pub(crate) fn css() -> Response<Body> {
+    full(StatusCode::OK, "text/css; charset=utf-8", CSS.into())
 }
 
 impl Preview {
-    /// The login page, as the answer to an unauthenticated browser on a preview host.
-    pub(crate) fn login_required(&self) -> Response<Body> {
-        let mut r = full(
-            StatusCode::UNAUTHORIZED,
-            "text/html; charset=utf-8",
-            login_page(None, "/.spur/login"),
-        );
-        r.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            HeaderValue::from_static("Bearer realm=\"spur hub\""),
-        );
-        r
-    }
-
-    /// Handles `/login`, `/.spur/login` (the same, on preview hosts) and `/logout`; None for
-    /// any other path.
-    pub(crate) async fn login_routes(
-        &self,
-        req: Request<Incoming>,
-        host: &str,
-    ) -> Result<Response<Body>, Request<Incoming>> {
-        let path = req.uri().path();
-        if path == "/logout" {
-            if let Some(token) = cookie(req.headers(), COOKIE) {
-                let (store, token) = (self.store.clone(), token.to_owned());
-                let _ = tokio::task::spawn_blocking(move || store.end_session(&token)).await;
-            }
-            let clear = format!("{COOKIE}=; Path=/; HttpOnly; Secure; SameSite=Lax; Max-Age=0");
-            return Ok(redirect("/login", Some(clear)));
-        }
-        if path != "/login" && path != "/.spur/login" {
-            return Err(req);
-        }
-        let action = path.to_owned();
-        // A one-time code from `spur hub login-link`: exchanged for a fresh session.
-        if req.method() == Method::GET
-            && let Some(code) = req
-                .uri()
-                .query()
-                .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("code=")))
-        {
-            let (store, code) = (self.store.clone(), code.to_owned());
-            let exchanged = tokio::task::spawn_blocking(move || {
-                let Some(name) = store.session_key(&code)? else {
-                    return Ok(None);
-                };
-                // One use only, whatever happens next.
-                store.end_session(&code)?;
-                store.create_session(&name, SESSION_TTL).map(Some)
-            })
-            .await;
-            return Ok(self.logged_in(
-                exchanged,
-                host,
-                &action,
-                "That login link is used or expired.",
-            ));
-        }
-        match *req.method() {
-            Method::GET => Ok(full(
-                StatusCode::OK,
-                "text/html; charset=utf-8",
-                login_page(None, &action),
-            )),
-            Method::POST => {
-                let body = http_body_util::Limited::new(req.into_body(), MAX_FORM)
-                    .collect()
-                    .await
-                    .map(|b| b.to_bytes());
-                let Ok(body) = body else {
-                    return Ok(full(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        "text/plain; charset=utf-8",
-                        "form too large\n".into(),
-                    ));
-                };
-                let key = form_value(&body, "key").unwrap_or_default();
-                let store = self.store.clone();
-                let session =
-                    tokio::task::spawn_blocking(move || match store.api_key_name(key.trim())? {
-                        Some(name) => store.create_session(&name, SESSION_TTL).map(Some),
-                        None => Ok(None),
-                    })
-                    .await;
-                Ok(self.logged_in(session, host, &action, "Unknown or revoked API key."))
-            }
-            _ => Ok(full(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "text/plain; charset=utf-8",
-                "GET or POST\n".into(),
-            )),
-        }
-    }
-
-    /// The answer to a login attempt: the session cookie and a redirect to the page, the login
-    /// form again with `refused`, or a 503 when the database could not be asked.
-    fn logged_in(
-        &self,
-        attempt: Result<Result<Option<String>, crate::Error>, tokio::task::JoinError>,
-        host: &str,
-        action: &str,
-        refused: &str,
-    ) -> Response<Body> {
-        match attempt {
-            Ok(Ok(Some(token))) => redirect("/", Some(session_cookie(&token, host, &self.domain))),
-            Ok(Ok(None)) => full(
-                StatusCode::UNAUTHORIZED,
-                "text/html; charset=utf-8",
-                login_page(Some(refused), action),
-            ),
-            _ => full(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "text/plain; charset=utf-8",
-                "cannot check credentials now\n".into(),
-            ),
-        }
-    }
-
-    /// The web view's routes (after authentication).
-    pub(crate) async fn web(&self, req: Request<Incoming>, host: &str) -> Response<Body> {
-        let req = match self.login_routes(req, host).await {
+    /// The web view's routes (after authentication). `authority` is the request's host and port
+    /// as the browser sent them (what its `Origin` must match).
+    pub(crate) async fn web(&self, req: Request<Incoming>, authority: &str) -> Response<Body> {
+        let req = match self.web_login(req, authority).await {
             Ok(resp) => return resp,
             Err(req) => req,
         };
         match (req.method(), req.uri().path()) {
-            (&Method::GET, "/app.css") => {
-                return full(StatusCode::OK, "text/css; charset=utf-8", CSS.into());
-            }
+            (&Method::GET, "/app.css") => return css(),
             (&Method::GET, "/app.js") => {
                 return full(StatusCode::OK, "text/javascript; charset=utf-8", JS.into());
             }
@@ -326,7 +205,7 @@ impl Preview {
             }
             _ => {}
         }
-        match self.authenticate(req.headers()).await {
+        match self.authenticate(req.headers(), SessionScope::Web).await {
             Ok(true) => {}
             Ok(false) => return redirect("/login", None),
             Err(_) => {
@@ -411,11 +290,11 @@ impl Preview {
         let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
         let mut r = Response::new(StreamBody::new(stream).boxed_unsync());
         let h = r.headers_mut();
+        hub_headers(h);
         h.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/event-stream"),
         );
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         r
     }
 
@@ -656,7 +535,7 @@ pub(crate) fn ago(now: SystemTime, t: SystemTime) -> String {
 }
 
 /// Value of field `name` in an `application/x-www-form-urlencoded` body.
-fn form_value(body: &[u8], name: &str) -> Option<String> {
+pub(crate) fn form_value(body: &[u8], name: &str) -> Option<String> {
     form_urlencoded::parse(body)
         .find(|(k, _)| k == name)
         .map(|(_, v)| v.into_owned())
@@ -687,16 +566,11 @@ mod tests {
         let mut h = http::HeaderMap::new();
         h.append(
             header::COOKIE,
-            HeaderValue::from_static("a=1; spur_hub=spurs_x"),
+            HeaderValue::from_static("a=1; __Host-spur_hub=spurs_x"),
         );
         h.append(header::COOKIE, HeaderValue::from_static("b=2"));
-        assert_eq!(cookie(&h, COOKIE), Some("spurs_x"));
+        assert_eq!(cookie(&h, WEB_COOKIE), Some("spurs_x"));
         assert_eq!(cookie(&h, "b"), Some("2"));
         assert_eq!(cookie(&h, "c"), None);
-        let c = session_cookie("t", "web--a.preview.test", "preview.test");
-        assert!(
-            c.contains("Domain=preview.test") && c.contains("HttpOnly") && c.contains("Secure")
-        );
-        assert!(!session_cookie("t", "hub.example.com", "preview.test").contains("Domain"));
     }
 }

@@ -1,0 +1,308 @@
+//! Browser sessions and one-time login codes. A session belongs to one cookie (the web view's or
+//! the previews'), so a preview's session never opens the web view. A login code lives in a table
+//! of its own: it is never a session, so it cannot be presented as a cookie, and it is consumed
+//! by one `DELETE … RETURNING`, so two browsers racing with one code get one session between them.
+
+use std::time::Duration;
+
+use rusqlite::{OptionalExtension, params};
+
+use super::{LOGIN_CODE_PREFIX, SESSION_PREFIX, Store, dbe, new_secret, now_ms, sha256};
+use crate::Error;
+
+/// Which cookie a session is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SessionScope {
+    /// The web view's host-only cookie.
+    Web,
+    /// The cookie shared by every preview host (the preview domain).
+    Preview,
+}
+
+impl SessionScope {
+    fn as_str(self) -> &'static str {
+        match self {
+            SessionScope::Web => "web",
+            SessionScope::Preview => "preview",
+        }
+    }
+}
+
+impl Store {
+    /// Starts a session for API key `key_name`, valid for `ttl`; returns its token.
+    pub fn create_session(
+        &self,
+        key_name: &str,
+        ttl: Duration,
+        scope: SessionScope,
+    ) -> Result<String, Error> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(dbe)?;
+        let token = insert_session(&tx, key_name, ttl, scope)?;
+        tx.commit().map_err(dbe)?;
+        Ok(token)
+    }
+
+    /// The API key name behind a live session token of `scope` (not expired, key not revoked).
+    pub fn session_key(&self, token: &str, scope: SessionScope) -> Result<Option<String>, Error> {
+        if !token.starts_with(SESSION_PREFIX) {
+            return Ok(None);
+        }
+        self.conn()
+            .query_row(
+                "SELECT s.key_name FROM sessions s JOIN api_keys k ON k.name = s.key_name \
+                 WHERE s.token_hash = ?1 AND s.scope = ?2 AND s.expires_ms > ?3 \
+                 AND k.revoked_ms IS NULL",
+                params![sha256(token), scope.as_str(), now_ms()],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(dbe)
+    }
+
+    /// Ends a session (logout). Returns whether it existed.
+    pub fn end_session(&self, token: &str) -> Result<bool, Error> {
+        let n = self
+            .conn()
+            .execute(
+                "DELETE FROM sessions WHERE token_hash = ?1",
+                [sha256(token)],
+            )
+            .map_err(dbe)?;
+        Ok(n > 0)
+    }
+
+    /// Makes a one-time login code for API key `key_name`, valid for `ttl` (`spur hub
+    /// login-link`); only its hash is kept.
+    pub fn create_login_code(&self, key_name: &str, ttl: Duration) -> Result<String, Error> {
+        let code = new_secret(LOGIN_CODE_PREFIX)?;
+        let now = now_ms();
+        let ttl = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let conn = self.conn();
+        require_active_key(&conn, key_name)?;
+        // Expired codes go whenever a new one is made: the table stays small.
+        conn.execute("DELETE FROM login_codes WHERE expires_ms <= ?1", [now])
+            .map_err(dbe)?;
+        conn.execute(
+            "INSERT INTO login_codes (code_hash, key_name, created_ms, expires_ms) \
+             VALUES (?1, ?2, ?3, ?4)",
+            params![sha256(&code), key_name, now, now.saturating_add(ttl)],
+        )
+        .map_err(dbe)?;
+        Ok(code)
+    }
+
+    /// The API key a live login code logs in as, without consuming it (for the page that asks
+    /// the user to confirm).
+    pub fn login_code_key(&self, code: &str) -> Result<Option<String>, Error> {
+        if !code.starts_with(LOGIN_CODE_PREFIX) {
+            return Ok(None);
+        }
+        self.conn()
+            .query_row(
+                "SELECT c.key_name FROM login_codes c JOIN api_keys k ON k.name = c.key_name \
+                 WHERE c.code_hash = ?1 AND c.expires_ms > ?2 AND k.revoked_ms IS NULL",
+                params![sha256(code), now_ms()],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(dbe)
+    }
+
+    /// Consumes login code `code` and starts a web view session for its key, in one
+    /// transaction: the code is gone whatever the outcome, and of several callers presenting it
+    /// at once exactly one gets a session. None when the code is unknown, used, expired, or
+    /// its key was revoked.
+    pub fn redeem_login_code(&self, code: &str, ttl: Duration) -> Result<Option<String>, Error> {
+        if !code.starts_with(LOGIN_CODE_PREFIX) {
+            return Ok(None);
+        }
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(dbe)?;
+        let found: Option<(String, i64)> = tx
+            .query_row(
+                "DELETE FROM login_codes WHERE code_hash = ?1 RETURNING key_name, expires_ms",
+                [sha256(code)],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(dbe)?;
+        let session = match found {
+            Some((name, expires)) if expires > now_ms() => {
+                match insert_session(&tx, &name, ttl, SessionScope::Web) {
+                    Ok(token) => Some(token),
+                    Err(Error::NotFound(_)) => None,
+                    Err(e) => return Err(e),
+                }
+            }
+            _ => None,
+        };
+        tx.commit().map_err(dbe)?;
+        Ok(session)
+    }
+}
+
+fn require_active_key(conn: &rusqlite::Connection, key_name: &str) -> Result<(), Error> {
+    let active = conn
+        .query_row(
+            "SELECT 1 FROM api_keys WHERE name = ?1 AND revoked_ms IS NULL",
+            [key_name],
+            |_| Ok(()),
+        )
+        .optional()
+        .map_err(dbe)?
+        .is_some();
+    if active {
+        Ok(())
+    } else {
+        Err(Error::NotFound(format!(
+            "no active API key named {key_name:?}"
+        )))
+    }
+}
+
+fn insert_session(
+    conn: &rusqlite::Connection,
+    key_name: &str,
+    ttl: Duration,
+    scope: SessionScope,
+) -> Result<String, Error> {
+    let token = new_secret(SESSION_PREFIX)?;
+    let now = now_ms();
+    let ttl = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+    require_active_key(conn, key_name)?;
+    // Expired sessions go whenever a new one starts: the table stays small.
+    conn.execute("DELETE FROM sessions WHERE expires_ms < ?1", [now])
+        .map_err(dbe)?;
+    conn.execute(
+        "INSERT INTO sessions (token_hash, key_name, created_ms, expires_ms, scope) \
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![
+            sha256(&token),
+            key_name,
+            now,
+            now.saturating_add(ttl),
+            scope.as_str()
+        ],
+    )
+    .map_err(dbe)?;
+    Ok(token)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn sessions_expire_end_and_die_with_their_key() {
+        let s = Store::in_memory().unwrap();
+        s.add_api_key("dev").unwrap();
+        assert!(matches!(
+            s.create_session("nobody", MINUTE, SessionScope::Web),
+            Err(Error::NotFound(_))
+        ));
+        let t = s.create_session("dev", MINUTE, SessionScope::Web).unwrap();
+        assert_eq!(
+            s.session_key(&t, SessionScope::Web).unwrap().as_deref(),
+            Some("dev")
+        );
+        let short = s
+            .create_session("dev", Duration::ZERO, SessionScope::Web)
+            .unwrap();
+        assert_eq!(
+            s.session_key(&short, SessionScope::Web).unwrap(),
+            None,
+            "an expired session works"
+        );
+        let other = s.create_session("dev", MINUTE, SessionScope::Web).unwrap();
+        assert!(s.end_session(&other).unwrap());
+        assert_eq!(s.session_key(&other, SessionScope::Web).unwrap(), None);
+        s.revoke_api_key("dev").unwrap();
+        assert_eq!(
+            s.session_key(&t, SessionScope::Web).unwrap(),
+            None,
+            "a revoked key's session works"
+        );
+    }
+
+    #[test]
+    fn a_preview_session_does_not_open_the_web_view() {
+        let s = Store::in_memory().unwrap();
+        s.add_api_key("dev").unwrap();
+        let p = s
+            .create_session("dev", MINUTE, SessionScope::Preview)
+            .unwrap();
+        assert_eq!(
+            s.session_key(&p, SessionScope::Preview).unwrap().as_deref(),
+            Some("dev")
+        );
+        assert_eq!(s.session_key(&p, SessionScope::Web).unwrap(), None);
+    }
+
+    /// Issue 42, point 2: a login code was a session row, so it worked as a cookie, and it was
+    /// looked up and deleted in two steps.
+    #[test]
+    fn a_login_code_is_not_a_session_and_works_once() {
+        let s = Store::in_memory().unwrap();
+        s.add_api_key("dev").unwrap();
+        let code = s.create_login_code("dev", MINUTE).unwrap();
+        assert!(code.starts_with(LOGIN_CODE_PREFIX), "{code}");
+        for scope in [SessionScope::Web, SessionScope::Preview] {
+            assert_eq!(
+                s.session_key(&code, scope).unwrap(),
+                None,
+                "a login code works as a cookie"
+            );
+        }
+        assert_eq!(s.login_code_key(&code).unwrap().as_deref(), Some("dev"));
+        let session = s.redeem_login_code(&code, MINUTE).unwrap().unwrap();
+        assert_eq!(s.login_code_key(&code).unwrap(), None);
+        assert_eq!(
+            s.session_key(&session, SessionScope::Web)
+                .unwrap()
+                .as_deref(),
+            Some("dev")
+        );
+        assert_eq!(s.redeem_login_code(&code, MINUTE).unwrap(), None);
+        // A session token is not a login code.
+        assert_eq!(s.redeem_login_code(&session, MINUTE).unwrap(), None);
+        let expired = s.create_login_code("dev", Duration::ZERO).unwrap();
+        assert_eq!(s.redeem_login_code(&expired, MINUTE).unwrap(), None);
+        let revoked = s.create_login_code("dev", MINUTE).unwrap();
+        s.revoke_api_key("dev").unwrap();
+        assert_eq!(s.redeem_login_code(&revoked, MINUTE).unwrap(), None);
+        assert!(matches!(
+            s.create_login_code("dev", MINUTE),
+            Err(Error::NotFound(_))
+        ));
+    }
+
+    /// Two processes (two connections to one file) redeem one code at the same moment: one
+    /// session between them.
+    #[test]
+    fn a_login_code_raced_by_two_writers_gives_one_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.db");
+        let first = Store::open(&path).unwrap();
+        first.add_api_key("dev").unwrap();
+        for _ in 0..20 {
+            let code = first.create_login_code("dev", MINUTE).unwrap();
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(4));
+            let racers: Vec<_> = (0..4)
+                .map(|_| {
+                    let store = Store::open(&path).unwrap();
+                    let (code, barrier) = (code.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        store.redeem_login_code(&code, MINUTE).unwrap()
+                    })
+                })
+                .collect();
+            let won = racers.into_iter().filter_map(|r| r.join().unwrap()).count();
+            assert_eq!(won, 1, "one code gave {won} sessions");
+        }
+    }
+}

@@ -1,0 +1,407 @@
+//! An in-process hub, agents (real or hostile), a stand-in Kubernetes API and TLS clients, for
+//! the tests that attack the hub's listeners, origins and agents (issue 42).
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::body::Frame;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use spur_hub::Store;
+use spur_hub::agent::{Agent, Scope};
+use spur_hub::listener::ListenerLimits;
+use spur_hub::server::{Hub, HubConfig, PreviewSettings, TlsSource};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+pub(crate) const WEB_HOST: &str = "localhost";
+pub(crate) const DOMAIN: &str = "preview.test";
+
+/// A running hub: its addresses, store, CA and what stops it.
+pub(crate) struct TestHub {
+    pub(crate) store: Store,
+    pub(crate) clusters: spur_hub::clusters::Clusters,
+    pub(crate) catalog: spur_hub::catalog::Catalog,
+    pub(crate) tunnel: SocketAddr,
+    pub(crate) preview: SocketAddr,
+    pub(crate) ca_pem: String,
+    pub(crate) stop: CancellationToken,
+}
+
+impl Drop for TestHub {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+pub(crate) fn settings(limits: ListenerLimits) -> PreviewSettings {
+    PreviewSettings {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        domain: DOMAIN.into(),
+        web_host: WEB_HOST.into(),
+        limits,
+        response_timeout: Duration::from_secs(5),
+        allow_public: false,
+    }
+}
+
+pub(crate) async fn start_hub(preview: PreviewSettings) -> TestHub {
+    start_hub_with(preview, |_| {}).await
+}
+
+/// A hub; `with` sees its catalog's clusters before it runs (to start another catalog).
+pub(crate) async fn start_hub_with(
+    preview: PreviewSettings,
+    with: impl FnOnce(&spur_hub::clusters::Clusters),
+) -> TestHub {
+    let store = Store::in_memory().unwrap();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let hub = Hub::start(
+        HubConfig {
+            tunnel_quic: None,
+            tunnel_h2: Some("127.0.0.1:0".parse().unwrap()),
+            tls: TlsSource::OwnCa {
+                names: vec![WEB_HOST.into()],
+            },
+            revocation_poll: Duration::from_millis(200),
+            preview: Some(preview),
+        },
+        store.clone(),
+        &mut registry,
+    )
+    .await
+    .unwrap();
+    let stop = CancellationToken::new();
+    with(hub.clusters());
+    let t = TestHub {
+        store,
+        clusters: hub.clusters().clone(),
+        catalog: hub.catalog().clone(),
+        tunnel: hub.tunnel_h2_addr().unwrap(),
+        preview: hub.preview_addr().unwrap(),
+        ca_pem: hub.ca_pem().unwrap().to_owned(),
+        stop: stop.clone(),
+    };
+    tokio::spawn(hub.run(stop, Duration::from_millis(100)));
+    t
+}
+
+/// The tunnel client settings of a cluster's agent: its token is registered now.
+pub(crate) fn agent_client(hub: &TestHub, cluster: &str) -> spur_tunnel::ClientConfig {
+    let token = hub.store.add_cluster(cluster, false).unwrap();
+    let roots = CertificateDer::pem_slice_iter(hub.ca_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let mut c = spur_tunnel::ClientConfig::new(
+        WEB_HOST,
+        spur_tunnel::ClientTls {
+            roots,
+            client_cert: None,
+        },
+    );
+    c.h2_addr = Some(hub.tunnel.to_string());
+    c.transports = spur_tunnel::TransportPolicy::H2Only;
+    c.token = Some(spur_tunnel::Token::new(token));
+    c.open_wait = Duration::from_secs(3);
+    c
+}
+
+/// Starts the real agent for `cluster` and waits until the hub has its session.
+pub(crate) async fn start_agent(
+    hub: &TestHub,
+    cluster: &str,
+    kube: Option<kube::Client>,
+    scope: Scope,
+    traffic: Option<spur_discovery::Connector>,
+) -> CancellationToken {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let agent = Agent::start(agent_client(hub, cluster), kube, scope, &mut registry).unwrap();
+    let agent = match traffic {
+        Some(t) => agent.with_traffic(t),
+        None => agent,
+    };
+    let stop = hub.stop.child_token();
+    let s = stop.clone();
+    tokio::spawn(async move { agent.run(s).await });
+    wait_for("the agent's session", Duration::from_secs(20), || {
+        hub.clusters.get(cluster).is_some()
+    })
+    .await;
+    stop
+}
+
+pub(crate) async fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A TLS connection to the hub's preview port, for `host`, offering `alpn`; from `from` when
+/// given (another loopback address: another peer).
+pub(crate) async fn tls(
+    hub: &TestHub,
+    host: &str,
+    alpn: &[u8],
+    from: Option<std::net::IpAddr>,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let tcp = tcp_from(hub.preview, from).await?;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(hub.ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let mut cfg = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![alpn.to_vec()];
+    let name = ServerName::try_from(host.to_owned()).unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(name, tcp)
+        .await
+}
+
+pub(crate) async fn tcp_from(
+    to: SocketAddr,
+    from: Option<std::net::IpAddr>,
+) -> std::io::Result<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    if let Some(ip) = from {
+        socket.bind(SocketAddr::new(ip, 0))?;
+    }
+    socket.connect(to).await
+}
+
+/// Reads until the peer closes (Ok: how long that took) or `limit` passes (Err).
+pub(crate) async fn closed_within<S: tokio::io::AsyncRead + Unpin>(
+    s: &mut S,
+    limit: Duration,
+) -> Result<Duration, String> {
+    let start = Instant::now();
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match tokio::time::timeout_at((start + limit).into(), s.read(&mut buf)).await {
+            Err(_) => return Err(format!("still open after {limit:?}")),
+            Ok(Ok(0)) | Ok(Err(_)) => return Ok(start.elapsed()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// One HTTP/1.1 request over a fresh TLS connection: status, headers and body.
+pub(crate) async fn request(
+    hub: &TestHub,
+    host: &str,
+    req: http::Request<Full<Bytes>>,
+) -> (http::StatusCode, http::HeaderMap, String) {
+    let tls = tls(hub, host, b"http/1.1", None).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let resp = send.send_request(req).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+/// A GET of `path` on `host` with `headers`.
+pub(crate) async fn get(
+    hub: &TestHub,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (http::StatusCode, http::HeaderMap, String) {
+    // Names the hub's certificate does not cover are asked for over a connection to one it
+    // does (the Host header is what the hub reads).
+    let sni = if host == WEB_HOST || host.ends_with(&format!(".{DOMAIN}")) {
+        host
+    } else {
+        WEB_HOST
+    };
+    let mut b = http::Request::get(path).header("host", format!("{host}:{}", hub.preview.port()));
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    request(hub, sni, b.body(Full::new(Bytes::new())).unwrap()).await
+}
+
+/// A form POST of `body` to `path` on `host` with `headers`.
+pub(crate) async fn post(
+    hub: &TestHub,
+    host: &str,
+    path: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> (http::StatusCode, http::HeaderMap, String) {
+    let mut b = http::Request::post(path)
+        .header("host", format!("{host}:{}", hub.preview.port()))
+        .header("content-type", "application/x-www-form-urlencoded");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let req = b.body(Full::new(Bytes::from(body.to_owned()))).unwrap();
+    request(hub, host, req).await
+}
+
+type FakeBody = BoxBody<Bytes, Infallible>;
+
+/// A stand-in Kubernetes API: lists the sandboxes it is given, holds every watch open, and
+/// answers Service reads from `services` (namespace/name → type).
+pub(crate) struct FakeKube {
+    pub(crate) addr: SocketAddr,
+    pub(crate) sandboxes: Arc<Mutex<Vec<serde_json::Value>>>,
+    pub(crate) services: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl FakeKube {
+    pub(crate) async fn start() -> FakeKube {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let sandboxes: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+        let services: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+        let (sb, sv) = (sandboxes.clone(), services.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let (sb, sv) = (sb.clone(), sv.clone());
+                let service = hyper::service::service_fn(move |req: http::Request<_>| {
+                    let resp = fake_kube_answer(&req, &sb, &sv);
+                    async move { Ok::<_, Infallible>(resp) }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), service),
+                );
+            }
+        });
+        FakeKube {
+            addr,
+            sandboxes,
+            services,
+        }
+    }
+
+    pub(crate) fn client(&self) -> kube::Client {
+        let config = kube::Config::new(format!("http://{}", self.addr).parse().unwrap());
+        kube::Client::try_from(config).unwrap()
+    }
+
+    /// A ready sandbox `name` whose endpoint `endpoint` targets `target`.
+    pub(crate) fn add_sandbox(&self, name: &str, endpoint: &str, target: &str, public: bool) {
+        self.sandboxes.lock().unwrap().push(serde_json::json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": name, "resourceVersion": "1"},
+            "spec": {
+                "forks": [{"forkOf": {"kind": "Deployment", "namespace": "default", "name": "web"}}],
+                "defaultRouteGroup": {"endpoints": [
+                    {"name": endpoint, "target": target, "public": public}
+                ]}
+            },
+            "status": {"routingKey": format!("key-{name}")}
+        }));
+    }
+}
+
+fn fake_kube_answer<B>(
+    req: &http::Request<B>,
+    sandboxes: &Mutex<Vec<serde_json::Value>>,
+    services: &Mutex<Vec<(String, String)>>,
+) -> http::Response<FakeBody> {
+    let path = req.uri().path();
+    let json = |v: serde_json::Value| {
+        http::Response::builder()
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(v.to_string())).boxed())
+            .unwrap()
+    };
+    if req.uri().query().is_some_and(|q| q.contains("watch=1")) {
+        // A watch with nothing to say, held open.
+        let body = StreamBody::new(tokio_stream::pending::<Result<Frame<Bytes>, Infallible>>());
+        return http::Response::new(body.boxed());
+    }
+    if let Some(rest) = path.strip_prefix("/api/v1/namespaces/") {
+        let parts: Vec<&str> = rest.split('/').collect();
+        if let [ns, "services", name] = parts.as_slice() {
+            let key = format!("{ns}/{name}");
+            let found = services
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, t)| t.clone());
+            return match found {
+                Some(kind) => json(serde_json::json!({
+                    "apiVersion": "v1", "kind": "Service",
+                    "metadata": {"name": name, "namespace": ns},
+                    "spec": {"type": kind, "externalName": "metadata.google.internal"}
+                })),
+                None => {
+                    let mut r = json(serde_json::json!({
+                        "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "NotFound", "code": 404, "message": "not found"
+                    }));
+                    *r.status_mut() = http::StatusCode::NOT_FOUND;
+                    r
+                }
+            };
+        }
+    }
+    let items = if path.ends_with("/sandboxes") {
+        sandboxes.lock().unwrap().clone()
+    } else {
+        Vec::new()
+    };
+    json(serde_json::json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "List",
+        "metadata": {"resourceVersion": "1"}, "items": items
+    }))
+}
+
+/// An HTTP/1.1 app on loopback answering every request with `body` (as HTML) and `cookies` as
+/// `Set-Cookie` headers.
+pub(crate) async fn html_app(body: &'static str, cookies: &'static [&'static str]) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let service = hyper::service::service_fn(move |_req| async move {
+                let mut b = http::Response::builder().header("content-type", "text/html");
+                for c in cookies {
+                    b = b.header("set-cookie", *c);
+                }
+                Ok::<_, Infallible>(
+                    b.body(Full::new(Bytes::from_static(body.as_bytes())))
+                        .unwrap(),
+                )
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), service),
+            );
+        }
+    });
+    port
+}
+
+/// Writes `bytes` and flushes.
+pub(crate) async fn send<S: tokio::io::AsyncWrite + Unpin>(s: &mut S, bytes: &[u8]) {
+    s.write_all(bytes).await.unwrap();
+    s.flush().await.unwrap();
+}
