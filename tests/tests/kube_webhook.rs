@@ -919,12 +919,13 @@ fn router() -> Value {
     json!({"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"})
 }
 
+/// EnvoyConfig `name` for node id `<name>-client` (one config per node id in a namespace).
 fn envoy_config(name: &str, serialization: Serialization, values: &[String]) -> EnvoyConfig {
     let types = [EnvoyResourceType::Cluster, EnvoyResourceType::Listener];
     EnvoyConfig::new(
         name,
         EnvoyConfigSpec {
-            node_id: "echo-client".into(),
+            node_id: format!("{name}-client"),
             serialization,
             resources: values
                 .iter()
@@ -989,6 +990,30 @@ async fn the_api_server_refuses_envoyconfigs_that_do_not_decode() {
             vec![json!({"name": "echo", "connect_timeout": 5}).to_string()],
             "spec.resources[0].value: connect_timeout: ",
         ),
+        // A data source that reads the Envoy's own pod: its service account token as a
+        // direct response anyone may fetch.
+        (
+            "local-file",
+            vec![
+                cluster.clone(),
+                json!({
+                    "name": "leak",
+                    "api_listener": {"api_listener": {
+                        "@type": HCM,
+                        "stat_prefix": "leak",
+                        "route_config": {"name": "r", "virtual_hosts": [{
+                            "name": "all", "domains": ["*"],
+                            "routes": [{"match": {"prefix": ""}, "direct_response": {
+                                "status": 200,
+                                "body": {"filename": "/var/run/secrets/kubernetes.io/serviceaccount/token"}}}]
+                        }]},
+                        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": router()}]
+                    }}
+                })
+                .to_string(),
+            ],
+            "spec.resources[1].value: api_listener.api_listener.route_config.virtual_hosts[0].routes[0].direct_response.body.filename: a data source may not read a file of the Envoy's own pod",
+        ),
     ];
     for (name, values, want) in cases {
         let ec = envoy_config(name, Serialization::Json, &values);
@@ -1049,6 +1074,39 @@ async fn the_api_server_refuses_envoyconfigs_that_do_not_decode() {
         .create(&PostParams::default(), &json_ec)
         .await
         .unwrap();
+    // A second config for the same node id in the namespace would take the node over (the
+    // latest published is served): refused, naming the config that has it. Another
+    // namespace may use the node id: the route server keeps namespaces apart.
+    let mut twin = envoy_config("twin", Serialization::Json, std::slice::from_ref(&cluster));
+    twin.spec.node_id = json_ec.spec.node_id.clone();
+    let (code, message) = refusal(configs.create(&PostParams::default(), &twin).await);
+    assert_eq!(code, 422, "{message}");
+    assert!(
+        message.contains(
+            "spec.nodeID: node id \"json-client\" is already used by EnvoyConfig xds/json"
+        ),
+        "{message}"
+    );
+    spur_e2e::kube::ensure_namespace(&client, "xds-b")
+        .await
+        .unwrap();
+    Api::<EnvoyConfig>::namespaced(client.clone(), "xds-b")
+        .create(&PostParams::default(), &twin)
+        .await
+        .unwrap();
+    // Nor may an existing config move onto a node id in use, even one older than the config
+    // that has it.
+    let (code, message) = refusal(
+        configs
+            .patch(
+                "secret-ref",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"nodeID": "json-client"}})),
+            )
+            .await,
+    );
+    assert_eq!(code, 422, "{message}");
+    assert!(message.contains("EnvoyConfig xds/json"), "{message}");
     let yaml =
         |v: &str| serde_yaml_ng::to_string(&serde_json::from_str::<Value>(v).unwrap()).unwrap();
     let yaml_ec = envoy_config("yaml", Serialization::Yaml, &[yaml(&cluster), yaml(&good)]);
@@ -1122,12 +1180,12 @@ async fn the_api_server_refuses_envoyconfigs_that_do_not_decode() {
         setup.metric("spur_operator_webhook_envoyconfig_admissions_total{result=\"allowed\"}")
             >= before + 2.0
     );
-    // At least the seven refusals above (each checked by its message): the API server calls a
+    // At least the ten refusals above (each checked by its message): the API server calls a
     // webhook again when a connection drops before the answer came, which a loaded machine
     // sees now and then.
     assert!(
         setup.metric("spur_operator_webhook_envoyconfig_admissions_total{result=\"denied\"}")
-            >= 7.0
+            >= 10.0
     );
     assert_eq!(
         setup.metric("spur_operator_webhook_envoyconfig_admissions_total{result=\"error\"}"),

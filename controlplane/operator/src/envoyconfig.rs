@@ -7,7 +7,8 @@
 //! Publishing is a label (`spur.dev/envoy-published=true`) the route server watches, plus
 //! `status.lastPublishedAt`: the new revision is labelled before the old one is unlabelled, and
 //! the route server serves the latest-published of two, so a node id never has a moment without
-//! a configuration.
+//! a configuration. A config whose node id an older config of its namespace holds is not
+//! published at all ([`node_id`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,6 +30,8 @@ use spur_api::{
 
 use crate::context::{Context, FIELD_MANAGER, delete_opt, now};
 use crate::{Error, FINALIZER};
+
+pub mod node_id;
 
 /// How often a route server replica refreshes its report while it has streams of a node id
 /// (`spur routeserver --xds-report-interval`); a report older than three of these is a dead
@@ -86,6 +89,9 @@ pub fn version_of(spec: &EnvoyConfigSpec) -> String {
 async fn apply(ec: &EnvoyConfig, ns: &str, ctx: &Context) -> Result<Action, Error> {
     let name = ec.name_any();
     let old = ec.status.clone().unwrap_or_default();
+    if let Some(action) = node_id::unpublish_if_held(ec, ns, ctx, &old).await? {
+        return Ok(action);
+    }
     let mut st = old.clone();
     st.observed_generation = ec.meta().generation;
     let cfg_api: Api<EnvoyConfig> = Api::namespaced(ctx.client.clone(), ns);

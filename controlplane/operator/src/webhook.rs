@@ -22,10 +22,11 @@
 //!
 //! EnvoyConfig validation does deny: every resource is decoded into its Envoy v3 message
 //! ([`crate::envoy_decode`]), and the first that does not decode is refused with status 422 and
-//! `spec.resources[i].value: <field path>: <what is wrong>`. An update that leaves the spec as
-//! it was is always allowed, so that a config stored before the webhook existed can still get
-//! its finalizer removed. Its webhook configuration has `failurePolicy: Fail`: an EnvoyConfig
-//! nobody checked would reach the clients.
+//! `spec.resources[i].value: <field path>: <what is wrong>`; so is a node id another
+//! EnvoyConfig of the namespace uses ([`crate::envoyconfig::node_id`]). An update that leaves
+//! the spec as it was is always allowed, so that a config stored before the webhook existed can
+//! still get its finalizer removed. Its webhook configuration has `failurePolicy: Fail`: an
+//! EnvoyConfig nobody checked would reach the clients.
 //!
 //! ListenerSet validation is `ListenerSetSpec::validate` (cheap, answered inline): every
 //! problem is refused at once with status 422, each as `<field path>: <what is wrong>`. The
@@ -533,6 +534,11 @@ async fn validate_envoyconfig(
     }
     let spec: EnvoyConfigSpec =
         serde_json::from_value(spec).map_err(|e| Refusal::Invalid(format!("spec: {e}")))?;
+    match crate::envoyconfig::node_id::admission(&st.client, req, &spec.node_id).await {
+        Ok(None) => {}
+        Ok(Some(taken)) => return Err(Refusal::Invalid(taken)),
+        Err(e) => return Err(Refusal::Internal(e)),
+    }
     let permit = tokio::time::timeout(DECODE_WAIT, st.decodes.clone().acquire_owned())
         .await
         .map_err(|_| Refusal::Internal("every decoding slot is busy; retry".into()))?
