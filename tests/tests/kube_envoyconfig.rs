@@ -3,7 +3,8 @@
 //! xDS port to grpc-go's own xDS client (tests/go-xds, unchanged) and reports what the client
 //! did with it, and the operator rolls back a revision every subscribed node rejects. Secrets
 //! an EnvoyConfig names are served over SDS, to clients of its namespace only, and sent again
-//! when the Secret changes.
+//! when the Secret changes. Two namespaces may use one node id without meeting; within one, the
+//! older config keeps it ([`tenancy`]).
 //!
 //! The rejected revision is one grpc-go refuses though it decodes fine (a cluster with
 //! `lb_policy: MAGLEV`, which gRPC does not implement): the "invalid resource that gets past
@@ -27,6 +28,9 @@ use spur_kube_harness::KubeApi;
 use spur_routeserver::xds::Reports;
 use spur_routeserver::{KubeStore, RouteServer, RouteServerConfig, XdsConfig};
 use tokio_util::sync::CancellationToken;
+
+#[path = "kube_envoyconfig/tenancy.rs"]
+mod tenancy;
 
 const NS: &str = "edge";
 const NODE: &str = "edge-1";
@@ -258,6 +262,9 @@ async fn a_revision_every_node_rejects_is_rolled_back_without_stopping_traffic()
         pki,
     } = Stack::start(&api, &[]).await;
     let xds_addr = server.xds_addr.unwrap();
+    // The clients' certificate (grpc-go's and the raw second node's) is of the config's
+    // namespace: an EnvoyConfig is served to no other.
+    pki.xds_client("client", NS);
 
     // Revision 1: served, accepted, in sync.
     apply_config(&admin, resources("ROUND_ROBIN", one, 1)).await;
@@ -636,14 +643,14 @@ async fn secrets_are_served_over_sds_to_their_namespace_and_sent_again_when_they
         "{message}"
     );
 
-    // A client whose certificate is of another namespace gets no secret of this one, even
-    // with the right node id.
+    // A client whose certificate is of another namespace gets nothing of this one's config,
+    // secrets included, even with the right node id.
     let mut other = SdsStream::open(xds_addr, &pki, "client", "gateway", &["edge-cert"]).await;
     let (_, got) = other.next().await;
     assert!(got.is_empty(), "{got:?}");
     let refused = spur_e2e::sample(
         &spur_e2e::metrics(server.http_addr).await,
-        "spur_routeserver_xds_secrets_refused_total",
+        "spur_routeserver_xds_envoyconfigs_withheld_total",
     );
     assert_eq!(refused, 1.0);
 

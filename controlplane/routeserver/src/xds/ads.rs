@@ -70,6 +70,10 @@ pub struct Nack {
 pub struct NodeStatus {
     pub node_id: String,
     pub cluster: String,
+    /// The namespace the client's certificate names (`system:spur:xds:<namespace>`): the
+    /// namespace whose EnvoyConfig for the node id it is served. None over plaintext.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     /// Per type label (`lds`, `rds`, `cds`, `eds`), for the types the node subscribed to.
     pub types: std::collections::BTreeMap<&'static str, TypeStatus>,
 }
@@ -89,11 +93,23 @@ impl Nodes {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// What the streams of `node_id` did with `revision`: how many are open, how many accepted
-    /// every type they were sent from it, how many rejected one, and the first rejection.
-    pub fn revision_counts(&self, node_id: &str, revision: &str) -> RevisionCounts {
+    /// What the streams of `node_id` whose certificate is of `namespace` (those served its
+    /// EnvoyConfig) did with `revision`: how many are open, how many accepted every type they
+    /// were sent from it, how many rejected one, and the first rejection. Another namespace's
+    /// streams of the same node id do not count: they could neither hold back nor cause a
+    /// rollback.
+    pub fn revision_counts(
+        &self,
+        namespace: &str,
+        node_id: &str,
+        revision: &str,
+    ) -> RevisionCounts {
         let mut c = RevisionCounts::default();
-        for n in self.lock().values().filter(|n| n.node_id == node_id) {
+        for n in self
+            .lock()
+            .values()
+            .filter(|n| n.node_id == node_id && n.namespace.as_deref() == Some(namespace))
+        {
             if n.types.is_empty() {
                 continue;
             }
@@ -162,8 +178,8 @@ impl AggregatedDiscoveryService for Ads {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        // The namespace of the client's certificate (`system:spur:xds:<namespace>`): secrets
-        // go only to clients of their EnvoyConfig's namespace.
+        // The namespace of the client's certificate (`system:spur:xds:<namespace>`): an
+        // EnvoyConfig goes only to clients of its namespace.
         let client_namespace = request
             .extensions()
             .get::<crate::tls::Peer>()
@@ -191,7 +207,7 @@ impl AggregatedDiscoveryService for Ads {
             registered: false,
             node_id: String::new(),
             client_namespace,
-            refused_secrets: false,
+            noted_withheld: false,
         };
         tokio::spawn(stream.run(requests));
         Ok(Response::new(Box::pin(
@@ -240,10 +256,12 @@ struct AdsStream {
     registered: bool,
     /// From the stream's first request.
     node_id: String,
-    /// From the client's certificate; None over plaintext.
+    /// From the client's certificate; None over plaintext (or a certificate not issued for
+    /// xDS, where the server accepts any of its CA).
     client_namespace: Option<String>,
-    /// Whether this stream was refused a node config's secrets (counted once).
-    refused_secrets: bool,
+    /// Whether this stream was told (logged and counted) that its node id's EnvoyConfigs are
+    /// of other namespaces.
+    noted_withheld: bool,
 }
 
 /// Why a stream ends early.
@@ -330,6 +348,7 @@ impl AdsStream {
                 NodeStatus {
                     node_id: node.id,
                     cluster: node.cluster,
+                    namespace: self.client_namespace.clone(),
                     types: Default::default(),
                 },
             );
@@ -431,7 +450,7 @@ impl AdsStream {
     /// Sends `kind`'s current state to the client, unless (`force` aside) it is what the client
     /// was last sent.
     async fn send(&mut self, kind: Kind, snap: &Snapshot, force: bool) -> Result<(), End> {
-        let node_config = snap.model.node_configs.get(&self.node_id).cloned();
+        let node_config = self.node_config(snap);
         // A node with an EnvoyConfig is evaluated against the configs' version (its high bit
         // set so the two never compare equal), any other against its type's.
         let snap_version = match &node_config {
@@ -442,13 +461,8 @@ impl AdsStream {
             return Ok(());
         }
         self.types[kind.index()].evaluated = snap_version;
-        let withheld = match &node_config {
-            Some(cfg) => kind == Kind::Secret && !self.may_read_secrets(cfg),
-            None => false,
-        };
         let st = &self.types[kind.index()];
         let resources = match &node_config {
-            Some(_) if withheld => Vec::new(),
             Some(cfg) => self.own_resources(kind, st, cfg),
             None => self.resources(kind, st, snap),
         };
@@ -507,24 +521,38 @@ impl AdsStream {
         }
     }
 
-    /// Whether this stream's client may have `cfg`'s secrets: its certificate is of the
-    /// EnvoyConfig's namespace. Without one (plaintext, or a certificate not issued for xDS)
-    /// no secret is served: a node id is only a name the client chose.
-    fn may_read_secrets(&mut self, cfg: &NodeConfig) -> bool {
-        if self.client_namespace.as_deref() == Some(cfg.namespace.as_str()) {
-            return true;
+    /// The EnvoyConfig this stream is served: its node id's in the namespace its client
+    /// certificate names. A node id is only a name the client chose, so one of another
+    /// namespace is never served (nor, without a certificate namespace, any at all): the
+    /// stream gets the cluster's own resources, and is told why once (log and metric).
+    fn node_config(&mut self, snap: &Snapshot) -> Option<Arc<NodeConfig>> {
+        let by_namespace = snap.model.node_configs.get(&self.node_id)?;
+        if let Some(cfg) = self
+            .client_namespace
+            .as_deref()
+            .and_then(|ns| by_namespace.get(ns))
+        {
+            return Some(cfg.clone());
         }
-        if !self.refused_secrets && !cfg.types[Kind::Secret.index()].is_empty() {
-            self.refused_secrets = true;
-            self.ads.metrics.secrets_refused.inc();
-            tracing::warn!(
-                node = %self.node_id,
-                client_namespace = self.client_namespace.as_deref().unwrap_or("(none)"),
-                config_namespace = %cfg.namespace,
-                "xDS client asked for secrets of another namespace's EnvoyConfig; none sent"
-            );
+        if !self.noted_withheld {
+            self.noted_withheld = true;
+            self.ads.metrics.configs_withheld.inc();
+            let namespaces: Vec<&str> = by_namespace.keys().map(String::as_str).collect();
+            match &self.client_namespace {
+                Some(ns) => tracing::warn!(
+                    node = %self.node_id,
+                    client_namespace = %ns,
+                    config_namespaces = ?namespaces,
+                    "xDS client's node id has EnvoyConfigs only in other namespaces than its certificate's; serving it the cluster's resources"
+                ),
+                None => tracing::warn!(
+                    node = %self.node_id,
+                    config_namespaces = ?namespaces,
+                    "xDS client has no certificate namespace (plaintext, or a certificate not issued for xDS): no EnvoyConfig is served to it, only the cluster's resources"
+                ),
+            }
         }
-        false
+        None
     }
 
     /// The subscribed part of a node's own (EnvoyConfig) resources: names as written, no
@@ -579,79 +607,4 @@ fn truncate(s: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn status(sent: &str, acked: Option<&str>, nack: Option<&str>, rev: &str) -> TypeStatus {
-        TypeStatus {
-            sent: Some(sent.into()),
-            acked: acked.map(Into::into),
-            nacked: nack.map(|r| Nack {
-                version: sent.into(),
-                message: format!("no {r}"),
-                revision: Some(r.into()),
-            }),
-            revision: Some(rev.into()),
-        }
-    }
-
-    #[test]
-    fn revision_counts_attribute_rejections_to_the_revision_that_was_sent() {
-        let nodes = Nodes::default();
-        let add = |id: u64, node: &str, types: &[(Kind, TypeStatus)]| {
-            nodes.lock().insert(
-                id,
-                NodeStatus {
-                    node_id: node.into(),
-                    cluster: String::new(),
-                    types: types.iter().map(|(k, t)| (k.label(), t.clone())).collect(),
-                },
-            );
-        };
-        // Accepted everything of r2 (the cluster's bytes came from r1 and were not re-sent,
-        // but count for r2).
-        add(
-            1,
-            "n",
-            &[
-                (Kind::Listener, status("v2", Some("v2"), None, "ns/r2")),
-                (Kind::Cluster, status("v1", Some("v1"), None, "ns/r2")),
-            ],
-        );
-        // Rejected r2's listener.
-        add(
-            2,
-            "n",
-            &[(
-                Kind::Listener,
-                status("v2", Some("v1"), Some("ns/r2"), "ns/r2"),
-            )],
-        );
-        // Sent r2, no answer yet.
-        add(
-            3,
-            "n",
-            &[(Kind::Listener, status("v2", Some("v1"), None, "ns/r2"))],
-        );
-        // Another node, and a stream that subscribed to nothing yet.
-        add(
-            4,
-            "m",
-            &[(Kind::Listener, status("v2", Some("v2"), None, "ns/r2"))],
-        );
-        add(5, "n", &[]);
-        let c = nodes.revision_counts("n", "ns/r2");
-        assert_eq!(
-            c,
-            RevisionCounts {
-                subscribed: 3,
-                acked: 1,
-                nacked: 1,
-                message: Some("no ns/r2".into()),
-            }
-        );
-        // A rejection of r2 says nothing about r1, which nobody has been sent.
-        let c = nodes.revision_counts("n", "ns/r1");
-        assert_eq!((c.subscribed, c.acked, c.nacked), (3, 0, 0));
-    }
-}
+mod tests;

@@ -29,7 +29,7 @@ pub(crate) struct XdsMetrics {
     nacking: Family<TypeLabel, Gauge>,
     versions: Family<TypeLabel, Gauge>,
     pub(crate) unknown_types: Counter,
-    pub(crate) secrets_refused: Counter,
+    pub(crate) configs_withheld: Counter,
     pub(crate) push_latency: Histogram,
 }
 
@@ -42,7 +42,7 @@ impl XdsMetrics {
             nacking: Family::default(),
             versions: Family::default(),
             unknown_types: Counter::default(),
-            secrets_refused: Counter::default(),
+            configs_withheld: Counter::default(),
             push_latency: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
         };
         registry.register("xds_streams", "Open ADS streams", m.streams.clone());
@@ -72,9 +72,9 @@ impl XdsMetrics {
             m.unknown_types.clone(),
         );
         registry.register(
-            "xds_secrets_refused",
-            "Streams refused an EnvoyConfig's secrets because their client certificate is not of its namespace",
-            m.secrets_refused.clone(),
+            "xds_envoyconfigs_withheld",
+            "Streams whose node id has EnvoyConfigs only in namespaces their client certificate is not of (or that have no certificate namespace): they are served the cluster's resources",
+            m.configs_withheld.clone(),
         );
         registry.register(
             "xds_push_latency_seconds",

@@ -16,6 +16,7 @@
 mod ads;
 mod metrics;
 pub mod model;
+mod node_config;
 pub mod render;
 mod report;
 

@@ -3,8 +3,9 @@
 //! the operator can tell "every subscribed node rejected it" (roll back) from "some did" (say
 //! so) across all route server replicas.
 //!
-//! An entry is written when its counts change and refreshed every `interval` while the replica
-//! has streams of the node id; the operator ignores entries older than three intervals (a
+//! Only the streams served the revision count: those of its node id whose client certificate
+//! is of its namespace. An entry is written when its counts change and refreshed every
+//! `interval` while the replica has such streams; the operator ignores entries older than three intervals (a
 //! replica that died without removing its own). A replica whose last stream of a node id goes
 //! removes its entry (server-side apply of an empty list under its manager).
 
@@ -70,8 +71,12 @@ pub(crate) async fn run(
         let model = models.borrow_and_update().clone();
         let Some(model) = model else { continue };
         let mut wanted: HashMap<String, Option<ReplicaReport>> = HashMap::new();
-        for (node, nc) in &model.node_configs {
-            let c = nodes.revision_counts(node, &nc.revision);
+        let served = model
+            .node_configs
+            .iter()
+            .flat_map(|(node, by_ns)| by_ns.iter().map(move |(ns, nc)| (ns, node, nc)));
+        for (ns, node, nc) in served {
+            let c = nodes.revision_counts(ns, node, &nc.revision);
             let entry = (c.subscribed > 0).then(|| ReplicaReport {
                 replica: cfg.replica.clone(),
                 subscribed: c.subscribed,
