@@ -1272,6 +1272,12 @@ fn test_tunnel_proxy_config(tls: spur_tunnel::ServerTls) -> spur_tunnelproxy::Tu
         h2_addr: Some("127.0.0.1:0".parse().unwrap()),
         socks_addr: Some("127.0.0.1:0".parse().unwrap()),
         reverse_bind: "127.0.0.1".parse().unwrap(),
+        reverse_ports: None,
+        // The test connects to reverse listeners from loopback, where a sidecar would.
+        reverse_sources: spur_tunnelproxy::ReverseSourcesConfig {
+            allow: vec!["127.0.0.0/8".parse().unwrap()],
+            gateway_namespaces: Vec::new(),
+        },
         tls,
         lease_duration: Duration::from_secs(6),
         cluster_domain: "cluster.local".into(),

@@ -80,6 +80,18 @@ pub(crate) struct TunnelProxyArgs {
     /// machine's loopback. In a pod, loopback is the proxy's own ports.
     #[arg(long, hide = true)]
     allow_loopback_destinations: bool,
+    /// Ports reverse listeners take, `FIRST-LAST`, so that a NetworkPolicy can name them
+    /// (empty: ephemeral ports).
+    #[arg(long, env = "SPUR_REVERSE_PORTS", default_value = "")]
+    reverse_ports: String,
+    /// Sources (comma-separated CIDRs) that may connect to reverse listeners besides sidecar
+    /// pods of the bind's namespace and Spur gateway pods: e.g. a mesh's proxies.
+    #[arg(long, env = "SPUR_REVERSE_ALLOW_CIDRS", default_value = "")]
+    reverse_allow_cidrs: String,
+    /// Namespaces whose pods labelled spur.dev/gateway are Spur L4 gateways, allowed to reach
+    /// reverse listeners (comma-separated; default: --namespace).
+    #[arg(long, env = "SPUR_GATEWAY_NAMESPACES", value_delimiter = ',')]
+    gateway_namespaces: Vec<String>,
     /// Address of /metrics and /healthz.
     #[arg(long, env = "SPUR_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
@@ -218,6 +230,22 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
     if args.allow_loopback_destinations {
         destinations = destinations.allowing_loopback();
     }
+    let reverse_ports = spur_tunnelproxy::TunnelProxyConfig::parse_port_range(&args.reverse_ports)
+        .context("--reverse-ports")?;
+    let mut gateway_namespaces: Vec<String> = args
+        .gateway_namespaces
+        .into_iter()
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .collect();
+    if gateway_namespaces.is_empty() {
+        gateway_namespaces.push(args.namespace.clone());
+    }
+    let reverse_sources = spur_tunnelproxy::ReverseSourcesConfig {
+        allow: spur_tunnelproxy::Destinations::parse_cidrs(&args.reverse_allow_cidrs)
+            .context("--reverse-allow-cidrs")?,
+        gateway_namespaces,
+    };
     let tls_files = TlsFiles {
         cert: args.tls_cert.clone(),
         key: args.tls_key.clone(),
@@ -257,6 +285,8 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
             h2_addr,
             socks_addr,
             reverse_bind: IpAddr::from([0, 0, 0, 0]),
+            reverse_ports,
+            reverse_sources,
             tls,
             lease_duration: Duration::from_secs(args.lease_duration),
             cluster_domain: args.cluster_domain,

@@ -530,6 +530,9 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
             &format!("api.shop.svc:80={baseline_addr}"),
             // The test's "cluster" is loopback.
             "--allow-loopback-destinations",
+            // The sidecar reaches the reverse listener from loopback.
+            "--reverse-allow-cidrs",
+            "127.0.0.0/8",
             "--metrics-addr",
             &format!("127.0.0.1:{tp_metrics}"),
         ],

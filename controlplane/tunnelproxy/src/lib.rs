@@ -16,12 +16,14 @@ pub mod api;
 pub mod destinations;
 pub mod server;
 pub mod sessions;
+pub mod sources;
 pub mod tokens;
 
 pub use api::{BindId, Caches, TunnelApiService};
 pub use destinations::Destinations;
 pub use server::{RunningProxy, TunnelProxyConfig, run};
 pub use sessions::{Ended, SessionReporter};
+pub use sources::{ReverseSources, ReverseSourcesConfig};
 pub use tokens::{TokenError, TokenStore, Workstation};
 
 /// Errors of the tunnel proxy's Kubernetes side.

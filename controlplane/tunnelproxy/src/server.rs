@@ -10,7 +10,6 @@
 //! Every connection ends with one audit line (target `spur_audit`): who, from, to, bytes both
 //! ways, duration, outcome.
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -21,7 +20,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use spur_api::tunnel::PortAssignment;
 use spur_forward::{ConnRecord, DialError, Dialer, ForwardConfig, Target};
 use spur_proto::tunnel::tunnel_api_server::TunnelApiServer;
 use spur_tunnel::{
@@ -32,10 +30,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
-use crate::api::{BindId, Caches, TunnelApiService};
+use crate::api::{Caches, TunnelApiService};
 use crate::destinations::{Destinations, dial_cluster};
 use crate::sessions::SessionReporter;
+use crate::sources::{ReverseSources, ReverseSourcesConfig};
+
+mod reverse;
+
 use crate::tokens::{TokenError, TokenStore};
+use reverse::track_binds;
 
 /// Where and how the tunnel proxy runs.
 pub struct TunnelProxyConfig {
@@ -54,8 +57,12 @@ pub struct TunnelProxyConfig {
     pub h2_addr: Option<SocketAddr>,
     /// SOCKS5 + HTTP CONNECT listener; `None` disables it.
     pub socks_addr: Option<SocketAddr>,
-    /// Address reverse listeners bind (their ports are ephemeral and reported in the Lease).
+    /// Address reverse listeners bind (their ports are reported in the Lease).
     pub reverse_bind: IpAddr,
+    /// Ports reverse listeners take (so that a NetworkPolicy can name them); `None`: ephemeral.
+    pub reverse_ports: Option<std::ops::RangeInclusive<u16>>,
+    /// Who may connect to reverse listeners besides sidecar pods of the bind's namespace.
+    pub reverse_sources: ReverseSourcesConfig,
     pub tls: ServerTls,
     /// Session Leases are valid this long and renewed every third of it.
     pub lease_duration: Duration,
@@ -67,6 +74,28 @@ pub struct TunnelProxyConfig {
     pub resolve: std::collections::HashMap<String, SocketAddr>,
     /// Where workstations may connect through the proxy, checked after name resolution.
     pub destinations: Destinations,
+}
+
+impl TunnelProxyConfig {
+    /// Parses `FIRST-LAST` (empty: `None`, ephemeral ports).
+    pub fn parse_port_range(s: &str) -> Result<Option<std::ops::RangeInclusive<u16>>, Error> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Ok(None);
+        }
+        let bad = || {
+            Error::Config(format!(
+                "{s:?} is not a port range FIRST-LAST (like 20000-29999, FIRST <= LAST, FIRST > 0)"
+            ))
+        };
+        let (first, last) = s.split_once('-').ok_or_else(bad)?;
+        let first: u16 = first.trim().parse().map_err(|_| bad())?;
+        let last: u16 = last.trim().parse().map_err(|_| bad())?;
+        if first == 0 || first > last {
+            return Err(bad());
+        }
+        Ok(Some(first..=last))
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -87,6 +116,7 @@ struct Metrics {
     bytes: Family<Direction, Counter>,
     refused: Counter,
     revoked: Counter,
+    reverse_refused: Counter,
 }
 
 impl Metrics {
@@ -116,6 +146,12 @@ impl Metrics {
             "revoked_sessions",
             "Open sessions closed because their credentials were revoked",
             m.revoked.clone(),
+        );
+        registry.register(
+            "reverse_refused_connections",
+            "Connections to reverse listeners refused because their source is neither a sidecar \
+             pod of the bind's namespace nor a Spur gateway",
+            m.reverse_refused.clone(),
         );
         m
     }
@@ -292,6 +328,14 @@ pub async fn run(
         .spawn(Caches::start(client.clone(), stop.clone()))
         .await
         .map_err(joined)??;
+    let sources = control
+        .spawn(ReverseSources::start(
+            client.clone(),
+            config.reverse_sources,
+            stop.clone(),
+        ))
+        .await
+        .map_err(joined)??;
     let metrics = Metrics::register(registry.sub_registry_with_prefix("tunnel_proxy"));
     let auth = Arc::new(KubeAuthenticator {
         tokens: tokens.clone(),
@@ -314,6 +358,9 @@ pub async fn run(
         pod_ip: config.pod_ip,
         pod_uid: config.pod_uid,
         reverse_bind: config.reverse_bind,
+        reverse_ports: config.reverse_ports,
+        next_reverse_port: std::sync::atomic::AtomicU32::new(0),
+        sources,
         lease_duration: config.lease_duration,
         cluster_domain: config.cluster_domain,
         dial_timeout: config.dial_timeout,
@@ -416,6 +463,10 @@ struct Shared {
     pod_ip: IpAddr,
     pod_uid: Option<String>,
     reverse_bind: IpAddr,
+    reverse_ports: Option<std::ops::RangeInclusive<u16>>,
+    /// Where the next reverse listener starts looking in `reverse_ports`.
+    next_reverse_port: std::sync::atomic::AtomicU32,
+    sources: ReverseSources,
     lease_duration: Duration,
     cluster_domain: String,
     dial_timeout: Duration,
@@ -514,121 +565,6 @@ async fn serve_session(mut session: spur_tunnel::Session, shared: Arc<Shared>) {
         let _ = reporter.close().await;
     }
     tracing::info!(workstation = %who, %peer, reason = ?reason, "workstation disconnected");
-}
-
-/// Keeps one TCP listener per reverse binding of the session and the Lease's port list in step
-/// with the session's binds; returns the reporter when the session ends.
-async fn track_binds(
-    handle: SessionHandle,
-    shared: Arc<Shared>,
-    reporter: SessionReporter,
-    stop: CancellationToken,
-) -> SessionReporter {
-    let mut binds = handle.binds();
-    let mut listening: BTreeMap<String, (PortAssignment, CancellationToken)> = BTreeMap::new();
-    loop {
-        let wanted = binds.borrow_and_update().clone();
-        // Gone binds: stop their listeners.
-        let gone: Vec<String> = listening
-            .keys()
-            .filter(|b| !wanted.contains_key(*b))
-            .cloned()
-            .collect();
-        for b in gone {
-            if let Some((_, token)) = listening.remove(&b) {
-                token.cancel();
-            }
-        }
-        for bind in wanted.keys() {
-            if listening.contains_key(bind) {
-                continue;
-            }
-            let Ok(id) = bind.parse::<BindId>() else {
-                continue;
-            };
-            match TcpListener::bind((shared.reverse_bind, 0)).await {
-                Ok(l) => {
-                    let port = l.local_addr().map(|a| a.port()).unwrap_or(0);
-                    let token = stop.child_token();
-                    tokio::spawn(reverse_listener(
-                        l,
-                        bind.clone(),
-                        handle.clone(),
-                        shared.clone(),
-                        token.clone(),
-                    ));
-                    listening.insert(
-                        bind.clone(),
-                        (
-                            PortAssignment {
-                                namespace: id.namespace,
-                                external_workload: id.external_workload,
-                                port: i32::from(id.port),
-                                proxy_port: i32::from(port),
-                            },
-                            token,
-                        ),
-                    );
-                }
-                Err(e) => tracing::warn!(%bind, error = %e, "cannot open a reverse listener"),
-            }
-        }
-        reporter.set_ports(listening.values().map(|(p, _)| p.clone()).collect());
-        tokio::select! {
-            () = stop.cancelled() => break,
-            r = binds.changed() => if r.is_err() { break },
-        }
-    }
-    for (_, (_, token)) in listening {
-        token.cancel();
-    }
-    reporter
-}
-
-/// Cluster connections arriving for a reverse binding go to the workstation.
-async fn reverse_listener(
-    listener: TcpListener,
-    bind: String,
-    handle: SessionHandle,
-    shared: Arc<Shared>,
-    stop: CancellationToken,
-) {
-    // A failed accept used to be retried at once: out of file descriptors, this loop spun.
-    while let Some((tcp, from)) =
-        spur_runtime::accept(&listener, stop.cancelled(), "reverse bind").await
-    {
-        let (handle, shared, bind) = (handle.clone(), shared.clone(), bind.clone());
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let who = handle.identity().name.clone();
-            let to = format!("workstation:{bind}");
-            match handle.open_reverse(&bind).await {
-                Ok(stream) => {
-                    let (up, down, outcome) = carry(tcp, stream, "reverse", &shared.metrics).await;
-                    audit(Audit {
-                        kind: "reverse",
-                        who: &who,
-                        from: &from.to_string(),
-                        to: &to,
-                        to_cluster: down,
-                        to_workstation: up,
-                        took: started.elapsed(),
-                        outcome: &outcome,
-                    });
-                }
-                Err(e) => audit(Audit {
-                    kind: "reverse",
-                    who: &who,
-                    from: &from.to_string(),
-                    to: &to,
-                    to_cluster: 0,
-                    to_workstation: 0,
-                    took: started.elapsed(),
-                    outcome: &format!("workstation refused: {e}"),
-                }),
-            }
-        });
-    }
 }
 
 /// A forward stream: the tunnel API, or a dial into the cluster.
@@ -833,5 +769,25 @@ impl Dialer for ClusterDialer {
             took: r.duration,
             outcome: &r.outcome,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn port_ranges_parse_or_say_what_they_should_look_like() {
+        assert_eq!(
+            TunnelProxyConfig::parse_port_range(" 20000-29999 ").unwrap(),
+            Some(20000..=29999)
+        );
+        assert_eq!(TunnelProxyConfig::parse_port_range("").unwrap(), None);
+        for bad in ["20000", "0-10", "30000-20000", "a-b", "1-70000"] {
+            let e = TunnelProxyConfig::parse_port_range(bad).unwrap_err();
+            assert!(e.to_string().contains("FIRST-LAST"), "{bad}: {e}");
+        }
     }
 }
