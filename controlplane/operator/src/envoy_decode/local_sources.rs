@@ -7,6 +7,11 @@
 //! published before this check existed must not be served with them); the bytes go inline, or
 //! a certificate comes over SDS (`type: secret`).
 //!
+//! The same goes for the few other fields that make the Envoy read its own files ([`LOCAL`]):
+//! the `file_server` filter, file-based config sources, Lightstep's token file. Fields that
+//! only write files (access logs, TLS key logs) are not refused: `/dev/stdout` access logs are
+//! common and harmless.
+//!
 //! The walk goes through every set field, `Any` payloads included (decoded into the message
 //! their type URL names, as the encoder does), so a `DataSource` nested in a typed config is
 //! found like one at the top.
@@ -14,17 +19,41 @@
 use prost_reflect::{DescriptorPool, DynamicMessage, MapKey, ReflectMessage as _, Value};
 
 const DATA_SOURCE: &str = "envoy.config.core.v3.DataSource";
+const CONFIG_SOURCE: &str = "envoy.config.core.v3.ConfigSource";
 const ANY: &str = "google.protobuf.Any";
 
-/// The `DataSource` fields that read the client's own pod, and why each is refused.
-const LOCAL: [(&str, &str); 2] = [
+/// The fields that make the client read its own pod: (message, field, why it is refused). An
+/// empty field refuses the message itself, wherever it is.
+const LOCAL: [(&str, &str, &str); 6] = [
     (
+        DATA_SOURCE,
         "filename",
         "a data source may not read a file of the Envoy's own pod (its service account token, mounted Secrets); write the bytes inline (inline_string or inline_bytes), or serve a certificate over SDS (a resource of type secret)",
     ),
     (
+        DATA_SOURCE,
         "environment_variable",
         "a data source may not read an environment variable of the Envoy's own process; write the bytes inline (inline_string or inline_bytes)",
+    ),
+    (
+        CONFIG_SOURCE,
+        "path",
+        "a config source may not read files of the Envoy's own pod; use {\"ads\": {}}",
+    ),
+    (
+        CONFIG_SOURCE,
+        "path_config_source",
+        "a config source may not read files of the Envoy's own pod; use {\"ads\": {}}",
+    ),
+    (
+        "envoy.extensions.filters.http.file_server.v3.FileServerConfig",
+        "",
+        "the file_server filter would serve files of the Envoy's own pod",
+    ),
+    (
+        "envoy.config.trace.v3.LightstepConfig",
+        "access_token_file",
+        "the tracer would read a file of the Envoy's own pod and send it to the collector",
     ),
 ];
 
@@ -32,7 +61,7 @@ const LOCAL: [(&str, &str); 2] = [
 /// so only a revision written by hand reaches this; the route server then leaves it out.
 const MAX_DEPTH: usize = 256;
 
-/// The first data source in `msg` that reads the client's own pod (or a message nested
+/// The first field in `msg` that reads the client's own pod ([`LOCAL`]) (or a message nested
 /// deeper than [`MAX_DEPTH`], or an `Any` that does not decode): the field path from `msg`,
 /// in the `.proto`'s field names (`a.b[0].c`; an `Any`'s payload adds no step, as in JSON),
 /// and what is wrong there.
@@ -55,12 +84,16 @@ fn walk(
     if desc.full_name() == ANY {
         return walk_any(pool, msg, path, depth);
     }
-    if desc.full_name() == DATA_SOURCE {
-        for (field, why) in LOCAL {
-            if msg.has_field_by_name(field) {
-                push_field(path, field);
-                return Err(why.to_owned());
-            }
+    for (message, field, why) in LOCAL {
+        if desc.full_name() != message {
+            continue;
+        }
+        if field.is_empty() {
+            return Err(why.to_owned());
+        }
+        if msg.has_field_by_name(field) {
+            push_field(path, field);
+            return Err(why.to_owned());
         }
     }
     for (field, value) in msg.fields() {
@@ -324,6 +357,50 @@ mod tests {
             .check_encoded(EnvoyResourceType::Cluster, &[0xff, 0xff])
             .unwrap_err();
         assert!(why.contains("does not decode"), "{why}");
+    }
+
+    /// Every entry of the table names a field of Envoy's descriptors (an `envoy-types` upgrade
+    /// that renames one fails here, not silently).
+    #[test]
+    fn every_refused_field_exists() {
+        let pool = decoder().unwrap().pool();
+        for (message, field, _) in super::LOCAL {
+            let m = pool
+                .get_message_by_name(message)
+                .unwrap_or_else(|| panic!("no message {message}"));
+            assert!(
+                field.is_empty() || m.get_field_by_name(field).is_some(),
+                "{message} has no field {field}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_ways_to_read_the_clients_files_are_refused() {
+        // The file_server filter, as an HTTP filter of a listener: refused at the filter's
+        // typed config.
+        let mut l = listener(json!({}), json!({"inline_string": "ok"}));
+        l["api_listener"]["api_listener"]["http_filters"] = json!([
+            {"name": "files", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.file_server.v3.FileServerConfig"}},
+            {"name": "envoy.filters.http.router", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
+        ]);
+        let (path, why) = decode(EnvoyResourceType::Listener, &l).unwrap_err();
+        assert_eq!(
+            path,
+            "api_listener.api_listener.http_filters[0].typed_config"
+        );
+        assert!(why.contains("file_server"), "{why}");
+        // Endpoints read from a file instead of ADS.
+        let c = json!({"name": "c", "type": "EDS",
+            "eds_cluster_config": {"eds_config": {"path_config_source": {"path": "/etc/eds.yaml"}}}});
+        let (path, _) = decode(EnvoyResourceType::Cluster, &c).unwrap_err();
+        assert_eq!(path, "eds_cluster_config.eds_config.path_config_source");
+        let c = json!({"name": "c", "type": "EDS",
+            "eds_cluster_config": {"eds_config": {"path": "/etc/eds.yaml"}}});
+        let (path, _) = decode(EnvoyResourceType::Cluster, &c).unwrap_err();
+        assert_eq!(path, "eds_cluster_config.eds_config.path");
     }
 
     /// An `Any` nested in itself past any sensible depth is refused, not followed until the
