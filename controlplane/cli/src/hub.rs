@@ -33,7 +33,7 @@ struct DbArg {
 #[derive(Subcommand)]
 enum HubCommand {
     /// Run the hub: the agents' tunnel listener (QUIC and HTTP/2 over TLS on one port).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Register, list and revoke clusters.
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -178,7 +178,7 @@ fn ago(t: Option<SystemTime>) -> String {
 
 pub(crate) async fn run(args: HubArgs) -> Result<ExitCode> {
     match args.command {
-        HubCommand::Serve(args) => serve(args).await,
+        HubCommand::Serve(args) => serve(*args).await,
         HubCommand::Cluster(ClusterCommand::Add { name, rotate, db }) => {
             let token = open_store(&db.db)?.add_cluster(&name, rotate)?;
             eprintln!("cluster {name} registered; give this token to its agent (shown once):");

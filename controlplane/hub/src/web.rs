@@ -112,7 +112,9 @@ pub(crate) fn full(status: StatusCode, content_type: &'static str, body: String)
 
 /// The headers of every response the hub writes itself (pages, errors, redirects, events; not
 /// a target's answers): everything is served by the hub, nothing may be framed or loaded from
-/// elsewhere, no content type is guessed, no URL leaks in a `Referer`, nothing is cached.
+/// elsewhere, no content type is guessed, no URL leaks to another origin in a `Referer`
+/// (`same-origin`: with `no-referrer` a browser's form posts carry `Origin: null`, which the
+/// login's same-origin check must refuse), nothing is cached.
 pub fn hub_headers(h: &mut http::HeaderMap) {
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert(
@@ -128,7 +130,7 @@ pub fn hub_headers(h: &mut http::HeaderMap) {
     );
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
 }

@@ -268,7 +268,7 @@ async fn every_hub_page_carries_its_security_headers() {
         );
         assert_eq!(
             h.get("referrer-policy").map(|v| v.to_str().unwrap()),
-            Some("no-referrer"),
+            Some("same-origin"),
             "{host}{path} ({status})"
         );
     }
