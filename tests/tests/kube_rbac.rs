@@ -268,12 +268,14 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
                 "the route server may write: {line}"
             );
         }
-        // The agent serves a hub outside the cluster: it reads Spur's objects and nothing else.
+        // The agent serves a hub outside the cluster: it reads Spur's objects, and gets single
+        // Services (to refuse an ExternalName preview target, docs/hub.md), nothing else.
         if line.starts_with("spur-agent ") {
+            let services = line.contains(" groups=core resources=services ") && verbs == "get";
             assert!(
                 !verbs.split(',').any(|v| WRITE_VERBS.contains(&v))
-                    && line.contains(" groups=spur.dev "),
-                "the agent may do more than read Spur's objects: {line}"
+                    && (line.contains(" groups=spur.dev ") || services),
+                "the agent may do more than read Spur's objects and get Services: {line}"
             );
         }
         // The jobs component reads one Secret name anywhere (the executors' certificate) and
