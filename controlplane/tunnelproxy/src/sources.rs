@@ -209,12 +209,22 @@ impl ReverseSources {
         } else {
             None
         };
+        // A host-network pod's address is its node's: indexed, it would let every process and
+        // host-network pod on that node (and traffic SNATed to it) through. Such deployments
+        // list their nodes in --reverse-allow-cidrs instead.
+        let host_network = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
         let ips = pod_ips(pod);
-        let entry = role.filter(|_| !ips.is_empty()).map(|role| Entry {
-            namespace,
-            role,
-            ips,
-        });
+        let entry = role
+            .filter(|_| !ips.is_empty() && !host_network)
+            .map(|role| Entry {
+                namespace,
+                role,
+                ips,
+            });
         (key, entry)
     }
 
@@ -501,6 +511,29 @@ pub(crate) mod tests {
             assert!(why.contains(intruder), "{why}");
         }
         stop.cancel();
+    }
+
+    /// A host-network pod (a gateway with `gateway.hostNetwork`, or a sidecar pod on the host
+    /// network) has its node's address: it does not open the reverse listeners to that node.
+    #[tokio::test]
+    async fn host_network_pods_do_not_open_their_node() {
+        let on_host = |mut p: Pod| {
+            p.spec.get_or_insert_default().host_network = Some(true);
+            p
+        };
+        let s = ReverseSources::with_pods(
+            config(),
+            [
+                on_host(pod("shop", "api", "192.0.2.10", true, false)),
+                on_host(pod("spur-system", "gw", "192.0.2.11", false, true)),
+            ],
+        );
+        for node in ["192.0.2.10", "192.0.2.11"] {
+            assert!(
+                s.check_now(node.parse().unwrap(), "shop").is_err(),
+                "{node} got in"
+            );
+        }
     }
 
     #[test]
