@@ -338,3 +338,30 @@ async fn bind_role(
         .await?;
     Ok(())
 }
+
+/// A ClusterRole `name` with `rules` (JSON), bound to ServiceAccount [`SYSTEM_NAMESPACE`]/`dev`:
+/// the developer of the admission-policy tests.
+pub async fn grant_dev(admin: &Client, name: &str, rules: serde_json::Value) -> anyhow::Result<()> {
+    let role: ClusterRole =
+        serde_json::from_value(json!({"metadata": {"name": name}, "rules": rules}))?;
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await?;
+    let crb: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": "dev", "namespace": SYSTEM_NAMESPACE}]
+    }))?;
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &crb)
+        .await?;
+    Ok(())
+}
+
+/// The rules of `charts/spur/files/<file>`, as JSON for [`grant_dev`].
+pub fn chart_rules(file: &str) -> anyhow::Result<serde_json::Value> {
+    let path = chart_path(&format!("files/{file}"));
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(serde_yaml_ng::from_str(&text)?)
+}

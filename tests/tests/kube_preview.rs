@@ -9,8 +9,7 @@
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::Client;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use spur_api::{RouteGroup, Sandbox};
@@ -42,31 +41,6 @@ fn route_group(name: &str, endpoints: Value) -> RouteGroup {
 
 fn ep(target: &str) -> Value {
     json!([{"name": "web", "target": target}])
-}
-
-/// A ClusterRole `name` with `rules`, bound to ServiceAccount spur-system/dev.
-async fn grant_dev(admin: &Client, name: &str, rules: Value) {
-    let role: ClusterRole =
-        serde_json::from_value(json!({"metadata": {"name": name}, "rules": rules})).unwrap();
-    Api::<ClusterRole>::all(admin.clone())
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let crb: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": "dev", "namespace": kt::SYSTEM_NAMESPACE}]
-    }))
-    .unwrap();
-    Api::<ClusterRoleBinding>::all(admin.clone())
-        .create(&PostParams::default(), &crb)
-        .await
-        .unwrap();
-}
-
-fn chart_rules(file: &str) -> Value {
-    let text = std::fs::read_to_string(kt::chart_path(&format!("files/{file}"))).unwrap();
-    serde_yaml_ng::from_str(&text).unwrap()
 }
 
 /// The namespaces a refusal says it checked.
@@ -112,13 +86,14 @@ async fn previews_reach_only_what_their_creator_may_reach() {
     }
     // The developer: Sandboxes and RouteGroups anywhere (cluster-scoped), and the right to reach
     // Services of namespace `a` only.
-    grant_dev(
+    kt::grant_dev(
         &admin,
         "dev-previews",
         json!([{"apiGroups": ["spur.dev"], "resources": ["sandboxes", "routegroups"],
                 "verbs": ["create", "get", "update", "patch", "delete"]}]),
     )
-    .await;
+    .await
+    .unwrap();
     let role: Role = serde_json::from_value(json!({
         "metadata": {"name": "dev", "namespace": "a"},
         "rules": [{"apiGroups": [""], "resources": ["services/proxy"], "verbs": ["get"]}]
@@ -271,18 +246,20 @@ async fn previews_reach_only_what_their_creator_may_reach() {
     .unwrap();
 
     // With the chart's ClusterRoles, the developer may publish publicly and to another cluster.
-    grant_dev(
+    kt::grant_dev(
         &admin,
         "dev-publisher",
-        chart_rules("preview-publisher-rules.yaml"),
+        kt::chart_rules("preview-publisher-rules.yaml").unwrap(),
     )
-    .await;
-    grant_dev(
+    .await
+    .unwrap();
+    kt::grant_dev(
         &admin,
         "dev-remote",
-        chart_rules("preview-remote-clusters-rules.yaml"),
+        kt::chart_rules("preview-remote-clusters-rules.yaml").unwrap(),
     )
-    .await;
+    .await
+    .unwrap();
     eventually("a public preview with the publisher role", || {
         let dev = dev.clone();
         let to_public = to_public.clone();

@@ -9,9 +9,8 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequestSpec};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use spur_api::Sandbox;
@@ -38,31 +37,6 @@ fn sandbox(name: &str, capture: bool) -> Sandbox {
     .unwrap()
 }
 
-/// A ClusterRole `name` with `rules`, bound to ServiceAccount spur-system/dev.
-async fn grant_dev(admin: &Client, name: &str, rules: serde_json::Value) {
-    let role: ClusterRole =
-        serde_json::from_value(json!({"metadata": {"name": name}, "rules": rules})).unwrap();
-    Api::<ClusterRole>::all(admin.clone())
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let crb: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": "dev", "namespace": kt::SYSTEM_NAMESPACE}]
-    }))
-    .unwrap();
-    Api::<ClusterRoleBinding>::all(admin.clone())
-        .create(&PostParams::default(), &crb)
-        .await
-        .unwrap();
-}
-
-fn chart_rules(file: &str) -> serde_json::Value {
-    let text = std::fs::read_to_string(kt::chart_path(&format!("files/{file}"))).unwrap();
-    serde_yaml_ng::from_str(&text).unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turning_capture_on_needs_the_capturer_role() {
     let api = KubeApi::start().await.unwrap();
@@ -82,13 +56,14 @@ async fn turning_capture_on_needs_the_capturer_role() {
         .create(&PostParams::default(), &binding)
         .await
         .unwrap();
-    grant_dev(
+    kt::grant_dev(
         &admin,
         "dev-sandboxes",
         json!([{"apiGroups": ["spur.dev"], "resources": ["sandboxes"],
                 "verbs": ["create", "get", "update", "patch"]}]),
     )
-    .await;
+    .await
+    .unwrap();
     let token = api
         .service_account_token(kt::SYSTEM_NAMESPACE, "dev")
         .await
@@ -130,12 +105,13 @@ async fn turning_capture_on_needs_the_capturer_role() {
         .unwrap_err();
     assert!(err.to_string().contains("sandboxes/capture"), "{err}");
 
-    grant_dev(
+    kt::grant_dev(
         &admin,
         "dev-capture",
-        chart_rules("traffic-capturer-rules.yaml"),
+        kt::chart_rules("traffic-capturer-rules.yaml").unwrap(),
     )
-    .await;
+    .await
+    .unwrap();
     eventually("capture on with the capturer role", || {
         let dev = dev.clone();
         let on = on.clone();
@@ -356,9 +332,9 @@ async fn the_store_follows_sandboxes_and_scopes_sidecars_and_readers() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
-    let mut rules = chart_rules("traffic-reader-rules.yaml");
+    let mut rules = kt::chart_rules("traffic-reader-rules.yaml").unwrap();
     rules[0]["resourceNames"] = json!(["sb1"]);
-    grant_dev(&admin, "dev-read-sb1", rules).await;
+    kt::grant_dev(&admin, "dev-read-sb1", rules).await.unwrap();
     let got = eventually("the reader's grant", || async {
         client()
             .await

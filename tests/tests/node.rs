@@ -1642,7 +1642,30 @@ fn docs_examples_on_the_node(node: &Node) {
     );
     assert_eq!(job["status"]["artifacts"][0]["meta"]["kind"], "response");
 
-    // The local sandbox, with no workstation connected: admitted, and not Ready, as its comments say.
+    // The local sandbox, with no workstation connected: admitted, and not Ready, as its comments
+    // say. Its workstation must have an owner first, the Sandbox's creator (the admin here): a
+    // credential records it (docs/local.md, "Workstation owners").
+    let admin = node
+        .kubectl(&[
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ])
+        .unwrap();
+    node_spur(
+        node,
+        &[
+            "local",
+            "token",
+            "--workstation",
+            "alice",
+            "--owner",
+            admin.trim(),
+            "--owner-namespace",
+            SPUR_NAMESPACE,
+        ],
+    );
     node.apply(&example("sandbox-local.yaml")).unwrap();
     eventually(
         "frontend-alice to say it is not Ready",
