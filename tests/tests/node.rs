@@ -494,9 +494,21 @@ fn helm_install_and_the_user_path_on_running_pods() {
     .unwrap();
     node.rollout(SPUR_NAMESPACE, "spur-operator").unwrap();
     // The operator, back, records it: a sandbox forking that baseline reports its one pod
-    // without a sidecar (keyed requests reaching it would not be routed).
-    node.apply(&sandbox("coverage", ns, "backend", "coverage", None))
-        .unwrap();
+    // without a sidecar (keyed requests reaching it would not be routed). Creating a Sandbox
+    // goes through the operator's webhook (sandbox-creator.spur.dev, Fail), which answers once
+    // its Service has the new pod's endpoint: with one replica there is a moment after the
+    // rollout when the API server cannot reach it yet (the chart runs two).
+    let coverage_sandbox = sandbox("coverage", ns, "backend", "coverage", None);
+    eventually(
+        "the Sandbox webhook to answer after the operator's restart",
+        Duration::from_secs(60),
+        || match node.apply(&coverage_sandbox) {
+            Ok(_) => Ok(Some(())),
+            Err(e) if format!("{e:#}").contains("failed calling webhook") => Ok(None),
+            Err(e) => Err(e),
+        },
+    )
+    .unwrap();
     let coverage = eventually(
         "the Sandbox to report the uninjected baseline pod",
         Duration::from_secs(90),
