@@ -592,9 +592,8 @@ fn helm_install_and_the_user_path_on_running_pods() {
                 .lines()
                 .filter(|l| !matches!(*l, "configmap/kube-root-ca.crt" | "serviceaccount/default"))
                 // Workstation owner records (docs/local.md, "Workstation owners") are users'
-                // claims, written by the operator and `spur local token`, not the chart's: an
-                // uninstall leaves them, like the token Secrets' namespace below is the
-                // user's to delete. (Known gap: nothing removes them yet.)
+                // claims, written by the operator and `spur local token`, not the chart's
+                // objects: an uninstall leaves them. (A known gap: nothing removes them yet.)
                 .filter(|l| !l.starts_with("configmap/spur-workstation-owner-"))
                 .map(String::from)
                 .collect();
