@@ -25,6 +25,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::Error;
 use crate::validation::*;
 
+pub mod approval;
+pub use approval::{Approval, ApprovalState, Approver};
+
 /// Durations: Go syntax restricted to hours, minutes and seconds, in that order (`90s`, `30m`,
 /// `1h30m`), as for job timeouts.
 pub const ACCESS_DURATION_PATTERN: &str = crate::jobs::JOB_DURATION_PATTERN;
@@ -88,6 +91,10 @@ pub struct AccessConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = ACCESS_COMMAND_MAX))]
     pub access_command: Option<String>,
+    /// Whether a second user must approve a request before it is granted (docs/access.md,
+    /// "Approval").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Approval>,
 }
 
 fn default_duration() -> String {
@@ -185,6 +192,16 @@ impl AccessConfig {
             );
             c.max_len(|| format!("{path}.accessCommand"), cmd, ACCESS_COMMAND_MAX);
         }
+        if let Some(a) = &self.approval {
+            a.check(c, &format!("{path}.approval"));
+        }
+    }
+
+    /// Where a request of `requester` stands with this template's approval.
+    pub fn approval_state(&self, requester: &str, approver: Option<&Approver>) -> ApprovalState {
+        self.approval
+            .as_ref()
+            .map_or(ApprovalState::NotRequired, |a| a.state(requester, approver))
     }
 }
 
@@ -829,8 +846,8 @@ pub struct AccessTemplateStatus {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AccessRequestStatus {
-    /// `TargetTemplateExists`, `RequesterAllowed`, `AccessDurationsValid`, `AccessStillValid`,
-    /// `AccessResourcesCreated`, `AccessResourcesReady` and `Ready`.
+    /// `TargetTemplateExists`, `RequesterAllowed`, `Approved`, `AccessDurationsValid`,
+    /// `AccessStillValid`, `AccessResourcesCreated`, `AccessResourcesReady` and `Ready`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -849,9 +866,13 @@ pub struct AccessRequestStatus {
     /// The duration granted (the request's, or the template's default or maximum).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration: Option<String>,
-    /// When the grant ends and the request is deleted (creation time + duration).
+    /// When the grant ends and the request is deleted (creation time + duration; with a
+    /// required approval, the time the operator saw the approval + duration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Time>,
+    /// Who approved the request, when its template requires approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_by: Option<String>,
 }
 
 /// Condition types, as Oz names them (plus `RequesterAllowed`).
@@ -864,6 +885,8 @@ pub mod conditions {
     pub const TARGET_TEMPLATE_EXISTS: &str = "TargetTemplateExists";
     /// Request: the requester is in one of the template's allowed groups.
     pub const REQUESTER_ALLOWED: &str = "RequesterAllowed";
+    /// Request: approved by a second user, or its template requires no approval.
+    pub const APPROVED: &str = "Approved";
     /// Request: the duration is valid (message: capped or not).
     pub const ACCESS_DURATIONS_VALID: &str = "AccessDurationsValid";
     /// Request: not expired.
@@ -874,12 +897,15 @@ pub mod conditions {
     pub const ACCESS_RESOURCES_READY: &str = "AccessResourcesReady";
 }
 
-/// Labels on what a request creates (Role, RoleBinding, debug pod).
+/// Labels (and the expiry annotation) on what a request creates (Role, RoleBinding, debug pod).
 pub mod labels {
     /// The request's name.
     pub const ACCESS_REQUEST: &str = "spur.dev/access-request";
     /// `exec` or `pod`.
     pub const ACCESS_KIND: &str = "spur.dev/access-kind";
+    /// Annotation of a grant's Role and RoleBinding: when the grant ends (RFC 3339). The
+    /// second sweeper (`spur access sweep`) deletes them then even if the operator is down.
+    pub const EXPIRES_AT: &str = "spur.dev/expires-at";
 }
 
 /// Parses [`ACCESS_DURATION_PATTERN`]; `None` when malformed, zero or above
@@ -921,6 +947,7 @@ mod tests {
             default_duration: default.into(),
             max_duration: max.into(),
             access_command: None,
+            approval: None,
         }
     }
 
