@@ -9,12 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use spur_api::conditions::{READY, find_condition, is_condition_true};
 use spur_api::keys::labels;
+use spur_api::workstation::{CREATED_BY_ANNOTATION, Owner, owner_record_name};
 use spur_api::{
     ExternalWorkload, ForkedWorkload, RouteGroup, RoutingConfig, Sandbox, VirtualWorkload,
     WorkloadKind, WorkloadRef, names,
@@ -741,9 +742,12 @@ async fn invalid_sandboxes_are_rejected_or_reported_and_leave_nothing() {
     }
     // Local and virtual workloads: their objects are created and owned, the sandbox waits for
     // them (no tunnel, no baseline `api`), and they are deleted with the sandbox.
+    // Its creator owns the workstation (the webhooks that stamp and check this do not run here;
+    // tests/tests/kube_workstation_owner.rs runs them).
+    own_workstation(&client, "laptop-1", "dev-user").await;
     let mixed: Sandbox = serde_json::from_value(json!({
         "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
-        "metadata": {"name": "mixed"},
+        "metadata": {"name": "mixed", "annotations": {CREATED_BY_ANNOTATION: "dev-user"}},
         "spec": {
             "workstation": "laptop-1",
             "local": [{"name": "dev", "from": {"kind": "Deployment", "namespace": NS, "name": "web"},
@@ -776,6 +780,28 @@ async fn invalid_sandboxes_are_rejected_or_reported_and_leave_nothing() {
         .await
         .unwrap();
     assert_eq!(vw.spec.baseline.name, "api");
+    // The workstation changes hands (an administrator rewrote its record): the old owner's
+    // Sandbox loses its ExternalWorkload, so none of its keyed traffic reaches the new owner's
+    // laptop, and says why (issue 42: a claim is checked on every pass, not only at admission).
+    own_workstation(&client, "laptop-1", "bob").await;
+    let ew_name = names::external_workload_name("mixed", "dev");
+    let cond = eventually("mixed loses its workstation", || async {
+        let st = sandbox_status(&client, "mixed").await?.status?;
+        find_condition(&st.conditions, READY)
+            .filter(|c| c.reason == "WorkstationNotOwned")
+            .cloned()
+    })
+    .await;
+    assert!(cond.message.contains("belongs to another user"), "{cond:?}");
+    eventually("the old owner's ExternalWorkload is gone", || async {
+        Api::<ExternalWorkload>::namespaced(client.clone(), NS)
+            .get_opt(&ew_name)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
     sandboxes
         .delete("mixed", &DeleteParams::default())
         .await
@@ -821,9 +847,10 @@ async fn local_sandbox(client: &Client, to_local: &str) -> String {
         .create(&PostParams::default(), &svc)
         .await
         .unwrap();
+    own_workstation(&client, "alice", "alice").await;
     let sb: Sandbox = serde_json::from_value(json!({
         "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
-        "metadata": {"name": "dev"},
+        "metadata": {"name": "dev", "annotations": {CREATED_BY_ANNOTATION: "alice"}},
         "spec": {"workstation": "alice",
                  "local": [{"name": "api", "from": {"kind": "Deployment", "namespace": NS, "name": "api"},
                             "mappings": [{"port": 8080, "toLocal": to_local}]}]}
@@ -834,6 +861,24 @@ async fn local_sandbox(client: &Client, to_local: &str) -> String {
         .await
         .unwrap();
     names::external_workload_name("dev", "api")
+}
+
+/// Records `user` as the owner of `workstation` (what the signer, a tunnel grant or `spur local
+/// token --owner` write), without an end.
+async fn own_workstation(client: &Client, workstation: &str, user: &str) {
+    let record = Owner {
+        user: user.into(),
+        expires_at: None,
+    }
+    .record("spur-system", workstation);
+    Api::<ConfigMap>::namespaced(client.clone(), "spur-system")
+        .patch(
+            &owner_record_name(workstation),
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&record),
+        )
+        .await
+        .unwrap();
 }
 
 /// The tunnel proxy's report of a workstation session (what `spur tunnel-proxy` keeps renewed).

@@ -26,7 +26,9 @@ use kube::{Api, Client, ResourceExt};
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use spur_api::Sandbox;
-use spur_api::workstation::{CREATED_BY_ANNOTATION, Owner, owner_record_name};
+use spur_api::workstation::{
+    CREATED_BY_ANNOTATION, EXPIRES_ANNOTATION, Owner, owner_record_name,
+};
 use spur_e2e::kube::{
     SYSTEM_NAMESPACE, WAIT, chart_document, chart_path, eventually, install_crds, operator_client,
 };
@@ -386,6 +388,51 @@ async fn a_sandbox_may_name_only_its_creators_workstation() {
         .await
         .unwrap();
     assert_eq!(Owner::from_record(&record).unwrap().user, ALICE);
+
+    // Alice's claim ends (her certificate expired: the record's end is moved into the past).
+    // Her Sandbox still names alice-laptop, so bob's certificate for it would hand him her keyed
+    // traffic: still refused, and the record stays hers.
+    let ended = json!({"metadata": {"annotations": {EXPIRES_ANNOTATION: "2020-01-01T00:00:00Z"}}});
+    records
+        .patch(
+            &owner_record_name("alice-laptop"),
+            &PatchParams::default(),
+            &Patch::Merge(&ended),
+        )
+        .await
+        .unwrap();
+    request_certificate(&bob, &admin, "alice-laptop-3", "alice-laptop").await;
+    let failed = outcome(&admin, "alice-laptop-3").await.unwrap_err();
+    assert!(failed.contains("still name the workstation"), "{failed}");
+    let record = records
+        .get(&owner_record_name("alice-laptop"))
+        .await
+        .unwrap();
+    assert_eq!(Owner::from_record(&record).unwrap().user, ALICE);
+    // Once her Sandbox is gone the ended claim may be taken over.
+    as_alice
+        .delete("alices", &Default::default())
+        .await
+        .unwrap();
+    eventually("alice's Sandbox is gone", || {
+        let admin = admin.clone();
+        async move {
+            Api::<Sandbox>::all(admin)
+                .get_opt("alices")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await;
+    request_certificate(&bob, &admin, "alice-laptop-4", "alice-laptop").await;
+    outcome(&admin, "alice-laptop-4").await.unwrap();
+    let record = records
+        .get(&owner_record_name("alice-laptop"))
+        .await
+        .unwrap();
+    assert_eq!(Owner::from_record(&record).unwrap().user, BOB);
 
     stop.cancel();
     tokio::time::timeout(WAIT, webhook.stopped()).await.unwrap();

@@ -105,6 +105,9 @@ pub enum ClaimRefused {
     HeldByAnother,
     /// The username is empty or longer than [`USERNAME_MAX`].
     BadUser,
+    /// This many Sandboxes that another user created (or that carry no creator) name the
+    /// workstation: handing it over would hand their keyed traffic to the new owner.
+    NamedByOthers(usize),
 }
 
 impl std::fmt::Display for ClaimRefused {
@@ -116,6 +119,10 @@ impl std::fmt::Display for ClaimRefused {
             ClaimRefused::BadUser => write!(
                 f,
                 "a workstation owner must be a username of 1 to {USERNAME_MAX} bytes"
+            ),
+            ClaimRefused::NamedByOthers(n) => write!(
+                f,
+                "{n} Sandbox(es) of another user (or created before Spur recorded creators) still name the workstation; it changes hands only once they are deleted or stop naming it: pick another workstation name, or ask their owners or an administrator"
             ),
         }
     }
@@ -146,6 +153,45 @@ pub fn claim(
             user: user.to_string(),
             expires_at: until,
         }),
+    }
+}
+
+/// How many of `sandboxes` name `workstation` and were not created by `user` (a Sandbox without
+/// a recorded creator counts: nobody can show it is `user`'s). A claim that would move the
+/// workstation to `user` is refused while there are any, so an expired claim never hands one
+/// user's keyed traffic to the next claimant.
+pub fn named_by_others<'a>(
+    workstation: &str,
+    user: &str,
+    sandboxes: impl IntoIterator<Item = &'a crate::Sandbox>,
+) -> usize {
+    sandboxes
+        .into_iter()
+        .filter(|sb| sb.spec.workstation.as_deref() == Some(workstation))
+        .filter(|sb| created_by(sb) != Some(user))
+        .count()
+}
+
+/// The creator Spur recorded on a Sandbox at admission, if any.
+pub fn created_by(sb: &crate::Sandbox) -> Option<&str> {
+    sb.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CREATED_BY_ANNOTATION))
+        .map(String::as_str)
+        .filter(|c| !c.is_empty())
+}
+
+/// Whether the operator may bind `sb`'s local workloads to its workstation now, given that
+/// workstation's owner record: only while the recorded owner is the Sandbox's creator. Checked on
+/// every pass, not only at admission, so a workstation that changed hands (an administrator's
+/// `spur local token --owner`, a rewritten record) stops receiving the old owner's keys.
+pub fn bindable(workstation: &str, owner: Option<&Owner>, sb: &crate::Sandbox) -> Result<(), String> {
+    match created_by(sb) {
+        Some(creator) => may_use(workstation, owner, creator),
+        None => Err(format!(
+            "the Sandbox has no {CREATED_BY_ANNOTATION} (it was created before Spur recorded creators, or without the webhook sandbox-creator.spur.dev), so its local workloads are not bound to workstation {workstation}: recreate the Sandbox"
+        )),
     }
 }
 
@@ -252,5 +298,50 @@ mod tests {
         );
         let refused = may_use("w", None, "bob").unwrap_err();
         assert!(refused.contains("no recorded owner"), "{refused}");
+    }
+
+    fn sandbox(workstation: &str, creator: Option<&str>) -> crate::Sandbox {
+        let mut sb: crate::Sandbox = serde_json::from_value(serde_json::json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox", "metadata": {"name": "s"},
+            "spec": {"workstation": workstation, "local": []},
+        }))
+        .unwrap();
+        if let Some(c) = creator {
+            sb.metadata.annotations = Some(BTreeMap::from([(
+                CREATED_BY_ANNOTATION.to_string(),
+                c.to_string(),
+            )]));
+        }
+        sb
+    }
+
+    #[test]
+    fn a_workstation_with_other_users_sandboxes_does_not_change_hands() {
+        let sandboxes = [
+            sandbox("w", Some("alice")),
+            sandbox("w", None),
+            sandbox("other", Some("carol")),
+            sandbox("w", Some("")),
+        ];
+        // alice's own Sandbox does not block her; the unstamped ones block everyone.
+        assert_eq!(named_by_others("w", "alice", &sandboxes), 2);
+        assert_eq!(named_by_others("w", "bob", &sandboxes), 3);
+        assert_eq!(named_by_others("free", "bob", &sandboxes), 0);
+        assert!(ClaimRefused::NamedByOthers(3).to_string().contains("3 Sandbox"));
+    }
+
+    #[test]
+    fn only_the_current_owners_sandboxes_are_bound() {
+        let bob = Owner {
+            user: "bob".into(),
+            expires_at: None,
+        };
+        assert_eq!(bindable("w", Some(&bob), &sandbox("w", Some("bob"))), Ok(()));
+        // The workstation changed hands after alice's Sandbox was admitted.
+        let refused = bindable("w", Some(&bob), &sandbox("w", Some("alice"))).unwrap_err();
+        assert!(refused.contains("belongs to another user"), "{refused}");
+        let refused = bindable("w", Some(&bob), &sandbox("w", None)).unwrap_err();
+        assert!(refused.contains("recreate the Sandbox"), "{refused}");
+        assert!(bindable("w", None, &sandbox("w", Some("bob"))).is_err());
     }
 }

@@ -333,7 +333,7 @@ async fn token_cmd(a: TokenArgs) -> Result<ExitCode> {
             a.workstation, a.owner
         )),
         owner::Recorded::Reassigned => say(format!(
-            "workstation {} now belongs to {}; it was another user's, and Sandboxes they created before still name it: delete those",
+            "workstation {} now belongs to {}; it was another user's: Sandboxes they created that name it are no longer bound to it (their local workloads report WorkstationNotOwned) until they are deleted or name another workstation",
             a.workstation, a.owner
         )),
     }

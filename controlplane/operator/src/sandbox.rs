@@ -209,11 +209,27 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             sandbox: name.clone(),
         });
     }
-    // Local workloads: an ExternalWorkload each, served by the workstation's tunnel.
+    // Local workloads: an ExternalWorkload each, served by the workstation's tunnel, and only
+    // while the workstation's recorded owner is the Sandbox's creator (docs/local.md,
+    // "Workstation owners"): a workstation that changed hands gets none of the old owner's keys.
+    let binding = if sb.spec.local.is_empty() {
+        Ok(())
+    } else {
+        crate::workstation_owner::bindable(ctx, sb).await?
+    };
     let mut locals = Vec::new();
     for local in &sb.spec.local {
         let b = &local.from;
         let ew_name = names::external_workload_name(&name, &local.name);
+        if binding.is_err() {
+            locals.push(LocalStatus {
+                name: local.name.clone(),
+                external_workload: ew_name,
+                connected: false,
+                ready: false,
+            });
+            continue;
+        }
         let mut ew = ExternalWorkload::new(
             &ew_name,
             ExternalWorkloadSpec {
@@ -292,8 +308,10 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         && sb.status.as_ref().and_then(|s| s.observed_generation) != generation;
     if spec_changed {
         prune::<ForkedWorkload>(ctx, &name, Some(&wanted), false).await?;
-        prune::<ExternalWorkload>(ctx, &name, Some(&wanted), false).await?;
         prune::<VirtualWorkload>(ctx, &name, Some(&wanted), false).await?;
+    }
+    if spec_changed || binding.is_err() {
+        prune::<ExternalWorkload>(ctx, &name, Some(&wanted), false).await?;
     }
 
     let rc_name = names::sandbox_routing_config_name(&name);
@@ -420,6 +438,14 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                     format!("waiting for {}", waiting.join(", "))
                 },
             )
+        };
+        let (status, reason, message) = match &binding {
+            Ok(()) => (status, reason, message),
+            Err(refused) => (
+                ConditionStatus::False,
+                "WorkstationNotOwned",
+                refused.clone(),
+            ),
         };
         condition(st, sb, READY, status, reason, &message);
     })

@@ -5,11 +5,15 @@
 //! A claim is read-then-write with the read's resourceVersion as a precondition (a create for a
 //! new record), so two users claiming one workstation at once cannot both win: the loser's write
 //! fails with a conflict and is retried against the winner's record.
+//!
+//! A workstation does not change hands while Sandboxes of another user (or without a recorded
+//! creator) name it: the new owner would otherwise receive their keyed traffic.
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use spur_api::Sandbox;
 use spur_api::workstation::{self as ws, ClaimRefused, Owner};
 
 use crate::Error;
@@ -63,6 +67,21 @@ pub(crate) async fn claim(
         if unchanged {
             return Ok(Ok(owner));
         }
+        let changes_hands = current
+            .as_ref()
+            .and_then(|(o, _)| o.as_ref())
+            .is_none_or(|o| o.user != user);
+        if changes_hands {
+            // Sandboxes are cluster-scoped and a field selector cannot reach spec.workstation:
+            // list them all (claims are rare: a certificate or a grant).
+            let sandboxes = Api::<Sandbox>::all(api.clone().into_client())
+                .list(&ListParams::default())
+                .await?;
+            let others = ws::named_by_others(workstation, user, &sandboxes.items);
+            if others > 0 {
+                return Ok(Err(ClaimRefused::NamedByOthers(others)));
+            }
+        }
         let record = owner.record(namespace, workstation);
         let written = match &current {
             None => api
@@ -105,4 +124,18 @@ pub(crate) async fn claim(
     Err(Error::Pending(format!(
         "the owner record of workstation {workstation} to stop changing"
     )))
+}
+
+/// Whether `sb`'s local workloads may be bound to its workstation now ([`ws::bindable`]): its
+/// creator must be the workstation's recorded owner, read from the release namespace.
+pub(crate) async fn bindable(
+    ctx: &crate::context::Context,
+    sb: &Sandbox,
+) -> Result<Result<(), String>, Error> {
+    let Some(workstation) = sb.spec.workstation.as_deref() else {
+        return Ok(Ok(()));
+    };
+    let records: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.tunnels.namespace);
+    let owner = owner(&records, workstation).await?;
+    Ok(ws::bindable(workstation, owner.as_ref(), sb))
 }
