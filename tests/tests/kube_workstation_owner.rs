@@ -26,9 +26,7 @@ use kube::{Api, Client, ResourceExt};
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use spur_api::Sandbox;
-use spur_api::workstation::{
-    CREATED_BY_ANNOTATION, EXPIRES_ANNOTATION, Owner, owner_record_name,
-};
+use spur_api::workstation::{CREATED_BY_ANNOTATION, EXPIRES_ANNOTATION, Owner, owner_record_name};
 use spur_e2e::kube::{
     SYSTEM_NAMESPACE, WAIT, chart_document, chart_path, eventually, install_crds, operator_client,
 };

@@ -186,7 +186,11 @@ pub fn created_by(sb: &crate::Sandbox) -> Option<&str> {
 /// workstation's owner record: only while the recorded owner is the Sandbox's creator. Checked on
 /// every pass, not only at admission, so a workstation that changed hands (an administrator's
 /// `spur local token --owner`, a rewritten record) stops receiving the old owner's keys.
-pub fn bindable(workstation: &str, owner: Option<&Owner>, sb: &crate::Sandbox) -> Result<(), String> {
+pub fn bindable(
+    workstation: &str,
+    owner: Option<&Owner>,
+    sb: &crate::Sandbox,
+) -> Result<(), String> {
     match created_by(sb) {
         Some(creator) => may_use(workstation, owner, creator),
         None => Err(format!(
@@ -327,7 +331,11 @@ mod tests {
         assert_eq!(named_by_others("w", "alice", &sandboxes), 2);
         assert_eq!(named_by_others("w", "bob", &sandboxes), 3);
         assert_eq!(named_by_others("free", "bob", &sandboxes), 0);
-        assert!(ClaimRefused::NamedByOthers(3).to_string().contains("3 Sandbox"));
+        assert!(
+            ClaimRefused::NamedByOthers(3)
+                .to_string()
+                .contains("3 Sandbox")
+        );
     }
 
     #[test]
@@ -336,7 +344,10 @@ mod tests {
             user: "bob".into(),
             expires_at: None,
         };
-        assert_eq!(bindable("w", Some(&bob), &sandbox("w", Some("bob"))), Ok(()));
+        assert_eq!(
+            bindable("w", Some(&bob), &sandbox("w", Some("bob"))),
+            Ok(())
+        );
         // The workstation changed hands after alice's Sandbox was admitted.
         let refused = bindable("w", Some(&bob), &sandbox("w", Some("alice"))).unwrap_err();
         assert!(refused.contains("belongs to another user"), "{refused}");
