@@ -57,6 +57,10 @@ struct ServeArgs {
     /// Artifacts beyond this many bytes per attempt are not kept.
     #[arg(long, default_value_t = 256 * 1024 * 1024)]
     max_artifact_bytes: u64,
+    /// What one namespace's jobs may keep in the store, logs and artifacts of all its jobs
+    /// together; output and artifacts past it are not kept (the attempt's status says so).
+    #[arg(long, default_value_t = 1024 * 1024 * 1024)]
+    max_namespace_bytes: u64,
     /// Finished jobs, with their logs and artifacts, are deleted this long after they end.
     #[arg(long, default_value = "168h", value_parser = spur_runtime::parse_duration)]
     retention: Duration,
@@ -98,6 +102,7 @@ pub(crate) async fn jobs(args: JobsArgs) -> Result<ExitCode> {
         store_dir: args.store_dir.clone(),
         max_log_bytes: args.max_log_bytes,
         max_artifact_bytes: args.max_artifact_bytes,
+        max_namespace_bytes: args.max_namespace_bytes,
         retention: args.retention,
         max_attempts: args.max_attempts,
         owner_statefulset: args.owner_statefulset.clone(),

@@ -23,7 +23,7 @@ use tonic::Code;
 
 use crate::queue::FINISHED;
 use crate::status::{self, condition, now_string};
-use crate::store::{StoredArtifact, append, hex_sha256};
+use crate::store::{StoredArtifact, hex_sha256};
 use crate::{Context, Error};
 
 /// How long an executor may stay unreachable mid-attempt before the attempt counts as lost.
@@ -255,7 +255,8 @@ pub(crate) fn attempt_uid(job_uid: &str, attempt: i32) -> String {
 
 /// How an attempt ended, as the driver saw it.
 enum Outcome {
-    Ended(pb::AttemptStatus),
+    /// The attempt ended; `true` when output past the namespace's storage quota was dropped.
+    Ended(pb::AttemptStatus, bool),
     Lost(String),
 }
 
@@ -295,9 +296,18 @@ async fn drive(ctx: &Arc<Context>, a: &Assignment, cancel: CancellationToken) ->
             let len = ctx.store.seal_log(&ns, &uid, a.attempt).await?;
             lost(ctx, &a.job, a.attempt, &reason, Some(len)).await
         }
-        Outcome::Ended(fin) => {
+        Outcome::Ended(fin, over_quota) => {
             let (artifacts, note) =
                 collect_artifacts(ctx, &mut client, a, &ns, &uid, &auid).await?;
+            let note = match (over_quota, note) {
+                (false, note) => note,
+                (true, note) => Some(
+                    std::iter::once(quota_note(ctx, "output"))
+                        .chain(note)
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                ),
+            };
             let len = ctx.store.seal_log(&ns, &uid, a.attempt).await?;
             finish(ctx, a, &fin, len, artifacts, note).await?;
             let _ = client
@@ -413,7 +423,13 @@ async fn follow(
     auid: &str,
     cancel: CancellationToken,
 ) -> Result<Outcome, Error> {
-    let mut offset = ctx.store.spooled(uid, a.attempt).await;
+    let ns = a.job.namespace().unwrap_or_default();
+    // `offset` is the executor's (what it has sent); `kept` what the spool holds. They part
+    // when the namespace's storage quota is reached: from then on nothing more of this attempt
+    // is kept, so the log is a prefix of the output, never one with a hole.
+    let mut offset = ctx.store.resume_spool(&ns, uid, a.attempt).await;
+    let mut kept = offset;
+    let mut over_quota = false;
     let mut spool = ctx.store.open_spool(uid, a.attempt, offset).await?;
     let live = ctx.live.open(uid, a.attempt, offset);
     let mut canceled_sent = false;
@@ -482,13 +498,26 @@ async fn follow(
                         });
                     }
                     if !chunk.data.is_empty() {
-                        append(&mut spool, &chunk.data).await?;
-                        offset += chunk.data.len() as u64;
-                        ctx.metrics.log_bytes.inc_by(chunk.data.len() as u64);
-                        live.send_modify(|s| s.bytes = offset);
+                        let n = chunk.data.len() as u64;
+                        if !over_quota {
+                            if ctx
+                                .store
+                                .append_spool(&ns, uid, a.attempt, &mut spool, &chunk.data)
+                                .await?
+                            {
+                                kept += n;
+                                live.send_modify(|s| s.bytes = kept);
+                            } else {
+                                over_quota = true;
+                                ctx.metrics.over_quota("log");
+                                tracing::warn!(%ns, job = %a.job.name_any(), attempt = a.attempt, "the namespace's storage quota is reached; the rest of this attempt's output is dropped");
+                            }
+                        }
+                        offset += n;
+                        ctx.metrics.log_bytes.inc_by(n);
                     }
                     if let Some(fin) = chunk.r#final {
-                        return Ok(Outcome::Ended(fin));
+                        return Ok(Outcome::Ended(fin, over_quota));
                     }
                 }
                 // The stream broke (executor restarted, network): resume from `offset`.
@@ -540,7 +569,7 @@ async fn collect_artifacts(
         match msg.part {
             Some(pb::artifact_chunk::Part::File(f)) => {
                 if let Some((f, data)) = current.take() {
-                    keep(ctx, ns, uid, a.attempt, f, data.freeze(), &mut kept).await?;
+                    notes.extend(keep(ctx, ns, uid, a.attempt, f, data.freeze(), &mut kept).await?);
                 }
                 let cap = usize::try_from(f.size.min(1 << 20)).unwrap_or(0);
                 current = Some((f, BytesMut::with_capacity(cap)));
@@ -557,7 +586,7 @@ async fn collect_artifacts(
         }
     }
     if let Some((f, data)) = current.take() {
-        keep(ctx, ns, uid, a.attempt, f, data.freeze(), &mut kept).await?;
+        notes.extend(keep(ctx, ns, uid, a.attempt, f, data.freeze(), &mut kept).await?);
     }
     // Earlier attempts' artifacts stay listed.
     let mut index = ctx.store.artifacts(ns, uid).await?;
@@ -576,16 +605,25 @@ async fn keep(
     f: pb::ArtifactFile,
     data: Bytes,
     kept: &mut Vec<StoredArtifact>,
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     if data.len() as u64 != f.size {
         tracing::warn!(path = %f.path, "artifact size mismatch; not kept");
-        return Ok(());
+        return Ok(None);
     }
     let sha = hex_sha256(&data);
-    ctx.metrics.artifact_bytes.inc_by(f.size);
-    ctx.store
+    if !ctx
+        .store
         .put_artifact(ns, uid, attempt, &f.path, data)
-        .await?;
+        .await?
+    {
+        ctx.metrics.over_quota("artifact");
+        return Ok(Some(format!(
+            "{}: {}",
+            f.declared,
+            quota_note(ctx, "not kept")
+        )));
+    }
+    ctx.metrics.artifact_bytes.inc_by(f.size);
     kept.push(StoredArtifact {
         attempt,
         path: f.path,
@@ -593,7 +631,15 @@ async fn keep(
         sha256: sha,
         declared: f.declared,
     });
-    Ok(())
+    Ok(None)
+}
+
+/// Says that `what` fell past the namespace's storage quota.
+fn quota_note(ctx: &Context, what: &str) -> String {
+    format!(
+        "{what}: the namespace's storage quota ({} bytes, --max-namespace-bytes) is used up; delete finished jobs to free it",
+        ctx.store.quota().limit()
+    )
 }
 
 /// Records the attempt's end in the Job's status.

@@ -18,6 +18,7 @@ mod metrics;
 pub mod pki;
 pub mod pods;
 pub mod queue;
+pub mod quota;
 mod status;
 pub mod store;
 
@@ -66,6 +67,9 @@ pub struct Config {
     pub max_log_bytes: u64,
     /// Artifacts beyond this per attempt are not kept (the attempt's status says so).
     pub max_artifact_bytes: u64,
+    /// What one namespace's jobs may keep in the store (logs and artifacts, all jobs);
+    /// output and artifacts past it are not kept.
+    pub max_namespace_bytes: u64,
     /// Finished jobs (and what is stored for them) are deleted this long after they end.
     pub retention: Duration,
     /// Attempts of a job whose runner pod is lost before it is failed.
@@ -82,6 +86,11 @@ impl Config {
         }
         if self.max_attempts < 1 {
             return Err(Error::Config("--max-attempts must be at least 1".into()));
+        }
+        if self.max_namespace_bytes < self.max_log_bytes {
+            return Err(Error::Config(
+                "--max-namespace-bytes must be at least --max-log-bytes (one attempt's log)".into(),
+            ));
         }
         if self.retention < Duration::from_secs(60) {
             return Err(Error::Config("--retention must be at least 1m".into()));
@@ -123,7 +132,8 @@ impl Context {
         stop: CancellationToken,
     ) -> Result<(Arc<Context>, Wakeups), Error> {
         cfg.validate()?;
-        let store = store::Store::local(&cfg.store_dir)?;
+        let store = store::Store::local(&cfg.store_dir, cfg.max_namespace_bytes)?;
+        store.count_stored().await?;
         let owner = match cfg.owner_statefulset.as_deref().filter(|s| !s.is_empty()) {
             None => None,
             Some(name) => Some(statefulset_owner(&client, &cfg.namespace, name).await?),

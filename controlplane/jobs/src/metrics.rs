@@ -7,6 +7,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabel {
     pub phase: String,
 }
@@ -24,6 +29,9 @@ pub struct Metrics {
     pub log_bytes: Counter,
     /// Artifact bytes kept.
     pub artifact_bytes: Counter,
+    /// Writes not made because their namespace's storage quota was used up, by kind (log: the
+    /// rest of an attempt's output; artifact: one file).
+    pub over_quota: Family<KindLabel, Counter>,
     /// Attempts being driven now.
     pub running: Gauge,
     /// Runner pods created and deleted.
@@ -61,6 +69,11 @@ impl Metrics {
             m.artifact_bytes.clone(),
         );
         r.register(
+            "over_quota",
+            "Writes not made because the namespace's storage quota was used up (log: the rest of an attempt's output; artifact: one file)",
+            m.over_quota.clone(),
+        );
+        r.register(
             "running_attempts",
             "Attempts being driven now",
             m.running.clone(),
@@ -76,6 +89,12 @@ impl Metrics {
             m.pods_deleted.clone(),
         );
         m
+    }
+
+    pub(crate) fn over_quota(&self, kind: &str) {
+        self.over_quota
+            .get_or_create(&KindLabel { kind: kind.into() })
+            .inc();
     }
 
     pub(crate) fn finished(&self, phase: &str) {

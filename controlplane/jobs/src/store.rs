@@ -11,9 +11,14 @@
 //! the executor sends it, read by followers); when the attempt ends the spool is put into the
 //! store whole and removed. Keys use the job's UID, never its name: a new Job with an old
 //! name never sees the old one's logs.
+//!
+//! Every byte a namespace keeps counts against its [`Quota`]: spooled log output, sealed logs
+//! and artifacts. A write past the quota is not made (the caller says so in the attempt's
+//! status); nothing another namespace stored is ever removed to make room.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use object_store::local::LocalFileSystem;
@@ -23,6 +28,10 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 
 use crate::Error;
+use crate::quota::Quota;
+
+/// The artifact list of a job: small, rewritten per attempt, not counted in the quota.
+const INDEX_FILE: &str = "index.json";
 
 /// An artifact as the store lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +49,9 @@ pub struct StoredArtifact {
 pub struct Store {
     objects: Arc<dyn ObjectStore>,
     live: PathBuf,
+    quota: Arc<Quota>,
+    /// Spool bytes charged to the quota per (job UID, attempt), until the spool is sealed.
+    spools: Arc<Mutex<HashMap<(String, i32), u64>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -47,14 +59,16 @@ impl std::fmt::Debug for Store {
         f.debug_struct("Store")
             .field("objects", &self.objects.to_string())
             .field("live", &self.live)
+            .field("quota", &self.quota.limit())
             .finish()
     }
 }
 
 impl Store {
     /// A store in directory `dir` (created): objects under `dir/objects`, spools under
-    /// `dir/live`.
-    pub fn local(dir: &Path) -> Result<Self, Error> {
+    /// `dir/live`; each namespace may keep `quota` bytes. Call [`Store::count_stored`] before
+    /// writing, so what is stored already counts.
+    pub fn local(dir: &Path, quota: u64) -> Result<Self, Error> {
         let objects = dir.join("objects");
         let live = dir.join("live");
         for d in [&objects, &live] {
@@ -66,7 +80,31 @@ impl Store {
         Ok(Store {
             objects: Arc::new(fs),
             live,
+            quota: Arc::new(Quota::new(quota)),
+            spools: Arc::default(),
         })
+    }
+
+    /// The quota, for reports.
+    pub fn quota(&self) -> &Quota {
+        &self.quota
+    }
+
+    /// Counts what each namespace has stored (sealed logs and artifacts) against its quota.
+    pub async fn count_stored(&self) -> Result<(), Error> {
+        use futures_util::StreamExt;
+        let mut listed = self.objects.list(Some(&ObjectPath::from("jobs")));
+        while let Some(meta) = listed.next().await {
+            let meta = meta.map_err(|e| Error::Store(e.to_string()))?;
+            if let Some(ns) = counted_namespace(&meta.location) {
+                self.quota.charge(&ns, meta.size);
+            }
+        }
+        Ok(())
+    }
+
+    fn spools(&self) -> std::sync::MutexGuard<'_, HashMap<(String, i32), u64>> {
+        self.spools.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn log_key(ns: &str, uid: &str, attempt: i32) -> ObjectPath {
@@ -81,7 +119,7 @@ impl Store {
     }
 
     fn index_key(ns: &str, uid: &str) -> ObjectPath {
-        ObjectPath::from(format!("jobs/{ns}/{uid}/index.json"))
+        ObjectPath::from(format!("jobs/{ns}/{uid}/{INDEX_FILE}"))
     }
 
     /// The spool file of a running attempt.
@@ -95,6 +133,38 @@ impl Store {
             .await
             .map(|m| m.len())
             .unwrap_or(0)
+    }
+
+    /// Where a driver resumes an attempt of a job of `ns`: the bytes already spooled, counted
+    /// against the quota (once, however often the attempt is resumed).
+    pub async fn resume_spool(&self, ns: &str, uid: &str, attempt: i32) -> u64 {
+        let offset = self.spooled(uid, attempt).await;
+        let mut spools = self.spools();
+        let charged = spools.entry((uid.to_string(), attempt)).or_default();
+        if offset > *charged {
+            self.quota.charge(ns, offset - *charged);
+            *charged = offset;
+        }
+        offset
+    }
+
+    /// Appends log output of a job of `ns` to its spool, if the namespace's quota has room for
+    /// all of it; `Ok(false)` (nothing written) if not.
+    pub async fn append_spool(
+        &self,
+        ns: &str,
+        uid: &str,
+        attempt: i32,
+        f: &mut tokio::fs::File,
+        data: &[u8],
+    ) -> Result<bool, Error> {
+        let n = data.len() as u64;
+        if !self.quota.try_charge(ns, n) {
+            return Ok(false);
+        }
+        *self.spools().entry((uid.to_string(), attempt)).or_default() += n;
+        append(f, data).await?;
+        Ok(true)
     }
 
     /// Opens the spool for appending at `offset` (truncating anything after it).
@@ -135,6 +205,17 @@ impl Store {
             .await
             .map_err(|e| Error::Store(e.to_string()))?;
         let _ = tokio::fs::remove_file(&path).await;
+        // The spooled bytes were counted as they came; a spool never resumed here (sealed after
+        // a restart) is counted now.
+        let charged = self
+            .spools()
+            .remove(&(uid.to_string(), attempt))
+            .unwrap_or(0);
+        if len > charged {
+            self.quota.charge(ns, len - charged);
+        } else {
+            self.quota.release(ns, charged - len);
+        }
         Ok(len)
     }
 
@@ -149,7 +230,8 @@ impl Store {
         }
     }
 
-    /// Keeps one artifact file.
+    /// Keeps one artifact file if the namespace's quota has room for it; `Ok(false)` (not
+    /// kept) if not.
     pub async fn put_artifact(
         &self,
         ns: &str,
@@ -157,12 +239,22 @@ impl Store {
         attempt: i32,
         path: &str,
         data: Bytes,
-    ) -> Result<(), Error> {
-        self.objects
+    ) -> Result<bool, Error> {
+        let n = data.len() as u64;
+        if !self.quota.try_charge(ns, n) {
+            return Ok(false);
+        }
+        match self
+            .objects
             .put(&Self::artifact_key(ns, uid, attempt, path), data.into())
             .await
-            .map(|_| ())
-            .map_err(|e| Error::Store(e.to_string()))
+        {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                self.quota.release(ns, n);
+                Err(Error::Store(e.to_string()))
+            }
+        }
     }
 
     pub async fn artifact(
@@ -220,7 +312,13 @@ impl Store {
         while let Some(meta) = listed.next().await {
             let meta = meta.map_err(|e| Error::Store(e.to_string()))?;
             match self.objects.delete(&meta.location).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => n += 1,
+                Ok(()) => {
+                    n += 1;
+                    if let Some(ns) = counted_namespace(&meta.location) {
+                        self.quota.release(&ns, meta.size);
+                    }
+                }
+                Err(object_store::Error::NotFound { .. }) => n += 1,
                 Err(e) => return Err(Error::Store(e.to_string())),
             }
         }
@@ -247,6 +345,16 @@ impl Store {
     }
 }
 
+/// The namespace an object counts against (`jobs/<ns>/…`), `None` for index files.
+fn counted_namespace(location: &ObjectPath) -> Option<String> {
+    let parts: Vec<_> = location.parts().map(|p| p.as_ref().to_owned()).collect();
+    match parts.as_slice() {
+        [_, _, _, last] if last == INDEX_FILE => None,
+        [_, ns, _, _, ..] => Some(ns.clone()),
+        _ => None,
+    }
+}
+
 /// Appends to a spool and flushes, so followers see every byte as soon as it is written.
 pub async fn append(f: &mut tokio::fs::File, data: &[u8]) -> Result<(), Error> {
     f.write_all(data)
@@ -270,7 +378,7 @@ mod tests {
     #[tokio::test]
     async fn logs_spool_then_seal_and_artifacts_round_trip() {
         let dir = tempfile::tempdir().unwrap();
-        let s = Store::local(dir.path()).unwrap();
+        let s = Store::local(dir.path(), 1 << 20).unwrap();
         let mut f = s.open_spool("u1", 1, 0).await.unwrap();
         append(&mut f, b"hello ").await.unwrap();
         append(&mut f, b"world\n").await.unwrap();
@@ -310,5 +418,62 @@ mod tests {
         assert_eq!(s.forget("ns", "u1").await.unwrap(), 3);
         assert!(s.artifacts("ns", "u1").await.unwrap().is_empty());
         assert!(s.stored_jobs().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_namespace_past_its_quota_takes_no_room_from_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::local(dir.path(), 100).unwrap();
+        // Namespace a fills its quota with a log and an artifact.
+        let mut f = s.open_spool("a1", 1, 0).await.unwrap();
+        assert!(
+            s.append_spool("a", "a1", 1, &mut f, &[b'x'; 60])
+                .await
+                .unwrap()
+        );
+        assert!(
+            !s.append_spool("a", "a1", 1, &mut f, &[b'x'; 41])
+                .await
+                .unwrap()
+        );
+        assert!(
+            s.put_artifact("a", "a1", 1, "/f", Bytes::from_static(&[0; 40]))
+                .await
+                .unwrap()
+        );
+        assert!(
+            !s.put_artifact("a", "a1", 1, "/g", Bytes::from_static(b"1"))
+                .await
+                .unwrap()
+        );
+        assert_eq!(s.seal_log("a", "a1", 1).await.unwrap(), 60);
+        assert_eq!(s.quota().used("a"), 100);
+        // Namespace b still has all of its own, and nothing of a's was removed for it.
+        let mut f = s.open_spool("b1", 1, 0).await.unwrap();
+        assert!(
+            s.append_spool("b", "b1", 1, &mut f, &[b'y'; 100])
+                .await
+                .unwrap()
+        );
+        assert_eq!(s.log("a", "a1", 1).await.unwrap().unwrap().len(), 60);
+        // A restarted component counts what is stored (b's spool when its attempt resumes,
+        // once however often it is resumed).
+        let again = Store::local(dir.path(), 100).unwrap();
+        again.count_stored().await.unwrap();
+        assert_eq!(again.quota().used("a"), 100);
+        assert_eq!(again.resume_spool("b", "b1", 1).await, 100);
+        assert_eq!(again.resume_spool("b", "b1", 1).await, 100);
+        assert_eq!(again.quota().used("b"), 100);
+        assert_eq!(again.seal_log("b", "b1", 1).await.unwrap(), 100);
+        assert_eq!(again.quota().used("b"), 100);
+        // Deleting a's job gives its room back.
+        again.forget("a", "a1").await.unwrap();
+        assert_eq!(again.quota().used("a"), 0);
+        assert!(
+            again
+                .put_artifact("a", "a2", 1, "/f", Bytes::from_static(&[0; 100]))
+                .await
+                .unwrap()
+        );
     }
 }
