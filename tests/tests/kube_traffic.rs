@@ -1,14 +1,20 @@
-//! Traffic capture against a real kube-apiserver (issue #27): turning capture on is an
-//! RBAC-checked action (the chart's policy `spur-sandbox-capture`), the traffic store takes its
-//! settings from the Sandboxes, lets a sidecar's pod-bound token watch and push only for its own
-//! namespace, and lets a reader read a sandbox's traffic only with `get` on `sandboxes/traffic`.
+//! Traffic capture against a real kube-apiserver (issues #27 and #42): turning capture on is an
+//! RBAC-checked action (the chart's policy `spur-sandbox-capture`); the traffic store takes its
+//! settings from the Sandboxes, lets only an injected sidecar's pod-bound token watch and push,
+//! and only for its own baseline and the sandboxes that capture it, gives every exchange its own
+//! id and the token's pod; a reader needs a token for the store's audience and `get` on
+//! `sandboxes/traffic`, and loses an open Tail when that right goes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequestSpec};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
@@ -19,8 +25,7 @@ use spur_kube_harness::KubeApi;
 use spur_proto::traffic as pb;
 use spur_proto::traffic::traffic_client::TrafficClient;
 use spur_traffic::{
-    Authorizer, ClusterCapture, Limits, Server, SettingsIndex, SettingsMap, SettingsSource,
-    TrafficServerConfig,
+    Authorizer, ClusterCapture, Limits, Server, SettingsIndex, SettingsSource, TrafficServerConfig,
 };
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -127,111 +132,272 @@ async fn turning_capture_on_needs_the_capturer_role() {
         .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_store_follows_sandboxes_and_scopes_sidecars_and_readers() {
-    let api = KubeApi::start().await.unwrap();
-    kt::install_crds(&api).await.unwrap();
-    let admin = api.client();
-    kt::ensure_namespace(&admin, "shop").await.unwrap();
-    let store_client = kt::chart_client(&api, "spur-traffic", "traffic-rules.yaml", None)
+/// A traffic store in front of the apiserver, with the chart's RBAC, taking its settings from
+/// the Sandboxes; open streams re-checked every `recheck`.
+struct Store {
+    addr: std::net::SocketAddr,
+    stop: CancellationToken,
+}
+
+impl Store {
+    async fn start(api: &KubeApi, recheck: Duration) -> Store {
+        let store_client = kt::chart_client(api, "spur-traffic", "traffic-rules.yaml", None)
+            .await
+            .unwrap();
+        let stop = CancellationToken::new();
+        let index = SettingsIndex::pending();
+        tokio::spawn(spur_traffic::watch_sandboxes(
+            store_client.clone(),
+            index.clone(),
+            ClusterCapture {
+                redact_headers: vec!["x-api-key".into()],
+                max_body_bytes: Some(2048),
+            },
+            stop.clone(),
+        ));
+        let mut registry = Registry::default();
+        let server = Server::bind(
+            TrafficServerConfig {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                db: None,
+                limits: Limits::default(),
+                tls: None,
+                settings: SettingsSource::External,
+                auth: Authorizer::kube_with_recheck(store_client, recheck),
+            },
+            index,
+            &mut registry,
+        )
         .await
         .unwrap();
+        let addr = server.local_addr();
+        let s = stop.clone();
+        tokio::spawn(async move { server.run(s).await.unwrap() });
+        Store { addr, stop }
+    }
 
-    let stop = CancellationToken::new();
-    let index = SettingsIndex::new(SettingsMap::default());
-    tokio::spawn(spur_traffic::watch_sandboxes(
-        store_client.clone(),
-        index.clone(),
-        ClusterCapture {
-            redact_headers: vec!["x-api-key".into()],
-            max_body_bytes: Some(2048),
-        },
-        stop.clone(),
-    ));
-    let mut registry = Registry::default();
-    let server = Server::bind(
-        TrafficServerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            db: None,
-            limits: Limits::default(),
-            tls: None,
-            settings: SettingsSource::External,
-            auth: Authorizer::kube(store_client),
-        },
-        index,
-        &mut registry,
-    )
-    .await
-    .unwrap();
-    let addr = server.local_addr();
-    let s = stop.clone();
-    tokio::spawn(async move { server.run(s).await.unwrap() });
-    let client = || async move {
+    async fn client(&self) -> TrafficClient<tonic::transport::Channel> {
         TrafficClient::new(
-            tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
                 .unwrap()
                 .connect()
                 .await
                 .unwrap(),
         )
-    };
-    fn with<T>(msg: T, token: &str) -> tonic::Request<T> {
-        let mut req = tonic::Request::new(msg);
-        req.metadata_mut()
-            .insert("authorization", format!("Bearer {token}").parse().unwrap());
-        req
     }
+}
 
-    // A capturing sandbox with its routing key (the operator writes the status).
+fn with<T>(msg: T, token: &str) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    req
+}
+
+/// A capturing sandbox forking `namespace/name`, with its routing key (the operator writes the
+/// status).
+async fn capturing(admin: &kube::Client, name: &str, namespace: &str, workload: &str, key: &str) {
     let sandboxes: Api<Sandbox> = Api::all(admin.clone());
-    sandboxes
-        .create(&PostParams::default(), &sandbox("sb1", true))
-        .await
-        .unwrap();
+    let mut sb = sandbox(name, true);
+    sb.spec.forks[0].fork_of.namespace = namespace.into();
+    sb.spec.forks[0].fork_of.name = workload.into();
+    sandboxes.create(&PostParams::default(), &sb).await.unwrap();
     sandboxes
         .patch_status(
-            "sb1",
+            name,
             &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"routingKey": "key-sb1"}})),
+            &Patch::Merge(json!({"status": {"routingKey": key}})),
         )
         .await
         .unwrap();
+}
 
-    // The sidecar: a pod-bound token for the store's audience, in namespace shop.
-    let pod: Pod = Api::<Pod>::namespaced(admin.clone(), "shop")
+/// A pod of Deployment `namespace/deployment` (through a ReplicaSet, as the Deployment
+/// controller would make it; the apiserver tier has no controllers), with the injected
+/// `spur-sidecar` container when `injected`, and a token bound to it for the store's audience.
+async fn sidecar_pod(
+    api: &KubeApi,
+    namespace: &str,
+    deployment: &str,
+    pod: &str,
+    injected: bool,
+) -> (Pod, String) {
+    let admin = api.client();
+    kt::ensure_namespace(&admin, namespace).await.unwrap();
+    let labels = json!({"app": deployment});
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), namespace);
+    let d = match deployments.get_opt(deployment).await.unwrap() {
+        Some(d) => d,
+        None => deployments
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": deployment},
+                    "spec": {"selector": {"matchLabels": labels},
+                             "template": {"metadata": {"labels": labels},
+                                          "spec": {"containers": [{"name": "app", "image": "app:1"}]}}}
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap(),
+    };
+    let rs_name = format!("{deployment}-7d9f");
+    let replicasets: Api<ReplicaSet> = Api::namespaced(admin.clone(), namespace);
+    let rs = match replicasets.get_opt(&rs_name).await.unwrap() {
+        Some(rs) => rs,
+        None => replicasets
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": rs_name, "ownerReferences": [{
+                        "apiVersion": "apps/v1", "kind": "Deployment", "name": deployment,
+                        "uid": d.uid().unwrap(), "controller": true}]},
+                    "spec": {"selector": {"matchLabels": labels},
+                             "template": {"metadata": {"labels": labels},
+                                          "spec": {"containers": [{"name": "app", "image": "app:1"}]}}}
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap(),
+    };
+    let mut containers = vec![json!({"name": "app", "image": "app:1"})];
+    if injected {
+        containers.insert(0, json!({"name": "spur-sidecar", "image": "spur:1"}));
+    }
+    let pod: Pod = Api::<Pod>::namespaced(admin.clone(), namespace)
         .create(
             &PostParams::default(),
             &serde_json::from_value(json!({
-                "metadata": {"name": "backend-1"},
-                "spec": {"serviceAccountName": "backend", "containers": [{"name": "app", "image": "app:1"}]}
+                "metadata": {"name": pod, "labels": labels, "ownerReferences": [{
+                    "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs_name,
+                    "uid": rs.uid().unwrap(), "controller": true}]},
+                "spec": {"serviceAccountName": deployment, "containers": containers}
             }))
             .unwrap(),
         )
         .await
         .unwrap();
-    let sidecar_token = api
-        .token_request(
-            "shop",
-            "backend",
-            TokenRequestSpec {
-                audiences: vec![spur_traffic::AUDIENCE.into()],
-                expiration_seconds: Some(3600),
-                bound_object_ref: Some(BoundObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    name: Some(pod.name_any()),
-                    uid: pod.uid(),
-                }),
-            },
-        )
-        .await
-        .unwrap();
-    let backend = pb::Workload {
+    let token = bound_token(api, &pod).await;
+    (pod, token)
+}
+
+/// A token for the store's audience bound to `pod` (what the kubelet projects for a sidecar).
+async fn bound_token(api: &KubeApi, pod: &Pod) -> String {
+    api.token_request(
+        &pod.namespace().unwrap(),
+        pod.spec
+            .as_ref()
+            .unwrap()
+            .service_account_name
+            .as_ref()
+            .unwrap(),
+        TokenRequestSpec {
+            audiences: vec![spur_traffic::AUDIENCE.into()],
+            expiration_seconds: Some(3600),
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.name_any()),
+                uid: pod.uid(),
+            }),
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// A token of ServiceAccount dev (spur-system) for the store's audience.
+async fn reader_token(api: &KubeApi) -> String {
+    api.token_request(
+        kt::SYSTEM_NAMESPACE,
+        "dev",
+        TokenRequestSpec {
+            audiences: vec![spur_traffic::AUDIENCE.into()],
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        },
+    )
+    .await
+    .unwrap()
+}
+
+fn workload(namespace: &str, name: &str) -> pb::Workload {
+    pb::Workload {
         kind: "Deployment".into(),
-        namespace: "shop".into(),
-        name: "backend".into(),
-    };
-    let mut watch = client()
+        namespace: namespace.into(),
+        name: name.into(),
+    }
+}
+
+fn exchange(baseline: pb::Workload, sandbox: &str, key: &str, id: &str) -> pb::Exchange {
+    pb::Exchange {
+        id: id.into(),
+        baseline: Some(baseline),
+        pod: "backend-1".into(),
+        sandbox: sandbox.into(),
+        routing_key: key.into(),
+        destination: format!("backend-{sandbox}.shop.svc:8080"),
+        method: "GET".into(),
+        path: format!("/{id}"),
+        status: 200,
+        start_unix_micros: 1,
+        ..Default::default()
+    }
+}
+
+fn push(exchanges: Vec<pb::Exchange>) -> pb::PushRequest {
+    pb::PushRequest {
+        exchanges,
+        dropped: 0,
+    }
+}
+
+fn query(sandbox: &str) -> pb::QueryRequest {
+    pb::QueryRequest {
+        filter: Some(pb::Filter {
+            sandbox: sandbox.into(),
+            ..Default::default()
+        }),
+        limit: 100,
+    }
+}
+
+/// Pushes until the store has listed the Sandboxes and takes `push` (bounded wait).
+async fn pushed(store: &Store, token: &str, exchanges: Vec<pb::Exchange>) -> u32 {
+    eventually("the store to take a sidecar's push", || {
+        let exchanges = exchanges.clone();
+        async move {
+            match store
+                .client()
+                .await
+                .push(with(push(exchanges), token))
+                .await
+            {
+                Ok(r) => Some(r.into_inner().stored),
+                Err(s) if s.code() == Code::Unavailable || s.code() == Code::PermissionDenied => {
+                    None
+                }
+                Err(s) => panic!("push refused: {s:?}"),
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_follows_sandboxes_and_scopes_sidecars_and_readers() {
+    let api = KubeApi::start().await.unwrap();
+    kt::install_crds(&api).await.unwrap();
+    let admin = api.client();
+    let store = Store::start(&api, spur_traffic::DEFAULT_RECHECK).await;
+    capturing(&admin, "sb1", "shop", "backend", "key-sb1").await;
+    let (_, sidecar_token) = sidecar_pod(&api, "shop", "backend", "backend-1", true).await;
+    let backend = workload("shop", "backend");
+
+    let mut watch = store
+        .client()
         .await
         .watch_settings(with(
             pb::WatchSettingsRequest {
@@ -248,70 +414,38 @@ async fn the_store_follows_sandboxes_and_scopes_sidecars_and_readers() {
     assert_eq!(settings.max_body_bytes, 2048);
     assert!(settings.redact_headers.iter().any(|h| h == "x-api-key"));
 
-    // Another namespace's baseline: refused, for watching and for pushing.
-    let other = pb::Workload {
-        namespace: "billing".into(),
-        ..backend.clone()
-    };
-    let err = client()
-        .await
-        .watch_settings(with(
-            pb::WatchSettingsRequest {
-                baseline: Some(other.clone()),
-            },
-            &sidecar_token,
-        ))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
-    let exchange = |baseline: pb::Workload, id: &str| pb::Exchange {
-        id: id.into(),
-        baseline: Some(baseline),
-        pod: "backend-1".into(),
-        sandbox: "sb1".into(),
-        routing_key: "key-sb1".into(),
-        destination: "backend-sb1.shop.svc:8080".into(),
-        method: "GET".into(),
-        path: "/".into(),
-        status: 200,
-        start_unix_micros: 1,
-        ..Default::default()
-    };
-    let err = client()
-        .await
-        .push(with(
-            pb::PushRequest {
-                exchanges: vec![exchange(other, "x/1")],
-                dropped: 0,
-            },
-            &sidecar_token,
-        ))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
-    let stored = client()
-        .await
-        .push(with(
-            pb::PushRequest {
-                exchanges: vec![exchange(backend.clone(), "x/2")],
-                dropped: 0,
-            },
-            &sidecar_token,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .stored;
-    assert_eq!(stored, 1);
+    // Another baseline, in its namespace or another: refused, for watching and for pushing.
+    for other in [workload("shop", "frontend"), workload("billing", "backend")] {
+        let err = store
+            .client()
+            .await
+            .watch_settings(with(
+                pb::WatchSettingsRequest {
+                    baseline: Some(other.clone()),
+                },
+                &sidecar_token,
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+        let err = store
+            .client()
+            .await
+            .push(with(
+                push(vec![exchange(other, "sb1", "key-sb1", "x/1")]),
+                &sidecar_token,
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    }
+    // Its own: stored, under the pod the token names whatever the message says.
+    let mut liar = exchange(backend.clone(), "sb1", "key-sb1", "x/2");
+    liar.pod = "someone-else".into();
+    assert_eq!(pushed(&store, &sidecar_token, vec![liar]).await, 1);
     // The sidecar's token does not read.
-    let query = |sandbox: &str| pb::QueryRequest {
-        filter: Some(pb::Filter {
-            sandbox: sandbox.into(),
-            ..Default::default()
-        }),
-        limit: 10,
-    };
-    let err = client()
+    let err = store
+        .client()
         .await
         .query(with(query("sb1"), &sidecar_token))
         .await
@@ -322,11 +456,9 @@ async fn the_store_follows_sandboxes_and_scopes_sidecars_and_readers() {
     );
 
     // A reader: refused until it may `get` sandboxes/traffic, and then only for that sandbox.
-    let dev_token = api
-        .service_account_token(kt::SYSTEM_NAMESPACE, "dev")
-        .await
-        .unwrap();
-    let err = client()
+    let dev_token = reader_token(&api).await;
+    let err = store
+        .client()
         .await
         .query(with(query("sb1"), &dev_token))
         .await
@@ -336,7 +468,8 @@ async fn the_store_follows_sandboxes_and_scopes_sidecars_and_readers() {
     rules[0]["resourceNames"] = json!(["sb1"]);
     kt::grant_dev(&admin, "dev-read-sb1", rules).await.unwrap();
     let got = eventually("the reader's grant", || async {
-        client()
+        store
+            .client()
             .await
             .query(with(query("sb1"), &dev_token))
             .await
@@ -345,8 +478,12 @@ async fn the_store_follows_sandboxes_and_scopes_sidecars_and_readers() {
     .await
     .into_inner();
     assert_eq!(got.exchanges.len(), 1);
+    let x = got.exchanges[0].exchange.as_ref().unwrap();
+    assert_eq!(x.pod, "backend-1");
+    assert!(x.id.parse::<u64>().is_ok(), "the store's own id: {x:?}");
     for sandbox in ["sb2", ""] {
-        let err = client()
+        let err = store
+            .client()
             .await
             .query(with(query(sandbox), &dev_token))
             .await
@@ -355,7 +492,7 @@ async fn the_store_follows_sandboxes_and_scopes_sidecars_and_readers() {
     }
 
     // Capture off: the key leaves the settings.
-    sandboxes
+    Api::<Sandbox>::all(admin.clone())
         .patch(
             "sb1",
             &PatchParams::default(),
@@ -364,7 +501,265 @@ async fn the_store_follows_sandboxes_and_scopes_sidecars_and_readers() {
         .await
         .unwrap();
     next_settings(&mut watch, |s| s.keys.is_empty()).await;
-    stop.cancel();
+    store.stop.cancel();
+}
+
+/// Issue 42: the store checked only that a pusher's namespace was the baseline's, so any pod
+/// of that namespace (or any sidecar pushing for a sandbox that does not capture it) could add
+/// records to any sandbox, and a pusher's id could shadow another's record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_sidecars_of_captured_baselines_push_and_ids_are_the_stores() {
+    let api = KubeApi::start().await.unwrap();
+    kt::install_crds(&api).await.unwrap();
+    let admin = api.client();
+    let store = Store::start(&api, spur_traffic::DEFAULT_RECHECK).await;
+    capturing(&admin, "sb1", "shop", "backend", "key-sb1").await;
+    capturing(&admin, "sb2", "billing", "web", "key-sb2").await;
+    let (_, backend_1) = sidecar_pod(&api, "shop", "backend", "backend-1", true).await;
+    let (_, backend_2) = sidecar_pod(&api, "shop", "backend", "backend-2", true).await;
+    let backend = workload("shop", "backend");
+    // Wait until the store takes the genuine sidecar's push: settings are loaded.
+    let real = exchange(backend.clone(), "sb1", "key-sb1", "backend-1/1700000000/1");
+    assert_eq!(pushed(&store, &backend_1, vec![real.clone()]).await, 1);
+
+    // 1. A pod of the baseline's namespace and ReplicaSet with no injected sidecar.
+    let (_, plain) = sidecar_pod(&api, "shop", "backend", "backend-plain", false).await;
+    // 2. The sidecar of a baseline no sandbox captures, in the same namespace.
+    let (_, other) = sidecar_pod(&api, "shop", "orders", "orders-1", true).await;
+    // 3. The sidecar of billing/web (captured by sb2), pushing for sb1 in its own namespace.
+    let (_, web) = sidecar_pod(&api, "billing", "web", "web-1", true).await;
+    let attacks = [
+        (
+            "a pod without the sidecar",
+            &plain,
+            exchange(backend.clone(), "sb1", "key-sb1", "p/1"),
+        ),
+        (
+            "a sidecar claiming another baseline",
+            &other,
+            exchange(backend.clone(), "sb1", "key-sb1", "o/1"),
+        ),
+        (
+            "an uncaptured baseline's sidecar",
+            &other,
+            exchange(workload("shop", "orders"), "sb1", "key-sb1", "o/2"),
+        ),
+        (
+            "a sidecar pushing for a sandbox that does not capture it",
+            &web,
+            exchange(workload("billing", "web"), "sb1", "key-sb1", "w/1"),
+        ),
+        (
+            "a captured sidecar with another sandbox's key",
+            &backend_1,
+            exchange(backend.clone(), "sb1", "key-sb2", "b/9"),
+        ),
+    ];
+    for (what, token, x) in attacks {
+        let err = store
+            .client()
+            .await
+            .push(with(push(vec![x]), token))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied, "{what}: {err:?}");
+    }
+    // billing/web's own exchange for sb2 is fine.
+    assert_eq!(
+        pushed(
+            &store,
+            &web,
+            vec![exchange(
+                workload("billing", "web"),
+                "sb2",
+                "key-sb2",
+                "w/2"
+            )]
+        )
+        .await,
+        1
+    );
+
+    // Another sidecar of the same baseline re-using backend-1's id: its own record, and
+    // backend-1's is untouched. backend-1 re-sending is still ignored.
+    let mut copy = real.clone();
+    copy.path = "/forged".into();
+    assert_eq!(pushed(&store, &backend_2, vec![copy]).await, 1);
+    assert_eq!(pushed(&store, &backend_1, vec![real]).await, 0);
+
+    let dev_token = reader_token(&api).await;
+    kt::grant_dev(
+        &admin,
+        "dev-read",
+        kt::chart_rules("traffic-reader-rules.yaml").unwrap(),
+    )
+    .await
+    .unwrap();
+    let got = eventually("the reader's grant", || async {
+        store
+            .client()
+            .await
+            .query(with(query("sb1"), &dev_token))
+            .await
+            .ok()
+    })
+    .await
+    .into_inner();
+    let mut seen: Vec<(String, String)> = got
+        .exchanges
+        .iter()
+        .map(|s| {
+            let x = s.exchange.as_ref().unwrap();
+            (x.path.clone(), x.pod.clone())
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            (
+                "/backend-1/1700000000/1".to_string(),
+                "backend-1".to_string()
+            ),
+            ("/forged".to_string(), "backend-2".to_string()),
+        ],
+        "only the genuine sidecars' exchanges"
+    );
+    store.stop.cancel();
+}
+
+/// Issue 42: readers presented any token the API server accepted (a token the store could
+/// replay against it), and Tail and WatchSettings were authorized only when they opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_need_the_stores_audience_and_lose_open_streams_with_their_rights() {
+    let api = KubeApi::start().await.unwrap();
+    kt::install_crds(&api).await.unwrap();
+    let admin = api.client();
+    let store = Store::start(&api, Duration::from_secs(2)).await;
+    capturing(&admin, "sb1", "shop", "backend", "key-sb1").await;
+    let (pod, sidecar_token) = sidecar_pod(&api, "shop", "backend", "backend-1", true).await;
+    let mut rules = kt::chart_rules("traffic-reader-rules.yaml").unwrap();
+    rules[0]["resourceNames"] = json!(["sb1"]);
+    kt::grant_dev(&admin, "dev-read-sb1", rules).await.unwrap();
+
+    // A token for the API server, with the rights: refused.
+    let api_token = api
+        .service_account_token(kt::SYSTEM_NAMESPACE, "dev")
+        .await
+        .unwrap();
+    let err = store
+        .client()
+        .await
+        .query(with(query("sb1"), &api_token))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    assert!(err.message().contains("spur-traffic"), "{err:?}");
+    let err = store
+        .client()
+        .await
+        .tail(with(
+            pb::TailRequest {
+                filter: query("sb1").filter,
+            },
+            &api_token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+
+    // The store's audience: a Tail that sees what is pushed...
+    let dev_token = reader_token(&api).await;
+    let mut tail = eventually("the reader's grant", || async {
+        store
+            .client()
+            .await
+            .tail(with(
+                pb::TailRequest {
+                    filter: query("sb1").filter,
+                },
+                &dev_token,
+            ))
+            .await
+            .ok()
+    })
+    .await
+    .into_inner();
+    let mut watch = store
+        .client()
+        .await
+        .watch_settings(with(
+            pb::WatchSettingsRequest {
+                baseline: Some(workload("shop", "backend")),
+            },
+            &sidecar_token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    pushed(
+        &store,
+        &sidecar_token,
+        vec![exchange(
+            workload("shop", "backend"),
+            "sb1",
+            "key-sb1",
+            "t/1",
+        )],
+    )
+    .await;
+    let first = tokio::time::timeout(kt::WAIT, tail.message())
+        .await
+        .expect("an event in time")
+        .unwrap()
+        .expect("the stream stays open");
+    assert!(
+        matches!(first.event, Some(pb::tail_event::Event::Exchange(_))),
+        "{first:?}"
+    );
+
+    // ...until the reader's binding goes: the open stream ends.
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .delete("dev-read-sb1", &Default::default())
+        .await
+        .unwrap();
+    let end = tokio::time::timeout(kt::WAIT, async {
+        loop {
+            match tail.message().await {
+                Ok(Some(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the Tail ends once the reader may no longer read");
+    let status = end.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+
+    // A sidecar's WatchSettings ends when its pod goes (its token with it).
+    Api::<Pod>::namespaced(admin.clone(), "shop")
+        .delete(&pod.name_any(), &Default::default())
+        .await
+        .unwrap();
+    let end = tokio::time::timeout(kt::WAIT, async {
+        loop {
+            match watch.message().await {
+                Ok(Some(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the WatchSettings stream ends once its pod is gone");
+    let status = end.unwrap_err();
+    assert!(
+        matches!(
+            status.code(),
+            Code::Unauthenticated | Code::PermissionDenied
+        ),
+        "{status:?}"
+    );
+    store.stop.cancel();
 }
 
 /// The first settings on `watch` that satisfy `want` (bounded wait).

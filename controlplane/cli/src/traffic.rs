@@ -58,7 +58,9 @@ struct Conn {
     /// CA bundle (PEM) for an https:// server (default: the system's roots).
     #[arg(long, env = "SPUR_TRAFFIC_CA", global = true)]
     ca: Option<PathBuf>,
-    /// File holding the bearer token (default: the token itself in $SPUR_TRAFFIC_TOKEN).
+    /// File holding the bearer token (default: the token itself in $SPUR_TRAFFIC_TOKEN). In a
+    /// cluster, a token issued for the store's audience `spur-traffic`
+    /// (`kubectl create token NAME --audience spur-traffic`).
     #[arg(long, global = true)]
     token_file: Option<PathBuf>,
     /// The name the server's certificate must carry, when --server names it otherwise (a
@@ -416,7 +418,10 @@ fn status_error(conn: &Conn, status: &tonic::Status) -> anyhow::Error {
     }
     let server = conn.server.as_deref().unwrap_or_default();
     let hint = match status.code() {
-        tonic::Code::Unauthenticated => " (pass --token-file or set SPUR_TRAFFIC_TOKEN)",
+        tonic::Code::Unauthenticated => {
+            " (pass --token-file or set SPUR_TRAFFIC_TOKEN: a token for the audience spur-traffic, \
+             e.g. `kubectl create token NAME --audience spur-traffic`)"
+        }
         tonic::Code::PermissionDenied => " (reading needs `get` on sandboxes/traffic)",
         _ => "",
     };

@@ -51,6 +51,20 @@ struct ServeArgs {
     /// At most this many bytes of exchanges are kept; past it the oldest are deleted.
     #[arg(long, env = "SPUR_TRAFFIC_MAX_BYTES", default_value_t = Limits::default().max_bytes)]
     max_bytes: u64,
+    /// At most this many exchanges are kept per namespace (the baseline's); past it that
+    /// namespace's oldest are deleted. When the store is over --max-exchanges or --max-bytes,
+    /// the namespace holding the most loses its oldest: one namespace never pushes out
+    /// another's while that other holds less.
+    #[arg(long, env = "SPUR_TRAFFIC_NAMESPACE_MAX_EXCHANGES", default_value_t = Limits::default().namespace_max_exchanges)]
+    namespace_max_exchanges: u64,
+    /// At most this many bytes of exchanges are kept per namespace.
+    #[arg(long, env = "SPUR_TRAFFIC_NAMESPACE_MAX_BYTES", default_value_t = Limits::default().namespace_max_bytes)]
+    namespace_max_bytes: u64,
+    /// With --kube: how often an open WatchSettings or Tail stream's caller is checked again
+    /// (TokenReview, pod lookup or SubjectAccessReview; a random time between half of it and
+    /// all of it), besides when its token expires.
+    #[arg(long, env = "SPUR_TRAFFIC_RECHECK", default_value = "5m", value_parser = spur_runtime::parse_duration)]
+    recheck: Duration,
     /// Store no body bytes at all (sizes are kept): the cluster-wide privacy switch.
     #[arg(long, env = "SPUR_TRAFFIC_NO_BODIES")]
     no_bodies: bool,
@@ -113,8 +127,10 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
     }
     let shutdown = spur_runtime::shutdown_signal();
     let stop = CancellationToken::new();
-    let index = SettingsIndex::new(SettingsMap::default());
-    let (settings, auth) = if args.kube {
+    let (settings, auth, index) = if args.kube {
+        // Pushes wait ("retry") until the Sandboxes are listed, rather than being refused as
+        // not captured.
+        let index = SettingsIndex::pending();
         let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
         tokio::spawn(spur_traffic::watch_sandboxes(
             client.clone(),
@@ -125,7 +141,11 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
             },
             stop.clone(),
         ));
-        (SettingsSource::External, Authorizer::kube(client))
+        (
+            SettingsSource::External,
+            Authorizer::kube_with_recheck(client, args.recheck),
+            index,
+        )
     } else {
         let (Some(path), Some(token_file)) = (&args.settings, &args.token_file) else {
             bail!("pass --kube (in a cluster) or --settings and --token-file (standalone)");
@@ -135,6 +155,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
         (
             SettingsSource::File(path.clone()),
             Authorizer::static_token(token.trim()).context("--token-file")?,
+            SettingsIndex::new(SettingsMap::default()),
         )
     };
     let mut registry = Registry::default();
@@ -146,6 +167,8 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
                 max_age: args.max_age,
                 max_exchanges: args.max_exchanges,
                 max_bytes: args.max_bytes,
+                namespace_max_exchanges: args.namespace_max_exchanges,
+                namespace_max_bytes: args.namespace_max_bytes,
                 store_bodies: !args.no_bodies,
             },
             tls,

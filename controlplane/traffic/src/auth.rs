@@ -1,12 +1,18 @@
-//! Who may call: a sidecar may watch settings and push exchanges for baselines in its own
-//! pod's namespace; a reader may query and tail the sandboxes RBAC lets it `get` the `traffic`
-//! subresource of.
+//! Who may call.
 //!
-//! In a cluster both are Kubernetes tokens checked with a TokenReview: a sidecar's is its pod's
-//! projected token for the audience [`AUDIENCE`] (the review names the pod), a reader's any
-//! token the API server accepts, followed by a SubjectAccessReview. Accepted tokens are
-//! remembered for [`ACCEPTED_TTL`] (never past their expiry), so a sidecar pushing every 200 ms
-//! costs the API server one review per TTL, and at most [`MAX_REVIEWS`] reviews run at once.
+//! - **Sidecars** (WatchSettings, Push) present their pod's projected ServiceAccount token for
+//!   the audience [`AUDIENCE`]. The TokenReview names the pod; the store looks the pod up and
+//!   accepts it only as an injected sidecar (a `spur-sidecar` container) of the Deployment or
+//!   Argo Rollout its controlling ReplicaSet belongs to: the pod may watch and push for that one
+//!   baseline. The service then takes only exchanges of sandboxes that capture it.
+//! - **Readers** (Query, Tail) present a token for the same audience — never one for the API
+//!   server, which the store could replay — and need `get` on the `traffic` subresource of each
+//!   sandbox they read (a SubjectAccessReview).
+//!
+//! Accepted tokens are remembered for [`ACCEPTED_TTL`] (never past their expiry), so a sidecar
+//! pushing every 100 ms costs the API server one review per TTL, and at most [`MAX_REVIEWS`]
+//! reviews run at once. Open streams are checked again without the cache every
+//! [`DEFAULT_RECHECK`] (configurable, with jitter) and when their token expires.
 //! Standalone, one static token stands for everything.
 //!
 //! Tokens are never logged.
@@ -17,10 +23,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
+use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInfo};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::PostParams;
 use kube::{Api, Client};
 use tokio::sync::Semaphore;
@@ -28,19 +37,24 @@ use tonic::Status;
 use tonic::metadata::MetadataMap;
 
 use crate::Error;
+use crate::settings::Baseline;
 
-/// The audience of sidecars' projected tokens.
+/// The audience of every token the store accepts: sidecars' projected tokens and readers'.
 pub const AUDIENCE: &str = "spur-traffic";
 /// How long an accepted token (and what it was allowed) is reused without asking again.
 pub const ACCEPTED_TTL: Duration = Duration::from_secs(30);
 /// Token and access reviews in flight at once.
 pub const MAX_REVIEWS: usize = 8;
+/// How often an open stream's caller is checked again, by default (a random time between half
+/// of it and all of it).
+pub const DEFAULT_RECHECK: Duration = Duration::from_secs(300);
 /// Tokens remembered; past it, expired entries go, then everything.
 const MAX_CACHED: usize = 4096;
 /// Sandboxes one reader's entry remembers being allowed to read.
 const MAX_CACHED_GRANTS: usize = 16;
-/// TokenReview's name for the pod a bound token was issued for.
+/// TokenReview's names for the pod a bound token was issued for.
 const POD_NAME: &str = "authentication.kubernetes.io/pod-name";
+const POD_UID: &str = "authentication.kubernetes.io/pod-uid";
 
 /// How calls are authenticated and authorized. Cheap to clone.
 #[derive(Clone)]
@@ -55,7 +69,10 @@ impl fmt::Debug for Authorizer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Authorizer::StaticToken(_) => f.write_str("StaticToken(<redacted>)"),
-            Authorizer::Kube(_) => f.write_str("Kube"),
+            Authorizer::Kube(k) => f
+                .debug_struct("Kube")
+                .field("recheck", &k.inner.recheck)
+                .finish_non_exhaustive(),
         }
     }
 }
@@ -65,23 +82,56 @@ impl fmt::Debug for Authorizer {
 pub enum Caller {
     /// The static token: any baseline.
     Anyone,
-    /// A pod: baselines in its own namespace only.
-    Pod { namespace: String, name: String },
+    /// An injected sidecar: its pod, and the one baseline it belongs to.
+    Sidecar { pod: PodRef, baseline: Baseline },
+}
+
+/// A pod, as a reviewed token names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
 }
 
 impl Caller {
-    /// PERMISSION_DENIED unless this caller may watch or push for a baseline in `namespace`.
-    pub fn may_use(&self, namespace: &str) -> Result<(), Status> {
+    /// PERMISSION_DENIED unless this caller may watch or push for `baseline`.
+    pub fn may_use(&self, baseline: &Baseline) -> Result<(), Status> {
         match self {
             Caller::Anyone => Ok(()),
-            Caller::Pod {
-                namespace: own,
-                name,
-            } if own != namespace => Err(Status::permission_denied(format!(
-                "pod {own}/{name} may only capture for baselines in namespace {own}, not {namespace:?}"
-            ))),
-            Caller::Pod { .. } => Ok(()),
+            Caller::Sidecar { pod, baseline: own } if own != baseline => {
+                Err(Status::permission_denied(format!(
+                    "pod {}/{} is the sidecar of {}; it may watch and push only for that baseline, not {}",
+                    pod.namespace,
+                    pod.name,
+                    describe(own),
+                    describe(baseline)
+                )))
+            }
+            Caller::Sidecar { .. } => Ok(()),
         }
+    }
+}
+
+/// `Deployment shop/backend`.
+pub(crate) fn describe(b: &Baseline) -> String {
+    format!("{} {}/{}", b.kind, b.namespace, b.name)
+}
+
+/// A caller's bearer token, kept by an open stream for its re-checks. Never printed.
+#[derive(Clone)]
+pub struct Credentials(Arc<str>);
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Credentials(<redacted>)")
+    }
+}
+
+impl Credentials {
+    /// The token of `authorization: Bearer <token>`; UNAUTHENTICATED without one.
+    pub fn from_metadata(metadata: &MetadataMap) -> Result<Self, Status> {
+        bearer(metadata).map(|t| Credentials(Arc::from(t)))
     }
 }
 
@@ -97,11 +147,18 @@ impl Authorizer {
         ))))
     }
 
-    /// Kubernetes tokens, reviewed by `client`'s API server.
+    /// Kubernetes tokens, reviewed by `client`'s API server; open streams re-checked every
+    /// [`DEFAULT_RECHECK`].
     pub fn kube(client: Client) -> Self {
+        Self::kube_with_recheck(client, DEFAULT_RECHECK)
+    }
+
+    /// [`Authorizer::kube`], re-checking open streams every `recheck` (at least a second).
+    pub fn kube_with_recheck(client: Client, recheck: Duration) -> Self {
         Authorizer::Kube(KubeAuthorizer {
             inner: Arc::new(Kube {
                 client,
+                recheck: recheck.max(Duration::from_secs(1)),
                 cache: Mutex::new(HashMap::new()),
                 reviews: Semaphore::new(MAX_REVIEWS),
             }),
@@ -109,23 +166,61 @@ impl Authorizer {
     }
 
     /// Who is calling WatchSettings or Push. UNAUTHENTICATED for a missing or refused token,
+    /// PERMISSION_DENIED for a pod that is no injected sidecar of a Deployment or Rollout,
     /// UNAVAILABLE when the API server cannot be asked.
     pub async fn sidecar(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
-        let token = bearer(metadata)?;
-        match self {
-            Authorizer::StaticToken(t) => t.check(token).map(|()| Caller::Anyone),
-            Authorizer::Kube(k) => k.inner.sidecar(token).await,
-        }
+        self.sidecar_with(&Credentials::from_metadata(metadata)?, false)
+            .await
     }
 
     /// Whether the caller of Query or Tail may read `sandbox` (every sandbox when empty):
     /// PERMISSION_DENIED when RBAC says no.
     pub async fn reader(&self, metadata: &MetadataMap, sandbox: &str) -> Result<(), Status> {
-        let token = bearer(metadata)?;
+        self.reader_with(&Credentials::from_metadata(metadata)?, sandbox, false)
+            .await
+    }
+
+    /// [`Authorizer::sidecar`] for `credentials`; `fresh` skips the cache (an open stream's
+    /// re-check).
+    pub async fn sidecar_with(
+        &self,
+        credentials: &Credentials,
+        fresh: bool,
+    ) -> Result<Caller, Status> {
         match self {
-            Authorizer::StaticToken(t) => t.check(token),
-            Authorizer::Kube(k) => k.inner.reader(token, sandbox).await,
+            Authorizer::StaticToken(t) => t.check(&credentials.0).map(|()| Caller::Anyone),
+            Authorizer::Kube(k) => k.inner.sidecar(&credentials.0, fresh).await,
         }
+    }
+
+    /// [`Authorizer::reader`] for `credentials`; `fresh` skips the cache.
+    pub async fn reader_with(
+        &self,
+        credentials: &Credentials,
+        sandbox: &str,
+        fresh: bool,
+    ) -> Result<(), Status> {
+        match self {
+            Authorizer::StaticToken(t) => t.check(&credentials.0),
+            Authorizer::Kube(k) => k.inner.reader(&credentials.0, sandbox, fresh).await,
+        }
+    }
+
+    /// When a stream opened with `credentials` is next checked again; None: never (the static
+    /// token). A moment past the token's expiry if that comes first, so the API server sees it
+    /// expired.
+    pub fn next_recheck(&self, credentials: &Credentials) -> Option<Duration> {
+        let Authorizer::Kube(k) = self else {
+            return None;
+        };
+        let mut wait = spur_runtime::jitter(k.inner.recheck);
+        if let Some(expires) = token_expiry(&credentials.0) {
+            let left = expires
+                .duration_since(SystemTime::now())
+                .unwrap_or_default();
+            wait = wait.min(left + Duration::from_secs(1));
+        }
+        Some(wait)
     }
 }
 
@@ -180,6 +275,7 @@ pub struct KubeAuthorizer {
 
 struct Kube {
     client: Client,
+    recheck: Duration,
     cache: Mutex<HashMap<(String, Purpose), Entry>>,
     reviews: Semaphore,
 }
@@ -200,8 +296,9 @@ struct Entry {
 #[derive(Clone)]
 enum Identity {
     Pod {
-        namespace: String,
-        name: String,
+        pod: PodRef,
+        /// The baseline the pod is a sidecar of, or why it is none (never "unavailable").
+        baseline: Result<Baseline, Status>,
     },
     User {
         user: UserInfo,
@@ -211,27 +308,47 @@ enum Identity {
 }
 
 impl Kube {
-    async fn sidecar(&self, token: &str) -> Result<Caller, Status> {
-        let identity = match self.cached(token, Purpose::Sidecar) {
+    async fn sidecar(&self, token: &str, fresh: bool) -> Result<Caller, Status> {
+        let cached = if fresh {
+            None
+        } else {
+            self.cached(token, Purpose::Sidecar)
+        };
+        let identity = match cached {
             Some(i) => i,
             None => {
-                let user = self.review(token, Some(AUDIENCE)).await?;
-                let identity = pod_of(user)?;
+                let user = self.review(token, AUDIENCE).await?;
+                let pod = pod_of(user)?;
+                let baseline = self.baseline_of(&pod).await;
+                if let Err(e) = &baseline
+                    && e.code() == tonic::Code::Unavailable
+                {
+                    return Err(e.clone());
+                }
+                let identity = Identity::Pod { pod, baseline };
                 self.store(token, Purpose::Sidecar, identity.clone());
                 identity
             }
         };
         match identity {
-            Identity::Pod { namespace, name } => Ok(Caller::Pod { namespace, name }),
+            Identity::Pod { pod, baseline } => Ok(Caller::Sidecar {
+                pod,
+                baseline: baseline?,
+            }),
             Identity::User { .. } => Err(Status::unauthenticated("not a pod-bound token")),
         }
     }
 
-    async fn reader(&self, token: &str, sandbox: &str) -> Result<(), Status> {
-        let identity = match self.cached(token, Purpose::Reader) {
+    async fn reader(&self, token: &str, sandbox: &str, fresh: bool) -> Result<(), Status> {
+        let cached = if fresh {
+            None
+        } else {
+            self.cached(token, Purpose::Reader)
+        };
+        let identity = match cached {
             Some(i) => i,
             None => Identity::User {
-                user: self.review(token, None).await?,
+                user: self.review(token, AUDIENCE).await?,
                 granted: Vec::new(),
             },
         };
@@ -298,8 +415,8 @@ impl Kube {
         cache.insert(key, Entry { until, identity });
     }
 
-    /// The user behind `token`, for `audience` (None: the API server's own).
-    async fn review(&self, token: &str, audience: Option<&str>) -> Result<UserInfo, Status> {
+    /// The user behind `token`, if it was issued for `audience`.
+    async fn review(&self, token: &str, audience: &str) -> Result<UserInfo, Status> {
         let _permit = self
             .reviews
             .acquire()
@@ -308,7 +425,7 @@ impl Kube {
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: Some(token.to_string()),
-                audiences: audience.map(|a| vec![a.to_string()]),
+                audiences: Some(vec![audience.to_string()]),
             },
             ..TokenReview::default()
         };
@@ -321,19 +438,86 @@ impl Kube {
                 Status::unavailable("cannot check the token now; retry")
             })?;
         let status = answer.status.unwrap_or_default();
+        let refused = |why: &str| {
+            Status::unauthenticated(format!(
+                "token refused for audience {audience}: {why} (present a token issued for \
+                 {audience}, e.g. `kubectl create token NAME --audience {audience}`)"
+            ))
+        };
         if status.authenticated != Some(true) {
             // The API server's reason names no secret; it helps whoever set up the client.
             let why = status.error.unwrap_or_else(|| "not authenticated".into());
-            return Err(Status::unauthenticated(format!("token refused: {why}")));
+            return Err(refused(&why));
         }
-        if let (Some(want), Some(got)) = (audience, &status.audiences)
-            && !got.iter().any(|a| a == want)
+        // An API server that ignored the audience (an authenticator that does not know them)
+        // names none, or others: refused either way.
+        if !status
+            .audiences
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .any(|a| a == audience)
         {
-            return Err(Status::unauthenticated(format!(
-                "the token is not for audience {want}"
-            )));
+            return Err(refused("the API server did not confirm the audience"));
         }
         Ok(status.user.unwrap_or_default())
+    }
+
+    /// The baseline `pod` is an injected sidecar of: its controlling ReplicaSet's Deployment
+    /// (or Argo Rollout), in the Routes API's spelling. UNAUTHENTICATED when the token's pod is
+    /// gone, PERMISSION_DENIED when it is no sidecar of a baseline.
+    async fn baseline_of(&self, pod: &PodRef) -> Result<Baseline, Status> {
+        let PodRef {
+            namespace,
+            name,
+            uid,
+        } = pod;
+        let unavailable = |e: kube::Error| {
+            tracing::warn!(error = %e, "cannot look up a sidecar's pod");
+            Status::unavailable("cannot look up this pod now; retry")
+        };
+        let refuse = |why: String| {
+            Status::permission_denied(format!(
+                "pod {namespace}/{name} is not a Spur sidecar of a Deployment or Argo Rollout: {why}"
+            ))
+        };
+        let found = Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(unavailable)?
+            .filter(|p| p.metadata.uid.as_deref() == Some(uid.as_str()))
+            .ok_or_else(|| {
+                Status::unauthenticated(format!(
+                    "the token's pod {namespace}/{name} no longer exists"
+                ))
+            })?;
+        let sidecar = spur_api::keys::injection::SIDECAR_CONTAINER;
+        let injected = found.spec.as_ref().is_some_and(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+                .any(|c| c.name == sidecar)
+        });
+        if !injected {
+            return Err(refuse(format!("it has no {sidecar} container")));
+        }
+        let rs_ref = controller(found.metadata.owner_references.as_deref())
+            .filter(|o| o.kind == "ReplicaSet" && o.api_version == "apps/v1")
+            .ok_or_else(|| refuse("no controlling ReplicaSet".into()))?;
+        let rs = Api::<ReplicaSet>::namespaced(self.client.clone(), namespace)
+            .get_opt(&rs_ref.name)
+            .await
+            .map_err(unavailable)?
+            .filter(|rs| rs.metadata.uid.as_deref() == Some(rs_ref.uid.as_str()))
+            .ok_or_else(|| refuse(format!("ReplicaSet {} is gone", rs_ref.name)))?;
+        let owner = controller(rs.metadata.owner_references.as_deref())
+            .ok_or_else(|| refuse(format!("ReplicaSet {} has no controller", rs_ref.name)))?;
+        let kind = match (owner.api_version.as_str(), owner.kind.as_str()) {
+            ("apps/v1", "Deployment") => "Deployment",
+            (v, "Rollout") if v.starts_with("argoproj.io/") => "ArgoRollout",
+            (_, k) => return Err(refuse(format!("its ReplicaSet is owned by a {k}"))),
+        };
+        Ok(Baseline::new(kind, namespace.as_str(), owner.name.as_str()))
     }
 
     /// Whether `user` may `get` `sandboxes/traffic` (of `sandbox`, or of all when empty).
@@ -373,8 +557,15 @@ impl Kube {
     }
 }
 
+fn controller(owners: Option<&[OwnerReference]>) -> Option<&OwnerReference> {
+    owners
+        .unwrap_or_default()
+        .iter()
+        .find(|o| o.controller == Some(true))
+}
+
 /// The pod a reviewed sidecar token was bound to.
-fn pod_of(user: UserInfo) -> Result<Identity, Status> {
+fn pod_of(user: UserInfo) -> Result<PodRef, Status> {
     let namespace = user
         .username
         .as_deref()
@@ -382,23 +573,28 @@ fn pod_of(user: UserInfo) -> Result<Identity, Status> {
         .and_then(|rest| rest.split_once(':'))
         .map(|(ns, _)| ns.to_string())
         .ok_or_else(|| Status::unauthenticated("not a ServiceAccount token"))?;
-    let name = user
-        .extra
-        .as_ref()
-        .and_then(|x| x.get(POD_NAME))
-        .and_then(|v| v.first())
-        .filter(|v| !v.is_empty())
-        .cloned()
-        .ok_or_else(|| {
-            Status::unauthenticated(
-                "not a pod-bound token (use the pod's projected spur-traffic token)",
-            )
-        })?;
-    Ok(Identity::Pod { namespace, name })
+    let extra = |key: &str| {
+        user.extra
+            .as_ref()
+            .and_then(|x| x.get(key))
+            .and_then(|v| v.first())
+            .filter(|v| !v.is_empty())
+            .cloned()
+    };
+    match (extra(POD_NAME), extra(POD_UID)) {
+        (Some(name), Some(uid)) => Ok(PodRef {
+            namespace,
+            name,
+            uid,
+        }),
+        _ => Err(Status::unauthenticated(
+            "not a pod-bound token (use the pod's projected spur-traffic token)",
+        )),
+    }
 }
 
 /// The `exp` claim of a JWT, read without checking the signature: only for a token the API
-/// server has just accepted. None for a token that is not a JWT or says nothing.
+/// server has accepted. None for a token that is not a JWT or says nothing.
 fn token_expiry(token: &str) -> Option<SystemTime> {
     let payload = token.split('.').nth(1)?;
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
@@ -451,38 +647,88 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_may_use_only_its_own_namespace() {
-        let pod = Caller::Pod {
-            namespace: "team-a".into(),
-            name: "backend-1".into(),
+    fn a_sidecar_may_use_only_its_own_baseline() {
+        let backend = Baseline::new("Deployment", "team-a", "backend");
+        let pod = Caller::Sidecar {
+            pod: PodRef {
+                namespace: "team-a".into(),
+                name: "backend-1".into(),
+                uid: "u1".into(),
+            },
+            baseline: backend.clone(),
         };
-        pod.may_use("team-a").unwrap();
-        assert_eq!(
-            pod.may_use("team-b").unwrap_err().code(),
-            tonic::Code::PermissionDenied
-        );
-        assert_eq!(
-            pod.may_use("").unwrap_err().code(),
-            tonic::Code::PermissionDenied
-        );
-        Caller::Anyone.may_use("anything").unwrap();
+        pod.may_use(&backend).unwrap();
+        for other in [
+            Baseline::new("Deployment", "team-a", "frontend"),
+            Baseline::new("ArgoRollout", "team-a", "backend"),
+            Baseline::new("Deployment", "team-b", "backend"),
+        ] {
+            let e = pod.may_use(&other).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::PermissionDenied, "{other:?}");
+            assert!(e.message().contains("Deployment team-a/backend"), "{e:?}");
+        }
+        Caller::Anyone.may_use(&backend).unwrap();
     }
 
     #[test]
     fn a_reviewed_token_names_its_pod() {
-        let user = |name: &str, pod: Option<&str>| UserInfo {
-            username: Some(name.into()),
-            extra: pod.map(|p| BTreeMap::from([(POD_NAME.to_string(), vec![p.to_string()])])),
-            ..UserInfo::default()
-        };
-        match pod_of(user("system:serviceaccount:team-a:default", Some("web-1"))) {
-            Ok(Identity::Pod { namespace, name }) => {
-                assert_eq!((namespace.as_str(), name.as_str()), ("team-a", "web-1"))
+        let user = |name: &str, pod: Option<&str>, uid: Option<&str>| {
+            let mut extra = BTreeMap::new();
+            if let Some(p) = pod {
+                extra.insert(POD_NAME.to_string(), vec![p.to_string()]);
             }
-            _ => panic!("expected a pod"),
-        }
-        assert!(pod_of(user("system:serviceaccount:team-a:default", None)).is_err());
-        assert!(pod_of(user("alice", Some("web-1"))).is_err());
+            if let Some(u) = uid {
+                extra.insert(POD_UID.to_string(), vec![u.to_string()]);
+            }
+            UserInfo {
+                username: Some(name.into()),
+                extra: Some(extra),
+                ..UserInfo::default()
+            }
+        };
+        let pod = pod_of(user(
+            "system:serviceaccount:team-a:default",
+            Some("web-1"),
+            Some("u1"),
+        ))
+        .unwrap();
+        assert_eq!(
+            pod,
+            PodRef {
+                namespace: "team-a".into(),
+                name: "web-1".into(),
+                uid: "u1".into()
+            }
+        );
+        assert!(
+            pod_of(user(
+                "system:serviceaccount:team-a:default",
+                None,
+                Some("u1")
+            ))
+            .is_err()
+        );
+        assert!(
+            pod_of(user(
+                "system:serviceaccount:team-a:default",
+                Some("web-1"),
+                None
+            ))
+            .is_err()
+        );
+        assert!(pod_of(user("alice", Some("web-1"), Some("u1"))).is_err());
+    }
+
+    #[tokio::test]
+    async fn static_streams_are_never_rechecked() {
+        let auth = Authorizer::static_token("s3cret").unwrap();
+        let creds = Credentials::from_metadata(&md(Some("Bearer s3cret"))).unwrap();
+        assert_eq!(auth.next_recheck(&creds), None);
+        assert!(!format!("{creds:?}").contains("s3cret"));
+        assert_eq!(
+            auth.sidecar_with(&creds, true).await.unwrap(),
+            Caller::Anyone
+        );
     }
 
     #[test]

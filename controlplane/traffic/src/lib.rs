@@ -17,6 +17,7 @@ mod metrics;
 mod service;
 mod settings;
 mod store;
+mod streams;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -28,15 +29,16 @@ use spur_routeserver::ServingTls;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{
-    ACCEPTED_TTL, AUDIENCE, Authorizer, Caller, KubeAuthorizer, MAX_REVIEWS, StaticToken,
+    ACCEPTED_TTL, AUDIENCE, Authorizer, Caller, Credentials, DEFAULT_RECHECK, KubeAuthorizer,
+    MAX_REVIEWS, PodRef, StaticToken,
 };
 pub use kube_settings::{ClusterCapture, compile as compile_sandboxes, watch_sandboxes};
 pub use metrics::{CallLabels, Metrics};
 pub use service::{MAX_BATCH, MAX_MESSAGE_BYTES, TrafficService};
 pub use settings::{
-    ALWAYS_REDACTED, Baseline, DEFAULT_MAX_BODY_BYTES, MAX_BODY_BYTES, MAX_ROUTING_KEY,
-    SandboxSettings, SettingsFile, SettingsIndex, SettingsMap, WorkloadRef, is_header_name,
-    is_routing_key, poll_file,
+    ALWAYS_REDACTED, Baseline, CAPTURE_GRACE, DEFAULT_MAX_BODY_BYTES, MAX_BODY_BYTES,
+    MAX_ROUTING_KEY, SandboxSettings, SettingsFile, SettingsIndex, SettingsMap, WorkloadRef,
+    is_header_name, is_routing_key, poll_file,
 };
 pub use store::{
     DEFAULT_QUERY_LIMIT, Limits, MAX_ID_LEN, MAX_QUERY_LIMIT, MAX_REPLY_BYTES, Store,

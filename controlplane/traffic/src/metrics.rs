@@ -31,6 +31,8 @@ pub struct Metrics {
     pub tail_subscribers: Gauge,
     /// Open WatchSettings streams.
     pub settings_watchers: Gauge,
+    /// Open streams ended because their caller's access lapsed (re-checked while open).
+    pub streams_revoked: Counter,
 }
 
 impl Metrics {
@@ -73,11 +75,23 @@ impl Metrics {
             "Open WatchSettings streams",
             m.settings_watchers.clone(),
         );
+        r.register(
+            "streams_revoked",
+            "Open WatchSettings and Tail streams ended because a re-check refused their caller",
+            m.streams_revoked.clone(),
+        );
         let s = store.shared();
         r.register(
             "retention_dropped",
             "Exchanges removed by retention (age, count or bytes)",
             s.retention_dropped.clone(),
+        );
+        r.register(
+            "evicted",
+            "Of the exchanges removed by retention, those removed because their namespace was \
+             over its quota (reason namespace_quota) or held the most while the store was over \
+             its limits (store_limit), by namespace",
+            s.evicted.clone(),
         );
         r.register(
             "store_exchanges",

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use spur_proto::traffic::traffic_server::{Traffic, TrafficServer};
 use spur_proto::traffic::{
-    CaptureSettings, Filter, PushReply, PushRequest, QueryReply, QueryRequest, StoredExchange,
-    TailEvent, TailRequest, WatchSettingsRequest, tail_event,
+    CaptureSettings, PushReply, PushRequest, QueryReply, QueryRequest, StoredExchange, TailEvent,
+    TailRequest, WatchSettingsRequest,
 };
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
@@ -14,10 +14,11 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::Error;
-use crate::auth::Authorizer;
+use crate::auth::{self, Authorizer, Caller, Credentials};
 use crate::metrics::Metrics;
 use crate::settings::{Baseline, SettingsIndex};
 use crate::store::{self, Store};
+use crate::streams::{self, Access, Recheck};
 
 /// Most exchanges one Push may carry.
 pub const MAX_BATCH: usize = 1024;
@@ -70,27 +71,56 @@ impl TrafficService {
 
     async fn push_inner(&self, req: Request<PushRequest>) -> Result<PushReply, Status> {
         let caller = self.auth.sidecar(req.metadata()).await?;
-        let push = req.into_inner();
+        let mut push = req.into_inner();
         if push.exchanges.len() > MAX_BATCH {
             return Err(Status::invalid_argument(format!(
                 "{} exchanges in one push; at most {MAX_BATCH} (nothing stored)",
                 push.exchanges.len()
             )));
         }
+        let mut baselines = Vec::with_capacity(push.exchanges.len());
         for (i, e) in push.exchanges.iter().enumerate() {
             let baseline = e.baseline.as_ref().ok_or_else(|| {
                 Status::invalid_argument(format!("exchanges[{i}]: no baseline (nothing stored)"))
             })?;
-            Baseline::try_from(baseline).map_err(|e| {
+            baselines.push(Baseline::try_from(baseline).map_err(|e| {
                 Status::invalid_argument(format!("exchanges[{i}]: {e} (nothing stored)"))
-            })?;
+            })?);
         }
-        // The whole batch or nothing: a sidecar never pushes for another namespace by mistake.
-        for e in &push.exchanges {
-            let namespace = e.baseline.as_ref().map_or("", |b| b.namespace.as_str());
-            caller.may_use(namespace)?;
-        }
-        let stored = self.store.insert(push.exchanges).await.map_err(status)?;
+        // The whole batch or nothing: what a sidecar pushes is its own baseline's exchanges of
+        // sandboxes that capture there, or a sign that it is not what it says.
+        let source = match &caller {
+            Caller::Anyone => STATIC_SOURCE.to_string(),
+            Caller::Sidecar { pod, .. } => {
+                if !self.settings.is_loaded() {
+                    return Err(Status::unavailable(
+                        "the store has not loaded the capture settings yet; retry",
+                    ));
+                }
+                for (i, (e, baseline)) in push.exchanges.iter_mut().zip(&baselines).enumerate() {
+                    caller
+                        .may_use(baseline)
+                        .map_err(|s| refused(pod, i, s.message()))?;
+                    if !self.settings.captures(baseline, &e.sandbox, &e.routing_key) {
+                        let why = format!(
+                            "sandbox {:?} does not capture {} with routing key {:?}",
+                            e.sandbox,
+                            auth::describe(baseline),
+                            e.routing_key
+                        );
+                        return Err(refused(pod, i, &why));
+                    }
+                    // The pod is the one the token names, whatever the sidecar wrote.
+                    e.pod.clone_from(&pod.name);
+                }
+                pod.uid.clone()
+            }
+        };
+        let stored = self
+            .store
+            .insert(source, push.exchanges)
+            .await
+            .map_err(status)?;
         self.metrics.sidecar_dropped.inc_by(push.dropped);
         self.metrics.pushes.inc();
         self.metrics.exchanges_stored.inc_by(stored.len() as u64);
@@ -117,38 +147,30 @@ impl TrafficService {
         &self,
         req: Request<WatchSettingsRequest>,
     ) -> Result<ReceiverStream<Result<CaptureSettings, Status>>, Status> {
-        let caller = self.auth.sidecar(req.metadata()).await?;
+        let credentials = Credentials::from_metadata(req.metadata())?;
+        let caller = self.auth.sidecar_with(&credentials, false).await?;
         let workload = req
             .get_ref()
             .baseline
             .as_ref()
             .ok_or_else(|| Status::invalid_argument("baseline is required"))?;
         let baseline = Baseline::try_from(workload).map_err(status)?;
-        caller.may_use(&baseline.namespace)?;
-        let mut settings = self.settings.watch(&baseline);
+        caller.may_use(&baseline)?;
+        let settings = self.settings.watch(&baseline);
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        let stop = self.stop.clone();
-        let watchers = self.metrics.settings_watchers.clone();
-        tokio::spawn(async move {
-            watchers.inc();
-            let _open = Dec(watchers);
-            // The current settings first, then each change.
-            let mut current = settings.borrow_and_update().clone();
-            loop {
-                if tx.send(Ok(current)).await.is_err() {
-                    return;
-                }
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    () = tx.closed() => return,
-                    changed = settings.changed() => if changed.is_err() {
-                        // The index was dropped: the server is going away.
-                        return;
-                    },
-                }
-                current = settings.borrow_and_update().clone();
-            }
-        });
+        let recheck = Recheck::new(
+            self.auth.clone(),
+            credentials,
+            Access::Sidecar(baseline),
+            self.metrics.clone(),
+        );
+        tokio::spawn(streams::settings(
+            settings,
+            tx,
+            recheck,
+            self.stop.clone(),
+            self.metrics.clone(),
+        ));
         Ok(ReceiverStream::new(rx))
     }
 
@@ -156,68 +178,41 @@ impl TrafficService {
         &self,
         req: Request<TailRequest>,
     ) -> Result<ReceiverStream<Result<TailEvent, Status>>, Status> {
+        let credentials = Credentials::from_metadata(req.metadata())?;
         let filter = req.get_ref().filter.clone().unwrap_or_default();
-        self.auth.reader(req.metadata(), &filter.sandbox).await?;
+        self.auth
+            .reader_with(&credentials, &filter.sandbox, false)
+            .await?;
         store::validate_filter(&filter).map_err(status)?;
         // Subscribed before answering: nothing stored after the call is missed.
         let feed = self.tail.subscribe();
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        let stop = self.stop.clone();
-        let metrics = self.metrics.clone();
-        tokio::spawn(tail(feed, filter, tx, stop, metrics));
+        let recheck = Recheck::new(
+            self.auth.clone(),
+            credentials,
+            Access::Reader(filter.sandbox.clone()),
+            self.metrics.clone(),
+        );
+        tokio::spawn(streams::tail(
+            feed,
+            filter,
+            tx,
+            recheck,
+            self.stop.clone(),
+            self.metrics.clone(),
+        ));
         Ok(ReceiverStream::new(rx))
     }
 }
 
-/// Feeds one Tail stream until the client goes away or the server drains. A client slower
-/// than the store fills its queue, its place in the feed falls behind, and it is told how many
-/// exchanges it missed (all exchanges, not only matching ones: the skipped ones are gone
-/// before anyone could look at them).
-async fn tail(
-    mut feed: broadcast::Receiver<Arc<StoredExchange>>,
-    filter: Filter,
-    tx: mpsc::Sender<Result<TailEvent, Status>>,
-    stop: CancellationToken,
-    metrics: Metrics,
-) {
-    metrics.tail_subscribers.inc();
-    let _open = Dec(metrics.tail_subscribers.clone());
-    loop {
-        let event = tokio::select! {
-            () = stop.cancelled() => return,
-            () = tx.closed() => return,
-            next = feed.recv() => match next {
-                Ok(s) => {
-                    let matching = s.exchange.as_ref().is_some_and(|e| store::matches(&filter, e));
-                    if !matching {
-                        continue;
-                    }
-                    tail_event::Event::Exchange(StoredExchange::clone(&s))
-                }
-                Err(broadcast::error::RecvError::Lagged(n)) => {
-                    metrics.tail_lagged.inc_by(n);
-                    tail_event::Event::Lagged(n)
-                }
-                Err(broadcast::error::RecvError::Closed) => return,
-            },
-        };
-        let sent = tokio::select! {
-            () = stop.cancelled() => return,
-            r = tx.send(Ok(TailEvent { event: Some(event) })) => r,
-        };
-        if sent.is_err() {
-            return;
-        }
-    }
-}
+/// Who pushed, for a static-token caller (trusted for everything): its exchanges' ids are
+/// compared only with each other.
+const STATIC_SOURCE: &str = "static-token";
 
-/// Decrements a gauge when an open stream's task ends, however it ends.
-struct Dec(prometheus_client::metrics::gauge::Gauge);
-
-impl Drop for Dec {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
+/// A refused push: logged (a pod pushing what it may not is worth a line), and the status.
+fn refused(pod: &auth::PodRef, i: usize, why: &str) -> Status {
+    tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), reason = %why, "push refused");
+    Status::permission_denied(format!("exchanges[{i}]: {why} (nothing stored)"))
 }
 
 fn status(e: Error) -> Status {

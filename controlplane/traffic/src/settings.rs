@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use spur_proto::traffic::{CaptureKey, CaptureSettings, Workload};
@@ -38,6 +38,10 @@ const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
 const MAX_NAME: usize = 253;
 /// Watched baselines kept without a watcher before they are swept.
 const SWEEP_ABOVE: usize = 1024;
+/// How long a sandbox's key still counts as captured at a baseline after the settings dropped
+/// it: exchanges a sidecar captured just before (queued, or pushed while the store restarted)
+/// are still taken.
+pub const CAPTURE_GRACE: Duration = Duration::from_secs(30);
 
 /// A baseline workload: the key of the settings.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -112,11 +116,32 @@ pub struct SettingsIndex {
     inner: Arc<Mutex<State>>,
 }
 
-#[derive(Default)]
 struct State {
     map: SettingsMap,
+    /// False until the first settings arrive (see [`SettingsIndex::pending`]).
+    loaded: bool,
     /// One channel per baseline someone watches (or has watched: swept when unwatched).
     watchers: HashMap<Baseline, watch::Sender<CaptureSettings>>,
+    /// (baseline, sandbox, routing key) captures the settings dropped, and when: they still
+    /// count for [`CAPTURE_GRACE`].
+    dropped: HashMap<(Baseline, String, String), Instant>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State::with(SettingsMap::default(), true)
+    }
+}
+
+impl State {
+    fn with(map: SettingsMap, loaded: bool) -> Self {
+        State {
+            map,
+            loaded,
+            watchers: HashMap::new(),
+            dropped: HashMap::new(),
+        }
+    }
 }
 
 impl std::fmt::Debug for SettingsIndex {
@@ -132,11 +157,43 @@ impl std::fmt::Debug for SettingsIndex {
 impl SettingsIndex {
     pub fn new(map: SettingsMap) -> Self {
         SettingsIndex {
-            inner: Arc::new(Mutex::new(State {
-                map,
-                watchers: HashMap::new(),
-            })),
+            inner: Arc::new(Mutex::new(State::with(map, true))),
         }
+    }
+
+    /// An index whose settings are not known yet (the cluster's Sandboxes not listed): until
+    /// the first [`SettingsIndex::replace`], sidecars watching it get the default settings and
+    /// [`SettingsIndex::is_loaded`] is false, so that pushes are answered "retry" rather than
+    /// refused as not captured.
+    pub fn pending() -> Self {
+        SettingsIndex {
+            inner: Arc::new(Mutex::new(State::with(SettingsMap::default(), false))),
+        }
+    }
+
+    /// Whether settings have arrived (always, unless made with [`SettingsIndex::pending`]).
+    pub fn is_loaded(&self) -> bool {
+        self.state().loaded
+    }
+
+    /// Whether `baseline`'s sidecar captures `routing_key` for `sandbox`: the settings say so,
+    /// or said so less than [`CAPTURE_GRACE`] ago.
+    pub fn captures(&self, baseline: &Baseline, sandbox: &str, routing_key: &str) -> bool {
+        let state = self.state();
+        let now_listed = state.map.baselines.get(baseline).is_some_and(|s| {
+            s.keys
+                .iter()
+                .any(|k| k.sandbox == sandbox && k.routing_key == routing_key)
+        });
+        now_listed
+            || state
+                .dropped
+                .get(&(
+                    baseline.clone(),
+                    sandbox.to_string(),
+                    routing_key.to_string(),
+                ))
+                .is_some_and(|at| at.elapsed() < CAPTURE_GRACE)
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -166,6 +223,19 @@ impl SettingsIndex {
     /// Replaces every baseline's settings; wakes only the watchers whose settings changed.
     pub fn replace(&self, map: SettingsMap) {
         let mut state = self.state();
+        let now = Instant::now();
+        state.dropped.retain(|_, at| at.elapsed() < CAPTURE_GRACE);
+        let mut dropped = Vec::new();
+        for (baseline, settings) in &state.map.baselines {
+            let next = map.get(baseline);
+            for k in &settings.keys {
+                if !next.keys.contains(k) {
+                    dropped.push((baseline.clone(), k.sandbox.clone(), k.routing_key.clone()));
+                }
+            }
+        }
+        state.dropped.extend(dropped.into_iter().map(|d| (d, now)));
+        state.loaded = true;
         state.watchers.retain(|_, tx| tx.receiver_count() > 0);
         for (baseline, tx) in &state.watchers {
             let next = map.get(baseline);

@@ -1,10 +1,14 @@
 //! The exchanges, in one SQLite table: the columns a [`Filter`] asks about, indexed, and the
-//! whole [`Exchange`] as a protobuf blob beside them.
+//! whole [`Exchange`] as a protobuf blob beside them. Ids are the store's own (`schema`), and
+//! each namespace has a quota (`retention`).
 //!
 //! SQLite is synchronous, so one dedicated thread owns the connection and the async side talks
 //! to it through a bounded channel: a burst of pushes waits for room there instead of piling up
 //! blocked runtime threads. Retention runs in the same transaction as each insert, from running
 //! totals, so it never counts the table.
+
+mod retention;
+mod schema;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -12,43 +16,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use std::collections::BTreeSet;
+
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prost::Message;
 use rusqlite::types::Value;
-use rusqlite::{Connection, Transaction, params, params_from_iter};
+use rusqlite::{Connection, params, params_from_iter};
 use spur_proto::traffic::{Exchange, Filter, Routed, StoredExchange};
 use tokio::sync::{mpsc, oneshot};
 
+use self::retention::{Reason, Usage};
 use crate::Error;
-
-/// Schema version in `PRAGMA user_version`; a newer file is refused rather than misread.
-const SCHEMA_VERSION: i64 = 1;
-
-const SCHEMA_V1: &str = "
-CREATE TABLE exchanges (
-    -- Insertion order: retention by count and bytes removes the lowest first.
-    seq                 INTEGER PRIMARY KEY,
-    id                  TEXT NOT NULL UNIQUE,
-    sandbox             TEXT NOT NULL,
-    namespace           TEXT NOT NULL,
-    workload            TEXT NOT NULL,
-    method              TEXT NOT NULL,
-    path                TEXT NOT NULL,
-    status              INTEGER NOT NULL,
-    -- 1: sent to a sandbox destination; 0: answered by the baseline.
-    routed              INTEGER NOT NULL,
-    start_unix_micros   INTEGER NOT NULL,
-    stored_unix_micros  INTEGER NOT NULL,
-    -- Bytes of `exchange`: what retention by bytes adds up.
-    size                INTEGER NOT NULL,
-    exchange            BLOB NOT NULL
-) STRICT;
-CREATE INDEX exchanges_start ON exchanges (start_unix_micros);
-CREATE INDEX exchanges_sandbox ON exchanges (sandbox, start_unix_micros);
-CREATE INDEX exchanges_workload ON exchanges (namespace, workload, start_unix_micros);
-CREATE INDEX exchanges_stored ON exchanges (stored_unix_micros);
-";
 
 /// Most exchanges one Query returns.
 pub const MAX_QUERY_LIMIT: u32 = 1000;
@@ -57,17 +38,18 @@ pub const DEFAULT_QUERY_LIMIT: u32 = 100;
 /// Encoded exchanges one Query reply carries at most (at least one, whatever its size): a reply
 /// stays decodable by a client whose limit matches the push limit.
 pub const MAX_REPLY_BYTES: usize = 16 * 1024 * 1024;
-/// Longest exchange id accepted.
+/// Longest exchange id accepted from a pusher (its own id, used only to ignore a re-send).
 pub const MAX_ID_LEN: usize = 512;
 /// Longest filter string accepted (sandbox, namespace, workload, method, path prefix).
 const MAX_FILTER_FIELD: usize = 4096;
 /// Requests waiting for the database thread; past it, callers wait for room.
 const QUEUE: usize = 64;
-/// Rows one retention statement removes at most: their sizes come back as one list in memory.
-const RETENTION_CHUNK: u64 = 10_000;
 
 /// How much the store keeps. Retention runs after every insert: rows stored longer than
-/// `max_age` ago go, then the oldest rows until both the count and the bytes fit.
+/// `max_age` ago go; then, in each namespace the insert added to, that namespace's oldest rows
+/// until it fits its quota; then, while the store is over `max_exchanges` or `max_bytes`, the
+/// oldest rows of the namespace holding the most (count or bytes, whichever is over). So one
+/// namespace's pushes never remove another's exchanges while that other holds less.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Default 24 hours. Measured from when the store received an exchange (its own clock, not
@@ -77,6 +59,10 @@ pub struct Limits {
     pub max_exchanges: u64,
     /// Encoded exchange bytes; default 256 MiB (the file is somewhat larger: indexes, pages).
     pub max_bytes: u64,
+    /// Exchanges one namespace (the baseline's) keeps; default 25 000.
+    pub namespace_max_exchanges: u64,
+    /// Encoded exchange bytes one namespace keeps; default 64 MiB.
+    pub namespace_max_bytes: u64,
     /// Default true. False is the cluster-wide "no stored bodies" switch: body bytes are
     /// cleared before an exchange is stored (their sizes are kept).
     pub store_bodies: bool,
@@ -88,6 +74,8 @@ impl Default for Limits {
             max_age: Duration::from_secs(24 * 3600),
             max_exchanges: 100_000,
             max_bytes: 256 * 1024 * 1024,
+            namespace_max_exchanges: 25_000,
+            namespace_max_bytes: 64 * 1024 * 1024,
             store_bodies: true,
         }
     }
@@ -114,12 +102,22 @@ impl std::fmt::Debug for Store {
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
     pub(crate) retention_dropped: Counter,
+    /// Of those, the ones removed for a namespace's quota or the store's limits.
+    pub(crate) evicted: Family<EvictedLabels, Counter>,
     pub(crate) exchanges: Gauge,
     pub(crate) bytes: Gauge,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct EvictedLabels {
+    pub(crate) namespace: String,
+    /// `namespace_quota` or `store_limit`.
+    pub(crate) reason: &'static str,
+}
+
 enum Command {
     Insert(
+        String,
         Vec<Exchange>,
         oneshot::Sender<Result<Vec<StoredExchange>, Error>>,
     ),
@@ -161,18 +159,26 @@ impl Store {
         Ok(Store { tx, shared })
     }
 
-    /// Stores the exchanges not stored yet (a re-sent id is ignored), in one transaction, then
-    /// applies retention. Returns those it stored, as stored (bodies cleared when the limits
-    /// say so). An invalid exchange (no id, an id longer than [`MAX_ID_LEN`]) refuses the
-    /// whole batch.
-    pub async fn insert(&self, exchanges: Vec<Exchange>) -> Result<Vec<StoredExchange>, Error> {
+    /// Stores the exchanges `source` (who pushed them) has not pushed before, in one
+    /// transaction, then applies retention. Each exchange's `id` is the pusher's own: an id
+    /// `source` has pushed before is ignored (a re-send), and no other pusher's exchanges are
+    /// compared with it. Returns those it stored, as stored: with the store's own id (a number,
+    /// never given twice) and bodies cleared when the limits say so. An invalid exchange (no id,
+    /// an id longer than [`MAX_ID_LEN`]) refuses the whole batch.
+    pub async fn insert(
+        &self,
+        source: impl Into<String>,
+        exchanges: Vec<Exchange>,
+    ) -> Result<Vec<StoredExchange>, Error> {
         for e in &exchanges {
             validate_exchange(e)?;
         }
         if exchanges.is_empty() {
             return Ok(Vec::new());
         }
-        self.call(|reply| Command::Insert(exchanges, reply)).await
+        let source = source.into();
+        self.call(|reply| Command::Insert(source, exchanges, reply))
+            .await
     }
 
     /// Stored exchanges matching `filter`, newest start first. `limit` 0 means
@@ -340,9 +346,9 @@ struct Db {
     conn: Connection,
     limits: Limits,
     clock: Clock,
-    /// Rows and their bytes, kept in step with every insert and delete.
-    count: u64,
-    bytes: u64,
+    /// Rows and their bytes, in all and per namespace, kept in step with every insert and
+    /// delete.
+    usage: Usage,
     shared: Arc<Shared>,
 }
 
@@ -360,36 +366,14 @@ impl Db {
             .map_err(dbe)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(dbe)?;
-        let version: i64 = conn
-            .pragma_query_value(None, "user_version", |r| r.get(0))
-            .map_err(dbe)?;
-        if version > SCHEMA_VERSION {
-            return Err(Error::Db(format!(
-                "schema version {version} is newer than this store understands \
-                 ({SCHEMA_VERSION}); run a newer spur"
-            )));
-        }
-        if version < 1 {
-            let tx = conn.unchecked_transaction().map_err(dbe)?;
-            tx.execute_batch(SCHEMA_V1).map_err(dbe)?;
-            tx.pragma_update(None, "user_version", SCHEMA_VERSION)
-                .map_err(dbe)?;
-            tx.commit().map_err(dbe)?;
-        }
+        schema::migrate(&conn)?;
         // Once at open; afterwards the totals follow each change.
-        let (count, bytes): (i64, i64) = conn
-            .query_row(
-                "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM exchanges",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .map_err(dbe)?;
+        let usage = Usage::read(&conn)?;
         let db = Db {
             conn,
             limits,
             clock,
-            count: count.max(0) as u64,
-            bytes: bytes.max(0) as u64,
+            usage,
             shared: Arc::new(Shared::default()),
         };
         db.publish();
@@ -399,8 +383,8 @@ impl Db {
     fn run(mut self, mut rx: mpsc::Receiver<Command>) {
         while let Some(command) = rx.blocking_recv() {
             match command {
-                Command::Insert(batch, reply) => {
-                    let out = self.insert(batch);
+                Command::Insert(source, batch, reply) => {
+                    let out = self.insert(&source, batch);
                     if let Err(e) = &out {
                         tracing::warn!(error = %e, "cannot store exchanges");
                     }
@@ -418,22 +402,24 @@ impl Db {
     }
 
     fn publish(&self) {
-        self.shared.exchanges.set(self.count as i64);
-        self.shared.bytes.set(self.bytes as i64);
+        self.shared.exchanges.set(self.usage.total.count as i64);
+        self.shared.bytes.set(self.usage.total.bytes as i64);
     }
 
-    fn insert(&mut self, batch: Vec<Exchange>) -> Result<Vec<StoredExchange>, Error> {
+    fn insert(&mut self, source: &str, batch: Vec<Exchange>) -> Result<Vec<StoredExchange>, Error> {
         let now = self.clock.now_micros();
         let store_bodies = self.limits.store_bodies;
         let tx = self.conn.transaction().map_err(dbe)?;
         let mut stored = Vec::with_capacity(batch.len());
-        let mut added_bytes = 0u64;
+        let mut usage = self.usage.clone();
+        let mut touched = BTreeSet::new();
         {
             let mut insert = tx
                 .prepare_cached(
-                    "INSERT OR IGNORE INTO exchanges (id, sandbox, namespace, workload, method, \
-                     path, status, routed, start_unix_micros, stored_unix_micros, size, exchange) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                    "INSERT OR IGNORE INTO exchanges (source, client_id, sandbox, namespace, \
+                     workload, method, path, status, routed, start_unix_micros, \
+                     stored_unix_micros, size, exchange) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 )
                 .map_err(dbe)?;
             for mut e in batch {
@@ -441,15 +427,18 @@ impl Db {
                     strip_body(e.request_body.as_mut());
                     strip_body(e.response_body.as_mut());
                 }
+                // The pusher's id lives in client_id; readers see the row's own.
+                let client_id = std::mem::take(&mut e.id);
                 let blob = e.encode_to_vec();
                 let (namespace, workload) = e
                     .baseline
                     .as_ref()
-                    .map(|b| (b.namespace.as_str(), b.name.as_str()))
+                    .map(|b| (b.namespace.clone(), b.name.clone()))
                     .unwrap_or_default();
                 let added = insert
                     .execute(params![
-                        e.id,
+                        source,
+                        client_id,
                         e.sandbox,
                         namespace,
                         workload,
@@ -464,7 +453,9 @@ impl Db {
                     ])
                     .map_err(dbe)?;
                 if added == 1 {
-                    added_bytes += blob.len() as u64;
+                    e.id = tx.last_insert_rowid().to_string();
+                    usage.add(&namespace, 1, blob.len() as u64);
+                    touched.insert(namespace);
                     stored.push(StoredExchange {
                         exchange: Some(e),
                         stored_unix_micros: now,
@@ -472,14 +463,22 @@ impl Db {
                 }
             }
         }
-        let count = self.count + stored.len() as u64;
-        let bytes = self.bytes + added_bytes;
-        let (count, bytes, dropped) = retain(&tx, &self.limits, now, count, bytes)?;
+        let evicted = retention::retain(&tx, &self.limits, now, &mut usage, &touched)?;
         tx.commit().map_err(dbe)?;
         // Only now: a failed commit rolled everything back and the totals still hold.
-        self.count = count;
-        self.bytes = bytes;
-        self.shared.retention_dropped.inc_by(dropped);
+        self.usage = usage;
+        for ((namespace, reason), n) in evicted {
+            self.shared.retention_dropped.inc_by(n);
+            if reason != Reason::Age {
+                self.shared
+                    .evicted
+                    .get_or_create(&EvictedLabels {
+                        namespace,
+                        reason: reason.label(),
+                    })
+                    .inc_by(n);
+            }
+        }
         self.publish();
         Ok(stored)
     }
@@ -487,7 +486,8 @@ impl Db {
     fn query(&self, f: &Filter, limit: u32) -> Result<Vec<StoredExchange>, Error> {
         // Bare `?` parameters number themselves in order: each clause pushes its arguments
         // as it adds them.
-        let mut sql = String::from("SELECT exchange, stored_unix_micros FROM exchanges WHERE 1");
+        let mut sql =
+            String::from("SELECT seq, exchange, stored_unix_micros FROM exchanges WHERE 1");
         let mut args: Vec<Value> = Vec::new();
         for (column, value) in [
             ("sandbox", &f.sandbox),
@@ -532,17 +532,23 @@ impl Db {
         let mut out = Vec::new();
         let mut reply_bytes = 0usize;
         while let Some(row) = rows.next().map_err(dbe)? {
-            let blob: Vec<u8> = row.get(0).map_err(dbe)?;
-            let stored_unix_micros: i64 = row.get(1).map_err(dbe)?;
+            let seq: i64 = row.get(0).map_err(dbe)?;
+            let blob: Vec<u8> = row.get(1).map_err(dbe)?;
+            let stored_unix_micros: i64 = row.get(2).map_err(dbe)?;
             if !out.is_empty() && reply_bytes + blob.len() > MAX_REPLY_BYTES {
                 break;
             }
             reply_bytes += blob.len();
             match Exchange::decode(blob.as_slice()) {
-                Ok(e) => out.push(StoredExchange {
-                    exchange: Some(e),
-                    stored_unix_micros,
-                }),
+                // The row's id, whatever the blob says (blobs stored before version 2 carry
+                // the pusher's).
+                Ok(mut e) => {
+                    e.id = seq.to_string();
+                    out.push(StoredExchange {
+                        exchange: Some(e),
+                        stored_unix_micros,
+                    });
+                }
                 // Only this store writes the blobs: a bad one is damage, not a reason to fail
                 // every query that meets it.
                 Err(e) => tracing::warn!(error = %e, "skipping an undecodable stored exchange"),
@@ -550,78 +556,6 @@ impl Db {
         }
         Ok(out)
     }
-}
-
-/// Applies the limits to a table holding `count` rows of `bytes`; returns the new totals
-/// and how many rows went.
-fn retain(
-    tx: &Transaction<'_>,
-    limits: &Limits,
-    now: i64,
-    mut count: u64,
-    mut bytes: u64,
-) -> Result<(u64, u64, u64), Error> {
-    let mut dropped = 0u64;
-    let mut removed = |sizes: Vec<i64>, count: &mut u64, bytes: &mut u64| {
-        let n = sizes.len() as u64;
-        let b: u64 = sizes.iter().map(|s| (*s).max(0) as u64).sum();
-        *count = count.saturating_sub(n);
-        *bytes = bytes.saturating_sub(b);
-        dropped += n;
-        n
-    };
-    if !limits.max_age.is_zero() {
-        let age = i64::try_from(limits.max_age.as_micros()).unwrap_or(i64::MAX);
-        let cutoff = now.saturating_sub(age);
-        // The index on stored_unix_micros makes this a seek that finds nothing on most
-        // batches.
-        let sizes = deleted_sizes(
-            tx,
-            "DELETE FROM exchanges WHERE stored_unix_micros < ?1 RETURNING size",
-            cutoff,
-        )?;
-        removed(sizes, &mut count, &mut bytes);
-    }
-    while count > limits.max_exchanges || bytes > limits.max_bytes {
-        let over_count = count.saturating_sub(limits.max_exchanges);
-        let over_bytes = bytes.saturating_sub(limits.max_bytes);
-        // Enough average-sized rows to cover the excess bytes; the loop takes more if the
-        // oldest rows are smaller than average.
-        let average = (bytes / count.max(1)).max(1);
-        let n = over_count
-            .max(over_bytes.div_ceil(average))
-            .clamp(1, RETENTION_CHUNK);
-        let sizes = deleted_sizes(
-            tx,
-            "DELETE FROM exchanges WHERE seq IN \
-             (SELECT seq FROM exchanges ORDER BY seq LIMIT ?1) RETURNING size",
-            n as i64,
-        )?;
-        if removed(sizes, &mut count, &mut bytes) == 0 {
-            // The totals disagree with an empty table: trust the table.
-            let (c, b): (i64, i64) = tx
-                .query_row(
-                    "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM exchanges",
-                    [],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .map_err(dbe)?;
-            count = c.max(0) as u64;
-            bytes = b.max(0) as u64;
-            break;
-        }
-    }
-    Ok((count, bytes, dropped))
-}
-
-fn deleted_sizes(tx: &Transaction<'_>, sql: &str, arg: i64) -> Result<Vec<i64>, Error> {
-    let mut stmt = tx.prepare_cached(sql).map_err(dbe)?;
-    let sizes = stmt
-        .query_map([arg], |r| r.get::<_, i64>(0))
-        .map_err(dbe)?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(dbe)?;
-    Ok(sizes)
 }
 
 fn strip_body(body: Option<&mut spur_proto::traffic::Body>) {

@@ -172,12 +172,18 @@ async fn push_then_query() {
         .exchanges;
     let ids: Vec<&str> = got
         .iter()
-        .map(|s| s.exchange.as_ref().unwrap().id.as_str())
+        .map(|s| s.exchange.as_ref().unwrap().path.as_str())
         .collect();
-    assert_eq!(ids, ["b", "a"]);
+    assert_eq!(ids, ["/items/b", "/items/a"]);
+    // Stored as pushed, under the store's own id (a number; the pusher's is not kept).
+    let stored = got[0].exchange.as_ref().unwrap();
+    assert!(stored.id.parse::<u64>().is_ok(), "{stored:?}");
     assert_eq!(
-        got[0].exchange.as_ref().unwrap(),
-        &exchange("b", "sb1", 2),
+        stored,
+        &Exchange {
+            id: stored.id.clone(),
+            ..exchange("b", "sb1", 2)
+        },
         "stored as pushed"
     );
 
@@ -244,7 +250,7 @@ async fn tail_sees_matching_exchanges_as_they_are_stored() {
         .unwrap();
     match event.event {
         Some(tail_event::Event::Exchange(s)) => {
-            assert_eq!(s.exchange.unwrap().id, "mine");
+            assert_eq!(s.exchange.unwrap().path, "/items/mine");
             assert!(s.stored_unix_micros > 0);
         }
         other => panic!("expected an exchange, got {other:?}"),
