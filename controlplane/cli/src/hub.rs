@@ -374,11 +374,13 @@ pub(crate) struct AgentArgs {
         requires = "traffic_server"
     )]
     traffic_server_ca: Option<PathBuf>,
-    /// File holding the token presented to the traffic store (re-read for every connection).
+    /// File holding the token presented to the traffic store (re-read for every connection):
+    /// one issued for the store's audience `spur-traffic` (the chart mounts a projected
+    /// ServiceAccount token there); the store refuses a token for the API server.
     #[arg(
         long,
         env = "SPUR_AGENT_TRAFFIC_TOKEN_FILE",
-        default_value = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+        default_value = "/var/run/spur/traffic-token/token"
     )]
     traffic_server_token_file: PathBuf,
     /// Talk to the traffic store without TLS (a store serving loopback only).
