@@ -37,14 +37,20 @@ enum HubCommand {
     /// Register, list and revoke clusters.
     #[command(subcommand)]
     Cluster(ClusterCommand),
-    /// Create, list and revoke API keys (for previews and the web view).
+    /// Add, list, change and remove hub users: who each API key acts for, and what it may see
+    /// (per cluster: which namespaces, and as which Kubernetes user and groups the cluster's
+    /// agent checks its reads).
+    #[command(subcommand)]
+    User(UserCommand),
+    /// Create, list, bind and revoke API keys (for previews and the web view); each belongs to
+    /// a hub user.
     #[command(subcommand)]
     Apikey(ApiKeyCommand),
     /// Print a one-time login link for the web view, valid for 5 minutes and usable once: it
     /// opens a page that logs the browser in as API key NAME when the user confirms (people can
     /// also paste the key into the login form).
     LoginLink {
-        /// The API key the session belongs to.
+        /// The API key the session belongs to (it acts for that key's hub user).
         name: String,
         /// The hub's web address, e.g. https://hub.example.com.
         #[arg(long, env = "SPUR_HUB_URL")]
@@ -81,18 +87,120 @@ enum ClusterCommand {
 
 #[derive(Subcommand)]
 enum ApiKeyCommand {
-    /// Create an API key and print it (shown once).
+    /// Create an API key for a hub user and print it (shown once).
     Add {
         name: String,
+        /// The hub user it acts for (default: a user named like the key); it must exist
+        /// (`spur hub user add`).
+        #[arg(long)]
+        user: Option<String>,
         #[command(flatten)]
         db: DbArg,
     },
     List(DbArg),
+    /// Give an existing key to a hub user (keys made before hub users existed are refused
+    /// until they get one).
+    Bind {
+        name: String,
+        #[arg(long)]
+        user: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
     Revoke {
         name: String,
         #[command(flatten)]
         db: DbArg,
     },
+}
+
+#[derive(Subcommand)]
+enum UserCommand {
+    /// Add a hub user; with --cluster, also set its scope there (else it sees nothing yet).
+    Add {
+        /// A DNS label.
+        name: String,
+        #[command(flatten)]
+        scope: ScopeArgs,
+        #[command(flatten)]
+        db: DbArg,
+    },
+    /// Set (add or replace) what a user may see in one cluster.
+    Set {
+        name: String,
+        #[command(flatten)]
+        scope: ScopeArgs,
+        #[command(flatten)]
+        db: DbArg,
+    },
+    /// Take a user's scope in one cluster away.
+    Unset {
+        name: String,
+        /// The cluster (or `*`).
+        #[arg(long)]
+        cluster: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
+    /// Users, their scopes and their keys.
+    List(DbArg),
+    /// Remove a user: its scopes go and its API keys are revoked.
+    Remove {
+        name: String,
+        #[command(flatten)]
+        db: DbArg,
+    },
+}
+
+#[derive(Args, Clone)]
+struct ScopeArgs {
+    /// The cluster (its name at the hub), or `*` for every cluster not named on its own.
+    #[arg(long)]
+    cluster: Option<String>,
+    /// A namespace the user may see there (repeatable, or comma-separated).
+    #[arg(
+        long = "namespace",
+        value_delimiter = ',',
+        conflicts_with = "all_namespaces"
+    )]
+    namespaces: Vec<String>,
+    /// Every namespace there.
+    #[arg(long)]
+    all_namespaces: bool,
+    /// The Kubernetes user it acts as there (default: the hub user's name); the agent checks
+    /// each read with a SubjectAccessReview for this user.
+    #[arg(long)]
+    kube_user: Option<String>,
+    /// A Kubernetes group it acts as there (repeatable).
+    #[arg(long = "kube-group")]
+    kube_groups: Vec<String>,
+}
+
+impl ScopeArgs {
+    /// The scope these flags give, or None when they give none (no flag at all).
+    fn change(&self) -> Result<Option<spur_hub::store::ScopeChange>> {
+        let Some(cluster) = self.cluster.clone() else {
+            if self.all_namespaces
+                || !self.namespaces.is_empty()
+                || self.kube_user.is_some()
+                || !self.kube_groups.is_empty()
+            {
+                bail!("name the cluster this scope is for: --cluster NAME (or '*')");
+            }
+            return Ok(None);
+        };
+        let names = if self.all_namespaces {
+            vec!["*".to_owned()]
+        } else {
+            self.namespaces.clone()
+        };
+        Ok(Some(spur_hub::store::ScopeChange {
+            cluster,
+            namespaces: spur_hub::users::Namespaces::parse(&names)?,
+            kube_user: self.kube_user.clone(),
+            kube_groups: self.kube_groups.clone(),
+        }))
+    }
 }
 
 #[derive(Args)]
@@ -214,24 +322,40 @@ pub(crate) async fn run(args: HubArgs) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        HubCommand::Apikey(ApiKeyCommand::Add { name, db }) => {
-            let key = open_store(&db.db)?.add_api_key(&name)?;
-            eprintln!("API key {name} created (shown once):");
+        HubCommand::Apikey(ApiKeyCommand::Add { name, user, db }) => {
+            let user = user.unwrap_or_else(|| name.clone());
+            let key = open_store(&db.db)?.add_api_key(&name, &user)?;
+            eprintln!("API key {name} of hub user {user} created (shown once):");
             println!("{key}");
             Ok(ExitCode::SUCCESS)
         }
+        HubCommand::Apikey(ApiKeyCommand::Bind { name, user, db }) => {
+            open_store(&db.db)?.bind_api_key(&name, &user)?;
+            eprintln!("API key {name} now acts for hub user {user}");
+            Ok(ExitCode::SUCCESS)
+        }
         HubCommand::Apikey(ApiKeyCommand::List(db)) => {
-            println!("{:<24} {:<10} {:<14}", "NAME", "STATUS", "CREATED");
+            println!(
+                "{:<24} {:<24} {:<10} {:<14}",
+                "NAME", "USER", "STATUS", "CREATED"
+            );
             for k in open_store(&db.db)?.api_keys()? {
-                let status = if k.revoked.is_some() {
-                    "revoked"
-                } else {
-                    "active"
+                let status = match (&k.revoked, &k.user) {
+                    (Some(_), _) => "revoked",
+                    (None, None) => "no-user",
+                    (None, Some(_)) => "active",
                 };
-                println!("{:<24} {:<10} {:<14}", k.name, status, ago(Some(k.created)));
+                println!(
+                    "{:<24} {:<24} {:<10} {:<14}",
+                    k.name,
+                    k.user.as_deref().unwrap_or("-"),
+                    status,
+                    ago(Some(k.created))
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
+        HubCommand::User(command) => user_command(command),
         HubCommand::Apikey(ApiKeyCommand::Revoke { name, db }) => {
             if open_store(&db.db)?.revoke_api_key(&name)? {
                 eprintln!("API key {name} revoked");
@@ -251,6 +375,101 @@ pub(crate) async fn run(args: HubArgs) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+fn user_command(command: UserCommand) -> Result<ExitCode> {
+    match command {
+        UserCommand::Add { name, scope, db } => {
+            let store = open_store(&db.db)?;
+            // Checked before anything is written: a bad scope adds no user.
+            let change = scope.change()?;
+            store.add_user(&name)?;
+            match change {
+                Some(change) => {
+                    store.set_user_scope(&name, &change)?;
+                    eprintln!(
+                        "hub user {name} added; in cluster {} it sees namespaces {}",
+                        change.cluster, change.namespaces
+                    );
+                }
+                None => eprintln!(
+                    "hub user {name} added; it sees nothing until `spur hub user set {name} \
+                     --cluster C --namespace N`"
+                ),
+            }
+        }
+        UserCommand::Set { name, scope, db } => {
+            let change = scope
+                .change()?
+                .context("name the cluster: --cluster NAME (or '*')")?;
+            open_store(&db.db)?.set_user_scope(&name, &change)?;
+            eprintln!(
+                "hub user {name}: in cluster {} it sees namespaces {}",
+                change.cluster, change.namespaces
+            );
+        }
+        UserCommand::Unset { name, cluster, db } => {
+            if open_store(&db.db)?.unset_user_scope(&name, &cluster)? {
+                eprintln!("hub user {name} no longer sees cluster {cluster}");
+            } else {
+                eprintln!("hub user {name} had no scope in cluster {cluster}");
+            }
+        }
+        UserCommand::List(db) => {
+            let store = open_store(&db.db)?;
+            let keys = store.api_keys()?;
+            println!(
+                "{:<20} {:<16} {:<28} {:<24} {:<20} KEYS",
+                "USER", "CLUSTER", "NAMESPACES", "KUBE USER", "KUBE GROUPS"
+            );
+            for u in store.users()? {
+                let mine: Vec<&str> = keys
+                    .iter()
+                    .filter(|k| k.revoked.is_none() && k.user.as_deref() == Some(&u.name))
+                    .map(|k| k.name.as_str())
+                    .collect();
+                let mine = if mine.is_empty() {
+                    "-".to_owned()
+                } else {
+                    mine.join(",")
+                };
+                if u.clusters.is_empty() {
+                    println!(
+                        "{:<20} {:<16} {:<28} {:<24} {:<20} {mine}",
+                        u.name, "-", "-", "-", "-"
+                    );
+                }
+                for (cluster, scope) in &u.clusters {
+                    let groups = if scope.kube_groups.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        scope.kube_groups.join(",")
+                    };
+                    println!(
+                        "{:<20} {:<16} {:<28} {:<24} {:<20} {mine}",
+                        u.name,
+                        cluster,
+                        scope.namespaces.to_string(),
+                        scope.kube_user.as_deref().unwrap_or(&u.name),
+                        groups
+                    );
+                }
+            }
+            let unbound = store.unbound_api_keys()?;
+            if !unbound.is_empty() {
+                eprintln!(
+                    "API keys of no user (refused until bound: spur hub apikey bind NAME --user \
+                     USER): {}",
+                    unbound.join(", ")
+                );
+            }
+        }
+        UserCommand::Remove { name, db } => {
+            let revoked = open_store(&db.db)?.remove_user(&name)?;
+            eprintln!("hub user {name} removed; {revoked} API key(s) of it revoked");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn serve(args: ServeArgs) -> Result<ExitCode> {

@@ -343,6 +343,20 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
 
     let token = spur(d, &["hub", "cluster", "add", "east"]).stdout;
     std::fs::write(d.join("east.token"), &token).unwrap();
+    spur(
+        d,
+        &[
+            "hub",
+            "user",
+            "add",
+            "dev",
+            "--cluster",
+            "*",
+            "--all-namespaces",
+            "--kube-group",
+            "system:masters",
+        ],
+    );
     let key = String::from_utf8(spur(d, &["hub", "apikey", "add", "dev"]).stdout).unwrap();
     let key = key.trim().to_owned();
     let ca = spur(d, &["hub", "ca"]).stdout;
@@ -1002,6 +1016,20 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
         let token = spur(d, &["hub", "cluster", "add", c]).stdout;
         std::fs::write(d.join(format!("{c}.token")), &token).unwrap();
     }
+    spur(
+        d,
+        &[
+            "hub",
+            "user",
+            "add",
+            "dev",
+            "--cluster",
+            "*",
+            "--all-namespaces",
+            "--kube-group",
+            "system:masters",
+        ],
+    );
     let key = String::from_utf8(spur(d, &["hub", "apikey", "add", "dev"]).stdout).unwrap();
     let key = key.trim().to_owned();
     std::fs::write(d.join("ca.pem"), spur(d, &["hub", "ca"]).stdout).unwrap();

@@ -254,8 +254,8 @@ async fn tail_shows_the_forks_answer_and_diff_shows_what_changed() {
     apps.cancel();
 }
 
-/// The hub's web view, its traffic tab: the same exchanges, read through the cluster's agent
-/// (which reads the store with its own token); the hub keeps none of them.
+/// The hub's web view, its traffic tab, through an agent without Kubernetes access: refused,
+/// since the agent cannot check the user's rights.
 async fn hub_web_view_shows_the_traffic(d: &Path, store_port: u16) {
     let hub_cmd = |args: &[&str]| {
         let out = std::process::Command::new(SPUR)
@@ -272,6 +272,15 @@ async fn hub_web_view_shows_the_traffic(d: &Path, store_port: u16) {
         hub_cmd(&["hub", "cluster", "add", "east"]),
     )
     .unwrap();
+    hub_cmd(&[
+        "hub",
+        "user",
+        "add",
+        "dev",
+        "--cluster",
+        "*",
+        "--all-namespaces",
+    ]);
     let key = String::from_utf8(hub_cmd(&["hub", "apikey", "add", "dev"])).unwrap();
     std::fs::write(d.join("ca.pem"), hub_cmd(&["hub", "ca"])).unwrap();
     let auth = format!("x-spur-api-key: {}", key.trim());
@@ -338,34 +347,25 @@ async fn hub_web_view_shows_the_traffic(d: &Path, store_port: u16) {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
+    // An agent without Kubernetes access cannot check what a hub user may read (issue 42,
+    // point 5: every traffic read is a SubjectAccessReview of the user's identity first), so it
+    // refuses, and the tab says why; tests/tests/kube_hub_scopes.rs reads through a real one.
     let page = "/traffic?cluster=east&sandbox=sb1";
     let deadline = Instant::now() + Duration::from_secs(30);
     let body = loop {
         let (code, body) = curl(web, page, &[&auth]);
-        if code == 200 && body.contains("hello from fork") {
+        if code == 200 && body.contains("cannot check what a user may read") {
             break body;
         }
         assert!(
             Instant::now() < deadline,
-            "no traffic tab with the fork's answer: {code} {body}\nhub: {}\nagent: {}",
+            "no refusal on the traffic tab: {code} {body}\nhub: {}\nagent: {}",
             std::fs::read_to_string(d.join("hub.log")).unwrap_or_default(),
             std::fs::read_to_string(d.join("agent.log")).unwrap_or_default(),
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    assert!(body.contains("<code>demo/backend</code>"), "{body}");
-    // A static page: the overview's live script would swap the tab out for the overview.
-    assert!(!body.contains("<script"), "{body}");
-    assert!(body.contains("<code>GET /</code>"), "{body}");
-    assert!(body.contains("authorization: &lt;redacted&gt;"), "{body}");
-    assert!(!body.contains("do-not-store-me"), "{body}");
-    // The reference sandbox's exchange is its own page's, not this one's.
-    assert!(!body.contains("hello from baseline"), "{body}");
-    // Filters reach the store: a status nothing has is an empty page, a bad one a clear error.
-    let (_, none) = curl(web, &format!("{page}&status=404"), &[&auth]);
-    assert!(none.contains("No captured exchange matches"), "{none}");
-    let (_, bad) = curl(web, &format!("{page}&limit=100000"), &[&auth]);
-    assert!(bad.contains("expected a number from 1 to 200"), "{bad}");
+    assert!(!body.contains("hello from fork"), "{body}");
     // Without a login: the login form, never the data.
     let (code, anon) = curl(web, page, &[]);
     assert_eq!(code, 303, "{anon}");

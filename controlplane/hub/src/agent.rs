@@ -4,6 +4,7 @@
 //! Kubernetes API and, when given one, reads of the cluster's traffic store (the web view's
 //! traffic tab). Reconnects (backoff with jitter) are the tunnel client's.
 
+pub mod access;
 pub mod targets;
 
 use std::convert::Infallible;
@@ -23,6 +24,8 @@ use crate::protocol::{
     AGENT_BIND, AgentInfo, Answer, MAX_FRAME, MAX_TRAFFIC_LIMIT, MAX_TRAFFIC_READS, Open,
     TRAFFIC_BODY_BYTES, TRAFFIC_CONTENT_TYPE, TRAFFIC_PATH,
 };
+use crate::users::KubeIdentity;
+use access::Reviewer;
 
 /// What the agent lets the hub do.
 #[derive(Clone, Debug)]
@@ -82,6 +85,9 @@ impl Scope {
 pub struct Agent {
     client: Arc<TunnelClient>,
     kube: Option<kube::Client>,
+    /// Checks every read made for a user (none without Kubernetes access: such reads are
+    /// refused).
+    reviewer: Option<Arc<Reviewer>>,
     scope: Arc<Scope>,
     traffic: Option<TrafficReader>,
     /// Streams being served, at most [`Scope::max_streams`].
@@ -120,6 +126,7 @@ impl Agent {
         let client = TunnelClient::start(client, registry)?;
         Ok(Agent {
             client: Arc::new(client),
+            reviewer: kube.clone().map(|k| Arc::new(Reviewer::new(k))),
             kube,
             streams: Arc::new(tokio::sync::Semaphore::new(scope.max_streams)),
             scope: Arc::new(scope),
@@ -184,10 +191,11 @@ impl Agent {
                             continue;
                         };
                         let kube = self.kube.clone();
+                        let reviewer = self.reviewer.clone();
                         let scope = self.scope.clone();
                         let traffic = self.traffic.clone();
                         streams.spawn(async move {
-                            if let Err(e) = serve_stream(incoming, kube, traffic, &scope).await {
+                            if let Err(e) = serve_stream(incoming, kube, reviewer, traffic, &scope).await {
                                 tracing::debug!("hub stream: {e}");
                             }
                             drop(permit);
@@ -227,6 +235,7 @@ async fn closed(state: &mut watch::Receiver<SessionState>) -> Error {
 async fn serve_stream(
     incoming: Incoming,
     kube: Option<kube::Client>,
+    reviewer: Option<Arc<Reviewer>>,
     traffic: Option<TrafficReader>,
     scope: &Scope,
 ) -> Result<(), Error> {
@@ -301,16 +310,48 @@ async fn serve_stream(
                 .await
                 .map_err(|e| Error::Upstream(format!("kube proxy stream: {e}")))
         }
-        Open::Traffic => {
-            let Some(reader) = traffic else {
-                let reason = "this agent does not read the traffic store (spur agent --traffic-server; the chart's agent.traffic.enabled)".to_owned();
+        Open::Read { as_user } => {
+            let reviewer = match (access::check_identity(&as_user), reviewer) {
+                (Err(reason), _) => {
+                    answer(&mut stream, Answer::Error { reason }).await?;
+                    return Ok(());
+                }
+                (Ok(()), None) => {
+                    let reason = "this agent runs without Kubernetes access, so it cannot check what a user may read".to_owned();
+                    answer(&mut stream, Answer::Error { reason }).await?;
+                    return Ok(());
+                }
+                (Ok(()), Some(r)) => r,
+            };
+            answer(&mut stream, Answer::Ok).await?;
+            let as_user = Arc::new(as_user);
+            let service = hyper::service::service_fn(move |req| {
+                let (reviewer, as_user) = (reviewer.clone(), as_user.clone());
+                async move { Ok::<_, Infallible>(user_read(&reviewer, &as_user, req).await) }
+            });
+            http1
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+                .map_err(|e| Error::Upstream(format!("read stream: {e}")))
+        }
+        Open::Traffic { as_user } => {
+            let refused = match (access::check_identity(&as_user), &reviewer, &traffic) {
+                (Err(reason), _, _) => Some(reason),
+                (Ok(()), _, None) => Some("this agent does not read the traffic store (spur agent --traffic-server; the chart's agent.traffic.enabled)".to_owned()),
+                (Ok(()), None, Some(_)) => Some("this agent runs without Kubernetes access, so it cannot check what a user may read".to_owned()),
+                (Ok(()), Some(_), Some(_)) => None,
+            };
+            let (Some(reader), Some(reviewer), None) = (traffic, reviewer, refused.clone()) else {
+                let reason = refused.unwrap_or_default();
                 answer(&mut stream, Answer::Error { reason }).await?;
                 return Ok(());
             };
             answer(&mut stream, Answer::Ok).await?;
+            let as_user = Arc::new(as_user);
             let service = hyper::service::service_fn(move |req| {
-                let reader = reader.clone();
-                async move { Ok::<_, Infallible>(traffic_read(&reader, req).await) }
+                let (reader, reviewer, as_user) =
+                    (reader.clone(), reviewer.clone(), as_user.clone());
+                async move { Ok::<_, Infallible>(traffic_read(&reader, &reviewer, &as_user, req).await) }
             });
             http1
                 .serve_connection(TokioIo::new(stream), service)
@@ -358,10 +399,44 @@ pub fn traffic_query(query: &str) -> Result<spur_proto::traffic::QueryRequest, S
     })
 }
 
-/// One read of the traffic store with the agent's credentials; the reply as protobuf, or an
-/// error status whose body says why.
+/// One list read for `as_user` (a GET of one of the read paths, no query: no watch), only what
+/// it may see.
+async fn user_read(
+    reviewer: &Reviewer,
+    as_user: &KubeIdentity,
+    req: Request<hyper::body::Incoming>,
+) -> Response<ProxyBody> {
+    if req.method() != Method::GET || req.uri().query().is_some() {
+        return status(
+            StatusCode::NOT_FOUND,
+            "a read stream serves only plain GETs of lists (no watch, no query)",
+        );
+    }
+    match reviewer.list_for(as_user, req.uri().path()).await {
+        Ok(body) => {
+            let mut resp = Response::new(UnsyncBoxBody::new(
+                Full::new(Bytes::from(body)).map_err(|e| match e {}),
+            ));
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            resp
+        }
+        Err(e) => {
+            let (code, message) = e.status();
+            status(code, message)
+        }
+    }
+}
+
+/// One read of the traffic store with the agent's credentials, for `as_user`, who must be
+/// allowed to read the sandbox's traffic; the reply as protobuf (only exchanges of baselines in
+/// the namespaces checked), or an error status whose body says why.
 async fn traffic_read(
     reader: &TrafficReader,
+    reviewer: &Reviewer,
+    as_user: &KubeIdentity,
     req: Request<hyper::body::Incoming>,
 ) -> Response<ProxyBody> {
     let store = &reader.store;
@@ -380,6 +455,18 @@ async fn traffic_read(
             StatusCode::TOO_MANY_REQUESTS,
             &format!("the agent is serving {MAX_TRAFFIC_READS} traffic reads already; try again"),
         );
+    };
+    let sandbox = query
+        .filter
+        .as_ref()
+        .map(|f| f.sandbox.clone())
+        .unwrap_or_default();
+    let shown = match reviewer.traffic_allowed(as_user, &sandbox).await {
+        Ok(shown) => shown,
+        Err(e) => {
+            let (code, message) = e.status();
+            return status(code, message);
+        }
     };
     let reply = async {
         let channel = store
@@ -412,6 +499,16 @@ async fn traffic_read(
     match tokio::time::timeout(TRAFFIC_TIMEOUT, reply).await {
         Ok(Ok(mut reply)) => {
             use prost::Message as _;
+            // Only exchanges of the namespaces the user was checked in (a sandbox's exchanges
+            // are of its own baselines; this holds even if the store says otherwise).
+            if let Some(shown) = &shown {
+                reply.exchanges.retain(|x| {
+                    x.exchange
+                        .as_ref()
+                        .and_then(|x| x.baseline.as_ref())
+                        .is_some_and(|w| shown.contains(&w.namespace))
+                });
+            }
             cut_bodies(&mut reply);
             let mut resp = Response::new(UnsyncBoxBody::new(
                 Full::new(Bytes::from(reply.encode_to_vec())).map_err(|e| match e {}),

@@ -2,7 +2,7 @@
 //! a list and a watch through the agent's Kubernetes API proxy (the only way in; the hub holds
 //! no cluster credentials). Preview requests are resolved against it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -128,17 +128,38 @@ impl Catalog {
         owner: &str,
         endpoint: &str,
     ) -> Result<Resolved, ResolveError> {
+        self.resolve_for(cluster, owner, endpoint, |_, _| true)
+    }
+
+    /// [`Catalog::resolve`] among what `sees` lets through: `sees(cluster, namespaces)` says
+    /// whether an object of `cluster` in exactly those namespaces may be seen. An owner it
+    /// hides is unknown, and a target in another cluster must be seen there too
+    /// ([`crate::users::HubUser::sees`]).
+    pub fn resolve_for(
+        &self,
+        cluster: Option<&str>,
+        owner: &str,
+        endpoint: &str,
+        sees: impl Fn(&str, &BTreeSet<String>) -> bool,
+    ) -> Result<Resolved, ResolveError> {
         let all = self.read();
+        let visible = |c: &str, v: &ClusterView| {
+            if let Some(s) = v.sandboxes.get(owner) {
+                sees(c, &crate::users::sandbox_namespaces(s))
+            } else if let Some(g) = v.route_groups.get(owner) {
+                sees(c, &crate::users::route_group_namespaces(g, &v.sandboxes))
+            } else {
+                false
+            }
+        };
         let (cluster, view) = match cluster {
-            Some(c) => (
-                c,
-                all.get(c)
-                    .ok_or_else(|| ResolveError::UnknownCluster(c.to_owned()))?,
-            ),
+            Some(c) => match all.get(c) {
+                Some(v) if visible(c, v) => (c, v),
+                Some(_) => return Err(ResolveError::UnknownOwner(owner.to_owned())),
+                None => return Err(ResolveError::UnknownCluster(c.to_owned())),
+            },
             None => {
-                let mut having = all.iter().filter(|(_, v)| {
-                    v.sandboxes.contains_key(owner) || v.route_groups.contains_key(owner)
-                });
+                let mut having = all.iter().filter(|(c, v)| visible(c, v));
                 let first = having
                     .next()
                     .ok_or_else(|| ResolveError::UnknownOwner(owner.to_owned()))?;
@@ -183,6 +204,19 @@ impl Catalog {
                 owner: owner.to_owned(),
                 endpoint: endpoint.to_owned(),
             })?;
+        // A target in another cluster: its namespace there must be visible too (a target in
+        // the owner's cluster is one of the owner's namespaces already).
+        if target_cluster != cluster {
+            let ns = crate::agent::targets::service_of(&host)
+                .map(|(ns, _)| BTreeSet::from([ns]))
+                .unwrap_or_default();
+            if !sees(target_cluster, &ns) {
+                return Err(ResolveError::UnknownEndpoint {
+                    owner: owner.to_owned(),
+                    endpoint: endpoint.to_owned(),
+                });
+            }
+        }
         Ok(Resolved {
             cluster: target_cluster.to_owned(),
             public: e.public,
@@ -344,6 +378,49 @@ impl Catalog {
     }
 }
 
+/// What `as_user` may see of `cluster`, read now through its agent (`Open::Read`: the agent
+/// checks every object with SubjectAccessReviews).
+pub async fn read_as(
+    clusters: &Clusters,
+    cluster: &str,
+    as_user: &crate::users::KubeIdentity,
+) -> Result<ClusterView, Error> {
+    let [sandboxes, route_groups, routing_configs, jobs] = crate::protocol::READ_PATHS;
+    let (sandboxes, route_groups, routing_configs, jobs) = tokio::try_join!(
+        read_list::<Sandbox>(clusters, cluster, as_user, sandboxes),
+        read_list::<RouteGroup>(clusters, cluster, as_user, route_groups),
+        read_list::<RoutingConfig>(clusters, cluster, as_user, routing_configs),
+        read_list::<spur_api::Job>(clusters, cluster, as_user, jobs),
+    )?;
+    Ok(ClusterView {
+        sandboxes,
+        route_groups,
+        routing_configs,
+        jobs,
+        synced: true,
+    })
+}
+
+async fn read_list<K: DeserializeOwned + kube::Resource + Clone>(
+    clusters: &Clusters,
+    cluster: &str,
+    as_user: &crate::users::KubeIdentity,
+    path: &str,
+) -> Result<BTreeMap<String, K>, Error> {
+    let open = Open::Read {
+        as_user: as_user.clone(),
+    };
+    let body = get_on(clusters, cluster, &open, path).await?;
+    let body = read_limited(body, MAX_LIST_BODY, &format!("listing {path}")).await?;
+    let list: ObjectList<K> = serde_json::from_slice(&body)
+        .map_err(|e| Error::Upstream(format!("listing {path}: {e}")))?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|o| Some((key_of(&o)?, o)))
+        .collect())
+}
+
 /// The key of an object in its map: its name, or `namespace/name` for a namespaced one.
 fn key_of<K: kube::Resource>(o: &K) -> Option<String> {
     let name = o.meta().name.clone()?;
@@ -390,9 +467,17 @@ async fn get(
     cluster: &str,
     path: &str,
 ) -> Result<hyper::body::Incoming, Error> {
-    let resp = clusters
-        .http_get(cluster, &Open::Kube, path, OPEN_TIMEOUT)
-        .await?;
+    get_on(clusters, cluster, &Open::Kube, path).await
+}
+
+/// GET `path` on a stream opened for `open`; the body of a 200.
+async fn get_on(
+    clusters: &Clusters,
+    cluster: &str,
+    open: &Open,
+    path: &str,
+) -> Result<hyper::body::Incoming, Error> {
+    let resp = clusters.http_get(cluster, open, path, OPEN_TIMEOUT).await?;
     if resp.status() != StatusCode::OK {
         let status = resp.status();
         let body = read_limited(resp.into_body(), MAX_ERROR_BODY, "an error answer").await;

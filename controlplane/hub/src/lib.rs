@@ -17,6 +17,7 @@ pub mod server;
 pub mod store;
 pub mod traffic;
 pub mod upstream;
+pub mod users;
 pub mod web;
 
 pub use store::Store;

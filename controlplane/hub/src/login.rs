@@ -43,7 +43,7 @@ fn key_form(message: Option<&str>, action: &str, to: Option<&str>) -> String {
         Chrome::Login,
         &format!(
             "<form class=login method=post action=\"{}\"><h2>Log in</h2>{message}{to}\
-             <label>API key (<code>spur hub apikey add NAME</code>)\
+             <label>API key (<code>spur hub apikey add NAME --user USER</code>)\
              <input type=password name=key autocomplete=current-password autofocus></label>\
              <button type=submit>Log in</button></form>",
             esc(action)
@@ -166,16 +166,12 @@ impl Preview {
                 let to = form_value(&body, "to").and_then(|t| self.preview_return(&t));
                 let key = form_value(&body, "key").unwrap_or_default();
                 let store = self.store.clone();
-                let made =
-                    tokio::task::spawn_blocking(move || match store.api_key_name(key.trim())? {
-                        Some(name) => store
-                            .create_session(&name, SESSION_TTL, SessionScope::Preview)
-                            .map(Some),
-                        None => Ok(None),
-                    })
-                    .await;
+                let made = tokio::task::spawn_blocking(move || {
+                    login_with_key(&store, key.trim(), SessionScope::Preview)
+                })
+                .await;
                 match made {
-                    Ok(Ok(Some(token))) => {
+                    Ok(Ok(Ok(token))) => {
                         let cookie = session_cookie(&token, SessionScope::Preview, &self.domain);
                         match to {
                             Some(to) => redirect(&to, Some(cookie)),
@@ -196,10 +192,10 @@ impl Preview {
                             }
                         }
                     }
-                    Ok(Ok(None)) => full(
+                    Ok(Ok(Err(refused))) => full(
                         StatusCode::UNAUTHORIZED,
                         HTML,
-                        key_form(Some("Unknown or revoked API key."), "/", to.as_deref()),
+                        key_form(Some(&refused), "/", to.as_deref()),
                     ),
                     _ => unavailable(),
                 }
@@ -255,34 +251,29 @@ impl Preview {
                     Err(resp) => return Ok(resp),
                 };
                 let store = self.store.clone();
-                let (made, refused) = if let Some(code) = form_value(&body, "code") {
-                    let made = tokio::task::spawn_blocking(move || {
-                        store.redeem_login_code(&code, SESSION_TTL)
+                let made = if let Some(code) = form_value(&body, "code") {
+                    tokio::task::spawn_blocking(move || {
+                        Ok(store
+                            .redeem_login_code(&code, SESSION_TTL)?
+                            .ok_or_else(|| "That login link is used or expired.".to_owned()))
                     })
-                    .await;
-                    (made, "That login link is used or expired.")
+                    .await
                 } else {
                     let key = form_value(&body, "key").unwrap_or_default();
-                    let made = tokio::task::spawn_blocking(move || {
-                        match store.api_key_name(key.trim())? {
-                            Some(name) => store
-                                .create_session(&name, SESSION_TTL, SessionScope::Web)
-                                .map(Some),
-                            None => Ok(None),
-                        }
+                    tokio::task::spawn_blocking(move || {
+                        login_with_key(&store, key.trim(), SessionScope::Web)
                     })
-                    .await;
-                    (made, "Unknown or revoked API key.")
+                    .await
                 };
                 Ok(match made {
-                    Ok(Ok(Some(token))) => redirect(
+                    Ok(Ok(Ok(token))) => redirect(
                         "/",
                         Some(session_cookie(&token, SessionScope::Web, &self.domain)),
                     ),
-                    Ok(Ok(None)) => full(
+                    Ok(Ok(Err(refused))) => full(
                         StatusCode::UNAUTHORIZED,
                         HTML,
-                        key_form(Some(refused), "/login", None),
+                        key_form(Some(&refused), "/login", None),
                     ),
                     _ => unavailable(),
                 })
@@ -290,6 +281,22 @@ impl Preview {
             (_, "/login") => Ok(method_not_allowed("GET or POST")),
             _ => Err(req),
         }
+    }
+}
+
+/// A session of `scope` for API key `key`, or why not: unknown or revoked, or a key of no hub
+/// user (made before users existed), which may see nothing until an admin binds it.
+fn login_with_key(
+    store: &crate::Store,
+    key: &str,
+    scope: SessionScope,
+) -> Result<Result<String, String>, crate::Error> {
+    match store.principal_for_key(key)? {
+        None => Ok(Err("Unknown or revoked API key.".into())),
+        Some(crate::store::Principal { key, user: None }) => {
+            Ok(Err(crate::store::Principal::unbound_message(&key)))
+        }
+        Some(p) => store.create_session(&p.key, SESSION_TTL, scope).map(Ok),
     }
 }
 

@@ -26,7 +26,8 @@ use hyper_util::rt::TokioIo;
 use crate::Store;
 use crate::catalog::{Catalog, ResolveError, Resolved};
 use crate::clusters::Clusters;
-use crate::store::SessionScope;
+use crate::store::{Principal, SessionScope};
+use crate::users::HubUser;
 
 /// Header carrying an API key (besides `Authorization: Bearer`).
 pub const API_KEY_HEADER: &str = "x-spur-api-key";
@@ -46,9 +47,23 @@ const AUTH_CACHE_MAX: usize = 4096;
 // runs into a higher-ranked lifetime limitation of the compiler.
 pub(crate) type Body = UnsyncBoxBody<Bytes, hyper::Error>;
 
-/// Credentials found valid: (SHA-256, the session scope or None for an API key) → when.
-pub type AuthCache =
-    std::collections::HashMap<([u8; 32], Option<SessionScope>), std::time::Instant>;
+/// Credentials found valid: (SHA-256, the session scope or None for an API key) → when, and
+/// whose.
+pub type AuthCache = std::collections::HashMap<
+    ([u8; 32], Option<SessionScope>),
+    (std::time::Instant, std::sync::Arc<HubUser>),
+>;
+
+/// Who a request is.
+#[derive(Clone, Debug)]
+pub(crate) enum Caller {
+    /// A hub user (by an API key or a session of one).
+    User(std::sync::Arc<HubUser>),
+    /// A valid API key (or its session) that belongs to no hub user yet: refused, saying so.
+    Unbound(String),
+    /// No valid credential.
+    Nobody,
+}
 
 /// The preview front end's shared state.
 pub struct Preview {
@@ -226,17 +241,32 @@ impl Preview {
         // Authentication comes before anything about the cluster is revealed or touched, unless
         // the endpoint opted in to public access and the hub allows that.
         let public = self.allow_public && resolved.as_ref().is_ok_and(|r| r.public);
-        if !public {
+        let resolved = if public {
+            resolved
+        } else {
             match self
                 .authenticate(req.headers(), SessionScope::Preview)
                 .await
             {
-                Ok(true) => {}
-                Ok(false) if wants_html(req.headers()) => {
+                // Only what the user may see: another namespace's or cluster's sandbox is
+                // unknown to it, and nothing is asked of any agent.
+                Ok(Caller::User(user)) => {
+                    self.catalog
+                        .resolve_for(name.cluster, name.owner, name.endpoint, |c, ns| {
+                            user.sees(c, ns)
+                        })
+                }
+                Ok(Caller::Unbound(key)) => {
+                    return text(
+                        StatusCode::FORBIDDEN,
+                        &format!("{}\n", Principal::unbound_message(&key)),
+                    );
+                }
+                Ok(Caller::Nobody) if wants_html(req.headers()) => {
                     let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
                     return self.login_required(&authority, &format!("https://{authority}{pq}"));
                 }
-                Ok(false) => {
+                Ok(Caller::Nobody) => {
                     let mut r = text(
                         StatusCode::UNAUTHORIZED,
                         "an API key is required: `x-spur-api-key: <key>` or `Authorization: Bearer <key>` (spur hub apikey add)\n",
@@ -255,7 +285,7 @@ impl Preview {
                     );
                 }
             }
-        }
+        };
         let resolved = match resolved {
             Ok(r) => r,
             Err(e @ ResolveError::NoKey(_)) => {
@@ -282,20 +312,21 @@ impl Preview {
         }
     }
 
-    /// Whether the request carries a valid API key or a session cookie of `scope`.
+    /// Who the request is: by a session cookie of `scope`, else an API key.
     pub(crate) async fn authenticate(
         &self,
         headers: &http::HeaderMap,
         scope: SessionScope,
-    ) -> Result<bool, crate::Error> {
+    ) -> Result<Caller, crate::Error> {
         let name = match scope {
             SessionScope::Web => crate::web::WEB_COOKIE,
             SessionScope::Preview => crate::web::PREVIEW_COOKIE,
         };
-        if let Some(token) = crate::web::cookie(headers, name)
-            && self.credential_valid(token, Some(scope)).await?
-        {
-            return Ok(true);
+        if let Some(token) = crate::web::cookie(headers, name) {
+            match self.caller(token, Some(scope)).await? {
+                Caller::Nobody => {}
+                found => return Ok(found),
+            }
         }
         let key = headers
             .get(API_KEY_HEADER)
@@ -308,49 +339,53 @@ impl Preview {
             })
             .map(str::trim);
         match key {
-            Some(key) => self.credential_valid(key, None).await,
-            None => Ok(false),
+            Some(key) => self.caller(key, None).await,
+            None => Ok(Caller::Nobody),
         }
     }
 
-    /// Whether an API key (or, with a scope, a session token of it) is valid. A valid answer is
-    /// remembered for [`AUTH_CACHE_TTL`], so a revocation takes effect within that time and the
-    /// database is not read on every request; invalid answers are never cached.
-    async fn credential_valid(
+    /// Who an API key (or, with a scope, a session token of one) is. A hub user found is
+    /// remembered for [`AUTH_CACHE_TTL`], so a revocation or a change of the user's scope takes
+    /// effect within that time and the database is not read on every request; other answers
+    /// are never cached.
+    async fn caller(
         &self,
         secret: &str,
         session: Option<SessionScope>,
-    ) -> Result<bool, crate::Error> {
+    ) -> Result<Caller, crate::Error> {
         let hash = crate::store::sha256(secret);
         let now = std::time::Instant::now();
         {
             let cache = self.auth_cache.lock().unwrap_or_else(|p| p.into_inner());
-            if cache
-                .get(&(hash, session))
-                .is_some_and(|at| now.duration_since(*at) < AUTH_CACHE_TTL)
+            if let Some((at, user)) = cache.get(&(hash, session))
+                && now.duration_since(*at) < AUTH_CACHE_TTL
             {
-                return Ok(true);
+                return Ok(Caller::User(user.clone()));
             }
         }
         let (store, secret) = (self.store.clone(), secret.to_owned());
-        let valid = tokio::task::spawn_blocking(move || match session {
-            Some(scope) => store.session_key(&secret, scope),
-            None => store.api_key_name(&secret),
+        let found = tokio::task::spawn_blocking(move || match session {
+            Some(scope) => store.principal_for_session(&secret, scope),
+            None => store.principal_for_key(&secret),
         })
         .await
-        .map_err(|e| crate::Error::Db(e.to_string()))??
-        .is_some();
-        if valid {
-            let mut cache = self.auth_cache.lock().unwrap_or_else(|p| p.into_inner());
+        .map_err(|e| crate::Error::Db(e.to_string()))??;
+        let user = match found {
+            None => return Ok(Caller::Nobody),
+            Some(Principal { key, user: None }) => return Ok(Caller::Unbound(key)),
+            Some(Principal {
+                user: Some(user), ..
+            }) => std::sync::Arc::new(user),
+        };
+        let mut cache = self.auth_cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= AUTH_CACHE_MAX {
+            cache.retain(|_, (at, _)| now.duration_since(*at) < AUTH_CACHE_TTL);
             if cache.len() >= AUTH_CACHE_MAX {
-                cache.retain(|_, at| now.duration_since(*at) < AUTH_CACHE_TTL);
-                if cache.len() >= AUTH_CACHE_MAX {
-                    cache.clear();
-                }
+                cache.clear();
             }
-            cache.insert((hash, session), now);
         }
-        Ok(valid)
+        cache.insert((hash, session), (now, user.clone()));
+        Ok(Caller::User(user))
     }
 
     async fn forward(

@@ -5,10 +5,12 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::users::KubeIdentity;
+
 /// The agent's reverse listener.
 pub const AGENT_BIND: &str = "spur-agent";
-/// Longest frame either side accepts.
-pub const MAX_FRAME: usize = 4096;
+/// Longest frame either side accepts (an `Open` carrying a user with 32 long group names fits).
+pub const MAX_FRAME: usize = 16 * 1024;
 
 /// Hub → agent: what the stream is for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -17,13 +19,34 @@ pub enum Open {
     /// Connect to `host:port` inside the cluster (a preview endpoint's target).
     Tcp { host: String, port: u16 },
     /// HTTP/1.1 to the cluster's Kubernetes API, limited to what the agent's scope allows
-    /// (reads of Spur's own resources), with the agent's credentials.
+    /// (reads of Spur's own resources), with the agent's credentials: the hub's own catalog,
+    /// which resolves previews and tells the web view when to refresh. It is never shown to a
+    /// user as read: what a user sees is read through [`Open::Read`].
     Kube,
+    /// HTTP/1.1 lists of Spur's objects for one user (`GET` of one of [`READ_PATHS`]): the agent
+    /// reads them with its own credentials and returns only the objects whose every namespace
+    /// `as_user` may `list` that resource in (SubjectAccessReviews). Refused without a user.
+    Read {
+        #[serde(default, rename = "as")]
+        as_user: KubeIdentity,
+    },
     /// HTTP/1.1 to the agent's reader of the cluster's traffic store (`GET /exchanges?…`, see
-    /// [`TRAFFIC_PATH`]), with the agent's credentials; refused unless the agent was given one
-    /// (`spur agent --traffic-server`).
-    Traffic,
+    /// [`TRAFFIC_PATH`]) for one user: the agent reads only a sandbox `as_user` may `get`
+    /// `sandboxes/traffic` of (SubjectAccessReviews), with its own credentials; refused
+    /// without a user, or unless the agent was given a store (`spur agent --traffic-server`).
+    Traffic {
+        #[serde(default, rename = "as")]
+        as_user: KubeIdentity,
+    },
 }
+
+/// The lists an [`Open::Read`] stream serves.
+pub const READ_PATHS: [&str; 4] = [
+    "/apis/spur.dev/v1alpha1/sandboxes",
+    "/apis/spur.dev/v1alpha1/routegroups",
+    "/apis/spur.dev/v1alpha1/routingconfigs",
+    "/apis/spur.dev/v1alpha1/jobs",
+];
 
 /// The one path an [`Open::Traffic`] stream serves. Query parameters: `sandbox` (required),
 /// `limit` (at most [`MAX_TRAFFIC_LIMIT`]), `path` (a prefix), `status`, `method`. The answer

@@ -168,6 +168,15 @@ impl Hub {
             names.push(format!("*.{}", p.domain));
         }
         let (chain, key, ca_pem) = serving_identity(&store, &tls_source)?;
+        // Keys made before hub users existed see nothing until an admin gives them a user.
+        let unbound = store.unbound_api_keys()?;
+        if !unbound.is_empty() {
+            tracing::warn!(
+                keys = %unbound.join(", "),
+                "API keys of no hub user are refused; give each one with `spur hub apikey bind \
+                 NAME --user USER` (users: `spur hub user add`)"
+            );
+        }
         let metrics = crate::metrics::Metrics::register(registry);
         let clusters = Clusters::default().with_metrics(metrics.clone());
         let catalog = Catalog::default();

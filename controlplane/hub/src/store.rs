@@ -13,14 +13,16 @@ use rusqlite::{Connection, OptionalExtension, params};
 use crate::Error;
 
 mod sessions;
+mod users;
 
 pub use sessions::SessionScope;
+pub use users::{Principal, ScopeChange};
 
 /// Schema version in `PRAGMA user_version`; a newer file is refused rather than misread.
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 4;
 
 /// Migrations, in order: entry `i` takes a file from version `i` to `i + 1`.
-const MIGRATIONS: [&str; 3] = [SCHEMA_V1, SESSIONS_V2, LOGIN_CODES_V3];
+const MIGRATIONS: [&str; 4] = [SCHEMA_V1, SESSIONS_V2, LOGIN_CODES_V3, users::USERS_V4];
 
 const SCHEMA_V1: &str = "
 CREATE TABLE clusters (
@@ -101,6 +103,8 @@ pub struct Cluster {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiKey {
     pub name: String,
+    /// The hub user it belongs to (None: made before users existed, refused until bound).
+    pub user: Option<String>,
     pub created: SystemTime,
     pub revoked: Option<SystemTime>,
 }
@@ -322,18 +326,21 @@ impl Store {
         Ok(())
     }
 
-    /// Creates API key `name` and returns the key (shown once).
-    pub fn add_api_key(&self, name: &str) -> Result<String, Error> {
+    /// Creates API key `name` for hub user `user` and returns the key (shown once).
+    pub fn add_api_key(&self, name: &str, user: &str) -> Result<String, Error> {
         check_name("API key", name)?;
         let key = new_secret(API_KEY_PREFIX)?;
-        let conn = self.conn();
-        let inserted = conn
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(dbe)?;
+        users::require_user(&tx, user)?;
+        let inserted = tx
             .execute(
-                "INSERT INTO api_keys (name, key_hash, created_ms) VALUES (?1, ?2, ?3) \
-                 ON CONFLICT (name) DO NOTHING",
-                params![name, sha256(&key), now_ms()],
+                "INSERT INTO api_keys (name, key_hash, created_ms, user_name) \
+                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT (name) DO NOTHING",
+                params![name, sha256(&key), now_ms(), user],
             )
             .map_err(dbe)?;
+        tx.commit().map_err(dbe)?;
         if inserted == 0 {
             return Err(Error::Conflict(format!(
                 "an API key named {name:?} exists (revoked keys keep their name for the audit)"
@@ -368,7 +375,7 @@ impl Store {
     pub fn api_keys(&self) -> Result<Vec<ApiKey>, Error> {
         let conn = self.conn();
         let mut stmt = conn
-            .prepare("SELECT name, created_ms, revoked_ms FROM api_keys ORDER BY name")
+            .prepare("SELECT name, created_ms, revoked_ms, user_name FROM api_keys ORDER BY name")
             .map_err(dbe)?;
         let rows = stmt
             .query_map([], |r| {
@@ -376,6 +383,7 @@ impl Store {
                     name: r.get(0)?,
                     created: at(r.get(1)?),
                     revoked: r.get::<_, Option<i64>>(2)?.map(at),
+                    user: r.get(3)?,
                 })
             })
             .map_err(dbe)?;
@@ -582,18 +590,20 @@ mod tests {
                 "{bad}"
             );
             assert!(
-                matches!(s.add_api_key(bad), Err(Error::Invalid(_))),
+                matches!(s.add_api_key(bad, "u"), Err(Error::Invalid(_))),
                 "{bad}"
             );
+            assert!(matches!(s.add_user(bad), Err(Error::Invalid(_))), "{bad}");
         }
     }
 
     #[test]
     fn api_keys() {
         let s = Store::in_memory().unwrap();
-        let k = s.add_api_key("ci").unwrap();
+        s.add_user("ci").unwrap();
+        let k = s.add_api_key("ci", "ci").unwrap();
         assert_eq!(s.api_key_name(&k).unwrap().as_deref(), Some("ci"));
-        assert!(matches!(s.add_api_key("ci"), Err(Error::Conflict(_))));
+        assert!(matches!(s.add_api_key("ci", "ci"), Err(Error::Conflict(_))));
         // A cluster token is not an API key, even with a matching hash table.
         let t = s.add_cluster("c", false).unwrap();
         assert_eq!(s.api_key_name(&t).unwrap(), None);
@@ -644,6 +654,47 @@ mod tests {
         );
     }
 
+    /// Issue 42, point 5: a key made before hub users existed belongs to nobody after the
+    /// migration, and sees nothing until an admin binds it; its old sessions end.
+    #[test]
+    fn a_version_3_key_belongs_to_nobody_until_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.db");
+        let key = "spurk_0123";
+        {
+            let conn = Connection::open(&path).unwrap();
+            for m in &MIGRATIONS[..3] {
+                conn.execute_batch(m).unwrap();
+            }
+            conn.pragma_update(None, "user_version", 3).unwrap();
+            conn.execute(
+                "INSERT INTO api_keys (name, key_hash, created_ms) VALUES ('old', ?1, 1)",
+                [sha256(key)],
+            )
+            .unwrap();
+            conn.execute(
+                "INSERT INTO sessions (token_hash, key_name, created_ms, expires_ms) \
+                 VALUES (x'00', 'old', 1, 99999999999999)",
+                [],
+            )
+            .unwrap();
+        }
+        let s = Store::open(&path).unwrap();
+        let p = s.principal_for_key(key).unwrap().unwrap();
+        assert_eq!((p.key.as_str(), p.user), ("old", None));
+        assert_eq!(s.unbound_api_keys().unwrap(), vec!["old".to_string()]);
+        let sessions: i64 = s
+            .conn()
+            .query_row("SELECT count(*) FROM sessions", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(sessions, 0);
+        s.add_user("ops").unwrap();
+        s.bind_api_key("old", "ops").unwrap();
+        let p = s.principal_for_key(key).unwrap().unwrap();
+        assert_eq!(p.user.unwrap().name, "ops");
+        assert!(s.unbound_api_keys().unwrap().is_empty());
+    }
+
     /// Issue 42, point 2: the file holds the CA key, and was created with the umask's mode
     /// (0644 under the usual 022): readable by every local user.
     #[test]
@@ -654,7 +705,8 @@ mod tests {
         let s = Store::open(&path).unwrap();
         s.ca_or_create(|| Ok(("cert".into(), "key".into())))
             .unwrap();
-        s.add_api_key("dev").unwrap();
+        s.add_user("dev").unwrap();
+        s.add_api_key("dev", "dev").unwrap();
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&path), 0o600);
         let wal = dir.path().join("hub.db-wal");

@@ -1,7 +1,8 @@
 //! The web view's traffic tab (`/traffic?cluster=C&sandbox=S`): a sandbox's captured exchanges
 //! (docs/traffic.md), newest first, with their headers and the first bytes of their bodies.
 //! They are read through the cluster's agent from the cluster's own traffic store when the page
-//! is asked for; the hub keeps none of them, and the agent's RBAC decides what it may read.
+//! is asked for; the hub keeps none of them. The hub asks only for a sandbox its user may see,
+//! and the agent reads only what the user's Kubernetes identity may (`sandboxes/traffic`).
 
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -13,6 +14,7 @@ use spur_proto::traffic::{Body as CapturedBody, Exchange, Header, QueryReply};
 use crate::Error;
 use crate::clusters::Clusters;
 use crate::protocol::{MAX_TRAFFIC_LIMIT, Open, TRAFFIC_PATH};
+use crate::users::KubeIdentity;
 use crate::web::esc;
 
 /// How long opening the agent's stream may take.
@@ -74,12 +76,17 @@ impl TrafficParams {
     }
 }
 
-/// Reads a sandbox's exchanges from `cluster`'s traffic store through its agent.
-pub async fn read(clusters: &Clusters, p: &TrafficParams) -> Result<QueryReply, Error> {
+/// Reads a sandbox's exchanges from `cluster`'s traffic store through its agent, for `as_user`
+/// (the agent reads only what that Kubernetes identity may).
+pub async fn read(
+    clusters: &Clusters,
+    p: &TrafficParams,
+    as_user: KubeIdentity,
+) -> Result<QueryReply, Error> {
     let attempt = async {
         let path = format!("{TRAFFIC_PATH}?{}", p.agent_query());
         let resp = clusters
-            .http_get(&p.cluster, &Open::Traffic, &path, OPEN_TIMEOUT)
+            .http_get(&p.cluster, &Open::Traffic { as_user }, &path, OPEN_TIMEOUT)
             .await?;
         let status = resp.status();
         let body = crate::catalog::read_limited(

@@ -6,6 +6,7 @@
 //! one-time code from `spur hub login-link` posted from the page its link opens; either sets the
 //! host-only cookie [`WEB_COOKIE`]. Every page the hub writes carries [`hub_headers`].
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
@@ -15,8 +16,10 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 
-use crate::preview::{Body, Preview, preview_url};
-use crate::store::SessionScope;
+use crate::catalog::ClusterView;
+use crate::preview::{Body, Caller, Preview, preview_url};
+use crate::store::{Principal, SessionScope};
+use crate::users::HubUser;
 
 /// The web view's session cookie. `__Host-`: the browser takes it only from the web view's own
 /// host, Secure, with `Path=/` and no `Domain`, so no other host (a preview) can set or replace it.
@@ -207,9 +210,16 @@ impl Preview {
             }
             _ => {}
         }
-        match self.authenticate(req.headers(), SessionScope::Web).await {
-            Ok(true) => {}
-            Ok(false) => return redirect("/login", None),
+        let user = match self.authenticate(req.headers(), SessionScope::Web).await {
+            Ok(Caller::User(user)) => user,
+            Ok(Caller::Nobody) => return redirect("/login", None),
+            Ok(Caller::Unbound(key)) => {
+                return full(
+                    StatusCode::FORBIDDEN,
+                    "text/plain; charset=utf-8",
+                    format!("{}\n", Principal::unbound_message(&key)),
+                );
+            }
             Err(_) => {
                 return full(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -217,10 +227,10 @@ impl Preview {
                     "cannot check credentials now\n".into(),
                 );
             }
-        }
+        };
         match (req.method(), req.uri().path()) {
             (&Method::GET, "/") => {
-                let main = self.render().await;
+                let main = self.render(&user).await;
                 if req.uri().query() == Some("fragment=1") {
                     full(StatusCode::OK, "text/html; charset=utf-8", main)
                 } else {
@@ -242,7 +252,7 @@ impl Preview {
                         "/traffic needs cluster and sandbox\n".into(),
                     );
                 }
-                let result = crate::traffic::read(&self.clusters, &params).await;
+                let result = self.traffic_for(&user, &params).await;
                 let main = crate::traffic::render(&params, &result, SystemTime::now());
                 let title = format!("Traffic of {} · Spur hub", params.sandbox);
                 full(
@@ -320,8 +330,81 @@ impl Preview {
         links.join(" ")
     }
 
-    /// The page's main content.
-    pub async fn render(&self) -> String {
+    /// A sandbox's traffic for `user`: refused unless the user may see the cluster and the
+    /// sandbox (one the hub knows of in namespaces all in the user's scope, or any sandbox for
+    /// a user who may see every namespace); then read through the agent as the user's
+    /// Kubernetes identity, which the agent checks again.
+    async fn traffic_for(
+        &self,
+        user: &HubUser,
+        params: &crate::traffic::TrafficParams,
+    ) -> Result<spur_proto::traffic::QueryReply, crate::Error> {
+        let hidden = || {
+            crate::Error::NotFound(format!(
+                "no sandbox {:?} that you may see in cluster {:?}",
+                params.sandbox, params.cluster
+            ))
+        };
+        let (Some(scope), Some(as_user)) =
+            (user.scope(&params.cluster), user.identity(&params.cluster))
+        else {
+            return Err(hidden());
+        };
+        let known = self
+            .catalog
+            .snapshot()
+            .get(&params.cluster)
+            .and_then(|v| v.sandboxes.get(&params.sandbox).cloned());
+        let visible = match known {
+            Some(sb) => scope
+                .namespaces
+                .cover(&crate::users::sandbox_namespaces(&sb)),
+            // A sandbox gone (its exchanges may remain): for users who may see everything.
+            None => scope.namespaces.is_all(),
+        };
+        if !visible {
+            return Err(hidden());
+        }
+        crate::traffic::read(&self.clusters, params, as_user).await
+    }
+
+    /// What `user` may see of every connected cluster in its scope, read through each agent as
+    /// the user's Kubernetes identity (the agent checks it), then filtered by the user's hub
+    /// scope too. Clusters outside the scope are never asked.
+    async fn views_for(&self, user: &HubUser) -> BTreeMap<String, Result<ClusterView, String>> {
+        let mut reads = tokio::task::JoinSet::new();
+        for (cluster, _) in self.clusters.connected() {
+            let Some(as_user) = user.identity(&cluster) else {
+                continue;
+            };
+            let clusters = self.clusters.clone();
+            reads.spawn(async move {
+                let read = tokio::time::timeout(
+                    USER_READ_TIMEOUT,
+                    crate::catalog::read_as(&clusters, &cluster, &as_user),
+                )
+                .await;
+                let view = match read {
+                    Ok(Ok(v)) => Ok(v),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err(format!("no answer within {USER_READ_TIMEOUT:?}")),
+                };
+                (cluster, view)
+            });
+        }
+        let mut views = BTreeMap::new();
+        while let Some(done) = reads.join_next().await {
+            if let Ok((cluster, view)) = done {
+                let view = view.map(|v| user.filter(&cluster, &v));
+                views.insert(cluster, view);
+            }
+        }
+        views
+    }
+
+    /// The page's main content for `user`: only the clusters in its scope, and of each only
+    /// what it may see.
+    pub async fn render(&self, user: &HubUser) -> String {
         let store = self.store.clone();
         let registered = tokio::task::spawn_blocking(move || store.clusters())
             .await
@@ -329,11 +412,38 @@ impl Preview {
             .and_then(Result::ok)
             .unwrap_or_default();
         let connected = self.clusters.connected();
-        let views = self.catalog.snapshot();
+        let read = self.views_for(user).await;
         let now = SystemTime::now();
         let mut out = String::new();
+        let _ = write!(
+            out,
+            "<p class=dim>Signed in as hub user <code>{}</code>.</p>",
+            esc(&user.name)
+        );
+        if user.clusters.is_empty() {
+            out.push_str(
+                "<p class=bad>Your hub user may see no cluster yet: an admin gives it a scope \
+                 with <code>spur hub user set</code>.</p>",
+            );
+        }
+        let mut views = BTreeMap::new();
+        for (cluster, view) in &read {
+            match view {
+                Ok(v) => {
+                    views.insert(cluster.clone(), v.clone());
+                }
+                Err(e) => {
+                    let _ = write!(
+                        out,
+                        "<p class=bad>Cannot read cluster {}: {}</p>",
+                        esc(cluster),
+                        esc(e)
+                    );
+                }
+            }
+        }
         out.push_str("<h2>Clusters</h2><table><tr><th>Cluster</th><th>Status</th><th>Transport</th><th>Connected since</th><th>Last seen</th><th>Sandboxes</th></tr>");
-        for c in &registered {
+        for c in registered.iter().filter(|c| user.scope(&c.name).is_some()) {
             let live = connected.iter().find(|(n, _)| *n == c.name).map(|(_, s)| s);
             let status = match (c.revoked.is_some(), live) {
                 (true, _) => "<span class=bad>revoked</span>",
@@ -517,6 +627,9 @@ impl Preview {
         out
     }
 }
+
+/// How long reading one cluster for a page may take.
+const USER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Jobs listed per cluster (the newest); the rest are a `spur job list` away.
 const MAX_JOBS_SHOWN: usize = 50;

@@ -139,6 +139,16 @@ async fn one_peer_cannot_take_every_connection() {
     }
 }
 
+/// A traffic stream for a user (the agent refuses one without).
+fn traffic_open() -> Open {
+    Open::Traffic {
+        as_user: spur_hub::users::KubeIdentity {
+            user: "dev".into(),
+            groups: vec![],
+        },
+    }
+}
+
 fn traffic() -> spur_discovery::Connector {
     // Never reached: the streams under test send no complete request.
     spur_discovery::Connector::named(
@@ -155,10 +165,12 @@ async fn the_agent_closes_streams_whose_request_never_comes() {
         header_read_timeout: Duration::from_secs(1),
         ..Scope::default()
     };
-    start_agent(&hub, "east", None, scope, Some(traffic())).await;
+    // Traffic streams are served only by an agent that can check its users (Kubernetes).
+    let kube = FakeKube::start().await;
+    start_agent(&hub, "east", Some(kube.client()), scope, Some(traffic())).await;
     let mut s = hub
         .clusters
-        .open("east", &Open::Traffic, Duration::from_secs(5))
+        .open("east", &traffic_open(), Duration::from_secs(5))
         .await
         .unwrap();
     send(&mut s, b"GET /exchanges?sandbox=x HTTP/1.1\r\nho").await;
@@ -180,13 +192,15 @@ async fn the_agent_serves_a_bounded_number_of_streams() {
         max_streams: 2,
         ..Scope::default()
     };
-    start_agent(&hub, "east", None, scope, Some(traffic())).await;
+    // Traffic streams are served only by an agent that can check its users (Kubernetes).
+    let kube = FakeKube::start().await;
+    start_agent(&hub, "east", Some(kube.client()), scope, Some(traffic())).await;
     let session = hub.clusters.get("east").unwrap();
     let _a = session.open_reverse(AGENT_BIND).await.unwrap();
     let _b = session.open_reverse(AGENT_BIND).await.unwrap();
     let third = hub
         .clusters
-        .open("east", &Open::Traffic, Duration::from_secs(5))
+        .open("east", &traffic_open(), Duration::from_secs(5))
         .await;
     assert!(third.is_err(), "a third stream was served");
     drop((_a, _b));
@@ -195,7 +209,7 @@ async fn the_agent_serves_a_bounded_number_of_streams() {
     for _ in 0..100 {
         if hub
             .clusters
-            .open("east", &Open::Traffic, Duration::from_secs(5))
+            .open("east", &traffic_open(), Duration::from_secs(5))
             .await
             .is_ok()
         {

@@ -42,7 +42,7 @@ async fn hub_with_hostile_preview() -> (TestHub, FakeKube, String) {
     let kube = FakeKube::start().await;
     kube.add_sandbox("sb", "web", &format!("http://localhost:{app}"), false);
     start_agent(&hub, "east", Some(kube.client()), local_scope(), None).await;
-    let key = hub.store.add_api_key("dev").unwrap();
+    let key = admin_key(&hub, "dev");
     // The catalog has the sandbox once a preview answers.
     let host = format!("web--sb.{DOMAIN}");
     let mut last = None;
@@ -111,7 +111,7 @@ fn set_cookie(headers: &http::HeaderMap) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_are_host_only_and_kept_apart() {
     let hub = start_hub(settings(ListenerLimits::default())).await;
-    let key = hub.store.add_api_key("dev").unwrap();
+    let key = admin_key(&hub, "dev");
     let origin = format!("https://{WEB_HOST}:{}", hub.preview.port());
     let (status, headers, _) = post(
         &hub,
@@ -179,7 +179,7 @@ async fn sessions_are_host_only_and_kept_apart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_login_code_works_once_by_post_and_never_as_a_cookie() {
     let hub = start_hub(settings(ListenerLimits::default())).await;
-    hub.store.add_api_key("dev").unwrap();
+    admin_key(&hub, "dev");
     let code = hub
         .store
         .create_login_code("dev", Duration::from_secs(60))
@@ -231,7 +231,7 @@ async fn a_login_code_works_once_by_post_and_never_as_a_cookie() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_hub_page_carries_its_security_headers() {
     let hub = start_hub(settings(ListenerLimits::default())).await;
-    let key = hub.store.add_api_key("dev").unwrap();
+    let key = admin_key(&hub, "dev");
     let auth = [("x-spur-api-key", key.as_str())];
     let login = format!("login.{DOMAIN}");
     let pages = [

@@ -20,7 +20,7 @@ pub enum SessionScope {
 }
 
 impl SessionScope {
-    fn as_str(self) -> &'static str {
+    pub(super) fn as_str(self) -> &'static str {
         match self {
             SessionScope::Web => "web",
             SessionScope::Preview => "preview",
@@ -199,7 +199,8 @@ mod tests {
     #[test]
     fn sessions_expire_end_and_die_with_their_key() {
         let s = Store::in_memory().unwrap();
-        s.add_api_key("dev").unwrap();
+        s.add_user("dev").unwrap();
+        s.add_api_key("dev", "dev").unwrap();
         assert!(matches!(
             s.create_session("nobody", MINUTE, SessionScope::Web),
             Err(Error::NotFound(_))
@@ -231,7 +232,8 @@ mod tests {
     #[test]
     fn a_preview_session_does_not_open_the_web_view() {
         let s = Store::in_memory().unwrap();
-        s.add_api_key("dev").unwrap();
+        s.add_user("dev").unwrap();
+        s.add_api_key("dev", "dev").unwrap();
         let p = s
             .create_session("dev", MINUTE, SessionScope::Preview)
             .unwrap();
@@ -247,7 +249,8 @@ mod tests {
     #[test]
     fn a_login_code_is_not_a_session_and_works_once() {
         let s = Store::in_memory().unwrap();
-        s.add_api_key("dev").unwrap();
+        s.add_user("dev").unwrap();
+        s.add_api_key("dev", "dev").unwrap();
         let code = s.create_login_code("dev", MINUTE).unwrap();
         assert!(code.starts_with(LOGIN_CODE_PREFIX), "{code}");
         for scope in [SessionScope::Web, SessionScope::Preview] {
@@ -287,7 +290,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hub.db");
         let first = Store::open(&path).unwrap();
-        first.add_api_key("dev").unwrap();
+        first.add_user("dev").unwrap();
+        first.add_api_key("dev", "dev").unwrap();
         for _ in 0..20 {
             let code = first.create_login_code("dev", MINUTE).unwrap();
             let barrier = std::sync::Arc::new(std::sync::Barrier::new(4));

@@ -93,6 +93,23 @@ pub(crate) async fn start_hub_with(
     t
 }
 
+/// An API key of a new hub user `name` who may see every namespace of every cluster.
+pub(crate) fn admin_key(hub: &TestHub, name: &str) -> String {
+    hub.store.add_user(name).unwrap();
+    hub.store
+        .set_user_scope(
+            name,
+            &spur_hub::store::ScopeChange {
+                cluster: "*".into(),
+                namespaces: spur_hub::users::Namespaces::ALL,
+                kube_user: None,
+                kube_groups: vec![],
+            },
+        )
+        .unwrap();
+    hub.store.add_api_key(name, name).unwrap()
+}
+
 /// The tunnel client settings of a cluster's agent: its token is registered now.
 pub(crate) fn agent_client(hub: &TestHub, cluster: &str) -> spur_tunnel::ClientConfig {
     let token = hub.store.add_cluster(cluster, false).unwrap();
@@ -257,12 +274,15 @@ pub(crate) async fn post(
 
 type FakeBody = BoxBody<Bytes, Infallible>;
 
-/// A stand-in Kubernetes API: lists the sandboxes it is given, holds every watch open, and
-/// answers Service reads from `services` (namespace/name → type).
+/// A stand-in Kubernetes API: lists the sandboxes it is given, holds every watch open,
+/// answers Service reads from `services` (namespace/name → type), and answers
+/// SubjectAccessReviews from `grants`: (user, namespace) pairs, each allowing everything in
+/// that namespace ("" for the whole cluster).
 pub(crate) struct FakeKube {
     pub(crate) addr: SocketAddr,
     pub(crate) sandboxes: Arc<Mutex<Vec<serde_json::Value>>>,
     pub(crate) services: Arc<Mutex<Vec<(String, String)>>>,
+    pub(crate) grants: Arc<Mutex<Vec<(String, String)>>>,
 }
 
 impl FakeKube {
@@ -271,17 +291,28 @@ impl FakeKube {
         let addr = listener.local_addr().unwrap();
         let sandboxes: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
         let services: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-        let (sb, sv) = (sandboxes.clone(), services.clone());
+        let grants: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+        let (sb, sv, gr) = (sandboxes.clone(), services.clone(), grants.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
                     return;
                 };
-                let (sb, sv) = (sb.clone(), sv.clone());
-                let service = hyper::service::service_fn(move |req: http::Request<_>| {
-                    let resp = fake_kube_answer(&req, &sb, &sv);
-                    async move { Ok::<_, Infallible>(resp) }
-                });
+                let (sb, sv, gr) = (sb.clone(), sv.clone(), gr.clone());
+                let service =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let (sb, sv, gr) = (sb.clone(), sv.clone(), gr.clone());
+                        async move {
+                            let (parts, body) = req.into_parts();
+                            let body = body
+                                .collect()
+                                .await
+                                .map(|b| b.to_bytes())
+                                .unwrap_or_default();
+                            let req = http::Request::from_parts(parts, body);
+                            Ok::<_, Infallible>(fake_kube_answer(&req, &sb, &sv, &gr))
+                        }
+                    });
                 tokio::spawn(
                     hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(tcp), service),
@@ -292,7 +323,31 @@ impl FakeKube {
             addr,
             sandboxes,
             services,
+            grants,
         }
+    }
+
+    /// A ready sandbox `name` forking a workload in `namespace`, whose endpoint `endpoint`
+    /// targets `target`.
+    pub(crate) fn add_sandbox_in(&self, name: &str, namespace: &str, endpoint: &str, target: &str) {
+        self.sandboxes.lock().unwrap().push(serde_json::json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": name, "resourceVersion": "1"},
+            "spec": {
+                "forks": [{"forkOf": {"kind": "Deployment", "namespace": namespace, "name": "web"}}],
+                "defaultRouteGroup": {"endpoints": [{"name": endpoint, "target": target}]},
+                "capture": {"enabled": true}
+            },
+            "status": {"routingKey": format!("key-{name}")}
+        }));
+    }
+
+    /// Lets Kubernetes user `user` do everything in `namespace` ("" for the whole cluster).
+    pub(crate) fn grant(&self, user: &str, namespace: &str) {
+        self.grants
+            .lock()
+            .unwrap()
+            .push((user.to_owned(), namespace.to_owned()));
     }
 
     pub(crate) fn client(&self) -> kube::Client {
@@ -316,10 +371,11 @@ impl FakeKube {
     }
 }
 
-fn fake_kube_answer<B>(
-    req: &http::Request<B>,
+fn fake_kube_answer(
+    req: &http::Request<Bytes>,
     sandboxes: &Mutex<Vec<serde_json::Value>>,
     services: &Mutex<Vec<(String, String)>>,
+    grants: &Mutex<Vec<(String, String)>>,
 ) -> http::Response<FakeBody> {
     let path = req.uri().path();
     let json = |v: serde_json::Value| {
@@ -328,6 +384,40 @@ fn fake_kube_answer<B>(
             .body(Full::new(Bytes::from(v.to_string())).boxed())
             .unwrap()
     };
+    let not_found = || {
+        let mut r = json(serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": "NotFound", "code": 404, "message": "not found"
+        }));
+        *r.status_mut() = http::StatusCode::NOT_FOUND;
+        r
+    };
+    if path == "/apis/authorization.k8s.io/v1/subjectaccessreviews" {
+        let review: serde_json::Value = serde_json::from_slice(req.body()).unwrap();
+        let spec = &review["spec"];
+        let user = spec["user"].as_str().unwrap_or_default().to_owned();
+        let ns = spec["resourceAttributes"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let allowed = grants
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(u, n)| *u == user && (n.is_empty() || *n == ns));
+        let mut answer = review.clone();
+        answer["status"] = serde_json::json!({"allowed": allowed});
+        return json(answer);
+    }
+    if let Some(name) = path.strip_prefix("/apis/spur.dev/v1alpha1/sandboxes/") {
+        let found = sandboxes
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|s| s["metadata"]["name"] == name)
+            .cloned();
+        return found.map_or_else(not_found, json);
+    }
     if req.uri().query().is_some_and(|q| q.contains("watch=1")) {
         // A watch with nothing to say, held open.
         let body = StreamBody::new(tokio_stream::pending::<Result<Frame<Bytes>, Infallible>>());
@@ -349,14 +439,7 @@ fn fake_kube_answer<B>(
                     "metadata": {"name": name, "namespace": ns},
                     "spec": {"type": kind, "externalName": "metadata.google.internal"}
                 })),
-                None => {
-                    let mut r = json(serde_json::json!({
-                        "kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "reason": "NotFound", "code": 404, "message": "not found"
-                    }));
-                    *r.status_mut() = http::StatusCode::NOT_FOUND;
-                    r
-                }
+                None => not_found(),
             };
         }
     }
