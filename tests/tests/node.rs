@@ -1103,6 +1103,19 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
         String::from_utf8(out.stdout).unwrap()
     };
     let token = hub_cli(&["hub", "cluster", "add", "node"]);
+    // A hub user who may see everything (issue 42, point 5: every key belongs to a user, and the
+    // agent checks each read as the user's Kubernetes identity; system:masters may read all).
+    hub_cli(&[
+        "hub",
+        "user",
+        "add",
+        "dev",
+        "--cluster",
+        "*",
+        "--all-namespaces",
+        "--kube-group",
+        "system:masters",
+    ]);
     let key = hub_cli(&["hub", "apikey", "add", "dev"]).trim().to_owned();
     let ca = d.join("ca.pem");
     std::fs::write(&ca, hub_cli(&["hub", "ca"])).unwrap();
