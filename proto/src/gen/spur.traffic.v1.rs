@@ -54,11 +54,12 @@ pub struct PushReply {
 /// connection (WebSocket) with its byte counts.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Exchange {
-    /// Unique per sidecar process: `<pod or host>/<process start>/<sequence>`. The store ignores a
-    /// duplicate.
+    /// Pushed: the sidecar's own, unique per sidecar process (`<pod or host>/<process start>/  <sequence>`); the store ignores one the same pusher sent before. Stored and read: the
+    /// store's own id (a number, never given twice); the pushed one is not kept.
     #[prost(string, tag = "1")]
     pub id: ::prost::alloc::string::String,
-    /// The baseline whose sidecar captured it, and the pod (or host) it runs in.
+    /// The baseline whose sidecar captured it, and the pod (or host) it runs in. In a cluster the
+    /// store records the pod its token names, whatever was pushed.
     #[prost(message, optional, tag = "2")]
     pub baseline: ::core::option::Option<Workload>,
     #[prost(string, tag = "3")]
