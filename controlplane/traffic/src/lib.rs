@@ -8,6 +8,11 @@
 //! spur CLI ──Query / Tail(filter)────► Store
 //! ```
 //!
+//! In a cluster every token is for the audience [`AUDIENCE`]: a push is taken only from an
+//! injected sidecar of the baseline it names, and only for sandboxes that capture that baseline
+//! (`auth`, `service`); ids are the store's own and each namespace has a quota (`store`); open
+//! streams are checked again while they stay open (`streams`).
+//!
 //! Exchanges may carry secrets in bodies and headers the settings did not redact: they are
 //! never logged, and [`Limits::store_bodies`] turns stored bodies off cluster-wide.
 
