@@ -88,6 +88,11 @@ pub(crate) struct OperatorArgs {
     /// token Secrets there. Without it, tunnel grants are refused with a condition.
     #[arg(long, env = "SPUR_ACCESS_TOKEN_NAMESPACE")]
     access_token_namespace: Option<String>,
+    /// In every namespace labelled spur.dev/enabled=true, bind ClusterRole <role> to the
+    /// ServiceAccount <account> of the operator's namespace (`<role>:<account>`, repeatable;
+    /// docs/install.md, "Namespaces Spur may write in"). None: no namespace is enrolled.
+    #[arg(long = "enroll-binding", value_name = "ROLE:ACCOUNT")]
+    enroll_bindings: Vec<spur_operator::enroll::EnrollBinding>,
 }
 
 /// Mesh modes (docs/mesh.md): routing keys' routes written into Istio VirtualServices and/or
@@ -471,6 +476,12 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
     }
     if let Some(r) = resources {
         ctx = ctx.with_resources(r);
+    }
+    if !args.enroll_bindings.is_empty() {
+        ctx = ctx.with_enrollment(spur_operator::enroll::EnrollConfig {
+            namespace: args.namespace.clone(),
+            bindings: args.enroll_bindings,
+        });
     }
     let stop = CancellationToken::new();
     let mut webhook = None;

@@ -42,6 +42,9 @@ pub struct Context {
     pub(crate) access: bool,
     /// The tunnel proxy's token namespace, where tunnel grants write their token Secrets.
     pub(crate) access_tokens: Option<String>,
+    /// Namespace enrollment: the RoleBindings made in namespaces labelled
+    /// `spur.dev/enabled=true` (`crate::enroll`). `None`: the enroller does not run.
+    pub(crate) enrollment: Option<crate::enroll::EnrollConfig>,
     /// The controllers' views of the children they make, set by each `run` (a new leader term
     /// has new watches).
     stores: std::sync::RwLock<Option<Stores>>,
@@ -116,6 +119,7 @@ impl Context {
             mesh: None,
             access: false,
             access_tokens: None,
+            enrollment: None,
             stores: std::sync::RwLock::new(None),
             written: Mutex::new(HashMap::new()),
         }
@@ -175,6 +179,12 @@ impl Context {
     /// namespace; rights: the chart's `operator-access-token-rules.yaml` there).
     pub fn with_access_tokens(mut self, namespace: impl Into<String>) -> Self {
         self.access_tokens = Some(namespace.into());
+        self
+    }
+
+    /// Also run the namespace enroller (on the leader, with the controllers).
+    pub fn with_enrollment(mut self, enrollment: crate::enroll::EnrollConfig) -> Self {
+        self.enrollment = Some(enrollment);
         self
     }
 

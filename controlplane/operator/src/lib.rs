@@ -24,6 +24,7 @@ mod apply;
 pub mod audit;
 mod certs;
 mod context;
+pub mod enroll;
 pub mod envoy_decode;
 pub mod envoyconfig;
 mod error;
@@ -481,6 +482,19 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         .for_each(|_| std::future::ready(()));
 
     let access_controllers = access_controllers(client.clone(), ctx.clone(), stop.clone());
+    let enroller = {
+        let (ctx, stop) = (ctx.clone(), stop.clone());
+        async move {
+            if let Some(cfg) = ctx.enrollment.clone() {
+                drained(
+                    "namespace-enroller",
+                    enroll::run(ctx, cfg, stop.clone()),
+                    stop,
+                )
+                .await;
+            }
+        }
+    };
 
     let stop_mesh = stop.clone();
     let mesh_controllers = async move {
@@ -504,6 +518,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
 
     tokio::join!(
         access_controllers,
+        enroller,
         mesh_controllers,
         resource_controllers,
         drained("sandbox", sandboxes, stop.clone()),
