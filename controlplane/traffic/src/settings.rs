@@ -611,6 +611,35 @@ sandboxes:
         assert!(SettingsFile::parse(sb("sb", &"k".repeat(MAX_ROUTING_KEY)).as_bytes()).is_ok());
     }
 
+    #[test]
+    fn a_capture_counts_while_listed_and_for_a_grace_after() {
+        let index = SettingsIndex::pending();
+        assert!(!index.is_loaded());
+        index.replace(SettingsFile::parse(EXAMPLE.as_bytes()).unwrap().compile());
+        assert!(index.is_loaded());
+        assert!(index.captures(&backend(), "sb1", "k1"));
+        // Another sandbox's key, a sandbox with another's key, a baseline sb1 does not fork.
+        assert!(!index.captures(&backend(), "sb1", "k2"));
+        assert!(!index.captures(&backend(), "sb3", "k1"));
+        let web = Baseline::new("Deployment", "other", "web");
+        assert!(!index.captures(&web, "sb1", "k1"));
+        assert!(index.captures(&web, "sb2", "k2"));
+        // sb1 stops capturing: still counted for the grace (exchanges already captured).
+        let edited = EXAMPLE.replace("routingKey: k1", "routingKey: k3");
+        index.replace(SettingsFile::parse(edited.as_bytes()).unwrap().compile());
+        assert!(index.captures(&backend(), "sb1", "k1"));
+        assert!(index.captures(&backend(), "sb1", "k3"));
+        let mut state = index.state();
+        for at in state.dropped.values_mut() {
+            *at = at
+                .checked_sub(CAPTURE_GRACE)
+                .expect("the clock is past the grace");
+        }
+        drop(state);
+        assert!(!index.captures(&backend(), "sb1", "k1"));
+        assert!(SettingsIndex::default().is_loaded());
+    }
+
     #[tokio::test]
     async fn replace_wakes_only_changed_baselines() {
         let index = SettingsIndex::default();
