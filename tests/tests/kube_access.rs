@@ -38,6 +38,11 @@ use spur_kube_harness::KubeApi;
 use spur_operator::{PkiConfig, Webhook, WebhookConfig};
 use tokio_util::sync::CancellationToken;
 
+#[path = "kube_access/approval.rs"]
+mod approval;
+#[path = "kube_access/sweeper.rs"]
+mod sweeper;
+
 const NS: &str = "shop";
 /// The namespace of the users' ServiceAccounts: its group is the one templates allow.
 const DEVS: &str = "devs";
@@ -282,6 +287,7 @@ async fn install_policies(api: &KubeApi) {
         "spur-access-requests",
         "spur-operator-access-roles",
         "spur-access-templates",
+        "spur-access-sweeper",
     ] {
         let policy: ValidatingAdmissionPolicy = serde_yaml_ng::from_str(&chart_document(
             "templates/access.yaml",

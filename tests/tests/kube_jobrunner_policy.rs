@@ -78,10 +78,9 @@ async fn runner_groups_need_their_creators_rights_to_the_runner_pods() {
     for ns in ["a", "b", kt::SYSTEM_NAMESPACE] {
         kt::ensure_namespace(&admin, ns).await.unwrap();
     }
-    let text = std::fs::read_to_string(kt::chart_path(
-        "files/jobrunnergroup-admission-policy.yaml",
-    ))
-    .unwrap();
+    let text =
+        std::fs::read_to_string(kt::chart_path("files/jobrunnergroup-admission-policy.yaml"))
+            .unwrap();
     let mut docs = text.split("\n---\n");
     let policy: ValidatingAdmissionPolicy = serde_yaml_ng::from_str(docs.next().unwrap()).unwrap();
     let binding: ValidatingAdmissionPolicyBinding =

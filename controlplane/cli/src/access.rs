@@ -1,7 +1,9 @@
 //! `spur access request exec|pod TEMPLATE`, `spur access list` and `spur access revoke`: file a
 //! just-in-time access request, wait for it and print the command to run; see and end one's
 //! grants (docs/access.md). The requester is whoever the kubeconfig authenticates as: the API
-//! server stamps it, nothing here can choose it.
+//! server stamps it, nothing here can choose it. `spur access approve` approves another user's
+//! request where a template requires it; `spur access sweep` is the chart's second sweeper,
+//! which ends expired grants while the operator is down.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use spur_api::access::{AccessRequestStatus, parse_access_duration};
 use spur_api::conditions::READY;
@@ -73,6 +75,13 @@ enum AccessCommand {
     },
     /// Delete a request, ending its grant now (yours, or anyone's with the `revoke` verb).
     Revoke { kind: Kind, name: String },
+    /// Approve another user's request, where its template requires approval (needs the verb
+    /// `approve` on the request's kind, e.g. through the ClusterRole spur-access-approver).
+    Approve { kind: Kind, name: String },
+    /// Delete the Roles and RoleBindings of every grant whose time is up, or whose request is
+    /// gone or revoked, in all namespaces (what the chart's CronJob spur-access-sweeper runs:
+    /// grants end even while the operator is down).
+    Sweep,
 }
 
 pub(crate) async fn run(args: AccessArgs) -> Result<ExitCode> {
@@ -319,7 +328,71 @@ pub(crate) async fn run(args: AccessArgs) -> Result<ExitCode> {
             println!("{name} revoked");
             Ok(ExitCode::SUCCESS)
         }
+        AccessCommand::Approve { kind, name } => approve(client, &ns, kind, &name).await,
+        AccessCommand::Sweep => {
+            let swept = spur_operator::access::sweep::sweep(&client).await.context(
+                "sweeping expired access grants (the sweeper needs the chart's \
+                     spur-access-sweeper rules: list and delete Roles and RoleBindings, read \
+                     access requests)",
+            )?;
+            for e in &swept.ended {
+                println!("ended {} {}/{}: {}", e.kind, e.namespace, e.name, e.why);
+            }
+            println!(
+                "{} grant objects ended, {} in effect",
+                swept.ended.len(),
+                swept.kept
+            );
+            Ok(ExitCode::SUCCESS)
+        }
     }
+}
+
+/// Records the approval on the request: the approver's own username and groups, as the API
+/// server authenticates them (the chart's policy spur-access-requests refuses anything else).
+async fn approve(client: kube::Client, ns: &str, kind: Kind, name: &str) -> Result<ExitCode> {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let me = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .context("asking the API server who you are (SelfSubjectReview)")?;
+    let user = me.status.and_then(|s| s.user_info).unwrap_or_default();
+    let Some(username) = user.username.filter(|u| !u.is_empty()) else {
+        bail!("the API server did not say who you are: cannot record an approval");
+    };
+    let approver = spur_api::access::Approver {
+        username,
+        groups: user.groups.unwrap_or_default(),
+    };
+    let patch = Patch::Merge(serde_json::json!({
+        "metadata": {"annotations": approver.annotations()}
+    }));
+    let pp = PatchParams::default();
+    let what = format!(
+        "approving {name} (you need the verb approve on its kind, and must not be its requester)"
+    );
+    match kind {
+        Kind::Exec => {
+            Api::<ExecAccessRequest>::namespaced(client, ns)
+                .patch(name, &pp, &patch)
+                .await
+                .context(what)?;
+        }
+        Kind::Pod => {
+            Api::<PodAccessRequest>::namespaced(client, ns)
+                .patch(name, &pp, &patch)
+                .await
+                .context(what)?;
+        }
+        Kind::Tunnel => {
+            Api::<TunnelAccessRequest>::namespaced(client, ns)
+                .patch(name, &pp, &patch)
+                .await
+                .context(what)?;
+        }
+    }
+    println!("{name} approved by {}", approver.username);
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `--wait`'s value: the same syntax as `--duration` (`90s`, `5m`, `1h30m`).
