@@ -69,7 +69,7 @@ pub struct CaptureArgs {
     #[arg(long, env = "SPUR_CAPTURE_MAX_IN_FLIGHT", default_value_t = CaptureBounds::default().max_in_flight)]
     pub capture_max_in_flight: usize,
     /// Name recorded with each exchange (the pod's, from the downward API); default: the host
-    /// name.
+    /// name. A store in a cluster records the pod its token names instead.
     #[arg(long, env = "SPUR_POD_NAME")]
     pub pod_name: Option<String>,
 }
@@ -451,7 +451,8 @@ fn workload(b: &BaselineWorkload) -> pb::Workload {
     }
 }
 
-/// The process start, so exchange ids stay unique across restarts of the same pod.
+/// The process start, so exchange ids stay unique across restarts of the same pod. The id only
+/// lets the store ignore an exchange this sidecar pushes twice; stored exchanges get the store's.
 fn process_start() -> u128 {
     static START: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
     *START.get_or_init(|| {
