@@ -3,11 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::PostParams;
-use kube::{Api, Client};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use spur_kube_harness::KubeApi;
 
@@ -200,8 +201,41 @@ pub async fn install_crds(api: &KubeApi) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Creates `namespace` unless it exists.
+/// The label a cluster administrator puts on a namespace to let Spur write in it (the operator's
+/// enroller then binds the chart's enrolled ClusterRoles there).
+pub const ENABLED_LABEL: &str = spur_operator::enroll::ENABLED_LABEL;
+
+/// Creates `namespace` unless it exists, labelled `spur.dev/enabled=true` (an existing one gets
+/// the label): Spur may write in it. Once [`operator_client`] runs the enroller, waits until the
+/// operator's rights there are in force. `client` is an administrator's.
 pub async fn ensure_namespace(client: &Client, namespace: &str) -> anyhow::Result<()> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let labels = json!({(ENABLED_LABEL): spur_operator::enroll::ENABLED_VALUE});
+    match api.get_opt(namespace).await? {
+        None => {
+            let ns: Namespace =
+                serde_json::from_value(json!({"metadata": {"name": namespace, "labels": labels}}))?;
+            api.create(&PostParams::default(), &ns).await?;
+        }
+        Some(ns) if !spur_operator::enroll::enrolled(&ns) => {
+            api.patch(
+                namespace,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": labels}})),
+            )
+            .await?;
+        }
+        Some(_) => {}
+    }
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    if roles.get_opt(OPERATOR_ENROLLED).await?.is_some() {
+        wait_enrolled(client, namespace).await?;
+    }
+    Ok(())
+}
+
+/// Creates `namespace` unless it exists, without the label: Spur may not write in it.
+pub async fn ensure_namespace_unenrolled(client: &Client, namespace: &str) -> anyhow::Result<()> {
     let api: Api<Namespace> = Api::all(client.clone());
     if api.get_opt(namespace).await?.is_none() {
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}}))?;
@@ -210,16 +244,136 @@ pub async fn ensure_namespace(client: &Client, namespace: &str) -> anyhow::Resul
     Ok(())
 }
 
+/// Waits (at most [`WAIT`]) until the API server lets the operator's ServiceAccount create
+/// Deployments and the jobs component's create pods in `namespace`: the enroller's RoleBindings
+/// are there and in force.
+pub async fn wait_enrolled(admin: &Client, namespace: &str) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if may(
+            admin,
+            "spur-operator",
+            "apps",
+            "deployments",
+            "create",
+            namespace,
+        )
+        .await?
+            && may(admin, "spur-jobs", "", "pods", "create", namespace).await?
+        {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "namespace {namespace} was not enrolled in time: is the enroller running (operator_client)?"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether ServiceAccount [`SYSTEM_NAMESPACE`]/`account` may `verb` `resource` of `group` in
+/// `namespace`, as the API server's authorizer (RBAC) answers a SubjectAccessReview.
+pub async fn may(
+    admin: &Client,
+    account: &str,
+    group: &str,
+    resource: &str,
+    verb: &str,
+    namespace: &str,
+) -> anyhow::Result<bool> {
+    let review: SubjectAccessReview = serde_json::from_value(json!({
+        "spec": {
+            "user": format!("system:serviceaccount:{SYSTEM_NAMESPACE}:{account}"),
+            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{SYSTEM_NAMESPACE}"), "system:authenticated"],
+            "resourceAttributes": {"group": group, "resource": resource, "verb": verb, "namespace": namespace}
+        }
+    }))?;
+    let answer = Api::<SubjectAccessReview>::all(admin.clone())
+        .create(&PostParams::default(), &review)
+        .await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+/// The chart's ClusterRole holding the operator's writes in enrolled namespaces.
+pub const OPERATOR_ENROLLED: &str = "spur-operator-enrolled";
+/// The chart's ClusterRole holding the jobs component's writes in enrolled namespaces.
+pub const JOBS_ENROLLED: &str = "spur-jobs-enrolled";
+
 /// The operator's client: ServiceAccount `spur-operator` with exactly the chart's operator
-/// rules (`operator-rules.yaml`, and `operator-lease-rules.yaml` in its namespace).
+/// rules (`operator-rules.yaml`, and `operator-lease-rules.yaml` in its namespace), and the
+/// chart's enrolled ClusterRoles (`spur-operator-enrolled` with access on, as by default, and
+/// `spur-jobs-enrolled`), bound in each namespace labelled `spur.dev/enabled=true` by the
+/// operator's enroller, which runs under this client for the rest of the test (as it runs in
+/// the operator, with `--enroll-binding` for both). Returns once every labelled namespace is
+/// enrolled; [`ensure_namespace`] waits for later ones.
 pub async fn operator_client(api: &KubeApi) -> anyhow::Result<Client> {
-    chart_client(
+    let admin = api.client();
+    let mut operator_rules = rules("operator-enrolled-rules.yaml")?;
+    operator_rules.extend(rules("operator-access-enrolled-rules.yaml")?);
+    for (name, rules) in [
+        (OPERATOR_ENROLLED, operator_rules),
+        (JOBS_ENROLLED, rules("jobs-enrolled-rules.yaml")?),
+    ] {
+        let role = ClusterRole {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            rules: Some(rules),
+            ..ClusterRole::default()
+        };
+        Api::<ClusterRole>::all(admin.clone())
+            .create(&PostParams::default(), &role)
+            .await?;
+    }
+    let client = chart_client(
         api,
         "spur-operator",
         "operator-rules.yaml",
         Some("operator-lease-rules.yaml"),
     )
-    .await
+    .await?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = spur_operator::Metrics::register(&mut registry);
+    let ctx = std::sync::Arc::new(spur_operator::Context::new(
+        client.clone(),
+        Some("enroller".into()),
+        metrics,
+    ));
+    let cfg = enroll_config();
+    tokio::spawn(spur_operator::enroll::run(
+        ctx,
+        cfg,
+        tokio_util::sync::CancellationToken::new(),
+    ));
+    let labelled = Api::<Namespace>::all(admin.clone())
+        .list(&ListParams::default().labels(&format!(
+            "{ENABLED_LABEL}={}",
+            spur_operator::enroll::ENABLED_VALUE
+        )))
+        .await?;
+    for ns in labelled.items {
+        wait_enrolled(&admin, &ns.name_any()).await?;
+    }
+    Ok(client)
+}
+
+/// The enroller's configuration as the chart passes it (`--enroll-binding` for the operator and
+/// the jobs component).
+pub fn enroll_config() -> spur_operator::enroll::EnrollConfig {
+    spur_operator::enroll::EnrollConfig {
+        namespace: SYSTEM_NAMESPACE.into(),
+        bindings: vec![
+            spur_operator::enroll::EnrollBinding {
+                cluster_role: OPERATOR_ENROLLED.into(),
+                service_account: "spur-operator".into(),
+            },
+            spur_operator::enroll::EnrollBinding {
+                cluster_role: JOBS_ENROLLED.into(),
+                service_account: "spur-jobs".into(),
+            },
+        ],
+    }
 }
 
 /// A client for ServiceAccount `spur-system/<name>`, bound to a ClusterRole with the rules in
@@ -232,7 +386,8 @@ pub async fn chart_client(
     namespace_rules: Option<&str>,
 ) -> anyhow::Result<Client> {
     let admin = api.client();
-    ensure_namespace(&admin, SYSTEM_NAMESPACE).await?;
+    // The release namespace: the chart's Roles say what each component does there.
+    ensure_namespace_unenrolled(&admin, SYSTEM_NAMESPACE).await?;
     let role = ClusterRole {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -295,15 +450,15 @@ pub async fn grant_cluster(api: &KubeApi, name: &str, file: &str) -> anyhow::Res
 }
 
 /// Grants the ServiceAccount `name` (of [`SYSTEM_NAMESPACE`], as [`chart_client`] makes it) the
-/// chart's Role rules in `file` within `namespace` (created if missing), as the chart's Role and
-/// RoleBinding there do.
+/// chart's Role rules in `file` within `namespace` (created if missing, unlabelled: a chart's
+/// namespace), as the chart's Role and RoleBinding there do.
 pub async fn grant_in_namespace(
     api: &KubeApi,
     name: &str,
     namespace: &str,
     file: &str,
 ) -> anyhow::Result<()> {
-    ensure_namespace(&api.client(), namespace).await?;
+    ensure_namespace_unenrolled(&api.client(), namespace).await?;
     bind_role(api, name, name, namespace, file).await
 }
 
@@ -364,4 +519,68 @@ pub fn chart_rules(file: &str) -> anyhow::Result<serde_json::Value> {
     let text =
         std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     Ok(serde_yaml_ng::from_str(&text)?)
+}
+
+/// `helm template spur charts/spur -n` [`SYSTEM_NAMESPACE`] `<args>`: every object the chart
+/// renders, as JSON.
+pub async fn helm_template(args: &[&str]) -> anyhow::Result<Vec<serde_json::Value>> {
+    let helm = spur_kube_harness::bin_dir().await?.join("helm");
+    let home = tempfile::tempdir()?;
+    let out = tokio::process::Command::new(&helm)
+        .args(["template", "spur"])
+        .arg(chart_path(""))
+        .args(["--namespace", SYSTEM_NAMESPACE])
+        .args(args)
+        .env("HELM_CACHE_HOME", home.path().join("cache"))
+        .env("HELM_CONFIG_HOME", home.path().join("config"))
+        .env("HELM_DATA_HOME", home.path().join("data"))
+        .output()
+        .await
+        .map_err(|e| anyhow::anyhow!("running {}: {e}", helm.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "helm template failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout)?;
+    // helm writes each document after a line `---`.
+    let mut objects = Vec::new();
+    for doc in text.split("\n---\n") {
+        let v: serde_json::Value = serde_yaml_ng::from_str(doc)?;
+        if !v.is_null() {
+            objects.push(v);
+        }
+    }
+    Ok(objects)
+}
+
+/// Creates the ValidatingAdmissionPolicy `name` and its binding of that name from `objects`
+/// (what [`helm_template`] rendered). The API server enforces it a moment later (its policy
+/// informer): a test probes for that with a write the policy refuses.
+pub async fn install_rendered_policy(
+    admin: &Client,
+    objects: &[serde_json::Value],
+    name: &str,
+) -> anyhow::Result<()> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let find = |kind: &str| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("the chart renders no {kind} {name}"))
+    };
+    let policy: ValidatingAdmissionPolicy =
+        serde_json::from_value(find("ValidatingAdmissionPolicy")?)?;
+    Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+        .create(&PostParams::default(), &policy)
+        .await?;
+    let binding: ValidatingAdmissionPolicyBinding =
+        serde_json::from_value(find("ValidatingAdmissionPolicyBinding")?)?;
+    Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await?;
+    Ok(())
 }

@@ -134,11 +134,15 @@ impl ControlPlane {
 
 /// The baseline: Deployment `web` and Service `web` (port 80 → container port 8080).
 async fn baseline(client: &Client) {
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
+    // Labelled: Spur may write in it (the enroller binds the operator's rights there).
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {
+        "name": NS, "labels": {(kube_rbac::ENABLED_LABEL): "true"}}}))
+    .unwrap();
     Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &ns)
         .await
         .unwrap();
+    kube_rbac::wait_enrolled(client, NS).await.unwrap();
     let d: Deployment = serde_json::from_value(json!({
         "metadata": {"name": "web", "namespace": NS},
         "spec": {

@@ -1,11 +1,14 @@
 //! The chart's RBAC, as the API server enforces it: each component's ServiceAccount, bound to the
 //! chart's rules exactly as the chart binds them, asks a real kube-apiserver (authorization mode
-//! RBAC) what it may do (`SelfSubjectRulesReview`) in the release namespace, the token namespace
-//! and an application namespace. The answers must equal the committed expectation
-//! `tests/rbac/expected.txt`, so a widened rule fails here until someone writes it down there
-//! (and a reviewer sees it); and some invariants hold whatever the expectation says: no wildcard,
-//! a route server that writes nothing, a tunnel proxy that reads no Secret but the tokens, a hub
-//! agent that only reads Spur's objects.
+//! RBAC) what it may do (`SelfSubjectRulesReview`) in the release namespace, the token namespace,
+//! an application namespace that opted in (`spur.dev/enabled=true`, where the operator's
+//! enroller binds the chart's enrolled ClusterRoles) and one that did not. The answers must
+//! equal the committed expectation `tests/rbac/expected.txt`, so a widened rule fails here until
+//! someone writes it down there (and a reviewer sees it); and some invariants hold whatever the
+//! expectation says: no wildcard, no component that writes workloads, Secrets, pods or RBAC in a
+//! namespace that did not opt in (but the operator's fenced RoleBindings), a route server that
+//! writes nothing, a tunnel proxy that reads no Secret but the tokens, a hub agent that only
+//! reads Spur's objects.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
@@ -15,12 +18,29 @@ use kube::api::{Api, PostParams};
 use spur_e2e::kube as kube_rbac;
 use spur_kube_harness::KubeApi;
 
-const NAMESPACES: [&str; 5] = [
+const NAMESPACES: [&str; 6] = [
     "spur-system",
     "spur-workstation-tokens",
     "spur-resources",
     "spur-io-contexts",
-    "shop",
+    ENROLLED,
+    NOT_ENROLLED,
+];
+/// An application namespace labelled `spur.dev/enabled=true`.
+const ENROLLED: &str = "shop";
+/// An application namespace without the label: no component may write in it.
+const NOT_ENROLLED: &str = "payments";
+/// What a component must not write outside the namespaces that opted in: workloads, their
+/// Services and endpoints, Secrets, pods and RBAC (enough, each, to take over the cluster).
+const GUARDED: [&str; 8] = [
+    "deployments",
+    "services",
+    "endpointslices",
+    "secrets",
+    "pods",
+    "roles",
+    "rolebindings",
+    "configmaps",
 ];
 const EXPECTED: &str = include_str!("../rbac/expected.txt");
 const WRITE_VERBS: [&str; 6] = [
@@ -90,8 +110,16 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
     kube_rbac::install_crds(&api).await.unwrap();
     let admin = api.client();
     for ns in NAMESPACES {
-        kube_rbac::ensure_namespace(&admin, ns).await.unwrap();
+        if ns == ENROLLED {
+            kube_rbac::ensure_namespace(&admin, ns).await.unwrap();
+        } else {
+            kube_rbac::ensure_namespace_unenrolled(&admin, ns)
+                .await
+                .unwrap();
+        }
     }
+    // Also runs the enroller, which binds spur-operator-enrolled and spur-jobs-enrolled in
+    // ENROLLED (and returns once it has).
     let operator = kube_rbac::operator_client(&api).await.unwrap();
     let routeserver =
         kube_rbac::chart_client(&api, "spur-routeserver", "routeserver-rules.yaml", None)
@@ -253,6 +281,34 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
             "a wildcard in the chart's RBAC: {line}"
         );
         let verbs = fields.last().unwrap().trim_start_matches("verbs=");
+        // Outside the namespaces that opted in (what a component may do there, it may do in
+        // every namespace): no writes on what takes a cluster over. The operator's exceptions
+        // are fenced by admission policies (templates/fences.yaml): its enroller's RoleBindings
+        // (spur-operator-rolebindings: those bindings only, in labelled namespaces only) and
+        // the CA bundle ConfigMap (spur-operator-writes: spur-ca-bundle only).
+        if fields[1] == NOT_ENROLLED {
+            let resources = fields[3].trim_start_matches("resources=");
+            let writes = verbs.split(',').any(|v| WRITE_VERBS.contains(&v));
+            let fenced = line.starts_with("spur-operator ")
+                && ((resources == "rolebindings"
+                    && line.contains(" groups=rbac.authorization.k8s.io "))
+                    || (resources == "configmaps"
+                        && (verbs == "create" || line.contains(" names=spur-ca-bundle "))));
+            assert!(
+                !(writes && resources.split(',').any(|r| GUARDED.contains(&r))) || fenced,
+                "a component may write {resources} in a namespace that did not opt in: {line}"
+            );
+            // Binding: only the operator, only the two enrolled ClusterRoles.
+            if verbs.split(',').any(|v| v == "bind" || v == "escalate") {
+                assert!(
+                    line.starts_with("spur-operator ")
+                        && line.contains(" resources=clusterroles ")
+                        && line.contains(" names=spur-jobs-enrolled,spur-operator-enrolled ")
+                        && verbs == "bind",
+                    "a component may bind or escalate beyond the enrolled ClusterRoles: {line}"
+                );
+            }
+        }
         // Reviews are questions to the API server; nothing is stored.
         let review = line.contains("resources=tokenreviews ")
             || line.contains("resources=subjectaccessreviews ");
@@ -280,8 +336,8 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
                 "the agent may do more than read Spur's objects and get Services: {line}"
             );
         }
-        // The jobs component reads one Secret name anywhere (the executors' certificate) and
-        // its own CA's in its namespace; no other Secret.
+        // The jobs component reads one Secret name in enrolled namespaces (the executors'
+        // certificate) and its own CA's in its namespace; no other Secret.
         if line.starts_with("spur-jobs ") && line.contains("resources=secrets ") {
             assert!(
                 verbs == "create"

@@ -172,11 +172,15 @@ async fn tunnel_proxy_client(cp: &ControlPlane) -> Client {
 }
 
 async fn create_namespace(client: &Client) {
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
+    // Labelled: Spur may write in it (the enroller binds the operator's rights there).
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {
+        "name": NS, "labels": {(kube_rbac::ENABLED_LABEL): "true"}}}))
+    .unwrap();
     Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &ns)
         .await
         .unwrap();
+    kube_rbac::wait_enrolled(client, NS).await.unwrap();
 }
 
 /// The baseline `name` and the forks that sandboxes may route to: `forks` maps a sandbox name

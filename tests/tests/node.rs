@@ -1566,7 +1566,7 @@ fn docs_examples_on_the_node(node: &Node) {
         "a new example needs its check here (the resource examples: node_resources)"
     );
     node.apply(
-        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: hotrod\n  labels:\n    sidecar.spur.dev/inject: \"true\"\n",
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: hotrod\n  labels:\n    sidecar.spur.dev/inject: \"true\"\n    spur.dev/enabled: \"true\"\n",
     )
     .unwrap();
     let route = demo_app("hotrod", "route", None).replace("- name: app\n", "- name: hotrod\n");

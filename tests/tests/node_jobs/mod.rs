@@ -174,7 +174,9 @@ pub(crate) fn jobs_on_the_node(
     )
     .unwrap();
 
-    let ci = node.namespace("ci", &[]).unwrap();
+    let ci = node
+        .namespace("ci", &[("spur.dev/enabled", "true")])
+        .unwrap();
     let ns = ci.name.as_str();
     node.apply(&format!(
         "apiVersion: spur.dev/v1alpha1\nkind: JobRunnerGroup\nmetadata:\n  name: {GROUP}\n  namespace: {ns}\nspec:\n  image: {RUNNER_IMAGE}\n  replicas: 2\n  jobTimeout: 10m\n"

@@ -168,7 +168,7 @@ spec:
 pub(crate) fn resources_on_the_node(node: &Node) -> Vec<String> {
     // --- the shared PostgreSQL server, its admin Secret where the steps run ------------------
     node.apply(&format!(
-        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n  labels:\n    sidecar.spur.dev/inject: \"true\"\n"
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n  labels:\n    sidecar.spur.dev/inject: \"true\"\n    spur.dev/enabled: \"true\"\n"
     ))
     .unwrap();
     for ns in [NS, STEPS_NAMESPACE] {

@@ -135,7 +135,10 @@ fn calls(node: &Node, ns: &str, metadata: &[&str]) -> anyhow::Result<Vec<String>
 
 pub(crate) fn proxyless_grpc_on_the_node(node: &Node) {
     let ns = node
-        .namespace("xds", &[("spur.dev/xds", "enabled")])
+        .namespace(
+            "xds",
+            &[("spur.dev/xds", "enabled"), ("spur.dev/enabled", "true")],
+        )
         .unwrap();
     let ns = ns.name.as_str();
     node.apply(&grpc_app(ns)).unwrap();
