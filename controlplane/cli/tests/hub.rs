@@ -782,6 +782,8 @@ impl Browser {
             // The hub's certificate comes from its own CA, which this throwaway profile does not
             // trust; what is under test is the page, not the browser's trust store.
             .args(["--ignore-certificate-errors", "--remote-debugging-port=0"])
+            // Preview hosts are names under the test's preview domain: all on loopback.
+            .arg("--host-resolver-rules=MAP *.preview.test 127.0.0.1")
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .arg("about:blank")
             .stdout(Stdio::null())
@@ -1184,6 +1186,213 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
         42,
         "the page reloaded:\n{text}"
     );
+}
+
+/// An app whose page is hostile: its script, running on the preview's origin in the browser of
+/// a user logged in to the web view, tries to read the hub (the web view, its live events and
+/// the traffic tab, with the user's cookies) and the hub's cookies, and shows what it got.
+fn hostile_app(hub: &str) -> u16 {
+    use std::io::{BufRead, BufReader, Write};
+    let page = format!(
+        r#"<!doctype html><html><head><title>hostile</title></head><body>working<script>
+(async () => {{
+  const out = {{}};
+  // Labelled by index: a sandbox name in a label would look like a leak.
+  const paths = ["/", "/events", "/traffic?cluster=east&sandbox=" + "checkout" + "-fix", "/login"];
+  for (const [i, path] of paths.entries()) {{
+    const label = "p" + i;
+    try {{
+      const r = await fetch("{hub}" + path, {{credentials: "include", mode: "cors"}});
+      out[label] = "read " + r.status + ": " + (await r.text()).slice(0, 400);
+    }} catch (e) {{
+      out[label] = "blocked: " + e;
+    }}
+    try {{
+      const r = await fetch("{hub}" + path, {{credentials: "include", mode: "no-cors"}});
+      out[label + " no-cors"] = "type " + r.type + ", " + (await r.text()).length + " bytes readable";
+    }} catch (e) {{
+      out[label + " no-cors"] = "blocked: " + e;
+    }}
+  }}
+  const frame = document.createElement("iframe");
+  frame.src = "{hub}/";
+  document.body.appendChild(frame);
+  await new Promise(r => setTimeout(r, 1500));
+  try {{
+    out.frame = "read: " + frame.contentDocument.body.innerText.slice(0, 400);
+  }} catch (e) {{
+    out.frame = "blocked: " + e;
+  }}
+  out.cookie = "cookies: " + document.cookie;
+  document.body.innerText = "HOSTILE-DONE " + JSON.stringify(out);
+}})();
+</script></body></html>"#
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let page = page.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                loop {
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    let _ = write!(
+                        conn,
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\n\r\n{page}",
+                        page.len()
+                    );
+                }
+            });
+        }
+    });
+    port
+}
+
+/// The acceptance check of issue 42: a preview page cannot read the web view. In headless
+/// Chromium, logged in to the web view, a public preview whose page runs a hostile script gets
+/// no hub data: not the web view, not its events, not the traffic tab (by fetch, with or without
+/// CORS, nor through a frame), and no hub cookie.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_preview_reads_nothing_of_the_hub_in_chromium() {
+    let api = spur_kube_harness::KubeApi::start().await.unwrap();
+    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/spur/crds");
+    for entry in std::fs::read_dir(&crds).unwrap() {
+        api.install_crd_file(&entry.unwrap().path()).await.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    api.write_kubeconfig(&d.join("east.kubeconfig")).unwrap();
+    // A sandbox whose name the web view shows (what the script looks for), and the hostile one.
+    sandbox_with_endpoint(&api, "checkout-fix").await;
+    let token = spur(d, &["hub", "cluster", "add", "east"]).stdout;
+    std::fs::write(d.join("east.token"), &token).unwrap();
+    spur(
+        d,
+        &[
+            "hub",
+            "user",
+            "add",
+            "dev",
+            "--cluster",
+            "*",
+            "--all-namespaces",
+            "--kube-group",
+            "system:masters",
+        ],
+    );
+    spur(d, &["hub", "apikey", "add", "dev"]);
+    std::fs::write(d.join("ca.pem"), spur(d, &["hub", "ca"]).stdout).unwrap();
+    let (port, web) = (free_port(), free_port());
+    let hub_origin = format!("https://localhost:{web}");
+    let app = hostile_app(&hub_origin);
+    let endpoints = serde_json::json!([{"name": "web", "public": true,
+                                        "target": format!("http://localhost:{app}")}]);
+    sandbox_with(
+        &api,
+        "hostile",
+        endpoints,
+        serde_json::json!({"routingKey": "k3yhostile"}),
+    )
+    .await;
+    let web_addr = format!("127.0.0.1:{web}");
+    let _hub = start_hub(
+        d,
+        port,
+        &[
+            "--preview-addr",
+            &web_addr,
+            "--preview-domain",
+            "preview.test",
+            "--allow-public-previews",
+        ],
+    );
+    let health = health_addr().to_string();
+    let _agent = start_agent(
+        d,
+        port,
+        "east.token",
+        &[
+            "--kubeconfig",
+            "east.kubeconfig",
+            "--target-suffix",
+            "localhost",
+            "--allow-cidrs",
+            "127.0.0.0/8",
+            "--health-addr",
+            &health,
+        ],
+        log_file(d, "agent-east.log"),
+    );
+    let ca = d.join("ca.pem");
+    let preview_host = "web--hostile.preview.test";
+    wait_until(
+        "the hostile preview to answer",
+        Duration::from_secs(30),
+        || {
+            let (code, body) = curl(&ca, web, preview_host, "/", &[]);
+            code == 200 && body.contains("working")
+        },
+    );
+
+    // The user logs in to the web view in the browser, and sees their sandboxes.
+    let link =
+        String::from_utf8(spur(d, &["hub", "login-link", "dev", "--url", &hub_origin]).stdout)
+            .unwrap();
+    let mut browser = Browser::start().await;
+    browser
+        .call(
+            true,
+            "Page.navigate",
+            serde_json::json!({"url": link.trim()}),
+        )
+        .await;
+    browser
+        .wait_for_text("Log in as dev", Duration::from_secs(30))
+        .await;
+    browser
+        .eval("document.querySelector('form button').click()")
+        .await;
+    browser
+        .wait_for_text("checkout-fix", Duration::from_secs(30))
+        .await;
+
+    // Then opens the hostile preview in the same browser.
+    let url = format!("https://{preview_host}:{web}/");
+    browser
+        .call(true, "Page.navigate", serde_json::json!({"url": url}))
+        .await;
+    let text = browser
+        .wait_for_text("HOSTILE-DONE", Duration::from_secs(60))
+        .await;
+    eprintln!("the hostile script got: {text}");
+    // Nothing of the hub's data: no sandbox name, key, route or cookie.
+    for secret in [
+        "checkout-fix",
+        "keycheckout-fix",
+        "web.shop.svc",
+        "spur_hub",
+        "spurs_",
+    ] {
+        assert!(
+            !text.contains(secret),
+            "the preview's script read {secret:?}: {text}"
+        );
+    }
+    // And every read was refused or opaque, not merely empty.
+    assert!(!text.contains("\"read "), "a CORS read succeeded: {text}");
+    assert!(text.contains("\"frame\":\"blocked"), "{text}");
+    assert!(text.contains("\"cookie\":\"cookies: \""), "{text}");
 }
 
 async fn create_namespace(api: &spur_kube_harness::KubeApi, name: &str) {
