@@ -57,8 +57,6 @@ async fn setup(namespaces: &[&str]) -> (TestHub, String) {
         Some(dead_store()),
     )
     .await;
-    // The kube stand-in lives as long as the test's runtime.
-    std::mem::forget(kube);
     hub.store.add_user("alice").unwrap();
     hub.store
         .set_user_scope(
