@@ -39,7 +39,21 @@ pub(crate) fn traffic_on_the_node(node: &Node, s: &Scene<'_>) {
     let d = dir.path();
     node.kubectl(&["create", "namespace", USERS]).unwrap();
     let (dev, _) = user_in(node, d, USERS, "dev");
-    let (_, reader_token) = user_in(node, d, USERS, "reader");
+    user_in(node, d, USERS, "reader");
+    // The store takes readers' tokens only for its own audience (docs/traffic.md).
+    let reader_token = node
+        .kubectl(&[
+            "-n",
+            USERS,
+            "create",
+            "token",
+            "reader",
+            "--duration=1h",
+            "--audience=spur-traffic",
+        ])
+        .unwrap()
+        .trim()
+        .to_owned();
     node.kubectl(&[
         "create",
         "clusterrolebinding",
