@@ -419,7 +419,16 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
     let setup = Setup::start(|_| {}).await;
     let client = setup.client();
     let api = &setup.api;
-    namespace(api, "shop", json!({})).await;
+    // Labelled spur.dev/enabled=true: the coverage Sandbox forks a baseline here.
+    namespace(
+        api,
+        "shop",
+        json!({(spur_e2e::kube::ENABLED_LABEL): "true"}),
+    )
+    .await;
+    spur_e2e::kube::wait_enrolled(&api.client(), "shop")
+        .await
+        .unwrap();
     namespace(api, "auto", json!({(keys::INJECT): "true"})).await;
     namespace(api, "optout", json!({(keys::INJECT): "false"})).await;
     namespace(api, "kube-system", json!({})).await;
