@@ -1,5 +1,5 @@
 //! The hub's HTTPS listener (previews and the web view) and the limits that keep it from being
-//! starved: connections are accepted first and counted per peer address (beyond
+//! starved: connections are accepted first and counted per peer ([`PeerKey`]: an address, an IPv6 /64) (beyond
 //! [`ListenerLimits::max_per_peer`] or [`ListenerLimits::max_total`] a connection is closed at
 //! once), the TLS handshake is timed, an HTTP/1 request head must arrive within
 //! [`ListenerLimits::header_read_timeout`] (hyper enforces it only with a timer set, which it
@@ -21,6 +21,7 @@ use http_body_util::BodyExt;
 use hyper::body::{Frame, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use spur_runtime::Drain;
+use spur_runtime::peer::PeerKey;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
@@ -80,14 +81,14 @@ impl ListenerLimits {
 #[derive(Debug)]
 pub(crate) struct PeerSlots {
     limits: ListenerLimits,
-    held: Mutex<(usize, HashMap<IpAddr, usize>)>,
+    held: Mutex<(usize, HashMap<PeerKey, usize>)>,
 }
 
 /// One connection's place; given back when dropped.
 #[derive(Debug)]
 pub(crate) struct Slot {
     slots: Arc<PeerSlots>,
-    ip: IpAddr,
+    ip: PeerKey,
 }
 
 impl PeerSlots {
@@ -100,8 +101,8 @@ impl PeerSlots {
 
     /// A place for a connection from `ip`, or None when that peer or the listener is full.
     pub(crate) fn take(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
-        // An IPv4 peer on a dual-stack socket shows up as ::ffff:a.b.c.d: one peer either way.
-        let ip = ip.to_canonical();
+        // An IPv4 address (mapped or not) or an IPv6 /64: as every capped listener counts.
+        let ip = PeerKey::of(ip);
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let (total, per_peer) = &mut *held;
         let mine = per_peer.entry(ip).or_default();
@@ -344,5 +345,23 @@ mod tests {
         assert!(slots.take(c).is_none(), "over the listener's total");
         drop(a1);
         assert!(slots.take(c).is_some());
+    }
+
+    #[test]
+    fn an_ipv6_host_counts_once_across_its_64() {
+        let slots = PeerSlots::new(ListenerLimits {
+            max_per_peer: 2,
+            ..ListenerLimits::default()
+        });
+        let one: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let two: IpAddr = "2001:db8:1:2::2".parse().unwrap();
+        let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        let _1 = slots.take(one).unwrap();
+        let _2 = slots.take(two).unwrap();
+        assert!(
+            slots.take("2001:db8:1:2:abcd::9".parse().unwrap()).is_none(),
+            "a third address of the same /64"
+        );
+        assert!(slots.take(other).is_some());
     }
 }

@@ -1,7 +1,8 @@
 //! What every Spur binary shares at run time: SIGTERM and Ctrl-C ([`shutdown_signal`]),
 //! logging set-up ([`init_tracing`]), duration flags ([`parse_duration`]), accepting
 //! connections with a back-off on errors ([`accept`]), draining with a deadline ([`Drain`])
-//! and spreading retries ([`jitter`]). No binary should write these again. With feature
+//! and spreading retries ([`jitter`]), and who a per-peer cap counts ([`peer::PeerKey`]). No
+//! binary should write these again. With feature
 //! `admin`, the admin endpoints (`/live`, `/ready`, `/metrics`, `/config_dump`) of the
 //! data-plane servers ([`admin`]); with feature `serve`, HTTP server settings whose deadlines
 //! hold ([`serve`]).
@@ -17,6 +18,7 @@ use tokio_util::task::TaskTracker;
 
 #[cfg(feature = "admin")]
 pub mod admin;
+pub mod peer;
 #[cfg(feature = "serve")]
 pub mod serve;
 

@@ -19,26 +19,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
+use spur_runtime::peer::PeerKey;
+
 use crate::session::lock;
-
-/// Who a per-peer cap counts: the address, an IPv6 peer by its /64 (one host's usual share).
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub(crate) struct PeerKey(IpAddr);
-
-impl PeerKey {
-    pub(crate) fn of(ip: IpAddr) -> PeerKey {
-        match ip {
-            IpAddr::V4(_) => PeerKey(ip),
-            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) => PeerKey(IpAddr::V4(v4)),
-                None => {
-                    let s = v6.segments();
-                    PeerKey(IpAddr::from([s[0], s[1], s[2], s[3], 0, 0, 0, 0]))
-                }
-            },
-        }
-    }
-}
 
 pub(crate) struct Handshakes {
     max: usize,
