@@ -25,6 +25,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
+use spur_api::ExternalWorkload;
 use spur_api::Sandbox;
 use spur_api::workstation::{CREATED_BY_ANNOTATION, EXPIRES_ANNOTATION, Owner, owner_record_name};
 use spur_e2e::kube::{
@@ -357,10 +358,27 @@ async fn a_sandbox_may_name_only_its_creators_workstation() {
         }
     };
     let message = refused(patch(json!({"spec": {"workstation": "bob-laptop"}})).await);
-    assert!(message.contains("belongs to another user"), "{message}");
+    assert!(message.contains("only the Sandbox's creator"), "{message}");
     let message =
         refused(patch(json!({"metadata": {"annotations": {CREATED_BY_ANNOTATION: BOB}}})).await);
     assert!(message.contains("cannot be changed"), "{message}");
+    // Nor points her laptop at another of its ports, or adds a local workload to her Sandbox:
+    // what her laptop connects to is hers to change.
+    let remapped = json!({"spec": {"local": [{"name": "api",
+        "from": {"kind": "Deployment", "namespace": "a", "name": "api"},
+        "mappings": [{"port": 8080, "toLocal": "localhost:5432"}]}]}});
+    let message = refused(patch(remapped.clone()).await);
+    assert!(message.contains("only the Sandbox's creator"), "{message}");
+    let stored = as_alice.get("alices").await.unwrap();
+    assert_eq!(
+        stored.spec.local[0].mappings[0].to_local, "localhost:8080",
+        "bob's mapping was stored"
+    );
+    // Alice may.
+    as_alice
+        .patch("alices", &PatchParams::default(), &Patch::Merge(&remapped))
+        .await
+        .unwrap();
     // Removing the annotation only brings it back; other changes pass.
     let kept = patch(json!({"metadata": {"annotations": {CREATED_BY_ANNOTATION: null}, "labels": {"team": "a"}}}))
         .await
@@ -386,6 +404,42 @@ async fn a_sandbox_may_name_only_its_creators_workstation() {
         .await
         .unwrap();
     assert_eq!(Owner::from_record(&record).unwrap().user, ALICE);
+
+    // ExternalWorkloads (what the tunnel proxy hands a workstation) are the operator's alone:
+    // anyone else with rights on them, an administrator here, is refused, so no Sandbox check
+    // can be gone around by writing one directly.
+    let rendered = spur_e2e::kube::helm_template(&[]).await.unwrap();
+    spur_e2e::kube::install_rendered_policy(
+        &admin,
+        &rendered,
+        "spur-externalworkloads-by-operator",
+    )
+    .await
+    .unwrap();
+    let direct: ExternalWorkload = serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "ExternalWorkload",
+        "metadata": {"name": "direct", "namespace": "b"},
+        "spec": {"sandbox": "bobs", "routingKey": "k", "name": "api", "workstation": "alice-laptop",
+                 "baseline": {"kind": "Deployment", "namespace": "b", "name": "api"},
+                 "mappings": [{"port": 8080, "toLocal": "localhost:22"}]}
+    }))
+    .unwrap();
+    let message = eventually("the ExternalWorkload policy to refuse", || {
+        let (admin, direct) = (admin.clone(), direct.clone());
+        async move {
+            let ews: Api<ExternalWorkload> = Api::namespaced(admin, "b");
+            match ews.create(&PostParams::default(), &direct).await {
+                Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => Some(e.message),
+                Ok(_) => {
+                    ews.delete("direct", &Default::default()).await.ok();
+                    None
+                }
+                Err(_) => None,
+            }
+        }
+    })
+    .await;
+    assert!(message.contains("made by the Spur operator"), "{message}");
 
     // Alice's claim ends (her certificate expired: the record's end is moved into the past).
     // Her Sandbox still names alice-laptop, so bob's certificate for it would hand him her keyed

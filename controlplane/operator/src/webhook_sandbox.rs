@@ -43,6 +43,10 @@ fn annotation(o: Option<&DynamicObject>) -> Option<&str> {
         .map(String::as_str)
 }
 
+fn local(o: Option<&DynamicObject>) -> Option<&serde_json::Value> {
+    o?.data.get("spec")?.get("local")
+}
+
 fn workstation(o: Option<&DynamicObject>) -> Option<&str> {
     o?.data.get("spec")?.get("workstation")?.as_str()
 }
@@ -235,11 +239,20 @@ pub(crate) fn to_check(
         return Ok(None);
     };
     let creator = annotation(req.object.as_ref());
-    if req.operation == Operation::Update
-        && workstation(req.old_object.as_ref()) == Some(ws)
-        && annotation(req.old_object.as_ref()) == creator
-    {
-        return Ok(None);
+    if req.operation == Operation::Update {
+        // The workstation and the local workloads decide what the creator's laptop connects
+        // to: nobody else may change them, whatever rights they hold on Sandboxes (cluster-
+        // scoped, so update rights are often cluster-wide).
+        let remapped = workstation(req.old_object.as_ref()) != Some(ws)
+            || local(req.old_object.as_ref()) != local(req.object.as_ref());
+        if remapped && creator.is_some() && req.user_info.username.as_deref() != creator {
+            return Err(
+                "only the Sandbox's creator may change its workstation or its local workloads (they decide what the creator's laptop connects to); ask them, or create a Sandbox of your own".to_string(),
+            );
+        }
+        if !remapped && annotation(req.old_object.as_ref()) == creator {
+            return Ok(None);
+        }
     }
     let Some(creator) = creator else {
         return Err(format!(
