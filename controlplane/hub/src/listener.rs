@@ -359,7 +359,9 @@ mod tests {
         let _1 = slots.take(one).unwrap();
         let _2 = slots.take(two).unwrap();
         assert!(
-            slots.take("2001:db8:1:2:abcd::9".parse().unwrap()).is_none(),
+            slots
+                .take("2001:db8:1:2:abcd::9".parse().unwrap())
+                .is_none(),
             "a third address of the same /64"
         );
         assert!(slots.take(other).is_some());

@@ -232,7 +232,9 @@ spec:
 }
 
 pub(crate) fn l4_listeners_on_the_node(node: &Node) {
-    let ns = node.namespace("l4", &[("spur.dev/enabled", "true")]).unwrap();
+    let ns = node
+        .namespace("l4", &[("spur.dev/enabled", "true")])
+        .unwrap();
     let ns = ns.name.as_str();
     // The chart's gateway, in this namespace: the operator copies the route server's CA
     // bundle here for it.
