@@ -851,7 +851,7 @@ async fn local_sandbox(client: &Client, to_local: &str) -> String {
         .create(&PostParams::default(), &svc)
         .await
         .unwrap();
-    own_workstation(&client, "alice", "alice").await;
+    own_workstation(client, "alice", "alice").await;
     let sb: Sandbox = serde_json::from_value(json!({
         "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
         "metadata": {"name": "dev", "annotations": {CREATED_BY_ANNOTATION: "alice"}},

@@ -15,6 +15,7 @@ mod node_access;
 mod node_jobs;
 mod node_l4;
 mod node_resources;
+mod node_tenancy;
 mod node_traffic;
 mod node_xds;
 
@@ -436,6 +437,10 @@ fn helm_install_and_the_user_path_on_running_pods() {
     // --- a laptop joins through the tunnel-proxy pod: keyed requests reach its process --------
     let workstation_token =
         laptop_joins_through_the_tunnel_proxy(node, ns, &client, &frontend, &backend_pods[0]);
+
+    // --- a user with rights in one namespace cannot reach through Spur into others -----------
+    // (workstation `alice` is the admin's since the step above)
+    node_tenancy::a_tenant_cannot_reach_through(node, "alice", ns, "backend");
 
     // --- the CA rotates while traffic flows: no request fails --------------------------------
     let reader_token =

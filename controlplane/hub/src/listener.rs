@@ -356,8 +356,8 @@ mod tests {
         let one: IpAddr = "2001:db8:1:2::1".parse().unwrap();
         let two: IpAddr = "2001:db8:1:2::2".parse().unwrap();
         let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
-        let _1 = slots.take(one).unwrap();
-        let _2 = slots.take(two).unwrap();
+        let _held_one = slots.take(one).unwrap();
+        let _held_two = slots.take(two).unwrap();
         assert!(
             slots
                 .take("2001:db8:1:2:abcd::9".parse().unwrap())
