@@ -541,9 +541,12 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
 
     // The sandbox: the laptop stands in for shop/api's container port (the baseline app's
     // port here: an explicit-mode sidecar looks rules up by its app's port).
+    // Created by alice, who owns the workstation (the operator binds a Sandbox's local workloads
+    // only while its creator owns the workstation; the webhook that stamps the creator does not
+    // run here).
     let sb: Sandbox = serde_json::from_value(json!({
         "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
-        "metadata": {"name": "dev"},
+        "metadata": {"name": "dev", "annotations": {"spur.dev/created-by": "alice"}},
         "spec": {"workstation": "alice",
                  "local": [{"name": "api", "from": {"kind": "Deployment", "namespace": "shop", "name": "api"},
                             "mappings": [{"port": baseline_addr.port(), "toLocal": "127.0.0.1:3000"}]}]}
