@@ -140,7 +140,13 @@ fn helm_install_and_the_user_path_on_running_pods() {
 
     // --- two demo services with injected sidecars -------------------------------------------
     let shop = node
-        .namespace("shop", &[("sidecar.spur.dev/inject", "true")])
+        .namespace(
+            "shop",
+            &[
+                ("sidecar.spur.dev/inject", "true"),
+                ("spur.dev/enabled", "true"),
+            ],
+        )
         .unwrap();
     let ns = shop.name.as_str();
     // backend in the layout with an init container and a native sidecar; frontend in the

@@ -77,7 +77,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
@@ -217,6 +217,25 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         .watches_stream(sb_externals, |ew| cluster_owners::<Sandbox>(&ew))
         .watches_stream(sb_virtuals, |vw| cluster_owners::<Sandbox>(&vw))
         .owns_stream(sb_configs);
+    // A workstation's owner record changing (docs/local.md, "Bound only while owned") wakes
+    // the Sandboxes naming it: the old owner's are unbound at once, not at their next resync.
+    let by_workstation = sandboxes.store();
+    sandboxes = sandboxes.watches(
+        Api::<PartialObjectMeta<ConfigMap>>::namespaced(client.clone(), &ctx.tunnels.namespace),
+        watcher::Config::default().labels(spur_api::tunnel::WORKSTATION_LABEL),
+        move |cm| {
+            let Some(ws) = cm
+                .labels()
+                .get(spur_api::tunnel::WORKSTATION_LABEL)
+                .cloned()
+            else {
+                return Vec::new();
+            };
+            objects_where(&by_workstation, |sb| {
+                sb.spec.workstation.as_deref() == Some(ws.as_str())
+            })
+        },
+    );
     // Resources wake their Sandbox (cluster-scoped like it: `owns` keys them right); without
     // resources enabled there is nothing to watch.
     if ctx.resources.is_some() {

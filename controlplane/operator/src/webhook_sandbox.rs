@@ -387,23 +387,31 @@ mod tests {
             to_check(&request("CREATE", "bob", sandbox(None, Some("bob")), None)),
             Ok(None)
         );
-        // Update: the operator's metadata changes pass; a new workstation is the creator's
-        // to own, whoever makes the change.
+        // Update: the operator's metadata changes pass; only the creator may move a Sandbox to
+        // another workstation (which must be theirs).
         let old = sandbox(Some("w"), Some("alice"));
         let same = request("UPDATE", "spur-operator", old.clone(), Some(old.clone()));
         assert_eq!(to_check(&same), Ok(None));
         let legacy = sandbox(Some("w"), None);
         let legacy_update = request("UPDATE", "spur-operator", legacy.clone(), Some(legacy));
         assert_eq!(to_check(&legacy_update), Ok(None));
-        let moved = request(
+        let moved_by_other = request(
             "UPDATE",
             "carol",
             sandbox(Some("carol-laptop"), Some("alice")),
+            Some(old.clone()),
+        );
+        let refused = to_check(&moved_by_other).unwrap_err();
+        assert!(refused.contains("only the Sandbox's creator"), "{refused}");
+        let moved = request(
+            "UPDATE",
+            "alice",
+            sandbox(Some("alice-2"), Some("alice")),
             Some(old),
         );
         assert_eq!(
             to_check(&moved),
-            Ok(Some(("carol-laptop".into(), "alice".into())))
+            Ok(Some(("alice-2".into(), "alice".into())))
         );
         let legacy_moved = request(
             "UPDATE",
