@@ -201,6 +201,13 @@ async fn runner_groups_need_their_creators_rights_to_the_runner_pods() {
         json!({"containers": [container.clone()],
                "initContainers": [{"name": "init", "image": "busybox:1.36",
                                    "envFrom": [{"secretRef": {"name": "db-password"}}]}]}),
+        // Used rather than read, still the creator's to give: a registry credential and a CSI
+        // driver's secret.
+        json!({"containers": [container.clone()],
+               "imagePullSecrets": [{"name": "db-password"}]}),
+        json!({"containers": [container.clone()],
+               "volumes": [{"name": "c", "csi": {"driver": "secrets-store.csi.k8s.io",
+                                                  "nodePublishSecretRef": {"name": "db-password"}}}]}),
     ];
     for (i, spec) in reads.into_iter().enumerate() {
         let message = refusal(&dev, &group("a", &format!("reads-{i}"), spec))
@@ -211,6 +218,17 @@ async fn runner_groups_need_their_creators_rights_to_the_runner_pods() {
             "{i}: {message}"
         );
     }
+    // In-tree volume types with storage credentials of their own are refused outright.
+    let cephfs = json!({"containers": [container.clone()],
+        "volumes": [{"name": "fs", "cephfs": {"monitors": ["10.0.0.1:6789"],
+                                              "secretRef": {"name": "db-password"}}}]});
+    let message = refusal(&dev, &group("a", "cephfs", cephfs))
+        .await
+        .expect("a cephfs volume with its own Secret was allowed");
+    assert!(
+        message.starts_with("403 ") && message.contains("cephfs"),
+        "{message}"
+    );
     // A ServiceAccount dev may not act as.
     let message = refusal(
         &dev,
