@@ -13,6 +13,7 @@
 //! it would run a sandbox's page on the web view's origin. A target's `Set-Cookie` for a hub
 //! cookie is dropped.
 
+use spur_api::validation::is_dns_label;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -108,10 +109,10 @@ pub struct PreviewName<'a> {
 impl<'a> PreviewName<'a> {
     pub fn parse(label: &'a str) -> Option<Self> {
         let mut parts = label.split("--");
-        let endpoint = parts.next().filter(|s| is_label(s))?;
-        let owner = parts.next().filter(|s| is_label(s))?;
+        let endpoint = parts.next().filter(|s| is_dns_label(s))?;
+        let owner = parts.next().filter(|s| is_dns_label(s))?;
         let cluster = match parts.next() {
-            Some(c) if is_label(c) => Some(c),
+            Some(c) if is_dns_label(c) => Some(c),
             Some(_) => return None,
             None => None,
         };
@@ -124,15 +125,6 @@ impl<'a> PreviewName<'a> {
             cluster,
         })
     }
-}
-
-fn is_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 pub use spur_api::sandbox::preview_url;

@@ -11,6 +11,7 @@
 //! those namespaces is; an object that names none is visible only to users who may see every
 //! namespace.
 
+use spur_api::validation::is_dns_label;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
@@ -80,7 +81,7 @@ impl Namespaces {
             ));
         }
         for n in names {
-            if !is_label(n) {
+            if !is_dns_label(n) {
                 return Err(Error::Invalid(format!(
                     "namespace {n:?}: a namespace name is a DNS label (lowercase letters, \
                      digits and '-', at most 63)"
@@ -274,15 +275,6 @@ pub fn routing_config_namespaces(c: &RoutingConfig) -> BTreeSet<String> {
 /// A Job's namespace.
 pub fn job_namespaces(j: &spur_api::Job) -> BTreeSet<String> {
     j.metadata.namespace.iter().cloned().collect()
-}
-
-fn is_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 #[cfg(test)]
