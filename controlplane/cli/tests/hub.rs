@@ -38,6 +38,24 @@ fn spur(dir: &Path, args: &[&str]) -> std::process::Output {
 
 /// A port free on both TCP and UDP (the hub serves HTTP/2 and QUIC on one port), both probes
 /// held until it is known.
+/// Hub user `dev`, who sees every cluster and namespace and acts as a cluster admin there.
+fn add_admin_user(d: &Path) {
+    spur(
+        d,
+        &[
+            "hub",
+            "user",
+            "add",
+            "dev",
+            "--cluster",
+            "*",
+            "--all-namespaces",
+            "--kube-group",
+            "system:masters",
+        ],
+    );
+}
+
 fn free_port() -> u16 {
     loop {
         let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -343,20 +361,7 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
 
     let token = spur(d, &["hub", "cluster", "add", "east"]).stdout;
     std::fs::write(d.join("east.token"), &token).unwrap();
-    spur(
-        d,
-        &[
-            "hub",
-            "user",
-            "add",
-            "dev",
-            "--cluster",
-            "*",
-            "--all-namespaces",
-            "--kube-group",
-            "system:masters",
-        ],
-    );
+    add_admin_user(d);
     let key = String::from_utf8(spur(d, &["hub", "apikey", "add", "dev"]).stdout).unwrap();
     let key = key.trim().to_owned();
     let ca = spur(d, &["hub", "ca"]).stdout;
@@ -1018,20 +1023,7 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
         let token = spur(d, &["hub", "cluster", "add", c]).stdout;
         std::fs::write(d.join(format!("{c}.token")), &token).unwrap();
     }
-    spur(
-        d,
-        &[
-            "hub",
-            "user",
-            "add",
-            "dev",
-            "--cluster",
-            "*",
-            "--all-namespaces",
-            "--kube-group",
-            "system:masters",
-        ],
-    );
+    add_admin_user(d);
     let key = String::from_utf8(spur(d, &["hub", "apikey", "add", "dev"]).stdout).unwrap();
     let key = key.trim().to_owned();
     std::fs::write(d.join("ca.pem"), spur(d, &["hub", "ca"]).stdout).unwrap();
@@ -1277,20 +1269,7 @@ async fn a_hostile_preview_reads_nothing_of_the_hub_in_chromium() {
     sandbox_with_endpoint(&api, "checkout-fix").await;
     let token = spur(d, &["hub", "cluster", "add", "east"]).stdout;
     std::fs::write(d.join("east.token"), &token).unwrap();
-    spur(
-        d,
-        &[
-            "hub",
-            "user",
-            "add",
-            "dev",
-            "--cluster",
-            "*",
-            "--all-namespaces",
-            "--kube-group",
-            "system:masters",
-        ],
-    );
+    add_admin_user(d);
     spur(d, &["hub", "apikey", "add", "dev"]);
     std::fs::write(d.join("ca.pem"), spur(d, &["hub", "ca"]).stdout).unwrap();
     let (port, web) = (free_port(), free_port());
