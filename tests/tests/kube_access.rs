@@ -186,7 +186,39 @@ impl Setup {
         })
         .await;
         setup.users().await;
+        setup.policies_enforced().await;
         setup
+    }
+
+    /// Waits until the API server enforces the access policies: it loads a new policy through
+    /// an informer a moment after the create, and a test that attacks one must not race that.
+    /// The probe is a request filed already approved, which `spur-access-requests` refuses.
+    async fn policies_enforced(&self) {
+        let requests: Api<ExecAccessRequest> = Api::namespaced(self.api.client(), NS);
+        eventually("the access admission policies enforced", || {
+            let requests = requests.clone();
+            async move {
+                let mut probe = exec_request("policy-probe", "policy-probe", None);
+                probe.metadata.annotations = Some(
+                    spur_api::access::Approver {
+                        username: "policy-probe".into(),
+                        groups: vec![],
+                    }
+                    .annotations(),
+                );
+                match requests.create(&PostParams::default(), &probe).await {
+                    Err(e) if e.to_string().contains("cannot be filed approved") => Some(()),
+                    Ok(_) => {
+                        let _ = requests
+                            .delete("policy-probe", &DeleteParams::default())
+                            .await;
+                        None
+                    }
+                    Err(_) => None,
+                }
+            }
+        })
+        .await;
     }
 
     /// ServiceAccounts alice and bob (group `system:serviceaccounts:devs`) and carol (another
@@ -862,9 +894,14 @@ async fn bad_templates_and_requests_get_conditions_and_the_operator_is_fenced() 
             && l.contains("pod=web-1")),
         "{lines:?}"
     );
-    assert!(
-        setup.metric("spur_operator_webhook_pod_connect_audits_total{result=\"recorded\"}") >= 3.0
-    );
+    // The auditor counts an event once the API server has answered its create, which can be
+    // after the event is already listed above: wait for the count rather than read it once.
+    let series = "spur_operator_webhook_pod_connect_audits_total{result=\"recorded\"}";
+    eventually("three audit events counted", || {
+        let n = setup.metric(series);
+        async move { (n >= 3.0).then_some(()) }
+    })
+    .await;
 
     // A request must name its requester's own identity even when written by an admin straight
     // past the webhook (the policy checks the stamp against the API server's user info).
