@@ -228,6 +228,16 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
     )
     .await
     .unwrap();
+    // The second sweeper (CronJob spur-access-sweeper): cluster-wide delete on Roles and
+    // RoleBindings, held by the policy spur-access-sweeper to grants' own.
+    let sweeper = kube_rbac::chart_client(
+        &api,
+        "spur-access-sweeper",
+        "access-sweeper-rules.yaml",
+        None,
+    )
+    .await
+    .unwrap();
     let requester = kube_rbac::chart_client(
         &api,
         "spur-access-requester",
@@ -264,6 +274,7 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
     actual.extend(rules_of("spur-traffic-reader", traffic_reader).await);
     actual.extend(rules_of("spur-traffic-capturer", traffic_capturer).await);
     actual.extend(rules_of("spur-access-requester", requester).await);
+    actual.extend(rules_of("spur-access-sweeper", sweeper).await);
     actual.extend(rules_of("spur-operator-access", access).await);
     actual.extend(rules_of("spur-agent", agent).await);
     actual.extend(rules_of("spur-ics", ics).await);
@@ -289,11 +300,17 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
         if fields[1] == NOT_ENROLLED {
             let resources = fields[3].trim_start_matches("resources=");
             let writes = verbs.split(',').any(|v| WRITE_VERBS.contains(&v));
-            let fenced = line.starts_with("spur-operator ")
+            let fenced = (line.starts_with("spur-operator ")
                 && ((resources == "rolebindings"
                     && line.contains(" groups=rbac.authorization.k8s.io "))
                     || (resources == "configmaps"
-                        && (verbs == "create" || line.contains(" names=spur-ca-bundle "))));
+                        && (verbs == "create" || line.contains(" names=spur-ca-bundle ")))))
+                // The second access sweeper only deletes (which takes rights away, never gives
+                // them), and the policy spur-access-sweeper holds it to the Roles and
+                // RoleBindings named and labelled as grants (kube_access.rs, sweeper).
+                || (line.starts_with("spur-access-sweeper ")
+                    && resources == "rolebindings,roles"
+                    && verbs == "delete,list");
             assert!(
                 !(writes && resources.split(',').any(|r| GUARDED.contains(&r))) || fenced,
                 "a component may write {resources} in a namespace that did not opt in: {line}"
