@@ -89,8 +89,8 @@ impl Metrics {
         r.register(
             "evicted",
             "Of the exchanges removed by retention, those removed because their namespace was \
-             over its quota (reason namespace_quota) or held the most while the store was over \
-             its limits (store_limit), by namespace",
+             over its quota (reason namespace_quota) or held more than its share while the store \
+             was over its limits (store_limit), by namespace",
             s.evicted.clone(),
         );
         r.register(

@@ -47,9 +47,11 @@ const QUEUE: usize = 64;
 
 /// How much the store keeps. Retention runs after every insert: rows stored longer than
 /// `max_age` ago go; then, in each namespace the insert added to, that namespace's oldest rows
-/// until it fits its quota; then, while the store is over `max_exchanges` or `max_bytes`, the
-/// oldest rows of the namespace holding the most (count or bytes, whichever is over). So one
-/// namespace's pushes never remove another's exchanges while that other holds less.
+/// until it fits its quota; then, if the store is over `max_exchanges` or `max_bytes`, the
+/// namespaces holding the most are lowered, oldest rows first, to the highest common level at
+/// which the store fits (never below the limit divided by the namespaces holding exchanges).
+/// So one namespace's pushes never remove another's exchanges while that other holds no more
+/// than that level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Default 24 hours. Measured from when the store received an exchange (its own clock, not

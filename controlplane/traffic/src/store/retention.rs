@@ -1,8 +1,11 @@
-//! Retention: age first, then each namespace's quota, then the store-wide limits — the last
-//! taken from the namespace holding the most, so that one namespace's pushes never remove
-//! another's exchanges while that other holds less (issue 42). Always oldest first within a
-//! namespace. It runs inside each insert's transaction, from running totals, so it never
-//! counts the table.
+//! Retention: age first, then each namespace's quota, then the store-wide limits. Those are
+//! shared by max-min fairness ("water-filling"): the namespaces holding the most are lowered
+//! to one common level, the highest at which the store fits, and a namespace holding no more
+//! than that level loses nothing. The level is never below the limit divided by the
+//! namespaces holding exchanges, so one namespace's pushes never remove another's exchanges
+//! while that other holds no more than its share, and never take a namespace below the level
+//! (issue 42). Always oldest first within a namespace. It runs inside each insert's
+//! transaction, from running totals, so it never counts the table.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -87,7 +90,7 @@ pub(super) enum Reason {
     Age,
     /// The namespace was over its own quota.
     NamespaceQuota,
-    /// The store was over its limits and the namespace held the most.
+    /// The store was over its limits and the namespace held more than the common level.
     StoreLimit,
 }
 
@@ -114,14 +117,6 @@ pub(super) fn retain(
     touched: &BTreeSet<String>,
 ) -> Result<Evicted, Error> {
     let mut evicted = Evicted::new();
-    let mut removed = |rows: Vec<(String, i64)>, usage: &mut Usage, reason: Reason| {
-        let n = rows.len();
-        for (ns, size) in rows {
-            usage.remove(&ns, size.max(0) as u64);
-            *evicted.entry((ns, reason)).or_default() += 1;
-        }
-        n
-    };
     if !limits.max_age.is_zero() {
         let age = i64::try_from(limits.max_age.as_micros()).unwrap_or(i64::MAX);
         let cutoff = now.saturating_sub(age);
@@ -132,72 +127,192 @@ pub(super) fn retain(
             "DELETE FROM exchanges WHERE stored_unix_micros < ?1 RETURNING namespace, size",
             (cutoff,),
         )?;
-        removed(rows, usage, Reason::Age);
+        removed(rows, usage, Reason::Age, &mut evicted);
     }
     for ns in touched {
-        while let Some(t) = usage.namespaces.get(ns).copied() {
-            if !t.over(limits.namespace_max_exchanges, limits.namespace_max_bytes) {
-                break;
-            }
-            let n = excess(
-                t,
-                limits.namespace_max_exchanges,
-                limits.namespace_max_bytes,
-            );
-            let rows = oldest_of(tx, ns, n)?;
-            if removed(rows, usage, Reason::NamespaceQuota) == 0 {
-                *usage = Usage::read(tx)?;
-                break;
-            }
+        let quota = Totals {
+            count: limits.namespace_max_exchanges,
+            bytes: limits.namespace_max_bytes,
+        };
+        if !lower(tx, usage, ns, quota, Reason::NamespaceQuota, &mut evicted)? {
+            return Ok(evicted);
         }
     }
-    while usage.total.over(limits.max_exchanges, limits.max_bytes) {
-        let by_bytes = usage.total.bytes > limits.max_bytes;
-        // The namespace holding the most of what is over; on a tie, the first by name.
-        let Some((ns, t)) = usage
+    // The limit over by the larger fraction first: the rows that go for it often bring the
+    // other under as well, so a namespace over only in the other is not cut for nothing.
+    let over = |held: u64, limit: u64| u128::from(held.saturating_sub(limit));
+    let bytes_first = over(usage.total.bytes, limits.max_bytes) * u128::from(limits.max_exchanges)
+        > over(usage.total.count, limits.max_exchanges) * u128::from(limits.max_bytes);
+    let dimensions = if bytes_first {
+        [Dimension::Bytes, Dimension::Count]
+    } else {
+        [Dimension::Count, Dimension::Bytes]
+    };
+    for dimension in dimensions {
+        let limit = dimension.limit(limits);
+        if dimension.of(usage.total) <= limit {
+            continue;
+        }
+        let level = level(
+            usage
+                .namespaces
+                .values()
+                .map(|t| dimension.of(*t))
+                .collect(),
+            limit,
+        );
+        let cap = dimension.cap(level);
+        let above: Vec<String> = usage
             .namespaces
             .iter()
-            .max_by(|(an, a), (bn, b)| {
-                let (a, b) = if by_bytes {
-                    (a.bytes, b.bytes)
-                } else {
-                    (a.count, b.count)
-                };
-                a.cmp(&b).then_with(|| bn.cmp(an))
-            })
-            .map(|(ns, t)| (ns.clone(), *t))
-        else {
-            *usage = Usage::read(tx)?;
-            break;
-        };
-        let n = excess(usage.total, limits.max_exchanges, limits.max_bytes).min(t.count.max(1));
-        let rows = oldest_of(tx, &ns, n)?;
-        if removed(rows, usage, Reason::StoreLimit) == 0 {
-            // The totals disagree with the table: trust the table.
-            *usage = Usage::read(tx)?;
-            break;
+            .filter(|(_, t)| dimension.of(**t) > level)
+            .map(|(ns, _)| ns.clone())
+            .collect();
+        for ns in &above {
+            if !lower(tx, usage, ns, cap, Reason::StoreLimit, &mut evicted)? {
+                return Ok(evicted);
+            }
         }
     }
     Ok(evicted)
 }
 
-/// Rows to remove from something holding `t` to fit `max_count` and `max_bytes`: enough
-/// average-sized rows to cover the excess bytes (the caller loops if the oldest are smaller).
-fn excess(t: Totals, max_count: u64, max_bytes: u64) -> u64 {
-    let over_count = t.count.saturating_sub(max_count);
-    let over_bytes = t.bytes.saturating_sub(max_bytes);
-    let average = (t.bytes / t.count.max(1)).max(1);
-    over_count.max(over_bytes.div_ceil(average)).clamp(1, CHUNK)
+/// One of the two things the store limits.
+#[derive(Debug, Clone, Copy)]
+enum Dimension {
+    Count,
+    Bytes,
 }
 
-/// Deletes the `n` oldest rows of namespace `ns`.
-fn oldest_of(tx: &Transaction<'_>, ns: &str, n: u64) -> Result<Vec<(String, i64)>, Error> {
+impl Dimension {
+    fn of(self, t: Totals) -> u64 {
+        match self {
+            Dimension::Count => t.count,
+            Dimension::Bytes => t.bytes,
+        }
+    }
+
+    fn limit(self, limits: &Limits) -> u64 {
+        self.of(Totals {
+            count: limits.max_exchanges,
+            bytes: limits.max_bytes,
+        })
+    }
+
+    /// `level` in this dimension, nothing in the other.
+    fn cap(self, level: u64) -> Totals {
+        match self {
+            Dimension::Count => Totals {
+                count: level,
+                bytes: u64::MAX,
+            },
+            Dimension::Bytes => Totals {
+                count: u64::MAX,
+                bytes: level,
+            },
+        }
+    }
+}
+
+/// The highest common level the namespaces holding `held` can be lowered to (those holding
+/// less keep all of it) so that together they hold at most `limit`: max-min fairness. It is
+/// never below `limit / held.len()` (rounded down), so a namespace holding no more than that
+/// share loses nothing. O(n log n) in the namespaces.
+fn level(mut held: Vec<u64>, limit: u64) -> u64 {
+    held.sort_unstable();
+    let n = held.len();
+    let mut left = limit;
+    for (i, &x) in held.iter().enumerate() {
+        let k = (n - i) as u64;
+        // The rest (x and larger) cannot all keep x: they share what is left equally.
+        if u128::from(x) * u128::from(k) > u128::from(left) {
+            return left / k;
+        }
+        left -= x;
+    }
+    u64::MAX
+}
+
+/// Removes namespace `ns`'s oldest rows until it holds at most `cap`, each counted under
+/// `reason`. False when the running totals disagreed with the table: they have been re-read,
+/// and retention stops for this insert (the next one applies it again).
+fn lower(
+    tx: &Transaction<'_>,
+    usage: &mut Usage,
+    ns: &str,
+    cap: Totals,
+    reason: Reason,
+    evicted: &mut Evicted,
+) -> Result<bool, Error> {
+    while let Some(t) = usage.namespaces.get(ns).copied() {
+        if !t.over(cap.count, cap.bytes) {
+            break;
+        }
+        let rows = oldest_of(tx, ns, t, cap)?;
+        if removed(rows, usage, reason, evicted) == 0 {
+            *usage = Usage::read(tx)?;
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn removed(
+    rows: Vec<(String, i64)>,
+    usage: &mut Usage,
+    reason: Reason,
+    evicted: &mut Evicted,
+) -> usize {
+    let n = rows.len();
+    for (ns, size) in rows {
+        usage.remove(&ns, size.max(0) as u64);
+        *evicted.entry((ns, reason)).or_default() += 1;
+    }
+    n
+}
+
+/// Deletes the oldest rows of namespace `ns`, which holds `t`, needed to bring it to `cap`,
+/// and no more: it reads the sizes of as many rows as an average-sized row predicts (at most
+/// [`CHUNK`]) and deletes the shortest prefix of them that covers the excess; the caller
+/// loops when the oldest rows were smaller than the average.
+fn oldest_of(
+    tx: &Transaction<'_>,
+    ns: &str,
+    t: Totals,
+    cap: Totals,
+) -> Result<Vec<(String, i64)>, Error> {
+    let over_count = t.count.saturating_sub(cap.count);
+    let over_bytes = t.bytes.saturating_sub(cap.bytes);
+    let average = (t.bytes / t.count.max(1)).max(1);
+    let n = over_count.max(over_bytes.div_ceil(average)).clamp(1, CHUNK);
+    let mut stmt = tx
+        .prepare_cached(
+            "SELECT seq, size FROM exchanges WHERE namespace = ?1 ORDER BY seq LIMIT ?2",
+        )
+        .map_err(dbe)?;
+    let oldest = stmt
+        .query_map((ns, i64::try_from(n).unwrap_or(i64::MAX)), |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+        })
+        .map_err(dbe)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(dbe)?;
+    let (mut rows, mut bytes, mut last) = (0u64, 0u64, None);
+    for (seq, size) in oldest {
+        if rows >= over_count && bytes >= over_bytes {
+            break;
+        }
+        rows += 1;
+        bytes = bytes.saturating_add(size.max(0) as u64);
+        last = Some(seq);
+    }
+    let Some(last) = last else {
+        return Ok(Vec::new());
+    };
     deleted(
         tx,
-        "DELETE FROM exchanges WHERE seq IN \
-         (SELECT seq FROM exchanges WHERE namespace = ?1 ORDER BY seq LIMIT ?2) \
-         RETURNING namespace, size",
-        (ns, i64::try_from(n).unwrap_or(i64::MAX)),
+        "DELETE FROM exchanges WHERE namespace = ?1 AND seq <= ?2 RETURNING namespace, size",
+        (ns, last),
     )
 }
 
@@ -215,4 +330,33 @@ fn deleted(
         .collect::<Result<Vec<_>, _>>()
         .map_err(dbe)?;
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::level;
+
+    #[test]
+    fn the_level_is_the_highest_at_which_everything_fits() {
+        // Everything fits: nobody is lowered.
+        assert_eq!(level(vec![10, 20], 30), u64::MAX);
+        assert_eq!(level(Vec::new(), 0), u64::MAX);
+        // The smallest keeps all; the other two share what is left.
+        assert_eq!(level(vec![50, 10, 45], 70), 30);
+        // Rounded down: 59 left for two.
+        assert_eq!(level(vec![30, 11, 30], 70), 29);
+        // One namespace alone gets the whole limit.
+        assert_eq!(level(vec![500], 70), 70);
+        // Never below the equal share, whoever holds what.
+        for held in [
+            vec![1000, 1000, 1000],
+            vec![34, 34, 34],
+            vec![u64::MAX, u64::MAX],
+        ] {
+            let share = 100 / held.len() as u64;
+            assert!(level(held, 100) >= share);
+        }
+        // A limit of nothing keeps nothing.
+        assert_eq!(level(vec![3, 4], 0), 0);
+    }
 }
