@@ -265,6 +265,18 @@ pub(crate) struct ServeArgs {
     /// Off by default: anyone who may create a Sandbox could otherwise publish a service.
     #[arg(long, env = "SPUR_HUB_ALLOW_PUBLIC_PREVIEWS")]
     allow_public_previews: bool,
+    /// A header the clusters' sidecars read a bare routing key from (their --routing-header;
+    /// repeatable, comma-separated in the env var): previews overwrite it with their own key.
+    #[arg(
+        long = "routing-header",
+        env = "SPUR_HUB_ROUTING_HEADERS",
+        value_delimiter = ','
+    )]
+    routing_headers: Vec<String>,
+    /// The query parameter the clusters' sidecars read a routing key from (their
+    /// --query-param): removed from every preview request. Empty: none.
+    #[arg(long, env = "SPUR_HUB_QUERY_PARAM", default_value = spur_hub::preview::DEFAULT_QUERY_PARAM)]
+    query_param: String,
     /// Seconds agents' streams get to finish on SIGTERM.
     #[arg(long, env = "SPUR_HUB_DRAIN_GRACE", default_value_t = 10)]
     drain_grace: u64,
@@ -511,6 +523,11 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
                     },
                     response_timeout: args.preview_timeout,
                     allow_public: args.allow_public_previews,
+                    carriers: spur_routing::ExtractConfig {
+                        custom_headers: args.routing_headers,
+                        query_param: Some(args.query_param.trim().to_owned())
+                            .filter(|q| !q.is_empty()),
+                    },
                 }),
             },
         },

@@ -1,8 +1,9 @@
 //! The preview front end: HTTPS (HTTP/1.1 and HTTP/2 by ALPN) for
 //! `<endpoint>--<name>[--<cluster>].<preview domain>`. A request is authenticated (API key or the
 //! previews' session cookie), its credentials are stripped, the routing key of the sandbox or
-//! route group is written into every carrier Spur reads (replacing whatever the caller sent, so
-//! no caller can reach another sandbox by spoofing a key), forwarding headers are added, and it
+//! route group is written into every carrier Spur reads, the configured custom headers and
+//! query parameter included (replacing or removing whatever the caller sent, so no caller can
+//! reach another sandbox by spoofing a key: `preview/outgoing.rs`), forwarding headers are added, and it
 //! goes through the cluster's agent to the endpoint's target. Nothing reaches a cluster before
 //! the request is authenticated.
 //!
@@ -18,7 +19,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
 use hyper::body::Incoming;
@@ -29,6 +30,10 @@ use crate::catalog::{Catalog, ResolveError, Resolved};
 use crate::clusters::Clusters;
 use crate::store::{Principal, SessionScope};
 use crate::users::HubUser;
+
+mod outgoing;
+use outgoing::prepare;
+pub use outgoing::{DEFAULT_QUERY_PARAM, default_carriers};
 
 /// Header carrying an API key (besides `Authorization: Bearer`).
 pub const API_KEY_HEADER: &str = "x-spur-api-key";
@@ -84,6 +89,9 @@ pub struct Preview {
     pub response_timeout: Duration,
     /// Serve endpoints marked `public` without authentication.
     pub allow_public: bool,
+    /// The key carriers the clusters' sidecars read besides the standard ones: each is
+    /// overwritten with (custom headers) or removed from (the query parameter) every request.
+    pub carriers: spur_routing::KeyExtractor,
     pub metrics: crate::metrics::Metrics,
     /// Credentials found valid, by SHA-256, and when.
     pub auth_cache: std::sync::Mutex<AuthCache>,
@@ -288,7 +296,15 @@ impl Preview {
             }
             Err(e) => return text(StatusCode::NOT_FOUND, &format!("{e}\n")),
         };
-        prepare(&mut req, &resolved, host, peer);
+        if let Err(why) = prepare(&mut req, &resolved, &self.carriers, host, peer) {
+            // A key in the catalog that is no valid key (so it cannot be written), or a path
+            // that cannot be rebuilt: never send a request that might still carry the caller's.
+            tracing::warn!(cluster = %resolved.cluster, owner = name.owner, "preview not sent: {why}");
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "this preview's routing key cannot be written into the request; the request was not sent\n",
+            );
+        }
         match self.forward(req, &resolved).await {
             Ok(resp) => resp,
             Err(e) => {
@@ -524,58 +540,6 @@ fn request_host<B>(req: &Request<B>) -> Option<String> {
         })
 }
 
-/// Strips the caller's credentials and routing keys, writes the resolved key into every
-/// carrier, and adds forwarding headers.
-fn prepare<B>(req: &mut Request<B>, to: &Resolved, host: &str, peer: SocketAddr) {
-    let h = req.headers_mut();
-    h.remove(API_KEY_HEADER);
-    let bearer_is_ours = h
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.starts_with("Bearer ") && v[7..].trim().starts_with(crate::store::API_KEY_PREFIX)
-        });
-    if bearer_is_ours {
-        h.remove(header::AUTHORIZATION);
-    }
-    without_hub_cookie(h);
-    // Hop-by-hop headers of the client's connection are not the target's business (an upgrade
-    // is re-requested by hyper from the upgrade extension; keep Upgrade and Connection for it).
-    h.remove("proxy-connection");
-    h.remove(header::TE);
-    spur_routing::inject::inject_key(h, &to.routing_key, &[]);
-    let peer_ip = peer.ip().to_string();
-    let xff = match h.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {peer_ip}"),
-        None => peer_ip.clone(),
-    };
-    if let Ok(v) = HeaderValue::try_from(xff) {
-        h.insert(HeaderName::from_static("x-forwarded-for"), v);
-    }
-    h.insert(
-        HeaderName::from_static("x-forwarded-proto"),
-        HeaderValue::from_static("https"),
-    );
-    if let Ok(v) = HeaderValue::try_from(host) {
-        h.insert(HeaderName::from_static("x-forwarded-host"), v);
-    }
-    // The target sees its own name as Host, as it would from a client in the cluster.
-    let target_host = if to.port == 80 || to.port == 443 {
-        to.host.clone()
-    } else {
-        format!("{}:{}", to.host, to.port)
-    };
-    if let Ok(v) = HeaderValue::try_from(target_host) {
-        h.insert(header::HOST, v);
-    }
-    // Origin-form for the target (HTTP/2 clients send an absolute URI).
-    if let Some(pq) = req.uri().path_and_query().cloned()
-        && let Ok(uri) = http::Uri::try_from(pq.as_str())
-    {
-        *req.uri_mut() = uri;
-    }
-}
-
 fn text(status: StatusCode, body: &str) -> Response<Body> {
     let mut r = Response::new(
         Full::new(Bytes::copy_from_slice(body.as_bytes()))
@@ -613,77 +577,5 @@ mod tests {
         ] {
             assert_eq!(PreviewName::parse(bad), None, "{bad}");
         }
-    }
-
-    #[test]
-    fn prepare_replaces_keys_and_strips_credentials() {
-        let mut req = Request::get("https://web--sb.preview.test/x?y=1")
-            .header(API_KEY_HEADER, "spurk_secret")
-            .header("authorization", "Bearer spurk_secret")
-            .header("baggage", "sd-routing-key=other,user=1")
-            .header("uberctx-sd-routing-key", "other")
-            .header("ot-baggage-sd-routing-key", "other")
-            .header("tracestate", "sd-routing-key=other")
-            .body(())
-            .unwrap();
-        let to = Resolved {
-            cluster: "c".into(),
-            public: false,
-            routing_key: "key123".into(),
-            scheme: "http".into(),
-            host: "web.shop.svc".into(),
-            port: 8080,
-        };
-        prepare(
-            &mut req,
-            &to,
-            "web--sb.preview.test",
-            "192.0.2.1:5000".parse().unwrap(),
-        );
-        let h = req.headers();
-        assert!(h.get(API_KEY_HEADER).is_none() && h.get("authorization").is_none());
-        let baggage = h.get("baggage").unwrap().to_str().unwrap();
-        assert!(
-            baggage.contains("sd-routing-key=key123") && !baggage.contains("other"),
-            "{baggage}"
-        );
-        assert!(baggage.contains("user=1"));
-        assert_eq!(h.get("uberctx-sd-routing-key").unwrap(), "key123");
-        assert_eq!(h.get("ot-baggage-sd-routing-key").unwrap(), "key123");
-        assert!(
-            !h.get("tracestate")
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .contains("other")
-        );
-        assert_eq!(h.get("host").unwrap(), "web.shop.svc:8080");
-        assert_eq!(h.get("x-forwarded-for").unwrap(), "192.0.2.1");
-        assert_eq!(req.uri(), "/x?y=1");
-        let mut req = Request::get("/")
-            .header(
-                "cookie",
-                "a=1; __Host-spur_hub=spurs_secret; b=2; spur_preview=spurs_p",
-            )
-            .body(())
-            .unwrap();
-        prepare(&mut req, &to, "h", "192.0.2.1:1".parse().unwrap());
-        assert_eq!(req.headers().get("cookie").unwrap(), "a=1; b=2");
-        let mut req = Request::get("/")
-            .header("cookie", "spur_hub=spurs_x")
-            .body(())
-            .unwrap();
-        prepare(&mut req, &to, "h", "192.0.2.1:1".parse().unwrap());
-        assert!(req.headers().get("cookie").is_none());
-        // Someone else's bearer token (not a hub key) is the app's business and stays.
-        let mut req = Request::get("/")
-            .header("authorization", "Bearer app-token")
-            .body(())
-            .unwrap();
-        prepare(&mut req, &to, "h", "192.0.2.1:1".parse().unwrap());
-        assert_eq!(
-            req.headers().get("authorization").unwrap(),
-            "Bearer app-token"
-        );
     }
 }

@@ -62,6 +62,11 @@ pub struct PreviewSettings {
     pub response_timeout: Duration,
     /// Serve endpoints marked `public` without authentication.
     pub allow_public: bool,
+    /// The routing-key carriers the clusters' sidecars read besides the standard ones (their
+    /// `--routing-header` and `--query-param`): the hub overwrites those headers with the
+    /// preview's key and removes that parameter, so a caller cannot name another sandbox's key
+    /// in them. Cover every cluster's settings. [`crate::preview::default_carriers`] when unsure.
+    pub carriers: spur_routing::ExtractConfig,
 }
 
 /// A running hub.
@@ -160,6 +165,19 @@ impl Hub {
             crate::preview::check_sites(&p.web_host, &p.domain).map_err(Error::Config)?;
             p.limits.validate()?;
         }
+        // Validated as the sidecars validate theirs, before anything is bound.
+        let carriers = config
+            .preview
+            .as_ref()
+            .map(|p| spur_routing::KeyExtractor::new(&p.carriers))
+            .transpose()
+            .map_err(|e| {
+                Error::Config(format!(
+                    "{e}: the routing-key carriers the clusters' sidecars read \
+                     (--routing-header: HTTP header names; --query-param: 1-64 characters of \
+                     [A-Za-z0-9._-], or empty for none)"
+                ))
+            })?;
         let mut tls_source = config.tls.clone();
         if let (TlsSource::OwnCa { names }, Some(p)) = (&mut tls_source, &config.preview) {
             if !names.iter().any(|n| n.eq_ignore_ascii_case(&p.web_host)) {
@@ -180,9 +198,8 @@ impl Hub {
         let metrics = crate::metrics::Metrics::register(registry);
         let clusters = Clusters::default().with_metrics(metrics.clone());
         let catalog = Catalog::default();
-        let preview = match &config.preview {
-            None => None,
-            Some(p) => {
+        let preview = match (&config.preview, carriers) {
+            (Some(p), Some(carriers)) => {
                 let mut server = rustls::ServerConfig::builder()
                     .with_no_client_auth()
                     .with_single_cert(chain.clone(), key.clone_key())
@@ -207,6 +224,7 @@ impl Hub {
                     response_timeout: p.response_timeout,
                     auth_cache: Default::default(),
                     allow_public: p.allow_public,
+                    carriers,
                     metrics: metrics.clone(),
                 };
                 Some((
@@ -215,6 +233,7 @@ impl Hub {
                     TlsAcceptor::from(Arc::new(server)),
                 ))
             }
+            _ => None,
         };
         let tls = ServerTls {
             cert: ServerCert::Static { chain, key },

@@ -49,6 +49,7 @@ pub(crate) fn settings(limits: ListenerLimits) -> PreviewSettings {
         limits,
         response_timeout: Duration::from_secs(5),
         allow_public: false,
+        carriers: spur_hub::preview::default_carriers(),
     }
 }
 
