@@ -1335,6 +1335,7 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
         page.contains("Traffic of sandbox backend-preview in node"),
         "{page}"
     );
+    hub_users_of_another_namespace_read_nothing(&hub_cli, &netns, &ca, &tab, &page);
 
     // The hub dies and comes back: the agent reconnects, previews work again, no manual step.
     laptop.stop(hub);
@@ -1370,6 +1371,83 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
     // The token Secret is the user's, not the chart's: helm uninstall would leave it.
     node.kubectl(&["-n", SPUR_NAMESPACE, "delete", "secret", "spur-agent-token"])
         .unwrap();
+}
+
+/// Captured traffic is read through the hub as its user's Kubernetes identity (issue 42, point
+/// 5). Two hub users whose Kubernetes identity is a user with rights in namespace `tenant-a` only
+/// ask for the traffic tab `tab` of a sandbox forking another namespace, which `control` (the
+/// same tab, read by a user who may) shows: one who may see every namespace of the cluster at the
+/// hub is refused by the agent's SubjectAccessReview (the agent's own token could read it), one
+/// scoped to `tenant-a` at the hub is told there is no such sandbox. Neither page shows what
+/// the control's does.
+fn hub_users_of_another_namespace_read_nothing(
+    hub_cli: &dyn Fn(&[&str]) -> String,
+    netns: &str,
+    ca: &std::path::Path,
+    tab: &str,
+    control: &str,
+) {
+    const TENANT: &str = "mallory@tenant-a";
+    hub_cli(&[
+        "hub",
+        "user",
+        "add",
+        "mallory",
+        "--cluster",
+        "node",
+        "--all-namespaces",
+        "--kube-user",
+        TENANT,
+    ]);
+    hub_cli(&[
+        "hub",
+        "user",
+        "add",
+        "mallory-a",
+        "--cluster",
+        "node",
+        "--namespace",
+        "tenant-a",
+        "--kube-user",
+        TENANT,
+    ]);
+    let tab_as = |user: &str| -> String {
+        let key = hub_cli(&["hub", "apikey", "add", user]).trim().to_owned();
+        let out = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                netns,
+                "curl",
+                "-sS",
+                "--max-time",
+                "10",
+                "--cacert",
+            ])
+            .arg(ca)
+            .args(["-H", &format!("x-spur-api-key: {key}"), tab])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(
+        control.contains("No captured exchange matches"),
+        "{control}"
+    );
+    let refused = tab_as("mallory");
+    assert!(
+        refused.contains("Cannot read this sandbox's traffic")
+            && refused.contains(&format!("{TENANT} may not get sandboxes/traffic")),
+        "the agent's review refuses, naming the identity it checked: {refused}"
+    );
+    assert!(
+        !refused.contains("No captured exchange matches"),
+        "{refused}"
+    );
+    let hidden = tab_as("mallory-a");
+    assert!(hidden.contains("that you may see"), "{hidden}");
+    assert!(!hidden.contains("No captured exchange matches"), "{hidden}");
+    eprintln!("hub traffic: users acting as {TENANT} read nothing of another namespace's sandbox");
 }
 
 /// `spur local connect` from a "laptop" network namespace to the tunnel-proxy pod (its ClusterIP

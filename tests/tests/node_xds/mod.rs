@@ -224,4 +224,177 @@ pub(crate) fn proxyless_grpc_on_the_node(node: &Node) {
     )
     .unwrap();
     eprintln!("proxyless gRPC through xDS: key {key} reached fork {fork}, others {baseline}");
+
+    another_namespace_cannot_take_over_its_xds_clients(node, ns, baseline);
+}
+
+/// An EnvoyConfig for `node_id` in namespace `ns` whose listener for `grpc-api.<target_ns>:8080`
+/// leads to a cluster whose one endpoint refuses connections: served to a client, its calls fail.
+fn dead_end_config(ns: &str, name: &str, node_id: &str, target_ns: &str) -> String {
+    let listener_name = format!("grpc-api.{target_ns}:8080");
+    let listener = serde_json::json!({
+        "name": listener_name,
+        "api_listener": {"api_listener": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "rds": {"config_source": {"ads": {}, "resource_api_version": "V3"},
+                    "route_config_name": "dead-end"},
+            "http_filters": [{"name": "router", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+        }},
+    });
+    let route = serde_json::json!({
+        "name": "dead-end",
+        "virtual_hosts": [{"name": "all", "domains": ["*"],
+            "routes": [{"match": {"prefix": ""}, "route": {"cluster": "dead-end"}}]}],
+    });
+    let cluster = serde_json::json!({
+        "name": "dead-end", "type": "EDS",
+        "eds_cluster_config": {"eds_config": {"ads": {}, "resource_api_version": "V3"}},
+    });
+    let endpoints = serde_json::json!({
+        "cluster_name": "dead-end",
+        "endpoints": [{"locality": {}, "lb_endpoints": [{"endpoint": {"address": {
+            "socket_address": {"address": "127.0.0.1", "port_value": 1}}}}]}],
+    });
+    let config = serde_json::json!({
+        "apiVersion": "spur.dev/v1alpha1",
+        "kind": "EnvoyConfig",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"nodeID": node_id, "resources": [
+            {"type": "listener", "value": listener.to_string()},
+            {"type": "route", "value": route.to_string()},
+            {"type": "cluster", "value": cluster.to_string()},
+            {"type": "endpoint", "value": endpoints.to_string()},
+        ]},
+    });
+    config.to_string()
+}
+
+/// Waits until EnvoyConfig `ns/name` is published (`InSync` true).
+fn until_published(node: &Node, ns: &str, name: &str) {
+    eventually(
+        &format!("EnvoyConfig {ns}/{name} published"),
+        Duration::from_secs(60),
+        || {
+            let c = node.get_json(ns, &["envoyconfig", name])?;
+            let in_sync = c["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "InSync" && c["status"] == "True");
+            Ok(in_sync.then_some(()))
+        },
+    )
+    .with_context(|| node.describe(ns))
+    .unwrap();
+}
+
+/// Node ids are not a tenancy boundary, namespaces are (issue 42, point 4): a user who may write
+/// EnvoyConfigs only in their own namespace gives the node id of `ns`'s xDS clients a listener
+/// for `grpc-api` that leads nowhere; `ns`'s clients keep reaching the baseline. The control: the
+/// same config written in `ns` itself (by the admin) does take those clients over, so the first
+/// result is the route server's namespace check and not a config that would never apply; and
+/// since the route server serves whole snapshots, once the control is in force the tenant's
+/// older config is loaded too.
+fn another_namespace_cannot_take_over_its_xds_clients(node: &Node, ns: &str, baseline: &str) {
+    let tenant_ns = node
+        .namespace("xds-tenant", &[("spur.dev/enabled", "true")])
+        .unwrap();
+    let tenant_ns = tenant_ns.name.as_str();
+    const TENANT: &str = "eve@xds-tenant";
+    node.apply(&format!(
+        r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: envoy-writer, namespace: {tenant_ns}}}
+rules:
+  - apiGroups: [spur.dev]
+    resources: [envoyconfigs]
+    verbs: [create, get, list, update, patch, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: eve-envoy-writer, namespace: {tenant_ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: envoy-writer}}
+subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{TENANT}"}}]
+"#
+    ))
+    .unwrap();
+    let node_id = format!("{ns}/spur-xds-client");
+    let as_tenant = format!("--as={TENANT}");
+    // The tenant cannot write in `ns` (RBAC), but may name `ns`'s node id in their own.
+    let (code, out) = node
+        .kubectl_status(&[
+            "auth",
+            "can-i",
+            "create",
+            "envoyconfigs",
+            "-n",
+            ns,
+            &as_tenant,
+        ])
+        .unwrap();
+    assert_ne!(
+        code,
+        Some(0),
+        "the tenant may not write EnvoyConfigs in {ns}: {out}"
+    );
+    eventually(
+        "the tenant's EnvoyConfig naming another namespace's node id",
+        Duration::from_secs(60),
+        || {
+            node.kubectl_stdin(
+                &["apply", &as_tenant],
+                &dead_end_config(tenant_ns, "takeover", &node_id, ns),
+            )
+            .map(Some)
+        },
+    )
+    .unwrap();
+    until_published(node, tenant_ns, "takeover");
+
+    // The control, in `ns` itself: its clients' calls now fail.
+    node.apply(&dead_end_config(ns, "own-dead-end", &node_id, ns))
+        .unwrap();
+    until_published(node, ns, "own-dead-end");
+    eventually(
+        "the namespace's own EnvoyConfig taking its clients over",
+        Duration::from_secs(60),
+        || Ok(calls(node, ns, &[""]).is_err().then_some(())),
+    )
+    .unwrap();
+    node.kubectl(&[
+        "-n",
+        ns,
+        "delete",
+        "envoyconfig",
+        "own-dead-end",
+        "--wait=true",
+    ])
+    .unwrap();
+
+    // With the tenant's config still published, `ns`'s clients reach the baseline again and
+    // keep doing so.
+    eventually(
+        "the baseline again once the namespace's own config is gone",
+        Duration::from_secs(60),
+        || {
+            Ok(calls(node, ns, &[""])
+                .ok()
+                .filter(|got| got == &[baseline])
+                .map(drop))
+        },
+    )
+    .unwrap();
+    until_published(node, tenant_ns, "takeover");
+    for _ in 0..3 {
+        assert_eq!(
+            calls(node, ns, &["", ""]).unwrap(),
+            [baseline, baseline],
+            "the tenant's EnvoyConfig (namespace {tenant_ns}, node id {node_id}) reached {ns}'s clients"
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    eprintln!(
+        "xDS tenancy: an EnvoyConfig of {tenant_ns} for node id {node_id} did not reach {ns}'s clients"
+    );
 }
