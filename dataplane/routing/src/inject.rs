@@ -95,7 +95,7 @@ fn rewrite_list(
         if count >= max_members {
             break;
         }
-        if MEMBER_NAMES.contains(&m.key) {
+        if names_a_key(m.key) {
             continue;
         }
         if out.len() + 1 + m.raw.len() > MAX_BYTES {
@@ -106,6 +106,19 @@ fn rewrite_list(
         count += 1;
     }
     out
+}
+
+/// Whether an existing member's name reads as one of [`MEMBER_NAMES`] to any propagation
+/// library downstream. Spur itself matches names exactly, but OpenTelemetry JS percent-decodes
+/// member names and OpenTelemetry Python also takes `+` for a space and trims; some compare
+/// without regard to case. A spelling only they read as a key name (`sd%2Drouting-key`,
+/// `sd-routing-key+`, `SD-Routing-Key`) would survive next to the injected key and win in the
+/// app's own outgoing calls, so the next hop would route by the caller's key. Such members are
+/// dropped as the exact names are. Double-encoded names decode to something with a `%` in it,
+/// which no library reads as a key name.
+fn names_a_key(name: &str) -> bool {
+    let is_member = |n: &str| MEMBER_NAMES.iter().any(|m| m.eq_ignore_ascii_case(n));
+    is_member(name) || baggage::percent_decode(name, true).is_some_and(|d| is_member(d.trim()))
 }
 
 #[cfg(test)]
@@ -177,6 +190,27 @@ mod tests {
         assert_eq!(get(&h, "uberctx-sd-routing-key"), ["new"]);
         assert_eq!(get(&h, "x-route"), ["new"]);
         assert_eq!(extract_all(&h), ["new"], "no stale key survives");
+    }
+
+    /// Spellings that OpenTelemetry JS (names percent-decoded) or Python (`+` as a space,
+    /// trimmed) read as a key name are dropped too: kept, they would override the injected key
+    /// in the app's outgoing calls (issue 42, point 10).
+    #[test]
+    fn spellings_other_libraries_read_as_key_names_are_dropped() {
+        let mut h = HeaderMap::new();
+        h.append(
+            "baggage",
+            HeaderValue::from_static(
+                "sd%2Drouting-key=other,sd-routing-key+=other2,SD-Sandbox=other3,\
+                 sd-work%73pace=other4,%73d-routing-key=other5,sd%252Drouting-key=kept,a%2Db=1",
+            ),
+        );
+        inject_key(&mut h, "new", &[]);
+        assert_eq!(
+            get(&h, "baggage"),
+            ["sd-routing-key=new,sd-sandbox=new,sd%252Drouting-key=kept,a%2Db=1"]
+        );
+        assert_eq!(extract_all(&h), ["new"]);
     }
 
     #[test]
