@@ -61,7 +61,9 @@ impl ControlPlane {
                 .with_tunnels(spur_operator::TunnelConfig {
                     namespace: "spur-system".into(),
                     gc_after: Duration::from_secs(8),
-                }),
+                })
+                // As the chart runs it: Spur writes only in namespaces that opted in.
+                .with_enrollment(kube_rbac::enroll_config()),
         );
         // Leader-elected, as the chart runs it, on a Lease in spur-system (the chart's Role).
         let election = spur_operator::LeaderElection {
@@ -823,6 +825,106 @@ async fn invalid_sandboxes_are_rejected_or_reported_and_leave_nothing() {
     );
 
     apps.cancel();
+    cp.shutdown().await;
+}
+
+/// A Sandbox forking a workload of a namespace that has not opted in (issue 42, point 8) says
+/// so, rather than waiting for ever on writes RBAC refuses, and leaves nothing behind; once an
+/// administrator labels the namespace it gets past that check. A virtual workload there (which
+/// writes nothing in the namespace) is not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_in_a_namespace_that_has_not_opted_in_says_so() {
+    const OTHER: &str = "payments";
+    let cp = ControlPlane::start().await;
+    let client = cp.client();
+    kube_rbac::ensure_namespace_unenrolled(&client, OTHER)
+        .await
+        .unwrap();
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "ledger", "namespace": OTHER},
+        "spec": {
+            "selector": {"matchLabels": {"app": "ledger"}},
+            "template": {
+                "metadata": {"labels": {"app": "ledger"}},
+                "spec": {"containers": [{"name": "ledger", "image": "ledger:1"}]}
+            }
+        }
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(client.clone(), OTHER)
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+    let sandboxes: Api<Sandbox> = Api::all(client.clone());
+    let forks = json!([{"forkOf": {"kind": "Deployment", "namespace": OTHER, "name": "ledger"}}]);
+    sandboxes
+        .create(
+            &PostParams::default(),
+            &sandbox("ledger-dev", json!({}), forks, None),
+        )
+        .await
+        .unwrap();
+    let reason_of = || async {
+        let st = sandbox_status(&client, "ledger-dev").await?.status?;
+        find_condition(&st.conditions, READY).cloned()
+    };
+    let cond = eventually("ledger-dev reported", reason_of).await;
+    assert_eq!(
+        cond.reason,
+        spur_operator::sandbox::NAMESPACE_NOT_ENABLED,
+        "{cond:?}"
+    );
+    assert!(
+        cond.message
+            .contains(&format!("namespace {OTHER} has not opted in"))
+            && cond.message.contains("spur.dev/enabled=true"),
+        "{cond:?}"
+    );
+    assert!(
+        left_of::<ForkedWorkload>(&client, &ListParams::default())
+            .await
+            .is_empty(),
+        "nothing is made for a sandbox that failed its check"
+    );
+
+    // A virtual workload there writes nothing in the namespace: not refused.
+    let virtual_only: Sandbox = serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": "ledger-capture"},
+        "spec": {"virtual": [{"name": "ledger",
+            "workload": {"kind": "Deployment", "namespace": OTHER, "name": "ledger"}}]}
+    }))
+    .unwrap();
+    sandboxes
+        .create(&PostParams::default(), &virtual_only)
+        .await
+        .unwrap();
+    let cond = eventually("ledger-capture reported", || async {
+        let st = sandbox_status(&client, "ledger-capture").await?.status?;
+        find_condition(&st.conditions, READY).cloned()
+    })
+    .await;
+    assert_ne!(
+        cond.reason,
+        spur_operator::sandbox::NAMESPACE_NOT_ENABLED,
+        "{cond:?}"
+    );
+
+    // Labelled: the enroller binds, the check passes (a touch of the Sandbox wakes it at once).
+    kube_rbac::ensure_namespace(&client, OTHER).await.unwrap();
+    sandboxes
+        .patch(
+            "ledger-dev",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"touched": "1"}}})),
+        )
+        .await
+        .unwrap();
+    eventually("ledger-dev past the namespace check", || async {
+        let c = reason_of().await?;
+        (c.reason != spur_operator::sandbox::NAMESPACE_NOT_ENABLED).then_some(())
+    })
+    .await;
     cp.shutdown().await;
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -455,13 +455,17 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
 }
 
 /// The Ready reasons of a failed [`check`].
-const CHECK_FAILURES: [&str; 5] = [
+const CHECK_FAILURES: [&str; 6] = [
     "Invalid",
     "Unsupported",
     "BaselineNotFound",
     "InvalidCustomization",
     "InvalidResource",
+    NAMESPACE_NOT_ENABLED,
 ];
+
+/// The Ready reason of a sandbox that would write in a namespace that has not opted in.
+pub const NAMESPACE_NOT_ENABLED: &str = "NamespaceNotEnabled";
 
 /// Whether this generation of the sandbox passed [`check`] already.
 ///
@@ -493,6 +497,20 @@ async fn check(
     }
     if let Err(bad) = crate::resources::check(sb, ctx).await? {
         return Ok(Err(bad));
+    }
+    if ctx.enrollment.is_some()
+        && let Some((ns, terminating)) = not_enabled(sb, ctx).await?
+    {
+        let message = if terminating {
+            format!("namespace {ns} is being deleted: Spur makes nothing in it")
+        } else {
+            format!(
+                "namespace {ns} has not opted in to Spur, which makes forks and local workloads only in namespaces labelled {}={} (docs/install.md, \"Namespaces Spur may write in\"): ask an administrator to label it",
+                crate::enroll::ENABLED_LABEL,
+                crate::enroll::ENABLED_VALUE
+            )
+        };
+        return Ok(Err((NAMESPACE_NOT_ENABLED, message)));
     }
     for (i, fork) in sb.spec.forks.iter().enumerate() {
         let b = &fork.fork_of;
@@ -539,6 +557,34 @@ async fn check(
         }
     }
     Ok(Ok(()))
+}
+
+/// The first namespace the sandbox would write in (its forks' and local workloads') that exists
+/// and has not opted in, and whether it is being deleted. Without this the operator's writes
+/// there are refused by RBAC and the sandbox only ever says it is waiting. Virtual workloads
+/// write nothing in their namespace (a VirtualWorkload is a custom resource the operator may
+/// write anywhere), so they are not held to it. A namespace that does not exist is left to the
+/// checks that name the missing workload.
+async fn not_enabled(sb: &Sandbox, ctx: &Context) -> Result<Option<(String, bool)>, Error> {
+    let spec = &sb.spec;
+    let namespaces: BTreeSet<&str> = spec
+        .forks
+        .iter()
+        .map(|f| f.fork_of.namespace.as_str())
+        .chain(spec.local.iter().map(|l| l.from.namespace.as_str()))
+        .collect();
+    let api: Api<Namespace> = Api::all(ctx.client.clone());
+    for ns in namespaces {
+        if let Some(n) = api.get_opt(ns).await?
+            && !crate::enroll::enrolled(&n)
+        {
+            return Ok(Some((
+                ns.to_owned(),
+                n.metadata.deletion_timestamp.is_some(),
+            )));
+        }
+    }
+    Ok(None)
 }
 
 fn expiry(sb: &Sandbox) -> Option<Timestamp> {
