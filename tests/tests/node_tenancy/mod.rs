@@ -5,8 +5,11 @@
 //! is admitted (a server-side dry run), so the refusals are Spur's checks and not a lack of
 //! rights.
 //!
-//! What the apiserver tier proves in more depth is named where it applies: xDS keyed by
-//! namespace (tests/tests/kube_xds.rs), traffic reads per user (kube_traffic.rs,
+//! Elsewhere on the node: another namespace's EnvoyConfig naming a namespace's xDS node id
+//! does not reach its grpc-go clients (node_xds), and hub users acting as this tenant read no
+//! captured traffic of another namespace through the hub (node.rs,
+//! `hub_users_of_another_namespace_read_nothing`). The apiserver tier goes deeper: xDS keyed by
+//! namespace (kube_xds.rs, kube_envoyconfig.rs), traffic reads per user (kube_traffic.rs,
 //! kube_hub_scopes.rs).
 
 use spur_e2e::node::Node;

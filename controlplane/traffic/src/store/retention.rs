@@ -3,8 +3,8 @@
 //! to one common level, the highest at which the store fits, and a namespace holding no more
 //! than that level loses nothing. The level is never below the limit divided by the
 //! namespaces holding exchanges, so one namespace's pushes never remove another's exchanges
-//! while that other holds no more than its share, and never take a namespace below the level
-//! (issue 42). Always oldest first within a namespace. It runs inside each insert's
+//! while that other holds no more than its share, and take a namespace below the level only by
+//! less than one exchange (rows go whole; issue 42). Always oldest first within a namespace. It runs inside each insert's
 //! transaction, from running totals, so it never counts the table.
 
 use std::collections::{BTreeMap, BTreeSet};
