@@ -7,22 +7,10 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use spur_hub::agent::Scope;
-use spur_hub::agent::targets::AddressPolicy;
 use spur_hub::listener::ListenerLimits;
 
 const HOSTILE: &str =
     "<html><script>fetch('/').then(r=>r.text()).then(t=>document.title=t)</script></html>";
-
-fn local_scope() -> Scope {
-    Scope {
-        target_suffixes: vec!["localhost".into()],
-        addresses: AddressPolicy {
-            allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
-        },
-        ..Scope::default()
-    }
-}
 
 /// A hub with one cluster whose sandbox `sb` has endpoint `web` served by a hostile app that
 /// also tries to set the hub's cookies.
@@ -45,20 +33,7 @@ async fn hub_with_hostile_preview() -> (TestHub, FakeKube, String) {
     let key = admin_key(&hub, "dev");
     // The catalog has the sandbox once a preview answers.
     let host = format!("web--sb.{DOMAIN}");
-    let mut last = None;
-    for _ in 0..200 {
-        let (status, ..) = get(&hub, &host, "/", &[("x-spur-api-key", &key)]).await;
-        if status == 200 {
-            last = Some(status);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(
-        last,
-        Some(http::StatusCode::OK),
-        "the preview never answered"
-    );
+    until_preview_answers(&hub, &host, &key).await;
     (hub, kube, key)
 }
 

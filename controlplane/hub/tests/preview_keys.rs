@@ -13,8 +13,6 @@ use bytes::Bytes;
 use common::*;
 use http_body_util::Full;
 use hyper_util::rt::TokioIo;
-use spur_hub::agent::Scope;
-use spur_hub::agent::targets::AddressPolicy;
 use spur_hub::listener::ListenerLimits;
 use spur_routing::{ExtractConfig, KeyExtractor};
 
@@ -23,16 +21,6 @@ fn carriers() -> ExtractConfig {
     ExtractConfig {
         custom_headers: vec!["x-route-to".into()],
         query_param: Some("sd-routing-key".into()),
-    }
-}
-
-fn local_scope() -> Scope {
-    Scope {
-        target_suffixes: vec!["localhost".into()],
-        addresses: AddressPolicy {
-            allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
-        },
-        ..Scope::default()
     }
 }
 
@@ -89,20 +77,7 @@ async fn hub_with_two_sandboxes() -> (TestHub, FakeKube, String) {
     start_agent(&hub, "east", Some(kube.client()), local_scope(), None).await;
     let key = admin_key(&hub, "dev");
     let host = format!("web--sb.{DOMAIN}");
-    let mut status = None;
-    for _ in 0..200 {
-        let (s, ..) = get(&hub, &host, "/", &[("x-spur-api-key", &key)]).await;
-        status = Some(s);
-        if s == 200 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(
-        status,
-        Some(http::StatusCode::OK),
-        "the preview never answered"
-    );
+    until_preview_answers(&hub, &host, &key).await;
     (hub, kube, key)
 }
 

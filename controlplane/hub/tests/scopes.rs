@@ -12,22 +12,10 @@ use std::time::Duration;
 
 use common::*;
 use http_body_util::BodyExt;
-use spur_hub::agent::Scope;
-use spur_hub::agent::targets::AddressPolicy;
 use spur_hub::listener::ListenerLimits;
 use spur_hub::protocol::{Open, READ_PATHS};
 use spur_hub::store::ScopeChange;
 use spur_hub::users::{KubeIdentity, Namespaces};
-
-fn local_scope() -> Scope {
-    Scope {
-        target_suffixes: vec!["localhost".into()],
-        addresses: AddressPolicy {
-            allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
-        },
-        ..Scope::default()
-    }
-}
 
 /// Never reached: the agent refuses before it asks the store.
 fn dead_store() -> spur_discovery::Connector {

@@ -14,6 +14,7 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use spur_hub::Store;
+use spur_hub::agent::targets::AddressPolicy;
 use spur_hub::agent::{Agent, Scope};
 use spur_hub::listener::ListenerLimits;
 use spur_hub::server::{Hub, HubConfig, PreviewSettings, TlsSource};
@@ -488,4 +489,30 @@ pub(crate) async fn html_app(body: &'static str, cookies: &'static [&'static str
 pub(crate) async fn send<S: tokio::io::AsyncWrite + Unpin>(s: &mut S, bytes: &[u8]) {
     s.write_all(bytes).await.unwrap();
     s.flush().await.unwrap();
+}
+
+/// The agent scope of these tests: targets on loopback, by the name `localhost`.
+pub(crate) fn local_scope() -> Scope {
+    Scope {
+        target_suffixes: vec!["localhost".into()],
+        addresses: AddressPolicy {
+            allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
+        },
+        ..Scope::default()
+    }
+}
+
+/// Waits (10 s at most) until preview `host` answers 200 to `key`: the hub's catalog has the
+/// sandbox from the agent.
+pub(crate) async fn until_preview_answers(hub: &TestHub, host: &str, key: &str) {
+    let mut status = None;
+    for _ in 0..200 {
+        let (s, ..) = get(hub, host, "/", &[("x-spur-api-key", key)]).await;
+        status = Some(s);
+        if s == http::StatusCode::OK {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the preview never answered: last status {status:?}");
 }
