@@ -42,6 +42,8 @@ use tokio_util::sync::CancellationToken;
 mod approval;
 #[path = "kube_access/sweeper.rs"]
 mod sweeper;
+#[path = "kube_access/tunnel_scope.rs"]
+mod tunnel_scope;
 
 const NS: &str = "shop";
 /// The namespace of the users' ServiceAccounts: its group is the one templates allow.

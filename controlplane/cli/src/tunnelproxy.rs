@@ -42,10 +42,10 @@ pub(crate) struct TunnelProxyArgs {
     /// TCP address of the HTTP/2-over-TLS listener (empty to disable).
     #[arg(long, env = "SPUR_H2_ADDR", default_value = "0.0.0.0:8443")]
     h2_addr: String,
-    /// SOCKS5 + HTTP CONNECT listener (default: none). Plaintext, with the workstation as
-    /// username and its token as password: bind it only where the network is trusted (e.g.
-    /// 127.0.0.1, reached through `kubectl port-forward`). Workstations do not need it: their
-    /// traffic rides the authenticated, encrypted tunnel.
+    /// SOCKS5 listener (default: none; HTTP CONNECT there is refused, it carries no token).
+    /// Plaintext, with the workstation as username and its token as password: bind it only
+    /// where the network is trusted (e.g. 127.0.0.1, reached through `kubectl port-forward`).
+    /// Workstations do not need it: their traffic rides the authenticated, encrypted tunnel.
     #[arg(long, env = "SPUR_SOCKS_ADDR", default_value = "")]
     socks_addr: String,
     /// Serving certificate chain (PEM) of the tunnel listeners.

@@ -8,7 +8,7 @@
 
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
@@ -28,6 +28,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::Error;
+use crate::destinations::canonical;
+use crate::ipindex::{IpIndex, apply_event};
 
 /// A reverse binding: one mapped port of one ExternalWorkload.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -81,6 +83,9 @@ fn watch_failed(last: &std::sync::Mutex<Option<String>>, kind: &str, e: &watcher
 #[derive(Clone)]
 pub struct Caches {
     services: Store<Service>,
+    /// Every Service's cluster IPs → its namespace (a tunnel grant's sessions may reach the
+    /// Services of their namespace, crate::scope).
+    service_ips: Arc<RwLock<IpIndex<String>>>,
     externals: Store<ExternalWorkload>,
     /// Bumped whenever an ExternalWorkload changes, so watchers re-send their list.
     generation: watch::Receiver<u64>,
@@ -98,8 +103,7 @@ impl Caches {
                 watcher::Config::default(),
             ),
         )
-        .default_backoff()
-        .touched_objects();
+        .default_backoff();
         let (externals, ew_writer) = reflector::store();
         let ew_stream = reflector::reflector(
             ew_writer,
@@ -116,11 +120,17 @@ impl Caches {
         let last_error = Arc::new(std::sync::Mutex::new(None::<String>));
         let s1 = stop.clone();
         let e1 = last_error.clone();
+        let service_ips = Arc::new(RwLock::new(IpIndex::default()));
+        let index = service_ips.clone();
         tokio::spawn(async move {
             let mut s = std::pin::pin!(svc_stream.take_until(s1.cancelled_owned()));
+            let mut listing = None;
             while let Some(ev) = s.next().await {
-                if let Err(e) = ev {
-                    watch_failed(&e1, "Service", &e);
+                match ev {
+                    Ok(ev) => {
+                        apply_event(&index, &mut listing, ev, service_entry);
+                    }
+                    Err(e) => watch_failed(&e1, "Service", &e),
                 }
             }
         });
@@ -152,9 +162,15 @@ impl Caches {
             .map_err(|e| Error::Kube(e.to_string()))?;
         Ok(Caches {
             services,
+            service_ips,
             externals,
             generation,
         })
+    }
+
+    /// Every Service's cluster IPs → its namespace, kept current by the Service watch.
+    pub(crate) fn service_ips(&self) -> Arc<RwLock<IpIndex<String>>> {
+        self.service_ips.clone()
     }
 
     /// The local workloads bound to `workstation`, sorted.
@@ -233,6 +249,26 @@ impl Caches {
         }
         Ok(id)
     }
+}
+
+/// What the Service index keeps of `svc`: its cluster IPs (all families; not headless
+/// `None`, not `externalIPs` or load-balancer addresses, which a Service's writer may set to
+/// any address) and its namespace.
+pub(crate) fn service_entry(svc: &Service) -> (String, Option<(Vec<IpAddr>, String)>) {
+    let namespace = svc.namespace().unwrap_or_default();
+    let key = format!("{namespace}/{}", svc.name_any());
+    let spec = svc.spec.as_ref();
+    let mut ips: Vec<IpAddr> = spec
+        .and_then(|s| s.cluster_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .chain(spec.and_then(|s| s.cluster_ip.as_ref()))
+        .filter_map(|ip| ip.parse::<IpAddr>().ok())
+        .map(canonical)
+        .collect();
+    ips.sort();
+    ips.dedup();
+    (key, Some((ips, namespace)))
 }
 
 /// The tunnel API of one session.

@@ -9,7 +9,9 @@
 //!    dialled, whatever the configuration: they are the proxy pod itself or no cluster address;
 //! 2. the deny list (CIDRs) is refused;
 //! 3. with an allow list (the cluster's Service and Pod ranges in the chart), only addresses in
-//!    it are dialled.
+//!    it are dialled;
+//! 4. a tunnel grant's session dials only its namespace's Service and pod addresses
+//!    ([`crate::scope`]).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -18,6 +20,7 @@ use ipnet::IpNet;
 use tokio::net::TcpStream;
 
 use crate::Error;
+use crate::scope::Owners;
 
 /// The destination policy of one tunnel proxy.
 #[derive(Clone, Debug, Default)]
@@ -178,10 +181,13 @@ fn never(ip: IpAddr) -> Option<&'static str> {
 }
 
 /// Connects to `host:port` in the cluster: a fixed address if configured, else through DNS;
-/// only to addresses `destinations` allows, in their canonical form.
+/// only to addresses `destinations` allows, in their canonical form, and with `scope` (a
+/// tunnel grant's session: the owners index and the grant's namespace) only to that
+/// namespace's Service and pod addresses.
 pub(crate) async fn dial_cluster(
     resolve: &HashMap<String, SocketAddr>,
     destinations: &Destinations,
+    scope: Option<(&Owners, &str)>,
     host: &str,
     port: u16,
 ) -> std::io::Result<TcpStream> {
@@ -192,7 +198,11 @@ pub(crate) async fn dial_cluster(
     let mut refused = None;
     let mut allowed = Vec::new();
     for a in &candidates {
-        match destinations.check(a.ip()) {
+        let checked = destinations.check(a.ip()).and_then(|ip| match scope {
+            Some((owners, namespace)) => owners.check(ip, namespace).map(|()| ip),
+            None => Ok(ip),
+        });
+        match checked {
             Ok(ip) => allowed.push(SocketAddr::new(ip, a.port())),
             Err(why) => {
                 refused.get_or_insert(why);
@@ -359,7 +369,7 @@ mod tests {
         );
         let none = HashMap::new();
         for host in ["0.0.0.0", "::ffff:127.0.0.1", "::", "localhost"] {
-            let e = dial_cluster(&none, &d, host, port).await.unwrap_err();
+            let e = dial_cluster(&none, &d, None, host, port).await.unwrap_err();
             assert_eq!(
                 e.kind(),
                 std::io::ErrorKind::PermissionDenied,
@@ -371,7 +381,7 @@ mod tests {
             format!("api.shop.svc:{port}"),
             SocketAddr::new(ip("::ffff:127.0.0.1"), port),
         )]);
-        let e = dial_cluster(&resolve, &d, "api.shop.svc", port)
+        let e = dial_cluster(&resolve, &d, None, "api.shop.svc", port)
             .await
             .unwrap_err();
         assert!(e.to_string().contains("never connects there"), "{e}");

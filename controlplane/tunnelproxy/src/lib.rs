@@ -7,13 +7,16 @@
 //! spur local connect ══ tunnel (QUIC | h2/TLS, spur-tunnel) ══► tunnel proxy
 //!   ├─ tunnel API (gRPC on a tunnel stream) ─► Caches (Services, ExternalWorkloads), DNS
 //!   ├─ reverse binds <ns>/<ew>/<port> ─► a listener per bind ─► Lease spur-tunnel-<workstation>
-//!   └─ forward streams / SOCKS5 / CONNECT ─► cluster addresses          │
+//!   └─ forward streams / SOCKS5 ─► cluster addresses                    │
+//!        (a tunnel grant's: only its namespace's Services and pods)     │
 //!                                                                          ▼
 //!                        operator: ExternalWorkload ─► EndpointSlice ─► routes for the key
 //! ```
 
 pub mod api;
 pub mod destinations;
+mod ipindex;
+pub mod scope;
 pub mod server;
 pub mod sessions;
 pub mod sources;
@@ -21,6 +24,7 @@ pub mod tokens;
 
 pub use api::{BindId, Caches, TunnelApiService};
 pub use destinations::Destinations;
+pub use scope::Owners;
 pub use server::{RunningProxy, TunnelProxyConfig, run};
 pub use sessions::{Ended, SessionReporter};
 pub use sources::{ReverseSources, ReverseSourcesConfig};

@@ -6,7 +6,8 @@
 //! - opens a TCP listener per authorized reverse binding, carries each connection to the
 //!   workstation, and reports the listeners in the session's Lease (cluster → laptop).
 //!
-//! It also serves SOCKS5 and HTTP CONNECT (username = workstation, password = its token).
+//! It also serves SOCKS5 (username = workstation, password = its token; `server/socks.rs`).
+//! A tunnel grant's sessions dial only their namespace's Services and pods (crate::scope).
 //! Every connection ends with one audit line (target `spur_audit`): who, from, to, bytes both
 //! ways, duration, outcome.
 
@@ -20,7 +21,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use spur_forward::{ConnRecord, DialError, Dialer, ForwardConfig, Target};
+use spur_forward::{DialError, ForwardConfig, Target};
 use spur_proto::tunnel::tunnel_api_server::TunnelApiServer;
 use spur_tunnel::{
     AuthError, AuthFuture, AuthMethod, AuthRequest, Authenticator, Identity, Incoming,
@@ -32,13 +33,16 @@ use tokio_util::sync::CancellationToken;
 use crate::Error;
 use crate::api::{Caches, TunnelApiService};
 use crate::destinations::{Destinations, dial_cluster};
+use crate::scope::Owners;
 use crate::sessions::SessionReporter;
 use crate::sources::{ReverseSources, ReverseSourcesConfig};
 
 mod reverse;
+mod socks;
 
 use crate::tokens::{TokenError, TokenStore};
 use reverse::track_binds;
+use socks::ClusterDialer;
 
 /// Where and how the tunnel proxy runs.
 pub struct TunnelProxyConfig {
@@ -237,10 +241,17 @@ impl KubeAuthenticator {
                 if let Some(at) = w.issued_at {
                     identity = identity.issued(at);
                 }
+                // A tunnel grant's session reaches only the grant's namespace (crate::scope).
+                if let Some(namespace) = w.scope {
+                    identity = identity.scoped(namespace);
+                }
                 Ok(identity)
             }
             Err(TokenError::Unknown) => Err(AuthError::Unauthenticated("unknown token".into())),
             Err(e @ TokenError::Expired(_)) => Err(AuthError::Expired(e.to_string())),
+            Err(e @ TokenError::GrantWithoutNamespace(_)) => {
+                Err(AuthError::Unauthenticated(e.to_string()))
+            }
         }
     }
 }
@@ -360,6 +371,7 @@ pub async fn run(
         reverse_bind: config.reverse_bind,
         reverse_ports: config.reverse_ports,
         next_reverse_port: std::sync::atomic::AtomicU32::new(0),
+        owners: Owners::new(caches.service_ips(), sources.clone()),
         sources,
         lease_duration: config.lease_duration,
         cluster_domain: config.cluster_domain,
@@ -383,6 +395,7 @@ pub async fn run(
                 tokens,
                 resolve: shared.resolve.clone(),
                 destinations: shared.destinations.clone(),
+                owners: shared.owners.clone(),
                 dial_timeout: shared.dial_timeout,
                 metrics: metrics.clone(),
             });
@@ -467,6 +480,8 @@ struct Shared {
     /// Where the next reverse listener starts looking in `reverse_ports`.
     next_reverse_port: std::sync::atomic::AtomicU32,
     sources: ReverseSources,
+    /// Whose Service and pod addresses are whose, for tunnel grants' sessions.
+    owners: Owners,
     lease_duration: Duration,
     cluster_domain: String,
     dial_timeout: Duration,
@@ -602,9 +617,15 @@ async fn forward(incoming: Incoming, handle: SessionHandle, shared: &Shared) {
         return;
     }
     let target = Target::Host(host.clone(), port);
+    // Checked per stream, so a grant's open session follows the Service and pod watches.
+    let scope = handle
+        .identity()
+        .scope
+        .as_deref()
+        .map(|namespace| (&shared.owners, namespace));
     match tokio::time::timeout(
         shared.dial_timeout,
-        dial_cluster(&shared.resolve, &shared.destinations, &host, port),
+        dial_cluster(&shared.resolve, &shared.destinations, scope, &host, port),
     )
     .await
     {
@@ -686,89 +707,6 @@ async fn carry(
             (from_tcp, from_tunnel, "ok".into())
         }
         Err(e) => (0, 0, format!("stream: {e}")),
-    }
-}
-
-/// SOCKS5 / HTTP CONNECT inside the cluster: username = workstation, password = its token.
-struct ClusterDialer {
-    tokens: TokenStore,
-    resolve: Arc<std::collections::HashMap<String, SocketAddr>>,
-    destinations: Arc<Destinations>,
-    dial_timeout: Duration,
-    metrics: Metrics,
-}
-
-impl Dialer for ClusterDialer {
-    type Stream = TcpStream;
-
-    async fn dial(
-        &self,
-        target: &Target,
-        _client: SocketAddr,
-        _user: Option<&str>,
-    ) -> Result<TcpStream, DialError> {
-        let connect = async {
-            match target {
-                Target::Addr(a) => {
-                    dial_cluster(
-                        &self.resolve,
-                        &self.destinations,
-                        &a.ip().to_string(),
-                        a.port(),
-                    )
-                    .await
-                }
-                Target::Host(h, p) => dial_cluster(&self.resolve, &self.destinations, h, *p).await,
-            }
-        };
-        match tokio::time::timeout(self.dial_timeout, connect).await {
-            Ok(Ok(s)) => {
-                self.metrics
-                    .total
-                    .get_or_create(&Kind { kind: "socks" })
-                    .inc();
-                Ok(s)
-            }
-            Ok(Err(e)) => Err(DialError::from_io(target, &e)),
-            Err(_) => Err(DialError::TimedOut(target.to_string())),
-        }
-    }
-
-    fn requires_auth(&self) -> bool {
-        true
-    }
-
-    fn check_password(&self, user: &str, password: &str) -> Option<bool> {
-        Some(
-            self.tokens
-                .lookup(password, SystemTime::now())
-                .is_ok_and(|w| w.name == user && !self.tokens.is_revoked(&w.name, w.issued_at)),
-        )
-    }
-
-    fn finished(&self, r: &ConnRecord) {
-        self.metrics
-            .bytes
-            .get_or_create(&Direction {
-                direction: "to_cluster",
-            })
-            .inc_by(r.bytes_up);
-        self.metrics
-            .bytes
-            .get_or_create(&Direction {
-                direction: "to_workstation",
-            })
-            .inc_by(r.bytes_down);
-        audit(Audit {
-            kind: r.protocol,
-            who: r.user.as_deref().unwrap_or("-"),
-            from: &r.client.to_string(),
-            to: &r.target.as_ref().map_or("-".to_string(), Target::to_string),
-            to_cluster: r.bytes_up,
-            to_workstation: r.bytes_down,
-            took: r.duration,
-            outcome: &r.outcome,
-        });
     }
 }
 

@@ -10,9 +10,11 @@
 //! - a running pod labelled `spur.dev/gateway` in one of the gateway namespaces;
 //! - in the extra allowed ranges (`--reverse-allow-cidrs`: a mesh's proxies, tests).
 //!
-//! The pods come from a cluster-wide pod watch, kept as an index of these pods' addresses only.
+//! The pods come from a cluster-wide pod watch, kept as an index of addresses only: every
+//! running pod's addresses with its namespace and whether it is a sidecar or gateway pod (a
+//! tunnel grant's sessions may reach the pods of their namespace, crate::scope). Host-network
+//! pods are left out: their address is their node's.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::net::IpAddr;
 use std::net::SocketAddr;
@@ -31,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Error;
 use crate::destinations::canonical;
+use crate::ipindex::{IpIndex, apply_event};
 
 /// The label the chart's L4 gateway pods carry (what a ListenerSet's selector names).
 pub const GATEWAY_LABEL: &str = "spur.dev/gateway";
@@ -55,47 +58,13 @@ enum Role {
     Gateway,
 }
 
+/// What the index keeps of a pod: its namespace and, for a Spur sidecar or gateway pod, which.
+/// Every running pod is indexed, not only those: a tunnel grant's sessions may reach the pods
+/// of their namespace (crate::scope).
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Entry {
+struct PodEntry {
     namespace: String,
-    role: Role,
-    ips: Vec<IpAddr>,
-}
-
-#[derive(Default)]
-struct Index {
-    /// `namespace/name` → entry.
-    by_pod: HashMap<String, Entry>,
-    by_ip: HashMap<IpAddr, Vec<String>>,
-}
-
-impl Index {
-    fn remove(&mut self, key: &str) {
-        let Some(old) = self.by_pod.remove(key) else {
-            return;
-        };
-        for ip in old.ips {
-            if let Some(keys) = self.by_ip.get_mut(&ip) {
-                keys.retain(|k| k != key);
-                if keys.is_empty() {
-                    self.by_ip.remove(&ip);
-                }
-            }
-        }
-    }
-
-    fn upsert(&mut self, key: String, entry: Option<Entry>) {
-        if self.by_pod.get(&key) == entry.as_ref() {
-            return;
-        }
-        self.remove(&key);
-        if let Some(entry) = entry {
-            for ip in &entry.ips {
-                self.by_ip.entry(*ip).or_default().push(key.clone());
-            }
-            self.by_pod.insert(key, entry);
-        }
-    }
+    role: Option<Role>,
 }
 
 /// The source check of every reverse listener of a replica.
@@ -103,7 +72,7 @@ impl Index {
 pub struct ReverseSources {
     allow: Arc<Vec<IpNet>>,
     gateway_namespaces: Arc<Vec<String>>,
-    index: Arc<RwLock<Index>>,
+    index: Arc<RwLock<IpIndex<PodEntry>>>,
     changes: watch::Sender<u64>,
 }
 
@@ -133,27 +102,18 @@ impl ReverseSources {
         let s = sources.clone();
         tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream.take_until(stop.cancelled_owned()));
-            let mut listing: Option<Index> = None;
+            let mut listing = None;
             while let Some(ev) = stream.next().await {
                 match ev {
-                    Ok(watcher::Event::Init) => listing = Some(Index::default()),
-                    Ok(watcher::Event::InitApply(pod)) => {
-                        if let Some(l) = listing.as_mut() {
-                            let (key, entry) = s.entry(&pod);
-                            l.upsert(key, entry);
+                    Ok(ev) => {
+                        let done = matches!(ev, watcher::Event::InitDone);
+                        if apply_event(&s.index, &mut listing, ev, |pod| s.entry(pod)) {
+                            s.changes.send_modify(|g| *g = g.wrapping_add(1));
+                        }
+                        if done {
+                            ready_tx.send_replace(Some(Ok(())));
                         }
                     }
-                    Ok(watcher::Event::InitDone) => {
-                        if let Some(l) = listing.take()
-                            && let Ok(mut index) = s.index.write()
-                        {
-                            *index = l;
-                        }
-                        s.changes.send_modify(|g| *g = g.wrapping_add(1));
-                        ready_tx.send_replace(Some(Ok(())));
-                    }
-                    Ok(watcher::Event::Apply(pod)) => s.apply(&pod),
-                    Ok(watcher::Event::Delete(pod)) => s.delete(&pod),
                     Err(e) => {
                         tracing::warn!(error = %e, "pod watch failed; retrying");
                         if !matches!(*ready_tx.borrow(), Some(Ok(()))) {
@@ -197,9 +157,21 @@ impl ReverseSources {
         s
     }
 
-    fn entry(&self, pod: &Pod) -> (String, Option<Entry>) {
+    fn entry(&self, pod: &Pod) -> (String, Option<(Vec<IpAddr>, PodEntry)>) {
         let namespace = pod.namespace().unwrap_or_default();
         let key = format!("{namespace}/{}", pod.name_any());
+        // A host-network pod's address is its node's: indexed, it would let every process and
+        // host-network pod on that node (and traffic SNATed to it) through a reverse listener,
+        // and let a grant's session dial the node (its kubelet). Such deployments list their
+        // nodes in --reverse-allow-cidrs instead.
+        let host_network = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
+        if host_network {
+            return (key, None);
+        }
         let role = if is_injected(pod) {
             Some(Role::Sidecar)
         } else if pod.labels().contains_key(GATEWAY_LABEL)
@@ -209,26 +181,11 @@ impl ReverseSources {
         } else {
             None
         };
-        // A host-network pod's address is its node's: indexed, it would let every process and
-        // host-network pod on that node (and traffic SNATed to it) through. Such deployments
-        // list their nodes in --reverse-allow-cidrs instead.
-        let host_network = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.host_network)
-            .unwrap_or(false);
-        let ips = pod_ips(pod);
-        let entry = role
-            .filter(|_| !ips.is_empty() && !host_network)
-            .map(|role| Entry {
-                namespace,
-                role,
-                ips,
-            });
-        (key, entry)
+        (key, Some((pod_ips(pod), PodEntry { namespace, role })))
     }
 
-    fn apply(&self, pod: &Pod) {
+    #[cfg(test)]
+    pub(crate) fn apply(&self, pod: &Pod) {
         let (key, entry) = self.entry(pod);
         if let Ok(mut index) = self.index.write() {
             index.upsert(key, entry);
@@ -236,11 +193,19 @@ impl ReverseSources {
         self.changes.send_modify(|g| *g = g.wrapping_add(1));
     }
 
+    #[cfg(test)]
     fn delete(&self, pod: &Pod) {
-        let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+        let (key, _) = self.entry(pod);
         if let Ok(mut index) = self.index.write() {
             index.remove(&key);
         }
+    }
+
+    /// The namespaces of the running (not host-network) pods holding `ip` (canonical form).
+    /// `None`: the index is unavailable.
+    pub(crate) fn pod_namespaces(&self, ip: IpAddr) -> Option<Vec<String>> {
+        let index = self.index.read().ok()?;
+        Some(index.at(ip).map(|(_, e)| e.namespace.clone()).collect())
     }
 
     /// Whether `from` may reach a reverse listener of a bind in `namespace`, as of now.
@@ -252,13 +217,12 @@ impl ReverseSources {
         let Ok(index) = self.index.read() else {
             return Err("the pod index is unavailable".into());
         };
-        let pods = index.by_ip.get(&from).map(Vec::as_slice).unwrap_or(&[]);
         let mut elsewhere = None;
-        for key in pods {
-            match index.by_pod.get(key) {
-                Some(e) if e.role == Role::Gateway => return Ok(()),
-                Some(e) if e.namespace == namespace => return Ok(()),
-                Some(_) => elsewhere = Some(key),
+        for (key, pod) in index.at(from) {
+            match pod.role {
+                Some(Role::Gateway) => return Ok(()),
+                Some(Role::Sidecar) if pod.namespace == namespace => return Ok(()),
+                Some(Role::Sidecar) => elsewhere = Some(key.to_string()),
                 None => {}
             }
         }

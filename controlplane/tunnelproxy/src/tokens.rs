@@ -8,6 +8,11 @@
 //! credential of that workstation issued before that instant: client certificates by their
 //! `notBefore`, tokens by their Secret's creation. `spur local revoke` writes one; the tunnel
 //! proxy refuses such credentials and closes the sessions they opened.
+//!
+//! A tunnel grant (docs/access.md, "Tunnel grants") is a token Secret the operator writes for a
+//! TunnelAccessRequest: labelled `spur.dev/access-kind=tunnel`, holding only the token's
+//! SHA-256, and annotated with the request's namespace. A namespace admin made that grant, so
+//! its sessions reach only that namespace ([`Workstation::scope`], crate::scope).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -29,6 +34,13 @@ pub use spur_api::tunnel::credentials::{
     CREDENTIAL_LABEL, EXPIRES_ANNOTATION, ISSUED_ANNOTATION, REVOKED_BEFORE_ANNOTATION,
     TOKEN_SHA256_KEY,
 };
+/// The label (and its value) the operator puts on a tunnel grant's token Secret.
+pub const GRANT_KIND_LABEL: &str = "spur.dev/access-kind";
+pub const GRANT_KIND_TUNNEL: &str = "tunnel";
+/// The annotation naming the namespace of a tunnel grant's TunnelAccessRequest (written by
+/// `spur-operator`, `access/tunnel.rs`).
+pub const GRANT_NAMESPACE_ANNOTATION: &str = "spur.dev/access-request-namespace";
+
 /// Tokens shorter than this are refused when created: they could be guessed.
 const MIN_TOKEN_LEN: usize = 32;
 
@@ -39,6 +51,9 @@ pub struct Workstation {
     pub expires_at: Option<SystemTime>,
     /// When the token's Secret was created.
     pub issued_at: Option<SystemTime>,
+    /// For a tunnel grant's token: the grant's namespace, the only one its sessions reach.
+    /// `None`: a workstation token, under the proxy's destination rules alone.
+    pub scope: Option<String>,
 }
 
 /// Why a token was not accepted. Never carries the token.
@@ -48,6 +63,13 @@ pub enum TokenError {
     Unknown,
     #[error("the token of workstation {0} has expired")]
     Expired(String),
+    /// A grant whose namespace cannot be read is refused rather than given the unnarrowed
+    /// rules of a workstation token.
+    #[error(
+        "the tunnel grant of workstation {0} names no valid namespace (annotation \
+         spur.dev/access-request-namespace); ask for a new grant"
+    )]
+    GrantWithoutNamespace(String),
 }
 
 /// The workstation tokens and revocations, kept current by a watch.
@@ -246,11 +268,41 @@ pub fn lookup<'a>(
             .and_then(|t| u64::try_from(t.0.as_second()).ok())
             .map(|s| UNIX_EPOCH + Duration::from_secs(s)),
     };
+    let scope = if is_grant(secret) {
+        match secret.annotations().get(GRANT_NAMESPACE_ANNOTATION) {
+            Some(ns) if is_namespace_name(ns) => Some(ns.clone()),
+            _ => return Err(TokenError::GrantWithoutNamespace(name)),
+        }
+    } else {
+        None
+    };
     Ok(Workstation {
         name,
         expires_at,
         issued_at,
+        scope,
     })
+}
+
+/// A tunnel grant's Secret: what the operator writes, the grant label and the token's hash
+/// only. Other token Secrets (`spur local token create`, an admin's own) are not narrowed,
+/// whatever annotations they carry.
+fn is_grant(secret: &Secret) -> bool {
+    secret.labels().get(GRANT_KIND_LABEL).map(String::as_str) == Some(GRANT_KIND_TUNNEL)
+        && secret
+            .data
+            .as_ref()
+            .is_some_and(|d| d.contains_key(TOKEN_SHA256_KEY))
+}
+
+/// A namespace name as the API server allows them (a DNS label).
+fn is_namespace_name(ns: &str) -> bool {
+    (1..=63).contains(&ns.len())
+        && ns
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !ns.starts_with('-')
+        && !ns.ends_with('-')
 }
 
 fn trim_ascii(b: &[u8]) -> &[u8] {
@@ -393,6 +445,55 @@ mod tests {
             token_sha256("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
+    }
+
+    /// A grant as the operator writes it: the grant label, the token's hash, the request's
+    /// namespace.
+    fn grant(workstation: &str, token: &str, namespace: Option<&str>) -> Secret {
+        let mut s = token_secret("ns", workstation, token, None).unwrap();
+        s.data = Some(BTreeMap::from([(
+            TOKEN_SHA256_KEY.into(),
+            ByteString(token_sha256(token).into_bytes()),
+        )]));
+        s.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(GRANT_KIND_LABEL.into(), GRANT_KIND_TUNNEL.into());
+        if let Some(ns) = namespace {
+            s.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(GRANT_NAMESPACE_ANNOTATION.into(), ns.into());
+        }
+        s
+    }
+
+    #[test]
+    fn a_grants_token_is_scoped_to_its_namespace_and_fails_closed_without_one() {
+        let now = SystemTime::now();
+        let t = generate_token().unwrap();
+        let w = lookup([grant("laptop", &t, Some("shop"))].iter(), &t, now).unwrap();
+        assert_eq!(w.scope.as_deref(), Some("shop"));
+        for bad in [None, Some(""), Some("Shop"), Some("a/b"), Some("-x")] {
+            assert_eq!(
+                lookup([grant("laptop", &t, bad)].iter(), &t, now),
+                Err(TokenError::GrantWithoutNamespace("laptop".into())),
+                "{bad:?}"
+            );
+        }
+        // Not a grant (no grant label, or the token itself stored): the annotation is
+        // somebody's note, not a scope.
+        let mut unlabelled = grant("laptop", &t, Some("shop"));
+        unlabelled.labels_mut().remove(GRANT_KIND_LABEL);
+        assert_eq!(lookup([unlabelled].iter(), &t, now).unwrap().scope, None);
+        let mut plain = token_secret("ns", "laptop", &t, None).unwrap();
+        plain
+            .annotations_mut()
+            .insert(GRANT_NAMESPACE_ANNOTATION.into(), "shop".into());
+        plain
+            .labels_mut()
+            .insert(GRANT_KIND_LABEL.into(), GRANT_KIND_TUNNEL.into());
+        assert_eq!(lookup([plain].iter(), &t, now).unwrap().scope, None);
     }
 
     #[test]

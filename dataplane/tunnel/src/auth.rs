@@ -25,6 +25,10 @@ pub struct Identity {
     /// When the credentials were issued (a certificate's `notBefore`, a token's creation), for
     /// revocations of everything issued before a point in time. None: unknown.
     pub issued_at: Option<SystemTime>,
+    /// What the authenticator narrowed the session to, if anything. Opaque to the tunnel: the
+    /// server that authenticated the session interprets it (the tunnel proxy: the namespace of
+    /// a tunnel grant, the only one its streams may reach).
+    pub scope: Option<String>,
 }
 
 impl Identity {
@@ -34,6 +38,7 @@ impl Identity {
             method,
             expires_at: None,
             issued_at: None,
+            scope: None,
         }
     }
 
@@ -44,6 +49,11 @@ impl Identity {
 
     pub fn issued(mut self, at: SystemTime) -> Self {
         self.issued_at = Some(at);
+        self
+    }
+
+    pub fn scoped(mut self, scope: impl Into<String>) -> Self {
+        self.scope = Some(scope.into());
         self
     }
 }
@@ -277,5 +287,6 @@ pub fn identity_from_cert(cert: &CertificateDer<'_>) -> Result<Identity, AuthErr
         method: AuthMethod::ClientCert,
         expires_at: at(parsed.validity().not_after.timestamp()),
         issued_at: at(parsed.validity().not_before.timestamp()),
+        scope: None,
     })
 }
