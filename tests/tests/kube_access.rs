@@ -316,12 +316,15 @@ fn spawn_operator(
 }
 
 /// The chart's admission policies of `templates/access.yaml`, with their bindings.
+/// `spur-access-requests` comes last: the API server loads policies and bindings through
+/// informers that deliver them in the order they were written, so once that one is enforced
+/// ([`Setup::policies_enforced`] probes it) the others are loaded too.
 async fn install_policies(api: &KubeApi) {
     for name in [
-        "spur-access-requests",
         "spur-operator-access-roles",
         "spur-access-templates",
         "spur-access-sweeper",
+        "spur-access-requests",
     ] {
         let policy: ValidatingAdmissionPolicy = serde_yaml_ng::from_str(&chart_document(
             "templates/access.yaml",

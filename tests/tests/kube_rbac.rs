@@ -246,6 +246,33 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
     )
     .await
     .unwrap();
+    // The other ClusterRoles the chart offers for binding to people (docs/install.md, "What
+    // each user role can see and do"), each reviewed as if bound cluster-wide.
+    let mut offered = Vec::new();
+    for (role, file) in [
+        ("spur-access-approver", "access-approver-rules.yaml"),
+        ("spur-job-reader", "job-reader-rules.yaml"),
+        ("spur-job-submitter", "job-submitter-rules.yaml"),
+        ("spur-preview-publisher", "preview-publisher-rules.yaml"),
+        (
+            "spur-preview-remote-clusters",
+            "preview-remote-clusters-rules.yaml",
+        ),
+        (
+            "spur-resource-plugin-user",
+            "resource-plugin-user-rules.yaml",
+        ),
+        ("spur-workstation", "workstation-rules.yaml"),
+        (
+            "spur-workstation-approver",
+            "workstation-approver-rules.yaml",
+        ),
+    ] {
+        let client = kube_rbac::chart_client(&api, role, file, None)
+            .await
+            .unwrap();
+        offered.push((role, client));
+    }
 
     // Traffic capture (traffic.enabled, on by default): the store, and the two ClusterRoles the
     // chart offers for binding to engineers.
@@ -275,6 +302,9 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
     actual.extend(rules_of("spur-traffic-capturer", traffic_capturer).await);
     actual.extend(rules_of("spur-access-requester", requester).await);
     actual.extend(rules_of("spur-access-sweeper", sweeper).await);
+    for (role, client) in offered {
+        actual.extend(rules_of(role, client).await);
+    }
     actual.extend(rules_of("spur-operator-access", access).await);
     actual.extend(rules_of("spur-agent", agent).await);
     actual.extend(rules_of("spur-ics", ics).await);
