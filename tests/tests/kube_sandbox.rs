@@ -1240,6 +1240,7 @@ async fn tunnel_proxy_tokens_api_and_session_lease() {
         proxy_pod: "tp-0".into(),
         cluster_domain: "cluster.local".into(),
         caches: caches.clone(),
+        scope: None,
     };
     let api_stop = stop.clone();
     tokio::spawn(async move {

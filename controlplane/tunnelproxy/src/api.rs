@@ -277,6 +277,10 @@ pub struct TunnelApiService {
     pub proxy_pod: String,
     pub cluster_domain: String,
     pub caches: Caches,
+    /// A tunnel grant's namespace: the session lists only that namespace's Services (it may
+    /// dial nothing else, crate::scope, and other namespaces' Service names are not its
+    /// business).
+    pub scope: Option<String>,
 }
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<LocalWorkloads, Status>> + Send>>;
@@ -332,6 +336,7 @@ impl TunnelApi for TunnelApiService {
         req: Request<ListServicesRequest>,
     ) -> Result<Response<ListServicesResponse>, Status> {
         let wanted = req.into_inner().namespaces;
+        let scope = self.scope.as_deref();
         let mut services: Vec<ClusterService> = self
             .caches
             .services
@@ -339,7 +344,7 @@ impl TunnelApi for TunnelApiService {
             .iter()
             .filter(|s| {
                 let ns = s.namespace().unwrap_or_default();
-                wanted.is_empty() || wanted.contains(&ns)
+                (wanted.is_empty() || wanted.contains(&ns)) && scope.is_none_or(|n| n == ns)
             })
             .map(|s| ClusterService {
                 namespace: s.namespace().unwrap_or_default(),

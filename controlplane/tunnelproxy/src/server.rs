@@ -600,6 +600,7 @@ async fn forward(incoming: Incoming, handle: SessionHandle, shared: &Shared) {
             proxy_pod: shared.pod_name.clone(),
             cluster_domain: shared.cluster_domain.clone(),
             caches: shared.caches.clone(),
+            scope: handle.identity().scope.clone(),
         };
         shared
             .metrics

@@ -251,8 +251,36 @@ async fn a_tunnel_grant_reaches_only_its_namespace() {
         ),
     }
 
-    // A workstation token's session keeps the proxy's rules alone.
-    let workstation = connect(&plain).await;
+    // The tunnel API lists the grant's session only its namespace's Services: the names of
+    // the others are not its business either.
+    let granted = std::sync::Arc::new(granted);
+    let listed = |c: std::sync::Arc<TunnelClient>| async move {
+        let mut api = spur_workstation::connect_api(c, WAIT).await.unwrap();
+        let mut names: Vec<String> = api
+            .list_services(spur_proto::tunnel::ListServicesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .services
+            .into_iter()
+            .map(|s| format!("{}/{}", s.namespace, s.name))
+            .collect();
+        names.sort();
+        names
+    };
+    let seen = listed(granted.clone()).await;
+    assert!(
+        !seen.is_empty() && seen.iter().all(|n| n.starts_with(&format!("{NS}/"))),
+        "the grant's session lists {seen:?}"
+    );
+
+    // A workstation token's session keeps the proxy's rules alone (and lists every Service).
+    let workstation = std::sync::Arc::new(connect(&plain).await);
+    let all = listed(workstation.clone()).await;
+    assert!(
+        all.iter().any(|n| n.starts_with(&format!("{OTHERS}/"))),
+        "a workstation token's session lists {all:?}"
+    );
     assert_eq!(
         read_through(&workstation, "127.0.0.3", others_port).await,
         Ok("db".into())
