@@ -33,6 +33,9 @@ pub mod credentials {
     pub const ISSUED_ANNOTATION: &str = "spur.dev/issued-at";
     /// Annotation of a revocation: credentials issued before this instant are revoked.
     pub const REVOKED_BEFORE_ANNOTATION: &str = "spur.dev/revoked-before";
+    /// Annotation of a tunnel grant's token Secret (labelled `spur.dev/access-kind=tunnel`):
+    /// the namespace of its TunnelAccessRequest, the only one the grant's sessions reach.
+    pub const GRANT_NAMESPACE_ANNOTATION: &str = "spur.dev/access-request-namespace";
     /// Key of a token Secret's data holding only the token's SHA-256 (lowercase hex) instead
     /// of the token: what a tunnel grant writes, since only the workstation holds the token.
     pub const TOKEN_SHA256_KEY: &str = "token-sha256";

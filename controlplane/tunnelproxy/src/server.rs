@@ -188,16 +188,6 @@ fn audit(a: Audit<'_>) {
     );
 }
 
-/// A workstation name as the workstation signer issues them: a DNS label.
-fn is_workstation_name(name: &str) -> bool {
-    (1..=63).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
-}
-
 /// Workstation tokens (and, when the TLS config has a client CA, client certificates) decide
 /// who a session is; bindings are authorized against the workstation's ExternalWorkloads.
 struct KubeAuthenticator {
@@ -213,7 +203,8 @@ impl KubeAuthenticator {
             let identity = spur_tunnel::identity_from_cert(cert)?;
             // The operator's CA signs other client certificates too (xDS clients,
             // `system:spur:xds:<ns>`): only a workstation's name is a session identity.
-            if !is_workstation_name(&identity.name) {
+            // Workstation names are DNS labels, as the workstation signer issues them.
+            if !spur_api::validation::is_dns_label(&identity.name) {
                 return Err(AuthError::Unauthenticated(format!(
                     "client certificate of {:?} is not a workstation's",
                     identity.name

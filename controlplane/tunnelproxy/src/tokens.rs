@@ -30,16 +30,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Error;
 
+use spur_api::access::labels::ACCESS_KIND as GRANT_KIND_LABEL;
 pub use spur_api::tunnel::credentials::{
-    CREDENTIAL_LABEL, EXPIRES_ANNOTATION, ISSUED_ANNOTATION, REVOKED_BEFORE_ANNOTATION,
-    TOKEN_SHA256_KEY,
+    CREDENTIAL_LABEL, EXPIRES_ANNOTATION, GRANT_NAMESPACE_ANNOTATION, ISSUED_ANNOTATION,
+    REVOKED_BEFORE_ANNOTATION, TOKEN_SHA256_KEY,
 };
-/// The label (and its value) the operator puts on a tunnel grant's token Secret.
-pub const GRANT_KIND_LABEL: &str = "spur.dev/access-kind";
-pub const GRANT_KIND_TUNNEL: &str = "tunnel";
-/// The annotation naming the namespace of a tunnel grant's TunnelAccessRequest (written by
-/// `spur-operator`, `access/tunnel.rs`).
-pub const GRANT_NAMESPACE_ANNOTATION: &str = "spur.dev/access-request-namespace";
+/// The value of [`GRANT_KIND_LABEL`] the operator puts on a tunnel grant's token Secret.
+const GRANT_KIND_TUNNEL: &str = "tunnel";
 
 /// Tokens shorter than this are refused when created: they could be guessed.
 const MIN_TOKEN_LEN: usize = 32;
@@ -270,7 +267,8 @@ pub fn lookup<'a>(
     };
     let scope = if is_grant(secret) {
         match secret.annotations().get(GRANT_NAMESPACE_ANNOTATION) {
-            Some(ns) if is_namespace_name(ns) => Some(ns.clone()),
+            // A namespace name is a DNS label.
+            Some(ns) if spur_api::validation::is_dns_label(ns) => Some(ns.clone()),
             _ => return Err(TokenError::GrantWithoutNamespace(name)),
         }
     } else {
@@ -293,16 +291,6 @@ fn is_grant(secret: &Secret) -> bool {
             .data
             .as_ref()
             .is_some_and(|d| d.contains_key(TOKEN_SHA256_KEY))
-}
-
-/// A namespace name as the API server allows them (a DNS label).
-fn is_namespace_name(ns: &str) -> bool {
-    (1..=63).contains(&ns.len())
-        && ns
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !ns.starts_with('-')
-        && !ns.ends_with('-')
 }
 
 fn trim_ascii(b: &[u8]) -> &[u8] {

@@ -139,7 +139,7 @@ pub(super) async fn tunnel_grant<K: AccessRequest>(
             "annotations": {
                 cred::EXPIRES_ANNOTATION: expires,
                 cred::ISSUED_ANNOTATION: issued,
-                "spur.dev/access-request-namespace": ns,
+                cred::GRANT_NAMESPACE_ANNOTATION: ns,
             },
         },
         "type": "Opaque",
