@@ -1,7 +1,8 @@
-//! Fuzzes spur-proxy's HTTP/1 front door: the bare-LF framing follower (`http/guard.rs`), the
-//! first-bytes protocol detection (`detect.rs`) and the `Host` check (`http/headers.rs`).
+//! Fuzzes Spur's HTTP/1 front door: spur-h1guard's bare-LF framing follower (`guard.rs`) and
+//! `Host` check (`host.rs`), and spur-proxy's first-bytes protocol detection (`detect.rs`) and
+//! target normalization (`http/headers.rs`).
 //!
-//! These are `pub(crate)` in spur-proxy, so their real source files are compiled into this
+//! The framing follower and the proxy's modules are `pub(crate)`, so their real source files are compiled into this
 //! target with `#[path]` (with stand-ins for the two crate items they name); see README.md for the
 //! `pub` change that would let the target call them through the crate instead.
 //!
@@ -21,10 +22,7 @@ use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 mod common;
 use common::{Chunks, net};
 
-#[path = "../../dataplane/proxy/src/io.rs"]
-mod io;
-
-#[path = "../../dataplane/proxy/src/http/guard.rs"]
+#[path = "../../dataplane/h1guard/src/guard.rs"]
 mod guard;
 
 #[path = "../../dataplane/proxy/src/detect.rs"]
@@ -167,7 +165,7 @@ fn check_host(data: &[u8]) {
     let Ok(request) = builder.body(()) else {
         return;
     };
-    let result = headers::check_host(&request);
+    let result = spur_h1guard::check_host(&request);
     let hosts: Vec<_> = request.headers().get_all(http::header::HOST).iter().collect();
     if result.is_err() {
         return;

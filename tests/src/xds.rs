@@ -11,7 +11,8 @@ use std::time::Duration;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use serde_json::json;
-use spur_routeserver::{ServingTls, XdsTls};
+use spur_routeserver::XdsTls;
+use spur_serving::ServingTls;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio_util::sync::CancellationToken;
 

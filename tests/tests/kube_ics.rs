@@ -187,7 +187,7 @@ async fn a_step_pod_reads_and_writes_only_its_own_unit() {
         spur_ics::Config {
             namespace: CONTEXTS.into(),
             listen: "127.0.0.1:0".parse().unwrap(),
-            tls: Some(spur_routeserver::ServingTls::new(
+            tls: Some(spur_serving::ServingTls::new(
                 dir.path().join("tls.crt"),
                 dir.path().join("tls.key"),
             )),

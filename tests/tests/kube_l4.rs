@@ -41,9 +41,8 @@ use spur_gateway::{Gateway, GatewayConfig, RouteServerConn};
 use spur_kube_harness::KubeApi;
 use spur_proto::l4::listeners_client::ListenersClient;
 use spur_proto::l4::{GatewayReport, WatchListenersRequest};
-use spur_routeserver::{
-    AuthConfig, KubeStore, L4Options, RouteServer, RouteServerConfig, ServingTls,
-};
+use spur_routeserver::{AuthConfig, KubeStore, L4Options, RouteServer, RouteServerConfig};
+use spur_serving::ServingTls;
 use tokio::net::{TcpListener, UdpSocket};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;

@@ -1067,7 +1067,7 @@ async fn local_workload_follows_its_workstation_tunnel() {
 
     // The tunnel proxy reports the workstation's tunnel: endpoints at the proxy's port, health
     // in status, the sandbox ready, keyed traffic routed to the sandbox Service.
-    let now = spur_operator::pki::now_unix();
+    let now = spur_serving::pki::now_unix();
     leases
         .create(&PostParams::default(), &tunnel_lease(&ew_name, now))
         .await
@@ -1127,7 +1127,7 @@ async fn local_workload_follows_its_workstation_tunnel() {
     eventually("no tunnel again", || ew_reason("NoTunnel")).await;
 
     // The workstation reconnects: everything comes back.
-    let now = spur_operator::pki::now_unix();
+    let now = spur_serving::pki::now_unix();
     leases
         .create(&PostParams::default(), &tunnel_lease(&ew_name, now))
         .await

@@ -842,7 +842,7 @@ async fn certificates_rotate_with_no_failed_admission() {
                 .to_vec(),
         );
         let ca = secrets.get("spur-ca").await.unwrap();
-        cas.insert(spur_operator::pki::fingerprint(&text(&ca, "ca.crt")));
+        cas.insert(spur_serving::pki::fingerprint(&text(&ca, "ca.crt")));
         let mwc = mwcs.get(WEBHOOK_CONFIGURATION).await.unwrap();
         let bundle = mwc.webhooks.unwrap()[0]
             .client_config
@@ -851,7 +851,7 @@ async fn certificates_rotate_with_no_failed_admission() {
             .unwrap()
             .0;
         bundle_sizes
-            .insert(spur_operator::pki::split_bundle(std::str::from_utf8(&bundle).unwrap()).len());
+            .insert(spur_serving::pki::split_bundle(std::str::from_utf8(&bundle).unwrap()).len());
         if created % 10 == 0 {
             // What the server presents verifies against what the API server trusts.
             served.insert(served_certificate(addr, &bundle).await);

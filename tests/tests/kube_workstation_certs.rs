@@ -120,7 +120,7 @@ async fn approved_workstation_requests_are_signed_and_invalid_ones_fail() {
     })
     .await;
     let text = |b: &ByteString| String::from_utf8(b.0.clone()).unwrap();
-    let info = spur_operator::pki::info(&text(&tls["tls.crt"])).unwrap();
+    let info = spur_serving::pki::info(&text(&tls["tls.crt"])).unwrap();
     assert_eq!(
         info.sans,
         [
@@ -208,7 +208,7 @@ async fn approved_workstation_requests_are_signed_and_invalid_ones_fail() {
     assert!(eku.client_auth && !eku.server_auth);
     assert!(cert.subject_alternative_name().unwrap().is_none());
     // 24 h asked, 2 h granted.
-    let lifetime = cert.validity().not_after.timestamp() - spur_operator::pki::now_unix();
+    let lifetime = cert.validity().not_after.timestamp() - spur_serving::pki::now_unix();
     assert!((7000..=7200).contains(&lifetime), "{lifetime}");
     // Signed by the CA in the bundle the tunnel proxy trusts.
     let ca_der = CertificateDer::from_pem_slice(ca["ca.crt"].0.as_slice()).unwrap();

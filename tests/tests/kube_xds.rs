@@ -31,7 +31,8 @@ use spur_e2e::kube::{self as kt, eventually};
 use spur_e2e::netns::TestNet;
 use spur_e2e::xds::{GoClient, Pki, ads_client, grpc_app, next};
 use spur_kube_harness::KubeApi;
-use spur_routeserver::{KubeStore, RouteServer, RouteServerConfig, ServingTls, XdsConfig, XdsTls};
+use spur_routeserver::{KubeStore, RouteServer, RouteServerConfig, XdsConfig, XdsTls};
+use spur_serving::ServingTls;
 use tokio_util::sync::CancellationToken;
 
 const NS: &str = "shop";
@@ -484,7 +485,7 @@ async fn operator_issued_client_credentials_reach_the_xds_port() {
     })
     .await;
     let cert = String::from_utf8(creds["tls.crt"].0.clone()).unwrap();
-    let info = spur_operator::pki::info(&cert).unwrap();
+    let info = spur_serving::pki::info(&cert).unwrap();
     assert!(!info.is_ca);
     assert_eq!(creds["ca.crt"].0, serving["ca.crt"].0);
     let client_dir = tempfile::tempdir().unwrap();

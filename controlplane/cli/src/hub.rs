@@ -543,8 +543,8 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
         "hub started"
     );
     let stop = CancellationToken::new();
-    let listener = crate::front_door::bind_health(args.metrics_addr).await?;
-    let http = tokio::spawn(crate::front_door::serve_health(
+    let listener = spur_serving::health::bind_health(args.metrics_addr).await?;
+    let http = tokio::spawn(spur_serving::health::serve_health(
         listener,
         registry,
         None,
@@ -742,8 +742,8 @@ pub(crate) async fn agent(args: AgentArgs) -> Result<ExitCode> {
     });
     let stop = CancellationToken::new();
     let ready = move || matches!(*state.borrow(), SessionState::Connected { .. });
-    let listener = crate::front_door::bind_health(args.health_addr).await?;
-    let http = tokio::spawn(crate::front_door::serve_health(
+    let listener = spur_serving::health::bind_health(args.health_addr).await?;
+    let http = tokio::spawn(spur_serving::health::serve_health(
         listener,
         registry,
         Some((Arc::new(ready), "not connected to the hub\n")),

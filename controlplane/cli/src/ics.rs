@@ -54,7 +54,7 @@ struct ServeArgs {
 pub(crate) async fn run(args: IcsArgs) -> Result<ExitCode> {
     let IcsCommand::Serve(args) = args.command;
     let tls = match (&args.tls_cert, &args.tls_key, args.insecure_plaintext) {
-        (Some(c), Some(k), false) => Some(spur_routeserver::ServingTls::new(c, k)),
+        (Some(c), Some(k), false) => Some(spur_serving::ServingTls::new(c, k)),
         (None, None, true) => None,
         _ => bail!(
             "the io context server serves TLS: pass --tls-cert and --tls-key (or --insecure-plaintext for a local test)"
@@ -74,8 +74,8 @@ pub(crate) async fn run(args: IcsArgs) -> Result<ExitCode> {
         .await
         .context("starting the io context server")?;
     let stop = CancellationToken::new();
-    let listener = crate::front_door::bind_health(args.metrics_addr).await?;
-    let http = tokio::spawn(crate::front_door::serve_health(
+    let listener = spur_serving::health::bind_health(args.metrics_addr).await?;
+    let http = tokio::spawn(spur_serving::health::serve_health(
         listener,
         registry,
         None,

@@ -132,8 +132,8 @@ pub(crate) async fn jobs(args: JobsArgs) -> Result<ExitCode> {
             stop.clone(),
         )))
     };
-    let listener = crate::front_door::bind_health(args.metrics_addr).await?;
-    let http = tokio::spawn(crate::front_door::serve_health(
+    let listener = spur_serving::health::bind_health(args.metrics_addr).await?;
+    let http = tokio::spawn(spur_serving::health::serve_health(
         listener,
         registry,
         None,

@@ -3,7 +3,6 @@
 mod access;
 mod demo;
 mod demo_app;
-mod front_door;
 mod gateway;
 mod hub;
 mod ics;

@@ -499,10 +499,10 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
         None => Arc::new(|| true),
     };
 
-    let listener = crate::front_door::bind_health(args.metrics_addr).await?;
+    let listener = spur_serving::health::bind_health(args.metrics_addr).await?;
     let stop_controllers = stop.clone();
     let http_stop = stop.clone();
-    let http = tokio::spawn(crate::front_door::serve_health(
+    let http = tokio::spawn(spur_serving::health::serve_health(
         listener,
         registry,
         Some((ready, "waiting for the webhook serving certificate\n")),

@@ -10,9 +10,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use spur_routeserver::{
-    AuthConfig, KubeStore, L4Options, RouteServer, RouteServerConfig, ServingTls, XdsConfig, XdsTls,
+    AuthConfig, KubeStore, L4Options, RouteServer, RouteServerConfig, XdsConfig, XdsTls,
 };
 use spur_runtime::parse_duration;
+use spur_serving::ServingTls;
 
 #[derive(Args)]
 pub(crate) struct RouteserverArgs {

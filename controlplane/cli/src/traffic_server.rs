@@ -106,7 +106,7 @@ struct ServeArgs {
 
 async fn serve(args: ServeArgs) -> Result<ExitCode> {
     let tls = match (&args.tls_cert, &args.tls_key, args.insecure_plaintext) {
-        (Some(c), Some(k), false) => Some(spur_routeserver::ServingTls::new(c, k)),
+        (Some(c), Some(k), false) => Some(spur_serving::ServingTls::new(c, k)),
         (None, None, true) => None,
         _ => bail!(
             "the traffic store serves TLS: pass --tls-cert and --tls-key (or --insecure-plaintext for local use)"
@@ -180,8 +180,8 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
     )
     .await
     .context("starting the traffic store")?;
-    let listener = crate::front_door::bind_health(args.metrics_addr).await?;
-    let http = tokio::spawn(crate::front_door::serve_health(
+    let listener = spur_serving::health::bind_health(args.metrics_addr).await?;
+    let http = tokio::spawn(spur_serving::health::serve_health(
         listener,
         registry,
         None,

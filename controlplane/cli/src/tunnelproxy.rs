@@ -300,8 +300,8 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
     )
     .await?;
 
-    let listener = crate::front_door::bind_health(args.metrics_addr).await?;
-    let http = control.handle().spawn(crate::front_door::serve_health(
+    let listener = spur_serving::health::bind_health(args.metrics_addr).await?;
+    let http = control.handle().spawn(spur_serving::health::serve_health(
         listener,
         registry,
         None,

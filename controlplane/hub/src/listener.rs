@@ -317,7 +317,7 @@ async fn serve_conn(
             .header_read_timeout(limits.header_read_timeout)
             .max_buf_size(MAX_HEAD)
             .keep_alive(true);
-        let io = TokioIo::new(spur_proxy::Http1Guard::new(tls, MAX_HEAD));
+        let io = TokioIo::new(spur_serving::http1::Guard::new(tls, MAX_HEAD));
         drive!(builder.serve_connection(io, service).with_upgrades());
     }
 }

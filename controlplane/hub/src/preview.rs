@@ -191,7 +191,7 @@ impl Preview {
         mut req: Request<Incoming>,
         peer: SocketAddr,
     ) -> Response<Body> {
-        if let Err(why) = spur_proxy::check_host(&req) {
+        if let Err(why) = spur_serving::http1::check_host(&req) {
             return text(StatusCode::BAD_REQUEST, why);
         }
         let authority = request_host(&req).unwrap_or_default().to_ascii_lowercase();

@@ -91,14 +91,14 @@ impl std::fmt::Debug for Hub {
 }
 
 /// The hub's CA from the store, made on first use.
-pub fn hub_ca(store: &Store) -> Result<spur_operator::pki::Pair, Error> {
+pub fn hub_ca(store: &Store) -> Result<spur_serving::pki::Pair, Error> {
     let (cert, key) = store.ca_or_create(|| {
         let pair =
-            spur_operator::pki::new_ca("spur hub CA", CA_LIFETIME, spur_operator::pki::now_unix())
+            spur_serving::pki::new_ca("spur hub CA", CA_LIFETIME, spur_serving::pki::now_unix())
                 .map_err(|e| Error::Config(format!("making the hub CA: {e}")))?;
         Ok((pair.cert, pair.key))
     })?;
-    Ok(spur_operator::pki::Pair { cert, key })
+    Ok(spur_serving::pki::Pair { cert, key })
 }
 
 /// The serving certificate chain and key, and the CA PEM when the hub issued it.
@@ -127,12 +127,12 @@ pub fn serving_identity(
                 ));
             }
             let ca = hub_ca(store)?;
-            let pair = spur_operator::pki::issue_serving(
+            let pair = spur_serving::pki::issue_serving(
                 &ca,
                 &names[0],
                 names,
                 SERVING_LIFETIME,
-                spur_operator::pki::now_unix(),
+                spur_serving::pki::now_unix(),
             )
             .map_err(|e| Error::Config(format!("issuing the hub's certificate: {e}")))?;
             (pair.cert.into_bytes(), pair.key.into_bytes(), Some(ca.cert))

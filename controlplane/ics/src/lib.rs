@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use kube::Client;
-use spur_routeserver::ServingTls;
+use spur_serving::ServingTls;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{AUDIENCE, PodIdentity};
@@ -101,19 +101,14 @@ impl Server {
         let inner_stop = tasks.token();
         let tls = match &self.cfg.tls {
             Some(files) => Some(
-                spur_routeserver::tls::start(files, &tasks, inner_stop.clone())
+                spur_serving::tls::start(files, &tasks, inner_stop.clone())
                     .map_err(|e| Error::Tls(e.to_string()))?
                     .grpc,
             ),
             None => None,
         };
-        let incoming = spur_routeserver::tls::incoming(
-            self.listener,
-            self.local,
-            tls,
-            &tasks,
-            inner_stop.clone(),
-        );
+        let incoming =
+            spur_serving::tls::incoming(self.listener, self.local, tls, &tasks, inner_stop.clone());
         let handler = service::Handler {
             auth: auth::Authenticator::new(self.client.clone(), self.cfg.audience.clone()),
             client: self.client,

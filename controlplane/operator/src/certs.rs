@@ -30,8 +30,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
-use crate::pki::{self, Pair, now_unix};
 use crate::{Error, FIELD_MANAGER, Metrics};
+use spur_serving::pki::{self, Pair, now_unix};
 
 /// Label on both Secrets (value `ca` or `serving`); the manager watches it.
 pub const PKI_LABEL: &str = "spur.dev/pki";

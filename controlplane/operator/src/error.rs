@@ -21,6 +21,9 @@ pub enum Error {
     Lease(String),
     #[error("certificates: {0}")]
     Pki(String),
+    /// The serving kit's PKI or TLS (its messages say which).
+    #[error(transparent)]
+    Serving(#[from] spur_serving::Error),
     #[error("invalid configuration: {0}")]
     Config(String),
     #[error("webhook server: {0}")]

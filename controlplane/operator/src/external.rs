@@ -308,7 +308,7 @@ async fn apply(ew: &ExternalWorkload, ns: &str, ctx: &Context) -> Result<Action,
             }
         },
     };
-    let now_s = crate::pki::now_unix();
+    let now_s = spur_serving::pki::now_unix();
     let plan = plan(ew, &baseline, &all, session.as_ref(), now_s);
 
     let owner = ew.controller_owner_ref(&()).into_iter().collect::<Vec<_>>();
@@ -529,7 +529,7 @@ pub(crate) async fn collect_dead_tunnels(
                 continue;
             }
         };
-        let now_s = crate::pki::now_unix();
+        let now_s = spur_serving::pki::now_unix();
         for lease in list {
             let dead = match Session::from_lease(&lease) {
                 Ok(s) => now_s >= s.expires().saturating_add(gc_after),

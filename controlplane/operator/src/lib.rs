@@ -41,7 +41,6 @@ mod metrics;
 pub mod olm;
 pub mod owner;
 pub mod patch;
-pub mod pki;
 mod resources;
 mod routegroup;
 mod routingconfig;

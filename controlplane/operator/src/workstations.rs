@@ -33,8 +33,8 @@ use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::pki::{self, Pair};
 use crate::{Error, Metrics, PkiConfig};
+use spur_serving::pki::{self, Pair};
 
 /// The signer name workstation requests carry (`spec.signerName`).
 pub const WORKSTATION_SIGNER: &str = "spur.dev/workstation";
@@ -185,7 +185,7 @@ fn decide(csr: &CertificateSigningRequest, cfg: &PkiConfig) -> Decision {
             ALLOWED_USAGES.join(", ")
         ));
     }
-    let request = match pem_request(csr).and_then(|pem| pki::read_request(&pem)) {
+    let request = match pem_request(csr).and_then(|pem| Ok(pki::read_request(&pem)?)) {
         Ok(r) => r,
         Err(e) => return Decision::Fail(e.to_string()),
     };

@@ -23,8 +23,8 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::pki::{self, Pair, now_unix};
 use crate::{Error, FIELD_MANAGER, Metrics, PkiConfig};
+use spur_serving::pki::{self, Pair, now_unix};
 
 /// The common-name prefix the route server's xDS port requires (`spur_routeserver::xds::
 /// CLIENT_CN_PREFIX`; the operator does not depend on the route server).

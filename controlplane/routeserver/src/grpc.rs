@@ -39,7 +39,7 @@ impl RoutesHandler {
             self.metrics.refused();
             let peer = request
                 .extensions()
-                .get::<crate::tls::Peer>()
+                .get::<spur_serving::tls::Peer>()
                 .and_then(|p| p.remote);
             tracing::debug!(?peer, reason = %d, "gRPC request refused");
             Status::from(d)

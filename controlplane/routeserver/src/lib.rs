@@ -7,7 +7,7 @@
 //! ListenerSets (Kubernetes store `with_l4`) ──► L4 model ──► gRPC spur.l4.v1.Listeners :7777 (gateways)
 //! ```
 //!
-//! Both ports serve TLS with a certificate re-read from its files ([`ServingTls`]), and every
+//! Both ports serve TLS with a certificate re-read from its files ([`spur_serving::ServingTls`]), and every
 //! rule request is authenticated ([`AuthConfig`]): a sidecar's pod-bound token reads only its own
 //! baseline's rules, other identities what their RBAC allows. Plaintext and unauthenticated
 //! serving are explicit opt-ins for the standalone demo.
@@ -23,19 +23,16 @@ pub mod l4;
 mod metrics;
 mod rest;
 mod store;
-pub mod tls;
 mod watch;
 mod wire;
 pub mod xds;
 
 pub use auth::AuthConfig;
-pub use tls::ServingTls;
 
 pub use index::{Entry, Filter, Index, RuleKey, Snapshot};
 pub use kube_store::{KubeStore, cluster_services, rules_from};
 pub use l4::L4Options;
 pub use metrics::Metrics;
-pub use rest::front_door;
 pub use store::{DirStore, RuleStore};
 pub use xds::{XdsConfig, XdsTls};
 
@@ -46,6 +43,7 @@ use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use spur_runtime::Drain;
+use spur_serving::tls;
 use tokio::net::TcpListener;
 
 /// Errors starting the route server.
@@ -61,8 +59,8 @@ pub enum Error {
     RulesDir { path: String, reason: String },
     #[error("rule store: {0}")]
     Store(String),
-    #[error("TLS: {0}")]
-    Tls(String),
+    #[error(transparent)]
+    Serving(#[from] spur_serving::Error),
 }
 
 /// Route-server configuration.
@@ -80,7 +78,7 @@ pub struct RouteServerConfig {
     /// Ops queued per watch stream before that stream waits for its reader.
     pub watch_buffer: usize,
     /// TLS on both ports; None serves plaintext (an explicit opt-in of the binary).
-    pub tls: Option<ServingTls>,
+    pub tls: Option<spur_serving::ServingTls>,
     /// Who may read rules.
     pub auth: AuthConfig,
     /// The xDS (ADS) port; None serves no xDS. Its resources come from a store that publishes

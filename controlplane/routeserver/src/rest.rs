@@ -90,23 +90,8 @@ pub(crate) fn router(state: RestState) -> Router {
         .route("/api/v1/workloads/routing-rules/watch", get(watch_rules))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
-        .layer(axum::middleware::from_fn(front_door))
+        .layer(axum::middleware::from_fn(spur_serving::http1::front_door))
         .with_state(state)
-}
-
-/// RFC 9112 §3.2 (one valid `Host`, matching an absolute-form target), as on every Spur HTTP/1
-/// server: anything else is a 400 that closes the connection. An axum middleware
-/// (`axum::middleware::from_fn(front_door)`), used by every axum server Spur runs.
-pub async fn front_door(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    if let Err(why) = spur_proxy::check_host(&req) {
-        return (
-            StatusCode::BAD_REQUEST,
-            [(header::CONNECTION, "close")],
-            format!("{why}\n"),
-        )
-            .into_response();
-    }
-    next.run(req).await
 }
 
 async fn get_rules(

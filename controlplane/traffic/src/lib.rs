@@ -30,7 +30,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
-use spur_routeserver::ServingTls;
+use spur_serving::ServingTls;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{
@@ -204,7 +204,7 @@ impl Server {
         let inner_stop = tasks.token();
         let tls = match &config.tls {
             Some(files) => Some(
-                spur_routeserver::tls::start(files, &tasks, inner_stop.clone())
+                spur_serving::tls::start(files, &tasks, inner_stop.clone())
                     .map_err(|e| Error::Tls(e.to_string()))?
                     .grpc,
             ),
@@ -219,13 +219,8 @@ impl Server {
                 inner_stop.clone(),
             ));
         }
-        let incoming = spur_routeserver::tls::incoming(
-            self.listener,
-            self.local,
-            tls,
-            &tasks,
-            inner_stop.clone(),
-        );
+        let incoming =
+            spur_serving::tls::incoming(self.listener, self.local, tls, &tasks, inner_stop.clone());
         let service =
             TrafficService::new(store, settings, config.auth, metrics, inner_stop.clone());
         let serve_stop = inner_stop.clone();

@@ -19,7 +19,8 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use spur_proxy::{Drain, Http1Guard, check_host};
+use spur_h1guard::{Guard as Http1Guard, check_host};
+use spur_proxy::Drain;
 
 /// Where a client asked to go: a host name (resolved by the dialer) or an address.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -81,7 +81,7 @@ pub async fn serve_admin(listener: TcpListener, state: AdminState, stop: Cancell
             let svc = service_fn(move |req| {
                 let state = state.clone();
                 async move {
-                    if let Err(reason) = crate::http::check_host(&req) {
+                    if let Err(reason) = spur_h1guard::check_host(&req) {
                         // The front door's Host rules hold here too; the connection closes.
                         let mut r = text(StatusCode::BAD_REQUEST, format!("{reason}\n"));
                         r.headers_mut().insert(
@@ -98,7 +98,7 @@ pub async fn serve_admin(listener: TcpListener, state: AdminState, stop: Cancell
                 .timer(TokioTimer::new())
                 .header_read_timeout(std::time::Duration::from_secs(10));
             // Bare LF line endings are refused here as on the data path.
-            let io = crate::http::guard::Guard::new(stream, 64 * 1024);
+            let io = spur_h1guard::Guard::new(stream, 64 * 1024);
             if let Err(e) = builder.serve_connection(TokioIo::new(io), svc).await {
                 tracing::debug!(error = %e, "admin connection error");
             }

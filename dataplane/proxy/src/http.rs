@@ -2,11 +2,8 @@
 //! it over a pooled upstream connection, stream bodies both ways (trailers included), and splice
 //! upgraded connections (WebSocket, CONNECT) once the upstream has agreed.
 
-pub(crate) mod guard;
 mod headers;
 mod relay;
-
-pub use headers::check_host;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -102,7 +99,7 @@ where
                 .max_buf_size(config.max_header_bytes)
                 .max_headers(config.max_headers)
                 .keep_alive(true);
-            let io = guard::Guard::new(io, config.max_header_bytes);
+            let io = spur_h1guard::Guard::new(io, config.max_header_bytes);
             let io = TokioIo::new(Tracked::new(io, activity.clone()));
             let conn = builder.serve_connection(io, svc).with_upgrades();
             drive(
@@ -184,7 +181,7 @@ async fn forward(
         }
     };
     if version == Version::Http1
-        && let Err(reason) = headers::check_host(&req)
+        && let Err(reason) = spur_h1guard::check_host(&req)
     {
         return reject(StatusCode::BAD_REQUEST, reason);
     }

@@ -82,7 +82,6 @@ macro_rules! write_through {
         }
     };
 }
-pub(crate) use write_through;
 
 write_through!(Rewind);
 

@@ -40,11 +40,6 @@ pub use config::ProxyConfig;
 pub use conn::ConnMeta;
 pub use detect::Protocol;
 pub use error::Error;
-/// The HTTP/1 front-door rules, for every HTTP/1 server Spur runs: [`check_host`] on each
-/// request (a refusal is a 400 that closes the connection) and [`Http1Guard`] around each
-/// connection (bare LF and framing hyper would read differently from the next hop: 400, closed).
-pub use http::check_host;
-pub use http::guard::Guard as Http1Guard;
 pub use listener::Inbound;
 pub use metrics::Metrics;
 pub use router::{RawRoute, Route, Router};

@@ -182,7 +182,7 @@ impl AggregatedDiscoveryService for Ads {
         // EnvoyConfig goes only to clients of its namespace.
         let client_namespace = request
             .extensions()
-            .get::<crate::tls::Peer>()
+            .get::<spur_serving::tls::Peer>()
             .and_then(|p| p.client_cn.as_deref())
             .and_then(|cn| cn.strip_prefix(super::CLIENT_CN_PREFIX))
             .filter(|ns| !ns.is_empty())

@@ -36,10 +36,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::tls::{self, ServingTls};
 use crate::{Error, Index};
 use metrics::XdsMetrics;
 use render::{Kind, Snapshot};
+use spur_serving::tls::{self, ServingTls};
 
 /// How the xDS port is served.
 #[derive(Debug, Clone)]

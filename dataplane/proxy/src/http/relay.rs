@@ -25,13 +25,13 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::{Instant, timeout};
 
-use super::headers::valid_authority;
 use crate::conn::ConnMeta;
 use crate::io::Rewind;
 use crate::metrics::Outcome;
 use crate::pool::Upstream;
 use crate::router::{RawRoute, Route};
 use crate::{Error, Shared};
+use spur_h1guard::valid_authority;
 use spur_runtime::Drain;
 
 /// Request bodies up to this size are relayed: written upstream after the head, then the

@@ -1,4 +1,4 @@
-//! TLS on both listeners, with the certificate re-read from its files while serving.
+//! Serving TLS, with the certificate re-read from its files while serving.
 //!
 //! In the cluster the files are a mounted `kubernetes.io/tls` Secret that the operator renews:
 //! the kubelet swaps them in place, and the next handshake presents the new certificate. Open
@@ -7,8 +7,8 @@
 //! Handshakes run concurrently, each bounded in time, so a client that opens a connection and
 //! sends nothing delays nobody else.
 //!
-//! Public so that Spur's other gRPC servers in the cluster (the io context server) serve TLS
-//! the same way rather than with a copy of this loop.
+//! Every Spur server in the cluster (route server, io context server, traffic store) serves TLS
+//! through this one loop rather than a copy of it.
 
 use std::io;
 use std::net::SocketAddr;
@@ -495,19 +495,16 @@ impl Incoming {
     }
 }
 
-/// The REST port's connections, each read through the front door's HTTP/1 guard.
-pub(crate) struct GuardedIncoming(pub(crate) Incoming);
-
-/// Largest request head the REST port follows.
-const MAX_HEAD: usize = 64 * 1024;
+/// An HTTP/1 port's connections, each read through the front door's HTTP/1 guard.
+pub struct GuardedIncoming(pub Incoming);
 
 impl axum::serve::Listener for GuardedIncoming {
-    type Io = spur_proxy::Http1Guard<Conn>;
+    type Io = spur_h1guard::Guard<Conn>;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, SocketAddr) {
         let (conn, peer) = self.0.accept().await;
-        (spur_proxy::Http1Guard::new(conn, MAX_HEAD), peer)
+        (spur_h1guard::Guard::new(conn, crate::http1::MAX_HEAD), peer)
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
