@@ -1,6 +1,6 @@
 //! Fuzzes route-server messages as the sidecar decodes them: protobuf bytes decoded as
 //! `GetWorkloadRoutingRulesResponse` and as a watch stream of length-delimited
-//! `WorkloadRoutingRuleOp`s, each rule converted with `spur_proto::rule_from_proto` and validated
+//! `WorkloadRoutingRuleOp`s, each rule converted with `spur_routing::wire::rule_from_proto` and validated
 //! with `RoutingRule::from_spec`, the watch ops applied the way `spur_discovery`'s route-server
 //! source applies them.
 //!
@@ -14,7 +14,7 @@ use prost::Message;
 use spur_proto::routes::{
     GetWorkloadRoutingRulesResponse, WatchOp, WorkloadRoutingRule, WorkloadRoutingRuleOp,
 };
-use spur_proto::{rule_from_proto, rule_to_proto};
+use spur_routing::wire::{rule_from_proto, rule_to_proto};
 use spur_routing::rules::validate_rules;
 use spur_routing::{RoutingRule, RuleTable};
 

@@ -1,5 +1,6 @@
-//! Spur's wire contracts: the Signadot-compatible Routes API and Spur's tunnel API (generated
-//! code committed), and conversions to routing types.
+//! Spur's wire contracts: the Signadot-compatible Routes API and Spur's own gRPC APIs (generated
+//! code committed). No domain type: conversions live with the types they convert to
+//! (`spur_routing::wire`).
 //!
 //! `routes` is generated from `routes.proto` (package `routes`, wire-identical to the public
 //! `routesapi`); `tunnel` from `tunnel.proto` (package `spur.tunnel.v1`, what `spur local
@@ -40,10 +41,6 @@ pub mod traffic {
 pub mod tunnel {
     include!("gen/spur.tunnel.v1.rs");
 }
-
-mod convert;
-
-pub use convert::{rule_from_proto, rule_to_proto};
 
 /// How a workstation reaches the tunnel API: a forward tunnel stream to this host and port,
 /// on which the tunnel proxy serves gRPC (HTTP/2 without TLS; the tunnel is already

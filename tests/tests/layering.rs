@@ -1,101 +1,208 @@
 //! Crate layering, checked on the resolved dependency graph (`cargo metadata`) rather than
-//! promised in a comment: no crate under `dataplane/` reaches the Kubernetes client (`kube*`,
-//! `k8s-openapi`) through its normal or build dependencies, however indirectly, so the sidecar,
-//! the proxy core and the workstation side never link it. cargo-deny (`deny.toml`, run by
-//! `.ci/run`) bans direct dependencies outside its `wrappers`; this test also covers indirect
-//! ones and any `kube-*` crate that `deny.toml` does not name.
+//! promised in a comment:
+//! - no crate under `dataplane/` reaches the Kubernetes client (`kube*`, `k8s-openapi`) through
+//!   its normal or build dependencies, however indirectly, so the sidecar, the proxy core, the
+//!   gateway and the workstation side never link it. cargo-deny (`deny.toml`, run by `.ci/run`)
+//!   bans direct dependencies outside its `wrappers`; this test also covers indirect ones and any
+//!   `kube-*` crate that `deny.toml` does not name;
+//! - no server crate links another server's crate: what servers share (serving TLS, the PKI, the
+//!   HTTP/1 front door, the probe server) comes from the serving kit, `spur-serving`;
+//! - the wire crate, `spur-proto`, depends on no other Spur crate: conversions live with the
+//!   domain types they convert to.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+
+/// The crates that each run as a server role of their own.
+const SERVERS: &[&str] = &[
+    "spur-routeserver",
+    "spur-operator",
+    "spur-hub",
+    "spur-jobs",
+    "spur-ics",
+    "spur-traffic",
+    "spur-tunnelproxy",
+];
 
 fn is_kubernetes(name: &str) -> bool {
     name == "kube" || name.starts_with("kube-") || name == "k8s-openapi"
 }
 
-#[test]
-fn dataplane_crates_never_depend_on_kubernetes() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version", "1", "--locked"])
-        .current_dir(&root)
-        .output()
-        .expect("cargo metadata runs");
-    assert!(
-        out.status.success(),
-        "cargo metadata: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let meta: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let dataplane = root.join("dataplane").canonicalize().unwrap();
-    let name: HashMap<&str, &str> = meta["packages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| (p["id"].as_str().unwrap(), p["name"].as_str().unwrap()))
-        .collect();
-    let members: Vec<&str> = meta["packages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| {
-            Path::new(p["manifest_path"].as_str().unwrap())
-                .canonicalize()
-                .is_ok_and(|m| m.starts_with(&dataplane))
-        })
-        .map(|p| p["id"].as_str().unwrap())
-        .collect();
-    assert!(members.len() >= 8, "dataplane crates found: {members:?}");
-    // Edges that end up in the built artifact: normal and build dependencies, not dev ones.
-    let mut deps: HashMap<&str, Vec<&str>> = HashMap::new();
-    for node in meta["resolve"]["nodes"].as_array().unwrap() {
-        let linked = node["deps"]
-            .as_array()
-            .unwrap()
+/// The resolved graph, with only the edges that end up in a built artifact (normal and build
+/// dependencies, not dev ones).
+struct Graph {
+    root: PathBuf,
+    /// Package id to name.
+    name: HashMap<String, String>,
+    /// Package id to manifest path.
+    manifest: HashMap<String, PathBuf>,
+    deps: HashMap<String, Vec<String>>,
+}
+
+impl Graph {
+    fn load() -> Graph {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .canonicalize()
+            .unwrap();
+        let out = Command::new(env!("CARGO"))
+            .args(["metadata", "--format-version", "1", "--locked"])
+            .current_dir(&root)
+            .output()
+            .expect("cargo metadata runs");
+        assert!(
+            out.status.success(),
+            "cargo metadata: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let meta: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let packages = meta["packages"].as_array().unwrap();
+        let name = packages
             .iter()
-            .filter(|d| {
-                d["dep_kinds"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|k| k["kind"].is_null() || k["kind"] == "build")
+            .map(|p| {
+                let id = p["id"].as_str().unwrap().to_string();
+                (id, p["name"].as_str().unwrap().to_string())
             })
-            .map(|d| d["pkg"].as_str().unwrap())
             .collect();
-        deps.insert(node["id"].as_str().unwrap(), linked);
+        let manifest = packages
+            .iter()
+            .map(|p| {
+                let id = p["id"].as_str().unwrap().to_string();
+                (id, PathBuf::from(p["manifest_path"].as_str().unwrap()))
+            })
+            .collect();
+        let mut deps = HashMap::new();
+        for node in meta["resolve"]["nodes"].as_array().unwrap() {
+            let linked = node["deps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|d| {
+                    d["dep_kinds"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|k| k["kind"].is_null() || k["kind"] == "build")
+                })
+                .map(|d| d["pkg"].as_str().unwrap().to_string())
+                .collect();
+            deps.insert(node["id"].as_str().unwrap().to_string(), linked);
+        }
+        Graph {
+            root,
+            name,
+            manifest,
+            deps,
+        }
     }
-    let mut violations = Vec::new();
-    for member in members {
-        // Breadth first, remembering how each crate was reached, to name the path.
+
+    fn id(&self, name: &str) -> &str {
+        self.name
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(id, _)| id.as_str())
+            .unwrap_or_else(|| panic!("{name} is not in the workspace"))
+    }
+
+    /// Workspace members whose manifest is under `dir` (relative to the workspace root).
+    fn members_under(&self, dir: &str) -> Vec<&str> {
+        let dir = self.root.join(dir).canonicalize().unwrap();
+        self.manifest
+            .iter()
+            .filter(|(_, m)| m.canonicalize().is_ok_and(|m| m.starts_with(&dir)))
+            .map(|(id, _)| id.as_str())
+            .collect()
+    }
+
+    fn direct(&self, id: &str) -> impl Iterator<Item = &str> {
+        self.deps.get(id).into_iter().flatten().map(String::as_str)
+    }
+
+    /// Every path from `from` to a crate `bad` names, as `a -> b -> c`, breadth first (one path
+    /// per offending crate).
+    fn paths_to(&self, from: &str, bad: impl Fn(&str) -> bool) -> Vec<String> {
+        let mut found = Vec::new();
         let mut via: HashMap<&str, &str> = HashMap::new();
-        let mut seen = HashSet::from([member]);
-        let mut queue = VecDeque::from([member]);
+        let mut seen = HashSet::from([from]);
+        let mut queue = VecDeque::from([from]);
         while let Some(id) = queue.pop_front() {
-            if is_kubernetes(name[id]) {
-                let mut chain = vec![name[id]];
+            if id != from && bad(&self.name[id]) {
+                let mut chain = vec![self.name[id].as_str()];
                 let mut at = id;
-                while let Some(&from) = via.get(at) {
-                    chain.push(name[from]);
-                    at = from;
+                while let Some(&prev) = via.get(at) {
+                    chain.push(self.name[prev].as_str());
+                    at = prev;
                 }
                 chain.reverse();
-                violations.push(chain.join(" -> "));
+                found.push(chain.join(" -> "));
                 continue;
             }
-            for &d in deps.get(id).into_iter().flatten() {
+            for d in self.direct(id) {
                 if seen.insert(d) {
                     via.insert(d, id);
                     queue.push_back(d);
                 }
             }
         }
+        found
     }
+}
+
+#[test]
+fn dataplane_crates_never_depend_on_kubernetes() {
+    let graph = Graph::load();
+    let members = graph.members_under("dataplane");
+    assert!(members.len() >= 8, "dataplane crates found: {members:?}");
+    let violations: Vec<String> = members
+        .iter()
+        .flat_map(|m| graph.paths_to(m, is_kubernetes))
+        .collect();
     assert!(
         violations.is_empty(),
         "dataplane crates reach the Kubernetes client:\n{}",
         violations.join("\n")
+    );
+}
+
+#[test]
+fn no_server_links_another_servers_crate() {
+    let graph = Graph::load();
+    let mut violations = Vec::new();
+    for server in SERVERS {
+        let id = graph.id(server);
+        violations.extend(graph.paths_to(id, |n| SERVERS.contains(&n) && n != *server));
+    }
+    assert!(
+        violations.is_empty(),
+        "server crates link other servers' crates (share code through spur-serving or a \
+         library crate instead):\n{}",
+        violations.join("\n")
+    );
+    // The kit is what they share: each server that serves TLS or probes links it.
+    for server in SERVERS.iter().filter(|s| **s != "spur-tunnelproxy") {
+        let id = graph.id(server);
+        assert!(
+            graph.direct(id).any(|d| graph.name[d] == "spur-serving"),
+            "{server} does not use the serving kit"
+        );
+    }
+}
+
+#[test]
+fn the_wire_crate_depends_on_no_domain_crate() {
+    let graph = Graph::load();
+    let proto = graph.id("spur-proto");
+    let spur: Vec<&str> = graph
+        .direct(proto)
+        .map(|d| graph.name[d].as_str())
+        .filter(|n| n.starts_with("spur-"))
+        .collect();
+    assert!(
+        spur.is_empty(),
+        "spur-proto depends on {spur:?}; put conversions beside the domain types instead"
     );
 }

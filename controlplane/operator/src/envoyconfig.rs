@@ -112,7 +112,7 @@ async fn apply(ec: &EnvoyConfig, ns: &str, ctx: &Context) -> Result<Action, Erro
     let asked_again = st.desired_version.as_deref() != Some(version.as_str());
     if !existing.contains_key(&desired) {
         // Decoded and encoded once, when the revision is cut; its bytes are what is served.
-        let encoded = match crate::envoy_decode::decoder()?.decode_all(&ec.spec) {
+        let encoded = match spur_envoy::decoder()?.decode_all(&ec.spec) {
             Ok(r) => r,
             Err(e) => {
                 // Admission refuses this; only a config written while the webhook was not

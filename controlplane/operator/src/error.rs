@@ -29,8 +29,8 @@ pub enum Error {
     #[error("webhook server: {0}")]
     Webhook(String),
     /// The Envoy descriptor set did not load (a build fault: every EnvoyConfig waits).
-    #[error("Envoy descriptors: {0}")]
-    Envoy(String),
+    #[error(transparent)]
+    Envoy(#[from] spur_envoy::Error),
     /// A mesh object (VirtualService, HTTPRoute) could not be brought to what a mesh route
     /// wants.
     #[error("mesh routes: {0}")]

@@ -25,7 +25,6 @@ pub mod audit;
 mod certs;
 mod context;
 pub mod enroll;
-pub mod envoy_decode;
 pub mod envoyconfig;
 mod error;
 pub mod external;

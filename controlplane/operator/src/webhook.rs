@@ -21,7 +21,7 @@
 //! covers the faults this server cannot answer at all.
 //!
 //! EnvoyConfig validation does deny: every resource is decoded into its Envoy v3 message
-//! ([`crate::envoy_decode`]), and the first that does not decode is refused with status 422 and
+//! ([`spur_envoy`]), and the first that does not decode is refused with status 422 and
 //! `spec.resources[i].value: <field path>: <what is wrong>`; so is a node id another
 //! EnvoyConfig of the namespace uses ([`crate::envoyconfig::node_id`]). An update that leaves
 //! the spec as it was is always allowed, so that a config stored before the webhook existed can
@@ -545,7 +545,7 @@ async fn validate_envoyconfig(
         .map_err(|e| Refusal::Internal(e.to_string()))?;
     let decoded = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        crate::envoy_decode::decoder().map(|d| d.decode_all(&spec).map(|_| ()))
+        spur_envoy::decoder().map(|d| d.decode_all(&spec).map(|_| ()))
     })
     .await
     .map_err(|e| Refusal::Internal(format!("decoding failed: {e}")))?

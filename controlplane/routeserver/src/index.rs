@@ -36,7 +36,7 @@ pub struct Entry {
 
 impl Entry {
     fn new(rule: RoutingRule) -> Self {
-        let proto = spur_proto::rule_to_proto(&rule);
+        let proto = spur_routing::wire::rule_to_proto(&rule);
         Entry {
             wire: prost::Message::encode_to_vec(&proto).into(),
             proto,

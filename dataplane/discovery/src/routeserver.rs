@@ -203,7 +203,7 @@ impl RouteServerSource {
                 rules.remove(&route.routing_key);
             }
             WatchOp::Add | WatchOp::Replace => {
-                match RoutingRule::from_spec(0, spur_proto::rule_from_proto(route)) {
+                match RoutingRule::from_spec(0, spur_routing::wire::rule_from_proto(route)) {
                     Ok(rule) if rule.baseline == self.baseline => {
                         rules.insert(rule.routing_key.clone(), rule);
                     }

@@ -16,6 +16,8 @@ pub mod extract;
 pub mod inject;
 pub mod rules;
 pub mod table;
+#[cfg(feature = "proto")]
+pub mod wire;
 
 mod error;
 

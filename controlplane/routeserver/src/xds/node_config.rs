@@ -241,7 +241,7 @@ impl Screen {
         let ok = match self.verdicts.get(&key) {
             Some(ok) => *ok,
             None => {
-                let verdict = spur_operator::envoy_decode::decoder()
+                let verdict = spur_envoy::decoder()
                     .map_err(|e| (String::new(), e.to_string()))
                     .and_then(|d| d.check_encoded(ty, bytes));
                 if let Err((path, why)) = &verdict {

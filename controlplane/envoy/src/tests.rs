@@ -621,8 +621,8 @@ fn typed_struct_is_refused_by_name() {
     }
 }
 
-/// Run alone to read the figures: `cargo test -p spur-operator --lib
-/// envoy_decode::tests::loading_the_pool -- --nocapture`.
+/// Run alone to read the figures: `cargo test -p spur-envoy --lib
+/// tests::loading_the_pool -- --nocapture`.
 #[test]
 fn loading_the_pool() {
     fn rss_kib() -> Option<u64> {

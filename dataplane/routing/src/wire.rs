@@ -1,11 +1,12 @@
-//! Conversions between the Routes API messages and `spur-routing`'s types. Incoming rules go
-//! through the wire shape ([`RuleSpec`]) so they are validated by the one validator
-//! ([`spur_routing::RoutingRule::from_spec`]) everything else uses.
+//! Conversions between the Routes API messages (`spur-proto`) and this crate's types (feature
+//! `proto`): the wire crate knows no domain type. Incoming rules go through the wire shape
+//! ([`RuleSpec`]) so they are validated by the one validator ([`RoutingRule::from_spec`])
+//! everything else uses.
 
-use spur_routing::RoutingRule;
-use spur_routing::rules::{BaselineSpec, LocationSpec, MappingSpec, RuleSpec, SandboxSpec};
+use spur_proto::routes;
 
-use crate::routes;
+use crate::RoutingRule;
+use crate::rules::{BaselineSpec, LocationSpec, MappingSpec, RuleSpec, SandboxSpec};
 
 /// A received rule in wire shape, ready for validation. Missing sub-messages become empty
 /// fields, which validation then rejects with a precise reason.

@@ -3,7 +3,7 @@
 //! the field path.
 //!
 //! The message types come from the descriptor set of the `envoy-types` crate
-//! (`envoy_decode/descriptors.bin`, see the README there): every message Spur's xDS types are
+//! (`src/descriptors.bin`, see this crate's README): every message Spur's xDS types are
 //! generated from, extensions included, so an `Any` (`typed_config`, `typed_per_filter_config`,
 //! ...) is decoded into the message its `@type` names, and an unknown field or a wrong type
 //! deep inside one is refused like one at the top.
@@ -41,7 +41,13 @@ use spur_api::envoyconfig::{
     Serialization,
 };
 
-use crate::Error;
+/// Errors of the decoder itself (a resource that does not decode is a [`DecodeError`]).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// The Envoy descriptor set did not load (a build fault: every EnvoyConfig waits).
+    #[error("Envoy descriptors: {0}")]
+    Descriptors(String),
+}
 
 #[cfg(test)]
 mod tests;
@@ -110,7 +116,7 @@ pub fn decoder() -> Result<&'static Decoder, Error> {
     DECODER
         .get_or_init(|| Decoder::new(descriptors::DESCRIPTORS))
         .as_ref()
-        .map_err(|e| Error::Envoy(e.clone()))
+        .map_err(|e| Error::Descriptors(e.clone()))
 }
 
 impl Decoder {

@@ -3,7 +3,7 @@
 //! stripped of `source_code_info` by [`strip`]. Regenerated after an `envoy-types` upgrade with
 //!
 //! ```text
-//! cargo test -p spur-operator --lib envoy_decode::descriptors::regenerate -- --ignored
+//! cargo test -p spur-envoy --lib descriptors::tests::regenerate -- --ignored
 //! ```
 //!
 //! and `descriptors_match_the_locked_envoy_types` fails until that is done.
@@ -83,17 +83,17 @@ mod tests {
         let want = strip(&full).unwrap();
         assert!(
             want == DESCRIPTORS,
-            "src/envoy_decode/descriptors.bin is not {} stripped: regenerate it (see envoy_decode/descriptors.rs)",
+            "controlplane/envoy/src/descriptors.bin is not {} stripped: regenerate it (see controlplane/envoy/README.md)",
             bin.display()
         );
     }
 
     #[test]
-    #[ignore = "writes src/envoy_decode/descriptors.bin from the locked envoy-types"]
+    #[ignore = "writes src/descriptors.bin from the locked envoy-types"]
     fn regenerate() {
         let bin = locked_types_bin().expect("the locked envoy-types is downloaded (cargo fetch)");
         let stripped = strip(&std::fs::read(&bin).unwrap()).unwrap();
-        let to = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/envoy_decode/descriptors.bin");
+        let to = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/descriptors.bin");
         std::fs::write(&to, &stripped).unwrap();
         eprintln!(
             "{} → {} ({} bytes)",
