@@ -206,3 +206,47 @@ fn the_wire_crate_depends_on_no_domain_crate() {
         "spur-proto depends on {spur:?}; put conversions beside the domain types instead"
     );
 }
+
+/// The README's first command builds `spur-demo` alone, with the features it asks for (not the
+/// workspace's union that `cargo metadata` resolves): it must not compile the Kubernetes client,
+/// Envoy's types or any operator-side crate.
+#[test]
+fn the_demo_builds_without_the_cluster_side() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "tree",
+            "--locked",
+            "-p",
+            "spur-demo",
+            "-e",
+            "normal,build",
+            "--prefix",
+            "none",
+            "--format",
+            "{p}",
+        ])
+        .current_dir(&root)
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        out.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8(out.stdout).unwrap();
+    let names: HashSet<&str> = tree.lines().filter_map(|l| l.split(' ').next()).collect();
+    assert!(names.contains("spur-routeserver"), "{names:?}");
+    let heavy: Vec<&&str> = names
+        .iter()
+        .filter(|n| {
+            is_kubernetes(n)
+                || n.starts_with("envoy-")
+                || ["spur-api", "spur-operator", "spur-envoy", "spur-l4"].contains(n)
+        })
+        .collect();
+    assert!(
+        heavy.is_empty(),
+        "spur-demo builds {heavy:?}: keep the route server's `kubernetes` feature off for it"
+    );
+}

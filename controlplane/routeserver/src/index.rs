@@ -166,8 +166,10 @@ pub struct Index {
     problems: Arc<Mutex<Arc<Vec<String>>>>,
     services: Arc<Mutex<Arc<Vec<routes::ClusterService>>>>,
     /// None until a store publishes its first model.
+    #[cfg(feature = "kubernetes")]
     xds: Arc<watch::Sender<Option<Arc<crate::xds::model::Model>>>>,
     /// None until a store publishes its first L4 model (ListenerSets).
+    #[cfg(feature = "kubernetes")]
     l4: Arc<watch::Sender<Option<Arc<crate::l4::Model>>>>,
 }
 
@@ -190,41 +192,11 @@ impl Index {
             tx: Arc::new(tx),
             problems: Arc::default(),
             services: Arc::default(),
+            #[cfg(feature = "kubernetes")]
             xds: Arc::new(watch::channel(None).0),
+            #[cfg(feature = "kubernetes")]
             l4: Arc::new(watch::channel(None).0),
         }
-    }
-
-    /// Every ListenerSet, rendered for gateways. Only a store that watches ListenerSets (the
-    /// Kubernetes store `with_l4`) sets it; published only on change.
-    pub fn set_l4(&self, model: crate::l4::Model) {
-        self.l4.send_if_modified(|m| {
-            if m.as_deref() == Some(&model) {
-                return false;
-            }
-            *m = Some(Arc::new(model));
-            true
-        });
-    }
-
-    pub fn subscribe_l4(&self) -> watch::Receiver<Option<Arc<crate::l4::Model>>> {
-        self.l4.subscribe()
-    }
-
-    /// The cluster as the xDS server serves it. Only a store that sees Services and
-    /// EndpointSlices (the Kubernetes store, with xDS on) sets it; published only on change.
-    pub fn set_xds(&self, model: crate::xds::model::Model) {
-        self.xds.send_if_modified(|m| {
-            if m.as_deref() == Some(&model) {
-                return false;
-            }
-            *m = Some(Arc::new(model));
-            true
-        });
-    }
-
-    pub fn subscribe_xds(&self) -> watch::Receiver<Option<Arc<crate::xds::model::Model>>> {
-        self.xds.subscribe()
     }
 
     pub fn current(&self) -> Arc<Snapshot> {
@@ -308,6 +280,42 @@ impl Index {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+}
+
+/// The models the Kubernetes store publishes beside the rules (feature `kubernetes`).
+#[cfg(feature = "kubernetes")]
+impl Index {
+    /// Every ListenerSet, rendered for gateways. Only a store that watches ListenerSets (the
+    /// Kubernetes store `with_l4`) sets it; published only on change.
+    pub fn set_l4(&self, model: crate::l4::Model) {
+        self.l4.send_if_modified(|m| {
+            if m.as_deref() == Some(&model) {
+                return false;
+            }
+            *m = Some(Arc::new(model));
+            true
+        });
+    }
+
+    pub fn subscribe_l4(&self) -> watch::Receiver<Option<Arc<crate::l4::Model>>> {
+        self.l4.subscribe()
+    }
+
+    /// The cluster as the xDS server serves it. Only a store that sees Services and
+    /// EndpointSlices (the Kubernetes store, with xDS on) sets it; published only on change.
+    pub fn set_xds(&self, model: crate::xds::model::Model) {
+        self.xds.send_if_modified(|m| {
+            if m.as_deref() == Some(&model) {
+                return false;
+            }
+            *m = Some(Arc::new(model));
+            true
+        });
+    }
+
+    pub fn subscribe_xds(&self) -> watch::Receiver<Option<Arc<crate::xds::model::Model>>> {
+        self.xds.subscribe()
     }
 }
 

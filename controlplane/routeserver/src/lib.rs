@@ -18,22 +18,28 @@
 mod auth;
 mod grpc;
 mod index;
+#[cfg(feature = "kubernetes")]
 mod kube_store;
+#[cfg(feature = "kubernetes")]
 pub mod l4;
 mod metrics;
 mod rest;
 mod store;
 mod watch;
 mod wire;
+#[cfg(feature = "kubernetes")]
 pub mod xds;
 
 pub use auth::AuthConfig;
 
 pub use index::{Entry, Filter, Index, RuleKey, Snapshot};
+#[cfg(feature = "kubernetes")]
 pub use kube_store::{KubeStore, cluster_services, rules_from};
+#[cfg(feature = "kubernetes")]
 pub use l4::L4Options;
 pub use metrics::Metrics;
 pub use store::{DirStore, RuleStore};
+#[cfg(feature = "kubernetes")]
 pub use xds::{XdsConfig, XdsTls};
 
 use std::net::SocketAddr;
@@ -83,9 +89,11 @@ pub struct RouteServerConfig {
     pub auth: AuthConfig,
     /// The xDS (ADS) port; None serves no xDS. Its resources come from a store that publishes
     /// an xDS model (the Kubernetes store built `with_xds`).
+    #[cfg(feature = "kubernetes")]
     pub xds: Option<XdsConfig>,
     /// The L4 listener API for gateway pods on the gRPC port; None serves none. Its model
     /// comes from a store that publishes one (the Kubernetes store built `with_l4`).
+    #[cfg(feature = "kubernetes")]
     pub l4: Option<L4Options>,
 }
 
@@ -99,7 +107,9 @@ impl RouteServerConfig {
             watch_buffer: 1024,
             tls: None,
             auth: AuthConfig::Disabled,
+            #[cfg(feature = "kubernetes")]
             xds: None,
+            #[cfg(feature = "kubernetes")]
             l4: None,
         }
     }
@@ -114,6 +124,7 @@ pub struct RouteServer {
     pub http_addr: SocketAddr,
     /// The xDS port, if served.
     pub xds_addr: Option<SocketAddr>,
+    #[cfg(feature = "kubernetes")]
     xds_nodes: xds::Nodes,
     index: Index,
     /// Stops the store, the servers and every watch stream, and tracks their tasks.
@@ -171,11 +182,13 @@ impl RouteServer {
             stop.clone(),
         );
 
+        #[cfg(feature = "kubernetes")]
         let xds = match &config.xds {
             Some(x) => Some(xds::start(x, &index, &mut registry, &tasks, stop.clone()).await?),
             None => None,
         };
 
+        #[cfg(feature = "kubernetes")]
         let listeners = config.l4.as_ref().map(|o| {
             l4::service(
                 o,
@@ -213,15 +226,17 @@ impl RouteServer {
             auth: auth.clone(),
         };
         let grpc_stop = stop.clone();
+        let grpc = tonic::transport::Server::builder()
+            // Detect dead watchers; clients' own pings (grpc-go sends one every 5 s) are
+            // answered and never counted against them.
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .tcp_nodelay(true)
+            .add_service(wire::RoutesService::new(service));
+        #[cfg(feature = "kubernetes")]
+        let grpc = grpc.add_optional_service(listeners);
         tasks.spawn(async move {
-            let res = tonic::transport::Server::builder()
-                // Detect dead watchers; clients' own pings (grpc-go sends one every 5 s) are
-                // answered and never counted against them.
-                .http2_keepalive_interval(Some(Duration::from_secs(30)))
-                .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-                .tcp_nodelay(true)
-                .add_service(wire::RoutesService::new(service))
-                .add_optional_service(listeners)
+            let res = grpc
                 .serve_with_incoming_shutdown(grpc_incoming.into_stream(), grpc_stop.cancelled())
                 .await;
             if let Err(e) = res {
@@ -249,20 +264,29 @@ impl RouteServer {
                 tracing::error!(error = %e, "HTTP server failed");
             }
         });
+        #[cfg(feature = "kubernetes")]
+        let (xds_addr, xds_tls, l4) = (
+            xds.as_ref().map(|x| x.addr),
+            config.xds.as_ref().map(|x| x.tls.is_some()),
+            config.l4.is_some(),
+        );
+        #[cfg(not(feature = "kubernetes"))]
+        let (xds_addr, xds_tls, l4): (_, Option<bool>, _) = (None, None, false);
         tracing::info!(
             %grpc_addr,
             %http_addr,
             tls = config.tls.is_some(),
-            xds_addr = ?xds.as_ref().map(|x| x.addr),
-            xds_tls = config.xds.as_ref().map(|x| x.tls.is_some()),
+            xds_addr = ?xds_addr,
+            xds_tls,
             auth = ?config.auth,
-            l4 = config.l4.is_some(),
+            l4,
             "route server started"
         );
         Ok(RouteServer {
             grpc_addr,
             http_addr,
-            xds_addr: xds.as_ref().map(|x| x.addr),
+            xds_addr,
+            #[cfg(feature = "kubernetes")]
             xds_nodes: xds.map(|x| x.nodes).unwrap_or_default(),
             index,
             drain: tasks,
@@ -274,6 +298,7 @@ impl RouteServer {
     }
 
     /// The xDS streams open now, each with what its node accepted and rejected.
+    #[cfg(feature = "kubernetes")]
     pub fn xds_nodes(&self) -> Vec<xds::NodeStatus> {
         self.xds_nodes.list()
     }
