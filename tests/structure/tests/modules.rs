@@ -24,7 +24,6 @@ const KNOWN_CYCLES: &[&str] = &[
     "controlplane/routeserver/src/lib.rs: grpc, wire",
     "controlplane/routeserver/src/lib.rs: xds::model, xds::node_config, xds::render",
     "controlplane/tunnelproxy/src/lib.rs: destinations, scope, sources",
-    "dataplane/l4/src/lib.rs: cluster, health",
     "dataplane/tunnel/src/lib.rs: client, handshakes, server, session",
     "dataplane/tunnel/src/lib.rs: error, wire",
     "dataplane/workstation/src/lib.rs: binds, connect",
