@@ -23,8 +23,6 @@ const KNOWN_CYCLES: &[&str] = &[
     "controlplane/routeserver/src/lib.rs: grpc, wire",
     "controlplane/routeserver/src/lib.rs: xds::model, xds::node_config, xds::render",
     "controlplane/tunnelproxy/src/lib.rs: destinations, scope, sources",
-    "dataplane/tunnel/src/lib.rs: client, handshakes, server, session",
-    "dataplane/tunnel/src/lib.rs: error, wire",
 ];
 
 #[test]
