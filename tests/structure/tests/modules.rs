@@ -15,7 +15,7 @@ use spur_structure::modules::{CrateGraph, crate_roots, report, workspace_members
 const KNOWN_CYCLES: &[&str] = &[
     "controlplane/hub/src/lib.rs: agent, catalog, clusters, protocol, users",
     "controlplane/hub/src/lib.rs: listener, login, preview, traffic, web",
-    "controlplane/operator/src/lib.rs: apply, context, enroll, forked, triggers",
+    "controlplane/operator/src/lib.rs: context, enroll",
     "controlplane/operator/src/lib.rs: certs, xds_clients",
     "controlplane/operator/src/lib.rs: resources, sandbox",
     "controlplane/operator/src/lib.rs: webhook, webhook_sandbox",
