@@ -13,13 +13,14 @@ use spur_structure::modules::{CrateGraph, crate_roots, report, workspace_members
 /// Temporary, and it can only shrink: the test fails on a cycle not listed here and on a listed
 /// one that no longer exists. Empty it, then delete it.
 const KNOWN_CYCLES: &[&str] = &[
-    "controlplane/operator/src/lib.rs: context, enroll",
+    // Being moved by the lead (routeserver; operator's certificates).
     "controlplane/operator/src/lib.rs: certs, xds_clients",
-    "controlplane/operator/src/lib.rs: resources, sandbox",
-    "controlplane/operator/src/lib.rs: webhook, webhook_sandbox",
     "controlplane/routeserver/src/lib.rs: auth, index, l4",
     "controlplane/routeserver/src/lib.rs: grpc, wire",
     "controlplane/routeserver/src/lib.rs: xds::model, xds::node_config, xds::render",
+    // Not in the list (found through references in code, not only `use` lines).
+    "controlplane/operator/src/lib.rs: context, enroll",
+    "controlplane/operator/src/lib.rs: webhook, webhook_sandbox",
     "controlplane/tunnelproxy/src/lib.rs: destinations, scope, sources",
 ];
 
