@@ -1,4 +1,5 @@
-//! Types shared by several kinds: workload references and Service mappings.
+//! Types shared by several kinds: workload references, Service mappings and the baseline's
+//! sidecar coverage.
 
 use std::fmt;
 
@@ -138,4 +139,48 @@ pub(crate) fn check_container(c: &mut Checker, path: impl FnOnce() -> String, na
         path,
         "must be a container name (a DNS-1123 label)",
     );
+}
+
+/// How many of a baseline's running pods carry the DevMesh sidecar, and how many of those
+/// sidecars are ready.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SidecarCoverage {
+    /// Baseline pods (selected by the baseline's selector, not terminating).
+    pub pods: u32,
+    /// Of those, pods with an injected sidecar.
+    pub injected: u32,
+    /// Of those, pods whose sidecar is ready.
+    pub ready: u32,
+    /// There is at least one baseline pod and every one carries a ready sidecar.
+    pub all_ready: bool,
+    /// Baseline pods without a sidecar (at most [`SidecarCoverage::MAX_NAMED`], by name), and
+    /// why: keyed requests that reach them are not routed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10))]
+    pub without_sidecar: Vec<PodWithoutSidecar>,
+}
+
+/// A baseline pod that has no sidecar.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodWithoutSidecar {
+    pub name: String,
+    /// Why, as far as the pod shows it (its injection annotations).
+    pub reason: String,
+}
+
+impl SidecarCoverage {
+    /// How many pods without a sidecar are named.
+    pub const MAX_NAMED: usize = 10;
+
+    pub fn new(pods: u32, injected: u32, ready: u32) -> Self {
+        SidecarCoverage {
+            pods,
+            injected,
+            ready,
+            all_ready: pods > 0 && ready == pods,
+            without_sidecar: Vec::new(),
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! Names of the objects the controllers create: deterministic (the same inputs always give the
 //! same name, so reconciling is idempotent), length-safe and valid for any kind, Services
 //! included. Names are for uniqueness and for humans; code finds objects through labels and
-//! owner references and never parses a name.
+//! owner references and never parses a name. A sandbox's routing key is derived here too, from
+//! its UID.
 
 use crate::common::WorkloadRef;
 use crate::validation::is_label_value;
@@ -157,6 +158,24 @@ pub fn label_value(value: &str) -> String {
     }
 }
 
+/// A routing key derived from the sandbox's UID: stable across reconciles and operator
+/// restarts (even if status were lost), unique per sandbox object, and a valid label value.
+pub fn routing_key(uid: &str) -> String {
+    // FNV-1a 64, rendered in base 36: 13 characters, lowercase alphanumerics.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in uid.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = [b'0'; 13];
+    for slot in out.iter_mut().rev() {
+        *slot = DIGITS[(h % 36) as usize];
+        h /= 36;
+    }
+    out.iter().map(|&b| char::from(b)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,5 +251,17 @@ mod tests {
         let long = "a.".repeat(100);
         let v = label_value(&long);
         assert!(is_label_value(&v) && v.len() <= 63, "{v}");
+    }
+
+    #[test]
+    fn routing_keys_are_stable_label_values() {
+        let k = routing_key("5f1b2a8e-0d7c-4a55-9b1e-3c2d1e0f9a8b");
+        assert_eq!(k.len(), 13);
+        assert!(
+            k.bytes()
+                .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
+        );
+        assert_eq!(k, routing_key("5f1b2a8e-0d7c-4a55-9b1e-3c2d1e0f9a8b"));
+        assert_ne!(k, routing_key("5f1b2a8e-0d7c-4a55-9b1e-3c2d1e0f9a8c"));
     }
 }

@@ -627,7 +627,7 @@ pub struct ForkStatus {
     /// Whether every pod of the baseline carries a ready DevMesh sidecar (keyed requests that
     /// reach a baseline pod without one are not routed to the fork).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub baseline_sidecars: Option<crate::workloads::SidecarCoverage>,
+    pub baseline_sidecars: Option<crate::common::SidecarCoverage>,
 }
 
 /// Where a local workload stands.

@@ -21,10 +21,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Error;
 use crate::protocol::{
-    AGENT_BIND, AgentInfo, Answer, MAX_FRAME, MAX_TRAFFIC_LIMIT, MAX_TRAFFIC_READS, Open,
-    TRAFFIC_BODY_BYTES, TRAFFIC_CONTENT_TYPE, TRAFFIC_PATH,
+    AGENT_BIND, AgentInfo, Answer, KubeIdentity, MAX_FRAME, MAX_TRAFFIC_LIMIT, MAX_TRAFFIC_READS,
+    Open, TRAFFIC_BODY_BYTES, TRAFFIC_CONTENT_TYPE, TRAFFIC_PATH,
 };
-use crate::users::KubeIdentity;
 use access::Reviewer;
 
 /// What the agent lets the hub do.
@@ -272,7 +271,7 @@ async fn serve_stream(
             }
             let checked = async {
                 if let (Some(kube), Some((namespace, name))) =
-                    (kube.as_ref(), targets::service_of(&host))
+                    (kube.as_ref(), crate::namespaces::service_of(&host))
                 {
                     targets::check_service(kube, &namespace, &name, scope.connect_timeout).await?;
                 }

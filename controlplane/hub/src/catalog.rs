@@ -17,7 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Error;
 use crate::clusters::Clusters;
-use crate::protocol::Open;
+use crate::namespaces::{parse_target, route_group_namespaces, sandbox_namespaces, service_of};
+use crate::protocol::{KubeIdentity, Open};
 
 /// How long opening a stream to an agent may take.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -145,9 +146,9 @@ impl Catalog {
         let all = self.read();
         let visible = |c: &str, v: &ClusterView| {
             if let Some(s) = v.sandboxes.get(owner) {
-                sees(c, &crate::users::sandbox_namespaces(s))
+                sees(c, &sandbox_namespaces(s))
             } else if let Some(g) = v.route_groups.get(owner) {
-                sees(c, &crate::users::route_group_namespaces(g, &v.sandboxes))
+                sees(c, &route_group_namespaces(g, &v.sandboxes))
             } else {
                 false
             }
@@ -207,7 +208,7 @@ impl Catalog {
         // A target in another cluster: its namespace there must be visible too (a target in
         // the owner's cluster is one of the owner's namespaces already).
         if target_cluster != cluster {
-            let ns = crate::agent::targets::service_of(&host)
+            let ns = service_of(&host)
                 .map(|(ns, _)| BTreeSet::from([ns]))
                 .unwrap_or_default();
             if !sees(target_cluster, &ns) {
@@ -383,7 +384,7 @@ impl Catalog {
 pub async fn read_as(
     clusters: &Clusters,
     cluster: &str,
-    as_user: &crate::users::KubeIdentity,
+    as_user: &KubeIdentity,
 ) -> Result<ClusterView, Error> {
     let [sandboxes, route_groups, routing_configs, jobs] = crate::protocol::READ_PATHS;
     let (sandboxes, route_groups, routing_configs, jobs) = tokio::try_join!(
@@ -404,7 +405,7 @@ pub async fn read_as(
 async fn read_list<K: DeserializeOwned + kube::Resource + Clone>(
     clusters: &Clusters,
     cluster: &str,
-    as_user: &crate::users::KubeIdentity,
+    as_user: &KubeIdentity,
     path: &str,
 ) -> Result<BTreeMap<String, K>, Error> {
     let open = Open::Read {
@@ -506,21 +507,4 @@ pub async fn read_limited(
         }
         Err(e) => Err(Error::Upstream(format!("{what}: {e}"))),
     }
-}
-
-/// `scheme://host[:port]` of an endpoint target; the port defaults by scheme.
-pub fn parse_target(target: &str) -> Option<(String, String, u16)> {
-    let (scheme, rest) = target.split_once("://")?;
-    let (host, port) = match rest.rsplit_once(':') {
-        Some((h, p)) => (h, p.parse().ok()?),
-        None => (
-            rest,
-            match scheme {
-                "https" => 443,
-                "http" | "grpc" => 80,
-                _ => return None,
-            },
-        ),
-    };
-    Some((scheme.to_owned(), host.to_owned(), port))
 }

@@ -6,11 +6,14 @@
 //! The cluster never accepts an inbound connection. See `docs/hub.md`.
 
 pub mod agent;
+pub mod browser;
 pub mod catalog;
 pub mod clusters;
+pub mod html;
 pub mod listener;
 pub mod login;
 pub mod metrics;
+pub mod namespaces;
 pub mod preview;
 pub mod protocol;
 pub mod server;

@@ -25,57 +25,13 @@ use spur_runtime::peer::PeerKey;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
+// The limits are part of the preview front end's state (`Preview::limits`); their old path
+// stays.
+pub use crate::preview::ListenerLimits;
 use crate::preview::{Body, Preview};
 
 /// Largest HTTP/1 request head followed by the framing guard.
 const MAX_HEAD: usize = 64 * 1024;
-
-/// How a listener bounds what one client can hold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ListenerLimits {
-    /// How long a TLS handshake may take.
-    pub handshake_timeout: Duration,
-    /// How long an HTTP/1 request head may take to arrive, counted from when the connection is
-    /// ready for it (so it also ends a kept-alive connection that sends nothing).
-    pub header_read_timeout: Duration,
-    /// How long a connection may stay with no request in flight (an open response body, such
-    /// as the web view's event stream, counts as in flight).
-    pub idle_timeout: Duration,
-    /// Connections one peer address may hold at once.
-    pub max_per_peer: usize,
-    /// Connections the listener holds at once.
-    pub max_total: usize,
-}
-
-impl Default for ListenerLimits {
-    fn default() -> Self {
-        ListenerLimits {
-            handshake_timeout: Duration::from_secs(10),
-            header_read_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(120),
-            max_per_peer: 128,
-            max_total: 10_000,
-        }
-    }
-}
-
-impl ListenerLimits {
-    pub fn validate(&self) -> Result<(), crate::Error> {
-        let zero = [
-            ("handshake timeout", self.handshake_timeout.is_zero()),
-            ("header read timeout", self.header_read_timeout.is_zero()),
-            ("idle timeout", self.idle_timeout.is_zero()),
-            ("connections per peer", self.max_per_peer == 0),
-            ("connections", self.max_total == 0),
-        ];
-        match zero.iter().find(|(_, z)| *z) {
-            Some((what, _)) => Err(crate::Error::Config(format!(
-                "the listener's {what} must be above zero"
-            ))),
-            None => Ok(()),
-        }
-    }
-}
 
 /// Connections held, per peer address and in all.
 #[derive(Debug)]

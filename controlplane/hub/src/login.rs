@@ -17,17 +17,14 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use crate::preview::{Body, Preview, PreviewName};
+use crate::browser::{PREVIEW_COOKIE, SESSION_TTL, WEB_COOKIE, cookie};
+use crate::html::esc;
+use crate::preview::{Body, LOGIN_LABEL, Preview, PreviewName};
 use crate::store::SessionScope;
-use crate::web::{
-    Chrome, PREVIEW_COOKIE, SESSION_TTL, WEB_COOKIE, cookie, esc, form_value, full, page, redirect,
-};
+use crate::web::{Chrome, form_value, full, page, redirect};
 
 /// Longest login form body read.
 const MAX_FORM: usize = 4096;
-/// The label of the preview domain's login host; never a preview (those hold `--`).
-pub const LOGIN_LABEL: &str = "login";
-
 const HTML: &str = "text/html; charset=utf-8";
 const TEXT: &str = "text/plain; charset=utf-8";
 

@@ -71,6 +71,56 @@ pub(crate) enum Caller {
     Nobody,
 }
 
+/// The label of the preview domain's login host; never a preview (those hold `--`).
+pub const LOGIN_LABEL: &str = "login";
+
+/// How a listener bounds what one client can hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListenerLimits {
+    /// How long a TLS handshake may take.
+    pub handshake_timeout: Duration,
+    /// How long an HTTP/1 request head may take to arrive, counted from when the connection is
+    /// ready for it (so it also ends a kept-alive connection that sends nothing).
+    pub header_read_timeout: Duration,
+    /// How long a connection may stay with no request in flight (an open response body, such
+    /// as the web view's event stream, counts as in flight).
+    pub idle_timeout: Duration,
+    /// Connections one peer address may hold at once.
+    pub max_per_peer: usize,
+    /// Connections the listener holds at once.
+    pub max_total: usize,
+}
+
+impl Default for ListenerLimits {
+    fn default() -> Self {
+        ListenerLimits {
+            handshake_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            max_per_peer: 128,
+            max_total: 10_000,
+        }
+    }
+}
+
+impl ListenerLimits {
+    pub fn validate(&self) -> Result<(), crate::Error> {
+        let zero = [
+            ("handshake timeout", self.handshake_timeout.is_zero()),
+            ("header read timeout", self.header_read_timeout.is_zero()),
+            ("idle timeout", self.idle_timeout.is_zero()),
+            ("connections per peer", self.max_per_peer == 0),
+            ("connections", self.max_total == 0),
+        ];
+        match zero.iter().find(|(_, z)| *z) {
+            Some((what, _)) => Err(crate::Error::Config(format!(
+                "the listener's {what} must be above zero"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The preview front end's shared state.
 pub struct Preview {
     /// `preview.example.com`: hosts `<label>.<domain>` are previews.
@@ -78,7 +128,7 @@ pub struct Preview {
     /// The web view's host name (lowercase, no port).
     pub web_host: String,
     /// What one client may hold of the listener.
-    pub limits: crate::listener::ListenerLimits,
+    pub limits: ListenerLimits,
     pub catalog: Catalog,
     pub clusters: Clusters,
     pub store: Store,
@@ -201,7 +251,7 @@ impl Preview {
             .strip_suffix(self.domain.as_str())
             .and_then(|h| h.strip_suffix('.'))
         {
-            Some(crate::login::LOGIN_LABEL) => {
+            Some(LOGIN_LABEL) => {
                 return self.preview_login(req, &authority).await;
             }
             Some(label) if !label.contains('.') => label.to_owned(),
@@ -327,10 +377,10 @@ impl Preview {
         scope: SessionScope,
     ) -> Result<Caller, crate::Error> {
         let name = match scope {
-            SessionScope::Web => crate::web::WEB_COOKIE,
-            SessionScope::Preview => crate::web::PREVIEW_COOKIE,
+            SessionScope::Web => crate::browser::WEB_COOKIE,
+            SessionScope::Preview => crate::browser::PREVIEW_COOKIE,
         };
-        if let Some(token) = crate::web::cookie(headers, name) {
+        if let Some(token) = crate::browser::cookie(headers, name) {
             match self.caller(token, Some(scope)).await? {
                 Caller::Nobody => {}
                 found => return Ok(found),
@@ -470,7 +520,7 @@ fn wants_html(headers: &http::HeaderMap) -> bool {
 /// Whether `name` is one of the hub's own cookies (browsers compare the `__Host-` prefix without
 /// regard to case, so the whole name is compared so).
 fn is_hub_cookie(name: &str) -> bool {
-    crate::web::HUB_COOKIES
+    crate::browser::HUB_COOKIES
         .iter()
         .any(|c| c.eq_ignore_ascii_case(name.trim()))
 }
@@ -547,7 +597,7 @@ fn text(status: StatusCode, body: &str) -> Response<Body> {
             .boxed_unsync(),
     );
     *r.status_mut() = status;
-    crate::web::hub_headers(r.headers_mut());
+    crate::browser::hub_headers(r.headers_mut());
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),

@@ -5,8 +5,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::users::KubeIdentity;
-
 /// The agent's reverse listener.
 pub const AGENT_BIND: &str = "spur-agent";
 /// Longest frame either side accepts (an `Open` carrying a user with 32 long group names fits).
@@ -75,4 +73,13 @@ pub enum Answer {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentInfo {
     pub version: String,
+}
+
+/// The Kubernetes identity a request to an agent acts for.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct KubeIdentity {
+    /// The Kubernetes user name (never empty on a request the agent serves).
+    pub user: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
 }

@@ -13,9 +13,8 @@ use spur_proto::traffic::{Body as CapturedBody, Exchange, Header, QueryReply};
 
 use crate::Error;
 use crate::clusters::Clusters;
-use crate::protocol::{MAX_TRAFFIC_LIMIT, Open, TRAFFIC_PATH};
-use crate::users::KubeIdentity;
-use crate::web::esc;
+use crate::html::esc;
+use crate::protocol::{KubeIdentity, MAX_TRAFFIC_LIMIT, Open, TRAFFIC_PATH};
 
 /// How long opening the agent's stream may take.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -182,7 +181,7 @@ fn exchange_row(out: &mut String, x: &Exchange, now: SystemTime) {
     let when = u64::try_from(x.start_unix_micros)
         .ok()
         .map(|us| UNIX_EPOCH + Duration::from_micros(us))
-        .map_or_else(|| "-".into(), |t| crate::web::ago(now, t));
+        .map_or_else(|| "-".into(), |t| crate::html::ago(now, t));
     let workload = x
         .baseline
         .as_ref()

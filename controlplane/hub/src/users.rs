@@ -4,21 +4,22 @@
 //! cluster, which the cluster's agent checks with SubjectAccessReviews before it reads anything
 //! for it (`crate::agent::access`).
 //!
-//! Sandboxes, RouteGroups and RoutingConfigs are cluster-scoped objects, so "the namespaces an
-//! object is in" is defined here, once, for the hub and the agent alike: the namespaces of the
-//! workloads it forks, runs locally, observes or routes, and of the Services its preview
-//! endpoints target in the same cluster. An object is visible to a user only when every one of
-//! those namespaces is; an object that names none is visible only to users who may see every
-//! namespace.
+//! An object is visible to a user only when every namespace it is in ([`crate::namespaces`])
+//! is; an object that names none is visible only to users who may see every namespace.
 
 use spur_api::validation::is_dns_label;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
-use spur_api::{RouteGroup, RoutingConfig, Sandbox};
+use spur_api::Sandbox;
 
 use crate::Error;
-use crate::catalog::{ClusterView, parse_target};
+use crate::catalog::ClusterView;
+use crate::namespaces::{
+    job_namespaces, route_group_namespaces, routing_config_namespaces, sandbox_namespaces,
+};
+// The identity moved to `protocol` (the agent reads it from the `Open` frame); its old path stays.
+pub use crate::protocol::KubeIdentity;
 
 /// The cluster name of a scope that covers every cluster not named on its own.
 pub const ANY_CLUSTER: &str = "*";
@@ -114,15 +115,6 @@ impl std::fmt::Display for Namespaces {
     }
 }
 
-/// The Kubernetes identity a request to an agent acts for.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct KubeIdentity {
-    /// The Kubernetes user name (never empty on a request the agent serves).
-    pub user: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub groups: Vec<String>,
-}
-
 /// Checks a Kubernetes user or group name given to a scope.
 pub fn check_kube_name(what: &str, name: &str) -> Result<(), Error> {
     if name.trim().is_empty()
@@ -203,78 +195,6 @@ pub fn filter_view(view: &ClusterView, allowed: impl Fn(&BTreeSet<String>) -> bo
         sandboxes,
         synced: view.synced,
     }
-}
-
-/// The namespace of an endpoint target in the same cluster (`<service>.<namespace>.svc…`).
-fn endpoint_namespace(e: &spur_api::sandbox::Endpoint) -> Option<String> {
-    if e.cluster.is_some() {
-        return None;
-    }
-    let (_, host, _) = parse_target(&e.target)?;
-    crate::agent::targets::service_of(&host).map(|(ns, _)| ns)
-}
-
-/// The namespaces a Sandbox is in: of its forks' baselines, local workloads, virtual
-/// workloads and same-cluster endpoint targets.
-pub fn sandbox_namespaces(s: &Sandbox) -> BTreeSet<String> {
-    let spec = &s.spec;
-    let mut out: BTreeSet<String> = spec
-        .forks
-        .iter()
-        .map(|f| f.fork_of.namespace.clone())
-        .chain(spec.local.iter().map(|l| l.from.namespace.clone()))
-        .chain(
-            spec.virtual_workloads
-                .iter()
-                .map(|v| v.workload.namespace.clone()),
-        )
-        .collect();
-    if let Some(g) = &spec.default_route_group {
-        out.extend(g.endpoints.iter().filter_map(endpoint_namespace));
-    }
-    out
-}
-
-/// The namespaces a RouteGroup is in: of the sandboxes it matched (those in `sandboxes`) and
-/// of its same-cluster endpoint targets.
-pub fn route_group_namespaces(
-    g: &RouteGroup,
-    sandboxes: &BTreeMap<String, Sandbox>,
-) -> BTreeSet<String> {
-    let mut out: BTreeSet<String> = g
-        .spec
-        .endpoints
-        .iter()
-        .filter_map(endpoint_namespace)
-        .collect();
-    for name in g.status.iter().flat_map(|s| &s.matched_sandboxes) {
-        if let Some(s) = sandboxes.get(name) {
-            out.extend(sandbox_namespaces(s));
-        }
-    }
-    out
-}
-
-/// The namespaces a RoutingConfig is in: of the workloads it routes to and the baselines its
-/// routes apply in.
-pub fn routing_config_namespaces(c: &RoutingConfig) -> BTreeSet<String> {
-    c.spec
-        .workloads
-        .iter()
-        .map(|w| w.namespace.clone())
-        .chain(
-            c.status
-                .iter()
-                .filter_map(|s| s.route_server.as_ref())
-                .flat_map(|r| &r.routes)
-                .map(|r| r.baseline.namespace.clone()),
-        )
-        .collect()
-}
-
-/// A Job's namespace.
-pub fn job_namespaces(j: &spur_api::Job) -> BTreeSet<String> {
-    j.metadata.namespace.iter().cloned().collect()
 }
 
 #[cfg(test)]

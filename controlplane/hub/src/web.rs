@@ -4,7 +4,8 @@
 //! off; with it on, a small script (no external assets) listens to `/events` (server-sent events)
 //! and swaps in the fresh table when anything changes. Login: an API key posted to `/login`, or a
 //! one-time code from `spur hub login-link` posted from the page its link opens; either sets the
-//! host-only cookie [`WEB_COOKIE`]. Every page the hub writes carries [`hub_headers`].
+//! host-only cookie [`WEB_COOKIE`]. Every page the hub writes carries [`hub_headers`]
+//! (`crate::browser`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -16,23 +17,12 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 
+use crate::browser::hub_headers;
 use crate::catalog::ClusterView;
+use crate::html::{ago, esc, human};
 use crate::preview::{Body, Caller, Preview, preview_url};
 use crate::store::{Principal, SessionScope};
 use crate::users::HubUser;
-
-/// The web view's session cookie. `__Host-`: the browser takes it only from the web view's own
-/// host, Secure, with `Path=/` and no `Domain`, so no other host (a preview) can set or replace it.
-pub const WEB_COOKIE: &str = "__Host-spur_hub";
-/// The previews' session cookie, for the whole preview domain (one login covers every preview).
-/// It never opens the web view: its session is of the preview scope.
-pub const PREVIEW_COOKIE: &str = "spur_preview";
-/// Cookie names only the hub may set: a target's `Set-Cookie` for one of them is dropped, and
-/// a request's `Cookie` loses them before it goes to a target. (`spur_hub` is the web view's
-/// cookie before `__Host-`.)
-pub const HUB_COOKIES: [&str; 3] = [WEB_COOKIE, PREVIEW_COOKIE, "spur_hub"];
-/// How long a login lasts.
-pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 
 const CSS: &str = r#"
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
@@ -72,34 +62,6 @@ const JS: &str = r#"
 })();
 "#;
 
-/// Escapes text for HTML content and attribute values.
-pub fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// The value of cookie `name` in a request's `Cookie` headers.
-pub fn cookie<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v)
-}
-
 pub(crate) fn full(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
     let mut r = Response::new(
         Full::new(Bytes::from(body))
@@ -111,31 +73,6 @@ pub(crate) fn full(status: StatusCode, content_type: &'static str, body: String)
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     hub_headers(h);
     r
-}
-
-/// The headers of every response the hub writes itself (pages, errors, redirects, events; not
-/// a target's answers): everything is served by the hub, nothing may be framed or loaded from
-/// elsewhere, no content type is guessed, no URL leaks to another origin in a `Referer`
-/// (`same-origin`: with `no-referrer` a browser's form posts carry `Origin: null`, which the
-/// login's same-origin check must refuse), nothing is cached.
-pub fn hub_headers(h: &mut http::HeaderMap) {
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(
-            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
-             img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-        ),
-    );
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("same-origin"),
-    );
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
 }
 
 pub(crate) fn redirect(to: &str, cookie: Option<String>) -> Response<Body> {
@@ -358,7 +295,7 @@ impl Preview {
         let visible = match known {
             Some(sb) => scope
                 .namespaces
-                .cover(&crate::users::sandbox_namespaces(&sb)),
+                .cover(&crate::namespaces::sandbox_namespaces(&sb)),
             // A sandbox gone (its exchanges may remain): for users who may see everything.
             None => scope.namespaces.is_all(),
         };
@@ -634,21 +571,6 @@ const USER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Jobs listed per cluster (the newest); the rest are a `spur job list` away.
 const MAX_JOBS_SHOWN: usize = 50;
 
-fn human(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0..120 => format!("{s}s"),
-        120..7200 => format!("{}m", s / 60),
-        7200..172_800 => format!("{}h {}m", s / 3600, s % 3600 / 60),
-        _ => format!("{}d {}h", s / 86_400, s % 86_400 / 3600),
-    }
-}
-
-pub(crate) fn ago(now: SystemTime, t: SystemTime) -> String {
-    now.duration_since(t)
-        .map_or_else(|_| "just now".into(), |d| format!("{} ago", human(d)))
-}
-
 /// Value of field `name` in an `application/x-www-form-urlencoded` body.
 pub(crate) fn form_value(body: &[u8], name: &str) -> Option<String> {
     form_urlencoded::parse(body)
@@ -659,6 +581,7 @@ pub(crate) fn form_value(body: &[u8], name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::browser::{WEB_COOKIE, cookie};
 
     #[test]
     fn escaping_and_forms() {

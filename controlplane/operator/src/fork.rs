@@ -622,6 +622,16 @@ fn upsert_env(c: &mut Container, name: &str, value: Option<String>, from: Option
     }
 }
 
+/// A fork can take traffic while at least one of its pods is ready: the sandbox Service then
+/// has an endpoint. During a rollout of a changed fork the old pods keep serving, so routes are
+/// not withdrawn (and keyed traffic does not fall back to the baseline) just because the spec
+/// changed.
+pub(crate) fn deployment_ready(d: &Deployment) -> bool {
+    d.status
+        .as_ref()
+        .is_some_and(|st| st.ready_replicas.unwrap_or(0) >= 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,7 +20,7 @@ use spur_api::{ForkedWorkload, ForkedWorkloadStatus, WorkloadKind};
 
 use crate::apply::ensure;
 use crate::context::{Context, Stores, now};
-use crate::fork::{ForkId, ForkPlan, plan};
+use crate::fork::{ForkId, ForkPlan, deployment_ready, plan};
 use crate::{Error, FINALIZER};
 
 /// How often a ForkedWorkload is reconciled without any change to it, its children, its
@@ -345,16 +345,6 @@ fn sidecar_state(pod: &Pod) -> (bool, bool) {
             .any(|c| c.name == NAME && c.ready)
     });
     (has, has && ready)
-}
-
-/// A fork can take traffic while at least one of its pods is ready: the sandbox Service then
-/// has an endpoint. During a rollout of a changed fork the old pods keep serving, so routes are
-/// not withdrawn (and keyed traffic does not fall back to the baseline) just because the spec
-/// changed.
-pub(crate) fn deployment_ready(d: &Deployment) -> bool {
-    d.status
-        .as_ref()
-        .is_some_and(|st| st.ready_replicas.unwrap_or(0) >= 1)
 }
 
 fn set_ready(

@@ -246,7 +246,7 @@ fn compile_for(
         .status
         .as_ref()
         .and_then(|s| s.routing_key.clone())
-        .or_else(|| sb.uid().map(|u| crate::sandbox::routing_key(&u)))
+        .or_else(|| sb.uid().map(|u| spur_api::names::routing_key(&u)))
         .unwrap_or_default();
     let name = sb.name_any();
     compile(

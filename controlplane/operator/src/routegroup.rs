@@ -17,8 +17,8 @@ use spur_api::routingconfig::{SandboxedKind, SandboxedWorkloadRef};
 use spur_api::{RouteGroup, RouteGroupStatus, RoutingConfig, RoutingConfigSpec, Sandbox, names};
 
 use crate::context::{Context, FIELD_MANAGER, delete_opt, now};
-use crate::sandbox::routing_key;
 use crate::{Error, FINALIZER};
+use spur_api::names::routing_key;
 
 pub(crate) async fn reconcile(rg: Arc<RouteGroup>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("RouteGroup");

@@ -32,6 +32,10 @@ use crate::context::{Context, FIELD_MANAGER, delete_opt, now};
 use crate::fork::{ForkId, plan};
 use crate::{Error, FINALIZER};
 
+// Derived in spur_api::names, since the RouteGroup and Resource controllers derive it too; its
+// old path stays.
+pub use spur_api::names::routing_key;
+
 /// Condition: the sandbox's RoutingConfig routes every fork.
 pub const ROUTING_READY: &str = "RoutingReady";
 
@@ -49,24 +53,6 @@ pub(crate) async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Act
     })
     .await;
     crate::error::from_finalizer(action)
-}
-
-/// A routing key derived from the sandbox's UID: stable across reconciles and operator
-/// restarts (even if status were lost), unique per sandbox object, and a valid label value.
-pub fn routing_key(uid: &str) -> String {
-    // FNV-1a 64, rendered in base 36: 13 characters, lowercase alphanumerics.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in uid.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
-    let mut out = [b'0'; 13];
-    for slot in out.iter_mut().rev() {
-        *slot = DIGITS[(h % 36) as usize];
-        h /= 36;
-    }
-    out.iter().map(|&b| char::from(b)).collect()
 }
 
 async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
@@ -761,21 +747,4 @@ pub(crate) fn error_policy(sb: Arc<Sandbox>, err: &Error, ctx: Arc<Context>) -> 
         _ => {}
     }
     ctx.backoff(key_of(&sb), err)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn routing_keys_are_stable_label_values() {
-        let k = routing_key("5f1b2a8e-0d7c-4a55-9b1e-3c2d1e0f9a8b");
-        assert_eq!(k.len(), 13);
-        assert!(
-            k.bytes()
-                .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
-        );
-        assert_eq!(k, routing_key("5f1b2a8e-0d7c-4a55-9b1e-3c2d1e0f9a8b"));
-        assert_ne!(k, routing_key("5f1b2a8e-0d7c-4a55-9b1e-3c2d1e0f9a8c"));
-    }
 }

@@ -404,7 +404,7 @@ impl Cluster {
         }
         if let Some(plan) = want {
             let stop = parent.child_token();
-            tracker.spawn(crate::health::run(self.clone(), plan.clone(), stop.clone()));
+            tracker.spawn(health_task(self.clone(), plan.clone(), stop.clone()));
             *running = Some((plan, stop));
         }
     }
@@ -420,6 +420,45 @@ impl Cluster {
                 .iter()
                 .map(|e| e.status(now))
                 .collect(),
+        }
+    }
+}
+
+/// A cluster's health task: checks every endpoint each interval, all at once, each bounded by
+/// the plan's timeout (see [`crate::health`]).
+async fn health_task(cluster: Arc<Cluster>, plan: HealthPlan, stop: CancellationToken) {
+    // The first round starts at once: a configuration that starts with a dead endpoint takes it
+    // out of rotation within its thresholds, not an interval later.
+    let mut next = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep_until(next) => {}
+        }
+        let started = tokio::time::Instant::now();
+        let snap = cluster.load_full();
+        let mut checks = tokio::task::JoinSet::new();
+        for e in &snap.endpoints {
+            let (e, plan) = (e.clone(), plan.clone());
+            checks.spawn(async move {
+                let result = crate::health::check(&plan, e.health_addr).await;
+                (e, result)
+            });
+        }
+        loop {
+            let done = tokio::select! {
+                () = stop.cancelled() => return,
+                done = checks.join_next() => done,
+            };
+            match done {
+                None => break,
+                Some(Ok((e, result))) => e.observe_health(result, &plan, &cluster.name),
+                Some(Err(_)) => {} // a check task panicked: counts as nothing
+            }
+        }
+        next += plan.interval;
+        if next < started {
+            next = started + plan.interval;
         }
     }
 }

@@ -1,56 +1,15 @@
-//! Active health checks: one task per cluster checks every endpoint each interval (TCP connect,
-//! or an HTTP/1.1 `GET` expecting 2xx), all endpoints at once, each bounded by the timeout.
+//! Active health checks: one check of one endpoint (TCP connect, or an HTTP/1.1 `GET` expecting
+//! 2xx), bounded by the timeout. The cluster's health task (`cluster::health_task`) runs them
+//! for every endpoint each interval, all endpoints at once.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::task::JoinSet;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-use crate::cluster::Cluster;
 use crate::config::{HealthPlan, HealthProtocol};
 
 /// Most bytes read looking for the status line.
 const MAX_STATUS_LINE: usize = 1024;
-
-pub(crate) async fn run(cluster: Arc<Cluster>, plan: HealthPlan, stop: CancellationToken) {
-    // The first round starts at once: a configuration that starts with a dead endpoint takes it
-    // out of rotation within its thresholds, not an interval later.
-    let mut next = Instant::now();
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep_until(next) => {}
-        }
-        let started = Instant::now();
-        let snap = cluster.load_full();
-        let mut checks = JoinSet::new();
-        for e in &snap.endpoints {
-            let (e, plan) = (e.clone(), plan.clone());
-            checks.spawn(async move {
-                let result = check(&plan, e.health_addr).await;
-                (e, result)
-            });
-        }
-        loop {
-            let done = tokio::select! {
-                () = stop.cancelled() => return,
-                done = checks.join_next() => done,
-            };
-            match done {
-                None => break,
-                Some(Ok((e, result))) => e.observe_health(result, &plan, &cluster.name),
-                Some(Err(_)) => {} // a check task panicked: counts as nothing
-            }
-        }
-        next += plan.interval;
-        if next < started {
-            next = started + plan.interval;
-        }
-    }
-}
 
 /// One check, bounded by the plan's timeout. `Err` carries why it failed (for the status API).
 pub(crate) async fn check(plan: &HealthPlan, addr: SocketAddr) -> Result<(), String> {

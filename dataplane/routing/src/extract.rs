@@ -13,7 +13,10 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::Error;
 use crate::baggage::{self, Syntax, percent_decode, trim_ows};
-use crate::rules::MAX_KEY_LEN;
+
+/// Longest accepted routing key. Signadot's keys are 13 characters and sandbox ids at most 32;
+/// the slack leaves room for route-group keys without letting a header carry an unbounded one.
+pub const MAX_KEY_LEN: usize = 64;
 
 /// The most candidate keys one request yields; more would only be tried after these lose.
 pub const MAX_CANDIDATES: usize = 8;

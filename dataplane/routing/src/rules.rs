@@ -8,11 +8,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, RuleRef};
-use crate::extract::is_valid_key;
-
-/// Longest accepted routing key. Signadot's keys are 13 characters and sandbox ids at most 32;
-/// the slack leaves room for route-group keys without letting a header carry an unbounded one.
-pub const MAX_KEY_LEN: usize = 64;
+use crate::extract::{MAX_KEY_LEN, is_valid_key};
 
 // === wire shape ===
 

@@ -10,7 +10,8 @@ use std::time::{Duration, SystemTime};
 use rustls::pki_types::CertificateDer;
 
 use crate::Transport;
-use crate::wire::{RefusalCode, Token};
+use crate::error::RefusalCode;
+use crate::wire::Token;
 
 /// Who is on the other end of a session, as decided by the [`Authenticator`].
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -2,10 +2,8 @@
 //! jittered backoff, re-registers reverse listeners on every new session, and opens forward
 //! streams.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,6 +18,7 @@ use crate::Transport;
 use crate::config::{Backoff, ClientConfig, Keepalive, Limits, TransportPolicy};
 use crate::error::Error;
 use crate::metrics::Metrics;
+use crate::session::binds::{BindRegistry, BindStatus};
 use crate::session::{
     self, CLOSE_REFUSED, ClientRole, CloseReason, Conn, Phase, Role, SessionParts, Shared, lock,
 };
@@ -44,16 +43,6 @@ pub enum SessionState {
     Disconnected { reason: String, retry_in: Duration },
     /// Final: closed by the caller, or refused by the server with no point in retrying.
     Closed { reason: String },
-}
-
-/// Whether a reverse listener is registered with the current session.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BindStatus {
-    /// Waiting for a session (or for the server's answer).
-    Pending,
-    Active,
-    /// The server refused it; the listener yields no more streams.
-    Rejected(String),
 }
 
 #[derive(Clone)]
@@ -350,113 +339,6 @@ impl std::fmt::Debug for ReverseListener {
     }
 }
 
-struct BindEntry {
-    meta: String,
-    generation: u64,
-    tx: mpsc::Sender<Incoming>,
-    status: watch::Sender<BindStatus>,
-}
-
-/// The client's reverse listeners; outlives sessions.
-#[derive(Default)]
-pub(crate) struct BindRegistry {
-    entries: Mutex<HashMap<String, BindEntry>>,
-    generations: AtomicU64,
-}
-
-impl BindRegistry {
-    fn add(
-        &self,
-        id: &str,
-        meta: &str,
-        tx: mpsc::Sender<Incoming>,
-        status: watch::Sender<BindStatus>,
-    ) -> Result<u64, Error> {
-        let mut entries = lock(&self.entries);
-        if entries.contains_key(id) {
-            return Err(Error::Config(format!("bind {id:?} exists already")));
-        }
-        let generation = self.generations.fetch_add(1, Ordering::Relaxed);
-        entries.insert(
-            id.to_owned(),
-            BindEntry {
-                meta: meta.to_owned(),
-                generation,
-                tx,
-                status,
-            },
-        );
-        Ok(generation)
-    }
-
-    fn remove(&self, id: &str, generation: u64) -> bool {
-        let mut entries = lock(&self.entries);
-        if entries.get(id).is_some_and(|e| e.generation == generation) {
-            entries.remove(id);
-            true
-        } else {
-            false
-        }
-    }
-
-    /// Routes a reverse stream to its listener, or rejects it.
-    pub(crate) async fn dispatch(&self, bind: &str, incoming: Incoming) {
-        let tx = lock(&self.entries).get(bind).map(|e| e.tx.clone());
-        let Some(tx) = tx else {
-            incoming
-                .reject(&format!("no reverse listener {bind:?}"))
-                .await;
-            return;
-        };
-        match tx.try_send(incoming) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(i)) => {
-                i.reject("busy: too many streams waiting to be accepted")
-                    .await
-            }
-            Err(mpsc::error::TrySendError::Closed(i)) => i.reject("reverse listener closed").await,
-        }
-    }
-
-    pub(crate) fn acked(&self, id: &str, error: Option<String>) {
-        let mut entries = lock(&self.entries);
-        match error {
-            None => {
-                if let Some(e) = entries.get(id) {
-                    e.status.send_replace(BindStatus::Active);
-                }
-            }
-            Some(reason) => {
-                warn!(bind = id, %reason, "reverse bind refused by the server");
-                if let Some(e) = entries.remove(id) {
-                    e.status.send_replace(BindStatus::Rejected(reason));
-                }
-            }
-        }
-    }
-
-    fn all_pending(&self) {
-        for e in lock(&self.entries).values() {
-            e.status.send_replace(BindStatus::Pending);
-        }
-    }
-
-    /// Sends every bind to a new session.
-    fn reregister(&self, session: &Shared) {
-        let binds: Vec<(String, String)> = lock(&self.entries)
-            .iter()
-            .map(|(id, e)| (id.clone(), e.meta.clone()))
-            .collect();
-        for (id, meta) in binds {
-            session.send_later(Control::Bind { id, meta });
-        }
-    }
-
-    fn close_all(&self) {
-        lock(&self.entries).clear();
-    }
-}
-
 // === the supervisor ===
 
 async fn supervise(inner: Arc<Inner>) {
@@ -648,7 +530,7 @@ fn certificate_refusal(e: &Error) -> Option<Error> {
     use rustls::AlertDescription as A;
     let alert = received_alert(e).or_else(|| alert_in_text(&e.to_string()))?;
     let code = match alert {
-        A::CertificateExpired => crate::wire::RefusalCode::Expired,
+        A::CertificateExpired => crate::error::RefusalCode::Expired,
         A::BadCertificate
         | A::UnsupportedCertificate
         | A::CertificateRevoked
@@ -658,7 +540,7 @@ fn certificate_refusal(e: &Error) -> Option<Error> {
         | A::CertificateRequired
         // What rustls answers when a certificate names a trusted CA but its signature does not
         // verify with that CA's key.
-        | A::DecryptError => crate::wire::RefusalCode::Unauthenticated,
+        | A::DecryptError => crate::error::RefusalCode::Unauthenticated,
         _ => return None,
     };
     Some(Error::Refused {
@@ -918,7 +800,7 @@ fn h2_client_builder(limits: &Limits) -> h2::client::Builder {
     let mut b = h2::client::Builder::new();
     b.initial_window_size(limits.stream_window)
         .initial_connection_window_size(limits.connection_window)
-        .max_frame_size(crate::server::H2_MAX_FRAME)
+        .max_frame_size(wire::H2_MAX_FRAME)
         .max_header_list_size(16 * 1024)
         .max_send_buffer_size(limits.stream_window as usize)
         .enable_push(false);

@@ -1,9 +1,14 @@
+//! The library's error type, and the code a server refuses a session with (sent on the wire,
+//! carried by [`Error::Refused`]).
+
+use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::Transport;
-use crate::wire::RefusalCode;
 
 /// Everything the tunnel library reports. Stream I/O errors surface as [`std::io::Error`] from
 /// the [`Stream`](crate::Stream)'s `AsyncRead`/`AsyncWrite`; this type covers setup, handshakes,
@@ -57,4 +62,39 @@ pub enum Error {
     Quic(#[from] quinn::ConnectionError),
     #[error("HTTP/2: {0}")]
     H2(#[from] h2::Error),
+}
+
+/// Why the server refused a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalCode {
+    /// No or unknown credentials.
+    Unauthenticated,
+    /// The credentials were valid once and have expired.
+    Expired,
+    /// Authenticated, but not allowed.
+    Forbidden,
+    /// The server cannot decide or accept now (authenticator down, too many sessions).
+    Unavailable,
+    /// The client speaks a protocol version the server does not.
+    UnsupportedVersion,
+    /// The client broke the handshake protocol.
+    Protocol,
+    /// A code from a newer peer.
+    #[serde(other)]
+    Other,
+}
+
+impl fmt::Display for RefusalCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RefusalCode::Unauthenticated => "unauthenticated",
+            RefusalCode::Expired => "expired",
+            RefusalCode::Forbidden => "forbidden",
+            RefusalCode::Unavailable => "unavailable",
+            RefusalCode::UnsupportedVersion => "unsupported_version",
+            RefusalCode::Protocol => "protocol",
+            RefusalCode::Other => "other",
+        })
+    }
 }

@@ -41,12 +41,12 @@ pub use auth::{
     AuthError, AuthFuture, AuthMethod, AuthRequest, Authenticator, Identity, StaticAuthenticator,
     identity_from_cert,
 };
-pub use client::{BindStatus, ReverseListener, SessionState, TunnelClient};
+pub use client::{ReverseListener, SessionState, TunnelClient};
 pub use config::{
     Backoff, ClientConfig, ClientTls, Congestion, Keepalive, Limits, ServerCert, ServerConfig,
     ServerTls, TransportPolicy,
 };
-pub use error::Error;
+pub use error::{Error, RefusalCode};
 
 /// Buffer size for copying between a TCP socket and a tunnel stream (each direction). Eight
 /// times tokio's default: one read fills a QUIC packet train or an HTTP/2 frame of 16 KiB four
@@ -54,11 +54,12 @@ pub use error::Error;
 /// perf/results/tunnel_vs_ssh.md); 128 KiB per carried connection.
 pub const COPY_BUFFER: usize = 64 * 1024;
 pub use server::{Session, SessionHandle, TunnelServer};
+pub use session::binds::BindStatus;
 pub use session::{Binds, CloseReason, Initiator};
 pub use stream::{Incoming, Stream};
 pub use wire::{
     H2_ALPN, H2_CONTROL_PATH, H2_STREAM_PATH, MAX_BIND_ID, MAX_BIND_META, PROTOCOL_VERSION,
-    QUIC_ALPN, RefusalCode, StreamHeader, StreamKind, Token, read_frame, write_frame,
+    QUIC_ALPN, StreamHeader, StreamKind, Token, read_frame, write_frame,
 };
 
 /// The transport a session runs on.

@@ -18,6 +18,7 @@ use crate::Transport;
 use crate::auth::{AuthError, AuthRequest, Authenticator, Identity};
 use crate::config::{Keepalive, Limits, ServerConfig};
 use crate::error::Error;
+use crate::error::RefusalCode;
 use crate::handshakes::Handshakes;
 use crate::metrics::Metrics;
 use crate::session::{
@@ -25,11 +26,10 @@ use crate::session::{
 };
 use crate::stream::{Incoming, RawRecv, RawSend, Stream};
 use crate::tls::{self, LINGER};
-use crate::wire::{self, Control, PROTOCOL_VERSION, RefusalCode, StreamHeader};
+use crate::wire::{self, Control, PROTOCOL_VERSION, StreamHeader};
 
 mod listen;
 
-pub(crate) use listen::H2_MAX_FRAME;
 use listen::{h2_listener, quic_listener};
 
 /// The tunnel server. Dropping it aborts every session at once; [`TunnelServer::shutdown`]

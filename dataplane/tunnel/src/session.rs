@@ -24,6 +24,10 @@ use crate::stream::{Active, Incoming, RawRecv, RawSend, Stream};
 use crate::tls::LINGER;
 use crate::wire::{self, Control, H2_STREAM_PATH, MAX_REASON, Reply, StreamHeader};
 
+pub(crate) mod binds;
+
+use binds::BindRegistry;
+
 /// QUIC application close codes.
 pub(crate) const CLOSE_OK: u32 = 0;
 pub(crate) const CLOSE_REFUSED: u32 = 1;
@@ -114,7 +118,7 @@ pub(crate) struct ServerRole {
 
 pub(crate) struct ClientRole {
     pub identity: String,
-    pub binds: Arc<crate::client::BindRegistry>,
+    pub binds: Arc<BindRegistry>,
 }
 
 pub(crate) enum Role {

@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::error::Error;
+use crate::error::{Error, RefusalCode};
 
 /// The protocol version sent in `hello` and `welcome`.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -20,6 +20,9 @@ pub const H2_ALPN: &[u8] = b"h2";
 pub const H2_CONTROL_PATH: &str = "/spur.tunnel.v1/control";
 /// HTTP/2 request path of every data stream.
 pub const H2_STREAM_PATH: &str = "/spur.tunnel.v1/stream";
+/// HTTP/2 frame size both ends accept: larger than HTTP/2's 16 KiB default, for fewer frames
+/// per byte on bulk streams.
+pub(crate) const H2_MAX_FRAME: u32 = 64 * 1024;
 
 /// Longest bind id, in bytes.
 pub const MAX_BIND_ID: usize = 128;
@@ -94,41 +97,6 @@ impl StreamKind {
 pub(crate) enum Reply {
     Ok,
     Error { reason: String },
-}
-
-/// Why the server refused a session.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RefusalCode {
-    /// No or unknown credentials.
-    Unauthenticated,
-    /// The credentials were valid once and have expired.
-    Expired,
-    /// Authenticated, but not allowed.
-    Forbidden,
-    /// The server cannot decide or accept now (authenticator down, too many sessions).
-    Unavailable,
-    /// The client speaks a protocol version the server does not.
-    UnsupportedVersion,
-    /// The client broke the handshake protocol.
-    Protocol,
-    /// A code from a newer peer.
-    #[serde(other)]
-    Other,
-}
-
-impl fmt::Display for RefusalCode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            RefusalCode::Unauthenticated => "unauthenticated",
-            RefusalCode::Expired => "expired",
-            RefusalCode::Forbidden => "forbidden",
-            RefusalCode::Unavailable => "unavailable",
-            RefusalCode::UnsupportedVersion => "unsupported_version",
-            RefusalCode::Protocol => "protocol",
-            RefusalCode::Other => "other",
-        })
-    }
 }
 
 /// A bearer token. Its `Debug` never shows the value, so it cannot leak into logs.

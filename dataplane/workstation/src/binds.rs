@@ -20,7 +20,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::connect::{Event, Shared};
+use crate::shared::{Event, Shared};
 use crate::state::{MappingStatus, WorkloadStatus};
 
 /// How long dropping a bind may take before reconcile moves on.

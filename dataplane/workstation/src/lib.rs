@@ -26,12 +26,14 @@ pub mod names;
 mod opener;
 pub mod proxy;
 mod services;
+mod shared;
 pub mod state;
 
 pub use api::connect as connect_api;
-pub use connect::{ConnectConfig, Event, EventSink, Workstation};
+pub use connect::{ConnectConfig, Workstation};
 pub use error::Error;
 pub use opener::{BoxStream, ByteStream, OpenFuture, Opener, SocksOpener, TunnelOpener};
+pub use shared::{Event, EventSink};
 /// The tunnel library, for [`ConnectConfig::tunnel`].
 pub use spur_tunnel as tunnel;
 

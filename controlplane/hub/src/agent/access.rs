@@ -5,7 +5,7 @@
 //!
 //! Sandboxes, RouteGroups and RoutingConfigs are cluster-scoped: an object is returned only when
 //! the user may `list` its resource in every namespace the object is in
-//! ([`crate::users::sandbox_namespaces`] and friends), or, for an object in no namespace, in
+//! ([`crate::namespaces::sandbox_namespaces`] and friends), or, for an object in no namespace, in
 //! the whole cluster. A Role in namespace `a` granting `list` on `sandboxes.spur.dev` is thus
 //! what shows a user the sandboxes that live in `a` only; a ClusterRole bound cluster-wide shows
 //! all. Traffic is the store's own check (`get` on `sandboxes/traffic` of the sandbox), asked in
@@ -21,8 +21,9 @@ use serde::de::DeserializeOwned;
 use spur_api::{RouteGroup, RoutingConfig, Sandbox};
 use tokio::sync::Semaphore;
 
-use crate::protocol::READ_PATHS;
-use crate::users::{self, KubeIdentity};
+use crate::namespaces;
+use crate::protocol::{KubeIdentity, READ_PATHS};
+use crate::users;
 
 /// How long an answer of the API server is reused: the bound on how late a revoked right still
 /// shows something.
@@ -176,7 +177,7 @@ impl Reviewer {
         match READ_PATHS.iter().position(|p| *p == path) {
             Some(0) => {
                 let list: ObjectList<Sandbox> = self.read(path).await?;
-                self.keep(who, "sandboxes", list, users::sandbox_namespaces)
+                self.keep(who, "sandboxes", list, namespaces::sandbox_namespaces)
                     .await
             }
             Some(1) => {
@@ -189,7 +190,7 @@ impl Reviewer {
                     .filter_map(|s| Some((s.metadata.name.clone()?, s)))
                     .collect();
                 self.keep(who, "routegroups", list, |g| {
-                    users::route_group_namespaces(g, &by_name)
+                    namespaces::route_group_namespaces(g, &by_name)
                 })
                 .await
             }
@@ -199,13 +200,14 @@ impl Reviewer {
                     who,
                     "routingconfigs",
                     list,
-                    users::routing_config_namespaces,
+                    namespaces::routing_config_namespaces,
                 )
                 .await
             }
             Some(3) => {
                 let list: ObjectList<spur_api::Job> = self.read(path).await?;
-                self.keep(who, "jobs", list, users::job_namespaces).await
+                self.keep(who, "jobs", list, namespaces::job_namespaces)
+                    .await
             }
             _ => Err(ReadError::NotServed(format!(
                 "a read stream serves only GET of {}",
@@ -263,7 +265,7 @@ impl Reviewer {
             .body(Vec::new())
             .map_err(|e| ReadError::Upstream(e.to_string()))?;
         let namespaces = match self.kube.request::<Sandbox>(req).await {
-            Ok(s) => users::sandbox_namespaces(&s),
+            Ok(s) => namespaces::sandbox_namespaces(&s),
             Err(kube::Error::Api(e)) if e.code == 404 => BTreeSet::new(),
             Err(e) => return Err(ReadError::Upstream(format!("reading {path}: {e}"))),
         };

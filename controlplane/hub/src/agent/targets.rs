@@ -152,18 +152,6 @@ pub async fn connect(
     }
 }
 
-/// The namespace and Service a cluster DNS name names: `<service>.<namespace>.svc[.<domain>]`,
-/// or a pod of a headless Service, `<pod>.<service>.<namespace>.svc[.<domain>]`.
-pub fn service_of(host: &str) -> Option<(String, String)> {
-    let host = host.trim_end_matches('.').to_ascii_lowercase();
-    let labels: Vec<&str> = host.split('.').collect();
-    let svc = labels.iter().rposition(|l| *l == "svc")?;
-    if svc < 2 {
-        return None;
-    }
-    Some((labels[svc - 1].to_owned(), labels[svc - 2].to_owned()))
-}
-
 /// Refuses a Service that is not a plain in-cluster one: an ExternalName Service resolves to
 /// whatever name it holds, inside the cluster or not. The agent's ServiceAccount needs `get` on
 /// Services; without it every `.svc` target is refused, and the answer says so.
@@ -266,22 +254,6 @@ mod tests {
         };
         assert!(lo.check(ip("127.0.0.1")).is_ok() && lo.check(ip("::ffff:127.0.0.1")).is_ok());
         assert!(lo.check(ip("::1")).is_err() && lo.check(ip("10.0.0.1")).is_err());
-    }
-
-    #[test]
-    fn services_of_names() {
-        let s = |h: &str| service_of(h).map(|(n, s)| format!("{n}/{s}"));
-        assert_eq!(s("web.shop.svc").as_deref(), Some("shop/web"));
-        assert_eq!(
-            s("web.shop.svc.cluster.local.").as_deref(),
-            Some("shop/web")
-        );
-        assert_eq!(
-            s("pod-0.db.shop.svc.cluster.local").as_deref(),
-            Some("shop/db")
-        );
-        assert_eq!(s("shop.svc"), None);
-        assert_eq!(s("localhost"), None);
     }
 
     #[tokio::test]

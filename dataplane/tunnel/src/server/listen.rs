@@ -19,7 +19,7 @@ use crate::handshakes::{Handshakes, Shed, Ticket};
 use crate::session::{self, CLOSE_REFUSED, Conn, Shared, lock};
 use crate::stream::{RawRecv, RawSend};
 use crate::tls::LINGER;
-use crate::wire::{Control, H2_CONTROL_PATH};
+use crate::wire::{Control, H2_CONTROL_PATH, H2_MAX_FRAME};
 
 pub(super) async fn quic_listener(
     inner: Arc<Inner>,
@@ -296,6 +296,3 @@ fn h2_server_builder(limits: &Limits) -> h2::server::Builder {
         .max_send_buffer_size(limits.stream_window as usize);
     b
 }
-
-/// Larger than HTTP/2's 16 KiB default: fewer frames per byte on bulk streams.
-pub(crate) const H2_MAX_FRAME: u32 = 64 * 1024;

@@ -1,0 +1,9 @@
+//! Structure tests of the source tree: a small, std-only reader of the workspace's Rust sources
+//! that builds each crate's module graph (`tests/modules.rs` asserts it has no cycles).
+//!
+//! It is a line-and-token scanner, not a Rust parser: [`lex`] blanks comments and literals and
+//! cuts the rest into tokens, [`modules`] follows `mod` declarations and `crate::` / `super::` /
+//! `self::` paths. Its limits are listed where they apply.
+
+pub mod lex;
+pub mod modules;
