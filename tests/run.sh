@@ -2,6 +2,9 @@
 # Runs Spur's whole test suite: unit, property, end-to-end (real sockets, real clients) tests, the
 # apiserver tier (a real kube-apiserver and etcd) and the node tier (a real one-node cluster with
 # Spur's chart installed by helm; tests/node/README.md).
+# Plain `cargo test` runs only the fast tier; every other tier (root, go, apiserver, node) is a
+# cargo feature of the crates whose tests need it, and this script turns them all on with
+# `--all-features` (docs/testing.md).
 # Needs Go >= 1.26 for the test tools built from Go modules (tests/go, tests/kube): Kubernetes,
 # etcd, CoreDNS and helm, built once and cached (about 10 minutes on a fresh machine).
 # Installs what the tests drive when it is missing: curl, h2load, iproute2, iptables (with
@@ -76,7 +79,9 @@ export SPUR_KUBE_BINDIR SPUR_GO_BINDIR
 # The node tier: one node for the whole run, shared by every node test, with Spur's image built
 # from this checkout's binaries. A node left by a killed run is removed first; this one goes when
 # the run ends, however it ends.
-cargo build --locked --bin spur --bin spur-sidecar --bin spur-init --bin spur-job-executor --bin spur-io
+# With the tiers' features, as `cargo test` below builds them: one build of these binaries, not two.
+cargo build --locked --all-features --bin spur --bin spur-sidecar --bin spur-init --bin spur-job-executor \
+    --bin spur-io
 SPUR_IMAGE_BINDIR="$(cd "${CARGO_TARGET_DIR:-target}/debug" && pwd)"
 export SPUR_IMAGE_BINDIR
 # The job executor runs inside runner pods of any image (alpine's musl, distroless): built
@@ -102,5 +107,7 @@ trap 'tests/node/node.sh down "$(dirname "$node_env")"' EXIT
 trap 'exit 130' INT TERM
 export SPUR_NODE_ENV="$node_env"
 
+# Every tier: `--all-features` turns on each crate's tier features (root, go, kube, node), which a
+# plain `cargo test` leaves off (docs/testing.md).
 # Two test threads: the machine has two cores and several tests run their own load.
-cargo test --workspace --locked -- --test-threads 2 "$@"
+cargo test --workspace --locked --all-features -- --test-threads 2 "$@"

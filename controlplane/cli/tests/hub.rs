@@ -2,7 +2,8 @@
 //! waits for it, connects with its cluster token and reports ready; a hub killed with SIGKILL and started again is reconnected
 //! to without any manual step; a revoked cluster's session closes within seconds and its agent
 //! exits with the reason; a wrong token is refused; the registry survives processes killed in
-//! the middle of a write.
+//! the middle of a write. The preview tests (a real kube-apiserver) are the `kube` tier, those in
+//! Chromium also the `root` tier: `--features spur-cli/kube,spur-cli/root` (docs/testing.md).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -39,6 +40,7 @@ fn spur(dir: &Path, args: &[&str]) -> std::process::Output {
 /// A port free on both TCP and UDP (the hub serves HTTP/2 and QUIC on one port), both probes
 /// held until it is known.
 /// Hub user `dev`, who sees every cluster and namespace and acts as a cluster admin there.
+#[cfg(feature = "kube")]
 fn add_admin_user(d: &Path) {
     spur(
         d,
@@ -102,6 +104,7 @@ fn start_agent(dir: &Path, port: u16, token_file: &str, extra: &[&str], stderr: 
     )
 }
 
+#[cfg(feature = "kube")]
 fn log_file(dir: &Path, name: &str) -> Stdio {
     std::fs::File::create(dir.join(name)).unwrap().into()
 }
@@ -276,6 +279,7 @@ fn rusqlite_check(d: &Path) -> String {
 
 /// An HTTP/1.1 app on loopback that answers every request with its request head (so the test
 /// sees exactly what the hub forwarded) and counts requests.
+#[cfg(feature = "kube")]
 fn echo_app() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     use std::io::{BufRead, BufReader, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -315,6 +319,7 @@ fn echo_app() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
 }
 
 /// curl against the hub's preview port with the hub's CA; status and body.
+#[cfg(feature = "kube")]
 fn curl(ca: &Path, preview: u16, host: &str, path: &str, headers: &[&str]) -> (u16, String) {
     let mut c = Command::new("curl");
     c.args(["-sS", "--max-time", "10", "--cacert"])
@@ -331,6 +336,7 @@ fn curl(ca: &Path, preview: u16, host: &str, path: &str, headers: &[&str]) -> (u
     (code.trim().parse().unwrap_or(0), body.to_owned())
 }
 
+#[cfg(feature = "kube")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthenticated() {
     use kube::Api;
@@ -765,6 +771,7 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
 }
 
 /// A headless Chromium driven over the DevTools protocol (one page).
+#[cfg(all(feature = "kube", feature = "root"))]
 struct Browser {
     _child: Killed,
     ws: tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>,
@@ -773,6 +780,7 @@ struct Browser {
     _profile: tempfile::TempDir,
 }
 
+#[cfg(all(feature = "kube", feature = "root"))]
 impl Browser {
     async fn start() -> Browser {
         use std::io::BufRead;
@@ -914,6 +922,7 @@ impl Browser {
 
 /// Creates Sandbox `name` (a fork of `default/web`) with `endpoints`, and writes `status` as the
 /// operator would: no operator runs in these tests.
+#[cfg(feature = "kube")]
 async fn sandbox_with(
     api: &spur_kube_harness::KubeApi,
     name: &str,
@@ -941,6 +950,7 @@ async fn sandbox_with(
 }
 
 /// A ready Sandbox with one endpoint, `web.shop.svc`.
+#[cfg(feature = "kube")]
 async fn sandbox_with_endpoint(api: &spur_kube_harness::KubeApi, name: &str) {
     let endpoints = serde_json::json!([{"name": "web", "target": "http://web.shop.svc:8080"}]);
     let status = serde_json::json!({
@@ -951,6 +961,7 @@ async fn sandbox_with_endpoint(api: &spur_kube_harness::KubeApi, name: &str) {
     sandbox_with(api, name, endpoints, status).await;
 }
 
+#[cfg(all(feature = "kube", feature = "root"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
     let (east, west) = tokio::join!(
@@ -1183,6 +1194,7 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
 /// An app whose page is hostile: its script, running on the preview's origin in the browser of
 /// a user logged in to the web view, tries to read the hub (the web view, its live events and
 /// the traffic tab, with the user's cookies) and the hub's cookies, and shows what it got.
+#[cfg(all(feature = "kube", feature = "root"))]
 fn hostile_app(hub: &str) -> u16 {
     use std::io::{BufRead, BufReader, Write};
     let page = format!(
@@ -1255,6 +1267,7 @@ fn hostile_app(hub: &str) -> u16 {
 /// Chromium, logged in to the web view, a public preview whose page runs a hostile script gets
 /// no hub data: not the web view, not its events, not the traffic tab (by fetch, with or without
 /// CORS, nor through a frame), and no hub cookie.
+#[cfg(all(feature = "kube", feature = "root"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_preview_reads_nothing_of_the_hub_in_chromium() {
     let api = spur_kube_harness::KubeApi::start().await.unwrap();
@@ -1374,6 +1387,7 @@ async fn a_hostile_preview_reads_nothing_of_the_hub_in_chromium() {
     assert!(text.contains("\"cookie\":\"cookies: \""), "{text}");
 }
 
+#[cfg(feature = "kube")]
 async fn create_namespace(api: &spur_kube_harness::KubeApi, name: &str) {
     use kube::api::PostParams;
     let ns: k8s_openapi::api::core::v1::Namespace =
