@@ -82,6 +82,7 @@ async fn same_hash_key_from_two_source_ports_reaches_one_worker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_sessions_spread_evenly_and_a_fourth_worker_takes_about_a_quarter() {
+    raise_open_files();
     let w = [
         udp_worker("w0").await,
         udp_worker("w1").await,
@@ -442,4 +443,16 @@ async fn idle_sessions_expire() {
     assert!(udp_ask(&c, b"again", WAIT).await.is_some());
     assert_eq!(h.metric(r#"l4_sessions_created_total{listener="u"}"#), 2.0);
     h.stop().await;
+}
+
+/// The thousand-session test holds about 2000 sockets: the soft open-files limit goes up to the
+/// hard one, since a normal user's soft default (1024) is too low and any user may raise it.
+fn raise_open_files() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        eprintln!("cannot raise the open-files limit from {soft} to {hard}: {e}");
+    }
 }
