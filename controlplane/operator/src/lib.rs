@@ -25,6 +25,7 @@ pub mod audit;
 mod certs;
 mod context;
 pub mod enroll;
+mod enroll_config;
 pub mod envoyconfig;
 mod error;
 pub mod external;
