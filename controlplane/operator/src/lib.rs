@@ -48,7 +48,6 @@ pub mod sandbox;
 mod triggers;
 mod virtualw;
 mod webhook;
-mod webhook_sandbox;
 mod workstation_owner;
 pub mod workstations;
 pub mod xds_clients;
@@ -63,11 +62,11 @@ pub use leader::{LeaderElection, run_elected};
 pub use mesh::MeshConfig;
 pub use metrics::Metrics;
 pub use olm::ResourceConfig;
+pub use webhook::sandbox::{MUTATE_SANDBOX_PATH, VALIDATE_SANDBOX_PATH};
 pub use webhook::{
     MUTATE_ACCESS_REQUEST_PATH, MUTATE_POD_PATH, VALIDATE_ENVOYCONFIG_PATH,
     VALIDATE_LISTENERSET_PATH, VALIDATE_POD_CONNECT_PATH, Webhook, WebhookConfig,
 };
-pub use webhook_sandbox::{MUTATE_SANDBOX_PATH, VALIDATE_SANDBOX_PATH};
 pub use xds_clients::XdsClientConfig;
 
 use std::sync::Arc;
