@@ -22,6 +22,8 @@ mod index;
 mod kube_store;
 #[cfg(feature = "kubernetes")]
 pub mod l4;
+#[cfg(feature = "kubernetes")]
+mod l4_model;
 mod metrics;
 mod rest;
 mod store;
