@@ -44,7 +44,7 @@ pub struct Context {
     pub(crate) access_tokens: Option<String>,
     /// Namespace enrollment: the RoleBindings made in namespaces labelled
     /// `spur.dev/enabled=true` (`crate::enroll`). `None`: the enroller does not run.
-    pub(crate) enrollment: Option<crate::enroll::EnrollConfig>,
+    pub(crate) enrollment: Option<crate::enroll_config::EnrollConfig>,
     /// The controllers' views of the children they make, set by each `run` (a new leader term
     /// has new watches).
     stores: std::sync::RwLock<Option<Stores>>,
@@ -183,7 +183,7 @@ impl Context {
     }
 
     /// Also run the namespace enroller (on the leader, with the controllers).
-    pub fn with_enrollment(mut self, enrollment: crate::enroll::EnrollConfig) -> Self {
+    pub fn with_enrollment(mut self, enrollment: crate::enroll_config::EnrollConfig) -> Self {
         self.enrollment = Some(enrollment);
         self
     }

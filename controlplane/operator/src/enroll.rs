@@ -14,13 +14,12 @@
 //! Thin and idempotent like the other controllers: a namespace's pass reads its bindings from a
 //! store (a watch of the bindings this controller made) and applies only what differs.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
-use kube::api::{ObjectMeta, Patch, PatchParams};
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
@@ -28,86 +27,13 @@ use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, FIELD_MANAGER, delete_opt};
+// The configuration lives beside the context that carries it; its public path stays here.
+pub use crate::enroll_config::{BINDING_LABEL, EnrollBinding, EnrollConfig};
 use crate::{Error, triggers};
 
 /// The namespace label that lets Spur write in a namespace, and its value.
 pub const ENABLED_LABEL: &str = "spur.dev/enabled";
 pub const ENABLED_VALUE: &str = "true";
-/// On the RoleBindings this controller makes: the ClusterRole they bind (its watch selects
-/// them by this label).
-pub const BINDING_LABEL: &str = "spur.dev/enrollment";
-
-/// One RoleBinding made in every enrolled namespace: ClusterRole `cluster_role` (also the
-/// binding's name) to ServiceAccount `service_account` of the operator's namespace.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EnrollBinding {
-    pub cluster_role: String,
-    pub service_account: String,
-}
-
-impl std::str::FromStr for EnrollBinding {
-    type Err = Error;
-
-    /// `<cluster role>:<service account>`, e.g. `spur-operator-enrolled:spur-operator`.
-    fn from_str(s: &str) -> Result<Self, Error> {
-        let (role, account) = s.split_once(':').unwrap_or((s, ""));
-        let valid = |n: &str| {
-            !n.is_empty()
-                && n.len() <= 253
-                && n.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        };
-        if !valid(role) || !valid(account) {
-            return Err(Error::Config(format!(
-                "enrollment binding {s:?}: expected <cluster role>:<service account>, both Kubernetes names (e.g. spur-operator-enrolled:spur-operator)"
-            )));
-        }
-        Ok(EnrollBinding {
-            cluster_role: role.to_owned(),
-            service_account: account.to_owned(),
-        })
-    }
-}
-
-/// What the enroller binds, and where the bound service accounts live.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EnrollConfig {
-    /// The service accounts' namespace (the operator's own).
-    pub namespace: String,
-    pub bindings: Vec<EnrollBinding>,
-}
-
-impl EnrollConfig {
-    /// The RoleBinding `b` in namespace `ns`, as applied.
-    pub fn binding(&self, b: &EnrollBinding, ns: &str) -> RoleBinding {
-        RoleBinding {
-            metadata: ObjectMeta {
-                name: Some(b.cluster_role.clone()),
-                namespace: Some(ns.to_owned()),
-                labels: Some(BTreeMap::from([
-                    (
-                        spur_api::keys::labels::MANAGED_BY.to_owned(),
-                        spur_api::keys::labels::MANAGED_BY_VALUE.to_owned(),
-                    ),
-                    (BINDING_LABEL.to_owned(), b.cluster_role.clone()),
-                ])),
-                ..ObjectMeta::default()
-            },
-            role_ref: RoleRef {
-                api_group: "rbac.authorization.k8s.io".into(),
-                kind: "ClusterRole".into(),
-                name: b.cluster_role.clone(),
-            },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name: b.service_account.clone(),
-                namespace: Some(self.namespace.clone()),
-                api_group: None,
-            }]),
-        }
-    }
-}
-
 /// Whether Spur may write in `ns`: labelled by an administrator, and not being deleted (a
 /// terminating namespace refuses new objects, and its bindings go with it).
 pub fn enrolled(ns: &Namespace) -> bool {
@@ -203,16 +129,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bindings_parse_from_role_and_account() {
-        let b: EnrollBinding = "spur-operator-enrolled:spur-operator".parse().unwrap();
-        assert_eq!(b.cluster_role, "spur-operator-enrolled");
-        assert_eq!(b.service_account, "spur-operator");
-        for bad in ["", "spur-operator-enrolled", ":x", "x:", "A:b", "a:b:c"] {
-            assert!(bad.parse::<EnrollBinding>().is_err(), "{bad:?} parsed");
-        }
-    }
-
-    #[test]
     fn only_a_labelled_live_namespace_is_enrolled() {
         let ns = |v: serde_json::Value| serde_json::from_value::<Namespace>(v).unwrap();
         assert!(enrolled(&ns(
@@ -226,27 +142,5 @@ mod tests {
             "name": "a", "labels": {"spur.dev/enabled": "true"},
             "deletionTimestamp": "2024-01-01T00:00:00Z"
         }}))));
-    }
-
-    #[test]
-    fn the_binding_names_its_role_and_one_service_account() {
-        let cfg = EnrollConfig {
-            namespace: "spur-system".into(),
-            bindings: vec!["spur-jobs-enrolled:spur-jobs".parse().unwrap()],
-        };
-        let rb = serde_json::to_value(cfg.binding(&cfg.bindings[0], "shop")).unwrap();
-        assert_eq!(
-            rb,
-            json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": "spur-jobs-enrolled", "namespace": "shop", "labels": {
-                    "app.kubernetes.io/managed-by": "spur",
-                    "spur.dev/enrollment": "spur-jobs-enrolled"}},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": "spur-jobs-enrolled"},
-                "subjects": [{"kind": "ServiceAccount", "name": "spur-jobs",
-                    "namespace": "spur-system"}]
-            })
-        );
     }
 }

@@ -25,6 +25,7 @@ pub mod audit;
 mod certs;
 mod context;
 pub mod enroll;
+mod enroll_config;
 pub mod envoyconfig;
 mod error;
 pub mod external;
@@ -40,6 +41,7 @@ mod metrics;
 pub mod olm;
 pub mod owner;
 pub mod patch;
+mod pki_config;
 mod resources;
 mod routegroup;
 mod routingconfig;
@@ -47,12 +49,10 @@ pub mod sandbox;
 mod triggers;
 mod virtualw;
 mod webhook;
-mod webhook_sandbox;
 mod workstation_owner;
 pub mod workstations;
 pub mod xds_clients;
 
-pub use certs::{PKI_LABEL, PkiConfig, ServingCert};
 pub use context::{Context, FIELD_MANAGER, Previews};
 pub use error::Error;
 pub use external::TunnelConfig;
@@ -62,12 +62,13 @@ pub use leader::{LeaderElection, run_elected};
 pub use mesh::MeshConfig;
 pub use metrics::Metrics;
 pub use olm::ResourceConfig;
+pub use pki_config::XdsClientConfig;
+pub use pki_config::{PKI_LABEL, PkiConfig, ServingCert};
+pub use webhook::sandbox::{MUTATE_SANDBOX_PATH, VALIDATE_SANDBOX_PATH};
 pub use webhook::{
     MUTATE_ACCESS_REQUEST_PATH, MUTATE_POD_PATH, VALIDATE_ENVOYCONFIG_PATH,
     VALIDATE_LISTENERSET_PATH, VALIDATE_POD_CONNECT_PATH, Webhook, WebhookConfig,
 };
-pub use webhook_sandbox::{MUTATE_SANDBOX_PATH, VALIDATE_SANDBOX_PATH};
-pub use xds_clients::XdsClientConfig;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -225,9 +225,11 @@ fn pem_request(csr: &CertificateSigningRequest) -> Result<String, Error> {
 impl Signer {
     /// The CA that signs now (the certificate manager's `ca.crt`/`ca.key`).
     async fn signing_ca(&self) -> Result<Pair, Error> {
-        Ok(crate::certs::signing_ca(&self.secrets, &self.cfg.ca_secret)
-            .await?
-            .0)
+        Ok(
+            crate::pki_config::signing_ca(&self.secrets, &self.cfg.ca_secret)
+                .await?
+                .0,
+        )
     }
 
     /// Adds a `Failed` condition (the conditions are replaced as a whole by a merge patch, so

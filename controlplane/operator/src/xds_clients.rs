@@ -23,7 +23,10 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Error, FIELD_MANAGER, Metrics, PkiConfig};
+use crate::pki_config::{PKI_LABEL, PkiConfig, signing_ca};
+use crate::{Error, FIELD_MANAGER, Metrics};
+// Configured with the rest of the PKI; its public path stays here too.
+pub use crate::pki_config::XdsClientConfig;
 use spur_serving::pki::{self, Pair, now_unix};
 
 /// The common-name prefix the route server's xDS port requires (`spur_routeserver::xds::
@@ -35,27 +38,6 @@ pub const XDS_LABEL: &str = "spur.dev/xds";
 pub const XDS_LABEL_VALUE: &str = "enabled";
 /// Where the bootstrap expects the Secret to be mounted (documented in docs/xds.md).
 pub const MOUNT_PATH: &str = "/etc/spur/xds";
-
-/// What the issuer writes.
-#[derive(Debug, Clone)]
-pub struct XdsClientConfig {
-    /// The Secret's name in each opted-in namespace.
-    pub secret: String,
-    /// The route server's xDS address as clients dial it (`host:port`), put in the bootstrap;
-    /// the route server's certificate must name the host.
-    pub server_uri: String,
-    pub lifetime: Duration,
-}
-
-impl XdsClientConfig {
-    pub fn new(server_uri: impl Into<String>) -> Self {
-        XdsClientConfig {
-            secret: "spur-xds".into(),
-            server_uri: server_uri.into(),
-            lifetime: Duration::from_secs(24 * 3600),
-        }
-    }
-}
 
 /// What was last issued into one namespace.
 struct Issued {
@@ -248,7 +230,7 @@ impl Issuer<'_> {
                 name: Some(self.cfg.secret.clone()),
                 namespace: Some(ns.to_string()),
                 labels: Some(BTreeMap::from([(
-                    crate::certs::PKI_LABEL.to_string(),
+                    PKI_LABEL.to_string(),
                     "xds-client".to_string(),
                 )])),
                 ..Default::default()
@@ -270,7 +252,7 @@ impl Issuer<'_> {
     }
 
     async fn signing_ca(&self) -> Result<(Pair, String), Error> {
-        crate::certs::signing_ca(self.ca_secrets, &self.pki.ca_secret).await
+        signing_ca(self.ca_secrets, &self.pki.ca_secret).await
     }
 }
 

@@ -1,22 +1,28 @@
 //! The Routes API over gRPC (`routes.Routes`), wire-compatible with the public `routesapi`.
-//! The watch is served through [`crate::wire`], which writes each change's bytes once.
+//! The watch is served through [`crate::wire`], which writes each change's bytes once:
+//! [`RoutesService`] serves the watch method through its codec, every other method through the
+//! generated server.
 
 use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use futures_util::Stream;
-use spur_proto::routes::routes_server::Routes;
+use spur_proto::routes::routes_server::{Routes, RoutesServer};
 use spur_proto::routes::{
     GetClusterServicesRequest, GetClusterServicesResponse, GetWorkloadRoutingRulesResponse,
     WatchOp, WorkloadRoutingRuleOp, WorkloadRoutingRulesRequest,
 };
 use tokio_util::sync::CancellationToken;
+use tonic::codegen::{BoxFuture, Service, StdError, http};
+use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Authenticator, Grant, Scope};
 use crate::index::{Filter, Index};
 use crate::metrics::Metrics;
 use crate::watch::{self, Op, Reader};
-use crate::wire::EncodedOp;
+use crate::wire::{EncodedOp, WatchCodec};
 
 pub(crate) struct RoutesHandler {
     pub(crate) index: Index,
@@ -100,7 +106,7 @@ impl Routes for RoutesHandler {
     type WatchWorkloadRoutingRulesStream =
         futures_util::stream::Empty<Result<WorkloadRoutingRuleOp, Status>>;
 
-    /// Never reached: [`crate::wire::RoutesService`] serves this path with [`Self::watch`].
+    /// Never reached: [`RoutesService`] serves this path with [`Self::watch`].
     async fn watch_workload_routing_rules(
         &self,
         _request: Request<WorkloadRoutingRulesRequest>,
@@ -118,5 +124,69 @@ impl Routes for RoutesHandler {
         Ok(Response::new(GetClusterServicesResponse {
             services: self.index.services().as_ref().clone(),
         }))
+    }
+}
+
+/// The watch method's path.
+const WATCH_PATH: &str = "/routes.Routes/WatchWorkloadRoutingRules";
+
+/// `routes.Routes`: the watch through [`WatchCodec`], the rest through the generated server.
+#[derive(Clone)]
+pub(crate) struct RoutesService {
+    handler: Arc<RoutesHandler>,
+    generated: RoutesServer<RoutesHandler>,
+}
+
+impl RoutesService {
+    pub(crate) fn new(handler: RoutesHandler) -> Self {
+        let handler = Arc::new(handler);
+        RoutesService {
+            generated: RoutesServer::from_arc(handler.clone()),
+            handler,
+        }
+    }
+}
+
+impl NamedService for RoutesService {
+    const NAME: &'static str = <RoutesServer<RoutesHandler> as NamedService>::NAME;
+}
+
+/// The watch method as tonic's server-streaming service.
+struct WatchMethod(Arc<RoutesHandler>);
+
+impl tonic::server::ServerStreamingService<WorkloadRoutingRulesRequest> for WatchMethod {
+    type Response = EncodedOp;
+    type ResponseStream = EncodedStream;
+    type Future = BoxFuture<tonic::Response<Self::ResponseStream>, Status>;
+
+    fn call(&mut self, request: tonic::Request<WorkloadRoutingRulesRequest>) -> Self::Future {
+        let handler = self.0.clone();
+        Box::pin(async move { handler.watch(request).await })
+    }
+}
+
+impl<B> Service<http::Request<B>> for RoutesService
+where
+    B: tonic::codegen::Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if req.uri().path() == WATCH_PATH {
+            let method = WatchMethod(self.handler.clone());
+            Box::pin(async move {
+                let mut grpc = tonic::server::Grpc::new(WatchCodec);
+                Ok(grpc.server_streaming(method, req).await)
+            })
+        } else {
+            self.generated.call(req)
+        }
     }
 }

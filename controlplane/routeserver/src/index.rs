@@ -170,7 +170,7 @@ pub struct Index {
     xds: Arc<watch::Sender<Option<Arc<crate::xds::model::Model>>>>,
     /// None until a store publishes its first L4 model (ListenerSets).
     #[cfg(feature = "kubernetes")]
-    l4: Arc<watch::Sender<Option<Arc<crate::l4::Model>>>>,
+    l4: Arc<watch::Sender<Option<Arc<crate::l4_model::Model>>>>,
 }
 
 impl Default for Index {
@@ -288,7 +288,7 @@ impl Index {
 impl Index {
     /// Every ListenerSet, rendered for gateways. Only a store that watches ListenerSets (the
     /// Kubernetes store `with_l4`) sets it; published only on change.
-    pub fn set_l4(&self, model: crate::l4::Model) {
+    pub fn set_l4(&self, model: crate::l4_model::Model) {
         self.l4.send_if_modified(|m| {
             if m.as_deref() == Some(&model) {
                 return false;
@@ -298,7 +298,7 @@ impl Index {
         });
     }
 
-    pub fn subscribe_l4(&self) -> watch::Receiver<Option<Arc<crate::l4::Model>>> {
+    pub fn subscribe_l4(&self) -> watch::Receiver<Option<Arc<crate::l4_model::Model>>> {
         self.l4.subscribe()
     }
 

@@ -309,7 +309,7 @@ fn publish(running: &Running, index: &Index, metrics: &Metrics) {
             .or(running.slices.as_ref())
             .map(Store::state)
             .unwrap_or_default();
-        let model = crate::l4::Model::build(&sets.state(), &slices, &configs);
+        let model = crate::l4_model::Model::build(&sets.state(), &slices, &configs);
         problems.extend(model.problems.iter().cloned());
         index.set_l4(model);
     }

@@ -22,6 +22,8 @@ mod index;
 mod kube_store;
 #[cfg(feature = "kubernetes")]
 pub mod l4;
+#[cfg(feature = "kubernetes")]
+mod l4_model;
 mod metrics;
 mod rest;
 mod store;
@@ -232,7 +234,7 @@ impl RouteServer {
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
             .tcp_nodelay(true)
-            .add_service(wire::RoutesService::new(service));
+            .add_service(grpc::RoutesService::new(service));
         #[cfg(feature = "kubernetes")]
         let grpc = grpc.add_optional_service(listeners);
         tasks.spawn(async move {

@@ -6,25 +6,11 @@
 //! serialization and 10 000 copies of its bytes, not 10 000 clones of the rule's strings and
 //! 10 000 serializations. The bytes on the wire are exactly what prost writes for the same
 //! `WorkloadRoutingRuleOp` (a unit test holds them to it), so clients see no difference.
-//!
-//! [`RoutesService`] serves `routes.Routes`: the watch method through this codec, every other
-//! method through the generated server.
-
-use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes};
-use spur_proto::routes::routes_server::RoutesServer;
 use spur_proto::routes::{WatchOp, WorkloadRoutingRulesRequest};
 use tonic::Status;
 use tonic::codec::{BufferSettings, Codec, EncodeBuf, Encoder};
-use tonic::codegen::{BoxFuture, Service, StdError, http};
-use tonic::server::NamedService;
-
-use crate::grpc::RoutesHandler as Handler;
-
-/// The watch method's path.
-const WATCH_PATH: &str = "/routes.Routes/WatchWorkloadRoutingRules";
 
 /// The encode buffer each watch stream keeps: a few rules' worth. tonic's default (8 KiB) is
 /// the largest part of a watcher's memory; the buffer grows for a bigger initial sync.
@@ -90,67 +76,6 @@ impl Encoder for OpEncoder {
 
     fn buffer_settings(&self) -> BufferSettings {
         BufferSettings::new(STREAM_BUFFER, 32 * 1024)
-    }
-}
-
-/// `routes.Routes`: the watch through [`WatchCodec`], the rest through the generated server.
-#[derive(Clone)]
-pub(crate) struct RoutesService {
-    handler: Arc<Handler>,
-    generated: RoutesServer<Handler>,
-}
-
-impl RoutesService {
-    pub(crate) fn new(handler: Handler) -> Self {
-        let handler = Arc::new(handler);
-        RoutesService {
-            generated: RoutesServer::from_arc(handler.clone()),
-            handler,
-        }
-    }
-}
-
-impl NamedService for RoutesService {
-    const NAME: &'static str = <RoutesServer<Handler> as NamedService>::NAME;
-}
-
-/// The watch method as tonic's server-streaming service.
-struct WatchMethod(Arc<Handler>);
-
-impl tonic::server::ServerStreamingService<WorkloadRoutingRulesRequest> for WatchMethod {
-    type Response = EncodedOp;
-    type ResponseStream = crate::grpc::EncodedStream;
-    type Future = BoxFuture<tonic::Response<Self::ResponseStream>, Status>;
-
-    fn call(&mut self, request: tonic::Request<WorkloadRoutingRulesRequest>) -> Self::Future {
-        let handler = self.0.clone();
-        Box::pin(async move { handler.watch(request).await })
-    }
-}
-
-impl<B> Service<http::Request<B>> for RoutesService
-where
-    B: tonic::codegen::Body + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = std::convert::Infallible;
-    type Future = BoxFuture<Self::Response, Self::Error>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        if req.uri().path() == WATCH_PATH {
-            let method = WatchMethod(self.handler.clone());
-            Box::pin(async move {
-                let mut grpc = tonic::server::Grpc::new(WatchCodec);
-                Ok(grpc.server_streaming(method, req).await)
-            })
-        } else {
-            self.generated.call(req)
-        }
     }
 }
 

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::Error;
-use crate::destinations::canonical;
+use crate::addr::canonical;
 use crate::ipindex::{IpIndex, apply_event};
 
 /// A reverse binding: one mapped port of one ExternalWorkload.

@@ -13,6 +13,7 @@
 //!                        operator: ExternalWorkload ─► EndpointSlice ─► routes for the key
 //! ```
 
+mod addr;
 pub mod api;
 pub mod destinations;
 mod ipindex;

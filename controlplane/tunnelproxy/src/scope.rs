@@ -17,7 +17,7 @@
 use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 
-use crate::destinations::canonical;
+use crate::addr::canonical;
 use crate::ipindex::IpIndex;
 use crate::sources::ReverseSources;
 

@@ -32,7 +32,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
-use crate::destinations::canonical;
+use crate::addr::canonical;
 use crate::ipindex::{IpIndex, apply_event};
 
 /// The label the chart's L4 gateway pods carry (what a ListenerSet's selector names).

@@ -4,25 +4,9 @@
 //! scanner's limits. A failure names each edge of the cycle with the first line that makes it:
 //! move that item (or that `use`) to where it belongs.
 
-use std::collections::BTreeSet;
 use std::path::Path;
 
 use spur_structure::modules::{CrateGraph, crate_roots, report, workspace_members};
-
-/// Cycles that still exist, being removed elsewhere (issue 43, step 6): `crate root: modules`.
-/// Temporary, and it can only shrink: the test fails on a cycle not listed here and on a listed
-/// one that no longer exists. Empty it, then delete it.
-const KNOWN_CYCLES: &[&str] = &[
-    // Being moved by the lead (routeserver; operator's certificates).
-    "controlplane/operator/src/lib.rs: certs, xds_clients",
-    "controlplane/routeserver/src/lib.rs: auth, index, l4",
-    "controlplane/routeserver/src/lib.rs: grpc, wire",
-    "controlplane/routeserver/src/lib.rs: xds::model, xds::node_config, xds::render",
-    // Not in the issue's list (found through references in code, not only `use` lines).
-    "controlplane/operator/src/lib.rs: context, enroll",
-    "controlplane/operator/src/lib.rs: webhook, webhook_sandbox",
-    "controlplane/tunnelproxy/src/lib.rs: destinations, scope, sources",
-];
 
 #[test]
 fn no_module_cycles() {
@@ -30,7 +14,6 @@ fn no_module_cycles() {
     let workspace = workspace.canonicalize().unwrap();
     let members = workspace_members(&workspace).unwrap();
     assert!(members.len() > 20, "workspace members: {members:?}");
-    let mut found = BTreeSet::new();
     let mut reports = String::new();
     let mut missing = Vec::new();
     let mut roots = 0;
@@ -41,24 +24,10 @@ fn no_module_cycles() {
             missing.extend(graph.missing.iter().cloned());
             let label = root.strip_prefix(&workspace).unwrap().display().to_string();
             let cycles = graph.cycles(&workspace);
-            for cycle in &cycles {
-                let key = format!("{label}: {}", cycle.modules.join(", "));
-                if !KNOWN_CYCLES.contains(&key.as_str()) {
-                    reports.push_str(&report(&label, std::slice::from_ref(cycle)));
-                }
-                found.insert(key);
-            }
+            reports.push_str(&report(&label, &cycles));
         }
     }
     assert!(roots > members.len(), "crate roots read: {roots}");
     assert!(missing.is_empty(), "`mod x;` without a file: {missing:?}");
-    let gone: Vec<&&str> = KNOWN_CYCLES
-        .iter()
-        .filter(|k| !found.contains(**k))
-        .collect();
-    assert!(
-        gone.is_empty() && reports.is_empty(),
-        "module cycles:\n{reports}\nKNOWN_CYCLES lists cycles that no longer exist; remove them: \
-         {gone:?}"
-    );
+    assert!(reports.is_empty(), "module cycles:\n{reports}");
 }

@@ -15,11 +15,10 @@
 //! from time to time and when its token expires.
 
 mod metrics;
-mod model;
 mod report;
-mod selector;
 
-pub use model::Model;
+// The model is its own module: the index carries it from the store to this server.
+pub use crate::l4_model::Model;
 
 use std::collections::BTreeMap;
 use std::fmt;

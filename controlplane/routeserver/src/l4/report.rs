@@ -55,7 +55,7 @@ pub(crate) struct Gateway {
     /// Its open streams; changed only under the [`Gateways`] lock.
     streams: AtomicUsize,
     /// The sets it serves, as its newest stream last computed them, each with its listeners
-    /// left out for an older set's (see `model::PodConfig::shadowed`).
+    /// left out for an older set's (see `crate::l4_model::PodConfig::shadowed`).
     sets: Mutex<BTreeMap<String, Vec<String>>>,
     /// What this replica wrote per set. Held across the writes, so the reports of one pod and
     /// its removal are applied one at a time and in order.

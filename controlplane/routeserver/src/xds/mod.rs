@@ -14,6 +14,7 @@
 //! plaintext is an explicit opt-in.
 
 mod ads;
+mod kind;
 mod metrics;
 pub mod model;
 mod node_config;

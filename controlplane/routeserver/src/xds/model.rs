@@ -2,19 +2,21 @@
 //! keys that divert its traffic to a sandbox Service, and the endpoints behind each Service port.
 //!
 //! Built from the same RoutingConfigs that feed the Routes API, plus Services and EndpointSlices,
-//! so a proxyless client and a Spur sidecar route one key the same way.
+//! so a proxyless client and a Spur sidecar route one key the same way. Users' own resources
+//! ([`NodeConfig`]) are added by [`super::node_config`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Service, ServicePort};
+use envoy_types::pb::google::protobuf::Any;
+use k8s_openapi::api::core::v1::{Secret, Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
 use spur_api::RoutingConfig;
 use spur_api::common::service_host;
 
-pub use super::node_config::{NodeConfig, TlsSecrets};
+use super::kind::KINDS;
 
 /// The label that ties an EndpointSlice to its Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -30,6 +32,50 @@ pub struct Model {
     /// namespace: a stream of a node id listed here whose client certificate is of one of
     /// these namespaces is served that namespace's resources instead of the cluster's.
     pub node_configs: BTreeMap<String, BTreeMap<String, Arc<NodeConfig>>>,
+}
+
+/// The published revision of an EnvoyConfig, as served to its node id in its namespace.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NodeConfig {
+    /// `namespace/name` of the EnvoyConfigRevision.
+    /// Shared with every stream that serves it (each one tags what it sends with it).
+    pub revision: Arc<str>,
+    /// The revision's namespace: it goes only to clients whose certificate is of it.
+    pub namespace: String,
+    /// Its version, which every response from it carries.
+    pub version: String,
+    /// The SDS version: the revision's, and a digest of the secrets' bytes, so that a Secret
+    /// that changes under one revision is a new version too.
+    pub secrets_version: String,
+    /// Resources by type ([`super::kind::Kind::index`]) and name.
+    pub types: [BTreeMap<String, Arc<Any>>; KINDS],
+    /// Secrets the revision names that cannot be served, each with the reason.
+    pub unresolved_secrets: Vec<String>,
+}
+
+// By hand: the secrets' bytes hold private keys, which no log line may carry.
+impl std::fmt::Debug for NodeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeConfig")
+            .field("revision", &self.revision)
+            .field("namespace", &self.namespace)
+            .field("version", &self.version)
+            .field("secrets_version", &self.secrets_version)
+            .field(
+                "resources",
+                &self.types.iter().map(BTreeMap::len).collect::<Vec<_>>(),
+            )
+            .field("unresolved_secrets", &self.unresolved_secrets)
+            .finish()
+    }
+}
+
+/// The Secrets SDS may serve: those labelled `spur.dev/envoy-secret=true` in the namespaces the
+/// route server watches (none unless it is told to).
+#[derive(Clone, Copy, Default)]
+pub struct TlsSecrets<'a> {
+    pub namespaces: &'a [String],
+    pub secrets: &'a [Arc<Secret>],
 }
 
 /// The routes of one Service port: each key's sandbox cluster, then the baseline.

@@ -22,52 +22,8 @@ use kube::ResourceExt;
 use spur_api::EnvoyConfigRevision;
 use spur_api::envoyconfig::{EnvoyResourceType, SECRET_LABEL, SecretBlueprint};
 
-use super::model::Model;
-use super::render::KINDS;
-
-/// The published revision of an EnvoyConfig, as served to its node id in its namespace.
-#[derive(Clone, PartialEq, Eq)]
-pub struct NodeConfig {
-    /// `namespace/name` of the EnvoyConfigRevision.
-    /// Shared with every stream that serves it (each one tags what it sends with it).
-    pub revision: Arc<str>,
-    /// The revision's namespace: it goes only to clients whose certificate is of it.
-    pub namespace: String,
-    /// Its version, which every response from it carries.
-    pub version: String,
-    /// The SDS version: the revision's, and a digest of the secrets' bytes, so that a Secret
-    /// that changes under one revision is a new version too.
-    pub secrets_version: String,
-    /// Resources by type ([`super::render::Kind::index`]) and name.
-    pub types: [BTreeMap<String, Arc<Any>>; KINDS],
-    /// Secrets the revision names that cannot be served, each with the reason.
-    pub unresolved_secrets: Vec<String>,
-}
-
-// By hand: the secrets' bytes hold private keys, which no log line may carry.
-impl std::fmt::Debug for NodeConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NodeConfig")
-            .field("revision", &self.revision)
-            .field("namespace", &self.namespace)
-            .field("version", &self.version)
-            .field("secrets_version", &self.secrets_version)
-            .field(
-                "resources",
-                &self.types.iter().map(BTreeMap::len).collect::<Vec<_>>(),
-            )
-            .field("unresolved_secrets", &self.unresolved_secrets)
-            .finish()
-    }
-}
-
-/// The Secrets SDS may serve: those labelled `spur.dev/envoy-secret=true` in the namespaces the
-/// route server watches (none unless it is told to).
-#[derive(Clone, Copy, Default)]
-pub struct TlsSecrets<'a> {
-    pub namespaces: &'a [String],
-    pub secrets: &'a [Arc<Secret>],
-}
+use super::kind::KINDS;
+use super::model::{Model, NodeConfig, TlsSecrets};
 
 impl Model {
     /// Adds the published EnvoyConfig revisions, their secrets generated from `secrets`. For

@@ -4,7 +4,7 @@
 //! `POST /validate-spur-dev-v1alpha1-listenerset`, and for just-in-time access
 //! (docs/access.md) the requester stamp on `POST /mutate-spur-dev-v1alpha1-accessrequest`
 //! and the exec audit on `POST /validate-v1-pod-connect` ([`crate::audit`]); Sandboxes get
-//! their creator stamped and their workstation checked ([`crate::webhook_sandbox`]).
+//! their creator stamped and their workstation checked ([`sandbox`]).
 //!
 //! Every operator replica serves it (not only the leader). The serving certificate comes from
 //! the Secret the certificate manager maintains, through a watch, and is swapped into the TLS
@@ -32,6 +32,8 @@
 //! problem is refused at once with status 422, each as `<field path>: <what is wrong>`. The
 //! same rules as for EnvoyConfigs otherwise: an unchanged spec is allowed, `failurePolicy:
 //! Fail`.
+
+pub(crate) mod sandbox;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -63,8 +65,8 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::inject::{self, InjectionConfig, Screen};
-use crate::webhook_sandbox::{MUTATE_SANDBOX_PATH, VALIDATE_SANDBOX_PATH};
 use crate::{Error, Metrics};
+use sandbox::{MUTATE_SANDBOX_PATH, VALIDATE_SANDBOX_PATH};
 
 /// The admission path, as in the webhook configuration.
 pub const MUTATE_POD_PATH: &str = "/mutate-v1-pod";
@@ -399,15 +401,9 @@ async fn handle(req: Request<Incoming>, st: &State) -> Response<Full<Bytes>> {
         Review::ListenerSet => review_listenerset(&body, st),
         Review::AccessRequest => review_access_request(&body, st),
         Review::Connect => review_connect(&body, st),
-        Review::SandboxStamp => crate::webhook_sandbox::review_stamp(&body, &st.metrics),
+        Review::SandboxStamp => sandbox::review_stamp(&body, &st.metrics),
         Review::SandboxOwner => {
-            crate::webhook_sandbox::review_owner(
-                &body,
-                &st.client,
-                &st.owners_namespace,
-                &st.metrics,
-            )
-            .await
+            sandbox::review_owner(&body, &st.client, &st.owners_namespace, &st.metrics).await
         }
     }
 }

@@ -24,8 +24,8 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use kube::{Api, Client};
 use spur_api::workstation::{CREATED_BY_ANNOTATION, USERNAME_MAX};
 
+use super::{dynamic_request, reply, text};
 use crate::Metrics;
-use crate::webhook::{dynamic_request, reply, text};
 
 /// Sandboxes get their creator stamped here, as in the chart's MutatingWebhookConfiguration.
 pub const MUTATE_SANDBOX_PATH: &str = "/mutate-spur-dev-v1alpha1-sandbox";

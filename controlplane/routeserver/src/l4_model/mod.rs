@@ -8,6 +8,8 @@
 //! (admission should have refused it) is left out whole and listed in the problems, so one bad
 //! set never withdraws the listeners of the others.
 
+mod selector;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -24,8 +26,6 @@ use spur_l4::{
     KeyRouteConfig, L4Config, LbPolicy, ListenerConfig, Overflow, Protocol,
 };
 use spur_proto::l4::{DnsEndpoint, ListenersUpdate};
-
-use super::selector;
 
 /// The label an EndpointSlice carries naming its Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
