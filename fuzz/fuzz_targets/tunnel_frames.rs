@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 mod error {
-    pub use spur_tunnel::Error;
+    pub use spur_tunnel::{Error, RefusalCode};
 }
 
 #[path = "../../dataplane/tunnel/src/wire.rs"]
