@@ -1,5 +1,6 @@
 //! Structure tests of the source tree: a small, std-only reader of the workspace's Rust sources
-//! that builds each crate's module graph (`tests/modules.rs` asserts it has no cycles).
+//! that builds each crate's module graph (`tests/modules.rs` asserts it has no cycles) and
+//! counts the code lines of each file (`tests/sizes.rs` holds them under a bound).
 //!
 //! It is a line-and-token scanner, not a Rust parser: [`lex`] blanks comments and literals and
 //! cuts the rest into tokens, [`modules`] follows `mod` declarations and `crate::` / `super::` /
@@ -7,3 +8,4 @@
 
 pub mod lex;
 pub mod modules;
+pub mod sizes;

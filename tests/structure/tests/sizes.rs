@@ -1,0 +1,94 @@
+//! No source file over [`BOUND`] code lines (comments, blank lines and the file's trailing unit
+//! tests not counted; see `spur_structure::sizes`): past that a file has nearly always grown a
+//! second or third job, and it is split by job, as ARCHITECTURE.md says. The files still over
+//! it are listed in [`KNOWN_LARGE`] with what should come out of them; the list may only
+//! shrink: a listed file that has come under the bound fails the test until it is struck off.
+
+use std::path::Path;
+
+use spur_structure::modules::workspace_members;
+use spur_structure::sizes::{code_lines, rust_files};
+
+/// Code lines a file may have.
+const BOUND: usize = 800;
+
+/// Files over the bound today (path from the workspace root), and the split each is waiting for.
+const KNOWN_LARGE: &[(&str, &str)] = &[
+    (
+        "controlplane/api/src/listenerset.rs",
+        "its validation, which repeats spur-l4's config rules: one set of rules for both",
+    ),
+    (
+        "controlplane/cli/src/traffic.rs",
+        "the diff engine, into the traffic crate; the CLI keeps arguments and printing",
+    ),
+    (
+        "controlplane/operator/src/access.rs",
+        "grant making per kind (exec, debug pod, tunnel) apart from the controller",
+    ),
+    (
+        "controlplane/operator/src/olm.rs",
+        "the work-unit pod builder apart from the workflow controller",
+    ),
+    (
+        "dataplane/proxy/src/http/relay.rs",
+        "request-head rewriting and the upgrade path apart from the relay loop",
+    ),
+    (
+        "perf/benches/push_latency.rs",
+        "the cluster fixture apart from the measurement and the report",
+    ),
+    (
+        "perf/benches/tunnel_vs_ssh.rs",
+        "the ssh and tunnel fixtures apart from the measurement and the report",
+    ),
+    (
+        "perf/src/bench/report.rs",
+        "the table writers per report apart from the shared formatting",
+    ),
+];
+
+#[test]
+fn no_file_over_the_bound() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let workspace = workspace.canonicalize().unwrap();
+    let members = workspace_members(&workspace).unwrap();
+    assert!(members.len() > 20, "workspace members: {members:?}");
+    let mut over = Vec::new();
+    let mut files = 0;
+    for member in &members {
+        for dir in ["src", "benches"] {
+            let dir = member.join(dir);
+            if !dir.is_dir() {
+                continue;
+            }
+            for file in rust_files(&dir).unwrap() {
+                files += 1;
+                let src = std::fs::read_to_string(&file).unwrap();
+                let n = code_lines(&src);
+                let label = file.strip_prefix(&workspace).unwrap().display().to_string();
+                if n > BOUND {
+                    over.push((label, n));
+                }
+            }
+        }
+    }
+    assert!(files > 300, "source files read: {files}");
+    let mut problems = Vec::new();
+    for (file, n) in &over {
+        if !KNOWN_LARGE.iter().any(|(known, _)| known == file) {
+            problems.push(format!(
+                "{file}: {n} code lines, over {BOUND}; split it by job (ARCHITECTURE.md)"
+            ));
+        }
+    }
+    for (known, _) in KNOWN_LARGE {
+        if !over.iter().any(|(file, _)| file == known) {
+            problems.push(format!(
+                "{known} is listed in KNOWN_LARGE but is not over {BOUND} code lines (or is \
+                 gone): strike it off"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
