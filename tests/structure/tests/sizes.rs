@@ -42,10 +42,6 @@ const KNOWN_LARGE: &[(&str, &str)] = &[
         "perf/benches/tunnel_vs_ssh.rs",
         "the ssh and tunnel fixtures apart from the measurement and the report",
     ),
-    (
-        "perf/src/bench/report.rs",
-        "the table writers per report apart from the shared formatting",
-    ),
 ];
 
 #[test]
