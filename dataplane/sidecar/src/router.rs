@@ -4,7 +4,7 @@
 use http::{HeaderMap, HeaderName, HeaderValue, Uri};
 use spur_proxy::capture::CaptureTag;
 use spur_proxy::{ConnMeta, RawRoute, Route, Router};
-use spur_routing::extract::{LEGACY_HEADERS, strip_query_param};
+use spur_routing::extract::strip_query_param;
 use spur_routing::inject::inject_key;
 use spur_routing::{BaselineWorkload, ExtractConfig, KeyExtractor, SharedTable};
 
@@ -15,9 +15,6 @@ use crate::capture::CaptureKeys;
 /// sidecar did it. If a misconfigured destination points back at the same sidecar, the request
 /// arrives carrying its own mark and goes to the application instead of looping.
 pub const ROUTED_HEADER: HeaderName = HeaderName::from_static("x-spur-routed");
-
-const BAGGAGE_NAME: &str = "baggage";
-const TRACESTATE_NAME: &str = "tracestate";
 
 /// Configuration of the sidecar's router.
 #[derive(Debug, Clone)]
@@ -53,12 +50,7 @@ impl KeyRouter {
                 config.baseline
             ))
         })?;
-        let mut carriers: Vec<HeaderName> = [BAGGAGE_NAME, TRACESTATE_NAME]
-            .iter()
-            .chain(LEGACY_HEADERS.iter())
-            .map(|n| HeaderName::from_static(n))
-            .chain(extractor.custom_headers().iter().cloned())
-            .collect();
+        let mut carriers: Vec<HeaderName> = extractor.headers().cloned().collect();
         carriers.push(ROUTED_HEADER);
         let mut carrier_first = [false; 256];
         for name in &carriers {
