@@ -10,8 +10,9 @@ use crate::http::headers::{
     FORWARDED_PROTO, Field, VIA_HTTP1, X_FORWARDED_FOR, X_FORWARDED_PROTO, field,
 };
 use crate::metrics::Outcome;
+use crate::plugin::RawRoute;
 use crate::pool::Upstream;
-use crate::router::{RawRoute, Route};
+use crate::router::Route;
 
 impl Conn<'_> {
     /// Reads the head at the start of `buf`, decides whether the relay forwards it, routes it,
@@ -19,6 +20,10 @@ impl Conn<'_> {
     pub(super) fn plan(&mut self, len: usize) -> Result<Plan, Stop> {
         let shared = self.shared;
         let config = &shared.config;
+        // Without raw routing no request can be forwarded as read.
+        let Some(raw) = shared.plugins.raw.as_deref() else {
+            return Err(Stop::HandOver);
+        };
         let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
         let mut req = httparse::Request::new(&mut fields);
         match req.parse(&self.buf[..len]) {
@@ -85,7 +90,7 @@ impl Conn<'_> {
                 Field::XForwardedProto => xfp = true,
                 Field::HopByHop => {}
                 Field::Other => {
-                    if shared.router.is_carrier(name) {
+                    if raw.is_carrier(name) {
                         match (
                             HeaderName::from_bytes(name),
                             HeaderValue::from_bytes(f.value),
@@ -102,10 +107,20 @@ impl Conn<'_> {
         if hosts != 1 {
             return Err(Stop::HandOver);
         }
-        let Some(RawRoute { route, set }) = shared.router.route_raw(self.meta, target, &carriers)
-        else {
+        let Some(RawRoute { route, set }) = raw.route_raw(self.meta, target, &carriers) else {
             return Err(Stop::HandOver);
         };
+        if let Some(capture) = &shared.plugins.capture {
+            let query = target.split_once('?').map(|(_, q)| q);
+            if capture
+                .select
+                .select(self.meta, &route, &carriers, query)
+                .is_some()
+            {
+                // Captured exchanges take the full path, where the capture is.
+                return Err(Stop::HandOver);
+            }
+        }
         let (upstream, outcome) = match &route {
             Route::Original => (
                 Upstream::Original(self.meta.original_dst),
