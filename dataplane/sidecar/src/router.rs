@@ -202,3 +202,68 @@ impl CaptureSelect for KeyCapture {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::Arc;
+
+    use arc_swap::ArcSwap;
+
+    use super::*;
+    use crate::capture::KeySet;
+
+    fn meta() -> ConnMeta {
+        ConnMeta::new(
+            "10.0.0.1:5555".parse().unwrap(),
+            "127.0.0.1:15006".parse().unwrap(),
+            "127.0.0.1:8080".parse().unwrap(),
+            spur_proxy::Protocol::Http1,
+        )
+    }
+
+    fn router() -> KeyRouter {
+        let config = KeyRouterConfig {
+            baseline: BaselineWorkload {
+                kind: "Deployment".into(),
+                namespace: "ns".into(),
+                name: "app".into(),
+            },
+            extract: ExtractConfig::default(),
+        };
+        KeyRouter::new(config, SharedTable::new()).unwrap()
+    }
+
+    /// The capture plug-in decides beside the router: a request that stays on the baseline is
+    /// captured by its candidate key (a virtual workload's traffic), unless it carries the
+    /// sidecar's own mark; the raw and the full path route it alike.
+    #[test]
+    fn capture_selects_beside_routing() {
+        let r = router();
+        let keys: CaptureKeys = Arc::new(ArcSwap::from_pointee(KeySet::of("k1", "sb1")));
+        let capture = r.capture(keys.clone());
+        let mut headers = HeaderMap::new();
+        headers.insert("baggage", HeaderValue::from_static("sd-routing-key=k1"));
+
+        let raw = r.route_raw(&meta(), "/a", &headers).unwrap();
+        assert_eq!(raw.route, Route::Original);
+        assert_eq!(raw.set, None);
+        let (mut parts, ()) = http::Request::get("/a").body(()).unwrap().into_parts();
+        parts.headers = headers.clone();
+        assert_eq!(r.route_http(&meta(), &mut parts), Route::Original);
+
+        let tag = capture.select(&meta(), &Route::Original, &headers, None);
+        assert_eq!(tag.map(|t| t.sandbox), Some("sb1".into()));
+        let mut marked = headers.clone();
+        marked.insert(ROUTED_HEADER, r.mark.clone());
+        assert_eq!(
+            capture.select(&meta(), &Route::Original, &marked, None),
+            None
+        );
+        keys.store(Arc::new(KeySet::default()));
+        assert_eq!(
+            capture.select(&meta(), &Route::Original, &headers, None),
+            None
+        );
+    }
+}
