@@ -24,7 +24,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use spur_proxy::{Drain, Inbound, Proxy, ProxyConfig};
+use spur_proxy::{Drain, Inbound, Plugins, Proxy, ProxyConfig};
 use spur_sidecar::{KeyRouter, KeyRouterConfig};
 use spur_routing::{BaselineWorkload, ExtractConfig, SharedTable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -64,14 +64,21 @@ fn rig() -> &'static Rig {
                 SharedTable::new(),
             )
             .expect("router");
-            let proxy = Proxy::new(
+            // The key router also routes the relay's heads (a plug-in beside routing).
+            let router = Arc::new(router);
+            let plugins = Plugins {
+                raw: Some(router.clone()),
+                ..Plugins::default()
+            };
+            let proxy = Proxy::with_plugins(
                 ProxyConfig {
                     idle_timeout: Duration::from_secs(2),
                     header_read_timeout: Duration::from_secs(2),
                     connect_timeout: Duration::from_secs(1),
                     ..ProxyConfig::default()
                 },
-                Arc::new(router),
+                router,
+                plugins,
                 &mut registry,
             )
             .expect("proxy");

@@ -4,71 +4,16 @@
 //!
 //! A request is routed by key when any one of these matches: proxies OR them by listing one
 //! route (or one match) per entry, since a single match ANDs its headers.
+//!
+//! The matches derive from [`spur_routing::Carrier::ALL`], the one list of carriers the sidecar
+//! reads and writes; they are defined there and named here for the control plane's renderers.
 
-use spur_routing::extract::{LEGACY_HEADERS, MEMBER_NAMES};
-
-/// How a header's value is compared.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MatchKind {
-    /// The whole value matches an RE2 regular expression (anchored at both ends, so it means
-    /// the same under full-match and partial-match engines).
-    Regex,
-    /// The value is exactly the key (the bare-key headers).
-    Exact,
-}
-
-/// One header match of a routing key.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyMatch {
-    /// Lower-case header name.
-    pub header: &'static str,
-    pub kind: MatchKind,
-    /// The regular expression, or the exact value.
-    pub value: String,
-}
-
-/// The matches for `key`, one per carrier, in the precedence order of the sidecar's extractor:
-/// `baggage` and `tracestate` members named by [`MEMBER_NAMES`] (regular expressions), then the
-/// OpenTracing and Jaeger headers of [`LEGACY_HEADERS`] (exact).
-///
-/// `key` must be a valid routing key (`[A-Za-z0-9._-]`, which the CRD schemas enforce): only
-/// `.` means anything to RE2 among its characters, and it is escaped.
-pub fn key_matches(key: &str) -> Vec<KeyMatch> {
-    let escaped = regex_escape(key);
-    let names = MEMBER_NAMES.map(regex_escape).join("|");
-    // A member starts the value or follows a comma (a `;` starts a property of the member
-    // before it); after its value come properties, more members, or nothing. Baggage allows
-    // optional whitespace around `=`; tracestate does not.
-    let mut out = vec![
-        KeyMatch {
-            header: "baggage",
-            kind: MatchKind::Regex,
-            value: format!(
-                "^(?:.*,)?[ \\t]*(?:{names})[ \\t]*=[ \\t]*{escaped}[ \\t]*(?:[;,].*)?$"
-            ),
-        },
-        KeyMatch {
-            header: "tracestate",
-            kind: MatchKind::Regex,
-            value: format!("^(?:.*,)?[ \\t]*(?:{names})={escaped}[ \\t]*(?:,.*)?$"),
-        },
-    ];
-    out.extend(LEGACY_HEADERS.iter().map(|h| KeyMatch {
-        header: h,
-        kind: MatchKind::Exact,
-        value: key.to_owned(),
-    }));
-    out
-}
-
-/// Keys are `[A-Za-z0-9._-]`, member names `[a-z-]`: only `.` means anything to RE2.
-fn regex_escape(s: &str) -> String {
-    s.replace('.', "\\.")
-}
+pub use spur_routing::carrier::{KeyMatch, MatchKind, key_matches};
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use spur_routing::extract::LEGACY_HEADERS;
 
     #[test]
     fn one_match_per_carrier_regex_for_lists_exact_for_bare_keys() {

@@ -2,9 +2,9 @@
 //! bytes of each body, timings) taken as they stream through the proxy, redacted on the spot and
 //! kept in a bounded ring until the component that owns the proxy ships them.
 //!
-//! Which exchanges are captured is the [`Router`](crate::Router)'s call
-//! ([`Router::route_http_capture`](crate::Router::route_http_capture)); a proxy without a
-//! [`Capture`] never asks, and the HTTP/1 relay hands captured requests to the full path, so
+//! Which exchanges are captured is a [`CaptureSelect`](crate::CaptureSelect)'s call, plugged in
+//! beside the router ([`crate::Plugins`]); a proxy without one never asks, and the HTTP/1 relay
+//! hands captured requests to the full path, so
 //! capture costs nothing while it is off. While it is on, a captured exchange never waits for
 //! the capture: bodies are copied as their frames pass, the finished record is pushed into the
 //! ring under a short lock, and when the ring or the in-flight bound is full a record is dropped

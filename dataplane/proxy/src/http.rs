@@ -196,10 +196,11 @@ async fn forward(
     let client_upgrade = (connect || upgrade.is_some()).then(|| hyper::upgrade::on(&mut req));
 
     let (mut parts, body) = req.into_parts();
-    let (route, tag) = match &shared.capture {
-        Some(_) => shared.router.route_http_capture(meta, &mut parts),
-        None => (shared.router.route_http(meta, &mut parts), None),
-    };
+    let route = shared.router.route_http(meta, &mut parts);
+    let tag = shared.plugins.capture.as_ref().and_then(|c| {
+        c.select
+            .select(meta, &route, &parts.headers, parts.uri.query())
+    });
     let (upstream, outcome) = match &route {
         Route::Original => (Upstream::Original(meta.original_dst), Outcome::Baseline),
         Route::Destination(d) => (Upstream::Sandbox(d.location.clone()), Outcome::Sandbox),
@@ -211,14 +212,14 @@ async fn forward(
     if let Err(status) = headers::normalize_target(&mut parts, version) {
         return error(status, "invalid request target");
     }
-    let pending = match (tag, &shared.capture) {
+    let pending = match (tag, &shared.plugins.capture) {
         (Some(tag), Some(capture)) => {
             let destination = match &route {
                 Route::Destination(d) => Some(d.location.to_string()),
                 Route::Original => None,
             };
             let protocol = capture::protocol_of(&parts, version == Version::Http2);
-            capture.begin(tag, destination, protocol, &parts)
+            capture.sink.begin(tag, destination, protocol, &parts)
         }
         _ => None,
     };

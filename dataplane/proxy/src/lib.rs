@@ -10,7 +10,8 @@
 //!        └─ TLS and opaque TCP: spliced to the connection's original destination, with half-close
 //! ```
 //!
-//! Routing decisions are made by a [`Router`]; the sidecar brings its key router (routing keys
+//! Routing decisions are made by a [`Router`], and features beside routing (the HTTP/1 relay's
+//! raw routing, traffic capture) plug in through [`Plugins`]; the sidecar brings its key router (routing keys
 //! looked up in a [`spur_routing::SharedTable`], in `spur-sidecar`), and the tunnel proxy and
 //! agent will bring their own.
 //! Tables are swapped by a single writer off the hot path; when a table changes,
@@ -31,6 +32,7 @@ mod http;
 mod io;
 mod listener;
 mod metrics;
+mod plugin;
 mod pool;
 mod router;
 mod tcp;
@@ -42,7 +44,8 @@ pub use detect::Protocol;
 pub use error::Error;
 pub use listener::Inbound;
 pub use metrics::Metrics;
-pub use router::{RawRoute, Route, Router};
+pub use plugin::{CapturePlugin, CaptureSelect, Plugins, RawRoute, RawRouter};
+pub use router::{Route, Router};
 pub use spur_runtime::Drain;
 
 use std::sync::Arc;
@@ -62,10 +65,10 @@ pub struct Proxy {
 pub(crate) struct Shared {
     pub(crate) config: ProxyConfig,
     pub(crate) router: Arc<dyn Router>,
+    /// Features beside routing: the relay's raw routing, capture.
+    pub(crate) plugins: Plugins,
     pub(crate) pool: pool::Pool,
     pub(crate) metrics: Metrics,
-    /// Set when the component captures traffic (see [`capture`]).
-    pub(crate) capture: Option<Arc<capture::Capture>>,
 }
 
 /// Keeps a timer due within a second in the runtime, forever.
@@ -89,15 +92,14 @@ impl Proxy {
         router: Arc<dyn Router>,
         registry: &mut Registry,
     ) -> Result<Self, Error> {
-        Self::with_capture(config, router, None, registry)
+        Self::with_plugins(config, router, Plugins::default(), registry)
     }
 
-    /// [`Proxy::new`] with a capture sink: the router decides per request what is captured
-    /// ([`Router::route_http_capture`]).
-    pub fn with_capture(
+    /// [`Proxy::new`] with features beside routing ([`Plugins`]).
+    pub fn with_plugins(
         config: ProxyConfig,
         router: Arc<dyn Router>,
-        capture: Option<Arc<capture::Capture>>,
+        plugins: Plugins,
         registry: &mut Registry,
     ) -> Result<Self, Error> {
         config.validate()?;
@@ -110,9 +112,9 @@ impl Proxy {
             shared: Arc::new(Shared {
                 config,
                 router,
+                plugins,
                 pool,
                 metrics,
-                capture,
             }),
         })
     }

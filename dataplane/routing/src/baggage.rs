@@ -63,7 +63,7 @@ pub enum Syntax {
 }
 
 impl Syntax {
-    fn max_members(self) -> usize {
+    pub(crate) fn max_members(self) -> usize {
         match self {
             Syntax::Baggage => MAX_BAGGAGE_MEMBERS,
             Syntax::TraceState => MAX_TRACESTATE_MEMBERS,

@@ -13,6 +13,9 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::Error;
 use crate::baggage::{self, Syntax, percent_decode, trim_ows};
+use crate::carrier::{Carrier, FIRST_BYTES};
+
+pub use crate::carrier::{LEGACY_HEADERS, MEMBER_NAMES};
 
 /// Longest accepted routing key. Signadot's keys are 13 characters and sandbox ids at most 32;
 /// the slack leaves room for route-group keys without letting a header carry an unbounded one.
@@ -20,42 +23,6 @@ pub const MAX_KEY_LEN: usize = 64;
 
 /// The most candidate keys one request yields; more would only be tried after these lose.
 pub const MAX_CANDIDATES: usize = 8;
-
-/// `baggage` / `tracestate` member names that carry a key, in precedence order: Signadot's current
-/// name, Spur's own, then Signadot's two historical names.
-pub const MEMBER_NAMES: [&str; 4] = [
-    "sd-routing-key",
-    "spur-routing-key",
-    "sd-sandbox",
-    "sd-workspace",
-];
-
-/// OpenTracing (`ot-baggage-`) and Jaeger (`uberctx-`) baggage headers that carry a key, in
-/// precedence order.
-pub const LEGACY_HEADERS: [&str; 8] = [
-    "ot-baggage-sd-routing-key",
-    "ot-baggage-spur-routing-key",
-    "ot-baggage-sd-sandbox",
-    "ot-baggage-sd-workspace",
-    "uberctx-sd-routing-key",
-    "uberctx-spur-routing-key",
-    "uberctx-sd-sandbox",
-    "uberctx-sd-workspace",
-];
-
-// `static`, not `const`: a `HeaderName` may hold `Bytes`, which must not be duplicated per use.
-pub(crate) static BAGGAGE: HeaderName = HeaderName::from_static("baggage");
-pub(crate) static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
-static LEGACY: [HeaderName; 8] = [
-    HeaderName::from_static(LEGACY_HEADERS[0]),
-    HeaderName::from_static(LEGACY_HEADERS[1]),
-    HeaderName::from_static(LEGACY_HEADERS[2]),
-    HeaderName::from_static(LEGACY_HEADERS[3]),
-    HeaderName::from_static(LEGACY_HEADERS[4]),
-    HeaderName::from_static(LEGACY_HEADERS[5]),
-    HeaderName::from_static(LEGACY_HEADERS[6]),
-    HeaderName::from_static(LEGACY_HEADERS[7]),
-];
 
 /// A routing key: 1..=[`MAX_KEY_LEN`] bytes of `[A-Za-z0-9._-]`. Narrow enough to be safe in a
 /// header value, a baggage value, a tracestate value and a URL without any escaping.
@@ -118,6 +85,12 @@ impl KeyExtractor {
         &self.custom_headers
     }
 
+    /// Every header [`KeyExtractor::extract`] reads: the standard carriers' ([`Carrier::ALL`])
+    /// and the configured custom headers.
+    pub fn headers(&self) -> impl Iterator<Item = &HeaderName> {
+        Carrier::header_names().iter().chain(&self.custom_headers)
+    }
+
     /// Candidate keys in precedence order, deduplicated (first position kept), at most
     /// [`MAX_CANDIDATES`], each valid per [`is_valid_key`]. `query` is the raw query string (after
     /// `?`), if any. Precedence:
@@ -155,51 +128,60 @@ impl KeyExtractor {
         if present == 0 {
             return out;
         }
-        if (present & 1 != 0
-            && list_candidates(&mut out, headers.get_all(&BAGGAGE), Syntax::Baggage))
-            || (present & 2 != 0
-                && list_candidates(&mut out, headers.get_all(&TRACESTATE), Syntax::TraceState))
-        {
-            return out;
-        }
-        for (i, name) in LEGACY.iter().enumerate() {
-            if present & (4 << i) == 0 {
+        let standard = Carrier::ALL.iter().zip(Carrier::header_names());
+        for (i, (carrier, name)) in standard.enumerate() {
+            if present & (1 << i) == 0 {
                 continue;
             }
-            for v in headers.get_all(name) {
-                if let Ok(s) = v.to_str()
-                    && let Some(key) = percent_decode(trim_ows(s), false)
-                    && out.push(key)
-                {
-                    return out;
+            let full = match *carrier {
+                Carrier::List { syntax, .. } => {
+                    list_candidates(&mut out, headers.get_all(name), syntax)
                 }
+                Carrier::Bare { .. } => bare_candidates(&mut out, headers.get_all(name)),
+            };
+            if full {
+                return out;
             }
         }
         out
     }
 }
 
-/// Which standard carriers a request has: bit 0 `baggage`, bit 1 `tracestate`, bit 2 + i
-/// `LEGACY_HEADERS[i]`.
+/// Which standard carriers a request has: bit i for [`Carrier::ALL`]`[i]`.
 ///
 /// One walk over the distinct names costs less than ten hash lookups of absent names (hashing a
 /// custom header name is a byte-at-a-time FNV over ~25 bytes), and most requests carry neither.
 fn present_carriers(headers: &HeaderMap) -> u16 {
+    const _: () = assert!(Carrier::ALL.len() <= 16, "one bit per carrier");
     let mut present = 0;
     for name in headers.keys() {
         let s = name.as_str();
-        let bit = match s.as_bytes().first() {
-            Some(b'b') if s == "baggage" => 0,
-            Some(b't') if s == "tracestate" => 1,
-            Some(b'o' | b'u') => match LEGACY_HEADERS.iter().position(|l| *l == s) {
-                Some(i) => i + 2,
-                None => continue,
-            },
-            _ => continue,
-        };
-        present |= 1 << bit;
+        if !s
+            .as_bytes()
+            .first()
+            .is_some_and(|&b| FIRST_BYTES[usize::from(b)])
+        {
+            continue;
+        }
+        if let Some(i) = Carrier::ALL.iter().position(|c| c.header() == s) {
+            present |= 1 << i;
+        }
     }
     present
+}
+
+/// Pushes the keys of one bare-key header (OWS-trimmed, percent-decoded as Jaeger encodes);
+/// `true` once `out` is full.
+fn bare_candidates<'a>(out: &mut Candidates<'a>, values: GetAll<'a, HeaderValue>) -> bool {
+    for v in values {
+        if let Ok(s) = v.to_str()
+            && let Some(key) = percent_decode(trim_ows(s), false)
+            && out.push(key)
+        {
+            return true;
+        }
+    }
+    false
 }
 
 fn member_index(key: &str) -> Option<usize> {

@@ -6,20 +6,9 @@
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::baggage::{self, MAX_BAGGAGE_MEMBERS, MAX_BYTES, MAX_TRACESTATE_MEMBERS, Syntax};
-use crate::extract::{BAGGAGE, LEGACY_HEADERS, MEMBER_NAMES, TRACESTATE, is_valid_key};
-
-/// Member names written by [`inject_key`], in that order.
-const WRITTEN_MEMBERS: [&str; 2] = ["sd-routing-key", "sd-sandbox"];
-
-/// Headers written by [`inject_key`] with the bare key. The other [`LEGACY_HEADERS`] are removed,
-/// so that no stale key survives next to the injected one.
-const WRITTEN_HEADERS: [&str; 4] = [
-    "ot-baggage-sd-routing-key",
-    "ot-baggage-sd-sandbox",
-    "uberctx-sd-routing-key",
-    "uberctx-sd-sandbox",
-];
+use crate::baggage::{self, MAX_BYTES, Syntax};
+use crate::carrier::{Carrier, MEMBER_NAMES, WRITTEN_MEMBERS};
+use crate::extract::is_valid_key;
 
 /// Writes the redundant header set carrying `key`:
 /// - `baggage: sd-routing-key=K,sd-sandbox=K,<other members>`: existing `sd-routing-key`,
@@ -40,28 +29,25 @@ pub fn inject_key(headers: &mut HeaderMap, key: &str, custom: &[HeaderName]) {
         return;
     };
 
-    let baggage = rewrite_list(headers, &BAGGAGE, Syntax::Baggage, key, MAX_BAGGAGE_MEMBERS);
-    let tracestate = rewrite_list(
-        headers,
-        &TRACESTATE,
-        Syntax::TraceState,
-        key,
-        MAX_TRACESTATE_MEMBERS,
-    );
-    if let Ok(v) = HeaderValue::try_from(baggage) {
-        headers.insert(BAGGAGE.clone(), v);
+    // Every list first, then the bare headers: removals before insertions, so the headers
+    // written come out in the table's order.
+    let standard = || Carrier::ALL.into_iter().zip(Carrier::header_names());
+    for (carrier, name) in standard() {
+        if let Carrier::List { syntax, .. } = carrier
+            && let Ok(v) = HeaderValue::try_from(rewrite_list(headers, name, syntax, key))
+        {
+            headers.insert(name.clone(), v);
+        }
     }
-    if let Ok(v) = HeaderValue::try_from(tracestate) {
-        headers.insert(TRACESTATE.clone(), v);
-    }
-
-    for name in LEGACY_HEADERS {
-        if !WRITTEN_HEADERS.contains(&name) {
+    for (carrier, name) in standard() {
+        if let Carrier::Bare { written: false, .. } = carrier {
             headers.remove(name);
         }
     }
-    for name in WRITTEN_HEADERS {
-        headers.insert(HeaderName::from_static(name), bare.clone());
+    for (carrier, name) in standard() {
+        if let Carrier::Bare { written: true, .. } = carrier {
+            headers.insert(name.clone(), bare.clone());
+        }
     }
     for name in custom {
         headers.insert(name.clone(), bare.clone());
@@ -74,13 +60,8 @@ pub fn inject_key(headers: &mut HeaderMap, key: &str, custom: &[HeaderName]) {
 /// Malformed existing members are dropped rather than copied: several SDKs reject a whole
 /// `baggage` header over one bad member, which would lose the key this function exists to send.
 /// For the same reason the result never exceeds the limits those SDKs enforce.
-fn rewrite_list(
-    headers: &HeaderMap,
-    name: &HeaderName,
-    syntax: Syntax,
-    key: &str,
-    max_members: usize,
-) -> String {
+fn rewrite_list(headers: &HeaderMap, name: &HeaderName, syntax: Syntax, key: &str) -> String {
+    let max_members = syntax.max_members();
     let mut out = String::with_capacity(64);
     for (i, member) in WRITTEN_MEMBERS.iter().enumerate() {
         if i > 0 {
@@ -124,7 +105,8 @@ fn names_a_key(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::baggage::members;
+    use crate::baggage::{MAX_BAGGAGE_MEMBERS, MAX_TRACESTATE_MEMBERS, members};
+    use crate::carrier::LEGACY_HEADERS;
     use crate::extract::{ExtractConfig, KeyExtractor};
 
     fn extract_all(h: &HeaderMap) -> Vec<String> {
@@ -143,6 +125,14 @@ mod tests {
             .collect()
     }
 
+    /// The bare headers written, as the docs of [`inject_key`] list them.
+    const WRITTEN_HEADERS: [&str; 4] = [
+        "ot-baggage-sd-routing-key",
+        "ot-baggage-sd-sandbox",
+        "uberctx-sd-routing-key",
+        "uberctx-sd-sandbox",
+    ];
+
     #[test]
     fn writes_the_redundant_set() {
         let mut h = HeaderMap::new();
@@ -153,6 +143,15 @@ mod tests {
         for name in WRITTEN_HEADERS {
             assert_eq!(get(&h, name), ["k1"], "{name}");
         }
+        let written = Carrier::ALL.iter().filter_map(|c| match c {
+            Carrier::Bare {
+                header,
+                written: true,
+            } => Some(*header),
+            _ => None,
+        });
+        assert!(written.eq(WRITTEN_HEADERS), "the table writes these four");
+        assert!(WRITTEN_HEADERS.iter().all(|h| LEGACY_HEADERS.contains(h)));
         assert_eq!(get(&h, "x-route"), ["k1"]);
         assert_eq!(h.len(), 7);
     }

@@ -3,6 +3,8 @@
 //! This crate is the vocabulary shared by every Spur data-plane component:
 //! - [`extract`] finds candidate routing keys in a request's headers and query string, from every
 //!   carrier that Signadot-instrumented applications already send (see `docs/routing-keys.md`);
+//! - [`carrier`] defines the standard carriers once: extraction, injection, the relay's header
+//!   list and the header matches rendered for other proxies all derive from [`Carrier::ALL`];
 //! - [`baggage`] is the exact W3C `baggage` / `tracestate` list parser those carriers need;
 //! - [`rules`] holds the routing rules in the wire shape of the public Routes API
 //!   (`WorkloadRoutingRule`) and validates them into domain types once, at the edge;
@@ -12,6 +14,7 @@
 //! Lookups never allocate and cost the same whatever the size of the table.
 
 pub mod baggage;
+pub mod carrier;
 pub mod extract;
 pub mod inject;
 pub mod rules;
@@ -21,6 +24,7 @@ pub mod wire;
 
 mod error;
 
+pub use carrier::Carrier;
 pub use error::Error;
 pub use extract::{Candidates, ExtractConfig, KeyExtractor};
 pub use rules::{BaselineWorkload, Location, RoutingRule, RuleSpec};

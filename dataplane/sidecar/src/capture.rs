@@ -144,6 +144,18 @@ impl KeySet {
     pub fn len(&self) -> usize {
         self.by_key.len()
     }
+
+    /// A set holding `key`, captured under `sandbox` (for tests beside this module's).
+    #[cfg(test)]
+    pub(crate) fn of(key: &str, sandbox: &str) -> Self {
+        let tag = CaptureTag {
+            sandbox: sandbox.into(),
+            routing_key: key.into(),
+        };
+        KeySet {
+            by_key: HashMap::from([(Box::from(key), tag)]),
+        }
+    }
 }
 
 /// The shared handle the router reads and the settings source replaces.

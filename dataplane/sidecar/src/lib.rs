@@ -24,7 +24,7 @@ pub mod intercept;
 pub mod outbound;
 mod router;
 
-pub use router::{KeyRouter, KeyRouterConfig, ROUTED_HEADER};
+pub use router::{KeyCapture, KeyRouter, KeyRouterConfig, ROUTED_HEADER};
 
 /// Errors while configuring or starting a sidecar.
 #[derive(Debug, thiserror::Error)]
@@ -279,28 +279,26 @@ impl Sidecar {
             )?),
             None => None,
         };
+        let mut plugins = spur_proxy::Plugins::default();
         let router: Arc<dyn spur_proxy::Router> = match &config.inject_key_file {
             Some(path) => Arc::new(outbound::InjectRouter::new(path.clone())),
             None => {
-                let mut router = KeyRouter::new(
+                let router = Arc::new(KeyRouter::new(
                     KeyRouterConfig {
                         baseline: config.baseline.clone(),
                         extract: config.extract,
                     },
                     table.clone(),
-                )?;
-                if let Some(c) = &capturer {
-                    router = router.with_capture(c.keys.clone());
-                }
-                Arc::new(router)
+                )?);
+                plugins.capture = capturer.as_ref().map(|c| spur_proxy::CapturePlugin {
+                    select: Arc::new(router.capture(c.keys.clone())),
+                    sink: c.sink.clone(),
+                });
+                plugins.raw = Some(router.clone());
+                router
             }
         };
-        let proxy = Proxy::with_capture(
-            config.proxy.clone(),
-            router,
-            capturer.as_ref().map(|c| c.sink.clone()),
-            &mut registry,
-        )?;
+        let proxy = Proxy::with_plugins(config.proxy.clone(), router, plugins, &mut registry)?;
 
         let listener = TcpListener::bind(config.inbound_addr)
             .await

@@ -3,8 +3,8 @@
 
 use http::{HeaderMap, HeaderName, HeaderValue, Uri};
 use spur_proxy::capture::CaptureTag;
-use spur_proxy::{ConnMeta, RawRoute, Route, Router};
-use spur_routing::extract::{LEGACY_HEADERS, strip_query_param};
+use spur_proxy::{CaptureSelect, ConnMeta, RawRoute, RawRouter, Route, Router};
+use spur_routing::extract::strip_query_param;
 use spur_routing::inject::inject_key;
 use spur_routing::{BaselineWorkload, ExtractConfig, KeyExtractor, SharedTable};
 
@@ -15,9 +15,6 @@ use crate::capture::CaptureKeys;
 /// sidecar did it. If a misconfigured destination points back at the same sidecar, the request
 /// arrives carrying its own mark and goes to the application instead of looping.
 pub const ROUTED_HEADER: HeaderName = HeaderName::from_static("x-spur-routed");
-
-const BAGGAGE_NAME: &str = "baggage";
-const TRACESTATE_NAME: &str = "tracestate";
 
 /// Configuration of the sidecar's router.
 #[derive(Debug, Clone)]
@@ -39,8 +36,6 @@ pub struct KeyRouter {
     /// so most names are dismissed by one table lookup.
     carriers: Vec<HeaderName>,
     carrier_first: [bool; 256],
-    /// Routing keys whose requests are captured; `None` when the sidecar does not capture.
-    capture: Option<CaptureKeys>,
 }
 
 impl KeyRouter {
@@ -53,12 +48,7 @@ impl KeyRouter {
                 config.baseline
             ))
         })?;
-        let mut carriers: Vec<HeaderName> = [BAGGAGE_NAME, TRACESTATE_NAME]
-            .iter()
-            .chain(LEGACY_HEADERS.iter())
-            .map(|n| HeaderName::from_static(n))
-            .chain(extractor.custom_headers().iter().cloned())
-            .collect();
+        let mut carriers: Vec<HeaderName> = extractor.headers().cloned().collect();
         carriers.push(ROUTED_HEADER);
         let mut carrier_first = [false; 256];
         for name in &carriers {
@@ -74,58 +64,38 @@ impl KeyRouter {
             table,
             carriers,
             carrier_first,
-            capture: None,
         })
     }
 
-    /// Captures the requests whose routing key is in `keys` (a routed request: its
-    /// destination's key; one that stays on the baseline: its first candidate in `keys`, the
-    /// traffic of a virtual workload).
-    pub fn with_capture(mut self, keys: CaptureKeys) -> Self {
-        self.capture = Some(keys);
-        self
+    /// The capture plug-in for this router's requests: captures those whose routing key is in
+    /// `keys` (a routed request: its destination's key; one that stays on the baseline: its
+    /// first candidate in `keys`, the traffic of a virtual workload).
+    pub fn capture(&self, keys: CaptureKeys) -> KeyCapture {
+        KeyCapture {
+            mark: self.mark.clone(),
+            extractor: self.extractor.clone(),
+            keys,
+        }
     }
 
-    /// The decision once any routing query parameter has been lifted into headers, and whether
-    /// the request is captured.
-    fn decide(
-        &self,
-        conn: &ConnMeta,
-        headers: &HeaderMap,
-        query: Option<&str>,
-    ) -> (Route, Option<CaptureTag>) {
-        if headers
-            .get_all(ROUTED_HEADER)
-            .iter()
-            .any(|v| v == self.mark)
-        {
-            return (Route::Original, None);
+    /// The decision once any routing query parameter has been lifted into headers.
+    fn decide(&self, conn: &ConnMeta, headers: &HeaderMap, query: Option<&str>) -> Route {
+        if is_marked(headers, &self.mark) {
+            return Route::Original;
         }
         let candidates = self.extractor.extract(headers, query);
         if candidates.is_empty() {
-            return (Route::Original, None);
+            return Route::Original;
         }
         let snapshot = self.table.load();
-        let route = match snapshot
+        match snapshot
             .table
             .baseline(&self.baseline)
             .and_then(|rules| rules.route(conn.original_dst.port(), candidates.iter()))
         {
             Some(d) => Route::Destination(d.clone()),
             None => Route::Original,
-        };
-        let Some(capture) = &self.capture else {
-            return (route, None);
-        };
-        let keys = capture.load();
-        if keys.is_empty() {
-            return (route, None);
         }
-        let tag = match &route {
-            Route::Destination(d) => keys.get(&d.routing_key),
-            Route::Original => candidates.iter().find_map(|k| keys.get(k)),
-        };
-        (route, tag)
     }
 
     /// Moves `?<param>=<key>` out of the URL and into the standard key headers, so the
@@ -155,32 +125,26 @@ impl KeyRouter {
     }
 }
 
+/// Whether a request carries this sidecar's own mark: it has been here already.
+fn is_marked(headers: &HeaderMap, mark: &HeaderValue) -> bool {
+    headers.get_all(ROUTED_HEADER).iter().any(|v| v == mark)
+}
+
 impl Router for KeyRouter {
     fn route_http(&self, conn: &ConnMeta, req: &mut http::request::Parts) -> Route {
-        self.route_http_capture(conn, req).0
-    }
-
-    fn route_http_capture(
-        &self,
-        conn: &ConnMeta,
-        req: &mut http::request::Parts,
-    ) -> (Route, Option<CaptureTag>) {
-        if req
-            .headers
-            .get_all(ROUTED_HEADER)
-            .iter()
-            .any(|v| v == self.mark)
-        {
-            return (Route::Original, None);
+        if is_marked(&req.headers, &self.mark) {
+            return Route::Original;
         }
         self.lift_query_param(req);
-        let (route, tag) = self.decide(conn, &req.headers, req.uri.query());
+        let route = self.decide(conn, &req.headers, req.uri.query());
         if let Route::Destination(_) = route {
             req.headers.insert(ROUTED_HEADER, self.mark.clone());
         }
-        (route, tag)
+        route
     }
+}
 
+impl RawRouter for KeyRouter {
     fn is_carrier(&self, name: &[u8]) -> bool {
         match name.first() {
             Some(&b) if self.carrier_first[usize::from(b)] => self
@@ -200,13 +164,106 @@ impl Router for KeyRouter {
         {
             return None;
         }
-        let (route, tag) = self.decide(conn, carriers, query);
-        if tag.is_some() {
-            // Captured exchanges take the full path, where the capture is.
-            return None;
-        }
+        let route = self.decide(conn, carriers, query);
         let set =
             matches!(route, Route::Destination(_)).then(|| (ROUTED_HEADER, self.mark.clone()));
         Some(RawRoute { route, set })
+    }
+}
+
+/// Selects the exchanges to capture by routing key ([`KeyRouter::capture`]).
+pub struct KeyCapture {
+    mark: HeaderValue,
+    extractor: KeyExtractor,
+    keys: CaptureKeys,
+}
+
+impl CaptureSelect for KeyCapture {
+    fn select(
+        &self,
+        _conn: &ConnMeta,
+        route: &Route,
+        headers: &HeaderMap,
+        query: Option<&str>,
+    ) -> Option<CaptureTag> {
+        let keys = self.keys.load();
+        if keys.is_empty() {
+            return None;
+        }
+        match route {
+            Route::Destination(d) => keys.get(&d.routing_key),
+            // A request that has been here already is the application's, not captured again.
+            Route::Original if is_marked(headers, &self.mark) => None,
+            Route::Original => self
+                .extractor
+                .extract(headers, query)
+                .iter()
+                .find_map(|k| keys.get(k)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::Arc;
+
+    use arc_swap::ArcSwap;
+
+    use super::*;
+    use crate::capture::KeySet;
+
+    fn meta() -> ConnMeta {
+        ConnMeta::new(
+            "10.0.0.1:5555".parse().unwrap(),
+            "127.0.0.1:15006".parse().unwrap(),
+            "127.0.0.1:8080".parse().unwrap(),
+            spur_proxy::Protocol::Http1,
+        )
+    }
+
+    fn router() -> KeyRouter {
+        let config = KeyRouterConfig {
+            baseline: BaselineWorkload {
+                kind: "Deployment".into(),
+                namespace: "ns".into(),
+                name: "app".into(),
+            },
+            extract: ExtractConfig::default(),
+        };
+        KeyRouter::new(config, SharedTable::new()).unwrap()
+    }
+
+    /// The capture plug-in decides beside the router: a request that stays on the baseline is
+    /// captured by its candidate key (a virtual workload's traffic), unless it carries the
+    /// sidecar's own mark; the raw and the full path route it alike.
+    #[test]
+    fn capture_selects_beside_routing() {
+        let r = router();
+        let keys: CaptureKeys = Arc::new(ArcSwap::from_pointee(KeySet::of("k1", "sb1")));
+        let capture = r.capture(keys.clone());
+        let mut headers = HeaderMap::new();
+        headers.insert("baggage", HeaderValue::from_static("sd-routing-key=k1"));
+
+        let raw = r.route_raw(&meta(), "/a", &headers).unwrap();
+        assert_eq!(raw.route, Route::Original);
+        assert_eq!(raw.set, None);
+        let (mut parts, ()) = http::Request::get("/a").body(()).unwrap().into_parts();
+        parts.headers = headers.clone();
+        assert_eq!(r.route_http(&meta(), &mut parts), Route::Original);
+
+        let tag = capture.select(&meta(), &Route::Original, &headers, None);
+        assert_eq!(tag.map(|t| t.sandbox), Some("sb1".into()));
+        let mut marked = headers.clone();
+        marked.insert(ROUTED_HEADER, r.mark.clone());
+        assert_eq!(
+            capture.select(&meta(), &Route::Original, &marked, None),
+            None
+        );
+        keys.store(Arc::new(KeySet::default()));
+        assert_eq!(
+            capture.select(&meta(), &Route::Original, &headers, None),
+            None
+        );
     }
 }

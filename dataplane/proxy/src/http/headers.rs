@@ -1,5 +1,7 @@
-//! Header rewriting at the proxy hop: hop-by-hop removal (RFC 9110 §7.6.1), `Via`,
-//! `X-Forwarded-*`, and request-target normalisation for the upstream's HTTP version.
+//! The proxy hop's header policy, one for both HTTP/1 paths (the relay, which edits heads as
+//! bytes, and hyper's, which edits `HeaderMap`s): which fields are hop-by-hop (RFC 9110 §7.6.1)
+//! and which the hop reads ([`field`]), `Via`, `X-Forwarded-*`, and request-target normalisation
+//! for the upstream's HTTP version.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
@@ -8,12 +10,14 @@ use http::{StatusCode, Uri};
 use crate::conn::ConnMeta;
 use crate::pool::Version;
 
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
-const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-/// The h2c upgrade's settings (RFC 7540 §3.2.1): connection-specific, never forwarded.
-const HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
+pub(super) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub(super) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// `X-Forwarded-Proto` when the client sent none: the hop's HTTP listeners are plain text.
+pub(super) const FORWARDED_PROTO: &str = "http";
+/// `Via` (RFC 9110 §7.6.3) on HTTP/1.1 and HTTP/2 messages: the protocol received, and this
+/// hop's pseudonym.
+pub(super) const VIA_HTTP1: &str = "1.1 spur";
+const VIA_HTTP2: &str = "2.0 spur";
 
 /// The protocols a request asks to upgrade to (`Connection: upgrade` + `Upgrade: x`), without
 /// `h2c`. An upgrade to h2c (RFC 7540 §3.2, deprecated by RFC 9113 §3.1) would turn the rest of
@@ -54,17 +58,53 @@ pub(super) fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
     HeaderValue::from_str(&kept.join(", ")).ok()
 }
 
-/// The fixed hop-by-hop set (RFC 9110 §7.6.1, plus the legacy proxy headers).
+/// The header fields the proxy's HTTP/1 hop acts on, classified once for both paths: the relay
+/// reads names as bytes, the hyper path as [`HeaderName`]s ([`is_hop_by_hop`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Field {
+    Host,
+    ContentLength,
+    TransferEncoding,
+    Connection,
+    Te,
+    Expect,
+    XForwardedFor,
+    XForwardedProto,
+    /// The rest of the fixed hop-by-hop set (RFC 9110 §7.6.1 and the legacy proxy fields):
+    /// never forwarded.
+    HopByHop,
+    Other,
+}
+
+/// `name` in any case.
+pub(super) fn field(name: &[u8]) -> Field {
+    let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
+    match name.len() {
+        2 if is(b"te") => Field::Te,
+        4 if is(b"host") => Field::Host,
+        6 if is(b"expect") => Field::Expect,
+        7 if is(b"upgrade") => Field::HopByHop,
+        10 if is(b"connection") => Field::Connection,
+        10 if is(b"keep-alive") => Field::HopByHop,
+        14 if is(b"content-length") => Field::ContentLength,
+        14 if is(b"http2-settings") => Field::HopByHop,
+        15 if is(b"x-forwarded-for") => Field::XForwardedFor,
+        16 if is(b"proxy-connection") => Field::HopByHop,
+        17 if is(b"transfer-encoding") => Field::TransferEncoding,
+        17 if is(b"x-forwarded-proto") => Field::XForwardedProto,
+        18 if is(b"proxy-authenticate") => Field::HopByHop,
+        19 if is(b"proxy-authorization") => Field::HopByHop,
+        _ => Field::Other,
+    }
+}
+
+/// The fixed hop-by-hop set (RFC 9110 §7.6.1, plus the legacy proxy headers and h2c's
+/// settings), as [`field`] classifies it.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    name == header::CONNECTION
-        || name == header::TE
-        || name == header::TRANSFER_ENCODING
-        || name == header::UPGRADE
-        || name == header::PROXY_AUTHENTICATE
-        || name == header::PROXY_AUTHORIZATION
-        || name == PROXY_CONNECTION
-        || name == KEEP_ALIVE
-        || name == HTTP2_SETTINGS
+    matches!(
+        field(name.as_str().as_bytes()),
+        Field::Connection | Field::Te | Field::TransferEncoding | Field::HopByHop
+    )
 }
 
 /// Removes hop-by-hop headers: the fixed set plus every header the `Connection` header names.
@@ -93,8 +133,8 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 fn via_value(version: Version) -> HeaderValue {
     match version {
-        Version::Http1 => HeaderValue::from_static("1.1 spur"),
-        Version::Http2 => HeaderValue::from_static("2.0 spur"),
+        Version::Http1 => HeaderValue::from_static(VIA_HTTP1),
+        Version::Http2 => HeaderValue::from_static(VIA_HTTP2),
     }
 }
 
@@ -144,7 +184,7 @@ pub(super) fn prepare_request(
             headers.insert(X_FORWARDED_FOR, v);
         }
         if !headers.contains_key(X_FORWARDED_PROTO) {
-            headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+            headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(FORWARDED_PROTO));
         }
     }
 }
@@ -275,6 +315,29 @@ mod tests {
         assert_eq!(proto.as_ref().unwrap(), "websocket");
         assert_eq!(h["upgrade"], "websocket");
         assert!(!h.contains_key("http2-settings"));
+    }
+
+    /// The relay (names as bytes, any case) and the hyper path (`HeaderName`s) strip one set.
+    #[test]
+    fn one_hop_by_hop_set_for_both_paths() {
+        for name in [
+            "connection",
+            "te",
+            "transfer-encoding",
+            "upgrade",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "proxy-connection",
+            "keep-alive",
+            "http2-settings",
+        ] {
+            assert!(is_hop_by_hop(&HeaderName::from_static(name)), "{name}");
+            let upper = name.to_ascii_uppercase();
+            assert!(!matches!(field(upper.as_bytes()), Field::Other), "{name}");
+        }
+        for kept in ["x-kept", "host", "content-length", "x-forwarded-for"] {
+            assert!(!is_hop_by_hop(&HeaderName::from_static(kept)), "{kept}");
+        }
     }
 
     #[test]
