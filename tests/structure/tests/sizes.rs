@@ -27,10 +27,6 @@ const KNOWN_LARGE: &[(&str, &str)] = &[
         "the work-unit pod builder apart from the workflow controller",
     ),
     (
-        "dataplane/proxy/src/http/relay.rs",
-        "request-head rewriting and the upgrade path apart from the relay loop",
-    ),
-    (
         "perf/benches/push_latency.rs",
         "the cluster fixture apart from the measurement and the report",
     ),
