@@ -27,8 +27,7 @@ use spur_api::{
     names,
 };
 
-use crate::apply::ensure;
-use crate::context::{Context, FIELD_MANAGER, delete_opt, now};
+use crate::context::{Context, FIELD_MANAGER, Term, delete_opt, now};
 use crate::fork::{ForkId, plan};
 use crate::{Error, FINALIZER};
 
@@ -42,7 +41,7 @@ pub const ROUTING_READY: &str = "RoutingReady";
 /// Without changes, a sandbox is looked at again this often (TTL, baselines appearing).
 const RESYNC: Duration = Duration::from_secs(300);
 
-pub(crate) async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub(crate) async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Term>) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("Sandbox");
     let api: Api<Sandbox> = Api::all(ctx.client.clone());
     let action = finalizer(&api, FINALIZER, sb, |event| async {
@@ -52,10 +51,10 @@ pub(crate) async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Act
         }
     })
     .await;
-    crate::error::from_finalizer(action)
+    spur_controller::finalized(action)
 }
 
-async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
+async fn apply(sb: &Sandbox, ctx: &Term) -> Result<Action, Error> {
     let name = sb.name_any();
     let Some(uid) = sb.uid() else {
         return Err(Error::Pending(format!("Sandbox {name} to get a UID")));
@@ -157,11 +156,9 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
                 ctx.event(sb, true, reason, "CreateResources", message)
                     .await;
             }
-            ctx.succeeded(&key_of(sb));
             return Ok(Action::requeue(requeue));
         }
     }
-    let stores = ctx.stores();
     let mut workloads = Vec::new();
     let mut forks = Vec::new();
     for fork in &sb.spec.forks {
@@ -178,7 +175,9 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         );
         fw.metadata = child_meta(&fw_name, &b.namespace, &name, &key, &owner);
         let api: Api<ForkedWorkload> = Api::namespaced(ctx.client.clone(), &b.namespace);
-        let applied = ensure(&api, stores.as_ref().map(|s| &s.forks), fw).await?;
+        let applied = crate::context::OWNER
+            .ensure(&api, Some(&ctx.stores.forks), fw)
+            .await?;
         let st = applied.status.clone().unwrap_or_default();
         forks.push(ForkStatus {
             fork_of: b.clone(),
@@ -229,7 +228,9 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         );
         ew.metadata = child_meta(&ew_name, &b.namespace, &name, &key, &owner);
         let api = Api::<ExternalWorkload>::namespaced(ctx.client.clone(), &b.namespace);
-        let applied = ensure(&api, stores.as_ref().map(|s| &s.externals), ew).await?;
+        let applied = crate::context::OWNER
+            .ensure(&api, Some(&ctx.stores.externals), ew)
+            .await?;
         let st = applied.status.clone().unwrap_or_default();
         locals.push(LocalStatus {
             name: local.name.clone(),
@@ -311,7 +312,9 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
     rc.metadata.labels = Some(child_labels(&name, &key));
     rc.metadata.owner_references = Some(owner);
     let rcs: Api<RoutingConfig> = Api::all(ctx.client.clone());
-    let rc = ensure(&rcs, stores.as_ref().map(|s| &s.configs), rc).await?;
+    let rc = crate::context::OWNER
+        .ensure(&rcs, Some(&ctx.stores.configs), rc)
+        .await?;
     let routing_ready = rc
         .status
         .as_ref()
@@ -436,7 +439,6 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         condition(st, sb, READY, status, reason, &message);
     })
     .await?;
-    ctx.succeeded(&key_of(sb));
     Ok(Action::requeue(requeue))
 }
 
@@ -654,7 +656,7 @@ async fn write_status(
         _ => Vec::new(),
     };
     let api: Api<Sandbox> = Api::all(ctx.client.clone());
-    ctx.apply_status(&api, sb, &old, &st).await
+    Ok(ctx.status.apply(&api, sb, &old, &st).await?)
 }
 
 /// Deletes the sandbox's objects of kind `K` (by label) except those in `keep`; returns whether
@@ -731,20 +733,15 @@ async fn cleanup(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             "the ForkedWorkloads and Resources of Sandbox {name} to be deleted"
         )));
     }
-    ctx.succeeded(&key_of(sb));
     Ok(Action::await_change())
 }
 
-pub(crate) fn key_of(sb: &Sandbox) -> String {
-    format!("Sandbox/{}", sb.name_any())
-}
-
-pub(crate) fn error_policy(sb: Arc<Sandbox>, err: &Error, ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy(sb: Arc<Sandbox>, err: &Error, ctx: Arc<Term>) -> Action {
     // Waiting for children is expected: poll quickly instead of backing off.
     match err {
         Error::Pending(_) => return Action::requeue(Duration::from_millis(500)),
         Error::Requeue { after, .. } => return Action::requeue(*after),
         _ => {}
     }
-    ctx.backoff(key_of(&sb), err)
+    ctx.retry(&*sb, err)
 }
