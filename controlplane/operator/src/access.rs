@@ -229,7 +229,7 @@ async fn reconcile_request<K: AccessRequest>(r: Arc<K>, ctx: &Context) -> Result
         }
     })
     .await;
-    crate::error::from_finalizer(action)
+    spur_controller::finalized(action)
 }
 
 /// The request kind's name, for messages.
@@ -250,7 +250,7 @@ pub(crate) fn request_error_policy<K: AccessRequest>(
 ) -> Action {
     let delay = match err {
         Error::Requeue { after, .. } => *after,
-        _ => ctx.backoff_delay(key_of(&*r), err),
+        _ => ctx.retry_delay(&*r, err),
     };
     let left = until(deadline(&*r));
     let cap = if left.is_zero() {
@@ -396,7 +396,7 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
                 &message,
             );
             withhold(r, ns, ctx, &mut status, reason, &message).await?;
-            ctx.apply_status(&api, r, &old, &status).await?;
+            ctx.status.apply(&api, r, &old, &status).await?;
             return Ok(requeue_within(PENDING_RESYNC, until(deadline(r))));
         }
     };
@@ -419,7 +419,7 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
             message,
         );
         withhold(r, ns, ctx, &mut status, "NoRequester", message).await?;
-        ctx.apply_status(&api, r, &old, &status).await?;
+        ctx.status.apply(&api, r, &old, &status).await?;
         return Ok(requeue_within(READY_RESYNC, until(deadline(r))));
     };
     if !template.access().allows(&requester.groups) {
@@ -437,7 +437,7 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
         );
         // Nothing may stay granted to someone the template no longer allows.
         withhold(r, ns, ctx, &mut status, "NotInAllowedGroups", &message).await?;
-        ctx.apply_status(&api, r, &old, &status).await?;
+        ctx.status.apply(&api, r, &old, &status).await?;
         return Ok(requeue_within(READY_RESYNC, until(deadline(r))));
     }
     set(
@@ -511,7 +511,7 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
                     &e,
                 );
                 withhold(r, ns, ctx, &mut status, "InvalidDuration", &e).await?;
-                ctx.apply_status(&api, r, &old, &status).await?;
+                ctx.status.apply(&api, r, &old, &status).await?;
                 return Ok(requeue_within(READY_RESYNC, until(deadline(r))));
             }
         }
@@ -524,7 +524,7 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
         );
         // The expiry is on the object before anything is granted: whatever fails next, the
         // error policy and a restarted operator know when to take the grant back.
-        ctx.apply_status(&api, r, &old, &status).await?;
+        ctx.status.apply(&api, r, &old, &status).await?;
         return Ok(Action::requeue(Duration::from_millis(50)));
     }
     let left = until(deadline(r));
@@ -579,7 +579,7 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
                 &message,
             );
             withhold(r, ns, ctx, &mut status, reason, &message).await?;
-            ctx.apply_status(&api, r, &old, &status).await?;
+            ctx.status.apply(&api, r, &old, &status).await?;
             return Ok(requeue_within(PENDING_RESYNC, left));
         }
     };
@@ -598,7 +598,7 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
             &message,
         );
         withhold(r, ns, ctx, &mut status, "PodGone", &message).await?;
-        ctx.apply_status(&api, r, &old, &status).await?;
+        ctx.status.apply(&api, r, &old, &status).await?;
         return Ok(requeue_within(READY_RESYNC, left));
     }
     status.pod_name = Some(pod_name.clone());
@@ -671,7 +671,7 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
             "Waiting",
             &message,
         );
-        ctx.apply_status(&api, r, &old, &status).await?;
+        ctx.status.apply(&api, r, &old, &status).await?;
         return Ok(requeue_within(Duration::from_secs(1), left));
     }
     set(
@@ -703,12 +703,11 @@ async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Actio
         "Granted",
         &message,
     );
-    if ctx.apply_status(&api, r, &old, &status).await? && !old.ready {
+    if ctx.status.apply(&api, r, &old, &status).await? && !old.ready {
         tracing::info!(kind = K::ACCESS, namespace = ns, request = %name, user = %requester.username, pod = %pod_name, expires = ?status.expires_at, "access granted");
         ctx.metrics.access_grant(K::ACCESS, "granted");
         ctx.event(r, false, "Granted", "Grant", message).await;
     }
-    ctx.succeeded(&key_of(r));
     Ok(requeue_within(READY_RESYNC, left))
 }
 
@@ -733,7 +732,7 @@ async fn expire<K: AccessRequest>(
         "the grant has expired",
     );
     withhold(r, ns, ctx, &mut status, "Expired", "the grant has expired").await?;
-    ctx.apply_status(api, r, old, &status).await?;
+    ctx.status.apply(api, r, old, &status).await?;
     let user = r
         .requester()
         .map(|q| q.username.clone())
@@ -914,13 +913,16 @@ async fn apply_grant(ctx: &Context, ns: &str, g: &GrantRole<'_>) -> Result<(), E
             namespace: None,
         }]),
     };
-    crate::apply::ensure(&Api::<Role>::namespaced(ctx.client.clone(), ns), None, role).await?;
-    crate::apply::ensure(
-        &Api::<RoleBinding>::namespaced(ctx.client.clone(), ns),
-        None,
-        binding,
-    )
-    .await?;
+    crate::context::OWNER
+        .ensure(&Api::<Role>::namespaced(ctx.client.clone(), ns), None, role)
+        .await?;
+    crate::context::OWNER
+        .ensure(
+            &Api::<RoleBinding>::namespaced(ctx.client.clone(), ns),
+            None,
+            binding,
+        )
+        .await?;
     Ok(())
 }
 
@@ -957,15 +959,6 @@ fn namespace_of<K: Resource>(obj: &K, kind: &'static str) -> Result<String, Erro
             kind,
             name: obj.meta().name.clone().unwrap_or_default(),
         })
-}
-
-fn key_of<K: Resource<DynamicType = ()>>(obj: &K) -> String {
-    format!(
-        "{}/{}/{}",
-        K::kind(&()),
-        obj.meta().namespace.as_deref().unwrap_or_default(),
-        obj.meta().name.as_deref().unwrap_or_default()
-    )
 }
 
 /// The requests of `ns` naming template `name` (to wake them when it changes).

@@ -1,8 +1,8 @@
 //! What every reconciler shares: the client, the field manager, the event recorder, metrics and
-//! the per-object failure counts behind the error policy's backoff.
+//! the per-object failure counts behind the error policy's backoff (kept by the controller
+//! kit, `spur_controller`).
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -21,10 +21,20 @@ use crate::Error;
 /// else writes the fields it owns).
 pub const FIELD_MANAGER: &str = "spur-operator";
 
+/// How the operator applies the children it owns (stamped with [`DESIRED`]).
+///
+/// [`DESIRED`]: spur_api::keys::annotations::DESIRED
+pub(crate) const OWNER: spur_controller::Owner = spur_controller::Owner {
+    field_manager: FIELD_MANAGER,
+    stamp: spur_api::keys::annotations::DESIRED,
+};
+
 pub struct Context {
     pub client: Client,
     recorder: Recorder,
-    failures: Mutex<HashMap<String, u32>>,
+    /// Per-object failure counts: counted by the error policies ([`Context::retry`]), reset
+    /// by `spur_controller::run` when a pass succeeds.
+    backoff: spur_controller::Backoff,
     pub(crate) metrics: crate::metrics::Metrics,
     /// The certificate manager's configuration; without one, no certificates are managed.
     pub(crate) pki: Option<crate::PkiConfig>,
@@ -45,12 +55,8 @@ pub struct Context {
     /// Namespace enrollment: the RoleBindings made in namespaces labelled
     /// `spur.dev/enabled=true` (`crate::enroll`). `None`: the enroller does not run.
     pub(crate) enrollment: Option<crate::enroll_config::EnrollConfig>,
-    /// The controllers' views of the children they make, set by each `run` (a new leader term
-    /// has new watches).
-    stores: std::sync::RwLock<Option<Stores>>,
-    /// Per object (`Kind/namespace/name`): the resource version of our last status write, until
-    /// the store has it (see `apply_status`).
-    written: Mutex<HashMap<String, String>>,
+    /// Every status write of the operator's controllers (skipping unchanged ones).
+    pub(crate) status: spur_controller::StatusWriter,
 }
 
 /// The hub's preview domain and this cluster's name there (docs/hub.md).
@@ -84,7 +90,7 @@ impl Previews {
 }
 
 /// Children as the watches that wake their owners' controllers last saw them (each store is
-/// updated before the event that wakes a pass), for [`crate::apply::ensure`].
+/// updated before the event that wakes a pass), for [`OWNER`]'s `ensure`.
 #[derive(Clone)]
 pub(crate) struct Stores {
     pub(crate) forks: Store<ForkedWorkload>,
@@ -100,6 +106,26 @@ pub(crate) struct Stores {
     pub(crate) listener_services: Store<Service>,
 }
 
+/// The context of the controllers of one run (a leader term: a new term has new watches): the
+/// operator's [`Context`] and the stores of this run's watches, handed over at construction.
+pub(crate) struct Term {
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) stores: Stores,
+}
+
+impl std::ops::Deref for Term {
+    type Target = Context;
+    fn deref(&self) -> &Context {
+        &self.ctx
+    }
+}
+
+impl spur_controller::HasBackoff for Term {
+    fn backoff(&self) -> &spur_controller::Backoff {
+        &self.ctx.backoff
+    }
+}
+
 impl Context {
     pub fn new(client: Client, instance: Option<String>, metrics: crate::metrics::Metrics) -> Self {
         let reporter = Reporter {
@@ -109,7 +135,7 @@ impl Context {
         Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
-            failures: Mutex::new(HashMap::new()),
+            backoff: spur_controller::Backoff::default(),
             metrics,
             pki: None,
             tunnels: crate::TunnelConfig::default(),
@@ -120,21 +146,8 @@ impl Context {
             access: false,
             access_tokens: None,
             enrollment: None,
-            stores: std::sync::RwLock::new(None),
-            written: Mutex::new(HashMap::new()),
+            status: spur_controller::StatusWriter::new(FIELD_MANAGER),
         }
-    }
-
-    pub(crate) fn set_stores(&self, stores: Stores) {
-        *self.stores.write().unwrap_or_else(|p| p.into_inner()) = Some(stores);
-    }
-
-    /// `None` before the controllers run (a caller then applies unconditionally).
-    pub(crate) fn stores(&self) -> Option<Stores> {
-        self.stores
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
     }
 
     /// Where tunnel Leases live (the tunnel proxy's namespace) and when dead ones go.
@@ -220,105 +233,26 @@ impl Context {
     }
 
     /// Exponential per-object backoff: 1 s, 2 s, 4 s … capped at 5 min; reset by a success.
-    pub(crate) fn backoff(&self, key: String, err: &Error) -> Action {
-        Action::requeue(self.backoff_delay(key, err))
+    pub(crate) fn retry<K: Resource<DynamicType = ()>>(&self, obj: &K, err: &Error) -> Action {
+        Action::requeue(self.retry_delay(obj, err))
     }
 
-    /// The delay [`Context::backoff`] would requeue after (counting the failure), for error
+    /// The delay [`Context::retry`] would requeue after (counting the failure), for error
     /// policies that cap it.
-    pub(crate) fn backoff_delay(&self, key: String, err: &Error) -> Duration {
-        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        let n = f.entry(key.clone()).or_insert(0);
-        *n = n.saturating_add(1);
-        let delay = Duration::from_secs(1u64 << (*n - 1).min(8)).min(Duration::from_secs(300));
-        tracing::warn!(object = %key, error = %err, retry_in = ?delay, "reconcile failed");
+    pub(crate) fn retry_delay<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        err: &Error,
+    ) -> Duration {
+        let delay = self.backoff.failed(obj, err);
         self.metrics.failure();
         delay
     }
+}
 
-    pub(crate) fn succeeded(&self, key: &str) {
-        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        f.remove(key);
-    }
-    /// Server-side applies `status` as the whole status of `obj` (the operator owns every
-    /// status field of its kinds), unless it equals `old`, the status the reconcile started
-    /// from: an unchanged status is never written, so a reconcile does not wake its own watch
-    /// for nothing. Returns whether it wrote; an object deleted meanwhile (the reconcile worked
-    /// from a cache a moment old) has no status left to write, which is not an error.
-    ///
-    /// `old` comes from a store, which may not have this operator's own last status write yet
-    /// (another trigger started the pass first). Equal to that older copy is not equal to the
-    /// object: until the store holds the resource version of our last write, the status is
-    /// written whatever `old` says. (Our own status writes do not wake a pass, see `primary`,
-    /// so nothing else would correct it.)
-    pub(crate) async fn apply_status<K, S>(
-        &self,
-        api: &kube::Api<K>,
-        obj: &K,
-        old: &S,
-        status: &S,
-    ) -> Result<bool, Error>
-    where
-        K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-        S: serde::Serialize + PartialEq,
-    {
-        let name = obj.meta().name.clone().unwrap_or_default();
-        let key = format!(
-            "{}/{}/{name}",
-            K::kind(&()),
-            obj.meta().namespace.as_deref().unwrap_or_default()
-        );
-        let seen = obj.meta().resource_version.as_deref();
-        let trusted = {
-            let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
-            match written.get(&key) {
-                None => true,
-                Some(rv) if Some(rv.as_str()) == seen => {
-                    // The store caught up with our write: trust it from now on.
-                    written.remove(&key);
-                    true
-                }
-                Some(_) => false,
-            }
-        };
-        if trusted && old == status {
-            return Ok(false);
-        }
-        let body = serde_json::json!({
-            "apiVersion": K::api_version(&()),
-            "kind": K::kind(&()),
-            "status": status,
-        });
-        match api
-            .patch_status(
-                &name,
-                &kube::api::PatchParams::apply(FIELD_MANAGER).force(),
-                &kube::api::Patch::Apply(&body),
-            )
-            .await
-        {
-            Ok(now) => {
-                let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
-                match now.meta().resource_version.clone() {
-                    Some(rv) => written.insert(key, rv),
-                    None => written.remove(&key),
-                };
-                Ok(true)
-            }
-            Err(kube::Error::Api(s)) if s.is_not_found() => {
-                self.written
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&key);
-                tracing::debug!(
-                    kind = K::kind(&()).as_ref(),
-                    name,
-                    "gone before its status was written"
-                );
-                Ok(false)
-            }
-            Err(e) => Err(e.into()),
-        }
+impl spur_controller::HasBackoff for Context {
+    fn backoff(&self) -> &spur_controller::Backoff {
+        &self.backoff
     }
 }
 

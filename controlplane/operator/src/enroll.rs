@@ -16,7 +16,6 @@
 
 use std::sync::Arc;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Patch, PatchParams};
@@ -41,6 +40,12 @@ pub fn enrolled(ns: &Namespace) -> bool {
         && ns.labels().get(ENABLED_LABEL).map(String::as_str) == Some(ENABLED_VALUE)
 }
 
+impl spur_controller::HasBackoff for Enroller {
+    fn backoff(&self) -> &spur_controller::Backoff {
+        spur_controller::HasBackoff::backoff(&*self.ctx)
+    }
+}
+
 struct Enroller {
     ctx: Arc<Context>,
     cfg: EnrollConfig,
@@ -57,17 +62,22 @@ pub async fn run(ctx: Arc<Context>, cfg: EnrollConfig, stop: CancellationToken) 
         binding_digest,
     );
     let enroller = Arc::new(Enroller { ctx, cfg, bindings });
-    Controller::new(Api::<Namespace>::all(client), watcher::Config::default())
+    let controller = Controller::new(Api::<Namespace>::all(client), watcher::Config::default())
         // A binding changed or deleted behind the operator's back wakes its namespace.
-        .watches_stream(changes, |rb| rb.namespace().map(|ns| ObjectRef::new(&ns)))
-        .graceful_shutdown_on(stop.cancelled_owned())
-        .run(reconcile, error_policy, enroller)
-        .for_each(|_| std::future::ready(()))
-        .await;
+        .watches_stream(changes, |rb| rb.namespace().map(|ns| ObjectRef::new(&ns)));
+    spur_controller::run(
+        "namespace-enroller",
+        controller,
+        reconcile,
+        error_policy,
+        enroller,
+        stop,
+    )
+    .await;
 }
 
 fn binding_digest(rb: &RoleBinding) -> u64 {
-    triggers::hash_of(&(&rb.metadata.labels, &rb.role_ref, &rb.subjects))
+    spur_controller::hash_of(&(&rb.metadata.labels, &rb.role_ref, &rb.subjects))
 }
 
 async fn reconcile(ns: Arc<Namespace>, e: Arc<Enroller>) -> Result<Action, Error> {
@@ -110,16 +120,11 @@ async fn reconcile(ns: Arc<Namespace>, e: Arc<Enroller>) -> Result<Action, Error
         .await?;
         tracing::info!(namespace = %name, binding = %b.cluster_role, "namespace enrolled: binding applied");
     }
-    e.ctx.succeeded(&key_of(&name));
     Ok(Action::await_change())
 }
 
-fn key_of(ns: &str) -> String {
-    format!("Namespace//{ns}")
-}
-
 fn error_policy(ns: Arc<Namespace>, err: &Error, e: Arc<Enroller>) -> Action {
-    e.ctx.backoff(key_of(&ns.name_any()), err)
+    e.ctx.retry(&*ns, err)
 }
 
 #[cfg(test)]

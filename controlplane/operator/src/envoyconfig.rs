@@ -52,7 +52,7 @@ pub(crate) async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result
         }
     })
     .await;
-    crate::error::from_finalizer(action)
+    spur_controller::finalized(action)
 }
 
 /// The revision name of `version` of config `name`: within the 253 bytes of a name.
@@ -125,8 +125,7 @@ async fn apply(ec: &EnvoyConfig, ns: &str, ctx: &Context) -> Result<Action, Erro
                     "Invalid",
                     &e.to_string(),
                 );
-                ctx.apply_status(&cfg_api, ec, &old, &st).await?;
-                ctx.succeeded(&key_of(ec));
+                ctx.status.apply(&cfg_api, ec, &old, &st).await?;
                 return Ok(Action::await_change());
             }
         };
@@ -387,8 +386,7 @@ async fn apply(ec: &EnvoyConfig, ns: &str, ctx: &Context) -> Result<Action, Erro
             &message,
         );
     }
-    ctx.apply_status(&cfg_api, ec, &old, &st).await?;
-    ctx.succeeded(&key_of(ec));
+    ctx.status.apply(&cfg_api, ec, &old, &st).await?;
     // Reports are refreshed every REPORT_INTERVAL; a look now and then ages dead ones out.
     Ok(Action::requeue(REPORT_INTERVAL * 2))
 }
@@ -491,16 +489,8 @@ async fn cleanup(ec: &EnvoyConfig, ns: &str, ctx: &Context) -> Result<Action, Er
     Ok(Action::await_change())
 }
 
-fn key_of(ec: &EnvoyConfig) -> String {
-    format!(
-        "EnvoyConfig/{}/{}",
-        ec.namespace().unwrap_or_default(),
-        ec.name_any()
-    )
-}
-
 pub(crate) fn error_policy(ec: Arc<EnvoyConfig>, err: &Error, ctx: Arc<Context>) -> Action {
-    ctx.backoff(key_of(&ec), err)
+    ctx.retry(&*ec, err)
 }
 
 #[cfg(test)]

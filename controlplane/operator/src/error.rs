@@ -37,19 +37,14 @@ pub enum Error {
     Mesh(String),
 }
 
-/// The reconciler's own error out of a finalizer pass, so the error policy sees what happened.
-pub(crate) fn from_finalizer(
-    r: Result<kube::runtime::controller::Action, kube::runtime::finalizer::Error<Error>>,
-) -> Result<kube::runtime::controller::Action, Error> {
-    use kube::runtime::finalizer::Error as F;
-    match r {
-        Ok(a) => Ok(a),
-        Err(F::ApplyFailed(e) | F::CleanupFailed(e)) => Err(e),
-        // The object is gone: a reconcile from a cache a moment old cleaned up again after the
-        // finalizer had already been removed. Nothing is left to do.
-        Err(F::RemoveFinalizer(kube::Error::Api(s))) if s.is_not_found() => {
-            Ok(kube::runtime::controller::Action::await_change())
+/// The controller kit's errors are the operator's own (same variants, same messages), so the
+/// error policies see them as before the kit existed.
+impl From<spur_controller::Error> for Error {
+    fn from(e: spur_controller::Error) -> Self {
+        match e {
+            spur_controller::Error::Kube(e) => Error::Kube(e),
+            spur_controller::Error::Json(e) => Error::Json(e),
+            spur_controller::Error::Finalizer(m) => Error::Finalizer(m),
         }
-        Err(e) => Err(Error::Finalizer(e.to_string())),
     }
 }

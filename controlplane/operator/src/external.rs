@@ -248,7 +248,7 @@ pub(crate) async fn reconcile(
         }
     })
     .await;
-    crate::error::from_finalizer(action)
+    spur_controller::finalized(action)
 }
 
 async fn apply(ew: &ExternalWorkload, ns: &str, ctx: &Context) -> Result<Action, Error> {
@@ -393,7 +393,6 @@ async fn apply(ew: &ExternalWorkload, ns: &str, ctx: &Context) -> Result<Action,
         set(st, ew, READY, status, reason, &message);
     })
     .await?;
-    ctx.succeeded(&key(ew));
     // A live tunnel turns stale unless renewed (a renewal wakes us through the Lease watch).
     let next = match &session {
         Some(s) if plan.connected => Duration::from_secs(
@@ -453,7 +452,6 @@ async fn cleanup(ew: &ExternalWorkload, ns: &str, ctx: &Context) -> Result<Actio
             ew.name_any()
         )));
     }
-    ctx.succeeded(&key(ew));
     Ok(Action::await_change())
 }
 
@@ -489,22 +487,14 @@ async fn write_status(
     st.observed_generation = ew.meta().generation;
     update(&mut st);
     let api: Api<ExternalWorkload> = Api::namespaced(ctx.client.clone(), ns);
-    ctx.apply_status(&api, ew, &old, &st).await
-}
-
-pub(crate) fn key(ew: &ExternalWorkload) -> String {
-    format!(
-        "ExternalWorkload/{}/{}",
-        ew.namespace().unwrap_or_default(),
-        ew.name_any()
-    )
+    Ok(ctx.status.apply(&api, ew, &old, &st).await?)
 }
 
 pub(crate) fn error_policy(ew: Arc<ExternalWorkload>, err: &Error, ctx: Arc<Context>) -> Action {
     if matches!(err, Error::Pending(_)) {
         return Action::requeue(Duration::from_millis(500));
     }
-    ctx.backoff(key(&ew), err)
+    ctx.retry(&*ew, err)
 }
 
 /// Deletes tunnel Leases not renewed for `gc_after`, every so often, until `stop`.

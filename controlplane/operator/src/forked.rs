@@ -18,8 +18,7 @@ use spur_api::conditions::{ConditionStatus, NewCondition, READY, set_condition};
 use spur_api::keys::labels;
 use spur_api::{ForkedWorkload, ForkedWorkloadStatus, WorkloadKind};
 
-use crate::apply::ensure;
-use crate::context::{Context, Stores, now};
+use crate::context::{Context, Stores, Term, now};
 use crate::fork::{ForkId, ForkPlan, deployment_ready, plan};
 use crate::{Error, FINALIZER};
 
@@ -27,7 +26,7 @@ use crate::{Error, FINALIZER};
 /// baseline or the Services of its namespace (all watched): a safety net, not the update path.
 const RESYNC: Duration = Duration::from_secs(300);
 
-pub(crate) async fn reconcile(fw: Arc<ForkedWorkload>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub(crate) async fn reconcile(fw: Arc<ForkedWorkload>, ctx: Arc<Term>) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("ForkedWorkload");
     let ns = fw.namespace().ok_or_else(|| Error::NoNamespace {
         kind: "ForkedWorkload",
@@ -41,27 +40,19 @@ pub(crate) async fn reconcile(fw: Arc<ForkedWorkload>, ctx: Arc<Context>) -> Res
         }
     })
     .await;
-    crate::error::from_finalizer(action)
+    spur_controller::finalized(action)
 }
 
-async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, Error> {
+async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Term) -> Result<Action, Error> {
     let name = fw.name_any();
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
 
-    let stores = ctx.stores();
+    let stores = Some(&ctx.stores);
     let built = match build(fw, ns, &name, &deployments, &services, &ctx.fork_policy).await? {
-        Ok(built) => conflicts(
-            fw,
-            ns,
-            &name,
-            &built.1,
-            &deployments,
-            &services,
-            stores.as_ref(),
-        )
-        .await?
-        .map_or(Ok(built), Err),
+        Ok(built) => conflicts(fw, ns, &name, &built.1, &deployments, &services, stores)
+            .await?
+            .map_or(Ok(built), Err),
         Err(e) => Err(e),
     };
     let (baseline, plan) = match built {
@@ -86,24 +77,23 @@ async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, E
     let owner = fw.controller_owner_ref(&()).into_iter().collect::<Vec<_>>();
     let mut deployment = plan.deployment;
     deployment.metadata.owner_references = Some(owner.clone());
-    let applied = ensure(
-        &deployments,
-        stores.as_ref().map(|s| &s.deployments),
-        deployment,
-    )
-    .await?;
+    let applied = crate::context::OWNER
+        .ensure(&deployments, stores.map(|s| &s.deployments), deployment)
+        .await?;
 
     let mut wanted = BTreeSet::new();
     let mut mappings = Vec::new();
     for (mut svc, mapping) in plan.services {
         svc.metadata.owner_references = Some(owner.clone());
         wanted.insert(svc.name_any());
-        ensure(&services, stores.as_ref().map(|s| &s.services), svc).await?;
+        crate::context::OWNER
+            .ensure(&services, stores.map(|s| &s.services), svc)
+            .await?;
         mappings.push(mapping);
     }
     // Our Services of this fork that the plan no longer has: from the store (a Service it
     // misses is pruned on a later pass), or the watch cache before the controllers run.
-    let ours: Vec<Service> = match &stores {
+    let ours: Vec<Service> = match stores {
         Some(s) => s
             .services
             .state()
@@ -155,7 +145,6 @@ async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, E
         set_ready(st, fw, status, reason, &message);
     })
     .await?;
-    ctx.succeeded(&key(fw));
     Ok(Action::requeue(RESYNC))
 }
 
@@ -379,7 +368,7 @@ async fn write_status(
     st.observed_generation = fw.meta().generation;
     update(&mut st);
     let api: Api<ForkedWorkload> = Api::namespaced(ctx.client.clone(), ns);
-    ctx.apply_status(&api, fw, &old, &st).await
+    Ok(ctx.status.apply(&api, fw, &old, &st).await?)
 }
 
 /// Whether `meta` is an object this ForkedWorkload controls (its controller owner reference,
@@ -510,22 +499,13 @@ async fn cleanup(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action,
             "the children of ForkedWorkload {ns}/{name} to be deleted"
         )));
     }
-    ctx.succeeded(&key(fw));
     Ok(Action::await_change())
 }
 
-pub(crate) fn key(fw: &ForkedWorkload) -> String {
-    format!(
-        "ForkedWorkload/{}/{}",
-        fw.namespace().unwrap_or_default(),
-        fw.name_any()
-    )
-}
-
-pub(crate) fn error_policy(fw: Arc<ForkedWorkload>, err: &Error, ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy(fw: Arc<ForkedWorkload>, err: &Error, ctx: Arc<Term>) -> Action {
     // Waiting for children to go is expected: poll quickly instead of backing off.
     if matches!(err, Error::Pending(_)) {
         return Action::requeue(Duration::from_millis(500));
     }
-    ctx.backoff(key(&fw), err)
+    ctx.retry(&*fw, err)
 }

@@ -35,7 +35,7 @@ use spur_api::names::label_value;
 use spur_api::{ListenerSet, ListenerSetStatus};
 
 use crate::Error;
-use crate::context::{Context, delete_opt, now};
+use crate::context::{Context, Term, delete_opt, now};
 
 /// The label the EndpointSlice controller puts on every slice, naming its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -47,7 +47,7 @@ const RESYNC: Duration = Duration::from_secs(300);
 /// Endpoint Services per EndpointSlice list call: names go into the label selector of the URL.
 const SERVICES_PER_LIST: usize = 40;
 
-pub(crate) async fn reconcile(ls: Arc<ListenerSet>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub(crate) async fn reconcile(ls: Arc<ListenerSet>, ctx: Arc<Term>) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("ListenerSet");
     let name = ls.name_any();
     let ns = ls.namespace().ok_or_else(|| Error::NoNamespace {
@@ -89,8 +89,7 @@ pub(crate) async fn reconcile(ls: Arc<ListenerSet>, ctx: Arc<Context>) -> Result
         if reason_of(&old, conditions::READY) != Some("Invalid") {
             ctx.event(&*ls, true, "Invalid", "Validate", message).await;
         }
-        ctx.apply_status(&api, &*ls, &old, &st).await?;
-        ctx.succeeded(&key_of(&ls));
+        ctx.status.apply(&api, &*ls, &old, &st).await?;
         return Ok(Action::await_change());
     }
 
@@ -104,7 +103,7 @@ pub(crate) async fn reconcile(ls: Arc<ListenerSet>, ctx: Arc<Context>) -> Result
         })
         .ok_or_else(|| Error::Pending(format!("a uid on ListenerSet {ns}/{name}")))?;
     let svc_api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
-    let store = ctx.stores().map(|s| s.listener_services);
+    let store = Some(&ctx.stores.listener_services);
     let mark = label_value(&name);
     let current: Vec<Arc<Service>> = match &store {
         Some(s) => s
@@ -133,7 +132,9 @@ pub(crate) async fn reconcile(ls: Arc<ListenerSet>, ctx: Arc<Context>) -> Result
                 Some(m) => marked(&m, &mark),
             };
         if ours {
-            crate::apply::ensure(&svc_api, store.as_ref(), desired).await?;
+            crate::context::OWNER
+                .ensure(&svc_api, store, desired)
+                .await?;
         } else {
             conflict = Some(format!(
                 "Service {svc_name} exists and is not this ListenerSet's (it has no label {LISTENER_SET_LABEL}={mark}): delete it, rename the set, or set spec.service.type to None"
@@ -143,7 +144,9 @@ pub(crate) async fn reconcile(ls: Arc<ListenerSet>, ctx: Arc<Context>) -> Result
     let endpoint_services = endpoint_services(&ls, &owner);
     for svc in &endpoint_services {
         wanted.insert(svc.name_any());
-        crate::apply::ensure(&svc_api, store.as_ref(), svc.clone()).await?;
+        crate::context::OWNER
+            .ensure(&svc_api, store, svc.clone())
+            .await?;
     }
     for svc in &current {
         let svc_name = svc.name_any();
@@ -224,8 +227,7 @@ pub(crate) async fn reconcile(ls: Arc<ListenerSet>, ctx: Arc<Context>) -> Result
             &message,
         );
     }
-    ctx.apply_status(&api, &*ls, &old, &st).await?;
-    ctx.succeeded(&key_of(&ls));
+    ctx.status.apply(&api, &*ls, &old, &st).await?;
     Ok(Action::requeue(RESYNC))
 }
 
@@ -432,16 +434,8 @@ pub fn count_endpoints(set: &str, cluster: &Cluster, slices: &[EndpointSlice]) -
     (total, ready)
 }
 
-fn key_of(ls: &ListenerSet) -> String {
-    format!(
-        "ListenerSet/{}/{}",
-        ls.namespace().unwrap_or_default(),
-        ls.name_any()
-    )
-}
-
-pub(crate) fn error_policy(ls: Arc<ListenerSet>, err: &Error, ctx: Arc<Context>) -> Action {
-    ctx.backoff(key_of(&ls), err)
+pub(crate) fn error_policy(ls: Arc<ListenerSet>, err: &Error, ctx: Arc<Term>) -> Action {
+    ctx.retry(&*ls, err)
 }
 
 #[cfg(test)]

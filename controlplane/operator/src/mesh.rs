@@ -205,7 +205,7 @@ where
     let api: Api<K> = Api::all(ctx.client.clone());
     let keep: BTreeSet<String> = desired.iter().map(ResourceExt::name_any).collect();
     for obj in desired {
-        crate::apply::ensure(&api, None, obj).await?;
+        crate::context::OWNER.ensure(&api, None, obj).await?;
     }
     for old in api.list_metadata(&selector(rc_name)).await?.items {
         let name = old.name_any();
@@ -281,11 +281,6 @@ pub(crate) fn http_route_resource() -> ApiResource {
 pub(crate) fn spec_of(obj: &DynamicObject) -> &serde_json::Value {
     static EMPTY: serde_json::Value = serde_json::Value::Null;
     obj.data.get("spec").unwrap_or(&EMPTY)
-}
-
-/// The reference of a mesh route to use in a controller's key (`Kind/name`).
-pub(crate) fn key_of<K: Resource<DynamicType = ()>>(obj: &K) -> String {
-    format!("{}/{}", K::kind(&()), obj.name_any())
 }
 
 /// `ready` and the message, as the mesh routes' `Ready` condition.

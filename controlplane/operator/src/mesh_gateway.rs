@@ -14,7 +14,6 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::controller::Action;
@@ -30,7 +29,7 @@ use spur_api::{GatewayAPIRoute, MeshRouteStatus, names};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, FIELD_MANAGER};
-use crate::mesh::{http_route_resource, key_of, ready_condition, spec_of};
+use crate::mesh::{http_route_resource, ready_condition, spec_of};
 use crate::{Error, FINALIZER};
 
 /// Gateway API's bounds on an HTTPRoute (standard channel CRD, v1.6): matches per rule, matches
@@ -38,6 +37,12 @@ use crate::{Error, FINALIZER};
 const MAX_MATCHES_PER_RULE: usize = 64;
 const MAX_MATCHES_PER_ROUTE: usize = 128;
 const MAX_HEADERS_PER_MATCH: usize = 16;
+
+impl spur_controller::HasBackoff for GatewayContext {
+    fn backoff(&self) -> &spur_controller::Backoff {
+        spur_controller::HasBackoff::backoff(&*self.ctx)
+    }
+}
 
 pub(crate) struct GatewayContext {
     ctx: Arc<Context>,
@@ -57,36 +62,41 @@ pub(crate) async fn run(client: Client, ctx: Arc<Context>, stop: CancellationTok
     )
     .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear());
     let changes = reflector(writer, events).touched_objects();
-    let controller = crate::primary(Api::<GatewayAPIRoute>::all(client.clone())).with_config(
-        kube::runtime::controller::Config::default().debounce(Duration::from_millis(10)),
-    );
+    let controller = crate::controllers::primary(Api::<GatewayAPIRoute>::all(client.clone()))
+        .with_config(
+            kube::runtime::controller::Config::default().debounce(Duration::from_millis(10)),
+        );
     let gars = controller.store();
     let gctx = Arc::new(GatewayContext {
         ctx,
         http_routes,
         resource: resource.clone(),
     });
-    controller
-        .watches_stream_with(
-            changes,
-            move |route: DynamicObject| {
-                let mut refs = crate::cluster_owners::<GatewayAPIRoute>(&route);
-                if !is_managed(&route) {
-                    refs.extend(
-                        gars.state()
-                            .into_iter()
-                            .filter(|g| references(&route, &g.spec.target_service))
-                            .map(|g| ObjectRef::from_obj(&*g)),
-                    );
-                }
-                refs
-            },
-            resource,
-        )
-        .graceful_shutdown_on(stop.cancelled_owned())
-        .run(reconcile, error_policy, gctx)
-        .for_each(|_| std::future::ready(()))
-        .await;
+    let controller = controller.watches_stream_with(
+        changes,
+        move |route: DynamicObject| {
+            let mut refs = spur_controller::cluster_owners::<GatewayAPIRoute>(&route);
+            if !is_managed(&route) {
+                refs.extend(
+                    gars.state()
+                        .into_iter()
+                        .filter(|g| references(&route, &g.spec.target_service))
+                        .map(|g| ObjectRef::from_obj(&*g)),
+                );
+            }
+            refs
+        },
+        resource,
+    );
+    spur_controller::run(
+        "gatewayapiroute",
+        controller,
+        reconcile,
+        error_policy,
+        gctx,
+        stop,
+    )
+    .await;
 }
 
 async fn reconcile(gr: Arc<GatewayAPIRoute>, gctx: Arc<GatewayContext>) -> Result<Action, Error> {
@@ -99,7 +109,7 @@ async fn reconcile(gr: Arc<GatewayAPIRoute>, gctx: Arc<GatewayContext>) -> Resul
         }
     })
     .await;
-    crate::error::from_finalizer(action)
+    spur_controller::finalized(action)
 }
 
 async fn apply(gr: &GatewayAPIRoute, gctx: &GatewayContext) -> Result<Action, Error> {
@@ -206,8 +216,7 @@ async fn apply(gr: &GatewayAPIRoute, gctx: &GatewayContext) -> Result<Action, Er
         &message,
     );
     let api: Api<GatewayAPIRoute> = Api::all(gctx.ctx.client.clone());
-    gctx.ctx.apply_status(&api, gr, &old, &st).await?;
-    gctx.ctx.succeeded(&key_of(gr));
+    gctx.ctx.status.apply(&api, gr, &old, &st).await?;
     Ok(Action::requeue(Duration::from_secs(300)))
 }
 
@@ -223,7 +232,6 @@ async fn cleanup(gr: &GatewayAPIRoute, gctx: &GatewayContext) -> Result<Action, 
             Api::<DynamicObject>::namespaced_with(gctx.ctx.client.clone(), &ns, &gctx.resource);
         crate::context::delete_opt(&api, &r.name_any()).await?;
     }
-    gctx.ctx.succeeded(&key_of(gr));
     Ok(Action::await_change())
 }
 
@@ -231,14 +239,14 @@ fn error_policy(gr: Arc<GatewayAPIRoute>, err: &Error, gctx: Arc<GatewayContext>
     if matches!(err, Error::Pending(_)) {
         return Action::requeue(Duration::from_millis(500));
     }
-    gctx.ctx.backoff(key_of(&*gr), err)
+    gctx.ctx.retry(&*gr, err)
 }
 
 /// Applies a derived route (server-side apply: it is all ours), unless the store holds it as
 /// wanted already (same digest stamp), so a pass that changes nothing writes nothing.
 async fn ensure(gctx: &GatewayContext, mut obj: DynamicObject) -> Result<(), Error> {
     obj.annotations_mut().remove(annotations::DESIRED);
-    let digest = format!("{:016x}", crate::triggers::hash_of(&obj));
+    let digest = format!("{:016x}", spur_controller::hash_of(&obj));
     obj.annotations_mut()
         .insert(annotations::DESIRED.into(), digest.clone());
     let ns = obj.namespace().unwrap_or_default();

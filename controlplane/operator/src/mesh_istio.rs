@@ -16,7 +16,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::controller::Action;
@@ -31,7 +30,7 @@ use spur_api::{IstioRoute, MeshRouteStatus};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, FIELD_MANAGER};
-use crate::mesh::{MeshConfig, key_of, ready_condition, spec_of, virtual_service_resource};
+use crate::mesh::{MeshConfig, ready_condition, spec_of, virtual_service_resource};
 use crate::{Error, FINALIZER};
 
 /// Every route Spur writes into a VirtualService is named `spur.<IstioRoute>.<port>`; the
@@ -39,6 +38,12 @@ use crate::{Error, FINALIZER};
 const ROUTE_PREFIX: &str = "spur.";
 /// Conflicting writes to one VirtualService retried before the pass fails (and backs off).
 const MAX_CONFLICTS: u32 = 10;
+
+impl spur_controller::HasBackoff for IstioContext {
+    fn backoff(&self) -> &spur_controller::Backoff {
+        spur_controller::HasBackoff::backoff(&*self.ctx)
+    }
+}
 
 pub(crate) struct IstioContext {
     ctx: Arc<Context>,
@@ -64,9 +69,10 @@ pub(crate) async fn run(
     )
     .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear());
     let changes = reflector(writer, events).touched_objects();
-    let controller = crate::primary(Api::<IstioRoute>::all(client.clone())).with_config(
-        kube::runtime::controller::Config::default().debounce(Duration::from_millis(10)),
-    );
+    let controller = crate::controllers::primary(Api::<IstioRoute>::all(client.clone()))
+        .with_config(
+            kube::runtime::controller::Config::default().debounce(Duration::from_millis(10)),
+        );
     let routes = controller.store();
     let domain = cfg.cluster_domain.clone();
     let ictx = Arc::new(IstioContext {
@@ -75,23 +81,27 @@ pub(crate) async fn run(
         resource: resource.clone(),
         cluster_domain: cfg.cluster_domain,
     });
-    controller
-        .watches_stream_with(
-            changes,
-            move |vs: DynamicObject| {
-                routes
-                    .state()
-                    .into_iter()
-                    .filter(|ir| concerns(&vs, ir, &domain))
-                    .map(|ir| ObjectRef::from_obj(&*ir))
-                    .collect::<Vec<_>>()
-            },
-            resource,
-        )
-        .graceful_shutdown_on(stop.cancelled_owned())
-        .run(reconcile, error_policy, ictx)
-        .for_each(|_| std::future::ready(()))
-        .await;
+    let controller = controller.watches_stream_with(
+        changes,
+        move |vs: DynamicObject| {
+            routes
+                .state()
+                .into_iter()
+                .filter(|ir| concerns(&vs, ir, &domain))
+                .map(|ir| ObjectRef::from_obj(&*ir))
+                .collect::<Vec<_>>()
+        },
+        resource,
+    );
+    spur_controller::run(
+        "istioroute",
+        controller,
+        reconcile,
+        error_policy,
+        ictx,
+        stop,
+    )
+    .await;
 }
 
 /// Whether a change of `vs` may matter to `ir`: it names the target, or holds its routes.
@@ -111,7 +121,7 @@ async fn reconcile(ir: Arc<IstioRoute>, ictx: Arc<IstioContext>) -> Result<Actio
         }
     })
     .await;
-    crate::error::from_finalizer(action)
+    spur_controller::finalized(action)
 }
 
 async fn apply(ir: &IstioRoute, ictx: &IstioContext) -> Result<Action, Error> {
@@ -174,7 +184,6 @@ async fn apply(ir: &IstioRoute, ictx: &IstioContext) -> Result<Action, Error> {
         ),
     };
     write_status(ir, &ictx.ctx, matched, ready, reason, &message).await?;
-    ictx.ctx.succeeded(&key_of(ir));
     Ok(Action::requeue(Duration::from_secs(300)))
 }
 
@@ -198,7 +207,6 @@ async fn cleanup(ir: &IstioRoute, ictx: &IstioContext) -> Result<Action, Error> 
             _ => break,
         }
     }
-    ictx.ctx.succeeded(&key_of(ir));
     Ok(Action::await_change())
 }
 
@@ -284,7 +292,7 @@ async fn write_status(
         message,
     );
     let api: Api<IstioRoute> = Api::all(ctx.client.clone());
-    ctx.apply_status(&api, ir, &old, &st).await?;
+    ctx.status.apply(&api, ir, &old, &st).await?;
     Ok(())
 }
 
@@ -292,7 +300,7 @@ fn error_policy(ir: Arc<IstioRoute>, err: &Error, ictx: Arc<IstioContext>) -> Ac
     if matches!(err, Error::Pending(_)) {
         return Action::requeue(Duration::from_millis(500));
     }
-    ictx.ctx.backoff(key_of(&*ir), err)
+    ictx.ctx.retry(&*ir, err)
 }
 
 // === VirtualService contents ===

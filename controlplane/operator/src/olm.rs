@@ -123,7 +123,7 @@ pub(crate) async fn reconcile(
         }
     })
     .await;
-    crate::error::from_finalizer(action)
+    spur_controller::finalized(action)
 }
 
 pub(crate) fn error_policy(
@@ -136,11 +136,7 @@ pub(crate) fn error_policy(
         Error::Requeue { after, .. } => return Action::requeue(*after),
         _ => {}
     }
-    ctx.backoff(key_of(&olm), err)
-}
-
-fn key_of(olm: &ObjectLifecycleMethods) -> String {
-    format!("ObjectLifecycleMethods/{}", olm.name_any())
+    ctx.retry(&*olm, err)
 }
 
 /// The preStart workflow.
@@ -158,7 +154,6 @@ async fn start(
         return Ok(Action::await_change());
     }
     if matches!(st.phase, OlmPhase::Started | OlmPhase::Failed) {
-        ctx.succeeded(&key_of(olm));
         return Ok(Action::await_change());
     }
     let step = advance(olm, ctx, cfg, Workflow::PreStart, &mut st).await?;
@@ -204,7 +199,6 @@ async fn start(
         }
     }
     write(olm, ctx, &st).await?;
-    ctx.succeeded(&key_of(olm));
     Ok(match step {
         Progress::Waiting(Some(after)) => Action::requeue(after),
         // Pod changes wake the pass; this is a safety net.
@@ -294,10 +288,7 @@ async fn stop(
     };
     write(olm, ctx, &st).await?;
     match action {
-        None => {
-            ctx.succeeded(&key_of(olm));
-            Ok(Action::await_change())
-        }
+        None => Ok(Action::await_change()),
         // The finalizer helper releases on Ok: keep it by reporting what we wait for, and
         // when to look again (a unit waiting out its backoff is not polled meanwhile; pod
         // changes wake the pass earlier).
@@ -997,7 +988,7 @@ fn set_ready(
 async fn write(olm: &ObjectLifecycleMethods, ctx: &Context, st: &OlmStatus) -> Result<(), Error> {
     let api: Api<ObjectLifecycleMethods> = Api::all(ctx.client.clone());
     let old = olm.status.clone().unwrap_or_default();
-    ctx.apply_status(&api, olm, &old, st).await?;
+    ctx.status.apply(&api, olm, &old, st).await?;
     Ok(())
 }
 

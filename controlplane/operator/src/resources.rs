@@ -69,7 +69,7 @@ pub(crate) async fn reconcile_plugin(
         &now(),
     );
     let api: Api<ResourcePlugin> = Api::all(ctx.client.clone());
-    if ctx.apply_status(&api, &plugin, &old, &st).await? && verdict.is_some() {
+    if ctx.status.apply(&api, &plugin, &old, &st).await? && verdict.is_some() {
         ctx.event(&*plugin, true, "Invalid", "Validate", message)
             .await;
     }
@@ -81,7 +81,7 @@ pub(crate) fn plugin_error_policy(
     err: &Error,
     ctx: Arc<Context>,
 ) -> Action {
-    ctx.backoff(format!("ResourcePlugin/{}", p.name_any()), err)
+    ctx.retry(&*p, err)
 }
 
 /// Why a plugin cannot be used, if it cannot.
@@ -464,7 +464,7 @@ pub(crate) async fn reconcile(res: Arc<Resource>, ctx: Arc<Context>) -> Result<A
         }
     })
     .await;
-    crate::error::from_finalizer(action)
+    spur_controller::finalized(action)
 }
 
 pub(crate) fn error_policy(res: Arc<Resource>, err: &Error, ctx: Arc<Context>) -> Action {
@@ -473,7 +473,7 @@ pub(crate) fn error_policy(res: Arc<Resource>, err: &Error, ctx: Arc<Context>) -
         Error::Requeue { after, .. } => return Action::requeue(*after),
         _ => {}
     }
-    ctx.backoff(format!("Resource/{}", res.name_any()), err)
+    ctx.retry(&*res, err)
 }
 
 async fn apply(res: &Resource, ctx: &Context, cfg: &ResourceConfig) -> Result<Action, Error> {
@@ -582,8 +582,7 @@ async fn apply(res: &Resource, ctx: &Context, cfg: &ResourceConfig) -> Result<Ac
         OlmPhase::Stopping | OlmPhase::Stopped => {}
     }
     let api: Api<Resource> = Api::all(ctx.client.clone());
-    ctx.apply_status(&api, res, &old, &st).await?;
-    ctx.succeeded(&format!("Resource/{name}"));
+    ctx.status.apply(&api, res, &old, &st).await?;
     Ok(Action::requeue(Duration::from_secs(300)))
 }
 
@@ -677,7 +676,7 @@ async fn cleanup(res: &Resource, ctx: &Context, cfg: &ResourceConfig) -> Result<
         };
         condition(&mut st, res, false, "Deleting", &msg);
         let api: Api<Resource> = Api::all(ctx.client.clone());
-        ctx.apply_status(&api, res, &old, &st).await?;
+        ctx.status.apply(&api, res, &old, &st).await?;
         // Every change of the OLM wakes this pass; the requeue is a safety net.
         return Err(Error::Requeue {
             what: format!("the delete workflow of resource {name}"),
@@ -688,7 +687,6 @@ async fn cleanup(res: &Resource, ctx: &Context, cfg: &ResourceConfig) -> Result<
     // garbage collector; this covers the moment).
     let contexts: Api<Secret> = Api::namespaced(ctx.client.clone(), &cfg.ics_namespace);
     delete_opt(&contexts, &names::io_context_secret_name(&name)).await?;
-    ctx.succeeded(&format!("Resource/{name}"));
     Ok(Action::await_change())
 }
 

@@ -30,7 +30,7 @@ pub(crate) async fn reconcile(rg: Arc<RouteGroup>, ctx: Arc<Context>) -> Result<
         }
     })
     .await;
-    crate::error::from_finalizer(action)
+    spur_controller::finalized(action)
 }
 
 async fn apply(rg: &RouteGroup, ctx: &Context) -> Result<Action, Error> {
@@ -146,7 +146,6 @@ async fn apply(rg: &RouteGroup, ctx: &Context) -> Result<Action, Error> {
         condition(st, rg, status, reason, &message)
     })
     .await?;
-    ctx.succeeded(&key_of(rg));
     Ok(Action::requeue(Duration::from_secs(300)))
 }
 
@@ -186,24 +185,19 @@ async fn write_status(
         .map(|p| p.urls(&rg.name_any(), &rg.spec.endpoints))
         .unwrap_or_default();
     let api: Api<RouteGroup> = Api::all(ctx.client.clone());
-    ctx.apply_status(&api, rg, &old, &st).await
+    Ok(ctx.status.apply(&api, rg, &old, &st).await?)
 }
 
 async fn cleanup(rg: &RouteGroup, ctx: &Context) -> Result<Action, Error> {
     let rcs: Api<RoutingConfig> = Api::all(ctx.client.clone());
     let rc_name = names::route_group_routing_config_name(&rg.name_any());
     delete_opt(&rcs, &rc_name).await?;
-    ctx.succeeded(&key_of(rg));
     Ok(Action::await_change())
-}
-
-fn key_of(rg: &RouteGroup) -> String {
-    format!("RouteGroup/{}", rg.name_any())
 }
 
 pub(crate) fn error_policy(rg: Arc<RouteGroup>, err: &Error, ctx: Arc<Context>) -> Action {
     if matches!(err, Error::Pending(_)) {
         return Action::requeue(Duration::from_millis(500));
     }
-    ctx.backoff(key_of(&rg), err)
+    ctx.retry(&*rg, err)
 }

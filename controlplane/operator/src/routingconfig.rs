@@ -17,10 +17,10 @@ use spur_api::conditions::{
 use spur_api::routingconfig::{RouteServerStatus, SandboxedKind};
 use spur_api::{Route, RoutingConfig, RoutingConfigStatus};
 
-use crate::context::{Context, now};
+use crate::context::{Context, Term, now};
 use crate::{Error, FINALIZER};
 
-pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Term>) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("RoutingConfig");
     let api: Api<RoutingConfig> = Api::all(ctx.client.clone());
     let Some(mesh) = ctx.mesh.clone() else {
@@ -40,31 +40,29 @@ pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Context>) -> Resu
             Event::Apply(rc) => apply(&rc, &ctx, Some(&mesh)).await,
             Event::Cleanup(rc) => {
                 let action = crate::mesh::cleanup(&rc, &mesh, &ctx).await?;
-                ctx.succeeded(&key_of(&rc));
                 Ok(action)
             }
         }
     })
     .await;
-    crate::error::from_finalizer(action)
+    spur_controller::finalized(action)
 }
 
 async fn apply(
     rc: &RoutingConfig,
-    ctx: &Context,
+    ctx: &Term,
     mesh: Option<&crate::MeshConfig>,
 ) -> Result<Action, Error> {
     let mut routes = Vec::new();
     let mut targets = Vec::new();
     let mut waiting = Vec::new();
     let invalid = rc.spec.validate().err().map(|e| e.to_string());
-    let stores = ctx.stores();
     if invalid.is_none() {
         for w in &rc.spec.workloads {
             let id = format!("{:?} {}/{}", w.kind, w.namespace, w.name);
             match w.kind {
                 SandboxedKind::ForkedWorkload => {
-                    let store = stores.as_ref().map(|s| &s.rc_forks);
+                    let store = Some(&ctx.stores.rc_forks);
                     let Some(fw) = read(ctx, store, &w.namespace, &w.name).await? else {
                         waiting.push(format!("{id} (not found)"));
                         continue;
@@ -83,7 +81,7 @@ async fn apply(
                     targets.push((w, st.services));
                 }
                 SandboxedKind::ExternalWorkload => {
-                    let store = stores.as_ref().map(|s| &s.rc_externals);
+                    let store = Some(&ctx.stores.rc_externals);
                     let Some(ew) = read(ctx, store, &w.namespace, &w.name).await? else {
                         waiting.push(format!("{id} (not found)"));
                         continue;
@@ -154,8 +152,7 @@ async fn apply(
         crate::mesh::sync(rc, &targets, mesh, ctx).await?;
     }
     let api: Api<RoutingConfig> = Api::all(ctx.client.clone());
-    ctx.apply_status(&api, rc, &old, &st).await?;
-    ctx.succeeded(&key_of(rc));
+    ctx.status.apply(&api, rc, &old, &st).await?;
     Ok(Action::requeue(Duration::from_secs(300)))
 }
 
@@ -190,10 +187,6 @@ pub(crate) fn lists(rc: &RoutingConfig, kind: SandboxedKind, obj: &impl Resource
         .any(|w| w.kind == kind && w.namespace == ns && w.name == name)
 }
 
-fn key_of(rc: &RoutingConfig) -> String {
-    format!("RoutingConfig/{}", rc.name_any())
-}
-
-pub(crate) fn error_policy(rc: Arc<RoutingConfig>, err: &Error, ctx: Arc<Context>) -> Action {
-    ctx.backoff(key_of(&rc), err)
+pub(crate) fn error_policy(rc: Arc<RoutingConfig>, err: &Error, ctx: Arc<Term>) -> Action {
+    ctx.retry(&*rc, err)
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Service};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -20,17 +20,19 @@ use spur_api::conditions::{
 };
 use spur_api::keys::labels;
 use spur_api::routingconfig::{SandboxedKind, SandboxedWorkloadRef};
-use spur_api::sandbox::{ForkStatus, LocalStatus, VirtualStatus};
+use spur_api::sandbox::{ForkStatus, LocalStatus, ResourceStatusSummary, VirtualStatus};
 use spur_api::{
-    ExternalWorkload, ExternalWorkloadSpec, ForkedWorkload, ForkedWorkloadSpec, RoutingConfig,
-    RoutingConfigSpec, Sandbox, SandboxStatus, VirtualWorkload, VirtualWorkloadSpec, WorkloadKind,
-    names,
+    ExternalWorkload, ForkedWorkload, RoutingConfig, Sandbox, SandboxStatus, VirtualWorkload,
+    WorkloadKind, names,
 };
 
-use crate::apply::ensure;
-use crate::context::{Context, FIELD_MANAGER, delete_opt, now};
+use crate::context::OWNER;
+use crate::context::{Context, FIELD_MANAGER, Term, delete_opt, now};
 use crate::fork::{ForkId, plan};
 use crate::{Error, FINALIZER};
+
+mod desired;
+mod status;
 
 // Derived in spur_api::names, since the RouteGroup and Resource controllers derive it too; its
 // old path stays.
@@ -42,7 +44,7 @@ pub const ROUTING_READY: &str = "RoutingReady";
 /// Without changes, a sandbox is looked at again this often (TTL, baselines appearing).
 const RESYNC: Duration = Duration::from_secs(300);
 
-pub(crate) async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub(crate) async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Term>) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("Sandbox");
     let api: Api<Sandbox> = Api::all(ctx.client.clone());
     let action = finalizer(&api, FINALIZER, sb, |event| async {
@@ -52,13 +54,14 @@ pub(crate) async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Act
         }
     })
     .await;
-    crate::error::from_finalizer(action)
+    spur_controller::finalized(action)
 }
 
-async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
+async fn apply(sb: &Sandbox, ctx: &Term) -> Result<Action, Error> {
     let name = sb.name_any();
     let Some(uid) = sb.uid() else {
-        return Err(Error::Pending(format!("Sandbox {name} to get a UID")));
+        // Waiting for the API server to give it one: poll quickly instead of backing off.
+        return Ok(Action::requeue(Duration::from_millis(500)));
     };
     let key = sb
         .status
@@ -114,174 +117,146 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         return Ok(Action::requeue(requeue.min(Duration::from_secs(30))));
     }
 
-    let owner: Vec<_> = sb.controller_owner_ref(&()).into_iter().collect();
     // Resources first: forks start only once every resource is ready, so that they start
     // with its outputs (a fork without its own database would write to the baseline's).
-    let mut resource_entries = Vec::new();
-    if !sb.spec.resources.is_empty() {
-        let res = crate::resources::ensure(sb, &key, &owner, ctx).await?;
-        resource_entries = res.entries;
-        if !res.ready {
-            let (reason, message) = match res.failed {
-                Some(m) => ("ResourceFailed", format!("{m}; no fork is started")),
-                None => (
-                    "ResourcesPending",
-                    format!(
-                        "waiting for resources before starting forks: {}",
-                        resource_entries
-                            .iter()
-                            .filter(|e| e.phase != "Ready")
-                            .map(|e| format!(
-                                "{} ({}{})",
-                                e.name,
-                                e.phase,
-                                e.message
-                                    .as_deref()
-                                    .map(|m| format!(": {m}"))
-                                    .unwrap_or_default()
-                            ))
-                            .collect::<Vec<_>>()
-                            .join("; ")
-                    ),
-                ),
-            };
-            let failed = reason == "ResourceFailed";
-            let changed = write_status(sb, ctx, |st| {
-                st.routing_key = Some(key.clone());
-                st.resources = resource_entries;
-                st.expires_at = expires_at.map(Time);
-                condition(st, sb, READY, ConditionStatus::False, reason, &message);
-            })
-            .await?;
-            if changed && failed {
-                ctx.event(sb, true, reason, "CreateResources", message)
-                    .await;
-            }
-            ctx.succeeded(&key_of(sb));
-            return Ok(Action::requeue(requeue));
-        }
-    }
-    let stores = ctx.stores();
-    let mut workloads = Vec::new();
-    let mut forks = Vec::new();
-    for fork in &sb.spec.forks {
-        let b = &fork.fork_of;
-        let fw_name = names::fork_name(&name, b);
-        let mut fw = ForkedWorkload::new(
-            &fw_name,
-            ForkedWorkloadSpec {
-                sandbox: name.clone(),
-                routing_key: key.clone(),
-                baseline: b.clone(),
-                customizations: fork.customizations.clone(),
-            },
-        );
-        fw.metadata = child_meta(&fw_name, &b.namespace, &name, &key, &owner);
-        let api: Api<ForkedWorkload> = Api::namespaced(ctx.client.clone(), &b.namespace);
-        let applied = ensure(&api, stores.as_ref().map(|s| &s.forks), fw).await?;
-        let st = applied.status.clone().unwrap_or_default();
-        forks.push(ForkStatus {
-            fork_of: b.clone(),
-            forked_workload: fw_name.clone(),
-            fork: st.fork.clone(),
-            services: st.services.clone(),
-            ready: is_condition_true(&st.conditions, READY),
-            baseline_sidecars: st.baseline_sidecars.clone(),
-        });
-        workloads.push(SandboxedWorkloadRef {
-            kind: SandboxedKind::ForkedWorkload,
-            namespace: b.namespace.clone(),
-            name: fw_name,
-            sandbox: name.clone(),
-        });
-    }
-    // Local workloads: an ExternalWorkload each, served by the workstation's tunnel, and only
-    // while the workstation's recorded owner is the Sandbox's creator (docs/local.md,
-    // "Workstation owners"): a workstation that changed hands gets none of the old owner's keys.
+    let Some(resource_entries) = resources(sb, &key, expires_at, ctx).await? else {
+        return Ok(Action::requeue(requeue));
+    };
+    // Local workloads are served by the workstation's tunnel, and only while the
+    // workstation's recorded owner is the Sandbox's creator (docs/local.md, "Workstation
+    // owners"): a workstation that changed hands gets none of the old owner's keys.
     let binding = if sb.spec.local.is_empty() {
         Ok(())
     } else {
         crate::workstation_owner::bindable(ctx, sb).await?
     };
-    let mut locals = Vec::new();
-    for local in &sb.spec.local {
-        let b = &local.from;
-        let ew_name = names::external_workload_name(&name, &local.name);
-        if binding.is_err() {
-            locals.push(LocalStatus {
-                name: local.name.clone(),
-                external_workload: ew_name,
-                connected: false,
-                ready: false,
-            });
-            continue;
-        }
-        let mut ew = ExternalWorkload::new(
-            &ew_name,
-            ExternalWorkloadSpec {
-                sandbox: name.clone(),
-                routing_key: key.clone(),
-                name: local.name.clone(),
-                baseline: b.clone(),
-                workstation: sb.spec.workstation.clone().unwrap_or_default(),
-                mappings: local.mappings.clone(),
-            },
-        );
-        ew.metadata = child_meta(&ew_name, &b.namespace, &name, &key, &owner);
-        let api = Api::<ExternalWorkload>::namespaced(ctx.client.clone(), &b.namespace);
-        let applied = ensure(&api, stores.as_ref().map(|s| &s.externals), ew).await?;
-        let st = applied.status.clone().unwrap_or_default();
-        locals.push(LocalStatus {
-            name: local.name.clone(),
-            external_workload: ew_name.clone(),
-            connected: st.tunnel.as_ref().is_some_and(|t| t.connected),
-            ready: is_condition_true(&st.conditions, READY),
-        });
-        workloads.push(SandboxedWorkloadRef {
-            kind: SandboxedKind::ExternalWorkload,
-            namespace: b.namespace.clone(),
-            name: ew_name,
-            sandbox: name.clone(),
-        });
+    let children = desired::children(sb, &key, binding.is_ok());
+    let mut observed = apply_children(sb, children, ctx).await?;
+    if binding.is_err() {
+        observed.locals = (sb.spec.local.iter())
+            .map(|l| status::unbound_local(&name, l))
+            .collect();
     }
-    // Virtual workloads: a VirtualWorkload each, which reports whether the baseline's sidecars
-    // can handle the key (nothing is deployed, nothing routed).
-    let mut virtuals = Vec::new();
-    for v in &sb.spec.virtual_workloads {
-        let b = &v.workload;
-        let vw_name = names::virtual_workload_name(&name, &v.name);
-        let mut vw = VirtualWorkload::new(
-            &vw_name,
-            VirtualWorkloadSpec {
-                sandbox: name.clone(),
-                routing_key: key.clone(),
-                name: v.name.clone(),
-                baseline: b.clone(),
-            },
-        );
-        vw.metadata = child_meta(&vw_name, &b.namespace, &name, &key, &owner);
-        let applied = Api::<VirtualWorkload>::namespaced(ctx.client.clone(), &b.namespace)
+    prune_removed(sb, &observed.workloads, binding.is_err(), ctx).await?;
+    let rc = desired::routing_config(sb, &key, observed.workloads);
+    let rcs: Api<RoutingConfig> = Api::all(ctx.client.clone());
+    let rc = OWNER.ensure(&rcs, Some(&ctx.stores.configs), rc).await?;
+    let routing_ready = rc
+        .status
+        .as_ref()
+        .is_some_and(|s| is_condition_true(&s.conditions, READY));
+    write_status(sb, ctx, |st| {
+        st.routing_key = Some(key.clone());
+        st.resources = resource_entries;
+        st.forks = observed.forks;
+        st.local = observed.locals;
+        st.virtual_workloads = observed.virtuals;
+        st.expires_at = expires_at.map(Time);
+        status::conditions(st, sb, routing_ready, &binding);
+    })
+    .await?;
+    Ok(Action::requeue(requeue))
+}
+
+/// The sandbox's resources, ensured: their status entries once every one is ready, `None`
+/// (with the reason in status) while one is not.
+async fn resources(
+    sb: &Sandbox,
+    key: &str,
+    expires_at: Option<Timestamp>,
+    ctx: &Term,
+) -> Result<Option<Vec<ResourceStatusSummary>>, Error> {
+    if sb.spec.resources.is_empty() {
+        return Ok(Some(Vec::new()));
+    }
+    let res = crate::resources::ensure(sb, key, &desired::owner(sb), ctx).await?;
+    if res.ready {
+        return Ok(Some(res.entries));
+    }
+    let (reason, message) = status::resources_waiting(&res.entries, res.failed);
+    let changed = write_status(sb, ctx, |st| {
+        st.routing_key = Some(key.to_owned());
+        st.resources = res.entries;
+        st.expires_at = expires_at.map(Time);
+        condition(st, sb, READY, ConditionStatus::False, reason, &message);
+    })
+    .await?;
+    if changed && reason == "ResourceFailed" {
+        ctx.event(sb, true, reason, "CreateResources", message)
+            .await;
+    }
+    Ok(None)
+}
+
+/// What [`apply_children`] saw: each workload's status entry and its RoutingConfig entry.
+#[derive(Default)]
+struct Observed {
+    forks: Vec<ForkStatus>,
+    locals: Vec<LocalStatus>,
+    virtuals: Vec<VirtualStatus>,
+    workloads: Vec<SandboxedWorkloadRef>,
+}
+
+/// Applies the sandbox's children (each in its baseline's namespace), in order.
+async fn apply_children(
+    sb: &Sandbox,
+    children: desired::Children,
+    ctx: &Term,
+) -> Result<Observed, Error> {
+    let name = sb.name_any();
+    let mut o = Observed::default();
+    for fw in children.forks {
+        let ns = fw.namespace().unwrap_or_default();
+        let api: Api<ForkedWorkload> = Api::namespaced(ctx.client.clone(), &ns);
+        let applied = OWNER.ensure(&api, Some(&ctx.stores.forks), fw).await?;
+        o.forks.push(status::fork(&applied));
+        (o.workloads).push(desired::workload_ref(
+            SandboxedKind::ForkedWorkload,
+            &*applied,
+            &name,
+        ));
+    }
+    for ew in children.locals {
+        let ns = ew.namespace().unwrap_or_default();
+        let api = Api::<ExternalWorkload>::namespaced(ctx.client.clone(), &ns);
+        let applied = OWNER.ensure(&api, Some(&ctx.stores.externals), ew).await?;
+        o.locals.push(status::local(&applied));
+        (o.workloads).push(desired::workload_ref(
+            SandboxedKind::ExternalWorkload,
+            &*applied,
+            &name,
+        ));
+    }
+    // A VirtualWorkload reports whether the baseline's sidecars can handle the key (nothing
+    // is deployed, nothing routed).
+    for vw in children.virtuals {
+        let ns = vw.namespace().unwrap_or_default();
+        let applied = Api::<VirtualWorkload>::namespaced(ctx.client.clone(), &ns)
             .patch(
-                &vw_name,
+                &vw.name_any(),
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&vw),
             )
             .await?;
-        let st = applied.status.clone().unwrap_or_default();
-        virtuals.push(VirtualStatus {
-            name: v.name.clone(),
-            virtual_workload: vw_name.clone(),
-            ready: is_condition_true(&st.conditions, READY),
-            baseline_sidecars: st.baseline_sidecars.clone(),
-        });
-        workloads.push(SandboxedWorkloadRef {
-            kind: SandboxedKind::VirtualWorkload,
-            namespace: b.namespace.clone(),
-            name: vw_name,
-            sandbox: name.clone(),
-        });
+        o.virtuals.push(status::virtual_workload(&applied));
+        (o.workloads).push(desired::workload_ref(
+            SandboxedKind::VirtualWorkload,
+            &applied,
+            &name,
+        ));
     }
-    // Objects of workloads removed from the spec.
+    Ok(o)
+}
+
+/// Deletes the objects of workloads removed from the spec (and the local ones of a sandbox
+/// that may not bind its workstation).
+async fn prune_removed(
+    sb: &Sandbox,
+    workloads: &[SandboxedWorkloadRef],
+    unbound: bool,
+    ctx: &Term,
+) -> Result<(), Error> {
+    let name = sb.name_any();
     let wanted: BTreeSet<(String, String)> = workloads
         .iter()
         .map(|w| (w.namespace.clone(), w.name.clone()))
@@ -296,148 +271,10 @@ async fn apply(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         prune::<ForkedWorkload>(ctx, &name, Some(&wanted), false).await?;
         prune::<VirtualWorkload>(ctx, &name, Some(&wanted), false).await?;
     }
-    if spec_changed || binding.is_err() {
+    if spec_changed || unbound {
         prune::<ExternalWorkload>(ctx, &name, Some(&wanted), false).await?;
     }
-
-    let rc_name = names::sandbox_routing_config_name(&name);
-    let mut rc = RoutingConfig::new(
-        &rc_name,
-        RoutingConfigSpec {
-            routing_key: key.clone(),
-            workloads,
-        },
-    );
-    rc.metadata.labels = Some(child_labels(&name, &key));
-    rc.metadata.owner_references = Some(owner);
-    let rcs: Api<RoutingConfig> = Api::all(ctx.client.clone());
-    let rc = ensure(&rcs, stores.as_ref().map(|s| &s.configs), rc).await?;
-    let routing_ready = rc
-        .status
-        .as_ref()
-        .is_some_and(|s| is_condition_true(&s.conditions, READY));
-
-    let all_ready = forks.iter().all(|f| f.ready)
-        && locals.iter().all(|l| l.ready)
-        && virtuals.iter().all(|v| v.ready);
-    write_status(sb, ctx, |st| {
-        st.routing_key = Some(key.clone());
-        st.resources = resource_entries;
-        st.forks = forks;
-        st.local = locals;
-        st.virtual_workloads = virtuals;
-        st.expires_at = expires_at.map(Time);
-        condition(
-            st,
-            sb,
-            ROUTING_READY,
-            if routing_ready {
-                ConditionStatus::True
-            } else {
-                ConditionStatus::False
-            },
-            if routing_ready {
-                "Routed"
-            } else {
-                "RoutesPending"
-            },
-            if routing_ready {
-                "the route server serves this sandbox's routes"
-            } else {
-                "waiting for the forks to become ready and their routes to be published"
-            },
-        );
-        // Baseline pods without a sidecar never see the key: say which, and why.
-        let virtual_baselines: Vec<(&str, Option<&spur_api::SidecarCoverage>)> = sb
-            .spec
-            .virtual_workloads
-            .iter()
-            .zip(&st.virtual_workloads)
-            .map(|(v, s)| (v.workload.namespace.as_str(), s.baseline_sidecars.as_ref()))
-            .collect();
-        let without: Vec<String> = st
-            .forks
-            .iter()
-            .map(|f| (f.fork_of.namespace.as_str(), f.baseline_sidecars.as_ref()))
-            .chain(virtual_baselines)
-            .flat_map(|(ns, c)| {
-                c.into_iter()
-                    .flat_map(|c| c.without_sidecar.iter())
-                    .map(move |p| format!("{ns}/{} ({})", p.name, p.reason))
-            })
-            .collect();
-        if !st.forks.is_empty() || !st.virtual_workloads.is_empty() {
-            if without.is_empty() {
-                condition(
-                    st,
-                    sb,
-                    BASELINE_SIDECARS,
-                    ConditionStatus::True,
-                    "AllInjected",
-                    "every running pod of the forked baselines has a sidecar",
-                );
-            } else {
-                condition(
-                    st,
-                    sb,
-                    BASELINE_SIDECARS,
-                    ConditionStatus::False,
-                    "PodsWithoutSidecar",
-                    &format!(
-                        "requests with this sandbox's key that reach these baseline pods are not routed (or captured): {}",
-                        without.join("; ")
-                    ),
-                );
-            }
-        }
-        let (status, reason, message) = if all_ready && routing_ready {
-            (
-                ConditionStatus::True,
-                "Ready",
-                "every workload is ready and routed".to_string(),
-            )
-        } else {
-            let waiting: Vec<&str> = st
-                .forks
-                .iter()
-                .filter(|f| !f.ready)
-                .map(|f| f.forked_workload.as_str())
-                .chain(
-                    st.local
-                        .iter()
-                        .filter(|l| !l.ready)
-                        .map(|l| l.external_workload.as_str()),
-                )
-                .chain(
-                    st.virtual_workloads
-                        .iter()
-                        .filter(|v| !v.ready)
-                        .map(|v| v.virtual_workload.as_str()),
-                )
-                .collect();
-            (
-                ConditionStatus::False,
-                "NotReady",
-                if waiting.is_empty() {
-                    "waiting for routes".to_string()
-                } else {
-                    format!("waiting for {}", waiting.join(", "))
-                },
-            )
-        };
-        let (status, reason, message) = match &binding {
-            Ok(()) => (status, reason, message),
-            Err(refused) => (
-                ConditionStatus::False,
-                "WorkstationNotOwned",
-                refused.clone(),
-            ),
-        };
-        condition(st, sb, READY, status, reason, &message);
-    })
-    .await?;
-    ctx.succeeded(&key_of(sb));
-    Ok(Action::requeue(requeue))
+    Ok(())
 }
 
 /// The Ready reasons of a failed [`check`].
@@ -584,37 +421,10 @@ fn expiry(sb: &Sandbox) -> Option<Timestamp> {
     ttl.expires_at(created, updated)
 }
 
-fn child_meta(
-    name: &str,
-    namespace: &str,
-    sandbox: &str,
-    key: &str,
-    owner: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
-) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name.to_owned()),
-        namespace: Some(namespace.to_owned()),
-        labels: Some(child_labels(sandbox, key)),
-        owner_references: Some(owner.to_vec()),
-        ..ObjectMeta::default()
-    }
-}
-
-fn child_labels(sandbox: &str, key: &str) -> std::collections::BTreeMap<String, String> {
-    std::collections::BTreeMap::from([
-        (
-            labels::MANAGED_BY.to_owned(),
-            labels::MANAGED_BY_VALUE.to_owned(),
-        ),
-        (labels::SANDBOX.to_owned(), sandbox.to_owned()),
-        (labels::ROUTING_KEY.to_owned(), key.to_owned()),
-    ])
-}
-
 /// Condition type: every running pod of the forked baselines has a sidecar.
-const BASELINE_SIDECARS: &str = "BaselineSidecars";
+pub(super) const BASELINE_SIDECARS: &str = "BaselineSidecars";
 
-fn condition(
+pub(super) fn condition(
     st: &mut SandboxStatus,
     sb: &Sandbox,
     type_: &str,
@@ -654,7 +464,7 @@ async fn write_status(
         _ => Vec::new(),
     };
     let api: Api<Sandbox> = Api::all(ctx.client.clone());
-    ctx.apply_status(&api, sb, &old, &st).await
+    Ok(ctx.status.apply(&api, sb, &old, &st).await?)
 }
 
 /// Deletes the sandbox's objects of kind `K` (by label) except those in `keep`; returns whether
@@ -731,20 +541,15 @@ async fn cleanup(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
             "the ForkedWorkloads and Resources of Sandbox {name} to be deleted"
         )));
     }
-    ctx.succeeded(&key_of(sb));
     Ok(Action::await_change())
 }
 
-pub(crate) fn key_of(sb: &Sandbox) -> String {
-    format!("Sandbox/{}", sb.name_any())
-}
-
-pub(crate) fn error_policy(sb: Arc<Sandbox>, err: &Error, ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy(sb: Arc<Sandbox>, err: &Error, ctx: Arc<Term>) -> Action {
     // Waiting for children is expected: poll quickly instead of backing off.
     match err {
         Error::Pending(_) => return Action::requeue(Duration::from_millis(500)),
         Error::Requeue { after, .. } => return Action::requeue(*after),
         _ => {}
     }
-    ctx.backoff(key_of(&sb), err)
+    ctx.retry(&*sb, err)
 }

@@ -7,8 +7,6 @@
 //! passes an object on only when that hash changed; deletions always pass.
 
 use std::collections::HashMap;
-use std::hash::{DefaultHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -20,6 +18,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use spur_api::conditions::{READY, is_condition_true};
 use spur_api::{ExternalWorkload, ForkedWorkload, RoutingConfig};
+use spur_controller::hash_of;
 
 /// The objects of `api` whose `digest` changed since they were last passed on, and every
 /// deletion; and a store of every object of `api`, updated before the object it passes on, so
@@ -114,28 +113,6 @@ where
             futures_util::stream::iter(out)
         })
         .flatten()
-}
-
-pub(crate) fn hash_of(v: &impl Serialize) -> u64 {
-    /// Feeds serialized bytes straight into the hasher.
-    struct Feed(DefaultHasher);
-    impl std::io::Write for Feed {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.write(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    // Serializing what a reconcile reads is the one way to hash API types, which do not
-    // implement `Hash`. A failure (none of these types has one) must count as a change.
-    static FAILED: AtomicU64 = AtomicU64::new(0);
-    let mut feed = Feed(DefaultHasher::new());
-    match serde_json::to_writer(&mut feed, v) {
-        Ok(()) => feed.0.finish(),
-        Err(_) => !FAILED.fetch_add(1, Ordering::Relaxed),
-    }
 }
 
 /// Spec, deletion, and the metadata an owner sets and checks (labels, annotations, owner

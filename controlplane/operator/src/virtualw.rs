@@ -116,12 +116,11 @@ pub(crate) async fn reconcile(
         &now(),
     );
     let api: Api<VirtualWorkload> = Api::namespaced(ctx.client.clone(), &ns);
-    let changed = ctx.apply_status(&api, vw.as_ref(), &old, &st).await?;
+    let changed = ctx.status.apply(&api, vw.as_ref(), &old, &st).await?;
     if changed && status == ConditionStatus::False && !ready_before(&old) {
         ctx.event(vw.as_ref(), true, reason, "Reconcile", message)
             .await;
     }
-    ctx.succeeded(&key(&vw));
     Ok(Action::requeue(RESYNC))
 }
 
@@ -129,14 +128,6 @@ fn ready_before(st: &VirtualWorkloadStatus) -> bool {
     spur_api::conditions::is_condition_true(&st.conditions, READY)
 }
 
-fn key(vw: &VirtualWorkload) -> String {
-    format!(
-        "VirtualWorkload/{}/{}",
-        vw.namespace().unwrap_or_default(),
-        vw.name_any()
-    )
-}
-
 pub(crate) fn error_policy(vw: Arc<VirtualWorkload>, err: &Error, ctx: Arc<Context>) -> Action {
-    ctx.backoff(key(&vw), err)
+    ctx.retry(&*vw, err)
 }

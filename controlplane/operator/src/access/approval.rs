@@ -115,7 +115,7 @@ pub(super) async fn gate<K: AccessRequest>(
     // Nothing stays granted without the approval (it may have been withdrawn, or the template
     // may have come to require one).
     super::withhold(r, ns, ctx, status, reason, &message).await?;
-    ctx.apply_status(api, r, old, status).await?;
+    ctx.status.apply(api, r, old, status).await?;
     // The approval annotations wake the request (its own changes do); the resync is a backstop.
     Ok(Gate::Closed(requeue_within(
         READY_RESYNC,

@@ -14,7 +14,7 @@ use spur_api::access::{
 use spur_api::conditions::{NewCondition, READY, set_condition};
 
 use super::targets::workload;
-use super::{TEMPLATE_RESYNC, key_of, namespace_of};
+use super::{TEMPLATE_RESYNC, namespace_of};
 use crate::Error;
 use crate::context::{Context, now};
 
@@ -28,9 +28,9 @@ pub(crate) async fn reconcile_exec_template(
     let target = check_target(&ctx, &ns, Some(&t.spec.target_ref)).await?;
     let status = template_status(t.status.as_ref(), t.metadata.generation, valid, target);
     let api: Api<ExecAccessTemplate> = Api::namespaced(ctx.client.clone(), &ns);
-    ctx.apply_status(&api, &*t, &t.status.clone().unwrap_or_default(), &status)
+    ctx.status
+        .apply(&api, &*t, &t.status.clone().unwrap_or_default(), &status)
         .await?;
-    ctx.succeeded(&key_of(&*t));
     Ok(Action::requeue(TEMPLATE_RESYNC))
 }
 
@@ -50,9 +50,9 @@ pub(crate) async fn reconcile_pod_template(
     let target = check_target(&ctx, &ns, t.spec.target_ref.as_ref()).await?;
     let status = template_status(t.status.as_ref(), t.metadata.generation, valid, target);
     let api: Api<PodAccessTemplate> = Api::namespaced(ctx.client.clone(), &ns);
-    ctx.apply_status(&api, &*t, &t.status.clone().unwrap_or_default(), &status)
+    ctx.status
+        .apply(&api, &*t, &t.status.clone().unwrap_or_default(), &status)
         .await?;
-    ctx.succeeded(&key_of(&*t));
     Ok(Action::requeue(TEMPLATE_RESYNC))
 }
 
@@ -60,7 +60,7 @@ pub(crate) fn template_error_policy<K>(t: Arc<K>, err: &Error, ctx: Arc<Context>
 where
     K: Resource<DynamicType = ()>,
 {
-    ctx.backoff(key_of(&*t), err)
+    ctx.retry(&*t, err)
 }
 
 /// `Ok(None)`: no target to check (a pod-spec template); `Ok(Some(Err))`: why the target is
@@ -140,8 +140,8 @@ pub(crate) async fn reconcile_tunnel_template(
     let valid = t.spec.validate().map_err(|e| e.to_string());
     let status = template_status(t.status.as_ref(), t.metadata.generation, valid, None);
     let api: Api<TunnelAccessTemplate> = Api::namespaced(ctx.client.clone(), &ns);
-    ctx.apply_status(&api, &*t, &t.status.clone().unwrap_or_default(), &status)
+    ctx.status
+        .apply(&api, &*t, &t.status.clone().unwrap_or_default(), &status)
         .await?;
-    ctx.succeeded(&key_of(&*t));
     Ok(Action::requeue(TEMPLATE_RESYNC))
 }

@@ -16,8 +16,8 @@ use spur_api::keys::labels::{MANAGED_BY, MANAGED_BY_VALUE};
 use spur_api::names;
 
 use super::{
-    AccessRequest, PENDING_RESYNC, READY_RESYNC, deadline, delete_existing, grant_name, key_of,
-    mark, requeue_within, until, withhold,
+    AccessRequest, PENDING_RESYNC, READY_RESYNC, deadline, delete_existing, grant_name, mark,
+    requeue_within, until, withhold,
 };
 use crate::Error;
 use crate::context::Context;
@@ -47,7 +47,7 @@ pub(super) async fn tunnel_grant<K: AccessRequest>(
         let message =
             "the operator has no token namespace for tunnel grants (--access-token-namespace)";
         withhold(r, ns, ctx, &mut status, "NoTokenNamespace", message).await?;
-        ctx.apply_status(api, r, old, &status).await?;
+        ctx.status.apply(api, r, old, &status).await?;
         return Ok(requeue_within(READY_RESYNC, left));
     };
     if let Some(sandbox) = r.sandbox()
@@ -58,7 +58,7 @@ pub(super) async fn tunnel_grant<K: AccessRequest>(
     {
         let message = format!("sandbox {sandbox} does not exist");
         withhold(r, ns, ctx, &mut status, "NoSandbox", &message).await?;
-        ctx.apply_status(api, r, old, &status).await?;
+        ctx.status.apply(api, r, old, &status).await?;
         return Ok(requeue_within(PENDING_RESYNC, left));
     }
     // A workstation is one user's at a time: another user's live grant that is already in
@@ -87,7 +87,7 @@ pub(super) async fn tunnel_grant<K: AccessRequest>(
             h.name_any()
         );
         withhold(r, ns, ctx, &mut status, "WorkstationTaken", &message).await?;
-        ctx.apply_status(api, r, old, &status).await?;
+        ctx.status.apply(api, r, old, &status).await?;
         return Ok(requeue_within(PENDING_RESYNC, left));
     }
     // The workstation is recorded as the requester's until the grant ends (docs/local.md,
@@ -109,7 +109,7 @@ pub(super) async fn tunnel_grant<K: AccessRequest>(
     {
         let message = format!("workstation {workstation}: {refused}");
         withhold(r, ns, ctx, &mut status, "WorkstationOwned", &message).await?;
-        ctx.apply_status(api, r, old, &status).await?;
+        ctx.status.apply(api, r, old, &status).await?;
         return Ok(requeue_within(PENDING_RESYNC, left));
     }
     let secret_name = grant_name("tunnel", ns, &name);
@@ -182,12 +182,11 @@ pub(super) async fn tunnel_grant<K: AccessRequest>(
         "Granted",
         &message,
     );
-    if ctx.apply_status(api, r, old, &status).await? && !old.ready {
+    if ctx.status.apply(api, r, old, &status).await? && !old.ready {
         tracing::info!(kind = K::ACCESS, namespace = ns, request = %name, user = %requester.username, workstation, expires, "tunnel access granted");
         ctx.metrics.access_grant(K::ACCESS, "granted");
         ctx.event(r, false, "Granted", "Grant", message).await;
     }
-    ctx.succeeded(&key_of(r));
     Ok(requeue_within(READY_RESYNC, left))
 }
 

@@ -166,8 +166,7 @@ pub(super) async fn unpublish_if_held(
         CONFLICT_REASON,
         &message,
     );
-    ctx.apply_status(&configs, ec, old, &st).await?;
-    ctx.succeeded(&super::key_of(ec));
+    ctx.status.apply(&configs, ec, old, &st).await?;
     // The holder may go or change its node id; nothing else wakes this config then.
     Ok(Some(Action::requeue(CONFLICT_RECHECK)))
 }

@@ -3,12 +3,15 @@
 //! Passes run several times per object as its children progress and almost always find the
 //! children as they want them; a no-op apply still costs the API server a whole apply (the
 //! costliest request of a pass, and a Service's by far). So each desired object is stamped
-//! with a digest of itself ([`DESIRED`]) and applied only when the current object, from a
-//! store filled by the watch that wakes the controller, does not hold every field of it:
-//! a change of ours changes the stamp, a change of someone else's to a field we set breaks the
-//! match, and fields the API server defaults or others add are left alone, as apply would.
+//! with a digest of itself (the owner's stamp annotation) and applied only when the current
+//! object, from a store filled by the watch that wakes the controller, does not hold every
+//! field of it: a change of ours changes the stamp, a change of someone else's to a field we
+//! set breaks the match, and fields the API server defaults or others add are left alone, as
+//! apply would.
 
+use std::hash::{DefaultHasher, Hasher};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -16,41 +19,73 @@ use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use spur_api::keys::annotations::DESIRED;
 
 use crate::Error;
-use crate::context::FIELD_MANAGER;
 
-/// Applies `desired` (stamped with [`DESIRED`]) unless `store` holds it already; returns the
-/// object as it is now.
-pub(crate) async fn ensure<K>(
-    api: &Api<K>,
-    store: Option<&Store<K>>,
-    mut desired: K,
-) -> Result<Arc<K>, Error>
-where
-    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Serialize + DeserializeOwned,
-{
-    stamp(&mut desired);
-    if let Some(cur) = store.and_then(|s| s.get(&ObjectRef::from_obj(&desired)))
-        && cur.meta().deletion_timestamp.is_none()
-        && holds(&*cur, &desired)?
-    {
-        return Ok(cur);
-    }
-    let pp = PatchParams::apply(FIELD_MANAGER).force();
-    let applied = api
-        .patch(&desired.name_any(), &pp, &Patch::Apply(&desired))
-        .await?;
-    Ok(Arc::new(applied))
+/// Who writes: the field manager of every server-side apply, and the annotation its applies
+/// stamp their digest into.
+#[derive(Clone, Copy, Debug)]
+pub struct Owner {
+    pub field_manager: &'static str,
+    pub stamp: &'static str,
 }
 
-/// Sets [`DESIRED`] to a digest of `obj` without it.
-fn stamp<K: Resource + Serialize>(obj: &mut K) {
-    obj.annotations_mut().remove(DESIRED);
-    let digest = crate::triggers::hash_of(obj);
+impl Owner {
+    /// Applies `desired` (stamped) unless `store` holds it already; returns the object as it
+    /// is now.
+    pub async fn ensure<K>(
+        &self,
+        api: &Api<K>,
+        store: Option<&Store<K>>,
+        mut desired: K,
+    ) -> Result<Arc<K>, Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Serialize + DeserializeOwned,
+    {
+        stamp(&mut desired, self.stamp);
+        if let Some(cur) = store.and_then(|s| s.get(&ObjectRef::from_obj(&desired)))
+            && cur.meta().deletion_timestamp.is_none()
+            && holds(&*cur, &desired)?
+        {
+            return Ok(cur);
+        }
+        let pp = PatchParams::apply(self.field_manager).force();
+        let applied = api
+            .patch(&desired.name_any(), &pp, &Patch::Apply(&desired))
+            .await?;
+        Ok(Arc::new(applied))
+    }
+}
+
+/// Sets the `key` annotation to a digest of `obj` without it.
+fn stamp<K: Resource + Serialize>(obj: &mut K, key: &str) {
+    obj.annotations_mut().remove(key);
+    let digest = hash_of(obj);
     obj.annotations_mut()
-        .insert(DESIRED.into(), format!("{digest:016x}"));
+        .insert(key.into(), format!("{digest:016x}"));
+}
+
+/// A digest of `v`'s serialization (API types do not implement `Hash`).
+pub fn hash_of(v: &impl Serialize) -> u64 {
+    /// Feeds serialized bytes straight into the hasher.
+    struct Feed(DefaultHasher);
+    impl std::io::Write for Feed {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.write(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    // Serializing what a reconcile reads is the one way to hash API types, which do not
+    // implement `Hash`. A failure (none of these types has one) must count as a change.
+    static FAILED: AtomicU64 = AtomicU64::new(0);
+    let mut feed = Feed(DefaultHasher::new());
+    match serde_json::to_writer(&mut feed, v) {
+        Ok(()) => feed.0.finish(),
+        Err(_) => !FAILED.fetch_add(1, Ordering::Relaxed),
+    }
 }
 
 /// Whether `current` has every field of `desired` with the same value.
@@ -96,6 +131,9 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use k8s_openapi::api::core::v1::Service;
+
+    /// Spur's stamp (any annotation key does).
+    const DESIRED: &str = "spur.dev/desired";
     use serde_json::json;
 
     fn svc(v: Value) -> Service {
@@ -108,7 +146,7 @@ mod tests {
             "metadata": {"name": "web-sb", "namespace": "shop", "labels": {"spur.dev/fork": "f"}},
             "spec": {"selector": {"spur.dev/fork": "f"}, "ports": [{"port": 80, "targetPort": 8080}]}
         }));
-        stamp(&mut want);
+        stamp(&mut want, DESIRED);
         let stamp_value = want.annotations()[DESIRED].clone();
         // As the API server returns it: defaults filled in, fields of others added.
         let have = svc(json!({
@@ -146,16 +184,16 @@ mod tests {
             "metadata": {"name": "web-sb", "namespace": "shop"},
             "spec": {"selector": {"spur.dev/fork": "f"}}
         }));
-        stamp(&mut less);
+        stamp(&mut less, DESIRED);
         assert!(!holds(&have, &less).unwrap());
     }
 
     #[test]
     fn the_stamp_is_stable_and_ignores_itself() {
         let mut a = svc(json!({"metadata": {"name": "a"}}));
-        stamp(&mut a);
+        stamp(&mut a, DESIRED);
         let first = a.annotations()[DESIRED].clone();
-        stamp(&mut a);
+        stamp(&mut a, DESIRED);
         assert_eq!(a.annotations()[DESIRED], first);
     }
 }

@@ -1,0 +1,35 @@
+//! The controller kit: what every Spur controller shares and that knows nothing of Spur's own
+//! kinds. A controller is a `reconcile(Arc<K>, Arc<Ctx>) -> Result<Action, E>` plus an error
+//! policy (kube-rs controller-rs is the model); this crate gives it
+//!
+//! - [`Owner::ensure`]: server-side apply of a child, skipped when a store shows it already
+//!   holds every field the apply would write;
+//! - [`StatusWriter`]: status apply that skips a status equal to the one the pass started from;
+//! - [`finalized`]: a finalizer pass's outcome as the reconciler's own error;
+//! - [`Backoff`]: per-object exponential backoff computed in the error policy and reset by the
+//!   kit on a successful pass ([`run`]), so reconcilers keep no books;
+//! - [`run`]: a built `Controller` driven to its end under a stop token and a drain deadline.
+
+mod apply;
+mod backoff;
+mod finalizer;
+mod spawn;
+mod status;
+
+pub use apply::{Owner, hash_of};
+pub use backoff::{Backoff, HasBackoff, key_of};
+pub use finalizer::finalized;
+pub use spawn::{DRAIN_GRACE, cluster_owners, drained, objects_where, run};
+pub use status::StatusWriter;
+
+/// What the kit's own API calls can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("JSON encoding: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Adding or removing a finalizer failed (not the reconciler's own pass).
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+}

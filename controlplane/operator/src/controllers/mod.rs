@@ -1,0 +1,177 @@
+//! Which controllers run and what wakes each: one function per feature, each returning the
+//! work of its controllers (drained on stop by `spur_controller::run`). `crate::run` joins them.
+
+mod access;
+mod resources;
+mod workloads;
+
+pub(crate) use access::access;
+pub(crate) use resources::resources;
+pub(crate) use workloads::{
+    externals, forks, groups, routing_configs, sandboxes, virtuals, watches,
+};
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::core::PartialObjectMeta;
+use kube::runtime::{Controller, controller, watcher};
+use kube::{Api, Client, ResourceExt};
+use spur_api::{EnvoyConfig, EnvoyConfigRevision, ListenerSet};
+use tokio_util::sync::CancellationToken;
+
+use crate::context::{Context, Term};
+use crate::{certs, enroll, envoyconfig, listenerset, mesh_gateway, mesh_istio, triggers};
+use crate::{workstations, xds_clients};
+
+/// Every controller's scheduling: a short debounce coalesces the burst of events one change
+/// of several children makes.
+fn config() -> controller::Config {
+    controller::Config::default().debounce(Duration::from_millis(10))
+}
+
+/// The certificate manager, the workstation signer and the xDS client issuer, when the context
+/// has a PKI configuration.
+pub(crate) async fn pki(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+    let Some(cfg) = ctx.pki.clone() else {
+        return;
+    };
+    let signer = spur_controller::drained(
+        "workstation-signer",
+        workstations::run(
+            client.clone(),
+            cfg.clone(),
+            ctx.metrics.clone(),
+            stop.clone(),
+        ),
+        stop.clone(),
+    );
+    let xds = cfg.xds_clients.clone().map(|x| {
+        spur_controller::drained(
+            "xds-client-issuer",
+            xds_clients::run(
+                client.clone(),
+                cfg.clone(),
+                x,
+                ctx.metrics.clone(),
+                stop.clone(),
+            ),
+            stop.clone(),
+        )
+    });
+    let manager = certs::run(client.clone(), cfg, ctx.metrics.clone(), stop.clone());
+    let xds = async move {
+        if let Some(x) = xds {
+            x.await;
+        }
+    };
+    tokio::join!(manager, signer, xds);
+}
+
+/// EnvoyConfigs: a revision's status (the route servers' reports) wakes its config.
+pub(crate) async fn envoy_configs(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+    let envoy = primary(Api::<EnvoyConfig>::all(client.clone()))
+        .with_config(config())
+        .owns(
+            Api::<EnvoyConfigRevision>::all(client.clone()),
+            watcher::Config::default(),
+        );
+    spur_controller::run(
+        "envoyconfig",
+        envoy,
+        envoyconfig::reconcile,
+        envoyconfig::error_policy,
+        ctx,
+        stop,
+    )
+    .await;
+}
+
+/// ListenerSets: their Services wake them (changed or deleted behind the operator's back),
+/// and so do the EndpointSlices of their endpoint Services, so status follows pods coming,
+/// going and changing readiness. The slice watch is metadata-only and cluster-wide (no label
+/// selects the slices of the operator's Services: the EndpointSlice controller names the
+/// Service in `kubernetes.io/service-name`); a slice is mapped to its set through the Service
+/// store.
+pub(crate) async fn listener_sets(
+    client: Client,
+    term: Arc<Term>,
+    services: impl futures_util::Stream<Item = Result<Service, watcher::Error>> + Send + 'static,
+    stop: CancellationToken,
+) {
+    let ls_services_store = term.stores.listener_services.clone();
+    let listener_sets = primary(Api::<ListenerSet>::all(client.clone()))
+        .with_config(config())
+        .owns_stream(services)
+        .watches(
+            Api::<PartialObjectMeta<EndpointSlice>>::all(client.clone()),
+            watcher::Config::default(),
+            move |slice| listenerset::set_of_slice(&ls_services_store, &slice),
+        );
+    spur_controller::run(
+        "listenerset",
+        listener_sets,
+        listenerset::reconcile,
+        listenerset::error_policy,
+        term,
+        stop,
+    )
+    .await;
+}
+
+/// The namespace enroller, when the context has an enrollment configuration.
+pub(crate) async fn enroller(ctx: Arc<Context>, stop: CancellationToken) {
+    if let Some(cfg) = ctx.enrollment.clone() {
+        enroll::run(ctx, cfg, stop).await;
+    }
+}
+
+/// The mesh routes' controllers. Each mode's controller runs only when enabled: without it
+/// neither the mesh's CRDs nor the rights to them need to exist.
+pub(crate) async fn mesh(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+    let mesh = ctx.mesh.clone().unwrap_or_default();
+    let istio = async {
+        if mesh.istio {
+            mesh_istio::run(client.clone(), ctx.clone(), mesh.clone(), stop.clone()).await;
+        }
+    };
+    let gateway = async {
+        if mesh.gateway_api {
+            mesh_gateway::run(client.clone(), ctx.clone(), stop.clone()).await;
+        }
+    };
+    tokio::join!(istio, gateway);
+}
+
+/// A controller on every object of `K`, woken by changes of an object's spec (generation),
+/// labels, annotations, owner references, finalizers or deletion, not of its status
+/// ([`triggers::own`]). (An annotation, e.g.
+/// `kubectl annotate sandbox x spur.dev/reconcile=$(date +%s)`, is how a user forces a pass.)
+///
+/// Every controller writes its object's status, and each write comes back as a watch event:
+/// unfiltered, those were about half of all passes in the bulk benchmark (perf/results/
+/// operator_passes.md), each repeating the pass before it. What the controllers read from
+/// other objects' statuses reaches them through their `owns`/`watches` triggers.
+pub(crate) fn primary<K: triggers::Watched>(api: Api<K>) -> Controller<K> {
+    let (reader, trigger) = triggers::changes(api, watcher::Config::default(), triggers::own::<K>);
+    Controller::for_stream(trigger, reader)
+}
+
+pub(crate) fn is_managed(obj: &impl ResourceExt) -> bool {
+    obj.labels()
+        .get(spur_api::keys::labels::MANAGED_BY)
+        .map(String::as_str)
+        == Some(spur_api::keys::labels::MANAGED_BY_VALUE)
+}
+
+/// Only the operator's own Deployments and Services: watching every Deployment of a large
+/// cluster would cost memory for nothing.
+fn managed() -> watcher::Config {
+    watcher::Config::default().labels(&format!(
+        "{}={}",
+        spur_api::keys::labels::MANAGED_BY,
+        spur_api::keys::labels::MANAGED_BY_VALUE
+    ))
+}

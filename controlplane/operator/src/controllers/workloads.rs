@@ -1,0 +1,397 @@
+//! The Sandbox's controllers: Sandboxes, their ForkedWorkloads, ExternalWorkloads and
+//! VirtualWorkloads, RoutingConfigs and RouteGroups, and the watches whose stores they read.
+
+use std::sync::Arc;
+
+use futures_util::Stream;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::core::PartialObjectMeta;
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use spur_api::routingconfig::SandboxedKind;
+use spur_api::{
+    ExternalWorkload, ForkedWorkload, Resource, RouteGroup, RoutingConfig, Sandbox, VirtualWorkload,
+};
+use spur_controller::{cluster_owners, objects_where};
+use tokio_util::sync::CancellationToken;
+
+use super::{config, is_managed, managed, primary};
+use crate::context::{Context, Stores, Term};
+use crate::{external, forked, routegroup, routingconfig, sandbox, triggers, virtualw};
+
+/// A watch's events that passed its trigger's filter.
+type Changes<K> = std::pin::Pin<Box<dyn Stream<Item = Result<K, watcher::Error>> + Send>>;
+
+/// The watches whose stores the controllers read (each store is updated before the event that
+/// wakes a pass), and what each wakes.
+pub(crate) struct Wakes {
+    pub(crate) sb_forks: Changes<ForkedWorkload>,
+    pub(crate) sb_externals: Changes<ExternalWorkload>,
+    pub(crate) sb_virtuals: Changes<VirtualWorkload>,
+    pub(crate) sb_configs: Changes<RoutingConfig>,
+    pub(crate) fw_deployments: Changes<Deployment>,
+    pub(crate) fw_services: Changes<Service>,
+    pub(crate) rc_forks: Changes<ForkedWorkload>,
+    pub(crate) rc_externals: Changes<ExternalWorkload>,
+    pub(crate) ls_services: Changes<Service>,
+}
+
+/// Starts (lazily: on first poll) this run's watches: the stores go into the controllers'
+/// context, the streams wake them.
+pub(crate) fn watches(client: &Client, ctx: Arc<Context>) -> (Arc<Term>, Wakes) {
+    let wc = watcher::Config::default;
+    // The Sandbox controller reads its children from these stores (it applies only what
+    // differs), filled by the same watches that wake it.
+    let (forks, sb_forks) = triggers::changes(
+        Api::<ForkedWorkload>::all(client.clone()),
+        wc(),
+        triggers::forked_workload,
+    );
+    let (externals, sb_externals) = triggers::changes(
+        Api::<ExternalWorkload>::all(client.clone()),
+        wc(),
+        triggers::external_workload,
+    );
+    let (_, sb_virtuals) = triggers::changes(
+        Api::<VirtualWorkload>::all(client.clone()),
+        wc(),
+        triggers::virtual_workload,
+    );
+    let (configs, sb_configs) = triggers::changes(
+        Api::<RoutingConfig>::all(client.clone()),
+        wc(),
+        triggers::routing_config,
+    );
+    // The ForkedWorkload controller's own Deployments and Services, likewise.
+    let (deployments, fw_deployments) = triggers::changes(
+        Api::<Deployment>::all(client.clone()),
+        managed(),
+        triggers::fork_deployment,
+    );
+    let (services, fw_services) = triggers::changes(
+        Api::<Service>::all(client.clone()),
+        managed(),
+        triggers::fork_service,
+    );
+    let (rc_forks, rc_fork_changes) = triggers::changes(
+        Api::<ForkedWorkload>::all(client.clone()),
+        wc(),
+        triggers::forked_workload,
+    );
+    let (rc_externals, rc_external_changes) = triggers::changes(
+        Api::<ExternalWorkload>::all(client.clone()),
+        wc(),
+        triggers::external_workload,
+    );
+    // The ListenerSet controller's Services (client and endpoint Services), by their label.
+    // `fork_service` reads what matters of them too: spec and metadata, not status.
+    let (listener_services, ls_services) = triggers::changes(
+        Api::<Service>::all(client.clone()),
+        watcher::Config::default().labels(spur_api::listenerset::LISTENER_SET_LABEL),
+        triggers::fork_service,
+    );
+    let stores = Stores {
+        rc_forks,
+        rc_externals,
+        forks,
+        externals,
+        configs,
+        deployments,
+        services,
+        listener_services,
+    };
+    let wakes = Wakes {
+        sb_forks: Box::pin(sb_forks),
+        sb_externals: Box::pin(sb_externals),
+        sb_virtuals: Box::pin(sb_virtuals),
+        sb_configs: Box::pin(sb_configs),
+        fw_deployments: Box::pin(fw_deployments),
+        fw_services: Box::pin(fw_services),
+        rc_forks: Box::pin(rc_fork_changes),
+        rc_externals: Box::pin(rc_external_changes),
+        ls_services: Box::pin(ls_services),
+    };
+    (Arc::new(Term { ctx, stores }), wakes)
+}
+
+/// Sandboxes, woken by their children. Not `owns` for the namespaced children: see
+/// `spur_controller::cluster_owners`.
+pub(crate) async fn sandboxes(
+    client: Client,
+    term: Arc<Term>,
+    forks: Changes<ForkedWorkload>,
+    externals: Changes<ExternalWorkload>,
+    virtuals: Changes<VirtualWorkload>,
+    configs: Changes<RoutingConfig>,
+    stop: CancellationToken,
+) {
+    let mut sandboxes = primary(Api::<Sandbox>::all(client.clone()))
+        .with_config(config())
+        .watches_stream(forks, |fw| cluster_owners::<Sandbox>(&fw))
+        .watches_stream(externals, |ew| cluster_owners::<Sandbox>(&ew))
+        .watches_stream(virtuals, |vw| cluster_owners::<Sandbox>(&vw))
+        .owns_stream(configs);
+    // A workstation's owner record changing (docs/local.md, "Bound only while owned") wakes
+    // the Sandboxes naming it: the old owner's are unbound at once, not at their next resync.
+    let by_workstation = sandboxes.store();
+    sandboxes = sandboxes.watches(
+        Api::<PartialObjectMeta<ConfigMap>>::namespaced(client.clone(), &term.tunnels.namespace),
+        watcher::Config::default().labels(spur_api::tunnel::WORKSTATION_LABEL),
+        move |cm| {
+            let Some(ws) = cm
+                .labels()
+                .get(spur_api::tunnel::WORKSTATION_LABEL)
+                .cloned()
+            else {
+                return Vec::new();
+            };
+            objects_where(&by_workstation, |sb| {
+                sb.spec.workstation.as_deref() == Some(ws.as_str())
+            })
+        },
+    );
+    // Resources wake their Sandbox (cluster-scoped like it: `owns` keys them right); without
+    // resources enabled there is nothing to watch.
+    if term.resources.is_some() {
+        sandboxes = sandboxes.owns(Api::<Resource>::all(client), watcher::Config::default());
+    }
+    spur_controller::run(
+        "sandbox",
+        sandboxes,
+        sandbox::reconcile,
+        sandbox::error_policy,
+        term,
+        stop,
+    )
+    .await;
+}
+
+/// ForkedWorkloads, woken by their Deployment and Services, their baseline Deployment, the
+/// baseline namespace's Services and its pods.
+pub(crate) async fn forks(
+    client: Client,
+    term: Arc<Term>,
+    deployments: Changes<Deployment>,
+    services: Changes<Service>,
+    stop: CancellationToken,
+) {
+    let wc = watcher::Config::default;
+    let fw = primary(Api::<ForkedWorkload>::all(client.clone())).with_config(config());
+    let (by_baseline, by_namespace, by_pod) = (fw.store(), fw.store(), fw.store());
+    let forks = fw
+        .owns_stream(deployments)
+        .owns_stream(services)
+        // A changed baseline Deployment reaches its forks at once: metadata-only watches (no
+        // specs or statuses cached), mapped through the ForkedWorkload store.
+        .watches(
+            Api::<PartialObjectMeta<Deployment>>::all(client.clone()),
+            wc(),
+            move |d| {
+                let (ns, name) = (d.namespace().unwrap_or_default(), d.name_any());
+                objects_where(&by_baseline, |fw| {
+                    fw.spec.baseline.kind == spur_api::WorkloadKind::Deployment
+                        && fw.spec.baseline.namespace == ns
+                        && fw.spec.baseline.name == name
+                })
+            },
+        )
+        // A new or changed baseline Service gets (or changes) its sandbox Services. The
+        // operator's own Services are skipped: each would otherwise wake every fork of its
+        // namespace.
+        .watches(
+            Api::<PartialObjectMeta<Service>>::all(client.clone()),
+            wc(),
+            move |svc| {
+                if is_managed(&svc) {
+                    return Vec::new();
+                }
+                let ns = svc.namespace().unwrap_or_default();
+                objects_where(&by_namespace, |fw| fw.spec.baseline.namespace == ns)
+            },
+        )
+        // Baseline pods coming, going or changing readiness change the sidecar coverage in
+        // status. Metadata-only (every change bumps it); fork pods are the fork Deployment's.
+        .watches(
+            Api::<PartialObjectMeta<Pod>>::all(client),
+            wc(),
+            move |pod| {
+                if pod.labels().contains_key(spur_api::keys::labels::FORK) {
+                    return Vec::new();
+                }
+                let ns = pod.namespace().unwrap_or_default();
+                objects_where(&by_pod, |fw| fw.spec.baseline.namespace == ns)
+            },
+        );
+    spur_controller::run(
+        "forkedworkload",
+        forks,
+        forked::reconcile,
+        forked::error_policy,
+        term,
+        stop,
+    )
+    .await;
+}
+
+/// VirtualWorkloads: their baseline Deployment and its pods (metadata only) decide status.
+pub(crate) async fn virtuals(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+    let wc = watcher::Config::default;
+    let vw = primary(Api::<VirtualWorkload>::all(client.clone())).with_config(config());
+    let (vw_by_baseline, vw_by_pod) = (vw.store(), vw.store());
+    let virtuals = vw
+        .watches(
+            Api::<PartialObjectMeta<Deployment>>::all(client.clone()),
+            wc(),
+            move |d| {
+                let (ns, name) = (d.namespace().unwrap_or_default(), d.name_any());
+                objects_where(&vw_by_baseline, |vw| {
+                    vw.spec.baseline.namespace == ns && vw.spec.baseline.name == name
+                })
+            },
+        )
+        .watches(
+            Api::<PartialObjectMeta<Pod>>::all(client),
+            wc(),
+            move |pod| {
+                if pod.labels().contains_key(spur_api::keys::labels::FORK) {
+                    return Vec::new();
+                }
+                let ns = pod.namespace().unwrap_or_default();
+                objects_where(&vw_by_pod, |vw| vw.spec.baseline.namespace == ns)
+            },
+        );
+    spur_controller::run(
+        "virtualworkload",
+        virtuals,
+        virtualw::reconcile,
+        virtualw::error_policy,
+        ctx,
+        stop,
+    )
+    .await;
+}
+
+/// ExternalWorkloads, woken by their Service and EndpointSlice, their workstation's tunnel,
+/// their baseline Deployment and the baseline namespace's Services.
+pub(crate) async fn externals(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+    let wc = watcher::Config::default;
+    let ew = primary(Api::<ExternalWorkload>::all(client.clone())).with_config(config());
+    let (ew_by_baseline, ew_by_namespace, ew_by_workstation) = (ew.store(), ew.store(), ew.store());
+    let tunnel_ns = ctx.tunnels.namespace.clone();
+    let externals = ew
+        .owns(Api::<Service>::all(client.clone()), managed())
+        .owns(Api::<EndpointSlice>::all(client.clone()), managed())
+        // A tunnel coming, renewing, moving or going changes endpoints and health.
+        .watches(
+            Api::<Lease>::namespaced(client.clone(), &tunnel_ns),
+            watcher::Config::default().labels(spur_api::tunnel::WORKSTATION_LABEL),
+            move |lease| {
+                let ws = lease
+                    .labels()
+                    .get(spur_api::tunnel::WORKSTATION_LABEL)
+                    .cloned()
+                    .unwrap_or_default();
+                objects_where(&ew_by_workstation, |ew| ew.spec.workstation == ws)
+            },
+        )
+        .watches(
+            Api::<PartialObjectMeta<Deployment>>::all(client.clone()),
+            wc(),
+            move |d| {
+                let (ns, name) = (d.namespace().unwrap_or_default(), d.name_any());
+                objects_where(&ew_by_baseline, |ew| {
+                    ew.spec.baseline.namespace == ns && ew.spec.baseline.name == name
+                })
+            },
+        )
+        .watches(
+            Api::<PartialObjectMeta<Service>>::all(client),
+            wc(),
+            move |svc| {
+                if is_managed(&svc) {
+                    return Vec::new();
+                }
+                let ns = svc.namespace().unwrap_or_default();
+                objects_where(&ew_by_namespace, |ew| ew.spec.baseline.namespace == ns)
+            },
+        );
+    spur_controller::run(
+        "externalworkload",
+        externals,
+        external::reconcile,
+        external::error_policy,
+        ctx,
+        stop,
+    )
+    .await;
+}
+
+/// RoutingConfigs, woken by the workloads they list and by their mesh routes.
+pub(crate) async fn routing_configs(
+    client: Client,
+    term: Arc<Term>,
+    forks: Changes<ForkedWorkload>,
+    externals: Changes<ExternalWorkload>,
+    stop: CancellationToken,
+) {
+    let wc = watcher::Config::default;
+    let mut rc = primary(Api::<RoutingConfig>::all(client.clone())).with_config(config());
+    let (rc_store, rc_store_ew) = (rc.store(), rc.store());
+    // A mesh route changed or deleted behind the operator's back is restored.
+    let mesh = term.mesh.clone().unwrap_or_default();
+    if mesh.istio {
+        rc = rc.owns(Api::<spur_api::IstioRoute>::all(client.clone()), wc());
+    }
+    if mesh.gateway_api {
+        rc = rc.owns(Api::<spur_api::GatewayAPIRoute>::all(client), wc());
+    }
+    let configs = rc
+        .watches_stream(forks, move |fw| {
+            objects_where(&rc_store, |rc| {
+                routingconfig::lists(rc, SandboxedKind::ForkedWorkload, &fw)
+            })
+        })
+        .watches_stream(externals, move |ew| {
+            objects_where(&rc_store_ew, |rc| {
+                routingconfig::lists(rc, SandboxedKind::ExternalWorkload, &ew)
+            })
+        });
+    spur_controller::run(
+        "routingconfig",
+        configs,
+        routingconfig::reconcile,
+        routingconfig::error_policy,
+        term,
+        stop,
+    )
+    .await;
+}
+
+/// RouteGroups, woken by their RoutingConfig and by any Sandbox change (which may change which
+/// sandboxes a group matches).
+pub(crate) async fn groups(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+    let rg = primary(Api::<RouteGroup>::all(client.clone())).with_config(config());
+    let rg_store = rg.store();
+    let groups = rg
+        .owns(
+            Api::<RoutingConfig>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .watches(
+            Api::<Sandbox>::all(client),
+            watcher::Config::default(),
+            move |_| objects_where(&rg_store, |_| true),
+        );
+    spur_controller::run(
+        "routegroup",
+        groups,
+        routegroup::reconcile,
+        routegroup::error_policy,
+        ctx,
+        stop,
+    )
+    .await;
+}
