@@ -62,7 +62,7 @@ pub(crate) async fn run(client: Client, ctx: Arc<Context>, stop: CancellationTok
     )
     .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear());
     let changes = reflector(writer, events).touched_objects();
-    let controller = crate::controllers::primary(Api::<GatewayAPIRoute>::all(client.clone()))
+    let controller = crate::triggers::primary(Api::<GatewayAPIRoute>::all(client.clone()))
         .with_config(
             kube::runtime::controller::Config::default().debounce(Duration::from_millis(10)),
         );

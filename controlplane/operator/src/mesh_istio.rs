@@ -69,10 +69,9 @@ pub(crate) async fn run(
     )
     .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear());
     let changes = reflector(writer, events).touched_objects();
-    let controller = crate::controllers::primary(Api::<IstioRoute>::all(client.clone()))
-        .with_config(
-            kube::runtime::controller::Config::default().debounce(Duration::from_millis(10)),
-        );
+    let controller = crate::triggers::primary(Api::<IstioRoute>::all(client.clone())).with_config(
+        kube::runtime::controller::Config::default().debounce(Duration::from_millis(10)),
+    );
     let routes = controller.store();
     let domain = cfg.cluster_domain.clone();
     let ictx = Arc::new(IstioContext {

@@ -11,9 +11,9 @@ use std::collections::HashMap;
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::watcher::{self, Event, watcher};
+use kube::runtime::{Controller, WatchStreamExt};
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use spur_api::conditions::{READY, is_condition_true};
@@ -183,6 +183,20 @@ pub(crate) fn fork_deployment(d: &Deployment) -> u64 {
 /// A sandbox Service as its ForkedWorkload reads it (Services have no generation).
 pub(crate) fn fork_service(svc: &Service) -> u64 {
     hash_of(&(meta_digest(svc), &svc.spec))
+}
+
+/// A controller on every object of `K`, woken by changes of an object's spec (generation),
+/// labels, annotations, owner references, finalizers or deletion, not of its status
+/// ([`own`]). (An annotation, e.g.
+/// `kubectl annotate sandbox x spur.dev/reconcile=$(date +%s)`, is how a user forces a pass.)
+///
+/// Every controller writes its object's status, and each write comes back as a watch event:
+/// unfiltered, those were about half of all passes in the bulk benchmark (perf/results/
+/// operator_passes.md), each repeating the pass before it. What the controllers read from
+/// other objects' statuses reaches them through their `owns`/`watches` triggers.
+pub(crate) fn primary<K: Watched>(api: Api<K>) -> Controller<K> {
+    let (reader, trigger) = changes(api, watcher::Config::default(), own::<K>);
+    Controller::for_stream(trigger, reader)
 }
 
 #[cfg(test)]

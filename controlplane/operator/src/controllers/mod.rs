@@ -17,13 +17,14 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::core::PartialObjectMeta;
-use kube::runtime::{Controller, controller, watcher};
+use kube::runtime::{controller, watcher};
 use kube::{Api, Client, ResourceExt};
 use spur_api::{EnvoyConfig, EnvoyConfigRevision, ListenerSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, Term};
-use crate::{certs, enroll, envoyconfig, listenerset, mesh_gateway, mesh_istio, triggers};
+use crate::triggers::primary;
+use crate::{certs, enroll, envoyconfig, listenerset, mesh_gateway, mesh_istio};
 use crate::{workstations, xds_clients};
 
 /// Every controller's scheduling: a short debounce coalesces the burst of events one change
@@ -143,20 +144,6 @@ pub(crate) async fn mesh(client: Client, ctx: Arc<Context>, stop: CancellationTo
         }
     };
     tokio::join!(istio, gateway);
-}
-
-/// A controller on every object of `K`, woken by changes of an object's spec (generation),
-/// labels, annotations, owner references, finalizers or deletion, not of its status
-/// ([`triggers::own`]). (An annotation, e.g.
-/// `kubectl annotate sandbox x spur.dev/reconcile=$(date +%s)`, is how a user forces a pass.)
-///
-/// Every controller writes its object's status, and each write comes back as a watch event:
-/// unfiltered, those were about half of all passes in the bulk benchmark (perf/results/
-/// operator_passes.md), each repeating the pass before it. What the controllers read from
-/// other objects' statuses reaches them through their `owns`/`watches` triggers.
-pub(crate) fn primary<K: triggers::Watched>(api: Api<K>) -> Controller<K> {
-    let (reader, trigger) = triggers::changes(api, watcher::Config::default(), triggers::own::<K>);
-    Controller::for_stream(trigger, reader)
 }
 
 pub(crate) fn is_managed(obj: &impl ResourceExt) -> bool {
