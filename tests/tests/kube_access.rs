@@ -710,11 +710,16 @@ async fn exec_grants_are_for_the_requester_alone_and_end_on_time() {
         async move { (!may_exec(&alice, "web-1").await).then_some(()) }
     })
     .await;
-    let r = requests.get("hour").await.unwrap().status.unwrap();
-    assert_eq!(
-        reason_of(&r.conditions, READY).as_deref(),
-        Some("False/TemplateNotFound")
-    );
+    // The pass withdraws the grant first and writes the status after it: wait for both.
+    eventually("the request says its template is gone", || {
+        let requests = requests.clone();
+        async move {
+            let r = requests.get("hour").await.ok()?.status?;
+            (reason_of(&r.conditions, READY).as_deref() == Some("False/TemplateNotFound"))
+                .then_some(())
+        }
+    })
+    .await;
     setup.shutdown().await;
 }
 
