@@ -2,41 +2,27 @@
 //! (the API server checks the signature, the audience, the expiry, and that the pod still
 //! exists with that UID).
 
-use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
-use kube::api::PostParams;
-use kube::{Api, Client};
-use tokio::sync::Semaphore;
+use kube::Client;
+pub use spur_serving::review::PodRef as PodIdentity;
+use spur_serving::review::{self, AudienceCheck, NotAPod, ReviewError, Reviewer};
 use tonic::Status;
 
 /// The audience of step pods' tokens (their projected volume asks for it): a token for any
 /// other audience, such as the pod's default API token, is refused.
 pub const AUDIENCE: &str = "spur-io";
-/// TokenReview's names for the pod a bound token was issued for.
-const POD_NAME: &str = "authentication.kubernetes.io/pod-name";
-const POD_UID: &str = "authentication.kubernetes.io/pod-uid";
 /// Reviews in flight at once: a burst of step pods costs the API server a bounded load.
 const MAX_REVIEWS: usize = 8;
 
-/// A reviewed pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodIdentity {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-}
-
 pub(crate) struct Authenticator {
-    client: Client,
+    reviewer: Reviewer,
     audience: String,
-    reviews: Semaphore,
 }
 
 impl Authenticator {
     pub(crate) fn new(client: Client, audience: String) -> Self {
         Authenticator {
-            client,
+            reviewer: Reviewer::new(client, MAX_REVIEWS),
             audience,
-            reviews: Semaphore::new(MAX_REVIEWS),
         }
     }
 
@@ -53,63 +39,28 @@ impl Authenticator {
             .ok_or_else(|| {
                 Status::unauthenticated("a Bearer token (the pod's spur-io token) is required")
             })?;
-        let _permit = self
-            .reviews
-            .acquire()
+        // Refuse an answer naming only other audiences; one naming none is trusted.
+        let user = self
+            .reviewer
+            .token(token, &self.audience, AudienceCheck::NotContradicted)
             .await
-            .map_err(|_| Status::unavailable("shutting down"))?;
-        let review = TokenReview {
-            spec: TokenReviewSpec {
-                token: Some(token.to_owned()),
-                audiences: Some(vec![self.audience.clone()]),
-            },
-            ..TokenReview::default()
-        };
-        let api: Api<TokenReview> = Api::all(self.client.clone());
-        let reviewed = api
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| {
-                tracing::warn!(error = %e, "TokenReview failed");
-                Status::unavailable("cannot review the token now; retry")
+            .map_err(|e| match e {
+                ReviewError::Refused(why) => {
+                    Status::unauthenticated(format!("token refused: {why}"))
+                }
+                ReviewError::AudienceNotConfirmed => {
+                    Status::unauthenticated("token is for another audience")
+                }
+                ReviewError::TokenUnavailable | ReviewError::AccessUnavailable => {
+                    Status::unavailable("cannot review the token now; retry")
+                }
+                ReviewError::ShuttingDown => Status::unavailable(e.to_string()),
             })?;
-        let status = reviewed.status.unwrap_or_default();
-        if status.authenticated != Some(true) {
-            return Err(Status::unauthenticated(format!(
-                "token refused: {}",
-                status.error.as_deref().unwrap_or("not authenticated")
-            )));
-        }
-        if let Some(aud) = &status.audiences
-            && !aud.iter().any(|a| a == &self.audience)
-        {
-            return Err(Status::unauthenticated("token is for another audience"));
-        }
-        let user = status.user.unwrap_or_default();
-        let namespace = user
-            .username
-            .as_deref()
-            .and_then(|u| u.strip_prefix("system:serviceaccount:"))
-            .and_then(|rest| rest.split_once(':'))
-            .map(|(ns, _)| ns.to_owned())
-            .ok_or_else(|| Status::unauthenticated("not a ServiceAccount token"))?;
-        let extra = user.extra.unwrap_or_default();
-        let one = |key: &str| {
-            extra
-                .get(key)
-                .and_then(|v| v.first())
-                .filter(|v| !v.is_empty())
-                .cloned()
-        };
-        match (one(POD_NAME), one(POD_UID)) {
-            (Some(name), Some(uid)) => Ok(PodIdentity {
-                namespace,
-                name,
-                uid,
-            }),
-            _ => Err(Status::unauthenticated(
+        review::pod_of(&user).map_err(|e| match e {
+            NotAPod::NotServiceAccount => Status::unauthenticated("not a ServiceAccount token"),
+            NotAPod::NotPodBound => Status::unauthenticated(
                 "not a pod-bound token (use the pod's projected spur-io token)",
-            )),
-        }
+            ),
+        })
     }
 }

@@ -197,15 +197,10 @@ impl Authenticator {
     #[cfg(feature = "kubernetes")]
     pub(crate) fn next_recheck(&self, grant: Grant) -> Option<Duration> {
         let kube = self.inner.as_ref()?;
-        let mut wait = spur_runtime::jitter(kube.watch_recheck);
-        if let Some(expires) = grant.expires {
-            // A moment past the expiry, so the API server sees the token as expired.
-            let left = expires
-                .duration_since(SystemTime::now())
-                .unwrap_or_default();
-            wait = wait.min(left + Duration::from_secs(1));
-        }
-        Some(wait)
+        Some(spur_serving::review::next_recheck(
+            kube.watch_recheck,
+            grant.expires,
+        ))
     }
 
     /// See [`Self::next_recheck`]: without Kubernetes reviews nothing is checked again.

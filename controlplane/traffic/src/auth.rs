@@ -17,22 +17,17 @@
 //!
 //! Tokens are never logged.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::Duration;
 
-use base64::Engine as _;
-use k8s_openapi::api::apps::v1::ReplicaSet;
-use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInfo};
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+use k8s_openapi::api::authentication::v1::UserInfo;
+use k8s_openapi::api::authorization::v1::ResourceAttributes;
+use kube::Client;
+pub use spur_serving::review::PodRef;
+use spur_serving::review::{
+    self, AudienceCheck, BaselineError, Cache, NotAPod, ReviewError, Reviewer,
 };
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::PostParams;
-use kube::{Api, Client};
-use tokio::sync::Semaphore;
 use tonic::Status;
 use tonic::metadata::MetadataMap;
 
@@ -52,9 +47,6 @@ pub const DEFAULT_RECHECK: Duration = Duration::from_secs(300);
 const MAX_CACHED: usize = 4096;
 /// Sandboxes one reader's entry remembers being allowed to read.
 const MAX_CACHED_GRANTS: usize = 16;
-/// TokenReview's names for the pod a bound token was issued for.
-const POD_NAME: &str = "authentication.kubernetes.io/pod-name";
-const POD_UID: &str = "authentication.kubernetes.io/pod-uid";
 
 /// How calls are authenticated and authorized. Cheap to clone.
 #[derive(Clone)]
@@ -84,14 +76,6 @@ pub enum Caller {
     Anyone,
     /// An injected sidecar: its pod, and the one baseline it belongs to.
     Sidecar { pod: PodRef, baseline: Baseline },
-}
-
-/// A pod, as a reviewed token names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodRef {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
 }
 
 impl Caller {
@@ -157,10 +141,9 @@ impl Authorizer {
     pub fn kube_with_recheck(client: Client, recheck: Duration) -> Self {
         Authorizer::Kube(KubeAuthorizer {
             inner: Arc::new(Kube {
-                client,
+                reviewer: Reviewer::new(client, MAX_REVIEWS),
                 recheck: recheck.max(Duration::from_secs(1)),
-                cache: Mutex::new(HashMap::new()),
-                reviews: Semaphore::new(MAX_REVIEWS),
+                cache: Cache::new(MAX_CACHED),
             }),
         })
     }
@@ -213,31 +196,22 @@ impl Authorizer {
         let Authorizer::Kube(k) = self else {
             return None;
         };
-        let mut wait = spur_runtime::jitter(k.inner.recheck);
-        if let Some(expires) = token_expiry(&credentials.0) {
-            let left = expires
-                .duration_since(SystemTime::now())
-                .unwrap_or_default();
-            wait = wait.min(left + Duration::from_secs(1));
-        }
-        Some(wait)
+        Some(review::next_recheck(
+            k.inner.recheck,
+            review::token_expiry(&credentials.0),
+        ))
     }
 }
 
 /// The token of `authorization: Bearer <token>`.
 fn bearer(metadata: &MetadataMap) -> Result<&str, Status> {
-    let missing =
-        || Status::unauthenticated("no credentials: send `authorization: Bearer <token>`");
     let value = metadata
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        .ok_or_else(missing)?;
-    let (scheme, token) = value.trim().split_once(' ').ok_or_else(missing)?;
-    let token = token.trim();
-    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
-        return Err(missing());
-    }
-    Ok(token)
+        .map(str::as_bytes);
+    review::bearer(value).ok_or_else(|| {
+        Status::unauthenticated("no credentials: send `authorization: Bearer <token>`")
+    })
 }
 
 // === impl StaticToken ===
@@ -274,10 +248,9 @@ pub struct KubeAuthorizer {
 }
 
 struct Kube {
-    client: Client,
+    reviewer: Reviewer,
     recheck: Duration,
-    cache: Mutex<HashMap<(String, Purpose), Entry>>,
-    reviews: Semaphore,
+    cache: Cache<(String, Purpose), Identity>,
 }
 
 /// Which review a token passed: the same token is reviewed separately for each.
@@ -285,12 +258,6 @@ struct Kube {
 enum Purpose {
     Sidecar,
     Reader,
-}
-
-#[derive(Clone)]
-struct Entry {
-    until: Instant,
-    identity: Identity,
 }
 
 #[derive(Clone)]
@@ -318,7 +285,7 @@ impl Kube {
             Some(i) => i,
             None => {
                 let user = self.review(token, AUDIENCE).await?;
-                let pod = pod_of(user)?;
+                let pod = pod_of(&user)?;
                 let baseline = self.baseline_of(&pod).await;
                 if let Err(e) = &baseline
                     && e.code() == tonic::Code::Unavailable
@@ -379,238 +346,88 @@ impl Kube {
     }
 
     fn cached(&self, token: &str, purpose: Purpose) -> Option<Identity> {
-        let cache = self.cache.lock().ok()?;
-        cache
-            .get(&(token.to_string(), purpose))
-            .filter(|e| e.until > Instant::now())
-            .map(|e| e.identity.clone())
+        self.cache.get(&(token.to_string(), purpose))
     }
 
     /// Remembers an accepted token until [`ACCEPTED_TTL`] from now, or its expiry if sooner.
     fn store(&self, token: &str, purpose: Purpose, identity: Identity) {
-        let now = Instant::now();
-        let key = (token.to_string(), purpose);
-        let Ok(mut cache) = self.cache.lock() else {
-            return;
-        };
         // An entry being updated (a new grant) keeps its deadline: grants never extend it.
-        let until = match cache.get(&key) {
-            Some(e) if e.until > now => e.until,
-            _ => {
-                let left = token_expiry(token)
-                    .map(|exp| exp.duration_since(SystemTime::now()).unwrap_or_default())
-                    .unwrap_or(ACCEPTED_TTL);
-                now + left.min(ACCEPTED_TTL)
-            }
-        };
-        if until <= now {
-            return;
-        }
-        if cache.len() >= MAX_CACHED && !cache.contains_key(&key) {
-            cache.retain(|_, e| e.until > now);
-            if cache.len() >= MAX_CACHED {
-                cache.clear();
-            }
-        }
-        cache.insert(key, Entry { until, identity });
+        self.cache
+            .insert((token.to_string(), purpose), identity, |live| {
+                live.unwrap_or_else(|| review::deadline(ACCEPTED_TTL, review::token_expiry(token)))
+            });
     }
 
     /// The user behind `token`, if it was issued for `audience`.
     async fn review(&self, token: &str, audience: &str) -> Result<UserInfo, Status> {
-        let _permit = self
-            .reviews
-            .acquire()
-            .await
-            .map_err(|_| Status::unavailable("shutting down"))?;
-        let review = TokenReview {
-            spec: TokenReviewSpec {
-                token: Some(token.to_string()),
-                audiences: Some(vec![audience.to_string()]),
-            },
-            ..TokenReview::default()
-        };
-        let api: Api<TokenReview> = Api::all(self.client.clone());
-        let answer = api
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| {
-                tracing::warn!(error = %e, "TokenReview failed");
-                Status::unavailable("cannot check the token now; retry")
-            })?;
-        let status = answer.status.unwrap_or_default();
-        let refused = |why: &str| {
-            Status::unauthenticated(format!(
-                "token refused for audience {audience}: {why} (present a token issued for \
-                 {audience}, e.g. `kubectl create token NAME --audience {audience}`)"
-            ))
-        };
-        if status.authenticated != Some(true) {
-            // The API server's reason names no secret; it helps whoever set up the client.
-            let why = status.error.unwrap_or_else(|| "not authenticated".into());
-            return Err(refused(&why));
-        }
         // An API server that ignored the audience (an authenticator that does not know them)
         // names none, or others: refused either way.
-        if !status
-            .audiences
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .any(|a| a == audience)
-        {
-            return Err(refused("the API server did not confirm the audience"));
-        }
-        Ok(status.user.unwrap_or_default())
+        self.reviewer
+            .token(token, audience, AudienceCheck::Confirmed)
+            .await
+            .map_err(|e| match e {
+                ReviewError::Refused(_) | ReviewError::AudienceNotConfirmed => {
+                    Status::unauthenticated(format!(
+                        "token refused for audience {audience}: {e} (present a token issued \
+                         for {audience}, e.g. `kubectl create token NAME --audience {audience}`)"
+                    ))
+                }
+                _ => Status::unavailable(e.to_string()),
+            })
     }
 
     /// The baseline `pod` is an injected sidecar of: its controlling ReplicaSet's Deployment
     /// (or Argo Rollout), in the Routes API's spelling. UNAUTHENTICATED when the token's pod is
     /// gone, PERMISSION_DENIED when it is no sidecar of a baseline.
     async fn baseline_of(&self, pod: &PodRef) -> Result<Baseline, Status> {
-        let PodRef {
-            namespace,
-            name,
-            uid,
-        } = pod;
-        let unavailable = |e: kube::Error| {
-            tracing::warn!(error = %e, "cannot look up a sidecar's pod");
-            Status::unavailable("cannot look up this pod now; retry")
-        };
-        let refuse = |why: String| {
-            Status::permission_denied(format!(
-                "pod {namespace}/{name} is not a Spur sidecar of a Deployment or Argo Rollout: {why}"
-            ))
-        };
-        let found = Api::<Pod>::namespaced(self.client.clone(), namespace)
-            .get_opt(name)
-            .await
-            .map_err(unavailable)?
-            .filter(|p| p.metadata.uid.as_deref() == Some(uid.as_str()))
-            .ok_or_else(|| {
-                Status::unauthenticated(format!(
-                    "the token's pod {namespace}/{name} no longer exists"
-                ))
-            })?;
         let sidecar = spur_api::keys::injection::SIDECAR_CONTAINER;
-        let injected = found.spec.as_ref().is_some_and(|s| {
-            s.containers
-                .iter()
-                .chain(s.init_containers.iter().flatten())
-                .any(|c| c.name == sidecar)
-        });
-        if !injected {
-            return Err(refuse(format!("it has no {sidecar} container")));
-        }
-        let rs_ref = controller(found.metadata.owner_references.as_deref())
-            .filter(|o| o.kind == "ReplicaSet" && o.api_version == "apps/v1")
-            .ok_or_else(|| refuse("no controlling ReplicaSet".into()))?;
-        let rs = Api::<ReplicaSet>::namespaced(self.client.clone(), namespace)
-            .get_opt(&rs_ref.name)
+        let b = self
+            .reviewer
+            .baseline_of(pod, Some(sidecar))
             .await
-            .map_err(unavailable)?
-            .filter(|rs| rs.metadata.uid.as_deref() == Some(rs_ref.uid.as_str()))
-            .ok_or_else(|| refuse(format!("ReplicaSet {} is gone", rs_ref.name)))?;
-        let owner = controller(rs.metadata.owner_references.as_deref())
-            .ok_or_else(|| refuse(format!("ReplicaSet {} has no controller", rs_ref.name)))?;
-        let kind = match (owner.api_version.as_str(), owner.kind.as_str()) {
-            ("apps/v1", "Deployment") => "Deployment",
-            (v, "Rollout") if v.starts_with("argoproj.io/") => "ArgoRollout",
-            (_, k) => return Err(refuse(format!("its ReplicaSet is owned by a {k}"))),
-        };
-        Ok(Baseline::new(kind, namespace.as_str(), owner.name.as_str()))
+            .map_err(|e| match e {
+                BaselineError::Unavailable(ref error) => {
+                    tracing::warn!(%error, "cannot look up a sidecar's pod");
+                    Status::unavailable(e.to_string())
+                }
+                BaselineError::PodGone { .. } => Status::unauthenticated(e.to_string()),
+                BaselineError::NoBaseline(why) => Status::permission_denied(format!(
+                    "pod {}/{} is not a Spur sidecar of a Deployment or Argo Rollout: {why}",
+                    pod.namespace, pod.name
+                )),
+            })?;
+        Ok(Baseline::new(b.kind, b.namespace.as_str(), b.name.as_str()))
     }
 
     /// Whether `user` may `get` `sandboxes/traffic` (of `sandbox`, or of all when empty).
     async fn may_read(&self, user: &UserInfo, sandbox: &str) -> Result<bool, Status> {
-        let _permit = self
-            .reviews
-            .acquire()
-            .await
-            .map_err(|_| Status::unavailable("shutting down"))?;
-        let review = SubjectAccessReview {
-            spec: SubjectAccessReviewSpec {
-                user: user.username.clone(),
-                groups: user.groups.clone(),
-                uid: user.uid.clone(),
-                extra: user.extra.clone(),
-                resource_attributes: Some(ResourceAttributes {
-                    group: Some("spur.dev".into()),
-                    resource: Some("sandboxes".into()),
-                    subresource: Some("traffic".into()),
-                    verb: Some("get".into()),
-                    name: (!sandbox.is_empty()).then(|| sandbox.to_string()),
-                    ..ResourceAttributes::default()
-                }),
-                ..SubjectAccessReviewSpec::default()
-            },
-            ..SubjectAccessReview::default()
+        let attributes = ResourceAttributes {
+            group: Some("spur.dev".into()),
+            resource: Some("sandboxes".into()),
+            subresource: Some("traffic".into()),
+            verb: Some("get".into()),
+            name: (!sandbox.is_empty()).then(|| sandbox.to_string()),
+            ..ResourceAttributes::default()
         };
-        let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
-        let answer = api
-            .create(&PostParams::default(), &review)
+        self.reviewer
+            .access(user, attributes)
             .await
-            .map_err(|e| {
-                tracing::warn!(error = %e, "SubjectAccessReview failed");
-                Status::unavailable("cannot check access now; retry")
-            })?;
-        Ok(answer.status.is_some_and(|s| s.allowed))
+            .map_err(|e| Status::unavailable(e.to_string()))
     }
-}
-
-fn controller(owners: Option<&[OwnerReference]>) -> Option<&OwnerReference> {
-    owners
-        .unwrap_or_default()
-        .iter()
-        .find(|o| o.controller == Some(true))
 }
 
 /// The pod a reviewed sidecar token was bound to.
-fn pod_of(user: UserInfo) -> Result<PodRef, Status> {
-    let namespace = user
-        .username
-        .as_deref()
-        .and_then(|u| u.strip_prefix("system:serviceaccount:"))
-        .and_then(|rest| rest.split_once(':'))
-        .map(|(ns, _)| ns.to_string())
-        .ok_or_else(|| Status::unauthenticated("not a ServiceAccount token"))?;
-    let extra = |key: &str| {
-        user.extra
-            .as_ref()
-            .and_then(|x| x.get(key))
-            .and_then(|v| v.first())
-            .filter(|v| !v.is_empty())
-            .cloned()
-    };
-    match (extra(POD_NAME), extra(POD_UID)) {
-        (Some(name), Some(uid)) => Ok(PodRef {
-            namespace,
-            name,
-            uid,
-        }),
-        _ => Err(Status::unauthenticated(
+fn pod_of(user: &UserInfo) -> Result<PodRef, Status> {
+    review::pod_of(user).map_err(|e| match e {
+        NotAPod::NotServiceAccount => Status::unauthenticated("not a ServiceAccount token"),
+        NotAPod::NotPodBound => Status::unauthenticated(
             "not a pod-bound token (use the pod's projected spur-traffic token)",
-        )),
-    }
-}
-
-/// The `exp` claim of a JWT, read without checking the signature: only for a token the API
-/// server has accepted. None for a token that is not a JWT or says nothing.
-fn token_expiry(token: &str) -> Option<SystemTime> {
-    let payload = token.split('.').nth(1)?;
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(payload.trim_end_matches('='))
-        .ok()?;
-    let exp = serde_json::from_slice::<serde_json::Value>(&bytes)
-        .ok()?
-        .get("exp")?
-        .as_u64()?;
-    UNIX_EPOCH.checked_add(Duration::from_secs(exp))
+        ),
+    })
 }
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
 
     fn md(auth: Option<&str>) -> MetadataMap {
@@ -670,55 +487,6 @@ mod tests {
         Caller::Anyone.may_use(&backend).unwrap();
     }
 
-    #[test]
-    fn a_reviewed_token_names_its_pod() {
-        let user = |name: &str, pod: Option<&str>, uid: Option<&str>| {
-            let mut extra = BTreeMap::new();
-            if let Some(p) = pod {
-                extra.insert(POD_NAME.to_string(), vec![p.to_string()]);
-            }
-            if let Some(u) = uid {
-                extra.insert(POD_UID.to_string(), vec![u.to_string()]);
-            }
-            UserInfo {
-                username: Some(name.into()),
-                extra: Some(extra),
-                ..UserInfo::default()
-            }
-        };
-        let pod = pod_of(user(
-            "system:serviceaccount:team-a:default",
-            Some("web-1"),
-            Some("u1"),
-        ))
-        .unwrap();
-        assert_eq!(
-            pod,
-            PodRef {
-                namespace: "team-a".into(),
-                name: "web-1".into(),
-                uid: "u1".into()
-            }
-        );
-        assert!(
-            pod_of(user(
-                "system:serviceaccount:team-a:default",
-                None,
-                Some("u1")
-            ))
-            .is_err()
-        );
-        assert!(
-            pod_of(user(
-                "system:serviceaccount:team-a:default",
-                Some("web-1"),
-                None
-            ))
-            .is_err()
-        );
-        assert!(pod_of(user("alice", Some("web-1"), Some("u1"))).is_err());
-    }
-
     #[tokio::test]
     async fn static_streams_are_never_rechecked() {
         let auth = Authorizer::static_token("s3cret").unwrap();
@@ -729,17 +497,5 @@ mod tests {
             auth.sidecar_with(&creds, true).await.unwrap(),
             Caller::Anyone
         );
-    }
-
-    #[test]
-    fn a_tokens_expiry_is_its_exp_claim() {
-        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
-        let jwt = |claims: &str| format!("{}.{}.sig", b64(r#"{"alg":"RS256"}"#), b64(claims));
-        assert_eq!(
-            token_expiry(&jwt(r#"{"exp":1800000000}"#)),
-            UNIX_EPOCH.checked_add(Duration::from_secs(1_800_000_000))
-        );
-        assert_eq!(token_expiry(&jwt("{}")), None);
-        assert_eq!(token_expiry("opaque"), None);
     }
 }

@@ -596,21 +596,10 @@ fn check_duration(c: &mut Checker, path: String, s: &str) -> Option<Duration> {
     None
 }
 
-/// The duration syntax of `spur_runtime::parse_duration`, which the gateways read these fields
-/// with (`250ms`, `5s` or `5`, `2m`, `1h`); `None` when malformed. Written again here because
-/// this crate depends on no data-plane crate; the operator's tests pin the two together.
+/// The duration syntax the gateways read these fields with, `spur_runtime::parse_duration`'s
+/// (`250ms`, `5s` or `5`, `2m`, `1h`); `None` when malformed.
 pub fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().ok()?;
-    Some(match unit {
-        "ms" => Duration::from_millis(n),
-        "" | "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        _ => return None,
-    })
+    spur_runtime::parse_duration(s).ok()
 }
 
 /// Hex digits, two per byte; `None` for an odd count or a non-hex digit.
