@@ -8,7 +8,7 @@
 #   keyed          requests with key k1, no capture (no rule for k1: the baseline answers)
 #   keyed, hyper   the same with the HTTP/1.1 relay off: the path a captured request takes
 #   keyed, captured  requests with key k1, captured (k1 is a virtual workload's key) and shipped
-#                  to a real traffic store (spur traffic-store serve, in memory)
+#                  to a real traffic store (spur-traffic-store serve, in memory)
 #   BIN ...        any other spur-sidecar builds given as arguments (e.g. one built from the
 #                  commit before capture existed), run like `off`
 #
@@ -35,7 +35,7 @@ maxBodyBytes: 16384
 sandboxes:
   - {name: perf, routingKey: k1, workloads: [{kind: Deployment, namespace: t, name: base}]}
 EOF
-target/release/spur traffic-store serve --insecure-plaintext --listen "$store" \
+target/release/spur-traffic-store serve --insecure-plaintext --listen "$store" \
     --metrics-addr 127.0.0.1:19791 --settings "$work/store.yaml" --token-file "$work/token" \
     >"$work/store.log" 2>&1 &
 pids+=($!)

@@ -11,5 +11,5 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 SPUR_KUBE_BINDIR="$(tests/kube/build.sh | tail -n 1)"
 export SPUR_KUBE_BINDIR
-cargo build --release --locked -p spur-cli --bin spur -p spur-perf --bin spur-bench-upstream
+cargo build --release --locked -p spur-hub-bin -p spur-agent-bin -p spur-perf --bin spur-bench-upstream
 cargo bench --locked -p spur-perf --bench hub_preview -- --bench

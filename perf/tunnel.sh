@@ -38,7 +38,7 @@ fi
 SPUR_KUBE_BINDIR="$(tests/kube/build.sh | tail -n 1)"
 export SPUR_KUBE_BINDIR
 
-cargo build --release --locked -p spur-cli >&2
+cargo build --release --locked -p spur-cli -p spur-tunnel-proxy-bin >&2
 target_dir="$(cargo metadata --format-version 1 --no-deps 2>/dev/null \
     | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
 export SPUR_BIN="${target_dir:-$root/target}/release/spur"

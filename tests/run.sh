@@ -80,8 +80,10 @@ export SPUR_KUBE_BINDIR SPUR_GO_BINDIR
 # from this checkout's binaries. A node left by a killed run is removed first; this one goes when
 # the run ends, however it ends.
 # With the tiers' features, as `cargo test` below builds them: one build of these binaries, not two.
+# The image's binaries: the user's `spur`, one per server role (bin/), and the pods' helpers.
 cargo build --locked --all-features --bin spur --bin spur-sidecar --bin spur-init --bin spur-job-executor \
-    --bin spur-io
+    --bin spur-io --bin spur-routeserver --bin spur-gateway --bin spur-operator --bin spur-tunnel-proxy \
+    --bin spur-hub --bin spur-agent --bin spur-jobs --bin spur-ics --bin spur-traffic-store
 SPUR_IMAGE_BINDIR="$(cd "${CARGO_TARGET_DIR:-target}/debug" && pwd)"
 export SPUR_IMAGE_BINDIR
 # The job executor runs inside runner pods of any image (alpine's musl, distroless): built

@@ -1,8 +1,8 @@
 //! What a preview request pays for the hub and the agent's tunnel (issue 21): the same upstream
 //! reached directly and through a preview URL, on one machine.
 //!
-//! Setup: a kube-apiserver + etcd (the agent reads the Sandbox through it), `spur hub serve`
-//! and `spur agent` (release builds, separate processes, the agent dialling the hub over QUIC),
+//! Setup: a kube-apiserver + etcd (the agent reads the Sandbox through it), `spur-hub serve`
+//! and `spur-agent` (release builds, separate processes, the agent dialling the hub over QUIC),
 //! `spur-bench-upstream`, and a Sandbox whose endpoint targets that upstream. The load is
 //! `spur_perf::load` in this process: HTTP/1.1 1 KiB GETs, open loop.
 //!
@@ -125,7 +125,8 @@ fn main() -> Result<()> {
     } else {
         (Duration::from_secs(1), Duration::from_secs(1))
     };
-    let spur = match release_bin("spur") {
+    let bins = release_bin("spur-hub").and_then(|hub| Ok((hub, release_bin("spur-agent")?)));
+    let (hub_bin, agent_bin) = match bins {
         Ok(p) => p,
         Err(e) if !full => {
             eprintln!("hub_preview smoke run skipped: {e}");
@@ -175,29 +176,20 @@ fn main() -> Result<()> {
 
     std::fs::write(
         d.join("token"),
-        run(
-            &spur,
-            d,
-            &["hub", "cluster", "add", "bench", "--db", "hub.db"],
-        )?,
+        run(&hub_bin, d, &["cluster", "add", "bench", "--db", "hub.db"])?,
     )?;
-    let key = run(
-        &spur,
-        d,
-        &["hub", "apikey", "add", "bench", "--db", "hub.db"],
-    )?
-    .trim()
-    .to_owned();
+    let key = run(&hub_bin, d, &["apikey", "add", "bench", "--db", "hub.db"])?
+        .trim()
+        .to_owned();
     std::fs::write(
         d.join("ca.pem"),
-        run(&spur, d, &["hub", "ca", "--db", "hub.db"])?,
+        run(&hub_bin, d, &["ca", "--db", "hub.db"])?,
     )?;
     let (tunnel, preview) = (free_port()?, free_port()?);
     let hub = spawn(
-        &spur,
+        &hub_bin,
         d,
         &[
-            "hub",
             "serve",
             "--db",
             "hub.db",
@@ -213,10 +205,9 @@ fn main() -> Result<()> {
         "hub.log",
     )?;
     let agent = spawn(
-        &spur,
+        &agent_bin,
         d,
         &[
-            "agent",
             "--hub",
             &format!("127.0.0.1:{tunnel}"),
             "--hub-server-name",
@@ -280,8 +271,8 @@ fn main() -> Result<()> {
     writeln!(
         out,
         "`cargo bench -p spur-perf --bench hub_preview` (via `perf/hub.sh`), {}. One machine, \
-         2 cores, nothing pinned: the load generator, `spur-bench-upstream`, `spur hub serve` \
-         and `spur agent` (release builds) share them. HTTP/1.1, 1 KiB responses. *direct*: \
+         2 cores, nothing pinned: the load generator, `spur-bench-upstream`, `spur-hub serve` \
+         and `spur-agent` (release builds) share them. HTTP/1.1, 1 KiB responses. *direct*: \
          cleartext to the upstream. *preview*: TLS to the hub, API-key check, key injection, \
          then through the agent over pooled tunnel streams (QUIC, loopback) to the upstream.\n",
         date()

@@ -217,7 +217,7 @@ async fn run(node: &'static Node, jobs: usize, burst: usize) -> Result<Results> 
 
     wait_idle(&groups, 2).await?;
     let jobs_api: Api<Job> = Api::namespaced(client.clone(), ns);
-    let cpu_jobs0 = cpu_ms(&["spur", "jobs", "serve"]);
+    let cpu_jobs0 = cpu_ms(&["spur-jobs", "serve"]);
     let cpu_api0 = cpu_ms(&["kube-apiserver"]);
     let t0 = Instant::now();
     for i in 0..burst {
@@ -258,7 +258,7 @@ async fn run(node: &'static Node, jobs: usize, burst: usize) -> Result<Results> 
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let burst_secs = t0.elapsed().as_secs_f64();
-    let jobs_cpu = cpu_ms(&["spur", "jobs", "serve"]) - cpu_jobs0;
+    let jobs_cpu = cpu_ms(&["spur-jobs", "serve"]) - cpu_jobs0;
     let api_cpu = cpu_ms(&["kube-apiserver"]) - cpu_api0;
     if jobs_cpu <= 0.0 {
         return Err(anyhow!(

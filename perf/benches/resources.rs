@@ -223,8 +223,8 @@ async fn run(node: &'static Node, runs: usize) -> Result<Results> {
     one(&client, "bench-warmup").await?;
     let cpu = || {
         (
-            cpu_ms(&["spur", "operator"]),
-            cpu_ms(&["spur", "ics"]),
+            cpu_ms(&["spur-operator"]),
+            cpu_ms(&["spur-ics"]),
             cpu_ms(&["kube-apiserver"]),
         )
     };

@@ -1,7 +1,7 @@
 //! Workstation tunnel against OpenSSH port forwarding (`ssh -L`), over the same lossy link.
 //!
 //! Topology: this process's network namespace is the "cluster" (a real kube-apiserver + etcd,
-//! `spur tunnel-proxy`, Debian's `sshd`, and the target servers, bound on the veth address); a
+//! `spur-tunnel-proxy`, Debian's `sshd`, and the target servers, bound on the veth address); a
 //! "laptop" namespace created here, joined by a veth pair, runs `spur local connect` or `ssh -N
 //! -L`, and the measuring clients connect from inside it. Each end of the veth drops P % of the
 //! packets it receives (nftables `numgen random`; segmentation offloads are off on the veth, so
@@ -12,7 +12,7 @@
 //! - `ssh -L`: `ssh -N -L` in the laptop to `sshd` in the cluster (Debian's defaults: cipher and
 //!   key exchange as negotiated, no compression);
 //! - `spur quic`, `spur h2`: `spur local connect --transport quic|h2 --hosts-file`, i.e. the
-//!   per-Service loopback listeners of the shipped CLI, through `spur tunnel-proxy`, which dials
+//!   per-Service loopback listeners of the shipped CLI, through `spur-tunnel-proxy`, which dials
 //!   the targets (`--resolve`).
 //!
 //! For each TCP congestion control of the veth's routes (cubic, the Linux default; bbr), path,
@@ -296,8 +296,8 @@ async fn run(plan: Plan) -> Result<()> {
     let tp_log = dir.join("tunnel-proxy.log");
     let tp_metrics = free_port()?;
     let tunnel_proxy = spawn_logged(
-        Command::new(&spur)
-            .args(["tunnel-proxy", "--kubeconfig"])
+        Command::new(spur.with_file_name("spur-tunnel-proxy"))
+            .arg("--kubeconfig")
             .arg(&kubeconfig)
             .args([
                 "--namespace",
@@ -556,7 +556,7 @@ fn report(
          Command: `perf/tunnel.sh` (`cargo bench -p spur-perf --bench tunnel_vs_ssh`). Machine: {cores} cores, \
          Linux {}. Two network namespaces joined by a veth pair with segmentation \
          offloads off; loss: each end drops P % of the packets it receives (nftables `numgen random`: \
-         this kernel has no `sch_netem`). Cluster side: `spur tunnel-proxy` (release build, kube-apiserver for its \
+         this kernel has no `sch_netem`). Cluster side: `spur-tunnel-proxy` (release build, kube-apiserver for its \
          token and Service caches) or `sshd` ({ssh_version}, cipher {ssh_cipher}), and the target \
          servers; laptop side: `spur local connect --transport quic|h2` (hosts-file Service \
          listeners) or `ssh -N -L`, and the clients. Everything, the clients included, shares \
@@ -1313,7 +1313,7 @@ fn spur_binary() -> Result<PathBuf> {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/spur");
     ensure!(
         p.exists(),
-        "{} not found: build it (cargo build --release -p spur-cli) or set SPUR_BIN; perf/tunnel.sh does both",
+        "{} not found: build it (cargo build --release -p spur-cli -p spur-tunnel-proxy-bin) or set SPUR_BIN (spur-tunnel-proxy is taken from its directory); perf/tunnel.sh does both",
         p.display()
     );
     Ok(p)

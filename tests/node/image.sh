@@ -25,7 +25,7 @@
 # nothing is pulled from a registry. The first run needs the Debian mirror (about two minutes);
 # later runs reuse the cached rootfs.
 #
-# Usage: tests/node/image.sh <bindir with spur, spur-sidecar, spur-init, spur-job-executor, spur-io> <outdir>
+# Usage: tests/node/image.sh <bindir with spur, the role binaries (spur-operator, ...), spur-sidecar, spur-init, spur-job-executor, spur-io> <outdir>
 # Prints one line per image on stdout: <name> <archive> compressed=<MB> uncompressed=<MB>.
 # Env: SPUR_EXECUTOR_BIN and SPUR_IO_BIN are the spur-job-executor and spur-io to use instead
 # of <bindir>'s (tests/run.sh passes static builds: they run inside pods of any image);
@@ -54,7 +54,10 @@ for tool in mmdebstrap buildah jq flock sha256sum tar findmnt; do
     command -v "$tool" >/dev/null 2>&1 \
         || die "'$tool' not found (apt-get install -y mmdebstrap buildah jq util-linux)"
 done
-bins=(spur spur-sidecar spur-init spur-job-executor spur-io)
+# The server roles' binaries (bin/ in the workspace), which the chart's Deployments run.
+roles=(spur-routeserver spur-gateway spur-operator spur-tunnel-proxy spur-hub spur-agent spur-jobs
+    spur-ics spur-traffic-store)
+bins=(spur spur-sidecar spur-init spur-job-executor spur-io "${roles[@]}")
 bindir=$(cd "$bindir" && pwd)
 srcs=()
 for b in "${bins[@]}"; do
@@ -62,7 +65,7 @@ for b in "${bins[@]}"; do
     [ "$b" = spur-job-executor ] && src=${SPUR_EXECUTOR_BIN:-$src}
     [ "$b" = spur-io ] && src=${SPUR_IO_BIN:-$src}
     [ -f "$src" ] && [ -x "$src" ] \
-        || die "$src missing or not executable (cargo build --bin spur --bin spur-sidecar --bin spur-init --bin spur-job-executor --bin spur-io)"
+        || die "$src missing or not executable (cargo build --bin spur --bin spur-sidecar --bin spur-init --bin spur-job-executor --bin spur-io$(printf ' --bin %s' "${roles[@]}"))"
     srcs+=("$src")
 done
 mkdir -p "$outdir" || die "cannot create $outdir"

@@ -164,7 +164,8 @@ fn check_deployment<'a>(objects: &'a [Value], ns: &str, replicas: u64) -> &'a Va
     assert_eq!(containers.len(), 1);
     let c = &containers[0];
     assert_eq!(c["image"], "localhost/spur:dev");
-    assert_eq!(c["args"], json!(["gateway"]));
+    assert_eq!(c["command"], json!(["spur-gateway"]));
+    assert_eq!(c.get("args"), None);
     let env = env(c);
     let want: BTreeMap<String, String> = [
         ("SPUR_ROUTE_SERVER", "spur-routeserver.spur-system.svc:7777"),

@@ -207,6 +207,91 @@ fn the_wire_crate_depends_on_no_domain_crate() {
     );
 }
 
+/// The crates `cargo tree -p package` builds for `package` alone, with the features it asks for
+/// (not the workspace's union that `cargo metadata` resolves): normal and build edges.
+fn built_alone(package: &str) -> HashSet<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new(env!("CARGO"))
+        .args(["tree", "--locked", "-p", package, "-e", "normal,build"])
+        .args(["--prefix", "none", "--format", "{p}"])
+        .current_dir(&root)
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        out.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The L4 gateway's binary (`bin/gateway`), built alone as its image entrypoint is: no
+/// Kubernetes client, no operator or hub, no other server's crate. It is configured by the route
+/// server, never by the API server.
+#[test]
+fn the_gateway_binary_links_no_kubernetes_client() {
+    let names = built_alone("spur-gateway-bin");
+    assert!(names.contains("spur-gateway"), "{names:?}");
+    let heavy: Vec<&String> = names
+        .iter()
+        .filter(|n| is_kubernetes(n) || SERVERS.contains(&n.as_str()) || *n == "spur-api")
+        .collect();
+    assert!(
+        heavy.is_empty(),
+        "spur-gateway-bin builds {heavy:?}: the gateway's binary must not link the cluster side"
+    );
+}
+
+/// Each server role's binary (`bin/<role>`) links its own server crate and no other.
+#[test]
+fn each_role_binary_links_only_its_own_server() {
+    let graph = Graph::load();
+    for (binary, own) in [
+        ("spur-routeserver-bin", "spur-routeserver"),
+        ("spur-operator-bin", "spur-operator"),
+        ("spur-tunnel-proxy-bin", "spur-tunnelproxy"),
+        ("spur-hub-bin", "spur-hub"),
+        ("spur-agent-bin", "spur-hub"),
+        ("spur-jobs-bin", "spur-jobs"),
+        ("spur-ics-bin", "spur-ics"),
+        ("spur-traffic-store-bin", "spur-traffic"),
+    ] {
+        let id = graph.id(binary);
+        assert!(
+            graph.direct(id).any(|d| graph.name[d] == own),
+            "{binary} does not link {own}"
+        );
+        let others = graph.paths_to(id, |n| SERVERS.contains(&n) && n != own);
+        assert!(
+            others.is_empty(),
+            "{binary} links other servers' crates:\n{}",
+            others.join("\n")
+        );
+    }
+}
+
+/// The user's `spur` links none of the servers it no longer runs. (It still links the operator,
+/// the tunnel proxy and the jobs crates for what `spur access`, `spur local` and `spur job` share
+/// with them: the access sweep, token Secrets, the queue order; and, through `spur demo`, the
+/// route server without its Kubernetes side.)
+#[test]
+fn the_user_cli_links_no_role_it_does_not_run() {
+    let graph = Graph::load();
+    let cli = graph.id("spur-cli");
+    let servers = ["spur-gateway", "spur-hub", "spur-ics", "spur-traffic"];
+    let linked = graph.paths_to(cli, |n| servers.contains(&n));
+    assert!(
+        linked.is_empty(),
+        "spur-cli links server roles of their own binaries:\n{}",
+        linked.join("\n")
+    );
+}
+
 /// The README's first command builds `spur-demo` alone, with the features it asks for (not the
 /// workspace's union that `cargo metadata` resolves): it must not compile the Kubernetes client,
 /// Envoy's types or any operator-side crate.

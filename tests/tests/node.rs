@@ -431,7 +431,7 @@ fn helm_install_and_the_user_path_on_running_pods() {
     // --- proxyless gRPC: grpc-go's xDS client in a pod routes by key through the route server -
     node_xds::proxyless_grpc_on_the_node(node);
 
-    // --- UDP listeners: a ListenerSet on a spur gateway pod, sessions hashed over workers -----
+    // --- UDP listeners: a ListenerSet on a spur-gateway pod, sessions hashed over workers -----
     node_l4::l4_listeners_on_the_node(node);
 
     // --- every file under docs/examples/ does what its comments say ---------------------------
@@ -1087,7 +1087,7 @@ fn fork_pod(node: &Node, ns: &str, sandbox: &str) -> String {
     .unwrap()
 }
 
-/// `spur hub serve` on a "laptop" network namespace (the test host's stand-in for a machine
+/// `spur-hub serve` on a "laptop" network namespace (the test host's stand-in for a machine
 /// outside the cluster); the chart's agent, enabled by `helm upgrade`, dials it with a cluster
 /// token. A preview URL of a Sandbox endpoint (the frontend) answers from the backend's fork pod;
 /// without an API key the answer is 401 and nothing reaches the cluster; a hub killed and started
@@ -1097,10 +1097,10 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
     let netns = laptop.netns.clone();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let spur = spur_bin("spur");
+    let spur_hub = spur_bin("spur-hub");
     let db = d.join("hub.db");
     let hub_cli = |args: &[&str]| -> String {
-        let out = std::process::Command::new(&spur)
+        let out = std::process::Command::new(&spur_hub)
             .args(args)
             .arg("--db")
             .arg(&db)
@@ -1108,16 +1108,15 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
             .unwrap();
         assert!(
             out.status.success(),
-            "spur {args:?}: {}",
+            "spur-hub {args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8(out.stdout).unwrap()
     };
-    let token = hub_cli(&["hub", "cluster", "add", "node"]);
+    let token = hub_cli(&["cluster", "add", "node"]);
     // A hub user who may see everything (issue 42, point 5: every key belongs to a user, and the
     // agent checks each read as the user's Kubernetes identity; system:masters may read all).
     hub_cli(&[
-        "hub",
         "user",
         "add",
         "dev",
@@ -1127,13 +1126,12 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
         "--kube-group",
         "system:masters",
     ]);
-    let key = hub_cli(&["hub", "apikey", "add", "dev"]).trim().to_owned();
+    let key = hub_cli(&["apikey", "add", "dev"]).trim().to_owned();
     let ca = d.join("ca.pem");
-    std::fs::write(&ca, hub_cli(&["hub", "ca"])).unwrap();
+    std::fs::write(&ca, hub_cli(&["ca"])).unwrap();
     let db_arg = db.to_str().unwrap().to_owned();
     let laptop_ip = laptop.ip.clone();
     let hub_args = [
-        "hub",
         "serve",
         "--db",
         &db_arg,
@@ -1149,7 +1147,7 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
         "127.0.0.1:9090",
     ];
     let hub_log = d.join("hub.log");
-    let mut hub = laptop.spawn(&spur, &hub_args, &[], &hub_log).unwrap();
+    let mut hub = laptop.spawn(&spur_hub, &hub_args, &[], &hub_log).unwrap();
     node.apply(&format!(
         "apiVersion: v1\nkind: Secret\nmetadata: {{name: spur-agent-token, namespace: {SPUR_NAMESPACE}}}\nstringData: {{token: {}}}\n",
         token.trim()
@@ -1212,8 +1210,7 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
             "exec",
             "spur-hub-0",
             "--",
-            "spur",
-            "hub",
+            "spur-hub",
             "cluster",
             "add",
             "incluster",
@@ -1339,7 +1336,7 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
 
     // The hub dies and comes back: the agent reconnects, previews work again, no manual step.
     laptop.stop(hub);
-    hub = laptop.spawn(&spur, &hub_args, &[], &hub_log).unwrap();
+    hub = laptop.spawn(&spur_hub, &hub_args, &[], &hub_log).unwrap();
     eventually(
         "previews after the hub restarted",
         Duration::from_secs(90),

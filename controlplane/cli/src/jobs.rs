@@ -1,10 +1,9 @@
-//! `spur jobs serve` (the jobs component), and the commands people use: `spur job
+//! The commands people use with the jobs component (`spur-jobs`): `spur job
 //! submit|list|get|logs|cancel`, `spur artifact list|download`, `spur runner-group list`.
 //! Logs and artifacts come through the Kubernetes API server (the aggregated API
 //! `jobs.spur.dev`), so RBAC on `jobs/log` and `jobs/artifacts` decides who may read them.
 
 use std::io::IsTerminal;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -14,147 +13,8 @@ use clap::{Args, Subcommand};
 use futures_util::AsyncReadExt;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
-use prometheus_client::registry::Registry;
 use spur_api::jobs::{CanceledBy, JobPhase};
 use spur_api::{Job, JobRunnerGroup};
-use tokio_util::sync::CancellationToken;
-
-// === spur jobs serve ===
-
-#[derive(Args)]
-pub(crate) struct JobsArgs {
-    #[command(subcommand)]
-    command: JobsCommand,
-}
-
-#[derive(Subcommand)]
-enum JobsCommand {
-    /// Run the Job and JobRunnerGroup controllers, the log and artifact store and the
-    /// aggregated API that serves them.
-    Serve(Box<ServeArgs>),
-}
-
-#[derive(Args)]
-struct ServeArgs {
-    /// The component's namespace (the jobs CA Secret lives there).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "spur-system")]
-    namespace: String,
-    /// The Service in front of the aggregated API (its certificate names it).
-    #[arg(long, default_value = "spur-jobs")]
-    service: String,
-    /// Image of the runner pods' init container (Spur's image, with spur-job-executor).
-    #[arg(long)]
-    executor_image: String,
-    /// Its imagePullPolicy.
-    #[arg(long)]
-    executor_pull_policy: Option<String>,
-    /// Where logs and artifacts are kept.
-    #[arg(long, default_value = "/var/lib/spur-jobs")]
-    store_dir: PathBuf,
-    /// Output beyond this many bytes per attempt is dropped.
-    #[arg(long, default_value_t = 64 * 1024 * 1024)]
-    max_log_bytes: u64,
-    /// Artifacts beyond this many bytes per attempt are not kept.
-    #[arg(long, default_value_t = 256 * 1024 * 1024)]
-    max_artifact_bytes: u64,
-    /// What one namespace's jobs may keep in the store, logs and artifacts of all its jobs
-    /// together; output and artifacts past it are not kept (the attempt's status says so).
-    #[arg(long, default_value_t = 1024 * 1024 * 1024)]
-    max_namespace_bytes: u64,
-    /// Finished jobs, with their logs and artifacts, are deleted this long after they end.
-    #[arg(long, default_value = "168h", value_parser = spur_runtime::parse_duration)]
-    retention: Duration,
-    /// Attempts a job gets when its runner pods are lost.
-    #[arg(long, default_value_t = 3)]
-    max_attempts: i32,
-    /// The component's own StatefulSet: it owns the jobs CA Secret, so uninstalling removes it.
-    #[arg(long)]
-    owner_statefulset: Option<String>,
-    /// The aggregated API's address.
-    #[arg(long, default_value = "0.0.0.0:8443")]
-    api_addr: SocketAddr,
-    /// Serve no aggregated API (logs and artifacts are kept but not served).
-    #[arg(long)]
-    no_api: bool,
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, default_value = "0.0.0.0:9090")]
-    metrics_addr: SocketAddr,
-    /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
-    #[arg(long, env = "SPUR_KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
-}
-
-pub(crate) async fn jobs(args: JobsArgs) -> Result<ExitCode> {
-    let JobsCommand::Serve(args) = args.command;
-    let shutdown = spur_runtime::shutdown_signal();
-    let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
-    client
-        .apiserver_version()
-        .await
-        .context("cannot reach the Kubernetes API server")?;
-    let mut registry = Registry::default();
-    let metrics = spur_jobs::Metrics::register(&mut registry);
-    let stop = CancellationToken::new();
-    let cfg = spur_jobs::Config {
-        namespace: args.namespace.clone(),
-        executor_image: args.executor_image.clone(),
-        executor_pull_policy: args.executor_pull_policy.clone().filter(|s| !s.is_empty()),
-        store_dir: args.store_dir.clone(),
-        max_log_bytes: args.max_log_bytes,
-        max_artifact_bytes: args.max_artifact_bytes,
-        max_namespace_bytes: args.max_namespace_bytes,
-        retention: args.retention,
-        max_attempts: args.max_attempts,
-        owner_statefulset: args.owner_statefulset.clone(),
-    };
-    let (ctx, wakeups) = spur_jobs::Context::new(client.clone(), cfg, metrics, stop.clone())
-        .await
-        .context("starting the jobs component")?;
-
-    let api = if args.no_api {
-        None
-    } else {
-        let fp = spur_jobs::api::FrontProxy::load(&client)
-            .await
-            .context("reading the API server's front-proxy CA (kube-system/extension-apiserver-authentication)")?;
-        let names = spur_jobs::api::service_names(&args.service, &args.namespace);
-        let serving = ctx.pki.serving(&names)?;
-        let tls = spur_jobs::api::tls_config(&serving.cert, &serving.key, &fp)?;
-        spur_jobs::api::sync_api_service(&client, ctx.pki.ca_pem()).await?;
-        let listener = tokio::net::TcpListener::bind(args.api_addr)
-            .await
-            .with_context(|| format!("cannot bind the API address {}", args.api_addr))?;
-        Some(tokio::spawn(spur_jobs::api::serve(
-            ctx.clone(),
-            listener,
-            tls,
-            fp,
-            stop.clone(),
-        )))
-    };
-    let listener = spur_serving::health::bind_health(args.metrics_addr).await?;
-    let http = tokio::spawn(spur_serving::health::serve_health(
-        listener,
-        registry,
-        None,
-        stop.clone(),
-    ));
-    let controllers = tokio::spawn(spur_jobs::run(ctx, wakeups, stop.clone()));
-    tracing::info!(api = %args.api_addr, metrics = %args.metrics_addr, store = %args.store_dir.display(), "jobs component started");
-    shutdown.await;
-    tracing::info!(
-        "shutting down (running attempts go on in their pods and are resumed on the next start)"
-    );
-    stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(15), controllers).await;
-    if let Some(api) = api {
-        let _ = api.await;
-    }
-    http.await.context("metrics server panicked")??;
-    Ok(ExitCode::SUCCESS)
-}
-
-// === spur job ===
 
 #[derive(Args)]
 pub(crate) struct JobArgs {

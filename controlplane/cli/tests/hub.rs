@@ -1,4 +1,4 @@
-//! `spur hub` and `spur agent` as shipped binaries, on loopback: an agent started before its hub
+//! `spur-hub` and `spur-agent` as shipped binaries, on loopback: an agent started before its hub
 //! waits for it, connects with its cluster token and reports ready; a hub killed with SIGKILL and started again is reconnected
 //! to without any manual step; a revoked cluster's session closes within seconds and its agent
 //! exits with the reason; a wrong token is refused; the registry survives processes killed in
@@ -11,7 +11,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const SPUR: &str = env!("CARGO_BIN_EXE_spur");
+#[path = "support/roles.rs"]
+mod roles;
+use roles::role_bin;
 
 struct Killed(Child);
 
@@ -22,8 +24,9 @@ impl Drop for Killed {
     }
 }
 
-fn spur(dir: &Path, args: &[&str]) -> std::process::Output {
-    let out = Command::new(SPUR)
+/// `spur-hub ARGS` (a registry command) in `dir`, which must succeed.
+fn hub_cmd(dir: &Path, args: &[&str]) -> std::process::Output {
+    let out = Command::new(role_bin("spur-hub"))
         .current_dir(dir)
         .args(args)
         .env("SPUR_HUB_DB", dir.join("hub.db"))
@@ -31,7 +34,7 @@ fn spur(dir: &Path, args: &[&str]) -> std::process::Output {
         .unwrap();
     assert!(
         out.status.success(),
-        "spur {args:?}: {}",
+        "spur-hub {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     out
@@ -42,10 +45,9 @@ fn spur(dir: &Path, args: &[&str]) -> std::process::Output {
 /// Hub user `dev`, who sees every cluster and namespace and acts as a cluster admin there.
 #[cfg(feature = "kube")]
 fn add_admin_user(d: &Path) {
-    spur(
+    hub_cmd(
         d,
         &[
-            "hub",
             "user",
             "add",
             "dev",
@@ -68,12 +70,12 @@ fn free_port() -> u16 {
     }
 }
 
-/// `spur hub serve` with its tunnel on `port`, plus `extra` flags; logs to `hub-PORT.log`.
+/// `spur-hub serve` with its tunnel on `port`, plus `extra` flags; logs to `hub-PORT.log`.
 fn start_hub(dir: &Path, port: u16, extra: &[&str]) -> Killed {
     Killed(
-        Command::new(SPUR)
+        Command::new(role_bin("spur-hub"))
             .current_dir(dir)
-            .args(["hub", "serve", "--db", "hub.db"])
+            .args(["serve", "--db", "hub.db"])
             .args(["--tunnel-addr", &format!("127.0.0.1:{port}")])
             .args(if extra.contains(&"--metrics-addr") {
                 &[][..]
@@ -88,12 +90,12 @@ fn start_hub(dir: &Path, port: u16, extra: &[&str]) -> Killed {
     )
 }
 
-/// `spur agent` dialling the hub's tunnel on `port` with `token_file`, plus `extra` flags.
+/// `spur-agent` dialling the hub's tunnel on `port` with `token_file`, plus `extra` flags.
 fn start_agent(dir: &Path, port: u16, token_file: &str, extra: &[&str], stderr: Stdio) -> Killed {
     Killed(
-        Command::new(SPUR)
+        Command::new(role_bin("spur-agent"))
             .current_dir(dir)
-            .args(["agent", "--hub", &format!("127.0.0.1:{port}")])
+            .args(["--hub", &format!("127.0.0.1:{port}")])
             .args(["--hub-server-name", "localhost", "--hub-ca", "ca.pem"])
             .args(["--token-file", token_file])
             .args(extra)
@@ -150,10 +152,10 @@ fn health_addr() -> SocketAddr {
 fn agent_connects_survives_a_hub_restart_and_is_cut_off_by_revocation() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let token = spur(d, &["hub", "cluster", "add", "east"]).stdout;
+    let token = hub_cmd(d, &["cluster", "add", "east"]).stdout;
     std::fs::write(d.join("east.token"), &token).unwrap();
     std::fs::write(d.join("bad.token"), "spurc_0123456789abcdef").unwrap();
-    let ca = spur(d, &["hub", "ca"]).stdout;
+    let ca = hub_cmd(d, &["ca"]).stdout;
     std::fs::write(d.join("ca.pem"), ca).unwrap();
 
     // The agent starts first, with the hub not there yet, and waits past its first
@@ -175,7 +177,7 @@ fn agent_connects_survives_a_hub_restart_and_is_cut_off_by_revocation() {
         http_status(health, "/readyz") == Some(200)
     });
     eprintln!("agent ready after {took:?}");
-    let listed = String::from_utf8(spur(d, &["hub", "cluster", "list"]).stdout).unwrap();
+    let listed = String::from_utf8(hub_cmd(d, &["cluster", "list"]).stdout).unwrap();
     assert!(
         listed.contains("east") && listed.contains("active"),
         "{listed}"
@@ -210,7 +212,7 @@ fn agent_connects_survives_a_hub_restart_and_is_cut_off_by_revocation() {
 
     // Revocation from the CLI while both run: the session ends and the agent exits.
     let revoked = Instant::now();
-    spur(d, &["hub", "cluster", "revoke", "east"]);
+    hub_cmd(d, &["cluster", "revoke", "east"]);
     let exit = wait_for_exit(&mut agent.0, Duration::from_secs(10));
     eprintln!("agent exited {:?} after the revocation", revoked.elapsed());
     assert!(!exit.0.success());
@@ -241,12 +243,12 @@ fn wait_for_exit(child: &mut Child, limit: Duration) -> (std::process::ExitStatu
 fn registry_writes_killed_midway_lose_nothing_committed() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    spur(d, &["hub", "cluster", "add", "first"]);
+    hub_cmd(d, &["cluster", "add", "first"]);
     let mut kept = Vec::new();
     for i in 0..30u64 {
-        let mut child = Command::new(SPUR)
+        let mut child = Command::new(role_bin("spur-hub"))
             .current_dir(d)
-            .args(["hub", "cluster", "add", &format!("c{i}"), "--db", "hub.db"])
+            .args(["cluster", "add", &format!("c{i}"), "--db", "hub.db"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -270,7 +272,7 @@ fn registry_writes_killed_midway_lose_nothing_committed() {
         assert_eq!(id.map(|c| c.name).as_deref(), Some(name.as_str()));
     }
     // And the file still takes writes.
-    spur(d, &["hub", "cluster", "add", "last"]);
+    hub_cmd(d, &["cluster", "add", "last"]);
 }
 
 fn rusqlite_check(d: &Path) -> String {
@@ -365,12 +367,12 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
     )
     .await;
 
-    let token = spur(d, &["hub", "cluster", "add", "east"]).stdout;
+    let token = hub_cmd(d, &["cluster", "add", "east"]).stdout;
     std::fs::write(d.join("east.token"), &token).unwrap();
     add_admin_user(d);
-    let key = String::from_utf8(spur(d, &["hub", "apikey", "add", "dev"]).stdout).unwrap();
+    let key = String::from_utf8(hub_cmd(d, &["apikey", "add", "dev"]).stdout).unwrap();
     let key = key.trim().to_owned();
-    let ca = spur(d, &["hub", "ca"]).stdout;
+    let ca = hub_cmd(d, &["ca"]).stdout;
     std::fs::write(d.join("ca.pem"), ca).unwrap();
 
     // The ports are probed free and then bound by the hub: another process may take one in
@@ -658,7 +660,7 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
         let (status, _) = wait_for_exit(&mut f.0, Duration::from_secs(30));
         assert!(!status.success());
     }
-    let listed = String::from_utf8(spur(d, &["hub", "cluster", "list"]).stdout).unwrap();
+    let listed = String::from_utf8(hub_cmd(d, &["cluster", "list"]).stdout).unwrap();
     assert!(
         listed.contains("east") && listed.contains("active"),
         "{listed}"
@@ -686,7 +688,7 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
     // Multi-cluster: a second cluster's agent ("west", no Kubernetes of its own here); a
     // sandbox of east whose public endpoint names west is served through west's agent (east's is
     // stopped to prove it), without an API key.
-    let west_token = spur(d, &["hub", "cluster", "add", "west"]).stdout;
+    let west_token = hub_cmd(d, &["cluster", "add", "west"]).stdout;
     std::fs::write(d.join("west.token"), &west_token).unwrap();
     let west_flags = [
         "--no-kube",
@@ -1031,13 +1033,13 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
     east.write_kubeconfig(&d.join("east.kubeconfig")).unwrap();
     west.write_kubeconfig(&d.join("west.kubeconfig")).unwrap();
     for c in ["east", "west"] {
-        let token = spur(d, &["hub", "cluster", "add", c]).stdout;
+        let token = hub_cmd(d, &["cluster", "add", c]).stdout;
         std::fs::write(d.join(format!("{c}.token")), &token).unwrap();
     }
     add_admin_user(d);
-    let key = String::from_utf8(spur(d, &["hub", "apikey", "add", "dev"]).stdout).unwrap();
+    let key = String::from_utf8(hub_cmd(d, &["apikey", "add", "dev"]).stdout).unwrap();
     let key = key.trim().to_owned();
-    std::fs::write(d.join("ca.pem"), spur(d, &["hub", "ca"]).stdout).unwrap();
+    std::fs::write(d.join("ca.pem"), hub_cmd(d, &["ca"]).stdout).unwrap();
 
     let (port, web) = (free_port(), free_port());
     let web_addr = format!("127.0.0.1:{web}");
@@ -1127,8 +1129,7 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
     assert!(body.contains("search-v2"), "{body}");
 
     let url = format!("https://localhost:{web}");
-    let link =
-        String::from_utf8(spur(d, &["hub", "login-link", "dev", "--url", &url]).stdout).unwrap();
+    let link = String::from_utf8(hub_cmd(d, &["login-link", "dev", "--url", &url]).stdout).unwrap();
     let mut browser = Browser::start().await;
     browser
         .call(
@@ -1280,11 +1281,11 @@ async fn a_hostile_preview_reads_nothing_of_the_hub_in_chromium() {
     api.write_kubeconfig(&d.join("east.kubeconfig")).unwrap();
     // A sandbox whose name the web view shows (what the script looks for), and the hostile one.
     sandbox_with_endpoint(&api, "checkout-fix").await;
-    let token = spur(d, &["hub", "cluster", "add", "east"]).stdout;
+    let token = hub_cmd(d, &["cluster", "add", "east"]).stdout;
     std::fs::write(d.join("east.token"), &token).unwrap();
     add_admin_user(d);
-    spur(d, &["hub", "apikey", "add", "dev"]);
-    std::fs::write(d.join("ca.pem"), spur(d, &["hub", "ca"]).stdout).unwrap();
+    hub_cmd(d, &["apikey", "add", "dev"]);
+    std::fs::write(d.join("ca.pem"), hub_cmd(d, &["ca"]).stdout).unwrap();
     let (port, web) = (free_port(), free_port());
     let hub_origin = format!("https://localhost:{web}");
     let app = hostile_app(&hub_origin);
@@ -1339,8 +1340,7 @@ async fn a_hostile_preview_reads_nothing_of_the_hub_in_chromium() {
 
     // The user logs in to the web view in the browser, and sees their sandboxes.
     let link =
-        String::from_utf8(spur(d, &["hub", "login-link", "dev", "--url", &hub_origin]).stdout)
-            .unwrap();
+        String::from_utf8(hub_cmd(d, &["login-link", "dev", "--url", &hub_origin]).stdout).unwrap();
     let mut browser = Browser::start().await;
     browser
         .call(

@@ -1,4 +1,4 @@
-//! `spur operator` and `spur routeserver --kubernetes` as shipped binaries against a real
+//! `spur-operator` and `spur-routeserver --kubernetes` as shipped binaries against a real
 //! kube-apiserver: they start from a kubeconfig, serve /healthz and /metrics, do their work
 //! (a Sandbox gets its routing key), and exit 0 on SIGTERM; a bad kubeconfig is a clear error.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -12,6 +12,10 @@ use kube::Api;
 use kube::api::PostParams;
 use spur_api::Sandbox;
 use spur_kube_harness::KubeApi;
+
+#[path = "support/roles.rs"]
+mod roles;
+use roles::role_bin;
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -67,8 +71,8 @@ async fn operator_and_routeserver_binaries_run_against_the_apiserver() {
     let bin = env!("CARGO_BIN_EXE_spur");
 
     let (metrics, grpc, http) = (free_port(), free_port(), free_port());
-    let mut operator = tokio::process::Command::new(bin)
-        .args(["operator", "--kubeconfig"])
+    let mut operator = tokio::process::Command::new(role_bin("spur-operator"))
+        .arg("--kubeconfig")
         .arg(&kubeconfig)
         .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
         .args(["--webhook-addr", "127.0.0.1:0"])
@@ -77,8 +81,8 @@ async fn operator_and_routeserver_binaries_run_against_the_apiserver() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut routeserver = tokio::process::Command::new(bin)
-        .args(["routeserver", "--kubernetes", "--kubeconfig"])
+    let mut routeserver = tokio::process::Command::new(role_bin("spur-routeserver"))
+        .args(["--kubernetes", "--kubeconfig"])
         .arg(&kubeconfig)
         .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
         .args(["--http-addr", &format!("127.0.0.1:{http}")])
@@ -232,8 +236,8 @@ async fn operator_and_routeserver_binaries_run_against_the_apiserver() {
 
 #[tokio::test]
 async fn unreadable_kubeconfig_is_a_clear_error() {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_spur"))
-        .args(["operator", "--kubeconfig", "/nonexistent/kubeconfig"])
+    let out = tokio::process::Command::new(role_bin("spur-operator"))
+        .args(["--kubeconfig", "/nonexistent/kubeconfig"])
         .output()
         .await
         .unwrap();
@@ -243,8 +247,7 @@ async fn unreadable_kubeconfig_is_a_clear_error() {
         stderr.contains("cannot read kubeconfig /nonexistent/kubeconfig"),
         "{stderr}"
     );
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_spur"))
-        .args(["routeserver"])
+    let out = tokio::process::Command::new(role_bin("spur-routeserver"))
         .output()
         .await
         .unwrap();
@@ -296,8 +299,8 @@ async fn one_leader_at_a_time_and_a_standby_takes_over() {
     let kubeconfig = api.dir().join("cli-kubeconfig.yaml");
     api.write_kubeconfig(&kubeconfig).unwrap();
     let start = |id: &str, port: u16| {
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_spur"))
-            .args(["operator", "--kubeconfig"])
+        tokio::process::Command::new(role_bin("spur-operator"))
+            .arg("--kubeconfig")
             .arg(&kubeconfig)
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             .args(["--webhook-addr", "127.0.0.1:0"])

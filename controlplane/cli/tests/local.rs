@@ -1,5 +1,5 @@
-//! A laptop joins a sandbox, with the shipped binaries: `spur operator`, `spur routeserver
-//! --kubernetes` and `spur tunnel-proxy` run in the test's network namespace (the "cluster",
+//! A laptop joins a sandbox, with the shipped binaries: `spur-operator`, `spur-routeserver
+//! --kubernetes` and `spur-tunnel-proxy` run in the test's network namespace (the "cluster",
 //! with a real kube-apiserver), `spur local connect` runs in a "laptop" network namespace the
 //! test creates, joined by a veth pair. A real sidecar routes a keyed request to the laptop.
 //!
@@ -8,6 +8,10 @@
 //! cut of the link and both directions work again; an unknown and an expired token are refused
 //! and audited. Needs root, `ip` and curl (tests/run.sh installs them).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "support/roles.rs"]
+mod roles;
+use roles::role_bin;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -218,9 +222,10 @@ fn served_by(curl_output: &str) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-fn spawn_spur(args: &[&str], log: &Path) -> tokio::process::Child {
+/// Role binary `bin` (e.g. `spur-operator`) with `args`, logging to `log`.
+fn spawn_role(bin: &str, args: &[&str], log: &Path) -> tokio::process::Child {
     let file = std::fs::File::create(log).unwrap();
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_spur"))
+    tokio::process::Command::new(role_bin(bin))
         .args(args)
         .env("SPUR_LOG", "info")
         .stdout(Stdio::null())
@@ -389,9 +394,9 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
     }
 
     let (grpc, http, op_metrics, tp_metrics) = (free_port(), free_port(), free_port(), free_port());
-    let _operator = spawn_spur(
+    let _operator = spawn_role(
+        "spur-operator",
         &[
-            "operator",
             "--kubeconfig",
             &kubeconfig,
             "--namespace",
@@ -445,9 +450,9 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
     for file in ["tls.crt", "tls.key", "ca.crt"] {
         std::fs::write(dir.join(format!("routeserver-{file}")), &rs_tls[file].0).unwrap();
     }
-    let _routeserver = spawn_spur(
+    let _routeserver = spawn_role(
+        "spur-routeserver",
         &[
-            "routeserver",
             "--kubernetes",
             "--kubeconfig",
             &kubeconfig,
@@ -498,9 +503,9 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
         .unwrap();
     std::fs::write(dir.join("reader.token"), &reader_token).unwrap();
     let tp_log = dir.join("tunnel-proxy.log");
-    let mut tunnel_proxy = spawn_spur(
+    let mut tunnel_proxy = spawn_role(
+        "spur-tunnel-proxy",
         &[
-            "tunnel-proxy",
             "--kubeconfig",
             &kubeconfig,
             "--namespace",

@@ -1,4 +1,4 @@
-//! Traffic capture as a user drives it on one machine (issue #27): `spur traffic-store serve`
+//! Traffic capture as a user drives it on one machine (issue #27): `spur-traffic-store serve`
 //! with a settings file, a sidecar in front of a baseline app with a fork, and `spur traffic
 //! tail`, `query` and `diff` against the store. A keyed request shows up in `tail` with the
 //! fork's answer; `diff` shows how the fork's answer differs from the baseline's to the same
@@ -17,6 +17,9 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_util::sync::CancellationToken;
 
 const SPUR: &str = env!("CARGO_BIN_EXE_spur");
+#[path = "support/roles.rs"]
+mod roles;
+use roles::role_bin;
 const TOKEN: &str = "traffic-cli-test-token";
 
 fn free_port() -> u16 {
@@ -91,8 +94,8 @@ async fn tail_shows_the_forks_answer_and_diff_shows_what_changed() {
     )
     .unwrap();
     let (grpc, metrics) = (free_port(), free_port());
-    let _store = tokio::process::Command::new(SPUR)
-        .args(["traffic-store", "serve", "--insecure-plaintext"])
+    let _store = tokio::process::Command::new(role_bin("spur-traffic-store"))
+        .args(["serve", "--insecure-plaintext"])
         .arg(format!("--listen=127.0.0.1:{grpc}"))
         .arg(format!("--metrics-addr=127.0.0.1:{metrics}"))
         .arg("--db")
@@ -258,31 +261,19 @@ async fn tail_shows_the_forks_answer_and_diff_shows_what_changed() {
 /// since the agent cannot check the user's rights.
 async fn hub_web_view_shows_the_traffic(d: &Path, store_port: u16) {
     let hub_cmd = |args: &[&str]| {
-        let out = std::process::Command::new(SPUR)
+        let out = std::process::Command::new(role_bin("spur-hub"))
             .current_dir(d)
             .args(args)
             .env("SPUR_HUB_DB", d.join("hub.db"))
             .output()
             .unwrap();
-        assert!(out.status.success(), "spur {args:?}: {out:?}");
+        assert!(out.status.success(), "spur-hub {args:?}: {out:?}");
         out.stdout
     };
-    std::fs::write(
-        d.join("east.token"),
-        hub_cmd(&["hub", "cluster", "add", "east"]),
-    )
-    .unwrap();
-    hub_cmd(&[
-        "hub",
-        "user",
-        "add",
-        "dev",
-        "--cluster",
-        "*",
-        "--all-namespaces",
-    ]);
-    let key = String::from_utf8(hub_cmd(&["hub", "apikey", "add", "dev"])).unwrap();
-    std::fs::write(d.join("ca.pem"), hub_cmd(&["hub", "ca"])).unwrap();
+    std::fs::write(d.join("east.token"), hub_cmd(&["cluster", "add", "east"])).unwrap();
+    hub_cmd(&["user", "add", "dev", "--cluster", "*", "--all-namespaces"]);
+    let key = String::from_utf8(hub_cmd(&["apikey", "add", "dev"])).unwrap();
+    std::fs::write(d.join("ca.pem"), hub_cmd(&["ca"])).unwrap();
     let auth = format!("x-spur-api-key: {}", key.trim());
     let curl = |web: u16, path: &str, headers: &[&str]| -> (u16, String) {
         let mut c = std::process::Command::new("curl");
@@ -309,16 +300,9 @@ async fn hub_web_view_shows_the_traffic(d: &Path, store_port: u16) {
         }
     };
     let log = |name: &str| std::fs::File::create(d.join(name)).unwrap();
-    let _hub = tokio::process::Command::new(SPUR)
+    let _hub = tokio::process::Command::new(role_bin("spur-hub"))
         .current_dir(d)
-        .args([
-            "hub",
-            "serve",
-            "--db",
-            "hub.db",
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ])
+        .args(["serve", "--db", "hub.db", "--metrics-addr", "127.0.0.1:0"])
         .args(["--tunnel-addr", &format!("127.0.0.1:{tunnel}")])
         .args(["--preview-addr", &format!("127.0.0.1:{web}")])
         .args(["--preview-domain", "preview.test"])
@@ -326,9 +310,9 @@ async fn hub_web_view_shows_the_traffic(d: &Path, store_port: u16) {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let _agent = tokio::process::Command::new(SPUR)
+    let _agent = tokio::process::Command::new(role_bin("spur-agent"))
         .current_dir(d)
-        .args(["agent", "--hub", &format!("127.0.0.1:{tunnel}")])
+        .args(["--hub", &format!("127.0.0.1:{tunnel}")])
         .args(["--hub-server-name", "localhost", "--hub-ca", "ca.pem"])
         .args([
             "--token-file",

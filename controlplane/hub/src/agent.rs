@@ -1,4 +1,4 @@
-//! `spur agent`: runs in a cluster, keeps one tunnel session to the hub (dialling out; the
+//! `spur-agent`: runs in a cluster, keeps one tunnel session to the hub (dialling out; the
 //! cluster accepts nothing inbound) and serves the streams the hub opens on its reverse
 //! listener: TCP connections to in-cluster targets, a scoped, read-only proxy to the
 //! Kubernetes API and, when given one, reads of the cluster's traffic store (the web view's
@@ -336,7 +336,7 @@ async fn serve_stream(
         Open::Traffic { as_user } => {
             let refused = match (access::check_identity(&as_user), &reviewer, &traffic) {
                 (Err(reason), _, _) => Some(reason),
-                (Ok(()), _, None) => Some("this agent does not read the traffic store (spur agent --traffic-server; the chart's agent.traffic.enabled)".to_owned()),
+                (Ok(()), _, None) => Some("this agent does not read the traffic store (spur-agent --traffic-server; the chart's agent.traffic.enabled)".to_owned()),
                 (Ok(()), None, Some(_)) => Some("this agent runs without Kubernetes access, so it cannot check what a user may read".to_owned()),
                 (Ok(()), Some(_), Some(_)) => None,
             };

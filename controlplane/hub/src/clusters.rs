@@ -32,7 +32,7 @@ impl Authenticator for RegistryAuthenticator {
         Box::pin(async move {
             let Some(token) = req.token else {
                 return Err(AuthError::Unauthenticated(
-                    "a cluster token is required (spur hub cluster add NAME)".into(),
+                    "a cluster token is required (spur-hub cluster add NAME)".into(),
                 ));
             };
             let token = token.expose().to_owned();

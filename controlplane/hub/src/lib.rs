@@ -1,4 +1,4 @@
-//! `spur hub` and `spur agent`: a self-hosted control plane that clusters dial out to. The hub
+//! `spur-hub` and `spur-agent`: a self-hosted control plane that clusters dial out to. The hub
 //! keeps a registry of clusters (each with its own token, stored hashed, revocable), serves
 //! preview URLs that carry a sandbox's routing key into the cluster, and a web view. The agent
 //! runs in each cluster, keeps one tunnel session to the hub (the workstation tunnel's library,

@@ -2,7 +2,7 @@
 //! reach the web view's session or a typed API key:
 //!
 //! - The web view (its own host): `POST /login` with an API key, or with a one-time code from
-//!   `spur hub login-link` (its link opens a page that asks the user to confirm; a `GET` never
+//!   `spur-hub login-link` (its link opens a page that asks the user to confirm; a `GET` never
 //!   logs anyone in, so no page elsewhere can log a browser in as someone else), and
 //!   `POST /logout`. The session is the host-only cookie [`WEB_COOKIE`].
 //! - Previews: the form lives on `login.<preview domain>`, a host no preview can have (a preview
@@ -40,7 +40,7 @@ fn key_form(message: Option<&str>, action: &str, to: Option<&str>) -> String {
         Chrome::Login,
         &format!(
             "<form class=login method=post action=\"{}\"><h2>Log in</h2>{message}{to}\
-             <label>API key (<code>spur hub apikey add NAME --user USER</code>)\
+             <label>API key (<code>spur-hub apikey add NAME --user USER</code>)\
              <input type=password name=key autocomplete=current-password autofocus></label>\
              <button type=submit>Log in</button></form>",
             esc(action)

@@ -319,7 +319,7 @@ impl Preview {
                 Ok(Caller::Nobody) => {
                     let mut r = text(
                         StatusCode::UNAUTHORIZED,
-                        "an API key is required: `x-spur-api-key: <key>` or `Authorization: Bearer <key>` (spur hub apikey add)\n",
+                        "an API key is required: `x-spur-api-key: <key>` or `Authorization: Bearer <key>` (spur-hub apikey add)\n",
                     );
                     r.headers_mut().insert(
                         header::WWW_AUTHENTICATE,

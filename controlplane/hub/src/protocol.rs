@@ -31,7 +31,7 @@ pub enum Open {
     /// HTTP/1.1 to the agent's reader of the cluster's traffic store (`GET /exchanges?…`, see
     /// [`TRAFFIC_PATH`]) for one user: the agent reads only a sandbox `as_user` may `get`
     /// `sandboxes/traffic` of (SubjectAccessReviews), with its own credentials; refused
-    /// without a user, or unless the agent was given a store (`spur agent --traffic-server`).
+    /// without a user, or unless the agent was given a store (`spur-agent --traffic-server`).
     Traffic {
         #[serde(default, rename = "as")]
         as_user: KubeIdentity,

@@ -191,8 +191,8 @@ impl Hub {
         if !unbound.is_empty() {
             tracing::warn!(
                 keys = %unbound.join(", "),
-                "API keys of no hub user are refused; give each one with `spur hub apikey bind \
-                 NAME --user USER` (users: `spur hub user add`)"
+                "API keys of no hub user are refused; give each one with `spur-hub apikey bind \
+                 NAME --user USER` (users: `spur-hub user add`)"
             );
         }
         let metrics = crate::metrics::Metrics::register(registry);

@@ -1,7 +1,7 @@
 //! The hub's state in one SQLite file: registered clusters and API keys, each credential kept
 //! only as its SHA-256. Every change is one transaction in WAL mode with `synchronous = FULL`:
 //! a hub killed at any instant reopens with each change either wholly there or wholly absent.
-//! The CLI (`spur hub cluster add`) writes the same file while the hub runs; the hub notices
+//! The CLI (`spur-hub cluster add`) writes the same file while the hub runs; the hub notices
 //! other writers through `PRAGMA data_version` ([`Store::data_version`]).
 
 use std::path::Path;
@@ -81,7 +81,7 @@ pub const CLUSTER_TOKEN_PREFIX: &str = "spurc_";
 pub const API_KEY_PREFIX: &str = "spurk_";
 /// Prefix of browser session tokens (cookies).
 pub const SESSION_PREFIX: &str = "spurs_";
-/// Prefix of one-time login codes (`spur hub login-link`).
+/// Prefix of one-time login codes (`spur-hub login-link`).
 pub const LOGIN_CODE_PREFIX: &str = "spurl_";
 
 /// Longest cluster or API key name: a DNS label, since a cluster name shows up in URLs.
@@ -215,8 +215,8 @@ impl Store {
             }
             Some(None) if !rotate => {
                 return Err(Error::Conflict(format!(
-                    "cluster {name:?} is already registered; `spur hub cluster add {name} \
-                     --rotate` issues a new token, `spur hub cluster revoke {name}` removes it"
+                    "cluster {name:?} is already registered; `spur-hub cluster add {name} \
+                     --rotate` issues a new token, `spur-hub cluster revoke {name}` removes it"
                 )));
             }
             Some(_) => {

@@ -3,7 +3,7 @@
 //! to live, preview links) and route groups. Server-rendered HTML that reads fine with JavaScript
 //! off; with it on, a small script (no external assets) listens to `/events` (server-sent events)
 //! and swaps in the fresh table when anything changes. Login: an API key posted to `/login`, or a
-//! one-time code from `spur hub login-link` posted from the page its link opens; either sets the
+//! one-time code from `spur-hub login-link` posted from the page its link opens; either sets the
 //! host-only cookie [`WEB_COOKIE`]. Every page the hub writes carries [`hub_headers`]
 //! (`crate::browser`).
 
@@ -360,7 +360,7 @@ impl Preview {
         if user.clusters.is_empty() {
             out.push_str(
                 "<p class=bad>Your hub user may see no cluster yet: an admin gives it a scope \
-                 with <code>spur hub user set</code>.</p>",
+                 with <code>spur-hub user set</code>.</p>",
             );
         }
         let mut views = BTreeMap::new();

@@ -17,7 +17,7 @@ use super::{API_KEY_HEADER, without_hub_cookie};
 use crate::catalog::Resolved;
 
 /// The query parameter the hub removes from every preview request unless told otherwise
-/// (`spur hub serve --query-param`): the name docs/routing-keys.md gives for preview links.
+/// (`spur-hub serve --query-param`): the name docs/routing-keys.md gives for preview links.
 /// Removing a parameter that a cluster's sidecars do not read is harmless to routing (only an
 /// app that reads `sd-routing-key` itself would notice), while leaving one they do read lets a
 /// caller pick another sandbox's key; so the default errs on the side of removing it.

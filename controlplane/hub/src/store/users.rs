@@ -1,6 +1,6 @@
 //! Hub users, their scopes, and which user each API key belongs to. A key's user is what every
 //! request made with it (or with a session it logged in) may see; a key of no user (made before
-//! users existed) is refused until an admin binds it (`spur hub apikey bind`).
+//! users existed) is refused until an admin binds it (`spur-hub apikey bind`).
 
 use std::collections::BTreeMap;
 
@@ -11,7 +11,7 @@ use crate::Error;
 use crate::users::{ANY_CLUSTER, ClusterScope, HubUser, MAX_GROUPS, Namespaces, check_kube_name};
 
 /// Users, their per-cluster scopes, and each key's user. Keys made before this version have no
-/// user: they are refused (with a message naming `spur hub apikey bind`) until an admin binds
+/// user: they are refused (with a message naming `spur-hub apikey bind`) until an admin binds
 /// them, rather than given a scope nobody chose. Sessions of such keys end with it.
 pub(super) const USERS_V4: &str = "
 CREATE TABLE users (
@@ -48,7 +48,7 @@ impl Principal {
     pub fn unbound_message(key: &str) -> String {
         format!(
             "API key {key:?} belongs to no hub user, so it may see nothing; an admin gives it \
-             one with `spur hub apikey bind {key} --user USER` (see `spur hub user --help`)"
+             one with `spur-hub apikey bind {key} --user USER` (see `spur-hub user --help`)"
         )
     }
 }
@@ -262,7 +262,7 @@ pub(super) fn require_user(conn: &rusqlite::Connection, user: &str) -> Result<()
     match found {
         Some(()) => Ok(()),
         None => Err(Error::NotFound(format!(
-            "no hub user named {user:?} (spur hub user add {user})"
+            "no hub user named {user:?} (spur-hub user add {user})"
         ))),
     }
 }

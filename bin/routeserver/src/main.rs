@@ -1,4 +1,4 @@
-//! `spur routeserver`: the route server, fed from a rule directory (standalone) or from the
+//! `spur-routeserver`: the route server, fed from a rule directory (standalone) or from the
 //! RoutingConfigs of a Kubernetes cluster (`--kubernetes`, which also serves gateway pods their
 //! L4 listeners from ListenerSets: docs/l4.md, "Gateway").
 
@@ -8,15 +8,19 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::Args;
+use clap::Parser;
+use spur_bin_support::Runtime;
 use spur_routeserver::{
     AuthConfig, KubeStore, L4Options, RouteServer, RouteServerConfig, XdsConfig, XdsTls,
 };
 use spur_runtime::parse_duration;
 use spur_serving::ServingTls;
 
-#[derive(Args)]
-pub(crate) struct RouteserverArgs {
+/// Serve the Routes API (gRPC 7777, REST 7778) from a directory of rule files or from the
+/// cluster's RoutingConfigs.
+#[derive(Parser)]
+#[command(name = "spur-routeserver", version)]
+struct RouteserverArgs {
     /// Directory of rule files (*.yaml, *.yml, *.json), each a list of routing rules; watched.
     #[arg(
         long,
@@ -105,7 +109,7 @@ pub(crate) struct RouteserverArgs {
     xds_secret_namespaces: Vec<String>,
 }
 
-pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
+async fn run(args: RouteserverArgs) -> Result<ExitCode> {
     // Before the listeners open: a SIGTERM from then on shuts down cleanly.
     let shutdown = spur_runtime::shutdown_signal();
     let tls = match (&args.tls_cert, &args.tls_key, args.insecure_plaintext) {
@@ -116,7 +120,7 @@ pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
         ),
     };
     let client = if args.kubernetes {
-        Some(crate::kube_client(args.kubeconfig.as_deref()).await?)
+        Some(spur_bin_support::kube_client(args.kubeconfig.as_deref()).await?)
     } else {
         None
     };
@@ -219,4 +223,9 @@ pub(crate) async fn run(args: RouteserverArgs) -> Result<ExitCode> {
     tracing::info!("shutting down");
     server.shutdown().await;
     Ok(ExitCode::SUCCESS)
+}
+
+fn main() -> ExitCode {
+    let args = RouteserverArgs::parse();
+    spur_bin_support::run("spur-routeserver", "info", Runtime::MultiThread, run(args))
 }

@@ -1,4 +1,4 @@
-//! `spur traffic-store serve`: the traffic store (docs/traffic.md). In a cluster (`--kube`) it takes
+//! `spur-traffic-store serve`: the traffic store (docs/traffic.md). In a cluster (`--kube`) it takes
 //! capture settings from the Sandboxes and authenticates sidecars and readers with Kubernetes
 //! tokens and RBAC; standalone it reads a settings file and takes one static token.
 
@@ -8,16 +8,19 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use clap::{Args, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use prometheus_client::registry::Registry;
+use spur_bin_support::Runtime;
 use spur_traffic::{
     Authorizer, ClusterCapture, Limits, Server, SettingsIndex, SettingsMap, SettingsSource,
     TrafficServerConfig,
 };
 use tokio_util::sync::CancellationToken;
 
-#[derive(Args)]
-pub(crate) struct TrafficStoreArgs {
+/// The traffic store: keeps what sidecars capture, serves `spur traffic` (docs/traffic.md).
+#[derive(Parser)]
+#[command(name = "spur-traffic-store", version)]
+struct TrafficStoreArgs {
     #[command(subcommand)]
     command: TrafficStoreCommand,
 }
@@ -28,7 +31,7 @@ enum TrafficStoreCommand {
     Serve(ServeArgs),
 }
 
-pub(crate) async fn run(args: TrafficStoreArgs) -> Result<ExitCode> {
+async fn run(args: TrafficStoreArgs) -> Result<ExitCode> {
     let TrafficStoreCommand::Serve(args) = args.command;
     serve(args).await
 }
@@ -131,7 +134,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
         // Pushes wait ("retry") until the Sandboxes are listed, rather than being refused as
         // not captured.
         let index = SettingsIndex::pending();
-        let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
+        let client = spur_bin_support::kube_client(args.kubeconfig.as_deref()).await?;
         tokio::spawn(spur_traffic::watch_sandboxes(
             client.clone(),
             index.clone(),
@@ -195,4 +198,14 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
     served.await.context("traffic store panicked")??;
     http.await.context("metrics server panicked")??;
     Ok(ExitCode::SUCCESS)
+}
+
+fn main() -> ExitCode {
+    let args = TrafficStoreArgs::parse();
+    spur_bin_support::run(
+        "spur-traffic-store",
+        "info",
+        Runtime::MultiThread,
+        run(args),
+    )
 }

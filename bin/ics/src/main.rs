@@ -1,16 +1,20 @@
-//! `spur ics serve`: the io context server of sandbox resources (docs/resources.md).
+//! `spur-ics serve`: the io context server of sandbox resources (docs/resources.md).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, Result, bail};
-use clap::{Args, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use prometheus_client::registry::Registry;
+use spur_bin_support::Runtime;
 use tokio_util::sync::CancellationToken;
 
-#[derive(Args)]
-pub(crate) struct IcsArgs {
+/// The io context server of sandbox resources: the values their workflow steps hand each other
+/// (docs/resources.md).
+#[derive(Parser)]
+#[command(name = "spur-ics", version)]
+struct IcsArgs {
     #[command(subcommand)]
     command: IcsCommand,
 }
@@ -51,7 +55,7 @@ struct ServeArgs {
     kubeconfig: Option<PathBuf>,
 }
 
-pub(crate) async fn run(args: IcsArgs) -> Result<ExitCode> {
+async fn run(args: IcsArgs) -> Result<ExitCode> {
     let IcsCommand::Serve(args) = args.command;
     let tls = match (&args.tls_cert, &args.tls_key, args.insecure_plaintext) {
         (Some(c), Some(k), false) => Some(spur_serving::ServingTls::new(c, k)),
@@ -61,7 +65,7 @@ pub(crate) async fn run(args: IcsArgs) -> Result<ExitCode> {
         ),
     };
     let shutdown = spur_runtime::shutdown_signal();
-    let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
+    let client = spur_bin_support::kube_client(args.kubeconfig.as_deref()).await?;
     let mut registry = Registry::default();
     let metrics = spur_ics::Metrics::register(&mut registry);
     let cfg = spur_ics::Config {
@@ -89,4 +93,9 @@ pub(crate) async fn run(args: IcsArgs) -> Result<ExitCode> {
     served.await.context("io context server panicked")??;
     http.await.context("metrics server panicked")??;
     Ok(ExitCode::SUCCESS)
+}
+
+fn main() -> ExitCode {
+    let args = IcsArgs::parse();
+    spur_bin_support::run("spur-ics", "info", Runtime::MultiThread, run(args))
 }

@@ -1,4 +1,4 @@
-//! `spur gateway`: the L4 gateway of ListenerSets (docs/l4.md, "Gateway"): TCP and UDP listeners
+//! `spur-gateway`: the L4 gateway of ListenerSets (docs/l4.md, "Gateway"): TCP and UDP listeners
 //! configured by the route server for this pod, drained on SIGTERM; or, with `--config`, the
 //! listeners of a local `L4Config` file, read again on SIGHUP (docs/l4.md, "Standalone").
 
@@ -8,20 +8,24 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::Args;
+use clap::Parser;
+use spur_bin_support::Runtime;
 use spur_gateway::{Gateway, GatewayConfig, RouteServerConn, Standalone, StandaloneConfig};
 use spur_runtime::parse_duration;
 
-#[derive(Args)]
+/// Run an L4 gateway: the TCP and UDP listeners of the ListenerSets that select this pod,
+/// configured by the route server (docs/l4.md, "Gateway").
+#[derive(Parser)]
+#[command(name = "spur-gateway", version)]
 #[command(after_help = "\
-Standalone (no cluster): `spur gateway --config l4.yaml [--admin-addr ADDR]` runs the listeners \
+Standalone (no cluster): `spur-gateway --config l4.yaml [--admin-addr ADDR]` runs the listeners \
 of an L4Config file (YAML, or JSON when the name ends in .json; the schema the route server \
 sends, docs/l4.md), endpoints given as addresses. An invalid file is refused at start-up with the \
 file and the field named (exit code 1). SIGHUP reads the file again: a valid one is applied \
 (unchanged listeners keep their sockets and sessions), an invalid one is logged and counted \
 (spur_gateway_config_updates_total{result=\"rejected\"}) and the last good one keeps running. \
 SIGTERM drains for the file's drainGrace.")]
-pub(crate) struct GatewayArgs {
+struct GatewayArgs {
     /// Standalone mode: run the listeners of this L4Config file (YAML or JSON) instead of
     /// asking a route server; SIGHUP reads it again. Conflicts with the route-server flags.
     #[arg(
@@ -74,7 +78,7 @@ pub(crate) struct GatewayArgs {
     report_interval: Duration,
 }
 
-pub(crate) async fn run(args: GatewayArgs) -> Result<ExitCode> {
+async fn run(args: GatewayArgs) -> Result<ExitCode> {
     // Before anything listens: a SIGTERM from then on drains cleanly.
     let shutdown = spur_runtime::shutdown_signal();
     if let Some(file) = args.config {
@@ -116,4 +120,9 @@ pub(crate) async fn run(args: GatewayArgs) -> Result<ExitCode> {
     shutdown.await;
     gateway.shutdown().await;
     Ok(ExitCode::SUCCESS)
+}
+
+fn main() -> ExitCode {
+    let args = GatewayArgs::parse();
+    spur_bin_support::run("spur-gateway", "info", Runtime::MultiThread, run(args))
 }

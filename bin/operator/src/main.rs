@@ -1,4 +1,4 @@
-//! `spur operator`: the Sandbox, ForkedWorkload, RouteGroup and RoutingConfig controllers (and,
+//! `spur-operator`: the Sandbox, ForkedWorkload, RouteGroup and RoutingConfig controllers (and,
 //! with `--resources-namespace`, the ResourcePlugin, Resource and ObjectLifecycleMethods ones), the
 //! certificate manager and the workstation certificate signer (on the elected leader), the
 //! IstioRoute and GatewayAPIRoute controllers (with `--mesh-istio`, `--mesh-gateway-api`), the
@@ -12,12 +12,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use clap::Args;
+use clap::{Args, Parser};
 use prometheus_client::registry::Registry;
+use spur_bin_support::Runtime;
 use tokio_util::sync::CancellationToken;
 
-#[derive(Args)]
-pub(crate) struct OperatorArgs {
+/// Run the Kubernetes controllers (Sandbox, ForkedWorkload, RouteGroup, RoutingConfig), the
+/// certificate manager and the sidecar-injection webhook.
+#[derive(Parser)]
+#[command(name = "spur-operator", version)]
+struct OperatorArgs {
     /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
     #[arg(long, env = "SPUR_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
@@ -32,7 +36,7 @@ pub(crate) struct OperatorArgs {
     /// their preview URLs in status. Empty: none.
     #[arg(long, env = "SPUR_PREVIEW_DOMAIN")]
     preview_domain: Option<String>,
-    /// This cluster's name at the hub (`spur hub cluster add NAME`), which qualifies preview
+    /// This cluster's name at the hub (`spur-hub cluster add NAME`), which qualifies preview
     /// URLs when the hub serves several clusters.
     #[arg(long, env = "SPUR_CLUSTER_NAME")]
     cluster_name: Option<String>,
@@ -417,7 +421,7 @@ impl WebhookArgs {
     }
 }
 
-pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
+async fn run(args: OperatorArgs) -> Result<ExitCode> {
     // Before anything listens: a SIGTERM from then on shuts down cleanly.
     let shutdown = spur_runtime::shutdown_signal();
     // Configuration errors first, before anything connects.
@@ -435,7 +439,7 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
     };
     let resources = args.resources.config(&args.namespace)?;
     let mesh = args.mesh.config()?;
-    let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
+    let client = spur_bin_support::kube_client(args.kubeconfig.as_deref()).await?;
     // Fail fast with a clear message when the API server is unreachable or refuses us.
     client
         .apiserver_version()
@@ -549,4 +553,9 @@ pub(crate) async fn run(args: OperatorArgs) -> Result<ExitCode> {
     }
     http.await.context("metrics server panicked")??;
     Ok(ExitCode::SUCCESS)
+}
+
+fn main() -> ExitCode {
+    let args = OperatorArgs::parse();
+    spur_bin_support::run("spur-operator", "info", Runtime::MultiThread, run(args))
 }

@@ -1,24 +1,24 @@
-//! `spur hub` (the self-hosted hub: `serve`, and the registry commands that edit its database
-//! directly, also while it runs) and `spur agent` (the in-cluster end that dials the hub).
+//! `spur-hub`: the self-hosted hub that clusters' agents dial out to (docs/hub.md): `serve`, and
+//! the registry commands that edit its database directly, also while it runs.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, Result, bail};
-use clap::{Args, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use prometheus_client::registry::Registry;
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
+use spur_bin_support::Runtime;
 use spur_hub::Store;
 use spur_hub::server::{Hub, HubConfig, TlsSource};
-use spur_tunnel::{ClientConfig, ClientTls, SessionState, Token, TransportPolicy};
 use tokio_util::sync::CancellationToken;
 
-#[derive(Args)]
-pub(crate) struct HubArgs {
+/// The self-hosted hub that clusters dial out to: `serve`, and its registry of clusters, users
+/// and API keys (docs/hub.md).
+#[derive(Parser)]
+#[command(name = "spur-hub", version)]
+struct HubArgs {
     #[command(subcommand)]
     command: HubCommand,
 }
@@ -91,7 +91,7 @@ enum ApiKeyCommand {
     Add {
         name: String,
         /// The hub user it acts for (default: a user named like the key); it must exist
-        /// (`spur hub user add`).
+        /// (`spur-hub user add`).
         #[arg(long)]
         user: Option<String>,
         #[command(flatten)]
@@ -204,7 +204,7 @@ impl ScopeArgs {
 }
 
 #[derive(Args)]
-pub(crate) struct ServeArgs {
+struct ServeArgs {
     #[command(flatten)]
     db: DbArg,
     /// Address of the agents' tunnel listener: QUIC on UDP and HTTP/2 over TLS on TCP.
@@ -228,7 +228,7 @@ pub(crate) struct ServeArgs {
     /// Its private key (PEM).
     #[arg(long, env = "SPUR_HUB_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// How often the database is checked for revocations made by `spur hub cluster revoke`.
+    /// How often the database is checked for revocations made by `spur-hub cluster revoke`.
     #[arg(long, env = "SPUR_HUB_REVOCATION_POLL_MS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(50..=60_000))]
     revocation_poll_ms: u64,
     /// Address of /metrics and /healthz.
@@ -296,7 +296,7 @@ fn ago(t: Option<SystemTime>) -> String {
     }
 }
 
-pub(crate) async fn run(args: HubArgs) -> Result<ExitCode> {
+async fn run(args: HubArgs) -> Result<ExitCode> {
     match args.command {
         HubCommand::Serve(args) => serve(*args).await,
         HubCommand::Cluster(ClusterCommand::Add { name, rotate, db }) => {
@@ -405,7 +405,7 @@ fn user_command(command: UserCommand) -> Result<ExitCode> {
                     );
                 }
                 None => eprintln!(
-                    "hub user {name} added; it sees nothing until `spur hub user set {name} \
+                    "hub user {name} added; it sees nothing until `spur-hub user set {name} \
                      --cluster C --namespace N`"
                 ),
             }
@@ -470,7 +470,7 @@ fn user_command(command: UserCommand) -> Result<ExitCode> {
             let unbound = store.unbound_api_keys()?;
             if !unbound.is_empty() {
                 eprintln!(
-                    "API keys of no user (refused until bound: spur hub apikey bind NAME --user \
+                    "API keys of no user (refused until bound: spur-hub apikey bind NAME --user \
                      USER): {}",
                     unbound.join(", ")
                 );
@@ -565,202 +565,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-#[derive(Args)]
-pub(crate) struct AgentArgs {
-    /// The hub's tunnel address, HOST:PORT (QUIC and HTTP/2 over TLS).
-    #[arg(long, env = "SPUR_HUB_ADDR")]
-    hub: String,
-    /// The name the hub's certificate carries (default: HOST of --hub).
-    #[arg(long, env = "SPUR_HUB_SERVER_NAME")]
-    hub_server_name: Option<String>,
-    /// CA certificate(s) (PEM) the hub's certificate chains to (`spur hub ca`).
-    #[arg(long, env = "SPUR_HUB_CA")]
-    hub_ca: PathBuf,
-    /// File holding the cluster token (`spur hub cluster add`); the env var SPUR_HUB_TOKEN
-    /// is read when this is not given.
-    #[arg(long, env = "SPUR_HUB_TOKEN_FILE")]
-    token_file: Option<PathBuf>,
-    /// quic-then-h2 (default), h2-then-quic, quic or h2.
-    #[arg(long, env = "SPUR_HUB_TRANSPORT", default_value = "quic-then-h2")]
-    transport: String,
-    /// Host suffixes the hub may reach in the cluster (comma-separated). A leading dot means
-    /// names below it only.
-    #[arg(
-        long,
-        env = "SPUR_AGENT_TARGET_SUFFIXES",
-        value_delimiter = ',',
-        default_value = ".svc,.svc.cluster.local"
-    )]
-    target_suffix: Vec<String>,
-    /// Address ranges (CIDRs, comma-separated) target names may resolve to: the cluster's
-    /// Service and Pod ranges. Empty: any address but the ones always refused (unspecified,
-    /// link-local and cloud metadata, multicast) and loopback, which is allowed only by a range
-    /// inside it (127.0.0.0/8).
-    #[arg(long, env = "SPUR_AGENT_ALLOW_CIDRS", value_delimiter = ',')]
-    allow_cidrs: Vec<spur_hub::agent::targets::IpNet>,
-    /// Let the hub's web view read sandboxes' captured traffic from this cluster's traffic
-    /// store, HOST:PORT (the chart's `spur-traffic.<namespace>.svc:7790`). The agent reads with
-    /// its own token, so RBAC decides what the hub sees (the ClusterRole spur-traffic-reader).
-    #[arg(long, env = "SPUR_AGENT_TRAFFIC_SERVER")]
-    traffic_server: Option<String>,
-    /// CA bundle (PEM) the traffic store's certificate chains to.
-    #[arg(
-        long,
-        env = "SPUR_AGENT_TRAFFIC_SERVER_CA",
-        requires = "traffic_server"
-    )]
-    traffic_server_ca: Option<PathBuf>,
-    /// File holding the token presented to the traffic store (re-read for every connection):
-    /// one issued for the store's audience `spur-traffic` (the chart mounts a projected
-    /// ServiceAccount token there); the store refuses a token for the API server.
-    #[arg(
-        long,
-        env = "SPUR_AGENT_TRAFFIC_TOKEN_FILE",
-        default_value = "/var/run/spur/traffic-token/token"
-    )]
-    traffic_server_token_file: PathBuf,
-    /// Talk to the traffic store without TLS (a store serving loopback only).
-    #[arg(
-        long,
-        requires = "traffic_server",
-        conflicts_with = "traffic_server_ca"
-    )]
-    traffic_insecure_plaintext: bool,
-    /// Run without Kubernetes access (only TCP targets); for tests and non-Kubernetes hosts.
-    #[arg(long)]
-    no_kube: bool,
-    /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
-    #[arg(long, env = "SPUR_KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
-    /// Address of /healthz, /readyz (connected to the hub) and /metrics.
-    #[arg(long, env = "SPUR_AGENT_HEALTH_ADDR", default_value = "0.0.0.0:8080")]
-    health_addr: SocketAddr,
-}
-
-pub(crate) async fn agent(args: AgentArgs) -> Result<ExitCode> {
-    let shutdown = spur_runtime::shutdown_signal();
-    let token = match &args.token_file {
-        Some(path) => std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the token file {}", path.display()))?,
-        None => std::env::var("SPUR_HUB_TOKEN")
-            .context("no cluster token: set --token-file or SPUR_HUB_TOKEN")?,
-    };
-    let token = token.trim().to_owned();
-    if token.is_empty() {
-        bail!("the cluster token is empty");
-    }
-    let ca = std::fs::read(&args.hub_ca)
-        .with_context(|| format!("cannot read the hub CA {}", args.hub_ca.display()))?;
-    let roots = CertificateDer::pem_slice_iter(&ca)
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("{}: not PEM certificates", args.hub_ca.display()))?;
-    let host = match args.hub.rsplit_once(':') {
-        Some((host, port)) if port.parse::<u16>().is_ok() => host.trim_matches(['[', ']']),
-        _ => bail!("--hub {:?}: expected HOST:PORT", args.hub),
-    };
-    let server_name = args
-        .hub_server_name
-        .clone()
-        .unwrap_or_else(|| host.to_owned());
-    let mut client = ClientConfig::new(
-        server_name,
-        ClientTls {
-            roots,
-            client_cert: None,
-        },
-    );
-    client.quic_addr = Some(args.hub.clone());
-    client.h2_addr = Some(args.hub.clone());
-    client.transports = match args.transport.as_str() {
-        "quic-then-h2" => TransportPolicy::QuicThenH2,
-        "h2-then-quic" => TransportPolicy::H2ThenQuic,
-        "quic" => TransportPolicy::QuicOnly,
-        "h2" => TransportPolicy::H2Only,
-        other => bail!("--transport {other:?}: expected quic-then-h2, h2-then-quic, quic or h2"),
-    };
-    client.token = Some(Token::new(token));
-    client.client_name = "spur-agent".into();
-    // Only the first registration waits on this (later sessions re-register on their own);
-    // the agent retries it, so a short wait just means an earlier log line.
-    client.open_wait = Duration::from_secs(3);
-    let kube = if args.no_kube {
-        None
-    } else {
-        Some(crate::kube_client(args.kubeconfig.as_deref()).await?)
-    };
-    let mut registry = Registry::with_prefix("spur_agent");
-    let agent = spur_hub::agent::Agent::start(
-        client,
-        kube,
-        spur_hub::agent::Scope {
-            target_suffixes: args.target_suffix,
-            addresses: spur_hub::agent::targets::AddressPolicy {
-                allow_cidrs: args.allow_cidrs,
-            },
-            ..spur_hub::agent::Scope::default()
-        },
-        &mut registry,
-    )?;
-    let agent = match &args.traffic_server {
-        None => agent,
-        Some(addr) => {
-            if args.traffic_server_ca.is_none() && !args.traffic_insecure_plaintext {
-                bail!(
-                    "--traffic-server needs --traffic-server-ca (or --traffic-insecure-plaintext for a store on loopback)"
-                );
-            }
-            let conn = spur_discovery::RouteServerConn {
-                addr: addr.clone(),
-                ca: args.traffic_server_ca.clone(),
-                token: Some(args.traffic_server_token_file.clone()),
-            };
-            agent.with_traffic(spur_discovery::Connector::named(conn, "traffic store")?)
-        }
-    };
-    let state = agent.state();
-    let mut log_state = agent.state();
-    tokio::spawn(async move {
-        while log_state.changed().await.is_ok() {
-            let s = log_state.borrow_and_update().clone();
-            match s {
-                SessionState::Connected {
-                    transport,
-                    identity,
-                    ..
-                } => {
-                    tracing::info!(cluster = %identity, transport = transport.as_str(), "connected to the hub")
-                }
-                SessionState::Disconnected { reason, retry_in } => {
-                    tracing::warn!(%reason, ?retry_in, "disconnected from the hub")
-                }
-                SessionState::Closed { reason } => {
-                    tracing::error!(%reason, "the hub refused this agent")
-                }
-                SessionState::Connecting { .. } => {}
-            }
-        }
-    });
-    let stop = CancellationToken::new();
-    let ready = move || matches!(*state.borrow(), SessionState::Connected { .. });
-    let listener = spur_serving::health::bind_health(args.health_addr).await?;
-    let http = tokio::spawn(spur_serving::health::serve_health(
-        listener,
-        registry,
-        Some((Arc::new(ready), "not connected to the hub\n")),
-        stop.clone(),
-    ));
-    let run = agent.run(stop.clone());
-    tokio::pin!(run);
-    let result = tokio::select! {
-        () = shutdown => {
-            tracing::info!("shutting down");
-            stop.cancel();
-            run.await
-        }
-        r = &mut run => r,
-    };
-    stop.cancel();
-    http.await.context("health server panicked")??;
-    result?;
-    Ok(ExitCode::SUCCESS)
+fn main() -> ExitCode {
+    let args = HubArgs::parse();
+    spur_bin_support::run("spur-hub", "info", Runtime::MultiThread, run(args))
 }

@@ -1,4 +1,4 @@
-//! `spur tunnel-proxy`: the in-cluster end of workstation tunnels, with `/metrics` and
+//! `spur-tunnel-proxy`: the in-cluster end of workstation tunnels, with `/metrics` and
 //! `/healthz` on a small HTTP port. Drains sessions on SIGTERM.
 
 use std::net::{IpAddr, SocketAddr};
@@ -7,14 +7,18 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use clap::Args;
+use clap::Parser;
 use prometheus_client::registry::Registry;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use spur_bin_support::Runtime;
 use tokio_util::sync::CancellationToken;
 
-#[derive(Args)]
-pub(crate) struct TunnelProxyArgs {
+/// Run the in-cluster end of workstation tunnels (QUIC and HTTP/2-over-TLS sessions, the
+/// tunnel API, reverse listeners for local workloads, SOCKS5 and HTTP CONNECT).
+#[derive(Parser)]
+#[command(name = "spur-tunnel-proxy", version)]
+struct TunnelProxyArgs {
     /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
     #[arg(long, env = "SPUR_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
@@ -217,7 +221,7 @@ fn optional_addr(flag: &str, s: &str) -> Result<Option<SocketAddr>> {
         .with_context(|| format!("--{flag} {s:?} is not an address (IP:PORT)"))
 }
 
-pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
+async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
     // Before anything listens: a SIGTERM from then on shuts down cleanly.
     let shutdown = spur_runtime::shutdown_signal();
     let quic_addr = optional_addr("quic-addr", &args.quic_addr)?;
@@ -259,7 +263,7 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
     let client = control
         .handle()
         .spawn(async move {
-            let client = crate::kube_client(kubeconfig.as_deref()).await?;
+            let client = spur_bin_support::kube_client(kubeconfig.as_deref()).await?;
             client
                 .apiserver_version()
                 .await
@@ -343,4 +347,15 @@ pub(crate) async fn run(args: TunnelProxyArgs) -> Result<ExitCode> {
     proxy.stopped().await;
     http.await.context("metrics server panicked")??;
     Ok(ExitCode::SUCCESS)
+}
+
+fn main() -> ExitCode {
+    let args = TunnelProxyArgs::parse();
+    // The tunnels on this thread; the Kubernetes side runs on a second one (`ControlThread`).
+    spur_bin_support::run(
+        "spur-tunnel-proxy",
+        "info",
+        Runtime::CurrentThread,
+        run(args),
+    )
 }

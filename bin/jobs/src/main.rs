@@ -1,0 +1,155 @@
+//! `spur-jobs serve`: the jobs component (docs/jobs.md): the Job and JobRunnerGroup
+//! controllers, the log and artifact store, and the aggregated API `jobs.spur.dev` that serves
+//! logs and artifacts through the Kubernetes API server.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use clap::{Args, Parser, Subcommand};
+use prometheus_client::registry::Registry;
+use spur_bin_support::Runtime;
+use tokio_util::sync::CancellationToken;
+
+/// The jobs component: Job and JobRunnerGroup controllers, log and artifact store, aggregated
+/// API (docs/jobs.md).
+#[derive(Parser)]
+#[command(name = "spur-jobs", version)]
+struct JobsArgs {
+    #[command(subcommand)]
+    command: JobsCommand,
+}
+
+#[derive(Subcommand)]
+enum JobsCommand {
+    /// Run the Job and JobRunnerGroup controllers, the log and artifact store and the
+    /// aggregated API that serves them.
+    Serve(Box<ServeArgs>),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// The component's namespace (the jobs CA Secret lives there).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "spur-system")]
+    namespace: String,
+    /// The Service in front of the aggregated API (its certificate names it).
+    #[arg(long, default_value = "spur-jobs")]
+    service: String,
+    /// Image of the runner pods' init container (Spur's image, with spur-job-executor).
+    #[arg(long)]
+    executor_image: String,
+    /// Its imagePullPolicy.
+    #[arg(long)]
+    executor_pull_policy: Option<String>,
+    /// Where logs and artifacts are kept.
+    #[arg(long, default_value = "/var/lib/spur-jobs")]
+    store_dir: PathBuf,
+    /// Output beyond this many bytes per attempt is dropped.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    max_log_bytes: u64,
+    /// Artifacts beyond this many bytes per attempt are not kept.
+    #[arg(long, default_value_t = 256 * 1024 * 1024)]
+    max_artifact_bytes: u64,
+    /// What one namespace's jobs may keep in the store, logs and artifacts of all its jobs
+    /// together; output and artifacts past it are not kept (the attempt's status says so).
+    #[arg(long, default_value_t = 1024 * 1024 * 1024)]
+    max_namespace_bytes: u64,
+    /// Finished jobs, with their logs and artifacts, are deleted this long after they end.
+    #[arg(long, default_value = "168h", value_parser = spur_runtime::parse_duration)]
+    retention: Duration,
+    /// Attempts a job gets when its runner pods are lost.
+    #[arg(long, default_value_t = 3)]
+    max_attempts: i32,
+    /// The component's own StatefulSet: it owns the jobs CA Secret, so uninstalling removes it.
+    #[arg(long)]
+    owner_statefulset: Option<String>,
+    /// The aggregated API's address.
+    #[arg(long, default_value = "0.0.0.0:8443")]
+    api_addr: SocketAddr,
+    /// Serve no aggregated API (logs and artifacts are kept but not served).
+    #[arg(long)]
+    no_api: bool,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    metrics_addr: SocketAddr,
+    /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, env = "SPUR_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+}
+
+async fn jobs(args: JobsArgs) -> Result<ExitCode> {
+    let JobsCommand::Serve(args) = args.command;
+    let shutdown = spur_runtime::shutdown_signal();
+    let client = spur_bin_support::kube_client(args.kubeconfig.as_deref()).await?;
+    client
+        .apiserver_version()
+        .await
+        .context("cannot reach the Kubernetes API server")?;
+    let mut registry = Registry::default();
+    let metrics = spur_jobs::Metrics::register(&mut registry);
+    let stop = CancellationToken::new();
+    let cfg = spur_jobs::Config {
+        namespace: args.namespace.clone(),
+        executor_image: args.executor_image.clone(),
+        executor_pull_policy: args.executor_pull_policy.clone().filter(|s| !s.is_empty()),
+        store_dir: args.store_dir.clone(),
+        max_log_bytes: args.max_log_bytes,
+        max_artifact_bytes: args.max_artifact_bytes,
+        max_namespace_bytes: args.max_namespace_bytes,
+        retention: args.retention,
+        max_attempts: args.max_attempts,
+        owner_statefulset: args.owner_statefulset.clone(),
+    };
+    let (ctx, wakeups) = spur_jobs::Context::new(client.clone(), cfg, metrics, stop.clone())
+        .await
+        .context("starting the jobs component")?;
+
+    let api = if args.no_api {
+        None
+    } else {
+        let fp = spur_jobs::api::FrontProxy::load(&client)
+            .await
+            .context("reading the API server's front-proxy CA (kube-system/extension-apiserver-authentication)")?;
+        let names = spur_jobs::api::service_names(&args.service, &args.namespace);
+        let serving = ctx.pki.serving(&names)?;
+        let tls = spur_jobs::api::tls_config(&serving.cert, &serving.key, &fp)?;
+        spur_jobs::api::sync_api_service(&client, ctx.pki.ca_pem()).await?;
+        let listener = tokio::net::TcpListener::bind(args.api_addr)
+            .await
+            .with_context(|| format!("cannot bind the API address {}", args.api_addr))?;
+        Some(tokio::spawn(spur_jobs::api::serve(
+            ctx.clone(),
+            listener,
+            tls,
+            fp,
+            stop.clone(),
+        )))
+    };
+    let listener = spur_serving::health::bind_health(args.metrics_addr).await?;
+    let http = tokio::spawn(spur_serving::health::serve_health(
+        listener,
+        registry,
+        None,
+        stop.clone(),
+    ));
+    let controllers = tokio::spawn(spur_jobs::run(ctx, wakeups, stop.clone()));
+    tracing::info!(api = %args.api_addr, metrics = %args.metrics_addr, store = %args.store_dir.display(), "jobs component started");
+    shutdown.await;
+    tracing::info!(
+        "shutting down (running attempts go on in their pods and are resumed on the next start)"
+    );
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(15), controllers).await;
+    if let Some(api) = api {
+        let _ = api.await;
+    }
+    http.await.context("metrics server panicked")??;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn main() -> ExitCode {
+    let args = JobsArgs::parse();
+    spur_bin_support::run("spur-jobs", "info", Runtime::MultiThread, jobs(args))
+}
