@@ -24,11 +24,11 @@ const KNOWN_LARGE: &[(&str, &str)] = &[
     ),
     (
         "perf/benches/push_latency.rs",
-        "the cluster fixture apart from the measurement and the report",
+        "the route-server process and its watchers apart from the phases and the report",
     ),
     (
         "perf/benches/tunnel_vs_ssh.rs",
-        "the ssh and tunnel fixtures apart from the measurement and the report",
+        "the network namespaces and sshd fixtures apart from the measurements and the report",
     ),
 ];
 
