@@ -58,7 +58,7 @@ impl Authenticator {
             })?;
         review::pod_of(&user).map_err(|e| match e {
             NotAPod::NotServiceAccount => Status::unauthenticated("not a ServiceAccount token"),
-            NotAPod::NotPodBound => Status::unauthenticated(
+            NotAPod::NotPodBound | NotAPod::EmptyPodClaim => Status::unauthenticated(
                 "not a pod-bound token (use the pod's projected spur-io token)",
             ),
         })

@@ -77,6 +77,10 @@ pub enum NotAPod {
     NotServiceAccount,
     /// A ServiceAccount token bound to no pod.
     NotPodBound,
+    /// A pod-bound token whose pod name or UID is empty: an API server never issues one, and it
+    /// is refused rather than taken for a token bound to no pod (which could widen what its
+    /// bearer may read where plain ServiceAccounts are reviewed by RBAC).
+    EmptyPodClaim,
 }
 
 /// The workload a pod belongs to, in the Routes API's spelling.
@@ -293,15 +297,16 @@ pub fn pod_of(user: &UserInfo) -> Result<PodRef, NotAPod> {
             .as_ref()
             .and_then(|x| x.get(key))
             .and_then(|v| v.first())
-            .filter(|v| !v.is_empty())
             .cloned()
     };
     match (extra(POD_NAME), extra(POD_UID)) {
+        (Some(name), Some(uid)) if name.is_empty() || uid.is_empty() => Err(NotAPod::EmptyPodClaim),
         (Some(name), Some(uid)) => Ok(PodRef {
             namespace,
             name,
             uid,
         }),
+        (Some(v), None) | (None, Some(v)) if v.is_empty() => Err(NotAPod::EmptyPodClaim),
         _ => Err(NotAPod::NotPodBound),
     }
 }
@@ -424,7 +429,11 @@ mod tests {
         );
         assert_eq!(
             pod_of(&user(sa, Some(""), Some("u1"))),
-            Err(NotAPod::NotPodBound)
+            Err(NotAPod::EmptyPodClaim)
+        );
+        assert_eq!(
+            pod_of(&user(sa, Some("web-1"), Some(""))),
+            Err(NotAPod::EmptyPodClaim)
         );
         assert_eq!(
             pod_of(&user("alice", Some("web-1"), Some("u1"))),

@@ -420,7 +420,7 @@ impl Kube {
 fn pod_of(user: &UserInfo) -> Result<PodRef, Status> {
     review::pod_of(user).map_err(|e| match e {
         NotAPod::NotServiceAccount => Status::unauthenticated("not a ServiceAccount token"),
-        NotAPod::NotPodBound => Status::unauthenticated(
+        NotAPod::NotPodBound | NotAPod::EmptyPodClaim => Status::unauthenticated(
             "not a pod-bound token (use the pod's projected spur-traffic token)",
         ),
     })

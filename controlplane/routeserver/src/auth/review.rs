@@ -9,7 +9,7 @@ use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::authorization::v1::ResourceAttributes;
 use kube::Client;
 use spur_serving::review::{
-    self, AudienceCheck, BaselineError, Cache, PodRef, ReviewError, Reviewer,
+    self, AudienceCheck, BaselineError, Cache, NotAPod, PodRef, ReviewError, Reviewer,
 };
 
 use super::{Denied, Grant, Scope};
@@ -249,7 +249,13 @@ impl Kube {
             })?;
         Ok(match review::pod_of(&user) {
             Ok(pod) => Identity::Pod(pod),
-            Err(_) => Identity::User(user),
+            // Never issued by an API server; refused rather than reviewed as a plain user.
+            Err(NotAPod::EmptyPodClaim) => {
+                return Err(Denied::Unauthenticated(
+                    "a pod-bound token with an empty pod name or UID".into(),
+                ));
+            }
+            Err(NotAPod::NotServiceAccount | NotAPod::NotPodBound) => Identity::User(user),
         })
     }
 
