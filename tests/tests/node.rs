@@ -1386,7 +1386,6 @@ fn hub_users_of_another_namespace_read_nothing(
 ) {
     const TENANT: &str = "mallory@tenant-a";
     hub_cli(&[
-        "hub",
         "user",
         "add",
         "mallory",
@@ -1397,7 +1396,6 @@ fn hub_users_of_another_namespace_read_nothing(
         TENANT,
     ]);
     hub_cli(&[
-        "hub",
         "user",
         "add",
         "mallory-a",
@@ -1409,7 +1407,7 @@ fn hub_users_of_another_namespace_read_nothing(
         TENANT,
     ]);
     let tab_as = |user: &str| -> String {
-        let key = hub_cli(&["hub", "apikey", "add", user]).trim().to_owned();
+        let key = hub_cli(&["apikey", "add", user]).trim().to_owned();
         let out = std::process::Command::new("ip")
             .args([
                 "netns",
