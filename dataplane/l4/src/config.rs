@@ -631,6 +631,10 @@ mod tests {
         let mut bad = c.clone();
         bad.listeners[0].key_route.as_mut().unwrap().routes[1].key_hex = Some("6".into());
         assert!(err(bad).contains("hex digits"));
+        // A sign is not a hex digit (`from_str_radix` alone would read "+1" as 1).
+        let mut bad = c.clone();
+        bad.listeners[0].key_route.as_mut().unwrap().routes[1].key_hex = Some("61+1".into());
+        assert!(err(bad).contains("hex digits"));
         let mut bad = c.clone();
         bad.listeners[0].key_route.as_mut().unwrap().routes[1] = route(Some("ab"), None, "sbx");
         assert!(err(bad).contains("used twice"));

@@ -81,6 +81,20 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// Hex digits, two per byte (a config value's bytes, e.g. an L4 routing key's `keyHex`); `None`
+/// for an odd count or anything but a hex digit. The one parser of the gateways and the
+/// ListenerSet validator, so that both refuse the same input.
+pub fn parse_hex(s: &str) -> Option<Vec<u8>> {
+    // Checked first: `from_str_radix` alone would take a sign (`+1`).
+    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| s.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
+        .collect()
+}
+
 /// The next connection on `listener`, or None once `stop` resolves (checked first, so a
 /// stopping server takes no new connection). A failed accept (EMFILE and friends) is logged,
 /// naming the listener as `what`, and retried after a pause instead of spinning.
@@ -212,6 +226,15 @@ pub fn jitter(d: Duration) -> Duration {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn hex_is_two_digits_per_byte_and_nothing_else() {
+        assert_eq!(parse_hex("00fFa1"), Some(vec![0, 0xff, 0xa1]));
+        assert_eq!(parse_hex(""), Some(vec![]));
+        for bad in ["6", "+1", "-1", "0x", " a", "gg", "ab\n"] {
+            assert_eq!(parse_hex(bad), None, "{bad:?}");
+        }
+    }
 
     #[tokio::test]
     async fn drain_waits_for_graceful_tasks_and_cuts_the_rest_at_the_deadline() {

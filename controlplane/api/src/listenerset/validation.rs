@@ -602,14 +602,6 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
     spur_runtime::parse_duration(s).ok()
 }
 
-/// Hex digits, two per byte; `None` for an odd count or a non-hex digit.
-pub fn parse_hex(s: &str) -> Option<Vec<u8>> {
-    // Checked first: `from_str_radix` alone would take a sign (`+1`).
-    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| s.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
-        .collect()
-}
+/// Hex digits, two per byte; `None` for an odd count or a non-hex digit (the gateways' own
+/// parser, `spur_runtime::parse_hex`).
+pub use spur_runtime::parse_hex;

@@ -463,7 +463,7 @@ fn key_route_plan(
     for (i, r) in k.routes.iter().enumerate() {
         let key = match (&r.key, &r.key_hex) {
             (Some(s), None) => s.as_bytes().to_vec(),
-            (None, Some(h)) => parse_hex(h).ok_or_else(|| {
+            (None, Some(h)) => spur_runtime::parse_hex(h).ok_or_else(|| {
                 format!("routes[{i}]: keyHex {h:?} is not an even number of hex digits")
             })?,
             _ => return Err(format!("routes[{i}]: set exactly one of key and keyHex")),
@@ -499,16 +499,6 @@ fn key_route_plan(
         ));
     }
     Ok(plan)
-}
-
-fn parse_hex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| s.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
-        .collect()
 }
 
 pub(super) fn is_prime(n: u32) -> bool {
