@@ -262,7 +262,7 @@ async fn run(node: &'static Node, jobs: usize, burst: usize) -> Result<Results> 
     let api_cpu = cpu_ms(&["kube-apiserver"]) - cpu_api0;
     if jobs_cpu <= 0.0 {
         return Err(anyhow!(
-            "no CPU time read for `spur jobs serve`: is it running on this host?"
+            "no CPU time read for `spur-jobs serve`: is it running on this host?"
         ));
     }
     Ok(Results {

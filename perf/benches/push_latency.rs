@@ -171,7 +171,7 @@ fn serve(args: &[String]) -> Result<()> {
         // Loopback only, like the watchers: what is measured is the push, not TLS.
         ..RouteServerConfig::new(rules_dir)
     };
-    // The same runtime as `spur routeserver`.
+    // The same runtime as `spur-routeserver`.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

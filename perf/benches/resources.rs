@@ -326,8 +326,8 @@ fn report(r: &Results, setup: Duration, load_before: &str, load_after: &str) -> 
         "## CPU per sandbox (create and delete)\n\n\
          From /proc, user + system, over the measured runs, divided by their number.\n\n\
          | process | CPU per sandbox |\n|---|---|\n\
-         | `spur operator` | {:.1} ms |\n\
-         | `spur ics serve` | {:.1} ms |\n\
+         | `spur-operator` | {:.1} ms |\n\
+         | `spur-ics serve` | {:.1} ms |\n\
          | kube-apiserver | {:.1} ms |\n",
         r.operator_cpu_ms, r.ics_cpu_ms, r.apiserver_cpu_ms
     );

@@ -3,7 +3,7 @@
 //!
 //! What `helm template` renders: nothing of it by default; with `gateway.namespaces` a
 //! ServiceAccount without rights and a Deployment (and a PodDisruptionBudget) in each namespace,
-//! the pods as `spur gateway` needs them (route server, CA bundle, pod-bound token, downward
+//! the pods as `spur-gateway` needs them (route server, CA bundle, pod-bound token, downward
 //! API, probes, hardening, the label ListenerSets select) and the operator told to keep the CA
 //! bundle there; the release namespace when the list is empty; hostNetwork's extras; and what
 //! the values schema and the template refuse.

@@ -987,7 +987,7 @@ async fn own_workstation(client: &Client, workstation: &str, user: &str) {
         .unwrap();
 }
 
-/// The tunnel proxy's report of a workstation session (what `spur tunnel-proxy` keeps renewed).
+/// The tunnel proxy's report of a workstation session (what `spur-tunnel-proxy` keeps renewed).
 fn tunnel_lease(ew: &str, renewed: i64) -> k8s_openapi::api::coordination::v1::Lease {
     spur_api::tunnel::Session {
         workstation: "alice".into(),

@@ -275,15 +275,23 @@ fn each_role_binary_links_only_its_own_server() {
     }
 }
 
-/// The user's `spur` links none of the servers it no longer runs. (It still links the operator,
-/// the tunnel proxy and the jobs crates for what `spur access`, `spur local` and `spur job` share
-/// with them: the access sweep, token Secrets, the queue order; and, through `spur demo`, the
-/// route server without its Kubernetes side.)
+/// The user's `spur` links none of the servers: what `spur access`, `spur local` and `spur job`
+/// share with them (token Secrets, the signer's name, the queue order, digests) is the API
+/// crate's, and the access sweep is `spur-operator sweep-access`. (Through `spur demo` it links
+/// the route server without its Kubernetes side, the demo's own.)
 #[test]
 fn the_user_cli_links_no_role_it_does_not_run() {
     let graph = Graph::load();
     let cli = graph.id("spur-cli");
-    let servers = ["spur-gateway", "spur-hub", "spur-ics", "spur-traffic"];
+    let servers = [
+        "spur-gateway",
+        "spur-hub",
+        "spur-ics",
+        "spur-traffic",
+        "spur-operator",
+        "spur-tunnelproxy",
+        "spur-jobs",
+    ];
     let linked = graph.paths_to(cli, |n| servers.contains(&n));
     assert!(
         linked.is_empty(),

@@ -17,11 +17,16 @@ use prometheus_client::registry::Registry;
 use spur_bin_support::Runtime;
 use tokio_util::sync::CancellationToken;
 
+mod sweep;
+
 /// Run the Kubernetes controllers (Sandbox, ForkedWorkload, RouteGroup, RoutingConfig), the
 /// certificate manager and the sidecar-injection webhook.
 #[derive(Parser)]
 #[command(name = "spur-operator", version)]
 struct OperatorArgs {
+    /// Without a command, run the controllers and the webhook.
+    #[command(subcommand)]
+    command: Option<OperatorCommand>,
     /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
     #[arg(long, env = "SPUR_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
@@ -97,6 +102,15 @@ struct OperatorArgs {
     /// docs/install.md, "Namespaces Spur may write in"). None: no namespace is enrolled.
     #[arg(long = "enroll-binding", value_name = "ROLE:ACCOUNT")]
     enroll_bindings: Vec<spur_operator::enroll::EnrollBinding>,
+}
+
+#[derive(clap::Subcommand)]
+enum OperatorCommand {
+    /// One pass of the second access sweeper (docs/access.md, "Expiry"): delete the Roles and
+    /// RoleBindings of every grant whose time is up, or whose request is gone or revoked, in
+    /// all namespaces, then exit. The chart's CronJob spur-access-sweeper runs it, so that
+    /// grants end even while the operator is down.
+    SweepAccess,
 }
 
 /// Mesh modes (docs/mesh.md): routing keys' routes written into Istio VirtualServices and/or
@@ -557,5 +571,13 @@ async fn run(args: OperatorArgs) -> Result<ExitCode> {
 
 fn main() -> ExitCode {
     let args = OperatorArgs::parse();
-    spur_bin_support::run("spur-operator", "info", Runtime::MultiThread, run(args))
+    match args.command {
+        Some(OperatorCommand::SweepAccess) => spur_bin_support::run(
+            "spur-operator",
+            "info",
+            Runtime::MultiThread,
+            sweep::sweep_access(args.kubeconfig),
+        ),
+        None => spur_bin_support::run("spur-operator", "info", Runtime::MultiThread, run(args)),
+    }
 }

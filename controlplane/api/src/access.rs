@@ -509,7 +509,7 @@ pub mod labels {
     /// `exec` or `pod`.
     pub const ACCESS_KIND: &str = "spur.dev/access-kind";
     /// Annotation of a grant's Role and RoleBinding: when the grant ends (RFC 3339). The
-    /// second sweeper (`spur access sweep`) deletes them then even if the operator is down.
+    /// second sweeper (`spur-operator sweep-access`) deletes them then even if the operator is down.
     pub const EXPIRES_AT: &str = "spur.dev/expires-at";
 }
 

@@ -12,6 +12,9 @@ pub enum Error {
     },
     #[error("cannot render CRD {name}: {reason}")]
     Render { name: String, reason: String },
+    /// A workstation credential that cannot be written (a short token, no randomness).
+    #[error("workstation credential: {0}")]
+    Credential(String),
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::CustomResource;
+use kube::{CustomResource, ResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -588,6 +588,37 @@ impl Job {
     pub fn validate(&self) -> Result<(), Error> {
         self.spec.validate()
     }
+}
+
+/// Condition type: the job's runner group and routing context exist.
+pub const ACCEPTED: &str = "Accepted";
+/// Condition type: the job reached a terminal phase.
+pub const FINISHED: &str = "Finished";
+
+/// A job's place in its group's queue: creation second, creation revision, name.
+pub fn queue_key(job: &Job) -> (i64, u64, String) {
+    let rev = job
+        .status
+        .as_ref()
+        .and_then(|s| s.submission_revision)
+        .unwrap_or(u64::MAX);
+    (created(job), rev, job.name_any())
+}
+
+/// A job's phase (`Queued` until the Job controller writes one).
+pub fn phase(job: &Job) -> JobPhase {
+    job.status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .unwrap_or(JobPhase::Queued)
+}
+
+/// A job's creation, Unix seconds (0 when unknown).
+pub fn created(job: &Job) -> i64 {
+    job.metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(0, |t| t.0.as_second())
 }
 
 impl JobSpec {

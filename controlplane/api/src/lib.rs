@@ -18,6 +18,7 @@ pub mod carriers;
 pub mod common;
 pub mod conditions;
 pub mod crdgen;
+pub mod digest;
 pub mod envoyconfig;
 pub mod jobs;
 pub mod keys;

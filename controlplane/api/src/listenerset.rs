@@ -74,7 +74,7 @@ pub mod conditions {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ListenerSetSpec {
-    /// The pods of this namespace that serve the listeners (Spur gateway pods: `spur gateway`).
+    /// The pods of this namespace that serve the listeners (Spur gateway pods: `spur-gateway`).
     pub selector: LabelSelector,
     /// The Service the operator keeps over `selector` with every listener's port, so clients
     /// dial `<name>.<namespace>.svc:<port>`. Needs `selector.matchLabels` only (a Service

@@ -458,13 +458,13 @@ pub struct Endpoint {
     #[schemars(length(min = 1, max = DNS_LABEL_MAX), regex(pattern = DNS_LABEL_PATTERN))]
     pub cluster: Option<String>,
     /// Anyone with the URL may use the preview, without an API key or login, where the hub
-    /// allows it (`spur hub serve --allow-public-previews`; off by default).
+    /// allows it (`spur-hub serve --allow-public-previews`; off by default).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub public: bool,
 }
 
 /// An endpoint's preview URL, as the operator publishes it when it knows the hub's preview
-/// domain (`spur operator --preview-domain`; docs/hub.md).
+/// domain (`spur-operator --preview-domain`; docs/hub.md).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointStatus {

@@ -22,29 +22,7 @@ pub const PORTS_ANNOTATION: &str = "spur.dev/tunnel-ports";
 
 /// Workstation credentials the tunnel proxy reads from its token namespace (the contract
 /// between it, `spur local token|revoke`, and tunnel grants written by the operator).
-pub mod credentials {
-    /// Label marking a Secret as a workstation credential; the value is its kind (`token` or
-    /// `revocation`).
-    pub const CREDENTIAL_LABEL: &str = "spur.dev/credential";
-    /// Annotation: when the token stops being accepted (RFC 3339).
-    pub const EXPIRES_ANNOTATION: &str = "spur.dev/expires-at";
-    /// Annotation of a token Secret: when this token was written (RFC 3339); a revocation
-    /// covers tokens written before it. Without it, the Secret's creation counts.
-    pub const ISSUED_ANNOTATION: &str = "spur.dev/issued-at";
-    /// Annotation of a revocation: credentials issued before this instant are revoked.
-    pub const REVOKED_BEFORE_ANNOTATION: &str = "spur.dev/revoked-before";
-    /// Annotation of a tunnel grant's token Secret (labelled `spur.dev/access-kind=tunnel`):
-    /// the namespace of its TunnelAccessRequest, the only one the grant's sessions reach.
-    pub const GRANT_NAMESPACE_ANNOTATION: &str = "spur.dev/access-request-namespace";
-    /// Key of a token Secret's data holding only the token's SHA-256 (lowercase hex) instead
-    /// of the token: what a tunnel grant writes, since only the workstation holds the token.
-    pub const TOKEN_SHA256_KEY: &str = "token-sha256";
-
-    /// Name of the revocation Secret of `workstation`.
-    pub fn revocation_secret_name(workstation: &str) -> String {
-        format!("spur-workstation-revoked-{workstation}")
-    }
-}
+pub mod credentials;
 
 /// Name of the Lease for `workstation`.
 pub fn lease_name(workstation: &str) -> String {

@@ -27,6 +27,10 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::keys::labels;
 
+/// The signer name workstation certificate requests carry (`spec.signerName`): what `spur local
+/// cert` asks for and the operator's workstation signer signs.
+pub const WORKSTATION_SIGNER: &str = "spur.dev/workstation";
+
 /// Annotation of a Sandbox: the user who created it (set by the operator's admission webhook,
 /// never by the client).
 pub const CREATED_BY_ANNOTATION: &str = "spur.dev/created-by";

@@ -2,8 +2,8 @@
 //! just-in-time access request, wait for it and print the command to run; see and end one's
 //! grants (docs/access.md). The requester is whoever the kubeconfig authenticates as: the API
 //! server stamps it, nothing here can choose it. `spur access approve` approves another user's
-//! request where a template requires it; `spur access sweep` is the chart's second sweeper,
-//! which ends expired grants while the operator is down.
+//! request where a template requires it. (The chart's second sweeper, which ends expired grants
+//! while the operator is down, is `spur-operator sweep-access`.)
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -78,13 +78,17 @@ enum AccessCommand {
     /// Approve another user's request, where its template requires approval (needs the verb
     /// `approve` on the request's kind, e.g. through the ClusterRole spur-access-approver).
     Approve { kind: Kind, name: String },
-    /// Delete the Roles and RoleBindings of every grant whose time is up, or whose request is
-    /// gone or revoked, in all namespaces (what the chart's CronJob spur-access-sweeper runs:
-    /// grants end even while the operator is down).
-    Sweep,
+    /// The second access sweeper is now `spur-operator sweep-access` (the chart's CronJob
+    /// spur-access-sweeper runs it); this says so.
+    #[command(hide = true)]
+    Sweep(crate::moved::Rest),
 }
 
 pub(crate) async fn run(args: AccessArgs) -> Result<ExitCode> {
+    // Answered before connecting: the command moved, whatever the cluster.
+    if let AccessCommand::Sweep(rest) = &args.command {
+        return Ok(sweep_moved(rest));
+    }
     let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
     let ns = args
         .namespace
@@ -119,12 +123,12 @@ pub(crate) async fn run(args: AccessArgs) -> Result<ExitCode> {
                 let (Some(ws), Some(file)) = (&workstation, &token_file) else {
                     bail!("a tunnel request needs --workstation and --token-file");
                 };
-                let token = spur_tunnelproxy::tokens::generate_token()?;
+                let token = spur_api::tunnel::credentials::generate_token()?;
                 write_private(file, &token)
                     .with_context(|| format!("writing the token to {}", file.display()))?;
                 spec["workstation"] = serde_json::json!(ws);
                 spec["tokenSha256"] =
-                    serde_json::json!(spur_tunnelproxy::tokens::token_sha256(&token));
+                    serde_json::json!(spur_api::tunnel::credentials::token_sha256(&token));
             } else if workstation.is_some() || token_file.is_some() {
                 bail!("--workstation and --token-file apply to tunnel requests only");
             }
@@ -329,23 +333,13 @@ pub(crate) async fn run(args: AccessArgs) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         AccessCommand::Approve { kind, name } => approve(client, &ns, kind, &name).await,
-        AccessCommand::Sweep => {
-            let swept = spur_operator::access::sweep::sweep(&client).await.context(
-                "sweeping expired access grants (the sweeper needs the chart's \
-                     spur-access-sweeper rules: list and delete Roles and RoleBindings, read \
-                     access requests)",
-            )?;
-            for e in &swept.ended {
-                println!("ended {} {}/{}: {}", e.kind, e.namespace, e.name, e.why);
-            }
-            println!(
-                "{} grant objects ended, {} in effect",
-                swept.ended.len(),
-                swept.kept
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        AccessCommand::Sweep(rest) => Ok(sweep_moved(&rest)),
     }
+}
+
+/// `spur access sweep` is now the operator binary's `sweep-access`.
+fn sweep_moved(rest: &crate::moved::Rest) -> ExitCode {
+    crate::moved::Moved::refuse_as("access sweep", "spur-operator sweep-access", rest)
 }
 
 /// Records the approval on the request: the approver's own username and groups, as the API

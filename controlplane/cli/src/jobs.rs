@@ -159,7 +159,7 @@ pub(crate) async fn job(args: JobArgs) -> Result<ExitCode> {
                 api.list(&ListParams::default()).await?
             };
             let mut items = list.items;
-            items.sort_by_key(spur_jobs::queue::queue_key);
+            items.sort_by_key(spur_api::jobs::queue_key);
             println!(
                 "{:<20} {:<28} {:<16} {:<10} {:>5} {:>8}",
                 "NAMESPACE", "NAME", "GROUP", "PHASE", "EXIT", "ATTEMPTS"
@@ -397,7 +397,7 @@ async fn wait_for_attempt(api: &Api<Job>, name: &str, attempt: i32) -> Result<Jo
         let msg = match st
             .conditions
             .iter()
-            .find(|c| c.type_ == spur_jobs::queue::ACCEPTED)
+            .find(|c| c.type_ == spur_api::jobs::ACCEPTED)
         {
             Some(c) if c.status != "True" => format!("not accepted yet: {}", c.message),
             _ => {
@@ -406,10 +406,10 @@ async fn wait_for_attempt(api: &Api<Job>, name: &str, attempt: i32) -> Result<Jo
                     .iter()
                     .filter(|j| {
                         j.spec.runner_group == job.spec.runner_group
-                            && spur_jobs::queue::phase(j) == JobPhase::Queued
+                            && spur_api::jobs::phase(j) == JobPhase::Queued
                     })
                     .collect();
-                queued.sort_by_key(|j| spur_jobs::queue::queue_key(j));
+                queued.sort_by_key(|j| spur_api::jobs::queue_key(j));
                 let pos = queued
                     .iter()
                     .position(|j| j.name_any() == name)
@@ -546,7 +546,7 @@ pub(crate) async fn artifact(args: ArtifactArgs) -> Result<ExitCode> {
                 .filter(|a| a["path"] == path.as_str() && attempt.is_none_or(|n| a["attempt"] == n))
                 .max_by_key(|a| a["attempt"].as_i64())
                 .and_then(|a| a["sha256"].as_str().map(str::to_owned));
-            let got = spur_jobs::store::hex_sha256(&data);
+            let got = spur_api::digest::sha256_hex(&data);
             if want.as_deref() != Some(got.as_str()) {
                 bail!(
                     "downloaded {path} does not match its recorded SHA-256 (got {got}, want {want:?})"

@@ -94,7 +94,7 @@ async fn apply_secret(
 /// instant forward).
 async fn revoke_cmd(a: RevokeArgs) -> Result<ExitCode> {
     check_workstation(&a.workstation)?;
-    let secret = spur_tunnelproxy::tokens::revocation_secret(
+    let secret = spur_api::tunnel::credentials::revocation_secret(
         &a.namespace,
         &a.workstation,
         std::time::SystemTime::now(),
@@ -180,7 +180,7 @@ async fn cert_cmd(a: CertArgs) -> Result<ExitCode> {
         },
         "spec": {
             "request": k8s_openapi::ByteString(request.into_bytes()),
-            "signerName": spur_operator::workstations::WORKSTATION_SIGNER,
+            "signerName": spur_api::workstation::WORKSTATION_SIGNER,
             "usages": ["client auth", "digital signature"],
             "expirationSeconds": expiration,
         },
@@ -314,7 +314,7 @@ struct TokenArgs {
 /// one) and prints the token; nothing else is printed on stdout, so it can be piped to a file.
 async fn token_cmd(a: TokenArgs) -> Result<ExitCode> {
     check_workstation(&a.workstation)?;
-    let token = spur_tunnelproxy::tokens::generate_token()?;
+    let token = spur_api::tunnel::credentials::generate_token()?;
     let expires = a.ttl.map(|t| std::time::SystemTime::now() + t);
     // The owner first: a token never exists for a workstation nobody owns.
     let until = a
@@ -338,7 +338,7 @@ async fn token_cmd(a: TokenArgs) -> Result<ExitCode> {
         )),
     }
     let secret =
-        spur_tunnelproxy::tokens::token_secret(&a.namespace, &a.workstation, &token, expires)?;
+        spur_api::tunnel::credentials::token_secret(&a.namespace, &a.workstation, &token, expires)?;
     let name = apply_secret(a.kubeconfig.as_deref(), &a.namespace, &secret).await?;
     say(format!(
         "token for workstation {} stored in Secret {}/{name}{}",

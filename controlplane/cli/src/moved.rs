@@ -56,14 +56,19 @@ impl Moved {
     /// Says which binary to run instead and fails (exit code 2, as for a usage error).
     pub(crate) fn refuse(&self) -> ExitCode {
         let (old, new, rest) = self.names();
+        Self::refuse_as(old, new, rest)
+    }
+
+    /// Says that `spur <old>` is now `<new>` (with the same arguments) and fails.
+    pub(crate) fn refuse_as(old: &str, new: &str, rest: &Rest) -> ExitCode {
         let mut same = String::from(new);
         for a in &rest.args {
             same.push(' ');
             same.push_str(&a.to_string_lossy());
         }
         eprintln!(
-            "spur: `spur {old}` is now a binary of its own: run `{same}` (the image ships it; \
-             the chart runs it)"
+            "spur: `spur {old}` moved to its server's own binary: run `{same}` (the image ships \
+             it; the chart runs it)"
         );
         ExitCode::from(2)
     }

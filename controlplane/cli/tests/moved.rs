@@ -28,6 +28,11 @@ fn an_old_role_command_names_its_new_binary() {
         (&["jobs", "serve"], "spur-jobs serve"),
         (&["ics", "serve"], "spur-ics serve"),
         (&["traffic-store", "serve"], "spur-traffic-store serve"),
+        // The access sweeper is the operator's now; no cluster is asked first.
+        (
+            &["access", "--kubeconfig", "/nonexistent", "sweep"],
+            "spur-operator sweep-access",
+        ),
     ] {
         let out = Command::new(SPUR).args(old).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -1,4 +1,4 @@
-//! The io context server (`spur ics serve`): keeps each io context (the values a sandbox
+//! The io context server (`spur-ics serve`): keeps each io context (the values a sandbox
 //! resource's workflow steps hand each other) in a Secret, and serves a step pod only its own
 //! work unit's inputs and outputs (`proto/io.proto`, package `spur.io.v1`).
 //!
@@ -39,7 +39,7 @@ pub enum Error {
     Serve(String),
 }
 
-/// How the server runs (flags of `spur ics serve`).
+/// How the server runs (flags of `spur-ics serve`).
 #[derive(Debug, Clone)]
 pub struct Config {
     /// The namespace of the io context Secrets.

@@ -12,7 +12,7 @@ pub struct CallLabels {
     pub code: String,
 }
 
-/// Counters of `spur ics serve`.
+/// Counters of `spur-ics serve`.
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
     pub calls: Family<CallLabels, Counter>,

@@ -53,7 +53,7 @@ pub enum Error {
     Serve(String),
 }
 
-/// How the jobs component runs (flags of `spur jobs serve`).
+/// How the jobs component runs (flags of `spur-jobs serve`).
 #[derive(Debug, Clone)]
 pub struct Config {
     /// The namespace of the component (its CA Secret lives there).

@@ -12,28 +12,9 @@ use spur_api::jobs::{AttemptPhase, JobPhase};
 use spur_api::{Job, JobRunnerGroup};
 
 use crate::pods::{RunnerState, TEMPLATE_ANNOTATION, runner_state};
-
-/// Condition type: the job's runner group and routing context exist.
-pub const ACCEPTED: &str = "Accepted";
-/// Condition type: the job reached a terminal phase.
-pub const FINISHED: &str = "Finished";
-
-/// A job's place in its group's queue: creation second, creation revision, name.
-pub fn queue_key(job: &Job) -> (i64, u64, String) {
-    let rev = job
-        .status
-        .as_ref()
-        .and_then(|s| s.submission_revision)
-        .unwrap_or(u64::MAX);
-    (created(job), rev, job.name_any())
-}
-
-pub fn phase(job: &Job) -> JobPhase {
-    job.status
-        .as_ref()
-        .and_then(|s| s.phase)
-        .unwrap_or(JobPhase::Queued)
-}
+// The queue order and a job's phase are read by `spur job` too, so they live with the Job type.
+use spur_api::jobs::created;
+pub use spur_api::jobs::{ACCEPTED, FINISHED, phase, queue_key};
 
 /// The pod of a job's running attempt.
 pub fn running_pod(job: &Job) -> Option<&str> {
@@ -64,13 +45,6 @@ fn unevaluated(job: &Job) -> bool {
 /// (its place in the queue is unknown until then). Past this, a job that cannot be looked at
 /// (the API refusing its status writes, say) no longer stalls its group.
 pub const EVALUATION_WAIT_SECS: i64 = 30;
-
-fn created(job: &Job) -> i64 {
-    job.metadata
-        .creation_timestamp
-        .as_ref()
-        .map_or(0, |t| t.0.as_second())
-}
 
 /// The decisions of one pass.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -366,8 +366,7 @@ pub async fn append(f: &mut tokio::fs::File, data: &[u8]) -> Result<(), Error> {
 }
 
 pub fn hex_sha256(data: &[u8]) -> String {
-    let d = ring::digest::digest(&ring::digest::SHA256, data);
-    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    spur_api::digest::sha256_hex(data)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //!    │                                                              │ ready
 //!    └──────► RoutingConfig (its routing key) ◄── ForkedWorkload status (Service mapping)
 //! RouteGroup ─(label match over Sandboxes)─► RoutingConfig (the group's key)
-//! RoutingConfig status.routeServer.routes ──► route server (`spur routeserver --kubernetes`)
+//! RoutingConfig status.routeServer.routes ──► route server (`spur-routeserver --kubernetes`)
 //! RoutingConfig ─(mesh modes)─► IstioRoute ──► Spur's routes in the user's VirtualServices
 //!               └────────────► GatewayAPIRoute ──► derived HTTPRoutes beside the user's
 //! ListenerSet ──► its Service + a headless Service per selector endpoint (owner references, no

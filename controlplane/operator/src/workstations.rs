@@ -36,8 +36,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{Error, Metrics, PkiConfig};
 use spur_serving::pki::{self, Pair};
 
-/// The signer name workstation requests carry (`spec.signerName`).
-pub const WORKSTATION_SIGNER: &str = "spur.dev/workstation";
+pub use spur_api::workstation::WORKSTATION_SIGNER;
 /// The usages a workstation request may ask for; it must ask for `client auth`.
 const ALLOWED_USAGES: [&str; 3] = ["client auth", "digital signature", "key encipherment"];
 

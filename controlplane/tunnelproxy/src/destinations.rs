@@ -47,7 +47,7 @@ impl Destinations {
     }
 
     /// Also dials loopback addresses: only for tests whose "cluster" is this machine's loopback
-    /// (`spur tunnel-proxy --allow-loopback-destinations`). In a pod, loopback is the proxy's own
+    /// (`spur-tunnel-proxy --allow-loopback-destinations`). In a pod, loopback is the proxy's own
     /// metrics and admin ports.
     pub fn allowing_loopback(mut self) -> Destinations {
         self.loopback = true;

@@ -1,4 +1,4 @@
-//! The in-cluster end of workstation tunnels (`spur tunnel-proxy`): workstation tokens kept in
+//! The in-cluster end of workstation tunnels (`spur-tunnel-proxy`): workstation tokens kept in
 //! Secrets, the tunnel API each authenticated workstation talks to (cluster DNS, Services, its
 //! local workloads, and which reverse bindings it may register), and the Lease that reports each
 //! live tunnel to the operator's ExternalWorkload controller.

@@ -308,7 +308,7 @@ impl Authenticator for KubeAuthenticator {
 /// The tunnel itself (listeners, sessions, dials, copies) runs on the calling task's runtime.
 /// The Kubernetes side (the token, Service and ExternalWorkload watches, and the tunnel
 /// Leases) runs on `control`, so listing and parsing a large cluster's objects never stalls a
-/// tunnel. `spur tunnel-proxy` gives each a thread of its own; `control` may also be the
+/// tunnel. `spur-tunnel-proxy` gives each a thread of its own; `control` may also be the
 /// calling runtime's handle.
 pub async fn run(
     client: Client,

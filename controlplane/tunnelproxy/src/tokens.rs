@@ -14,17 +14,13 @@
 //! SHA-256, and annotated with the request's namespace. A namespace admin made that grant, so
 //! its sessions reach only that namespace ([`Workstation::scope`], crate::scope).
 
-use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use spur_api::keys::labels;
 use spur_api::tunnel::WORKSTATION_LABEL;
 use tokio_util::sync::CancellationToken;
 
@@ -35,11 +31,13 @@ pub use spur_api::tunnel::credentials::{
     CREDENTIAL_LABEL, EXPIRES_ANNOTATION, GRANT_NAMESPACE_ANNOTATION, ISSUED_ANNOTATION,
     REVOKED_BEFORE_ANNOTATION, TOKEN_SHA256_KEY,
 };
+// The Secrets' format lives with the contract, so that `spur local` and `spur access` write
+// them without linking the tunnel proxy.
+pub use spur_api::tunnel::credentials::{
+    generate_token, revocation_secret, token_secret, token_sha256,
+};
 /// The value of [`GRANT_KIND_LABEL`] the operator puts on a tunnel grant's token Secret.
 const GRANT_KIND_TUNNEL: &str = "tunnel";
-
-/// Tokens shorter than this are refused when created: they could be guessed.
-const MIN_TOKEN_LEN: usize = 32;
 
 /// A workstation a token belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,19 +136,6 @@ impl TokenStore {
     }
 }
 
-/// `at` in RFC 3339, whole seconds.
-fn timestamp(at: SystemTime) -> Result<String, Error> {
-    let secs = at
-        .duration_since(UNIX_EPOCH)
-        .map_err(|_| Error::Config("a time before 1970".into()))?
-        .as_secs();
-    let t = k8s_openapi::jiff::Timestamp::from_second(
-        i64::try_from(secs).map_err(|e| Error::Config(e.to_string()))?,
-    )
-    .map_err(|e| Error::Config(e.to_string()))?;
-    Ok(t.to_string())
-}
-
 fn credential_kind(secret: &Secret) -> Option<&str> {
     secret.labels().get(CREDENTIAL_LABEL).map(String::as_str)
 }
@@ -178,36 +163,6 @@ pub fn revoked_before<'a>(
                 .unwrap_or_else(|| UNIX_EPOCH + Duration::from_secs(u64::from(u32::MAX) * 4))
         })
         .max()
-}
-
-/// The Secret revoking every credential of `workstation` issued before `before` (what
-/// `spur local revoke` applies).
-pub fn revocation_secret(
-    namespace: &str,
-    workstation: &str,
-    before: SystemTime,
-) -> Result<Secret, Error> {
-    let t = timestamp(before)?;
-    Ok(Secret {
-        metadata: ObjectMeta {
-            name: Some(spur_api::tunnel::credentials::revocation_secret_name(
-                workstation,
-            )),
-            namespace: Some(namespace.into()),
-            labels: Some(BTreeMap::from([
-                (WORKSTATION_LABEL.to_string(), workstation.to_string()),
-                (CREDENTIAL_LABEL.to_string(), "revocation".to_string()),
-                (
-                    labels::MANAGED_BY.to_string(),
-                    labels::MANAGED_BY_VALUE.to_string(),
-                ),
-            ])),
-            annotations: Some(BTreeMap::from([(REVOKED_BEFORE_ANNOTATION.to_string(), t)])),
-            ..Default::default()
-        },
-        type_: Some("Opaque".into()),
-        ..Default::default()
-    })
 }
 
 /// Looks `token` up among `secrets`, comparing with every one in constant time.
@@ -309,67 +264,13 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// SHA-256 of a token, lowercase hex (what a tunnel grant stores).
-pub fn token_sha256(token: &str) -> String {
-    ring::digest::digest(&ring::digest::SHA256, token.as_bytes())
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// A fresh random token (256 bits, URL-safe hex).
-pub fn generate_token() -> Result<String, Error> {
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).map_err(|e| Error::Config(format!("no randomness: {e}")))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// The Secret holding `token` for `workstation` (what `spur local token create` applies).
-pub fn token_secret(
-    namespace: &str,
-    workstation: &str,
-    token: &str,
-    expires_at: Option<SystemTime>,
-) -> Result<Secret, Error> {
-    if token.len() < MIN_TOKEN_LEN {
-        return Err(Error::Config(format!(
-            "a workstation token must be at least {MIN_TOKEN_LEN} characters"
-        )));
-    }
-    let mut annotations =
-        BTreeMap::from([(ISSUED_ANNOTATION.to_string(), timestamp(SystemTime::now())?)]);
-    if let Some(at) = expires_at {
-        annotations.insert(EXPIRES_ANNOTATION.to_string(), timestamp(at)?);
-    }
-    Ok(Secret {
-        metadata: ObjectMeta {
-            name: Some(format!("spur-workstation-{workstation}")),
-            namespace: Some(namespace.into()),
-            labels: Some(BTreeMap::from([
-                (WORKSTATION_LABEL.to_string(), workstation.to_string()),
-                (CREDENTIAL_LABEL.to_string(), "token".to_string()),
-                (
-                    labels::MANAGED_BY.to_string(),
-                    labels::MANAGED_BY_VALUE.to_string(),
-                ),
-            ])),
-            annotations: Some(annotations),
-            ..Default::default()
-        },
-        type_: Some("Opaque".into()),
-        data: Some(BTreeMap::from([(
-            "token".to_string(),
-            ByteString(token.as_bytes().to_vec()),
-        )])),
-        ..Default::default()
-    })
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::ByteString;
 
     #[test]
     fn lookup_finds_the_workstation_and_enforces_expiry() {

@@ -1,4 +1,4 @@
-//! The Spur L4 gateway (`spur gateway`): TCP and UDP listeners (`spur-l4`) configured by the
+//! The Spur L4 gateway (`spur-gateway`): TCP and UDP listeners (`spur-l4`) configured by the
 //! route server's L4 listener API (`spur.l4.v1.Listeners`) from the ListenerSets whose selector
 //! picks this pod, with DNS endpoints resolved here, endpoint health reported back, and drain.
 //!

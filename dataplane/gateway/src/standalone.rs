@@ -1,4 +1,4 @@
-//! Standalone mode (`spur gateway --config FILE`): the same `spur-l4` listeners from a local
+//! Standalone mode (`spur-gateway --config FILE`): the same `spur-l4` listeners from a local
 //! `L4Config` file (YAML or JSON, the schema the route server sends), without a cluster.
 //!
 //! ```text

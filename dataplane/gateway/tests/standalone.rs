@@ -1,4 +1,4 @@
-//! Standalone mode (`spur gateway --config FILE`) on loopback: a UDP and a TCP listener in front
+//! Standalone mode (`spur-gateway --config FILE`) on loopback: a UDP and a TCP listener in front
 //! of echo servers pass traffic, the admin port answers, a bad file is refused naming the field,
 //! and a reload keeps the last good configuration when the new file is invalid.
 

@@ -1,11 +1,11 @@
 //! Grants end with the operator down (issue 42, point 8): the chart's second sweeper
-//! (`spur access sweep`, CronJob spur-access-sweeper, its own ServiceAccount and rules) deletes
+//! (`spur-operator sweep-access`, CronJob spur-access-sweeper, its own ServiceAccount and rules) deletes
 //! the Role and RoleBinding of a grant whose time is up, or whose request was revoked, without
 //! the operator.
 
 use super::*;
 
-/// One pass of the sweeper as the chart's CronJob runs it: `spur access sweep` under the
+/// One pass of the sweeper as the chart's CronJob runs it: `spur-operator sweep-access` under the
 /// ServiceAccount spur-access-sweeper with the chart's rules.
 async fn sweep(sweeper: &Client) -> spur_operator::access::sweep::Swept {
     spur_operator::access::sweep::sweep(sweeper).await.unwrap()
@@ -26,7 +26,8 @@ async fn grants_end_on_time_with_the_operator_stopped() {
     assert!(
         cronjob.contains("name: spur-access-sweeper")
             && cronjob.contains("serviceAccountName: spur-access-sweeper")
-            && cronjob.contains("args: [access, sweep]"),
+            && cronjob.contains("command: [spur-operator]")
+            && cronjob.contains("args: [sweep-access]"),
         "{cronjob}"
     );
     let sweeper = spur_e2e::kube::chart_client(

@@ -1,4 +1,4 @@
-//! L4 listeners from ListenerSets on the node (docs/l4.md): the chart's `spur gateway`
+//! L4 listeners from ListenerSets on the node (docs/l4.md): the chart's `spur-gateway`
 //! Deployment (`gateway.enabled`, in the test's namespace) gets its listeners from the route
 //! server (authenticated by its projected token, trusting the CA bundle the operator copied
 //! there), the operator keeps the Services clients dial and resolves the worker pods through

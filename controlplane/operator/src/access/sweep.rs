@@ -1,4 +1,4 @@
-//! The second sweeper (docs/access.md, "Expiry"): `spur access sweep`, which the chart runs as a
+//! The second sweeper (docs/access.md, "Expiry"): `spur-operator sweep-access`, which the chart runs as a
 //! CronJob under its own ServiceAccount (`spur-access-sweeper`), ends exec and debug-pod grants
 //! whose time is up even while the operator is down or scaled to zero.
 //!
