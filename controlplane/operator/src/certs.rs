@@ -31,7 +31,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::pki_config::{PKI_LABEL, PkiConfig, ServingCert};
 use crate::{Error, FIELD_MANAGER, Metrics};
+use plan::{CaState, Serving, bundle_copy_state, until};
 use spur_serving::pki::{self, Pair, now_unix};
+
+mod plan;
 
 /// On the CA Secret during a rotation: when the webhook configuration was first seen carrying
 /// the next CA (Unix seconds).
@@ -143,37 +146,8 @@ struct Manager {
     metrics: Metrics,
 }
 
-/// The CA Secret's contents.
-#[derive(Debug, Clone, PartialEq, Default)]
-struct CaState {
-    current: Option<Pair>,
-    next: Option<Pair>,
-    bundle: Vec<String>,
-    next_published: Option<i64>,
-    /// [`ROTATE_REQUESTED`]; the manager only reads it.
-    rotate_requested: Option<i64>,
-}
-
 /// `spur.dev/pki` value of the bundle copies in application namespaces.
 const NAMESPACE_BUNDLE_ROLE: &str = "namespace-bundle";
-
-/// Whether a namespace's bundle ConfigMap is a copy the operator made (its label), and whether
-/// it already holds `bundle`.
-fn bundle_copy_state(cm: &ConfigMap, bundle: &str) -> (bool, bool) {
-    let ours = cm
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(PKI_LABEL))
-        .is_some_and(|v| v == NAMESPACE_BUNDLE_ROLE);
-    let current = cm
-        .data
-        .as_ref()
-        .and_then(|d| d.get("ca.crt"))
-        .map(String::as_str)
-        == Some(bundle);
-    (ours, current)
-}
 
 /// The CA bundle ConfigMap the webhook puts into a namespace it injects into, for the
 /// sidecars' route-server connection. It outlives an uninstall (an owner in another namespace
@@ -230,110 +204,27 @@ where
     Ok(())
 }
 
-/// Never wait longer than this between passes: a safety net against missed watch events.
-const MAX_SLEEP: Duration = Duration::from_secs(3600);
-
 impl Manager {
     /// One idempotent pass; returns how long until the next one is due.
     async fn pass(&self) -> Result<Duration, Error> {
         let now = now_unix();
         let cfg = &self.cfg;
-        let loaded = self.load_ca().await?;
-        let mut ca = loaded.clone();
-        let mut due = Vec::new();
-
-        // A usable signing CA.
-        let usable = |p: &Option<Pair>| {
-            p.as_ref()
-                .and_then(|p| {
-                    let i = pki::info(&p.cert).ok()?;
-                    rcgen::KeyPair::from_pem(&p.key).ok()?;
-                    Some(i)
-                })
-                .filter(|i| i.is_ca && !i.validity.expired(now))
-        };
-        if usable(&ca.current).is_none() {
-            if ca.current.is_some() {
-                tracing::warn!(secret = %cfg.ca_secret, "the CA is expired or unreadable: replacing it (clients that trust only the old one fail until they get the new bundle)");
-            }
-            ca = CaState {
-                current: Some(pki::new_ca(
-                    &format!("spur CA {now}"),
-                    cfg.ca_lifetime,
-                    now,
-                )?),
-                next: None,
-                next_published: None,
-                bundle: ca.bundle,
-                rotate_requested: ca.rotate_requested,
-            };
+        let loaded = plan::ca_state(self.secrets.get_opt(&cfg.ca_secret).await?);
+        let (mut ca, made) = plan::renew_ca(&loaded, cfg, now)?;
+        for _ in 0..made {
             self.metrics.cert_issued("ca");
-            tracing::info!("created a CA");
         }
-        let current = usable(&ca.current).ok_or_else(|| Error::Pki("new CA unusable".into()))?;
-        if ca.next.is_some() && usable(&ca.next).is_none() {
-            ca.next = None;
-            ca.next_published = None;
-        }
-        // A request from the future would rotate every CA made until then: ignored.
-        let requested = ca.rotate_requested.filter(|&t| {
-            let sane = t <= now + 60;
-            if !sane {
-                tracing::warn!(
-                    annotation = ROTATE_REQUESTED,
-                    at = t,
-                    "CA rotation requested for a time in the future: ignored"
-                );
-            }
-            sane && t > current.validity.issued_at()
-        });
-        let aged = now >= current.validity.renew_at_for(cfg.ca_lifetime);
-        if ca.next.is_none() && (aged || requested.is_some()) {
-            ca.next = Some(pki::new_ca(
-                &format!("spur CA {now}"),
-                cfg.ca_lifetime,
-                now,
-            )?);
-            ca.next_published = None;
-            self.metrics.cert_issued("ca");
-            if aged {
-                tracing::info!("CA at 80% of its lifetime: next CA created and published");
-            } else {
-                tracing::info!(
-                    annotation = ROTATE_REQUESTED,
-                    "CA rotation requested: next CA created and published"
-                );
-            }
-        }
-        ca.bundle = bundle(&ca, now);
         if ca != loaded {
             self.write_ca(&ca).await?;
         }
         let bundle_pem = ca.bundle.concat();
         let carried = self.sync_webhook_configuration(&bundle_pem).await?;
-
-        if let Some(next) = ca.next.clone() {
-            match ca.next_published {
-                None => {
-                    if carried {
-                        ca.next_published = Some(now);
-                        self.write_ca(&ca).await?;
-                    }
-                    due.push(cfg.propagation);
-                }
-                Some(t) if now >= t.saturating_add(secs(cfg.propagation)) => {
-                    tracing::info!(
-                        ca = %pki::fingerprint(&next.cert),
-                        "next CA promoted: it signs from now on"
-                    );
-                    ca.current = Some(next);
-                    ca.next = None;
-                    ca.next_published = None;
-                    self.write_ca(&ca).await?;
-                }
-                Some(t) => due.push(until(t.saturating_add(secs(cfg.propagation)), now)),
-            }
+        let mut due = Vec::new();
+        let (changed, wait) = plan::advance_next(&mut ca, carried, now, cfg.propagation);
+        if changed {
+            self.write_ca(&ca).await?;
         }
+        due.extend(wait);
         let signer = ca
             .current
             .clone()
@@ -341,32 +232,41 @@ impl Manager {
         let signer_info = pki::info(&signer.cert)?;
         self.metrics
             .cert_expiry("ca", signer_info.validity.not_after);
-        if ca.next.is_none() {
-            due.push(until(
-                signer_info.validity.renew_at_for(cfg.ca_lifetime),
-                now,
-            ));
+        due.extend(plan::ca_due(&ca, &signer_info, cfg.ca_lifetime, now));
+        due.extend(self.sync_every_serving(&signer, &bundle_pem, now).await?);
+        if let Some(name) = &cfg.bundle_config_map {
+            self.sync_bundle_config_map(name, &bundle_pem).await?;
         }
-        // Expired CAs leave the bundle.
-        for c in &ca.bundle {
-            if let Ok(i) = pki::info(c) {
-                due.push(until(i.validity.not_after.saturating_add(1), now));
+        if let Some(name) = &cfg.namespace_bundle {
+            self.sync_namespace_bundles(name, &bundle_pem).await?;
+            self.sync_listed_bundles(name, &bundle_pem).await?;
+        }
+        // Secrets written before the operator had an owner (an upgrade) are adopted here; new
+        // ones are written owned.
+        if let Some(owner) = &cfg.owner {
+            for name in plan::secret_names(cfg) {
+                crate::owner::adopt(&self.secrets, name, owner).await?;
             }
         }
+        Ok(plan::next_pass(due))
+    }
 
+    /// Keeps the webhook's serving certificate and every other configured one fresh; returns
+    /// when each is due for renewal.
+    async fn sync_every_serving(
+        &self,
+        signer: &Pair,
+        bundle_pem: &str,
+        now: i64,
+    ) -> Result<Vec<Duration>, Error> {
+        let cfg = &self.cfg;
         let webhook = ServingCert {
             secret: cfg.serving_secret.clone(),
             names: cfg.serving_names.clone(),
         };
+        let mut due = Vec::new();
         let serving = self
-            .sync_serving(
-                &webhook,
-                "serving",
-                "spur-webhook",
-                &signer,
-                &bundle_pem,
-                now,
-            )
+            .sync_serving(&webhook, "serving", "spur-webhook", signer, bundle_pem, now)
             .await?;
         self.metrics
             .cert_expiry("serving", serving.validity.not_after);
@@ -386,101 +286,19 @@ impl Manager {
                     target,
                     role,
                     &format!("spur-{role}"),
-                    &signer,
-                    &bundle_pem,
+                    signer,
+                    bundle_pem,
                     now,
                 )
                 .await?;
             self.metrics.cert_expiry(role, held.validity.not_after);
             due.push(until(held.validity.renew_at_for(cfg.serving_lifetime), now));
         }
-        if let Some(name) = &cfg.bundle_config_map {
-            self.sync_bundle_config_map(name, &bundle_pem).await?;
-        }
-        if let Some(name) = &cfg.namespace_bundle {
-            self.sync_namespace_bundles(name, &bundle_pem).await?;
-            self.sync_listed_bundles(name, &bundle_pem).await?;
-        }
-        // Secrets written before the operator had an owner (an upgrade) are adopted here; new
-        // ones are written owned.
-        if let Some(owner) = &cfg.owner {
-            let tunnel = cfg.tunnel_proxy.as_ref().map(|t| t.secret.as_str());
-            let routeserver = cfg.routeserver.as_ref().map(|t| t.secret.as_str());
-            let ics = cfg.ics.as_ref().map(|t| t.secret.as_str());
-            let traffic = cfg.traffic.as_ref().map(|t| t.secret.as_str());
-            for name in [
-                Some(cfg.ca_secret.as_str()),
-                Some(cfg.serving_secret.as_str()),
-                tunnel,
-                routeserver,
-                ics,
-                traffic,
-            ]
-            .into_iter()
-            .flatten()
-            {
-                crate::owner::adopt(&self.secrets, name, owner).await?;
-            }
-        }
-        Ok(due
-            .into_iter()
-            .min()
-            .unwrap_or(MAX_SLEEP)
-            .clamp(Duration::from_millis(200), MAX_SLEEP))
-    }
-
-    async fn load_ca(&self) -> Result<CaState, Error> {
-        let Some(secret) = self.secrets.get_opt(&self.cfg.ca_secret).await? else {
-            return Ok(CaState::default());
-        };
-        let data = secret.data.unwrap_or_default();
-        let text = |k: &str| {
-            data.get(k)
-                .and_then(|b| String::from_utf8(b.0.clone()).ok())
-                .filter(|s| !s.trim().is_empty())
-        };
-        let pair = |c: &str, k: &str| match (text(c), text(k)) {
-            (Some(cert), Some(key)) => Some(Pair { cert, key }),
-            _ => None,
-        };
-        Ok(CaState {
-            current: pair("ca.crt", "ca.key"),
-            next: pair("next.crt", "next.key"),
-            bundle: text("bundle.crt")
-                .map(|b| pki::split_bundle(&b))
-                .unwrap_or_default(),
-            next_published: secret
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(NEXT_PUBLISHED))
-                .and_then(|v| v.parse().ok()),
-            rotate_requested: secret
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(ROTATE_REQUESTED))
-                .and_then(|v| v.trim().parse().ok()),
-        })
+        Ok(due)
     }
 
     async fn write_ca(&self, ca: &CaState) -> Result<(), Error> {
-        let mut data = BTreeMap::new();
-        let mut put = |k: &str, v: &str| {
-            data.insert(k.to_string(), ByteString(v.as_bytes().to_vec()));
-        };
-        if let Some(c) = &ca.current {
-            put("ca.crt", &c.cert);
-            put("ca.key", &c.key);
-        }
-        if let Some(n) = &ca.next {
-            put("next.crt", &n.cert);
-            put("next.key", &n.key);
-        }
-        put("bundle.crt", &ca.bundle.concat());
-        let annotations = ca
-            .next_published
-            .map(|t| BTreeMap::from([(NEXT_PUBLISHED.to_string(), t.to_string())]));
+        let (data, annotations) = plan::ca_data(ca);
         self.apply_secret(&self.cfg.ca_secret, "ca", "Opaque", data, annotations)
             .await
     }
@@ -663,59 +481,25 @@ impl Manager {
         now: i64,
     ) -> Result<pki::Info, Error> {
         let secret = self.secrets.get_opt(&target.secret).await?;
-        let (data, annotations) = secret
-            .map(|s| {
-                (
-                    s.data.unwrap_or_default(),
-                    s.metadata.annotations.unwrap_or_default(),
-                )
-            })
-            .unwrap_or_default();
-        let text = |k: &str| {
-            data.get(k)
-                .and_then(|b| String::from_utf8(b.0.clone()).ok())
-        };
+        let lifetime = self.cfg.serving_lifetime;
         let issuer = pki::fingerprint(&signer.cert);
-        let held = match (text("tls.crt"), text("tls.key")) {
-            (Some(cert), Some(key)) => pki::info(&cert)
-                .ok()
-                .filter(|i| {
-                    now < i.validity.renew_at_for(self.cfg.serving_lifetime)
-                        && i.sans == target.names
-                        && annotations.get(ISSUER) == Some(&issuer)
-                        && rcgen::KeyPair::from_pem(&key).is_ok()
-                })
-                .map(|i| (Pair { cert, key }, i)),
-            _ => None,
-        };
-        let (pair, info) = match held {
-            Some(h) if text("ca.crt").as_deref() == Some(bundle) => return Ok(h.1),
-            Some(h) => h,
-            None => {
-                let p = pki::issue_serving(
-                    signer,
-                    common_name,
-                    &target.names,
-                    self.cfg.serving_lifetime,
-                    now,
-                )?;
-                let i = pki::info(&p.cert)?;
-                self.metrics.cert_issued(role);
-                tracing::info!(
-                    secret = %target.secret,
-                    not_after = i.validity.not_after,
-                    issuer = %issuer,
-                    "serving certificate issued"
-                );
-                (p, i)
-            }
-        };
-        let data = BTreeMap::from([
-            ("tls.crt".to_string(), ByteString(pair.cert.into_bytes())),
-            ("tls.key".to_string(), ByteString(pair.key.into_bytes())),
-            ("ca.crt".to_string(), ByteString(bundle.as_bytes().to_vec())),
-        ]);
-        let annotations = BTreeMap::from([(ISSUER.to_string(), issuer)]);
+        let (pair, info) =
+            match plan::serving(secret, target, common_name, signer, bundle, lifetime, now)? {
+                Serving::Current(info) => return Ok(info),
+                Serving::Write { pair, info, issued } => {
+                    if issued {
+                        self.metrics.cert_issued(role);
+                        tracing::info!(
+                            secret = %target.secret,
+                            not_after = info.validity.not_after,
+                            issuer = %issuer,
+                            "serving certificate issued"
+                        );
+                    }
+                    (pair, info)
+                }
+            };
+        let (data, annotations) = plan::serving_data(pair, bundle, issuer);
         self.apply_secret(
             &target.secret,
             "serving",
@@ -765,67 +549,5 @@ impl Manager {
             )
             .await?;
         Ok(())
-    }
-}
-
-/// The CAs to trust: the signing CA, the next one, and earlier ones until they expire (the
-/// serving certificates they signed may still be in use).
-fn bundle(ca: &CaState, now: i64) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    let mut seen = std::collections::BTreeSet::new();
-    let candidates = ca
-        .current
-        .iter()
-        .chain(ca.next.iter())
-        .map(|p| p.cert.clone())
-        .chain(ca.bundle.iter().cloned());
-    for c in candidates {
-        let Ok(i) = pki::info(&c) else { continue };
-        if i.validity.expired(now) || !seen.insert(pki::fingerprint(&c)) {
-            continue;
-        }
-        let c = if c.ends_with('\n') { c } else { c + "\n" };
-        out.push(c);
-    }
-    out
-}
-
-fn secs(d: Duration) -> i64 {
-    i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
-}
-
-fn until(t: i64, now: i64) -> Duration {
-    Duration::from_secs(u64::try_from(t - now).unwrap_or(0))
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    #[test]
-    fn bundle_keeps_unexpired_cas_once_in_order() {
-        let now = now_unix();
-        let old = pki::new_ca("old", Duration::from_secs(100), now - 50).unwrap();
-        let gone = pki::new_ca("gone", Duration::from_secs(10), now - 50).unwrap();
-        let cur = pki::new_ca("cur", Duration::from_secs(100), now).unwrap();
-        let next = pki::new_ca("next", Duration::from_secs(100), now).unwrap();
-        let ca = CaState {
-            current: Some(cur.clone()),
-            next: Some(next.clone()),
-            bundle: vec![cur.cert.clone(), old.cert.clone(), gone.cert.clone()],
-            next_published: None,
-            rotate_requested: None,
-        };
-        let b = bundle(&ca, now);
-        let fps: Vec<_> = b.iter().map(|c| pki::fingerprint(c)).collect();
-        assert_eq!(
-            fps,
-            vec![
-                pki::fingerprint(&cur.cert),
-                pki::fingerprint(&next.cert),
-                pki::fingerprint(&old.cert)
-            ]
-        );
     }
 }

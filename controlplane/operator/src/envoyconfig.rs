@@ -1,8 +1,9 @@
 //! EnvoyConfig controller: cuts an `EnvoyConfigRevision` per distinct spec (decoded and encoded
 //! once, so the route server serves exactly what admission validated), keeps at most
-//! [`MAX_REVISIONS`] in order, publishes the newest untainted one, and rolls back when every
-//! node subscribed to the published revision rejected it (MARIN3R's rule: a partial rejection
-//! is reported, never rolled back).
+//! [`MAX_REVISIONS`](spur_api::envoyconfig::MAX_REVISIONS) in order, publishes the newest
+//! untainted one, and rolls back when every node subscribed to the published revision rejected
+//! it (MARIN3R's rule: a partial rejection is reported, never rolled back). What to keep and
+//! publish is [`desired`]; the status it leaves is [`status`].
 //!
 //! Publishing is a label (`spur.dev/envoy-published=true`) the route server watches, plus
 //! `status.lastPublishedAt`: the new revision is labelled before the old one is unlabelled, and
@@ -19,19 +20,15 @@ use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, Resource, ResourceExt};
 use spur_api::conditions::{ConditionStatus, NewCondition, set_condition};
-use spur_api::envoyconfig::{
-    CONFIG_LABEL, CacheState, MAX_REVISIONS, NodeCounts, PUBLISHED_LABEL, RevisionRef,
-    Serialization, conditions,
-};
-use spur_api::{
-    EnvoyConfig, EnvoyConfigRevision, EnvoyConfigRevisionSpec, EnvoyConfigRevisionStatus,
-    EnvoyConfigSpec, EnvoyConfigStatus,
-};
+use spur_api::envoyconfig::{CONFIG_LABEL, CacheState, PUBLISHED_LABEL, Serialization, conditions};
+use spur_api::{EnvoyConfig, EnvoyConfigRevision, EnvoyConfigRevisionStatus, EnvoyConfigSpec};
 
 use crate::context::{Context, FIELD_MANAGER, delete_opt, now};
 use crate::{Error, FINALIZER};
 
+mod desired;
 pub mod node_id;
+mod status;
 
 /// How often a route server replica refreshes its report while it has streams of a node id
 /// (`spur routeserver --xds-report-interval`); a report older than three of these is a dead
@@ -117,33 +114,12 @@ async fn apply(ec: &EnvoyConfig, ns: &str, ctx: &Context) -> Result<Action, Erro
             Err(e) => {
                 // Admission refuses this; only a config written while the webhook was not
                 // installed gets here. What is published stays published.
-                set(
-                    &mut st,
-                    ec,
-                    conditions::IN_SYNC,
-                    false,
-                    "Invalid",
-                    &e.to_string(),
-                );
+                status::invalid(&mut st, ec, &e.to_string());
                 ctx.status.apply(&cfg_api, ec, &old, &st).await?;
                 return Ok(Action::await_change());
             }
         };
-        let body = EnvoyConfigRevision {
-            metadata: kube::api::ObjectMeta {
-                name: Some(desired.clone()),
-                namespace: Some(ns.to_owned()),
-                labels: Some(BTreeMap::from([(CONFIG_LABEL.to_owned(), name.clone())])),
-                owner_references: ec.controller_owner_ref(&()).map(|o| vec![o]),
-                ..Default::default()
-            },
-            spec: EnvoyConfigRevisionSpec {
-                node_id: ec.spec.node_id.clone(),
-                version: version.clone(),
-                resources: encoded,
-            },
-            status: None,
-        };
+        let body = desired::revision(ec, ns, &desired, &version, encoded);
         rev_api
             .patch(
                 &desired,
@@ -152,120 +128,78 @@ async fn apply(ec: &EnvoyConfig, ns: &str, ctx: &Context) -> Result<Action, Erro
             )
             .await?;
     }
-    // Revisions the status does not list (it was lost, or a write failed half-way) go first,
-    // oldest first: nothing is deleted for not being listed.
-    let mut unlisted: Vec<&EnvoyConfigRevision> = existing
-        .values()
-        .filter(|r| r.name_any() != desired && !st.revisions.iter().any(|o| o.ref_ == r.name_any()))
-        .collect();
-    unlisted.sort_by_key(|r| (r.creation_timestamp(), r.name_any()));
-    let mut order: Vec<RevisionRef> = unlisted
-        .into_iter()
-        .map(|r| RevisionRef {
-            version: r.spec.version.clone(),
-            ref_: r.name_any(),
-            tainted: false,
-        })
-        .chain(
-            st.revisions
-                .iter()
-                .filter(|r| r.ref_ != desired && existing.contains_key(&r.ref_))
-                .cloned(),
+    let plan = desired::plan(
+        &existing,
+        &st.revisions,
+        &desired,
+        &version,
+        asked_again,
+        &fresh_since(),
+    );
+    carry_out(&plan, ec, &desired, &rev_api, ctx).await?;
+    if old.cache_state != Some(plan.state) && plan.state == CacheState::RollbackFailed {
+        ctx.event(
+            ec,
+            true,
+            "RollbackFailed",
+            "Rollback",
+            format!("every kept revision of {name} is tainted; the newest is served"),
         )
-        .collect();
-    order.push(RevisionRef {
-        version: version.clone(),
-        ref_: desired.clone(),
-        tainted: false,
-    });
-    let mut tainted: BTreeMap<String, bool> = existing
-        .iter()
-        .map(|(n, r)| (n.clone(), r.status.as_ref().is_some_and(|s| s.tainted)))
-        .collect();
-    if asked_again && tainted.get(&desired) == Some(&true) {
-        write_revision_status(&rev_api, &desired, |s| {
+        .await;
+    }
+    status::status(&mut st, ec, &version, plan);
+    ctx.status.apply(&cfg_api, ec, &old, &st).await?;
+    // Reports are refreshed every REPORT_INTERVAL; a look now and then ages dead ones out.
+    Ok(Action::requeue(REPORT_INTERVAL * 2))
+}
+
+/// Writes what `plan` decided, in its order: taints, deletions past the limit, then publishing
+/// (the target labelled before the others are unlabelled).
+async fn carry_out(
+    plan: &desired::Plan,
+    ec: &EnvoyConfig,
+    desired: &str,
+    rev_api: &Api<EnvoyConfigRevision>,
+    ctx: &Context,
+) -> Result<(), Error> {
+    if plan.untaint {
+        write_revision_status(rev_api, desired, |s| {
             s.tainted = false;
             s.conditions.retain(|c| c.type_ != conditions::TAINTED);
         })
         .await?;
-        tainted.insert(desired.clone(), false);
     }
-
-    // The published revision rejected by every node subscribed to it is tainted.
-    let fresh = fresh_since();
-    let published = existing
-        .values()
-        .filter(|r| r.status.as_ref().is_some_and(|s| s.published))
-        .max_by_key(|r| {
-            (
-                r.status.as_ref().and_then(|s| s.last_published_at.clone()),
-                r.name_any(),
-            )
-        });
-    let mut counts = published
-        .and_then(|r| r.status.as_ref())
-        .map(|s| s.counts(&fresh))
-        .unwrap_or_default();
-    if let Some(p) = published {
-        let pname = p.name_any();
-        if counts.subscribed > 0
-            && counts.nacked == counts.subscribed
-            && tainted.get(&pname) == Some(&false)
-        {
-            let message = format!(
-                "every subscribed node ({}) rejected revision {}: {}",
-                counts.subscribed,
-                p.spec.version,
-                counts.message.as_deref().unwrap_or("no reason given")
+    if let Some((pname, message)) = &plan.taint {
+        write_revision_status(rev_api, pname, |s| {
+            s.tainted = true;
+            set_condition(
+                &mut s.conditions,
+                NewCondition {
+                    type_: conditions::TAINTED,
+                    status: ConditionStatus::True,
+                    reason: "ResourcesFailing",
+                    message,
+                    observed_generation: None,
+                },
+                &now(),
             );
-            write_revision_status(&rev_api, &pname, |s| {
-                s.tainted = true;
-                set_condition(
-                    &mut s.conditions,
-                    NewCondition {
-                        type_: conditions::TAINTED,
-                        status: ConditionStatus::True,
-                        reason: "ResourcesFailing",
-                        message: &message,
-                        observed_generation: None,
-                    },
-                    &now(),
-                );
-            })
-            .await?;
-            tainted.insert(pname, true);
-            ctx.event(ec, true, "RevisionTainted", "Rollback", message)
-                .await;
-        }
+        })
+        .await?;
+        ctx.event(ec, true, "RevisionTainted", "Rollback", message.clone())
+            .await;
     }
-    for r in &mut order {
-        r.tainted = tainted.get(&r.ref_).copied().unwrap_or(false);
+    for gone in &plan.delete {
+        delete_opt(rev_api, gone).await?;
     }
-    // At most MAX_REVISIONS, oldest dropped first; never the one about to be published.
-    let target_idx = order.iter().rposition(|r| !r.tainted);
-    let target = match target_idx {
-        Some(i) => order[i].ref_.clone(),
-        // Nothing good left: the failing newest stays (MARIN3R keeps serving it too).
-        None => desired.clone(),
-    };
-    while order.len() > MAX_REVISIONS {
-        let Some(i) = order.iter().position(|r| r.ref_ != target) else {
-            break;
-        };
-        let gone = order.remove(i);
-        delete_opt(&rev_api, &gone.ref_).await?;
-    }
-
-    // Publish: label the target first, then unlabel the rest.
-    let previous = published.map(|p| p.name_any());
-    if previous.as_deref() != Some(target.as_str()) {
-        write_revision_status(&rev_api, &target, |s| {
+    let target = &plan.target;
+    if plan.publish {
+        write_revision_status(rev_api, target, |s| {
             s.published = true;
             s.last_published_at = Some(now());
             s.reports.clear();
         })
         .await?;
-        set_published_label(&rev_api, &target, true).await?;
+        set_published_label(rev_api, target, true).await?;
         let reason = if target == desired {
             "Published"
         } else {
@@ -279,141 +213,12 @@ async fn apply(ec: &EnvoyConfig, ns: &str, ctx: &Context) -> Result<Action, Erro
             format!("revision {target} is served to node id {}", ec.spec.node_id),
         )
         .await;
-        counts = NodeCounts::default();
     }
-    for (n, r) in &existing {
-        let labelled = r.labels().get(PUBLISHED_LABEL).map(String::as_str) == Some("true");
-        let marked = r.status.as_ref().is_some_and(|s| s.published);
-        if *n != target && order.iter().any(|o| &o.ref_ == n) && (labelled || marked) {
-            set_published_label(&rev_api, n, false).await?;
-            write_revision_status(&rev_api, n, |s| s.published = false).await?;
-        }
+    for n in &plan.unpublish {
+        set_published_label(rev_api, n, false).await?;
+        write_revision_status(rev_api, n, |s| s.published = false).await?;
     }
-
-    let target_version = order
-        .iter()
-        .find(|r| r.ref_ == target)
-        .map(|r| r.version.clone());
-    let state = if target == desired && !order.last().is_some_and(|r| r.tainted) {
-        CacheState::InSync
-    } else if target_idx.is_some() {
-        CacheState::Rollback
-    } else {
-        CacheState::RollbackFailed
-    };
-    if st.cache_state != Some(state) && state == CacheState::RollbackFailed {
-        ctx.event(
-            ec,
-            true,
-            "RollbackFailed",
-            "Rollback",
-            format!("every kept revision of {name} is tainted; the newest is served"),
-        )
-        .await;
-    }
-    st.cache_state = Some(state);
-    st.desired_version = Some(version.clone());
-    st.published_version = target_version.clone();
-    st.revisions = order;
-    st.nodes = (counts.subscribed > 0).then_some(counts.clone());
-    let (ok, reason, message) = match state {
-        CacheState::InSync => (
-            true,
-            "Published",
-            format!("revision {version} is published"),
-        ),
-        CacheState::Rollback => (
-            false,
-            "Rollback",
-            format!(
-                "revision {version} was rejected by every subscribed node; serving {}",
-                target_version.as_deref().unwrap_or_default()
-            ),
-        ),
-        CacheState::RollbackFailed => (
-            false,
-            "RollbackFailed",
-            format!("revision {version} was rejected and no earlier good revision is kept"),
-        ),
-    };
-    set(&mut st, ec, conditions::IN_SYNC, ok, reason, &message);
-    if counts.nacked > 0 && counts.nacked < counts.subscribed {
-        let message = format!(
-            "{} of {} subscribed nodes reject revision {}: {}",
-            counts.nacked,
-            counts.subscribed,
-            target_version.as_deref().unwrap_or_default(),
-            counts.message.as_deref().unwrap_or("no reason given")
-        );
-        set(
-            &mut st,
-            ec,
-            conditions::NODES_FAILING,
-            true,
-            "PartialNack",
-            &message,
-        );
-    } else {
-        set(
-            &mut st,
-            ec,
-            conditions::NODES_FAILING,
-            false,
-            "NoneFailing",
-            "",
-        );
-    }
-    if counts.unresolved_secrets.is_empty() {
-        set(
-            &mut st,
-            ec,
-            conditions::SECRETS_RESOLVED,
-            true,
-            "Resolved",
-            "",
-        );
-    } else {
-        let message = format!(
-            "the route server cannot serve: {}",
-            counts.unresolved_secrets.join("; ")
-        );
-        set(
-            &mut st,
-            ec,
-            conditions::SECRETS_RESOLVED,
-            false,
-            "SecretUnavailable",
-            &message,
-        );
-    }
-    ctx.status.apply(&cfg_api, ec, &old, &st).await?;
-    // Reports are refreshed every REPORT_INTERVAL; a look now and then ages dead ones out.
-    Ok(Action::requeue(REPORT_INTERVAL * 2))
-}
-
-fn set(
-    st: &mut EnvoyConfigStatus,
-    ec: &EnvoyConfig,
-    type_: &str,
-    ok: bool,
-    reason: &str,
-    message: &str,
-) {
-    set_condition(
-        &mut st.conditions,
-        NewCondition {
-            type_,
-            status: if ok {
-                ConditionStatus::True
-            } else {
-                ConditionStatus::False
-            },
-            reason,
-            message,
-            observed_generation: ec.meta().generation,
-        },
-        &now(),
-    );
+    Ok(())
 }
 
 /// Reports written since this instant count.

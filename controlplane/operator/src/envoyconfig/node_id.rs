@@ -158,7 +158,7 @@ pub(super) async fn unpublish_if_held(
     st.observed_generation = ec.meta().generation;
     st.published_version = None;
     st.nodes = None;
-    super::set(
+    super::status::set(
         &mut st,
         ec,
         conditions::IN_SYNC,
