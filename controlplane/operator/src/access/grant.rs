@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
@@ -115,16 +116,8 @@ async fn pod_grant<K: AccessRequest>(
     let owner = r
         .controller_owner_ref(&())
         .ok_or_else(|| Error::Pending("request uid".into()))?;
-    let chosen = match template {
-        Template::Exec(t) => {
-            let wanted = r.target_pod().or(status.pod_name.as_deref());
-            pick_pod(ctx, ns, &t.spec.target_ref, r.sandbox(), wanted).await?
-        }
-        Template::Tunnel(_) => return Ok(Action::await_change()),
-        Template::Pod(t) => match debug_pod(ctx, ns, &name, t, r.sandbox(), left, &owner).await? {
-            Ok(pod) => PodChoice::Chosen(Box::new(pod)),
-            Err((reason, e)) => PodChoice::Unavailable(reason, e),
-        },
+    let Some(chosen) = grant_pod(pass, &status, template, &owner, left).await? else {
+        return Ok(Action::await_change());
     };
     let pod = match chosen {
         PodChoice::Chosen(p) => p,
@@ -194,6 +187,32 @@ async fn pod_grant<K: AccessRequest>(
         ctx.event(r, false, "Granted", "Grant", message).await;
     }
     Ok(requeue_within(READY_RESYNC, left))
+}
+
+/// The pod an exec or pod grant is on: one of the exec template's workload (the one asked
+/// for, or the one chosen before), or the pod template's debug pod (made once). `None` for a
+/// tunnel template, which grants no pod.
+async fn grant_pod<K: AccessRequest>(
+    pass: &Pass<'_, K>,
+    status: &AccessRequestStatus,
+    template: &Template,
+    owner: &OwnerReference,
+    left: Duration,
+) -> Result<Option<PodChoice>, Error> {
+    let (r, ns, ctx) = (pass.r, pass.ns, pass.ctx);
+    Ok(Some(match template {
+        Template::Exec(t) => {
+            let wanted = r.target_pod().or(status.pod_name.as_deref());
+            pick_pod(ctx, ns, &t.spec.target_ref, r.sandbox(), wanted).await?
+        }
+        Template::Tunnel(_) => return Ok(None),
+        Template::Pod(t) => {
+            match debug_pod(ctx, ns, &r.name_any(), t, r.sandbox(), left, owner).await? {
+                Ok(pod) => PodChoice::Chosen(Box::new(pod)),
+                Err((reason, e)) => PodChoice::Unavailable(reason, e),
+            }
+        }
+    }))
 }
 
 /// The request's time is up: the grant goes first (so it ends now, not after the finalizer
