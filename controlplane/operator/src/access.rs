@@ -24,43 +24,44 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Resource, ResourceExt};
 use spur_api::access::{
     AccessConfig, AccessRequestStatus, ExecAccessRequest, ExecAccessTemplate, PodAccessRequest,
-    PodAccessTemplate, Requester, TunnelAccessRequest, TunnelAccessTemplate, conditions as cond,
-    format_access_duration, labels as access_labels,
+    PodAccessTemplate, Requester, TunnelAccessRequest, TunnelAccessTemplate,
+    labels as access_labels,
 };
-use spur_api::conditions::{ConditionStatus, NewCondition, READY, set_condition};
+use spur_api::conditions::ConditionStatus;
 use spur_api::keys::labels::{MANAGED_BY, MANAGED_BY_VALUE};
 use spur_api::names;
 
 use crate::Error;
-use crate::context::{Context, delete_opt, now};
+use crate::context::Context;
 
 mod approval;
 mod debug_pod;
+mod desired;
+mod grant;
+mod plan;
+mod status;
 pub mod sweep;
 mod targets;
 mod templates;
 mod tunnel;
 
-pub use debug_pod::{DebugPod, build_debug_pod, debug_pod_name};
-use debug_pod::{debug_pod, is_debug_pod_of};
-use targets::{PodChoice, default_container, is_running, pick_pod};
+pub use debug_pod::debug_pod_name;
+use debug_pod::is_debug_pod_of;
+pub use desired::{DebugPod, build_debug_pod};
+use grant::grant;
 pub(crate) use templates::{
     reconcile_exec_template, reconcile_pod_template, reconcile_tunnel_template,
     template_error_policy,
 };
-use tunnel::{remove_tunnel_token, tunnel_grant};
+use tunnel::remove_tunnel_token;
 
 /// The finalizer on requests: what a grant made goes before the request does.
 pub const FINALIZER: &str = "spur.dev/access-cleanup";
@@ -285,470 +286,90 @@ fn until(at: k8s_openapi::jiff::Timestamp) -> Duration {
         .unwrap_or(Duration::ZERO)
 }
 
-/// Sets one condition of a request's status.
-fn mark(
-    status: &mut AccessRequestStatus,
-    generation: Option<i64>,
-    type_: &str,
-    ok: ConditionStatus,
-    reason: &str,
-    message: &str,
-) {
-    set_condition(
-        &mut status.conditions,
-        NewCondition {
-            type_,
-            status: ok,
-            reason,
-            message,
-            observed_generation: generation,
-        },
-        &now(),
-    );
+/// A step's refusal: the condition reason and the message.
+type Refusal = (&'static str, String);
+
+/// One pass over a request that is not being deleted: what each step of a grant reads and
+/// writes through.
+struct Pass<'a, K: AccessRequest> {
+    r: &'a K,
+    ns: &'a str,
+    ctx: &'a Context,
+    api: Api<K>,
+    /// The status as read: the status writer skips a write that changes nothing.
+    old: AccessRequestStatus,
 }
 
-/// The request is not (or no longer) granted: `Ready=False`, and nothing of the grant left.
-async fn withhold<K: AccessRequest>(
-    r: &K,
-    ns: &str,
-    ctx: &Context,
-    status: &mut AccessRequestStatus,
-    reason: &str,
-    message: &str,
-) -> Result<(), Error> {
-    let generation = r.meta().generation;
-    let removed = remove_grant::<K>(ctx, ns, &r.name_any(), true).await?;
-    if removed || status.ready {
-        mark(
-            status,
-            generation,
-            cond::ACCESS_RESOURCES_CREATED,
-            ConditionStatus::False,
-            "Removed",
-            message,
-        );
-        mark(
-            status,
-            generation,
-            cond::ACCESS_RESOURCES_READY,
-            ConditionStatus::False,
-            "Removed",
-            message,
-        );
-    }
-    status.ready = false;
-    status.access_message = None;
-    mark(
-        status,
-        generation,
-        READY,
-        ConditionStatus::False,
-        reason,
-        message,
-    );
-    Ok(())
-}
-
-/// One pass of a request that is not being deleted.
-async fn grant<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Action, Error> {
-    let name = r.name_any();
-    let old = r.status().cloned().unwrap_or_default();
-    let mut status = old.clone();
-    let generation = r.meta().generation;
-    let set = |status: &mut AccessRequestStatus, type_, ok, reason: &str, message: &str| {
-        mark(status, generation, type_, ok, reason, message);
-    };
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
-
-    // Expiry first: whatever else is wrong, an expired request goes, and its grant with it.
-    if until(deadline(r)).is_zero() {
-        return expire(r, ns, ctx, &api, &old, status).await;
-    }
-
-    // The template. Gone or broken, it grants nothing any more: a platform team deleting a
-    // template cuts the access it gave.
-    let template = match get_template::<K>(ctx, ns, r.template_name()).await? {
-        Some(t) if t.ready() => t,
-        found => {
-            let (reason, message) = if found.is_some() {
-                (
-                    "TemplateNotReady",
-                    format!(
-                        "template {} is not ready (see its conditions)",
-                        r.template_name()
-                    ),
-                )
-            } else {
-                (
-                    "TemplateNotFound",
-                    format!(
-                        "no {} {} in namespace {ns}",
-                        kind_name::<K>().replace("Request", "Template"),
-                        r.template_name()
-                    ),
-                )
-            };
-            set(
-                &mut status,
-                cond::TARGET_TEMPLATE_EXISTS,
-                ConditionStatus::False,
-                reason,
-                &message,
-            );
-            withhold(r, ns, ctx, &mut status, reason, &message).await?;
-            ctx.status.apply(&api, r, &old, &status).await?;
-            return Ok(requeue_within(PENDING_RESYNC, until(deadline(r))));
-        }
-    };
-    set(
-        &mut status,
-        cond::TARGET_TEMPLATE_EXISTS,
-        ConditionStatus::True,
-        "Found",
-        "",
-    );
-
-    // The requester, and whether the template lets them ask.
-    let Some(requester) = r.requester().filter(|q| !q.username.is_empty()) else {
-        let message = "spec.requester is not set: the access webhook stamps it at admission (is the chart's access.enabled on?)";
-        set(
-            &mut status,
-            cond::REQUESTER_ALLOWED,
-            ConditionStatus::False,
-            "NoRequester",
-            message,
-        );
-        withhold(r, ns, ctx, &mut status, "NoRequester", message).await?;
-        ctx.status.apply(&api, r, &old, &status).await?;
-        return Ok(requeue_within(READY_RESYNC, until(deadline(r))));
-    };
-    if !template.access().allows(&requester.groups) {
-        let message = format!(
-            "{} is in none of the template's allowed groups ({})",
-            requester.username,
-            template.access().allowed_groups.join(", ")
-        );
-        set(
-            &mut status,
-            cond::REQUESTER_ALLOWED,
-            ConditionStatus::False,
-            "NotInAllowedGroups",
-            &message,
-        );
-        // Nothing may stay granted to someone the template no longer allows.
-        withhold(r, ns, ctx, &mut status, "NotInAllowedGroups", &message).await?;
-        ctx.status.apply(&api, r, &old, &status).await?;
-        return Ok(requeue_within(READY_RESYNC, until(deadline(r))));
-    }
-    set(
-        &mut status,
-        cond::REQUESTER_ALLOWED,
-        ConditionStatus::True,
-        "InAllowedGroup",
-        "",
-    );
-
-    // A second user's approval, where the template requires one.
-    if let approval::Gate::Closed(action) = approval::gate(
-        r,
-        ns,
-        ctx,
-        &api,
-        &old,
-        &mut status,
-        template.access(),
-        requester,
-    )
-    .await?
-    {
-        return Ok(action);
-    }
-
-    // The duration, decided once: a template changed later does not stretch a grant.
-    if status.expires_at.is_none() {
-        match template.access().grant(r.duration()) {
-            Ok(g) => {
-                let created = r
-                    .meta()
-                    .creation_timestamp
-                    .as_ref()
-                    .map_or_else(k8s_openapi::jiff::Timestamp::now, |t| t.0);
-                // An approved grant runs from the approval (seen now), not from the filing:
-                // waiting for an approver does not eat into it. The deadline still never passes
-                // creation plus the longest grant.
-                let start = if status.approved_by.is_some() {
-                    k8s_openapi::jiff::Timestamp::now()
-                } else {
-                    created
-                };
-                let at = start.checked_add(g.duration).unwrap_or(start);
-                let message = if g.capped {
-                    format!(
-                        "asked for {}, above the template's maximum: granted {}",
-                        r.duration().unwrap_or_default(),
-                        format_access_duration(g.duration)
-                    )
-                } else {
-                    format!("granted {}", format_access_duration(g.duration))
-                };
-                let reason = if g.capped { "Capped" } else { "Valid" };
-                set(
-                    &mut status,
-                    cond::ACCESS_DURATIONS_VALID,
-                    ConditionStatus::True,
-                    reason,
-                    &message,
-                );
-                status.duration = Some(format_access_duration(g.duration));
-                status.expires_at = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at));
-            }
-            Err(e) => {
-                set(
-                    &mut status,
-                    cond::ACCESS_DURATIONS_VALID,
-                    ConditionStatus::False,
-                    "Invalid",
-                    &e,
-                );
-                withhold(r, ns, ctx, &mut status, "InvalidDuration", &e).await?;
-                ctx.status.apply(&api, r, &old, &status).await?;
-                return Ok(requeue_within(READY_RESYNC, until(deadline(r))));
-            }
-        }
-        set(
-            &mut status,
-            cond::ACCESS_STILL_VALID,
-            ConditionStatus::True,
-            "NotExpired",
-            "",
-        );
-        // The expiry is on the object before anything is granted: whatever fails next, the
-        // error policy and a restarted operator know when to take the grant back.
-        ctx.status.apply(&api, r, &old, &status).await?;
-        return Ok(Action::requeue(Duration::from_millis(50)));
-    }
-    let left = until(deadline(r));
-    if left.is_zero() {
-        return expire(r, ns, ctx, &api, &old, status).await;
-    }
-
-    if let Template::Tunnel(t) = &template {
-        return tunnel_grant(
+impl<'a, K: AccessRequest> Pass<'a, K> {
+    fn new(r: &'a K, ns: &'a str, ctx: &'a Context) -> Self {
+        Pass {
             r,
             ns,
             ctx,
-            &api,
-            &old,
-            status,
-            &t.spec.access_config,
-            requester,
-            left,
-        )
-        .await;
-    }
-
-    // The pod.
-    let owner = r
-        .controller_owner_ref(&())
-        .ok_or_else(|| Error::Pending("request uid".into()))?;
-    let chosen = match &template {
-        Template::Exec(t) => {
-            pick_pod(
-                ctx,
-                ns,
-                &t.spec.target_ref,
-                r.sandbox(),
-                r.target_pod().or(status.pod_name.as_deref()),
-            )
-            .await?
+            api: Api::namespaced(ctx.client.clone(), ns),
+            old: r.status().cloned().unwrap_or_default(),
         }
-        Template::Tunnel(_) => return Ok(Action::await_change()),
-        Template::Pod(t) => match debug_pod(ctx, ns, &name, t, r.sandbox(), left, &owner).await? {
-            Ok(pod) => PodChoice::Chosen(Box::new(pod)),
-            Err((reason, e)) => PodChoice::Unavailable(reason, e),
-        },
-    };
-    let pod = match chosen {
-        PodChoice::Chosen(p) => p,
-        PodChoice::Unavailable(reason, message) => {
-            set(
-                &mut status,
-                cond::ACCESS_RESOURCES_CREATED,
-                ConditionStatus::False,
-                reason,
-                &message,
-            );
-            withhold(r, ns, ctx, &mut status, reason, &message).await?;
-            ctx.status.apply(&api, r, &old, &status).await?;
-            return Ok(requeue_within(PENDING_RESYNC, left));
-        }
-    };
-    let pod_name = pod.name_any();
-    if status.pod_name.as_ref().is_some_and(|p| *p != pod_name) {
-        // The pod chosen first is gone (or no longer the workload's): a grant never moves.
-        let message = format!(
-            "pod {} is gone: file a new request",
-            status.pod_name.clone().unwrap_or_default()
-        );
-        set(
-            &mut status,
-            cond::ACCESS_RESOURCES_READY,
-            ConditionStatus::False,
-            "PodGone",
-            &message,
-        );
-        withhold(r, ns, ctx, &mut status, "PodGone", &message).await?;
-        ctx.status.apply(&api, r, &old, &status).await?;
-        return Ok(requeue_within(READY_RESYNC, left));
     }
-    status.pod_name = Some(pod_name.clone());
-    let container = match &template {
-        Template::Exec(t) => t.spec.container.clone(),
-        Template::Pod(t) => t
-            .spec
-            .mutation
-            .as_ref()
-            .and_then(|m| m.default_container.clone()),
-        Template::Tunnel(_) => None,
+
+    fn generation(&self) -> Option<i64> {
+        self.r.meta().generation
     }
-    .or_else(|| default_container(&pod));
-    status.container = container.clone();
 
-    // The Role and RoleBinding, for the requester alone.
-    let role_name = grant_name(K::ACCESS, ns, &name);
-    let labels = grant_labels(K::ACCESS, &name);
-    let expires = deadline(r);
-    apply_grant(
-        ctx,
-        ns,
-        &GrantRole {
-            name: &role_name,
-            labels: &labels,
-            pod: &pod_name,
-            user: &requester.username,
-            owner: &owner,
-            expires,
-        },
-    )
-    .await?;
-    set(
-        &mut status,
-        cond::ACCESS_RESOURCES_CREATED,
-        ConditionStatus::True,
-        "Created",
-        &format!("Role and RoleBinding {role_name}"),
-    );
-
-    // Ready: the pod runs and the API server agrees the requester may exec into it.
-    let running = is_running(&pod, K::ACCESS == "pod");
-    let allowed = if running {
-        may_exec(ctx, ns, &pod_name, requester).await?
-    } else {
-        false
-    };
-    if !(running && allowed) {
-        let message = if running {
-            format!(
-                "the API server does not yet allow {} to exec into {pod_name}",
-                requester.username
-            )
+    /// Sets one condition of `status`, at the request's generation.
+    fn mark(
+        &self,
+        status: &mut AccessRequestStatus,
+        type_: &str,
+        ok: bool,
+        reason: &str,
+        message: &str,
+    ) {
+        let ok = if ok {
+            ConditionStatus::True
         } else {
-            format!("pod {pod_name} is not running and ready yet")
+            ConditionStatus::False
         };
-        set(
-            &mut status,
-            cond::ACCESS_RESOURCES_READY,
-            ConditionStatus::False,
-            "Waiting",
-            &message,
-        );
-        status.ready = false;
-        status.access_message = None;
-        set(
-            &mut status,
-            READY,
-            ConditionStatus::False,
-            "Waiting",
-            &message,
-        );
-        ctx.status.apply(&api, r, &old, &status).await?;
-        return Ok(requeue_within(Duration::from_secs(1), left));
+        status::mark(status, self.generation(), type_, ok, reason, message);
     }
-    set(
-        &mut status,
-        cond::ACCESS_RESOURCES_READY,
-        ConditionStatus::True,
-        "Allowed",
-        "",
-    );
-    let command =
-        template
-            .access()
-            .access_command(ns, &pod_name, container.as_deref().unwrap_or("app"));
-    status.access_message = Some(command);
-    status.ready = true;
-    let message = format!(
-        "{} may exec into {pod_name} until {}",
-        requester.username,
-        status
-            .expires_at
-            .as_ref()
-            .map(|t| t.0.to_string())
-            .unwrap_or_default()
-    );
-    set(
-        &mut status,
-        READY,
-        ConditionStatus::True,
-        "Granted",
-        &message,
-    );
-    if ctx.status.apply(&api, r, &old, &status).await? && !old.ready {
-        tracing::info!(kind = K::ACCESS, namespace = ns, request = %name, user = %requester.username, pod = %pod_name, expires = ?status.expires_at, "access granted");
-        ctx.metrics.access_grant(K::ACCESS, "granted");
-        ctx.event(r, false, "Granted", "Grant", message).await;
-    }
-    Ok(requeue_within(READY_RESYNC, left))
-}
 
-/// The request's time is up: the grant goes first (so it ends now, not after the finalizer
-/// pass), then the request.
-async fn expire<K: AccessRequest>(
-    r: &K,
-    ns: &str,
-    ctx: &Context,
-    api: &Api<K>,
-    old: &AccessRequestStatus,
-    mut status: AccessRequestStatus,
-) -> Result<Action, Error> {
-    let name = r.name_any();
-    let generation = r.meta().generation;
-    mark(
-        &mut status,
-        generation,
-        cond::ACCESS_STILL_VALID,
-        ConditionStatus::False,
-        "Expired",
-        "the grant has expired",
-    );
-    withhold(r, ns, ctx, &mut status, "Expired", "the grant has expired").await?;
-    ctx.status.apply(api, r, old, &status).await?;
-    let user = r
-        .requester()
-        .map(|q| q.username.clone())
-        .unwrap_or_default();
-    ctx.event(
-        r,
-        false,
-        "Expired",
-        "Delete",
-        format!("the grant to {user} expired; deleting the request"),
-    )
-    .await;
-    tracing::info!(kind = K::ACCESS, namespace = ns, request = %name, user = %user, "access grant expired");
-    ctx.metrics.access_grant(K::ACCESS, "expired");
-    delete_opt(api, &name).await?;
-    Ok(Action::await_change())
+    /// The request is not (or no longer) granted: `Ready=False`, and nothing of the grant left.
+    async fn withhold(
+        &self,
+        status: &mut AccessRequestStatus,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), Error> {
+        let removed = remove_grant::<K>(self.ctx, self.ns, &self.r.name_any(), true).await?;
+        status::withheld(status, self.generation(), removed, reason, message);
+        Ok(())
+    }
+
+    /// Writes `status` (unless it changes nothing); whether it was written.
+    async fn write(&self, status: &AccessRequestStatus) -> Result<bool, Error> {
+        Ok(self
+            .ctx
+            .status
+            .apply(&self.api, self.r, &self.old, status)
+            .await?)
+    }
+
+    /// A step refuses the grant: its condition (`condition`, if any) false for `reason`, the
+    /// grant withheld, the status written; `then` is the pass's answer.
+    async fn refuse(
+        &self,
+        mut status: AccessRequestStatus,
+        condition: Option<&str>,
+        reason: &str,
+        message: &str,
+        then: Action,
+    ) -> Result<Action, Error> {
+        if let Some(type_) = condition {
+            self.mark(&mut status, type_, false, reason, message);
+        }
+        self.withhold(&mut status, reason, message).await?;
+        self.write(&status).await?;
+        Ok(then)
+    }
 }
 
 /// Wakes at `every` or at the expiry, whichever comes first.
@@ -849,106 +470,6 @@ pub(super) fn grant_labels(access: &str, request: &str) -> BTreeMap<String, Stri
         ),
         (access_labels::ACCESS_KIND.to_owned(), access.to_owned()),
     ])
-}
-
-/// A grant's Role and RoleBinding, as [`apply_grant`] writes them.
-struct GrantRole<'a> {
-    name: &'a str,
-    labels: &'a BTreeMap<String, String>,
-    pod: &'a str,
-    user: &'a str,
-    owner: &'a OwnerReference,
-    /// The grant's end, annotated on both for the second sweeper.
-    expires: k8s_openapi::jiff::Timestamp,
-}
-
-async fn apply_grant(ctx: &Context, ns: &str, g: &GrantRole<'_>) -> Result<(), Error> {
-    let GrantRole {
-        name,
-        labels,
-        pod,
-        user,
-        owner,
-        expires,
-    } = *g;
-    let meta = ObjectMeta {
-        name: Some(name.to_owned()),
-        namespace: Some(ns.to_owned()),
-        labels: Some(labels.clone()),
-        // The sweeper (`spur access sweep`, a CronJob of the chart) deletes the two at this
-        // instant even while the operator is down (docs/access.md, "Expiry").
-        annotations: Some(BTreeMap::from([(
-            access_labels::EXPIRES_AT.to_owned(),
-            expires.to_string(),
-        )])),
-        owner_references: Some(vec![owner.clone()]),
-        ..ObjectMeta::default()
-    };
-    let rule = |resource: &str, verbs: &[&str]| PolicyRule {
-        api_groups: Some(vec![String::new()]),
-        resources: Some(vec![resource.to_owned()]),
-        resource_names: Some(vec![pod.to_owned()]),
-        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
-        ..PolicyRule::default()
-    };
-    let role = Role {
-        metadata: meta.clone(),
-        // `get` on pods/exec as well as `create`: kubectl's WebSocket exec is a GET.
-        rules: Some(vec![
-            rule("pods", &["get"]),
-            rule("pods/exec", &["get", "create"]),
-        ]),
-    };
-    let binding = RoleBinding {
-        metadata: meta,
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: name.to_owned(),
-        },
-        subjects: Some(vec![Subject {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "User".into(),
-            name: user.to_owned(),
-            namespace: None,
-        }]),
-    };
-    crate::context::OWNER
-        .ensure(&Api::<Role>::namespaced(ctx.client.clone(), ns), None, role)
-        .await?;
-    crate::context::OWNER
-        .ensure(
-            &Api::<RoleBinding>::namespaced(ctx.client.clone(), ns),
-            None,
-            binding,
-        )
-        .await?;
-    Ok(())
-}
-
-/// A SubjectAccessReview for the requester: may they exec into `pod`?
-async fn may_exec(ctx: &Context, ns: &str, pod: &str, who: &Requester) -> Result<bool, Error> {
-    let review = SubjectAccessReview {
-        spec: SubjectAccessReviewSpec {
-            user: Some(who.username.clone()),
-            uid: who.uid.clone(),
-            groups: Some(who.groups.clone()),
-            resource_attributes: Some(ResourceAttributes {
-                namespace: Some(ns.to_owned()),
-                verb: Some("create".into()),
-                resource: Some("pods".into()),
-                subresource: Some("exec".into()),
-                name: Some(pod.to_owned()),
-                ..ResourceAttributes::default()
-            }),
-            ..SubjectAccessReviewSpec::default()
-        },
-        ..SubjectAccessReview::default()
-    };
-    let answer = Api::<SubjectAccessReview>::all(ctx.client.clone())
-        .create(&PostParams::default(), &review)
-        .await?;
-    Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
 fn namespace_of<K: Resource>(obj: &K, kind: &'static str) -> Result<String, Error> {

@@ -8,16 +8,11 @@
 //! `approvers`, and refuses an approval naming the requester even if one got past admission.
 
 use kube::ResourceExt;
-use kube::api::Api;
 use kube::runtime::controller::Action;
-use spur_api::access::{
-    AccessConfig, AccessRequestStatus, ApprovalState, Approver, Requester, conditions as cond,
-};
-use spur_api::conditions::ConditionStatus;
+use spur_api::access::{AccessConfig, AccessRequestStatus, Approver, Requester};
 
-use super::{AccessRequest, READY_RESYNC, deadline, kind_name, mark, requeue_within, until};
+use super::{AccessRequest, Pass, READY_RESYNC, deadline, requeue_within, status, until};
 use crate::Error;
-use crate::context::Context;
 
 /// Whether a request may go on to be granted.
 pub(super) enum Gate {
@@ -28,102 +23,47 @@ pub(super) enum Gate {
 
 /// Records the request's approval in `status` (condition `Approved`, `approvedBy`); without the
 /// approval its template requires, withholds the grant and writes the status.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn gate<K: AccessRequest>(
-    r: &K,
-    ns: &str,
-    ctx: &Context,
-    api: &Api<K>,
-    old: &AccessRequestStatus,
+    pass: &Pass<'_, K>,
     status: &mut AccessRequestStatus,
     access: &AccessConfig,
     requester: &Requester,
 ) -> Result<Gate, Error> {
-    let generation = r.meta().generation;
+    let (r, ns) = (pass.r, pass.ns);
     let approver = Approver::of(r.annotations());
-    let (reason, message) = match access.approval_state(&requester.username, approver.as_ref()) {
-        ApprovalState::NotRequired => {
-            status.approved_by = None;
-            mark(
-                status,
-                generation,
-                cond::APPROVED,
-                ConditionStatus::True,
-                "NotRequired",
-                "the template requires no approval",
-            );
-            return Ok(Gate::Open);
-        }
-        ApprovalState::Approved(user) => {
-            let message = format!("approved by {user}");
-            if old.approved_by.as_deref() != Some(user.as_str()) {
-                tracing::info!(kind = K::ACCESS, namespace = ns, request = %r.name_any(), requester = %requester.username, approver = %user, "access request approved");
-                ctx.event(r, false, "Approved", "Approve", message.clone())
-                    .await;
-            }
-            status.approved_by = Some(user);
-            mark(
-                status,
-                generation,
-                cond::APPROVED,
-                ConditionStatus::True,
-                "Approved",
-                &message,
-            );
-            return Ok(Gate::Open);
-        }
-        ApprovalState::Pending => (
-            "PendingApproval",
-            format!(
-                "waiting for approval by a user other than {} who holds the verb approve on {}: \
-                 spur access approve {} {} -n {ns}",
-                requester.username,
-                plural::<K>(),
-                K::ACCESS,
-                r.name_any()
-            ),
-        ),
-        ApprovalState::ByRequester => (
-            "SelfApproved",
-            format!(
-                "{} cannot approve their own request: another user must approve it",
-                requester.username
-            ),
-        ),
-        ApprovalState::NotAnApprover(user) => (
-            "ApproverNotAllowed",
-            format!(
-                "{user} approved it but presented none of the template's approver groups ({}): \
-                 a member of one must approve it",
-                access
-                    .approval
-                    .as_ref()
-                    .map(|a| a.approvers.join(", "))
-                    .unwrap_or_default()
-            ),
-        ),
-    };
-    status.approved_by = None;
-    mark(
+    let name = r.name_any();
+    let generation = pass.generation();
+    match status::approval::<K>(
         status,
         generation,
-        cond::APPROVED,
-        ConditionStatus::False,
-        reason,
-        &message,
-    );
-    // Nothing stays granted without the approval (it may have been withdrawn, or the template
-    // may have come to require one).
-    super::withhold(r, ns, ctx, status, reason, &message).await?;
-    ctx.status.apply(api, r, old, status).await?;
-    // The approval annotations wake the request (its own changes do); the resync is a backstop.
-    Ok(Gate::Closed(requeue_within(
-        READY_RESYNC,
-        until(deadline(r)),
-    )))
-}
-
-/// The request kind's resource name, as RBAC names it.
-fn plural<K: AccessRequest>() -> String {
-    format!("{}s", kind_name::<K>().to_ascii_lowercase())
+        access,
+        requester,
+        approver.as_ref(),
+        (ns, &name),
+    ) {
+        Ok(()) => {
+            if let Some(user) = &status.approved_by
+                && pass.old.approved_by.as_deref() != Some(user.as_str())
+            {
+                tracing::info!(kind = K::ACCESS, namespace = ns, request = %name, requester = %requester.username, approver = %user, "access request approved");
+                let message = format!("approved by {user}");
+                pass.ctx
+                    .event(r, false, "Approved", "Approve", message)
+                    .await;
+            }
+            Ok(Gate::Open)
+        }
+        Err((reason, message)) => {
+            // Nothing stays granted without the approval (it may have been withdrawn, or the
+            // template may have come to require one).
+            pass.withhold(status, reason, &message).await?;
+            pass.write(status).await?;
+            // The approval annotations wake the request (its own changes do); the resync is a
+            // backstop.
+            Ok(Gate::Closed(requeue_within(
+                READY_RESYNC,
+                until(deadline(r)),
+            )))
+        }
+    }
 }

@@ -6,19 +6,14 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
-use spur_api::access::{TargetKind, TargetRef, labels as access_labels};
-use spur_api::keys::labels::{FORK, MANAGED_BY, MANAGED_BY_VALUE, SANDBOX};
+use spur_api::access::{TargetKind, TargetRef};
+use spur_api::keys::labels::{MANAGED_BY, MANAGED_BY_VALUE, SANDBOX};
 use spur_api::names;
 
 use super::DEFAULT_CONTAINER_ANNOTATION;
+use super::plan::{self, PodChoice};
 use crate::Error;
 use crate::context::Context;
-
-pub(super) enum PodChoice {
-    Chosen(Box<Pod>),
-    /// A condition reason and message.
-    Unavailable(&'static str, String),
-}
 
 /// The workload object (`spec.selector` and `spec.template`), or why it is unusable.
 pub(super) async fn workload(
@@ -107,25 +102,9 @@ pub(super) async fn pick_pod(
         Ok(w) => w,
         Err(e) => return Ok(PodChoice::Unavailable("NoPod", e)),
     };
-    let selector: LabelSelector = match w
-        .data
-        .pointer("/spec/selector")
-        .cloned()
-        .map(serde_json::from_value)
-    {
-        Some(Ok(s)) => s,
-        _ => {
-            return Ok(PodChoice::Unavailable(
-                "NoPod",
-                format!("{target} has no usable spec.selector"),
-            ));
-        }
-    };
-    let Some(query) = selector_query(&selector) else {
-        return Ok(PodChoice::Unavailable(
-            "NoPod",
-            format!("{target} has an empty or unusable spec.selector"),
-        ));
+    let query = match selector(target, &w) {
+        Ok(q) => q,
+        Err(e) => return Ok(PodChoice::Unavailable("NoPod", e)),
     };
     let uid = w.metadata.uid.clone().unwrap_or_default();
     let fork = w.name_any();
@@ -139,51 +118,24 @@ pub(super) async fn pick_pod(
     let mut owners_of_rs: BTreeMap<String, Option<String>> = BTreeMap::new();
     let mut candidates = Vec::new();
     for p in listed {
-        // Fork pods are the fork's: a grant on the baseline never reaches them, and one in
-        // a sandbox reaches only its own fork's (fork pods drop the baseline's selector
-        // labels too; this holds even if someone copied them back).
-        let fork_label = p.labels().get(FORK);
-        let fork_ok = match sandbox {
-            None => fork_label.is_none(),
-            Some(_) => fork_label == Some(&fork),
+        let Some(controller) = plan::candidate(&p, sandbox, &fork) else {
+            continue;
         };
-        if !fork_ok
-            || p.labels().contains_key(access_labels::ACCESS_REQUEST)
-            || p.metadata.deletion_timestamp.is_some()
+        if plan::through_replicaset(target.kind, &controller)
+            && !owners_of_rs.contains_key(&controller.name)
         {
-            continue;
+            let owner = replicasets.get_opt(&controller.name).await?.and_then(|rs| {
+                rs.owner_references()
+                    .iter()
+                    .find(|o| o.controller == Some(true))
+                    .map(|o| o.uid.clone())
+            });
+            owners_of_rs.insert(controller.name.clone(), owner);
         }
-        let Some(controller) = p
-            .owner_references()
-            .iter()
-            .find(|o| o.controller == Some(true))
-            .cloned()
-        else {
-            continue;
-        };
-        let owned = match target.kind {
-            TargetKind::StatefulSet | TargetKind::DaemonSet => controller.uid == uid,
-            TargetKind::Deployment | TargetKind::Rollout => {
-                if controller.kind != "ReplicaSet" {
-                    false
-                } else {
-                    if !owners_of_rs.contains_key(&controller.name) {
-                        let owner = replicasets.get_opt(&controller.name).await?.and_then(|rs| {
-                            rs.owner_references()
-                                .iter()
-                                .find(|o| o.controller == Some(true))
-                                .map(|o| o.uid.clone())
-                        });
-                        owners_of_rs.insert(controller.name.clone(), owner);
-                    }
-                    owners_of_rs
-                        .get(&controller.name)
-                        .and_then(Option::as_deref)
-                        == Some(uid.as_str())
-                }
-            }
-        };
-        if owned {
+        let rs_owner = owners_of_rs
+            .get(&controller.name)
+            .and_then(Option::as_deref);
+        if plan::owned(target.kind, &controller, &uid, rs_owner) {
             candidates.push(p);
         }
     }
@@ -191,22 +143,22 @@ pub(super) async fn pick_pod(
         Some(s) => format!("{target} in sandbox {s}"),
         None => target.to_string(),
     };
-    if let Some(wanted) = wanted {
-        return Ok(
-            match candidates.into_iter().find(|p| p.name_any() == wanted) {
-                Some(p) => PodChoice::Chosen(Box::new(p)),
-                None => PodChoice::Unavailable(
-                    "NoPod",
-                    format!("pod {wanted} is not a (live) pod of {of_what}"),
-                ),
-            },
-        );
-    }
-    candidates.sort_by_key(|p| (!is_running(p, true), p.name_any()));
-    Ok(match candidates.into_iter().next() {
-        Some(p) if is_running(&p, false) => PodChoice::Chosen(Box::new(p)),
-        _ => PodChoice::Unavailable("NoPod", format!("{of_what} has no running pod")),
-    })
+    Ok(plan::choose(candidates, wanted, &of_what))
+}
+
+/// The label query of workload `w`'s `spec.selector`, or why it has none usable.
+fn selector(target: &TargetRef, w: &DynamicObject) -> Result<String, String> {
+    let selector: LabelSelector = match w
+        .data
+        .pointer("/spec/selector")
+        .cloned()
+        .map(serde_json::from_value)
+    {
+        Some(Ok(s)) => s,
+        _ => return Err(format!("{target} has no usable spec.selector")),
+    };
+    selector_query(&selector)
+        .ok_or_else(|| format!("{target} has an empty or unusable spec.selector"))
 }
 
 /// `key=value,key in (a,b),!key` for a label selector; `None` when it selects everything (an
@@ -236,18 +188,6 @@ fn selector_query(s: &LabelSelector) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join(","))
 }
 
-pub(super) fn is_running(pod: &Pod, need_ready: bool) -> bool {
-    let Some(status) = &pod.status else {
-        return false;
-    };
-    let ready = status
-        .conditions
-        .iter()
-        .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
-    status.phase.as_deref() == Some("Running") && (ready || !need_ready)
-}
-
 /// The container `kubectl exec` should name: the pod's default-container annotation, else its
 /// first container that is not Spur's injected sidecar (the application's).
 pub(super) fn default_container(pod: &Pod) -> Option<String> {
@@ -262,4 +202,52 @@ pub(super) fn default_container(pod: &Pod) -> Option<String> {
                 .or(containers.first())
                 .map(|c| c.name.clone())
         })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use serde_json::json;
+
+    use super::*;
+
+    fn deployment(selector: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"selector": selector},
+        }))
+        .unwrap()
+    }
+
+    fn target() -> TargetRef {
+        serde_json::from_value(json!({"kind": "Deployment", "name": "web"})).unwrap()
+    }
+
+    #[test]
+    fn the_workloads_selector_is_the_pod_query() {
+        let w = deployment(json!({
+            "matchLabels": {"app": "web"},
+            "matchExpressions": [
+                {"key": "tier", "operator": "In", "values": ["a", "b"]},
+                {"key": "canary", "operator": "DoesNotExist"},
+            ],
+        }));
+        assert_eq!(
+            selector(&target(), &w).unwrap(),
+            "app=web,tier in (a,b),!canary"
+        );
+    }
+
+    #[test]
+    fn an_empty_or_unknown_selector_selects_nothing() {
+        let e = selector(&target(), &deployment(json!({}))).unwrap_err();
+        assert_eq!(e, "Deployment/web has an empty or unusable spec.selector");
+        let odd = json!({"matchExpressions": [{"key": "a", "operator": "Near"}]});
+        assert!(selector(&target(), &deployment(odd)).is_err());
+        let empty_in = json!({"matchExpressions": [{"key": "a", "operator": "In", "values": []}]});
+        assert!(selector(&target(), &deployment(empty_in)).is_err());
+        let e = selector(&target(), &deployment(json!("app=web"))).unwrap_err();
+        assert_eq!(e, "Deployment/web has no usable spec.selector");
+    }
 }

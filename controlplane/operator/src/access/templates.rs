@@ -3,20 +3,15 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::PodSpec;
 use kube::Resource;
 use kube::api::Api;
 use kube::runtime::controller::Action;
-use spur_api::access::{
-    AccessTemplateStatus, ExecAccessTemplate, PodAccessTemplate, TargetRef, TunnelAccessTemplate,
-    conditions as cond,
-};
-use spur_api::conditions::{NewCondition, READY, set_condition};
+use spur_api::access::{ExecAccessTemplate, PodAccessTemplate, TargetRef, TunnelAccessTemplate};
 
 use super::targets::workload;
-use super::{TEMPLATE_RESYNC, namespace_of};
+use super::{TEMPLATE_RESYNC, namespace_of, status};
 use crate::Error;
-use crate::context::{Context, now};
+use crate::context::Context;
 
 pub(crate) async fn reconcile_exec_template(
     t: Arc<ExecAccessTemplate>,
@@ -26,7 +21,7 @@ pub(crate) async fn reconcile_exec_template(
     let ns = namespace_of(&*t, "ExecAccessTemplate")?;
     let valid = t.spec.validate().map_err(|e| e.to_string());
     let target = check_target(&ctx, &ns, Some(&t.spec.target_ref)).await?;
-    let status = template_status(t.status.as_ref(), t.metadata.generation, valid, target);
+    let status = status::template(t.status.as_ref(), t.metadata.generation, valid, target);
     let api: Api<ExecAccessTemplate> = Api::namespaced(ctx.client.clone(), &ns);
     ctx.status
         .apply(&api, &*t, &t.status.clone().unwrap_or_default(), &status)
@@ -40,15 +35,9 @@ pub(crate) async fn reconcile_pod_template(
 ) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("PodAccessTemplate");
     let ns = namespace_of(&*t, "PodAccessTemplate")?;
-    let mut valid = t.spec.validate().map_err(|e| e.to_string());
-    if valid.is_ok()
-        && let Some(spec) = &t.spec.pod_spec
-        && let Err(e) = serde_json::from_value::<PodSpec>(spec.clone())
-    {
-        valid = Err(format!("spec.podSpec: {e}"));
-    }
+    let valid = status::pod_template_valid(&t.spec);
     let target = check_target(&ctx, &ns, t.spec.target_ref.as_ref()).await?;
-    let status = template_status(t.status.as_ref(), t.metadata.generation, valid, target);
+    let status = status::template(t.status.as_ref(), t.metadata.generation, valid, target);
     let api: Api<PodAccessTemplate> = Api::namespaced(ctx.client.clone(), &ns);
     ctx.status
         .apply(&api, &*t, &t.status.clone().unwrap_or_default(), &status)
@@ -80,57 +69,6 @@ async fn check_target(
     ))
 }
 
-fn template_status(
-    old: Option<&AccessTemplateStatus>,
-    generation: Option<i64>,
-    valid: Result<(), String>,
-    target: Option<Result<(), String>>,
-) -> AccessTemplateStatus {
-    let mut status = old.cloned().unwrap_or_default();
-    let t = now();
-    let mut set = |type_, ok: bool, reason: &str, message: &str| {
-        set_condition(
-            &mut status.conditions,
-            NewCondition {
-                type_,
-                status: ok.into(),
-                reason,
-                message,
-                observed_generation: generation,
-            },
-            &t,
-        );
-    };
-    match &valid {
-        Ok(()) => set(cond::TEMPLATE_DURATIONS_VALID, true, "Valid", ""),
-        Err(e) => set(cond::TEMPLATE_DURATIONS_VALID, false, "Invalid", e),
-    }
-    match &target {
-        None => set(
-            cond::TARGET_REF_EXISTS,
-            true,
-            "NoTarget",
-            "the template names no workload",
-        ),
-        Some(Ok(())) => set(cond::TARGET_REF_EXISTS, true, "Found", ""),
-        Some(Err(e)) => set(cond::TARGET_REF_EXISTS, false, "NotFound", e),
-    }
-    let ready = valid.is_ok() && target.as_ref().is_none_or(Result::is_ok);
-    let message = match (&valid, &target) {
-        (Err(e), _) | (_, Some(Err(e))) => e.as_str(),
-        _ => "",
-    };
-    set(
-        READY,
-        ready,
-        if ready { "Ready" } else { "NotReady" },
-        message,
-    );
-    status.ready = ready;
-    status.observed_generation = generation;
-    status
-}
-
 pub(crate) async fn reconcile_tunnel_template(
     t: Arc<TunnelAccessTemplate>,
     ctx: Arc<Context>,
@@ -138,7 +76,7 @@ pub(crate) async fn reconcile_tunnel_template(
     let _pass = ctx.metrics.reconcile("TunnelAccessTemplate");
     let ns = namespace_of(&*t, "TunnelAccessTemplate")?;
     let valid = t.spec.validate().map_err(|e| e.to_string());
-    let status = template_status(t.status.as_ref(), t.metadata.generation, valid, None);
+    let status = status::template(t.status.as_ref(), t.metadata.generation, valid, None);
     let api: Api<TunnelAccessTemplate> = Api::namespaced(ctx.client.clone(), &ns);
     ctx.status
         .apply(&api, &*t, &t.status.clone().unwrap_or_default(), &status)

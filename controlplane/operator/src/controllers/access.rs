@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::watcher;
+use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, ResourceExt};
 use spur_api::access::labels::ACCESS_KIND;
 use spur_api::{
@@ -16,79 +16,32 @@ use tokio_util::sync::CancellationToken;
 use super::{config, primary};
 use crate::access as acc;
 use crate::context::Context;
+use crate::triggers::Watched;
 
 /// The access controllers, when enabled.
 pub(crate) async fn access(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     if !ctx.access {
         return;
     }
+    tokio::join!(
+        templates(client.clone(), &ctx, &stop),
+        requests(client, &ctx, &stop)
+    );
+}
+
+/// The three template controllers: each template's validity and target.
+async fn templates(client: Client, c: &Arc<Context>, s: &CancellationToken) {
     let exec_templates =
         primary(Api::<ExecAccessTemplate>::all(client.clone())).with_config(config());
     let pod_templates =
         primary(Api::<PodAccessTemplate>::all(client.clone())).with_config(config());
-    let tunnel_templates =
-        primary(Api::<TunnelAccessTemplate>::all(client.clone())).with_config(config());
-    let ear = primary(Api::<ExecAccessRequest>::all(client.clone())).with_config(config());
-    let ear_store = ear.store();
-    // A template's status (readiness) matters to its requests: not `primary`'s filter.
-    let exec_requests = ear.watches(
-        Api::<ExecAccessTemplate>::all(client.clone()),
-        watcher::Config::default(),
-        move |t| {
-            acc::requests_of(
-                &ear_store,
-                &t.namespace().unwrap_or_default(),
-                &t.name_any(),
-            )
-        },
-    );
-    let par = primary(Api::<PodAccessRequest>::all(client.clone())).with_config(config());
-    let par_store = par.store();
-    let pod_requests = par
-        .watches(
-            Api::<PodAccessTemplate>::all(client.clone()),
-            watcher::Config::default(),
-            move |t| {
-                acc::requests_of(
-                    &par_store,
-                    &t.namespace().unwrap_or_default(),
-                    &t.name_any(),
-                )
-            },
-        )
-        // Debug pods starting (readiness) or going.
-        .owns(
-            Api::<Pod>::all(client.clone()),
-            watcher::Config::default().labels(&format!("{ACCESS_KIND}=pod")),
-        );
-    let tar = primary(Api::<TunnelAccessRequest>::all(client.clone())).with_config(config());
-    let tar_store = tar.store();
-    let tunnel_requests = tar.watches(
-        Api::<TunnelAccessTemplate>::all(client),
-        watcher::Config::default(),
-        move |t| {
-            acc::requests_of(
-                &tar_store,
-                &t.namespace().unwrap_or_default(),
-                &t.name_any(),
-            )
-        },
-    );
-    let (c, s) = (&ctx, &stop);
+    let tunnel_templates = primary(Api::<TunnelAccessTemplate>::all(client)).with_config(config());
     tokio::join!(
         spur_controller::run(
             "tunnelaccesstemplate",
             tunnel_templates,
             acc::reconcile_tunnel_template,
             acc::template_error_policy,
-            c.clone(),
-            s.clone(),
-        ),
-        spur_controller::run(
-            "tunnelaccessrequest",
-            tunnel_requests,
-            acc::reconcile_tunnel,
-            acc::request_error_policy,
             c.clone(),
             s.clone(),
         ),
@@ -105,6 +58,43 @@ pub(crate) async fn access(client: Client, ctx: Arc<Context>, stop: Cancellation
             pod_templates,
             acc::reconcile_pod_template,
             acc::template_error_policy,
+            c.clone(),
+            s.clone(),
+        ),
+    );
+}
+
+/// A request controller, woken by its template (a template's status, its readiness, matters
+/// to its requests: not `primary`'s filter).
+fn woken_by_template<R, T>(client: &Client) -> Controller<R>
+where
+    R: acc::AccessRequest,
+    T: Watched,
+{
+    let requests = primary(Api::<R>::all(client.clone())).with_config(config());
+    let store = requests.store();
+    requests.watches(
+        Api::<T>::all(client.clone()),
+        watcher::Config::default(),
+        move |t| acc::requests_of(&store, &t.namespace().unwrap_or_default(), &t.name_any()),
+    )
+}
+
+/// The three request controllers.
+async fn requests(client: Client, c: &Arc<Context>, s: &CancellationToken) {
+    let exec_requests = woken_by_template::<ExecAccessRequest, ExecAccessTemplate>(&client);
+    // Debug pods starting (readiness) or going.
+    let pod_requests = woken_by_template::<PodAccessRequest, PodAccessTemplate>(&client).owns(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().labels(&format!("{ACCESS_KIND}=pod")),
+    );
+    let tunnel_requests = woken_by_template::<TunnelAccessRequest, TunnelAccessTemplate>(&client);
+    tokio::join!(
+        spur_controller::run(
+            "tunnelaccessrequest",
+            tunnel_requests,
+            acc::reconcile_tunnel,
+            acc::request_error_policy,
             c.clone(),
             s.clone(),
         ),
