@@ -19,10 +19,6 @@ const KNOWN_LARGE: &[(&str, &str)] = &[
         "grant making per kind (exec, debug pod, tunnel) apart from the controller",
     ),
     (
-        "controlplane/operator/src/olm.rs",
-        "the work-unit pod builder apart from the workflow controller",
-    ),
-    (
         "perf/benches/push_latency.rs",
         "the route-server process and its watchers apart from the phases and the report",
     ),
