@@ -11,22 +11,25 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt};
-use spur_api::conditions::{ConditionStatus, NewCondition, set_condition};
-use spur_api::jobs::{Attempt, AttemptPhase, JobPhase, JobRunnerGroupStatus};
+use spur_api::jobs::{JobPhase, JobRunnerGroupStatus};
 use spur_api::{Job, JobRunnerGroup, RouteGroup, Sandbox};
 use tokio_util::sync::CancellationToken;
 
 use crate::driver::{self, Assignment};
 use crate::pods::{self, GROUP_LABEL};
 use crate::queue::{self, ACCEPTED, FINISHED};
-use crate::status::{self, condition, now_string};
+use crate::status::{self as job_status, condition, now_string};
 use crate::{Context, Error, Wakeups};
+
+mod desired;
+mod status;
 
 /// The finalizer that deletes a Job's logs and artifacts with it.
 pub(crate) const FINALIZER: &str = "spur.dev/job-store";
@@ -174,7 +177,7 @@ async fn apply_job(job: &Job, ctx: &Arc<Context>) -> Result<Action, Error> {
         .and_then(|v| v.parse::<u64>().ok());
     let group_name = job.spec.runner_group.clone();
     let mut accepted = false;
-    status::update(&api, &name, |job, st| {
+    job_status::update(&api, &name, |job, st| {
         if st.phase.is_some_and(JobPhase::is_terminal) {
             return false;
         }
@@ -188,7 +191,7 @@ async fn apply_job(job: &Job, ctx: &Arc<Context>) -> Result<Action, Error> {
         let refuse = |st: &mut spur_api::jobs::JobStatus, reason: &str, message: &str| {
             condition(st, job, ACCEPTED, false, reason, message);
             if queued && job.spec.canceled {
-                status::canceled_by_request(st, job, "canceled before it ran");
+                job_status::canceled_by_request(st, job, "canceled before it ran");
             }
         };
         if let Some(m) = &invalid {
@@ -291,24 +294,13 @@ async fn reconcile_group(group: Arc<JobRunnerGroup>, ctx: Arc<Context>) -> Resul
     let template = match template {
         Ok(t) => t,
         Err(message) => {
-            write_group_status(&groups, &group, None, &pods, "InvalidSpec", &message, false)
-                .await?;
+            let st = status::group(&group, None, pods.len(), "InvalidSpec", &message, false);
+            write_group_status(&groups, &group, st).await?;
             return Ok(Action::requeue(Duration::from_secs(60)));
         }
     };
-    let owner =
-        group.uid().map(
-            |uid| k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                api_version: "spur.dev/v1alpha1".into(),
-                kind: "JobRunnerGroup".into(),
-                name: name.clone(),
-                uid,
-                controller: None,
-                block_owner_deletion: None,
-            },
-        );
     ctx.pki
-        .ensure_executor_secret(&ctx.client, &ns, owner)
+        .ensure_executor_secret(&ctx.client, &ns, desired::owner(&group))
         .await?;
 
     let digest = pods::template_digest(&group);
@@ -319,118 +311,134 @@ async fn reconcile_group(group: Arc<JobRunnerGroup>, ctx: Arc<Context>) -> Resul
         &digest,
         k8s_openapi::jiff::Timestamp::now().as_second(),
     );
-    let job = |n: &str| jobs.iter().find(|j| j.name_any() == n);
+    let pass = GroupPass {
+        ctx: &ctx,
+        group: &group,
+        ns: &ns,
+        jobs_api: &jobs_api,
+        pods_api: &pods_api,
+        jobs: &jobs,
+        pods: &pods,
+    };
+    settle(&pass, &plan).await?;
+    if !scale(&pass, &plan, template).await? {
+        // The namespace (and the group with it) is going away.
+        return Ok(Action::await_change());
+    }
+    assign(&pass, &plan).await?;
+    resume(&pass, &plan);
 
+    let (reason, message, ready) = status::readiness(&plan);
+    let st = status::group(&group, Some(&plan), pods.len(), reason, &message, ready);
+    write_group_status(&groups, &group, st).await?;
+    Ok(Action::requeue(Duration::from_secs(30)))
+}
+
+/// What a group pass carries its plan out with.
+struct GroupPass<'a> {
+    ctx: &'a Arc<Context>,
+    group: &'a JobRunnerGroup,
+    ns: &'a str,
+    jobs_api: &'a Api<Job>,
+    pods_api: &'a Api<Pod>,
+    jobs: &'a [Arc<Job>],
+    pods: &'a [Arc<Pod>],
+}
+
+/// Cancels the queued jobs whose cancel was requested and ends the attempts whose pod is gone.
+async fn settle(g: &GroupPass<'_>, plan: &queue::Plan) -> Result<(), Error> {
     for name in &plan.cancel_queued {
-        status::update(&jobs_api, name, |job, st| {
-            if st.phase.is_some_and(|p| p != JobPhase::Queued) {
-                return false;
-            }
-            status::canceled_by_request(st, job, "canceled before it ran");
-            true
-        })
-        .await?;
-        ctx.metrics.finished("Canceled");
+        job_status::update(g.jobs_api, name, status::cancel_queued).await?;
+        g.ctx.metrics.finished("Canceled");
     }
     for name in &plan.lost {
-        if let Some(j) = job(name) {
+        if let Some(j) = g.jobs.iter().find(|j| j.name_any() == *name) {
             let uid = j.uid().unwrap_or_default();
-            let attempt = j
-                .status
-                .as_ref()
-                .and_then(|s| s.attempts.last())
-                .map_or(0, |a| a.id);
-            ctx.drivers.abandon(&uid);
-            let len = ctx.store.seal_log(&ns, &uid, attempt).await.ok();
-            driver::lost(&ctx, j, attempt, "the runner pod is gone", len).await?;
+            let attempt = status::last_attempt(j).unwrap_or(0);
+            g.ctx.drivers.abandon(&uid);
+            let len = g.ctx.store.seal_log(g.ns, &uid, attempt).await.ok();
+            driver::lost(g.ctx, j, attempt, "the runner pod is gone", len).await?;
         }
     }
+    Ok(())
+}
+
+/// Deletes and creates runner pods as planned; `false` when the namespace is going away.
+async fn scale(
+    g: &GroupPass<'_>,
+    plan: &queue::Plan,
+    template: PodTemplateSpec,
+) -> Result<bool, Error> {
     for pod in &plan.delete_pods {
-        match pods_api.delete(pod, &DeleteParams::default()).await {
+        match g.pods_api.delete(pod, &DeleteParams::default()).await {
             Ok(_) => {
-                ctx.metrics.pods_deleted.inc();
+                g.ctx.metrics.pods_deleted.inc();
             }
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(e.into()),
         }
     }
     let build = pods::Build {
-        executor_image: &ctx.cfg.executor_image,
-        pull_policy: ctx.cfg.executor_pull_policy.as_deref(),
-        max_log_bytes: ctx.cfg.max_log_bytes,
+        executor_image: &g.ctx.cfg.executor_image,
+        pull_policy: g.ctx.cfg.executor_pull_policy.as_deref(),
+        max_log_bytes: g.ctx.cfg.max_log_bytes,
     };
     for _ in 0..plan.create_pods {
-        let pod = pods::runner_pod(&group, template.clone(), &build);
-        match pods_api.create(&PostParams::default(), &pod).await {
+        let pod = pods::runner_pod(g.group, template.clone(), &build);
+        match g.pods_api.create(&PostParams::default(), &pod).await {
             Ok(_) => {
-                ctx.metrics.pods_created.inc();
+                g.ctx.metrics.pods_created.inc();
             }
-            // The namespace (and the group with it) is going away.
             Err(kube::Error::Api(s))
                 if s.details.as_ref().is_some_and(|d| {
                     d.causes.iter().any(|c| c.reason == "NamespaceTerminating")
                 }) =>
             {
-                return Ok(Action::await_change());
+                return Ok(false);
             }
             Err(e) => return Err(e.into()),
         }
     }
+    Ok(true)
+}
 
-    // Assignments: recorded in the Job before the driver starts, so a restart finds them.
+/// Assignments: recorded in the Job before the driver starts, so a restart finds them.
+async fn assign(g: &GroupPass<'_>, plan: &queue::Plan) -> Result<(), Error> {
     for (job_name, pod_name) in &plan.assign {
-        let Some(pod) = pods.iter().find(|p| &p.name_any() == pod_name) else {
+        let Some(pod) = g.pods.iter().find(|p| &p.name_any() == pod_name) else {
             continue;
         };
         let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
             continue;
         };
-        let pn = pod_name.clone();
-        let written = status::update(&jobs_api, job_name, |_, st| {
-            if st.phase.is_some_and(|p| p != JobPhase::Queued) {
-                return false;
-            }
-            let id = st.attempts.last().map_or(1, |a| a.id + 1);
-            let now = now_string();
-            st.attempts.push(Attempt {
-                id,
-                pod: pn.clone(),
-                phase: AttemptPhase::Running,
-                started_at: Some(now.clone()),
-                finished_at: None,
-                exit_code: None,
-                reason: None,
-                message: None,
-            });
-            st.attempt_count = i32::try_from(st.attempts.len()).unwrap_or(i32::MAX);
-            st.phase = Some(JobPhase::Running);
-            st.started_at.get_or_insert(now);
-            true
+        let written = job_status::update(g.jobs_api, job_name, |_, st| {
+            status::start_attempt(st, pod_name, &now_string())
         })
         .await?;
         if let Some(j) = written {
-            let attempt = j
-                .status
-                .as_ref()
-                .and_then(|s| s.attempts.last())
-                .map_or(1, |a| a.id);
+            let attempt = status::last_attempt(&j).unwrap_or(1);
             let routing_key = j.status.as_ref().and_then(|s| s.routing_key.clone());
+            let ns = g.ns;
             tracing::info!(%ns, job = %job_name, pod = %pod_name, attempt, "assigned");
             driver::spawn(
-                &ctx,
+                g.ctx,
                 Assignment {
                     job: j,
                     attempt,
                     pod: pod_name.clone(),
                     pod_ip: ip,
-                    group: (*group).clone(),
+                    group: g.group.clone(),
                     routing_key,
                 },
             );
         }
     }
-    // Running attempts nobody drives (after a restart of this component): resume them.
-    for j in &jobs {
+    Ok(())
+}
+
+/// Running attempts nobody drives (after a restart of this component): resume them.
+fn resume(g: &GroupPass<'_>, plan: &queue::Plan) {
+    for j in g.jobs {
         let Some(pod_name) = queue::running_pod(j) else {
             continue;
         };
@@ -438,103 +446,48 @@ async fn reconcile_group(group: Arc<JobRunnerGroup>, ctx: Arc<Context>) -> Resul
             continue;
         }
         let uid = j.uid().unwrap_or_default();
-        let attempt = j
-            .status
-            .as_ref()
-            .and_then(|s| s.attempts.last())
-            .map_or(1, |a| a.id);
-        if ctx.drivers.running(&uid, attempt) {
+        let attempt = status::last_attempt(j).unwrap_or(1);
+        if g.ctx.drivers.running(&uid, attempt) {
             if j.spec.canceled {
-                ctx.drivers.cancel(&uid);
+                g.ctx.drivers.cancel(&uid);
             }
             continue;
         }
-        if ctx.drivers.finished(&uid, attempt) {
+        if g.ctx.drivers.finished(&uid, attempt) {
             // Ended since this pass listed the jobs.
             continue;
         }
-        let Some(ip) = pods
+        let Some(ip) = g
+            .pods
             .iter()
             .find(|p| p.name_any() == pod_name)
             .and_then(|p| p.status.as_ref()?.pod_ip.clone())
         else {
             continue;
         };
+        let ns = g.ns;
         tracing::info!(%ns, job = %j.name_any(), pod = %pod_name, attempt, "resuming the attempt");
         driver::spawn(
-            &ctx,
+            g.ctx,
             Assignment {
                 job: (**j).clone(),
                 attempt,
                 pod: pod_name.to_owned(),
                 pod_ip: ip,
-                group: (*group).clone(),
+                group: g.group.clone(),
                 routing_key: j.status.as_ref().and_then(|s| s.routing_key.clone()),
             },
         );
     }
-
-    let (reason, message, ready) = if plan.ready as i32 >= plan.desired {
-        (
-            "Ready",
-            format!("{} of {} runner(s) ready", plan.ready, plan.desired),
-            true,
-        )
-    } else {
-        (
-            "Scaling",
-            format!("{} of {} runner(s) ready", plan.ready, plan.desired),
-            false,
-        )
-    };
-    write_group_status(&groups, &group, Some(&plan), &pods, reason, &message, ready).await?;
-    Ok(Action::requeue(Duration::from_secs(30)))
 }
 
+/// Writes the group's status unless it is unchanged.
 async fn write_group_status(
     api: &Api<JobRunnerGroup>,
     group: &JobRunnerGroup,
-    plan: Option<&queue::Plan>,
-    pods: &[Arc<Pod>],
-    reason: &str,
-    message: &str,
-    ready: bool,
+    st: JobRunnerGroupStatus,
 ) -> Result<(), Error> {
-    let old = group.status.clone().unwrap_or_default();
-    let mut st = JobRunnerGroupStatus {
-        conditions: old.conditions.clone(),
-        ..Default::default()
-    };
-    match plan {
-        Some(p) => {
-            let assigned = p.assign.len();
-            st.replicas = p.alive as i32;
-            st.desired_replicas = p.desired;
-            st.ready_replicas = p.ready as i32;
-            st.idle_replicas = p.idle as i32;
-            st.queued = (p.queued - assigned) as i32;
-            st.running = (p.running + assigned) as i32;
-        }
-        None => st.replicas = pods.len() as i32,
-    }
-    st.selector = Some(pods::labels_selector(&group.name_any()));
-    st.observed_generation = group.metadata.generation;
-    set_condition(
-        &mut st.conditions,
-        NewCondition {
-            type_: "Ready",
-            status: if ready {
-                ConditionStatus::True
-            } else {
-                ConditionStatus::False
-            },
-            reason,
-            message,
-            observed_generation: group.metadata.generation,
-        },
-        &status::now(),
-    );
-    if st == old {
+    if group.status.clone().unwrap_or_default() == st {
         return Ok(());
     }
     let body = serde_json::json!({

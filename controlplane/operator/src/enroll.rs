@@ -30,6 +30,10 @@ use crate::context::{Context, FIELD_MANAGER, delete_opt};
 pub use crate::enroll_config::{BINDING_LABEL, EnrollBinding, EnrollConfig};
 use crate::{Error, triggers};
 
+mod desired;
+
+use desired::Step;
+
 /// The namespace label that lets Spur write in a namespace, and its value.
 pub const ENABLED_LABEL: &str = "spur.dev/enabled";
 pub const ENABLED_VALUE: &str = "true";
@@ -84,41 +88,31 @@ async fn reconcile(ns: Arc<Namespace>, e: Arc<Enroller>) -> Result<Action, Error
     let _pass = e.ctx.metrics.reconcile("Namespace");
     let name = ns.name_any();
     let api: Api<RoleBinding> = Api::namespaced(e.ctx.client.clone(), &name);
-    let wanted = enrolled(&ns);
     for b in &e.cfg.bindings {
         let have = e
             .bindings
             .get(&ObjectRef::new(&b.cluster_role).within(&name));
-        if !wanted {
-            // A terminating namespace deletes its bindings itself, after what they allow
-            // has been cleaned up in it (forks' finalizers need the operator's rights).
-            if have.is_some() && ns.metadata.deletion_timestamp.is_none() {
+        let want = e.cfg.binding(b, &name);
+        match desired::step(&ns, have.as_deref(), &want) {
+            Step::Keep => {}
+            Step::Remove => {
                 delete_opt(&api, &b.cluster_role).await?;
                 tracing::info!(namespace = %name, binding = %b.cluster_role, "namespace left Spur: binding removed");
             }
-            continue;
-        }
-        let want = e.cfg.binding(b, &name);
-        if let Some(have) = &have {
-            if have.role_ref == want.role_ref
-                && have.subjects == want.subjects
-                && have.labels() == want.labels()
-            {
-                continue;
+            Step::Apply { replace } => {
+                if replace {
+                    delete_opt(&api, &b.cluster_role).await?;
+                }
+                // k8s-openapi writes apiVersion and kind, as server-side apply needs.
+                api.patch(
+                    &b.cluster_role,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&want),
+                )
+                .await?;
+                tracing::info!(namespace = %name, binding = %b.cluster_role, "namespace enrolled: binding applied");
             }
-            // The role of a binding cannot change: it is replaced.
-            if have.role_ref != want.role_ref {
-                delete_opt(&api, &b.cluster_role).await?;
-            }
         }
-        // k8s-openapi writes apiVersion and kind, as server-side apply needs.
-        api.patch(
-            &b.cluster_role,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&want),
-        )
-        .await?;
-        tracing::info!(namespace = %name, binding = %b.cluster_role, "namespace enrolled: binding applied");
     }
     Ok(Action::await_change())
 }

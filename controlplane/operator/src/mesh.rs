@@ -12,10 +12,10 @@ use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use spur_api::keys::labels;
-use spur_api::mesh::{PortMapping, ServiceRef};
+use spur_api::mesh::{MatchedObject, PortMapping, ServiceRef};
 use spur_api::{
-    GatewayAPIRoute, GatewayAPIRouteSpec, IstioRoute, IstioRouteSpec, RoutingConfig,
-    ServiceMapping, names,
+    GatewayAPIRoute, GatewayAPIRouteSpec, IstioRoute, IstioRouteSpec, MeshRouteStatus,
+    RoutingConfig, ServiceMapping, names,
 };
 
 use crate::Error;
@@ -283,16 +283,23 @@ pub(crate) fn spec_of(obj: &DynamicObject) -> &serde_json::Value {
     obj.data.get("spec").unwrap_or(&EMPTY)
 }
 
-/// `ready` and the message, as the mesh routes' `Ready` condition.
-pub(crate) fn ready_condition(
+/// A mesh route's status (IstioRoute or GatewayAPIRoute, of `generation`, with status `old`):
+/// the objects it matched, and `ready` with the reason and message as its `Ready` condition.
+pub(crate) fn route_status(
     generation: Option<i64>,
-    conditions: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    old: Option<&MeshRouteStatus>,
+    matched_objects: Vec<MatchedObject>,
     ready: bool,
     reason: &str,
     message: &str,
-) {
+) -> MeshRouteStatus {
+    let mut st = MeshRouteStatus {
+        observed_generation: generation,
+        conditions: old.map(|o| o.conditions.clone()).unwrap_or_default(),
+        matched_objects,
+    };
     spur_api::conditions::set_condition(
-        conditions,
+        &mut st.conditions,
         spur_api::conditions::NewCondition {
             type_: spur_api::conditions::READY,
             status: ready.into(),
@@ -302,6 +309,7 @@ pub(crate) fn ready_condition(
         },
         &crate::context::now(),
     );
+    st
 }
 
 #[cfg(test)]

@@ -13,29 +13,27 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, Resource as _, ResourceExt};
-use spur_api::conditions::{ConditionStatus, NewCondition, READY, set_condition};
 use spur_api::keys::labels;
 use spur_api::names;
 use spur_api::resources::{
-    OlmPhase, PluginRequest, ResourceOlm, ResourcePhase, StepFailure, UnitPhase, UnitStatus,
-    compile, env, io_key, parse_plugin_request, resolve_plugin,
+    OlmPhase, PluginRequest, ResourceOlm, ResourcePhase, compile, env, io_key,
+    parse_plugin_request, resolve_plugin,
 };
 use spur_api::sandbox::ResourceStatusSummary;
-use spur_api::{
-    ObjectLifecycleMethods, OlmSpec, Resource, ResourcePlugin, ResourceSpec, ResourceStatus,
-    Sandbox,
-};
+use spur_api::{ObjectLifecycleMethods, Resource, ResourcePlugin, Sandbox};
 
-use crate::context::{Context, FIELD_MANAGER, delete_opt, now};
+use crate::context::{Context, FIELD_MANAGER, delete_opt};
 use crate::olm::{ResourceConfig, check_template};
 use crate::{Error, FINALIZER};
+
+mod desired;
+mod status;
 
 // === ResourcePlugin ===
 
@@ -47,27 +45,7 @@ pub(crate) async fn reconcile_plugin(
     let _pass = ctx.metrics.reconcile("ResourcePlugin");
     let verdict = plugin_problem(&plugin);
     let old = plugin.status.clone().unwrap_or_default();
-    let mut st = old.clone();
-    st.observed_generation = plugin.meta().generation;
-    let (status, reason, message) = match &verdict {
-        None => (
-            ConditionStatus::True,
-            "Valid",
-            "sandboxes can use this plugin".to_string(),
-        ),
-        Some(why) => (ConditionStatus::False, "Invalid", why.clone()),
-    };
-    set_condition(
-        &mut st.conditions,
-        NewCondition {
-            type_: READY,
-            status,
-            reason,
-            message: &message,
-            observed_generation: plugin.meta().generation,
-        },
-        &now(),
-    );
+    let (st, message) = status::plugin(&plugin, verdict.as_deref());
     let api: Api<ResourcePlugin> = Api::all(ctx.client.clone());
     if ctx.status.apply(&api, &plugin, &old, &st).await? && verdict.is_some() {
         ctx.event(&*plugin, true, "Invalid", "Validate", message)
@@ -270,14 +248,7 @@ pub(crate) async fn ensure(
 ) -> Result<SandboxResources, Error> {
     let name = sb.name_any();
     let api: Api<Resource> = Api::all(ctx.client.clone());
-    let mut output_namespaces: Vec<String> = sb
-        .spec
-        .forks
-        .iter()
-        .map(|f| f.fork_of.namespace.clone())
-        .collect();
-    output_namespaces.sort();
-    output_namespaces.dedup();
+    let output_namespaces = desired::output_namespaces(sb);
     let mut plugins: Option<Vec<ResourcePlugin>> = None;
     let mut out = SandboxResources {
         entries: Vec::new(),
@@ -293,19 +264,18 @@ pub(crate) async fn ensure(
                 let plugin = pick(all, &r.plugin).map_err(Error::Pending)?;
                 let olm =
                     compile_for(plugin, sb, &r.name, &r.params, &rname).map_err(Error::Pending)?;
-                let mut res = Resource::new(
-                    &rname,
-                    ResourceSpec {
-                        sandbox: name.clone(),
-                        name: r.name.clone(),
+                let res = desired::resource(
+                    sb,
+                    desired::NewResource {
+                        rname: &rname,
+                        resource: &r.name,
                         plugin: plugin.name_any(),
-                        routing_key: key.to_owned(),
+                        key,
+                        owner,
                         output_namespaces: output_namespaces.clone(),
                         olm,
                     },
                 );
-                res.metadata.labels = Some(resource_labels(&name, &rname, Some(key)));
-                res.metadata.owner_references = Some(owner.to_vec());
                 match api.create(&PostParams::default(), &res).await {
                     Ok(created) => {
                         ctx.event(
@@ -323,36 +293,18 @@ pub(crate) async fn ensure(
                 }
             }
         };
-        let st = res.status.clone().unwrap_or_default();
-        let deleting = res.meta().deletion_timestamp.is_some();
-        let phase = if deleting {
-            ResourcePhase::Deleting
-        } else {
-            st.phase
-        };
-        let message = match (&st.failure, phase) {
-            (Some(f), _) => Some(failure_message(f)),
-            (None, ResourcePhase::Ready) => None,
-            (None, _) => Some(progress_message(&st)),
-        };
+        let (entry, phase) = status::summary(&r.name, &res, true);
         if phase == ResourcePhase::Failed {
             out.failed.get_or_insert_with(|| {
                 format!(
                     "resource {}: {}",
                     r.name,
-                    message.clone().unwrap_or_default()
+                    entry.message.clone().unwrap_or_default()
                 )
             });
         }
         out.ready &= phase == ResourcePhase::Ready;
-        out.entries.push(ResourceStatusSummary {
-            name: r.name.clone(),
-            resource: Some(rname),
-            plugin: Some(res.spec.plugin.clone()),
-            phase: phase.as_str().into(),
-            output_secret: st.output_secret.clone(),
-            message,
-        });
+        out.entries.push(entry);
     }
     Ok(out)
 }
@@ -371,23 +323,7 @@ pub(crate) async fn summaries(
         let Some(res) = api.get_opt(&rname).await? else {
             continue;
         };
-        let st = res.status.clone().unwrap_or_default();
-        let phase = if res.meta().deletion_timestamp.is_some() {
-            ResourcePhase::Deleting
-        } else {
-            st.phase
-        };
-        out.push(ResourceStatusSummary {
-            name: r.name.clone(),
-            resource: Some(rname),
-            plugin: Some(res.spec.plugin.clone()),
-            phase: phase.as_str().into(),
-            output_secret: st.output_secret.clone(),
-            message: Some(match &st.failure {
-                Some(f) => failure_message(f),
-                None => progress_message(&st),
-            }),
-        });
+        out.push(status::summary(&r.name, &res, false).0);
     }
     Ok(out)
 }
@@ -405,48 +341,6 @@ pub(crate) async fn delete_all(sandbox: &str, ctx: &Context) -> Result<bool, Err
         }
     }
     Ok(remaining)
-}
-
-fn failure_message(f: &StepFailure) -> String {
-    let mut m = format!("step {} failed", f.step);
-    if f.attempts > 1 {
-        m.push_str(&format!(" (attempt {})", f.attempts));
-    }
-    m.push_str(&format!(": {}", f.message));
-    if let Some(tail) = f.log_tail.as_deref().filter(|t| !t.is_empty()) {
-        m.push_str(&format!("; log: {tail}"));
-    }
-    m
-}
-
-fn progress_message(st: &ResourceStatus) -> String {
-    let units = match st.phase {
-        ResourcePhase::Deleting => &st.delete,
-        _ => &st.create,
-    };
-    match units.iter().find(|u| !u.phase.is_done()) {
-        Some(u) => format!(
-            "step {}: {}",
-            u.name,
-            u.message.clone().unwrap_or_else(|| "pending".into())
-        ),
-        None => st.phase.as_str().to_string(),
-    }
-}
-
-fn resource_labels(sandbox: &str, resource: &str, key: Option<&str>) -> BTreeMap<String, String> {
-    let mut l = BTreeMap::from([
-        (
-            labels::MANAGED_BY.to_owned(),
-            labels::MANAGED_BY_VALUE.to_owned(),
-        ),
-        (labels::SANDBOX.to_owned(), sandbox.to_owned()),
-        (labels::RESOURCE.to_owned(), resource.to_owned()),
-    ]);
-    if let Some(k) = key {
-        l.insert(labels::ROUTING_KEY.to_owned(), k.to_owned());
-    }
-    l
 }
 
 // === Resource ===
@@ -479,25 +373,16 @@ pub(crate) fn error_policy(res: Arc<Resource>, err: &Error, ctx: Arc<Context>) -
 async fn apply(res: &Resource, ctx: &Context, cfg: &ResourceConfig) -> Result<Action, Error> {
     let name = res.name_any();
     let owner: Vec<OwnerReference> = res.controller_owner_ref(&()).into_iter().collect();
-    let labels_map = resource_labels(&res.spec.sandbox, &name, Some(&res.spec.routing_key));
+    let labels_map = desired::labels(&res.spec.sandbox, &name, Some(&res.spec.routing_key));
 
     // The io context first: a step may only run once there is somewhere to put its outputs.
     let contexts: Api<Secret> = Api::namespaced(ctx.client.clone(), &cfg.ics_namespace);
-    let context_secret = names::io_context_secret_name(&name);
-    if contexts.get_metadata_opt(&context_secret).await?.is_none() {
-        let s = Secret {
-            metadata: ObjectMeta {
-                name: Some(context_secret.clone()),
-                namespace: Some(cfg.ics_namespace.clone()),
-                labels: Some(labels_map.clone()),
-                // No owner: the garbage collector must not remove it while the delete steps
-                // still need its values (a foreground deletion would); this Resource's
-                // finalizer deletes it once they have run.
-                ..ObjectMeta::default()
-            },
-            type_: Some("Opaque".into()),
-            ..Secret::default()
-        };
+    if contexts
+        .get_metadata_opt(&names::io_context_secret_name(&name))
+        .await?
+        .is_none()
+    {
+        let s = desired::io_context(&name, &cfg.ics_namespace, &labels_map);
         match contexts.create(&PostParams::default(), &s).await {
             Ok(_) => {}
             Err(kube::Error::Api(ae)) if ae.code == 409 => {}
@@ -509,16 +394,7 @@ async fn apply(res: &Resource, ctx: &Context, cfg: &ResourceConfig) -> Result<Ac
     let olm = match olms.get_opt(&name).await? {
         Some(o) => o,
         None => {
-            let mut o = ObjectLifecycleMethods::new(
-                &name,
-                OlmSpec {
-                    io_context_name: name.clone(),
-                    pre_start: res.spec.olm.pre_start.clone(),
-                    post_stop: res.spec.olm.post_stop.clone(),
-                },
-            );
-            o.metadata.labels = Some(labels_map.clone());
-            o.metadata.owner_references = Some(owner.clone());
+            let o = desired::olm(res, &labels_map, &owner);
             match olms.create(&PostParams::default(), &o).await {
                 Ok(o) => o,
                 Err(kube::Error::Api(ae)) if ae.code == 409 => olms.get(&name).await?,
@@ -527,59 +403,14 @@ async fn apply(res: &Resource, ctx: &Context, cfg: &ResourceConfig) -> Result<Ac
         }
     };
     let ost = olm.status.clone().unwrap_or_default();
+    let keys = match ost.phase {
+        OlmPhase::Started => publish_outputs(res, ctx, cfg, &labels_map, &owner).await?,
+        _ => Vec::new(),
+    };
     let old = res.status.clone().unwrap_or_default();
-    let mut st = old.clone();
-    st.io_context_name = Some(name.clone());
-    st.olm_name = Some(name.clone());
-    st.create = ost.pre_start.clone();
-    st.delete = ost.post_stop.clone();
-    st.observed_generation = res.meta().generation;
-    match ost.phase {
-        OlmPhase::Pending | OlmPhase::Starting => {
-            st.phase = ResourcePhase::Creating;
-            st.failure = None;
-            let msg = progress_message(&st);
-            condition(&mut st, res, false, "Creating", &msg);
-        }
-        OlmPhase::Failed => {
-            st.phase = ResourcePhase::Failed;
-            let f = first_failure(&ost.pre_start).unwrap_or_else(|| StepFailure {
-                step: String::new(),
-                attempts: 0,
-                message: ost
-                    .conditions
-                    .iter()
-                    .find(|c| c.type_ == READY)
-                    .map(|c| c.message.clone())
-                    .unwrap_or_else(|| "the create workflow failed".into()),
-                log_tail: None,
-            });
-            let msg = failure_message(&f);
-            st.failure = Some(f);
-            if st != old {
-                ctx.event(res, true, "CreateFailed", "Create", msg.clone())
-                    .await;
-            }
-            condition(&mut st, res, false, "CreateFailed", &msg);
-        }
-        OlmPhase::Started => {
-            let keys = publish_outputs(res, ctx, cfg, &labels_map, &owner).await?;
-            st.phase = ResourcePhase::Ready;
-            st.failure = None;
-            st.output_secret = Some(name.clone());
-            st.output_keys = keys;
-            condition(
-                &mut st,
-                res,
-                true,
-                "Ready",
-                &format!(
-                    "created; outputs in Secret {name} of namespace(s) {}",
-                    res.spec.output_namespaces.join(", ")
-                ),
-            );
-        }
-        OlmPhase::Stopping | OlmPhase::Stopped => {}
+    let (st, failed) = status::applied(res, &ost, keys);
+    if let Some(msg) = failed {
+        ctx.event(res, true, "CreateFailed", "Create", msg).await;
     }
     let api: Api<Resource> = Api::all(ctx.client.clone());
     ctx.status.apply(&api, res, &old, &st).await?;
@@ -602,37 +433,9 @@ async fn publish_outputs(
         .await?
         .and_then(|s| s.data)
         .unwrap_or_default();
-    let declared: Vec<String> = res
-        .spec
-        .olm
-        .pre_start
-        .iter()
-        .flat_map(|u| u.outputs.iter().map(|o| io_key(&u.name, &o.name)))
-        .collect();
-    let outputs: BTreeMap<String, ByteString> = declared
-        .iter()
-        .filter_map(|k| data.get(k).map(|v| (k.clone(), v.clone())))
-        .collect();
+    let outputs = desired::outputs(res, &data);
     for ns in &res.spec.output_namespaces {
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                namespace: Some(ns.clone()),
-                labels: Some(labels_map.clone()),
-                owner_references: Some(owner.to_vec()),
-                ..ObjectMeta::default()
-            },
-            type_: Some("Opaque".into()),
-            data: Some(outputs.clone()),
-            ..Secret::default()
-        };
-        let body = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": secret.metadata,
-            "type": secret.type_,
-            "data": secret.data,
-        });
+        let body = desired::output_secret(res, ns, labels_map, owner, &outputs);
         Api::<Secret>::namespaced(ctx.client.clone(), ns)
             .patch(
                 &name,
@@ -644,18 +447,6 @@ async fn publish_outputs(
     Ok(outputs.into_keys().collect())
 }
 
-fn first_failure(units: &[UnitStatus]) -> Option<StepFailure> {
-    units
-        .iter()
-        .find(|u| u.phase == UnitPhase::Failed)
-        .map(|u| StepFailure {
-            step: u.name.clone(),
-            attempts: u.attempts,
-            message: u.message.clone().unwrap_or_default(),
-            log_tail: u.log_tail.clone(),
-        })
-}
-
 async fn cleanup(res: &Resource, ctx: &Context, cfg: &ResourceConfig) -> Result<Action, Error> {
     let name = res.name_any();
     let olms: Api<ObjectLifecycleMethods> = Api::all(ctx.client.clone());
@@ -665,16 +456,7 @@ async fn cleanup(res: &Resource, ctx: &Context, cfg: &ResourceConfig) -> Result<
         }
         let ost = olm.status.clone().unwrap_or_default();
         let old = res.status.clone().unwrap_or_default();
-        let mut st = old.clone();
-        st.phase = ResourcePhase::Deleting;
-        st.create = ost.pre_start.clone();
-        st.delete = ost.post_stop.clone();
-        st.failure = first_failure(&ost.post_stop);
-        let msg = match &st.failure {
-            Some(f) => failure_message(f),
-            None => progress_message(&st),
-        };
-        condition(&mut st, res, false, "Deleting", &msg);
+        let st = status::deleting(res, &ost);
         let api: Api<Resource> = Api::all(ctx.client.clone());
         ctx.status.apply(&api, res, &old, &st).await?;
         // Every change of the OLM wakes this pass; the requeue is a safety net.
@@ -688,22 +470,4 @@ async fn cleanup(res: &Resource, ctx: &Context, cfg: &ResourceConfig) -> Result<
     let contexts: Api<Secret> = Api::namespaced(ctx.client.clone(), &cfg.ics_namespace);
     delete_opt(&contexts, &names::io_context_secret_name(&name)).await?;
     Ok(Action::await_change())
-}
-
-fn condition(st: &mut ResourceStatus, res: &Resource, ok: bool, reason: &str, message: &str) {
-    set_condition(
-        &mut st.conditions,
-        NewCondition {
-            type_: READY,
-            status: if ok {
-                ConditionStatus::True
-            } else {
-                ConditionStatus::False
-            },
-            reason,
-            message,
-            observed_generation: res.meta().generation,
-        },
-        &now(),
-    );
 }

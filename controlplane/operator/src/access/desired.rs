@@ -49,7 +49,7 @@ pub(super) fn grant_role(ns: &str, g: &GrantRole<'_>) -> (Role, RoleBinding) {
         name: Some(name.to_owned()),
         namespace: Some(ns.to_owned()),
         labels: Some(labels.clone()),
-        // The sweeper (`spur access sweep`, a CronJob of the chart) deletes the two at this
+        // The sweeper (`spur-operator sweep-access`, a CronJob of the chart) deletes the two at this
         // instant even while the operator is down (docs/access.md, "Expiry").
         annotations: Some(BTreeMap::from([(
             access_labels::EXPIRES_AT.to_owned(),
