@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMapKeySelector, Container, EnvVar, EnvVarSource, PodTemplateSpec, SecretKeySelector,
-    Service, ServicePort as K8sServicePort, ServiceSpec,
+    ConfigMapKeySelector, Container, EnvVar, EnvVarSource, PodSpec, PodTemplateSpec,
+    SecretKeySelector, Service, ServicePort as K8sServicePort, ServiceSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -106,23 +106,7 @@ pub fn plan(
         .ok_or_else(|| format!("Deployment {namespace}/{baseline_name} has no spec"))?;
     let selecting = selecting_services(baseline, services);
 
-    // Labels that would let baseline Services (or the baseline's ReplicaSets) pick fork pods.
-    let mut dropped: BTreeSet<String> = spec
-        .selector
-        .match_labels
-        .iter()
-        .flatten()
-        .map(|(k, _)| k.clone())
-        .collect();
-    if let Some(exprs) = &spec.selector.match_expressions {
-        dropped.extend(exprs.iter().map(|e| e.key.clone()));
-    }
-    for svc in &selecting {
-        if let Some(sel) = svc.spec.as_ref().and_then(|s| s.selector.as_ref()) {
-            dropped.extend(sel.keys().cloned());
-        }
-    }
-    let fork_selector = BTreeMap::from([(labels::FORK.to_owned(), id.name.to_owned())]);
+    let dropped = dropped_labels(spec, &selecting);
     let mut pod_labels: BTreeMap<String, String> = template_labels(baseline)
         .into_iter()
         .filter(|(k, _)| !dropped.contains(k))
@@ -157,10 +141,7 @@ pub fn plan(
         spec: Some(DeploymentSpec {
             // One replica: a fork serves one developer's requests, not production load.
             replicas: Some(1),
-            selector: LabelSelector {
-                match_labels: Some(fork_selector.clone()),
-                match_expressions: None,
-            },
+            selector: fork_selector(id),
             template,
             min_ready_seconds: spec.min_ready_seconds,
             progress_deadline_seconds: spec.progress_deadline_seconds,
@@ -172,52 +153,13 @@ pub fn plan(
     };
 
     if let Some(p) = &customizations.patch {
-        let kind = match p.type_ {
-            PatchType::Strategic => patch::PatchType::Strategic,
-            PatchType::Merge => patch::PatchType::Merge,
-            PatchType::Json => patch::PatchType::Json,
+        let kept = Kept {
+            id,
+            namespace: &namespace,
+            baseline_name: &baseline_name,
+            dropped: &dropped,
         };
-        let mut value = serde_json::to_value(&deployment)
-            .map_err(|e| format!("cannot serialize the fork: {e}"))?;
-        patch::apply(&mut value, kind, &p.value).map_err(|e| format!("patch: {e}"))?;
-        deployment = serde_json::from_value(value)
-            .map_err(|e| format!("patch: the patched Deployment is not valid: {e}"))?;
-        // The patch may change the workload, never what keeps it out of baseline traffic.
-        deployment.metadata.name = Some(id.name.to_owned());
-        deployment.metadata.namespace = Some(namespace.clone());
-        let s = deployment
-            .spec
-            .as_mut()
-            .ok_or_else(|| "patch: the patched Deployment has no spec".to_string())?;
-        s.selector = LabelSelector {
-            match_labels: Some(fork_selector.clone()),
-            match_expressions: None,
-        };
-        let meta = s.template.metadata.get_or_insert_with(ObjectMeta::default);
-        let l = meta.labels.get_or_insert_with(BTreeMap::new);
-        for k in &dropped {
-            l.remove(k);
-        }
-        l.extend(owned_labels(id, &baseline_name));
-        if s.template
-            .spec
-            .as_ref()
-            .is_none_or(|p| p.containers.is_empty())
-        {
-            return Err("patch: the patched Deployment has no containers".into());
-        }
-        let refused = refused_changes(
-            spec.template.spec.as_ref(),
-            s.template.spec.as_ref(),
-            policy,
-        );
-        if !refused.is_empty() {
-            return Err(format!(
-                "patch: a fork may not change {} (the fork policy allows {}); docs/operator.md",
-                refused.join(", "),
-                policy.describe()
-            ));
-        }
+        deployment = patched(deployment, p, kept, spec.template.spec.as_ref(), policy)?;
     }
 
     let containers = deployment
@@ -234,6 +176,106 @@ pub fn plan(
         deployment,
         services,
     })
+}
+
+/// Labels that would let baseline Services (the `selecting` ones) or the baseline's
+/// ReplicaSets (its `spec`'s selector) pick fork pods: the fork's pods never carry them.
+fn dropped_labels(spec: &DeploymentSpec, selecting: &[&Service]) -> BTreeSet<String> {
+    let mut dropped: BTreeSet<String> = spec
+        .selector
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, _)| k.clone())
+        .collect();
+    if let Some(exprs) = &spec.selector.match_expressions {
+        dropped.extend(exprs.iter().map(|e| e.key.clone()));
+    }
+    for svc in selecting {
+        if let Some(sel) = svc.spec.as_ref().and_then(|s| s.selector.as_ref()) {
+            dropped.extend(sel.keys().cloned());
+        }
+    }
+    dropped
+}
+
+/// The fork's own selector: `spur.dev/fork=<fork name>` alone.
+fn fork_selector(id: ForkId<'_>) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(BTreeMap::from([(
+            labels::FORK.to_owned(),
+            id.name.to_owned(),
+        )])),
+        match_expressions: None,
+    }
+}
+
+/// What a patch may not change about a fork: its identity, and the labels that keep it out of
+/// the baseline's traffic.
+#[derive(Clone, Copy)]
+struct Kept<'a> {
+    id: ForkId<'a>,
+    namespace: &'a str,
+    baseline_name: &'a str,
+    dropped: &'a BTreeSet<String>,
+}
+
+/// `deployment` with the customizations' patch `p` applied, and then what it may not change
+/// (`kept`) restored. The patched pod spec is held to `policy` against the baseline's
+/// (`baseline_pod`). The error is a message for the user.
+fn patched(
+    deployment: Deployment,
+    p: &spur_api::sandbox::Patch,
+    kept: Kept<'_>,
+    baseline_pod: Option<&PodSpec>,
+    policy: &ForkPolicy,
+) -> Result<Deployment, String> {
+    let Kept {
+        id,
+        namespace,
+        baseline_name,
+        dropped,
+    } = kept;
+    let kind = match p.type_ {
+        PatchType::Strategic => patch::PatchType::Strategic,
+        PatchType::Merge => patch::PatchType::Merge,
+        PatchType::Json => patch::PatchType::Json,
+    };
+    let mut value =
+        serde_json::to_value(&deployment).map_err(|e| format!("cannot serialize the fork: {e}"))?;
+    patch::apply(&mut value, kind, &p.value).map_err(|e| format!("patch: {e}"))?;
+    let mut deployment: Deployment = serde_json::from_value(value)
+        .map_err(|e| format!("patch: the patched Deployment is not valid: {e}"))?;
+    // The patch may change the workload, never what keeps it out of baseline traffic.
+    deployment.metadata.name = Some(id.name.to_owned());
+    deployment.metadata.namespace = Some(namespace.to_owned());
+    let s = deployment
+        .spec
+        .as_mut()
+        .ok_or_else(|| "patch: the patched Deployment has no spec".to_string())?;
+    s.selector = fork_selector(id);
+    let meta = s.template.metadata.get_or_insert_with(ObjectMeta::default);
+    let l = meta.labels.get_or_insert_with(BTreeMap::new);
+    for k in dropped {
+        l.remove(k);
+    }
+    l.extend(owned_labels(id, baseline_name));
+    if s.template
+        .spec
+        .as_ref()
+        .is_none_or(|p| p.containers.is_empty())
+    {
+        return Err("patch: the patched Deployment has no containers".into());
+    }
+    let refused = refused_changes(baseline_pod, s.template.spec.as_ref(), policy);
+    if !refused.is_empty() {
+        return Err(format!(
+            "patch: a fork may not change {} (the fork policy allows {}); docs/operator.md",
+            refused.join(", "),
+            policy.describe()
+        ));
+    }
+    Ok(deployment)
 }
 
 /// Pod spec fields a fork patch may change by default (besides `containers`, `initContainers`

@@ -1,7 +1,6 @@
 //! RouteGroup controller: matches Sandboxes by their labels, gives the group its own routing
 //! key, and keeps one RoutingConfig that routes that key to the forks of every matched sandbox.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,16 +8,15 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, Resource, ResourceExt};
-use spur_api::conditions::{
-    ConditionStatus, NewCondition, READY, is_condition_true, set_condition,
-};
-use spur_api::keys::labels;
-use spur_api::routingconfig::{SandboxedKind, SandboxedWorkloadRef};
-use spur_api::{RouteGroup, RouteGroupStatus, RoutingConfig, RoutingConfigSpec, Sandbox, names};
-
-use crate::context::{Context, FIELD_MANAGER, delete_opt, now};
-use crate::{Error, FINALIZER};
+use spur_api::conditions::{READY, is_condition_true};
 use spur_api::names::routing_key;
+use spur_api::{RouteGroup, RouteGroupStatus, RoutingConfig, Sandbox, names};
+
+use crate::context::{Context, FIELD_MANAGER, delete_opt};
+use crate::{Error, FINALIZER};
+
+mod desired;
+mod status;
 
 pub(crate) async fn reconcile(rg: Arc<RouteGroup>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("RouteGroup");
@@ -43,19 +41,12 @@ async fn apply(rg: &RouteGroup, ctx: &Context) -> Result<Action, Error> {
         .as_ref()
         .and_then(|s| s.routing_key.clone())
         .unwrap_or_else(|| routing_key(&uid));
-    let rc_name = names::route_group_routing_config_name(&name);
     let rcs: Api<RoutingConfig> = Api::all(ctx.client.clone());
 
     if let Err(e) = rg.validate() {
-        delete_opt(&rcs, &rc_name).await?;
+        delete_opt(&rcs, &names::route_group_routing_config_name(&name)).await?;
         let message = e.to_string();
-        let changed = write_status(rg, ctx, |st| {
-            st.routing_key = Some(key.clone());
-            st.matched_sandboxes.clear();
-            st.ready_sandboxes = 0;
-            condition(st, rg, ConditionStatus::False, "Invalid", &message)
-        })
-        .await?;
+        let changed = write_status(rg, ctx, |st| status::invalid(st, rg, &key, &message)).await?;
         if changed {
             ctx.event(rg, true, "Invalid", "Validate", message).await;
         }
@@ -66,50 +57,11 @@ async fn apply(rg: &RouteGroup, ctx: &Context) -> Result<Action, Error> {
         .list(&ListParams::default().match_any())
         .await?
         .items;
-    let mut matched: Vec<&Sandbox> = sandboxes
-        .iter()
-        .filter(|sb| sb.meta().deletion_timestamp.is_none())
-        .filter(|sb| rg.spec.selector.matches(&sb.spec.labels))
-        .collect();
-    matched.sort_by_key(|sb| sb.name_any());
-    let mut workloads = Vec::new();
-    let mut ready = 0;
-    for sb in &matched {
-        let st = sb.status.clone().unwrap_or_default();
-        if is_condition_true(&st.conditions, READY) {
-            ready += 1;
-        }
-        for f in &st.forks {
-            workloads.push(SandboxedWorkloadRef {
-                kind: SandboxedKind::ForkedWorkload,
-                namespace: f.fork_of.namespace.clone(),
-                name: f.forked_workload.clone(),
-                sandbox: sb.name_any(),
-            });
-        }
-    }
-    workloads.sort();
-    workloads.dedup();
-
-    let mut rc = RoutingConfig::new(
-        &rc_name,
-        RoutingConfigSpec {
-            routing_key: key.clone(),
-            workloads,
-        },
-    );
-    rc.metadata.labels = Some(BTreeMap::from([
-        (
-            labels::MANAGED_BY.to_owned(),
-            labels::MANAGED_BY_VALUE.to_owned(),
-        ),
-        (labels::ROUTE_GROUP.to_owned(), name.clone()),
-        (labels::ROUTING_KEY.to_owned(), key.clone()),
-    ]));
-    rc.metadata.owner_references = Some(rg.controller_owner_ref(&()).into_iter().collect());
+    let matched = desired::matched(rg, &sandboxes);
+    let rc = desired::routing_config(rg, &key, &matched);
     let rc = rcs
         .patch(
-            &rc_name,
+            &rc.name_any(),
             &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(&rc),
         )
@@ -118,55 +70,11 @@ async fn apply(rg: &RouteGroup, ctx: &Context) -> Result<Action, Error> {
         .status
         .as_ref()
         .is_some_and(|s| is_condition_true(&s.conditions, READY));
-    let names: Vec<String> = matched.iter().map(|sb| sb.name_any()).collect();
-    let total = names.len();
     write_status(rg, ctx, |st| {
-        st.routing_key = Some(key.clone());
-        st.matched_sandboxes = names;
-        st.ready_sandboxes = ready;
-        let (status, reason, message) = if total == 0 {
-            (
-                ConditionStatus::False,
-                "NoSandboxes",
-                "no sandbox matches".to_string(),
-            )
-        } else if routed && usize::try_from(ready).is_ok_and(|r| r == total) {
-            (
-                ConditionStatus::True,
-                "Ready",
-                format!("{total} sandbox(es) matched, all ready and routed"),
-            )
-        } else {
-            (
-                ConditionStatus::False,
-                "NotReady",
-                format!("{ready} of {total} matched sandbox(es) ready; routes published: {routed}"),
-            )
-        };
-        condition(st, rg, status, reason, &message)
+        status::observed(st, rg, &key, &matched, routed);
     })
     .await?;
     Ok(Action::requeue(Duration::from_secs(300)))
-}
-
-fn condition(
-    st: &mut RouteGroupStatus,
-    rg: &RouteGroup,
-    status: ConditionStatus,
-    reason: &str,
-    message: &str,
-) {
-    set_condition(
-        &mut st.conditions,
-        NewCondition {
-            type_: READY,
-            status,
-            reason,
-            message,
-            observed_generation: rg.meta().generation,
-        },
-        &now(),
-    );
 }
 
 async fn write_status(

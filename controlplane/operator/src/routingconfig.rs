@@ -11,14 +11,15 @@ use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
-use spur_api::conditions::{
-    ConditionStatus, NewCondition, READY, is_condition_true, set_condition,
-};
-use spur_api::routingconfig::{RouteServerStatus, SandboxedKind};
-use spur_api::{Route, RoutingConfig, RoutingConfigStatus};
+use spur_api::RoutingConfig;
+use spur_api::routingconfig::SandboxedKind;
 
-use crate::context::{Context, Term, now};
+use crate::context::{Context, Term};
 use crate::{Error, FINALIZER};
+
+mod status;
+
+use status::Read;
 
 pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Term>) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("RoutingConfig");
@@ -53,96 +54,23 @@ async fn apply(
     ctx: &Term,
     mesh: Option<&crate::MeshConfig>,
 ) -> Result<Action, Error> {
-    let mut routes = Vec::new();
-    let mut targets = Vec::new();
-    let mut waiting = Vec::new();
     let invalid = rc.spec.validate().err().map(|e| e.to_string());
-    if invalid.is_none() {
-        for w in &rc.spec.workloads {
-            let id = format!("{:?} {}/{}", w.kind, w.namespace, w.name);
-            match w.kind {
-                SandboxedKind::ForkedWorkload => {
-                    let store = Some(&ctx.stores.rc_forks);
-                    let Some(fw) = read(ctx, store, &w.namespace, &w.name).await? else {
-                        waiting.push(format!("{id} (not found)"));
-                        continue;
-                    };
-                    let st = fw.status.clone().unwrap_or_default();
-                    if !is_condition_true(&st.conditions, READY) || st.services.is_empty() {
-                        waiting.push(format!("{id} (not ready)"));
-                        continue;
-                    }
-                    routes.extend(Route::for_services(
-                        &w.namespace,
-                        &w.sandbox,
-                        &fw.spec.baseline,
-                        &st.services,
-                    ));
-                    targets.push((w, st.services));
-                }
-                SandboxedKind::ExternalWorkload => {
-                    let store = Some(&ctx.stores.rc_externals);
-                    let Some(ew) = read(ctx, store, &w.namespace, &w.name).await? else {
-                        waiting.push(format!("{id} (not found)"));
-                        continue;
-                    };
-                    let st = ew.status.clone().unwrap_or_default();
-                    // Routed only while the workstation's tunnel is up: otherwise keyed
-                    // traffic falls back to the baseline instead of timing out.
-                    if !is_condition_true(&st.conditions, READY) || st.services.is_empty() {
-                        waiting.push(format!("{id} (tunnel not connected)"));
-                        continue;
-                    }
-                    routes.extend(Route::for_services(
-                        &w.namespace,
-                        &w.sandbox,
-                        &ew.spec.baseline,
-                        &st.services,
-                    ));
-                    targets.push((w, st.services));
-                }
-                // A virtual workload has no route: its key stays on the baseline, whose
-                // sidecars handle it (the Sandbox reports whether they can).
-                SandboxedKind::VirtualWorkload => {}
-            }
-        }
-    }
-    routes.sort();
-    routes.dedup();
-    let (status, reason, message) = match (&invalid, waiting.is_empty()) {
-        (Some(e), _) => (ConditionStatus::False, "Invalid", e.clone()),
-        (None, true) => (
-            ConditionStatus::True,
-            "Routed",
-            format!("{} route(s) published", routes.len()),
-        ),
-        (None, false) => (
-            ConditionStatus::False,
-            "WorkloadsNotReady",
-            format!("waiting for {}", waiting.join(", ")),
-        ),
+    let reads = match invalid {
+        Some(_) => Vec::new(),
+        None => read_all(rc, ctx).await?,
     };
+    let routing = status::routing(rc, &reads);
     let old = rc.status.clone().unwrap_or_default();
-    let mut st = RoutingConfigStatus {
-        observed_generation: rc.meta().generation,
-        route_server: Some(RouteServerStatus { routes }),
-        conditions: old.conditions.clone(),
-    };
-    set_condition(
-        &mut st.conditions,
-        NewCondition {
-            type_: READY,
-            status,
-            reason,
-            message: &message,
-            observed_generation: rc.meta().generation,
-        },
-        &now(),
+    let st = status::status(
+        rc,
+        &old,
+        invalid.as_deref(),
+        routing.routes,
+        &routing.waiting,
     );
     // The mesh routes follow the same ready workloads as the route server's routes.
     if let Some(mesh) = mesh {
-        let targets: Vec<crate::mesh::Target<'_>> = targets
-            .iter()
+        let targets: Vec<crate::mesh::Target<'_>> = (routing.targets.iter())
             .map(|(w, services)| crate::mesh::Target {
                 namespace: &w.namespace,
                 sandbox: &w.sandbox,
@@ -156,11 +84,29 @@ async fn apply(
     Ok(Action::requeue(Duration::from_secs(300)))
 }
 
+/// Every workload `rc` lists, as read (in the same order).
+async fn read_all(rc: &RoutingConfig, ctx: &Term) -> Result<Vec<Read>, Error> {
+    let mut reads = Vec::with_capacity(rc.spec.workloads.len());
+    for w in &rc.spec.workloads {
+        let (ns, name) = (&w.namespace, &w.name);
+        reads.push(match w.kind {
+            SandboxedKind::ForkedWorkload => {
+                Read::Forked(read(ctx, &ctx.stores.rc_forks, ns, name).await?)
+            }
+            SandboxedKind::ExternalWorkload => {
+                Read::External(read(ctx, &ctx.stores.rc_externals, ns, name).await?)
+            }
+            SandboxedKind::VirtualWorkload => Read::Virtual,
+        });
+    }
+    Ok(reads)
+}
+
 /// A workload from the store filled by the watch that wakes this controller, or from the API
 /// server when the store does not have it (yet).
 async fn read<K>(
     ctx: &Context,
-    store: Option<&Store<K>>,
+    store: &Store<K>,
     namespace: &str,
     name: &str,
 ) -> Result<Option<Arc<K>>, Error>
@@ -170,7 +116,7 @@ where
         + std::fmt::Debug
         + serde::de::DeserializeOwned,
 {
-    if let Some(obj) = store.and_then(|s| s.get(&ObjectRef::new(name).within(namespace))) {
+    if let Some(obj) = store.get(&ObjectRef::new(name).within(namespace)) {
         return Ok(Some(obj));
     }
     let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);

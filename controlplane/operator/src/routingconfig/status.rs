@@ -1,0 +1,253 @@
+//! A RoutingConfig's routes and status from the workloads it lists, as pure functions.
+
+use std::sync::Arc;
+
+use kube::Resource;
+use spur_api::conditions::{
+    ConditionStatus, NewCondition, READY, is_condition_true, set_condition,
+};
+use spur_api::routingconfig::{RouteServerStatus, SandboxedWorkloadRef};
+use spur_api::{
+    ExternalWorkload, ForkedWorkload, Route, RoutingConfig, RoutingConfigStatus, ServiceMapping,
+};
+
+use crate::context::now;
+
+/// A listed workload as read (`None`: not found).
+pub(super) enum Read {
+    Forked(Option<Arc<ForkedWorkload>>),
+    External(Option<Arc<ExternalWorkload>>),
+    /// A virtual workload has no route: its key stays on the baseline, whose sidecars handle
+    /// it (the Sandbox reports whether they can). Nothing is read.
+    Virtual,
+}
+
+/// What the ready workloads route, and which are not routed yet.
+#[derive(Debug, Default)]
+pub(super) struct Routing<'a> {
+    /// Sorted, without duplicates.
+    pub(super) routes: Vec<Route>,
+    /// The ready workloads with their Service mappings (what mesh routes follow).
+    pub(super) targets: Vec<(&'a SandboxedWorkloadRef, Vec<ServiceMapping>)>,
+    /// The workloads waited for, each with why.
+    pub(super) waiting: Vec<String>,
+}
+
+/// The routes of the workloads `rc` lists (`reads`, in the same order). A workload contributes
+/// only once it is ready, so keyed traffic never reaches a fork that cannot answer yet.
+pub(super) fn routing<'a>(rc: &'a RoutingConfig, reads: &[Read]) -> Routing<'a> {
+    let mut out = Routing::default();
+    for (w, read) in rc.spec.workloads.iter().zip(reads) {
+        let id = format!("{:?} {}/{}", w.kind, w.namespace, w.name);
+        let (baseline, st, not_ready) = match read {
+            Read::Forked(Some(fw)) => {
+                let st = fw.status.clone().unwrap_or_default();
+                (&fw.spec.baseline, (st.conditions, st.services), "not ready")
+            }
+            // Routed only while the workstation's tunnel is up: otherwise keyed traffic falls
+            // back to the baseline instead of timing out.
+            Read::External(Some(ew)) => {
+                let st = ew.status.clone().unwrap_or_default();
+                let why = "tunnel not connected";
+                (&ew.spec.baseline, (st.conditions, st.services), why)
+            }
+            Read::Forked(None) | Read::External(None) => {
+                out.waiting.push(format!("{id} (not found)"));
+                continue;
+            }
+            Read::Virtual => continue,
+        };
+        let (conditions, services) = st;
+        if !is_condition_true(&conditions, READY) || services.is_empty() {
+            out.waiting.push(format!("{id} ({not_ready})"));
+            continue;
+        }
+        (out.routes).extend(Route::for_services(
+            &w.namespace,
+            &w.sandbox,
+            baseline,
+            &services,
+        ));
+        out.targets.push((w, services));
+    }
+    out.routes.sort();
+    out.routes.dedup();
+    out
+}
+
+/// The status of `rc` (its current one `old`): the `routes` to publish, Ready once every
+/// workload is routed, or why not (`invalid`: the spec's error; `waiting`: as [`Routing`]).
+pub(super) fn status(
+    rc: &RoutingConfig,
+    old: &RoutingConfigStatus,
+    invalid: Option<&str>,
+    routes: Vec<Route>,
+    waiting: &[String],
+) -> RoutingConfigStatus {
+    let (status, reason, message) = match (invalid, waiting.is_empty()) {
+        (Some(e), _) => (ConditionStatus::False, "Invalid", e.to_owned()),
+        (None, true) => (
+            ConditionStatus::True,
+            "Routed",
+            format!("{} route(s) published", routes.len()),
+        ),
+        (None, false) => (
+            ConditionStatus::False,
+            "WorkloadsNotReady",
+            format!("waiting for {}", waiting.join(", ")),
+        ),
+    };
+    let mut st = RoutingConfigStatus {
+        observed_generation: rc.meta().generation,
+        route_server: Some(RouteServerStatus { routes }),
+        conditions: old.conditions.clone(),
+    };
+    set_condition(
+        &mut st.conditions,
+        NewCondition {
+            type_: READY,
+            status,
+            reason,
+            message: &message,
+            observed_generation: rc.meta().generation,
+        },
+        &now(),
+    );
+    st
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use serde_json::json;
+    use spur_api::conditions::find_condition;
+
+    use super::*;
+
+    fn rc() -> RoutingConfig {
+        serde_json::from_value(json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "RoutingConfig",
+            "metadata": {"name": "sandbox-sb", "generation": 5},
+            "spec": {"routingKey": "k1", "workloads": [
+                {"kind": "ForkedWorkload", "namespace": "shop", "name": "sb-api", "sandbox": "sb"},
+                {"kind": "ExternalWorkload", "namespace": "shop", "name": "sb-web", "sandbox": "sb"},
+                {"kind": "VirtualWorkload", "namespace": "shop", "name": "sb-db", "sandbox": "sb"}
+            ]}
+        }))
+        .unwrap()
+    }
+
+    /// A workload status: Ready as given, with one Service mapping of `svc` (port 80).
+    fn status_of(ready: bool, svc: &str) -> serde_json::Value {
+        json!({
+            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" },
+                            "reason": "R", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+            "services": [{"baselineService": svc, "sandboxService": format!("sb-{svc}"),
+                          "ports": [{"port": 80, "targetPort": 8080}]}]
+        })
+    }
+
+    fn forked(ready: bool) -> Read {
+        Read::Forked(Some(Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "spur.dev/v1alpha1", "kind": "ForkedWorkload",
+                "metadata": {"name": "sb-api", "namespace": "shop"},
+                "spec": {"sandbox": "sb", "routingKey": "k1",
+                         "baseline": {"kind": "Deployment", "namespace": "shop", "name": "api"}},
+                "status": status_of(ready, "api")
+            }))
+            .unwrap(),
+        )))
+    }
+
+    fn external(ready: bool) -> Read {
+        Read::External(Some(Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "spur.dev/v1alpha1", "kind": "ExternalWorkload",
+                "metadata": {"name": "sb-web", "namespace": "shop"},
+                "spec": {"sandbox": "sb", "routingKey": "k1", "name": "web", "workstation": "alice",
+                         "baseline": {"kind": "Deployment", "namespace": "shop", "name": "web"},
+                         "mappings": [{"port": 8080, "toLocal": "localhost:3000"}]},
+                "status": status_of(ready, "web")
+            }))
+            .unwrap(),
+        )))
+    }
+
+    fn ready(st: &RoutingConfigStatus) -> (&str, &str, &str) {
+        let c = find_condition(&st.conditions, READY).unwrap();
+        (&c.status, &c.reason, &c.message)
+    }
+
+    #[test]
+    fn ready_workloads_are_routed_and_virtual_ones_need_no_route() {
+        let rc = rc();
+        let r = routing(&rc, &[forked(true), external(true), Read::Virtual]);
+        assert!(r.waiting.is_empty());
+        let hosts: Vec<&str> = r.routes.iter().map(|r| r.to_host.as_str()).collect();
+        assert_eq!(hosts, vec!["sb-api.shop.svc", "sb-web.shop.svc"]);
+        let targets: Vec<&str> = r.targets.iter().map(|(w, _)| w.name.as_str()).collect();
+        assert_eq!(targets, vec!["sb-api", "sb-web"]);
+        let st = status(
+            &rc,
+            &RoutingConfigStatus::default(),
+            None,
+            r.routes,
+            &r.waiting,
+        );
+        assert_eq!(ready(&st), ("True", "Routed", "2 route(s) published"));
+        assert_eq!(st.observed_generation, Some(5));
+        assert_eq!(st.route_server.unwrap().routes.len(), 2);
+    }
+
+    #[test]
+    fn unready_or_missing_workloads_are_waited_for_and_not_routed() {
+        let rc = rc();
+        let r = routing(&rc, &[forked(false), external(false), Read::Virtual]);
+        assert!(r.routes.is_empty() && r.targets.is_empty());
+        assert_eq!(
+            r.waiting,
+            vec![
+                "ForkedWorkload shop/sb-api (not ready)".to_string(),
+                "ExternalWorkload shop/sb-web (tunnel not connected)".to_string()
+            ]
+        );
+        let r = routing(&rc, &[Read::Forked(None), external(true), Read::Virtual]);
+        assert_eq!(
+            r.waiting,
+            vec!["ForkedWorkload shop/sb-api (not found)".to_string()]
+        );
+        assert_eq!(r.routes.len(), 1, "the ready one is routed meanwhile");
+        let st = status(
+            &rc,
+            &RoutingConfigStatus::default(),
+            None,
+            r.routes,
+            &r.waiting,
+        );
+        assert_eq!(
+            ready(&st),
+            (
+                "False",
+                "WorkloadsNotReady",
+                "waiting for ForkedWorkload shop/sb-api (not found)"
+            )
+        );
+    }
+
+    #[test]
+    fn an_invalid_spec_publishes_nothing_and_says_why() {
+        let rc = rc();
+        let r = routing(&rc, &[]);
+        assert!(r.routes.is_empty() && r.waiting.is_empty());
+        let st = status(
+            &rc,
+            &RoutingConfigStatus::default(),
+            Some("spec.routingKey: bad"),
+            r.routes,
+            &r.waiting,
+        );
+        assert_eq!(ready(&st), ("False", "Invalid", "spec.routingKey: bad"));
+        assert_eq!(st.route_server.unwrap().routes, Vec::new());
+    }
+}
