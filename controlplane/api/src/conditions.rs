@@ -84,6 +84,29 @@ pub fn set_condition(conditions: &mut Vec<Condition>, new: NewCondition<'_>, now
     }
 }
 
+/// [`set_condition`] for an object at `generation` (its `metadata.generation`), now: what each
+/// controller's status functions call.
+pub fn set_now(
+    conditions: &mut Vec<Condition>,
+    generation: Option<i64>,
+    type_: &str,
+    status: impl Into<ConditionStatus>,
+    reason: &str,
+    message: &str,
+) -> bool {
+    set_condition(
+        conditions,
+        NewCondition {
+            type_,
+            status: status.into(),
+            reason,
+            message,
+            observed_generation: generation,
+        },
+        &Time(k8s_openapi::jiff::Timestamp::now()),
+    )
+}
+
 pub fn find_condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
     conditions.iter().find(|c| c.type_ == type_)
 }
@@ -110,6 +133,27 @@ mod tests {
             message: "",
             observed_generation: Some(generation),
         }
+    }
+
+    #[test]
+    fn set_now_takes_a_bool_or_a_status_and_records_the_generation() {
+        let mut cs = Vec::new();
+        assert!(set_now(&mut cs, Some(3), READY, true, "Ready", "ok"));
+        assert!(!set_now(
+            &mut cs,
+            Some(3),
+            READY,
+            ConditionStatus::True,
+            "Ready",
+            "ok"
+        ));
+        assert!(set_now(&mut cs, Some(4), "Other", false, "No", ""));
+        assert_eq!(
+            cs.iter()
+                .map(|c| (c.type_.as_str(), c.status.as_str(), c.observed_generation))
+                .collect::<Vec<_>>(),
+            [("Ready", "True", Some(3)), ("Other", "False", Some(4))]
+        );
     }
 
     #[test]

@@ -2,11 +2,10 @@
 //! conflict. The controllers and the attempt drivers all write Job status; optimistic
 //! concurrency keeps one writer from undoing another's change.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
 use kube::api::PostParams;
 use spur_api::Job;
-use spur_api::conditions::{ConditionStatus, NewCondition, set_condition};
+use spur_api::conditions::set_now;
 use spur_api::jobs::JobStatus;
 
 use crate::Error;
@@ -47,10 +46,6 @@ pub(crate) async fn update(
     )))
 }
 
-pub(crate) fn now() -> Time {
-    Time(k8s_openapi::jiff::Timestamp::now())
-}
-
 pub(crate) fn now_string() -> String {
     k8s_openapi::jiff::Timestamp::now().to_string()
 }
@@ -63,20 +58,13 @@ pub(crate) fn condition(
     reason: &str,
     message: &str,
 ) {
-    set_condition(
+    set_now(
         &mut st.conditions,
-        NewCondition {
-            type_,
-            status: if ok {
-                ConditionStatus::True
-            } else {
-                ConditionStatus::False
-            },
-            reason,
-            message,
-            observed_generation: job.metadata.generation,
-        },
-        &now(),
+        job.metadata.generation,
+        type_,
+        ok,
+        reason,
+        message,
     );
 }
 

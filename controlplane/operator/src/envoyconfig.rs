@@ -19,7 +19,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, Resource, ResourceExt};
-use spur_api::conditions::{ConditionStatus, NewCondition, set_condition};
+use spur_api::conditions::{ConditionStatus, set_now};
 use spur_api::envoyconfig::{CONFIG_LABEL, CacheState, PUBLISHED_LABEL, Serialization, conditions};
 use spur_api::{EnvoyConfig, EnvoyConfigRevision, EnvoyConfigRevisionStatus, EnvoyConfigSpec};
 
@@ -172,16 +172,13 @@ async fn carry_out(
     if let Some((pname, message)) = &plan.taint {
         write_revision_status(rev_api, pname, |s| {
             s.tainted = true;
-            set_condition(
+            set_now(
                 &mut s.conditions,
-                NewCondition {
-                    type_: conditions::TAINTED,
-                    status: ConditionStatus::True,
-                    reason: "ResourcesFailing",
-                    message,
-                    observed_generation: None,
-                },
-                &now(),
+                None,
+                conditions::TAINTED,
+                ConditionStatus::True,
+                "ResourcesFailing",
+                message,
             );
         })
         .await?;

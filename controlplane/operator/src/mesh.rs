@@ -298,16 +298,13 @@ pub(crate) fn route_status(
         conditions: old.map(|o| o.conditions.clone()).unwrap_or_default(),
         matched_objects,
     };
-    spur_api::conditions::set_condition(
+    spur_api::conditions::set_now(
         &mut st.conditions,
-        spur_api::conditions::NewCondition {
-            type_: spur_api::conditions::READY,
-            status: ready.into(),
-            reason,
-            message,
-            observed_generation: generation,
-        },
-        &crate::context::now(),
+        generation,
+        spur_api::conditions::READY,
+        ready,
+        reason,
+        message,
     );
     st
 }

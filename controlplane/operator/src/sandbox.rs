@@ -15,9 +15,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, Resource, ResourceExt};
-use spur_api::conditions::{
-    ConditionStatus, NewCondition, READY, find_condition, is_condition_true, set_condition,
-};
+use spur_api::conditions::{ConditionStatus, READY, find_condition, is_condition_true, set_now};
 use spur_api::keys::labels;
 use spur_api::routingconfig::{SandboxedKind, SandboxedWorkloadRef};
 use spur_api::sandbox::{ForkStatus, LocalStatus, ResourceStatusSummary, VirtualStatus};
@@ -432,16 +430,13 @@ pub(super) fn condition(
     reason: &str,
     message: &str,
 ) {
-    set_condition(
+    set_now(
         &mut st.conditions,
-        NewCondition {
-            type_,
-            status,
-            reason,
-            message,
-            observed_generation: sb.meta().generation,
-        },
-        &now(),
+        sb.meta().generation,
+        type_,
+        status,
+        reason,
+        message,
     );
 }
 

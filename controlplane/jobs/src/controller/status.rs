@@ -1,7 +1,7 @@
 //! A JobRunnerGroup's status, and the Job status changes a group pass makes, as pure functions.
 
 use kube::ResourceExt;
-use spur_api::conditions::{ConditionStatus, NewCondition, set_condition};
+use spur_api::conditions::set_now;
 use spur_api::jobs::{Attempt, AttemptPhase, JobPhase, JobRunnerGroupStatus, JobStatus};
 use spur_api::{Job, JobRunnerGroup};
 
@@ -47,20 +47,13 @@ pub(super) fn group(
     }
     st.selector = Some(pods::labels_selector(&group.name_any()));
     st.observed_generation = group.metadata.generation;
-    set_condition(
+    set_now(
         &mut st.conditions,
-        NewCondition {
-            type_: "Ready",
-            status: if ready {
-                ConditionStatus::True
-            } else {
-                ConditionStatus::False
-            },
-            reason,
-            message,
-            observed_generation: group.metadata.generation,
-        },
-        &crate::status::now(),
+        group.metadata.generation,
+        "Ready",
+        ready,
+        reason,
+        message,
     );
     st
 }

@@ -24,16 +24,13 @@ pub(super) fn mark(
     reason: &str,
     message: &str,
 ) {
-    set_condition(
+    spur_api::conditions::set_now(
         &mut status.conditions,
-        NewCondition {
-            type_,
-            status: ok,
-            reason,
-            message,
-            observed_generation: generation,
-        },
-        &now(),
+        generation,
+        type_,
+        ok,
+        reason,
+        message,
     );
 }
 

@@ -2,12 +2,11 @@
 //! functions.
 
 use kube::Resource;
-use spur_api::conditions::{ConditionStatus, NewCondition, set_condition};
+use spur_api::conditions::set_now;
 use spur_api::envoyconfig::{CacheState, NodeCounts, conditions};
 use spur_api::{EnvoyConfig, EnvoyConfigStatus};
 
 use super::desired::Plan;
-use crate::context::now;
 
 /// The status after a pass that asked for `version` and did `plan`: the cache state, the
 /// versions, the kept revisions, the node counts and the three conditions.
@@ -99,20 +98,13 @@ pub(super) fn set(
     reason: &str,
     message: &str,
 ) {
-    set_condition(
+    set_now(
         &mut st.conditions,
-        NewCondition {
-            type_,
-            status: if ok {
-                ConditionStatus::True
-            } else {
-                ConditionStatus::False
-            },
-            reason,
-            message,
-            observed_generation: ec.meta().generation,
-        },
-        &now(),
+        ec.meta().generation,
+        type_,
+        ok,
+        reason,
+        message,
     );
 }
 

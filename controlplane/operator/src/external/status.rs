@@ -6,13 +6,12 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Resource, ResourceExt};
-use spur_api::conditions::{ConditionStatus, NewCondition, READY, set_condition};
+use spur_api::conditions::{ConditionStatus, READY, set_now};
 use spur_api::tunnel::Session;
 use spur_api::workloads::TunnelStatus;
 use spur_api::{ExternalWorkload, ExternalWorkloadStatus, ServiceMapping, WorkloadKind};
 
 use super::{Plan, RESYNC, TUNNEL_CONNECTED};
-use crate::context::now;
 
 /// Why an ExternalWorkload cannot be built: the reason and message of its conditions.
 pub(super) type Failure = (&'static str, String);
@@ -152,16 +151,13 @@ fn set(
     reason: &str,
     message: &str,
 ) {
-    set_condition(
+    set_now(
         &mut st.conditions,
-        NewCondition {
-            type_,
-            status,
-            reason,
-            message,
-            observed_generation: ew.meta().generation,
-        },
-        &now(),
+        ew.meta().generation,
+        type_,
+        status,
+        reason,
+        message,
     );
 }
 

@@ -3,12 +3,10 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Resource, ResourceExt};
-use spur_api::conditions::{ConditionStatus, NewCondition, READY, set_condition};
+use spur_api::conditions::{ConditionStatus, READY, set_now};
 use spur_api::keys::labels;
 use spur_api::workloads::PodWithoutSidecar;
 use spur_api::{ForkedWorkload, ForkedWorkloadStatus, ServiceMapping, SidecarCoverage};
-
-use crate::context::now;
 
 /// The status of a fork that cannot be built (nothing of it is left).
 pub(super) fn failed(
@@ -64,16 +62,13 @@ fn set_ready(
     reason: &str,
     message: &str,
 ) {
-    set_condition(
+    set_now(
         &mut st.conditions,
-        NewCondition {
-            type_: READY,
-            status,
-            reason,
-            message,
-            observed_generation: fw.meta().generation,
-        },
-        &now(),
+        fw.meta().generation,
+        READY,
+        status,
+        reason,
+        message,
     );
 }
 

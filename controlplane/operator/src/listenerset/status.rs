@@ -5,12 +5,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::{Resource, ResourceExt};
-use spur_api::conditions::{ConditionStatus, NewCondition, set_condition};
+use spur_api::conditions::{ConditionStatus, set_now};
 use spur_api::listenerset::{Cluster, ListenerStatus, conditions, endpoint_service_name};
 use spur_api::{ListenerSet, ListenerSetStatus};
 
 use super::SERVICE_NAME_LABEL;
-use crate::context::now;
 
 /// The fields of `status` the operator owns: everything but `gateways`, which the route server
 /// writes. Applying this leaves `gateways` to its managers.
@@ -120,16 +119,13 @@ fn set(
     reason: &str,
     message: &str,
 ) {
-    set_condition(
+    set_now(
         &mut st.conditions,
-        NewCondition {
-            type_,
-            status,
-            reason,
-            message,
-            observed_generation: ls.meta().generation,
-        },
-        &now(),
+        ls.meta().generation,
+        type_,
+        status,
+        reason,
+        message,
     );
 }
 

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 use spur_api::ObjectLifecycleMethods;
-use spur_api::conditions::{ConditionStatus, NewCondition, READY, set_condition};
+use spur_api::conditions::{READY, set_now};
 use spur_api::resources::{
     ExecUnitRef, OlmPhase, OlmStatus, UnitPhase, UnitStatus, WorkUnit, Workflow, reserved,
 };
@@ -304,20 +304,13 @@ fn set_ready(
     reason: &str,
     message: &str,
 ) {
-    set_condition(
+    set_now(
         &mut st.conditions,
-        NewCondition {
-            type_: READY,
-            status: if ok {
-                ConditionStatus::True
-            } else {
-                ConditionStatus::False
-            },
-            reason,
-            message,
-            observed_generation: olm.meta().generation,
-        },
-        &crate::context::now(),
+        olm.meta().generation,
+        READY,
+        ok,
+        reason,
+        message,
     );
     st.observed_generation = olm.meta().generation;
 }

@@ -1,14 +1,12 @@
 //! Resource and ResourcePlugin status from what their children report, as pure functions.
 
 use kube::{Resource as _, ResourceExt};
-use spur_api::conditions::{ConditionStatus, NewCondition, READY, set_condition};
+use spur_api::conditions::{ConditionStatus, READY, set_now};
 use spur_api::resources::{
     OlmPhase, OlmStatus, ResourcePhase, ResourcePluginStatus, StepFailure, UnitPhase, UnitStatus,
 };
 use spur_api::sandbox::ResourceStatusSummary;
 use spur_api::{Resource, ResourcePlugin, ResourceStatus};
-
-use crate::context::now;
 
 /// A plugin's status from its verdict (`Some(why)` when sandboxes cannot use it), and the
 /// message of its `Ready` condition.
@@ -26,16 +24,13 @@ pub(super) fn plugin(
         ),
         Some(why) => (ConditionStatus::False, "Invalid", why.to_owned()),
     };
-    set_condition(
+    set_now(
         &mut st.conditions,
-        NewCondition {
-            type_: READY,
-            status,
-            reason,
-            message: &message,
-            observed_generation: plugin.meta().generation,
-        },
-        &now(),
+        plugin.meta().generation,
+        READY,
+        status,
+        reason,
+        &message,
     );
     (st, message)
 }
@@ -190,20 +185,13 @@ fn first_failure(units: &[UnitStatus]) -> Option<StepFailure> {
 }
 
 fn condition(st: &mut ResourceStatus, res: &Resource, ok: bool, reason: &str, message: &str) {
-    set_condition(
+    set_now(
         &mut st.conditions,
-        NewCondition {
-            type_: READY,
-            status: if ok {
-                ConditionStatus::True
-            } else {
-                ConditionStatus::False
-            },
-            reason,
-            message,
-            observed_generation: res.meta().generation,
-        },
-        &now(),
+        res.meta().generation,
+        READY,
+        ok,
+        reason,
+        message,
     );
 }
 

@@ -2,12 +2,8 @@
 //! functions.
 
 use kube::{Resource, ResourceExt};
-use spur_api::conditions::{
-    ConditionStatus, NewCondition, READY, is_condition_true, set_condition,
-};
+use spur_api::conditions::{ConditionStatus, READY, is_condition_true, set_now};
 use spur_api::{RouteGroup, RouteGroupStatus, Sandbox};
-
-use crate::context::now;
 
 /// The status of a RouteGroup whose spec is invalid (`message` says why): it matches nothing.
 pub(super) fn invalid(st: &mut RouteGroupStatus, rg: &RouteGroup, key: &str, message: &str) {
@@ -67,16 +63,13 @@ fn condition(
     reason: &str,
     message: &str,
 ) {
-    set_condition(
+    set_now(
         &mut st.conditions,
-        NewCondition {
-            type_: READY,
-            status,
-            reason,
-            message,
-            observed_generation: rg.meta().generation,
-        },
-        &now(),
+        rg.meta().generation,
+        READY,
+        status,
+        reason,
+        message,
     );
 }
 

@@ -3,15 +3,11 @@
 use std::sync::Arc;
 
 use kube::Resource;
-use spur_api::conditions::{
-    ConditionStatus, NewCondition, READY, is_condition_true, set_condition,
-};
+use spur_api::conditions::{ConditionStatus, READY, is_condition_true, set_now};
 use spur_api::routingconfig::{RouteServerStatus, SandboxedWorkloadRef};
 use spur_api::{
     ExternalWorkload, ForkedWorkload, Route, RoutingConfig, RoutingConfigStatus, ServiceMapping,
 };
-
-use crate::context::now;
 
 /// A listed workload as read (`None`: not found).
 pub(super) enum Read {
@@ -102,16 +98,13 @@ pub(super) fn status(
         route_server: Some(RouteServerStatus { routes }),
         conditions: old.conditions.clone(),
     };
-    set_condition(
+    set_now(
         &mut st.conditions,
-        NewCondition {
-            type_: READY,
-            status,
-            reason,
-            message: &message,
-            observed_generation: rc.meta().generation,
-        },
-        &now(),
+        rc.meta().generation,
+        READY,
+        status,
+        reason,
+        &message,
     );
     st
 }

@@ -2,10 +2,8 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{Resource, ResourceExt};
-use spur_api::conditions::{ConditionStatus, NewCondition, READY, set_condition};
+use spur_api::conditions::{ConditionStatus, READY, set_now};
 use spur_api::{SidecarCoverage, VirtualWorkload, VirtualWorkloadStatus, WorkloadKind};
-
-use crate::context::now;
 
 /// The Ready condition of a VirtualWorkload: its status, reason and message.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,16 +97,13 @@ pub(super) fn status(
     st.observed_generation = vw.meta().generation;
     st.baseline = observed;
     st.baseline_sidecars = coverage;
-    set_condition(
+    set_now(
         &mut st.conditions,
-        NewCondition {
-            type_: READY,
-            status: verdict.status,
-            reason: verdict.reason,
-            message: &verdict.message,
-            observed_generation: vw.meta().generation,
-        },
-        &now(),
+        vw.meta().generation,
+        READY,
+        verdict.status,
+        verdict.reason,
+        &verdict.message,
     );
     (st, verdict)
 }
