@@ -11,19 +11,22 @@
 //! Secret emptied (the operator cannot delete it); its last certificate works until it expires,
 //! which a short lifetime bounds.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+mod desired;
+mod plan;
+
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{ObjectMeta, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::pki_config::{PKI_LABEL, PkiConfig, signing_ca};
+pub use self::desired::bootstrap;
+use self::plan::{CA_CHECK, Issued};
+use crate::pki_config::{PkiConfig, signing_ca};
 use crate::{Error, FIELD_MANAGER, Metrics};
 // Configured with the rest of the PKI; its public path stays here too.
 pub use crate::pki_config::XdsClientConfig;
@@ -38,15 +41,6 @@ pub const XDS_LABEL: &str = "spur.dev/xds";
 pub const XDS_LABEL_VALUE: &str = "enabled";
 /// Where the bootstrap expects the Secret to be mounted (documented in docs/xds.md).
 pub const MOUNT_PATH: &str = "/etc/spur/xds";
-
-/// What was last issued into one namespace.
-struct Issued {
-    renew_at: i64,
-    issuer: String,
-}
-
-/// How often the signing CA is checked for a change besides renewals.
-const CA_CHECK: Duration = Duration::from_secs(300);
 
 /// Runs until `stop`.
 pub(crate) async fn run(
@@ -156,37 +150,35 @@ impl Issuer<'_> {
             pki::fingerprint_text(&bundle)
         );
         let now = now_unix();
-        let mut next = CA_CHECK;
+        let mut failed = false;
         for ns in wanted {
-            let due = issued
-                .get(ns)
-                .is_none_or(|i| now >= i.renew_at || i.issuer != issuer);
-            if due {
-                // One namespace that cannot be written (terminating, a Secret of another type
-                // in the way, a quota) must not hold up the others: retried at the next pass.
-                match self.issue(ns, &signer, &bundle, now).await {
-                    Ok(renew_at) => {
-                        issued.insert(
-                            ns.clone(),
-                            Issued {
-                                renew_at,
-                                issuer: issuer.clone(),
-                            },
-                        );
-                    }
-                    Err(e) => {
-                        tracing::warn!(namespace = %ns, error = %e, "cannot issue the xDS client certificate of a namespace; retrying");
-                        self.metrics.pki_failure();
-                        next = next.min(Duration::from_secs(30));
-                    }
+            if !plan::due(issued.get(ns), &issuer, now) {
+                continue;
+            }
+            // One namespace that cannot be written (terminating, a Secret of another type in
+            // the way, a quota) must not hold up the others: retried at the next pass.
+            match self.issue(ns, &signer, &bundle, now).await {
+                Ok(renew_at) => {
+                    issued.insert(
+                        ns.clone(),
+                        Issued {
+                            renew_at,
+                            issuer: issuer.clone(),
+                        },
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(namespace = %ns, error = %e, "cannot issue the xDS client certificate of a namespace; retrying");
+                    self.metrics.pki_failure();
+                    failed = true;
                 }
             }
-            if let Some(i) = issued.get(ns) {
-                let left = u64::try_from(i.renew_at - now).unwrap_or(0);
-                next = next.min(Duration::from_secs(left.max(1)));
-            }
         }
-        Ok(next)
+        let renew_ats = wanted
+            .iter()
+            .filter_map(|ns| issued.get(ns))
+            .map(|i| i.renew_at);
+        Ok(plan::next_wake(renew_ats, failed, now))
     }
 
     /// Issues and writes the credentials of `ns`; returns when they are due for renewal.
@@ -214,32 +206,7 @@ impl Issuer<'_> {
 
     /// Writes the Secret of `ns`: the credentials, or (None) nothing.
     async fn apply(&self, ns: &str, creds: Option<(&Pair, &str)>) -> Result<(), Error> {
-        let mut data = BTreeMap::new();
-        if let Some((pair, bundle)) = creds {
-            let bytes = |s: &str| ByteString(s.as_bytes().to_vec());
-            data.insert("tls.crt".to_string(), bytes(&pair.cert));
-            data.insert("tls.key".to_string(), bytes(&pair.key));
-            data.insert("ca.crt".to_string(), bytes(bundle));
-            data.insert(
-                "bootstrap.json".to_string(),
-                bytes(&bootstrap(&self.cfg.server_uri, ns)),
-            );
-        }
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(self.cfg.secret.clone()),
-                namespace: Some(ns.to_string()),
-                labels: Some(BTreeMap::from([(
-                    PKI_LABEL.to_string(),
-                    "xds-client".to_string(),
-                )])),
-                ..Default::default()
-            },
-            // Not `kubernetes.io/tls`: that type must hold a key, and opting out empties it.
-            type_: Some("Opaque".into()),
-            data: Some(data),
-            ..Default::default()
-        };
+        let secret = desired::secret(self.cfg, ns, creds);
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), ns);
         secrets
             .patch(
@@ -254,24 +221,4 @@ impl Issuer<'_> {
     async fn signing_ca(&self) -> Result<(Pair, String), Error> {
         signing_ca(self.ca_secrets, &self.pki.ca_secret).await
     }
-}
-
-/// grpc-go's bootstrap for a client in `namespace`: mutual TLS to `server_uri` with the files
-/// of the Secret mounted at [`MOUNT_PATH`], re-read every minute (renewals).
-pub fn bootstrap(server_uri: &str, namespace: &str) -> String {
-    let file = |f: &str| format!("{MOUNT_PATH}/{f}");
-    json!({
-        "xds_servers": [{
-            "server_uri": server_uri,
-            "channel_creds": [{"type": "tls", "config": {
-                "ca_certificate_file": file("ca.crt"),
-                "certificate_file": file("tls.crt"),
-                "private_key_file": file("tls.key"),
-                "refresh_interval": "60s",
-            }}],
-            "server_features": ["xds_v3"],
-        }],
-        "node": {"id": format!("{namespace}/spur-xds-client"), "cluster": namespace},
-    })
-    .to_string()
 }
