@@ -300,3 +300,83 @@ fn set_pull_policy(container: &mut Value, cfg: &InjectionConfig) {
         container["imagePullPolicy"] = policy.clone().into();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn names(values: &[Value]) -> Vec<&str> {
+        values.iter().map(|v| v["name"].as_str().unwrap()).collect()
+    }
+
+    /// The documented (default) configuration mounts the CA bundle and the route server token;
+    /// these are the other branches: nothing at all, and a traffic store without a CA bundle.
+    #[test]
+    fn mounted_files_follow_the_config() {
+        let none = InjectionConfig {
+            routeserver_ca_config_map: String::new(),
+            routeserver_token_audience: String::new(),
+            ..InjectionConfig::default()
+        };
+        assert_eq!(mounted_files(&none), Files::default());
+
+        let traffic = InjectionConfig {
+            traffic_server: "spur-traffic.spur-system.svc:7778".into(),
+            ..none
+        };
+        let files = mounted_files(&traffic);
+        assert_eq!(
+            names(&files.env),
+            [
+                "SPUR_TRAFFIC_SERVER",
+                "SPUR_POD_NAME",
+                "SPUR_TRAFFIC_SERVER_TOKEN_FILE"
+            ]
+        );
+        assert_eq!(names(&files.volumes), [keys::TRAFFIC_TOKEN_VOLUME]);
+        assert_eq!(
+            files.volumes[0]["projected"]["sources"][0]["serviceAccountToken"]["audience"],
+            "spur-traffic"
+        );
+        assert_eq!(files.mounts[0]["mountPath"], TRAFFIC_TOKEN_DIR);
+
+        // With the CA bundle, the traffic store is dialled under it too.
+        let with_ca = InjectionConfig {
+            routeserver_ca_config_map: "spur-ca-bundle".into(),
+            ..traffic
+        };
+        let files = mounted_files(&with_ca);
+        assert!(names(&files.env).contains(&"SPUR_TRAFFIC_SERVER_CA"));
+        assert_eq!(
+            names(&files.mounts),
+            [keys::ROUTESERVER_CA_VOLUME, keys::TRAFFIC_TOKEN_VOLUME]
+        );
+    }
+
+    #[test]
+    fn pull_policy_is_set_only_when_configured() {
+        let cfg = InjectionConfig::default();
+        let inbound = Inbound::of(&BTreeMap::new(), &cfg).unwrap();
+        assert_eq!(init_container(&cfg, &inbound).get("imagePullPolicy"), None);
+        let cfg = InjectionConfig {
+            image_pull_policy: Some("IfNotPresent".into()),
+            ..cfg
+        };
+        assert_eq!(
+            init_container(&cfg, &inbound)["imagePullPolicy"],
+            "IfNotPresent"
+        );
+        let sidecar = sidecar(
+            &cfg,
+            Vec::new(),
+            Value::Null,
+            Vec::new(),
+            Placement::Regular,
+        );
+        assert_eq!(sidecar["imagePullPolicy"], "IfNotPresent");
+        // No mounts: no volumeMounts key at all.
+        assert_eq!(sidecar.get("volumeMounts"), None);
+    }
+}
