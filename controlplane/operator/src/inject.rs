@@ -12,6 +12,8 @@ use spur_api::keys::injection as keys;
 
 use crate::Error;
 
+mod parts;
+
 /// How injected pods are built. Plain serde (the chart renders it as YAML), validated once.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
@@ -437,23 +439,6 @@ pub fn containers(
     cfg: &InjectionConfig,
 ) -> Result<Injected, Error> {
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-    let ports = |key: &str| -> Result<Vec<u16>, Error> {
-        match annotations.get(key).map(|s| s.trim()) {
-            None | Some("") => Ok(Vec::new()),
-            Some(list) => list
-                .split(',')
-                .map(|p| {
-                    p.trim()
-                        .parse::<u16>()
-                        .ok()
-                        .filter(|p| *p != 0)
-                        .ok_or_else(|| {
-                            Error::Config(format!("annotation {key}: {p:?} is not a port"))
-                        })
-                })
-                .collect(),
-        }
-    };
     let interception = pod_setting(
         &annotations,
         keys::INTERCEPTION,
@@ -466,195 +451,29 @@ pub fn containers(
         cfg.placement,
         "regular or native",
     )?;
-    let mut exclude = vec![cfg.admin_port];
-    exclude.extend(&cfg.exclude_inbound_ports);
-    exclude.extend(ports(keys::EXCLUDE_INBOUND_PORTS)?);
-    exclude.sort_unstable();
-    exclude.dedup();
-    let include = ports(keys::INBOUND_PORTS)?;
-    let include = if include.is_empty() {
-        "*".to_string()
-    } else {
-        join(&include)
-    };
-    let resources = |r: &ResourceRequirements| serde_json::to_value(r).unwrap_or(Value::Null);
-    let probe = |period: u32, failures: u32| {
-        json!({
-            "httpGet": {"path": "/live", "port": cfg.admin_port},
-            "periodSeconds": period,
-            "failureThreshold": failures,
-        })
-    };
-    let env = |name: &str, value: String| json!({"name": name, "value": value});
-    let field = |name: &str, path: &str| json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}});
-    let mut env_list = vec![
-        env("SPUR_TRANSPARENT", "true".into()),
-        env("SPUR_INBOUND_ADDR", format!("0.0.0.0:{}", cfg.proxy_port)),
-        env("SPUR_ADMIN_ADDR", format!("0.0.0.0:{}", cfg.admin_port)),
-        env("SPUR_BASELINE_KIND", baseline.kind.into()),
-        env("SPUR_BASELINE_NAMESPACE", baseline.namespace.clone()),
-        env("SPUR_BASELINE_NAME", baseline.name.clone()),
-        env("SPUR_ROUTESERVER", cfg.routeserver.clone()),
-        env("SPUR_THREADS", cfg.sidecar_threads.to_string()),
-        env("SPUR_LOG", cfg.sidecar_log.clone()),
-        field("POD_NAME", "metadata.name"),
-        field("POD_NAMESPACE", "metadata.namespace"),
-    ];
+    let inbound = parts::Inbound::of(&annotations, cfg)?;
+    let mut env_list = parts::sidecar_env(baseline, cfg);
     let mut init_containers = Vec::new();
     let security = match interception {
         Interception::InitContainer => {
-            init_containers.push(json!({
-                "name": keys::INIT_CONTAINER,
-                "image": cfg.init_image,
-                "command": ["spur-init"],
-                "args": [
-                    "--mode", cfg.interception_mode,
-                    "--proxy-port", cfg.proxy_port.to_string(),
-                    "--proxy-uid", cfg.proxy_uid.to_string(),
-                    "--inbound-ports", include,
-                    "--exclude-inbound-ports", join(&exclude),
-                    // The sidecar listens on IPv4 only: IPv6 inbound must bypass it, not be
-                    // redirected to a port nobody listens on.
-                    "--ipv6", "false",
-                ],
-                "resources": resources(&cfg.init_resources),
-                "securityContext": {
-                    "runAsUser": 0,
-                    "runAsGroup": 0,
-                    "runAsNonRoot": false,
-                    "allowPrivilegeEscalation": false,
-                    "privileged": false,
-                    "readOnlyRootFilesystem": false,
-                    "capabilities": {"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]},
-                },
-            }));
-            json!({
-                "runAsUser": cfg.proxy_uid,
-                "runAsGroup": cfg.proxy_uid,
-                "runAsNonRoot": true,
-                "allowPrivilegeEscalation": false,
-                "privileged": false,
-                "readOnlyRootFilesystem": true,
-                "capabilities": {"drop": ["ALL"]},
-            })
+            init_containers.push(parts::init_container(cfg, &inbound));
+            parts::unprivileged_security(cfg)
         }
         Interception::Sidecar => {
-            // spur-init's own variables; the redirect port and the admin port's exclusion come
-            // from SPUR_INBOUND_ADDR and SPUR_ADMIN_ADDR.
-            env_list.extend([
-                env("SPUR_INTERCEPT", "true".into()),
-                env("SPUR_INIT_MODE", cfg.interception_mode.clone()),
-                env("SPUR_PROXY_UID", cfg.proxy_uid.to_string()),
-                env("SPUR_INBOUND_PORTS", include),
-                env("SPUR_EXCLUDE_INBOUND_PORTS", join(&exclude)),
-                env("SPUR_INIT_IPV6", "false".into()),
-                // iptables-legacy's lock file, off the read-only root (a pod-local lock).
-                env("XTABLES_LOCKFILE", "/dev/shm/spur-xtables.lock".into()),
-            ]);
-            // Root with what programming netfilter and switching ids needs; the sidecar gives
-            // all of it up (uid and gid 15337, no capabilities) before it opens a socket.
-            json!({
-                "runAsUser": 0,
-                "runAsGroup": 0,
-                "runAsNonRoot": false,
-                "allowPrivilegeEscalation": false,
-                "privileged": false,
-                "readOnlyRootFilesystem": true,
-                "capabilities": {"add": ["NET_ADMIN", "NET_RAW", "SETUID", "SETGID"], "drop": ["ALL"]},
-            })
+            env_list.extend(parts::intercept_env(cfg, &inbound));
+            parts::intercepting_security()
         }
     };
     if placement == Placement::Regular {
-        env_list.push(env(
+        env_list.push(parts::env(
             "SPUR_DRAIN_DELAY",
             format!("{}s", cfg.drain_delay_seconds),
         ));
     }
-    // The route server's CA bundle and a token for its audience, both files the kubelet keeps
-    // current (the sidecar re-reads them for every connection).
-    let mut volumes = Vec::new();
-    let mut mounts = Vec::new();
-    if !cfg.routeserver_ca_config_map.is_empty() {
-        env_list.push(env(
-            "SPUR_ROUTESERVER_CA",
-            format!("{ROUTESERVER_CA_DIR}/ca.crt"),
-        ));
-        volumes.push(json!({
-            "name": keys::ROUTESERVER_CA_VOLUME,
-            "configMap": {"name": cfg.routeserver_ca_config_map, "items": [{"key": "ca.crt", "path": "ca.crt"}]},
-        }));
-        mounts.push(json!({"name": keys::ROUTESERVER_CA_VOLUME, "mountPath": ROUTESERVER_CA_DIR, "readOnly": true}));
-    }
-    if !cfg.routeserver_token_audience.is_empty() {
-        env_list.push(env(
-            "SPUR_ROUTESERVER_TOKEN_FILE",
-            format!("{ROUTESERVER_TOKEN_DIR}/token"),
-        ));
-        volumes.push(json!({
-            "name": keys::ROUTESERVER_TOKEN_VOLUME,
-            "projected": {"sources": [{"serviceAccountToken": {
-                "audience": cfg.routeserver_token_audience,
-                "expirationSeconds": 3600,
-                "path": "token",
-            }}]},
-        }));
-        mounts.push(json!({"name": keys::ROUTESERVER_TOKEN_VOLUME, "mountPath": ROUTESERVER_TOKEN_DIR, "readOnly": true}));
-    }
-    if !cfg.traffic_server.is_empty() {
-        env_list.push(env("SPUR_TRAFFIC_SERVER", cfg.traffic_server.clone()));
-        env_list.push(field("SPUR_POD_NAME", "metadata.name"));
-        if !cfg.routeserver_ca_config_map.is_empty() {
-            env_list.push(env(
-                "SPUR_TRAFFIC_SERVER_CA",
-                format!("{ROUTESERVER_CA_DIR}/ca.crt"),
-            ));
-        }
-        env_list.push(env(
-            "SPUR_TRAFFIC_SERVER_TOKEN_FILE",
-            format!("{TRAFFIC_TOKEN_DIR}/token"),
-        ));
-        volumes.push(json!({
-            "name": keys::TRAFFIC_TOKEN_VOLUME,
-            "projected": {"sources": [{"serviceAccountToken": {
-                "audience": cfg.traffic_token_audience,
-                "expirationSeconds": 3600,
-                "path": "token",
-            }}]},
-        }));
-        mounts.push(json!({"name": keys::TRAFFIC_TOKEN_VOLUME, "mountPath": TRAFFIC_TOKEN_DIR, "readOnly": true}));
-    }
-    let mut sidecar = json!({
-        "name": keys::SIDECAR_CONTAINER,
-        "image": cfg.sidecar_image,
-        "command": ["spur-sidecar"],
-        "env": env_list,
-        "ports": [{"name": "spur-admin", "containerPort": cfg.admin_port, "protocol": "TCP"}],
-        // Started (and so ready) means "listening", not "routes loaded": a route server outage
-        // must not make the user's pods unready (keyed requests then fall back to the
-        // baseline). The kubelet starts the next container once this hook returns: at once
-        // when the sidecar listens. A startup probe instead costs a probe period or two (its
-        // worker ticks once a second) and a readiness probe one more: 3 s per pod start on the
-        // node tier (perf/results/node.md).
-        "lifecycle": {"postStart": {"exec": {"command": ["spur-sidecar", "--wait-listening", "60s"]}}},
-        "livenessProbe": probe(10, 6),
-        "resources": resources(&cfg.sidecar_resources),
-        "securityContext": security,
-    });
-    if !mounts.is_empty() {
-        sidecar["volumeMounts"] = Value::Array(mounts);
-    }
-    if placement == Placement::Native {
-        // A native sidecar: started before the app containers, stopped after them.
-        sidecar["restartPolicy"] = "Always".into();
-    }
-    if let Some(policy) = &cfg.image_pull_policy {
-        for c in init_containers
-            .iter_mut()
-            .chain(std::iter::once(&mut sidecar))
-        {
-            c["imagePullPolicy"] = policy.clone().into();
-        }
-    }
+    let files = parts::mounted_files(cfg);
+    env_list.extend(files.env);
+    let sidecar = parts::sidecar(cfg, env_list, security, files.mounts, placement);
+    let volumes = files.volumes;
     Ok(match placement {
         Placement::Native => {
             init_containers.push(sidecar);
@@ -670,19 +489,6 @@ pub fn containers(
             volumes,
         },
     })
-}
-
-/// Where the sidecar finds the route server's CA bundle and its token.
-const ROUTESERVER_CA_DIR: &str = "/var/run/spur/routeserver-ca";
-const ROUTESERVER_TOKEN_DIR: &str = "/var/run/spur/routeserver-token";
-const TRAFFIC_TOKEN_DIR: &str = "/var/run/spur/traffic-token";
-
-fn join(ports: &[u16]) -> String {
-    ports
-        .iter()
-        .map(u16::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 fn annotate(pod: &Pod, ops: &mut Vec<Value>, entries: &[(&str, &str)]) {

@@ -1,0 +1,382 @@
+//! The parts [`super::containers`] assembles into the injected containers: the inbound ports to
+//! intercept, the sidecar's environment, the files it mounts, its security context for each
+//! interception, the `spur-init` init container and the sidecar container itself. Split out so
+//! each part reads (and is tested) on its own.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use serde_json::{Value, json};
+use spur_api::keys::injection as keys;
+
+use super::{Baseline, InjectionConfig, Placement};
+use crate::Error;
+
+/// Where the sidecar finds the route server's CA bundle and its token.
+const ROUTESERVER_CA_DIR: &str = "/var/run/spur/routeserver-ca";
+const ROUTESERVER_TOKEN_DIR: &str = "/var/run/spur/routeserver-token";
+const TRAFFIC_TOKEN_DIR: &str = "/var/run/spur/traffic-token";
+
+/// The inbound ports a pod's interception covers, spelled as `spur-init` takes them.
+pub(super) struct Inbound {
+    /// Ports to redirect, comma-separated, or `*` for all.
+    include: String,
+    /// Ports never redirected, comma-separated; always includes the admin port.
+    exclude: String,
+}
+
+impl Inbound {
+    /// From the config and the pod's port annotations (an annotation that is not a list of
+    /// ports is a Config error).
+    pub(super) fn of(
+        annotations: &BTreeMap<String, String>,
+        cfg: &InjectionConfig,
+    ) -> Result<Self, Error> {
+        let mut exclude = vec![cfg.admin_port];
+        exclude.extend(&cfg.exclude_inbound_ports);
+        exclude.extend(annotated_ports(annotations, keys::EXCLUDE_INBOUND_PORTS)?);
+        exclude.sort_unstable();
+        exclude.dedup();
+        let include = annotated_ports(annotations, keys::INBOUND_PORTS)?;
+        let include = if include.is_empty() {
+            "*".to_string()
+        } else {
+            join(&include)
+        };
+        Ok(Inbound {
+            include,
+            exclude: join(&exclude),
+        })
+    }
+}
+
+/// The comma-separated ports of annotation `key` (none when absent or empty).
+fn annotated_ports(annotations: &BTreeMap<String, String>, key: &str) -> Result<Vec<u16>, Error> {
+    match annotations.get(key).map(|s| s.trim()) {
+        None | Some("") => Ok(Vec::new()),
+        Some(list) => list
+            .split(',')
+            .map(|p| {
+                p.trim()
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|p| *p != 0)
+                    .ok_or_else(|| Error::Config(format!("annotation {key}: {p:?} is not a port")))
+            })
+            .collect(),
+    }
+}
+
+fn join(ports: &[u16]) -> String {
+    ports
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+pub(super) fn env(name: &str, value: String) -> Value {
+    json!({"name": name, "value": value})
+}
+
+fn field(name: &str, path: &str) -> Value {
+    json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}})
+}
+
+fn resources(r: &ResourceRequirements) -> Value {
+    serde_json::to_value(r).unwrap_or(Value::Null)
+}
+
+/// The sidecar's environment every injection gives it, before the interception-, placement-
+/// and file-specific variables.
+pub(super) fn sidecar_env(baseline: &Baseline, cfg: &InjectionConfig) -> Vec<Value> {
+    vec![
+        env("SPUR_TRANSPARENT", "true".into()),
+        env("SPUR_INBOUND_ADDR", format!("0.0.0.0:{}", cfg.proxy_port)),
+        env("SPUR_ADMIN_ADDR", format!("0.0.0.0:{}", cfg.admin_port)),
+        env("SPUR_BASELINE_KIND", baseline.kind.into()),
+        env("SPUR_BASELINE_NAMESPACE", baseline.namespace.clone()),
+        env("SPUR_BASELINE_NAME", baseline.name.clone()),
+        env("SPUR_ROUTESERVER", cfg.routeserver.clone()),
+        env("SPUR_THREADS", cfg.sidecar_threads.to_string()),
+        env("SPUR_LOG", cfg.sidecar_log.clone()),
+        field("POD_NAME", "metadata.name"),
+        field("POD_NAMESPACE", "metadata.namespace"),
+    ]
+}
+
+/// The `spur-init` init container that programs the interception rules
+/// (`interception: initContainer`).
+pub(super) fn init_container(cfg: &InjectionConfig, inbound: &Inbound) -> Value {
+    let mut init = json!({
+        "name": keys::INIT_CONTAINER,
+        "image": cfg.init_image,
+        "command": ["spur-init"],
+        "args": [
+            "--mode", cfg.interception_mode,
+            "--proxy-port", cfg.proxy_port.to_string(),
+            "--proxy-uid", cfg.proxy_uid.to_string(),
+            "--inbound-ports", inbound.include,
+            "--exclude-inbound-ports", inbound.exclude,
+            // The sidecar listens on IPv4 only: IPv6 inbound must bypass it, not be
+            // redirected to a port nobody listens on.
+            "--ipv6", "false",
+        ],
+        "resources": resources(&cfg.init_resources),
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsGroup": 0,
+            "runAsNonRoot": false,
+            "allowPrivilegeEscalation": false,
+            "privileged": false,
+            "readOnlyRootFilesystem": false,
+            "capabilities": {"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]},
+        },
+    });
+    set_pull_policy(&mut init, cfg);
+    init
+}
+
+/// The sidecar's security context when `spur-init` programs the rules: it never holds a
+/// capability.
+pub(super) fn unprivileged_security(cfg: &InjectionConfig) -> Value {
+    json!({
+        "runAsUser": cfg.proxy_uid,
+        "runAsGroup": cfg.proxy_uid,
+        "runAsNonRoot": true,
+        "allowPrivilegeEscalation": false,
+        "privileged": false,
+        "readOnlyRootFilesystem": true,
+        "capabilities": {"drop": ["ALL"]},
+    })
+}
+
+/// The variables that make the sidecar program the interception rules itself
+/// (`interception: sidecar`): spur-init's own variables; the redirect port and the admin port's
+/// exclusion come from SPUR_INBOUND_ADDR and SPUR_ADMIN_ADDR.
+pub(super) fn intercept_env(cfg: &InjectionConfig, inbound: &Inbound) -> Vec<Value> {
+    vec![
+        env("SPUR_INTERCEPT", "true".into()),
+        env("SPUR_INIT_MODE", cfg.interception_mode.clone()),
+        env("SPUR_PROXY_UID", cfg.proxy_uid.to_string()),
+        env("SPUR_INBOUND_PORTS", inbound.include.clone()),
+        env("SPUR_EXCLUDE_INBOUND_PORTS", inbound.exclude.clone()),
+        env("SPUR_INIT_IPV6", "false".into()),
+        // iptables-legacy's lock file, off the read-only root (a pod-local lock).
+        env("XTABLES_LOCKFILE", "/dev/shm/spur-xtables.lock".into()),
+    ]
+}
+
+/// The sidecar's security context when it programs the rules itself: root with what
+/// programming netfilter and switching ids needs; the sidecar gives all of it up (uid and gid
+/// 15337, no capabilities) before it opens a socket.
+pub(super) fn intercepting_security() -> Value {
+    json!({
+        "runAsUser": 0,
+        "runAsGroup": 0,
+        "runAsNonRoot": false,
+        "allowPrivilegeEscalation": false,
+        "privileged": false,
+        "readOnlyRootFilesystem": true,
+        "capabilities": {"add": ["NET_ADMIN", "NET_RAW", "SETUID", "SETGID"], "drop": ["ALL"]},
+    })
+}
+
+/// Files the sidecar mounts: pod volumes, its mounts of them, and the variables that point it
+/// at them.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Files {
+    pub env: Vec<Value>,
+    pub volumes: Vec<Value>,
+    pub mounts: Vec<Value>,
+}
+
+/// The route server's CA bundle and a token for its audience (and the traffic store's token
+/// when there is one), all files the kubelet keeps current (the sidecar re-reads them for every
+/// connection).
+pub(super) fn mounted_files(cfg: &InjectionConfig) -> Files {
+    let mut files = Files::default();
+    let Files {
+        env: env_list,
+        volumes,
+        mounts,
+    } = &mut files;
+    if !cfg.routeserver_ca_config_map.is_empty() {
+        env_list.push(env(
+            "SPUR_ROUTESERVER_CA",
+            format!("{ROUTESERVER_CA_DIR}/ca.crt"),
+        ));
+        volumes.push(json!({
+            "name": keys::ROUTESERVER_CA_VOLUME,
+            "configMap": {"name": cfg.routeserver_ca_config_map, "items": [{"key": "ca.crt", "path": "ca.crt"}]},
+        }));
+        mounts.push(json!({"name": keys::ROUTESERVER_CA_VOLUME, "mountPath": ROUTESERVER_CA_DIR, "readOnly": true}));
+    }
+    if !cfg.routeserver_token_audience.is_empty() {
+        env_list.push(env(
+            "SPUR_ROUTESERVER_TOKEN_FILE",
+            format!("{ROUTESERVER_TOKEN_DIR}/token"),
+        ));
+        volumes.push(json!({
+            "name": keys::ROUTESERVER_TOKEN_VOLUME,
+            "projected": {"sources": [{"serviceAccountToken": {
+                "audience": cfg.routeserver_token_audience,
+                "expirationSeconds": 3600,
+                "path": "token",
+            }}]},
+        }));
+        mounts.push(json!({"name": keys::ROUTESERVER_TOKEN_VOLUME, "mountPath": ROUTESERVER_TOKEN_DIR, "readOnly": true}));
+    }
+    if !cfg.traffic_server.is_empty() {
+        env_list.push(env("SPUR_TRAFFIC_SERVER", cfg.traffic_server.clone()));
+        env_list.push(field("SPUR_POD_NAME", "metadata.name"));
+        if !cfg.routeserver_ca_config_map.is_empty() {
+            env_list.push(env(
+                "SPUR_TRAFFIC_SERVER_CA",
+                format!("{ROUTESERVER_CA_DIR}/ca.crt"),
+            ));
+        }
+        env_list.push(env(
+            "SPUR_TRAFFIC_SERVER_TOKEN_FILE",
+            format!("{TRAFFIC_TOKEN_DIR}/token"),
+        ));
+        volumes.push(json!({
+            "name": keys::TRAFFIC_TOKEN_VOLUME,
+            "projected": {"sources": [{"serviceAccountToken": {
+                "audience": cfg.traffic_token_audience,
+                "expirationSeconds": 3600,
+                "path": "token",
+            }}]},
+        }));
+        mounts.push(json!({"name": keys::TRAFFIC_TOKEN_VOLUME, "mountPath": TRAFFIC_TOKEN_DIR, "readOnly": true}));
+    }
+    files
+}
+
+/// The `spur-sidecar` container, with its complete environment, security context and mounts.
+pub(super) fn sidecar(
+    cfg: &InjectionConfig,
+    env_list: Vec<Value>,
+    security: Value,
+    mounts: Vec<Value>,
+    placement: Placement,
+) -> Value {
+    let mut sidecar = json!({
+        "name": keys::SIDECAR_CONTAINER,
+        "image": cfg.sidecar_image,
+        "command": ["spur-sidecar"],
+        "env": env_list,
+        "ports": [{"name": "spur-admin", "containerPort": cfg.admin_port, "protocol": "TCP"}],
+        // Started (and so ready) means "listening", not "routes loaded": a route server outage
+        // must not make the user's pods unready (keyed requests then fall back to the
+        // baseline). The kubelet starts the next container once this hook returns: at once
+        // when the sidecar listens. A startup probe instead costs a probe period or two (its
+        // worker ticks once a second) and a readiness probe one more: 3 s per pod start on the
+        // node tier (perf/results/node.md).
+        "lifecycle": {"postStart": {"exec": {"command": ["spur-sidecar", "--wait-listening", "60s"]}}},
+        "livenessProbe": {
+            "httpGet": {"path": "/live", "port": cfg.admin_port},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "resources": resources(&cfg.sidecar_resources),
+        "securityContext": security,
+    });
+    if !mounts.is_empty() {
+        sidecar["volumeMounts"] = Value::Array(mounts);
+    }
+    if placement == Placement::Native {
+        // A native sidecar: started before the app containers, stopped after them.
+        sidecar["restartPolicy"] = "Always".into();
+    }
+    set_pull_policy(&mut sidecar, cfg);
+    sidecar
+}
+
+/// Sets the configured `imagePullPolicy` on an injected container; none leaves Kubernetes'
+/// default.
+fn set_pull_policy(container: &mut Value, cfg: &InjectionConfig) {
+    if let Some(policy) = &cfg.image_pull_policy {
+        container["imagePullPolicy"] = policy.clone().into();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn names(values: &[Value]) -> Vec<&str> {
+        values.iter().map(|v| v["name"].as_str().unwrap()).collect()
+    }
+
+    /// The documented (default) configuration mounts the CA bundle and the route server token;
+    /// these are the other branches: nothing at all, and a traffic store without a CA bundle.
+    #[test]
+    fn mounted_files_follow_the_config() {
+        let none = InjectionConfig {
+            routeserver_ca_config_map: String::new(),
+            routeserver_token_audience: String::new(),
+            ..InjectionConfig::default()
+        };
+        assert_eq!(mounted_files(&none), Files::default());
+
+        let traffic = InjectionConfig {
+            traffic_server: "spur-traffic.spur-system.svc:7778".into(),
+            ..none
+        };
+        let files = mounted_files(&traffic);
+        assert_eq!(
+            names(&files.env),
+            [
+                "SPUR_TRAFFIC_SERVER",
+                "SPUR_POD_NAME",
+                "SPUR_TRAFFIC_SERVER_TOKEN_FILE"
+            ]
+        );
+        assert_eq!(names(&files.volumes), [keys::TRAFFIC_TOKEN_VOLUME]);
+        assert_eq!(
+            files.volumes[0]["projected"]["sources"][0]["serviceAccountToken"]["audience"],
+            "spur-traffic"
+        );
+        assert_eq!(files.mounts[0]["mountPath"], TRAFFIC_TOKEN_DIR);
+
+        // With the CA bundle, the traffic store is dialled under it too.
+        let with_ca = InjectionConfig {
+            routeserver_ca_config_map: "spur-ca-bundle".into(),
+            ..traffic
+        };
+        let files = mounted_files(&with_ca);
+        assert!(names(&files.env).contains(&"SPUR_TRAFFIC_SERVER_CA"));
+        assert_eq!(
+            names(&files.mounts),
+            [keys::ROUTESERVER_CA_VOLUME, keys::TRAFFIC_TOKEN_VOLUME]
+        );
+    }
+
+    #[test]
+    fn pull_policy_is_set_only_when_configured() {
+        let cfg = InjectionConfig::default();
+        let inbound = Inbound::of(&BTreeMap::new(), &cfg).unwrap();
+        assert_eq!(init_container(&cfg, &inbound).get("imagePullPolicy"), None);
+        let cfg = InjectionConfig {
+            image_pull_policy: Some("IfNotPresent".into()),
+            ..cfg
+        };
+        assert_eq!(
+            init_container(&cfg, &inbound)["imagePullPolicy"],
+            "IfNotPresent"
+        );
+        let sidecar = sidecar(
+            &cfg,
+            Vec::new(),
+            Value::Null,
+            Vec::new(),
+            Placement::Regular,
+        );
+        assert_eq!(sidecar["imagePullPolicy"], "IfNotPresent");
+        // No mounts: no volumeMounts key at all.
+        assert_eq!(sidecar.get("volumeMounts"), None);
+    }
+}
