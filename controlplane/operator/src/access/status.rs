@@ -55,6 +55,16 @@ pub(super) fn withheld(
             );
         }
     }
+    not_ready(status, generation, reason, message);
+}
+
+/// `Ready=False`, and no command to run.
+fn not_ready(
+    status: &mut AccessRequestStatus,
+    generation: Option<i64>,
+    reason: &str,
+    message: &str,
+) {
     status.ready = false;
     status.access_message = None;
     mark(
@@ -299,16 +309,7 @@ pub(super) fn waiting(
         "Waiting",
         &message,
     );
-    status.ready = false;
-    status.access_message = None;
-    mark(
-        status,
-        generation,
-        READY,
-        ConditionStatus::False,
-        "Waiting",
-        &message,
-    );
+    not_ready(status, generation, "Waiting", &message);
 }
 
 /// The grant is in place: `Ready=True` with the command to run (`access_message`); the
