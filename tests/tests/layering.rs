@@ -8,7 +8,9 @@
 //! - no server crate links another server's crate: what servers share (serving TLS, the PKI, the
 //!   HTTP/1 front door, the probe server) comes from the serving kit, `spur-serving`;
 //! - the wire crate, `spur-proto`, depends on no other Spur crate: conversions live with the
-//!   domain types they convert to.
+//!   domain types they convert to;
+//! - the operator is assembled from crates by feature (`spur-operator-<feature>`) that stand on
+//!   a shared core (`spur-operator-core`), never on one another or on the assembly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -292,7 +294,9 @@ fn the_user_cli_links_no_role_it_does_not_run() {
         "spur-tunnelproxy",
         "spur-jobs",
     ];
-    let linked = graph.paths_to(cli, |n| servers.contains(&n));
+    let linked = graph.paths_to(cli, |n| {
+        servers.contains(&n) || n.starts_with("spur-operator-")
+    });
     assert!(
         linked.is_empty(),
         "spur-cli links server roles of their own binaries:\n{}",
@@ -342,4 +346,56 @@ fn the_demo_builds_without_the_cluster_side() {
         heavy.is_empty(),
         "spur-demo builds {heavy:?}: keep the route server's `kubernetes` feature off for it"
     );
+}
+
+/// Which operator feature may build on which (`(from, to)`). None yet: the features still in
+/// `spur-operator` (the RoutingConfig controller calls into mesh) are the assembly's own.
+const OPERATOR_FEATURE_EDGES: &[(&str, &str)] = &[];
+
+/// The operator's features are crates of their own (`spur-operator-<feature>`, docs in
+/// ARCHITECTURE.md): each links the shared core, `spur-operator-core`, and no other feature
+/// (except an edge [`OPERATOR_FEATURE_EDGES`] allows); the core links no feature; neither links
+/// the assembly, `spur-operator`.
+#[test]
+fn operator_features_stand_on_the_core_not_on_each_other() {
+    let graph = Graph::load();
+    let core = graph.id("spur-operator-core");
+    let is_operator = |n: &str| n == "spur-operator" || n.starts_with("spur-operator-");
+    let mut features: Vec<&str> = graph
+        .name
+        .iter()
+        .filter(|(_, n)| {
+            n.starts_with("spur-operator-") && *n != "spur-operator-core" && !n.ends_with("-bin")
+        })
+        .map(|(id, _)| id.as_str())
+        .collect();
+    features.sort_by_key(|id| &graph.name[*id]);
+    assert!(!features.is_empty(), "no operator feature crate found");
+    let up = graph.paths_to(core, is_operator);
+    assert!(
+        up.is_empty(),
+        "spur-operator-core links the operator's features or assembly:\n{}",
+        up.join("\n")
+    );
+    for id in features {
+        let name = graph.name[id].as_str();
+        assert!(
+            graph.direct(id).any(|d| d == core),
+            "{name} does not build on spur-operator-core"
+        );
+        let allowed = |n: &str| {
+            n == "spur-operator-core" || n == name || OPERATOR_FEATURE_EDGES.contains(&(name, n))
+        };
+        let sideways: Vec<String> = graph
+            .direct(id)
+            .filter(|d| is_operator(&graph.name[*d]) && !allowed(&graph.name[*d]))
+            .map(|d| format!("{name} -> {}", graph.name[d]))
+            .collect();
+        assert!(
+            sideways.is_empty(),
+            "operator feature crates link each other or the assembly (move what they share \
+             into spur-operator-core, or declare the edge in OPERATOR_FEATURE_EDGES):\n{}",
+            sideways.join("\n")
+        );
+    }
 }

@@ -8,10 +8,12 @@
 //! - [`finalized`]: a finalizer pass's outcome as the reconciler's own error;
 //! - [`Backoff`]: per-object exponential backoff computed in the error policy and reset by the
 //!   kit on a successful pass ([`run`]), so reconcilers keep no books;
-//! - [`run`]: a built `Controller` driven to its end under a stop token and a drain deadline.
+//! - [`run`]: a built `Controller` driven to its end under a stop token and a drain deadline;
+//! - [`changes`]: watch streams that wake a controller only when what it reads changed.
 
 mod apply;
 mod backoff;
+pub mod changes;
 mod finalizer;
 mod spawn;
 mod status;

@@ -1,41 +1,22 @@
-//! What every reconciler shares: the client, the field manager, the event recorder, metrics and
-//! the per-object failure counts behind the error policy's backoff (kept by the controller
-//! kit, `spur_controller`).
+//! The operator's context: the part every feature shares (`spur_operator_core::Context`: the
+//! client, the field manager, the event recorder, metrics and the per-object failure counts
+//! behind the error policy's backoff) and each feature's configuration.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::Client;
 use kube::runtime::reflector::Store;
-use kube::{Client, Resource};
 
 use spur_api::{ExternalWorkload, ForkedWorkload, RoutingConfig};
 
-use crate::Error;
-
-/// Field manager of every server-side apply the operator makes (spec and status alike: nothing
-/// else writes the fields it owns).
-pub const FIELD_MANAGER: &str = "spur-operator";
-
-/// How the operator applies the children it owns (stamped with [`DESIRED`]).
-///
-/// [`DESIRED`]: spur_api::keys::annotations::DESIRED
-pub(crate) const OWNER: spur_controller::Owner = spur_controller::Owner {
-    field_manager: FIELD_MANAGER,
-    stamp: spur_api::keys::annotations::DESIRED,
-};
+pub use spur_operator_core::FIELD_MANAGER;
+pub(crate) use spur_operator_core::{OWNER, delete_opt, now};
 
 pub struct Context {
-    pub client: Client,
-    recorder: Recorder,
-    /// Per-object failure counts: counted by the error policies ([`Context::retry`]), reset
-    /// by `spur_controller::run` when a pass succeeds.
-    backoff: spur_controller::Backoff,
-    pub(crate) metrics: crate::metrics::Metrics,
+    /// What every feature shares; the fields below are the features' own.
+    pub(crate) core: Arc<spur_operator_core::Context>,
     /// The certificate manager's configuration; without one, no certificates are managed.
     pub(crate) pki: Option<crate::PkiConfig>,
     /// Where workstation tunnels report themselves, and when dead ones are collected.
@@ -55,8 +36,6 @@ pub struct Context {
     /// Namespace enrollment: the RoleBindings made in namespaces labelled
     /// `spur.dev/enabled=true` (`crate::enroll`). `None`: the enroller does not run.
     pub(crate) enrollment: Option<crate::enroll_config::EnrollConfig>,
-    /// Every status write of the operator's controllers (skipping unchanged ones).
-    pub(crate) status: spur_controller::StatusWriter,
 }
 
 /// The hub's preview domain and this cluster's name there (docs/hub.md).
@@ -122,21 +101,14 @@ impl std::ops::Deref for Term {
 
 impl spur_controller::HasBackoff for Term {
     fn backoff(&self) -> &spur_controller::Backoff {
-        &self.ctx.backoff
+        spur_controller::HasBackoff::backoff(&*self.ctx.core)
     }
 }
 
 impl Context {
-    pub fn new(client: Client, instance: Option<String>, metrics: crate::metrics::Metrics) -> Self {
-        let reporter = Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance,
-        };
+    pub fn new(client: Client, instance: Option<String>, metrics: crate::Metrics) -> Self {
         Context {
-            recorder: Recorder::new(client.clone(), reporter),
-            client,
-            backoff: spur_controller::Backoff::default(),
-            metrics,
+            core: Arc::new(spur_operator_core::Context::new(client, instance, metrics)),
             pki: None,
             tunnels: crate::TunnelConfig::default(),
             fork_policy: crate::ForkPolicy::default(),
@@ -146,7 +118,6 @@ impl Context {
             access: false,
             access_tokens: None,
             enrollment: None,
-            status: spur_controller::StatusWriter::new(FIELD_MANAGER),
         }
     }
 
@@ -206,73 +177,17 @@ impl Context {
         self.fork_policy = policy;
         self
     }
+}
 
-    /// Publishes an event about `obj`; a failure to publish is logged, never fatal.
-    pub async fn event<K: Resource<DynamicType = ()>>(
-        &self,
-        obj: &K,
-        warning: bool,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) {
-        let ev = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.into(),
-            note: Some(note),
-            action: action.into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
-            tracing::debug!(error = %e, "cannot publish event");
-        }
-    }
-
-    /// Exponential per-object backoff: 1 s, 2 s, 4 s … capped at 5 min; reset by a success.
-    pub(crate) fn retry<K: Resource<DynamicType = ()>>(&self, obj: &K, err: &Error) -> Action {
-        Action::requeue(self.retry_delay(obj, err))
-    }
-
-    /// The delay [`Context::retry`] would requeue after (counting the failure), for error
-    /// policies that cap it.
-    pub(crate) fn retry_delay<K: Resource<DynamicType = ()>>(
-        &self,
-        obj: &K,
-        err: &Error,
-    ) -> Duration {
-        let delay = self.backoff.failed(obj, err);
-        self.metrics.failure();
-        delay
+impl std::ops::Deref for Context {
+    type Target = spur_operator_core::Context;
+    fn deref(&self) -> &spur_operator_core::Context {
+        &self.core
     }
 }
 
 impl spur_controller::HasBackoff for Context {
     fn backoff(&self) -> &spur_controller::Backoff {
-        &self.backoff
+        spur_controller::HasBackoff::backoff(&*self.core)
     }
-}
-
-/// Deletes `name` with background propagation. One that is already gone is not an error: a
-/// reconcile working from a cache a moment old, or a delete that raced another, wanted exactly
-/// that, and failing would only back the object off for nothing.
-pub(crate) async fn delete_opt<K>(api: &kube::Api<K>, name: &str) -> Result<(), Error>
-where
-    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-{
-    match api
-        .delete(name, &kube::api::DeleteParams::background())
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-pub(crate) fn now() -> Time {
-    Time(k8s_openapi::jiff::Timestamp::now())
 }

@@ -27,19 +27,13 @@ mod controllers;
 pub mod enroll;
 mod enroll_config;
 pub mod envoyconfig;
-mod error;
 pub mod external;
 pub mod fork;
 mod forked;
 pub mod inject;
 mod leader;
 pub mod listenerset;
-mod mesh;
-mod mesh_gateway;
-mod mesh_istio;
-mod metrics;
 pub mod olm;
-pub mod owner;
 pub mod patch;
 mod pki_config;
 mod resources;
@@ -54,16 +48,15 @@ pub mod workstations;
 pub mod xds_clients;
 
 pub use context::{Context, FIELD_MANAGER, Previews};
-pub use error::Error;
 pub use external::TunnelConfig;
 pub use fork::ForkPolicy;
 pub use inject::InjectionConfig;
 pub use leader::{LeaderElection, run_elected};
-pub use mesh::MeshConfig;
-pub use metrics::Metrics;
 pub use olm::ResourceConfig;
 pub use pki_config::XdsClientConfig;
 pub use pki_config::{PKI_LABEL, PkiConfig, ServingCert};
+pub use spur_operator_core::{Error, FINALIZER, Metrics, owner};
+pub use spur_operator_mesh::MeshConfig;
 pub use webhook::sandbox::{MUTATE_SANDBOX_PATH, VALIDATE_SANDBOX_PATH};
 pub use webhook::{
     MUTATE_ACCESS_REQUEST_PATH, MUTATE_POD_PATH, VALIDATE_ENVOYCONFIG_PATH,
@@ -72,13 +65,13 @@ pub use webhook::{
 
 use std::sync::Arc;
 
+// The features in crates of their own, under the names the modules here use.
+use spur_operator_mesh::{self as mesh, gateway as mesh_gateway, istio as mesh_istio};
+
 use kube::Client;
 use tokio_util::sync::CancellationToken;
 
 pub use spur_controller::DRAIN_GRACE;
-
-/// The finalizer on Sandboxes, ForkedWorkloads and RouteGroups.
-pub const FINALIZER: &str = "spur.dev/cleanup";
 
 /// Runs all the controllers the context enables, the dead-tunnel collector (and the
 /// certificate manager, when the context has a PKI configuration) until `stop` is cancelled,

@@ -135,12 +135,12 @@ pub(crate) async fn mesh(client: Client, ctx: Arc<Context>, stop: CancellationTo
     let mesh = ctx.mesh.clone().unwrap_or_default();
     let istio = async {
         if mesh.istio {
-            mesh_istio::run(client.clone(), ctx.clone(), mesh.clone(), stop.clone()).await;
+            mesh_istio::run(client.clone(), ctx.core.clone(), mesh.clone(), stop.clone()).await;
         }
     };
     let gateway = async {
         if mesh.gateway_api {
-            mesh_gateway::run(client.clone(), ctx.clone(), stop.clone()).await;
+            mesh_gateway::run(client.clone(), ctx.core.clone(), stop.clone()).await;
         }
     };
     tokio::join!(istio, gateway);

@@ -28,9 +28,9 @@ use spur_api::IstioRoute;
 use spur_api::mesh::MAX_MATCHED_OBJECTS;
 use tokio_util::sync::CancellationToken;
 
-use crate::context::{Context, FIELD_MANAGER};
-use crate::mesh::{MeshConfig, virtual_service_resource};
-use crate::{Error, FINALIZER};
+use spur_operator_core::{Context, Error, FIELD_MANAGER, FINALIZER};
+
+use crate::{MeshConfig, virtual_service_resource};
 
 mod desired;
 mod status;
@@ -55,12 +55,7 @@ pub(crate) struct IstioContext {
 
 /// The IstioRoute controller, woken by its IstioRoutes and by every VirtualService that names
 /// one's target Service or holds its routes.
-pub(crate) async fn run(
-    client: Client,
-    ctx: Arc<Context>,
-    cfg: MeshConfig,
-    stop: CancellationToken,
-) {
+pub async fn run(client: Client, ctx: Arc<Context>, cfg: MeshConfig, stop: CancellationToken) {
     let resource = virtual_service_resource();
     let writer = Writer::new(resource.clone());
     let virtual_services = writer.as_reader();
@@ -70,9 +65,10 @@ pub(crate) async fn run(
     )
     .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear());
     let changes = reflector(writer, events).touched_objects();
-    let controller = crate::triggers::primary(Api::<IstioRoute>::all(client.clone())).with_config(
-        kube::runtime::controller::Config::default().debounce(Duration::from_millis(10)),
-    );
+    let controller = spur_controller::changes::primary(Api::<IstioRoute>::all(client.clone()))
+        .with_config(
+            kube::runtime::controller::Config::default().debounce(Duration::from_millis(10)),
+        );
     let routes = controller.store();
     let domain = cfg.cluster_domain.clone();
     let ictx = Arc::new(IstioContext {

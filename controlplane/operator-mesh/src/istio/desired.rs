@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use spur_api::carriers::{MatchKind, key_matches};
 use spur_api::mesh::{MeshRoute, ServiceRef};
 
-use crate::mesh::spec_of;
+use crate::spec_of;
 
 /// Every route Spur writes into a VirtualService is named `spur.<IstioRoute>.<port>`; the
 /// `spur.` prefix is Spur's, and such routes are kept ahead of all others.

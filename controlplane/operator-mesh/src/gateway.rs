@@ -25,9 +25,9 @@ use spur_api::GatewayAPIRoute;
 use spur_api::keys::{annotations, labels};
 use tokio_util::sync::CancellationToken;
 
-use crate::context::{Context, FIELD_MANAGER};
-use crate::mesh::http_route_resource;
-use crate::{Error, FINALIZER};
+use spur_operator_core::{Context, Error, FIELD_MANAGER, FINALIZER};
+
+use crate::http_route_resource;
 
 mod desired;
 mod status;
@@ -48,7 +48,7 @@ pub(crate) struct GatewayContext {
 
 /// The GatewayAPIRoute controller, woken by its GatewayAPIRoutes, by every HTTPRoute with a
 /// backendRef to one's target Service, and by the routes it derived.
-pub(crate) async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     let resource = http_route_resource();
     let writer = Writer::new(resource.clone());
     let http_routes = writer.as_reader();
@@ -58,7 +58,7 @@ pub(crate) async fn run(client: Client, ctx: Arc<Context>, stop: CancellationTok
     )
     .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear());
     let changes = reflector(writer, events).touched_objects();
-    let controller = crate::triggers::primary(Api::<GatewayAPIRoute>::all(client.clone()))
+    let controller = spur_controller::changes::primary(Api::<GatewayAPIRoute>::all(client.clone()))
         .with_config(
             kube::runtime::controller::Config::default().debounce(Duration::from_millis(10)),
         );
@@ -141,7 +141,7 @@ async fn apply(gr: &GatewayAPIRoute, gctx: &GatewayContext) -> Result<Action, Er
         let ns = old.namespace().unwrap_or_default();
         let api =
             Api::<DynamicObject>::namespaced_with(gctx.ctx.client.clone(), &ns, &gctx.resource);
-        crate::context::delete_opt(&api, &old.name_any()).await?;
+        spur_operator_core::delete_opt(&api, &old.name_any()).await?;
     }
     let old = gr.status.clone().unwrap_or_default();
     let st = status::status(gr, invalid.as_deref(), &derived);
@@ -160,7 +160,7 @@ async fn cleanup(gr: &GatewayAPIRoute, gctx: &GatewayContext) -> Result<Action, 
         let ns = r.namespace().unwrap_or_default();
         let api =
             Api::<DynamicObject>::namespaced_with(gctx.ctx.client.clone(), &ns, &gctx.resource);
-        crate::context::delete_opt(&api, &r.name_any()).await?;
+        spur_operator_core::delete_opt(&api, &r.name_any()).await?;
     }
     Ok(Action::await_change())
 }

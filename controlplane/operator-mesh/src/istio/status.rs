@@ -5,7 +5,7 @@ use kube::{Resource, ResourceExt};
 use spur_api::mesh::MatchedObject;
 use spur_api::{IstioRoute, MeshRouteStatus};
 
-use crate::mesh::route_status;
+use crate::route_status;
 
 /// The entry of a VirtualService that names the target Service, after the pass put the
 /// IstioRoute's `own` routes in it: `user` is how many routes of its own it has, `None` when it

@@ -187,25 +187,25 @@ impl Metrics {
         m
     }
 
-    pub(crate) fn tunnel_collected(&self) {
+    pub fn tunnel_collected(&self) {
         self.tunnels_collected.inc();
     }
 
-    pub(crate) fn cert_expiry(&self, certificate: &'static str, not_after: i64) {
+    pub fn cert_expiry(&self, certificate: &'static str, not_after: i64) {
         self.cert_not_after
             .get_or_create(&Cert { certificate })
             .set(not_after);
     }
 
-    pub(crate) fn workstation_request_failed(&self) {
+    pub fn workstation_request_failed(&self) {
         self.workstation_requests_failed.inc();
     }
 
-    pub(crate) fn cert_issued(&self, certificate: &'static str) {
+    pub fn cert_issued(&self, certificate: &'static str) {
         self.cert_issued.get_or_create(&Cert { certificate }).inc();
     }
 
-    pub(crate) fn pods_without_sidecar(&self, namespace: &str, forked_workload: &str, n: usize) {
+    pub fn pods_without_sidecar(&self, namespace: &str, forked_workload: &str, n: usize) {
         self.without_sidecar
             .get_or_create(&Forked {
                 namespace: namespace.into(),
@@ -215,70 +215,70 @@ impl Metrics {
     }
 
     /// A ForkedWorkload is gone: its series goes too.
-    pub(crate) fn forget_forked(&self, namespace: &str, forked_workload: &str) {
+    pub fn forget_forked(&self, namespace: &str, forked_workload: &str) {
         self.without_sidecar.remove(&Forked {
             namespace: namespace.into(),
             forked_workload: forked_workload.into(),
         });
     }
 
-    pub(crate) fn pki_failure(&self) {
+    pub fn pki_failure(&self) {
         self.pki_failures.inc();
     }
 
-    pub(crate) fn admission(&self, result: &'static str) {
+    pub fn admission(&self, result: &'static str) {
         self.admissions.get_or_create(&Admission { result }).inc();
     }
 
-    pub(crate) fn access_admission(&self, result: &'static str) {
+    pub fn access_admission(&self, result: &'static str) {
         self.access_admissions
             .get_or_create(&Admission { result })
             .inc();
     }
 
-    pub(crate) fn sandbox_admission(&self, result: &'static str) {
+    pub fn sandbox_admission(&self, result: &'static str) {
         self.sandbox_admissions
             .get_or_create(&Admission { result })
             .inc();
     }
 
-    pub(crate) fn audit(&self, result: &'static str) {
+    pub fn audit(&self, result: &'static str) {
         self.audits.get_or_create(&Admission { result }).inc();
     }
 
-    pub(crate) fn access_grant(&self, kind: &'static str, event: &'static str) {
+    pub fn access_grant(&self, kind: &'static str, event: &'static str) {
         self.access_grants
             .get_or_create(&AccessEvent { kind, event })
             .inc();
     }
 
-    pub(crate) fn listenerset_admission(&self, result: &'static str) {
+    pub fn listenerset_admission(&self, result: &'static str) {
         self.listenerset_admissions
             .get_or_create(&Admission { result })
             .inc();
     }
 
-    pub(crate) fn envoyconfig_admission(&self, result: &'static str) {
+    pub fn envoyconfig_admission(&self, result: &'static str) {
         self.envoyconfig_admissions
             .get_or_create(&Admission { result })
             .inc();
     }
 
-    pub(crate) fn tls_error(&self) {
+    pub fn tls_error(&self) {
         self.tls_errors.inc();
     }
 
-    pub(crate) fn serving_cert_loaded(&self, loaded: bool) {
+    pub fn serving_cert_loaded(&self, loaded: bool) {
         self.serving_cert_loaded.set(i64::from(loaded));
     }
 
-    pub(crate) fn set_leader(&self, leading: bool) {
+    pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
     }
 
     /// Counts a reconcile pass of `kind`; its duration is recorded when the guard drops, so
     /// failed and cancelled passes are timed too.
-    pub(crate) fn reconcile(&self, kind: &'static str) -> ReconcileTimer<'_> {
+    pub fn reconcile(&self, kind: &'static str) -> ReconcileTimer<'_> {
         self.reconciles.get_or_create(&Kind { kind }).inc();
         ReconcileTimer {
             metrics: self,
@@ -287,13 +287,13 @@ impl Metrics {
         }
     }
 
-    pub(crate) fn failure(&self) {
+    pub fn failure(&self) {
         self.failures.inc();
     }
 }
 
 /// See [`Metrics::reconcile`].
-pub(crate) struct ReconcileTimer<'a> {
+pub struct ReconcileTimer<'a> {
     metrics: &'a Metrics,
     kind: &'static str,
     started: std::time::Instant,

@@ -10,7 +10,7 @@ use spur_api::keys::{annotations, labels};
 use spur_api::mesh::{MeshRoute, PortMapping, ServiceRef};
 use spur_api::{GatewayAPIRoute, names};
 
-use crate::mesh::spec_of;
+use crate::spec_of;
 
 /// Gateway API's bounds on an HTTPRoute (standard channel CRD, v1.6): matches per rule, matches
 /// per route, header matches per match.

@@ -1,7 +1,8 @@
 //! Mesh modes (docs/mesh.md): for clusters that route with Istio or a Gateway API
 //! implementation instead of Spur's sidecar, the RoutingConfig controller keeps one IstioRoute
-//! and/or one GatewayAPIRoute per baseline Service its key reaches (this module); their own
-//! controllers write the mesh's objects (`mesh_istio`, `mesh_gateway`).
+//! and/or one GatewayAPIRoute per baseline Service its key reaches (this crate's root, called by
+//! the RoutingConfig controller); their own controllers write the mesh's objects ([`istio`],
+//! [`gateway`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -18,8 +19,10 @@ use spur_api::{
     RoutingConfig, ServiceMapping, names,
 };
 
-use crate::Error;
-use crate::context::{Context, delete_opt};
+use spur_operator_core::{Context, Error, delete_opt};
+
+pub mod gateway;
+pub mod istio;
 
 /// Which mesh modes the operator runs, and what they need to know about the cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,10 +64,10 @@ impl MeshConfig {
 }
 
 /// One routed workload's sandbox Services, as the RoutingConfig controller found them ready.
-pub(crate) struct Target<'a> {
-    pub(crate) namespace: &'a str,
-    pub(crate) sandbox: &'a str,
-    pub(crate) services: &'a [ServiceMapping],
+pub struct Target<'a> {
+    pub namespace: &'a str,
+    pub sandbox: &'a str,
+    pub services: &'a [ServiceMapping],
 }
 
 /// What one mesh route is for: the baseline Service, its sandbox, its port mappings.
@@ -120,7 +123,7 @@ fn owner_name(rc: &RoutingConfig) -> String {
 /// Keeps exactly one IstioRoute / GatewayAPIRoute (per enabled mode) for each baseline Service
 /// of `targets`, applied with server-side apply, labelled with and owned by `rc`; deletes the
 /// ones `rc` no longer wants.
-pub(crate) async fn sync(
+pub async fn sync(
     rc: &RoutingConfig,
     targets: &[Target<'_>],
     cfg: &MeshConfig,
@@ -205,7 +208,7 @@ where
     let api: Api<K> = Api::all(ctx.client.clone());
     let keep: BTreeSet<String> = desired.iter().map(ResourceExt::name_any).collect();
     for obj in desired {
-        crate::context::OWNER.ensure(&api, None, obj).await?;
+        spur_operator_core::OWNER.ensure(&api, None, obj).await?;
     }
     for old in api.list_metadata(&selector(rc_name)).await?.items {
         let name = old.name_any();
@@ -218,11 +221,7 @@ where
 
 /// The RoutingConfig `rc` is going: its mesh routes go too (each one's own finalizer takes its
 /// routes out of the mesh's objects first).
-pub(crate) async fn cleanup(
-    rc: &RoutingConfig,
-    cfg: &MeshConfig,
-    ctx: &Context,
-) -> Result<Action, Error> {
+pub async fn cleanup(rc: &RoutingConfig, cfg: &MeshConfig, ctx: &Context) -> Result<Action, Error> {
     let rc_name = rc.name_any();
     if cfg.istio {
         apply_and_prune::<IstioRoute>(ctx, &rc_name, Vec::new()).await?;
@@ -235,7 +234,7 @@ pub(crate) async fn cleanup(
 
 /// Drops `finalizer` from a cluster-scoped `obj` (a JSON patch that first tests the list is
 /// still the one read, so a concurrent change fails instead of being lost).
-pub(crate) async fn remove_finalizer<K>(api: &Api<K>, obj: &K, finalizer: &str) -> Result<(), Error>
+pub async fn remove_finalizer<K>(api: &Api<K>, obj: &K, finalizer: &str) -> Result<(), Error>
 where
     K: Resource + Clone + std::fmt::Debug + DeserializeOwned,
 {
@@ -263,14 +262,14 @@ where
 
 // === the mesh's own kinds, read as dynamic objects (no Istio or Gateway API crate) ===
 
-pub(crate) fn virtual_service_resource() -> ApiResource {
+pub fn virtual_service_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("networking.istio.io", "v1", "VirtualService"),
         "virtualservices",
     )
 }
 
-pub(crate) fn http_route_resource() -> ApiResource {
+pub fn http_route_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "HTTPRoute"),
         "httproutes",

@@ -5,7 +5,7 @@ use spur_api::mesh::{MAX_MATCHED_OBJECTS, MatchedObject};
 use spur_api::{GatewayAPIRoute, MeshRouteStatus};
 
 use super::desired::Derived;
-use crate::mesh::route_status;
+use crate::route_status;
 
 /// The status after a pass: `invalid` when the spec is, else the user routes derived from (at
 /// most [`MAX_MATCHED_OBJECTS`] listed; every one counts for `Ready`).

@@ -1,0 +1,149 @@
+//! Watch streams that wake a controller only when what it reads from an object changed.
+//!
+//! A controller's own writes (status, finalizers) come back as watch events, and so does every
+//! write of another controller to a child or related object. Most of them change nothing the
+//! woken reconcile looks at: in the operator's bulk benchmark they were about half of all
+//! passes (perf/results/operator_passes.md). A trigger hashes what its reconcile reads
+//! (`digest`) and passes an object on only when that hash changed; deletions always pass.
+
+use std::collections::HashMap;
+
+use futures_util::{Stream, StreamExt};
+use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
+use kube::runtime::watcher::{self, Event, watcher};
+use kube::runtime::{Controller, WatchStreamExt};
+use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+
+use crate::hash_of;
+
+/// The objects of `api` whose `digest` changed since they were last passed on, and every
+/// deletion; and a store of every object of `api`, updated before the object it passes on, so
+/// a reconcile it wakes reads the store at least as new as what woke it. Relists (after a
+/// watch expired) compare against what was seen before, so they wake nothing that did not
+/// change, and forget objects that went away meanwhile.
+pub fn changes<K>(
+    api: Api<K>,
+    wc: watcher::Config,
+    digest: fn(&K) -> u64,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Watched,
+{
+    let (reader, writer) = reflector::store();
+    // Stored objects lose their `managedFields`: often the larger half of an object, and
+    // nothing in the operator reads them.
+    let events = watcher(api, wc).modify(|o: &mut K| o.managed_fields_mut().clear());
+    (reader, filter(reflector(writer, events), digest))
+}
+
+/// A kind the operator watches and keeps in stores.
+pub trait Watched:
+    Resource<DynamicType = ()>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+pub fn filter<K, S>(
+    events: S,
+    digest: fn(&K) -> u64,
+) -> impl Stream<Item = Result<K, watcher::Error>>
+where
+    K: Resource<DynamicType = ()> + Clone,
+    S: Stream<Item = Result<Event<K>, watcher::Error>>,
+{
+    // What was last passed on, per object: its uid (a re-created object is new) and digest.
+    type Seen<K> = HashMap<ObjectRef<K>, (Option<String>, u64)>;
+    let mut seen: Seen<K> = HashMap::new();
+    // During a relist: what it has listed so far, and the changed objects. Those are held
+    // until `InitDone`: the reflector puts a relist into the store only then, and a
+    // reconcile woken earlier would read the old object (and not be woken again).
+    let mut relist: Option<(Seen<K>, Vec<K>)> = None;
+    events
+        .map(move |event| {
+            let mut out = Vec::new();
+            match event {
+                Err(e) => out.push(Err(e)),
+                Ok(Event::Init) => relist = Some((HashMap::new(), Vec::new())),
+                Ok(Event::InitApply(obj)) => {
+                    let (key, value) = (ObjectRef::from_obj(&obj), (obj.uid(), digest(&obj)));
+                    let changed = seen.get(&key) != Some(&value);
+                    let (listed, held) = relist.get_or_insert_with(Default::default);
+                    listed.insert(key, value);
+                    if changed {
+                        held.push(obj);
+                    }
+                }
+                Ok(Event::InitDone) => {
+                    if let Some((listed, held)) = relist.take() {
+                        seen = listed;
+                        out.extend(held.into_iter().map(Ok));
+                    }
+                }
+                Ok(Event::Apply(obj)) => {
+                    let (key, value) = (ObjectRef::from_obj(&obj), (obj.uid(), digest(&obj)));
+                    if seen.insert(key, value.clone()) != Some(value) {
+                        out.push(Ok(obj));
+                    }
+                }
+                Ok(Event::Delete(obj)) => {
+                    seen.remove(&ObjectRef::from_obj(&obj));
+                    out.push(Ok(obj));
+                }
+            }
+            futures_util::stream::iter(out)
+        })
+        .flatten()
+}
+
+/// Spec, deletion, and the metadata an owner sets and checks (labels, annotations, owner
+/// references); not finalizers, which are the object's own controller's business.
+pub fn meta_digest(obj: &impl Resource) -> impl Serialize + '_ {
+    let m = obj.meta();
+    (
+        m.generation,
+        m.deletion_timestamp.is_some(),
+        &m.labels,
+        &m.annotations,
+        &m.owner_references,
+    )
+}
+
+/// An object as its own controller is woken by it: everything but its status (which the
+/// controller writes itself), finalizers included.
+pub fn own<K: Resource>(obj: &K) -> u64 {
+    hash_of(&(meta_digest(obj), &obj.meta().finalizers))
+}
+
+/// A controller on every object of `K`, woken by changes of an object's spec (generation),
+/// labels, annotations, owner references, finalizers or deletion, not of its status
+/// ([`own`]). (An annotation, e.g.
+/// `kubectl annotate sandbox x spur.dev/reconcile=$(date +%s)`, is how a user forces a pass.)
+///
+/// Every controller writes its object's status, and each write comes back as a watch event:
+/// unfiltered, those were about half of all passes in the bulk benchmark (perf/results/
+/// operator_passes.md), each repeating the pass before it. What the controllers read from
+/// other objects' statuses reaches them through their `owns`/`watches` triggers.
+pub fn primary<K: Watched>(api: Api<K>) -> Controller<K> {
+    let (reader, trigger) = changes(api, watcher::Config::default(), own::<K>);
+    Controller::for_stream(trigger, reader)
+}
