@@ -12,5 +12,11 @@ pub use context::{Context, FIELD_MANAGER, OWNER, delete_opt, now};
 pub use error::Error;
 pub use metrics::{Metrics, ReconcileTimer};
 
+/// Every controller's scheduling: a short debounce coalesces the burst of events one change
+/// of several children makes.
+pub fn controller_config() -> kube::runtime::controller::Config {
+    kube::runtime::controller::Config::default().debounce(std::time::Duration::from_millis(10))
+}
+
 /// The finalizer on Sandboxes, ForkedWorkloads and RouteGroups.
 pub const FINALIZER: &str = "spur.dev/cleanup";

@@ -26,13 +26,11 @@ mod context;
 mod controllers;
 pub mod enroll;
 mod enroll_config;
-pub mod envoyconfig;
 pub mod external;
 pub mod fork;
 mod forked;
 pub mod inject;
 mod leader;
-pub mod listenerset;
 pub mod olm;
 pub mod patch;
 mod pki_config;
@@ -67,6 +65,7 @@ use std::sync::Arc;
 
 // The features in crates of their own, under the names the modules here use.
 use spur_operator_mesh::{self as mesh, gateway as mesh_gateway, istio as mesh_istio};
+pub use spur_operator_xds::{envoyconfig, listenerset};
 
 use kube::Client;
 use tokio_util::sync::CancellationToken;

@@ -12,14 +12,10 @@ pub(crate) use workloads::{
 };
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::core::PartialObjectMeta;
 use kube::runtime::{controller, watcher};
-use kube::{Api, Client, ResourceExt};
-use spur_api::{EnvoyConfig, EnvoyConfigRevision, ListenerSet};
+use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, Term};
@@ -30,7 +26,7 @@ use crate::{workstations, xds_clients};
 /// Every controller's scheduling: a short debounce coalesces the burst of events one change
 /// of several children makes.
 fn config() -> controller::Config {
-    controller::Config::default().debounce(Duration::from_millis(10))
+    spur_operator_core::controller_config()
 }
 
 /// The certificate manager, the workstation signer and the xDS client issuer, when the context
@@ -71,55 +67,25 @@ pub(crate) async fn pki(client: Client, ctx: Arc<Context>, stop: CancellationTok
     tokio::join!(manager, signer, xds);
 }
 
-/// EnvoyConfigs: a revision's status (the route servers' reports) wakes its config.
+/// EnvoyConfigs (`spur_operator_xds::envoyconfig`): a revision's status (the route servers'
+/// reports) wakes its config.
 pub(crate) async fn envoy_configs(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
-    let envoy = primary(Api::<EnvoyConfig>::all(client.clone()))
-        .with_config(config())
-        .owns(
-            Api::<EnvoyConfigRevision>::all(client.clone()),
-            watcher::Config::default(),
-        );
-    spur_controller::run(
-        "envoyconfig",
-        envoy,
-        envoyconfig::reconcile,
-        envoyconfig::error_policy,
-        ctx,
-        stop,
-    )
-    .await;
+    envoyconfig::run(client, ctx.core.clone(), stop).await;
 }
 
-/// ListenerSets: their Services wake them (changed or deleted behind the operator's back),
-/// and so do the EndpointSlices of their endpoint Services, so status follows pods coming,
-/// going and changing readiness. The slice watch is metadata-only and cluster-wide (no label
-/// selects the slices of the operator's Services: the EndpointSlice controller names the
-/// Service in `kubernetes.io/service-name`); a slice is mapped to its set through the Service
-/// store.
+/// ListenerSets (`spur_operator_xds::listenerset`), woken by the Services they made through
+/// the workload watches' Service store.
 pub(crate) async fn listener_sets(
     client: Client,
     term: Arc<Term>,
     services: impl futures_util::Stream<Item = Result<Service, watcher::Error>> + Send + 'static,
     stop: CancellationToken,
 ) {
-    let ls_services_store = term.stores.listener_services.clone();
-    let listener_sets = primary(Api::<ListenerSet>::all(client.clone()))
-        .with_config(config())
-        .owns_stream(services)
-        .watches(
-            Api::<PartialObjectMeta<EndpointSlice>>::all(client.clone()),
-            watcher::Config::default(),
-            move |slice| listenerset::set_of_slice(&ls_services_store, &slice),
-        );
-    spur_controller::run(
-        "listenerset",
-        listener_sets,
-        listenerset::reconcile,
-        listenerset::error_policy,
-        term,
-        stop,
-    )
-    .await;
+    let ctx = Arc::new(listenerset::ListenerSetContext {
+        core: term.ctx.core.clone(),
+        services: term.stores.listener_services.clone(),
+    });
+    listenerset::run(client, ctx, services, stop).await;
 }
 
 /// The namespace enroller, when the context has an enrollment configuration.

@@ -16,8 +16,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use spur_api::envoyconfig::{CONFIG_LABEL, PUBLISHED_LABEL, conditions};
 use spur_api::{EnvoyConfig, EnvoyConfigRevision, EnvoyConfigStatus};
 
-use crate::Error;
-use crate::context::Context;
+use spur_operator_core::{Context, Error};
 
 /// The reason of the `InSync=False` condition of a config whose node id another (older) config
 /// of its namespace holds.
@@ -72,7 +71,7 @@ pub fn conflict_message(namespace: &str, node_id: &str, other: &EnvoyConfig) -> 
 /// refused when any other config of the namespace has the node id; an update that keeps it
 /// only when an older config has it, so that the config that holds the node id can still be
 /// changed while a duplicate from before this check exists.
-pub(crate) async fn admission(
+pub async fn admission(
     client: &Client,
     req: &AdmissionRequest<DynamicObject>,
     node_id: &str,

@@ -18,13 +18,14 @@ use std::time::Duration;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
-use kube::{Api, Resource, ResourceExt};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
 use spur_api::conditions::{ConditionStatus, set_now};
 use spur_api::envoyconfig::{CONFIG_LABEL, CacheState, PUBLISHED_LABEL, Serialization, conditions};
 use spur_api::{EnvoyConfig, EnvoyConfigRevision, EnvoyConfigRevisionStatus, EnvoyConfigSpec};
+use tokio_util::sync::CancellationToken;
 
-use crate::context::{Context, FIELD_MANAGER, delete_opt, now};
-use crate::{Error, FINALIZER};
+use spur_operator_core::{Context, Error, FIELD_MANAGER, FINALIZER, delete_opt, now};
 
 mod desired;
 pub mod node_id;
@@ -35,7 +36,19 @@ mod status;
 /// replica's and is not counted.
 pub const REPORT_INTERVAL: Duration = Duration::from_secs(30);
 
-pub(crate) async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
+/// Runs the EnvoyConfig controller until `stop`. A revision's status (the route servers'
+/// reports) wakes its config.
+pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+    let envoy = spur_controller::changes::primary(Api::<EnvoyConfig>::all(client.clone()))
+        .with_config(spur_operator_core::controller_config())
+        .owns(
+            Api::<EnvoyConfigRevision>::all(client),
+            watcher::Config::default(),
+        );
+    spur_controller::run("envoyconfig", envoy, reconcile, error_policy, ctx, stop).await;
+}
+
+async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("EnvoyConfig");
     let ns = ec.namespace().ok_or_else(|| Error::NoNamespace {
         kind: "EnvoyConfig",
@@ -291,7 +304,7 @@ async fn cleanup(ec: &EnvoyConfig, ns: &str, ctx: &Context) -> Result<Action, Er
     Ok(Action::await_change())
 }
 
-pub(crate) fn error_policy(ec: Arc<EnvoyConfig>, err: &Error, ctx: Arc<Context>) -> Action {
+fn error_policy(ec: Arc<EnvoyConfig>, err: &Error, ctx: Arc<Context>) -> Action {
     ctx.retry(&*ec, err)
 }
 

@@ -17,19 +17,22 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::Stream;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ListParams;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
-use kube::{Api, Resource, ResourceExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
 use spur_api::ListenerSet;
 use spur_api::listenerset::{LISTENER_SET_LABEL, conditions};
 use spur_api::names::label_value;
+use tokio_util::sync::CancellationToken;
 
-use crate::Error;
-use crate::context::{Context, Term, delete_opt};
+use spur_operator_core::{Context, Error, OWNER, delete_opt};
 
 mod desired;
 mod status;
@@ -47,7 +50,60 @@ const RESYNC: Duration = Duration::from_secs(300);
 /// Endpoint Services per EndpointSlice list call: names go into the label selector of the URL.
 const SERVICES_PER_LIST: usize = 40;
 
-pub(crate) async fn reconcile(ls: Arc<ListenerSet>, ctx: Arc<Term>) -> Result<Action, Error> {
+/// The ListenerSet controller's context: the shared one, and the Services it made as its
+/// watch last saw them (labelled `spur.dev/listener-set`; the store is updated before the
+/// event that wakes a pass).
+pub struct ListenerSetContext {
+    pub core: Arc<Context>,
+    pub services: Store<Service>,
+}
+
+impl std::ops::Deref for ListenerSetContext {
+    type Target = Context;
+    fn deref(&self) -> &Context {
+        &self.core
+    }
+}
+
+impl spur_controller::HasBackoff for ListenerSetContext {
+    fn backoff(&self) -> &spur_controller::Backoff {
+        spur_controller::HasBackoff::backoff(&*self.core)
+    }
+}
+
+/// Runs the ListenerSet controller until `stop`. Its Services (`services`: the changes of the
+/// watch behind `ctx.services`) wake it when changed or deleted behind the operator's back,
+/// and so do the EndpointSlices of its endpoint Services, so status follows pods coming, going
+/// and changing readiness. The slice watch is metadata-only and cluster-wide (no label selects
+/// the slices of the operator's Services: the EndpointSlice controller names the Service in
+/// `kubernetes.io/service-name`); a slice is mapped to its set through the Service store.
+pub async fn run(
+    client: Client,
+    ctx: Arc<ListenerSetContext>,
+    services: impl Stream<Item = Result<Service, watcher::Error>> + Send + 'static,
+    stop: CancellationToken,
+) {
+    let store = ctx.services.clone();
+    let listener_sets = spur_controller::changes::primary(Api::<ListenerSet>::all(client.clone()))
+        .with_config(spur_operator_core::controller_config())
+        .owns_stream(services)
+        .watches(
+            Api::<PartialObjectMeta<EndpointSlice>>::all(client),
+            watcher::Config::default(),
+            move |slice| set_of_slice(&store, &slice),
+        );
+    spur_controller::run(
+        "listenerset",
+        listener_sets,
+        reconcile,
+        error_policy,
+        ctx,
+        stop,
+    )
+    .await;
+}
+
+async fn reconcile(ls: Arc<ListenerSet>, ctx: Arc<ListenerSetContext>) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("ListenerSet");
     let name = ls.name_any();
     let ns = ls.namespace().ok_or_else(|| Error::NoNamespace {
@@ -100,26 +156,15 @@ async fn services(
     ls: &ListenerSet,
     ns: &str,
     owner: &OwnerReference,
-    ctx: &Term,
+    ctx: &ListenerSetContext,
 ) -> Result<(Vec<String>, Option<String>), Error> {
     let name = ls.name_any();
     let svc_api: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
-    let store = Some(&ctx.stores.listener_services);
+    let store = Some(&ctx.services);
     let mark = label_value(&name);
-    let current: Vec<Arc<Service>> = match &store {
-        Some(s) => s
-            .state()
-            .into_iter()
-            .filter(|svc| svc.namespace().as_deref() == Some(ns) && marked(&**svc, &mark))
-            .collect(),
-        None => svc_api
-            .list(&ListParams::default().labels(&format!("{LISTENER_SET_LABEL}={mark}")))
-            .await?
-            .items
-            .into_iter()
-            .map(Arc::new)
-            .collect(),
-    };
+    let current: Vec<Arc<Service>> = (ctx.services.state().into_iter())
+        .filter(|svc| svc.namespace().as_deref() == Some(ns) && marked(&**svc, &mark))
+        .collect();
 
     let mut wanted = BTreeSet::new();
     let mut conflict = None;
@@ -133,9 +178,7 @@ async fn services(
                 Some(m) => marked(&m, &mark),
             };
         if ours {
-            crate::context::OWNER
-                .ensure(&svc_api, store, client)
-                .await?;
+            OWNER.ensure(&svc_api, store, client).await?;
         } else {
             conflict = Some(desired::conflict(&svc_name, &mark));
         }
@@ -143,9 +186,7 @@ async fn services(
     let endpoint_services = endpoint_services(ls, owner);
     for svc in &endpoint_services {
         wanted.insert(svc.name_any());
-        crate::context::OWNER
-            .ensure(&svc_api, store, svc.clone())
-            .await?;
+        OWNER.ensure(&svc_api, store, svc.clone()).await?;
     }
     for svc_name in desired::stale(&current, &wanted, &name) {
         delete_opt(&svc_api, &svc_name).await?;
@@ -175,8 +216,8 @@ pub(crate) fn set_of(obj: &impl ResourceExt) -> Option<String> {
 
 /// The ListenerSet an EndpointSlice's status counts for: the owner of its Service, when that is
 /// an endpoint Service in `services` (the operator's view of the Services it made).
-pub(crate) fn set_of_slice(
-    services: &kube::runtime::reflector::Store<Service>,
+fn set_of_slice(
+    services: &Store<Service>,
     slice: &impl ResourceExt,
 ) -> Option<ObjectRef<ListenerSet>> {
     let ns = slice.namespace()?;
@@ -203,7 +244,7 @@ async fn endpoint_slices(
     Ok(slices)
 }
 
-pub(crate) fn error_policy(ls: Arc<ListenerSet>, err: &Error, ctx: Arc<Term>) -> Action {
+fn error_policy(ls: Arc<ListenerSet>, err: &Error, ctx: Arc<ListenerSetContext>) -> Action {
     ctx.retry(&*ls, err)
 }
 
