@@ -7,6 +7,7 @@ mod context;
 mod error;
 mod metrics;
 pub mod owner;
+pub mod workstation_owner;
 
 pub use context::{Context, FIELD_MANAGER, OWNER, delete_opt, now};
 pub use error::Error;

@@ -19,7 +19,6 @@
 //! one exception is ListenerSet: its children are Services of its own namespace, which a
 //! controller owner reference is enough for, so it has no finalizer to be stuck on.
 
-pub mod access;
 pub mod audit;
 mod certs;
 mod context;
@@ -41,7 +40,6 @@ pub mod sandbox;
 mod triggers;
 mod virtualw;
 mod webhook;
-mod workstation_owner;
 pub mod workstations;
 pub mod xds_clients;
 
@@ -53,6 +51,7 @@ pub use leader::{LeaderElection, run_elected};
 pub use olm::ResourceConfig;
 pub use pki_config::XdsClientConfig;
 pub use pki_config::{PKI_LABEL, PkiConfig, ServingCert};
+use spur_operator_core::workstation_owner;
 pub use spur_operator_core::{Error, FINALIZER, Metrics, owner};
 pub use spur_operator_mesh::MeshConfig;
 pub use webhook::sandbox::{MUTATE_SANDBOX_PATH, VALIDATE_SANDBOX_PATH};
@@ -64,6 +63,7 @@ pub use webhook::{
 use std::sync::Arc;
 
 // The features in crates of their own, under the names the modules here use.
+pub use spur_operator_access as access;
 use spur_operator_mesh::{self as mesh, gateway as mesh_gateway, istio as mesh_istio};
 pub use spur_operator_xds::{envoyconfig, listenerset};
 

@@ -126,7 +126,8 @@ async fn apply(sb: &Sandbox, ctx: &Term) -> Result<Action, Error> {
     let binding = if sb.spec.local.is_empty() {
         Ok(())
     } else {
-        crate::workstation_owner::bindable(ctx, sb).await?
+        let records = kube::Api::namespaced(ctx.client.clone(), &ctx.tunnels.namespace);
+        crate::workstation_owner::bindable(&records, sb).await?
     };
     let children = desired::children(sb, &key, binding.is_ok());
     let mut observed = apply_children(sb, children, ctx).await?;

@@ -9,7 +9,7 @@ use spur_api::{ExternalWorkload, ForkedWorkload, RoutingConfig};
 use spur_controller::changes::meta_digest;
 use spur_controller::hash_of;
 
-pub(crate) use spur_controller::changes::{Watched, changes, primary};
+pub(crate) use spur_controller::changes::{changes, primary};
 
 /// A ForkedWorkload as its Sandbox and its RoutingConfig read it: spec, deletion, the fork,
 /// its Service mapping, readiness and baseline sidecar coverage.

@@ -1,11 +1,9 @@
 //! Which controllers run and what wakes each: one function per feature, each returning the
 //! work of its controllers (drained on stop by `spur_controller::run`). `crate::run` joins them.
 
-mod access;
 mod resources;
 mod workloads;
 
-pub(crate) use access::access;
 pub(crate) use resources::resources;
 pub(crate) use workloads::{
     externals, forks, groups, routing_configs, sandboxes, virtuals, watches,
@@ -86,6 +84,19 @@ pub(crate) async fn listener_sets(
         services: term.stores.listener_services.clone(),
     });
     listenerset::run(client, ctx, services, stop).await;
+}
+
+/// The just-in-time access controllers (`spur_operator_access`), when enabled.
+pub(crate) async fn access(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+    if !ctx.access {
+        return;
+    }
+    let access = Arc::new(crate::access::AccessContext {
+        core: ctx.core.clone(),
+        tunnel_namespace: ctx.tunnels.namespace.clone(),
+        access_tokens: ctx.access_tokens.clone(),
+    });
+    crate::access::run(client, access, stop).await;
 }
 
 /// The namespace enroller, when the context has an enrollment configuration.

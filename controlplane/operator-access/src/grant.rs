@@ -22,14 +22,14 @@ use super::{
     AccessRequest, PENDING_RESYNC, Pass, READY_RESYNC, Template, approval, deadline, get_template,
     grant_labels, grant_name, requeue_within, status, until,
 };
-use crate::Error;
-use crate::context::delete_opt;
+use spur_operator_core::Error;
+use spur_operator_core::delete_opt;
 
 /// One pass of a request that is not being deleted.
 pub(super) async fn grant<K: AccessRequest>(
     r: &K,
     ns: &str,
-    ctx: &crate::context::Context,
+    ctx: &crate::AccessContext,
 ) -> Result<Action, Error> {
     let pass = Pass::new(r, ns, ctx);
     let mut status = pass.old.clone();
@@ -255,14 +255,14 @@ async fn expire<K: AccessRequest>(
 async fn apply_grant<K: AccessRequest>(pass: &Pass<'_, K>, g: &GrantRole<'_>) -> Result<(), Error> {
     let (role, binding) = desired::grant_role(pass.ns, g);
     let client = pass.ctx.client.clone();
-    crate::context::OWNER
+    spur_operator_core::OWNER
         .ensure(
             &Api::<Role>::namespaced(client.clone(), pass.ns),
             None,
             role,
         )
         .await?;
-    crate::context::OWNER
+    spur_operator_core::OWNER
         .ensure(
             &Api::<RoleBinding>::namespaced(client, pass.ns),
             None,

@@ -39,10 +39,11 @@ use spur_api::conditions::ConditionStatus;
 use spur_api::keys::labels::{MANAGED_BY, MANAGED_BY_VALUE};
 use spur_api::names;
 
-use crate::Error;
-use crate::context::Context;
+use spur_operator_core::Error;
 
 mod approval;
+mod context;
+mod controllers;
 mod debug_pod;
 mod desired;
 mod grant;
@@ -53,6 +54,8 @@ mod targets;
 mod templates;
 mod tunnel;
 
+pub use context::AccessContext;
+pub use controllers::run;
 pub use debug_pod::debug_pod_name;
 use debug_pod::is_debug_pod_of;
 pub use desired::{DebugPod, build_debug_pod};
@@ -198,7 +201,7 @@ impl Template {
 
 pub(crate) async fn reconcile_exec(
     r: Arc<ExecAccessRequest>,
-    ctx: Arc<Context>,
+    ctx: Arc<AccessContext>,
 ) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("ExecAccessRequest");
     reconcile_request(r, &ctx).await
@@ -206,7 +209,7 @@ pub(crate) async fn reconcile_exec(
 
 pub(crate) async fn reconcile_pod(
     r: Arc<PodAccessRequest>,
-    ctx: Arc<Context>,
+    ctx: Arc<AccessContext>,
 ) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("PodAccessRequest");
     reconcile_request(r, &ctx).await
@@ -214,13 +217,16 @@ pub(crate) async fn reconcile_pod(
 
 pub(crate) async fn reconcile_tunnel(
     r: Arc<TunnelAccessRequest>,
-    ctx: Arc<Context>,
+    ctx: Arc<AccessContext>,
 ) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("TunnelAccessRequest");
     reconcile_request(r, &ctx).await
 }
 
-async fn reconcile_request<K: AccessRequest>(r: Arc<K>, ctx: &Context) -> Result<Action, Error> {
+async fn reconcile_request<K: AccessRequest>(
+    r: Arc<K>,
+    ctx: &AccessContext,
+) -> Result<Action, Error> {
     let ns = namespace_of(&*r, kind_name::<K>())?;
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &ns);
     let action = finalizer(&api, FINALIZER, r, |event| async {
@@ -234,7 +240,7 @@ async fn reconcile_request<K: AccessRequest>(r: Arc<K>, ctx: &Context) -> Result
 }
 
 /// The request kind's name, for messages.
-pub(super) fn kind_name<K: AccessRequest>() -> &'static str {
+pub(crate) fn kind_name<K: AccessRequest>() -> &'static str {
     match K::ACCESS {
         "exec" => "ExecAccessRequest",
         "pod" => "PodAccessRequest",
@@ -247,7 +253,7 @@ pub(super) fn kind_name<K: AccessRequest>() -> &'static str {
 pub(crate) fn request_error_policy<K: AccessRequest>(
     r: Arc<K>,
     err: &Error,
-    ctx: Arc<Context>,
+    ctx: Arc<AccessContext>,
 ) -> Action {
     let delay = match err {
         Error::Requeue { after, .. } => *after,
@@ -294,14 +300,14 @@ type Refusal = (&'static str, String);
 struct Pass<'a, K: AccessRequest> {
     r: &'a K,
     ns: &'a str,
-    ctx: &'a Context,
+    ctx: &'a AccessContext,
     api: Api<K>,
     /// The status as read: the status writer skips a write that changes nothing.
     old: AccessRequestStatus,
 }
 
 impl<'a, K: AccessRequest> Pass<'a, K> {
-    fn new(r: &'a K, ns: &'a str, ctx: &'a Context) -> Self {
+    fn new(r: &'a K, ns: &'a str, ctx: &'a AccessContext) -> Self {
         Pass {
             r,
             ns,
@@ -379,7 +385,7 @@ fn requeue_within(every: Duration, left: Duration) -> Action {
 
 /// Deletes what a request made; the owner references would have the garbage collector do it
 /// too, but not on time.
-async fn revoke<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Action, Error> {
+async fn revoke<K: AccessRequest>(r: &K, ns: &str, ctx: &AccessContext) -> Result<Action, Error> {
     let name = r.name_any();
     remove_grant::<K>(ctx, ns, &name, true).await?;
     tracing::info!(kind = K::ACCESS, namespace = ns, request = %name, "access request deleted: grant removed");
@@ -390,7 +396,7 @@ async fn revoke<K: AccessRequest>(r: &K, ns: &str, ctx: &Context) -> Result<Acti
 /// Deletes the request's RoleBinding (first: once it is gone, nothing is granted whatever
 /// happens next), Role and debug pod; whether any of them existed.
 async fn remove_grant<K: AccessRequest>(
-    ctx: &Context,
+    ctx: &AccessContext,
     ns: &str,
     request: &str,
     with_pod: bool,
@@ -435,7 +441,7 @@ where
 }
 
 async fn get_template<K: AccessRequest>(
-    ctx: &Context,
+    ctx: &AccessContext,
     ns: &str,
     name: &str,
 ) -> Result<Option<Template>, Error> {
@@ -461,7 +467,7 @@ pub fn grant_name(access: &str, ns: &str, request: &str) -> String {
     names::derived_name(&["access", request], &[access, ns])
 }
 
-pub(super) fn grant_labels(access: &str, request: &str) -> BTreeMap<String, String> {
+pub(crate) fn grant_labels(access: &str, request: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         (MANAGED_BY.to_owned(), MANAGED_BY_VALUE.to_owned()),
         (

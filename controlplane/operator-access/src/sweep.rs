@@ -25,7 +25,7 @@ use spur_api::access::{
 };
 
 use super::{AccessRequest, deadline};
-use crate::Error;
+use spur_operator_core::Error;
 
 /// What one sweep did.
 #[derive(Debug, Default)]

@@ -13,16 +13,15 @@ use spur_api::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{config, primary};
-use crate::access as acc;
-use crate::context::Context;
-use crate::triggers::Watched;
+use spur_controller::changes::{Watched, primary};
+use spur_operator_core::controller_config as config;
 
-/// The access controllers, when enabled.
-pub(crate) async fn access(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
-    if !ctx.access {
-        return;
-    }
+use crate as acc;
+use crate::AccessContext;
+
+/// Runs the access controllers until `stop` (their rights are the chart's
+/// `operator-access-rules.yaml`).
+pub async fn run(client: Client, ctx: Arc<AccessContext>, stop: CancellationToken) {
     tokio::join!(
         templates(client.clone(), &ctx, &stop),
         requests(client, &ctx, &stop)
@@ -30,7 +29,7 @@ pub(crate) async fn access(client: Client, ctx: Arc<Context>, stop: Cancellation
 }
 
 /// The three template controllers: each template's validity and target.
-async fn templates(client: Client, c: &Arc<Context>, s: &CancellationToken) {
+async fn templates(client: Client, c: &Arc<AccessContext>, s: &CancellationToken) {
     let exec_templates =
         primary(Api::<ExecAccessTemplate>::all(client.clone())).with_config(config());
     let pod_templates =
@@ -81,7 +80,7 @@ where
 }
 
 /// The three request controllers.
-async fn requests(client: Client, c: &Arc<Context>, s: &CancellationToken) {
+async fn requests(client: Client, c: &Arc<AccessContext>, s: &CancellationToken) {
     let exec_requests = woken_by_template::<ExecAccessRequest, ExecAccessTemplate>(&client);
     // Debug pods starting (readiness) or going.
     let pod_requests = woken_by_template::<PodAccessRequest, PodAccessTemplate>(&client).owns(

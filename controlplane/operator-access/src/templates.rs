@@ -10,12 +10,12 @@ use spur_api::access::{ExecAccessTemplate, PodAccessTemplate, TargetRef, TunnelA
 
 use super::targets::workload;
 use super::{TEMPLATE_RESYNC, namespace_of, status};
-use crate::Error;
-use crate::context::Context;
+use crate::AccessContext;
+use spur_operator_core::Error;
 
 pub(crate) async fn reconcile_exec_template(
     t: Arc<ExecAccessTemplate>,
-    ctx: Arc<Context>,
+    ctx: Arc<AccessContext>,
 ) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("ExecAccessTemplate");
     let ns = namespace_of(&*t, "ExecAccessTemplate")?;
@@ -31,7 +31,7 @@ pub(crate) async fn reconcile_exec_template(
 
 pub(crate) async fn reconcile_pod_template(
     t: Arc<PodAccessTemplate>,
-    ctx: Arc<Context>,
+    ctx: Arc<AccessContext>,
 ) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("PodAccessTemplate");
     let ns = namespace_of(&*t, "PodAccessTemplate")?;
@@ -45,7 +45,7 @@ pub(crate) async fn reconcile_pod_template(
     Ok(Action::requeue(TEMPLATE_RESYNC))
 }
 
-pub(crate) fn template_error_policy<K>(t: Arc<K>, err: &Error, ctx: Arc<Context>) -> Action
+pub(crate) fn template_error_policy<K>(t: Arc<K>, err: &Error, ctx: Arc<AccessContext>) -> Action
 where
     K: Resource<DynamicType = ()>,
 {
@@ -55,7 +55,7 @@ where
 /// `Ok(None)`: no target to check (a pod-spec template); `Ok(Some(Err))`: why the target is
 /// unusable.
 async fn check_target(
-    ctx: &Context,
+    ctx: &AccessContext,
     ns: &str,
     target: Option<&TargetRef>,
 ) -> Result<Option<Result<(), String>>, Error> {
@@ -71,7 +71,7 @@ async fn check_target(
 
 pub(crate) async fn reconcile_tunnel_template(
     t: Arc<TunnelAccessTemplate>,
-    ctx: Arc<Context>,
+    ctx: Arc<AccessContext>,
 ) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("TunnelAccessTemplate");
     let ns = namespace_of(&*t, "TunnelAccessTemplate")?;

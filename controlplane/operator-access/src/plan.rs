@@ -11,7 +11,7 @@ use spur_api::access::{TargetKind, TunnelAccessRequest, labels as access_labels}
 use spur_api::keys::labels::FORK;
 
 use super::{Refusal, deadline, until};
-use crate::Error;
+use spur_operator_core::Error;
 
 // === Debug pods ===
 

@@ -12,12 +12,12 @@ use spur_api::names;
 
 use super::DEFAULT_CONTAINER_ANNOTATION;
 use super::plan::{self, PodChoice};
-use crate::Error;
-use crate::context::Context;
+use crate::AccessContext;
+use spur_operator_core::Error;
 
 /// The workload object (`spec.selector` and `spec.template`), or why it is unusable.
 pub(super) async fn workload(
-    ctx: &Context,
+    ctx: &AccessContext,
     ns: &str,
     kind: TargetKind,
     name: &str,
@@ -54,7 +54,7 @@ pub(super) async fn workload(
 
 /// The workload a request reaches: the template's target, or a sandbox's fork of it.
 pub(super) async fn resolve_target(
-    ctx: &Context,
+    ctx: &AccessContext,
     ns: &str,
     target: &TargetRef,
     sandbox: Option<&str>,
@@ -92,7 +92,7 @@ pub(super) async fn resolve_target(
 /// controller chain leads to the workload's uid, not merely when the selector matches it:
 /// selectors of different workloads may overlap.
 pub(super) async fn pick_pod(
-    ctx: &Context,
+    ctx: &AccessContext,
     ns: &str,
     target: &TargetRef,
     sandbox: Option<&str>,

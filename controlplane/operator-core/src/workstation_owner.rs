@@ -36,13 +36,13 @@ async fn read(
 }
 
 /// The recorded owner of `workstation`, if any.
-pub(crate) async fn owner(api: &Api<ConfigMap>, workstation: &str) -> Result<Option<Owner>, Error> {
+pub async fn owner(api: &Api<ConfigMap>, workstation: &str) -> Result<Option<Owner>, Error> {
     Ok(read(api, workstation).await?.and_then(|(o, _)| o))
 }
 
 /// Records `user` as the owner of `workstation` until `until` (see [`ws::claim`]). `Ok(Err)`
 /// when another user's claim holds it.
-pub(crate) async fn claim(
+pub async fn claim(
     api: &Api<ConfigMap>,
     namespace: &str,
     workstation: &str,
@@ -127,15 +127,12 @@ pub(crate) async fn claim(
 }
 
 /// Whether `sb`'s local workloads may be bound to its workstation now ([`ws::bindable`]): its
-/// creator must be the workstation's recorded owner, read from the release namespace.
-pub(crate) async fn bindable(
-    ctx: &crate::context::Context,
-    sb: &Sandbox,
-) -> Result<Result<(), String>, Error> {
+/// creator must be the workstation's recorded owner, read from `records` (the release
+/// namespace's).
+pub async fn bindable(records: &Api<ConfigMap>, sb: &Sandbox) -> Result<Result<(), String>, Error> {
     let Some(workstation) = sb.spec.workstation.as_deref() else {
         return Ok(Ok(()));
     };
-    let records: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.tunnels.namespace);
-    let owner = owner(&records, workstation).await?;
+    let owner = owner(records, workstation).await?;
     Ok(ws::bindable(workstation, owner.as_ref(), sb))
 }

@@ -13,8 +13,8 @@ use spur_api::names;
 use super::desired::{self, DebugPod, build_debug_pod};
 use super::targets::resolve_target;
 use super::{Refusal, plan};
-use crate::Error;
-use crate::context::Context;
+use crate::AccessContext;
+use spur_operator_core::Error;
 
 /// Name of a PodAccessRequest's debug pod.
 pub fn debug_pod_name(ns: &str, request: &str) -> String {
@@ -32,7 +32,7 @@ pub(super) fn is_debug_pod_of(meta: &ObjectMeta, request: &str) -> bool {
 /// Creates (once) the debug pod of a PodAccessRequest: the pod, or a condition reason and why
 /// there is none.
 pub(super) async fn debug_pod(
-    ctx: &Context,
+    ctx: &AccessContext,
     ns: &str,
     request: &str,
     template: &PodAccessTemplate,

@@ -12,7 +12,7 @@ use kube::runtime::controller::Action;
 use spur_api::access::{AccessConfig, AccessRequestStatus, Approver, Requester};
 
 use super::{AccessRequest, Pass, READY_RESYNC, deadline, requeue_within, status, until};
-use crate::Error;
+use spur_operator_core::Error;
 
 /// Whether a request may go on to be granted.
 pub(super) enum Gate {

@@ -18,8 +18,8 @@ use super::{
     AccessRequest, PENDING_RESYNC, Pass, READY_RESYNC, delete_existing, grant_name, plan,
     requeue_within, status,
 };
-use crate::Error;
-use crate::context::Context;
+use crate::AccessContext;
+use spur_operator_core::Error;
 
 /// A tunnel grant: the workstation is this user's alone while the grant lasts, the sandbox
 /// (if named) exists, and the token Secret (only the token's hash, expiring with the grant)
@@ -68,7 +68,7 @@ pub(super) async fn tunnel_grant<K: AccessRequest>(
     Api::<k8s_openapi::api::core::v1::Secret>::namespaced(ctx.client.clone(), &token_ns)
         .patch(
             &secret_name,
-            &kube::api::PatchParams::apply(crate::FIELD_MANAGER).force(),
+            &kube::api::PatchParams::apply(spur_operator_core::FIELD_MANAGER).force(),
             &kube::api::Patch::Apply(&secret),
         )
         .await?;
@@ -134,12 +134,17 @@ async fn workstation_free<K: AccessRequest>(
     // (their certificate or grant has not ended) is not handed over.
     let owners = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
         ctx.client.clone(),
-        &ctx.tunnels.namespace,
+        &ctx.tunnel_namespace,
     );
     let until = status.expires_at.as_ref().map(|t| t.0);
-    if let Err(refused) =
-        crate::workstation_owner::claim(&owners, &ctx.tunnels.namespace, workstation, user, until)
-            .await?
+    if let Err(refused) = spur_operator_core::workstation_owner::claim(
+        &owners,
+        &ctx.tunnel_namespace,
+        workstation,
+        user,
+        until,
+    )
+    .await?
     {
         let message = format!("workstation {workstation}: {refused}");
         return Ok(Err(("WorkstationOwned", message)));
@@ -151,7 +156,7 @@ async fn workstation_free<K: AccessRequest>(
 /// tunnels are closed too: a revocation of the workstation's credentials issued until now
 /// (the tunnel proxy closes such sessions; at expiry they end by themselves).
 pub(super) async fn remove_tunnel_token(
-    ctx: &Context,
+    ctx: &AccessContext,
     ns: &str,
     request: &str,
 ) -> Result<bool, Error> {
@@ -185,7 +190,7 @@ pub(super) async fn remove_tunnel_token(
         secrets
             .patch(
                 &cred::revocation_secret_name(&ws),
-                &kube::api::PatchParams::apply(crate::FIELD_MANAGER).force(),
+                &kube::api::PatchParams::apply(spur_operator_core::FIELD_MANAGER).force(),
                 &kube::api::Patch::Apply(&revocation),
             )
             .await?;

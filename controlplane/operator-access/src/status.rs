@@ -13,7 +13,7 @@ use spur_api::conditions::{ConditionStatus, NewCondition, READY, set_condition};
 
 use super::targets::default_container;
 use super::{AccessRequest, Refusal, Template, kind_name};
-use crate::context::now;
+use spur_operator_core::now;
 
 /// Sets one condition of a request's status.
 pub(super) fn mark(

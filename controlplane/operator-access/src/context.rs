@@ -1,0 +1,29 @@
+//! The access controllers' context: the operator's shared one and where tunnel grants write.
+
+use std::sync::Arc;
+
+use spur_operator_core::Context;
+
+pub struct AccessContext {
+    pub core: Arc<Context>,
+    /// The tunnel proxy's namespace, where workstation owner records live (a tunnel grant
+    /// claims its workstation for its requester there).
+    pub tunnel_namespace: String,
+    /// The tunnel proxy's token namespace, where tunnel grants write their token Secrets
+    /// (rights: the chart's `operator-access-token-rules.yaml` there). `None`: tunnel grants
+    /// are refused.
+    pub access_tokens: Option<String>,
+}
+
+impl std::ops::Deref for AccessContext {
+    type Target = Context;
+    fn deref(&self) -> &Context {
+        &self.core
+    }
+}
+
+impl spur_controller::HasBackoff for AccessContext {
+    fn backoff(&self) -> &spur_controller::Backoff {
+        spur_controller::HasBackoff::backoff(&*self.core)
+    }
+}
