@@ -1,8 +1,9 @@
 //! Fuzzes the sidecar-injection webhook's handling of an AdmissionReview, as
-//! `controlplane/operator/src/webhook.rs` does it: the JSON body decoded as
-//! `AdmissionReview<Pod>`, turned into a request, screened (`spur_operator::inject::screen`), and
-//! answered with `skip_patch` or `inject_patch` (for a pod whose ReplicaSet belongs to a
-//! Deployment: the API lookup in between is replaced by a fixed answer).
+//! `controlplane/operator-admission/src/lib.rs` does it: the JSON body decoded as
+//! `AdmissionReview<Pod>`, turned into a request, screened
+//! (`spur_operator_admission::inject::screen`), and answered with `skip_patch` or
+//! `inject_patch` (for a pod whose ReplicaSet belongs to a Deployment: the API lookup in between
+//! is replaced by a fixed answer).
 //!
 //! Every patch must apply to the pod it was made for and leave a valid Pod; an injected pod must
 //! carry the sidecar and be left alone when the webhook is invoked again (reinvocation).
@@ -16,7 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use libfuzzer_sys::fuzz_target;
 use spur_api::keys::injection as keys;
-use spur_operator::inject::{
+use spur_operator_admission::inject::{
     self, Baseline, InjectionConfig, Interception, Placement, Screen, inject_patch, screen,
     skip_patch,
 };
@@ -93,7 +94,7 @@ fn decide(
             Some(patch)
         }
         // A malformed annotation: the pod is annotated with why.
-        Err(spur_operator::Error::Config(reason)) => Some(check_skip(pod, &reason)),
+        Err(spur_operator_admission::Error::Config(reason)) => Some(check_skip(pod, &reason)),
         Err(e) => panic!("internal error for a pod: {e}"),
     }
 }

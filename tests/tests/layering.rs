@@ -348,9 +348,10 @@ fn the_demo_builds_without_the_cluster_side() {
     );
 }
 
-/// Which operator feature may build on which (`(from, to)`). None yet: the features still in
-/// `spur-operator` (the RoutingConfig controller calls into mesh) are the assembly's own.
-const OPERATOR_FEATURE_EDGES: &[(&str, &str)] = &[];
+/// Which operator feature may build on which (`(from, to)`): the EnvoyConfig webhook refuses
+/// a node id another config holds by the xds feature's own rule. (The features still in
+/// `spur-operator`, e.g. the RoutingConfig controller calling into mesh, are the assembly's.)
+const OPERATOR_FEATURE_EDGES: &[(&str, &str)] = &[("spur-operator-admission", "spur-operator-xds")];
 
 /// The operator's features are crates of their own (`spur-operator-<feature>`, docs in
 /// ARCHITECTURE.md): each links the shared core, `spur-operator-core`, and no other feature

@@ -3,6 +3,7 @@
 //! finalizer, and the ownership of what it makes in its own namespace. The features (their
 //! controllers and webhooks) are crates above this one; `spur-operator` assembles them.
 
+pub mod bundle;
 mod context;
 mod error;
 mod metrics;

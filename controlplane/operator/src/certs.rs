@@ -146,30 +146,7 @@ struct Manager {
     metrics: Metrics,
 }
 
-/// `spur.dev/pki` value of the bundle copies in application namespaces.
-const NAMESPACE_BUNDLE_ROLE: &str = "namespace-bundle";
-
-/// The CA bundle ConfigMap the webhook puts into a namespace it injects into, for the
-/// sidecars' route-server connection. It outlives an uninstall (an owner in another namespace
-/// is not allowed); `kubectl delete cm -A -l spur.dev/pki=namespace-bundle` removes them all.
-pub(crate) fn namespace_bundle(namespace: &str, name: &str, bundle: &str) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(namespace.into()),
-            labels: Some(BTreeMap::from([
-                (PKI_LABEL.to_string(), NAMESPACE_BUNDLE_ROLE.to_string()),
-                (
-                    spur_api::keys::labels::MANAGED_BY.to_string(),
-                    spur_api::keys::labels::MANAGED_BY_VALUE.to_string(),
-                ),
-            ])),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([("ca.crt".to_string(), bundle.to_string())])),
-        ..Default::default()
-    }
-}
+pub(crate) use spur_operator_core::bundle::{NAMESPACE_BUNDLE_ROLE, namespace_bundle};
 
 /// Sets `caBundle` to `want` in those of `webhooks` (name, current bundle) of configuration
 /// `name` that carry another.

@@ -19,7 +19,6 @@
 //! one exception is ListenerSet: its children are Services of its own namespace, which a
 //! controller owner reference is enough for, so it has no finalizer to be stuck on.
 
-pub mod audit;
 mod certs;
 mod context;
 mod controllers;
@@ -28,7 +27,6 @@ mod enroll_config;
 pub mod external;
 pub mod fork;
 mod forked;
-pub mod inject;
 mod leader;
 pub mod olm;
 pub mod patch;
@@ -39,26 +37,25 @@ mod routingconfig;
 pub mod sandbox;
 mod triggers;
 mod virtualw;
-mod webhook;
 pub mod workstations;
 pub mod xds_clients;
 
 pub use context::{Context, FIELD_MANAGER, Previews};
 pub use external::TunnelConfig;
 pub use fork::ForkPolicy;
-pub use inject::InjectionConfig;
 pub use leader::{LeaderElection, run_elected};
 pub use olm::ResourceConfig;
 pub use pki_config::XdsClientConfig;
 pub use pki_config::{PKI_LABEL, PkiConfig, ServingCert};
-use spur_operator_core::workstation_owner;
-pub use spur_operator_core::{Error, FINALIZER, Metrics, owner};
-pub use spur_operator_mesh::MeshConfig;
-pub use webhook::sandbox::{MUTATE_SANDBOX_PATH, VALIDATE_SANDBOX_PATH};
-pub use webhook::{
+pub use spur_operator_admission::sandbox::{MUTATE_SANDBOX_PATH, VALIDATE_SANDBOX_PATH};
+pub use spur_operator_admission::{
     MUTATE_ACCESS_REQUEST_PATH, MUTATE_POD_PATH, VALIDATE_ENVOYCONFIG_PATH,
     VALIDATE_LISTENERSET_PATH, VALIDATE_POD_CONNECT_PATH, Webhook, WebhookConfig,
 };
+pub use spur_operator_admission::{audit, inject, inject::InjectionConfig};
+use spur_operator_core::workstation_owner;
+pub use spur_operator_core::{Error, FINALIZER, Metrics, owner};
+pub use spur_operator_mesh::MeshConfig;
 
 use std::sync::Arc;
 

@@ -11,8 +11,8 @@ use spur_serving::pki::Pair;
 
 use crate::Error;
 
-/// Label on both Secrets (value `ca` or `serving`); the manager watches it.
-pub const PKI_LABEL: &str = "spur.dev/pki";
+pub use spur_operator_core::bundle::PKI_LABEL;
+
 /// What the certificate manager maintains.
 #[derive(Debug, Clone)]
 pub struct PkiConfig {

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use spur_api::keys::injection as keys;
 
-use crate::Error;
+use spur_operator_core::Error;
 
 mod parts;
 

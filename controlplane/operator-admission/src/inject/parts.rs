@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use spur_api::keys::injection as keys;
 
 use super::{Baseline, InjectionConfig, Placement};
-use crate::Error;
+use spur_operator_core::Error;
 
 /// Where the sidecar finds the route server's CA bundle and its token.
 const ROUTESERVER_CA_DIR: &str = "/var/run/spur/routeserver-ca";

@@ -20,7 +20,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use crate::Metrics;
+use spur_operator_core::Metrics;
 
 /// Events waiting to be published; beyond this, new ones are dropped and counted.
 const QUEUE: usize = 1024;

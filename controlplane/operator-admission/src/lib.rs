@@ -1,4 +1,5 @@
-//! The operator's admission webhooks, AdmissionReview v1 over TLS: sidecar injection on
+//! The operator's admission webhooks, AdmissionReview v1 over TLS (the operator's admission
+//! feature, with the sidecar injection it applies, [`inject`], and the exec audit, [`audit`]): sidecar injection on
 //! `POST /mutate-v1-pod`, EnvoyConfig validation on
 //! `POST /validate-spur-dev-v1alpha1-envoyconfig`, ListenerSet validation on
 //! `POST /validate-spur-dev-v1alpha1-listenerset`, and for just-in-time access
@@ -23,7 +24,7 @@
 //! EnvoyConfig validation does deny: every resource is decoded into its Envoy v3 message
 //! ([`spur_envoy`]), and the first that does not decode is refused with status 422 and
 //! `spec.resources[i].value: <field path>: <what is wrong>`; so is a node id another
-//! EnvoyConfig of the namespace uses ([`crate::envoyconfig::node_id`]). An update that leaves
+//! EnvoyConfig of the namespace uses ([`spur_operator_xds::envoyconfig::node_id`]). An update that leaves
 //! the spec as it was is always allowed, so that a config stored before the webhook existed can
 //! still get its finalizer removed. Its webhook configuration has `failurePolicy: Fail`: an
 //! EnvoyConfig nobody checked would reach the clients.
@@ -33,7 +34,12 @@
 //! same rules as for EnvoyConfigs otherwise: an unchanged spec is allowed, `failurePolicy:
 //! Fail`.
 
-pub(crate) mod sandbox;
+pub mod audit;
+pub mod inject;
+pub mod sandbox;
+
+/// The operator's error, which the injection functions return.
+pub use spur_operator_core::Error;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -64,8 +70,9 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::inject::{self, InjectionConfig, Screen};
-use crate::{Error, Metrics};
+use spur_operator_core::Metrics;
+
+use crate::inject::{InjectionConfig, Screen};
 use sandbox::{MUTATE_SANDBOX_PATH, VALIDATE_SANDBOX_PATH};
 
 /// The admission path, as in the webhook configuration.
@@ -530,7 +537,7 @@ async fn validate_envoyconfig(
     }
     let spec: EnvoyConfigSpec =
         serde_json::from_value(spec).map_err(|e| Refusal::Invalid(format!("spec: {e}")))?;
-    match crate::envoyconfig::node_id::admission(&st.client, req, &spec.node_id).await {
+    match spur_operator_xds::envoyconfig::node_id::admission(&st.client, req, &spec.node_id).await {
         Ok(None) => {}
         Ok(Some(taken)) => return Err(Refusal::Invalid(taken)),
         Err(e) => return Err(Refusal::Internal(e)),
@@ -830,7 +837,7 @@ async fn ensure_bundle(namespace: &str, st: &State) -> Result<(), Error> {
         let bundle = st.certs.bundle.load_full().ok_or_else(|| {
             Error::Webhook("no CA bundle yet for the route server's ConfigMap".into())
         })?;
-        let cm = crate::certs::namespace_bundle(namespace, name, &bundle);
+        let cm = spur_operator_core::bundle::namespace_bundle(namespace, name, &bundle);
         match tokio::time::timeout(
             API_TIMEOUT,
             api.create(&kube::api::PostParams::default(), &cm),

@@ -25,7 +25,7 @@ use kube::{Api, Client};
 use spur_api::workstation::{CREATED_BY_ANNOTATION, USERNAME_MAX};
 
 use super::{dynamic_request, reply, text};
-use crate::Metrics;
+use spur_operator_core::Metrics;
 
 /// Sandboxes get their creator stamped here, as in the chart's MutatingWebhookConfiguration.
 pub const MUTATE_SANDBOX_PATH: &str = "/mutate-spur-dev-v1alpha1-sandbox";
@@ -190,7 +190,7 @@ pub(crate) async fn review_owner(
     let records: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let owner = match tokio::time::timeout(
         API_TIMEOUT,
-        crate::workstation_owner::owner(&records, &workstation),
+        spur_operator_core::workstation_owner::owner(&records, &workstation),
     )
     .await
     {
