@@ -25,8 +25,9 @@ pub struct Context {
     pub(crate) fork_policy: crate::ForkPolicy,
     /// Where preview URLs live, when a hub serves this cluster.
     pub(crate) previews: Option<Previews>,
-    /// Sandbox resources: where their steps run. `None`: resources are not enabled.
-    pub(crate) resources: Option<crate::ResourceConfig>,
+    /// Sandbox resources (`spur_operator_resources`): their controllers' context, and the
+    /// Sandbox controller's when it makes and deletes a sandbox's resources.
+    pub(crate) res: Arc<spur_operator_resources::ResourcesContext>,
     /// Mesh modes (docs/mesh.md). `None`: none is enabled.
     pub(crate) mesh: Option<crate::MeshConfig>,
     /// Just-in-time access controllers (docs/access.md) run.
@@ -107,13 +108,17 @@ impl spur_controller::HasBackoff for Term {
 
 impl Context {
     pub fn new(client: Client, instance: Option<String>, metrics: crate::Metrics) -> Self {
+        let core = Arc::new(spur_operator_core::Context::new(client, instance, metrics));
         Context {
-            core: Arc::new(spur_operator_core::Context::new(client, instance, metrics)),
+            res: Arc::new(spur_operator_resources::ResourcesContext {
+                core: core.clone(),
+                resources: None,
+            }),
+            core,
             pki: None,
             tunnels: crate::TunnelConfig::default(),
             fork_policy: crate::ForkPolicy::default(),
             previews: None,
-            resources: None,
             mesh: None,
             access: false,
             access_tokens: None,
@@ -141,7 +146,10 @@ impl Context {
 
     /// Run sandbox resources' workflows as configured.
     pub fn with_resources(mut self, resources: crate::ResourceConfig) -> Self {
-        self.resources = Some(resources);
+        self.res = Arc::new(spur_operator_resources::ResourcesContext {
+            core: self.core.clone(),
+            resources: Some(resources),
+        });
         self
     }
 

@@ -28,10 +28,8 @@ pub mod external;
 pub mod fork;
 mod forked;
 mod leader;
-pub mod olm;
 pub mod patch;
 mod pki_config;
-mod resources;
 mod routegroup;
 mod routingconfig;
 pub mod sandbox;
@@ -62,6 +60,8 @@ use std::sync::Arc;
 // The features in crates of their own, under the names the modules here use.
 pub use spur_operator_access as access;
 use spur_operator_mesh::{self as mesh, gateway as mesh_gateway, istio as mesh_istio};
+use spur_operator_resources as resources;
+pub use spur_operator_resources::olm;
 pub use spur_operator_xds::{envoyconfig, listenerset};
 
 use kube::Client;

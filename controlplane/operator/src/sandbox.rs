@@ -168,7 +168,7 @@ async fn resources(
     if sb.spec.resources.is_empty() {
         return Ok(Some(Vec::new()));
     }
-    let res = crate::resources::ensure(sb, key, &desired::owner(sb), ctx).await?;
+    let res = crate::resources::ensure(sb, key, &desired::owner(sb), &ctx.res).await?;
     if res.ready {
         return Ok(Some(res.entries));
     }
@@ -317,7 +317,7 @@ async fn check(
     if let Err(e) = sb.validate() {
         return Ok(Err(("Invalid", e.to_string())));
     }
-    if let Err(bad) = crate::resources::check(sb, ctx).await? {
+    if let Err(bad) = crate::resources::check(sb, &ctx.res).await? {
         return Ok(Err(bad));
     }
     if ctx.enrollment.is_some()
@@ -509,7 +509,7 @@ async fn delete_children(name: &str, ctx: &Context) -> Result<bool, Error> {
     let rcs: Api<RoutingConfig> = Api::all(ctx.client.clone());
     delete_opt(&rcs, &names::sandbox_routing_config_name(name)).await?;
     if !remaining {
-        remaining |= crate::resources::delete_all(name, ctx).await?;
+        remaining |= crate::resources::delete_all(name, &ctx.res).await?;
     }
     Ok(remaining)
 }
@@ -520,7 +520,7 @@ async fn cleanup(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
         // Each ForkedWorkload's own finalizer removes its Deployment and Services first; each
         // Resource's runs its delete workflow (retried until it succeeds, shown here).
         if !sb.spec.resources.is_empty() {
-            let entries = crate::resources::summaries(sb, ctx).await?;
+            let entries = crate::resources::summaries(sb, &ctx.res).await?;
             let deleting = entries.iter().any(|e| e.phase == "Deleting");
             write_status(sb, ctx, |st| st.resources = entries).await?;
             if deleting {

@@ -1,10 +1,8 @@
 //! Which controllers run and what wakes each: one function per feature, each returning the
 //! work of its controllers (drained on stop by `spur_controller::run`). `crate::run` joins them.
 
-mod resources;
 mod workloads;
 
-pub(crate) use resources::resources;
 pub(crate) use workloads::{
     externals, forks, groups, routing_configs, sandboxes, virtuals, watches,
 };
@@ -84,6 +82,11 @@ pub(crate) async fn listener_sets(
         services: term.stores.listener_services.clone(),
     });
     listenerset::run(client, ctx, services, stop).await;
+}
+
+/// Sandbox resources' controllers (`spur_operator_resources`).
+pub(crate) async fn resources(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+    spur_operator_resources::run(client, ctx.res.clone(), stop).await;
 }
 
 /// The just-in-time access controllers (`spur_operator_access`), when enabled.

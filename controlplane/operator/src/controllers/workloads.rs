@@ -155,7 +155,7 @@ pub(crate) async fn sandboxes(
     );
     // Resources wake their Sandbox (cluster-scoped like it: `owns` keys them right); without
     // resources enabled there is nothing to watch.
-    if term.resources.is_some() {
+    if term.res.resources.is_some() {
         sandboxes = sandboxes.owns(Api::<Resource>::all(client), watcher::Config::default());
     }
     spur_controller::run(

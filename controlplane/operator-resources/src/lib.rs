@@ -1,7 +1,8 @@
 //! Sandbox resources (docs/resources.md): the ResourcePlugin controller (is a plugin usable),
 //! the Resource controller (io context Secret, ObjectLifecycleMethods, output Secrets), and the
 //! Sandbox controller's side (create a Resource per `spec.resources[]`, hold the forks back
-//! until every resource is ready).
+//! until every resource is ready), and the ObjectLifecycleMethods controller that runs a
+//! resource's steps ([`olm`]).
 //!
 //! ```text
 //! Sandbox ──► Resource ──► ObjectLifecycleMethods ──► step pods ──► io context Secret (values)
@@ -28,19 +29,25 @@ use spur_api::resources::{
 use spur_api::sandbox::ResourceStatusSummary;
 use spur_api::{ObjectLifecycleMethods, Resource, ResourcePlugin, Sandbox};
 
-use crate::context::{Context, FIELD_MANAGER, delete_opt};
-use crate::olm::{ResourceConfig, check_template};
-use crate::{Error, FINALIZER};
+use spur_operator_core::{Error, FIELD_MANAGER, FINALIZER, delete_opt};
 
+use crate::olm::{ResourceConfig, check_template};
+
+mod context;
+mod controllers;
 mod desired;
+pub mod olm;
 mod status;
+
+pub use context::ResourcesContext;
+pub use controllers::run;
 
 // === ResourcePlugin ===
 
 /// Validates a plugin (what its schema cannot check) into its `Ready` condition.
 pub(crate) async fn reconcile_plugin(
     plugin: Arc<ResourcePlugin>,
-    ctx: Arc<Context>,
+    ctx: Arc<ResourcesContext>,
 ) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("ResourcePlugin");
     let verdict = plugin_problem(&plugin);
@@ -57,7 +64,7 @@ pub(crate) async fn reconcile_plugin(
 pub(crate) fn plugin_error_policy(
     p: Arc<ResourcePlugin>,
     err: &Error,
-    ctx: Arc<Context>,
+    ctx: Arc<ResourcesContext>,
 ) -> Action {
     ctx.retry(&*p, err)
 }
@@ -78,20 +85,20 @@ fn plugin_problem(plugin: &ResourcePlugin) -> Option<String> {
 // === Sandbox side ===
 
 /// Where a sandbox's resources stand, for its status.
-pub(crate) struct SandboxResources {
-    pub(crate) entries: Vec<ResourceStatusSummary>,
+pub struct SandboxResources {
+    pub entries: Vec<ResourceStatusSummary>,
     /// Every resource is Ready: the forks may start.
-    pub(crate) ready: bool,
+    pub ready: bool,
     /// A resource failed: `(reason, message)` for the sandbox's Ready condition.
-    pub(crate) failed: Option<String>,
+    pub failed: Option<String>,
 }
 
 /// Checks the sandbox's resources for what only the cluster knows: resources are enabled, each
 /// plugin exists, is usable and gets the parameters it reads. Resources that exist already are
 /// not checked again (they keep the plugin version they were made from).
-pub(crate) async fn check(
+pub async fn check(
     sb: &Sandbox,
-    ctx: &Context,
+    ctx: &ResourcesContext,
 ) -> Result<Result<(), (&'static str, String)>, Error> {
     if sb.spec.resources.is_empty() {
         return Ok(Ok(()));
@@ -181,7 +188,7 @@ fn outputs_exist(sb: &Sandbox, resource: &str, plugin: &ResourcePlugin) -> Resul
 /// The cluster's plugins, listed at most once per pass (and only when a resource needs one).
 async fn plugins_once<'a>(
     cache: &'a mut Option<Vec<ResourcePlugin>>,
-    ctx: &Context,
+    ctx: &ResourcesContext,
 ) -> Result<&'a [ResourcePlugin], Error> {
     if cache.is_none() {
         let all = Api::<ResourcePlugin>::all(ctx.client.clone())
@@ -240,11 +247,11 @@ fn compile_for(
 }
 
 /// Creates the sandbox's missing Resources and reports where they all stand.
-pub(crate) async fn ensure(
+pub async fn ensure(
     sb: &Sandbox,
     key: &str,
     owner: &[OwnerReference],
-    ctx: &Context,
+    ctx: &ResourcesContext,
 ) -> Result<SandboxResources, Error> {
     let name = sb.name_any();
     let api: Api<Resource> = Api::all(ctx.client.clone());
@@ -311,9 +318,9 @@ pub(crate) async fn ensure(
 
 /// Summaries of the sandbox's Resources as they are (while it is being deleted: `Deleting`
 /// once their deletion has started).
-pub(crate) async fn summaries(
+pub async fn summaries(
     sb: &Sandbox,
-    ctx: &Context,
+    ctx: &ResourcesContext,
 ) -> Result<Vec<ResourceStatusSummary>, Error> {
     let name = sb.name_any();
     let api: Api<Resource> = Api::all(ctx.client.clone());
@@ -330,7 +337,7 @@ pub(crate) async fn summaries(
 
 /// Deletes the sandbox's Resources; `true` while some still exist (their delete workflows
 /// run behind their finalizers).
-pub(crate) async fn delete_all(sandbox: &str, ctx: &Context) -> Result<bool, Error> {
+pub async fn delete_all(sandbox: &str, ctx: &ResourcesContext) -> Result<bool, Error> {
     let api: Api<Resource> = Api::all(ctx.client.clone());
     let lp = ListParams::default().labels(&format!("{}={sandbox}", labels::SANDBOX));
     let mut remaining = false;
@@ -345,7 +352,10 @@ pub(crate) async fn delete_all(sandbox: &str, ctx: &Context) -> Result<bool, Err
 
 // === Resource ===
 
-pub(crate) async fn reconcile(res: Arc<Resource>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub(crate) async fn reconcile(
+    res: Arc<Resource>,
+    ctx: Arc<ResourcesContext>,
+) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("Resource");
     let Some(cfg) = ctx.resources.clone() else {
         return Ok(Action::await_change());
@@ -361,7 +371,7 @@ pub(crate) async fn reconcile(res: Arc<Resource>, ctx: Arc<Context>) -> Result<A
     spur_controller::finalized(action)
 }
 
-pub(crate) fn error_policy(res: Arc<Resource>, err: &Error, ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy(res: Arc<Resource>, err: &Error, ctx: Arc<ResourcesContext>) -> Action {
     match err {
         Error::Pending(_) => return Action::requeue(Duration::from_secs(2)),
         Error::Requeue { after, .. } => return Action::requeue(*after),
@@ -370,7 +380,11 @@ pub(crate) fn error_policy(res: Arc<Resource>, err: &Error, ctx: Arc<Context>) -
     ctx.retry(&*res, err)
 }
 
-async fn apply(res: &Resource, ctx: &Context, cfg: &ResourceConfig) -> Result<Action, Error> {
+async fn apply(
+    res: &Resource,
+    ctx: &ResourcesContext,
+    cfg: &ResourceConfig,
+) -> Result<Action, Error> {
     let name = res.name_any();
     let owner: Vec<OwnerReference> = res.controller_owner_ref(&()).into_iter().collect();
     let labels_map = desired::labels(&res.spec.sandbox, &name, Some(&res.spec.routing_key));
@@ -421,7 +435,7 @@ async fn apply(res: &Resource, ctx: &Context, cfg: &ResourceConfig) -> Result<Ac
 /// of every output namespace; returns their keys.
 async fn publish_outputs(
     res: &Resource,
-    ctx: &Context,
+    ctx: &ResourcesContext,
     cfg: &ResourceConfig,
     labels_map: &BTreeMap<String, String>,
     owner: &[OwnerReference],
@@ -447,7 +461,11 @@ async fn publish_outputs(
     Ok(outputs.into_keys().collect())
 }
 
-async fn cleanup(res: &Resource, ctx: &Context, cfg: &ResourceConfig) -> Result<Action, Error> {
+async fn cleanup(
+    res: &Resource,
+    ctx: &ResourcesContext,
+    cfg: &ResourceConfig,
+) -> Result<Action, Error> {
     let name = res.name_any();
     let olms: Api<ObjectLifecycleMethods> = Api::all(ctx.client.clone());
     if let Some(olm) = olms.get_opt(&name).await? {

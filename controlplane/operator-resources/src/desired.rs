@@ -151,7 +151,7 @@ pub(super) fn output_secret(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::resources::status::tests::resource as a_resource;
+    use crate::status::tests::resource as a_resource;
 
     fn owner() -> Vec<OwnerReference> {
         serde_json::from_value(json!([{

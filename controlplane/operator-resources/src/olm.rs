@@ -27,8 +27,9 @@ use spur_api::resources::{
     LOG_TAIL_MAX, OlmPhase, OlmStatus, UnitPhase, UnitStatus, WorkUnit, Workflow,
 };
 
-use crate::context::{Context, delete_opt};
-use crate::{Error, FINALIZER};
+use spur_operator_core::{Error, FINALIZER, delete_opt};
+
+use crate::ResourcesContext;
 
 mod desired;
 mod status;
@@ -95,7 +96,7 @@ const LOG_TAIL_LINES: i64 = 30;
 
 pub(crate) async fn reconcile(
     olm: Arc<ObjectLifecycleMethods>,
-    ctx: Arc<Context>,
+    ctx: Arc<ResourcesContext>,
 ) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("ObjectLifecycleMethods");
     let Some(cfg) = ctx.resources.clone() else {
@@ -123,7 +124,7 @@ pub(crate) async fn reconcile(
 pub(crate) fn error_policy(
     olm: Arc<ObjectLifecycleMethods>,
     err: &Error,
-    ctx: Arc<Context>,
+    ctx: Arc<ResourcesContext>,
 ) -> Action {
     match err {
         Error::Pending(_) => return Action::requeue(Duration::from_secs(2)),
@@ -136,7 +137,7 @@ pub(crate) fn error_policy(
 /// The preStart workflow.
 async fn start(
     olm: &ObjectLifecycleMethods,
-    ctx: &Context,
+    ctx: &ResourcesContext,
     cfg: &ResourceConfig,
 ) -> Result<Action, Error> {
     let mut st = olm.status.clone().unwrap_or_default();
@@ -164,7 +165,7 @@ async fn start(
 /// `Ok` releases the finalizer, so it is returned only when every postStop unit succeeded.
 async fn stop(
     olm: &ObjectLifecycleMethods,
-    ctx: &Context,
+    ctx: &ResourcesContext,
     cfg: &ResourceConfig,
 ) -> Result<Action, Error> {
     let mut st = olm.status.clone().unwrap_or_default();
@@ -224,7 +225,7 @@ async fn stop(
 /// (written to the API before any pod is created).
 async fn advance(
     olm: &ObjectLifecycleMethods,
-    ctx: &Context,
+    ctx: &ResourcesContext,
     cfg: &ResourceConfig,
     workflow: Workflow,
     st: &mut OlmStatus,
@@ -291,7 +292,7 @@ async fn advance(
 /// What one pass over a workflow works with.
 struct Pass<'a> {
     olm: &'a ObjectLifecycleMethods,
-    ctx: &'a Context,
+    ctx: &'a ResourcesContext,
     cfg: &'a ResourceConfig,
     workflow: Workflow,
 }
@@ -349,7 +350,7 @@ async fn follow(
 /// The io context keys `unit` reads that its OLM's io context does not hold.
 async fn missing_inputs(
     olm: &ObjectLifecycleMethods,
-    ctx: &Context,
+    ctx: &ResourcesContext,
     cfg: &ResourceConfig,
     unit: &WorkUnit,
 ) -> Result<Vec<String>, Error> {
@@ -535,7 +536,7 @@ async fn log_tail(pods: &Api<Pod>, pod: &str, container: &str) -> Option<String>
 
 /// Copies the CA bundle into the step namespace when it is missing there (the certificate
 /// manager keeps every copy current afterwards).
-async fn ensure_ca_bundle(ctx: &Context, cfg: &ResourceConfig) -> Result<(), Error> {
+async fn ensure_ca_bundle(ctx: &ResourcesContext, cfg: &ResourceConfig) -> Result<(), Error> {
     let here: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &cfg.namespace);
     if here.get_metadata_opt(&cfg.ca_config_map).await?.is_some() {
         return Ok(());
@@ -552,7 +553,8 @@ async fn ensure_ca_bundle(ctx: &Context, cfg: &ResourceConfig) -> Result<(), Err
                 cfg.operator_namespace, cfg.ca_config_map
             ))
         })?;
-    let cm = crate::certs::namespace_bundle(&cfg.namespace, &cfg.ca_config_map, &bundle);
+    let cm =
+        spur_operator_core::bundle::namespace_bundle(&cfg.namespace, &cfg.ca_config_map, &bundle);
     match here.create(&PostParams::default(), &cm).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(ae)) if ae.code == 409 => Ok(()),
@@ -560,7 +562,11 @@ async fn ensure_ca_bundle(ctx: &Context, cfg: &ResourceConfig) -> Result<(), Err
     }
 }
 
-async fn write(olm: &ObjectLifecycleMethods, ctx: &Context, st: &OlmStatus) -> Result<(), Error> {
+async fn write(
+    olm: &ObjectLifecycleMethods,
+    ctx: &ResourcesContext,
+    st: &OlmStatus,
+) -> Result<(), Error> {
     let api: Api<ObjectLifecycleMethods> = Api::all(ctx.client.clone());
     let old = olm.status.clone().unwrap_or_default();
     ctx.status.apply(&api, olm, &old, st).await?;

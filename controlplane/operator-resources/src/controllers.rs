@@ -10,13 +10,14 @@ use spur_api::{ObjectLifecycleMethods, Resource, ResourcePlugin};
 use spur_controller::cluster_owners;
 use tokio_util::sync::CancellationToken;
 
-use super::{config, primary};
-use crate::context::Context;
-use crate::{olm, resources as res};
+use spur_controller::changes::primary;
+use spur_operator_core::controller_config as config;
 
-/// The resource controllers, when resources are enabled (without, they would only watch for
-/// nothing).
-pub(crate) async fn resources(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+use crate::{self as res, ResourcesContext, olm};
+
+/// Runs the resource controllers until `stop`, when resources are enabled (without, they
+/// would only watch for nothing).
+pub async fn run(client: Client, ctx: Arc<ResourcesContext>, stop: CancellationToken) {
     let Some(step_namespace) = ctx.resources.as_ref().map(|r| r.namespace.clone()) else {
         return;
     };
