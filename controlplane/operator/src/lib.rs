@@ -19,7 +19,6 @@
 //! one exception is ListenerSet: its children are Services of its own namespace, which a
 //! controller owner reference is enough for, so it has no finalizer to be stuck on.
 
-mod certs;
 mod context;
 mod controllers;
 pub mod enroll;
@@ -29,28 +28,26 @@ pub mod fork;
 mod forked;
 mod leader;
 pub mod patch;
-mod pki_config;
 mod routegroup;
 mod routingconfig;
 pub mod sandbox;
 mod triggers;
 mod virtualw;
-pub mod workstations;
-pub mod xds_clients;
 
 pub use context::{Context, FIELD_MANAGER, Previews};
 pub use external::TunnelConfig;
 pub use fork::ForkPolicy;
 pub use leader::{LeaderElection, run_elected};
 pub use olm::ResourceConfig;
-pub use pki_config::XdsClientConfig;
-pub use pki_config::{PKI_LABEL, PkiConfig, ServingCert};
 pub use spur_operator_admission::sandbox::{MUTATE_SANDBOX_PATH, VALIDATE_SANDBOX_PATH};
 pub use spur_operator_admission::{
     MUTATE_ACCESS_REQUEST_PATH, MUTATE_POD_PATH, VALIDATE_ENVOYCONFIG_PATH,
     VALIDATE_LISTENERSET_PATH, VALIDATE_POD_CONNECT_PATH, Webhook, WebhookConfig,
 };
 pub use spur_operator_admission::{audit, inject, inject::InjectionConfig};
+pub use spur_operator_certificates::{
+    PKI_LABEL, PkiConfig, ServingCert, XdsClientConfig, workstations, xds_clients,
+};
 use spur_operator_core::workstation_owner;
 pub use spur_operator_core::{Error, FINALIZER, Metrics, owner};
 pub use spur_operator_mesh::MeshConfig;

@@ -16,8 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, Term};
 use crate::triggers::primary;
-use crate::{certs, enroll, envoyconfig, listenerset, mesh_gateway, mesh_istio};
-use crate::{workstations, xds_clients};
+use crate::{enroll, envoyconfig, listenerset, mesh_gateway, mesh_istio};
 
 /// Every controller's scheduling: a short debounce coalesces the burst of events one change
 /// of several children makes.
@@ -25,42 +24,13 @@ fn config() -> controller::Config {
     spur_operator_core::controller_config()
 }
 
-/// The certificate manager, the workstation signer and the xDS client issuer, when the context
-/// has a PKI configuration.
+/// The certificate manager, the workstation signer and the xDS client issuer
+/// (`spur_operator_certificates`), when the context has a PKI configuration.
 pub(crate) async fn pki(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     let Some(cfg) = ctx.pki.clone() else {
         return;
     };
-    let signer = spur_controller::drained(
-        "workstation-signer",
-        workstations::run(
-            client.clone(),
-            cfg.clone(),
-            ctx.metrics.clone(),
-            stop.clone(),
-        ),
-        stop.clone(),
-    );
-    let xds = cfg.xds_clients.clone().map(|x| {
-        spur_controller::drained(
-            "xds-client-issuer",
-            xds_clients::run(
-                client.clone(),
-                cfg.clone(),
-                x,
-                ctx.metrics.clone(),
-                stop.clone(),
-            ),
-            stop.clone(),
-        )
-    });
-    let manager = certs::run(client.clone(), cfg, ctx.metrics.clone(), stop.clone());
-    let xds = async move {
-        if let Some(x) = xds {
-            x.await;
-        }
-    };
-    tokio::join!(manager, signer, xds);
+    spur_operator_certificates::run(client, cfg, ctx.metrics.clone(), stop).await;
 }
 
 /// EnvoyConfigs (`spur_operator_xds::envoyconfig`): a revision's status (the route servers'

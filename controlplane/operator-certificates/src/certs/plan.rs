@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use spur_serving::pki::{self, Pair};
 
 use super::{ISSUER, NAMESPACE_BUNDLE_ROLE, NEXT_PUBLISHED, ROTATE_REQUESTED};
-use crate::Error;
 use crate::pki_config::{PKI_LABEL, PkiConfig, ServingCert};
+use spur_operator_core::Error;
 
 /// Never wait longer than this between passes: a safety net against missed watch events.
 const MAX_SLEEP: Duration = Duration::from_secs(3600);

@@ -30,8 +30,8 @@ use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
 use crate::pki_config::{PKI_LABEL, PkiConfig, ServingCert};
-use crate::{Error, FIELD_MANAGER, Metrics};
 use plan::{CaState, Serving, bundle_copy_state, until};
+use spur_operator_core::{Error, FIELD_MANAGER, Metrics};
 use spur_serving::pki::{self, Pair, now_unix};
 
 mod plan;
@@ -222,7 +222,7 @@ impl Manager {
         // ones are written owned.
         if let Some(owner) = &cfg.owner {
             for name in plan::secret_names(cfg) {
-                crate::owner::adopt(&self.secrets, name, owner).await?;
+                spur_operator_core::owner::adopt(&self.secrets, name, owner).await?;
             }
         }
         Ok(plan::next_pass(due))
@@ -415,7 +415,7 @@ impl Manager {
                 .cfg
                 .owner
                 .as_ref()
-                .is_none_or(|o| crate::owner::owned_by(&cm, o))
+                .is_none_or(|o| spur_operator_core::owner::owned_by(&cm, o))
         {
             return Ok(());
         }

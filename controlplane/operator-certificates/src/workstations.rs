@@ -33,7 +33,9 @@ use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::{Error, Metrics, PkiConfig};
+use spur_operator_core::{Error, Metrics};
+
+use crate::PkiConfig;
 use spur_serving::pki::{self, Pair};
 
 pub use spur_api::workstation::WORKSTATION_SIGNER;
@@ -114,7 +116,7 @@ async fn reconcile(
     let requester = csr.spec.username.as_deref().unwrap_or_default();
     let until = k8s_openapi::jiff::Timestamp::from_second(not_after)
         .map_err(|e| Error::Pki(format!("certificate expiry: {e}")))?;
-    if let Err(refused) = crate::workstation_owner::claim(
+    if let Err(refused) = spur_operator_core::workstation_owner::claim(
         &signer.owners,
         &signer.cfg.namespace,
         &workstation,

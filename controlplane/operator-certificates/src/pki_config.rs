@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Api;
 use spur_serving::pki::Pair;
 
-use crate::Error;
+use spur_operator_core::Error;
 
 pub use spur_operator_core::bundle::PKI_LABEL;
 

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 pub use self::desired::bootstrap;
 use self::plan::{CA_CHECK, Issued};
 use crate::pki_config::{PkiConfig, signing_ca};
-use crate::{Error, FIELD_MANAGER, Metrics};
+use spur_operator_core::{Error, FIELD_MANAGER, Metrics};
 // Configured with the rest of the PKI; its public path stays here too.
 pub use crate::pki_config::XdsClientConfig;
 use spur_serving::pki::{self, Pair, now_unix};
