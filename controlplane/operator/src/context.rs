@@ -36,7 +36,7 @@ pub struct Context {
     pub(crate) access_tokens: Option<String>,
     /// Namespace enrollment: the RoleBindings made in namespaces labelled
     /// `spur.dev/enabled=true` (`crate::enroll`). `None`: the enroller does not run.
-    pub(crate) enrollment: Option<crate::enroll_config::EnrollConfig>,
+    pub(crate) enrollment: Option<crate::enroll::EnrollConfig>,
 }
 
 /// The hub's preview domain and this cluster's name there (docs/hub.md).
@@ -175,7 +175,7 @@ impl Context {
     }
 
     /// Also run the namespace enroller (on the leader, with the controllers).
-    pub fn with_enrollment(mut self, enrollment: crate::enroll_config::EnrollConfig) -> Self {
+    pub fn with_enrollment(mut self, enrollment: crate::enroll::EnrollConfig) -> Self {
         self.enrollment = Some(enrollment);
         self
     }

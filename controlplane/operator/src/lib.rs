@@ -21,8 +21,6 @@
 
 mod context;
 mod controllers;
-pub mod enroll;
-mod enroll_config;
 pub mod external;
 pub mod fork;
 mod forked;
@@ -56,6 +54,7 @@ use std::sync::Arc;
 
 // The features in crates of their own, under the names the modules here use.
 pub use spur_operator_access as access;
+pub use spur_operator_enroll as enroll;
 use spur_operator_mesh::{self as mesh, gateway as mesh_gateway, istio as mesh_istio};
 use spur_operator_resources as resources;
 pub use spur_operator_resources::olm;

@@ -75,7 +75,7 @@ pub(crate) async fn access(client: Client, ctx: Arc<Context>, stop: Cancellation
 /// The namespace enroller, when the context has an enrollment configuration.
 pub(crate) async fn enroller(ctx: Arc<Context>, stop: CancellationToken) {
     if let Some(cfg) = ctx.enrollment.clone() {
-        enroll::run(ctx, cfg, stop).await;
+        enroll::run(ctx.core.clone(), cfg, stop).await;
     }
 }
 

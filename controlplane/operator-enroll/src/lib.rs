@@ -25,12 +25,12 @@ use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::context::{Context, FIELD_MANAGER, delete_opt};
+use spur_operator_core::{Context, Error, FIELD_MANAGER, delete_opt};
 // The configuration lives beside the context that carries it; its public path stays here.
 pub use crate::enroll_config::{BINDING_LABEL, EnrollBinding, EnrollConfig};
-use crate::{Error, triggers};
 
 mod desired;
+mod enroll_config;
 
 use desired::Step;
 
@@ -60,7 +60,7 @@ struct Enroller {
 /// other controllers).
 pub async fn run(ctx: Arc<Context>, cfg: EnrollConfig, stop: CancellationToken) {
     let client = ctx.client.clone();
-    let (bindings, changes) = triggers::changes(
+    let (bindings, changes) = spur_controller::changes::changes(
         Api::<RoleBinding>::all(client.clone()),
         watcher::Config::default().labels(BINDING_LABEL),
         binding_digest,

@@ -49,7 +49,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::enroll::{EnrollBinding, EnrollConfig};
+    use crate::{EnrollBinding, EnrollConfig};
 
     fn ns(v: serde_json::Value) -> Namespace {
         serde_json::from_value(v).unwrap()

@@ -1,5 +1,5 @@
-//! What namespace enrollment binds ([`crate::enroll`]): the bindings the operator is configured
-//! with, carried by the [`crate::context::Context`], and the RoleBinding each makes in an
+//! What namespace enrollment binds (this crate): the bindings the operator is configured
+//! with, carried by the operator's context, and the RoleBinding each makes in an
 //! enrolled namespace.
 
 use std::collections::BTreeMap;
@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
 use kube::api::ObjectMeta;
 
-use crate::Error;
+use spur_operator_core::Error;
 
 /// On the RoleBindings the enrollment controller makes: the ClusterRole they bind (its watch selects
 /// them by this label).
