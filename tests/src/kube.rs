@@ -335,14 +335,10 @@ pub async fn operator_client(api: &KubeApi) -> anyhow::Result<Client> {
     .await?;
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = spur_operator::Metrics::register(&mut registry);
-    let ctx = std::sync::Arc::new(spur_operator::Context::new(
-        client.clone(),
-        Some("enroller".into()),
-        metrics,
-    ));
+    let ctx = spur_operator::Context::new(client.clone(), Some("enroller".into()), metrics);
     let cfg = enroll_config();
     tokio::spawn(spur_operator::enroll::run(
-        ctx,
+        ctx.shared(),
         cfg,
         tokio_util::sync::CancellationToken::new(),
     ));

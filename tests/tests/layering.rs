@@ -184,11 +184,19 @@ fn no_server_links_another_servers_crate() {
          library crate instead):\n{}",
         violations.join("\n")
     );
-    // The kit is what they share: each server that serves TLS or probes links it.
+    // The kit is what they share: each server that serves TLS or probes links it, itself or
+    // through a crate of its own (the operator's features, `spur-operator-<feature>`).
     for server in SERVERS.iter().filter(|s| **s != "spur-tunnelproxy") {
-        let id = graph.id(server);
+        let family = format!("{server}-");
+        let own: Vec<&str> = graph
+            .name
+            .iter()
+            .filter(|(_, n)| n.as_str() == *server || n.starts_with(&family))
+            .map(|(id, _)| id.as_str())
+            .collect();
         assert!(
-            graph.direct(id).any(|d| graph.name[d] == "spur-serving"),
+            own.iter()
+                .any(|id| graph.direct(id).any(|d| graph.name[d] == "spur-serving")),
             "{server} does not use the serving kit"
         );
     }
@@ -349,9 +357,15 @@ fn the_demo_builds_without_the_cluster_side() {
 }
 
 /// Which operator feature may build on which (`(from, to)`): the EnvoyConfig webhook refuses
-/// a node id another config holds by the xds feature's own rule. (The features still in
-/// `spur-operator`, e.g. the RoutingConfig controller calling into mesh, are the assembly's.)
-const OPERATOR_FEATURE_EDGES: &[(&str, &str)] = &[("spur-operator-admission", "spur-operator-xds")];
+/// a node id another config holds by the xds feature's own rule; the Sandbox controller makes
+/// a sandbox's resources and refuses namespaces not enrolled, and the RoutingConfig controller
+/// keeps its mesh routes.
+const OPERATOR_FEATURE_EDGES: &[(&str, &str)] = &[
+    ("spur-operator-admission", "spur-operator-xds"),
+    ("spur-operator-workloads", "spur-operator-enroll"),
+    ("spur-operator-workloads", "spur-operator-mesh"),
+    ("spur-operator-workloads", "spur-operator-resources"),
+];
 
 /// The operator's features are crates of their own (`spur-operator-<feature>`, docs in
 /// ARCHITECTURE.md): each links the shared core, `spur-operator-core`, and no other feature

@@ -1,28 +1,21 @@
 //! Which controllers run and what wakes each: one function per feature, each returning the
 //! work of its controllers (drained on stop by `spur_controller::run`). `crate::run` joins them.
 
-mod workloads;
-
-pub(crate) use workloads::{
+pub(crate) use spur_operator_workloads::controllers::{
     externals, forks, groups, routing_configs, sandboxes, virtuals, watches,
 };
 
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
-use kube::runtime::{controller, watcher};
-use kube::{Client, ResourceExt};
+use kube::Client;
+use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 
-use crate::context::{Context, Term};
-use crate::triggers::primary;
-use crate::{enroll, envoyconfig, listenerset, mesh_gateway, mesh_istio};
+use spur_operator_workloads::Term;
 
-/// Every controller's scheduling: a short debounce coalesces the burst of events one change
-/// of several children makes.
-fn config() -> controller::Config {
-    spur_operator_core::controller_config()
-}
+use crate::context::Context;
+use crate::{enroll, envoyconfig, listenerset, mesh_gateway, mesh_istio};
 
 /// The certificate manager, the workstation signer and the xDS client issuer
 /// (`spur_operator_certificates`), when the context has a PKI configuration.
@@ -56,7 +49,7 @@ pub(crate) async fn listener_sets(
 
 /// Sandbox resources' controllers (`spur_operator_resources`).
 pub(crate) async fn resources(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
-    spur_operator_resources::run(client, ctx.res.clone(), stop).await;
+    spur_operator_resources::run(client, ctx.workloads.res.clone(), stop).await;
 }
 
 /// The just-in-time access controllers (`spur_operator_access`), when enabled.
@@ -66,7 +59,7 @@ pub(crate) async fn access(client: Client, ctx: Arc<Context>, stop: Cancellation
     }
     let access = Arc::new(crate::access::AccessContext {
         core: ctx.core.clone(),
-        tunnel_namespace: ctx.tunnels.namespace.clone(),
+        tunnel_namespace: ctx.workloads.tunnels.namespace.clone(),
         access_tokens: ctx.access_tokens.clone(),
     });
     crate::access::run(client, access, stop).await;
@@ -74,7 +67,7 @@ pub(crate) async fn access(client: Client, ctx: Arc<Context>, stop: Cancellation
 
 /// The namespace enroller, when the context has an enrollment configuration.
 pub(crate) async fn enroller(ctx: Arc<Context>, stop: CancellationToken) {
-    if let Some(cfg) = ctx.enrollment.clone() {
+    if let Some(cfg) = ctx.workloads.enrollment.clone() {
         enroll::run(ctx.core.clone(), cfg, stop).await;
     }
 }
@@ -82,7 +75,7 @@ pub(crate) async fn enroller(ctx: Arc<Context>, stop: CancellationToken) {
 /// The mesh routes' controllers. Each mode's controller runs only when enabled: without it
 /// neither the mesh's CRDs nor the rights to them need to exist.
 pub(crate) async fn mesh(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
-    let mesh = ctx.mesh.clone().unwrap_or_default();
+    let mesh = ctx.workloads.mesh.clone().unwrap_or_default();
     let istio = async {
         if mesh.istio {
             mesh_istio::run(client.clone(), ctx.core.clone(), mesh.clone(), stop.clone()).await;
@@ -94,21 +87,4 @@ pub(crate) async fn mesh(client: Client, ctx: Arc<Context>, stop: CancellationTo
         }
     };
     tokio::join!(istio, gateway);
-}
-
-pub(crate) fn is_managed(obj: &impl ResourceExt) -> bool {
-    obj.labels()
-        .get(spur_api::keys::labels::MANAGED_BY)
-        .map(String::as_str)
-        == Some(spur_api::keys::labels::MANAGED_BY_VALUE)
-}
-
-/// Only the operator's own Deployments and Services: watching every Deployment of a large
-/// cluster would cost memory for nothing.
-fn managed() -> watcher::Config {
-    watcher::Config::default().labels(&format!(
-        "{}={}",
-        spur_api::keys::labels::MANAGED_BY,
-        spur_api::keys::labels::MANAGED_BY_VALUE
-    ))
 }

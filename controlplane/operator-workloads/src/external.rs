@@ -24,7 +24,7 @@ use spur_api::keys::labels;
 use spur_api::tunnel::{self, Session};
 use spur_api::{ExternalWorkload, ExternalWorkloadStatus, ServiceMapping};
 
-use crate::context::{Context, FIELD_MANAGER, delete_opt};
+use crate::context::{FIELD_MANAGER, WorkloadsContext, delete_opt};
 use crate::{Error, FINALIZER};
 
 /// Condition: the workstation's tunnel is up.
@@ -56,7 +56,7 @@ pub use desired::{Plan, plan};
 
 pub(crate) async fn reconcile(
     ew: Arc<ExternalWorkload>,
-    ctx: Arc<Context>,
+    ctx: Arc<WorkloadsContext>,
 ) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("ExternalWorkload");
     let ns = ew.namespace().ok_or_else(|| Error::NoNamespace {
@@ -74,7 +74,7 @@ pub(crate) async fn reconcile(
     spur_controller::finalized(action)
 }
 
-async fn apply(ew: &ExternalWorkload, ns: &str, ctx: &Context) -> Result<Action, Error> {
+async fn apply(ew: &ExternalWorkload, ns: &str, ctx: &WorkloadsContext) -> Result<Action, Error> {
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
     let found = match status::unsupported(ew) {
         Some(failure) => Err(failure),
@@ -112,7 +112,7 @@ async fn apply(ew: &ExternalWorkload, ns: &str, ctx: &Context) -> Result<Action,
 
 /// The workstation's tunnel session, from its Lease (none when it has no Lease, or one that
 /// cannot be read).
-async fn session(ew: &ExternalWorkload, ctx: &Context) -> Result<Option<Session>, Error> {
+async fn session(ew: &ExternalWorkload, ctx: &WorkloadsContext) -> Result<Option<Session>, Error> {
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ctx.tunnels.namespace);
     let Some(lease) = leases
         .get_opt(&tunnel::lease_name(&ew.spec.workstation))
@@ -134,7 +134,7 @@ async fn session(ew: &ExternalWorkload, ctx: &Context) -> Result<Option<Session>
 async fn apply_children(
     ew: &ExternalWorkload,
     ns: &str,
-    ctx: &Context,
+    ctx: &WorkloadsContext,
     planned: Vec<(Service, ServiceMapping, EndpointSlice)>,
 ) -> Result<Vec<ServiceMapping>, Error> {
     let owner = ew.controller_owner_ref(&()).into_iter().collect::<Vec<_>>();
@@ -162,7 +162,7 @@ async fn apply_children(
 async fn prune(
     name: &str,
     ns: &str,
-    ctx: &Context,
+    ctx: &WorkloadsContext,
     wanted: &BTreeSet<String>,
 ) -> Result<(), Error> {
     let lp = ListParams::default()
@@ -186,7 +186,7 @@ async fn prune(
 }
 
 /// Deletes every Service and EndpointSlice of the ExternalWorkload; returns whether some remain.
-async fn delete_children(name: &str, ns: &str, ctx: &Context) -> Result<bool, Error> {
+async fn delete_children(name: &str, ns: &str, ctx: &WorkloadsContext) -> Result<bool, Error> {
     let lp = ListParams::default().labels(&format!("{}={name}", labels::EXTERNAL_WORKLOAD));
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
     let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), ns);
@@ -199,7 +199,7 @@ async fn delete_children(name: &str, ns: &str, ctx: &Context) -> Result<bool, Er
     Ok(!services.list(&lp).await?.items.is_empty() || !slices.list(&lp).await?.items.is_empty())
 }
 
-async fn cleanup(ew: &ExternalWorkload, ns: &str, ctx: &Context) -> Result<Action, Error> {
+async fn cleanup(ew: &ExternalWorkload, ns: &str, ctx: &WorkloadsContext) -> Result<Action, Error> {
     if delete_children(&ew.name_any(), ns, ctx).await? {
         return Err(Error::Pending(format!(
             "the children of ExternalWorkload {ns}/{} to be deleted",
@@ -212,7 +212,7 @@ async fn cleanup(ew: &ExternalWorkload, ns: &str, ctx: &Context) -> Result<Actio
 async fn write_status(
     ew: &ExternalWorkload,
     ns: &str,
-    ctx: &Context,
+    ctx: &WorkloadsContext,
     update: impl FnOnce(&mut ExternalWorkloadStatus),
 ) -> Result<bool, Error> {
     let old = ew.status.clone().unwrap_or_default();
@@ -223,7 +223,11 @@ async fn write_status(
     Ok(ctx.status.apply(&api, ew, &old, &st).await?)
 }
 
-pub(crate) fn error_policy(ew: Arc<ExternalWorkload>, err: &Error, ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy(
+    ew: Arc<ExternalWorkload>,
+    err: &Error,
+    ctx: Arc<WorkloadsContext>,
+) -> Action {
     if matches!(err, Error::Pending(_)) {
         return Action::requeue(Duration::from_millis(500));
     }
@@ -231,8 +235,8 @@ pub(crate) fn error_policy(ew: Arc<ExternalWorkload>, err: &Error, ctx: Arc<Cont
 }
 
 /// Deletes tunnel Leases not renewed for `gc_after`, every so often, until `stop`.
-pub(crate) async fn collect_dead_tunnels(
-    ctx: Arc<Context>,
+pub async fn collect_dead_tunnels(
+    ctx: Arc<WorkloadsContext>,
     stop: tokio_util::sync::CancellationToken,
 ) {
     let cfg = ctx.tunnels.clone();

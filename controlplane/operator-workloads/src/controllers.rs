@@ -18,30 +18,31 @@ use spur_api::{
 use spur_controller::{cluster_owners, objects_where};
 use tokio_util::sync::CancellationToken;
 
-use super::{config, is_managed, managed, primary};
-use crate::context::{Context, Stores, Term};
+use crate::context::{Stores, Term, WorkloadsContext};
+use crate::triggers::primary;
 use crate::{external, forked, routegroup, routingconfig, sandbox, triggers, virtualw};
+use spur_operator_core::controller_config as config;
 
 /// A watch's events that passed its trigger's filter.
-type Changes<K> = std::pin::Pin<Box<dyn Stream<Item = Result<K, watcher::Error>> + Send>>;
+pub type Changes<K> = std::pin::Pin<Box<dyn Stream<Item = Result<K, watcher::Error>> + Send>>;
 
 /// The watches whose stores the controllers read (each store is updated before the event that
 /// wakes a pass), and what each wakes.
-pub(crate) struct Wakes {
-    pub(crate) sb_forks: Changes<ForkedWorkload>,
-    pub(crate) sb_externals: Changes<ExternalWorkload>,
-    pub(crate) sb_virtuals: Changes<VirtualWorkload>,
-    pub(crate) sb_configs: Changes<RoutingConfig>,
-    pub(crate) fw_deployments: Changes<Deployment>,
-    pub(crate) fw_services: Changes<Service>,
-    pub(crate) rc_forks: Changes<ForkedWorkload>,
-    pub(crate) rc_externals: Changes<ExternalWorkload>,
-    pub(crate) ls_services: Changes<Service>,
+pub struct Wakes {
+    pub sb_forks: Changes<ForkedWorkload>,
+    pub sb_externals: Changes<ExternalWorkload>,
+    pub sb_virtuals: Changes<VirtualWorkload>,
+    pub sb_configs: Changes<RoutingConfig>,
+    pub fw_deployments: Changes<Deployment>,
+    pub fw_services: Changes<Service>,
+    pub rc_forks: Changes<ForkedWorkload>,
+    pub rc_externals: Changes<ExternalWorkload>,
+    pub ls_services: Changes<Service>,
 }
 
 /// Starts (lazily: on first poll) this run's watches: the stores go into the controllers'
 /// context, the streams wake them.
-pub(crate) fn watches(client: &Client, ctx: Arc<Context>) -> (Arc<Term>, Wakes) {
+pub fn watches(client: &Client, ctx: Arc<WorkloadsContext>) -> (Arc<Term>, Wakes) {
     let wc = watcher::Config::default;
     // The Sandbox controller reads its children from these stores (it applies only what
     // differs), filled by the same watches that wake it.
@@ -119,7 +120,7 @@ pub(crate) fn watches(client: &Client, ctx: Arc<Context>) -> (Arc<Term>, Wakes) 
 
 /// Sandboxes, woken by their children. Not `owns` for the namespaced children: see
 /// `spur_controller::cluster_owners`.
-pub(crate) async fn sandboxes(
+pub async fn sandboxes(
     client: Client,
     term: Arc<Term>,
     forks: Changes<ForkedWorkload>,
@@ -171,7 +172,7 @@ pub(crate) async fn sandboxes(
 
 /// ForkedWorkloads, woken by their Deployment and Services, their baseline Deployment, the
 /// baseline namespace's Services and its pods.
-pub(crate) async fn forks(
+pub async fn forks(
     client: Client,
     term: Arc<Term>,
     deployments: Changes<Deployment>,
@@ -237,7 +238,7 @@ pub(crate) async fn forks(
 }
 
 /// VirtualWorkloads: their baseline Deployment and its pods (metadata only) decide status.
-pub(crate) async fn virtuals(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+pub async fn virtuals(client: Client, ctx: Arc<WorkloadsContext>, stop: CancellationToken) {
     let wc = watcher::Config::default;
     let vw = primary(Api::<VirtualWorkload>::all(client.clone())).with_config(config());
     let (vw_by_baseline, vw_by_pod) = (vw.store(), vw.store());
@@ -276,7 +277,7 @@ pub(crate) async fn virtuals(client: Client, ctx: Arc<Context>, stop: Cancellati
 
 /// ExternalWorkloads, woken by their Service and EndpointSlice, their workstation's tunnel,
 /// their baseline Deployment and the baseline namespace's Services.
-pub(crate) async fn externals(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+pub async fn externals(client: Client, ctx: Arc<WorkloadsContext>, stop: CancellationToken) {
     let wc = watcher::Config::default;
     let ew = primary(Api::<ExternalWorkload>::all(client.clone())).with_config(config());
     let (ew_by_baseline, ew_by_namespace, ew_by_workstation) = (ew.store(), ew.store(), ew.store());
@@ -330,7 +331,7 @@ pub(crate) async fn externals(client: Client, ctx: Arc<Context>, stop: Cancellat
 }
 
 /// RoutingConfigs, woken by the workloads they list and by their mesh routes.
-pub(crate) async fn routing_configs(
+pub async fn routing_configs(
     client: Client,
     term: Arc<Term>,
     forks: Changes<ForkedWorkload>,
@@ -372,7 +373,7 @@ pub(crate) async fn routing_configs(
 
 /// RouteGroups, woken by their RoutingConfig and by any Sandbox change (which may change which
 /// sandboxes a group matches).
-pub(crate) async fn groups(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+pub async fn groups(client: Client, ctx: Arc<WorkloadsContext>, stop: CancellationToken) {
     let rg = primary(Api::<RouteGroup>::all(client.clone())).with_config(config());
     let rg_store = rg.store();
     let groups = rg
@@ -394,4 +395,21 @@ pub(crate) async fn groups(client: Client, ctx: Arc<Context>, stop: Cancellation
         stop,
     )
     .await;
+}
+
+fn is_managed(obj: &impl ResourceExt) -> bool {
+    obj.labels()
+        .get(spur_api::keys::labels::MANAGED_BY)
+        .map(String::as_str)
+        == Some(spur_api::keys::labels::MANAGED_BY_VALUE)
+}
+
+/// Only the operator's own Deployments and Services: watching every Deployment of a large
+/// cluster would cost memory for nothing.
+fn managed() -> watcher::Config {
+    watcher::Config::default().labels(&format!(
+        "{}={}",
+        spur_api::keys::labels::MANAGED_BY,
+        spur_api::keys::labels::MANAGED_BY_VALUE
+    ))
 }

@@ -25,7 +25,7 @@ use spur_api::{
 };
 
 use crate::context::OWNER;
-use crate::context::{Context, FIELD_MANAGER, Term, delete_opt, now};
+use crate::context::{FIELD_MANAGER, Term, WorkloadsContext, delete_opt, now};
 use crate::fork::{ForkId, plan};
 use crate::{Error, FINALIZER};
 
@@ -127,7 +127,7 @@ async fn apply(sb: &Sandbox, ctx: &Term) -> Result<Action, Error> {
         Ok(())
     } else {
         let records = kube::Api::namespaced(ctx.client.clone(), &ctx.tunnels.namespace);
-        crate::workstation_owner::bindable(&records, sb).await?
+        spur_operator_core::workstation_owner::bindable(&records, sb).await?
     };
     let children = desired::children(sb, &key, binding.is_ok());
     let mut observed = apply_children(sb, children, ctx).await?;
@@ -312,7 +312,7 @@ async fn check(
     sb: &Sandbox,
     name: &str,
     key: &str,
-    ctx: &Context,
+    ctx: &WorkloadsContext,
 ) -> Result<Result<(), (&'static str, String)>, Error> {
     if let Err(e) = sb.validate() {
         return Ok(Err(("Invalid", e.to_string())));
@@ -387,7 +387,10 @@ async fn check(
 /// write nothing in their namespace (a VirtualWorkload is a custom resource the operator may
 /// write anywhere), so they are not held to it. A namespace that does not exist is left to the
 /// checks that name the missing workload.
-async fn not_enabled(sb: &Sandbox, ctx: &Context) -> Result<Option<(String, bool)>, Error> {
+async fn not_enabled(
+    sb: &Sandbox,
+    ctx: &WorkloadsContext,
+) -> Result<Option<(String, bool)>, Error> {
     let spec = &sb.spec;
     let namespaces: BTreeSet<&str> = spec
         .forks
@@ -443,7 +446,7 @@ pub(super) fn condition(
 
 async fn write_status(
     sb: &Sandbox,
-    ctx: &Context,
+    ctx: &WorkloadsContext,
     update: impl FnOnce(&mut SandboxStatus),
 ) -> Result<bool, Error> {
     let old = sb.status.clone().unwrap_or_default();
@@ -466,7 +469,7 @@ async fn write_status(
 /// Deletes the sandbox's objects of kind `K` (by label) except those in `keep`; returns whether
 /// any still exist (deletion pending behind their own finalizers).
 async fn prune<K>(
-    ctx: &Context,
+    ctx: &WorkloadsContext,
     sandbox: &str,
     keep: Option<&BTreeSet<(String, String)>>,
     consistent: bool,
@@ -502,7 +505,7 @@ where
 
 /// Deletes everything the sandbox made; `true` while some of it still exists. Resources go
 /// last: their delete workflows run once no fork uses them any more.
-async fn delete_children(name: &str, ctx: &Context) -> Result<bool, Error> {
+async fn delete_children(name: &str, ctx: &WorkloadsContext) -> Result<bool, Error> {
     let mut remaining = prune::<ForkedWorkload>(ctx, name, None, true).await?;
     remaining |= prune::<ExternalWorkload>(ctx, name, None, true).await?;
     remaining |= prune::<VirtualWorkload>(ctx, name, None, true).await?;
@@ -514,7 +517,7 @@ async fn delete_children(name: &str, ctx: &Context) -> Result<bool, Error> {
     Ok(remaining)
 }
 
-async fn cleanup(sb: &Sandbox, ctx: &Context) -> Result<Action, Error> {
+async fn cleanup(sb: &Sandbox, ctx: &WorkloadsContext) -> Result<Action, Error> {
     let name = sb.name_any();
     if delete_children(&name, ctx).await? {
         // Each ForkedWorkload's own finalizer removes its Deployment and Services first; each

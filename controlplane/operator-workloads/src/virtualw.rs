@@ -13,7 +13,7 @@ use kube::{Api, ResourceExt};
 use spur_api::VirtualWorkload;
 
 use crate::Error;
-use crate::context::Context;
+use crate::context::WorkloadsContext;
 
 mod status;
 
@@ -22,7 +22,7 @@ const RESYNC: Duration = Duration::from_secs(300);
 
 pub(crate) async fn reconcile(
     vw: Arc<VirtualWorkload>,
-    ctx: Arc<Context>,
+    ctx: Arc<WorkloadsContext>,
 ) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("VirtualWorkload");
     let ns = vw.namespace().ok_or_else(|| Error::NoNamespace {
@@ -69,6 +69,10 @@ pub(crate) async fn reconcile(
     Ok(Action::requeue(RESYNC))
 }
 
-pub(crate) fn error_policy(vw: Arc<VirtualWorkload>, err: &Error, ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy(
+    vw: Arc<VirtualWorkload>,
+    err: &Error,
+    ctx: Arc<WorkloadsContext>,
+) -> Action {
     ctx.retry(&*vw, err)
 }

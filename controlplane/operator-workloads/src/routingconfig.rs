@@ -14,7 +14,7 @@ use kube::{Api, Resource, ResourceExt};
 use spur_api::RoutingConfig;
 use spur_api::routingconfig::SandboxedKind;
 
-use crate::context::{Context, Term};
+use crate::context::{Term, WorkloadsContext};
 use crate::{Error, FINALIZER};
 
 mod status;
@@ -105,7 +105,7 @@ async fn read_all(rc: &RoutingConfig, ctx: &Term) -> Result<Vec<Read>, Error> {
 /// A workload from the store filled by the watch that wakes this controller, or from the API
 /// server when the store does not have it (yet).
 async fn read<K>(
-    ctx: &Context,
+    ctx: &WorkloadsContext,
     store: &Store<K>,
     namespace: &str,
     name: &str,

@@ -17,7 +17,7 @@ use kube::{Api, Resource, ResourceExt};
 use spur_api::keys::labels;
 use spur_api::{ForkedWorkload, ForkedWorkloadStatus};
 
-use crate::context::{Context, OWNER, Term};
+use crate::context::{OWNER, Term, WorkloadsContext};
 use crate::fork::{ForkPlan, deployment_ready};
 use crate::{Error, FINALIZER};
 
@@ -139,7 +139,7 @@ async fn sidecar_coverage(
     fw: &ForkedWorkload,
     baseline: &Deployment,
     ns: &str,
-    ctx: &Context,
+    ctx: &WorkloadsContext,
 ) -> Result<Option<spur_api::SidecarCoverage>, Error> {
     let before = fw
         .status
@@ -156,7 +156,7 @@ pub(crate) async fn coverage_of(
     before: Option<&spur_api::SidecarCoverage>,
     baseline: &Deployment,
     ns: &str,
-    ctx: &Context,
+    ctx: &WorkloadsContext,
 ) -> Result<Option<spur_api::SidecarCoverage>, Error> {
     let Some(selector) = baseline.spec.as_ref().map(|s| s.selector.clone()) else {
         return Ok(None);
@@ -197,7 +197,7 @@ pub(crate) async fn coverage_of(
 async fn write_status(
     fw: &ForkedWorkload,
     ns: &str,
-    ctx: &Context,
+    ctx: &WorkloadsContext,
     update: impl FnOnce(&mut ForkedWorkloadStatus),
 ) -> Result<bool, Error> {
     let old = fw.status.clone().unwrap_or_default();
@@ -277,7 +277,11 @@ where
 
 /// Deletes the fork Deployment and sandbox Services this ForkedWorkload owns; returns whether
 /// any of them is still there.
-async fn delete_children(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<bool, Error> {
+async fn delete_children(
+    fw: &ForkedWorkload,
+    ns: &str,
+    ctx: &WorkloadsContext,
+) -> Result<bool, Error> {
     let name = fw.name_any();
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
@@ -308,7 +312,7 @@ async fn delete_children(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result
     Ok(remaining)
 }
 
-async fn cleanup(fw: &ForkedWorkload, ns: &str, ctx: &Context) -> Result<Action, Error> {
+async fn cleanup(fw: &ForkedWorkload, ns: &str, ctx: &WorkloadsContext) -> Result<Action, Error> {
     ctx.metrics.forget_forked(ns, &fw.name_any());
     let name = fw.name_any();
     if delete_children(fw, ns, ctx).await? {

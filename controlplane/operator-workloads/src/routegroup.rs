@@ -12,13 +12,16 @@ use spur_api::conditions::{READY, is_condition_true};
 use spur_api::names::routing_key;
 use spur_api::{RouteGroup, RouteGroupStatus, RoutingConfig, Sandbox, names};
 
-use crate::context::{Context, FIELD_MANAGER, delete_opt};
+use crate::context::{FIELD_MANAGER, WorkloadsContext, delete_opt};
 use crate::{Error, FINALIZER};
 
 mod desired;
 mod status;
 
-pub(crate) async fn reconcile(rg: Arc<RouteGroup>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub(crate) async fn reconcile(
+    rg: Arc<RouteGroup>,
+    ctx: Arc<WorkloadsContext>,
+) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("RouteGroup");
     let api: Api<RouteGroup> = Api::all(ctx.client.clone());
     let action = finalizer(&api, FINALIZER, rg, |event| async {
@@ -31,7 +34,7 @@ pub(crate) async fn reconcile(rg: Arc<RouteGroup>, ctx: Arc<Context>) -> Result<
     spur_controller::finalized(action)
 }
 
-async fn apply(rg: &RouteGroup, ctx: &Context) -> Result<Action, Error> {
+async fn apply(rg: &RouteGroup, ctx: &WorkloadsContext) -> Result<Action, Error> {
     let name = rg.name_any();
     let Some(uid) = rg.uid() else {
         return Err(Error::Pending(format!("RouteGroup {name} to get a UID")));
@@ -79,7 +82,7 @@ async fn apply(rg: &RouteGroup, ctx: &Context) -> Result<Action, Error> {
 
 async fn write_status(
     rg: &RouteGroup,
-    ctx: &Context,
+    ctx: &WorkloadsContext,
     update: impl FnOnce(&mut RouteGroupStatus),
 ) -> Result<bool, Error> {
     let old = rg.status.clone().unwrap_or_default();
@@ -96,14 +99,14 @@ async fn write_status(
     Ok(ctx.status.apply(&api, rg, &old, &st).await?)
 }
 
-async fn cleanup(rg: &RouteGroup, ctx: &Context) -> Result<Action, Error> {
+async fn cleanup(rg: &RouteGroup, ctx: &WorkloadsContext) -> Result<Action, Error> {
     let rcs: Api<RoutingConfig> = Api::all(ctx.client.clone());
     let rc_name = names::route_group_routing_config_name(&rg.name_any());
     delete_opt(&rcs, &rc_name).await?;
     Ok(Action::await_change())
 }
 
-pub(crate) fn error_policy(rg: Arc<RouteGroup>, err: &Error, ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy(rg: Arc<RouteGroup>, err: &Error, ctx: Arc<WorkloadsContext>) -> Action {
     if matches!(err, Error::Pending(_)) {
         return Action::requeue(Duration::from_millis(500));
     }

@@ -1,0 +1,136 @@
+//! The workload controllers' context: the operator's shared one, the configuration of the
+//! features they use (tunnels, fork policy, previews, mesh modes, resources, enrollment) and,
+//! per leader term, the stores of their watches ([`Term`]).
+
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use kube::runtime::reflector::Store;
+use spur_api::{ExternalWorkload, ForkedWorkload, RoutingConfig};
+use spur_operator_enroll::EnrollConfig;
+use spur_operator_mesh::MeshConfig;
+use spur_operator_resources::ResourcesContext;
+
+pub(crate) use spur_operator_core::FIELD_MANAGER;
+pub(crate) use spur_operator_core::{OWNER, delete_opt, now};
+
+use crate::{ForkPolicy, TunnelConfig};
+
+#[derive(Clone)]
+pub struct WorkloadsContext {
+    /// What every feature shares; the fields below are the workloads' own.
+    pub core: Arc<spur_operator_core::Context>,
+    /// Where workstation tunnels report themselves, and when dead ones are collected.
+    pub tunnels: TunnelConfig,
+    /// What a fork patch may change.
+    pub fork_policy: ForkPolicy,
+    /// Where preview URLs live, when a hub serves this cluster.
+    pub previews: Option<Previews>,
+    /// Sandbox resources (`spur_operator_resources`): their controllers' context, and the
+    /// Sandbox controller's when it makes and deletes a sandbox's resources.
+    pub res: Arc<ResourcesContext>,
+    /// Mesh modes (docs/mesh.md). `None`: none is enabled.
+    pub mesh: Option<MeshConfig>,
+    /// Namespace enrollment: the RoleBindings made in namespaces labelled
+    /// `spur.dev/enabled=true` (`spur_operator_enroll`). `None`: the enroller does not run.
+    pub enrollment: Option<EnrollConfig>,
+}
+
+impl WorkloadsContext {
+    /// The workloads of `core` with every feature at its default (none enabled).
+    pub fn new(core: Arc<spur_operator_core::Context>) -> Self {
+        WorkloadsContext {
+            res: Arc::new(ResourcesContext {
+                core: core.clone(),
+                resources: None,
+            }),
+            core,
+            tunnels: TunnelConfig::default(),
+            fork_policy: ForkPolicy::default(),
+            previews: None,
+            mesh: None,
+            enrollment: None,
+        }
+    }
+}
+
+impl std::ops::Deref for WorkloadsContext {
+    type Target = spur_operator_core::Context;
+    fn deref(&self) -> &spur_operator_core::Context {
+        &self.core
+    }
+}
+
+impl spur_controller::HasBackoff for WorkloadsContext {
+    fn backoff(&self) -> &spur_controller::Backoff {
+        spur_controller::HasBackoff::backoff(&*self.core)
+    }
+}
+
+/// The hub's preview domain and this cluster's name there (docs/hub.md).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Previews {
+    pub domain: String,
+    /// Qualifies URLs when the hub serves several clusters.
+    pub cluster: Option<String>,
+}
+
+impl Previews {
+    /// The status entries of `endpoints` of `owner`.
+    pub fn urls(
+        &self,
+        owner: &str,
+        endpoints: &[spur_api::sandbox::Endpoint],
+    ) -> Vec<spur_api::sandbox::EndpointStatus> {
+        endpoints
+            .iter()
+            .map(|e| spur_api::sandbox::EndpointStatus {
+                name: e.name.clone(),
+                url: spur_api::sandbox::preview_url(
+                    &self.domain,
+                    &e.name,
+                    owner,
+                    self.cluster.as_deref(),
+                ),
+            })
+            .collect()
+    }
+}
+
+/// Children as the watches that wake their owners' controllers last saw them (each store is
+/// updated before the event that wakes a pass), for [`OWNER`]'s `ensure`.
+#[derive(Clone)]
+pub struct Stores {
+    pub forks: Store<ForkedWorkload>,
+    pub externals: Store<ExternalWorkload>,
+    pub configs: Store<RoutingConfig>,
+    /// The RoutingConfig controller's own views of the workloads it routes.
+    pub rc_forks: Store<ForkedWorkload>,
+    pub rc_externals: Store<ExternalWorkload>,
+    /// The operator's own (managed) Deployments and Services.
+    pub deployments: Store<Deployment>,
+    pub services: Store<Service>,
+    /// The Services the ListenerSet controller made (labelled `spur.dev/listener-set`).
+    pub listener_services: Store<Service>,
+}
+
+/// The context of the controllers of one run (a leader term: a new term has new watches): the
+/// [`WorkloadsContext`] and the stores of this run's watches, handed over at construction.
+pub struct Term {
+    pub ctx: Arc<WorkloadsContext>,
+    pub stores: Stores,
+}
+
+impl std::ops::Deref for Term {
+    type Target = WorkloadsContext;
+    fn deref(&self) -> &WorkloadsContext {
+        &self.ctx
+    }
+}
+
+impl spur_controller::HasBackoff for Term {
+    fn backoff(&self) -> &spur_controller::Backoff {
+        spur_controller::HasBackoff::backoff(&*self.ctx.core)
+    }
+}
