@@ -15,15 +15,4 @@ pub struct AccessContext {
     pub access_tokens: Option<String>,
 }
 
-impl std::ops::Deref for AccessContext {
-    type Target = Context;
-    fn deref(&self) -> &Context {
-        &self.core
-    }
-}
-
-impl spur_controller::HasBackoff for AccessContext {
-    fn backoff(&self) -> &spur_controller::Backoff {
-        spur_controller::HasBackoff::backoff(&*self.core)
-    }
-}
+spur_operator_core::feature_context!(AccessContext);

@@ -22,3 +22,28 @@ pub fn controller_config() -> kube::runtime::controller::Config {
 
 /// The finalizer on Sandboxes, ForkedWorkloads and RouteGroups.
 pub const FINALIZER: &str = "spur.dev/cleanup";
+
+#[doc(hidden)]
+pub use spur_controller as __controller;
+
+/// Makes `$t`, a feature's context holding the shared [`Context`] in a field
+/// `core: Arc<Context>` beside the feature's own configuration, deref to the shared context
+/// (its client, events, metrics, status writes) and back off through it (the controller
+/// kit's `HasBackoff`).
+#[macro_export]
+macro_rules! feature_context {
+    ($t:ty) => {
+        impl ::std::ops::Deref for $t {
+            type Target = $crate::Context;
+            fn deref(&self) -> &$crate::Context {
+                &self.core
+            }
+        }
+
+        impl $crate::__controller::HasBackoff for $t {
+            fn backoff(&self) -> &$crate::__controller::Backoff {
+                $crate::__controller::HasBackoff::backoff(&*self.core)
+            }
+        }
+    };
+}

@@ -12,15 +12,4 @@ pub struct ResourcesContext {
     pub resources: Option<ResourceConfig>,
 }
 
-impl std::ops::Deref for ResourcesContext {
-    type Target = Context;
-    fn deref(&self) -> &Context {
-        &self.core
-    }
-}
-
-impl spur_controller::HasBackoff for ResourcesContext {
-    fn backoff(&self) -> &spur_controller::Backoff {
-        spur_controller::HasBackoff::backoff(&*self.core)
-    }
-}
+spur_operator_core::feature_context!(ResourcesContext);

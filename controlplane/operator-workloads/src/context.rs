@@ -55,18 +55,7 @@ impl WorkloadsContext {
     }
 }
 
-impl std::ops::Deref for WorkloadsContext {
-    type Target = spur_operator_core::Context;
-    fn deref(&self) -> &spur_operator_core::Context {
-        &self.core
-    }
-}
-
-impl spur_controller::HasBackoff for WorkloadsContext {
-    fn backoff(&self) -> &spur_controller::Backoff {
-        spur_controller::HasBackoff::backoff(&*self.core)
-    }
-}
+spur_operator_core::feature_context!(WorkloadsContext);
 
 /// The hub's preview domain and this cluster's name there (docs/hub.md).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -58,18 +58,7 @@ pub struct ListenerSetContext {
     pub services: Store<Service>,
 }
 
-impl std::ops::Deref for ListenerSetContext {
-    type Target = Context;
-    fn deref(&self) -> &Context {
-        &self.core
-    }
-}
-
-impl spur_controller::HasBackoff for ListenerSetContext {
-    fn backoff(&self) -> &spur_controller::Backoff {
-        spur_controller::HasBackoff::backoff(&*self.core)
-    }
-}
+spur_operator_core::feature_context!(ListenerSetContext);
 
 /// Runs the ListenerSet controller until `stop`. Its Services (`services`: the changes of the
 /// watch behind `ctx.services`) wake it when changed or deleted behind the operator's back,

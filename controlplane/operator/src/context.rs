@@ -106,15 +106,4 @@ impl Context {
     }
 }
 
-impl std::ops::Deref for Context {
-    type Target = spur_operator_core::Context;
-    fn deref(&self) -> &spur_operator_core::Context {
-        &self.core
-    }
-}
-
-impl spur_controller::HasBackoff for Context {
-    fn backoff(&self) -> &spur_controller::Backoff {
-        spur_controller::HasBackoff::backoff(&*self.core)
-    }
-}
+spur_operator_core::feature_context!(Context);
