@@ -16,9 +16,18 @@ mod context;
 mod controllers;
 mod leader;
 
+use std::sync::Arc;
+
+use kube::Client;
+use tokio_util::sync::CancellationToken;
+
 pub use context::{Context, FIELD_MANAGER};
 pub use leader::{LeaderElection, run_elected};
-pub use olm::ResourceConfig;
+pub use spur_controller::DRAIN_GRACE;
+pub use spur_operator_core::{Error, FINALIZER, Metrics, owner};
+
+// The features, under the names the binary, the tests and the modules here use.
+pub use spur_operator_access as access;
 pub use spur_operator_admission::sandbox::{MUTATE_SANDBOX_PATH, VALIDATE_SANDBOX_PATH};
 pub use spur_operator_admission::{
     MUTATE_ACCESS_REQUEST_PATH, MUTATE_POD_PATH, VALIDATE_ENVOYCONFIG_PATH,
@@ -28,25 +37,14 @@ pub use spur_operator_admission::{audit, inject, inject::InjectionConfig};
 pub use spur_operator_certificates::{
     PKI_LABEL, PkiConfig, ServingCert, XdsClientConfig, workstations, xds_clients,
 };
-pub use spur_operator_core::{Error, FINALIZER, Metrics, owner};
-pub use spur_operator_mesh::MeshConfig;
-
-use std::sync::Arc;
-
-// The features in crates of their own, under the names the modules here use.
-pub use spur_operator_access as access;
 pub use spur_operator_enroll as enroll;
+pub use spur_operator_mesh::MeshConfig;
 use spur_operator_mesh::{gateway as mesh_gateway, istio as mesh_istio};
-pub use spur_operator_resources::olm;
+pub use spur_operator_resources::olm::{self, ResourceConfig};
 pub use spur_operator_workloads::{
     ForkPolicy, Previews, TunnelConfig, external, fork, patch, sandbox,
 };
 pub use spur_operator_xds::{envoyconfig, listenerset};
-
-use kube::Client;
-use tokio_util::sync::CancellationToken;
-
-pub use spur_controller::DRAIN_GRACE;
 
 /// Runs all the controllers the context enables, the dead-tunnel collector (and the
 /// certificate manager, when the context has a PKI configuration) until `stop` is cancelled,
