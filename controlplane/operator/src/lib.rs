@@ -9,8 +9,9 @@
 //!   (`spur-operator-certificates`) and the admission webhooks (`spur-operator-admission`).
 //!
 //! This crate holds what runs them together: the context each gets (`Context`), which
-//! controllers run and what wakes each (`controllers`), and leader election (`leader`). Its
-//! modules re-export the features under the names the binary and the tests use.
+//! controllers run (`controllers`; what wakes each is its feature crate's), and leader
+//! election (`leader`). It re-exports the features under the names the binary and the tests
+//! use.
 
 mod context;
 mod controllers;

@@ -1,5 +1,6 @@
-//! Which controllers run and what wakes each: one function per feature, each returning the
-//! work of its controllers (drained on stop by `spur_controller::run`). `crate::run` joins them.
+//! Which controllers run: one function per feature, each handing the feature its part of the
+//! context and running its controllers (their watches and triggers are the feature crate's;
+//! each is drained on stop by `spur_controller::run`). `crate::run` joins them.
 
 pub(crate) use spur_operator_workloads::controllers::{
     externals, forks, groups, routing_configs, sandboxes, virtuals, watches,
