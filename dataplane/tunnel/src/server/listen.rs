@@ -163,6 +163,32 @@ pub(super) async fn h2_listener(
     }
 }
 
+/// Most bytes read and dropped while closing after a refused handshake.
+const LINGER_BYTES: usize = 64 << 10;
+
+/// Closes a connection whose TLS handshake failed so that the alert rustls wrote reaches the
+/// client. With TLS 1.3 the client finishes its side, and sends its HTTP/2 preface, before the
+/// server has checked its certificate; a socket closed with that data unread is reset by the
+/// kernel, and a reset can destroy the alert at the client, which then retries (a network
+/// error) instead of stopping (a refused certificate). So: FIN after the alert, then read and
+/// drop what the client still sends until it closes, bounded by [`LINGER`] and
+/// [`LINGER_BYTES`].
+async fn close_after_alert(mut tcp: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = tcp.shutdown().await;
+    let mut buf = [0u8; 4096];
+    let mut left = LINGER_BYTES;
+    let _ = tokio::time::timeout(LINGER, async {
+        while left > 0 {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
+}
+
 type H2ServerConn = h2::server::Connection<tokio_rustls::server::TlsStream<TcpStream>, Bytes>;
 
 async fn serve_h2(
@@ -175,9 +201,9 @@ async fn serve_h2(
     let deadline = tokio::time::Instant::now() + inner.handshake_timeout;
     let limits = inner.limits.clone();
     let handshake = async {
-        let tls = match acceptor.accept(tcp).await {
+        let tls = match acceptor.accept(tcp).into_fallible().await {
             Ok(tls) => tls,
-            Err(e) => {
+            Err((e, tcp)) => {
                 // A bare connect and close (a load balancer's TCP health check) is no client.
                 if e.kind() != std::io::ErrorKind::UnexpectedEof {
                     inner.authenticator.handshake_failed(
@@ -186,6 +212,7 @@ async fn serve_h2(
                         &format!("TLS handshake failed: {e}"),
                     );
                 }
+                close_after_alert(tcp).await;
                 return Err(e.into());
             }
         };
