@@ -59,9 +59,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear());
     let changes = reflector(writer, events).touched_objects();
     let controller = spur_controller::changes::primary(Api::<GatewayAPIRoute>::all(client.clone()))
-        .with_config(
-            kube::runtime::controller::Config::default().debounce(Duration::from_millis(10)),
-        );
+        .with_config(spur_operator_core::controller_config());
     let gars = controller.store();
     let gctx = Arc::new(GatewayContext {
         ctx,

@@ -66,9 +66,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, cfg: MeshConfig, stop: Cance
     .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear());
     let changes = reflector(writer, events).touched_objects();
     let controller = spur_controller::changes::primary(Api::<IstioRoute>::all(client.clone()))
-        .with_config(
-            kube::runtime::controller::Config::default().debounce(Duration::from_millis(10)),
-        );
+        .with_config(spur_operator_core::controller_config());
     let routes = controller.store();
     let domain = cfg.cluster_domain.clone();
     let ictx = Arc::new(IstioContext {
