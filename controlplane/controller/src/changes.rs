@@ -7,6 +7,7 @@
 //! (`digest`) and passes an object on only when that hash changed; deletions always pass.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
@@ -38,6 +39,23 @@ where
     // nothing in the operator reads them.
     let events = watcher(api, wc).modify(|o: &mut K| o.managed_fields_mut().clear());
     (reader, filter(reflector(writer, events), digest))
+}
+
+/// How long a pass waits for a store's first list before it gives up (and is retried).
+pub const SYNC_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits (up to [`SYNC_WAIT`]) until `store` holds every object its watch listed first, so a
+/// pass that decides from what is *not* in the store (a child to prune, a member that left)
+/// never decides from a store that is still filling at the start of a leader term. `kind`
+/// names the watch in the error.
+pub async fn synced<K>(store: &Store<K>, kind: &'static str) -> Result<(), crate::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    match tokio::time::timeout(SYNC_WAIT, store.wait_until_ready()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) | Err(_) => Err(crate::Error::NotSynced(kind)),
+    }
 }
 
 /// A kind the operator watches and keeps in stores.

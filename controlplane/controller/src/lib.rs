@@ -34,4 +34,7 @@ pub enum Error {
     /// Adding or removing a finalizer failed (not the reconciler's own pass).
     #[error("finalizer: {0}")]
     Finalizer(String),
+    /// A store a pass reads had not finished its first list in time (or its watch is gone).
+    #[error("the watch of {0} to list every object")]
+    NotSynced(&'static str),
 }

@@ -45,6 +45,10 @@ impl From<spur_controller::Error> for Error {
             spur_controller::Error::Kube(e) => Error::Kube(e),
             spur_controller::Error::Json(e) => Error::Json(e),
             spur_controller::Error::Finalizer(m) => Error::Finalizer(m),
+            // Waiting, not failing: the error policies poll a pending pass quickly.
+            spur_controller::Error::NotSynced(kind) => {
+                Error::Pending(format!("the watch of {kind} to list every object"))
+            }
         }
     }
 }

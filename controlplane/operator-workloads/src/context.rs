@@ -5,9 +5,11 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::Store;
-use spur_api::{ExternalWorkload, ForkedWorkload, RoutingConfig};
+use spur_api::{ExternalWorkload, ForkedWorkload, RoutingConfig, Sandbox};
 use spur_operator_enroll::EnrollConfig;
 use spur_operator_mesh::MeshConfig;
 use spur_operator_resources::ResourcesContext;
@@ -102,6 +104,14 @@ pub struct Stores {
     pub services: Store<Service>,
     /// The Services the ListenerSet controller made (labelled `spur.dev/listener-set`).
     pub listener_services: Store<Service>,
+    /// Every Sandbox, as the RouteGroup controller matches them.
+    pub sandboxes: Store<Sandbox>,
+    /// Workstation tunnel Leases (in the tunnel namespace), as ExternalWorkloads read them.
+    pub leases: Store<Lease>,
+    /// The operator's own Services and EndpointSlices, as the ExternalWorkload controller
+    /// prunes them.
+    pub external_services: Store<Service>,
+    pub external_slices: Store<EndpointSlice>,
 }
 
 /// The context of the controllers of one run (a leader term: a new term has new watches): the

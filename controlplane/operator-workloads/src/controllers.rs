@@ -38,6 +38,10 @@ pub struct Wakes {
     pub rc_forks: Changes<ForkedWorkload>,
     pub rc_externals: Changes<ExternalWorkload>,
     pub ls_services: Changes<Service>,
+    pub rg_sandboxes: Changes<Sandbox>,
+    pub ew_leases: Changes<Lease>,
+    pub ew_services: Changes<Service>,
+    pub ew_slices: Changes<EndpointSlice>,
 }
 
 /// Starts (lazily: on first poll) this run's watches: the stores go into the controllers'
@@ -94,7 +98,33 @@ pub fn watches(client: &Client, ctx: Arc<WorkloadsContext>) -> (Arc<Term>, Wakes
         watcher::Config::default().labels(spur_api::listenerset::LISTENER_SET_LABEL),
         triggers::fork_service,
     );
+    // The RouteGroup controller's Sandboxes, which it matches by their labels.
+    let (sandboxes, rg_sandboxes) = triggers::changes(
+        Api::<Sandbox>::all(client.clone()),
+        wc(),
+        triggers::group_member,
+    );
+    // The ExternalWorkload controller's tunnel Leases and its own Services and EndpointSlices.
+    let (leases, ew_leases) = triggers::changes(
+        Api::<Lease>::namespaced(client.clone(), &ctx.tunnels.namespace),
+        watcher::Config::default().labels(spur_api::tunnel::WORKSTATION_LABEL),
+        triggers::tunnel_lease,
+    );
+    let (external_services, ew_services) = triggers::changes(
+        Api::<Service>::all(client.clone()),
+        managed(),
+        triggers::fork_service,
+    );
+    let (external_slices, ew_slices) = triggers::changes(
+        Api::<EndpointSlice>::all(client.clone()),
+        managed(),
+        triggers::external_slice,
+    );
     let stores = Stores {
+        sandboxes,
+        leases,
+        external_services,
+        external_slices,
         rc_forks,
         rc_externals,
         forks,
@@ -114,6 +144,10 @@ pub fn watches(client: &Client, ctx: Arc<WorkloadsContext>) -> (Arc<Term>, Wakes
         rc_forks: Box::pin(rc_fork_changes),
         rc_externals: Box::pin(rc_external_changes),
         ls_services: Box::pin(ls_services),
+        rg_sandboxes: Box::pin(rg_sandboxes),
+        ew_leases: Box::pin(ew_leases),
+        ew_services: Box::pin(ew_services),
+        ew_slices: Box::pin(ew_slices),
     };
     (Arc::new(Term { ctx, stores }), wakes)
 }
@@ -277,27 +311,27 @@ pub async fn virtuals(client: Client, ctx: Arc<WorkloadsContext>, stop: Cancella
 
 /// ExternalWorkloads, woken by their Service and EndpointSlice, their workstation's tunnel,
 /// their baseline Deployment and the baseline namespace's Services.
-pub async fn externals(client: Client, ctx: Arc<WorkloadsContext>, stop: CancellationToken) {
+pub async fn externals(
+    client: Client,
+    term: Arc<Term>,
+    wakes: ExternalWakes,
+    stop: CancellationToken,
+) {
     let wc = watcher::Config::default;
     let ew = primary(Api::<ExternalWorkload>::all(client.clone())).with_config(config());
     let (ew_by_baseline, ew_by_namespace, ew_by_workstation) = (ew.store(), ew.store(), ew.store());
-    let tunnel_ns = ctx.tunnels.namespace.clone();
     let externals = ew
-        .owns(Api::<Service>::all(client.clone()), managed())
-        .owns(Api::<EndpointSlice>::all(client.clone()), managed())
+        .owns_stream(wakes.services)
+        .owns_stream(wakes.slices)
         // A tunnel coming, renewing, moving or going changes endpoints and health.
-        .watches(
-            Api::<Lease>::namespaced(client.clone(), &tunnel_ns),
-            watcher::Config::default().labels(spur_api::tunnel::WORKSTATION_LABEL),
-            move |lease| {
-                let ws = lease
-                    .labels()
-                    .get(spur_api::tunnel::WORKSTATION_LABEL)
-                    .cloned()
-                    .unwrap_or_default();
-                objects_where(&ew_by_workstation, |ew| ew.spec.workstation == ws)
-            },
-        )
+        .watches_stream(wakes.leases, move |lease| {
+            let ws = lease
+                .labels()
+                .get(spur_api::tunnel::WORKSTATION_LABEL)
+                .cloned()
+                .unwrap_or_default();
+            objects_where(&ew_by_workstation, |ew| ew.spec.workstation == ws)
+        })
         .watches(
             Api::<PartialObjectMeta<Deployment>>::all(client.clone()),
             wc(),
@@ -324,10 +358,18 @@ pub async fn externals(client: Client, ctx: Arc<WorkloadsContext>, stop: Cancell
         externals,
         external::reconcile,
         external::error_policy,
-        ctx,
+        term,
         stop,
     )
     .await;
+}
+
+/// What wakes the ExternalWorkload controller besides its baselines (the stores of these
+/// watches are in [`Stores`]).
+pub struct ExternalWakes {
+    pub leases: Changes<Lease>,
+    pub services: Changes<Service>,
+    pub slices: Changes<EndpointSlice>,
 }
 
 /// RoutingConfigs, woken by the workloads they list and by their mesh routes.
@@ -371,27 +413,28 @@ pub async fn routing_configs(
     .await;
 }
 
-/// RouteGroups, woken by their RoutingConfig and by any Sandbox change (which may change which
-/// sandboxes a group matches).
-pub async fn groups(client: Client, ctx: Arc<WorkloadsContext>, stop: CancellationToken) {
+/// RouteGroups, woken by their RoutingConfig and by any Sandbox change that may change which
+/// sandboxes a group matches or what it routes to (`triggers::group_member`).
+pub async fn groups(
+    client: Client,
+    term: Arc<Term>,
+    sandboxes: Changes<Sandbox>,
+    stop: CancellationToken,
+) {
     let rg = primary(Api::<RouteGroup>::all(client.clone())).with_config(config());
     let rg_store = rg.store();
     let groups = rg
         .owns(
-            Api::<RoutingConfig>::all(client.clone()),
+            Api::<RoutingConfig>::all(client),
             watcher::Config::default(),
         )
-        .watches(
-            Api::<Sandbox>::all(client),
-            watcher::Config::default(),
-            move |_| objects_where(&rg_store, |_| true),
-        );
+        .watches_stream(sandboxes, move |_| objects_where(&rg_store, |_| true));
     spur_controller::run(
         "routegroup",
         groups,
         routegroup::reconcile,
         routegroup::error_policy,
-        ctx,
+        term,
         stop,
     )
     .await;

@@ -19,12 +19,15 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use spur_api::keys::labels;
 use spur_api::tunnel::{self, Session};
 use spur_api::{ExternalWorkload, ExternalWorkloadStatus, ServiceMapping};
 
-use crate::context::{FIELD_MANAGER, WorkloadsContext, delete_opt};
+use spur_controller::changes::synced;
+
+use crate::context::{FIELD_MANAGER, Term, WorkloadsContext, delete_opt};
 use crate::{Error, FINALIZER};
 
 /// Condition: the workstation's tunnel is up.
@@ -54,10 +57,7 @@ mod status;
 
 pub use desired::{Plan, plan};
 
-pub(crate) async fn reconcile(
-    ew: Arc<ExternalWorkload>,
-    ctx: Arc<WorkloadsContext>,
-) -> Result<Action, Error> {
+pub(crate) async fn reconcile(ew: Arc<ExternalWorkload>, ctx: Arc<Term>) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("ExternalWorkload");
     let ns = ew.namespace().ok_or_else(|| Error::NoNamespace {
         kind: "ExternalWorkload",
@@ -74,7 +74,7 @@ pub(crate) async fn reconcile(
     spur_controller::finalized(action)
 }
 
-async fn apply(ew: &ExternalWorkload, ns: &str, ctx: &WorkloadsContext) -> Result<Action, Error> {
+async fn apply(ew: &ExternalWorkload, ns: &str, ctx: &Term) -> Result<Action, Error> {
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
     let found = match status::unsupported(ew) {
         Some(failure) => Err(failure),
@@ -110,14 +110,14 @@ async fn apply(ew: &ExternalWorkload, ns: &str, ctx: &WorkloadsContext) -> Resul
     )))
 }
 
-/// The workstation's tunnel session, from its Lease (none when it has no Lease, or one that
-/// cannot be read).
-async fn session(ew: &ExternalWorkload, ctx: &WorkloadsContext) -> Result<Option<Session>, Error> {
-    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ctx.tunnels.namespace);
-    let Some(lease) = leases
-        .get_opt(&tunnel::lease_name(&ew.spec.workstation))
-        .await?
-    else {
+/// The workstation's tunnel session, from its Lease in the store (none when it has no Lease,
+/// or one that cannot be read).
+async fn session(ew: &ExternalWorkload, ctx: &Term) -> Result<Option<Session>, Error> {
+    // A Lease missing from a store still filling would read as a tunnel that went away.
+    synced(&ctx.stores.leases, "tunnel Leases").await?;
+    let key =
+        ObjectRef::new(&tunnel::lease_name(&ew.spec.workstation)).within(&ctx.tunnels.namespace);
+    let Some(lease) = ctx.stores.leases.get(&key) else {
         return Ok(None);
     };
     Ok(match Session::from_lease(&lease) {
@@ -134,7 +134,7 @@ async fn session(ew: &ExternalWorkload, ctx: &WorkloadsContext) -> Result<Option
 async fn apply_children(
     ew: &ExternalWorkload,
     ns: &str,
-    ctx: &WorkloadsContext,
+    ctx: &Term,
     planned: Vec<(Service, ServiceMapping, EndpointSlice)>,
 ) -> Result<Vec<ServiceMapping>, Error> {
     let owner = ew.controller_owner_ref(&()).into_iter().collect::<Vec<_>>();
@@ -159,25 +159,39 @@ async fn apply_children(
     Ok(mappings)
 }
 
-async fn prune(
-    name: &str,
-    ns: &str,
-    ctx: &WorkloadsContext,
-    wanted: &BTreeSet<String>,
-) -> Result<(), Error> {
-    let lp = ListParams::default()
-        .labels(&format!("{}={name}", labels::EXTERNAL_WORKLOAD))
-        .match_any();
+/// The names of the objects in `store` that belong to ExternalWorkload `ns/name` (by label).
+fn children<K>(store: &Store<K>, ns: &str, name: &str) -> Vec<String>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    let mut names: Vec<String> = store
+        .state()
+        .iter()
+        .filter(|o| {
+            o.namespace().as_deref() == Some(ns)
+                && o.labels()
+                    .get(labels::EXTERNAL_WORKLOAD)
+                    .map(String::as_str)
+                    == Some(name)
+        })
+        .map(|o| o.name_any())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Deletes the ExternalWorkload's Services and EndpointSlices (from the stores of the
+/// watches that wake it) that are not `wanted`. One created by a pass the store has not seen
+/// yet is pruned by the pass its creation wakes.
+async fn prune(name: &str, ns: &str, ctx: &Term, wanted: &BTreeSet<String>) -> Result<(), Error> {
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
-    for stale in services.list(&lp).await?.items {
-        let n = stale.name_any();
+    for n in children(&ctx.stores.external_services, ns, name) {
         if !wanted.contains(&n) {
             delete_opt(&services, &n).await?;
         }
     }
     let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), ns);
-    for stale in slices.list(&lp).await?.items {
-        let n = stale.name_any();
+    for n in children(&ctx.stores.external_slices, ns, name) {
         if !wanted.contains(&n) {
             delete_opt(&slices, &n).await?;
         }
@@ -185,21 +199,28 @@ async fn prune(
     Ok(())
 }
 
-/// Deletes every Service and EndpointSlice of the ExternalWorkload; returns whether some remain.
-async fn delete_children(name: &str, ns: &str, ctx: &WorkloadsContext) -> Result<bool, Error> {
-    let lp = ListParams::default().labels(&format!("{}={name}", labels::EXTERNAL_WORKLOAD));
+/// Deletes every Service and EndpointSlice of the ExternalWorkload; returns whether the stores
+/// still hold some (the watch has not seen them go yet). Each is also owned by the
+/// ExternalWorkload, so one the stores have not seen at all is the garbage collector's.
+async fn delete_children(name: &str, ns: &str, ctx: &Term) -> Result<bool, Error> {
+    synced(&ctx.stores.external_services, "Services").await?;
+    synced(&ctx.stores.external_slices, "EndpointSlices").await?;
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
     let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), ns);
-    for s in services.list(&lp).await?.items {
-        delete_opt(&services, &s.name_any()).await?;
+    let (found_services, found_slices) = (
+        children(&ctx.stores.external_services, ns, name),
+        children(&ctx.stores.external_slices, ns, name),
+    );
+    for n in &found_services {
+        delete_opt(&services, n).await?;
     }
-    for s in slices.list(&lp).await?.items {
-        delete_opt(&slices, &s.name_any()).await?;
+    for n in &found_slices {
+        delete_opt(&slices, n).await?;
     }
-    Ok(!services.list(&lp).await?.items.is_empty() || !slices.list(&lp).await?.items.is_empty())
+    Ok(!found_services.is_empty() || !found_slices.is_empty())
 }
 
-async fn cleanup(ew: &ExternalWorkload, ns: &str, ctx: &WorkloadsContext) -> Result<Action, Error> {
+async fn cleanup(ew: &ExternalWorkload, ns: &str, ctx: &Term) -> Result<Action, Error> {
     if delete_children(&ew.name_any(), ns, ctx).await? {
         return Err(Error::Pending(format!(
             "the children of ExternalWorkload {ns}/{} to be deleted",
@@ -223,11 +244,7 @@ async fn write_status(
     Ok(ctx.status.apply(&api, ew, &old, &st).await?)
 }
 
-pub(crate) fn error_policy(
-    ew: Arc<ExternalWorkload>,
-    err: &Error,
-    ctx: Arc<WorkloadsContext>,
-) -> Action {
+pub(crate) fn error_policy(ew: Arc<ExternalWorkload>, err: &Error, ctx: Arc<Term>) -> Action {
     if matches!(err, Error::Pending(_)) {
         return Action::requeue(Duration::from_millis(500));
     }

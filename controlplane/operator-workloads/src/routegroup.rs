@@ -4,24 +4,22 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, Resource, ResourceExt};
 use spur_api::conditions::{READY, is_condition_true};
 use spur_api::names::routing_key;
-use spur_api::{RouteGroup, RouteGroupStatus, RoutingConfig, Sandbox, names};
+use spur_api::{RouteGroup, RouteGroupStatus, RoutingConfig, names};
+use spur_controller::changes::synced;
 
-use crate::context::{FIELD_MANAGER, WorkloadsContext, delete_opt};
+use crate::context::{FIELD_MANAGER, Term, WorkloadsContext, delete_opt};
 use crate::{Error, FINALIZER};
 
 mod desired;
 mod status;
 
-pub(crate) async fn reconcile(
-    rg: Arc<RouteGroup>,
-    ctx: Arc<WorkloadsContext>,
-) -> Result<Action, Error> {
+pub(crate) async fn reconcile(rg: Arc<RouteGroup>, ctx: Arc<Term>) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("RouteGroup");
     let api: Api<RouteGroup> = Api::all(ctx.client.clone());
     let action = finalizer(&api, FINALIZER, rg, |event| async {
@@ -34,7 +32,7 @@ pub(crate) async fn reconcile(
     spur_controller::finalized(action)
 }
 
-async fn apply(rg: &RouteGroup, ctx: &WorkloadsContext) -> Result<Action, Error> {
+async fn apply(rg: &RouteGroup, ctx: &Term) -> Result<Action, Error> {
     let name = rg.name_any();
     let Some(uid) = rg.uid() else {
         return Err(Error::Pending(format!("RouteGroup {name} to get a UID")));
@@ -56,10 +54,9 @@ async fn apply(rg: &RouteGroup, ctx: &WorkloadsContext) -> Result<Action, Error>
         return Ok(Action::await_change());
     }
 
-    let sandboxes = Api::<Sandbox>::all(ctx.client.clone())
-        .list(&ListParams::default().match_any())
-        .await?
-        .items;
+    // Members are decided from what is in the store: never from one still filling.
+    synced(&ctx.stores.sandboxes, "Sandboxes").await?;
+    let sandboxes = ctx.stores.sandboxes.state();
     let matched = desired::matched(rg, &sandboxes);
     let rc = desired::routing_config(rg, &key, &matched);
     let rc = rcs
@@ -106,7 +103,7 @@ async fn cleanup(rg: &RouteGroup, ctx: &WorkloadsContext) -> Result<Action, Erro
     Ok(Action::await_change())
 }
 
-pub(crate) fn error_policy(rg: Arc<RouteGroup>, err: &Error, ctx: Arc<WorkloadsContext>) -> Action {
+pub(crate) fn error_policy(rg: Arc<RouteGroup>, err: &Error, ctx: Arc<Term>) -> Action {
     if matches!(err, Error::Pending(_)) {
         return Action::requeue(Duration::from_millis(500));
     }

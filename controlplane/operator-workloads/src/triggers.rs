@@ -3,9 +3,11 @@
 //! under the names the operator's controllers use.
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use spur_api::conditions::{READY, is_condition_true};
-use spur_api::{ExternalWorkload, ForkedWorkload, RoutingConfig};
+use spur_api::{ExternalWorkload, ForkedWorkload, RoutingConfig, Sandbox};
 use spur_controller::changes::meta_digest;
 use spur_controller::hash_of;
 
@@ -60,6 +62,27 @@ pub(crate) fn fork_deployment(d: &Deployment) -> u64 {
 /// A sandbox Service as its ForkedWorkload reads it (Services have no generation).
 pub(crate) fn fork_service(svc: &Service) -> u64 {
     hash_of(&(meta_digest(svc), &svc.spec))
+}
+
+/// A Sandbox as a RouteGroup reads it: its labels (spec), deletion, its forks and readiness.
+pub(crate) fn group_member(sb: &Sandbox) -> u64 {
+    let st = sb.status.as_ref();
+    hash_of(&(
+        meta_digest(sb),
+        st.map(|s| &s.forks),
+        st.is_some_and(|s| is_condition_true(&s.conditions, READY)),
+    ))
+}
+
+/// A workstation's tunnel Lease as its ExternalWorkloads read it: who holds it, since and until
+/// when, and the addresses it announces (labels, annotations).
+pub(crate) fn tunnel_lease(lease: &Lease) -> u64 {
+    hash_of(&(meta_digest(lease), &lease.spec))
+}
+
+/// An EndpointSlice of an ExternalWorkload as it reads it: metadata, endpoints and ports.
+pub(crate) fn external_slice(slice: &EndpointSlice) -> u64 {
+    hash_of(&(meta_digest(slice), &slice.endpoints, &slice.ports))
 }
 
 #[cfg(test)]

@@ -78,7 +78,16 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
             w.fw_services,
             s.clone()
         ),
-        c::externals(cl.clone(), wctx.clone(), s.clone()),
+        c::externals(
+            cl.clone(),
+            term.clone(),
+            c::ExternalWakes {
+                leases: w.ew_leases,
+                services: w.ew_services,
+                slices: w.ew_slices,
+            },
+            s.clone()
+        ),
         c::virtuals(cl.clone(), wctx.clone(), s.clone()),
         c::routing_configs(
             cl.clone(),
@@ -87,7 +96,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
             w.rc_externals,
             s.clone()
         ),
-        c::groups(cl.clone(), wctx, s.clone()),
+        c::groups(cl.clone(), term.clone(), w.rg_sandboxes, s.clone()),
         c::envoy_configs(cl.clone(), ctx.clone(), s.clone()),
         c::listener_sets(cl.clone(), term, w.ls_services, s.clone()),
     );

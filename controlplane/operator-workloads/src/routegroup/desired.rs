@@ -2,6 +2,7 @@
 //! RoutingConfig that routes its key to their forks.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use kube::{Resource, ResourceExt};
 use spur_api::keys::labels;
@@ -10,9 +11,10 @@ use spur_api::{RouteGroup, RoutingConfig, RoutingConfigSpec, Sandbox, names};
 
 /// The Sandboxes among `sandboxes` that `rg` selects (by their labels), by name; a Sandbox
 /// being deleted no longer counts.
-pub(super) fn matched<'a>(rg: &RouteGroup, sandboxes: &'a [Sandbox]) -> Vec<&'a Sandbox> {
+pub(super) fn matched<'a>(rg: &RouteGroup, sandboxes: &'a [Arc<Sandbox>]) -> Vec<&'a Sandbox> {
     let mut matched: Vec<&Sandbox> = sandboxes
         .iter()
+        .map(|sb| &**sb)
         .filter(|sb| sb.meta().deletion_timestamp.is_none())
         .filter(|sb| rg.spec.selector.matches(&sb.spec.labels))
         .collect();
@@ -104,13 +106,14 @@ pub(super) mod tests {
             sandbox("b", "other", true),
             sandbox("a", "a", false),
             gone,
-        ];
+        ]
+        .map(Arc::new);
         assert_eq!(names(&matched(&rg(), &all)), vec!["a", "c"]);
     }
 
     #[test]
     fn the_routing_config_routes_every_matched_fork_and_is_owned() {
-        let all = [sandbox("c", "a", true), sandbox("a", "a", false)];
+        let all = [sandbox("c", "a", true), sandbox("a", "a", false)].map(Arc::new);
         let rg = rg();
         let rc = routing_config(&rg, "k1", &matched(&rg, &all));
         assert_eq!(
