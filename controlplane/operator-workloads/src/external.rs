@@ -199,25 +199,19 @@ async fn prune(name: &str, ns: &str, ctx: &Term, wanted: &BTreeSet<String>) -> R
     Ok(())
 }
 
-/// Deletes every Service and EndpointSlice of the ExternalWorkload; returns whether the stores
-/// still hold some (the watch has not seen them go yet). Each is also owned by the
-/// ExternalWorkload, so one the stores have not seen at all is the garbage collector's.
-async fn delete_children(name: &str, ns: &str, ctx: &Term) -> Result<bool, Error> {
-    synced(&ctx.stores.external_services, "Services").await?;
-    synced(&ctx.stores.external_slices, "EndpointSlices").await?;
+/// Deletes every Service and EndpointSlice of the ExternalWorkload; returns whether some remain.
+/// Read from the API server, not the stores: the finalizer goes when this says none is left.
+async fn delete_children(name: &str, ns: &str, ctx: &WorkloadsContext) -> Result<bool, Error> {
+    let lp = ListParams::default().labels(&format!("{}={name}", labels::EXTERNAL_WORKLOAD));
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
     let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), ns);
-    let (found_services, found_slices) = (
-        children(&ctx.stores.external_services, ns, name),
-        children(&ctx.stores.external_slices, ns, name),
-    );
-    for n in &found_services {
-        delete_opt(&services, n).await?;
+    for s in services.list(&lp).await?.items {
+        delete_opt(&services, &s.name_any()).await?;
     }
-    for n in &found_slices {
-        delete_opt(&slices, n).await?;
+    for s in slices.list(&lp).await?.items {
+        delete_opt(&slices, &s.name_any()).await?;
     }
-    Ok(!found_services.is_empty() || !found_slices.is_empty())
+    Ok(!services.list(&lp).await?.items.is_empty() || !slices.list(&lp).await?.items.is_empty())
 }
 
 async fn cleanup(ew: &ExternalWorkload, ns: &str, ctx: &Term) -> Result<Action, Error> {

@@ -16,7 +16,6 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use spur_api::keys::labels;
 use spur_api::{ForkedWorkload, ForkedWorkloadStatus};
-use spur_controller::changes::synced;
 
 use crate::context::{OWNER, Term, WorkloadsContext};
 use crate::fork::{ForkPlan, deployment_ready};
@@ -276,38 +275,46 @@ where
     }
 }
 
-/// Deletes the fork Deployment and sandbox Services this ForkedWorkload owns, as the stores of
-/// the watches that wake it hold them; returns whether they held any (the watch has not seen
-/// them go yet). Every child is also owned by the ForkedWorkload (owner reference), so one the
-/// stores have not seen at all is the garbage collector's.
-async fn delete_children(fw: &ForkedWorkload, ns: &str, ctx: &Term) -> Result<bool, Error> {
-    synced(&ctx.stores.deployments, "Deployments").await?;
-    synced(&ctx.stores.services, "Services").await?;
+/// Deletes the fork Deployment and sandbox Services this ForkedWorkload owns; returns whether
+/// any of them is still there. Read from the API server, not the stores: the finalizer goes
+/// when this says none is left, and the Sandbox's resources are deleted only after that, so
+/// a fork the stores have not seen yet must not be missed.
+async fn delete_children(
+    fw: &ForkedWorkload,
+    ns: &str,
+    ctx: &WorkloadsContext,
+) -> Result<bool, Error> {
     let name = fw.name_any();
-    let mine = |m: &ObjectMeta| m.namespace.as_deref() == Some(ns) && owned_by(m, fw);
-    let found_deployment = ctx
-        .stores
-        .deployments
-        .get(&ObjectRef::new(&name).within(ns))
-        .filter(|d| mine(&d.metadata));
-    let found_services = ctx
-        .stores
-        .services
-        .state_filter(|svc| mine(&svc.metadata) && svc.labels().get(labels::FORK) == Some(&name));
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
+    let mut remaining = false;
     // Background propagation: the API server removes the object at once; ReplicaSets and pods
     // follow through the garbage collector.
-    if let Some(d) = &found_deployment {
-        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
+    if let Some(d) = deployments.get_opt(&name).await?
+        && owned_by(&d.metadata, fw)
+    {
         delete_owned(&deployments, &d.metadata).await?;
+        remaining |= deployments
+            .get_opt(&name)
+            .await?
+            .is_some_and(|d| owned_by(&d.metadata, fw));
     }
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
-    for svc in &found_services {
-        delete_owned(&services, &svc.metadata).await?;
+    let lp = ListParams::default().labels(&format!("{}={name}", labels::FORK));
+    for svc in services.list(&lp).await?.items {
+        if owned_by(&svc.metadata, fw) {
+            delete_owned(&services, &svc.metadata).await?;
+        }
     }
-    Ok(found_deployment.is_some() || !found_services.is_empty())
+    remaining |= services
+        .list(&lp)
+        .await?
+        .items
+        .iter()
+        .any(|s| owned_by(&s.metadata, fw));
+    Ok(remaining)
 }
 
-async fn cleanup(fw: &ForkedWorkload, ns: &str, ctx: &Term) -> Result<Action, Error> {
+async fn cleanup(fw: &ForkedWorkload, ns: &str, ctx: &WorkloadsContext) -> Result<Action, Error> {
     ctx.metrics.forget_forked(ns, &fw.name_any());
     let name = fw.name_any();
     if delete_children(fw, ns, ctx).await? {
