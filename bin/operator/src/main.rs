@@ -435,6 +435,40 @@ impl WebhookArgs {
     }
 }
 
+/// The features the flags turn on, added to `ctx`.
+fn with_features(
+    mut ctx: spur_operator::Context,
+    args: &OperatorArgs,
+    resources: Option<spur_operator::ResourceConfig>,
+) -> spur_operator::Context {
+    if let Some(domain) = args.preview_domain.clone().filter(|d| !d.is_empty()) {
+        ctx = ctx.with_previews(spur_operator::Previews {
+            domain,
+            cluster: args.cluster_name.clone().filter(|c| !c.is_empty()),
+        });
+    }
+    if args.access {
+        ctx = ctx.with_access();
+    }
+    if let Some(ns) = args
+        .access_token_namespace
+        .clone()
+        .filter(|n| !n.is_empty())
+    {
+        ctx = ctx.with_access_tokens(ns);
+    }
+    if let Some(r) = resources {
+        ctx = ctx.with_resources(r);
+    }
+    if !args.enroll_bindings.is_empty() {
+        ctx = ctx.with_enrollment(spur_operator::enroll::EnrollConfig {
+            namespace: args.namespace.clone(),
+            bindings: args.enroll_bindings.clone(),
+        });
+    }
+    ctx
+}
+
 async fn run(args: OperatorArgs) -> Result<ExitCode> {
     // Before anything listens: a SIGTERM from then on shuts down cleanly.
     let shutdown = spur_runtime::shutdown_signal();
@@ -472,35 +506,14 @@ async fn run(args: OperatorArgs) -> Result<ExitCode> {
     }
     let mut registry = Registry::with_prefix("spur_operator");
     let metrics = spur_operator::Metrics::register(&mut registry);
-    let instance = args.instance.filter(|s| !s.is_empty()).unwrap_or_else(|| {
+    let instance = args.instance.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "spur-operator".into());
         format!("{host}-{}", std::process::id())
     });
-    let mut ctx =
-        spur_operator::Context::new(client.clone(), Some(instance.clone()), metrics.clone())
-            .with_fork_policy(fork_policy)
-            .with_mesh(mesh);
-    if let Some(domain) = args.preview_domain.filter(|d| !d.is_empty()) {
-        ctx = ctx.with_previews(spur_operator::Previews {
-            domain,
-            cluster: args.cluster_name.filter(|c| !c.is_empty()),
-        });
-    }
-    if args.access {
-        ctx = ctx.with_access();
-    }
-    if let Some(ns) = args.access_token_namespace.filter(|n| !n.is_empty()) {
-        ctx = ctx.with_access_tokens(ns);
-    }
-    if let Some(r) = resources {
-        ctx = ctx.with_resources(r);
-    }
-    if !args.enroll_bindings.is_empty() {
-        ctx = ctx.with_enrollment(spur_operator::enroll::EnrollConfig {
-            namespace: args.namespace.clone(),
-            bindings: args.enroll_bindings,
-        });
-    }
+    let ctx = spur_operator::Context::new(client.clone(), Some(instance.clone()), metrics.clone())
+        .with_fork_policy(fork_policy)
+        .with_mesh(mesh);
+    let mut ctx = with_features(ctx, &args, resources);
     let stop = CancellationToken::new();
     let mut webhook = None;
     if let Some((pki, webhook_cfg)) = configs {
@@ -526,27 +539,20 @@ async fn run(args: OperatorArgs) -> Result<ExitCode> {
         Some((ready, "waiting for the webhook serving certificate\n")),
         http_stop,
     ));
-    let controllers = if args.no_leader_elect {
-        tokio::spawn(async move {
-            spur_operator::run(client, ctx, stop_controllers).await;
-            Ok(())
-        })
-    } else {
-        let election = spur_operator::LeaderElection {
-            namespace: args.namespace,
-            lease: args.lease_name,
-            identity: instance,
-            duration_secs: args.lease_duration,
-            grace_secs: (args.lease_duration / 3).max(1),
-            owner,
-        };
-        tokio::spawn(spur_operator::run_elected(
-            client,
-            ctx,
-            stop_controllers,
-            election,
-        ))
-    };
+    let election = (!args.no_leader_elect).then(|| spur_operator::LeaderElection {
+        namespace: args.namespace.clone(),
+        lease: args.lease_name.clone(),
+        identity: instance,
+        duration_secs: args.lease_duration,
+        grace_secs: (args.lease_duration / 3).max(1),
+        owner,
+    });
+    let controllers = tokio::spawn(spur_operator::run_as(
+        client,
+        ctx,
+        stop_controllers,
+        election,
+    ));
     tracing::info!(metrics = %args.metrics_addr, webhook = ?webhook.as_ref().map(|w| w.local_addr()), "operator started");
     let mut controllers = controllers;
     let early = tokio::select! {

@@ -31,6 +31,23 @@ pub struct LeaderElection {
 
 /// Runs the controllers while this replica holds the lease, until `stop` is cancelled; then
 /// finishes in-flight reconciles and releases the lease.
+/// Runs the controllers until `stop`: under `election` when there is one, else at once (one
+/// replica, `--no-leader-elect`).
+pub async fn run_as(
+    client: Client,
+    ctx: Arc<Context>,
+    stop: CancellationToken,
+    election: Option<LeaderElection>,
+) -> Result<(), Error> {
+    match election {
+        Some(election) => run_elected(client, ctx, stop, election).await,
+        None => {
+            crate::run(client, ctx, stop).await;
+            Ok(())
+        }
+    }
+}
+
 pub async fn run_elected(
     client: Client,
     ctx: Arc<Context>,

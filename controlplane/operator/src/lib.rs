@@ -23,7 +23,7 @@ use kube::Client;
 use tokio_util::sync::CancellationToken;
 
 pub use context::{Context, FIELD_MANAGER};
-pub use leader::{LeaderElection, run_elected};
+pub use leader::{LeaderElection, run_as, run_elected};
 pub use spur_controller::DRAIN_GRACE;
 pub use spur_operator_core::{Error, FINALIZER, Metrics, owner};
 
