@@ -506,10 +506,14 @@ async fn run(args: OperatorArgs) -> Result<ExitCode> {
     }
     let mut registry = Registry::with_prefix("spur_operator");
     let metrics = spur_operator::Metrics::register(&mut registry);
-    let instance = args.instance.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| {
-        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "spur-operator".into());
-        format!("{host}-{}", std::process::id())
-    });
+    let instance = args
+        .instance
+        .clone()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| {
+            let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "spur-operator".into());
+            format!("{host}-{}", std::process::id())
+        });
     let ctx = spur_operator::Context::new(client.clone(), Some(instance.clone()), metrics.clone())
         .with_fork_policy(fork_policy)
         .with_mesh(mesh);

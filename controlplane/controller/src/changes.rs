@@ -6,7 +6,7 @@
 //! passes (perf/results/operator_passes.md). A trigger hashes what its reconcile reads
 //! (`digest`) and passes an object on only when that hash changed; deletions always pass.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
@@ -22,7 +22,7 @@ use crate::hash_of;
 /// deletion; and a store of every object of `api`, updated before the object it passes on, so
 /// a reconcile it wakes reads the store at least as new as what woke it. Relists (after a
 /// watch expired) compare against what was seen before, so they wake nothing that did not
-/// change, and forget objects that went away meanwhile.
+/// change; an object that went away meanwhile is passed on as deleted ([`vanished`]).
 pub fn changes<K>(
     api: Api<K>,
     wc: watcher::Config,
@@ -38,7 +38,53 @@ where
     // Stored objects lose their `managedFields`: often the larger half of an object, and
     // nothing in the operator reads them.
     let events = watcher(api, wc).modify(|o: &mut K| o.managed_fields_mut().clear());
+    let events = vanished(events, reader.clone());
     (reader, filter(reflector(writer, events), digest))
+}
+
+/// `events` with a deletion added after each relist's end for every object `store` held that
+/// the relist did not list: deleted while the watch was down, so no Delete event came. Without
+/// it nothing would wake a controller that matched the object (a RouteGroup would keep a
+/// Sandbox deleted during an API server restart until its periodic pass). `store` must be the
+/// one these events fill, read before they reach it: at a relist's end it still holds what
+/// was there before.
+pub fn vanished<K, S>(
+    events: S,
+    store: Store<K>,
+) -> impl Stream<Item = Result<Event<K>, watcher::Error>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+    S: Stream<Item = Result<Event<K>, watcher::Error>>,
+{
+    // The objects a relist has listed so far (None: no relist under way).
+    let mut listed: Option<HashSet<ObjectRef<K>>> = None;
+    events
+        .map(move |event| {
+            let mut out = Vec::new();
+            match &event {
+                Ok(Event::Init) => listed = Some(HashSet::new()),
+                Ok(Event::InitApply(obj)) => {
+                    listed
+                        .get_or_insert_with(HashSet::new)
+                        .insert(ObjectRef::from_obj(obj));
+                }
+                Ok(Event::InitDone) => {
+                    let seen = listed.take().unwrap_or_default();
+                    out.push(event);
+                    let gone = store
+                        .state()
+                        .into_iter()
+                        .filter(|o| !seen.contains(&ObjectRef::from_obj(&**o)))
+                        .map(|o| Ok(Event::Delete((*o).clone())));
+                    out.extend(gone);
+                    return futures_util::stream::iter(out);
+                }
+                _ => {}
+            }
+            out.push(event);
+            futures_util::stream::iter(out)
+        })
+        .flatten()
 }
 
 /// How long a pass waits for a store's first list before it gives up (and is retried).
@@ -164,4 +210,80 @@ pub fn own<K: Resource>(obj: &K) -> u64 {
 pub fn primary<K: Watched>(api: Api<K>) -> Controller<K> {
     let (reader, trigger) = changes(api, watcher::Config::default(), own::<K>);
     Controller::for_stream(trigger, reader)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use futures_util::stream;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    fn cm(name: &str) -> ConfigMap {
+        let mut c = ConfigMap::default();
+        c.metadata.name = Some(name.into());
+        c.metadata.namespace = Some("ns".into());
+        c
+    }
+
+    fn names(events: &[Event<ConfigMap>]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match e {
+                Event::Init => "init".into(),
+                Event::InitApply(o) => format!("list {}", o.name_any()),
+                Event::InitDone => "done".into(),
+                Event::Apply(o) => format!("apply {}", o.name_any()),
+                Event::Delete(o) => format!("delete {}", o.name_any()),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_relist_reports_what_went_away_while_the_watch_was_down() {
+        let (reader, mut writer) = reflector::store::<ConfigMap>();
+        // What the store held before the watch expired.
+        for e in [
+            Event::Init,
+            Event::InitApply(cm("a")),
+            Event::InitApply(cm("b")),
+            Event::InitDone,
+        ] {
+            writer.apply_watcher_event(&e);
+        }
+        let relist = vec![
+            Event::Init,
+            Event::InitApply(cm("a")),
+            Event::InitApply(cm("c")),
+            Event::InitDone,
+        ];
+        let out: Vec<Event<ConfigMap>> = vanished(stream::iter(relist.into_iter().map(Ok)), reader)
+            .map(|r| r.unwrap())
+            .collect()
+            .await;
+        assert_eq!(
+            names(&out),
+            ["init", "list a", "list c", "done", "delete b"]
+        );
+    }
+
+    #[tokio::test]
+    async fn the_first_list_and_plain_events_pass_unchanged() {
+        let (reader, _writer) = reflector::store::<ConfigMap>();
+        let events = vec![
+            Event::Init,
+            Event::InitApply(cm("a")),
+            Event::InitDone,
+            Event::Apply(cm("b")),
+            Event::Delete(cm("a")),
+        ];
+        let out: Vec<Event<ConfigMap>> = vanished(stream::iter(events.into_iter().map(Ok)), reader)
+            .map(|r| r.unwrap())
+            .collect()
+            .await;
+        assert_eq!(
+            names(&out),
+            ["init", "list a", "done", "apply b", "delete a"]
+        );
+    }
 }

@@ -35,6 +35,6 @@ pub enum Error {
     #[error("finalizer: {0}")]
     Finalizer(String),
     /// A store a pass reads had not finished its first list in time (or its watch is gone).
-    #[error("the watch of {0} to list every object")]
+    #[error("the watch of {0} has not listed its objects (is its list/watch allowed?)")]
     NotSynced(&'static str),
 }

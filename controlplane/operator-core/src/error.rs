@@ -17,6 +17,11 @@ pub enum Error {
     },
     #[error("JSON encoding: {0}")]
     Json(#[from] serde_json::Error),
+    /// A store a pass reads has not listed its objects within
+    /// `spur_controller::changes::SYNC_WAIT`: its watch fails (often RBAC: the list or watch
+    /// verb is missing). A failure, backed off and counted, not a wait: it does not heal alone.
+    #[error("the watch of {0} has not listed its objects (is its list/watch allowed?)")]
+    NotSynced(&'static str),
     #[error("leader election: {0}")]
     Lease(String),
     #[error("certificates: {0}")]
@@ -45,10 +50,7 @@ impl From<spur_controller::Error> for Error {
             spur_controller::Error::Kube(e) => Error::Kube(e),
             spur_controller::Error::Json(e) => Error::Json(e),
             spur_controller::Error::Finalizer(m) => Error::Finalizer(m),
-            // Waiting, not failing: the error policies poll a pending pass quickly.
-            spur_controller::Error::NotSynced(kind) => {
-                Error::Pending(format!("the watch of {kind} to list every object"))
-            }
+            spur_controller::Error::NotSynced(kind) => Error::NotSynced(kind),
         }
     }
 }

@@ -108,9 +108,8 @@ pub struct Stores {
     pub sandboxes: Store<Sandbox>,
     /// Workstation tunnel Leases (in the tunnel namespace), as ExternalWorkloads read them.
     pub leases: Store<Lease>,
-    /// The operator's own Services and EndpointSlices, as the ExternalWorkload controller
-    /// prunes them.
-    pub external_services: Store<Service>,
+    /// The operator's own EndpointSlices, as the ExternalWorkload controller prunes them (its
+    /// Services it finds in `services`).
     pub external_slices: Store<EndpointSlice>,
 }
 

@@ -40,7 +40,6 @@ pub struct Wakes {
     pub ls_services: Changes<Service>,
     pub rg_sandboxes: Changes<Sandbox>,
     pub ew_leases: Changes<Lease>,
-    pub ew_services: Changes<Service>,
     pub ew_slices: Changes<EndpointSlice>,
 }
 
@@ -104,16 +103,12 @@ pub fn watches(client: &Client, ctx: Arc<WorkloadsContext>) -> (Arc<Term>, Wakes
         wc(),
         triggers::group_member,
     );
-    // The ExternalWorkload controller's tunnel Leases and its own Services and EndpointSlices.
+    // The ExternalWorkload controller's tunnel Leases and its own EndpointSlices (its Services
+    // are in `services`).
     let (leases, ew_leases) = triggers::changes(
         Api::<Lease>::namespaced(client.clone(), &ctx.tunnels.namespace),
         watcher::Config::default().labels(spur_api::tunnel::WORKSTATION_LABEL),
         triggers::tunnel_lease,
-    );
-    let (external_services, ew_services) = triggers::changes(
-        Api::<Service>::all(client.clone()),
-        managed(),
-        triggers::fork_service,
     );
     let (external_slices, ew_slices) = triggers::changes(
         Api::<EndpointSlice>::all(client.clone()),
@@ -123,7 +118,6 @@ pub fn watches(client: &Client, ctx: Arc<WorkloadsContext>) -> (Arc<Term>, Wakes
     let stores = Stores {
         sandboxes,
         leases,
-        external_services,
         external_slices,
         rc_forks,
         rc_externals,
@@ -146,7 +140,6 @@ pub fn watches(client: &Client, ctx: Arc<WorkloadsContext>) -> (Arc<Term>, Wakes
         ls_services: Box::pin(ls_services),
         rg_sandboxes: Box::pin(rg_sandboxes),
         ew_leases: Box::pin(ew_leases),
-        ew_services: Box::pin(ew_services),
         ew_slices: Box::pin(ew_slices),
     };
     (Arc::new(Term { ctx, stores }), wakes)
@@ -321,7 +314,7 @@ pub async fn externals(
     let ew = primary(Api::<ExternalWorkload>::all(client.clone())).with_config(config());
     let (ew_by_baseline, ew_by_namespace, ew_by_workstation) = (ew.store(), ew.store(), ew.store());
     let externals = ew
-        .owns_stream(wakes.services)
+        .owns(Api::<Service>::all(client.clone()), managed())
         .owns_stream(wakes.slices)
         // A tunnel coming, renewing, moving or going changes endpoints and health.
         .watches_stream(wakes.leases, move |lease| {
@@ -368,7 +361,6 @@ pub async fn externals(
 /// watches are in [`Stores`]).
 pub struct ExternalWakes {
     pub leases: Changes<Lease>,
-    pub services: Changes<Service>,
     pub slices: Changes<EndpointSlice>,
 }
 

@@ -181,11 +181,13 @@ where
 }
 
 /// Deletes the ExternalWorkload's Services and EndpointSlices (from the stores of the
-/// watches that wake it) that are not `wanted`. One created by a pass the store has not seen
-/// yet is pruned by the pass its creation wakes.
+/// operator's own) that are not `wanted`. One created by a pass the store has not seen yet is
+/// pruned by the pass its creation wakes.
 async fn prune(name: &str, ns: &str, ctx: &Term, wanted: &BTreeSet<String>) -> Result<(), Error> {
+    synced(&ctx.stores.services, "Services").await?;
+    synced(&ctx.stores.external_slices, "EndpointSlices").await?;
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
-    for n in children(&ctx.stores.external_services, ns, name) {
+    for n in children(&ctx.stores.services, ns, name) {
         if !wanted.contains(&n) {
             delete_opt(&services, &n).await?;
         }

@@ -29,8 +29,6 @@ pub struct LeaderElection {
     pub owner: Option<OwnerReference>,
 }
 
-/// Runs the controllers while this replica holds the lease, until `stop` is cancelled; then
-/// finishes in-flight reconciles and releases the lease.
 /// Runs the controllers until `stop`: under `election` when there is one, else at once (one
 /// replica, `--no-leader-elect`).
 pub async fn run_as(
@@ -48,6 +46,8 @@ pub async fn run_as(
     }
 }
 
+/// Runs the controllers while this replica holds the lease, until `stop` is cancelled; then
+/// finishes in-flight reconciles and releases the lease.
 pub async fn run_elected(
     client: Client,
     ctx: Arc<Context>,

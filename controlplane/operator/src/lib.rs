@@ -83,7 +83,6 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
             term.clone(),
             c::ExternalWakes {
                 leases: w.ew_leases,
-                services: w.ew_services,
                 slices: w.ew_slices,
             },
             s.clone()
