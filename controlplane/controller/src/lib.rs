@@ -9,7 +9,9 @@
 //! - [`Backoff`]: per-object exponential backoff computed in the error policy and reset by the
 //!   kit on a successful pass ([`run`]), so reconcilers keep no books;
 //! - [`run`]: a built `Controller` driven to its end under a stop token and a drain deadline;
-//! - [`changes`]: watch streams that wake a controller only when what it reads changed.
+//! - [`changes`]: watch streams that wake a controller only when what it reads changed, with
+//!   the stores a pass reads (and [`changes::synced`], which a pass that decides from what a
+//!   store lacks waits on).
 
 mod apply;
 mod backoff;

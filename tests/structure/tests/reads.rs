@@ -1,11 +1,13 @@
 //! The operator's controllers read through stores (ARCHITECTURE.md, "Controllers read through
 //! stores"): a pass reads what wakes it, its children and the objects it matches from the
 //! stores of its own watches. The API server is read directly only for the reasons below (in
-//! short: users' objects the operator does not cache, decisions of access or ownership, key
-//! material, final cleanups, and what is not a controller pass), and every function that does
-//! is listed in [`DIRECT_READS`] with its reason. A new direct read fails this test until it is
-//! listed (with a reason a reviewer can check), and a listed function that no longer reads
-//! directly fails it until it is struck off: the list only shrinks by moving reads to stores.
+//! short: users' objects and bulky revisions the operator does not cache, decisions of access
+//! or ownership, key material, final cleanups, and what is not a controller pass), and every
+//! function that does is listed in [`DIRECT_READS`] with its reason. A new direct read fails
+//! this test until it is listed (with a reason a reviewer can check), and a listed function
+//! that no longer reads directly fails it until it is struck off: the list only shrinks by
+//! moving reads to stores. The check is per function: a second read added to a listed function
+//! passes (see `spur_structure::reads` for what else the scanner cannot see).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -35,6 +37,10 @@ const AFTER_CONFLICT: &str = "a re-read after a write conflict";
 /// forks are gone; routes spliced into a user's VirtualService have no garbage collector).
 /// Rare (once per deletion), so it costs the API server little.
 const FINAL: &str = "a final cleanup before a finalizer goes (must miss nothing)";
+/// EnvoyConfig revisions carry the encoded configuration they serve (up to ten per config):
+/// caching every revision of every tenant would hold all of it in the operator's memory, so
+/// a pass lists the revisions of the one config it works on.
+const BULKY: &str = "revisions carry their encoded configuration (listed per config, not cached)";
 /// Not moved yet: the object is the controller's own or its child and could come from a store
 /// of the watch that wakes it. This is the list to shrink next.
 const NOT_YET: &str = "not moved yet: a store of the waking watch would do";
@@ -111,9 +117,9 @@ const DIRECT_READS: &[(&str, &str, &str)] = &[
     // immutable history that decides what is published.
     ("controlplane/operator-xds/src/envoyconfig/node_id.rs", "admission", NOT_A_PASS),
     ("controlplane/operator-xds/src/envoyconfig/node_id.rs", "unpublish_if_held", AUTHORITY),
-    ("controlplane/operator-xds/src/envoyconfig.rs", "apply", NOT_YET),
+    ("controlplane/operator-xds/src/envoyconfig.rs", "apply", BULKY),
     ("controlplane/operator-xds/src/envoyconfig.rs", "cleanup", FINAL),
-    ("controlplane/operator-xds/src/envoyconfig.rs", "write_revision_status", NOT_YET),
+    ("controlplane/operator-xds/src/envoyconfig.rs", "write_revision_status", BULKY),
     ("controlplane/operator-xds/src/listenerset.rs", "endpoint_slices", USER_OBJECT),
     ("controlplane/operator-xds/src/listenerset.rs", "services", AUTHORITY),
 ];
