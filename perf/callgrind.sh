@@ -18,6 +18,14 @@ for tool in valgrind h2load callgrind_annotate; do
 done
 bins=("$@")
 [ ${#bins[@]} -gt 0 ] || bins=(target/release/spur-sidecar)
+# Builds of two checkouts in one target dir can come out as one binary: Cargo hashes workspace
+# members by their path inside the workspace, so the second checkout's older sources look built.
+for ((i = 1; i < ${#bins[@]}; i++)); do
+    if cmp -s "${bins[0]}" "${bins[$i]}"; then
+        echo "perf/callgrind.sh: ${bins[0]} and ${bins[$i]} are the same binary (touch the second checkout's sources, or build it in its own target dir)" >&2
+        exit 1
+    fi
+done
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
 echo "| binary | Ir at 1000 requests | Ir at 6000 | instructions per request |"
