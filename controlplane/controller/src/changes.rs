@@ -60,29 +60,23 @@ where
     let mut listed: Option<HashSet<ObjectRef<K>>> = None;
     events
         .map(move |event| {
-            let mut out = Vec::new();
-            match &event {
-                Ok(Event::Init) => listed = Some(HashSet::new()),
+            let gone = match &event {
+                Ok(Event::Init) => {
+                    listed = Some(HashSet::new());
+                    Vec::new()
+                }
                 Ok(Event::InitApply(obj)) => {
-                    listed
-                        .get_or_insert_with(HashSet::new)
-                        .insert(ObjectRef::from_obj(obj));
+                    (listed.get_or_insert_with(HashSet::new)).insert(ObjectRef::from_obj(obj));
+                    Vec::new()
                 }
                 Ok(Event::InitDone) => {
                     let seen = listed.take().unwrap_or_default();
-                    out.push(event);
-                    let gone = store
-                        .state()
-                        .into_iter()
-                        .filter(|o| !seen.contains(&ObjectRef::from_obj(&**o)))
-                        .map(|o| Ok(Event::Delete((*o).clone())));
-                    out.extend(gone);
-                    return futures_util::stream::iter(out);
+                    store.state_filter(|o| !seen.contains(&ObjectRef::from_obj(o)))
                 }
-                _ => {}
-            }
-            out.push(event);
-            futures_util::stream::iter(out)
+                _ => Vec::new(),
+            };
+            let gone = gone.into_iter().map(|o| Ok(Event::Delete((*o).clone())));
+            futures_util::stream::iter(std::iter::once(event).chain(gone))
         })
         .flatten()
 }

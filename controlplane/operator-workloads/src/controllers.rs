@@ -307,7 +307,8 @@ pub async fn virtuals(client: Client, ctx: Arc<WorkloadsContext>, stop: Cancella
 pub async fn externals(
     client: Client,
     term: Arc<Term>,
-    wakes: ExternalWakes,
+    leases: Changes<Lease>,
+    slices: Changes<EndpointSlice>,
     stop: CancellationToken,
 ) {
     let wc = watcher::Config::default;
@@ -315,9 +316,9 @@ pub async fn externals(
     let (ew_by_baseline, ew_by_namespace, ew_by_workstation) = (ew.store(), ew.store(), ew.store());
     let externals = ew
         .owns(Api::<Service>::all(client.clone()), managed())
-        .owns_stream(wakes.slices)
+        .owns_stream(slices)
         // A tunnel coming, renewing, moving or going changes endpoints and health.
-        .watches_stream(wakes.leases, move |lease| {
+        .watches_stream(leases, move |lease| {
             let ws = lease
                 .labels()
                 .get(spur_api::tunnel::WORKSTATION_LABEL)
@@ -355,13 +356,6 @@ pub async fn externals(
         stop,
     )
     .await;
-}
-
-/// What wakes the ExternalWorkload controller besides its baselines (the stores of these
-/// watches are in [`Stores`]).
-pub struct ExternalWakes {
-    pub leases: Changes<Lease>,
-    pub slices: Changes<EndpointSlice>,
 }
 
 /// RoutingConfigs, woken by the workloads they list and by their mesh routes.

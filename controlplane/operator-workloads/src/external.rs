@@ -26,6 +26,7 @@ use spur_api::tunnel::{self, Session};
 use spur_api::{ExternalWorkload, ExternalWorkloadStatus, ServiceMapping};
 
 use spur_controller::changes::synced;
+use spur_controller::objects_where;
 
 use crate::context::{FIELD_MANAGER, Term, WorkloadsContext, delete_opt};
 use crate::{Error, FINALIZER};
@@ -164,20 +165,16 @@ fn children<K>(store: &Store<K>, ns: &str, name: &str) -> Vec<String>
 where
     K: kube::Resource<DynamicType = ()> + Clone + 'static,
 {
-    let mut names: Vec<String> = store
-        .state()
-        .iter()
-        .filter(|o| {
-            o.namespace().as_deref() == Some(ns)
-                && o.labels()
-                    .get(labels::EXTERNAL_WORKLOAD)
-                    .map(String::as_str)
-                    == Some(name)
-        })
-        .map(|o| o.name_any())
-        .collect();
-    names.sort();
-    names
+    let label = |o: &K| {
+        o.labels()
+            .get(labels::EXTERNAL_WORKLOAD)
+            .map(String::as_str)
+            == Some(name)
+    };
+    objects_where(store, |o| o.namespace().as_deref() == Some(ns) && label(o))
+        .into_iter()
+        .map(|r| r.name)
+        .collect()
 }
 
 /// Deletes the ExternalWorkload's Services and EndpointSlices (from the stores of the

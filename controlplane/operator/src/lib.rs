@@ -81,10 +81,8 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         c::externals(
             cl.clone(),
             term.clone(),
-            c::ExternalWakes {
-                leases: w.ew_leases,
-                slices: w.ew_slices,
-            },
+            w.ew_leases,
+            w.ew_slices,
             s.clone()
         ),
         c::virtuals(cl.clone(), wctx.clone(), s.clone()),

@@ -3,7 +3,7 @@
 //! each is drained on stop by `spur_controller::run`). `crate::run` joins them.
 
 pub(crate) use spur_operator_workloads::controllers::{
-    ExternalWakes, externals, forks, groups, routing_configs, sandboxes, virtuals, watches,
+    externals, forks, groups, routing_configs, sandboxes, virtuals, watches,
 };
 
 use std::sync::Arc;
