@@ -283,3 +283,39 @@ put("rest_api", "/api/v1/workloads/routing-rules\nAuthorization: Bearer abc\nAcc
 put("rest_api", "/api/v1/workloads/routing-rules\nHost: other\n\n")
 put("rest_api", "/healthz\nTransfer-Encoding: chunked\n\n0\r\n\r\n")
 put("rest_api", "/api/v1/workloads/routing-rules/watch\nConnection: upgrade\nUpgrade: h2c\n\n")
+
+# --- kafka_batches: [flags] + v2 record batches (bit 0 of flags: the target fixes the CRCs) ----
+def zz(n, bits=64):
+    return varint((n << 1) ^ (n >> (bits - 1)))
+
+
+def kbytes(b):
+    return zz(-1) if b is None else zz(len(b)) + b
+
+
+def krecord(delta, key=None, value=b"v", headers=()):
+    body = b"\x00" + zz(delta * 10) + zz(delta) + kbytes(key) + kbytes(value) + zz(len(headers))
+    for k, v in headers:
+        body += kbytes(k) + kbytes(v)
+    return zz(len(body)) + body
+
+
+def kbatch(base, records, codec=0, attrs=0, last_delta=None):
+    payload = b"".join(records)
+    if codec == 1:
+        import gzip
+        payload = gzip.compress(payload, mtime=0)
+    last = len(records) - 1 if last_delta is None else last_delta
+    rest = struct.pack(">hiqqqhii", codec | attrs, last, 1700000000000, 1700000000100, 42, 1, 0, len(records))
+    rest += payload
+    # baseOffset, batchLength, partitionLeaderEpoch, magic, crc (fixed by the target)
+    return struct.pack(">qiibI", base, 4 + 1 + 4 + len(rest), 0, 2, 0) + rest
+
+
+BAG = (b"baggage", b"sd-routing-key=sbx1")
+recs = [krecord(i, b"k%d" % i, b"value %d" % i, [BAG] if i % 3 == 0 else [(b"traceparent", b"00-1-2-01")]) for i in range(6)]
+put("kafka_batches", bytes([1]) + kbatch(0, recs) + kbatch(6, recs, codec=1))
+put("kafka_batches", bytes([0b101]) + kbatch(100, recs[:2], last_delta=9) + kbatch(110, []))
+put("kafka_batches", bytes([3]) + kbatch(0, [krecord(0, None, None, [BAG, BAG, (b"Baggage", None)])], attrs=0x10)
+      + kbatch(1, [krecord(0, b"\x00\x00\x00\x01", b"\x00\x00\x00\x00\x00\x05")], attrs=0x30))
+put("kafka_batches", bytes([1]) + kbatch(0, recs) + kbatch(6, recs)[:40])

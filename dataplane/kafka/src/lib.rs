@@ -1,0 +1,28 @@
+//! Kafka record batches filtered by routing key: bounded parsing, the four codecs, rewrites that
+//! keep offsets (pure: no I/O, no tokio).
+//!
+//! The sidecar's Kafka path (issue 44) hands each partition's `records` from a Fetch response to
+//! [`filter::filter`] with a per-record decision; the decision reads the record's routing key
+//! with [`key`], through the same carriers and parser as HTTP. What a rewritten batch keeps, and
+//! why consumers accept it, is documented on [`filter`].
+//!
+//! The v2 batch layout and the record walk are written here rather than taken from the
+//! `kafka-protocol` crate: its decoder trusts a batch's record count for an allocation,
+//! decompresses without a bound and collapses repeated header keys, and its encoder cannot keep
+//! a batch's last offset delta or write an empty batch, which filtering needs. Its tests use
+//! that crate as an independent reader and writer of the same bytes.
+
+pub mod batch;
+pub mod codec;
+pub mod filter;
+pub mod key;
+pub mod records;
+
+mod error;
+mod varint;
+
+pub use batch::BatchHeader;
+pub use codec::Codec;
+pub use error::Error;
+pub use filter::{Filtered, Limits, Stats, filter};
+pub use records::Record;
