@@ -10,7 +10,8 @@
 # Installs what the tests drive when it is missing: curl, h2load, iproute2, iptables (with
 # iptables-legacy), nftables, setpriv, and for the node tier containerd, runc, the CNI plugins,
 # mmdebstrap (the images' base layer), buildah and jq (the images, from the Containerfile),
-# openssl, chromium (the hub's web view test) and postgresql-15 (the demo app's database test).
+# openssl, chromium (the hub's web view test), postgresql-15 (the demo app's database test), and
+# for the Kafka tests openjdk-17-jdk-headless, maven and kcat.
 # Needs root: for that, for the network-namespace tests and for the node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +42,11 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || command -v initdb >/dev/null 2>&1 \
     || need+=(postgresql-15)
 { command -v pgrep && command -v sysctl; } >/dev/null 2>&1 || need+=(procps)
+# The Kafka tests: the broker and the Java client run on Debian's OpenJDK 17, resolved from Maven
+# Central by maven (tests/kafka/fetch.sh); librdkafka's client is kcat.
+{ command -v java && command -v javac; } >/dev/null 2>&1 || need+=(openjdk-17-jdk-headless)
+command -v mvn >/dev/null 2>&1 || need+=(maven)
+command -v kcat >/dev/null 2>&1 || need+=(kcat)
 if [ ${#need[@]} -gt 0 ]; then
     echo "tests/run.sh: installing ${need[*]}" >&2
     sudo_cmd=()
@@ -74,7 +80,9 @@ esac
 # fresh machine, tests/kube/README.md; cached afterwards), and the Routes API Go clients.
 SPUR_KUBE_BINDIR="$(tests/kube/build.sh | tail -n 1)"
 SPUR_GO_BINDIR="$(tests/go/build.sh | tail -n 1)"
-export SPUR_KUBE_BINDIR SPUR_GO_BINDIR
+# The Kafka broker's jars and the Java client harness (about a minute on a fresh machine).
+SPUR_KAFKA_DIR="$(tests/kafka/fetch.sh | tail -n 1)"
+export SPUR_KUBE_BINDIR SPUR_GO_BINDIR SPUR_KAFKA_DIR
 
 # The node tier: one node for the whole run, shared by every node test, with Spur's image built
 # from this checkout's binaries. A node left by a killed run is removed first; this one goes when

@@ -21,6 +21,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 pub use spur_demo_apps as apps;
 
+pub mod kafka;
 pub mod kube;
 pub mod netns;
 pub mod node;

@@ -12,7 +12,7 @@
 //! controller would.
 
 mod pki;
-mod process;
+pub mod process;
 
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};

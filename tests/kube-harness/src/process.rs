@@ -1,4 +1,4 @@
-//! The children (etcd, kube-apiserver) and the watchdog that keeps them from outliving the test.
+//! The children (etcd, kube-apiserver; the Kafka broker of tests/src/kafka.rs) and the watchdog that keeps them from outliving the test.
 
 use std::fs::File;
 use std::io::Write as _;
@@ -25,13 +25,13 @@ while read -r pid; do pids="$pids $pid"; done
 rm -rf -- "$1"
 "#;
 
-pub(crate) struct Watchdog {
+pub struct Watchdog {
     sh: Child,
 }
 
 impl Watchdog {
     /// Starts a watchdog that removes `dir` once the test process is gone.
-    pub(crate) fn spawn(dir: &Path) -> anyhow::Result<Self> {
+    pub fn spawn(dir: &Path) -> anyhow::Result<Self> {
         let sh = Command::new("sh")
             .arg("-c")
             .arg(WATCHDOG)
@@ -47,7 +47,7 @@ impl Watchdog {
     }
 
     /// Adds `process` to what the watchdog kills.
-    pub(crate) fn watch(&mut self, process: &Process) -> anyhow::Result<()> {
+    pub fn watch(&mut self, process: &Process) -> anyhow::Result<()> {
         let stdin = self
             .sh
             .stdin
@@ -68,7 +68,7 @@ impl Drop for Watchdog {
     }
 }
 
-pub(crate) struct Process {
+pub struct Process {
     name: &'static str,
     child: Child,
     log: PathBuf,
@@ -77,7 +77,7 @@ pub(crate) struct Process {
 impl Process {
     /// Starts `cmd` with stdout and stderr going to `log`, without any proxy settings: everything
     /// the harness starts talks to 127.0.0.1, including kube-apiserver calling webhooks there.
-    pub(crate) fn spawn(name: &'static str, mut cmd: Command, log: &Path) -> anyhow::Result<Self> {
+    pub fn spawn(name: &'static str, mut cmd: Command, log: &Path) -> anyhow::Result<Self> {
         let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone().context("duplicating a log file handle")?;
         for var in [
@@ -105,16 +105,16 @@ impl Process {
         })
     }
 
-    pub(crate) fn pid(&self) -> u32 {
+    pub fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    pub(crate) fn name(&self) -> &'static str {
+    pub fn name(&self) -> &'static str {
         self.name
     }
 
     /// The exit status if the child has already exited.
-    pub(crate) fn exited(&mut self) -> anyhow::Result<Option<ExitStatus>> {
+    pub fn exited(&mut self) -> anyhow::Result<Option<ExitStatus>> {
         self.child
             .try_wait()
             .with_context(|| format!("checking whether {} is still running", self.name))
@@ -122,14 +122,14 @@ impl Process {
 
     /// Whether the child's log mentions `needle`: how a lost race for a port is told apart from
     /// other start failures.
-    pub(crate) fn log_contains(&self, needle: &str) -> bool {
+    pub fn log_contains(&self, needle: &str) -> bool {
         std::fs::read(&self.log)
             .map(|log| String::from_utf8_lossy(&log).contains(needle))
             .unwrap_or(false)
     }
 
     /// The end of the child's log, for error messages.
-    pub(crate) fn log_tail(&self) -> String {
+    pub fn log_tail(&self) -> String {
         match std::fs::read(&self.log) {
             Ok(log) => {
                 let log = String::from_utf8_lossy(&log);

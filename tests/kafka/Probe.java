@@ -1,0 +1,100 @@
+// The Java Kafka client (kafka-clients 3.9.2, unchanged) as a test tool: creates topics,
+// produces numbered records and consumes them, printing what it did one record per line.
+//
+//   java -cp 'lib/*:classes' Probe create   BOOTSTRAP TOPIC PARTITIONS
+//   java -cp 'lib/*:classes' Probe produce  BOOTSTRAP TOPIC CODEC PREFIX COUNT KEY [TXN_ID]
+//       COUNT records with values PREFIX-0 .. PREFIX-(COUNT-1) compressed with CODEC; each
+//       carries the header `baggage: sd-routing-key=KEY` unless KEY is "-"; in one committed
+//       transaction when TXN_ID is given. Prints "produced COUNT".
+//   java -cp 'lib/*:classes' Probe consume  BOOTSTRAP TOPIC GROUP COUNT TIMEOUT_MS
+//       Reads (group GROUP, from the earliest offset, read_committed) until COUNT records came or
+//       TIMEOUT_MS passed; prints "record PARTITION OFFSET VALUE" per record. Exit 0 either way:
+//       the test compares what was read.
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.List;
+import java.util.Properties;
+
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.NewTopic;
+import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.serialization.StringDeserializer;
+import org.apache.kafka.common.serialization.StringSerializer;
+
+public class Probe {
+    public static void main(String[] args) throws Exception {
+        switch (args[0]) {
+            case "create" -> create(args[1], args[2], Integer.parseInt(args[3]));
+            case "produce" -> produce(args[1], args[2], args[3], args[4], Integer.parseInt(args[5]),
+                    args[6], args.length > 7 ? args[7] : null);
+            case "consume" -> consume(args[1], args[2], args[3], Integer.parseInt(args[4]),
+                    Long.parseLong(args[5]));
+            default -> throw new IllegalArgumentException("unknown command " + args[0]);
+        }
+    }
+
+    static void create(String bootstrap, String topic, int partitions) throws Exception {
+        Properties p = new Properties();
+        p.put("bootstrap.servers", bootstrap);
+        try (Admin admin = Admin.create(p)) {
+            admin.createTopics(List.of(new NewTopic(topic, partitions, (short) 1))).all().get();
+        }
+        System.out.println("created " + topic);
+    }
+
+    static void produce(String bootstrap, String topic, String codec, String prefix, int count,
+            String key, String txn) throws Exception {
+        Properties p = new Properties();
+        p.put("bootstrap.servers", bootstrap);
+        p.put("compression.type", codec);
+        p.put("linger.ms", "20");
+        p.put("key.serializer", StringSerializer.class.getName());
+        p.put("value.serializer", StringSerializer.class.getName());
+        if (txn != null) {
+            p.put("transactional.id", txn);
+        }
+        try (KafkaProducer<String, String> producer = new KafkaProducer<>(p)) {
+            if (txn != null) {
+                producer.initTransactions();
+                producer.beginTransaction();
+            }
+            for (int i = 0; i < count; i++) {
+                ProducerRecord<String, String> r = new ProducerRecord<>(topic, prefix + "-" + i, prefix + "-" + i);
+                if (!key.equals("-")) {
+                    r.headers().add("baggage", ("sd-routing-key=" + key).getBytes(StandardCharsets.UTF_8));
+                }
+                producer.send(r);
+            }
+            if (txn != null) {
+                producer.commitTransaction();
+            }
+            producer.flush();
+        }
+        System.out.println("produced " + count);
+    }
+
+    static void consume(String bootstrap, String topic, String group, int count, long timeoutMs) {
+        Properties p = new Properties();
+        p.put("bootstrap.servers", bootstrap);
+        p.put("group.id", group);
+        p.put("auto.offset.reset", "earliest");
+        p.put("isolation.level", "read_committed");
+        p.put("key.deserializer", StringDeserializer.class.getName());
+        p.put("value.deserializer", StringDeserializer.class.getName());
+        int seen = 0;
+        long deadline = System.currentTimeMillis() + timeoutMs;
+        try (KafkaConsumer<String, String> consumer = new KafkaConsumer<>(p)) {
+            consumer.subscribe(List.of(topic));
+            while (seen < count && System.currentTimeMillis() < deadline) {
+                for (ConsumerRecord<String, String> r : consumer.poll(Duration.ofMillis(200))) {
+                    System.out.println("record " + r.partition() + " " + r.offset() + " " + r.value());
+                    seen++;
+                }
+            }
+            consumer.commitSync();
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! A real Apache Kafka broker (3.9.2, KRaft, one node) on loopback for the Kafka tests, and the
+//! real clients that talk to it: the Java client (`tests/kafka/Probe.java`, kafka-clients
+//! unchanged), kcat (librdkafka, Debian's), and a raw client on the `kafka-protocol` crate for what
+//! no client shows (a Fetch response as the broker sent it, a Produce of batches we wrote).
+//!
+//! The broker's jars come from `tests/kafka/fetch.sh` (`SPUR_KAFKA_DIR`, which tests/run.sh
+//! exports, or run here). Each [`Broker`] has its own data directory and ports; a watchdog kills
+//! the JVM if the test process dies without dropping it.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdListener};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::{ApiVersionsRequest, RequestHeader, ResponseHeader};
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
+use spur_kube_harness::process::{Process, Watchdog};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The directory `tests/kafka/fetch.sh` filled (`lib/`, `classes/`, `log4j.properties`).
+pub fn kafka_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SPUR_KAFKA_DIR") {
+        return PathBuf::from(dir);
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("kafka/fetch.sh");
+    let out = Command::new(&script)
+        .output()
+        .expect("running tests/kafka/fetch.sh");
+    assert!(
+        out.status.success(),
+        "tests/kafka/fetch.sh failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    PathBuf::from(
+        stdout
+            .lines()
+            .last()
+            .expect("fetch.sh prints its directory")
+            .trim(),
+    )
+}
+
+fn free_port() -> u16 {
+    StdListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A running single-node broker; killed (and its data removed) on drop.
+pub struct Broker {
+    pub addr: SocketAddr,
+    kafka: PathBuf,
+    _process: Process,
+    _watchdog: Watchdog,
+    _dir: tempfile::TempDir,
+}
+
+impl Broker {
+    /// Starts a broker with `num.partitions=3` and no topic auto-creation; returns once it
+    /// answers ApiVersions and lists itself in Metadata.
+    pub async fn start() -> anyhow::Result<Broker> {
+        let kafka = kafka_dir();
+        let mut last = None;
+        // A port taken between choosing it and the JVM binding it: try again with others.
+        for _ in 0..3 {
+            match Self::try_start(&kafka).await {
+                Ok(b) => return Ok(b),
+                Err(e) if format!("{e:#}").contains("Address already in use") => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("broker did not start")))
+    }
+
+    async fn try_start(kafka: &Path) -> anyhow::Result<Broker> {
+        let dir = tempfile::tempdir()?;
+        let (port, controller) = (free_port(), free_port());
+        let props = dir.path().join("server.properties");
+        std::fs::write(
+            &props,
+            format!(
+                "process.roles=broker,controller\n\
+                 node.id=1\n\
+                 controller.quorum.voters=1@127.0.0.1:{controller}\n\
+                 listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}\n\
+                 advertised.listeners=PLAINTEXT://127.0.0.1:{port}\n\
+                 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n\
+                 controller.listener.names=CONTROLLER\n\
+                 inter.broker.listener.name=PLAINTEXT\n\
+                 log.dirs={}\n\
+                 num.partitions=3\n\
+                 offsets.topic.replication.factor=1\n\
+                 offsets.topic.num.partitions=4\n\
+                 transaction.state.log.replication.factor=1\n\
+                 transaction.state.log.min.isr=1\n\
+                 transaction.state.log.num.partitions=4\n\
+                 group.initial.rebalance.delay.ms=0\n\
+                 auto.create.topics.enable=false\n",
+                dir.path().join("data").display()
+            ),
+        )?;
+        // A cluster id is a Kafka Uuid: 16 bytes, base64url without padding.
+        use base64::Engine as _;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let id = nanos ^ (u128::from(std::process::id()) << 64) ^ u128::from(port);
+        let cluster_id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(id.to_be_bytes());
+        let format = java(kafka)
+            .args(["kafka.tools.StorageTool", "format", "-t", &cluster_id, "-c"])
+            .arg(&props)
+            .output()
+            .context("running kafka.tools.StorageTool")?;
+        if !format.status.success() {
+            bail!(
+                "formatting the broker's storage failed:\n{}{}",
+                String::from_utf8_lossy(&format.stdout),
+                String::from_utf8_lossy(&format.stderr)
+            );
+        }
+        let mut watchdog = Watchdog::spawn(dir.path())?;
+        let mut cmd = java(kafka);
+        cmd.args(["-Xmx512m", "-XX:+UseSerialGC", "kafka.Kafka"])
+            .arg(&props);
+        let mut process = Process::spawn("kafka", cmd, &dir.path().join("broker.log"))?;
+        watchdog.watch(&process)?;
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Some(status) = process.exited()? {
+                bail!("the broker exited ({status}):\n{}", process.log_tail());
+            }
+            if let Ok(mut raw) = Raw::connect(addr).await
+                && raw
+                    .call(
+                        3,
+                        &ApiVersionsRequest::default()
+                            .with_client_software_name(StrBytes::from_static_str("spur-test"))
+                            .with_client_software_version(StrBytes::from_static_str("0")),
+                    )
+                    .await
+                    .is_ok_and(|r| r.error_code == 0)
+                && raw.brokers().await.is_ok_and(|n| n > 0)
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the broker did not answer in 90 s:\n{}", process.log_tail());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        Ok(Broker {
+            addr,
+            kafka: kafka.to_path_buf(),
+            _process: process,
+            _watchdog: watchdog,
+            _dir: dir,
+        })
+    }
+
+    /// The end of the broker's log, for assertion messages.
+    pub fn log_tail(&self) -> String {
+        self._process.log_tail()
+    }
+
+    pub fn bootstrap(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// Runs the Java client harness (`Probe`) with `args` after its command; its stdout.
+    pub async fn probe(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut cmd = tokio::process::Command::from(java(&self.kafka));
+        cmd.arg("Probe").args(args).kill_on_drop(true);
+        let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+            .await
+            .context("the Java client ran for 120 s")??;
+        if !out.status.success() {
+            bail!(
+                "java Probe {args:?} failed ({}):\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Produces one record per value with kcat (librdkafka), compressed with `codec`, each with
+    /// the header `name: value` when given.
+    pub async fn kcat_produce(
+        &self,
+        topic: &str,
+        codec: &str,
+        values: &[String],
+        header: Option<(&str, &str)>,
+    ) -> anyhow::Result<()> {
+        let mut cmd = tokio::process::Command::new("kcat");
+        cmd.args(["-P", "-b", &self.bootstrap(), "-t", topic, "-z", codec])
+            .args(["-X", "linger.ms=20"]);
+        if let Some((k, v)) = header {
+            cmd.arg("-H").arg(format!("{k}={v}"));
+        }
+        cmd.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().context("running kcat (Debian: kcat)")?;
+        let mut stdin = child.stdin.take().context("kcat's stdin")?;
+        stdin
+            .write_all((values.join("\n") + "\n").as_bytes())
+            .await?;
+        drop(stdin);
+        let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+            .await
+            .context("kcat ran for 60 s")??;
+        if !out.status.success() {
+            bail!("kcat -P failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+
+    /// Reads the whole topic from the beginning with kcat, without a group; the values.
+    pub async fn kcat_consume(&self, topic: &str) -> anyhow::Result<Vec<String>> {
+        let mut cmd = tokio::process::Command::new("kcat");
+        cmd.args([
+            "-C",
+            "-b",
+            &self.bootstrap(),
+            "-t",
+            topic,
+            "-o",
+            "beginning",
+            "-e",
+        ])
+        .args(["-f", "%s\\n", "-X", "check.crcs=true"])
+        .kill_on_drop(true);
+        let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+            .await
+            .context("kcat ran for 60 s")??;
+        if !out.status.success() {
+            bail!("kcat -C failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect())
+    }
+}
+
+/// `java` with the broker's classpath, the Probe classes and its log4j configuration.
+fn java(kafka: &Path) -> Command {
+    let mut cmd = Command::new("java");
+    cmd.arg("-cp")
+        .arg(format!(
+            "{}:{}",
+            kafka.join("lib/*").display(),
+            kafka.join("classes").display()
+        ))
+        .arg(format!(
+            "-Dlog4j.configuration=file:{}",
+            kafka.join("log4j.properties").display()
+        ));
+    cmd
+}
+
+/// A plain Kafka protocol connection: one request at a time, header and body encoded by the
+/// `kafka-protocol` crate.
+pub struct Raw {
+    stream: TcpStream,
+    correlation: i32,
+}
+
+impl Raw {
+    pub async fn connect(addr: SocketAddr) -> anyhow::Result<Raw> {
+        Ok(Raw {
+            stream: TcpStream::connect(addr).await?,
+            correlation: 0,
+        })
+    }
+
+    /// Sends `req` as `version` and reads its response.
+    pub async fn call<R: Request>(&mut self, version: i16, req: &R) -> anyhow::Result<R::Response> {
+        self.correlation += 1;
+        let header = RequestHeader::default()
+            .with_request_api_key(R::KEY)
+            .with_request_api_version(version)
+            .with_correlation_id(self.correlation)
+            .with_client_id(Some(StrBytes::from_static_str("spur-test")));
+        let mut body = BytesMut::new();
+        header.encode(&mut body, R::header_version(version))?;
+        req.encode(&mut body, version)?;
+        let mut frame = BytesMut::with_capacity(4 + body.len());
+        frame.put_u32(u32::try_from(body.len())?);
+        frame.extend_from_slice(&body);
+        self.stream.write_all(&frame).await?;
+        let len = self.stream.read_u32().await? as usize;
+        let mut buf = vec![0u8; len];
+        self.stream.read_exact(&mut buf).await?;
+        let mut buf = Bytes::from(buf);
+        let rh = ResponseHeader::decode(&mut buf, R::Response::header_version(version))?;
+        if rh.correlation_id != self.correlation {
+            bail!(
+                "correlation id {} for request {}",
+                rh.correlation_id,
+                self.correlation
+            );
+        }
+        let resp = R::Response::decode(&mut buf, version)?;
+        if buf.has_remaining() {
+            bail!("{} bytes after the response", buf.remaining());
+        }
+        Ok(resp)
+    }
+
+    /// How many brokers Metadata lists (all topics not asked for).
+    async fn brokers(&mut self) -> anyhow::Result<usize> {
+        let m = self
+            .call(
+                9,
+                &kafka_protocol::messages::MetadataRequest::default().with_topics(Some(vec![])),
+            )
+            .await?;
+        Ok(m.brokers.len())
+    }
+}
