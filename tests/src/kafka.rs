@@ -10,6 +10,7 @@
 use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -326,5 +327,143 @@ impl Raw {
             )
             .await?;
         Ok(m.brokers.len())
+    }
+}
+
+/// A decision on one record: whether the relay's consumer receives it.
+pub type Keep = Arc<dyn Fn(&spur_kafka::Record<'_>) -> bool + Send + Sync>;
+
+/// A loopback relay in front of a broker: every connection runs a [`spur_kafka::Session`] in
+/// `role` and filters Fetch responses with `keep`. It advertises itself in place of the broker
+/// (explicit listener), so clients bootstrapped through it stay on it. Stops on drop.
+pub struct Relay {
+    pub addr: SocketAddr,
+    pub stats: Arc<Mutex<spur_kafka::SessionStats>>,
+    /// Connections closed on an error, with the error.
+    pub errors: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Relay {
+    pub async fn start(broker: SocketAddr, role: spur_kafka::Role, keep: Keep) -> Relay {
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cfg = spur_kafka::SessionConfig {
+            role,
+            limits: spur_kafka::Limits::default(),
+            // The broker is node 1 (server.properties above).
+            advertise: vec![(1, addr.ip().to_string(), i32::from(addr.port()))],
+        };
+        let stats = Arc::new(Mutex::new(spur_kafka::SessionStats::default()));
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let (s, e) = (stats.clone(), errors.clone());
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((client, _)) = listener.accept().await {
+                let (cfg, keep, s, e) = (cfg.clone(), keep.clone(), s.clone(), e.clone());
+                conns.spawn(async move {
+                    if let Err(err) = relay(client, broker, cfg, keep, s).await {
+                        e.lock().unwrap().push(format!("{err:#}"));
+                    }
+                });
+            }
+        });
+        Relay {
+            addr,
+            stats,
+            errors,
+            task,
+        }
+    }
+}
+
+async fn relay(
+    client: TcpStream,
+    broker: SocketAddr,
+    cfg: spur_kafka::SessionConfig,
+    keep: Keep,
+    stats: Arc<Mutex<spur_kafka::SessionStats>>,
+) -> anyhow::Result<()> {
+    use spur_kafka::frame::{DEFAULT_MAX_FRAME, put_frame, split_frame};
+    let upstream = TcpStream::connect(broker).await?;
+    let session = Arc::new(Mutex::new(spur_kafka::Session::new(cfg)));
+    let (mut cr, mut cw) = client.into_split();
+    let (mut ur, mut uw) = upstream.into_split();
+    let requests = {
+        let session = session.clone();
+        async move {
+            let mut buf = BytesMut::with_capacity(64 << 10);
+            loop {
+                if cr.read_buf(&mut buf).await? == 0 {
+                    return anyhow::Ok(());
+                }
+                let mut out = BytesMut::new();
+                while let Some(frame) = split_frame(&mut buf, DEFAULT_MAX_FRAME)? {
+                    let frame = session.lock().unwrap().request(frame)?;
+                    put_frame(&mut out, &frame)?;
+                }
+                uw.write_all(&out).await?;
+            }
+        }
+    };
+    let responses = {
+        let session = session.clone();
+        async move {
+            let mut buf = BytesMut::with_capacity(64 << 10);
+            loop {
+                if ur.read_buf(&mut buf).await? == 0 {
+                    return anyhow::Ok(());
+                }
+                let mut out = BytesMut::new();
+                while let Some(frame) = split_frame(&mut buf, DEFAULT_MAX_FRAME)? {
+                    let mut s = session.lock().unwrap();
+                    let frame = s.response(frame, |_, r| keep(r))?;
+                    let taken = s.take_stats();
+                    drop(s);
+                    stats.lock().unwrap().add(&taken);
+                    put_frame(&mut out, &frame)?;
+                }
+                cw.write_all(&out).await?;
+            }
+        }
+    };
+    // Either side closing ends the connection, as a broker connection ends.
+    tokio::select! {
+        r = requests => r,
+        r = responses => r,
+    }
+}
+
+impl Broker {
+    /// Reads `topic` as a member of `group` with kcat's balanced consumer (librdkafka), through
+    /// `bootstrap`, until every assigned partition reached its end; the values.
+    pub async fn kcat_group(
+        &self,
+        bootstrap: SocketAddr,
+        group: &str,
+        topic: &str,
+    ) -> anyhow::Result<Vec<String>> {
+        let mut cmd = tokio::process::Command::new("kcat");
+        cmd.args(["-b", &bootstrap.to_string(), "-G", group, topic, "-e"])
+            .args(["-f", "%s\\n", "-X", "auto.offset.reset=earliest"])
+            .kill_on_drop(true);
+        let out = tokio::time::timeout(Duration::from_secs(90), cmd.output())
+            .await
+            .context("kcat -G ran for 90 s")??;
+        if !out.status.success() {
+            bail!("kcat -G failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect())
     }
 }

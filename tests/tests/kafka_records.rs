@@ -341,3 +341,121 @@ async fn batches_spur_compressed_are_read_by_real_consumers() {
         .collect();
     assert_eq!(java, want, "the Java client read every record");
 }
+
+/// Whether `r` carries the routing key `key` (any candidate, as the sidecar will match rules).
+fn carries(extractor: &KeyExtractor, r: &spur_kafka::Record<'_>, key: &str) -> bool {
+    spur_kafka::key::with_candidates(extractor, r, |c| c.iter().any(|k| k == key))
+}
+
+/// The values a Java consumer printed.
+fn java_values(out: &str) -> Vec<String> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("record "))
+        .map(|l| l.splitn(3, ' ').nth(2).unwrap().to_string())
+        .collect()
+}
+
+/// A baseline consumer and a fork's consumer with the same `group.id`, each through its own
+/// relay, run at the same time: the fork's group is renamed so neither takes partitions from the
+/// other, and each receives exactly its share of the records, by key, whatever the codec.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_baseline_and_a_fork_in_one_group_receive_their_records() {
+    use spur_e2e::kafka::Relay;
+    use spur_kafka::Role;
+    use std::sync::Arc;
+
+    let broker = Broker::start().await.unwrap();
+    let bs = broker.bootstrap();
+    broker.probe(&["create", &bs, "orders", "3"]).await.unwrap();
+    let (mut plain, mut keyed) = (BTreeSet::new(), BTreeSet::new());
+    for (codec, n, k) in [("lz4", 30, 10), ("gzip", 20, 5), ("none", 10, 5)] {
+        let (p, q) = (format!("p-{codec}"), format!("k-{codec}"));
+        broker
+            .probe(&["produce", &bs, "orders", codec, &p, &n.to_string(), "-"])
+            .await
+            .unwrap();
+        broker
+            .probe(&["produce", &bs, "orders", codec, &q, &k.to_string(), "sbx1"])
+            .await
+            .unwrap();
+        plain.extend((0..n).map(|i| format!("{p}-{i}")));
+        keyed.extend((0..k).map(|i| format!("{q}-{i}")));
+    }
+    // Records for another sandbox's key: neither this fork's nor (once routed) the baseline's.
+    broker
+        .kcat_produce(
+            "orders",
+            "zstd",
+            &["other-0".into(), "other-1".into()],
+            Some(("baggage", "sd-routing-key=sbx2")),
+        )
+        .await
+        .unwrap();
+
+    let extractor = Arc::new(KeyExtractor::new(&Default::default()).unwrap());
+    let e = extractor.clone();
+    let baseline = Relay::start(
+        broker.addr,
+        Role::Baseline,
+        Arc::new(move |r| !carries(&e, r, "sbx1") && !carries(&e, r, "sbx2")),
+    )
+    .await;
+    let e = extractor.clone();
+    let fork = Relay::start(
+        broker.addr,
+        Role::Fork {
+            sandbox: "sbx1".into(),
+        },
+        Arc::new(move |r| carries(&e, r, "sbx1")),
+    )
+    .await;
+
+    let (b_bs, f_bs) = (baseline.addr.to_string(), fork.addr.to_string());
+    let (b_n, f_n) = (plain.len().to_string(), keyed.len().to_string());
+    let b_args = ["consume", &b_bs, "orders", "orders-app", &b_n, "40000"];
+    let f_args = ["consume", &f_bs, "orders", "orders-app", &f_n, "40000"];
+    let (b, f) = tokio::join!(broker.probe(&b_args), broker.probe(&f_args));
+    let (b, f) = (java_values(&b.unwrap()), java_values(&f.unwrap()));
+    assert!(
+        baseline.errors.lock().unwrap().is_empty(),
+        "{:?}",
+        baseline.errors
+    );
+    assert!(fork.errors.lock().unwrap().is_empty(), "{:?}", fork.errors);
+    assert_eq!(
+        b.iter().cloned().collect::<BTreeSet<_>>(),
+        plain,
+        "the baseline's share, Java"
+    );
+    assert_eq!(b.len(), plain.len(), "no record twice");
+    assert_eq!(
+        f.iter().cloned().collect::<BTreeSet<_>>(),
+        keyed,
+        "the fork's share, Java"
+    );
+    assert_eq!(f.len(), keyed.len(), "no record twice");
+    let stats = *fork.stats.lock().unwrap();
+    assert!(stats.ids_renamed > 0, "{stats:?}");
+
+    // librdkafka's balanced consumer, in a group of its own, through the same relays.
+    let b = broker
+        .kcat_group(baseline.addr, "orders-kcat", "orders")
+        .await
+        .unwrap();
+    let f = broker
+        .kcat_group(fork.addr, "orders-kcat", "orders")
+        .await
+        .unwrap();
+    assert_eq!(
+        b.iter().cloned().collect::<BTreeSet<_>>(),
+        plain,
+        "the baseline's share, kcat"
+    );
+    assert_eq!(b.len(), plain.len());
+    assert_eq!(
+        f.iter().cloned().collect::<BTreeSet<_>>(),
+        keyed,
+        "the fork's share, kcat"
+    );
+    assert_eq!(f.len(), keyed.len());
+}

@@ -45,4 +45,19 @@ pub enum Error {
         index: usize,
         reason: String,
     },
+    /// A frame whose size cannot be right.
+    #[error("Kafka frame: {reason}")]
+    Frame { reason: String },
+    /// A request or response that does not decode as its API and version say, or that cannot
+    /// be encoded again after a rewrite.
+    #[error("Kafka {api} v{version} {side}: {reason}")]
+    Message {
+        api: String,
+        version: i16,
+        side: &'static str,
+        reason: String,
+    },
+    /// A response that answers no outstanding request, or more requests in flight than allowed.
+    #[error("Kafka connection: {reason}")]
+    Protocol { reason: String },
 }

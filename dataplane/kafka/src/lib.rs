@@ -1,10 +1,13 @@
-//! Kafka record batches filtered by routing key: bounded parsing, the four codecs, rewrites that
-//! keep offsets (pure: no I/O, no tokio).
+//! Kafka connections relayed by routing key: bounded framing, record batches filtered with the
+//! four codecs and rewrites that keep offsets, consumer groups kept apart (pure: no I/O, no
+//! tokio).
 //!
-//! The sidecar's Kafka path (issue 44) hands each partition's `records` from a Fetch response to
-//! [`filter::filter`] with a per-record decision; the decision reads the record's routing key
-//! with [`key`], through the same carriers and parser as HTTP. What a rewritten batch keeps, and
-//! why consumers accept it, is documented on [`filter`].
+//! A relay (issue 44) splits each direction into frames ([`frame`]) and passes them through a
+//! [`Session`], which narrows ApiVersions, renames a fork's group and transactional ids, and hands
+//! each partition's `records` of a Fetch response to [`filter::filter`] with the caller's
+//! per-record decision; the decision reads the record's routing key with [`key`], through the
+//! same carriers and parser as HTTP. What a rewritten batch keeps, and why consumers accept it, is
+//! documented on [`filter`].
 //!
 //! The v2 batch layout and the record walk are written here rather than taken from the
 //! `kafka-protocol` crate: its decoder trusts a batch's record count for an allocation,
@@ -15,8 +18,10 @@
 pub mod batch;
 pub mod codec;
 pub mod filter;
+pub mod frame;
 pub mod key;
 pub mod records;
+pub mod session;
 
 mod error;
 mod varint;
@@ -26,3 +31,4 @@ pub use codec::Codec;
 pub use error::Error;
 pub use filter::{Filtered, Limits, Stats, filter};
 pub use records::Record;
+pub use session::{Role, Session, SessionConfig, SessionStats};
