@@ -6,6 +6,8 @@
 #                    the HTTP/2 conformance suite tests/tests/h2spec.rs runs against the sidecar
 #   xds-client       our harness tests/go-xds/main.go (its own module): a proxyless gRPC client on
 #                    grpc-go's real, unchanged xDS client, run against Spur's xDS (ADS) server
+#   kafka-client     our harness tests/go-kafka/main.go (its own module): franz-go, unchanged, as
+#                    a Kafka producer and group consumer for tests/tests/kafka_records.rs
 # into $OUT (default: target/go-bin, relative to the repository root). Go is a test-harness tool
 # only. tests/run.sh runs it before the tests and exports SPUR_GO_BINDIR (the last stdout line);
 # a test run without it builds here itself. Re-running is cheap: go's build cache makes an up-to-date build a no-op.
@@ -30,4 +32,6 @@ go build -o "$out/h2spec" github.com/summerwind/h2spec/cmd/h2spec
 cd "$root/tests/go-xds"
 # Static (no cgo): the node test copies it into a pod of a Debian image.
 CGO_ENABLED=0 go build -o "$out/xds-client" .
+cd "$root/tests/go-kafka"
+go build -o "$out/kafka-client" .
 echo "$out"

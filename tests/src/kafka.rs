@@ -191,6 +191,26 @@ impl Broker {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Runs franz-go's harness (`tests/go-kafka`, built by `tests/go/build.sh`) with `args`; its
+    /// stdout.
+    pub async fn franz(&self, args: &[&str]) -> anyhow::Result<String> {
+        let bin = crate::go_bin_dir().join("kafka-client");
+        let mut cmd = tokio::process::Command::new(&bin);
+        cmd.args(args).kill_on_drop(true);
+        let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+            .await
+            .context("franz-go ran for 120 s")??;
+        if !out.status.success() {
+            bail!(
+                "kafka-client {args:?} failed ({}):\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// Produces one record per value with kcat (librdkafka), compressed with `codec`, each with
     /// the header `name: value` when given.
     pub async fn kcat_produce(

@@ -1,6 +1,6 @@
 //! The Kafka record filter (`spur-kafka`) against a real Apache Kafka broker and real clients:
-//! - batches that real producers wrote (librdkafka through kcat, and the Java client, plain and
-//!   transactional) in each of the five codecs, fetched as the broker sends them, split by
+//! - batches that real producers wrote (librdkafka through kcat, the Java client, plain and
+//!   transactional, and franz-go) in each of the five codecs, fetched as the broker sends them, split by
 //!   routing key into a baseline's share and a fork's share with nothing lost or doubled;
 //! - batches Spur compressed (each codec) are accepted by the broker and read back by real
 //!   consumers (kcat and the Java client).
@@ -123,6 +123,17 @@ async fn records_of_real_producers_split_by_key_in_every_codec() {
             .unwrap();
         plain.extend((0..12).map(|i| format!("{prefix}-{i}")));
         keyed.extend((0..6).map(|i| format!("{prefix_k}-{i}")));
+        let (franz, franz_k) = (format!("franz-{codec}"), format!("franz-{codec}-k"));
+        broker
+            .franz(&["produce", &bs, "orders", codec, &franz, "12", "-"])
+            .await
+            .unwrap();
+        broker
+            .franz(&["produce", &bs, "orders", codec, &franz_k, "6", "sbx1"])
+            .await
+            .unwrap();
+        plain.extend((0..12).map(|i| format!("{franz}-{i}")));
+        keyed.extend((0..6).map(|i| format!("{franz_k}-{i}")));
     }
     // Transactional producers: their batches carry producer ids and end in commit markers.
     broker
@@ -308,8 +319,20 @@ async fn batches_spur_compressed_are_read_by_real_consumers() {
                             .with_records(Some(blob.freeze())),
                     ]),
             ]);
-        let resp = raw.call(8, &req).await.unwrap();
-        let p = &resp.responses[0].partition_responses[0];
+        // A partition just created may not have its leader yet: retry what every client
+        // retries (UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER),
+        // a bounded number of times.
+        let mut attempts = 0;
+        let p = loop {
+            let resp = raw.call(8, &req).await.unwrap();
+            let p = resp.responses[0].partition_responses[0].clone();
+            attempts += 1;
+            if matches!(p.error_code, 3 | 5 | 6) && attempts < 100 {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+            break p;
+        };
         assert_eq!(
             p.error_code,
             0,
@@ -347,7 +370,7 @@ fn carries(extractor: &KeyExtractor, r: &spur_kafka::Record<'_>, key: &str) -> b
     spur_kafka::key::with_candidates(extractor, r, |c| c.iter().any(|k| k == key))
 }
 
-/// The values a Java consumer printed.
+/// The values a Java or franz-go consumer printed.
 fn java_values(out: &str) -> Vec<String> {
     out.lines()
         .filter_map(|l| l.strip_prefix("record "))
@@ -458,4 +481,29 @@ async fn a_baseline_and_a_fork_in_one_group_receive_their_records() {
         "the fork's share, kcat"
     );
     assert_eq!(f.len(), keyed.len());
+
+    // franz-go's group consumer (cooperative-sticky, topic ids in Fetch v17) likewise, the
+    // baseline's and the fork's member at the same time.
+    let b_args = ["consume", &b_bs, "orders", "orders-franz", &b_n, "40000"];
+    let f_args = ["consume", &f_bs, "orders", "orders-franz", &f_n, "40000"];
+    let (b, f) = tokio::join!(broker.franz(&b_args), broker.franz(&f_args));
+    let (b, f) = (java_values(&b.unwrap()), java_values(&f.unwrap()));
+    assert_eq!(
+        b.iter().cloned().collect::<BTreeSet<_>>(),
+        plain,
+        "the baseline's share, franz-go"
+    );
+    assert_eq!(b.len(), plain.len());
+    assert_eq!(
+        f.iter().cloned().collect::<BTreeSet<_>>(),
+        keyed,
+        "the fork's share, franz-go"
+    );
+    assert_eq!(f.len(), keyed.len());
+    assert!(
+        baseline.errors.lock().unwrap().is_empty(),
+        "{:?}",
+        baseline.errors
+    );
+    assert!(fork.errors.lock().unwrap().is_empty(), "{:?}", fork.errors);
 }
