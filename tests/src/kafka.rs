@@ -353,8 +353,9 @@ impl Raw {
 /// A decision on one record: whether the relay's consumer receives it.
 pub type Keep = Arc<dyn Fn(&spur_kafka::Record<'_>) -> bool + Send + Sync>;
 
-/// A loopback relay in front of a broker: every connection runs a [`spur_kafka::Session`] in
-/// `role` and filters Fetch responses with `keep`. It advertises itself in place of the broker
+/// A loopback relay in front of a broker: every connection runs the product's relay
+/// (`spur_proxy::kafka::relay`, a [`spur_kafka::Session`] in `role`) and filters Fetch responses
+/// with `keep`. It advertises itself in place of the broker
 /// (explicit listener), so clients bootstrapped through it stay on it. Stops on drop.
 pub struct Relay {
     pub addr: SocketAddr,
@@ -384,13 +385,27 @@ impl Relay {
         };
         let stats = Arc::new(Mutex::new(spur_kafka::SessionStats::default()));
         let errors = Arc::new(Mutex::new(Vec::new()));
-        let (s, e) = (stats.clone(), errors.clone());
+        let sink = stats.clone();
+        // The product's relay (spur-proxy), as the sidecar will run it.
+        let relay = spur_proxy::kafka::KafkaRelay {
+            session: cfg,
+            max_frame: spur_kafka::frame::DEFAULT_MAX_FRAME,
+            keep: Arc::new(move |_, r| keep(r)),
+            on_stats: Arc::new(move |s| sink.lock().unwrap().add(s)),
+        };
+        let e = errors.clone();
         let task = tokio::spawn(async move {
             let mut conns = tokio::task::JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
-                let (cfg, keep, s, e) = (cfg.clone(), keep.clone(), s.clone(), e.clone());
+                let (relay, e) = (relay.clone(), e.clone());
                 conns.spawn(async move {
-                    if let Err(err) = relay(client, broker, cfg, keep, s).await {
+                    let result = match TcpStream::connect(broker).await {
+                        Ok(upstream) => spur_proxy::kafka::relay(client, upstream, &relay)
+                            .await
+                            .map_err(anyhow::Error::from),
+                        Err(err) => Err(err.into()),
+                    };
+                    if let Err(err) = result {
                         e.lock().unwrap().push(format!("{err:#}"));
                     }
                 });
@@ -402,63 +417,6 @@ impl Relay {
             errors,
             task,
         }
-    }
-}
-
-async fn relay(
-    client: TcpStream,
-    broker: SocketAddr,
-    cfg: spur_kafka::SessionConfig,
-    keep: Keep,
-    stats: Arc<Mutex<spur_kafka::SessionStats>>,
-) -> anyhow::Result<()> {
-    use spur_kafka::frame::{DEFAULT_MAX_FRAME, put_frame, split_frame};
-    let upstream = TcpStream::connect(broker).await?;
-    let session = Arc::new(Mutex::new(spur_kafka::Session::new(cfg)));
-    let (mut cr, mut cw) = client.into_split();
-    let (mut ur, mut uw) = upstream.into_split();
-    let requests = {
-        let session = session.clone();
-        async move {
-            let mut buf = BytesMut::with_capacity(64 << 10);
-            loop {
-                if cr.read_buf(&mut buf).await? == 0 {
-                    return anyhow::Ok(());
-                }
-                let mut out = BytesMut::new();
-                while let Some(frame) = split_frame(&mut buf, DEFAULT_MAX_FRAME)? {
-                    let frame = session.lock().unwrap().request(frame)?;
-                    put_frame(&mut out, &frame)?;
-                }
-                uw.write_all(&out).await?;
-            }
-        }
-    };
-    let responses = {
-        let session = session.clone();
-        async move {
-            let mut buf = BytesMut::with_capacity(64 << 10);
-            loop {
-                if ur.read_buf(&mut buf).await? == 0 {
-                    return anyhow::Ok(());
-                }
-                let mut out = BytesMut::new();
-                while let Some(frame) = split_frame(&mut buf, DEFAULT_MAX_FRAME)? {
-                    let mut s = session.lock().unwrap();
-                    let frame = s.response(frame, |_, r| keep(r))?;
-                    let taken = s.take_stats();
-                    drop(s);
-                    stats.lock().unwrap().add(&taken);
-                    put_frame(&mut out, &frame)?;
-                }
-                cw.write_all(&out).await?;
-            }
-        }
-    };
-    // Either side closing ends the connection, as a broker connection ends.
-    tokio::select! {
-        r = requests => r,
-        r = responses => r,
     }
 }
 

@@ -31,4 +31,4 @@ pub use codec::Codec;
 pub use error::Error;
 pub use filter::{Filtered, Limits, Stats, filter};
 pub use records::Record;
-pub use session::{Role, Session, SessionConfig, SessionStats};
+pub use session::{Requests, Responses, Role, Session, SessionConfig, SessionStats};

@@ -15,6 +15,7 @@
 //!   each connection's original destination and needs no such rewrite.
 
 use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{
@@ -88,12 +89,29 @@ struct Pending {
     version: i16,
 }
 
-/// The relay state of one connection.
+/// The relay state of one connection, both directions. A relay that runs the two directions
+/// concurrently [`Session::split`]s it: the halves share only the queue of requests awaiting a
+/// response (a lock held to push or pop one entry), so filtering a large Fetch response never
+/// holds up the client's requests.
 #[derive(Debug)]
 pub struct Session {
-    cfg: SessionConfig,
-    pending: VecDeque<Pending>,
-    pub stats: SessionStats,
+    requests: Requests,
+    responses: Responses,
+}
+
+/// The client-to-broker half of a [`Session`].
+#[derive(Debug)]
+pub struct Requests(Side);
+
+/// The broker-to-client half of a [`Session`].
+#[derive(Debug)]
+pub struct Responses(Side);
+
+#[derive(Debug)]
+struct Side {
+    cfg: Arc<SessionConfig>,
+    pending: Arc<Mutex<VecDeque<Pending>>>,
+    stats: SessionStats,
 }
 
 /// The APIs this module decodes: their ranges in ApiVersions are narrowed to the crate's.
@@ -222,16 +240,81 @@ fn encode_response<M: Encodable>(
 
 impl Session {
     pub fn new(cfg: SessionConfig) -> Session {
-        Session {
-            cfg,
-            pending: VecDeque::new(),
+        let cfg = Arc::new(cfg);
+        let pending = Arc::new(Mutex::new(VecDeque::new()));
+        let side = |cfg: &Arc<SessionConfig>, pending: &Arc<Mutex<VecDeque<Pending>>>| Side {
+            cfg: cfg.clone(),
+            pending: pending.clone(),
             stats: SessionStats::default(),
+        };
+        Session {
+            requests: Requests(side(&cfg, &pending)),
+            responses: Responses(side(&cfg, &pending)),
         }
+    }
+
+    /// The two halves, for a relay that runs each direction on its own.
+    pub fn split(self) -> (Requests, Responses) {
+        (self.requests, self.responses)
+    }
+
+    /// See [`Requests::request`].
+    pub fn request(&mut self, frame: Bytes) -> Result<Bytes, Error> {
+        self.requests.request(frame)
+    }
+
+    /// See [`Responses::response`].
+    pub fn response(
+        &mut self,
+        frame: Bytes,
+        keep: impl FnMut(&BatchHeader, &Record<'_>) -> bool,
+    ) -> Result<Bytes, Error> {
+        self.responses.response(frame, keep)
+    }
+
+    /// Both halves' counters since the last call, reset.
+    pub fn take_stats(&mut self) -> SessionStats {
+        let mut s = self.requests.take_stats();
+        s.add(&self.responses.take_stats());
+        s
+    }
+}
+
+impl Requests {
+    /// A request from the client, to send on to the broker.
+    pub fn request(&mut self, frame: Bytes) -> Result<Bytes, Error> {
+        self.0.request(frame)
     }
 
     /// The counters since the last call, reset.
     pub fn take_stats(&mut self) -> SessionStats {
-        std::mem::take(&mut self.stats)
+        std::mem::take(&mut self.0.stats)
+    }
+}
+
+impl Responses {
+    /// A response from the broker, to send on to the client. `keep` decides, for a Fetch
+    /// response, which records the client receives.
+    pub fn response(
+        &mut self,
+        frame: Bytes,
+        keep: impl FnMut(&BatchHeader, &Record<'_>) -> bool,
+    ) -> Result<Bytes, Error> {
+        self.0.response(frame, keep)
+    }
+
+    /// The counters since the last call, reset.
+    pub fn take_stats(&mut self) -> SessionStats {
+        std::mem::take(&mut self.0.stats)
+    }
+}
+
+impl Side {
+    fn pending(&self) -> std::sync::MutexGuard<'_, VecDeque<Pending>> {
+        // A panic elsewhere cannot leave the queue half-written: push and pop are single calls.
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn sandbox(&self) -> Option<&str> {
@@ -261,8 +344,7 @@ impl Session {
         }
     }
 
-    /// A request from the client, to send on to the broker.
-    pub fn request(&mut self, frame: Bytes) -> Result<Bytes, Error> {
+    fn request(&mut self, frame: Bytes) -> Result<Bytes, Error> {
         let Some((api, version, correlation)) = peek(&frame) else {
             return Err(Error::Frame {
                 reason: format!(
@@ -288,12 +370,13 @@ impl Session {
             _ => frame,
         };
         if expects_response {
-            if self.pending.len() >= MAX_IN_FLIGHT {
+            let mut pending = self.pending();
+            if pending.len() >= MAX_IN_FLIGHT {
                 return Err(Error::Protocol {
                     reason: format!("more than {MAX_IN_FLIGHT} requests in flight"),
                 });
             }
-            self.pending.push_back(Pending {
+            pending.push_back(Pending {
                 correlation,
                 api,
                 version,
@@ -379,9 +462,7 @@ impl Session {
         }
     }
 
-    /// A response from the broker, to send on to the client. `keep` decides, for a Fetch
-    /// response, which records the client receives.
-    pub fn response(
+    fn response(
         &mut self,
         frame: Bytes,
         keep: impl FnMut(&BatchHeader, &Record<'_>) -> bool,
@@ -394,7 +475,7 @@ impl Session {
                 ),
             });
         };
-        let Some(p) = self.pending.pop_front() else {
+        let Some(p) = self.pending().pop_front() else {
             return Err(Error::Protocol {
                 reason: format!("a response (correlation id {correlation}) to no request"),
             });

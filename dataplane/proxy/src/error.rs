@@ -30,4 +30,10 @@ pub enum Error {
     },
     #[error("admin server: {0}")]
     Admin(io::Error),
+    /// A relayed Kafka connection refused a frame (bad framing, a message that does not decode,
+    /// a record batch that is not well-formed): the connection is closed.
+    #[error("Kafka connection: {0}")]
+    Kafka(#[from] spur_kafka::Error),
+    #[error("Kafka connection I/O: {0}")]
+    KafkaIo(io::Error),
 }

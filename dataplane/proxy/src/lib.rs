@@ -30,6 +30,7 @@ mod detect;
 mod error;
 mod http;
 mod io;
+pub mod kafka;
 mod listener;
 mod metrics;
 mod plugin;
