@@ -4,8 +4,9 @@
 //   java -cp 'lib/*:classes' Probe create   BOOTSTRAP TOPIC PARTITIONS
 //   java -cp 'lib/*:classes' Probe produce  BOOTSTRAP TOPIC CODEC PREFIX COUNT KEY [TXN_ID]
 //       COUNT records with values PREFIX-0 .. PREFIX-(COUNT-1) compressed with CODEC; each
-//       carries the header `baggage: sd-routing-key=KEY` unless KEY is "-"; in one committed
-//       transaction when TXN_ID is given. Prints "produced COUNT".
+//       carries the header `baggage: sd-routing-key=KEY` unless KEY is "-" (KEY/N: only every
+//       N-th record, the others none); in one committed transaction when TXN_ID is given.
+//       Prints "produced COUNT".
 //   java -cp 'lib/*:classes' Probe consume  BOOTSTRAP TOPIC GROUP COUNT TIMEOUT_MS
 //       Reads (group GROUP, from the earliest offset, read_committed) until COUNT records came or
 //       TIMEOUT_MS passed; prints "record PARTITION OFFSET VALUE" per record. Exit 0 either way:
@@ -56,6 +57,11 @@ public class Probe {
         if (txn != null) {
             p.put("transactional.id", txn);
         }
+        int every = 1;
+        if (key.contains("/")) {
+            every = Integer.parseInt(key.substring(key.indexOf('/') + 1));
+            key = key.substring(0, key.indexOf('/'));
+        }
         try (KafkaProducer<String, String> producer = new KafkaProducer<>(p)) {
             if (txn != null) {
                 producer.initTransactions();
@@ -63,7 +69,7 @@ public class Probe {
             }
             for (int i = 0; i < count; i++) {
                 ProducerRecord<String, String> r = new ProducerRecord<>(topic, prefix + "-" + i, prefix + "-" + i);
-                if (!key.equals("-")) {
+                if (!key.equals("-") && i % every == 0) {
                     r.headers().add("baggage", ("sd-routing-key=" + key).getBytes(StandardCharsets.UTF_8));
                 }
                 producer.send(r);
