@@ -90,10 +90,7 @@ fn decide(
             assert_eq!(screen(&patched, namespace, labels, cfg), Screen::Ignore);
             // The containers are as deterministic as the patch.
             let again = inject::containers(pod, &baseline, cfg).expect("containers");
-            assert_eq!(
-                again,
-                inject::containers(pod, &baseline, cfg).expect("containers")
-            );
+            assert_eq!(again, inject::containers(pod, &baseline, cfg).expect("containers"));
             Some(patch)
         }
         // A malformed annotation: the pod is annotated with why.

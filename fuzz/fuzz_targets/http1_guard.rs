@@ -118,19 +118,12 @@ fn check_guard(data: &[u8], max_head: usize, seed: u8, cap: usize) {
         && n <= max_head
     {
         let bare = (0..n).find(|&i| data[i] == b'\n' && (i == 0 || data[i - 1] != b'\r'));
-        assert_eq!(
-            bare,
-            changed.first().copied().filter(|&i| i < n),
-            "head of {n} bytes"
-        );
+        assert_eq!(bare, changed.first().copied().filter(|&i| i < n), "head of {n} bytes");
         if let Some(i) = bare {
             let mut headers = [httparse::EMPTY_HEADER; 64];
             let mut req = httparse::Request::new(&mut headers);
             if let Ok(httparse::Status::Complete(m)) = req.parse(&whole) {
-                assert!(
-                    m <= i,
-                    "the rewritten head still parses ({m} bytes), NUL at {i}"
-                );
+                assert!(m <= i, "the rewritten head still parses ({m} bytes), NUL at {i}");
             }
         }
     }
@@ -173,11 +166,7 @@ fn check_host(data: &[u8]) {
         return;
     };
     let result = spur_h1guard::check_host(&request);
-    let hosts: Vec<_> = request
-        .headers()
-        .get_all(http::header::HOST)
-        .iter()
-        .collect();
+    let hosts: Vec<_> = request.headers().get_all(http::header::HOST).iter().collect();
     if result.is_err() {
         return;
     }
@@ -213,10 +202,7 @@ fn check_host(data: &[u8]) {
                         .get(i + 1..i + 3)
                         .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
             });
-            assert!(
-                well_formed,
-                "accepted Host {host:?}: malformed pct-encoding"
-            );
+            assert!(well_formed, "accepted Host {host:?}: malformed pct-encoding");
         } else {
             let auth = http::uri::Authority::try_from(host)
                 .unwrap_or_else(|e| panic!("accepted Host {host:?} is not an authority: {e}"));

@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use spur_proxy::{Drain, Inbound, Plugins, Proxy, ProxyConfig};
-use spur_routing::{BaselineWorkload, ExtractConfig, SharedTable};
 use spur_sidecar::{KeyRouter, KeyRouterConfig};
+use spur_routing::{BaselineWorkload, ExtractConfig, SharedTable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Mutex;
@@ -198,8 +198,8 @@ impl Reader {
                 "{what}: chunk size line {:?}",
                 String::from_utf8_lossy(&line)
             );
-            let size =
-                usize::from_str_radix(std::str::from_utf8(&digits).unwrap_or("0"), 16).unwrap_or(0);
+            let size = usize::from_str_radix(std::str::from_utf8(&digits).unwrap_or("0"), 16)
+                .unwrap_or(0);
             if size == 0 {
                 // Trailer lines, then the empty line.
                 while self.line(s, what).await?.len() > 2 {}
@@ -302,11 +302,7 @@ fn framing(headers: &[httparse::Header<'_>], what: &str, head: &[u8]) -> Framing
         .map(|h| h.value)
         .collect();
     if !te.is_empty() {
-        assert!(
-            cl.is_empty(),
-            "{what} with Transfer-Encoding and Content-Length: {:?}",
-            show()
-        );
+        assert!(cl.is_empty(), "{what} with Transfer-Encoding and Content-Length: {:?}", show());
         let last = te
             .last()
             .and_then(|v| v.split(|&b| b == b',').next_back())
@@ -320,22 +316,14 @@ fn framing(headers: &[httparse::Header<'_>], what: &str, head: &[u8]) -> Framing
     match cl.as_slice() {
         [] => Framing::None,
         [v, rest @ ..] => {
-            assert!(
-                rest.iter().all(|r| r == v),
-                "{what} with differing lengths: {:?}",
-                show()
-            );
+            assert!(rest.iter().all(|r| r == v), "{what} with differing lengths: {:?}", show());
             let n = std::str::from_utf8(v)
                 .ok()
                 .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
                 .and_then(|s| s.parse().ok());
             match n {
                 Some(n) => Framing::Length(n),
-                None => panic!(
-                    "{what} with Content-Length {:?}: {:?}",
-                    String::from_utf8_lossy(v),
-                    show()
-                ),
+                None => panic!("{what} with Content-Length {:?}: {:?}", String::from_utf8_lossy(v), show()),
             }
         }
     }
@@ -345,9 +333,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((len, rest)) = data.split_first_chunk::<2>() else {
         return;
     };
-    let len = usize::from(u16::from_be_bytes(*len))
-        .min(4096)
-        .min(rest.len());
+    let len = usize::from(u16::from_be_bytes(*len)).min(4096).min(rest.len());
     let (blob, client) = rest.split_at(len);
     if client.is_empty() {
         return;

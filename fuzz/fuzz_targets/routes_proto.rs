@@ -14,8 +14,8 @@ use prost::Message;
 use spur_proto::routes::{
     GetWorkloadRoutingRulesResponse, WatchOp, WorkloadRoutingRule, WorkloadRoutingRuleOp,
 };
-use spur_routing::rules::validate_rules;
 use spur_routing::wire::{rule_from_proto, rule_to_proto};
+use spur_routing::rules::validate_rules;
 use spur_routing::{RoutingRule, RuleTable};
 
 /// Validates one received rule; a valid one must survive the trip back to the wire.

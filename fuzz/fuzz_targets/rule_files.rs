@@ -19,20 +19,12 @@ fn check_rule(r: &RoutingRule) {
     assert!(!r.baseline.name.is_empty() && !r.destination_sandbox.is_empty());
     let mut ports = HashSet::new();
     for m in &r.mappings {
-        assert!(
-            m.workload_port != 0 && ports.insert(m.workload_port),
-            "{r:?}"
-        );
+        assert!(m.workload_port != 0 && ports.insert(m.workload_port), "{r:?}");
         assert!(!m.destinations.is_empty(), "{r:?}");
         for d in &m.destinations {
+            assert!(d.port != 0 && !d.host.is_empty() && d.host.len() <= 253, "{r:?}");
             assert!(
-                d.port != 0 && !d.host.is_empty() && d.host.len() <= 253,
-                "{r:?}"
-            );
-            assert!(
-                !d.host
-                    .bytes()
-                    .any(|b| b.is_ascii_whitespace() || b"/@?#".contains(&b)),
+                !d.host.bytes().any(|b| b.is_ascii_whitespace() || b"/@?#".contains(&b)),
                 "{r:?}"
             );
         }

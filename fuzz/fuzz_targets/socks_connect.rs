@@ -146,10 +146,7 @@ fn socks_model(d: &[u8], auth: bool) -> Option<(Target, Option<String>, Vec<u8>)
         1 => {
             let a = take(6)?;
             let ip = Ipv4Addr::new(a[0], a[1], a[2], a[3]);
-            Target::Addr(SocketAddr::new(
-                IpAddr::V4(ip),
-                u16::from_be_bytes([a[4], a[5]]),
-            ))
+            Target::Addr(SocketAddr::new(IpAddr::V4(ip), u16::from_be_bytes([a[4], a[5]])))
         }
         4 => {
             let a = take(18)?;
@@ -174,12 +171,7 @@ fn socks_model(d: &[u8], auth: bool) -> Option<(Target, Option<String>, Vec<u8>)
 
 fn check_socks(data: &[u8], auth: bool, dialer: &FuzzDialer, got: &[u8]) {
     let dials = dialer.dials.lock().expect("lock").clone();
-    let record = dialer
-        .record
-        .lock()
-        .expect("lock")
-        .clone()
-        .expect("a record");
+    let record = dialer.record.lock().expect("lock").clone().expect("a record");
     assert_eq!(record.protocol, "socks5");
     match socks_model(data, auth) {
         Some((target, user, answered)) => {
@@ -207,12 +199,7 @@ fn check_socks(data: &[u8], auth: bool, dialer: &FuzzDialer, got: &[u8]) {
 
 fn check_http(data: &[u8], dialer: &FuzzDialer) {
     let dials = dialer.dials.lock().expect("lock").clone();
-    let record = dialer
-        .record
-        .lock()
-        .expect("lock")
-        .clone()
-        .expect("a record");
+    let record = dialer.record.lock().expect("lock").clone().expect("a record");
     assert_eq!(record.protocol, "http-connect");
     assert!(dials.len() <= 1, "{dials:?}");
     let Some((target, user)) = dials.first() else {

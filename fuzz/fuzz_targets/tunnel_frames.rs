@@ -42,13 +42,9 @@ fn now<F: Future>(f: F) -> F::Output {
 }
 
 /// One read result, comparable across runs.
-fn outcome<T: Serialize>(
-    r: &Result<Option<T>, Error>,
-) -> Result<Option<serde_json::Value>, String> {
+fn outcome<T: Serialize>(r: &Result<Option<T>, Error>) -> Result<Option<serde_json::Value>, String> {
     match r {
-        Ok(v) => Ok(v
-            .as_ref()
-            .map(|m| serde_json::to_value(m).expect("serializes"))),
+        Ok(v) => Ok(v.as_ref().map(|m| serde_json::to_value(m).expect("serializes"))),
         Err(e) => Err(e.to_string()),
     }
 }
@@ -99,10 +95,7 @@ fn check_truncate(s: &str) {
     for max in [0, 1, 2, 3, 7, MAX_BIND_ID, MAX_HOST] {
         let t = wire::truncate(s, max);
         assert!(t.len() <= max && s.starts_with(&t), "{s:?} {max}");
-        assert!(
-            s.len() <= max || t.len() + 4 > max,
-            "cut too much: {s:?} {max}"
-        );
+        assert!(s.len() <= max || t.len() + 4 > max, "cut too much: {s:?} {max}");
     }
 }
 
@@ -146,11 +139,7 @@ fuzz_target!(|input: &[u8]| {
             match &h {
                 StreamHeader::Connect { host, port } => {
                     assert!(*port != 0 && !host.is_empty() && host.len() <= MAX_HOST);
-                    assert!(
-                        !host
-                            .bytes()
-                            .any(|b| b.is_ascii_whitespace() || b"/@?#\\".contains(&b))
-                    );
+                    assert!(!host.bytes().any(|b| b.is_ascii_whitespace() || b"/@?#\\".contains(&b)));
                 }
                 StreamHeader::Reverse { bind, .. } => {
                     assert!(!bind.is_empty() && bind.len() <= MAX_BIND_ID);
