@@ -19,14 +19,20 @@ use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{
-    AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, ApiKey, ApiVersionsResponse,
-    ConsumerGroupHeartbeatRequest, DescribeGroupsRequest, DescribeGroupsResponse, EndTxnRequest,
+    AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, AddPartitionsToTxnRequest,
+    AddPartitionsToTxnResponse, ApiKey, ApiVersionsRequest, ApiVersionsResponse,
+    ConsumerGroupDescribeRequest, ConsumerGroupDescribeResponse, ConsumerGroupHeartbeatRequest,
+    ConsumerGroupHeartbeatResponse, DeleteGroupsRequest, DeleteGroupsResponse,
+    DescribeGroupsRequest, DescribeGroupsResponse, EndTxnRequest, EndTxnResponse, FetchRequest,
     FetchResponse, FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest,
-    InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest, MetadataResponse,
-    OffsetCommitRequest, OffsetDeleteRequest, OffsetFetchRequest, OffsetFetchResponse,
-    ProduceRequest, RequestHeader, ResponseHeader, SyncGroupRequest, TxnOffsetCommitRequest,
+    HeartbeatResponse, InitProducerIdRequest, InitProducerIdResponse, JoinGroupRequest,
+    JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, MetadataRequest, MetadataResponse,
+    OffsetCommitRequest, OffsetCommitResponse, OffsetDeleteRequest, OffsetDeleteResponse,
+    OffsetFetchRequest, OffsetFetchResponse, ProduceRequest, ProduceResponse, RequestHeader,
+    ResponseHeader, SyncGroupRequest, SyncGroupResponse, TxnOffsetCommitRequest,
+    TxnOffsetCommitResponse,
 };
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::protocol::{Decodable, Encodable, Message, StrBytes, VersionRange};
 
 use crate::Error;
 use crate::batch::BatchHeader;
@@ -114,28 +120,49 @@ struct Side {
     stats: SessionStats,
 }
 
-/// The APIs this module decodes: their ranges in ApiVersions are narrowed to the crate's.
-const DECODED: [ApiKey; 19] = [
-    ApiKey::Produce,
-    ApiKey::Fetch,
-    ApiKey::Metadata,
-    ApiKey::OffsetCommit,
-    ApiKey::OffsetFetch,
-    ApiKey::FindCoordinator,
-    ApiKey::JoinGroup,
-    ApiKey::Heartbeat,
-    ApiKey::LeaveGroup,
-    ApiKey::SyncGroup,
-    ApiKey::DescribeGroups,
-    ApiKey::InitProducerId,
-    ApiKey::AddPartitionsToTxn,
-    ApiKey::AddOffsetsToTxn,
-    ApiKey::EndTxn,
-    ApiKey::TxnOffsetCommit,
-    ApiKey::OffsetDelete,
-    ApiKey::ConsumerGroupHeartbeat,
-    ApiKey::ApiVersions,
-];
+/// The versions of `api` whose request and response this module can both decode, for the APIs
+/// it decodes (their ranges in ApiVersions are narrowed to these); `None` for the others. The
+/// crate's `ApiKey::valid_versions` is not enough: for some APIs its request types stop a version
+/// below the range it lists (OffsetCommit and OffsetFetch at 9 of 10, InitProducerId at 5 of 6).
+fn decodable(api: ApiKey) -> Option<VersionRange> {
+    fn both<Q: Message, R: Message>() -> Option<VersionRange> {
+        let (q, r) = (Q::VERSIONS, R::VERSIONS);
+        Some(VersionRange {
+            min: q.min.max(r.min),
+            max: q.max.min(r.max),
+        })
+    }
+    match api {
+        ApiKey::Produce => both::<ProduceRequest, ProduceResponse>(),
+        ApiKey::Fetch => both::<FetchRequest, FetchResponse>(),
+        ApiKey::Metadata => both::<MetadataRequest, MetadataResponse>(),
+        ApiKey::OffsetCommit => both::<OffsetCommitRequest, OffsetCommitResponse>(),
+        ApiKey::OffsetFetch => both::<OffsetFetchRequest, OffsetFetchResponse>(),
+        ApiKey::FindCoordinator => both::<FindCoordinatorRequest, FindCoordinatorResponse>(),
+        ApiKey::JoinGroup => both::<JoinGroupRequest, JoinGroupResponse>(),
+        ApiKey::Heartbeat => both::<HeartbeatRequest, HeartbeatResponse>(),
+        ApiKey::LeaveGroup => both::<LeaveGroupRequest, LeaveGroupResponse>(),
+        ApiKey::SyncGroup => both::<SyncGroupRequest, SyncGroupResponse>(),
+        ApiKey::DescribeGroups => both::<DescribeGroupsRequest, DescribeGroupsResponse>(),
+        ApiKey::DeleteGroups => both::<DeleteGroupsRequest, DeleteGroupsResponse>(),
+        ApiKey::InitProducerId => both::<InitProducerIdRequest, InitProducerIdResponse>(),
+        ApiKey::AddPartitionsToTxn => {
+            both::<AddPartitionsToTxnRequest, AddPartitionsToTxnResponse>()
+        }
+        ApiKey::AddOffsetsToTxn => both::<AddOffsetsToTxnRequest, AddOffsetsToTxnResponse>(),
+        ApiKey::EndTxn => both::<EndTxnRequest, EndTxnResponse>(),
+        ApiKey::TxnOffsetCommit => both::<TxnOffsetCommitRequest, TxnOffsetCommitResponse>(),
+        ApiKey::OffsetDelete => both::<OffsetDeleteRequest, OffsetDeleteResponse>(),
+        ApiKey::ConsumerGroupHeartbeat => {
+            both::<ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse>()
+        }
+        ApiKey::ConsumerGroupDescribe => {
+            both::<ConsumerGroupDescribeRequest, ConsumerGroupDescribeResponse>()
+        }
+        ApiKey::ApiVersions => both::<ApiVersionsRequest, ApiVersionsResponse>(),
+        _ => None,
+    }
+}
 
 fn peek(frame: &[u8]) -> Option<(i16, i16, i32)> {
     let h = frame.first_chunk::<8>()?;
@@ -436,6 +463,18 @@ impl Side {
                     s.rename(&mut g.0);
                 }
             }),
+            // Without these a fork's admin call would reach the baseline's group: delete it (once
+            // empty) or describe it.
+            ApiKey::DeleteGroups => rename!(DeleteGroupsRequest, |s, b| {
+                for g in &mut b.groups_names {
+                    s.rename(&mut g.0);
+                }
+            }),
+            ApiKey::ConsumerGroupDescribe => rename!(ConsumerGroupDescribeRequest, |s, b| {
+                for g in &mut b.group_ids {
+                    s.rename(&mut g.0);
+                }
+            }),
             ApiKey::TxnOffsetCommit => rename!(TxnOffsetCommitRequest, |s, b| {
                 s.rename(&mut b.transactional_id.0);
                 s.rename(&mut b.group_id.0);
@@ -500,6 +539,7 @@ impl Side {
                 let (header, mut body) = decode_response::<FetchResponse>(key, v, &frame)?;
                 self.stats.fetch_responses += 1;
                 let mut keep = keep;
+                let mut changed = false;
                 for topic in &mut body.responses {
                     for part in &mut topic.partitions {
                         if let Some(records) = &part.records
@@ -507,9 +547,16 @@ impl Side {
                         {
                             let out = filter::filter(records, &self.cfg.limits, &mut keep)?;
                             self.stats.records.add(&out.stats);
+                            // The filter hands back the same bytes when it removed nothing.
+                            changed |= out.records.as_ptr() != records.as_ptr()
+                                || out.records.len() != records.len();
                             part.records = Some(out.records);
                         }
                     }
+                }
+                if !changed {
+                    // Nothing removed: the response goes on as it came, not written again.
+                    return Ok(frame);
                 }
                 encode_response(key, v, &header, &body)
             }
@@ -548,6 +595,21 @@ impl Side {
                 }
                 encode_response(key, v, &header, &body)
             }
+            ApiKey::DeleteGroups if self.sandbox().is_some() => {
+                let (header, mut body) = decode_response::<DeleteGroupsResponse>(key, v, &frame)?;
+                for g in &mut body.results {
+                    self.restore(&mut g.group_id.0);
+                }
+                encode_response(key, v, &header, &body)
+            }
+            ApiKey::ConsumerGroupDescribe if self.sandbox().is_some() => {
+                let (header, mut body) =
+                    decode_response::<ConsumerGroupDescribeResponse>(key, v, &frame)?;
+                for g in &mut body.groups {
+                    self.restore(&mut g.group_id.0);
+                }
+                encode_response(key, v, &header, &body)
+            }
             ApiKey::DescribeGroups if self.sandbox().is_some() => {
                 let (header, mut body) = decode_response::<DescribeGroupsResponse>(key, v, &frame)?;
                 for g in &mut body.groups {
@@ -578,13 +640,9 @@ impl Side {
             return Ok(frame);
         };
         body.api_keys.retain_mut(|a| {
-            let Some(k) = ApiKey::try_from(a.api_key)
-                .ok()
-                .filter(|k| DECODED.contains(k))
-            else {
+            let Some(ours) = ApiKey::try_from(a.api_key).ok().and_then(decodable) else {
                 return true;
             };
-            let ours = k.valid_versions();
             a.min_version = a.min_version.max(ours.min);
             a.max_version = a.max_version.min(ours.max);
             a.min_version <= a.max_version
@@ -646,6 +704,136 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("where 1"), "{err}");
         assert!(s.request(Bytes::from_static(&[0, 1, 0])).is_err());
+    }
+
+    #[test]
+    fn narrowed_ranges_are_decodable_both_ways() {
+        for api in ApiKey::iter() {
+            let Some(r) = decodable(api) else { continue };
+            assert!(r.min <= r.max, "{api:?}: {r:?}");
+            let listed = api.valid_versions();
+            assert!(listed.min <= r.min && r.max <= listed.max, "{api:?}: {r:?}");
+        }
+        // The crate lists OffsetCommit up to 10, but its request type stops at 9.
+        assert_eq!(decodable(ApiKey::OffsetCommit).map(|r| r.max), Some(9));
+        assert_eq!(decodable(ApiKey::ListOffsets), None);
+    }
+
+    /// `body` as a request frame of `version` (correlation id 5).
+    fn request_frame<M: Encodable + kafka_protocol::protocol::Request>(
+        body: &M,
+        version: i16,
+    ) -> Bytes {
+        let header = RequestHeader::default()
+            .with_request_api_key(M::KEY)
+            .with_request_api_version(version)
+            .with_correlation_id(5);
+        let mut out = BytesMut::new();
+        let key = ApiKey::try_from(M::KEY).unwrap();
+        header
+            .encode(&mut out, key.request_header_version(version))
+            .unwrap();
+        body.encode(&mut out, version).unwrap();
+        out.freeze()
+    }
+
+    #[test]
+    fn a_fork_deletes_and_describes_only_its_own_groups() {
+        use kafka_protocol::messages::GroupId;
+        use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
+
+        let group = || GroupId(StrBytes::from_static_str("orders"));
+        let renamed = || GroupId(StrBytes::from_static_str("orders.spur-sandbox.sbx1"));
+        for role in [
+            Role::Baseline,
+            Role::Fork {
+                sandbox: "sbx1".into(),
+            },
+        ] {
+            let fork = role != Role::Baseline;
+            let mut s = session(role);
+            let req = DeleteGroupsRequest::default().with_groups_names(vec![group()]);
+            let sent = s.request(request_frame(&req, 2)).unwrap();
+            let (_, got) = {
+                let mut b = sent.clone();
+                let h =
+                    RequestHeader::decode(&mut b, ApiKey::DeleteGroups.request_header_version(2))
+                        .unwrap();
+                (h, DeleteGroupsRequest::decode(&mut b, 2).unwrap())
+            };
+            let want = if fork { renamed() } else { group() };
+            assert_eq!(got.groups_names, vec![want.clone()]);
+
+            // The broker answers for the id it was sent; the app sees its own.
+            let resp = DeleteGroupsResponse::default()
+                .with_results(vec![DeletableGroupResult::default().with_group_id(want)]);
+            let mut frame = BytesMut::new();
+            ResponseHeader::default()
+                .with_correlation_id(5)
+                .encode(&mut frame, ApiKey::DeleteGroups.response_header_version(2))
+                .unwrap();
+            resp.encode(&mut frame, 2).unwrap();
+            let out = s.response(frame.freeze(), |_, _| true).unwrap();
+            let mut b = out;
+            ResponseHeader::decode(&mut b, ApiKey::DeleteGroups.response_header_version(2))
+                .unwrap();
+            let back = DeleteGroupsResponse::decode(&mut b, 2).unwrap();
+            assert_eq!(back.results[0].group_id, group());
+
+            let req = ConsumerGroupDescribeRequest::default().with_group_ids(vec![group()]);
+            let sent = s.request(request_frame(&req, 0)).unwrap();
+            let mut b = sent;
+            RequestHeader::decode(
+                &mut b,
+                ApiKey::ConsumerGroupDescribe.request_header_version(0),
+            )
+            .unwrap();
+            let got = ConsumerGroupDescribeRequest::decode(&mut b, 0).unwrap();
+            assert_eq!(got.group_ids, vec![if fork { renamed() } else { group() }]);
+        }
+    }
+
+    #[test]
+    fn a_fetch_response_nothing_is_removed_from_is_passed_on_as_it_came() {
+        use kafka_protocol::messages::TopicName;
+        use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+
+        // One batch of one record: length 6, attributes, timestamp and offset deltas 0, null key,
+        // empty value, no header (zig-zag varints).
+        let record = [12u8, 0, 0, 0, 1, 0, 0];
+        let mut header = [0u8; crate::batch::HEADER_LEN];
+        header[16] = 2;
+        let mut batch = Vec::new();
+        crate::batch::rewrite(&header, crate::Codec::None, 1, &record[..], &mut batch).unwrap();
+        let body = FetchResponse::default().with_responses(vec![
+            FetchableTopicResponse::default()
+                .with_topic(TopicName(StrBytes::from_static_str("t")))
+                .with_partitions(vec![
+                    PartitionData::default().with_records(Some(Bytes::from(batch))),
+                ]),
+        ]);
+        let frame = || {
+            let mut out = BytesMut::new();
+            ResponseHeader::default()
+                .with_correlation_id(1)
+                .encode(&mut out, ApiKey::Fetch.response_header_version(11))
+                .unwrap();
+            body.encode(&mut out, 11).unwrap();
+            out.freeze()
+        };
+        let mut s = session(Role::Baseline);
+        s.request(fetch_request(1)).unwrap();
+        let input = frame();
+        let out = s.response(input.clone(), |_, _| true).unwrap();
+        assert_eq!(
+            out.as_ptr(),
+            input.as_ptr(),
+            "not decoded and written again"
+        );
+        s.request(fetch_request(1)).unwrap();
+        let out = s.response(frame(), |_, _| false).unwrap();
+        assert_ne!(out, frame(), "a record removed: written again");
+        assert_eq!(s.take_stats().records.records_dropped, 1);
     }
 
     #[test]

@@ -1010,7 +1010,9 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for Array<E> {
                 if (n) as usize > buf.remaining() {
                     bail!("Array length {} is longer than the {} bytes left", n, buf.remaining());
                 }
-                let mut result = Vec::with_capacity(n as usize);
+                // Spur: at most 1 024 up front; an element may be far larger in memory than its
+                // one byte on the wire, so the bytes left alone do not bound the reservation.
+                let mut result = Vec::with_capacity((n as usize).min(1024));
                 for _ in 0..n {
                     result.push(self.0.decode(buf)?);
                 }
@@ -1123,7 +1125,8 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for CompactArray<E> {
                 if (n - 1) as usize > buf.remaining() {
                     bail!("Array length {} is longer than the {} bytes left", n - 1, buf.remaining());
                 }
-                let mut result = Vec::with_capacity((n - 1) as usize);
+                // Spur: at most 1 024 up front (see Array above).
+                let mut result = Vec::with_capacity(((n - 1) as usize).min(1024));
                 for _ in 1..n {
                     result.push(self.0.decode(buf)?);
                 }
