@@ -56,7 +56,7 @@ fn free_port() -> u16 {
 pub struct Broker {
     pub addr: SocketAddr,
     kafka: PathBuf,
-    _process: Process,
+    process: Process,
     _watchdog: Watchdog,
     _dir: tempfile::TempDir,
 }
@@ -158,7 +158,7 @@ impl Broker {
         Ok(Broker {
             addr,
             kafka: kafka.to_path_buf(),
-            _process: process,
+            process,
             _watchdog: watchdog,
             _dir: dir,
         })
@@ -166,7 +166,7 @@ impl Broker {
 
     /// The end of the broker's log, for assertion messages.
     pub fn log_tail(&self) -> String {
-        self._process.log_tail()
+        self.process.log_tail()
     }
 
     pub fn bootstrap(&self) -> String {

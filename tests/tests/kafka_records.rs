@@ -24,16 +24,6 @@ use spur_routing::KeyExtractor;
 
 const CODECS: [&str; 5] = ["none", "gzip", "snappy", "lz4", "zstd"];
 
-fn ours(c: Compression) -> Codec {
-    match c {
-        Compression::None => Codec::None,
-        Compression::Gzip => Codec::Gzip,
-        Compression::Snappy => Codec::Snappy,
-        Compression::Lz4 => Codec::Lz4,
-        Compression::Zstd => Codec::Zstd,
-    }
-}
-
 /// The values of the records in `blob`, read by kafka-protocol's decoder (its gzip and snappy;
 /// lz4 and zstd through ours, which it only has as C libraries), control records left out.
 fn values(blob: &Bytes) -> Vec<String> {
@@ -50,7 +40,7 @@ fn values(blob: &Bytes) -> Vec<String> {
                         Compression::Gzip => Gzip::decompress(packed, |b| Ok(b.clone())),
                         Compression::Snappy => Snappy::decompress(packed, |b| Ok(b.clone())),
                         _ => Ok(Bytes::from(
-                            spur_kafka::codec::decompress(ours(c), packed, 1 << 26)
+                            spur_kafka::codec::decompress(Codec::from(c), packed, 1 << 26)
                                 .map_err(anyhow::Error::msg)?,
                         )),
                     }
@@ -279,13 +269,7 @@ async fn batches_spur_compressed_are_read_by_real_consumers() {
     for (partition, codec) in Codec::ALL.into_iter().enumerate() {
         let recs = records(codec.name(), 40);
         let mut blob = BytesMut::new();
-        let compression = match codec {
-            Codec::None => Compression::None,
-            Codec::Gzip => Compression::Gzip,
-            Codec::Snappy => Compression::Snappy,
-            Codec::Lz4 => Compression::Lz4,
-            Codec::Zstd => Compression::Zstd,
-        };
+        let compression = Compression::from(codec);
         // The batch framing by kafka-protocol, the compression by Spur's codecs.
         RecordBatchEncoder::encode_with_custom_compression(
             &mut blob,
@@ -296,7 +280,8 @@ async fn batches_spur_compressed_are_read_by_real_consumers() {
             },
             Some(|plain: &mut BytesMut, out: &mut BytesMut, c: Compression| {
                 out.put_slice(
-                    &spur_kafka::codec::compress(ours(c), plain).map_err(anyhow::Error::msg)?,
+                    &spur_kafka::codec::compress(Codec::from(c), plain)
+                        .map_err(anyhow::Error::msg)?,
                 );
                 Ok(())
             }),

@@ -49,6 +49,33 @@ impl Codec {
     }
 }
 
+/// The same codecs as the `kafka-protocol` crate names them (its record encoder and decoder).
+impl From<kafka_protocol::records::Compression> for Codec {
+    fn from(c: kafka_protocol::records::Compression) -> Codec {
+        use kafka_protocol::records::Compression as C;
+        match c {
+            C::None => Codec::None,
+            C::Gzip => Codec::Gzip,
+            C::Snappy => Codec::Snappy,
+            C::Lz4 => Codec::Lz4,
+            C::Zstd => Codec::Zstd,
+        }
+    }
+}
+
+impl From<Codec> for kafka_protocol::records::Compression {
+    fn from(c: Codec) -> Self {
+        use kafka_protocol::records::Compression as C;
+        match c {
+            Codec::None => C::None,
+            Codec::Gzip => C::Gzip,
+            Codec::Snappy => C::Snappy,
+            Codec::Lz4 => C::Lz4,
+            Codec::Zstd => C::Zstd,
+        }
+    }
+}
+
 impl fmt::Display for Codec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

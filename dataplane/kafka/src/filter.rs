@@ -196,12 +196,20 @@ pub fn filter(
             for &(s, e) in &kept_ranges {
                 section.extend_from_slice(&body[s..e]);
             }
-            let payload = codec::compress(codec, &section).map_err(|reason| Error::Compress {
-                base_offset: header.base_offset,
-                codec: codec.name(),
-                reason,
-            })?;
-            batch::rewrite(original, codec, new_count, &payload, out)?;
+            // Uncompressed, the kept records are the payload: no second copy.
+            let compressed;
+            let payload: &[u8] = if codec == Codec::None {
+                &section
+            } else {
+                compressed =
+                    codec::compress(codec, &section).map_err(|reason| Error::Compress {
+                        base_offset: header.base_offset,
+                        codec: codec.name(),
+                        reason,
+                    })?;
+                &compressed
+            };
+            batch::rewrite(original, codec, new_count, payload, out)?;
         }
         stats.batches_rewritten += 1;
         stats.bytes_rewritten += (out.len() - before) as u64;

@@ -533,6 +533,16 @@ impl Side {
             return Ok(frame);
         };
         let v = p.version;
+        // A fork's response that echoes group ids in `$list[].group_id`: renamed back.
+        macro_rules! restore {
+            ($ty:ty, $list:ident) => {{
+                let (header, mut body) = decode_response::<$ty>(key, v, &frame)?;
+                for g in &mut body.$list {
+                    self.restore(&mut g.group_id.0);
+                }
+                encode_response(key, v, &header, &body)
+            }};
+        }
         match key {
             ApiKey::ApiVersions => self.api_versions(v, frame),
             ApiKey::Fetch => {
@@ -589,33 +599,16 @@ impl Side {
                 encode_response(key, v, &header, &body)
             }
             ApiKey::OffsetFetch if self.sandbox().is_some() && v >= 8 => {
-                let (header, mut body) = decode_response::<OffsetFetchResponse>(key, v, &frame)?;
-                for g in &mut body.groups {
-                    self.restore(&mut g.group_id.0);
-                }
-                encode_response(key, v, &header, &body)
+                restore!(OffsetFetchResponse, groups)
             }
             ApiKey::DeleteGroups if self.sandbox().is_some() => {
-                let (header, mut body) = decode_response::<DeleteGroupsResponse>(key, v, &frame)?;
-                for g in &mut body.results {
-                    self.restore(&mut g.group_id.0);
-                }
-                encode_response(key, v, &header, &body)
+                restore!(DeleteGroupsResponse, results)
             }
             ApiKey::ConsumerGroupDescribe if self.sandbox().is_some() => {
-                let (header, mut body) =
-                    decode_response::<ConsumerGroupDescribeResponse>(key, v, &frame)?;
-                for g in &mut body.groups {
-                    self.restore(&mut g.group_id.0);
-                }
-                encode_response(key, v, &header, &body)
+                restore!(ConsumerGroupDescribeResponse, groups)
             }
             ApiKey::DescribeGroups if self.sandbox().is_some() => {
-                let (header, mut body) = decode_response::<DescribeGroupsResponse>(key, v, &frame)?;
-                for g in &mut body.groups {
-                    self.restore(&mut g.group_id.0);
-                }
-                encode_response(key, v, &header, &body)
+                restore!(DescribeGroupsResponse, groups)
             }
             _ => Ok(frame),
         }

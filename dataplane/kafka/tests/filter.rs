@@ -14,26 +14,6 @@ use kafka_protocol::records::{
 use proptest::prelude::*;
 use spur_kafka::{BatchHeader, Codec, Error, Limits, batch, filter};
 
-fn compression(codec: Codec) -> Compression {
-    match codec {
-        Codec::None => Compression::None,
-        Codec::Gzip => Compression::Gzip,
-        Codec::Snappy => Compression::Snappy,
-        Codec::Lz4 => Compression::Lz4,
-        Codec::Zstd => Compression::Zstd,
-    }
-}
-
-fn ours(c: Compression) -> Codec {
-    match c {
-        Compression::None => Codec::None,
-        Compression::Gzip => Codec::Gzip,
-        Compression::Snappy => Codec::Snappy,
-        Compression::Lz4 => Codec::Lz4,
-        Compression::Zstd => Codec::Zstd,
-    }
-}
-
 /// A record with an id in its value and, when `key` is set, a `baggage` header naming it.
 fn record(offset: i64, key: Option<&str>) -> KRecord {
     let mut headers = IndexMap::new();
@@ -71,7 +51,7 @@ fn encode(records: &[KRecord], codec: Codec) -> BytesMut {
     let mut buf = BytesMut::new();
     let options = RecordEncodeOptions {
         version: 2,
-        compression: compression(codec),
+        compression: codec.into(),
     };
     match codec {
         Codec::None | Codec::Gzip | Codec::Snappy => {
@@ -83,7 +63,7 @@ fn encode(records: &[KRecord], codec: Codec) -> BytesMut {
             &options,
             Some(|raw: &mut BytesMut, out: &mut BytesMut, c: Compression| {
                 let packed =
-                    spur_kafka::codec::compress(ours(c), raw).map_err(anyhow::Error::msg)?;
+                    spur_kafka::codec::compress(Codec::from(c), raw).map_err(anyhow::Error::msg)?;
                 out.put_slice(&packed);
                 Ok(())
             }),
@@ -104,7 +84,7 @@ fn decode(blob: &Bytes) -> Vec<KRecord> {
                 |packed: &mut Bytes, c: Compression| -> anyhow::Result<Bytes> {
                     match c {
                         Compression::Lz4 | Compression::Zstd => Ok(Bytes::from(
-                            spur_kafka::codec::decompress(ours(c), packed, 1 << 26)
+                            spur_kafka::codec::decompress(Codec::from(c), packed, 1 << 26)
                                 .map_err(anyhow::Error::msg)?,
                         )),
                         Compression::None => Ok(packed.clone()),
