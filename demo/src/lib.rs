@@ -291,6 +291,7 @@ async fn sidecar(
 ) -> Result<Sidecar> {
     let config = SidecarConfig {
         inject_key_file: None,
+        kafka: None,
         capture: None,
         inbound_addr: SocketAddr::from(([127, 0, 0, 1], port(base, index)?)),
         inbound: Inbound::Explicit { app },

@@ -261,6 +261,7 @@ fn check_detect(data: &[u8], k: usize) {
             assert!(seen[..word].iter().all(|b| b.is_ascii_graphic()));
         }
         Protocol::Opaque => {}
+        Protocol::Kafka => panic!("detection never answers Kafka (only its own listener does)"),
     }
     // However the stream is cut into reads, a decision taken on a prefix stands.
     let k = k % (data.len().min(33) + 1);

@@ -62,14 +62,20 @@ pub struct Broker {
 }
 
 impl Broker {
-    /// Starts a broker with `num.partitions=3` and no topic auto-creation; returns once it
-    /// answers ApiVersions and lists itself in Metadata.
+    /// Starts a broker on loopback with `num.partitions=3` and no topic auto-creation; returns
+    /// once it answers ApiVersions and lists itself in Metadata.
     pub async fn start() -> anyhow::Result<Broker> {
+        Self::start_on(Ipv4Addr::LOCALHOST).await
+    }
+
+    /// [`Broker::start`] with its client listener on `ip` (a test namespace's host end, for
+    /// clients inside namespaces); its controller stays on loopback.
+    pub async fn start_on(ip: Ipv4Addr) -> anyhow::Result<Broker> {
         let kafka = kafka_dir();
         let mut last = None;
         // A port taken between choosing it and the JVM binding it: try again with others.
         for _ in 0..3 {
-            match Self::try_start(&kafka).await {
+            match Self::try_start(&kafka, ip).await {
                 Ok(b) => return Ok(b),
                 Err(e) if format!("{e:#}").contains("Address already in use") => last = Some(e),
                 Err(e) => return Err(e),
@@ -78,7 +84,7 @@ impl Broker {
         Err(last.unwrap_or_else(|| anyhow::anyhow!("broker did not start")))
     }
 
-    async fn try_start(kafka: &Path) -> anyhow::Result<Broker> {
+    async fn try_start(kafka: &Path, ip: Ipv4Addr) -> anyhow::Result<Broker> {
         let dir = tempfile::tempdir()?;
         let (port, controller) = (free_port(), free_port());
         let props = dir.path().join("server.properties");
@@ -88,8 +94,8 @@ impl Broker {
                 "process.roles=broker,controller\n\
                  node.id=1\n\
                  controller.quorum.voters=1@127.0.0.1:{controller}\n\
-                 listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}\n\
-                 advertised.listeners=PLAINTEXT://127.0.0.1:{port}\n\
+                 listeners=PLAINTEXT://{ip}:{port},CONTROLLER://127.0.0.1:{controller}\n\
+                 advertised.listeners=PLAINTEXT://{ip}:{port}\n\
                  listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n\
                  controller.listener.names=CONTROLLER\n\
                  inter.broker.listener.name=PLAINTEXT\n\
@@ -130,7 +136,7 @@ impl Broker {
             .arg(&props);
         let mut process = Process::spawn("kafka", cmd, &dir.path().join("broker.log"))?;
         watchdog.watch(&process)?;
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let addr = SocketAddr::from((ip, port));
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             if let Some(status) = process.exited()? {
@@ -175,8 +181,17 @@ impl Broker {
 
     /// Runs the Java client harness (`Probe`) with `args` after its command; its stdout.
     pub async fn probe(&self, args: &[&str]) -> anyhow::Result<String> {
-        let mut cmd = tokio::process::Command::from(java(&self.kafka));
-        cmd.arg("Probe").args(args).kill_on_drop(true);
+        self.probe_in(None, args).await
+    }
+
+    /// [`Broker::probe`] inside the network namespace `ns` (`ip netns exec`).
+    pub async fn probe_in(&self, ns: Option<&str>, args: &[&str]) -> anyhow::Result<String> {
+        let java = java(&self.kafka);
+        let mut cmd = in_ns(ns, java.get_program());
+        cmd.args(java.get_args())
+            .arg("Probe")
+            .args(args)
+            .kill_on_drop(true);
         let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
             .await
             .context("the Java client ran for 120 s")??;
@@ -194,8 +209,13 @@ impl Broker {
     /// Runs franz-go's harness (`tests/go-kafka`, built by `tests/go/build.sh`) with `args`; its
     /// stdout.
     pub async fn franz(&self, args: &[&str]) -> anyhow::Result<String> {
+        self.franz_in(None, args).await
+    }
+
+    /// [`Broker::franz`] inside the network namespace `ns`.
+    pub async fn franz_in(&self, ns: Option<&str>, args: &[&str]) -> anyhow::Result<String> {
         let bin = crate::go_bin_dir().join("kafka-client");
-        let mut cmd = tokio::process::Command::new(&bin);
+        let mut cmd = in_ns(ns, &bin);
         cmd.args(args).kill_on_drop(true);
         let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
             .await
@@ -270,6 +290,18 @@ impl Broker {
             .lines()
             .map(str::to_string)
             .collect())
+    }
+}
+
+/// `program`, inside the network namespace `ns` when given (`ip netns exec`).
+fn in_ns(ns: Option<&str>, program: impl AsRef<std::ffi::OsStr>) -> tokio::process::Command {
+    match ns {
+        None => tokio::process::Command::new(program),
+        Some(ns) => {
+            let mut c = tokio::process::Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(program);
+            c
+        }
     }
 }
 
@@ -429,7 +461,18 @@ impl Broker {
         group: &str,
         topic: &str,
     ) -> anyhow::Result<Vec<String>> {
-        let mut cmd = tokio::process::Command::new("kcat");
+        self.kcat_group_in(None, bootstrap, group, topic).await
+    }
+
+    /// [`Broker::kcat_group`] inside the network namespace `ns`.
+    pub async fn kcat_group_in(
+        &self,
+        ns: Option<&str>,
+        bootstrap: SocketAddr,
+        group: &str,
+        topic: &str,
+    ) -> anyhow::Result<Vec<String>> {
+        let mut cmd = in_ns(ns, "kcat");
         cmd.args(["-b", &bootstrap.to_string(), "-G", group, topic, "-e"])
             .args(["-f", "%s\\n", "-X", "auto.offset.reset=earliest"])
             .kill_on_drop(true);

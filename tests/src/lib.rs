@@ -115,6 +115,7 @@ pub fn rule_yaml(key: &str, workload_port: u16, dest: SocketAddr) -> String {
 pub fn sidecar_config(app: SocketAddr) -> SidecarConfig {
     SidecarConfig {
         inject_key_file: None,
+        kafka: None,
         capture: None,
         inbound_addr: "127.0.0.1:0".parse().unwrap(),
         inbound: Inbound::Explicit { app },
@@ -135,6 +136,7 @@ pub fn sidecar_config(app: SocketAddr) -> SidecarConfig {
 pub async fn sidecar_for(app: SocketAddr, proxy: ProxyConfig) -> Sidecar {
     Sidecar::start(SidecarConfig {
         inject_key_file: None,
+        kafka: None,
         proxy,
         ..sidecar_config(app)
     })
@@ -163,6 +165,7 @@ impl Env {
         env.write_rules(&opts.rules);
         let config = SidecarConfig {
             inject_key_file: None,
+            kafka: None,
             rules: Some(env.rules_path.clone()),
             extract: opts.extract,
             proxy: opts.proxy,

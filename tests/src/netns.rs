@@ -21,6 +21,8 @@ pub struct TestNet {
     host_dev: String,
     /// The namespace's address: bind there (with [`TestNet::listen`]) to be reached from the host.
     pub ip: Ipv4Addr,
+    /// The host's end of the veth: what the namespace reaches the host at.
+    pub host_ip: Ipv4Addr,
 }
 
 fn sh(args: &[&str]) -> Result<()> {
@@ -81,6 +83,7 @@ impl TestNet {
             // Interface names: at most 15 bytes.
             host_dev: format!("st{}h{n}", pid % 1_000_000),
             ip,
+            host_ip,
         };
         let inner_dev = format!("st{}n{n}", pid % 1_000_000);
         sh(&["ip", "netns", "add", &net.ns])?;
@@ -120,6 +123,35 @@ impl TestNet {
         sh(&["ip", "-n", &net.ns, "link", "set", &inner_dev, "up"])?;
         sh(&["ip", "-n", &net.ns, "link", "set", "lo", "up"])?;
         Ok(net)
+    }
+
+    /// The namespace's name, for `ip netns exec`.
+    pub fn name(&self) -> &str {
+        &self.ns
+    }
+
+    /// Routes everything the namespace sends through the host's end of its veth, so it reaches
+    /// every address of the host (another namespace's host end too), as a pod reaches a Service
+    /// on another node. Tests send only to the host's own addresses.
+    pub fn route_via_host(&self) -> Result<()> {
+        sh(&[
+            "ip",
+            "-n",
+            &self.ns,
+            "route",
+            "add",
+            "default",
+            "via",
+            &self.host_ip.to_string(),
+        ])
+    }
+
+    /// `program` run inside the namespace (`ip netns exec`, which execs it: the child's pid is
+    /// the program's).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns]).arg(program);
+        c
     }
 
     /// A TCP listener on the namespace's address (port chosen by the kernel), created from a

@@ -237,6 +237,7 @@ async fn not_ready_until_a_valid_table_arrives() {
     .await;
     let config = SidecarConfig {
         inject_key_file: None,
+        kafka: None,
         rules: Some(rules.clone()),
         ..spur_e2e::sidecar_config(app)
     };

@@ -735,6 +735,7 @@ async fn certificates_rotate_under_traffic_without_a_failed_request() {
     let grpc = server.grpc_addr.port();
     let sidecar = spur_sidecar::Sidecar::start(spur_sidecar::SidecarConfig {
         inject_key_file: None,
+        kafka: None,
         routeserver: Some(RouteServerConn {
             addr: format!("localhost:{grpc}"),
             ca: Some(files.join("ca.crt")),

@@ -39,6 +39,7 @@ async fn start_server(dir: &Path, grpc: SocketAddr) -> RouteServer {
 async fn sidecar_via(app: SocketAddr, routeserver: SocketAddr) -> Sidecar {
     Sidecar::start(SidecarConfig {
         inject_key_file: None,
+        kafka: None,
         routeserver: Some(spur_sidecar::RouteServerConn::plain(
             routeserver.to_string(),
         )),

@@ -753,6 +753,7 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
     .await;
     let sidecar = spur_sidecar::Sidecar::start(spur_sidecar::SidecarConfig {
         inject_key_file: None,
+        kafka: None,
         capture: None,
         inbound_addr: "127.0.0.1:0".parse().unwrap(),
         inbound: spur_proxy::Inbound::Explicit { app: baseline_addr },

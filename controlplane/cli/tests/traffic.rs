@@ -124,6 +124,7 @@ async fn tail_shows_the_forks_answer_and_diff_shows_what_changed() {
     .unwrap();
     let sidecar = spur_sidecar::Sidecar::start(spur_sidecar::SidecarConfig {
         inject_key_file: None,
+        kafka: None,
         capture: Some(spur_sidecar::capture::CaptureConfig {
             server: spur_sidecar::RouteServerConn {
                 addr: format!("127.0.0.1:{grpc}"),

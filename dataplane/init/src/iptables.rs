@@ -96,6 +96,13 @@ pub fn apply_script(family: Family, rules: &Rules, current: Option<&str>) -> Str
         "-A {OUTPUT_CHAIN} ! -d {} -o lo -j {INBOUND_CHAIN}",
         family.loopback()
     ));
+    for port in &rules.kafka_ports {
+        // The pod's connections to Kafka brokers, to the sidecar's Kafka relay.
+        lines.push(format!(
+            "-A {OUTPUT_CHAIN} -p tcp -m tcp --dport {port} -j REDIRECT --to-ports {}",
+            rules.kafka_proxy_port
+        ));
+    }
     if let Some(port) = rules.outbound_port {
         // Everything else the pod sends over TCP, loopback aside, to the outbound proxy.
         lines.push(format!("-A {OUTPUT_CHAIN} -o lo -j RETURN"));
@@ -174,7 +181,30 @@ mod tests {
             inbound,
             exclude: BTreeSet::from([15006, 15020, 7071]),
             outbound_port: None,
+            kafka_ports: BTreeSet::new(),
+            kafka_proxy_port: 15007,
         }
+    }
+
+    #[test]
+    fn kafka_broker_ports_go_to_the_kafka_relay() {
+        let mut r = rules(Ports::All);
+        r.kafka_ports = BTreeSet::from([9093, 9092]);
+        let script = apply_script(Family::V4, &r, Some(EMPTY_NAT));
+        let output: Vec<&str> = script
+            .lines()
+            .filter(|l| l.starts_with("-A SPUR_OUTPUT"))
+            .collect();
+        assert_eq!(
+            output,
+            [
+                "-A SPUR_OUTPUT -m owner --uid-owner 15337 -j RETURN",
+                "-A SPUR_OUTPUT ! -d 127.0.0.1/32 -o lo -j SPUR_INBOUND",
+                "-A SPUR_OUTPUT -p tcp -m tcp --dport 9092 -j REDIRECT --to-ports 15007",
+                "-A SPUR_OUTPUT -p tcp -m tcp --dport 9093 -j REDIRECT --to-ports 15007",
+            ],
+            "after the sidecar's own connections return: its connections to the broker stay direct"
+        );
     }
 
     #[test]

@@ -149,6 +149,15 @@ pub struct InitArgs {
     /// always excluded.
     #[arg(long, env = "SPUR_EXCLUDE_INBOUND_PORTS", default_value = "15020")]
     pub exclude_inbound_ports: String,
+    /// Kafka broker ports (comma-separated; empty: none): the pod's own connections to these
+    /// ports, whatever the address, go to --kafka-proxy-port, where the sidecar relays them to
+    /// their original destination and filters records by routing key (docs/async.md). Empty
+    /// adds no rule, so a pod that uses no Kafka pays nothing.
+    #[arg(long, env = "SPUR_KAFKA_PORTS", default_value = "")]
+    pub kafka_ports: String,
+    /// Port of the sidecar's Kafka relay (it listens on loopback only).
+    #[arg(long, env = "SPUR_KAFKA_PROXY_PORT", default_value_t = 15007)]
+    pub kafka_proxy_port: u16,
     /// Program IPv6 rules too: auto (when the kernel has IPv6), true or false.
     #[arg(long, env = "SPUR_INIT_IPV6", value_enum, default_value_t = Ipv6::Auto)]
     pub ipv6: Ipv6,
@@ -194,6 +203,9 @@ pub struct Rules {
     pub exclude: BTreeSet<u16>,
     /// Where the pod's own outbound TCP goes (none: it is not redirected).
     pub outbound_port: Option<u16>,
+    /// The pod's own connections to these ports (Kafka brokers) go to `kafka_proxy_port`.
+    pub kafka_ports: BTreeSet<u16>,
+    pub kafka_proxy_port: u16,
 }
 
 impl Rules {
@@ -259,6 +271,27 @@ impl TryFrom<InitArgs> for Config {
         };
         let mut exclude = parse_ports("--exclude-inbound-ports", &a.exclude_inbound_ports)?;
         exclude.insert(a.proxy_port);
+        let kafka_ports = parse_ports("--kafka-ports", &a.kafka_ports)?;
+        if !kafka_ports.is_empty() {
+            let invalid = |reason: &str| Error::InvalidArgument {
+                flag: "--kafka-proxy-port",
+                value: a.kafka_proxy_port.to_string(),
+                reason: reason.into(),
+            };
+            if a.kafka_proxy_port == 0 {
+                return Err(invalid("must be 1-65535"));
+            }
+            if a.kafka_proxy_port == a.proxy_port || Some(a.kafka_proxy_port) == a.outbound_port {
+                return Err(invalid(
+                    "must differ from --proxy-port and --outbound-port: the Kafka relay is a listener of its own",
+                ));
+            }
+            if kafka_ports.contains(&a.kafka_proxy_port) {
+                return Err(invalid(
+                    "is one of --kafka-ports: the relay's own port cannot be a broker port",
+                ));
+            }
+        }
         Ok(Config {
             mode: a.mode,
             ipv6: a.ipv6,
@@ -274,13 +307,17 @@ impl TryFrom<InitArgs> for Config {
                 inbound,
                 exclude,
                 outbound_port: a.outbound_port,
+                kafka_ports,
+                kafka_proxy_port: a.kafka_proxy_port,
             },
         })
     }
 }
 
-/// A comma-separated port list; blanks around entries and empty entries are ignored.
-fn parse_ports(flag: &'static str, value: &str) -> Result<BTreeSet<u16>, Error> {
+/// A comma-separated port list; blanks around entries and empty entries are ignored. `flag`
+/// names the setting in the error. (The sidecar parses its Kafka ports, which are spur-init's
+/// too, with this.)
+pub fn parse_ports(flag: &'static str, value: &str) -> Result<BTreeSet<u16>, Error> {
     let invalid = |reason: String| Error::InvalidArgument {
         flag,
         value: value.to_owned(),
@@ -395,7 +432,8 @@ fn apply(config: &Config, caps: Capabilities, ipv6: bool) -> Result<(), Error> {
         proxy_uid = rules.proxy_uid,
         inbound = %rules.inbound,
         exclude = %join_ports(&rules.exclude),
-        "inbound interception installed"
+        kafka_ports = %join_ports(&rules.kafka_ports),
+        "interception installed"
     );
     Ok(())
 }
@@ -501,10 +539,38 @@ mod tests {
             inbound_ports: inbound.into(),
             exclude_inbound_ports: exclude.into(),
             outbound_port: None,
+            kafka_ports: String::new(),
+            kafka_proxy_port: 15007,
             ipv6: Ipv6::Auto,
             cleanup: false,
             dry_run: false,
         }
+    }
+
+    #[test]
+    fn kafka_ports_and_their_relay_port() {
+        let c = Config::try_from(args("*", "")).unwrap();
+        assert!(c.rules.kafka_ports.is_empty(), "none unless asked for");
+        let mut a = args("*", "");
+        a.kafka_ports = "9092, 9093".into();
+        let c = Config::try_from(a).unwrap();
+        assert_eq!(c.rules.kafka_ports, BTreeSet::from([9092, 9093]));
+        assert_eq!(c.rules.kafka_proxy_port, 15007);
+        for (ports, relay, why) in [
+            ("9092", 15006, "must differ from --proxy-port"),
+            ("9092", 0, "must be 1-65535"),
+            ("9092,15007", 15007, "is one of --kafka-ports"),
+        ] {
+            let mut a = args("*", "");
+            a.kafka_ports = ports.into();
+            a.kafka_proxy_port = relay;
+            let e = Config::try_from(a).unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+        }
+        let mut bad = args("*", "");
+        bad.kafka_ports = "9092-9094".into();
+        let e = Config::try_from(bad).unwrap_err().to_string();
+        assert!(e.contains("--kafka-ports"), "{e}");
     }
 
     #[test]

@@ -33,6 +33,14 @@ pub fn apply_script(rules: &Rules, ipv6: bool) -> String {
     if ipv6 {
         hairpin.push_str("\t\toifname \"lo\" ip6 daddr != ::1 jump inbound\n");
     }
+    if !rules.kafka_ports.is_empty() {
+        // The pod's connections to Kafka brokers, to the sidecar's Kafka relay.
+        hairpin.push_str(&format!(
+            "\t\ttcp dport {} redirect to :{}\n",
+            set(rules.kafka_ports.iter().copied()),
+            rules.kafka_proxy_port
+        ));
+    }
     if let Some(port) = rules.outbound_port {
         // Everything else the pod sends over TCP, loopback aside, to the outbound proxy.
         hairpin.push_str(&format!(
@@ -91,7 +99,25 @@ mod tests {
             inbound,
             exclude: exclude.iter().copied().collect(),
             outbound_port: None,
+            kafka_ports: BTreeSet::new(),
+            kafka_proxy_port: 15007,
         }
+    }
+
+    #[test]
+    fn kafka_broker_ports_go_to_the_kafka_relay() {
+        let mut r = rules(Ports::All, &[15006]);
+        r.kafka_ports = BTreeSet::from([9092]);
+        let script = apply_script(&r, false);
+        assert!(
+            script.contains("\t\tmeta skuid 15337 return\n\t\toifname \"lo\" ip daddr != 127.0.0.1 jump inbound\n\t\ttcp dport 9092 redirect to :15007\n\t}"),
+            "{script}"
+        );
+        r.kafka_ports.insert(19092);
+        assert!(
+            apply_script(&r, false).contains("\t\ttcp dport { 9092, 19092 } redirect to :15007\n"),
+            "{script}"
+        );
     }
 
     #[test]

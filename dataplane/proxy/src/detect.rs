@@ -21,6 +21,9 @@ pub enum Protocol {
     Tls,
     /// Anything else, a client that stays silent, or a port configured as opaque.
     Opaque,
+    /// Kafka, on the Kafka relay's own listener (never detected: the interception rules send
+    /// only connections to configured broker ports there).
+    Kafka,
 }
 
 impl Protocol {
@@ -30,6 +33,7 @@ impl Protocol {
             Protocol::Http2 => "http2",
             Protocol::Tls => "tls",
             Protocol::Opaque => "tcp",
+            Protocol::Kafka => "kafka",
         }
     }
 }

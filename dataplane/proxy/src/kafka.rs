@@ -9,14 +9,19 @@
 //! timeout here: Kafka clients and brokers close idle connections themselves
 //! (`connections.max.idle.ms`), and the caller's drain cuts what is left at shutdown.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::BytesMut;
 use spur_kafka::frame::{put_frame, split_frame};
 use spur_kafka::{BatchHeader, Record, Session, SessionConfig, SessionStats};
+use spur_runtime::Drain;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
-use crate::Error;
+use crate::detect::Protocol;
+use crate::pool::Upstream;
+use crate::{Error, Shared};
 
 /// Decides, per record of a Fetch response, whether this connection's consumer receives it.
 pub type Keep = Arc<dyn Fn(&BatchHeader, &Record<'_>) -> bool + Send + Sync>;
@@ -82,5 +87,61 @@ where
     tokio::select! {
         r = to_broker => r,
         r = to_client => r,
+    }
+}
+
+/// Accepts connections that the interception rules redirected to `listener` (the pod's own
+/// connections to broker ports) and relays each to its original destination. A connection made
+/// to the listener itself, not redirected, has no other destination and is closed: the relay
+/// serves the pod's own processes, not whoever reaches its port.
+pub(crate) async fn accept_loop(
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    relay: Arc<KafkaRelay>,
+    drain: Drain,
+) {
+    let local = listener.local_addr().ok();
+    while let Some((stream, client)) =
+        spur_runtime::accept(&listener, drain.signaled(), "kafka").await
+    {
+        let shared = shared.clone();
+        let relay = relay.clone();
+        drain.spawn(async move {
+            handle(&shared, stream, client, &relay).await;
+        });
+    }
+    tracing::info!(addr = ?local, "Kafka listener stopped accepting");
+}
+
+async fn handle(shared: &Shared, stream: TcpStream, client: SocketAddr, relay: &KafkaRelay) {
+    let Ok(local) = stream.local_addr() else {
+        return;
+    };
+    let broker = match crate::listener::original_dst(&stream, local) {
+        Ok(dst) if dst != local => dst,
+        Ok(_) | Err(_) => {
+            tracing::warn!(%client, %local, "Kafka connection closed: it was made to the relay's port itself, not redirected to it, so it has no broker to go to");
+            return;
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let _active = shared.metrics.connection(Protocol::Kafka);
+    let upstream = match shared.pool.connect_tcp(&Upstream::Original(broker)).await {
+        Ok(s) => s,
+        Err(e) => {
+            // The client sees its connection close, as it would have seen the broker refuse.
+            tracing::warn!(%client, %broker, error = %e, "Kafka broker unreachable");
+            return;
+        }
+    };
+    match self::relay(stream, upstream, relay).await {
+        Ok(()) => tracing::debug!(%client, %broker, "Kafka connection closed"),
+        Err(e @ Error::KafkaIo(_)) => {
+            tracing::debug!(%client, %broker, error = %e, "Kafka connection ended")
+        }
+        Err(e) => {
+            shared.metrics.kafka_refused();
+            tracing::warn!(%client, %broker, error = %e, "Kafka connection closed: a frame was refused, nothing of it was passed on");
+        }
     }
 }

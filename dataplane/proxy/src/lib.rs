@@ -8,6 +8,8 @@
 //!        ├─ HTTP/1.1, HTTP/2 server (hyper) ─ per request: Router → upstream pool → response
 //!        │      upgrades (WebSocket) and CONNECT are spliced after the upstream agrees
 //!        └─ TLS and opaque TCP: spliced to the connection's original destination, with half-close
+//! Kafka listener (transparent only; the pod's own broker connections)
+//!   └─ kafka: frames through a spur_kafka::Session to the original destination, records filtered
 //! ```
 //!
 //! Routing decisions are made by a [`Router`], and features beside routing (the HTTP/1 relay's
@@ -124,6 +126,18 @@ impl Proxy {
     /// Returns once the listener has stopped; connections keep running until [`Drain::wait`].
     pub async fn serve(&self, listener: tokio::net::TcpListener, inbound: Inbound, drain: Drain) {
         listener::accept_loop(self.shared.clone(), listener, inbound, drain).await
+    }
+
+    /// Accepts Kafka connections redirected to `listener` by the interception rules and relays
+    /// each to its original destination (the broker) through `relay` ([`kafka`]). Returns once the
+    /// listener has stopped; connections keep running until [`Drain::wait`].
+    pub async fn serve_kafka(
+        &self,
+        listener: tokio::net::TcpListener,
+        relay: kafka::KafkaRelay,
+        drain: Drain,
+    ) {
+        kafka::accept_loop(self.shared.clone(), listener, Arc::new(relay), drain).await
     }
 
     /// Closes idle pooled connections to sandbox destinations that are not in `table`'s current

@@ -45,7 +45,7 @@ pub(crate) async fn accept_loop(
     tracing::info!(addr = ?local, "listener stopped accepting");
 }
 
-fn original_dst(stream: &TcpStream, local: SocketAddr) -> std::io::Result<SocketAddr> {
+pub(crate) fn original_dst(stream: &TcpStream, local: SocketAddr) -> std::io::Result<SocketAddr> {
     let sock = SockRef::from(stream);
     let addr = if local.is_ipv4() {
         sock.original_dst_v4()?
@@ -92,6 +92,8 @@ async fn handle(
     let io = Rewind::new(prefix, stream);
     match protocol {
         Protocol::Http1 | Protocol::Http2 => crate::http::serve(shared, io, meta, drain).await,
-        Protocol::Tls | Protocol::Opaque => crate::tcp::forward(&shared, io, &meta).await,
+        Protocol::Tls | Protocol::Opaque | Protocol::Kafka => {
+            crate::tcp::forward(&shared, io, &meta).await
+        }
     }
 }

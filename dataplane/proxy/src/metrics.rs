@@ -51,7 +51,8 @@ struct PerProtocol {
 /// The proxy's metrics (prefix chosen by the caller's registry):
 /// `requests_total{outcome}`, `request_duration_seconds{outcome}` (time to response headers),
 /// `connections_total{protocol}`, `active_connections{protocol}`,
-/// `upstream_connects_total{result}`, `pool_stale_closed_total`, `http1_handovers_total`.
+/// `upstream_connects_total{result}`, `pool_stale_closed_total`, `http1_handovers_total`,
+/// `kafka_refused_connections_total`.
 #[derive(Clone, Debug)]
 pub struct Metrics {
     baseline: PerOutcome,
@@ -61,10 +62,12 @@ pub struct Metrics {
     http2: PerProtocol,
     tls: PerProtocol,
     tcp: PerProtocol,
+    kafka: PerProtocol,
     connect_ok: Counter,
     connect_err: Counter,
     pub(crate) stale_closed: Counter,
     pub(crate) handovers: Counter,
+    kafka_refused: Counter,
 }
 
 impl Metrics {
@@ -78,6 +81,7 @@ impl Metrics {
         let connects = Family::<ResultLabels, Counter>::default();
         let stale_closed = Counter::default();
         let handovers = Counter::default();
+        let kafka_refused = Counter::default();
         registry.register(
             "requests",
             "HTTP requests by where they were routed",
@@ -113,6 +117,11 @@ impl Metrics {
             "HTTP/1 connections the relay handed to the full (hyper) path, at a request it does not forward byte for byte",
             handovers.clone(),
         );
+        registry.register(
+            "kafka_refused_connections",
+            "Kafka connections closed because a frame from the client or the broker was refused (the log line says which and why)",
+            kafka_refused.clone(),
+        );
         let outcome = |o: &'static str| PerOutcome {
             requests: requests
                 .get_or_create(&OutcomeLabels { outcome: o })
@@ -147,10 +156,12 @@ impl Metrics {
             http2: proto(Protocol::Http2),
             tls: proto(Protocol::Tls),
             tcp: proto(Protocol::Opaque),
+            kafka: proto(Protocol::Kafka),
             connect_ok,
             connect_err,
             stale_closed,
             handovers,
+            kafka_refused,
         }
     }
 
@@ -170,6 +181,7 @@ impl Metrics {
             Protocol::Http2 => &self.http2,
             Protocol::Tls => &self.tls,
             Protocol::Opaque => &self.tcp,
+            Protocol::Kafka => &self.kafka,
         }
     }
 
@@ -179,6 +191,10 @@ impl Metrics {
         m.accepted.inc();
         m.active.inc();
         ActiveGuard(m.active.clone())
+    }
+
+    pub(crate) fn kafka_refused(&self) {
+        self.kafka_refused.inc();
     }
 
     pub(crate) fn upstream_connect(&self, ok: bool) {

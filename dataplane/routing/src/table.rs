@@ -50,6 +50,22 @@ impl BaselineRules {
     ) -> Option<&Arc<Destination>> {
         candidates.into_iter().find_map(|k| self.lookup(port, k))
     }
+
+    /// The destination `key` has on any port: for traffic that names no workload port (Kafka
+    /// records a baseline consumes), a rule for the key on any port routes it. A rule's port
+    /// mappings all name the same sandbox, so which port's destination is returned does not
+    /// change the sandbox.
+    pub fn lookup_any_port(&self, key: &str) -> Option<&Arc<Destination>> {
+        self.by_key.get(key)?.first().map(|(_, d)| d)
+    }
+
+    /// [`Self::route`] for traffic without a workload port ([`Self::lookup_any_port`]).
+    pub fn route_any_port<'k>(
+        &self,
+        candidates: impl IntoIterator<Item = &'k str>,
+    ) -> Option<&Arc<Destination>> {
+        candidates.into_iter().find_map(|k| self.lookup_any_port(k))
+    }
 }
 
 /// An immutable index of validated rules: (baseline, workload port, routing key) → destination.
@@ -242,6 +258,17 @@ mod tests {
             "first candidate with a rule wins"
         );
         assert_eq!(t.locations().len(), 3);
+        let rules = t.baseline(&a).unwrap();
+        assert_eq!(&*rules.lookup_any_port("k2").unwrap().sandbox, "sb-k2");
+        assert!(rules.lookup_any_port("k3").is_none());
+        assert_eq!(
+            &*rules
+                .route_any_port(["nope", "k2", "k1"])
+                .unwrap()
+                .routing_key,
+            "k2",
+            "any port: still the first candidate with a rule"
+        );
     }
 
     #[test]

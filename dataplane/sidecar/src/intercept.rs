@@ -29,11 +29,13 @@ struct InitEnv {
 /// The rules for a sidecar listening on `inbound` (its port is where connections are redirected)
 /// with its admin server on `admin` (never redirected), from spur-init's variables.
 /// With `outbound` (the sidecar's outbound mode), nothing inbound is redirected and the pod's
-/// own outbound TCP goes to `inbound`'s port instead.
+/// own outbound TCP goes to `inbound`'s port instead. With `kafka`, the pod's connections to its
+/// broker ports go to the Kafka relay's port.
 pub fn rules_from_env(
     inbound: SocketAddr,
     admin: SocketAddr,
     outbound: bool,
+    kafka: Option<&crate::kafka::KafkaConfig>,
 ) -> Result<(spur_init::Config, u32), Error> {
     let mut args = InitEnv::try_parse_from(["spur-sidecar"])
         .map_err(|e| Error::Config(format!("--intercept: {e}")))?
@@ -44,6 +46,20 @@ pub fn rules_from_env(
         args.outbound_port = Some(inbound.port());
     }
     args.exclude_inbound_ports = format!("{},{}", args.exclude_inbound_ports, admin.port());
+    // The sidecar's own flags win over the variables spur-init reads (they are the same ones
+    // unless a flag was given).
+    match kafka {
+        Some(k) => {
+            args.kafka_ports = k
+                .ports
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            args.kafka_proxy_port = k.listen_port;
+        }
+        None => args.kafka_ports.clear(),
+    }
     let uid = args.proxy_uid;
     if uid == 0 {
         return Err(Error::Config(

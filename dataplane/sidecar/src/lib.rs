@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 pub mod capture;
 pub mod intercept;
+pub mod kafka;
 pub mod outbound;
 mod router;
 
@@ -124,6 +125,8 @@ pub struct SidecarArgs {
     pub inject_key_file: Option<PathBuf>,
     #[command(flatten)]
     pub capture: capture::CaptureArgs,
+    #[command(flatten)]
+    pub kafka: kafka::KafkaArgs,
 }
 
 /// Parses a `--resolve` entry, `HOST:PORT=IP:PORT` (like curl's), for every Spur binary that
@@ -155,6 +158,8 @@ pub struct SidecarConfig {
     pub inject_key_file: Option<PathBuf>,
     /// Traffic capture (see [`capture`]).
     pub capture: Option<capture::CaptureConfig>,
+    /// The Kafka relay (see [`kafka`]), when broker ports are set.
+    pub kafka: Option<kafka::KafkaConfig>,
 }
 
 impl TryFrom<SidecarArgs> for SidecarConfig {
@@ -181,6 +186,12 @@ impl TryFrom<SidecarArgs> for SidecarConfig {
             ));
         }
         let capture = a.capture.validate()?;
+        let kafka = a.kafka.validate(a.transparent)?;
+        if a.inject_key_file.is_some() && kafka.is_some() {
+            return Err(Error::Config(
+                "--inject-key-file (outbound mode, job runners) relays no Kafka: it excludes --kafka-ports".into(),
+            ));
+        }
         if a.inject_key_file.is_some() && capture.is_some() {
             return Err(Error::Config(
                 "--inject-key-file (outbound mode) captures nothing: it excludes --traffic-server"
@@ -245,6 +256,7 @@ impl TryFrom<SidecarArgs> for SidecarConfig {
             proxy,
             inject_key_file: a.inject_key_file,
             capture,
+            kafka,
         })
     }
 }
@@ -279,6 +291,9 @@ impl Sidecar {
             )?),
             None => None,
         };
+        // The Kafka relay reads record headers with the same carriers as the router.
+        let kafka_extractor = spur_routing::KeyExtractor::new(&config.extract)
+            .map_err(|e| Error::Config(e.to_string()))?;
         let mut plugins = spur_proxy::Plugins::default();
         let router: Arc<dyn spur_proxy::Router> = match &config.inject_key_file {
             Some(path) => Arc::new(outbound::InjectRouter::new(path.clone())),
@@ -312,6 +327,20 @@ impl Sidecar {
             addr: config.inbound_addr,
             source,
         })?;
+        let kafka = match &config.kafka {
+            Some(k) => Some(
+                kafka::KafkaListeners::bind(
+                    k,
+                    table.clone(),
+                    config.baseline.clone(),
+                    kafka_extractor,
+                    &mut registry,
+                )
+                .await?,
+            ),
+            None => None,
+        };
+        let first_table = publisher.subscribe();
         let admin = match config.admin_addr {
             Some(addr) => {
                 let l = TcpListener::bind(addr)
@@ -382,6 +411,14 @@ impl Sidecar {
                     "mode": match config.inbound { Inbound::Transparent => "transparent", Inbound::Explicit { .. } => "explicit" },
                     "direction": if config.inject_key_file.is_some() { "outbound" } else { "inbound" },
                     "capture": config.capture.as_ref().map(|c| c.server.addr.clone()),
+                    "kafka": config.kafka.as_ref().map(|k| serde_json::json!({
+                        "brokerPorts": k.ports,
+                        "relayPort": k.listen_port,
+                        "role": match &k.role {
+                            spur_kafka::Role::Baseline => serde_json::json!("baseline"),
+                            spur_kafka::Role::Fork { sandbox } => serde_json::json!({ "forkOf": sandbox }),
+                        },
+                    })),
                 }),
             };
             tokio::spawn(spur_proxy::serve_admin(l, state, stop.clone()));
@@ -390,6 +427,25 @@ impl Sidecar {
         let serve_drain = drain.clone();
         let inbound = config.inbound;
         drain.spawn(async move { serve_proxy.serve(listener, inbound, serve_drain).await });
+        if let Some(k) = kafka {
+            for listener in k.listeners {
+                let (proxy, drain_k, relay) = (proxy.clone(), drain.clone(), k.relay.clone());
+                let stop_k = stop.clone();
+                let mut first_table = first_table.clone();
+                drain.spawn(async move {
+                    // Connections wait in the listen queue until the routes are known (see
+                    // [`kafka`]); without a rule source there is nothing to wait for.
+                    if requires_table {
+                        tokio::select! {
+                            _ = first_table.wait_for(|v| *v > 0) => {}
+                            () = drain_k.signaled() => return,
+                            () = stop_k.cancelled() => return,
+                        }
+                    }
+                    proxy.serve_kafka(listener, relay, drain_k).await
+                });
+            }
+        }
         tracing::info!(%inbound_addr, admin = ?admin_addr, baseline = %config.baseline, "sidecar started");
         Ok(Sidecar {
             inbound_addr,

@@ -12,7 +12,7 @@ use spur_sidecar::{Sidecar, SidecarArgs, SidecarConfig, intercept};
     name = "spur-sidecar",
     version,
     about = "Spur DevMesh sidecar: routes requests that carry a sandbox routing key to the sandbox's fork, everything else to the baseline app.",
-    after_help = "Admin endpoints on --admin-addr: /live, /ready (200 once the first routing table is loaded, 503 while draining), /metrics (Prometheus), /config_dump (JSON).\nWith --intercept the sidecar starts as root, programs the interception rules as spur-init would (settings from spur-init's variables SPUR_INIT_MODE, SPUR_PROXY_UID, SPUR_INBOUND_PORTS, SPUR_EXCLUDE_INBOUND_PORTS, SPUR_INIT_IPV6; the redirect port is --inbound-addr's, the admin port is never redirected), then runs as SPUR_PROXY_UID with no capabilities (docs/interception.md).\nExit codes: 0 after a clean drain, 1 if connections were cut at the end of the grace period, 2 on invalid configuration, 3 if --intercept could not program the rules or give up root."
+    after_help = "Admin endpoints on --admin-addr: /live, /ready (200 once the first routing table is loaded, 503 while draining), /metrics (Prometheus), /config_dump (JSON).\nWith --intercept the sidecar starts as root, programs the interception rules as spur-init would (settings from spur-init's variables SPUR_INIT_MODE, SPUR_PROXY_UID, SPUR_INBOUND_PORTS, SPUR_EXCLUDE_INBOUND_PORTS, SPUR_INIT_IPV6; the redirect port is --inbound-addr's, the admin port is never redirected; with --kafka-ports the pod's connections to those broker ports go to the Kafka relay on --kafka-proxy-port), then runs as SPUR_PROXY_UID with no capabilities (docs/interception.md).\nExit codes: 0 after a clean drain, 1 if connections were cut at the end of the grace period, 2 on invalid configuration, 3 if --intercept could not program the rules or give up root."
 )]
 struct Cli {
     #[command(flatten)]
@@ -74,7 +74,9 @@ fn main() -> std::process::ExitCode {
         }
         let admin = config.admin_addr.unwrap_or(config.inbound_addr);
         let outbound = config.inject_key_file.is_some();
-        let (rules, uid) = match intercept::rules_from_env(config.inbound_addr, admin, outbound) {
+        let rules =
+            intercept::rules_from_env(config.inbound_addr, admin, outbound, config.kafka.as_ref());
+        let (rules, uid) = match rules {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("spur-sidecar: {e}");

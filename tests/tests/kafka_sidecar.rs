@@ -1,0 +1,303 @@
+//! The sidecar's Kafka relay as a pod runs it: two network namespaces stand in for a baseline
+//! pod and a fork pod of the consumer `shop/orders`, each with `spur-sidecar --intercept`
+//! (spur-init's rules programmed by the binary as root, then no privileges) and
+//! `SPUR_KAFKA_PORTS` set to the broker's port; the fork's with `SPUR_FORK_OF_SANDBOX`. The
+//! clients (the Java client, kcat, franz-go) run unchanged inside the namespaces and connect to
+//! the broker's own address; the rules redirect them to the relay, which connects on to the
+//! broker as the proxy uid.
+//!
+//! Proven by which consumer printed which record: the baseline's consumer and the fork's, in the
+//! same `group.id` at the same time, each receive exactly their records by routing key (the
+//! route table is the sidecars' rules file), none twice; another sandbox's key, which routes
+//! another service, stays with the baseline. And who may use the relay: nothing outside the pod
+//! reaches it, and a connection made to it directly, not redirected, is closed.
+//!
+//! Needs root, `ip`, `nft`, java, kcat and franz-go's harness; the sidecar binary from
+//! `SPUR_IMAGE_BINDIR` (tests/run.sh builds it) or next to this test's own target directory.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use spur_e2e::kafka::Broker;
+use spur_e2e::netns::TestNet;
+use spur_kube_harness::process::{Process, Watchdog};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const ADMIN_PORT: u16 = 15020;
+const RELAY_PORT: u16 = 15007;
+
+fn sidecar_bin() -> PathBuf {
+    let bin = match std::env::var_os("SPUR_IMAGE_BINDIR") {
+        Some(dir) => PathBuf::from(dir).join("spur-sidecar"),
+        // target/debug/deps/<this test> → target/debug/spur-sidecar
+        None => std::env::current_exe()
+            .unwrap()
+            .parent()
+            .and_then(Path::parent)
+            .unwrap()
+            .join("spur-sidecar"),
+    };
+    assert!(
+        bin.exists(),
+        "{} is missing: `cargo build --all-features --bin spur-sidecar` (tests/run.sh does, and sets SPUR_IMAGE_BINDIR)",
+        bin.display()
+    );
+    bin
+}
+
+/// Rules of the Routes API shape: `sbx1` routes `shop/orders` to sandbox `sbx1`; `sbx2` routes
+/// another service (`shop/payments`) to sandbox `sbx2`, so records keyed `sbx2` stay the orders
+/// baseline's.
+const RULES: &str = "\
+- routingKey: sbx1
+  baseline: {kind: Deployment, namespace: shop, name: orders}
+  destinationSandbox: {name: sbx1}
+  mappings:
+    - workloadPort: 8080
+      destinations: [{host: orders-sbx1.shop.svc, port: 8080}]
+- routingKey: sbx2
+  baseline: {kind: Deployment, namespace: shop, name: payments}
+  destinationSandbox: {name: sbx2}
+  mappings:
+    - workloadPort: 8080
+      destinations: [{host: payments-sbx2.shop.svc, port: 8080}]
+";
+
+/// `spur-sidecar --intercept` in `net`, relaying connections to `broker_port`.
+fn sidecar(net: &TestNet, dir: &Path, fork: Option<&str>, broker_port: u16) -> Process {
+    let rules = dir.join("rules.yaml");
+    let mut cmd = net.command(sidecar_bin());
+    cmd.args(["--transparent", "--baseline-namespace", "shop"])
+        .args(["--baseline-name", "orders", "--rules-poll", "100ms"])
+        .arg("--rules")
+        .arg(&rules)
+        .args(["--admin-addr", &format!("0.0.0.0:{ADMIN_PORT}")])
+        .env("RUST_LOG", "info,spur_proxy=debug")
+        .env("SPUR_INTERCEPT", "true")
+        .env("SPUR_INIT_MODE", "nft")
+        .env("SPUR_INIT_IPV6", "false")
+        .env("SPUR_PROXY_UID", "15337")
+        .env("SPUR_INBOUND_PORTS", "none")
+        .env("SPUR_KAFKA_PORTS", broker_port.to_string());
+    if let Some(sandbox) = fork {
+        cmd.env("SPUR_FORK_OF_SANDBOX", sandbox);
+    }
+    let name = if fork.is_some() { "fork" } else { "baseline" };
+    Process::spawn("spur-sidecar", cmd, &dir.join(format!("{name}.log"))).unwrap()
+}
+
+/// GET `path` from the admin server of the sidecar in `net`: (status, body).
+async fn admin_get(net: &TestNet, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut s = tokio::net::TcpStream::connect((net.ip, ADMIN_PORT)).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: admin\r\n\r\n").as_bytes())
+        .await?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await?;
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    Ok((status, body))
+}
+
+async fn wait_ready(net: &TestNet, process: &mut Process) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = process.exited().unwrap() {
+            panic!("the sidecar exited ({status}):\n{}", process.log_tail());
+        }
+        if matches!(admin_get(net, "/ready").await, Ok((200, _))) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sidecar was not ready in 20 s:\n{}",
+            process.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A counter's value from Prometheus text (0 when absent).
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The values a Java or franz-go consumer printed.
+fn printed(out: &str) -> Vec<String> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("record "))
+        .map(|l| l.splitn(3, ' ').nth(2).unwrap().to_string())
+        .collect()
+}
+
+fn assert_share(got: &[String], want: &BTreeSet<String>, what: &str) {
+    let set: BTreeSet<String> = got.iter().cloned().collect();
+    let missing: Vec<_> = want.difference(&set).collect();
+    let extra: Vec<_> = set.difference(want).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "{what}: missing {missing:?}, not its own {extra:?}"
+    );
+    assert_eq!(got.len(), want.len(), "{what}: a record twice");
+}
+
+/// Connects from inside `net` (a thread joined to it) to the relay's port on loopback directly,
+/// sends an ApiVersions request and returns what came back before the connection ended.
+fn direct_to_relay(net: &TestNet) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Write};
+    let path = format!("/var/run/netns/{}", net.name());
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(&path)?;
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
+        let mut s = std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, RELAY_PORT))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        // ApiVersions v0, correlation id 1, client id "x".
+        s.write_all(&[0, 0, 0, 11, 0, 18, 0, 0, 0, 0, 0, 1, 0, 1, b'x'])?;
+        let mut got = Vec::new();
+        match s.read_to_end(&mut got) {
+            Ok(_) => Ok(got),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(got),
+            Err(e) => Err(e),
+        }
+    })
+    .join()
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_behind_sidecars_receive_their_records_by_key() {
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "needs root (tests/run.sh runs as root)"
+    );
+    let (base_net, fork_net) = (TestNet::new().unwrap(), TestNet::new().unwrap());
+    base_net.route_via_host().unwrap();
+    fork_net.route_via_host().unwrap();
+    // The broker on the baseline namespace's host end: both namespaces reach it through their
+    // default route, as pods reach a broker on another node.
+    let broker = Broker::start_on(base_net.host_ip).await.unwrap();
+    let bs = broker.bootstrap();
+    let port = broker.addr.port();
+
+    let dir = tempfile::tempdir().unwrap();
+    // The sidecars read the rules as the proxy uid, after dropping root.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(dir.path().join("rules.yaml"), RULES).unwrap();
+    let mut watchdog = Watchdog::spawn(dir.path()).unwrap();
+    let mut base = sidecar(&base_net, dir.path(), None, port);
+    watchdog.watch(&base).unwrap();
+    let mut fork = sidecar(&fork_net, dir.path(), Some("sbx1"), port);
+    watchdog.watch(&fork).unwrap();
+    wait_ready(&base_net, &mut base).await;
+    wait_ready(&fork_net, &mut fork).await;
+
+    let (b_ns, f_ns) = (Some(base_net.name()), Some(fork_net.name()));
+    broker.probe(&["create", &bs, "orders", "3"]).await.unwrap();
+    let (mut plain, mut keyed) = (BTreeSet::new(), BTreeSet::new());
+    // Producers inside the pods go through the relays too; the transactional one inside the fork
+    // (its transactional id renamed, so it cannot fence a baseline producer of the same id).
+    for (ns, codec, prefix, n, key, txn) in [
+        (None, "gzip", "p-host", 20, "-", None),
+        (None, "zstd", "k-host", 8, "sbx1", None),
+        (b_ns, "lz4", "p-base", 20, "-", None),
+        (b_ns, "snappy", "k-base", 6, "sbx1", None),
+        (f_ns, "none", "k-fork", 6, "sbx1", Some("orders-tx")),
+    ] {
+        let mut args = vec!["produce", &bs, "orders", codec, prefix];
+        let n_s = n.to_string();
+        args.extend([n_s.as_str(), key]);
+        args.extend(txn);
+        broker.probe_in(ns, &args).await.unwrap();
+        let set = if key == "-" { &mut plain } else { &mut keyed };
+        set.extend((0..n).map(|i| format!("{prefix}-{i}")));
+    }
+    let other: Vec<String> = (0..4).map(|i| format!("other-{i}")).collect();
+    broker
+        .kcat_produce(
+            "orders",
+            "lz4",
+            &other,
+            Some(("baggage", "sd-routing-key=sbx2")),
+        )
+        .await
+        .unwrap();
+    plain.extend(other);
+
+    // The Java client, the same group.id in both pods at the same time.
+    let (b_n, f_n) = (plain.len().to_string(), keyed.len().to_string());
+    let b_args = ["consume", &bs, "orders", "orders-app", &b_n, "40000"];
+    let f_args = ["consume", &bs, "orders", "orders-app", &f_n, "40000"];
+    let (b, f) = tokio::join!(
+        broker.probe_in(b_ns, &b_args),
+        broker.probe_in(f_ns, &f_args)
+    );
+    assert_share(&printed(&b.unwrap()), &plain, "baseline pod, Java");
+    assert_share(&printed(&f.unwrap()), &keyed, "fork pod, Java");
+
+    // librdkafka's balanced consumer (reads to the end of each partition and exits: a record
+    // too many would show).
+    let broker_addr = SocketAddr::from((base_net.host_ip, port));
+    let (b, f) = tokio::join!(
+        broker.kcat_group_in(b_ns, broker_addr, "orders-kcat", "orders"),
+        broker.kcat_group_in(f_ns, broker_addr, "orders-kcat", "orders")
+    );
+    assert_share(&b.unwrap(), &plain, "baseline pod, kcat");
+    assert_share(&f.unwrap(), &keyed, "fork pod, kcat");
+
+    // franz-go's group consumer.
+    let b_args = ["consume", &bs, "orders", "orders-franz", &b_n, "40000"];
+    let f_args = ["consume", &bs, "orders", "orders-franz", &f_n, "40000"];
+    let (b, f) = tokio::join!(
+        broker.franz_in(b_ns, &b_args),
+        broker.franz_in(f_ns, &f_args)
+    );
+    assert_share(&printed(&b.unwrap()), &plain, "baseline pod, franz-go");
+    assert_share(&printed(&f.unwrap()), &keyed, "fork pod, franz-go");
+
+    // What the relays counted, on their admin servers.
+    let (_, base_metrics) = admin_get(&base_net, "/metrics").await.unwrap();
+    let (_, fork_metrics) = admin_get(&fork_net, "/metrics").await.unwrap();
+    for (text, what) in [(&base_metrics, "baseline"), (&fork_metrics, "fork")] {
+        for series in [
+            "spur_kafka_records_total{verdict=\"delivered\"}",
+            "spur_kafka_records_total{verdict=\"withheld\"}",
+            "spur_connections_total{protocol=\"kafka\"}",
+        ] {
+            assert!(metric(text, series) > 0.0, "{what}: {series} in\n{text}");
+        }
+        assert_eq!(
+            metric(text, "spur_kafka_refused_connections_total"),
+            0.0,
+            "{what}: no connection refused"
+        );
+    }
+    assert!(metric(&fork_metrics, "spur_kafka_ids_renamed_total") > 0.0);
+    assert_eq!(metric(&base_metrics, "spur_kafka_ids_renamed_total"), 0.0);
+
+    // Who may use the relay: nothing outside the pod reaches its port (loopback only) ...
+    let outside = tokio::net::TcpStream::connect((base_net.ip, RELAY_PORT)).await;
+    assert!(
+        outside.is_err(),
+        "the relay is reachable from outside its pod"
+    );
+    // ... and a connection made to it directly has no broker to go to: closed, unanswered.
+    let got = direct_to_relay(&base_net).unwrap();
+    assert!(got.is_empty(), "a direct connection was answered: {got:?}");
+    assert!(
+        std::fs::read_to_string(dir.path().join("baseline.log"))
+            .unwrap()
+            .contains("not redirected to it"),
+        "{}",
+        base.log_tail()
+    );
+    drop(broker);
+}
