@@ -492,3 +492,114 @@ async fn a_baseline_and_a_fork_in_one_group_receive_their_records() {
     );
     assert!(fork.errors.lock().unwrap().is_empty(), "{:?}", fork.errors);
 }
+
+/// A baseline consumer behind its relay moves past long runs of records that are all a fork's:
+/// with fetch sizes of a few batches, kcat's consumer gets a dozen Fetch responses or more in a row
+/// whose batches were all emptied, and still reaches the records after them and the end of the
+/// partition; the Java client and franz-go (read_committed) likewise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_moves_past_runs_of_records_that_are_not_its_own() {
+    use spur_e2e::kafka::Relay;
+    use spur_kafka::Role;
+    use std::sync::Arc;
+
+    let broker = Broker::start().await.unwrap();
+    let bs = broker.bootstrap();
+    broker.probe(&["create", &bs, "runs", "1"]).await.unwrap();
+    let keyed: Vec<String> = (0..300).map(|i| format!("fork-{i}")).collect();
+    // Small batches: five records each.
+    let mut cmd = tokio::process::Command::new("kcat");
+    cmd.args(["-P", "-b", &bs, "-t", "runs", "-z", "lz4"])
+        .args(["-X", "batch.num.messages=5", "-X", "linger.ms=5"])
+        .args(["-H", "baggage=sd-routing-key=sbx1"])
+        .stdin(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().unwrap();
+    {
+        use tokio::io::AsyncWriteExt as _;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all((keyed.join("\n") + "\n").as_bytes())
+            .await
+            .unwrap();
+    }
+    assert!(child.wait().await.unwrap().success());
+    let plain: Vec<String> = (0..5).map(|i| format!("base-{i}")).collect();
+    broker
+        .kcat_produce("runs", "none", &plain, None)
+        .await
+        .unwrap();
+    let want: BTreeSet<String> = plain.iter().cloned().collect();
+
+    let extractor = Arc::new(KeyExtractor::new(&Default::default()).unwrap());
+    let e = extractor.clone();
+    let baseline = Relay::start(
+        broker.addr,
+        Role::Baseline,
+        Arc::new(move |r| !carries(&e, r, "sbx1")),
+    )
+    .await;
+    let mut cmd = tokio::process::Command::new("kcat");
+    cmd.args([
+        "-b",
+        &baseline.addr.to_string(),
+        "-G",
+        "runs-kcat",
+        "runs",
+        "-e",
+    ])
+    .args(["-f", "%s\\n", "-X", "auto.offset.reset=earliest"])
+    .args(["-X", "fetch.max.bytes=1000", "-X", "message.max.bytes=1000"])
+    .args(["-X", "fetch.message.max.bytes=64"])
+    .kill_on_drop(true);
+    let out = tokio::time::timeout(std::time::Duration::from_secs(60), cmd.output())
+        .await
+        .expect("kcat stalled on the emptied batches")
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(got.iter().cloned().collect::<BTreeSet<_>>(), want, "kcat");
+    assert_eq!(got.len(), want.len());
+    let stats = *baseline.stats.lock().unwrap();
+    assert!(
+        stats.fetch_responses >= 10 && stats.records.batches_emptied >= 50,
+        "the run was not fetched in many small responses: {stats:?}"
+    );
+
+    let args = [
+        "consume",
+        &baseline.addr.to_string(),
+        "runs",
+        "runs-java",
+        "5",
+        "40000",
+    ];
+    let java = java_values(&broker.probe(&args).await.unwrap());
+    assert_eq!(java.iter().cloned().collect::<BTreeSet<_>>(), want, "Java");
+    let args = [
+        "consume",
+        &baseline.addr.to_string(),
+        "runs",
+        "runs-franz",
+        "5",
+        "40000",
+    ];
+    let franz = java_values(&broker.franz(&args).await.unwrap());
+    assert_eq!(
+        franz.iter().cloned().collect::<BTreeSet<_>>(),
+        want,
+        "franz-go"
+    );
+    assert!(
+        baseline.errors.lock().unwrap().is_empty(),
+        "{:?}",
+        baseline.errors
+    );
+}

@@ -66,11 +66,13 @@ impl<'a> Iterator for Headers<'a> {
     }
 }
 
-/// Reads a varint-length-prefixed byte string: `Some(None)` for length -1 (null), `None` for
-/// any other negative length or one past the end.
+/// Reads a varint-length-prefixed byte string: `Some(None)` (null) for a negative length, `None`
+/// for one past the end. Any negative length is null because the Java client reads keys, values
+/// and header values so (`DefaultRecord.readFrom`): a record it delivers must not be one the relay
+/// refuses, which would close the consumer's connection at the same offset again and again.
 fn read_bytes<'a>(buf: &mut &'a [u8]) -> Option<Option<&'a [u8]>> {
     let len = read_varint(buf)?;
-    if len == -1 {
+    if len < 0 {
         return Some(None);
     }
     let len = usize::try_from(len).ok()?;
@@ -155,6 +157,7 @@ pub fn walk<'a>(
         for _ in 0..header_count {
             match read_bytes(&mut body) {
                 Some(Some(_)) => {}
+                // The Java client refuses these too ("Invalid negative header key size").
                 Some(None) => return Err(bad(index, "header with a null key".into())),
                 None => return Err(truncated()),
             }

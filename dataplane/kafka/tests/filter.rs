@@ -443,16 +443,67 @@ fn keys_come_from_every_carrier_the_http_path_reads() {
 /// A record header as written: key and value (`None` for null).
 type Header<'a> = (&'a str, Option<&'a [u8]>);
 
+fn varint(out: &mut Vec<u8>, v: i64) {
+    let mut raw = ((v << 1) ^ (v >> 63)) as u64;
+    while raw >= 0x80 {
+        out.push((raw as u8) | 0x80);
+        raw >>= 7;
+    }
+    out.push(raw as u8);
+}
+
+/// A one-record uncompressed batch of the record `body` (attributes to headers).
+fn raw_batch_of(body: &[u8]) -> BytesMut {
+    let mut rec = Vec::new();
+    varint(&mut rec, body.len() as i64);
+    rec.extend_from_slice(body);
+    let mut header = [0u8; batch::HEADER_LEN];
+    header[16] = 2;
+    let mut out = Vec::new();
+    batch::rewrite(&header, Codec::None, 1, &rec, &mut out).unwrap();
+    BytesMut::from(&out[..])
+}
+
+/// Lengths below -1 are null, as the Java client reads them (`DefaultRecord.readFrom`), for keys,
+/// values and header values: such a record is delivered, not refused (refusing it would close
+/// the consumer's connection at that offset for good). A negative header key length is refused,
+/// as the Java client refuses it.
+#[test]
+fn negative_lengths_read_as_the_java_client_reads_them() {
+    let body = |header_key_len: i64| {
+        let mut b = vec![0u8]; // attributes
+        varint(&mut b, 0); // timestamp delta
+        varint(&mut b, 0); // offset delta
+        varint(&mut b, -2); // key: null
+        varint(&mut b, -3); // value: null
+        varint(&mut b, 1); // one header
+        varint(&mut b, header_key_len);
+        if header_key_len > 0 {
+            b.extend_from_slice(b"baggage");
+        }
+        varint(&mut b, -7); // its value: null
+        b
+    };
+    let blob = raw_batch_of(&body(7)).freeze();
+    let mut seen = Vec::new();
+    let out = filter(&blob, &Limits::default(), |_, r| {
+        let headers: Vec<(Vec<u8>, Option<Vec<u8>>)> = r
+            .headers()
+            .map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec)))
+            .collect();
+        seen.push((r.key.is_none(), r.value.is_none(), headers));
+        true
+    })
+    .unwrap();
+    assert_eq!(out.records, blob, "delivered as it came");
+    assert_eq!(seen, [(true, true, vec![(b"baggage".to_vec(), None)])]);
+    let refused = raw_batch_of(&body(-1)).freeze();
+    let e = filter(&refused, &Limits::default(), |_, _| true).unwrap_err();
+    assert!(e.to_string().contains("null key"), "{e}");
+}
+
 /// A one-record uncompressed batch with exactly these headers, repeats included.
 fn raw_batch_with_headers(hdrs: &[Header<'_>]) -> BytesMut {
-    fn varint(out: &mut Vec<u8>, v: i64) {
-        let mut raw = ((v << 1) ^ (v >> 63)) as u64;
-        while raw >= 0x80 {
-            out.push((raw as u8) | 0x80);
-            raw >>= 7;
-        }
-        out.push(raw as u8);
-    }
     let mut body = vec![0u8]; // attributes
     varint(&mut body, 0); // timestamp delta
     varint(&mut body, 0); // offset delta
@@ -471,14 +522,7 @@ fn raw_batch_with_headers(hdrs: &[Header<'_>]) -> BytesMut {
             None => varint(&mut body, -1),
         }
     }
-    let mut rec = Vec::new();
-    varint(&mut rec, body.len() as i64);
-    rec.extend_from_slice(&body);
-    let mut header = [0u8; batch::HEADER_LEN];
-    header[16] = 2;
-    let mut out = Vec::new();
-    batch::rewrite(&header, Codec::None, 1, &rec, &mut out).unwrap();
-    BytesMut::from(&out[..])
+    raw_batch_of(&body)
 }
 
 fn arb_codec() -> impl Strategy<Value = Codec> {
