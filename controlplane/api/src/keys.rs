@@ -61,6 +61,9 @@ pub mod injection {
     pub const EXCLUDE_INBOUND_PORTS: &str = "sidecar.spur.dev/exclude-inbound-ports";
     /// Pod-template annotation: comma-separated inbound ports to intercept (default `*`, all).
     pub const INBOUND_PORTS: &str = "sidecar.spur.dev/inbound-ports";
+    /// Pod-template annotation: comma-separated Kafka broker ports whose connections the sidecar
+    /// relays by routing key (docs/async.md), or `none`. Default: the operator's `kafkaPorts`.
+    pub const KAFKA_PORTS: &str = "sidecar.spur.dev/kafka-ports";
     /// Pod-template annotation: who programs the interception rules, `sidecar` (the sidecar
     /// itself, before it serves) or `initContainer` (`spur-init`). Default: the operator's
     /// `interception` setting.

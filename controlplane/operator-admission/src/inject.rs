@@ -60,6 +60,13 @@ pub struct InjectionConfig {
     pub drain_delay_seconds: u32,
     /// Inbound ports never intercepted in any pod (the admin port always is excluded).
     pub exclude_inbound_ports: Vec<u16>,
+    /// Kafka broker ports whose connections every injected sidecar relays by routing key
+    /// (docs/async.md). Empty (the default): none, unless a pod names its own with the
+    /// annotation `sidecar.spur.dev/kafka-ports`; a pod without Kafka ports gets no rule for
+    /// them and its sidecar no Kafka listener.
+    pub kafka_ports: Vec<u16>,
+    /// The sidecar's Kafka relay port (on loopback), where the rules send those connections.
+    pub kafka_proxy_port: u16,
     /// Namespaces whose pods are never injected (the operator's own is added at start).
     pub system_namespaces: Vec<String>,
     /// Worker threads of the sidecar (it would otherwise start one per node CPU).
@@ -101,6 +108,8 @@ impl Default for InjectionConfig {
             placement: Placement::Regular,
             drain_delay_seconds: 5,
             exclude_inbound_ports: Vec::new(),
+            kafka_ports: Vec::new(),
+            kafka_proxy_port: 15007,
             system_namespaces: vec![
                 "kube-system".into(),
                 "kube-public".into(),
@@ -165,6 +174,16 @@ impl InjectionConfig {
                 "imagePullPolicy {p:?} is not Always, IfNotPresent or Never"
             ));
         }
+        if self.kafka_proxy_port == 0
+            || self.kafka_proxy_port == self.proxy_port
+            || self.kafka_proxy_port == self.admin_port
+        {
+            return bad(format!(
+                "kafkaProxyPort {} must be non-zero and differ from proxyPort and adminPort",
+                self.kafka_proxy_port
+            ));
+        }
+        parts::check_kafka_ports(&self.kafka_ports, self, "kafkaPorts")?;
         if self.sidecar_threads == 0 {
             return bad("sidecarThreads must be at least 1".into());
         }
@@ -452,11 +471,13 @@ pub fn containers(
         "regular or native",
     )?;
     let inbound = parts::Inbound::of(&annotations, cfg)?;
+    let kafka = parts::kafka_ports(&annotations, cfg)?;
     let mut env_list = parts::sidecar_env(baseline, cfg);
+    env_list.extend(parts::kafka_env(&kafka, cfg));
     let mut init_containers = Vec::new();
     let security = match interception {
         Interception::InitContainer => {
-            init_containers.push(parts::init_container(cfg, &inbound));
+            init_containers.push(parts::init_container(cfg, &inbound, &kafka));
             parts::unprivileged_security(cfg)
         }
         Interception::Sidecar => {

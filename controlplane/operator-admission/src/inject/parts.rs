@@ -67,6 +67,53 @@ fn annotated_ports(annotations: &BTreeMap<String, String>, key: &str) -> Result<
     }
 }
 
+/// The Kafka broker ports whose connections the pod's sidecar relays: the pod's annotation
+/// (`none`: none) or else the config's `kafkaPorts`.
+pub(super) fn kafka_ports(
+    annotations: &BTreeMap<String, String>,
+    cfg: &InjectionConfig,
+) -> Result<Vec<u16>, Error> {
+    let ports = match annotations.get(keys::KAFKA_PORTS).map(|s| s.trim()) {
+        Some("none") => return Ok(Vec::new()),
+        None | Some("") => cfg.kafka_ports.clone(),
+        Some(_) => annotated_ports(annotations, keys::KAFKA_PORTS)?,
+    };
+    let mut ports = ports;
+    ports.sort_unstable();
+    ports.dedup();
+    check_kafka_ports(&ports, cfg, &format!("annotation {}", keys::KAFKA_PORTS))?;
+    Ok(ports)
+}
+
+/// Broker ports must leave the sidecar's own ports alone: a broker port that is the relay's,
+/// the proxy's or the admin port would send the sidecar's listeners' traffic in a loop.
+pub(super) fn check_kafka_ports(
+    ports: &[u16],
+    cfg: &InjectionConfig,
+    what: &str,
+) -> Result<(), Error> {
+    for p in ports {
+        if *p == 0 || [cfg.kafka_proxy_port, cfg.proxy_port, cfg.admin_port].contains(p) {
+            return Err(Error::Config(format!(
+                "{what}: {p} cannot be a Kafka broker port (0 or one of the sidecar's own ports {}, {}, {})",
+                cfg.proxy_port, cfg.admin_port, cfg.kafka_proxy_port
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The sidecar's Kafka relay settings; none when the pod has no Kafka ports.
+pub(super) fn kafka_env(ports: &[u16], cfg: &InjectionConfig) -> Vec<Value> {
+    if ports.is_empty() {
+        return Vec::new();
+    }
+    vec![
+        env("SPUR_KAFKA_PORTS", join(ports)),
+        env("SPUR_KAFKA_PROXY_PORT", cfg.kafka_proxy_port.to_string()),
+    ]
+}
+
 fn join(ports: &[u16]) -> String {
     ports
         .iter()
@@ -107,7 +154,7 @@ pub(super) fn sidecar_env(baseline: &Baseline, cfg: &InjectionConfig) -> Vec<Val
 
 /// The `spur-init` init container that programs the interception rules
 /// (`interception: initContainer`).
-pub(super) fn init_container(cfg: &InjectionConfig, inbound: &Inbound) -> Value {
+pub(super) fn init_container(cfg: &InjectionConfig, inbound: &Inbound, kafka: &[u16]) -> Value {
     let mut init = json!({
         "name": keys::INIT_CONTAINER,
         "image": cfg.init_image,
@@ -133,6 +180,16 @@ pub(super) fn init_container(cfg: &InjectionConfig, inbound: &Inbound) -> Value 
             "capabilities": {"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]},
         },
     });
+    if !kafka.is_empty()
+        && let Some(args) = init["args"].as_array_mut()
+    {
+        args.extend([
+            "--kafka-ports".into(),
+            join(kafka).into(),
+            "--kafka-proxy-port".into(),
+            cfg.kafka_proxy_port.to_string().into(),
+        ]);
+    }
     set_pull_policy(&mut init, cfg);
     init
 }
@@ -359,13 +416,16 @@ mod tests {
     fn pull_policy_is_set_only_when_configured() {
         let cfg = InjectionConfig::default();
         let inbound = Inbound::of(&BTreeMap::new(), &cfg).unwrap();
-        assert_eq!(init_container(&cfg, &inbound).get("imagePullPolicy"), None);
+        assert_eq!(
+            init_container(&cfg, &inbound, &[]).get("imagePullPolicy"),
+            None
+        );
         let cfg = InjectionConfig {
             image_pull_policy: Some("IfNotPresent".into()),
             ..cfg
         };
         assert_eq!(
-            init_container(&cfg, &inbound)["imagePullPolicy"],
+            init_container(&cfg, &inbound, &[])["imagePullPolicy"],
             "IfNotPresent"
         );
         let sidecar = sidecar(
@@ -378,5 +438,67 @@ mod tests {
         assert_eq!(sidecar["imagePullPolicy"], "IfNotPresent");
         // No mounts: no volumeMounts key at all.
         assert_eq!(sidecar.get("volumeMounts"), None);
+    }
+
+    /// Kafka ports come from the pod's annotation, else the config; `none` turns them off for a
+    /// pod; none at all adds nothing to the sidecar or to spur-init.
+    #[test]
+    fn kafka_ports_from_the_annotation_or_the_config() {
+        let ann = |v: &str| BTreeMap::from([(keys::KAFKA_PORTS.to_string(), v.to_string())]);
+        let cfg = InjectionConfig::default();
+        assert_eq!(
+            kafka_ports(&BTreeMap::new(), &cfg).unwrap(),
+            Vec::<u16>::new()
+        );
+        assert_eq!(kafka_env(&[], &cfg), Vec::<Value>::new());
+        let inbound = Inbound::of(&BTreeMap::new(), &cfg).unwrap();
+        let args = init_container(&cfg, &inbound, &[])["args"].clone();
+        assert!(!args.to_string().contains("kafka"), "{args}");
+
+        let cluster = InjectionConfig {
+            kafka_ports: vec![9092],
+            ..cfg.clone()
+        };
+        assert_eq!(kafka_ports(&BTreeMap::new(), &cluster).unwrap(), [9092]);
+        assert_eq!(
+            kafka_ports(&ann("9093, 9094,9093"), &cluster).unwrap(),
+            [9093, 9094]
+        );
+        assert_eq!(
+            kafka_ports(&ann("none"), &cluster).unwrap(),
+            Vec::<u16>::new()
+        );
+        assert_eq!(
+            kafka_env(&[9093, 9094], &cluster),
+            [
+                env("SPUR_KAFKA_PORTS", "9093,9094".into()),
+                env("SPUR_KAFKA_PROXY_PORT", "15007".into())
+            ]
+        );
+        let args = init_container(&cluster, &inbound, &[9092])["args"].clone();
+        let args: Vec<&str> = args
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert!(
+            args.ends_with(&["--kafka-ports", "9092", "--kafka-proxy-port", "15007"]),
+            "{args:?}"
+        );
+        for bad in ["15007", "15006", "x", "0"] {
+            let e = kafka_ports(&ann(bad), &cfg).unwrap_err().to_string();
+            assert!(e.contains(keys::KAFKA_PORTS), "{e}");
+        }
+        let bad = InjectionConfig {
+            kafka_ports: vec![15020],
+            ..cfg.clone()
+        };
+        assert!(bad.validate().is_err());
+        let bad = InjectionConfig {
+            kafka_proxy_port: 15006,
+            ..cfg
+        };
+        assert!(bad.validate().is_err());
     }
 }
