@@ -268,6 +268,51 @@ async fn workload(client: &Client, name: &str, sa: &str) -> Pod {
     .await
 }
 
+/// A fork's Deployment `name` in `ns` as the operator makes it (controlled by a ForkedWorkload
+/// when `forked`, annotated with the baseline it forks), a ReplicaSet, and a pod labelled
+/// `spur.dev/fork` running as `sa`; returns the pod.
+async fn fork_workload(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    forked: bool,
+    baseline: &str,
+    sa: &str,
+) -> Pod {
+    let owners = if forked {
+        json!([{"apiVersion": "spur.dev/v1alpha1", "kind": "ForkedWorkload", "name": name,
+                "uid": "00000000-0000-0000-0000-00000000f0f0", "controller": true}])
+    } else {
+        json!([])
+    };
+    let labels = json!({"spur.dev/fork": name});
+    let d: Deployment = create(client, Some(ns), json!({
+        "metadata": {"name": name, "annotations": {"spur.dev/baseline": baseline}, "ownerReferences": owners},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}}
+        }
+    }))
+    .await;
+    let rs: ReplicaSet = create(client, Some(ns), json!({
+        "metadata": {"name": format!("{name}-6c9d"), "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "uid": d.uid().unwrap(), "controller": true}
+        ]},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}}
+        }
+    }))
+    .await;
+    create(client, Some(ns), json!({
+        "metadata": {"name": format!("{name}-6c9d-x1"), "labels": labels, "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs.name_any(), "uid": rs.uid().unwrap(), "controller": true}
+        ]},
+        "spec": {"serviceAccountName": sa, "containers": [{"name": "app", "image": "app:1"}]}
+    }))
+    .await
+}
+
 fn route(baseline: &str, key_host: &str) -> Value {
     json!({
         "fromHost": format!("{baseline}.shop.svc"), "fromPort": 80,
@@ -448,6 +493,83 @@ async fn only_authenticated_readers_read_and_a_sidecar_reads_only_its_own_rules(
     );
     assert_eq!(
         get(&mut c, None, Some(&pod_token)).await,
+        Err(Code::PermissionDenied)
+    );
+    // A fork's pod reads the rules of the baseline its Deployment forks (its sidecar relays
+    // Kafka records by them), and nothing else, not even its own Deployment's.
+    let fork_pod = fork_workload(
+        &admin,
+        "shop",
+        "api-sb1",
+        true,
+        "Deployment/shop/api",
+        api_pod_token_sa,
+    )
+    .await;
+    let fork_token = token(
+        &api,
+        "shop",
+        api_pod_token_sa,
+        vec![AUDIENCE.into()],
+        Some(&fork_pod),
+    )
+    .await;
+    assert_eq!(
+        get(&mut c, Some("api"), Some(&fork_token)).await,
+        Ok(vec!["api".to_string()])
+    );
+    for other in ["web", "api-sb1"] {
+        assert_eq!(
+            get(&mut c, Some(other), Some(&fork_token)).await,
+            Err(Code::PermissionDenied),
+            "a fork's pod read {other}'s rules"
+        );
+    }
+    // The label and the annotation without a ForkedWorkload controlling the Deployment name
+    // nothing: such a pod reads its own Deployment's rules only.
+    let forged = fork_workload(
+        &admin,
+        "shop",
+        "forged",
+        false,
+        "Deployment/shop/web",
+        api_pod_token_sa,
+    )
+    .await;
+    let forged_token = token(
+        &api,
+        "shop",
+        api_pod_token_sa,
+        vec![AUDIENCE.into()],
+        Some(&forged),
+    )
+    .await;
+    assert_eq!(
+        get(&mut c, Some("web"), Some(&forged_token)).await,
+        Err(Code::PermissionDenied)
+    );
+    // A fork in another namespace cannot name this namespace's baseline.
+    kt::ensure_namespace(&admin, "other").await.unwrap();
+    let _ = token(&api, "other", "intruder", vec![AUDIENCE.into()], None).await;
+    let intruder = fork_workload(
+        &admin,
+        "other",
+        "api-sb1",
+        true,
+        "Deployment/shop/api",
+        "intruder",
+    )
+    .await;
+    let intruder_token = token(
+        &api,
+        "other",
+        "intruder",
+        vec![AUDIENCE.into()],
+        Some(&intruder),
+    )
+    .await;
+    assert_eq!(
+        get(&mut c, Some("api"), Some(&intruder_token)).await,
         Err(Code::PermissionDenied)
     );
     let mut services = tonic::Request::new(routes::GetClusterServicesRequest {});

@@ -215,6 +215,19 @@ impl Reviewer {
         pod: &PodRef,
         container: Option<&str>,
     ) -> Result<Baseline, BaselineError> {
+        self.baseline_and_labels_of(pod, container)
+            .await
+            .map(|(b, _)| b)
+    }
+
+    /// [`Self::baseline_of`], with the pod's labels: for a server that treats some pods
+    /// specially (the route server: a fork's pods read their baseline's rules), without a
+    /// second read of the pod.
+    pub async fn baseline_and_labels_of(
+        &self,
+        pod: &PodRef,
+        container: Option<&str>,
+    ) -> Result<(Baseline, std::collections::BTreeMap<String, String>), BaselineError> {
         let PodRef {
             namespace,
             name,
@@ -259,11 +272,12 @@ impl Reviewer {
             (v, "Rollout") if v.starts_with("argoproj.io/") => "ArgoRollout",
             (_, k) => return Err(no_baseline(format!("its ReplicaSet is owned by a {k}"))),
         };
-        Ok(Baseline {
+        let baseline = Baseline {
             kind,
             namespace: namespace.clone(),
             name: owner.name.clone(),
-        })
+        };
+        Ok((baseline, found.metadata.labels.unwrap_or_default()))
     }
 }
 

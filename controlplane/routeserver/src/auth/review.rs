@@ -1,13 +1,16 @@
 //! Kubernetes token and access reviews behind [`super::Authenticator`] (feature `kubernetes`):
 //! the route server's policy over the serving kit's reviews. TokenReviews for the route
 //! server's audience, SubjectAccessReviews for other identities, a pod's baseline from its
-//! controlling ReplicaSet, and the cache in front of them.
+//! controlling ReplicaSet (for a fork's pod, the baseline it forks), and the cache in front of
+//! them.
 
 use std::time::{Duration, Instant, SystemTime};
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::authorization::v1::ResourceAttributes;
-use kube::Client;
+use kube::{Api, Client, ResourceExt as _};
+use spur_api::keys::{annotations, labels};
 use spur_serving::review::{
     self, AudienceCheck, BaselineError, Cache, NotAPod, PodRef, ReviewError, Reviewer,
 };
@@ -50,6 +53,8 @@ struct Entry {
 
 pub(super) struct Kube {
     reviewer: Reviewer,
+    /// For a fork pod's Deployment.
+    client: Client,
     audience: String,
     pub(super) watch_recheck: Duration,
     cache: Cache<String, Entry>,
@@ -58,7 +63,8 @@ pub(super) struct Kube {
 impl Kube {
     pub(super) fn new(client: Client, audience: String, watch_recheck: Duration) -> Kube {
         Kube {
-            reviewer: Reviewer::new(client, MAX_REVIEWS),
+            reviewer: Reviewer::new(client.clone(), MAX_REVIEWS),
+            client,
             audience,
             watch_recheck,
             cache: Cache::new(MAX_CACHED),
@@ -261,9 +267,18 @@ impl Kube {
 
     /// The baseline whose rules the pod may read: its controlling ReplicaSet's Deployment (or
     /// Argo Rollout), in the Routes API's spelling.
+    ///
+    /// A fork's pod (label `spur.dev/fork`) whose Deployment a ForkedWorkload controls reads the
+    /// rules of the baseline that Deployment forks (its `spur.dev/baseline` annotation, which
+    /// must name a Deployment of the pod's own namespace): its sidecar relays Kafka records by
+    /// the baseline's routes (docs/async.md). Anything else about a fork, or a Deployment that
+    /// merely carries the label or the annotation, reads as before, its own Deployment's rules.
+    /// Within a namespace this grants nothing new: whoever may create workloads there can
+    /// already run a pod under any of its baselines.
     async fn baseline_of(&self, pod: &PodRef) -> Result<review::Baseline, Denied> {
-        self.reviewer
-            .baseline_of(pod, None)
+        let (baseline, pod_labels) = self
+            .reviewer
+            .baseline_and_labels_of(pod, None)
             .await
             .map_err(|e| match e {
                 BaselineError::Unavailable(ref error) => {
@@ -275,7 +290,20 @@ impl Kube {
                     "pod {}/{} belongs to no Deployment or Argo Rollout: {why}",
                     pod.namespace, pod.name
                 )),
-            })
+            })?;
+        if baseline.kind != "Deployment" || !pod_labels.contains_key(labels::FORK) {
+            return Ok(baseline);
+        }
+        let deployment = Api::<Deployment>::namespaced(self.client.clone(), &baseline.namespace)
+            .get_opt(&baseline.name)
+            .await
+            .map_err(|error| {
+                tracing::warn!(%error, "cannot look up a fork pod's Deployment");
+                Denied::Unavailable("cannot look up this pod now; retry".into())
+            })?;
+        Ok(deployment
+            .and_then(|d| forked_baseline(&d, &baseline.namespace))
+            .unwrap_or(baseline))
     }
 
     /// Whether `user` may list `resource` in `namespace`, or cluster-wide with None.
@@ -297,5 +325,80 @@ impl Kube {
             .access(user, attributes)
             .await
             .map_err(|e| Denied::Unavailable(e.to_string()))
+    }
+}
+
+/// The baseline a ForkedWorkload's Deployment forks, from its `spur.dev/baseline` annotation
+/// (`Deployment/<namespace>/<name>`, as the operator writes it); `None` unless a ForkedWorkload
+/// controls `d` and the annotation names a Deployment in `namespace`.
+fn forked_baseline(d: &Deployment, namespace: &str) -> Option<review::Baseline> {
+    let forked = d.owner_references().iter().any(|o| {
+        o.controller == Some(true)
+            && o.kind == "ForkedWorkload"
+            && o.api_version.starts_with("spur.dev/")
+    });
+    if !forked {
+        return None;
+    }
+    let text = d.annotations().get(annotations::BASELINE)?;
+    let mut parts = text.splitn(3, '/');
+    let (kind, ns, name) = (parts.next()?, parts.next()?, parts.next()?);
+    let valid_name = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+    (kind == "Deployment" && ns == namespace && valid_name).then(|| review::Baseline {
+        kind: "Deployment",
+        namespace: ns.to_owned(),
+        name: name.to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn deployment(owner_kind: &str, api_version: &str, baseline: &str) -> Deployment {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "api-sb1", "namespace": "shop",
+                "annotations": {"spur.dev/baseline": baseline},
+                "ownerReferences": [{"apiVersion": api_version, "kind": owner_kind,
+                                     "name": "sb1-api", "uid": "u1", "controller": true}],
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_a_forked_workloads_deployment_names_another_baseline() {
+        let fw = |b: &str| deployment("ForkedWorkload", "spur.dev/v1alpha1", b);
+        assert_eq!(
+            forked_baseline(&fw("Deployment/shop/api"), "shop"),
+            Some(review::Baseline {
+                kind: "Deployment",
+                namespace: "shop".into(),
+                name: "api".into()
+            })
+        );
+        for (d, why) in [
+            (fw("Deployment/other/api"), "another namespace"),
+            (fw("ArgoRollout/shop/api"), "not a Deployment"),
+            (fw("Deployment/shop/"), "no name"),
+            (fw("Deployment/shop/a/b"), "not a name"),
+            (fw("Deployment/shop/API"), "not a name"),
+            (
+                deployment("ReplicaSet", "apps/v1", "Deployment/shop/api"),
+                "not a fork's",
+            ),
+            (
+                deployment("ForkedWorkload", "evil.dev/v1", "Deployment/shop/api"),
+                "not ours",
+            ),
+        ] {
+            assert_eq!(forked_baseline(&d, "shop"), None, "{why}");
+        }
     }
 }
