@@ -470,6 +470,7 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
         kind: "Deployment",
         namespace: "shop".into(),
         name: "api".into(),
+        fork_of_sandbox: None,
     };
     let expected = spur_operator::inject::containers(&injected, &baseline, &setup.cfg).unwrap();
     assert!(expected.init_containers.is_empty());
@@ -545,6 +546,79 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
     )
     .await;
     assert_skipped(&fork, "forked pod");
+    // A fork's pod with Kafka ports gets a sidecar that only relays Kafka, in fork mode, by its
+    // baseline's rules (docs/async.md): from the fork's Deployment, which a ForkedWorkload
+    // controls, the webhook learns the baseline and the sandbox.
+    let kafka_on = json!({(keys::INJECT): "true", (keys::KAFKA_PORTS): "9092"});
+    let fork_d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "api-sb1", "namespace": "shop",
+            "labels": {"spur.dev/sandbox": "sb1", "spur.dev/fork": "api-sb1"},
+            "annotations": {"spur.dev/baseline": "Deployment/shop/api"},
+            "ownerReferences": [{"apiVersion": "spur.dev/v1alpha1", "kind": "ForkedWorkload",
+                "name": "sb1-api", "uid": "00000000-0000-0000-0000-00000000f0f0", "controller": true}]},
+        "spec": {
+            "selector": {"matchLabels": {"spur.dev/fork": "api-sb1"}},
+            "template": {"metadata": {"labels": {"spur.dev/fork": "api-sb1"}},
+                "spec": {"containers": [{"name": "app", "image": "api:1"}]}}
+        }
+    }))
+    .unwrap();
+    let fork_d = Api::<Deployment>::namespaced(client.clone(), "shop")
+        .create(&PostParams::default(), &fork_d)
+        .await
+        .unwrap();
+    let fork_rs = replicaset(
+        &client,
+        "shop",
+        "api-sb1",
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "api-sb1", "uid": fork_d.uid().unwrap(), "controller": true}),
+    )
+    .await;
+    let kafka_fork = pod(
+        &client,
+        "shop",
+        "api-sb1",
+        Some(fork_rs),
+        json!({"annotations": kafka_on.clone(), "labels": {"spur.dev/fork": "api-sb1"}}),
+    )
+    .await;
+    assert_eq!(annotation(&kafka_fork, keys::STATUS), Some("injected"));
+    assert!(injected_by_default(&kafka_fork), "{:?}", kafka_fork.spec);
+    let fork_baseline = Baseline {
+        fork_of_sandbox: Some("sb1".into()),
+        ..baseline.clone()
+    };
+    let expected =
+        spur_operator::inject::containers(&kafka_fork, &fork_baseline, &setup.cfg).unwrap();
+    let actual = serde_json::to_value(&kafka_fork.spec.as_ref().unwrap().containers[..1]).unwrap();
+    assert_subset(&json!(expected.containers), &actual, "containers");
+    let env: std::collections::BTreeMap<String, String> =
+        kafka_fork.spec.as_ref().unwrap().containers[0]
+            .env
+            .iter()
+            .flatten()
+            .filter_map(|e| Some((e.name.clone(), e.value.clone()?)))
+            .collect();
+    for (k, v) in [
+        ("SPUR_FORK_OF_SANDBOX", "sb1"),
+        ("SPUR_BASELINE_NAME", "api"),
+        ("SPUR_KAFKA_PORTS", "9092"),
+        ("SPUR_INBOUND_PORTS", "none"),
+    ] {
+        assert_eq!(env.get(k).map(String::as_str), Some(v), "{k} in {env:?}");
+    }
+    // The fork's label on a pod of a Deployment no ForkedWorkload controls names no baseline.
+    assert_skipped(
+        &pod(
+            &client,
+            "shop",
+            "layout",
+            Some(api_rs.clone()),
+            json!({"annotations": kafka_on, "labels": {"spur.dev/fork": "sb-api-1234"}}),
+        )
+        .await,
+        "not a fork a ForkedWorkload controls",
+    );
     let sts = json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "00000000-0000-0000-0000-000000000002", "controller": true});
     assert_skipped(
         &pod(
@@ -610,11 +684,11 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
     assert_eq!(container_names(&sys), ["app"]);
     assert_eq!(
         setup.metric("spur_operator_webhook_admissions_total{result=\"injected\"}"),
-        3.0
+        4.0
     );
     assert_eq!(
         setup.metric("spur_operator_webhook_admissions_total{result=\"skipped\"}"),
-        7.0
+        8.0
     );
 
     // Sandbox status: per forked baseline, whether every baseline pod has a ready sidecar.

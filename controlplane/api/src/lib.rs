@@ -20,6 +20,7 @@ pub mod conditions;
 pub mod crdgen;
 pub mod digest;
 pub mod envoyconfig;
+pub mod forkof;
 pub mod jobs;
 pub mod keys;
 pub mod listenerset;

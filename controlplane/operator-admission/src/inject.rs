@@ -238,12 +238,19 @@ pub struct Baseline {
     pub kind: &'static str,
     pub namespace: String,
     pub name: String,
+    /// For a fork's pod: the fork's sandbox. Its sidecar only relays Kafka, in fork mode
+    /// (docs/async.md): no inbound interception (a fork takes keyed traffic directly), no
+    /// capture; `kind`/`namespace`/`name` are then the baseline the fork forks.
+    pub fork_of_sandbox: Option<String>,
 }
 
 /// The pod's controlling ReplicaSet, to be resolved to its Deployment or Rollout.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplicaSetOwner {
     pub name: String,
+    /// A fork's pod (label `spur.dev/fork`) with Kafka ports: its ReplicaSet's Deployment is
+    /// to be resolved to the baseline it forks ([`spur_api::forkof::fork_of`]).
+    pub fork: bool,
 }
 
 /// First look at a pod: skip it (with the reason recorded on it), leave it alone entirely, or
@@ -281,10 +288,19 @@ pub fn screen(
         }
     }
     let labels = pod.metadata.labels.as_ref();
-    if labels.is_some_and(|l| l.contains_key(spur_api::keys::labels::FORK)) {
-        return Screen::Skip(
-            "forked pod (label spur.dev/fork): forks take keyed traffic directly".into(),
-        );
+    let fork = labels.is_some_and(|l| l.contains_key(spur_api::keys::labels::FORK));
+    if fork {
+        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        match parts::kafka_ports(&annotations, cfg) {
+            Ok(ports) if ports.is_empty() => {
+                return Screen::Skip(
+                    "forked pod (label spur.dev/fork) without Kafka ports: forks take keyed traffic directly".into(),
+                );
+            }
+            // A sidecar that relays the fork's Kafka connections (docs/async.md).
+            Ok(_) => {}
+            Err(e) => return Screen::Skip(e.to_string()),
+        }
     }
     let ns_flag = namespace_labels
         .and_then(|l| l.get(keys::INJECT))
@@ -324,6 +340,7 @@ pub fn screen(
         Some(o) if o.kind == "ReplicaSet" && o.api_version == "apps/v1" => {
             Screen::Resolve(ReplicaSetOwner {
                 name: o.name.clone(),
+                fork,
             })
         }
         Some(o) => Screen::Skip(format!(
@@ -368,6 +385,7 @@ pub fn baseline_of_replicaset(
         kind,
         namespace: namespace.into(),
         name,
+        fork_of_sandbox: None,
     })
 }
 
@@ -470,10 +488,17 @@ pub fn containers(
         cfg.placement,
         "regular or native",
     )?;
-    let inbound = parts::Inbound::of(&annotations, cfg)?;
+    let fork = baseline.fork_of_sandbox.as_deref();
+    let inbound = match fork {
+        Some(_) => parts::Inbound::none(cfg),
+        None => parts::Inbound::of(&annotations, cfg)?,
+    };
     let kafka = parts::kafka_ports(&annotations, cfg)?;
     let mut env_list = parts::sidecar_env(baseline, cfg);
     env_list.extend(parts::kafka_env(&kafka, cfg));
+    if let Some(sandbox) = fork {
+        env_list.push(parts::env("SPUR_FORK_OF_SANDBOX", sandbox.to_owned()));
+    }
     let mut init_containers = Vec::new();
     let security = match interception {
         Interception::InitContainer => {
@@ -491,7 +516,14 @@ pub fn containers(
             format!("{}s", cfg.drain_delay_seconds),
         ));
     }
-    let files = parts::mounted_files(cfg);
+    let files = match fork {
+        // A fork's sidecar captures nothing: the traffic store knows it as no baseline's.
+        Some(_) => parts::mounted_files(&InjectionConfig {
+            traffic_server: String::new(),
+            ..cfg.clone()
+        }),
+        None => parts::mounted_files(cfg),
+    };
     env_list.extend(files.env);
     let sidecar = parts::sidecar(cfg, env_list, security, files.mounts, placement);
     let volumes = files.volumes;
@@ -569,7 +601,8 @@ mod tests {
         assert_eq!(
             screen(&p, "shop", None, &cfg),
             Screen::Resolve(ReplicaSetOwner {
-                name: "api-abc".into()
+                name: "api-abc".into(),
+                fork: false,
             })
         );
         let plain = rs_pod(json!({}), json!({}));
@@ -617,6 +650,7 @@ mod tests {
                     kind: "Deployment",
                     namespace: "shop".into(),
                     name: "api".into(),
+                    fork_of_sandbox: None,
                 },
                 &cfg,
             )
@@ -653,6 +687,7 @@ mod tests {
             kind: "ArgoRollout",
             namespace: "shop".into(),
             name: "api".into(),
+            fork_of_sandbox: None,
         };
         let out = apply(&p, &inject_patch(&p, &b, &cfg).unwrap());
         let inits = out["spec"]["initContainers"].as_array().unwrap();
@@ -707,6 +742,7 @@ mod tests {
             kind: "Deployment",
             namespace: "shop".into(),
             name: "api".into(),
+            fork_of_sandbox: None,
         };
         let out = apply(&p, &inject_patch(&p, &b, &cfg).unwrap());
         assert_eq!(names(&out["spec"]["initContainers"]), ["migrate"]);
@@ -763,6 +799,7 @@ mod tests {
             kind: "Deployment",
             namespace: "shop".into(),
             name: "api".into(),
+            fork_of_sandbox: None,
         };
         let init_native = InjectionConfig {
             interception: Interception::InitContainer,
@@ -821,6 +858,7 @@ mod tests {
             kind: "Deployment",
             namespace: "shop".into(),
             name: "api".into(),
+            fork_of_sandbox: None,
         };
         let e = inject_patch(&p, &b, &InjectionConfig::default()).unwrap_err();
         assert!(
@@ -839,6 +877,7 @@ mod tests {
             kind: "Deployment",
             namespace: "n".into(),
             name: "a".into(),
+            fork_of_sandbox: None,
         };
         assert!(inject_patch(&p, &b, &cfg).is_err());
         let mut bad = cfg.clone();

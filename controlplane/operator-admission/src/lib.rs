@@ -783,10 +783,18 @@ async fn decide(
         .ok_or_else(|| {
             Error::Webhook(format!("ReplicaSet {namespace}/{} not found", owner.name))
         })?;
-    let baseline = match inject::baseline_of_replicaset(&rs, &namespace) {
+    let mut baseline = match inject::baseline_of_replicaset(&rs, &namespace) {
         Ok(b) => b,
         Err(reason) => return Ok(Some((inject::skip_patch(pod, &reason)?, "skipped"))),
     };
+    if owner.fork {
+        // A fork's pod with Kafka ports: its sidecar relays Kafka in fork mode, by the rules of
+        // the baseline the fork's Deployment forks (docs/async.md).
+        match fork_of(&baseline, st).await? {
+            Ok(fork) => baseline = fork,
+            Err(reason) => return Ok(Some((inject::skip_patch(pod, &reason)?, "skipped"))),
+        }
+    }
     match inject::inject_patch(pod, &baseline, &st.injection) {
         Ok(p) => {
             tracing::debug!(baseline = ?baseline, "injecting sidecar");
@@ -802,6 +810,37 @@ async fn decide(
         Err(Error::Config(reason)) => Ok(Some((inject::skip_patch(pod, &reason)?, "skipped"))),
         Err(e) => Err(e),
     }
+}
+
+/// The baseline a fork's Deployment (`deployment`, from its pod's ReplicaSet) forks, with the
+/// fork's sandbox; `Ok(Err(reason))` when it is no fork a ForkedWorkload made.
+async fn fork_of(
+    deployment: &inject::Baseline,
+    st: &State,
+) -> Result<Result<inject::Baseline, String>, Error> {
+    let api: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(st.client.clone(), &deployment.namespace);
+    let found = tokio::time::timeout(API_TIMEOUT, api.get_opt(&deployment.name))
+        .await
+        .map_err(|_| {
+            Error::Webhook(format!("timed out reading Deployment {}", deployment.name))
+        })??;
+    let fork = found.as_ref().and_then(spur_api::forkof::fork_of);
+    Ok(match fork {
+        Some(spur_api::forkof::ForkOf {
+            baseline,
+            sandbox: Some(sandbox),
+        }) if deployment.kind == "Deployment" => Ok(inject::Baseline {
+            kind: "Deployment",
+            namespace: deployment.namespace.clone(),
+            name: baseline,
+            fork_of_sandbox: Some(sandbox),
+        }),
+        _ => Err(format!(
+            "forked pod (label spur.dev/fork), but {} {}/{} is not a fork a ForkedWorkload controls (with spur.dev/baseline and spur.dev/sandbox): no Kafka relay for it",
+            deployment.kind, deployment.namespace, deployment.name
+        )),
+    })
 }
 
 /// Creates the CA bundle ConfigMap in `namespace` if it is missing (never changes one: the

@@ -50,6 +50,16 @@ impl Inbound {
     }
 }
 
+impl Inbound {
+    /// Nothing inbound: a fork's pod, whose sidecar only relays Kafka.
+    pub(super) fn none(cfg: &InjectionConfig) -> Self {
+        Inbound {
+            include: "none".into(),
+            exclude: cfg.admin_port.to_string(),
+        }
+    }
+}
+
 /// The comma-separated ports of annotation `key` (none when absent or empty).
 fn annotated_ports(annotations: &BTreeMap<String, String>, key: &str) -> Result<Vec<u16>, Error> {
     match annotations.get(key).map(|s| s.trim()) {
@@ -438,6 +448,79 @@ mod tests {
         assert_eq!(sidecar["imagePullPolicy"], "IfNotPresent");
         // No mounts: no volumeMounts key at all.
         assert_eq!(sidecar.get("volumeMounts"), None);
+    }
+
+    /// A fork's pod is screened in only with Kafka ports, to be resolved as a fork; its sidecar
+    /// then intercepts nothing inbound, captures nothing and relays Kafka in fork mode.
+    #[test]
+    fn a_forks_pod_gets_a_kafka_only_sidecar() {
+        use super::super::{ReplicaSetOwner, Screen, containers, screen};
+        let fork_pod = |annotations: Value| -> k8s_openapi::api::core::v1::Pod {
+            serde_json::from_value(json!({"metadata": {
+                "name": "api-sb1-x", "labels": {"spur.dev/fork": "api-sb1"},
+                "annotations": annotations,
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "name": "api-sb1-5d8f7c", "uid": "u", "controller": true}]},
+                "spec": {"containers": [{"name": "app", "image": "api:1"}]}}))
+            .unwrap()
+        };
+        let cfg = InjectionConfig {
+            traffic_server: "spur-traffic.spur-system.svc:7778".into(),
+            ..InjectionConfig::default()
+        };
+        let plain = fork_pod(json!({(keys::INJECT): "true"}));
+        assert!(
+            matches!(screen(&plain, "shop", None, &cfg), Screen::Skip(r) if r.contains("without Kafka ports"))
+        );
+        let kafka = fork_pod(json!({(keys::INJECT): "true", (keys::KAFKA_PORTS): "9092"}));
+        assert_eq!(
+            screen(&kafka, "shop", None, &cfg),
+            Screen::Resolve(ReplicaSetOwner {
+                name: "api-sb1-5d8f7c".into(),
+                fork: true
+            })
+        );
+        let not_in = fork_pod(json!({(keys::KAFKA_PORTS): "9092"}));
+        assert!(
+            matches!(screen(&not_in, "shop", None, &cfg), Screen::Skip(r) if r.contains("not opted in"))
+        );
+        let baseline = Baseline {
+            kind: "Deployment",
+            namespace: "shop".into(),
+            name: "api".into(),
+            fork_of_sandbox: Some("sb1".into()),
+        };
+        let injected = containers(&kafka, &baseline, &cfg).unwrap();
+        let env = &injected.containers[0]["env"];
+        let get = |k: &str| {
+            env.as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["name"] == k)
+                .map(|e| e["value"].clone())
+        };
+        assert_eq!(get("SPUR_FORK_OF_SANDBOX"), Some("sb1".into()));
+        assert_eq!(get("SPUR_INBOUND_PORTS"), Some("none".into()));
+        assert_eq!(get("SPUR_KAFKA_PORTS"), Some("9092".into()));
+        assert_eq!(
+            get("SPUR_TRAFFIC_SERVER"),
+            None,
+            "a fork's sidecar captures nothing"
+        );
+        let baseline_pod = containers(
+            &kafka,
+            &Baseline {
+                fork_of_sandbox: None,
+                ..baseline
+            },
+            &cfg,
+        )
+        .unwrap();
+        assert!(
+            baseline_pod.containers[0]["env"]
+                .to_string()
+                .contains("SPUR_TRAFFIC_SERVER")
+        );
     }
 
     /// Kafka ports come from the pod's annotation, else the config; `none` turns them off for a

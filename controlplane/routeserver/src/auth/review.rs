@@ -9,8 +9,8 @@ use std::time::{Duration, Instant, SystemTime};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::authorization::v1::ResourceAttributes;
-use kube::{Api, Client, ResourceExt as _};
-use spur_api::keys::{annotations, labels};
+use kube::{Api, Client};
+use spur_api::keys::labels;
 use spur_serving::review::{
     self, AudienceCheck, BaselineError, Cache, NotAPod, PodRef, ReviewError, Reviewer,
 };
@@ -301,9 +301,16 @@ impl Kube {
                 tracing::warn!(%error, "cannot look up a fork pod's Deployment");
                 Denied::Unavailable("cannot look up this pod now; retry".into())
             })?;
-        Ok(deployment
-            .and_then(|d| forked_baseline(&d, &baseline.namespace))
-            .unwrap_or(baseline))
+        Ok(
+            match deployment.as_ref().and_then(spur_api::forkof::fork_of) {
+                Some(fork) => review::Baseline {
+                    kind: "Deployment",
+                    namespace: baseline.namespace,
+                    name: fork.baseline,
+                },
+                None => baseline,
+            },
+        )
     }
 
     /// Whether `user` may list `resource` in `namespace`, or cluster-wide with None.
@@ -325,80 +332,5 @@ impl Kube {
             .access(user, attributes)
             .await
             .map_err(|e| Denied::Unavailable(e.to_string()))
-    }
-}
-
-/// The baseline a ForkedWorkload's Deployment forks, from its `spur.dev/baseline` annotation
-/// (`Deployment/<namespace>/<name>`, as the operator writes it); `None` unless a ForkedWorkload
-/// controls `d` and the annotation names a Deployment in `namespace`.
-fn forked_baseline(d: &Deployment, namespace: &str) -> Option<review::Baseline> {
-    let forked = d.owner_references().iter().any(|o| {
-        o.controller == Some(true)
-            && o.kind == "ForkedWorkload"
-            && o.api_version.starts_with("spur.dev/")
-    });
-    if !forked {
-        return None;
-    }
-    let text = d.annotations().get(annotations::BASELINE)?;
-    let mut parts = text.splitn(3, '/');
-    let (kind, ns, name) = (parts.next()?, parts.next()?, parts.next()?);
-    let valid_name = !name.is_empty()
-        && name.len() <= 253
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
-    (kind == "Deployment" && ns == namespace && valid_name).then(|| review::Baseline {
-        kind: "Deployment",
-        namespace: ns.to_owned(),
-        name: name.to_owned(),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    fn deployment(owner_kind: &str, api_version: &str, baseline: &str) -> Deployment {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {
-                "name": "api-sb1", "namespace": "shop",
-                "annotations": {"spur.dev/baseline": baseline},
-                "ownerReferences": [{"apiVersion": api_version, "kind": owner_kind,
-                                     "name": "sb1-api", "uid": "u1", "controller": true}],
-            }
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn only_a_forked_workloads_deployment_names_another_baseline() {
-        let fw = |b: &str| deployment("ForkedWorkload", "spur.dev/v1alpha1", b);
-        assert_eq!(
-            forked_baseline(&fw("Deployment/shop/api"), "shop"),
-            Some(review::Baseline {
-                kind: "Deployment",
-                namespace: "shop".into(),
-                name: "api".into()
-            })
-        );
-        for (d, why) in [
-            (fw("Deployment/other/api"), "another namespace"),
-            (fw("ArgoRollout/shop/api"), "not a Deployment"),
-            (fw("Deployment/shop/"), "no name"),
-            (fw("Deployment/shop/a/b"), "not a name"),
-            (fw("Deployment/shop/API"), "not a name"),
-            (
-                deployment("ReplicaSet", "apps/v1", "Deployment/shop/api"),
-                "not a fork's",
-            ),
-            (
-                deployment("ForkedWorkload", "evil.dev/v1", "Deployment/shop/api"),
-                "not ours",
-            ),
-        ] {
-            assert_eq!(forked_baseline(&d, "shop"), None, "{why}");
-        }
     }
 }
