@@ -65,6 +65,8 @@ fn decide(
         kind: "Deployment",
         namespace: namespace.to_owned(),
         name: owner.name.clone(),
+        // A fork's pod (with Kafka ports) is injected as a fork of some sandbox.
+        fork_of_sandbox: owner.fork.then(|| "sb1".to_owned()),
     };
     // Found here and fixed (artifacts-found/admission_review/): for a pod without `spec` the
     // patch used to add `/spec/...` members whose parent does not exist.
