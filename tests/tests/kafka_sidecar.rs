@@ -67,7 +67,7 @@ const RULES: &str = "\
 ";
 
 /// `spur-sidecar --intercept` in `net`, relaying connections to `broker_port`.
-fn sidecar(net: &TestNet, dir: &Path, fork: Option<&str>, broker_port: u16) -> Process {
+fn sidecar(net: &TestNet, dir: &Path, fork: Option<&str>, broker_port: u16, log: &str) -> Process {
     let rules = dir.join("rules.yaml");
     let mut cmd = net.command(sidecar_bin());
     cmd.args(["--transparent", "--baseline-namespace", "shop"])
@@ -85,8 +85,7 @@ fn sidecar(net: &TestNet, dir: &Path, fork: Option<&str>, broker_port: u16) -> P
     if let Some(sandbox) = fork {
         cmd.env("SPUR_FORK_OF_SANDBOX", sandbox);
     }
-    let name = if fork.is_some() { "fork" } else { "baseline" };
-    Process::spawn("spur-sidecar", cmd, &dir.join(format!("{name}.log"))).unwrap()
+    Process::spawn("spur-sidecar", cmd, &dir.join(format!("{log}.log"))).unwrap()
 }
 
 /// GET `path` from the admin server of the sidecar in `net`: (status, body).
@@ -149,18 +148,30 @@ fn assert_share(got: &[String], want: &BTreeSet<String>, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: a record twice");
 }
 
+/// ApiVersions v0, correlation id 1, client id "x", framed.
+const API_VERSIONS: &[u8] = &[0, 0, 0, 11, 0, 18, 0, 0, 0, 0, 0, 1, 0, 1, b'x'];
+
 /// Connects from inside `net` (a thread joined to it) to the relay's port on loopback directly,
 /// sends an ApiVersions request and returns what came back before the connection ended.
 fn direct_to_relay(net: &TestNet) -> std::io::Result<Vec<u8>> {
+    send_from(
+        net,
+        SocketAddr::from((Ipv4Addr::LOCALHOST, RELAY_PORT)),
+        API_VERSIONS,
+    )
+}
+
+/// Connects from inside `net` to `to`, sends `bytes` and returns what came back before the
+/// connection ended (at most 5 s).
+fn send_from(net: &TestNet, to: SocketAddr, bytes: &'static [u8]) -> std::io::Result<Vec<u8>> {
     use std::io::{Read, Write};
     let path = format!("/var/run/netns/{}", net.name());
     std::thread::spawn(move || {
         let f = std::fs::File::open(&path)?;
         nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
-        let mut s = std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, RELAY_PORT))?;
+        let mut s = std::net::TcpStream::connect(to)?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        // ApiVersions v0, correlation id 1, client id "x".
-        s.write_all(&[0, 0, 0, 11, 0, 18, 0, 0, 0, 0, 0, 1, 0, 1, b'x'])?;
+        s.write_all(bytes)?;
         let mut got = Vec::new();
         match s.read_to_end(&mut got) {
             Ok(_) => Ok(got),
@@ -193,9 +204,9 @@ async fn pods_behind_sidecars_receive_their_records_by_key() {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::write(dir.path().join("rules.yaml"), RULES).unwrap();
     let mut watchdog = Watchdog::spawn(dir.path()).unwrap();
-    let mut base = sidecar(&base_net, dir.path(), None, port);
+    let mut base = sidecar(&base_net, dir.path(), None, port, "baseline");
     watchdog.watch(&base).unwrap();
-    let mut fork = sidecar(&fork_net, dir.path(), Some("sbx1"), port);
+    let mut fork = sidecar(&fork_net, dir.path(), Some("sbx1"), port, "fork");
     watchdog.watch(&fork).unwrap();
     wait_ready(&base_net, &mut base).await;
     wait_ready(&fork_net, &mut fork).await;
@@ -298,6 +309,64 @@ async fn pods_behind_sidecars_receive_their_records_by_key() {
             .contains("not redirected to it"),
         "{}",
         base.log_tail()
+    );
+
+    // Faults. A sidecar killed mid-stream and started again (as the kubelet restarts a
+    // container): the consumer reconnects through the new one and receives every record that
+    // is its own once. While it runs, a client of the same pod sends a frame too large to be
+    // Kafka's: that connection alone is closed.
+    broker
+        .probe(&["create", &bs, "restart", "3"])
+        .await
+        .unwrap();
+    broker
+        .probe(&["produce", &bs, "restart", "lz4", "r1", "40", "-"])
+        .await
+        .unwrap();
+    broker
+        .probe(&["produce", &bs, "restart", "lz4", "k1", "20", "sbx1"])
+        .await
+        .unwrap();
+    let want: BTreeSet<String> = (0..40)
+        .map(|i| format!("r1-{i}"))
+        .chain((0..40).map(|i| format!("r2-{i}")))
+        .collect();
+    let args = ["consume", &bs, "restart", "restart-app", "80", "60000"];
+    let consume = broker.probe_in(b_ns, &args);
+    let faults = async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        drop(base);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut again = sidecar(&base_net, dir.path(), None, port, "baseline-again");
+        watchdog.watch(&again).unwrap();
+        wait_ready(&base_net, &mut again).await;
+        // 2 GiB declared: above any frame size the relay accepts.
+        const HUGE: &[u8] = &[0x7f, 0xff, 0xff, 0xff, 0, 18, 0, 0];
+        let got = send_from(&base_net, broker_addr, HUGE).unwrap();
+        assert!(got.is_empty(), "an oversized frame was answered: {got:?}");
+        broker
+            .probe(&["produce", &bs, "restart", "none", "r2", "40", "-"])
+            .await
+            .unwrap();
+        again
+    };
+    let (out, again) = tokio::join!(consume, faults);
+    assert_share(
+        &printed(&out.unwrap()),
+        &want,
+        "baseline pod across a sidecar restart",
+    );
+    let (_, text) = admin_get(&base_net, "/metrics").await.unwrap();
+    assert_eq!(
+        metric(&text, "spur_kafka_refused_connections_total"),
+        1.0,
+        "the oversized frame's connection, and only it\n{}",
+        again.log_tail()
+    );
+    assert!(
+        metric(&text, "spur_kafka_records_total{verdict=\"delivered\"}") >= 40.0
+            && metric(&text, "spur_connections_total{protocol=\"kafka\"}") >= 2.0,
+        "the consumer went on through the restarted sidecar:\n{text}"
     );
     drop(broker);
 }
