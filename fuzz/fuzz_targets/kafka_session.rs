@@ -39,6 +39,7 @@ fuzz_target!(|data: &[u8]| {
             max_batch_bytes: 1 << 20,
         },
         advertise,
+        topics: Default::default(),
     });
     let mut sent: std::collections::VecDeque<i32> = Default::default();
     while let Some((&dir, tail)) = rest.split_first() {
@@ -66,7 +67,7 @@ fuzz_target!(|data: &[u8]| {
             if let (Some(c), true) = (sent.pop_front(), frame.len() >= 4) {
                 frame[..4].copy_from_slice(&c.to_be_bytes());
             }
-            let Ok(out) = session.response(Bytes::from(frame.clone()), |_, r| r.offset % 2 == 0)
+            let Ok(out) = session.response(Bytes::from(frame.clone()), |_, _, r| r.offset % 2 == 0)
             else {
                 return;
             };

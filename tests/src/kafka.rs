@@ -414,6 +414,7 @@ impl Relay {
             limits: spur_kafka::Limits::default(),
             // The broker is node 1 (server.properties above).
             advertise: vec![(1, addr.ip().to_string(), i32::from(addr.port()))],
+            topics: spur_kafka::TopicNames::default(),
         };
         let stats = Arc::new(Mutex::new(spur_kafka::SessionStats::default()));
         let errors = Arc::new(Mutex::new(Vec::new()));
@@ -422,7 +423,7 @@ impl Relay {
         let relay = spur_proxy::kafka::KafkaRelay {
             session: cfg,
             max_frame: spur_kafka::frame::DEFAULT_MAX_FRAME,
-            keep: Arc::new(move |_, r| keep(r)),
+            keep: Arc::new(move |_, _, r| keep(r)),
             on_stats: Arc::new(move |s| sink.lock().unwrap().add(s)),
         };
         let e = errors.clone();

@@ -279,8 +279,9 @@ async fn pods_behind_sidecars_receive_their_records_by_key() {
     let (_, fork_metrics) = admin_get(&fork_net, "/metrics").await.unwrap();
     for (text, what) in [(&base_metrics, "baseline"), (&fork_metrics, "fork")] {
         for series in [
-            "spur_kafka_records_total{verdict=\"delivered\"}",
-            "spur_kafka_records_total{verdict=\"withheld\"}",
+            "spur_kafka_records_total{topic=\"orders\",verdict=\"delivered\"}",
+            "spur_kafka_records_total{topic=\"orders\",verdict=\"withheld\"}",
+            "spur_kafka_batches_rewritten_total{topic=\"orders\"}",
             "spur_connections_total{protocol=\"kafka\"}",
         ] {
             assert!(metric(text, series) > 0.0, "{what}: {series} in\n{text}");
@@ -364,7 +365,10 @@ async fn pods_behind_sidecars_receive_their_records_by_key() {
         again.log_tail()
     );
     assert!(
-        metric(&text, "spur_kafka_records_total{verdict=\"delivered\"}") >= 40.0
+        metric(
+            &text,
+            "spur_kafka_records_total{topic=\"restart\",verdict=\"delivered\"}",
+        ) >= 40.0
             && metric(&text, "spur_connections_total{protocol=\"kafka\"}") >= 2.0,
         "the consumer went on through the restarted sidecar:\n{text}"
     );

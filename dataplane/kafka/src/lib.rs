@@ -22,6 +22,7 @@ pub mod frame;
 pub mod key;
 pub mod records;
 pub mod session;
+pub mod topics;
 
 mod error;
 mod varint;
@@ -32,3 +33,4 @@ pub use error::Error;
 pub use filter::{Filtered, Limits, Stats, filter};
 pub use records::Record;
 pub use session::{Requests, Responses, Role, Session, SessionConfig, SessionStats};
+pub use topics::TopicNames;

@@ -69,12 +69,17 @@ pub struct SessionConfig {
     /// Broker addresses to advertise in place of the broker's own, by node id (explicit
     /// listeners only).
     pub advertise: Vec<(i32, String, i32)>,
+    /// Topic names by id, shared by a relay's connections (Fetch v13+ names topics by id).
+    pub topics: crate::TopicNames,
 }
 
 /// Counters of one connection, summed by the caller into its metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SessionStats {
     pub records: Stats,
+    /// The same record counters by topic name (empty: a topic id no Metadata response named),
+    /// one entry per topic.
+    pub topics: Vec<(Arc<str>, Stats)>,
     /// Group and transactional ids renamed, both ways.
     pub ids_renamed: u64,
     pub fetch_responses: u64,
@@ -83,8 +88,19 @@ pub struct SessionStats {
 impl SessionStats {
     pub fn add(&mut self, o: &SessionStats) {
         self.records.add(&o.records);
+        for (topic, stats) in &o.topics {
+            self.add_topic(topic, stats);
+        }
         self.ids_renamed += o.ids_renamed;
         self.fetch_responses += o.fetch_responses;
+    }
+
+    fn add_topic(&mut self, topic: &Arc<str>, stats: &Stats) {
+        // A handful of topics per connection: a scan beats a map.
+        match self.topics.iter_mut().find(|(t, _)| t == topic) {
+            Some((_, s)) => s.add(stats),
+            None => self.topics.push((topic.clone(), *stats)),
+        }
     }
 }
 
@@ -294,7 +310,7 @@ impl Session {
     pub fn response(
         &mut self,
         frame: Bytes,
-        keep: impl FnMut(&BatchHeader, &Record<'_>) -> bool,
+        keep: impl FnMut(&str, &BatchHeader, &Record<'_>) -> bool,
     ) -> Result<Bytes, Error> {
         self.responses.response(frame, keep)
     }
@@ -321,11 +337,12 @@ impl Requests {
 
 impl Responses {
     /// A response from the broker, to send on to the client. `keep` decides, for a Fetch
-    /// response, which records the client receives.
+    /// response, which records the client receives; it is told each record's topic (empty when
+    /// the topic's id was never named in a Metadata response this relay saw).
     pub fn response(
         &mut self,
         frame: Bytes,
-        keep: impl FnMut(&BatchHeader, &Record<'_>) -> bool,
+        keep: impl FnMut(&str, &BatchHeader, &Record<'_>) -> bool,
     ) -> Result<Bytes, Error> {
         self.0.response(frame, keep)
     }
@@ -504,7 +521,7 @@ impl Side {
     fn response(
         &mut self,
         frame: Bytes,
-        keep: impl FnMut(&BatchHeader, &Record<'_>) -> bool,
+        keep: impl FnMut(&str, &BatchHeader, &Record<'_>) -> bool,
     ) -> Result<Bytes, Error> {
         let Some(correlation) = frame.first_chunk::<4>().map(|c| i32::from_be_bytes(*c)) else {
             return Err(Error::Frame {
@@ -551,12 +568,24 @@ impl Side {
                 let mut keep = keep;
                 let mut changed = false;
                 for topic in &mut body.responses {
+                    // Fetch v13 and later name topics by id only.
+                    let name: Arc<str> = if v >= 13 {
+                        self.cfg
+                            .topics
+                            .name(topic.topic_id.as_bytes())
+                            .unwrap_or_else(|| Arc::from(""))
+                    } else {
+                        Arc::from(topic.topic.0.as_str())
+                    };
                     for part in &mut topic.partitions {
                         if let Some(records) = &part.records
                             && !records.is_empty()
                         {
-                            let out = filter::filter(records, &self.cfg.limits, &mut keep)?;
+                            let out = filter::filter(records, &self.cfg.limits, |h, r| {
+                                keep(&name, h, r)
+                            })?;
                             self.stats.records.add(&out.stats);
+                            self.stats.add_topic(&name, &out.stats);
                             // The filter hands back the same bytes when it removed nothing.
                             changed |= out.records.as_ptr() != records.as_ptr()
                                 || out.records.len() != records.len();
@@ -570,8 +599,18 @@ impl Side {
                 }
                 encode_response(key, v, &header, &body)
             }
-            ApiKey::Metadata if !self.cfg.advertise.is_empty() => {
+            ApiKey::Metadata => {
                 let (header, mut body) = decode_response::<MetadataResponse>(key, v, &frame)?;
+                for t in &body.topics {
+                    if let Some(name) = &t.name {
+                        self.cfg
+                            .topics
+                            .learn(t.topic_id.as_bytes(), name.0.as_str());
+                    }
+                }
+                if self.cfg.advertise.is_empty() {
+                    return Ok(frame);
+                }
                 for b in &mut body.brokers {
                     if let Some((host, port)) = self.advertised(b.node_id.0) {
                         b.host = host;
@@ -653,6 +692,7 @@ mod tests {
             role,
             limits: Limits::default(),
             advertise: Vec::new(),
+            topics: crate::TopicNames::default(),
         })
     }
 
@@ -679,7 +719,7 @@ mod tests {
         f.extend_from_slice(&0i16.to_be_bytes());
         f.extend_from_slice(&0i32.to_be_bytes());
         f.extend_from_slice(&i32::MAX.to_be_bytes());
-        let err = s.response(Bytes::from(f), |_, _| true).unwrap_err();
+        let err = s.response(Bytes::from(f), |_, _, _| true).unwrap_err();
         assert!(err.to_string().contains("bytes left"), "{err}");
     }
 
@@ -687,13 +727,13 @@ mod tests {
     fn responses_must_answer_the_next_request() {
         let mut s = session(Role::Baseline);
         assert!(matches!(
-            s.response(Bytes::from_static(&[0, 0, 0, 1]), |_, _| true),
+            s.response(Bytes::from_static(&[0, 0, 0, 1]), |_, _, _| true),
             Err(Error::Protocol { .. })
         ));
         s.request(fetch_request(1)).unwrap();
         s.request(fetch_request(2)).unwrap();
         let err = s
-            .response(Bytes::from_static(&[0, 0, 0, 2]), |_, _| true)
+            .response(Bytes::from_static(&[0, 0, 0, 2]), |_, _, _| true)
             .unwrap_err();
         assert!(err.to_string().contains("where 1"), "{err}");
         assert!(s.request(Bytes::from_static(&[0, 1, 0])).is_err());
@@ -766,7 +806,7 @@ mod tests {
                 .encode(&mut frame, ApiKey::DeleteGroups.response_header_version(2))
                 .unwrap();
             resp.encode(&mut frame, 2).unwrap();
-            let out = s.response(frame.freeze(), |_, _| true).unwrap();
+            let out = s.response(frame.freeze(), |_, _, _| true).unwrap();
             let mut b = out;
             ResponseHeader::decode(&mut b, ApiKey::DeleteGroups.response_header_version(2))
                 .unwrap();
@@ -817,16 +857,105 @@ mod tests {
         let mut s = session(Role::Baseline);
         s.request(fetch_request(1)).unwrap();
         let input = frame();
-        let out = s.response(input.clone(), |_, _| true).unwrap();
+        let out = s.response(input.clone(), |_, _, _| true).unwrap();
         assert_eq!(
             out.as_ptr(),
             input.as_ptr(),
             "not decoded and written again"
         );
         s.request(fetch_request(1)).unwrap();
-        let out = s.response(frame(), |_, _| false).unwrap();
+        let out = s.response(frame(), |_, _, _| false).unwrap();
         assert_ne!(out, frame(), "a record removed: written again");
-        assert_eq!(s.take_stats().records.records_dropped, 1);
+        let stats = s.take_stats();
+        assert_eq!(stats.records.records_dropped, 1);
+        assert_eq!(stats.topics.len(), 1);
+        assert_eq!(
+            (&*stats.topics[0].0, stats.topics[0].1.records_dropped),
+            ("t", 1)
+        );
+    }
+
+    /// Fetch v13 and later name topics by id: the names come from the Metadata responses any
+    /// connection sharing the map saw, and reach the decision and the counters.
+    #[test]
+    fn topic_ids_are_named_from_metadata() {
+        use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+        use kafka_protocol::messages::metadata_response::MetadataResponseTopic;
+        use kafka_protocol::messages::{FetchRequest, MetadataRequest, TopicName};
+
+        let record = [12u8, 0, 0, 0, 1, 0, 0];
+        let mut header = [0u8; crate::batch::HEADER_LEN];
+        header[16] = 2;
+        let mut batch = Vec::new();
+        crate::batch::rewrite(&header, crate::Codec::None, 1, &record[..], &mut batch).unwrap();
+        let id = uuid::Uuid::from_bytes([7; 16]);
+        let response = |version: i16, body: &dyn Fn(&mut BytesMut)| {
+            let mut out = BytesMut::new();
+            ResponseHeader::default()
+                .with_correlation_id(5)
+                .encode(&mut out, ApiKey::Fetch.response_header_version(version))
+                .unwrap();
+            body(&mut out);
+            out.freeze()
+        };
+        let fetch = FetchResponse::default().with_responses(vec![
+            FetchableTopicResponse::default()
+                .with_topic_id(id)
+                .with_partitions(vec![
+                    PartitionData::default().with_records(Some(Bytes::from(batch))),
+                ]),
+        ]);
+        let names = crate::TopicNames::default();
+        let mut other = Session::new(SessionConfig {
+            role: Role::Baseline,
+            limits: Limits::default(),
+            advertise: Vec::new(),
+            topics: names.clone(),
+        });
+        let mut s = Session::new(SessionConfig {
+            role: Role::Baseline,
+            limits: Limits::default(),
+            advertise: Vec::new(),
+            topics: names,
+        });
+        let seen = |s: &mut Session| {
+            s.request(request_frame(&FetchRequest::default(), 13))
+                .unwrap();
+            let mut topic = String::new();
+            s.response(
+                response(13, &|o| fetch.encode(o, 13).unwrap()),
+                |t, _, _| {
+                    topic = t.to_owned();
+                    true
+                },
+            )
+            .unwrap();
+            (topic, s.take_stats().topics[0].0.to_string())
+        };
+        assert_eq!(
+            seen(&mut s),
+            (String::new(), String::new()),
+            "not named yet"
+        );
+        // Another connection of the relay learns the name.
+        let metadata = MetadataResponse::default().with_topics(vec![
+            MetadataResponseTopic::default()
+                .with_name(Some(TopicName(StrBytes::from_static_str("orders"))))
+                .with_topic_id(id),
+        ]);
+        other
+            .request(request_frame(&MetadataRequest::default(), 12))
+            .unwrap();
+        let mut out = BytesMut::new();
+        ResponseHeader::default()
+            .with_correlation_id(5)
+            .encode(&mut out, ApiKey::Metadata.response_header_version(12))
+            .unwrap();
+        metadata.encode(&mut out, 12).unwrap();
+        let input = out.freeze();
+        let passed = other.response(input.clone(), |_, _, _| true).unwrap();
+        assert_eq!(passed.as_ptr(), input.as_ptr(), "read, not written again");
+        assert_eq!(seen(&mut s), ("orders".to_owned(), "orders".to_owned()));
     }
 
     #[test]

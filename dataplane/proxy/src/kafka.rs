@@ -23,8 +23,9 @@ use crate::detect::Protocol;
 use crate::pool::Upstream;
 use crate::{Error, Shared};
 
-/// Decides, per record of a Fetch response, whether this connection's consumer receives it.
-pub type Keep = Arc<dyn Fn(&BatchHeader, &Record<'_>) -> bool + Send + Sync>;
+/// Decides, per record of a Fetch response, whether this connection's consumer receives it;
+/// told the record's topic (empty when unknown, see [`spur_kafka::TopicNames`]).
+pub type Keep = Arc<dyn Fn(&str, &BatchHeader, &Record<'_>) -> bool + Send + Sync>;
 
 /// Receives each frame's counters as they accrue (for metrics).
 pub type OnStats = Arc<dyn Fn(&SessionStats) + Send + Sync>;
@@ -76,7 +77,7 @@ where
                 return Ok(());
             }
             while let Some(frame) = split_frame(&mut buf, max)? {
-                let frame = responses.response(frame, |h, r| (cfg.keep)(h, r))?;
+                let frame = responses.response(frame, |t, h, r| (cfg.keep)(t, h, r))?;
                 put_frame(&mut out, &frame)?;
             }
             (cfg.on_stats)(&responses.take_stats());

@@ -144,60 +144,64 @@ pub fn delivered(
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct VerdictLabels {
+struct TopicVerdict {
+    topic: Arc<str>,
     verdict: &'static str,
 }
 
-/// The relay's counters: `kafka_records_total{verdict="delivered"|"withheld"}`,
-/// `kafka_batches_rewritten_total`, `kafka_rewritten_bytes_total`, `kafka_ids_renamed_total`,
-/// `kafka_fetch_responses_total`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TopicLabel {
+    topic: Arc<str>,
+}
+
+/// Distinct `topic` label values one sidecar reports; records of further topics count under
+/// `_other`, so a pod that reads thousands of topics cannot swell the metrics without bound.
+const MAX_TOPIC_LABELS: usize = 256;
+
+/// The relay's counters: `kafka_records_total{topic,verdict="delivered"|"withheld"}`,
+/// `kafka_batches_rewritten_total{topic}`, `kafka_rewritten_bytes_total{topic}`,
+/// `kafka_ids_renamed_total`, `kafka_fetch_responses_total`. `topic` is the topic's name,
+/// `_unknown` for a topic id no Metadata response named, `_other` past [`MAX_TOPIC_LABELS`].
+#[derive(Debug)]
 struct KafkaMetrics {
-    delivered: Counter,
-    withheld: Counter,
-    batches_rewritten: Counter,
-    bytes_rewritten: Counter,
+    records: Family<TopicVerdict, Counter>,
+    batches_rewritten: Family<TopicLabel, Counter>,
+    bytes_rewritten: Family<TopicLabel, Counter>,
+    topics: std::sync::Mutex<std::collections::HashSet<Arc<str>>>,
     ids_renamed: Counter,
     fetch_responses: Counter,
 }
 
 impl KafkaMetrics {
     fn register(registry: &mut Registry) -> Self {
-        let records = Family::<VerdictLabels, Counter>::default();
+        let records = Family::<TopicVerdict, Counter>::default();
         registry.register(
             "kafka_records",
-            "Records of Fetch responses, by whether this pod's consumer received them (delivered) or they were another consumer's to handle (withheld)",
+            "Records of Fetch responses, by topic and by whether this pod's consumer received them (delivered) or they were another consumer's to handle (withheld)",
             records.clone(),
+        );
+        let batches_rewritten = Family::<TopicLabel, Counter>::default();
+        registry.register(
+            "kafka_batches_rewritten",
+            "Record batches written anew because records were withheld from them, by topic",
+            batches_rewritten.clone(),
+        );
+        let bytes_rewritten = Family::<TopicLabel, Counter>::default();
+        registry.register(
+            "kafka_rewritten_bytes",
+            "Bytes of the record batches written anew, by topic",
+            bytes_rewritten.clone(),
         );
         let counter = |registry: &mut Registry, name: &str, help: &str| {
             let c = Counter::default();
             registry.register(name, help, c.clone());
             c
         };
-        // One statement per handle: a `get_or_create` guard lives until the end of its statement.
-        let delivered = records
-            .get_or_create(&VerdictLabels {
-                verdict: "delivered",
-            })
-            .clone();
-        let withheld = records
-            .get_or_create(&VerdictLabels {
-                verdict: "withheld",
-            })
-            .clone();
         KafkaMetrics {
-            delivered,
-            withheld,
-            batches_rewritten: counter(
-                registry,
-                "kafka_batches_rewritten",
-                "Record batches written anew because records were withheld from them",
-            ),
-            bytes_rewritten: counter(
-                registry,
-                "kafka_rewritten_bytes",
-                "Bytes of the record batches written anew",
-            ),
+            records,
+            batches_rewritten,
+            bytes_rewritten,
+            topics: Default::default(),
             ids_renamed: counter(
                 registry,
                 "kafka_ids_renamed",
@@ -207,11 +211,50 @@ impl KafkaMetrics {
         }
     }
 
+    /// The label a topic's records count under (see [`MAX_TOPIC_LABELS`]).
+    fn label(&self, topic: &Arc<str>) -> Arc<str> {
+        if topic.is_empty() {
+            return Arc::from("_unknown");
+        }
+        let mut seen = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.contains(topic) {
+            return topic.clone();
+        }
+        if seen.len() < MAX_TOPIC_LABELS {
+            seen.insert(topic.clone());
+            return topic.clone();
+        }
+        Arc::from("_other")
+    }
+
     fn add(&self, s: &SessionStats) {
-        self.delivered.inc_by(s.records.records_kept);
-        self.withheld.inc_by(s.records.records_dropped);
-        self.batches_rewritten.inc_by(s.records.batches_rewritten);
-        self.bytes_rewritten.inc_by(s.records.bytes_rewritten);
+        for (topic, stats) in &s.topics {
+            let topic = self.label(topic);
+            // One statement per handle: a `get_or_create` guard lives until the end of its
+            // statement, and two on the same family in one expression deadlock.
+            self.records
+                .get_or_create(&TopicVerdict {
+                    topic: topic.clone(),
+                    verdict: "delivered",
+                })
+                .inc_by(stats.records_kept);
+            self.records
+                .get_or_create(&TopicVerdict {
+                    topic: topic.clone(),
+                    verdict: "withheld",
+                })
+                .inc_by(stats.records_dropped);
+            if stats.batches_rewritten > 0 {
+                self.batches_rewritten
+                    .get_or_create(&TopicLabel {
+                        topic: topic.clone(),
+                    })
+                    .inc_by(stats.batches_rewritten);
+                self.bytes_rewritten
+                    .get_or_create(&TopicLabel { topic })
+                    .inc_by(stats.bytes_rewritten);
+            }
+        }
         self.ids_renamed.inc_by(s.ids_renamed);
         self.fetch_responses.inc_by(s.fetch_responses);
     }
@@ -251,7 +294,7 @@ impl KafkaListeners {
         let metrics = KafkaMetrics::register(registry);
         let role = config.role.clone();
         let decide_role = role.clone();
-        let keep: Keep = Arc::new(move |_batch, record| {
+        let keep: Keep = Arc::new(move |_topic, _batch, record| {
             spur_kafka::key::with_candidates(&extractor, record, |c| {
                 delivered(&table, &baseline, &decide_role, c)
             })
@@ -264,6 +307,7 @@ impl KafkaListeners {
                     role,
                     limits: Limits::default(),
                     advertise: Vec::new(),
+                    topics: spur_kafka::TopicNames::default(),
                 },
                 max_frame: spur_kafka::frame::DEFAULT_MAX_FRAME,
                 keep,
@@ -350,6 +394,40 @@ mod tests {
                 .collect();
             assert_eq!(got, [expected], "{baggage:?}");
         }
+    }
+
+    #[test]
+    fn topic_labels_are_bounded() {
+        let m = KafkaMetrics::register(&mut Registry::default());
+        assert_eq!(&*m.label(&Arc::from("")), "_unknown");
+        for i in 0..MAX_TOPIC_LABELS {
+            let t: Arc<str> = Arc::from(format!("t{i}"));
+            assert_eq!(m.label(&t), t);
+        }
+        assert_eq!(&*m.label(&Arc::from("one-too-many")), "_other");
+        assert_eq!(
+            &*m.label(&Arc::from("t0")),
+            "t0",
+            "a topic seen before keeps its label"
+        );
+        let mut stats = SessionStats::default();
+        stats.topics.push((
+            Arc::from("t1"),
+            spur_kafka::Stats {
+                records_kept: 3,
+                records_dropped: 2,
+                ..Default::default()
+            },
+        ));
+        m.add(&stats);
+        let mut text = String::new();
+        let mut registry = Registry::default();
+        registry.register("kafka_records", "", m.records.clone());
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("kafka_records_total{topic=\"t1\",verdict=\"withheld\"} 2"),
+            "{text}"
+        );
     }
 
     #[test]
