@@ -241,31 +241,7 @@ where
 /// Deployment `name` in shop, a ReplicaSet it controls, and a pod of that ReplicaSet running
 /// as ServiceAccount `sa`; returns the pod.
 async fn workload(client: &Client, name: &str, sa: &str) -> Pod {
-    let d: Deployment = create(client, None, json!({
-        "metadata": {"name": name},
-        "spec": {
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}}
-        }
-    }))
-    .await;
-    let rs: ReplicaSet = create(client, None, json!({
-        "metadata": {"name": format!("{name}-5d8f7c"), "ownerReferences": [
-            {"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "uid": d.uid().unwrap(), "controller": true}
-        ]},
-        "spec": {
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}}
-        }
-    }))
-    .await;
-    create(client, None, json!({
-        "metadata": {"name": format!("{name}-5d8f7c-x1"), "labels": {"app": name}, "ownerReferences": [
-            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs.name_any(), "uid": rs.uid().unwrap(), "controller": true}
-        ]},
-        "spec": {"serviceAccountName": sa, "containers": [{"name": "app", "image": "app:1"}]}
-    }))
-    .await
+    chain(client, "shop", name, json!({}), json!({"app": name}), sa).await
 }
 
 /// A fork's Deployment `name` in `ns` as the operator makes it (controlled by a ForkedWorkload
@@ -285,27 +261,36 @@ async fn fork_workload(
     } else {
         json!([])
     };
-    let labels = json!({"spur.dev/fork": name});
-    let d: Deployment = create(client, Some(ns), json!({
-        "metadata": {"name": name, "annotations": {"spur.dev/baseline": baseline}, "ownerReferences": owners},
-        "spec": {
-            "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}}
-        }
-    }))
+    let meta = json!({"annotations": {"spur.dev/baseline": baseline}, "ownerReferences": owners});
+    chain(client, ns, name, meta, json!({"spur.dev/fork": name}), sa).await
+}
+
+/// Deployment `name` in `ns` (with `meta` merged into its metadata), a ReplicaSet it controls
+/// and a pod of it running as `sa`, all with `labels`; returns the pod.
+async fn chain(client: &Client, ns: &str, name: &str, meta: Value, labels: Value, sa: &str) -> Pod {
+    let template = json!({"metadata": {"labels": labels}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}});
+    let mut d_meta = json!({"name": name});
+    for (k, v) in meta.as_object().cloned().unwrap_or_default() {
+        d_meta[k] = v;
+    }
+    let d: Deployment = create(
+        client,
+        Some(ns),
+        json!({
+            "metadata": d_meta,
+            "spec": {"selector": {"matchLabels": labels}, "template": template}
+        }),
+    )
     .await;
     let rs: ReplicaSet = create(client, Some(ns), json!({
-        "metadata": {"name": format!("{name}-6c9d"), "ownerReferences": [
+        "metadata": {"name": format!("{name}-5d8f7c"), "ownerReferences": [
             {"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "uid": d.uid().unwrap(), "controller": true}
         ]},
-        "spec": {
-            "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}}
-        }
+        "spec": {"selector": {"matchLabels": labels}, "template": template}
     }))
     .await;
     create(client, Some(ns), json!({
-        "metadata": {"name": format!("{name}-6c9d-x1"), "labels": labels, "ownerReferences": [
+        "metadata": {"name": format!("{name}-5d8f7c-x1"), "labels": labels, "ownerReferences": [
             {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs.name_any(), "uid": rs.uid().unwrap(), "controller": true}
         ]},
         "spec": {"serviceAccountName": sa, "containers": [{"name": "app", "image": "app:1"}]}
