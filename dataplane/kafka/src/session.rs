@@ -518,6 +518,16 @@ impl Side {
         }
     }
 
+    fn learn_topics(&self, body: &MetadataResponse) {
+        for t in &body.topics {
+            if let Some(name) = &t.name {
+                self.cfg
+                    .topics
+                    .learn(t.topic_id.as_bytes(), name.0.as_str());
+            }
+        }
+    }
+
     fn response(
         &mut self,
         frame: Bytes,
@@ -599,18 +609,20 @@ impl Side {
                 }
                 encode_response(key, v, &header, &body)
             }
+            ApiKey::Metadata if self.cfg.advertise.is_empty() => {
+                // Read only to learn topic names (v10 and later carry topic ids); the frame goes
+                // on as it came. One that does not decode goes on too, as Metadata did before
+                // names were read from it: the client judges it, the relay has nothing to change.
+                if v >= 10
+                    && let Ok((_, body)) = decode_response::<MetadataResponse>(key, v, &frame)
+                {
+                    self.learn_topics(&body);
+                }
+                Ok(frame)
+            }
             ApiKey::Metadata => {
                 let (header, mut body) = decode_response::<MetadataResponse>(key, v, &frame)?;
-                for t in &body.topics {
-                    if let Some(name) = &t.name {
-                        self.cfg
-                            .topics
-                            .learn(t.topic_id.as_bytes(), name.0.as_str());
-                    }
-                }
-                if self.cfg.advertise.is_empty() {
-                    return Ok(frame);
-                }
+                self.learn_topics(&body);
                 for b in &mut body.brokers {
                     if let Some((host, port)) = self.advertised(b.node_id.0) {
                         b.host = host;
@@ -956,6 +968,12 @@ mod tests {
         let passed = other.response(input.clone(), |_, _, _| true).unwrap();
         assert_eq!(passed.as_ptr(), input.as_ptr(), "read, not written again");
         assert_eq!(seen(&mut s), ("orders".to_owned(), "orders".to_owned()));
+        // A Metadata body that does not decode goes on as it came: the relay only reads it.
+        other
+            .request(request_frame(&MetadataRequest::default(), 12))
+            .unwrap();
+        let odd = Bytes::from_static(&[0, 0, 0, 5, 0, 0xff, 0xff, 0xff]);
+        assert_eq!(other.response(odd.clone(), |_, _, _| true).unwrap(), odd);
     }
 
     #[test]

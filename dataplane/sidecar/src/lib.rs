@@ -437,7 +437,14 @@ impl Sidecar {
                     // [`kafka`]); without a rule source there is nothing to wait for.
                     if requires_table {
                         tokio::select! {
-                            _ = first_table.wait_for(|v| *v > 0) => {}
+                            loaded = first_table.wait_for(|v| *v > 0) => {
+                                // The rule source is gone without a table: relaying with none
+                                // would hand the baseline every fork's records.
+                                if loaded.is_err() {
+                                    tracing::error!("Kafka relay not started: the rule source ended before the first routing table");
+                                    return;
+                                }
+                            }
                             () = drain_k.signaled() => return,
                             () = stop_k.cancelled() => return,
                         }
