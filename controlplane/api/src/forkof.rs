@@ -7,7 +7,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::ResourceExt as _;
 
 use crate::keys::{annotations, labels};
-use crate::validation::is_dns_label;
+use crate::validation::{is_dns_label, is_dns_subdomain};
 
 /// A fork's Deployment, as the operator makes it (`spur-operator-workloads`' fork plan).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,12 +34,7 @@ pub fn fork_of(d: &Deployment) -> Option<ForkOf> {
     let text = d.annotations().get(annotations::BASELINE)?;
     let mut parts = text.splitn(3, '/');
     let (kind, ns, name) = (parts.next()?, parts.next()?, parts.next()?);
-    let valid_name = !name.is_empty()
-        && name.len() <= 253
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
-    if kind != "Deployment" || ns != namespace || !valid_name {
+    if kind != "Deployment" || ns != namespace || !is_dns_subdomain(name) {
         return None;
     }
     let sandbox = d

@@ -269,7 +269,8 @@ fn check_kind(kind: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn check_dns_label(s: &str, max: usize) -> Result<(), String> {
+/// `Ok` for a DNS label of at most `max` characters (a namespace, a sandbox name), else why not.
+pub fn check_dns_label(s: &str, max: usize) -> Result<(), String> {
     let ok = !s.is_empty()
         && s.len() <= max
         && s.bytes()

@@ -94,7 +94,7 @@ impl KafkaArgs {
         let role = match self.fork_of_sandbox {
             None => Role::Baseline,
             Some(sandbox) => {
-                if !is_dns_label(&sandbox) {
+                if spur_routing::rules::check_dns_label(&sandbox, 63).is_err() {
                     return Err(Error::Config(format!(
                         "--fork-of-sandbox {sandbox:?} must be a sandbox name (1-63 of [a-z0-9-], starting and ending alphanumeric)"
                     )));
@@ -108,14 +108,6 @@ impl KafkaArgs {
             role,
         }))
     }
-}
-
-fn is_dns_label(s: &str) -> bool {
-    (1..=63).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 /// Whether the consumer behind a sidecar of `role`, fronting `baseline`, receives a record whose
