@@ -9,7 +9,8 @@
 //! what a sandbox resource's step pod asks the io context server); `l4` from `l4.proto` (package
 //! `spur.l4.v1`, what a Spur gateway pod asks the route server for its L4 listeners); `traffic`
 //! from `traffic.proto` (package `spur.traffic.v1`, how sidecars ship captured exchanges to the
-//! traffic store and how the CLI reads them).
+//! traffic store and how the CLI reads them); `history` from `history.proto` (package
+//! `spur.history.v1`, how a sidecar's Kafka relay learns when each route was in force).
 //! `tests/codegen.rs` keeps the committed code in step with the `.proto` files.
 
 #[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]
@@ -35,6 +36,11 @@ pub mod l4 {
 #[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]
 pub mod traffic {
     include!("gen/spur.traffic.v1.rs");
+}
+
+#[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]
+pub mod history {
+    include!("gen/spur.history.v1.rs");
 }
 
 #[allow(clippy::all, unreachable_pub, missing_docs, rust_2018_idioms)]

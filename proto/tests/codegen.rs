@@ -13,6 +13,7 @@ fn generated_code_is_up_to_date() {
     check("io.proto", "spur.io.v1.rs");
     check("l4.proto", "spur.l4.v1.rs");
     check("traffic.proto", "spur.traffic.v1.rs");
+    check("history.proto", "spur.history.v1.rs");
 }
 
 fn check(proto: &str, generated_file: &str) {

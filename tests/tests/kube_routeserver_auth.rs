@@ -25,6 +25,8 @@ use spur_api::RoutingConfig;
 use spur_discovery::{Publisher, RouteServerConn, RouteServerSource};
 use spur_e2e::kube::{self as kt, eventually};
 use spur_kube_harness::KubeApi;
+use spur_proto::history::WatchHistoryRequest;
+use spur_proto::history::route_history_client::RouteHistoryClient;
 use spur_proto::routes::routes_client::RoutesClient;
 use spur_proto::routes::{self, WatchOp};
 use spur_routeserver::{AuthConfig, KubeStore, RouteServer, RouteServerConfig};
@@ -68,6 +70,40 @@ fn write_leaf(ca: &Ca, dir: &Path) {
 
 /// A gRPC client that trusts `ca_pem` only.
 async fn client(port: u16, ca_pem: &str) -> Result<RoutesClient<Channel>, tonic::transport::Error> {
+    Ok(RoutesClient::new(channel(port, ca_pem).await?))
+}
+
+/// The first update of a route-history watch of `baseline` (in `shop`): the routing keys of its
+/// spans, or the refusal's code.
+async fn history(
+    c: &mut RouteHistoryClient<Channel>,
+    baseline: &str,
+    token: Option<&str>,
+) -> Result<Vec<String>, Code> {
+    let mut r = tonic::Request::new(WatchHistoryRequest {
+        baseline: Some(spur_proto::history::Baseline {
+            kind: "Deployment".into(),
+            namespace: "shop".into(),
+            name: baseline.into(),
+        }),
+    });
+    if let Some(t) = token {
+        r.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    let mut stream = c.watch(r).await.map_err(|s| s.code())?.into_inner();
+    let first = stream.message().await.map_err(|s| s.code())?.unwrap();
+    Ok(first
+        .spans
+        .unwrap()
+        .spans
+        .into_iter()
+        .map(|s| s.routing_key)
+        .collect())
+}
+
+/// A TLS channel to the gRPC port that trusts `ca_pem` only.
+async fn channel(port: u16, ca_pem: &str) -> Result<Channel, tonic::transport::Error> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
@@ -92,11 +128,10 @@ async fn client(port: u16, ca_pem: &str) -> Result<RoutesClient<Channel>, tonic:
             Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
         }
     });
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://localhost:{port}"))
+    tonic::transport::Endpoint::from_shared(format!("http://localhost:{port}"))
         .unwrap()
         .connect_with_connector(connector)
-        .await?;
-    Ok(RoutesClient::new(channel))
+        .await
 }
 
 fn request(
@@ -557,6 +592,29 @@ async fn only_authenticated_readers_read_and_a_sidecar_reads_only_its_own_rules(
         get(&mut c, Some("api"), Some(&intruder_token)).await,
         Err(Code::PermissionDenied)
     );
+    // The route history (what Kafka relays decide by) is read with exactly the rights to read
+    // the baseline's rules: the pod and its fork read theirs, nobody else does.
+    let mut h = RouteHistoryClient::new(channel(grpc, &ca1.pem).await.unwrap());
+    for t in [&pod_token, &fork_token] {
+        assert_eq!(history(&mut h, "api", Some(t)).await, Ok(vec!["k1".into()]));
+    }
+    assert_eq!(
+        history(&mut h, "api", None).await,
+        Err(Code::Unauthenticated)
+    );
+    for (baseline, t) in [
+        ("web", &pod_token),
+        ("web", &fork_token),
+        ("web", &forged_token),
+        ("api", &intruder_token),
+        ("api", &nobody),
+    ] {
+        assert_eq!(
+            history(&mut h, baseline, Some(t)).await,
+            Err(Code::PermissionDenied),
+            "read {baseline}'s route history"
+        );
+    }
     let mut services = tonic::Request::new(routes::GetClusterServicesRequest {});
     services.metadata_mut().insert(
         "authorization",

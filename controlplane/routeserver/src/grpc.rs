@@ -35,21 +35,31 @@ pub(crate) struct RoutesHandler {
 /// A watch stream's ops, ready for [`crate::wire::WatchCodec`].
 pub(crate) type EncodedStream = Pin<Box<dyn Stream<Item = Result<EncodedOp, Status>> + Send>>;
 
+/// Checks the `authorization` of a gRPC request for `scope` (counted and logged when refused).
+pub(crate) async fn authorize<T>(
+    auth: &Authenticator,
+    metrics: &Metrics,
+    request: &Request<T>,
+    scope: Scope<'_>,
+) -> Result<Grant, Status> {
+    let header = request
+        .metadata()
+        .get("authorization")
+        .map(|v| v.as_bytes());
+    auth.check(header, scope).await.map_err(|d| {
+        metrics.refused();
+        let peer = request
+            .extensions()
+            .get::<spur_serving::tls::Peer>()
+            .and_then(|p| p.remote);
+        tracing::debug!(?peer, reason = %d, "gRPC request refused");
+        Status::from(d)
+    })
+}
+
 impl RoutesHandler {
     async fn authorize<T>(&self, request: &Request<T>, scope: Scope<'_>) -> Result<Grant, Status> {
-        let header = request
-            .metadata()
-            .get("authorization")
-            .map(|v| v.as_bytes());
-        self.auth.check(header, scope).await.map_err(|d| {
-            self.metrics.refused();
-            let peer = request
-                .extensions()
-                .get::<spur_serving::tls::Peer>()
-                .and_then(|p| p.remote);
-            tracing::debug!(?peer, reason = %d, "gRPC request refused");
-            Status::from(d)
-        })
+        authorize(&self.auth, &self.metrics, request, scope).await
     }
 
     /// `WatchWorkloadRoutingRules`: the rules' bytes as the index encoded them.

@@ -35,7 +35,7 @@ pub struct Entry {
 }
 
 impl Entry {
-    fn new(rule: RoutingRule) -> Self {
+    pub(crate) fn new(rule: RoutingRule) -> Self {
         let proto = spur_routing::wire::rule_to_proto(&rule);
         Entry {
             wire: prost::Message::encode_to_vec(&proto).into(),
@@ -163,6 +163,8 @@ impl Snapshot {
 #[derive(Clone)]
 pub struct Index {
     tx: Arc<watch::Sender<Arc<Snapshot>>>,
+    /// When each route was in force, stamped as the rule set changes.
+    history: crate::history::History,
     problems: Arc<Mutex<Arc<Vec<String>>>>,
     services: Arc<Mutex<Arc<Vec<routes::ClusterService>>>>,
     /// None until a store publishes its first model.
@@ -190,6 +192,7 @@ impl Index {
         let (tx, _) = watch::channel(Arc::new(empty));
         Index {
             tx: Arc::new(tx),
+            history: crate::history::History::default(),
             problems: Arc::default(),
             services: Arc::default(),
             #[cfg(feature = "kubernetes")]
@@ -205,6 +208,11 @@ impl Index {
 
     pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
         self.tx.subscribe()
+    }
+
+    /// The route history the rule changes are stamped into.
+    pub fn history(&self) -> &crate::history::History {
+        &self.history
     }
 
     /// Replaces the whole rule set. Publishes a new version only if something changed (or on the
@@ -242,6 +250,7 @@ impl Index {
         if changed.is_empty() && current.version > 0 {
             return current.version;
         }
+        self.history.observe(&next);
         let version = current.version + 1;
         let mut changes = current.changes.clone();
         changes.push_back((version, changed.into()));

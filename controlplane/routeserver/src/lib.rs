@@ -17,6 +17,8 @@
 
 mod auth;
 mod grpc;
+mod history;
+mod history_watch;
 mod index;
 #[cfg(feature = "kubernetes")]
 mod kube_store;
@@ -34,6 +36,7 @@ pub mod xds;
 
 pub use auth::AuthConfig;
 
+pub use history::{History, HistorySnapshot};
 pub use index::{Entry, Filter, Index, RuleKey, Snapshot};
 #[cfg(feature = "kubernetes")]
 pub use kube_store::{KubeStore, cluster_services, rules_from};
@@ -227,6 +230,12 @@ impl RouteServer {
             stop: stop.clone(),
             auth: auth.clone(),
         };
+        let history = history_watch::HistoryHandler {
+            history: index.history().clone(),
+            metrics: metrics.clone(),
+            stop: stop.clone(),
+            auth: auth.clone(),
+        };
         let grpc_stop = stop.clone();
         let grpc = tonic::transport::Server::builder()
             // Detect dead watchers; clients' own pings (grpc-go sends one every 5 s) are
@@ -234,7 +243,10 @@ impl RouteServer {
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
             .tcp_nodelay(true)
-            .add_service(grpc::RoutesService::new(service));
+            .add_service(grpc::RoutesService::new(service))
+            .add_service(
+                spur_proto::history::route_history_server::RouteHistoryServer::new(history),
+            );
         #[cfg(feature = "kubernetes")]
         let grpc = grpc.add_optional_service(listeners);
         tasks.spawn(async move {

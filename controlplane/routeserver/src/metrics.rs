@@ -8,6 +8,7 @@ use prometheus_client::registry::Registry;
 #[derive(Clone, Debug)]
 pub struct Metrics {
     pub(crate) watchers: Gauge,
+    pub(crate) history_watchers: Gauge,
     pub(crate) rules: Gauge,
     pub(crate) version: Gauge,
     pub(crate) pushes: Counter,
@@ -23,6 +24,7 @@ impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Metrics {
             watchers: Gauge::default(),
+            history_watchers: Gauge::default(),
             rules: Gauge::default(),
             version: Gauge::default(),
             pushes: Counter::default(),
@@ -37,6 +39,11 @@ impl Metrics {
             "watchers",
             "Open watch streams (gRPC and REST)",
             m.watchers.clone(),
+        );
+        registry.register(
+            "history_watchers",
+            "Open route-history streams (Kafka relays)",
+            m.history_watchers.clone(),
         );
         registry.register("rules", "Routing rules in the index", m.rules.clone());
         registry.register(

@@ -63,13 +63,13 @@ pub(crate) struct Reader {
     pub(crate) metrics: Metrics,
 }
 
-/// The ops of `rx` until the reader's access lapses: the reader is checked again (without the
+/// The items of `rx` (a watch's ops or updates) until the reader's access lapses: the reader is checked again (without the
 /// cache) from time to time and when its token expires; a refusal is the stream's last item.
 /// An API server that cannot answer never ends a watch: the check is retried later.
-pub(crate) fn guarded(
-    rx: mpsc::Receiver<Op>,
+pub(crate) fn guarded<T: Send + 'static>(
+    rx: mpsc::Receiver<T>,
     reader: Reader,
-) -> impl Stream<Item = Result<Op, Denied>> + Send {
+) -> impl Stream<Item = Result<T, Denied>> + Send {
     let next = reader
         .auth
         .next_recheck(reader.grant)

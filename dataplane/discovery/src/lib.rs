@@ -7,10 +7,12 @@
 
 mod connect;
 mod file;
+mod history;
 mod routeserver;
 
 pub use connect::Connector;
 pub use file::{FileSource, parse_rules};
+pub use history::{HistorySource, SharedHistory};
 pub use routeserver::{RouteServerConn, RouteServerSource};
 
 use prometheus_client::metrics::counter::Counter;

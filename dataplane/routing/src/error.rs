@@ -16,6 +16,9 @@ pub enum Error {
     /// A rule document is not a YAML/JSON list of rules (or a `routingRules` object).
     #[error("not a rule document: {reason}")]
     Document { reason: String },
+    /// A route-history span failed validation.
+    #[error("invalid route history span (routingKey {routing_key:?}): {reason}")]
+    InvalidSpan { routing_key: String, reason: String },
     /// Two rules share the same (baseline, routing key).
     #[error("duplicate routing rule for routing key {routing_key:?} and baseline {baseline}")]
     DuplicateRule {

@@ -9,13 +9,16 @@
 //! - [`rules`] holds the routing rules in the wire shape of the public Routes API
 //!   (`WorkloadRoutingRule`) and validates them into domain types once, at the edge;
 //! - [`table`] compiles validated rules into an immutable lookup table and the lock-free
-//!   [`table::SharedTable`] handle that the request path loads from.
+//!   [`table::SharedTable`] handle that the request path loads from;
+//! - [`history`] says when each route of a baseline was in force, for relays that decide per
+//!   record by its timestamp (Kafka).
 //!
 //! Lookups never allocate and cost the same whatever the size of the table.
 
 pub mod baggage;
 pub mod carrier;
 pub mod extract;
+pub mod history;
 pub mod inject;
 pub mod rules;
 pub mod table;
@@ -27,5 +30,6 @@ mod error;
 pub use carrier::Carrier;
 pub use error::Error;
 pub use extract::{Candidates, ExtractConfig, KeyExtractor};
+pub use history::{History, Span};
 pub use rules::{BaselineWorkload, Location, RoutingRule, RuleSpec};
 pub use table::{Destination, RuleTable, SharedTable, Snapshot};

@@ -75,6 +75,27 @@ pub fn rule_to_proto(r: &RoutingRule) -> routes::WorkloadRoutingRule {
     }
 }
 
+/// A received route-history span, validated ([`crate::Span::new`]); `until_ms` 0 is "still in
+/// force".
+pub fn span_from_proto(s: &spur_proto::history::Span) -> Result<crate::Span, crate::Error> {
+    crate::Span::new(
+        s.routing_key.clone(),
+        s.sandbox.clone(),
+        s.since_ms,
+        (s.until_ms != 0).then_some(s.until_ms),
+    )
+}
+
+/// A span as sent on the route-history stream.
+pub fn span_to_proto(s: &crate::Span) -> spur_proto::history::Span {
+    spur_proto::history::Span {
+        routing_key: s.routing_key.clone(),
+        sandbox: s.sandbox.clone(),
+        since_ms: s.since_ms,
+        until_ms: s.until_ms.unwrap_or(0),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

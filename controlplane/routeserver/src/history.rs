@@ -1,0 +1,363 @@
+//! Route history: the index stamps every change of a (baseline, routing key)'s destination
+//! sandbox with a time, and keeps what it stamped, so relays that decide per record by the
+//! record's timestamp (the sidecars' Kafka relays, `docs/async.md`) decide alike wherever and
+//! whenever they run.
+//!
+//! - A route that appears is in force from `since = now + grace`; one that goes (or moves to
+//!   another sandbox) stops at `until = now + grace`. The grace puts every change in the future,
+//!   so the relays hear of it before any record it applies to is stamped.
+//! - The **watermark** is `now + grace`, read under the same lock the stamping takes: any change
+//!   not yet stamped will be stamped at `now` or later, so it takes effect at the watermark or
+//!   later. Whoever holds the spans and a watermark `W` can decide every record stamped before
+//!   `W` for good.
+//! - The first rule set a server loads gets `since = 0`: the server cannot know since when those
+//!   routes were in force, and counts them in force since ever.
+//! - Closed spans are kept for [`RETENTION`] (at most [`MAX_CLOSED`] per baseline), then
+//!   forgotten: records stamped inside a forgotten span then count as the baseline's.
+//!
+//! The history is kept in memory: a restarted server starts again from its first load.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use spur_routing::{BaselineWorkload, Span};
+use tokio::sync::watch;
+
+use crate::index::{Entry, RuleKey};
+
+/// How far in the future a change takes effect.
+pub(crate) const GRACE: Duration = Duration::from_secs(2);
+/// How long a closed span is remembered.
+pub(crate) const RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// Closed spans remembered per baseline at most (the oldest go first).
+pub(crate) const MAX_CLOSED: usize = 1024;
+
+/// The spans of every baseline, as published.
+#[derive(Debug, Default)]
+pub struct HistorySnapshot {
+    /// 0 before the first load.
+    pub version: u64,
+    /// Every baseline that has or had a route, with its spans sorted.
+    pub baselines: HashMap<BaselineWorkload, Arc<Vec<Span>>>,
+}
+
+impl HistorySnapshot {
+    /// The spans of `baseline` (empty if it never had a route).
+    pub fn spans(&self, baseline: &BaselineWorkload) -> Arc<Vec<Span>> {
+        self.baselines.get(baseline).cloned().unwrap_or_default()
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// The open span of each routed (baseline, key): its sandbox and `since`.
+    open: BTreeMap<RuleKey, (String, i64)>,
+    closed: HashMap<BaselineWorkload, VecDeque<Span>>,
+    /// The latest time read: stamps never go back, even if the wall clock does.
+    last_ms: i64,
+}
+
+/// The stamping side and the subscription point of the history. Cheap to clone.
+#[derive(Clone)]
+pub struct History {
+    state: Arc<Mutex<State>>,
+    tx: Arc<watch::Sender<Arc<HistorySnapshot>>>,
+    grace_ms: i64,
+    retention_ms: i64,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        Self::new(GRACE, RETENTION)
+    }
+}
+
+fn wall_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl History {
+    pub fn new(grace: Duration, retention: Duration) -> Self {
+        History {
+            state: Arc::default(),
+            tx: Arc::new(watch::channel(Arc::new(HistorySnapshot::default())).0),
+            grace_ms: millis(grace),
+            retention_ms: millis(retention),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Every update is computed before the state is written, so a panic cannot leave it
+        // half-changed.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Arc<HistorySnapshot>> {
+        self.tx.subscribe()
+    }
+
+    pub fn current(&self) -> Arc<HistorySnapshot> {
+        self.tx.borrow().clone()
+    }
+
+    /// The published spans and a watermark for them (see the module docs).
+    pub fn watermark(&self) -> (Arc<HistorySnapshot>, i64) {
+        let mut st = self.lock();
+        st.last_ms = st.last_ms.max(wall_ms());
+        let snap = self.current();
+        (snap, st.last_ms.saturating_add(self.grace_ms))
+    }
+
+    /// Stamps what changed between the last rule set and `rules` (the index's next one) and
+    /// publishes the spans if any changed.
+    pub(crate) fn observe(&self, rules: &BTreeMap<RuleKey, Arc<Entry>>) {
+        self.observe_at(rules, wall_ms());
+    }
+
+    fn observe_at(&self, rules: &BTreeMap<RuleKey, Arc<Entry>>, now_ms: i64) {
+        let mut st = self.lock();
+        st.last_ms = st.last_ms.max(now_ms);
+        let first = self.current().version == 0;
+        let stamp = if first {
+            0
+        } else {
+            st.last_ms.saturating_add(self.grace_ms)
+        };
+        let mut changed: Vec<BaselineWorkload> = Vec::new();
+        let mut closed: Vec<(BaselineWorkload, Span)> = Vec::new();
+        let mut next: BTreeMap<RuleKey, (String, i64)> = BTreeMap::new();
+        for (key, entry) in rules {
+            let sandbox = &entry.rule.destination_sandbox;
+            match st.open.get(key) {
+                Some((s, since)) if s == sandbox => {
+                    next.insert(key.clone(), (s.clone(), *since));
+                }
+                old => {
+                    if let Some((s, since)) = old {
+                        closed.push((key.baseline.clone(), span(key, s, *since, stamp)));
+                    }
+                    changed.push(key.baseline.clone());
+                    next.insert(key.clone(), (sandbox.clone(), stamp));
+                }
+            }
+        }
+        for (key, (s, since)) in &st.open {
+            if !rules.contains_key(key) {
+                closed.push((key.baseline.clone(), span(key, s, *since, stamp)));
+                changed.push(key.baseline.clone());
+            }
+        }
+        let horizon = st.last_ms.saturating_sub(self.retention_ms);
+        for (baseline, spans) in st.closed.iter_mut() {
+            let before = spans.len();
+            spans.retain(|s| s.until_ms.is_none_or(|u| u >= horizon));
+            if spans.len() != before {
+                changed.push(baseline.clone());
+            }
+        }
+        for (baseline, s) in closed {
+            let list = st.closed.entry(baseline).or_default();
+            // An empty span (a route that came and went within one stamp) decides nothing.
+            if s.until_ms != Some(s.since_ms) {
+                list.push_back(s);
+            }
+            while list.len() > MAX_CLOSED {
+                list.pop_front();
+            }
+        }
+        st.closed.retain(|_, l| !l.is_empty());
+        st.open = next;
+        if changed.is_empty() && !first {
+            return;
+        }
+        changed.sort();
+        changed.dedup();
+        let current = self.current();
+        let mut baselines = current.baselines.clone();
+        for b in changed {
+            let mut spans: Vec<Span> = st.closed.get(&b).into_iter().flatten().cloned().collect();
+            let start = RuleKey {
+                baseline: b.clone(),
+                routing_key: String::new(),
+            };
+            spans.extend(
+                (st.open.range(start..))
+                    .take_while(|(k, _)| k.baseline == b)
+                    .map(|(k, (s, since))| Span {
+                        routing_key: k.routing_key.clone(),
+                        sandbox: s.clone(),
+                        since_ms: *since,
+                        until_ms: None,
+                    }),
+            );
+            spans.sort();
+            if spans.is_empty() {
+                baselines.remove(&b);
+            } else {
+                baselines.insert(b, Arc::new(spans));
+            }
+        }
+        // Published under the lock: a watermark read after this sees these spans.
+        self.tx.send_replace(Arc::new(HistorySnapshot {
+            version: current.version + 1,
+            baselines,
+        }));
+    }
+}
+
+/// A closed span of `key`.
+fn span(key: &RuleKey, sandbox: &str, since_ms: i64, until_ms: i64) -> Span {
+    Span {
+        routing_key: key.routing_key.clone(),
+        sandbox: sandbox.to_owned(),
+        since_ms,
+        until_ms: Some(until_ms.max(since_ms)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use spur_routing::RoutingRule;
+    use spur_routing::rules::{Location, PortMapping};
+
+    use super::*;
+
+    fn baseline(name: &str) -> BaselineWorkload {
+        BaselineWorkload {
+            kind: "Deployment".into(),
+            namespace: "shop".into(),
+            name: name.into(),
+        }
+    }
+
+    fn rules(list: &[(&str, &str, &str)]) -> BTreeMap<RuleKey, Arc<Entry>> {
+        list.iter()
+            .map(|(name, key, sandbox)| {
+                let rule = RoutingRule {
+                    routing_key: (*key).into(),
+                    baseline: baseline(name),
+                    destination_sandbox: (*sandbox).into(),
+                    mappings: vec![PortMapping {
+                        workload_port: 80,
+                        destinations: vec![Location {
+                            host: "h".into(),
+                            port: 80,
+                        }],
+                    }],
+                };
+                let entry = Entry::new(rule);
+                (entry.key(), Arc::new(entry))
+            })
+            .collect()
+    }
+
+    fn spans(h: &History, name: &str) -> Vec<(String, String, i64, Option<i64>)> {
+        h.current()
+            .spans(&baseline(name))
+            .iter()
+            .map(|s| {
+                (
+                    s.routing_key.clone(),
+                    s.sandbox.clone(),
+                    s.since_ms,
+                    s.until_ms,
+                )
+            })
+            .collect()
+    }
+
+    fn sp(k: &str, s: &str, since: i64, until: Option<i64>) -> (String, String, i64, Option<i64>) {
+        (k.into(), s.into(), since, until)
+    }
+
+    #[test]
+    fn changes_are_stamped_a_grace_ahead_and_closed_spans_kept() {
+        let h = History::new(Duration::from_millis(2_000), Duration::from_millis(60_000));
+        h.observe_at(&rules(&[("orders", "k1", "alice")]), 10_000);
+        assert_eq!(
+            spans(&h, "orders"),
+            [sp("k1", "alice", 0, None)],
+            "the first load: in force since ever"
+        );
+        h.observe_at(
+            &rules(&[("orders", "k1", "alice"), ("orders", "k2", "bob")]),
+            11_000,
+        );
+        assert_eq!(
+            spans(&h, "orders"),
+            [sp("k1", "alice", 0, None), sp("k2", "bob", 13_000, None)]
+        );
+        let v = h.current().version;
+        h.observe_at(
+            &rules(&[("orders", "k1", "alice"), ("orders", "k2", "bob")]),
+            11_500,
+        );
+        assert_eq!(h.current().version, v, "nothing changed, nothing published");
+        // k1 moves to carol, k2 goes; another baseline gains a route.
+        h.observe_at(
+            &rules(&[("orders", "k1", "carol"), ("payments", "k2", "bob")]),
+            12_000,
+        );
+        assert_eq!(
+            spans(&h, "orders"),
+            [
+                sp("k1", "alice", 0, Some(14_000)),
+                sp("k1", "carol", 14_000, None),
+                sp("k2", "bob", 13_000, Some(14_000)),
+            ]
+        );
+        assert_eq!(spans(&h, "payments"), [sp("k2", "bob", 14_000, None)]);
+        // A wall clock that steps back does not stamp into the past.
+        h.observe_at(&rules(&[("payments", "k2", "bob")]), 5_000);
+        // carol's span, opened at 14 000, closes at 14 000: empty, so not kept.
+        assert_eq!(
+            spans(&h, "orders"),
+            [
+                sp("k1", "alice", 0, Some(14_000)),
+                sp("k2", "bob", 13_000, Some(14_000)),
+            ]
+        );
+        // Past the retention, closed spans are forgotten.
+        h.observe_at(&rules(&[]), 100_000);
+        assert!(spans(&h, "orders").is_empty());
+        assert_eq!(
+            spans(&h, "payments"),
+            [sp("k2", "bob", 14_000, Some(102_000))]
+        );
+    }
+
+    #[test]
+    fn the_watermark_is_past_every_stamp_to_come() {
+        let h = History::new(Duration::from_millis(2_000), RETENTION);
+        h.observe_at(&rules(&[]), 1_000);
+        let (_, w) = h.watermark();
+        let before = wall_ms();
+        assert!(
+            w >= before + 2_000 - 5_000 && w <= before + 2_000,
+            "{w} {before}"
+        );
+        // Any change observed from now on takes effect at or after that watermark.
+        h.observe(&rules(&[("orders", "k1", "alice")]));
+        let since = h.current().spans(&baseline("orders"))[0].since_ms;
+        assert!(since >= w, "{since} < {w}");
+    }
+
+    #[test]
+    fn closed_spans_per_baseline_are_bounded() {
+        let h = History::new(Duration::from_millis(1), RETENTION);
+        h.observe_at(&rules(&[]), 1);
+        for i in 0..(MAX_CLOSED as i64 + 10) {
+            h.observe_at(&rules(&[("orders", "k1", "alice")]), 10 + 4 * i);
+            h.observe_at(&rules(&[]), 12 + 4 * i);
+        }
+        assert_eq!(h.current().spans(&baseline("orders")).len(), MAX_CLOSED);
+    }
+}
