@@ -7,10 +7,14 @@
 //       carries the header `baggage: sd-routing-key=KEY` unless KEY is "-" (KEY/N: only every
 //       N-th record, the others none); in one committed transaction when TXN_ID is given.
 //       Prints "produced COUNT".
-//   java -cp 'lib/*:classes' Probe consume  BOOTSTRAP TOPIC GROUP COUNT TIMEOUT_MS
-//       Reads (group GROUP, from the earliest offset, read_committed) until COUNT records came or
-//       TIMEOUT_MS passed; prints "record PARTITION OFFSET VALUE" per record. Exit 0 either way:
-//       the test compares what was read.
+//   java -cp 'lib/*:classes' Probe stream   BOOTSTRAP TOPIC PREFIX COUNT KEY/N PAUSE_MS
+//       COUNT records as `produce` (no compression), one at a time, PAUSE_MS apart, each acked
+//       before the next; prints "sent VALUE TIMESTAMP" per record (the CreateTime it carries).
+//   java -cp 'lib/*:classes' Probe consume  BOOTSTRAP TOPIC GROUP COUNT TIMEOUT_MS [IDLE_MS]
+//       Reads (group GROUP, from the earliest offset, read_committed) until COUNT records came,
+//       TIMEOUT_MS passed, or (with IDLE_MS) IDLE_MS passed without a record after the first;
+//       prints "record PARTITION OFFSET VALUE" per record. Exit 0 either way: the test compares
+//       what was read.
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.List;
@@ -31,8 +35,10 @@ public class Probe {
             case "create" -> create(args[1], args[2], Integer.parseInt(args[3]));
             case "produce" -> produce(args[1], args[2], args[3], args[4], Integer.parseInt(args[5]),
                     args[6], args.length > 7 ? args[7] : null);
+            case "stream" -> stream(args[1], args[2], args[3], Integer.parseInt(args[4]), args[5],
+                    Long.parseLong(args[6]));
             case "consume" -> consume(args[1], args[2], args[3], Integer.parseInt(args[4]),
-                    Long.parseLong(args[5]));
+                    Long.parseLong(args[5]), args.length > 6 ? Long.parseLong(args[6]) : 0);
             default -> throw new IllegalArgumentException("unknown command " + args[0]);
         }
     }
@@ -82,7 +88,31 @@ public class Probe {
         System.out.println("produced " + count);
     }
 
-    static void consume(String bootstrap, String topic, String group, int count, long timeoutMs) {
+    static void stream(String bootstrap, String topic, String prefix, int count, String key,
+            long pauseMs) throws Exception {
+        Properties p = new Properties();
+        p.put("bootstrap.servers", bootstrap);
+        p.put("key.serializer", StringSerializer.class.getName());
+        p.put("value.serializer", StringSerializer.class.getName());
+        int every = Integer.parseInt(key.substring(key.indexOf('/') + 1));
+        key = key.substring(0, key.indexOf('/'));
+        try (KafkaProducer<String, String> producer = new KafkaProducer<>(p)) {
+            for (int i = 0; i < count; i++) {
+                String value = prefix + "-" + i;
+                ProducerRecord<String, String> r = new ProducerRecord<>(topic, value, value);
+                if (i % every == 0) {
+                    r.headers().add("baggage", ("sd-routing-key=" + key).getBytes(StandardCharsets.UTF_8));
+                }
+                long ts = producer.send(r).get().timestamp();
+                System.out.println("sent " + value + " " + ts);
+                System.out.flush();
+                Thread.sleep(pauseMs);
+            }
+        }
+    }
+
+    static void consume(String bootstrap, String topic, String group, int count, long timeoutMs,
+            long idleMs) {
         Properties p = new Properties();
         p.put("bootstrap.servers", bootstrap);
         p.put("group.id", group);
@@ -92,12 +122,15 @@ public class Probe {
         p.put("value.deserializer", StringDeserializer.class.getName());
         int seen = 0;
         long deadline = System.currentTimeMillis() + timeoutMs;
+        long last = 0;
         try (KafkaConsumer<String, String> consumer = new KafkaConsumer<>(p)) {
             consumer.subscribe(List.of(topic));
-            while (seen < count && System.currentTimeMillis() < deadline) {
+            while (seen < count && System.currentTimeMillis() < deadline
+                    && (idleMs == 0 || seen == 0 || System.currentTimeMillis() - last < idleMs)) {
                 for (ConsumerRecord<String, String> r : consumer.poll(Duration.ofMillis(200))) {
                     System.out.println("record " + r.partition() + " " + r.offset() + " " + r.value());
                     seen++;
+                    last = System.currentTimeMillis();
                 }
             }
             consumer.commitSync();

@@ -206,6 +206,19 @@ impl Broker {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// [`Broker::probe`] as a running child with its stdout piped, for a test that acts on what
+    /// the client prints while it runs (killed if dropped).
+    pub fn probe_spawn(&self, args: &[&str]) -> anyhow::Result<tokio::process::Child> {
+        let java = java(&self.kafka);
+        let mut cmd = in_ns(None, java.get_program());
+        cmd.args(java.get_args())
+            .arg("Probe")
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        Ok(cmd.spawn()?)
+    }
+
     /// Runs franz-go's harness (`tests/go-kafka`, built by `tests/go/build.sh`) with `args`; its
     /// stdout.
     pub async fn franz(&self, args: &[&str]) -> anyhow::Result<String> {
@@ -425,6 +438,7 @@ impl Relay {
             max_frame: spur_kafka::frame::DEFAULT_MAX_FRAME,
             keep: Arc::new(move |_, _, r| keep(r)),
             on_stats: Arc::new(move |s| sink.lock().unwrap().add(s)),
+            hold: None,
         };
         let e = errors.clone();
         let task = tokio::spawn(async move {

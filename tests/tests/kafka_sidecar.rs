@@ -66,14 +66,24 @@ const RULES: &str = "\
       destinations: [{host: payments-sbx2.shop.svc, port: 8080}]
 ";
 
-/// `spur-sidecar --intercept` in `net`, relaying connections to `broker_port`.
+/// `spur-sidecar --intercept` in `net`, relaying connections to `broker_port`, with the rules
+/// of `dir/rules.yaml`.
 fn sidecar(net: &TestNet, dir: &Path, fork: Option<&str>, broker_port: u16, log: &str) -> Process {
-    let rules = dir.join("rules.yaml");
     let mut cmd = net.command(sidecar_bin());
+    cmd.arg("--rules").arg(dir.join("rules.yaml"));
+    sidecar_with(cmd, dir, fork, broker_port, log)
+}
+
+/// [`sidecar`] with `cmd` naming the rule source.
+fn sidecar_with(
+    mut cmd: std::process::Command,
+    dir: &Path,
+    fork: Option<&str>,
+    broker_port: u16,
+    log: &str,
+) -> Process {
     cmd.args(["--transparent", "--baseline-namespace", "shop"])
         .args(["--baseline-name", "orders", "--rules-poll", "100ms"])
-        .arg("--rules")
-        .arg(&rules)
         .args(["--admin-addr", &format!("0.0.0.0:{ADMIN_PORT}")])
         .env("RUST_LOG", "info,spur_proxy=debug")
         .env("SPUR_INTERCEPT", "true")
@@ -373,4 +383,160 @@ async fn pods_behind_sidecars_receive_their_records_by_key() {
         "the consumer went on through the restarted sidecar:\n{text}"
     );
     drop(broker);
+}
+
+/// A route that appears and goes while records stream: the sidecars take their routes from a
+/// route server (in this process, serving a rule directory) and decide by its route history, so
+/// a record belongs to the fork exactly when it carries the key and its timestamp falls inside
+/// the route's span, whenever each relay sees it. Every record is consumed by one pod: the one
+/// the span says, not whichever relay heard of the change first. Then the route server goes
+/// away: the relays hold Fetch responses for at most their bound and go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_that_comes_and_goes_mid_stream_gives_every_record_one_consumer() {
+    use spur_routeserver::{RouteServer, RouteServerConfig};
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "needs root (tests/run.sh runs as root)"
+    );
+    let (base_net, fork_net) = (TestNet::new().unwrap(), TestNet::new().unwrap());
+    base_net.route_via_host().unwrap();
+    fork_net.route_via_host().unwrap();
+    let broker = Broker::start_on(base_net.host_ip).await.unwrap();
+    let (bs, port) = (broker.bootstrap(), broker.addr.port());
+
+    let dir = tempfile::tempdir().unwrap();
+    let rules = tempfile::tempdir().unwrap();
+    let server = RouteServer::start(RouteServerConfig {
+        grpc_addr: SocketAddr::from((base_net.host_ip, 0)),
+        http_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        poll_interval: Duration::from_millis(50),
+        ..RouteServerConfig::new(rules.path())
+    })
+    .await
+    .unwrap();
+    let mut watchdog = Watchdog::spawn(dir.path()).unwrap();
+    let with_server = |net: &TestNet| {
+        let mut cmd = net.command(sidecar_bin());
+        cmd.args(["--routeserver", &server.grpc_addr.to_string()]);
+        cmd
+    };
+    let mut base = sidecar_with(with_server(&base_net), dir.path(), None, port, "baseline");
+    watchdog.watch(&base).unwrap();
+    let mut fork = sidecar_with(
+        with_server(&fork_net),
+        dir.path(),
+        Some("sbx1"),
+        port,
+        "fork",
+    );
+    watchdog.watch(&fork).unwrap();
+    wait_ready(&base_net, &mut base).await;
+    wait_ready(&fork_net, &mut fork).await;
+
+    broker.probe(&["create", &bs, "live", "3"]).await.unwrap();
+    // Both consumers in the same group, from before the first record to 4 s after their last.
+    let (b_ns, f_ns) = (Some(base_net.name()), Some(fork_net.name()));
+    let consume = [
+        "consume", &bs, "live", "live-app", "100000", "90000", "4000",
+    ];
+    // One record every 20 ms, every second one keyed sbx1, from the host. The route appears
+    // after the 100th record is acked and goes after the 250th: the spans start 2 s (about 90
+    // records) later, so keyed records fall before, inside and after the span.
+    let stream = ["stream", &bs, "live", "s", "500", "sbx1/2", "20"];
+    let produce = async {
+        use tokio::io::AsyncBufReadExt as _;
+        // The consumers join first (the Java client takes a few seconds to start).
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut child = broker.probe_spawn(&stream).unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut sent = Vec::new();
+        while let Some(line) = lines.next_line().await.unwrap() {
+            sent.push(line);
+            match sent.len() {
+                100 => std::fs::write(rules.path().join("rules.yaml"), RULES).unwrap(),
+                250 => std::fs::remove_file(rules.path().join("rules.yaml")).unwrap(),
+                _ => {}
+            }
+        }
+        assert!(child.wait().await.unwrap().success());
+        sent
+    };
+    let (b, f, sent) = tokio::join!(
+        broker.probe_in(b_ns, &consume),
+        broker.probe_in(f_ns, &consume),
+        produce
+    );
+    let orders = spur_routing::BaselineWorkload {
+        kind: "Deployment".into(),
+        namespace: "shop".into(),
+        name: "orders".into(),
+    };
+    let spans = server.index().history().current().spans(&orders);
+    assert_eq!(spans.len(), 1, "one span, opened and closed: {spans:?}");
+    let (since, until) = (spans[0].since_ms, spans[0].until_ms.unwrap());
+    assert_eq!(spans[0].sandbox, "sbx1");
+    let (mut keyed, mut plain) = (BTreeSet::new(), BTreeSet::new());
+    let (mut before, mut after) = (0, 0);
+    for line in &sent {
+        let Some(rest) = line.strip_prefix("sent ") else {
+            continue;
+        };
+        let (value, ts) = rest.split_once(' ').unwrap();
+        let (i, ts): (u32, i64) = (value[2..].parse().unwrap(), ts.parse().unwrap());
+        let is_keyed = i % 2 == 0;
+        if is_keyed && (since..until).contains(&ts) {
+            keyed.insert(value.to_owned());
+        } else {
+            plain.insert(value.to_owned());
+            before += usize::from(is_keyed && ts < since);
+            after += usize::from(is_keyed && ts >= until);
+        }
+    }
+    assert_eq!(keyed.len() + plain.len(), 500);
+    assert!(
+        keyed.len() > 20 && before > 20 && after > 20,
+        "keyed records inside the span {}, before it {before}, after it {after}",
+        keyed.len()
+    );
+    assert_share(
+        &printed(&b.unwrap()),
+        &plain,
+        "baseline pod, by the history",
+    );
+    assert_share(&printed(&f.unwrap()), &keyed, "fork pod, by the history");
+
+    // The route server goes away. Past the grace its watermark has stopped, so the relays hold
+    // Fetch responses, at most HOLD_MAX after it, then decide with the history they have.
+    server.shutdown().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    broker
+        .probe(&["produce", &bs, "live", "none", "late", "6", "sbx1/2"])
+        .await
+        .unwrap();
+    let args = [
+        "consume", &bs, "live", "late-app", "100000", "60000", "4000",
+    ];
+    let got: BTreeSet<String> = printed(&broker.probe_in(b_ns, &args).await.unwrap())
+        .into_iter()
+        .filter(|v| v.starts_with("late-"))
+        .collect();
+    let want: BTreeSet<String> = ["late-0", "late-1", "late-2", "late-3", "late-4", "late-5"]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(got, want, "no route after the span: the baseline's");
+    let (_, text) = admin_get(&base_net, "/metrics").await.unwrap();
+    assert!(
+        metric(&text, "spur_kafka_hold_expired_total") >= 1.0
+            && metric(&text, "spur_routeserver_history_connected") == 0.0,
+        "the relay went on without the route server, and said so:\n{text}"
+    );
+    assert!(
+        std::fs::read_to_string(dir.path().join("baseline.log"))
+            .unwrap()
+            .contains("watermark stopped"),
+        "{}",
+        base.log_tail()
+    );
+    drop((base, fork, broker));
 }

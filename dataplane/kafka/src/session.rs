@@ -347,6 +347,19 @@ impl Responses {
         self.0.response(frame, keep)
     }
 
+    /// Whether `frame` (a whole response frame, not yet passed to [`Self::response`]) answers
+    /// a Fetch request, i.e. may carry records to decide. A relay that waits before deciding
+    /// (route history) waits for these only.
+    pub fn answers_fetch(&self, frame: &[u8]) -> bool {
+        let Some(correlation) = frame.first_chunk::<4>().map(|c| i32::from_be_bytes(*c)) else {
+            return false;
+        };
+        self.0
+            .pending()
+            .front()
+            .is_some_and(|p| p.correlation == correlation && p.api == ApiKey::Fetch as i16)
+    }
+
     /// The counters since the last call, reset.
     pub fn take_stats(&mut self) -> SessionStats {
         std::mem::take(&mut self.0.stats)
@@ -749,6 +762,28 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("where 1"), "{err}");
         assert!(s.request(Bytes::from_static(&[0, 1, 0])).is_err());
+    }
+
+    #[test]
+    fn a_relay_can_tell_which_responses_answer_a_fetch() {
+        let (mut requests, responses) = session(Role::Baseline).split();
+        assert!(
+            !responses.answers_fetch(&[0, 0, 0, 1, 9]),
+            "nothing pending"
+        );
+        requests.request(fetch_request(1)).unwrap();
+        assert!(responses.answers_fetch(&[0, 0, 0, 1, 9]));
+        assert!(
+            !responses.answers_fetch(&[0, 0, 0, 2]),
+            "not the next response"
+        );
+        assert!(!responses.answers_fetch(&[0, 0]), "too short to say");
+        // An ApiVersions request (api 18) is not a Fetch.
+        let (mut requests, responses) = session(Role::Baseline).split();
+        requests
+            .request(Bytes::from_static(&[0, 18, 0, 0, 0, 0, 0, 3, 0xff, 0xff]))
+            .unwrap();
+        assert!(!responses.answers_fetch(&[0, 0, 0, 3]));
     }
 
     #[test]

@@ -9,7 +9,9 @@
 //! timeout here: Kafka clients and brokers close idle connections themselves
 //! (`connections.max.idle.ms`), and the caller's drain cuts what is left at shutdown.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -30,6 +32,13 @@ pub type Keep = Arc<dyn Fn(&str, &BatchHeader, &Record<'_>) -> bool + Send + Syn
 /// Receives each frame's counters as they accrue (for metrics).
 pub type OnStats = Arc<dyn Fn(&SessionStats) + Send + Sync>;
 
+/// Waits, before the records of a Fetch response read at `at_ms` (wall clock, ms since the
+/// epoch) are decided, until they can be decided for good (the route history's watermark is
+/// past `at_ms`), or for as long as the waiter bounds it. The records in such a response were
+/// all written before it was read, so their timestamps are before `at_ms` unless a producer's
+/// clock is ahead.
+pub type Hold = Arc<dyn Fn(i64) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
 /// How one Kafka connection is relayed.
 #[derive(Clone)]
 pub struct KafkaRelay {
@@ -38,10 +47,18 @@ pub struct KafkaRelay {
     pub max_frame: usize,
     pub keep: Keep,
     pub on_stats: OnStats,
+    /// Without: records are decided as soon as they arrive.
+    pub hold: Option<Hold>,
 }
 
 /// First read buffer per direction; it grows to the largest frame seen.
 const READ_BUF: usize = 64 << 10;
+
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
 
 /// Relays `client` (the app's connection) to `upstream` (the broker) until either closes, or
 /// until a frame is refused (the error says which and why).
@@ -76,7 +93,18 @@ where
             if ur.read_buf(&mut buf).await.map_err(Error::KafkaIo)? == 0 {
                 return Ok(());
             }
+            let read_at = wall_ms();
             while let Some(frame) = split_frame(&mut buf, max)? {
+                if let Some(hold) = &cfg.hold
+                    && responses.answers_fetch(&frame)
+                {
+                    // What is ready goes first: a held Fetch holds up only what follows it.
+                    if !out.is_empty() {
+                        cw.write_all(&out).await.map_err(Error::KafkaIo)?;
+                        out.clear();
+                    }
+                    hold(read_at).await;
+                }
                 let frame = responses.response(frame, |t, h, r| (cfg.keep)(t, h, r))?;
                 put_frame(&mut out, &frame)?;
             }

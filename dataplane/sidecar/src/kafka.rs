@@ -3,34 +3,46 @@
 //! each to its original destination, so that the app's consumer receives only the records that
 //! are its to handle.
 //!
-//! Who decides: the same routing table the sidecar routes HTTP with, for the same baseline
-//! workload. A record's routing key (its headers, with the HTTP carriers and parser) that has a
-//! rule for this baseline, on any port, belongs to the rule's sandbox:
+//! Who decides: the routes of the sidecar's baseline workload, the same the sidecar routes HTTP
+//! with. A record's routing key (its headers, with the HTTP carriers and parser) that routes
+//! this baseline, on any port, to a sandbox makes the record that sandbox's:
 //! - in a baseline pod, such a record is withheld (the fork handles it); every other record is
 //!   delivered;
 //! - in a fork pod (`--fork-of-sandbox S`), only records whose key routes this baseline to `S`
 //!   are delivered, and the app's consumer group and transactional ids are renamed per sandbox,
 //!   so the fork never joins the baseline's group.
 //!
+//! When: with rules from the route server, by the **route history** at the record's timestamp
+//! ([`Decider::History`]): the baseline's relay and the fork's decide alike whenever each relays
+//! the record, so a route that appears or goes mid-stream gives no record two consumers or none.
+//! A Fetch response is held until the history's watermark is past the moment it was read (at
+//! most [`HOLD_MAX`]; then the records are decided with what is known, and counted). With rules
+//! from a file there is no history: the table in force when the record is relayed decides
+//! ([`Decider::Table`]).
+//!
 //! Who can use it: only the pod's own processes. The listeners are on loopback, and a connection
 //! that was not redirected there (so has no broker as its original destination) is closed. The
 //! relay connects to the broker the app chose, as the app would have: it adds no reach.
 //!
-//! Until the first routing table is in, connections wait in the listen queue, unanswered: a
-//! baseline that relayed before knowing the routes would deliver records that are a fork's.
+//! Until the first routing table (or route history) is in, connections wait in the listen queue,
+//! unanswered: a baseline that relayed before knowing the routes would deliver records that are
+//! a fork's.
 
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Args;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use spur_discovery::SharedHistory;
 use spur_kafka::{Limits, Role, SessionConfig, SessionStats};
-use spur_proxy::kafka::{KafkaRelay, Keep, OnStats};
-use spur_routing::{BaselineWorkload, Candidates, KeyExtractor, SharedTable};
+use spur_proxy::kafka::{Hold, KafkaRelay, Keep, OnStats};
+use spur_routing::{BaselineWorkload, Candidates, History, KeyExtractor, SharedTable};
 use tokio::net::TcpListener;
 
 use crate::Error;
@@ -110,6 +122,34 @@ impl KafkaArgs {
     }
 }
 
+/// Longest a Fetch response is held for the route history's watermark: well under the
+/// clients' request timeout (30 s by default in Java, librdkafka and franz-go), so a route
+/// server that is away stalls consumers a little, never fails them.
+pub const HOLD_MAX: Duration = Duration::from_secs(5);
+const HOLD_MAX_MS: i64 = 5_000;
+
+/// At most one warning per this long that records were decided without a watermark.
+const WARN_EVERY_MS: i64 = 30_000;
+
+/// What a relay decides records by (see the module docs).
+#[derive(Clone)]
+pub enum Decider {
+    /// The routing table in force when the record is relayed.
+    Table(SharedTable),
+    /// The route history at the record's timestamp.
+    History(SharedHistory),
+}
+
+/// Whether the consumer behind a sidecar of `role` receives a record the routes send to
+/// `routed_to` (`None`: the baseline's).
+fn verdict(role: &Role, routed_to: Option<&str>) -> bool {
+    match (role, routed_to) {
+        (Role::Baseline, routed_to) => routed_to.is_none(),
+        (Role::Fork { sandbox }, Some(to)) => to == sandbox,
+        (Role::Fork { .. }, None) => false,
+    }
+}
+
 /// Whether the consumer behind a sidecar of `role`, fronting `baseline`, receives a record whose
 /// routing-key candidates are `candidates`, under `table` (see the module docs).
 pub fn delivered(
@@ -118,21 +158,28 @@ pub fn delivered(
     role: &Role,
     candidates: &Candidates<'_>,
 ) -> bool {
-    let routed_to = if candidates.is_empty() {
-        None
-    } else {
-        let snapshot = table.load();
-        snapshot
-            .table
-            .baseline(baseline)
-            .and_then(|rules| rules.route_any_port(candidates))
-            .map(|d| d.sandbox.clone())
-    };
-    match (role, routed_to) {
-        (Role::Baseline, routed_to) => routed_to.is_none(),
-        (Role::Fork { sandbox }, Some(to)) => *to == **sandbox,
-        (Role::Fork { .. }, None) => false,
+    if candidates.is_empty() {
+        return verdict(role, None);
     }
+    let snapshot = table.load();
+    let routed_to = (snapshot.table.baseline(baseline))
+        .and_then(|rules| rules.route_any_port(candidates))
+        .map(|d| &*d.sandbox);
+    verdict(role, routed_to)
+}
+
+/// Whether the consumer behind a sidecar of `role` receives a record stamped `at_ms` whose
+/// routing-key candidates are `candidates`, by the baseline's route `history`.
+pub fn delivered_at(
+    history: &History,
+    role: &Role,
+    candidates: &Candidates<'_>,
+    at_ms: i64,
+) -> bool {
+    if candidates.is_empty() {
+        return verdict(role, None);
+    }
+    verdict(role, history.route(candidates, at_ms).map(|s| &**s))
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -162,6 +209,11 @@ struct KafkaMetrics {
     topics: std::sync::Mutex<std::collections::HashSet<Arc<str>>>,
     ids_renamed: Counter,
     fetch_responses: Counter,
+    held: Counter,
+    hold_seconds: Histogram,
+    hold_expired: Counter,
+    past_watermark: Counter,
+    last_warning_ms: std::sync::atomic::AtomicI64,
 }
 
 impl KafkaMetrics {
@@ -200,7 +252,52 @@ impl KafkaMetrics {
                 "Consumer group and transactional ids renamed for a fork, both ways",
             ),
             fetch_responses: counter(registry, "kafka_fetch_responses", "Fetch responses relayed"),
+            held: counter(
+                registry,
+                "kafka_fetch_responses_held",
+                "Fetch responses held until the route history's watermark passed the moment they were read",
+            ),
+            hold_seconds: {
+                let h = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+                registry.register(
+                    "kafka_hold_seconds",
+                    "How long held Fetch responses waited for the route history's watermark",
+                    h.clone(),
+                );
+                h
+            },
+            hold_expired: counter(
+                registry,
+                "kafka_hold_expired",
+                "Fetch responses decided before the route history's watermark passed them, the route server being away longer than the longest hold: a route change meanwhile may give a record two consumers or none",
+            ),
+            past_watermark: counter(
+                registry,
+                "kafka_records_past_watermark",
+                "Records decided while stamped at or after the route history's watermark (a producer clock ahead, or a hold that expired)",
+            ),
+            last_warning_ms: std::sync::atomic::AtomicI64::new(i64::MIN),
         }
+    }
+
+    /// Warns (at most every [`WARN_EVERY_MS`]) that a Fetch response read at `at_ms` is
+    /// decided with a watermark that has not passed it.
+    fn warn_unheld(&self, watermark: i64, at_ms: i64) {
+        use std::sync::atomic::Ordering;
+        let last = self.last_warning_ms.load(Ordering::Relaxed);
+        if at_ms.saturating_sub(last) < WARN_EVERY_MS
+            || self
+                .last_warning_ms
+                .compare_exchange(last, at_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        tracing::warn!(
+            watermark,
+            read_at = at_ms,
+            "Kafka relay: the route history's watermark stopped (route server away?); records are decided with the history known, and a route change meanwhile may give a record two consumers or none (kafka_hold_expired_total)"
+        );
     }
 
     /// The label a topic's records count under (see [`MAX_TOPIC_LABELS`]).
@@ -263,7 +360,7 @@ impl KafkaListeners {
     /// port and builds the per-record decision.
     pub async fn bind(
         config: &KafkaConfig,
-        table: SharedTable,
+        decider: Decider,
         baseline: BaselineWorkload,
         extractor: KeyExtractor,
         registry: &mut Registry,
@@ -283,14 +380,59 @@ impl KafkaListeners {
                 tracing::info!(addr = %v6, error = %e, "Kafka relay: no IPv6 loopback listener")
             }
         }
-        let metrics = KafkaMetrics::register(registry);
+        let metrics = Arc::new(KafkaMetrics::register(registry));
         let role = config.role.clone();
         let decide_role = role.clone();
-        let keep: Keep = Arc::new(move |_topic, _batch, record| {
-            spur_kafka::key::with_candidates(&extractor, record, |c| {
-                delivered(&table, &baseline, &decide_role, c)
-            })
-        });
+        let (keep, hold): (Keep, Option<Hold>) = match decider {
+            Decider::Table(table) => (
+                Arc::new(move |_topic, _batch, record| {
+                    spur_kafka::key::with_candidates(&extractor, record, |c| {
+                        delivered(&table, &baseline, &decide_role, c)
+                    })
+                }),
+                None,
+            ),
+            Decider::History(history) => {
+                let (h, m) = (history.clone(), metrics.clone());
+                let keep: Keep = Arc::new(move |_topic, _batch, record| {
+                    if record.timestamp >= h.watermark() {
+                        m.past_watermark.inc();
+                    }
+                    let history = h.load();
+                    spur_kafka::key::with_candidates(&extractor, record, |c| {
+                        delivered_at(&history, &decide_role, c, record.timestamp)
+                    })
+                });
+                let m = metrics.clone();
+                let hold: Hold = Arc::new(move |at_ms| {
+                    let (h, m) = (history.clone(), m.clone());
+                    Box::pin(async move {
+                        let watermark = h.watermark();
+                        if watermark > at_ms {
+                            return;
+                        }
+                        // Held at most until HOLD_MAX past the last watermark: while the route
+                        // server stays away, later responses are not held at all.
+                        let budget = watermark.saturating_add(HOLD_MAX_MS) - at_ms;
+                        let passed = if budget > 0 {
+                            m.held.inc();
+                            let start = std::time::Instant::now();
+                            let wait = Duration::from_millis(budget.unsigned_abs());
+                            let passed = h.wait_past(at_ms, wait).await;
+                            m.hold_seconds.observe(start.elapsed().as_secs_f64());
+                            passed
+                        } else {
+                            false
+                        };
+                        if !passed {
+                            m.hold_expired.inc();
+                            m.warn_unheld(h.watermark(), at_ms);
+                        }
+                    })
+                });
+                (keep, Some(hold))
+            }
+        };
         let on_stats: OnStats = Arc::new(move |s| metrics.add(s));
         Ok(KafkaListeners {
             listeners,
@@ -304,6 +446,7 @@ impl KafkaListeners {
                 max_frame: spur_kafka::frame::DEFAULT_MAX_FRAME,
                 keep,
                 on_stats,
+                hold,
             },
         })
     }
@@ -385,6 +528,43 @@ mod tests {
                 .map(|(i, _)| i)
                 .collect();
             assert_eq!(got, [expected], "{baggage:?}");
+        }
+    }
+
+    #[test]
+    fn by_the_history_every_record_has_exactly_one_consumer_whenever_it_is_decided() {
+        let span = |k: &str, s: &str, since, until| {
+            spur_routing::Span::new(k.into(), s.into(), since, until).unwrap()
+        };
+        // alice has k1 from 1 000 to 2 000, bob from 2 000 on; carol has k2 from 1 500.
+        let history = History::new(vec![
+            span("k1", "alice", 1_000, Some(2_000)),
+            span("k1", "bob", 2_000, None),
+            span("k2", "carol", 1_500, None),
+        ]);
+        let extractor = KeyExtractor::new(&ExtractConfig::default()).unwrap();
+        let roles = ["alice", "bob", "carol"].map(|s| Role::Fork { sandbox: s.into() });
+        let roles: Vec<Role> = std::iter::once(Role::Baseline).chain(roles).collect();
+        for (baggage, at, expected) in [
+            (None, 1_500, 0),
+            (Some("sd-routing-key=k1"), 999, 0),
+            (Some("sd-routing-key=k1"), 1_000, 1),
+            (Some("sd-routing-key=k1"), 1_999, 1),
+            (Some("sd-routing-key=k1"), 2_000, 2),
+            (Some("sd-routing-key=k2"), 1_499, 0),
+            (Some("sd-routing-key=k2"), 1_500, 3),
+            (Some("sd-routing-key=unknown"), 1_500, 0),
+        ] {
+            let mut headers = http::HeaderMap::new();
+            if let Some(b) = baggage {
+                headers.insert("baggage", b.parse().unwrap());
+            }
+            let c = extractor.extract(&headers, None);
+            let got: Vec<usize> = (roles.iter().enumerate())
+                .filter(|(_, r)| delivered_at(&history, r, &c, at))
+                .map(|(i, _)| i)
+                .collect();
+            assert_eq!(got, [expected], "{baggage:?} at {at}");
         }
     }
 

@@ -327,11 +327,19 @@ impl Sidecar {
             addr: config.inbound_addr,
             source,
         })?;
+        // With the route server, the Kafka relay decides by the route history (see [`kafka`]).
+        let history = match (&config.kafka, &config.routeserver) {
+            (Some(_), Some(_)) => Some(spur_discovery::SharedHistory::new()),
+            _ => None,
+        };
         let kafka = match &config.kafka {
             Some(k) => Some(
                 kafka::KafkaListeners::bind(
                     k,
-                    table.clone(),
+                    match &history {
+                        Some(h) => kafka::Decider::History(h.clone()),
+                        None => kafka::Decider::Table(table.clone()),
+                    },
                     config.baseline.clone(),
                     kafka_extractor,
                     &mut registry,
@@ -369,6 +377,16 @@ impl Sidecar {
             )
             .map_err(|e| Error::Config(e.to_string()))?;
             tokio::spawn(source.run(stop.clone()));
+            if let Some(h) = &history {
+                let source = spur_discovery::HistorySource::new(
+                    conn.clone(),
+                    config.baseline.clone(),
+                    h.clone(),
+                    &mut registry,
+                )
+                .map_err(|e| Error::Config(e.to_string()))?;
+                tokio::spawn(source.run(stop.clone()));
+            }
         } else if let Some(path) = &config.rules {
             let mut source = FileSource::new(path, config.rules_poll, publisher);
             // Errors are reported by the source; the sidecar starts unready and keeps polling.
@@ -432,10 +450,16 @@ impl Sidecar {
                 let (proxy, drain_k, relay) = (proxy.clone(), drain.clone(), k.relay.clone());
                 let stop_k = stop.clone();
                 let mut first_table = first_table.clone();
+                let history = history.clone();
                 drain.spawn(async move {
                     // Connections wait in the listen queue until the routes are known (see
                     // [`kafka`]); without a rule source there is nothing to wait for.
-                    if requires_table {
+                    if let Some(h) = history {
+                        tokio::select! {
+                            loaded = h.wait_loaded(&stop_k) => if !loaded { return },
+                            () = drain_k.signaled() => return,
+                        }
+                    } else if requires_table {
                         tokio::select! {
                             loaded = first_table.wait_for(|v| *v > 0) => {
                                 // The rule source is gone without a table: relaying with none
