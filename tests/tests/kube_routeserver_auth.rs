@@ -394,7 +394,12 @@ async fn only_authenticated_readers_read_and_a_sidecar_reads_only_its_own_rules(
             rcs.patch_status(
                 "k1",
                 &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"routeServer": {"routes": routes}}})),
+                &Patch::Merge(
+                    json!({"status": {"routeServer": {"routes": routes, "spans": [
+                        {"baseline": {"kind": "Deployment", "namespace": "shop", "name": "api"},
+                         "sandbox": "sb1", "sinceMs": 1_000}
+                    ]}}}),
+                ),
             )
             .await
             .unwrap();

@@ -109,6 +109,29 @@ pub struct RouteServerStatus {
     /// One entry per (baseline Service port, sandbox): the whole set is replaced at once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<Route>,
+    /// One entry per routed (baseline, sandbox), with or without Services: since when records
+    /// for the baseline that carry the routing key belong to the sandbox (route history, for
+    /// the Kafka relays; see docs/async.md). Kept as first written while the route lasts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_ROUTED_WORKLOADS))]
+    pub spans: Vec<RouteSpan>,
+}
+
+/// Records for `baseline` that carry the routing key and are stamped at or after `sinceMs`
+/// belong to `sandbox` (while this entry lasts).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteSpan {
+    /// The baseline workload whose records are routed.
+    pub baseline: WorkloadRef,
+    /// The sandbox they are routed to.
+    #[schemars(length(min = 1, max = DNS_LABEL_MAX), regex(pattern = DNS_LABEL_PATTERN))]
+    pub sandbox: String,
+    /// Milliseconds since the Unix epoch, set by the operator a grace period after it first
+    /// routed the workload, so that every relay has heard of it before a record it applies to
+    /// is stamped.
+    #[schemars(range(min = 0))]
+    pub since_ms: i64,
 }
 
 /// Requests for `baseline` that carry the routing key and arrive on `workloadPort` go to
@@ -161,6 +184,14 @@ impl Route {
 }
 
 impl RoutingConfig {
+    /// The route-history spans of this config's status.
+    pub fn spans(&self) -> &[RouteSpan] {
+        self.status
+            .as_ref()
+            .and_then(|s| s.route_server.as_ref())
+            .map_or(&[][..], |r| &r.spans[..])
+    }
+
     /// This config's routes as Routes API rules; see [`rule_specs`].
     pub fn rule_specs(&self) -> Vec<RuleSpec> {
         let routes = self

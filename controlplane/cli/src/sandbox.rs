@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, Subcommand};
 use kube::Api;
-use spur_api::{RouteGroup, Sandbox};
+use spur_api::routingconfig::RouteSpan;
+use spur_api::{RouteGroup, RoutingConfig, Sandbox};
 
 #[derive(Args)]
 pub(crate) struct SandboxArgs {
@@ -55,13 +56,58 @@ const NO_URLS: &str = "no preview URLs in its status: the operator publishes the
 pub(crate) async fn sandbox(args: SandboxArgs) -> Result<ExitCode> {
     let SandboxCommand::Get { name, kubeconfig } = args.command;
     let client = crate::kube_client(kubeconfig.as_deref()).await?;
-    let sb = Api::<Sandbox>::all(client)
+    let sb = Api::<Sandbox>::all(client.clone())
         .get_opt(&name)
         .await
         .with_context(|| format!("reading Sandbox {name}"))?
         .with_context(|| format!("no Sandbox named {name}"))?;
+    // What its forks receive from Kafka: the route history's spans in its RoutingConfig, read
+    // with the user's own rights (a cluster-scoped object: a user may not be allowed to).
+    let rc_name = spur_api::names::sandbox_routing_config_name(&name);
+    let spans = match Api::<RoutingConfig>::all(client).get_opt(&rc_name).await {
+        Ok(rc) => Ok(rc.map(|rc| rc.spans().to_vec()).unwrap_or_default()),
+        Err(kube::Error::Api(e)) if e.code == 403 => Err(format!(
+            "RoutingConfig {rc_name} is not readable with your credentials"
+        )),
+        Err(e) => Err(format!("cannot read RoutingConfig {rc_name}: {e}")),
+    };
     print!("{}", describe(&sb));
+    print!("{}", describe_records(&sb, &spans));
     Ok(ExitCode::SUCCESS)
+}
+
+/// The "Kafka records" part of `spur sandbox get`: since when each fork's keyed records are its
+/// own (docs/async.md), or why that is not known.
+pub(crate) fn describe_records(sb: &Sandbox, spans: &Result<Vec<RouteSpan>, String>) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if sb.spec.forks.is_empty() {
+        return out;
+    }
+    let _ = writeln!(out, "Kafka records (keyed, to forks with a Kafka relay):");
+    match spans {
+        Err(why) => {
+            let _ = writeln!(out, "  unknown: {why}");
+        }
+        Ok(spans) if spans.is_empty() => {
+            let _ = writeln!(
+                out,
+                "  none routed yet (a fork's records are its own from 5 s after it is ready)"
+            );
+        }
+        Ok(spans) => {
+            for s in spans {
+                let since = k8s_openapi::jiff::Timestamp::from_millisecond(s.since_ms)
+                    .map_or_else(|_| format!("{} ms", s.since_ms), |t| t.to_string());
+                let _ = writeln!(
+                    out,
+                    "  {}/{}: records stamped from {since}",
+                    s.baseline.namespace, s.baseline.name
+                );
+            }
+        }
+    }
+    out
 }
 
 /// The text `spur sandbox get` prints.
@@ -223,6 +269,19 @@ mod tests {
         assert!(
             text.contains("outputs in Secret customer-db-cache-1 of each fork namespace"),
             "{text}"
+        );
+        let span: RouteSpan = serde_json::from_value(serde_json::json!({
+            "baseline": {"kind": "Deployment", "namespace": "hotrod", "name": "customer"},
+            "sandbox": "customer-db", "sinceMs": 1_800_000_000_123i64
+        }))
+        .unwrap();
+        assert_eq!(
+            describe_records(&sb, &Ok(vec![span])),
+            "Kafka records (keyed, to forks with a Kafka relay):\n  hotrod/customer: records stamped from 2027-01-15T08:00:00.123Z\n"
+        );
+        assert!(describe_records(&sb, &Ok(vec![])).contains("none routed yet"));
+        assert!(
+            describe_records(&sb, &Err("not readable".into())).contains("unknown: not readable")
         );
     }
 }

@@ -61,11 +61,13 @@ async fn apply(
     };
     let routing = status::routing(rc, &reads);
     let old = rc.status.clone().unwrap_or_default();
+    let spans = status::spans(rc.spans(), &routing.routed, now_ms());
     let st = status::status(
         rc,
         &old,
         invalid.as_deref(),
         routing.routes,
+        spans,
         &routing.waiting,
     );
     // The mesh routes follow the same ready workloads as the route server's routes.
@@ -82,6 +84,12 @@ async fn apply(
     let api: Api<RoutingConfig> = Api::all(ctx.client.clone());
     ctx.status.apply(&api, rc, &old, &st).await?;
     Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// Every workload `rc` lists, as read (in the same order).

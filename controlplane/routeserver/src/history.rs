@@ -6,16 +6,23 @@
 //! - A route that appears is in force from `since = now + grace`; one that goes (or moves to
 //!   another sandbox) stops at `until = now + grace`. The grace puts every change in the future,
 //!   so the relays hear of it before any record it applies to is stamped.
+//! - A store may give a route's `since` itself (the Kubernetes store: the operator writes it into
+//!   the RoutingConfig's status, [`SPAN_GRACE`] ahead, so every replica and every restart agrees).
+//!   Such a `since` must reach the server before its clock plus the grace passes it, i.e. within
+//!   `SPAN_GRACE - GRACE` (3 s) of being written; one that arrives later is used all the same and
+//!   reported (records stamped between it and the watermark already sent may have been decided
+//!   without it). The end of a route is always the server's own stamp.
 //! - The **watermark** is `now + grace`, read under the same lock the stamping takes: any change
 //!   not yet stamped will be stamped at `now` or later, so it takes effect at the watermark or
 //!   later. Whoever holds the spans and a watermark `W` can decide every record stamped before
 //!   `W` for good.
-//! - The first rule set a server loads gets `since = 0`: the server cannot know since when those
-//!   routes were in force, and counts them in force since ever.
+//! - Without a given `since`, the first rule set a server loads gets `since = 0`: the server
+//!   cannot know since when those routes were in force, and counts them in force since ever.
 //! - Closed spans are kept for [`RETENTION`] (at most [`MAX_CLOSED`] per baseline), then
 //!   forgotten: records stamped inside a forgotten span then count as the baseline's.
 //!
-//! The history is kept in memory: a restarted server starts again from its first load.
+//! The history is kept in memory: a restarted server starts again from its first load (and from
+//! the given starts, which survive it).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -28,6 +35,8 @@ use crate::index::{Entry, RuleKey};
 
 /// How far in the future a change takes effect.
 pub(crate) const GRACE: Duration = Duration::from_secs(2);
+/// How far ahead the operator writes a span's `since` (`SPAN_GRACE_MS` in spur-operator-workloads).
+pub(crate) const SPAN_GRACE: Duration = Duration::from_secs(5);
 /// How long a closed span is remembered.
 pub(crate) const RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// Closed spans remembered per baseline at most (the oldest go first).
@@ -56,6 +65,19 @@ struct State {
     closed: HashMap<BaselineWorkload, VecDeque<Span>>,
     /// The latest time read: stamps never go back, even if the wall clock does.
     last_ms: i64,
+    /// The highest watermark handed out.
+    watermark_ms: i64,
+}
+
+/// A route in force: (baseline, key) → its sandbox, and its `since` when the store gives it.
+pub(crate) type InForce = BTreeMap<RuleKey, (String, Option<i64>)>;
+
+/// The routes in force by a rule set (the store gives no `since`).
+pub(crate) fn in_force(rules: &BTreeMap<RuleKey, Arc<Entry>>) -> InForce {
+    rules
+        .iter()
+        .map(|(k, e)| (k.clone(), (e.rule.destination_sandbox.clone(), None)))
+        .collect()
 }
 
 /// The stamping side and the subscription point of the history. Cheap to clone.
@@ -112,16 +134,18 @@ impl History {
         let mut st = self.lock();
         st.last_ms = st.last_ms.max(wall_ms());
         let snap = self.current();
-        (snap, st.last_ms.saturating_add(self.grace_ms))
+        let watermark = st.last_ms.saturating_add(self.grace_ms);
+        st.watermark_ms = st.watermark_ms.max(watermark);
+        (snap, watermark)
     }
 
-    /// Stamps what changed between the last rule set and `rules` (the index's next one) and
-    /// publishes the spans if any changed.
-    pub(crate) fn observe(&self, rules: &BTreeMap<RuleKey, Arc<Entry>>) {
-        self.observe_at(rules, wall_ms());
+    /// Stamps what changed between the routes in force last time and `routes` and publishes
+    /// the spans if any changed.
+    pub(crate) fn observe(&self, routes: &InForce) {
+        self.observe_at(routes, wall_ms());
     }
 
-    fn observe_at(&self, rules: &BTreeMap<RuleKey, Arc<Entry>>, now_ms: i64) {
+    fn observe_at(&self, routes: &InForce, now_ms: i64) {
         let mut st = self.lock();
         st.last_ms = st.last_ms.max(now_ms);
         let first = self.current().version == 0;
@@ -133,8 +157,7 @@ impl History {
         let mut changed: Vec<BaselineWorkload> = Vec::new();
         let mut closed: Vec<(BaselineWorkload, Span)> = Vec::new();
         let mut next: BTreeMap<RuleKey, (String, i64)> = BTreeMap::new();
-        for (key, entry) in rules {
-            let sandbox = &entry.rule.destination_sandbox;
+        for (key, (sandbox, given)) in routes {
             match st.open.get(key) {
                 Some((s, since)) if s == sandbox => {
                     next.insert(key.clone(), (s.clone(), *since));
@@ -144,12 +167,28 @@ impl History {
                         closed.push((key.baseline.clone(), span(key, s, *since, stamp)));
                     }
                     changed.push(key.baseline.clone());
-                    next.insert(key.clone(), (sandbox.clone(), stamp));
+                    let since = match given {
+                        Some(since) => {
+                            if !first && *since < st.watermark_ms {
+                                tracing::warn!(
+                                    baseline = %key.baseline,
+                                    routing_key = %key.routing_key,
+                                    since,
+                                    watermark = st.watermark_ms,
+                                    "a route's start reached the route server after its watermark had passed it: records stamped in between may have been decided without it (the operator's write took longer than {:?} to arrive)",
+                                    SPAN_GRACE.saturating_sub(GRACE)
+                                );
+                            }
+                            *since
+                        }
+                        None => stamp,
+                    };
+                    next.insert(key.clone(), (sandbox.clone(), since));
                 }
             }
         }
         for (key, (s, since)) in &st.open {
-            if !rules.contains_key(key) {
+            if !routes.contains_key(key) {
                 closed.push((key.baseline.clone(), span(key, s, *since, stamp)));
                 changed.push(key.baseline.clone());
             }
@@ -238,8 +277,9 @@ mod tests {
         }
     }
 
-    fn rules(list: &[(&str, &str, &str)]) -> BTreeMap<RuleKey, Arc<Entry>> {
-        list.iter()
+    fn rules(list: &[(&str, &str, &str)]) -> InForce {
+        let rules: BTreeMap<RuleKey, Arc<Entry>> = list
+            .iter()
             .map(|(name, key, sandbox)| {
                 let rule = RoutingRule {
                     routing_key: (*key).into(),
@@ -256,7 +296,8 @@ mod tests {
                 let entry = Entry::new(rule);
                 (entry.key(), Arc::new(entry))
             })
-            .collect()
+            .collect();
+        in_force(&rules)
     }
 
     fn spans(h: &History, name: &str) -> Vec<(String, String, i64, Option<i64>)> {
@@ -348,6 +389,43 @@ mod tests {
         h.observe(&rules(&[("orders", "k1", "alice")]));
         let since = h.current().spans(&baseline("orders"))[0].since_ms;
         assert!(since >= w, "{since} < {w}");
+    }
+
+    #[test]
+    fn a_store_may_give_a_routes_start() {
+        let h = History::new(Duration::from_millis(2_000), RETENTION);
+        let key = |name: &str, k: &str| RuleKey {
+            baseline: baseline(name),
+            routing_key: k.into(),
+        };
+        let given = |list: &[(&str, &str, &str, i64)]| -> InForce {
+            list.iter()
+                .map(|(n, k, s, since)| (key(n, k), ((*s).into(), Some(*since))))
+                .collect()
+        };
+        h.observe_at(&given(&[("orders", "k1", "alice", 7_000)]), 1_000);
+        assert_eq!(
+            spans(&h, "orders"),
+            [sp("k1", "alice", 7_000, None)],
+            "even on the first load: the store knows"
+        );
+        h.observe_at(
+            &given(&[
+                ("orders", "k1", "alice", 9_999),
+                ("orders", "k2", "bob", 8_000),
+            ]),
+            2_000,
+        );
+        assert_eq!(
+            spans(&h, "orders"),
+            [sp("k1", "alice", 7_000, None), sp("k2", "bob", 8_000, None)],
+            "an open span keeps its start"
+        );
+        // The end is the server's own stamp; a route that goes before it started never was.
+        h.observe_at(&given(&[("orders", "k2", "bob", 8_000)]), 3_000);
+        assert_eq!(spans(&h, "orders"), [sp("k2", "bob", 8_000, None)]);
+        h.observe_at(&given(&[]), 7_000);
+        assert_eq!(spans(&h, "orders"), [sp("k2", "bob", 8_000, Some(9_000))]);
     }
 
     #[test]

@@ -217,7 +217,22 @@ impl Index {
 
     /// Replaces the whole rule set. Publishes a new version only if something changed (or on the
     /// first call, so "synced" can be reported even for an empty set). Returns the version in force.
+    /// The route history follows the rules (see [`crate::history`]).
     pub fn replace_all(&self, rules: Vec<RoutingRule>) -> u64 {
+        self.publish(rules, None)
+    }
+
+    /// [`Self::replace_all`], with the routes in force for the route history given by the store
+    /// (with their starts) rather than taken from the rules.
+    pub(crate) fn replace_all_with_history(
+        &self,
+        rules: Vec<RoutingRule>,
+        routes: crate::history::InForce,
+    ) -> u64 {
+        self.publish(rules, Some(routes))
+    }
+
+    fn publish(&self, rules: Vec<RoutingRule>, routes: Option<crate::history::InForce>) -> u64 {
         let current = self.current();
         let mut next: BTreeMap<RuleKey, Arc<Entry>> = BTreeMap::new();
         for rule in rules {
@@ -247,10 +262,16 @@ impl Index {
                 .filter(|k| !next.contains_key(*k))
                 .cloned(),
         );
+        match &routes {
+            Some(routes) => self.history.observe(routes),
+            None if !changed.is_empty() || current.version == 0 => {
+                self.history.observe(&crate::history::in_force(&next))
+            }
+            None => {}
+        }
         if changed.is_empty() && current.version > 0 {
             return current.version;
         }
-        self.history.observe(&next);
         let version = current.version + 1;
         let mut changes = current.changes.clone();
         changes.push_back((version, changed.into()));

@@ -302,6 +302,8 @@ fn publish(running: &Running, index: &Index, metrics: &Metrics) {
     // A stable order decides conflicts the same way on every publication and every replica.
     configs.sort_by_key(|c| (c.namespace(), c.name_any()));
     let (rules, mut problems) = rules_from(&configs);
+    let (routes, span_problems) = spans_from(&configs);
+    problems.extend(span_problems);
     if let Some(sets) = &running.listener_sets {
         let slices = running
             .l4_slices
@@ -314,7 +316,7 @@ fn publish(running: &Running, index: &Index, metrics: &Metrics) {
         index.set_l4(model);
     }
     metrics.set_problems(problems.len());
-    index.replace_all(rules);
+    index.replace_all_with_history(rules, routes);
     index.set_problems(problems);
     let services = running.services.state();
     index.set_services(cluster_services(&services, &configs));
@@ -374,6 +376,45 @@ pub fn rules_from(configs: &[Arc<RoutingConfig>]) -> (Vec<RoutingRule>, Vec<Stri
         }
     }
     (rules, problems)
+}
+
+/// The routes in force for the route history: every RoutingConfig's spans (the operator writes
+/// their starts), validated one by one like the rules: an invalid span or a second one for the
+/// same (baseline, routing key) is dropped and reported.
+pub(crate) fn spans_from(configs: &[Arc<RoutingConfig>]) -> (crate::history::InForce, Vec<String>) {
+    let mut routes = crate::history::InForce::new();
+    let mut problems = Vec::new();
+    let mut owner: HashMap<RuleKey, String> = HashMap::new();
+    for rc in configs {
+        let id = format!("RoutingConfig {}", rc.name_any());
+        for s in rc.spans() {
+            let key = &rc.spec.routing_key;
+            let valid = spur_routing::Span::new(key.clone(), s.sandbox.clone(), s.since_ms, None);
+            if let Err(e) = valid {
+                problems.push(format!("{id}: span of {}: {e}", s.baseline.name));
+                continue;
+            }
+            let b = s.baseline.to_rule_baseline();
+            let key = RuleKey {
+                baseline: spur_routing::BaselineWorkload {
+                    kind: b.kind,
+                    namespace: b.namespace,
+                    name: b.name,
+                },
+                routing_key: key.clone(),
+            };
+            if let Some(first) = owner.get(&key) {
+                problems.push(format!(
+                    "{id}: span for routing key {:?} and baseline {} ignored: already given by {first}",
+                    key.routing_key, key.baseline
+                ));
+                continue;
+            }
+            owner.insert(key.clone(), id.clone());
+            routes.insert(key, (s.sandbox.clone(), Some(s.since_ms)));
+        }
+    }
+    (routes, problems)
 }
 
 /// Services as `GetClusterServices` reports them; a sandbox Service carries the routing key and

@@ -4,10 +4,17 @@ use std::sync::Arc;
 
 use kube::Resource;
 use spur_api::conditions::{ConditionStatus, READY, is_condition_true, set_now};
-use spur_api::routingconfig::{RouteServerStatus, SandboxedWorkloadRef};
+use spur_api::routingconfig::{RouteServerStatus, RouteSpan, SandboxedWorkloadRef};
 use spur_api::{
     ExternalWorkload, ForkedWorkload, Route, RoutingConfig, RoutingConfigStatus, ServiceMapping,
+    WorkloadRef,
 };
+
+/// How far after the operator first routes a workload its records are routed
+/// ([`RouteSpan::since_ms`]): the route servers stamp their own changes 2 s ahead and promise
+/// relays that every change before their clock plus 2 s is known, so a span may take up to the
+/// difference (3 s, clock skew included) to reach a route server (docs/async.md).
+pub(crate) const SPAN_GRACE_MS: i64 = 5_000;
 
 /// A listed workload as read (`None`: not found).
 pub(super) enum Read {
@@ -27,25 +34,35 @@ pub(super) struct Routing<'a> {
     pub(super) targets: Vec<(&'a SandboxedWorkloadRef, Vec<ServiceMapping>)>,
     /// The workloads waited for, each with why.
     pub(super) waiting: Vec<String>,
+    /// Every ready fork's (baseline, sandbox), with or without Services: what records are
+    /// routed by. Sorted, without duplicates.
+    pub(super) routed: Vec<(WorkloadRef, String)>,
 }
 
 /// The routes of the workloads `rc` lists (`reads`, in the same order). A workload contributes
-/// only once it is ready, so keyed traffic never reaches a fork that cannot answer yet.
+/// only once it is ready, so keyed traffic never reaches a fork that cannot answer yet. A ready
+/// workload without Services (a consumer that serves nothing) has no request route, only its
+/// records are routed.
 pub(super) fn routing<'a>(rc: &'a RoutingConfig, reads: &[Read]) -> Routing<'a> {
     let mut out = Routing::default();
     for (w, read) in rc.spec.workloads.iter().zip(reads) {
         let id = format!("{:?} {}/{}", w.kind, w.namespace, w.name);
-        let (baseline, st, not_ready) = match read {
+        let (baseline, st, not_ready, fork) = match read {
             Read::Forked(Some(fw)) => {
                 let st = fw.status.clone().unwrap_or_default();
-                (&fw.spec.baseline, (st.conditions, st.services), "not ready")
+                (
+                    &fw.spec.baseline,
+                    (st.conditions, st.services),
+                    "not ready",
+                    true,
+                )
             }
             // Routed only while the workstation's tunnel is up: otherwise keyed traffic falls
             // back to the baseline instead of timing out.
             Read::External(Some(ew)) => {
                 let st = ew.status.clone().unwrap_or_default();
                 let why = "tunnel not connected";
-                (&ew.spec.baseline, (st.conditions, st.services), why)
+                (&ew.spec.baseline, (st.conditions, st.services), why, false)
             }
             Read::Forked(None) | Read::External(None) => {
                 out.waiting.push(format!("{id} (not found)"));
@@ -54,8 +71,16 @@ pub(super) fn routing<'a>(rc: &'a RoutingConfig, reads: &[Read]) -> Routing<'a> 
             Read::Virtual => continue,
         };
         let (conditions, services) = st;
-        if !is_condition_true(&conditions, READY) || services.is_empty() {
+        if !is_condition_true(&conditions, READY) {
             out.waiting.push(format!("{id} ({not_ready})"));
+            continue;
+        }
+        // Records go to forks only: a local workload's app reads its broker from the
+        // workstation, with no relay to give it its records (the baseline keeps them).
+        if fork {
+            out.routed.push((baseline.clone(), w.sandbox.clone()));
+        }
+        if services.is_empty() {
             continue;
         }
         (out.routes).extend(Route::for_services(
@@ -68,7 +93,31 @@ pub(super) fn routing<'a>(rc: &'a RoutingConfig, reads: &[Read]) -> Routing<'a> 
     }
     out.routes.sort();
     out.routes.dedup();
+    out.routed.sort();
+    out.routed.dedup();
     out
+}
+
+/// The route-history spans of the `routed` (baseline, sandbox) pairs: each keeps the `since` of
+/// its entry in `old`, and a new one starts [`SPAN_GRACE_MS`] after `now_ms`.
+pub(super) fn spans(
+    old: &[RouteSpan],
+    routed: &[(WorkloadRef, String)],
+    now_ms: i64,
+) -> Vec<RouteSpan> {
+    routed
+        .iter()
+        .map(|(baseline, sandbox)| {
+            let since_ms = (old.iter())
+                .find(|s| s.baseline == *baseline && s.sandbox == *sandbox)
+                .map_or(now_ms.saturating_add(SPAN_GRACE_MS), |s| s.since_ms);
+            RouteSpan {
+                baseline: baseline.clone(),
+                sandbox: sandbox.clone(),
+                since_ms,
+            }
+        })
+        .collect()
 }
 
 /// The status of `rc` (its current one `old`): the `routes` to publish, Ready once every
@@ -78,6 +127,7 @@ pub(super) fn status(
     old: &RoutingConfigStatus,
     invalid: Option<&str>,
     routes: Vec<Route>,
+    spans: Vec<RouteSpan>,
     waiting: &[String],
 ) -> RoutingConfigStatus {
     let (status, reason, message) = match (invalid, waiting.is_empty()) {
@@ -95,7 +145,7 @@ pub(super) fn status(
     };
     let mut st = RoutingConfigStatus {
         observed_generation: rc.meta().generation,
-        route_server: Some(RouteServerStatus { routes }),
+        route_server: Some(RouteServerStatus { routes, spans }),
         conditions: old.conditions.clone(),
     };
     set_now(
@@ -186,6 +236,7 @@ mod tests {
             &RoutingConfigStatus::default(),
             None,
             r.routes,
+            Vec::new(),
             &r.waiting,
         );
         assert_eq!(ready(&st), ("True", "Routed", "2 route(s) published"));
@@ -216,6 +267,7 @@ mod tests {
             &RoutingConfigStatus::default(),
             None,
             r.routes,
+            Vec::new(),
             &r.waiting,
         );
         assert_eq!(
@@ -229,6 +281,51 @@ mod tests {
     }
 
     #[test]
+    fn every_ready_workload_gets_a_span_that_keeps_its_start() {
+        let rc = rc();
+        // The fork has no Service (a consumer): no request route, but its records are routed,
+        // and the config is not waiting for it.
+        let mut fw: ForkedWorkload = match forked(true) {
+            Read::Forked(Some(fw)) => (*fw).clone(),
+            _ => unreachable!(),
+        };
+        fw.status.as_mut().unwrap().services.clear();
+        let reads = [
+            Read::Forked(Some(Arc::new(fw))),
+            external(true),
+            Read::Virtual,
+        ];
+        let r = routing(&rc, &reads);
+        assert!(r.waiting.is_empty(), "{:?}", r.waiting);
+        assert_eq!(r.routes.len(), 1, "only the external workload has Services");
+        // Records go to the fork only (a local workload has no relay).
+        let names: Vec<&str> = r.routed.iter().map(|(b, _)| b.name.as_str()).collect();
+        assert_eq!(names, ["api"]);
+        let first = spans(&[], &r.routed, 1_000);
+        assert_eq!(first[0].since_ms, 1_000 + SPAN_GRACE_MS);
+        assert_eq!(first[0].sandbox, "sb");
+        // Later passes keep the span's start.
+        let later = spans(&first, &r.routed, 9_000);
+        assert_eq!(later, first);
+        let st = status(
+            &rc,
+            &RoutingConfigStatus::default(),
+            None,
+            r.routes,
+            later,
+            &r.waiting,
+        );
+        assert_eq!(st.route_server.unwrap().spans, first);
+        // A fork no longer ready loses its span; ready again, it starts anew.
+        let r2 = routing(&rc, &[forked(false), external(true), Read::Virtual]);
+        assert!(spans(&first, &r2.routed, 9_000).is_empty());
+        assert_eq!(
+            spans(&[], &r.routed, 9_000)[0].since_ms,
+            9_000 + SPAN_GRACE_MS
+        );
+    }
+
+    #[test]
     fn an_invalid_spec_publishes_nothing_and_says_why() {
         let rc = rc();
         let r = routing(&rc, &[]);
@@ -238,6 +335,7 @@ mod tests {
             &RoutingConfigStatus::default(),
             Some("spec.routingKey: bad"),
             r.routes,
+            Vec::new(),
             &r.waiting,
         );
         assert_eq!(ready(&st), ("False", "Invalid", "spec.routingKey: bad"));
