@@ -10,11 +10,13 @@
 //   java -cp 'lib/*:classes' Probe stream   BOOTSTRAP TOPIC PREFIX COUNT KEY/N PAUSE_MS
 //       COUNT records as `produce` (no compression), one at a time, PAUSE_MS apart, each acked
 //       before the next; prints "sent VALUE TIMESTAMP" per record (the CreateTime it carries).
-//   java -cp 'lib/*:classes' Probe consume  BOOTSTRAP TOPIC GROUP COUNT TIMEOUT_MS [IDLE_MS]
+//   java -cp 'lib/*:classes' Probe consume  BOOTSTRAP TOPIC GROUP COUNT TIMEOUT_MS [IDLE_MS [sync]]
 //       Reads (group GROUP, from the earliest offset, read_committed) until COUNT records came,
-//       TIMEOUT_MS passed, or (with IDLE_MS) IDLE_MS passed without a record after the first;
-//       prints "record PARTITION OFFSET VALUE" per record. Exit 0 either way: the test compares
-//       what was read.
+//       TIMEOUT_MS passed, or (with IDLE_MS > 0) IDLE_MS passed without a record after the first;
+//       prints "record PARTITION OFFSET VALUE" per record. With `sync`, commits each poll's
+//       records before printing them (retrying while the coordinator is away), so a record is
+//       printed at most once even across rebalances and broker restarts. Exit 0 either way: the
+//       test compares what was read.
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.List;
@@ -22,7 +24,16 @@ import java.util.Properties;
 
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.NewTopic;
+import java.util.HashMap;
+import java.util.Map;
+
+import org.apache.kafka.clients.consumer.CommitFailedException;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.ConsumerRecords;
+import org.apache.kafka.clients.consumer.OffsetAndMetadata;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.errors.RebalanceInProgressException;
+import org.apache.kafka.common.errors.RetriableException;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
@@ -38,7 +49,8 @@ public class Probe {
             case "stream" -> stream(args[1], args[2], args[3], Integer.parseInt(args[4]), args[5],
                     Long.parseLong(args[6]));
             case "consume" -> consume(args[1], args[2], args[3], Integer.parseInt(args[4]),
-                    Long.parseLong(args[5]), args.length > 6 ? Long.parseLong(args[6]) : 0);
+                    Long.parseLong(args[5]), args.length > 6 ? Long.parseLong(args[6]) : 0,
+                    args.length > 7 && args[7].equals("sync"));
             default -> throw new IllegalArgumentException("unknown command " + args[0]);
         }
     }
@@ -112,7 +124,7 @@ public class Probe {
     }
 
     static void consume(String bootstrap, String topic, String group, int count, long timeoutMs,
-            long idleMs) {
+            long idleMs, boolean sync) {
         Properties p = new Properties();
         p.put("bootstrap.servers", bootstrap);
         p.put("group.id", group);
@@ -120,6 +132,9 @@ public class Probe {
         p.put("isolation.level", "read_committed");
         p.put("key.deserializer", StringDeserializer.class.getName());
         p.put("value.deserializer", StringDeserializer.class.getName());
+        if (sync) {
+            p.put("enable.auto.commit", "false");
+        }
         int seen = 0;
         long deadline = System.currentTimeMillis() + timeoutMs;
         long last = 0;
@@ -127,7 +142,19 @@ public class Probe {
             consumer.subscribe(List.of(topic));
             while (seen < count && System.currentTimeMillis() < deadline
                     && (idleMs == 0 || seen == 0 || System.currentTimeMillis() - last < idleMs)) {
-                for (ConsumerRecord<String, String> r : consumer.poll(Duration.ofMillis(200))) {
+                ConsumerRecords<String, String> records = consumer.poll(Duration.ofMillis(200));
+                if (sync && !records.isEmpty() && !commit(consumer, records, deadline)) {
+                    // The group moved on without this member's commit: whoever has these
+                    // partitions now reads them again from the committed offsets (this member
+                    // too, if it kept them).
+                    for (TopicPartition tp : records.partitions()) {
+                        if (consumer.assignment().contains(tp)) {
+                            consumer.seek(tp, records.records(tp).get(0).offset());
+                        }
+                    }
+                    continue;
+                }
+                for (ConsumerRecord<String, String> r : records) {
                     System.out.println("record " + r.partition() + " " + r.offset() + " " + r.value());
                     seen++;
                     last = System.currentTimeMillis();
@@ -135,5 +162,27 @@ public class Probe {
             }
             consumer.commitSync();
         }
+    }
+
+    // Commits the offsets after `records`, retrying while the coordinator is away; false if the
+    // group rebalanced meanwhile (the partitions may be another member's).
+    static boolean commit(KafkaConsumer<String, String> consumer,
+            ConsumerRecords<String, String> records, long deadline) {
+        Map<TopicPartition, OffsetAndMetadata> offsets = new HashMap<>();
+        for (TopicPartition tp : records.partitions()) {
+            List<ConsumerRecord<String, String>> rs = records.records(tp);
+            offsets.put(tp, new OffsetAndMetadata(rs.get(rs.size() - 1).offset() + 1));
+        }
+        while (System.currentTimeMillis() < deadline) {
+            try {
+                consumer.commitSync(offsets, Duration.ofSeconds(10));
+                return true;
+            } catch (CommitFailedException | RebalanceInProgressException e) {
+                return false;
+            } catch (RetriableException e) {
+                // The coordinator is away (a broker restart): try again.
+            }
+        }
+        return false;
     }
 }

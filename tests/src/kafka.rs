@@ -57,8 +57,9 @@ pub struct Broker {
     pub addr: SocketAddr,
     kafka: PathBuf,
     process: Process,
-    _watchdog: Watchdog,
-    _dir: tempfile::TempDir,
+    watchdog: Watchdog,
+    dir: tempfile::TempDir,
+    starts: usize,
 }
 
 impl Broker {
@@ -137,6 +138,35 @@ impl Broker {
         let mut process = Process::spawn("kafka", cmd, &dir.path().join("broker.log"))?;
         watchdog.watch(&process)?;
         let addr = SocketAddr::from((ip, port));
+        Self::wait_up(&mut process, addr).await?;
+        Ok(Broker {
+            addr,
+            kafka: kafka.to_path_buf(),
+            process,
+            watchdog,
+            dir,
+            starts: 1,
+        })
+    }
+
+    /// Kills the broker (SIGKILL, as a node that crashed) and starts it again on the same
+    /// address and data; returns once it answers again.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.process.kill();
+        self.starts += 1;
+        let mut cmd = java(&self.kafka);
+        cmd.args(["-Xmx512m", "-XX:+UseSerialGC", "kafka.Kafka"])
+            .arg(self.dir.path().join("server.properties"));
+        let log = self.dir.path().join(format!("broker-{}.log", self.starts));
+        let mut process = Process::spawn("kafka", cmd, &log)?;
+        self.watchdog.watch(&process)?;
+        Self::wait_up(&mut process, self.addr).await?;
+        self.process = process;
+        Ok(())
+    }
+
+    /// Until the broker at `addr` answers ApiVersions and lists itself in Metadata.
+    async fn wait_up(process: &mut Process, addr: SocketAddr) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             if let Some(status) = process.exited()? {
@@ -161,13 +191,7 @@ impl Broker {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        Ok(Broker {
-            addr,
-            kafka: kafka.to_path_buf(),
-            process,
-            _watchdog: watchdog,
-            _dir: dir,
-        })
+        Ok(())
     }
 
     /// The end of the broker's log, for assertion messages.
@@ -186,24 +210,19 @@ impl Broker {
 
     /// [`Broker::probe`] inside the network namespace `ns` (`ip netns exec`).
     pub async fn probe_in(&self, ns: Option<&str>, args: &[&str]) -> anyhow::Result<String> {
+        run_probe(self.probe_command(ns, args), args).await
+    }
+
+    /// The command [`Broker::probe_in`] runs, to run while the broker itself is restarted
+    /// ([`run_probe`]).
+    pub fn probe_command(&self, ns: Option<&str>, args: &[&str]) -> tokio::process::Command {
         let java = java(&self.kafka);
         let mut cmd = in_ns(ns, java.get_program());
         cmd.args(java.get_args())
             .arg("Probe")
             .args(args)
             .kill_on_drop(true);
-        let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
-            .await
-            .context("the Java client ran for 120 s")??;
-        if !out.status.success() {
-            bail!(
-                "java Probe {args:?} failed ({}):\n{}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        cmd
     }
 
     /// [`Broker::probe`] as a running child with its stdout piped, for a test that acts on what
@@ -307,6 +326,22 @@ impl Broker {
 }
 
 /// `program`, inside the network namespace `ns` when given (`ip netns exec`).
+/// Runs a command of [`Broker::probe_command`] (for at most 120 s): its stdout.
+pub async fn run_probe(mut cmd: tokio::process::Command, args: &[&str]) -> anyhow::Result<String> {
+    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+        .await
+        .context("the Java client ran for 120 s")??;
+    if !out.status.success() {
+        bail!(
+            "java Probe {args:?} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 fn in_ns(ns: Option<&str>, program: impl AsRef<std::ffi::OsStr>) -> tokio::process::Command {
     match ns {
         None => tokio::process::Command::new(program),

@@ -540,3 +540,122 @@ async fn a_route_that_comes_and_goes_mid_stream_gives_every_record_one_consumer(
     );
     drop((base, fork, broker));
 }
+
+/// Faults while records stream through the relays, with routes from a route server: the
+/// broker is killed and started again (every relayed connection breaks; the clients reconnect
+/// through the relays), and later a second baseline pod's consumer joins the group (a
+/// rebalance moves partitions between relays mid-stream). The consumers commit each poll before
+/// printing it, so Kafka's own at-least-once delivery adds no double: every unkeyed record is
+/// printed by exactly one of the two baseline pods and every keyed one by the fork, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restart_and_a_rebalance_mid_stream_lose_no_record_and_double_none() {
+    use spur_e2e::kafka::run_probe;
+    use spur_routeserver::{RouteServer, RouteServerConfig};
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "needs root (tests/run.sh runs as root)"
+    );
+    let nets = [(); 3].map(|()| TestNet::new().unwrap());
+    for n in &nets {
+        n.route_via_host().unwrap();
+    }
+    let [a_net, b_net, fork_net] = &nets;
+    let mut broker = Broker::start_on(a_net.host_ip).await.unwrap();
+    let (bs, port) = (broker.bootstrap(), broker.addr.port());
+
+    let dir = tempfile::tempdir().unwrap();
+    let rules = tempfile::tempdir().unwrap();
+    std::fs::write(rules.path().join("rules.yaml"), RULES).unwrap();
+    let server = RouteServer::start(RouteServerConfig {
+        grpc_addr: SocketAddr::from((a_net.host_ip, 0)),
+        http_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        ..RouteServerConfig::new(rules.path())
+    })
+    .await
+    .unwrap();
+    let mut watchdog = Watchdog::spawn(dir.path()).unwrap();
+    let mut sidecars = Vec::new();
+    for (net, fork, log) in [
+        (a_net, None, "a"),
+        (b_net, None, "b"),
+        (fork_net, Some("sbx1"), "fork"),
+    ] {
+        let mut cmd = net.command(sidecar_bin());
+        cmd.args(["--routeserver", &server.grpc_addr.to_string()]);
+        let mut s = sidecar_with(cmd, dir.path(), fork, port, log);
+        watchdog.watch(&s).unwrap();
+        wait_ready(net, &mut s).await;
+        sidecars.push(s);
+    }
+    broker.probe(&["create", &bs, "faults", "3"]).await.unwrap();
+
+    // Consumers end 20 s after their last record (the restart pauses the stream for less).
+    let consume = [
+        "consume",
+        &bs,
+        "faults",
+        "faults-app",
+        "100000",
+        "100000",
+        "20000",
+        "sync",
+    ];
+    let a = run_probe(broker.probe_command(Some(a_net.name()), &consume), &consume);
+    let fork = run_probe(
+        broker.probe_command(Some(fork_net.name()), &consume),
+        &consume,
+    );
+    let b_cmd = broker.probe_command(Some(b_net.name()), &consume);
+    let (join_b, joined) = tokio::sync::oneshot::channel::<()>();
+    let b = async {
+        if joined.await.is_err() {
+            return Ok(String::new());
+        }
+        run_probe(b_cmd, &consume).await
+    };
+    // 800 records, every third keyed sbx1, one each 20 ms. The broker is killed and started
+    // again after the 150th; the second baseline consumer starts after the 250th (it joins a
+    // few seconds later, with hundreds of records still to come).
+    let stream = ["stream", &bs, "faults", "f", "800", "sbx1/3", "20"];
+    let mut child = broker.probe_spawn(&stream).unwrap();
+    let produce = async {
+        use tokio::io::AsyncBufReadExt as _;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let (mut sent, mut join_b) = (0, Some(join_b));
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if !line.starts_with("sent ") {
+                continue;
+            }
+            sent += 1;
+            if sent == 150 {
+                broker.restart().await.unwrap();
+            }
+            if sent == 250 {
+                let _ = join_b.take().map(|tx| tx.send(()));
+            }
+        }
+        assert!(child.wait().await.unwrap().success());
+        sent
+    };
+    let (a, b, fork, sent) = tokio::join!(a, b, fork, produce);
+    assert_eq!(sent, 800);
+    let keyed: BTreeSet<String> = (0..800).step_by(3).map(|i| format!("f-{i}")).collect();
+    let plain: BTreeSet<String> = (0..800)
+        .filter(|i| i % 3 != 0)
+        .map(|i| format!("f-{i}"))
+        .collect();
+    let (a, b) = (printed(&a.unwrap()), printed(&b.unwrap()));
+    assert!(
+        !b.is_empty(),
+        "the rebalance gave the second pod partitions"
+    );
+    let both: Vec<String> = a.iter().chain(&b).cloned().collect();
+    assert_share(&both, &plain, "baseline pods A and B across the faults");
+    assert_share(
+        &printed(&fork.unwrap()),
+        &keyed,
+        "fork pod across the faults",
+    );
+    drop((sidecars, broker, server));
+}

@@ -113,6 +113,12 @@ impl Process {
         self.name
     }
 
+    /// SIGKILL, and waits for it to go (a crash, for fault tests).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// The exit status if the child has already exited.
     pub fn exited(&mut self) -> anyhow::Result<Option<ExitStatus>> {
         self.child
