@@ -224,6 +224,7 @@ impl Index {
 
     /// [`Self::replace_all`], with the routes in force for the route history given by the store
     /// (with their starts) rather than taken from the rules.
+    #[cfg(feature = "kubernetes")]
     pub(crate) fn replace_all_with_history(
         &self,
         rules: Vec<RoutingRule>,
