@@ -31,7 +31,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use spur_routing::{BaselineWorkload, Span};
 use tokio::sync::watch;
 
-use crate::index::{Entry, RuleKey};
+use crate::key::RuleKey;
 
 /// How far in the future a change takes effect.
 pub(crate) const GRACE: Duration = Duration::from_secs(2);
@@ -71,14 +71,6 @@ struct State {
 
 /// A route in force: (baseline, key) → its sandbox, and its `since` when the store gives it.
 pub(crate) type InForce = BTreeMap<RuleKey, (String, Option<i64>)>;
-
-/// The routes in force by a rule set (the store gives no `since`).
-pub(crate) fn in_force(rules: &BTreeMap<RuleKey, Arc<Entry>>) -> InForce {
-    rules
-        .iter()
-        .map(|(k, e)| (k.clone(), (e.rule.destination_sandbox.clone(), None)))
-        .collect()
-}
 
 /// The stamping side and the subscription point of the history. Cheap to clone.
 #[derive(Clone)]
@@ -264,9 +256,6 @@ fn span(key: &RuleKey, sandbox: &str, since_ms: i64, until_ms: i64) -> Span {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
-    use spur_routing::RoutingRule;
-    use spur_routing::rules::{Location, PortMapping};
-
     use super::*;
 
     fn baseline(name: &str) -> BaselineWorkload {
@@ -277,27 +266,17 @@ mod tests {
         }
     }
 
+    /// Routes in force from the rules of a rule directory: (baseline, key, sandbox), no start.
     fn rules(list: &[(&str, &str, &str)]) -> InForce {
-        let rules: BTreeMap<RuleKey, Arc<Entry>> = list
-            .iter()
+        list.iter()
             .map(|(name, key, sandbox)| {
-                let rule = RoutingRule {
-                    routing_key: (*key).into(),
+                let k = RuleKey {
                     baseline: baseline(name),
-                    destination_sandbox: (*sandbox).into(),
-                    mappings: vec![PortMapping {
-                        workload_port: 80,
-                        destinations: vec![Location {
-                            host: "h".into(),
-                            port: 80,
-                        }],
-                    }],
+                    routing_key: (*key).into(),
                 };
-                let entry = Entry::new(rule);
-                (entry.key(), Arc::new(entry))
+                (k, ((*sandbox).into(), None))
             })
-            .collect();
-        in_force(&rules)
+            .collect()
     }
 
     fn spans(h: &History, name: &str) -> Vec<(String, String, i64, Option<i64>)> {

@@ -16,13 +16,7 @@ use tokio::time::Instant;
 /// Publications remembered for incremental diffs.
 const CHANGE_LOG: usize = 64;
 
-/// The identity of a rule: (baseline, routing key). Ordered by baseline first, so the rules of
-/// one baseline form a contiguous range.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RuleKey {
-    pub baseline: BaselineWorkload,
-    pub routing_key: String,
-}
+pub use crate::key::RuleKey;
 
 /// One rule, pre-rendered for every API that serves it.
 #[derive(Debug, PartialEq)]
@@ -51,6 +45,14 @@ impl Entry {
             routing_key: self.rule.routing_key.clone(),
         }
     }
+}
+
+/// The routes in force by a rule set, for the route history (the store gives no `since`).
+fn in_force(rules: &BTreeMap<RuleKey, Arc<Entry>>) -> crate::history::InForce {
+    rules
+        .iter()
+        .map(|(k, e)| (k.clone(), (e.rule.destination_sandbox.clone(), None)))
+        .collect()
 }
 
 /// Optional filters of the Routes API: an empty field matches anything.
@@ -266,7 +268,7 @@ impl Index {
         match &routes {
             Some(routes) => self.history.observe(routes),
             None if !changed.is_empty() || current.version == 0 => {
-                self.history.observe(&crate::history::in_force(&next))
+                self.history.observe(&in_force(&next))
             }
             None => {}
         }

@@ -20,6 +20,7 @@ mod grpc;
 mod history;
 mod history_watch;
 mod index;
+mod key;
 #[cfg(feature = "kubernetes")]
 mod kube_store;
 #[cfg(feature = "kubernetes")]
