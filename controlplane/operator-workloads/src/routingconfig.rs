@@ -61,7 +61,8 @@ async fn apply(
     };
     let routing = status::routing(rc, &reads);
     let old = rc.status.clone().unwrap_or_default();
-    let spans = status::spans(rc.spans(), &routing.routed, now_ms());
+    let now_ms = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+    let spans = status::spans(rc.spans(), &routing.routed, now_ms);
     let st = status::status(
         rc,
         &old,
@@ -84,12 +85,6 @@ async fn apply(
     let api: Api<RoutingConfig> = Api::all(ctx.client.clone());
     ctx.status.apply(&api, rc, &old, &st).await?;
     Ok(Action::requeue(Duration::from_secs(300)))
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// Every workload `rc` lists, as read (in the same order).

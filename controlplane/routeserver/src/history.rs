@@ -26,7 +26,9 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use spur_runtime::unix_ms;
 
 use spur_routing::{BaselineWorkload, Span};
 use tokio::sync::watch;
@@ -87,12 +89,6 @@ impl Default for History {
     }
 }
 
-fn wall_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -124,7 +120,7 @@ impl History {
     /// The published spans and a watermark for them (see the module docs).
     pub fn watermark(&self) -> (Arc<HistorySnapshot>, i64) {
         let mut st = self.lock();
-        st.last_ms = st.last_ms.max(wall_ms());
+        st.last_ms = st.last_ms.max(unix_ms());
         let snap = self.current();
         let watermark = st.last_ms.saturating_add(self.grace_ms);
         st.watermark_ms = st.watermark_ms.max(watermark);
@@ -134,7 +130,7 @@ impl History {
     /// Stamps what changed between the routes in force last time and `routes` and publishes
     /// the spans if any changed.
     pub(crate) fn observe(&self, routes: &InForce) {
-        self.observe_at(routes, wall_ms());
+        self.observe_at(routes, unix_ms());
     }
 
     fn observe_at(&self, routes: &InForce, now_ms: i64) {
@@ -359,7 +355,7 @@ mod tests {
         let h = History::new(Duration::from_millis(2_000), RETENTION);
         h.observe_at(&rules(&[]), 1_000);
         let (_, w) = h.watermark();
-        let before = wall_ms();
+        let before = unix_ms();
         assert!(
             w >= before + 2_000 - 5_000 && w <= before + 2_000,
             "{w} {before}"

@@ -106,7 +106,7 @@ async fn run(history: &History, baseline: &BaselineWorkload, tx: &mpsc::Sender<H
         let (snap, watermark_ms) = history.watermark();
         let spans = snap.spans(baseline);
         let set = match &sent {
-            Some(old) if **old == *spans => None,
+            Some(old) if Arc::ptr_eq(old, &spans) || **old == *spans => None,
             _ => Some(SpanSet {
                 spans: spans
                     .iter()

@@ -54,12 +54,6 @@ pub struct KafkaRelay {
 /// First read buffer per direction; it grows to the largest frame seen.
 const READ_BUF: usize = 64 << 10;
 
-fn wall_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 /// Relays `client` (the app's connection) to `upstream` (the broker) until either closes, or
 /// until a frame is refused (the error says which and why).
 pub async fn relay<C, U>(client: C, upstream: U, cfg: &KafkaRelay) -> Result<(), Error>
@@ -93,7 +87,8 @@ where
             if ur.read_buf(&mut buf).await.map_err(Error::KafkaIo)? == 0 {
                 return Ok(());
             }
-            let read_at = wall_ms();
+            // Read only by a relay that holds (the route history).
+            let read_at = cfg.hold.as_ref().map_or(0, |_| spur_runtime::unix_ms());
             while let Some(frame) = split_frame(&mut buf, max)? {
                 if let Some(hold) = &cfg.hold
                     && responses.answers_fetch(&frame)

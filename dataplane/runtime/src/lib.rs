@@ -210,6 +210,14 @@ impl Drain {
     }
 }
 
+/// The wall clock in milliseconds since the Unix epoch, as Kafka stamps records (0 before the
+/// epoch, `i64::MAX` past its range).
+pub fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 /// A random duration in [d/2, d]: retries and periodic checks of many clients started together
 /// spread out instead of coming back in lockstep.
 pub fn jitter(d: Duration) -> Duration {
