@@ -44,6 +44,10 @@ pub mod annotations {
     /// On every object the operator applies: a digest of what it applied, so a pass that
     /// would apply the same again can skip the request.
     pub const DESIRED: &str = "spur.dev/desired";
+    /// On a Sandbox's RoutingConfig, once the Sandbox is being deleted: when its routes' spans
+    /// end (milliseconds since the Unix epoch). Written once, only by the operator, so that every
+    /// operator replica and restart writes the same `untilMs` (docs/async.md).
+    pub const ROUTES_END_MS: &str = "spur.dev/routes-end-ms";
 }
 
 /// Sidecar injection: how users opt pods in and out, and what the webhook records on each pod.

@@ -109,16 +109,17 @@ pub struct RouteServerStatus {
     /// One entry per (baseline Service port, sandbox): the whole set is replaced at once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<Route>,
-    /// One entry per routed (baseline, sandbox), with or without Services: since when records
-    /// for the baseline that carry the routing key belong to the sandbox (route history, for
-    /// the Kafka relays; see docs/async.md). Kept as first written while the route lasts.
+    /// One entry per routed (baseline, sandbox) whose fork relays Kafka, with or without
+    /// Services: since when (and, once the sandbox is being deleted, until when) records for the
+    /// baseline that carry the routing key belong to the sandbox (route history, for the Kafka
+    /// relays; see docs/async.md). Kept as first written while the route lasts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = MAX_ROUTED_WORKLOADS))]
     pub spans: Vec<RouteSpan>,
 }
 
 /// Records for `baseline` that carry the routing key and are stamped at or after `sinceMs`
-/// belong to `sandbox` (while this entry lasts).
+/// (and before `untilMs`, when set) belong to `sandbox` (while this entry lasts).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RouteSpan {
@@ -132,6 +133,13 @@ pub struct RouteSpan {
     /// is stamped.
     #[schemars(range(min = 0))]
     pub since_ms: i64,
+    /// Milliseconds since the Unix epoch: the end of the route, set by the operator when the
+    /// sandbox is being deleted (a grace period ahead, the same for every route server), after
+    /// `sinceMs`. Records stamped from then on belong to the baseline; the fork keeps running
+    /// a while after it to finish those stamped before (docs/async.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub until_ms: Option<i64>,
 }
 
 /// Requests for `baseline` that carry the routing key and arrive on `workloadPort` go to

@@ -11,7 +11,16 @@
 //!   Such a `since` must reach the server before its clock plus the grace passes it, i.e. within
 //!   `SPAN_GRACE - GRACE` (3 s) of being written; one that arrives later is used all the same and
 //!   reported (records stamped between it and the watermark already sent may have been decided
-//!   without it). The end of a route is always the server's own stamp.
+//!   without it).
+//! - A store may give a route's `until` too (the Kubernetes store: the operator fixes it once,
+//!   [`SPAN_GRACE`] ahead, when a Sandbox is being deleted, and keeps its fork running a while
+//!   past it). The span then ends there, on every replica and after every restart alike. A
+//!   given `until` must be after the span's `since`, else it is refused: the route is dropped,
+//!   as if its rule had gone (the store reports such a span as invalid). One that arrives after
+//!   the watermark already sent has passed it is used all the same and reported, like a late
+//!   `since`. The first `until` given is kept; when the rule then goes, the span keeps it
+//!   (no second stamp).
+//! - Otherwise the end of a route is the server's own stamp.
 //! - The **watermark** is `now + grace`, read under the same lock the stamping takes: any change
 //!   not yet stamped will be stamped at `now` or later, so it takes effect at the watermark or
 //!   later. Whoever holds the spans and a watermark `W` can decide every record stamped before
@@ -62,8 +71,9 @@ impl HistorySnapshot {
 
 #[derive(Debug, Default)]
 struct State {
-    /// The open span of each routed (baseline, key): its sandbox and `since`.
-    open: BTreeMap<RuleKey, (String, i64)>,
+    /// The span of each routed (baseline, key): its sandbox, `since` and given `until` (the
+    /// span is open while that is `None`).
+    open: BTreeMap<RuleKey, (String, i64, Option<i64>)>,
     closed: HashMap<BaselineWorkload, VecDeque<Span>>,
     /// The latest time read: stamps never go back, even if the wall clock does.
     last_ms: i64,
@@ -71,8 +81,29 @@ struct State {
     watermark_ms: i64,
 }
 
-/// A route in force: (baseline, key) → its sandbox, and its `since` when the store gives it.
-pub(crate) type InForce = BTreeMap<RuleKey, (String, Option<i64>)>;
+/// A route in force, as the store gives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Given {
+    pub(crate) sandbox: String,
+    /// Its start, when the store gives it (else the server stamps it).
+    pub(crate) since: Option<i64>,
+    /// Its end, when the store gives it (else the server stamps it once the rule goes).
+    pub(crate) until: Option<i64>,
+}
+
+impl Given {
+    /// A route the server stamps both ends of.
+    pub(crate) fn stamped(sandbox: String) -> Self {
+        Given {
+            sandbox,
+            since: None,
+            until: None,
+        }
+    }
+}
+
+/// The routes in force: (baseline, key) → its sandbox and what the store gives of its span.
+pub(crate) type InForce = BTreeMap<RuleKey, Given>;
 
 /// The stamping side and the subscription point of the history. Cheap to clone.
 #[derive(Clone)]
@@ -144,40 +175,71 @@ impl History {
         };
         let mut changed: Vec<BaselineWorkload> = Vec::new();
         let mut closed: Vec<(BaselineWorkload, Span)> = Vec::new();
-        let mut next: BTreeMap<RuleKey, (String, i64)> = BTreeMap::new();
-        for (key, (sandbox, given)) in routes {
-            match st.open.get(key) {
-                Some((s, since)) if s == sandbox => {
-                    next.insert(key.clone(), (s.clone(), *since));
+        let mut next: BTreeMap<RuleKey, (String, i64, Option<i64>)> = BTreeMap::new();
+        for (key, given) in routes {
+            // The span this route continues: an open one of the same sandbox.
+            let kept = (st.open.get(key))
+                .filter(|(s, ..)| *s == given.sandbox)
+                .map(|(_, since, until)| (*since, *until));
+            let since = match (kept, given.since) {
+                (Some((since, _)), _) => since,
+                (None, Some(since)) => since,
+                (None, None) => stamp,
+            };
+            let until = match (kept.and_then(|(_, u)| u), given.until) {
+                // The first given end is kept.
+                (Some(until), _) => Some(until),
+                (None, Some(until)) if until <= since => {
+                    tracing::warn!(
+                        baseline = %key.baseline,
+                        routing_key = %key.routing_key,
+                        since,
+                        until,
+                        "a route's given end is not after its start: the route is dropped"
+                    );
+                    // Dropped: closed below like a route whose rule went.
+                    continue;
                 }
-                old => {
-                    if let Some((s, since)) = old {
-                        closed.push((key.baseline.clone(), span(key, s, *since, stamp)));
+                (None, Some(until)) => {
+                    if !first && until < st.watermark_ms {
+                        tracing::warn!(
+                            baseline = %key.baseline,
+                            routing_key = %key.routing_key,
+                            until,
+                            watermark = st.watermark_ms,
+                            "a route's end reached the route server after its watermark had passed it: records stamped in between may have been decided without it (the operator's write took longer than {:?} to arrive)",
+                            SPAN_GRACE.saturating_sub(GRACE)
+                        );
                     }
                     changed.push(key.baseline.clone());
-                    let since = match given {
-                        Some(since) => {
-                            if !first && *since < st.watermark_ms {
-                                tracing::warn!(
-                                    baseline = %key.baseline,
-                                    routing_key = %key.routing_key,
-                                    since,
-                                    watermark = st.watermark_ms,
-                                    "a route's start reached the route server after its watermark had passed it: records stamped in between may have been decided without it (the operator's write took longer than {:?} to arrive)",
-                                    SPAN_GRACE.saturating_sub(GRACE)
-                                );
-                            }
-                            *since
-                        }
-                        None => stamp,
-                    };
-                    next.insert(key.clone(), (sandbox.clone(), since));
+                    Some(until)
+                }
+                (None, None) => None,
+            };
+            if kept.is_none() {
+                changed.push(key.baseline.clone());
+                if let Some(since) = given.since
+                    && !first
+                    && since < st.watermark_ms
+                {
+                    tracing::warn!(
+                        baseline = %key.baseline,
+                        routing_key = %key.routing_key,
+                        since,
+                        watermark = st.watermark_ms,
+                        "a route's start reached the route server after its watermark had passed it: records stamped in between may have been decided without it (the operator's write took longer than {:?} to arrive)",
+                        SPAN_GRACE.saturating_sub(GRACE)
+                    );
                 }
             }
+            next.insert(key.clone(), (given.sandbox.clone(), since, until));
         }
-        for (key, (s, since)) in &st.open {
-            if !routes.contains_key(key) {
-                closed.push((key.baseline.clone(), span(key, s, *since, stamp)));
+        // Spans not continued (their rule went, moved to another sandbox or was dropped) close
+        // at their given end, else at the stamp.
+        for (key, (s, since, until)) in &st.open {
+            if next.get(key).is_none_or(|(n, ..)| n != s) {
+                let until = until.unwrap_or(stamp);
+                closed.push((key.baseline.clone(), span(key, s, *since, until)));
                 changed.push(key.baseline.clone());
             }
         }
@@ -217,11 +279,11 @@ impl History {
             spans.extend(
                 (st.open.range(start..))
                     .take_while(|(k, _)| k.baseline == b)
-                    .map(|(k, (s, since))| Span {
+                    .map(|(k, (s, since, until))| Span {
                         routing_key: k.routing_key.clone(),
                         sandbox: s.clone(),
                         since_ms: *since,
-                        until_ms: None,
+                        until_ms: *until,
                     }),
             );
             spans.sort();
@@ -270,7 +332,7 @@ mod tests {
                     baseline: baseline(name),
                     routing_key: (*key).into(),
                 };
-                (k, ((*sandbox).into(), None))
+                (k, Given::stamped((*sandbox).into()))
             })
             .collect()
     }
@@ -375,7 +437,14 @@ mod tests {
         };
         let given = |list: &[(&str, &str, &str, i64)]| -> InForce {
             list.iter()
-                .map(|(n, k, s, since)| (key(n, k), ((*s).into(), Some(*since))))
+                .map(|(n, k, s, since)| {
+                    let g = Given {
+                        sandbox: (*s).into(),
+                        since: Some(*since),
+                        until: None,
+                    };
+                    (key(n, k), g)
+                })
                 .collect()
         };
         h.observe_at(&given(&[("orders", "k1", "alice", 7_000)]), 1_000);
@@ -401,6 +470,110 @@ mod tests {
         assert_eq!(spans(&h, "orders"), [sp("k2", "bob", 8_000, None)]);
         h.observe_at(&given(&[]), 7_000);
         assert_eq!(spans(&h, "orders"), [sp("k2", "bob", 8_000, Some(9_000))]);
+    }
+
+    /// Routes with a given start and maybe a given end: (baseline, key, sandbox, since, until).
+    fn given(list: &[(&str, &str, &str, i64, Option<i64>)]) -> InForce {
+        list.iter()
+            .map(|(name, k, s, since, until)| {
+                let key = RuleKey {
+                    baseline: baseline(name),
+                    routing_key: (*k).into(),
+                };
+                let g = Given {
+                    sandbox: (*s).into(),
+                    since: Some(*since),
+                    until: *until,
+                };
+                (key, g)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_given_end_closes_the_span_there_and_outlives_the_rule() {
+        let h = History::new(Duration::from_millis(2_000), RETENTION);
+        h.observe_at(&given(&[("orders", "k1", "alice", 7_000, None)]), 1_000);
+        let _ = h.watermark();
+        h.observe_at(
+            &given(&[("orders", "k1", "alice", 7_000, Some(20_000))]),
+            15_000,
+        );
+        assert_eq!(
+            spans(&h, "orders"),
+            [sp("k1", "alice", 7_000, Some(20_000))],
+            "ended at the given time, not at a stamp"
+        );
+        // Later passes keep the first end given.
+        let v = h.current().version;
+        h.observe_at(
+            &given(&[("orders", "k1", "alice", 7_000, Some(25_000))]),
+            16_000,
+        );
+        assert_eq!(h.current().version, v, "nothing changed, nothing published");
+        // The rule goes: the span keeps its end, no second stamp (which would be 19 000).
+        h.observe_at(&given(&[]), 17_000);
+        assert_eq!(
+            spans(&h, "orders"),
+            [sp("k1", "alice", 7_000, Some(20_000))]
+        );
+        // A restarted server, given both ends, agrees.
+        let fresh = History::new(Duration::from_millis(2_000), RETENTION);
+        fresh.observe_at(
+            &given(&[("orders", "k1", "alice", 7_000, Some(20_000))]),
+            16_000,
+        );
+        assert_eq!(
+            spans(&fresh, "orders"),
+            [sp("k1", "alice", 7_000, Some(20_000))]
+        );
+    }
+
+    #[test]
+    fn a_given_end_not_after_the_start_is_refused() {
+        let h = History::new(Duration::from_millis(2_000), RETENTION);
+        h.observe_at(&given(&[("orders", "k1", "alice", 7_000, None)]), 1_000);
+        // The store's start moved to 9 000, but the span keeps 7 000: an end of 7 000 is
+        // refused, the route dropped like a rule that went (closed at the stamp, 5 000, before
+        // it started: nothing remains).
+        h.observe_at(
+            &given(&[("orders", "k1", "alice", 9_000, Some(7_000))]),
+            3_000,
+        );
+        assert!(spans(&h, "orders").is_empty(), "{:?}", spans(&h, "orders"));
+        // A new route whose end is its start is never opened.
+        h.observe_at(
+            &given(&[("payments", "k2", "bob", 8_000, Some(8_000))]),
+            4_000,
+        );
+        assert!(spans(&h, "payments").is_empty());
+        // An open span refused an end closes at the server's stamp.
+        h.observe_at(&given(&[("payments", "k2", "bob", 8_000, None)]), 5_000);
+        assert_eq!(spans(&h, "payments"), [sp("k2", "bob", 8_000, None)]);
+        h.observe_at(
+            &given(&[("payments", "k2", "bob", 8_000, Some(8_000))]),
+            9_000,
+        );
+        assert_eq!(
+            spans(&h, "payments"),
+            [sp("k2", "bob", 8_000, Some(11_000))]
+        );
+    }
+
+    #[test]
+    fn a_late_end_is_used_all_the_same() {
+        let h = History::new(Duration::from_millis(2_000), RETENTION);
+        h.observe_at(&given(&[("orders", "k1", "alice", 7_000, None)]), 1_000);
+        h.observe_at(&given(&[("orders", "k1", "alice", 7_000, None)]), 2_000);
+        let (_, w) = h.watermark();
+        // An end before the watermark already sent (the wall clock is far past 9 000): relays
+        // may have decided records after it for alice; the end is used anyway (and warned of).
+        assert!(w > 9_000);
+        h.observe_at(
+            &given(&[("orders", "k1", "alice", 7_000, Some(9_000))]),
+            3_000,
+        );
+        assert_eq!(spans(&h, "orders"), [sp("k1", "alice", 7_000, Some(9_000))]);
     }
 
     #[test]

@@ -51,7 +51,10 @@ impl Entry {
 fn in_force(rules: &BTreeMap<RuleKey, Arc<Entry>>) -> crate::history::InForce {
     rules
         .iter()
-        .map(|(k, e)| (k.clone(), (e.rule.destination_sandbox.clone(), None)))
+        .map(|(k, e)| {
+            let g = crate::history::Given::stamped(e.rule.destination_sandbox.clone());
+            (k.clone(), g)
+        })
         .collect()
 }
 

@@ -379,8 +379,9 @@ pub fn rules_from(configs: &[Arc<RoutingConfig>]) -> (Vec<RoutingRule>, Vec<Stri
 }
 
 /// The routes in force for the route history: every RoutingConfig's spans (the operator writes
-/// their starts), validated one by one like the rules: an invalid span or a second one for the
-/// same (baseline, routing key) is dropped and reported.
+/// their starts, and their ends when the sandbox goes), validated one by one like the rules: an
+/// invalid span (an end not after its start included) or a second one for the same (baseline,
+/// routing key) is dropped and reported.
 pub(crate) fn spans_from(configs: &[Arc<RoutingConfig>]) -> (crate::history::InForce, Vec<String>) {
     let mut routes = crate::history::InForce::new();
     let mut problems = Vec::new();
@@ -389,9 +390,19 @@ pub(crate) fn spans_from(configs: &[Arc<RoutingConfig>]) -> (crate::history::InF
         let id = format!("RoutingConfig {}", rc.name_any());
         for s in rc.spans() {
             let key = &rc.spec.routing_key;
-            let valid = spur_routing::Span::new(key.clone(), s.sandbox.clone(), s.since_ms, None);
+            let valid =
+                spur_routing::Span::new(key.clone(), s.sandbox.clone(), s.since_ms, s.until_ms);
             if let Err(e) = valid {
                 problems.push(format!("{id}: span of {}: {e}", s.baseline.name));
+                continue;
+            }
+            if let Some(until) = s.until_ms
+                && until <= s.since_ms
+            {
+                problems.push(format!(
+                    "{id}: span of {}: until {until} is not after since {}",
+                    s.baseline.name, s.since_ms
+                ));
                 continue;
             }
             let b = s.baseline.to_rule_baseline();
@@ -411,7 +422,12 @@ pub(crate) fn spans_from(configs: &[Arc<RoutingConfig>]) -> (crate::history::InF
                 continue;
             }
             owner.insert(key.clone(), id.clone());
-            routes.insert(key, (s.sandbox.clone(), Some(s.since_ms)));
+            let given = crate::history::Given {
+                sandbox: s.sandbox.clone(),
+                since: Some(s.since_ms),
+                until: s.until_ms,
+            };
+            routes.insert(key, given);
         }
     }
     (routes, problems)

@@ -115,6 +115,7 @@ pub(super) fn spans(
                 baseline: baseline.clone(),
                 sandbox: sandbox.clone(),
                 since_ms,
+                until_ms: None,
             }
         })
         .collect()
