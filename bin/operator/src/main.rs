@@ -344,6 +344,24 @@ struct WebhookArgs {
 }
 
 impl WebhookArgs {
+    /// The injection config (`--injection-config`, else the defaults), validated.
+    fn injection(&self, namespace: &str) -> Result<spur_operator::InjectionConfig> {
+        let mut injection: spur_operator::InjectionConfig = match &self.injection_config {
+            None => spur_operator::InjectionConfig::default(),
+            Some(path) => {
+                let bytes = std::fs::read(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                serde_yaml_ng::from_slice(&bytes)
+                    .with_context(|| format!("invalid injection config {}", path.display()))?
+            }
+        };
+        if !injection.system_namespaces.iter().any(|n| n == namespace) {
+            injection.system_namespaces.push(namespace.to_string());
+        }
+        injection.validate()?;
+        Ok(injection)
+    }
+
     fn configs(
         &self,
         namespace: &str,
@@ -405,19 +423,7 @@ impl WebhookArgs {
             });
         }
         pki.validate()?;
-        let mut injection: spur_operator::InjectionConfig = match &self.injection_config {
-            None => spur_operator::InjectionConfig::default(),
-            Some(path) => {
-                let bytes = std::fs::read(path)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
-                serde_yaml_ng::from_slice(&bytes)
-                    .with_context(|| format!("invalid injection config {}", path.display()))?
-            }
-        };
-        if !injection.system_namespaces.iter().any(|n| n == namespace) {
-            injection.system_namespaces.push(namespace.to_string());
-        }
-        injection.validate()?;
+        let injection = self.injection(namespace)?;
         pki.namespace_bundle = (!injection.routeserver_ca_config_map.is_empty())
             .then(|| injection.routeserver_ca_config_map.clone());
         if pki.namespace_bundle.is_none() && !pki.bundle_namespaces.is_empty() {
@@ -487,6 +493,14 @@ async fn run(args: OperatorArgs) -> Result<ExitCode> {
     };
     let resources = args.resources.config(&args.namespace)?;
     let mesh = args.mesh.config()?;
+    // Read even without the webhook (another replica's may inject with the same config): a
+    // fork relays Kafka by default when it sets Kafka ports.
+    let kafka_by_default = match &configs {
+        Some((_, webhook)) => !webhook.injection.kafka_ports.is_empty(),
+        None => !(args.webhook.injection(&args.namespace)?)
+            .kafka_ports
+            .is_empty(),
+    };
     let client = spur_bin_support::kube_client(args.kubeconfig.as_deref()).await?;
     // Fail fast with a clear message when the API server is unreachable or refuses us.
     client
@@ -516,6 +530,7 @@ async fn run(args: OperatorArgs) -> Result<ExitCode> {
         });
     let ctx = spur_operator::Context::new(client.clone(), Some(instance.clone()), metrics.clone())
         .with_fork_policy(fork_policy)
+        .with_kafka_by_default(kafka_by_default)
         .with_mesh(mesh);
     let mut ctx = with_features(ctx, &args, resources);
     let stop = CancellationToken::new();

@@ -37,6 +37,10 @@ pub struct WorkloadsContext {
     /// Namespace enrollment: the RoleBindings made in namespaces labelled
     /// `spur.dev/enabled=true` (`spur_operator_enroll`). `None`: the enroller does not run.
     pub enrollment: Option<EnrollConfig>,
+    /// Whether the injection config's `kafkaPorts` is non-empty: a fork's sidecar relays Kafka
+    /// by default (its pod template's `sidecar.spur.dev/kafka-ports` says otherwise). Only
+    /// forks that relay Kafka get route-history spans (docs/async.md).
+    pub kafka_by_default: bool,
 }
 
 impl WorkloadsContext {
@@ -53,6 +57,7 @@ impl WorkloadsContext {
             previews: None,
             mesh: None,
             enrollment: None,
+            kafka_by_default: false,
         }
     }
 }

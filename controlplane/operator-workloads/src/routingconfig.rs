@@ -20,6 +20,7 @@ use crate::{Error, FINALIZER};
 mod status;
 
 use status::Read;
+pub(crate) use status::{SPAN_GRACE_MS, routes_end_ms};
 
 pub(crate) async fn reconcile(rc: Arc<RoutingConfig>, ctx: Arc<Term>) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("RoutingConfig");
@@ -62,7 +63,9 @@ async fn apply(
     let routing = status::routing(rc, &reads);
     let old = rc.status.clone().unwrap_or_default();
     let now_ms = k8s_openapi::jiff::Timestamp::now().as_millisecond();
-    let spans = status::spans(rc.spans(), &routing.routed, now_ms);
+    // Once the sandbox is being deleted, its spans end where its controller fixed it.
+    let end_ms = routes_end_ms(rc.annotations());
+    let spans = status::spans(rc.spans(), &routing.routed, now_ms, end_ms);
     let st = status::status(
         rc,
         &old,
@@ -94,7 +97,25 @@ async fn read_all(rc: &RoutingConfig, ctx: &Term) -> Result<Vec<Read>, Error> {
         let (ns, name) = (&w.namespace, &w.name);
         reads.push(match w.kind {
             SandboxedKind::ForkedWorkload => {
-                Read::Forked(read(ctx, &ctx.stores.rc_forks, ns, name).await?)
+                let fw = read(ctx, &ctx.stores.rc_forks, ns, name).await?;
+                let kafka = match fw.as_ref().and_then(|fw| fw.status.as_ref()?.fork.clone()) {
+                    // Only a ready fork is routed, and a ready fork's Deployment exists.
+                    Some(fork) if status::is_ready(fw.as_deref()) => {
+                        let d = read(ctx, &ctx.stores.deployments, ns, &fork).await?;
+                        let template = d.as_ref().and_then(|d| {
+                            d.spec
+                                .as_ref()?
+                                .template
+                                .metadata
+                                .as_ref()?
+                                .annotations
+                                .as_ref()
+                        });
+                        status::relays_kafka(template, ctx.kafka_by_default)
+                    }
+                    _ => ctx.kafka_by_default,
+                };
+                Read::Forked(fw, kafka)
             }
             SandboxedKind::ExternalWorkload => {
                 Read::External(read(ctx, &ctx.stores.rc_externals, ns, name).await?)

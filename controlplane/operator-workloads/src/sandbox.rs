@@ -42,6 +42,18 @@ pub const ROUTING_READY: &str = "RoutingReady";
 /// Without changes, a sandbox is looked at again this often (TTL, baselines appearing).
 const RESYNC: Duration = Duration::from_secs(300);
 
+/// How long a deleted sandbox's forks keep running past the end of their routes (the `untilMs`
+/// of its spans): a fork keeps consuming until its span's end and then gets this long to catch
+/// up with the records stamped before it. A fork that lags more loses its tail (docs/async.md).
+pub(crate) const DRAIN_MS: i64 = 10_000;
+
+/// How long a deleted sandbox still waits before its children go, given its routes' `end_ms`
+/// (`None`: no more): until [`DRAIN_MS`] past the end.
+fn drain_left(end_ms: i64, now_ms: i64) -> Option<Duration> {
+    let left = end_ms.saturating_add(DRAIN_MS).saturating_sub(now_ms);
+    (left > 0).then(|| Duration::from_millis(u64::try_from(left).unwrap_or(u64::MAX)))
+}
+
 pub(crate) async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<Term>) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("Sandbox");
     let api: Api<Sandbox> = Api::all(ctx.client.clone());
@@ -517,8 +529,70 @@ async fn delete_children(name: &str, ctx: &WorkloadsContext) -> Result<bool, Err
     Ok(remaining)
 }
 
+/// The end of a deleted sandbox's routes, fixed once: the one already written on its
+/// RoutingConfig (annotation `spur.dev/routes-end-ms`), else, if the config has any span, now
+/// plus the span grace, written there (only if still absent: a patch conditional on the
+/// resourceVersion read) so that every operator replica and restart uses the same. `None`:
+/// nothing is routed by record, so nothing to drain.
+async fn routes_end(name: &str, ctx: &WorkloadsContext) -> Result<Option<i64>, Error> {
+    let rcs: Api<RoutingConfig> = Api::all(ctx.client.clone());
+    let Some(rc) = rcs
+        .get_opt(&names::sandbox_routing_config_name(name))
+        .await?
+    else {
+        return Ok(None);
+    };
+    if let Some(end) = crate::routingconfig::routes_end_ms(rc.annotations()) {
+        return Ok(Some(end));
+    }
+    if rc.spans().is_empty() || rc.meta().deletion_timestamp.is_some() {
+        return Ok(None);
+    }
+    let end = Timestamp::now()
+        .as_millisecond()
+        .saturating_add(crate::routingconfig::SPAN_GRACE_MS);
+    let patch = serde_json::json!({"metadata": {
+        "resourceVersion": rc.resource_version(),
+        "annotations": {(spur_api::keys::annotations::ROUTES_END_MS): end.to_string()},
+    }});
+    match (rcs.patch(
+        &rc.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    ))
+    .await
+    {
+        Ok(_) => Ok(Some(end)),
+        // Changed since read (maybe another replica wrote the end): read it again.
+        Err(kube::Error::Api(e)) if e.code == 409 => Err(Error::Pending(format!(
+            "the end of Sandbox {name}'s routes to be written"
+        ))),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 async fn cleanup(sb: &Sandbox, ctx: &WorkloadsContext) -> Result<Action, Error> {
     let name = sb.name_any();
+    // Records stamped before the routes' end belong to the forks: they keep running until
+    // the drain is over.
+    if let Some(end) = routes_end(&name, ctx).await?
+        && let Some(left) = drain_left(end, Timestamp::now().as_millisecond())
+    {
+        let end_at = Timestamp::from_millisecond(end).unwrap_or_default();
+        let message = format!(
+            "Deleting: keyed records stamped before {end_at} still go to the forks, which are deleted {}s later",
+            DRAIN_MS / 1_000
+        );
+        write_status(sb, ctx, |st| {
+            condition(st, sb, READY, ConditionStatus::False, "Draining", &message)
+        })
+        .await?;
+        return Err(Error::Requeue {
+            what: format!("the forks of Sandbox {name} to drain their records"),
+            after: left,
+        });
+    }
     if delete_children(&name, ctx).await? {
         // Each ForkedWorkload's own finalizer removes its Deployment and Services first; each
         // Resource's runs its delete workflow (retried until it succeeds, shown here).
@@ -551,4 +625,20 @@ pub(crate) fn error_policy(sb: Arc<Sandbox>, err: &Error, ctx: Arc<Term>) -> Act
         _ => {}
     }
     ctx.retry(&*sb, err)
+}
+
+#[cfg(test)]
+mod drain_tests {
+    use super::*;
+
+    #[test]
+    fn the_children_wait_until_the_drain_past_the_end() {
+        assert_eq!(
+            drain_left(10_000, 10_000),
+            Some(Duration::from_millis(DRAIN_MS as u64))
+        );
+        assert_eq!(drain_left(10_000, 19_999), Some(Duration::from_millis(1)));
+        assert_eq!(drain_left(10_000, 10_000 + DRAIN_MS), None);
+        assert_eq!(drain_left(10_000, i64::MAX), None);
+    }
 }

@@ -91,6 +91,13 @@ impl Context {
         self
     }
 
+    /// Forks' sidecars relay Kafka unless their pod template says otherwise (the injection
+    /// config's `kafkaPorts` is non-empty), so ready forks get route-history spans by default.
+    pub fn with_kafka_by_default(mut self, kafka: bool) -> Self {
+        self.workloads.kafka_by_default = kafka;
+        self
+    }
+
     /// Fork patches go through `policy` instead of the default one.
     pub fn with_fork_policy(mut self, policy: crate::ForkPolicy) -> Self {
         self.workloads.fork_policy = policy;
