@@ -2414,3 +2414,182 @@ async fn virtual_workloads_report_their_baselines_sidecars() {
     );
     cp.shutdown().await;
 }
+
+/// A consumer baseline (no Service) whose pods' sidecars relay Kafka (`kafka`: the pod
+/// template's `sidecar.spur.dev/kafka-ports` is 9092), or not.
+async fn consumer_baseline(client: &Client, name: &str, kafka: bool) {
+    let mut template_meta = json!({"labels": {"app": name}});
+    if kafka {
+        template_meta["annotations"] = json!({"sidecar.spur.dev/kafka-ports": "9092"});
+    }
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": template_meta,
+                "spec": {"containers": [{"name": name, "image": format!("{name}:1")}]}
+            }
+        }
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+}
+
+fn unix_ms() -> i64 {
+    k8s_openapi::jiff::Timestamp::now().as_millisecond()
+}
+
+/// Deleting a sandbox whose fork relays Kafka drains it: the end of its route is fixed once
+/// (5 s ahead) and written into its span, and the fork stays 10 s past it before everything
+/// goes; the route server keeps that end after the RoutingConfig is gone. A fork without Kafka
+/// gets no span, and its sandbox goes at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_sandbox_drains_its_kafka_forks() {
+    let cp = ControlPlane::start().await;
+    let client = cp.client();
+    create_namespace(&client).await;
+    consumer_baseline(&client, "orders", true).await;
+    consumer_baseline(&client, "mailer", false).await;
+    let sandboxes: Api<Sandbox> = Api::all(client.clone());
+    for (sb, baseline) in [("drain", "orders"), ("plain", "mailer")] {
+        let fork = json!({"forkOf": {"kind": "Deployment", "namespace": NS, "name": baseline}});
+        sandboxes
+            .create(
+                &PostParams::default(),
+                &sandbox(sb, json!({}), json!([fork]), None),
+            )
+            .await
+            .unwrap();
+        mark_fork_ready(&client, sb, baseline).await;
+        ready_key(&client, sb).await;
+    }
+    let rcs: Api<RoutingConfig> = Api::all(client.clone());
+    let routed = |sb: &'static str| {
+        let rcs = rcs.clone();
+        async move {
+            let rc = rcs
+                .get_opt(&names::sandbox_routing_config_name(sb))
+                .await
+                .unwrap()?;
+            let st = rc.status.clone()?;
+            is_condition_true(&st.conditions, READY).then_some(rc)
+        }
+    };
+
+    // Without Kafka: no span, and the sandbox goes without waiting.
+    let plain = eventually("plain RoutingConfig Ready", || routed("plain")).await;
+    assert!(plain.spans().is_empty(), "{:?}", plain.spans());
+    let started = std::time::Instant::now();
+    sandboxes
+        .delete("plain", &DeleteParams::default())
+        .await
+        .unwrap();
+    all_gone(&client, "plain").await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+
+    // With Kafka: one span, open.
+    let rc = eventually("a span for the Kafka fork", || async {
+        let rc = routed("drain").await?;
+        (!rc.spans().is_empty()).then_some(rc)
+    })
+    .await;
+    assert_eq!(rc.spans().len(), 1);
+    let since = rc.spans()[0].since_ms;
+    assert_eq!(rc.spans()[0].until_ms, None);
+    let baseline = BaselineWorkload {
+        kind: "Deployment".into(),
+        namespace: NS.into(),
+        name: "orders".into(),
+    };
+    let history = cp.routeserver.as_ref().unwrap().index().history().clone();
+    eventually("the route server has the span", || async {
+        let spans = history.current().spans(&baseline);
+        (spans.len() == 1 && spans[0].since_ms == since).then_some(())
+    })
+    .await;
+
+    let deleted_at = unix_ms();
+    sandboxes
+        .delete("drain", &DeleteParams::default())
+        .await
+        .unwrap();
+    let rc = eventually("the span's end written", || async {
+        let rc = rcs
+            .get_opt(&names::sandbox_routing_config_name("drain"))
+            .await
+            .unwrap()?;
+        rc.spans().first()?.until_ms.is_some().then_some(rc)
+    })
+    .await;
+    let seen_at = unix_ms();
+    let until = rc.spans()[0].until_ms.unwrap();
+    assert_eq!(rc.spans()[0].since_ms, since, "the start is kept");
+    assert!(
+        until >= deleted_at + 5_000 && until <= seen_at + 5_000,
+        "until {until}, deleted at {deleted_at}, seen at {seen_at}"
+    );
+    assert_eq!(
+        rc.annotations()["spur.dev/routes-end-ms"],
+        until.to_string(),
+        "the end is fixed on the RoutingConfig"
+    );
+    eventually("the route server ends the span there", || async {
+        let spans = history.current().spans(&baseline);
+        (spans.len() == 1 && spans[0].until_ms == Some(until)).then_some(())
+    })
+    .await;
+    let st = sandbox_status(&client, "drain")
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    let ready = find_condition(&st.conditions, READY).unwrap();
+    assert_eq!(ready.reason, "Draining", "{ready:?}");
+
+    // The fork stays until 10 s past the end (checked 2 s before).
+    let fws: Api<ForkedWorkload> = Api::namespaced(client.clone(), NS);
+    let fork_name = names::fork_name(
+        "drain",
+        &WorkloadRef::new(WorkloadKind::Deployment, NS, "orders"),
+    );
+    let check_at = until + 8_000;
+    tokio::time::sleep(Duration::from_millis(
+        u64::try_from(check_at - unix_ms()).unwrap_or(0),
+    ))
+    .await;
+    let fw = fws.get_opt(&fork_name).await.unwrap().expect("fork kept");
+    assert!(
+        fw.metadata.deletion_timestamp.is_none(),
+        "{:?}",
+        fw.metadata
+    );
+    let d = Api::<Deployment>::namespaced(client.clone(), NS)
+        .get(&fork_name)
+        .await
+        .unwrap();
+    assert!(d.metadata.deletion_timestamp.is_none());
+
+    // Then everything goes; the route server keeps the span's end (no second stamp).
+    all_gone(&client, "drain").await;
+    assert!(unix_ms() >= until + 10_000);
+    // (The config had no request routes: give the route server's watch time to see it go.)
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let spans = history.current().spans(&baseline);
+    assert_eq!(spans.len(), 1, "{spans:?}");
+    assert_eq!((spans[0].since_ms, spans[0].until_ms), (since, Some(until)));
+    assert_eq!(
+        cp.reconcile_failures(),
+        0.0,
+        "reconcile failures, see the log"
+    );
+    cp.shutdown().await;
+}
