@@ -106,6 +106,24 @@ fn field<const N: usize>(h: &[u8; HEADER_LEN], at: usize) -> [u8; N] {
     out
 }
 
+/// Writes `original`'s header as an empty control batch: no records, uncompressed, the control
+/// attribute set; base offset, last offset delta, timestamps, producer fields and leader epoch
+/// unchanged. What a batch whose every record was withheld becomes: clients continue after its
+/// last offset as after any batch, and a client that reads no record from a whole response takes
+/// a control batch as progress, where an empty data batch looks like a record too large to fetch
+/// (librdkafka doubles its fetch size then reports `MSG_SIZE_TOO_LARGE`, and kcat exits on it).
+/// No record in it means no marker either: `read_committed` clients find no commit or abort in it.
+pub fn rewrite_empty(original: &[u8; HEADER_LEN], out: &mut Vec<u8>) -> Result<(), Error> {
+    let start = out.len();
+    rewrite(original, Codec::None, 0, &[], out)?;
+    let batch = &mut out[start..];
+    let attributes = u16::from_be_bytes([batch[21], batch[22]]) | ATTR_CONTROL;
+    batch[21..23].copy_from_slice(&attributes.to_be_bytes());
+    let crc = checksum(batch);
+    batch[17..21].copy_from_slice(&crc.to_be_bytes());
+    Ok(())
+}
+
 /// The CRC-32C Kafka stores in a v2 batch: over the bytes from `attributes` to the end.
 pub fn checksum(batch: &[u8]) -> u32 {
     crc32c::crc32c(batch.get(CRC_START..).unwrap_or_default())

@@ -4,14 +4,17 @@
 //! - **resume after the batch**: clients continue at `baseOffset + lastOffsetDelta + 1` of the
 //!   last batch they read, so a rewritten batch keeps its header's base offset and last offset
 //!   delta even when its last records are gone, and a batch left with no records is still
-//!   written, empty (Kafka's log cleaner writes such batches too; clients skip them);
+//!   written, empty and marked as a control batch (`batch::rewrite_empty`: librdkafka takes a
+//!   response whose batches hold no record and no control batch for a record too large to fetch;
+//!   every client skips a control batch and continues after it);
 //! - **read each kept record as written**: kept records are copied byte for byte; their offset
 //!   and timestamp deltas stay right because the base offset and base timestamp stay;
 //! - **trust the batch**: the CRC-32C is checked before anything is read and recomputed after a
 //!   rewrite; the records are recompressed with the batch's codec (an empty batch is written
 //!   uncompressed, so no client has to decompress nothing);
 //! - **transactions**: control batches (commit and abort markers) and the producer fields that
-//!   `read_committed` consumers match aborted transactions by pass through unchanged.
+//!   `read_committed` consumers match aborted transactions by pass through unchanged (an emptied
+//!   batch keeps them too, and holds no marker).
 //!
 //! A batch the filter keeps whole is passed on as the same bytes; a response nothing is dropped
 //! from is passed on without a copy. A batch cut off at the end of the response (brokers may send
@@ -189,7 +192,7 @@ pub fn filter(
         let kept = count - dropped;
         let new_count = i32::try_from(kept).unwrap_or(i32::MAX);
         if kept == 0 {
-            batch::rewrite(original, Codec::None, 0, &[], out)?;
+            batch::rewrite_empty(original, out)?;
             stats.batches_emptied += 1;
         } else {
             section.clear();
