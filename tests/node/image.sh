@@ -15,6 +15,13 @@
 #                                   superuser password from POSTGRES_PASSWORD, then postgres in
 #                                   the foreground on *:5432); user postgres; StopSignal SIGINT
 #                                   (fast shutdown); PGDATA=/var/lib/postgresql/data/pgdata.
+#   localhost/spur-kafka:dev        Apache Kafka 3.9 and its independent clients, for the Kafka
+#                                   tests (issue 44): Debian's OpenJDK 17 JRE and kcat (librdkafka),
+#                                   the broker's and kafka-clients' jars and the Java client harness
+#                                   (Probe; CLASSPATH set, so `java Probe ...` runs it), franz-go's
+#                                   harness (`kafka-client`), and `spur-kafka-broker`
+#                                   (tests/node/spur-kafka-broker.sh: a one-node KRaft broker on
+#                                   9092). No entrypoint: pods give a command. User 65532.
 #
 # The first three share one layer: a Debian bookworm rootfs made with mmdebstrap (iptables,
 # nftables, ca-certificates, curl, catatonit). The postgres image has a rootfs of its own (same
@@ -26,6 +33,8 @@
 # later runs reuse the cached rootfs.
 #
 # Usage: tests/node/image.sh <bindir with spur, the role binaries (spur-operator, ...), spur-sidecar, spur-init, spur-job-executor, spur-io> <outdir>
+#   with SPUR_KAFKA_DIR (tests/kafka/fetch.sh's directory) and SPUR_GO_BINDIR (tests/go/build.sh's,
+#   with kafka-client) set, as tests/run.sh exports them.
 # Prints one line per image on stdout: <name> <archive> compressed=<MB> uncompressed=<MB>.
 # Env: SPUR_EXECUTOR_BIN and SPUR_IO_BIN are the spur-job-executor and spur-io to use instead
 # of <bindir>'s (tests/run.sh passes static builds: they run inside pods of any image);
@@ -73,6 +82,14 @@ outdir=$(cd "$outdir" && pwd)
 
 pg_server=$repo/tests/node/spur-postgres-server.sh
 [ -f "$pg_server" ] || die "no $pg_server"
+kafka_broker=$repo/tests/node/spur-kafka-broker.sh
+[ -f "$kafka_broker" ] || die "no $kafka_broker"
+kafka_dir=${SPUR_KAFKA_DIR:-}
+[ -n "$kafka_dir" ] && [ -d "$kafka_dir/lib" ] && [ -d "$kafka_dir/classes" ] \
+    || die "SPUR_KAFKA_DIR must name tests/kafka/fetch.sh's directory (SPUR_KAFKA_DIR=\"\$(tests/kafka/fetch.sh | tail -n 1)\")"
+go_client=${SPUR_GO_BINDIR:-}/kafka-client
+[ -n "${SPUR_GO_BINDIR:-}" ] && [ -x "$go_client" ] \
+    || die "SPUR_GO_BINDIR must name tests/go/build.sh's directory, with kafka-client (SPUR_GO_BINDIR=\"\$(tests/go/build.sh | tail -n 1)\")"
 
 # ---- the rootfs (cached) ------------------------------------------------------------------
 suite=bookworm
@@ -113,6 +130,17 @@ key=$(printf '%s\n' base-v1 "$suite" "$mirror" "${mm_opts[@]}" | sha256sum | cut
 base_tar=$cache/base-$suite-$key.tar
 pg_key=$(printf '%s\n' postgres-v1 "$suite" "$mirror" "${pg_opts[@]}" | sha256sum | cut -c1-16)
 pg_tar=$cache/postgres-$suite-$pg_key.tar
+kafka_packages=(openjdk-17-jre-headless kcat ca-certificates catatonit)
+kafka_opts=(
+    --variant=minbase
+    --include="$(IFS=,; echo "${kafka_packages[*]}")"
+    "${common_opts[@]}"
+    # openjdk's postinst registers its man pages as alternatives' slaves, and fails when their
+    # directory is missing (man pages are not installed here).
+    --essential-hook='mkdir -p "$1"/usr/share/man/man1'
+)
+kafka_key=$(printf '%s\n' kafka-v1 "$suite" "$mirror" "${kafka_opts[@]}" | sha256sum | cut -c1-16)
+kafka_tar=$cache/kafka-$suite-$kafka_key.tar
 mkdir -p "$cache"
 
 tmp=
@@ -168,15 +196,18 @@ exec 9>"$cache/base.lock"
 flock -n 9 || { log "waiting for another image.sh run (lock $cache/base.lock)"; flock 9; }
 build_rootfs base "$base_tar" "${mm_opts[@]}"
 build_rootfs postgres "$pg_tar" "${pg_opts[@]}"
+build_rootfs kafka "$kafka_tar" "${kafka_opts[@]}"
 
 # ---- skip when nothing changed --------------------------------------------------------------
-names=(localhost/spur:dev localhost/spur-test-client:dev localhost/pause:dev localhost/spur-postgres:dev)
-files=(spur.tar spur-test-client.tar pause.tar spur-postgres.tar)
+names=(localhost/spur:dev localhost/spur-test-client:dev localhost/pause:dev localhost/spur-postgres:dev
+    localhost/spur-kafka:dev)
+files=(spur.tar spur-test-client.tar pause.tar spur-postgres.tar spur-kafka.tar)
 stamp=$outdir/.images.stamp
 inputs=$( {
-    stat -c '%n %s %Y' "$base_tar" "$pg_tar"
-    sha256sum "$0" "$containerfile" "$pg_server" | cut -d' ' -f1
+    stat -c '%n %s %Y' "$base_tar" "$pg_tar" "$kafka_tar"
+    sha256sum "$0" "$containerfile" "$pg_server" "$kafka_broker" "$go_client" | cut -d' ' -f1
     sha256sum "${srcs[@]}"
+    cat "$kafka_dir/lib.done" "$kafka_dir/classes.done"
 } | sha256sum | cut -c1-32)
 if [ -f "$stamp" ] && [ "$(head -n1 "$stamp")" = "$inputs" ] \
         && (cd "$outdir" && ls "${files[@]}" >/dev/null 2>&1); then
@@ -247,6 +278,28 @@ bh config --env "PATH=/usr/lib/postgresql/15/bin:${path_env#PATH=}" --env LANG=C
     --label org.opencontainers.image.title=spur-postgres "$p"
 bh commit "${policy[@]}" --quiet --timestamp 0 "$p" localhost/spur-postgres:dev >/dev/null
 bh rm "$p" >/dev/null
+
+# The Kafka image: its own rootfs, then one layer with the jars, the harnesses and the broker's
+# entrypoint. log4j.properties sits on the classpath, where log4j finds it without a flag.
+mkdir -p "$tmp/kafka-layer/opt/kafka/lib" "$tmp/kafka-layer/opt/kafka/classes" "$tmp/kafka-layer/usr/local/bin"
+cp "$kafka_dir"/lib/*.jar "$tmp/kafka-layer/opt/kafka/lib/"
+cp -r "$kafka_dir"/classes/. "$tmp/kafka-layer/opt/kafka/classes/"
+cp "$kafka_dir/log4j.properties" "$tmp/kafka-layer/opt/kafka/classes/"
+install -m 0755 "$kafka_broker" "$tmp/kafka-layer/usr/local/bin/spur-kafka-broker"
+install -m 0755 "$go_client" "$tmp/kafka-layer/usr/local/bin/kafka-client"
+mkdir -p "$tmp/kafka-layer/var/lib/kafka"
+chown 65532:65532 "$tmp/kafka-layer/var/lib/kafka"
+tar -cf "$tmp/kafka-layer.tar" --numeric-owner --mtime=@0 -C "$tmp/kafka-layer" \
+    ./opt/kafka ./usr/local/bin/spur-kafka-broker ./usr/local/bin/kafka-client ./var/lib/kafka
+k=$(bh from "${policy[@]}" scratch)
+bh add "$k" "$kafka_tar" / >/dev/null
+bh add "$k" "$tmp/kafka-layer.tar" / >/dev/null
+bh config --env "$path_env" --env 'CLASSPATH=/opt/kafka/lib/*:/opt/kafka/classes' \
+    --entrypoint '' --cmd '' --user 65532:65532 --port 9092/tcp --workingdir /tmp \
+    --label org.opencontainers.image.source=https://github.com/spur-dev/spur \
+    --label org.opencontainers.image.title=spur-kafka "$k"
+bh commit "${policy[@]}" --quiet --timestamp 0 "$k" localhost/spur-kafka:dev >/dev/null
+bh rm "$k" >/dev/null
 
 # The Spur image: the Containerfile's `prebuilt` target, binaries from a context dir.
 mkdir -p "$tmp/ctx/bin"

@@ -94,7 +94,10 @@ fn start_or_attach() -> anyhow::Result<Node> {
     }
     let bins = image_bindir();
     let images = bins.join("node-images");
+    // The Kafka image takes the broker's jars and the Go client from their own builds.
     let out = run(Command::new(repo().join("tests/node/image.sh"))
+        .env("SPUR_KAFKA_DIR", crate::kafka::kafka_dir())
+        .env("SPUR_GO_BINDIR", crate::go_bin_dir())
         .arg(&bins)
         .arg(&images))
     .context("building the node's images (tests/node/image.sh)")?;
@@ -200,6 +203,26 @@ impl Node {
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).trim().to_string(),
         ))
+    }
+
+    /// `kubectl <args>` in the background, its stdout into `out` (stderr too): for `logs -f` and
+    /// long `exec`s. The caller kills it (or waits for it); [`Background`] does so on drop.
+    pub fn kubectl_spawn(&self, args: &[&str], out: &Path) -> anyhow::Result<Background> {
+        let file =
+            std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
+        let err = file.try_clone()?;
+        let child = self
+            .kubectl_cmd()
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("running kubectl {args:?}"))?;
+        Ok(Background {
+            child,
+            out: out.to_path_buf(),
+        })
     }
 
     fn kubectl_cmd(&self) -> Command {
@@ -465,6 +488,38 @@ spec:
             })
             .map(String::from)
             .ok_or_else(|| anyhow!("containerd has no task {id}:\n{tasks}"))
+    }
+}
+
+/// A background `kubectl` ([`Node::kubectl_spawn`]), killed on drop.
+pub struct Background {
+    child: Child,
+    pub out: PathBuf,
+}
+
+impl Background {
+    /// Waits up to `limit` for it to exit; `true` if it did (its output is then complete).
+    pub fn wait(&mut self, limit: Duration) -> anyhow::Result<bool> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if self.child.try_wait()?.is_some() {
+                return Ok(true);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(false)
+    }
+
+    /// What it wrote so far.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

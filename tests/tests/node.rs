@@ -13,6 +13,7 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 mod node_access;
 mod node_jobs;
+mod node_kafka;
 mod node_l4;
 mod node_resources;
 mod node_tenancy;
@@ -433,6 +434,10 @@ fn helm_install_and_the_user_path_on_running_pods() {
 
     // --- UDP listeners: a ListenerSet on a spur-gateway pod, sessions hashed over workers -----
     node_l4::l4_listeners_on_the_node(node);
+
+    // --- Kafka records by routing key: a sandbox comes and goes mid-stream, each record has
+    // exactly one consumer, with each of three independent clients ------------------------------
+    node_kafka::kafka_on_the_node(node);
 
     // --- every file under docs/examples/ does what its comments say ---------------------------
     docs_examples_on_the_node(node);
