@@ -113,6 +113,7 @@ const DIRECT_READS: &[(&str, &str, &str)] = &[
     ("controlplane/operator-workloads/src/sandbox.rs", "not_enabled", USER_OBJECT),
     // Both the prune of removed workloads on every pass (watch cache) and the final one.
     ("controlplane/operator-workloads/src/sandbox.rs", "prune", FINAL),
+    ("controlplane/operator-workloads/src/sandbox.rs", "routes_end", FINAL),
     ("controlplane/operator-workloads/src/virtualw.rs", "reconcile", USER_OBJECT),
     // xDS: which config holds a node id is decided across tenants' configs; revisions are
     // immutable history that decides what is published.
