@@ -92,18 +92,31 @@ pub(crate) fn describe_records(sb: &Sandbox, spans: &Result<Vec<RouteSpan>, Stri
         Ok(spans) if spans.is_empty() => {
             let _ = writeln!(
                 out,
-                "  none routed yet (a fork's records are its own from 5 s after it is ready)"
+                "  none (no fork with a Kafka relay is ready: a fork's keyed records are its own from 5 s after it is)"
             );
         }
         Ok(spans) => {
+            let at = |ms: i64| {
+                k8s_openapi::jiff::Timestamp::from_millisecond(ms)
+                    .map_or_else(|_| format!("{ms} ms"), |t| t.to_string())
+            };
             for s in spans {
-                let since = k8s_openapi::jiff::Timestamp::from_millisecond(s.since_ms)
-                    .map_or_else(|_| format!("{} ms", s.since_ms), |t| t.to_string());
-                let _ = writeln!(
+                let _ = write!(
                     out,
-                    "  {}/{}: records stamped from {since}",
-                    s.baseline.namespace, s.baseline.name
+                    "  {}/{}: records stamped from {}",
+                    s.baseline.namespace,
+                    s.baseline.name,
+                    at(s.since_ms)
                 );
+                // Set when the sandbox is being deleted: its forks drain until a while past it.
+                match s.until_ms {
+                    Some(until) => {
+                        let _ = writeln!(out, " until {} (the sandbox is going)", at(until));
+                    }
+                    None => {
+                        let _ = writeln!(out);
+                    }
+                }
             }
         }
     }
@@ -279,7 +292,17 @@ mod tests {
             describe_records(&sb, &Ok(vec![span])),
             "Kafka records (keyed, to forks with a Kafka relay):\n  hotrod/customer: records stamped from 2027-01-15T08:00:00.123Z\n"
         );
-        assert!(describe_records(&sb, &Ok(vec![])).contains("none routed yet"));
+        let ending: RouteSpan = serde_json::from_value(serde_json::json!({
+            "baseline": {"kind": "Deployment", "namespace": "hotrod", "name": "customer"},
+            "sandbox": "customer-db", "sinceMs": 1_800_000_000_123i64,
+            "untilMs": 1_800_000_060_000i64
+        }))
+        .unwrap();
+        assert_eq!(
+            describe_records(&sb, &Ok(vec![ending])),
+            "Kafka records (keyed, to forks with a Kafka relay):\n  hotrod/customer: records stamped from 2027-01-15T08:00:00.123Z until 2027-01-15T08:01:00Z (the sandbox is going)\n"
+        );
+        assert!(describe_records(&sb, &Ok(vec![])).contains("none (no fork with a Kafka relay"));
         assert!(
             describe_records(&sb, &Err("not readable".into())).contains("unknown: not readable")
         );
