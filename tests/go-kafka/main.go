@@ -153,17 +153,7 @@ func consume(bootstrap, topic, group string, count, timeoutMs int) {
 		worker(bootstrap, topic, group, timeoutMs)
 		return
 	}
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(bootstrap),
-		kgo.ConsumerGroup(group),
-		kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.DisableAutoCommit(),
-	)
-	if err != nil {
-		fail(err.Error())
-	}
+	cl := groupClient(bootstrap, topic, group)
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(timeoutMs)*time.Millisecond)
 	defer cancel()
@@ -187,8 +177,9 @@ func consume(bootstrap, topic, group string, count, timeoutMs int) {
 	}
 }
 
-// worker is `consume` with COUNT 0: a long-running group member, stopped by SIGTERM.
-func worker(bootstrap, topic, group string, timeoutMs int) {
+// groupClient is a member of GROUP reading TOPIC from the earliest offset, read_committed,
+// committing only when told.
+func groupClient(bootstrap, topic, group string) *kgo.Client {
 	cl, err := kgo.NewClient(
 		kgo.SeedBrokers(bootstrap),
 		kgo.ConsumerGroup(group),
@@ -200,6 +191,12 @@ func worker(bootstrap, topic, group string, timeoutMs int) {
 	if err != nil {
 		fail(err.Error())
 	}
+	return cl
+}
+
+// worker is `consume` with COUNT 0: a long-running group member, stopped by SIGTERM.
+func worker(bootstrap, topic, group string, timeoutMs int) {
+	cl := groupClient(bootstrap, topic, group)
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(timeoutMs)*time.Millisecond)
 	defer cancel()
