@@ -68,6 +68,28 @@ pub mod injection {
     /// Pod-template annotation: comma-separated Kafka broker ports whose connections the sidecar
     /// relays by routing key (docs/async.md), or `none`. Default: the operator's `kafkaPorts`.
     pub const KAFKA_PORTS: &str = "sidecar.spur.dev/kafka-ports";
+
+    /// What a pod template's [`KAFKA_PORTS`] says. One reading for the webhook (which injects
+    /// the relay) and the operator (which gives the forks that have one route-history spans),
+    /// so the two agree on which pods relay Kafka.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum KafkaPorts<'a> {
+        /// `none`: no relay, whatever the cluster's `kafkaPorts`.
+        Off,
+        /// Absent or empty: the cluster's `kafkaPorts` decide.
+        Default,
+        /// The ports as written (trimmed; the webhook parses and checks them).
+        Listed(&'a str),
+    }
+
+    /// Reads [`KAFKA_PORTS`] from a pod template's annotations.
+    pub fn kafka_ports(annotations: &std::collections::BTreeMap<String, String>) -> KafkaPorts<'_> {
+        match annotations.get(KAFKA_PORTS).map(|s| s.trim()) {
+            Some("none") => KafkaPorts::Off,
+            None | Some("") => KafkaPorts::Default,
+            Some(listed) => KafkaPorts::Listed(listed),
+        }
+    }
     /// Pod-template annotation: who programs the interception rules, `sidecar` (the sidecar
     /// itself, before it serves) or `initContainer` (`spur-init`). Default: the operator's
     /// `interception` setting.

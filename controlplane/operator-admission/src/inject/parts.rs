@@ -83,10 +83,10 @@ pub(super) fn kafka_ports(
     annotations: &BTreeMap<String, String>,
     cfg: &InjectionConfig,
 ) -> Result<Vec<u16>, Error> {
-    let ports = match annotations.get(keys::KAFKA_PORTS).map(|s| s.trim()) {
-        Some("none") => return Ok(Vec::new()),
-        None | Some("") => cfg.kafka_ports.clone(),
-        Some(_) => annotated_ports(annotations, keys::KAFKA_PORTS)?,
+    let ports = match keys::kafka_ports(annotations) {
+        keys::KafkaPorts::Off => return Ok(Vec::new()),
+        keys::KafkaPorts::Default => cfg.kafka_ports.clone(),
+        keys::KafkaPorts::Listed(_) => annotated_ports(annotations, keys::KAFKA_PORTS)?,
     };
     let mut ports = ports;
     ports.sort_unstable();

@@ -33,13 +33,10 @@ pub(super) fn relays_kafka(
     template_annotations: Option<&BTreeMap<String, String>>,
     by_default: bool,
 ) -> bool {
-    match template_annotations
-        .and_then(|a| a.get(injection::KAFKA_PORTS))
-        .map(|v| v.trim())
-    {
-        Some("none") => false,
-        None | Some("") => by_default,
-        Some(_) => true,
+    match template_annotations.map(injection::kafka_ports) {
+        Some(injection::KafkaPorts::Off) => false,
+        None | Some(injection::KafkaPorts::Default) => by_default,
+        Some(injection::KafkaPorts::Listed(_)) => true,
     }
 }
 
