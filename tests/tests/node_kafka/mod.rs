@@ -422,21 +422,30 @@ fn fork_pod(node: &Node, ns: &str, client: &str) -> anyhow::Result<String> {
     .with_context(|| node.describe(ns))
 }
 
-fn broker(ns: &str) -> String {
+/// A one-replica Deployment `name` of the Kafka image: pods labelled `app: <name>` with the
+/// pod-template `annotation` and the one container `container` (YAML, its first line `- name:`,
+/// indented as a list item of `containers`).
+fn deployment(ns: &str, name: &str, annotation: &str, container: &str) -> String {
     format!(
         r#"apiVersion: apps/v1
 kind: Deployment
-metadata: {{name: kafka, namespace: {ns}}}
+metadata: {{name: {name}, namespace: {ns}}}
 spec:
   replicas: 1
-  selector: {{matchLabels: {{app: kafka}}}}
+  selector: {{matchLabels: {{app: {name}}}}}
   template:
     metadata:
-      labels: {{app: kafka}}
-      annotations: {{sidecar.spur.dev/inject: "false"}}
+      labels: {{app: {name}}}
+      annotations: {{{annotation}}}
     spec:
       containers:
-        - name: broker
+{container}"#
+    )
+}
+
+fn broker(ns: &str) -> String {
+    let container = format!(
+        r#"        - name: broker
           image: {KAFKA_IMAGE}
           imagePullPolicy: IfNotPresent
           command: [spur-kafka-broker]
@@ -445,38 +454,41 @@ spec:
           readinessProbe: {{tcpSocket: {{port: 9092}}, periodSeconds: 2}}
           volumeMounts: [{{name: data, mountPath: /var/lib/kafka}}]
       volumes: [{{name: data, emptyDir: {{}}}}]
----
+"#
+    );
+    format!(
+        r#"{}---
 apiVersion: v1
 kind: Service
 metadata: {{name: kafka, namespace: {ns}}}
 spec:
   selector: {{app: kafka}}
   ports: [{{port: 9092, targetPort: 9092}}]
-"#
+"#,
+        deployment(
+            ns,
+            "kafka",
+            r#"sidecar.spur.dev/inject: "false""#,
+            &container
+        )
     )
 }
 
 /// A pod to create topics, produce and read from (no sidecar: what it sends is as the clients
 /// wrote it, what it reads is the broker's log as it is).
 fn tools(ns: &str) -> String {
-    format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: tools, namespace: {ns}}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: tools}}}}
-  template:
-    metadata:
-      labels: {{app: tools}}
-      annotations: {{sidecar.spur.dev/inject: "false"}}
-    spec:
-      containers:
-        - name: tools
+    let container = format!(
+        r#"        - name: tools
           image: {KAFKA_IMAGE}
           imagePullPolicy: IfNotPresent
           command: [catatonit, -P]
 "#
+    );
+    deployment(
+        ns,
+        "tools",
+        r#"sidecar.spur.dev/inject: "false""#,
+        &container,
     )
 }
 
@@ -484,25 +496,19 @@ spec:
 /// Kafka on 9092. Ready 15 s after it starts (a warm-up, as many workers have): the fork inherits
 /// it, so keyed records stream for a while before the route starts.
 fn worker(ns: &str, client: &str, command: &str) -> String {
-    format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: worker-{client}, namespace: {ns}}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: worker-{client}}}}}
-  template:
-    metadata:
-      labels: {{app: worker-{client}}}
-      annotations: {{sidecar.spur.dev/kafka-ports: "9092"}}
-    spec:
-      containers:
-        - name: app
+    let container = format!(
+        r#"        - name: app
           image: {KAFKA_IMAGE}
           imagePullPolicy: IfNotPresent
           command: {command}
           readinessProbe: {{exec: {{command: ["true"]}}, initialDelaySeconds: 15, periodSeconds: 2}}
 "#
+    );
+    deployment(
+        ns,
+        &format!("worker-{client}"),
+        r#"sidecar.spur.dev/kafka-ports: "9092""#,
+        &container,
     )
 }
 
