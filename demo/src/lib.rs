@@ -1,7 +1,7 @@
 //! The standalone demo (`spur-demo`, also `spur demo`): two example services (HTTP "web" and
 //! gRPC "greeter"), each with a baseline and a fork, each baseline fronted by a real Spur
 //! sidecar, and one rule file that sends routing key `demo` to the forks. Everything on
-//! loopback, no cluster. Also the small tools around the example apps (`serve`, `call`,
+//! loopback, no cluster. With `--kafka BROKER`, also records: see [`kafka`]. Also the small tools around the example apps (`serve`, `call`,
 //! `probe`) that the node tier's images run.
 //!
 //! Its own crate so that the README's first command compiles only what the demo runs: the
@@ -18,13 +18,21 @@ use bytes::Bytes;
 use clap::{Args, Subcommand};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
-use spur_demo_apps::{CancellationToken, grpc_client, serve_grpc, serve_http};
+use spur_demo_apps::{
+    CancellationToken, grpc_client, serve_grpc, serve_http, serve_http_producing,
+};
 use spur_proxy::{Inbound, ProxyConfig};
 use spur_routeserver::{RouteServer, RouteServerConfig};
 use spur_routing::{BaselineWorkload, ExtractConfig};
 use spur_runtime::shutdown_signal;
 use spur_sidecar::{Sidecar, SidecarConfig};
 use tokio::net::TcpListener;
+
+pub mod kafka;
+mod probe;
+
+use probe::Probe;
+pub use probe::ProbeProtocol;
 
 /// The routing key the demo's rules use.
 pub const DEMO_KEY: &str = "demo";
@@ -33,19 +41,25 @@ const NAMESPACE: &str = "demo";
 /// The standalone demo's options.
 #[derive(Args)]
 pub struct Options {
-    /// First port of the demo's block: sidecars on BASE and BASE+1, their admin servers on
-    /// BASE+10 and BASE+11, the route server on BASE+20 (gRPC) and BASE+21 (REST), baselines on
+    /// First port of the demo's block: sidecars on BASE and BASE+1 (with --kafka, the worker's
+    /// on BASE+2 and BASE+3), their admin servers on BASE+10.., the route server on BASE+20
+    /// (gRPC) and BASE+21 (REST), the worker's Kafka relays on BASE+30 and BASE+31, baselines on
     /// BASE+100.., forks on BASE+200... 0 picks free ports.
     #[arg(long, default_value_t = 18080)]
-    port_base: u16,
+    pub port_base: u16,
     /// The route server's rule directory; the demo writes `rules.yaml` into it (default: a
     /// fresh temporary directory).
     #[arg(long)]
-    rules_dir: Option<PathBuf>,
+    pub rules_dir: Option<PathBuf>,
     /// Bring the demo up, make the requests it would suggest, report, and exit (0 when every
     /// request landed where it should).
     #[arg(long)]
-    check: bool,
+    pub check: bool,
+    /// A Kafka broker (HOST:PORT, a cluster of one broker) for the records part: the web app
+    /// writes a record per `POST /order`, and a worker service, forked like the others,
+    /// consumes them through its sidecars' Kafka relays. Without it, no Kafka.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub kafka: Option<String>,
 }
 
 /// The tools around the example apps.
@@ -120,6 +134,8 @@ struct Service {
 struct Demo {
     web: Service,
     greeter: Service,
+    /// With --kafka: the worker and its consumers.
+    workers: Option<kafka::Workers>,
     /// The rule file the route server serves (and the user edits).
     rules: PathBuf,
     routeserver: RouteServer,
@@ -155,7 +171,11 @@ pub async fn run_command(command: DemoCommand) -> Result<ExitCode> {
 /// Runs the demo until SIGINT or SIGTERM (or, with `--check`, checks it and exits).
 /// `invoke` is how the printed instructions run a tool (the binary, and `demo` for `spur`).
 pub async fn run(options: Options, invoke: &str) -> Result<ExitCode> {
-    let demo = start(options.port_base, options.rules_dir).await?;
+    let broker = match &options.kafka {
+        Some(hostport) => Some(resolve(hostport).await?),
+        None => None,
+    };
+    let demo = start(options.port_base, options.rules_dir, broker, !options.check).await?;
     if options.check {
         let ok = check(&demo).await;
         stop(demo).await;
@@ -170,6 +190,15 @@ pub async fn run(options: Options, invoke: &str) -> Result<ExitCode> {
     println!("\nstopping…");
     stop(demo).await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--kafka`'s HOST:PORT, resolved once (the first address).
+async fn resolve(hostport: &str) -> Result<SocketAddr> {
+    tokio::net::lookup_host(hostport)
+        .await
+        .with_context(|| format!("--kafka {hostport:?}: not a HOST:PORT that resolves"))?
+        .next()
+        .with_context(|| format!("--kafka {hostport:?}: resolves to no address"))
 }
 
 fn port(base: u16, offset: u16) -> Result<u16> {
@@ -190,7 +219,7 @@ async fn bind(base: u16, offset: u16, what: &str) -> Result<TcpListener> {
 /// (baseline, fork) addresses of one demo service.
 type Pair = (SocketAddr, SocketAddr);
 
-fn rules_yaml(web: Pair, greeter: Pair) -> String {
+fn rules_yaml(web: Pair, greeter: Pair, worker: Option<Pair>) -> String {
     let rule = |name: &str, (baseline, fork): Pair| {
         format!(
             "- routingKey: {DEMO_KEY}\n  baseline: {{kind: Deployment, namespace: {NAMESPACE}, name: {name}}}\n  destinationSandbox: {{name: demo-sandbox}}\n  mappings:\n    - workloadPort: {}\n      destinations: [{{host: 127.0.0.1, port: {}}}]\n",
@@ -199,30 +228,49 @@ fn rules_yaml(web: Pair, greeter: Pair) -> String {
         )
     };
     format!(
-        "# Spur demo routing rules: requests carrying routing key `{DEMO_KEY}` go to the forks.\n# Edit and save; the sidecars pick changes up within a second.\n{}{}",
+        "# Spur demo routing rules: requests carrying routing key `{DEMO_KEY}` go to the forks.\n# Edit and save; the sidecars pick changes up within a second.\n{}{}{}",
         rule("web", web),
-        rule("greeter", greeter)
+        rule("greeter", greeter),
+        // The worker's rule also decides its Kafka records, by the same key: nothing in it is
+        // Kafka-specific.
+        worker.map_or(String::new(), |w| rule("worker", w))
     )
 }
 
-async fn start(base: u16, rules_dir: Option<PathBuf>) -> Result<Demo> {
+async fn start(
+    base: u16,
+    rules_dir: Option<PathBuf>,
+    broker: Option<SocketAddr>,
+    print: bool,
+) -> Result<Demo> {
+    if let Some(broker) = broker {
+        kafka::create_topic(broker).await?;
+    }
     let apps = CancellationToken::new();
     let mut addrs = Vec::new();
-    for (offset, name, grpc) in [
+    let mut services = vec![
         (100, "baseline", false),
         (200, "fork", false),
         (101, "baseline", true),
         (201, "fork", true),
-    ] {
+    ];
+    if broker.is_some() {
+        services.extend([(102, "baseline", false), (202, "fork", false)]);
+    }
+    for (offset, name, grpc) in services {
         let l = bind(base, offset, if grpc { "gRPC app" } else { "HTTP app" }).await?;
         addrs.push(l.local_addr()?);
         let token = apps.clone();
         let name = name.to_string();
+        // The web app (and only it) writes a record per order.
+        let producer = broker
+            .filter(|_| offset % 100 == 0)
+            .map(|b| spur_demo_apps::kafka::Producer::new(b, kafka::TOPIC));
         tokio::spawn(async move {
             let res = if grpc {
                 serve_grpc(l, name, token).await
             } else {
-                serve_http(l, name, token).await
+                serve_http_producing(l, name, producer, token).await
             };
             if let Err(e) = res {
                 tracing::error!(error = %e, "demo app failed");
@@ -231,11 +279,12 @@ async fn start(base: u16, rules_dir: Option<PathBuf>) -> Result<Demo> {
     }
     let web: Pair = (addrs[0], addrs[1]);
     let greeter: Pair = (addrs[2], addrs[3]);
+    let worker: Option<Pair> = broker.map(|_| (addrs[4], addrs[5]));
     let dir = rules_dir
         .unwrap_or_else(|| std::env::temp_dir().join(format!("spur-demo-{}", std::process::id())));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let rules = dir.join("rules.yaml");
-    std::fs::write(&rules, rules_yaml(web, greeter))
+    std::fs::write(&rules, rules_yaml(web, greeter, worker))
         .with_context(|| format!("cannot write {}", rules.display()))?;
     let routeserver = RouteServer::start(RouteServerConfig {
         poll_interval: Duration::from_millis(200),
@@ -246,12 +295,29 @@ async fn start(base: u16, rules_dir: Option<PathBuf>) -> Result<Demo> {
     .await
     .context("cannot start the route server (is another demo running? try --port-base)")?;
     let grpc = routeserver.grpc_addr.to_string();
-    let web_sidecar = sidecar("web", base, 0, web.0, &grpc).await?;
-    let greeter_sidecar = sidecar("greeter", base, 1, greeter.0, &grpc).await?;
+    let web_sidecar = sidecar("web", base, 0, web.0, &grpc, None).await?;
+    let greeter_sidecar = sidecar("greeter", base, 1, greeter.0, &grpc, None).await?;
     for s in [&web_sidecar, &greeter_sidecar] {
         wait_synced(s).await?;
     }
+    let workers = match (broker, worker) {
+        (Some(broker), Some((baseline, fork))) => {
+            let relay = |offset, fork| -> Result<_> {
+                Ok(Some(kafka::relay_config(broker, port(base, offset)?, fork)))
+            };
+            // The fork's sidecar fronts the same baseline workload, as a fork's does in the
+            // cluster; only its relay's role differs.
+            let b = sidecar("worker", base, 2, baseline, &grpc, relay(30, false)?).await?;
+            let f = sidecar("worker", base, 3, fork, &grpc, relay(31, true)?).await?;
+            for s in [&b, &f] {
+                wait_synced(s).await?;
+            }
+            Some(kafka::Workers::start(broker, b, f, print).await?)
+        }
+        _ => None,
+    };
     Ok(Demo {
+        workers,
         web: Service {
             label: "web (HTTP)",
             baseline: web.0,
@@ -288,10 +354,11 @@ async fn sidecar(
     index: u16,
     app: SocketAddr,
     routeserver: &str,
+    kafka: Option<spur_sidecar::kafka::KafkaConfig>,
 ) -> Result<Sidecar> {
     let config = SidecarConfig {
         inject_key_file: None,
-        kafka: None,
+        kafka,
         capture: None,
         inbound_addr: SocketAddr::from(([127, 0, 0, 1], port(base, index)?)),
         inbound: Inbound::Explicit { app },
@@ -322,6 +389,9 @@ async fn sidecar(
 }
 
 async fn stop(demo: Demo) {
+    if let Some(w) = demo.workers {
+        w.stop().await;
+    }
     demo.web.sidecar.shutdown().await;
     demo.greeter.sidecar.shutdown().await;
     demo.routeserver.shutdown().await;
@@ -374,6 +444,33 @@ fn print_instructions(demo: &Demo, invoke: &str) {
     );
     println!("  curl -s http://{admin}/config_dump");
     println!("  curl -s http://{admin}/metrics | grep spur_requests");
+    if let Some(w) = &demo.workers {
+        let admin = |s: &Sidecar| s.admin_addr.map_or_else(|| "?".into(), |a| a.to_string());
+        println!(
+            "\nKafka (broker {}, topic {}): the web app writes a record per POST /order, with the\nrequest's baggage and tracestate (as OpenTelemetry propagates them); the worker's baseline and\nfork read the topic through their sidecars' Kafka relays ({} and {}). Each record handled is\nprinted here.",
+            w.broker,
+            kafka::TOPIC,
+            w.baseline
+                .kafka_addr
+                .map_or_else(|| "?".into(), |a| a.to_string()),
+            w.fork
+                .kafka_addr
+                .map_or_else(|| "?".into(), |a| a.to_string()),
+        );
+        println!("\nRecords of unkeyed requests reach the worker's baseline:");
+        println!("  curl -s -X POST http://{web}/order");
+        println!("\nRecords of keyed requests reach the worker's fork:");
+        println!("  curl -s -X POST -H 'baggage: sd-routing-key={DEMO_KEY}' http://{web}/order");
+        println!("\nWhat each worker relay delivered and withheld:");
+        println!(
+            "  curl -s http://{}/metrics | grep spur_kafka_records",
+            admin(&w.baseline)
+        );
+        println!(
+            "  curl -s http://{}/metrics | grep spur_kafka_records",
+            admin(&w.fork)
+        );
+    }
 }
 
 /// One request through a sidecar and the upstream that answered it.
@@ -383,8 +480,26 @@ async fn http_get(
     headers: &[(&str, &str)],
     h2: bool,
 ) -> Result<String> {
+    let headers = http_request(http::Method::GET, addr, path, headers, h2).await?;
+    Ok(headers
+        .get(spur_demo_apps::SERVED_BY)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .unwrap_or_default())
+}
+
+/// One request; the response's headers, after its body, when its status is a success.
+async fn http_request(
+    method: http::Method,
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    h2: bool,
+) -> Result<http::HeaderMap> {
     let tcp = tokio::net::TcpStream::connect(addr).await?;
-    let mut req = http::Request::get(format!("http://{addr}{path}"));
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
@@ -409,18 +524,16 @@ async fn http_get(
         send.send_request(http::Request::from_parts(parts, body))
             .await?
     };
-    let served_by = resp
-        .headers()
-        .get(spur_demo_apps::SERVED_BY)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-        .unwrap_or_default();
-    let status = resp.status();
-    let _ = resp.into_body().collect().await?;
-    if !status.is_success() {
-        bail!("status {status}");
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await?.to_bytes();
+    if !parts.status.is_success() {
+        bail!(
+            "status {}: {}",
+            parts.status,
+            String::from_utf8_lossy(&body).trim()
+        );
     }
-    Ok(served_by)
+    Ok(parts.headers)
 }
 
 async fn check(demo: &Demo) -> bool {
@@ -476,6 +589,9 @@ async fn check(demo: &Demo) -> bool {
         ),
     ];
     let mut ok = report(cases);
+    if let Some(w) = &demo.workers {
+        ok &= check_kafka(w, web).await;
+    }
     // Editing the rule file re-routes live traffic, nothing restarts.
     ok &= live_edit(demo).await;
     println!(
@@ -487,6 +603,37 @@ async fn check(demo: &Demo) -> bool {
         }
     );
     ok
+}
+
+/// An unkeyed and a keyed `POST /order` through the web sidecar: which worker handled each
+/// request's record (exactly one, the baseline and the fork respectively).
+async fn check_kafka(workers: &kafka::Workers, web: SocketAddr) -> bool {
+    let baggage = format!("sd-routing-key={DEMO_KEY}");
+    let mut cases = Vec::new();
+    for (what, want, headers) in [
+        ("Kafka, record, no key", "baseline", vec![]),
+        (
+            "Kafka, record, baggage",
+            "fork",
+            vec![("baggage", baggage.as_str())],
+        ),
+    ] {
+        let got = async {
+            let response = http_request(http::Method::POST, web, "/order", &headers, false).await?;
+            let record = response
+                .get("x-record")
+                .and_then(|v| v.to_str().ok())
+                .context("the web app named no record (x-record)")?;
+            let sides = workers.handled_by(record, Duration::from_secs(15)).await;
+            if sides.is_empty() {
+                bail!("{record} was handled by no worker within 15 s");
+            }
+            Ok(sides.join(" and "))
+        }
+        .await;
+        cases.push((what, want, got));
+    }
+    report(cases)
 }
 
 /// Removes the web rule from the served file, waits for keyed web traffic to fall back to the
@@ -588,140 +735,6 @@ async fn serve(kind: &str, name: String, listen: SocketAddr) -> Result<ExitCode>
     token.cancel();
     app.await?.map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(ExitCode::SUCCESS)
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-pub enum ProbeProtocol {
-    Udp,
-    Tcp,
-}
-
-struct Probe {
-    target: SocketAddr,
-    protocol: ProbeProtocol,
-    size: Option<u32>,
-    timeout: Duration,
-}
-
-/// The largest UDP payload over IPv4, and what the demo's UDP echo answers at most.
-const MAX_DATAGRAM: usize = 65_507;
-
-impl Probe {
-    async fn run(
-        &self,
-        first: u32,
-        sessions: u32,
-        batch: u32,
-        pause: Duration,
-    ) -> Result<ExitCode> {
-        let mut failed = false;
-        let mut buf = vec![0u8; 65_536];
-        let end = first.saturating_add(sessions);
-        let mut start = first;
-        while start < end {
-            if start > first {
-                tokio::time::sleep(pause).await;
-            }
-            let stop = start.saturating_add(batch.max(1)).min(end);
-            // A batch's sockets stay open until it is done, so its sessions have distinct
-            // source ports: a listener keeps a UDP session per client address, and a port used
-            // again while the listener still holds its session would reach that session's
-            // worker. One session at a time, so a listener sees no burst.
-            let mut open = Vec::new();
-            for n in start..stop {
-                let payload = self.payload(n);
-                let answer = match self.protocol {
-                    ProbeProtocol::Udp => self.udp(&payload, &mut buf, &mut open).await,
-                    ProbeProtocol::Tcp => self.tcp(&payload).await,
-                };
-                match answer {
-                    Ok(who) => println!("{n} {who}"),
-                    Err(e) => {
-                        failed = true;
-                        println!("{n} error {e:#}");
-                    }
-                }
-            }
-            drop(open);
-            start = stop;
-        }
-        Ok(if failed {
-            ExitCode::FAILURE
-        } else {
-            ExitCode::SUCCESS
-        })
-    }
-
-    fn payload(&self, n: u32) -> Vec<u8> {
-        let mut p = format!("s{n:07}").into_bytes();
-        if let Some(size) = self.size {
-            p.resize(size as usize, b'.');
-        }
-        p
-    }
-
-    async fn udp(
-        &self,
-        payload: &[u8],
-        buf: &mut [u8],
-        open: &mut Vec<tokio::net::UdpSocket>,
-    ) -> Result<String> {
-        let bind: SocketAddr = if self.target.is_ipv4() {
-            ([0, 0, 0, 0], 0).into()
-        } else {
-            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-        };
-        let socket = tokio::net::UdpSocket::bind(bind).await?;
-        socket.send_to(payload, self.target).await?;
-        let (len, _) = tokio::time::timeout(self.timeout, socket.recv_from(buf))
-            .await
-            .map_err(|_| anyhow::anyhow!("no reply within {:?}", self.timeout))??;
-        open.push(socket);
-        let reply = &buf[..len];
-        let Some(space) = reply.iter().position(|&b| b == b' ') else {
-            bail!("unexpected reply {:?}", String::from_utf8_lossy(reply));
-        };
-        let (who, echoed) = (&reply[..space], &reply[space + 1..]);
-        // The echo cuts what does not fit in one datagram after its name.
-        let fits = payload.len().min(MAX_DATAGRAM.saturating_sub(space + 1));
-        if echoed != &payload[..fits] {
-            bail!(
-                "the reply of {} bytes from {} does not echo the {} bytes sent",
-                len,
-                String::from_utf8_lossy(who),
-                payload.len()
-            );
-        }
-        Ok(String::from_utf8_lossy(who).into_owned())
-    }
-
-    async fn tcp(&self, payload: &[u8]) -> Result<String> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let exchange = async {
-            let mut stream = tokio::net::TcpStream::connect(self.target).await?;
-            stream.write_all(payload).await?;
-            stream.shutdown().await?;
-            let mut reply = Vec::new();
-            stream.read_to_end(&mut reply).await?;
-            anyhow::Ok(reply)
-        };
-        let reply = tokio::time::timeout(self.timeout, exchange)
-            .await
-            .map_err(|_| anyhow::anyhow!("no full reply within {:?}", self.timeout))??;
-        let bye = reply
-            .strip_prefix(payload)
-            .and_then(|rest| rest.strip_prefix(b"bye from "))
-            .and_then(|rest| rest.strip_suffix(b"\n"));
-        match bye {
-            Some(who) => Ok(String::from_utf8_lossy(who).into_owned()),
-            None => bail!(
-                "unexpected reply of {} bytes (want the {} sent, then `bye from <name>`): {:?}",
-                reply.len(),
-                payload.len(),
-                String::from_utf8_lossy(&reply[..reply.len().min(200)])
-            ),
-        }
-    }
 }
 
 /// The `baggage` value carrying `key`, if any.

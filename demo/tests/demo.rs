@@ -115,3 +115,27 @@ async fn printed_commands_show_the_routing() {
         .unwrap();
     assert!(exit.success(), "demo exited with {exit}");
 }
+
+/// `--kafka` with no broker there: the demo names the address and what to check, and exits
+/// non-zero instead of waiting (no JVM needed: nothing listens on the port).
+#[tokio::test]
+async fn a_broker_that_is_not_there_is_named() {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = free.local_addr().unwrap().to_string();
+    drop(free);
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_spur-demo"))
+            .args(["--check", "--port-base", "0", "--kafka", &addr])
+            .output(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&addr) && stderr.contains("is it running?"),
+        "{stderr}"
+    );
+}

@@ -39,6 +39,8 @@ fuzz_target!(|data: &[u8]| {
             max_batch_bytes: 1 << 20,
         },
         advertise,
+        // The explicit relay of one broker (`--kafka-broker`).
+        front: (flags & 4 != 0).then(|| ("127.0.0.1".to_string(), 19093)),
         topics: Default::default(),
     });
     let mut sent: std::collections::VecDeque<i32> = Default::default();

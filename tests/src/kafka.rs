@@ -462,6 +462,7 @@ impl Relay {
             limits: spur_kafka::Limits::default(),
             // The broker is node 1 (server.properties above).
             advertise: vec![(1, addr.ip().to_string(), i32::from(addr.port()))],
+            front: None,
             topics: spur_kafka::TopicNames::default(),
         };
         let stats = Arc::new(Mutex::new(spur_kafka::SessionStats::default()));

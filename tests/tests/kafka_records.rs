@@ -606,3 +606,235 @@ async fn a_consumer_moves_past_runs_of_records_that_are_not_its_own() {
         baseline.errors
     );
 }
+
+/// A consumer of the demo's Kafka client (`spur_demo_apps::kafka::consume`) on a task of its
+/// own, and the records it handled.
+struct DemoConsumer {
+    token: spur_demo_apps::CancellationToken,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<spur_demo_apps::kafka::Handled>>>,
+    task: tokio::task::JoinHandle<Result<(), spur_demo_apps::Error>>,
+}
+
+impl DemoConsumer {
+    /// Starts one on `topic` through `bootstrap`; returns once it knows its start offsets.
+    async fn start(bootstrap: std::net::SocketAddr, topic: &str) -> DemoConsumer {
+        let (ready, started) = tokio::sync::oneshot::channel();
+        let token = spur_demo_apps::CancellationToken::new();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (t, s, topic) = (token.clone(), seen.clone(), topic.to_string());
+        let task = tokio::spawn(async move {
+            spur_demo_apps::kafka::consume(bootstrap, &topic, ready, t, move |h| {
+                s.lock().unwrap().push(h)
+            })
+            .await
+        });
+        let started = tokio::time::timeout(std::time::Duration::from_secs(30), started).await;
+        if !matches!(started, Ok(Ok(()))) {
+            panic!("the demo consumer did not start: {:?}", task.await);
+        }
+        DemoConsumer { token, seen, task }
+    }
+
+    /// Waits (30 s at most) until it handled a record of every value of `want`, then a moment
+    /// more for any record it should not get; everything it handled.
+    async fn handled(&self, want: &BTreeSet<String>) -> Vec<spur_demo_apps::kafka::Handled> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let values: BTreeSet<String> = self
+                .seen
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|h| h.value.clone())
+                .collect();
+            let missing: Vec<&String> = want.difference(&values).collect();
+            if missing.is_empty() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the demo consumer is stuck: after 30 s it still misses {missing:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Cancels it; it must end without an error at once.
+    async fn stop(self) {
+        self.token.cancel();
+        tokio::time::timeout(std::time::Duration::from_secs(5), self.task)
+            .await
+            .expect("the demo consumer did not stop when cancelled")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+/// The demo's own Kafka client (`spur_demo_apps::kafka`, on kafka-protocol) against a real
+/// broker: its producer, used from several tasks, and kcat write one topic; its group-less
+/// consumer, straight to the broker, handles every record written after it started exactly once,
+/// in offset order, headers intact; kcat reads back what the producer wrote. Through a relay that
+/// withholds every `fork-` record, whole batches arrive emptied (empty control batches): the
+/// consumer moves past them and handles all the other records and none of those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_clients_against_a_real_broker() {
+    use spur_demo_apps::kafka::{self, Producer};
+    use spur_e2e::kafka::Relay;
+    use std::sync::Arc;
+
+    let broker = Broker::start().await.unwrap();
+    kafka::create_topic(broker.addr, "demo", 3).await.unwrap();
+    kafka::create_topic(broker.addr, "demo", 3)
+        .await
+        .expect("a topic that exists already is no error");
+    let producer = Producer::new(broker.addr, "demo");
+    // Written before the consumers start, which read from the end: not theirs.
+    let before: Vec<String> = (0..3).map(|i| format!("before-{i}")).collect();
+    for v in &before {
+        producer.send(v.as_bytes(), &[]).await.unwrap();
+    }
+
+    let relay = Relay::start(
+        broker.addr,
+        spur_kafka::Role::Baseline,
+        Arc::new(|r: &spur_kafka::Record<'_>| !r.value.is_some_and(|v| v.starts_with(b"fork-"))),
+    )
+    .await;
+    let direct = DemoConsumer::start(broker.addr, "demo").await;
+    let relayed = DemoConsumer::start(relay.addr, "demo").await;
+
+    // The fork's records first, so the relayed consumer has to move past their emptied batches:
+    // kcat's (gzip, several records a batch), then the producer's (one record a batch).
+    let kcat_fork: Vec<String> = (0..20).map(|i| format!("fork-kcat-{i}")).collect();
+    broker
+        .kcat_produce(
+            "demo",
+            "gzip",
+            &kcat_fork,
+            Some(("baggage", "sd-routing-key=sbx1")),
+        )
+        .await
+        .unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..3 {
+        let producer = producer.clone();
+        tasks.spawn(async move {
+            let mut sent = Vec::new();
+            for i in 0..13 {
+                let value = if i < 3 {
+                    format!("fork-demo-{t}-{i}")
+                } else {
+                    format!("demo-{t}-{i}")
+                };
+                let baggage = format!("userId={t}-{i}");
+                let at = producer
+                    .send(value.as_bytes(), &[("baggage", baggage.as_bytes())])
+                    .await
+                    .unwrap();
+                sent.push((value, baggage, at));
+            }
+            sent
+        });
+    }
+    let sent: Vec<(String, String, (i32, i64))> =
+        tasks.join_all().await.into_iter().flatten().collect();
+    let kcat_plain: Vec<String> = (0..5).map(|i| format!("kcat-{i}")).collect();
+    broker
+        .kcat_produce(
+            "demo",
+            "snappy",
+            &kcat_plain,
+            Some(("baggage", "from=kcat")),
+        )
+        .await
+        .unwrap();
+    let partitions: BTreeSet<i32> = sent.iter().map(|(_, _, (p, _))| *p).collect();
+    assert_eq!(partitions.len(), 3, "round-robin over the partitions");
+    // Last, a fork record on each partition (round-robin): every partition ends in a batch the
+    // relay empties, where a consumer that took its next offset from the records it read would
+    // fetch the same batch again and again.
+    let last: Vec<String> = (0..3).map(|i| format!("fork-last-{i}")).collect();
+    for v in &last {
+        producer.send(v.as_bytes(), &[]).await.unwrap();
+    }
+
+    let all: BTreeSet<String> = sent
+        .iter()
+        .map(|(v, _, _)| v.clone())
+        .chain(kcat_fork.iter().cloned())
+        .chain(kcat_plain.iter().cloned())
+        .chain(last.iter().cloned())
+        .collect();
+    let got = direct.handled(&all).await;
+    let values: BTreeSet<String> = got.iter().map(|h| h.value.clone()).collect();
+    assert_eq!(values, all, "the direct consumer handled every record");
+    assert_eq!(got.len(), all.len(), "and each once: {got:?}");
+    for (value, baggage, (partition, offset)) in &sent {
+        let h = got.iter().find(|h| &h.value == value).unwrap();
+        assert_eq!((h.partition, h.offset), (*partition, *offset), "{value}");
+        assert_eq!(
+            h.headers,
+            vec![("baggage".to_string(), baggage.clone().into_bytes())]
+        );
+    }
+    for h in got.iter().filter(|h| h.value.starts_with("kcat-")) {
+        assert_eq!(
+            h.headers,
+            vec![("baggage".to_string(), b"from=kcat".to_vec())]
+        );
+    }
+    for p in 0..3 {
+        let offsets: Vec<i64> = got
+            .iter()
+            .filter(|h| h.partition == p)
+            .map(|h| h.offset)
+            .collect();
+        assert!(
+            offsets.windows(2).all(|w| w[0] < w[1]),
+            "partition {p} in offset order: {offsets:?}"
+        );
+    }
+
+    let plain: BTreeSet<String> = all
+        .iter()
+        .filter(|v| !v.starts_with("fork-"))
+        .cloned()
+        .collect();
+    let got = relayed.handled(&plain).await;
+    let values: BTreeSet<String> = got.iter().map(|h| h.value.clone()).collect();
+    assert_eq!(
+        values, plain,
+        "the relayed consumer handled no fork- record"
+    );
+    assert_eq!(got.len(), plain.len(), "and each other once: {got:?}");
+    let stats = relay.stats.lock().unwrap().clone();
+    assert!(
+        stats.records.batches_emptied >= 9,
+        "whole batches were withheld: {stats:?}"
+    );
+    // At the end of every partition it waits in Fetch (200 ms a round), not fetching the emptied
+    // batches again: a few Fetch responses a second, not hundreds.
+    let fetches = relay.stats.lock().unwrap().fetch_responses;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let fetches = relay.stats.lock().unwrap().fetch_responses - fetches;
+    assert!(fetches <= 30, "{fetches} Fetch responses in 2 s at the end");
+    assert!(
+        relay.errors.lock().unwrap().is_empty(),
+        "{:?}",
+        relay.errors
+    );
+    direct.stop().await;
+    relayed.stop().await;
+
+    // An independent consumer (librdkafka) reads back what the producer wrote.
+    let kcat: BTreeSet<String> = broker
+        .kcat_consume("demo")
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    let want: BTreeSet<String> = all.iter().chain(&before).cloned().collect();
+    assert_eq!(kcat, want, "kcat read every record");
+}

@@ -34,6 +34,9 @@ const MAX_CHUNKS: u64 = 100_000;
 #[derive(Clone)]
 struct Ctx {
     name: Arc<str>,
+    /// `POST /order` writes a record with it (see [`serve_http_producing`]).
+    producer: Option<crate::kafka::Producer>,
+    orders: Arc<std::sync::atomic::AtomicU64>,
     served_by: HeaderValue,
     shutdown: CancellationToken,
     // WebSocket sessions outlive the HTTP connection future that upgraded them; tracking them
@@ -44,7 +47,8 @@ struct Ctx {
 /// HTTP/1.1 + h2c (prior knowledge) server with upgrades enabled.
 ///
 /// Routes: `GET /`, `GET /headers`, `POST /echo`, `GET /slow?ms=N`, `GET /stream?chunks=N&ms=M`
-/// and `GET /ws` (WebSocket echo); every response carries `x-served-by: <name>`.
+/// and `GET /ws` (WebSocket echo); every response carries `x-served-by: <name>`. (`POST
+/// /order`: see [`serve_http_producing`].)
 ///
 /// Runs until `shutdown` is cancelled; then it stops accepting, asks every open connection to
 /// finish gracefully (in-flight requests complete, idle keep-alive connections close, WebSocket
@@ -54,9 +58,27 @@ pub async fn serve_http(
     name: String,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
+    serve_http_producing(listener, name, None, shutdown).await
+}
+
+/// [`serve_http`], and with a `producer`, `POST /order` writes one Kafka record per request:
+/// value `order-<n>-<name>`, with the request's `traceparent`, `tracestate` and `baggage` headers
+/// copied to the record's headers, as OpenTelemetry's Kafka instrumentation propagates them (so a
+/// request keyed in `baggage` or `tracestate` makes a record that keeps the request's sandbox; a
+/// key in another carrier stays with the request). It answers 202 with the value in `x-record` and the record's
+/// partition and offset in the body; 502 when the broker did not take it. Without a producer,
+/// `POST /order` is 404.
+pub async fn serve_http_producing(
+    listener: TcpListener,
+    name: String,
+    producer: Option<crate::kafka::Producer>,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
     let served_by =
         HeaderValue::try_from(name.as_str()).map_err(|_| Error::InvalidName(name.clone()))?;
     let ctx = Ctx {
+        producer,
+        orders: Arc::default(),
         name: name.into(),
         served_by,
         shutdown: shutdown.clone(),
@@ -133,7 +155,50 @@ async fn route(req: Request<Incoming>, ctx: &Ctx) -> Response<Body> {
             }
         }
         (&Method::GET, "/ws") => websocket(req, ctx),
+        (&Method::POST, "/order") if ctx.producer.is_some() => order(&req, ctx).await,
         _ => text(StatusCode::NOT_FOUND, "not found\n".to_owned()),
+    }
+}
+
+/// Writes the record of one `POST /order` (see [`serve_http_producing`]).
+async fn order<B>(req: &Request<B>, ctx: &Ctx) -> Response<Body> {
+    let Some(producer) = &ctx.producer else {
+        return text(StatusCode::NOT_FOUND, "not found\n".to_owned());
+    };
+    let n = ctx
+        .orders
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    let value = format!("order-{n}-{}", ctx.name);
+    // The context OpenTelemetry's propagators carry (W3C trace context and baggage), and only
+    // that: an app propagates its trace, not every header it was sent.
+    let headers: Vec<(&str, &[u8])> = ["traceparent", "tracestate", "baggage"]
+        .into_iter()
+        .flat_map(|name| {
+            req.headers()
+                .get_all(name)
+                .iter()
+                .map(move |v| (name, v.as_bytes()))
+        })
+        .collect();
+    match producer.send(value.as_bytes(), &headers).await {
+        Ok((partition, offset)) => {
+            let mut resp = text(
+                StatusCode::ACCEPTED,
+                format!(
+                    "{value} written by {} (partition {partition}, offset {offset})\n",
+                    ctx.name
+                ),
+            );
+            if let Ok(v) = HeaderValue::try_from(value) {
+                resp.headers_mut().insert("x-record", v);
+            }
+            resp
+        }
+        Err(e) => text(
+            StatusCode::BAD_GATEWAY,
+            format!("{value} not written: {e}\n"),
+        ),
     }
 }
 

@@ -9,12 +9,13 @@
 mod grpc;
 pub mod grpc_client;
 mod http;
+pub mod kafka;
 mod net;
 mod tcp;
 mod udp;
 
 pub use grpc::{HelloReply, HelloRequest, serve_grpc};
-pub use http::serve_http;
+pub use http::{serve_http, serve_http_producing};
 pub use net::accept;
 pub use tcp::{TestTls, serve_tcp_echo, serve_tls_echo, test_tls};
 pub use tokio_util::sync::CancellationToken;
@@ -37,4 +38,27 @@ pub enum Error {
     InvalidName(String),
     #[error("certificate generation error: {0}")]
     Cert(#[from] rcgen::Error),
+    /// A Kafka broker (or relay) could not be reached, or its connection broke.
+    #[error("Kafka connection to {peer}: {source}")]
+    KafkaIo {
+        peer: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "Kafka peer {peer} sent a response frame of {len} bytes, more than the 64 MiB accepted"
+    )]
+    KafkaFrameTooLarge {
+        peer: std::net::SocketAddr,
+        len: usize,
+    },
+    /// The broker answered with an error code.
+    #[error("Kafka {what}: {error} (error code {code})")]
+    KafkaBroker {
+        what: String,
+        code: i16,
+        error: String,
+    },
+    /// A Kafka message that could not be encoded or decoded, or a response that makes no sense.
+    #[error("Kafka protocol error: {0}")]
+    Kafka(String),
 }

@@ -10,9 +10,9 @@
 //!   id** (group membership, offsets, transactions, Produce), renamed with [`fork_id`] so the fork
 //!   never joins the baseline's group or fences its producer, and the responses that echo a
 //!   group id (FindCoordinator v4+, OffsetFetch v8+, DescribeGroups), renamed back;
-//! - with `advertise` set (explicit listeners, as in the loopback tests), **Metadata and
-//!   FindCoordinator responses**, whose broker addresses are replaced. A transparent relay keeps
-//!   each connection's original destination and needs no such rewrite.
+//! - with `advertise` or `front` set (explicit listeners: the loopback tests, the standalone
+//!   demo), **Metadata and FindCoordinator responses**, whose broker addresses are replaced. A
+//!   transparent relay keeps each connection's original destination and needs no such rewrite.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -69,6 +69,11 @@ pub struct SessionConfig {
     /// Broker addresses to advertise in place of the broker's own, by node id (explicit
     /// listeners only).
     pub advertise: Vec<(i32, String, i32)>,
+    /// An explicit relay in front of a cluster of one broker (`spur-sidecar --kafka-broker`):
+    /// whatever the broker's node id, it is advertised as this host and port. A Metadata
+    /// response that names more than one broker is refused: the relay reaches only the one, and
+    /// a client told the others' own addresses would bypass it.
+    pub front: Option<(String, i32)>,
     /// Topic names by id, shared by a relay's connections (Fetch v13+ names topics by id).
     pub topics: crate::TopicNames,
 }
@@ -622,7 +627,7 @@ impl Side {
                 }
                 encode_response(key, v, &header, &body)
             }
-            ApiKey::Metadata if self.cfg.advertise.is_empty() => {
+            ApiKey::Metadata if self.cfg.advertise.is_empty() && self.cfg.front.is_none() => {
                 // Read only to learn topic names (v10 and later carry topic ids); the frame goes
                 // on as it came. One that does not decode goes on too, as Metadata did before
                 // names were read from it: the client judges it, the relay has nothing to change.
@@ -635,6 +640,17 @@ impl Side {
             }
             ApiKey::Metadata => {
                 let (header, mut body) = decode_response::<MetadataResponse>(key, v, &frame)?;
+                if self.cfg.front.is_some() && body.brokers.len() > 1 {
+                    return Err(Error::Message {
+                        api: "Metadata".into(),
+                        version: v,
+                        side: "response",
+                        reason: format!(
+                            "names {} brokers, but this explicit relay fronts one (--kafka-broker); a cluster of several needs transparent interception (--kafka-ports)",
+                            body.brokers.len()
+                        ),
+                    });
+                }
                 self.learn_topics(&body);
                 for b in &mut body.brokers {
                     if let Some((host, port)) = self.advertised(b.node_id.0) {
@@ -645,7 +661,9 @@ impl Side {
                 encode_response(key, v, &header, &body)
             }
             ApiKey::FindCoordinator
-                if self.sandbox().is_some() || !self.cfg.advertise.is_empty() =>
+                if self.sandbox().is_some()
+                    || !self.cfg.advertise.is_empty()
+                    || self.cfg.front.is_some() =>
             {
                 let (header, mut body) =
                     decode_response::<FindCoordinatorResponse>(key, v, &frame)?;
@@ -679,6 +697,9 @@ impl Side {
     }
 
     fn advertised(&self, node: i32) -> Option<(StrBytes, i32)> {
+        if let Some((host, port)) = &self.cfg.front {
+            return Some((StrBytes::from_string(host.clone()), *port));
+        }
         self.cfg
             .advertise
             .iter()
@@ -717,6 +738,7 @@ mod tests {
             role,
             limits: Limits::default(),
             advertise: Vec::new(),
+            front: None,
             topics: crate::TopicNames::default(),
         })
     }
@@ -957,12 +979,14 @@ mod tests {
             role: Role::Baseline,
             limits: Limits::default(),
             advertise: Vec::new(),
+            front: None,
             topics: names.clone(),
         });
         let mut s = Session::new(SessionConfig {
             role: Role::Baseline,
             limits: Limits::default(),
             advertise: Vec::new(),
+            front: None,
             topics: names,
         });
         let seen = |s: &mut Session| {
@@ -1009,6 +1033,53 @@ mod tests {
             .unwrap();
         let odd = Bytes::from_static(&[0, 0, 0, 5, 0, 0xff, 0xff, 0xff]);
         assert_eq!(other.response(odd.clone(), |_, _, _| true).unwrap(), odd);
+    }
+
+    /// An explicit relay of one broker advertises itself whatever the broker's node id, and
+    /// refuses a cluster of several (their own addresses would take clients around it).
+    #[test]
+    fn an_explicit_relay_fronts_one_broker() {
+        use kafka_protocol::messages::BrokerId;
+        use kafka_protocol::messages::metadata_response::MetadataResponseBroker;
+
+        let mut s = Session::new(SessionConfig {
+            role: Role::Baseline,
+            limits: Limits::default(),
+            advertise: Vec::new(),
+            front: Some(("127.0.0.1".into(), 19093)),
+            topics: crate::TopicNames::default(),
+        });
+        let metadata = |brokers: &[i32]| {
+            let body = MetadataResponse::default().with_brokers(
+                brokers
+                    .iter()
+                    .map(|&n| {
+                        MetadataResponseBroker::default()
+                            .with_node_id(BrokerId(n))
+                            .with_host(StrBytes::from_static_str("10.0.0.9"))
+                            .with_port(9092)
+                    })
+                    .collect(),
+            );
+            let mut out = BytesMut::new();
+            ResponseHeader::default()
+                .with_correlation_id(5)
+                .encode(&mut out, ApiKey::Metadata.response_header_version(12))
+                .unwrap();
+            body.encode(&mut out, 12).unwrap();
+            out.freeze()
+        };
+        s.request(request_frame(&MetadataRequest::default(), 12))
+            .unwrap();
+        let out = s.response(metadata(&[7]), |_, _, _| true).unwrap();
+        let (_, body) = decode_response::<MetadataResponse>(ApiKey::Metadata, 12, &out).unwrap();
+        assert_eq!(body.brokers[0].node_id.0, 7);
+        assert_eq!(body.brokers[0].host.as_str(), "127.0.0.1");
+        assert_eq!(body.brokers[0].port, 19093);
+        s.request(request_frame(&MetadataRequest::default(), 12))
+            .unwrap();
+        let err = s.response(metadata(&[1, 2]), |_, _, _| true).unwrap_err();
+        assert!(err.to_string().contains("names 2 brokers"), "{err}");
     }
 
     #[test]

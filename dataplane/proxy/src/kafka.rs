@@ -114,13 +114,24 @@ where
     }
 }
 
-/// Accepts connections that the interception rules redirected to `listener` (the pod's own
-/// connections to broker ports) and relays each to its original destination. A connection made
-/// to the listener itself, not redirected, has no other destination and is closed: the relay
-/// serves the pod's own processes, not whoever reaches its port.
+/// Where a relay's connections go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KafkaUpstream {
+    /// Each to its original destination: the listener receives connections that the
+    /// interception rules redirected (the pod's own connections to broker ports). A connection
+    /// made to the listener itself, not redirected, has no other destination and is closed: the
+    /// relay serves the pod's own processes, not whoever reaches its port.
+    Redirected,
+    /// Each to this broker: an explicit listener that clients bootstrap to, in front of a
+    /// cluster of one broker (the session advertises the listener in its place).
+    Broker(SocketAddr),
+}
+
+/// Accepts connections on `listener` and relays each to its broker (see [`KafkaUpstream`]).
 pub(crate) async fn accept_loop(
     shared: Arc<Shared>,
     listener: TcpListener,
+    to: KafkaUpstream,
     relay: Arc<KafkaRelay>,
     drain: Drain,
 ) {
@@ -131,22 +142,31 @@ pub(crate) async fn accept_loop(
         let shared = shared.clone();
         let relay = relay.clone();
         drain.spawn(async move {
-            handle(&shared, stream, client, &relay).await;
+            handle(&shared, stream, client, to, &relay).await;
         });
     }
     tracing::info!(addr = ?local, "Kafka listener stopped accepting");
 }
 
-async fn handle(shared: &Shared, stream: TcpStream, client: SocketAddr, relay: &KafkaRelay) {
+async fn handle(
+    shared: &Shared,
+    stream: TcpStream,
+    client: SocketAddr,
+    to: KafkaUpstream,
+    relay: &KafkaRelay,
+) {
     let Ok(local) = stream.local_addr() else {
         return;
     };
-    let broker = match crate::listener::original_dst(&stream, local) {
-        Ok(dst) if dst != local => dst,
-        Ok(_) | Err(_) => {
-            tracing::warn!(%client, %local, "Kafka connection closed: it was made to the relay's port itself, not redirected to it, so it has no broker to go to");
-            return;
-        }
+    let broker = match to {
+        KafkaUpstream::Broker(broker) => broker,
+        KafkaUpstream::Redirected => match crate::listener::original_dst(&stream, local) {
+            Ok(dst) if dst != local => dst,
+            Ok(_) | Err(_) => {
+                tracing::warn!(%client, %local, "Kafka connection closed: it was made to the relay's port itself, not redirected to it, so it has no broker to go to");
+                return;
+            }
+        },
     };
     let _ = stream.set_nodelay(true);
     let _active = shared.metrics.connection(Protocol::Kafka);

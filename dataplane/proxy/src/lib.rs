@@ -128,16 +128,18 @@ impl Proxy {
         listener::accept_loop(self.shared.clone(), listener, inbound, drain).await
     }
 
-    /// Accepts Kafka connections redirected to `listener` by the interception rules and relays
-    /// each to its original destination (the broker) through `relay` ([`kafka`]). Returns once the
+    /// Accepts Kafka connections on `listener` (redirected there by the interception rules, or
+    /// made to it: see [`kafka::KafkaUpstream`]) and relays each to its broker through `relay`
+    /// ([`kafka`]). Returns once the
     /// listener has stopped; connections keep running until [`Drain::wait`].
     pub async fn serve_kafka(
         &self,
         listener: tokio::net::TcpListener,
+        to: kafka::KafkaUpstream,
         relay: kafka::KafkaRelay,
         drain: Drain,
     ) {
-        kafka::accept_loop(self.shared.clone(), listener, Arc::new(relay), drain).await
+        kafka::accept_loop(self.shared.clone(), listener, to, Arc::new(relay), drain).await
     }
 
     /// Closes idle pooled connections to sandbox destinations that are not in `table`'s current

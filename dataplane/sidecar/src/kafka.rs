@@ -20,6 +20,14 @@
 //! from a file there is no history: the table in force when the record is relayed decides
 //! ([`Decider::Table`]).
 //!
+//! Explicit mode (`--kafka-broker`, no interception, no root): the app bootstraps to the relay's
+//! port on 127.0.0.1, and the relay advertises itself in Metadata in place of the one broker it
+//! fronts. For a cluster of one broker only (a workstation, the standalone demo): a client told
+//! the addresses of other brokers would go around the relay, so a Metadata response that names
+//! several is refused with that reason. Its listener is on 127.0.0.1 too, so only the host's
+//! (the pod's) own processes reach it, and it relays only to the broker it was given, which they
+//! can reach without it: it adds no reach either.
+//!
 //! Who can use it: only the pod's own processes. The listeners are on loopback, and a connection
 //! that was not redirected there (so has no broker as its original destination) is closed. The
 //! relay connects to the broker the app chose, as the app would have: it adds no reach.
@@ -41,7 +49,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use spur_discovery::SharedHistory;
 use spur_kafka::{Limits, Role, SessionConfig, SessionStats};
-use spur_proxy::kafka::{Hold, KafkaRelay, Keep, OnStats};
+use spur_proxy::kafka::{Hold, KafkaRelay, KafkaUpstream, Keep, OnStats};
 use spur_routing::{BaselineWorkload, Candidates, History, KeyExtractor, SharedTable};
 use tokio::net::TcpListener;
 
@@ -54,6 +62,11 @@ pub struct KafkaArgs {
     /// routing key (spur-init's rules read the same variable). Empty: no Kafka relay, no rule.
     #[arg(long, env = "SPUR_KAFKA_PORTS", default_value = "")]
     pub kafka_ports: String,
+    /// Explicit mode, in place of --kafka-ports: the app bootstraps to 127.0.0.1:--kafka-proxy-port
+    /// and every connection is relayed to this broker (HOST:PORT, resolved once at start), which
+    /// must be the cluster's only broker. No interception rules, no root.
+    #[arg(long, env = "SPUR_KAFKA_BROKER")]
+    pub kafka_broker: Option<String>,
     /// Port the Kafka relay listens on, on 127.0.0.1 and ::1 (the interception rules redirect
     /// to it).
     #[arg(long, env = "SPUR_KAFKA_PROXY_PORT", default_value_t = 15007)]
@@ -67,8 +80,10 @@ pub struct KafkaArgs {
 /// A validated Kafka relay configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KafkaConfig {
-    /// Broker ports whose connections are redirected here.
+    /// Broker ports whose connections are redirected here (empty in explicit mode).
     pub ports: BTreeSet<u16>,
+    /// Explicit mode: the one broker every connection goes to.
+    pub broker: Option<SocketAddr>,
     /// The relay's port, on loopback.
     pub listen_port: u16,
     pub role: Role,
@@ -80,16 +95,25 @@ impl KafkaArgs {
     pub fn validate(self, transparent: bool) -> Result<Option<KafkaConfig>, Error> {
         let ports = spur_init::parse_ports("--kafka-ports", &self.kafka_ports)
             .map_err(|e| Error::Config(e.to_string()))?;
-        if ports.is_empty() {
+        let broker = match self.kafka_broker.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(_) if !ports.is_empty() => {
+                return Err(Error::Config(
+                    "--kafka-broker (explicit mode) and --kafka-ports (interception) are two ways to relay Kafka: give one".into(),
+                ));
+            }
+            Some(hostport) => Some(resolve_broker(hostport)?),
+        };
+        if ports.is_empty() && broker.is_none() {
             if self.fork_of_sandbox.is_some() {
                 return Err(Error::Config(
-                    "--fork-of-sandbox applies to the Kafka relay only: it needs --kafka-ports"
+                    "--fork-of-sandbox applies to the Kafka relay only: it needs --kafka-ports or --kafka-broker"
                         .into(),
                 ));
             }
             return Ok(None);
         }
-        if !transparent {
+        if broker.is_none() && !transparent {
             return Err(Error::Config(
                 "--kafka-ports relays connections redirected by the interception rules: it needs --transparent".into(),
             ));
@@ -116,10 +140,28 @@ impl KafkaArgs {
         };
         Ok(Some(KafkaConfig {
             ports,
+            broker,
             listen_port: self.kafka_proxy_port,
             role,
         }))
     }
+}
+
+/// The broker of explicit mode: `HOST:PORT`, resolved now (the first address), so a typo fails
+/// the start rather than every connection.
+fn resolve_broker(hostport: &str) -> Result<SocketAddr, Error> {
+    use std::net::ToSocketAddrs;
+    let bad = |why: String| Error::Config(format!("--kafka-broker {hostport:?}: {why}"));
+    let mut addrs = hostport
+        .to_socket_addrs()
+        .map_err(|e| bad(format!("not a reachable HOST:PORT ({e})")))?;
+    let addr = addrs
+        .next()
+        .ok_or_else(|| bad("resolves to no address".into()))?;
+    if addr.port() == 0 {
+        return Err(bad("port 0 is not a port".into()));
+    }
+    Ok(addr)
 }
 
 /// Longest a Fetch response is held for the route history's watermark: well under the
@@ -352,6 +394,9 @@ impl KafkaMetrics {
 /// The relay of one sidecar: its listeners, bound at start, and how connections are relayed.
 pub struct KafkaListeners {
     pub listeners: Vec<TcpListener>,
+    /// The IPv4 listener's address (what explicit mode advertises).
+    pub addr: SocketAddr,
+    pub to: KafkaUpstream,
     pub relay: KafkaRelay,
 }
 
@@ -366,18 +411,28 @@ impl KafkaListeners {
         registry: &mut Registry,
     ) -> Result<Self, Error> {
         let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, config.listen_port));
-        let mut listeners = vec![TcpListener::bind(v4).await.map_err(|source| Error::Bind {
+        let first = TcpListener::bind(v4).await.map_err(|source| Error::Bind {
             what: "Kafka relay",
             addr: v4,
             source,
-        })?];
-        let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, config.listen_port));
-        match TcpListener::bind(v6).await {
-            Ok(l) => listeners.push(l),
-            // No IPv6 loopback here: no IPv6 rules either (spur-init programs them only when
-            // the kernel has IPv6), so nothing is redirected there.
-            Err(e) => {
-                tracing::info!(addr = %v6, error = %e, "Kafka relay: no IPv6 loopback listener")
+        })?;
+        // Port 0 (tests): the port the system chose, which explicit mode advertises.
+        let bound = first.local_addr().map_err(|source| Error::Bind {
+            what: "Kafka relay",
+            addr: v4,
+            source,
+        })?;
+        let mut listeners = vec![first];
+        // Explicit mode advertises one address, the IPv4 one; clients come only there.
+        if config.broker.is_none() {
+            let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, config.listen_port));
+            match TcpListener::bind(v6).await {
+                Ok(l) => listeners.push(l),
+                // No IPv6 loopback here: no IPv6 rules either (spur-init programs them only
+                // when the kernel has IPv6), so nothing is redirected there.
+                Err(e) => {
+                    tracing::info!(addr = %v6, error = %e, "Kafka relay: no IPv6 loopback listener")
+                }
             }
         }
         let metrics = Arc::new(KafkaMetrics::register(registry));
@@ -436,11 +491,19 @@ impl KafkaListeners {
         let on_stats: OnStats = Arc::new(move |s| metrics.add(s));
         Ok(KafkaListeners {
             listeners,
+            to: match config.broker {
+                Some(broker) => KafkaUpstream::Broker(broker),
+                None => KafkaUpstream::Redirected,
+            },
+            addr: bound,
             relay: KafkaRelay {
                 session: SessionConfig {
                     role,
                     limits: Limits::default(),
                     advertise: Vec::new(),
+                    front: config
+                        .broker
+                        .map(|_| (bound.ip().to_string(), i32::from(bound.port()))),
                     topics: spur_kafka::TopicNames::default(),
                 },
                 max_frame: spur_kafka::frame::DEFAULT_MAX_FRAME,
@@ -606,9 +669,32 @@ mod tests {
     fn flags_are_validated_once() {
         let args = |ports: &str, sandbox: Option<&str>| KafkaArgs {
             kafka_ports: ports.into(),
+            kafka_broker: None,
             kafka_proxy_port: 15007,
             fork_of_sandbox: sandbox.map(str::to_owned),
         };
+        let explicit = |broker: &str, ports: &str| KafkaArgs {
+            kafka_broker: Some(broker.into()),
+            ..args(ports, Some("alice"))
+        };
+        let c = explicit("127.0.0.1:9092", "")
+            .validate(false)
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.broker, Some(SocketAddr::from(([127, 0, 0, 1], 9092))));
+        assert!(c.ports.is_empty());
+        assert_eq!(
+            explicit("", "").validate(false).unwrap_err().to_string(),
+            "--fork-of-sandbox applies to the Kafka relay only: it needs --kafka-ports or --kafka-broker"
+        );
+        for (a, why) in [
+            (explicit("127.0.0.1:9092", "9092"), "give one"),
+            (explicit("127.0.0.1", ""), "not a reachable HOST:PORT"),
+            (explicit("127.0.0.1:0", ""), "port 0 is not a port"),
+        ] {
+            let e = a.validate(true).unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+        }
         assert_eq!(args("", None).validate(true).unwrap(), None);
         assert_eq!(args(" , ", None).validate(false).unwrap(), None);
         let c = args("9092", Some("alice")).validate(true).unwrap().unwrap();

@@ -158,7 +158,7 @@ pub struct SidecarConfig {
     pub inject_key_file: Option<PathBuf>,
     /// Traffic capture (see [`capture`]).
     pub capture: Option<capture::CaptureConfig>,
-    /// The Kafka relay (see [`kafka`]), when broker ports are set.
+    /// The Kafka relay (see [`kafka`]), when broker ports or a broker are set.
     pub kafka: Option<kafka::KafkaConfig>,
 }
 
@@ -267,6 +267,9 @@ pub struct Sidecar {
     pub inbound_addr: SocketAddr,
     /// The bound admin address, if an admin server runs.
     pub admin_addr: Option<SocketAddr>,
+    /// The Kafka relay's bound IPv4 address, if it runs (in explicit mode, what apps bootstrap
+    /// to).
+    pub kafka_addr: Option<SocketAddr>,
     proxy: Proxy,
     table: SharedTable,
     capture_keys: Option<capture::CaptureKeys>,
@@ -431,6 +434,7 @@ impl Sidecar {
                     "capture": config.capture.as_ref().map(|c| c.server.addr.clone()),
                     "kafka": config.kafka.as_ref().map(|k| serde_json::json!({
                         "brokerPorts": k.ports,
+                        "broker": k.broker.map(|b| b.to_string()),
                         "relayPort": k.listen_port,
                         "role": match &k.role {
                             spur_kafka::Role::Baseline => serde_json::json!("baseline"),
@@ -441,11 +445,13 @@ impl Sidecar {
             };
             tokio::spawn(spur_proxy::serve_admin(l, state, stop.clone()));
         }
+        let kafka_addr = kafka.as_ref().map(|k| k.addr);
         let serve_proxy = proxy.clone();
         let serve_drain = drain.clone();
         let inbound = config.inbound;
         drain.spawn(async move { serve_proxy.serve(listener, inbound, serve_drain).await });
         if let Some(k) = kafka {
+            let to = k.to;
             for listener in k.listeners {
                 let (proxy, drain_k, relay) = (proxy.clone(), drain.clone(), k.relay.clone());
                 let stop_k = stop.clone();
@@ -473,7 +479,7 @@ impl Sidecar {
                             () = stop_k.cancelled() => return,
                         }
                     }
-                    proxy.serve_kafka(listener, relay, drain_k).await
+                    proxy.serve_kafka(listener, to, relay, drain_k).await
                 });
             }
         }
@@ -481,6 +487,7 @@ impl Sidecar {
         Ok(Sidecar {
             inbound_addr,
             admin_addr,
+            kafka_addr,
             proxy,
             table,
             capture_keys,
