@@ -6,7 +6,7 @@
 #
 # Needs java and mvn (Debian: openjdk-17-jdk-headless maven) for tests/kafka/fetch.sh, which
 # resolves the broker from Maven Central on first use (about a minute, then cached).
-#   KAFKA_PORT  client port (default 9092; the controller takes the next one)
+#   KAFKA_CLIENT_PORT  client port (default 9092; the controller takes the next one)
 #   KAFKA_DATA  log directory (default: a new temporary directory, so every run starts empty)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -15,5 +15,5 @@ kafka="$("$here/fetch.sh" | tail -n 1)"
 export CLASSPATH="$kafka/lib/*:$kafka/classes:$kafka"
 export KAFKA_ADVERTISED_HOST=127.0.0.1 KAFKA_LISTEN_HOST=127.0.0.1
 export KAFKA_DATA="${KAFKA_DATA:-$(mktemp -d -t spur-kafka.XXXXXX)}"
-echo "Kafka broker on 127.0.0.1:${KAFKA_PORT:-9092}, data in $KAFKA_DATA (Ctrl-C stops it)" >&2
+echo "Kafka broker on 127.0.0.1:${KAFKA_CLIENT_PORT:-9092}, data in $KAFKA_DATA (Ctrl-C stops it)" >&2
 exec sh "$here/../node/spur-kafka-broker.sh"

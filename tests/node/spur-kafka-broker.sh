@@ -7,18 +7,21 @@
 #   KAFKA_DATA             the log directory (default /var/lib/kafka; mount an emptyDir there)
 #   KAFKA_HEAP             the JVM's -Xmx (default 512m)
 #   KAFKA_LISTEN_HOST      the address clients connect to (default 0.0.0.0)
-#   KAFKA_PORT             their port (default 9092); the controller's is KAFKA_PORT+1
+#   KAFKA_CLIENT_PORT      their port (default 9092); the controller's is the next one. (Not
+#                          KAFKA_PORT: the kubelet sets that, to `tcp://IP:9092`, in the pods of
+#                          a namespace with a Service named kafka.)
 #
-# Clients connect on KAFKA_PORT (PLAINTEXT, advertised as KAFKA_ADVERTISED_HOST:KAFKA_PORT); the
-# controller listens on 127.0.0.1 only. Topics are not created automatically (the tests create them
-# with 3 partitions), so a typo in a topic name fails instead of making a new one. The storage is
-# formatted on first start and reused afterwards (a container restart keeps the log).
+# Clients connect on KAFKA_CLIENT_PORT (PLAINTEXT, advertised as
+# KAFKA_ADVERTISED_HOST:KAFKA_CLIENT_PORT); the controller listens on 127.0.0.1 only. Topics are
+# not created automatically (the tests create them with 3 partitions), so a typo in a topic name
+# fails instead of making a new one. The storage is formatted on first start and reused
+# afterwards (a container restart keeps the log).
 set -eu
 : "${KAFKA_ADVERTISED_HOST:?KAFKA_ADVERTISED_HOST is required (the name clients reach this broker by)}"
 data=${KAFKA_DATA:-/var/lib/kafka}
 heap=${KAFKA_HEAP:-512m}
 host=${KAFKA_LISTEN_HOST:-0.0.0.0}
-port=${KAFKA_PORT:-9092}
+port=${KAFKA_CLIENT_PORT:-9092}
 controller=$((port + 1))
 mkdir -p "$data/log"
 props=$data/server.properties

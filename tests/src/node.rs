@@ -581,9 +581,21 @@ pub fn demo_app_annotated(
     call: Option<&str>,
     annotations: &[(&str, &str)],
 ) -> String {
-    let call = call
-        .map(|c| format!("\n            - --call={c}"))
-        .unwrap_or_default();
+    let args: Vec<String> = call.map(|c| format!("--call={c}")).into_iter().collect();
+    demo_app_with(namespace, name, &args, annotations)
+}
+
+/// [`demo_app_annotated`] with the app's further `args` (e.g. `--kafka=HOST:PORT`).
+pub fn demo_app_with(
+    namespace: &str,
+    name: &str,
+    args: &[String],
+    annotations: &[(&str, &str)],
+) -> String {
+    let call: String = args
+        .iter()
+        .map(|a| format!("\n            - {a}"))
+        .collect();
     let annotations = annotations
         .iter()
         .map(|(k, v)| format!("{k}: {v:?}"))

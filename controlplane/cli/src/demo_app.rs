@@ -20,6 +20,15 @@
 //!
 //! `/rows` is then never forwarded to `--call`'s upstream; every other path behaves as without the
 //! flag.
+//!
+//! With `--kafka HOST:PORT --kafka-topic T` (`SPUR_APP_KAFKA`, `SPUR_APP_KAFKA_TOPIC`) it is also
+//! a producer, as an event-driven service is: `POST /records` writes one record to `T` per
+//! request, value `<service>-<pod>-<n>`, with the request's routing-context headers (the ones
+//! `--call` propagates) as record headers, the way OpenTelemetry's Kafka instrumentation carries
+//! a request's context into the records it causes; so a keyed request's record reaches the
+//! sandbox's fork of the consumer (docs/async.md). It answers 201 with `{service, pod, marker,
+//! record, partition, offset}`, or 503 with `{..., error}` when the broker did not take the
+//! record. `/records` is never forwarded to `--call`'s upstream.
 
 mod rows;
 
@@ -85,6 +94,12 @@ pub(crate) struct AppArgs {
     /// `POST /rows` and `GET /rows`. Connected on first use; never logged with its password.
     #[arg(long, env = "SPUR_APP_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
+    /// Kafka broker to write records to (HOST:PORT, resolved at start): adds `POST /records`.
+    #[arg(long, env = "SPUR_APP_KAFKA", requires = "kafka_topic")]
+    kafka: Option<String>,
+    /// The topic `POST /records` writes to (it must exist).
+    #[arg(long, env = "SPUR_APP_KAFKA_TOPIC", requires = "kafka")]
+    kafka_topic: Option<String>,
 }
 
 /// What one app instance is.
@@ -95,6 +110,11 @@ pub(crate) struct App {
     upstream: Option<Upstream>,
     propagate: Vec<HeaderName>,
     database: Option<rows::Database>,
+    /// `POST /records`, with the records written so far (for their values).
+    producer: Option<(
+        spur_demo_apps::kafka::Producer,
+        std::sync::atomic::AtomicU64,
+    )>,
 }
 
 struct Upstream {
@@ -137,7 +157,17 @@ impl App {
             upstream,
             propagate,
             database,
+            producer: None,
         })
+    }
+
+    /// Adds `POST /records`, writing with `producer`.
+    pub(crate) fn with_producer(
+        mut self,
+        producer: Option<spur_demo_apps::kafka::Producer>,
+    ) -> App {
+        self.producer = producer.map(|p| (p, std::sync::atomic::AtomicU64::new(0)));
+        self
     }
 
     /// The JSON every answer starts with: who answered.
@@ -215,6 +245,24 @@ pub(crate) async fn run(args: AppArgs) -> Result<ExitCode> {
         &args.propagate,
         database_url.as_deref(),
     )?;
+    let producer = match (non_empty(args.kafka), non_empty(args.kafka_topic)) {
+        (Some(broker), Some(topic)) => {
+            let addr = tokio::net::lookup_host(broker.as_str())
+                .await
+                .with_context(|| format!("--kafka {broker:?}: not a HOST:PORT that resolves"))?
+                .next()
+                .with_context(|| format!("--kafka {broker:?}: resolves to no address"))?;
+            Some((
+                spur_demo_apps::kafka::Producer::new(addr, &topic),
+                broker,
+                topic,
+            ))
+        }
+        (None, None) => None,
+        _ => bail!("--kafka and --kafka-topic go together"),
+    };
+    let kafka = producer.as_ref().map(|(_, b, t)| format!("{t} on {b}"));
+    let app = app.with_producer(producer.map(|(p, ..)| p));
     let database = app.database.as_ref().map(|d| d.redacted().to_owned());
     // Before the listener opens: a SIGTERM from then on shuts down cleanly.
     let shutdown = shutdown_signal();
@@ -229,6 +277,9 @@ pub(crate) async fn run(args: AppArgs) -> Result<ExitCode> {
     }
     if let Some(database) = &database {
         serving.push_str(&format!(" (rows in {database})"));
+    }
+    if let Some(kafka) = &kafka {
+        serving.push_str(&format!(" (records to {kafka})"));
     }
     println!("{serving}");
     shutdown.await;
@@ -300,6 +351,11 @@ async fn respond(
     {
         return Ok(respond_rows(req, &app, database).await);
     }
+    if req.uri().path() == "/records"
+        && let Some((producer, written)) = &app.producer
+    {
+        return Ok(respond_record(&req, &app, producer, written).await);
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         let mut resp = reply(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -346,6 +402,56 @@ async fn respond(
     let mut body = doc.to_string();
     body.push('\n');
     Ok(reply(status, "application/json", body))
+}
+
+/// `/records` with a producer: one record per `POST`.
+async fn respond_record(
+    req: &Request<Incoming>,
+    app: &App,
+    producer: &spur_demo_apps::kafka::Producer,
+    written: &std::sync::atomic::AtomicU64,
+) -> Response<Full<Bytes>> {
+    if req.method() != Method::POST {
+        let mut resp = reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "only POST\n",
+        );
+        resp.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("POST"));
+        return resp;
+    }
+    let n = written.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    let who = if app.pod.is_empty() {
+        &app.name
+    } else {
+        &app.pod
+    };
+    let value = format!("{}-{who}-{n}", app.name);
+    let headers: Vec<(&str, &[u8])> = app
+        .propagate
+        .iter()
+        .flat_map(|name| {
+            req.headers()
+                .get_all(name)
+                .iter()
+                .map(move |v| (name.as_str(), v.as_bytes()))
+        })
+        .collect();
+    let mut doc = app.identity();
+    doc["record"] = json!(value);
+    match producer.send(value.as_bytes(), &headers).await {
+        Ok((partition, offset)) => {
+            doc["partition"] = json!(partition);
+            doc["offset"] = json!(offset);
+            json_reply(StatusCode::CREATED, &doc)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, record = %value, "record not written");
+            doc["error"] = json!(e.to_string());
+            json_reply(StatusCode::SERVICE_UNAVAILABLE, &doc)
+        }
+    }
 }
 
 /// `/rows` in database mode.

@@ -7,6 +7,11 @@
 //! of the RoutingConfig's status), the baseline every other record. Nothing in the workers knows
 //! about Spur: the fork runs the baseline's pod template, same `group.id`, same topic, same
 //! bootstrap server.
+//!
+//! A producer service joins the go stream: `spur demo app --kafka` (`orders`, an injected
+//! Deployment) writes a record per `POST /records`, with the request's trace context. While the
+//! route is live, keyed and unkeyed requests reach it from a client pod; the keyed requests'
+//! records are handled by the go worker's fork, the others by its baseline.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -23,6 +28,10 @@ const RECORDS: usize = 1_000;
 const PAUSE_MS: u64 = 90;
 /// How long the route stays live before the sandbox is deleted.
 const LIVE: Duration = Duration::from_secs(15);
+/// HTTP requests to the producer service while the route is live, half keyed.
+const ORDERS: usize = 20;
+/// The client whose topic the producer service writes to.
+const ORDERS_TOPIC_OF: &str = "go";
 
 /// The clients: (name, the worker's command, the producer's command). `{boot}`, `{topic}`,
 /// `{key}` are filled in.
@@ -106,6 +115,18 @@ pub(crate) fn kafka_on_the_node(node: &Node) {
         let command = fill(command, &boot, &format!("records-{client}"), "-");
         node.apply(&worker(ns, client, &command)).unwrap();
     }
+    node.apply(&spur_e2e::node::demo_app_with(
+        ns,
+        "orders",
+        &[
+            format!("--kafka={boot}"),
+            format!("--kafka-topic=records-{ORDERS_TOPIC_OF}"),
+        ],
+        &[],
+    ))
+    .unwrap();
+    let client_pod = node.client_pod(ns).unwrap();
+    node.rollout(ns, "orders").unwrap();
     for (client, ..) in CLIENTS {
         node.rollout(ns, &format!("worker-{client}")).unwrap();
         let pod = baseline_pod(node, ns, client).unwrap();
@@ -160,6 +181,41 @@ pub(crate) fn kafka_on_the_node(node: &Node) {
     )
     .unwrap();
     let live_from = since.values().map(|s| s.0).max().unwrap();
+    // The producer service, while the route is live (a span starts a little after the operator
+    // writes it): a record per request, keyed as it was.
+    let wait = (live_from + 500 - now_ms()).max(0);
+    std::thread::sleep(Duration::from_millis(u64::try_from(wait).unwrap()));
+    let orders = format!("http://orders.{ns}.svc.cluster.local:8080/records");
+    let mut orders_keyed = Vec::new();
+    let mut orders_unkeyed = Vec::new();
+    for i in 0..ORDERS {
+        let keyed = i % 2 == 0;
+        let header = if keyed {
+            format!("-H 'baggage: sd-routing-key={key}'")
+        } else {
+            String::new()
+        };
+        let out = node
+            .kubectl(&[
+                "-n",
+                ns,
+                "exec",
+                &client_pod,
+                "--",
+                "sh",
+                "-c",
+                &format!("curl -sS --fail-with-body --max-time 10 -X POST {header} {orders}"),
+            ])
+            .unwrap();
+        let answer: Value = serde_json::from_str(out.trim())
+            .unwrap_or_else(|e| panic!("POST /records answered {out:?}: {e}"));
+        let record = answer["record"].as_str().unwrap().to_owned();
+        if keyed {
+            orders_keyed.push(record);
+        } else {
+            orders_unkeyed.push(record);
+        }
+    }
     let wait = (live_from + i64::try_from(LIVE.as_millis()).unwrap() - now_ms()).max(0);
     std::thread::sleep(Duration::from_millis(u64::try_from(wait).unwrap()));
     assert!(
@@ -212,7 +268,12 @@ pub(crate) fn kafka_on_the_node(node: &Node) {
     for (client, ..) in CLIENTS {
         let topic = format!("records-{client}");
         let records = read_topic(node, ns, &boot, &topic).unwrap();
-        assert_eq!(records.len(), RECORDS, "records in {topic}");
+        let orders = if *client == ORDERS_TOPIC_OF {
+            ORDERS
+        } else {
+            0
+        };
+        assert_eq!(records.len(), RECORDS + orders, "records in {topic}");
         let (span_since, span_until) = spans[&format!("worker-{client}")];
         let span_until = span_until.unwrap();
         let fork_handles = |r: &Record| r.keyed(&key) && span_since <= r.ts && r.ts < span_until;
@@ -295,15 +356,36 @@ pub(crate) fn kafka_on_the_node(node: &Node) {
             wrong.len(),
             wrong.join("\n")
         );
+        if *client == ORDERS_TOPIC_OF {
+            // The producer service's records, by the requests that caused them.
+            for (values, want) in [
+                (&orders_keyed, fork.as_str()),
+                (&orders_unkeyed, baseline.as_str()),
+            ] {
+                for v in values {
+                    assert_eq!(
+                        handlers.get(v.as_str()).cloned().unwrap_or_default(),
+                        [want],
+                        "{v}: the record of a POST /records {}",
+                        if want == fork {
+                            "with the key"
+                        } else {
+                            "without a key"
+                        }
+                    );
+                }
+            }
+        }
         // The route came and went mid-stream: keyed records on both sides of each end.
         assert!(
             keyed_before > 0 && keyed_in >= 20 && keyed_after > 0,
             "{client}: keyed records before/in/after the span: {keyed_before}/{keyed_in}/{keyed_after}"
         );
         eprintln!(
-            "kafka on the node, {client}: {RECORDS} records, each handled once; keyed before the \
-             route {keyed_before} (baseline), during {keyed_in} (fork {fork}), after \
-             {keyed_after} (baseline)"
+            "kafka on the node, {client}: {} records ({orders} of them from POST /records), each \
+             handled once; keyed before the route {keyed_before} (baseline), during {keyed_in} \
+             (fork {fork}), after {keyed_after} (baseline)",
+            records.len()
         );
     }
     drop(stream);
