@@ -452,6 +452,28 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
     )
     .await;
     assert!(injected_by_default(&injected), "{:?}", injected.spec);
+    // A fork's pod that relays Kafka and that the injection fails on (here: its ReplicaSet is
+    // not there) is refused, where any other pod would be admitted unchanged.
+    let orphan: Pod = serde_json::from_value(json!({
+        "metadata": {"generateName": "api-fork-", "namespace": "shop",
+                     "labels": {"app": "api", (spur_api::keys::labels::FORK): "sb-api"},
+                     "annotations": {(keys::INJECT): "true", (keys::KAFKA_PORTS): "9092"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                         "name": "api-fork-gone", "uid": "00000000-0000-0000-0000-000000000044",
+                         "controller": true}]},
+        "spec": {"containers": [{"name": "app", "image": "api:1"}]}
+    }))
+    .unwrap();
+    let refused = Api::<Pod>::namespaced(client.clone(), "shop")
+        .create(&PostParams::default(), &orphan)
+        .await
+        .expect_err("a fork's pod the injection failed on is refused");
+    assert!(
+        refused
+            .to_string()
+            .contains("is not created without its sidecar"),
+        "{refused}"
+    );
     // The silent clients leave: each counts as one failed handshake.
     drop(silent);
     eventually(
@@ -797,6 +819,22 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
     .await;
     assert!(init_names(&p).is_empty());
     assert!(annotation(&p, keys::STATUS).is_none());
+    // ... but not a sandbox fork's pod (failurePolicy Fail on label spur.dev/fork): without its
+    // sidecar it would consume the baseline's Kafka records with the fork's code.
+    let fork_pod: Pod = serde_json::from_value(json!({
+        "metadata": {"generateName": "api-fork-", "namespace": "shop",
+                     "labels": {"app": "api", (spur_api::keys::labels::FORK): "sb-api"}},
+        "spec": {"containers": [{"name": "app", "image": "api:1"}]}
+    }))
+    .unwrap();
+    let refused = Api::<Pod>::namespaced(client.clone(), "shop")
+        .create(&PostParams::default(), &fork_pod)
+        .await
+        .expect_err("a fork's pod is not created while the webhook is down");
+    assert!(
+        refused.to_string().contains("fork-sidecar.spur.dev"),
+        "{refused}"
+    );
     // The operator notices the opted-in pod that has no sidecar: a condition that names it, a
     // metric, and a Warning event on the pod.
     let (_, reason, message) =
@@ -835,9 +873,10 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
     .await;
     assert_eq!(event.type_.as_deref(), Some("Warning"));
     assert!(event.note.unwrap_or_default().contains("sandbox sb"));
+    // The refused fork pod's, only.
     assert_eq!(
         setup.metric("spur_operator_webhook_admissions_total{result=\"error\"}"),
-        0.0
+        1.0
     );
     // Only the four silent clients from the start.
     assert_eq!(

@@ -449,6 +449,15 @@ async fn review_pod(body: &[u8], st: &State) -> Response<Full<Bytes>> {
             }
         },
         Ok(None) => st.metrics.admission("ignored"),
+        Err(e) if is_fork_pod(request.object.as_ref()) => {
+            // A fork's pod without its sidecar would take a share of the baseline's Kafka
+            // records with the fork's code: refused, and created again by its ReplicaSet.
+            tracing::warn!(namespace = ?request.namespace, error = %e, "refusing a fork's pod after an internal error");
+            st.metrics.admission("error");
+            response = response.deny(format!(
+                "spur: a sandbox fork's pod is not created without its sidecar, and the injection failed (internal error: {e}); its ReplicaSet retries"
+            ));
+        }
         Err(e) => {
             // Admit unchanged: a fault in Spur must never stop a pod from being created.
             tracing::warn!(namespace = ?request.namespace, error = %e, "admitting pod unchanged after an internal error");
@@ -459,6 +468,13 @@ async fn review_pod(body: &[u8], st: &State) -> Response<Full<Bytes>> {
         }
     }
     reply(response)
+}
+
+/// Whether `pod` is a sandbox fork's (label `spur.dev/fork`, set by the operator's fork
+/// Deployments).
+fn is_fork_pod(pod: Option<&Pod>) -> bool {
+    pod.and_then(|p| p.metadata.labels.as_ref())
+        .is_some_and(|l| l.contains_key(spur_api::keys::labels::FORK))
 }
 
 pub(crate) fn reply(response: AdmissionResponse) -> Response<Full<Bytes>> {
