@@ -667,13 +667,20 @@ impl Side {
             {
                 let (header, mut body) =
                     decode_response::<FindCoordinatorResponse>(key, v, &frame)?;
-                if let Some((host, port)) = self.advertised(body.node_id.0) {
+                // v4 and later answer in `coordinators` only: the top-level fields do not exist
+                // there, and the encoder refuses a response that sets them.
+                if v <= 3
+                    && body.error_code == 0
+                    && let Some((host, port)) = self.advertised(body.node_id.0)
+                {
                     body.host = host;
                     body.port = port;
                 }
                 for c in &mut body.coordinators {
                     self.restore(&mut c.key);
-                    if let Some((host, port)) = self.advertised(c.node_id.0) {
+                    if c.error_code == 0
+                        && let Some((host, port)) = self.advertised(c.node_id.0)
+                    {
                         c.host = host;
                         c.port = port;
                     }
@@ -697,6 +704,10 @@ impl Side {
     }
 
     fn advertised(&self, node: i32) -> Option<(StrBytes, i32)> {
+        // -1: no broker (an error answer); it keeps its empty address.
+        if node < 0 {
+            return None;
+        }
         if let Some((host, port)) = &self.cfg.front {
             return Some((StrBytes::from_string(host.clone()), *port));
         }
@@ -1080,6 +1091,54 @@ mod tests {
             .unwrap();
         let err = s.response(metadata(&[1, 2]), |_, _, _| true).unwrap_err();
         assert!(err.to_string().contains("names 2 brokers"), "{err}");
+
+        // FindCoordinator: the top level up to v3, the coordinators list from v4 (where the
+        // top-level fields do not exist); an error answer keeps its empty address.
+        use kafka_protocol::messages::find_coordinator_response::Coordinator;
+        use kafka_protocol::messages::{FindCoordinatorRequest, FindCoordinatorResponse};
+        for v in [2i16, 3, 4, 6] {
+            let body = if v <= 3 {
+                FindCoordinatorResponse::default()
+                    .with_node_id(BrokerId(7))
+                    .with_host(StrBytes::from_static_str("10.0.0.9"))
+                    .with_port(9092)
+            } else {
+                FindCoordinatorResponse::default().with_coordinators(vec![
+                    Coordinator::default()
+                        .with_key(StrBytes::from_static_str("g1"))
+                        .with_node_id(BrokerId(7))
+                        .with_host(StrBytes::from_static_str("10.0.0.9"))
+                        .with_port(9092),
+                    Coordinator::default()
+                        .with_key(StrBytes::from_static_str("g2"))
+                        .with_node_id(BrokerId(-1))
+                        .with_error_code(15),
+                ])
+            };
+            let mut out = BytesMut::new();
+            ResponseHeader::default()
+                .with_correlation_id(5)
+                .encode(&mut out, ApiKey::FindCoordinator.response_header_version(v))
+                .unwrap();
+            body.encode(&mut out, v).unwrap();
+            s.request(request_frame(&FindCoordinatorRequest::default(), v))
+                .unwrap();
+            let out = s.response(out.freeze(), |_, _, _| true).unwrap();
+            let (_, got) =
+                decode_response::<FindCoordinatorResponse>(ApiKey::FindCoordinator, v, &out)
+                    .unwrap();
+            let (host, port) = if v <= 3 {
+                (got.host.to_string(), got.port)
+            } else {
+                assert_eq!(got.coordinators[1].host.as_str(), "", "v{v}");
+                assert_eq!(got.coordinators[1].port, 0, "v{v}");
+                (
+                    got.coordinators[0].host.to_string(),
+                    got.coordinators[0].port,
+                )
+            };
+            assert_eq!((host.as_str(), port), ("127.0.0.1", 19093), "v{v}");
+        }
     }
 
     #[test]
