@@ -99,7 +99,12 @@ async fn group_consumers_work_through_the_explicit_relay() {
         .await
         .unwrap();
     broker
-        .kcat_produce("grp", "none", &keyed, Some(("baggage", "sd-routing-key=k1")))
+        .kcat_produce(
+            "grp",
+            "none",
+            &keyed,
+            Some(("baggage", "sd-routing-key=k1")),
+        )
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();

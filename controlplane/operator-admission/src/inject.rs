@@ -263,6 +263,22 @@ pub enum Screen {
     Resolve(ReplicaSetOwner),
 }
 
+/// Whether `pod` is a sandbox fork's (label `spur.dev/fork`, set on the operator's fork
+/// Deployments' pod templates).
+fn is_fork(pod: &Pod) -> bool {
+    (pod.metadata.labels.as_ref()).is_some_and(|l| l.contains_key(spur_api::keys::labels::FORK))
+}
+
+/// Whether `pod` is a fork's pod whose sidecar would relay Kafka (its annotation, or `cfg`'s
+/// `kafkaPorts`; a malformed annotation counts as yes): without that sidecar it would join the
+/// baseline's consumer groups with the fork's code, so it is refused rather than admitted
+/// unchanged when the injection fails.
+pub(crate) fn must_not_run_bare(pod: &Pod, cfg: &InjectionConfig) -> bool {
+    is_fork(pod)
+        && parts::kafka_ports(&pod.metadata.annotations.clone().unwrap_or_default(), cfg)
+            .map_or(true, |ports| !ports.is_empty())
+}
+
 /// Decides everything that needs no API call. `namespace_labels` is `None` when the namespace
 /// is unknown (treated as having no labels).
 pub fn screen(
@@ -287,8 +303,7 @@ pub fn screen(
             );
         }
     }
-    let labels = pod.metadata.labels.as_ref();
-    let fork = labels.is_some_and(|l| l.contains_key(spur_api::keys::labels::FORK));
+    let fork = is_fork(pod);
     if fork {
         let annotations = pod.metadata.annotations.clone().unwrap_or_default();
         match parts::kafka_ports(&annotations, cfg) {

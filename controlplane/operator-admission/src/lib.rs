@@ -17,9 +17,11 @@
 //! certificate manager keeps every such copy current. Dry runs change nothing
 //! (`sideEffects: NoneOnDryRun`).
 //!
-//! It never denies a pod. On any internal fault (API unreachable, ReplicaSet gone) the pod is
-//! admitted unchanged with a warning; the webhook configuration's `failurePolicy: Ignore`
-//! covers the faults this server cannot answer at all.
+//! On any internal fault (API unreachable, ReplicaSet gone) a pod is admitted unchanged with a
+//! warning; the webhook configuration's `failurePolicy: Ignore` covers the faults this server
+//! cannot answer at all. The exception is a sandbox fork's pod that relays Kafka
+//! ([`inject::must_not_run_bare`]): it is refused, and its ReplicaSet retries; the chart's
+//! `fork-sidecar.spur.dev` entry has `failurePolicy: Fail` for forks' pods.
 //!
 //! EnvoyConfig validation does deny: every resource is decoded into its Envoy v3 message
 //! ([`spur_envoy`]), and the first that does not decode is refused with status 422 and
@@ -445,11 +447,22 @@ async fn review_pod(body: &[u8], st: &State) -> Response<Full<Bytes>> {
             }
             Err(e) => {
                 st.metrics.admission("error");
-                response.warnings = Some(vec![format!("spur: sidecar not injected: {e}")]);
+                if (request.object.as_ref())
+                    .is_some_and(|p| inject::must_not_run_bare(p, &st.injection))
+                {
+                    response = response.deny(format!(
+                        "spur: a sandbox fork's pod is not created without its sidecar, and the injection failed: {e}; its ReplicaSet retries"
+                    ));
+                } else {
+                    response.warnings = Some(vec![format!("spur: sidecar not injected: {e}")]);
+                }
             }
         },
         Ok(None) => st.metrics.admission("ignored"),
-        Err(e) if is_fork_pod(request.object.as_ref()) => {
+        Err(e)
+            if (request.object.as_ref())
+                .is_some_and(|p| inject::must_not_run_bare(p, &st.injection)) =>
+        {
             // A fork's pod without its sidecar would take a share of the baseline's Kafka
             // records with the fork's code: refused, and created again by its ReplicaSet.
             tracing::warn!(namespace = ?request.namespace, error = %e, "refusing a fork's pod after an internal error");
@@ -468,13 +481,6 @@ async fn review_pod(body: &[u8], st: &State) -> Response<Full<Bytes>> {
         }
     }
     reply(response)
-}
-
-/// Whether `pod` is a sandbox fork's (label `spur.dev/fork`, set by the operator's fork
-/// Deployments).
-fn is_fork_pod(pod: Option<&Pod>) -> bool {
-    pod.and_then(|p| p.metadata.labels.as_ref())
-        .is_some_and(|l| l.contains_key(spur_api::keys::labels::FORK))
 }
 
 pub(crate) fn reply(response: AdmissionResponse) -> Response<Full<Bytes>> {

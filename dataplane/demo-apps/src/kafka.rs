@@ -611,6 +611,11 @@ fn deliver(
             .ok_or_else(|| {
                 Error::Kafka(format!("{topic}/{partition}: a batch of negative length"))
             })?;
+        if size < BATCH_HEADER_LEN {
+            return Err(Error::Kafka(format!(
+                "{topic}/{partition}: a batch of {size} bytes at offset {base}, shorter than its header"
+            )));
+        }
         if size > records.len() {
             break;
         }
@@ -693,5 +698,16 @@ mod tests {
         let got: Vec<_> = seen.iter().map(|h| (h.offset, h.value.as_str())).collect();
         assert_eq!(got, [(5, "a"), (9, "b")]);
         assert_eq!(seen[1].headers, [("baggage".to_string(), b"k=v".to_vec())]);
+    }
+
+    /// A batch whose length field is shorter than a batch header is an error, not a panic.
+    #[test]
+    fn a_batch_shorter_than_its_header_is_refused() {
+        for len in [0i32, 1, 48] {
+            let mut b = at(5, "a");
+            b[8..12].copy_from_slice(&len.to_be_bytes());
+            let err = deliver("t", 0, 5, b.into(), &mut |_| {}).unwrap_err();
+            assert!(err.to_string().contains("shorter than its header"), "{err}");
+        }
     }
 }

@@ -68,7 +68,7 @@ pub struct KafkaArgs {
     #[arg(long, env = "SPUR_KAFKA_BROKER")]
     pub kafka_broker: Option<String>,
     /// Port the Kafka relay listens on, on 127.0.0.1 and ::1 (the interception rules redirect
-    /// to it).
+    /// to it); in explicit mode on 127.0.0.1 only (the address it advertises).
     #[arg(long, env = "SPUR_KAFKA_PROXY_PORT", default_value_t = 15007)]
     pub kafka_proxy_port: u16,
     /// This pod is a fork in this sandbox: its consumer receives only the records routed to the
