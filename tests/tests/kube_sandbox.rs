@@ -399,10 +399,18 @@ async fn sandbox_forks_routes_and_cleans_up() {
     let web = baseline(&cp, "web", &[("sb1", fork_app)], &apps).await;
 
     let sandboxes: Api<Sandbox> = Api::all(client.clone());
+    // An env value from a fork of the sandbox (here its own): the address of its sandbox
+    // Service, in Signadot's template syntax.
+    let mut fork = fork_of("web");
+    fork["customizations"]["env"].as_array_mut().unwrap().push(
+        json!({"name": "SELF_URL", "valueFrom": {"fork": {
+            "forkOf": {"kind": "Deployment", "namespace": NS, "name": "web"},
+            "expression": "http://{{ .Service.Host }}:{{.Service.Port}}/"}}}),
+    );
     sandboxes
         .create(
             &PostParams::default(),
-            &sandbox("sb1", json!({}), json!([fork_of("web")]), None),
+            &sandbox("sb1", json!({}), json!([fork]), None),
         )
         .await
         .unwrap();
@@ -411,16 +419,39 @@ async fn sandbox_forks_routes_and_cleans_up() {
     let d = mark_fork_ready(&client, "sb1", "web").await;
     let spec = d.spec.unwrap();
     assert_eq!(spec.replicas, Some(1));
+    // Recreate: the fork never runs two builds at once.
+    assert_eq!(
+        spec.strategy.as_ref().and_then(|s| s.type_.as_deref()),
+        Some("Recreate")
+    );
     let pod = spec.template.spec.unwrap();
     assert_eq!(pod.containers[0].image.as_deref(), Some("web:dev"));
     let env = pod.containers[0].env.clone().unwrap();
-    assert!(
+    let value = |name: &str| {
         env.iter()
-            .any(|v| v.name == "FEATURE" && v.value.as_deref() == Some("on"))
-    );
-    assert!(
-        env.iter()
-            .any(|v| v.name == "SPUR_SANDBOX_NAME" && v.value.as_deref() == Some("sb1"))
+            .find(|v| v.name == name)
+            .and_then(|v| v.value.clone())
+    };
+    assert_eq!(value("FEATURE").as_deref(), Some("on"));
+    let key = sandbox_status(&client, "sb1")
+        .await
+        .and_then(|sb| sb.status?.routing_key)
+        .unwrap();
+    for (name, want) in [
+        ("SPUR_SANDBOX_NAME", "sb1"),
+        ("SIGNADOT_SANDBOX_NAME", "sb1"),
+        ("SPUR_ROUTING_KEY", key.as_str()),
+        ("SIGNADOT_ROUTING_KEY", key.as_str()),
+        ("SIGNADOT_SANDBOX_ROUTING_KEY", key.as_str()),
+    ] {
+        assert_eq!(value(name).as_deref(), Some(want), "{name}");
+    }
+    assert_eq!(
+        value("SELF_URL"),
+        Some(format!(
+            "http://{}.{NS}.svc:80/",
+            names::sandbox_service_name("sb1", "web")
+        ))
     );
     let pod_labels = spec.template.metadata.unwrap().labels.unwrap();
     assert!(!pod_labels.contains_key("app"), "{pod_labels:?}");
@@ -506,6 +537,23 @@ async fn sandbox_forks_routes_and_cleans_up() {
     .await;
     assert_eq!(web.served_by(Some("someone-else")).await, "web-baseline");
 
+    // A fork Deployment that rolls (as an earlier Spur made them: the API server defaults
+    // `rollingUpdate`, which apply alone cannot drop) is put back to Recreate.
+    deployments
+        .patch(
+            &fork_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"strategy": {"type": "RollingUpdate"}}})),
+        )
+        .await
+        .unwrap();
+    eventually("the fork back to Recreate", || async {
+        let d = deployments.get(&fork_name).await.unwrap();
+        let s = d.spec?.strategy?;
+        (s.type_.as_deref() == Some("Recreate") && s.rolling_update.is_none()).then_some(())
+    })
+    .await;
+
     // The route server's view: one rule for this key, and the sandbox Service in
     // GetClusterServices with the key and the baseline it stands for.
     let services = cp.routeserver.as_ref().unwrap().index().services();
@@ -580,6 +628,19 @@ async fn route_group_spans_sandboxes_and_ttl_expires() {
     .unwrap();
     let groups: Api<RouteGroup> = Api::all(client.clone());
     groups.create(&PostParams::default(), &rg).await.unwrap();
+    // A group with a TTL (from when it last matched no sandbox, Signadot's default) that
+    // matches nothing.
+    let lonely: RouteGroup = serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "RouteGroup",
+        "metadata": {"name": "lonely"},
+        "spec": {"match": {"label": {"key": "feature", "value": "nothing-*"}},
+                 "ttl": {"duration": "1h"}}
+    }))
+    .unwrap();
+    groups
+        .create(&PostParams::default(), &lonely)
+        .await
+        .unwrap();
 
     mark_fork_ready(&client, "sb-a", "web").await;
     mark_fork_ready(&client, "sb-b", "api").await;
@@ -637,6 +698,42 @@ async fn route_group_spans_sandboxes_and_ttl_expires() {
         (st.matched_sandboxes == vec!["sb-a".to_string()]).then_some(())
     })
     .await;
+
+    // The lonely group expires an hour after it first matched nothing: moving that instant
+    // back (as time would) makes the operator delete it.
+    let since = eventually("the lonely group's expiry", || async {
+        let st = groups.get("lonely").await.unwrap().status?;
+        let (since, at) = (st.unmatched_since?.0, st.expires_at?.0);
+        assert_eq!(at, since + k8s_openapi::jiff::SignedDuration::from_hours(1));
+        Some(since)
+    })
+    .await;
+    assert!(since <= k8s_openapi::jiff::Timestamp::now());
+    eventually("the lonely group expired", || async {
+        let _ = groups
+            .patch_status(
+                "lonely",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"unmatchedSince": past.to_string()}})),
+            )
+            .await;
+        let touch = k8s_openapi::jiff::Timestamp::now().to_string();
+        let _ = groups
+            .patch(
+                "lonely",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"spur.dev/reconcile": touch}}})),
+            )
+            .await;
+        groups
+            .get_opt("lonely")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(groups.get_opt("checkout").await.unwrap().is_some());
 
     // Deleting the group removes its RoutingConfig and its key stops routing.
     groups

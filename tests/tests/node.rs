@@ -15,6 +15,7 @@ mod node_access;
 mod node_jobs;
 mod node_kafka;
 mod node_l4;
+mod node_parity;
 mod node_resources;
 mod node_tenancy;
 mod node_traffic;
@@ -438,6 +439,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
     // --- Kafka records by routing key: a sandbox comes and goes mid-stream, each record has
     // exactly one consumer, with each of three independent clients ------------------------------
     node_kafka::kafka_on_the_node(node);
+
+    // --- Signadot parity: valueFrom.fork, SIGNADOT_* env, Recreate forks, RouteGroup ttl ----
+    node_parity::signadot_parity_on_the_node(node);
 
     // --- every file under docs/examples/ does what its comments say ---------------------------
     docs_examples_on_the_node(node);

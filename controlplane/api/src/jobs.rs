@@ -44,8 +44,6 @@ pub const JOB_DURATION_PATTERN: &str = "^([0-9]{1,6}h)?([0-9]{1,6}m)?([0-9]{1,6}
 pub const DEFAULT_JOB_TIMEOUT: &str = "30m";
 /// Names a job's `env` cannot set: the operator sets them (routing key, names, attempt).
 pub const RESERVED_ENV_PREFIX: &str = "SPUR_";
-/// The routing key under the name scripts written for Signadot read.
-pub const SIGNADOT_ROUTING_KEY_ENV: &str = "SIGNADOT_ROUTING_KEY";
 
 /// Environment variables every job gets.
 pub mod env {

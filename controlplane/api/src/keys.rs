@@ -110,3 +110,19 @@ pub mod injection {
     /// Injected pod volume with the sidecar's projected token for the traffic store.
     pub const TRAFFIC_TOKEN_VOLUME: &str = "spur-traffic-token";
 }
+
+/// The environment variable names Signadot's operator sets, which applications, job scripts
+/// and resource plugins written for Signadot read. Spur sets them beside its own `SPUR_*` names
+/// (docs/from-signadot.md); one list, so forks, jobs and plugins cannot drift apart.
+pub mod signadot_env {
+    /// Forks (Signadot's downward API), jobs, plugin steps: the sandbox's name.
+    pub const SANDBOX_NAME: &str = "SIGNADOT_SANDBOX_NAME";
+    /// Forks (Signadot's downward API) and plugin steps: the sandbox's routing key.
+    pub const SANDBOX_ROUTING_KEY: &str = "SIGNADOT_SANDBOX_ROUTING_KEY";
+    /// Jobs (the routing context's key) and forks: the routing key.
+    pub const ROUTING_KEY: &str = "SIGNADOT_ROUTING_KEY";
+    /// Plugin steps: the sandbox's id, which in a cluster is its routing key.
+    pub const SANDBOX_ID: &str = "SIGNADOT_SANDBOX_ID";
+    /// Plugin steps: the resource's name in the sandbox.
+    pub const RESOURCE_NAME: &str = "SIGNADOT_RESOURCE_NAME";
+}

@@ -56,7 +56,9 @@ pub use resources::{
     ObjectLifecycleMethods, OlmSpec, OlmStatus, Resource, ResourcePlugin, ResourcePluginSpec,
     ResourceSpec, ResourceStatus,
 };
-pub use routegroup::{Match, RouteGroup, RouteGroupSpec, RouteGroupStatus};
+pub use routegroup::{
+    Match, RouteGroup, RouteGroupSpec, RouteGroupStatus, RouteGroupTtl, RouteGroupTtlOffset,
+};
 pub use routingconfig::{Route, RoutingConfig, RoutingConfigSpec, RoutingConfigStatus};
 pub use sandbox::{Sandbox, SandboxCapture, SandboxSpec, SandboxStatus};
 pub use workloads::{

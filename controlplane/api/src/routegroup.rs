@@ -4,14 +4,15 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::CustomResource;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::error::Error;
-use crate::sandbox::{Endpoint, MAX_ENDPOINTS, check_endpoints, check_owner_name};
+use crate::sandbox::{Endpoint, MAX_ENDPOINTS, check_endpoints, check_owner_name, parse_ttl};
 use crate::validation::*;
 
 /// Deepest nesting of `any`/`all` (the top-level match is depth 1). Structural schemas cannot
@@ -41,6 +42,7 @@ pub const MAX_GLOB_LEN: usize = 256;
     printcolumn(name = "Key", type_ = "string", json_path = ".status.routingKey", description = "Routing key"),
     printcolumn(name = "Sandboxes", type_ = "integer", json_path = ".status.readySandboxes", description = "Matched sandboxes that are ready"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Expires", type_ = "date", json_path = ".status.expiresAt", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
@@ -59,6 +61,53 @@ pub struct RouteGroupSpec {
         extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
     )]
     pub endpoints: Vec<Endpoint>,
+    /// When the route group is deleted. Without it the group lives until deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<RouteGroupTtl>,
+}
+
+/// A route group's time to live.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteGroupTtl {
+    /// A positive whole number of minutes (`m`), hours (`h`), days (`d`) or weeks (`w`), at
+    /// most 4294967295, e.g. `90m` or `2d`.
+    #[schemars(length(min = 2, max = 11), regex(pattern = TTL_PATTERN))]
+    pub duration: String,
+    /// What the duration counts from: `noMatchedSandboxes` (default, as in Signadot: from when
+    /// the group last matched no sandbox; it lives while it matches one), `createdAt` or
+    /// `updatedAt` (the last spec change the controller saw).
+    #[serde(default)]
+    pub offset_from: RouteGroupTtlOffset,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum RouteGroupTtlOffset {
+    #[default]
+    NoMatchedSandboxes,
+    CreatedAt,
+    UpdatedAt,
+}
+
+impl RouteGroupTtl {
+    /// When a group created at `created`, last changed at `updated` and matching no sandbox
+    /// since `unmatched` (`None` while it matches one) expires. `None`: it does not (yet), or
+    /// the duration is malformed, or the instant is beyond what a timestamp can hold.
+    pub fn expires_at(
+        &self,
+        created: Timestamp,
+        updated: Timestamp,
+        unmatched: Option<Timestamp>,
+    ) -> Option<Timestamp> {
+        let base = match self.offset_from {
+            RouteGroupTtlOffset::NoMatchedSandboxes => unmatched?,
+            RouteGroupTtlOffset::CreatedAt => created,
+            RouteGroupTtlOffset::UpdatedAt => updated,
+        };
+        let d = SignedDuration::try_from(parse_ttl(&self.duration)?).ok()?;
+        base.checked_add(d).ok()
+    }
 }
 
 /// A predicate over sandbox labels: exactly one of `label`, `any` and `all`.
@@ -274,6 +323,16 @@ pub struct RouteGroupStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub endpoints: Vec<crate::sandbox::EndpointStatus>,
+    /// When the controller first saw the current spec (the base of `ttl.offsetFrom: updatedAt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<Time>,
+    /// Since when the group matches no sandbox (the base of `ttl.offsetFrom:
+    /// noMatchedSandboxes`); absent while it matches one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unmatched_since: Option<Time>,
+    /// When the group will be deleted, from `spec.ttl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Time>,
 }
 
 impl RouteGroup {
@@ -300,6 +359,13 @@ impl RouteGroupSpec {
         }
         self.selector.check(c, "spec.match", 1);
         check_endpoints(c, "spec.endpoints", &self.endpoints);
+        if let Some(ttl) = &self.ttl {
+            c.require(
+                parse_ttl(&ttl.duration).is_some(),
+                || "spec.ttl.duration".into(),
+                "must be a positive whole number (at most 4294967295) followed by m, h, d or w",
+            );
+        }
     }
 }
 
@@ -486,8 +552,16 @@ mod tests {
             description: None,
             selector: m,
             endpoints: vec![],
+            ttl: None,
         };
         assert!(spec(label("team", "x*")).validate().is_ok());
+        let mut ttl = spec(label("team", "x*"));
+        ttl.ttl = Some(RouteGroupTtl {
+            duration: "0m".into(),
+            offset_from: RouteGroupTtlOffset::default(),
+        });
+        let e = ttl.validate().unwrap_err().to_string();
+        assert!(e.contains("spec.ttl.duration"), "{e}");
         let mut deep = label("a", "b");
         for _ in 0..MAX_MATCH_DEPTH - 1 {
             deep = Match::Any(vec![deep]);

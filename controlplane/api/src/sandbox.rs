@@ -344,7 +344,9 @@ pub struct ResourceOutputRef {
 pub struct ForkValueRef {
     /// The fork, by the baseline it forks (`spec.forks[].forkOf`).
     pub fork_of: WorkloadRef,
-    /// Template over the fork, e.g. `{{.Service.Host}}:{{.Service.Port}}`.
+    /// Template over the fork: `{{.Service.Host}}` is the host name of its sandbox Service
+    /// (`<name>.<namespace>.svc`; the first by name when several Services select the baseline),
+    /// `{{.Service.Port}}` that Service's first port; e.g. `http://{{.Service.Host}}:{{.Service.Port}}`.
     #[schemars(length(min = 1, max = 1024))]
     pub expression: String,
 }
@@ -661,6 +663,7 @@ pub struct VirtualStatus {
     pub baseline_sidecars: Option<crate::SidecarCoverage>,
 }
 
+pub mod expression;
 mod validation;
 
 pub(crate) use validation::{check_endpoints, check_owner_name, check_port};

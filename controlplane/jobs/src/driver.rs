@@ -15,6 +15,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use kube::{Api, ResourceExt};
 use spur_api::jobs::{AttemptPhase, CanceledBy, JobPhase, env};
+use spur_api::keys::signadot_env;
 use spur_api::{Job, JobRunnerGroup};
 use spur_proto::jobs::{self as pb, attempt_status::State};
 use tokio::sync::watch;
@@ -233,11 +234,12 @@ fn environment(a: &Assignment) -> Vec<pb::EnvVar> {
     };
     if let Some(key) = &a.routing_key {
         put(env::ROUTING_KEY, key.clone());
-        put(spur_api::jobs::SIGNADOT_ROUTING_KEY_ENV, key.clone());
+        put(signadot_env::ROUTING_KEY, key.clone());
     }
     if let Some(rc) = &a.job.spec.routing_context {
         if let Some(s) = &rc.sandbox {
             put(env::SANDBOX_NAME, s.clone());
+            put(signadot_env::SANDBOX_NAME, s.clone());
         }
         if let Some(g) = &rc.route_group {
             put(env::ROUTE_GROUP_NAME, g.clone());

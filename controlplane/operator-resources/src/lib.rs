@@ -20,7 +20,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, Resource as _, ResourceExt};
-use spur_api::keys::labels;
+use spur_api::keys::{labels, signadot_env};
 use spur_api::names;
 use spur_api::resources::{
     OlmPhase, PluginRequest, ResourceOlm, ResourcePhase, compile, env, io_key,
@@ -242,6 +242,11 @@ fn compile_for(
             (env::SANDBOX_NAME, name.as_str()),
             (env::ROUTING_KEY, key.as_str()),
             (env::RESOURCE_NAME, resource),
+            // The names Signadot's plugin scripts read, so they run unchanged.
+            (signadot_env::SANDBOX_NAME, name.as_str()),
+            (signadot_env::SANDBOX_ROUTING_KEY, key.as_str()),
+            (signadot_env::SANDBOX_ID, key.as_str()),
+            (signadot_env::RESOURCE_NAME, resource),
         ],
     )
 }

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
     ConfigMapKeySelector, Container, EnvVar, EnvVarSource, PodSpec, PodTemplateSpec,
     SecretKeySelector, Service, ServicePort as K8sServicePort, ServiceSpec,
@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
-use spur_api::keys::{annotations, labels};
+use spur_api::keys::{annotations, labels, signadot_env};
 use spur_api::sandbox::{Customizations, EnvOperation, PatchType};
 use spur_api::{ServiceMapping, ServicePort, names};
 
@@ -123,8 +123,16 @@ pub fn plan(
         .ok_or_else(|| format!("Deployment {namespace}/{baseline_name} has no pod spec"))?;
     customize(&mut pod.containers, customizations, id.sandbox)?;
     for c in &mut pod.containers {
-        upsert_env(c, ENV_SANDBOX_NAME, Some(id.sandbox.to_owned()), None);
-        upsert_env(c, ENV_ROUTING_KEY, Some(id.routing_key.to_owned()), None);
+        for (name, value) in [
+            (ENV_SANDBOX_NAME, id.sandbox),
+            (ENV_ROUTING_KEY, id.routing_key),
+            // Signadot's downward API, and the name its jobs use, for apps written for it.
+            (signadot_env::SANDBOX_NAME, id.sandbox),
+            (signadot_env::SANDBOX_ROUTING_KEY, id.routing_key),
+            (signadot_env::ROUTING_KEY, id.routing_key),
+        ] {
+            upsert_env(c, name, Some(value.to_owned()), None);
+        }
     }
 
     let mut deployment = Deployment {
@@ -146,7 +154,13 @@ pub fn plan(
             min_ready_seconds: spec.min_ready_seconds,
             progress_deadline_seconds: spec.progress_deadline_seconds,
             revision_history_limit: spec.revision_history_limit,
-            strategy: spec.strategy.clone(),
+            // Recreate (Signadot's default too): the old pod is gone before the new one starts,
+            // so a fork never answers with two builds at once. A patch may choose
+            // RollingUpdate (docs/operator.md).
+            strategy: Some(DeploymentStrategy {
+                type_: Some("Recreate".into()),
+                rolling_update: None,
+            }),
             paused: None,
         }),
         status: None,
@@ -646,9 +660,9 @@ fn env_source(
             ..EnvVarSource::default()
         });
     }
-    Err(format!(
-        "env {name}: valueFrom.fork is not supported yet; use value, configMap, secret or resource"
-    ))
+    // The ForkedWorkload controller renders `valueFrom.fork` into a value before planning
+    // (`crate::fork_refs`); one that reaches here had no rendering.
+    Err(format!("env {name}: valueFrom.fork was not rendered"))
 }
 
 fn upsert_env(c: &mut Container, name: &str, value: Option<String>, from: Option<EnvVarSource>) {
@@ -784,6 +798,21 @@ mod tests {
             env.iter()
                 .any(|v| v.name == ENV_SANDBOX_NAME && v.value.as_deref() == Some("sb1"))
         );
+        for (name, value) in [
+            ("SIGNADOT_SANDBOX_NAME", "sb1"),
+            ("SIGNADOT_SANDBOX_ROUTING_KEY", "k3y"),
+            ("SIGNADOT_ROUTING_KEY", "k3y"),
+        ] {
+            assert!(
+                env.iter()
+                    .any(|v| v.name == name && v.value.as_deref() == Some(value)),
+                "{name}"
+            );
+        }
+        // Recreate by default: a fork never runs two builds at once.
+        let strategy = spec.strategy.as_ref().unwrap();
+        assert_eq!(strategy.type_.as_deref(), Some("Recreate"));
+        assert!(strategy.rolling_update.is_none());
 
         let names: Vec<_> = plan.services.iter().map(|(s, _)| s.name_any()).collect();
         assert_eq!(names.len(), 2, "{names:?}");
@@ -866,6 +895,16 @@ mod tests {
                 .unwrap()
                 .contains_key("app")
         );
+    }
+
+    #[test]
+    fn a_patch_may_choose_a_rolling_update() {
+        let c = customizations(json!({"patch": {"type": "strategic", "value": {"spec": {
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1}}}}}}));
+        let plan = plan(ID, &baseline(), &c, &[], &ForkPolicy::default()).unwrap();
+        let strategy = plan.deployment.spec.unwrap().strategy.unwrap();
+        assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+        assert!(strategy.rolling_update.is_some());
     }
 
     #[test]

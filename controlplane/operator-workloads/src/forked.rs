@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DeleteParams, ListParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::runtime::reflector::ObjectRef;
@@ -70,6 +70,14 @@ async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Term) -> Result<Action, Erro
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
     let stores = &ctx.stores;
+    if let Some(cur) = stores.deployments.get(&ObjectRef::from_obj(&deployment))
+        && owned_by(&cur.metadata, fw)
+        && let Some(reset) = desired::strategy_reset(&cur, &deployment)
+    {
+        deployments
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&reset))
+            .await?;
+    }
     let applied = (OWNER.ensure(&deployments, Some(&stores.deployments), deployment)).await?;
     let mut wanted = BTreeSet::new();
     let mut mappings = Vec::new();
@@ -117,10 +125,24 @@ async fn build(
         .list(&crate::fork::baseline_services())
         .await?
         .items;
-    let plan = match desired::fork_plan(fw, name, &baseline, &all, &ctx.fork_policy) {
-        Ok(plan) => plan,
-        Err(failure) => return Ok(Err(failure)),
+    // `valueFrom.fork` rendered into literal values first: the plan takes only literals.
+    let rendered = crate::fork_refs::rendered(
+        &ctx.client,
+        &fw.spec.sandbox,
+        &fw.spec.customizations,
+        ns,
+        &all,
+    )
+    .await?;
+    let customizations = match rendered {
+        Ok(c) => c,
+        Err(message) => return Ok(Err(("InvalidCustomization", message))),
     };
+    let plan =
+        match desired::fork_plan(fw, name, &baseline, &customizations, &all, &ctx.fork_policy) {
+            Ok(plan) => plan,
+            Err(failure) => return Ok(Err(failure)),
+        };
     let taken = conflicts(fw, ns, name, &plan, ctx).await?;
     Ok(match desired::name_conflict(&taken) {
         Some(failure) => Err(failure),

@@ -18,6 +18,7 @@ mod context;
 pub mod controllers;
 pub mod external;
 pub mod fork;
+mod fork_refs;
 mod forked;
 pub mod patch;
 mod routegroup;

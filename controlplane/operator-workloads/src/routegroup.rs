@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
@@ -21,8 +23,7 @@ mod status;
 
 pub(crate) async fn reconcile(rg: Arc<RouteGroup>, ctx: Arc<Term>) -> Result<Action, Error> {
     let _pass = ctx.metrics.reconcile("RouteGroup");
-    let api: Api<RouteGroup> = Api::all(ctx.client.clone());
-    let action = finalizer(&api, FINALIZER, rg, |event| async {
+    let action = finalizer(&api_all(&ctx), FINALIZER, rg, |event| async {
         match event {
             Event::Apply(rg) => apply(&rg, &ctx).await,
             Event::Cleanup(rg) => cleanup(&rg, &ctx).await,
@@ -44,14 +45,34 @@ async fn apply(rg: &RouteGroup, ctx: &Term) -> Result<Action, Error> {
         .unwrap_or_else(|| routing_key(&uid));
     let rcs: Api<RoutingConfig> = Api::all(ctx.client.clone());
 
+    // TTL first: an expired group is deleted whatever else is wrong with it.
+    if let Some(at) = rg.status.as_ref().and_then(|st| status::expiry(rg, st))
+        && Timestamp::now() >= at
+    {
+        ctx.event(
+            rg,
+            false,
+            "Expired",
+            "Delete",
+            format!("TTL expired at {at}"),
+        )
+        .await;
+        delete_opt(&api_all(ctx), &name).await?;
+        return Ok(Action::await_change());
+    }
+
     if let Err(e) = rg.validate() {
         delete_opt(&rcs, &names::route_group_routing_config_name(&name)).await?;
         let message = e.to_string();
-        let changed = write_status(rg, ctx, |st| status::invalid(st, rg, &key, &message)).await?;
+        let (changed, expires) =
+            write_status(rg, ctx, |st| status::invalid(st, rg, &key, &message)).await?;
         if changed {
             ctx.event(rg, true, "Invalid", "Validate", message).await;
         }
-        return Ok(Action::await_change());
+        return Ok(match expires {
+            Some(at) => Action::requeue(until(at)),
+            None => Action::await_change(),
+        });
     }
 
     // Members are decided from what is in the store: never from one still filling.
@@ -70,30 +91,54 @@ async fn apply(rg: &RouteGroup, ctx: &Term) -> Result<Action, Error> {
         .status
         .as_ref()
         .is_some_and(|s| is_condition_true(&s.conditions, READY));
-    write_status(rg, ctx, |st| {
+    let (_, expires) = write_status(rg, ctx, |st| {
         status::observed(st, rg, &key, &matched, routed);
     })
     .await?;
-    Ok(Action::requeue(Duration::from_secs(300)))
+    Ok(Action::requeue(expires.map_or(RESYNC, until)))
 }
 
+/// How long a pass waits without a change to wake it.
+const RESYNC: Duration = Duration::from_secs(300);
+
+/// How long until `at` (capped at [`RESYNC`]), plus a little so the pass that wakes finds the
+/// instant passed.
+fn until(at: Timestamp) -> Duration {
+    let left = Duration::try_from(at.duration_since(Timestamp::now())).unwrap_or_default();
+    left.min(RESYNC) + Duration::from_millis(100)
+}
+
+fn api_all(ctx: &WorkloadsContext) -> Api<RouteGroup> {
+    Api::all(ctx.client.clone())
+}
+
+/// Applies the status computed by `update` from the current one; returns whether it changed
+/// and when the group expires.
 async fn write_status(
     rg: &RouteGroup,
     ctx: &WorkloadsContext,
     update: impl FnOnce(&mut RouteGroupStatus),
-) -> Result<bool, Error> {
+) -> Result<(bool, Option<Timestamp>), Error> {
     let old = rg.status.clone().unwrap_or_default();
     let mut st = old.clone();
-    st.observed_generation = rg.meta().generation;
+    let now = Timestamp::now();
+    if st.observed_generation != rg.meta().generation {
+        // `ttl.offsetFrom: updatedAt` counts from the last spec change the controller saw.
+        st.updated_at = Some(Time(now));
+        st.observed_generation = rg.meta().generation;
+    }
     update(&mut st);
+    status::unmatched(&mut st, now);
+    let expires = status::expiry(rg, &st);
+    st.expires_at = expires.map(Time);
     // Preview URLs follow from the spec alone: published whatever state the group is in.
     st.endpoints = ctx
         .previews
         .as_ref()
         .map(|p| p.urls(&rg.name_any(), &rg.spec.endpoints))
         .unwrap_or_default();
-    let api: Api<RouteGroup> = Api::all(ctx.client.clone());
-    Ok(ctx.status.apply(&api, rg, &old, &st).await?)
+    let changed = ctx.status.apply(&api_all(ctx), rg, &old, &st).await?;
+    Ok((changed, expires))
 }
 
 async fn cleanup(rg: &RouteGroup, ctx: &WorkloadsContext) -> Result<Action, Error> {

@@ -377,13 +377,19 @@ async fn check(
             sandbox: name,
             routing_key: key,
         };
-        if let Err(e) = plan(
-            id,
-            &baseline,
+        let planned = match crate::fork_refs::rendered(
+            &ctx.client,
+            name,
             &fork.customizations,
+            &b.namespace,
             &services,
-            &ctx.fork_policy,
-        ) {
+        )
+        .await?
+        {
+            Ok(c) => plan(id, &baseline, &c, &services, &ctx.fork_policy),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = planned {
             return Ok(Err((
                 "InvalidCustomization",
                 format!("forks[{i}] ({}/{}): {e}", b.namespace, b.name),

@@ -104,6 +104,7 @@ const DIRECT_READS: &[(&str, &str, &str)] = &[
     ("controlplane/operator-workloads/src/external.rs", "apply", USER_OBJECT),
     ("controlplane/operator-workloads/src/external.rs", "collect_dead_tunnels", NOT_A_PASS),
     ("controlplane/operator-workloads/src/external.rs", "delete_children", FINAL),
+    ("controlplane/operator-workloads/src/fork_refs.rs", "lookup", USER_OBJECT),
     ("controlplane/operator-workloads/src/forked.rs", "build", USER_OBJECT),
     ("controlplane/operator-workloads/src/forked.rs", "conflicts", AUTHORITY),
     ("controlplane/operator-workloads/src/forked.rs", "coverage_of", USER_OBJECT),

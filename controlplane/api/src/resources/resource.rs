@@ -138,7 +138,8 @@ pub struct StepFailure {
 /// Compiles a plugin's steps into work units for one sandbox resource: `valueFromSandbox`
 /// inputs become constants from `params`, `valueFromStep` inputs keys of `io_context`; each
 /// step's pod template is the runner's overlay with the step container (named `step`, the
-/// runner image unless the overlay names another) given the sandbox's identity in `SPUR_*` env.
+/// runner image unless the overlay names another) given the sandbox's identity in env
+/// (`identity`; it replaces the overlay's `SPUR_*` variables and any of the same names).
 /// `Err` says what is missing or unusable.
 pub fn compile(
     plugin: &ResourcePluginSpec,
@@ -220,9 +221,9 @@ pub fn compile(
             .and_then(|e| e.as_array_mut())
         {
             c.retain(|e| {
-                !e.get("name")
-                    .and_then(|n| n.as_str())
-                    .is_some_and(|n| n.starts_with("SPUR_"))
+                !e.get("name").and_then(|n| n.as_str()).is_some_and(|n| {
+                    n.starts_with("SPUR_") || identity.iter().any(|(k, _)| *k == n)
+                })
             });
             c.extend(env);
         }

@@ -348,11 +348,9 @@ impl EnvValueFrom {
                     "must be the forkOf of one of spec.forks",
                 );
             }
-            c.require(
-                !f.expression.trim().is_empty() && f.expression.len() <= 1024,
-                || format!("{path}.fork.expression"),
-                "must be a non-empty template of at most 1024 bytes",
-            );
+            if let Err(e) = super::expression::parse(&f.expression) {
+                c.fail(format!("{path}.fork.expression"), e);
+            }
         }
     }
 }

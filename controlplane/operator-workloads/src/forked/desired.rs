@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 use spur_api::keys::labels;
+use spur_api::sandbox::Customizations;
 use spur_api::{ForkedWorkload, WorkloadKind};
 
 use crate::fork::{ForkId, ForkPlan, plan};
@@ -40,12 +41,13 @@ pub(super) fn check(fw: &ForkedWorkload, ns: &str) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The fork `name` of `baseline` with the ForkedWorkload's customizations, among the
-/// `services` of the namespace.
+/// The fork `name` of `baseline` with `customizations` (the ForkedWorkload's, with
+/// `valueFrom.fork` rendered), among the `services` of the namespace.
 pub(super) fn fork_plan(
     fw: &ForkedWorkload,
     name: &str,
     baseline: &Deployment,
+    customizations: &Customizations,
     services: &[Service],
     policy: &crate::ForkPolicy,
 ) -> Result<ForkPlan, Failure> {
@@ -55,8 +57,23 @@ pub(super) fn fork_plan(
         sandbox: &spec.sandbox,
         routing_key: &spec.routing_key,
     };
-    plan(id, baseline, &spec.customizations, services, policy)
-        .map_err(|e| ("InvalidCustomization", e))
+    plan(id, baseline, customizations, services, policy).map_err(|e| ("InvalidCustomization", e))
+}
+
+/// The merge patch that makes `current` (a fork Deployment of ours) take `desired`'s Recreate
+/// strategy, when apply alone cannot: a Deployment made with RollingUpdate (by an earlier
+/// Spur, or an earlier patch of the user's) holds the `rollingUpdate` the API server defaulted,
+/// which no field manager owns, so apply keeps it and the API server refuses it beside
+/// `Recreate` (kubernetes/kubernetes#24198).
+pub(super) fn strategy_reset(
+    current: &Deployment,
+    desired: &Deployment,
+) -> Option<serde_json::Value> {
+    let strategy = |d: &Deployment| d.spec.as_ref().and_then(|s| s.strategy.clone());
+    let want = strategy(desired)?;
+    (want.type_.as_deref() == Some("Recreate")
+        && strategy(current).is_some_and(|s| s.rolling_update.is_some()))
+    .then(|| serde_json::json!({"spec": {"strategy": {"type": "Recreate", "rollingUpdate": null}}}))
 }
 
 /// `plan`'s objects with `fw` as their controller owner.
@@ -158,6 +175,7 @@ pub(super) mod tests {
             &fw,
             "sb-api",
             &baseline(),
+            &fw.spec.customizations,
             &services(),
             &crate::ForkPolicy::default(),
         )
@@ -185,6 +203,22 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn a_rolling_fork_is_reset_before_it_is_applied_as_recreate() {
+        let desired = planned().deployment;
+        let mut current = desired.clone();
+        assert_eq!(strategy_reset(&current, &desired), None);
+        current.spec.as_mut().unwrap().strategy = serde_json::from_value(json!(
+            {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}
+        ))
+        .unwrap();
+        let reset = strategy_reset(&current, &desired).unwrap();
+        assert_eq!(reset["spec"]["strategy"]["rollingUpdate"], json!(null));
+        // A fork patched to roll keeps rolling.
+        assert_eq!(strategy_reset(&desired, &current), None);
+        assert_eq!(strategy_reset(&current, &current), None);
+    }
+
+    #[test]
     fn the_plans_objects_are_owned_by_the_forked_workload() {
         let p = owned(planned(), &fw());
         assert_eq!(p.services.len(), 1);
@@ -204,6 +238,7 @@ pub(super) mod tests {
             &fw,
             "sb-api",
             &baseline(),
+            &fw.spec.customizations,
             &services(),
             &crate::ForkPolicy::default(),
         )

@@ -1,6 +1,8 @@
 //! A RouteGroup's status from the Sandboxes it matches and its RoutingConfig, as pure
 //! functions.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 use spur_api::conditions::{ConditionStatus, READY, is_condition_true, set_now};
 use spur_api::{RouteGroup, RouteGroupStatus, Sandbox};
@@ -54,6 +56,24 @@ pub(super) fn observed(
         )
     };
     condition(st, rg, status, reason, &message);
+}
+
+/// Keeps `unmatched_since` (the base of `ttl.offsetFrom: noMatchedSandboxes`): set at `now`
+/// when the group first matches no sandbox, cleared while it matches one.
+pub(super) fn unmatched(st: &mut RouteGroupStatus, now: Timestamp) {
+    if !st.matched_sandboxes.is_empty() {
+        st.unmatched_since = None;
+    } else if st.unmatched_since.is_none() {
+        st.unmatched_since = Some(Time(now));
+    }
+}
+
+/// When `rg` with status `st` expires under its `spec.ttl`, if it does.
+pub(super) fn expiry(rg: &RouteGroup, st: &RouteGroupStatus) -> Option<Timestamp> {
+    let ttl = rg.spec.ttl.as_ref()?;
+    let created = rg.meta().creation_timestamp.as_ref()?.0;
+    let updated = st.updated_at.as_ref().map_or(created, |t| t.0);
+    ttl.expires_at(created, updated, st.unmatched_since.as_ref().map(|t| t.0))
 }
 
 fn condition(
@@ -122,6 +142,45 @@ mod tests {
         let mut st = RouteGroupStatus::default();
         observed(&mut st, &rg(), "k1", &[], true);
         assert_eq!(ready(&st), ("False", "NoSandboxes", "no sandbox matches"));
+    }
+
+    #[test]
+    fn the_ttl_counts_from_when_the_group_last_matched_nothing_by_default() {
+        let t = |s: &str| -> Timestamp { s.parse().unwrap() };
+        let mut rg = rg();
+        rg.metadata.creation_timestamp = Some(Time(t("2026-01-01T00:00:00Z")));
+        let mut st = RouteGroupStatus {
+            matched_sandboxes: vec!["a".into()],
+            ..RouteGroupStatus::default()
+        };
+        unmatched(&mut st, t("2026-01-02T00:00:00Z"));
+        assert_eq!(expiry(&rg, &st), None, "no ttl");
+        rg.spec.ttl = Some(serde_json::from_value(serde_json::json!({"duration": "10m"})).unwrap());
+        assert_eq!(expiry(&rg, &st), None, "lives while it matches a sandbox");
+        st.matched_sandboxes.clear();
+        unmatched(&mut st, t("2026-01-02T00:00:00Z"));
+        unmatched(&mut st, t("2026-01-03T00:00:00Z"));
+        assert_eq!(
+            expiry(&rg, &st),
+            Some(t("2026-01-02T00:10:00Z")),
+            "from the first pass that matched nothing"
+        );
+        st.matched_sandboxes = vec!["b".into()];
+        unmatched(&mut st, t("2026-01-04T00:00:00Z"));
+        assert_eq!(
+            (st.unmatched_since.as_ref(), expiry(&rg, &st)),
+            (None, None)
+        );
+        rg.spec.ttl = Some(
+            serde_json::from_value(
+                serde_json::json!({"duration": "1h", "offsetFrom": "createdAt"}),
+            )
+            .unwrap(),
+        );
+        assert_eq!(expiry(&rg, &st), Some(t("2026-01-01T01:00:00Z")));
+        st.updated_at = Some(Time(t("2026-01-05T00:00:00Z")));
+        rg.spec.ttl.as_mut().unwrap().offset_from = spur_api::RouteGroupTtlOffset::UpdatedAt;
+        assert_eq!(expiry(&rg, &st), Some(t("2026-01-05T01:00:00Z")));
     }
 
     #[test]
