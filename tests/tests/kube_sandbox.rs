@@ -623,7 +623,8 @@ async fn route_group_spans_sandboxes_and_ttl_expires() {
     let rg: RouteGroup = serde_json::from_value(json!({
         "apiVersion": "spur.dev/v1alpha1", "kind": "RouteGroup",
         "metadata": {"name": "checkout"},
-        "spec": {"match": {"label": {"key": "feature", "value": "checkout-*"}}}
+        "spec": {"match": {"label": {"key": "feature", "value": "checkout-*"}},
+                 "ttl": {"duration": "1m"}}
     }))
     .unwrap();
     let groups: Api<RouteGroup> = Api::all(client.clone());
@@ -648,8 +649,13 @@ async fn route_group_spans_sandboxes_and_ttl_expires() {
     let key_b = ready_key(&client, "sb-b").await;
     let group_key = eventually("RouteGroup Ready", || async {
         let st = groups.get("checkout").await.unwrap().status?;
-        (is_condition_true(&st.conditions, READY) && st.matched_sandboxes.len() == 2)
-            .then_some(st.routing_key?)
+        // A group with a TTL from when it last matched nothing does not expire while it
+        // matches.
+        (is_condition_true(&st.conditions, READY)
+            && st.matched_sandboxes.len() == 2
+            && st.expires_at.is_none()
+            && st.unmatched_since.is_none())
+        .then_some(st.routing_key?)
     })
     .await;
     assert_ne!(group_key, key_a);

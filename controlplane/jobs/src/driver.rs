@@ -226,7 +226,10 @@ fn environment(a: &Assignment) -> Vec<pb::EnvVar> {
             value: e.value.clone(),
         })
         .collect();
+    // The operator's value wins over one the job set under the same (Signadot) name: one
+    // variable, not two the executor would have to choose between.
     let mut put = |name: &str, value: String| {
+        out.retain(|e| e.name != name);
         out.push(pb::EnvVar {
             name: name.to_owned(),
             value,
@@ -785,4 +788,51 @@ pub(crate) async fn lost(
         tracing::warn!(ns = %job.namespace().unwrap_or_default(), job = %job.name_any(), attempt, %reason, "attempt lost");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_job_gets_spurs_and_signadots_names_once_each() {
+        let job: Job = serde_json::from_value(json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "Job",
+            "metadata": {"name": "j", "namespace": "ns"},
+            "spec": {"runnerGroup": "g", "command": ["true"],
+                     "routingContext": {"sandbox": "sb"},
+                     "env": [{"name": "SIGNADOT_ROUTING_KEY", "value": "mine"},
+                             {"name": "OTHER", "value": "x"}]}
+        }))
+        .unwrap();
+        let group: JobRunnerGroup = serde_json::from_value(json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "JobRunnerGroup",
+            "metadata": {"name": "g", "namespace": "ns"},
+            "spec": {"image": "busybox"}
+        }))
+        .unwrap();
+        let a = Assignment {
+            job,
+            attempt: 2,
+            pod: "p".into(),
+            pod_ip: "10.0.0.1".into(),
+            group,
+            routing_key: Some("k3y".into()),
+        };
+        let env = environment(&a);
+        let get = |name: &str| -> Vec<&str> {
+            env.iter()
+                .filter(|e| e.name == name)
+                .map(|e| e.value.as_str())
+                .collect()
+        };
+        assert_eq!(get("SIGNADOT_ROUTING_KEY"), ["k3y"]);
+        assert_eq!(get("SPUR_ROUTING_KEY"), ["k3y"]);
+        assert_eq!(get("SIGNADOT_SANDBOX_NAME"), ["sb"]);
+        assert_eq!(get("SPUR_SANDBOX_NAME"), ["sb"]);
+        assert_eq!(get("OTHER"), ["x"]);
+        assert_eq!(get("SPUR_JOB_ATTEMPT"), ["2"]);
+    }
 }

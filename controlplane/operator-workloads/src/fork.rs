@@ -679,9 +679,9 @@ fn upsert_env(c: &mut Container, name: &str, value: Option<String>, from: Option
 }
 
 /// A fork can take traffic while at least one of its pods is ready: the sandbox Service then
-/// has an endpoint. During a rollout of a changed fork the old pods keep serving, so routes are
-/// not withdrawn (and keyed traffic does not fall back to the baseline) just because the spec
-/// changed.
+/// has an endpoint. With the default Recreate strategy a changed fork has none while it restarts
+/// (its routes are withdrawn until the new pod is ready); a fork patched to RollingUpdate keeps
+/// its old pod serving, so its routes stay.
 pub(crate) fn deployment_ready(d: &Deployment) -> bool {
     d.status
         .as_ref()

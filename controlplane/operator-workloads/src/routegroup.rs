@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, Resource, ResourceExt};
@@ -45,22 +45,6 @@ async fn apply(rg: &RouteGroup, ctx: &Term) -> Result<Action, Error> {
         .unwrap_or_else(|| routing_key(&uid));
     let rcs: Api<RoutingConfig> = Api::all(ctx.client.clone());
 
-    // TTL first: an expired group is deleted whatever else is wrong with it.
-    if let Some(at) = rg.status.as_ref().and_then(|st| status::expiry(rg, st))
-        && Timestamp::now() >= at
-    {
-        ctx.event(
-            rg,
-            false,
-            "Expired",
-            "Delete",
-            format!("TTL expired at {at}"),
-        )
-        .await;
-        delete_opt(&api_all(ctx), &name).await?;
-        return Ok(Action::await_change());
-    }
-
     if let Err(e) = rg.validate() {
         delete_opt(&rcs, &names::route_group_routing_config_name(&name)).await?;
         let message = e.to_string();
@@ -69,10 +53,12 @@ async fn apply(rg: &RouteGroup, ctx: &Term) -> Result<Action, Error> {
         if changed {
             ctx.event(rg, true, "Invalid", "Validate", message).await;
         }
-        return Ok(match expires {
-            Some(at) => Action::requeue(until(at)),
-            None => Action::await_change(),
-        });
+        // An invalid group expires too (it matches nothing).
+        return match expires {
+            Some(at) if Timestamp::now() >= at => expire(rg, at, ctx).await,
+            Some(at) => Ok(Action::requeue(until(at))),
+            None => Ok(Action::await_change()),
+        };
     }
 
     // Members are decided from what is in the store: never from one still filling.
@@ -91,11 +77,43 @@ async fn apply(rg: &RouteGroup, ctx: &Term) -> Result<Action, Error> {
         .status
         .as_ref()
         .is_some_and(|s| is_condition_true(&s.conditions, READY));
+    // The TTL is decided on the status just computed: a spec change restarts `updatedAt`, and
+    // a group that matches a sandbox now has no `noMatchedSandboxes` expiry, whatever the
+    // status said before this pass.
     let (_, expires) = write_status(rg, ctx, |st| {
         status::observed(st, rg, &key, &matched, routed);
     })
     .await?;
-    Ok(Action::requeue(expires.map_or(RESYNC, until)))
+    match expires {
+        Some(at) if Timestamp::now() >= at => expire(rg, at, ctx).await,
+        _ => Ok(Action::requeue(expires.map_or(RESYNC, until))),
+    }
+}
+
+/// Deletes the group whose TTL ran out at `at`: this group, by uid, not one made since under
+/// its name.
+async fn expire(rg: &RouteGroup, at: Timestamp, ctx: &Term) -> Result<Action, Error> {
+    ctx.event(
+        rg,
+        false,
+        "Expired",
+        "Delete",
+        format!("TTL expired at {at}"),
+    )
+    .await;
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: rg.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match api_all(ctx).delete(&rg.name_any(), &dp).await {
+        Ok(_) => Ok(Action::await_change()),
+        // Gone, or another object of the name (the precondition failed): nothing to do.
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(Action::await_change()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// How long a pass waits without a change to wake it.

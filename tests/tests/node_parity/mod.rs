@@ -190,8 +190,11 @@ spec:
         };
         looks += 1;
         let pods = list["items"].as_array().cloned().unwrap_or_default();
+        // A pod that has stopped (the kubelet puts a deleted pod in a terminal phase before the
+        // object goes) runs no code: Recreate waits for the old pods to stop, not to vanish.
         let templates: BTreeSet<String> = pods
             .iter()
+            .filter(|p| !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed")))
             .filter_map(|p| p["metadata"]["labels"]["pod-template-hash"].as_str())
             .map(String::from)
             .collect();
