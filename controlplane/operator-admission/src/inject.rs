@@ -67,6 +67,10 @@ pub struct InjectionConfig {
     pub kafka_ports: Vec<u16>,
     /// The sidecar's Kafka relay port (on loopback), where the rules send those connections.
     pub kafka_proxy_port: u16,
+    /// Routing-key carriers besides the standard ones (chart value `routingKeys`): headers whose
+    /// whole value is a key (Signadot's `routing.customHeaders`) and a query parameter. Every
+    /// injected sidecar reads them (docs/routing-keys.md).
+    pub routing_keys: spur_routing::extract::ExtractConfig,
     /// Namespaces whose pods are never injected (the operator's own is added at start).
     pub system_namespaces: Vec<String>,
     /// Worker threads of the sidecar (it would otherwise start one per node CPU).
@@ -110,6 +114,7 @@ impl Default for InjectionConfig {
             exclude_inbound_ports: Vec::new(),
             kafka_ports: Vec::new(),
             kafka_proxy_port: 15007,
+            routing_keys: spur_routing::extract::ExtractConfig::default(),
             system_namespaces: vec![
                 "kube-system".into(),
                 "kube-public".into(),
@@ -184,6 +189,17 @@ impl InjectionConfig {
             ));
         }
         parts::check_kafka_ports(&self.kafka_ports, self, "kafkaPorts")?;
+        if let Err(e) = spur_routing::extract::KeyExtractor::new(&self.routing_keys) {
+            return bad(format!("routingKeys: {e}"));
+        }
+        if self
+            .routing_keys
+            .custom_headers
+            .iter()
+            .any(|h| h.contains(','))
+        {
+            return bad("routingKeys: a header name cannot contain a comma".into());
+        }
         if self.sidecar_threads == 0 {
             return bad("sidecarThreads must be at least 1".into());
         }

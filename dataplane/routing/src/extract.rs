@@ -34,7 +34,7 @@ pub fn is_valid_key(s: &str) -> bool {
 }
 
 /// Which extra carriers to read besides the standard ones.
-#[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(default)]
 pub struct ExtractConfig {
     /// Headers whose whole value is a bare key (Signadot's `routing.customHeaders`).

@@ -160,6 +160,22 @@ pub(super) fn sidecar_env(baseline: &Baseline, cfg: &InjectionConfig) -> Vec<Val
         field("POD_NAME", "metadata.name"),
         field("POD_NAMESPACE", "metadata.namespace"),
     ]
+    .into_iter()
+    .chain(carrier_env(&cfg.routing_keys))
+    .collect()
+}
+
+/// The sidecar's variables for the configured carriers beyond the standard ones (none when
+/// none is configured, so pods of a cluster without them are injected as before).
+fn carrier_env(keys: &spur_routing::extract::ExtractConfig) -> Vec<Value> {
+    let mut out = Vec::new();
+    if !keys.custom_headers.is_empty() {
+        out.push(env("SPUR_ROUTING_HEADERS", keys.custom_headers.join(",")));
+    }
+    if let Some(q) = &keys.query_param {
+        out.push(env("SPUR_QUERY_PARAM", q.clone()));
+    }
+    out
 }
 
 /// The `spur-init` init container that programs the interception rules
@@ -376,6 +392,48 @@ mod tests {
 
     fn names(values: &[Value]) -> Vec<&str> {
         values.iter().map(|v| v["name"].as_str().unwrap()).collect()
+    }
+
+    /// Configured carriers reach every sidecar as its flags' variables; none configured adds
+    /// nothing; a bad one is refused when the config is read.
+    #[test]
+    fn configured_carriers_reach_the_sidecar() {
+        let baseline = Baseline {
+            kind: "Deployment",
+            namespace: "shop".into(),
+            name: "api".into(),
+            fork_of_sandbox: None,
+        };
+        let mut cfg = InjectionConfig::default();
+        let plain = names(&sidecar_env(&baseline, &cfg)).join(" ");
+        assert!(
+            !plain.contains("ROUTING_HEADERS") && !plain.contains("QUERY_PARAM"),
+            "{plain}"
+        );
+        cfg.routing_keys = serde_json::from_value(serde_json::json!(
+            {"customHeaders": ["x-tenant-key", "x-route"], "queryParam": "sd-routing-key"}
+        ))
+        .unwrap();
+        cfg.validate().unwrap();
+        let env = sidecar_env(&baseline, &cfg);
+        let get = |k: &str| {
+            env.iter()
+                .find(|v| v["name"] == k)
+                .map(|v| v["value"].clone())
+        };
+        assert_eq!(
+            get("SPUR_ROUTING_HEADERS"),
+            Some("x-tenant-key,x-route".into())
+        );
+        assert_eq!(get("SPUR_QUERY_PARAM"), Some("sd-routing-key".into()));
+        for bad in [
+            serde_json::json!({"customHeaders": ["bad header"]}),
+            serde_json::json!({"queryParam": "a b"}),
+        ] {
+            cfg.routing_keys = serde_json::from_value(bad).unwrap();
+            let e = cfg.validate().unwrap_err().to_string();
+            assert!(e.contains("routingKeys"), "{e}");
+        }
     }
 
     /// The documented (default) configuration mounts the CA bundle and the route server token;
