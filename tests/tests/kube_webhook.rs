@@ -803,6 +803,63 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
         .unwrap();
     assert!(fw.status.unwrap().baseline_sidecars.unwrap().all_ready);
 
+    // A namespace's own carriers (annotations) reach the sidecars of its pods and no other
+    // namespace's; a malformed one leaves the pod without a sidecar, saying why.
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    for (name, headers) in [("teamkeys", "x-team-key"), ("badkeys", "not a header")] {
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name,
+            "annotations": {(keys::ROUTING_HEADERS): headers, (keys::QUERY_PARAM): "team-q"}}}))
+        .unwrap();
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+        api.service_account_token(name, "default").await.unwrap();
+    }
+    let sidecar_env = |p: &Pod| -> std::collections::BTreeMap<String, String> {
+        p.spec.as_ref().unwrap().containers[0]
+            .env
+            .iter()
+            .flatten()
+            .filter_map(|e| Some((e.name.clone(), e.value.clone()?)))
+            .collect()
+    };
+    let team_rs = deployment(&client, "teamkeys", "web", on.clone()).await;
+    let team = pod(
+        &client,
+        "teamkeys",
+        "web",
+        Some(team_rs),
+        json!({"annotations": on.clone()}),
+    )
+    .await;
+    assert_eq!(annotation(&team, keys::STATUS), Some("injected"));
+    let env = sidecar_env(&team);
+    assert_eq!(
+        env.get("SPUR_ROUTING_HEADERS").map(String::as_str),
+        Some("x-team-key")
+    );
+    assert_eq!(
+        env.get("SPUR_QUERY_PARAM").map(String::as_str),
+        Some("team-q")
+    );
+    let env = sidecar_env(&injected);
+    assert!(
+        !env.contains_key("SPUR_ROUTING_HEADERS") && !env.contains_key("SPUR_QUERY_PARAM"),
+        "{env:?}"
+    );
+    let bad_rs = deployment(&client, "badkeys", "web", on.clone()).await;
+    assert_skipped(
+        &pod(
+            &client,
+            "badkeys",
+            "web",
+            Some(bad_rs),
+            json!({"annotations": on.clone()}),
+        )
+        .await,
+        keys::ROUTING_HEADERS,
+    );
     // With the webhook server down, pods are still created (failurePolicy Ignore), unchanged.
     let mut setup = setup;
     setup.webhook_stop.cancel();
@@ -883,6 +940,7 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
         setup.metric("spur_operator_webhook_tls_handshake_errors_total"),
         4.0
     );
+
     setup.shutdown().await;
 }
 

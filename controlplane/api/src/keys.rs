@@ -65,6 +65,12 @@ pub mod injection {
     pub const EXCLUDE_INBOUND_PORTS: &str = "sidecar.spur.dev/exclude-inbound-ports";
     /// Pod-template annotation: comma-separated inbound ports to intercept (default `*`, all).
     pub const INBOUND_PORTS: &str = "sidecar.spur.dev/inbound-ports";
+    /// Namespace annotation: comma-separated headers whose whole value is a routing key, read by
+    /// the sidecars injected in that namespace besides the cluster's `routingKeys.customHeaders`.
+    pub const ROUTING_HEADERS: &str = "sidecar.spur.dev/routing-headers";
+    /// Namespace annotation: the query parameter carrying a routing key for the sidecars
+    /// injected in that namespace, in place of the cluster's `routingKeys.queryParam`.
+    pub const QUERY_PARAM: &str = "sidecar.spur.dev/query-param";
     /// Pod-template annotation: comma-separated Kafka broker ports whose connections the sidecar
     /// relays by routing key (docs/async.md), or `none`. Default: the operator's `kafkaPorts`.
     pub const KAFKA_PORTS: &str = "sidecar.spur.dev/kafka-ports";

@@ -792,7 +792,7 @@ async fn decide(
         .clone()
         .or_else(|| pod.metadata.namespace.clone())
         .unwrap_or_else(|| "default".into());
-    let labels = namespace_labels(&namespace, st).await?;
+    let (labels, annotations) = namespace_meta(&namespace, st).await?;
     let owner = match inject::screen(pod, &namespace, labels.as_ref(), &st.injection) {
         Screen::Ignore => return Ok(None),
         Screen::Skip(reason) => return Ok(Some((inject::skip_patch(pod, &reason)?, "skipped"))),
@@ -817,7 +817,14 @@ async fn decide(
             Err(reason) => return Ok(Some((inject::skip_patch(pod, &reason)?, "skipped"))),
         }
     }
-    match inject::inject_patch(pod, &baseline, &st.injection) {
+    let cfg = match inject::for_namespace(&st.injection, annotations.as_ref()) {
+        Ok(cfg) => cfg,
+        Err(Error::Config(reason)) => {
+            return Ok(Some((inject::skip_patch(pod, &reason)?, "skipped")));
+        }
+        Err(e) => return Err(e),
+    };
+    match inject::inject_patch(pod, &baseline, &cfg) {
         Ok(p) => {
             tracing::debug!(baseline = ?baseline, "injecting sidecar");
             if req.dry_run {
@@ -923,19 +930,24 @@ async fn ensure_bundle(namespace: &str, st: &State) -> Result<(), Error> {
     Ok(())
 }
 
-async fn namespace_labels(
-    namespace: &str,
-    st: &State,
-) -> Result<Option<BTreeMap<String, String>>, Error> {
+/// The labels and annotations of a namespace.
+type NamespaceMeta = (
+    Option<BTreeMap<String, String>>,
+    Option<BTreeMap<String, String>>,
+);
+
+async fn namespace_meta(namespace: &str, st: &State) -> Result<NamespaceMeta, Error> {
     if let Some(ns) = st.namespaces.get(&ObjectRef::new(namespace)) {
-        return Ok(ns.metadata.labels.clone());
+        return Ok((ns.metadata.labels.clone(), ns.metadata.annotations.clone()));
     }
     // Not in the cache yet (a namespace created a moment ago): ask.
     let api: Api<Namespace> = Api::all(st.client.clone());
     let ns = tokio::time::timeout(API_TIMEOUT, api.get_metadata_opt(namespace))
         .await
         .map_err(|_| Error::Webhook(format!("timed out reading namespace {namespace}")))??;
-    Ok(ns.and_then(|n| n.metadata.labels))
+    Ok(ns.map_or((None, None), |n| {
+        (n.metadata.labels, n.metadata.annotations)
+    }))
 }
 
 pub(crate) fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {

@@ -64,7 +64,7 @@ const DIRECT_READS: &[(&str, &str, &str)] = &[
     ("controlplane/operator-admission/src/lib.rs", "decide", NOT_A_PASS),
     ("controlplane/operator-admission/src/lib.rs", "ensure_bundle", NOT_A_PASS),
     ("controlplane/operator-admission/src/lib.rs", "fork_of", NOT_A_PASS),
-    ("controlplane/operator-admission/src/lib.rs", "namespace_labels", NOT_A_PASS),
+    ("controlplane/operator-admission/src/lib.rs", "namespace_meta", NOT_A_PASS),
     // The certificate manager: a timed pass over CA Secrets, bundles and webhook
     // configurations.
     ("controlplane/operator-certificates/src/certs.rs", "pass", KEY_MATERIAL),

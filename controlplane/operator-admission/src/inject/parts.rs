@@ -436,6 +436,34 @@ mod tests {
         }
     }
 
+    /// A namespace adds headers to the cluster's and replaces its query parameter; a malformed
+    /// annotation is a configuration error naming it; no annotation leaves the config as it is.
+    #[test]
+    fn a_namespace_adds_its_own_carriers() {
+        use crate::inject::for_namespace;
+        let mut cfg = InjectionConfig::default();
+        cfg.routing_keys.custom_headers = vec!["x-cluster".into()];
+        cfg.routing_keys.query_param = Some("cluster-q".into());
+        let none = for_namespace(&cfg, None).unwrap();
+        assert!(matches!(none, std::borrow::Cow::Borrowed(_)));
+        let ns = BTreeMap::from([
+            (
+                keys::ROUTING_HEADERS.to_string(),
+                "X-Team-Key, x-other".to_string(),
+            ),
+            (keys::QUERY_PARAM.to_string(), "team-q".to_string()),
+        ]);
+        let mine = for_namespace(&cfg, Some(&ns)).unwrap();
+        assert_eq!(
+            mine.routing_keys.custom_headers,
+            ["x-cluster", "x-team-key", "x-other"]
+        );
+        assert_eq!(mine.routing_keys.query_param.as_deref(), Some("team-q"));
+        let bad = BTreeMap::from([(keys::ROUTING_HEADERS.to_string(), "a b".to_string())]);
+        let e = for_namespace(&cfg, Some(&bad)).unwrap_err().to_string();
+        assert!(e.contains(keys::ROUTING_HEADERS), "{e}");
+    }
+
     /// The documented (default) configuration mounts the CA bundle and the route server token;
     /// these are the other branches: nothing at all, and a traffic store without a CA bundle.
     #[test]
