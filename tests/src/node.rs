@@ -279,6 +279,16 @@ impl Node {
         Ok(serde_json::from_str(&self.kubectl(&args)?)?)
     }
 
+    /// Whether `kind`/`name` (in `namespace`, or cluster-scoped with `None`) is gone.
+    pub fn is_gone(&self, namespace: Option<&str>, kind: &str, name: &str) -> anyhow::Result<bool> {
+        let mut args = Vec::new();
+        if let Some(ns) = namespace {
+            args.extend(["-n", ns]);
+        }
+        args.extend(["get", kind, name, "--ignore-not-found", "-o", "name"]);
+        Ok(self.kubectl(&args)?.trim().is_empty())
+    }
+
     /// `helm` (built by tests/kube/build.sh) with the admin kubeconfig.
     pub fn helm(&self, args: &[&str]) -> anyhow::Result<String> {
         run(Command::new(self.bindir.join("helm"))

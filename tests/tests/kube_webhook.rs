@@ -356,6 +356,16 @@ fn annotation<'a>(p: &'a Pod, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
+/// The literal env of the pod's first container (the injected sidecar).
+fn sidecar_env(p: &Pod) -> std::collections::BTreeMap<String, String> {
+    p.spec.as_ref().unwrap().containers[0]
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| Some((e.name.clone(), e.value.clone()?)))
+        .collect()
+}
+
 fn init_names(p: &Pod) -> Vec<String> {
     p.spec
         .as_ref()
@@ -614,13 +624,7 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
         spur_operator::inject::containers(&kafka_fork, &fork_baseline, &setup.cfg).unwrap();
     let actual = serde_json::to_value(&kafka_fork.spec.as_ref().unwrap().containers[..1]).unwrap();
     assert_subset(&json!(expected.containers), &actual, "containers");
-    let env: std::collections::BTreeMap<String, String> =
-        kafka_fork.spec.as_ref().unwrap().containers[0]
-            .env
-            .iter()
-            .flatten()
-            .filter_map(|e| Some((e.name.clone(), e.value.clone()?)))
-            .collect();
+    let env = sidecar_env(&kafka_fork);
     for (k, v) in [
         ("SPUR_FORK_OF_SANDBOX", "sb1"),
         ("SPUR_BASELINE_NAME", "api"),
@@ -816,14 +820,6 @@ async fn webhook_injects_opted_in_pods_and_records_why_others_are_skipped() {
             .unwrap();
         api.service_account_token(name, "default").await.unwrap();
     }
-    let sidecar_env = |p: &Pod| -> std::collections::BTreeMap<String, String> {
-        p.spec.as_ref().unwrap().containers[0]
-            .env
-            .iter()
-            .flatten()
-            .filter_map(|e| Some((e.name.clone(), e.value.clone()?)))
-            .collect()
-    };
     let team_rs = deployment(&client, "teamkeys", "web", on.clone()).await;
     let team = pod(
         &client,

@@ -400,17 +400,7 @@ fn helm_install_and_the_user_path_on_running_pods() {
     eventually(
         "the expired sandbox to go",
         Duration::from_secs(150),
-        || {
-            let out = node.kubectl(&[
-                "get",
-                "sandbox",
-                "backend-ttl",
-                "--ignore-not-found",
-                "-o",
-                "name",
-            ])?;
-            Ok(out.trim().is_empty().then_some(()))
-        },
+        || Ok(node.is_gone(None, "sandbox", "backend-ttl")?.then_some(())),
     )
     .unwrap();
     eventually(

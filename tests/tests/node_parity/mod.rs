@@ -242,15 +242,9 @@ spec:
         "the lonely RouteGroup's TTL to delete it",
         left.max(Duration::from_secs(10)),
         || {
-            let out = node.kubectl(&[
-                "get",
-                "routegroup",
-                LONELY_GROUP,
-                "--ignore-not-found",
-                "-o",
-                "name",
-            ])?;
-            Ok(out.trim().is_empty().then_some(()))
+            Ok(node
+                .is_gone(None, "routegroup", LONELY_GROUP)?
+                .then_some(()))
         },
     )
     .unwrap();
