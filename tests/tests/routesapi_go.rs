@@ -1127,3 +1127,78 @@ async fn empty_rule_set_syncs_then_adds() {
     drop((sd, view));
     stop_server(server).await;
 }
+
+/// The compatibility endpoint (`RouteServerConfig::compat`, `--compat-grpc-addr`): Signadot's
+/// own clients, unchanged, read and watch the rules there in plaintext without a token (their
+/// `sdroutes` lists and filters, their `watched` cache follows a change), its REST side answers
+/// the Routes API and nothing else (no `/metrics`, no `/healthz`), while the main ports keep
+/// their own settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compatibility_endpoint_serves_signadots_clients() {
+    spur_e2e::go_bin_dir();
+    let rules = Rules::new();
+    let f = Fixture::new();
+    f.write(&rules);
+    let cfg = RouteServerConfig {
+        poll_interval: Duration::from_millis(50),
+        grpc_addr: "127.0.0.1:0".parse().unwrap(),
+        http_addr: "127.0.0.1:0".parse().unwrap(),
+        compat: Some(spur_routeserver::CompatConfig {
+            grpc_addr: "127.0.0.1:0".parse().unwrap(),
+            http_addr: "127.0.0.1:0".parse().unwrap(),
+        }),
+        ..RouteServerConfig::new(rules.dir.path())
+    };
+    let server = timeout(WAIT, RouteServer::start(cfg))
+        .await
+        .unwrap()
+        .unwrap();
+    let (compat_grpc, compat_http) = server.compat_addrs.unwrap();
+    assert_ne!(compat_grpc, server.grpc_addr);
+
+    let all = set(&f.all());
+    let deadline = Instant::now() + WAIT;
+    while sdroutes_get(compat_grpc, &[]).await != all {
+        assert!(Instant::now() < deadline, "sdroutes never listed all rules");
+        sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        sdroutes_get(compat_grpc, &["-routing-key", "k1"]).await,
+        set(&[&f.k1_web, &f.k1_api])
+    );
+    let mut view = View::start(compat_grpc, &WEB, "k1,k2,k3,k4,k5,k6,k7").await;
+    assert_eq!(
+        view.rules,
+        want_lines(&[&f.k1_web, &f.k2_web, &f.k5_web]),
+        "content at SYNCED"
+    );
+    let c = Changed::new();
+    c.apply(&f, &rules);
+    view.converge(&[&c.k1_web, &c.k6_web], WAIT).await;
+    drop(view);
+
+    let got = spur_e2e::get(
+        compat_http,
+        "/api/v1/workloads/routing-rules?routingKey=k3",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(got.status, 200, "{got:?}");
+    let body: Value = serde_json::from_str(&got.body).unwrap();
+    assert_eq!(
+        body["routingRules"].as_array().map(Vec::len),
+        Some(1),
+        "{body}"
+    );
+    for path in ["/metrics", "/healthz"] {
+        let got = spur_e2e::get(compat_http, path, &[]).await.unwrap();
+        assert_eq!(
+            got.status, 404,
+            "{path} on the compatibility endpoint: {got:?}"
+        );
+        let main = spur_e2e::get(server.http_addr, path, &[]).await.unwrap();
+        assert_eq!(main.status, 200, "{path} on the main port: {main:?}");
+    }
+    stop_server(server).await;
+}

@@ -43,6 +43,14 @@ struct RouteserverArgs {
     /// REST API, /healthz and /metrics address.
     #[arg(long, env = "SPUR_HTTP_ADDR", default_value = "0.0.0.0:7778")]
     http_addr: SocketAddr,
+    /// Also serve the Routes API (gRPC) here in plaintext without authentication, for
+    /// Signadot's clients (go-routesapi, sdroutes): anyone who reaches it reads every rule of
+    /// every namespace. Off unless set; with --compat-http-addr.
+    #[arg(long, env = "SPUR_COMPAT_GRPC_ADDR", requires = "compat_http_addr")]
+    compat_grpc_addr: Option<SocketAddr>,
+    /// The compatibility endpoint's REST Routes API address (plaintext, unauthenticated).
+    #[arg(long, env = "SPUR_COMPAT_HTTP_ADDR", requires = "compat_grpc_addr")]
+    compat_http_addr: Option<SocketAddr>,
     /// How often the rules directory is checked for changes.
     #[arg(long, env = "SPUR_RULES_POLL", default_value = "1s", value_parser = parse_duration)]
     poll_interval: Duration,
@@ -194,6 +202,20 @@ async fn run(args: RouteserverArgs) -> Result<ExitCode> {
         auth,
         xds,
         l4: client.clone().map(L4Options::new),
+        compat: match (args.compat_grpc_addr, args.compat_http_addr) {
+            (Some(grpc_addr), Some(http_addr)) => {
+                tracing::warn!(
+                    %grpc_addr,
+                    %http_addr,
+                    "compatibility endpoint on: the Routes API in plaintext, without authentication, to anyone who reaches these ports"
+                );
+                Some(spur_routeserver::CompatConfig {
+                    grpc_addr,
+                    http_addr,
+                })
+            }
+            _ => None,
+        },
     };
     let mut secret_namespaces: Vec<String> = args
         .xds_secret_namespaces

@@ -101,6 +101,20 @@ pub struct RouteServerConfig {
     /// comes from a store that publishes one (the Kubernetes store built `with_l4`).
     #[cfg(feature = "kubernetes")]
     pub l4: Option<L4Options>,
+    /// Signadot's Routes API a second time, plaintext and without authentication, for clients
+    /// that speak only that (`go-routesapi`, `sdroutes`); None serves none (docs/routeserver.md,
+    /// "Compatibility endpoint").
+    pub compat: Option<CompatConfig>,
+}
+
+/// The compatibility endpoint: the Routes API (gRPC `routes.Routes` and its REST paths) and
+/// nothing else (no history, no L4, no metrics), read-only by construction, plaintext and open
+/// to anyone who reaches it: every rule of every namespace. Off unless configured; whoever
+/// turns it on limits who reaches it (the chart's NetworkPolicy).
+#[derive(Clone, Debug)]
+pub struct CompatConfig {
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
 }
 
 impl RouteServerConfig {
@@ -117,6 +131,7 @@ impl RouteServerConfig {
             xds: None,
             #[cfg(feature = "kubernetes")]
             l4: None,
+            compat: None,
         }
     }
 }
@@ -128,6 +143,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub struct RouteServer {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    /// The compatibility endpoint's gRPC and HTTP addresses, if served.
+    pub compat_addrs: Option<(SocketAddr, SocketAddr)>,
     /// The xDS port, if served.
     pub xds_addr: Option<SocketAddr>,
     #[cfg(feature = "kubernetes")]
@@ -162,6 +179,13 @@ impl RouteServer {
         };
         let (grpc_listener, grpc_addr) = bind("gRPC", config.grpc_addr).await?;
         let (http_listener, http_addr) = bind("HTTP", config.http_addr).await?;
+        let compat_listeners = match &config.compat {
+            Some(c) => Some((
+                bind("compatibility gRPC", c.grpc_addr).await?,
+                bind("compatibility HTTP", c.http_addr).await?,
+            )),
+            None => None,
+        };
 
         let mut registry = Registry::with_prefix("spur_routeserver");
         let metrics = Metrics::register(&mut registry);
@@ -259,6 +283,36 @@ impl RouteServer {
             }
         });
 
+        let compat_addrs = match compat_listeners {
+            Some(((grpc_l, grpc_a), (http_l, http_a))) => {
+                let open = auth::Authenticator::new(&AuthConfig::Disabled);
+                let routes = grpc::RoutesHandler {
+                    index: index.clone(),
+                    metrics: metrics.clone(),
+                    buffer: config.watch_buffer,
+                    stop: stop.clone(),
+                    auth: open.clone(),
+                };
+                let rest_state = rest::RestState {
+                    index: index.clone(),
+                    metrics: metrics.clone(),
+                    registry: Arc::new(Registry::default()),
+                    buffer: config.watch_buffer,
+                    stop: stop.clone(),
+                    auth: open,
+                };
+                serve_compat(
+                    routes,
+                    rest_state,
+                    (grpc_l, grpc_a),
+                    (http_l, http_a),
+                    &tasks,
+                );
+                Some((grpc_a, http_a))
+            }
+            None => None,
+        };
+
         let rest_state = rest::RestState {
             index: index.clone(),
             metrics,
@@ -295,11 +349,13 @@ impl RouteServer {
             xds_tls,
             auth = ?config.auth,
             l4,
+            compat = ?compat_addrs,
             "route server started"
         );
         Ok(RouteServer {
             grpc_addr,
             http_addr,
+            compat_addrs,
             xds_addr,
             #[cfg(feature = "kubernetes")]
             xds_nodes: xds.map(|x| x.nodes).unwrap_or_default(),
@@ -329,4 +385,42 @@ impl RouteServer {
             );
         }
     }
+}
+
+/// Serves the compatibility endpoint (see [`CompatConfig`]): plaintext, the Routes API only.
+fn serve_compat(
+    routes: grpc::RoutesHandler,
+    rest_state: rest::RestState,
+    (grpc_l, grpc_a): (TcpListener, SocketAddr),
+    (http_l, http_a): (TcpListener, SocketAddr),
+    tasks: &Drain,
+) {
+    let stop = rest_state.stop.clone();
+    let grpc_incoming = tls::incoming(grpc_l, grpc_a, None, tasks, stop.clone());
+    let http_incoming = tls::incoming(http_l, http_a, None, tasks, stop.clone());
+    let grpc = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .tcp_nodelay(true)
+        .add_service(grpc::RoutesService::new(routes));
+    let grpc_stop = stop.clone();
+    tasks.spawn(async move {
+        let res = grpc
+            .serve_with_incoming_shutdown(grpc_incoming.into_stream(), grpc_stop.cancelled())
+            .await;
+        if let Err(e) = res {
+            tracing::error!(error = %e, "compatibility gRPC server failed");
+        }
+    });
+    tasks.spawn(async move {
+        let res = axum::serve(
+            tls::GuardedIncoming(http_incoming),
+            rest::routes_router(rest_state),
+        )
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await;
+        if let Err(e) = res {
+            tracing::error!(error = %e, "compatibility HTTP server failed");
+        }
+    });
 }

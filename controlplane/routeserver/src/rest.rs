@@ -1,5 +1,5 @@
 //! The Routes API over REST (camelCase JSON of `routes-openapi.yaml`), a watch endpoint
-//! streaming NDJSON, `/healthz` and `/metrics`.
+//! streaming NDJSON, `/healthz` and `/metrics` (the compatibility endpoint: the API alone).
 
 use std::sync::Arc;
 
@@ -83,15 +83,27 @@ impl From<RulesQuery> for Filter {
 }
 
 pub(crate) fn router(state: RestState) -> Router {
+    api()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .layer(axum::middleware::from_fn(spur_serving::http1::front_door))
+        .with_state(state)
+}
+
+/// The Routes API's paths alone: the compatibility endpoint's router (no metrics, which would
+/// say more about the server than its rules do).
+pub(crate) fn routes_router(state: RestState) -> Router {
+    api()
+        .layer(axum::middleware::from_fn(spur_serving::http1::front_door))
+        .with_state(state)
+}
+
+fn api() -> Router<RestState> {
     Router::new()
         .route("/api/v1/workloads/routing-rules", get(get_rules))
         // The path before the 2024 rename, still used by older clients.
         .route("/api/v1/workloads/routes", get(get_rules))
         .route("/api/v1/workloads/routing-rules/watch", get(watch_rules))
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .layer(axum::middleware::from_fn(spur_serving::http1::front_door))
-        .with_state(state)
 }
 
 async fn get_rules(
