@@ -262,12 +262,7 @@ impl RouteServer {
             auth: auth.clone(),
         };
         let grpc_stop = stop.clone();
-        let grpc = tonic::transport::Server::builder()
-            // Detect dead watchers; clients' own pings (grpc-go sends one every 5 s) are
-            // answered and never counted against them.
-            .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-            .tcp_nodelay(true)
+        let grpc = grpc_server()
             .add_service(grpc::RoutesService::new(service))
             .add_service(
                 spur_proto::history::route_history_server::RouteHistoryServer::new(history),
@@ -387,6 +382,16 @@ impl RouteServer {
     }
 }
 
+/// The gRPC server settings of both listeners (the main one and the compatibility endpoint).
+fn grpc_server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        // Detect dead watchers; clients' own pings (grpc-go sends one every 5 s) are answered
+        // and never counted against them.
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .tcp_nodelay(true)
+}
+
 /// Serves the compatibility endpoint (see [`CompatConfig`]): plaintext, the Routes API only.
 fn serve_compat(
     routes: grpc::RoutesHandler,
@@ -398,11 +403,7 @@ fn serve_compat(
     let stop = rest_state.stop.clone();
     let grpc_incoming = tls::incoming(grpc_l, grpc_a, None, tasks, stop.clone());
     let http_incoming = tls::incoming(http_l, http_a, None, tasks, stop.clone());
-    let grpc = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .tcp_nodelay(true)
-        .add_service(grpc::RoutesService::new(routes));
+    let grpc = grpc_server().add_service(grpc::RoutesService::new(routes));
     let grpc_stop = stop.clone();
     tasks.spawn(async move {
         let res = grpc
