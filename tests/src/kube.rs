@@ -1,6 +1,8 @@
 //! Helpers for the tests on a real kube-apiserver: clients that run under exactly the chart's
 //! RBAC rules, so a permission the chart lacks fails the suite.
 
+pub mod control_plane;
+
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;

@@ -21,107 +21,13 @@ use spur_api::{
     WorkloadKind, WorkloadRef, names,
 };
 use spur_e2e::kube as kube_rbac;
+use spur_e2e::kube::control_plane::ControlPlane;
 use spur_e2e::kube::{WAIT, eventually};
 use spur_e2e::{AppKind, get, spawn_app};
 use spur_kube_harness::KubeApi;
-use spur_routeserver::{KubeStore, RouteServer, RouteServerConfig};
 use spur_routing::BaselineWorkload;
 use spur_sidecar::{Sidecar, SidecarConfig};
 use tokio_util::sync::CancellationToken;
-
-/// A real API server with our CRDs, the operator and the route server (Kubernetes store).
-struct ControlPlane {
-    api: KubeApi,
-    stop: CancellationToken,
-    operator: tokio::task::JoinHandle<()>,
-    routeserver: Option<RouteServer>,
-    /// The operator's metrics.
-    registry: prometheus_client::registry::Registry,
-}
-
-impl ControlPlane {
-    async fn start() -> ControlPlane {
-        kube_rbac::capture_logs();
-        let api = KubeApi::start().await.unwrap();
-        kube_rbac::install_crds(&api).await.unwrap();
-        // Both components run under the chart's RBAC rules (the operator with its namespace
-        // Role, which holds its lease), so a permission the chart lacks fails these tests.
-        let operator_client = kube_rbac::operator_client(&api).await.unwrap();
-        let routeserver_client =
-            kube_rbac::chart_client(&api, "spur-routeserver", "routeserver-rules.yaml", None)
-                .await
-                .unwrap();
-        let stop = CancellationToken::new();
-        let operator_stop = stop.clone();
-        let mut registry = prometheus_client::registry::Registry::default();
-        let metrics = spur_operator::Metrics::register(&mut registry);
-        // Dead workstation tunnels are collected 8 s after they expire (default 10 min).
-        let ctx = Arc::new(
-            spur_operator::Context::new(operator_client.clone(), Some("test".into()), metrics)
-                .with_tunnels(spur_operator::TunnelConfig {
-                    namespace: "spur-system".into(),
-                    gc_after: Duration::from_secs(8),
-                })
-                // As the chart runs it: Spur writes only in namespaces that opted in.
-                .with_enrollment(kube_rbac::enroll_config()),
-        );
-        // Leader-elected, as the chart runs it, on a Lease in spur-system (the chart's Role).
-        let election = spur_operator::LeaderElection {
-            namespace: "spur-system".into(),
-            lease: "spur-operator".into(),
-            identity: "test".into(),
-            duration_secs: 15,
-            grace_secs: 5,
-            owner: None,
-        };
-        let operator = tokio::spawn(async move {
-            spur_operator::run_elected(operator_client, ctx, operator_stop, election)
-                .await
-                .unwrap();
-        });
-        let routeserver = RouteServer::start_with(
-            RouteServerConfig {
-                grpc_addr: "127.0.0.1:0".parse().unwrap(),
-                http_addr: "127.0.0.1:0".parse().unwrap(),
-                ..RouteServerConfig::new("")
-            },
-            KubeStore::new(routeserver_client),
-        )
-        .await
-        .unwrap();
-        ControlPlane {
-            api,
-            stop,
-            operator,
-            routeserver: Some(routeserver),
-            registry,
-        }
-    }
-
-    /// Reconcile passes that failed (and were retried with backoff) so far.
-    fn reconcile_failures(&self) -> f64 {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
-        spur_e2e::sample(&text, "reconcile_failures_total")
-    }
-
-    fn client(&self) -> Client {
-        self.api.client()
-    }
-
-    fn routeserver_addr(&self) -> String {
-        self.routeserver.as_ref().unwrap().grpc_addr.to_string()
-    }
-
-    async fn shutdown(mut self) {
-        self.stop.cancel();
-        tokio::time::timeout(WAIT, &mut self.operator)
-            .await
-            .unwrap()
-            .unwrap();
-        self.routeserver.take().unwrap().shutdown().await;
-    }
-}
 
 /// A baseline workload: a Deployment + Service in the API server, its process (an HTTP app) on
 /// loopback, and a sidecar in front of it watching the route server.
