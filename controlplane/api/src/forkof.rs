@@ -12,14 +12,17 @@ use crate::validation::{is_dns_label, is_dns_subdomain};
 /// A fork's Deployment, as the operator makes it (`spur-operator-workloads`' fork plan).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForkOf {
-    /// The forked Deployment, in the fork's own namespace.
+    /// The kind of the forked workload: a Rollout's fork is a Deployment too.
+    pub kind: crate::WorkloadKind,
+    /// The forked Deployment or Rollout, in the fork's own namespace.
     pub baseline: String,
     /// The sandbox the fork belongs to (its `spur.dev/sandbox` label), when it is a sandbox name.
     pub sandbox: Option<String>,
 }
 
 /// `Some` when a ForkedWorkload (`spur.dev`) controls `d` and its `spur.dev/baseline`
-/// annotation (`Deployment/<namespace>/<name>`) names a Deployment of `d`'s own namespace.
+/// annotation (`Deployment/<namespace>/<name>` or `Rollout/…`) names a workload of `d`'s own
+/// namespace.
 /// A Deployment that merely carries the annotation or a fork's labels is no fork.
 pub fn fork_of(d: &Deployment) -> Option<ForkOf> {
     let forked = d.owner_references().iter().any(|o| {
@@ -34,7 +37,12 @@ pub fn fork_of(d: &Deployment) -> Option<ForkOf> {
     let text = d.annotations().get(annotations::BASELINE)?;
     let mut parts = text.splitn(3, '/');
     let (kind, ns, name) = (parts.next()?, parts.next()?, parts.next()?);
-    if kind != "Deployment" || ns != namespace || !is_dns_subdomain(name) {
+    let kind = match kind {
+        "Deployment" => crate::WorkloadKind::Deployment,
+        "Rollout" => crate::WorkloadKind::Rollout,
+        _ => return None,
+    };
+    if ns != namespace || !is_dns_subdomain(name) {
         return None;
     }
     let sandbox = d
@@ -43,6 +51,7 @@ pub fn fork_of(d: &Deployment) -> Option<ForkOf> {
         .filter(|s| is_dns_label(s))
         .cloned();
     Some(ForkOf {
+        kind,
         baseline: name.to_owned(),
         sandbox,
     })
@@ -72,13 +81,18 @@ mod tests {
         assert_eq!(
             fork_of(&fw("Deployment/shop/api")),
             Some(ForkOf {
+                kind: crate::WorkloadKind::Deployment,
                 baseline: "api".into(),
                 sandbox: Some("sb1".into())
             })
         );
+        assert_eq!(
+            fork_of(&fw("Rollout/shop/api")).unwrap().kind,
+            crate::WorkloadKind::Rollout
+        );
         for (d, why) in [
             (fw("Deployment/other/api"), "another namespace"),
-            (fw("ArgoRollout/shop/api"), "not a Deployment"),
+            (fw("ArgoRollout/shop/api"), "not a kind Spur forks"),
             (fw("Deployment/shop/"), "no name"),
             (fw("Deployment/shop/a/b"), "not a name"),
             (fw("Deployment/shop/API"), "not a name"),

@@ -67,7 +67,7 @@ fn hash(readable: &[&str], identity: &[&str]) -> u64 {
     h
 }
 
-/// Name of a sandbox's fork of `baseline`: the ForkedWorkload and the fork Deployment or Rollout
+/// Name of a sandbox's fork of `baseline`: the ForkedWorkload and the fork Deployment
 /// (both in the baseline's namespace). Also a valid label value, for selecting the fork's pods.
 pub fn fork_name(sandbox: &str, baseline: &WorkloadRef) -> String {
     derived_name(

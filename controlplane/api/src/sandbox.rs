@@ -616,7 +616,7 @@ pub struct ForkStatus {
     pub fork_of: WorkloadRef,
     /// The ForkedWorkload object, in the baseline's namespace.
     pub forked_workload: String,
-    /// The fork Deployment or Rollout, once created.
+    /// The fork Deployment (of a Deployment or a Rollout), once created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fork: Option<String>,
     /// Baseline Services and their sandbox copies.

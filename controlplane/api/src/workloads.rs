@@ -33,7 +33,7 @@ use crate::validation::*;
     namespaced,
     status = "ForkedWorkloadStatus",
     derive = "PartialEq",
-    doc = "A customized copy of one baseline workload, serving one sandbox's routing key. Created by the Sandbox controller in the baseline's namespace; the fork Deployment or Rollout and one sandbox Service per baseline Service are its children.",
+    doc = "A customized copy of one baseline workload, serving one sandbox's routing key. Created by the Sandbox controller in the baseline's namespace; the fork Deployment (a Deployment for a Rollout baseline too) and one sandbox Service per baseline Service are its children.",
     printcolumn(name = "Sandbox", type_ = "string", json_path = ".spec.sandbox"),
     printcolumn(name = "Baseline", type_ = "string", json_path = ".spec.baseline.name"),
     printcolumn(name = "Fork", type_ = "string", json_path = ".status.fork"),
@@ -73,7 +73,7 @@ pub struct ForkedWorkloadStatus {
     /// The baseline object the fork was made from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baseline: Option<BaselineObservation>,
-    /// Name of the fork Deployment or Rollout (same kind and namespace as the baseline).
+    /// Name of the fork Deployment, in the baseline's namespace (a Rollout's fork is a Deployment too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fork: Option<String>,
     /// Baseline Services selecting the baseline, and their sandbox copies selecting the fork.

@@ -66,7 +66,8 @@ pub(super) async fn resolve_target(
         return Ok(Err(format!("a sandbox cannot fork a {}", target.kind)));
     };
     let fork = names::fork_name(sandbox, &spur_api::WorkloadRef::new(kind, ns, &target.name));
-    let w = match workload(ctx, ns, target.kind, &fork).await? {
+    // Every fork is a Deployment, a Rollout's too (docs/operator.md, "Argo Rollouts").
+    let w = match workload(ctx, ns, TargetKind::Deployment, &fork).await? {
         Ok(w) => w,
         Err(_) => {
             return Ok(Err(format!(
@@ -80,8 +81,7 @@ pub(super) async fn resolve_target(
         || labels.get(MANAGED_BY).map(String::as_str) != Some(MANAGED_BY_VALUE)
     {
         return Ok(Err(format!(
-            "{} {ns}/{fork} is not a fork of sandbox {sandbox}",
-            target.kind
+            "Deployment {ns}/{fork} is not a fork of sandbox {sandbox}"
         )));
     }
     Ok(Ok(w))

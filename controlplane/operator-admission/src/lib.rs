@@ -857,10 +857,11 @@ async fn fork_of(
     let fork = found.as_ref().and_then(spur_api::forkof::fork_of);
     Ok(match fork {
         Some(spur_api::forkof::ForkOf {
+            kind,
             baseline,
             sandbox: Some(sandbox),
         }) if deployment.kind == "Deployment" => Ok(inject::Baseline {
-            kind: "Deployment",
+            kind: kind.routes_api_kind(),
             namespace: deployment.namespace.clone(),
             name: baseline,
             fork_of_sandbox: Some(sandbox),

@@ -8,9 +8,11 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::DynamicObject;
 use kube::core::PartialObjectMeta;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
+use spur_api::WorkloadKind;
 use spur_api::routingconfig::SandboxedKind;
 use spur_api::{
     ExternalWorkload, ForkedWorkload, Resource, RouteGroup, RoutingConfig, Sandbox, VirtualWorkload,
@@ -22,6 +24,35 @@ use crate::context::{Stores, Term, WorkloadsContext};
 use crate::triggers::primary;
 use crate::{external, forked, routegroup, routingconfig, sandbox, triggers, virtualw};
 use spur_operator_core::controller_config as config;
+
+/// Metadata changes of Argo Rollouts (baselines), for the controllers of what stands in front
+/// of one. Metadata only, so every change wakes them, status included: a change of the
+/// Deployment a Rollout's `workloadRef` names reaches them through the Rollout's status, which
+/// Argo updates as it rolls the new template out. Retried with backoff: on a cluster without
+/// Argo Rollouts the list fails (404) until it is installed, then the watch starts by itself;
+/// meanwhile a Rollout baseline is reported not found.
+fn rollouts(
+    client: &Client,
+) -> impl Stream<Item = Result<PartialObjectMeta<DynamicObject>, watcher::Error>> + Send + use<> {
+    let api = Api::<PartialObjectMeta<DynamicObject>>::all_with(
+        client.clone(),
+        &crate::baseline::rollout_resource(),
+    );
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .touched_objects()
+}
+
+/// Whether `w` (a Rollout or a Deployment, of `kind`) is `baseline`.
+fn is_baseline(
+    baseline: &spur_api::WorkloadRef,
+    kind: spur_api::WorkloadKind,
+    w: &impl ResourceExt,
+) -> bool {
+    baseline.kind == kind
+        && w.namespace().is_some_and(|ns| ns == baseline.namespace)
+        && w.name_any() == baseline.name
+}
 
 /// A watch's events that passed its trigger's filter.
 pub type Changes<K> = std::pin::Pin<Box<dyn Stream<Item = Result<K, watcher::Error>> + Send>>;
@@ -208,7 +239,8 @@ pub async fn forks(
 ) {
     let wc = watcher::Config::default;
     let fw = primary(Api::<ForkedWorkload>::all(client.clone())).with_config(config());
-    let (by_baseline, by_namespace, by_pod) = (fw.store(), fw.store(), fw.store());
+    let (by_baseline, by_rollout, by_namespace, by_pod) =
+        (fw.store(), fw.store(), fw.store(), fw.store());
     let forks = fw
         .owns_stream(deployments)
         .owns_stream(services)
@@ -218,13 +250,19 @@ pub async fn forks(
             Api::<PartialObjectMeta<Deployment>>::all(client.clone()),
             wc(),
             move |d| {
-                let (ns, name) = (d.namespace().unwrap_or_default(), d.name_any());
                 objects_where(&by_baseline, |fw| {
-                    fw.spec.baseline.kind == spur_api::WorkloadKind::Deployment
-                        && fw.spec.baseline.namespace == ns
-                        && fw.spec.baseline.name == name
+                    is_baseline(&fw.spec.baseline, WorkloadKind::Deployment, &d)
                 })
             },
+        )
+        .watches_stream_with(
+            rollouts(&client),
+            move |r| {
+                objects_where(&by_rollout, |fw| {
+                    is_baseline(&fw.spec.baseline, WorkloadKind::Rollout, &r)
+                })
+            },
+            crate::baseline::rollout_resource(),
         )
         // A new or changed baseline Service gets (or changes) its sandbox Services. The
         // operator's own Services are skipped: each would otherwise wake every fork of its
@@ -268,17 +306,25 @@ pub async fn forks(
 pub async fn virtuals(client: Client, ctx: Arc<WorkloadsContext>, stop: CancellationToken) {
     let wc = watcher::Config::default;
     let vw = primary(Api::<VirtualWorkload>::all(client.clone())).with_config(config());
-    let (vw_by_baseline, vw_by_pod) = (vw.store(), vw.store());
+    let (vw_by_baseline, vw_by_rollout, vw_by_pod) = (vw.store(), vw.store(), vw.store());
     let virtuals = vw
         .watches(
             Api::<PartialObjectMeta<Deployment>>::all(client.clone()),
             wc(),
             move |d| {
-                let (ns, name) = (d.namespace().unwrap_or_default(), d.name_any());
                 objects_where(&vw_by_baseline, |vw| {
-                    vw.spec.baseline.namespace == ns && vw.spec.baseline.name == name
+                    is_baseline(&vw.spec.baseline, WorkloadKind::Deployment, &d)
                 })
             },
+        )
+        .watches_stream_with(
+            rollouts(&client),
+            move |r| {
+                objects_where(&vw_by_rollout, |vw| {
+                    is_baseline(&vw.spec.baseline, WorkloadKind::Rollout, &r)
+                })
+            },
+            crate::baseline::rollout_resource(),
         )
         .watches(
             Api::<PartialObjectMeta<Pod>>::all(client),
@@ -313,7 +359,8 @@ pub async fn externals(
 ) {
     let wc = watcher::Config::default;
     let ew = primary(Api::<ExternalWorkload>::all(client.clone())).with_config(config());
-    let (ew_by_baseline, ew_by_namespace, ew_by_workstation) = (ew.store(), ew.store(), ew.store());
+    let (ew_by_baseline, ew_by_rollout, ew_by_namespace, ew_by_workstation) =
+        (ew.store(), ew.store(), ew.store(), ew.store());
     let externals = ew
         .owns(Api::<Service>::all(client.clone()), managed())
         .owns_stream(slices)
@@ -330,11 +377,19 @@ pub async fn externals(
             Api::<PartialObjectMeta<Deployment>>::all(client.clone()),
             wc(),
             move |d| {
-                let (ns, name) = (d.namespace().unwrap_or_default(), d.name_any());
                 objects_where(&ew_by_baseline, |ew| {
-                    ew.spec.baseline.namespace == ns && ew.spec.baseline.name == name
+                    is_baseline(&ew.spec.baseline, WorkloadKind::Deployment, &d)
                 })
             },
+        )
+        .watches_stream_with(
+            rollouts(&client),
+            move |r| {
+                objects_where(&ew_by_rollout, |ew| {
+                    is_baseline(&ew.spec.baseline, WorkloadKind::Rollout, &r)
+                })
+            },
+            crate::baseline::rollout_resource(),
         )
         .watches(
             Api::<PartialObjectMeta<Service>>::all(client),

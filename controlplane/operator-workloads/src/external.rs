@@ -12,7 +12,6 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -76,13 +75,8 @@ pub(crate) async fn reconcile(ew: Arc<ExternalWorkload>, ctx: Arc<Term>) -> Resu
 }
 
 async fn apply(ew: &ExternalWorkload, ns: &str, ctx: &Term) -> Result<Action, Error> {
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
-    let found = match status::unsupported(ew) {
-        Some(failure) => Err(failure),
-        None => (deployments.get_opt(&ew.spec.baseline.name).await?)
-            .ok_or_else(|| status::baseline_not_found(ns, &ew.spec.baseline.name)),
-    };
-    let baseline = match found {
+    let b = &ew.spec.baseline;
+    let baseline = match crate::baseline::read(&ctx.client, b.kind, ns, &b.name).await? {
         Ok(baseline) => baseline,
         Err((reason, message)) => {
             delete_children(&ew.name_any(), ns, ctx).await?;
@@ -101,7 +95,14 @@ async fn apply(ew: &ExternalWorkload, ns: &str, ctx: &Term) -> Result<Action, Er
     // The objects go to the apply; the status needs only the tunnel's part of the plan.
     let mappings = apply_children(ew, ns, ctx, std::mem::take(&mut plan.services)).await?;
     write_status(ew, ns, ctx, |st| {
-        status::observed(st, ew, &baseline, mappings, session.as_ref(), &plan);
+        status::observed(
+            st,
+            ew,
+            &baseline.workload,
+            mappings,
+            session.as_ref(),
+            &plan,
+        );
     })
     .await?;
     Ok(Action::requeue(status::next_check(

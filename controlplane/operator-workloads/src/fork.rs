@@ -20,6 +20,7 @@ use spur_api::keys::{annotations, labels, signadot_env};
 use spur_api::sandbox::{Customizations, EnvOperation, PatchType};
 use spur_api::{ServiceMapping, ServicePort, names};
 
+use crate::baseline::Baseline;
 use crate::{Error, patch};
 
 /// Environment variables every forked container gets, so the application can tell it runs in a
@@ -59,55 +60,27 @@ pub fn baseline_services() -> kube::api::ListParams {
         .match_any()
 }
 
-/// Services in the baseline's namespace whose selector picks the baseline's pods.
-pub fn selecting_services<'a>(baseline: &Deployment, services: &'a [Service]) -> Vec<&'a Service> {
-    let pod_labels = template_labels(baseline);
-    let mut out: Vec<&Service> = services
-        .iter()
-        .filter(|svc| {
-            // Our own sandbox Services never stand for a baseline.
-            if svc.labels().get(labels::MANAGED_BY).map(String::as_str)
-                == Some(labels::MANAGED_BY_VALUE)
-            {
-                return false;
-            }
-            let Some(selector) = svc.spec.as_ref().and_then(|s| s.selector.as_ref()) else {
-                return false;
-            };
-            !selector.is_empty() && selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v))
-        })
-        .collect();
-    out.sort_by_key(|s| s.name_any());
-    out
-}
-
-fn template_labels(d: &Deployment) -> BTreeMap<String, String> {
-    d.spec
-        .as_ref()
-        .and_then(|s| s.template.metadata.as_ref())
-        .and_then(|m| m.labels.clone())
-        .unwrap_or_default()
-}
-
 /// Builds the fork of `baseline` with `customizations`, and its sandbox Services for the
 /// Services among `services` that select the baseline. The error is a message for the user.
 pub fn plan(
     id: ForkId<'_>,
-    baseline: &Deployment,
+    baseline: &Baseline,
     customizations: &Customizations,
     services: &[Service],
     policy: &ForkPolicy,
 ) -> Result<ForkPlan, String> {
-    let namespace = baseline.namespace().unwrap_or_default();
-    let baseline_name = baseline.name_any();
+    let namespace = baseline.namespace();
+    let baseline_name = baseline.name();
     let spec = baseline
+        .workload
         .spec
         .as_ref()
-        .ok_or_else(|| format!("Deployment {namespace}/{baseline_name} has no spec"))?;
-    let selecting = selecting_services(baseline, services);
+        .ok_or_else(|| format!("{} has no spec", baseline.describe()))?;
+    let selecting = baseline.selecting(services);
 
     let dropped = dropped_labels(spec, &selecting);
-    let mut pod_labels: BTreeMap<String, String> = template_labels(baseline)
+    let mut pod_labels: BTreeMap<String, String> = baseline
+        .template_labels()
         .into_iter()
         .filter(|(k, _)| !dropped.contains(k))
         .collect();
@@ -120,7 +93,7 @@ pub fn plan(
     let pod = template
         .spec
         .as_mut()
-        .ok_or_else(|| format!("Deployment {namespace}/{baseline_name} has no pod spec"))?;
+        .ok_or_else(|| format!("{} has no pod spec", baseline.describe()))?;
     customize(&mut pod.containers, customizations, id.sandbox)?;
     for c in &mut pod.containers {
         for (name, value) in [
@@ -142,7 +115,7 @@ pub fn plan(
             labels: Some(owned_labels(id, &baseline_name)),
             annotations: Some(BTreeMap::from([(
                 annotations::BASELINE.to_owned(),
-                format!("Deployment/{namespace}/{baseline_name}"),
+                format!("{}/{namespace}/{baseline_name}", baseline.kind),
             )])),
             ..ObjectMeta::default()
         },
@@ -693,8 +666,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn baseline() -> Deployment {
-        serde_json::from_value(json!({
+    fn baseline() -> Baseline {
+        Baseline::deployment(serde_json::from_value(json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "route", "namespace": "hotrod", "uid": "u1", "resourceVersion": "7"},
             "spec": {
@@ -711,7 +684,7 @@ mod tests {
             },
             "status": {"readyReplicas": 3}
         }))
-        .unwrap()
+        .unwrap())
     }
 
     fn service(name: &str, selector: serde_json::Value, ports: serde_json::Value) -> Service {

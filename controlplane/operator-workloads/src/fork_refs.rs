@@ -3,14 +3,13 @@
 //! sandbox Services are made from), and written into the fork as a literal, so the fork does
 //! not wait for the other fork to exist: the name of its Service is known before it is made.
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use kube::{Api, Client, ResourceExt};
 use spur_api::sandbox::{Customizations, expression};
-use spur_api::{WorkloadKind, WorkloadRef, names};
+use spur_api::{WorkloadRef, names};
 
 use crate::Error;
-use crate::fork::selecting_services;
+use crate::baseline::Baseline;
 
 /// `c` with every `valueFrom.fork` rendered for a fork in namespace `ns` of `sandbox`, given
 /// the Services of `ns` (read again for a baseline elsewhere); `Ok(Err)` is a message for the
@@ -38,15 +37,11 @@ async fn lookup(
     ns: &str,
     services: &[Service],
 ) -> Result<Result<ForkTarget, String>, Error> {
-    if baseline.kind != WorkloadKind::Deployment {
-        return Ok(Err(format!(
-            "forks of a {} have no address yet; only Deployments'",
-            baseline.kind
-        )));
-    }
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &baseline.namespace);
-    let Some(d) = deployments.get_opt(&baseline.name).await? else {
-        return Ok(Err(format!("{baseline} not found")));
+    let d = match crate::baseline::read(client, baseline.kind, &baseline.namespace, &baseline.name)
+        .await?
+    {
+        Ok(d) => d,
+        Err((_, message)) => return Ok(Err(message)),
     };
     let elsewhere;
     let services = if baseline.namespace == ns {
@@ -84,16 +79,19 @@ pub(crate) fn referenced(c: &Customizations) -> Vec<&WorkloadRef> {
 /// namespace; the error is a message for the user.
 pub(crate) fn target(
     sandbox: &str,
-    baseline: &Deployment,
+    baseline: &Baseline,
     services: &[Service],
 ) -> Result<ForkTarget, String> {
-    let ns = baseline.namespace().unwrap_or_default();
-    let name = baseline.name_any();
-    let first = selecting_services(baseline, services)
+    let ns = baseline.namespace();
+    let first = baseline
+        .selecting(services)
         .into_iter()
         .next()
         .ok_or_else(|| {
-            format!("no Service selects Deployment {ns}/{name}, so its fork has no address")
+            format!(
+                "no Service selects {}, so its fork has no address",
+                baseline.describe()
+            )
         })?;
     let port = first
         .spec
@@ -142,6 +140,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use serde_json::json;
+    use spur_api::WorkloadKind;
 
     fn customizations() -> Customizations {
         serde_json::from_value(json!({"env": [
@@ -156,14 +155,16 @@ mod tests {
         .unwrap()
     }
 
-    fn deployment() -> Deployment {
-        serde_json::from_value(json!({
-            "metadata": {"name": "route", "namespace": "hotrod"},
-            "spec": {"selector": {"matchLabels": {"app": "route"}},
-                     "template": {"metadata": {"labels": {"app": "route"}},
-                                  "spec": {"containers": [{"name": "route"}]}}}
-        }))
-        .unwrap()
+    fn deployment() -> Baseline {
+        Baseline::deployment(
+            serde_json::from_value(json!({
+                "metadata": {"name": "route", "namespace": "hotrod"},
+                "spec": {"selector": {"matchLabels": {"app": "route"}},
+                         "template": {"metadata": {"labels": {"app": "route"}},
+                                      "spec": {"containers": [{"name": "route"}]}}}
+            }))
+            .unwrap(),
+        )
     }
 
     fn service(name: &str, app: &str, port: i32) -> Service {

@@ -17,6 +17,7 @@ use kube::{Api, Resource, ResourceExt};
 use spur_api::keys::labels;
 use spur_api::{ForkedWorkload, ForkedWorkloadStatus};
 
+use crate::baseline::Baseline;
 use crate::context::{OWNER, Term, WorkloadsContext};
 use crate::fork::{ForkPlan, deployment_ready};
 use crate::{Error, FINALIZER};
@@ -95,7 +96,7 @@ async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Term) -> Result<Action, Erro
     let ready = deployment_ready(&applied);
     let sidecars = sidecar_coverage(fw, &baseline, ns, ctx).await?;
     write_status(fw, ns, ctx, |st| {
-        status::observed(st, fw, ns, mappings, &baseline, sidecars, ready);
+        status::observed(st, fw, ns, mappings, &baseline.workload, sidecars, ready);
     })
     .await?;
     Ok(Action::requeue(RESYNC))
@@ -109,16 +110,14 @@ async fn build(
     ns: &str,
     name: &str,
     ctx: &Term,
-) -> Result<Result<(Deployment, ForkPlan), Failure>, Error> {
+) -> Result<Result<(Baseline, ForkPlan), Failure>, Error> {
     if let Err(failure) = desired::check(fw, ns) {
         return Ok(Err(failure));
     }
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
-    let Some(baseline) = deployments.get_opt(&fw.spec.baseline.name).await? else {
-        return Ok(Err((
-            "BaselineNotFound",
-            format!("Deployment {ns}/{} not found", fw.spec.baseline.name),
-        )));
+    let b = &fw.spec.baseline;
+    let baseline = match crate::baseline::read(&ctx.client, b.kind, ns, &b.name).await? {
+        Ok(baseline) => baseline,
+        Err(failure) => return Ok(Err(failure)),
     };
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
     let all = services
@@ -159,7 +158,7 @@ async fn build(
 /// each gets a Warning event when it is first seen without one.
 async fn sidecar_coverage(
     fw: &ForkedWorkload,
-    baseline: &Deployment,
+    baseline: &Baseline,
     ns: &str,
     ctx: &WorkloadsContext,
 ) -> Result<Option<spur_api::SidecarCoverage>, Error> {
@@ -167,7 +166,15 @@ async fn sidecar_coverage(
         .status
         .as_ref()
         .and_then(|s| s.baseline_sidecars.as_ref());
-    coverage_of(&fw.name_any(), &fw.spec.sandbox, before, baseline, ns, ctx).await
+    coverage_of(
+        &fw.name_any(),
+        &fw.spec.sandbox,
+        before,
+        &baseline.workload,
+        ns,
+        ctx,
+    )
+    .await
 }
 
 /// [`sidecar_coverage`] for any sandbox workload `owner` (its name, for the metric) of

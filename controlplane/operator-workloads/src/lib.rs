@@ -14,6 +14,7 @@
 //! Deletion never relies on the garbage collector: every owner carries a finalizer and deletes
 //! its children itself (owner references are set too, for `kubectl` and a cluster's GC).
 
+pub mod baseline;
 mod context;
 pub mod controllers;
 pub mod external;

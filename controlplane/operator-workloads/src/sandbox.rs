@@ -7,7 +7,6 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -20,8 +19,7 @@ use spur_api::keys::labels;
 use spur_api::routingconfig::{SandboxedKind, SandboxedWorkloadRef};
 use spur_api::sandbox::{ForkStatus, LocalStatus, ResourceStatusSummary, VirtualStatus};
 use spur_api::{
-    ExternalWorkload, ForkedWorkload, RoutingConfig, Sandbox, SandboxStatus, VirtualWorkload,
-    WorkloadKind, names,
+    ExternalWorkload, ForkedWorkload, RoutingConfig, Sandbox, SandboxStatus, VirtualWorkload, names,
 };
 
 use crate::context::OWNER;
@@ -291,7 +289,7 @@ async fn prune_removed(
 /// The Ready reasons of a failed [`check`].
 const CHECK_FAILURES: [&str; 6] = [
     "Invalid",
-    "Unsupported",
+    "InvalidBaseline",
     "BaselineNotFound",
     "InvalidCustomization",
     "InvalidResource",
@@ -348,25 +346,13 @@ async fn check(
     }
     for (i, fork) in sb.spec.forks.iter().enumerate() {
         let b = &fork.fork_of;
-        if b.kind != WorkloadKind::Deployment {
-            return Ok(Err((
-                "Unsupported",
-                format!(
-                    "forks[{i}]: forking a {} is not supported yet; only Deployments are",
-                    b.kind
-                ),
-            )));
-        }
-        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &b.namespace);
-        let Some(baseline) = deployments.get_opt(&b.name).await? else {
-            return Ok(Err((
-                "BaselineNotFound",
-                format!(
-                    "forks[{i}]: Deployment {}/{} not found",
-                    b.namespace, b.name
-                ),
-            )));
-        };
+        let baseline =
+            match crate::baseline::read(&ctx.client, b.kind, &b.namespace, &b.name).await? {
+                Ok(baseline) => baseline,
+                Err((reason, message)) => {
+                    return Ok(Err((reason, format!("forks[{i}]: {message}"))));
+                }
+            };
         let services: Vec<Service> = Api::<Service>::namespaced(ctx.client.clone(), &b.namespace)
             .list(&crate::fork::baseline_services())
             .await?

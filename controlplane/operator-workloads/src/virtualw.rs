@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use spur_api::VirtualWorkload;
@@ -32,10 +31,9 @@ pub(crate) async fn reconcile(
     let spec = &vw.spec;
     let baseline = match status::check(&vw, &ns) {
         Err(verdict) => Err(verdict),
-        Ok(()) => Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
-            .get_opt(&spec.baseline.name)
+        Ok(()) => crate::baseline::read(&ctx.client, spec.baseline.kind, &ns, &spec.baseline.name)
             .await?
-            .ok_or_else(|| status::baseline_not_found(&vw, &ns)),
+            .map_err(|(reason, message)| status::Verdict::not_ready(reason, message)),
     };
     let old = vw.status.clone().unwrap_or_default();
     let (st, verdict) = match baseline {
@@ -46,12 +44,12 @@ pub(crate) async fn reconcile(
                 &vw.name_any(),
                 &spec.sandbox,
                 before,
-                &baseline,
+                &baseline.workload,
                 &ns,
                 ctx.as_ref(),
             )
             .await?;
-            status::status(&vw, &ns, &old, Ok((&baseline, coverage)))
+            status::status(&vw, &ns, &old, Ok((&baseline.workload, coverage)))
         }
     };
     let api: Api<VirtualWorkload> = Api::namespaced(ctx.client.clone(), &ns);

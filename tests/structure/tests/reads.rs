@@ -101,6 +101,7 @@ const DIRECT_READS: &[(&str, &str, &str)] = &[
     ("controlplane/operator-resources/src/olm.rs", "reconcile", NOT_YET),
     ("controlplane/operator-resources/src/olm.rs", "stop", NOT_YET),
     // Workloads: baselines are the users'; a name the fork would take may be someone else's.
+    ("controlplane/operator-workloads/src/baseline.rs", "read", USER_OBJECT),
     ("controlplane/operator-workloads/src/external.rs", "apply", USER_OBJECT),
     ("controlplane/operator-workloads/src/external.rs", "collect_dead_tunnels", NOT_A_PASS),
     ("controlplane/operator-workloads/src/external.rs", "delete_children", FINAL),
@@ -115,7 +116,6 @@ const DIRECT_READS: &[(&str, &str, &str)] = &[
     // Both the prune of removed workloads on every pass (watch cache) and the final one.
     ("controlplane/operator-workloads/src/sandbox.rs", "prune", FINAL),
     ("controlplane/operator-workloads/src/sandbox.rs", "routes_end", FINAL),
-    ("controlplane/operator-workloads/src/virtualw.rs", "reconcile", USER_OBJECT),
     // xDS: which config holds a node id is decided across tenants' configs; revisions are
     // immutable history that decides what is published.
     ("controlplane/operator-xds/src/envoyconfig/node_id.rs", "admission", NOT_A_PASS),

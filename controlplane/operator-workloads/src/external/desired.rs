@@ -3,7 +3,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Service, ServicePort as K8sServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -12,6 +11,8 @@ use spur_api::keys::{annotations, labels};
 use spur_api::tunnel::Session;
 use spur_api::workloads::TunnelPort;
 use spur_api::{ExternalWorkload, ServiceMapping, ServicePort, names};
+
+use crate::baseline::Baseline;
 
 /// `endpointslice.kubernetes.io/managed-by` of the slices the operator writes.
 const SLICE_MANAGER: &str = "spur-operator.spur.dev";
@@ -38,7 +39,7 @@ struct Tunnel<'a> {
 /// namespace, and the tunnel `session` (if any) at time `now`.
 pub fn plan(
     ew: &ExternalWorkload,
-    baseline: &Deployment,
+    baseline: &Baseline,
     services: &[Service],
     session: Option<&Session>,
     now: i64,
@@ -54,13 +55,14 @@ pub fn plan(
             .unwrap_or_default(),
     };
     let containers = baseline
+        .workload
         .spec
         .as_ref()
         .and_then(|s| s.template.spec.as_ref())
         .map(|s| s.containers.clone())
         .unwrap_or_default();
     let mut out = Vec::new();
-    for svc in crate::fork::selecting_services(baseline, services) {
+    for svc in baseline.selecting(services) {
         let svc_name = svc.name_any();
         let name = names::sandbox_service_name(&ew.spec.sandbox, &svc_name);
         let ports = mapped_ports(svc, &containers, &mapped);
@@ -254,14 +256,14 @@ pub(super) mod tests {
         .unwrap()
     }
 
-    pub(in crate::external) fn baseline() -> Deployment {
-        serde_json::from_value(json!({
+    pub(in crate::external) fn baseline() -> Baseline {
+        Baseline::deployment(serde_json::from_value(json!({
             "metadata": {"name": "api", "namespace": "shop"},
             "spec": {"selector": {"matchLabels": {"app": "api"}},
                      "template": {"metadata": {"labels": {"app": "api"}},
                                   "spec": {"containers": [{"name": "api", "image": "api", "ports": [{"name": "http", "containerPort": 8080}, {"name": "admin", "containerPort": 9000}]}]}}}
         }))
-        .unwrap()
+        .unwrap())
     }
 
     pub(in crate::external) fn services() -> Vec<Service> {

@@ -9,33 +9,9 @@ use kube::{Resource, ResourceExt};
 use spur_api::conditions::{ConditionStatus, READY, set_now};
 use spur_api::tunnel::Session;
 use spur_api::workloads::TunnelStatus;
-use spur_api::{ExternalWorkload, ExternalWorkloadStatus, ServiceMapping, WorkloadKind};
+use spur_api::{ExternalWorkload, ExternalWorkloadStatus, ServiceMapping};
 
 use super::{Plan, RESYNC, TUNNEL_CONNECTED};
-
-/// Why an ExternalWorkload cannot be built: the reason and message of its conditions.
-pub(super) type Failure = (&'static str, String);
-
-/// Refuses a baseline of a kind that cannot have a local stand-in yet.
-pub(super) fn unsupported(ew: &ExternalWorkload) -> Option<Failure> {
-    (ew.spec.baseline.kind != WorkloadKind::Deployment).then(|| {
-        (
-            "Unsupported",
-            format!(
-                "a local stand-in for a {} is not supported yet; only Deployments are",
-                ew.spec.baseline.kind
-            ),
-        )
-    })
-}
-
-/// The failure of a baseline Deployment that does not exist.
-pub(super) fn baseline_not_found(ns: &str, name: &str) -> Failure {
-    (
-        "BaselineNotFound",
-        format!("Deployment {ns}/{name} not found"),
-    )
-}
 
 /// The status of an ExternalWorkload that cannot be built (its children are gone).
 pub(super) fn failed(
@@ -182,7 +158,7 @@ mod tests {
         let p = plan(&ew, &baseline, &services(), session, now);
         let mappings = p.services.iter().map(|(_, m, _)| m.clone()).collect();
         let mut st = ExternalWorkloadStatus::default();
-        observed(&mut st, &ew, &baseline, mappings, session, &p);
+        observed(&mut st, &ew, &baseline.workload, mappings, session, &p);
         st
     }
 
@@ -224,7 +200,7 @@ mod tests {
         ew.spec.mappings[0].port = 7000;
         let p = plan(&ew, &baseline, &services(), None, 105);
         let mut st = ExternalWorkloadStatus::default();
-        observed(&mut st, &ew, &baseline, Vec::new(), None, &p);
+        observed(&mut st, &ew, &baseline.workload, Vec::new(), None, &p);
         assert_eq!(reason(&st, READY), ("False", "NoServices"));
     }
 
@@ -236,18 +212,6 @@ mod tests {
         for t in [TUNNEL_CONNECTED, READY] {
             assert_eq!(reason(&st, t), ("False", "BaselineNotFound"));
         }
-    }
-
-    #[test]
-    fn only_deployments_have_stand_ins() {
-        assert!(unsupported(&ew()).is_none());
-        let mut sts = ew();
-        sts.spec.baseline.kind = WorkloadKind::Rollout;
-        assert_eq!(unsupported(&sts).unwrap().0, "Unsupported");
-        assert_eq!(
-            baseline_not_found("shop", "api"),
-            ("BaselineNotFound", "Deployment shop/api not found".into())
-        );
     }
 
     #[test]

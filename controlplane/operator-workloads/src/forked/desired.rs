@@ -7,28 +7,20 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
+use spur_api::ForkedWorkload;
 use spur_api::keys::labels;
 use spur_api::sandbox::Customizations;
-use spur_api::{ForkedWorkload, WorkloadKind};
 
+use crate::baseline::Baseline;
 use crate::fork::{ForkId, ForkPlan, plan};
 
 /// Why a fork cannot be built: the reason and message of its Ready condition.
 pub(super) type Failure = (&'static str, String);
 
-/// Refuses what no baseline read can fix: a kind that cannot be forked yet, or a baseline
-/// outside the ForkedWorkload's namespace `ns`.
+/// Refuses what no baseline read can fix: a baseline outside the ForkedWorkload's namespace
+/// `ns`.
 pub(super) fn check(fw: &ForkedWorkload, ns: &str) -> Result<(), Failure> {
     let spec = &fw.spec;
-    if spec.baseline.kind != WorkloadKind::Deployment {
-        return Err((
-            "Unsupported",
-            format!(
-                "forking a {} is not supported yet; only Deployments are",
-                spec.baseline.kind
-            ),
-        ));
-    }
     if spec.baseline.namespace != ns {
         return Err((
             "InvalidBaseline",
@@ -46,7 +38,7 @@ pub(super) fn check(fw: &ForkedWorkload, ns: &str) -> Result<(), Failure> {
 pub(super) fn fork_plan(
     fw: &ForkedWorkload,
     name: &str,
-    baseline: &Deployment,
+    baseline: &Baseline,
     customizations: &Customizations,
     services: &[Service],
     policy: &crate::ForkPolicy,
@@ -136,6 +128,7 @@ pub(super) fn name_conflict(taken: &[String]) -> Option<Failure> {
 pub(super) mod tests {
     #![allow(clippy::unwrap_used)]
     use serde_json::json;
+    use spur_api::WorkloadKind;
 
     use super::*;
 
@@ -174,7 +167,7 @@ pub(super) mod tests {
         fork_plan(
             &fw,
             "sb-api",
-            &baseline(),
+            &Baseline::deployment(baseline()),
             &fw.spec.customizations,
             &services(),
             &crate::ForkPolicy::default(),
@@ -194,12 +187,12 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn only_deployments_in_the_own_namespace_are_forked() {
+    fn only_baselines_in_the_own_namespace_are_forked() {
         assert_eq!(check(&fw(), "shop"), Ok(()));
         assert_eq!(check(&fw(), "other").unwrap_err().0, "InvalidBaseline");
         let mut rollout = fw();
         rollout.spec.baseline.kind = WorkloadKind::Rollout;
-        assert_eq!(check(&rollout, "shop").unwrap_err().0, "Unsupported");
+        assert_eq!(check(&rollout, "shop"), Ok(()));
     }
 
     #[test]
@@ -237,7 +230,7 @@ pub(super) mod tests {
         let e = fork_plan(
             &fw,
             "sb-api",
-            &baseline(),
+            &Baseline::deployment(baseline()),
             &fw.spec.customizations,
             &services(),
             &crate::ForkPolicy::default(),

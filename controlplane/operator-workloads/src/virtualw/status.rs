@@ -3,7 +3,7 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{Resource, ResourceExt};
 use spur_api::conditions::{ConditionStatus, READY, set_now};
-use spur_api::{SidecarCoverage, VirtualWorkload, VirtualWorkloadStatus, WorkloadKind};
+use spur_api::{SidecarCoverage, VirtualWorkload, VirtualWorkloadStatus};
 
 /// The Ready condition of a VirtualWorkload: its status, reason and message.
 #[derive(Debug, Clone, PartialEq)]
@@ -14,7 +14,7 @@ pub(super) struct Verdict {
 }
 
 impl Verdict {
-    fn not_ready(reason: &'static str, message: String) -> Self {
+    pub(super) fn not_ready(reason: &'static str, message: String) -> Self {
         Verdict {
             status: ConditionStatus::False,
             reason,
@@ -23,19 +23,10 @@ impl Verdict {
     }
 }
 
-/// Refuses a baseline that cannot stand in a sandbox virtually: a kind other than a Deployment,
-/// or one outside the VirtualWorkload's namespace `ns`.
+/// Refuses a baseline that cannot stand in a sandbox virtually: one outside the
+/// VirtualWorkload's namespace `ns`.
 pub(super) fn check(vw: &VirtualWorkload, ns: &str) -> Result<(), Verdict> {
     let spec = &vw.spec;
-    if spec.baseline.kind != WorkloadKind::Deployment {
-        return Err(Verdict::not_ready(
-            "Unsupported",
-            format!(
-                "a virtual workload of a {} is not supported yet; only Deployments are",
-                spec.baseline.kind
-            ),
-        ));
-    }
     if spec.baseline.namespace != ns {
         return Err(Verdict::not_ready(
             "InvalidBaseline",
@@ -46,14 +37,6 @@ pub(super) fn check(vw: &VirtualWorkload, ns: &str) -> Result<(), Verdict> {
         ));
     }
     Ok(())
-}
-
-/// The verdict on a baseline Deployment that does not exist.
-pub(super) fn baseline_not_found(vw: &VirtualWorkload, ns: &str) -> Verdict {
-    Verdict::not_ready(
-        "BaselineNotFound",
-        format!("Deployment {ns}/{} not found", vw.spec.baseline.name),
-    )
 }
 
 /// The status of `vw` in `ns` (its current one `old`) given its `baseline` with the sidecar
@@ -120,6 +103,7 @@ pub(super) fn warns(changed: bool, verdict: &Verdict, old: &VirtualWorkloadStatu
 mod tests {
     #![allow(clippy::unwrap_used)]
     use serde_json::json;
+    use spur_api::WorkloadKind;
     use spur_api::conditions::find_condition;
 
     use super::*;
@@ -186,7 +170,7 @@ mod tests {
             &VirtualWorkloadStatus::default(),
             Ok((&base, Some(SidecarCoverage::new(1, 1, 1)))),
         );
-        let (st, verdict) = status(&vw, "shop", &ready, Err(baseline_not_found(&vw, "shop")));
+        let (st, verdict) = status(&vw, "shop", &ready, Err(not_found(&vw)));
         assert_eq!(ready_condition(&st), ("False", "BaselineNotFound"));
         assert_eq!(verdict.message, "Deployment shop/api not found");
         assert!(st.baseline.is_none() && st.baseline_sidecars.is_none());
@@ -194,12 +178,17 @@ mod tests {
         assert!(!warns(true, &verdict, &ready));
     }
 
+    fn not_found(vw: &VirtualWorkload) -> Verdict {
+        let (reason, message) = crate::baseline::not_found(vw.spec.baseline.kind, "shop", "api");
+        Verdict::not_ready(reason, message)
+    }
+
     #[test]
-    fn only_deployments_in_the_own_namespace_stand_in_virtually() {
+    fn only_baselines_in_the_own_namespace_stand_in_virtually() {
         assert_eq!(check(&vw(), "shop"), Ok(()));
         assert_eq!(check(&vw(), "other").unwrap_err().reason, "InvalidBaseline");
         let mut rollout = vw();
         rollout.spec.baseline.kind = WorkloadKind::Rollout;
-        assert_eq!(check(&rollout, "shop").unwrap_err().reason, "Unsupported");
+        assert_eq!(check(&rollout, "shop"), Ok(()));
     }
 }

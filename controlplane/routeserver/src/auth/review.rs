@@ -270,7 +270,7 @@ impl Kube {
     ///
     /// A fork's pod (label `spur.dev/fork`) whose Deployment a ForkedWorkload controls reads the
     /// rules of the baseline that Deployment forks (its `spur.dev/baseline` annotation, which
-    /// must name a Deployment of the pod's own namespace): its sidecar relays Kafka records by
+    /// must name a Deployment or Rollout of the pod's own namespace): its sidecar relays Kafka records by
     /// the baseline's routes (docs/async.md). Anything else about a fork, or a Deployment that
     /// merely carries the label or the annotation, reads as before, its own Deployment's rules.
     /// Within a namespace this grants nothing new: whoever may create workloads there can
@@ -304,7 +304,7 @@ impl Kube {
         Ok(
             match deployment.as_ref().and_then(spur_api::forkof::fork_of) {
                 Some(fork) => review::Baseline {
-                    kind: "Deployment",
+                    kind: fork.kind.routes_api_kind(),
                     namespace: baseline.namespace,
                     name: fork.baseline,
                 },
