@@ -82,7 +82,10 @@ SPUR_KUBE_BINDIR="$(tests/kube/build.sh | tail -n 1)"
 SPUR_GO_BINDIR="$(tests/go/build.sh | tail -n 1)"
 # The Kafka broker's jars and the Java client harness (about a minute on a fresh machine).
 SPUR_KAFKA_DIR="$(tests/kafka/fetch.sh | tail -n 1)"
-export SPUR_KUBE_BINDIR SPUR_GO_BINDIR SPUR_KAFKA_DIR
+# The Argo Rollouts controller the node tier runs (about 8 minutes on a fresh machine, cached
+# beside Kubernetes'; tests/argo/README.md).
+SPUR_ARGO_DIR="$(tests/argo/build.sh "${XDG_CACHE_HOME:-$HOME/.cache}/spur/argo" | tail -n 1)"
+export SPUR_KUBE_BINDIR SPUR_GO_BINDIR SPUR_KAFKA_DIR SPUR_ARGO_DIR
 
 # The node tier: one node for the whole run, shared by every node test, with Spur's image built
 # from this checkout's binaries. A node left by a killed run is removed first; this one goes when

@@ -320,6 +320,45 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// The real Argo Rollouts controller (`rollouts-controller`) and its manifests under
+/// `argo-rollouts/` (tests/argo/README.md): `SPUR_ARGO_DIR` (tests/run.sh builds them before the
+/// tests), or else `tests/argo/build.sh` run once per process into the cache it shares with
+/// other checkouts (`~/.cache/spur/argo`; a current build is reused without calling Go).
+pub fn argo_dir() -> &'static std::path::Path {
+    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        if let Some(dir) = std::env::var_os("SPUR_ARGO_DIR") {
+            return Ok(PathBuf::from(dir));
+        }
+        let cache = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .ok_or("neither XDG_CACHE_HOME nor HOME is set")?;
+        let out = cache.join("spur").join("argo");
+        let script = repo_root().join("tests/argo/build.sh");
+        let res = std::process::Command::new("bash")
+            .arg(&script)
+            .arg(&out)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+        if !res.status.success() {
+            return Err(format!(
+                "{} failed ({}); Go and access to the Go module proxy are required for the node tier's Argo Rollouts step:\n{}{}",
+                script.display(),
+                res.status,
+                String::from_utf8_lossy(&res.stdout),
+                String::from_utf8_lossy(&res.stderr)
+            ));
+        }
+        Ok(out)
+    });
+    match built {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// The directory holding the Go test tools (`sdroutes`, `routesapi-watch`, `h2spec`):
 /// `SPUR_GO_BINDIR` (tests/run.sh builds them before the tests), or else `tests/go/build.sh` run
 /// once per process.

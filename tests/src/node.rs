@@ -208,21 +208,9 @@ impl Node {
     /// `kubectl <args>` in the background, its stdout into `out` (stderr too): for `logs -f` and
     /// long `exec`s. The caller kills it (or waits for it); [`Background`] does so on drop.
     pub fn kubectl_spawn(&self, args: &[&str], out: &Path) -> anyhow::Result<Background> {
-        let file =
-            std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
-        let err = file.try_clone()?;
-        let child = self
-            .kubectl_cmd()
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(err)
-            .spawn()
-            .with_context(|| format!("running kubectl {args:?}"))?;
-        Ok(Background {
-            child,
-            out: out.to_path_buf(),
-        })
+        let mut cmd = self.kubectl_cmd();
+        cmd.args(args);
+        Background::spawn(cmd, out).with_context(|| format!("running kubectl {args:?}"))
     }
 
     fn kubectl_cmd(&self) -> Command {
@@ -501,13 +489,31 @@ spec:
     }
 }
 
-/// A background `kubectl` ([`Node::kubectl_spawn`]), killed on drop.
+/// A background process on the host ([`Node::kubectl_spawn`], [`Background::spawn`]), killed on
+/// drop.
 pub struct Background {
     child: Child,
     pub out: PathBuf,
 }
 
 impl Background {
+    /// Runs `cmd` on the host in the background, its stdout and stderr into `out`.
+    pub fn spawn(mut cmd: Command, out: &Path) -> anyhow::Result<Self> {
+        let file =
+            std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
+        let err = file.try_clone()?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {cmd:?}"))?;
+        Ok(Background {
+            child,
+            out: out.to_path_buf(),
+        })
+    }
+
     /// Waits up to `limit` for it to exit; `true` if it did (its output is then complete).
     pub fn wait(&mut self, limit: Duration) -> anyhow::Result<bool> {
         let deadline = Instant::now() + limit;

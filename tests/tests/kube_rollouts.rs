@@ -19,7 +19,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use spur_api::conditions::{READY, find_condition, is_condition_true};
 use spur_api::keys::{annotations, labels};
-use spur_api::{Sandbox, WorkloadKind, WorkloadRef, names};
+use spur_api::{ExternalWorkload, Sandbox, VirtualWorkload, WorkloadKind, WorkloadRef, names};
 use spur_e2e::kube as kube_rbac;
 use spur_e2e::kube::control_plane::ControlPlane;
 use spur_e2e::kube::eventually;
@@ -48,15 +48,18 @@ spec:
         openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
 "#;
 
-fn rollouts(client: &Client) -> Api<DynamicObject> {
-    let ar = ApiResource {
+fn rollout_resource() -> ApiResource {
+    ApiResource {
         group: "argoproj.io".into(),
         version: "v1alpha1".into(),
         api_version: "argoproj.io/v1alpha1".into(),
         kind: "Rollout".into(),
         plural: "rollouts".into(),
-    };
-    Api::namespaced_with(client.clone(), NS, &ar)
+    }
+}
+
+fn rollouts(client: &Client) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), NS, &rollout_resource())
 }
 
 fn container(name: &str, port: u16, origin: &str) -> serde_json::Value {
@@ -139,10 +142,9 @@ async fn served_by(sidecar: &Sidecar, key: Option<&str>) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollouts_are_forked_as_deployments_and_never_written() {
-    let cp = ControlPlane::start().await;
+    let cp = ControlPlane::start_with_crds(&[ROLLOUT_CRD]).await;
     let admin = cp.client();
     kube_rbac::ensure_namespace(&admin, NS).await.unwrap();
-    cp.api.install_crd_yaml(ROLLOUT_CRD).await.unwrap();
     let apps = CancellationToken::new();
     let baseline_app = spawn_app(AppKind::Http, "web-baseline", apps.clone()).await;
     let fork_app = spawn_app(AppKind::Http, "web-fork", apps.clone()).await;
@@ -166,13 +168,23 @@ async fn rollouts_are_forked_as_deployments_and_never_written() {
     .await;
     for (name, selector) in [
         ("web", json!({"app": "web"})),
-        ("web-stable", json!({"app": "web", HASH: "5f8c"})),
-        ("web-canary", json!({"app": "web", HASH: "7d9a"})),
         ("web-canary-role", json!({"app": "web", "role": "canary"})),
         ("legacy", json!({"app": "legacy"})),
     ] {
         create(&services, service(name, selector)).await;
     }
+    // As Argo leaves the strategy's Services: its annotation, and a ReplicaSet's hash.
+    for (name, hash) in [("web-stable", "5f8c"), ("web-canary", "7d9a")] {
+        let mut svc = service(name, json!({"app": "web", HASH: hash}));
+        svc["metadata"]["annotations"] =
+            json!({"argo-rollouts.argoproj.io/managed-by-rollouts": "web"});
+        create(&services, svc).await;
+    }
+    // Another Rollout's Service on the same app label is not web's.
+    let mut theirs = service("api-stable", json!({"app": "web", HASH: "0e1f"}));
+    theirs["metadata"]["annotations"] =
+        json!({"argo-rollouts.argoproj.io/managed-by-rollouts": "api"});
+    create(&services, theirs).await;
     // A Deployment of the same name (another team's, another app): a Rollout baseline is never
     // read as it.
     create(
@@ -283,6 +295,58 @@ async fn rollouts_are_forked_as_deployments_and_never_written() {
         rollout.resource_version()
     );
 
+    // A local and a virtual workload of the Rollout (the objects a Sandbox's `local` and
+    // `virtual` make): sandbox Services for its Services, pointing at the tunnel proxy once the
+    // workstation connects; the Rollout observed.
+    let ews: Api<ExternalWorkload> = Api::namespaced(admin.clone(), NS);
+    let local = ews
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "spur.dev/v1alpha1", "kind": "ExternalWorkload",
+                "metadata": {"name": "ro-laptop", "namespace": NS},
+                "spec": {"sandbox": "ro-local", "routingKey": "k-local", "name": "laptop",
+                         "workstation": "alice",
+                         "baseline": {"kind": "Rollout", "namespace": NS, "name": "web"},
+                         "mappings": [{"port": baseline_app.port(), "toLocal": "localhost:8080"}]}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let observed = eventually("the local workload of the Rollout", || async {
+        let st = ews.get(&local.name_any()).await.unwrap().status?;
+        let ready = find_condition(&st.conditions, READY)?;
+        (ready.reason == "NoTunnel" && st.services.len() == 4).then_some(st)
+    })
+    .await;
+    assert_eq!(
+        observed.baseline.map(|b| b.uid),
+        rollout.metadata.uid.clone()
+    );
+    let vws: Api<VirtualWorkload> = Api::namespaced(admin.clone(), NS);
+    create(
+        &vws,
+        json!({"apiVersion": "spur.dev/v1alpha1", "kind": "VirtualWorkload",
+            "metadata": {"name": "ro-virtual", "namespace": NS},
+            "spec": {"sandbox": "ro-virtual", "routingKey": "k-virtual", "name": "web",
+                     "baseline": {"kind": "Rollout", "namespace": NS, "name": "web"}}}),
+    )
+    .await;
+    eventually("the virtual workload of the Rollout", || async {
+        let st = vws.get("ro-virtual").await.unwrap().status?;
+        let ready = find_condition(&st.conditions, READY)?;
+        // No pod of the Rollout runs here (no kubelet): observed, with no sidecar to act.
+        (ready.reason == "NoSidecar" && st.baseline?.uid == rollout.uid()?).then_some(())
+    })
+    .await;
+    ews.delete("ro-laptop", &DeleteParams::default())
+        .await
+        .unwrap();
+    vws.delete("ro-virtual", &DeleteParams::default())
+        .await
+        .unwrap();
+
     // A new template reaches the fork at once (the Rollout watch; the resync is 5 minutes).
     ro.patch(
         "web",
@@ -388,11 +452,24 @@ async fn rollouts_are_forked_as_deployments_and_never_written() {
 /// there: a developer with rights only in another namespace is refused by the API server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_developer_of_another_namespace_cannot_fork_a_rollout() {
-    let cp = ControlPlane::start().await;
+    let cp = ControlPlane::start_with_crds(&[ROLLOUT_CRD]).await;
     let admin = cp.client();
     kube_rbac::ensure_namespace(&admin, NS).await.unwrap();
     kube_rbac::ensure_namespace(&admin, "team-b").await.unwrap();
-    cp.api.install_crd_yaml(ROLLOUT_CRD).await.unwrap();
+    // A Rollout `web` in both namespaces: the refusal is about whose namespace, not a missing
+    // object.
+    for ns in [NS, "team-b"] {
+        let ro: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, &rollout_resource());
+        create(
+            &ro,
+            json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
+                "metadata": {"name": "web", "namespace": ns},
+                "spec": {"selector": {"matchLabels": {"app": "web"}},
+                    "template": {"metadata": {"labels": {"app": "web"}},
+                                 "spec": {"containers": [container("web", 8080, ns)]}}}}),
+        )
+        .await;
+    }
     let objects = kube_rbac::helm_template(&[]).await.unwrap();
     kube_rbac::install_rendered_policy(&admin, &objects, "spur-sandbox-creator-rights")
         .await
@@ -433,6 +510,9 @@ async fn a_developer_of_another_namespace_cannot_fork_a_rollout() {
         .unwrap();
     let dev: Api<Sandbox> = Api::all(cp.api.client_with_token(&token).await.unwrap());
     let sb: Sandbox = serde_json::from_value(sandbox("theirs", "Rollout", "web")).unwrap();
+    let mut own = sb.clone();
+    own.metadata.name = Some("own".into());
+    own.spec.forks[0].fork_of.namespace = "team-b".into();
     // The API server loads a new policy asynchronously: probe with dry runs until it refuses.
     let dry = PostParams {
         dry_run: true,
@@ -442,6 +522,8 @@ async fn a_developer_of_another_namespace_cannot_fork_a_rollout() {
         dev.create(&dry, &sb).await.is_err().then_some(())
     })
     .await;
+    // Their own namespace's Rollout they may fork.
+    dev.create(&dry, &own).await.unwrap();
     let Err(kube::Error::Api(denial)) = dev.create(&PostParams::default(), &sb).await else {
         panic!("a developer of team-b forked a Rollout of {NS}");
     };

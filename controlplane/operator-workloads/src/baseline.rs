@@ -26,6 +26,10 @@ use crate::Error;
 /// `previewService`). It is never in the Rollout's template.
 pub const ROLLOUT_HASH_LABEL: &str = "rollouts-pod-template-hash";
 
+/// The annotation Argo Rollouts puts on a Service it took over for a Rollout's strategy: the
+/// Rollout's name.
+pub const MANAGED_BY_ROLLOUTS: &str = "argo-rollouts.argoproj.io/managed-by-rollouts";
+
 /// Why a baseline cannot be used: the reason and message of a Ready condition.
 pub type Failure = (&'static str, String);
 
@@ -40,6 +44,9 @@ pub struct Baseline {
     /// Labels Argo adds to some of a Rollout's pods by strategy (`canaryMetadata`,
     /// `stableMetadata`, `activeMetadata`, `previewMetadata`): a Service may select on them.
     ephemeral: Vec<BTreeMap<String, String>>,
+    /// The pod-template hashes of a Rollout's current ReplicaSets (`status.stableRS`,
+    /// `status.currentPodHash`).
+    hashes: Vec<String>,
 }
 
 impl Baseline {
@@ -49,6 +56,7 @@ impl Baseline {
             kind: WorkloadKind::Deployment,
             workload,
             ephemeral: Vec::new(),
+            hashes: Vec::new(),
         }
     }
 
@@ -75,17 +83,29 @@ impl Baseline {
             .unwrap_or_default()
     }
 
-    /// Whether a Service `selector` picks this baseline's pods. For a Rollout, the pod-template
-    /// hash Argo adds to its Services (which names one ReplicaSet, stable or canary) and the
-    /// labels its strategy gives some of its pods count as the Rollout's.
-    pub fn selected_by(&self, selector: &BTreeMap<String, String>) -> bool {
+    /// Whether `svc`'s selector picks this baseline's pods: every key a label of its pod
+    /// template, of equal value. For a Rollout also the labels its strategy gives some of its
+    /// pods, and the pod-template hash Argo adds to the Services it takes over (it names one
+    /// ReplicaSet, stable or canary) when the Service is this Rollout's (Argo's annotation) or
+    /// the hash one of its current ReplicaSets'. At least one key must be a template label: the
+    /// hash or strategy labels alone could be any Rollout's.
+    pub fn selects(&self, svc: &Service) -> bool {
+        let Some(selector) = svc.spec.as_ref().and_then(|s| s.selector.as_ref()) else {
+            return false;
+        };
         let pod = self.template_labels();
-        !selector.is_empty()
+        let rollout = self.kind == WorkloadKind::Rollout;
+        let ours = || {
+            svc.annotations()
+                .get(MANAGED_BY_ROLLOUTS)
+                .map(String::as_str)
+                == self.workload.metadata.name.as_deref()
+        };
+        selector.iter().any(|(k, v)| pod.get(k) == Some(v))
             && selector.iter().all(|(k, v)| {
                 pod.get(k) == Some(v)
-                    || (self.kind == WorkloadKind::Rollout
-                        && (k == ROLLOUT_HASH_LABEL
-                            || self.ephemeral.iter().any(|m| m.get(k) == Some(v))))
+                    || (rollout && k == ROLLOUT_HASH_LABEL && (ours() || self.hashes.contains(v)))
+                    || (rollout && self.ephemeral.iter().any(|m| m.get(k) == Some(v)))
             })
     }
 
@@ -97,11 +117,7 @@ impl Baseline {
             .filter(|svc| {
                 svc.labels().get(labels::MANAGED_BY).map(String::as_str)
                     != Some(labels::MANAGED_BY_VALUE)
-                    && svc
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.selector.as_ref())
-                        .is_some_and(|sel| self.selected_by(sel))
+                    && self.selects(svc)
             })
             .collect();
         out.sort_by_key(|s| s.name_any());
@@ -201,6 +217,32 @@ struct RolloutSpec {
     strategy: Option<Strategy>,
 }
 
+/// What Spur reads of a Rollout's status: the hashes of its current ReplicaSets.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct RolloutStatus {
+    #[serde(rename = "stableRS")]
+    stable_rs: Option<String>,
+    current_pod_hash: Option<String>,
+}
+
+impl RolloutStatus {
+    /// An unreadable or missing status names no hash (Argo has not looked at it yet).
+    fn hashes(rollout: &DynamicObject) -> Vec<String> {
+        let st: RolloutStatus = rollout
+            .data
+            .get("status")
+            .and_then(|s| serde_json::from_value(s.clone()).ok())
+            .unwrap_or_default();
+        let mut out: Vec<String> = [st.stable_rs, st.current_pod_hash]
+            .into_iter()
+            .flatten()
+            .collect();
+        out.dedup();
+        out
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct WorkloadRef {
@@ -210,10 +252,11 @@ struct WorkloadRef {
 }
 
 impl WorkloadRef {
-    /// Argo itself accepts only an `apps/v1` Deployment here.
+    /// Spur reads a template from an `apps/v1` Deployment only (Argo also takes a PodTemplate
+    /// or a ReplicaSet).
     fn check(&self) -> Result<(), String> {
         let ok = self.kind.as_deref() == Some("Deployment")
-            && self.api_version.as_deref().is_none_or(|v| v == "apps/v1");
+            && self.api_version.as_deref() == Some("apps/v1");
         if ok {
             Ok(())
         } else {
@@ -337,6 +380,7 @@ fn rollout_view(
         kind: WorkloadKind::Rollout,
         workload,
         ephemeral,
+        hashes: RolloutStatus::hashes(rollout),
     })
 }
 
@@ -351,6 +395,7 @@ mod tests {
             "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
             "metadata": {"name": "web", "namespace": "shop", "uid": "u-r", "generation": 4},
             "spec": spec,
+            "status": {"stableRS": "s1", "currentPodHash": "c2", "phase": "Paused"},
         }))
         .unwrap()
     }
@@ -373,6 +418,14 @@ mod tests {
             "spec": {"selector": selector, "ports": [{"port": 80}]}
         }))
         .unwrap()
+    }
+
+    /// A Service Argo took over for Rollout `rollout`.
+    fn argo_service(name: &str, rollout: &str, selector: serde_json::Value) -> Service {
+        let mut svc = service(name, selector);
+        svc.annotations_mut()
+            .insert(MANAGED_BY_ROLLOUTS.into(), rollout.into());
+        svc
     }
 
     #[test]
@@ -405,25 +458,55 @@ mod tests {
         let services = [
             service("web", json!({"app": "web"})),
             // What Argo makes of the strategy's Services: the hash of the stable or canary
-            // ReplicaSet added to their selectors.
-            service(
+            // ReplicaSet added to their selectors, and its annotation.
+            argo_service(
                 "web-stable",
+                "web",
                 json!({"app": "web", ROLLOUT_HASH_LABEL: "s1"}),
             ),
-            service(
+            argo_service(
                 "web-canary",
+                "web",
                 json!({"app": "web", ROLLOUT_HASH_LABEL: "c2"}),
             ),
+            // Between Argo's writes: a hash not in status yet, on a Service Argo says is ours;
+            // a hash in status, on a Service without the annotation.
+            argo_service(
+                "web-next",
+                "web",
+                json!({"app": "web", ROLLOUT_HASH_LABEL: "n3"}),
+            ),
+            service("web-plain", json!({"app": "web", ROLLOUT_HASH_LABEL: "s1"})),
             service("web-role", json!({"app": "web", "role": "stable"})),
             service("other", json!({"app": "other"})),
             service("wrong-role", json!({"app": "web", "role": "blue"})),
+            // Another Rollout of the same app label: its Services are not this one's.
+            argo_service(
+                "api-stable",
+                "api",
+                json!({"app": "web", ROLLOUT_HASH_LABEL: "zz"}),
+            ),
+            service("api-plain", json!({"app": "web", ROLLOUT_HASH_LABEL: "zz"})),
+            // The hash or the strategy's labels alone could be any Rollout's.
+            argo_service("hash-only", "web", json!({ROLLOUT_HASH_LABEL: "s1"})),
+            service("role-only", json!({"role": "stable"})),
         ];
         let names: Vec<String> = b
             .selecting(&services)
             .iter()
             .map(|s| s.name_any())
             .collect();
-        assert_eq!(names, ["web", "web-canary", "web-role", "web-stable"]);
+        assert_eq!(
+            names,
+            [
+                "web",
+                "web-canary",
+                "web-next",
+                "web-plain",
+                "web-role",
+                "web-stable"
+            ]
+        );
     }
 
     #[test]
@@ -438,8 +521,9 @@ mod tests {
         let b = Baseline::deployment(d);
         let services = [
             service("web", json!({"app": "web"})),
-            service(
+            argo_service(
                 "web-stable",
+                "web",
                 json!({"app": "web", ROLLOUT_HASH_LABEL: "s1"}),
             ),
             service("everything", json!({})),
@@ -507,5 +591,11 @@ mod tests {
             bad.check().unwrap_err(),
             "its workloadRef is a apps/v1 StatefulSet, not an apps/v1 Deployment"
         );
+        let unversioned = WorkloadRef {
+            api_version: None,
+            kind: Some("Deployment".into()),
+            name: "x".into(),
+        };
+        assert!(unversioned.check().is_err());
     }
 }

@@ -287,9 +287,11 @@ async fn prune_removed(
 }
 
 /// The Ready reasons of a failed [`check`].
-const CHECK_FAILURES: [&str; 6] = [
+const CHECK_FAILURES: [&str; 7] = [
     "Invalid",
     "InvalidBaseline",
+    // Resources with the chart's `resources.enabled` off (`spur_operator_resources::check`).
+    "Unsupported",
     "BaselineNotFound",
     "InvalidCustomization",
     "InvalidResource",
@@ -632,5 +634,38 @@ mod drain_tests {
         assert_eq!(drain_left(10_000, 19_999), Some(Duration::from_millis(1)));
         assert_eq!(drain_left(10_000, 10_000 + DRAIN_MS), None);
         assert_eq!(drain_left(10_000, i64::MAX), None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    fn failed_with(reason: &str) -> Sandbox {
+        serde_json::from_value(json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "sb", "generation": 3},
+            "spec": {"forks": [{"forkOf": {"kind": "Rollout", "namespace": "shop", "name": "web"}}]},
+            "status": {"observedGeneration": 3, "conditions": [{
+                "type": "Ready", "status": "False", "reason": reason, "message": "m",
+                "observedGeneration": 3, "lastTransitionTime": "2026-11-30T00:00:00Z"}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_generation_that_failed_its_check_is_checked_again() {
+        // Every reason `check` and the resources' check give (resources.rs: `Unsupported` when
+        // the chart turns resources off) makes the next pass check again.
+        for reason in CHECK_FAILURES {
+            assert!(!checked(&failed_with(reason)), "{reason}");
+        }
+        for reason in ["Unsupported", "InvalidBaseline", "BaselineNotFound"] {
+            assert!(CHECK_FAILURES.contains(&reason), "{reason}");
+        }
+        // A generation waiting for its forks passed its check.
+        assert!(checked(&failed_with("ForksNotReady")));
     }
 }

@@ -26,9 +26,18 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     pub async fn start() -> ControlPlane {
+        Self::start_with_crds(&[]).await
+    }
+
+    /// [`ControlPlane::start`] with further CRDs (YAML) installed before the operator starts, as
+    /// a cluster that has them (Argo Rollouts') would be.
+    pub async fn start_with_crds(crds: &[&str]) -> ControlPlane {
         super::capture_logs();
         let api = KubeApi::start().await.unwrap();
         super::install_crds(&api).await.unwrap();
+        for crd in crds {
+            api.install_crd_yaml(crd).await.unwrap();
+        }
         // Both components run under the chart's RBAC rules (the operator with its namespace
         // Role, which holds its lease), so a permission the chart lacks fails these tests.
         let operator_client = super::operator_client(&api).await.unwrap();

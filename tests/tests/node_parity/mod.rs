@@ -7,7 +7,8 @@
 //! - the fork's pods get `SIGNADOT_ROUTING_KEY` (and the downward-API names) beside Spur's own;
 //! - a fork's pods never overlap old and new code: while a changed fork rolls out (Recreate by
 //!   default), no two pod templates of it exist at once;
-//! - a RouteGroup's `ttl` (from when it matched no sandbox, Signadot's default) deletes it.
+//! - a RouteGroup's `ttl` (from when it matched no sandbox, Signadot's default) deletes it;
+//! - an Argo Rollout forks like a Deployment, under the real Argo controller (`rollouts`).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -16,6 +17,8 @@ use serde_json::Value;
 use spur_e2e::node::{Node, demo_app, eventually};
 
 use crate::{condition, sandbox_ready, until_answered_by};
+
+mod rollouts;
 
 const SANDBOX: &str = "parity";
 const LONELY_GROUP: &str = "parity-lonely";
@@ -221,6 +224,15 @@ spec:
         .unwrap_or_else(|e| panic!("{e:#}\n{}", node.describe(ns)));
     assert_eq!(keyed.marker(), Some("v2"), "{keyed:?}");
 
+    node.kubectl(&[
+        "delete",
+        "sandbox",
+        SANDBOX,
+        "--wait=true",
+        "--timeout=120s",
+    ])
+    .unwrap();
+
     // The lonely group: expiresAt a minute after it matched nothing, then gone.
     let group = node
         .kubectl(&[
@@ -249,12 +261,5 @@ spec:
     )
     .unwrap();
 
-    node.kubectl(&[
-        "delete",
-        "sandbox",
-        SANDBOX,
-        "--wait=true",
-        "--timeout=120s",
-    ])
-    .unwrap();
+    rollouts::rollouts_on_the_node(node);
 }
