@@ -4,8 +4,9 @@
 #
 #   localhost/spur:dev              the Spur image: the repo's Containerfile, target `prebuilt`
 #                                   (its runtime stage + the given binaries in /usr/local/bin)
-#   localhost/spur-test-client:dev  base only; entrypoint `catatonit -P` (sleeps until SIGTERM);
-#                                   curl available
+#   localhost/spur-test-client:dev  base, plus Signadot's `sdroutes` (go-routesapi's CLI, from
+#                                   tests/go/build.sh) in /usr/local/bin; entrypoint `catatonit -P`
+#                                   (sleeps until SIGTERM); curl available
 #   localhost/pause:dev             base only; entrypoint `catatonit -P`, for containerd's
 #                                   sandbox_image
 #   localhost/spur-postgres:dev     PostgreSQL 15 from Debian's packages (server, psql): a
@@ -23,10 +24,11 @@
 #                                   (tests/node/spur-kafka-broker.sh: a one-node KRaft broker on
 #                                   9092). No entrypoint: pods give a command. User 65532.
 #
-# The first three share one layer: a Debian bookworm rootfs made with mmdebstrap (iptables,
-# nftables, ca-certificates, curl, catatonit). The postgres image has a rootfs of its own (same
-# options; postgresql-15, postgresql-client-15, ca-certificates, catatonit; without LLVM, whose
-# only user is PostgreSQL's optional JIT) plus a layer with its entrypoint. Both rootfs are
+# The first three share one layer (the test client adds one with sdroutes): a Debian bookworm
+# rootfs made with mmdebstrap (iptables, nftables, ca-certificates, curl, catatonit). The
+# postgres image has a rootfs of its own (same options; postgresql-15, postgresql-client-15,
+# ca-certificates, catatonit; without LLVM, whose only user is PostgreSQL's optional JIT) plus a
+# layer with its entrypoint. Both rootfs are
 # cached under ${XDG_CACHE_HOME:-~/.cache}/spur/node/, each keyed by a hash of its recipe.
 # buildah (vfs storage in a temp dir, chroot isolation, --pull=never) turns them into images;
 # nothing is pulled from a registry. The first run needs the Debian mirror (about two minutes);
@@ -34,7 +36,7 @@
 #
 # Usage: tests/node/image.sh <bindir with spur, the role binaries (spur-operator, ...), spur-sidecar, spur-init, spur-job-executor, spur-io> <outdir>
 #   with SPUR_KAFKA_DIR (tests/kafka/fetch.sh's directory) and SPUR_GO_BINDIR (tests/go/build.sh's,
-#   with kafka-client) set, as tests/run.sh exports them.
+#   with kafka-client and sdroutes) set, as tests/run.sh exports them.
 # Prints one line per image on stdout: <name> <archive> compressed=<MB> uncompressed=<MB>.
 # Env: SPUR_EXECUTOR_BIN and SPUR_IO_BIN are the spur-job-executor and spur-io to use instead
 # of <bindir>'s (tests/run.sh passes static builds: they run inside pods of any image);
@@ -88,8 +90,9 @@ kafka_dir=${SPUR_KAFKA_DIR:-}
 [ -n "$kafka_dir" ] && [ -d "$kafka_dir/lib" ] && [ -d "$kafka_dir/classes" ] \
     || die "SPUR_KAFKA_DIR must name tests/kafka/fetch.sh's directory (SPUR_KAFKA_DIR=\"\$(tests/kafka/fetch.sh | tail -n 1)\")"
 go_client=${SPUR_GO_BINDIR:-}/kafka-client
-[ -n "${SPUR_GO_BINDIR:-}" ] && [ -x "$go_client" ] \
-    || die "SPUR_GO_BINDIR must name tests/go/build.sh's directory, with kafka-client (SPUR_GO_BINDIR=\"\$(tests/go/build.sh | tail -n 1)\")"
+sdroutes=${SPUR_GO_BINDIR:-}/sdroutes
+[ -n "${SPUR_GO_BINDIR:-}" ] && [ -x "$go_client" ] && [ -x "$sdroutes" ] \
+    || die "SPUR_GO_BINDIR must name tests/go/build.sh's directory, with kafka-client and sdroutes (SPUR_GO_BINDIR=\"\$(tests/go/build.sh | tail -n 1)\")"
 
 # ---- the rootfs (cached) ------------------------------------------------------------------
 suite=bookworm
@@ -205,7 +208,7 @@ files=(spur.tar spur-test-client.tar pause.tar spur-postgres.tar spur-kafka.tar)
 stamp=$outdir/.images.stamp
 inputs=$( {
     stat -c '%n %s %Y' "$base_tar" "$pg_tar" "$kafka_tar"
-    sha256sum "$0" "$containerfile" "$pg_server" "$kafka_broker" "$go_client" | cut -d' ' -f1
+    sha256sum "$0" "$containerfile" "$pg_server" "$kafka_broker" "$go_client" "$sdroutes" | cut -d' ' -f1
     sha256sum "${srcs[@]}"
     cat "$kafka_dir/lib.done" "$kafka_dir/classes.done"
 } | sha256sum | cut -c1-32)
@@ -244,12 +247,18 @@ commit() { bh commit "${policy[@]}" --quiet --timestamp 0 "$c" "$1" >/dev/null; 
 bh config --entrypoint '["catatonit","-P"]' --cmd '' --user 65535:65535 \
     --label org.opencontainers.image.title=pause "$c"
 commit localhost/pause:dev
-bh config --entrypoint '["catatonit","-P"]' --cmd '' --user 0:0 \
-    --label org.opencontainers.image.title=spur-test-client "$c"
-commit localhost/spur-test-client:dev
 bh config --entrypoint '' --cmd '' --user 0:0 \
     --label org.opencontainers.image.title=spur-base "$c"
 commit localhost/spur-base:dev
+# The test client: the base layer and one of its own with the Routes API's Go CLI.
+mkdir -p "$tmp/client-layer/usr/local/bin"
+install -m 0755 "$sdroutes" "$tmp/client-layer/usr/local/bin/sdroutes"
+tar -cf "$tmp/client-layer.tar" --numeric-owner --mtime=@0 -C "$tmp/client-layer" \
+    ./usr/local/bin/sdroutes
+bh add "$c" "$tmp/client-layer.tar" / >/dev/null
+bh config --entrypoint '["catatonit","-P"]' --cmd '' --user 0:0 \
+    --label org.opencontainers.image.title=spur-test-client "$c"
+commit localhost/spur-test-client:dev
 bh rm "$c" >/dev/null
 
 # The postgres image: its own rootfs, then a layer of its own (editing the script rebuilds no

@@ -8,6 +8,8 @@
 //! - a fork's pods never overlap old and new code: while a changed fork rolls out (Recreate by
 //!   default), no two pod templates of it exist at once;
 //! - a RouteGroup's `ttl` (from when it matched no sandbox, Signadot's default) deletes it;
+//! - Signadot's `sdroutes` in a pod reads the sandbox's rules through the chart's
+//!   `routeserver.compat` (`compat`);
 //! - an Argo Rollout forks like a Deployment, under the real Argo controller (`rollouts`).
 
 use std::collections::BTreeSet;
@@ -18,6 +20,7 @@ use spur_e2e::node::{Node, demo_app, eventually};
 
 use crate::{condition, sandbox_ready, until_answered_by};
 
+mod compat;
 mod rollouts;
 
 const SANDBOX: &str = "parity";
@@ -173,12 +176,20 @@ spec:
         }
     }
 
+    compat::sdroutes_in_a_pod(node, ns, &client, &key, &["api", "web"]);
+
     // A changed fork never runs two builds at once: from the change until the new pod is
     // ready, every look at the fork's pods finds one pod template at most.
+    // The running pod's template first: the old pod may stop before the first look (the demo
+    // app exits at once on SIGTERM), and the change must still show as two templates.
+    let old_template = api_pod["metadata"]["labels"]["pod-template-hash"]
+        .as_str()
+        .map(String::from)
+        .unwrap_or_else(|| panic!("no pod-template-hash on {api_fork}"));
     node.apply(&sandbox(ns, "v2")).unwrap();
     let selector = format!("spur.dev/sandbox={SANDBOX},spur.dev/fork-of=api");
     let mut looks = 0u32;
-    let mut seen = BTreeSet::new();
+    let mut seen = BTreeSet::from([old_template]);
     let deadline = Instant::now() + Duration::from_secs(180);
     // A loop of its own, not `eventually`: an overlap must fail the test, not be retried, and
     // the looks follow each other without a pause.
