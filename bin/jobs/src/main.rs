@@ -65,6 +65,14 @@ struct ServeArgs {
     /// The component's own StatefulSet: it owns the jobs CA Secret, so uninstalling removes it.
     #[arg(long)]
     owner_statefulset: Option<String>,
+    /// A custom header `Auto` jobs' requests carry their routing key in, besides the standard
+    /// carriers (repeatable; comma-separated in the env var): the cluster's custom carriers.
+    #[arg(
+        long = "routing-header",
+        env = "SPUR_ROUTING_HEADERS",
+        value_delimiter = ','
+    )]
+    routing_headers: Vec<String>,
     /// The aggregated API's address.
     #[arg(long, default_value = "0.0.0.0:8443")]
     api_addr: SocketAddr,
@@ -101,6 +109,7 @@ async fn jobs(args: JobsArgs) -> Result<ExitCode> {
         retention: args.retention,
         max_attempts: args.max_attempts,
         owner_statefulset: args.owner_statefulset.clone(),
+        routing_headers: args.routing_headers.clone(),
     };
     let (ctx, wakeups) = spur_jobs::Context::new(client.clone(), cfg, metrics, stop.clone())
         .await

@@ -382,6 +382,7 @@ async fn scale(
         executor_image: &g.ctx.cfg.executor_image,
         pull_policy: g.ctx.cfg.executor_pull_policy.as_deref(),
         max_log_bytes: g.ctx.cfg.max_log_bytes,
+        routing_headers: &g.ctx.cfg.routing_headers,
     };
     for _ in 0..plan.create_pods {
         let pod = pods::runner_pod(g.group, template.clone(), &build);

@@ -77,6 +77,9 @@ pub struct Config {
     /// The component's StatefulSet, made the owner of what it creates in its namespace (the
     /// jobs CA Secret), so `helm uninstall` removes it.
     pub owner_statefulset: Option<String>,
+    /// Custom headers an `Auto` job's requests carry its key in besides the standard carriers:
+    /// the cluster's (chart `routingKeys.customHeaders`), for apps that propagate only those.
+    pub routing_headers: Vec<String>,
 }
 
 impl Config {
@@ -94,6 +97,13 @@ impl Config {
         }
         if self.retention < Duration::from_secs(60) {
             return Err(Error::Config("--retention must be at least 1m".into()));
+        }
+        let carriers = spur_routing::ExtractConfig {
+            custom_headers: self.routing_headers.clone(),
+            query_param: None,
+        };
+        if let Err(e) = spur_routing::KeyExtractor::new(&carriers) {
+            return Err(Error::Config(format!("--routing-header: {e}")));
         }
         Ok(())
     }

@@ -83,6 +83,9 @@ pub struct Build<'a> {
     pub executor_image: &'a str,
     pub pull_policy: Option<&'a str>,
     pub max_log_bytes: u64,
+    /// Custom headers the outbound sidecar writes the key into besides the standard carriers
+    /// ([`crate::Config::routing_headers`]).
+    pub routing_headers: &'a [String],
 }
 
 /// The runner pod for `group` (named by the API server from `<group>-`).
@@ -263,11 +266,20 @@ fn outbound_sidecar(group: &JobRunnerGroup, b: &Build<'_>) -> Container {
             "--baseline-name",
             &name,
         ])),
-        env: Some(vec![
-            env("SPUR_INIT_IPV6", "false"),
-            // iptables-legacy's lock file, off the read-only root (a pod-local lock).
-            env("XTABLES_LOCKFILE", "/dev/shm/spur-xtables.lock"),
-        ]),
+        env: Some(
+            [
+                env("SPUR_INIT_IPV6", "false"),
+                // iptables-legacy's lock file, off the read-only root (a pod-local lock).
+                env("XTABLES_LOCKFILE", "/dev/shm/spur-xtables.lock"),
+            ]
+            .into_iter()
+            // The cluster's custom carriers, for apps that propagate only those.
+            .chain(
+                (!b.routing_headers.is_empty())
+                    .then(|| env("SPUR_ROUTING_HEADERS", &b.routing_headers.join(","))),
+            )
+            .collect(),
+        ),
         lifecycle: Some(Lifecycle {
             post_start: Some(LifecycleHandler {
                 exec: Some(ExecAction {
@@ -384,6 +396,7 @@ mod tests {
                 executor_image: "spur:dev",
                 pull_policy: Some("Never"),
                 max_log_bytes: 1000,
+                routing_headers: &["x-tenant-route".to_owned()],
             },
         );
         assert_eq!(pod.metadata.generate_name.as_deref(), Some("smoke-"));
@@ -405,6 +418,12 @@ mod tests {
         );
         let sidecar_cmd = spec.containers[0].command.clone().unwrap();
         assert!(sidecar_cmd.contains(&"--inject-key-file".to_owned()));
+        let sidecar_env = spec.containers[0].env.clone().unwrap();
+        assert!(
+            sidecar_env.iter().any(|e| e.name == "SPUR_ROUTING_HEADERS"
+                && e.value.as_deref() == Some("x-tenant-route")),
+            "{sidecar_env:?}"
+        );
         assert!(sidecar_cmd.contains(&"--intercept".to_owned()));
         let runner = &spec.containers[2];
         assert!(
@@ -460,6 +479,7 @@ mod tests {
                 executor_image: "spur:dev",
                 pull_policy: None,
                 max_log_bytes: 1000,
+                routing_headers: &[],
             },
         );
         let spec = pod.spec.unwrap();

@@ -299,7 +299,12 @@ impl Sidecar {
             .map_err(|e| Error::Config(e.to_string()))?;
         let mut plugins = spur_proxy::Plugins::default();
         let router: Arc<dyn spur_proxy::Router> = match &config.inject_key_file {
-            Some(path) => Arc::new(outbound::InjectRouter::new(path.clone())),
+            // The key goes out in the configured custom headers too, for apps that propagate
+            // only those (`--routing-header`, the same carriers an inbound sidecar reads).
+            Some(path) => Arc::new(outbound::InjectRouter::new(
+                path.clone(),
+                kafka_extractor.custom_headers().to_vec(),
+            )),
             None => {
                 let router = Arc::new(KeyRouter::new(
                     KeyRouterConfig {

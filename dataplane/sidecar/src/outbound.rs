@@ -2,7 +2,9 @@
 //! request the pod's processes send (redirected here by the interception rules) gets the routing
 //! key in the file added, in the redundant header set of
 //! [`spur_routing::inject::inject_key`], and goes on to its original destination; the
-//! destination's own sidecar routes it. An empty or missing file adds nothing.
+//! destination's own sidecar routes it, and the app there finds it in whichever carrier it
+//! propagates, the configured custom headers (`--routing-header`) included. An empty or missing
+//! file adds nothing.
 //!
 //! The job executor writes the file before it starts a job that asked for injection and empties
 //! it when the job ends. The file is checked (its size and modification time, one `stat`) on
@@ -18,6 +20,8 @@ use spur_routing::inject::inject_key;
 /// Adds the key in a file to every request; see the module docs.
 pub struct InjectRouter {
     path: PathBuf,
+    /// Custom headers written besides the standard carriers.
+    custom: Vec<http::HeaderName>,
     cached: Mutex<Cached>,
 }
 
@@ -28,9 +32,10 @@ struct Cached {
 }
 
 impl InjectRouter {
-    pub fn new(path: PathBuf) -> Self {
+    pub fn new(path: PathBuf, custom: Vec<http::HeaderName>) -> Self {
         InjectRouter {
             path,
+            custom,
             cached: Mutex::new(Cached::default()),
         }
     }
@@ -54,7 +59,7 @@ impl InjectRouter {
 impl Router for InjectRouter {
     fn route_http(&self, _conn: &ConnMeta, req: &mut http::request::Parts) -> Route {
         if let Some(key) = self.current_key() {
-            inject_key(&mut req.headers, &key, &[]);
+            inject_key(&mut req.headers, &key, &self.custom);
         }
         Route::Original
     }
@@ -69,7 +74,7 @@ mod tests {
     fn the_key_follows_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("key");
-        let r = InjectRouter::new(path.clone());
+        let r = InjectRouter::new(path.clone(), Vec::new());
         assert_eq!(r.current_key(), None, "no file: nothing added");
         std::fs::write(&path, "k1\n").unwrap();
         assert_eq!(r.current_key().as_deref(), Some("k1"));
@@ -79,5 +84,27 @@ mod tests {
         assert_eq!(r.current_key().as_deref(), Some("key-two"));
         std::fs::write(&path, "bad key!").unwrap();
         assert_eq!(r.current_key(), None, "an invalid key is never sent");
+    }
+
+    #[test]
+    fn the_key_goes_out_in_the_custom_headers_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("key");
+        std::fs::write(&path, "k1").unwrap();
+        let custom = vec![http::HeaderName::from_static("x-tenant-route")];
+        let r = InjectRouter::new(path, custom);
+        let meta = ConnMeta::new(
+            "10.0.0.1:5555".parse().unwrap(),
+            "127.0.0.1:15001".parse().unwrap(),
+            "10.0.0.9:8080".parse().unwrap(),
+            spur_proxy::Protocol::Http1,
+        );
+        let (mut parts, ()) = http::Request::get("http://api/")
+            .body(())
+            .unwrap()
+            .into_parts();
+        assert!(matches!(r.route_http(&meta, &mut parts), Route::Original));
+        assert_eq!(parts.headers["x-tenant-route"], "k1");
+        assert_eq!(parts.headers["baggage"], "sd-routing-key=k1,sd-sandbox=k1");
     }
 }
