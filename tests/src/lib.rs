@@ -320,13 +320,46 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Runs `script` (a build script of tests/) with `bash`, its arguments and environment from
+/// `setup`; on failure the message says what it needs (`needs`) and what it printed.
+fn run_build_script(
+    script: &std::path::Path,
+    setup: impl FnOnce(&mut std::process::Command),
+    needs: &str,
+) -> Result<(), String> {
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(script).stdin(std::process::Stdio::null());
+    setup(&mut cmd);
+    let res = cmd
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    if !res.status.success() {
+        return Err(format!(
+            "{} failed ({}); {needs}:\n{}{}",
+            script.display(),
+            res.status,
+            String::from_utf8_lossy(&res.stdout),
+            String::from_utf8_lossy(&res.stderr)
+        ));
+    }
+    Ok(())
+}
+
+/// The path in `built` (a once-per-process build), or a panic with why there is none.
+fn built_path(built: &'static Result<PathBuf, String>) -> &'static std::path::Path {
+    match built {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// The real Argo Rollouts controller (`rollouts-controller`) and its manifests under
 /// `argo-rollouts/` (tests/argo/README.md): `SPUR_ARGO_DIR` (tests/run.sh builds them before the
 /// tests), or else `tests/argo/build.sh` run once per process into the cache it shares with
 /// other checkouts (`~/.cache/spur/argo`; a current build is reused without calling Go).
 pub fn argo_dir() -> &'static std::path::Path {
     static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
-    let built = BUILT.get_or_init(|| {
+    built_path(BUILT.get_or_init(|| {
         if let Some(dir) = std::env::var_os("SPUR_ARGO_DIR") {
             return Ok(PathBuf::from(dir));
         }
@@ -335,28 +368,15 @@ pub fn argo_dir() -> &'static std::path::Path {
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
             .ok_or("neither XDG_CACHE_HOME nor HOME is set")?;
         let out = cache.join("spur").join("argo");
-        let script = repo_root().join("tests/argo/build.sh");
-        let res = std::process::Command::new("bash")
-            .arg(&script)
-            .arg(&out)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-        if !res.status.success() {
-            return Err(format!(
-                "{} failed ({}); Go and access to the Go module proxy are required for the node tier's Argo Rollouts step:\n{}{}",
-                script.display(),
-                res.status,
-                String::from_utf8_lossy(&res.stdout),
-                String::from_utf8_lossy(&res.stderr)
-            ));
-        }
+        run_build_script(
+            &repo_root().join("tests/argo/build.sh"),
+            |cmd| {
+                cmd.arg(&out);
+            },
+            "Go and access to the Go module proxy are required for the node tier's Argo Rollouts step",
+        )?;
         Ok(out)
-    });
-    match built {
-        Ok(p) => p,
-        Err(e) => panic!("{e}"),
-    }
+    }))
 }
 
 /// The directory holding the Go test tools (`sdroutes`, `routesapi-watch`, `h2spec`):
@@ -364,32 +384,19 @@ pub fn argo_dir() -> &'static std::path::Path {
 /// once per process.
 pub fn go_bin_dir() -> &'static std::path::Path {
     static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
-    let built = BUILT.get_or_init(|| {
+    built_path(BUILT.get_or_init(|| {
         if let Some(dir) = std::env::var_os("SPUR_GO_BINDIR") {
             return Ok(PathBuf::from(dir));
         }
         let root = repo_root();
         let out = root.join("target").join("go-bin");
-        let script = root.join("tests/go/build.sh");
-        let res = std::process::Command::new("bash")
-            .arg(&script)
-            .env("OUT", &out)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-        if !res.status.success() {
-            return Err(format!(
-                "{} failed ({}); Go (>= 1.24, https://go.dev/doc/install) and access to the Go module proxy are required for the Routes API compatibility and HTTP/2 conformance tests:\n{}{}",
-                script.display(),
-                res.status,
-                String::from_utf8_lossy(&res.stdout),
-                String::from_utf8_lossy(&res.stderr)
-            ));
-        }
+        run_build_script(
+            &root.join("tests/go/build.sh"),
+            |cmd| {
+                cmd.env("OUT", &out);
+            },
+            "Go (>= 1.24, https://go.dev/doc/install) and access to the Go module proxy are required for the Routes API compatibility and HTTP/2 conformance tests",
+        )?;
         Ok(out)
-    });
-    match built {
-        Ok(p) => p,
-        Err(e) => panic!("{e}"),
-    }
+    }))
 }

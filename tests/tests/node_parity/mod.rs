@@ -51,15 +51,15 @@ spec:
     )
 }
 
-/// The running, ready fork pod of baseline `of` in the parity sandbox.
-fn fork_pod(node: &Node, ns: &str, of: &str) -> String {
+/// The running, ready fork pod of baseline `of` in `sandbox`.
+fn fork_pod(node: &Node, ns: &str, sandbox: &str, of: &str) -> String {
     eventually(
-        &format!("the fork pod of {of}"),
+        &format!("the fork pod of {of} in {sandbox}"),
         Duration::from_secs(180),
         || {
             let pods = node.pods(
                 ns,
-                &format!("spur.dev/sandbox={SANDBOX},spur.dev/fork-of={of}"),
+                &format!("spur.dev/sandbox={sandbox},spur.dev/fork-of={of}"),
             )?;
             Ok(match pods.as_slice() {
                 [one] => {
@@ -71,6 +71,12 @@ fn fork_pod(node: &Node, ns: &str, of: &str) -> String {
         },
     )
     .unwrap_or_else(|e| panic!("{e:#}\n{}", node.describe(ns)))
+}
+
+/// Deletes Sandbox `name` and waits until it (and with it its forks) is gone.
+fn delete_sandbox(node: &Node, name: &str) {
+    node.kubectl(&["delete", "sandbox", name, "--wait=true", "--timeout=120s"])
+        .unwrap();
 }
 
 fn env_of(pod: &Value, name: &str) -> Option<String> {
@@ -120,8 +126,8 @@ spec:
 
     node.apply(&sandbox(ns, "v1")).unwrap();
     let key = sandbox_ready(node, SANDBOX);
-    let web_fork = fork_pod(node, ns, "web");
-    let api_fork = fork_pod(node, ns, "api");
+    let web_fork = fork_pod(node, ns, SANDBOX, "web");
+    let api_fork = fork_pod(node, ns, SANDBOX, "api");
 
     // valueFrom.fork: the web fork's upstream is the api fork's sandbox Service.
     let web_pod = node.get_json(ns, &["pod", &web_fork]).unwrap();
@@ -235,14 +241,7 @@ spec:
         .unwrap_or_else(|e| panic!("{e:#}\n{}", node.describe(ns)));
     assert_eq!(keyed.marker(), Some("v2"), "{keyed:?}");
 
-    node.kubectl(&[
-        "delete",
-        "sandbox",
-        SANDBOX,
-        "--wait=true",
-        "--timeout=120s",
-    ])
-    .unwrap();
+    delete_sandbox(node, SANDBOX);
 
     // The lonely group: expiresAt a minute after it matched nothing, then gone.
     let group = node

@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde_json::Value;
 use spur_e2e::node::{Background, Node, demo_app, eventually};
 
+use super::{delete_sandbox, fork_pod};
 use crate::{condition, sandbox_ready, until_answered_by};
 
 const SANDBOX: &str = "parity-rollout";
@@ -214,20 +215,7 @@ spec:
     ))
     .unwrap();
     let key = sandbox_ready(node, SANDBOX);
-    let fork_pod = eventually("the Rollout's fork pod", Duration::from_secs(180), || {
-        let pods = node.pods(
-            ns,
-            &format!("spur.dev/sandbox={SANDBOX},spur.dev/fork-of=shop"),
-        )?;
-        Ok(match pods.as_slice() {
-            [one] => {
-                let p: Value = node.get_json(ns, &["pod", one])?;
-                (condition(&p, "Ready") == Some("True")).then(|| one.clone())
-            }
-            _ => None,
-        })
-    })
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", node.describe(ns)));
+    let fork_pod = fork_pod(node, ns, SANDBOX, "shop");
     let fork = node
         .get_json(
             ns,
@@ -263,14 +251,7 @@ spec:
         "Spur changed the Rollout's objects"
     );
 
-    node.kubectl(&[
-        "delete",
-        "sandbox",
-        SANDBOX,
-        "--wait=true",
-        "--timeout=120s",
-    ])
-    .unwrap();
+    delete_sandbox(node, SANDBOX);
     assert_eq!(
         argo_state(node, ns),
         before,
