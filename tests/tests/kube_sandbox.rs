@@ -2602,3 +2602,89 @@ async fn deleting_a_sandbox_drains_its_kafka_forks() {
     );
     cp.shutdown().await;
 }
+
+/// A `valueFrom.fork` value follows the other baseline's Services in another namespace at once
+/// (the ForkedWorkload watches what it renders from; the resync is 5 minutes): a new Service
+/// there that sorts first becomes the address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn value_from_fork_follows_another_namespaces_services() {
+    let cp = ControlPlane::start().await;
+    let client = cp.client();
+    create_namespace(&client).await;
+    kube_rbac::ensure_namespace(&client, "payments")
+        .await
+        .unwrap();
+    for (ns, name) in [(NS, "web"), ("payments", "api")] {
+        let d: Deployment = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"containers": [{"name": name, "image": format!("{name}:1")}]}}}
+        }))
+        .unwrap();
+        Api::<Deployment>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &d)
+            .await
+            .unwrap();
+    }
+    let payments: Api<Service> = Api::namespaced(client.clone(), "payments");
+    let service = |name: &str, port: i32| -> Service {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "payments"},
+            "spec": {"selector": {"app": "api"}, "ports": [{"port": port}]}
+        }))
+        .unwrap()
+    };
+    payments
+        .create(&PostParams::default(), &service("api", 8080))
+        .await
+        .unwrap();
+    let api = json!({"kind": "Deployment", "namespace": "payments", "name": "api"});
+    let sb: Sandbox = serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": "xns"},
+        "spec": {"forks": [
+            {"forkOf": {"kind": "Deployment", "namespace": NS, "name": "web"},
+             "customizations": {"env": [{"name": "API_URL", "valueFrom": {"fork": {
+                 "forkOf": api, "expression": "http://{{.Service.Host}}:{{.Service.Port}}"}}}]}},
+            {"forkOf": api}
+        ]}
+    }))
+    .unwrap();
+    Api::<Sandbox>::all(client.clone())
+        .create(&PostParams::default(), &sb)
+        .await
+        .unwrap();
+    let web_fork = names::fork_name(
+        "xns",
+        &WorkloadRef::new(WorkloadKind::Deployment, NS, "web"),
+    );
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let api_url = |want: String| {
+        let deployments = deployments.clone();
+        let web_fork = web_fork.clone();
+        async move {
+            let d = deployments.get_opt(&web_fork).await.ok()??;
+            let env = d.spec?.template.spec?.containers[0].env.clone()?;
+            let got = env.iter().find(|e| e.name == "API_URL")?.value.clone()?;
+            (got == want).then_some(())
+        }
+    };
+    let url = |svc: &str, port: i32| {
+        format!(
+            "http://{}.payments.svc:{port}",
+            names::sandbox_service_name("xns", svc)
+        )
+    };
+    eventually("the web fork's API_URL", || api_url(url("api", 8080))).await;
+    // A Service that sorts before `api` now stands first for the api baseline.
+    payments
+        .create(&PostParams::default(), &service("a-api", 9090))
+        .await
+        .unwrap();
+    eventually("API_URL to follow the other namespace's Services", || {
+        api_url(url("a-api", 9090))
+    })
+    .await;
+    cp.shutdown().await;
+}

@@ -228,8 +228,27 @@ pub async fn sandboxes(
     .await;
 }
 
-/// ForkedWorkloads, woken by their Deployment and Services, their baseline Deployment, the
-/// baseline namespace's Services and its pods.
+/// Whether `fw` stands in front of `w` (a workload of `kind`) or renders a `valueFrom.fork` value
+/// from it: the other fork's address follows that baseline and its namespace's Services.
+fn reads_workload(fw: &ForkedWorkload, kind: WorkloadKind, w: &impl ResourceExt) -> bool {
+    is_baseline(&fw.spec.baseline, kind, w)
+        || crate::fork_refs::referenced(&fw.spec.customizations)
+            .into_iter()
+            .any(|r| is_baseline(r, kind, w))
+}
+
+/// Whether `fw` reads the Services of namespace `ns`: its baseline's, or a `valueFrom.fork`
+/// baseline's.
+fn reads_services_of(fw: &ForkedWorkload, ns: &str) -> bool {
+    fw.spec.baseline.namespace == ns
+        || crate::fork_refs::referenced(&fw.spec.customizations)
+            .into_iter()
+            .any(|r| r.namespace == ns)
+}
+
+/// ForkedWorkloads, woken by their Deployment and Services, their baseline Deployment or
+/// Rollout, the baseline namespace's Services and its pods, and the baselines and Services a
+/// `valueFrom.fork` value is rendered from (in any namespace).
 pub async fn forks(
     client: Client,
     term: Arc<Term>,
@@ -251,7 +270,7 @@ pub async fn forks(
             wc(),
             move |d| {
                 objects_where(&by_baseline, |fw| {
-                    is_baseline(&fw.spec.baseline, WorkloadKind::Deployment, &d)
+                    reads_workload(fw, WorkloadKind::Deployment, &d)
                 })
             },
         )
@@ -259,7 +278,7 @@ pub async fn forks(
             rollouts(&client),
             move |r| {
                 objects_where(&by_rollout, |fw| {
-                    is_baseline(&fw.spec.baseline, WorkloadKind::Rollout, &r)
+                    reads_workload(fw, WorkloadKind::Rollout, &r)
                 })
             },
             crate::baseline::rollout_resource(),
@@ -275,7 +294,7 @@ pub async fn forks(
                     return Vec::new();
                 }
                 let ns = svc.namespace().unwrap_or_default();
-                objects_where(&by_namespace, |fw| fw.spec.baseline.namespace == ns)
+                objects_where(&by_namespace, |fw| reads_services_of(fw, &ns))
             },
         )
         // Baseline pods coming, going or changing readiness change the sidecar coverage in
