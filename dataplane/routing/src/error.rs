@@ -7,6 +7,12 @@ pub enum Error {
     /// A configured custom routing header is not a valid HTTP header name.
     #[error("invalid routing header name {name:?}")]
     InvalidHeaderName { name: String },
+    /// A configured custom routing header is one of the standard carriers (`baggage`, ...):
+    /// written as a bare key it would replace that header's other members.
+    #[error(
+        "routing header {name:?} is a standard carrier, read and written already; custom headers carry a bare key"
+    )]
+    StandardHeader { name: String },
     /// A configured query parameter name is empty or contains characters outside `[A-Za-z0-9._-]`.
     #[error("invalid routing query parameter name {name:?}")]
     InvalidQueryParam { name: String },

@@ -60,6 +60,9 @@ impl KeyExtractor {
         for name in &cfg.custom_headers {
             let h = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| Error::InvalidHeaderName { name: name.clone() })?;
+            if crate::carrier::Carrier::header_names().contains(&h) {
+                return Err(Error::StandardHeader { name: name.clone() });
+            }
             // A repeated name would only repeat the same candidates.
             if !custom_headers.contains(&h) {
                 custom_headers.push(h);
@@ -394,6 +397,16 @@ mod tests {
             KeyExtractor::new(&bad_header),
             Err(Error::InvalidHeaderName { .. })
         ));
+        for standard in ["baggage", "Tracestate", "ot-baggage-sd-routing-key"] {
+            let cfg = ExtractConfig {
+                custom_headers: vec![standard.into()],
+                query_param: None,
+            };
+            assert!(
+                matches!(KeyExtractor::new(&cfg), Err(Error::StandardHeader { .. })),
+                "{standard}"
+            );
+        }
         for q in ["", "a b", "a&b", "a=b"] {
             let cfg = ExtractConfig {
                 custom_headers: vec![],
