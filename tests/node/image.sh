@@ -250,16 +250,19 @@ commit localhost/pause:dev
 bh config --entrypoint '' --cmd '' --user 0:0 \
     --label org.opencontainers.image.title=spur-base "$c"
 commit localhost/spur-base:dev
-# The test client: the base layer and one of its own with the Routes API's Go CLI.
+bh rm "$c" >/dev/null
+# The test client: the base layer and one of its own with the Routes API's Go CLI (a container
+# of its own: buildah commits what changed in a container since its image as one layer).
 mkdir -p "$tmp/client-layer/usr/local/bin"
 install -m 0755 "$sdroutes" "$tmp/client-layer/usr/local/bin/sdroutes"
 tar -cf "$tmp/client-layer.tar" --numeric-owner --mtime=@0 -C "$tmp/client-layer" \
     ./usr/local/bin/sdroutes
-bh add "$c" "$tmp/client-layer.tar" / >/dev/null
+t=$(bh from "${policy[@]}" localhost/spur-base:dev)
+bh add "$t" "$tmp/client-layer.tar" / >/dev/null
 bh config --entrypoint '["catatonit","-P"]' --cmd '' --user 0:0 \
-    --label org.opencontainers.image.title=spur-test-client "$c"
-commit localhost/spur-test-client:dev
-bh rm "$c" >/dev/null
+    --label org.opencontainers.image.title=spur-test-client "$t"
+bh commit "${policy[@]}" --quiet --timestamp 0 "$t" localhost/spur-test-client:dev >/dev/null
+bh rm "$t" >/dev/null
 
 # The postgres image: its own rootfs, then a layer of its own (editing the script rebuilds no
 # rootfs) with the entrypoint and the socket directory Debian's libpq looks in (mmdebstrap

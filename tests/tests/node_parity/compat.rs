@@ -132,7 +132,10 @@ pub(crate) fn sdroutes_in_a_pod(
         std::time::Duration::from_secs(90),
         || {
             let rules = sdroutes(node, ns, client, key)?;
-            Ok((rules.len() == baselines.len()).then_some(rules))
+            if rules.len() != baselines.len() {
+                anyhow::bail!("{} rules, not {}: {rules:?}", rules.len(), baselines.len());
+            }
+            Ok(Some(rules))
         },
     )
     .unwrap_or_else(|e| panic!("{e:#}\n{}", node.describe(SPUR_NAMESPACE)));
