@@ -494,3 +494,54 @@ async fn cleanup(
     delete_opt(&contexts, &names::io_context_secret_name(&name)).await?;
     Ok(Action::await_change())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    /// Plugin steps get the sandbox's identity under Spur's names and under the ones Signadot's
+    /// plugin scripts read (`SIGNADOT_SANDBOX_ID` is the routing key, as in Signadot).
+    #[test]
+    fn steps_get_spurs_and_signadots_names() {
+        let plugin: ResourcePlugin = serde_json::from_value(json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "ResourcePlugin",
+            "metadata": {"name": "pg"},
+            "spec": {"runner": {"image": "localhost/spur-postgres:dev"},
+                     "create": [{"name": "make", "script": "#!/bin/sh\ntrue\n"}],
+                     "delete": [{"name": "drop", "script": "#!/bin/sh\ntrue\n"}]}
+        }))
+        .unwrap();
+        let sb: Sandbox = serde_json::from_value(json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "sb1", "uid": "u1"},
+            "spec": {"forks": [{"forkOf": {"kind": "Deployment", "namespace": "shop", "name": "web"}}]},
+            "status": {"routingKey": "k1"}
+        }))
+        .unwrap();
+        let olm = compile_for(&plugin, &sb, "db", &BTreeMap::new(), "ctx").unwrap();
+        for unit in olm.pre_start.iter().chain(&olm.post_stop) {
+            let env = &unit.exec_unit_template.pod_template["spec"]["containers"][0]["env"];
+            let get = |name: &str| {
+                env.as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|e| e["name"] == name)
+                    .map(|e| e["value"].as_str().unwrap().to_owned())
+                    .collect::<Vec<_>>()
+            };
+            for (name, want) in [
+                ("SPUR_SANDBOX_NAME", "sb1"),
+                ("SPUR_ROUTING_KEY", "k1"),
+                ("SPUR_RESOURCE_NAME", "db"),
+                ("SIGNADOT_SANDBOX_NAME", "sb1"),
+                ("SIGNADOT_SANDBOX_ROUTING_KEY", "k1"),
+                ("SIGNADOT_SANDBOX_ID", "k1"),
+                ("SIGNADOT_RESOURCE_NAME", "db"),
+            ] {
+                assert_eq!(get(name), [want], "{name} in {env}");
+            }
+        }
+    }
+}
