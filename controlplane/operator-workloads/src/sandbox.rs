@@ -78,7 +78,7 @@ async fn apply(sb: &Sandbox, ctx: &Term) -> Result<Action, Error> {
         .unwrap_or_else(|| routing_key(&uid));
 
     // TTL first: an expired sandbox is deleted whatever else is wrong with it.
-    let expires_at = expiry(sb, Timestamp::now());
+    let expires_at = expiry(sb);
     if let Some(at) = expires_at
         && Timestamp::now() >= at
     {
@@ -418,20 +418,14 @@ async fn not_enabled(
     Ok(None)
 }
 
-/// When `sb` expires, seen at `now`. `ttl.offsetFrom: updatedAt` counts from `status.updatedAt`,
-/// or from `now` when this pass is about to record a spec change (`write_status` sets
-/// `updatedAt` for a generation not yet observed): a sandbox whose spec was just changed is
-/// never deleted for the TTL its previous spec had run out.
-fn expiry(sb: &Sandbox, now: Timestamp) -> Option<Timestamp> {
+fn expiry(sb: &Sandbox) -> Option<Timestamp> {
     let ttl = sb.spec.ttl.as_ref()?;
     let created = sb.meta().creation_timestamp.as_ref()?.0;
-    let st = sb.status.as_ref();
-    let updated = if st.and_then(|s| s.observed_generation) == sb.meta().generation {
-        st.and_then(|s| s.updated_at.as_ref())
-            .map_or(created, |t| t.0)
-    } else {
-        now
-    };
+    let updated = sb
+        .status
+        .as_ref()
+        .and_then(|s| s.updated_at.as_ref())
+        .map_or(created, |t| t.0);
     ttl.expires_at(created, updated)
 }
 
@@ -647,7 +641,6 @@ mod drain_tests {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use k8s_openapi::jiff::SignedDuration;
     use serde_json::json;
 
     fn failed_with(reason: &str) -> Sandbox {
@@ -660,31 +653,6 @@ mod tests {
                 "observedGeneration": 3, "lastTransitionTime": "2026-11-30T00:00:00Z"}]}
         }))
         .unwrap()
-    }
-
-    #[test]
-    fn a_spec_change_restarts_an_updated_at_ttl_before_it_is_recorded() {
-        let mut sb: Sandbox = serde_json::from_value(json!({
-            "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
-            "metadata": {"name": "sb", "generation": 2,
-                         "creationTimestamp": "2026-11-30T00:00:00Z"},
-            "spec": {"ttl": {"duration": "1h", "offsetFrom": "updatedAt"},
-                     "forks": [{"forkOf": {"kind": "Deployment", "namespace": "shop", "name": "web"}}]},
-            "status": {"observedGeneration": 1, "updatedAt": "2026-11-30T01:00:00Z"}
-        }))
-        .unwrap();
-        let now: Timestamp = "2026-11-30T10:00:00Z".parse().unwrap();
-        let hour = SignedDuration::from_hours(1);
-        // Generation 2 is not recorded yet: it counts from now, not from 01:00.
-        assert_eq!(expiry(&sb, now), Some(now + hour));
-        // Recorded: from its updatedAt.
-        sb.status.as_mut().unwrap().observed_generation = Some(2);
-        let recorded: Timestamp = "2026-11-30T01:00:00Z".parse().unwrap();
-        assert_eq!(expiry(&sb, now), Some(recorded + hour));
-        // createdAt ignores both.
-        sb.spec.ttl.as_mut().unwrap().offset_from = spur_api::sandbox::TtlOffset::CreatedAt;
-        let created: Timestamp = "2026-11-30T00:00:00Z".parse().unwrap();
-        assert_eq!(expiry(&sb, now), Some(created + hour));
     }
 
     #[test]
