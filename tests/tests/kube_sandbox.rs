@@ -2677,6 +2677,16 @@ async fn value_from_fork_follows_another_namespaces_services() {
         )
     };
     eventually("the web fork's API_URL", || api_url(url("api", 8080))).await;
+    // The passes the fork's own objects queued run first (each reads the Services afresh): the
+    // ForkedWorkload's status written, then a quiet moment, so only a watch can bring what
+    // follows.
+    let fws: Api<ForkedWorkload> = Api::namespaced(client.clone(), NS);
+    eventually("the web ForkedWorkload's status", || async {
+        let st = fws.get_opt(&web_fork).await.ok()??.status?;
+        st.fork.is_some().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
     // A Service that sorts before `api` now stands first for the api baseline.
     payments
         .create(&PostParams::default(), &service("a-api", 9090))
