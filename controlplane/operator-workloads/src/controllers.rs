@@ -232,18 +232,14 @@ pub async fn sandboxes(
 /// from it: the other fork's address follows that baseline and its namespace's Services.
 fn reads_workload(fw: &ForkedWorkload, kind: WorkloadKind, w: &impl ResourceExt) -> bool {
     is_baseline(&fw.spec.baseline, kind, w)
-        || crate::fork_refs::referenced(&fw.spec.customizations)
-            .into_iter()
-            .any(|r| is_baseline(r, kind, w))
+        || crate::fork_refs::references(&fw.spec.customizations).any(|r| is_baseline(r, kind, w))
 }
 
 /// Whether `fw` reads the Services of namespace `ns`: its baseline's, or a `valueFrom.fork`
 /// baseline's.
 fn reads_services_of(fw: &ForkedWorkload, ns: &str) -> bool {
     fw.spec.baseline.namespace == ns
-        || crate::fork_refs::referenced(&fw.spec.customizations)
-            .into_iter()
-            .any(|r| r.namespace == ns)
+        || crate::fork_refs::references(&fw.spec.customizations).any(|r| r.namespace == ns)
 }
 
 /// ForkedWorkloads, woken by their Deployment and Services, their baseline Deployment or

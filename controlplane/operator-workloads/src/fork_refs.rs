@@ -63,13 +63,17 @@ pub(crate) struct ForkTarget {
     pub(crate) port: i32,
 }
 
-/// The baselines whose forks `c`'s env refers to, each once.
-pub(crate) fn referenced(c: &Customizations) -> Vec<&WorkloadRef> {
-    let mut out: Vec<&WorkloadRef> = c
-        .env
+/// The baselines whose forks `c`'s env refers to, in env order, repeats included: for the watch
+/// mappers, which run on every event and only ask whether one matches.
+pub(crate) fn references(c: &Customizations) -> impl Iterator<Item = &WorkloadRef> {
+    c.env
         .iter()
         .filter_map(|e| Some(&e.value_from.as_ref()?.fork.as_ref()?.fork_of))
-        .collect();
+}
+
+/// The baselines whose forks `c`'s env refers to, each once.
+pub(crate) fn referenced(c: &Customizations) -> Vec<&WorkloadRef> {
+    let mut out: Vec<&WorkloadRef> = references(c).collect();
     out.sort();
     out.dedup();
     out
