@@ -104,6 +104,11 @@ impl ControlPlane {
                     istio: true,
                     gateway_api: true,
                     cluster_domain: "cluster.local".into(),
+                    // The chart's routingKeys.customHeaders, as the operator binary passes them.
+                    routing_keys: spur_api::carriers::ExtractConfig {
+                        custom_headers: vec!["x-route-to".into()],
+                        query_param: None,
+                    },
                 },
             ),
         );
@@ -354,17 +359,19 @@ async fn mesh_routes_follow_the_sandbox_and_leave_the_users_routes_alone() {
         ours["route"],
         json!([{"destination": {"host": format!("{sandbox_svc}.{NS}.svc.cluster.local"), "port": {"number": 80}}}])
     );
+    // The cluster's custom header first, then the standard carriers.
     let matches = ours["match"].as_array().unwrap();
-    assert_eq!(matches.len(), 10, "{matches:?}");
+    assert_eq!(matches.len(), 11, "{matches:?}");
     assert!(matches.iter().all(|m| m["port"] == 80));
+    assert_eq!(matches[0]["headers"]["x-route-to"]["exact"], json!(key));
     assert!(
-        matches[0]["headers"]["baggage"]["regex"]
+        matches[1]["headers"]["baggage"]["regex"]
             .as_str()
             .unwrap()
             .contains(&key)
     );
     assert_eq!(
-        matches[2]["headers"]["ot-baggage-sd-routing-key"]["exact"],
+        matches[3]["headers"]["ot-baggage-sd-routing-key"]["exact"],
         json!(key)
     );
     let ir = eventually("IstioRoute Ready", || async {
@@ -401,15 +408,19 @@ async fn mesh_routes_follow_the_sandbox_and_leave_the_users_routes_alone() {
     assert_eq!(backends[0]["name"], json!(sandbox_svc));
     assert_eq!(backends[0]["port"], 80);
     let matches = rules[0]["matches"].as_array().unwrap();
-    assert_eq!(matches.len(), 10);
+    assert_eq!(matches.len(), 11);
     for m in matches {
         assert_eq!(m["path"], json!({"type": "PathPrefix", "value": "/api"}));
         assert_eq!(m["headers"].as_array().unwrap().len(), 1);
     }
-    assert_eq!(matches[0]["headers"][0]["type"], "RegularExpression");
-    assert_eq!(matches[0]["headers"][0]["name"], "baggage");
-    assert_eq!(matches[3]["headers"][0]["type"], "Exact");
-    assert_eq!(matches[3]["headers"][0]["value"], json!(key));
+    assert_eq!(
+        matches[0]["headers"][0],
+        json!({"type": "Exact", "name": "x-route-to", "value": key})
+    );
+    assert_eq!(matches[1]["headers"][0]["type"], "RegularExpression");
+    assert_eq!(matches[1]["headers"][0]["name"], "baggage");
+    assert_eq!(matches[4]["headers"][0]["type"], "Exact");
+    assert_eq!(matches[4]["headers"][0]["value"], json!(key));
 
     // Idempotent: passes forced on the RoutingConfig and both mesh routes write nothing.
     let rvs = |vs: &DynamicObject, d: &DynamicObject| (vs.resource_version(), d.resource_version());
@@ -575,6 +586,48 @@ async fn mesh_routes_follow_the_sandbox_and_leave_the_users_routes_alone() {
     })
     .await;
     assert_eq!(&http_of(&vs)[1..], users_now.as_slice());
+
+    // The namespace names carriers of its own (docs/routing-keys.md): a query parameter in
+    // place of the cluster's none, a header besides the cluster's. The namespace watch brings
+    // them to both mesh routes, the query parameter first, as the sidecars read it.
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            NS,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "sidecar.spur.dev/routing-headers": "X-Team",
+                "sidecar.spur.dev/query-param": "q-key",
+            }}})),
+        )
+        .await
+        .unwrap();
+    let first = eventually("the namespace's carriers in the VirtualService", || async {
+        let vs = get_dyn(&client, &virtual_services(), "web").await;
+        let ours = http_of(&vs).into_iter().next()?;
+        let m = ours["match"].as_array()?.clone();
+        (m.len() == 13).then_some(m)
+    })
+    .await;
+    assert_eq!(
+        first[0],
+        json!({"port": 80, "queryParams": {"q-key": {"exact": key}}})
+    );
+    assert_eq!(first[1]["headers"]["x-route-to"]["exact"], json!(key));
+    assert_eq!(first[2]["headers"]["x-team"]["exact"], json!(key));
+    let d = eventually(
+        "the namespace's carriers in the derived HTTPRoute",
+        || async {
+            let d = derived(&client, 1).await.remove(0);
+            (d.data["spec"]["rules"][0]["matches"].as_array()?.len() == 13).then_some(d)
+        },
+    )
+    .await;
+    let m = &d.data["spec"]["rules"][0]["matches"];
+    assert_eq!(
+        m[0]["queryParams"],
+        json!([{"type": "Exact", "name": "q-key", "value": key}])
+    );
+    assert_eq!(m[2]["headers"][0]["name"], "x-team");
 
     // The sandbox goes: so do its mesh routes, Spur's VirtualService routes and the derived
     // HTTPRoutes; the user's objects are as they left them, the other VirtualService and the

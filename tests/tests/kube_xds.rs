@@ -112,7 +112,14 @@ async fn start_routeserver(client: &Client, xds: XdsConfig) -> RouteServer {
             xds: Some(xds),
             ..RouteServerConfig::new("")
         },
-        KubeStore::new(client).with_xds(),
+        KubeStore::new(client)
+            .with_xds()
+            // The chart's routingKeys, as it passes them (--routing-header, --query-param).
+            .with_carriers(spur_api::carriers::ExtractConfig {
+                custom_headers: vec!["x-route-to".into()],
+                query_param: Some("sd-routing-key".into()),
+            })
+            .unwrap(),
     )
     .await
     .unwrap()
@@ -154,9 +161,35 @@ async fn proxyless_grpc_client_routes_by_key_through_xds() {
         ("tracestate", "vendor=abc,sd-routing-key=k1"),
         ("ot-baggage-sd-routing-key", "k1"),
         ("uberctx-sd-sandbox", "k1"),
+        // The cluster's custom header (grpc-go skips the query parameter's route: a call has
+        // no query string).
+        ("x-route-to", "k1"),
     ] {
         assert_eq!(c.call(&[md]).await.as_deref(), Ok("fork-1"), "{md:?}");
     }
+    // A header the namespace names is a carrier once it is annotated (the Namespace watch,
+    // allowed by the chart's rules), and not before.
+    assert_eq!(c.call(&[("x-team", "k1")]).await.as_deref(), Ok("baseline"));
+    kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+        .patch(
+            NS,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "sidecar.spur.dev/routing-headers": "x-team"}}})),
+        )
+        .await
+        .unwrap();
+    c.eventually_served_by(
+        "the namespace's custom header",
+        &[("x-team", "k1")],
+        "fork-1",
+    )
+    .await;
+    assert_eq!(
+        c.call(&[("x-route-to", "k1")]).await.as_deref(),
+        Ok("fork-1"),
+        "the cluster's header stays"
+    );
     // Near misses stay with the baseline: another key, a key only as a baggage property, a
     // member whose name merely ends like a carrier's.
     for md in [

@@ -136,11 +136,16 @@ struct MeshArgs {
 }
 
 impl MeshArgs {
-    fn config(&self) -> Result<spur_operator::MeshConfig> {
+    /// The mesh routes match the carriers of the injection config too.
+    fn config(
+        &self,
+        injection: &spur_operator::InjectionConfig,
+    ) -> Result<spur_operator::MeshConfig> {
         let cfg = spur_operator::MeshConfig {
             istio: self.mesh_istio,
             gateway_api: self.mesh_gateway_api,
             cluster_domain: self.mesh_cluster_domain.clone(),
+            routing_keys: injection.routing_keys.clone(),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -492,15 +497,15 @@ async fn run(args: OperatorArgs) -> Result<ExitCode> {
         )
     };
     let resources = args.resources.config(&args.namespace)?;
-    let mesh = args.mesh.config()?;
     // Read even without the webhook (another replica's may inject with the same config): a
-    // fork relays Kafka by default when it sets Kafka ports.
-    let kafka_by_default = match &configs {
-        Some((_, webhook)) => !webhook.injection.kafka_ports.is_empty(),
-        None => !(args.webhook.injection(&args.namespace)?)
-            .kafka_ports
-            .is_empty(),
+    // fork relays Kafka by default when it sets Kafka ports, and the mesh routes match the
+    // routing-key carriers the injected sidecars read.
+    let injection = match &configs {
+        Some((_, webhook)) => webhook.injection.clone(),
+        None => args.webhook.injection(&args.namespace)?,
     };
+    let kafka_by_default = !injection.kafka_ports.is_empty();
+    let mesh = args.mesh.config(&injection)?;
     let client = spur_bin_support::kube_client(args.kubeconfig.as_deref()).await?;
     // Fail fast with a clear message when the API server is unreachable or refuses us.
     client

@@ -115,6 +115,20 @@ struct RouteserverArgs {
         requires = "xds_addr"
     )]
     xds_secret_namespaces: Vec<String>,
+    /// A header whose whole value is a routing key, matched by the xDS routes besides the
+    /// standard carriers (repeatable; the chart's routingKeys.customHeaders). A namespace's
+    /// `sidecar.spur.dev/routing-headers` annotation adds its own (docs/routing-keys.md).
+    #[arg(
+        long = "routing-header",
+        env = "SPUR_ROUTING_HEADERS",
+        value_delimiter = ',',
+        requires = "xds_addr"
+    )]
+    routing_headers: Vec<String>,
+    /// A query parameter carrying a routing key, matched by the xDS routes (the chart's
+    /// routingKeys.queryParam); a namespace's `sidecar.spur.dev/query-param` replaces it.
+    #[arg(long, env = "SPUR_QUERY_PARAM", requires = "xds_addr")]
+    query_param: Option<String>,
 }
 
 async fn run(args: RouteserverArgs) -> Result<ExitCode> {
@@ -234,7 +248,14 @@ async fn run(args: RouteserverArgs) -> Result<ExitCode> {
     let server = if let Some(client) = client {
         let mut store = KubeStore::new(client).with_l4();
         if config.xds.is_some() {
-            store = store.with_xds().with_secret_namespaces(secret_namespaces);
+            store = store
+                .with_xds()
+                .with_secret_namespaces(secret_namespaces)
+                .with_carriers(spur_api::carriers::ExtractConfig {
+                    custom_headers: args.routing_headers.clone(),
+                    query_param: args.query_param.clone().filter(|q| !q.is_empty()),
+                })
+                .context("--routing-header, --query-param")?;
         }
         RouteServer::start_with(config, store).await
     } else {

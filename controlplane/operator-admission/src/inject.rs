@@ -303,33 +303,15 @@ pub fn for_namespace<'a>(
     cfg: &'a InjectionConfig,
     ns_annotations: Option<&BTreeMap<String, String>>,
 ) -> Result<std::borrow::Cow<'a, InjectionConfig>, Error> {
-    let get = |k: &str| {
-        ns_annotations
-            .and_then(|a| a.get(k))
-            .map(|v| v.trim())
-            .filter(|v| !v.is_empty())
-    };
-    let (headers, query) = (get(keys::ROUTING_HEADERS), get(keys::QUERY_PARAM));
-    if headers.is_none() && query.is_none() {
-        return Ok(std::borrow::Cow::Borrowed(cfg));
+    match spur_api::carriers::of_namespace(&cfg.routing_keys, ns_annotations) {
+        Ok(None) => Ok(std::borrow::Cow::Borrowed(cfg)),
+        Ok(Some(keys)) => {
+            let mut out = cfg.clone();
+            out.routing_keys = keys;
+            Ok(std::borrow::Cow::Owned(out))
+        }
+        Err(e) => Err(Error::Config(e)),
     }
-    let mut out = cfg.clone();
-    if let Some(h) = headers {
-        out.routing_keys
-            .custom_headers
-            .extend(h.split(',').map(|s| s.trim().to_ascii_lowercase()));
-    }
-    if let Some(q) = query {
-        out.routing_keys.query_param = Some(q.to_owned());
-    }
-    if let Err(e) = spur_routing::extract::KeyExtractor::new(&out.routing_keys) {
-        return Err(Error::Config(format!(
-            "the namespace's annotation {} or {}: {e}",
-            keys::ROUTING_HEADERS,
-            keys::QUERY_PARAM
-        )));
-    }
-    Ok(std::borrow::Cow::Owned(out))
 }
 
 /// Decides everything that needs no API call. `namespace_labels` is `None` when the namespace

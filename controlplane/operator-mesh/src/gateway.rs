@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use spur_operator_core::{Context, Error, FIELD_MANAGER, FINALIZER};
 
-use crate::http_route_resource;
+use crate::{Carriers, MeshConfig, http_route_resource};
 
 mod desired;
 mod status;
@@ -44,11 +44,12 @@ pub(crate) struct GatewayContext {
     ctx: Arc<Context>,
     http_routes: Store<DynamicObject>,
     resource: ApiResource,
+    carriers: Carriers,
 }
 
 /// The GatewayAPIRoute controller, woken by its GatewayAPIRoutes, by every HTTPRoute with a
 /// backendRef to one's target Service, and by the routes it derived.
-pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+pub async fn run(client: Client, ctx: Arc<Context>, cfg: MeshConfig, stop: CancellationToken) {
     let resource = http_route_resource();
     let writer = Writer::new(resource.clone());
     let http_routes = writer.as_reader();
@@ -61,27 +62,52 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     let controller = spur_controller::changes::primary(Api::<GatewayAPIRoute>::all(client.clone()))
         .with_config(spur_operator_core::controller_config());
     let gars = controller.store();
+    let by_namespace = gars.clone();
+    let (carriers, namespaces) = match Carriers::watch(&client, &cfg.routing_keys) {
+        Ok(c) => c,
+        Err(e) => {
+            // MeshConfig::validate refused this already at start.
+            tracing::error!(error = %e, "GatewayAPIRoute controller not started");
+            return;
+        }
+    };
     let gctx = Arc::new(GatewayContext {
         ctx,
         http_routes,
         resource: resource.clone(),
+        carriers,
     });
-    let controller = controller.watches_stream_with(
-        changes,
-        move |route: DynamicObject| {
-            let mut refs = spur_controller::cluster_owners::<GatewayAPIRoute>(&route);
-            if !is_managed(&route) {
-                refs.extend(
-                    gars.state()
-                        .into_iter()
-                        .filter(|g| references(&route, &g.spec.target_service))
-                        .map(|g| ObjectRef::from_obj(&*g)),
-                );
-            }
-            refs
-        },
-        resource,
-    );
+    let controller = controller
+        .watches_stream_with(
+            changes,
+            move |route: DynamicObject| {
+                let mut refs = spur_controller::cluster_owners::<GatewayAPIRoute>(&route);
+                if !is_managed(&route) {
+                    refs.extend(
+                        gars.state()
+                            .into_iter()
+                            .filter(|g| references(&route, &g.spec.target_service))
+                            .map(|g| ObjectRef::from_obj(&*g)),
+                    );
+                }
+                refs
+            },
+            resource,
+        )
+        // A namespace's carrier annotations decide the matches of the routes to its Services.
+        .watches_stream_with(
+            namespaces,
+            move |ns| {
+                let ns = ns.name_any();
+                by_namespace
+                    .state()
+                    .into_iter()
+                    .filter(|g| g.spec.target_service.namespace == ns)
+                    .map(|g| ObjectRef::from_obj(&*g))
+                    .collect::<Vec<_>>()
+            },
+            (),
+        );
     spur_controller::run(
         "gatewayapiroute",
         controller,
@@ -114,6 +140,7 @@ async fn apply(gr: &GatewayAPIRoute, gctx: &GatewayContext) -> Result<Action, Er
     {
         return Err(Error::Pending("the HTTPRoute watch to sync".into()));
     }
+    gctx.carriers.ready().await?;
     let name = gr.name_any();
     let invalid = gr
         .spec
@@ -124,7 +151,11 @@ async fn apply(gr: &GatewayAPIRoute, gctx: &GatewayContext) -> Result<Action, Er
     let mut all: Vec<Arc<DynamicObject>> = gctx.http_routes.state();
     all.sort_by_key(|r| (r.namespace(), r.name_any()));
     let derived = match invalid {
-        None => desired::plan(gr, &all),
+        None => desired::plan(
+            gr,
+            &all,
+            &gctx.carriers.of(&gr.spec.target_service.namespace),
+        ),
         Some(_) => Vec::new(),
     };
     let mut keep = BTreeSet::new();

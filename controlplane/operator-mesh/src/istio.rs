@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use spur_operator_core::{Context, Error, FIELD_MANAGER, FINALIZER};
 
-use crate::{MeshConfig, virtual_service_resource};
+use crate::{Carriers, MeshConfig, virtual_service_resource};
 
 mod desired;
 mod status;
@@ -51,6 +51,7 @@ pub(crate) struct IstioContext {
     virtual_services: Store<DynamicObject>,
     resource: ApiResource,
     cluster_domain: String,
+    carriers: Carriers,
 }
 
 /// The IstioRoute controller, woken by its IstioRoutes and by every VirtualService that names
@@ -69,24 +70,49 @@ pub async fn run(client: Client, ctx: Arc<Context>, cfg: MeshConfig, stop: Cance
         .with_config(spur_operator_core::controller_config());
     let routes = controller.store();
     let domain = cfg.cluster_domain.clone();
+    let (carriers, namespaces) = match Carriers::watch(&client, &cfg.routing_keys) {
+        Ok(c) => c,
+        Err(e) => {
+            // MeshConfig::validate refused this already at start.
+            tracing::error!(error = %e, "IstioRoute controller not started");
+            return;
+        }
+    };
     let ictx = Arc::new(IstioContext {
         ctx,
         virtual_services,
         resource: resource.clone(),
         cluster_domain: cfg.cluster_domain,
+        carriers,
     });
-    let controller = controller.watches_stream_with(
-        changes,
-        move |vs: DynamicObject| {
-            routes
-                .state()
-                .into_iter()
-                .filter(|ir| concerns(&vs, ir, &domain))
-                .map(|ir| ObjectRef::from_obj(&*ir))
-                .collect::<Vec<_>>()
-        },
-        resource,
-    );
+    let by_namespace = routes.clone();
+    let controller = controller
+        .watches_stream_with(
+            changes,
+            move |vs: DynamicObject| {
+                routes
+                    .state()
+                    .into_iter()
+                    .filter(|ir| concerns(&vs, ir, &domain))
+                    .map(|ir| ObjectRef::from_obj(&*ir))
+                    .collect::<Vec<_>>()
+            },
+            resource,
+        )
+        // A namespace's carrier annotations decide the matches of the routes to its Services.
+        .watches_stream_with(
+            namespaces,
+            move |ns| {
+                let ns = ns.name_any();
+                by_namespace
+                    .state()
+                    .into_iter()
+                    .filter(|ir| ir.spec.target_service.namespace == ns)
+                    .map(|ir| ObjectRef::from_obj(&*ir))
+                    .collect::<Vec<_>>()
+            },
+            (),
+        );
     spur_controller::run(
         "istioroute",
         controller,
@@ -129,11 +155,17 @@ async fn apply(ir: &IstioRoute, ictx: &IstioContext) -> Result<Action, Error> {
     {
         return Err(Error::Pending("the VirtualService watch to sync".into()));
     }
+    ictx.carriers.ready().await?;
     let name = ir.name_any();
     let route = ir.spec.route();
     let invalid = route.validate("IstioRoute").err().map(|e| e.to_string());
     let own = match &invalid {
-        None => entries(&name, route, &ictx.cluster_domain),
+        None => entries(
+            &name,
+            route,
+            &ictx.cluster_domain,
+            &ictx.carriers.of(&route.target_service.namespace),
+        ),
         Some(_) => Vec::new(),
     };
     let mut vss: Vec<Arc<DynamicObject>> = ictx.virtual_services.state();

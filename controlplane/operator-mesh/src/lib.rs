@@ -4,7 +4,16 @@
 //! the RoutingConfig controller); their own controllers write the mesh's objects ([`istio`],
 //! [`gateway`]).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Client;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use spur_api::carriers::{ExtractConfig, KeyExtractor};
 
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
@@ -34,6 +43,10 @@ pub struct MeshConfig {
     /// The cluster's DNS domain: Istio destinations are written as fully qualified names, which
     /// mean the same from a VirtualService in any namespace.
     pub cluster_domain: String,
+    /// The routing-key carriers the cluster's sidecars read besides the standard ones (the
+    /// injection config's `routingKeys`, chart `routingKeys`): the routes match them too, with
+    /// each target namespace's own ([`spur_api::carriers::of_namespace`]).
+    pub routing_keys: ExtractConfig,
 }
 
 impl Default for MeshConfig {
@@ -42,6 +55,7 @@ impl Default for MeshConfig {
             istio: false,
             gateway_api: false,
             cluster_domain: "cluster.local".into(),
+            routing_keys: ExtractConfig::default(),
         }
     }
 }
@@ -52,13 +66,90 @@ impl MeshConfig {
     }
 
     pub fn validate(&self) -> Result<(), Error> {
-        if spur_api::validation::is_dns_subdomain(&self.cluster_domain) {
-            Ok(())
-        } else {
-            Err(Error::Config(format!(
+        if !spur_api::validation::is_dns_subdomain(&self.cluster_domain) {
+            return Err(Error::Config(format!(
                 "mesh cluster domain {:?} is not a DNS name",
                 self.cluster_domain
-            )))
+            )));
+        }
+        KeyExtractor::new(&self.routing_keys)
+            .map(drop)
+            .map_err(|e| Error::Config(format!("the mesh routes' routing-key carriers: {e}")))
+    }
+}
+
+/// The routing-key carriers of each namespace, from the cluster's and the namespaces'
+/// annotations (a metadata watch of Namespaces), for the matches a mesh route writes.
+#[derive(Clone)]
+pub(crate) struct Carriers {
+    cluster_cfg: ExtractConfig,
+    cluster: KeyExtractor,
+    namespaces: Store<PartialObjectMeta<Namespace>>,
+}
+
+impl Carriers {
+    /// The carriers and the store's change stream, which wakes the routes of a namespace whose
+    /// annotations may have changed. `cfg` was validated ([`MeshConfig::validate`]).
+    pub(crate) fn watch(
+        client: &Client,
+        cfg: &ExtractConfig,
+    ) -> Result<
+        (
+            Carriers,
+            impl futures_util::Stream<Item = Result<PartialObjectMeta<Namespace>, watcher::Error>>
+            + Send
+            + 'static,
+        ),
+        Error,
+    > {
+        let cluster = KeyExtractor::new(cfg)
+            .map_err(|e| Error::Config(format!("the mesh routes' routing-key carriers: {e}")))?;
+        let (namespaces, writer) = kube::runtime::reflector::store();
+        let events = watcher(
+            Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(|o| o.managed_fields_mut().clear());
+        let changes = reflector(writer, events).touched_objects();
+        let carriers = Carriers {
+            cluster_cfg: cfg.clone(),
+            cluster,
+            namespaces,
+        };
+        Ok((carriers, changes))
+    }
+
+    /// Waits (at most a second) for the namespace watch's first list: before it, every
+    /// namespace would look unannotated.
+    pub(crate) async fn ready(&self) -> Result<(), Error> {
+        tokio::time::timeout(Duration::from_secs(1), self.namespaces.wait_until_ready())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .ok_or_else(|| Error::Pending("the Namespace watch to sync".into()))
+    }
+
+    /// The carriers read in `namespace`. A malformed annotation there leaves the cluster's
+    /// (the webhook injects no sidecar in such a namespace, and says why on each pod), logged.
+    pub(crate) fn of(&self, namespace: &str) -> Cow<'_, KeyExtractor> {
+        let ns = self
+            .namespaces
+            .get(&ObjectRef::<PartialObjectMeta<Namespace>>::new(namespace));
+        let annotations = ns.as_ref().map(|n| n.annotations());
+        match spur_api::carriers::of_namespace(&self.cluster_cfg, annotations) {
+            Ok(None) => Cow::Borrowed(&self.cluster),
+            Ok(Some(cfg)) => match KeyExtractor::new(&cfg) {
+                Ok(ex) => Cow::Owned(ex),
+                Err(e) => {
+                    tracing::warn!(namespace, error = %e, "using the cluster's routing-key carriers");
+                    Cow::Borrowed(&self.cluster)
+                }
+            },
+            Err(e) => {
+                tracing::warn!(namespace, error = %e, "using the cluster's routing-key carriers");
+                Cow::Borrowed(&self.cluster)
+            }
         }
     }
 }

@@ -13,11 +13,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
+use spur_api::carriers::ExtractConfig;
 use spur_api::{EnvoyConfigRevision, ListenerSet, RoutingConfig};
 use spur_proto::routes;
 use spur_routing::RoutingRule;
@@ -38,6 +40,8 @@ pub struct KubeStore {
     l4: bool,
     /// Namespaces whose labelled Secrets SDS may serve.
     secret_namespaces: Vec<String>,
+    /// The cluster's routing-key carriers besides the standard ones, for the xDS routes.
+    carriers: ExtractConfig,
     running: Option<Running>,
 }
 
@@ -53,6 +57,9 @@ struct Running {
     l4_slices: Option<Store<EndpointSlice>>,
     /// One per namespace of `secret_namespaces`, only Secrets labelled for SDS.
     secrets: Vec<Store<Secret>>,
+    /// Only with xDS: Namespaces' metadata, whose annotations may change the carriers.
+    namespaces: Option<Store<PartialObjectMeta<Namespace>>>,
+    carriers: ExtractConfig,
     secret_namespaces: Vec<String>,
     dirty: Arc<Notify>,
     tasks: Vec<JoinHandle<()>>,
@@ -76,8 +83,19 @@ impl KubeStore {
             xds: false,
             l4: false,
             secret_namespaces: Vec::new(),
+            carriers: ExtractConfig::default(),
             running: None,
         }
+    }
+
+    /// With xDS, the routes match these carriers too (the cluster's `routingKeys`), and those a
+    /// namespace's annotations add ([`spur_api::carriers::of_namespace`]): the Namespaces'
+    /// metadata is watched for them. Fails when the carriers are malformed.
+    pub fn with_carriers(mut self, carriers: ExtractConfig) -> Result<Self, crate::Error> {
+        spur_api::carriers::KeyExtractor::new(&carriers)
+            .map_err(|e| crate::Error::Store(format!("routing-key carriers: {e}")))?;
+        self.carriers = carriers;
+        Ok(self)
     }
 
     /// Also watches EndpointSlices and publishes the xDS model (see [`crate::xds`]).
@@ -217,6 +235,15 @@ impl RuleStore for KubeStore {
             tasks.push(t);
             slices
         });
+        let namespaces = self.xds.then(|| {
+            let (namespaces, t) = spawn_reflector(
+                Api::<PartialObjectMeta<Namespace>>::all(self.client.clone()),
+                dirty.clone(),
+                "Namespace",
+            );
+            tasks.push(t);
+            namespaces
+        });
         let mut secrets = Vec::new();
         if self.xds {
             for ns in &self.secret_namespaces {
@@ -239,6 +266,8 @@ impl RuleStore for KubeStore {
             listener_sets,
             l4_slices,
             secrets,
+            namespaces,
+            carriers: self.carriers.clone(),
             secret_namespaces: self.secret_namespaces.clone(),
             dirty,
             tasks,
@@ -260,6 +289,9 @@ impl RuleStore for KubeStore {
             for s in &running.secrets {
                 s.wait_until_ready().await?;
             }
+            if let Some(n) = &running.namespaces {
+                n.wait_until_ready().await?;
+            }
             running.services.wait_until_ready().await
         };
         match tokio::time::timeout(self.sync_timeout, ready).await {
@@ -267,7 +299,7 @@ impl RuleStore for KubeStore {
             Ok(Err(e)) => return Err(crate::Error::Store(format!("watch ended: {e}"))),
             Err(_) => {
                 return Err(crate::Error::Store(format!(
-                    "no complete list of RoutingConfigs and Services (and EndpointSlices, published EnvoyConfigRevisions and SDS Secrets, with xDS; ListenerSets, with L4) within {:?} (is the API server reachable, are the CRDs installed, may this service account list and watch them?)",
+                    "no complete list of RoutingConfigs and Services (and EndpointSlices, published EnvoyConfigRevisions, SDS Secrets and Namespaces, with xDS; ListenerSets, with L4) within {:?} (is the API server reachable, are the CRDs installed, may this service account list and watch them?)",
                     self.sync_timeout
                 )));
             }
@@ -315,6 +347,16 @@ fn publish(running: &Running, index: &Index, metrics: &Metrics) {
         problems.extend(model.problems.iter().cloned());
         index.set_l4(model);
     }
+    let namespaces = running
+        .namespaces
+        .as_ref()
+        .map(Store::state)
+        .unwrap_or_default();
+    let (carriers, carrier_problems) =
+        crate::xds::model::Carriers::build(&running.carriers, &namespaces);
+    if running.slices.is_some() {
+        problems.extend(carrier_problems);
+    }
     metrics.set_problems(problems.len());
     index.replace_all_with_history(rules, routes);
     index.set_problems(problems);
@@ -328,7 +370,7 @@ fn publish(running: &Running, index: &Index, metrics: &Metrics) {
             .unwrap_or_default();
         let secrets: Vec<Arc<Secret>> = running.secrets.iter().flat_map(Store::state).collect();
         index.set_xds(
-            crate::xds::model::Model::build(&services, &configs, &slices.state())
+            crate::xds::model::Model::build(&services, &configs, &slices.state(), &carriers)
                 .with_node_configs(
                     &revisions,
                     crate::xds::model::TlsSecrets {

@@ -1,11 +1,14 @@
 //! The standard routing-key carriers, defined once: where a request carries a key, how it is
 //! read ([`crate::extract`]), written ([`crate::inject`]), listed for the HTTP/1 relay (the
-//! sidecar's router) and matched by proxies Spur does not run ([`key_matches`], rendered for xDS,
+//! sidecar's router) and matched by proxies Spur does not run ([`crate::KeyExtractor::key_matches`], rendered for xDS,
 //! Istio and the Gateway API).
 //!
 //! A new standard carrier is one entry in [`Carrier::ALL`] (and, for a new list grammar, its arm
 //! in [`Carrier::key_match`]); everything else derives from the table. The configured carriers
-//! (custom headers, a query parameter) come from [`crate::ExtractConfig`] instead.
+//! (custom headers, a query parameter) come from [`crate::ExtractConfig`] instead, and
+//! [`crate::KeyExtractor::key_matches`] adds them to the standard ones.
+
+use std::borrow::Cow;
 
 use http::HeaderName;
 
@@ -104,7 +107,7 @@ impl Carrier {
             Carrier::Bare { .. } => (MatchKind::Exact, key.to_owned()),
         };
         KeyMatch {
-            header: self.header(),
+            on: MatchOn::Header(Cow::Borrowed(self.header())),
             kind,
             value,
         }
@@ -178,24 +181,33 @@ pub enum MatchKind {
     Exact,
 }
 
-/// One header match of a routing key.
+/// Where a [`KeyMatch`] looks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MatchOn {
+    /// A header, by its lower-case name.
+    Header(Cow<'static, str>),
+    /// A query parameter, by its name (valid keys never need percent-encoding, so the raw
+    /// value of a well-formed URL is the key itself).
+    Query(Box<str>),
+}
+
+/// One match of a routing key: a header or a query parameter.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyMatch {
-    /// Lower-case header name.
-    pub header: &'static str,
+    pub on: MatchOn,
     pub kind: MatchKind,
     /// The regular expression, or the exact value.
     pub value: String,
 }
 
-/// The matches for `key`, one per carrier of [`Carrier::ALL`], in the precedence order of the
-/// sidecar's extractor: for proxies Spur does not run itself (Envoy through xDS, Istio
-/// VirtualServices, Gateway API HTTPRoutes), which each spell a header match their own way.
-///
-/// A request is routed by key when any one of these matches: proxies OR them by listing one
-/// route (or one match) per entry, since a single match ANDs its headers.
-pub fn key_matches(key: &str) -> Vec<KeyMatch> {
-    Carrier::ALL.iter().map(|c| c.key_match(key)).collect()
+impl KeyMatch {
+    /// The header this match tests, if it tests one.
+    pub fn header(&self) -> Option<&str> {
+        match &self.on {
+            MatchOn::Header(h) => Some(h),
+            MatchOn::Query(_) => None,
+        }
+    }
 }
 
 /// Keys are `[A-Za-z0-9._-]`, member names `[a-z-]`: only `.` means anything to RE2.
@@ -254,7 +266,7 @@ mod tests {
         };
         for (c, name) in Carrier::ALL.into_iter().zip(Carrier::header_names()) {
             let m = c.key_match(key);
-            assert_eq!(m.header, c.header());
+            assert_eq!(m.header(), Some(c.header()));
             let carried: Vec<String> = match c {
                 Carrier::List { .. } => MEMBER_NAMES.iter().map(|n| format!("{n}={key}")).collect(),
                 Carrier::Bare { .. } => vec![key.to_owned()],
@@ -288,6 +300,36 @@ mod tests {
                 }
             }
         }
-        assert_eq!(key_matches(key).len(), Carrier::ALL.len());
+        let none = KeyExtractor::new(&ExtractConfig::default()).unwrap();
+        assert_eq!(none.key_matches(key).len(), Carrier::ALL.len());
+    }
+
+    /// The configured carriers come first, in the extractor's precedence order, each an exact
+    /// match of the key: what the extractor reads from them is the whole (trimmed) value.
+    #[test]
+    fn configured_carriers_match_first_and_exactly() {
+        let cfg = ExtractConfig {
+            custom_headers: vec!["X-Route-To".into(), "x-team".into()],
+            query_param: Some("sd-routing-key".into()),
+        };
+        let ex = KeyExtractor::new(&cfg).unwrap();
+        let m = ex.key_matches("sb1.k");
+        assert_eq!(m.len(), 3 + Carrier::ALL.len());
+        assert_eq!(m[0].on, MatchOn::Query("sd-routing-key".into()));
+        assert_eq!(m[1].header(), Some("x-route-to"));
+        assert_eq!(m[2].header(), Some("x-team"));
+        assert_eq!(m[3].header(), Some("baggage"));
+        for k in &m[..3] {
+            assert_eq!((k.kind, k.value.as_str()), (MatchKind::Exact, "sb1.k"));
+        }
+        // What each configured match selects is what the extractor reads there.
+        let mut h = HeaderMap::new();
+        h.insert("x-route-to", HeaderValue::from_static("sb1.k"));
+        assert_eq!(ex.extract(&h, None).first(), Some("sb1.k"));
+        assert_eq!(
+            ex.extract(&HeaderMap::new(), Some("a=1&sd-routing-key=sb1.k"))
+                .first(),
+            Some("sb1.k")
+        );
     }
 }

@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::Error;
 use crate::baggage::{self, Syntax, percent_decode, trim_ows};
-use crate::carrier::{Carrier, FIRST_BYTES};
+use crate::carrier::{Carrier, FIRST_BYTES, KeyMatch, MatchKind, MatchOn};
 
 pub use crate::carrier::{LEGACY_HEADERS, MEMBER_NAMES};
 
@@ -77,6 +77,40 @@ impl KeyExtractor {
             custom_headers,
             query_param,
         })
+    }
+
+    /// The standard carriers alone (what [`ExtractConfig::default`] configures), infallibly.
+    pub fn standard() -> Self {
+        KeyExtractor {
+            custom_headers: Vec::new(),
+            query_param: None,
+        }
+    }
+
+    /// The matches for `key`, in the precedence order of the sidecar's extractor
+    /// ([`KeyExtractor::extract`]): the configured query parameter, the configured custom headers,
+    /// then one per carrier of [`Carrier::ALL`]. For proxies Spur does not run itself (Envoy
+    /// through xDS, Istio VirtualServices, Gateway API HTTPRoutes), which each spell a match their
+    /// own way; the configured carriers are what the sidecars they stand beside read (the cluster's
+    /// `routingKeys` and the namespace's annotations), so the carriers stay one definition.
+    ///
+    /// A request is routed by key when any one of these matches: proxies OR them by listing one
+    /// route (or one match) per entry, since a single match ANDs its conditions.
+    pub fn key_matches(&self, key: &str) -> Vec<KeyMatch> {
+        let exact = |on| KeyMatch {
+            on,
+            kind: MatchKind::Exact,
+            value: key.to_owned(),
+        };
+        let mut out = Vec::with_capacity(Carrier::ALL.len() + self.custom_headers.len() + 1);
+        if let Some(q) = &self.query_param {
+            out.push(exact(MatchOn::Query(q.clone())));
+        }
+        for h in &self.custom_headers {
+            out.push(exact(MatchOn::Header(Cow::Owned(h.as_str().to_owned()))));
+        }
+        out.extend(Carrier::ALL.iter().map(|c| c.key_match(key)));
+        out
     }
 
     pub fn query_param(&self) -> Option<&str> {

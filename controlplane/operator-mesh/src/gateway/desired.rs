@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use kube::core::DynamicObject;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
-use spur_api::carriers::{KeyMatch, MatchKind, key_matches};
+use spur_api::carriers::{KeyExtractor, KeyMatch, MatchKind, MatchOn};
 use spur_api::keys::{annotations, labels};
 use spur_api::mesh::{MeshRoute, PortMapping, ServiceRef};
 use spur_api::{GatewayAPIRoute, names};
@@ -31,7 +31,11 @@ pub(super) struct Derived {
 
 /// The derived routes of every user HTTPRoute in `all` (sorted by namespace and name) that
 /// sends to the GatewayAPIRoute's target Service.
-pub(super) fn plan(gr: &GatewayAPIRoute, all: &[std::sync::Arc<DynamicObject>]) -> Vec<Derived> {
+pub(super) fn plan(
+    gr: &GatewayAPIRoute,
+    all: &[std::sync::Arc<DynamicObject>],
+    carriers: &KeyExtractor,
+) -> Vec<Derived> {
     let route = gr.spec.route();
     let mut out = Vec::new();
     for user in all.iter().filter(|r| !is_managed(r)) {
@@ -45,7 +49,7 @@ pub(super) fn plan(gr: &GatewayAPIRoute, all: &[std::sync::Arc<DynamicObject>]) 
             problems: Vec::new(),
         };
         for m in route.mappings {
-            match derive(gr, user, route, m) {
+            match derive(gr, user, route, m, carriers) {
                 Ok(None) => {}
                 Ok(Some(obj)) => d.routes.push(obj),
                 Err(why) => d.problems.push(format!("port {}: {why}", m.from_port)),
@@ -123,9 +127,10 @@ pub(super) fn derive(
     user: &DynamicObject,
     route: MeshRoute<'_>,
     m: &PortMapping,
+    carriers: &KeyExtractor,
 ) -> Result<Option<DynamicObject>, String> {
     let ns = user.namespace().unwrap_or_default();
-    let carriers = key_matches(route.routing_key);
+    let carriers = carriers.key_matches(route.routing_key);
     let default_match = [json!({"path": {"type": "PathPrefix", "value": "/"}})];
     let mut out = Vec::new();
     let mut total = 0;
@@ -174,41 +179,60 @@ pub(super) fn derive(
     derived_object(gr, user, route, m, out)
 }
 
-/// Each carrier's match added to `mt` (match `mt` of rule `i`), one derived match per carrier.
+/// Each carrier's match added to `mt` (match `mt` of rule `i`), one derived match per carrier:
+/// a header match for a header carrier, a query parameter match for the query parameter.
 fn with_carriers(mt: &Value, carriers: &[KeyMatch], i: usize) -> Result<Vec<Value>, String> {
-    let headers: Vec<Value> = mt
-        .get("headers")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    if headers.len() >= MAX_HEADERS_PER_MATCH {
-        return Err(format!(
-            "rule {i} has a match with {} header matches, no room for a key carrier",
-            headers.len()
-        ));
+    let list = |field: &str| -> Vec<Value> {
+        mt.get(field)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let (headers, params) = (list("headers"), list("queryParams"));
+    // Gateway API allows as many query parameter matches as header matches per match.
+    for (what, have) in [("header", &headers), ("query parameter", &params)] {
+        let needed = carriers
+            .iter()
+            .any(|c| matches!(c.on, MatchOn::Query(_)) == (what == "query parameter"));
+        if needed && have.len() >= MAX_HEADERS_PER_MATCH {
+            return Err(format!(
+                "rule {i} has a match with {} {what} matches, no room for a key carrier",
+                have.len()
+            ));
+        }
     }
+    let tests = |list: &[Value], name: &str, ignore_case: bool| {
+        list.iter().any(|h| {
+            h.get("name").and_then(Value::as_str).is_some_and(|n| {
+                if ignore_case {
+                    n.eq_ignore_ascii_case(name)
+                } else {
+                    n == name
+                }
+            })
+        })
+    };
     let mut derived = Vec::new();
     for c in carriers {
-        // A match that already tests this header (header names are case-insensitive)
-        // cannot test it twice; that carrier is left out for this match.
-        if headers.iter().any(|h| {
-            h.get("name")
-                .and_then(Value::as_str)
-                .is_some_and(|n| n.eq_ignore_ascii_case(c.header))
-        }) {
-            continue;
-        }
-        let mut with = headers.clone();
-        with.push(json!({
-            "type": match c.kind {
-                MatchKind::Regex => "RegularExpression",
-                MatchKind::Exact => "Exact",
-            },
-            "name": c.header,
-            "value": c.value,
-        }));
+        let kind = match c.kind {
+            MatchKind::Regex => "RegularExpression",
+            MatchKind::Exact => "Exact",
+        };
+        // A match that already tests this header (header names are case-insensitive) or this
+        // query parameter (case-sensitive) cannot test it twice; that carrier is left out for
+        // this match.
+        let (field, mut with) = match &c.on {
+            MatchOn::Header(name) if !tests(&headers, name, true) => ("headers", headers.clone()),
+            MatchOn::Query(name) if !tests(&params, name, false) => ("queryParams", params.clone()),
+            _ => continue,
+        };
+        let name = match &c.on {
+            MatchOn::Header(n) => &**n,
+            MatchOn::Query(n) => &**n,
+        };
+        with.push(json!({"type": kind, "name": name, "value": c.value}));
         let mut d = mt.clone();
-        d["headers"] = Value::Array(with);
+        d[field] = Value::Array(with);
         derived.push(d);
     }
     Ok(derived)
@@ -282,6 +306,10 @@ mod tests {
         g
     }
 
+    fn none() -> KeyExtractor {
+        KeyExtractor::new(&Default::default()).unwrap()
+    }
+
     fn user(rules: Value) -> DynamicObject {
         serde_json::from_value(json!({
             "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
@@ -304,7 +332,7 @@ mod tests {
             {"backendRefs": [{"name": "web", "port": 8080}]},
         ]));
         assert!(references(&u, &g.spec.target_service));
-        let d = derive(&g, &u, g.spec.route(), &g.spec.mappings[0])
+        let d = derive(&g, &u, g.spec.route(), &g.spec.mappings[0], &none())
             .unwrap()
             .unwrap();
         assert_eq!(d.namespace().as_deref(), Some("shop"));
@@ -336,7 +364,7 @@ mod tests {
             to_port: 9090,
         };
         assert!(
-            derive(&g, &u, g.spec.route(), &other_port)
+            derive(&g, &u, g.spec.route(), &other_port, &none())
                 .unwrap()
                 .is_none()
         );
@@ -346,7 +374,7 @@ mod tests {
     fn rules_without_matches_get_the_default_and_bounds_are_reported() {
         let g = gar();
         let u = user(json!([{"backendRefs": [{"name": "web", "namespace": "shop", "port": 80}]}]));
-        let d = derive(&g, &u, g.spec.route(), &g.spec.mappings[0])
+        let d = derive(&g, &u, g.spec.route(), &g.spec.mappings[0], &none())
             .unwrap()
             .unwrap();
         let ms = spec_of(&d)["rules"][0]["matches"]
@@ -360,11 +388,49 @@ mod tests {
             .map(|i| json!({"path": {"type": "PathPrefix", "value": format!("/{i}")}}))
             .collect();
         let u = user(json!([{"matches": many, "backendRefs": [{"name": "web", "port": 80}]}]));
-        let err = derive(&g, &u, g.spec.route(), &g.spec.mappings[0]).unwrap_err();
+        let err = derive(&g, &u, g.spec.route(), &g.spec.mappings[0], &none()).unwrap_err();
         assert!(err.contains("70 matches"), "{err}");
 
         let elsewhere =
             user(json!([{"backendRefs": [{"name": "web", "namespace": "other", "port": 80}]}]));
         assert!(!references(&elsewhere, &g.spec.target_service));
+    }
+
+    /// The configured carriers are matches of their own: the query parameter as a query
+    /// parameter match, each custom header as an exact header match, first.
+    #[test]
+    fn configured_carriers_are_derived_matches_too() {
+        let g = gar();
+        let carriers = KeyExtractor::new(&spur_api::carriers::ExtractConfig {
+            custom_headers: vec!["x-route-to".into()],
+            query_param: Some("sd-routing-key".into()),
+        })
+        .unwrap();
+        let u = user(json!([
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/"},
+                          "queryParams": [{"type": "Exact", "name": "sd-routing-key", "value": "x"}]},
+                         {"path": {"type": "PathPrefix", "value": "/b"}}],
+             "backendRefs": [{"name": "web", "port": 80}]},
+        ]));
+        let d = derive(&g, &u, g.spec.route(), &g.spec.mappings[0], &carriers)
+            .unwrap()
+            .unwrap();
+        let ms = spec_of(&d)["rules"][0]["matches"]
+            .as_array()
+            .unwrap()
+            .clone();
+        // The first match tests the parameter already: 1 + 10 there, 2 + 10 for /b.
+        assert_eq!(ms.len(), 11 + 12);
+        assert_eq!(ms[0]["headers"][0]["name"], "x-route-to");
+        assert_eq!(ms[0]["headers"][0]["type"], "Exact");
+        assert_eq!(ms[0]["headers"][0]["value"], "k1");
+        assert_eq!(ms[0]["queryParams"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            ms[11]["queryParams"],
+            json!([{"type": "Exact", "name": "sd-routing-key", "value": "k1"}])
+        );
+        assert!(ms[11].get("headers").is_none());
+        assert_eq!(ms[12]["headers"][0]["name"], "x-route-to");
+        assert_eq!(ms[13]["headers"][0]["name"], "baggage");
     }
 }

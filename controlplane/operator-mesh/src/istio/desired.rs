@@ -3,7 +3,7 @@
 
 use kube::core::DynamicObject;
 use serde_json::{Value, json};
-use spur_api::carriers::{MatchKind, key_matches};
+use spur_api::carriers::{KeyExtractor, MatchKind, MatchOn};
 use spur_api::mesh::{MeshRoute, ServiceRef};
 
 use crate::spec_of;
@@ -58,9 +58,15 @@ pub(super) fn is_own(r: &Value, ir_name: &str) -> bool {
 }
 
 /// The HTTP routes of an IstioRoute: one per mapped port, matching the port and any one key
-/// carrier, sending to the sandbox Service's fully qualified name.
-pub(super) fn entries(ir_name: &str, route: MeshRoute<'_>, domain: &str) -> Vec<Value> {
-    let carriers = key_matches(route.routing_key);
+/// carrier (a header, or the query parameter), sending to the sandbox Service's fully qualified
+/// name.
+pub(super) fn entries(
+    ir_name: &str,
+    route: MeshRoute<'_>,
+    domain: &str,
+    carriers: &KeyExtractor,
+) -> Vec<Value> {
+    let carriers = carriers.key_matches(route.routing_key);
     route
         .mappings
         .iter()
@@ -72,7 +78,12 @@ pub(super) fn entries(ir_name: &str, route: MeshRoute<'_>, domain: &str) -> Vec<
                         MatchKind::Regex => json!({"regex": k.value}),
                         MatchKind::Exact => json!({"exact": k.value}),
                     };
-                    json!({"port": m.from_port, "headers": {k.header: value}})
+                    match &k.on {
+                        MatchOn::Header(h) => json!({"port": m.from_port, "headers": {&**h: value}}),
+                        MatchOn::Query(q) => {
+                            json!({"port": m.from_port, "queryParams": {&**q: value}})
+                        }
+                    }
                 })
                 .collect();
             json!({
@@ -159,7 +170,8 @@ mod tests {
             target_service: &s,
             mappings: &mappings,
         };
-        let own = entries("b-ir", route, "cluster.local");
+        let none = KeyExtractor::new(&Default::default()).unwrap();
+        let own = entries("b-ir", route, "cluster.local", &none);
         assert_eq!(own.len(), 2);
         assert_eq!(route_name(&own[0]), "spur.b-ir.80");
         assert_eq!(
@@ -173,6 +185,24 @@ mod tests {
             own[0]["match"][2]["headers"]["ot-baggage-sd-routing-key"]["exact"],
             "k1"
         );
+        // The configured carriers come first: the query parameter, then each custom header.
+        let configured = KeyExtractor::new(&spur_api::carriers::ExtractConfig {
+            custom_headers: vec!["X-Route-To".into()],
+            query_param: Some("sd-routing-key".into()),
+        })
+        .unwrap();
+        let with = entries("b-ir", route, "cluster.local", &configured);
+        let m = with[0]["match"].as_array().unwrap();
+        assert_eq!(m.len(), 12);
+        assert_eq!(
+            m[0],
+            json!({"port": 80, "queryParams": {"sd-routing-key": {"exact": "k1"}}})
+        );
+        assert_eq!(
+            m[1],
+            json!({"port": 80, "headers": {"x-route-to": {"exact": "k1"}}})
+        );
+        assert!(m[2]["headers"]["baggage"]["regex"].is_string());
 
         let user = json!({"name": "default", "route": [{"destination": {"host": "web"}}]});
         let unnamed = json!({"route": [{"destination": {"host": "web"}, "weight": 100}]});

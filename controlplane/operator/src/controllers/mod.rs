@@ -84,7 +84,7 @@ pub(crate) async fn mesh(client: Client, ctx: Arc<Context>, stop: CancellationTo
     };
     let gateway = async {
         if mesh.gateway_api {
-            mesh_gateway::run(client.clone(), ctx.core.clone(), stop.clone()).await;
+            mesh_gateway::run(client.clone(), ctx.core.clone(), mesh.clone(), stop.clone()).await;
         }
     };
     tokio::join!(istio, gateway);

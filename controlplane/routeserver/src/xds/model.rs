@@ -10,10 +10,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use envoy_types::pb::google::protobuf::Any;
-use k8s_openapi::api::core::v1::{Secret, Service, ServicePort};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
+use kube::core::PartialObjectMeta;
 use spur_api::RoutingConfig;
+use spur_api::carriers::{ExtractConfig, of_namespace};
 use spur_api::common::service_host;
 
 use super::kind::KINDS;
@@ -83,6 +85,52 @@ pub struct TlsSecrets<'a> {
 pub struct ServiceRoutes {
     /// In routing-key order; at most one entry per key.
     pub keyed: Vec<KeyRoute>,
+    /// The carriers the routes match besides the standard ones: the Service's namespace's
+    /// ([`Carriers::of`]); left default on a port without keyed routes.
+    pub carriers: ExtractConfig,
+}
+
+/// The routing-key carriers read in each namespace: the cluster's (`--routing-header`,
+/// `--query-param`, the chart's `routingKeys`), changed by a namespace's annotations
+/// ([`spur_api::carriers::of_namespace`]), as the sidecars injected there read them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Carriers {
+    pub cluster: ExtractConfig,
+    /// Only the namespaces whose annotations change the cluster's.
+    pub by_namespace: BTreeMap<String, ExtractConfig>,
+}
+
+impl Carriers {
+    /// The carriers of every namespace in `namespaces`, and a problem for each whose
+    /// annotations are malformed (its routes then match the cluster's carriers, and the webhook
+    /// injects no sidecar there).
+    pub fn build(
+        cluster: &ExtractConfig,
+        namespaces: &[Arc<PartialObjectMeta<Namespace>>],
+    ) -> (Carriers, Vec<String>) {
+        let mut out = Carriers {
+            cluster: cluster.clone(),
+            by_namespace: BTreeMap::new(),
+        };
+        let mut problems = Vec::new();
+        for ns in namespaces {
+            match of_namespace(cluster, Some(ns.annotations())) {
+                Ok(None) => {}
+                Ok(Some(cfg)) => {
+                    out.by_namespace.insert(ns.name_any(), cfg);
+                }
+                Err(e) => problems.push(format!(
+                    "namespace {}: {e}; its xDS routes match the cluster's carriers",
+                    ns.name_any()
+                )),
+            }
+        }
+        (out, problems)
+    }
+
+    pub fn of(&self, namespace: &str) -> &ExtractConfig {
+        self.by_namespace.get(namespace).unwrap_or(&self.cluster)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,6 +152,7 @@ impl Model {
         services: &[Arc<Service>],
         configs: &[Arc<RoutingConfig>],
         slices: &[Arc<EndpointSlice>],
+        carriers: &Carriers,
     ) -> Model {
         let mut by_service: BTreeMap<(String, String), Vec<&EndpointSlice>> = BTreeMap::new();
         for s in slices {
@@ -155,6 +204,10 @@ impl Model {
                     continue;
                 }
                 if let Some(s) = model.services.get_mut(&from) {
+                    if s.keyed.is_empty() {
+                        // The baseline Service is in its workload's namespace.
+                        s.carriers = carriers.of(&r.baseline.namespace).clone();
+                    }
                     s.keyed.push(KeyRoute {
                         key: key.clone(),
                         sandbox: r.sandbox.clone(),
@@ -330,7 +383,7 @@ mod tests {
                 ("sb3-api.default.svc", 80),
             ),
         ];
-        let m = Model::build(&services, &configs, &slices);
+        let m = Model::build(&services, &configs, &slices, &Carriers::default());
         assert_eq!(
             m.clusters["api.default.svc:80"],
             vec!["10.0.0.1:8080".parse().unwrap()]
@@ -353,7 +406,7 @@ mod tests {
             svc("default", "api", &[("grpc", 80), ("metrics", 9090)]),
             svc("ns2", "one", &[("", 50051)]),
         ];
-        let m = Model::build(&services, &[], &[]);
+        let m = Model::build(&services, &[], &[], &Carriers::default());
         let c = |n: &str| canonical_listener(&m, n, "cluster.local");
         for n in [
             "api.default:80",

@@ -15,8 +15,8 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 use envoy_types::pb::envoy::config::listener::v3::{ApiListener, Listener};
 use envoy_types::pb::envoy::config::route::v3::{
-    HeaderMatcher, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, header_matcher,
-    route, route_action, route_match,
+    HeaderMatcher, QueryParameterMatcher, Route, RouteAction, RouteConfiguration, RouteMatch,
+    VirtualHost, header_matcher, query_parameter_matcher, route, route_action, route_match,
 };
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
@@ -25,7 +25,7 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 use envoy_types::pb::envoy::r#type::matcher::v3::{RegexMatcher, StringMatcher, string_matcher};
 use envoy_types::pb::google::protobuf::{Any, UInt32Value};
 use prost::{Message, Name};
-use spur_api::carriers::{MatchKind, key_matches};
+use spur_api::carriers::{KeyExtractor, MatchKind, MatchOn};
 use tokio::time::Instant;
 
 // The resource types are their own module (the model names them too); their path stays here.
@@ -186,28 +186,53 @@ pub fn listener(requested: &str, canonical: &str) -> Arc<Any> {
     })
 }
 
-/// Every key carrier Spur's sidecar reads, as header matchers ([`spur_api::carriers`], shared
-/// with the mesh modes): W3C `baggage` and `tracestate` members by regular expression, the
-/// OpenTracing/Jaeger headers by exact value. A route matches when all its matchers do, so each
-/// carrier is its own route.
-fn key_matchers(key: &str) -> Vec<HeaderMatcher> {
-    key_matches(key)
+/// Every key carrier the sidecars of the Service's namespace read ([`KeyExtractor::key_matches`],
+/// shared with the mesh modes): the configured query parameter and custom headers by exact
+/// value, W3C `baggage` and `tracestate` members by regular expression, the OpenTracing/Jaeger
+/// headers by exact value. A route matches when all its matchers do, so each carrier is its own
+/// route. (gRPC's xDS clients skip a route with query parameter matchers: a gRPC call has no
+/// query string.)
+fn key_matchers(
+    key: &str,
+    carriers: &KeyExtractor,
+) -> Vec<(Option<HeaderMatcher>, Option<QueryParameterMatcher>)> {
+    carriers
+        .key_matches(key)
         .into_iter()
-        .map(|m| HeaderMatcher {
-            name: m.header.into(),
-            header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(
-                StringMatcher {
-                    match_pattern: Some(match m.kind {
-                        MatchKind::Regex => string_matcher::MatchPattern::SafeRegex(RegexMatcher {
-                            regex: m.value,
-                            ..Default::default()
-                        }),
-                        MatchKind::Exact => string_matcher::MatchPattern::Exact(m.value),
+        .map(|m| {
+            let string_match = StringMatcher {
+                match_pattern: Some(match m.kind {
+                    MatchKind::Regex => string_matcher::MatchPattern::SafeRegex(RegexMatcher {
+                        regex: m.value,
+                        ..Default::default()
                     }),
-                    ignore_case: false,
-                },
-            )),
-            ..Default::default()
+                    MatchKind::Exact => string_matcher::MatchPattern::Exact(m.value),
+                }),
+                ignore_case: false,
+            };
+            match m.on {
+                MatchOn::Header(name) => (
+                    Some(HeaderMatcher {
+                        name: name.into_owned(),
+                        header_match_specifier: Some(
+                            header_matcher::HeaderMatchSpecifier::StringMatch(string_match),
+                        ),
+                        ..Default::default()
+                    }),
+                    None,
+                ),
+                MatchOn::Query(name) => (
+                    None,
+                    Some(QueryParameterMatcher {
+                        name: name.into(),
+                        query_parameter_match_specifier: Some(
+                            query_parameter_matcher::QueryParameterMatchSpecifier::StringMatch(
+                                string_match,
+                            ),
+                        ),
+                    }),
+                ),
+            }
         })
         .collect()
 }
@@ -220,17 +245,24 @@ fn to_cluster(name: &str) -> Option<route::Action> {
 }
 
 fn route_configuration(name: &str, routes: &ServiceRoutes) -> RouteConfiguration {
-    let matching = |headers: Vec<HeaderMatcher>| RouteMatch {
-        path_specifier: Some(route_match::PathSpecifier::Prefix("/".into())),
-        headers,
-        ..Default::default()
-    };
+    let matching =
+        |header: Option<HeaderMatcher>, query: Option<QueryParameterMatcher>| RouteMatch {
+            path_specifier: Some(route_match::PathSpecifier::Prefix("/".into())),
+            headers: header.into_iter().collect(),
+            query_parameters: query.into_iter().collect(),
+            ..Default::default()
+        };
+    // Validated with the model (model::Carriers::build); the standard carriers alone if not.
+    let carriers = KeyExtractor::new(&routes.carriers).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "routing-key carriers of {name}: the standard ones only");
+        KeyExtractor::standard()
+    });
     let mut out = Vec::with_capacity(routes.keyed.len() * 10 + 1);
     for k in &routes.keyed {
-        for (i, m) in key_matchers(&k.key).into_iter().enumerate() {
+        for (i, (h, q)) in key_matchers(&k.key, &carriers).into_iter().enumerate() {
             out.push(Route {
                 name: format!("{}/{}/{i}", k.sandbox, k.key),
-                r#match: Some(matching(vec![m])),
+                r#match: Some(matching(h, q)),
                 action: to_cluster(&k.cluster),
                 ..Default::default()
             });
@@ -238,7 +270,7 @@ fn route_configuration(name: &str, routes: &ServiceRoutes) -> RouteConfiguration
     }
     out.push(Route {
         name: "baseline".into(),
-        r#match: Some(matching(Vec::new())),
+        r#match: Some(matching(None, None)),
         action: to_cluster(name),
         ..Default::default()
     });
@@ -317,6 +349,7 @@ mod tests {
                     sandbox: "sb1".into(),
                     cluster: "sb1-api.default.svc:80".into(),
                 }],
+                carriers: Default::default(),
             },
         );
         m.services
@@ -361,6 +394,15 @@ mod tests {
     fn routes_match_every_carrier_then_fall_back_to_the_baseline() {
         let m = model();
         let rc = route_configuration("api.default.svc:80", &m.services["api.default.svc:80"]);
+        // Without configured carriers: the standard ones, headers only.
+        assert!(
+            rc.virtual_hosts[0].routes.iter().all(|r| r
+                .r#match
+                .as_ref()
+                .unwrap()
+                .query_parameters
+                .is_empty())
+        );
         let routes = &rc.virtual_hosts[0].routes;
         assert_eq!(
             routes.len(),
@@ -395,5 +437,39 @@ mod tests {
     fn regex_lite(pattern: &str) -> impl Fn(&str) -> bool + use<> {
         let re = ::regex::Regex::new(pattern).unwrap();
         move |s| re.is_match(s)
+    }
+
+    /// The configured carriers are routes of their own, first: the query parameter as a query
+    /// parameter matcher, each custom header as an exact header matcher.
+    #[test]
+    fn configured_carriers_are_routes_too() {
+        let mut routes = model().services["api.default.svc:80"].clone();
+        routes.carriers = spur_api::carriers::ExtractConfig {
+            custom_headers: vec!["x-route-to".into()],
+            query_param: Some("sd-routing-key".into()),
+        };
+        let rc = route_configuration("api.default.svc:80", &routes);
+        let r = &rc.virtual_hosts[0].routes;
+        assert_eq!(
+            r.len(),
+            2 + 2 + spur_routing::extract::LEGACY_HEADERS.len() + 1
+        );
+        let q = &r[0].r#match.as_ref().unwrap();
+        assert!(q.headers.is_empty());
+        assert_eq!(q.query_parameters.len(), 1);
+        assert_eq!(q.query_parameters[0].name, "sd-routing-key");
+        let exact = |m: &Option<query_parameter_matcher::QueryParameterMatchSpecifier>| match m {
+            Some(query_parameter_matcher::QueryParameterMatchSpecifier::StringMatch(s)) => {
+                s.match_pattern.clone()
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            exact(&q.query_parameters[0].query_parameter_match_specifier),
+            Some(string_matcher::MatchPattern::Exact("k1.x".into()))
+        );
+        let h = &r[1].r#match.as_ref().unwrap().headers;
+        assert_eq!(h[0].name, "x-route-to");
+        assert_eq!(r[2].r#match.as_ref().unwrap().headers[0].name, "baggage");
     }
 }
