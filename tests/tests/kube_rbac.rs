@@ -372,15 +372,18 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
             );
         }
         // The agent serves a hub outside the cluster: it reads Spur's objects, gets single
-        // Services (to refuse an ExternalName preview target, docs/hub.md) and asks
-        // SubjectAccessReviews (what each hub user may read), nothing else.
+        // Services (to refuse an ExternalName preview target, docs/hub.md), lists Namespaces
+        // (their carrier annotations, which previews overwrite) and asks SubjectAccessReviews
+        // (what each hub user may read), nothing else.
         if line.starts_with("spur-agent ") {
             let services = line.contains(" groups=core resources=services ") && verbs == "get";
+            let namespaces =
+                line.contains(" groups=core resources=namespaces ") && verbs == "list,watch";
             let asks = review && verbs == "create";
             assert!(
                 asks || (!verbs.split(',').any(|v| WRITE_VERBS.contains(&v))
-                    && (line.contains(" groups=spur.dev ") || services)),
-                "the agent may do more than read Spur's objects and get Services: {line}"
+                    && (line.contains(" groups=spur.dev ") || services || namespaces)),
+                "the agent may do more than read Spur's objects, get Services and list Namespaces: {line}"
             );
         }
         // The jobs component reads one Secret name in enrolled namespaces (the executors'

@@ -603,8 +603,12 @@ async fn kube_proxy(
 }
 
 /// Reads of Spur's cluster-scoped Sandboxes, RouteGroups and RoutingConfigs (lists, watches and
-/// single objects) and the cluster-wide list and watch of Jobs (for the web view).
+/// single objects), the cluster-wide list and watch of Jobs (for the web view), and the list and
+/// watch of Namespaces (whose carrier annotations previews overwrite).
 pub fn kube_path_allowed(path: &str) -> bool {
+    if path == crate::catalog::NAMESPACES_PATH {
+        return true;
+    }
     let Some(rest) = path.strip_prefix("/apis/spur.dev/v1alpha1/") else {
         return false;
     };
@@ -683,12 +687,15 @@ mod tests {
             "/apis/spur.dev/v1alpha1/routingconfigs",
             "/apis/spur.dev/v1alpha1/routingconfigs/sandbox-x-1a2b",
             "/apis/spur.dev/v1alpha1/jobs",
+            "/api/v1/namespaces",
         ] {
             assert!(kube_path_allowed(ok), "{ok}");
         }
         for bad in [
             "/api/v1/secrets",
             "/api/v1/namespaces/kube-system/secrets",
+            "/api/v1/namespaces/kube-system",
+            "/api/v1/namespaces/",
             "/apis/spur.dev/v1alpha1/sandboxes/a/status/x",
             "/apis/spur.dev/v1alpha1/forkedworkloads",
             "/apis/spur.dev/v1alpha1/sandboxes/../../../api/v1/secrets",

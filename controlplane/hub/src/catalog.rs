@@ -9,8 +9,10 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use http::StatusCode;
 use http_body_util::BodyExt;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::core::{ObjectList, WatchEvent};
 use serde::de::DeserializeOwned;
+use spur_api::keys::injection::{QUERY_PARAM, ROUTING_HEADERS};
 use spur_api::{RouteGroup, RoutingConfig, Sandbox};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -41,6 +43,13 @@ pub struct ClusterView {
     pub jobs: BTreeMap<String, spur_api::Job>,
     /// The lists have been read at least once since the cluster connected.
     pub synced: bool,
+    /// The namespaces' routing-key carrier annotations (`sidecar.spur.dev/routing-headers` and
+    /// `sidecar.spur.dev/query-param`, nothing else of them is kept), by name: a preview
+    /// overwrites the carriers the sidecars of its target's namespace read. Never shown.
+    pub namespaces: BTreeMap<String, Namespace>,
+    /// The namespaces have been listed since the cluster connected: until then no preview to
+    /// the cluster is sent (its carriers are unknown).
+    pub namespaces_synced: bool,
 }
 
 /// Where a preview request goes.
@@ -55,6 +64,9 @@ pub struct Resolved {
     pub scheme: String,
     pub host: String,
     pub port: u16,
+    /// The carrier annotations of the target's namespace (none for a host that names no
+    /// namespace), or `None` while the target cluster's namespaces have not been read.
+    pub carrier_annotations: Option<BTreeMap<String, String>>,
 }
 
 /// Why a preview name does not resolve.
@@ -218,6 +230,14 @@ impl Catalog {
                 });
             }
         }
+        let carrier_annotations = all.get(target_cluster).and_then(|v| {
+            v.namespaces_synced.then(|| {
+                service_of(&host)
+                    .and_then(|(ns, _)| v.namespaces.get(&ns))
+                    .and_then(|n| n.metadata.annotations.clone())
+                    .unwrap_or_default()
+            })
+        });
         Ok(Resolved {
             cluster: target_cluster.to_owned(),
             public: e.public,
@@ -225,6 +245,7 @@ impl Catalog {
             scheme,
             host,
             port,
+            carrier_annotations,
         })
     }
 
@@ -253,17 +274,19 @@ impl Catalog {
                 let catalog = self.clone();
                 let clusters = clusters.clone();
                 tokio::spawn(async move {
-                    catalog.update(&name, |v| v.synced = false);
+                    catalog.update(&name, |v| {
+                        v.synced = false;
+                        v.namespaces_synced = false;
+                    });
+                    // The catalog lists what a user's read lists (filtered there), and more.
+                    let [sandboxes, route_groups, configs, jobs] = crate::protocol::READ_PATHS;
+                    let t = || token.clone();
                     tokio::join!(
-                        catalog.watch::<Sandbox>(&clusters, &name, "sandboxes", token.clone()),
-                        catalog.watch::<RouteGroup>(&clusters, &name, "routegroups", token.clone()),
-                        catalog.watch::<RoutingConfig>(
-                            &clusters,
-                            &name,
-                            "routingconfigs",
-                            token.clone()
-                        ),
-                        catalog.watch::<spur_api::Job>(&clusters, &name, "jobs", token),
+                        catalog.watch::<Sandbox>(&clusters, &name, sandboxes, t()),
+                        catalog.watch::<RouteGroup>(&clusters, &name, route_groups, t()),
+                        catalog.watch::<RoutingConfig>(&clusters, &name, configs, t()),
+                        catalog.watch::<spur_api::Job>(&clusters, &name, jobs, t()),
+                        catalog.watch::<Namespace>(&clusters, &name, NAMESPACES_PATH, t()),
                     );
                 });
             }
@@ -274,28 +297,27 @@ impl Catalog {
         }
     }
 
-    /// List, then watch, `plural` in `cluster`, again and again until `stop`.
+    /// List, then watch, `path` in `cluster`, again and again until `stop`.
     async fn watch<K>(
         &self,
         clusters: &Clusters,
         cluster: &str,
-        plural: &str,
+        path: &str,
         stop: CancellationToken,
     ) where
         K: DeserializeOwned + kube::Resource + Clone,
         K: Kind,
     {
-        let path = format!("/apis/spur.dev/v1alpha1/{plural}");
         let mut backoff = Duration::from_millis(200);
         loop {
             let result = tokio::select! {
-                r = self.list_and_watch::<K>(clusters, cluster, &path) => r,
+                r = self.list_and_watch::<K>(clusters, cluster, path) => r,
                 () = stop.cancelled() => return,
             };
             match result {
                 Ok(()) => backoff = Duration::from_millis(200),
                 Err(e) => {
-                    tracing::warn!(%cluster, %plural, "watching through the agent: {e}");
+                    tracing::warn!(%cluster, %path, "watching through the agent: {e}");
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
                         () = stop.cancelled() => return,
@@ -324,11 +346,12 @@ impl Catalog {
         let objects: BTreeMap<String, K> = list
             .items
             .into_iter()
+            .map(K::kept)
             .filter_map(|o| Some((key_of(&o)?, o)))
             .collect();
         self.update(cluster, |v| {
             *K::map(v) = objects;
-            v.synced = true;
+            K::synced(v);
         });
         let watch = format!("{path}?watch=1&timeoutSeconds=240&resourceVersion={version}");
         let mut body = get(clusters, cluster, &watch).await?;
@@ -347,6 +370,7 @@ impl Catalog {
                 };
                 match event {
                     WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+                        let o = K::kept(o);
                         if let Some(name) = key_of(&o) {
                             self.update(cluster, |v| {
                                 K::map(v).insert(name, o);
@@ -399,6 +423,7 @@ pub async fn read_as(
         routing_configs,
         jobs,
         synced: true,
+        ..ClusterView::default()
     })
 }
 
@@ -442,6 +467,52 @@ pub trait Kind {
     fn map(view: &mut ClusterView) -> &mut BTreeMap<String, Self>
     where
         Self: Sized;
+
+    /// What of an object the view keeps (all of it, unless the kind says otherwise).
+    fn kept(self) -> Self
+    where
+        Self: Sized,
+    {
+        self
+    }
+
+    /// Records that the kind's list was read.
+    fn synced(view: &mut ClusterView) {
+        view.synced = true;
+    }
+}
+
+/// The cluster's namespaces, listed and watched for their carrier annotations: the agent allows
+/// this one core path besides Spur's resources ([`crate::agent::kube_path_allowed`]).
+pub const NAMESPACES_PATH: &str = "/api/v1/namespaces";
+
+impl Kind for Namespace {
+    fn map(view: &mut ClusterView) -> &mut BTreeMap<String, Self> {
+        &mut view.namespaces
+    }
+
+    /// Its name and its carrier annotations, nothing else.
+    fn kept(self) -> Self {
+        let annotations: BTreeMap<String, String> = self
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(k, _)| [ROUTING_HEADERS, QUERY_PARAM].contains(&k.as_str()))
+            .collect();
+        Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: self.metadata.name,
+                annotations: (!annotations.is_empty()).then_some(annotations),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn synced(view: &mut ClusterView) {
+        view.namespaces_synced = true;
+    }
 }
 
 impl Kind for Sandbox {

@@ -32,8 +32,8 @@ use crate::store::{Principal, SessionScope};
 use crate::users::HubUser;
 
 mod outgoing;
-use outgoing::prepare;
 pub use outgoing::{DEFAULT_QUERY_PARAM, default_carriers};
+use outgoing::{carriers_for, prepare};
 
 /// Header carrying an API key (besides `Authorization: Bearer`).
 pub const API_KEY_HEADER: &str = "x-spur-api-key";
@@ -346,7 +346,15 @@ impl Preview {
             }
             Err(e) => return text(StatusCode::NOT_FOUND, &format!("{e}\n")),
         };
-        if let Err(why) = prepare(&mut req, &resolved, &self.carriers, host, peer) {
+        let Some(carriers) = carriers_for(&self.carriers, &resolved) else {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the hub has not read this cluster's namespaces yet (their routing-key carriers); \
+                 the request was not sent. If this lasts, the cluster's agent may be older than \
+                 the hub or lack the right to list namespaces\n",
+            );
+        };
+        if let Err(why) = prepare(&mut req, &resolved, &carriers, host, peer) {
             // A key in the catalog that is no valid key (so it cannot be written), or a path
             // that cannot be rebuilt: never send a request that might still carry the caller's.
             tracing::warn!(cluster = %resolved.cluster, owner = name.owner, "preview not sent: {why}");

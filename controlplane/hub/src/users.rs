@@ -194,6 +194,8 @@ pub fn filter_view(view: &ClusterView, allowed: impl Fn(&BTreeSet<String>) -> bo
             .collect(),
         sandboxes,
         synced: view.synced,
+        // Namespaces are the hub's own business (previews' carriers), never a user's.
+        ..ClusterView::default()
     }
 }
 

@@ -79,6 +79,19 @@ impl KeyExtractor {
         })
     }
 
+    /// The configuration this extractor was built from, normalized (lower-case header names,
+    /// no repeats): `KeyExtractor::new(&x.config())` reads what `x` reads.
+    pub fn config(&self) -> ExtractConfig {
+        ExtractConfig {
+            custom_headers: self
+                .custom_headers
+                .iter()
+                .map(|h| h.as_str().to_owned())
+                .collect(),
+            query_param: self.query_param.as_deref().map(str::to_owned),
+        }
+    }
+
     /// The standard carriers alone (what [`ExtractConfig::default`] configures), infallibly.
     pub fn standard() -> Self {
         KeyExtractor {

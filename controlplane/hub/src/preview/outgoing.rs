@@ -7,6 +7,7 @@
 //! precedence over `baggage` in [`KeyExtractor::extract`], so a caller allowed to use one
 //! preview could otherwise name another sandbox's key in one of them and reach its fork.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 
 use http::Request;
@@ -30,6 +31,28 @@ pub fn default_carriers() -> ExtractConfig {
         custom_headers: Vec::new(),
         query_param: Some(DEFAULT_QUERY_PARAM.to_owned()),
     }
+}
+
+/// The carriers a preview to `to` must overwrite: the hub's (`--routing-header`,
+/// `--query-param`), with those of the target's namespace (its annotations, read by
+/// [`spur_api::carriers::of_namespace`] as the webhook reads them for the sidecars there).
+/// `None` while the target cluster's namespaces are unknown: no preview is sent then.
+pub(super) fn carriers_for<'a>(
+    hub: &'a KeyExtractor,
+    to: &Resolved,
+) -> Option<Cow<'a, KeyExtractor>> {
+    let annotations = to.carrier_annotations.as_ref()?;
+    Some(
+        match spur_api::carriers::of_namespace(&hub.config(), Some(annotations)) {
+            Ok(Some(cfg)) => match KeyExtractor::new(&cfg) {
+                Ok(ex) => Cow::Owned(ex),
+                Err(_) => Cow::Borrowed(hub),
+            },
+            // Malformed: the webhook injects no sidecar in that namespace, so no sidecar there
+            // reads the namespace's carriers; the hub's are overwritten as always.
+            Ok(None) | Err(_) => Cow::Borrowed(hub),
+        },
+    )
 }
 
 /// Strips the caller's credentials, the hub's cookies and every routing key the caller sent,
@@ -129,6 +152,7 @@ mod tests {
             scheme: "http".into(),
             host: "web.shop.svc".into(),
             port: 8080,
+            carrier_annotations: Some(Default::default()),
         }
     }
 
@@ -287,5 +311,44 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    /// A namespace's annotations add headers the preview overwrites and replace the query
+    /// parameter it removes; a cluster whose namespaces are unknown gets no preview.
+    #[test]
+    fn the_target_namespace_adds_its_carriers() {
+        let hub = carriers(&["x-route-to"], Some(DEFAULT_QUERY_PARAM));
+        let mut to = resolved("sb1k");
+        assert_eq!(
+            carriers_for(&hub, &to).unwrap().config(),
+            hub.config(),
+            "an unannotated namespace: the hub's"
+        );
+        to.carrier_annotations = Some(
+            [
+                (
+                    spur_api::keys::injection::ROUTING_HEADERS.to_owned(),
+                    "X-Team".to_owned(),
+                ),
+                (
+                    spur_api::keys::injection::QUERY_PARAM.to_owned(),
+                    "team-key".to_owned(),
+                ),
+            ]
+            .into(),
+        );
+        let ns = carriers_for(&hub, &to).unwrap();
+        assert_eq!(ns.config().custom_headers, ["x-route-to", "x-team"]);
+        assert_eq!(ns.query_param(), Some("team-key"));
+        let mut req = Request::get("/p?team-key=other&a=1")
+            .header("x-team", "other")
+            .body(())
+            .unwrap();
+        prepare(&mut req, &to, &ns, "h", "127.0.0.1:1".parse().unwrap()).unwrap();
+        assert_eq!(req.headers()["x-team"], "sb1k");
+        assert_eq!(req.headers()["x-route-to"], "sb1k");
+        assert_eq!(req.uri().path_and_query().unwrap().as_str(), "/p?a=1");
+        to.carrier_annotations = None;
+        assert!(carriers_for(&hub, &to).is_none());
     }
 }

@@ -149,9 +149,19 @@ pub(crate) async fn start_agent(
     let stop = hub.stop.child_token();
     let s = stop.clone();
     tokio::spawn(async move { agent.run(s).await });
-    wait_for("the agent's session", Duration::from_secs(20), || {
-        hub.clusters.get(cluster).is_some()
-    })
+    // The session comes first, the agent's reverse listener a round trip later: a stream
+    // opened in between is rejected ("no reverse listener").
+    wait_for(
+        "the agent's session and listener",
+        Duration::from_secs(20),
+        || {
+            hub.clusters.get(cluster).is_some_and(|s| {
+                s.binds()
+                    .borrow()
+                    .contains_key(spur_hub::protocol::AGENT_BIND)
+            })
+        },
+    )
     .await;
     stop
 }
@@ -285,6 +295,8 @@ pub(crate) struct FakeKube {
     pub(crate) sandboxes: Arc<Mutex<Vec<serde_json::Value>>>,
     pub(crate) services: Arc<Mutex<Vec<(String, String)>>>,
     pub(crate) grants: Arc<Mutex<Vec<(String, String)>>>,
+    /// Namespaces (JSON objects) of `GET /api/v1/namespaces`.
+    pub(crate) namespaces: Arc<Mutex<Vec<serde_json::Value>>>,
 }
 
 impl FakeKube {
@@ -294,16 +306,22 @@ impl FakeKube {
         let sandboxes: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
         let services: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
         let grants: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-        let (sb, sv, gr) = (sandboxes.clone(), services.clone(), grants.clone());
+        let namespaces: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+        let (sb, sv, gr, nss) = (
+            sandboxes.clone(),
+            services.clone(),
+            grants.clone(),
+            namespaces.clone(),
+        );
         tokio::spawn(async move {
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
                     return;
                 };
-                let (sb, sv, gr) = (sb.clone(), sv.clone(), gr.clone());
+                let (sb, sv, gr, nss) = (sb.clone(), sv.clone(), gr.clone(), nss.clone());
                 let service =
                     hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                        let (sb, sv, gr) = (sb.clone(), sv.clone(), gr.clone());
+                        let (sb, sv, gr, nss) = (sb.clone(), sv.clone(), gr.clone(), nss.clone());
                         async move {
                             let (parts, body) = req.into_parts();
                             let body = body
@@ -312,7 +330,7 @@ impl FakeKube {
                                 .map(|b| b.to_bytes())
                                 .unwrap_or_default();
                             let req = http::Request::from_parts(parts, body);
-                            Ok::<_, Infallible>(fake_kube_answer(&req, &sb, &sv, &gr))
+                            Ok::<_, Infallible>(fake_kube_answer(&req, &sb, &sv, &gr, &nss))
                         }
                     });
                 tokio::spawn(
@@ -326,6 +344,7 @@ impl FakeKube {
             sandboxes,
             services,
             grants,
+            namespaces,
         }
     }
 
@@ -378,6 +397,7 @@ fn fake_kube_answer(
     sandboxes: &Mutex<Vec<serde_json::Value>>,
     services: &Mutex<Vec<(String, String)>>,
     grants: &Mutex<Vec<(String, String)>>,
+    namespaces: &Mutex<Vec<serde_json::Value>>,
 ) -> http::Response<FakeBody> {
     let path = req.uri().path();
     let json = |v: serde_json::Value| {
@@ -447,6 +467,8 @@ fn fake_kube_answer(
     }
     let items = if path.ends_with("/sandboxes") {
         sandboxes.lock().unwrap().clone()
+    } else if path == "/api/v1/namespaces" {
+        namespaces.lock().unwrap().clone()
     } else {
         Vec::new()
     };
