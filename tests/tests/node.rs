@@ -1294,6 +1294,11 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
         "{denied:?}"
     );
 
+    // A namespace's own routing-key carriers, through sidecars and through a preview.
+    let started = std::time::Instant::now();
+    node_parity::carriers::configured_carriers_on_the_node(node, &preview, &auth);
+    eprintln!("node carriers: {:.1?}", started.elapsed());
+
     // The web view's traffic tab (agent.traffic.enabled): the agent reads the cluster's traffic
     // store over TLS under the operator's CA bundle, with its own token, which RBAC
     // (spur-traffic-reader) lets read. This sandbox captures nothing, so the tab says so; a

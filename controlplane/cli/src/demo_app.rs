@@ -376,6 +376,17 @@ async fn respond(
         "marker": app.marker,
         "baggage": baggage,
     });
+    // The `--propagate` headers as received (a configured custom routing-key header, say), so
+    // a caller can see what reached the app in them.
+    let extra: serde_json::Map<String, Value> = app
+        .propagate
+        .iter()
+        .filter(|h| !propagated().any(|p| p == h.as_str()))
+        .filter_map(|h| Some((h.to_string(), json!(joined(req.headers(), h.as_str())?))))
+        .collect();
+    if !extra.is_empty() {
+        doc["headers"] = Value::Object(extra);
+    }
     let status = match &app.upstream {
         None => {
             doc["upstream"] = Value::Null;
@@ -731,6 +742,8 @@ mod tests {
         assert_eq!(status, StatusCode::OK, "{body}");
         let doc: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(doc["baggage"], "k1,other=1");
+        // The extra propagated header is reported as received; the standard ones are not.
+        assert_eq!(doc["headers"], json!({"x-custom-key": "k2"}), "{body}");
         let up = &doc["upstream"];
         assert_eq!(up["uri"], "/headers?a=b", "{body}");
         for h in propagated().filter(|h| *h != "baggage") {

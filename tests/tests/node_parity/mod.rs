@@ -10,7 +10,9 @@
 //! - a RouteGroup's `ttl` (from when it matched no sandbox, Signadot's default) deletes it;
 //! - Signadot's `sdroutes` in a pod reads the sandbox's rules through the chart's
 //!   `routeserver.compat` (`compat`);
-//! - an Argo Rollout forks like a Deployment, under the real Argo controller (`rollouts`).
+//! - an Argo Rollout forks like a Deployment, under the real Argo controller (`rollouts`);
+//! - a namespace's own carriers reach the fork through sidecars and previews (`carriers`, run
+//!   by the hub step, which has a hub).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -20,6 +22,7 @@ use spur_e2e::node::{Node, demo_app, eventually};
 
 use crate::{condition, sandbox_ready, until_answered_by};
 
+pub(crate) mod carriers;
 mod compat;
 mod rollouts;
 
