@@ -386,6 +386,64 @@ pub struct Local {
         extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["port"])
     )]
     pub mappings: Vec<LocalMapping>,
+    /// The baseline container whose environment and mounted files the workstation's process
+    /// gets (`spur local env`); the pod template's first container when omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = DNS_LABEL_MAX), regex(pattern = DNS_LABEL_PATTERN))]
+    pub container: Option<String>,
+    /// Environment variables set or removed on top of the baseline container's, for the
+    /// workstation's process (`spur local env`, read with its user's rights). Without
+    /// `container`; `valueFrom.fork` is not supported here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_ENV))]
+    pub env: Vec<EnvOverride>,
+    /// Files for the workstation besides the baseline container's mounted ConfigMaps and
+    /// Secrets (`spur local env --files DIR`, read with its user's rights).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_ENV))]
+    pub files: Vec<FileOverride>,
+}
+
+/// One file of a local workload: a literal value, or a key of a ConfigMap or Secret of the
+/// baseline's namespace, or a resource output.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.value) != has(self.valueFrom)",
+    "message": "exactly one of value and valueFrom"
+}]))]
+pub struct FileOverride {
+    /// Where the baseline's container would see the file, e.g. `/etc/app/config.yaml`: on the
+    /// workstation it is written under the directory given to `spur local env --files`. No
+    /// `..` components.
+    #[schemars(length(min = 1, max = FILE_PATH_MAX))]
+    pub path: String,
+    /// Literal content.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = VALUE_MAX))]
+    pub value: Option<String>,
+    /// Where the content comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<FileValueFrom>,
+}
+
+/// Exactly one source of a file's content.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "(has(self.configMap) ? 1 : 0) + (has(self.secret) ? 1 : 0) + (has(self.resource) ? 1 : 0) == 1",
+    "message": "exactly one of configMap, secret and resource"
+}]))]
+pub struct FileValueFrom {
+    /// A key of a ConfigMap in the baseline's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<KeyRef>,
+    /// A key of a Secret in the baseline's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<KeyRef>,
+    /// An output of one of this sandbox's resources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<ResourceOutputRef>,
 }
 
 /// A baseline container port and where on the workstation it is served.

@@ -88,6 +88,21 @@ pub fn is_routing_key(s: &str) -> bool {
         && b[b.len() - 1].is_ascii_alphanumeric()
 }
 
+/// Longest file path a Sandbox may name (`spec.local[].files[].path`).
+pub const FILE_PATH_MAX: usize = 1024;
+
+/// A path a file may be written to under a directory: relative once its leading `/` goes, no
+/// `.`, `..` or empty components, at most [`FILE_PATH_MAX`] bytes, no NUL.
+pub fn is_file_path(p: &str) -> bool {
+    let rel = p.strip_prefix('/').unwrap_or(p);
+    !rel.is_empty()
+        && p.len() <= FILE_PATH_MAX
+        && !p.contains('\0')
+        && rel
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
+}
+
 pub fn is_env_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= ENV_NAME_MAX

@@ -119,6 +119,21 @@ fn sandbox_rules() {
         "only once across forks, local and virtual",
     );
     sandbox_rejected(
+        "a local file with both a value and a source",
+        |o| o["spec"]["local"][0]["files"][1]["value"] = json!("x"),
+        "exactly one of value and valueFrom",
+        "exactly one of value and valueFrom",
+    );
+    sandbox_rejected(
+        "a local file with two sources",
+        |o| {
+            o["spec"]["local"][0]["files"][1]["valueFrom"]["configMap"] =
+                json!({"name": "a", "key": "b"})
+        },
+        "exactly one of configMap, secret and resource",
+        "exactly one of configMap, secret and resource",
+    );
+    sandbox_rejected(
         "fork and virtual on one baseline",
         |o| o["spec"]["virtual"][0]["workload"] = o["spec"]["forks"][0]["forkOf"].clone(),
         "only once across forks, local and virtual",

@@ -15,6 +15,7 @@ use spur_workstation::state::{self, Status, Terminated};
 use spur_workstation::tunnel::{ClientConfig, ClientTls, Token, TransportPolicy};
 use spur_workstation::{ConnectConfig, Event, SocksOpener, Workstation};
 
+mod env;
 mod owner;
 
 #[derive(Args)]
@@ -50,6 +51,11 @@ enum LocalCommand {
     /// seconds. Credentials issued afterwards work (a certificate's validity starts a minute
     /// before it is issued: issue a new one a minute after revoking).
     Revoke(RevokeArgs),
+    /// Print the environment a local workload's process gets (the baseline container's,
+    /// resolved, then the Sandbox's spec.local[].env) and, with --files, write its files (the
+    /// baseline's mounted ConfigMaps and Secrets, then spec.local[].files). Read with your
+    /// kubeconfig's rights: a Secret you may not read stops it, and nothing is written.
+    Env(env::EnvArgs),
 }
 
 #[derive(Args)]
@@ -497,6 +503,7 @@ pub(crate) async fn run(args: LocalArgs) -> Result<ExitCode> {
         LocalCommand::Token(a) => token_cmd(a).await,
         LocalCommand::Cert(a) => cert_cmd(a).await,
         LocalCommand::Revoke(a) => revoke_cmd(a).await,
+        LocalCommand::Env(a) => env::env_cmd(a).await,
     }
 }
 

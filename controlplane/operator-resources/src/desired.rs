@@ -26,13 +26,30 @@ pub(super) fn labels(sandbox: &str, resource: &str, key: Option<&str>) -> BTreeM
     l
 }
 
-/// The namespaces a sandbox's resources publish their outputs to: those of its forks.
+/// The namespaces a sandbox's resources publish their outputs to: those of its forks, and those
+/// of its local workloads' baselines whose env or files name a resource output (`spur local env`
+/// reads them there, with its user's rights).
 pub(super) fn output_namespaces(sb: &Sandbox) -> Vec<String> {
+    let uses_resources = |l: &spur_api::sandbox::Local| {
+        l.env
+            .iter()
+            .any(|e| e.value_from.as_ref().is_some_and(|v| v.resource.is_some()))
+            || l.files
+                .iter()
+                .any(|f| f.value_from.as_ref().is_some_and(|v| v.resource.is_some()))
+    };
     let mut out: Vec<String> = sb
         .spec
         .forks
         .iter()
         .map(|f| f.fork_of.namespace.clone())
+        .chain(
+            sb.spec
+                .local
+                .iter()
+                .filter(|l| uses_resources(l))
+                .map(|l| l.from.namespace.clone()),
+        )
         .collect();
     out.sort();
     out.dedup();
@@ -219,6 +236,18 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(output_namespaces(&sb), ["pay", "shop"]);
+        // A local workload's baseline namespace too, when its env or files read an output.
+        let mut with_local = sb.clone();
+        with_local.spec.local = serde_json::from_value(json!([
+            {"name": "l1", "from": {"kind": "Deployment", "name": "d", "namespace": "dev"},
+             "mappings": [{"port": 80, "toLocal": "localhost:80"}],
+             "files": [{"path": "/etc/db", "valueFrom": {"resource": {"name": "db", "outputKey": "p.url"}}}]},
+            {"name": "l2", "from": {"kind": "Deployment", "name": "e", "namespace": "quiet"},
+             "mappings": [{"port": 80, "toLocal": "localhost:81"}],
+             "env": [{"name": "A", "value": "1"}]}
+        ]))
+        .unwrap();
+        assert_eq!(output_namespaces(&with_local), ["dev", "pay", "shop"]);
         let res = resource(
             &sb,
             NewResource {

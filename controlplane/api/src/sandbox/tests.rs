@@ -194,6 +194,9 @@ fn local_workloads() {
                 to_local: "localhost:99999".into(),
             },
         ],
+        container: None,
+        env: vec![],
+        files: vec![],
     });
     let errs = errors(&s);
     for needle in [
@@ -211,6 +214,78 @@ fn local_workloads() {
     assert_eq!(errors(&s), Vec::<String>::new());
     s.local[0].mappings.clear();
     assert_error(&s, "spec.local[0].mappings: must not be empty");
+}
+
+/// A local workload's env and files: a fork's env rules, without `container` or `fork`; files
+/// with safe, distinct paths and one source each.
+#[test]
+fn local_env_and_files() {
+    let mut s = spec(vec![]);
+    s.workstation = Some("ws-1".into());
+    let env: Vec<EnvOverride> = serde_json::from_value(serde_json::json!([
+        {"name": "A", "value": "1"},
+        {"name": "B", "valueFrom": {"secret": {"name": "db", "key": "password"}}},
+        {"name": "C", "operation": "delete"},
+    ]))
+    .unwrap();
+    let files: Vec<FileOverride> = serde_json::from_value(serde_json::json!([
+        {"path": "/etc/app/config.yaml", "value": "a: 1"},
+        {"path": "certs/ca.crt", "valueFrom": {"configMap": {"name": "ca", "key": "ca.crt"}}},
+    ]))
+    .unwrap();
+    s.local.push(Local {
+        name: "frontend".into(),
+        from: deployment("frontend"),
+        mappings: vec![LocalMapping {
+            port: 8080,
+            to_local: "localhost:8080".into(),
+        }],
+        container: Some("app".into()),
+        env,
+        files,
+    });
+    assert_eq!(errors(&s), Vec::<String>::new());
+
+    let mut bad = s.clone();
+    let l = &mut bad.local[0];
+    l.env[0].container = Some("app".into());
+    l.env[1].value_from = serde_json::from_value(serde_json::json!(
+        {"fork": {"forkOf": {"kind": "Deployment", "namespace": "default", "name": "x"}, "expression": "e"}}
+    ))
+    .unwrap();
+    l.env.push(l.env[0].clone());
+    for (i, p) in ["../../.ssh/authorized_keys", "/a//b", "/", "a/./b"]
+        .into_iter()
+        .enumerate()
+    {
+        l.files.push(FileOverride {
+            path: p.into(),
+            value: Some(format!("{i}")),
+            value_from: None,
+        });
+    }
+    l.files.push(FileOverride {
+        path: "etc/app/config.yaml".into(),
+        value: None,
+        value_from: None,
+    });
+    let errs = errors(&bad);
+    for needle in [
+        "spec.local[0].env[0].container: a local workload has one process",
+        "spec.local[0].env[1].valueFrom.fork: not supported for local workloads",
+        "spec.local[0].env[3].name: \"A\" is set twice",
+        "spec.local[0].files[2].path: must be a file path",
+        "spec.local[0].files[3].path: must be a file path",
+        "spec.local[0].files[4].path: must be a file path",
+        "spec.local[0].files[5].path: must be a file path",
+        "spec.local[0].files[6].path: \"etc/app/config.yaml\" is set twice",
+        "spec.local[0].files[6]: exactly one of value and valueFrom",
+    ] {
+        assert!(
+            errs.iter().any(|e| e.contains(needle)),
+            "{needle} in {errs:#?}"
+        );
+    }
 }
 
 #[test]

@@ -127,6 +127,7 @@ impl SandboxSpec {
                     "must be host:port (e.g. localhost:8080)",
                 );
             }
+            l.check_env_and_files(c, &path, &refs);
         }
         if !self.local.is_empty() && self.workstation.is_none() {
             c.fail("spec.workstation", "local workloads need spec.workstation");
@@ -249,6 +250,83 @@ impl Customizations {
 
         if let Some(p) = &self.patch {
             p.check(c, &format!("{path}.patch"));
+        }
+    }
+}
+
+impl Local {
+    /// `env` as a fork's, without `container` (the workstation runs one process) or
+    /// `valueFrom.fork`; `files` with safe, distinct paths and one source each.
+    fn check_env_and_files(&self, c: &mut Checker, path: &str, refs: &SandboxRefs<'_>) {
+        if let Some(name) = &self.container {
+            check_container(c, || format!("{path}.container"), name);
+        }
+        c.max_items(|| format!("{path}.env"), &self.env, MAX_ENV);
+        let mut vars = HashSet::new();
+        for (i, e) in self.env.iter().enumerate() {
+            let epath = format!("{path}.env[{i}]");
+            e.check(c, &epath, Some(refs));
+            if e.container.is_some() {
+                c.fail(
+                    format!("{epath}.container"),
+                    "a local workload has one process: set spec.local[].container instead",
+                );
+            }
+            if e.value_from.as_ref().is_some_and(|v| v.fork.is_some()) {
+                c.fail(
+                    format!("{epath}.valueFrom.fork"),
+                    "not supported for local workloads",
+                );
+            }
+            if !vars.insert(e.name.as_str()) {
+                c.fail(
+                    format!("{epath}.name"),
+                    format!("{:?} is set twice", e.name),
+                );
+            }
+        }
+        c.max_items(|| format!("{path}.files"), &self.files, MAX_ENV);
+        let mut paths = HashSet::new();
+        for (i, f) in self.files.iter().enumerate() {
+            let fpath = format!("{path}.files[{i}]");
+            c.require(
+                is_file_path(&f.path),
+                || format!("{fpath}.path"),
+                "must be a file path of at most 1024 bytes without `..`, `.` or empty components",
+            );
+            if !paths.insert(f.path.trim_start_matches('/')) {
+                c.fail(
+                    format!("{fpath}.path"),
+                    format!("{:?} is set twice", f.path),
+                );
+            }
+            if let Some(v) = &f.value {
+                c.max_len(|| format!("{fpath}.value"), v, VALUE_MAX);
+            }
+            match (&f.value, &f.value_from) {
+                (Some(_), None) => {}
+                (None, Some(from)) => {
+                    // The same sources as an env value's, fork aside.
+                    let as_env = EnvValueFrom {
+                        config_map: from.config_map.clone(),
+                        secret: from.secret.clone(),
+                        resource: from.resource.clone(),
+                        fork: None,
+                    };
+                    let set = usize::from(from.config_map.is_some())
+                        + usize::from(from.secret.is_some())
+                        + usize::from(from.resource.is_some());
+                    if set == 1 {
+                        as_env.check(c, &format!("{fpath}.valueFrom"), Some(refs));
+                    } else {
+                        c.fail(
+                            format!("{fpath}.valueFrom"),
+                            "exactly one of configMap, secret and resource",
+                        );
+                    }
+                }
+                _ => c.fail(fpath, "exactly one of value and valueFrom"),
+            }
         }
     }
 }
