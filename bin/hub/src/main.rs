@@ -273,10 +273,16 @@ struct ServeArgs {
         value_delimiter = ','
     )]
     routing_headers: Vec<String>,
-    /// The query parameter the clusters' sidecars read a routing key from (their
-    /// --query-param): removed from every preview request. Empty: none.
-    #[arg(long, env = "SPUR_HUB_QUERY_PARAM", default_value = spur_hub::preview::DEFAULT_QUERY_PARAM)]
-    query_param: String,
+    /// A query parameter the clusters' sidecars read a routing key from (their --query-param;
+    /// repeatable, comma-separated in the env var): removed from every preview request. Empty:
+    /// none. The clusters' namespaces' own are added through their agents.
+    #[arg(
+        long = "query-param",
+        env = "SPUR_HUB_QUERY_PARAM",
+        value_delimiter = ',',
+        default_value = spur_hub::preview::DEFAULT_QUERY_PARAM
+    )]
+    query_params: Vec<String>,
     /// Seconds agents' streams get to finish on SIGTERM.
     #[arg(long, env = "SPUR_HUB_DRAIN_GRACE", default_value_t = 10)]
     drain_grace: u64,
@@ -525,9 +531,14 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
                     allow_public: args.allow_public_previews,
                     carriers: spur_routing::ExtractConfig {
                         custom_headers: args.routing_headers,
-                        query_param: Some(args.query_param.trim().to_owned())
-                            .filter(|q| !q.is_empty()),
+                        query_param: None,
                     },
+                    more_query_params: args
+                        .query_params
+                        .iter()
+                        .map(|q| q.trim().to_owned())
+                        .filter(|q| !q.is_empty())
+                        .collect(),
                 }),
             },
         },

@@ -17,6 +17,25 @@ pub use spur_routing::{ExtractConfig, KeyExtractor};
 
 use crate::keys::injection::{QUERY_PARAM, ROUTING_HEADERS};
 
+/// The carriers a namespace's annotations name, as written: the headers of [`ROUTING_HEADERS`]
+/// (trimmed, lower-cased, empty entries left out) and the parameter of [`QUERY_PARAM`]. Not
+/// validated: [`of_namespace`] checks them all at once, the hub keeps each valid one.
+pub fn annotated(ns_annotations: &BTreeMap<String, String>) -> (Vec<String>, Option<String>) {
+    let get = |k: &str| {
+        ns_annotations
+            .get(k)
+            .map(|v| v.trim())
+            .filter(|v| !v.is_empty())
+    };
+    let headers = get(ROUTING_HEADERS)
+        .into_iter()
+        .flat_map(|h| h.split(','))
+        .map(|h| h.trim().to_ascii_lowercase())
+        .filter(|h| !h.is_empty())
+        .collect();
+    (headers, get(QUERY_PARAM).map(str::to_owned))
+}
+
 /// The carriers read in a namespace whose annotations are `ns_annotations`: the cluster's
 /// (`routingKeys`), plus the custom headers of [`ROUTING_HEADERS`], with the query parameter of
 /// [`QUERY_PARAM`] in place of the cluster's (docs/routing-keys.md, "Per namespace"). The one
@@ -27,23 +46,16 @@ pub fn of_namespace(
     cluster: &ExtractConfig,
     ns_annotations: Option<&BTreeMap<String, String>>,
 ) -> Result<Option<ExtractConfig>, String> {
-    let get = |k: &str| {
-        ns_annotations
-            .and_then(|a| a.get(k))
-            .map(|v| v.trim())
-            .filter(|v| !v.is_empty())
+    let Some((headers, query)) = ns_annotations.map(annotated) else {
+        return Ok(None);
     };
-    let (headers, query) = (get(ROUTING_HEADERS), get(QUERY_PARAM));
-    if headers.is_none() && query.is_none() {
+    if headers.is_empty() && query.is_none() {
         return Ok(None);
     }
     let mut out = cluster.clone();
-    if let Some(h) = headers {
-        out.custom_headers
-            .extend(h.split(',').map(|s| s.trim().to_ascii_lowercase()));
-    }
+    out.custom_headers.extend(headers);
     if let Some(q) = query {
-        out.query_param = Some(q.to_owned());
+        out.query_param = Some(q);
     }
     match KeyExtractor::new(&out) {
         Ok(_) => Ok(Some(out)),

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
+use crate::carriers::Carriers;
 use crate::clusters::Clusters;
 use crate::namespaces::{parse_target, route_group_namespaces, sandbox_namespaces, service_of};
 use crate::protocol::{KubeIdentity, Open};
@@ -50,6 +51,9 @@ pub struct ClusterView {
     /// The namespaces have been listed since the cluster connected: until then no preview to
     /// the cluster is sent (its carriers are unknown).
     pub namespaces_synced: bool,
+    /// Every carrier any namespace has named since the cluster connected (never fewer, so a
+    /// pod injected before an annotation changed is still covered).
+    pub namespace_carriers: Carriers,
 }
 
 /// Where a preview request goes.
@@ -64,9 +68,9 @@ pub struct Resolved {
     pub scheme: String,
     pub host: String,
     pub port: u16,
-    /// The carrier annotations of the target's namespace (none for a host that names no
-    /// namespace), or `None` while the target cluster's namespaces have not been read.
-    pub carrier_annotations: Option<BTreeMap<String, String>>,
+    /// The carriers the target cluster's namespaces name ([`ClusterView::namespace_carriers`]),
+    /// or `None` while its namespaces have not been read.
+    pub carriers: Option<Carriers>,
 }
 
 /// Why a preview name does not resolve.
@@ -230,14 +234,9 @@ impl Catalog {
                 });
             }
         }
-        let carrier_annotations = all.get(target_cluster).and_then(|v| {
-            v.namespaces_synced.then(|| {
-                service_of(&host)
-                    .and_then(|(ns, _)| v.namespaces.get(&ns))
-                    .and_then(|n| n.metadata.annotations.clone())
-                    .unwrap_or_default()
-            })
-        });
+        let carriers = all
+            .get(target_cluster)
+            .and_then(|v| v.namespaces_synced.then(|| v.namespace_carriers.clone()));
         Ok(Resolved {
             cluster: target_cluster.to_owned(),
             public: e.public,
@@ -245,7 +244,7 @@ impl Catalog {
             scheme,
             host,
             port,
-            carrier_annotations,
+            carriers,
         })
     }
 
@@ -277,6 +276,7 @@ impl Catalog {
                     catalog.update(&name, |v| {
                         v.synced = false;
                         v.namespaces_synced = false;
+                        v.namespace_carriers = Carriers::default();
                     });
                     // The catalog lists what a user's read lists (filtered there), and more.
                     let [sandboxes, route_groups, configs, jobs] = crate::protocol::READ_PATHS;
@@ -350,6 +350,9 @@ impl Catalog {
             .filter_map(|o| Some((key_of(&o)?, o)))
             .collect();
         self.update(cluster, |v| {
+            for o in objects.values() {
+                K::seen(v, o);
+            }
             *K::map(v) = objects;
             K::synced(v);
         });
@@ -373,6 +376,7 @@ impl Catalog {
                         let o = K::kept(o);
                         if let Some(name) = key_of(&o) {
                             self.update(cluster, |v| {
+                                K::seen(v, &o);
                                 K::map(v).insert(name, o);
                             });
                         }
@@ -480,6 +484,13 @@ pub trait Kind {
     fn synced(view: &mut ClusterView) {
         view.synced = true;
     }
+
+    /// Notes an object listed or watched (before it is stored).
+    fn seen(_view: &mut ClusterView, _o: &Self)
+    where
+        Self: Sized,
+    {
+    }
 }
 
 /// The cluster's namespaces, listed and watched for their carrier annotations: the agent allows
@@ -512,6 +523,12 @@ impl Kind for Namespace {
 
     fn synced(view: &mut ClusterView) {
         view.namespaces_synced = true;
+    }
+
+    fn seen(view: &mut ClusterView, o: &Self) {
+        if let Some(a) = &o.metadata.annotations {
+            view.namespace_carriers.add_namespace(a);
+        }
     }
 }
 

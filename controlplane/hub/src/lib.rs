@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod browser;
+pub mod carriers;
 pub mod catalog;
 pub mod clusters;
 pub mod html;

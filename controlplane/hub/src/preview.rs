@@ -141,7 +141,7 @@ pub struct Preview {
     pub allow_public: bool,
     /// The key carriers the clusters' sidecars read besides the standard ones: each is
     /// overwritten with (custom headers) or removed from (the query parameter) every request.
-    pub carriers: spur_routing::KeyExtractor,
+    pub carriers: crate::carriers::Carriers,
     pub metrics: crate::metrics::Metrics,
     /// Credentials found valid, by SHA-256, and when.
     pub auth_cache: std::sync::Mutex<AuthCache>,

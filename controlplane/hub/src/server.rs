@@ -66,7 +66,11 @@ pub struct PreviewSettings {
     /// `--routing-header` and `--query-param`): the hub overwrites those headers with the
     /// preview's key and removes that parameter, so a caller cannot name another sandbox's key
     /// in them. Cover every cluster's settings. [`crate::preview::default_carriers`] when unsure.
+    /// Each cluster's namespaces' own come through its agent and are added.
     pub carriers: spur_routing::ExtractConfig,
+    /// More query parameters removed from every preview request (`--query-param` given more
+    /// than once: the clusters' sidecars may read different ones).
+    pub more_query_params: Vec<String>,
 }
 
 /// A running hub.
@@ -169,7 +173,7 @@ impl Hub {
         let carriers = config
             .preview
             .as_ref()
-            .map(|p| spur_routing::KeyExtractor::new(&p.carriers))
+            .map(|p| crate::carriers::Carriers::new(&p.carriers, &p.more_query_params))
             .transpose()
             .map_err(|e| {
                 Error::Config(format!(

@@ -120,17 +120,15 @@ pub async fn check(
         {
             // Made already (and immutable): its outputs reach the namespaces it was made for.
             let reached = &existing.spec.output_namespaces;
-            if let Some(ns) = sb
-                .spec
-                .forks
-                .iter()
-                .map(|f| &f.fork_of.namespace)
+            // Forks' namespaces, and those of local workloads that read outputs.
+            if let Some(ns) = desired::output_namespaces(sb)
+                .into_iter()
                 .find(|ns| !reached.contains(ns))
             {
                 return Ok(Err((
                     "InvalidResource",
                     format!(
-                        "resources[{i}] ({}): made for forks in {}; a fork in {ns} would not get its outputs (recreate the sandbox to fork there)",
+                        "resources[{i}] ({}): made for workloads in {}; one in {ns} would not get its outputs (recreate the sandbox to add it there)",
                         r.name,
                         reached.join(", ")
                     ),

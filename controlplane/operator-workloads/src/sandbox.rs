@@ -272,18 +272,50 @@ async fn prune_removed(
         .collect();
     // Only a spec change can remove workloads; listing (label selectors are not indexed, so a
     // cluster-wide list reads every object of the kind) happens only then. Generation 1 is
-    // the spec the sandbox was created with: nothing was removed from it.
+    // the spec the sandbox was created with: nothing was removed from it. A pass that stopped
+    // early (resources not ready) records the generation without pruning, so a status that
+    // still names a workload no longer wanted means the same.
     let generation = sb.meta().generation;
     let spec_changed = generation.is_some_and(|g| g > 1)
         && sb.status.as_ref().and_then(|s| s.observed_generation) != generation;
-    if spec_changed {
+    let stale = Stale::of(sb.status.as_ref(), &wanted);
+    if spec_changed || stale.forks {
         prune::<ForkedWorkload>(ctx, &name, Some(&wanted), false).await?;
+    }
+    if spec_changed || stale.virtuals {
         prune::<VirtualWorkload>(ctx, &name, Some(&wanted), false).await?;
     }
-    if spec_changed || unbound {
+    if spec_changed || unbound || stale.locals {
         prune::<ExternalWorkload>(ctx, &name, Some(&wanted), false).await?;
     }
     Ok(())
+}
+
+/// Which kinds of workload object the status names one of that is not `wanted` (by name: those
+/// names are unique per sandbox and baseline): a pass that stopped early (resources not ready)
+/// wrote the new generation without pruning, and its status still lists the old objects.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Stale {
+    forks: bool,
+    locals: bool,
+    virtuals: bool,
+}
+
+impl Stale {
+    fn of(st: Option<&SandboxStatus>, wanted: &BTreeSet<(String, String)>) -> Stale {
+        let Some(st) = st else {
+            return Stale::default();
+        };
+        let unwanted = |n: &str| !n.is_empty() && !wanted.iter().any(|(_, w)| w == n);
+        Stale {
+            forks: st.forks.iter().any(|f| unwanted(&f.forked_workload)),
+            locals: st.local.iter().any(|l| unwanted(&l.external_workload)),
+            virtuals: st
+                .virtual_workloads
+                .iter()
+                .any(|v| unwanted(&v.virtual_workload)),
+        }
+    }
 }
 
 /// The Ready reasons of a failed [`check`].
@@ -667,5 +699,45 @@ mod tests {
         }
         // A generation waiting for its forks passed its check.
         assert!(checked(&failed_with("ForksNotReady")));
+    }
+
+    /// A pass that waited for resources wrote the new generation without pruning: the next
+    /// pass still prunes, because the status names objects the spec no longer wants.
+    #[test]
+    fn a_status_naming_unwanted_objects_is_pruned_after_all() {
+        let st: SandboxStatus = serde_json::from_value(json!({
+            "observedGeneration": 2,
+            "forks": [
+                {"forkOf": {"kind": "Deployment", "namespace": "shop", "name": "a"}, "forkedWorkload": "sb-a-1"},
+                {"forkOf": {"kind": "Deployment", "namespace": "shop", "name": "b"}, "forkedWorkload": "sb-b-2"}
+            ],
+            "local": [{"name": "l", "externalWorkload": "sb-l-3", "connected": false, "ready": false}],
+            "virtual": [{"name": "v", "virtualWorkload": "sb-v-4", "ready": false}]
+        }))
+        .unwrap();
+        let wanted = |names: &[&str]| -> BTreeSet<(String, String)> {
+            names
+                .iter()
+                .map(|n| ("shop".to_owned(), (*n).to_owned()))
+                .collect()
+        };
+        let all = wanted(&["sb-a-1", "sb-b-2", "sb-l-3", "sb-v-4"]);
+        assert_eq!(Stale::of(Some(&st), &all), Stale::default());
+        assert_eq!(Stale::of(None, &all), Stale::default());
+        assert_eq!(
+            Stale::of(Some(&st), &wanted(&["sb-a-1", "sb-l-3", "sb-v-4"])),
+            Stale {
+                forks: true,
+                ..Stale::default()
+            }
+        );
+        assert_eq!(
+            Stale::of(Some(&st), &wanted(&["sb-a-1", "sb-b-2"])),
+            Stale {
+                forks: false,
+                locals: true,
+                virtuals: true
+            }
+        );
     }
 }

@@ -567,6 +567,13 @@ async fn files(
         let Some(v) = volumes.iter().find(|v| v.name == m.name) else {
             continue;
         };
+        if m.sub_path_expr.as_deref().is_some_and(|e| !e.is_empty()) {
+            notes.push(format!(
+                "{} (subPathExpr of volume {}) depends on the pod: not copied",
+                m.mount_path, v.name
+            ));
+            continue;
+        }
         // (kind, name, items, optional) of each source of the volume.
         let mut sources: Vec<(Kind, String, Vec<KeyToPath>, bool)> = Vec::new();
         if let Some(cm) = &v.config_map {
@@ -650,12 +657,18 @@ async fn files(
                 }
             }
         }
-        let mount = m.mount_path.trim_start_matches('/');
+        // As the kubelet reads it: `/etc/app/` and `//etc/app` are `/etc/app`.
+        let mount = m
+            .mount_path
+            .split('/')
+            .filter(|c| !c.is_empty())
+            .collect::<Vec<_>>()
+            .join("/");
         match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
             Some(sub) => {
                 if let Some((_, content, secret)) = in_volume.into_iter().find(|(p, _, _)| p == sub)
                 {
-                    put(file(mount.to_owned(), content, secret)?);
+                    put(file(mount.clone(), content, secret)?);
                 } else {
                     notes.push(format!(
                         "{} (subPath {sub} of volume {}) is not a file of it: not copied",
@@ -718,36 +731,92 @@ fn file(path: String, content: Vec<u8>, secret: bool) -> Result<File> {
     })
 }
 
-/// Writes `files` under `dir`: the directory and its subdirectories 0700, Secrets' files 0600,
-/// others 0644, each written whole to a temporary name and renamed.
+/// Writes `files` under `dir`, which must be a directory nobody but its owner may write to
+/// (created 0700 when missing). Nothing is written when a path passes through a
+/// symbolic link, or a file would sit where another needs a directory. Each file is written
+/// whole to a new, exclusively created name beside it (0600 for Secrets' files, 0644 for
+/// others), then renamed over the final name; subdirectories are created 0700.
 fn write_files(dir: &Path, files: &[File]) -> Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    let mkdir = |d: &Path| {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(d)
-            .with_context(|| format!("cannot create {}", d.display()))
-    };
-    mkdir(dir)?;
-    for f in files {
-        let to = dir.join(&f.path);
-        if let Some(parent) = to.parent() {
-            mkdir(parent)?;
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+    // Every check before the first write.
+    let mut paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+    paths.sort_unstable();
+    for pair in paths.windows(2) {
+        if pair[1].starts_with(pair[0]) && pair[1].as_bytes().get(pair[0].len()) == Some(&b'/') {
+            bail!("{} is both a file and a directory", pair[0]);
         }
-        let tmp = to.with_extension("spur-tmp");
+    }
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.file_type().is_symlink() || !m.is_dir() => {
+            bail!(
+                "{} is not a directory (or is a symbolic link)",
+                dir.display()
+            )
+        }
+        // Another user who may write here could plant links or names: not for Secrets.
+        Ok(m) if m.mode() & 0o022 != 0 => bail!(
+            "{} is writable by others: use a directory only you may write to (chmod go-w), as it will hold Secrets",
+            dir.display()
+        ),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot use {}", dir.display())),
+    }
+    for f in files {
+        let mut at = dir.to_path_buf();
+        for part in Path::new(&f.path).iter() {
+            at.push(part);
+            if let Ok(m) = std::fs::symlink_metadata(&at)
+                && m.file_type().is_symlink()
+            {
+                bail!(
+                    "refusing to write through the symbolic link {}",
+                    at.display()
+                );
+            }
+        }
+    }
+    for (n, f) in files.iter().enumerate() {
+        let to = dir.join(&f.path);
+        let parent = to.parent().unwrap_or(dir);
+        let mut at = dir.to_path_buf();
+        for part in Path::new(&f.path).parent().into_iter().flat_map(Path::iter) {
+            at.push(part);
+            match std::fs::DirBuilder::new().mode(0o700).create(&at) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let m = std::fs::symlink_metadata(&at)?;
+                    if m.file_type().is_symlink() || !m.is_dir() {
+                        bail!("{} is not a directory", at.display());
+                    }
+                }
+                Err(e) => return Err(e).with_context(|| format!("cannot create {}", at.display())),
+            }
+        }
+        // A new name nobody else could have prepared: O_EXCL does not follow symbolic links.
+        let tmp = parent.join(format!(".spur-local-env.{}.{n}.tmp", std::process::id()));
         let mode = if f.secret { 0o600 } else { 0o644 };
-        let mut out = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
-        out.write_all(&f.content)
-            .and_then(|()| out.sync_all())
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
-        std::fs::rename(&tmp, &to).with_context(|| format!("cannot write {}", to.display()))?;
+        let written = (|| -> std::io::Result<()> {
+            let mut out = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            out.write_all(&f.content)?;
+            out.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            out.sync_all()?;
+            std::fs::rename(&tmp, &to)
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e).with_context(|| format!("cannot write {}", to.display()));
+        }
     }
     Ok(())
 }
@@ -761,6 +830,7 @@ fn dotenv(env: &[(String, String)]) -> String {
                     '\\' => q.push_str("\\\\"),
                     '"' => q.push_str("\\\""),
                     '$' => q.push_str("\\$"),
+                    '`' => q.push_str("\\`"),
                     '\n' => q.push_str("\\n"),
                     '\r' => q.push_str("\\r"),
                     c => q.push(c),

@@ -7,12 +7,13 @@
 //! precedence over `baggage` in [`KeyExtractor::extract`], so a caller allowed to use one
 //! preview could otherwise name another sandbox's key in one of them and reach its fork.
 
-use std::borrow::Cow;
 use std::net::SocketAddr;
 
 use http::Request;
 use http::header::{self, HeaderName, HeaderValue};
-use spur_routing::extract::{ExtractConfig, KeyExtractor, strip_query_param};
+use spur_routing::extract::{ExtractConfig, strip_query_param};
+
+use crate::carriers::Carriers;
 
 use super::{API_KEY_HEADER, without_hub_cookie};
 use crate::catalog::Resolved;
@@ -34,25 +35,10 @@ pub fn default_carriers() -> ExtractConfig {
 }
 
 /// The carriers a preview to `to` must overwrite: the hub's (`--routing-header`,
-/// `--query-param`), with those of the target's namespace (its annotations, read by
-/// [`spur_api::carriers::of_namespace`] as the webhook reads them for the sidecars there).
-/// `None` while the target cluster's namespaces are unknown: no preview is sent then.
-pub(super) fn carriers_for<'a>(
-    hub: &'a KeyExtractor,
-    to: &Resolved,
-) -> Option<Cow<'a, KeyExtractor>> {
-    let annotations = to.carrier_annotations.as_ref()?;
-    Some(
-        match spur_api::carriers::of_namespace(&hub.config(), Some(annotations)) {
-            Ok(Some(cfg)) => match KeyExtractor::new(&cfg) {
-                Ok(ex) => Cow::Owned(ex),
-                Err(_) => Cow::Borrowed(hub),
-            },
-            // Malformed: the webhook injects no sidecar in that namespace, so no sidecar there
-            // reads the namespace's carriers; the hub's are overwritten as always.
-            Ok(None) | Err(_) => Cow::Borrowed(hub),
-        },
-    )
+/// `--query-param`) and every one the target cluster's namespaces name ([`Carriers`]). `None`
+/// while the target cluster's namespaces are unknown: no preview is sent then.
+pub(super) fn carriers_for(hub: &Carriers, to: &Resolved) -> Option<Carriers> {
+    to.carriers.as_ref().map(|c| hub.union(c))
 }
 
 /// Strips the caller's credentials, the hub's cookies and every routing key the caller sent,
@@ -64,7 +50,7 @@ pub(super) fn carriers_for<'a>(
 pub(super) fn prepare<B>(
     req: &mut Request<B>,
     to: &Resolved,
-    carriers: &KeyExtractor,
+    carriers: &Carriers,
     host: &str,
     peer: SocketAddr,
 ) -> Result<(), String> {
@@ -86,7 +72,7 @@ pub(super) fn prepare<B>(
     h.remove(header::TE);
     // The standard carriers and each configured custom header (every line of it) now hold the
     // preview's key and nothing else.
-    spur_routing::inject::inject_key(h, &to.routing_key, carriers.custom_headers());
+    spur_routing::inject::inject_key(h, &to.routing_key, &carriers.header_names());
     let peer_ip = peer.ip().to_string();
     let xff = match h.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
         Some(prev) => format!("{prev}, {peer_ip}"),
@@ -120,22 +106,24 @@ pub(super) fn prepare<B>(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
-    if let Some(name) = carriers.query_param()
-        && let Some((_, rewritten)) = strip_query_param(&pq, name)
-    {
-        pq = rewritten;
+    for name in carriers.params() {
+        if let Some((_, rewritten)) = strip_query_param(&pq, name) {
+            pq = rewritten;
+        }
     }
     *req.uri_mut() = http::Uri::try_from(pq.as_str())
         .map_err(|e| format!("the request's path cannot be rebuilt: {e}"))?;
-    // What a sidecar reading these carriers would find: the preview's key and nothing else, or
-    // the request does not go.
-    let found = carriers.extract(req.headers(), req.uri().query());
-    if found.first() != Some(to.routing_key.as_str()) || found.len() != 1 {
-        return Err(format!(
-            "the request would carry the routing keys {found:?} instead of only the preview's \
-             {:?}",
-            to.routing_key
-        ));
+    // What a sidecar reading these carriers would find (with any one of the parameters): the
+    // preview's key and nothing else, or the request does not go.
+    for ex in carriers.extractors() {
+        let found = ex.extract(req.headers(), req.uri().query());
+        if found.first() != Some(to.routing_key.as_str()) || found.len() != 1 {
+            return Err(format!(
+                "the request would carry the routing keys {found:?} instead of only the \
+                 preview's {:?}",
+                to.routing_key
+            ));
+        }
     }
     Ok(())
 }
@@ -152,15 +140,18 @@ mod tests {
             scheme: "http".into(),
             host: "web.shop.svc".into(),
             port: 8080,
-            carrier_annotations: Some(Default::default()),
+            carriers: Some(Carriers::default()),
         }
     }
 
-    fn carriers(custom: &[&str], query: Option<&str>) -> KeyExtractor {
-        KeyExtractor::new(&ExtractConfig {
-            custom_headers: custom.iter().map(|s| (*s).to_owned()).collect(),
-            query_param: query.map(str::to_owned),
-        })
+    fn carriers(custom: &[&str], query: Option<&str>) -> Carriers {
+        Carriers::new(
+            &ExtractConfig {
+                custom_headers: custom.iter().map(|s| (*s).to_owned()).collect(),
+                query_param: query.map(str::to_owned),
+            },
+            &[],
+        )
         .unwrap()
     }
 
@@ -237,7 +228,8 @@ mod tests {
             custom_headers: vec!["x-route-to".into(), "X-Sandbox-Key".into()],
             query_param: Some(DEFAULT_QUERY_PARAM.into()),
         };
-        let sidecar = KeyExtractor::new(&cfg).unwrap();
+        let sidecar = spur_routing::KeyExtractor::new(&cfg).unwrap();
+        let hub = Carriers::new(&cfg, &[]).unwrap();
         for uri in [
             "https://web--sb.preview.test/a?sd-routing-key=other&x=1",
             "/a?sd-routing-key=other&x=1",
@@ -251,7 +243,7 @@ mod tests {
                 .header("baggage", "sd-routing-key=other")
                 .body(())
                 .unwrap();
-            prepare(&mut req, &resolved("key123"), &sidecar, "h", peer()).unwrap();
+            prepare(&mut req, &resolved("key123"), &hub, "h", peer()).unwrap();
             assert_eq!(req.uri().path(), "/a", "{uri}");
             let query = req.uri().query().unwrap_or_default();
             assert!(query.split('&').any(|p| p == "x=1"), "{uri}: {query}");
@@ -269,14 +261,14 @@ mod tests {
         }
         // A query parameter of that name with no key in it is no candidate to anyone and stays.
         let mut req = Request::get("/a?sd-routing-key=&x=1").body(()).unwrap();
-        prepare(&mut req, &resolved("key123"), &sidecar, "h", peer()).unwrap();
+        prepare(&mut req, &resolved("key123"), &hub, "h", peer()).unwrap();
         assert_eq!(req.uri(), "/a?sd-routing-key=&x=1");
     }
 
     /// The default carriers cover the documented query parameter.
     #[test]
     fn the_default_removes_the_documented_query_parameter() {
-        let defaults = KeyExtractor::new(&default_carriers()).unwrap();
+        let defaults = Carriers::new(&default_carriers(), &[]).unwrap();
         let mut req = Request::get("/?sd-routing-key=other").body(()).unwrap();
         prepare(&mut req, &resolved("key123"), &defaults, "h", peer()).unwrap();
         assert_eq!(req.uri(), "/");
@@ -313,19 +305,17 @@ mod tests {
         );
     }
 
-    /// A namespace's annotations add headers the preview overwrites and replace the query
-    /// parameter it removes; a cluster whose namespaces are unknown gets no preview.
+    /// The cluster's namespaces add headers the preview overwrites and parameters it removes,
+    /// besides the hub's (all of them, whichever namespace the target is in); a cluster whose
+    /// namespaces are unknown gets no preview.
     #[test]
-    fn the_target_namespace_adds_its_carriers() {
+    fn the_clusters_namespaces_add_their_carriers() {
         let hub = carriers(&["x-route-to"], Some(DEFAULT_QUERY_PARAM));
         let mut to = resolved("sb1k");
-        assert_eq!(
-            carriers_for(&hub, &to).unwrap().config(),
-            hub.config(),
-            "an unannotated namespace: the hub's"
-        );
-        to.carrier_annotations = Some(
-            [
+        assert_eq!(carriers_for(&hub, &to), Some(hub.clone()));
+        let mut seen = Carriers::default();
+        seen.add_namespace(
+            &[
                 (
                     spur_api::keys::injection::ROUTING_HEADERS.to_owned(),
                     "X-Team".to_owned(),
@@ -337,18 +327,18 @@ mod tests {
             ]
             .into(),
         );
-        let ns = carriers_for(&hub, &to).unwrap();
-        assert_eq!(ns.config().custom_headers, ["x-route-to", "x-team"]);
-        assert_eq!(ns.query_param(), Some("team-key"));
-        let mut req = Request::get("/p?team-key=other&a=1")
+        to.carriers = Some(seen);
+        let all = carriers_for(&hub, &to).unwrap();
+        let mut req = Request::get("/p?team-key=other&a=1&sd-routing-key=other2")
             .header("x-team", "other")
             .body(())
             .unwrap();
-        prepare(&mut req, &to, &ns, "h", "127.0.0.1:1".parse().unwrap()).unwrap();
+        prepare(&mut req, &to, &all, "h", "127.0.0.1:1".parse().unwrap()).unwrap();
         assert_eq!(req.headers()["x-team"], "sb1k");
         assert_eq!(req.headers()["x-route-to"], "sb1k");
+        // Both parameters go: the namespace's does not replace the hub's here.
         assert_eq!(req.uri().path_and_query().unwrap().as_str(), "/p?a=1");
-        to.carrier_annotations = None;
+        to.carriers = None;
         assert!(carriers_for(&hub, &to).is_none());
     }
 }

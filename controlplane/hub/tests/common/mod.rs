@@ -51,6 +51,7 @@ pub(crate) fn settings(limits: ListenerLimits) -> PreviewSettings {
         response_timeout: Duration::from_secs(5),
         allow_public: false,
         carriers: spur_hub::preview::default_carriers(),
+        more_query_params: Vec::new(),
     }
 }
 

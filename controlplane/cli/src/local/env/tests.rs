@@ -53,11 +53,12 @@ fn template() -> PodTemplateSpec {
                     {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory"}}}
                  ],
                  "volumeMounts": [
-                    {"name": "cfg", "mountPath": "/etc/app"},
+                    {"name": "cfg", "mountPath": "//etc/app/"},
                     {"name": "tls", "mountPath": "/etc/tls", "readOnly": true},
                     {"name": "one", "mountPath": "/etc/one.conf", "subPath": "level"},
                     {"name": "both", "mountPath": "/var/run/both"},
-                    {"name": "scratch", "mountPath": "/tmp"}
+                    {"name": "scratch", "mountPath": "/tmp"},
+                    {"name": "cfg", "mountPath": "/per-pod", "subPathExpr": "$(POD_NAME)"}
                  ]}
             ],
             "volumes": [
@@ -251,6 +252,8 @@ fn outputs_quote_every_value() {
         dotenv(&env),
         "A=\"it's \\\"x\\\" \\$HOME\\\\n\\nend\"\nwith-dash=\"v\"\n"
     );
+    let tick = vec![("B".to_owned(), "`id`".to_owned())];
+    assert_eq!(dotenv(&tick), "B=\"\\`id\\`\"\n");
     assert_eq!(shell(&env), "export A='it'\\''s \"x\" $HOME\\n\nend'\n");
 }
 
@@ -283,4 +286,60 @@ fn files_are_written_with_their_modes() {
         0o700
     );
     assert_eq!(std::fs::read(out.join("etc/tls/key")).unwrap(), b"k");
+    // Again: the files are replaced, no temporary name is left behind.
+    write_files(
+        &out,
+        &[File {
+            path: "etc/tls/key".into(),
+            content: b"k2".to_vec(),
+            secret: true,
+        }],
+    )
+    .unwrap();
+    assert_eq!(std::fs::read(out.join("etc/tls/key")).unwrap(), b"k2");
+    assert_eq!(std::fs::read_dir(out.join("etc/tls")).unwrap().count(), 1);
+}
+
+#[test]
+fn files_are_never_written_through_links_or_into_shared_directories() {
+    use std::os::unix::fs::PermissionsExt;
+    let one = |path: &str| {
+        vec![File {
+            path: path.into(),
+            content: b"secret".to_vec(),
+            secret: true,
+        }]
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("files");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o700)).unwrap();
+    // A link planted inside the directory, to a directory and to a file.
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, out.join("etc")).unwrap();
+    let err = write_files(&out, &one("etc/key")).unwrap_err();
+    assert!(format!("{err:#}").contains("symbolic link"), "{err:#}");
+    std::os::unix::fs::symlink(elsewhere.join("target"), out.join("key")).unwrap();
+    let err = write_files(&out, &one("key")).unwrap_err();
+    assert!(format!("{err:#}").contains("symbolic link"), "{err:#}");
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    // The directory itself a link, or writable by others.
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&out, &link).unwrap();
+    assert!(write_files(&link, &one("a")).is_err());
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let err = write_files(&shared, &one("a")).unwrap_err();
+    assert!(format!("{err:#}").contains("writable by others"), "{err:#}");
+    // A file where another needs a directory: nothing at all is written.
+    let fresh = dir.path().join("fresh");
+    let clash = [one("a/b").remove(0), one("a").remove(0), one("c").remove(0)];
+    let err = write_files(&fresh, &clash).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("both a file and a directory"),
+        "{err:#}"
+    );
+    assert!(!fresh.exists());
 }
