@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use spur_operator_core::{Context, Error, FIELD_MANAGER, FINALIZER};
 
-use crate::{Carriers, MeshConfig, http_route_resource};
+use crate::{Carriers, MeshConfig, http_route_resource, routes_in_namespace};
 
 mod desired;
 mod status;
@@ -97,15 +97,9 @@ pub async fn run(client: Client, ctx: Arc<Context>, cfg: MeshConfig, stop: Cance
         // A namespace's carrier annotations decide the matches of the routes to its Services.
         .watches_stream_with(
             namespaces,
-            move |ns| {
-                let ns = ns.name_any();
-                by_namespace
-                    .state()
-                    .into_iter()
-                    .filter(|g| g.spec.target_service.namespace == ns)
-                    .map(|g| ObjectRef::from_obj(&*g))
-                    .collect::<Vec<_>>()
-            },
+            routes_in_namespace(by_namespace, |g: &GatewayAPIRoute| {
+                g.spec.target_service.namespace.as_str()
+            }),
             (),
         );
     spur_controller::run(

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use spur_operator_core::{Context, Error, FIELD_MANAGER, FINALIZER};
 
-use crate::{Carriers, MeshConfig, virtual_service_resource};
+use crate::{Carriers, MeshConfig, routes_in_namespace, virtual_service_resource};
 
 mod desired;
 mod status;
@@ -102,15 +102,9 @@ pub async fn run(client: Client, ctx: Arc<Context>, cfg: MeshConfig, stop: Cance
         // A namespace's carrier annotations decide the matches of the routes to its Services.
         .watches_stream_with(
             namespaces,
-            move |ns| {
-                let ns = ns.name_any();
-                by_namespace
-                    .state()
-                    .into_iter()
-                    .filter(|ir| ir.spec.target_service.namespace == ns)
-                    .map(|ir| ObjectRef::from_obj(&*ir))
-                    .collect::<Vec<_>>()
-            },
+            routes_in_namespace(by_namespace, |ir: &IstioRoute| {
+                ir.spec.target_service.namespace.as_str()
+            }),
             (),
         );
     spur_controller::run(

@@ -78,6 +78,27 @@ impl MeshConfig {
     }
 }
 
+/// The watch mapper of a mesh route controller's Namespace watch: the routes in `routes` whose
+/// target Service is in the namespace that changed (its carrier annotations decide their
+/// matches).
+pub(crate) fn routes_in_namespace<K>(
+    routes: Store<K>,
+    target_namespace: fn(&K) -> &str,
+) -> impl Fn(PartialObjectMeta<Namespace>) -> Vec<ObjectRef<K>> + Send + Sync + 'static
+where
+    K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    move |ns| {
+        let ns = ns.name_any();
+        routes
+            .state()
+            .into_iter()
+            .filter(|r| target_namespace(r) == ns)
+            .map(|r| ObjectRef::from_obj(&*r))
+            .collect()
+    }
+}
+
 /// The routing-key carriers of each namespace, from the cluster's and the namespaces'
 /// annotations (a metadata watch of Namespaces), for the matches a mesh route writes.
 #[derive(Clone)]
