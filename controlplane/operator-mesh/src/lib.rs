@@ -90,12 +90,7 @@ where
 {
     move |ns| {
         let ns = ns.name_any();
-        routes
-            .state()
-            .into_iter()
-            .filter(|r| target_namespace(r) == ns)
-            .map(|r| ObjectRef::from_obj(&*r))
-            .collect()
+        spur_controller::objects_where(&routes, |r| target_namespace(r) == ns)
     }
 }
 
