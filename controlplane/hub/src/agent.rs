@@ -295,7 +295,7 @@ async fn serve_stream(
         }
         Open::Kube => {
             let Some(kube) = kube else {
-                let reason = "this agent runs without Kubernetes access".to_owned();
+                let reason = crate::protocol::NO_KUBE.to_owned();
                 answer(&mut stream, Answer::Error { reason }).await?;
                 return Ok(());
             };

@@ -316,6 +316,14 @@ impl Catalog {
             };
             match result {
                 Ok(()) => backoff = Duration::from_millis(200),
+                Err(Error::Upstream(reason)) if reason == crate::protocol::NO_KUBE => {
+                    // Nothing to read there; what the kind needs to know of that, it records.
+                    self.update(cluster, K::without_kube);
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_secs(60)) => {}
+                        () = stop.cancelled() => return,
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(%cluster, %path, "watching through the agent: {e}");
                     tokio::select! {
@@ -485,6 +493,9 @@ pub trait Kind {
         view.synced = true;
     }
 
+    /// Records that the cluster's agent has no Kubernetes access (nothing of the kind to read).
+    fn without_kube(_view: &mut ClusterView) {}
+
     /// Notes an object listed or watched (before it is stored).
     fn seen(_view: &mut ClusterView, _o: &Self)
     where
@@ -522,6 +533,12 @@ impl Kind for Namespace {
     }
 
     fn synced(view: &mut ClusterView) {
+        view.namespaces_synced = true;
+    }
+
+    /// No namespaces to read: previews to the cluster overwrite the hub's carriers only
+    /// (docs/hub.md).
+    fn without_kube(view: &mut ClusterView) {
         view.namespaces_synced = true;
     }
 

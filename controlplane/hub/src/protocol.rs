@@ -5,6 +5,9 @@
 
 use serde::{Deserialize, Serialize};
 
+/// An agent's answer to [`Open::Kube`] when it runs without Kubernetes access (`--no-kube`).
+pub const NO_KUBE: &str = "this agent runs without Kubernetes access";
+
 /// The agent's reverse listener.
 pub const AGENT_BIND: &str = "spur-agent";
 /// Longest frame either side accepts (an `Open` carrying a user with 32 long group names fits).

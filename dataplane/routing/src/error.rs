@@ -13,6 +13,13 @@ pub enum Error {
         "routing header {name:?} is a standard carrier, read and written already; custom headers carry a bare key"
     )]
     StandardHeader { name: String },
+    /// A configured custom header is one that HTTP, proxies or Spur's own front doors give a
+    /// meaning (framing, hop-by-hop, the host, credentials, forwarding): writing a key into it
+    /// would break requests.
+    #[error(
+        "routing header {name:?} is reserved (framing, hop-by-hop, host, credentials or forwarding); choose a header of your own"
+    )]
+    ReservedHeader { name: String },
     /// A configured query parameter name is empty or contains characters outside `[A-Za-z0-9._-]`.
     #[error("invalid routing query parameter name {name:?}")]
     InvalidQueryParam { name: String },

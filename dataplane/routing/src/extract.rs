@@ -33,6 +33,30 @@ pub fn is_valid_key(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
+/// Headers no custom carrier may be: HTTP framing and hop-by-hop headers, the host, credentials
+/// and forwarding headers, and the trace context (a preview or a job writes the key into every
+/// custom header, and a namespace's annotation names them for the whole cluster's previews).
+pub const RESERVED_HEADERS: [&str; 18] = [
+    "host",
+    "content-length",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-spur-api-key",
+    "traceparent",
+];
+
 /// Which extra carriers to read besides the standard ones.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(default)]
@@ -62,6 +86,9 @@ impl KeyExtractor {
                 .map_err(|_| Error::InvalidHeaderName { name: name.clone() })?;
             if crate::carrier::Carrier::header_names().contains(&h) {
                 return Err(Error::StandardHeader { name: name.clone() });
+            }
+            if RESERVED_HEADERS.contains(&h.as_str()) {
+                return Err(Error::ReservedHeader { name: name.clone() });
             }
             // A repeated name would only repeat the same candidates.
             if !custom_headers.contains(&h) {
@@ -452,6 +479,22 @@ mod tests {
             assert!(
                 matches!(KeyExtractor::new(&cfg), Err(Error::StandardHeader { .. })),
                 "{standard}"
+            );
+        }
+        for reserved in [
+            "Host",
+            "content-length",
+            "transfer-encoding",
+            "cookie",
+            "x-spur-api-key",
+        ] {
+            let cfg = ExtractConfig {
+                custom_headers: vec![reserved.into()],
+                query_param: None,
+            };
+            assert!(
+                matches!(KeyExtractor::new(&cfg), Err(Error::ReservedHeader { .. })),
+                "{reserved}"
             );
         }
         for q in ["", "a b", "a&b", "a=b"] {

@@ -678,7 +678,12 @@ async fn files(
             }
             None => {
                 for (p, content, secret) in in_volume {
-                    put(file(format!("{mount}/{p}"), content, secret)?);
+                    let path = if mount.is_empty() {
+                        p
+                    } else {
+                        format!("{mount}/{p}")
+                    };
+                    put(file(path, content, secret)?);
                 }
             }
         }
@@ -721,7 +726,7 @@ async fn files(
 /// A file at `path`, refused when the path could leave the files directory (the API server
 /// checks a Sandbox's paths, but a baseline's mount paths and items are another's writing).
 fn file(path: String, content: Vec<u8>, secret: bool) -> Result<File> {
-    if !is_file_path(&path) {
+    if path.starts_with('/') || !is_file_path(&path) {
         bail!("refusing to write {path:?}: not a plain relative path");
     }
     Ok(File {
@@ -731,53 +736,79 @@ fn file(path: String, content: Vec<u8>, secret: bool) -> Result<File> {
     })
 }
 
-/// Writes `files` under `dir`, which must be a directory nobody but its owner may write to
-/// (created 0700 when missing). Nothing is written when a path passes through a
+/// Writes `files` under `dir`, which must be the user's own directory that nobody else may
+/// write to (created 0700 when missing). Nothing is written when a path passes through a
 /// symbolic link, or a file would sit where another needs a directory. Each file is written
 /// whole to a new, exclusively created name beside it (0600 for Secrets' files, 0644 for
 /// others), then renamed over the final name; subdirectories are created 0700.
 fn write_files(dir: &Path, files: &[File]) -> Result<()> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
     // Every check before the first write.
-    let mut paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
-    paths.sort_unstable();
-    for pair in paths.windows(2) {
-        if pair[1].starts_with(pair[0]) && pair[1].as_bytes().get(pair[0].len()) == Some(&b'/') {
-            bail!("{} is both a file and a directory", pair[0]);
+    let all: std::collections::HashSet<&str> = files.iter().map(|f| f.path.as_str()).collect();
+    for f in files {
+        let relative = Path::new(&f.path)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !relative {
+            bail!("refusing to write {:?}: not a plain relative path", f.path);
+        }
+        for (i, _) in f.path.match_indices('/') {
+            if all.contains(&f.path[..i]) {
+                bail!("{} is both a file and a directory", &f.path[..i]);
+            }
         }
     }
-    match std::fs::symlink_metadata(dir) {
-        Ok(m) if m.file_type().is_symlink() || !m.is_dir() => {
-            bail!(
-                "{} is not a directory (or is a symbolic link)",
-                dir.display()
-            )
+    if let Err(e) = std::fs::symlink_metadata(dir) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            return Err(e).with_context(|| format!("cannot use {}", dir.display()));
         }
-        // Another user who may write here could plant links or names: not for Secrets.
-        Ok(m) if m.mode() & 0o022 != 0 => bail!(
-            "{} is writable by others: use a directory only you may write to (chmod go-w), as it will hold Secrets",
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        // The last component alone, not following a link someone put there meanwhile.
+        match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot create {}", dir.display())),
+        }
+    }
+    let m =
+        std::fs::symlink_metadata(dir).with_context(|| format!("cannot use {}", dir.display()))?;
+    if m.file_type().is_symlink() || !m.is_dir() {
+        bail!(
+            "{} is not a directory (or is a symbolic link)",
             dir.display()
-        ),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
-        }
-        Err(e) => return Err(e).with_context(|| format!("cannot use {}", dir.display())),
+        );
+    }
+    // Another user who owns or may write here could plant links or names: not for Secrets.
+    if m.uid() != nix::unistd::geteuid().as_raw() || m.mode() & 0o022 != 0 {
+        bail!(
+            "{} must be yours and writable by you alone (chmod go-w), as it will hold Secrets",
+            dir.display()
+        );
     }
     for f in files {
         let mut at = dir.to_path_buf();
-        for part in Path::new(&f.path).iter() {
+        let parts: Vec<_> = Path::new(&f.path).iter().collect();
+        for (i, part) in parts.iter().enumerate() {
             at.push(part);
-            if let Ok(m) = std::fs::symlink_metadata(&at)
-                && m.file_type().is_symlink()
-            {
+            let Ok(m) = std::fs::symlink_metadata(&at) else {
+                break;
+            };
+            if m.file_type().is_symlink() {
                 bail!(
                     "refusing to write through the symbolic link {}",
                     at.display()
+                );
+            }
+            let last = i + 1 == parts.len();
+            if last == m.is_dir() {
+                bail!(
+                    "{} is in the way (a {} where a {} goes)",
+                    at.display(),
+                    if m.is_dir() { "directory" } else { "file" },
+                    if last { "file" } else { "directory" }
                 );
             }
         }
@@ -802,12 +833,14 @@ fn write_files(dir: &Path, files: &[File]) -> Result<()> {
         // A new name nobody else could have prepared: O_EXCL does not follow symbolic links.
         let tmp = parent.join(format!(".spur-local-env.{}.{n}.tmp", std::process::id()));
         let mode = if f.secret { 0o600 } else { 0o644 };
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .with_context(|| format!("cannot create {}", tmp.display()))?;
+        // From here the name is ours: removed again if anything fails.
         let written = (|| -> std::io::Result<()> {
-            let mut out = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)?;
             out.write_all(&f.content)?;
             out.set_permissions(std::fs::Permissions::from_mode(mode))?;
             out.sync_all()?;

@@ -332,7 +332,10 @@ fn files_are_never_written_through_links_or_into_shared_directories() {
     std::fs::create_dir(&shared).unwrap();
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
     let err = write_files(&shared, &one("a")).unwrap_err();
-    assert!(format!("{err:#}").contains("writable by others"), "{err:#}");
+    assert!(
+        format!("{err:#}").contains("writable by you alone"),
+        "{err:#}"
+    );
     // A file where another needs a directory: nothing at all is written.
     let fresh = dir.path().join("fresh");
     let clash = [one("a/b").remove(0), one("a").remove(0), one("c").remove(0)];
@@ -342,4 +345,22 @@ fn files_are_never_written_through_links_or_into_shared_directories() {
         "{err:#}"
     );
     assert!(!fresh.exists());
+}
+
+/// A volume mounted at `/` puts its files at the top of the directory, never at an absolute
+/// path (which would leave it).
+#[tokio::test]
+async fn a_volume_at_the_root_stays_in_the_directory() {
+    let t: PodTemplateSpec = serde_json::from_value(json!({"spec": {
+        "containers": [{"name": "app", "image": "x",
+                        "volumeMounts": [{"name": "cfg", "mountPath": "/"}]}],
+        "volumes": [{"name": "cfg", "configMap": {"name": "common",
+                     "items": [{"key": "level", "path": "home/alice/.bashrc"}]}}]
+    }}))
+    .unwrap();
+    let r = resolve(&t, &local(json!({})), "sb", &mut objects())
+        .await
+        .unwrap();
+    assert_eq!(r.files.len(), 1);
+    assert_eq!(r.files[0].path, "home/alice/.bashrc");
 }
