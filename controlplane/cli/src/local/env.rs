@@ -304,14 +304,12 @@ pub(super) async fn resolve(
                 let value = match (&e.value, &e.value_from) {
                     (Some(v), _) => expand(v, &env),
                     (None, Some(vf)) => {
-                        let (kind, name, key, optional) = if let Some(r) = &vf.config_map {
-                            (Kind::ConfigMap, r.name.clone(), r.key.clone(), r.optional)
-                        } else if let Some(r) = &vf.secret {
-                            (Kind::Secret, r.name.clone(), r.key.clone(), r.optional)
-                        } else if let Some(r) = &vf.resource {
-                            let secret = names::resource_name(sandbox, &r.name);
-                            (Kind::Secret, secret, r.output_key.clone(), false)
-                        } else {
+                        let Some((kind, name, key, optional)) = source(
+                            vf.config_map.as_ref(),
+                            vf.secret.as_ref(),
+                            vf.resource.as_ref(),
+                            sandbox,
+                        ) else {
                             bail!(
                                 "spec.local[{}].env {}: valueFrom.fork is not supported for local workloads",
                                 local.name,
@@ -409,26 +407,13 @@ async fn baseline_env(
             continue;
         };
         let what = format!("the baseline's env {}", e.name);
-        let value = if let Some(r) = &vf.config_map_key_ref {
-            lookup(
-                objects,
-                Kind::ConfigMap,
-                &r.name,
-                &r.key,
-                r.optional.unwrap_or(false),
-                &what,
-            )
-            .await?
-        } else if let Some(r) = &vf.secret_key_ref {
-            lookup(
-                objects,
-                Kind::Secret,
-                &r.name,
-                &r.key,
-                r.optional.unwrap_or(false),
-                &what,
-            )
-            .await?
+        let keyed = match (&vf.config_map_key_ref, &vf.secret_key_ref) {
+            (Some(r), _) => Some((Kind::ConfigMap, &r.name, &r.key, r.optional)),
+            (None, Some(r)) => Some((Kind::Secret, &r.name, &r.key, r.optional)),
+            (None, None) => None,
+        };
+        let value = if let Some((kind, name, key, optional)) = keyed {
+            lookup(objects, kind, name, key, optional.unwrap_or(false), &what).await?
         } else if let Some(f) = &vf.field_ref {
             match pod_field(&f.field_path, template, ns) {
                 Some(v) => Some(v.into_bytes()),
@@ -483,6 +468,27 @@ fn pod_field(path: &str, template: &PodTemplateSpec, ns: &str) -> Option<String>
         return meta?.annotations.as_ref()?.get(&k).cloned();
     }
     None
+}
+
+/// Where a Sandbox's env or file value comes from: `(kind, name, key, optional)` of a ConfigMap
+/// or Secret of the baseline's namespace (a resource output is a key of the Secret the operator
+/// writes there); `None` without a source.
+fn source(
+    config_map: Option<&spur_api::sandbox::KeyRef>,
+    secret: Option<&spur_api::sandbox::KeyRef>,
+    resource: Option<&spur_api::sandbox::ResourceOutputRef>,
+    sandbox: &str,
+) -> Option<(Kind, String, String, bool)> {
+    if let Some(r) = config_map {
+        return Some((Kind::ConfigMap, r.name.clone(), r.key.clone(), r.optional));
+    }
+    if let Some(r) = secret {
+        return Some((Kind::Secret, r.name.clone(), r.key.clone(), r.optional));
+    }
+    resource.map(|r| {
+        let name = names::resource_name(sandbox, &r.name);
+        (Kind::Secret, name, r.output_key.clone(), false)
+    })
 }
 
 /// `key` of ConfigMap or Secret `name`: `None` when it is missing and `optional`, an error when
@@ -692,18 +698,12 @@ async fn files(
         let (content, secret) = match (&f.value, &f.value_from) {
             (Some(v), _) => (v.clone().into_bytes(), false),
             (None, Some(vf)) => {
-                let (kind, name, key, optional) = if let Some(r) = &vf.config_map {
-                    (Kind::ConfigMap, r.name.clone(), r.key.clone(), r.optional)
-                } else if let Some(r) = &vf.secret {
-                    (Kind::Secret, r.name.clone(), r.key.clone(), r.optional)
-                } else if let Some(r) = &vf.resource {
-                    (
-                        Kind::Secret,
-                        names::resource_name(sandbox, &r.name),
-                        r.output_key.clone(),
-                        false,
-                    )
-                } else {
+                let Some((kind, name, key, optional)) = source(
+                    vf.config_map.as_ref(),
+                    vf.secret.as_ref(),
+                    vf.resource.as_ref(),
+                    sandbox,
+                ) else {
                     bail!("spec.local files[{i}]: valueFrom names no source");
                 };
                 let what = format!("spec.local file {}", f.path);
