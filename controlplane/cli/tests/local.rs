@@ -197,14 +197,37 @@ impl Drop for Laptop {
     }
 }
 
+/// On a failing test (dropped while panicking), prints the roles' logs: a wait that times out
+/// on a cold CI machine says why only there.
+struct LogsOnFailure(Vec<PathBuf>);
+
+impl Drop for LogsOnFailure {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for log in &self.0 {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(150)..];
+            eprintln!("---- {} (last {} lines) ----", log.display(), tail.len());
+            for l in tail {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
 async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + WAIT;
+    let started = tokio::time::Instant::now();
+    let deadline = started + WAIT;
     loop {
         if let Some(v) = check().await {
+            eprintln!("{what}: after {:?}", started.elapsed());
             return v;
         }
         assert!(
@@ -283,6 +306,12 @@ async fn laptop_in_a_network_namespace_joins_a_sandbox_through_the_tunnel() {
     }
     let dir = api.dir().join("local-test");
     std::fs::create_dir_all(&dir).unwrap();
+    let _logs = LogsOnFailure(
+        ["operator.log", "routeserver.log", "tunnel-proxy.log"]
+            .iter()
+            .map(|f| dir.join(f))
+            .collect(),
+    );
     let kubeconfig = dir.join("kubeconfig.yaml");
     api.write_kubeconfig(&kubeconfig).unwrap();
     let kubeconfig = kubeconfig.to_str().unwrap().to_string();

@@ -11,7 +11,9 @@
 //! - [`run`]: a built `Controller` driven to its end under a stop token and a drain deadline;
 //! - [`changes`]: watch streams that wake a controller only when what it reads changed, with
 //!   the stores a pass reads (and [`changes::synced`], which a pass that decides from what a
-//!   store lacks waits on).
+//!   store lacks waits on);
+//! - [`errors_logged`]: a side watch whose failures are logged rather than pause the
+//!   controller it wakes.
 
 mod apply;
 mod backoff;
@@ -19,12 +21,14 @@ pub mod changes;
 mod finalizer;
 mod spawn;
 mod status;
+mod watch_errors;
 
 pub use apply::{Owner, hash_of};
 pub use backoff::{Backoff, HasBackoff, key_of};
 pub use finalizer::finalized;
 pub use spawn::{DRAIN_GRACE, cluster_owners, drained, objects_where, run};
 pub use status::StatusWriter;
+pub use watch_errors::errors_logged;
 
 /// What the kit's own API calls can fail with.
 #[derive(Debug, thiserror::Error)]

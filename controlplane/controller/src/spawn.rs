@@ -14,6 +14,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::HasBackoff;
+use crate::watch_errors::resource_missing;
 
 /// How long in-flight reconciles may run on after `stop` before they are dropped.
 pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
@@ -58,7 +59,9 @@ pub async fn run<K, C, E, R, Fut, P>(
         .for_each(move |r| {
             // A failing watch (the primary's or one that wakes it: a 403 on a resource the
             // chart forgot, a CRD that went) would otherwise only show as passes that stop
-            // coming. The watchers back off, so this logs at their pace.
+            // coming. The watchers back off, so this logs at their pace. A watch expected to
+            // fail for long goes through `errors_logged` instead, which keeps it from pausing
+            // the controller.
             if let Err(kube::runtime::controller::Error::QueueError(e)) = &r {
                 if resource_missing(e) {
                     // An optional resource not installed (Argo Rollouts, say): expected.
@@ -70,18 +73,6 @@ pub async fn run<K, C, E, R, Fut, P>(
             std::future::ready(())
         });
     drained(name, work, stop).await;
-}
-
-/// Whether a watch failed because its resource does not exist in the cluster (404).
-fn resource_missing(e: &kube::runtime::watcher::Error) -> bool {
-    use kube::runtime::watcher::Error as W;
-    match e {
-        W::InitialListFailed(kube::Error::Api(s))
-        | W::WatchStartFailed(kube::Error::Api(s))
-        | W::WatchFailed(kube::Error::Api(s)) => s.code == 404,
-        W::WatchError(s) => s.code == 404,
-        _ => false,
-    }
 }
 
 /// Runs `work` to its end, but for no longer than [`DRAIN_GRACE`] once `stop` is cancelled.
@@ -139,23 +130,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    #[allow(clippy::unwrap_used)]
-    fn only_a_missing_resource_is_quiet() {
-        use kube::runtime::watcher::Error as W;
-        let status = |code: u16| -> Box<kube::core::Status> {
-            Box::new(serde_json::from_value(serde_json::json!({"code": code})).unwrap())
-        };
-        assert!(resource_missing(&W::InitialListFailed(kube::Error::Api(
-            status(404)
-        ))));
-        assert!(resource_missing(&W::WatchError(status(404))));
-        assert!(!resource_missing(&W::InitialListFailed(kube::Error::Api(
-            status(403)
-        ))));
-        assert!(!resource_missing(&W::NoResourceVersion));
-    }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_stop_drains_for_the_grace_then_drops() {

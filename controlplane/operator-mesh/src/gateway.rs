@@ -63,14 +63,15 @@ pub async fn run(client: Client, ctx: Arc<Context>, cfg: MeshConfig, stop: Cance
         .with_config(spur_operator_core::controller_config());
     let gars = controller.store();
     let by_namespace = gars.clone();
-    let (carriers, namespaces) = match Carriers::watch(&client, &cfg.routing_keys) {
-        Ok(c) => c,
-        Err(e) => {
-            // MeshConfig::validate refused this already at start.
-            tracing::error!(error = %e, "GatewayAPIRoute controller not started");
-            return;
-        }
-    };
+    let (carriers, namespaces) =
+        match Carriers::watch(&client, &cfg.routing_keys, "gatewayapiroute") {
+            Ok(c) => c,
+            Err(e) => {
+                // MeshConfig::validate refused this already at start.
+                tracing::error!(error = %e, "GatewayAPIRoute controller not started");
+                return;
+            }
+        };
     let gctx = Arc::new(GatewayContext {
         ctx,
         http_routes,

@@ -70,7 +70,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, cfg: MeshConfig, stop: Cance
         .with_config(spur_operator_core::controller_config());
     let routes = controller.store();
     let domain = cfg.cluster_domain.clone();
-    let (carriers, namespaces) = match Carriers::watch(&client, &cfg.routing_keys) {
+    let (carriers, namespaces) = match Carriers::watch(&client, &cfg.routing_keys, "istioroute") {
         Ok(c) => c,
         Err(e) => {
             // MeshConfig::validate refused this already at start.

@@ -104,11 +104,14 @@ pub(crate) struct Carriers {
 }
 
 impl Carriers {
-    /// The carriers and the store's change stream, which wakes the routes of a namespace whose
-    /// annotations may have changed. `cfg` was validated ([`MeshConfig::validate`]).
+    /// The carriers and the store's change stream, which wakes `controller`'s routes of a
+    /// namespace whose annotations may have changed. `cfg` was validated
+    /// ([`MeshConfig::validate`]). The watch's errors are logged, not passed on: a Namespace
+    /// list the role may not do would otherwise pause the controller's own watches.
     pub(crate) fn watch(
         client: &Client,
         cfg: &ExtractConfig,
+        controller: &'static str,
     ) -> Result<
         (
             Carriers,
@@ -127,7 +130,11 @@ impl Carriers {
         )
         .default_backoff()
         .modify(|o| o.managed_fields_mut().clear());
-        let changes = reflector(writer, events).touched_objects();
+        let changes = spur_controller::errors_logged(
+            controller,
+            "Namespaces",
+            reflector(writer, events).touched_objects(),
+        );
         let carriers = Carriers {
             cluster_cfg: cfg.clone(),
             cluster,

@@ -25,22 +25,29 @@ use crate::triggers::primary;
 use crate::{external, forked, routegroup, routingconfig, sandbox, triggers, virtualw};
 use spur_operator_core::controller_config as config;
 
-/// Metadata changes of Argo Rollouts (baselines), for the controllers of what stands in front
+/// Metadata changes of Argo Rollouts (baselines), for `controller`, of what stands in front
 /// of one. Metadata only, so every change wakes them, status included: a change of the
 /// Deployment a Rollout's `workloadRef` names reaches them through the Rollout's status, which
 /// Argo updates as it rolls the new template out. Retried with backoff: on a cluster without
 /// Argo Rollouts the list fails (404) until it is installed, then the watch starts by itself;
-/// meanwhile a Rollout baseline is reported not found.
+/// meanwhile a Rollout baseline is reported not found. Its errors are logged, not passed on:
+/// passed on, they paused every other watch of the controller (up to 30 s per change, on any
+/// cluster without Argo Rollouts).
 fn rollouts(
     client: &Client,
+    controller: &'static str,
 ) -> impl Stream<Item = Result<PartialObjectMeta<DynamicObject>, watcher::Error>> + Send + use<> {
     let api = Api::<PartialObjectMeta<DynamicObject>>::all_with(
         client.clone(),
         &crate::baseline::rollout_resource(),
     );
-    watcher(api, watcher::Config::default())
-        .default_backoff()
-        .touched_objects()
+    spur_controller::errors_logged(
+        controller,
+        "Argo Rollouts",
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .touched_objects(),
+    )
 }
 
 /// Whether `w` (a Rollout or a Deployment, of `kind`) is `baseline`.
@@ -271,7 +278,7 @@ pub async fn forks(
             },
         )
         .watches_stream_with(
-            rollouts(&client),
+            rollouts(&client, "forkedworkload"),
             move |r| {
                 objects_where(&by_rollout, |fw| {
                     reads_workload(fw, WorkloadKind::Rollout, &r)
@@ -333,7 +340,7 @@ pub async fn virtuals(client: Client, ctx: Arc<WorkloadsContext>, stop: Cancella
             },
         )
         .watches_stream_with(
-            rollouts(&client),
+            rollouts(&client, "virtualworkload"),
             move |r| {
                 objects_where(&vw_by_rollout, |vw| {
                     is_baseline(&vw.spec.baseline, WorkloadKind::Rollout, &r)
@@ -398,7 +405,7 @@ pub async fn externals(
             },
         )
         .watches_stream_with(
-            rollouts(&client),
+            rollouts(&client, "externalworkload"),
             move |r| {
                 objects_where(&ew_by_rollout, |ew| {
                     is_baseline(&ew.spec.baseline, WorkloadKind::Rollout, &r)
