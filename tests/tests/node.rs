@@ -15,6 +15,7 @@ mod node_access;
 mod node_jobs;
 mod node_kafka;
 mod node_l4;
+mod node_local;
 mod node_parity;
 mod node_resources;
 mod node_tenancy;
@@ -1459,98 +1460,7 @@ fn laptop_joins_through_the_tunnel_proxy(
     frontend: &str,
     backend_baseline: &str,
 ) -> String {
-    let dir = tempfile::tempdir().unwrap();
-    let spur = spur_bin("spur");
-    // The workstation is the admin's (who creates the Sandbox below): only its owner's
-    // Sandboxes may name it.
-    let admin = node
-        .kubectl(&[
-            "auth",
-            "whoami",
-            "-o",
-            "jsonpath={.status.userInfo.username}",
-        ])
-        .unwrap();
-    let token = node_spur(
-        node,
-        &[
-            "local",
-            "token",
-            "--workstation",
-            "alice",
-            "--owner",
-            admin.trim(),
-            "--owner-namespace",
-            SPUR_NAMESPACE,
-        ],
-    );
-    std::fs::write(dir.path().join("token"), token.trim()).unwrap();
-    let ca = node
-        .kubectl(&[
-            "-n",
-            SPUR_NAMESPACE,
-            "get",
-            "configmap",
-            "spur-ca-bundle",
-            "-o",
-            "jsonpath={.data.ca\\.crt}",
-        ])
-        .unwrap();
-    assert!(ca.contains("BEGIN CERTIFICATE"), "{ca}");
-    std::fs::write(dir.path().join("ca.crt"), ca).unwrap();
-    let svc = node
-        .get_json(SPUR_NAMESPACE, &["service", "spur-tunnel-proxy"])
-        .unwrap();
-    let server = svc["spec"]["clusterIP"].as_str().unwrap().to_string();
-
-    let mut laptop = node.laptop(1).unwrap();
-    laptop
-        .spawn(
-            &spur,
-            &[
-                "demo",
-                "app",
-                "--name",
-                "laptop",
-                "--listen",
-                "127.0.0.1:3000",
-                "--marker",
-                "laptop",
-            ],
-            &[("POD_NAME", "alices-laptop")],
-            &dir.path().join("app.log"),
-        )
-        .unwrap();
-    let token_file = dir.path().join("token");
-    let ca_file = dir.path().join("ca.crt");
-    let state = dir.path().join("state");
-    laptop
-        .spawn(
-            &spur,
-            &[
-                "local",
-                "connect",
-                "--server",
-                &server,
-                "--quic-port",
-                "443",
-                "--h2-port",
-                "443",
-                "--server-name",
-                &format!("spur-tunnel-proxy.{SPUR_NAMESPACE}.svc.cluster.local"),
-                "--no-dns",
-                "--no-socks",
-                "--token-file",
-                token_file.to_str().unwrap(),
-                "--ca-file",
-                ca_file.to_str().unwrap(),
-                "--state-dir",
-                state.to_str().unwrap(),
-            ],
-            &[],
-            &dir.path().join("connect.log"),
-        )
-        .unwrap();
+    let workstation = node_local::Workstation::connect(node, 1, "alice", "alices-laptop", "laptop");
     node.apply(&format!(
         r#"apiVersion: spur.dev/v1alpha1
 kind: Sandbox
@@ -1566,21 +1476,6 @@ spec:
 "#
     ))
     .unwrap();
-    let logs = || {
-        format!(
-            "connect: {}\napp: {}\ntunnel proxy: {}",
-            std::fs::read_to_string(dir.path().join("connect.log")).unwrap_or_default(),
-            std::fs::read_to_string(dir.path().join("app.log")).unwrap_or_default(),
-            node.kubectl(&[
-                "-n",
-                SPUR_NAMESPACE,
-                "logs",
-                "deployment/spur-tunnel-proxy",
-                "--tail=30"
-            ])
-            .unwrap_or_default()
-        )
-    };
     let key = eventually(
         "Sandbox backend-local's routing key",
         Duration::from_secs(60),
@@ -1591,7 +1486,7 @@ spec:
     )
     .unwrap();
     let answer = until_answered_by(node, ns, client, frontend, &key, "alices-laptop")
-        .with_context(logs)
+        .with_context(|| workstation.logs(node))
         .unwrap();
     assert_eq!(answer.marker(), Some("laptop"), "{answer:?}");
     let unkeyed = get(node, ns, client, frontend, None);
@@ -1604,8 +1499,7 @@ spec:
         "--timeout=60s",
     ])
     .unwrap();
-    drop(laptop);
-    token.trim().to_string()
+    workstation.token.clone()
 }
 
 /// Runs this checkout's `spur` on the host with the node's admin kubeconfig; its stdout.

@@ -10,7 +10,8 @@
 //! - a RouteGroup's `ttl` (from when it matched no sandbox, Signadot's default) deletes it;
 //! - Signadot's `sdroutes` in a pod reads the sandbox's rules through the chart's
 //!   `routeserver.compat` (`compat`);
-//! - an Argo Rollout forks like a Deployment, under the real Argo controller (`rollouts`);
+//! - an Argo Rollout forks like a Deployment, and runs on a laptop as a local workload, under
+//!   the real Argo controller (`rollouts`);
 //! - a namespace's own carriers reach the fork through sidecars and previews (`carriers`, run
 //!   by the hub step, which has a hub).
 

@@ -5,8 +5,10 @@
 //!   `stableService` and `canaryService` pointing at one each) is forked by a Sandbox;
 //! - a keyed request through each of its three Services is answered by the fork's pod; unkeyed
 //!   ones by the stable and canary pods as Argo routes them;
-//! - while the sandbox lives and after it is gone, the Rollout's spec, ReplicaSets and Services
-//!   are as Argo left them, and promoting it afterwards completes its canary.
+//! - a Sandbox's local workload of the Rollout: a keyed request through each of its Services
+//!   reaches a laptop's process through the tunnel proxy, and the Rollout's pods once it is gone;
+//! - while the sandboxes live and after they are gone, the Rollout's spec, ReplicaSets and
+//!   Services are as Argo left them, and promoting it afterwards completes its canary.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,9 +17,11 @@ use serde_json::Value;
 use spur_e2e::node::{Background, Node, demo_app, eventually};
 
 use super::{delete_sandbox, fork_pod};
+use crate::node_local::Workstation;
 use crate::{condition, sandbox_ready, until_answered_by};
 
 const SANDBOX: &str = "parity-rollout";
+const LOCAL_SANDBOX: &str = "parity-rollout-local";
 
 /// Installs Argo's CRDs (server-side: each is over the client-side annotation limit) and runs
 /// its controller for namespace `ns` only, with the node's admin kubeconfig (a test harness tool,
@@ -152,6 +156,82 @@ fn rollout_at(node: &Node, ns: &str, phase: &str, step: i64, ready: i64) {
     .unwrap_or_else(|e| panic!("{e:#}\n{}", node.describe(ns)));
 }
 
+/// A Sandbox's local workload standing in for the Rollout: keyed requests through each of its
+/// three Services reach a laptop's process through the tunnel proxy; once the Sandbox is gone,
+/// they are the Rollout's own pods' again.
+fn local_workload_of_the_rollout(node: &Node, ns: &str, client: &str) {
+    let workstation = Workstation::connect(node, 2, "rollout-dev", "rollout-laptop", "laptop");
+    node.apply(&format!(
+        r#"apiVersion: spur.dev/v1alpha1
+kind: Sandbox
+metadata:
+  name: {LOCAL_SANDBOX}
+spec:
+  workstation: rollout-dev
+  local:
+    - name: shop
+      from: {{kind: Rollout, namespace: {ns}, name: shop}}
+      mappings:
+        - {{port: 8080, toLocal: "127.0.0.1:3000"}}
+"#
+    ))
+    .unwrap();
+    let key = eventually(
+        &format!("Sandbox {LOCAL_SANDBOX}'s routing key"),
+        Duration::from_secs(60),
+        || {
+            let s = node.get_json("default", &["sandbox", LOCAL_SANDBOX])?;
+            Ok(s["status"]["routingKey"].as_str().map(String::from))
+        },
+    )
+    .unwrap();
+    let ew = node
+        .get_json(
+            ns,
+            &[
+                "externalworkloads",
+                "-l",
+                &format!("spur.dev/sandbox={LOCAL_SANDBOX}"),
+            ],
+        )
+        .unwrap();
+    assert_eq!(
+        ew["items"][0]["spec"]["baseline"]["kind"], "Rollout",
+        "the local workload stands in for the Rollout: {ew}"
+    );
+    for svc in ["shop", "shop-stable", "shop-canary"] {
+        let url = format!("http://{svc}.{ns}.svc.cluster.local:8080/");
+        let keyed = until_answered_by(node, ns, client, &url, &key, "rollout-laptop")
+            .unwrap_or_else(|e| panic!("{svc}: {e:#}\n{}", workstation.logs(node)));
+        assert_eq!(keyed.marker(), Some("laptop"), "{svc}: {keyed:?}");
+        let unkeyed = node.curl(ns, client, &url, &[]).unwrap();
+        assert!(
+            unkeyed
+                .answered_by()
+                .is_some_and(|p| p.starts_with("shop-")),
+            "{svc}: {unkeyed:?}"
+        );
+    }
+    delete_sandbox(node, LOCAL_SANDBOX);
+    let url = format!("http://shop.{ns}.svc.cluster.local:8080/");
+    eventually(
+        "a keyed request back at the Rollout's pods",
+        Duration::from_secs(60),
+        || {
+            let a = node.curl(
+                ns,
+                client,
+                &url,
+                &[("baggage", &format!("sd-routing-key={key}"))],
+            )?;
+            Ok(a.answered_by()
+                .is_some_and(|p| p.starts_with("shop-"))
+                .then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", workstation.logs(node)));
+}
+
 pub(crate) fn rollouts_on_the_node(node: &Node) {
     let started = std::time::Instant::now();
     let ns_guard = node
@@ -257,6 +337,13 @@ spec:
         before,
         "deleting the sandbox changed them"
     );
+
+    local_workload_of_the_rollout(node, ns, &client);
+    assert_eq!(
+        argo_state(node, ns),
+        before,
+        "the local workload changed Argo's objects"
+    );
     rollout_at(node, ns, "Paused", 1, 2);
     // Promoted (what `kubectl argo rollouts promote --full` writes), the canary completes.
     node.kubectl(&[
@@ -286,7 +373,7 @@ spec:
     .unwrap_or_else(|e| panic!("{e:#}\n{}", node.describe(ns)));
     drop(controller);
     eprintln!(
-        "node rollouts: canary Rollout forked, keyed requests through its 3 Services at the fork, Argo's objects unchanged, canary promoted, in {:.1?}",
+        "node rollouts: canary Rollout forked and run on a laptop, keyed requests through its 3 Services at the fork and at the laptop, Argo's objects unchanged, canary promoted, in {:.1?}",
         started.elapsed()
     );
 }
