@@ -25,9 +25,9 @@ fi
 export GOFLAGS=-mod=readonly GOTOOLCHAIN=local
 mkdir -p "$out"
 cd "$root/tests/go"
-# Static: it also runs in the node's test-client image (tests/node/image.sh).
+# Static: both also run in the node's test-client image (tests/node/image.sh).
 CGO_ENABLED=0 go build -o "$out/sdroutes" github.com/signadot/routesapi/go-routesapi/cmd/sdroutes
-go build -o "$out/routesapi-watch" .
+CGO_ENABLED=0 go build -o "$out/routesapi-watch" .
 cd "$root/tests/go-h2spec"
 go build -o "$out/h2spec" github.com/summerwind/h2spec/cmd/h2spec
 cd "$root/tests/go-xds"

@@ -4,8 +4,9 @@
 #
 #   localhost/spur:dev              the Spur image: the repo's Containerfile, target `prebuilt`
 #                                   (its runtime stage + the given binaries in /usr/local/bin)
-#   localhost/spur-test-client:dev  base, plus Signadot's `sdroutes` (go-routesapi's CLI, from
-#                                   tests/go/build.sh) in /usr/local/bin; entrypoint `catatonit -P`
+#   localhost/spur-test-client:dev  base, plus Signadot's `sdroutes` (go-routesapi's CLI) and
+#                                   `routesapi-watch` (tests/go's harness of go-routesapi's
+#                                   packages), both from tests/go/build.sh, in /usr/local/bin; entrypoint `catatonit -P`
 #                                   (sleeps until SIGTERM); curl available
 #   localhost/pause:dev             base only; entrypoint `catatonit -P`, for containerd's
 #                                   sandbox_image
@@ -91,8 +92,9 @@ kafka_dir=${SPUR_KAFKA_DIR:-}
     || die "SPUR_KAFKA_DIR must name tests/kafka/fetch.sh's directory (SPUR_KAFKA_DIR=\"\$(tests/kafka/fetch.sh | tail -n 1)\")"
 go_client=${SPUR_GO_BINDIR:-}/kafka-client
 sdroutes=${SPUR_GO_BINDIR:-}/sdroutes
-[ -n "${SPUR_GO_BINDIR:-}" ] && [ -x "$go_client" ] && [ -x "$sdroutes" ] \
-    || die "SPUR_GO_BINDIR must name tests/go/build.sh's directory, with kafka-client and sdroutes (SPUR_GO_BINDIR=\"\$(tests/go/build.sh | tail -n 1)\")"
+routesapi_watch=${SPUR_GO_BINDIR:-}/routesapi-watch
+[ -n "${SPUR_GO_BINDIR:-}" ] && [ -x "$go_client" ] && [ -x "$sdroutes" ] && [ -x "$routesapi_watch" ] \
+    || die "SPUR_GO_BINDIR must name tests/go/build.sh's directory, with kafka-client, sdroutes and routesapi-watch (SPUR_GO_BINDIR=\"\$(tests/go/build.sh | tail -n 1)\")"
 
 # ---- the rootfs (cached) ------------------------------------------------------------------
 suite=bookworm
@@ -208,7 +210,7 @@ files=(spur.tar spur-test-client.tar pause.tar spur-postgres.tar spur-kafka.tar)
 stamp=$outdir/.images.stamp
 inputs=$( {
     stat -c '%n %s %Y' "$base_tar" "$pg_tar" "$kafka_tar"
-    sha256sum "$0" "$containerfile" "$pg_server" "$kafka_broker" "$go_client" "$sdroutes" | cut -d' ' -f1
+    sha256sum "$0" "$containerfile" "$pg_server" "$kafka_broker" "$go_client" "$sdroutes" "$routesapi_watch" | cut -d' ' -f1
     sha256sum "${srcs[@]}"
     cat "$kafka_dir/lib.done" "$kafka_dir/classes.done"
 } | sha256sum | cut -c1-32)
@@ -251,12 +253,13 @@ bh config --entrypoint '' --cmd '' --user 0:0 \
     --label org.opencontainers.image.title=spur-base "$c"
 commit localhost/spur-base:dev
 bh rm "$c" >/dev/null
-# The test client: the base layer and one of its own with the Routes API's Go CLI (a container
+# The test client: the base layer and one of its own with the Routes API's Go clients (a container
 # of its own: buildah commits what changed in a container since its image as one layer).
 mkdir -p "$tmp/client-layer/usr/local/bin"
 install -m 0755 "$sdroutes" "$tmp/client-layer/usr/local/bin/sdroutes"
+install -m 0755 "$routesapi_watch" "$tmp/client-layer/usr/local/bin/routesapi-watch"
 tar -cf "$tmp/client-layer.tar" --numeric-owner --mtime=@0 -C "$tmp/client-layer" \
-    ./usr/local/bin/sdroutes
+    ./usr/local/bin/sdroutes ./usr/local/bin/routesapi-watch
 t=$(bh from "${policy[@]}" localhost/spur-base:dev)
 bh add "$t" "$tmp/client-layer.tar" / >/dev/null
 bh config --entrypoint '["catatonit","-P"]' --cmd '' --user 0:0 \

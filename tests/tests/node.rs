@@ -1656,14 +1656,7 @@ fn docs_examples_on_the_node(node: &Node) {
     // The local sandbox, with no workstation connected: admitted, and not Ready, as its comments
     // say. Its workstation must have an owner first, the Sandbox's creator (the admin here): a
     // credential records it (docs/local.md, "Workstation owners").
-    let admin = node
-        .kubectl(&[
-            "auth",
-            "whoami",
-            "-o",
-            "jsonpath={.status.userInfo.username}",
-        ])
-        .unwrap();
+    let admin = node_local::admin(node);
     node_spur(
         node,
         &[
@@ -1672,7 +1665,7 @@ fn docs_examples_on_the_node(node: &Node) {
             "--workstation",
             "alice",
             "--owner",
-            admin.trim(),
+            &admin,
             "--owner-namespace",
             SPUR_NAMESPACE,
         ],

@@ -245,51 +245,13 @@ spec:
         command.trim(),
         format!("spur local connect --token-file {}", token_file.display())
     );
-    let ca = node
-        .kubectl(&[
-            "-n",
-            SPUR_NAMESPACE,
-            "get",
-            "configmap",
-            "spur-ca-bundle",
-            "-o",
-            "jsonpath={.data.ca\\.crt}",
-        ])
-        .unwrap();
-    std::fs::write(dir.join("ca.crt"), ca).unwrap();
-    let svc = node
-        .get_json(SPUR_NAMESPACE, &["service", "spur-tunnel-proxy"])
-        .unwrap();
-    let server = svc["spec"]["clusterIP"].as_str().unwrap().to_string();
     let mut laptop = node.laptop(4).unwrap();
     let log = dir.join("tunnel-connect.log");
-    laptop
-        .spawn(
-            &spur_bin("spur"),
-            &[
-                "local",
-                "connect",
-                "--server",
-                &server,
-                "--quic-port",
-                "443",
-                "--h2-port",
-                "443",
-                "--server-name",
-                &format!("spur-tunnel-proxy.{SPUR_NAMESPACE}.svc.cluster.local"),
-                "--no-dns",
-                "--no-socks",
-                "--token-file",
-                token_file.to_str().unwrap(),
-                "--ca-file",
-                dir.join("ca.crt").to_str().unwrap(),
-                "--state-dir",
-                dir.join("tunnel-state").to_str().unwrap(),
-            ],
-            &[],
-            &log,
-        )
-        .unwrap();
+    let tunnel_dir = dir.join("tunnel");
+    std::fs::create_dir_all(&tunnel_dir).unwrap();
+    let args = crate::node_local::connect_args(node, &token_file, &tunnel_dir);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    laptop.spawn(&spur_bin("spur"), &args, &[], &log).unwrap();
     let lease = spur_api::tunnel::lease_name("alice-ws");
     let connect_log = || std::fs::read_to_string(&log).unwrap_or_default();
     eventually(

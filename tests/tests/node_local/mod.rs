@@ -2,6 +2,8 @@
 //! chart's tunnel proxy (its Service's cluster IP), with a demo app on the laptop standing in for
 //! the developer's process. Shared by the steps whose Sandboxes have local workloads.
 
+use std::path::Path;
+
 use spur_e2e::node::{Laptop, Node, SPUR_NAMESPACE, spur_bin};
 use tempfile::TempDir;
 
@@ -23,14 +25,6 @@ impl Workstation {
     pub(crate) fn connect(node: &Node, n: u8, name: &str, pod: &str, marker: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let spur = spur_bin("spur");
-        let admin = node
-            .kubectl(&[
-                "auth",
-                "whoami",
-                "-o",
-                "jsonpath={.status.userInfo.username}",
-            ])
-            .unwrap();
         let token = node_spur(
             node,
             &[
@@ -39,30 +33,14 @@ impl Workstation {
                 "--workstation",
                 name,
                 "--owner",
-                admin.trim(),
+                &admin(node),
                 "--owner-namespace",
                 SPUR_NAMESPACE,
             ],
         );
         let token = token.trim().to_string();
-        std::fs::write(dir.path().join("token"), &token).unwrap();
-        let ca = node
-            .kubectl(&[
-                "-n",
-                SPUR_NAMESPACE,
-                "get",
-                "configmap",
-                "spur-ca-bundle",
-                "-o",
-                "jsonpath={.data.ca\\.crt}",
-            ])
-            .unwrap();
-        assert!(ca.contains("BEGIN CERTIFICATE"), "{ca}");
-        std::fs::write(dir.path().join("ca.crt"), ca).unwrap();
-        let svc = node
-            .get_json(SPUR_NAMESPACE, &["service", "spur-tunnel-proxy"])
-            .unwrap();
-        let server = svc["spec"]["clusterIP"].as_str().unwrap().to_string();
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, &token).unwrap();
 
         let mut laptop = node.laptop(n).unwrap();
         laptop
@@ -82,35 +60,10 @@ impl Workstation {
                 &dir.path().join("app.log"),
             )
             .unwrap();
-        let token_file = dir.path().join("token");
-        let ca_file = dir.path().join("ca.crt");
-        let state = dir.path().join("state");
+        let args = connect_args(node, &token_file, dir.path());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         laptop
-            .spawn(
-                &spur,
-                &[
-                    "local",
-                    "connect",
-                    "--server",
-                    &server,
-                    "--quic-port",
-                    "443",
-                    "--h2-port",
-                    "443",
-                    "--server-name",
-                    &format!("spur-tunnel-proxy.{SPUR_NAMESPACE}.svc.cluster.local"),
-                    "--no-dns",
-                    "--no-socks",
-                    "--token-file",
-                    token_file.to_str().unwrap(),
-                    "--ca-file",
-                    ca_file.to_str().unwrap(),
-                    "--state-dir",
-                    state.to_str().unwrap(),
-                ],
-                &[],
-                &dir.path().join("connect.log"),
-            )
+            .spawn(&spur, &args, &[], &dir.path().join("connect.log"))
             .unwrap();
         Workstation {
             token,
@@ -137,4 +90,68 @@ impl Workstation {
             .unwrap_or_default()
         )
     }
+}
+
+/// The node's admin user, who owns the workstations the steps connect (and creates the
+/// Sandboxes naming them).
+pub(crate) fn admin(node: &Node) -> String {
+    node.kubectl(&[
+        "auth",
+        "whoami",
+        "-o",
+        "jsonpath={.status.userInfo.username}",
+    ])
+    .unwrap()
+    .trim()
+    .to_string()
+}
+
+/// The CA bundle the operator publishes (`spur-ca-bundle`), which a laptop trusts.
+pub(crate) fn ca_bundle(node: &Node) -> String {
+    let ca = node
+        .kubectl(&[
+            "-n",
+            SPUR_NAMESPACE,
+            "get",
+            "configmap",
+            "spur-ca-bundle",
+            "-o",
+            "jsonpath={.data.ca\\.crt}",
+        ])
+        .unwrap();
+    assert!(ca.contains("BEGIN CERTIFICATE"), "{ca}");
+    ca
+}
+
+/// `spur local connect`'s arguments from a laptop: the tunnel proxy's Service by its cluster
+/// IP (a laptop has no cluster DNS), its name for TLS, the token in `token_file`, and `dir` for
+/// the CA bundle (written there) and the session's state. No DNS or SOCKS on the laptop.
+pub(crate) fn connect_args(node: &Node, token_file: &Path, dir: &Path) -> Vec<String> {
+    let ca_file = dir.join("ca.crt");
+    std::fs::write(&ca_file, ca_bundle(node)).unwrap();
+    let svc = node
+        .get_json(SPUR_NAMESPACE, &["service", "spur-tunnel-proxy"])
+        .unwrap();
+    let server = svc["spec"]["clusterIP"].as_str().unwrap().to_string();
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    vec![
+        "local".into(),
+        "connect".into(),
+        "--server".into(),
+        server,
+        "--quic-port".into(),
+        "443".into(),
+        "--h2-port".into(),
+        "443".into(),
+        "--server-name".into(),
+        format!("spur-tunnel-proxy.{SPUR_NAMESPACE}.svc.cluster.local"),
+        "--no-dns".into(),
+        "--no-socks".into(),
+        "--token-file".into(),
+        path(token_file),
+        "--ca-file".into(),
+        path(&ca_file),
+        "--state-dir".into(),
+        path(&dir.join("state")),
+    ]
 }

@@ -1,15 +1,23 @@
-//! Signadot's Routes API client in the cluster (issue 45, point 4): with the chart's
-//! `routeserver.compat` on, `sdroutes` (go-routesapi's CLI, unchanged, in the test-client image)
-//! in a pod of a namespace labelled `spur.dev/routes-api=compat` dials
-//! `routeserver.<release namespace>:7777` in plaintext, as Signadot documents for its consumers,
-//! and lists a sandbox's rules by routing key.
+//! Signadot's Routes API clients in the cluster (issue 45, point 4): with the chart's
+//! `routeserver.compat` on, from a pod of a namespace labelled `spur.dev/routes-api=compat`, both
+//! dialing `routeserver.<release namespace>:7777` in plaintext as Signadot documents for its
+//! consumers (the test-client image has both, tests/node/image.sh):
+//!
+//! - `sdroutes` (go-routesapi's CLI, unchanged) lists a sandbox's rules by routing key;
+//! - go-routesapi's retrying watch cache (package `watched`, what message consumers use, through
+//!   `routesapi-watch -mode=watched`, tests/go) holds the same rule per baseline once SYNCED,
+//!   and drops it when the sandbox is deleted, as in the standalone test
+//!   (`tests/tests/routesapi_go.rs`).
 //!
 //! What this cannot show: the node's CNI (bridge) enforces no NetworkPolicy, so that pods of
 //! other namespaces are kept off the compatibility ports is checked on the policy the chart
 //! renders (`spur-routeserver-compat`), not by a refused connection.
 
+use std::collections::BTreeMap;
+use std::time::Duration;
+
 use serde_json::Value;
-use spur_e2e::node::{Node, SPUR_NAMESPACE};
+use spur_e2e::node::{Background, Node, SPUR_NAMESPACE, eventually};
 
 use crate::{RELEASE, chart, helm_args};
 
@@ -107,15 +115,164 @@ fn field<'a>(v: &'a Value, proto: &str, json: &str) -> &'a Value {
     }
 }
 
+/// A rule as `routesapi-watch` prints it (tests/go/main.go): `<routingKey> <kind>/<namespace>/<name>
+/// <sandbox> <port>-><host>:<port>[,...][;...]`, from `sdroutes`' protojson.
+fn describe(rule: &Value) -> String {
+    let b = field(rule, "baseline", "baseline");
+    let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    let mappings: Vec<String> = rule["mappings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            let dests: Vec<String> = m["destinations"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|d| format!("{}:{}", s(&d["host"]), d["port"]))
+                .collect();
+            format!(
+                "{}->{}",
+                field(m, "workload_port", "workloadPort"),
+                dests.join(",")
+            )
+        })
+        .collect();
+    format!(
+        "{} {}/{}/{} {} {}",
+        s(field(rule, "routing_key", "routingKey")),
+        s(&b["kind"]),
+        s(&b["namespace"]),
+        s(&b["name"]),
+        s(&field(rule, "destination_sandbox", "destinationSandbox")["name"]),
+        if mappings.is_empty() {
+            "-".to_string()
+        } else {
+            mappings.join(";")
+        }
+    )
+}
+
+/// go-routesapi's `watched` cache in a pod, following one baseline Deployment for one key.
+struct Watched {
+    baseline: String,
+    // Before `_dir`: the exec stops before its log goes.
+    proc: Background,
+    _dir: tempfile::TempDir,
+}
+
+impl Watched {
+    /// Started in pod `client` of `ns` through `kubectl exec`; it ends with the returned process
+    /// or, should that exec outlive it, after ten minutes in the pod.
+    fn start(node: &Node, ns: &str, client: &str, baseline: &str, key: &str) -> Watched {
+        let addr = format!("routeserver.{SPUR_NAMESPACE}.svc.cluster.local:7777");
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("watched.log");
+        let proc = node
+            .kubectl_spawn(
+                &[
+                    "-n",
+                    ns,
+                    "exec",
+                    client,
+                    "--",
+                    "timeout",
+                    "600",
+                    "routesapi-watch",
+                    &format!("-addr={addr}"),
+                    "-mode=watched",
+                    "-kind=Deployment",
+                    &format!("-namespace={ns}"),
+                    &format!("-name={baseline}"),
+                    &format!("-keys={key}"),
+                    // kubectl exec gives it no stdin.
+                    "-exit-on-stdin-eof=false",
+                ],
+                &log,
+            )
+            .unwrap();
+        Watched {
+            baseline: baseline.to_string(),
+            proc,
+            _dir: dir,
+        }
+    }
+
+    /// The client's view (routing key → rule) once it printed SYNCED, with every change after
+    /// it applied; None before SYNCED.
+    fn view(&self) -> anyhow::Result<Option<BTreeMap<String, String>>> {
+        let out = self.proc.output();
+        let mut view = BTreeMap::new();
+        let mut synced = false;
+        for line in out.lines() {
+            let (op, rest) = line.split_once(' ').unwrap_or((line, ""));
+            let key = rest.split(' ').next().unwrap_or_default().to_string();
+            match op {
+                "SYNCED" => synced = true,
+                "ADD" | "REPLACE" => {
+                    view.insert(key, rest.to_string());
+                }
+                "REMOVE" => {
+                    view.remove(&key);
+                }
+                // The program's own diagnostics (stderr) and kubectl's.
+                _ if line.starts_with("INCONSISTENT") => {
+                    anyhow::bail!("the watched client disagrees with itself: {line}")
+                }
+                _ => {}
+            }
+        }
+        Ok(synced.then_some(view))
+    }
+
+    /// Waits until the view is `want`.
+    fn until(&self, what: &str, want: &BTreeMap<String, String>) {
+        eventually(
+            &format!("the watched client of {} to {what}", self.baseline),
+            Duration::from_secs(90),
+            || Ok(self.view()?.filter(|v| v == want).map(|_| ())),
+        )
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", self.proc.output()));
+    }
+}
+
+/// The compatibility endpoint on, with go-routesapi's watched clients following the sandbox:
+/// [`Compat::sandbox_gone`] checks they drop its rules, then turns the endpoint off.
+pub(crate) struct Compat {
+    ns: String,
+    key: String,
+    watched: Vec<Watched>,
+}
+
+impl Compat {
+    /// After the sandbox was deleted: every watched client's view is empty, without a restart.
+    pub(crate) fn sandbox_gone(self, node: &Node) {
+        for w in &self.watched {
+            w.until("drop the sandbox's rule", &BTreeMap::new());
+        }
+        eprintln!(
+            "node parity: go-routesapi's watched cache in a pod dropped key {}'s rules for {} baselines",
+            self.key,
+            self.watched.len()
+        );
+        drop(self.watched);
+        compat(node, false);
+        node.kubectl(&["label", "namespace", &self.ns, "spur.dev/routes-api-"])
+            .unwrap();
+    }
+}
+
 /// `sdroutes` in pod `client` of `ns` lists the rules of routing key `key`: one per baseline in
-/// `baselines`, each to a sandbox Service of the sandbox.
-pub(crate) fn sdroutes_in_a_pod(
+/// `baselines`, each to a sandbox Service of the sandbox; go-routesapi's watched cache in the
+/// same pod holds the same rule for each baseline. The endpoint stays on, the watched clients
+/// running, until [`Compat::sandbox_gone`].
+pub(crate) fn routes_api_in_a_pod(
     node: &Node,
     ns: &str,
     client: &str,
     key: &str,
     baselines: &[&str],
-) {
+) -> Compat {
     rendered_policy(node);
     compat(node, true);
     node.kubectl(&[
@@ -157,7 +314,27 @@ pub(crate) fn sdroutes_in_a_pod(
         "node parity: sdroutes in a pod listed {} rules through routeserver.compat",
         rules.len()
     );
-    compat(node, false);
-    node.kubectl(&["label", "namespace", ns, "spur.dev/routes-api-"])
-        .unwrap();
+    let watched: Vec<Watched> = rules
+        .iter()
+        .map(|rule| {
+            let baseline = field(rule, "baseline", "baseline")["name"]
+                .as_str()
+                .unwrap_or_default();
+            let w = Watched::start(node, ns, client, baseline, key);
+            w.until(
+                "hold the rule sdroutes listed",
+                &BTreeMap::from([(key.to_string(), describe(rule))]),
+            );
+            w
+        })
+        .collect();
+    eprintln!(
+        "node parity: go-routesapi's watched cache in a pod holds key {key}'s rule for {} baselines",
+        watched.len()
+    );
+    Compat {
+        ns: ns.to_string(),
+        key: key.to_string(),
+        watched,
+    }
 }

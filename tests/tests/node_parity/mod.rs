@@ -8,8 +8,8 @@
 //! - a fork's pods never overlap old and new code: while a changed fork rolls out (Recreate by
 //!   default), no two pod templates of it exist at once;
 //! - a RouteGroup's `ttl` (from when it matched no sandbox, Signadot's default) deletes it;
-//! - Signadot's `sdroutes` in a pod reads the sandbox's rules through the chart's
-//!   `routeserver.compat` (`compat`);
+//! - Signadot's `sdroutes` and go-routesapi's watched cache in a pod read the sandbox's rules
+//!   through the chart's `routeserver.compat` (`compat`);
 //! - an Argo Rollout forks like a Deployment, and runs on a laptop as a local workload, under
 //!   the real Argo controller (`rollouts`);
 //! - a namespace's own carriers reach the fork through sidecars and previews (`carriers`, run
@@ -186,7 +186,7 @@ spec:
         }
     }
 
-    compat::sdroutes_in_a_pod(node, ns, &client, &key, &["api", "web"]);
+    let routes_api = compat::routes_api_in_a_pod(node, ns, &client, &key, &["api", "web"]);
 
     // A changed fork never runs two builds at once: from the change until the new pod is
     // ready, every look at the fork's pods finds one pod template at most.
@@ -246,6 +246,7 @@ spec:
     assert_eq!(keyed.marker(), Some("v2"), "{keyed:?}");
 
     delete_sandbox(node, SANDBOX);
+    routes_api.sandbox_gone(node);
 
     // The lonely group: expiresAt a minute after it matched nothing, then gone.
     let group = node

@@ -140,19 +140,8 @@ spec:
         "https://{}:7790",
         svc["spec"]["clusterIP"].as_str().unwrap()
     );
-    let ca = node
-        .kubectl(&[
-            "-n",
-            SPUR_NAMESPACE,
-            "get",
-            "configmap",
-            "spur-ca-bundle",
-            "-o",
-            "jsonpath={.data.ca\\.crt}",
-        ])
-        .unwrap();
     let ca_file = d.join("ca.crt");
-    std::fs::write(&ca_file, ca).unwrap();
+    std::fs::write(&ca_file, crate::node_local::ca_bundle(node)).unwrap();
     let conn = |extra: &[&str]| -> Vec<String> {
         let mut v: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         v.extend(
