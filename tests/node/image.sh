@@ -6,8 +6,9 @@
 #                                   (its runtime stage + the given binaries in /usr/local/bin)
 #   localhost/spur-test-client:dev  base, plus Signadot's `sdroutes` (go-routesapi's CLI) and
 #                                   `routesapi-watch` (tests/go's harness of go-routesapi's
-#                                   packages), both from tests/go/build.sh, in /usr/local/bin; entrypoint `catatonit -P`
-#                                   (sleeps until SIGTERM); curl available
+#                                   packages), both from tests/go/build.sh, in /usr/local/bin;
+#                                   entrypoint `catatonit -P` (sleeps until SIGTERM); curl
+#                                   available
 #   localhost/pause:dev             base only; entrypoint `catatonit -P`, for containerd's
 #                                   sandbox_image
 #   localhost/spur-postgres:dev     PostgreSQL 15 from Debian's packages (server, psql): a

@@ -867,6 +867,29 @@ impl Laptop {
         Ok(LaptopProcess(self.children.len() - 1))
     }
 
+    /// Waits, at most `limit`, for one process the laptop started to exit by itself: its exit
+    /// status.
+    pub fn wait(
+        &mut self,
+        process: &LaptopProcess,
+        limit: Duration,
+    ) -> anyhow::Result<std::process::ExitStatus> {
+        let c = self
+            .children
+            .get_mut(process.0)
+            .ok_or_else(|| anyhow!("no laptop process {}", process.0))?;
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = c.try_wait()? {
+                return Ok(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                bail!("laptop process {} still running after {limit:?}", process.0);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Kills one process the laptop started (a crash, say); the others keep running.
     pub fn stop(&mut self, process: LaptopProcess) {
         if let Some(c) = self.children.get_mut(process.0) {

@@ -1645,7 +1645,15 @@ fn docs_examples_on_the_node(node: &Node) {
         body: stdout.to_string(),
     };
     assert_eq!(answer.answered_by(), Some(fork.as_str()), "{stdout}");
-    let jobs = node.get_json("hotrod", &["jobs.spur.dev"]).unwrap();
+    // Found by its labels (Signadot's job `labels`), as `kubectl get jobs.spur.dev -l` finds it.
+    let jobs = node
+        .get_json("hotrod", &["jobs.spur.dev", "-l", "suite=smoke"])
+        .unwrap();
+    assert_eq!(jobs["items"].as_array().map(Vec::len), Some(1), "{jobs}");
+    let none = node
+        .get_json("hotrod", &["jobs.spur.dev", "-l", "suite=nightly"])
+        .unwrap();
+    assert_eq!(none["items"].as_array().map(Vec::len), Some(0), "{none}");
     let job = &jobs["items"][0];
     assert_eq!(
         job["status"]["artifacts"][0]["path"], "/tmp/answer.json",

@@ -5,7 +5,8 @@ use futures_util::{Stream, StreamExt};
 use kube::runtime::watcher;
 
 /// The events of a watch that wakes `controller` beside its own objects (`what`: "Argo
-/// Rollouts", say), with its errors logged here instead of passed on.
+/// Rollouts", say), with its errors logged here instead of passed on. `watch` must back off by
+/// itself (`default_backoff()`): nothing else paces its retries once its errors stop here.
 ///
 /// kube-runtime backs off a controller's whole trigger stream after an error from any watch in
 /// it (`Controller::trigger_backoff`), and no watch of it is polled while it waits: a watch that

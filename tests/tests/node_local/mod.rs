@@ -3,8 +3,9 @@
 //! the developer's process. Shared by the steps whose Sandboxes have local workloads.
 
 use std::path::Path;
+use std::time::Duration;
 
-use spur_e2e::node::{Laptop, Node, SPUR_NAMESPACE, spur_bin};
+use spur_e2e::node::{Laptop, LaptopProcess, Node, SPUR_NAMESPACE, spur_bin};
 use tempfile::TempDir;
 
 use crate::node_spur;
@@ -14,7 +15,8 @@ pub(crate) struct Workstation {
     /// The workstation's token (`spur local token`), for the step that checks no log has it.
     pub(crate) token: String,
     // Before `dir`: the laptop's processes stop before their state and logs go.
-    _laptop: Laptop,
+    laptop: Laptop,
+    connect: LaptopProcess,
     dir: TempDir,
 }
 
@@ -62,14 +64,66 @@ impl Workstation {
             .unwrap();
         let args = connect_args(node, &token_file, dir.path());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        laptop
+        let connect = laptop
             .spawn(&spur, &args, &[], &dir.path().join("connect.log"))
             .unwrap();
         Workstation {
             token,
-            _laptop: laptop,
+            laptop,
+            connect,
             dir,
         }
+    }
+
+    /// `spur local status --json` while connected shows the tunnel up and `sandbox`'s local
+    /// workload `workload` (of namespace `ns`) bound with its routing key `key`; then `spur local
+    /// disconnect` stops the session cleanly: the connect process exits 0, the state file goes
+    /// (`status` prints `null`, exit 1). Both read the state directory only, as on a laptop.
+    pub(crate) fn status_then_disconnect(
+        &mut self,
+        node: &Node,
+        sandbox: &str,
+        ns: &str,
+        workload: &str,
+        key: &str,
+    ) {
+        let state = self.dir.path().join("state");
+        let local = |args: &[&str]| {
+            let out = std::process::Command::new(spur_bin("spur"))
+                .arg("local")
+                .args(args)
+                .arg("--state-dir")
+                .arg(&state)
+                .output()
+                .unwrap();
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
+        };
+        let (code, json) = local(&["status", "--json"]);
+        let st: serde_json::Value = serde_json::from_str(&json)
+            .unwrap_or_else(|e| panic!("status --json printed no JSON ({e}): {json}"));
+        assert_eq!(code, Some(0), "{json}\n{}", self.logs(node));
+        assert_eq!(st["tunnel"]["state"], "connected", "{json}");
+        let bound = st["workloads"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|w| w["sandbox"] == sandbox && w["namespace"] == ns && w["name"] == workload);
+        let bound = bound.unwrap_or_else(|| panic!("no {sandbox}/{workload} in {json}"));
+        assert_eq!(bound["routing_key"], key, "{json}");
+        assert_eq!(bound["mappings"][0]["bind"], "active", "{json}");
+
+        let (code, out) = local(&["disconnect", "--wait", "30s"]);
+        assert_eq!(code, Some(0), "{out}\n{}", self.logs(node));
+        assert!(out.starts_with("disconnected (pid "), "{out}");
+        let exit = self
+            .laptop
+            .wait(&self.connect, Duration::from_secs(10))
+            .unwrap();
+        assert!(exit.success(), "connect exited {exit}\n{}", self.logs(node));
+        assert_eq!(local(&["status", "--json"]), (Some(1), "null\n".into()));
     }
 
     /// What `spur local connect`, the laptop's process and the tunnel proxy said: for a failed

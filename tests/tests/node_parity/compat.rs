@@ -154,44 +154,43 @@ fn describe(rule: &Value) -> String {
 }
 
 /// go-routesapi's `watched` cache in a pod, following one baseline Deployment for one key.
-struct Watched {
+/// Stopped in the pod when dropped: killing `kubectl exec` would leave it running there.
+struct Watched<'a> {
+    node: &'a Node,
+    ns: String,
+    client: String,
     baseline: String,
     // Before `_dir`: the exec stops before its log goes.
     proc: Background,
     _dir: tempfile::TempDir,
 }
 
-impl Watched {
-    /// Started in pod `client` of `ns` through `kubectl exec`; it ends with the returned process
-    /// or, should that exec outlive it, after ten minutes in the pod.
-    fn start(node: &Node, ns: &str, client: &str, baseline: &str, key: &str) -> Watched {
+impl<'a> Watched<'a> {
+    /// Its pid file in the pod.
+    fn pid_file(baseline: &str) -> String {
+        format!("/tmp/routesapi-watch-{baseline}.pid")
+    }
+
+    /// Started in pod `client` of `ns` through `kubectl exec`, with a pid file to stop it by
+    /// and, should that fail, an end of its own after 30 minutes.
+    fn start(node: &'a Node, ns: &str, client: &str, baseline: &str, key: &str) -> Self {
         let addr = format!("routeserver.{SPUR_NAMESPACE}.svc.cluster.local:7777");
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("watched.log");
+        // kubectl exec gives it no stdin: it must not take that for its end.
+        let script = format!(
+            "echo $$ > {pid}; exec timeout 1800 routesapi-watch -addr={addr} -mode=watched \
+             -kind=Deployment -namespace={ns} -name={baseline} -keys={key} \
+             -exit-on-stdin-eof=false",
+            pid = Self::pid_file(baseline)
+        );
         let proc = node
-            .kubectl_spawn(
-                &[
-                    "-n",
-                    ns,
-                    "exec",
-                    client,
-                    "--",
-                    "timeout",
-                    "600",
-                    "routesapi-watch",
-                    &format!("-addr={addr}"),
-                    "-mode=watched",
-                    "-kind=Deployment",
-                    &format!("-namespace={ns}"),
-                    &format!("-name={baseline}"),
-                    &format!("-keys={key}"),
-                    // kubectl exec gives it no stdin.
-                    "-exit-on-stdin-eof=false",
-                ],
-                &log,
-            )
+            .kubectl_spawn(&["-n", ns, "exec", client, "--", "sh", "-c", &script], &log)
             .unwrap();
         Watched {
+            node,
+            ns: ns.to_string(),
+            client: client.to_string(),
             baseline: baseline.to_string(),
             proc,
             _dir: dir,
@@ -199,7 +198,9 @@ impl Watched {
     }
 
     /// The client's view (routing key → rule) once it printed SYNCED, with every change after
-    /// it applied; None before SYNCED.
+    /// it applied; None before SYNCED. What the standalone test refuses is refused here too: an
+    /// ADD of a present key, a REPLACE or REMOVE of an absent one, an INCONSISTENT line; and a
+    /// client that exited cannot converge.
     fn view(&self) -> anyhow::Result<Option<BTreeMap<String, String>>> {
         let out = self.proc.output();
         let mut view = BTreeMap::new();
@@ -207,20 +208,24 @@ impl Watched {
         for line in out.lines() {
             let (op, rest) = line.split_once(' ').unwrap_or((line, ""));
             let key = rest.split(' ').next().unwrap_or_default().to_string();
-            match op {
-                "SYNCED" => synced = true,
-                "ADD" | "REPLACE" => {
-                    view.insert(key, rest.to_string());
+            let ok = match op {
+                "SYNCED" => {
+                    synced = true;
+                    true
                 }
-                "REMOVE" => {
-                    view.remove(&key);
-                }
+                "ADD" => view.insert(key, rest.to_string()).is_none(),
+                "REPLACE" => view.insert(key, rest.to_string()).is_some(),
+                "REMOVE" => view.remove(&key).is_some(),
+                "INCONSISTENT" => false,
                 // The program's own diagnostics (stderr) and kubectl's.
-                _ if line.starts_with("INCONSISTENT") => {
-                    anyhow::bail!("the watched client disagrees with itself: {line}")
-                }
-                _ => {}
+                _ => true,
+            };
+            if !ok {
+                panic!("the watched client of {}: {line:?}\n{out}", self.baseline);
             }
+        }
+        if out.contains("command terminated with exit code") {
+            panic!("the watched client of {} exited:\n{out}", self.baseline);
         }
         Ok(synced.then_some(view))
     }
@@ -236,15 +241,31 @@ impl Watched {
     }
 }
 
-/// The compatibility endpoint on, with go-routesapi's watched clients following the sandbox:
-/// [`Compat::sandbox_gone`] checks they drop its rules, then turns the endpoint off.
-pub(crate) struct Compat {
-    ns: String,
-    key: String,
-    watched: Vec<Watched>,
+impl Drop for Watched<'_> {
+    fn drop(&mut self) {
+        let kill = format!("kill $(cat {}) 2>/dev/null", Self::pid_file(&self.baseline));
+        let _ = self.node.kubectl(&[
+            "-n",
+            &self.ns,
+            "exec",
+            &self.client,
+            "--",
+            "sh",
+            "-c",
+            &kill,
+        ]);
+    }
 }
 
-impl Compat {
+/// The compatibility endpoint on, with go-routesapi's watched clients following the sandbox:
+/// [`Compat::sandbox_gone`] checks they drop its rules, then turns the endpoint off.
+pub(crate) struct Compat<'a> {
+    ns: String,
+    key: String,
+    watched: Vec<Watched<'a>>,
+}
+
+impl Compat<'_> {
     /// After the sandbox was deleted: every watched client's view is empty, without a restart.
     pub(crate) fn sandbox_gone(self, node: &Node) {
         for w in &self.watched {
@@ -266,13 +287,13 @@ impl Compat {
 /// `baselines`, each to a sandbox Service of the sandbox; go-routesapi's watched cache in the
 /// same pod holds the same rule for each baseline. The endpoint stays on, the watched clients
 /// running, until [`Compat::sandbox_gone`].
-pub(crate) fn routes_api_in_a_pod(
-    node: &Node,
+pub(crate) fn routes_api_in_a_pod<'a>(
+    node: &'a Node,
     ns: &str,
     client: &str,
     key: &str,
     baselines: &[&str],
-) -> Compat {
+) -> Compat<'a> {
     rendered_policy(node);
     compat(node, true);
     node.kubectl(&[
@@ -314,7 +335,7 @@ pub(crate) fn routes_api_in_a_pod(
         "node parity: sdroutes in a pod listed {} rules through routeserver.compat",
         rules.len()
     );
-    let watched: Vec<Watched> = rules
+    let watched: Vec<Watched<'_>> = rules
         .iter()
         .map(|rule| {
             let baseline = field(rule, "baseline", "baseline")["name"]

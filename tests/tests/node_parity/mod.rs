@@ -130,6 +130,23 @@ spec:
 
     node.apply(&sandbox(ns, "v1")).unwrap();
     let key = sandbox_ready(node, SANDBOX);
+    // `signadot sandbox list` is `kubectl get sandboxes`: the printer columns show the key and
+    // readiness.
+    let list = node.kubectl(&["get", "sandboxes"]).unwrap();
+    let header: Vec<&str> = list
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(header, ["NAME", "KEY", "READY", "AGE"], "{list}");
+    let row: Vec<&str> = list
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(SANDBOX))
+        .unwrap_or_else(|| panic!("no {SANDBOX} in {list}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[1..3], [key.as_str(), "True"], "{list}");
     let web_fork = fork_pod(node, ns, SANDBOX, "web");
     let api_fork = fork_pod(node, ns, SANDBOX, "api");
 

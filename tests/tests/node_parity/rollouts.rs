@@ -157,10 +157,11 @@ fn rollout_at(node: &Node, ns: &str, phase: &str, step: i64, ready: i64) {
 }
 
 /// A Sandbox's local workload standing in for the Rollout: keyed requests through each of its
-/// three Services reach a laptop's process through the tunnel proxy; once the Sandbox is gone,
-/// they are the Rollout's own pods' again.
+/// three Services reach a laptop's process through the tunnel proxy; `spur local status` shows
+/// it bound and `spur local disconnect` ends the session; once the Sandbox is gone, keyed
+/// requests are the Rollout's own pods' again.
 fn local_workload_of_the_rollout(node: &Node, ns: &str, client: &str) {
-    let workstation = Workstation::connect(node, 2, "rollout-dev", "rollout-laptop", "laptop");
+    let mut workstation = Workstation::connect(node, 2, "rollout-dev", "rollout-laptop", "laptop");
     node.apply(&format!(
         r#"apiVersion: spur.dev/v1alpha1
 kind: Sandbox
@@ -212,24 +213,27 @@ spec:
             "{svc}: {unkeyed:?}"
         );
     }
+    workstation.status_then_disconnect(node, LOCAL_SANDBOX, ns, "shop", &key);
     delete_sandbox(node, LOCAL_SANDBOX);
-    let url = format!("http://shop.{ns}.svc.cluster.local:8080/");
-    eventually(
-        "a keyed request back at the Rollout's pods",
-        Duration::from_secs(60),
-        || {
-            let a = node.curl(
-                ns,
-                client,
-                &url,
-                &[("baggage", &format!("sd-routing-key={key}"))],
-            )?;
-            Ok(a.answered_by()
-                .is_some_and(|p| p.starts_with("shop-"))
-                .then_some(()))
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", workstation.logs(node)));
+    for svc in ["shop", "shop-stable", "shop-canary"] {
+        let url = format!("http://{svc}.{ns}.svc.cluster.local:8080/");
+        eventually(
+            &format!("a keyed request through {svc} back at the Rollout's pods"),
+            Duration::from_secs(60),
+            || {
+                let a = node.curl(
+                    ns,
+                    client,
+                    &url,
+                    &[("baggage", &format!("sd-routing-key={key}"))],
+                )?;
+                Ok(a.answered_by()
+                    .is_some_and(|p| p.starts_with("shop-"))
+                    .then_some(()))
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", workstation.logs(node)));
+    }
 }
 
 pub(crate) fn rollouts_on_the_node(node: &Node) {

@@ -436,6 +436,30 @@ mod tests {
         }
     }
 
+    /// The chart's `injection.sidecarLog` (Signadot's per-pod `signadot.com/log-level`, cluster
+    /// wide here) is every sidecar's `SPUR_LOG`; `info` when unset.
+    #[test]
+    fn sidecar_log_is_the_sidecars_spur_log() {
+        let baseline = Baseline {
+            kind: "Deployment",
+            namespace: "shop".into(),
+            name: "api".into(),
+            fork_of_sandbox: None,
+        };
+        let spur_log = |cfg: &InjectionConfig| {
+            sidecar_env(&baseline, cfg)
+                .into_iter()
+                .find(|v| v["name"] == "SPUR_LOG")
+                .map(|v| v["value"].clone())
+        };
+        assert_eq!(spur_log(&InjectionConfig::default()), Some("info".into()));
+        // As the chart writes it into the injection ConfigMap.
+        let cfg: InjectionConfig =
+            serde_json::from_value(serde_json::json!({"sidecarLog": "debug,spur_proxy=trace"}))
+                .unwrap();
+        assert_eq!(spur_log(&cfg), Some("debug,spur_proxy=trace".into()));
+    }
+
     /// A namespace adds headers to the cluster's and replaces its query parameter; a malformed
     /// annotation is a configuration error naming it; no annotation leaves the config as it is.
     #[test]
