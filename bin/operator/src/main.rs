@@ -1,9 +1,9 @@
-//! `spur-operator`: the Sandbox, ForkedWorkload, RouteGroup and RoutingConfig controllers (and,
-//! with `--resources-namespace`, the ResourcePlugin, Resource and ObjectLifecycleMethods ones), the
-//! certificate manager and the workstation certificate signer (on the elected leader), the
-//! IstioRoute and GatewayAPIRoute controllers (with `--mesh-istio`, `--mesh-gateway-api`), the
-//! sidecar-injection webhook (on every replica), with `/metrics`, `/healthz` and `/readyz` on a
-//! small HTTP port.
+//! `spur-operator`: the controllers (on the elected leader; docs/operator.md lists them: the
+//! Sandbox and its workloads', RouteGroup, RoutingConfig, EnvoyConfig, ListenerSet and the
+//! namespace enroller always; with `--resources-namespace` the resource ones, with `--access` the
+//! access ones, with `--mesh-istio` / `--mesh-gateway-api` the mesh ones), the certificate
+//! manager and the workstation certificate signer (on the leader), the admission webhooks (on
+//! every replica), with `/metrics`, `/healthz` and `/readyz` on a small HTTP port.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
