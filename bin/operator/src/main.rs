@@ -1,7 +1,8 @@
 //! `spur-operator`: the controllers (on the elected leader; docs/operator.md lists them: the
-//! Sandbox and its workloads', RouteGroup, RoutingConfig, EnvoyConfig, ListenerSet and the
-//! namespace enroller always; with `--resources-namespace` the resource ones, with `--access` the
-//! access ones, with `--mesh-istio` / `--mesh-gateway-api` the mesh ones), the certificate
+//! Sandbox and its workloads', RouteGroup, RoutingConfig, EnvoyConfig and ListenerSet always; the
+//! namespace enroller with `--enroll-binding` (the chart always passes it); with
+//! `--resources-namespace` the resource ones, with `--access` the access ones, with
+//! `--mesh-istio` / `--mesh-gateway-api` the mesh ones), the certificate
 //! manager and the workstation certificate signer (on the leader), the admission webhooks (on
 //! every replica), with `/metrics`, `/healthz` and `/readyz` on a small HTTP port.
 
@@ -19,8 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 mod sweep;
 
-/// Run the Kubernetes controllers (Sandbox, ForkedWorkload, RouteGroup, RoutingConfig), the
-/// certificate manager and the sidecar-injection webhook.
+/// Run the Kubernetes controllers (Sandboxes and their workloads, route groups, Envoy and L4
+/// configuration, resources, access, mesh routes; docs/operator.md), the certificate manager and
+/// the admission webhooks.
 #[derive(Parser)]
 #[command(name = "spur-operator", version)]
 struct OperatorArgs {

@@ -35,22 +35,32 @@ fn the_readme_lists_every_command() {
         .lines()
         .find(|l| l.starts_with("| `controlplane/cli` |"))
         .expect("README's crate table has a controlplane/cli row");
-    let top = commands(&[]);
-    assert!(top.len() >= 9, "spur --help lists {top:?}");
-    let mut missing = Vec::new();
-    for c in &top {
-        let subs = commands(&[c]);
-        let want = if subs.is_empty() {
-            format!("`spur {c}`")
+    // The list itself: from "what people run:" to the pointer at this test.
+    let list = row
+        .split_once("what people run: ")
+        .and_then(|(_, rest)| rest.split_once(" (`controlplane/cli/tests/readme.rs`"))
+        .map(|(list, _)| list)
+        .expect("the row lists the commands after `what people run: `, then names this test");
+    // What it names: each `spur <command> <a/b/c>` entry.
+    let mut named: Vec<String> = list
+        .split('`')
+        .filter(|part| part.starts_with("spur "))
+        .map(String::from)
+        .collect();
+    named.sort();
+    let mut want = Vec::new();
+    for c in commands(&[]) {
+        let subs = commands(&[&c]);
+        want.push(if subs.is_empty() {
+            format!("spur {c}")
         } else {
-            format!("`spur {c} {}`", subs.join("/"))
-        };
-        if !row.contains(&want) {
-            missing.push(want);
-        }
+            format!("spur {c} {}", subs.join("/"))
+        });
     }
-    assert!(
-        missing.is_empty(),
-        "README.md's controlplane/cli row does not list {missing:?}: {row}"
+    want.sort();
+    assert!(want.len() >= 9, "spur --help lists {want:?}");
+    assert_eq!(
+        named, want,
+        "README.md's controlplane/cli list (left) against spur --help (right): {list}"
     );
 }

@@ -84,47 +84,76 @@ fn installs_list() -> String {
     rest.split("\n\n").next().unwrap_or_default().to_string()
 }
 
-#[test]
-fn install_md_names_every_crd_and_how_many() {
-    let kinds = crd_kinds();
-    assert!(kinds.len() >= 20, "{kinds:?}");
-    let list = installs_list();
+/// The `- the CRDs, N (...)` bullet of that list, up to the next bullet.
+fn crd_bullet(list: &str) -> &str {
     let crds = list
-        .split("- the CRDs, ")
+        .split("\n- the CRDs, ")
         .nth(1)
         .expect("install.md's list has a `- the CRDs, N (...)` bullet");
-    let stated: usize = crds
+    crds.split("\n- ").next().unwrap_or_default()
+}
+
+#[test]
+fn install_md_names_every_crd_and_how_many() {
+    let mut kinds = crd_kinds();
+    kinds.sort();
+    let list = installs_list();
+    let bullet = crd_bullet(&list);
+    let stated: usize = bullet
         .split_whitespace()
         .next()
         .and_then(|n| n.parse().ok())
         .expect("the CRD bullet starts with their number");
     assert_eq!(stated, kinds.len(), "install.md's count of CRDs");
-    let named: Vec<&str> = crds
+    // The kinds it names: the capitalised words after the API version.
+    let (_, names) = bullet
+        .split_once("):")
+        .expect("the CRD bullet lists the kinds after `(spur.dev/v1alpha1):`");
+    let mut named: Vec<String> = names
         .split(|c: char| !c.is_ascii_alphanumeric())
-        .filter(|w| !w.is_empty())
+        .filter(|w| w.starts_with(|c: char| c.is_ascii_uppercase()))
+        .map(String::from)
         .collect();
-    let missing: Vec<&String> = kinds
-        .iter()
-        .filter(|k| !named.contains(&k.as_str()))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "install.md does not name the CRDs {missing:?}"
+    named.sort();
+    assert_eq!(
+        named, kinds,
+        "install.md's CRD list (left) against charts/spur/crds (right)"
     );
 }
 
 #[test]
 fn install_md_names_every_workload_of_the_chart() {
-    let workloads = chart_workloads();
-    assert!(workloads.len() >= 8, "{workloads:?}");
-    let list = installs_list();
-    let missing: Vec<String> = workloads
+    const KINDS: [&str; 4] = ["Deployment", "StatefulSet", "DaemonSet", "CronJob"];
+    let mut workloads: Vec<String> = chart_workloads()
         .iter()
-        .filter(|(kind, name)| !list.contains(&format!("{kind} `{name}`")))
         .map(|(kind, name)| format!("{kind} `{name}`"))
         .collect();
-    assert!(
-        missing.is_empty(),
-        "docs/install.md's \"The chart installs\" list does not name {missing:?}"
+    workloads.sort();
+    // Every template that renders a workload is seen: as many as files name one of the kinds.
+    let files_with_workloads = yaml_files(&repo().join("charts/spur/templates"))
+        .iter()
+        .map(|f| read(f))
+        .map(|t| {
+            t.lines()
+                .filter(|l| KINDS.iter().any(|k| *l == format!("kind: {k}")))
+                .count()
+        })
+        .sum::<usize>();
+    assert_eq!(workloads.len(), files_with_workloads, "{workloads:?}");
+    let list = installs_list();
+    // The workloads the list names: `<Kind> `<name>`` anywhere in it.
+    let mut named: Vec<String> = Vec::new();
+    for kind in KINDS {
+        for part in list.split(&format!("{kind} `")).skip(1) {
+            if let Some((name, _)) = part.split_once('`') {
+                named.push(format!("{kind} `{name}`"));
+            }
+        }
+    }
+    named.sort();
+    named.dedup();
+    assert_eq!(
+        named, workloads,
+        "docs/install.md's \"The chart installs\" list (left) against the chart's templates (right)"
     );
 }
