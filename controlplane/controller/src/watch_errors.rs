@@ -11,8 +11,8 @@ use kube::runtime::watcher;
 /// kube-runtime backs off a controller's whole trigger stream after an error from any watch in
 /// it (`Controller::trigger_backoff`), and no watch of it is polled while it waits: a watch that
 /// keeps failing (a CRD not installed, a list the role may not do) would hold every pass of that
-/// controller for up to the backoff's cap, 30 s, most of the time. The watch keeps its own
-/// backoff (wrap it in `default_backoff` first), which paces its retries and these lines.
+/// controller for up to the backoff's cap, 30 s, most of the time. The watch's own backoff paces
+/// its retries and these lines.
 pub fn errors_logged<K, S>(
     controller: &'static str,
     what: &'static str,
@@ -106,12 +106,12 @@ mod tests {
 
     /// The most a change of the controller's own objects waited for its pass (virtual time),
     /// while a side watch fails every second. Eight changes, 3 s apart, after 20 s of failures.
-    async fn longest_wait(side: impl FnOnce(FailingWatch) -> SideWatch) -> Duration {
+    async fn longest_wait(side: impl FnOnce(Watch) -> Watch) -> Duration {
         let (reader, writer) = reflector::store::<ConfigMap>();
         let (tx, rx) = mpsc::channel::<Event<ConfigMap>>(16);
         let own =
             reflector(writer, tokio_stream_from(rx).map(Ok::<_, watcher::Error>)).applied_objects();
-        let failing: FailingWatch = Box::pin(stream::unfold((), |()| async {
+        let failing: Watch = Box::pin(stream::unfold((), |()| async {
             tokio::time::sleep(Duration::from_secs(1)).await;
             Some((Err(watcher::Error::NoResourceVersion), ()))
         }));
@@ -150,9 +150,7 @@ mod tests {
         longest
     }
 
-    type FailingWatch =
-        std::pin::Pin<Box<dyn Stream<Item = Result<ConfigMap, watcher::Error>> + Send>>;
-    type SideWatch = FailingWatch;
+    type Watch = std::pin::Pin<Box<dyn Stream<Item = Result<ConfigMap, watcher::Error>> + Send>>;
 
     fn tokio_stream_from<T: Send + 'static>(
         mut rx: mpsc::Receiver<T>,
