@@ -1461,30 +1461,8 @@ fn laptop_joins_through_the_tunnel_proxy(
     backend_baseline: &str,
 ) -> String {
     let workstation = node_local::Workstation::connect(node, 1, "alice", "alices-laptop", "laptop");
-    node.apply(&format!(
-        r#"apiVersion: spur.dev/v1alpha1
-kind: Sandbox
-metadata:
-  name: backend-local
-spec:
-  workstation: alice
-  local:
-    - name: backend
-      from: {{kind: Deployment, namespace: {ns}, name: backend}}
-      mappings:
-        - {{port: 8080, toLocal: "127.0.0.1:3000"}}
-"#
-    ))
-    .unwrap();
-    let key = eventually(
-        "Sandbox backend-local's routing key",
-        Duration::from_secs(60),
-        || {
-            let s = node.get_json("default", &["sandbox", "backend-local"])?;
-            Ok(s["status"]["routingKey"].as_str().map(String::from))
-        },
-    )
-    .unwrap();
+    let key =
+        node_local::local_sandbox(node, "backend-local", "alice", "Deployment", ns, "backend");
     let answer = until_answered_by(node, ns, client, frontend, &key, "alices-laptop")
         .with_context(|| workstation.logs(node))
         .unwrap();

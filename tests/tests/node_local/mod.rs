@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use spur_e2e::node::{Laptop, LaptopProcess, Node, SPUR_NAMESPACE, spur_bin};
+use spur_e2e::node::{Laptop, LaptopProcess, Node, SPUR_NAMESPACE, eventually, spur_bin};
 use tempfile::TempDir;
 
 use crate::node_spur;
@@ -144,6 +144,43 @@ impl Workstation {
             .unwrap_or_default()
         )
     }
+}
+
+/// Applies Sandbox `name` with one local workload, `workload`, standing in for the baseline
+/// `kind`/`ns`/`workload` on `workstation`'s port 3000 (the baseline's port 8080), and returns its
+/// routing key once the operator gave it one.
+pub(crate) fn local_sandbox(
+    node: &Node,
+    name: &str,
+    workstation: &str,
+    kind: &str,
+    ns: &str,
+    workload: &str,
+) -> String {
+    node.apply(&format!(
+        r#"apiVersion: spur.dev/v1alpha1
+kind: Sandbox
+metadata:
+  name: {name}
+spec:
+  workstation: {workstation}
+  local:
+    - name: {workload}
+      from: {{kind: {kind}, namespace: {ns}, name: {workload}}}
+      mappings:
+        - {{port: 8080, toLocal: "127.0.0.1:3000"}}
+"#
+    ))
+    .unwrap();
+    eventually(
+        &format!("Sandbox {name}'s routing key"),
+        Duration::from_secs(60),
+        || {
+            let s = node.get_json("default", &["sandbox", name])?;
+            Ok(s["status"]["routingKey"].as_str().map(String::from))
+        },
+    )
+    .unwrap()
 }
 
 /// The node's admin user, who owns the workstations the steps connect (and creates the

@@ -17,7 +17,7 @@ use serde_json::Value;
 use spur_e2e::node::{Background, Node, demo_app, eventually};
 
 use super::{delete_sandbox, fork_pod};
-use crate::node_local::Workstation;
+use crate::node_local::{self, Workstation};
 use crate::{condition, sandbox_ready, until_answered_by};
 
 const SANDBOX: &str = "parity-rollout";
@@ -162,30 +162,7 @@ fn rollout_at(node: &Node, ns: &str, phase: &str, step: i64, ready: i64) {
 /// requests are the Rollout's own pods' again.
 fn local_workload_of_the_rollout(node: &Node, ns: &str, client: &str) {
     let mut workstation = Workstation::connect(node, 2, "rollout-dev", "rollout-laptop", "laptop");
-    node.apply(&format!(
-        r#"apiVersion: spur.dev/v1alpha1
-kind: Sandbox
-metadata:
-  name: {LOCAL_SANDBOX}
-spec:
-  workstation: rollout-dev
-  local:
-    - name: shop
-      from: {{kind: Rollout, namespace: {ns}, name: shop}}
-      mappings:
-        - {{port: 8080, toLocal: "127.0.0.1:3000"}}
-"#
-    ))
-    .unwrap();
-    let key = eventually(
-        &format!("Sandbox {LOCAL_SANDBOX}'s routing key"),
-        Duration::from_secs(60),
-        || {
-            let s = node.get_json("default", &["sandbox", LOCAL_SANDBOX])?;
-            Ok(s["status"]["routingKey"].as_str().map(String::from))
-        },
-    )
-    .unwrap();
+    let key = node_local::local_sandbox(node, LOCAL_SANDBOX, "rollout-dev", "Rollout", ns, "shop");
     let ew = node
         .get_json(
             ns,
