@@ -33,6 +33,8 @@ command -v runc >/dev/null 2>&1 || need+=(runc)
 command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
 command -v buildah >/dev/null 2>&1 || need+=(buildah)
 command -v jq >/dev/null 2>&1 || need+=(jq)
+# `spur sandbox apply --wait` is checked in a real terminal (tests/tests/node_cli).
+command -v tmux >/dev/null 2>&1 || need+=(tmux)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
 # The hub's web view is checked in a real headless browser.

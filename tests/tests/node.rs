@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde_json::Value;
 mod node_access;
+mod node_cli;
 mod node_jobs;
 mod node_kafka;
 mod node_l4;
@@ -1544,8 +1545,9 @@ fn docs_examples_on_the_node(node: &Node) {
         "image: ghcr.io/acme/hotrod-route:pr-42",
         &format!("image: {}", spur_e2e::node::SPUR_IMAGE),
     );
-    node.apply(&sandbox_yaml).unwrap();
-    let key = sandbox_ready(node, "route-pr-42");
+    // Made with `spur sandbox apply --wait` in a terminal, as the docs tell a developer to.
+    let key = node_cli::apply_ready_in_a_terminal(node, &sandbox_yaml, "route-pr-42");
+    assert_eq!(sandbox_ready(node, "route-pr-42"), key, "the key in status");
     let fork = fork_pod(node, "hotrod", "route-pr-42");
     let pod = node.get_json("hotrod", &["pod", &fork]).unwrap();
     let container = &pod["spec"]["containers"][0];
@@ -1668,14 +1670,17 @@ fn docs_examples_on_the_node(node: &Node) {
     )
     .unwrap();
 
+    // A fork whose image does not exist: `--wait` says so with the kubelet's reason.
+    node_cli::missing_image_fails(node);
+
     for (kind, name) in [
         ("routegroup", "routing-team"),
-        ("sandbox", "route-pr-42"),
         ("sandbox", "frontend-alice"),
     ] {
         node.kubectl(&["delete", kind, name, "--wait=true", "--timeout=120s"])
             .unwrap();
     }
+    node_cli::delete_gone(node, "route-pr-42");
     node.kubectl(&["delete", "namespace", "hotrod", "--wait=false"])
         .unwrap();
 }

@@ -8,6 +8,41 @@ pub const READY: &str = "Ready";
 /// An external workload's tunnel answered its last health check.
 pub const TUNNEL_CONNECTED: &str = "TunnelConnected";
 
+/// Ready reasons the operator and the `spur` command both read. A Sandbox or ForkedWorkload
+/// with one of the `*_FAILURES` reasons stays not ready until its spec or the cluster changes:
+/// `spur sandbox apply --wait` reports it as a failure rather than waiting on.
+pub mod reasons {
+    /// A sandbox that would write in a namespace that has not opted in.
+    pub const NAMESPACE_NOT_ENABLED: &str = "NamespaceNotEnabled";
+    /// A sandbox resource failed; no fork is started.
+    pub const RESOURCE_FAILED: &str = "ResourceFailed";
+    /// The sandbox names a workstation its creator does not own.
+    pub const WORKSTATION_NOT_OWNED: &str = "WorkstationNotOwned";
+    /// A fork that is built and waits for its Deployment: the one not-ready reason of a
+    /// ForkedWorkload that is progress, not a failure.
+    pub const FORK_NOT_READY: &str = "ForkNotReady";
+
+    /// The Ready reasons of a Sandbox that failed the operator's check of its spec against
+    /// the cluster (the operator re-checks such a sandbox on every pass).
+    pub const SANDBOX_CHECK_FAILURES: [&str; 7] = [
+        "Invalid",
+        "InvalidBaseline",
+        // Resources with the chart's `resources.enabled` off.
+        "Unsupported",
+        "BaselineNotFound",
+        "InvalidCustomization",
+        "InvalidResource",
+        NAMESPACE_NOT_ENABLED,
+    ];
+
+    /// Whether a Sandbox's Ready reason is a failure that waiting does not end.
+    pub fn sandbox_failed(reason: &str) -> bool {
+        SANDBOX_CHECK_FAILURES.contains(&reason)
+            || reason == RESOURCE_FAILED
+            || reason == WORKSTATION_NOT_OWNED
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConditionStatus {
     True,

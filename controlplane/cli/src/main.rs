@@ -43,8 +43,12 @@ enum Command {
     /// Captured traffic of a sandbox: tail it, query it, and diff what its forks answered
     /// against what the baseline answered to the same requests (docs/traffic.md).
     Traffic(traffic::TrafficArgs),
-    /// Look at a sandbox: routing key, readiness, forks, expiry, preview URLs.
+    /// Sandboxes: apply a file and watch it come up (--wait), list, get, delete
+    /// (docs/cli.md).
     Sandbox(sandbox::SandboxArgs),
+    /// Route groups: apply, list, get, delete, as for sandboxes.
+    #[command(alias = "route-group")]
+    Routegroup(sandbox::RouteGroupArgs),
     /// Open a sandbox's preview URL (served by the hub; docs/hub.md).
     Preview(sandbox::PreviewArgs),
     /// Submit, list, show, follow and cancel Jobs.
@@ -53,9 +57,30 @@ enum Command {
     Artifact(jobs::ArtifactArgs),
     /// List runner groups.
     RunnerGroup(jobs::RunnerGroupArgs),
+    /// Print a shell completion script: `spur completions bash > /etc/bash_completion.d/spur`,
+    /// `spur completions zsh > "${fpath[1]}/_spur"`, `spur completions fish >
+    /// ~/.config/fish/completions/spur.fish`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// A server role that is now a binary of its own (`spur routeserver` is `spur-routeserver`).
     #[command(flatten)]
     Moved(moved::Moved),
+}
+
+/// Writes the script through a buffer: clap_complete panics on a write error (`| head`).
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<std::process::ExitCode> {
+    use clap::CommandFactory as _;
+    use std::io::Write as _;
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "spur", &mut script);
+    match std::io::stdout().write_all(&script) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("writing the completion script"))
+        }
+        _ => Ok(std::process::ExitCode::SUCCESS),
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -65,6 +90,8 @@ fn main() -> std::process::ExitCode {
     let log = match cli.command {
         // `spur local` prints its own progress lines; the tunnel library's would repeat them.
         Command::Local(_) => "warn,spur_tunnel=error",
+        // The API server's refusals are printed once, as the command's error.
+        Command::Sandbox(_) | Command::Routegroup(_) => "warn,kube_client=off",
         _ => "warn",
     };
     // `spur local` carries a tunnel: one thread (see `Runtime::CurrentThread`).
@@ -77,12 +104,14 @@ fn main() -> std::process::ExitCode {
             Command::Demo(args) => demo::run(args).await,
             Command::Local(args) => local::run(*args).await,
             Command::Sandbox(args) => sandbox::sandbox(args).await,
+            Command::Routegroup(args) => sandbox::route_group(args).await,
             Command::Preview(args) => sandbox::preview(args).await,
             Command::Job(args) => jobs::job(args).await,
             Command::Artifact(args) => jobs::artifact(args).await,
             Command::RunnerGroup(args) => jobs::runner_group(args).await,
             Command::Access(args) => access::run(args).await,
             Command::Traffic(args) => traffic::run(args).await,
+            Command::Completions { shell } => completions(shell),
             Command::Moved(moved) => Ok(moved.refuse()),
         }
     })

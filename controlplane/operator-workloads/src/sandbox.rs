@@ -190,7 +190,7 @@ async fn resources(
         condition(st, sb, READY, ConditionStatus::False, reason, &message);
     })
     .await?;
-    if changed && reason == "ResourceFailed" {
+    if changed && reason == spur_api::conditions::reasons::RESOURCE_FAILED {
         ctx.event(sb, true, reason, "CreateResources", message)
             .await;
     }
@@ -318,20 +318,11 @@ impl Stale {
     }
 }
 
-/// The Ready reasons of a failed [`check`].
-const CHECK_FAILURES: [&str; 7] = [
-    "Invalid",
-    "InvalidBaseline",
-    // Resources with the chart's `resources.enabled` off (`spur_operator_resources::check`).
-    "Unsupported",
-    "BaselineNotFound",
-    "InvalidCustomization",
-    "InvalidResource",
-    NAMESPACE_NOT_ENABLED,
-];
+// The Ready reasons of a failed `check` (shared with `spur sandbox apply --wait`).
+use spur_api::conditions::reasons::SANDBOX_CHECK_FAILURES as CHECK_FAILURES;
 
 /// The Ready reason of a sandbox that would write in a namespace that has not opted in.
-pub const NAMESPACE_NOT_ENABLED: &str = "NamespaceNotEnabled";
+pub use spur_api::conditions::reasons::NAMESPACE_NOT_ENABLED;
 
 /// Whether this generation of the sandbox passed [`check`] already.
 ///

@@ -1,9 +1,11 @@
 //! docs/install.md's list of what the chart installs names every CRD in `charts/spur/crds/` and
 //! every workload (Deployment, StatefulSet, DaemonSet, CronJob) the chart's templates render,
 //! and says how many CRDs there are: one added without its line there fails here (issue 46,
-//! docs that match the code).
+//! docs that match the code). Its "Values" table has a row for every value of
+//! `charts/spur/values.yaml`, and no row for a value that is not there.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 fn repo() -> PathBuf {
@@ -156,4 +158,144 @@ fn install_md_names_every_workload_of_the_chart() {
         named, workloads,
         "docs/install.md's \"The chart installs\" list (left) against the chart's templates (right)"
     );
+}
+
+/// The paths of a values file, dotted (`operator.resources.limits.memory`): `leaves` in file
+/// order, and `all`, every path (maps too) a row may name.
+#[derive(Debug, Default)]
+struct ValuePaths {
+    leaves: Vec<String>,
+    all: BTreeSet<String>,
+}
+
+impl ValuePaths {
+    fn leaf(&mut self, path: String) {
+        self.all.insert(path.clone());
+        self.leaves.push(path);
+    }
+}
+
+/// The paths of a values file as it loads: a map with keys is walked, and an empty map, a list
+/// or a scalar (null too) is a leaf.
+fn value_paths(text: &str) -> ValuePaths {
+    fn walk(prefix: Option<&str>, value: &serde_yaml_ng::Value, out: &mut ValuePaths) {
+        match value {
+            serde_yaml_ng::Value::Mapping(m) if !m.is_empty() => {
+                for (k, v) in m {
+                    let key = k.as_str().unwrap_or_else(|| {
+                        panic!("values.yaml: a key that is not a string: {k:?}")
+                    });
+                    let path = prefix.map_or_else(|| key.to_string(), |p| format!("{p}.{key}"));
+                    if matches!(v, serde_yaml_ng::Value::Mapping(m) if !m.is_empty()) {
+                        out.all.insert(path.clone());
+                    }
+                    walk(Some(&path), v, out);
+                }
+            }
+            _ => out.leaf(prefix.unwrap_or_default().to_string()),
+        }
+    }
+    let value: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(text).unwrap_or_else(|e| panic!("values.yaml: {e}"));
+    let mut out = ValuePaths::default();
+    walk(None, &value, &mut out);
+    out
+}
+
+/// The names the first column of docs/install.md's "Values" table gives, in order: each
+/// backticked name of a row, a name starting with `.` taken relative to the parent of that
+/// row's previous full name (`traffic.retention.maxAge`, `.maxBytes`).
+fn values_table_names() -> Vec<String> {
+    let install = read(&repo().join("docs/install.md"));
+    let (_, rest) = install
+        .split_once("\n## Values\n")
+        .expect("docs/install.md has a \"## Values\" section");
+    let section = rest.split("\n## ").next().unwrap_or_default();
+    let mut names = Vec::new();
+    for row in section.lines().filter(|l| l.starts_with("| `")) {
+        let first = row.split('|').nth(1).unwrap_or_default();
+        let mut full: Option<&str> = None;
+        for name in first.split('`').skip(1).step_by(2) {
+            if name.starts_with('.') {
+                let base = full.unwrap_or_else(|| {
+                    panic!("docs/install.md's Values table: `{name}` follows no full name: {row}")
+                });
+                let parent = base.rsplit_once('.').map_or("", |(p, _)| p);
+                names.push(format!("{parent}{name}"));
+            } else {
+                full = Some(name);
+                names.push(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn values_paths_walk_maps_and_stop_at_leaves() {
+    let text = "a:\n  b: 1 # c: 2\n  c: {d: x, \"e.f/g\": {h: y}}\n  i: {}\n  j: [\"k#l\", m]\n\
+                n:\n  - o: 1\n    p: 2\nq: |\n  r: 3\ns:\nt: \"u: v\"\n";
+    let paths = value_paths(text);
+    assert_eq!(
+        paths.leaves,
+        [
+            "a.b",
+            "a.c.d",
+            "a.c.e.f/g.h",
+            "a.i",
+            "a.j",
+            "n",
+            "q",
+            "s",
+            "t"
+        ]
+    );
+    for map in ["a", "a.c", "a.c.e.f/g"] {
+        assert!(paths.all.contains(map), "{map} in {:?}", paths.all);
+    }
+}
+
+#[test]
+fn install_md_values_table_covers_every_chart_value() {
+    let values = value_paths(&read(&repo().join("charts/spur/values.yaml")));
+    // The reader saw the whole file: its first and last values, and a dotted key's.
+    for leaf in [
+        "image.repository",
+        "routeserver.compat.namespaceSelector.matchLabels.spur.dev/routes-api",
+        "jobs.resources.limits.memory",
+    ] {
+        assert!(
+            values.leaves.iter().any(|l| l == leaf),
+            "values.yaml: no {leaf}"
+        );
+    }
+    let names = values_table_names();
+    assert!(
+        names.len() > 50,
+        "docs/install.md's Values table: {names:?}"
+    );
+    let named: BTreeSet<&str> = names.iter().map(String::as_str).collect();
+    let mut problems = Vec::new();
+    for leaf in &values.leaves {
+        let documented = leaf
+            .match_indices('.')
+            .map(|(i, _)| &leaf[..i])
+            .chain([leaf.as_str()])
+            .any(|path| named.contains(path));
+        if !documented {
+            problems.push(format!(
+                "`{leaf}` (charts/spur/values.yaml) has no row: add a row to docs/install.md's \
+                 Values table naming it (or a map above it), with its default and meaning"
+            ));
+        }
+    }
+    for name in &names {
+        if !values.all.contains(name) {
+            problems.push(format!(
+                "docs/install.md's Values table names `{name}`, which charts/spur/values.yaml does \
+                 not have: rename the row to the value's path or remove it"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

@@ -37,7 +37,8 @@ metadata: {{name: tenant-sandboxes}}
 rules:
   - apiGroups: [spur.dev]
     resources: [sandboxes, routegroups]
-    verbs: [create, get, list, delete]
+    # patch: `spur sandbox apply` is a server-side apply.
+    verbs: [create, get, list, delete, patch]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
@@ -78,6 +79,18 @@ spec:
   {extra}
 "#
     )
+}
+
+/// The admin's kubeconfig acting as the tenant (impersonation, as `kubectl --as` does).
+fn tenant_kubeconfig(node: &Node) -> tempfile::NamedTempFile {
+    let text = std::fs::read_to_string(&node.kubeconfig).unwrap();
+    let mut config: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
+    for user in config["users"].as_array_mut().unwrap() {
+        user["user"]["as"] = TENANT.into();
+    }
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), serde_yaml_ng::to_string(&config).unwrap()).unwrap();
+    file
 }
 
 /// Creates `yaml` as the tenant; `Ok` if admitted, the refusal's text if not.
@@ -219,6 +232,28 @@ spec:
 "#
         ),
         other_ns,
+    );
+    // 7. The same fork through `spur sandbox apply`, which acts with the tenant's own
+    //    credentials: the same refusal, printed, exit 1.
+    let kubeconfig = tenant_kubeconfig(node);
+    let ran = crate::node_cli::spur_with(
+        kubeconfig.path(),
+        &["sandbox", "apply", "-f", "-", "--wait"],
+        &format!(
+            r#"apiVersion: spur.dev/v1alpha1
+kind: Sandbox
+metadata: {{name: tenant-cli-fork}}
+spec:
+  forks: [{{forkOf: {{kind: Deployment, namespace: {other_ns}, name: {other_svc}}}}}]
+"#
+        ),
+        std::time::Duration::from_secs(60),
+    );
+    assert_eq!(ran.code, Some(1), "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("applying Sandbox tenant-cli-fork") && ran.stderr.contains(other_ns),
+        "{}",
+        ran.stderr
     );
     // Nothing of the tenant's was created.
     let left = node.kubectl(&["get", "sandboxes", "-o", "name"]).unwrap();

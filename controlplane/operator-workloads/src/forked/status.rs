@@ -3,7 +3,7 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Resource, ResourceExt};
-use spur_api::conditions::{ConditionStatus, READY, set_now};
+use spur_api::conditions::{ConditionStatus, READY, reasons, set_now};
 use spur_api::keys::labels;
 use spur_api::workloads::PodWithoutSidecar;
 use spur_api::{ForkedWorkload, ForkedWorkloadStatus, ServiceMapping, SidecarCoverage};
@@ -48,7 +48,7 @@ pub(super) fn observed(
     } else {
         (
             ConditionStatus::False,
-            "ForkNotReady",
+            reasons::FORK_NOT_READY,
             format!("waiting for Deployment {ns}/{name} to become ready"),
         )
     };

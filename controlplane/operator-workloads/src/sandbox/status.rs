@@ -1,7 +1,7 @@
 //! A Sandbox's status from what its children report, as pure functions.
 
 use kube::ResourceExt;
-use spur_api::conditions::{ConditionStatus, READY, is_condition_true};
+use spur_api::conditions::{ConditionStatus, READY, is_condition_true, reasons};
 use spur_api::sandbox::{ForkStatus, Local, LocalStatus, ResourceStatusSummary, VirtualStatus};
 use spur_api::{ExternalWorkload, ForkedWorkload, Sandbox, SandboxStatus, VirtualWorkload, names};
 
@@ -58,7 +58,7 @@ pub(super) fn resources_waiting(
     failed: Option<String>,
 ) -> (&'static str, String) {
     match failed {
-        Some(m) => ("ResourceFailed", format!("{m}; no fork is started")),
+        Some(m) => (reasons::RESOURCE_FAILED, format!("{m}; no fork is started")),
         None => (
             "ResourcesPending",
             format!(
@@ -112,7 +112,7 @@ pub(super) fn conditions(
     let (status, reason, message) = match binding {
         Err(refused) => (
             ConditionStatus::False,
-            "WorkstationNotOwned",
+            reasons::WORKSTATION_NOT_OWNED,
             refused.clone(),
         ),
         Ok(()) if all_ready && routing_ready => (
