@@ -1548,6 +1548,7 @@ fn docs_examples_on_the_node(node: &Node) {
     // Made with `spur sandbox apply --wait` in a terminal, as the docs tell a developer to.
     let key = node_cli::apply_ready_in_a_terminal(node, &sandbox_yaml, "route-pr-42");
     assert_eq!(sandbox_ready(node, "route-pr-42"), key, "the key in status");
+    node_cli::route_explained(node, "route-pr-42", &key);
     let fork = fork_pod(node, "hotrod", "route-pr-42");
     let pod = node.get_json("hotrod", &["pod", &fork]).unwrap();
     let container = &pod["spec"]["containers"][0];

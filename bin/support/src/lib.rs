@@ -44,8 +44,8 @@ where
     }
 }
 
-/// A Kubernetes client from `kubeconfig`, or else the in-cluster service account, $KUBECONFIG
-/// or ~/.kube/config (kube's inference order).
+/// A Kubernetes client from `kubeconfig`, or else $KUBECONFIG, ~/.kube/config or the in-cluster
+/// service account (kube's inference order: a kubeconfig first).
 #[cfg(feature = "kube")]
 pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
     use anyhow::Context;

@@ -12,6 +12,8 @@ pub const TUNNEL_CONNECTED: &str = "TunnelConnected";
 /// with one of the `*_FAILURES` reasons stays not ready until its spec or the cluster changes:
 /// `spur sandbox apply --wait` reports it as a failure rather than waiting on.
 pub mod reasons {
+    /// The spec breaks a rule the schema cannot express (a Sandbox's or a RouteGroup's).
+    pub const INVALID: &str = "Invalid";
     /// A sandbox that would write in a namespace that has not opted in.
     pub const NAMESPACE_NOT_ENABLED: &str = "NamespaceNotEnabled";
     /// A sandbox resource failed; no fork is started.
@@ -25,7 +27,7 @@ pub mod reasons {
     /// The Ready reasons of a Sandbox that failed the operator's check of its spec against
     /// the cluster (the operator re-checks such a sandbox on every pass).
     pub const SANDBOX_CHECK_FAILURES: [&str; 7] = [
-        "Invalid",
+        INVALID,
         "InvalidBaseline",
         // Resources with the chart's `resources.enabled` off.
         "Unsupported",

@@ -29,7 +29,7 @@ struct Common {
     /// Namespace (default: the kubeconfig's, else `default`).
     #[arg(short, long, global = true)]
     namespace: Option<String>,
-    /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
+    /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then the in-cluster config).
     #[arg(long, env = "SPUR_KUBECONFIG", global = true)]
     kubeconfig: Option<PathBuf>,
 }

@@ -67,7 +67,7 @@ struct RevokeArgs {
     /// `tunnelProxy.tokenNamespace`).
     #[arg(long, default_value = "spur-workstation-tokens")]
     namespace: String,
-    /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
+    /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then the in-cluster config).
     #[arg(long, env = "SPUR_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
 }
@@ -128,7 +128,7 @@ struct CertArgs {
     /// The operator's namespace (where the CA bundle ConfigMap `spur-ca-bundle` is).
     #[arg(long, default_value = "spur-system")]
     namespace: String,
-    /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
+    /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then the in-cluster config).
     #[arg(long, env = "SPUR_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
     #[command(flatten)]
@@ -311,7 +311,7 @@ struct TokenArgs {
     /// The operator's namespace, where workstation owner records are kept.
     #[arg(long, default_value = "spur-system")]
     owner_namespace: String,
-    /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
+    /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then the in-cluster config).
     #[arg(long, env = "SPUR_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
 }

@@ -2,12 +2,23 @@
 //! previews, access, traffic, jobs). The server roles are binaries of their own (`bin/`, one per
 //! role); their old `spur <role>` commands remain, hidden, only to name the new binary.
 
+/// `print!` that does not panic when stdout is closed (`spur sandbox list | head`); any other
+/// write error is the command's error (`?` in a function returning `anyhow::Result`).
+macro_rules! out {
+    ($($t:tt)*) => { $crate::write_out(format_args!($($t)*))? };
+}
+/// `println!`, as [`out!`].
+macro_rules! outln {
+    ($($t:tt)*) => { $crate::write_out(format_args!("{}\n", format_args!($($t)*)))? };
+}
+
 mod access;
 mod demo;
 mod demo_app;
 mod jobs;
 mod local;
 mod moved;
+mod route;
 mod sandbox;
 mod traffic;
 
@@ -49,6 +60,9 @@ enum Command {
     /// Route groups: apply, list, get, delete, as for sandboxes.
     #[command(alias = "route-group")]
     Routegroup(sandbox::RouteGroupArgs),
+    /// Where a request with a routing key goes, and whether each baseline sidecar has the
+    /// rule live (`spur route explain --key K SERVICE[.NS][:PORT]`).
+    Route(route::RouteArgs),
     /// Open a sandbox's preview URL (served by the hub; docs/hub.md).
     Preview(sandbox::PreviewArgs),
     /// Submit, list, show, follow and cancel Jobs.
@@ -67,6 +81,17 @@ enum Command {
     /// A server role that is now a binary of its own (`spur routeserver` is `spur-routeserver`).
     #[command(flatten)]
     Moved(moved::Moved),
+}
+
+/// What [`out!`] writes with.
+pub(crate) fn write_out(args: std::fmt::Arguments<'_>) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    match std::io::stdout().write_fmt(args) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("writing to standard output"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Writes the script through a buffer: clap_complete panics on a write error (`| head`).
@@ -91,7 +116,7 @@ fn main() -> std::process::ExitCode {
         // `spur local` prints its own progress lines; the tunnel library's would repeat them.
         Command::Local(_) => "warn,spur_tunnel=error",
         // The API server's refusals are printed once, as the command's error.
-        Command::Sandbox(_) | Command::Routegroup(_) => "warn,kube_client=off",
+        Command::Sandbox(_) | Command::Routegroup(_) | Command::Route(_) => "warn,kube_client=off",
         _ => "warn",
     };
     // `spur local` carries a tunnel: one thread (see `Runtime::CurrentThread`).
@@ -105,6 +130,7 @@ fn main() -> std::process::ExitCode {
             Command::Local(args) => local::run(*args).await,
             Command::Sandbox(args) => sandbox::sandbox(args).await,
             Command::Routegroup(args) => sandbox::route_group(args).await,
+            Command::Route(args) => route::run(args).await,
             Command::Preview(args) => sandbox::preview(args).await,
             Command::Job(args) => jobs::job(args).await,
             Command::Artifact(args) => jobs::artifact(args).await,

@@ -125,6 +125,22 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: sandbox-
 subjects: [{kind: ServiceAccount, name: dev, namespace: team-b}]
 "#;
 
+/// What `dev` gets later: reading ForkedWorkloads in `shop`, nothing else there.
+const FORKED_WORKLOAD_READER: &str = r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: forkedworkload-reader, namespace: shop}
+rules:
+  - apiGroups: [spur.dev]
+    resources: [forkedworkloads]
+    verbs: [get]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: dev-forkedworkload-reader, namespace: shop}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: forkedworkload-reader}
+subjects: [{kind: ServiceAccount, name: dev, namespace: team-b}]
+"#;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandbox_and_routegroup_verbs_against_the_apiserver() {
     let api = KubeApi::start().await.unwrap();
@@ -223,6 +239,25 @@ async fn sandbox_and_routegroup_verbs_against_the_apiserver() {
         run.stderr
     );
     assert!(!run.stderr.contains("ERROR"), "said once: {}", run.stderr);
+    // A file whose second document the server refuses applies neither (a dry run of all first).
+    let half = write(
+        d,
+        "half.yaml",
+        &format!(
+            "{}---\n{}",
+            sandbox_yaml("first-half", "api", "x"),
+            sandbox_yaml("second-half", "api", "x")
+                .replace("  description: x\n", "  descripton: x\n")
+        ),
+    );
+    let run = spur(&admin, &["sandbox", "apply", "-f", half.to_str().unwrap()]).await;
+    assert_eq!(run.code, 1);
+    assert!(
+        run.stderr.contains("applying Sandbox second-half"),
+        "{}",
+        run.stderr
+    );
+    assert!(sandboxes.get_opt("first-half").await.unwrap().is_none());
 
     // List and get, for people and for scripts.
     let run = spur(&admin, &["sandbox", "list"]).await;
@@ -274,7 +309,7 @@ async fn sandbox_and_routegroup_verbs_against_the_apiserver() {
         "{}",
         run.stderr
     );
-    // A fork pod whose image cannot be pulled: the kubelet's reason, at once.
+    // A fork pod whose image cannot be pulled: the kubelet's reason.
     let pods: Api<Pod> = Api::namespaced(client.clone(), "shop");
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "fork-pod", "labels": {"spur.dev/fork": fw}},
@@ -395,6 +430,30 @@ async fn sandbox_and_routegroup_verbs_against_the_apiserver() {
     assert!(
         run.stdout
             .contains("] shop/api: (its ForkedWorkload is not readable: forbidden to you"),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains("pod fork-pod"), "{}", run.stdout);
+    // Given `get` on ForkedWorkloads in `shop` (not pods): the fork's steps from it, and its
+    // pods still not shown.
+    apply_yaml(&client, FORKED_WORKLOAD_READER).await;
+    let run = spur(
+        &dev,
+        &[
+            "sandbox",
+            "apply",
+            "-f",
+            theirs.to_str().unwrap(),
+            "--wait",
+            "--timeout",
+            "4s",
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 4, "{}", run.stderr);
+    assert!(
+        run.stdout
+            .contains("] shop/api: (its pods are not readable: forbidden to you"),
         "{}",
         run.stdout
     );

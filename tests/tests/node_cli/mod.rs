@@ -241,3 +241,67 @@ spec:
     );
     delete_gone(node, "route-bad-image");
 }
+
+/// `spur route explain` for the key of Sandbox `sandbox` through Service `route.hotrod`: the
+/// key's owner and destination, and the rule live in every baseline pod's sidecar (read
+/// through a port-forward made with the caller's rights); a key nobody has is not live (exit 3).
+pub(crate) fn route_explained(node: &Node, sandbox: &str, key: &str) {
+    let pods = node
+        .pods("hotrod", "app=route")
+        .unwrap()
+        .into_iter()
+        .filter(|p| !p.starts_with(sandbox))
+        .collect::<Vec<_>>();
+    assert!(!pods.is_empty(), "baseline pods of hotrod/route");
+    // Routes reach the sidecars a moment after the Sandbox is Ready at the route server.
+    let ran = spur_e2e::node::eventually(
+        "the rule live in every baseline sidecar",
+        Duration::from_secs(60),
+        || {
+            let ran = spur_with(
+                &node.kubeconfig,
+                &["route", "explain", "--key", key, "route.hotrod:8080"],
+                "",
+                Duration::from_secs(60),
+            );
+            Ok((ran.code == Some(0)).then_some(ran))
+        },
+    )
+    .unwrap();
+    assert!(
+        ran.stdout.contains(&format!(
+            "Key {key}: Sandbox {sandbox}.\n  sandbox {sandbox}: Service hotrod/route -> "
+        )),
+        "{}",
+        ran.stdout
+    );
+    for pod in &pods {
+        assert!(
+            ran.stdout.lines().any(|l| l
+                .starts_with(&format!("  {pod}  live (routing table version "))
+                && l.contains("port 8080 -> ")),
+            "{pod} live in:\n{}",
+            ran.stdout
+        );
+    }
+    let ran = spur_with(
+        &node.kubeconfig,
+        &[
+            "route",
+            "explain",
+            "--key",
+            "nobody-has-this",
+            "route.hotrod:8080",
+        ],
+        "",
+        Duration::from_secs(60),
+    );
+    assert_eq!(ran.code, Some(3), "{}", ran.stderr);
+    assert!(
+        ran.stdout
+            .contains("Key nobody-has-this: no Sandbox or RouteGroup you can list has it")
+            && ran.stdout.contains("NOT live"),
+        "{}",
+        ran.stdout
+    );
+}

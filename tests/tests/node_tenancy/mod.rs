@@ -255,6 +255,27 @@ spec:
         "{}",
         ran.stderr
     );
+    // 8. `spur route explain` reads another namespace's Service and pods only with rights the
+    //    tenant does not have: refused, nothing of it shown.
+    let ran = crate::node_cli::spur_with(
+        kubeconfig.path(),
+        &[
+            "route",
+            "explain",
+            "--key",
+            "k",
+            &format!("{other_svc}.{other_ns}"),
+        ],
+        "",
+        std::time::Duration::from_secs(60),
+    );
+    assert_eq!(ran.code, Some(1), "{}", ran.stdout);
+    assert!(
+        ran.stderr.contains("forbidden") && !ran.stdout.contains("Baseline pods"),
+        "{}{}",
+        ran.stdout,
+        ran.stderr
+    );
     // Nothing of the tenant's was created.
     let left = node.kubectl(&["get", "sandboxes", "-o", "name"]).unwrap();
     assert!(!left.contains("tenant-"), "{left}");

@@ -41,7 +41,7 @@ pub(super) struct EnvArgs {
     /// baseline's container sees it, e.g. DIR/etc/app/config.yaml. Secrets' files get mode 0600.
     #[arg(long)]
     files: Option<PathBuf>,
-    /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
+    /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then the in-cluster config).
     /// Every read is this user's: a Secret they may not read stops the command.
     #[arg(long, env = "SPUR_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,

@@ -29,8 +29,9 @@ pub(crate) trait Owned:
     + Sync
     + 'static
 {
-    /// What a person calls it.
+    /// What a person calls it, and several of it.
     const NOUN: &'static str;
+    const PLURAL: &'static str;
     /// The command that manages it (`spur sandbox`, `spur routegroup`).
     const COMMAND: &'static str;
     /// The validation the operator runs on it.
@@ -39,6 +40,7 @@ pub(crate) trait Owned:
 
 impl Owned for Sandbox {
     const NOUN: &'static str = "sandbox";
+    const PLURAL: &'static str = "sandboxes";
     const COMMAND: &'static str = "spur sandbox";
     fn check(&self) -> Result<(), String> {
         self.validate().map_err(|e| e.to_string())
@@ -47,6 +49,7 @@ impl Owned for Sandbox {
 
 impl Owned for RouteGroup {
     const NOUN: &'static str = "route group";
+    const PLURAL: &'static str = "route groups";
     const COMMAND: &'static str = "spur routegroup";
     fn check(&self) -> Result<(), String> {
         self.validate().map_err(|e| e.to_string())
@@ -89,46 +92,58 @@ pub(crate) struct Doc<K> {
 /// is applied from a file with a mistake in it.
 pub(crate) fn documents<K: Owned>(file: &str, text: &str) -> Result<Vec<Doc<K>>> {
     use serde::Deserialize as _;
-    let (api_version, kind) = (K::api_version(&()), K::kind(&()));
+    let kind = K::kind(&());
     let mut out = Vec::new();
-    // First pass: the shape every document must have, with a message a person can act on.
-    let mut wanted: Vec<Option<serde_json::Value>> = Vec::new();
+    // First pass: the shape every document must have, with a message a person can act on. A
+    // `v1` List (what `list -o yaml` prints) stands for its items.
+    let mut wanted: Vec<Wanted> = Vec::new();
     for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let n = i + 1;
         let v = serde_json::Value::deserialize(doc)
             .with_context(|| format!("{file}: document {n} is not valid YAML"))?;
         if v.is_null() {
-            wanted.push(None);
-            continue;
+            wanted.push(Wanted::Skip);
+        } else if v["kind"] == "List" && v["apiVersion"] == "v1" {
+            let items = v["items"].as_array().cloned().unwrap_or_default();
+            for (j, item) in items.iter().enumerate() {
+                shape::<K>(file, &format!("document {n} item {}", j + 1), item)?;
+            }
+            wanted.push(Wanted::List(items));
+        } else {
+            shape::<K>(file, &format!("document {n}"), &v)?;
+            wanted.push(Wanted::One(v));
         }
-        let (av, k) = (v["apiVersion"].as_str(), v["kind"].as_str());
-        if av != Some(api_version.as_ref()) || k != Some(kind.as_ref()) {
-            bail!(
-                "{file}: document {n} is {} {}; `{} apply` takes {kind} ({api_version}) documents",
-                k.unwrap_or("(no kind)"),
-                av.map(|a| format!("({a})")).unwrap_or_default(),
-                K::COMMAND
-            );
-        }
-        if v["metadata"]["name"].as_str().is_none_or(str::is_empty) {
-            bail!("{file}: document {n}: metadata.name is required");
-        }
-        if !v["metadata"]["namespace"].is_null() {
-            bail!("{file}: document {n}: a {kind} is cluster-scoped; remove metadata.namespace");
-        }
-        wanted.push(Some(v));
     }
-    // Second pass: the typed object, whose errors name the field and the line.
-    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
-        let Some(Some(raw)) = wanted.get_mut(i).map(Option::take) else {
-            continue;
-        };
-        let n = i + 1;
-        let obj = K::deserialize(doc).map_err(|e| anyhow::anyhow!("{file}: document {n}: {e}"))?;
+    // Second pass: the typed objects, whose errors name the field (and, for a document, the
+    // line).
+    let check = |obj: &K, at: &str| {
         let name = obj.meta().name.clone().unwrap_or_default();
         obj.check()
-            .map_err(|e| anyhow::anyhow!("{file}: document {n} ({kind} {name}): {e}"))?;
-        out.push(Doc { obj, raw });
+            .map_err(|e| anyhow::anyhow!("{file}: {at} ({kind} {name}): {e}"))
+    };
+    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let n = i + 1;
+        match wanted
+            .get_mut(i)
+            .map(|w| std::mem::replace(w, Wanted::Skip))
+        {
+            Some(Wanted::One(raw)) => {
+                let obj = K::deserialize(doc)
+                    .map_err(|e| anyhow::anyhow!("{file}: document {n}: {e}"))?;
+                check(&obj, &format!("document {n}"))?;
+                out.push(Doc { obj, raw });
+            }
+            Some(Wanted::List(items)) => {
+                for (j, raw) in items.into_iter().enumerate() {
+                    let at = format!("document {n} item {}", j + 1);
+                    let obj: K = serde_json::from_value(raw.clone())
+                        .map_err(|e| anyhow::anyhow!("{file}: {at}: {e}"))?;
+                    check(&obj, &at)?;
+                    out.push(Doc { obj, raw });
+                }
+            }
+            _ => {}
+        }
     }
     if out.is_empty() {
         bail!("{file}: no {kind} document in it");
@@ -142,6 +157,37 @@ pub(crate) fn documents<K: Owned>(file: &str, text: &str) -> Result<Vec<Doc<K>>>
         bail!("{file}: {kind} {} appears twice", w[0]);
     }
     Ok(out)
+}
+
+/// A document of the first pass.
+enum Wanted {
+    Skip,
+    One(serde_json::Value),
+    List(Vec<serde_json::Value>),
+}
+
+/// The shape `K` documents must have: kind, apiVersion, a name, no namespace.
+fn shape<K: Owned>(file: &str, at: &str, v: &serde_json::Value) -> Result<()> {
+    let (api_version, kind) = (K::api_version(&()), K::kind(&()));
+    let (av, k) = (v["apiVersion"].as_str(), v["kind"].as_str());
+    if av != Some(api_version.as_ref()) || k != Some(kind.as_ref()) {
+        let what = match (k, av) {
+            (Some(k), Some(av)) => format!("{k} ({av})"),
+            (Some(k), None) => format!("{k} without an apiVersion"),
+            (None, _) => "without a kind".to_string(),
+        };
+        bail!(
+            "{file}: {at} is {what}; `{} apply` takes {kind} ({api_version}) documents",
+            K::COMMAND
+        );
+    }
+    if v["metadata"]["name"].as_str().is_none_or(str::is_empty) {
+        bail!("{file}: {at}: metadata.name is required");
+    }
+    if !v["metadata"]["namespace"].is_null() {
+        bail!("{file}: {at}: a {kind} is cluster-scoped; remove metadata.namespace");
+    }
+    Ok(())
 }
 
 /// What an apply did, in kubectl's words.
@@ -162,11 +208,13 @@ impl Outcome {
     }
 }
 
-/// Server-side applies a document as written (never its status).
+/// Server-side applies a document as written (never its status); with `dry_run`, only through
+/// the API server's checks.
 pub(crate) async fn apply<K: Owned>(
     api: &Api<K>,
     doc: &Doc<K>,
     force: bool,
+    dry_run: bool,
 ) -> Result<(K, Outcome)> {
     let name = doc.obj.meta().name.clone().unwrap_or_default();
     let kind = K::kind(&());
@@ -193,6 +241,9 @@ pub(crate) async fn apply<K: Owned>(
     let mut params = PatchParams::apply(FIELD_MANAGER).validation_strict();
     if force {
         params = params.force();
+    }
+    if dry_run {
+        params = params.dry_run();
     }
     let after = match api.patch(&name, &params, &Patch::Apply(&body)).await {
         Ok(after) => after,
@@ -266,6 +317,15 @@ mod tests {
         assert!(err(&format!("{sb}---\n{sb}")).contains("Sandbox a appears twice"));
         assert_eq!(err("---\n"), "f.yaml: no Sandbox document in it");
         assert!(err("a: [").contains("document 1 is not valid YAML"));
+        // What `list -o yaml` prints applies: a v1 List stands for its items.
+        let list = format!(
+            "apiVersion: v1\nkind: List\nitems:\n- {}",
+            sb.trim_end().replace('\n', "\n  ")
+        );
+        let got: Vec<Doc<Sandbox>> = documents("l.yaml", &list).unwrap();
+        assert_eq!(got[0].obj.metadata.name.as_deref(), Some("a"));
+        let bad_item = list.replace("kind: Sandbox", "kind: RouteGroup");
+        assert!(err(&bad_item).contains("document 1 item 1 is RouteGroup"));
         // A route group file is not a sandbox file.
         let rg = "apiVersion: spur.dev/v1alpha1\nkind: RouteGroup\nmetadata: {name: g}\nspec:\n  match: {label: {key: team, value: x}}\n";
         assert!(err(rg).contains("document 1 is RouteGroup"));

@@ -58,7 +58,7 @@ enum Verb {
 
 #[derive(Args)]
 struct Conn {
-    /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
+    /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then the in-cluster config).
     #[arg(long, env = "SPUR_KUBECONFIG", global = true)]
     kubeconfig: Option<PathBuf>,
 }
@@ -189,8 +189,8 @@ fn print_objects<K: serde::Serialize>(output: Output, objs: &[K]) -> Result<()> 
         many => serde_json::json!({"apiVersion": "v1", "kind": "List", "items": many}),
     };
     match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&value)?),
-        Output::Yaml => print!("{}", serde_yaml_ng::to_string(&value)?),
+        Output::Json => outln!("{}", serde_json::to_string_pretty(&value)?),
+        Output::Yaml => out!("{}", serde_yaml_ng::to_string(&value)?),
         Output::Text => {}
     }
     Ok(())
@@ -201,7 +201,7 @@ trait Follow: Owned {
     async fn ready(
         client: &Client,
         name: &str,
-        timeout: Duration,
+        deadline: Instant,
         printer: &mut Printer<Box<dyn std::io::Write + Send>>,
     ) -> Waited<Self>;
     fn summary(&self, took: Duration) -> String;
@@ -213,10 +213,10 @@ impl Follow for Sandbox {
     async fn ready(
         client: &Client,
         name: &str,
-        timeout: Duration,
+        deadline: Instant,
         printer: &mut Printer<Box<dyn std::io::Write + Send>>,
     ) -> Waited<Self> {
-        wait::sandbox_ready(client, name, timeout, printer).await
+        wait::sandbox_ready(client, name, deadline, printer).await
     }
     fn summary(&self, took: Duration) -> String {
         describe::ready_summary(self, took)
@@ -240,10 +240,10 @@ impl Follow for RouteGroup {
     async fn ready(
         client: &Client,
         name: &str,
-        timeout: Duration,
+        deadline: Instant,
         printer: &mut Printer<Box<dyn std::io::Write + Send>>,
     ) -> Waited<Self> {
-        wait::route_group_ready(client, name, timeout, printer).await
+        wait::route_group_ready(client, name, deadline, printer).await
     }
     fn summary(&self, took: Duration) -> String {
         describe::route_group_summary(self, took)
@@ -290,10 +290,15 @@ async fn apply_verb<K: Follow>(a: ApplyArgs) -> Result<ExitCode> {
     let docs: Vec<apply::Doc<K>> = apply::documents(&file, &text)?;
     let client = crate::kube_client(a.conn.kubeconfig.as_deref()).await?;
     let api = Api::<K>::all(client.clone());
+    // Every document through the API server's checks first (a server-side dry run: RBAC,
+    // schema, Spur's admission), so a refused one leaves the others unapplied too.
+    for doc in &docs {
+        apply::apply(&api, doc, a.force_conflicts, true).await?;
+    }
     let mut applied = Vec::with_capacity(docs.len());
     let mut log = progress_out(a.output);
     for doc in &docs {
-        let (obj, outcome) = apply::apply(&api, doc, a.force_conflicts).await?;
+        let (obj, outcome) = apply::apply(&api, doc, a.force_conflicts, false).await?;
         let name = obj.meta().name.clone().unwrap_or_default();
         let _ = writeln!(log, "{} {name} {}", K::NOUN, outcome.as_str());
         applied.push(obj);
@@ -303,6 +308,8 @@ async fn apply_verb<K: Follow>(a: ApplyArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut printer = Printer::new(start, log);
+    // One time limit for the whole command, however many objects it waits for.
+    let deadline = start + a.timeout;
     let several = applied.len() > 1;
     let mut ready = Vec::with_capacity(applied.len());
     for obj in &applied {
@@ -311,13 +318,13 @@ async fn apply_verb<K: Follow>(a: ApplyArgs) -> Result<ExitCode> {
             printer.prefix(format!("{name} "));
         }
         let what = format!("{} {name}", K::NOUN);
-        let waited = K::ready(&client, &name, a.timeout, &mut printer).await;
+        let waited = K::ready(&client, &name, deadline, &mut printer).await;
         if let Some(code) = waited_code(&what, &waited, a.timeout) {
             return Ok(code);
         }
         if let Waited::Ready(obj) = waited {
             if a.output == Output::Text {
-                print!("{}", obj.summary(printer.elapsed()));
+                out!("{}", obj.summary(printer.elapsed()));
             }
             ready.push(obj);
         }
@@ -335,13 +342,13 @@ async fn list<K: Owned + describe::Row>(a: ListArgs) -> Result<ExitCode> {
         .items;
     items.sort_by_key(|o| o.meta().name.clone());
     match a.output {
-        Output::Text if items.is_empty() => eprintln!("no {}s", K::NOUN),
-        Output::Text => print!("{}", describe::table(&items)),
+        Output::Text if items.is_empty() => eprintln!("no {}", K::PLURAL),
+        Output::Text => out!("{}", describe::table(&items)),
         _ => {
             let value = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
             match a.output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&value)?),
-                _ => print!("{}", serde_yaml_ng::to_string(&value)?),
+                Output::Json => outln!("{}", serde_json::to_string_pretty(&value)?),
+                _ => out!("{}", serde_yaml_ng::to_string(&value)?),
             }
         }
     }
@@ -374,8 +381,8 @@ async fn get_sandbox(a: GetArgs) -> Result<ExitCode> {
         )),
         Err(e) => Err(format!("cannot read RoutingConfig {rc_name}: {e}")),
     };
-    print!("{}", describe(&sb));
-    print!("{}", describe_records(&sb, &spans));
+    out!("{}", describe(&sb));
+    out!("{}", describe_records(&sb, &spans));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -383,7 +390,7 @@ async fn get_route_group(a: GetArgs) -> Result<ExitCode> {
     let client = crate::kube_client(a.conn.kubeconfig.as_deref()).await?;
     let rg: RouteGroup = read(&client, &a.name).await?;
     match a.output {
-        Output::Text => print!("{}", describe::route_group(&rg)),
+        Output::Text => out!("{}", describe::route_group(&rg)),
         _ => print_objects(a.output, &[rg])?,
     }
     Ok(ExitCode::SUCCESS)
@@ -403,7 +410,7 @@ async fn delete<K: Follow>(a: DeleteArgs) -> Result<ExitCode> {
             Err(e) => return Err(api_error(e, &format!("reading {kind} {name}"))),
         };
         match api.delete(name, &DeleteParams::default()).await {
-            Ok(_) => println!("{} {name} deleted", K::NOUN),
+            Ok(_) => outln!("{} {name} deleted", K::NOUN),
             Err(kube::Error::Api(e)) if e.code == 404 && a.ignore_not_found => continue,
             Err(e) => return Err(api_error(e, &format!("deleting {kind} {name}"))),
         }
@@ -423,17 +430,18 @@ async fn delete<K: Follow>(a: DeleteArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut printer = Printer::new(start, progress_out(Output::Text));
+    let deadline = start + a.timeout;
     for (name, children) in &deleting {
         if deleting.len() > 1 {
             printer.prefix(format!("{name} "));
         }
-        let waited = wait::gone::<K, _>(&client, name, children, a.timeout, &mut printer).await;
+        let waited = wait::gone::<K, _>(&client, name, children, deadline, &mut printer).await;
         if let Some(code) = waited_code(&format!("deleting {} {name}", K::NOUN), &waited, a.timeout)
         {
             return Ok(code);
         }
     }
-    println!("gone in {}", human(printer.elapsed()));
+    outln!("gone in {}", human(printer.elapsed()));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -485,7 +493,7 @@ pub(crate) async fn preview(args: PreviewArgs) -> Result<ExitCode> {
             )
         }
     };
-    println!("{}", url.url);
+    outln!("{}", url.url);
     if !print {
         // A desktop's opener; on a server there is none, and the printed URL is the answer.
         match std::process::Command::new("xdg-open")

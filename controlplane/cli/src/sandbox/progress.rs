@@ -3,6 +3,7 @@
 //! whether the sandbox is ready, failed or still on its way. Pure functions of one
 //! [`Snapshot`], so every stage and every failure is unit-tested without a cluster.
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use spur_api::conditions::{READY, find_condition, reasons};
@@ -22,6 +23,8 @@ pub(crate) struct Snapshot {
 pub(crate) struct ForkView {
     /// Its ForkedWorkload; `None` until the operator has made it.
     pub forked: Result<Option<ForkedWorkload>, String>,
+    /// The fork Deployment, once named.
+    pub deployment: Result<Option<Deployment>, String>,
     /// The fork's pods (label `spur.dev/fork`), not yet deleted.
     pub pods: Result<Vec<Pod>, String>,
 }
@@ -152,12 +155,12 @@ fn fork_steps(
     entry: Option<&spur_api::sandbox::ForkStatus>,
 ) -> Vec<String> {
     let mut steps = vec!["waiting for the operator".to_string()];
+    if let Some(Err(why)) = view.map(|v| &v.forked) {
+        steps.push(format!("(its ForkedWorkload is not readable: {why})"));
+    }
+    // Its name from the object, else from the Sandbox's status (readable where it is not).
     let fw = match view.map(|v| &v.forked) {
         Some(Ok(Some(fw))) => Some(fw.metadata.name.clone().unwrap_or_default()),
-        Some(Err(why)) => {
-            steps.push(format!("(its ForkedWorkload is not readable: {why})"));
-            None
-        }
         _ => entry.map(|e| e.forked_workload.clone()),
     };
     let Some(fw) = fw else { return steps };
@@ -171,7 +174,9 @@ fn fork_steps(
     };
     steps.push(format!("Deployment {ns}/{deployment} created"));
     match view.map(|v| &v.pods) {
-        Some(Ok(pods)) if !pods.is_empty() => steps.extend(pod_steps(pods)),
+        Some(Ok(pods)) if !current_pods(pods).is_empty() => {
+            steps.extend(pod_steps(&current_pods(pods)));
+        }
         Some(Err(why)) => steps.push(format!("(its pods are not readable: {why})")),
         _ => {}
     }
@@ -184,10 +189,47 @@ fn fork_steps(
     steps
 }
 
-/// The steps every pod of the fork has reached (the least advanced pod decides).
-fn pod_steps(pods: &[Pod]) -> Vec<String> {
-    let mut pods: Vec<&Pod> = pods.iter().collect();
-    pods.sort_by_key(|p| p.metadata.name.clone());
+/// The pods that decide: those of the newest pod template (`pod-template-hash`; during a
+/// rolling update the old ones are going), without finished ones (an evicted pod stays until
+/// it is collected) unless nothing else is left.
+fn current_pods(pods: &[Pod]) -> Vec<&Pod> {
+    let finished = |p: &Pod| {
+        matches!(
+            p.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Failed" | "Succeeded")
+        )
+    };
+    let live: Vec<&Pod> = pods.iter().filter(|p| !finished(p)).collect();
+    let pods: Vec<&Pod> = if live.is_empty() {
+        pods.iter().collect()
+    } else {
+        live
+    };
+    let hash = |p: &Pod| {
+        p.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("pod-template-hash").cloned())
+    };
+    let newest = pods
+        .iter()
+        .max_by_key(|p| {
+            (
+                p.metadata.creation_timestamp.clone(),
+                p.metadata.name.clone(),
+            )
+        })
+        .and_then(|p| hash(p));
+    let mut current: Vec<&Pod> = pods
+        .into_iter()
+        .filter(|p| newest.is_none() || hash(p) == newest)
+        .collect();
+    current.sort_by_key(|p| p.metadata.name.clone());
+    current
+}
+
+/// The steps every current pod of the fork has reached (the least advanced pod decides).
+fn pod_steps(pods: &[&Pod]) -> Vec<String> {
     let n = pods.len();
     // Every step below counts all pods, so its text does not change while pods progress.
     let all = if n == 1 {
@@ -315,7 +357,13 @@ pub(crate) fn verdict(s: &Snapshot) -> Verdict {
     let ready = current_ready(&st.conditions, generation);
     if let Some(c) = ready {
         if c.status == "True" {
-            return Verdict::Ready;
+            // The Sandbox is ready when its forks' routes are (a fork patched to RollingUpdate
+            // keeps its old pod serving): after a change, also wait for each fork readable
+            // here to run the new version.
+            return match rolling_out(s) {
+                Some(w) => Verdict::Waiting(w),
+                None => Verdict::Ready,
+            };
         }
         if reasons::sandbox_failed(&c.reason) {
             return Verdict::Failed(Failure {
@@ -344,7 +392,9 @@ pub(crate) fn verdict(s: &Snapshot) -> Verdict {
             }
         }
         if let Ok(pods) = &view.pods
-            && let Some(verdict) = pods.iter().find_map(|p| pod_failure(ns, p))
+            && let Some(verdict) = current_pods(pods)
+                .into_iter()
+                .find_map(|p| pod_failure(ns, p))
         {
             return verdict;
         }
@@ -355,6 +405,41 @@ pub(crate) fn verdict(s: &Snapshot) -> Verdict {
             .filter(|m| !m.is_empty())
             .unwrap_or_else(|| "waiting for the operator".into()),
     )
+}
+
+/// Why a ready sandbox's forks do not run the applied version yet: a ForkedWorkload whose
+/// Ready condition is of an older generation, or a fork Deployment still rolling out (as
+/// `kubectl rollout status` judges it). Objects the user cannot read are not waited for.
+fn rolling_out(s: &Snapshot) -> Option<String> {
+    for view in &s.forks {
+        if let Ok(Some(fw)) = &view.forked {
+            let fst = fw.status.clone().unwrap_or_default();
+            let current = current_ready(&fst.conditions, fw.metadata.generation)
+                .is_some_and(|c| c.status == "True");
+            if !current {
+                return Some(format!(
+                    "waiting for ForkedWorkload {} to take the change",
+                    fw.metadata.name.clone().unwrap_or_default()
+                ));
+            }
+        }
+        if let Ok(Some(d)) = &view.deployment {
+            let name = d.metadata.name.clone().unwrap_or_default();
+            let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            let st = d.status.clone().unwrap_or_default();
+            let updated = st.updated_replicas.unwrap_or(0);
+            let done = st.observed_generation >= d.metadata.generation
+                && updated >= want
+                && st.replicas.unwrap_or(0) <= updated
+                && st.available_replicas.unwrap_or(0) >= updated;
+            if !done {
+                return Some(format!(
+                    "waiting for Deployment {name} to roll out ({updated} of {want} updated)"
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// A fork pod that will not start by waiting, or that has trouble starting: the kubelet's
@@ -412,7 +497,7 @@ pub(crate) fn route_group(rg: &RouteGroup) -> (Stage, Verdict) {
     } else {
         match current_ready(&st.conditions, rg.metadata.generation) {
             Some(c) if c.status == "True" => Verdict::Ready,
-            Some(c) if c.reason == "Invalid" => Verdict::Failed(Failure {
+            Some(c) if c.reason == reasons::INVALID => Verdict::Failed(Failure {
                 reason: c.reason.clone(),
                 message: c.message.clone(),
                 object: format!("RouteGroup {name}"),

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client};
@@ -109,6 +110,17 @@ async fn snapshot(client: &Client, sandbox: Sandbox) -> Snapshot {
             .get_opt(&fw_name)
             .await
             .map_err(|e| short(&e));
+        let fork_deployment = match &forked {
+            Ok(Some(fw)) => fw.status.as_ref().and_then(|st| st.fork.clone()),
+            _ => None,
+        };
+        let deployment = match fork_deployment {
+            Some(name) => Api::<Deployment>::namespaced(client.clone(), ns)
+                .get_opt(&name)
+                .await
+                .map_err(|e| short(&e)),
+            None => Ok(None),
+        };
         let pods = Api::<Pod>::namespaced(client.clone(), ns)
             .list(&ListParams::default().labels(&format!("{}={fw_name}", labels::FORK)))
             .await
@@ -119,7 +131,11 @@ async fn snapshot(client: &Client, sandbox: Sandbox) -> Snapshot {
                     .collect()
             })
             .map_err(|e| short(&e));
-        forks.push(ForkView { forked, pods });
+        forks.push(ForkView {
+            forked,
+            deployment,
+            pods,
+        });
     }
     Snapshot { sandbox, forks }
 }
@@ -133,25 +149,29 @@ enum Step<K> {
     Waiting(String),
 }
 
-/// Looks every [`POLL`] until `look` says done or failed, `timeout` passes, or Ctrl-C.
-async fn follow<K, W, F, Fut>(timeout: Duration, printer: &mut Printer<W>, look: F) -> Waited<K>
+/// Looks every [`POLL`] until `look` says done or failed, `deadline` passes (a look that hangs
+/// included), or Ctrl-C.
+async fn follow<K, W, F, Fut>(deadline: Instant, printer: &mut Printer<W>, look: F) -> Waited<K>
 where
     W: Write,
     F: Fn() -> Fut,
     Fut: Future<Output = (Vec<Stage>, Step<K>)>,
 {
-    let deadline = Instant::now() + timeout;
     let mut ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
+    let mut waiting = "nothing read yet".to_string();
     // The object in trouble and since when (the reason may alternate, as ErrImagePull and
     // ImagePullBackOff do).
     let mut troubled: Option<(String, Instant)> = None;
     loop {
         let (stages, step) = tokio::select! {
-            r = look() => r,
+            r = tokio::time::timeout_at(deadline.into(), look()) => match r {
+                Ok(r) => r,
+                Err(_) => return Waited::TimedOut(waiting),
+            },
             _ = &mut ctrl_c => return Waited::Interrupted,
         };
         printer.show(&stages);
-        let waiting = match step {
+        waiting = match step {
             Step::Done(k) => return Waited::Ready(k),
             Step::Failed(f) => return Waited::Failed(f),
             Step::Troubled(f) => {
@@ -186,7 +206,7 @@ where
             return Waited::TimedOut(waiting);
         }
         tokio::select! {
-            () = tokio::time::sleep(POLL) => {}
+            () = tokio::time::sleep(POLL.min(deadline.saturating_duration_since(Instant::now()))) => {}
             _ = &mut ctrl_c => return Waited::Interrupted,
         }
     }
@@ -219,11 +239,11 @@ fn deleted<K>(kind: &str, name: &str) -> (Vec<Stage>, Step<K>) {
 pub(crate) async fn sandbox_ready<W: Write>(
     client: &Client,
     name: &str,
-    timeout: Duration,
+    deadline: Instant,
     printer: &mut Printer<W>,
 ) -> Waited<Sandbox> {
     let api = Api::<Sandbox>::all(client.clone());
-    follow(timeout, printer, || async {
+    follow(deadline, printer, || async {
         let sb = match api.get_opt(name).await {
             Ok(Some(sb)) => sb,
             Ok(None) => return deleted("Sandbox", name),
@@ -246,11 +266,11 @@ pub(crate) async fn sandbox_ready<W: Write>(
 pub(crate) async fn route_group_ready<W: Write>(
     client: &Client,
     name: &str,
-    timeout: Duration,
+    deadline: Instant,
     printer: &mut Printer<W>,
 ) -> Waited<RouteGroup> {
     let api = Api::<RouteGroup>::all(client.clone());
-    follow(timeout, printer, || async {
+    follow(deadline, printer, || async {
         let rg = match api.get_opt(name).await {
             Ok(Some(rg)) => rg,
             Ok(None) => return deleted("RouteGroup", name),
@@ -273,12 +293,12 @@ pub(crate) async fn gone<K: Owned, W: Write>(
     client: &Client,
     name: &str,
     children: &[(String, String)],
-    timeout: Duration,
+    deadline: Instant,
     printer: &mut Printer<W>,
 ) -> Waited<()> {
     let api = Api::<K>::all(client.clone());
     let kind = K::kind(&()).to_string();
-    follow(timeout, printer, || async {
+    follow(deadline, printer, || async {
         let mut stages = Vec::new();
         let mut left = Vec::new();
         for (ns, fw) in children {

@@ -1,21 +1,24 @@
 //! A Sandbox's status from what its children report, as pure functions.
 
 use kube::ResourceExt;
-use spur_api::conditions::{ConditionStatus, READY, is_condition_true, reasons};
+use spur_api::conditions::{ConditionStatus, READY, find_condition, is_condition_true, reasons};
 use spur_api::sandbox::{ForkStatus, Local, LocalStatus, ResourceStatusSummary, VirtualStatus};
 use spur_api::{ExternalWorkload, ForkedWorkload, Sandbox, SandboxStatus, VirtualWorkload, names};
 
 use super::{BASELINE_SIDECARS, ROUTING_READY, condition};
 
-/// A fork's entry, from its ForkedWorkload as applied.
+/// A fork's entry, from its ForkedWorkload as applied. Ready only if its Ready condition
+/// describes the spec just applied: after a change, the old spec's readiness is not this one's.
 pub(super) fn fork(fw: &ForkedWorkload) -> ForkStatus {
     let st = fw.status.clone().unwrap_or_default();
+    let generation = fw.metadata.generation;
     ForkStatus {
         fork_of: fw.spec.baseline.clone(),
         forked_workload: fw.name_any(),
         fork: st.fork.clone(),
         services: st.services.clone(),
-        ready: is_condition_true(&st.conditions, READY),
+        ready: find_condition(&st.conditions, READY)
+            .is_some_and(|c| c.status == "True" && c.observed_generation == generation),
         baseline_sidecars: st.baseline_sidecars.clone(),
     }
 }
@@ -218,6 +221,27 @@ mod tests {
         let sb = sandbox();
         let c = super::super::desired::children(&sb, "k1", true);
         fork(&c.forks[0])
+    }
+
+    #[test]
+    fn a_fork_is_ready_only_for_the_spec_it_was_built_from() {
+        let fw = |generation: i64, observed: i64| -> ForkedWorkload {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "spur.dev/v1alpha1", "kind": "ForkedWorkload",
+                "metadata": {"name": "fw", "namespace": "hotrod", "generation": generation},
+                "spec": {"sandbox": "s", "routingKey": "k",
+                         "baseline": {"kind": "Deployment", "namespace": "hotrod", "name": "route"}},
+                "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "ForkReady",
+                    "message": "", "observedGeneration": observed,
+                    "lastTransitionTime": "2026-12-01T00:00:00Z"}]}
+            }))
+            .unwrap()
+        };
+        assert!(fork(&fw(2, 2)).ready);
+        assert!(
+            !fork(&fw(3, 2)).ready,
+            "a changed spec is not ready on the old one's state"
+        );
     }
 
     #[test]

@@ -59,6 +59,7 @@ fn a_fork_goes_through_every_step_in_order() {
         sandbox: sandbox(status.clone()),
         forks: vec![ForkView {
             forked: Ok(None),
+            deployment: Ok(None),
             pods: Ok(vec![]),
         }],
     };
@@ -135,6 +136,10 @@ fn a_fork_goes_through_every_step_in_order() {
             "keyed requests reach the workstation"
         ]
     );
+    snap.forks[0].forked = Ok(Some(forked(
+        ready("True", "ForkReady", 1),
+        Some("pr-42-route-fork"),
+    )));
     assert_eq!(verdict(&snap), Verdict::Ready);
     // A Ready condition of the previous generation is not this apply's.
     done["conditions"] = ready("True", "Ready", 1);
@@ -150,6 +155,7 @@ fn failures_name_the_reason_and_the_object() {
         sandbox: sandbox(waiting),
         forks: vec![ForkView {
             forked: Ok(None),
+            deployment: Ok(None),
             pods: Ok(vec![pod(
                 "p1",
                 json!({"phase": "Pending", "conditions": [scheduled()],
@@ -215,6 +221,7 @@ fn several_pods_count_as_one_step_each() {
         sandbox: sandbox(json!({})),
         forks: vec![ForkView {
             forked: Ok(Some(forked(json!([]), Some("d")))),
+            deployment: Ok(None),
             pods: Ok(vec![
                 pod("p2", json!({"conditions": [scheduled()]})),
                 pod("p1", json!({})),
@@ -233,4 +240,132 @@ fn several_pods_count_as_one_step_each() {
         steps(&snap, "hotrod/route").last().unwrap(),
         "scheduled on node-1 (2 pods)"
     );
+}
+
+fn deployment(generation: i64, status: Value) -> k8s_openapi::api::apps::v1::Deployment {
+    serde_json::from_value(json!({
+        "metadata": {"name": "pr-42-route-fork", "namespace": "hotrod", "generation": generation},
+        "spec": {"replicas": 1, "selector": {}, "template": {}},
+        "status": status
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_changed_sandbox_is_ready_once_its_forks_run_the_change() {
+    let mut done = json!({"observedGeneration": 2, "routingKey": "k1",
+                          "conditions": ready("True", "Ready", 2)});
+    done["local"] =
+        json!([{"name": "web", "externalWorkload": "ew", "connected": true, "ready": true}]);
+    let mut snap = Snapshot {
+        sandbox: sandbox(done),
+        forks: vec![ForkView {
+            // The ForkedWorkload's Ready is of its previous generation: not this change's.
+            forked: Ok(Some(forked(
+                ready("True", "ForkReady", 0),
+                Some("pr-42-route-fork"),
+            ))),
+            deployment: Ok(None),
+            pods: Ok(vec![]),
+        }],
+    };
+    assert_eq!(
+        verdict(&snap),
+        Verdict::Waiting("waiting for ForkedWorkload pr-42-route-fork to take the change".into())
+    );
+    snap.forks[0].forked = Ok(Some(forked(
+        ready("True", "ForkReady", 1),
+        Some("pr-42-route-fork"),
+    )));
+    // The old pod still serves while the new one starts (a RollingUpdate fork).
+    snap.forks[0].deployment = Ok(Some(deployment(
+        3,
+        json!({"observedGeneration": 3, "replicas": 2, "updatedReplicas": 1, "availableReplicas": 1}),
+    )));
+    assert_eq!(
+        verdict(&snap),
+        Verdict::Waiting(
+            "waiting for Deployment pr-42-route-fork to roll out (1 of 1 updated)".into()
+        )
+    );
+    snap.forks[0].deployment = Ok(Some(deployment(
+        3,
+        json!({"observedGeneration": 2, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1}),
+    )));
+    assert!(
+        matches!(verdict(&snap), Verdict::Waiting(_)),
+        "the controller has not seen it"
+    );
+    snap.forks[0].deployment = Ok(Some(deployment(
+        3,
+        json!({"observedGeneration": 3, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1}),
+    )));
+    assert_eq!(verdict(&snap), Verdict::Ready);
+    // A Deployment the user may not read is not waited for.
+    snap.forks[0].deployment = Err("forbidden to you".into());
+    assert_eq!(verdict(&snap), Verdict::Ready);
+}
+
+#[test]
+fn old_and_finished_pods_do_not_decide() {
+    let waiting = json!({"observedGeneration": 2, "conditions": ready("False", "NotReady", 2)});
+    let with = |name: &str, hash: &str, created: &str, status: Value| {
+        let mut p = pod(name, status);
+        p.metadata.labels = Some([("pod-template-hash".to_string(), hash.to_string())].into());
+        p.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            created.parse().unwrap(),
+        ));
+        p
+    };
+    let crashing = json!({"phase": "Running", "conditions": [scheduled()],
+        "containerStatuses": [{"name": "hotrod", "image": "x", "imageID": "sha256:1", "ready": false,
+          "restartCount": 5, "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}}}]});
+    let starting = json!({"phase": "Pending", "conditions": [scheduled()]});
+    let snap = Snapshot {
+        sandbox: sandbox(waiting),
+        forks: vec![ForkView {
+            forked: Ok(Some(forked(ready("False", "ForkNotReady", 1), Some("d")))),
+            deployment: Ok(None),
+            pods: Ok(vec![
+                // The old template's crashing pod, going away in a rolling update...
+                with("old", "aaa", "2026-12-01T00:00:00Z", crashing.clone()),
+                // ... an evicted one ...
+                with(
+                    "evicted",
+                    "bbb",
+                    "2026-12-01T00:01:00Z",
+                    json!({"phase": "Failed", "reason": "Evicted"}),
+                ),
+                // ... and the new one, starting.
+                with("new", "bbb", "2026-12-01T00:02:00Z", starting),
+            ]),
+        }],
+    };
+    assert!(
+        matches!(verdict(&snap), Verdict::Waiting(_)),
+        "{:?}",
+        verdict(&snap)
+    );
+    assert_eq!(
+        steps(&snap, "hotrod/route").last().unwrap(),
+        "scheduled on node-1"
+    );
+    // The newest template's pod crashing is a failure.
+    let mut snap = snap;
+    snap.forks[0].pods = Ok(vec![with("new", "bbb", "2026-12-01T00:02:00Z", crashing)]);
+    assert!(matches!(verdict(&snap), Verdict::Failed(f) if f.reason == "CrashLoopBackOff"));
+}
+
+#[test]
+fn an_older_forked_workload_failure_is_not_this_changes() {
+    let waiting = json!({"observedGeneration": 2, "conditions": ready("False", "NotReady", 2)});
+    let snap = Snapshot {
+        sandbox: sandbox(waiting),
+        forks: vec![ForkView {
+            forked: Ok(Some(forked(ready("False", "BaselineChanged", 0), None))),
+            deployment: Ok(None),
+            pods: Ok(vec![]),
+        }],
+    };
+    assert!(matches!(verdict(&snap), Verdict::Waiting(_)));
 }
