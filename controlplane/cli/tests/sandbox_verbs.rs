@@ -413,51 +413,31 @@ async fn sandbox_and_routegroup_verbs_against_the_apiserver() {
     let dev = d.join("dev.yaml");
     api.write_kubeconfig_with_token(&dev, &token).unwrap();
     let theirs = write(d, "theirs.yaml", &sandbox_yaml("dev-x", "api", "dev"));
-    let run = spur(
-        &dev,
-        &[
+    let theirs = theirs.to_str().unwrap();
+    // Then given `get` on ForkedWorkloads in `shop` (not pods): the fork's steps from it, and
+    // its pods still not shown.
+    for (grant, unreadable) in [
+        (None, "its ForkedWorkload is"),
+        (Some(FORKED_WORKLOAD_READER), "its pods are"),
+    ] {
+        if let Some(grant) = grant {
+            apply_yaml(&client, grant).await;
+        }
+        let args = [
             "sandbox",
             "apply",
             "-f",
-            theirs.to_str().unwrap(),
+            theirs,
             "--wait",
             "--timeout",
             "4s",
-        ],
-    )
-    .await;
-    assert_eq!(run.code, 4, "{}", run.stderr);
-    assert!(
-        run.stdout
-            .contains("] shop/api: (its ForkedWorkload is not readable: forbidden to you"),
-        "{}",
-        run.stdout
-    );
-    assert!(!run.stdout.contains("pod fork-pod"), "{}", run.stdout);
-    // Given `get` on ForkedWorkloads in `shop` (not pods): the fork's steps from it, and its
-    // pods still not shown.
-    apply_yaml(&client, FORKED_WORKLOAD_READER).await;
-    let run = spur(
-        &dev,
-        &[
-            "sandbox",
-            "apply",
-            "-f",
-            theirs.to_str().unwrap(),
-            "--wait",
-            "--timeout",
-            "4s",
-        ],
-    )
-    .await;
-    assert_eq!(run.code, 4, "{}", run.stderr);
-    assert!(
-        run.stdout
-            .contains("] shop/api: (its pods are not readable: forbidden to you"),
-        "{}",
-        run.stdout
-    );
-    assert!(!run.stdout.contains("pod fork-pod"), "{}", run.stdout);
+        ];
+        let run = spur(&dev, &args).await;
+        assert_eq!(run.code, 4, "{}", run.stderr);
+        let line = format!("] shop/api: ({unreadable} not readable: forbidden to you");
+        assert!(run.stdout.contains(&line), "{line:?} in {}", run.stdout);
+        assert!(!run.stdout.contains("pod fork-pod"), "{}", run.stdout);
+    }
     // Nor may they read pods through `get`, or delete what RBAC does not give them.
     let nobody = d.join("nobody.yaml");
     let token = api.service_account_token("team-c", "nobody").await.unwrap();

@@ -56,24 +56,40 @@ pub(crate) fn describe_records(sb: &Sandbox, spans: &Result<Vec<RouteSpan>, Stri
     out
 }
 
+/// The lines `get` starts with, for a sandbox and a route group alike.
+fn header(
+    out: &mut String,
+    kind: &str,
+    name: Option<&str>,
+    description: Option<&str>,
+    key: Option<&str>,
+    conditions: &[Condition],
+    expires: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+) {
+    let _ = writeln!(out, "{kind} {}", name.unwrap_or_default());
+    if let Some(d) = description {
+        let _ = writeln!(out, "Description: {d}");
+    }
+    let _ = writeln!(out, "Routing key: {}", key.unwrap_or("(not assigned yet)"));
+    let _ = writeln!(out, "Ready:       {}", ready_text(conditions));
+    if let Some(t) = expires {
+        let _ = writeln!(out, "Expires:     {}", t.0);
+    }
+}
+
 /// The text `spur sandbox get` prints.
 pub(crate) fn describe(sb: &Sandbox) -> String {
     let st = sb.status.clone().unwrap_or_default();
     let mut out = String::new();
-    let name = sb.metadata.name.as_deref().unwrap_or_default();
-    let _ = writeln!(out, "Sandbox:     {name}");
-    if let Some(d) = &sb.spec.description {
-        let _ = writeln!(out, "Description: {d}");
-    }
-    let _ = writeln!(
-        out,
-        "Routing key: {}",
-        st.routing_key.as_deref().unwrap_or("(not assigned yet)")
+    header(
+        &mut out,
+        "Sandbox:    ",
+        sb.metadata.name.as_deref(),
+        sb.spec.description.as_deref(),
+        st.routing_key.as_deref(),
+        &st.conditions,
+        st.expires_at.as_ref(),
     );
-    let _ = writeln!(out, "Ready:       {}", ready_text(&st.conditions));
-    if let Some(t) = &st.expires_at {
-        let _ = writeln!(out, "Expires:     {}", t.0);
-    }
     if !st.resources.is_empty() {
         let _ = writeln!(out, "Resources:");
         for r in &st.resources {
@@ -204,20 +220,15 @@ pub(crate) fn route_group_summary(rg: &RouteGroup, took: Duration) -> String {
 pub(crate) fn route_group(rg: &RouteGroup) -> String {
     let st = rg.status.clone().unwrap_or_default();
     let mut out = String::new();
-    let name = rg.metadata.name.as_deref().unwrap_or_default();
-    let _ = writeln!(out, "RouteGroup:  {name}");
-    if let Some(d) = &rg.spec.description {
-        let _ = writeln!(out, "Description: {d}");
-    }
-    let _ = writeln!(
-        out,
-        "Routing key: {}",
-        st.routing_key.as_deref().unwrap_or("(not assigned yet)")
+    header(
+        &mut out,
+        "RouteGroup: ",
+        rg.metadata.name.as_deref(),
+        rg.spec.description.as_deref(),
+        st.routing_key.as_deref(),
+        &st.conditions,
+        st.expires_at.as_ref(),
     );
-    let _ = writeln!(out, "Ready:       {}", ready_text(&st.conditions));
-    if let Some(t) = &st.expires_at {
-        let _ = writeln!(out, "Expires:     {}", t.0);
-    }
     let _ = writeln!(
         out,
         "Sandboxes:   {} ({} ready)",
