@@ -2,7 +2,8 @@
 //! every workload (Deployment, StatefulSet, DaemonSet, CronJob) the chart's templates render,
 //! and says how many CRDs there are: one added without its line there fails here (issue 46,
 //! docs that match the code). Its "Values" table has a row for every value of
-//! `charts/spur/values.yaml`, and no row for a value that is not there.
+//! `charts/spur/values.yaml`, no row for a value that is not there, and the defaults it gives
+//! are the chart's.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
@@ -206,14 +207,26 @@ fn value_paths(text: &str) -> ValuePaths {
 /// backticked name of a row, a name starting with `.` taken relative to the parent of that
 /// row's previous full name (`traffic.retention.maxAge`, `.maxBytes`).
 fn values_table_names() -> Vec<String> {
+    values_table_rows()
+        .into_iter()
+        .flat_map(|(names, _)| names)
+        .collect()
+}
+
+/// Each row of the "Values" table: the names of its first column (as above) and the backticked
+/// values of its second (the defaults, in the same order when there is one per name).
+fn values_table_rows() -> Vec<(Vec<String>, Vec<String>)> {
     let install = read(&repo().join("docs/install.md"));
     let (_, rest) = install
         .split_once("\n## Values\n")
         .expect("docs/install.md has a \"## Values\" section");
     let section = rest.split("\n## ").next().unwrap_or_default();
-    let mut names = Vec::new();
+    let mut rows = Vec::new();
     for row in section.lines().filter(|l| l.starts_with("| `")) {
-        let first = row.split('|').nth(1).unwrap_or_default();
+        let mut columns = row.split('|').skip(1);
+        let first = columns.next().unwrap_or_default();
+        let second = columns.next().unwrap_or_default();
+        let mut names = Vec::new();
         let mut full: Option<&str> = None;
         for name in first.split('`').skip(1).step_by(2) {
             if name.starts_with('.') {
@@ -227,8 +240,62 @@ fn values_table_names() -> Vec<String> {
                 names.push(name.to_string());
             }
         }
+        let defaults = second
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect();
+        rows.push((names, defaults));
     }
-    names
+    rows
+}
+
+/// The value at a dotted `path` of values.yaml, if each part is a key.
+fn value_at<'a>(values: &'a serde_yaml_ng::Value, path: &str) -> Option<&'a serde_yaml_ng::Value> {
+    path.split('.').try_fold(values, |v, key| v.get(key))
+}
+
+/// A scalar as install.md writes it: `true`, `7777`, `""`, `IfNotPresent`, `[]`.
+fn as_written(v: &serde_yaml_ng::Value) -> Option<String> {
+    use serde_yaml_ng::Value;
+    match v {
+        Value::Bool(b) => Some(b.to_string()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::String(s) if s.is_empty() => Some("\"\"".into()),
+        Value::String(s) => Some(s.clone()),
+        Value::Null => Some("null".into()),
+        Value::Sequence(s) if s.is_empty() => Some("[]".into()),
+        Value::Mapping(m) if m.is_empty() => Some("{}".into()),
+        _ => None,
+    }
+}
+
+#[test]
+fn install_md_values_table_defaults_are_the_charts() {
+    let values: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&read(&repo().join("charts/spur/values.yaml"))).unwrap();
+    let mut checked = 0;
+    let mut wrong = Vec::new();
+    for (names, defaults) in values_table_rows() {
+        // Rows with one backticked default per name; others describe a map ("requests `50m`/…").
+        if names.len() != defaults.len() {
+            continue;
+        }
+        for (name, written) in names.iter().zip(&defaults) {
+            let Some(actual) = value_at(&values, name).and_then(as_written) else {
+                continue;
+            };
+            checked += 1;
+            if *written != actual && *written != format!("\"{actual}\"") {
+                wrong.push(format!(
+                    "`{name}`: docs/install.md's Values table says `{written}`, charts/spur/values.yaml has `{actual}`: fix the row's default"
+                ));
+            }
+        }
+    }
+    assert!(checked > 80, "only {checked} defaults compared");
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 #[test]
