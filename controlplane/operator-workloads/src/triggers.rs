@@ -6,7 +6,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use spur_api::conditions::{READY, is_condition_true};
+use spur_api::conditions::{READY, find_condition, is_condition_true};
 use spur_api::{ExternalWorkload, ForkedWorkload, RoutingConfig, Sandbox};
 use spur_controller::changes::meta_digest;
 use spur_controller::hash_of;
@@ -14,13 +14,16 @@ use spur_controller::hash_of;
 pub(crate) use spur_controller::changes::{changes, primary};
 
 /// A ForkedWorkload as its Sandbox and its RoutingConfig read it: spec, deletion, the fork,
-/// its Service mapping, readiness and baseline sidecar coverage.
+/// its Service mapping, readiness (and the generation it is of: the Sandbox counts a fork ready
+/// only for its current spec, so a Ready that stays True through a change must still wake it)
+/// and baseline sidecar coverage.
 pub(crate) fn forked_workload(fw: &ForkedWorkload) -> u64 {
     let st = fw.status.as_ref();
     hash_of(&(
         meta_digest(fw),
         st.map(|s| (&s.fork, &s.services, &s.baseline_sidecars)),
-        st.is_some_and(|s| is_condition_true(&s.conditions, READY)),
+        st.and_then(|s| find_condition(&s.conditions, READY))
+            .map(|c| (c.status == "True", c.observed_generation)),
     ))
 }
 
@@ -142,6 +145,27 @@ mod tests {
         ])
         .await;
         assert_eq!(got, ["a@1", "a@1", "a@2", "a@2", "a@2"]);
+    }
+
+    #[tokio::test]
+    async fn a_ready_condition_of_a_new_generation_passes() {
+        let with_observed = |observed: i64| {
+            let mut f = fw("a", 2, true, "y");
+            if let Some(st) = f.status.as_mut() {
+                st.conditions[0].observed_generation = Some(observed);
+            }
+            f
+        };
+        let got = passed(vec![
+            Event::Init,
+            Event::InitDone,
+            Event::Apply(with_observed(1)),
+            // Ready stays True through the change; its generation is what the Sandbox reads.
+            Event::Apply(with_observed(2)),
+            Event::Apply(with_observed(2)),
+        ])
+        .await;
+        assert_eq!(got, ["a@2", "a@2"]);
     }
 
     #[tokio::test]

@@ -2,10 +2,41 @@
 //! belongs to and where it sends a Service's port, and, from one baseline sidecar's
 //! `/config_dump`, whether that sidecar has the rule live.
 
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use spur_api::{RouteGroup, Sandbox};
-use spur_routing::RuleSpec;
+
+/// A rule of a sidecar's `/config_dump` (`spur_routing::RuleSpec`'s JSON), read without
+/// refusing fields this command does not know.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DumpedRule {
+    routing_key: String,
+    baseline: DumpedBaseline,
+    #[serde(default)]
+    mappings: Vec<DumpedMapping>,
+}
+
+#[derive(serde::Deserialize)]
+struct DumpedBaseline {
+    kind: String,
+    namespace: String,
+    name: String,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DumpedMapping {
+    workload_port: u32,
+    #[serde(default)]
+    destinations: Vec<DumpedLocation>,
+}
+
+#[derive(serde::Deserialize)]
+struct DumpedLocation {
+    host: String,
+    port: u32,
+}
 
 /// `NAME[.NAMESPACE][:PORT]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,8 +99,8 @@ pub(crate) struct Owner {
     pub sandboxes: Vec<(String, Vec<String>)>,
 }
 
-/// Where the sandboxes in `names` send `service` (in `ns`): their forks' sandbox Services, or
-/// a local workload of the same baseline.
+/// Where the sandboxes in `names` send `service` (in `ns`): their forks' sandbox Services (a
+/// local or virtual workload's destination shows only in the sidecars' rules below).
 fn destinations(
     sandboxes: &[Sandbox],
     names: &[String],
@@ -136,48 +167,53 @@ pub(crate) fn owner(
     })
 }
 
-/// The Service's ports to explain (`port`, or all) and the container port each reaches on
-/// `pod` (a named target port resolved against the pod's containers).
-pub(crate) fn workload_ports(
-    svc: &Service,
-    port: Option<u16>,
-    pod: &Pod,
-) -> Result<Vec<(u16, u16)>, String> {
+/// The Service's ports to explain: `port` (which it must have), or all.
+pub(crate) fn service_ports(svc: &Service, port: Option<u16>) -> Result<Vec<ServicePort>, String> {
     let ports = svc
         .spec
         .as_ref()
         .and_then(|s| s.ports.clone())
         .unwrap_or_default();
-    let mut out = Vec::new();
-    for p in &ports {
-        let Ok(sp) = u16::try_from(p.port) else {
-            continue;
-        };
-        if port.is_some_and(|want| want != sp) {
-            continue;
-        }
-        let target = match &p.target_port {
-            None => Some(sp),
-            Some(IntOrString::Int(n)) => u16::try_from(*n).ok(),
-            Some(IntOrString::String(name)) => pod
-                .spec
-                .as_ref()
-                .into_iter()
-                .flat_map(|s| s.containers.iter())
-                .flat_map(|c| c.ports.iter().flatten())
-                .find(|cp| cp.name.as_deref() == Some(name.as_str()))
-                .and_then(|cp| u16::try_from(cp.container_port).ok()),
-        };
-        if let Some(t) = target {
-            out.push((sp, t));
-        }
-    }
-    if out.is_empty() {
+    let chosen: Vec<ServicePort> = ports
+        .iter()
+        .filter(|p| port.is_none_or(|want| i32::from(want) == p.port))
+        .cloned()
+        .collect();
+    if chosen.is_empty() {
         let have: Vec<String> = ports.iter().map(|p| p.port.to_string()).collect();
         return Err(match port {
             Some(p) => format!("it has no port {p} (it has: {})", have.join(", ")),
             None => "it has no port".into(),
         });
+    }
+    Ok(chosen)
+}
+
+/// The container port each of `ports` reaches on `pod` (a named target port resolved against
+/// the pod's containers; one this pod does not name is an error, not left out).
+pub(crate) fn workload_ports(ports: &[ServicePort], pod: &Pod) -> Result<Vec<u16>, String> {
+    let mut out = Vec::new();
+    for p in ports {
+        let target = match &p.target_port {
+            None => u16::try_from(p.port).ok(),
+            Some(IntOrString::Int(n)) => u16::try_from(*n).ok(),
+            Some(IntOrString::String(name)) => Some(
+                pod.spec
+                    .as_ref()
+                    .into_iter()
+                    .flat_map(|s| s.containers.iter())
+                    .flat_map(|c| c.ports.iter().flatten())
+                    .find(|cp| cp.name.as_deref() == Some(name.as_str()))
+                    .and_then(|cp| u16::try_from(cp.container_port).ok())
+                    .ok_or_else(|| {
+                        format!(
+                            "Service port {} targets the port named {name:?}, which this pod does not have",
+                            p.port
+                        )
+                    })?,
+            ),
+        };
+        out.extend(target);
     }
     Ok(out)
 }
@@ -211,10 +247,14 @@ pub(crate) fn sidecar_view(
     ) else {
         return SidecarView::Unreadable("its config dump names no baseline".into());
     };
-    let rules: Vec<RuleSpec> = match serde_json::from_value(dump["routingRules"].clone()) {
-        Ok(r) => r,
-        Err(e) => return SidecarView::Unreadable(format!("its routing rules: {e}")),
+    let Some(listed) = dump["routingRules"].as_array() else {
+        return SidecarView::Unreadable("its config dump has no routing rules list".into());
     };
+    // Each rule on its own and leniently: a sidecar of another version may add fields.
+    let rules: Vec<DumpedRule> = listed
+        .iter()
+        .filter_map(|r| serde_json::from_value(r.clone()).ok())
+        .collect();
     let rule = rules.iter().find(|r| {
         r.routing_key == key
             && r.baseline.kind == kind
@@ -321,6 +361,42 @@ mod tests {
             sidecar_view(&json!({"routingRules": []}), "k1", &[8080]),
             SidecarView::Unreadable(_)
         ));
+        // A sidecar of a later version may add fields to its rules.
+        let mut newer = dump.clone();
+        newer["routingRules"][0]["weight"] = json!(5);
+        assert!(matches!(
+            sidecar_view(&newer, "k1", &[8080]),
+            SidecarView::Live { .. }
+        ));
+    }
+
+    #[test]
+    fn ports_are_the_services_and_named_ones_must_resolve() {
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": "route"},
+            "spec": {"ports": [{"port": 80, "targetPort": "http"}, {"port": 9090, "targetPort": 9091}]}
+        }))
+        .unwrap();
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}]}
+        }))
+        .unwrap();
+        let all = service_ports(&svc, None).unwrap();
+        assert_eq!(workload_ports(&all, &pod).unwrap(), [8080, 9091]);
+        assert_eq!(
+            service_ports(&svc, Some(8080)).unwrap_err(),
+            "it has no port 8080 (it has: 80, 9090)"
+        );
+        let bare: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}
+        }))
+        .unwrap();
+        assert!(
+            workload_ports(&all, &bare)
+                .unwrap_err()
+                .contains("targets the port named \"http\", which this pod does not have")
+        );
     }
 
     #[test]

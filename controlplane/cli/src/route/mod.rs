@@ -31,7 +31,7 @@ enum RouteCommand {
     /// Where a request with a routing key to a Service goes: the key's sandbox or route group,
     /// its destination, and for each baseline pod whether its sidecar has the rule live.
     #[command(
-        after_help = "Exit codes: 0 the rule is live in every baseline pod's sidecar; 1 an error; 2 a usage error; 3 some baseline pod would not route the key (no sidecar, no rule, or its sidecar could not be read).\nReading a sidecar needs `create` on pods/portforward in the Service's namespace (the `edit` role has it)."
+        after_help = "Exit codes: 0 the rule is live in every baseline pod's sidecar; 1 an error (a refusal, no such Service or port); 2 a usage error; 3 some baseline pod would not route the key (no sidecar, no rule, its sidecar could not be read), or the Service has no selector or no running pod.\nReading a sidecar needs `create` on pods/portforward in the Service's namespace (the `edit` role has it); without it the command is refused and prints nothing."
     )]
     Explain(ExplainArgs),
 }
@@ -59,6 +59,14 @@ const SIDECAR_TIMEOUT: Duration = Duration::from_secs(15);
 pub(crate) async fn run(args: RouteArgs) -> Result<ExitCode> {
     let RouteCommand::Explain(a) = args.command;
     let target = explain::parse_target(&a.target).map_err(anyhow::Error::msg)?;
+    if let (Some(t), Some(n)) = (&target.namespace, &a.namespace)
+        && t != n
+    {
+        anyhow::bail!(
+            "{}: names namespace {t}, and --namespace says {n}",
+            a.target
+        );
+    }
     let client = crate::kube_client(a.kubeconfig.as_deref()).await?;
     let ns = target
         .namespace
@@ -71,7 +79,50 @@ pub(crate) async fn run(args: RouteArgs) -> Result<ExitCode> {
         .await
         .map_err(|e| crate::sandbox::api_error(e, &format!("reading Service {ns}/{name}")))?
         .with_context(|| format!("no Service {ns}/{name}"))?;
+    let ports = explain::service_ports(&svc, target.port)
+        .map_err(|e| anyhow::anyhow!("Service {ns}/{name}: {e}"))?;
     let key = &a.key;
+
+    // Everything is read before anything is printed: a refusal (no right to list the pods or
+    // to port-forward to them) is the command's error, and shows nothing of the namespace.
+    let selector = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.clone())
+        .unwrap_or_default();
+    let pods_api = Api::<Pod>::namespaced(client.clone(), &ns);
+    let mut pods: Vec<Pod> = Vec::new();
+    if !selector.is_empty() {
+        let labels: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        pods = pods_api
+            .list(&ListParams::default().labels(&labels.join(",")))
+            .await
+            .map_err(|e| {
+                crate::sandbox::api_error(e, &format!("listing the pods of Service {ns}/{name}"))
+            })?
+            .items
+            .into_iter()
+            .filter(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            })
+            .collect();
+        pods.sort_by_key(|p| p.metadata.name.clone());
+    }
+    let mut views = Vec::with_capacity(pods.len());
+    for pod in &pods {
+        let view = match pod_view(&pods_api, &ports, pod, key).await {
+            Err(ViewError::Forbidden(why)) => {
+                anyhow::bail!(
+                    "reading the sidecar of pod {ns}/{}: {why} (needs create on pods/portforward in {ns})",
+                    pod.metadata.name.clone().unwrap_or_default()
+                )
+            }
+            Err(ViewError::Other(why)) => SidecarView::Unreadable(why),
+            Ok(view) => view,
+        };
+        views.push(view);
+    }
 
     // The key's owner, from what the user may list.
     let sandboxes = Api::<Sandbox>::all(client.clone())
@@ -104,53 +155,30 @@ pub(crate) async fn run(args: RouteArgs) -> Result<ExitCode> {
             short(e)
         ),
     }
-
-    // Each baseline pod's sidecar.
-    let selector = svc
-        .spec
-        .as_ref()
-        .and_then(|s| s.selector.clone())
-        .unwrap_or_default();
     if selector.is_empty() {
         outln!("Service {ns}/{name} has no selector: no baseline pods to look at.");
         return Ok(ExitCode::from(crate::sandbox::EXIT_FAILED));
     }
-    let labels: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let pods_api = Api::<Pod>::namespaced(client.clone(), &ns);
-    let mut pods: Vec<Pod> = pods_api
-        .list(&ListParams::default().labels(&labels.join(",")))
-        .await
-        .map_err(|e| {
-            crate::sandbox::api_error(e, &format!("listing the pods of Service {ns}/{name}"))
-        })?
-        .items
-        .into_iter()
-        .filter(|p| {
-            p.metadata.deletion_timestamp.is_none()
-                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-        })
-        .collect();
-    pods.sort_by_key(|p| p.metadata.name.clone());
     if pods.is_empty() {
         outln!("Service {ns}/{name} has no running pod.");
         return Ok(ExitCode::from(crate::sandbox::EXIT_FAILED));
     }
     outln!("Baseline pods behind Service {ns}/{name} ({}):", pods.len());
     let mut all_live = true;
-    for pod in &pods {
+    for (pod, view) in pods.iter().zip(views) {
         let pod_name = pod.metadata.name.clone().unwrap_or_default();
-        let line = match pod_view(&pods_api, &svc, target.port, pod, key).await {
-            Ok(SidecarView::Live {
+        let line = match view {
+            SidecarView::Live {
                 version,
                 destinations,
-            }) => {
+            } => {
                 let to: Vec<String> = destinations
                     .iter()
                     .map(|(wp, d)| format!("port {wp} -> {}", d.join(" | ")))
                     .collect();
                 format!("live (routing table version {version}): {}", to.join("; "))
             }
-            Ok(SidecarView::Missing { version, ports }) => {
+            SidecarView::Missing { version, ports } => {
                 all_live = false;
                 let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
                 format!(
@@ -158,7 +186,7 @@ pub(crate) async fn run(args: RouteArgs) -> Result<ExitCode> {
                     ports.join(", ")
                 )
             }
-            Ok(SidecarView::Unreadable(why)) | Err(why) => {
+            SidecarView::Unreadable(why) => {
                 all_live = false;
                 format!("unknown: {why}")
             }
@@ -170,6 +198,20 @@ pub(crate) async fn run(args: RouteArgs) -> Result<ExitCode> {
     } else {
         ExitCode::from(crate::sandbox::EXIT_FAILED)
     })
+}
+
+/// Why a sidecar's view could not be had.
+enum ViewError {
+    /// The user may not port-forward: the command's error.
+    Forbidden(String),
+    /// Anything else: said on the pod's line.
+    Other(String),
+}
+
+impl From<String> for ViewError {
+    fn from(s: String) -> Self {
+        ViewError::Other(s)
+    }
 }
 
 fn short(e: &kube::Error) -> String {
@@ -201,18 +243,16 @@ fn admin_port(pod: &Pod) -> Option<u16> {
 /// One pod's sidecar view of `key`.
 async fn pod_view(
     pods: &Api<Pod>,
-    svc: &Service,
-    port: Option<u16>,
+    ports: &[k8s_openapi::api::core::v1::ServicePort],
     pod: &Pod,
     key: &str,
-) -> Result<SidecarView, String> {
+) -> Result<SidecarView, ViewError> {
     let Some(admin) = admin_port(pod) else {
-        return Err(
+        return Err(ViewError::Other(
             "no Spur sidecar in this pod: keyed requests reaching it go to the baseline".into(),
-        );
+        ));
     };
-    let ports = explain::workload_ports(svc, port, pod)?;
-    let workload_ports: Vec<u16> = ports.iter().map(|(_, wp)| *wp).collect();
+    let workload_ports = explain::workload_ports(ports, pod)?;
     let name = pod.metadata.name.clone().unwrap_or_default();
     let dump = tokio::time::timeout(SIDECAR_TIMEOUT, config_dump(pods, &name, admin))
         .await
@@ -220,46 +260,68 @@ async fn pod_view(
     Ok(explain::sidecar_view(&dump, key, &workload_ports))
 }
 
+/// Ends the port-forward and its HTTP connection however `config_dump` returns.
+struct Forwarding {
+    forward: kube::api::Portforwarder,
+    conn: Option<tokio::task::JoinHandle<Result<(), hyper::Error>>>,
+}
+
+impl Drop for Forwarding {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            conn.abort();
+        }
+        self.forward.abort();
+    }
+}
+
 /// `GET /config_dump` on the pod's `port`, through a port-forward made with the user's rights.
-async fn config_dump(pods: &Api<Pod>, pod: &str, port: u16) -> Result<serde_json::Value, String> {
+async fn config_dump(
+    pods: &Api<Pod>,
+    pod: &str,
+    port: u16,
+) -> Result<serde_json::Value, ViewError> {
     use http_body_util::BodyExt as _;
-    let mut forward = pods
-        .portforward(pod, &[port])
-        .await
-        .map_err(|e| format!("cannot port-forward to it: {}", short(&e)))?;
-    let stream = forward
+    let forward = match pods.portforward(pod, &[port]).await {
+        Ok(f) => f,
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            return Err(ViewError::Forbidden(format!("forbidden: {}", s.message)));
+        }
+        Err(e) => return Err(format!("cannot port-forward to it: {}", short(&e)).into()),
+    };
+    let mut guard = Forwarding {
+        forward,
+        conn: None,
+    };
+    let stream = guard
+        .forward
         .take_stream(port)
-        .ok_or("the port-forward gave no stream")?;
+        .ok_or_else(|| "the port-forward gave no stream".to_string())?;
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
             .map_err(|e| format!("its admin port: {e}"))?;
-    let conn = tokio::spawn(conn);
+    guard.conn = Some(tokio::spawn(conn));
     let request = http::Request::get("/config_dump")
         .header(http::header::HOST, "localhost")
         .body(http_body_util::Empty::<bytes::Bytes>::new())
         .map_err(|e| e.to_string())?;
-    let answer = async {
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| format!("its admin port: {e}"))?;
-        let status = response.status();
-        let body = http_body_util::Limited::new(response.into_body(), MAX_DUMP)
-            .collect()
-            .await
-            .map_err(|e| format!("its config dump: {e}"))?
-            .to_bytes();
-        if !status.is_success() {
-            return Err(format!(
-                "its admin port answered {status}: {}",
-                String::from_utf8_lossy(&body).trim()
-            ));
-        }
-        serde_json::from_slice(&body).map_err(|e| format!("its config dump is not JSON: {e}"))
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| format!("its admin port: {e}"))?;
+    let status = response.status();
+    let body = http_body_util::Limited::new(response.into_body(), MAX_DUMP)
+        .collect()
+        .await
+        .map_err(|e| format!("its config dump: {e}"))?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(format!(
+            "its admin port answered {status}: {}",
+            String::from_utf8_lossy(&body).trim()
+        )
+        .into());
     }
-    .await;
-    conn.abort();
-    forward.abort();
-    answer
+    Ok(serde_json::from_slice(&body).map_err(|e| format!("its config dump is not JSON: {e}"))?)
 }

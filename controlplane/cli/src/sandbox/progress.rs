@@ -355,49 +355,33 @@ pub(crate) fn verdict(s: &Snapshot) -> Verdict {
         return Verdict::Waiting("the operator has not looked at this version yet".into());
     }
     let ready = current_ready(&st.conditions, generation);
-    if let Some(c) = ready {
-        if c.status == "True" {
-            // The Sandbox is ready when its forks' routes are (a fork patched to RollingUpdate
-            // keeps its old pod serving): after a change, also wait for each fork readable
-            // here to run the new version.
-            return match rolling_out(s) {
-                Some(w) => Verdict::Waiting(w),
-                None => Verdict::Ready,
-            };
-        }
-        if reasons::sandbox_failed(&c.reason) {
-            return Verdict::Failed(Failure {
-                reason: c.reason.clone(),
-                message: c.message.clone(),
-                object: format!("Sandbox {name}"),
-            });
-        }
+    if let Some(c) = ready
+        && c.status == "False"
+        && reasons::sandbox_failed(&c.reason)
+    {
+        return Verdict::Failed(Failure {
+            reason: c.reason.clone(),
+            message: c.message.clone(),
+            object: format!("Sandbox {name}"),
+        });
     }
+    // A fork that cannot be built, a rollout past its deadline, or a pod of the applied
+    // version that cannot start: whether or not the Sandbox is Ready (a fork patched to
+    // RollingUpdate keeps its old pod serving, so it stays Ready while the new one fails).
     for (f, view) in sb.spec.forks.iter().zip(&s.forks) {
-        let ns = &f.fork_of.namespace;
-        if let Ok(Some(fw)) = &view.forked {
-            let fst = fw.status.clone().unwrap_or_default();
-            if let Some(c) = current_ready(&fst.conditions, fw.metadata.generation)
-                && c.status == "False"
-                && c.reason != reasons::FORK_NOT_READY
-            {
-                return Verdict::Failed(Failure {
-                    reason: c.reason.clone(),
-                    message: c.message.clone(),
-                    object: format!(
-                        "ForkedWorkload {ns}/{}",
-                        fw.metadata.name.clone().unwrap_or_default()
-                    ),
-                });
-            }
-        }
-        if let Ok(pods) = &view.pods
-            && let Some(verdict) = current_pods(pods)
-                .into_iter()
-                .find_map(|p| pod_failure(ns, p))
-        {
+        if let Some(verdict) = fork_failure(&f.fork_of.namespace, view) {
             return verdict;
         }
+    }
+    if let Some(c) = ready
+        && c.status == "True"
+    {
+        // The Sandbox is ready when its forks' routes are: after a change, also wait for
+        // each fork readable here to run the new version.
+        return match rolling_out(s) {
+            Some(w) => Verdict::Waiting(w),
+            None => Verdict::Ready,
+        };
     }
     Verdict::Waiting(
         ready
@@ -405,6 +389,50 @@ pub(crate) fn verdict(s: &Snapshot) -> Verdict {
             .filter(|m| !m.is_empty())
             .unwrap_or_else(|| "waiting for the operator".into()),
     )
+}
+
+/// A fork's failure or trouble, if it has one: its ForkedWorkload's (of its generation), its
+/// Deployment's rollout past the progress deadline, its current pods'.
+fn fork_failure(ns: &str, view: &ForkView) -> Option<Verdict> {
+    if let Ok(Some(fw)) = &view.forked {
+        let fst = fw.status.clone().unwrap_or_default();
+        if let Some(c) = current_ready(&fst.conditions, fw.metadata.generation)
+            && c.status == "False"
+            && c.reason != reasons::FORK_NOT_READY
+        {
+            return Some(Verdict::Failed(Failure {
+                reason: c.reason.clone(),
+                message: c.message.clone(),
+                object: format!(
+                    "ForkedWorkload {ns}/{}",
+                    fw.metadata.name.clone().unwrap_or_default()
+                ),
+            }));
+        }
+    }
+    if let Ok(Some(d)) = &view.deployment
+        && let Some(c) = d
+            .status
+            .as_ref()
+            .and_then(|st| st.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Progressing"))
+        && c.status == "False"
+    {
+        return Some(Verdict::Failed(Failure {
+            reason: c.reason.clone().unwrap_or_else(|| "NotProgressing".into()),
+            message: c.message.clone().unwrap_or_default(),
+            object: format!(
+                "Deployment {ns}/{}",
+                d.metadata.name.clone().unwrap_or_default()
+            ),
+        }));
+    }
+    match &view.pods {
+        Ok(pods) => current_pods(pods)
+            .into_iter()
+            .find_map(|p| pod_failure(ns, p)),
+        Err(_) => None,
+    }
 }
 
 /// Why a ready sandbox's forks do not run the applied version yet: a ForkedWorkload whose
@@ -434,7 +462,9 @@ fn rolling_out(s: &Snapshot) -> Option<String> {
                 && st.available_replicas.unwrap_or(0) >= updated;
             if !done {
                 return Some(format!(
-                    "waiting for Deployment {name} to roll out ({updated} of {want} updated)"
+                    "waiting for Deployment {name} to roll out ({updated} of {want} updated, {} available, {} in all)",
+                    st.available_replicas.unwrap_or(0),
+                    st.replicas.unwrap_or(0)
                 ));
             }
         }

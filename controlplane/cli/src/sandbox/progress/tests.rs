@@ -285,7 +285,7 @@ fn a_changed_sandbox_is_ready_once_its_forks_run_the_change() {
     assert_eq!(
         verdict(&snap),
         Verdict::Waiting(
-            "waiting for Deployment pr-42-route-fork to roll out (1 of 1 updated)".into()
+            "waiting for Deployment pr-42-route-fork to roll out (1 of 1 updated, 1 available, 2 in all)".into()
         )
     );
     snap.forks[0].deployment = Ok(Some(deployment(
@@ -368,4 +368,49 @@ fn an_older_forked_workload_failure_is_not_this_changes() {
         }],
     };
     assert!(matches!(verdict(&snap), Verdict::Waiting(_)));
+}
+
+#[test]
+fn a_ready_sandbox_whose_new_fork_pod_fails_has_failed() {
+    let done = json!({"observedGeneration": 2, "routingKey": "k1",
+                      "conditions": ready("True", "Ready", 2)});
+    let mut p = pod(
+        "new",
+        json!({"phase": "Running", "conditions": [scheduled()],
+               "containerStatuses": [{"name": "hotrod", "image": "x", "imageID": "sha256:1", "ready": false,
+                 "restartCount": 5, "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}}}]}),
+    );
+    p.metadata.labels = Some([("pod-template-hash".to_string(), "new".to_string())].into());
+    let mut snap = Snapshot {
+        sandbox: sandbox(done),
+        forks: vec![ForkView {
+            forked: Ok(Some(forked(ready("True", "ForkReady", 1), Some("d")))),
+            deployment: Ok(Some(deployment(
+                3,
+                json!({"observedGeneration": 3, "replicas": 2, "updatedReplicas": 1, "availableReplicas": 1}),
+            ))),
+            pods: Ok(vec![p]),
+        }],
+    };
+    assert!(
+        matches!(verdict(&snap), Verdict::Failed(f) if f.reason == "CrashLoopBackOff"),
+        "{:?}",
+        verdict(&snap)
+    );
+    // A rollout past its progress deadline.
+    snap.forks[0].pods = Ok(vec![]);
+    snap.forks[0].deployment = Ok(Some(deployment(
+        3,
+        json!({"observedGeneration": 3, "replicas": 2, "updatedReplicas": 1, "availableReplicas": 1,
+               "conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+                               "message": "ReplicaSet \"d-2\" has timed out progressing."}]}),
+    )));
+    assert_eq!(
+        verdict(&snap),
+        Verdict::Failed(Failure {
+            reason: "ProgressDeadlineExceeded".into(),
+            message: "ReplicaSet \"d-2\" has timed out progressing.".into(),
+            object: "Deployment hotrod/pr-42-route-fork".into()
+        })
+    );
 }
