@@ -77,6 +77,24 @@ fn header(
     }
 }
 
+/// The "Previews:" lines: each endpoint, its URL from status, its target.
+fn previews(
+    out: &mut String,
+    endpoints: &[spur_api::sandbox::Endpoint],
+    urls: &[spur_api::sandbox::EndpointStatus],
+) {
+    let _ = writeln!(out, "Previews:");
+    for e in endpoints {
+        let url = urls
+            .iter()
+            .find(|s| s.name == e.name)
+            .map_or("(no URL: the operator has no preview domain)", |s| {
+                s.url.as_str()
+            });
+        let _ = writeln!(out, "  {:<12} {url}  -> {}", e.name, e.target);
+    }
+}
+
 /// The text `spur sandbox get` prints.
 pub(crate) fn describe(sb: &Sandbox) -> String {
     let st = sb.status.clone().unwrap_or_default();
@@ -129,17 +147,7 @@ pub(crate) fn describe(sb: &Sandbox) -> String {
         .map(|g| g.endpoints.as_slice())
         .unwrap_or_default();
     if !endpoints.is_empty() {
-        let _ = writeln!(out, "Previews:");
-        for e in endpoints {
-            let url = st
-                .endpoints
-                .iter()
-                .find(|s| s.name == e.name)
-                .map_or("(no URL: the operator has no preview domain)", |s| {
-                    s.url.as_str()
-                });
-            let _ = writeln!(out, "  {:<12} {url}  -> {}", e.name, e.target);
-        }
+        previews(&mut out, endpoints, &st.endpoints);
     }
     out
 }
@@ -240,17 +248,7 @@ pub(crate) fn route_group(rg: &RouteGroup) -> String {
         st.ready_sandboxes
     );
     if !rg.spec.endpoints.is_empty() {
-        let _ = writeln!(out, "Previews:");
-        for e in &rg.spec.endpoints {
-            let url = st
-                .endpoints
-                .iter()
-                .find(|s| s.name == e.name)
-                .map_or("(no URL: the operator has no preview domain)", |s| {
-                    s.url.as_str()
-                });
-            let _ = writeln!(out, "  {:<12} {url}  -> {}", e.name, e.target);
-        }
+        previews(&mut out, &rg.spec.endpoints, &st.endpoints);
     }
     out
 }
