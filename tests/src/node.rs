@@ -41,11 +41,6 @@ pub const CHART_VALUES: &[&str] = &[
     "routeserver.replicas=1",
     "--set",
     "tunnelProxy.replicas=1",
-    "--set",
-    "tunnelProxy.serviceType=ClusterIP",
-    // The node has no storage provisioner: the jobs store is an emptyDir.
-    "--set",
-    "jobs.persistence.enabled=false",
     // Every component at debug level: the node test checks no secret reaches a log.
     "--set",
     "logLevel=debug",

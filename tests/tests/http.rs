@@ -9,7 +9,7 @@ use futures_util::StreamExt;
 use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use spur_e2e::{Env, get, metrics, sample};
+use spur_e2e::{Env, get, get_h2, metrics, sample};
 use spur_sidecar::{Sidecar, SidecarConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -281,5 +281,64 @@ async fn dead_upstream_fork_gets_502_and_baseline_keeps_working() {
         get(env.addr(), "/", &[]).await.unwrap().served_by(),
         "baseline"
     );
+    env.shutdown().await;
+}
+
+/// `/traces` (issue 46, `spur doctor propagation`): requests of a recorded trace are kept with
+/// their carriers and keys, whether they came on the HTTP/1 relay (handed to the full path) or
+/// over HTTP/2, and routed as any other; requests of other traces are not kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampled_traces_are_recorded_on_both_paths() {
+    use spur_routing::trace::{format_id, recorded_id};
+    let env = Env::http().await;
+    let id = format_id(recorded_id(0x4bf92f3577b34da6a3ce929d0e0e4736));
+    let tp = format!("00-{id}-00f067aa0ba902b7-01");
+    let other = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let keyed = get(
+        env.addr(),
+        "/a",
+        &[("traceparent", &tp), ("baggage", "sd-routing-key=k1")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(keyed.served_by(), "fork");
+    let plain = get(env.addr(), "/b", &[("x-b3-traceid", &id)])
+        .await
+        .unwrap();
+    assert_eq!(plain.served_by(), "baseline");
+    let h2 = get_h2(env.addr(), "/c", &[("traceparent", &tp)])
+        .await
+        .unwrap();
+    assert_eq!(h2.served_by(), "baseline");
+    let unsampled = get(
+        env.addr(),
+        "/d",
+        &[("traceparent", other), ("baggage", "sd-routing-key=k1")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(unsampled.served_by(), "fork");
+
+    let traces = get(env.admin(), "/traces", &[]).await.unwrap().json();
+    assert_eq!(
+        traces["identity"]["baseline"]["name"],
+        spur_e2e::BASELINE_NAME
+    );
+    let hops = traces["hops"].as_array().unwrap();
+    let paths: Vec<&str> = hops.iter().map(|h| h["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["/a", "/b", "/c"], "{traces}");
+    assert!(hops.iter().all(|h| h["traceId"] == id.as_str()));
+    assert_eq!(hops[0]["keys"], serde_json::json!(["k1"]));
+    assert_eq!(hops[0]["keyCarriers"], serde_json::json!(["baggage"]));
+    assert_eq!(hops[0]["route"], "sandbox");
+    assert_eq!(hops[0]["traceCarriers"], serde_json::json!(["traceparent"]));
+    assert_eq!(hops[1]["keys"], serde_json::json!([]));
+    assert_eq!(
+        hops[1]["traceCarriers"],
+        serde_json::json!(["x-b3-traceid"])
+    );
+    assert_eq!(hops[2]["route"], "baseline");
+    let m = metrics(env.admin()).await;
+    assert_eq!(sample(&m, "spur_traces_recorded_total"), 3.0, "{m}");
     env.shutdown().await;
 }

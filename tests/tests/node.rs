@@ -18,6 +18,7 @@ mod node_kafka;
 mod node_l4;
 mod node_local;
 mod node_parity;
+mod node_quickstart;
 mod node_resources;
 mod node_tenancy;
 mod node_traffic;
@@ -82,6 +83,10 @@ fn helm_install_and_the_user_path_on_running_pods() {
     assert!(checkable.len() > 10, "{rendered}");
     node.kubectl_stdin(&["apply", "--dry-run=server"], &checkable.join("\n---\n"))
         .unwrap();
+
+    // --- without a default StorageClass the install stops at once, naming the value ---------
+    node_quickstart::install_without_a_default_storage_class_fails_at_once(node);
+    node_quickstart::give_the_node_a_default_storage_class(node);
 
     // --- helm install: every component Ready under its own ServiceAccount -------------------
     node.helm(&helm_args(
@@ -438,6 +443,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
     // --- every file under docs/examples/ does what its comments say ---------------------------
     docs_examples_on_the_node(node);
 
+    // --- which service dropped the key: `spur doctor propagation` over a three-service chain -
+    node_cli::propagation::propagation_doctor(node);
+
     // --- the hub: an agent in the cluster dials a hub on a "laptop"; previews reach the fork --
     hub_previews_through_the_agent(node, ns, &backend_pods[0]);
 
@@ -649,6 +657,15 @@ fn helm_install_and_the_user_path_on_running_pods() {
         crds.contains("sandboxes.spur.dev"),
         "the CRDs stay (Helm's convention)"
     );
+    // So does the jobs store's claim, with its logs (docs/quickstart.md says so).
+    assert!(
+        !node
+            .is_gone(Some(SPUR_NAMESPACE), "pvc", "data-spur-jobs-0")
+            .unwrap()
+    );
+
+    // --- docs/quickstart.md, as written, from here ------------------------------------------
+    node_quickstart::quickstart_on_the_node(node);
 }
 
 /// From the client pod, over TLS verified with the CA bundle the webhook copied into the

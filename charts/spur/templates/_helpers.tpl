@@ -29,3 +29,41 @@ JSON list: `include "spur.gatewayNamespaces" . | fromJsonArray`. */ -}}
 {{- define "spur.gatewayNamespaces" -}}
 {{- .Values.gateway.namespaces | default (list .Release.Namespace) | uniq | toJson -}}
 {{- end -}}
+
+{{- /* Fails the install at once when a PersistentVolumeClaim of the chart could never bind:
+no StorageClass named, and the cluster has no default one (kind and k3s have one, a bare
+kubeadm cluster does not); or the named StorageClass does not exist. Without this a plain
+`helm install --wait` waits for its timeout on a Pending claim. Called with
+(list $ "jobs.persistence" "storageClass" $persistence) for the value path, the key of the class
+and the persistence values. Only on install, and only against a cluster: `lookup` answers
+nothing under `helm template` and client-side dry runs, and on upgrade the claim exists. */ -}}
+{{- define "spur.checkStorage" -}}
+{{- $root := index . 0 -}}
+{{- $path := index . 1 -}}
+{{- $key := index . 2 -}}
+{{- $p := index . 3 -}}
+{{- if and $p.enabled $root.Release.IsInstall -}}
+{{- $named := index $p $key | default "" -}}
+{{- $classes := lookup "storage.k8s.io/v1" "StorageClass" "" "" -}}
+{{- if $classes -}}
+{{- if $named -}}
+{{- $found := false -}}
+{{- range (get $classes "items" | default list) -}}
+{{- if eq .metadata.name $named }}{{ $found = true }}{{ end -}}
+{{- end -}}
+{{- if not $found -}}
+{{- fail (printf "%s.%s=%s: no such StorageClass in this cluster (`kubectl get storageclass` lists them); name one that exists, or set %s.enabled=false (an emptyDir, lost with the pod)" $path $key $named $path) -}}
+{{- end -}}
+{{- else -}}
+{{- $default := false -}}
+{{- range (get $classes "items" | default list) -}}
+{{- $a := .metadata.annotations | default dict -}}
+{{- if or (eq (get $a "storageclass.kubernetes.io/is-default-class") "true") (eq (get $a "storageclass.beta.kubernetes.io/is-default-class") "true") }}{{ $default = true }}{{ end -}}
+{{- end -}}
+{{- if not $default -}}
+{{- fail (printf "%s.enabled is true but this cluster has no default StorageClass, so the claim would never bind and the pod would never start: set %s.%s to a StorageClass of `kubectl get storageclass`, or %s.enabled=false (an emptyDir, lost with the pod)" $path $path $key $path) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

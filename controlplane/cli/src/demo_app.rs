@@ -90,6 +90,11 @@ pub(crate) struct AppArgs {
     /// header), comma-separated.
     #[arg(long, env = "SPUR_APP_PROPAGATE", value_delimiter = ',')]
     propagate: Vec<String>,
+    /// Headers NOT to propagate, comma-separated: the app then behaves as one whose framework
+    /// forwards the trace context but loses `baggage` (`--no-propagate baggage`), for showing
+    /// what `spur doctor propagation` finds.
+    #[arg(long, env = "SPUR_APP_NO_PROPAGATE", value_delimiter = ',')]
+    no_propagate: Vec<String>,
     /// PostgreSQL to keep rows in, a libpq URL (`postgres://user:password@host:5432/db`): adds
     /// `POST /rows` and `GET /rows`. Connected on first use; never logged with its password.
     #[arg(long, env = "SPUR_APP_DATABASE_URL", hide_env_values = true)]
@@ -159,6 +164,16 @@ impl App {
             database,
             producer: None,
         })
+    }
+
+    /// Stops propagating `names` (any case; empty entries are ignored).
+    pub(crate) fn dropping(mut self, names: &[String]) -> Result<App> {
+        for n in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+            let h = HeaderName::try_from(n)
+                .with_context(|| format!("--no-propagate: {n:?} is not a header name"))?;
+            self.propagate.retain(|p| *p != h);
+        }
+        Ok(self)
     }
 
     /// Adds `POST /records`, writing with `producer`.
@@ -244,7 +259,8 @@ pub(crate) async fn run(args: AppArgs) -> Result<ExitCode> {
         call.as_deref(),
         &args.propagate,
         database_url.as_deref(),
-    )?;
+    )?
+    .dropping(&args.no_propagate)?;
     let producer = match (non_empty(args.kafka), non_empty(args.kafka_topic)) {
         (Some(broker), Some(topic)) => {
             let addr = tokio::net::lookup_host(broker.as_str())
@@ -752,6 +768,35 @@ mod tests {
         assert_eq!(up["headers"]["baggage"], json!(["k1", "other=1"]));
         assert_eq!(up["headers"]["x-custom-key"], json!(["k2"]));
         assert_eq!(up["headers"]["x-not-propagated"], Value::Null);
+        f_stop.cancel();
+        f_task.await.unwrap();
+
+        // `--no-propagate baggage`: the trace context goes on, the key does not.
+        let (frontend, f_stop, f_task) = start(
+            App::new(
+                "frontend".into(),
+                String::new(),
+                None,
+                Some(&call),
+                &[],
+                None,
+            )
+            .unwrap()
+            .dropping(&["Baggage".into(), " ".into()])
+            .unwrap(),
+        )
+        .await;
+        let (status, body) = get(frontend, "/headers", &sent, false).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let up = &serde_json::from_str::<Value>(&body).unwrap()["upstream"];
+        assert_eq!(up["headers"]["baggage"], Value::Null, "{body}");
+        assert_eq!(up["headers"]["traceparent"], json!(["k1"]), "{body}");
+        assert!(
+            App::new("a".into(), String::new(), None, None, &[], None)
+                .unwrap()
+                .dropping(&["bad header".into()])
+                .is_err()
+        );
 
         f_stop.cancel();
         f_task.await.unwrap();

@@ -15,11 +15,13 @@ macro_rules! outln {
 mod access;
 mod demo;
 mod demo_app;
+mod doctor;
 mod jobs;
 mod local;
 mod moved;
 mod route;
 mod sandbox;
+mod sidecar_admin;
 mod traffic;
 
 use clap::{Parser, Subcommand};
@@ -63,6 +65,9 @@ enum Command {
     /// Where a request with a routing key goes, and whether each baseline sidecar has the
     /// rule live (`spur route explain --key K SERVICE[.NS][:PORT]`).
     Route(route::RouteArgs),
+    /// Which service dropped a routing key: send a traced, keyed request and show the hops
+    /// Spur's sidecars recorded (`spur doctor propagation --key K TARGET`).
+    Doctor(doctor::DoctorArgs),
     /// Open a sandbox's preview URL (served by the hub; docs/hub.md).
     Preview(sandbox::PreviewArgs),
     /// Submit, list, show, follow and cancel Jobs.
@@ -116,7 +121,9 @@ fn main() -> std::process::ExitCode {
         // `spur local` prints its own progress lines; the tunnel library's would repeat them.
         Command::Local(_) => "warn,spur_tunnel=error",
         // The API server's refusals are printed once, as the command's error.
-        Command::Sandbox(_) | Command::Routegroup(_) | Command::Route(_) => "warn,kube_client=off",
+        Command::Sandbox(_) | Command::Routegroup(_) | Command::Route(_) | Command::Doctor(_) => {
+            "warn,kube_client=off"
+        }
         _ => "warn",
     };
     // `spur local` carries a tunnel: one thread (see `Runtime::CurrentThread`).
@@ -131,6 +138,7 @@ fn main() -> std::process::ExitCode {
             Command::Sandbox(args) => sandbox::sandbox(args).await,
             Command::Routegroup(args) => sandbox::route_group(args).await,
             Command::Route(args) => route::run(args).await,
+            Command::Doctor(args) => doctor::run(args).await,
             Command::Preview(args) => sandbox::preview(args).await,
             Command::Job(args) => jobs::job(args).await,
             Command::Artifact(args) => jobs::artifact(args).await,

@@ -1,5 +1,6 @@
-//! The admin server: `/live`, `/ready`, `/metrics` (Prometheus text) and `/config_dump`
-//! (answered by `spur_runtime::admin`, shared with the L4 gateway).
+//! The admin server: `/live`, `/ready`, `/metrics` (Prometheus text), `/config_dump` and, where
+//! the proxy records sampled traces, `/traces` (answered by `spur_runtime::admin`, shared with
+//! the L4 gateway).
 //!
 //! `/config_dump` lists every rule in force, routing keys included, so it is served only to
 //! clients on loopback (the pod itself, `kubectl port-forward`, `kubectl exec`); the port is
@@ -32,6 +33,8 @@ pub struct AdminState {
     pub requires_table: bool,
     /// Extra identity shown at the top of `/config_dump` (e.g. the sidecar's baseline).
     pub identity: serde_json::Value,
+    /// The body of `/traces` (the hops of sampled traces), when this proxy records them.
+    pub traces: Option<Arc<dyn Fn() -> serde_json::Value + Send + Sync>>,
 }
 
 impl AdminState {
@@ -67,6 +70,15 @@ impl AdminSource for AdminState {
 
     async fn config_dump(&self) -> serde_json::Value {
         self.dump()
+    }
+
+    fn traces(&self) -> Option<serde_json::Value> {
+        let traces = self.traces.as_ref()?;
+        let mut body = traces();
+        if let Some(map) = body.as_object_mut() {
+            map.insert("identity".into(), self.identity.clone());
+        }
+        Some(body)
     }
 }
 
@@ -119,6 +131,7 @@ mod tests {
             drain: Drain::new(),
             requires_table: false,
             identity: serde_json::json!({"role": "test"}),
+            traces: Some(Arc::new(|| serde_json::json!({"hops": []}))),
         };
         let status = async |path: &str, peer: &str| {
             respond(&state, &http::Method::GET, path, peer.parse().unwrap())
@@ -141,6 +154,39 @@ mod tests {
         assert_eq!(
             status("/config_dump", "[fd00::7]:5000").await,
             StatusCode::FORBIDDEN
+        );
+        // /traces holds routing keys too.
+        assert_eq!(status("/traces", "127.0.0.1:5000").await, StatusCode::OK);
+        assert_eq!(
+            status("/traces", "10.244.0.7:5000").await,
+            StatusCode::FORBIDDEN
+        );
+        let body = respond(
+            &state,
+            &http::Method::GET,
+            "/traces",
+            "[::1]:1".parse().unwrap(),
+        )
+        .await
+        .into_body();
+        use http_body_util::BodyExt as _;
+        let body = body.collect().await.unwrap().to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["identity"]["role"], "test", "{body}");
+        let without = AdminState {
+            traces: None,
+            ..state.clone()
+        };
+        assert_eq!(
+            respond(
+                &without,
+                &http::Method::GET,
+                "/traces",
+                "[::1]:1".parse().unwrap()
+            )
+            .await
+            .status(),
+            StatusCode::NOT_FOUND
         );
         for path in ["/live", "/ready", "/metrics"] {
             assert_eq!(

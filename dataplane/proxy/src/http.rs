@@ -197,6 +197,9 @@ async fn forward(
 
     let (mut parts, body) = req.into_parts();
     let route = shared.router.route_http(meta, &mut parts);
+    if let Some(trace) = &shared.plugins.trace {
+        trace.record(meta, &route, &parts.headers, parts.uri.path());
+    }
     let tag = shared.plugins.capture.as_ref().and_then(|c| {
         c.select
             .select(meta, &route, &parts.headers, parts.uri.query())

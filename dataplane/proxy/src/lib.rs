@@ -47,7 +47,7 @@ pub use detect::Protocol;
 pub use error::Error;
 pub use listener::Inbound;
 pub use metrics::Metrics;
-pub use plugin::{CapturePlugin, CaptureSelect, Plugins, RawRoute, RawRouter};
+pub use plugin::{CapturePlugin, CaptureSelect, Plugins, RawRoute, RawRouter, TraceRecord};
 pub use router::{Route, Router};
 pub use spur_runtime::Drain;
 

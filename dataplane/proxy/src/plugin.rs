@@ -1,6 +1,7 @@
 //! Request-path features that plug in beside the [`Router`](crate::Router) instead of widening
-//! it: the HTTP/1 relay's routing of heads as read ([`RawRouter`]) and the choice of which
-//! exchanges are captured ([`CaptureSelect`]). A proxy carries them in [`Plugins`]; each one is
+//! it: the HTTP/1 relay's routing of heads as read ([`RawRouter`]), the choice of which
+//! exchanges are captured ([`CaptureSelect`]) and the record of sampled traces' hops
+//! ([`TraceRecord`]). A proxy carries them in [`Plugins`]; each one is
 //! asked at most once per request (per header field for [`RawRouter::is_carrier`]), and a
 //! feature that is absent costs nothing.
 
@@ -21,6 +22,9 @@ pub struct Plugins {
     pub raw: Option<Arc<dyn RawRouter>>,
     /// Traffic capture: which exchanges, and where their records go.
     pub capture: Option<CapturePlugin>,
+    /// The hops of sampled traces: which request of a trace reached this proxy, with or
+    /// without a routing key.
+    pub trace: Option<Arc<dyn TraceRecord>>,
 }
 
 /// Capture's two halves: the per-request choice and the sink the chosen exchanges are copied to.
@@ -65,4 +69,19 @@ pub trait CaptureSelect: Send + Sync + 'static {
         headers: &HeaderMap,
         query: Option<&str>,
     ) -> Option<CaptureTag>;
+}
+
+/// Records the requests of sampled traces. The HTTP/1 relay asks [`TraceRecord::is_sampled`]
+/// of the header fields that are not routing carriers and hands a sampled request to the full
+/// path, which calls [`TraceRecord::record`] for every request once it is routed; so a request
+/// of a trace that is not sampled costs a header-name check on the relay and a few header
+/// lookups on the full path.
+pub trait TraceRecord: Send + Sync + 'static {
+    /// Whether this request header (name as sent, any case) marks the request as one of a
+    /// sampled trace.
+    fn is_sampled(&self, name: &[u8], value: &[u8]) -> bool;
+
+    /// Called for every request on the full path, after routing (`headers` as they will be
+    /// forwarded, bar hop-by-hop fields); records it if its trace is sampled.
+    fn record(&self, conn: &ConnMeta, route: &Route, headers: &HeaderMap, path: &str);
 }

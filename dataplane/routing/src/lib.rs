@@ -11,7 +11,9 @@
 //! - [`table`] compiles validated rules into an immutable lookup table and the lock-free
 //!   [`table::SharedTable`] handle that the request path loads from;
 //! - [`history`] says when each route of a baseline was in force, for relays that decide per
-//!   record by its timestamp (Kafka).
+//!   record by its timestamp (Kafka);
+//! - [`trace`] reads trace ids from trace-context headers and says which traces sidecars record
+//!   (`spur doctor propagation`).
 //!
 //! Lookups never allocate and cost the same whatever the size of the table.
 
@@ -22,6 +24,7 @@ pub mod history;
 pub mod inject;
 pub mod rules;
 pub mod table;
+pub mod trace;
 #[cfg(feature = "proto")]
 pub mod wire;
 

@@ -42,6 +42,11 @@ pub trait AdminSource: Send + Sync + 'static {
     fn registry(&self) -> &Registry;
     /// The body of `/config_dump`.
     fn config_dump(&self) -> impl Future<Output = serde_json::Value> + Send;
+    /// The body of `/traces` (loopback clients only, like `/config_dump`: it holds routing
+    /// keys); `None` where the server records no traces (404).
+    fn traces(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// The answer to one admin request from `peer`.
@@ -80,26 +85,34 @@ pub async fn respond<S: AdminSource + ?Sized>(
                 ),
             }
         }
-        "/config_dump" if !peer.ip().to_canonical().is_loopback() => text(
+        "/config_dump" | "/traces" if !peer.ip().to_canonical().is_loopback() => text(
             StatusCode::FORBIDDEN,
-            "/config_dump is served to loopback clients only (kubectl port-forward or exec)\n"
-                .into(),
+            format!("{path} is served to loopback clients only (kubectl port-forward or exec)\n"),
         ),
-        "/config_dump" => {
-            let body = serde_json::to_string_pretty(&source.config_dump().await)
-                .unwrap_or_else(|_| "{}".into());
-            let mut r = text(StatusCode::OK, body + "\n");
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                header::HeaderValue::from_static("application/json"),
-            );
-            r
-        }
+        "/config_dump" => json(&source.config_dump().await),
+        "/traces" => match source.traces() {
+            Some(body) => json(&body),
+            None => text(
+                StatusCode::NOT_FOUND,
+                "this server records no traces\n".into(),
+            ),
+        },
         _ => text(
             StatusCode::NOT_FOUND,
-            "endpoints: /live /ready /metrics /config_dump\n".into(),
+            "endpoints: /live /ready /metrics /config_dump /traces\n".into(),
         ),
     }
+}
+
+/// A pretty-printed JSON response.
+fn json(body: &serde_json::Value) -> Response<Full<Bytes>> {
+    let body = serde_json::to_string_pretty(body).unwrap_or_else(|_| "{}".into());
+    let mut r = text(StatusCode::OK, body + "\n");
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    r
 }
 
 /// A `text/plain` response.

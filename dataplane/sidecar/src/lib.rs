@@ -24,6 +24,7 @@ pub mod intercept;
 pub mod kafka;
 pub mod outbound;
 mod router;
+pub mod trace;
 
 pub use router::{KeyCapture, KeyRouter, KeyRouterConfig, ROUTED_HEADER};
 
@@ -298,6 +299,8 @@ impl Sidecar {
         let kafka_extractor = spur_routing::KeyExtractor::new(&config.extract)
             .map_err(|e| Error::Config(e.to_string()))?;
         let mut plugins = spur_proxy::Plugins::default();
+        // The hops of sampled traces, for the admin port's /traces (an inbound sidecar's only).
+        let mut traces = None;
         let router: Arc<dyn spur_proxy::Router> = match &config.inject_key_file {
             // The key goes out in the configured custom headers too, for apps that propagate
             // only those (`--routing-header`, the same carriers an inbound sidecar reads).
@@ -318,6 +321,9 @@ impl Sidecar {
                     sink: c.sink.clone(),
                 });
                 plugins.raw = Some(router.clone());
+                let recorder = trace::TraceRecorder::new(kafka_extractor.clone(), &mut registry);
+                traces = Some(recorder.ring());
+                plugins.trace = Some(Arc::new(recorder));
                 router
             }
         };
@@ -426,6 +432,9 @@ impl Sidecar {
                 table: table.clone(),
                 drain: drain.clone(),
                 requires_table,
+                traces: traces.map(|ring| -> Arc<dyn Fn() -> serde_json::Value + Send + Sync> {
+                    Arc::new(move || serde_json::json!({ "hops": ring.hops() }))
+                }),
                 identity: serde_json::json!({
                     "role": "sidecar",
                     "baseline": {

@@ -4,6 +4,8 @@
 //! whose fork image does not exist fails `--wait` with the kubelet's reason and a non-zero exit
 //! within a bounded time; `spur sandbox delete --wait` returns once the forks are gone.
 
+pub(crate) mod propagation;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -276,6 +276,27 @@ spec:
         ran.stdout,
         ran.stderr
     );
+    // 9. `spur doctor propagation` sends through the API server's service proxy and reads the
+    //    sidecars with the tenant's own rights: refused at the first, nothing sent or shown.
+    let ran = crate::node_cli::spur_with(
+        kubeconfig.path(),
+        &[
+            "doctor",
+            "propagation",
+            "--key",
+            "k",
+            &format!("svc/{other_svc}.{other_ns}:8080/"),
+        ],
+        "",
+        std::time::Duration::from_secs(60),
+    );
+    assert_eq!(ran.code, Some(1), "{}{}", ran.stdout, ran.stderr);
+    assert!(
+        ran.stderr.contains("forbidden to you") && ran.stdout.is_empty(),
+        "{}{}",
+        ran.stdout,
+        ran.stderr
+    );
     // Nothing of the tenant's was created.
     let left = node.kubectl(&["get", "sandboxes", "-o", "name"]).unwrap();
     assert!(!left.contains("tenant-"), "{left}");

@@ -15,9 +15,9 @@ use clap::{Args, Subcommand};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::Api;
 use kube::api::ListParams;
-use spur_api::keys::injection::SIDECAR_CONTAINER;
 use spur_api::{RouteGroup, Sandbox};
 
+use crate::sidecar_admin::{ViewError, admin_port, short};
 use explain::SidecarView;
 
 #[derive(Args)]
@@ -200,46 +200,6 @@ pub(crate) async fn run(args: RouteArgs) -> Result<ExitCode> {
     })
 }
 
-/// Why a sidecar's view could not be had.
-enum ViewError {
-    /// The user may not port-forward: the command's error.
-    Forbidden(String),
-    /// Anything else: said on the pod's line.
-    Other(String),
-}
-
-impl From<String> for ViewError {
-    fn from(s: String) -> Self {
-        ViewError::Other(s)
-    }
-}
-
-fn short(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) if s.code == 403 => format!("forbidden to you: {}", s.message),
-        kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
-        e => e.to_string(),
-    }
-}
-
-/// The sidecar's admin port, from the injected container's `SPUR_ADMIN_ADDR`.
-fn admin_port(pod: &Pod) -> Option<u16> {
-    let spec = pod.spec.as_ref()?;
-    let sidecar = spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .find(|c| c.name == SIDECAR_CONTAINER)?;
-    let addr = sidecar
-        .env
-        .iter()
-        .flatten()
-        .find(|e| e.name == "SPUR_ADMIN_ADDR")?
-        .value
-        .as_deref()?;
-    addr.rsplit_once(':')?.1.parse().ok()
-}
-
 /// One pod's sidecar view of `key`.
 async fn pod_view(
     pods: &Api<Pod>,
@@ -254,74 +214,11 @@ async fn pod_view(
     };
     let workload_ports = explain::workload_ports(ports, pod)?;
     let name = pod.metadata.name.clone().unwrap_or_default();
-    let dump = tokio::time::timeout(SIDECAR_TIMEOUT, config_dump(pods, &name, admin))
-        .await
-        .map_err(|_| format!("its sidecar did not answer within {SIDECAR_TIMEOUT:?}"))??;
+    let dump = tokio::time::timeout(
+        SIDECAR_TIMEOUT,
+        crate::sidecar_admin::get_json(pods, &name, admin, "/config_dump", MAX_DUMP),
+    )
+    .await
+    .map_err(|_| format!("its sidecar did not answer within {SIDECAR_TIMEOUT:?}"))??;
     Ok(explain::sidecar_view(&dump, key, &workload_ports))
-}
-
-/// Ends the port-forward and its HTTP connection however `config_dump` returns.
-struct Forwarding {
-    forward: kube::api::Portforwarder,
-    conn: Option<tokio::task::JoinHandle<Result<(), hyper::Error>>>,
-}
-
-impl Drop for Forwarding {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            conn.abort();
-        }
-        self.forward.abort();
-    }
-}
-
-/// `GET /config_dump` on the pod's `port`, through a port-forward made with the user's rights.
-async fn config_dump(
-    pods: &Api<Pod>,
-    pod: &str,
-    port: u16,
-) -> Result<serde_json::Value, ViewError> {
-    use http_body_util::BodyExt as _;
-    let forward = match pods.portforward(pod, &[port]).await {
-        Ok(f) => f,
-        Err(kube::Error::Api(s)) if s.code == 403 => {
-            return Err(ViewError::Forbidden(format!("forbidden: {}", s.message)));
-        }
-        Err(e) => return Err(format!("cannot port-forward to it: {}", short(&e)).into()),
-    };
-    let mut guard = Forwarding {
-        forward,
-        conn: None,
-    };
-    let stream = guard
-        .forward
-        .take_stream(port)
-        .ok_or_else(|| "the port-forward gave no stream".to_string())?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| format!("its admin port: {e}"))?;
-    guard.conn = Some(tokio::spawn(conn));
-    let request = http::Request::get("/config_dump")
-        .header(http::header::HOST, "localhost")
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .map_err(|e| e.to_string())?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| format!("its admin port: {e}"))?;
-    let status = response.status();
-    let body = http_body_util::Limited::new(response.into_body(), MAX_DUMP)
-        .collect()
-        .await
-        .map_err(|e| format!("its config dump: {e}"))?
-        .to_bytes();
-    if !status.is_success() {
-        return Err(format!(
-            "its admin port answered {status}: {}",
-            String::from_utf8_lossy(&body).trim()
-        )
-        .into());
-    }
-    Ok(serde_json::from_slice(&body).map_err(|e| format!("its config dump is not JSON: {e}"))?)
 }

@@ -90,6 +90,12 @@ impl Conn<'_> {
                 Field::XForwardedProto => xfp = true,
                 Field::HopByHop => {}
                 Field::Other => {
+                    if let Some(trace) = &shared.plugins.trace
+                        && trace.is_sampled(name, f.value)
+                    {
+                        // Recorded on the full path, which sees every header.
+                        return Err(Stop::HandOver);
+                    }
                     if raw.is_carrier(name) {
                         match (
                             HeaderName::from_bytes(name),
