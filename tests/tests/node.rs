@@ -1535,13 +1535,15 @@ fn docs_examples_on_the_node(node: &Node) {
         [
             "job.yaml",
             "jobrunnergroup.yaml",
+            "quickstart-sandbox.yaml",
+            "quickstart.yaml",
             "resourceplugin-postgres.yaml",
             "routegroup.yaml",
             "sandbox-local.yaml",
             "sandbox-resource.yaml",
             "sandbox.yaml"
         ],
-        "a new example needs its check here (the resource examples: node_resources)"
+        "a new example needs its check here (the resource examples: node_resources; the quickstart's: node_quickstart)"
     );
     node.apply(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: hotrod\n  labels:\n    sidecar.spur.dev/inject: \"true\"\n    spur.dev/enabled: \"true\"\n",
