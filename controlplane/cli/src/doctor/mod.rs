@@ -36,7 +36,7 @@ enum DoctorCommand {
     /// Send a traced request with a routing key and show the services it went through, marking
     /// the first one the trace reached without the key.
     #[command(
-        after_help = "TARGET is http://HOST[:PORT][/PATH], sent from here, or svc/NAME[.NAMESPACE]:PORT[/PATH], sent through the API server's service proxy with your credentials (needs create on services/proxy).\nThe hops are read from the Spur sidecars of the namespaces given with -n (default: the target's, else the kubeconfig's), which needs list on pods and create on pods/portforward there.\nExit codes: 0 the key reached every hop; 1 an error (a refusal, a target that does not answer); 2 a usage error; 3 the key was dropped, or never arrived, or no sidecar saw the request."
+        after_help = "TARGET is http://HOST[:PORT][/PATH], sent from here, or svc/NAME[.NAMESPACE]:PORT[/PATH], sent through the API server's service proxy with your credentials (needs create on services/proxy).\nThe hops are read from the Spur sidecars of the namespaces given with -n (default: the target's, else the kubeconfig's), which needs list on pods and create on pods/portforward there.\nExit codes: 0 the key reached every hop; 1 an error (a refusal, a target that does not answer); 2 a usage error; 3 the key was dropped, or never arrived, or no sidecar saw the request, or the target answered with a server error (5xx)."
     )]
     Propagation(PropagationArgs),
 }
@@ -389,6 +389,13 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<ExitCode> {
             outln!(
                 "No sidecar in {} recorded this request: the target's pods have no Spur sidecar, or are in another namespace (-n), or the request never reached them.",
                 namespaces.join(", ")
+            );
+            crate::sandbox::EXIT_FAILED
+        }
+        Verdict::Reached if status.is_server_error() => {
+            outln!(
+                "The key reached every hop recorded ({}), but the answer was {status}: the request may have stopped before the end of its path. Try again once the services answer.",
+                chain.len()
             );
             crate::sandbox::EXIT_FAILED
         }
