@@ -30,20 +30,22 @@ JSON list: `include "spur.gatewayNamespaces" . | fromJsonArray`. */ -}}
 {{- .Values.gateway.namespaces | default (list .Release.Namespace) | uniq | toJson -}}
 {{- end -}}
 
-{{- /* Fails the install at once when a PersistentVolumeClaim of the chart could never bind:
-no StorageClass named, and the cluster has no default one (kind and k3s have one, a bare
+{{- /* Fails an install or upgrade at once when a PersistentVolumeClaim of the chart could never
+bind: no StorageClass named, and the cluster has no default one (kind and k3s have one, a bare
 kubeadm cluster does not); or the named StorageClass does not exist. Without this a plain
 `helm install --wait` waits for its timeout on a Pending claim. Called with
-(list $ "jobs.persistence" "storageClass" $persistence) for the value path, the key of the class
-and the persistence values. Only on install, and only against a cluster: `lookup` answers
-nothing under `helm template` and client-side dry runs, and on upgrade the claim exists. */ -}}
+(list $ "jobs.persistence" "storageClass" $persistence "data-spur-jobs-0") for the value path,
+the key of the class, the persistence values and the claim's name. Skipped when the claim
+exists already (an upgrade that keeps it), for the class "-" (storageClassName "", static
+volumes only), and where `lookup` answers nothing (`helm template`, client-side dry runs). */ -}}
 {{- define "spur.checkStorage" -}}
 {{- $root := index . 0 -}}
 {{- $path := index . 1 -}}
 {{- $key := index . 2 -}}
 {{- $p := index . 3 -}}
-{{- if and $p.enabled $root.Release.IsInstall -}}
+{{- $claim := index . 4 -}}
 {{- $named := index $p $key | default "" -}}
+{{- if and $p.enabled (ne $named "-") (not (lookup "v1" "PersistentVolumeClaim" $root.Release.Namespace $claim)) -}}
 {{- $classes := lookup "storage.k8s.io/v1" "StorageClass" "" "" -}}
 {{- if $classes -}}
 {{- if $named -}}
@@ -61,9 +63,15 @@ nothing under `helm template` and client-side dry runs, and on upgrade the claim
 {{- if or (eq (get $a "storageclass.kubernetes.io/is-default-class") "true") (eq (get $a "storageclass.beta.kubernetes.io/is-default-class") "true") }}{{ $default = true }}{{ end -}}
 {{- end -}}
 {{- if not $default -}}
-{{- fail (printf "%s.enabled is true but this cluster has no default StorageClass, so the claim would never bind and the pod would never start: set %s.%s to a StorageClass of `kubectl get storageclass`, or %s.enabled=false (an emptyDir, lost with the pod)" $path $path $key $path) -}}
+{{- fail (printf "%s.enabled is true but this cluster has no default StorageClass, so the claim would never bind and the pod would never start: set %s.%s to a StorageClass of `kubectl get storageclass` (\"-\" for volumes you made yourself, without a class), or %s.enabled=false (an emptyDir, lost with the pod)" $path $path $key $path) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{- /* storageClassName from a persistence value: "-" is "" (static volumes without a class),
+"" leaves it out (the cluster's default). */ -}}
+{{- define "spur.storageClassName" -}}
+{{- if eq . "-" }}storageClassName: ""{{ else if . }}storageClassName: {{ . }}{{ end -}}
 {{- end -}}

@@ -43,6 +43,11 @@ impl TraceCarrier {
         }
     }
 
+    /// The header name, for lookups that need no parse of a string.
+    pub const fn header_name(self) -> http::HeaderName {
+        http::HeaderName::from_static(self.header())
+    }
+
     /// The carrier a header name (any case) is.
     pub fn of(name: &[u8]) -> Option<TraceCarrier> {
         TraceCarrier::ALL
@@ -162,16 +167,38 @@ fn b3(v: &[u8]) -> Option<u128> {
     Some(id)
 }
 
+/// The four fields of an `uber-trace-id`, split at `:` or at its URL-encoded form `%3A` (which
+/// some Jaeger clients send), one separator kind per value.
+fn uber_fields(v: &[u8]) -> Option<[&[u8]; 4]> {
+    let encoded = !v.contains(&b':');
+    let sep: &[u8] = if encoded { b"%3a" } else { b":" };
+    let mut out: [&[u8]; 4] = [&[]; 4];
+    let mut rest = v;
+    for (i, slot) in out.iter_mut().enumerate() {
+        if i == 3 {
+            *slot = rest;
+            break;
+        }
+        let at = rest
+            .windows(sep.len())
+            .position(|w| w.eq_ignore_ascii_case(sep))?;
+        *slot = &rest[..at];
+        rest = &rest[at + sep.len()..];
+    }
+    // A fifth field (a separator left in the last one) is malformed; so is a stray `%`.
+    if out[3].contains(&b':') || out[3].contains(&b'%') {
+        return None;
+    }
+    Some(out)
+}
+
 /// Jaeger: `{trace id}:{span id}:{parent span id}:{flags}`, the ids 1 to 32 (trace) and 1 to 16
 /// (spans) hex digits, as Jaeger clients write them without leading zeros.
 fn uber(v: &[u8]) -> Option<u128> {
     if v.len() > 128 {
         return None;
     }
-    let fields: Vec<&[u8]> = v.split(|&b| b == b':').collect();
-    let [id, span, parent, flags] = fields.as_slice() else {
-        return None;
-    };
+    let [id, span, parent, flags] = uber_fields(v)?;
     let hex = |s: &[u8], max: usize| {
         if s.is_empty() || s.len() > max {
             return None;
@@ -269,13 +296,18 @@ mod tests {
             Some(ID)
         );
         assert_eq!(u.trace_id(b"5b0d:1:0:01"), Some(0x5b0d));
+        // URL-encoded, as jaeger-client-java and others send it.
+        assert_eq!(u.trace_id(b"5b0d%3A1%3A0%3A1"), Some(0x5b0d));
+        assert_eq!(u.trace_id(b"5b0d%3a1%3a0%3a1"), Some(0x5b0d));
         for bad in [
             &b"5b0d:1:0"[..],
             b"5b0d:1:0:1:2",
             b"0:1:0:1",
             b"5b0d:0:0:1",
             b"5b0d:1:0:",
-            b"5b0d%3A1%3A0%3A1",
+            b"5b0d%3A1%3A0",
+            b"5b0d%3A1:0%3A1",
+            b"5b0d%3A1%3A0%3A1%3A2",
             b"5B0D:1:0:1",
         ] {
             assert_eq!(u.trace_id(bad), None, "{}", String::from_utf8_lossy(bad));

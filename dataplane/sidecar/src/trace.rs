@@ -4,8 +4,11 @@
 //! port's `/traces` (loopback clients only: the records hold routing keys), where
 //! `spur doctor propagation` reads it to find the service that dropped a key.
 //!
-//! Bounded: the newest [`CAPACITY`] hops are kept, each of bounded size; a request of a trace
-//! that is not recorded costs the header lookups of [`TraceRecorder::record`] and nothing else.
+//! Bounded: the newest [`CAPACITY`] hops are kept, each of bounded size. A request of a trace
+//! that is not recorded costs, on the HTTP/1 relay, a length check of each header's name and a
+//! parse of any trace header's value ([`TraceRecorder::is_sampled`]); on the hyper path, four
+//! header lookups and the same parse ([`TraceRecorder::record`]); perf/results/trace_record.md
+//! counts it.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -106,7 +109,7 @@ fn carrier_of(name: &[u8]) -> Option<TraceCarrier> {
 
 /// The id a carrier header holds, when it holds exactly one well-formed value.
 fn id_in(headers: &HeaderMap, carrier: TraceCarrier) -> Option<u128> {
-    let mut values = headers.get_all(carrier.header()).iter();
+    let mut values = headers.get_all(carrier.header_name()).iter();
     let first = values.next()?;
     if values.next().is_some() {
         // Two values of one trace header: which trace the request is in is ambiguous.

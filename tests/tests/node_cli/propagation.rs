@@ -125,7 +125,7 @@ pub(crate) fn propagation_doctor(node: &Node) {
     assert_eq!(ran.code, Some(0), "{}{}", ran.stdout, ran.stderr);
     assert!(
         ran.stdout
-            .contains("The key reached every hop (3): propagation works along this path."),
+            .contains("The key reached every recorded hop (3): propagation works along this path."),
         "{}",
         ran.stdout
     );

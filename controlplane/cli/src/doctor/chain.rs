@@ -49,7 +49,13 @@ pub(crate) enum Verdict {
 /// The hops of trace `trace_id` in the order they happened (by the sidecars' clocks: one node's
 /// clock, or nodes' clocks as close as NTP keeps them), and the verdict for `key`.
 pub(crate) fn analyse(mut seen: Vec<Seen>, trace_id: &str, key: &str) -> (Vec<Seen>, Verdict) {
-    seen.retain(|s| s.hop.trace_id == trace_id);
+    let ours = u128::from_str_radix(trace_id, 16).ok();
+    // A tracer that keeps 64-bit ids (B3 allows it) carries on with the low half of ours.
+    let same = |hop: &str| match (u128::from_str_radix(hop, 16).ok(), ours) {
+        (Some(h), Some(t)) => h == t || (h >> 64 == 0 && h == t & u128::from(u64::MAX)),
+        _ => hop == trace_id,
+    };
+    seen.retain(|s| same(&s.hop.trace_id));
     seen.sort_by(|a, b| {
         (a.hop.at_micros, &a.pod, &a.hop.path).cmp(&(b.hop.at_micros, &b.pod, &b.hop.path))
     });
@@ -125,5 +131,13 @@ mod tests {
         assert_eq!(analyse(vec![], T, "k1").1, Verdict::NotSeen);
         let elsewhere = vec![seen("a", 1, &["k1"], "ab")];
         assert_eq!(analyse(elsewhere, T, "k1").1, Verdict::NotSeen);
+        // A 64-bit tracer keeps the low half of the id.
+        let short = vec![
+            seen("a", 1, &["k1"], T),
+            seen("b", 2, &[], "0000000000000000a3ce929d0e0e5b0d"),
+        ];
+        let (chain, verdict) = analyse(short, "4bf92f3577b34da6a3ce929d0e0e5b0d", "k1");
+        assert_eq!(chain.len(), 2);
+        assert_eq!(verdict, Verdict::Dropped { by: 0, at: 1 });
     }
 }

@@ -36,7 +36,7 @@ enum DoctorCommand {
     /// Send a traced request with a routing key and show the services it went through, marking
     /// the first one the trace reached without the key.
     #[command(
-        after_help = "TARGET is http://HOST[:PORT][/PATH], sent from here, or svc/NAME[.NAMESPACE]:PORT[/PATH], sent through the API server's service proxy with your credentials (needs create on services/proxy).\nThe hops are read from the Spur sidecars of the namespaces given with -n (default: the target's, else the kubeconfig's), which needs list on pods and create on pods/portforward there.\nExit codes: 0 the key reached every hop; 1 an error (a refusal, a target that does not answer); 2 a usage error; 3 the key was dropped, or never arrived, or no sidecar saw the request, or the target answered with a server error (5xx)."
+        after_help = "TARGET is http://HOST[:PORT][/PATH], sent from here, or svc/NAME[.NAMESPACE]:PORT[/PATH], sent through the API server's service proxy with your credentials (needs get on services/proxy).\nThe hops are read from the Spur sidecars of the namespaces given with -n (default: the target's, else the kubeconfig's), which needs list on pods and create on pods/portforward there; both are checked before anything is sent.\nExit codes: 0 the key reached every hop; 1 an error (a refusal, a target that does not answer); 2 a usage error; 3 the key was dropped, or never arrived, or no sidecar saw the request, or the target answered with a server error (5xx)."
     )]
     Propagation(PropagationArgs),
 }
@@ -203,6 +203,36 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<ExitCode> {
         vec![client.default_namespace().to_string()]
     };
 
+    // What the command will need, checked before anything is sent: the pods of each namespace
+    // (listed now, read after the request) and the rights to port-forward to them and, for a
+    // svc/ target, to proxy to the Service.
+    let mut pods_of: Vec<(Api<Pod>, String, Pod)> = Vec::new();
+    for ns in &namespaces {
+        let api = Api::<Pod>::namespaced(client.clone(), ns);
+        let list = api.list(&ListParams::default()).await.map_err(|e| {
+            crate::sandbox::api_error(e, &format!("listing the pods of namespace {ns}"))
+        })?;
+        for pod in list.items {
+            let running = pod.metadata.deletion_timestamp.is_none()
+                && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+            if running && admin_port(&pod).is_some() {
+                pods_of.push((api.clone(), ns.clone(), pod));
+            }
+        }
+        may(&client, "create", "pods", "portforward", ns).await?;
+    }
+    if let Target::Service {
+        name, namespace, ..
+    } = &target
+    {
+        let ns = namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_string());
+        may(&client, "get", "services", "proxy", &ns)
+            .await
+            .with_context(|| format!("sending to svc/{name}.{ns}"))?;
+    }
+
     let rnd = random_u128();
     let trace = recorded_id(rnd);
     let trace_id = format_id(trace);
@@ -270,7 +300,7 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<ExitCode> {
                 .filter(|v| v["kind"] == "Status" && v["status"] == "Failure");
             if let (http::StatusCode::FORBIDDEN, Some(v)) = (status, &refusal) {
                 bail!(
-                    "svc/{name}.{ns}: forbidden to you: {} (needs create on services/proxy in {ns})",
+                    "svc/{name}.{ns}: forbidden to you: {} (needs get on services/proxy in {ns})",
                     v["message"].as_str().unwrap_or_default()
                 );
             }
@@ -281,20 +311,6 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<ExitCode> {
     tokio::time::sleep(a.settle).await;
 
     // The sidecars' records, read before anything is printed: a refusal is the command's error.
-    let mut pods_of: Vec<(Api<Pod>, String, Pod)> = Vec::new();
-    for ns in &namespaces {
-        let api = Api::<Pod>::namespaced(client.clone(), ns);
-        let list = api.list(&ListParams::default()).await.map_err(|e| {
-            crate::sandbox::api_error(e, &format!("listing the pods of namespace {ns}"))
-        })?;
-        for pod in list.items {
-            let running = pod.metadata.deletion_timestamp.is_none()
-                && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-            if running && admin_port(&pod).is_some() {
-                pods_of.push((api.clone(), ns.clone(), pod));
-            }
-        }
-    }
     let reads = futures_util::stream::iter(pods_of.iter().map(|(api, ns, pod)| async move {
         let name = pod.metadata.name.clone().unwrap_or_default();
         let port = admin_port(pod).unwrap_or_default();
@@ -384,6 +400,25 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<ExitCode> {
             s.hop.trace_carriers.join(", "),
         );
     }
+    // A service that dropped the trace context with the key starts a trace of its own, which is
+    // not recorded: the chain ends there. Say which workloads were read and saw nothing.
+    let mut silent: Vec<String> = pods_of
+        .iter()
+        .map(|(_, ns, pod)| (ns, pod))
+        .filter(|(ns, pod)| {
+            let p = format!("{ns}/{}", pod.metadata.name.clone().unwrap_or_default());
+            !chain.iter().any(|s| s.pod == p)
+                && !unreadable.iter().any(|u| u.starts_with(&format!("{p}:")))
+        })
+        .map(|(ns, pod)| format!("{ns}/{}", pod.metadata.name.clone().unwrap_or_default()))
+        .collect();
+    silent.sort();
+    if !chain.is_empty() && !silent.is_empty() {
+        outln!(
+            "Saw nothing of this request: {} (not on its path, or past a service that dropped the trace context too, where the recorded chain ends).",
+            silent.join(", ")
+        );
+    }
     let code = match verdict {
         Verdict::NotSeen => {
             outln!(
@@ -394,14 +429,14 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<ExitCode> {
         }
         Verdict::Reached if status.is_server_error() => {
             outln!(
-                "The key reached every hop recorded ({}), but the answer was {status}: the request may have stopped before the end of its path. Try again once the services answer.",
+                "The key reached every recorded hop ({}), but the answer was {status}: the request may have stopped before the end of its path. Try again once the services answer.",
                 chain.len()
             );
             crate::sandbox::EXIT_FAILED
         }
         Verdict::Reached => {
             outln!(
-                "The key reached every hop ({}): propagation works along this path.",
+                "The key reached every recorded hop ({}): propagation works along this path.",
                 chain.len()
             );
             return Ok(ExitCode::SUCCESS);
@@ -426,6 +461,54 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<ExitCode> {
         }
     };
     Ok(ExitCode::from(code))
+}
+
+/// Fails unless the user may `verb` `resource/subresource` in `ns` (a SelfSubjectAccessReview:
+/// the API server's own answer for the user's credentials).
+async fn may(
+    client: &kube::Client,
+    verb: &str,
+    resource: &str,
+    subresource: &str,
+    ns: &str,
+) -> Result<()> {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(ns.to_string()),
+                verb: Some(verb.to_string()),
+                resource: Some(resource.to_string()),
+                subresource: Some(subresource.to_string()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer = Api::<SelfSubjectAccessReview>::all(client.clone())
+        .create(&kube::api::PostParams::default(), &review)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "asking whether you may {verb} {resource}/{subresource} in {ns}: {}",
+                short(&e)
+            )
+        })?;
+    let status = answer.status.unwrap_or_default();
+    if !status.allowed {
+        bail!(
+            "forbidden to you: {verb} on {resource}/{subresource} in namespace {ns}{} (the doctor needs it; nothing was sent)",
+            if status.reason.as_deref().unwrap_or_default().is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", status.reason.unwrap_or_default())
+            }
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
