@@ -78,41 +78,11 @@ ready() {
 }
 
 per_request_ir() {
-    local n out vg
-    declare -A ir=()
-    for n in 1000 6000; do
-        out="$work/cg.$n"
-        setup "$1"
-        valgrind --tool=callgrind --callgrind-out-file="$out" "${cmd[@]}" >/dev/null 2>"$work/vg.log" &
-        vg=$!
-        pids+=("$vg")
-        ready
-        run_load "$n"
-        # Let the shipper push what the load left in the ring before the process ends.
-        sleep 1
-        kill -TERM "$vg"
-        wait "$vg" || true
-        ir[$n]="$(grep -E '^(summary|totals):' "$out" | head -1 | awk '{print $2}')"
-    done
-    echo $(((ir[6000] - ir[1000]) / 5000))
+    settle=1 count_instructions setup run_load ready "$1" | awk '{ print $3 }'
 }
 
 per_request_cpu_us() {
-    local n=20000 pid hz t0 t1
-    hz="$(getconf CLK_TCK)"
-    setup "$1"
-    "${cmd[@]}" >/dev/null 2>&1 &
-    pid=$!
-    pids+=("$pid")
-    ready
-    run_load 500
-    t0="$(awk '{ print $14 + $15 }' "/proc/$pid/stat")"
-    run_load "$n"
-    sleep 0.5
-    t1="$(awk '{ print $14 + $15 }' "/proc/$pid/stat")"
-    kill -TERM "$pid"
-    wait "$pid" || true
-    awk -v a="$t0" -v b="$t1" -v hz="$hz" -v n="$n" 'BEGIN { printf "%.1f", (b - a) / hz * 1e6 / n }'
+    count_cpu_us setup run_load ready "$1"
 }
 
 stored() {

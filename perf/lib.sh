@@ -65,22 +65,54 @@ load() {
     }
 }
 
-# User-space instructions of a peer under callgrind: "Ir(1000) Ir(6000) per-request", where
-# per request = (Ir(6000) - Ir(1000)) / 5000, so start-up and shutdown cancel out.
-instructions() {
-    local peer="$1" n out vg
+# User-space instructions under callgrind of the command `SETUP ARGS...` puts in `cmd`, loaded
+# with `LOAD N` once `READY` returns: "Ir(1000) Ir(6000) per-request", where per request =
+# (Ir(6000) - Ir(1000)) / 5000, so start-up and shutdown cancel out. $settle (default 0) seconds
+# pass between the load and the stop, for work the load left behind (a capture's shipper).
+count_instructions() {
+    local setup_fn="$1" load_fn="$2" ready_fn="$3" n out vg
+    shift 3
     declare -A ir=()
     for n in 1000 6000; do
         out="$work/cg.$n"
-        peer_cmd "$peer"
+        "$setup_fn" "$@"
         valgrind --tool=callgrind --callgrind-out-file="$out" "${cmd[@]}" >/dev/null 2>"$work/vg.log" &
         vg=$!
         pids+=("$vg")
-        wait_ready
-        load "$n"
+        "$ready_fn"
+        "$load_fn" "$n"
+        sleep "${settle:-0}"
         kill -TERM "$vg"
         wait "$vg" || true
         ir[$n]="$(grep -E '^(summary|totals):' "$out" | head -1 | awk '{print $2}')"
     done
     echo "${ir[1000]} ${ir[6000]} $(( (ir[6000] - ir[1000]) / 5000 ))"
+}
+
+# CPU µs per request (user + system ticks of the process over 20 000 requests) of the command
+# `SETUP ARGS...` puts in `cmd`, loaded with `LOAD N` once `READY` returns (and 500 requests of
+# warm-up). $after_load, when set, is run while the process still serves.
+count_cpu_us() {
+    local setup_fn="$1" load_fn="$2" ready_fn="$3" n=20000 pid hz t0 t1
+    shift 3
+    hz="$(getconf CLK_TCK)"
+    "$setup_fn" "$@"
+    "${cmd[@]}" >/dev/null 2>&1 &
+    pid=$!
+    pids+=("$pid")
+    "$ready_fn"
+    "$load_fn" 500
+    t0="$(awk '{ print $14 + $15 }' "/proc/$pid/stat")"
+    "$load_fn" "$n"
+    sleep 0.5
+    t1="$(awk '{ print $14 + $15 }' "/proc/$pid/stat")"
+    if [ -n "${after_load:-}" ]; then "$after_load"; fi
+    kill -TERM "$pid"
+    wait "$pid" || true
+    awk -v a="$t0" -v b="$t1" -v hz="$hz" -v n="$n" 'BEGIN { printf "%.1f", (b - a) / hz * 1e6 / n }'
+}
+
+# User-space instructions of a peer under callgrind (count_instructions).
+instructions() {
+    count_instructions peer_cmd load wait_ready "$1"
 }

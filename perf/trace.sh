@@ -56,41 +56,17 @@ run_load() {
 }
 
 per_request_ir() {
-    local n out vg
-    declare -A ir=()
-    for n in 1000 6000; do
-        out="$work/cg.$n"
-        setup "$1" "$2"
-        valgrind --tool=callgrind --callgrind-out-file="$out" "${cmd[@]}" >/dev/null 2>"$work/vg.log" &
-        vg=$!
-        pids+=("$vg")
-        wait_ready
-        run_load "$n"
-        kill -TERM "$vg"
-        wait "$vg" || true
-        ir[$n]="$(grep -E '^(summary|totals):' "$out" | head -1 | awk '{print $2}')"
-    done
-    echo $(((ir[6000] - ir[1000]) / 5000))
+    count_instructions setup run_load wait_ready "$1" "$2" | awk '{ print $3 }'
+}
+
+# What the sidecar kept: its counter of recorded requests, when it has one.
+read_recorded() {
+    curl -s http://127.0.0.1:19020/metrics |
+        awk '$1 == "spur_traces_recorded_total" { print $2 }' >"$work/recorded"
 }
 
 per_request_cpu_us() {
-    local n=20000 pid hz t0 t1
-    hz="$(getconf CLK_TCK)"
-    setup "$1" "$2"
-    "${cmd[@]}" >/dev/null 2>&1 &
-    pid=$!
-    pids+=("$pid")
-    wait_ready
-    run_load 500
-    t0="$(awk '{ print $14 + $15 }' "/proc/$pid/stat")"
-    run_load "$n"
-    sleep 0.5
-    t1="$(awk '{ print $14 + $15 }' "/proc/$pid/stat")"
-    # What the sidecar kept: the counter of recorded requests, when it has one.
-    curl -s http://127.0.0.1:19020/metrics | awk '$1 == "spur_traces_recorded_total" { print $2 }' >"$work/recorded"
-    kill -TERM "$pid"
-    wait "$pid" || true
-    awk -v a="$t0" -v b="$t1" -v hz="$hz" -v n="$n" 'BEGIN { printf "%.1f", (b - a) / hz * 1e6 / n }'
+    after_load=read_recorded count_cpu_us setup run_load wait_ready "$1" "$2"
 }
 
 echo "| sidecar | setup | instructions per request | CPU µs per request | recorded |"
