@@ -55,6 +55,26 @@ impl TraceCarrier {
             .find(|c| c.header().as_bytes().eq_ignore_ascii_case(name))
     }
 
+    /// Whether a value of this header may hold a recorded trace id: the last four digits of its
+    /// id field are those of [`RECORDED_SUFFIX`]. A test of four bytes at a known place, so a
+    /// request of a trace that is not recorded is dismissed without parsing its id; a value
+    /// that passes still goes through [`TraceCarrier::trace_id`].
+    pub fn may_be_recorded(self, v: &[u8]) -> bool {
+        let field_end = |stop: &[u8]| {
+            v.iter()
+                .take(33)
+                .position(|b| stop.contains(b))
+                .unwrap_or(v.len().min(33))
+        };
+        let end = match self {
+            TraceCarrier::TraceParent => 35,
+            TraceCarrier::B3 => field_end(b"-"),
+            TraceCarrier::B3Multi => v.len(),
+            TraceCarrier::Uber => field_end(b":%"),
+        };
+        end >= 4 && v.get(end - 4..end) == Some(&RECORDED_DIGITS[..])
+    }
+
     /// The trace id in a value of this header, if the value is well-formed.
     pub fn trace_id(self, value: &[u8]) -> Option<u128> {
         match self {
@@ -68,6 +88,8 @@ impl TraceCarrier {
 
 /// The low 16 bits of a recorded trace's id.
 pub const RECORDED_SUFFIX: u16 = 0x5b0d;
+/// [`RECORDED_SUFFIX`] as the formats write it: the last four hex digits of the id.
+const RECORDED_DIGITS: [u8; 4] = *b"5b0d";
 
 /// Whether sidecars record the hops of the trace with this id: its low 16 bits are
 /// [`RECORDED_SUFFIX`] (for a 64-bit B3 or Jaeger id, its own low bits).
@@ -312,6 +334,37 @@ mod tests {
         ] {
             assert_eq!(u.trace_id(bad), None, "{}", String::from_utf8_lossy(bad));
         }
+    }
+
+    /// The four-byte pre-test never turns away a value whose id is recorded.
+    #[test]
+    fn the_pre_test_agrees_with_the_parse() {
+        let id = format_id(recorded_id(ID));
+        let short = &id[16..];
+        let values: [(TraceCarrier, String); 8] = [
+            (
+                TraceCarrier::TraceParent,
+                format!("00-{id}-00f067aa0ba902b7-01"),
+            ),
+            (TraceCarrier::B3, format!("{id}-00f067aa0ba902b7-1")),
+            (TraceCarrier::B3, format!("{short}-00f067aa0ba902b7")),
+            (TraceCarrier::B3Multi, id.clone()),
+            (TraceCarrier::B3Multi, short.to_string()),
+            (TraceCarrier::Uber, format!("{id}:1:0:1")),
+            (TraceCarrier::Uber, "5b0d%3A1%3A0%3A1".to_string()),
+            (TraceCarrier::Uber, "5b0d:1:0:1".to_string()),
+        ];
+        for (c, v) in &values {
+            assert!(c.may_be_recorded(v.as_bytes()), "{c:?} {v}");
+            assert!(
+                c.trace_id(v.as_bytes()).is_some_and(is_recorded),
+                "{c:?} {v}"
+            );
+            let other = v.replacen("5b0d", "5b0e", 1);
+            assert!(!c.may_be_recorded(other.as_bytes()), "{c:?} {other}");
+        }
+        assert!(!TraceCarrier::Uber.may_be_recorded(b"b0d:1:0:1"));
+        assert!(!TraceCarrier::TraceParent.may_be_recorded(b"00-5b0d"));
     }
 
     #[test]

@@ -121,22 +121,22 @@ fn id_in(headers: &HeaderMap, carrier: TraceCarrier) -> Option<u128> {
 impl TraceRecord for TraceRecorder {
     fn is_sampled(&self, name: &[u8], value: &[u8]) -> bool {
         carrier_of(name)
-            .and_then(|c| c.trace_id(value))
-            .is_some_and(is_recorded)
+            .is_some_and(|c| c.may_be_recorded(value) && c.trace_id(value).is_some_and(is_recorded))
     }
 
     fn record(&self, _conn: &ConnMeta, route: &Route, headers: &HeaderMap, path: &str) {
-        let mut ids = [None; TraceCarrier::ALL.len()];
-        let mut sampled = None;
-        for (slot, carrier) in ids.iter_mut().zip(TraceCarrier::ALL) {
-            *slot = id_in(headers, carrier);
-            if sampled.is_none() {
-                sampled = slot.filter(|id| is_recorded(*id));
+        // Most requests: no trace header, or one whose id is not recorded (four bytes tell).
+        let sampled = TraceCarrier::ALL.into_iter().find_map(|c| {
+            let v = headers.get(c.header_name())?;
+            if !c.may_be_recorded(v.as_bytes()) {
+                return None;
             }
-        }
+            id_in(headers, c).filter(|id| is_recorded(*id))
+        });
         let Some(id) = sampled else {
             return;
         };
+        let ids = TraceCarrier::ALL.map(|c| id_in(headers, c));
         let trace_carriers = TraceCarrier::ALL
             .into_iter()
             .zip(ids)

@@ -276,8 +276,9 @@ spec:
         ran.stdout,
         ran.stderr
     );
-    // 9. `spur doctor propagation` sends through the API server's service proxy and reads the
-    //    sidecars with the tenant's own rights: refused at the first, nothing sent or shown.
+    // 9. `spur doctor propagation` reads the sidecars and sends through the API server's
+    //    service proxy with the tenant's own rights, checked before anything is sent: refused
+    //    (listing the namespace's pods), nothing sent or shown.
     let ran = crate::node_cli::spur_with(
         kubeconfig.path(),
         &[
@@ -292,7 +293,9 @@ spec:
     );
     assert_eq!(ran.code, Some(1), "{}{}", ran.stdout, ran.stderr);
     assert!(
-        ran.stderr.contains("forbidden to you") && ran.stdout.is_empty(),
+        ran.stderr.contains(&format!(
+            "listing the pods of namespace {other_ns}: forbidden"
+        )) && ran.stdout.is_empty(),
         "{}{}",
         ran.stdout,
         ran.stderr
