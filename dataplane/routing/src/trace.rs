@@ -43,9 +43,16 @@ impl TraceCarrier {
         }
     }
 
-    /// The header name, for lookups that need no parse of a string.
-    pub const fn header_name(self) -> http::HeaderName {
-        http::HeaderName::from_static(self.header())
+    /// The header name, for lookups that need no parse of a string (made once, at compile
+    /// time: `HeaderName::from_static` at run time would check the name on every call).
+    pub fn header_name(self) -> &'static http::HeaderName {
+        static NAMES: [http::HeaderName; 4] = [
+            http::HeaderName::from_static(TraceCarrier::TraceParent.header()),
+            http::HeaderName::from_static(TraceCarrier::B3.header()),
+            http::HeaderName::from_static(TraceCarrier::B3Multi.header()),
+            http::HeaderName::from_static(TraceCarrier::Uber.header()),
+        ];
+        &NAMES[self as usize]
     }
 
     /// The carrier a header name (any case) is.
@@ -382,5 +389,8 @@ mod tests {
             Some(TraceCarrier::TraceParent)
         );
         assert_eq!(TraceCarrier::of(b"x-b3-spanid"), None);
+        for c in TraceCarrier::ALL {
+            assert_eq!(c.header_name().as_str(), c.header());
+        }
     }
 }

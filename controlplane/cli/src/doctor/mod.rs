@@ -97,14 +97,7 @@ fn parse_target(s: &str) -> Result<Target, String> {
             Some((n, ns)) => (n, Some(ns)),
             None => (service, None),
         };
-        let label = |v: &str| {
-            !v.is_empty()
-                && v.len() <= 63
-                && v.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !v.starts_with('-')
-                && !v.ends_with('-')
-        };
+        let label = spur_api::validation::is_dns_label;
         if !label(name) || !namespace.is_none_or(label) || !label(port) {
             return Err(format!(
                 "{s}: svc/NAME[.NAMESPACE]:PORT wants DNS labels and a port number or name"

@@ -64,14 +64,7 @@ pub(crate) fn parse_target(s: &str) -> Result<Target, String> {
     let name = parts.next().unwrap_or_default();
     let namespace = parts.next();
     let rest: Vec<&str> = parts.collect();
-    let dns_label = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
+    let dns_label = spur_api::validation::is_dns_label;
     if !dns_label(name) || namespace.is_some_and(|n| !dns_label(n)) {
         return Err(format!(
             "{s:?}: expected SERVICE[.NAMESPACE][:PORT] (a Service name, its namespace, a port)"
