@@ -125,12 +125,14 @@ impl TraceRecord for TraceRecorder {
     }
 
     fn record(&self, _conn: &ConnMeta, route: &Route, headers: &HeaderMap, path: &str) {
-        // Most requests: no trace header, or one whose id is not recorded (four bytes tell).
-        let sampled = TraceCarrier::ALL.into_iter().find_map(|c| {
-            let v = headers.get(c.header_name())?;
-            if !c.may_be_recorded(v.as_bytes()) {
+        // Most requests: no trace header, or one whose id is not recorded (four bytes tell). One
+        // pass over the headers, by name length first, is cheaper than four hashed lookups.
+        let sampled = headers.iter().find_map(|(name, value)| {
+            let c = carrier_of(name.as_str().as_bytes())?;
+            if !c.may_be_recorded(value.as_bytes()) {
                 return None;
             }
+            // Exactly one well-formed value, recorded.
             id_in(headers, c).filter(|id| is_recorded(*id))
         });
         let Some(id) = sampled else {
