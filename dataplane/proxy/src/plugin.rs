@@ -74,8 +74,7 @@ pub trait CaptureSelect: Send + Sync + 'static {
 /// Records the requests of sampled traces. The HTTP/1 relay asks [`TraceRecord::is_sampled`]
 /// of the header fields that are not routing carriers and hands a sampled request to the full
 /// path, which calls [`TraceRecord::record`] for every request once it is routed; so a request
-/// of a trace that is not sampled costs a check of each header on the relay and a few header
-/// lookups on the full path.
+/// of a trace that is not sampled costs what these two methods make of its headers.
 pub trait TraceRecord: Send + Sync + 'static {
     /// Whether this request header (name as sent, any case) marks the request as one of a
     /// sampled trace.

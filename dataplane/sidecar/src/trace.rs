@@ -5,10 +5,10 @@
 //! `spur doctor propagation` reads it to find the service that dropped a key.
 //!
 //! Bounded: the newest [`CAPACITY`] hops are kept, each of bounded size. A request of a trace
-//! that is not recorded costs, on the HTTP/1 relay, a length check of each header's name and a
-//! parse of any trace header's value ([`TraceRecorder::is_sampled`]); on the hyper path, four
-//! header lookups and the same parse ([`TraceRecorder::record`]); perf/results/trace_record.md
-//! counts it.
+//! that is not recorded costs a length check of each header's name and, for a trace header, a
+//! look at four bytes of its value (`TraceCarrier::may_be_recorded`), on the HTTP/1 relay
+//! ([`TraceRecorder::is_sampled`]) as on the hyper path ([`TraceRecorder::record`]);
+//! perf/results/trace_record.md counts it.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
