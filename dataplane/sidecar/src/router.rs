@@ -204,7 +204,7 @@ impl CaptureSelect for KeyCapture {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
     use std::sync::Arc;
 
@@ -213,7 +213,8 @@ mod tests {
     use super::*;
     use crate::capture::KeySet;
 
-    fn meta() -> ConnMeta {
+    /// A connection's metadata for unit tests of request-path plug-ins.
+    pub(crate) fn meta() -> ConnMeta {
         ConnMeta::new(
             "10.0.0.1:5555".parse().unwrap(),
             "127.0.0.1:15006".parse().unwrap(),

@@ -198,20 +198,12 @@ mod tests {
     use spur_routing::{Destination, ExtractConfig, Location};
 
     use super::*;
+    use crate::router::tests::meta;
 
     fn recorder() -> TraceRecorder {
         TraceRecorder::new(
             KeyExtractor::new(&ExtractConfig::default()).unwrap(),
             &mut Registry::default(),
-        )
-    }
-
-    fn meta() -> ConnMeta {
-        ConnMeta::new(
-            "10.0.0.1:5555".parse().unwrap(),
-            "127.0.0.1:15006".parse().unwrap(),
-            "127.0.0.1:8080".parse().unwrap(),
-            spur_proxy::Protocol::Http1,
         )
     }
 
