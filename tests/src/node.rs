@@ -885,6 +885,17 @@ impl Laptop {
         }
     }
 
+    /// Sends SIGINT to one process the laptop started, as Ctrl-C in its terminal would
+    /// (`ip netns exec` execs the program, so the child is the program itself).
+    pub fn interrupt(&self, process: &LaptopProcess) -> anyhow::Result<()> {
+        let c = self
+            .children
+            .get(process.0)
+            .ok_or_else(|| anyhow!("no laptop process {}", process.0))?;
+        run(Command::new("kill").args(["-s", "INT", &c.id().to_string()]))?;
+        Ok(())
+    }
+
     /// Kills one process the laptop started (a crash, say); the others keep running.
     pub fn stop(&mut self, process: LaptopProcess) {
         if let Some(c) = self.children.get_mut(process.0) {

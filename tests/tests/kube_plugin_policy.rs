@@ -3,7 +3,9 @@
 //! spur-sandbox-creator-rights (charts/spur/files/sandbox-admission-policy.yaml) asks, when a
 //! Sandbox is created, for the verb `use` on `resourceplugins.spur.dev` named after each plugin.
 //! Against a real kube-apiserver: a developer who may fork in namespace `a` cannot make the
-//! operator run a plugin it was not given, and can with the chart's ClusterRole.
+//! operator run a plugin it was not given, and can with the chart's ClusterRole. Writes that
+//! leave the spec alone (the operator's finalizers) are not checked, so a Sandbox whose
+//! baseline namespace is gone can still be deleted.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -145,4 +147,40 @@ async fn resources_need_the_use_verb_on_their_plugins() {
     )
     .await
     .unwrap();
+
+    // Only writes that change the spec are checked. When the rights in a baseline namespace go
+    // (its deletion takes the operator's enrolment RoleBinding with it), an update of only the
+    // metadata (the operator removing its finalizer) still passes, or such a Sandbox could
+    // never be deleted; a spec change is refused.
+    Api::<RoleBinding>::namespaced(admin.clone(), "a")
+        .delete("dev", &DeleteParams::default())
+        .await
+        .unwrap();
+    let message = eventually("a spec change without the rights to be refused", || {
+        let dev = dev.clone();
+        async move {
+            match dev
+                .patch(
+                    "plain",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"description": "changed"}})),
+                )
+                .await
+            {
+                Err(kube::Error::Api(e)) if e.code == 403 => Some(e.message),
+                _ => None,
+            }
+        }
+    })
+    .await;
+    assert!(message.ends_with("lacks them in one of: a"), "{message}");
+    for finalizers in [json!(["spur.dev/cleanup"]), json!(null)] {
+        dev.patch(
+            "plain",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
+        )
+        .await
+        .unwrap();
+    }
 }

@@ -453,6 +453,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
     let workstation_token =
         laptop_joins_through_the_tunnel_proxy(node, ns, &client, &frontend, &backend_pods[0]);
 
+    // --- the same in one command: `spur sandbox apply --local` from a laptop, Ctrl-C ends it --
+    node_local::apply_local::joins_in_one_command(node, ns, &client, &frontend, &backend_pods[0]);
+
     // --- a user with rights in one namespace cannot reach through Spur into others -----------
     // (workstation `alice` is the admin's since the step above)
     node_tenancy::a_tenant_cannot_reach_through(node, "alice", ns, "backend");

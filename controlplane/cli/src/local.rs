@@ -2,19 +2,21 @@
 //! development. Arguments → configuration → `spur_workstation`; progress lines on stderr.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use spur_runtime::Drain;
+use spur_workstation::SocksOpener;
 use spur_workstation::proxy::{self, ProxyConfig};
 use spur_workstation::state::{self, Status, Terminated};
-use spur_workstation::tunnel::{ClientConfig, ClientTls, Token, TransportPolicy};
-use spur_workstation::{ConnectConfig, Event, SocksOpener, Workstation};
 
+pub(crate) mod cert;
+pub(crate) mod connect;
+pub(crate) mod endpoint;
 mod env;
 mod owner;
 
@@ -30,7 +32,7 @@ enum LocalCommand {
     /// for your local workloads, a local SOCKS5/HTTP CONNECT proxy, and cluster service names
     /// on loopback (DNS responder, optional hosts-file block). Ctrl-C or `spur local
     /// disconnect` ends it cleanly.
-    Connect(Box<ConnectArgs>),
+    Connect(Box<connect::ConnectArgs>),
     /// Show the running `spur local connect` (exit status 1 when not connected).
     Status(StatusArgs),
     /// Stop the running `spur local connect` and wait for its clean exit.
@@ -45,7 +47,7 @@ enum LocalCommand {
     /// asks the cluster to sign it (a CertificateSigningRequest an administrator approves) and
     /// writes client.crt, client.key and the CA bundle (ca.crt) into the state directory,
     /// where `spur local connect` finds them.
-    Cert(CertArgs),
+    Cert(cert::CertArgs),
     /// Revoke every credential of a workstation issued until now (its tokens and client
     /// certificates): the tunnel proxy refuses them and closes the sessions they opened within
     /// seconds. Credentials issued afterwards work (a certificate's validity starts a minute
@@ -113,181 +115,11 @@ async fn revoke_cmd(a: RevokeArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-#[derive(Args)]
-struct CertArgs {
-    /// The workstation the certificate names (a DNS label: Sandboxes name it in
-    /// `spec.workstation`).
-    #[arg(long)]
-    workstation: String,
-    /// How long the certificate is valid (the operator caps it, 7 days by default).
-    #[arg(long, default_value = "24h", value_parser = spur_runtime::parse_duration)]
-    lifetime: Duration,
-    /// How long to wait for the request to be approved and signed.
-    #[arg(long, default_value = "15m", value_parser = spur_runtime::parse_duration)]
-    wait: Duration,
-    /// The operator's namespace (where the CA bundle ConfigMap `spur-ca-bundle` is).
-    #[arg(long, default_value = "spur-system")]
-    namespace: String,
-    /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then the in-cluster config).
-    #[arg(long, env = "SPUR_KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
-    #[command(flatten)]
-    state: StateDir,
-}
-
-/// Files `spur local cert` writes into the state directory.
-const CLIENT_CERT: &str = "client.crt";
-const CLIENT_KEY: &str = "client.key";
-const CLIENT_CA: &str = "ca.crt";
-
 fn check_workstation(name: &str) -> Result<()> {
-    let valid = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-');
-    if !valid {
+    if !spur_api::validation::is_dns_label(name) {
         bail!("--workstation {name:?} is not a DNS label");
     }
     Ok(())
-}
-
-/// Makes a key, files a CertificateSigningRequest for it, waits for the signed certificate and
-/// writes it with the key and the CA bundle. The key never leaves this machine.
-async fn cert_cmd(a: CertArgs) -> Result<ExitCode> {
-    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-    use k8s_openapi::api::core::v1::ConfigMap;
-
-    check_workstation(&a.workstation)?;
-    let expiration = i32::try_from(a.lifetime.as_secs())
-        .ok()
-        .filter(|s| *s >= 600)
-        .context("--lifetime must be between 10m and about 68 years")?;
-    let dir = a.state.resolve()?;
-    let key = rcgen::KeyPair::generate().context("cannot make a key")?;
-    let mut params = rcgen::CertificateParams::default();
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, a.workstation.as_str());
-    let request = params
-        .serialize_request(&key)
-        .and_then(|r| r.pem())
-        .context("cannot make the certificate signing request")?;
-
-    let client = crate::kube_client(a.kubeconfig.as_deref()).await?;
-    let csrs: kube::Api<CertificateSigningRequest> = kube::Api::all(client.clone());
-    let csr: CertificateSigningRequest = serde_json::from_value(serde_json::json!({
-        "metadata": {
-            "generateName": format!("spur-workstation-{}-", a.workstation),
-            "labels": {(spur_api::tunnel::WORKSTATION_LABEL): a.workstation},
-        },
-        "spec": {
-            "request": k8s_openapi::ByteString(request.into_bytes()),
-            "signerName": spur_api::workstation::WORKSTATION_SIGNER,
-            "usages": ["client auth", "digital signature"],
-            "expirationSeconds": expiration,
-        },
-    }))?;
-    let created = csrs
-        .create(&kube::api::PostParams::default(), &csr)
-        .await
-        .context("cannot create the CertificateSigningRequest")?;
-    let name = created.metadata.name.clone().unwrap_or_default();
-    say(format_args!(
-        "certificate request {name} for workstation {} filed; waiting for approval (an administrator runs: kubectl certificate approve {name})",
-        a.workstation
-    ));
-    let deadline = tokio::time::Instant::now() + a.wait;
-    let cert = loop {
-        let csr = csrs
-            .get(&name)
-            .await
-            .with_context(|| format!("cannot read CertificateSigningRequest {name}"))?;
-        let status = csr.status.unwrap_or_default();
-        if let Some(c) = status.certificate.filter(|c| !c.0.is_empty()) {
-            break String::from_utf8(c.0).context("the issued certificate is not PEM text")?;
-        }
-        if let Some(c) = status
-            .conditions
-            .unwrap_or_default()
-            .into_iter()
-            .find(|c| (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True")
-        {
-            bail!(
-                "certificate request {name} {}: {}",
-                c.type_.to_lowercase(),
-                c.message.or(c.reason).unwrap_or_default()
-            );
-        }
-        if tokio::time::Instant::now() >= deadline {
-            bail!(
-                "certificate request {name} was not signed within {}s; it stays pending (delete it with kubectl delete csr {name}) and its key is gone: run spur local cert again",
-                a.wait.as_secs()
-            );
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    };
-    use rustls::pki_types::pem::PemObject as _;
-    let identity = rustls::pki_types::CertificateDer::from_pem_slice(cert.as_bytes())
-        .map_err(anyhow::Error::from)
-        .and_then(|der| Ok(spur_tunnel::identity_from_cert(&der)?))
-        .context("the issued certificate cannot be read")?;
-
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    write_private(&dir.join(CLIENT_KEY), key.serialize_pem().as_bytes())?;
-    std::fs::write(dir.join(CLIENT_CERT), &cert)
-        .with_context(|| format!("cannot write {}", dir.join(CLIENT_CERT).display()))?;
-    let bundle = kube::Api::<ConfigMap>::namespaced(client, &a.namespace)
-        .get_opt("spur-ca-bundle")
-        .await;
-    match bundle {
-        Ok(Some(cm)) => match cm.data.as_ref().and_then(|d| d.get("ca.crt")) {
-            Some(pem) => std::fs::write(dir.join(CLIENT_CA), pem)
-                .with_context(|| format!("cannot write {}", dir.join(CLIENT_CA).display()))?,
-            None => say(
-                "ConfigMap spur-ca-bundle has no ca.crt: pass the tunnel proxy's CA to spur local connect with --ca-file",
-            ),
-        },
-        Ok(None) => say(format_args!(
-            "no ConfigMap {}/spur-ca-bundle: pass the tunnel proxy's CA to spur local connect with --ca-file",
-            a.namespace
-        )),
-        Err(e) => say(format_args!(
-            "cannot read ConfigMap {}/spur-ca-bundle ({e}): pass the tunnel proxy's CA to spur local connect with --ca-file",
-            a.namespace
-        )),
-    }
-    let until = identity
-        .expires_at
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or_else(|| "-".into(), |d| d.as_secs().to_string());
-    say(format_args!(
-        "certificate for workstation {} (valid until Unix time {until}) written to {}; spur local connect uses it",
-        identity.name,
-        dir.display()
-    ));
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Writes a file only its owner can read (a private key).
-fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("cannot create {}", tmp.display()))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
 }
 
 #[derive(Args)]
@@ -360,7 +192,7 @@ async fn token_cmd(a: TokenArgs) -> Result<ExitCode> {
 }
 
 #[derive(Args)]
-struct StateDir {
+pub(crate) struct StateDir {
     /// Where the state file of `spur local connect` lives [default: $XDG_STATE_HOME/spur or
     /// ~/.local/state/spur].
     #[arg(long, env = "SPUR_STATE_DIR")]
@@ -368,7 +200,7 @@ struct StateDir {
 }
 
 impl StateDir {
-    fn resolve(&self) -> Result<PathBuf> {
+    pub(crate) fn resolve(&self) -> Result<PathBuf> {
         if let Some(d) = &self.state_dir {
             return Ok(d.clone());
         }
@@ -380,79 +212,6 @@ impl StateDir {
             None => bail!("neither --state-dir, $XDG_STATE_HOME nor $HOME is set"),
         }
     }
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum TransportArg {
-    /// QUIC, falling back to HTTP/2 over TLS where UDP is blocked.
-    Auto,
-    Quic,
-    H2,
-}
-
-#[derive(Args)]
-struct ConnectArgs {
-    /// The tunnel proxy's host name or IP address.
-    #[arg(long, env = "SPUR_TUNNEL_SERVER")]
-    server: String,
-    /// UDP port of the QUIC listener.
-    #[arg(long, env = "SPUR_TUNNEL_QUIC_PORT", default_value_t = 443)]
-    quic_port: u16,
-    /// TCP port of the HTTP/2-over-TLS listener.
-    #[arg(long, env = "SPUR_TUNNEL_H2_PORT", default_value_t = 443)]
-    h2_port: u16,
-    /// File holding the workstation token (or set SPUR_TUNNEL_TOKEN). Without a token, the
-    /// client certificate is used: --cert-file/--key-file, else the state directory's
-    /// client.crt/client.key from `spur local cert`.
-    #[arg(long, env = "SPUR_TUNNEL_TOKEN_FILE")]
-    token_file: Option<PathBuf>,
-    /// Client certificate (PEM) identifying this workstation.
-    #[arg(long, env = "SPUR_TUNNEL_CERT_FILE", requires = "key_file")]
-    cert_file: Option<PathBuf>,
-    /// Its private key (PEM).
-    #[arg(long, env = "SPUR_TUNNEL_KEY_FILE", requires = "cert_file")]
-    key_file: Option<PathBuf>,
-    /// PEM file of the CA that signed the tunnel proxy's certificate [default: the state
-    /// directory's ca.crt from `spur local cert`, else the system's trust store].
-    #[arg(long, env = "SPUR_TUNNEL_CA_FILE")]
-    ca_file: Option<PathBuf>,
-    /// Name the tunnel proxy's certificate must carry [default: --server].
-    #[arg(long, env = "SPUR_TUNNEL_SERVER_NAME")]
-    server_name: Option<String>,
-    /// Which transport to use.
-    #[arg(long, value_enum, default_value = "auto")]
-    transport: TransportArg,
-    /// Local SOCKS5 and HTTP CONNECT proxy (cluster names are resolved in the cluster).
-    #[arg(long, default_value = "127.0.0.1:1080", conflicts_with = "no_socks")]
-    socks_addr: SocketAddr,
-    /// No local SOCKS5/HTTP CONNECT proxy.
-    #[arg(long)]
-    no_socks: bool,
-    /// Local DNS responder for cluster service names (<svc>.<ns>, <svc>.<ns>.svc,
-    /// <svc>.<ns>.svc.<cluster domain>), answered with per-Service loopback addresses on which
-    /// the Service's ports are forwarded through the tunnel.
-    #[arg(long, default_value = "127.0.0.1:5353", conflicts_with = "no_dns")]
-    dns_addr: SocketAddr,
-    /// No DNS responder (and no Service listeners unless --hosts-file is given).
-    #[arg(long)]
-    no_dns: bool,
-    /// Also write the service names into this hosts file between `# spur begin` and
-    /// `# spur end` (removed on exit). /etc/hosts needs root.
-    #[arg(long)]
-    hosts_file: Option<PathBuf>,
-    /// Only Services of this namespace get names and listeners (repeatable; default: all).
-    #[arg(long = "namespace", short = 'n')]
-    namespaces: Vec<String>,
-    /// At most this many Services get names and listeners.
-    #[arg(long, default_value_t = 2000)]
-    max_services: usize,
-    /// Let reverse binds connect to any `toLocal` a Sandbox names. Without it only this
-    /// machine's loopback addresses (localhost, 127.0.0.0/8, ::1) are connected to, so a
-    /// Sandbox cannot reach other machines on your network through this workstation.
-    #[arg(long)]
-    allow_remote_targets: bool,
-    #[command(flatten)]
-    state: StateDir,
 }
 
 #[derive(Args)]
@@ -496,167 +255,19 @@ struct ProxyArgs {
 
 pub(crate) async fn run(args: LocalArgs) -> Result<ExitCode> {
     match args.command {
-        LocalCommand::Connect(a) => connect(*a).await,
+        LocalCommand::Connect(a) => connect::connect(*a).await,
         LocalCommand::Status(a) => status(a),
         LocalCommand::Disconnect(a) => disconnect(a).await,
         LocalCommand::Proxy(a) => proxy_cmd(a).await,
         LocalCommand::Token(a) => token_cmd(a).await,
-        LocalCommand::Cert(a) => cert_cmd(a).await,
+        LocalCommand::Cert(a) => cert::cert_cmd(a).await,
         LocalCommand::Revoke(a) => revoke_cmd(a).await,
         LocalCommand::Env(a) => env::env_cmd(a).await,
     }
 }
 
-fn say(line: impl std::fmt::Display) {
+pub(crate) fn say(line: impl std::fmt::Display) {
     eprintln!("spur local: {line}");
-}
-
-fn host_port(host: &str, port: u16) -> String {
-    if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    }
-}
-
-fn read_token(file: Option<&Path>) -> Result<Token> {
-    let token = match file {
-        Some(path) => std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read token file {}", path.display()))?,
-        None => std::env::var("SPUR_TUNNEL_TOKEN")
-            .context("no workstation token: pass --token-file or set SPUR_TUNNEL_TOKEN")?,
-    };
-    let token = token.trim();
-    if token.is_empty() {
-        bail!("the workstation token is empty");
-    }
-    Ok(Token::new(token))
-}
-
-type ClientCert = (
-    Vec<rustls::pki_types::CertificateDer<'static>>,
-    rustls::pki_types::PrivateKeyDer<'static>,
-);
-
-/// A token if one is given (--token-file, SPUR_TUNNEL_TOKEN), else a client certificate
-/// (--cert-file/--key-file, else the state directory's from `spur local cert`).
-fn credentials(
-    args: &ConnectArgs,
-    state_dir: &Path,
-) -> Result<(Option<Token>, Option<ClientCert>)> {
-    if args.token_file.is_some() || std::env::var_os("SPUR_TUNNEL_TOKEN").is_some() {
-        return Ok((Some(read_token(args.token_file.as_deref())?), None));
-    }
-    let (cert, key) = match (&args.cert_file, &args.key_file) {
-        (Some(c), Some(k)) => (c.clone(), k.clone()),
-        _ => (state_dir.join(CLIENT_CERT), state_dir.join(CLIENT_KEY)),
-    };
-    if args.cert_file.is_none() && !(cert.is_file() && key.is_file()) {
-        bail!(
-            "no workstation credentials: pass --token-file (or set SPUR_TUNNEL_TOKEN), or get a client certificate with `spur local cert` (looked for {})",
-            cert.display()
-        );
-    }
-    Ok((None, Some(read_client_cert(&cert, &key)?)))
-}
-
-fn read_client_cert(cert: &Path, key: &Path) -> Result<ClientCert> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let chain = CertificateDer::pem_file_iter(cert)
-        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-        .with_context(|| format!("cannot read the client certificate {}", cert.display()))?;
-    let first = chain
-        .first()
-        .with_context(|| format!("no certificate in {}", cert.display()))?;
-    let identity = spur_tunnel::identity_from_cert(first)
-        .with_context(|| format!("cannot read the client certificate {}", cert.display()))?;
-    if let Some(at) = identity.expires_at
-        && at <= std::time::SystemTime::now()
-    {
-        let ago = std::time::SystemTime::now()
-            .duration_since(at)
-            .unwrap_or_default()
-            .as_secs();
-        bail!(
-            "the client certificate {} of workstation {} expired {ago}s ago: get a new one with `spur local cert`",
-            cert.display(),
-            identity.name
-        );
-    }
-    let key = PrivateKeyDer::from_pem_file(key)
-        .with_context(|| format!("cannot read a private key from {}", key.display()))?;
-    Ok((chain, key))
-}
-
-async fn connect(args: ConnectArgs) -> Result<ExitCode> {
-    let state_dir = args.state.resolve()?;
-    let state_ca = state_dir.join(CLIENT_CA);
-    let ca_file = args
-        .ca_file
-        .clone()
-        .or_else(|| state_ca.is_file().then_some(state_ca));
-    let roots = spur_workstation::load_roots(ca_file.as_deref())?;
-    let (token, client_cert) = credentials(&args, &state_dir)?;
-    let server = args.server.trim_start_matches('[').trim_end_matches(']');
-    let mut tunnel = ClientConfig::new(
-        args.server_name
-            .clone()
-            .unwrap_or_else(|| server.to_owned()),
-        ClientTls { roots, client_cert },
-    );
-    tunnel.quic_addr = Some(host_port(server, args.quic_port));
-    tunnel.h2_addr = Some(host_port(server, args.h2_port));
-    tunnel.transports = match args.transport {
-        TransportArg::Auto => TransportPolicy::QuicThenH2,
-        TransportArg::Quic => TransportPolicy::QuicOnly,
-        TransportArg::H2 => TransportPolicy::H2Only,
-    };
-    tunnel.token = token;
-    tunnel.client_name = format!(
-        "spur {} on {}",
-        env!("CARGO_PKG_VERSION"),
-        spur_workstation::hostname()
-    );
-
-    let mut config = ConnectConfig::new(tunnel, server);
-    config.socks_addr = (!args.no_socks).then_some(args.socks_addr);
-    config.dns_addr = (!args.no_dns).then_some(args.dns_addr);
-    config.hosts_file = args.hosts_file.clone();
-    config.state_dir = Some(state_dir.clone());
-    config.namespaces = args.namespaces.clone();
-    config.max_services = args.max_services;
-    config.allow_remote_targets = args.allow_remote_targets;
-    config.client_version = env!("CARGO_PKG_VERSION").into();
-    config.on_event = Some(Arc::new(|e: &Event| say(e)));
-    if config.dns_addr.is_some() || config.hosts_file.is_some() {
-        spur_workstation::raise_fd_limit();
-    }
-
-    let ws = match Workstation::start(config).await {
-        Ok(ws) => ws,
-        Err(e @ spur_workstation::Error::AlreadyRunning { .. }) => {
-            bail!("{e}; `spur local disconnect` stops it")
-        }
-        Err(e) => return Err(e.into()),
-    };
-    say(format_args!(
-        "state file {}",
-        state::path(&state_dir).display()
-    ));
-    let code = tokio::select! {
-        () = spur_runtime::shutdown_signal() => {
-            say("disconnecting…");
-            ExitCode::SUCCESS
-        }
-        reason = ws.closed() => {
-            say(format_args!("giving up: {reason}"));
-            ExitCode::FAILURE
-        }
-    };
-    ws.shutdown(Duration::from_secs(5)).await;
-    say("disconnected");
-    Ok(code)
 }
 
 fn status(args: StatusArgs) -> Result<ExitCode> {

@@ -120,15 +120,20 @@ fn main() -> std::process::ExitCode {
     let log = match cli.command {
         // `spur local` prints its own progress lines; the tunnel library's would repeat them.
         Command::Local(_) => "warn,spur_tunnel=error",
+        Command::Sandbox(ref args) if args.joins_locally() => {
+            "warn,spur_tunnel=error,kube_client=off"
+        }
         // The API server's refusals are printed once, as the command's error.
         Command::Sandbox(_) | Command::Routegroup(_) | Command::Route(_) | Command::Doctor(_) => {
             "warn,kube_client=off"
         }
         _ => "warn",
     };
-    // `spur local` carries a tunnel: one thread (see `Runtime::CurrentThread`).
+    // `spur local` and `spur sandbox apply --local` carry a tunnel: one thread (see
+    // `Runtime::CurrentThread`).
     let runtime = match cli.command {
         Command::Local(_) => Runtime::CurrentThread,
+        Command::Sandbox(ref args) if args.joins_locally() => Runtime::CurrentThread,
         _ => Runtime::MultiThread,
     };
     spur_bin_support::run("spur", log, runtime, async move {

@@ -2,6 +2,8 @@
 //! chart's tunnel proxy (its Service's cluster IP), with a demo app on the laptop standing in for
 //! the developer's process. Shared by the steps whose Sandboxes have local workloads.
 
+pub(crate) mod apply_local;
+
 use std::path::Path;
 use std::time::Duration;
 

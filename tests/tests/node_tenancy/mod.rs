@@ -300,6 +300,14 @@ spec:
         ran.stdout,
         ran.stderr
     );
+    // 10. `spur sandbox apply --local` for the admin's workstation: no certificate, no
+    //     Sandbox.
+    crate::node_local::apply_local::another_users_workstation_is_refused(
+        node,
+        TENANT,
+        kubeconfig.path(),
+        other_ns,
+    );
     // Nothing of the tenant's was created.
     let left = node.kubectl(&["get", "sandboxes", "-o", "name"]).unwrap();
     assert!(!left.contains("tenant-"), "{left}");

@@ -4,6 +4,7 @@
 
 mod apply;
 mod describe;
+mod local;
 mod progress;
 mod wait;
 
@@ -27,13 +28,20 @@ pub(crate) const EXIT_FAILED: u8 = 3;
 pub(crate) const EXIT_TIMED_OUT: u8 = 4;
 pub(crate) const EXIT_INTERRUPTED: u8 = 130;
 
-const EXIT_CODES: &str = "Exit codes: 0 done (with --wait: ready, or gone); 1 an error (a bad file, a refusal by the API server or Spur's admission, which names the field, or no connection); 2 a usage error; 3 --wait saw a failure (its reason, message and the object to look at are printed); 4 --wait timed out (what it still waited for is printed); 130 interrupted (Ctrl-C: the object stays as it is).";
+const EXIT_CODES: &str = "Exit codes: 0 done (with --wait: ready, or gone); 1 an error (a bad file, a refusal by the API server or Spur's admission, which names the field, or no connection); 2 a usage error; 3 --wait saw a failure (its reason, message and the object to look at are printed); 4 --wait timed out (what it still waited for is printed); 130 interrupted (Ctrl-C: the object stays as it is; with --local it is deleted unless --keep).";
 
 #[derive(Args)]
 #[command(after_help = EXIT_CODES)]
 pub(crate) struct SandboxArgs {
     #[command(subcommand)]
-    command: Verb,
+    command: SandboxVerb,
+}
+
+impl SandboxArgs {
+    /// `apply --local`: the command carries a workstation's tunnel.
+    pub(crate) fn joins_locally(&self) -> bool {
+        matches!(&self.command, SandboxVerb::Apply(a) if a.local.local)
+    }
 }
 
 #[derive(Args)]
@@ -41,6 +49,29 @@ pub(crate) struct SandboxArgs {
 pub(crate) struct RouteGroupArgs {
     #[command(subcommand)]
     command: Verb,
+}
+
+/// The sandbox verbs: those of every kind, `apply` with `--local`.
+#[derive(Subcommand)]
+enum SandboxVerb {
+    /// Create or update from a file (server-side apply as you); with --wait, show each part
+    /// coming up until it is ready, then the routing key, preview URLs and a curl to try; with
+    /// --local, also join this machine to its local workloads until Ctrl-C.
+    Apply(Box<SandboxApplyArgs>),
+    /// List them: name, routing key, readiness, age.
+    List(ListArgs),
+    /// Show one: routing key, readiness, forks, expiry, preview URLs.
+    Get(GetArgs),
+    /// Delete; with --wait, until it and its forks are gone.
+    Delete(DeleteArgs),
+}
+
+#[derive(Args)]
+struct SandboxApplyArgs {
+    #[command(flatten)]
+    apply: ApplyArgs,
+    #[command(flatten)]
+    local: local::LocalArgs,
 }
 
 #[derive(Subcommand)]
@@ -166,10 +197,11 @@ pub(crate) fn api_error(e: kube::Error, doing: &str) -> anyhow::Error {
 
 pub(crate) async fn sandbox(args: SandboxArgs) -> Result<ExitCode> {
     match args.command {
-        Verb::Apply(a) => apply_verb::<Sandbox>(a).await,
-        Verb::List(a) => list::<Sandbox>(a).await,
-        Verb::Get(a) => get_sandbox(a).await,
-        Verb::Delete(a) => delete::<Sandbox>(a).await,
+        SandboxVerb::Apply(a) if a.local.local => local::apply_local(a.apply, a.local).await,
+        SandboxVerb::Apply(a) => apply_verb::<Sandbox>(a.apply).await,
+        SandboxVerb::List(a) => list::<Sandbox>(a).await,
+        SandboxVerb::Get(a) => get_sandbox(a).await,
+        SandboxVerb::Delete(a) => delete::<Sandbox>(a).await,
     }
 }
 
