@@ -34,25 +34,6 @@ pub(crate) fn laptop_kubeconfig(node: &Node, dir: &Path, as_user: Option<&str>) 
     path
 }
 
-/// The Sandbox the developer applies: `ns/backend`'s keyed requests to the laptop's port 3000.
-fn sandbox_yaml(name: &str, ns: &str) -> String {
-    format!(
-        r#"apiVersion: spur.dev/v1alpha1
-kind: Sandbox
-metadata:
-  name: {name}
-spec:
-  description: backend on my laptop
-  workstation: {WORKSTATION}
-  local:
-    - name: backend
-      from: {{kind: Deployment, namespace: {ns}, name: backend}}
-      mappings:
-        - {{port: 8080, toLocal: "127.0.0.1:3000"}}
-"#
-    )
-}
-
 /// Approves the certificate request for [`WORKSTATION`] that `user` filed (the request's
 /// `spec.username`), as an administrator does; returns its name.
 fn approve_request_of(node: &Node, user: &str, log: &dyn Fn() -> String) -> String {
@@ -97,7 +78,11 @@ pub(crate) fn joins_in_one_command(
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = laptop_kubeconfig(node, dir.path(), None);
     let file = dir.path().join(format!("{SANDBOX}.yaml"));
-    std::fs::write(&file, sandbox_yaml(SANDBOX, ns)).unwrap();
+    std::fs::write(
+        &file,
+        super::local_sandbox_yaml(SANDBOX, WORKSTATION, "Deployment", ns, "backend"),
+    )
+    .unwrap();
     let state = dir.path().join("state");
     let mut laptop = node.laptop(6).unwrap();
     // A node's address as the laptop sees it: its side of the laptop's link.
@@ -105,24 +90,8 @@ pub(crate) fn joins_in_one_command(
         let (net, last) = laptop.ip.rsplit_once('.').unwrap();
         format!("{net}.{}", last.parse::<u8>().unwrap() - 1)
     };
+    super::developers_process(&mut laptop, "danas-laptop", "laptop-dev", dir.path());
     let spur = spur_bin("spur");
-    laptop
-        .spawn(
-            &spur,
-            &[
-                "demo",
-                "app",
-                "--name",
-                "laptop-dev",
-                "--listen",
-                "127.0.0.1:3000",
-                "--marker",
-                "laptop-dev",
-            ],
-            &[("POD_NAME", "danas-laptop")],
-            &dir.path().join("app.log"),
-        )
-        .unwrap();
     let apply_log = dir.path().join("apply.log");
     let path = |p: &Path| p.to_str().unwrap().to_string();
     let args = [
@@ -273,7 +242,17 @@ pub(crate) fn another_users_workstation_is_refused(
 ) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("theirs.yaml");
-    std::fs::write(&file, sandbox_yaml("tenant-takes-dana", ns)).unwrap();
+    std::fs::write(
+        &file,
+        super::local_sandbox_yaml(
+            "tenant-takes-dana",
+            WORKSTATION,
+            "Deployment",
+            ns,
+            "backend",
+        ),
+    )
+    .unwrap();
     let state = dir.path().join("state");
     // Developers may ask for workstation certificates (the chart's ClusterRole for it).
     node.apply(&format!(

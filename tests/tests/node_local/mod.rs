@@ -47,23 +47,7 @@ impl Workstation {
         std::fs::write(&token_file, &token).unwrap();
 
         let mut laptop = node.laptop(n).unwrap();
-        laptop
-            .spawn(
-                &spur,
-                &[
-                    "demo",
-                    "app",
-                    "--name",
-                    marker,
-                    "--listen",
-                    "127.0.0.1:3000",
-                    "--marker",
-                    marker,
-                ],
-                &[("POD_NAME", pod)],
-                &dir.path().join("app.log"),
-            )
-            .unwrap();
+        developers_process(&mut laptop, pod, marker, dir.path());
         let args = connect_args(node, &token_file, dir.path());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let connect = laptop
@@ -159,7 +143,29 @@ pub(crate) fn local_sandbox(
     ns: &str,
     workload: &str,
 ) -> String {
-    node.apply(&format!(
+    node.apply(&local_sandbox_yaml(name, workstation, kind, ns, workload))
+        .unwrap();
+    eventually(
+        &format!("Sandbox {name}'s routing key"),
+        Duration::from_secs(60),
+        || {
+            let s = node.get_json("default", &["sandbox", name])?;
+            Ok(s["status"]["routingKey"].as_str().map(String::from))
+        },
+    )
+    .unwrap()
+}
+
+/// A Sandbox `name` whose local workload `workload` stands in for the baseline
+/// `kind`/`ns`/`workload` on `workstation`'s port 3000 (the baseline's port 8080).
+pub(crate) fn local_sandbox_yaml(
+    name: &str,
+    workstation: &str,
+    kind: &str,
+    ns: &str,
+    workload: &str,
+) -> String {
+    format!(
         r#"apiVersion: spur.dev/v1alpha1
 kind: Sandbox
 metadata:
@@ -172,17 +178,29 @@ spec:
       mappings:
         - {{port: 8080, toLocal: "127.0.0.1:3000"}}
 "#
-    ))
-    .unwrap();
-    eventually(
-        &format!("Sandbox {name}'s routing key"),
-        Duration::from_secs(60),
-        || {
-            let s = node.get_json("default", &["sandbox", name])?;
-            Ok(s["status"]["routingKey"].as_str().map(String::from))
-        },
     )
-    .unwrap()
+}
+
+/// The developer's process on the laptop: a demo app on 127.0.0.1:3000 answering as pod `pod`
+/// with marker `marker`, its log in `dir`.
+pub(crate) fn developers_process(laptop: &mut Laptop, pod: &str, marker: &str, dir: &Path) {
+    laptop
+        .spawn(
+            &spur_bin("spur"),
+            &[
+                "demo",
+                "app",
+                "--name",
+                marker,
+                "--listen",
+                "127.0.0.1:3000",
+                "--marker",
+                marker,
+            ],
+            &[("POD_NAME", pod)],
+            &dir.join("app.log"),
+        )
+        .unwrap();
 }
 
 /// The node's admin user, who owns the workstations the steps connect (and creates the
