@@ -113,8 +113,31 @@ fn completions(shell: clap_complete::Shell) -> anyhow::Result<std::process::Exit
     }
 }
 
+/// Parses the command line, with the checks clap's derive cannot say.
+fn parse() -> Cli {
+    use clap::{CommandFactory as _, FromArgMatches as _};
+    let matches = Cli::command().get_matches();
+    if let Some(("sandbox", m)) = matches.subcommand()
+        && let Some(("apply", m)) = m.subcommand()
+        && let Some(why) = sandbox::local_flags_alone(m)
+    {
+        let mut cmd = Cli::command();
+        // Built, so that the usage line names `spur sandbox apply`.
+        cmd.build();
+        if let Some(apply) = cmd
+            .find_subcommand_mut("sandbox")
+            .and_then(|c| c.find_subcommand_mut("apply"))
+        {
+            apply
+                .error(clap::error::ErrorKind::ArgumentConflict, why)
+                .exit();
+        }
+    }
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = parse();
     // The demo talks to a person on stdout; only problems go to stderr unless SPUR_LOG says
     // otherwise.
     let log = match cli.command {

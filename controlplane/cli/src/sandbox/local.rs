@@ -60,6 +60,32 @@ pub(crate) struct LocalArgs {
     state: StateDir,
 }
 
+/// What is wrong when options of `--local` are on the command line without it (they would be
+/// ignored; `-n` looks like kubectl's namespace flag); `None` when nothing is. Values from the
+/// environment (`SPUR_TUNNEL_*`) are not the command line's and pass.
+pub(crate) fn local_flags_alone(apply: &clap::ArgMatches) -> Option<String> {
+    use clap::parser::ValueSource;
+    if apply.get_flag("local") {
+        return None;
+    }
+    let cmd = <LocalArgs as clap::Args>::augment_args(clap::Command::new("local"));
+    let given: Vec<String> = cmd
+        .get_arguments()
+        .filter(|a| a.get_id() != "local")
+        .filter(|a| apply.value_source(a.get_id().as_str()) == Some(ValueSource::CommandLine))
+        .map(|a| match a.get_long() {
+            Some(long) => format!("--{long}"),
+            None => a.get_id().to_string(),
+        })
+        .collect();
+    (!given.is_empty()).then(|| {
+        format!(
+            "{} only act(s) with --local (a sandbox is cluster-scoped: there is no namespace to give)",
+            given.join(", ")
+        )
+    })
+}
+
 /// The workstation a sandbox's local workloads run on, if `--local` can join it.
 fn workstation_of(sb: &Sandbox) -> Result<&str, String> {
     let name = sb.metadata.name.as_deref().unwrap_or_default();
@@ -468,6 +494,36 @@ mod tests {
             "spec": {"workstation": workstation, "local": local},
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn local_options_without_local_are_refused() {
+        use clap::CommandFactory as _;
+        let alone = |args: &[&str]| {
+            let m = crate::Cli::command()
+                .try_get_matches_from(args)
+                .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            let (_, m) = m.subcommand().unwrap();
+            let (_, m) = m.subcommand().unwrap();
+            local_flags_alone(m)
+        };
+        assert_eq!(
+            alone(&["spur", "sandbox", "apply", "-f", "x.yaml", "--wait"]),
+            None
+        );
+        assert_eq!(
+            alone(&[
+                "spur", "sandbox", "apply", "-f", "x", "--local", "-n", "shop", "--no-dns"
+            ]),
+            None
+        );
+        assert_eq!(
+            alone(&["spur", "sandbox", "apply", "-f", "x", "-n", "shop", "--server", "h"]),
+            Some(
+                "--server, --namespace only act(s) with --local (a sandbox is cluster-scoped: there is no namespace to give)"
+                    .into()
+            )
+        );
     }
 
     #[test]

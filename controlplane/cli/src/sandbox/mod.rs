@@ -21,6 +21,7 @@ use spur_api::{RouteGroup, RoutingConfig, Sandbox, names};
 
 use apply::Owned;
 pub(crate) use describe::{describe, describe_records};
+pub(crate) use local::local_flags_alone;
 use wait::{Printer, Waited};
 
 /// Exit codes of the `--wait` outcomes (0 is ready or gone, 1 an error, 2 a usage error).
