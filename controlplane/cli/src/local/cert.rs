@@ -33,7 +33,7 @@ pub(crate) struct CertArgs {
     #[arg(long, default_value = "24h", value_parser = spur_runtime::parse_duration)]
     lifetime: Duration,
     /// How long to wait for the request to be approved and signed.
-    #[arg(long, default_value = "15m", value_parser = spur_runtime::parse_duration)]
+    #[arg(long, default_value = "15m", value_parser = crate::sandbox::parse_wait)]
     wait: Duration,
     /// The operator's namespace (where the CA bundle ConfigMap `spur-ca-bundle` is).
     #[arg(long, default_value = "spur-system")]

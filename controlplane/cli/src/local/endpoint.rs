@@ -53,6 +53,20 @@ fn node_address(nodes: &[Node]) -> Option<(String, String)> {
     None
 }
 
+/// The load balancer's address (its first ingress with a name or an address).
+fn ingress(svc: &Service) -> Option<String> {
+    let ingress = svc
+        .status
+        .as_ref()?
+        .load_balancer
+        .as_ref()?
+        .ingress
+        .as_ref()?;
+    ingress
+        .iter()
+        .find_map(|i| i.hostname.clone().or_else(|| i.ip.clone()))
+}
+
 /// The name the proxy's certificate always carries (the operator issues it for the Service).
 fn service_name(namespace: &str) -> String {
     format!("{SERVICE}.{namespace}.svc")
@@ -84,13 +98,7 @@ pub(crate) fn decide(
                 }
             })
     };
-    let ingress = service
-        .ok()
-        .and_then(|s| s.status.as_ref()?.load_balancer.as_ref()?.ingress.as_ref())
-        .and_then(|i| {
-            i.iter()
-                .find_map(|i| i.hostname.clone().or_else(|| i.ip.clone()))
-        });
+    let ingress = service.ok().and_then(ingress);
     // Host, whether it is a node's address, and where it came from.
     let (host, at_node, how) = match given.server {
         // A node, unless a load balancer with an address is there to be dialled.
@@ -204,11 +212,7 @@ pub(crate) async fn find(client: &Client, namespace: &str, given: Given<'_>) -> 
         .as_ref()
         .ok()
         .and_then(|s| s.spec.as_ref()?.type_.clone());
-    let has_ingress = service
-        .as_ref()
-        .ok()
-        .and_then(|s| s.status.as_ref()?.load_balancer.as_ref()?.ingress.as_ref())
-        .is_some_and(|i| !i.is_empty());
+    let has_ingress = service.as_ref().ok().is_some_and(|s| ingress(s).is_some());
     let needs_nodes = given.server.is_none()
         && (kind.as_deref() == Some("NodePort")
             || (kind.as_deref() == Some("LoadBalancer") && !has_ingress));

@@ -22,7 +22,7 @@ use spur_workstation::{Event, EventSink, Workstation};
 use super::apply::{self, Doc};
 use super::wait::{self, Printer, Waited};
 use super::{
-    ApplyArgs, EXIT_INTERRUPTED, Follow as _, Output, describe, progress_out, waited_code,
+    ApplyArgs, EXIT_INTERRUPTED, Follow as _, Output, describe, note, progress_out, waited_code,
 };
 use crate::local::connect::{self, SideArgs, TunnelArgs};
 use crate::local::endpoint::Endpoint;
@@ -47,7 +47,7 @@ pub(crate) struct LocalArgs {
     #[arg(long, requires = "local")]
     keep: bool,
     /// How long to wait for an administrator to approve a new workstation certificate.
-    #[arg(long, default_value = "15m", value_parser = spur_runtime::parse_duration)]
+    #[arg(long, default_value = "15m", value_parser = super::parse_wait)]
     approval_timeout: Duration,
     /// How long a new workstation certificate is valid (the operator caps it).
     #[arg(long, default_value = "24h", value_parser = spur_runtime::parse_duration)]
@@ -223,9 +223,9 @@ pub(crate) async fn apply_local(a: ApplyArgs, l: LocalArgs) -> Result<ExitCode> 
         () = &mut stop => {
             let csr = filed.lock().map(|f| f.clone()).unwrap_or_default();
             if csr.is_empty() {
-                eprintln!("stopped; nothing was applied");
+                note(format_args!("stopped; nothing was applied"));
             } else {
-                eprintln!("stopped; nothing was applied (certificate request {csr} is not used: kubectl delete csr {csr})");
+                note(format_args!("stopped; nothing was applied (certificate request {csr} is not used: kubectl delete csr {csr})"));
             }
             return Ok(ExitCode::from(EXIT_INTERRUPTED));
         }
@@ -239,9 +239,21 @@ pub(crate) async fn apply_local(a: ApplyArgs, l: LocalArgs) -> Result<ExitCode> 
     .await?;
 
     // The sandbox, as the user (a dry run through every check first). A signal that comes
-    // meanwhile is acted on right after.
+    // during the apply itself is acted on right after it.
     let api = Api::<Sandbox>::all(client.clone());
-    let applied = match apply::apply(&api, doc, a.force_conflicts, true).await {
+    let checked = apply::apply(&api, doc, a.force_conflicts, true).await;
+    // A signal that came while the session started or the dry run ran: still nothing applied.
+    let stopped = tokio::select! {
+        biased;
+        () = &mut stop => true,
+        () = std::future::ready(()) => false,
+    };
+    if stopped {
+        ws.shutdown(Duration::from_secs(5)).await;
+        note(format_args!("stopped; nothing was applied"));
+        return Ok(ExitCode::from(EXIT_INTERRUPTED));
+    }
+    let applied = match checked {
         Ok(_) => apply::apply(&api, doc, a.force_conflicts, false).await,
         Err(e) => Err(e),
     };
@@ -278,13 +290,13 @@ pub(crate) async fn apply_local(a: ApplyArgs, l: LocalArgs) -> Result<ExitCode> 
                 let _ = std::io::stdout().flush();
                 match shown {
                     Err(e) => {
-                        eprintln!("{e:#}");
+                        note(format_args!("{e:#}"));
                         ExitCode::FAILURE
                     }
                     Ok(()) => tokio::select! {
                         () = &mut stop => ExitCode::SUCCESS,
                         reason = ws.closed() => {
-                            eprintln!("the tunnel closed: {reason}");
+                            note(format_args!("the tunnel closed: {reason}"));
                             ExitCode::FAILURE
                         }
                     },
@@ -294,9 +306,9 @@ pub(crate) async fn apply_local(a: ApplyArgs, l: LocalArgs) -> Result<ExitCode> 
                 // Left for the person to look at (the message names the object).
                 let code = waited_code(&format!("sandbox {name}"), &w, a.timeout)
                     .unwrap_or(ExitCode::FAILURE);
-                eprintln!(
+                note(format_args!(
                     "sandbox {name} is left for you to look at: spur sandbox delete {name} removes it"
-                );
+                ));
                 ws.shutdown(Duration::from_secs(5)).await;
                 printer.line("workstation", "disconnected");
                 return Ok(code);
@@ -305,7 +317,7 @@ pub(crate) async fn apply_local(a: ApplyArgs, l: LocalArgs) -> Result<ExitCode> 
         },
         End::Signal => ExitCode::from(EXIT_INTERRUPTED),
         End::Closed(reason) => {
-            eprintln!("the tunnel closed: {reason}");
+            note(format_args!("the tunnel closed: {reason}"));
             ExitCode::FAILURE
         }
     };
@@ -462,15 +474,15 @@ async fn take_down<W: std::io::Write>(
                 if let Some(_code) =
                     waited_code(&format!("deleting sandbox {name}"), &gone, TAKE_DOWN)
                 {
-                    eprintln!(
+                    note(format_args!(
                         "disconnecting anyway; `spur sandbox delete {name} --wait` follows it"
-                    );
+                    ));
                 }
             }
-            Err(e) => eprintln!(
+            Err(e) => note(format_args!(
                 "{:#}; disconnecting anyway (delete it with spur sandbox delete {name})",
                 super::api_error(e, &format!("deleting sandbox {name}"))
-            ),
+            )),
         }
     }
     ws.shutdown(Duration::from_secs(5)).await;

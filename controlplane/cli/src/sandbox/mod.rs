@@ -114,7 +114,7 @@ struct ApplyArgs {
     #[arg(long)]
     wait: bool,
     /// How long --wait waits (e.g. 90s, 5m).
-    #[arg(long, default_value = "5m", value_parser = spur_runtime::parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = parse_wait)]
     timeout: Duration,
     /// Take over fields another field manager (e.g. kubectl) set.
     #[arg(long)]
@@ -150,7 +150,7 @@ struct DeleteArgs {
     #[arg(long)]
     wait: bool,
     /// How long --wait waits.
-    #[arg(long, default_value = "5m", value_parser = spur_runtime::parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = parse_wait)]
     timeout: Duration,
     /// Not an error if it does not exist.
     #[arg(long)]
@@ -179,6 +179,24 @@ enum PreviewCommand {
         #[command(flatten)]
         conn: Conn,
     },
+}
+
+/// The longest wait a command takes (beyond it a deadline is no longer a time on the clock).
+const MAX_WAIT: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// A wait's length (`90s`, `5m`, `2h`), at most [`MAX_WAIT`].
+pub(crate) fn parse_wait(s: &str) -> Result<Duration, String> {
+    let d = spur_runtime::parse_duration(s)?;
+    if d > MAX_WAIT {
+        return Err(format!("{s:?} is longer than 30 days"));
+    }
+    Ok(d)
+}
+
+/// A line on stderr that never panics: after a hangup, stderr is gone (EIO), and what the
+/// command still has to do (delete, disconnect) matters more than saying it.
+pub(crate) fn note(line: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// An API error with what was being done, and for a refusal the API server's own words (an
@@ -299,18 +317,21 @@ fn waited_code<K>(what: &str, waited: &Waited<K>, timeout: Duration) -> Option<E
     match waited {
         Waited::Ready(_) => None,
         Waited::Failed(f) => {
-            eprintln!(
+            note(format_args!(
                 "{what} failed: {}: {}\n  look at: {}",
                 f.reason, f.message, f.object
-            );
+            ));
             Some(ExitCode::from(EXIT_FAILED))
         }
         Waited::TimedOut(why) => {
-            eprintln!("{what} is not ready after {}: {why}", human(timeout));
+            note(format_args!(
+                "{what} is not ready after {}: {why}",
+                human(timeout)
+            ));
             Some(ExitCode::from(EXIT_TIMED_OUT))
         }
         Waited::Interrupted => {
-            eprintln!("stopped waiting; {what} stays as it is");
+            note(format_args!("stopped waiting; {what} stays as it is"));
             Some(ExitCode::from(EXIT_INTERRUPTED))
         }
     }
