@@ -156,14 +156,12 @@ fn credential(
     }
 }
 
-/// Progress lines written by the workstation's tasks, in the printer's format.
+/// Progress lines written by the workstation's tasks: a printer of their own on the same clock.
 fn event_sink(start: Instant, output: Output) -> EventSink {
-    let out = Mutex::new(progress_out(output));
+    let printer = Mutex::new(Printer::new(start, progress_out(output)));
     Arc::new(move |e: &Event| {
-        let secs = start.elapsed().as_secs_f64();
-        if let Ok(mut out) = out.lock() {
-            let _ = writeln!(out, "[{secs:>6.1}s] workstation: {e}");
-            let _ = out.flush();
+        if let Ok(mut printer) = printer.lock() {
+            printer.line("workstation", &e.to_string());
         }
     })
 }
