@@ -254,6 +254,28 @@ pub(crate) fn another_users_workstation_is_refused(
     )
     .unwrap();
     let state = dir.path().join("state");
+    // Every user may get the tunnel proxy's Service (where the command finds it), and no other
+    // Service of Spur's namespace, nor list them.
+    let as_tenant = format!("--as={tenant}");
+    for (what, answer) in [
+        ("service/spur-tunnel-proxy", "yes"),
+        ("service/spur-routeserver", "no"),
+        ("services", "no"),
+    ] {
+        let verb = if what == "services" { "list" } else { "get" };
+        let got = node
+            .kubectl_status(&[
+                "auth",
+                "can-i",
+                verb,
+                what,
+                "-n",
+                SPUR_NAMESPACE,
+                &as_tenant,
+            ])
+            .unwrap();
+        assert_eq!(got.1, answer, "{tenant} {verb} {what}");
+    }
     // Developers may ask for workstation certificates (the chart's ClusterRole for it).
     node.apply(&format!(
         r#"apiVersion: rbac.authorization.k8s.io/v1
