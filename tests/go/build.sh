@@ -8,6 +8,11 @@
 #                    grpc-go's real, unchanged xDS client, run against Spur's xDS (ADS) server
 #   kafka-client     our harness tests/go-kafka/main.go (its own module): franz-go, unchanged, as
 #                    a Kafka producer and group consumer for tests/tests/kafka_records.rs
+#   promtool         github.com/prometheus/prometheus/cmd/promtool from tests/go-monitoring (its
+#                    own module), unchanged: checks and unit-tests Spur's alerts
+#   monitoring-check our harness tests/go-monitoring/main.go: Spur's Grafana dashboards against
+#                    the Grafana Foundation SDK's dashboard model and Prometheus' PromQL parser
+#                    (tests/tests/monitoring.rs)
 # into $OUT (default: target/go-bin, relative to the repository root). Go is a test-harness tool
 # only. tests/run.sh runs it before the tests and exports SPUR_GO_BINDIR (the last stdout line);
 # a test run without it builds here itself. Re-running is cheap: go's build cache makes an up-to-date build a no-op.
@@ -35,4 +40,7 @@ cd "$root/tests/go-xds"
 CGO_ENABLED=0 go build -o "$out/xds-client" .
 cd "$root/tests/go-kafka"
 go build -o "$out/kafka-client" .
+cd "$root/tests/go-monitoring"
+go build -o "$out/promtool" github.com/prometheus/prometheus/cmd/promtool
+go build -o "$out/monitoring-check" .
 echo "$out"

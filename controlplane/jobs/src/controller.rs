@@ -311,6 +311,12 @@ async fn reconcile_group(group: Arc<JobRunnerGroup>, ctx: Arc<Context>) -> Resul
         &digest,
         k8s_openapi::jiff::Timestamp::now().as_second(),
     );
+    ctx.metrics.queues.observe(
+        &ns,
+        &name,
+        plan.queued.saturating_sub(plan.assign.len()),
+        plan.oldest_waiting_since,
+    );
     let pass = GroupPass {
         ctx: &ctx,
         group: &group,

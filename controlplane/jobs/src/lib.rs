@@ -18,6 +18,7 @@ mod metrics;
 pub mod pki;
 pub mod pods;
 pub mod queue;
+mod queue_metrics;
 pub mod quota;
 mod status;
 pub mod store;
@@ -31,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use controller::run;
 pub use metrics::Metrics;
+pub use queue_metrics::QueueGauges;
 
 /// Everything that can fail in the jobs component.
 #[derive(Debug, thiserror::Error)]

@@ -37,6 +37,8 @@ pub struct Metrics {
     /// Runner pods created and deleted.
     pub pods_created: Counter,
     pub pods_deleted: Counter,
+    /// Queue depth and age per runner group (encoded at scrape time).
+    pub queues: crate::QueueGauges,
 }
 
 impl Metrics {
@@ -88,6 +90,9 @@ impl Metrics {
             "Runner pods deleted",
             m.pods_deleted.clone(),
         );
+        r.register_collector(Box::new(crate::queue_metrics::QueueCollector(
+            m.queues.clone(),
+        )));
         m
     }
 

@@ -16,6 +16,17 @@ use crate::pods::{RunnerState, TEMPLATE_ANNOTATION, runner_state};
 use spur_api::jobs::created;
 pub use spur_api::jobs::{ACCEPTED, FINISHED, phase, queue_key};
 
+/// When `job` entered the queue (Unix seconds): the end of its last attempt (a job queued
+/// again after losing its pod), else its creation.
+fn entered(job: &Job) -> i64 {
+    job.status
+        .as_ref()
+        .and_then(|s| s.attempts.last())
+        .and_then(|a| a.finished_at.as_deref())
+        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        .map_or_else(|| created(job), |t| t.as_second())
+}
+
 /// The pod of a job's running attempt.
 pub fn running_pod(job: &Job) -> Option<&str> {
     let st = job.status.as_ref()?;
@@ -58,6 +69,9 @@ pub struct Plan {
     pub create_pods: usize,
     pub delete_pods: Vec<String>,
     pub queued: usize,
+    /// When the longest-waiting job not assigned by this pass entered the queue (Unix
+    /// seconds): its creation, or the end of its last attempt if it was queued again.
+    pub oldest_waiting_since: Option<i64>,
     pub running: usize,
     pub ready: usize,
     pub idle: usize,
@@ -172,6 +186,7 @@ pub fn plan(
         p.assign.push((job.name_any(), pod));
     }
     p.idle = idle.len();
+    p.oldest_waiting_since = queued[n..].iter().map(|j| entered(j)).min();
 
     let waiting = p.queued - p.assign.len();
     p.desired = group
@@ -263,6 +278,31 @@ mod tests {
             vec![("b".into(), "g-1".into()), ("c".into(), "g-2".into())]
         );
         assert_eq!((p.queued, p.create_pods, p.delete_pods.len()), (3, 0, 0));
+    }
+
+    #[test]
+    fn the_oldest_waiting_job_dates_from_its_creation_or_its_requeue() {
+        let g = group(1, true);
+        let requeued = json!({"attempts": [{"id": 1, "pod": "gone", "phase": "Lost",
+            "finishedAt": "2026-01-01T00:00:09Z"}]});
+        let jobs = vec![
+            job("first", 2, 10, json!({})),
+            job("second", 3, 11, json!({})),
+            job("again", 1, 5, requeued),
+        ];
+        let p = plan(&g, &jobs, &[pod("g-1", true, "d")], "d", NOW);
+        // `again` is first in submission order and takes the pod; of the two left, `first`
+        // has waited since its creation at :02.
+        assert_eq!(p.assign, vec![("again".into(), "g-1".into())]);
+        assert_eq!(p.oldest_waiting_since, Some(NOW - 8));
+        // No pod: `again` waits too, but only since its attempt ended at :09.
+        let p = plan(&g, &jobs, &[], "d", NOW);
+        assert_eq!(p.oldest_waiting_since, Some(NOW - 8));
+        let p = plan(&g, &jobs[2..], &[], "d", NOW);
+        assert_eq!(p.oldest_waiting_since, Some(NOW - 1));
+        // Nothing waits.
+        let p = plan(&g, &jobs[..1], &[pod("g-1", true, "d")], "d", NOW);
+        assert_eq!(p.oldest_waiting_since, None);
     }
 
     #[test]

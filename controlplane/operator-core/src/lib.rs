@@ -8,11 +8,13 @@ mod context;
 mod error;
 mod metrics;
 pub mod owner;
+mod sandbox_metrics;
 pub mod workstation_owner;
 
 pub use context::{Context, FIELD_MANAGER, OWNER, delete_opt, now};
 pub use error::Error;
 pub use metrics::{Metrics, ReconcileTimer};
+pub use sandbox_metrics::{Readiness, SandboxStore, readiness};
 
 /// Every controller's scheduling: a short debounce coalesces the burst of events one change
 /// of several children makes.

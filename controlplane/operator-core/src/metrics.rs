@@ -55,6 +55,7 @@ pub struct Metrics {
     tunnels_collected: Counter,
     workstation_requests_failed: Counter,
     without_sidecar: Family<Forked, Gauge>,
+    sandboxes: crate::SandboxStore,
 }
 
 impl Default for Metrics {
@@ -82,6 +83,7 @@ impl Default for Metrics {
             tunnels_collected: Counter::default(),
             workstation_requests_failed: Counter::default(),
             without_sidecar: Family::default(),
+            sandboxes: crate::SandboxStore::default(),
         }
     }
 }
@@ -184,7 +186,16 @@ impl Metrics {
             "Workstation tunnel Leases deleted after going unrenewed for the GC period",
             m.tunnels_collected.clone(),
         );
+        registry.register_collector(Box::new(crate::sandbox_metrics::SandboxCollector(
+            m.sandboxes.clone(),
+        )));
         m
+    }
+
+    /// Exports the readiness of the sandboxes in `store` from now on (the Sandbox controller's
+    /// store, set when it starts).
+    pub fn watch_sandboxes(&self, store: kube::runtime::reflector::Store<spur_api::Sandbox>) {
+        self.sandboxes.set(store);
     }
 
     pub fn tunnel_collected(&self) {

@@ -203,6 +203,7 @@ pub async fn sandboxes(
     // A workstation's owner record changing (docs/local.md, "Bound only while owned") wakes
     // the Sandboxes naming it: the old owner's are unbound at once, not at their next resync.
     let by_workstation = sandboxes.store();
+    term.ctx.metrics.watch_sandboxes(sandboxes.store());
     sandboxes = sandboxes.watches(
         Api::<PartialObjectMeta<ConfigMap>>::namespaced(client.clone(), &term.tunnels.namespace),
         watcher::Config::default().labels(spur_api::tunnel::WORKSTATION_LABEL),

@@ -130,12 +130,14 @@ impl KubeStore {
     }
 }
 
-/// Drives one reflector for the life of the store, marking the rule set dirty on every event.
-fn spawn_reflector<K>(
-    api: Api<K>,
+/// What every reflector's events reach: the rule set's dirty mark, and the watch-failure count.
+struct Wake {
     dirty: Arc<Notify>,
-    what: &'static str,
-) -> (Store<K>, JoinHandle<()>)
+    metrics: Metrics,
+}
+
+/// Drives one reflector for the life of the store, marking the rule set dirty on every event.
+fn spawn_reflector<K>(api: Api<K>, wake: &Wake, what: &'static str) -> (Store<K>, JoinHandle<()>)
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -145,13 +147,13 @@ where
         + Sync
         + 'static,
 {
-    spawn_reflector_with(api, watcher::Config::default(), dirty, what)
+    spawn_reflector_with(api, watcher::Config::default(), wake, what)
 }
 
 fn spawn_reflector_with<K>(
     api: Api<K>,
     config: watcher::Config,
-    dirty: Arc<Notify>,
+    wake: &Wake,
     what: &'static str,
 ) -> (Store<K>, JoinHandle<()>)
 where
@@ -167,6 +169,8 @@ where
     let stream = reflector::reflector(writer, watcher(api, config))
         .default_backoff()
         .boxed();
+    let dirty = wake.dirty.clone();
+    let metrics = wake.metrics.clone();
     let task = tokio::spawn(async move {
         let mut stream = stream;
         while let Some(event) = stream.next().await {
@@ -174,7 +178,10 @@ where
                 Ok(_) => dirty.notify_one(),
                 // The watcher retries with backoff and the store keeps its last view, so the
                 // rules in force stay in force while the API server is unreachable.
-                Err(e) => tracing::warn!(error = %e, "{what} watch failed; retrying"),
+                Err(e) => {
+                    metrics.watch_failed(what);
+                    tracing::warn!(error = %e, "{what} watch failed; retrying");
+                }
             }
         }
     });
@@ -184,21 +191,22 @@ where
 impl RuleStore for KubeStore {
     async fn initial(&mut self, index: &Index, metrics: &Metrics) -> Result<(), crate::Error> {
         let dirty = Arc::new(Notify::new());
+        let wake = Wake {
+            dirty: dirty.clone(),
+            metrics: metrics.clone(),
+        };
         let (configs, t1) = spawn_reflector(
             Api::<RoutingConfig>::all(self.client.clone()),
-            dirty.clone(),
+            &wake,
             "RoutingConfig",
         );
-        let (services, t2) = spawn_reflector(
-            Api::<Service>::all(self.client.clone()),
-            dirty.clone(),
-            "Service",
-        );
+        let (services, t2) =
+            spawn_reflector(Api::<Service>::all(self.client.clone()), &wake, "Service");
         let mut tasks = vec![t1, t2];
         let slices = self.xds.then(|| {
             let (slices, t3) = spawn_reflector(
                 Api::<EndpointSlice>::all(self.client.clone()),
-                dirty.clone(),
+                &wake,
                 "EndpointSlice",
             );
             tasks.push(t3);
@@ -210,7 +218,7 @@ impl RuleStore for KubeStore {
                 Api::<EnvoyConfigRevision>::all(self.client.clone()),
                 watcher::Config::default()
                     .labels(&format!("{}=true", spur_api::envoyconfig::PUBLISHED_LABEL)),
-                dirty.clone(),
+                &wake,
                 "EnvoyConfigRevision",
             );
             tasks.push(t4);
@@ -219,7 +227,7 @@ impl RuleStore for KubeStore {
         let listener_sets = self.l4.then(|| {
             let (sets, t) = spawn_reflector(
                 Api::<ListenerSet>::all(self.client.clone()),
-                dirty.clone(),
+                &wake,
                 "ListenerSet",
             );
             tasks.push(t);
@@ -229,7 +237,7 @@ impl RuleStore for KubeStore {
             let (slices, t) = spawn_reflector_with(
                 Api::<EndpointSlice>::all(self.client.clone()),
                 watcher::Config::default().labels(spur_api::listenerset::LISTENER_SET_LABEL),
-                dirty.clone(),
+                &wake,
                 "EndpointSlice",
             );
             tasks.push(t);
@@ -238,7 +246,7 @@ impl RuleStore for KubeStore {
         let namespaces = self.xds.then(|| {
             let (namespaces, t) = spawn_reflector(
                 Api::<PartialObjectMeta<Namespace>>::all(self.client.clone()),
-                dirty.clone(),
+                &wake,
                 "Namespace",
             );
             tasks.push(t);
@@ -251,7 +259,7 @@ impl RuleStore for KubeStore {
                     Api::<Secret>::namespaced(self.client.clone(), ns),
                     watcher::Config::default()
                         .labels(&format!("{}=true", spur_api::envoyconfig::SECRET_LABEL)),
-                    dirty.clone(),
+                    &wake,
                     "Secret",
                 );
                 tasks.push(task);

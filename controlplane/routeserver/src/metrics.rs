@@ -1,9 +1,16 @@
 //! Route-server metrics (registered under the caller's prefix, `spur_routeserver` in the binary).
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Resource {
+    resource: &'static str,
+}
 
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -18,6 +25,7 @@ pub struct Metrics {
     files_invalid: Gauge,
     problems: Gauge,
     refused: Counter,
+    watch_errors: Family<Resource, Counter>,
 }
 
 impl Metrics {
@@ -34,6 +42,7 @@ impl Metrics {
             files_invalid: Gauge::default(),
             problems: Gauge::default(),
             refused: Counter::default(),
+            watch_errors: Family::default(),
         };
         registry.register(
             "watchers",
@@ -86,7 +95,19 @@ impl Metrics {
             "Requests refused for want of a valid token or of the right to read what they asked",
             m.refused.clone(),
         );
+        registry.register(
+            "watch_errors",
+            "Kubernetes watches that failed and are being retried, by resource (the last view stays in force)",
+            m.watch_errors.clone(),
+        );
         m
+    }
+
+    #[cfg(feature = "kubernetes")]
+    pub(crate) fn watch_failed(&self, resource: &'static str) {
+        self.watch_errors
+            .get_or_create(&Resource { resource })
+            .inc();
     }
 
     pub(crate) fn refused(&self) {

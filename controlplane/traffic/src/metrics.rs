@@ -103,6 +103,16 @@ impl Metrics {
             "Encoded bytes of the exchanges in the store",
             s.bytes.clone(),
         );
+        r.register(
+            "store_max_exchanges",
+            "The store's limit on exchanges kept: past it, retention removes the oldest early",
+            s.max_exchanges.clone(),
+        );
+        r.register(
+            "store_max_bytes",
+            "The store's limit on encoded exchange bytes kept: past it, retention removes the oldest early",
+            s.max_bytes.clone(),
+        );
         m
     }
 

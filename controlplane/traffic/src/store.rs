@@ -108,6 +108,10 @@ pub(crate) struct Shared {
     pub(crate) evicted: Family<EvictedLabels, Counter>,
     pub(crate) exchanges: Gauge,
     pub(crate) bytes: Gauge,
+    /// The store's limits (`Limits::max_exchanges`, `max_bytes`): how near retention by size
+    /// is, for alerts.
+    pub(crate) max_exchanges: Gauge,
+    pub(crate) max_bytes: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -371,12 +375,19 @@ impl Db {
         schema::migrate(&conn)?;
         // Once at open; afterwards the totals follow each change.
         let usage = Usage::read(&conn)?;
+        let shared = Shared::default();
+        shared
+            .max_exchanges
+            .set(i64::try_from(limits.max_exchanges).unwrap_or(i64::MAX));
+        shared
+            .max_bytes
+            .set(i64::try_from(limits.max_bytes).unwrap_or(i64::MAX));
         let db = Db {
             conn,
             limits,
             clock,
             usage,
-            shared: Arc::new(Shared::default()),
+            shared: Arc::new(shared),
         };
         db.publish();
         Ok(db)
