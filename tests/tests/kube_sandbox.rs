@@ -321,6 +321,13 @@ async fn sandbox_forks_routes_and_cleans_up() {
         .await
         .unwrap();
 
+    // Until its fork is ready the sandbox counts as converging (the alert SpurSandboxNotReady
+    // reads how long).
+    eventually("sb1 counted as converging", || async {
+        (cp.metric("sandboxes{state=\"converging\"}") == 1.0).then_some(())
+    })
+    .await;
+
     // The fork: a customized copy that baseline Services cannot select.
     let d = mark_fork_ready(&client, "sb1", "web").await;
     let spec = d.spec.unwrap();
@@ -384,6 +391,12 @@ async fn sandbox_forks_routes_and_cleans_up() {
     assert_eq!(svc_spec.ports.unwrap()[0].port, 80);
 
     let key = ready_key(&client, "sb1").await;
+    eventually("sb1 counted as ready", || async {
+        let ready = cp.metric("sandboxes{state=\"ready\"}") == 1.0;
+        let converging = cp.metric("sandboxes{state=\"converging\"}") == 0.0;
+        (ready && converging && cp.metric("sandbox_oldest_converging_seconds") == 0.0).then_some(())
+    })
+    .await;
     let sb = sandbox_status(&client, "sb1").await.unwrap();
     let st = sb.status.unwrap();
     assert_eq!(st.forks.len(), 1);
@@ -883,6 +896,11 @@ async fn a_sandbox_in_a_namespace_that_has_not_opted_in_says_so() {
         spur_operator::sandbox::NAMESPACE_NOT_ENABLED,
         "{cond:?}"
     );
+    // A failure waiting does not end: failed, not converging (no SpurSandboxNotReady for it).
+    eventually("ledger-dev counted as failed", || async {
+        (cp.metric("sandboxes{state=\"failed\"}") >= 1.0).then_some(())
+    })
+    .await;
     assert!(
         cond.message
             .contains(&format!("namespace {OTHER} has not opted in"))

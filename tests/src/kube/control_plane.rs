@@ -94,9 +94,15 @@ impl ControlPlane {
 
     /// Reconcile passes that failed (and were retried with backoff) so far.
     pub fn reconcile_failures(&self) -> f64 {
+        self.metric("reconcile_failures_total")
+    }
+
+    /// A series of the operator's metrics, named without the binary's `spur_operator_` prefix
+    /// (0 when absent).
+    pub fn metric(&self, series: &str) -> f64 {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
-        crate::sample(&text, "reconcile_failures_total")
+        crate::sample(&text, series)
     }
 
     pub fn client(&self) -> Client {
