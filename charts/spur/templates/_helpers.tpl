@@ -75,3 +75,24 @@ volumes only), and where `lookup` answers nothing (`helm template`, client-side 
 {{- define "spur.storageClassName" -}}
 {{- if eq . "-" }}storageClassName: ""{{ else if . }}storageClassName: {{ . }}{{ end -}}
 {{- end -}}
+
+{{/* The injection config (ConfigMap spur-injection, docs/injection.md "Configuration"): one
+definition, so the operator's pod template can carry its checksum. */}}
+{{- define "spur.injectionConfig" -}}
+sidecarImage: {{ include "spur.image" . | quote }}
+initImage: {{ include "spur.image" . | quote }}
+imagePullPolicy: {{ .Values.image.pullPolicy | quote }}
+routeserver: "spur-routeserver.{{ .Release.Namespace }}.svc:{{ .Values.routeserver.grpcPort }}"
+routeserverTokenAudience: {{ .Values.routeserver.tokenAudience | quote }}
+{{- if .Values.traffic.enabled }}
+trafficServer: "spur-traffic.{{ .Release.Namespace }}.svc:{{ .Values.traffic.port }}"
+{{- end }}
+routingKeys:
+  customHeaders: {{ .Values.routingKeys.customHeaders | toJson }}
+  {{- with .Values.routingKeys.queryParam }}
+  queryParam: {{ . | quote }}
+  {{- end }}
+{{- with .Values.injection }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
