@@ -80,8 +80,19 @@ esac
 # Every Go tool is built here, before cargo runs tests in parallel, so no test waits on (or races)
 # a build or fetches modules mid-run: kube-apiserver, etcd and the node's programs (minutes on a
 # fresh machine, tests/kube/README.md; cached afterwards), and the Routes API Go clients.
+# The Go test tools build beside Kubernetes: on a fresh machine promtool's module graph
+# (Prometheus' service discovery SDKs, most of a GB) downloads while Kubernetes compiles.
+go_log="$(mktemp)"
+tests/go/build.sh >"$go_log" 2>&1 &
+go_pid=$!
 SPUR_KUBE_BINDIR="$(tests/kube/build.sh | tail -n 1)"
-SPUR_GO_BINDIR="$(tests/go/build.sh | tail -n 1)"
+if ! wait "$go_pid"; then
+    cat "$go_log" >&2
+    echo "tests/run.sh: tests/go/build.sh failed (its output above)" >&2
+    exit 1
+fi
+SPUR_GO_BINDIR="$(tail -n 1 "$go_log")"
+rm -f "$go_log"
 # The Kafka broker's jars and the Java client harness (about a minute on a fresh machine).
 SPUR_KAFKA_DIR="$(tests/kafka/fetch.sh | tail -n 1)"
 # The Argo Rollouts controller the node tier runs (about 8 minutes on a fresh machine, cached
