@@ -283,8 +283,16 @@ impl Metrics {
         self.serving_cert_loaded.set(i64::from(loaded));
     }
 
+    /// Without the lease, the series only the leader's controllers and certificate manager
+    /// keep go: a former leader would otherwise export its last view for good (and alerts
+    /// such as SpurSandboxNotReady would read a frozen sandbox ageing on it).
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
+        if !leading {
+            self.sandboxes.clear();
+            self.cert_not_after.clear();
+            self.without_sidecar.clear();
+        }
     }
 
     /// Counts a reconcile pass of `kind`; its duration is recorded when the guard drops, so

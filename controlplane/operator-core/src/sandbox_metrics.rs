@@ -13,8 +13,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use spur_api::Sandbox;
 use spur_api::conditions::{READY, find_condition, reasons};
 
-/// The store the collector reads, set when the Sandbox controller starts (only the leader runs
-/// it: a standby replica exports no sandbox series).
+/// The store the collector reads, set when the Sandbox controller starts and cleared when the
+/// lease is lost (only the leader runs it: a standby replica exports no sandbox series).
 #[derive(Clone, Debug, Default)]
 pub struct SandboxStore(Arc<RwLock<Option<Store<Sandbox>>>>);
 
@@ -22,6 +22,12 @@ impl SandboxStore {
     pub fn set(&self, store: Store<Sandbox>) {
         if let Ok(mut s) = self.0.write() {
             *s = Some(store);
+        }
+    }
+
+    pub(crate) fn clear(&self) {
+        if let Ok(mut s) = self.0.write() {
+            *s = None;
         }
     }
 
@@ -38,6 +44,9 @@ pub struct Readiness {
     pub converging: u64,
     /// Not ready for a reason waiting does not end (an invalid spec, a failed resource, ...).
     pub failed: u64,
+    /// Not ready only because a local workload's workstation is not connected (its forks are
+    /// ready): a developer's laptop asleep, not something for the platform team.
+    pub workstation: u64,
     pub deleting: u64,
     /// Seconds the longest-converging sandbox has been not ready (0 with none converging).
     pub oldest_converging_seconds: i64,
@@ -62,6 +71,7 @@ pub fn readiness<'a>(
         match ready {
             Some(c) if c.status == "True" => r.ready += 1,
             Some(c) if reasons::sandbox_failed(&c.reason) => r.failed += 1,
+            _ if waits_on_workstation(sb) => r.workstation += 1,
             _ => {
                 r.converging += 1;
                 let since = ready
@@ -75,6 +85,13 @@ pub fn readiness<'a>(
         }
     }
     r
+}
+
+/// Whether every fork is ready and a local workload is not (its workstation is away).
+fn waits_on_workstation(sb: &Sandbox) -> bool {
+    sb.status
+        .as_ref()
+        .is_some_and(|st| st.local.iter().any(|l| !l.ready) && st.forks.iter().all(|f| f.ready))
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -95,7 +112,7 @@ impl Collector for SandboxCollector {
         let counts = ConstGauge::new(0i64);
         let mut family = encoder.encode_descriptor(
             "sandboxes",
-            "Sandboxes by state (ready, converging, failed: not ready for a reason waiting does not end, deleting); the leader's view",
+            "Sandboxes by state (ready, converging, failed: not ready for a reason waiting does not end, workstation: only a local workload's workstation is away, deleting); the leader's view",
             None,
             counts.metric_type(),
         )?;
@@ -103,6 +120,7 @@ impl Collector for SandboxCollector {
             ("ready", r.ready),
             ("converging", r.converging),
             ("failed", r.failed),
+            ("workstation", r.workstation),
             ("deleting", r.deleting),
         ] {
             let g = ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
@@ -153,6 +171,19 @@ mod tests {
         sb
     }
 
+    /// Not ready since long ago only because its workstation is away.
+    fn away() -> Sandbox {
+        let mut sb = sandbox(10, Some(("False", "NotReady", 20)), false);
+        let st = sb.status.as_mut().unwrap();
+        st.local = vec![
+            serde_json::from_value(
+                serde_json::json!({"name": "api", "externalWorkload": "ew", "ready": false}),
+            )
+            .unwrap(),
+        ];
+        sb
+    }
+
     #[test]
     fn counts_each_state_and_times_the_oldest_converging() {
         let now = Timestamp::from_second(10_000).unwrap();
@@ -164,6 +195,7 @@ mod tests {
             sandbox(50, Some(("False", reasons::FORK_NOT_READY, 9_500)), false),
             sandbox(50, Some(("False", reasons::INVALID, 60)), false),
             sandbox(50, Some(("False", reasons::FORK_NOT_READY, 60)), true),
+            away(),
         ];
         assert_eq!(
             readiness(&all, now),
@@ -171,6 +203,7 @@ mod tests {
                 ready: 1,
                 converging: 2,
                 failed: 1,
+                workstation: 1,
                 deleting: 1,
                 oldest_converging_seconds: 1_000,
             }
@@ -199,10 +232,14 @@ mod tests {
             "spur_operator_sandboxes{state=\"ready\"} 0",
             "spur_operator_sandboxes{state=\"converging\"} 0",
             "spur_operator_sandboxes{state=\"failed\"} 0",
+            "spur_operator_sandboxes{state=\"workstation\"} 0",
             "spur_operator_sandboxes{state=\"deleting\"} 0",
             "spur_operator_sandbox_oldest_converging_seconds 0",
         ] {
             assert!(out.contains(line), "{line} missing from\n{out}");
         }
+        // The lease lost: nothing until the controller starts again.
+        store.clear();
+        assert!(!text(&registry).contains("sandboxes"));
     }
 }
