@@ -490,6 +490,32 @@ async fn sandbox_forks_routes_and_cleans_up() {
         .unwrap();
     all_gone(&client, "sb1").await;
     web.routes(&key, "web-baseline").await;
+    // Each step of the life cycle is an Event on the Sandbox, once, in order (a cluster-scoped
+    // object's events live in `default`).
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "default");
+    let steps = eventually("sb1's life cycle in events", || async {
+        let mut of: Vec<_> = events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("sb1")
+                    && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("Sandbox")
+            })
+            .collect();
+        of.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+        let reasons: Vec<String> = of.into_iter().filter_map(|e| e.reason).collect();
+        reasons.contains(&"Deleted".to_owned()).then_some(reasons)
+    })
+    .await;
+    assert_eq!(
+        steps,
+        ["Accepted", "Ready", "Deleting", "Deleted"],
+        "{steps:?}"
+    );
     // Nothing in this life cycle is an error: a failure here meant reconciles racing each other
     // (two of one Sandbox at once once raced into 404s and backoff), the logs say which.
     assert_eq!(

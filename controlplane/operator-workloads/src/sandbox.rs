@@ -28,6 +28,7 @@ use crate::fork::{ForkId, plan};
 use crate::{Error, FINALIZER};
 
 mod desired;
+mod lifecycle;
 mod status;
 
 // Derived in spur_api::names, since the RouteGroup and Resource controllers derive it too; its
@@ -492,7 +493,14 @@ async fn write_status(
         _ => Vec::new(),
     };
     let api: Api<Sandbox> = Api::all(ctx.client.clone());
-    Ok(ctx.status.apply(&api, sb, &old, &st).await?)
+    let changed = ctx.status.apply(&api, sb, &old, &st).await?;
+    if changed {
+        for step in lifecycle::steps(&old, &st) {
+            ctx.event(sb, step.warning, step.reason, step.action, step.note)
+                .await;
+        }
+    }
+    Ok(changed)
 }
 
 /// Deletes the sandbox's objects of kind `K` (by label) except those in `keep`; returns whether
@@ -602,7 +610,14 @@ async fn cleanup(sb: &Sandbox, ctx: &WorkloadsContext) -> Result<Action, Error> 
             DRAIN_MS / 1_000
         );
         write_status(sb, ctx, |st| {
-            condition(st, sb, READY, ConditionStatus::False, "Draining", &message)
+            condition(
+                st,
+                sb,
+                READY,
+                ConditionStatus::False,
+                lifecycle::DRAINING,
+                &message,
+            )
         })
         .await?;
         return Err(Error::Requeue {
@@ -610,6 +625,18 @@ async fn cleanup(sb: &Sandbox, ctx: &WorkloadsContext) -> Result<Action, Error> 
             after: left,
         });
     }
+    write_status(sb, ctx, |st| {
+        let message = "deleting its forks, routes and resources";
+        condition(
+            st,
+            sb,
+            READY,
+            ConditionStatus::False,
+            lifecycle::DELETING,
+            message,
+        )
+    })
+    .await?;
     if delete_children(&name, ctx).await? {
         // Each ForkedWorkload's own finalizer removes its Deployment and Services first; each
         // Resource's runs its delete workflow (retried until it succeeds, shown here).
@@ -631,6 +658,14 @@ async fn cleanup(sb: &Sandbox, ctx: &WorkloadsContext) -> Result<Action, Error> 
             "the ForkedWorkloads and Resources of Sandbox {name} to be deleted"
         )));
     }
+    ctx.event(
+        sb,
+        false,
+        "Deleted",
+        "Delete",
+        "its forks, routes and resources are gone".into(),
+    )
+    .await;
     Ok(Action::await_change())
 }
 
