@@ -31,16 +31,10 @@ use kube::{Api, Client};
 use serde_json::json;
 use spur_api::Job;
 use spur_e2e::node::{CHART_VALUES, Node, SPUR_NAMESPACE, node};
+use spur_perf::params::env_usize;
 
 const RELEASE: &str = "spur";
 const GROUP: &str = "bench";
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")

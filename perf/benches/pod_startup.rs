@@ -45,6 +45,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use spur_e2e::node::{CHART_VALUES, Node, SPUR_IMAGE, SPUR_NAMESPACE, node};
+use spur_perf::params::env_usize;
 
 const RELEASE: &str = "spur";
 const SIDECAR: &str = "spur-sidecar";
@@ -53,13 +54,6 @@ const READY_WAIT: Duration = Duration::from_secs(180);
 const GONE_WAIT: Duration = Duration::from_secs(120);
 const LOAD_RUNS: usize = 20;
 const LOAD_PER_RUN: usize = 100;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")

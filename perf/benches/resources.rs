@@ -29,17 +29,11 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 use spur_api::{Resource, Sandbox};
 use spur_e2e::node::{CHART_VALUES, Node, SPUR_NAMESPACE, node};
+use spur_perf::params::env_usize;
 
 const RELEASE: &str = "spur";
 const NS: &str = "hotrod";
 const PASSWORD: &str = "bench-admin-password";
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")

@@ -25,32 +25,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use futures_util::StreamExt;
 use hdrhistogram::Histogram;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Service};
-use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
-use serde_json::json;
+use kube::{Api, Client};
 use spur_api::Sandbox;
 use spur_discovery::{Publisher, RouteServerConn, RouteServerSource};
 use spur_kube_harness::KubeApi;
+use spur_perf::kube_bench::{
+    APP_PORT, NS, cpu_seconds, create_sandbox, create_sandboxes, fake_kubelet, install_crds,
+    rss_mib, setup_baselines,
+};
+use spur_perf::params::env_usize;
 use spur_routeserver::{KubeStore, RouteServer, RouteServerConfig};
 use spur_routing::{BaselineWorkload, SharedTable};
 use tokio_util::sync::CancellationToken;
 
-const NS: &str = "bench";
 const BASELINE: &str = "web";
-const APP_PORT: u16 = 8080;
 const WAIT: Duration = Duration::from_secs(600);
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn main() -> Result<()> {
     let full = std::env::args().any(|a| a == "--bench");
@@ -71,20 +61,10 @@ fn main() -> Result<()> {
 async fn run(sequential: usize, bulk: usize, write: bool) -> Result<()> {
     let started = Instant::now();
     let api = KubeApi::start().await?;
-    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/spur/crds");
-    let mut files: Vec<_> = std::fs::read_dir(&crds)?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<std::io::Result<_>>()?;
-    files.sort();
-    for f in files
-        .iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-    {
-        api.install_crd_file(f).await?;
-    }
+    install_crds(&api).await?;
     let client = api.client();
     let version = client.apiserver_version().await?.git_version;
-    setup_baseline(&client).await?;
+    setup_baselines(&client, &[BASELINE]).await?;
 
     let stop = CancellationToken::new();
     let mut operator_registry = prometheus_client::registry::Registry::default();
@@ -136,10 +116,7 @@ async fn run(sequential: usize, bulk: usize, write: bool) -> Result<()> {
         let (sandboxes, live) = (&sandboxes, &live);
         async move {
             let t0 = Instant::now();
-            let created = sandboxes
-                .create(&PostParams::default(), &sandbox(&name))
-                .await?;
-            let key = spur_operator::sandbox::routing_key(&created.uid().context("no uid")?);
+            let key = create_sandbox(sandboxes, &name, &[BASELINE]).await?;
             while !live(&key) {
                 if t0.elapsed() > WAIT {
                     bail!("sandbox {name}: rule not live after {WAIT:?}");
@@ -169,23 +146,13 @@ async fn run(sequential: usize, bulk: usize, write: bool) -> Result<()> {
         cpu_seconds(std::process::id()),
     ];
     let t0 = Instant::now();
-    let keys: Vec<String> = futures_util::stream::iter(0..bulk)
-        .map(|i| {
-            let sandboxes = sandboxes.clone();
-            async move {
-                let created = sandboxes
-                    .create(&PostParams::default(), &sandbox(&format!("bulk-{i}")))
-                    .await?;
-                Ok::<_, anyhow::Error>(spur_operator::sandbox::routing_key(
-                    &created.uid().context("no uid")?,
-                ))
-            }
-        })
-        .buffer_unordered(16)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<_>>()?;
+    let keys = create_sandboxes(
+        &sandboxes,
+        (0..bulk).map(|i| format!("bulk-{i}")),
+        &[BASELINE],
+        16,
+    )
+    .await?;
     let created_in = t0.elapsed();
     loop {
         let missing = keys.iter().filter(|k| !live(k)).count();
@@ -321,19 +288,6 @@ async fn run(sequential: usize, bulk: usize, write: bool) -> Result<()> {
     Ok(())
 }
 
-/// utime + stime of a process, in seconds (USER_HZ = 100).
-fn cpu_seconds(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            // Fields after the command name, which may hold spaces: state is field 3, utime 14.
-            let rest = &s[s.rfind(')')? + 2..];
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / 100.0)
-        })
-        .unwrap_or(0.0)
-}
-
 /// The API server's request counters (`apiserver_request_total`, summed over codes) and the
 /// time it spent on them (`apiserver_request_duration_seconds_sum`), keyed "verb | resource |
 /// subresource"; watches are left out (long-running).
@@ -373,86 +327,4 @@ async fn apiserver_requests(client: &Client) -> Result<HashMap<String, (f64, f64
         }
     }
     Ok(out)
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
-fn sandbox(name: &str) -> Sandbox {
-    serde_json::from_value(json!({
-        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
-        "metadata": {"name": name},
-        "spec": {"forks": [{"forkOf": {"kind": "Deployment", "namespace": NS, "name": BASELINE},
-                            "customizations": {"images": [{"image": "web:dev"}]}}]}
-    }))
-    .expect("static sandbox")
-}
-
-async fn setup_baseline(client: &Client) -> Result<()> {
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}}))?;
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await?;
-    let d: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": BASELINE, "namespace": NS},
-        "spec": {"selector": {"matchLabels": {"app": BASELINE}},
-                 "template": {"metadata": {"labels": {"app": BASELINE}},
-                              "spec": {"containers": [{"name": BASELINE, "image": "web:1",
-                                                       "ports": [{"name": "http", "containerPort": APP_PORT}]}]}}}
-    }))?;
-    Api::<Deployment>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &d)
-        .await?;
-    let svc: Service = serde_json::from_value(json!({
-        "metadata": {"name": BASELINE, "namespace": NS},
-        "spec": {"selector": {"app": BASELINE}, "ports": [{"port": 80, "targetPort": "http"}]}
-    }))?;
-    Api::<Service>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &svc)
-        .await?;
-    Ok(())
-}
-
-/// Marks every fork Deployment ready once per generation, as a kubelet and the Deployment
-/// controller would (instantly).
-async fn fake_kubelet(client: Client, stop: CancellationToken) {
-    let api: Api<Deployment> = Api::namespaced(client, NS);
-    let wc = watcher::Config::default().labels("app.kubernetes.io/managed-by=spur");
-    let mut done: HashMap<String, i64> = HashMap::new();
-    let mut events = watcher(api.clone(), wc)
-        .default_backoff()
-        .applied_objects()
-        .boxed();
-    loop {
-        let d = tokio::select! {
-            () = stop.cancelled() => return,
-            next = events.next() => match next {
-                Some(Ok(d)) => d,
-                Some(Err(_)) => continue,
-                None => return,
-            },
-        };
-        let generation = d.metadata.generation.unwrap_or(0);
-        let name = d.name_any();
-        if done.get(&name) == Some(&generation) {
-            continue;
-        }
-        let status = json!({"status": {"observedGeneration": generation, "replicas": 1,
-            "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}});
-        if api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
-            .await
-            .is_ok()
-        {
-            done.insert(name, generation);
-        }
-    }
 }

@@ -45,6 +45,7 @@ use kube::{Api, Client};
 use serde_json::json;
 use spur_api::RoutingConfig;
 use spur_kube_harness::KubeApi;
+use spur_perf::params::env_usize;
 use spur_proto::routes::routes_client::RoutesClient;
 use spur_proto::routes::{BaselineWorkload, WatchOp, WorkloadRoutingRulesRequest};
 use spur_routeserver::{KubeStore, RouteServer, RouteServerConfig, XdsConfig};
@@ -54,13 +55,6 @@ use tokio::sync::mpsc;
 const NS: &str = "bench";
 const CLIENTS_PER_PROCESS: usize = 250;
 const WAIT: Duration = Duration::from_secs(300);
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn main() -> Result<()> {
     let full = std::env::args().any(|a| a == "--bench");
