@@ -8,10 +8,13 @@
 // a title and a description on every panel, a query on every non-row panel, and every query
 // naming its datasource through the dashboard's `datasource` variable.
 //
-// Usage: monitoring-check DASHBOARD.json...
+// A Prometheus rule file (`.yaml`/`.yml`) among the arguments is parsed as Prometheus loads it
+// (rulefmt, which promtool's checks use too) for the metric names its expressions read.
+//
+// Usage: monitoring-check FILE...   (dashboards `.json`, rule files `.yaml`/`.yml`)
 //
 // Prints one line per metric name the queries read (`METRIC <file> <name>`), then `OK <n>` with
-// the number of dashboards; on any problem prints `ERROR <file>: <problem>` lines and exits 1.
+// the number of files; on any problem prints `ERROR <file>: <problem>` lines and exits 1.
 package main
 
 import (
@@ -25,6 +28,9 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/cog/plugins"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
 	"github.com/grafana/grafana-foundation-sdk/go/prometheus"
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/common/promslog"
+	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
 )
 
@@ -65,7 +71,12 @@ func main() {
 	failed := false
 	for _, path := range os.Args[1:] {
 		c := &check{file: filepath.Base(path), metrics: map[string]bool{}}
-		c.dashboard(path)
+		switch filepath.Ext(path) {
+		case ".yaml", ".yml":
+			c.rules(path)
+		default:
+			c.dashboard(path)
+		}
 		for _, p := range c.problems {
 			fmt.Printf("ERROR %s: %s\n", c.file, p)
 			failed = true
@@ -83,6 +94,37 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Printf("OK %d\n", len(os.Args)-1)
+}
+
+// rules records the metric names a rule file's expressions read.
+func (c *check) rules(path string) {
+	groups, errs := rulefmt.ParseFile(path, false, model.UTF8Validation, promql, promslog.NewNopLogger())
+	for _, err := range errs {
+		c.fail("%v", err)
+	}
+	if groups == nil {
+		return
+	}
+	for _, g := range groups.Groups {
+		for _, r := range g.Rules {
+			c.expr(fmt.Sprintf("rule %s%s", r.Alert, r.Record), r.Expr)
+		}
+	}
+}
+
+// expr parses a PromQL expression and records the metric names it reads.
+func (c *check) expr(where, text string) {
+	expr, err := promql.ParseExpr(grafanaVars.Replace(text))
+	if err != nil {
+		c.fail("%s: %v", where, err)
+		return
+	}
+	parser.Inspect(expr, func(node parser.Node, _ []parser.Node) error {
+		if vs, ok := node.(*parser.VectorSelector); ok && vs.Name != "" {
+			c.metrics[vs.Name] = true
+		}
+		return nil
+	})
 }
 
 func (c *check) dashboard(path string) {
@@ -217,17 +259,7 @@ func (c *check) panel(p *dashboard.Panel, raw json.RawMessage, seen func(*uint32
 		if q.Datasource == nil || q.Datasource.Uid == nil || *q.Datasource.Uid != "${datasource}" {
 			c.fail("panel %q: query %s does not use the ${datasource} variable", title, q.RefId)
 		}
-		expr, err := promql.ParseExpr(grafanaVars.Replace(q.Expr))
-		if err != nil {
-			c.fail("panel %q: query %s: %v", title, q.RefId, err)
-			continue
-		}
-		parser.Inspect(expr, func(node parser.Node, _ []parser.Node) error {
-			if vs, ok := node.(*parser.VectorSelector); ok && vs.Name != "" {
-				c.metrics[vs.Name] = true
-			}
-			return nil
-		})
+		c.expr(fmt.Sprintf("panel %q: query %s", title, q.RefId), q.Expr)
 	}
 }
 
