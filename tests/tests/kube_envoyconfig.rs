@@ -432,6 +432,16 @@ async fn a_revision_every_node_rejects_is_rolled_back_without_stopping_traffic()
     };
     let before = subscribes().await;
     assert!(before >= 1.0, "no subscription counted: wrong series name?");
+    // Each watch's error series exists from its start, at 0, so an alert's `increase()` sees
+    // its first failure (charts/spur/files/alerts.yaml, SpurRouteServerWatchFailing).
+    let text = spur_e2e::metrics(server.http_addr).await;
+    for resource in ["RoutingConfig", "Service", "EndpointSlice"] {
+        let series = format!(r#"spur_routeserver_watch_errors_total{{resource="{resource}"}} 0"#);
+        assert!(
+            text.lines().any(|l| l == series),
+            "{series} not exported:\n{text}"
+        );
+    }
     let renewed = pki.reissue_server();
     eventually("the renewed certificate served", || async {
         (pki.presented(xds_addr).await == renewed).then_some(())

@@ -164,7 +164,20 @@ async fn listener_sets_get_their_services_and_a_status_that_follows_the_endpoint
         Some("test".into()),
         metrics,
     ));
-    let operator = tokio::spawn(spur_operator::run(operator_client, ctx, stop.clone()));
+    // As `spur-operator --no-leader-elect` runs it: the only replica, which says it leads
+    // (SpurOperatorNoLeader would fire on a 0).
+    let operator = tokio::spawn(spur_operator::run_as(
+        operator_client,
+        ctx,
+        stop.clone(),
+        None,
+    ));
+    eventually("the only replica to report itself leader", || async {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text.lines().any(|l| l == "leader 1").then_some(())
+    })
+    .await;
 
     // The client Service and one headless Service per selector endpoint, all owned by the set.
     apply(&admin, "media", spec()).await;
@@ -392,6 +405,7 @@ async fn listener_sets_get_their_services_and_a_status_that_follows_the_endpoint
     stop.cancel();
     tokio::time::timeout(kt::WAIT, operator)
         .await
+        .unwrap()
         .unwrap()
         .unwrap();
 }

@@ -296,7 +296,26 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
     .await
     .unwrap();
 
+    // The pre-upgrade hook (templates/upgrade.yaml): a Role in the release namespace only.
+    kube_rbac::grant_in_namespace(
+        &api,
+        "spur-prepare-upgrade",
+        "spur-system",
+        "upgrade-rules.yaml",
+    )
+    .await
+    .unwrap();
+    let upgrade = api
+        .client_with_token(
+            &api.service_account_token("spur-system", "spur-prepare-upgrade")
+                .await
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+
     let mut actual = BTreeSet::new();
+    actual.extend(rules_of("spur-prepare-upgrade", upgrade).await);
     actual.extend(rules_of("spur-traffic", traffic).await);
     actual.extend(rules_of("spur-traffic-reader", traffic_reader).await);
     actual.extend(rules_of("spur-traffic-capturer", traffic_capturer).await);

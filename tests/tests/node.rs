@@ -12,7 +12,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde_json::Value;
 mod node_access;
+mod node_chaos;
 mod node_cli;
+mod node_day2;
 mod node_jobs;
 mod node_kafka;
 mod node_l4;
@@ -469,6 +471,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
     secrets.extend(resource_secrets.iter().map(String::as_str));
     secrets_never_logged(node, ns, &secrets);
 
+    // --- each control-plane component deleted in turn under load: no request fails -----------
+    node_chaos::control_plane_outages_under_load(node, ns, &frontend, &backend_pods[0]);
+
     // --- with the webhook down, new pods still start, uninjected ------------------------------
     node.kubectl(&[
         "-n",
@@ -552,6 +557,10 @@ fn helm_install_and_the_user_path_on_running_pods() {
     ])
     .unwrap();
 
+    // --- every metric name the alerts and dashboards read is exported -------------------------
+    let frontend_pod = node.pods(ns, "app=frontend").unwrap()[0].clone();
+    node_day2::metrics_the_alerts_read_are_exported(node, ns, &client, &frontend_pod);
+
     // --- helm upgrade with a changed value rolls the components ------------------------------
     let before = node
         .get_json(SPUR_NAMESPACE, &["deployment", "spur-routeserver"])
@@ -583,6 +592,32 @@ fn helm_install_and_the_user_path_on_running_pods() {
         after["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"],
         "160Mi"
     );
+    // ... and only those whose configuration changed: the operator's pods stay through an
+    // upgrade of the route server alone; a changed injection config rolls them, and pods
+    // created afterwards get it. (The upgrade above turned the agent and the hub off, whose
+    // preview domain the operator is started with: it rolled the operator too.)
+    let upgrade = |extra: &[&str]| {
+        let mut values = vec!["--set", "routeserver.resources.limits.memory=160Mi"];
+        values.extend_from_slice(extra);
+        node.helm(&helm_args(
+            &[
+                "upgrade",
+                RELEASE,
+                &chart,
+                "--namespace",
+                SPUR_NAMESPACE,
+                "--wait",
+                "--timeout",
+                "5m",
+            ],
+            &values,
+        ))
+        .with_context(|| node.describe(SPUR_NAMESPACE))
+        .unwrap();
+    };
+    node_day2::a_changed_injection_config_reaches_new_pods(node, ns, "frontend", upgrade);
+    // --- a value behind a StatefulSet's immutable claim template changes in an upgrade --------
+    node_day2::jobs_persistence_switches_in_an_upgrade(node, upgrade);
 
     // --- helm uninstall leaves nothing behind but the CRDs -----------------------------------
     drop(shop);

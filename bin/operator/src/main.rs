@@ -19,6 +19,7 @@ use spur_bin_support::Runtime;
 use tokio_util::sync::CancellationToken;
 
 mod sweep;
+mod upgrade;
 
 /// Run the Kubernetes controllers (Sandboxes and their workloads, route groups, Envoy and L4
 /// configuration, resources, access, mesh routes; docs/operator.md), the certificate manager and
@@ -113,6 +114,21 @@ enum OperatorCommand {
     /// all namespaces, then exit. The chart's CronJob spur-access-sweeper runs it, so that
     /// grants end even while the operator is down.
     SweepAccess,
+    /// What the chart's pre-upgrade hook runs before `helm upgrade` changes anything
+    /// (docs/install.md, "Upgrading"): each StatefulSet named whose claim template would change
+    /// (persistence turned on or off, a new size) is deleted with its pods and claims kept, so
+    /// that helm creates it anew; a larger size is first asked of the existing claim; another
+    /// StorageClass for an existing claim is refused, saying what to do.
+    PrepareUpgrade {
+        /// The namespace of the StatefulSets (the release's).
+        #[arg(long, env = "POD_NAMESPACE")]
+        namespace: String,
+        /// One StatefulSet's claim as the new chart renders it, JSON: {"name", "value" (the
+        /// chart value, for messages), "claim", "enabled", "size", "storageClassName"}
+        /// (repeatable).
+        #[arg(long = "statefulset", value_name = "JSON")]
+        statefulsets: Vec<String>,
+    },
 }
 
 /// Mesh modes (docs/mesh.md): routing keys' routes written into Istio VirtualServices and/or
@@ -609,6 +625,15 @@ fn main() -> ExitCode {
             "info",
             Runtime::MultiThread,
             sweep::sweep_access(args.kubeconfig),
+        ),
+        Some(OperatorCommand::PrepareUpgrade {
+            namespace,
+            statefulsets,
+        }) => spur_bin_support::run(
+            "spur-operator",
+            "info",
+            Runtime::MultiThread,
+            upgrade::prepare_upgrade(args.kubeconfig, namespace, statefulsets),
         ),
         None => spur_bin_support::run("spur-operator", "info", Runtime::MultiThread, run(args)),
     }

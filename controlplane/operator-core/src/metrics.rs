@@ -189,6 +189,11 @@ impl Metrics {
         registry.register_collector(Box::new(crate::sandbox_metrics::SandboxCollector(
             m.sandboxes.clone(),
         )));
+        // The failure series exist at 0 from the start: `increase()` over a series that first
+        // appears at 1 sees no increase, and SpurWebhookErrors would miss the first failure.
+        for result in ["error", "invalid"] {
+            drop(m.admissions.get_or_create(&Admission { result }));
+        }
         m
     }
 

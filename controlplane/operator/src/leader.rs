@@ -39,8 +39,11 @@ pub async fn run_as(
 ) -> Result<(), Error> {
     match election {
         Some(election) => run_elected(client, ctx, stop, election).await,
+        // The only replica leads: its leader series says so, or SpurOperatorNoLeader fires.
         None => {
-            crate::run(client, ctx, stop).await;
+            ctx.metrics.set_leader(true);
+            crate::run(client, ctx.clone(), stop).await;
+            ctx.metrics.set_leader(false);
             Ok(())
         }
     }

@@ -171,6 +171,7 @@ where
         .boxed();
     let dirty = wake.dirty.clone();
     let metrics = wake.metrics.clone();
+    metrics.watching(what);
     let task = tokio::spawn(async move {
         let mut stream = stream;
         while let Some(event) = stream.next().await {

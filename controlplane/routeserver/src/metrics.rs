@@ -103,6 +103,13 @@ impl Metrics {
         m
     }
 
+    /// The resource's error series at 0 from the start of its watch: `increase()` over a
+    /// series that first appears at 1 sees no increase, so an alert would miss the first error.
+    #[cfg(feature = "kubernetes")]
+    pub(crate) fn watching(&self, resource: &'static str) {
+        drop(self.watch_errors.get_or_create(&Resource { resource }));
+    }
+
     #[cfg(feature = "kubernetes")]
     pub(crate) fn watch_failed(&self, resource: &'static str) {
         self.watch_errors

@@ -1,0 +1,393 @@
+//! Chaos under load on the node (issue 47, point 1; docs/runbooks.md): while a bounded load loop
+//! sends keyed and unkeyed requests through injected sidecars, each control-plane component is
+//! deleted in turn — both operator replicas (the leader first), the route server, the tunnel
+//! proxy, the traffic store, the io context server and the jobs server with a job running — and
+//! a Sandbox is created during each outage. No request through the sidecars fails (the data plane
+//! does not depend on the control plane being up); every Sandbox created during an outage
+//! converges after it (time measured, printed); no Sandbox or fork is lost or duplicated; the
+//! running job finishes with no more than one extra attempt; and the operator replicas'
+//! `spur_operator_leader` series never add up to more than one (sampled through the run).
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use spur_e2e::node::{Node, SPUR_NAMESPACE, eventually};
+
+use crate::{condition, fork_pod, sandbox, sandbox_ready, try_get};
+
+const CLIENT: &str = "chaos-client";
+/// The load loop's bounds: iterations, seconds (and a stop file).
+const MAX_ITERATIONS: u32 = 30_000;
+const MAX_SECONDS: u32 = 1200;
+
+/// What the run saw of the operator replicas' leader series.
+#[derive(Default)]
+struct Leaders {
+    samples: u32,
+    /// Samples in which no replica reported itself leader (a hand-over).
+    without: u32,
+}
+
+impl Leaders {
+    /// Scrapes every operator pod (terminating ones too: a replica leads until it lets go) and
+    /// fails the test if two report themselves leader at once.
+    fn sample(&mut self, node: &Node, ns: &str) {
+        let Ok(pods) = node.get_json(
+            SPUR_NAMESPACE,
+            &["pods", "-l", "app.kubernetes.io/name=spur-operator"],
+        ) else {
+            return;
+        };
+        let ips: Vec<String> = pods["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p["status"]["podIP"].as_str().map(str::to_owned))
+            .collect();
+        if ips.is_empty() {
+            return;
+        }
+        let script = ips
+            .iter()
+            .map(|ip| {
+                format!(
+                    "curl -s --max-time 2 http://{ip}:8080/metrics | grep -E '^spur_operator_leader ' | sed 's/^/{ip} /'"
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        let Ok(out) = node.kubectl(&["-n", ns, "exec", CLIENT, "--", "sh", "-c", &script]) else {
+            return;
+        };
+        let leading: Vec<&str> = out
+            .lines()
+            .filter(|l| l.trim_end().ends_with(" 1"))
+            .collect();
+        assert!(
+            leading.len() <= 1,
+            "two operator replicas report themselves leader at once: {leading:?}"
+        );
+        self.samples += 1;
+        if leading.is_empty() {
+            self.without += 1;
+        }
+    }
+}
+
+/// The chaos run (see the module docs). `backend_pod` answers unkeyed requests to `frontend`.
+pub(crate) fn control_plane_outages_under_load(
+    node: &Node,
+    ns: &str,
+    frontend: &str,
+    backend_pod: &str,
+) {
+    node.apply(&sandbox("chaos", ns, "backend", "chaos", None))
+        .unwrap();
+    let key = sandbox_ready(node, "chaos");
+    let fork = fork_pod(node, ns, "chaos");
+    // Two operator replicas, as the chart runs them: one leads, the other serves the webhook
+    // (Sandbox creation goes through it, failurePolicy Fail) when the first goes.
+    node.kubectl(&[
+        "-n",
+        SPUR_NAMESPACE,
+        "scale",
+        "deployment/spur-operator",
+        "--replicas=2",
+    ])
+    .unwrap();
+    node.rollout(SPUR_NAMESPACE, "spur-operator").unwrap();
+    node.client_pod_with(ns, CLIENT, None).unwrap();
+    let exec = |script: &str| node.kubectl(&["-n", ns, "exec", CLIENT, "--", "sh", "-c", script]);
+    crate::until_answered_by(node, ns, CLIENT, frontend, &key, &fork).unwrap();
+
+    // Bounded by count, by time and by a stop file; every failure is a line of its log.
+    let script = format!(
+        r#"cat > /tmp/load.sh <<'END'
+end=$(( $(date +%s) + {MAX_SECONDS} )); i=0
+while [ ! -e /tmp/stop ] && [ $i -lt {MAX_ITERATIONS} ] && [ $(date +%s) -lt $end ]; do
+  i=$((i+1))
+  k=$(curl -sS --max-time 5 -H 'baggage: sd-routing-key={key}' -w ' %{{http_code}}' '{frontend}' 2>&1)
+  case "$k" in *'"pod":"{fork}"'*' 200') ;; *) echo "keyed $i $(date +%T): $k" ;; esac
+  u=$(curl -sS --max-time 5 -w ' %{{http_code}}' '{frontend}' 2>&1)
+  case "$u" in *'"pod":"{backend_pod}"'*' 200') ;; *) echo "unkeyed $i $(date +%T): $u" ;; esac
+  echo $i > /tmp/count
+done
+touch /tmp/finished
+END
+rm -f /tmp/stop /tmp/finished /tmp/count
+nohup sh /tmp/load.sh > /tmp/load.log 2>&1 &
+echo started"#
+    );
+    assert_eq!(exec(&script).unwrap().trim(), "started");
+    let count = || -> u64 {
+        exec("cat /tmp/count 2>/dev/null || echo 0")
+            .unwrap_or_default()
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    };
+    eventually("load to flow", Duration::from_secs(60), || {
+        Ok((count() >= 20).then_some(()))
+    })
+    .unwrap();
+
+    let mut leaders = Leaders::default();
+    let mut converged: BTreeMap<&str, Duration> = BTreeMap::new();
+    let mut created = Vec::new();
+
+    // --- each operator replica, the leader first ----------------------------------------------
+    leaders.sample(node, ns);
+    let replicas = node
+        .pods(SPUR_NAMESPACE, "app.kubernetes.io/name=spur-operator")
+        .unwrap();
+    assert_eq!(replicas.len(), 2, "{replicas:?}");
+    let leader = lease_holder(node)
+        .filter(|h| replicas.contains(h))
+        .unwrap_or_else(|| panic!("no replica of {replicas:?} holds the operator's Lease"));
+    let standby = replicas.iter().find(|p| **p != leader).unwrap().clone();
+    for (victim, name) in [(leader, "chaos-op-leader"), (standby, "chaos-op-standby")] {
+        let took = outage(node, ns, &mut leaders, &victim, name, &mut created);
+        converged.insert(name, took);
+        node.rollout(SPUR_NAMESPACE, "spur-operator").unwrap();
+    }
+
+    // --- the route server, the tunnel proxy, the traffic store, the io context server ---------
+    for (deployment, name) in [
+        ("spur-routeserver", "chaos-routeserver"),
+        ("spur-tunnel-proxy", "chaos-tunnel-proxy"),
+        ("spur-traffic", "chaos-traffic"),
+        ("spur-ics", "chaos-ics"),
+    ] {
+        let victim = node
+            .pods(
+                SPUR_NAMESPACE,
+                &format!("app.kubernetes.io/name={deployment}"),
+            )
+            .unwrap()
+            .swap_remove(0);
+        let took = outage(node, ns, &mut leaders, &victim, name, &mut created);
+        converged.insert(name, took);
+        node.rollout(SPUR_NAMESPACE, deployment).unwrap();
+    }
+
+    // --- the jobs server, with a job running ------------------------------------------------
+    let (job_took, attempts) = jobs_server_outage(node, &mut leaders, ns);
+
+    // --- the load ends: not one request failed ----------------------------------------------
+    exec("touch /tmp/stop").unwrap();
+    eventually("the load loop to stop", Duration::from_secs(30), || {
+        Ok(exec("test -e /tmp/finished && echo yes")
+            .unwrap_or_default()
+            .contains("yes")
+            .then_some(()))
+    })
+    .unwrap();
+    let iterations = count();
+    let failures = exec("cat /tmp/load.log").unwrap();
+
+    // --- nothing lost, nothing duplicated: each Sandbox Ready with its one fork --------------
+    for name in &created {
+        let s = node.get_json("default", &["sandbox", name]).unwrap();
+        assert_eq!(condition(&s, "Ready"), Some("True"), "{name}: {s}");
+        let forks = node
+            .get_json(
+                ns,
+                &["deployments", "-l", &format!("spur.dev/sandbox={name}")],
+            )
+            .unwrap();
+        let n = forks["items"].as_array().map_or(0, Vec::len);
+        assert_eq!(n, 1, "Sandbox {name} has {n} fork Deployments: {forks}");
+    }
+    // The keyed route of the sandbox created while the route server was away works.
+    let rs_key = sandbox_ready(node, "chaos-routeserver");
+    let rs_fork = fork_pod(node, ns, "chaos-routeserver");
+    crate::until_answered_by(node, ns, CLIENT, frontend, &rs_key, &rs_fork).unwrap();
+    leaders.sample(node, ns);
+
+    let times: Vec<String> = converged
+        .iter()
+        .map(|(n, d)| {
+            format!(
+                "{}: {:.1} s",
+                n.trim_start_matches("chaos-"),
+                d.as_secs_f64()
+            )
+        })
+        .collect();
+    eprintln!(
+        "chaos under load: {iterations} iterations ({} requests through sidecars), {} failed; \
+         {} sandboxes created during outages, {} converged (time from the pod's deletion to \
+         Ready: {}); a job running through the jobs server's restart finished in {:.1} s after \
+         it, in {attempts} attempt(s); operator leader series sampled {} times, never two \
+         leaders, {} samples between leaders",
+        iterations * 2,
+        failures.lines().count(),
+        created.len(),
+        converged.len(),
+        times.join(", "),
+        job_took.as_secs_f64(),
+        leaders.samples,
+        leaders.without,
+    );
+    assert_eq!(
+        failures.trim(),
+        "",
+        "requests through sidecars failed while control-plane pods were deleted"
+    );
+
+    for name in &created {
+        node.kubectl(&["delete", "sandbox", name, "--wait=false"])
+            .unwrap();
+    }
+    node.kubectl(&[
+        "delete",
+        "sandbox",
+        "chaos",
+        "--wait=true",
+        "--timeout=120s",
+    ])
+    .unwrap();
+    node.kubectl(&[
+        "-n",
+        SPUR_NAMESPACE,
+        "scale",
+        "deployment/spur-operator",
+        "--replicas=1",
+    ])
+    .unwrap();
+    node.rollout(SPUR_NAMESPACE, "spur-operator").unwrap();
+    node.kubectl(&["-n", ns, "delete", "pod", CLIENT, "--wait=false"])
+        .unwrap();
+    // The chaos sandboxes' keyed requests are back on the baseline once they are gone.
+    eventually(
+        "the chaos sandbox's key back on the baseline",
+        Duration::from_secs(120),
+        || {
+            let a = try_get(node, ns, "client", frontend, Some(&key))?;
+            Ok((a.answered_by() == Some(backend_pod)).then_some(()))
+        },
+    )
+    .ok();
+}
+
+/// The operator's Lease holder, if the Lease names one.
+fn lease_holder(node: &Node) -> Option<String> {
+    let l = node
+        .get_json(SPUR_NAMESPACE, &["lease", "spur-operator"])
+        .ok()?;
+    l["spec"]["holderIdentity"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+}
+
+/// Deletes `victim` (a pod of Spur's namespace), creates Sandbox `name` forking the backend at
+/// once, and returns the time from the deletion until the Sandbox is Ready. The Sandbox is
+/// applied again until the API server takes it (the webhook's Service may still route a review
+/// to the deleted replica for a moment).
+fn outage(
+    node: &Node,
+    ns: &str,
+    leaders: &mut Leaders,
+    victim: &str,
+    name: &'static str,
+    created: &mut Vec<&'static str>,
+) -> Duration {
+    let start = Instant::now();
+    node.kubectl(&[
+        "-n",
+        SPUR_NAMESPACE,
+        "delete",
+        "pod",
+        victim,
+        "--wait=false",
+    ])
+    .unwrap();
+    eprintln!("chaos: deleted {victim}; creating Sandbox {name}");
+    let marker = name.trim_start_matches("chaos-");
+    eventually(
+        &format!("Sandbox {name} taken while {victim} is gone"),
+        Duration::from_secs(60),
+        || Ok(node.apply(&sandbox(name, ns, "backend", marker, None)).ok()),
+    )
+    .unwrap();
+    created.push(name);
+    eventually(
+        &format!("Sandbox {name}, created while {victim} was gone, to be Ready"),
+        Duration::from_secs(240),
+        || {
+            leaders.sample(node, ns);
+            let s = node.get_json("default", &["sandbox", name])?;
+            Ok((condition(&s, "Ready") == Some("True")).then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e:#}\n{}\n{}",
+            node.kubectl(&["get", "sandbox", name, "-o", "yaml"])
+                .unwrap_or_default(),
+            node.describe(SPUR_NAMESPACE)
+        )
+    });
+    start.elapsed()
+}
+
+/// A job sleeps in a runner pod while the jobs server's pod is deleted: it finishes, in at
+/// most two attempts (the running one resumed, or lost and run once more). Returns the time
+/// from the deletion to its end, and its attempts.
+fn jobs_server_outage(node: &Node, leaders: &mut Leaders, app_ns: &str) -> (Duration, i64) {
+    let ci = node
+        .namespace("chaos-ci", &[("spur.dev/enabled", "true")])
+        .unwrap();
+    let ns = ci.name.as_str();
+    node.apply(&format!(
+        "apiVersion: spur.dev/v1alpha1\nkind: JobRunnerGroup\nmetadata:\n  name: chaos\n  namespace: {ns}\nspec:\n  image: localhost/spur-test-client:dev\n  replicas: 1\n  jobTimeout: 5m\n"
+    ))
+    .unwrap();
+    node.apply(&format!(
+        "apiVersion: spur.dev/v1alpha1\nkind: Job\nmetadata:\n  name: through-restart\n  namespace: {ns}\nspec:\n  runnerGroup: chaos\n  script: |\n    echo started\n    sleep 25\n    echo finished\n"
+    ))
+    .unwrap();
+    let job = || node.get_json(ns, &["jobs.spur.dev", "through-restart"]);
+    eventually("the job to run", Duration::from_secs(180), || {
+        leaders.sample(node, app_ns);
+        Ok((job()?["status"]["phase"] == "Running").then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", node.describe(ns)));
+    let start = Instant::now();
+    node.kubectl(&[
+        "-n",
+        SPUR_NAMESPACE,
+        "delete",
+        "pod",
+        "spur-jobs-0",
+        "--wait=false",
+    ])
+    .unwrap();
+    eprintln!("chaos: deleted spur-jobs-0 while job through-restart runs");
+    let j = eventually("the job to end", Duration::from_secs(240), || {
+        leaders.sample(node, app_ns);
+        let j = job()?;
+        let phase = j["status"]["phase"].as_str().unwrap_or("");
+        Ok(["Succeeded", "Failed", "Canceled"]
+            .contains(&phase)
+            .then_some(j))
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", node.describe(SPUR_NAMESPACE)));
+    let took = start.elapsed();
+    assert_eq!(j["status"]["phase"], "Succeeded", "{j}");
+    let attempts = j["status"]["attemptCount"].as_i64().unwrap_or(0);
+    assert!(
+        (1..=2).contains(&attempts),
+        "a job running through the jobs server's restart took {attempts} attempts: {j}"
+    );
+    node.kubectl(&[
+        "-n",
+        SPUR_NAMESPACE,
+        "rollout",
+        "status",
+        "statefulset/spur-jobs",
+        "--timeout=180s",
+    ])
+    .unwrap();
+    (took, attempts)
+}
