@@ -16,6 +16,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# How long each phase took, on stderr: a fresh machine's run (CI's) against a warm one shows where
+# the time goes (issue 47: the node tier's cold and warm time).
+phase_start=$SECONDS
+phase() {
+    echo "tests/run.sh: $1 took $((SECONDS - phase_start)) s" >&2
+    phase_start=$SECONDS
+}
+
 need=()
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v h2load >/dev/null 2>&1 || need+=(nghttp2-client)
@@ -93,12 +101,14 @@ if ! wait "$go_pid"; then
 fi
 SPUR_GO_BINDIR="$(tail -n 1 "$go_log")"
 rm -f "$go_log"
+phase "packages, Kubernetes and the Go test tools"
 # The Kafka broker's jars and the Java client harness (about a minute on a fresh machine).
 SPUR_KAFKA_DIR="$(tests/kafka/fetch.sh | tail -n 1)"
 # The Argo Rollouts controller the node tier runs (about 8 minutes on a fresh machine, cached
 # beside Kubernetes'; tests/argo/README.md).
 SPUR_ARGO_DIR="$(tests/argo/build.sh "${XDG_CACHE_HOME:-$HOME/.cache}/spur/argo" | tail -n 1)"
 export SPUR_KUBE_BINDIR SPUR_GO_BINDIR SPUR_KAFKA_DIR SPUR_ARGO_DIR
+phase "the Kafka broker and Argo Rollouts"
 
 # The node tier: one node for the whole run, shared by every node test, with Spur's image built
 # from this checkout's binaries. A node left by a killed run is removed first; this one goes when
@@ -119,6 +129,7 @@ SPUR_EXECUTOR_BIN="$(cd "${CARGO_TARGET_DIR:-target}/$host_target/debug" && pwd)
 # spur-io likewise: resource step pods of any image run it.
 SPUR_IO_BIN="$(cd "${CARGO_TARGET_DIR:-target}/$host_target/debug" && pwd)/spur-io"
 export SPUR_EXECUTOR_BIN SPUR_IO_BIN
+phase "the image's binaries"
 image_out="$(tests/node/image.sh "$SPUR_IMAGE_BINDIR" "$SPUR_IMAGE_BINDIR/node-images")"
 # One line per image: name, archive, sizes.
 mapfile -t images < <(awk '$2 ~ /\.tar$/ { print $2 }' <<<"$image_out")
@@ -132,8 +143,10 @@ node_env="$(SPUR_NODE_OWNER=$$ tests/node/node.sh up "${images[@]}" | tail -n 1)
 trap 'tests/node/node.sh down "$(dirname "$node_env")"' EXIT
 trap 'exit 130' INT TERM
 export SPUR_NODE_ENV="$node_env"
+phase "the images and the node"
 
 # Every tier: `--all-features` turns on each crate's tier features (root, go, kube, node), which a
 # plain `cargo test` leaves off (docs/testing.md).
 # Two test threads: the machine has two cores and several tests run their own load.
 cargo test --workspace --locked --all-features -- --test-threads 2 "$@"
+phase "the tests (every tier)"

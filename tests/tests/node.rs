@@ -60,6 +60,14 @@ const COMPONENTS: &[(&str, &str)] = &[
 
 #[test]
 fn helm_install_and_the_user_path_on_running_pods() {
+    let started = std::time::Instant::now();
+    // Where the run's time goes (CI's budget, issue 47: the node tier's cold and warm time).
+    let mark = |what: &str| {
+        eprintln!(
+            "node tier: {what} at {:.0} s",
+            started.elapsed().as_secs_f64()
+        )
+    };
     let node = node();
     let chart = chart();
 
@@ -462,6 +470,7 @@ fn helm_install_and_the_user_path_on_running_pods() {
     // (workstation `alice` is the admin's since the step above)
     node_tenancy::a_tenant_cannot_reach_through(node, "alice", ns, "backend");
 
+    mark("the CA rotation begins");
     // --- the CA rotates while traffic flows: no request fails --------------------------------
     let reader_token =
         certificates_rotate_under_load(node, ns, &client, &frontend, &backend_pods[0]);
@@ -472,7 +481,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
     secrets_never_logged(node, ns, &secrets);
 
     // --- each control-plane component deleted in turn under load: no request fails -----------
+    mark("chaos begins");
     node_chaos::control_plane_outages_under_load(node, ns, &frontend, &backend_pods[0]);
+    mark("chaos ends");
 
     // --- with the webhook down, new pods still start, uninjected ------------------------------
     node.kubectl(&[
@@ -557,6 +568,7 @@ fn helm_install_and_the_user_path_on_running_pods() {
     ])
     .unwrap();
 
+    mark("the metrics check begins");
     // --- every metric name the alerts and dashboards read is exported -------------------------
     let frontend_pod = node.pods(ns, "app=frontend").unwrap()[0].clone();
     node_day2::metrics_the_alerts_read_are_exported(node, ns, &client, &frontend_pod);
@@ -618,6 +630,8 @@ fn helm_install_and_the_user_path_on_running_pods() {
     node_day2::a_changed_injection_config_reaches_new_pods(node, ns, "frontend", upgrade);
     // --- a value behind a StatefulSet's immutable claim template changes in an upgrade --------
     node_day2::jobs_persistence_switches_in_an_upgrade(node, upgrade);
+
+    mark("upgrades end");
 
     // --- helm uninstall leaves nothing behind but the CRDs -----------------------------------
     drop(shop);
@@ -703,7 +717,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
     );
 
     // --- docs/quickstart.md, as written, from here ------------------------------------------
+    mark("the quickstart begins");
     node_quickstart::quickstart_on_the_node(node);
+    mark("the user path ends (the node was up before it began)");
 }
 
 /// From the client pod, over TLS verified with the CA bundle the webhook copied into the

@@ -116,7 +116,7 @@ enum OperatorCommand {
     SweepAccess,
     /// What the chart's pre-upgrade hook runs before `helm upgrade` changes anything
     /// (docs/install.md, "Upgrading"): each StatefulSet named whose claim template would change
-    /// (persistence turned on or off, a new size) is deleted with its pods and claims kept, so
+    /// (persistence turned on or off, a new size) is deleted with its pod, its claims kept, so
     /// that helm creates it anew; a larger size is first asked of the existing claim; another
     /// StorageClass for an existing claim is refused, saying what to do.
     PrepareUpgrade {

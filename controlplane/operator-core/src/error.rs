@@ -40,6 +40,10 @@ pub enum Error {
     /// wants.
     #[error("mesh routes: {0}")]
     Mesh(String),
+    /// The pre-upgrade hook refused a change, or could not make it (its message says which
+    /// value and what to do).
+    #[error("{0}")]
+    Upgrade(String),
 }
 
 /// The controller kit's errors are the operator's own (same variants, same messages), so the

@@ -319,6 +319,11 @@ pub(crate) fn jobs_persistence_switches_in_an_upgrade(node: &Node, upgrade: impl
     };
     let first_claim = claim(node).expect("the jobs server's claim before the switch");
     let first_uid = sts(node)["metadata"]["uid"].clone();
+    let ca = |node: &Node| {
+        node.get_json(SPUR_NAMESPACE, &["secret", "spur-jobs-ca"])
+            .unwrap()
+    };
+    let ca_uid = ca(node)["metadata"]["uid"].clone();
 
     upgrade(&["--set", "jobs.persistence.enabled=false"]);
     let off = sts(node);
@@ -355,5 +360,25 @@ pub(crate) fn jobs_persistence_switches_in_an_upgrade(node: &Node, upgrade: impl
         Some(first_claim.as_str()),
         "persistence back on uses the claim it had"
     );
-    println!("upgrade: jobs.persistence.enabled off and on again, claim data-spur-jobs-0 kept");
+    // The jobs CA outlived both replacements (runner pods hold certificates it signed), and
+    // belongs to the StatefulSet of now, so an uninstall still removes it.
+    let sts_uid = on["metadata"]["uid"].clone();
+    eventually(
+        "the jobs CA Secret owned by the new StatefulSet",
+        Duration::from_secs(60),
+        || {
+            let c = ca(node);
+            assert_eq!(c["metadata"]["uid"], ca_uid, "the jobs CA was replaced");
+            let owned = c["metadata"]["ownerReferences"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|o| o["uid"] == sts_uid);
+            Ok(owned.then_some(()))
+        },
+    )
+    .unwrap();
+    println!(
+        "upgrade: jobs.persistence.enabled off and on again, claim data-spur-jobs-0 and the jobs CA kept"
+    );
 }
