@@ -3,7 +3,8 @@
 //! the checksum of the injection config (ConfigMap `spur-injection`, which the webhook reads at
 //! start), the agent's that of the hub's CA. `helm upgrade --set injection.sidecarLog=debug`
 //! thus replaces the operator's pods and newly injected sidecars log at debug; a change of
-//! nothing they read leaves them running.
+//! nothing they read leaves them running. And the pre-upgrade hook that lets a persistence value
+//! of a StatefulSet change describes every claim template the chart renders.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::Value;
@@ -89,4 +90,114 @@ async fn a_new_hub_ca_rolls_the_agent() {
         annotation(&a, "spur-agent", "checksum/hub-ca"),
         annotation(&b, "spur-agent", "checksum/hub-ca")
     );
+}
+
+/// Every leaf of `v` as a dotted path (array items by index).
+fn leaves(v: &Value, at: String, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m {
+                let path = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                leaves(v, path, out);
+            }
+        }
+        Value::Array(a) => {
+            for (i, v) in a.iter().enumerate() {
+                leaves(v, format!("{at}.{i}"), out);
+            }
+        }
+        _ => out.push(at),
+    }
+}
+
+/// The pre-upgrade hook (templates/upgrade.yaml, `spur_operator::upgrade`) compares a
+/// StatefulSet's claim template by its size and class only: the chart's claim templates hold
+/// nothing else that could change (a new field there would fail upgrades on the immutable
+/// template again), and the hook's `--statefulset` arguments say what the templates say.
+#[tokio::test]
+async fn the_upgrade_hook_describes_every_claim_template_the_chart_renders() {
+    for class in ["", "-", "fast"] {
+        let jobs_class = format!("jobs.persistence.storageClass={class}");
+        let hub_class = format!("hub.persistence.storageClass={class}");
+        let objects = helm_template(&[
+            "--set",
+            "hub.enabled=true",
+            "--set",
+            "hub.previewDomain=preview.example",
+            "--set",
+            "jobs.persistence.size=7Gi",
+            "--set",
+            &jobs_class,
+            "--set",
+            &hub_class,
+        ])
+        .await
+        .unwrap();
+        let job = find(&objects, "Job", "spur-prepare-upgrade");
+        assert_eq!(
+            job["metadata"]["annotations"]["helm.sh/hook"],
+            "pre-upgrade,pre-rollback"
+        );
+        let args: Vec<Value> = job["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|a| a.as_str()?.strip_prefix("--statefulset="))
+            .map(|j| serde_json::from_str(j).unwrap())
+            .collect();
+        for name in ["spur-jobs", "spur-hub"] {
+            let sts = find(&objects, "StatefulSet", name);
+            let templates = sts["spec"]["volumeClaimTemplates"].as_array().unwrap();
+            assert_eq!(templates.len(), 1, "{name}");
+            let t = &templates[0];
+            let mut paths = Vec::new();
+            leaves(t, String::new(), &mut paths);
+            paths.sort();
+            let mut allowed = vec![
+                "metadata.name",
+                "spec.accessModes.0",
+                "spec.resources.requests.storage",
+            ];
+            if !class.is_empty() {
+                allowed.push("spec.storageClassName");
+            }
+            allowed.sort();
+            assert_eq!(
+                paths, allowed,
+                "{name}'s claim template (class {class:?}): {t}"
+            );
+            let arg = args
+                .iter()
+                .find(|a| a["name"] == name)
+                .unwrap_or_else(|| panic!("the hook does not name {name}: {args:?}"));
+            assert_eq!(arg["claim"], t["metadata"]["name"], "{arg}");
+            assert_eq!(arg["enabled"], true, "{arg}");
+            assert_eq!(
+                arg["size"], t["spec"]["resources"]["requests"]["storage"],
+                "{arg}"
+            );
+            assert_eq!(
+                arg["storageClassName"], t["spec"]["storageClassName"],
+                "{arg}"
+            );
+        }
+        assert_eq!(
+            find(&objects, "StatefulSet", "spur-jobs")["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]
+                ["requests"]["storage"],
+            "7Gi"
+        );
+    }
+    // Persistence off: the hook is told so (it replaces a StatefulSet that still has a claim
+    // template), and the StatefulSet renders none.
+    let off = helm_template(&["--set", "jobs.persistence.enabled=false"])
+        .await
+        .unwrap();
+    assert!(find(&off, "StatefulSet", "spur-jobs")["spec"]["volumeClaimTemplates"].is_null());
+    let job = find(&off, "Job", "spur-prepare-upgrade");
+    let args = job["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains(r#"\"enabled\":false"#), "{args}");
 }

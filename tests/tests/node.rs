@@ -574,40 +574,8 @@ fn helm_install_and_the_user_path_on_running_pods() {
     node_day2::metrics_the_alerts_read_are_exported(node, ns, &client, &frontend_pod);
 
     // --- helm upgrade with a changed value rolls the components ------------------------------
-    let before = node
-        .get_json(SPUR_NAMESPACE, &["deployment", "spur-routeserver"])
-        .unwrap();
-    node.helm(&helm_args(
-        &[
-            "upgrade",
-            RELEASE,
-            &chart,
-            "--namespace",
-            SPUR_NAMESPACE,
-            "--wait",
-            "--timeout",
-            "5m",
-        ],
-        &["--set", "routeserver.resources.limits.memory=160Mi"],
-    ))
-    .with_context(|| node.describe(SPUR_NAMESPACE))
-    .unwrap();
-    let after = node
-        .get_json(SPUR_NAMESPACE, &["deployment", "spur-routeserver"])
-        .unwrap();
-    assert!(
-        after["metadata"]["generation"].as_i64() > before["metadata"]["generation"].as_i64(),
-        "the route server's Deployment rolled"
-    );
-    node.rollout(SPUR_NAMESPACE, "spur-routeserver").unwrap();
-    assert_eq!(
-        after["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"],
-        "160Mi"
-    );
-    // ... and only those whose configuration changed: the operator's pods stay through an
-    // upgrade of the route server alone; a changed injection config rolls them, and pods
-    // created afterwards get it. (The upgrade above turned the agent and the hub off, whose
-    // preview domain the operator is started with: it rolled the operator too.)
+    // `helm upgrade` as a user runs it: the install's values, a new route server memory limit,
+    // and `extra`.
     let upgrade = |extra: &[&str]| {
         let mut values = vec!["--set", "routeserver.resources.limits.memory=160Mi"];
         values.extend_from_slice(extra);
@@ -627,6 +595,26 @@ fn helm_install_and_the_user_path_on_running_pods() {
         .with_context(|| node.describe(SPUR_NAMESPACE))
         .unwrap();
     };
+    let before = node
+        .get_json(SPUR_NAMESPACE, &["deployment", "spur-routeserver"])
+        .unwrap();
+    upgrade(&[]);
+    let after = node
+        .get_json(SPUR_NAMESPACE, &["deployment", "spur-routeserver"])
+        .unwrap();
+    assert!(
+        after["metadata"]["generation"].as_i64() > before["metadata"]["generation"].as_i64(),
+        "the route server's Deployment rolled"
+    );
+    node.rollout(SPUR_NAMESPACE, "spur-routeserver").unwrap();
+    assert_eq!(
+        after["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"],
+        "160Mi"
+    );
+    // ... and only those whose configuration changed: the operator's pods stay through an
+    // upgrade of the route server alone; a changed injection config rolls them, and pods
+    // created afterwards get it. (The upgrade above turned the agent and the hub off, whose
+    // preview domain the operator is started with: it rolled the operator too.)
     node_day2::a_changed_injection_config_reaches_new_pods(node, ns, "frontend", upgrade);
     // --- a value behind a StatefulSet's immutable claim template changes in an upgrade --------
     node_day2::jobs_persistence_switches_in_an_upgrade(node, upgrade);
