@@ -148,31 +148,9 @@ phase "the images and the node"
 # Every tier: `--all-features` turns on each crate's tier features (root, go, kube, node), which a
 # plain `cargo test` leaves off (docs/testing.md).
 # Two test threads: the machine has two cores and several tests run their own load.
-# The node tier's one test (tests/tests/node.rs, about 25 minutes, mostly waiting on the cluster)
-# runs beside the rest, which cargo would otherwise run after it, one test binary at a time: a run
-# with a test filter (`tests/run.sh <filter>`) runs everything in one `cargo test`, as before.
-node_test=helm_install_and_the_user_path_on_running_pods
-if [ $# -eq 0 ]; then
-    cargo test --workspace --locked --all-features --no-run
-    node_log="$(mktemp)"
-    cargo test -p spur-e2e --locked --all-features --test node -- --exact "$node_test" \
-        >"$node_log" 2>&1 &
-    node_pid=$!
-    trap 'kill "$node_pid" 2>/dev/null; wait "$node_pid" 2>/dev/null; tests/node/node.sh down "$(dirname "$node_env")"' EXIT
-    rest=0
-    cargo test --workspace --locked --all-features -- --test-threads 2 --skip "$node_test" || rest=$?
-    phase "the tests (every tier but the node's)"
-    node=0
-    wait "$node_pid" || node=$?
-    echo "tests/run.sh: the node tier's test (output below):" >&2
-    cat "$node_log"
-    rm -f "$node_log"
-    phase "the node tier's test, after the rest"
-    if [ "$rest" -ne 0 ] || [ "$node" -ne 0 ]; then
-        echo "tests/run.sh: failed: the rest of the tests ($rest), the node tier's test ($node)" >&2
-        exit 1
-    fi
-else
-    cargo test --workspace --locked --all-features -- --test-threads 2 "$@"
-    phase "the tests (every tier)"
-fi
+# cargo runs the test binaries one after another, so the node tier's one long test (tests/node.rs,
+# about 20 minutes, mostly waiting on the cluster) runs alone. Running it beside the others saves
+# most of that but made timing-sensitive steps flaky on two cores (tried in issue 47: the node's
+# Kafka step saw no keyed record before its route), so it stays this way.
+cargo test --workspace --locked --all-features -- --test-threads 2 "$@"
+phase "the tests (every tier)"
