@@ -51,10 +51,44 @@ pub async fn adopt<K>(api: &Api<K>, name: &str, owner: &OwnerReference) -> Resul
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
+    change_owners(api, name, |owners| {
+        (!owners.iter().any(|o| o.uid == owner.uid)).then(|| {
+            let mut owners = owners.to_vec();
+            owners.push(owner.clone());
+            owners
+        })
+    })
+    .await
+}
+
+/// Takes the owner of uid `uid` off object `name`'s owners, so that the owner's deletion leaves
+/// it; a missing object, or one it does not own, is fine. Conflicts are retried as for [`adopt`].
+pub async fn disown<K>(api: &Api<K>, name: &str, uid: &str) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    change_owners(api, name, |owners| {
+        owners
+            .iter()
+            .any(|o| o.uid == uid)
+            .then(|| owners.iter().filter(|o| o.uid != uid).cloned().collect())
+    })
+    .await
+}
+
+/// Writes `change(owners)` as object `name`'s owners when it is `Some`, retrying conflicts.
+async fn change_owners<K>(
+    api: &Api<K>,
+    name: &str,
+    change: impl Fn(&[OwnerReference]) -> Option<Vec<OwnerReference>>,
+) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
     let mut attempt = 0;
     loop {
         attempt += 1;
-        match adopt_once(api, name, owner).await {
+        match change_owners_once(api, name, &change).await {
             Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 && attempt < 5 => {
                 tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
             }
@@ -63,18 +97,20 @@ where
     }
 }
 
-async fn adopt_once<K>(api: &Api<K>, name: &str, owner: &OwnerReference) -> Result<(), Error>
+async fn change_owners_once<K>(
+    api: &Api<K>,
+    name: &str,
+    change: &impl Fn(&[OwnerReference]) -> Option<Vec<OwnerReference>>,
+) -> Result<(), Error>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
     let Some(obj) = api.get_opt(name).await? else {
         return Ok(());
     };
-    if owned_by(&obj, owner) {
+    let Some(owners) = change(obj.owner_references()) else {
         return Ok(());
-    }
-    let mut owners = obj.owner_references().to_vec();
-    owners.push(owner.clone());
+    };
     // A merge patch with the whole list, compared against the version read: a concurrent change
     // of the owners fails with a conflict (retried) instead of being lost.
     let patch = serde_json::json!({

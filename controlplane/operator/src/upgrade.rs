@@ -24,7 +24,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 use kube::api::{DeleteParams, Patch, PatchParams, PropagationPolicy};
 use kube::{Api, Client};
 use serde::Deserialize;
@@ -295,8 +295,9 @@ pub async fn prepare(
             what.push(format!("claim {} asked for {size}", want.pod_claim()));
         }
         if plan.replace {
+            let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
             for secret in &want.keep_secrets {
-                disown(client, namespace, secret, uid).await?;
+                crate::owner::disown(&secrets, secret, uid).await?;
             }
             replace(&sts, name, uid).await?;
             what.push(format!(
@@ -314,29 +315,6 @@ pub async fn prepare(
         ));
     }
     Ok(lines)
-}
-
-/// Takes owner `uid` off Secret `name`'s owner references (a missing Secret is fine), so that
-/// the owner's deletion leaves it. A merge patch of the whole list, compared against the version
-/// read: a concurrent change fails with a conflict rather than being lost.
-async fn disown(client: &Client, namespace: &str, name: &str, uid: &str) -> Result<(), Error> {
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-        Api::namespaced(client.clone(), namespace);
-    let Some(s) = secrets.get_opt(name).await? else {
-        return Ok(());
-    };
-    let owners = s.metadata.owner_references.unwrap_or_default();
-    if !owners.iter().any(|o| o.uid == uid) {
-        return Ok(());
-    }
-    let kept: Vec<_> = owners.into_iter().filter(|o| o.uid != uid).collect();
-    let patch = serde_json::json!({
-        "metadata": {"ownerReferences": kept, "resourceVersion": s.metadata.resource_version}
-    });
-    secrets
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
 }
 
 /// Deletes StatefulSet `name` (uid `uid`) and its pods, leaving its claims, and waits until it
