@@ -75,7 +75,7 @@ const DIRECT_READS: &[(&str, &str, &str)] = &[
     ("controlplane/operator-certificates/src/certs.rs", "sync_webhook_configuration", NOT_A_PASS),
     ("controlplane/operator-certificates/src/pki_config.rs", "signing_ca", KEY_MATERIAL),
     // Ownership records and adoption.
-    ("controlplane/operator-core/src/owner.rs", "adopt_once", AUTHORITY),
+    ("controlplane/operator-core/src/owner.rs", "change_owners_once", AUTHORITY),
     ("controlplane/operator-core/src/owner.rs", "deployment_owner", USER_OBJECT),
     ("controlplane/operator-core/src/workstation_owner.rs", "claim", AUTHORITY),
     ("controlplane/operator-core/src/workstation_owner.rs", "read", AUTHORITY),
@@ -84,6 +84,11 @@ const DIRECT_READS: &[(&str, &str, &str)] = &[
     ("controlplane/operator-mesh/src/istio.rs", "cleanup", FINAL),
     ("controlplane/operator-mesh/src/istio.rs", "write", AFTER_CONFLICT),
     ("controlplane/operator-mesh/src/lib.rs", "apply_and_prune", NOT_YET),
+    // The chart's pre-upgrade hook (`spur-operator prepare-upgrade`): a one-off Job before
+    // helm applies, with no watches; it reads the StatefulSets, claims and CA Secret it may
+    // have to change, right before it changes them.
+    ("controlplane/operator/src/upgrade.rs", "prepare", NOT_A_PASS),
+    ("controlplane/operator/src/upgrade.rs", "replace", NOT_A_PASS),
     // Resources: create-once objects (a Resource, its OLM, the io context) and step pods.
     ("controlplane/operator-resources/src/lib.rs", "apply", NOT_YET),
     // Whether the sandbox is valid: a wrong answer from a store that is behind tears its forks down.
