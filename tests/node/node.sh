@@ -12,6 +12,10 @@
 #   tests/node/node.sh cleanup             stop and remove every node left behind by earlier runs
 #                                          (a node whose owner process, SPUR_NODE_OWNER or else
 #                                          the caller of `up`, is gone)
+#   tests/node/node.sh restart-containerd ROOT
+#                                          stop the node's containerd (SIGTERM; its shims and so
+#                                          the pods' containers live on) and start it again, as a
+#                                          node's runtime upgrade does; returns once it answers
 #
 # The env file sets SPUR_NODE_ROOT, SPUR_NODE_NETNS, SPUR_NODE_IP, SPUR_NODE_KUBECONFIG (admin,
 # reachable from the host over the node's veth), SPUR_NODE_CONTAINERD (the CRI socket) and
@@ -650,9 +654,27 @@ EOF
     echo "$ROOT/env"
 }
 
+# ---------------------------------------------------------------------------------------------
+# restart-containerd (the chaos step of the node test, issue 47)
+# ---------------------------------------------------------------------------------------------
+restart_containerd() {
+    ROOT="$1"
+    [ -f "$ROOT/env" ] || die "no node at $ROOT (no $ROOT/env)"
+    NS="$(sed -n 's/^SPUR_NODE_NETNS=//p' "$ROOT/env")"
+    [ -n "$NS" ] || die "$ROOT/env names no network namespace"
+    local started=$SECONDS
+    stop_pids "$ROOT" containerd
+    # The first run's log is kept: what it said before the restart may explain a failure.
+    [ -f "$ROOT/logs/containerd.log" ] && mv "$ROOT/logs/containerd.log" "$ROOT/logs/containerd.log.$(date +%s)"
+    start containerd containerd --config "$ROOT/containerd/config.toml"
+    wait_for "containerd" 60 containerd ctr --address "$ROOT/containerd.sock" version
+    log "containerd restarted in $((SECONDS - started)) s"
+}
+
 case "${1:-}" in
     up) shift; up "$@" ;;
     down) [ $# -eq 2 ] || die "usage: $0 down ROOT"; down "$2" ;;
     cleanup) cleanup ;;
-    *) echo "usage: $0 up [IMAGE_TAR...] | down ROOT | cleanup" >&2; exit 2 ;;
+    restart-containerd) [ $# -eq 2 ] || die "usage: $0 restart-containerd ROOT"; restart_containerd "$2" ;;
+    *) echo "usage: $0 up [IMAGE_TAR...] | down ROOT | cleanup | restart-containerd ROOT" >&2; exit 2 ;;
 esac

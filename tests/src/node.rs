@@ -463,6 +463,16 @@ spec:
             .args(cmd))
     }
 
+    /// Stops the node's containerd and starts it again (`node.sh restart-containerd`): the pods'
+    /// containers live on in their shims, the kubelet reconnects.
+    pub fn restart_containerd(&self) -> anyhow::Result<()> {
+        run(Command::new(repo().join("tests/node/node.sh"))
+            .arg("restart-containerd")
+            .arg(&self.root))
+        .map(drop)
+        .context("restarting the node's containerd (tests/node/node.sh restart-containerd)")
+    }
+
     /// The host pid of a container's main process, from its id in a pod's status
     /// (`containerd://<id>`, or the bare id), as the node's containerd reports it.
     pub fn task_pid(&self, container_id: &str) -> anyhow::Result<String> {

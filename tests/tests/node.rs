@@ -1412,6 +1412,39 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
     )
     .with_context(|| std::fs::read_to_string(d.join("hub.log")).unwrap_or_default())
     .unwrap();
+    // The agent's pod is deleted (issue 47, chaos): its Deployment's new pod dials the hub,
+    // previews work again, no manual step.
+    let agent = node
+        .pods(SPUR_NAMESPACE, "app.kubernetes.io/name=spur-agent")
+        .unwrap();
+    assert_eq!(agent.len(), 1, "{agent:?}");
+    let start = std::time::Instant::now();
+    // Waited until gone: while it drains, the old pod may still carry previews.
+    node.kubectl(&[
+        "-n",
+        SPUR_NAMESPACE,
+        "delete",
+        "pod",
+        &agent[0],
+        "--wait=true",
+        "--timeout=120s",
+    ])
+    .unwrap();
+    eventually(
+        "previews after the agent's pod was deleted",
+        Duration::from_secs(120),
+        || {
+            let a = preview(host, &[&auth]);
+            Ok(answered(&a).then_some(()))
+        },
+    )
+    .with_context(|| std::fs::read_to_string(d.join("hub.log")).unwrap_or_default())
+    .with_context(|| node.describe(SPUR_NAMESPACE))
+    .unwrap();
+    eprintln!(
+        "chaos: previews answered again {:.1} s after the agent's pod was deleted",
+        start.elapsed().as_secs_f64()
+    );
 
     // The Sandbox goes: its URL is a 404.
     node.kubectl(&[
@@ -1529,6 +1562,23 @@ fn laptop_joins_through_the_tunnel_proxy(
     assert_eq!(answer.marker(), Some("laptop"), "{answer:?}");
     let unkeyed = get(node, ns, client, frontend, None);
     assert_eq!(unkeyed.answered_by(), Some(backend_baseline), "{unkeyed:?}");
+    // The tunnel proxy's pod is deleted under the connected workstation (issue 47, chaos): the
+    // workstation reconnects to the new one by itself and its listener comes back.
+    let proxy = node
+        .pods(SPUR_NAMESPACE, "app.kubernetes.io/name=spur-tunnel-proxy")
+        .unwrap();
+    let start = std::time::Instant::now();
+    let mut delete = vec!["-n", SPUR_NAMESPACE, "delete", "pod"];
+    delete.extend(proxy.iter().map(String::as_str));
+    delete.extend(["--wait=true", "--timeout=120s"]);
+    node.kubectl(&delete).unwrap();
+    until_answered_by(node, ns, client, frontend, &key, "alices-laptop")
+        .with_context(|| workstation.logs(node))
+        .unwrap();
+    eprintln!(
+        "chaos: the workstation answered again {:.1} s after the tunnel proxy's pod was deleted",
+        start.elapsed().as_secs_f64()
+    );
     node.kubectl(&[
         "delete",
         "sandbox",

@@ -2,11 +2,13 @@
 //! sends keyed and unkeyed requests through injected sidecars, each control-plane component is
 //! deleted in turn — both operator replicas (the leader first), the route server, the tunnel
 //! proxy, the traffic store, the io context server and the jobs server with a job running — and
-//! a Sandbox is created during each outage. No request through the sidecars fails (the data plane
-//! does not depend on the control plane being up); every Sandbox created during an outage
-//! converges after it (time measured, printed); no Sandbox or fork is lost or duplicated; the
-//! running job finishes with no more than one extra attempt; and the operator replicas'
-//! `spur_operator_leader` series never add up to more than one (sampled through the run).
+//! the node's containerd is restarted; during each outage a Sandbox is created and the one
+//! created during the outage before is deleted. No request through the sidecars fails (the data
+//! plane does not depend on the control plane being up); every Sandbox created during an outage
+//! converges after it and every one deleted is gone with its fork (times measured, printed); no
+//! Sandbox or fork is lost or duplicated; the running job finishes with no more than one extra
+//! attempt; and the operator replicas' `spur_operator_leader` series never add up to more than
+//! one (sampled through the run).
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -143,12 +145,23 @@ echo started"#
     })
     .unwrap();
 
-    let mut leaders = Leaders::default();
-    let mut converged: BTreeMap<&str, Duration> = BTreeMap::new();
-    let mut created = Vec::new();
+    let mut run = Run {
+        node,
+        ns,
+        leaders: Leaders::default(),
+        converged: BTreeMap::new(),
+        gone: BTreeMap::new(),
+        created: Vec::new(),
+        deleted: Vec::new(),
+    };
+    // The first outage deletes this one: a Sandbox deleted while the operator's leader is gone.
+    node.apply(&sandbox("chaos-doomed", ns, "backend", "doomed", None))
+        .unwrap();
+    sandbox_ready(node, "chaos-doomed");
+    run.created.push("chaos-doomed");
 
     // --- each operator replica, the leader first ----------------------------------------------
-    leaders.sample(node, ns);
+    run.leaders.sample(node, ns);
     let replicas = node
         .pods(SPUR_NAMESPACE, "app.kubernetes.io/name=spur-operator")
         .unwrap();
@@ -158,8 +171,7 @@ echo started"#
         .unwrap_or_else(|| panic!("no replica of {replicas:?} holds the operator's Lease"));
     let standby = replicas.iter().find(|p| **p != leader).unwrap().clone();
     for (victim, name) in [(leader, "chaos-op-leader"), (standby, "chaos-op-standby")] {
-        let took = outage(node, ns, &mut leaders, &victim, name, &mut created);
-        converged.insert(name, took);
+        run.outage(&format!("pod {victim}"), name, || delete_pod(node, &victim));
         node.rollout(SPUR_NAMESPACE, "spur-operator").unwrap();
     }
 
@@ -177,10 +189,30 @@ echo started"#
             )
             .unwrap()
             .swap_remove(0);
-        let took = outage(node, ns, &mut leaders, &victim, name, &mut created);
-        converged.insert(name, took);
+        run.outage(&format!("pod {victim}"), name, || delete_pod(node, &victim));
         node.rollout(SPUR_NAMESPACE, deployment).unwrap();
+        if name == "chaos-routeserver" {
+            // The keyed route of the sandbox created while the route server was away works.
+            let rs_key = sandbox_ready(node, name);
+            let rs_fork = fork_pod(node, ns, name);
+            crate::until_answered_by(node, ns, CLIENT, frontend, &rs_key, &rs_fork).unwrap();
+        }
     }
+
+    // --- the node's container runtime ---------------------------------------------------------
+    // containerd goes and comes back (its shims keep the pods' containers running); the fork of
+    // the Sandbox created meanwhile starts through the new one.
+    run.outage("the node's containerd", "chaos-containerd", || {
+        node.restart_containerd().unwrap()
+    });
+    let Run {
+        mut leaders,
+        converged,
+        gone,
+        created,
+        deleted,
+        ..
+    } = run;
 
     // --- the jobs server, with a job running ------------------------------------------------
     let (job_took, attempts) = jobs_server_outage(node, &mut leaders, ns);
@@ -206,23 +238,27 @@ echo started"#
     let iterations = count();
     let failures = exec("cat /tmp/load.log").unwrap();
 
-    // --- nothing lost, nothing duplicated: each Sandbox Ready with its one fork --------------
-    for name in &created {
-        let s = node.get_json("default", &["sandbox", name]).unwrap();
-        assert_eq!(condition(&s, "Ready"), Some("True"), "{name}: {s}");
+    // --- nothing lost, nothing duplicated: each Sandbox Ready with its one fork, each deleted
+    // one gone with its fork -------------------------------------------------------------------
+    let forks_of = |name: &str| -> usize {
         let forks = node
             .get_json(
                 ns,
                 &["deployments", "-l", &format!("spur.dev/sandbox={name}")],
             )
             .unwrap();
-        let n = forks["items"].as_array().map_or(0, Vec::len);
-        assert_eq!(n, 1, "Sandbox {name} has {n} fork Deployments: {forks}");
+        forks["items"].as_array().map_or(0, Vec::len)
+    };
+    for name in created.iter().filter(|n| !deleted.contains(n)) {
+        let s = node.get_json("default", &["sandbox", name]).unwrap();
+        assert_eq!(condition(&s, "Ready"), Some("True"), "{name}: {s}");
+        let n = forks_of(name);
+        assert_eq!(n, 1, "Sandbox {name} has {n} fork Deployments");
     }
-    // The keyed route of the sandbox created while the route server was away works.
-    let rs_key = sandbox_ready(node, "chaos-routeserver");
-    let rs_fork = fork_pod(node, ns, "chaos-routeserver");
-    crate::until_answered_by(node, ns, CLIENT, frontend, &rs_key, &rs_fork).unwrap();
+    for name in &deleted {
+        assert!(node.is_gone(None, "sandbox", name).unwrap(), "{name}");
+        assert_eq!(forks_of(name), 0, "Sandbox {name} is gone, its fork is not");
+    }
     leaders.sample(node, ns);
     assert!(
         leaders.samples > leaders.without,
@@ -230,27 +266,33 @@ echo started"#
         leaders.samples
     );
 
-    let times: Vec<String> = converged
-        .iter()
-        .map(|(n, d)| {
-            format!(
-                "{}: {:.1} s",
-                n.trim_start_matches("chaos-"),
-                d.as_secs_f64()
-            )
-        })
-        .collect();
+    let times = |m: &BTreeMap<&str, Duration>| -> String {
+        m.iter()
+            .map(|(n, d)| {
+                format!(
+                    "{}: {:.1} s",
+                    n.trim_start_matches("chaos-"),
+                    d.as_secs_f64()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     eprintln!(
         "chaos under load: {iterations} iterations ({} requests through sidecars), {} failed; \
-         {} sandboxes created during outages, {} converged (time from the pod's deletion to \
-         Ready: {}); a job running through the jobs server's restart finished in {:.1} s after \
-         it, in {attempts} attempt(s); operator leader series sampled {} times, never two \
+         {} sandboxes created during outages, {} converged (time from the outage's start to \
+         Ready: {}); {} deleted during outages, {} gone with their forks (time to gone, by the \
+         outage: {}); a job running through the jobs server's restart finished in {:.1} s \
+         after it, in {attempts} attempt(s); operator leader series sampled {} times, never two \
          leaders, {} samples between leaders",
         iterations * 2,
         failures.lines().count(),
-        created.len(),
+        created.len() - 1,
         converged.len(),
-        times.join(", "),
+        times(&converged),
+        deleted.len(),
+        gone.len(),
+        times(&gone),
         job_took.as_secs_f64(),
         leaders.samples,
         leaders.without,
@@ -263,7 +305,7 @@ echo started"#
 
     // Gone before the operator is scaled back: their finalizers need it.
     let mut all = vec!["delete", "sandbox", "chaos"];
-    all.extend(created.iter().copied());
+    all.extend(created.iter().filter(|n| !deleted.contains(n)).copied());
     all.extend(["--wait=true", "--timeout=180s"]);
     node.kubectl(&all).unwrap();
     node.kubectl(&[
@@ -300,58 +342,102 @@ fn lease_holder(node: &Node) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Deletes `victim` (a pod of Spur's namespace), creates Sandbox `name` forking the backend at
-/// once, and returns the time from the deletion until the Sandbox is Ready. The Sandbox is
-/// applied again until the API server takes it (the webhook's Service may still route a review
-/// to the deleted replica for a moment).
-fn outage(
-    node: &Node,
-    ns: &str,
-    leaders: &mut Leaders,
-    victim: &str,
-    name: &'static str,
-    created: &mut Vec<&'static str>,
-) -> Duration {
-    let start = Instant::now();
-    node.kubectl(&[
-        "-n",
-        SPUR_NAMESPACE,
-        "delete",
-        "pod",
-        victim,
-        "--wait=false",
-    ])
-    .unwrap();
-    eprintln!("chaos: deleted {victim}; creating Sandbox {name}");
-    let marker = name.trim_start_matches("chaos-");
-    eventually(
-        &format!("Sandbox {name} taken while {victim} is gone"),
-        Duration::from_secs(60),
-        || {
-            node.apply(&sandbox(name, ns, "backend", marker, None))
-                .map(Some)
-        },
-    )
-    .unwrap();
-    created.push(name);
-    eventually(
-        &format!("Sandbox {name}, created while {victim} was gone, to be Ready"),
-        Duration::from_secs(240),
-        || {
-            leaders.sample(node, ns);
-            let s = node.get_json("default", &["sandbox", name])?;
-            Ok((condition(&s, "Ready") == Some("True")).then_some(()))
-        },
-    )
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e:#}\n{}\n{}",
-            node.kubectl(&["get", "sandbox", name, "-o", "yaml"])
-                .unwrap_or_default(),
-            node.describe(SPUR_NAMESPACE)
+/// Deletes a pod of Spur's namespace without waiting for it to go.
+fn delete_pod(node: &Node, pod: &str) {
+    node.kubectl(&["-n", SPUR_NAMESPACE, "delete", "pod", pod, "--wait=false"])
+        .unwrap();
+}
+
+/// The chaos run's state: what it created and deleted, and when each converged.
+struct Run<'a> {
+    node: &'a Node,
+    ns: &'a str,
+    leaders: Leaders,
+    /// By Sandbox created during an outage: from the outage's start until it is Ready.
+    converged: BTreeMap<&'static str, Duration>,
+    /// By the outage a Sandbox was deleted in: from the outage's start until it and its fork
+    /// are gone.
+    gone: BTreeMap<&'static str, Duration>,
+    created: Vec<&'static str>,
+    deleted: Vec<&'static str>,
+}
+
+impl Run<'_> {
+    /// Starts an outage with `cause`, creates Sandbox `name` forking the backend at once and
+    /// deletes the Sandbox created before it; returns when `name` is Ready and the other one is
+    /// gone with its fork, recording both times from the outage's start. The Sandbox is applied
+    /// again until the API server takes it (the webhook's Service may still route a review to
+    /// a deleted operator replica for a moment).
+    fn outage(&mut self, what: &str, name: &'static str, cause: impl FnOnce()) {
+        let (node, ns) = (self.node, self.ns);
+        let doomed = *self.created.last().expect("a Sandbox to delete");
+        let start = Instant::now();
+        cause();
+        eprintln!("chaos: {what} gone; creating Sandbox {name}, deleting {doomed}");
+        let marker = name.trim_start_matches("chaos-");
+        eventually(
+            &format!("Sandbox {name} taken while {what} is gone"),
+            Duration::from_secs(60),
+            || {
+                node.apply(&sandbox(name, ns, "backend", marker, None))
+                    .map(Some)
+            },
         )
-    });
-    start.elapsed()
+        .unwrap();
+        self.created.push(name);
+        node.kubectl(&["delete", "sandbox", doomed, "--wait=false"])
+            .unwrap();
+        self.deleted.push(doomed);
+        let leaders = &mut self.leaders;
+        eventually(
+            &format!("Sandbox {name}, created while {what} was gone, to be Ready"),
+            Duration::from_secs(240),
+            || {
+                leaders.sample(node, ns);
+                let s = node.get_json("default", &["sandbox", name])?;
+                Ok((condition(&s, "Ready") == Some("True")).then_some(()))
+            },
+        )
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e:#}\n{}\n{}",
+                node.kubectl(&["get", "sandbox", name, "-o", "yaml"])
+                    .unwrap_or_default(),
+                node.describe(SPUR_NAMESPACE)
+            )
+        });
+        self.converged.insert(name, start.elapsed());
+        // Not duplicated: one fork, however many operator passes the outage caused.
+        let forks = node
+            .get_json(
+                ns,
+                &["deployments", "-l", &format!("spur.dev/sandbox={name}")],
+            )
+            .unwrap();
+        let n = forks["items"].as_array().map_or(0, Vec::len);
+        assert_eq!(n, 1, "Sandbox {name} has {n} fork Deployments: {forks}");
+        let selector = format!("spur.dev/sandbox={doomed}");
+        eventually(
+            &format!("Sandbox {doomed}, deleted while {what} was gone, to be gone with its fork"),
+            Duration::from_secs(240),
+            || {
+                leaders.sample(node, ns);
+                let forks = node.get_json(ns, &["deployments", "-l", &selector])?;
+                Ok((node.is_gone(None, "sandbox", doomed)?
+                    && forks["items"].as_array().is_none_or(Vec::is_empty))
+                .then_some(()))
+            },
+        )
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e:#}\n{}\n{}",
+                node.kubectl(&["get", "sandbox", doomed, "-o", "yaml"])
+                    .unwrap_or_default(),
+                node.describe(SPUR_NAMESPACE)
+            )
+        });
+        self.gone.insert(name, start.elapsed());
+    }
 }
 
 /// A job sleeps in a runner pod while the jobs server's pod is deleted: it finishes, in at
