@@ -96,3 +96,52 @@ routingKeys:
 {{ toYaml . }}
 {{- end }}
 {{- end }}
+
+{{- /* Where a Deployment's replicas run (issue 47, point 2), under the pod spec: the component's
+nodeSelector, tolerations and affinity when set, and its topologySpreadConstraints, by default
+the replicas spread over nodes and over zones where the cluster has them (ScheduleAnyway: a
+one-node cluster still schedules every replica; matchLabelKeys: the spread is counted within one
+rollout's pods). Called with (dict "name" <app.kubernetes.io/name> "v" <the component's values>). */ -}}
+{{- define "spur.placement" -}}
+{{- with .v.nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .v.tolerations }}
+tolerations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .v.affinity }}
+affinity: {{- toYaml . | nindent 2 }}
+{{- end }}
+topologySpreadConstraints:
+{{- if .v.topologySpreadConstraints }}
+{{- toYaml .v.topologySpreadConstraints | nindent 2 }}
+{{- else }}
+{{- range list "kubernetes.io/hostname" "topology.kubernetes.io/zone" }}
+  - maxSkew: 1
+    topologyKey: {{ . }}
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector: {matchLabels: {app.kubernetes.io/name: {{ $.name }}}}
+    matchLabelKeys: [pod-template-hash]
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- /* A PodDisruptionBudget for a Deployment of more than one replica: a node drain takes one
+at a time, so the others keep serving (with one replica there is none: it would block drains or
+protect nothing). Called with (dict "name" <app.kubernetes.io/name> "replicas" <n> "root" $),
+at the end of a template. */ -}}
+{{- define "spur.pdb" -}}
+{{- if gt (int .replicas) 1 }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ .name }}
+  namespace: {{ .root.Release.Namespace }}
+  labels: {{- include "spur.labels" .root | nindent 4 }}
+spec:
+  maxUnavailable: 1
+  selector:
+    matchLabels: {app.kubernetes.io/name: {{ .name }}}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,155 @@
+//! Every component the chart runs with more than one replica survives a node drain and a node's
+//! loss (issue 47, point 2): a PodDisruptionBudget lets a drain take one replica at a time, and
+//! the replicas spread over nodes (topology spread constraints, or the gateway's anti-affinity).
+//! Checked over every Deployment and StatefulSet the chart renders, with the defaults and with
+//! everything optional turned on, so a component added later is held to it too; a component
+//! scaled to one replica has no budget (it would block every drain and protect nothing), and a
+//! user's own constraints replace the chart's.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::Value;
+use spur_e2e::kube::helm_template;
+
+/// Everything optional that runs pods of its own.
+const ALL_ON: &[&str] = &[
+    "--set",
+    "agent.enabled=true",
+    "--set",
+    "agent.hub=hub.example:7443",
+    "--set",
+    "hub.enabled=true",
+    "--set",
+    "jobs.enabled=true",
+    "--set",
+    "traffic.enabled=true",
+    "--set",
+    "resources.ics.replicas=2",
+];
+
+fn workloads(objects: &[Value]) -> impl Iterator<Item = &Value> {
+    objects
+        .iter()
+        .filter(|o| o["kind"] == "Deployment" || o["kind"] == "StatefulSet")
+}
+
+/// The budgets whose selector picks `workload`'s pods.
+fn budgets<'a>(objects: &'a [Value], workload: &Value) -> Vec<&'a Value> {
+    let labels = &workload["spec"]["template"]["metadata"]["labels"];
+    objects
+        .iter()
+        .filter(|o| o["kind"] == "PodDisruptionBudget")
+        .filter(|o| o["metadata"]["namespace"] == workload["metadata"]["namespace"])
+        .filter(|o| {
+            o["spec"]["selector"]["matchLabels"]
+                .as_object()
+                .is_some_and(|m| m.iter().all(|(k, v)| labels[k] == *v))
+        })
+        .collect()
+}
+
+/// Whether the pods spread over nodes: a topology spread constraint or a pod anti-affinity on
+/// the hostname, selecting the workload's own pods.
+fn spreads_over_nodes(workload: &Value) -> bool {
+    let spec = &workload["spec"]["template"]["spec"];
+    let name = &workload["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"];
+    let on_nodes = |t: &Value| {
+        t["topologyKey"] == "kubernetes.io/hostname"
+            && t["labelSelector"]["matchLabels"]["app.kubernetes.io/name"] == *name
+    };
+    let spread = spec["topologySpreadConstraints"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(on_nodes));
+    let anti = &spec["affinity"]["podAntiAffinity"];
+    let required = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(on_nodes));
+    let preferred = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|p| on_nodes(&p["podAffinityTerm"])));
+    spread || required || preferred
+}
+
+fn id(w: &Value) -> String {
+    format!(
+        "{} {}/{}",
+        w["kind"].as_str().unwrap_or(""),
+        w["metadata"]["namespace"].as_str().unwrap_or(""),
+        w["metadata"]["name"].as_str().unwrap_or("")
+    )
+}
+
+#[tokio::test]
+async fn every_replicated_component_has_a_budget_and_spreads_over_nodes() {
+    for args in [&[][..], ALL_ON] {
+        let objects = helm_template(args).await.unwrap();
+        let mut replicated = Vec::new();
+        for w in workloads(&objects) {
+            let replicas = w["spec"]["replicas"].as_i64().unwrap_or(1);
+            let found = budgets(&objects, w);
+            if replicas > 1 {
+                replicated.push(id(w));
+                assert_eq!(found.len(), 1, "{} ({replicas} replicas): budgets {found:?}", id(w));
+                assert_eq!(found[0]["spec"]["maxUnavailable"], 1, "{}", id(w));
+                assert!(
+                    spreads_over_nodes(w),
+                    "{} ({replicas} replicas) does not spread over nodes: {}",
+                    id(w),
+                    w["spec"]["template"]["spec"]
+                );
+            } else {
+                assert!(
+                    found.is_empty(),
+                    "{} (one replica) has a budget, which would block drains: {found:?}",
+                    id(w)
+                );
+            }
+        }
+        // The defaults run these with two replicas each; the check above is not vacuous.
+        for name in ["spur-operator", "spur-routeserver", "spur-tunnel-proxy"] {
+            assert!(
+                replicated.iter().any(|r| r.ends_with(&format!("/{name}"))),
+                "{name} not replicated ({args:?}): {replicated:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn one_replica_has_no_budget_and_a_users_placement_replaces_the_charts() {
+    let objects = helm_template(&[
+        "--set",
+        "operator.replicas=1",
+        "--set",
+        "routeserver.topologySpreadConstraints[0].maxSkew=1",
+        "--set",
+        "routeserver.topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+        "--set",
+        "routeserver.topologySpreadConstraints[0].whenUnsatisfiable=DoNotSchedule",
+        "--set",
+        "routeserver.topologySpreadConstraints[0].labelSelector.matchLabels.app\\.kubernetes\\.io/name=spur-routeserver",
+        "--set",
+        "routeserver.nodeSelector.pool=system",
+        "--set",
+        "routeserver.tolerations[0].key=dedicated",
+        "--set",
+        "routeserver.tolerations[0].operator=Exists",
+    ])
+    .await
+    .unwrap();
+    let find = |name: &str| {
+        workloads(&objects)
+            .find(|w| w["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    assert!(budgets(&objects, find("spur-operator")).is_empty());
+    let rs = &find("spur-routeserver")["spec"]["template"]["spec"];
+    let constraints = rs["topologySpreadConstraints"].as_array().unwrap();
+    assert_eq!(constraints.len(), 1, "{constraints:?}");
+    assert_eq!(constraints[0]["whenUnsatisfiable"], "DoNotSchedule");
+    assert_eq!(rs["nodeSelector"]["pool"], "system");
+    assert_eq!(rs["tolerations"][0]["key"], "dedicated");
+    // The others keep the chart's spread.
+    let tp = &find("spur-tunnel-proxy")["spec"]["template"]["spec"];
+    assert_eq!(tp["topologySpreadConstraints"].as_array().map(Vec::len), Some(2));
+    assert!(tp.get("nodeSelector").is_none());
+}
