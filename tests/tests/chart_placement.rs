@@ -88,7 +88,12 @@ async fn every_replicated_component_has_a_budget_and_spreads_over_nodes() {
             let found = budgets(&objects, w);
             if replicas > 1 {
                 replicated.push(id(w));
-                assert_eq!(found.len(), 1, "{} ({replicas} replicas): budgets {found:?}", id(w));
+                assert_eq!(
+                    found.len(),
+                    1,
+                    "{} ({replicas} replicas): budgets {found:?}",
+                    id(w)
+                );
                 assert_eq!(found[0]["spec"]["maxUnavailable"], 1, "{}", id(w));
                 assert!(
                     spreads_over_nodes(w),
@@ -150,6 +155,9 @@ async fn one_replica_has_no_budget_and_a_users_placement_replaces_the_charts() {
     assert_eq!(rs["tolerations"][0]["key"], "dedicated");
     // The others keep the chart's spread.
     let tp = &find("spur-tunnel-proxy")["spec"]["template"]["spec"];
-    assert_eq!(tp["topologySpreadConstraints"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        tp["topologySpreadConstraints"].as_array().map(Vec::len),
+        Some(2)
+    );
     assert!(tp.get("nodeSelector").is_none());
 }
