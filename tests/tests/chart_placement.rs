@@ -1,6 +1,6 @@
 //! Every component the chart runs with more than one replica survives a node drain and a node's
 //! loss (issue 47, point 2): a PodDisruptionBudget lets a drain take one replica at a time, and
-//! the replicas spread over nodes (topology spread constraints, or the gateway's anti-affinity).
+//! the replicas spread over nodes (a preferred pod anti-affinity, or a user's own constraints).
 //! Checked over every Deployment and StatefulSet the chart renders, with the defaults and with
 //! everything optional turned on, so a component added later is held to it too; a component
 //! scaled to one replica has no budget (it would block every drain and protect nothing), and a
@@ -17,7 +17,13 @@ const ALL_ON: &[&str] = &[
     "--set",
     "agent.hub=hub.example:7443",
     "--set",
+    "agent.hubCA=not-checked-by-the-chart",
+    "--set",
     "hub.enabled=true",
+    "--set",
+    "hub.previewDomain=preview.example",
+    "--set",
+    "gateway.enabled=true",
     "--set",
     "jobs.enabled=true",
     "--set",
@@ -110,7 +116,11 @@ async fn every_replicated_component_has_a_budget_and_spreads_over_nodes() {
             }
         }
         // The defaults run these with two replicas each; the check above is not vacuous.
-        for name in ["spur-operator", "spur-routeserver", "spur-tunnel-proxy"] {
+        let mut expected = vec!["spur-operator", "spur-routeserver", "spur-tunnel-proxy"];
+        if args == ALL_ON {
+            expected.extend(["spur-gateway", "spur-ics"]);
+        }
+        for name in expected {
             assert!(
                 replicated.iter().any(|r| r.ends_with(&format!("/{name}"))),
                 "{name} not replicated ({args:?}): {replicated:?}"
@@ -153,11 +163,25 @@ async fn one_replica_has_no_budget_and_a_users_placement_replaces_the_charts() {
     assert_eq!(constraints[0]["whenUnsatisfiable"], "DoNotSchedule");
     assert_eq!(rs["nodeSelector"]["pool"], "system");
     assert_eq!(rs["tolerations"][0]["key"], "dedicated");
-    // The others keep the chart's spread.
+    // The others keep the chart's placement: a preferred anti-affinity over nodes, and no
+    // constraints of their own, so the scheduler's default spread (nodes and zones) applies.
     let tp = &find("spur-tunnel-proxy")["spec"]["template"]["spec"];
-    assert_eq!(
-        tp["topologySpreadConstraints"].as_array().map(Vec::len),
-        Some(2)
-    );
-    assert!(tp.get("nodeSelector").is_none());
+    assert!(tp.get("topologySpreadConstraints").is_none(), "{tp}");
+    assert!(tp.get("nodeSelector").is_none(), "{tp}");
+    assert!(spreads_over_nodes(find("spur-tunnel-proxy")), "{tp}");
+    // A user's affinity replaces the chart's.
+    let objects = helm_template(&[
+        "--set",
+        "tunnelProxy.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=pool",
+        "--set",
+        "tunnelProxy.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+    ])
+    .await
+    .unwrap();
+    let tp = workloads(&objects)
+        .find(|w| w["metadata"]["name"] == "spur-tunnel-proxy")
+        .unwrap();
+    let affinity = &tp["spec"]["template"]["spec"]["affinity"];
+    assert!(affinity.get("podAntiAffinity").is_none(), "{affinity}");
+    assert!(affinity.get("nodeAffinity").is_some(), "{affinity}");
 }

@@ -1567,6 +1567,7 @@ fn laptop_joins_through_the_tunnel_proxy(
     let proxy = node
         .pods(SPUR_NAMESPACE, "app.kubernetes.io/name=spur-tunnel-proxy")
         .unwrap();
+    assert!(!proxy.is_empty(), "{}", node.describe(SPUR_NAMESPACE));
     let start = std::time::Instant::now();
     let mut delete = vec!["-n", SPUR_NAMESPACE, "delete", "pod"];
     delete.extend(proxy.iter().map(String::as_str));

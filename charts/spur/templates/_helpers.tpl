@@ -98,10 +98,12 @@ routingKeys:
 {{- end }}
 
 {{- /* Where a Deployment's replicas run (issue 47, point 2), under the pod spec: the component's
-nodeSelector, tolerations and affinity when set, and its topologySpreadConstraints, by default
-the replicas spread over nodes and over zones where the cluster has them (ScheduleAnyway: a
-one-node cluster still schedules every replica; matchLabelKeys: the spread is counted within one
-rollout's pods). Called with (dict "name" <app.kubernetes.io/name> "v" <the component's values>). */ -}}
+nodeSelector, tolerations and topologySpreadConstraints when set, and its affinity, by default
+replicas preferably on different nodes (a preferred pod anti-affinity, as the gateway's). Not
+topologySpreadConstraints by default: a pod's own constraints replace the scheduler's default
+spread (over nodes and zones, tolerant of nodes without a zone label), and with them the
+scheduler scores every node lacking one of their keys 0. Called with (dict "name"
+<app.kubernetes.io/name> "v" <the component's values>). */ -}}
 {{- define "spur.placement" -}}
 {{- with .v.nodeSelector }}
 nodeSelector: {{- toYaml . | nindent 2 }}
@@ -109,20 +111,19 @@ nodeSelector: {{- toYaml . | nindent 2 }}
 {{- with .v.tolerations }}
 tolerations: {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .v.affinity }}
-affinity: {{- toYaml . | nindent 2 }}
-{{- end }}
-topologySpreadConstraints:
-{{- if .v.topologySpreadConstraints }}
-{{- toYaml .v.topologySpreadConstraints | nindent 2 }}
+affinity:
+{{- if .v.affinity }}
+{{- toYaml .v.affinity | nindent 2 }}
 {{- else }}
-{{- range list "kubernetes.io/hostname" "topology.kubernetes.io/zone" }}
-  - maxSkew: 1
-    topologyKey: {{ . }}
-    whenUnsatisfiable: ScheduleAnyway
-    labelSelector: {matchLabels: {app.kubernetes.io/name: {{ $.name }}}}
-    matchLabelKeys: [pod-template-hash]
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector: {matchLabels: {app.kubernetes.io/name: {{ .name }}}}
 {{- end }}
+{{- with .v.topologySpreadConstraints }}
+topologySpreadConstraints: {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
 

@@ -201,7 +201,9 @@ echo started"#
 
     // --- the node's container runtime ---------------------------------------------------------
     // containerd goes and comes back (its shims keep the pods' containers running); the fork of
-    // the Sandbox created meanwhile starts through the new one.
+    // the Sandbox created right after starts through the new one, the deleted one's pod is
+    // stopped by it. (The restart returns once containerd answers again: the Sandbox changes
+    // follow it, they do not fall inside it.)
     run.outage("the node's containerd", "chaos-containerd", || {
         node.restart_containerd().unwrap()
     });
@@ -422,6 +424,8 @@ impl Run<'_> {
             Duration::from_secs(240),
             || {
                 leaders.sample(node, ns);
+                // The fork's Deployment; its pods follow through the garbage collector (as
+                // they terminate: not waited for, a drain is not what this times).
                 let forks = node.get_json(ns, &["deployments", "-l", &selector])?;
                 Ok((node.is_gone(None, "sandbox", doomed)?
                     && forks["items"].as_array().is_none_or(Vec::is_empty))
