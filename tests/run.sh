@@ -85,6 +85,22 @@ case "$go_version" in
         ;;
 esac
 
+# The job executor runs inside runner pods of any image (alpine's musl, distroless): built
+# statically. The RUSTFLAGS apply to every crate under it, so it has its own target directory (the
+# other builds' caches stay valid) and it builds in the background at the lowest CPU priority from
+# here on, taking only what the builds in front of it leave idle (their serial stretches, links,
+# the Go tools' downloads); it is waited for before the images need it.
+host_target="$(rustc -vV | sed -n 's/^host: //p')"
+static_target="${CARGO_TARGET_DIR:-target}/static"
+static_log="$(mktemp)"
+RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$static_target" \
+    setsid nice -n 19 cargo build --locked --target "$host_target" \
+    --bin spur-job-executor --bin spur-io >"$static_log" 2>&1 &
+static_pid=$!
+# Its own session, so an early exit stops the whole build (cargo and its rustc processes) with it.
+trap '[ -z "$static_pid" ] || kill -- "-$static_pid" 2>/dev/null || true' EXIT
+trap 'exit 130' INT TERM
+
 # Every Go tool is built here, before cargo runs tests in parallel, so no test waits on (or races)
 # a build or fetches modules mid-run: kube-apiserver, etcd and the node's programs (minutes on a
 # fresh machine, tests/kube/README.md; cached afterwards), and the Routes API Go clients.
@@ -113,21 +129,25 @@ phase "the Kafka broker and Argo Rollouts"
 # The node tier: one node for the whole run, shared by every node test, with Spur's image built
 # from this checkout's binaries. A node left by a killed run is removed first; this one goes when
 # the run ends, however it ends.
-# With the tiers' features, as `cargo test` below builds them: one build of these binaries, not two.
-# The image's binaries: the user's `spur`, one per server role (bin/), and the pods' helpers.
-cargo build --locked --all-features --bin spur --bin spur-sidecar --bin spur-init --bin spur-job-executor \
-    --bin spur-io --bin spur-routeserver --bin spur-gateway --bin spur-operator --bin spur-tunnel-proxy \
-    --bin spur-hub --bin spur-agent --bin spur-jobs --bin spur-ics --bin spur-traffic-store
+# With the tiers' features, as `cargo test` below builds them, and with the tests: `cargo test`
+# unifies the features of every crate's dev-dependencies too (tokio's test-util, ...), so building
+# only the image's binaries here compiled tokio and the ~150 crates above it twice, once for the
+# binaries and once for the tests (issue 47: about 10 minutes of CI's 90). After this,
+# `cargo test` below has nothing left to compile but the examples.
+cargo build --locked --workspace --all-features --bins --tests
 SPUR_IMAGE_BINDIR="$(cd "${CARGO_TARGET_DIR:-target}/debug" && pwd)"
 export SPUR_IMAGE_BINDIR
-# The job executor runs inside runner pods of any image (alpine's musl, distroless): built
-# statically, in its own target directory so the RUSTFLAGS leave the other builds' caches alone.
-host_target="$(rustc -vV | sed -n 's/^host: //p')"
-RUSTFLAGS="-C target-feature=+crt-static" cargo build --locked --target "$host_target" \
-    --bin spur-job-executor --bin spur-io
-SPUR_EXECUTOR_BIN="$(cd "${CARGO_TARGET_DIR:-target}/$host_target/debug" && pwd)/spur-job-executor"
+# The static job executor and spur-io (started above, in the background).
+if ! wait "$static_pid"; then
+    cat "$static_log" >&2
+    echo "tests/run.sh: the static build of spur-job-executor and spur-io failed (its output above)" >&2
+    exit 1
+fi
+static_pid=
+rm -f "$static_log"
+SPUR_EXECUTOR_BIN="$(cd "$static_target/$host_target/debug" && pwd)/spur-job-executor"
 # spur-io likewise: resource step pods of any image run it.
-SPUR_IO_BIN="$(cd "${CARGO_TARGET_DIR:-target}/$host_target/debug" && pwd)/spur-io"
+SPUR_IO_BIN="$(cd "$static_target/$host_target/debug" && pwd)/spur-io"
 export SPUR_EXECUTOR_BIN SPUR_IO_BIN
 phase "the image's binaries"
 image_out="$(tests/node/image.sh "$SPUR_IMAGE_BINDIR" "$SPUR_IMAGE_BINDIR/node-images")"
@@ -141,7 +161,6 @@ fi
 tests/node/node.sh cleanup
 node_env="$(SPUR_NODE_OWNER=$$ tests/node/node.sh up "${images[@]}" | tail -n 1)"
 trap 'tests/node/node.sh down "$(dirname "$node_env")"' EXIT
-trap 'exit 130' INT TERM
 export SPUR_NODE_ENV="$node_env"
 phase "the images and the node"
 

@@ -94,10 +94,12 @@ fn helm_install_and_the_user_path_on_running_pods() {
     node.kubectl_stdin(&["apply", "--dry-run=server"], &checkable.join("\n---\n"))
         .unwrap();
 
+    mark("without a default StorageClass the install stops at once, naming the value");
     // --- without a default StorageClass the install stops at once, naming the value ---------
     node_quickstart::install_without_a_default_storage_class_fails_at_once(node);
     node_quickstart::give_the_node_a_default_storage_class(node);
 
+    mark("helm install");
     // --- helm install: every component Ready under its own ServiceAccount -------------------
     node.helm(&helm_args(
         &[
@@ -157,6 +159,7 @@ fn helm_install_and_the_user_path_on_running_pods() {
         (Some(0), "yes".into())
     );
 
+    mark("two demo services with injected sidecars");
     // --- two demo services with injected sidecars -------------------------------------------
     let shop = node
         .namespace(
@@ -277,6 +280,7 @@ fn helm_install_and_the_user_path_on_running_pods() {
         "{baseline:?}"
     );
 
+    mark("a Sandbox forking backend");
     // --- a Sandbox forking backend: keyed requests reach the fork pod ------------------------
     node.apply(&sandbox(
         "backend-fix",
@@ -305,15 +309,19 @@ fn helm_install_and_the_user_path_on_running_pods() {
         "{unkeyed:?}"
     );
 
+    mark("the route server");
     // --- the route server: TLS, and rules only for the reader they belong to -----------------
     routeserver_refuses_strangers(node, ns, &client, &backend_pods[0]);
 
+    mark("jobs in the sandbox's routing context, on a pool of runner pods");
     // --- jobs in the sandbox's routing context, on a pool of runner pods ---------------------
     node_jobs::jobs_on_the_node(node, ns, "backend-fix", &key, &fork, &backend_pods[0]);
 
+    mark("just-in-time access");
     // --- just-in-time access: kubectl exec under a grant, audited, refused after expiry -------
     node_access::access_on_the_node(node, ns, "backend-fix", &fork, &backend_pods[0]);
 
+    mark("traffic capture");
     // --- traffic capture: tail, diff against a virtual workload, redaction, load, outage ------
     node_traffic::traffic_on_the_node(
         node,
@@ -328,6 +336,7 @@ fn helm_install_and_the_user_path_on_running_pods() {
         },
     );
 
+    mark("a RouteGroup over two sandboxes routes by its own key");
     // --- a RouteGroup over two sandboxes routes by its own key -------------------------------
     node.apply(&sandbox(
         "frontend-fix",
@@ -364,6 +373,7 @@ fn helm_install_and_the_user_path_on_running_pods() {
     assert_eq!(only_front.json["pod"], front_fork.as_str());
     assert_eq!(only_front.answered_by(), Some(backend_pods[0].as_str()));
 
+    mark("deleting a Sandbox removes its fork, Services and routes");
     // --- deleting a Sandbox removes its fork, Services and routes ----------------------------
     node.kubectl(&["delete", "routegroup", "team-a", "--wait=true"])
         .unwrap();
@@ -410,6 +420,7 @@ fn helm_install_and_the_user_path_on_running_pods() {
         "{after:?}"
     );
 
+    mark("TTL expiry does the same");
     // --- TTL expiry does the same -------------------------------------------------------------
     node.apply(&sandbox_with_ttl("backend-ttl", ns, "backend", "1m"))
         .unwrap();
@@ -432,40 +443,51 @@ fn helm_install_and_the_user_path_on_running_pods() {
     )
     .unwrap();
 
+    mark("sandbox resources");
     // --- sandbox resources: a database per sandbox, made before its fork starts ---------------
     // (in namespace hotrod, as docs/examples/resourceplugin-postgres.yaml says; before the
     // other examples, whose check ends by deleting that namespace)
     let resource_secrets = node_resources::resources_on_the_node(node);
 
+    mark("proxyless gRPC");
     // --- proxyless gRPC: grpc-go's xDS client in a pod routes by key through the route server -
     node_xds::proxyless_grpc_on_the_node(node);
 
+    mark("UDP listeners");
     // --- UDP listeners: a ListenerSet on a spur-gateway pod, sessions hashed over workers -----
     node_l4::l4_listeners_on_the_node(node);
 
+    mark("Kafka records by routing key");
     // --- Kafka records by routing key: a sandbox comes and goes mid-stream, each record has
     // exactly one consumer, with each of three independent clients ------------------------------
     node_kafka::kafka_on_the_node(node);
 
+    mark("Signadot parity");
     // --- Signadot parity: valueFrom.fork, SIGNADOT_* env, Recreate forks, RouteGroup ttl ----
     node_parity::signadot_parity_on_the_node(node);
 
+    mark("every file under docs/examples/ does what its comments say");
     // --- every file under docs/examples/ does what its comments say ---------------------------
     docs_examples_on_the_node(node);
 
+    mark("which service dropped the key");
     // --- which service dropped the key: `spur doctor propagation` over a three-service chain -
     node_cli::propagation::propagation_doctor(node);
 
+    mark("the hub");
     // --- the hub: an agent in the cluster dials a hub on a "laptop"; previews reach the fork --
     hub_previews_through_the_agent(node, ns, &backend_pods[0]);
 
+    mark("a laptop joins through the tunnel-proxy pod");
     // --- a laptop joins through the tunnel-proxy pod: keyed requests reach its process --------
     let workstation_token =
         laptop_joins_through_the_tunnel_proxy(node, ns, &client, &frontend, &backend_pods[0]);
 
+    mark("the same in one command");
     // --- the same in one command: `spur sandbox apply --local` from a laptop, Ctrl-C ends it --
     node_local::apply_local::joins_in_one_command(node, ns, &client, &frontend, &backend_pods[0]);
 
+    mark("a user with rights in one namespace cannot reach through Spur into others");
     // --- a user with rights in one namespace cannot reach through Spur into others -----------
     // (workstation `alice` is the admin's since the step above)
     node_tenancy::a_tenant_cannot_reach_through(node, "alice", ns, "backend");
