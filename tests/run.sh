@@ -133,13 +133,15 @@ phase "the Kafka broker and Argo Rollouts"
 # unifies the features of every crate's dev-dependencies too (tokio's test-util, ...), so building
 # only the image's binaries here compiled tokio and the ~150 crates above it twice, once for the
 # binaries and once for the tests (issue 47: about 10 minutes of CI's 90). After this,
-# `cargo test` below has nothing left to compile but the examples.
+# `cargo test` below has nothing left to compile but the examples (and, as always, the doctests).
 cargo build --locked --workspace --all-features --bins --tests
 SPUR_IMAGE_BINDIR="$(cd "${CARGO_TARGET_DIR:-target}/debug" && pwd)"
 export SPUR_IMAGE_BINDIR
 # The static job executor and spur-io (started above, in the background).
 if ! wait "$static_pid"; then
+    static_pid=
     cat "$static_log" >&2
+    rm -f "$static_log"
     echo "tests/run.sh: the static build of spur-job-executor and spur-io failed (its output above)" >&2
     exit 1
 fi

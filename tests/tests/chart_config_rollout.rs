@@ -4,7 +4,8 @@
 //! start), the agent's that of the hub's CA. `helm upgrade --set injection.sidecarLog=debug`
 //! thus replaces the operator's pods and newly injected sidecars log at debug; a change of
 //! nothing they read leaves them running. And the pre-upgrade hook that lets a persistence value
-//! of a StatefulSet change describes every claim template the chart renders.
+//! of a StatefulSet change describes every claim template the chart renders; the CRD hook runs
+//! before it on every install and upgrade, unless turned off.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::Value;
@@ -200,4 +201,56 @@ async fn the_upgrade_hook_describes_every_claim_template_the_chart_renders() {
     let job = find(&off, "Job", "spur-prepare-upgrade");
     let args = job["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
     assert!(args.contains(r#"\"enabled\":false"#), "{args}");
+}
+
+/// The CRD hook (templates/crds.yaml, `spur_operator::crds`): by default every install and
+/// upgrade (not a rollback) runs `spur-operator apply-crds` before the StatefulSet hook, under a ClusterRole with
+/// exactly the rules of files/crds-rules.yaml (kube_crds.rs runs it under them); off, none of it
+/// renders.
+#[tokio::test]
+async fn the_crd_hook_runs_before_every_upgrade_unless_turned_off() {
+    let objects = helm_template(&[
+        "--set",
+        "hub.enabled=true",
+        "--set",
+        "hub.previewDomain=p.example",
+    ])
+    .await
+    .unwrap();
+    let job = find(&objects, "Job", "spur-apply-crds");
+    let hook = |o: &Value| o["metadata"]["annotations"]["helm.sh/hook"].clone();
+    let weight = |o: &Value| {
+        o["metadata"]["annotations"]["helm.sh/hook-weight"]
+            .as_str()
+            .unwrap()
+            .parse::<i32>()
+            .unwrap()
+    };
+    assert_eq!(hook(job), "pre-install,pre-upgrade");
+    let container = &job["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["command"], serde_json::json!(["spur-operator"]));
+    assert_eq!(container["args"], serde_json::json!(["apply-crds"]));
+    assert_eq!(
+        job["spec"]["template"]["spec"]["serviceAccountName"],
+        "spur-apply-crds"
+    );
+    let prepare = find(&objects, "Job", "spur-prepare-upgrade");
+    assert!(weight(job) < weight(prepare), "the CRDs first");
+    for kind in ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"] {
+        let o = find(&objects, kind, "spur-apply-crds");
+        assert_eq!(hook(o), "pre-install,pre-upgrade", "{kind}");
+        assert!(weight(o) < weight(job), "{kind} exists before the Job");
+    }
+    assert_eq!(
+        find(&objects, "ClusterRole", "spur-apply-crds")["rules"],
+        spur_e2e::kube::chart_rules("crds-rules.yaml").unwrap()
+    );
+    let off = helm_template(&["--set", "crds.upgrade=false"])
+        .await
+        .unwrap();
+    assert!(
+        !off.iter()
+            .any(|o| o["metadata"]["name"] == "spur-apply-crds"),
+        "crds.upgrade=false still renders the hook"
+    );
 }

@@ -314,7 +314,13 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
         .await
         .unwrap();
 
+    // The CRD hook (templates/crds.yaml): a ClusterRole, Spur's CRDs and objects only.
+    let crds_hook = kube_rbac::chart_client(&api, "spur-apply-crds", "crds-rules.yaml", None)
+        .await
+        .unwrap();
+
     let mut actual = BTreeSet::new();
+    actual.extend(rules_of("spur-apply-crds", crds_hook).await);
     actual.extend(rules_of("spur-prepare-upgrade", upgrade).await);
     actual.extend(rules_of("spur-traffic", traffic).await);
     actual.extend(rules_of("spur-traffic-reader", traffic_reader).await);

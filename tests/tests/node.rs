@@ -624,6 +624,26 @@ fn helm_install_and_the_user_path_on_running_pods() {
     let after = node
         .get_json(SPUR_NAMESPACE, &["deployment", "spur-routeserver"])
         .unwrap();
+    // The CRD hook ran before the install and this upgrade (templates/crds.yaml, under its
+    // ClusterRole on this RBAC cluster): every CRD of the chart is its field manager's alone,
+    // taken over from helm, which created them.
+    for file in std::fs::read_dir(format!("{chart}/crds")).unwrap() {
+        let file = file.unwrap().file_name().into_string().unwrap();
+        let name = file.trim_end_matches(".yaml");
+        let crd = node.get_json("default", &["crd", name]).unwrap();
+        let managers: Vec<&str> = crd["metadata"]["managedFields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["subresource"].as_str().unwrap_or_default().is_empty())
+            .filter_map(|m| m["manager"].as_str())
+            .collect();
+        assert_eq!(
+            managers,
+            [spur_operator::crds::FIELD_MANAGER],
+            "{name}: not the CRD hook's alone"
+        );
+    }
     assert!(
         after["metadata"]["generation"].as_i64() > before["metadata"]["generation"].as_i64(),
         "the route server's Deployment rolled"

@@ -129,6 +129,13 @@ enum OperatorCommand {
         #[arg(long = "statefulset", value_name = "JSON")]
         statefulsets: Vec<String>,
     },
+    /// What the chart's CRD hook runs before `helm upgrade` changes anything (docs/install.md,
+    /// "Upgrading"; helm never upgrades a chart's CRDs): applies the CRDs this binary was built
+    /// with (server-side), waits until each is served, and migrates the objects of any CRD
+    /// whose stored versions include one other than its storage version, so that a later
+    /// release may drop that version. A CRD that drops a version objects may still be stored
+    /// in is refused before anything changed.
+    ApplyCrds,
 }
 
 /// Mesh modes (docs/mesh.md): routing keys' routes written into Istio VirtualServices and/or
@@ -634,6 +641,12 @@ fn main() -> ExitCode {
             "info",
             Runtime::MultiThread,
             upgrade::prepare_upgrade(args.kubeconfig, namespace, statefulsets),
+        ),
+        Some(OperatorCommand::ApplyCrds) => spur_bin_support::run(
+            "spur-operator",
+            "info",
+            Runtime::MultiThread,
+            upgrade::apply_crds(args.kubeconfig),
         ),
         None => spur_bin_support::run("spur-operator", "info", Runtime::MultiThread, run(args)),
     }

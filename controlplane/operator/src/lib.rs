@@ -10,11 +10,13 @@
 //!
 //! This crate holds what runs them together: the context each gets (`Context`), which
 //! controllers run (`controllers`; what wakes each is its feature crate's), and leader
-//! election (`leader`), and what the chart's pre-upgrade hook does (`upgrade`). It re-exports the features under the names the binary and the tests
-//! use.
+//! election (`leader`), and what the chart's pre-upgrade hooks do (`crds`: the CRDs and their
+//! stored versions; `upgrade`: the StatefulSets). It re-exports the features under the names the
+//! binary and the tests use.
 
 mod context;
 mod controllers;
+pub mod crds;
 mod leader;
 pub mod upgrade;
 

@@ -89,6 +89,13 @@ const DIRECT_READS: &[(&str, &str, &str)] = &[
     // have to change, right before it changes them.
     ("controlplane/operator/src/upgrade.rs", "prepare", NOT_A_PASS),
     ("controlplane/operator/src/upgrade.rs", "replace", NOT_A_PASS),
+    // `spur-operator apply-crds`, the chart's CRD hook: likewise one run of a hook Job, with no
+    // watches; it reads each CRD right before and after it applies it, and lists and reads
+    // back the objects it migrates.
+    ("controlplane/operator/src/crds.rs", "apply", NOT_A_PASS),
+    ("controlplane/operator/src/crds.rs", "established", NOT_A_PASS),
+    ("controlplane/operator/src/crds.rs", "rewrite_all", NOT_A_PASS),
+    ("controlplane/operator/src/crds.rs", "rewrite", NOT_A_PASS),
     // Resources: create-once objects (a Resource, its OLM, the io context) and step pods.
     ("controlplane/operator-resources/src/lib.rs", "apply", NOT_YET),
     // Whether the sandbox is valid: a wrong answer from a store that is behind tears its forks down.
