@@ -113,6 +113,22 @@ fn stored_api_version(etcd: &str, key: &str) -> String {
     object["apiVersion"].as_str().unwrap().to_owned()
 }
 
+/// Someone else (another field manager) gives the Sandbox CRD a short name of their own.
+async fn change_by_hand(crds: &Api<CustomResourceDefinition>) {
+    crds.patch(
+        "sandboxes.spur.dev",
+        &PatchParams::apply("someone").force(),
+        &Patch::Apply(json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": "sandboxes.spur.dev"},
+            "spec": {"names": {"shortNames": ["sbx-by-hand"]}},
+        })),
+    )
+    .await
+    .unwrap();
+}
+
 fn stored_versions(crd: &CustomResourceDefinition) -> Vec<String> {
     crd.status
         .as_ref()
@@ -201,19 +217,7 @@ async fn the_crd_hook_applies_migrates_and_refuses() {
     );
 
     // --- a CRD changed by hand (another field manager) is put back ------------------------------
-    crd_api
-        .patch(
-            "sandboxes.spur.dev",
-            &PatchParams::apply("someone").force(),
-            &Patch::Apply(json!({
-                "apiVersion": "apiextensions.k8s.io/v1",
-                "kind": "CustomResourceDefinition",
-                "metadata": {"name": "sandboxes.spur.dev"},
-                "spec": {"names": {"shortNames": ["sbx-by-hand"]}},
-            })),
-        )
-        .await
-        .unwrap();
+    change_by_hand(&crd_api).await;
     let lines = apply(&hook, &ours).await.unwrap();
     assert!(
         lines.contains(&"CRD sandboxes.spur.dev: updated".to_owned()),
@@ -374,19 +378,7 @@ async fn the_crd_hook_applies_migrates_and_refuses() {
     .await;
     assert_eq!(stored_both, ["v1alpha1", "v1beta1"]);
     // The hand-changed sandboxes CRD comes first in the list: a refusal must leave it too.
-    crd_api
-        .patch(
-            "sandboxes.spur.dev",
-            &PatchParams::apply("someone").force(),
-            &Patch::Apply(json!({
-                "apiVersion": "apiextensions.k8s.io/v1",
-                "kind": "CustomResourceDefinition",
-                "metadata": {"name": "sandboxes.spur.dev"},
-                "spec": {"names": {"shortNames": ["sbx-by-hand"]}},
-            })),
-        )
-        .await
-        .unwrap();
+    change_by_hand(&crd_api).await;
     let drops = release(&[
         ("routingconfigs.spur.dev", Beta::Only),
         ("jobrunnergroups.spur.dev", Beta::Stored),
