@@ -179,8 +179,8 @@ async fn take_over(
     Ok(true)
 }
 
-/// `entries` with every other manager's fields of the object itself merged into this hook's
-/// apply entry (subresources' entries, the API server's status, kept as they are); `None` when
+/// `entries` with every other manager's fields of the object itself (but its metadata) merged
+/// into this hook's apply entry (subresources' entries, the API server's status, kept as they are); `None` when
 /// no other manager holds any.
 fn merged_entries(entries: &[ManagedFieldsEntry]) -> Option<Vec<ManagedFieldsEntry>> {
     let main = |e: &ManagedFieldsEntry| e.subresource.as_deref().unwrap_or_default().is_empty();
@@ -201,7 +201,14 @@ fn merged_entries(entries: &[ManagedFieldsEntry]) -> Option<Vec<ManagedFieldsEnt
         .unwrap_or(Value::Object(Default::default()));
     for other in &others {
         if let Some(f) = &other.fields_v1 {
-            union(&mut fields, &f.0);
+            // Not their metadata: labels, annotations or finalizers others put on Spur's CRDs
+            // (the chart sets none) stay as they are, owned by no one, rather than be removed
+            // by the next apply.
+            let mut f = f.0.clone();
+            if let Value::Object(m) = &mut f {
+                m.remove("f:metadata");
+            }
+            union(&mut fields, &f);
         }
     }
     own.fields_v1 = Some(FieldsV1(fields));
@@ -511,7 +518,10 @@ mod tests {
             "helm",
             "Update",
             None,
-            json!({"f:spec": {"f:group": {}, "f:names": {"f:shortNames": {}}}}),
+            json!({
+                "f:metadata": {"f:finalizers": {".": {}}},
+                "f:spec": {"f:group": {}, "f:names": {"f:shortNames": {}}},
+            }),
         );
         let status = entry(
             "kube-apiserver",
