@@ -18,7 +18,8 @@ use base64::Engine as _;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
 };
 use serde_json::{Value, json};
 use spur_e2e::kube as kt;
@@ -80,13 +81,7 @@ fn named<'a>(crds: &'a [CustomResourceDefinition], name: &str) -> &'a CustomReso
 }
 
 fn resource(plural: &str, kind: &str, version: &str) -> ApiResource {
-    ApiResource {
-        group: "spur.dev".into(),
-        version: version.into(),
-        api_version: format!("spur.dev/{version}"),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("spur.dev", version, kind), plural)
 }
 
 /// The `apiVersion` etcd holds for `key` (`/registry/spur.dev/<plural>/[<ns>/]<name>`), through
@@ -472,13 +467,10 @@ async fn the_crd_hook_applies_migrates_and_refuses() {
     let widgets: Api<DynamicObject> = Api::namespaced_with(
         hook.clone(),
         "team-a",
-        &ApiResource {
-            group: "example.com".into(),
-            version: "v1".into(),
-            api_version: "example.com/v1".into(),
-            kind: "Widget".into(),
-            plural: "widgets".into(),
-        },
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("example.com", "v1", "Widget"),
+            "widgets",
+        ),
     );
     forbidden(
         "read another group's objects",

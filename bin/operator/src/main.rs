@@ -129,9 +129,10 @@ enum OperatorCommand {
         #[arg(long = "statefulset", value_name = "JSON")]
         statefulsets: Vec<String>,
     },
-    /// What the chart's CRD hook runs before `helm upgrade` changes anything (docs/install.md,
-    /// "Upgrading"; helm never upgrades a chart's CRDs): applies the CRDs this binary was built
-    /// with (server-side), waits until each is served, and migrates the objects of any CRD
+    /// What the chart's CRD hook runs before `helm install` or `helm upgrade` changes anything
+    /// (docs/install.md, "Upgrading"; helm never upgrades a chart's CRDs): applies the CRDs this
+    /// binary was built with (server-side), takes them over from other field managers, waits
+    /// until each is served, and migrates the objects of any CRD
     /// whose stored versions include one other than its storage version, so that a later
     /// release may drop that version. A CRD that drops a version objects may still be stored
     /// in is refused before anything changed.

@@ -1,6 +1,6 @@
-//! `spur-operator prepare-upgrade` and `spur-operator apply-crds`: what the chart's pre-upgrade
-//! hooks run before `helm upgrade` changes anything (`spur_operator::upgrade` and
-//! `spur_operator::crds` say what and why).
+//! `spur-operator prepare-upgrade` and `spur-operator apply-crds`: what the chart's hooks run
+//! before `helm upgrade` (and, for the CRDs, `helm install`) changes anything
+//! (`spur_operator::upgrade` and `spur_operator::crds` say what and why).
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -30,7 +30,9 @@ use std::time::Duration;
 use base64::Engine as _;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
-use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
 use kube::{Api, Client};
 use serde_json::Value;
 
@@ -180,8 +182,8 @@ async fn take_over(
 }
 
 /// `entries` with every other manager's fields of the object itself (but its metadata) merged
-/// into this hook's apply entry (subresources' entries, the API server's status, kept as they are); `None` when
-/// no other manager holds any.
+/// into this hook's apply entry (subresources' entries, the API server's status, kept as they
+/// are); `None` when no other manager holds any.
 fn merged_entries(entries: &[ManagedFieldsEntry]) -> Option<Vec<ManagedFieldsEntry>> {
     let main = |e: &ManagedFieldsEntry| e.subresource.as_deref().unwrap_or_default().is_empty();
     let ours = |e: &ManagedFieldsEntry| {
@@ -316,13 +318,10 @@ async fn migrate(
     if stored.iter().all(|v| v == storage) {
         return Ok(None);
     }
-    let resource = ApiResource {
-        group: crd.spec.group.clone(),
-        version: storage.to_owned(),
-        api_version: format!("{}/{storage}", crd.spec.group),
-        kind: crd.spec.names.kind.clone(),
-        plural: crd.spec.names.plural.clone(),
-    };
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&crd.spec.group, storage, &crd.spec.names.kind),
+        &crd.spec.names.plural,
+    );
     storage_switched(client, &resource).await?;
     let rewritten = rewrite_all(client, &resource, crd.spec.scope == "Namespaced").await?;
     // Only now: every object that was stored in an older version has been written in the new

@@ -10,8 +10,8 @@
 //!
 //! This crate holds what runs them together: the context each gets (`Context`), which
 //! controllers run (`controllers`; what wakes each is its feature crate's), and leader
-//! election (`leader`), and what the chart's pre-upgrade hooks do (`crds`: the CRDs and their
-//! stored versions; `upgrade`: the StatefulSets). It re-exports the features under the names the
+//! election (`leader`), and what the chart's hooks do (`crds`: the CRDs and their
+//! stored versions, before every install and upgrade; `upgrade`: the StatefulSets). It re-exports the features under the names the
 //! binary and the tests use.
 
 mod context;
