@@ -630,10 +630,16 @@ fn helm_install_and_the_user_path_on_running_pods() {
     for file in std::fs::read_dir(format!("{chart}/crds")).unwrap() {
         let file = file.unwrap().file_name().into_string().unwrap();
         let name = file.trim_end_matches(".yaml");
-        let crd = node.get_json("default", &["crd", name]).unwrap();
+        // `kubectl get` leaves managedFields out unless asked.
+        let crd: Value = serde_json::from_str(
+            &node
+                .kubectl(&["get", "crd", name, "-o", "json", "--show-managed-fields"])
+                .unwrap(),
+        )
+        .unwrap();
         let managers: Vec<&str> = crd["metadata"]["managedFields"]
             .as_array()
-            .unwrap()
+            .unwrap_or_else(|| panic!("{name}: no managedFields"))
             .iter()
             .filter(|m| m["subresource"].as_str().unwrap_or_default().is_empty())
             .filter_map(|m| m["manager"].as_str())
