@@ -2,11 +2,13 @@
 //! Spur CRDs, baseline Deployments + Services, `Sandbox`es forking them, a stand-in kubelet, and
 //! CPU and memory readings of a process.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::api::{Patch, PatchParams, PostParams};
@@ -111,38 +113,79 @@ pub async fn create_sandboxes(
         .collect()
 }
 
+/// How many status patches the stand-in kubelet has in flight at once (a kubelet and the
+/// Deployment controller each write status from several workers).
+const KUBELET_PATCHES: usize = 8;
+/// How long a failed status patch waits before it is tried again.
+const KUBELET_RETRY: Duration = Duration::from_millis(250);
+
 /// Marks every fork Deployment ready once per generation, as a kubelet and the Deployment
-/// controller would (instantly).
+/// controller would (instantly), [`KUBELET_PATCHES`] at a time. A patch that fails (the API
+/// server busy or timing out under a bulk create) is tried again until it lands or a newer
+/// generation replaces it: a fork never stays unready because one write was lost, which would
+/// leave its sandbox unconverged for good and the bench measuring the stand-in, not Spur.
 pub async fn fake_kubelet(client: Client, stop: CancellationToken) {
     let api: Api<Deployment> = Api::namespaced(client, NS);
     let wc = watcher::Config::default().labels("app.kubernetes.io/managed-by=spur");
+    // The generation marked ready, per Deployment.
     let mut done: HashMap<String, i64> = HashMap::new();
+    // The newest generation seen and not yet marked, per Deployment, in arrival order.
+    let mut wanted: HashMap<String, i64> = HashMap::new();
+    let mut queue: VecDeque<String> = VecDeque::new();
+    let mut in_flight = FuturesUnordered::new();
     let mut events = watcher(api.clone(), wc)
         .default_backoff()
         .applied_objects()
         .boxed();
     loop {
-        let d = tokio::select! {
+        while in_flight.len() < KUBELET_PATCHES {
+            let Some(name) = queue.pop_front() else { break };
+            let Some(&generation) = wanted.get(&name) else {
+                continue;
+            };
+            let api = api.clone();
+            in_flight.push(async move {
+                let status = json!({"status": {"observedGeneration": generation, "replicas": 1,
+                    "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}});
+                let ok = api
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+                    .await
+                    .is_ok();
+                if !ok {
+                    tokio::time::sleep(KUBELET_RETRY).await;
+                }
+                (name, generation, ok)
+            });
+        }
+        tokio::select! {
             () = stop.cancelled() => return,
+            Some((name, generation, ok)) = in_flight.next(), if !in_flight.is_empty() => {
+                if ok {
+                    done.insert(name.clone(), generation);
+                }
+                match wanted.get(&name) {
+                    // Marked, and nothing newer arrived meanwhile.
+                    Some(&g) if ok && g == generation => { wanted.remove(&name); }
+                    // Failed, or a newer generation is waiting: (again) behind the others.
+                    Some(_) => queue.push_back(name),
+                    None => {}
+                }
+            }
             next = events.next() => match next {
-                Some(Ok(d)) => d,
+                Some(Ok(d)) => {
+                    let generation = d.metadata.generation.unwrap_or(0);
+                    let name = d.name_any();
+                    if done.get(&name) == Some(&generation) {
+                        continue;
+                    }
+                    // Queued once: a patch in flight for it re-queues it when it ends.
+                    if wanted.insert(name.clone(), generation).is_none() {
+                        queue.push_back(name);
+                    }
+                }
                 Some(Err(_)) => continue,
                 None => return,
             },
-        };
-        let generation = d.metadata.generation.unwrap_or(0);
-        let name = d.name_any();
-        if done.get(&name) == Some(&generation) {
-            continue;
-        }
-        let status = json!({"status": {"observedGeneration": generation, "replicas": 1,
-            "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}});
-        if api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
-            .await
-            .is_ok()
-        {
-            done.insert(name, generation);
         }
     }
 }

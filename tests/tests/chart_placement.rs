@@ -118,7 +118,7 @@ async fn every_replicated_component_has_a_budget_and_spreads_over_nodes() {
         // The defaults run these with two replicas each; the check above is not vacuous.
         let mut expected = vec!["spur-operator", "spur-routeserver", "spur-tunnel-proxy"];
         if args == ALL_ON {
-            expected.extend(["spur-gateway", "spur-ics"]);
+            expected.extend(["spur-gateway", "spur-ics", "spur-agent"]);
         }
         for name in expected {
             assert!(

@@ -1460,39 +1460,71 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
     )
     .with_context(|| std::fs::read_to_string(d.join("hub.log")).unwrap_or_default())
     .unwrap();
-    // The agent's pod is deleted (issue 47, chaos): its Deployment's new pod dials the hub,
-    // previews work again, no manual step.
-    let agent = node
+    // Two agent replicas (agent.replicas), each with its own session to the hub. One pod is
+    // deleted (issue 47, chaos) while previews are sent one after another: none fails (the
+    // deleted agent unbinds first and the hub opens streams on the other replica's session),
+    // and the Deployment's new pod dials the hub.
+    let agents = node
         .pods(SPUR_NAMESPACE, "app.kubernetes.io/name=spur-agent")
         .unwrap();
-    assert_eq!(agent.len(), 1, "{agent:?}");
+    assert_eq!(agents.len(), 2, "{agents:?}");
     let start = std::time::Instant::now();
-    // Waited until gone: while it drains, the old pod may still carry previews.
     node.kubectl(&[
         "-n",
         SPUR_NAMESPACE,
         "delete",
         "pod",
-        &agent[0],
-        "--wait=true",
-        "--timeout=120s",
+        &agents[0],
+        "--wait=false",
     ])
     .unwrap();
-    eventually(
-        "previews after the agent's pod was deleted",
-        Duration::from_secs(120),
-        || {
-            let a = preview(host, &[&auth]);
-            Ok(answered(&a).then_some(()))
-        },
-    )
-    .with_context(|| std::fs::read_to_string(d.join("hub.log")).unwrap_or_default())
-    .with_context(|| node.describe(SPUR_NAMESPACE))
-    .unwrap();
+    let (mut sent, mut failed) = (0, Vec::new());
+    let mut gone = None;
+    // Bounded: until the old pod is gone and a new one is ready, and at most 180 s.
+    while start.elapsed() < Duration::from_secs(180) {
+        let a = preview(host, &[&auth]);
+        sent += 1;
+        if !answered(&a) {
+            failed.push(format!(
+                "{:.1} s: {} {}",
+                start.elapsed().as_secs_f64(),
+                a.status,
+                a.body
+            ));
+        }
+        if sent % 10 == 0
+            && gone.is_none()
+            && node
+                .is_gone(Some(SPUR_NAMESPACE), "pod", &agents[0])
+                .unwrap_or(false)
+        {
+            gone = Some(start.elapsed());
+        }
+        if gone.is_some() && sent % 10 == 0 {
+            let ready = node
+                .get_json(SPUR_NAMESPACE, &["deployment", "spur-agent"])
+                .ok()
+                .and_then(|d| d["status"]["readyReplicas"].as_i64());
+            if ready == Some(2) {
+                break;
+            }
+        }
+    }
     eprintln!(
-        "chaos: previews answered again {:.1} s after the agent's pod was deleted",
+        "chaos: an agent pod deleted under preview load: {sent} previews, {} failed; the pod \
+         was gone after {:.1?}, two agents ready again after {:.1} s",
+        failed.len(),
+        gone,
         start.elapsed().as_secs_f64()
     );
+    assert!(gone.is_some(), "the agent's pod was not gone within 180 s");
+    assert!(
+        failed.is_empty(),
+        "previews failed while an agent pod went: {failed:#?}"
+    );
+    node.rollout(SPUR_NAMESPACE, "spur-agent")
+        .with_context(|| std::fs::read_to_string(d.join("hub.log")).unwrap_or_default())
+        .unwrap();
 
     // The Sandbox goes: its URL is a 404.
     node.kubectl(&[

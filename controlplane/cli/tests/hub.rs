@@ -6,147 +6,16 @@
 //! Chromium also the `root` tier: `--features spur-cli/kube,spur-cli/root` (docs/testing.md).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[path = "support/roles.rs"]
 mod roles;
+#[path = "support/hub.rs"]
+mod support;
 use roles::role_bin;
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// `spur-hub ARGS` (a registry command) in `dir`, which must succeed.
-fn hub_cmd(dir: &Path, args: &[&str]) -> std::process::Output {
-    let out = Command::new(role_bin("spur-hub"))
-        .current_dir(dir)
-        .args(args)
-        .env("SPUR_HUB_DB", dir.join("hub.db"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "spur-hub {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-/// A port free on both TCP and UDP (the hub serves HTTP/2 and QUIC on one port), both probes
-/// held until it is known.
-/// Hub user `dev`, who sees every cluster and namespace and acts as a cluster admin there.
-#[cfg(feature = "kube")]
-fn add_admin_user(d: &Path) {
-    hub_cmd(
-        d,
-        &[
-            "user",
-            "add",
-            "dev",
-            "--cluster",
-            "*",
-            "--all-namespaces",
-            "--kube-group",
-            "system:masters",
-        ],
-    );
-}
-
-fn free_port() -> u16 {
-    loop {
-        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = tcp.local_addr().unwrap().port();
-        if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-}
-
-/// `spur-hub serve` with its tunnel on `port`, plus `extra` flags; logs to `hub-PORT.log`.
-fn start_hub(dir: &Path, port: u16, extra: &[&str]) -> Killed {
-    Killed(
-        Command::new(role_bin("spur-hub"))
-            .current_dir(dir)
-            .args(["serve", "--db", "hub.db"])
-            .args(["--tunnel-addr", &format!("127.0.0.1:{port}")])
-            .args(if extra.contains(&"--metrics-addr") {
-                &[][..]
-            } else {
-                &["--metrics-addr", "127.0.0.1:0"][..]
-            })
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join(format!("hub-{port}.log"))).unwrap())
-            .spawn()
-            .unwrap(),
-    )
-}
-
-/// `spur-agent` dialling the hub's tunnel on `port` with `token_file`, plus `extra` flags.
-fn start_agent(dir: &Path, port: u16, token_file: &str, extra: &[&str], stderr: Stdio) -> Killed {
-    Killed(
-        Command::new(role_bin("spur-agent"))
-            .current_dir(dir)
-            .args(["--hub", &format!("127.0.0.1:{port}")])
-            .args(["--hub-server-name", "localhost", "--hub-ca", "ca.pem"])
-            .args(["--token-file", token_file])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .unwrap(),
-    )
-}
-
-#[cfg(feature = "kube")]
-fn log_file(dir: &Path, name: &str) -> Stdio {
-    std::fs::File::create(dir.join(name)).unwrap().into()
-}
-
-/// GET `path` on `addr` with a raw HTTP/1.1 request; the whole response, or None.
-fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    Some(out)
-}
-
-/// GET `path` on `addr`; the status code, or None.
-fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
-    http_get(addr, path)?.split(' ').nth(1)?.parse().ok()
-}
-
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !f() {
-        assert!(
-            start.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    start.elapsed()
-}
-
-fn health_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
+use support::*;
 
 #[test]
 fn agent_connects_survives_a_hub_restart_and_is_cut_off_by_revocation() {
@@ -279,65 +148,6 @@ fn rusqlite_check(d: &Path) -> String {
     spur_hub::store::integrity_check(&d.join("hub.db")).unwrap()
 }
 
-/// An HTTP/1.1 app on loopback that answers every request with its request head (so the test
-/// sees exactly what the hub forwarded) and counts requests.
-#[cfg(feature = "kube")]
-fn echo_app() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-    use std::io::{BufRead, BufReader, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counter = hits.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { return };
-            let counter = counter.clone();
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(conn.try_clone().unwrap());
-                loop {
-                    let mut head = String::new();
-                    loop {
-                        let mut line = String::new();
-                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        if line == "\r\n" {
-                            break;
-                        }
-                        head.push_str(&line);
-                    }
-                    counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    let body = head.to_ascii_lowercase();
-                    let _ = write!(
-                        conn,
-                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
-                }
-            });
-        }
-    });
-    (port, hits)
-}
-
-/// curl against the hub's preview port with the hub's CA; status and body.
-#[cfg(feature = "kube")]
-fn curl(ca: &Path, preview: u16, host: &str, path: &str, headers: &[&str]) -> (u16, String) {
-    let mut c = Command::new("curl");
-    c.args(["-sS", "--max-time", "10", "--cacert"])
-        .arg(ca)
-        .args(["--resolve", &format!("{host}:{preview}:127.0.0.1")])
-        .args(["-w", "\n%{http_code}"]);
-    for h in headers {
-        c.args(["-H", h]);
-    }
-    c.arg(format!("https://{host}:{preview}{path}"));
-    let out = c.output().expect("curl (tests/run.sh installs it)");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_owned())
-}
-
 #[cfg(feature = "kube")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthenticated() {
@@ -375,54 +185,15 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
     let ca = hub_cmd(d, &["ca"]).stdout;
     std::fs::write(d.join("ca.pem"), ca).unwrap();
 
-    // The ports are probed free and then bound by the hub: another process may take one in
-    // between. A hub that exits at start (its bind failed) is started again on other ports,
-    // with its log shown if it never comes up.
     let ca = d.join("ca.pem");
     let host = "web--feature-x.preview.test";
     let auth = format!("x-spur-api-key: {key}");
-    let mut attempt = 0;
-    let (port, preview, metrics, _hub) = loop {
-        attempt += 1;
-        let metrics = health_addr();
-        let metrics_arg = metrics.to_string();
-        let port = free_port();
-        let preview = free_port();
-        let preview_addr = format!("127.0.0.1:{preview}");
-        let mut hub = start_hub(
-            d,
-            port,
-            &[
-                "--preview-addr",
-                &preview_addr,
-                "--preview-domain",
-                "preview.test",
-                "--preview-timeout",
-                "4s",
-                "--allow-public-previews",
-                "--metrics-addr",
-                &metrics_arg,
-            ],
-        );
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mut exited = false;
-        while Instant::now() < deadline {
-            if hub.0.try_wait().ok().flatten().is_some() {
-                exited = true;
-                break;
-            }
-            if std::net::TcpStream::connect(("127.0.0.1", preview)).is_ok() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        if !exited && std::net::TcpStream::connect(("127.0.0.1", preview)).is_ok() {
-            break (port, preview, metrics, hub);
-        }
-        let log = std::fs::read_to_string(d.join(format!("hub-{port}.log"))).unwrap_or_default();
-        assert!(attempt < 3, "the hub never served its preview port:\n{log}");
-        eprintln!("hub start {attempt} failed (retrying on other ports):\n{log}");
-    };
+    let PreviewHub {
+        port,
+        preview,
+        metrics,
+        process: _hub,
+    } = start_preview_hub(d);
     let health = health_addr();
     let health_arg = health.to_string();
     let agent = start_agent(
@@ -559,7 +330,7 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
         cfg.warmup = Duration::ZERO;
         cfg.payload = 100;
         cfg.ca_file = Some(ca.clone());
-        cfg.connect_to = Some(SocketAddr::from(([127, 0, 0, 1], preview)));
+        cfg.connect_to = Some(std::net::SocketAddr::from(([127, 0, 0, 1], preview)));
         cfg.headers = vec![spur_perf::load::parse_header(&auth).unwrap()];
         tokio::task::spawn_blocking(move || spur_perf::load::run(&cfg))
             .await
@@ -920,35 +691,6 @@ impl Browser {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-}
-
-/// Creates Sandbox `name` (a fork of `default/web`) with `endpoints`, and writes `status` as the
-/// operator would: no operator runs in these tests.
-#[cfg(feature = "kube")]
-async fn sandbox_with(
-    api: &spur_kube_harness::KubeApi,
-    name: &str,
-    endpoints: serde_json::Value,
-    status: serde_json::Value,
-) {
-    use kube::Api;
-    use kube::api::{Patch, PatchParams, PostParams};
-    let sandboxes: Api<spur_api::Sandbox> = Api::all(api.client());
-    let sb: spur_api::Sandbox = serde_json::from_value(serde_json::json!({
-        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
-        "metadata": {"name": name},
-        "spec": {
-            "forks": [{"forkOf": {"kind": "Deployment", "namespace": "default", "name": "web"}}],
-            "defaultRouteGroup": {"endpoints": endpoints}
-        }
-    }))
-    .unwrap();
-    sandboxes.create(&PostParams::default(), &sb).await.unwrap();
-    let status = serde_json::json!({ "status": status });
-    sandboxes
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
-        .await
-        .unwrap();
 }
 
 /// A ready Sandbox with one endpoint, `web.shop.svc`.

@@ -248,28 +248,29 @@ impl Catalog {
         })
     }
 
-    /// Keeps a watcher running for every connected cluster until `stop`.
+    /// Keeps a watcher running for every connected cluster until `stop`. A cluster's watcher
+    /// lives as long as the cluster has any agent session: its watches reopen on the preferred
+    /// session whenever theirs ends (an agent replica going, a new one coming changes nothing
+    /// that is being read, so the catalog is not emptied for it).
     pub async fn run(&self, clusters: Clusters, stop: CancellationToken) {
         let mut changes = clusters.changes();
-        let mut running: BTreeMap<String, (u64, CancellationToken)> = BTreeMap::new();
+        let mut running: BTreeMap<String, CancellationToken> = BTreeMap::new();
         loop {
             let connected = clusters.connected();
-            // Stop watchers of clusters that left or reconnected (a new session id).
-            running.retain(|name, (id, token)| {
-                let keep = connected
-                    .iter()
-                    .any(|(n, c)| n == name && c.session.id() == *id);
+            // Stop watchers of clusters that left (their last session ended).
+            running.retain(|name, token| {
+                let keep = connected.iter().any(|(n, _)| n == name);
                 if !keep {
                     token.cancel();
                 }
                 keep
             });
-            for (name, c) in connected {
+            for (name, _) in connected {
                 if running.contains_key(&name) {
                     continue;
                 }
                 let token = stop.child_token();
-                running.insert(name.clone(), (c.session.id(), token.clone()));
+                running.insert(name.clone(), token.clone());
                 let catalog = self.clone();
                 let clusters = clusters.clone();
                 tokio::spawn(async move {

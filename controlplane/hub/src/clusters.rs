@@ -1,10 +1,11 @@
 //! The hub's side of the agents' tunnels: authenticates each session against the registry,
-//! keeps the newest session per cluster, closes the sessions of revoked (or rotated) clusters
-//! within a poll interval of the change, and opens streams to an agent.
+//! keeps every live session of a cluster (one per agent replica; the newest preferred), opens
+//! streams to an agent, falling back to another replica's session when one fails, and closes
+//! the sessions of revoked (or rotated) clusters within a poll interval of the change.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use spur_tunnel::{
     AuthError, AuthFuture, AuthMethod, AuthRequest, Authenticator, Identity, SessionHandle, Stream,
@@ -62,7 +63,12 @@ impl Authenticator for RegistryAuthenticator {
     }
 }
 
-/// A connected cluster.
+/// The most sessions the hub keeps per cluster: one per agent replica (the chart runs two),
+/// plus the old session of an agent restarted before that one timed out. A session beyond it
+/// closes the least preferred one, so a copied token cannot pile sessions up.
+pub const MAX_SESSIONS_PER_CLUSTER: usize = 8;
+
+/// One agent session of a connected cluster.
 #[derive(Clone, Debug)]
 pub struct Connected {
     pub session: SessionHandle,
@@ -70,25 +76,36 @@ pub struct Connected {
     pub since: SystemTime,
 }
 
-/// The sessions of connected clusters, by cluster name.
+/// The sessions of connected clusters, by cluster name, each cluster's in the order streams
+/// are tried: the newest first, one that failed an open last.
 #[derive(Clone, Default)]
 pub struct Clusters {
-    inner: Arc<Mutex<BTreeMap<String, Connected>>>,
+    inner: Arc<Mutex<BTreeMap<String, Vec<Connected>>>>,
     changed: Arc<watch::Sender<u64>>,
     metrics: Option<crate::metrics::Metrics>,
 }
 
+/// How one try to open a stream on one session ended.
+enum Tried {
+    Opened(Stream),
+    /// The agent answered, refusing: its verdict (another replica would say the same).
+    Refused(String),
+    /// The session failed (closed, no listener, no answer): another session may work.
+    Failed(String),
+}
+
 impl Clusters {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Connected>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vec<Connected>>> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A change counter: bumped on every connect and disconnect.
+    /// A change counter: bumped on every connect and disconnect, and when a cluster's
+    /// preferred session changes.
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()
     }
 
-    /// Reports into `metrics` (connected clusters, revocations).
+    /// Reports into `metrics` (connected clusters, agent sessions, revocations).
     pub fn with_metrics(mut self, metrics: crate::metrics::Metrics) -> Self {
         self.metrics = Some(metrics);
         self
@@ -96,49 +113,151 @@ impl Clusters {
 
     fn bump(&self) {
         if let Some(m) = &self.metrics {
-            let n = self.lock().len();
+            let (clusters, sessions) = {
+                let map = self.lock();
+                (map.len(), map.values().map(Vec::len).sum::<usize>())
+            };
             m.clusters_connected
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
+                .set(i64::try_from(clusters).unwrap_or(i64::MAX));
+            m.agent_sessions
+                .set(i64::try_from(sessions).unwrap_or(i64::MAX));
         }
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// Connected clusters and their sessions.
+    /// Connected clusters, each with its preferred session.
     pub fn connected(&self) -> Vec<(String, Connected)> {
         self.lock()
             .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .filter_map(|(k, v)| Some((k.clone(), v.first()?.clone())))
             .collect()
     }
 
+    /// How many agent sessions `cluster` has.
+    pub fn sessions(&self, cluster: &str) -> usize {
+        self.lock().get(cluster).map_or(0, Vec::len)
+    }
+
+    /// Every session of every cluster.
+    fn all_sessions(&self) -> Vec<(String, Connected)> {
+        self.lock()
+            .iter()
+            .flat_map(|(k, v)| v.iter().map(move |c| (k.clone(), c.clone())))
+            .collect()
+    }
+
+    /// `cluster`'s preferred session.
     pub fn get(&self, cluster: &str) -> Option<SessionHandle> {
-        self.lock().get(cluster).map(|c| c.session.clone())
+        self.lock()
+            .get(cluster)
+            .and_then(|v| v.first())
+            .map(|c| c.session.clone())
+    }
+
+    /// Moves session `id` of `cluster` to the back: it failed an open, so the next ones try
+    /// the other replicas first (until it is closed, or a newer session comes).
+    fn demote(&self, cluster: &str, id: u64) {
+        let moved = {
+            let mut map = self.lock();
+            match map.get_mut(cluster) {
+                Some(v) if v.len() > 1 => match v.iter().position(|c| c.session.id() == id) {
+                    Some(i) if i + 1 < v.len() => {
+                        let c = v.remove(i);
+                        v.push(c);
+                        true
+                    }
+                    _ => false,
+                },
+                _ => false,
+            }
+        };
+        if moved {
+            tracing::warn!(
+                cluster,
+                session = id,
+                "an agent session failed an open: the cluster's other sessions are tried first"
+            );
+            self.bump();
+        }
     }
 
     /// Opens a stream to `cluster`'s agent for `open`, and returns it once the agent said ok.
+    /// The cluster's sessions are tried in order (one per agent replica), each with an equal
+    /// share of what is left of `timeout`: an agent gone without a goodbye (its session not
+    /// timed out yet) costs a part of the time, not the request. An agent's refusal is final.
     pub async fn open(
         &self,
         cluster: &str,
         open: &Open,
         timeout: Duration,
     ) -> Result<Stream, Error> {
-        let session = self
+        let all: Vec<SessionHandle> = self
+            .lock()
             .get(cluster)
-            .ok_or_else(|| Error::Unavailable(format!("cluster {cluster:?} is not connected")))?;
-        let attempt = async {
-            let mut stream = session.open_reverse(AGENT_BIND).await?;
-            spur_tunnel::write_frame(&mut stream, open, MAX_FRAME).await?;
-            match spur_tunnel::read_frame::<_, Answer>(&mut stream, MAX_FRAME).await? {
-                Some(Answer::Ok) => Ok(stream),
-                Some(Answer::Error { reason }) => Err(Error::Upstream(reason)),
-                None => Err(Error::Upstream("the agent closed the stream".into())),
+            .map(|v| v.iter().map(|c| c.session.clone()).collect())
+            .unwrap_or_default();
+        if all.is_empty() {
+            return Err(Error::Unavailable(format!(
+                "cluster {cluster:?} is not connected"
+            )));
+        }
+        // Only sessions whose agent listens: one just connected has not bound its listener
+        // yet, one whose agent is stopping has dropped it. Neither is a failure.
+        let sessions: Vec<SessionHandle> = all
+            .into_iter()
+            .filter(|s| s.binds().borrow().contains_key(AGENT_BIND))
+            .collect();
+        if sessions.is_empty() {
+            return Err(Error::Unavailable(format!(
+                "cluster {cluster:?}'s agents are connecting or stopping: none listens yet"
+            )));
+        }
+        let deadline = Instant::now() + timeout;
+        let mut failures = Vec::new();
+        for (i, session) in sessions.iter().enumerate() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
             }
+            let share = left / u32::try_from(sessions.len() - i).unwrap_or(u32::MAX);
+            let tried = tokio::time::timeout(share, Self::try_open(session, open))
+                .await
+                .unwrap_or_else(|_| Tried::Failed(format!("no answer within {share:?}")));
+            match tried {
+                Tried::Opened(stream) => return Ok(stream),
+                Tried::Refused(reason) => return Err(Error::Upstream(reason)),
+                Tried::Failed(why) => {
+                    self.demote(cluster, session.id());
+                    failures.push(why);
+                }
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "cluster {cluster:?}'s agent did not answer within {timeout:?} ({} session{}: {})",
+            sessions.len(),
+            if sessions.len() == 1 { "" } else { "s" },
+            if failures.is_empty() {
+                "none tried".to_owned()
+            } else {
+                failures.join("; ")
+            }
+        )))
+    }
+
+    async fn try_open(session: &SessionHandle, open: &Open) -> Tried {
+        let mut stream = match session.open_reverse(AGENT_BIND).await {
+            Ok(s) => s,
+            Err(e) => return Tried::Failed(e.to_string()),
         };
-        tokio::time::timeout(timeout, attempt).await.map_err(|_| {
-            Error::Unavailable(format!(
-                "cluster {cluster:?}'s agent did not answer within {timeout:?}"
-            ))
-        })?
+        if let Err(e) = spur_tunnel::write_frame(&mut stream, open, MAX_FRAME).await {
+            return Tried::Failed(e.to_string());
+        }
+        match spur_tunnel::read_frame::<_, Answer>(&mut stream, MAX_FRAME).await {
+            Ok(Some(Answer::Ok)) => Tried::Opened(stream),
+            Ok(Some(Answer::Error { reason })) => Tried::Refused(reason),
+            Ok(None) => Tried::Failed("the agent closed the stream".into()),
+            Err(e) => Tried::Failed(e.to_string()),
+        }
     }
 
     /// One HTTP/1.1 GET of `path` on a stream opened for `open` (the agent's Kubernetes proxy
@@ -166,8 +285,9 @@ impl Clusters {
             .map_err(|e| Error::Upstream(format!("GET {path}: {e}")))
     }
 
-    /// Takes sessions from `server` until `stop`: one per cluster, the newest wins (an agent
-    /// restarted before its old session timed out must not be shut out).
+    /// Takes sessions from `server` until `stop`: every session of a cluster is kept (one per
+    /// agent replica), the newest first (an agent restarted before its old session timed out
+    /// is used at once), at most [`MAX_SESSIONS_PER_CLUSTER`].
     pub async fn serve(&self, server: Arc<TunnelServer>, store: Store, stop: CancellationToken) {
         loop {
             let mut session = tokio::select! {
@@ -181,9 +301,20 @@ impl Clusters {
                 issued: handle.identity().issued_at,
                 since: SystemTime::now(),
             };
-            if let Some(old) = self.lock().insert(name.clone(), connected) {
+            let extra = {
+                let mut map = self.lock();
+                let sessions = map.entry(name.clone()).or_default();
+                sessions.insert(0, connected);
+                (sessions.len() > MAX_SESSIONS_PER_CLUSTER)
+                    .then(|| sessions.pop())
+                    .flatten()
+            };
+            if let Some(old) = extra {
                 old.session.goaway(
-                    "replaced by a newer session of the same cluster",
+                    &format!(
+                        "replaced by a newer session of the same cluster (the hub keeps at \
+                         most {MAX_SESSIONS_PER_CLUSTER} per cluster)"
+                    ),
                     Duration::from_secs(5),
                 );
             }
@@ -210,13 +341,19 @@ impl Clusters {
                     r = handle.closed() => r,
                     () = refuse => handle.closed().await,
                 };
-                let mut map = clusters.lock();
-                if map
-                    .get(&name)
-                    .is_some_and(|c| c.session.id() == handle.id())
-                {
-                    map.remove(&name);
-                    drop(map);
+                let removed = {
+                    let mut map = clusters.lock();
+                    let removed = map.get_mut(&name).is_some_and(|v| {
+                        let before = v.len();
+                        v.retain(|c| c.session.id() != handle.id());
+                        v.len() < before
+                    });
+                    if map.get(&name).is_some_and(Vec::is_empty) {
+                        map.remove(&name);
+                    }
+                    removed
+                };
+                if removed {
                     clusters.bump();
                 }
                 tracing::info!(cluster = %name, ?reason, "cluster disconnected");
@@ -233,7 +370,7 @@ impl Clusters {
                 () = tokio::time::sleep(poll) => {}
                 () = stop.cancelled() => return,
             }
-            let connected = self.connected();
+            let connected = self.all_sessions();
             let s = store.clone();
             let checked = tokio::task::spawn_blocking(move || {
                 let version = s.data_version()?;

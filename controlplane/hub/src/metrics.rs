@@ -1,6 +1,6 @@
 //! The hub's own metrics (the tunnel library registers the sessions' and streams'): preview
-//! requests by outcome, the time to a target's response head, connected clusters and
-//! revocations enforced. Registered into the caller's registry, which picks the prefix.
+//! requests by outcome, the time to a target's response head, connected clusters, their agent
+//! sessions and revocations enforced. Registered into the caller's registry, which picks the prefix.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -21,8 +21,10 @@ pub struct Metrics {
     previews: Family<StatusLabels, Counter>,
     upstream_seconds: Histogram,
     pub(crate) clusters_connected: Gauge,
+    pub(crate) agent_sessions: Gauge,
     pub(crate) revocations: Counter,
     connections_refused: Counter,
+    retries: Counter,
 }
 
 impl Metrics {
@@ -32,8 +34,10 @@ impl Metrics {
             // 100 µs to about 26 s.
             upstream_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 19)),
             clusters_connected: Gauge::default(),
+            agent_sessions: Gauge::default(),
             revocations: Counter::default(),
             connections_refused: Counter::default(),
+            retries: Counter::default(),
         };
         registry.register(
             "preview_requests",
@@ -51,6 +55,11 @@ impl Metrics {
             m.clusters_connected.clone(),
         );
         registry.register(
+            "agent_sessions",
+            "Agent sessions of connected clusters (one per agent replica; fewer than the replicas a cluster runs means one is down)",
+            m.agent_sessions.clone(),
+        );
+        registry.register(
             "revocations_enforced",
             "Agent sessions closed because their cluster was revoked or its token rotated",
             m.revocations.clone(),
@@ -60,7 +69,16 @@ impl Metrics {
             "Preview and web view connections closed at accept: their peer, or the listener, held its limit",
             m.connections_refused.clone(),
         );
+        registry.register(
+            "preview_retries",
+            "Safe, bodiless preview requests sent a second time after their pooled connection failed (an agent replica going away)",
+            m.retries.clone(),
+        );
         m
+    }
+
+    pub(crate) fn retried(&self) {
+        self.retries.inc();
     }
 
     pub(crate) fn connection_refused(&self) {

@@ -22,7 +22,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper_util::rt::TokioIo;
 
 use crate::Store;
@@ -482,8 +482,46 @@ impl Preview {
         let client = self
             .upstreams
             .client(&self.clusters, &to.cluster, h2, OPEN_TIMEOUT);
+        // A safe request without a body can be sent again: kept for that (below).
+        let again = (upgrade.is_none()
+            && matches!(
+                *req.method(),
+                http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+            )
+            && req.body().is_end_stream())
+        .then(|| {
+            let mut copy = Request::new(());
+            *copy.method_mut() = req.method().clone();
+            *copy.uri_mut() = req.uri().clone();
+            *copy.version_mut() = req.version();
+            *copy.headers_mut() = req.headers().clone();
+            copy
+        });
         let started = std::time::Instant::now();
-        let resp = tokio::time::timeout(self.response_timeout, client.request(req))
+        let send = async {
+            match client.request(req.map(BodyExt::boxed_unsync)).await {
+                // A pooled connection through an agent replica that is going away (its stream
+                // ended as the request went out) failed; our own open errors (every session
+                // of the cluster tried) are not retried. A safe, bodiless request is sent
+                // once more, on another connection, as RFC 9110 9.2.2 allows, so an agent's
+                // restart or loss does not fail viewers' page loads.
+                Err(e) if crate::upstream::hub_error(&e).is_none() => match again {
+                    Some(copy) => {
+                        tracing::debug!(
+                            "preview request failed on its connection ({e}); sent again"
+                        );
+                        self.metrics.retried();
+                        let empty = http_body_util::Empty::new()
+                            .map_err(|never| match never {})
+                            .boxed_unsync();
+                        client.request(copy.map(|()| empty)).await
+                    }
+                    None => Err(e),
+                },
+                other => other,
+            }
+        };
+        let resp = tokio::time::timeout(self.response_timeout, send)
             .await
             .map_err(|_| {
                 crate::Error::Timeout(format!(

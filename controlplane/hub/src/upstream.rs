@@ -12,7 +12,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::Uri;
-use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -111,7 +110,11 @@ impl tower::Service<Uri> for AgentConnector {
     }
 }
 
-type PreviewClient = Client<AgentConnector, Incoming>;
+/// Request bodies as the pooling client sends them: the viewer's, or an empty one when a
+/// request is sent again (`crate::preview`).
+pub type UpstreamBody = http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, hyper::Error>;
+
+type PreviewClient = Client<AgentConnector, UpstreamBody>;
 
 /// The pooling clients, one per (cluster, HTTP/2).
 #[derive(Clone, Default)]

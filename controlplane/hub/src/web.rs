@@ -383,9 +383,12 @@ impl Preview {
         for c in registered.iter().filter(|c| user.scope(&c.name).is_some()) {
             let live = connected.iter().find(|(n, _)| *n == c.name).map(|(_, s)| s);
             let status = match (c.revoked.is_some(), live) {
-                (true, _) => "<span class=bad>revoked</span>",
-                (false, Some(_)) => "<span class=ok>connected</span>",
-                (false, None) => "<span class=dim>disconnected</span>",
+                (true, _) => "<span class=bad>revoked</span>".to_owned(),
+                (false, Some(_)) => match self.clusters.sessions(&c.name) {
+                    n @ 2.. => format!("<span class=ok>connected</span> ({n} agents)"),
+                    _ => "<span class=ok>connected</span>".to_owned(),
+                },
+                (false, None) => "<span class=dim>disconnected</span>".to_owned(),
             };
             let sandboxes = views.get(&c.name).map_or(0, |v| v.sandboxes.len());
             let _ = write!(
