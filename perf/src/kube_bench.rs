@@ -147,10 +147,12 @@ pub async fn fake_kubelet(client: Client, stop: CancellationToken) {
             in_flight.push(async move {
                 let status = json!({"status": {"observedGeneration": generation, "replicas": 1,
                     "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}});
-                let ok = api
+                let result = api
                     .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
-                    .await
-                    .is_ok();
+                    .await;
+                // Gone (deleted meanwhile): nothing left to mark, counted as done.
+                let gone = matches!(&result, Err(kube::Error::Api(s)) if s.is_not_found());
+                let ok = result.is_ok() || gone;
                 if !ok {
                     tokio::time::sleep(KUBELET_RETRY).await;
                 }

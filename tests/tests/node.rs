@@ -1460,68 +1460,76 @@ fn hub_previews_through_the_agent(node: &Node, ns: &str, backend_pod: &str) {
     )
     .with_context(|| std::fs::read_to_string(d.join("hub.log")).unwrap_or_default())
     .unwrap();
-    // Two agent replicas (agent.replicas), each with its own session to the hub. One pod is
-    // deleted (issue 47, chaos) while previews are sent one after another: none fails (the
-    // deleted agent unbinds first and the hub opens streams on the other replica's session),
-    // and the Deployment's new pod dials the hub.
+    // Two agent replicas (agent.replicas), each with its own session to the hub. Each of the
+    // two pods is deleted in turn (issue 47, chaos; so the one the hub prefers certainly is)
+    // while previews are sent one after another: none fails (the deleted agent unbinds first
+    // and the hub opens streams on the other replica's session), and the Deployment's new pod
+    // dials the hub before the next deletion.
     let agents = node
         .pods(SPUR_NAMESPACE, "app.kubernetes.io/name=spur-agent")
         .unwrap();
     assert_eq!(agents.len(), 2, "{agents:?}");
-    let start = std::time::Instant::now();
-    node.kubectl(&[
-        "-n",
-        SPUR_NAMESPACE,
-        "delete",
-        "pod",
-        &agents[0],
-        "--wait=false",
-    ])
-    .unwrap();
-    let (mut sent, mut failed) = (0, Vec::new());
-    let mut gone = None;
-    // Bounded: until the old pod is gone and a new one is ready, and at most 180 s.
-    while start.elapsed() < Duration::from_secs(180) {
-        let a = preview(host, &[&auth]);
-        sent += 1;
-        if !answered(&a) {
-            failed.push(format!(
-                "{:.1} s: {} {}",
-                start.elapsed().as_secs_f64(),
-                a.status,
-                a.body
-            ));
-        }
-        if sent % 10 == 0
-            && gone.is_none()
-            && node
-                .is_gone(Some(SPUR_NAMESPACE), "pod", &agents[0])
-                .unwrap_or(false)
-        {
-            gone = Some(start.elapsed());
-        }
-        if gone.is_some() && sent % 10 == 0 {
-            let ready = node
-                .get_json(SPUR_NAMESPACE, &["deployment", "spur-agent"])
-                .ok()
-                .and_then(|d| d["status"]["readyReplicas"].as_i64());
-            if ready == Some(2) {
-                break;
+    let ready_agents = || {
+        node.get_json(SPUR_NAMESPACE, &["deployment", "spur-agent"])
+            .ok()
+            .and_then(|d| d["status"]["readyReplicas"].as_i64())
+    };
+    for pod in &agents {
+        // Ready means connected to the hub (the hub restart above waited for one preview).
+        eventually("two agents ready", Duration::from_secs(120), || {
+            Ok((ready_agents() == Some(2)).then_some(()))
+        })
+        .with_context(|| node.describe(SPUR_NAMESPACE))
+        .unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+        let start = std::time::Instant::now();
+        node.kubectl(&["-n", SPUR_NAMESPACE, "delete", "pod", pod, "--wait=false"])
+            .unwrap();
+        let (mut sent, mut before_gone, mut failed) = (0, 0, Vec::new());
+        let mut gone = None;
+        // Bounded: until the old pod is gone and a new one is ready, and at most 180 s.
+        while start.elapsed() < Duration::from_secs(180) {
+            let a = preview(host, &[&auth]);
+            sent += 1;
+            if gone.is_none() {
+                before_gone += 1;
+            }
+            if !answered(&a) {
+                failed.push(format!(
+                    "{:.1} s: {} {}",
+                    start.elapsed().as_secs_f64(),
+                    a.status,
+                    a.body
+                ));
+            }
+            if sent % 5 == 0 {
+                if gone.is_none()
+                    && node
+                        .is_gone(Some(SPUR_NAMESPACE), "pod", pod)
+                        .unwrap_or(false)
+                {
+                    gone = Some(start.elapsed());
+                }
+                if gone.is_some() && ready_agents() == Some(2) {
+                    break;
+                }
             }
         }
+        eprintln!(
+            "chaos: agent pod {pod} deleted under preview load: {sent} previews ({before_gone} \
+             before it was gone), {} failed; gone after {:.1?}, two agents ready again after \
+             {:.1} s",
+            failed.len(),
+            gone,
+            start.elapsed().as_secs_f64()
+        );
+        assert!(gone.is_some(), "agent pod {pod} was not gone within 180 s");
+        assert!(before_gone >= 5, "too few previews while {pod} went");
+        assert!(
+            failed.is_empty(),
+            "previews failed while agent pod {pod} went: {failed:#?}"
+        );
     }
-    eprintln!(
-        "chaos: an agent pod deleted under preview load: {sent} previews, {} failed; the pod \
-         was gone after {:.1?}, two agents ready again after {:.1} s",
-        failed.len(),
-        gone,
-        start.elapsed().as_secs_f64()
-    );
-    assert!(gone.is_some(), "the agent's pod was not gone within 180 s");
-    assert!(
-        failed.is_empty(),
-        "previews failed while an agent pod went: {failed:#?}"
-    );
     node.rollout(SPUR_NAMESPACE, "spur-agent")
         .with_context(|| std::fs::read_to_string(d.join("hub.log")).unwrap_or_default())
         .unwrap();

@@ -193,26 +193,8 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
         preview,
         metrics,
         process: _hub,
-    } = start_preview_hub(d);
-    let health = health_addr();
-    let health_arg = health.to_string();
-    let agent = start_agent(
-        d,
-        port,
-        "east.token",
-        &[
-            "--kubeconfig",
-            "kubeconfig",
-            "--target-suffix",
-            "localhost",
-            // The test's apps listen on loopback, which the agent refuses unless named.
-            "--allow-cidrs",
-            "127.0.0.0/8",
-            "--health-addr",
-            &health_arg,
-        ],
-        log_file(d, "agent.log"),
-    );
+    } = start_preview_hub(d, "4s");
+    let agent = start_loopback_agent(d, port, "kubeconfig", "agent.log").process;
 
     // Unauthenticated: 401, and nothing reached the cluster.
     wait_until("the preview port", Duration::from_secs(20), || {
@@ -1052,23 +1034,7 @@ async fn a_hostile_preview_reads_nothing_of_the_hub_in_chromium() {
             "--allow-public-previews",
         ],
     );
-    let health = health_addr().to_string();
-    let _agent = start_agent(
-        d,
-        port,
-        "east.token",
-        &[
-            "--kubeconfig",
-            "east.kubeconfig",
-            "--target-suffix",
-            "localhost",
-            "--allow-cidrs",
-            "127.0.0.0/8",
-            "--health-addr",
-            &health,
-        ],
-        log_file(d, "agent-east.log"),
-    );
+    let _agent = start_loopback_agent(d, port, "east.kubeconfig", "agent-east.log");
     let ca = d.join("ca.pem");
     let preview_host = "web--hostile.preview.test";
     wait_until(

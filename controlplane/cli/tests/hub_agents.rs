@@ -30,34 +30,6 @@ struct Sent {
     code: u16,
 }
 
-/// A running agent with its health address (`/readyz`, `/metrics`).
-struct Agent {
-    process: Killed,
-    health: std::net::SocketAddr,
-}
-
-fn agent(d: &Path, port: u16, name: &str) -> Agent {
-    let health = health_addr();
-    let health_arg = health.to_string();
-    let process = start_agent(
-        d,
-        port,
-        "east.token",
-        &[
-            "--kubeconfig",
-            "kubeconfig",
-            "--target-suffix",
-            "localhost",
-            "--allow-cidrs",
-            "127.0.0.0/8",
-            "--health-addr",
-            &health_arg,
-        ],
-        log_file(d, &format!("{name}.log")),
-    );
-    Agent { process, health }
-}
-
 /// The sum of a series' samples (any labels) in an OpenMetrics text, if it has any.
 fn series(text: &str, name: &str) -> Option<f64> {
     let values: Vec<f64> = text
@@ -82,13 +54,13 @@ fn hub_sessions(hub: &PreviewHub) -> Option<f64> {
 }
 
 /// Streams the hub opened to `agent` so far (its tunnel client's counter).
-fn agent_streams(agent: &Agent) -> f64 {
+fn agent_streams(agent: &LoopbackAgent) -> f64 {
     http_get(agent.health, "/metrics")
         .and_then(|t| series(&t, "spur_agent_streams_total"))
         .unwrap_or(0.0)
 }
 
-fn signal(agent: &Agent, sig: &str) {
+fn signal(agent: &LoopbackAgent, sig: &str) {
     let pid = agent.process.0.id().to_string();
     let ok = std::process::Command::new("kill")
         .args([sig, &pid])
@@ -99,7 +71,7 @@ fn signal(agent: &Agent, sig: &str) {
 }
 
 /// Waits up to `limit` for `agent` to exit; how long it took.
-fn exited(agent: &mut Agent, limit: Duration) -> Duration {
+fn exited(agent: &mut LoopbackAgent, limit: Duration) -> Duration {
     let start = Instant::now();
     loop {
         if agent.process.0.try_wait().unwrap().is_some() {
@@ -142,14 +114,16 @@ async fn previews_keep_answering_through_the_other_agent_while_one_stops_or_dies
     std::fs::write(d.join("ca.pem"), hub_cmd(d, &["ca"]).stdout).unwrap();
     let ca = d.join("ca.pem");
     let host = "web--feature-x.preview.test";
-    let hub = start_preview_hub(d);
+    // A response may take this long (a 2-core machine running other tests beside this one;
+    // under curl's own 10 s); a request stuck on a killed agent's connection fails after it.
+    let hub = start_preview_hub(d, "8s");
 
     // Two replicas: both sessions kept (the second does not replace the first).
-    let first = agent(d, hub.port, "agent-a");
+    let first = start_loopback_agent(d, hub.port, "kubeconfig", "agent-a.log");
     wait_until("agent a's session", Duration::from_secs(30), || {
         hub_sessions(&hub) == Some(1.0)
     });
-    let mut second = agent(d, hub.port, "agent-b");
+    let mut second = start_loopback_agent(d, hub.port, "kubeconfig", "agent-b.log");
     wait_until("both agents' sessions", Duration::from_secs(30), || {
         hub_sessions(&hub) == Some(2.0)
     });
@@ -186,6 +160,10 @@ async fn previews_keep_answering_through_the_other_agent_while_one_stops_or_dies
 
     // (1) The newest agent (the one streams open on first) stops as a pod does: SIGTERM. It
     // drops its listener, lets open streams finish and leaves; no request fails.
+    assert!(
+        agent_streams(&second) > 0.0,
+        "agent b, the newest, carried no stream before it was stopped"
+    );
     let graceful_from = started.elapsed();
     signal(&second, "-TERM");
     let took = exited(&mut second, Duration::from_secs(30));
@@ -197,7 +175,7 @@ async fn previews_keep_answering_through_the_other_agent_while_one_stops_or_dies
     );
     std::thread::sleep(Duration::from_secs(2));
     // ... and comes back (a new pod): the hub takes it as the newest again.
-    second = agent(d, hub.port, "agent-b2");
+    second = start_loopback_agent(d, hub.port, "kubeconfig", "agent-b2.log");
     wait_until("agent b2's session", Duration::from_secs(30), || {
         hub_sessions(&hub) == Some(2.0)
     });

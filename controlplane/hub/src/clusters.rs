@@ -92,6 +92,8 @@ enum Tried {
     Refused(String),
     /// The session failed (closed, no listener, no answer): another session may work.
     Failed(String),
+    /// The tunnel opened but the agent did not answer in time (a slow target): final.
+    Slow,
 }
 
 impl Clusters {
@@ -99,8 +101,7 @@ impl Clusters {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A change counter: bumped on every connect and disconnect, and when a cluster's
-    /// preferred session changes.
+    /// A change counter: bumped on every connect and disconnect.
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()
     }
@@ -113,12 +114,11 @@ impl Clusters {
 
     fn bump(&self) {
         if let Some(m) = &self.metrics {
-            let (clusters, sessions) = {
-                let map = self.lock();
-                (map.len(), map.values().map(Vec::len).sum::<usize>())
-            };
+            // Set under the lock: a connect and a disconnect racing cannot leave a stale count.
+            let map = self.lock();
+            let sessions = map.values().map(Vec::len).sum::<usize>();
             m.clusters_connected
-                .set(i64::try_from(clusters).unwrap_or(i64::MAX));
+                .set(i64::try_from(map.len()).unwrap_or(i64::MAX));
             m.agent_sessions
                 .set(i64::try_from(sessions).unwrap_or(i64::MAX));
         }
@@ -171,13 +171,14 @@ impl Clusters {
                 _ => false,
             }
         };
+        // No change is signalled: nothing that watches the clusters follows the order (the
+        // catalog's watches reopen on whichever session is first when theirs ends).
         if moved {
             tracing::warn!(
                 cluster,
                 session = id,
                 "an agent session failed an open: the cluster's other sessions are tried first"
             );
-            self.bump();
         }
     }
 
@@ -219,13 +220,17 @@ impl Clusters {
             if left.is_zero() {
                 break;
             }
+            // The tunnel's open (the agent's stream accept) gets an equal share of what is
+            // left: it costs one round trip, so a session that does not complete it is dead.
             let share = left / u32::try_from(sessions.len() - i).unwrap_or(u32::MAX);
-            let tried = tokio::time::timeout(share, Self::try_open(session, open))
-                .await
-                .unwrap_or_else(|_| Tried::Failed(format!("no answer within {share:?}")));
-            match tried {
+            match Self::try_open(session, open, share, deadline).await {
                 Tried::Opened(stream) => return Ok(stream),
                 Tried::Refused(reason) => return Err(Error::Upstream(reason)),
+                Tried::Slow => {
+                    return Err(Error::Unavailable(format!(
+                        "cluster {cluster:?}'s agent did not answer within {timeout:?}"
+                    )));
+                }
                 Tried::Failed(why) => {
                     self.demote(cluster, session.id());
                     failures.push(why);
@@ -233,7 +238,8 @@ impl Clusters {
             }
         }
         Err(Error::Unavailable(format!(
-            "cluster {cluster:?}'s agent did not answer within {timeout:?} ({} session{}: {})",
+            "cluster {cluster:?}: no stream could be opened on its {} listening agent session{} \
+             within {timeout:?} ({})",
             sessions.len(),
             if sessions.len() == 1 { "" } else { "s" },
             if failures.is_empty() {
@@ -244,19 +250,37 @@ impl Clusters {
         )))
     }
 
-    async fn try_open(session: &SessionHandle, open: &Open) -> Tried {
-        let mut stream = match session.open_reverse(AGENT_BIND).await {
-            Ok(s) => s,
-            Err(e) => return Tried::Failed(e.to_string()),
+    /// Opens the tunnel stream within `share`, then waits until `deadline` for the agent's
+    /// answer: that includes its checks and its connect to the target, which no other replica
+    /// would do faster, so a slow answer is final rather than a reason to try another session.
+    async fn try_open(
+        session: &SessionHandle,
+        open: &Open,
+        share: Duration,
+        deadline: Instant,
+    ) -> Tried {
+        let opened = tokio::time::timeout(share, async {
+            let mut stream = session.open_reverse(AGENT_BIND).await?;
+            spur_tunnel::write_frame(&mut stream, open, MAX_FRAME).await?;
+            Ok::<_, spur_tunnel::Error>(stream)
+        })
+        .await;
+        let mut stream = match opened {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => return Tried::Failed(e.to_string()),
+            Err(_) => return Tried::Failed(format!("the tunnel did not open within {share:?}")),
         };
-        if let Err(e) = spur_tunnel::write_frame(&mut stream, open, MAX_FRAME).await {
-            return Tried::Failed(e.to_string());
-        }
-        match spur_tunnel::read_frame::<_, Answer>(&mut stream, MAX_FRAME).await {
-            Ok(Some(Answer::Ok)) => Tried::Opened(stream),
-            Ok(Some(Answer::Error { reason })) => Tried::Refused(reason),
-            Ok(None) => Tried::Failed("the agent closed the stream".into()),
-            Err(e) => Tried::Failed(e.to_string()),
+        let answer = tokio::time::timeout_at(
+            deadline.into(),
+            spur_tunnel::read_frame::<_, Answer>(&mut stream, MAX_FRAME),
+        )
+        .await;
+        match answer {
+            Err(_) => Tried::Slow,
+            Ok(Ok(Some(Answer::Ok))) => Tried::Opened(stream),
+            Ok(Ok(Some(Answer::Error { reason }))) => Tried::Refused(reason),
+            Ok(Ok(None)) => Tried::Failed("the agent closed the stream".into()),
+            Ok(Err(e)) => Tried::Failed(e.to_string()),
         }
     }
 

@@ -107,6 +107,45 @@ pub(crate) fn start_agent(
     )
 }
 
+/// An agent of cluster `east` (token file `east.token`) with its health address (`/readyz`,
+/// `/metrics`).
+#[cfg(feature = "kube")]
+pub(crate) struct LoopbackAgent {
+    pub(crate) process: Killed,
+    pub(crate) health: SocketAddr,
+}
+
+/// Starts a [`LoopbackAgent`] dialling the hub's tunnel on `port`, reading Kubernetes through
+/// `kubeconfig` and reaching targets named `localhost` (the test's apps listen on loopback,
+/// which the agent refuses unless named); logs to `log`.
+#[cfg(feature = "kube")]
+pub(crate) fn start_loopback_agent(
+    d: &Path,
+    port: u16,
+    kubeconfig: &str,
+    log: &str,
+) -> LoopbackAgent {
+    let health = health_addr();
+    let health_arg = health.to_string();
+    let process = start_agent(
+        d,
+        port,
+        "east.token",
+        &[
+            "--kubeconfig",
+            kubeconfig,
+            "--target-suffix",
+            "localhost",
+            "--allow-cidrs",
+            "127.0.0.0/8",
+            "--health-addr",
+            &health_arg,
+        ],
+        log_file(d, log),
+    );
+    LoopbackAgent { process, health }
+}
+
 #[cfg(feature = "kube")]
 pub(crate) fn log_file(dir: &Path, name: &str) -> Stdio {
     std::fs::File::create(dir.join(name)).unwrap().into()
@@ -259,7 +298,7 @@ pub(crate) async fn sandbox_with(
         .unwrap();
 }
 
-/// A hub serving previews (domain `preview.test`, timeout 4 s, public previews allowed).
+/// A hub serving previews (domain `preview.test`, public previews allowed).
 #[cfg(feature = "kube")]
 pub(crate) struct PreviewHub {
     /// The tunnel port agents dial.
@@ -271,11 +310,12 @@ pub(crate) struct PreviewHub {
     pub(crate) process: Killed,
 }
 
-/// Starts a [`PreviewHub`] in `d`, plus `extra` flags. The ports are probed free and then
-/// bound by the hub: another process may take one in between. A hub that exits at start (its
-/// bind failed) is started again on other ports, with its log shown if it never comes up.
+/// Starts a [`PreviewHub`] in `d` whose previews wait `timeout` (`--preview-timeout`, e.g.
+/// `4s`) for a target's response. The ports are probed free and then bound by the hub: another
+/// process may take one in between. A hub that exits at start (its bind failed) is started
+/// again on other ports, with its log shown if it never comes up.
 #[cfg(feature = "kube")]
-pub(crate) fn start_preview_hub(d: &Path) -> PreviewHub {
+pub(crate) fn start_preview_hub(d: &Path, timeout: &str) -> PreviewHub {
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -293,7 +333,7 @@ pub(crate) fn start_preview_hub(d: &Path) -> PreviewHub {
                 "--preview-domain",
                 "preview.test",
                 "--preview-timeout",
-                "4s",
+                timeout,
                 "--allow-public-previews",
                 "--metrics-addr",
                 &metrics_arg,
