@@ -183,9 +183,10 @@ impl Clusters {
     }
 
     /// Opens a stream to `cluster`'s agent for `open`, and returns it once the agent said ok.
-    /// The cluster's sessions are tried in order (one per agent replica), each with an equal
-    /// share of what is left of `timeout`: an agent gone without a goodbye (its session not
-    /// timed out yet) costs a part of the time, not the request. An agent's refusal is final.
+    /// The cluster's listening sessions are tried in order (one per agent replica), the tunnel
+    /// open on each with an equal share of what is left of `timeout`: an agent gone without a
+    /// goodbye (its session not timed out yet) costs a part of the time, not the request. The
+    /// agent's answer, a refusal or none within `timeout`, is final.
     pub async fn open(
         &self,
         cluster: &str,
