@@ -155,35 +155,11 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
     use kube::api::DeleteParams;
     use spur_api::Sandbox;
 
-    let api = spur_kube_harness::KubeApi::start().await.unwrap();
-    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/spur/crds");
-    for entry in std::fs::read_dir(&crds).unwrap() {
-        api.install_crd_file(&entry.unwrap().path()).await.unwrap();
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    api.write_kubeconfig(&d.join("kubeconfig")).unwrap();
     let (app_port, hits) = echo_app();
-
+    let PreviewSetup { api, dir, key } =
+        preview_setup(&format!("http://localhost:{app_port}")).await;
+    let d = dir.path();
     let sandboxes: Api<Sandbox> = Api::all(api.client());
-    // No operator runs here: the key is written as the operator would.
-    let endpoints =
-        serde_json::json!([{"name": "web", "target": format!("http://localhost:{app_port}")}]);
-    sandbox_with(
-        &api,
-        "feature-x",
-        endpoints,
-        serde_json::json!({"routingKey": "k3y4feature"}),
-    )
-    .await;
-
-    let token = hub_cmd(d, &["cluster", "add", "east"]).stdout;
-    std::fs::write(d.join("east.token"), &token).unwrap();
-    add_admin_user(d);
-    let key = String::from_utf8(hub_cmd(d, &["apikey", "add", "dev"]).stdout).unwrap();
-    let key = key.trim().to_owned();
-    let ca = hub_cmd(d, &["ca"]).stdout;
-    std::fs::write(d.join("ca.pem"), ca).unwrap();
 
     let ca = d.join("ca.pem");
     let host = "web--feature-x.preview.test";

@@ -8,7 +8,6 @@
 //! tier.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -23,10 +22,11 @@ use support::*;
 const MAX_REQUESTS: usize = 20_000;
 const MAX_SECONDS: u64 = 240;
 
-/// One preview request the loop made: when it began (since the loop started) and its status
-/// (0: curl got none).
+/// One preview request the loop made: when it began and ended (since the loop started) and
+/// its status (0: curl got none).
 struct Sent {
     at: Duration,
+    end: Duration,
     code: u16,
 }
 
@@ -87,31 +87,16 @@ fn exited(agent: &mut LoopbackAgent, limit: Duration) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn previews_keep_answering_through_the_other_agent_while_one_stops_or_dies() {
-    let api = spur_kube_harness::KubeApi::start().await.unwrap();
-    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/spur/crds");
-    for entry in std::fs::read_dir(&crds).unwrap() {
-        api.install_crd_file(&entry.unwrap().path()).await.unwrap();
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    api.write_kubeconfig(&d.join("kubeconfig")).unwrap();
     // Its connections turn over every 20 requests: the hub's pooled connections then follow
     // the session it prefers, and the agent killed below carries them.
     let (app_port, hits) = echo_app_closing_every(20);
-    // No operator runs here: the key is written as the operator would.
-    sandbox_with(
-        &api,
-        "feature-x",
-        serde_json::json!([{"name": "web", "target": format!("http://localhost:{app_port}")}]),
-        serde_json::json!({"routingKey": "k3y4feature"}),
-    )
-    .await;
-    let token = hub_cmd(d, &["cluster", "add", "east"]).stdout;
-    std::fs::write(d.join("east.token"), &token).unwrap();
-    add_admin_user(d);
-    let key = String::from_utf8(hub_cmd(d, &["apikey", "add", "dev"]).stdout).unwrap();
-    let auth = format!("x-spur-api-key: {}", key.trim());
-    std::fs::write(d.join("ca.pem"), hub_cmd(d, &["ca"]).stdout).unwrap();
+    let PreviewSetup {
+        api: _api,
+        dir,
+        key,
+    } = preview_setup(&format!("http://localhost:{app_port}")).await;
+    let d = dir.path();
+    let auth = format!("x-spur-api-key: {key}");
     let ca = d.join("ca.pem");
     let host = "web--feature-x.preview.test";
     // A response may take this long (a 2-core machine running other tests beside this one;
@@ -151,7 +136,11 @@ async fn previews_keep_answering_through_the_other_agent_while_one_stops_or_dies
             {
                 let at = started.elapsed();
                 let (code, _) = curl(&ca, preview, host, "/load", &[&auth]);
-                sent.push(Sent { at, code });
+                sent.push(Sent {
+                    at,
+                    end: started.elapsed(),
+                    code,
+                });
             }
             sent
         })
@@ -180,7 +169,6 @@ async fn previews_keep_answering_through_the_other_agent_while_one_stops_or_dies
         hub_sessions(&hub) == Some(2.0)
     });
     std::thread::sleep(Duration::from_secs(2));
-    let graceful_to = started.elapsed();
 
     // (2) The preferred agent dies without a goodbye: SIGKILL (a node lost). Its session stays
     // until its keepalive times out; opens on it fail over to agent a meanwhile.
@@ -205,11 +193,16 @@ async fn previews_keep_answering_through_the_other_agent_while_one_stops_or_dies
     let sent = load.join().unwrap();
     let streams_a_after = agent_streams(&first);
 
+    // A request belongs to the phase it was in flight in: one still waiting for its answer when
+    // the agent was killed is the kill's, however early it began.
     let during = |from: Duration, to: Duration| -> Vec<&Sent> {
-        sent.iter().filter(|s| s.at >= from && s.at < to).collect()
+        sent.iter().filter(|s| s.at >= from && s.end < to).collect()
     };
-    let graceful = during(graceful_from, graceful_to);
-    let window = during(killed_at, noticed_at);
+    let graceful = during(graceful_from, killed_at);
+    let window: Vec<&Sent> = sent
+        .iter()
+        .filter(|s| s.end >= killed_at && s.at < noticed_at)
+        .collect();
     let after = during(noticed_at, Duration::MAX);
     let failed = |v: &[&Sent]| v.iter().filter(|s| s.code != 200).count();
     eprintln!(

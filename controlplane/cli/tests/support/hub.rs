@@ -364,3 +364,45 @@ pub(crate) fn start_preview_hub(d: &Path, timeout: &str) -> PreviewHub {
         eprintln!("hub start {attempt} failed (retrying on other ports):\n{log}");
     }
 }
+
+/// What both preview tests start from: a kube-apiserver with Spur's CRDs; a directory holding
+/// its `kubeconfig`; Sandbox `feature-x` (key `k3y4feature`) whose endpoint `web` is `app`
+/// (`http://localhost:PORT`), its status written as the operator would (no operator runs);
+/// cluster `east` registered (token in `east.token`), hub user `dev` (an admin) and its API
+/// key, and the hub's CA in `ca.pem`.
+#[cfg(feature = "kube")]
+pub(crate) struct PreviewSetup {
+    pub(crate) api: spur_kube_harness::KubeApi,
+    pub(crate) dir: tempfile::TempDir,
+    /// The API key of hub user `dev`.
+    pub(crate) key: String,
+}
+
+#[cfg(feature = "kube")]
+pub(crate) async fn preview_setup(app: &str) -> PreviewSetup {
+    let api = spur_kube_harness::KubeApi::start().await.unwrap();
+    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/spur/crds");
+    for entry in std::fs::read_dir(&crds).unwrap() {
+        api.install_crd_file(&entry.unwrap().path()).await.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    api.write_kubeconfig(&d.join("kubeconfig")).unwrap();
+    sandbox_with(
+        &api,
+        "feature-x",
+        serde_json::json!([{"name": "web", "target": app}]),
+        serde_json::json!({"routingKey": "k3y4feature"}),
+    )
+    .await;
+    let token = hub_cmd(d, &["cluster", "add", "east"]).stdout;
+    std::fs::write(d.join("east.token"), &token).unwrap();
+    add_admin_user(d);
+    let key = String::from_utf8(hub_cmd(d, &["apikey", "add", "dev"]).stdout).unwrap();
+    std::fs::write(d.join("ca.pem"), hub_cmd(d, &["ca"]).stdout).unwrap();
+    PreviewSetup {
+        api,
+        dir,
+        key: key.trim().to_owned(),
+    }
+}
