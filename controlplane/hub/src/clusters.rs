@@ -157,29 +157,26 @@ impl Clusters {
     /// Moves session `id` of `cluster` to the back: it failed an open, so the next ones try
     /// the other replicas first (until it is closed, or a newer session comes).
     fn demote(&self, cluster: &str, id: u64) {
-        let moved = {
+        {
             let mut map = self.lock();
-            match map.get_mut(cluster) {
-                Some(v) if v.len() > 1 => match v.iter().position(|c| c.session.id() == id) {
-                    Some(i) if i + 1 < v.len() => {
-                        let c = v.remove(i);
-                        v.push(c);
-                        true
-                    }
-                    _ => false,
-                },
-                _ => false,
+            let Some(v) = map.get_mut(cluster) else {
+                return;
+            };
+            let Some(i) = v.iter().position(|c| c.session.id() == id) else {
+                return;
+            };
+            if i + 1 == v.len() {
+                return;
             }
-        };
+            v[i..].rotate_left(1);
+        }
         // No change is signalled: nothing that watches the clusters follows the order (the
         // catalog's watches reopen on whichever session is first when theirs ends).
-        if moved {
-            tracing::warn!(
-                cluster,
-                session = id,
-                "an agent session failed an open: the cluster's other sessions are tried first"
-            );
-        }
+        tracing::warn!(
+            cluster,
+            session = id,
+            "an agent session failed an open: the cluster's other sessions are tried first"
+        );
     }
 
     /// Opens a stream to `cluster`'s agent for `open`, and returns it once the agent said ok.
@@ -193,22 +190,20 @@ impl Clusters {
         open: &Open,
         timeout: Duration,
     ) -> Result<Stream, Error> {
-        let all: Vec<SessionHandle> = self
-            .lock()
-            .get(cluster)
-            .map(|v| v.iter().map(|c| c.session.clone()).collect())
-            .unwrap_or_default();
-        if all.is_empty() {
-            return Err(Error::Unavailable(format!(
-                "cluster {cluster:?} is not connected"
-            )));
-        }
         // Only sessions whose agent listens: one just connected has not bound its listener
         // yet, one whose agent is stopping has dropped it. Neither is a failure.
-        let sessions: Vec<SessionHandle> = all
-            .into_iter()
-            .filter(|s| s.binds().borrow().contains_key(AGENT_BIND))
-            .collect();
+        let sessions: Vec<SessionHandle> = match self.lock().get(cluster) {
+            None => {
+                return Err(Error::Unavailable(format!(
+                    "cluster {cluster:?} is not connected"
+                )));
+            }
+            Some(v) => v
+                .iter()
+                .filter(|c| c.session.binds().borrow().contains_key(AGENT_BIND))
+                .map(|c| c.session.clone())
+                .collect(),
+        };
         if sessions.is_empty() {
             return Err(Error::Unavailable(format!(
                 "cluster {cluster:?}'s agents are connecting or stopping: none listens yet"
