@@ -160,6 +160,12 @@ if [ ${#images[@]} -eq 0 ]; then
     echo "$image_out" >&2
     exit 1
 fi
+# The previous release (RELEASES) for the node tier's upgrade test: its chart and its Spur image,
+# rebuilt from its commit (tests/node/release.sh; cached by that commit afterwards).
+SPUR_PREVIOUS_RELEASE="$(tests/node/release.sh | tail -n 1)"
+export SPUR_PREVIOUS_RELEASE
+images+=("$SPUR_PREVIOUS_RELEASE/spur.tar")
+phase "the previous release"
 tests/node/node.sh cleanup
 node_env="$(SPUR_NODE_OWNER=$$ tests/node/node.sh up "${images[@]}" | tail -n 1)"
 trap 'tests/node/node.sh down "$(dirname "$node_env")"' EXIT

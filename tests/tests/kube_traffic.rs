@@ -504,6 +504,59 @@ async fn the_store_follows_sandboxes_and_scopes_sidecars_and_readers() {
     store.stop.cancel();
 }
 
+/// A store started (or restarted, as by an upgrade) in a cluster that already has capturing
+/// Sandboxes loads their settings, takes pushes, and follows a Sandbox's deletion. (It once
+/// never loaded them: its settings watch waited for a complete list without reading the stream
+/// that completes it. Found by the node tier's upgrade test.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_started_after_its_sandboxes_loads_them_and_follows_deletions() {
+    let api = KubeApi::start().await.unwrap();
+    kt::install_crds(&api).await.unwrap();
+    let admin = api.client();
+    capturing(&admin, "sb1", "shop", "backend", "key-sb1").await;
+    capturing(&admin, "sb2", "shop", "backend", "key-sb2").await;
+    let (_, sidecar_token) = sidecar_pod(&api, "shop", "backend", "backend-1", true).await;
+    let store = Store::start(&api, spur_traffic::DEFAULT_RECHECK).await;
+    let backend = workload("shop", "backend");
+    let mut watch = store
+        .client()
+        .await
+        .watch_settings(with(
+            pb::WatchSettingsRequest {
+                baseline: Some(backend.clone()),
+            },
+            &sidecar_token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let settings = next_settings(&mut watch, |s| s.keys.len() == 2).await;
+    let mut keys: Vec<&str> = settings
+        .keys
+        .iter()
+        .map(|k| k.routing_key.as_str())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["key-sb1", "key-sb2"]);
+    assert_eq!(
+        pushed(
+            &store,
+            &sidecar_token,
+            vec![exchange(backend.clone(), "sb1", "key-sb1", "x/1")]
+        )
+        .await,
+        1
+    );
+    // A deletion is a change of the settings too.
+    Api::<Sandbox>::all(admin.clone())
+        .delete("sb1", &Default::default())
+        .await
+        .unwrap();
+    let settings = next_settings(&mut watch, |s| s.keys.len() == 1).await;
+    assert_eq!(settings.keys[0].routing_key, "key-sb2");
+    store.stop.cancel();
+}
+
 /// Issue 42: the store checked only that a pusher's namespace was the baseline's, so any pod
 /// of that namespace (or any sidecar pushing for a sandbox that does not capture it) could add
 /// records to any sandbox, and a pusher's id could shadow another's record.

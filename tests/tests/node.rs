@@ -4,7 +4,9 @@
 //! client pod checked by the name of the pod that answered it.
 //!
 //! One test walks the whole user path in order, because helm install, upgrade and uninstall act
-//! on the one cluster-wide installation every step depends on.
+//! on the one cluster-wide installation every step depends on. It begins with the previous
+//! release (RELEASES) installed and upgraded to this tree under load (tests/tests/node_upgrade),
+//! and ends with docs/quickstart.md's fresh install.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -24,6 +26,7 @@ mod node_quickstart;
 mod node_resources;
 mod node_tenancy;
 mod node_traffic;
+mod node_upgrade;
 mod node_xds;
 
 use spur_e2e::node::{
@@ -99,23 +102,32 @@ fn helm_install_and_the_user_path_on_running_pods() {
     node_quickstart::install_without_a_default_storage_class_fails_at_once(node);
     node_quickstart::give_the_node_a_default_storage_class(node);
 
-    mark("helm install");
-    // --- helm install: every component Ready under its own ServiceAccount -------------------
-    node.helm(&helm_args(
-        &[
-            "install",
-            RELEASE,
-            &chart,
-            "--namespace",
-            SPUR_NAMESPACE,
-            "--wait",
-            "--timeout",
-            "5m",
-        ],
-        &[],
-    ))
-    .with_context(|| node.describe(SPUR_NAMESPACE))
-    .unwrap();
+    // --- helm install of the previous release, upgraded to this tree under load -------------
+    // (The tree's own fresh install is docs/quickstart.md's, at the end.)
+    mark("helm install of the previous release");
+    let previous = node_upgrade::Release::previous();
+    previous.install(node, RELEASE);
+    mark("the upgrade from the previous release, under load");
+    node_upgrade::from_the_previous_release(node, &previous, || {
+        node.helm(&helm_args(
+            &[
+                "upgrade",
+                RELEASE,
+                &chart,
+                "--namespace",
+                SPUR_NAMESPACE,
+                "--wait",
+                "--timeout",
+                "5m",
+            ],
+            &[],
+        ))
+        .with_context(|| node.describe(SPUR_NAMESPACE))
+        .unwrap();
+    });
+
+    mark("every component Ready under its own ServiceAccount");
+    // --- every component Ready under its own ServiceAccount ---------------------------------
     for (deployment, account) in COMPONENTS {
         node.rollout(SPUR_NAMESPACE, deployment).unwrap();
         let d = node

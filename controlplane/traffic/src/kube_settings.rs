@@ -75,6 +75,12 @@ pub fn compile(sandboxes: &[Sandbox], cluster: &ClusterCapture) -> SettingsMap {
 /// Keeps `index` in step with the cluster's Sandboxes until `stop`. Nothing is captured before
 /// the first complete list (the index starts empty); while the API server is unreachable the
 /// last settings stay.
+///
+/// The settings are compiled from the reflector's store at the end of each complete (re)list
+/// and after each change once the first list is complete: a deletion counts too. The stream is
+/// the only thing that makes the store ready, so nothing here waits on the store while not
+/// reading the stream (that waited forever when a list began with Sandboxes in it: a store
+/// restarted in a cluster with Sandboxes never loaded its settings).
 pub async fn watch_sandboxes(
     client: Client,
     index: SettingsIndex,
@@ -84,37 +90,85 @@ pub async fn watch_sandboxes(
     let api: Api<Sandbox> = Api::all(client);
     let (reader, writer) = kube::runtime::reflector::store();
     let stream = kube::runtime::reflector(writer, watcher(api, watcher::Config::default()))
-        .default_backoff()
-        .touched_objects();
+        .default_backoff();
     let mut stream = std::pin::pin!(stream);
     let mut last_error = String::new();
+    let mut events = Events::default();
     loop {
         let event = tokio::select! {
             () = stop.cancelled() => return,
             e = stream.next() => e,
         };
-        match event {
-            None => return,
-            Some(Err(e)) => {
-                let e = e.to_string();
-                if e != last_error {
-                    tracing::warn!(error = %e, "watching Sandboxes failed; the capture settings stay as they were");
-                    last_error = e;
-                }
-                continue;
+        let Some(event) = event else { return };
+        if !events.take(event, &mut last_error) {
+            continue;
+        }
+        // A burst of changes settles before one recompile: events keep being read until none
+        // came for 50 ms.
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                e = tokio::time::timeout(Duration::from_millis(50), stream.next()) => match e {
+                    Err(_) => break,
+                    Ok(None) => return,
+                    Ok(Some(event)) => {
+                        events.take(event, &mut last_error);
+                    }
+                },
             }
-            Some(Ok(_)) => last_error.clear(),
         }
-        // A burst of changes (a list after a reconnect) settles before one recompile.
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(Duration::from_millis(50)) => {}
-        }
-        if reader.wait_until_ready().await.is_err() {
-            return;
+        if events.listing {
+            // A re-list began in the burst: its end recompiles.
+            continue;
         }
         let sandboxes: Vec<Sandbox> = reader.state().iter().map(|s| (**s).clone()).collect();
         index.replace(compile(&sandboxes, &cluster));
+    }
+}
+
+/// Where the Sandbox watch stands.
+#[derive(Default)]
+struct Events {
+    /// A complete list has been read.
+    listed: bool,
+    /// A (re)list is being read: its objects replace the store's at its end.
+    listing: bool,
+}
+
+impl Events {
+    /// Takes one event of the watch; whether the settings may have changed with it.
+    fn take(
+        &mut self,
+        event: Result<watcher::Event<Sandbox>, watcher::Error>,
+        last_error: &mut String,
+    ) -> bool {
+        match event {
+            Err(e) => {
+                let e = e.to_string();
+                if e != *last_error {
+                    tracing::warn!(error = %e, "watching Sandboxes failed; the capture settings stay as they were");
+                    *last_error = e;
+                }
+                false
+            }
+            Ok(event) => {
+                last_error.clear();
+                match event {
+                    watcher::Event::Init | watcher::Event::InitApply(_) => {
+                        self.listing = true;
+                        false
+                    }
+                    watcher::Event::InitDone => {
+                        self.listing = false;
+                        self.listed = true;
+                        true
+                    }
+                    watcher::Event::Apply(_) | watcher::Event::Delete(_) => {
+                        self.listed && !self.listing
+                    }
+                }
+            }
+        }
     }
 }
 

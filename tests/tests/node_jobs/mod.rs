@@ -27,7 +27,12 @@ fn spur(node: &Node, ns: &str, args: &[&str]) -> Command {
 }
 
 /// Runs `spur`; (exit code, stdout, stderr). Killed after 3 minutes (no test waits forever).
-fn run(node: &Node, ns: &str, args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+pub(crate) fn run(
+    node: &Node,
+    ns: &str,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> (i32, String, String) {
     let mut c = spur(node, ns, args);
     c.stdin(if stdin.is_some() {
         Stdio::piped()
