@@ -22,7 +22,8 @@
 //	REMOVE <routingKey>                                                  (watched mode)
 //	SYNCED
 //	TARGET <routingKey> <port> <host:port or ->
-//	INCONSISTENT <routingKey> <detail>    (watched mode: RoutesTo disagrees with Get)
+//	INCONSISTENT <routingKey> <detail>    (watched mode: RoutesTo disagrees with Get while the
+//	                                       rule stayed the same)
 //	ERROR <grpc code> <message>           (raw mode)
 //
 // where <mappings> is "-" when empty, else "<workloadPort>-><host>:<port>[,<host>:<port>...]"
@@ -183,7 +184,11 @@ func runWatched(ctx context.Context, log *slog.Logger, addr string, b *routesapi
 				}
 				continue
 			}
-			if !w.RoutesTo(k, r.GetDestinationSandbox().GetName()) {
+			// Get and RoutesTo take the cache's lock one after the other: an op that lands
+			// between them (the rule removed) is not an inconsistency. Get again: the cache
+			// stores a fresh copy per ADD/REPLACE, so the same pointer means no op touched the
+			// key between the two Gets, and RoutesTo, read between them, must agree.
+			if !w.RoutesTo(k, r.GetDestinationSandbox().GetName()) && w.Get(k) == r {
 				emit("INCONSISTENT %s RoutesTo(%q) is false", k, r.GetDestinationSandbox().GetName())
 			}
 			cur := describe(r)

@@ -141,12 +141,18 @@ struct Store {
 
 impl Store {
     async fn start(api: &KubeApi, recheck: Duration) -> Store {
+        Store::start_listing_after(api, recheck, Duration::ZERO).await
+    }
+
+    /// A store whose Sandbox watch starts `after` the server (as when the API server is slow
+    /// to answer a store that just started).
+    async fn start_listing_after(api: &KubeApi, recheck: Duration, after: Duration) -> Store {
         let store_client = kt::chart_client(api, "spur-traffic", "traffic-rules.yaml", None)
             .await
             .unwrap();
         let stop = CancellationToken::new();
         let index = SettingsIndex::pending();
-        tokio::spawn(spur_traffic::watch_sandboxes(
+        let watch = spur_traffic::watch_sandboxes(
             store_client.clone(),
             index.clone(),
             ClusterCapture {
@@ -154,7 +160,11 @@ impl Store {
                 max_body_bytes: Some(2048),
             },
             stop.clone(),
-        ));
+        );
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            watch.await
+        });
         let mut registry = Registry::default();
         let server = Server::bind(
             TrafficServerConfig {
@@ -554,6 +564,59 @@ async fn a_store_started_after_its_sandboxes_loads_them_and_follows_deletions() 
         .unwrap();
     let settings = next_settings(&mut watch, |s| s.keys.len() == 1).await;
     assert_eq!(settings.keys[0].routing_key, "key-sb2");
+    store.stop.cancel();
+}
+
+/// Until a store that just started has listed the Sandboxes, a sidecar's settings stream
+/// sends nothing and its push waits: the first settings it gets are the cluster's, and the push
+/// is taken. (Before, the stream sent the empty defaults, turning a running capture off until
+/// the list, and the push was answered UNAVAILABLE at once, so the sidecar dropped the batch.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_not_yet_listed_holds_a_sidecars_settings_and_push() {
+    let api = KubeApi::start().await.unwrap();
+    kt::install_crds(&api).await.unwrap();
+    let admin = api.client();
+    capturing(&admin, "sb1", "shop", "backend", "key-sb1").await;
+    let (_, sidecar_token) = sidecar_pod(&api, "shop", "backend", "backend-1", true).await;
+    let store = Store::start_listing_after(
+        &api,
+        spur_traffic::DEFAULT_RECHECK,
+        Duration::from_millis(1500),
+    )
+    .await;
+    let backend = workload("shop", "backend");
+    let mut watch = store
+        .client()
+        .await
+        .watch_settings(with(
+            pb::WatchSettingsRequest {
+                baseline: Some(backend.clone()),
+            },
+            &sidecar_token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    // One push, not retried: the answer is the store's first.
+    let mut client = store.client().await;
+    let request = with(
+        push(vec![exchange(backend.clone(), "sb1", "key-sb1", "x/1")]),
+        &sidecar_token,
+    );
+    let push = tokio::spawn(async move { client.push(request).await });
+    let first = tokio::time::timeout(Duration::from_secs(30), watch.message())
+        .await
+        .expect("settings in time")
+        .unwrap()
+        .expect("the settings stream stays open");
+    let keys: Vec<&str> = first.keys.iter().map(|k| k.routing_key.as_str()).collect();
+    assert_eq!(keys, ["key-sb1"], "the first settings sent: {first:?}");
+    let reply = tokio::time::timeout(Duration::from_secs(30), push)
+        .await
+        .expect("the push answered in time")
+        .unwrap()
+        .expect("the push held until the list, then taken");
+    assert_eq!(reply.into_inner().stored, 1);
     store.stop.cancel();
 }
 

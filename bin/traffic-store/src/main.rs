@@ -131,8 +131,8 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
     let shutdown = spur_runtime::shutdown_signal();
     let stop = CancellationToken::new();
     let (settings, auth, index) = if args.kube {
-        // Pushes wait ("retry") until the Sandboxes are listed, rather than being refused as
-        // not captured.
+        // Until the Sandboxes are listed, settings streams send nothing and pushes wait (then
+        // "retry"), rather than capture being turned off and pushes refused as not captured.
         let index = SettingsIndex::pending();
         let client = spur_bin_support::kube_client(args.kubeconfig.as_deref()).await?;
         tokio::spawn(spur_traffic::watch_sandboxes(

@@ -28,6 +28,9 @@ pub const MAX_MESSAGE_BYTES: usize = 17 * 1024 * 1024;
 const TAIL_BUFFER: usize = 4096;
 /// Messages queued per open stream before its task waits for the client.
 const STREAM_BUFFER: usize = 16;
+/// How long a sidecar's push waits for a store that just started to load its settings: under
+/// the sidecar's push timeout (5 s), so that the answer, not the timeout, ends the call.
+const LOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The `Traffic` service. Cheap to clone: clones share the store and the Tail feed.
 #[derive(Clone)]
@@ -92,7 +95,12 @@ impl TrafficService {
         let source = match &caller {
             Caller::Anyone => STATIC_SOURCE.to_string(),
             Caller::Sidecar { pod, .. } => {
-                if !self.settings.is_loaded() {
+                // A store just started lists the cluster's Sandboxes in moments: hold the
+                // push that long rather than have the sidecar drop the batch.
+                if tokio::time::timeout(LOAD_WAIT, self.settings.loaded())
+                    .await
+                    .is_err()
+                {
                     return Err(Status::unavailable(
                         "the store has not loaded the capture settings yet; retry",
                     ));
@@ -165,6 +173,7 @@ impl TrafficService {
             self.metrics.clone(),
         );
         tokio::spawn(streams::settings(
+            self.settings.clone(),
             settings,
             tx,
             recheck,

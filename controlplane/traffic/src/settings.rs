@@ -111,15 +111,22 @@ impl SettingsMap {
 
 /// The current settings per baseline, shared by the gRPC service and whatever feeds it. Cheap
 /// to clone.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct SettingsIndex {
     inner: Arc<Mutex<State>>,
+    /// Whether settings have arrived, for those that wait for them ([`SettingsIndex::loaded`]);
+    /// set under the state's lock, after the settings.
+    loaded: Arc<watch::Sender<bool>>,
+}
+
+impl Default for SettingsIndex {
+    fn default() -> Self {
+        SettingsIndex::new(SettingsMap::default())
+    }
 }
 
 struct State {
     map: SettingsMap,
-    /// False until the first settings arrive (see [`SettingsIndex::pending`]).
-    loaded: bool,
     /// One channel per baseline someone watches (or has watched: swept when unwatched).
     watchers: HashMap<Baseline, watch::Sender<CaptureSettings>>,
     /// (baseline, sandbox, routing key) captures the settings dropped, and when: they still
@@ -127,17 +134,10 @@ struct State {
     dropped: HashMap<(Baseline, String, String), Instant>,
 }
 
-impl Default for State {
-    fn default() -> Self {
-        State::with(SettingsMap::default(), true)
-    }
-}
-
 impl State {
-    fn with(map: SettingsMap, loaded: bool) -> Self {
+    fn with(map: SettingsMap) -> Self {
         State {
             map,
-            loaded,
             watchers: HashMap::new(),
             dropped: HashMap::new(),
         }
@@ -155,25 +155,37 @@ impl std::fmt::Debug for SettingsIndex {
 }
 
 impl SettingsIndex {
-    pub fn new(map: SettingsMap) -> Self {
+    fn with(map: SettingsMap, loaded: bool) -> Self {
         SettingsIndex {
-            inner: Arc::new(Mutex::new(State::with(map, true))),
+            inner: Arc::new(Mutex::new(State::with(map))),
+            loaded: Arc::new(watch::channel(loaded).0),
         }
     }
 
+    pub fn new(map: SettingsMap) -> Self {
+        SettingsIndex::with(map, true)
+    }
+
     /// An index whose settings are not known yet (the cluster's Sandboxes not listed): until
-    /// the first [`SettingsIndex::replace`], sidecars watching it get the default settings and
-    /// [`SettingsIndex::is_loaded`] is false, so that pushes are answered "retry" rather than
-    /// refused as not captured.
+    /// the first [`SettingsIndex::replace`], [`SettingsIndex::is_loaded`] is false, and what
+    /// serves sidecars waits ([`SettingsIndex::loaded`]): a settings stream sends nothing (the
+    /// default settings would turn a running sidecar's capture off until the list), a push is
+    /// held, then answered "retry" rather than refused as not captured.
     pub fn pending() -> Self {
-        SettingsIndex {
-            inner: Arc::new(Mutex::new(State::with(SettingsMap::default(), false))),
-        }
+        SettingsIndex::with(SettingsMap::default(), false)
     }
 
     /// Whether settings have arrived (always, unless made with [`SettingsIndex::pending`]).
     pub fn is_loaded(&self) -> bool {
-        self.state().loaded
+        *self.loaded.borrow()
+    }
+
+    /// Returns once settings have arrived (at once unless made with
+    /// [`SettingsIndex::pending`]).
+    pub async fn loaded(&self) {
+        let mut rx = self.loaded.subscribe();
+        // The sender lives as long as `self`: an error cannot happen while we hold it.
+        let _ = rx.wait_for(|loaded| *loaded).await;
     }
 
     /// Whether `baseline`'s sidecar captures `routing_key` for `sandbox`: the settings say so,
@@ -235,7 +247,6 @@ impl SettingsIndex {
             }
         }
         state.dropped.extend(dropped.into_iter().map(|d| (d, now)));
-        state.loaded = true;
         state.watchers.retain(|_, tx| tx.receiver_count() > 0);
         for (baseline, tx) in &state.watchers {
             let next = map.get(baseline);
@@ -248,6 +259,8 @@ impl SettingsIndex {
             });
         }
         state.map = map;
+        // After the settings, still under the lock: whoever wakes on it reads them.
+        self.loaded.send_replace(true);
     }
 }
 
@@ -638,6 +651,25 @@ sandboxes:
         drop(state);
         assert!(!index.captures(&backend(), "sb1", "k1"));
         assert!(SettingsIndex::default().is_loaded());
+    }
+
+    #[tokio::test]
+    async fn loaded_waits_for_the_first_settings() {
+        let index = SettingsIndex::pending();
+        let waiting = tokio::spawn({
+            let index = index.clone();
+            async move { index.loaded().await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "loaded before any settings");
+        index.replace(SettingsMap::default());
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("loaded once the settings arrived")
+            .unwrap();
+        // Already loaded: at once.
+        index.loaded().await;
+        SettingsIndex::default().loaded().await;
     }
 
     #[tokio::test]

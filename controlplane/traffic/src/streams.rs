@@ -16,7 +16,7 @@ use tonic::Status;
 
 use crate::auth::{Authorizer, Credentials};
 use crate::metrics::Metrics;
-use crate::settings::Baseline;
+use crate::settings::{Baseline, SettingsIndex};
 use crate::store;
 
 /// How soon a stream is checked again when the API server could not answer the last check.
@@ -100,8 +100,11 @@ impl Recheck {
     }
 }
 
-/// Feeds one WatchSettings stream: the current settings first, then each change.
+/// Feeds one WatchSettings stream: the current settings first, then each change. Nothing is
+/// sent before `index` has loaded its settings: the defaults sent meanwhile would turn off a
+/// capture the sidecar is running (a store restarting in a cluster whose sandboxes capture).
 pub(crate) async fn settings(
+    index: SettingsIndex,
     mut settings: watch::Receiver<CaptureSettings>,
     tx: mpsc::Sender<Result<CaptureSettings, Status>>,
     mut recheck: Recheck,
@@ -110,6 +113,21 @@ pub(crate) async fn settings(
 ) {
     metrics.settings_watchers.inc();
     let _open = Dec(metrics.settings_watchers.clone());
+    let loaded = index.loaded();
+    let mut loaded = std::pin::pin!(loaded);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tx.closed() => return,
+            () = &mut loaded => break,
+            () = recheck.due() => {
+                if let Some(refused) = recheck.check().await {
+                    let _ = tx.send(Err(refused)).await;
+                    return;
+                }
+            }
+        }
+    }
     let mut current = settings.borrow_and_update().clone();
     loop {
         if tx.send(Ok(current)).await.is_err() {
