@@ -604,6 +604,9 @@ async fn a_store_not_yet_listed_holds_a_sidecars_settings_and_push() {
         &sidecar_token,
     );
     let push = tokio::spawn(async move { client.push(request).await });
+    // Held, not answered at once (the store lists the Sandboxes 1.5 s after it started).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!push.is_finished(), "the push was answered before the list");
     let first = tokio::time::timeout(Duration::from_secs(30), watch.message())
         .await
         .expect("settings in time")

@@ -9,6 +9,7 @@ use spur_proto::traffic::{
     TailRequest, WatchSettingsRequest,
 };
 use tokio::sync::{broadcast, mpsc};
+use tokio::time::{Duration, Instant};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
@@ -28,9 +29,14 @@ pub const MAX_MESSAGE_BYTES: usize = 17 * 1024 * 1024;
 const TAIL_BUFFER: usize = 4096;
 /// Messages queued per open stream before its task waits for the client.
 const STREAM_BUFFER: usize = 16;
-/// How long a sidecar's push waits for a store that just started to load its settings: under
-/// the sidecar's push timeout (5 s), so that the answer, not the timeout, ends the call.
-const LOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long a sidecar's push, from its arrival, waits for a store that just started to load its
+/// settings: under the sidecar's push timeout (5 s), so that the answer, not the timeout, ends
+/// the call.
+const LOAD_WAIT: Duration = Duration::from_secs(3);
+/// Pushes wait for the settings only this long after the store started: one that could not list
+/// the Sandboxes in that time (no CRD, no RBAC: its log says why) answers "retry" at once
+/// rather than hold every sidecar's batch in memory.
+const LOAD_WINDOW: Duration = Duration::from_secs(60);
 
 /// The `Traffic` service. Cheap to clone: clones share the store and the Tail feed.
 #[derive(Clone)]
@@ -42,6 +48,7 @@ pub struct TrafficService {
     tail: broadcast::Sender<Arc<StoredExchange>>,
     /// Ends every open stream (WatchSettings, Tail) when the server drains.
     stop: CancellationToken,
+    started: Instant,
 }
 
 impl TrafficService {
@@ -60,6 +67,7 @@ impl TrafficService {
             metrics,
             tail,
             stop,
+            started: Instant::now(),
         }
     }
 
@@ -73,6 +81,7 @@ impl TrafficService {
     }
 
     async fn push_inner(&self, req: Request<PushRequest>) -> Result<PushReply, Status> {
+        let arrived = Instant::now();
         let caller = self.auth.sidecar(req.metadata()).await?;
         let mut push = req.into_inner();
         if push.exchanges.len() > MAX_BATCH {
@@ -97,13 +106,17 @@ impl TrafficService {
             Caller::Sidecar { pod, .. } => {
                 // A store just started lists the cluster's Sandboxes in moments: hold the
                 // push that long rather than have the sidecar drop the batch.
-                if tokio::time::timeout(LOAD_WAIT, self.settings.loaded())
-                    .await
-                    .is_err()
-                {
-                    return Err(Status::unavailable(
-                        "the store has not loaded the capture settings yet; retry",
-                    ));
+                if !self.settings.is_loaded() {
+                    let deadline = (arrived + LOAD_WAIT).min(self.started + LOAD_WINDOW);
+                    let loaded = tokio::select! {
+                        () = self.stop.cancelled() => false,
+                        r = tokio::time::timeout_at(deadline, self.settings.loaded()) => r.is_ok(),
+                    };
+                    if !loaded {
+                        return Err(Status::unavailable(
+                            "the store has not loaded the capture settings yet; retry",
+                        ));
+                    }
                 }
                 for (i, (e, baseline)) in push.exchanges.iter_mut().zip(&baselines).enumerate() {
                     caller
