@@ -186,6 +186,26 @@ impl Store {
         Store { addr, stop }
     }
 
+    /// A sidecar's WatchSettings call for `baseline` with `token`.
+    async fn watch_settings(
+        &self,
+        baseline: pb::Workload,
+        token: &str,
+    ) -> Result<tonic::Streaming<pb::CaptureSettings>, tonic::Status> {
+        let request = with(
+            pb::WatchSettingsRequest {
+                baseline: Some(baseline),
+            },
+            token,
+        );
+        Ok(self
+            .client()
+            .await
+            .watch_settings(request)
+            .await?
+            .into_inner())
+    }
+
     async fn client(&self) -> TrafficClient<tonic::transport::Channel> {
         TrafficClient::new(
             tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
@@ -407,17 +427,9 @@ async fn the_store_follows_sandboxes_and_scopes_sidecars_and_readers() {
     let backend = workload("shop", "backend");
 
     let mut watch = store
-        .client()
+        .watch_settings(backend.clone(), &sidecar_token)
         .await
-        .watch_settings(with(
-            pb::WatchSettingsRequest {
-                baseline: Some(backend.clone()),
-            },
-            &sidecar_token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     let settings = next_settings(&mut watch, |s| !s.keys.is_empty()).await;
     assert_eq!(settings.keys[0].routing_key, "key-sb1");
     assert_eq!(settings.keys[0].sandbox, "sb1");
@@ -427,14 +439,7 @@ async fn the_store_follows_sandboxes_and_scopes_sidecars_and_readers() {
     // Another baseline, in its namespace or another: refused, for watching and for pushing.
     for other in [workload("shop", "frontend"), workload("billing", "backend")] {
         let err = store
-            .client()
-            .await
-            .watch_settings(with(
-                pb::WatchSettingsRequest {
-                    baseline: Some(other.clone()),
-                },
-                &sidecar_token,
-            ))
+            .watch_settings(other.clone(), &sidecar_token)
             .await
             .unwrap_err();
         assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
@@ -529,17 +534,9 @@ async fn a_store_started_after_its_sandboxes_loads_them_and_follows_deletions() 
     let store = Store::start(&api, spur_traffic::DEFAULT_RECHECK).await;
     let backend = workload("shop", "backend");
     let mut watch = store
-        .client()
+        .watch_settings(backend.clone(), &sidecar_token)
         .await
-        .watch_settings(with(
-            pb::WatchSettingsRequest {
-                baseline: Some(backend.clone()),
-            },
-            &sidecar_token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     let settings = next_settings(&mut watch, |s| s.keys.len() == 2).await;
     let mut keys: Vec<&str> = settings
         .keys
@@ -586,17 +583,9 @@ async fn a_store_not_yet_listed_holds_a_sidecars_settings_and_push() {
     .await;
     let backend = workload("shop", "backend");
     let mut watch = store
-        .client()
+        .watch_settings(backend.clone(), &sidecar_token)
         .await
-        .watch_settings(with(
-            pb::WatchSettingsRequest {
-                baseline: Some(backend.clone()),
-            },
-            &sidecar_token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     // One push, not retried: the answer is the store's first.
     let mut client = store.client().await;
     let request = with(
@@ -805,17 +794,9 @@ async fn readers_need_the_stores_audience_and_lose_open_streams_with_their_right
     .await
     .into_inner();
     let mut watch = store
-        .client()
+        .watch_settings(workload("shop", "backend"), &sidecar_token)
         .await
-        .watch_settings(with(
-            pb::WatchSettingsRequest {
-                baseline: Some(workload("shop", "backend")),
-            },
-            &sidecar_token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     pushed(
         &store,
         &sidecar_token,
