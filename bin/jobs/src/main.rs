@@ -82,6 +82,19 @@ struct ServeArgs {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:9090")]
     metrics_addr: SocketAddr,
+    /// Run the controllers without holding the lease (only for a single replica).
+    #[arg(long, env = "SPUR_NO_LEADER_ELECT")]
+    no_leader_elect: bool,
+    /// Name of the leader-election Lease (in --namespace).
+    #[arg(long, env = "SPUR_LEASE_NAME", default_value = "spur-jobs")]
+    lease_name: String,
+    /// Seconds the lease stays valid without renewal; a crashed leader is replaced after it.
+    #[arg(long, env = "SPUR_LEASE_DURATION", default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..=3600))]
+    lease_duration: u64,
+    /// This replica's name, its identity in the lease (the chart sets the pod's name; default:
+    /// the host name and process id).
+    #[arg(long, env = "POD_NAME")]
+    instance: Option<String>,
     /// Kubeconfig file (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
     #[arg(long, env = "SPUR_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
@@ -111,7 +124,7 @@ async fn jobs(args: JobsArgs) -> Result<ExitCode> {
         owner_statefulset: args.owner_statefulset.clone(),
         routing_headers: args.routing_headers.clone(),
     };
-    let (ctx, wakeups) = spur_jobs::Context::new(client.clone(), cfg, metrics, stop.clone())
+    let (ctx, wakeups) = spur_jobs::Context::new(client.clone(), cfg, metrics)
         .await
         .context("starting the jobs component")?;
 
@@ -143,18 +156,50 @@ async fn jobs(args: JobsArgs) -> Result<ExitCode> {
         None,
         stop.clone(),
     ));
-    let controllers = tokio::spawn(spur_jobs::run(ctx, wakeups, stop.clone()));
+    let election = (!args.no_leader_elect).then(|| {
+        let identity = args
+            .instance
+            .clone()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| {
+                let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "spur-jobs".into());
+                format!("{host}-{}", std::process::id())
+            });
+        spur_jobs::Election::new(
+            &args.namespace,
+            &args.lease_name,
+            identity,
+            args.lease_duration,
+            "spur-jobs-lease",
+        )
+    });
+    let controllers = tokio::spawn(spur_jobs::run_as(ctx, wakeups, stop.clone(), election));
     tracing::info!(api = %args.api_addr, metrics = %args.metrics_addr, store = %args.store_dir.display(), "jobs component started");
-    shutdown.await;
+    let mut controllers = controllers;
+    // The controllers end early only when the election cannot start or its lease manager
+    // stops: the component then exits with that error rather than serve without them.
+    let early = tokio::select! {
+        () = shutdown => None,
+        r = &mut controllers => Some(r),
+    };
     tracing::info!(
         "shutting down (running attempts go on in their pods and are resumed on the next start)"
     );
     stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(15), controllers).await;
+    let ended = match early {
+        Some(r) => Some(r),
+        None => tokio::time::timeout(Duration::from_secs(15), controllers)
+            .await
+            .ok(),
+    };
     if let Some(api) = api {
         let _ = api.await;
     }
     http.await.context("metrics server panicked")??;
+    if let Some(r) = ended {
+        r.context("controllers panicked")?
+            .context("the controllers stopped")?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -13,12 +13,14 @@
 //!   the stores a pass reads (and [`changes::synced`], which a pass that decides from what a
 //!   store lacks waits on);
 //! - [`errors_logged`]: a side watch whose failures are logged rather than pause the
-//!   controller it wakes.
+//!   controller it wakes;
+//! - [`leader`]: leader election on a Lease, each term fenced by the lease's own expiry.
 
 mod apply;
 mod backoff;
 pub mod changes;
 mod finalizer;
+pub mod leader;
 mod spawn;
 mod status;
 mod watch_errors;
@@ -43,4 +45,7 @@ pub enum Error {
     /// A store a pass reads had not finished its first list in time (or its watch is gone).
     #[error("the watch of {0} has not listed its objects (is its list/watch allowed?)")]
     NotSynced(&'static str),
+    /// Leader election could not start or its lease manager stopped.
+    #[error("leader election: {0}")]
+    Lease(String),
 }

@@ -35,8 +35,11 @@ mod status;
 pub(crate) const FINALIZER: &str = "spur.dev/job-store";
 const FIELD_MANAGER: &str = "spur-jobs";
 
-/// Runs both controllers and the retention sweeper until `stop`.
+/// Runs both controllers and the retention sweeper until `stop`: one term of the leader (or
+/// the whole life of a component run without election). The attempts driven in it stop with
+/// it, and the next term resumes them where their logs end.
 pub async fn run(ctx: Arc<Context>, wakeups: Wakeups, stop: CancellationToken) {
+    *ctx.term.lock().unwrap_or_else(|p| p.into_inner()) = stop.clone();
     let client = ctx.client.clone();
     let cfg = ControllerConfig::default().debounce(Duration::from_millis(50));
     let jobs = Controller::new(Api::<Job>::all(client.clone()), watcher::Config::default())
@@ -45,7 +48,8 @@ pub async fn run(ctx: Arc<Context>, wakeups: Wakeups, stop: CancellationToken) {
         .run(reconcile_job, job_error, ctx.clone())
         .for_each(|_| std::future::ready(()));
 
-    let woken = tokio_stream::wrappers::ReceiverStream::new(wakeups)
+    let woken = wakeups
+        .stream()
         .map(|(ns, name)| ObjectRef::<JobRunnerGroup>::new(&name).within(&ns));
     let groups = Controller::new(
         Api::<JobRunnerGroup>::all(client.clone()),
@@ -75,6 +79,8 @@ pub async fn run(ctx: Arc<Context>, wakeups: Wakeups, stop: CancellationToken) {
 
     let sweeper = sweep(ctx.clone(), stop.clone());
     tokio::join!(jobs, groups, sweeper);
+    // What a standby would otherwise export as its last view of the queues.
+    ctx.metrics.queues.clear();
 }
 
 // === Job ===

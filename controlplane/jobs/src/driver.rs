@@ -191,13 +191,19 @@ pub(crate) fn spawn(ctx: &Arc<Context>, a: Assignment) {
         let ns = a.job.namespace().unwrap_or_default();
         let group = a.group.name_any();
         let (job, attempt, pod) = (a.job.name_any(), a.attempt, a.pod.clone());
-        let stop = ctx.stop.clone();
+        let term = ctx.term();
         tokio::select! {
             () = abandon.cancelled() => {
                 tracing::info!(%ns, %job, attempt, %pod, "attempt abandoned");
             }
-            // Shutting down: the attempt goes on in its pod; the next start resumes it.
-            () = stop.cancelled() => {}
+            // The term ended (shutting down, or the lease lost): the attempt goes on in its pod
+            // and the next term resumes it, so this one is no longer driven here.
+            () = term.cancelled() => {
+                let mut d = ctx.drivers.lock();
+                if d.get(&uid).is_some_and(|h| h.attempt == attempt) {
+                    d.remove(&uid);
+                }
+            }
             r = drive(&ctx, &a, cancel) => {
                 match r {
                     Ok(()) => ctx.drivers.mark_finished(&uid, attempt),

@@ -14,6 +14,7 @@
 pub mod api;
 mod controller;
 mod driver;
+mod leader;
 mod metrics;
 pub mod pki;
 pub mod pods;
@@ -31,8 +32,10 @@ use kube::Client;
 use tokio_util::sync::CancellationToken;
 
 pub use controller::run;
+pub use leader::run_as;
 pub use metrics::Metrics;
 pub use queue_metrics::QueueGauges;
+pub use spur_controller::leader::Election;
 
 /// Everything that can fail in the jobs component.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +56,8 @@ pub enum Error {
     Pending(String),
     #[error("serving: {0}")]
     Serve(String),
+    #[error("leader election: {0}")]
+    Lease(String),
 }
 
 /// How the jobs component runs (flags of `spur-jobs serve`).
@@ -121,7 +126,11 @@ pub struct Context {
     pub(crate) drivers: driver::Drivers,
     pub(crate) live: driver::Live,
     pub(crate) wake: tokio::sync::mpsc::Sender<(String, String)>,
-    pub(crate) stop: CancellationToken,
+    /// The current term's token (crate::run replaces it): drivers stop with their term, and
+    /// the attempts they drove are resumed by the next term, here or on another replica.
+    pub(crate) term: std::sync::Mutex<CancellationToken>,
+    /// The component's StatefulSet as an owner (of the CA Secret and the leader Lease).
+    pub owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
 }
 
 impl std::fmt::Debug for Context {
@@ -132,8 +141,20 @@ impl std::fmt::Debug for Context {
     }
 }
 
-/// The wake-up channel's receiving end, for [`run`].
-pub type Wakeups = tokio::sync::mpsc::Receiver<(String, String)>;
+/// The wake-up channel's receiving end, for [`run`]: one for the component, read by the
+/// controllers of whichever term is running.
+#[derive(Clone)]
+pub struct Wakeups(Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<(String, String)>>>);
+
+impl Wakeups {
+    /// The runner groups woken, as a stream (held by one term at a time).
+    pub(crate) fn stream(&self) -> impl futures_util::Stream<Item = (String, String)> + use<> {
+        futures_util::stream::unfold(self.0.clone(), |rx| async move {
+            let next = rx.lock().await.recv().await?;
+            Some((next, rx))
+        })
+    }
+}
 
 impl Context {
     /// Loads or creates the jobs CA and opens the store.
@@ -141,7 +162,6 @@ impl Context {
         client: Client,
         cfg: Config,
         metrics: Metrics,
-        stop: CancellationToken,
     ) -> Result<(Arc<Context>, Wakeups), Error> {
         cfg.validate()?;
         let store = store::Store::local(&cfg.store_dir, cfg.max_namespace_bytes)?;
@@ -151,6 +171,8 @@ impl Context {
             Some(name) => Some(statefulset_owner(&client, &cfg.namespace, name).await?),
         };
         let pki = pki::JobsPki::load_or_create(&client, &cfg.namespace, owner.as_ref()).await?;
+        // A capacity that one term's burst of wake-ups never fills; a full queue drops wake-ups
+        // that passes already pending cover.
         let (wake, rx) = tokio::sync::mpsc::channel(1024);
         Ok((
             Arc::new(Context {
@@ -162,9 +184,10 @@ impl Context {
                 drivers: driver::Drivers::default(),
                 live: driver::Live::default(),
                 wake,
-                stop,
+                term: std::sync::Mutex::new(CancellationToken::new()),
+                owner,
             }),
-            rx,
+            Wakeups(Arc::new(tokio::sync::Mutex::new(rx))),
         ))
     }
 
@@ -172,6 +195,11 @@ impl Context {
     /// passes enough).
     pub(crate) fn wake(&self, ns: &str, name: &str) {
         let _ = self.wake.try_send((ns.to_owned(), name.to_owned()));
+    }
+
+    /// The running term's token.
+    pub(crate) fn term(&self) -> CancellationToken {
+        self.term.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 

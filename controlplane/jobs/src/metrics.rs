@@ -37,6 +37,8 @@ pub struct Metrics {
     /// Runner pods created and deleted.
     pub pods_created: Counter,
     pub pods_deleted: Counter,
+    /// 1 while this replica leads (runs the controllers and drives attempts), else 0.
+    pub leader: Gauge,
     /// Queue depth and age per runner group (encoded at scrape time).
     pub queues: crate::QueueGauges,
 }
@@ -89,6 +91,11 @@ impl Metrics {
             "pods_deleted",
             "Runner pods deleted",
             m.pods_deleted.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this replica holds the jobs lease and runs the controllers, else 0",
+            m.leader.clone(),
         );
         r.register_collector(Box::new(crate::queue_metrics::QueueCollector(
             m.queues.clone(),

@@ -51,6 +51,13 @@ impl QueueGauges {
         }
     }
 
+    /// Forgets every group (this replica stopped leading: another one's passes count now).
+    pub fn clear(&self) {
+        if let Ok(mut m) = self.0.lock() {
+            m.clear();
+        }
+    }
+
     /// (group, waiting, age in seconds) of every group passed over within [`STALE`] of
     /// `at`, sorted; expired groups are forgotten.
     fn current(&self, at: Instant, now_unix: i64) -> Vec<(Group, usize, i64)> {

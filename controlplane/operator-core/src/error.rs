@@ -55,6 +55,7 @@ impl From<spur_controller::Error> for Error {
             spur_controller::Error::Json(e) => Error::Json(e),
             spur_controller::Error::Finalizer(m) => Error::Finalizer(m),
             spur_controller::Error::NotSynced(kind) => Error::NotSynced(kind),
+            spur_controller::Error::Lease(m) => Error::Lease(m),
         }
     }
 }

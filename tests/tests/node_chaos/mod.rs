@@ -7,8 +7,8 @@
 //! plane does not depend on the control plane being up); every Sandbox created during an outage
 //! converges after it and every one deleted is gone with its fork (times measured, printed); no
 //! Sandbox or fork is lost or duplicated; the running job finishes with no more than one extra
-//! attempt; and the operator replicas' `spur_operator_leader` series never add up to more than
-//! one (sampled through the run).
+//! attempt; and neither the operator replicas' `spur_operator_leader` series nor the jobs
+//! component's `spur_jobs_leader` ever add up to more than one (sampled through the run).
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -21,70 +21,124 @@ const CLIENT: &str = "chaos-client";
 const MAX_ITERATIONS: u32 = 30_000;
 const MAX_SECONDS: u32 = 1800;
 
-/// What the run saw of the operator replicas' leader series.
+/// A leader-elected component whose replicas each export a leader series.
+struct Elected {
+    name: &'static str,
+    selector: &'static str,
+    port: u16,
+    series: &'static str,
+}
+
+/// The operator's replicas and the jobs component's.
+const ELECTED: [Elected; 2] = [
+    Elected {
+        name: "operator",
+        selector: "app.kubernetes.io/name=spur-operator",
+        port: 8080,
+        series: "spur_operator_leader",
+    },
+    Elected {
+        name: "jobs",
+        selector: "app.kubernetes.io/name=spur-jobs",
+        port: 9090,
+        series: "spur_jobs_leader",
+    },
+];
+
+/// What the run saw of the leader series, per component of [`ELECTED`].
 #[derive(Default)]
 struct Leaders {
-    samples: u32,
-    /// Samples in which no replica reported itself leader (a hand-over).
-    without: u32,
+    samples: [u32; 2],
+    /// Samples in which no replica reported itself leader (a hand-over, or none running).
+    without: [u32; 2],
 }
 
 impl Leaders {
-    /// How many operator pods (terminating ones too: a replica leads until it lets go) report
-    /// themselves leader, scraped one after another; `None` when none answered.
-    fn count(node: &Node, ns: &str) -> Option<usize> {
-        let pods = node
-            .get_json(
-                SPUR_NAMESPACE,
-                &["pods", "-l", "app.kubernetes.io/name=spur-operator"],
-            )
-            .ok()?;
-        let ips: BTreeSet<String> = pods["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|p| p["status"]["podIP"].as_str().map(str::to_owned))
-            .collect();
-        let script = ips
-            .iter()
-            .map(|ip| {
+    /// How many pods of each component (terminating ones too: a replica leads until it lets
+    /// go) report themselves leader, scraped one after another; `None` when none answered.
+    fn count(node: &Node, ns: &str) -> [Option<usize>; 2] {
+        let mut script = Vec::new();
+        for (i, c) in ELECTED.iter().enumerate() {
+            let Ok(pods) = node.get_json(SPUR_NAMESPACE, &["pods", "-l", c.selector]) else {
+                continue;
+            };
+            let ips: BTreeSet<String> = pods["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["status"]["podIP"].as_str().map(str::to_owned))
+                .collect();
+            script.extend(ips.iter().map(|ip| {
                 format!(
-                    "curl -s --max-time 2 http://{ip}:8080/metrics | grep -E '^spur_operator_leader ' | sed 's/^/{ip} /'"
+                    "curl -s --max-time 2 http://{ip}:{}/metrics | grep -E '^{} ' | sed 's/^/{i} {ip} /'",
+                    c.port, c.series
                 )
-            })
-            .collect::<Vec<_>>()
-            .join("; ");
+            }));
+        }
+        let mut n = [None, None];
         if script.is_empty() {
-            return None;
+            return n;
         }
-        let out = node
-            .kubectl(&["-n", ns, "exec", CLIENT, "--", "sh", "-c", &script])
-            .ok()?;
-        if out.trim().is_empty() {
-            return None;
+        let Ok(out) = node.kubectl(&[
+            "-n",
+            ns,
+            "exec",
+            CLIENT,
+            "--",
+            "sh",
+            "-c",
+            &script.join("; "),
+        ]) else {
+            return n;
+        };
+        for line in out.lines() {
+            let i = match line.split(' ').next() {
+                Some("0") => 0,
+                Some("1") => 1,
+                _ => continue,
+            };
+            let leads = usize::from(line.trim_end().ends_with(" 1"));
+            n[i] = Some(n[i].unwrap_or(0) + leads);
         }
-        Some(out.lines().filter(|l| l.trim_end().ends_with(" 1")).count())
+        n
     }
 
-    /// Samples the operator replicas' leader series and fails the test if two report
+    /// Samples the leader series and fails the test if two replicas of a component report
     /// themselves leader at once. The replicas are scraped one after another, so a hand-over
     /// between two scrapes can look like two leaders: only two in three samples in a row count.
     fn sample(&mut self, node: &Node, ns: &str) {
-        let Some(n) = Self::count(node, ns) else {
-            return;
-        };
-        if n > 1 {
-            let again: Vec<Option<usize>> = (0..2).map(|_| Self::count(node, ns)).collect();
-            assert!(
-                again.iter().any(|a| a.is_none_or(|a| a <= 1)),
-                "two operator replicas report themselves leader at once, in three samples in a \
-                 row ({n}, {again:?})"
-            );
+        let n = Self::count(node, ns);
+        for (i, c) in ELECTED.iter().enumerate() {
+            let Some(leading) = n[i] else { continue };
+            if leading > 1 {
+                let again: Vec<Option<usize>> = (0..2).map(|_| Self::count(node, ns)[i]).collect();
+                assert!(
+                    again.iter().any(|a| a.is_none_or(|a| a <= 1)),
+                    "two {} replicas report themselves leader at once, in three samples in a \
+                     row ({leading}, {again:?})",
+                    c.name
+                );
+            }
+            self.samples[i] += 1;
+            if leading == 0 {
+                self.without[i] += 1;
+            }
         }
-        self.samples += 1;
-        if n == 0 {
-            self.without += 1;
-        }
+    }
+
+    /// "operator: sampled N times, M between leaders; jobs: ..."
+    fn summary(&self) -> String {
+        ELECTED
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                format!(
+                    "{} leader series sampled {} times, never two leaders, {} samples without one",
+                    c.name, self.samples[i], self.without[i]
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 }
 
@@ -262,11 +316,14 @@ echo started"#
         assert_eq!(forks_of(name), 0, "Sandbox {name} is gone, its fork is not");
     }
     leaders.sample(node, ns);
-    assert!(
-        leaders.samples > leaders.without,
-        "no sample saw an operator leader ({} samples): the leader series was not read",
-        leaders.samples
-    );
+    for (i, c) in ELECTED.iter().enumerate() {
+        assert!(
+            leaders.samples[i] > leaders.without[i],
+            "no sample saw a {} leader ({} samples): the leader series was not read",
+            c.name,
+            leaders.samples[i]
+        );
+    }
 
     let times = |m: &BTreeMap<&str, Duration>| -> String {
         m.iter()
@@ -285,8 +342,7 @@ echo started"#
          {} sandboxes created during outages, {} converged (time from the outage's start to \
          Ready: {}); {} deleted during outages, {} gone with their forks (time to gone, by the \
          outage: {}); a job running through the jobs server's restart finished in {:.1} s \
-         after it, in {attempts} attempt(s); operator leader series sampled {} times, never two \
-         leaders, {} samples between leaders",
+         after it, in {attempts} attempt(s); {}",
         iterations * 2,
         failures.lines().count(),
         created.len() - 1,
@@ -296,8 +352,7 @@ echo started"#
         gone.len(),
         times(&gone),
         job_took.as_secs_f64(),
-        leaders.samples,
-        leaders.without,
+        leaders.summary(),
     );
     assert_eq!(
         failures.trim(),
@@ -501,6 +556,26 @@ fn jobs_server_outage(node: &Node, leaders: &mut Leaders, app_ns: &str) -> (Dura
         "statefulset/spur-jobs",
         "--timeout=180s",
     ])
+    .unwrap();
+    // The replacement pod leads under its own identity (name and uid): it took the lease the
+    // deleted pod released, it did not inherit it.
+    let uid = node
+        .get_json(SPUR_NAMESPACE, &["pod", "spur-jobs-0"])
+        .unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    eventually(
+        "the new jobs pod to hold the jobs Lease",
+        Duration::from_secs(60),
+        || {
+            let l = node.get_json(SPUR_NAMESPACE, &["lease", "spur-jobs"])?;
+            Ok(
+                (l["spec"]["holderIdentity"] == format!("spur-jobs-0_{uid}").as_str())
+                    .then_some(()),
+            )
+        },
+    )
     .unwrap();
     (took, attempts)
 }
