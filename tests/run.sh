@@ -6,7 +6,8 @@
 # cargo feature of the crates whose tests need it, and this script turns them all on with
 # `--all-features` (docs/testing.md).
 # Needs Go >= 1.26 for the test tools built from Go modules (tests/go, tests/kube): Kubernetes,
-# etcd, CoreDNS and helm, built once and cached (about 10 minutes on a fresh machine).
+# etcd, CoreDNS and helm, built once and cached (about 10 minutes on a fresh machine), and SeaweedFS'
+# weed, the S3 server of the jobs store's S3 test (tests/s3/build.sh).
 # Installs what the tests drive when it is missing: curl, h2load, iproute2, iptables (with
 # iptables-legacy), nftables, setpriv, and for the node tier containerd, runc, the CNI plugins,
 # mmdebstrap (the images' base layer), buildah and jq (the images, from the Containerfile),
@@ -97,8 +98,15 @@ RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$static_target" \
     setsid nice -n 19 cargo build --locked --target "$host_target" \
     --bin spur-job-executor --bin spur-io >"$static_log" 2>&1 &
 static_pid=$!
-# Its own session, so an early exit stops the whole build (cargo and its rustc processes) with it.
-trap '[ -z "$static_pid" ] || kill -- "-$static_pid" 2>/dev/null || true' EXIT
+# SeaweedFS' weed, the S3-compatible server of tests/tests/s3_store.rs (tests/s3/build.sh; cached by
+# its go.sum afterwards): the largest Go tool (about 700 CPU seconds cold), so it too starts now
+# at the lowest priority and is waited for before the tests.
+weed_log="$(mktemp)"
+setsid nice -n 19 tests/s3/build.sh "${XDG_CACHE_HOME:-$HOME/.cache}/spur/seaweedfs" >"$weed_log" 2>&1 &
+weed_pid=$!
+# Their own sessions, so an early exit stops the whole builds (cargo and its rustc processes, go)
+# with it.
+trap '[ -z "$static_pid" ] || kill -- "-$static_pid" 2>/dev/null || true; [ -z "$weed_pid" ] || kill -- "-$weed_pid" 2>/dev/null || true' EXIT
 trap 'exit 130' INT TERM
 
 # Every Go tool is built here, before cargo runs tests in parallel, so no test waits on (or races)
@@ -166,6 +174,18 @@ SPUR_PREVIOUS_RELEASE="$(tests/node/release.sh | tail -n 1)"
 export SPUR_PREVIOUS_RELEASE
 images+=("$SPUR_PREVIOUS_RELEASE/spur.tar")
 phase "the previous release"
+if ! wait "$weed_pid"; then
+    weed_pid=
+    cat "$weed_log" >&2
+    rm -f "$weed_log"
+    echo "tests/run.sh: tests/s3/build.sh failed (its output above)" >&2
+    exit 1
+fi
+weed_pid=
+SPUR_WEED_BIN="$(tail -n 1 "$weed_log")"
+rm -f "$weed_log"
+export SPUR_WEED_BIN
+phase "SeaweedFS (waited for)"
 tests/node/node.sh cleanup
 node_env="$(SPUR_NODE_OWNER=$$ tests/node/node.sh up "${images[@]}" | tail -n 1)"
 trap 'tests/node/node.sh down "$(dirname "$node_env")"' EXIT

@@ -25,6 +25,7 @@ pub mod kafka;
 pub mod kube;
 pub mod netns;
 pub mod node;
+pub mod s3;
 pub mod xds;
 
 pub const NAMESPACE: &str = "test";

@@ -254,3 +254,83 @@ async fn the_crd_hook_runs_before_every_upgrade_unless_turned_off() {
         "crds.upgrade=false still renders the hook"
     );
 }
+
+/// The jobs component's S3 values become its flags, the credentials Secret its environment
+/// (never a flag, so no secret shows in the pod spec's args or a process list), the CA
+/// ConfigMap a read-only mount; without a bucket none of it renders; a misspelled key is
+/// refused by the schema rather than silently left out.
+#[tokio::test]
+async fn the_jobs_s3_values_render_as_flags_environment_and_a_ca_mount() {
+    let container = |objects: &[Value]| {
+        find(objects, "StatefulSet", "spur-jobs")["spec"]["template"]["spec"]["containers"][0]
+            .clone()
+    };
+    let args = |c: &Value| -> Vec<String> {
+        c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let base = container(&helm_template(&[]).await.unwrap());
+    assert!(
+        !args(&base).iter().any(|a| a.starts_with("--s3")),
+        "{:?}",
+        args(&base)
+    );
+    assert!(base["envFrom"].is_null(), "{}", base["envFrom"]);
+
+    let objects = helm_template(&[
+        "--set",
+        "jobs.s3.bucket=spur-logs,jobs.s3.prefix=cluster-a,jobs.s3.endpoint=https://s3.example:9000",
+        "--set",
+        "jobs.s3.region=eu-west-1,jobs.s3.credentialsSecret=s3-keys,jobs.s3.caConfigMap=s3-ca",
+        "--set",
+        "jobs.persistence.enabled=false",
+    ])
+    .await
+    .unwrap();
+    let c = container(&objects);
+    let a = args(&c);
+    for want in [
+        "--s3-bucket=spur-logs",
+        "--s3-prefix=cluster-a",
+        "--s3-endpoint=https://s3.example:9000",
+        "--s3-region=eu-west-1",
+        "--s3-ca-file=/etc/spur-jobs/s3-ca/ca.crt",
+    ] {
+        assert!(a.iter().any(|x| x == want), "{want} not in {a:?}");
+    }
+    assert!(!a.iter().any(|x| x == "--s3-allow-http"), "{a:?}");
+    assert_eq!(c["envFrom"][0]["secretRef"]["name"], "s3-keys");
+    assert!(
+        c["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["name"] == "s3-ca" && m["readOnly"] == true),
+        "{}",
+        c["volumeMounts"]
+    );
+    let pod = &find(&objects, "StatefulSet", "spur-jobs")["spec"]["template"]["spec"];
+    let volumes = pod["volumes"].as_array().unwrap();
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v["name"] == "s3-ca" && v["configMap"]["name"] == "s3-ca"),
+        "{volumes:?}"
+    );
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v["name"] == "data" && v["emptyDir"].is_object()),
+        "{volumes:?}"
+    );
+
+    let typo = helm_template(&["--set", "jobs.s3.credentialSecret=s3-keys"]).await;
+    let e = typo.unwrap_err().to_string();
+    assert!(e.contains("credentialSecret"), "{e}");
+    let bad = helm_template(&["--set", "jobs.s3.bucket=Not_A_Bucket"]).await;
+    assert!(bad.is_err(), "an invalid bucket name rendered");
+}

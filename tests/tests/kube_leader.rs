@@ -276,6 +276,7 @@ async fn the_jobs_component_leads_alone_under_the_chart_rbac() {
             executor_image: "spur".into(),
             executor_pull_policy: None,
             store_dir: store.path().join(who),
+            objects: spur_jobs::objects::Objects::Local,
             max_log_bytes: 1 << 20,
             max_artifact_bytes: 1 << 20,
             max_namespace_bytes: 1 << 24,

@@ -29,6 +29,58 @@ enum JobsCommand {
     Serve(Box<ServeArgs>),
 }
 
+/// Sealed logs and artifacts in an S3 (or S3-compatible) bucket instead of the volume. The
+/// credentials come from the environment only (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+/// `AWS_SESSION_TOKEN`, or a web identity token, container or instance role).
+#[derive(Args)]
+struct S3Args {
+    /// The bucket (it must exist; the component never creates or deletes one).
+    #[arg(long, env = "SPUR_JOBS_S3_BUCKET")]
+    s3_bucket: Option<String>,
+    /// Keys go under this prefix, so installations can share a bucket.
+    #[arg(
+        long,
+        env = "SPUR_JOBS_S3_PREFIX",
+        default_value = "",
+        requires = "s3_bucket"
+    )]
+    s3_prefix: String,
+    /// The server's URL, https://host[:port] (default: AWS S3 of the region).
+    #[arg(long, env = "SPUR_JOBS_S3_ENDPOINT", requires = "s3_bucket")]
+    s3_endpoint: Option<String>,
+    /// The region (default: AWS_REGION, else us-east-1).
+    #[arg(long, env = "SPUR_JOBS_S3_REGION", requires = "s3_bucket")]
+    s3_region: Option<String>,
+    /// Allow an http:// endpoint (requests and their signatures in plaintext).
+    #[arg(long, requires = "s3_bucket")]
+    s3_allow_http: bool,
+    /// Virtual-hosted-style addressing (bucket.host), as AWS wants; default path style.
+    #[arg(long, requires = "s3_bucket")]
+    s3_virtual_hosted: bool,
+    /// PEM CA certificates the endpoint's certificate is checked against, besides the system's.
+    #[arg(long, env = "SPUR_JOBS_S3_CA_FILE", requires = "s3_bucket")]
+    s3_ca_file: Option<PathBuf>,
+}
+
+impl S3Args {
+    fn objects(&self) -> spur_jobs::objects::Objects {
+        use spur_jobs::objects::{Objects, S3};
+        match &self.s3_bucket {
+            None => Objects::Local,
+            Some(bucket) => Objects::S3(S3 {
+                bucket: bucket.clone(),
+                prefix: self.s3_prefix.clone(),
+                endpoint: self.s3_endpoint.clone().filter(|s| !s.is_empty()),
+                region: self.s3_region.clone().filter(|s| !s.is_empty()),
+                allow_http: self.s3_allow_http,
+                virtual_hosted: self.s3_virtual_hosted,
+                ca_file: self.s3_ca_file.clone(),
+                credentials: None,
+            }),
+        }
+    }
+}
+
 #[derive(Args)]
 struct ServeArgs {
     /// The component's namespace (the jobs CA Secret lives there).
@@ -43,9 +95,12 @@ struct ServeArgs {
     /// Its imagePullPolicy.
     #[arg(long)]
     executor_pull_policy: Option<String>,
-    /// Where logs and artifacts are kept.
+    /// The component's volume: running attempts' log spools, and sealed logs and artifacts
+    /// unless --s3-bucket keeps those in a bucket.
     #[arg(long, default_value = "/var/lib/spur-jobs")]
     store_dir: PathBuf,
+    #[command(flatten)]
+    s3: S3Args,
     /// Output beyond this many bytes per attempt is dropped.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     max_log_bytes: u64,
@@ -116,6 +171,7 @@ async fn jobs(args: JobsArgs) -> Result<ExitCode> {
         executor_image: args.executor_image.clone(),
         executor_pull_policy: args.executor_pull_policy.clone().filter(|s| !s.is_empty()),
         store_dir: args.store_dir.clone(),
+        objects: args.s3.objects(),
         max_log_bytes: args.max_log_bytes,
         max_artifact_bytes: args.max_artifact_bytes,
         max_namespace_bytes: args.max_namespace_bytes,
@@ -124,6 +180,7 @@ async fn jobs(args: JobsArgs) -> Result<ExitCode> {
         owner_statefulset: args.owner_statefulset.clone(),
         routing_headers: args.routing_headers.clone(),
     };
+    let cfg_objects = cfg.objects.describe(&cfg.store_dir);
     let (ctx, wakeups) = spur_jobs::Context::new(client.clone(), cfg, metrics)
         .await
         .context("starting the jobs component")?;
@@ -174,7 +231,7 @@ async fn jobs(args: JobsArgs) -> Result<ExitCode> {
         )
     });
     let controllers = tokio::spawn(spur_jobs::run_as(ctx, wakeups, stop.clone(), election));
-    tracing::info!(api = %args.api_addr, metrics = %args.metrics_addr, store = %args.store_dir.display(), "jobs component started");
+    tracing::info!(api = %args.api_addr, metrics = %args.metrics_addr, volume = %args.store_dir.display(), objects = %cfg_objects, "jobs component started");
     let mut controllers = controllers;
     // The controllers end early only when the election cannot start or its lease manager
     // stops: the component then exits with that error rather than serve without them.

@@ -16,6 +16,7 @@ mod controller;
 mod driver;
 mod leader;
 mod metrics;
+pub mod objects;
 pub mod pki;
 pub mod pods;
 pub mod queue;
@@ -68,8 +69,11 @@ pub struct Config {
     /// The image of runner pods' init container: Spur's, with `spur-job-executor`.
     pub executor_image: String,
     pub executor_pull_policy: Option<String>,
-    /// Where logs and artifacts are kept.
+    /// The component's volume: running attempts' spools, and the objects unless `objects` says
+    /// otherwise.
     pub store_dir: PathBuf,
+    /// Where sealed logs and artifacts are kept.
+    pub objects: objects::Objects,
     /// Output beyond this per attempt is dropped by the executor.
     pub max_log_bytes: u64,
     /// Artifacts beyond this per attempt are not kept (the attempt's status says so).
@@ -91,6 +95,7 @@ pub struct Config {
 
 impl Config {
     pub fn validate(&self) -> Result<(), Error> {
+        self.objects.validate()?;
         if self.executor_image.trim().is_empty() {
             return Err(Error::Config("--executor-image is required".into()));
         }
@@ -164,8 +169,14 @@ impl Context {
         metrics: Metrics,
     ) -> Result<(Arc<Context>, Wakeups), Error> {
         cfg.validate()?;
-        let store = store::Store::local(&cfg.store_dir, cfg.max_namespace_bytes)?;
-        store.count_stored().await?;
+        let store = store::Store::open(&cfg.store_dir, &cfg.objects, cfg.max_namespace_bytes)?;
+        store.count_stored().await.map_err(|e| match e {
+            Error::Store(m) => Error::Store(format!(
+                "cannot list what is stored in {}: {m}",
+                cfg.objects.describe(&cfg.store_dir)
+            )),
+            e => e,
+        })?;
         let owner = match cfg.owner_statefulset.as_deref().filter(|s| !s.is_empty()) {
             None => None,
             Some(name) => Some(statefulset_owner(&client, &cfg.namespace, name).await?),

@@ -21,13 +21,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 
 use crate::Error;
+use crate::objects::Objects;
 use crate::quota::Quota;
 
 /// The artifact list of a job: small, rewritten per attempt, not counted in the quota.
@@ -69,16 +69,18 @@ impl Store {
     /// `dir/live`; each namespace may keep `quota` bytes. Call [`Store::count_stored`] before
     /// writing, so what is stored already counts.
     pub fn local(dir: &Path, quota: u64) -> Result<Self, Error> {
-        let objects = dir.join("objects");
+        Self::open(dir, &Objects::Local, quota)
+    }
+
+    /// A store whose objects are in `objects` and whose spools are under `dir/live` (created);
+    /// each namespace may keep `quota` bytes. Call [`Store::count_stored`] before writing, so
+    /// what is stored already counts (it also proves the objects can be listed).
+    pub fn open(dir: &Path, objects: &Objects, quota: u64) -> Result<Self, Error> {
         let live = dir.join("live");
-        for d in [&objects, &live] {
-            std::fs::create_dir_all(d)
-                .map_err(|e| Error::Store(format!("{}: {e}", d.display())))?;
-        }
-        let fs =
-            LocalFileSystem::new_with_prefix(&objects).map_err(|e| Error::Store(e.to_string()))?;
+        std::fs::create_dir_all(&live)
+            .map_err(|e| Error::Store(format!("{}: {e}", live.display())))?;
         Ok(Store {
-            objects: Arc::new(fs),
+            objects: objects.open(dir)?,
             live,
             quota: Arc::new(Quota::new(quota)),
             spools: Arc::default(),
@@ -369,110 +371,22 @@ pub fn hex_sha256(data: &[u8]) -> String {
     spur_api::digest::sha256_hex(data)
 }
 
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[tokio::test]
     async fn logs_spool_then_seal_and_artifacts_round_trip() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Store::local(dir.path(), 1 << 20).unwrap();
-        let mut f = s.open_spool("u1", 1, 0).await.unwrap();
-        append(&mut f, b"hello ").await.unwrap();
-        append(&mut f, b"world\n").await.unwrap();
-        assert_eq!(s.spooled("u1", 1).await, 12);
-        // A resumed driver rewinds to what the executor will resend.
-        let mut f = s.open_spool("u1", 1, 6).await.unwrap();
-        append(&mut f, b"there\n").await.unwrap();
-        assert_eq!(s.seal_log("ns", "u1", 1).await.unwrap(), 12);
-        assert!(!s.spool_path("u1", 1).exists());
-        assert_eq!(
-            &s.log("ns", "u1", 1).await.unwrap().unwrap()[..],
-            b"hello there\n"
-        );
-        assert!(s.log("ns", "u1", 2).await.unwrap().is_none());
-        assert!(s.log("other", "u1", 1).await.unwrap().is_none());
-
-        s.put_artifact("ns", "u1", 1, "/tmp/a", Bytes::from_static(b"A"))
-            .await
-            .unwrap();
-        let list = vec![StoredArtifact {
-            attempt: 1,
-            path: "/tmp/a".into(),
-            size: 1,
-            sha256: hex_sha256(b"A"),
-            declared: "/tmp/a".into(),
-        }];
-        s.put_artifact_index("ns", "u1", &list).await.unwrap();
-        assert_eq!(s.artifacts("ns", "u1").await.unwrap(), list);
-        assert_eq!(
-            &s.artifact("ns", "u1", 1, "/tmp/a").await.unwrap().unwrap()[..],
-            b"A"
-        );
-        assert_eq!(
-            s.stored_jobs().await.unwrap(),
-            vec![("ns".into(), "u1".into())]
-        );
-        assert_eq!(s.forget("ns", "u1").await.unwrap(), 3);
-        assert!(s.artifacts("ns", "u1").await.unwrap().is_empty());
-        assert!(s.stored_jobs().await.unwrap().is_empty());
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        conformance::round_trip(&Objects::Local, dir.path()).await;
     }
 
     #[tokio::test]
     async fn a_namespace_past_its_quota_takes_no_room_from_another() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Store::local(dir.path(), 100).unwrap();
-        // Namespace a fills its quota with a log and an artifact.
-        let mut f = s.open_spool("a1", 1, 0).await.unwrap();
-        assert!(
-            s.append_spool("a", "a1", 1, &mut f, &[b'x'; 60])
-                .await
-                .unwrap()
-        );
-        assert!(
-            !s.append_spool("a", "a1", 1, &mut f, &[b'x'; 41])
-                .await
-                .unwrap()
-        );
-        assert!(
-            s.put_artifact("a", "a1", 1, "/f", Bytes::from_static(&[0; 40]))
-                .await
-                .unwrap()
-        );
-        assert!(
-            !s.put_artifact("a", "a1", 1, "/g", Bytes::from_static(b"1"))
-                .await
-                .unwrap()
-        );
-        assert_eq!(s.seal_log("a", "a1", 1).await.unwrap(), 60);
-        assert_eq!(s.quota().used("a"), 100);
-        // Namespace b still has all of its own, and nothing of a's was removed for it.
-        let mut f = s.open_spool("b1", 1, 0).await.unwrap();
-        assert!(
-            s.append_spool("b", "b1", 1, &mut f, &[b'y'; 100])
-                .await
-                .unwrap()
-        );
-        assert_eq!(s.log("a", "a1", 1).await.unwrap().unwrap().len(), 60);
-        // A restarted component counts what is stored (b's spool when its attempt resumes,
-        // once however often it is resumed).
-        let again = Store::local(dir.path(), 100).unwrap();
-        again.count_stored().await.unwrap();
-        assert_eq!(again.quota().used("a"), 100);
-        assert_eq!(again.resume_spool("b", "b1", 1).await, 100);
-        assert_eq!(again.resume_spool("b", "b1", 1).await, 100);
-        assert_eq!(again.quota().used("b"), 100);
-        assert_eq!(again.seal_log("b", "b1", 1).await.unwrap(), 100);
-        assert_eq!(again.quota().used("b"), 100);
-        // Deleting a's job gives its room back.
-        again.forget("a", "a1").await.unwrap();
-        assert_eq!(again.quota().used("a"), 0);
-        assert!(
-            again
-                .put_artifact("a", "a2", 1, "/f", Bytes::from_static(&[0; 100]))
-                .await
-                .unwrap()
-        );
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        conformance::quota_across_restart(&Objects::Local, dir.path()).await;
     }
 }
