@@ -179,6 +179,9 @@ impl S3Server {
     /// A signed request (curl's signature v4) with an empty body; its HTTP status.
     fn signed(&self, method: &str, path: &str) -> anyhow::Result<u16> {
         let out = Command::new("curl")
+            // The server is on loopback: never through a proxy of the environment.
+            .env("NO_PROXY", "127.0.0.1")
+            .env("no_proxy", "127.0.0.1")
             .args([
                 "-s",
                 "-o",

@@ -11,12 +11,31 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use object_store::ClientOptions;
 use object_store::ObjectStore;
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::prefix::PrefixStore;
 
 use crate::Error;
+
+/// The environment variables the S3 client reads: the credential chain (static keys, a web
+/// identity token, the container's credentials endpoint) and the region; nothing that changes
+/// where requests go or how they are checked (the proxy's `AWS_PROXY_*` are read apart).
+const ENV_KEYS: [&str; 12] = [
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_ROLE_SESSION_NAME",
+    "AWS_ENDPOINT_URL_STS",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+];
 
 /// The object backend.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -125,24 +144,33 @@ impl S3 {
                 || self
                     .prefix
                     .split('/')
-                    .any(|s| s.is_empty() || s == "." || s == ".."))
+                    .any(|s| s.is_empty() || s == "." || s == ".." || s == "jobs"))
         {
+            // No segment `jobs`: the store's keys begin with it, so an installation at prefix P
+            // would take one at P/jobs/... for its own jobs (count them, collect them).
             return Err(Error::Config(format!(
-                "--s3-prefix {:?}: segments separated by single '/', none empty, '.' or '..', \
-                 no leading or trailing '/'",
+                "--s3-prefix {:?}: segments separated by single '/', none empty, '.', '..' or \
+                 'jobs', no leading or trailing '/'",
                 self.prefix
             )));
         }
         if let Some(e) = &self.endpoint {
+            if e.contains('@') {
+                // Never echoed: it may hold a user and password.
+                return Err(Error::Config(
+                    "--s3-endpoint: a URL, https://host[:port], without credentials (they come \
+                     from the environment)"
+                        .into(),
+                ));
+            }
             let Some((scheme, rest)) = e.split_once("://") else {
                 return Err(Error::Config(format!(
                     "--s3-endpoint {e:?}: a URL, https://host[:port]"
                 )));
             };
-            if rest.is_empty() || rest.contains(['?', '#', '@']) {
+            if rest.is_empty() || rest.contains(['?', '#', '/']) {
                 return Err(Error::Config(format!(
-                    "--s3-endpoint {e:?}: a URL, https://host[:port] (no credentials, query or \
-                     fragment)"
+                    "--s3-endpoint {e:?}: a URL, https://host[:port] (no path, query or fragment)"
                 )));
             }
             match scheme {
@@ -187,11 +215,30 @@ impl S3 {
 
     fn open(&self) -> Result<Arc<dyn ObjectStore>, Error> {
         self.validate()?;
-        let mut b = AmazonS3Builder::from_env()
+        // Only the credential chain's and the region's variables are read from the environment
+        // (object_store's `from_env` takes every `AWS_*` one, so a stray
+        // AWS_ALLOW_INVALID_CERTIFICATES, AWS_SKIP_SIGNATURE or AWS_ENDPOINT_URL_S3 in a
+        // credentials Secret would undo what was validated here).
+        let mut b = AmazonS3Builder::new();
+        for (key, value) in std::env::vars() {
+            if ENV_KEYS.contains(&key.as_str())
+                && let Ok(k) = key.to_ascii_lowercase().parse::<AmazonS3ConfigKey>()
+            {
+                b = b.with_config(k, value);
+            }
+        }
+        b = b
             .with_bucket_name(&self.bucket)
             .with_allow_http(self.allow_http)
             .with_virtual_hosted_style_request(self.virtual_hosted);
         if let Some(e) = &self.endpoint {
+            // Virtual-hosted style takes the endpoint as the bucket's own host.
+            let e = match e.split_once("://") {
+                Some((scheme, host)) if self.virtual_hosted => {
+                    format!("{scheme}://{}.{host}", self.bucket)
+                }
+                _ => e.clone(),
+            };
             b = b.with_endpoint(e);
         }
         if let Some(r) = &self.region {
@@ -201,6 +248,17 @@ impl S3 {
             b = b
                 .with_access_key_id(&c.access_key_id)
                 .with_secret_access_key(&c.secret_access_key);
+        }
+        // The client's options are all set here: the builder's own would be replaced whole.
+        let mut options = ClientOptions::new().with_allow_http(self.allow_http);
+        if let Ok(v) = std::env::var("AWS_PROXY_URL") {
+            options = options.with_proxy_url(v);
+        }
+        if let Ok(v) = std::env::var("AWS_PROXY_CA_CERTIFICATE") {
+            options = options.with_proxy_ca_certificate(v);
+        }
+        if let Ok(v) = std::env::var("AWS_PROXY_EXCLUDES") {
+            options = options.with_proxy_excludes(v);
         }
         if let Some(path) = &self.ca_file {
             let pem = std::fs::read(path)
@@ -213,12 +271,11 @@ impl S3 {
                     path.display()
                 )));
             }
-            let mut options = object_store::ClientOptions::new().with_allow_http(self.allow_http);
             for c in certs {
                 options = options.with_root_certificate(c);
             }
-            b = b.with_client_options(options);
         }
+        b = b.with_client_options(options);
         let s3 = b
             .build()
             .map_err(|e| Error::Store(format!("{}: {e}", self.describe())))?;
@@ -276,9 +333,11 @@ mod tests {
             "ftp://s3.example",
             "https://",
             "https://key:secret@s3.example",
+            "https://s3.example/path",
         ] {
             c.endpoint = Some(bad.into());
-            assert!(c.validate().is_err(), "{bad:?} was accepted");
+            let e = c.validate().expect_err(bad).to_string();
+            assert!(!e.contains("secret"), "{e}");
         }
     }
 
@@ -289,7 +348,7 @@ mod tests {
             c.prefix = ok.into();
             c.validate().unwrap();
         }
-        for bad in ["/a", "a/", "a//b", "a/../b", "."] {
+        for bad in ["/a", "a/", "a//b", "a/../b", ".", "jobs", "a/jobs/b"] {
             c.prefix = bad.into();
             assert!(c.validate().is_err(), "{bad:?} was accepted");
         }
