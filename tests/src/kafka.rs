@@ -7,7 +7,7 @@
 //! exports, or run here). Each [`Broker`] has its own data directory and ports; a watchdog kills
 //! the JVM if the test process dies without dropping it.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -20,6 +20,8 @@ use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, Str
 use spur_kube_harness::process::{Process, Watchdog};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::free_port;
 
 /// The directory `tests/kafka/fetch.sh` filled (`lib/`, `classes/`, `log4j.properties`).
 pub fn kafka_dir() -> PathBuf {
@@ -43,13 +45,6 @@ pub fn kafka_dir() -> PathBuf {
             .expect("fetch.sh prints its directory")
             .trim(),
     )
-}
-
-fn free_port() -> u16 {
-    StdListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 /// A running single-node broker; killed (and its data removed) on drop.

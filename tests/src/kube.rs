@@ -374,6 +374,18 @@ pub fn enroll_config() -> spur_operator::enroll::EnrollConfig {
     }
 }
 
+/// The jobs component's client: ServiceAccount `spur-system/spur-jobs` with the chart's
+/// ClusterRole and its Role in the release namespace ([`chart_client`]).
+pub async fn jobs_client(api: &KubeApi) -> anyhow::Result<Client> {
+    chart_client(
+        api,
+        "spur-jobs",
+        "jobs-rules.yaml",
+        Some("jobs-namespace-rules.yaml"),
+    )
+    .await
+}
+
 /// A client for ServiceAccount `spur-system/<name>`, bound to a ClusterRole with the rules in
 /// `charts/spur/files/<cluster_rules>` and, if given, a Role in spur-system with those in
 /// `charts/spur/files/<namespace_rules>` — the bindings the chart installs.

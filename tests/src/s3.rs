@@ -7,13 +7,14 @@
 //! serves only TLS, with a certificate of a CA the test made, and only signature-v4 requests of
 //! its one identity. A watchdog kills it if the test process dies without dropping it.
 
-use std::net::{Ipv4Addr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use spur_kube_harness::process::{Process, Watchdog};
+
+use crate::free_port;
 
 /// The one identity the server accepts.
 pub const ACCESS_KEY: &str = "spurtestaccess";
@@ -55,12 +56,6 @@ pub fn weed_bin() -> &'static Path {
         Ok(p) => p,
         Err(e) => panic!("{e}"),
     }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(StdListener::bind((Ipv4Addr::LOCALHOST, 0))?
-        .local_addr()?
-        .port())
 }
 
 /// A running SeaweedFS with its S3 gateway; killed (and its data removed) on drop.
@@ -110,9 +105,7 @@ impl S3Server {
         )?;
         let data = dir.path().join("data");
         std::fs::create_dir_all(&data)?;
-        let ports = (0..8)
-            .map(|_| free_port())
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let ports: Vec<u16> = (0..8).map(|_| free_port()).collect();
         let p = |i: usize| ports[i].to_string();
         let mut cmd = Command::new(weed);
         cmd.args([

@@ -63,14 +63,7 @@ async fn setup() -> Setup {
         })
         .expect("spur-jobs-writes names the chart's image");
     let operator = kt::operator_client(&api).await.unwrap();
-    let jobs = kt::chart_client(
-        &api,
-        "spur-jobs",
-        "jobs-rules.yaml",
-        Some("jobs-namespace-rules.yaml"),
-    )
-    .await
-    .unwrap();
+    let jobs = kt::jobs_client(&api).await.unwrap();
     ensure_namespace(&admin, ENROLLED).await.unwrap();
     ensure_namespace_unenrolled(&admin, OTHER).await.unwrap();
     // The policies are enforced a moment after they are stored: until a binding RBAC allows

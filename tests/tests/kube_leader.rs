@@ -239,14 +239,7 @@ async fn the_jobs_component_leads_alone_under_the_chart_rbac() {
     let api = KubeApi::start().await.unwrap();
     kt::install_crds(&api).await.unwrap();
     let admin = api.client();
-    let jobs = kt::chart_client(
-        &api,
-        "spur-jobs",
-        "jobs-rules.yaml",
-        Some("jobs-namespace-rules.yaml"),
-    )
-    .await
-    .unwrap();
+    let jobs = kt::jobs_client(&api).await.unwrap();
     // The StatefulSet the chart runs the component as: it owns the Lease.
     let sts: StatefulSet = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "spur-jobs", "namespace": SYSTEM_NAMESPACE},

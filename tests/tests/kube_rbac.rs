@@ -155,14 +155,7 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
     let agent = kube_rbac::chart_client(&api, "spur-agent", "agent-rules.yaml", None)
         .await
         .unwrap();
-    let jobs = kube_rbac::chart_client(
-        &api,
-        "spur-jobs",
-        "jobs-rules.yaml",
-        Some("jobs-namespace-rules.yaml"),
-    )
-    .await
-    .unwrap();
+    let jobs = kube_rbac::jobs_client(&api).await.unwrap();
 
     kube_rbac::grant_in_namespace(
         &api,
