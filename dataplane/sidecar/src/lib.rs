@@ -24,6 +24,7 @@ pub mod intercept;
 pub mod kafka;
 pub mod outbound;
 mod router;
+pub mod supervise;
 pub mod trace;
 
 pub use router::{KeyCapture, KeyRouter, KeyRouterConfig, ROUTED_HEADER};
@@ -262,6 +263,22 @@ impl TryFrom<SidecarArgs> for SidecarConfig {
     }
 }
 
+/// What a supervising process ([`supervise`]) hands the worker it starts: the listening sockets
+/// it holds across the worker's restarts, and, for a restarted worker, how long inbound
+/// connections wait in the listen queue for the first routing table (so a keyed request that
+/// arrives right after a crash is not sent to the baseline for want of routes).
+#[derive(Debug, Default)]
+pub struct Handover {
+    /// The inbound listener (else [`SidecarConfig::inbound_addr`] is bound).
+    pub inbound: Option<std::net::TcpListener>,
+    /// The admin listener (else [`SidecarConfig::admin_addr`] is bound).
+    pub admin: Option<std::net::TcpListener>,
+    /// Zero: serve at once (a sidecar's first start: the app has not started yet).
+    pub table_wait: Duration,
+    /// How many times the supervisor started a worker again (`spur_sidecar_worker_restarts`).
+    pub restarts: u32,
+}
+
 /// A running sidecar.
 pub struct Sidecar {
     /// The bound inbound address (useful with port 0).
@@ -283,7 +300,19 @@ impl Sidecar {
     /// Binds the listeners, loads the rules once (so a valid file is in force before the first
     /// connection), then serves in the background.
     pub async fn start(config: SidecarConfig) -> Result<Self, Error> {
+        Self::start_with(config, Handover::default()).await
+    }
+
+    /// [`Sidecar::start`] on the listeners a supervisor hands over (see [`Handover`]).
+    pub async fn start_with(config: SidecarConfig, handover: Handover) -> Result<Self, Error> {
         let mut registry = Registry::with_prefix("spur");
+        let restarts = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+        restarts.set(i64::from(handover.restarts));
+        registry.register(
+            "sidecar_worker_restarts",
+            "Times the supervisor (--supervise) started this container's sidecar worker again after it died",
+            restarts,
+        );
         let table = SharedTable::new();
         let publisher = Publisher::new(table.clone(), &mut registry);
         let mut changes = publisher.subscribe();
@@ -329,13 +358,8 @@ impl Sidecar {
         };
         let proxy = Proxy::with_plugins(config.proxy.clone(), router, plugins, &mut registry)?;
 
-        let listener = TcpListener::bind(config.inbound_addr)
-            .await
-            .map_err(|source| Error::Bind {
-                what: "inbound listener",
-                addr: config.inbound_addr,
-                source,
-            })?;
+        let listener =
+            bind_or_take(handover.inbound, config.inbound_addr, "inbound listener").await?;
         let inbound_addr = listener.local_addr().map_err(|source| Error::Bind {
             what: "inbound listener",
             addr: config.inbound_addr,
@@ -364,16 +388,7 @@ impl Sidecar {
         };
         let first_table = publisher.subscribe();
         let admin = match config.admin_addr {
-            Some(addr) => {
-                let l = TcpListener::bind(addr)
-                    .await
-                    .map_err(|source| Error::Bind {
-                        what: "admin server",
-                        addr,
-                        source,
-                    })?;
-                Some(l)
-            }
+            Some(addr) => Some(bind_or_take(handover.admin, addr, "admin server").await?),
             None => None,
         };
         let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
@@ -463,7 +478,23 @@ impl Sidecar {
         let serve_proxy = proxy.clone();
         let serve_drain = drain.clone();
         let inbound = config.inbound;
-        drain.spawn(async move { serve_proxy.serve(listener, inbound, serve_drain).await });
+        let (table_wait, mut first) = (handover.table_wait, first_table.clone());
+        drain.spawn(async move {
+            // A restarted worker: connections wait in the listen queue (the supervisor held it
+            // while no worker ran) until the routes are known, within a bound, since the route
+            // server may be the thing that is away; after it the baseline serves them all.
+            if requires_table && !table_wait.is_zero() {
+                tokio::select! {
+                    loaded = tokio::time::timeout(table_wait, first.wait_for(|v| *v > 0)) => {
+                        if !matches!(loaded, Ok(Ok(_))) {
+                            tracing::warn!(?table_wait, "no routing table yet: serving inbound connections; keyed requests reach the baseline until one arrives");
+                        }
+                    }
+                    () = serve_drain.signaled() => return,
+                }
+            }
+            serve_proxy.serve(listener, inbound, serve_drain).await
+        });
         if let Some(k) = kafka {
             let to = k.to;
             for listener in k.listeners {
@@ -537,4 +568,19 @@ impl Sidecar {
         }
         left
     }
+}
+
+/// Takes over a listener a supervisor bound, or binds `addr`.
+async fn bind_or_take(
+    held: Option<std::net::TcpListener>,
+    addr: SocketAddr,
+    what: &'static str,
+) -> Result<TcpListener, Error> {
+    let bound = match held {
+        Some(l) => l
+            .set_nonblocking(true)
+            .and_then(|()| TcpListener::from_std(l)),
+        None => TcpListener::bind(addr).await,
+    };
+    bound.map_err(|source| Error::Bind { what, addr, source })
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use spur_runtime::{init_tracing, shutdown_signal};
-use spur_sidecar::{Sidecar, SidecarArgs, SidecarConfig, intercept};
+use spur_sidecar::{Handover, Sidecar, SidecarArgs, SidecarConfig, intercept, supervise};
 
 #[derive(Parser)]
 #[command(
@@ -23,7 +23,7 @@ struct Cli {
     #[arg(long, env = "SPUR_THREADS")]
     threads: Option<usize>,
     /// Do not run a sidecar: wait at most this long (e.g. `30s`) until the sidecar of this
-    /// container listens on its admin address, then exit 0 (1 on timeout). The injected
+    /// container answers on its admin address, then exit 0 (1 on timeout). The injected
     /// container's postStart hook, so the kubelet starts the app only once the sidecar accepts
     /// the traffic the init container redirects to it.
     // Handled by `WaitCli` before this parser runs; declared here for --help.
@@ -38,6 +38,17 @@ struct Cli {
     /// serves as long as an app that finishes its own requests first.
     #[arg(long, env = "SPUR_DRAIN_DELAY", default_value = "0s", value_parser = spur_runtime::parse_duration)]
     drain_delay: Duration,
+    /// Hold the inbound and admin listeners in this process and serve in a worker process that
+    /// is started again on the same listeners if it dies: connections that arrive meanwhile wait
+    /// instead of being refused (docs/injection.md, "When the sidecar crashes"). SIGTERM and
+    /// SIGINT are passed on to the worker.
+    #[arg(long, env = "SPUR_SUPERVISE")]
+    supervise: bool,
+    /// With --supervise: how long a restarted worker keeps inbound connections waiting for its
+    /// first routing table; after it, it serves them, and keyed requests reach the baseline
+    /// until a table arrives.
+    #[arg(long, env = "SPUR_RESTART_TABLE_WAIT", default_value = "5s", value_parser = spur_runtime::parse_duration)]
+    restart_table_wait: Duration,
 }
 
 /// `--wait-listening` alone: it needs none of the sidecar's required flags.
@@ -67,7 +78,21 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    if cli.intercept {
+    // A worker of `--supervise`: the supervisor programmed the rules and holds the listeners.
+    let worker = match std::env::var(supervise::WORKER_ENV) {
+        Ok(v) => match v.parse::<u32>() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                eprintln!(
+                    "spur-sidecar: {}={v:?} is not a count",
+                    supervise::WORKER_ENV
+                );
+                return std::process::ExitCode::from(2);
+            }
+        },
+        Err(_) => None,
+    };
+    if cli.intercept && worker.is_none() {
         if !matches!(config.inbound, spur_proxy::Inbound::Transparent) {
             eprintln!("spur-sidecar: --intercept requires --transparent");
             return std::process::ExitCode::from(2);
@@ -93,6 +118,29 @@ fn main() -> std::process::ExitCode {
             "interception rules programmed; running without privileges"
         );
     }
+    if cli.supervise && worker.is_none() {
+        return supervise(&config);
+    }
+    let handover = match worker {
+        Some(restarts) => {
+            // Ends the worker with its supervisor, outside a container as well.
+            if let Err(e) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM) {
+                tracing::warn!(error = %e, "cannot ask to be stopped with the supervisor");
+            }
+            match supervise::handover(
+                restarts,
+                config.admin_addr.is_some(),
+                cli.restart_table_wait,
+            ) {
+                Ok(h) => h,
+                Err(e) => {
+                    eprintln!("spur-sidecar: {e}");
+                    return std::process::ExitCode::from(2);
+                }
+            }
+        }
+        None => Handover::default(),
+    };
     let threads = cli
         .threads
         .filter(|t| *t > 0)
@@ -114,7 +162,7 @@ fn main() -> std::process::ExitCode {
     runtime.block_on(async move {
         // Before the listeners open: a SIGTERM from then on drains.
         let shutdown = shutdown_signal();
-        let sidecar = match Sidecar::start(config).await {
+        let sidecar = match Sidecar::start_with(config, handover).await {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("spur-sidecar: {e}");
@@ -137,9 +185,42 @@ fn main() -> std::process::ExitCode {
     })
 }
 
-/// Connects to the admin address (an unspecified address means this host) until a connection
-/// is accepted or `timeout` passes. The admin listener is bound after the inbound one, so an
-/// accepted connection means the sidecar takes traffic; nothing is sent on it.
+/// `--supervise`: binds the listeners first (so their descriptors are consecutive), then runs
+/// workers on them on a single-threaded runtime.
+fn supervise(config: &SidecarConfig) -> std::process::ExitCode {
+    let held = match supervise::Held::bind(config.inbound_addr, config.admin_addr) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("spur-sidecar: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let program = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("spur-sidecar: --supervise: cannot find this program: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("spur-sidecar: cannot start runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let args = std::env::args_os().skip(1).collect();
+    std::process::ExitCode::from(runtime.block_on(supervise::run(held, program, args)))
+}
+
+/// Asks the admin address (an unspecified address means this host) for `/live` until it answers
+/// or `timeout` passes. The admin server is served after every other listener is bound, so an
+/// answer means the sidecar takes traffic. An accepted connection alone would not do: under
+/// `--supervise` the supervisor holds the admin listener before its worker has bound the Kafka
+/// listeners.
 fn wait_listening(admin: SocketAddr, timeout: Duration) -> std::process::ExitCode {
     let target = if admin.ip().is_unspecified() {
         let local: IpAddr = if admin.is_ipv4() {
@@ -153,13 +234,30 @@ fn wait_listening(admin: SocketAddr, timeout: Duration) -> std::process::ExitCod
     };
     let deadline = Instant::now() + timeout;
     loop {
-        match TcpStream::connect_timeout(&target, Duration::from_millis(200)) {
-            Ok(_) => return std::process::ExitCode::SUCCESS,
+        match answers(target) {
+            Ok(()) => return std::process::ExitCode::SUCCESS,
             Err(e) if Instant::now() >= deadline => {
-                eprintln!("spur-sidecar: nothing listens on {target} after {timeout:?}: {e}");
+                eprintln!("spur-sidecar: no sidecar answers on {target} after {timeout:?}: {e}");
                 return std::process::ExitCode::FAILURE;
             }
             Err(_) => std::thread::sleep(Duration::from_millis(10)),
         }
+    }
+}
+
+/// One `GET /live` on a new connection: Ok once the first bytes of an HTTP/1 response arrive
+/// (any status: the server runs).
+fn answers(target: SocketAddr) -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    let mut tcp = TcpStream::connect_timeout(&target, Duration::from_millis(200))?;
+    tcp.set_read_timeout(Some(Duration::from_millis(500)))?;
+    tcp.set_write_timeout(Some(Duration::from_millis(500)))?;
+    tcp.write_all(b"GET /live HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut head = [0u8; 7];
+    tcp.read_exact(&mut head)?;
+    if &head == b"HTTP/1." {
+        Ok(())
+    } else {
+        Err(std::io::Error::other("not an HTTP/1 response"))
     }
 }

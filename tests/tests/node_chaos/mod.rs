@@ -9,9 +9,13 @@
 //! Sandbox or fork is lost or duplicated; the running job finishes with no more than one extra
 //! attempt; and neither the operator replicas' `spur_operator_leader` series nor the jobs
 //! component's `spur_jobs_leader` ever add up to more than one (sampled through the run).
+//! The data plane's own failure too: the worker process of a baseline pod's sidecar is killed
+//! (SIGKILL); its supervisor serves on with a new one, the container is not restarted, and the
+//! one request in flight in the killed worker, if there was one, is the only failure allowed.
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
 use spur_e2e::node::{Node, SPUR_NAMESPACE, eventually};
 
 use crate::{condition, fork_pod, sandbox, sandbox_ready, try_get};
@@ -261,6 +265,8 @@ echo started"#
     run.outage("the node's containerd", "chaos-containerd", || {
         node.restart_containerd().unwrap()
     });
+    // --- a baseline pod's sidecar worker, killed -----------------------------------------------
+    let worker_kill = sidecar_worker_killed(node, ns, backend_pod, &exec, &count);
     let Run {
         mut leaders,
         converged,
@@ -292,7 +298,12 @@ echo started"#
     })
     .unwrap();
     let iterations = count();
-    let failures = exec("cat /tmp/load.log").unwrap();
+    let log = exec("cat /tmp/load.log").unwrap();
+    // The request in flight in the killed worker, if one was, is the only one that may fail.
+    let failures: Vec<&str> = log
+        .lines()
+        .filter(|l| !worker_kill.failed.iter().any(|f| f == l))
+        .collect();
 
     // --- nothing lost, nothing duplicated: each Sandbox Ready with its one fork, each deleted
     // one gone with its fork -------------------------------------------------------------------
@@ -342,9 +353,10 @@ echo started"#
          {} sandboxes created during outages, {} converged (time from the outage's start to \
          Ready: {}); {} deleted during outages, {} gone with their forks (time to gone, by the \
          outage: {}); a job running through the jobs server's restart finished in {:.1} s \
-         after it, in {attempts} attempt(s); {}",
+         after it, in {attempts} attempt(s); a baseline sidecar's worker killed: the next one \
+         served {:.2} s later, {} request(s) failed with it ({:?}); {}",
         iterations * 2,
-        failures.lines().count(),
+        failures.len(),
         created.len() - 1,
         converged.len(),
         times(&converged),
@@ -352,12 +364,15 @@ echo started"#
         gone.len(),
         times(&gone),
         job_took.as_secs_f64(),
+        worker_kill.back.as_secs_f64(),
+        worker_kill.failed.len(),
+        worker_kill.failed,
         leaders.summary(),
     );
-    assert_eq!(
-        failures.trim(),
-        "",
-        "requests through sidecars failed while control-plane pods were deleted"
+    assert!(
+        failures.is_empty(),
+        "requests through sidecars failed while control-plane pods were deleted:\n{}",
+        failures.join("\n")
     );
 
     // Gone before the operator is scaled back: their finalizers need it.
@@ -386,6 +401,115 @@ echo started"#
     .unwrap();
     node.kubectl(&["-n", ns, "delete", "pod", CLIENT, "--wait=false"])
         .unwrap();
+}
+
+/// What killing a sidecar's worker cost.
+struct WorkerKill {
+    /// From the kill until the restarted worker answered a request of the load.
+    back: Duration,
+    /// The load's failure lines from the kill until then: at most the one request in flight.
+    failed: Vec<String>,
+}
+
+/// Kills (SIGKILL, from the node) the worker process of the sidecar in `pod` while the load
+/// runs through it: its supervisor (`SPUR_SUPERVISE`, docs/injection.md) starts another on the
+/// listeners it holds, so the container is not restarted and no new connection is refused;
+/// only a request in flight in the killed worker may fail (the load sends one at a time).
+fn sidecar_worker_killed(
+    node: &Node,
+    ns: &str,
+    pod: &str,
+    exec: &dyn Fn(&str) -> anyhow::Result<String>,
+    count: &dyn Fn() -> u64,
+) -> WorkerKill {
+    let status = |what: &str| -> Value {
+        let p = node.get_json(ns, &["pod", pod]).unwrap();
+        p["status"]["containerStatuses"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == "spur-sidecar"))
+            .map(|c| c[what].clone())
+            .unwrap_or_else(|| panic!("pod {pod} has no spur-sidecar container: {p}"))
+    };
+    let restarts_before = status("restartCount");
+    let supervisor = node
+        .task_pid(status("containerID").as_str().unwrap())
+        .unwrap();
+    let workers = || -> Vec<String> {
+        std::fs::read_to_string(format!("/proc/{supervisor}/task/{supervisor}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    let first = workers();
+    assert_eq!(
+        first.len(),
+        1,
+        "the sidecar's supervisor {supervisor} has workers {first:?}"
+    );
+    let failed_before = exec("cat /tmp/load.log").unwrap().lines().count();
+    let start = Instant::now();
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &first[0]])
+        .status()
+        .unwrap();
+    assert!(killed.success(), "kill -KILL {}", first[0]);
+    eprintln!(
+        "chaos: killed the worker {} of pod {pod}'s sidecar",
+        first[0]
+    );
+    // The load's next completed iteration went through the new worker (one request at a time).
+    let at_kill = count();
+    let back = eventually(
+        "a request through the restarted worker",
+        Duration::from_secs(30),
+        || Ok((count() > at_kill + 1).then(|| start.elapsed())),
+    )
+    .unwrap();
+    let second = workers();
+    assert!(
+        second.len() == 1 && second != first,
+        "the killed worker {first:?} was not replaced: {second:?}"
+    );
+    // Twenty iterations more through the new worker, then the failures since the kill.
+    let settled = count() + 20;
+    eventually(
+        "load through the new worker",
+        Duration::from_secs(60),
+        || Ok((count() >= settled).then_some(())),
+    )
+    .unwrap();
+    let failed: Vec<String> = exec("cat /tmp/load.log")
+        .unwrap()
+        .lines()
+        .skip(failed_before)
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        failed.len() <= 1,
+        "{} requests failed when pod {pod}'s sidecar worker was killed (only the one in flight may):\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+    assert_eq!(
+        status("restartCount"),
+        restarts_before,
+        "the sidecar container was restarted: its supervisor should have replaced the worker"
+    );
+    let ip = node.get_json(ns, &["pod", pod]).unwrap()["status"]["podIP"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let metrics = exec(&format!(
+        "curl -s --max-time 5 http://{ip}:15020/metrics | grep '^spur_sidecar_worker_restarts '"
+    ))
+    .unwrap();
+    assert_eq!(
+        metrics.trim(),
+        "spur_sidecar_worker_restarts 1",
+        "{metrics}"
+    );
+    WorkerKill { back, failed }
 }
 
 /// The operator's Lease holder, if the Lease names one.

@@ -448,8 +448,8 @@ fn spur_as(kubeconfig: &Path, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-/// The backend's sidecar process: its peak resident memory and its container's memory limit,
-/// in KiB.
+/// The backend's sidecar processes: their peak resident memory and their container's memory
+/// limit, in KiB.
 fn sidecar_memory(node: &Node, ns: &str, pod: &str) -> (u64, u64) {
     let p = node.get_json(ns, &["pod", pod]).unwrap();
     let status = p["status"]["initContainerStatuses"]
@@ -468,12 +468,20 @@ fn sidecar_memory(node: &Node, ns: &str, pod: &str) -> (u64, u64) {
     let pid = node
         .task_pid(status["containerID"].as_str().unwrap())
         .unwrap();
-    let proc_status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let hwm = proc_status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
+    // The container's process is the supervisor (`SPUR_SUPERVISE`), the worker its child: the
+    // two peaks added (an upper bound of the container's peak).
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+    let hwm: u64 = std::iter::once(pid.as_str())
+        .chain(children.split_whitespace())
+        .map(|pid| {
+            let proc_status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            proc_status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .unwrap()
+        })
+        .sum();
     let limit = p["spec"]["initContainers"]
         .as_array()
         .into_iter()

@@ -151,6 +151,8 @@ pub(super) fn sidecar_env(baseline: &Baseline, cfg: &InjectionConfig) -> Vec<Val
         env("SPUR_TRANSPARENT", "true".into()),
         env("SPUR_INBOUND_ADDR", format!("0.0.0.0:{}", cfg.proxy_port)),
         env("SPUR_ADMIN_ADDR", format!("0.0.0.0:{}", cfg.admin_port)),
+        // A worker that dies is started again on the same listeners (docs/injection.md).
+        env("SPUR_SUPERVISE", "true".into()),
         env("SPUR_BASELINE_KIND", baseline.kind.into()),
         env("SPUR_BASELINE_NAMESPACE", baseline.namespace.clone()),
         env("SPUR_BASELINE_NAME", baseline.name.clone()),
