@@ -256,9 +256,7 @@ where
                 }
             };
             token.cancel();
-            if let Err(e) = running.await {
-                tracing::error!(error = %e, "the leader's term ended in a panic");
-            }
+            end_term(running, election.margin()).await;
             leading(false);
             match ended {
                 Ended::Stop => return Ok(()),
@@ -275,6 +273,30 @@ where
     .await;
     slot.stop().await;
     result
+}
+
+/// Waits for an ended term's task, at most `within` (the fence's margin: a term must stop acting
+/// within it), then aborts it. A kube-runtime controller whose graceful shutdown comes before its
+/// store's first list is complete never ends: its runner waits for the store to be ready, and
+/// the store's watch has just been stopped (a term lost or stopped right after it started). Left
+/// waiting, the replica would keep renewing the lease with no controller running, and never stop.
+async fn end_term(mut running: tokio::task::JoinHandle<()>, within: Duration) {
+    match tokio::time::timeout(within, &mut running).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "the leader's term ended in a panic"),
+        Err(_) => {
+            tracing::warn!(
+                ?within,
+                "the leader's term did not end after it was told to; aborting it"
+            );
+            running.abort();
+            if let Err(e) = running.await
+                && !e.is_cancelled()
+            {
+                tracing::error!(error = %e, "the leader's term ended in a panic");
+            }
+        }
+    }
 }
 
 /// Whether the lease has no holder (released by a leader that stopped), as far as a read shows.
@@ -359,6 +381,33 @@ mod tests {
         no_renewal.renew_time = None;
         assert_eq!(held(Some(&no_renewal), "a", now, m), Held::No);
         assert_eq!(held(Some(&spec("a", 999, -5)), "a", now, m), Held::No);
+    }
+
+    /// Set when dropped: whether an aborted task's future was dropped.
+    struct Dropped(std::sync::Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_term_that_does_not_end_is_aborted_after_the_margin() {
+        let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let guard = Dropped(dropped.clone());
+        let stuck = tokio::spawn(async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        });
+        let start = Instant::now();
+        end_term(stuck, Duration::from_secs(2)).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+        assert!(dropped.load(std::sync::atomic::Ordering::SeqCst));
+        // A term that ends is not waited for longer than it takes.
+        let quick = tokio::spawn(tokio::time::sleep(Duration::from_millis(300)));
+        let start = Instant::now();
+        end_term(quick, Duration::from_secs(2)).await;
+        assert_eq!(start.elapsed(), Duration::from_millis(300));
     }
 
     #[test]
