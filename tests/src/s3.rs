@@ -3,9 +3,10 @@
 //! `tests/s3/build.sh` (`SPUR_WEED_BIN`, which tests/run.sh exports, or built here once per
 //! process into the cache checkouts share, `~/.cache/spur/seaweedfs`).
 //!
-//! Each [`S3Server`] has its own data directory and ports, all on 127.0.0.1; its S3 endpoint
-//! serves only TLS, with a certificate of a CA the test made, and only signature-v4 requests of
-//! its one identity. A watchdog kills it if the test process dies without dropping it.
+//! Each [`S3Server`] has its own data directory and ports, all on 127.0.0.1 (or, for the node
+//! tier, on the node's address inside its network namespace, where its pods reach it); its S3
+//! endpoint serves only TLS, with a certificate of a CA the test made, and only signature-v4
+//! requests of its one identity. A watchdog kills it if the test process dies without dropping it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -60,8 +61,10 @@ pub fn weed_bin() -> &'static Path {
 
 /// A running SeaweedFS with its S3 gateway; killed (and its data removed) on drop.
 pub struct S3Server {
-    /// `https://127.0.0.1:<port>`.
+    /// `https://<address>:<port>`.
     pub endpoint: String,
+    /// The network namespace it runs in (None: the test's own).
+    netns: Option<String>,
     /// The PEM CA the endpoint's certificate is signed by.
     pub ca_file: PathBuf,
     /// A PEM CA that signed nothing the server presents.
@@ -74,12 +77,22 @@ pub struct S3Server {
 }
 
 impl S3Server {
-    /// Starts the server; returns once a signed ListBuckets over TLS answers 200.
+    /// Starts the server on 127.0.0.1; returns once a signed ListBuckets over TLS answers 200.
     pub async fn start() -> anyhow::Result<S3Server> {
+        Self::start_at("127.0.0.1", None).await
+    }
+
+    /// Starts the server on `ip` inside network namespace `netns` (`ip netns exec`): the node
+    /// tier's, on the node's address, for its pods.
+    pub async fn start_in(netns: &str, ip: &str) -> anyhow::Result<S3Server> {
+        Self::start_at(ip, Some(netns)).await
+    }
+
+    async fn start_at(ip: &str, netns: Option<&str>) -> anyhow::Result<S3Server> {
         let mut last = None;
         // A port taken between choosing it and weed binding it: try again with others.
         for _ in 0..3 {
-            match Self::try_start().await {
+            match Self::try_start(ip, netns).await {
                 Ok(s) => return Ok(s),
                 Err(e) if format!("{e:#}").contains("address already in use") => last = Some(e),
                 Err(e) => return Err(e),
@@ -88,10 +101,10 @@ impl S3Server {
         Err(last.unwrap_or_else(|| anyhow::anyhow!("weed did not start")))
     }
 
-    async fn try_start() -> anyhow::Result<S3Server> {
+    async fn try_start(ip: &str, netns: Option<&str>) -> anyhow::Result<S3Server> {
         let weed = weed_bin();
         let dir = tempfile::tempdir()?;
-        let (ca_file, other_ca_file) = pki(dir.path())?;
+        let (ca_file, other_ca_file) = pki(dir.path(), ip)?;
         let config = dir.path().join("s3.json");
         std::fs::write(
             &config,
@@ -107,43 +120,49 @@ impl S3Server {
         std::fs::create_dir_all(&data)?;
         let ports: Vec<u16> = (0..8).map(|_| free_port()).collect();
         let p = |i: usize| ports[i].to_string();
-        let mut cmd = Command::new(weed);
-        cmd.args([
-            "-logtostderr=true",
-            "server",
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
-        ])
-        .arg(format!("-dir={}", data.display()))
-        .args([
-            format!("-master.port={}", p(0)),
-            format!("-master.port.grpc={}", p(1)),
-            "-master.telemetry=false".into(),
-            format!("-volume.port={}", p(2)),
-            format!("-volume.port.grpc={}", p(3)),
-            "-volume.preStopSeconds=0".into(),
-            format!("-filer.port={}", p(4)),
-            format!("-filer.port.grpc={}", p(5)),
-            format!(
-                "-filer.localSocket={}",
-                dir.path().join("filer.sock").display()
-            ),
-            "-s3".into(),
-            format!("-s3.port={}", p(6)),
-            format!("-s3.port.grpc={}", p(7)),
-            "-s3.port.iceberg=0".into(),
-            "-s3.port.lance=0".into(),
-            format!("-s3.localSocket={}", dir.path().join("s3.sock").display()),
-            format!("-s3.config={}", config.display()),
-            format!("-s3.cert.file={}", dir.path().join("server.crt").display()),
-            format!("-s3.key.file={}", dir.path().join("server.key").display()),
-        ])
-        .env("HOME", dir.path());
+        // `ip netns exec` execs weed: the process watched and killed is weed itself.
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(weed);
+                c
+            }
+            None => Command::new(weed),
+        };
+        cmd.args(["-logtostderr=true", "server"])
+            .arg(format!("-ip={ip}"))
+            .arg(format!("-ip.bind={ip}"))
+            .arg(format!("-dir={}", data.display()))
+            .args([
+                format!("-master.port={}", p(0)),
+                format!("-master.port.grpc={}", p(1)),
+                "-master.telemetry=false".into(),
+                format!("-volume.port={}", p(2)),
+                format!("-volume.port.grpc={}", p(3)),
+                "-volume.preStopSeconds=0".into(),
+                format!("-filer.port={}", p(4)),
+                format!("-filer.port.grpc={}", p(5)),
+                format!(
+                    "-filer.localSocket={}",
+                    dir.path().join("filer.sock").display()
+                ),
+                "-s3".into(),
+                format!("-s3.port={}", p(6)),
+                format!("-s3.port.grpc={}", p(7)),
+                "-s3.port.iceberg=0".into(),
+                "-s3.port.lance=0".into(),
+                format!("-s3.localSocket={}", dir.path().join("s3.sock").display()),
+                format!("-s3.config={}", config.display()),
+                format!("-s3.cert.file={}", dir.path().join("server.crt").display()),
+                format!("-s3.key.file={}", dir.path().join("server.key").display()),
+            ])
+            .env("HOME", dir.path());
         let mut watchdog = Watchdog::spawn(dir.path())?;
         let process = Process::spawn("weed", cmd, &dir.path().join("weed.log"))?;
         watchdog.watch(&process)?;
         let mut server = S3Server {
-            endpoint: format!("https://127.0.0.1:{}", ports[6]),
+            endpoint: format!("https://{ip}:{}", ports[6]),
+            netns: netns.map(str::to_owned),
             ca_file,
             other_ca_file,
             ports,
@@ -171,10 +190,18 @@ impl S3Server {
 
     /// A signed request (curl's signature v4) with an empty body; its HTTP status.
     fn signed(&self, method: &str, path: &str) -> anyhow::Result<u16> {
-        let out = Command::new("curl")
-            // The server is on loopback: never through a proxy of the environment.
-            .env("NO_PROXY", "127.0.0.1")
-            .env("no_proxy", "127.0.0.1")
+        let mut curl = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "curl"]);
+                c
+            }
+            None => Command::new("curl"),
+        };
+        let out = curl
+            // The server is on loopback or the node: never through a proxy of the environment.
+            .env("NO_PROXY", "*")
+            .env("no_proxy", "*")
             .args([
                 "-s",
                 "-o",
@@ -227,9 +254,9 @@ impl Drop for S3Server {
     }
 }
 
-/// A CA and a server certificate for 127.0.0.1 (`server.crt`, `server.key`) in `dir`, and a
+/// A CA and a server certificate for `ip` (`server.crt`, `server.key`) in `dir`, and a
 /// second CA that signed nothing; returns the two CA files.
-fn pki(dir: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
+fn pki(dir: &Path, ip: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
     let ca = |name: &str| -> anyhow::Result<(rcgen::Issuer<'static, rcgen::KeyPair>, PathBuf)> {
         let key = rcgen::KeyPair::generate()?;
         let mut p = rcgen::CertificateParams::new(Vec::<String>::new())?;
@@ -243,9 +270,8 @@ fn pki(dir: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
     let (issuer, ca_file) = ca("s3-ca")?;
     let (_, other) = ca("other-ca")?;
     let key = rcgen::KeyPair::generate()?;
-    let mut p = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])?;
-    p.distinguished_name
-        .push(rcgen::DnType::CommonName, "127.0.0.1");
+    let mut p = rcgen::CertificateParams::new(vec![ip.to_owned()])?;
+    p.distinguished_name.push(rcgen::DnType::CommonName, ip);
     p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
     let cert = p.signed_by(&key, &issuer)?;
     std::fs::write(dir.join("server.key"), key.serialize_pem())?;

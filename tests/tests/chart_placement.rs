@@ -30,6 +30,10 @@ const ALL_ON: &[&str] = &[
     "traffic.enabled=true",
     "--set",
     "resources.ics.replicas=2",
+    "--set",
+    "jobs.replicas=2",
+    "--set",
+    "jobs.s3.bucket=spur-jobs",
 ];
 
 fn workloads(objects: &[Value]) -> impl Iterator<Item = &Value> {
@@ -118,7 +122,7 @@ async fn every_replicated_component_has_a_budget_and_spreads_over_nodes() {
         // The defaults run these with two replicas each; the check above is not vacuous.
         let mut expected = vec!["spur-operator", "spur-routeserver", "spur-tunnel-proxy"];
         if args == ALL_ON {
-            expected.extend(["spur-gateway", "spur-ics", "spur-agent"]);
+            expected.extend(["spur-gateway", "spur-ics", "spur-agent", "spur-jobs"]);
         }
         for name in expected {
             assert!(
@@ -184,4 +188,21 @@ async fn one_replica_has_no_budget_and_a_users_placement_replaces_the_charts() {
     let affinity = &tp["spec"]["template"]["spec"]["affinity"];
     assert!(affinity.get("podAntiAffinity").is_none(), "{affinity}");
     assert!(affinity.get("nodeAffinity").is_some(), "{affinity}");
+}
+
+/// Two jobs replicas each have their own volume: without a bucket every replica but the leader
+/// would serve no sealed log, so the chart refuses it, saying what to set.
+#[tokio::test]
+async fn two_jobs_replicas_need_a_bucket() {
+    let err = helm_template(&["--set", "jobs.replicas=2"])
+        .await
+        .expect_err("jobs.replicas=2 without jobs.s3.bucket rendered");
+    assert!(
+        format!("{err:#}").contains("needs jobs.s3.bucket"),
+        "{err:#}"
+    );
+    let err = helm_template(&["--set", "jobs.replicas=0"])
+        .await
+        .expect_err("jobs.replicas=0 rendered");
+    assert!(format!("{err:#}").contains("replicas"), "{err:#}");
 }

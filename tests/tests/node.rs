@@ -18,6 +18,7 @@ mod node_chaos;
 mod node_cli;
 mod node_day2;
 mod node_jobs;
+mod node_jobs_ha;
 mod node_kafka;
 mod node_l4;
 mod node_local;
@@ -678,6 +679,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
     node_day2::a_changed_injection_config_reaches_new_pods(node, ns, "frontend", upgrade);
     // --- a value behind a StatefulSet's immutable claim template changes in an upgrade --------
     node_day2::jobs_persistence_switches_in_an_upgrade(node, upgrade);
+    // --- two jobs replicas on S3: the standby serves a running log, takes a job over ------------
+    mark("two jobs replicas on S3");
+    node_jobs_ha::two_replicas_on_s3(node, upgrade);
 
     mark("upgrades end");
 

@@ -35,6 +35,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Context, Error};
 
+mod runner_log;
+
 pub const GROUP: &str = "jobs.spur.dev";
 pub const VERSION: &str = "v1alpha1";
 /// The APIService the component keeps the `caBundle` of.
@@ -444,6 +446,10 @@ async fn stream_log(
     let mut offset: u64 = 0;
     let mut buf = vec![0u8; CHUNK];
     let mut opened = ctx.live.opened();
+    // The Job as last read (its status names a running attempt's runner), and the attempt whose
+    // runner said it has nothing more.
+    let mut current = job.clone();
+    let mut runner_ended: Option<i32> = None;
     loop {
         if attempt >= 1 {
             if let Some(sealed) = ctx.store.log(&ns, &uid, attempt).await? {
@@ -497,6 +503,24 @@ async fn stream_log(
                 }
                 continue;
             }
+            // Not driven here (another replica leads, or this one has not resumed it yet):
+            // from the runner, until it has nothing more; the sealed log then has the rest.
+            if runner_ended != Some(attempt) {
+                match runner_log::read(ctx, &current, attempt, offset, follow, tx).await {
+                    Ok(read) => {
+                        offset = read.offset;
+                        if read.ended {
+                            runner_ended = Some(attempt);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(%ns, job = %name, attempt, error = %e, "cannot read the attempt's log from its runner")
+                    }
+                }
+                if tx.is_closed() {
+                    return Ok(());
+                }
+            }
         }
         if !follow {
             return Ok(());
@@ -515,7 +539,8 @@ async fn stream_log(
         if now.uid() != job.uid() {
             return Ok(());
         }
-        let st = now.status.unwrap_or_default();
+        let st = now.status.clone().unwrap_or_default();
+        current = now;
         let latest = i32::try_from(st.attempts.len()).unwrap_or(0);
         if latest > attempt {
             // Started, or the followed attempt was lost without a log and another began.

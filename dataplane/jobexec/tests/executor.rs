@@ -324,6 +324,84 @@ async fn runs_a_script_streams_its_log_live_and_reports_the_exit_code() {
     ex.stop().await;
 }
 
+/// `client::read_log`, as the replicas of `spur jobs` read a running attempt: the one that drives
+/// it and a standby that serves its log follow it at once, each from its own offset; a bounded
+/// read stops at its bound; a reader that leaves stops its stream; a released attempt is gone.
+#[tokio::test]
+async fn several_readers_follow_one_attempt() {
+    /// Reads into a string: (the offset reached, whether the process had exited, the text).
+    async fn read(
+        c: &mut JobExecutorClient<Channel>,
+        offset: u64,
+        until: u64,
+    ) -> Result<(u64, bool, String), tonic::Status> {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+        let collect = tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Some(piece) = rx.recv().await {
+                got.extend_from_slice(&piece);
+            }
+            String::from_utf8(got).unwrap()
+        });
+        let r = client::read_log(c, "job-5.1", offset, until, &tx).await;
+        drop(tx);
+        let text = collect.await.unwrap();
+        r.map(|(end, exited)| (end, exited, text))
+    }
+    let ex = executor(limits()).await;
+    let mut c = ex.client();
+    c.start(script(
+        "job-5.1",
+        "#!/bin/sh\necho one\nsleep 0.5\necho two\nsleep 0.5\necho three\n",
+    ))
+    .await
+    .unwrap();
+    let follow = |offset: u64, until: u64| {
+        let mut c = ex.client();
+        tokio::spawn(async move { read(&mut c, offset, until).await.unwrap() })
+    };
+    let (driver, standby, tail, bounded) = (
+        follow(0, u64::MAX),
+        follow(0, u64::MAX),
+        follow(4, u64::MAX),
+        follow(0, 6),
+    );
+    // The bounded reader returns at its bound, before the job has written it all.
+    let got = tokio::time::timeout(Duration::from_secs(20), bounded)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, (6, false, "one\ntw".to_owned()));
+    let all = "one\ntwo\nthree\n";
+    for (reader, from) in [(driver, 0), (standby, 0), (tail, 4)] {
+        let got = tokio::time::timeout(Duration::from_secs(20), reader)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, (all.len() as u64, true, all[from..].to_owned()));
+    }
+    // Exited, not yet released: a bounded reader gets what is there and returns.
+    assert_eq!(
+        read(&mut c, 0, 4).await.unwrap(),
+        (4, false, "one\n".to_owned())
+    );
+    // A reader that is gone ends the read at once.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(1);
+    drop(rx);
+    let (end, exited) = client::read_log(&mut c, "job-5.1", 0, u64::MAX, &tx)
+        .await
+        .unwrap();
+    assert!(!exited && end > 0, "{end} {exited}");
+    c.release(pb::ReleaseRequest {
+        attempt_uid: "job-5.1".into(),
+    })
+    .await
+    .unwrap();
+    let gone = read(&mut c, 0, u64::MAX).await.unwrap_err();
+    assert_eq!(gone.code(), tonic::Code::NotFound);
+    ex.stop().await;
+}
+
 #[tokio::test]
 async fn cancel_kills_the_whole_process_tree() {
     let ex = executor(limits()).await;
