@@ -424,9 +424,12 @@ fn sidecar_worker_killed(
 ) -> WorkerKill {
     let status = |what: &str| -> Value {
         let p = node.get_json(ns, &["pod", pod]).unwrap();
-        p["status"]["containerStatuses"]
-            .as_array()
-            .and_then(|c| c.iter().find(|c| c["name"] == "spur-sidecar"))
+        // A native sidecar (the default placement) is among the init containers.
+        ["initContainerStatuses", "containerStatuses"]
+            .iter()
+            .filter_map(|k| p["status"][*k].as_array())
+            .flatten()
+            .find(|c| c["name"] == "spur-sidecar")
             .map(|c| c[what].clone())
             .unwrap_or_else(|| panic!("pod {pod} has no spur-sidecar container: {p}"))
     };
