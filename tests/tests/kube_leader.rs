@@ -343,3 +343,47 @@ async fn the_jobs_component_leads_alone_under_the_chart_rbac() {
     task.await.unwrap().unwrap();
     println!("jobs: hand-over to the standby took {handover:?}");
 }
+
+/// Replicas of one StatefulSet starting together (an upgrade from one replica to two) each add
+/// the StatefulSet to the owners of a CA Secret an earlier release made without one: the patches
+/// race, and a replica that loses the race must find the owner there and start, not fail with a
+/// conflict (and crash-loop once) or drop an owner another added.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_starting_together_share_the_jobs_ca_and_its_owner() {
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    kt::capture_logs();
+    let api = KubeApi::start().await.unwrap();
+    kt::install_crds(&api).await.unwrap();
+    let jobs = kt::jobs_client(&api).await.unwrap();
+    let first = spur_jobs::pki::JobsPki::load_or_create(&jobs, SYSTEM_NAMESPACE, None)
+        .await
+        .unwrap();
+    let owner = OwnerReference {
+        api_version: "apps/v1".into(),
+        kind: "StatefulSet".into(),
+        name: "spur-jobs".into(),
+        uid: "6d1f3c0e-5b1a-4f7e-9a53-0c2b8f1e7d42".into(),
+        ..Default::default()
+    };
+    let starts = (0..6).map(|_| {
+        let (jobs, owner) = (jobs.clone(), owner.clone());
+        tokio::spawn(async move {
+            spur_jobs::pki::JobsPki::load_or_create(&jobs, SYSTEM_NAMESPACE, Some(&owner)).await
+        })
+    });
+    for start in futures_util::future::join_all(starts).await {
+        let pki = start.unwrap().expect("a replica starting beside others");
+        assert_eq!(pki.ca_pem(), first.ca_pem(), "one CA for every replica");
+    }
+    let secrets = Api::<Secret>::namespaced(api.client(), SYSTEM_NAMESPACE);
+    let mut found = 0;
+    for s in secrets.list(&Default::default()).await.unwrap() {
+        let owners = s.metadata.owner_references.unwrap_or_default();
+        if owners.iter().any(|o| o.uid == owner.uid) {
+            found += 1;
+            assert_eq!(owners.len(), 1, "{owners:?}");
+        }
+    }
+    assert_eq!(found, 1, "the CA Secret, owned once by the StatefulSet");
+}

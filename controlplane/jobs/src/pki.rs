@@ -46,6 +46,41 @@ fn pki_err(e: impl std::fmt::Display) -> Error {
     Error::Pki(e.to_string())
 }
 
+/// Adds `owner` to the CA Secret's owners unless it is there. The patch carries the version it
+/// was computed from, so an owner added meanwhile is never dropped; on a conflict the Secret is
+/// read again: replicas of one StatefulSet starting together (an upgrade to two replicas) add
+/// the same owner, and the one that loses the race finds it there rather than failing its start.
+async fn add_owner(
+    secrets: &Api<Secret>,
+    mut secret: Secret,
+    owner: &OwnerReference,
+) -> Result<(), Error> {
+    const ATTEMPTS: usize = 5;
+    let mut attempt = 1;
+    loop {
+        let mut owners = secret.metadata.owner_references.clone().unwrap_or_default();
+        if owners.iter().any(|o| o.uid == owner.uid) {
+            return Ok(());
+        }
+        owners.push(owner.clone());
+        let patch = serde_json::json!({"metadata": {
+            "ownerReferences": owners,
+            "resourceVersion": secret.metadata.resource_version,
+        }});
+        match secrets
+            .patch(CA_SECRET, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 && attempt < ATTEMPTS => {
+                secret = secrets.get(CA_SECRET).await?;
+                attempt += 1;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 impl JobsPki {
     /// Reads the CA Secret, creating it on first start (a concurrent creator wins, and its CA
     /// is read back). With `owner` (the component's StatefulSet), the Secret goes with the
@@ -63,23 +98,8 @@ impl JobsPki {
                         "Secret {namespace}/{CA_SECRET} lacks ca.crt or ca.key"
                     ))
                 })?;
-                if let Some(owner) = owner
-                    && !s
-                        .metadata
-                        .owner_references
-                        .iter()
-                        .flatten()
-                        .any(|o| o.uid == owner.uid)
-                {
-                    let mut owners = s.metadata.owner_references.clone().unwrap_or_default();
-                    owners.push(owner.clone());
-                    let patch = serde_json::json!({"metadata": {
-                        "ownerReferences": owners,
-                        "resourceVersion": s.metadata.resource_version,
-                    }});
-                    secrets
-                        .patch(CA_SECRET, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await?;
+                if let Some(owner) = owner {
+                    add_owner(&secrets, s, owner).await?;
                 }
                 pair
             }
