@@ -256,7 +256,9 @@ where
                 }
             };
             token.cancel();
-            end_term(running, election.margin()).await;
+            // Half the margin: a fenced term is aborted well before its lease expires, leaving
+            // the other half for the clocks of the API server and the standby.
+            end_term(running, election.margin() / 2).await;
             leading(false);
             match ended {
                 Ended::Stop => return Ok(()),
@@ -275,8 +277,8 @@ where
     result
 }
 
-/// Waits for an ended term's task, at most `within` (the fence's margin: a term must stop acting
-/// within it), then aborts it. A kube-runtime controller whose graceful shutdown comes before its
+/// Waits for an ended term's task, at most `within` (half the fence's margin: a term must stop
+/// acting before its lease expires), then aborts it. A kube-runtime controller whose graceful shutdown comes before its
 /// store's first list is complete never ends: its runner waits for the store to be ready, and
 /// the store's watch has just been stopped (a term lost or stopped right after it started). Left
 /// waiting, the replica would keep renewing the lease with no controller running, and never stop.

@@ -506,13 +506,17 @@ async fn stream_log(
             // Not driven here (another replica leads, or this one has not resumed it yet):
             // from the runner, until it has nothing more; the sealed log then has the rest.
             if runner_ended != Some(attempt) {
-                match runner_log::read(ctx, &current, attempt, offset, follow, tx).await {
-                    Ok(read) => {
-                        offset = read.offset;
-                        if read.ended {
-                            runner_ended = Some(attempt);
-                        }
+                match runner_log::read(ctx, &current, attempt, &mut offset, follow, tx).await {
+                    Ok(runner_log::Read::Ended) => runner_ended = Some(attempt),
+                    Ok(runner_log::Read::More) => {}
+                    // Said in the log, as the driving replica's stream does: a reader is not
+                    // left with a short log and no word why.
+                    Err(e) if !follow => {
+                        tracing::info!(%ns, job = %name, attempt, error = %e, "cannot read the attempt's log from its runner");
+                        return Err(e);
                     }
+                    // A follower goes on: the next turn asks the runner again, or finds the
+                    // attempt sealed or lost.
                     Err(e) => {
                         tracing::debug!(%ns, job = %name, attempt, error = %e, "cannot read the attempt's log from its runner")
                     }

@@ -77,10 +77,19 @@ pub async fn run(ctx: Arc<Context>, wakeups: Wakeups, stop: CancellationToken) {
     .run(reconcile_group, group_error, ctx.clone())
     .for_each(|_| std::future::ready(()));
 
+    // What a standby would otherwise export as its last view of the queues: cleared when the
+    // term ends, also when it is aborted (spur_controller::leader, a term that does not stop).
+    let _clear = ClearQueues(&ctx);
     let sweeper = sweep(ctx.clone(), stop.clone());
     tokio::join!(jobs, groups, sweeper);
-    // What a standby would otherwise export as its last view of the queues.
-    ctx.metrics.queues.clear();
+}
+
+struct ClearQueues<'a>(&'a Context);
+
+impl Drop for ClearQueues<'_> {
+    fn drop(&mut self) {
+        self.0.metrics.queues.clear();
+    }
 }
 
 // === Job ===

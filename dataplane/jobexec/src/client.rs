@@ -43,56 +43,57 @@ pub fn connect(
     Ok(JobExecutorClient::new(channel))
 }
 
-/// Reads attempt `attempt_uid`'s output from `offset` as it comes, sending each piece on `out`,
+/// Reads attempt `attempt_uid`'s output from `*offset` as it comes, sending each piece on `out`,
 /// until the process has exited and all of it was read, `until` bytes were, or `out`'s receiver
-/// is gone. Returns the offset reached, and whether the process has exited and
-/// all its output was read. An attempt may have any number of
-/// readers at once: the replica of `spur jobs` that drives it, and the others, which serve its
-/// log meanwhile (only the leader drives attempts; every replica serves the API).
+/// is gone. `*offset` follows what was sent, also when the read fails part-way (a reader that
+/// goes on from it sends nothing twice). Returns whether the process has exited and all its
+/// output was read. An attempt may have any number of readers at once: the replica of
+/// `spur jobs` that drives it, and the others, which serve its log meanwhile (only the leader
+/// drives attempts; every replica serves the API).
 pub async fn read_log<T: From<Vec<u8>>>(
     client: &mut JobExecutorClient<Channel>,
     attempt_uid: &str,
-    offset: u64,
+    offset: &mut u64,
     until: u64,
     out: &tokio::sync::mpsc::Sender<T>,
-) -> Result<(u64, bool), tonic::Status> {
-    let mut offset = offset;
-    if offset >= until {
-        return Ok((offset, false));
+) -> Result<bool, tonic::Status> {
+    if *offset >= until {
+        return Ok(false);
     }
     let mut stream = client
         .logs(spur_proto::jobs::LogsRequest {
             attempt_uid: attempt_uid.to_owned(),
-            offset,
+            offset: *offset,
         })
         .await?
         .into_inner();
     while let Some(chunk) = stream.message().await? {
-        if chunk.offset != offset {
+        if chunk.offset != *offset {
             return Err(tonic::Status::data_loss(format!(
-                "log offset {} where {offset} was expected",
-                chunk.offset
+                "log offset {} where {} was expected",
+                chunk.offset, *offset
             )));
         }
         let sent = chunk.data.len();
         let mut data = chunk.data;
-        data.truncate(usize::try_from(until - offset).unwrap_or(usize::MAX));
+        data.truncate(usize::try_from(until - *offset).unwrap_or(usize::MAX));
         // The last message, and not cut short by `until`.
         let all = chunk.r#final.is_some() && data.len() == sent;
         if !data.is_empty() {
-            offset += data.len() as u64;
+            let len = data.len() as u64;
             if out.send(T::from(data)).await.is_err() {
-                return Ok((offset, false));
+                return Ok(false);
             }
+            *offset += len;
         }
         if all {
-            return Ok((offset, true));
+            return Ok(true);
         }
-        if offset >= until {
+        if *offset >= until {
             break;
         }
     }
-    Ok((offset, false))
+    Ok(false)
 }
 
 /// A client configuration: trust `ca_pem` only, present `cert_pem`/`key_pem`, speak h2.

@@ -20,6 +20,7 @@
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
+use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
@@ -229,20 +230,31 @@ pub async fn run(held: Held, program: std::path::PathBuf, args: Vec<OsString>) -
         let pid = worker.id().and_then(|p| i32::try_from(p).ok());
         tracing::info!(pid, restarts = policy.total, "sidecar worker started");
         let status: std::io::Result<ExitStatus> = loop {
+            // Signals first: a stop that came while the worker exited is still passed on, and
+            // ends the supervisor instead of starting another worker.
             tokio::select! {
-                status = worker.wait() => break status,
+                biased;
                 _ = term.recv() => forward(pid, nix::sys::signal::Signal::SIGTERM, &mut held),
                 _ = int.recv() => forward(pid, nix::sys::signal::Signal::SIGINT, &mut held),
+                status = worker.wait() => break status,
             }
         };
-        let code = match status {
-            Ok(s) => s.code(),
+        let (code, signal) = match status {
+            Ok(s) => (s.code(), s.signal()),
             Err(e) => {
                 eprintln!("spur-sidecar: --supervise: lost the worker: {e}");
                 return 1;
             }
         };
         if held.is_none() {
+            // A worker stopped by the signal passed on before it could handle it (it was just
+            // starting) stopped as asked.
+            if signal.is_some_and(|s| {
+                s == nix::sys::signal::Signal::SIGTERM as i32
+                    || s == nix::sys::signal::Signal::SIGINT as i32
+            }) {
+                return 0;
+            }
             return code.and_then(|c| u8::try_from(c).ok()).unwrap_or(1);
         }
         let lived = started.elapsed();
@@ -260,9 +272,10 @@ pub async fn run(held: Held, program: std::path::PathBuf, args: Vec<OsString>) -
                 );
                 // A signal during the delay ends the supervisor: there is no worker to drain.
                 tokio::select! {
-                    () = tokio::time::sleep(delay) => {}
+                    biased;
                     _ = term.recv() => return 0,
                     _ = int.recv() => return 0,
+                    () = tokio::time::sleep(delay) => {}
                 }
             }
         }

@@ -22,8 +22,16 @@ fn output() -> String {
     (1..=LINES).map(|i| format!("line {i}\n")).collect()
 }
 
-/// The jobs pods by name, with their IPs, once `n` of them run and are Ready.
-fn jobs_pods(node: &Node, n: usize) -> Vec<(String, String)> {
+/// A jobs pod: its name, its IP and its identity in the leader Lease (`<name>_<uid>`: a
+/// replacement pod has the name of the one it replaces, not its identity).
+struct JobsPod {
+    name: String,
+    ip: String,
+    identity: String,
+}
+
+/// The jobs pods, once `n` of them run and are Ready.
+fn jobs_pods(node: &Node, n: usize) -> Vec<JobsPod> {
     eventually(
         &format!("{n} ready jobs pods"),
         Duration::from_secs(180),
@@ -32,7 +40,7 @@ fn jobs_pods(node: &Node, n: usize) -> Vec<(String, String)> {
                 SPUR_NAMESPACE,
                 &["pods", "-l", "app.kubernetes.io/name=spur-jobs"],
             )?;
-            let ready: Vec<(String, String)> = pods["items"]
+            let ready: Vec<JobsPod> = pods["items"]
                 .as_array()
                 .into_iter()
                 .flatten()
@@ -45,10 +53,13 @@ fn jobs_pods(node: &Node, n: usize) -> Vec<(String, String)> {
                         .any(|c| c["type"] == "Ready" && c["status"] == "True")
                 })
                 .filter_map(|p| {
-                    Some((
-                        p["metadata"]["name"].as_str()?.to_owned(),
-                        p["status"]["podIP"].as_str()?.to_owned(),
-                    ))
+                    let name = p["metadata"]["name"].as_str()?.to_owned();
+                    let uid = p["metadata"]["uid"].as_str()?;
+                    Some(JobsPod {
+                        identity: format!("{name}_{uid}"),
+                        ip: p["status"]["podIP"].as_str()?.to_owned(),
+                        name,
+                    })
                 })
                 .collect();
             Ok((ready.len() == n).then_some(ready))
@@ -57,13 +68,12 @@ fn jobs_pods(node: &Node, n: usize) -> Vec<(String, String)> {
     .unwrap_or_else(|e| panic!("{e:#}\n{}", node.describe(SPUR_NAMESPACE)))
 }
 
-/// The pod holding the jobs Lease (its identity is `<pod>_<pod uid>`).
+/// The identity holding the jobs Lease (`<pod>_<pod uid>`).
 fn leader(node: &Node) -> Option<String> {
     let l = node
         .get_json(SPUR_NAMESPACE, &["lease", "spur-jobs"])
         .ok()?;
-    let holder = l["spec"]["holderIdentity"].as_str()?;
-    holder.split_once('_').map(|(pod, _)| pod.to_owned())
+    l["spec"]["holderIdentity"].as_str().map(str::to_owned)
 }
 
 /// Asks one replica directly, as the API server's front proxy does: its client certificate
@@ -126,7 +136,36 @@ impl Direct {
     }
 }
 
+/// The second replica's claim needs a volume: the node has no provisioner, and its default
+/// StorageClass one volume, which the first replica's claim holds
+/// (node_quickstart::give_the_node_a_default_storage_class).
+fn a_volume_for_the_second_replica(node: &Node) {
+    let dir = node.root.join("volumes/pv-1");
+    std::fs::create_dir_all(&dir).unwrap();
+    // The jobs store runs as 65532; a hostPath volume takes no fsGroup.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    node.apply(&format!(
+        r#"apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: {PV}
+spec:
+  capacity: {{storage: 10Gi}}
+  accessModes: [ReadWriteOnce]
+  storageClassName: standard
+  persistentVolumeReclaimPolicy: Retain
+  hostPath: {{path: {dir:?}, type: Directory}}
+"#,
+        dir = dir.display().to_string()
+    ))
+    .unwrap();
+}
+
+const PV: &str = "spur-node-pv-1";
+
 pub(crate) fn two_replicas_on_s3(node: &Node, upgrade: impl Fn(&[&str])) {
+    a_volume_for_the_second_replica(node);
     let s3 = tokio::runtime::Runtime::new()
         .unwrap()
         .block_on(S3Server::start_in(&node.netns, &node.ip))
@@ -166,14 +205,20 @@ pub(crate) fn two_replicas_on_s3(node: &Node, upgrade: impl Fn(&[&str])) {
         "jobs.s3.caConfigMap=jobs-s3-ca",
     ]);
     let pods = jobs_pods(node, 2);
-    let lead = eventually("a jobs leader", Duration::from_secs(60), || {
-        Ok(leader(node).filter(|l| pods.iter().any(|(p, _)| p == l)))
+    // One of these two pods (not a replaced pod of the same name whose lease has not expired).
+    let lead_id = eventually("a jobs leader", Duration::from_secs(60), || {
+        Ok(leader(node).filter(|l| pods.iter().any(|p| p.identity == *l)))
     })
     .unwrap();
+    let lead = pods
+        .iter()
+        .find(|p| p.identity == lead_id)
+        .map(|p| p.name.clone())
+        .unwrap();
     let standby_ip = pods
         .iter()
-        .find(|(p, _)| *p != lead)
-        .map(|(_, ip)| ip.clone())
+        .find(|p| p.identity != lead_id)
+        .map(|p| p.ip.clone())
         .unwrap();
     let direct = Direct::new(node);
 
@@ -244,7 +289,7 @@ pub(crate) fn two_replicas_on_s3(node: &Node, upgrade: impl Fn(&[&str])) {
         // from its own spool, which starts empty and catches up with the runner at once.
         assert!(whole.starts_with(&body), "read {reads}: {body:?}");
         most = most.max(body.lines().count());
-        if took_lease.is_none() && leader(node).is_some_and(|l| l != lead) {
+        if took_lease.is_none() && leader(node).is_some_and(|l| l != lead_id) {
             took_lease = Some(deleted_at.elapsed());
         }
         let j = job().unwrap();
@@ -262,7 +307,7 @@ pub(crate) fn two_replicas_on_s3(node: &Node, upgrade: impl Fn(&[&str])) {
         "the running attempt was not taken over but run again: {finished}"
     );
     let took_lease = took_lease
-        .or_else(|| leader(node).filter(|l| *l != lead).map(|_| took))
+        .or_else(|| leader(node).filter(|l| *l != lead_id).map(|_| took))
         .unwrap_or_else(|| panic!("the jobs Lease is still {lead}'s"));
 
     // Sealed, in the bucket: every replica serves the same log and artifact, the deleted one's
@@ -271,7 +316,7 @@ pub(crate) fn two_replicas_on_s3(node: &Node, upgrade: impl Fn(&[&str])) {
     let artifact = format!(
         "/apis/jobs.spur.dev/v1alpha1/namespaces/{ns}/jobs/through-failover/artifacts?path=/tmp/count.txt"
     );
-    for (pod, ip) in &pods {
+    for JobsPod { name: pod, ip, .. } in &pods {
         let (code, body) = direct.get(ip, &log_path);
         assert_eq!(
             (code, body.as_str()),
@@ -290,7 +335,7 @@ pub(crate) fn two_replicas_on_s3(node: &Node, upgrade: impl Fn(&[&str])) {
     // One leader: the two replicas' leader series add up to one.
     let leaders: i64 = pods
         .iter()
-        .map(|(pod, _)| {
+        .map(|JobsPod { name: pod, .. }| {
             let m = node
                 .kubectl(&[
                     "get",
@@ -326,5 +371,6 @@ pub(crate) fn two_replicas_on_s3(node: &Node, upgrade: impl Fn(&[&str])) {
         node.kubectl(&["-n", SPUR_NAMESPACE, "delete", what, "--wait=false"])
             .unwrap();
     }
+    node.kubectl(&["delete", "pv", PV, "--wait=false"]).unwrap();
     drop(s3);
 }

@@ -15,17 +15,22 @@ use tokio::sync::mpsc;
 
 use crate::{Context, Error};
 
-/// How far a read from the runner got.
-pub(super) struct Read {
-    /// The offset reached (bytes of the attempt's output sent so far).
-    pub offset: u64,
-    /// The runner has nothing more for this attempt: it exited, or its runner no longer has it
-    /// (released after the driver kept the log, or lost). The sealed log, if any, has the rest.
-    pub ended: bool,
+/// How a read from the runner ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Read {
+    /// The runner has nothing more for this attempt: its process exited and all its output was
+    /// read, or the Job no longer says the attempt is running. The sealed log, if any, has the
+    /// rest.
+    Ended,
+    /// There may be more: the reader left, the bound was reached, or the runner cannot serve it
+    /// yet (the Job says running before the driver has started the attempt on it, the pod has
+    /// no IP yet). A follower asks again on its next turn, with a fresher Job.
+    More,
 }
 
-/// Sends attempt `attempt` of `job` from `offset` as its runner has it: with `follow`, as it
-/// comes until the process exits; without, what there is now. The runner is the pod the Job's
+/// Sends attempt `attempt` of `job` from `*offset` as its runner has it: with `follow`, as it
+/// comes until the process exits; without, what there is now. `*offset` follows what was sent,
+/// also when the read fails part-way. The runner is the pod the Job's
 /// status names for a running attempt, in the Job's namespace, and is reached as the driver
 /// reaches it: with the jobs client certificate, accepting only the executor certificate of
 /// that namespace.
@@ -33,21 +38,17 @@ pub(super) async fn read(
     ctx: &Context,
     job: &Job,
     attempt: i32,
-    offset: u64,
+    offset: &mut u64,
     follow: bool,
     tx: &mpsc::Sender<Bytes>,
 ) -> Result<Read, Error> {
-    let ended = Read {
-        offset,
-        ended: true,
-    };
     let running = job.status.as_ref().and_then(|s| {
         s.attempts
             .iter()
             .find(|a| a.id == attempt && a.phase == AttemptPhase::Running)
     });
     let Some(pod) = running.map(|a| a.pod.clone()) else {
-        return Ok(ended);
+        return Ok(Read::Ended);
     };
     let ns = job.namespace().unwrap_or_default();
     let err = |message: String| Error::Executor {
@@ -59,8 +60,9 @@ pub(super) async fn read(
         .await?
         .and_then(|p| p.status?.pod_ip);
     let Some(ip) = ip else {
-        // Gone, or not started: the driver declares the attempt lost.
-        return Ok(ended);
+        // Not started yet, or gone (the driver then declares the attempt lost, and the Job
+        // says so on a later turn).
+        return Ok(Read::More);
     };
     let addr: SocketAddr = format!("{ip}:{}", spur_job_executor::DEFAULT_PORT)
         .parse()
@@ -81,7 +83,8 @@ pub(super) async fn read(
             .map_err(|s| err(s.message().to_owned()))?
             .into_inner();
         if now.attempt_uid != auid {
-            return Ok(ended);
+            // Not started on the runner yet, or released (the sealed log has it).
+            return Ok(Read::More);
         }
         now.log_bytes
     };
@@ -89,14 +92,14 @@ pub(super) async fn read(
     // A follower that leaves while the job is quiet ends the read too.
     let reached = tokio::select! {
         r = read => r,
-        () = tx.closed() => return Ok(Read { offset, ended: false }),
+        () = tx.closed() => return Ok(Read::More),
     };
     match reached {
-        Ok((offset, exited)) => Ok(Read {
-            offset,
-            ended: exited,
-        }),
-        Err(s) if s.code() == tonic::Code::NotFound => Ok(ended),
+        Ok(true) => Ok(Read::Ended),
+        Ok(false) => Ok(Read::More),
+        // The Job says running before the driver has started the attempt on its runner, and
+        // after the runner released it (the sealed log has it then): asked again next turn.
+        Err(s) if s.code() == tonic::Code::NotFound => Ok(Read::More),
         Err(s) => Err(err(s.message().to_owned())),
     }
 }
