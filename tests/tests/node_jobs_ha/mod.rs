@@ -136,36 +136,12 @@ impl Direct {
     }
 }
 
-/// The second replica's claim needs a volume: the node has no provisioner, and its default
-/// StorageClass one volume, which the first replica's claim holds
-/// (node_quickstart::give_the_node_a_default_storage_class).
-fn a_volume_for_the_second_replica(node: &Node) {
-    let dir = node.root.join("volumes/pv-1");
-    std::fs::create_dir_all(&dir).unwrap();
-    // The jobs store runs as 65532; a hostPath volume takes no fsGroup.
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-    node.apply(&format!(
-        r#"apiVersion: v1
-kind: PersistentVolume
-metadata:
-  name: {PV}
-spec:
-  capacity: {{storage: 10Gi}}
-  accessModes: [ReadWriteOnce]
-  storageClassName: standard
-  persistentVolumeReclaimPolicy: Retain
-  hostPath: {{path: {dir:?}, type: Directory}}
-"#,
-        dir = dir.display().to_string()
-    ))
-    .unwrap();
-}
-
+/// The volume of the second replica's claim: the node has no provisioner, and the volume of its
+/// default StorageClass is the first replica's (node_quickstart::a_volume).
 const PV: &str = "spur-node-pv-1";
 
 pub(crate) fn two_replicas_on_s3(node: &Node, upgrade: impl Fn(&[&str])) {
-    a_volume_for_the_second_replica(node);
+    crate::node_quickstart::a_volume(node, "pv-1");
     let s3 = tokio::runtime::Runtime::new()
         .unwrap()
         .block_on(S3Server::start_in(&node.netns, &node.ip))

@@ -78,24 +78,33 @@ pub(crate) fn install_without_a_default_storage_class_fails_at_once(node: &Node)
 /// node has no provisioner), for the jobs store's claim. The claim outlives `helm uninstall`, so
 /// the quickstart's install binds the same one again.
 pub(crate) fn give_the_node_a_default_storage_class(node: &Node) {
-    let dir = node.root.join("volumes/pv-0");
+    node.apply(
+        r#"apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: standard
+  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+provisioner: kubernetes.io/no-provisioner
+volumeBindingMode: WaitForFirstConsumer
+"#,
+    )
+    .unwrap();
+    a_volume(node, "pv-0");
+}
+
+/// A volume of the default StorageClass, a directory of the node named `spur-node-<name>`, for
+/// one claim of the jobs store.
+pub(crate) fn a_volume(node: &Node, name: &str) {
+    let dir = node.root.join("volumes").join(name);
     std::fs::create_dir_all(&dir).unwrap();
     // The jobs store runs as 65532; a hostPath volume takes no fsGroup.
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     node.apply(&format!(
-        r#"apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata:
-  name: standard
-  annotations: {{storageclass.kubernetes.io/is-default-class: "true"}}
-provisioner: kubernetes.io/no-provisioner
-volumeBindingMode: WaitForFirstConsumer
----
-apiVersion: v1
+        r#"apiVersion: v1
 kind: PersistentVolume
 metadata:
-  name: spur-node-pv-0
+  name: spur-node-{name}
 spec:
   capacity: {{storage: 10Gi}}
   accessModes: [ReadWriteOnce]
