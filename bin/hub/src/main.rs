@@ -2,7 +2,7 @@
 //! the registry commands that edit its database directly, also while it runs.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
@@ -12,6 +12,7 @@ use prometheus_client::registry::Registry;
 use spur_bin_support::Runtime;
 use spur_hub::Store;
 use spur_hub::server::{Hub, HubConfig, TlsSource};
+use spur_hub::store::{Database, PostgresSettings};
 use tokio_util::sync::CancellationToken;
 
 /// The self-hosted hub that clusters dial out to: `serve`, and its registry of clusters, users
@@ -25,9 +26,64 @@ struct HubArgs {
 
 #[derive(Args, Clone)]
 struct DbArg {
-    /// The hub's database (SQLite; created when missing).
+    /// The hub's database (SQLite; created when missing). Ignored with --database-url.
     #[arg(long, env = "SPUR_HUB_DB", default_value = "spur-hub.db")]
     db: PathBuf,
+    /// An external PostgreSQL database instead of the SQLite file, shared by several hub
+    /// replicas: postgres://USER@HOST:PORT/DATABASE (or libpq's key=value form). Over TLS,
+    /// verified against --database-ca; give the hub a database of its own.
+    #[arg(long, env = "SPUR_HUB_DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// A file holding the database password (when the URL has none), e.g. a mounted Secret.
+    #[arg(
+        long,
+        env = "SPUR_HUB_DATABASE_PASSWORD_FILE",
+        requires = "database_url"
+    )]
+    database_password_file: Option<PathBuf>,
+    /// CA certificates (PEM) the database server's certificate must chain to (default: the
+    /// system's roots). The server's certificate must also name the URL's host.
+    #[arg(long, env = "SPUR_HUB_DATABASE_CA", requires = "database_url")]
+    database_ca: Option<PathBuf>,
+    /// Connect to PostgreSQL without TLS (the registry's hashes and the hub's CA key then cross
+    /// the network in the clear): only for a server on loopback or in the same pod.
+    #[arg(
+        long,
+        env = "SPUR_HUB_DATABASE_INSECURE_PLAINTEXT",
+        requires = "database_url"
+    )]
+    database_insecure_plaintext: bool,
+}
+
+impl DbArg {
+    fn database(&self) -> Result<Database> {
+        let Some(url) = &self.database_url else {
+            return Ok(Database::Sqlite(self.db.clone()));
+        };
+        let password = match &self.database_password_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("--database-password-file {}", path.display()))?
+                    .trim_end_matches(['\r', '\n'])
+                    .to_owned(),
+            ),
+            None => None,
+        };
+        Ok(Database::Postgres(PostgresSettings {
+            url: url.clone(),
+            password,
+            ca: self.database_ca.clone(),
+            insecure_plaintext: self.database_insecure_plaintext,
+        }))
+    }
+
+    /// What the logs may say of the database (never the URL: it may hold a password).
+    fn describe(&self) -> String {
+        match self.database_url {
+            Some(_) => "postgres".into(),
+            None => self.db.display().to_string(),
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -288,8 +344,8 @@ struct ServeArgs {
     drain_grace: u64,
 }
 
-fn open_store(db: &Path) -> Result<Store> {
-    Ok(Store::open(db)?)
+fn open_store(db: &DbArg) -> Result<Store> {
+    Ok(Store::open_database(&db.database()?)?)
 }
 
 fn ago(t: Option<SystemTime>) -> String {
@@ -306,7 +362,7 @@ async fn run(args: HubArgs) -> Result<ExitCode> {
     match args.command {
         HubCommand::Serve(args) => serve(*args).await,
         HubCommand::Cluster(ClusterCommand::Add { name, rotate, db }) => {
-            let token = open_store(&db.db)?.add_cluster(&name, rotate)?;
+            let token = open_store(&db)?.add_cluster(&name, rotate)?;
             eprintln!("cluster {name} registered; give this token to its agent (shown once):");
             println!("{token}");
             Ok(ExitCode::SUCCESS)
@@ -316,7 +372,7 @@ async fn run(args: HubArgs) -> Result<ExitCode> {
                 "{:<24} {:<10} {:<14} {:<14}",
                 "NAME", "STATUS", "CREATED", "LAST SEEN"
             );
-            for c in open_store(&db.db)?.clusters()? {
+            for c in open_store(&db)?.clusters()? {
                 let status = if c.revoked.is_some() {
                     "revoked"
                 } else {
@@ -333,7 +389,7 @@ async fn run(args: HubArgs) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         HubCommand::Cluster(ClusterCommand::Revoke { name, db }) => {
-            if open_store(&db.db)?.revoke_cluster(&name)? {
+            if open_store(&db)?.revoke_cluster(&name)? {
                 eprintln!("cluster {name} revoked; a running hub closes its session");
             } else {
                 eprintln!("cluster {name} was already revoked");
@@ -342,13 +398,13 @@ async fn run(args: HubArgs) -> Result<ExitCode> {
         }
         HubCommand::Apikey(ApiKeyCommand::Add { name, user, db }) => {
             let user = user.unwrap_or_else(|| name.clone());
-            let key = open_store(&db.db)?.add_api_key(&name, &user)?;
+            let key = open_store(&db)?.add_api_key(&name, &user)?;
             eprintln!("API key {name} of hub user {user} created (shown once):");
             println!("{key}");
             Ok(ExitCode::SUCCESS)
         }
         HubCommand::Apikey(ApiKeyCommand::Bind { name, user, db }) => {
-            open_store(&db.db)?.bind_api_key(&name, &user)?;
+            open_store(&db)?.bind_api_key(&name, &user)?;
             eprintln!("API key {name} now acts for hub user {user}");
             Ok(ExitCode::SUCCESS)
         }
@@ -357,7 +413,7 @@ async fn run(args: HubArgs) -> Result<ExitCode> {
                 "{:<24} {:<24} {:<10} {:<14}",
                 "NAME", "USER", "STATUS", "CREATED"
             );
-            for k in open_store(&db.db)?.api_keys()? {
+            for k in open_store(&db)?.api_keys()? {
                 let status = match (&k.revoked, &k.user) {
                     (Some(_), _) => "revoked",
                     (None, None) => "no-user",
@@ -375,7 +431,7 @@ async fn run(args: HubArgs) -> Result<ExitCode> {
         }
         HubCommand::User(command) => user_command(command),
         HubCommand::Apikey(ApiKeyCommand::Revoke { name, db }) => {
-            if open_store(&db.db)?.revoke_api_key(&name)? {
+            if open_store(&db)?.revoke_api_key(&name)? {
                 eprintln!("API key {name} revoked");
             } else {
                 eprintln!("API key {name} was already revoked");
@@ -383,12 +439,12 @@ async fn run(args: HubArgs) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         HubCommand::LoginLink { name, url, db } => {
-            let code = open_store(&db.db)?.create_login_code(&name, Duration::from_secs(300))?;
+            let code = open_store(&db)?.create_login_code(&name, Duration::from_secs(300))?;
             println!("{}/login?code={code}", url.trim_end_matches('/'));
             Ok(ExitCode::SUCCESS)
         }
         HubCommand::Ca(db) => {
-            let ca = spur_hub::server::hub_ca(&open_store(&db.db)?)?;
+            let ca = spur_hub::server::hub_ca(&open_store(&db)?)?;
             print!("{}", ca.cert);
             Ok(ExitCode::SUCCESS)
         }
@@ -398,7 +454,7 @@ async fn run(args: HubArgs) -> Result<ExitCode> {
 fn user_command(command: UserCommand) -> Result<ExitCode> {
     match command {
         UserCommand::Add { name, scope, db } => {
-            let store = open_store(&db.db)?;
+            let store = open_store(&db)?;
             // Checked before anything is written: a bad scope adds no user.
             let change = scope.change()?;
             store.add_user(&name)?;
@@ -420,21 +476,21 @@ fn user_command(command: UserCommand) -> Result<ExitCode> {
             let change = scope
                 .change()?
                 .context("name the cluster: --cluster NAME (or '*')")?;
-            open_store(&db.db)?.set_user_scope(&name, &change)?;
+            open_store(&db)?.set_user_scope(&name, &change)?;
             eprintln!(
                 "hub user {name}: in cluster {} it sees namespaces {}",
                 change.cluster, change.namespaces
             );
         }
         UserCommand::Unset { name, cluster, db } => {
-            if open_store(&db.db)?.unset_user_scope(&name, &cluster)? {
+            if open_store(&db)?.unset_user_scope(&name, &cluster)? {
                 eprintln!("hub user {name} no longer sees cluster {cluster}");
             } else {
                 eprintln!("hub user {name} had no scope in cluster {cluster}");
             }
         }
         UserCommand::List(db) => {
-            let store = open_store(&db.db)?;
+            let store = open_store(&db)?;
             let keys = store.api_keys()?;
             println!(
                 "{:<20} {:<16} {:<28} {:<24} {:<20} KEYS",
@@ -483,7 +539,7 @@ fn user_command(command: UserCommand) -> Result<ExitCode> {
             }
         }
         UserCommand::Remove { name, db } => {
-            let revoked = open_store(&db.db)?.remove_user(&name)?;
+            let revoked = open_store(&db)?.remove_user(&name)?;
             eprintln!("hub user {name} removed; {revoked} API key(s) of it revoked");
         }
     }
@@ -492,7 +548,7 @@ fn user_command(command: UserCommand) -> Result<ExitCode> {
 
 async fn serve(args: ServeArgs) -> Result<ExitCode> {
     let shutdown = spur_runtime::shutdown_signal();
-    let store = open_store(&args.db.db)?;
+    let store = open_store(&args.db)?;
     let web_host = match &args.web_host {
         Some(h) => h.clone(),
         None => args
@@ -550,7 +606,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode> {
         quic = ?hub.tunnel_quic_addr(),
         h2 = ?hub.tunnel_h2_addr(),
         preview = ?hub.preview_addr(),
-        db = %args.db.db.display(),
+        db = %args.db.describe(),
         "hub started"
     );
     let stop = CancellationToken::new();

@@ -17,9 +17,7 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 use tokio::process::Command;
 
-#[path = "support/postgres.rs"]
-mod postgres;
-use postgres::{PASSWORD, Postgres, free_port, signal};
+use spur_kube_harness::postgres::{PASSWORD, Postgres, free_port, signal};
 
 async fn request(port: u16, method: Method, path: &str, body: Vec<u8>) -> (StatusCode, String) {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();

@@ -13,9 +13,7 @@ use std::time::Duration;
 use spur_api::ResourcePlugin;
 use spur_api::resources::{PluginStep, compile, default_input_env};
 
-#[path = "support/postgres.rs"]
-mod postgres;
-use postgres::{PASSWORD, Postgres, pg_bindir};
+use spur_kube_harness::postgres::{PASSWORD, Postgres, pg_bindir};
 
 fn plugin() -> ResourcePlugin {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -395,12 +395,11 @@ impl Clusters {
             let checked = tokio::task::spawn_blocking(move || {
                 let version = s.data_version()?;
                 let mut revoked = Vec::new();
-                if Some(version) != seen {
+                // None (PostgreSQL): another replica may have changed anything; check always.
+                if version.is_none() || version != seen {
+                    let active = s.active_clusters()?;
                     for (name, c) in &connected {
-                        let valid = match c.issued {
-                            Some(issued) => s.session_valid(name, issued)?,
-                            None => false,
-                        };
+                        let valid = c.issued.is_some_and(|i| active.get(name) == Some(&i));
                         if !valid {
                             revoked.push((name.clone(), c.session.clone()));
                         }
@@ -413,7 +412,7 @@ impl Clusters {
                 Ok(Ok((version, revoked))) => {
                     // Connections made during the check are checked at the next change; a
                     // revoked token cannot make one (the authenticator reads the same table).
-                    seen = Some(version);
+                    seen = version;
                     for (name, session) in revoked {
                         tracing::warn!(cluster = %name, "cluster revoked or token rotated: closing its session");
                         session.goaway("cluster token revoked", Duration::ZERO);

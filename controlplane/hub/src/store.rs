@@ -1,79 +1,29 @@
-//! The hub's state in one SQLite file: registered clusters and API keys, each credential kept
-//! only as its SHA-256. Every change is one transaction in WAL mode with `synchronous = FULL`:
-//! a hub killed at any instant reopens with each change either wholly there or wholly absent.
-//! The CLI (`spur-hub cluster add`) writes the same file while the hub runs; the hub notices
-//! other writers through `PRAGMA data_version` ([`Store::data_version`]).
+//! The hub's state: registered clusters and API keys (each credential kept only as its
+//! SHA-256), users, sessions and the hub's CA. One SQLite file by default: every change is one
+//! transaction in WAL mode with `synchronous = FULL`, so a hub killed at any instant reopens with
+//! each change either wholly there or wholly absent; the CLI (`spur-hub cluster add`) writes the
+//! same file while the hub runs, and the hub notices other writers through `PRAGMA data_version`
+//! ([`Store::data_version`]). Several hub replicas share an external PostgreSQL server instead
+//! ([`Store::connect`], `store/postgres.rs`). Every query is written once against [`sql::Sql`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::Connection;
 
 use crate::Error;
+use sql::{Sql, Sqlite};
 
+mod postgres;
+mod schema;
 mod sessions;
+pub(crate) mod sql;
 mod users;
 
+pub use postgres::PostgresSettings;
 pub use sessions::SessionScope;
 pub use users::{Principal, ScopeChange};
-
-/// Schema version in `PRAGMA user_version`; a newer file is refused rather than misread.
-const SCHEMA_VERSION: i64 = 4;
-
-/// Migrations, in order: entry `i` takes a file from version `i` to `i + 1`.
-const MIGRATIONS: [&str; 4] = [SCHEMA_V1, SESSIONS_V2, LOGIN_CODES_V3, users::USERS_V4];
-
-const SCHEMA_V1: &str = "
-CREATE TABLE clusters (
-    name        TEXT PRIMARY KEY NOT NULL,
-    token_hash  BLOB NOT NULL UNIQUE,
-    -- When the current token was issued (unix ms): a rotated token ends older sessions.
-    issued_ms   INTEGER NOT NULL,
-    created_ms  INTEGER NOT NULL,
-    revoked_ms  INTEGER,
-    last_seen_ms INTEGER
-) STRICT;
--- The hub's own CA (one row): it signs the serving certificate when the user brings none.
-CREATE TABLE ca (
-    id          INTEGER PRIMARY KEY CHECK (id = 1),
-    cert_pem    TEXT NOT NULL,
-    key_pem     TEXT NOT NULL
-) STRICT;
-CREATE TABLE api_keys (
-    name        TEXT PRIMARY KEY NOT NULL,
-    key_hash    BLOB NOT NULL UNIQUE,
-    created_ms  INTEGER NOT NULL,
-    revoked_ms  INTEGER
-) STRICT;
-";
-
-/// Browser sessions (the cookie set at login), each tied to the API key that logged in: revoking
-/// the key ends them.
-const SESSIONS_V2: &str = "
-CREATE TABLE sessions (
-    token_hash  BLOB PRIMARY KEY NOT NULL,
-    key_name    TEXT NOT NULL REFERENCES api_keys (name),
-    created_ms  INTEGER NOT NULL,
-    expires_ms  INTEGER NOT NULL
-) STRICT;
-";
-
-/// One-time login codes get a table of their own (before, a code was a session row and so
-/// worked as a cookie), and each session says which cookie it belongs to: the web view's or the
-/// previews'. Every older session ends: the web view's cookie has a new name, and an old login
-/// code cannot be told from a session.
-const LOGIN_CODES_V3: &str = "
-CREATE TABLE login_codes (
-    code_hash   BLOB PRIMARY KEY NOT NULL,
-    key_name    TEXT NOT NULL REFERENCES api_keys (name),
-    created_ms  INTEGER NOT NULL,
-    expires_ms  INTEGER NOT NULL
-) STRICT;
-DELETE FROM sessions;
-ALTER TABLE sessions ADD COLUMN scope TEXT NOT NULL DEFAULT 'web'
-    CHECK (scope IN ('web', 'preview'));
-";
 
 /// Prefix of cluster tokens, so that a leaked one is recognisable (secret scanners, logs).
 pub const CLUSTER_TOKEN_PREFIX: &str = "spurc_";
@@ -116,20 +66,46 @@ pub struct ClusterIdentity {
     pub issued: SystemTime,
 }
 
-/// The database. Cheap to clone; calls block (SQLite is synchronous): async callers go through
-/// `spawn_blocking`.
+/// Where the hub keeps its state.
+#[derive(Clone, Debug)]
+pub enum Database {
+    /// One SQLite file (created when missing): one hub replica, and the CLI beside it.
+    Sqlite(PathBuf),
+    /// An external PostgreSQL server, shared by every hub replica.
+    Postgres(PostgresSettings),
+}
+
+/// The database. Cheap to clone; calls block (SQLite is synchronous, and PostgreSQL calls wait
+/// for the server): async callers go through `spawn_blocking`.
 #[derive(Clone)]
 pub struct Store {
-    conn: Arc<Mutex<Connection>>,
+    db: Arc<Backend>,
+}
+
+enum Backend {
+    Sqlite(Mutex<Connection>),
+    Postgres(postgres::Pg),
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").finish_non_exhaustive()
+        let kind = match *self.db {
+            Backend::Sqlite(_) => "sqlite",
+            Backend::Postgres(_) => "postgres",
+        };
+        f.debug_struct("Store").field("db", &kind).finish()
     }
 }
 
 impl Store {
+    /// Opens `db`: [`Store::open`] or [`Store::connect`].
+    pub fn open_database(db: &Database) -> Result<Store, Error> {
+        match db {
+            Database::Sqlite(path) => Store::open(path),
+            Database::Postgres(settings) => Store::connect(settings),
+        }
+    }
+
     /// Opens (creating when missing) the database at `path`. The file holds the hub's CA key
     /// (when the hub issues its own certificate): it is created readable by its owner only, and
     /// an existing file (or its WAL and shared-memory files) readable by others is narrowed to
@@ -149,6 +125,16 @@ impl Store {
         Self::init(conn)
     }
 
+    /// Connects to a PostgreSQL server and brings its schema up to date (under a lock, so
+    /// replicas starting together migrate once).
+    pub fn connect(settings: &PostgresSettings) -> Result<Store, Error> {
+        let pg = postgres::Pg::connect(settings)?;
+        pg.migrate(schema::migrate_postgres)?;
+        Ok(Store {
+            db: Arc::new(Backend::Postgres(pg)),
+        })
+    }
+
     fn init(conn: Connection) -> Result<Store, Error> {
         let e = |e: rusqlite::Error| Error::Db(e.to_string());
         // Another writer (the CLI) may hold the lock for a moment: wait rather than fail.
@@ -157,33 +143,40 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL").map_err(e)?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(e)?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(e)?;
-        let version: i64 = conn
-            .pragma_query_value(None, "user_version", |r| r.get(0))
-            .map_err(e)?;
-        if version > SCHEMA_VERSION {
-            return Err(Error::Db(format!(
-                "schema version {version} is newer than this hub understands \
-                 ({SCHEMA_VERSION}); run a newer spur"
-            )));
-        }
-        for (from, migration) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
-            // Each step and its version in one transaction: a kill in between leaves the file
-            // at the previous version, and the next start runs the step again.
-            let tx = conn.unchecked_transaction().map_err(e)?;
-            tx.execute_batch(migration).map_err(e)?;
-            tx.pragma_update(None, "user_version", from as i64 + 1)
-                .map_err(e)?;
-            tx.commit().map_err(e)?;
-        }
+        schema::migrate_sqlite(&conn)?;
         Ok(Store {
-            conn: Arc::new(Mutex::new(conn)),
+            db: Arc::new(Backend::Sqlite(Mutex::new(conn))),
         })
     }
 
-    fn conn(&self) -> MutexGuard<'_, Connection> {
+    fn sqlite(m: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
         // A panic while holding the lock cannot leave SQLite inconsistent (transactions roll
         // back on drop), so a poisoned lock is still usable.
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+        m.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the connection: for single statements and reads.
+    fn read<T>(&self, f: impl FnOnce(&mut dyn Sql) -> Result<T, Error>) -> Result<T, Error> {
+        match &*self.db {
+            Backend::Sqlite(m) => f(&mut Sqlite(&Self::sqlite(m))),
+            Backend::Postgres(pg) => pg.read(f),
+        }
+    }
+
+    /// Runs `f` in one transaction and commits it. On PostgreSQL `f` may run more than once
+    /// (a conflicting concurrent transaction makes it start again), so it only touches the
+    /// database.
+    fn write<T>(&self, mut f: impl FnMut(&mut dyn Sql) -> Result<T, Error>) -> Result<T, Error> {
+        match &*self.db {
+            Backend::Sqlite(m) => {
+                let mut conn = Self::sqlite(m);
+                let tx = conn.transaction().map_err(dbe)?;
+                let v = f(&mut Sqlite(&tx))?;
+                tx.commit().map_err(dbe)?;
+                Ok(v)
+            }
+            Backend::Postgres(pg) => pg.write(f),
+        }
     }
 
     /// Registers `name` and returns its token (shown once; only its hash is kept). A revoked
@@ -194,90 +187,80 @@ impl Store {
         let token = new_secret(CLUSTER_TOKEN_PREFIX)?;
         let hash = sha256(&token);
         let now = now_ms();
-        let mut conn = self.conn();
-        let tx = conn.transaction().map_err(dbe)?;
-        let existing: Option<Option<i64>> = tx
-            .query_row(
+        self.write(|tx| {
+            let existing = tx.row(
                 "SELECT revoked_ms FROM clusters WHERE name = ?1",
-                [name],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(dbe)?;
-        match existing {
-            None => {
-                tx.execute(
-                    "INSERT INTO clusters (name, token_hash, issued_ms, created_ms) \
-                     VALUES (?1, ?2, ?3, ?3)",
-                    params![name, hash, now],
-                )
-                .map_err(dbe)?;
+                &[name.into()],
+            )?;
+            match existing {
+                None => {
+                    tx.exec(
+                        "INSERT INTO clusters (name, token_hash, issued_ms, created_ms) \
+                         VALUES (?1, ?2, ?3, ?3)",
+                        &[name.into(), (&hash).into(), now.into()],
+                    )?;
+                }
+                Some(r) if r.opt_int(0)?.is_none() && !rotate => {
+                    return Err(Error::Conflict(format!(
+                        "cluster {name:?} is already registered; `spur-hub cluster add {name} \
+                         --rotate` issues a new token, `spur-hub cluster revoke {name}` removes it"
+                    )));
+                }
+                Some(_) => {
+                    tx.exec(
+                        "UPDATE clusters SET token_hash = ?2, issued_ms = ?3, revoked_ms = NULL \
+                         WHERE name = ?1",
+                        &[name.into(), (&hash).into(), now.into()],
+                    )?;
+                }
             }
-            Some(None) if !rotate => {
-                return Err(Error::Conflict(format!(
-                    "cluster {name:?} is already registered; `spur-hub cluster add {name} \
-                     --rotate` issues a new token, `spur-hub cluster revoke {name}` removes it"
-                )));
-            }
-            Some(_) => {
-                tx.execute(
-                    "UPDATE clusters SET token_hash = ?2, issued_ms = ?3, revoked_ms = NULL \
-                     WHERE name = ?1",
-                    params![name, hash, now],
-                )
-                .map_err(dbe)?;
-            }
-        }
-        tx.commit().map_err(dbe)?;
+            Ok(())
+        })?;
         Ok(token)
     }
 
     /// Revokes `name`: its token stops working and the hub closes its sessions. Returns whether
     /// it was active.
     pub fn revoke_cluster(&self, name: &str) -> Result<bool, Error> {
-        let conn = self.conn();
-        let known: Option<Option<i64>> = conn
-            .query_row(
+        let now = now_ms();
+        self.write(|tx| {
+            let known = tx.row(
                 "SELECT revoked_ms FROM clusters WHERE name = ?1",
-                [name],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(dbe)?;
-        match known {
-            None => Err(Error::NotFound(format!("no cluster named {name:?}"))),
-            Some(Some(_)) => Ok(false),
-            Some(None) => {
-                conn.execute(
-                    "UPDATE clusters SET revoked_ms = ?2 WHERE name = ?1",
-                    params![name, now_ms()],
-                )
-                .map_err(dbe)?;
-                Ok(true)
+                &[name.into()],
+            )?;
+            match known {
+                None => Err(Error::NotFound(format!("no cluster named {name:?}"))),
+                Some(r) if r.opt_int(0)?.is_some() => Ok(false),
+                Some(_) => {
+                    tx.exec(
+                        "UPDATE clusters SET revoked_ms = ?2 WHERE name = ?1",
+                        &[name.into(), now.into()],
+                    )?;
+                    Ok(true)
+                }
             }
-        }
+        })
     }
 
     pub fn clusters(&self) -> Result<Vec<Cluster>, Error> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare(
+        let rows = self.read(|c| {
+            c.rows(
                 "SELECT name, created_ms, issued_ms, revoked_ms, last_seen_ms FROM clusters \
                  ORDER BY name",
+                &[],
             )
-            .map_err(dbe)?;
-        let rows = stmt
-            .query_map([], |r| {
+        })?;
+        rows.iter()
+            .map(|r| {
                 Ok(Cluster {
-                    name: r.get(0)?,
-                    created: at(r.get(1)?),
-                    issued: at(r.get(2)?),
-                    revoked: r.get::<_, Option<i64>>(3)?.map(at),
-                    last_seen: r.get::<_, Option<i64>>(4)?.map(at),
+                    name: r.text(0)?,
+                    created: at(r.int(1)?),
+                    issued: at(r.int(2)?),
+                    revoked: r.opt_int(3)?.map(at),
+                    last_seen: r.opt_int(4)?.map(at),
                 })
             })
-            .map_err(dbe)?;
-        rows.collect::<Result<_, _>>().map_err(dbe)
+            .collect()
     }
 
     /// The active cluster `token` belongs to, if any.
@@ -285,44 +268,60 @@ impl Store {
         if !token.starts_with(CLUSTER_TOKEN_PREFIX) {
             return Ok(None);
         }
-        let conn = self.conn();
-        conn.query_row(
-            "SELECT name, issued_ms FROM clusters WHERE token_hash = ?1 AND revoked_ms IS NULL",
-            [sha256(token)],
-            |r| {
-                Ok(ClusterIdentity {
-                    name: r.get(0)?,
-                    issued: at(r.get(1)?),
-                })
-            },
-        )
-        .optional()
-        .map_err(dbe)
+        let hash = sha256(token);
+        let row = self.read(|c| {
+            c.row(
+                "SELECT name, issued_ms FROM clusters WHERE token_hash = ?1 AND revoked_ms IS NULL",
+                &[(&hash).into()],
+            )
+        })?;
+        row.map(|r| {
+            Ok(ClusterIdentity {
+                name: r.text(0)?,
+                issued: at(r.int(1)?),
+            })
+        })
+        .transpose()
     }
 
     /// Whether a session of `cluster` authenticated with a token issued at `issued` may stay:
     /// the cluster is active and its token has not been rotated since.
     pub fn session_valid(&self, cluster: &str, issued: SystemTime) -> Result<bool, Error> {
-        let conn = self.conn();
-        let current: Option<i64> = conn
-            .query_row(
+        let row = self.read(|c| {
+            c.row(
                 "SELECT issued_ms FROM clusters WHERE name = ?1 AND revoked_ms IS NULL",
-                [cluster],
-                |r| r.get(0),
+                &[cluster.into()],
             )
-            .optional()
-            .map_err(dbe)?;
-        Ok(current.is_some_and(|ms| at(ms) == issued))
+        })?;
+        Ok(match row {
+            Some(r) => at(r.int(0)?) == issued,
+            None => false,
+        })
+    }
+
+    /// Every active cluster with when its current token was issued: what the sessions of
+    /// connected clusters are checked against, in one query.
+    pub fn active_clusters(&self) -> Result<std::collections::HashMap<String, SystemTime>, Error> {
+        let rows = self.read(|c| {
+            c.rows(
+                "SELECT name, issued_ms FROM clusters WHERE revoked_ms IS NULL",
+                &[],
+            )
+        })?;
+        rows.iter()
+            .map(|r| Ok((r.text(0)?, at(r.int(1)?))))
+            .collect()
     }
 
     /// Records that `cluster` connected now.
     pub fn touch_cluster(&self, cluster: &str) -> Result<(), Error> {
-        self.conn()
-            .execute(
+        let now = now_ms();
+        self.read(|c| {
+            c.exec(
                 "UPDATE clusters SET last_seen_ms = ?2 WHERE name = ?1",
-                params![cluster, now_ms()],
+                &[cluster.into(), now.into()],
             )
-            .map_err(dbe)?;
+        })?;
         Ok(())
     }
 
@@ -330,17 +329,16 @@ impl Store {
     pub fn add_api_key(&self, name: &str, user: &str) -> Result<String, Error> {
         check_name("API key", name)?;
         let key = new_secret(API_KEY_PREFIX)?;
-        let mut conn = self.conn();
-        let tx = conn.transaction().map_err(dbe)?;
-        users::require_user(&tx, user)?;
-        let inserted = tx
-            .execute(
+        let hash = sha256(&key);
+        let now = now_ms();
+        let inserted = self.write(|tx| {
+            users::require_user(tx, user)?;
+            tx.exec(
                 "INSERT INTO api_keys (name, key_hash, created_ms, user_name) \
                  VALUES (?1, ?2, ?3, ?4) ON CONFLICT (name) DO NOTHING",
-                params![name, sha256(&key), now_ms(), user],
+                &[name.into(), (&hash).into(), now.into(), user.into()],
             )
-            .map_err(dbe)?;
-        tx.commit().map_err(dbe)?;
+        })?;
         if inserted == 0 {
             return Err(Error::Conflict(format!(
                 "an API key named {name:?} exists (revoked keys keep their name for the audit)"
@@ -350,44 +348,40 @@ impl Store {
     }
 
     pub fn revoke_api_key(&self, name: &str) -> Result<bool, Error> {
-        let conn = self.conn();
-        let n = conn
-            .execute(
+        let now = now_ms();
+        self.write(|tx| {
+            let n = tx.exec(
                 "UPDATE api_keys SET revoked_ms = ?2 WHERE name = ?1 AND revoked_ms IS NULL",
-                params![name, now_ms()],
-            )
-            .map_err(dbe)?;
-        if n == 1 {
-            return Ok(true);
-        }
-        let exists: bool = conn
-            .query_row("SELECT 1 FROM api_keys WHERE name = ?1", [name], |_| Ok(()))
-            .optional()
-            .map_err(dbe)?
-            .is_some();
-        if exists {
-            Ok(false)
-        } else {
-            Err(Error::NotFound(format!("no API key named {name:?}")))
-        }
+                &[name.into(), now.into()],
+            )?;
+            if n == 1 {
+                return Ok(true);
+            }
+            if tx.exists("SELECT 1 FROM api_keys WHERE name = ?1", &[name.into()])? {
+                Ok(false)
+            } else {
+                Err(Error::NotFound(format!("no API key named {name:?}")))
+            }
+        })
     }
 
     pub fn api_keys(&self) -> Result<Vec<ApiKey>, Error> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare("SELECT name, created_ms, revoked_ms, user_name FROM api_keys ORDER BY name")
-            .map_err(dbe)?;
-        let rows = stmt
-            .query_map([], |r| {
+        let rows = self.read(|c| {
+            c.rows(
+                "SELECT name, created_ms, revoked_ms, user_name FROM api_keys ORDER BY name",
+                &[],
+            )
+        })?;
+        rows.iter()
+            .map(|r| {
                 Ok(ApiKey {
-                    name: r.get(0)?,
-                    created: at(r.get(1)?),
-                    revoked: r.get::<_, Option<i64>>(2)?.map(at),
-                    user: r.get(3)?,
+                    name: r.text(0)?,
+                    created: at(r.int(1)?),
+                    revoked: r.opt_int(2)?.map(at),
+                    user: r.opt_text(3)?,
                 })
             })
-            .map_err(dbe)?;
-        rows.collect::<Result<_, _>>().map_err(dbe)
+            .collect()
     }
 
     /// The name of the active API key `key`, if it is one.
@@ -395,47 +389,79 @@ impl Store {
         if !key.starts_with(API_KEY_PREFIX) {
             return Ok(None);
         }
-        self.conn()
-            .query_row(
+        let hash = sha256(key);
+        self.read(|c| {
+            c.row(
                 "SELECT name FROM api_keys WHERE key_hash = ?1 AND revoked_ms IS NULL",
-                [sha256(key)],
-                |r| r.get(0),
+                &[(&hash).into()],
             )
-            .optional()
-            .map_err(dbe)
+        })?
+        .map(|r| r.text(0))
+        .transpose()
     }
 
     /// The hub's CA (certificate and key, PEM), made by `create` on first use. Two hubs
-    /// starting at once on one file agree: the insert is conditional and the winner is read back.
+    /// starting at once on one database agree: the insert is conditional and the winner is
+    /// read back.
     pub fn ca_or_create(
         &self,
         create: impl FnOnce() -> Result<(String, String), Error>,
     ) -> Result<(String, String), Error> {
-        let read = |conn: &Connection| {
-            conn.query_row("SELECT cert_pem, key_pem FROM ca WHERE id = 1", [], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .optional()
-            .map_err(dbe)
+        let read = |c: &mut dyn Sql| -> Result<Option<(String, String)>, Error> {
+            c.row("SELECT cert_pem, key_pem FROM ca WHERE id = 1", &[])?
+                .map(|r| Ok((r.text(0)?, r.text(1)?)))
+                .transpose()
         };
-        if let Some(ca) = read(&self.conn())? {
+        if let Some(ca) = self.read(read)? {
             return Ok(ca);
         }
         let (cert, key) = create()?;
-        let conn = self.conn();
-        conn.execute(
-            "INSERT INTO ca (id, cert_pem, key_pem) VALUES (1, ?1, ?2) ON CONFLICT DO NOTHING",
-            params![cert, key],
-        )
-        .map_err(dbe)?;
-        read(&conn)?.ok_or_else(|| Error::Db("the CA row vanished".into()))
+        self.read(|c| {
+            c.exec(
+                "INSERT INTO ca (id, cert_pem, key_pem) VALUES (1, ?1, ?2) ON CONFLICT DO NOTHING",
+                &[(&cert).into(), (&key).into()],
+            )?;
+            read(c)?.ok_or_else(|| Error::Db("the CA row vanished".into()))
+        })
     }
 
-    /// A number that changes whenever another connection (the CLI) commits to the file.
-    pub fn data_version(&self) -> Result<i64, Error> {
-        self.conn()
-            .pragma_query_value(None, "data_version", |r| r.get(0))
-            .map_err(dbe)
+    /// A number that changes whenever another connection (the CLI) commits to a SQLite file;
+    /// None on PostgreSQL, where any replica or the CLI may have changed anything at any time:
+    /// callers check every time.
+    pub fn data_version(&self) -> Result<Option<i64>, Error> {
+        match &*self.db {
+            Backend::Sqlite(m) => Self::sqlite(m)
+                .pragma_query_value(None, "data_version", |r| r.get(0))
+                .map(Some)
+                .map_err(dbe),
+            Backend::Postgres(_) => Ok(None),
+        }
+    }
+
+    /// Every table of the schema with its columns, in order (both dialects must agree: a test
+    /// compares them).
+    pub fn schema_columns(&self) -> Result<Vec<(String, Vec<String>)>, Error> {
+        let sql = match &*self.db {
+            Backend::Sqlite(_) => {
+                "SELECT m.name, p.name FROM sqlite_master m, pragma_table_info(m.name) p \
+                 WHERE m.type = 'table' ORDER BY m.name, p.cid"
+            }
+            Backend::Postgres(_) => {
+                "SELECT table_name::text, column_name::text FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name <> 'spur_hub_schema' \
+                 ORDER BY table_name, ordinal_position"
+            }
+        };
+        let rows = self.read(|c| c.rows(sql, &[]))?;
+        let mut out: Vec<(String, Vec<String>)> = Vec::new();
+        for r in rows {
+            let (table, column) = (r.text(0)?, r.text(1)?);
+            match out.last_mut() {
+                Some((t, cols)) if *t == table => cols.push(column),
+                _ => out.push((table, vec![column])),
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -619,10 +645,10 @@ mod tests {
         let path = dir.path().join("hub.db");
         let hub = Store::open(&path).unwrap();
         let cli = Store::open(&path).unwrap();
-        let v0 = hub.data_version().unwrap();
+        let v0 = hub.data_version().unwrap().unwrap();
         let token = cli.add_cluster("east", false).unwrap();
         assert_ne!(
-            hub.data_version().unwrap(),
+            hub.data_version().unwrap().unwrap(),
             v0,
             "the hub does not see the CLI's write"
         );
@@ -638,7 +664,7 @@ mod tests {
         let path = dir.path().join("hub.db");
         {
             let conn = Connection::open(&path).unwrap();
-            conn.execute_batch(SCHEMA_V1).unwrap();
+            conn.execute_batch(schema::SCHEMA_V1).unwrap();
             conn.pragma_update(None, "user_version", 1).unwrap();
             conn.execute(
                 "INSERT INTO api_keys (name, key_hash, created_ms) VALUES ('old', x'00', 1)",
@@ -663,7 +689,7 @@ mod tests {
         let key = "spurk_0123";
         {
             let conn = Connection::open(&path).unwrap();
-            for m in &MIGRATIONS[..3] {
+            for m in &schema::SQLITE_MIGRATIONS[..3] {
                 conn.execute_batch(m).unwrap();
             }
             conn.pragma_update(None, "user_version", 3).unwrap();
@@ -683,9 +709,11 @@ mod tests {
         let p = s.principal_for_key(key).unwrap().unwrap();
         assert_eq!((p.key.as_str(), p.user), ("old", None));
         assert_eq!(s.unbound_api_keys().unwrap(), vec!["old".to_string()]);
-        let sessions: i64 = s
-            .conn()
-            .query_row("SELECT count(*) FROM sessions", [], |r| r.get(0))
+        let sessions = s
+            .read(|c| c.row("SELECT count(*) FROM sessions", &[]))
+            .unwrap()
+            .unwrap()
+            .int(0)
             .unwrap();
         assert_eq!(sessions, 0);
         s.add_user("ops").unwrap();

@@ -87,6 +87,16 @@ struct Inner {
     sessions: Mutex<Vec<Arc<Shared>>>,
 }
 
+/// The client metrics, registered once and shared by the clients started with it.
+#[derive(Clone, Debug)]
+pub struct ClientMetrics(Metrics);
+
+impl ClientMetrics {
+    pub fn new(registry: &mut Registry) -> Self {
+        ClientMetrics(Metrics::client(registry))
+    }
+}
+
 /// The tunnel client. Dropping it aborts its sessions; [`TunnelClient::close`] drains first.
 pub struct TunnelClient {
     inner: Arc<Inner>,
@@ -96,6 +106,12 @@ impl TunnelClient {
     /// Validates `config` and starts connecting in the background (within the current Tokio
     /// runtime). Progress is visible on [`TunnelClient::state`].
     pub fn start(config: ClientConfig, registry: &mut Registry) -> Result<Self, Error> {
+        Self::start_with(config, &ClientMetrics::new(registry))
+    }
+
+    /// Like [`TunnelClient::start`], counting into `metrics`: several clients (one per server
+    /// replica) share one set of series, their sums.
+    pub fn start_with(config: ClientConfig, metrics: &ClientMetrics) -> Result<Self, Error> {
         config.validate()?;
         let handle = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::Config("TunnelClient::start needs a Tokio runtime".into()))?;
@@ -123,7 +139,7 @@ impl TunnelClient {
             quic_tls: Arc::new(tls.quic),
             quic_transport,
             h2_tls: tls.h2,
-            metrics: Metrics::client(registry),
+            metrics: metrics.0.clone(),
             state: watch::Sender::new(SessionState::Connecting { attempt: 1 }),
             current: watch::Sender::new(Current::None),
             binds: Arc::new(BindRegistry::default()),

@@ -41,7 +41,7 @@ pub use auth::{
     AuthError, AuthFuture, AuthMethod, AuthRequest, Authenticator, Identity, StaticAuthenticator,
     identity_from_cert,
 };
-pub use client::{ReverseListener, SessionState, TunnelClient};
+pub use client::{ClientMetrics, ReverseListener, SessionState, TunnelClient};
 pub use config::{
     Backoff, ClientConfig, ClientTls, Congestion, Keepalive, Limits, ServerCert, ServerConfig,
     ServerTls, TransportPolicy,

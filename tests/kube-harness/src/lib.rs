@@ -1,5 +1,6 @@
 //! Test support: a real kube-apiserver and etcd on 127.0.0.1, started per test with token auth and
-//! a serving certificate made here, handing out `kube::Client`s; torn down on drop.
+//! a serving certificate made here, handing out `kube::Client`s; torn down on drop. Also a real
+//! PostgreSQL server ([`postgres`]).
 //!
 //! The binaries come from `tests/kube/build.sh` (kube-apiserver and etcd built from Go modules
 //! into a cache directory, see `tests/kube/README.md`): [`KubeApi::start`] uses
@@ -12,6 +13,7 @@
 //! controller would.
 
 mod pki;
+pub mod postgres;
 pub mod process;
 
 use std::net::{Ipv4Addr, TcpListener};

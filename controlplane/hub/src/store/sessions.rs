@@ -5,9 +5,8 @@
 
 use std::time::Duration;
 
-use rusqlite::{OptionalExtension, params};
-
-use super::{LOGIN_CODE_PREFIX, SESSION_PREFIX, Store, dbe, new_secret, now_ms, sha256};
+use super::sql::Sql;
+use super::{LOGIN_CODE_PREFIX, SESSION_PREFIX, Store, new_secret, now_ms, sha256};
 use crate::Error;
 
 /// Which cookie a session is for.
@@ -36,10 +35,8 @@ impl Store {
         ttl: Duration,
         scope: SessionScope,
     ) -> Result<String, Error> {
-        let mut conn = self.conn();
-        let tx = conn.transaction().map_err(dbe)?;
-        let token = insert_session(&tx, key_name, ttl, scope)?;
-        tx.commit().map_err(dbe)?;
+        let token = new_secret(SESSION_PREFIX)?;
+        self.write(|tx| insert_session(tx, &token, key_name, ttl, scope))?;
         Ok(token)
     }
 
@@ -48,27 +45,29 @@ impl Store {
         if !token.starts_with(SESSION_PREFIX) {
             return Ok(None);
         }
-        self.conn()
-            .query_row(
+        let hash = sha256(token);
+        let now = now_ms();
+        self.read(|c| {
+            c.row(
                 "SELECT s.key_name FROM sessions s JOIN api_keys k ON k.name = s.key_name \
                  WHERE s.token_hash = ?1 AND s.scope = ?2 AND s.expires_ms > ?3 \
                  AND k.revoked_ms IS NULL",
-                params![sha256(token), scope.as_str(), now_ms()],
-                |r| r.get(0),
+                &[(&hash).into(), scope.as_str().into(), now.into()],
             )
-            .optional()
-            .map_err(dbe)
+        })?
+        .map(|r| r.text(0))
+        .transpose()
     }
 
     /// Ends a session (logout). Returns whether it existed.
     pub fn end_session(&self, token: &str) -> Result<bool, Error> {
-        let n = self
-            .conn()
-            .execute(
+        let hash = sha256(token);
+        let n = self.read(|c| {
+            c.exec(
                 "DELETE FROM sessions WHERE token_hash = ?1",
-                [sha256(token)],
+                &[(&hash).into()],
             )
-            .map_err(dbe)?;
+        })?;
         Ok(n > 0)
     }
 
@@ -76,19 +75,27 @@ impl Store {
     /// login-link`); only its hash is kept.
     pub fn create_login_code(&self, key_name: &str, ttl: Duration) -> Result<String, Error> {
         let code = new_secret(LOGIN_CODE_PREFIX)?;
+        let hash = sha256(&code);
         let now = now_ms();
         let ttl = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        let conn = self.conn();
-        require_active_key(&conn, key_name)?;
-        // Expired codes go whenever a new one is made: the table stays small.
-        conn.execute("DELETE FROM login_codes WHERE expires_ms <= ?1", [now])
-            .map_err(dbe)?;
-        conn.execute(
-            "INSERT INTO login_codes (code_hash, key_name, created_ms, expires_ms) \
-             VALUES (?1, ?2, ?3, ?4)",
-            params![sha256(&code), key_name, now, now.saturating_add(ttl)],
-        )
-        .map_err(dbe)?;
+        self.write(|tx| {
+            require_active_key(tx, key_name)?;
+            // Expired codes go whenever a new one is made: the table stays small.
+            tx.exec(
+                "DELETE FROM login_codes WHERE expires_ms <= ?1",
+                &[now.into()],
+            )?;
+            tx.exec(
+                "INSERT INTO login_codes (code_hash, key_name, created_ms, expires_ms) \
+                 VALUES (?1, ?2, ?3, ?4)",
+                &[
+                    (&hash).into(),
+                    key_name.into(),
+                    now.into(),
+                    now.saturating_add(ttl).into(),
+                ],
+            )
+        })?;
         Ok(code)
     }
 
@@ -98,15 +105,17 @@ impl Store {
         if !code.starts_with(LOGIN_CODE_PREFIX) {
             return Ok(None);
         }
-        self.conn()
-            .query_row(
+        let hash = sha256(code);
+        let now = now_ms();
+        self.read(|c| {
+            c.row(
                 "SELECT c.key_name FROM login_codes c JOIN api_keys k ON k.name = c.key_name \
                  WHERE c.code_hash = ?1 AND c.expires_ms > ?2 AND k.revoked_ms IS NULL",
-                params![sha256(code), now_ms()],
-                |r| r.get(0),
+                &[(&hash).into(), now.into()],
             )
-            .optional()
-            .map_err(dbe)
+        })?
+        .map(|r| r.text(0))
+        .transpose()
     }
 
     /// Consumes login code `code` and starts a web view session for its key, in one
@@ -117,42 +126,34 @@ impl Store {
         if !code.starts_with(LOGIN_CODE_PREFIX) {
             return Ok(None);
         }
-        let mut conn = self.conn();
-        let tx = conn.transaction().map_err(dbe)?;
-        let found: Option<(String, i64)> = tx
-            .query_row(
+        let hash = sha256(code);
+        let token = new_secret(super::SESSION_PREFIX)?;
+        self.write(|tx| {
+            let found = tx.row(
                 "DELETE FROM login_codes WHERE code_hash = ?1 RETURNING key_name, expires_ms",
-                [sha256(code)],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()
-            .map_err(dbe)?;
-        let session = match found {
-            Some((name, expires)) if expires > now_ms() => {
-                match insert_session(&tx, &name, ttl, SessionScope::Web) {
-                    Ok(token) => Some(token),
-                    Err(Error::NotFound(_)) => None,
-                    Err(e) => return Err(e),
-                }
+                &[(&hash).into()],
+            )?;
+            let Some(found) = found else {
+                return Ok(None);
+            };
+            let (name, expires) = (found.text(0)?, found.int(1)?);
+            if expires <= now_ms() {
+                return Ok(None);
             }
-            _ => None,
-        };
-        tx.commit().map_err(dbe)?;
-        Ok(session)
+            match insert_session(tx, &token, &name, ttl, SessionScope::Web) {
+                Ok(()) => Ok(Some(token.clone())),
+                Err(Error::NotFound(_)) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
     }
 }
 
-fn require_active_key(conn: &rusqlite::Connection, key_name: &str) -> Result<(), Error> {
-    let active = conn
-        .query_row(
-            "SELECT 1 FROM api_keys WHERE name = ?1 AND revoked_ms IS NULL",
-            [key_name],
-            |_| Ok(()),
-        )
-        .optional()
-        .map_err(dbe)?
-        .is_some();
-    if active {
+fn require_active_key(c: &mut dyn Sql, key_name: &str) -> Result<(), Error> {
+    if c.exists(
+        "SELECT 1 FROM api_keys WHERE name = ?1 AND revoked_ms IS NULL",
+        &[key_name.into()],
+    )? {
         Ok(())
     } else {
         Err(Error::NotFound(format!(
@@ -162,31 +163,29 @@ fn require_active_key(conn: &rusqlite::Connection, key_name: &str) -> Result<(),
 }
 
 fn insert_session(
-    conn: &rusqlite::Connection,
+    c: &mut dyn Sql,
+    token: &str,
     key_name: &str,
     ttl: Duration,
     scope: SessionScope,
-) -> Result<String, Error> {
-    let token = new_secret(SESSION_PREFIX)?;
+) -> Result<(), Error> {
     let now = now_ms();
     let ttl = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-    require_active_key(conn, key_name)?;
+    require_active_key(c, key_name)?;
     // Expired sessions go whenever a new one starts: the table stays small.
-    conn.execute("DELETE FROM sessions WHERE expires_ms < ?1", [now])
-        .map_err(dbe)?;
-    conn.execute(
+    c.exec("DELETE FROM sessions WHERE expires_ms < ?1", &[now.into()])?;
+    c.exec(
         "INSERT INTO sessions (token_hash, key_name, created_ms, expires_ms, scope) \
          VALUES (?1, ?2, ?3, ?4, ?5)",
-        params![
-            sha256(&token),
-            key_name,
-            now,
-            now.saturating_add(ttl),
-            scope.as_str()
+        &[
+            (&sha256(token)).into(),
+            key_name.into(),
+            now.into(),
+            now.saturating_add(ttl).into(),
+            scope.as_str().into(),
         ],
-    )
-    .map_err(dbe)?;
-    Ok(token)
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]

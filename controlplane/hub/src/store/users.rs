@@ -4,35 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::{OptionalExtension, params};
-
-use super::{API_KEY_PREFIX, SESSION_PREFIX, SessionScope, Store, check_name, dbe, now_ms, sha256};
+use super::sql::{Row, Sql};
+use super::{API_KEY_PREFIX, SESSION_PREFIX, SessionScope, Store, check_name, now_ms, sha256};
 use crate::Error;
 use crate::users::{ANY_CLUSTER, ClusterScope, HubUser, MAX_GROUPS, Namespaces, check_kube_name};
-
-/// Users, their per-cluster scopes, and each key's user. Keys made before this version have no
-/// user: they are refused (with a message naming `spur-hub apikey bind`) until an admin binds
-/// them, rather than given a scope nobody chose. Sessions of such keys end with it.
-pub(super) const USERS_V4: &str = "
-CREATE TABLE users (
-    name        TEXT PRIMARY KEY NOT NULL,
-    created_ms  INTEGER NOT NULL
-) STRICT;
-CREATE TABLE user_scopes (
-    user_name   TEXT NOT NULL REFERENCES users (name) ON DELETE CASCADE,
-    -- A cluster's name, or '*' for every cluster not named on its own.
-    cluster     TEXT NOT NULL,
-    -- JSON: \"*\" (all) or an array of namespace names.
-    namespaces  TEXT NOT NULL,
-    -- NULL: the hub user's name.
-    kube_user   TEXT,
-    kube_groups TEXT NOT NULL DEFAULT '[]',
-    PRIMARY KEY (user_name, cluster)
-) STRICT;
-ALTER TABLE api_keys ADD COLUMN user_name TEXT;
-DELETE FROM sessions;
-DELETE FROM login_codes;
-";
 
 /// Who a presented credential is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,13 +41,13 @@ impl Store {
     /// Adds hub user `name` (with no scope: it sees nothing until one is set).
     pub fn add_user(&self, name: &str) -> Result<(), Error> {
         check_name("user", name)?;
-        let n = self
-            .conn()
-            .execute(
+        let now = now_ms();
+        let n = self.read(|c| {
+            c.exec(
                 "INSERT INTO users (name, created_ms) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
-                params![name, now_ms()],
+                &[name.into(), now.into()],
             )
-            .map_err(dbe)?;
+        })?;
         if n == 0 {
             return Err(Error::Conflict(format!("a hub user named {name:?} exists")));
         }
@@ -99,91 +74,88 @@ impl Store {
             serde_json::to_string(&change.namespaces).map_err(|e| Error::Db(e.to_string()))?;
         let groups =
             serde_json::to_string(&change.kube_groups).map_err(|e| Error::Db(e.to_string()))?;
-        let mut conn = self.conn();
-        let tx = conn.transaction().map_err(dbe)?;
-        require_user(&tx, user)?;
-        tx.execute(
-            "INSERT INTO user_scopes (user_name, cluster, namespaces, kube_user, kube_groups) \
-             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (user_name, cluster) DO UPDATE SET \
-             namespaces = excluded.namespaces, kube_user = excluded.kube_user, \
-             kube_groups = excluded.kube_groups",
-            params![user, change.cluster, namespaces, change.kube_user, groups],
-        )
-        .map_err(dbe)?;
-        tx.commit().map_err(dbe)
+        self.write(|tx| {
+            require_user(tx, user)?;
+            tx.exec(
+                "INSERT INTO user_scopes (user_name, cluster, namespaces, kube_user, kube_groups) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (user_name, cluster) DO UPDATE SET \
+                 namespaces = excluded.namespaces, kube_user = excluded.kube_user, \
+                 kube_groups = excluded.kube_groups",
+                &[
+                    user.into(),
+                    (&change.cluster).into(),
+                    (&namespaces).into(),
+                    change.kube_user.as_deref().into(),
+                    (&groups).into(),
+                ],
+            )
+        })?;
+        Ok(())
     }
 
     /// Takes away `user`'s scope in `cluster`. Returns whether it had one.
     pub fn unset_user_scope(&self, user: &str, cluster: &str) -> Result<bool, Error> {
-        let conn = self.conn();
-        require_user(&conn, user)?;
-        let n = conn
-            .execute(
+        let n = self.write(|tx| {
+            require_user(tx, user)?;
+            tx.exec(
                 "DELETE FROM user_scopes WHERE user_name = ?1 AND cluster = ?2",
-                params![user, cluster],
+                &[user.into(), cluster.into()],
             )
-            .map_err(dbe)?;
+        })?;
         Ok(n > 0)
     }
 
     /// Removes `user`: its scopes go, and its API keys are revoked (ending their sessions).
     /// Returns how many keys were revoked.
     pub fn remove_user(&self, user: &str) -> Result<usize, Error> {
-        let mut conn = self.conn();
-        let tx = conn.transaction().map_err(dbe)?;
-        require_user(&tx, user)?;
-        let revoked = tx
-            .execute(
+        let now = now_ms();
+        let revoked = self.write(|tx| {
+            require_user(tx, user)?;
+            let revoked = tx.exec(
                 "UPDATE api_keys SET revoked_ms = ?2 WHERE user_name = ?1 AND revoked_ms IS NULL",
-                params![user, now_ms()],
-            )
-            .map_err(dbe)?;
-        tx.execute("DELETE FROM users WHERE name = ?1", [user])
-            .map_err(dbe)?;
-        tx.commit().map_err(dbe)?;
-        Ok(revoked)
+                &[user.into(), now.into()],
+            )?;
+            tx.exec("DELETE FROM users WHERE name = ?1", &[user.into()])?;
+            Ok(revoked)
+        })?;
+        Ok(usize::try_from(revoked).unwrap_or(usize::MAX))
     }
 
     /// Every user with its scopes, by name.
     pub fn users(&self) -> Result<Vec<HubUser>, Error> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare("SELECT name FROM users ORDER BY name")
-            .map_err(dbe)?;
-        let names = stmt
-            .query_map([], |r| r.get::<_, String>(0))
-            .map_err(dbe)?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(dbe)?;
-        names
-            .into_iter()
-            .map(|n| load_user(&conn, &n))
-            .collect::<Result<Option<Vec<_>>, _>>()
-            .map(Option::unwrap_or_default)
+        // One transaction: a user removed between the list and its scopes is not half-read.
+        self.write(|tx| {
+            let names = tx.rows("SELECT name FROM users ORDER BY name", &[])?;
+            let mut users = Vec::with_capacity(names.len());
+            for n in names {
+                if let Some(u) = load_user(tx, &n.text(0)?)? {
+                    users.push(u);
+                }
+            }
+            Ok(users)
+        })
     }
 
     /// User `name` with its scopes, if it exists.
     pub fn user(&self, name: &str) -> Result<Option<HubUser>, Error> {
-        load_user(&self.conn(), name)
+        self.write(|tx| load_user(tx, name))
     }
 
     /// Gives API key `key_name` (active) to `user`: what it may see is then the user's scope.
     pub fn bind_api_key(&self, key_name: &str, user: &str) -> Result<(), Error> {
-        let mut conn = self.conn();
-        let tx = conn.transaction().map_err(dbe)?;
-        require_user(&tx, user)?;
-        let n = tx
-            .execute(
+        self.write(|tx| {
+            require_user(tx, user)?;
+            let n = tx.exec(
                 "UPDATE api_keys SET user_name = ?2 WHERE name = ?1 AND revoked_ms IS NULL",
-                params![key_name, user],
-            )
-            .map_err(dbe)?;
-        if n == 0 {
-            return Err(Error::NotFound(format!(
-                "no active API key named {key_name:?}"
-            )));
-        }
-        tx.commit().map_err(dbe)
+                &[key_name.into(), user.into()],
+            )?;
+            if n == 0 {
+                return Err(Error::NotFound(format!(
+                    "no active API key named {key_name:?}"
+                )));
+            }
+            Ok(())
+        })
     }
 
     /// Who API key `key` is: its name and user (None when it is no active key).
@@ -191,16 +163,14 @@ impl Store {
         if !key.starts_with(API_KEY_PREFIX) {
             return Ok(None);
         }
-        let conn = self.conn();
-        let found: Option<(String, Option<String>)> = conn
-            .query_row(
+        let hash = sha256(key);
+        self.write(|tx| {
+            let found = tx.row(
                 "SELECT name, user_name FROM api_keys WHERE key_hash = ?1 AND revoked_ms IS NULL",
-                [sha256(key)],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()
-            .map_err(dbe)?;
-        principal(&conn, found)
+                &[(&hash).into()],
+            )?;
+            principal(tx, found)
+        })
     }
 
     /// Who a live session token of `scope` is (not expired, key not revoked).
@@ -212,88 +182,69 @@ impl Store {
         if !token.starts_with(SESSION_PREFIX) {
             return Ok(None);
         }
-        let conn = self.conn();
-        let found: Option<(String, Option<String>)> = conn
-            .query_row(
+        let hash = sha256(token);
+        let now = now_ms();
+        self.write(|tx| {
+            let found = tx.row(
                 "SELECT k.name, k.user_name FROM sessions s JOIN api_keys k ON k.name = s.key_name \
                  WHERE s.token_hash = ?1 AND s.scope = ?2 AND s.expires_ms > ?3 \
                  AND k.revoked_ms IS NULL",
-                params![sha256(token), scope.as_str(), now_ms()],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()
-            .map_err(dbe)?;
-        principal(&conn, found)
+                &[(&hash).into(), scope.as_str().into(), now.into()],
+            )?;
+            principal(tx, found)
+        })
     }
 
     /// Active keys that belong to no user (made before users existed).
     pub fn unbound_api_keys(&self) -> Result<Vec<String>, Error> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare(
+        let rows = self.read(|c| {
+            c.rows(
                 "SELECT name FROM api_keys WHERE revoked_ms IS NULL AND (user_name IS NULL \
                  OR user_name NOT IN (SELECT name FROM users)) ORDER BY name",
+                &[],
             )
-            .map_err(dbe)?;
-        let rows = stmt.query_map([], |r| r.get(0)).map_err(dbe)?;
-        rows.collect::<Result<_, _>>().map_err(dbe)
+        })?;
+        rows.iter().map(|r| r.text(0)).collect()
     }
 }
 
-fn principal(
-    conn: &rusqlite::Connection,
-    found: Option<(String, Option<String>)>,
-) -> Result<Option<Principal>, Error> {
-    let Some((key, user)) = found else {
+fn principal(c: &mut dyn Sql, found: Option<Row>) -> Result<Option<Principal>, Error> {
+    let Some(found) = found else {
         return Ok(None);
     };
-    let user = match user {
-        Some(u) => load_user(conn, &u)?,
+    let user = match found.opt_text(1)? {
+        Some(u) => load_user(c, &u)?,
         None => None,
     };
-    Ok(Some(Principal { key, user }))
+    Ok(Some(Principal {
+        key: found.text(0)?,
+        user,
+    }))
 }
 
-pub(super) fn require_user(conn: &rusqlite::Connection, user: &str) -> Result<(), Error> {
-    let found = conn
-        .query_row("SELECT 1 FROM users WHERE name = ?1", [user], |_| Ok(()))
-        .optional()
-        .map_err(dbe)?;
-    match found {
-        Some(()) => Ok(()),
-        None => Err(Error::NotFound(format!(
+pub(super) fn require_user(c: &mut dyn Sql, user: &str) -> Result<(), Error> {
+    if c.exists("SELECT 1 FROM users WHERE name = ?1", &[user.into()])? {
+        Ok(())
+    } else {
+        Err(Error::NotFound(format!(
             "no hub user named {user:?} (spur-hub user add {user})"
-        ))),
+        )))
     }
 }
 
-fn load_user(conn: &rusqlite::Connection, name: &str) -> Result<Option<HubUser>, Error> {
-    let exists = conn
-        .query_row("SELECT 1 FROM users WHERE name = ?1", [name], |_| Ok(()))
-        .optional()
-        .map_err(dbe)?;
-    if exists.is_none() {
+fn load_user(c: &mut dyn Sql, name: &str) -> Result<Option<HubUser>, Error> {
+    if !c.exists("SELECT 1 FROM users WHERE name = ?1", &[name.into()])? {
         return Ok(None);
     }
-    let mut stmt = conn
-        .prepare(
-            "SELECT cluster, namespaces, kube_user, kube_groups FROM user_scopes \
-             WHERE user_name = ?1",
-        )
-        .map_err(dbe)?;
-    let rows = stmt
-        .query_map([name], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, Option<String>>(2)?,
-                r.get::<_, String>(3)?,
-            ))
-        })
-        .map_err(dbe)?;
+    let rows = c.rows(
+        "SELECT cluster, namespaces, kube_user, kube_groups FROM user_scopes \
+         WHERE user_name = ?1",
+        &[name.into()],
+    )?;
     let mut clusters = BTreeMap::new();
     for row in rows {
-        let (cluster, namespaces, kube_user, groups) = row.map_err(dbe)?;
+        let (cluster, namespaces, kube_user, groups) =
+            (row.text(0)?, row.text(1)?, row.opt_text(2)?, row.text(3)?);
         let bad = |e: serde_json::Error| {
             Error::Db(format!(
                 "user {name:?}, cluster {cluster:?}: a malformed scope: {e}"

@@ -1,7 +1,7 @@
 //! A real PostgreSQL server for tests (Debian's postgresql-15 binaries, started on loopback in a
-//! temporary directory). Tests that use it fail, rather than skip, when `initdb`/`postgres` are
-//! missing: tests/run.sh installs postgresql-15.
-#![allow(dead_code)]
+//! temporary directory), optionally serving TLS. Tests that use it fail, rather than skip, when
+//! `initdb`/`postgres` are missing: tests/run.sh installs postgresql-15.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -12,9 +12,9 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::{Pid, User, geteuid};
 use tokio::process::{Child, Command};
 
-pub(crate) const PASSWORD: &str = "pw-never-logged-7f3a9";
+pub const PASSWORD: &str = "pw-never-logged-7f3a9";
 
-pub(crate) fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -23,7 +23,7 @@ pub(crate) fn free_port() -> u16 {
 }
 
 /// The directory with `initdb` and `postgres`: Debian's (newest version first), else `PATH`'s.
-pub(crate) fn pg_bindir() -> PathBuf {
+pub fn pg_bindir() -> PathBuf {
     let mut dirs: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .into_iter()
         .flatten()
@@ -66,14 +66,29 @@ fn as_server_user(cmd: &mut Command, ids: Option<(u32, u32)>) -> &mut Command {
 }
 
 /// A server in a temporary directory, listening on 127.0.0.1 only; killed when dropped.
-pub(crate) struct Postgres {
+pub struct Postgres {
     child: Child,
-    pub(crate) port: u16,
+    pub port: u16,
+    /// `postgres` and its arguments, for [`Postgres::restart`].
+    command: Vec<std::ffi::OsString>,
+    ids: Option<(u32, u32)>,
     _dir: tempfile::TempDir,
 }
 
+/// A serving certificate and key (PEM) for the server's TLS.
+pub struct ServerTls {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
 impl Postgres {
-    pub(crate) async fn start() -> Postgres {
+    pub async fn start() -> Postgres {
+        Self::start_with(None).await
+    }
+
+    /// A server that also accepts TLS with `tls` (plaintext too: `pg_hba` decides nothing here;
+    /// clients choose).
+    pub async fn start_with(tls: Option<ServerTls>) -> Postgres {
         let bin = pg_bindir();
         let ids = server_ids();
         let dir = tempfile::tempdir().unwrap();
@@ -99,28 +114,49 @@ impl Postgres {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        let mut tls_args = Vec::new();
+        if let Some(tls) = tls {
+            let (cert, key) = (dir.path().join("server.crt"), dir.path().join("server.key"));
+            std::fs::write(&cert, tls.cert_pem).unwrap();
+            std::fs::write(&key, tls.key_pem).unwrap();
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+            if let Some((uid, gid)) = ids {
+                std::os::unix::fs::chown(&cert, Some(uid), Some(gid)).unwrap();
+                std::os::unix::fs::chown(&key, Some(uid), Some(gid)).unwrap();
+            }
+            tls_args = vec![
+                "-c".to_string(),
+                "ssl=on".into(),
+                "-c".into(),
+                format!("ssl_cert_file={}", cert.display()),
+                "-c".into(),
+                format!("ssl_key_file={}", key.display()),
+            ];
+        }
         let port = free_port();
-        let child = as_server_user(&mut Command::new(bin.join("postgres")), ids)
-            .arg("-D")
-            .arg(&data)
-            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-            .arg("-k")
-            .arg(dir.path())
-            .args(["-c", "fsync=off"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let mut command: Vec<std::ffi::OsString> = vec![bin.join("postgres").into()];
+        command.push("-D".into());
+        command.push(data.into());
+        for a in ["-h", "127.0.0.1", "-p", &port.to_string(), "-k"] {
+            command.push(a.into());
+        }
+        command.push(dir.path().into());
+        command.push("-c".into());
+        command.push("fsync=off".into());
+        command.extend(tls_args.into_iter().map(Into::into));
+        let child = spawn(&command, ids);
         Postgres {
             child,
             port,
+            command,
+            ids,
             _dir: dir,
         }
     }
 
     /// A superuser session, once the server accepts one.
-    pub(crate) async fn admin(&self) -> tokio_postgres::Client {
+    pub async fn admin(&self) -> tokio_postgres::Client {
         let url = format!(
             "postgres://postgres:{PASSWORD}@127.0.0.1:{}/postgres",
             self.port
@@ -138,14 +174,31 @@ impl Postgres {
         );
     }
 
+    /// Stops the server (fast shutdown) and starts it again on the same data and port: clients
+    /// lose their connections.
+    pub async fn restart(&mut self) {
+        self.stop().await;
+        self.child = spawn(&self.command, self.ids);
+    }
+
     /// Fast shutdown (SIGINT), as a container runtime asks the image's server for.
-    pub(crate) async fn stop(&mut self) {
+    pub async fn stop(&mut self) {
         signal(&self.child, Signal::SIGINT);
         tokio::time::timeout(Duration::from_secs(30), self.child.wait())
             .await
             .expect("postgres did not stop on SIGINT")
             .unwrap();
     }
+}
+
+fn spawn(command: &[std::ffi::OsString], ids: Option<(u32, u32)>) -> Child {
+    as_server_user(&mut Command::new(&command[0]), ids)
+        .args(&command[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
 }
 
 impl Drop for Postgres {
@@ -166,7 +219,7 @@ impl Drop for Postgres {
     }
 }
 
-pub(crate) fn signal(child: &Child, sig: Signal) {
+pub fn signal(child: &Child, sig: Signal) {
     let pid = Pid::from_raw(child.id().unwrap().try_into().unwrap());
     kill(pid, sig).unwrap();
 }
