@@ -13,17 +13,24 @@ use prometheus_client::registry::Registry;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use spur_bin_support::Runtime;
-use spur_tunnel::{ClientConfig, ClientTls, SessionState, Token, TransportPolicy};
+use spur_hub::agent::pool::{HubPool, PoolSettings};
+use spur_tunnel::{ClientConfig, ClientTls, Token, TransportPolicy};
 use tokio_util::sync::CancellationToken;
 
 /// The in-cluster agent: keeps a tunnel to the hub and serves the streams it opens.
 #[derive(Parser)]
 #[command(name = "spur-agent", version)]
 struct AgentArgs {
-    /// The hub's tunnel address, HOST:PORT (QUIC and HTTP/2 over TLS).
-    #[arg(long, env = "SPUR_HUB_ADDR")]
-    hub: String,
-    /// The name the hub's certificate carries (default: HOST of --hub).
+    /// The hub's tunnel address, HOST:PORT (QUIC and HTTP/2 over TLS); several,
+    /// comma-separated, for hub replicas with a name each. The agent keeps a session with every
+    /// address these resolve to: one per hub replica (a headless Service, or a DNS name with a
+    /// record per replica), so that any replica can reach this cluster.
+    #[arg(long, env = "SPUR_HUB_ADDR", value_delimiter = ',', required = true)]
+    hub: Vec<String>,
+    /// How often HOST of --hub is resolved again (replicas that came or went), e.g. 5s.
+    #[arg(long, env = "SPUR_HUB_RESOLVE_EVERY", default_value = "5s", value_parser = spur_runtime::parse_duration)]
+    hub_resolve_every: Duration,
+    /// The name the hub's certificate carries (default: HOST of the first --hub).
     #[arg(long, env = "SPUR_HUB_SERVER_NAME")]
     hub_server_name: Option<String>,
     /// CA certificate(s) (PEM) the hub's certificate chains to (`spur-hub ca`).
@@ -107,9 +114,10 @@ async fn agent(args: AgentArgs) -> Result<ExitCode> {
     let roots = CertificateDer::pem_slice_iter(&ca)
         .collect::<Result<Vec<_>, _>>()
         .with_context(|| format!("{}: not PEM certificates", args.hub_ca.display()))?;
-    let host = match args.hub.rsplit_once(':') {
+    let first = args.hub.first().context("no --hub")?;
+    let host = match first.rsplit_once(':') {
         Some((host, port)) if port.parse::<u16>().is_ok() => host.trim_matches(['[', ']']),
-        _ => bail!("--hub {:?}: expected HOST:PORT", args.hub),
+        _ => bail!("--hub {first:?}: expected HOST:PORT"),
     };
     let server_name = args
         .hub_server_name
@@ -122,8 +130,9 @@ async fn agent(args: AgentArgs) -> Result<ExitCode> {
             client_cert: None,
         },
     );
-    client.quic_addr = Some(args.hub.clone());
-    client.h2_addr = Some(args.hub.clone());
+    // Each replica's agent dials its own address (the pool sets it).
+    client.quic_addr = Some(first.clone());
+    client.h2_addr = Some(first.clone());
     client.transports = match args.transport.as_str() {
         "quic-then-h2" => TransportPolicy::QuicThenH2,
         "h2-then-quic" => TransportPolicy::H2ThenQuic,
@@ -142,20 +151,8 @@ async fn agent(args: AgentArgs) -> Result<ExitCode> {
         Some(spur_bin_support::kube_client(args.kubeconfig.as_deref()).await?)
     };
     let mut registry = Registry::with_prefix("spur_agent");
-    let agent = spur_hub::agent::Agent::start(
-        client,
-        kube,
-        spur_hub::agent::Scope {
-            target_suffixes: args.target_suffix,
-            addresses: spur_hub::agent::targets::AddressPolicy {
-                allow_cidrs: args.allow_cidrs,
-            },
-            ..spur_hub::agent::Scope::default()
-        },
-        &mut registry,
-    )?;
-    let agent = match &args.traffic_server {
-        None => agent,
+    let traffic = match &args.traffic_server {
+        None => None,
         Some(addr) => {
             if args.traffic_server_ca.is_none() && !args.traffic_insecure_plaintext {
                 bail!(
@@ -167,42 +164,36 @@ async fn agent(args: AgentArgs) -> Result<ExitCode> {
                 ca: args.traffic_server_ca.clone(),
                 token: Some(args.traffic_server_token_file.clone()),
             };
-            agent.with_traffic(spur_discovery::Connector::named(conn, "traffic store")?)
+            Some(spur_discovery::Connector::named(conn, "traffic store")?)
         }
     };
-    let state = agent.state();
-    let mut log_state = agent.state();
-    tokio::spawn(async move {
-        while log_state.changed().await.is_ok() {
-            let s = log_state.borrow_and_update().clone();
-            match s {
-                SessionState::Connected {
-                    transport,
-                    identity,
-                    ..
-                } => {
-                    tracing::info!(cluster = %identity, transport = transport.as_str(), "connected to the hub")
-                }
-                SessionState::Disconnected { reason, retry_in } => {
-                    tracing::warn!(%reason, ?retry_in, "disconnected from the hub")
-                }
-                SessionState::Closed { reason } => {
-                    tracing::error!(%reason, "the hub refused this agent")
-                }
-                SessionState::Connecting { .. } => {}
-            }
-        }
-    });
+    let pool = HubPool::new(
+        PoolSettings {
+            hubs: args.hub.clone(),
+            resolve_every: args.hub_resolve_every,
+        },
+        client,
+        kube,
+        spur_hub::agent::Scope {
+            target_suffixes: args.target_suffix,
+            addresses: spur_hub::agent::targets::AddressPolicy {
+                allow_cidrs: args.allow_cidrs,
+            },
+            ..spur_hub::agent::Scope::default()
+        },
+        traffic,
+        &mut registry,
+    )?;
+    let ready = pool.ready();
     let stop = CancellationToken::new();
-    let ready = move || matches!(*state.borrow(), SessionState::Connected { .. });
     let listener = spur_serving::health::bind_health(args.health_addr).await?;
     let http = tokio::spawn(spur_serving::health::serve_health(
         listener,
         registry,
-        Some((Arc::new(ready), "not connected to the hub\n")),
+        Some((Arc::new(ready), "not connected to any hub replica\n")),
         stop.clone(),
     ));
-    let run = agent.run(stop.clone());
+    let run = pool.run(stop.clone());
     tokio::pin!(run);
     let result = tokio::select! {
         () = shutdown => {

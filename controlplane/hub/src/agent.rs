@@ -5,6 +5,7 @@
 //! traffic tab). Reconnects (backoff with jitter) are the tunnel client's.
 
 pub mod access;
+pub mod pool;
 pub mod targets;
 
 use std::convert::Infallible;
@@ -15,7 +16,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use spur_tunnel::{Incoming, SessionState, TunnelClient};
+use spur_tunnel::{ClientMetrics, Incoming, SessionState, TunnelClient};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -117,12 +118,23 @@ impl Agent {
         scope: Scope,
         registry: &mut prometheus_client::registry::Registry,
     ) -> Result<Agent, Error> {
+        Self::start_with(client, kube, scope, &ClientMetrics::new(registry))
+    }
+
+    /// Like [`Agent::start`], counting its tunnel into `metrics` (shared by the agents of a
+    /// [`pool::HubPool`], one per hub replica).
+    pub fn start_with(
+        client: spur_tunnel::ClientConfig,
+        kube: Option<kube::Client>,
+        scope: Scope,
+        metrics: &ClientMetrics,
+    ) -> Result<Agent, Error> {
         if scope.max_streams == 0 || scope.header_read_timeout.is_zero() {
             return Err(Error::Config(
                 "the agent's stream limit and header read timeout must be above zero".into(),
             ));
         }
-        let client = TunnelClient::start(client, registry)?;
+        let client = TunnelClient::start_with(client, metrics)?;
         Ok(Agent {
             client: Arc::new(client),
             reviewer: kube.clone().map(|k| Arc::new(Reviewer::new(k))),

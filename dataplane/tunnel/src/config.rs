@@ -271,6 +271,19 @@ pub struct ClientTls {
     pub client_cert: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
 }
 
+impl Clone for ClientTls {
+    /// A key is cloned on purpose only (`clone_key`): one client per server replica.
+    fn clone(&self) -> Self {
+        ClientTls {
+            roots: self.roots.clone(),
+            client_cert: self
+                .client_cert
+                .as_ref()
+                .map(|(chain, key)| (chain.clone(), key.clone_key())),
+        }
+    }
+}
+
 /// Reconnect backoff: `initial`, doubling up to `max`, each delay drawn uniformly from
 /// [delay/2, delay] so that many clients restarted together do not reconnect in lockstep.
 #[derive(Clone, Debug)]
@@ -288,7 +301,7 @@ impl Default for Backoff {
     }
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct ClientConfig {
     /// Name the server certificate must carry (SNI and verification).
     pub server_name: String,

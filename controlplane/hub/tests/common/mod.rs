@@ -64,7 +64,15 @@ pub(crate) async fn start_hub_with(
     preview: PreviewSettings,
     with: impl FnOnce(&spur_hub::clusters::Clusters),
 ) -> TestHub {
-    let store = Store::in_memory().unwrap();
+    start_hub_on(Store::in_memory().unwrap(), preview, with).await
+}
+
+/// A hub on `store` (replicas share one).
+pub(crate) async fn start_hub_on(
+    store: Store,
+    preview: PreviewSettings,
+    with: impl FnOnce(&spur_hub::clusters::Clusters),
+) -> TestHub {
     let mut registry = prometheus_client::registry::Registry::default();
     let hub = Hub::start(
         HubConfig {
