@@ -34,6 +34,12 @@ const ALL_ON: &[&str] = &[
     "jobs.replicas=2",
     "--set",
     "jobs.s3.bucket=spur-jobs",
+    "--set",
+    "hub.replicas=2",
+    "--set",
+    "hub.database.url=postgres://hub@db.example:5432/hub",
+    "--set",
+    "hub.database.passwordSecret=hub-db",
 ];
 
 fn workloads(objects: &[Value]) -> impl Iterator<Item = &Value> {
@@ -122,7 +128,13 @@ async fn every_replicated_component_has_a_budget_and_spreads_over_nodes() {
         // The defaults run these with two replicas each; the check above is not vacuous.
         let mut expected = vec!["spur-operator", "spur-routeserver", "spur-tunnel-proxy"];
         if args == ALL_ON {
-            expected.extend(["spur-gateway", "spur-ics", "spur-agent", "spur-jobs"]);
+            expected.extend([
+                "spur-gateway",
+                "spur-ics",
+                "spur-agent",
+                "spur-jobs",
+                "spur-hub",
+            ]);
         }
         for name in expected {
             assert!(
@@ -205,4 +217,100 @@ async fn two_jobs_replicas_need_a_bucket() {
         .await
         .expect_err("jobs.replicas=0 rendered");
     assert!(format!("{err:#}").contains("replicas"), "{err:#}");
+}
+
+/// Hub replicas share their registry in PostgreSQL (issue 47, point 2): more than one needs a
+/// database; with one, the hub reads it from the env (so `kubectl exec … spur-hub cluster add`
+/// does too), its password from the Secret as a file, its CA from the chart's ConfigMap, and
+/// keeps no claim; the headless Service lists every replica for agents.
+#[tokio::test]
+async fn hub_replicas_share_a_database() {
+    let err = helm_template(&[
+        "--set",
+        "hub.enabled=true",
+        "--set",
+        "hub.previewDomain=preview.example",
+        "--set",
+        "hub.replicas=2",
+    ])
+    .await
+    .expect_err("two hub replicas on SQLite rendered");
+    assert!(
+        format!("{err:#}").contains("needs hub.database.url"),
+        "{err:#}"
+    );
+    let err = helm_template(&[
+        "--set",
+        "hub.enabled=true",
+        "--set",
+        "hub.previewDomain=preview.example",
+        "--set",
+        "hub.database.url=postgres://db.example/hub",
+    ])
+    .await
+    .expect_err("a database without a password rendered");
+    assert!(format!("{err:#}").contains("passwordSecret"), "{err:#}");
+
+    let objects = helm_template(&[
+        "--set",
+        "hub.enabled=true",
+        "--set",
+        "hub.previewDomain=preview.example",
+        "--set",
+        "hub.replicas=3",
+        "--set",
+        "hub.database.url=postgres://hub@db.example:5432/hub",
+        "--set",
+        "hub.database.passwordSecret=hub-db",
+        "--set",
+        "hub.database.ca=-----BEGIN CERTIFICATE-----",
+    ])
+    .await
+    .unwrap();
+    let hub = workloads(&objects)
+        .find(|w| w["metadata"]["name"] == "spur-hub")
+        .unwrap();
+    assert_eq!(hub["spec"]["replicas"], 3);
+    assert!(hub["spec"].get("volumeClaimTemplates").is_none(), "{hub}");
+    let pod = &hub["spec"]["template"]["spec"];
+    let env = &pod["containers"][0]["env"];
+    let var = |name: &str| {
+        env.as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].clone())
+    };
+    assert_eq!(
+        var("SPUR_HUB_DATABASE_URL").unwrap(),
+        "postgres://hub@db.example:5432/hub"
+    );
+    assert_eq!(
+        var("SPUR_HUB_DATABASE_PASSWORD_FILE").unwrap(),
+        "/etc/spur/hub-database/password"
+    );
+    assert_eq!(
+        var("SPUR_HUB_DATABASE_CA").unwrap(),
+        "/etc/spur/hub-database-ca/ca.crt"
+    );
+    assert!(var("SPUR_HUB_DATABASE_INSECURE_PLAINTEXT").is_none());
+    let volumes = pod["volumes"].as_array().unwrap();
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v["secret"]["secretName"] == "hub-db"),
+        "{volumes:?}"
+    );
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v["configMap"]["name"] == "spur-hub-database-ca"),
+        "{volumes:?}"
+    );
+    let headless = objects
+        .iter()
+        .find(|o| o["kind"] == "Service" && o["metadata"]["name"] == "spur-hub-replicas")
+        .expect("no spur-hub-replicas Service");
+    assert_eq!(headless["spec"]["clusterIP"], "None");
+    assert_eq!(budgets(&objects, hub).len(), 1);
 }

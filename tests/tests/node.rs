@@ -17,6 +17,7 @@ mod node_access;
 mod node_chaos;
 mod node_cli;
 mod node_day2;
+mod node_hub_ha;
 mod node_jobs;
 mod node_jobs_ha;
 mod node_kafka;
@@ -682,6 +683,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
     // --- two jobs replicas on S3: the standby serves a running log, takes a job over ------------
     mark("two jobs replicas on S3");
     node_jobs_ha::two_replicas_on_s3(node, upgrade);
+    // --- two hub replicas on PostgreSQL: the agent serves both, one goes, none fails ----------
+    mark("two hub replicas on PostgreSQL");
+    node_hub_ha::two_replicas_on_postgres(node, ns, upgrade);
 
     mark("upgrades end");
 

@@ -65,9 +65,12 @@ fn as_server_user(cmd: &mut Command, ids: Option<(u32, u32)>) -> &mut Command {
     cmd
 }
 
-/// A server in a temporary directory, listening on 127.0.0.1 only; killed when dropped.
+/// A server in a temporary directory, listening on 127.0.0.1 (or one given address); killed
+/// when dropped.
 pub struct Postgres {
     child: Child,
+    /// The address it listens on (127.0.0.1, or the one given to [`Postgres::start_in`]).
+    pub host: String,
     pub port: u16,
     /// `postgres` and its arguments, for [`Postgres::restart`].
     command: Vec<std::ffi::OsString>,
@@ -89,6 +92,16 @@ impl Postgres {
     /// A server that also accepts TLS with `tls` (plaintext too: `pg_hba` decides nothing here;
     /// clients choose).
     pub async fn start_with(tls: Option<ServerTls>) -> Postgres {
+        Self::start_at("127.0.0.1", None, tls).await
+    }
+
+    /// A server on `ip` inside network namespace `netns` (`ip netns exec`, then `setpriv` to
+    /// the server's user when the test is root): the node tier's, on the node's address.
+    pub async fn start_in(netns: &str, ip: &str, tls: Option<ServerTls>) -> Postgres {
+        Self::start_at(ip, Some(netns), tls).await
+    }
+
+    async fn start_at(ip: &str, netns: Option<&str>, tls: Option<ServerTls>) -> Postgres {
         let bin = pg_bindir();
         let ids = server_ids();
         let dir = tempfile::tempdir().unwrap();
@@ -114,6 +127,16 @@ impl Postgres {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        if ip != "127.0.0.1" {
+            // initdb's pg_hba.conf lets loopback in only: pods and the host come from elsewhere.
+            use std::io::Write as _;
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(data.join("pg_hba.conf"))
+                .unwrap()
+                .write_all(b"host all all 0.0.0.0/0 scram-sha-256\n")
+                .unwrap();
+        }
         let mut tls_args = Vec::new();
         if let Some(tls) = tls {
             let (cert, key) = (dir.path().join("server.crt"), dir.path().join("server.key"));
@@ -135,22 +158,38 @@ impl Postgres {
             ];
         }
         let port = free_port();
-        let mut command: Vec<std::ffi::OsString> = vec![bin.join("postgres").into()];
+        let mut command: Vec<std::ffi::OsString> = Vec::new();
+        // In a namespace, `ip netns exec` needs root: the user changes after it (setpriv).
+        let spawn_ids = match netns {
+            Some(ns) => {
+                command.extend(["ip", "netns", "exec", ns].map(Into::into));
+                if let Some((uid, gid)) = ids {
+                    command.push("setpriv".into());
+                    command.push(format!("--reuid={uid}").into());
+                    command.push(format!("--regid={gid}").into());
+                    command.push("--clear-groups".into());
+                }
+                None
+            }
+            None => ids,
+        };
+        command.push(bin.join("postgres").into());
         command.push("-D".into());
         command.push(data.into());
-        for a in ["-h", "127.0.0.1", "-p", &port.to_string(), "-k"] {
+        for a in ["-h", ip, "-p", &port.to_string(), "-k"] {
             command.push(a.into());
         }
         command.push(dir.path().into());
         command.push("-c".into());
         command.push("fsync=off".into());
         command.extend(tls_args.into_iter().map(Into::into));
-        let child = spawn(&command, ids);
+        let child = spawn(&command, spawn_ids);
         Postgres {
             child,
+            host: ip.to_owned(),
             port,
             command,
-            ids,
+            ids: spawn_ids,
             _dir: dir,
         }
     }
@@ -158,8 +197,8 @@ impl Postgres {
     /// A superuser session, once the server accepts one.
     pub async fn admin(&self) -> tokio_postgres::Client {
         let url = format!(
-            "postgres://postgres:{PASSWORD}@127.0.0.1:{}/postgres",
-            self.port
+            "postgres://postgres:{PASSWORD}@{}:{}/postgres",
+            self.host, self.port
         );
         for _ in 0..300 {
             if let Ok((client, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
@@ -169,8 +208,8 @@ impl Postgres {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!(
-            "PostgreSQL on 127.0.0.1:{} never accepted a session",
-            self.port
+            "PostgreSQL on {}:{} never accepted a session",
+            self.host, self.port
         );
     }
 

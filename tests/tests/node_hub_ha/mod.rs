@@ -1,0 +1,344 @@
+//! The chart's hub with two replicas on PostgreSQL (docs/hub.md, "Several replicas"; issue 47,
+//! point 2). PostgreSQL runs in the node's network namespace on the node's address, where its
+//! pods reach it, over TLS with a certificate for that address. The chart's agent dials the
+//! headless Service `spur-hub-replicas` and keeps a session with each replica.
+//!
+//! - A cluster, a user and an API key are made by `kubectl exec` on different replicas.
+//! - A preview of a Sandbox endpoint, sent to each replica's own address, is answered by the
+//!   fork pod.
+//! - One replica's pod is deleted while previews go to the other, one after another: none fails.
+//!   The replacement pod, with a new address, serves previews once the agent has found it.
+//! - A key revoked through one replica is refused by the other.
+//! - A user scoped to another cluster gets nothing through either replica.
+//!
+//! The install is then upgraded back to its own values (no hub, no agent).
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use spur_e2e::node::{Answer, Node, SPUR_NAMESPACE, eventually};
+use spur_kube_harness::postgres::{PASSWORD, Postgres, ServerTls};
+
+const HOST: &str = "shop--hub-ha.preview.test";
+
+/// A CA and a serving certificate for PostgreSQL on `ip`.
+fn certificate(ip: &str) -> (String, ServerTls) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let cert = rcgen::CertificateParams::new(vec![ip.to_string()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    (
+        ca_cert.pem(),
+        ServerTls {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        },
+    )
+}
+
+/// The hub pods that run and are Ready: (name, IP).
+fn hub_pods(node: &Node) -> Vec<(String, String)> {
+    let pods = node
+        .get_json(
+            SPUR_NAMESPACE,
+            &["pods", "-l", "app.kubernetes.io/name=spur-hub"],
+        )
+        .unwrap_or_default();
+    pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .filter(|p| {
+            p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+        .filter_map(|p| {
+            Some((
+                p["metadata"]["name"].as_str()?.to_owned(),
+                p["status"]["podIP"].as_str()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+/// A preview request to the hub pod at `ip`, from the node's network namespace.
+fn preview(node: &Node, ca: &std::path::Path, ip: &str, key: &str) -> Answer {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &node.netns,
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+            "--cacert",
+        ])
+        .arg(ca)
+        .args([
+            "--resolve",
+            &format!("{HOST}:8444:{ip}"),
+            "-w",
+            "\n%{http_code}",
+        ])
+        .args(["-H", &format!("x-spur-api-key: {key}")])
+        .arg(format!("https://{HOST}:8444/"))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = out.trim_end().rsplit_once('\n').unwrap_or(("", out.trim()));
+    Answer {
+        status: code.trim().parse().unwrap_or(0),
+        json: serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+        body: body.to_owned(),
+    }
+}
+
+pub(crate) fn two_replicas_on_postgres(node: &Node, ns: &str, upgrade: impl Fn(&[&str])) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (db_ca, tls) = certificate(&node.ip);
+    let pg = rt.block_on(Postgres::start_in(&node.netns, &node.ip, Some(tls)));
+    rt.block_on(async {
+        pg.admin()
+            .await
+            .batch_execute("CREATE DATABASE spur_hub")
+            .await
+            .unwrap()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let db_ca_file = dir.path().join("db-ca.pem");
+    std::fs::write(&db_ca_file, db_ca).unwrap();
+    node.kubectl(&[
+        "-n",
+        SPUR_NAMESPACE,
+        "create",
+        "secret",
+        "generic",
+        "spur-hub-db",
+        &format!("--from-literal=password={PASSWORD}"),
+    ])
+    .unwrap();
+    let url = format!(
+        "hub.database.url=postgres://postgres@{}:{}/spur_hub",
+        node.ip, pg.port
+    );
+    let db_ca_arg = format!("hub.database.ca={}", db_ca_file.display());
+    let hub_values = [
+        "--set",
+        "hub.enabled=true",
+        "--set",
+        "hub.previewDomain=preview.test",
+        "--set",
+        "hub.serviceType=ClusterIP",
+        "--set",
+        "hub.replicas=2",
+        "--set",
+        &url,
+        "--set",
+        "hub.database.passwordSecret=spur-hub-db",
+        "--set-file",
+        &db_ca_arg,
+        "--set",
+        "hub.names[0]=spur-hub-replicas.spur-system.svc",
+    ];
+    let started = Instant::now();
+    upgrade(&hub_values);
+    let pods = hub_pods(node);
+    assert_eq!(pods.len(), 2, "{pods:?}\n{}", node.describe(SPUR_NAMESPACE));
+    eprintln!(
+        "hub HA: two hub replicas on PostgreSQL ready after {:.1?}",
+        started.elapsed()
+    );
+    let exec = |pod: &str, args: &[&str]| -> String {
+        let mut all = vec!["-n", SPUR_NAMESPACE, "exec", pod, "--", "spur-hub"];
+        all.extend_from_slice(args);
+        node.kubectl(&all)
+            .unwrap_or_else(|e| panic!("spur-hub {args:?} on {pod}: {e:#}"))
+    };
+    // The registry is one: what one replica's CLI writes, the other serves.
+    let token = exec("spur-hub-0", &["cluster", "add", "ha"]);
+    exec(
+        "spur-hub-1",
+        &[
+            "user",
+            "add",
+            "ha-dev",
+            "--cluster",
+            "*",
+            "--all-namespaces",
+            "--kube-group",
+            "system:masters",
+        ],
+    );
+    let key = exec("spur-hub-1", &["apikey", "add", "ha-dev"])
+        .trim()
+        .to_owned();
+    let hub_ca = dir.path().join("hub-ca.pem");
+    std::fs::write(&hub_ca, exec("spur-hub-0", &["ca"])).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&hub_ca).unwrap(),
+        exec("spur-hub-1", &["ca"]),
+        "the replicas have two CAs"
+    );
+    node.apply(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: spur-agent-token, namespace: {SPUR_NAMESPACE}}}\nstringData: {{token: {}}}\n",
+        token.trim()
+    ))
+    .unwrap();
+    let hub_ca_arg = format!("agent.hubCA={}", hub_ca.display());
+    let mut with_agent = hub_values.to_vec();
+    with_agent.extend_from_slice(&[
+        "--set",
+        "agent.enabled=true",
+        "--set",
+        "agent.hub=spur-hub-replicas.spur-system.svc:8443",
+        "--set-file",
+        &hub_ca_arg,
+        "--set",
+        "agent.previewDomain=preview.test",
+    ]);
+    upgrade(&with_agent);
+
+    node.apply(&format!(
+        "{}  defaultRouteGroup:\n    endpoints:\n      - {{name: shop, target: \"http://frontend.{ns}.svc:8080\"}}\n",
+        crate::sandbox("hub-ha", ns, "backend", "hub-ha", None)
+    ))
+    .unwrap();
+    crate::sandbox_ready(node, "hub-ha");
+    let fork = crate::fork_pod(node, ns, "hub-ha");
+    let answered = |a: &Answer| a.status == 200 && a.answered_by() == Some(fork.as_str());
+    // Each replica, asked at its own address, reaches the cluster through its own session.
+    for (pod, ip) in &pods {
+        eventually(
+            &format!("a preview through hub replica {pod}"),
+            Duration::from_secs(90),
+            || {
+                let a = preview(node, &hub_ca, ip, &key);
+                Ok(answered(&a).then_some(()))
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", node.describe(SPUR_NAMESPACE)));
+    }
+
+    // Replica 0 is deleted while previews go to replica 1: none fails.
+    let (gone_pod, _) = pods[0].clone();
+    let (_, survivor_ip) = pods[1].clone();
+    let start = Instant::now();
+    node.kubectl(&[
+        "-n",
+        SPUR_NAMESPACE,
+        "delete",
+        "pod",
+        &gone_pod,
+        "--wait=false",
+    ])
+    .unwrap();
+    let (mut sent, mut failed) = (0, Vec::new());
+    let mut back: Option<(Duration, String)> = None;
+    // Bounded: until the replacement is Ready, and at most 180 s.
+    while start.elapsed() < Duration::from_secs(180) {
+        let a = preview(node, &hub_ca, &survivor_ip, &key);
+        sent += 1;
+        if !answered(&a) {
+            failed.push(format!(
+                "{:.1} s: {} {}",
+                start.elapsed().as_secs_f64(),
+                a.status,
+                a.body
+            ));
+        }
+        if sent % 5 == 0
+            && let Some((_, ip)) = hub_pods(node)
+                .into_iter()
+                .find(|(name, ip)| *name == gone_pod && *ip != pods[0].1)
+        {
+            back = Some((start.elapsed(), ip));
+            break;
+        }
+    }
+    let (ready_after, new_ip) = back.unwrap_or_else(|| {
+        panic!(
+            "hub pod {gone_pod} not back within 180 s\n{}",
+            node.describe(SPUR_NAMESPACE)
+        )
+    });
+    // The agent finds the replacement by resolving the headless Service again (every 5 s).
+    let reached = eventually(
+        "a preview through the replacement hub pod",
+        Duration::from_secs(90),
+        || {
+            let a = preview(node, &hub_ca, &new_ip, &key);
+            Ok(answered(&a).then(|| start.elapsed()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", node.describe(SPUR_NAMESPACE)));
+    eprintln!(
+        "hub HA: replica {gone_pod} deleted under preview load: {sent} previews through the \
+         other replica, {} failed; replacement Ready after {:.1?}, serving previews after {:.1?}",
+        failed.len(),
+        ready_after,
+        reached
+    );
+    assert!(sent >= 5, "too few previews while {gone_pod} went");
+    assert!(
+        failed.is_empty(),
+        "previews failed while hub replica {gone_pod} went: {failed:#?}"
+    );
+
+    // Another cluster's user: nothing through either replica.
+    exec(
+        "spur-hub-0",
+        &[
+            "user",
+            "add",
+            "outsider",
+            "--cluster",
+            "elsewhere",
+            "--all-namespaces",
+        ],
+    );
+    let outsider = exec("spur-hub-0", &["apikey", "add", "outsider"])
+        .trim()
+        .to_owned();
+    for ip in [&survivor_ip, &new_ip] {
+        let a = preview(node, &hub_ca, ip, &outsider);
+        assert!(
+            a.status != 200 && !a.body.contains(&fork),
+            "a user of another cluster reached the sandbox through {ip}: {a:?}"
+        );
+    }
+    // A key revoked through one replica is refused by the other (a checked credential is
+    // trusted for 2 s).
+    exec("spur-hub-0", &["apikey", "revoke", "ha-dev"]);
+    eventually(
+        "the revoked key refused by the other replica",
+        Duration::from_secs(30),
+        || Ok((preview(node, &hub_ca, &survivor_ip, &key).status == 401).then_some(())),
+    )
+    .unwrap();
+
+    node.kubectl(&[
+        "delete",
+        "sandbox",
+        "hub-ha",
+        "--wait=true",
+        "--timeout=120s",
+    ])
+    .unwrap();
+    upgrade(&[]);
+    for secret in ["spur-agent-token", "spur-hub-db"] {
+        node.kubectl(&["-n", SPUR_NAMESPACE, "delete", "secret", secret])
+            .unwrap();
+    }
+    drop(pg);
+}
