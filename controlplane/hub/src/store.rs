@@ -84,7 +84,7 @@ pub struct Store {
 
 enum Backend {
     Sqlite(Mutex<Connection>),
-    Postgres(postgres::Pg),
+    Postgres(Box<postgres::Pg>),
 }
 
 impl std::fmt::Debug for Store {
@@ -131,7 +131,7 @@ impl Store {
         let pg = postgres::Pg::connect(settings)?;
         pg.migrate(schema::migrate_postgres)?;
         Ok(Store {
-            db: Arc::new(Backend::Postgres(pg)),
+            db: Arc::new(Backend::Postgres(Box::new(pg))),
         })
     }
 
