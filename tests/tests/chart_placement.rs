@@ -250,6 +250,19 @@ async fn hub_replicas_share_a_database() {
     .await
     .expect_err("a database without a password rendered");
     assert!(format!("{err:#}").contains("passwordSecret"), "{err:#}");
+    let err = helm_template(&[
+        "--set",
+        "hub.enabled=true",
+        "--set",
+        "hub.previewDomain=preview.example",
+        "--set",
+        "hub.database.url=postgres://hub:s3cret@db.example/hub",
+        "--set",
+        "hub.database.passwordSecret=hub-db",
+    ])
+    .await
+    .expect_err("a password in the URL rendered into the pod spec");
+    assert!(format!("{err:#}").contains("holds a password"), "{err:#}");
 
     let objects = helm_template(&[
         "--set",

@@ -30,7 +30,8 @@ struct AgentArgs {
     /// How often HOST of --hub is resolved again (replicas that came or went), e.g. 5s.
     #[arg(long, env = "SPUR_HUB_RESOLVE_EVERY", default_value = "5s", value_parser = spur_runtime::parse_duration)]
     hub_resolve_every: Duration,
-    /// The name the hub's certificate carries (default: HOST of the first --hub).
+    /// The name every hub replica's certificate carries (default: HOST of the --hub entry the
+    /// replica's address was resolved from).
     #[arg(long, env = "SPUR_HUB_SERVER_NAME")]
     hub_server_name: Option<String>,
     /// CA certificate(s) (PEM) the hub's certificate chains to (`spur-hub ca`).
@@ -171,6 +172,7 @@ async fn agent(args: AgentArgs) -> Result<ExitCode> {
         PoolSettings {
             hubs: args.hub.clone(),
             resolve_every: args.hub_resolve_every,
+            server_name: args.hub_server_name.clone(),
         },
         client,
         kube,

@@ -163,6 +163,18 @@ impl Store {
         }
     }
 
+    /// Runs `f`, which only reads, in one transaction: its reads see one state.
+    fn snapshot<T>(&self, f: impl FnOnce(&mut dyn Sql) -> Result<T, Error>) -> Result<T, Error> {
+        match &*self.db {
+            Backend::Sqlite(m) => {
+                let mut conn = Self::sqlite(m);
+                let tx = conn.transaction().map_err(dbe)?;
+                f(&mut Sqlite(&tx))
+            }
+            Backend::Postgres(pg) => pg.snapshot(f),
+        }
+    }
+
     /// Runs `f` in one transaction and commits it. On PostgreSQL `f` may run more than once
     /// (a conflicting concurrent transaction makes it start again), so it only touches the
     /// database.
@@ -170,7 +182,12 @@ impl Store {
         match &*self.db {
             Backend::Sqlite(m) => {
                 let mut conn = Self::sqlite(m);
-                let tx = conn.transaction().map_err(dbe)?;
+                // IMMEDIATE: the write lock is taken at the start (waiting up to the busy
+                // timeout for another writer), so a read-then-write never meets a commit of
+                // the CLI's in between (SQLITE_BUSY_SNAPSHOT, which no timeout retries).
+                let tx = conn
+                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                    .map_err(dbe)?;
                 let v = f(&mut Sqlite(&tx))?;
                 tx.commit().map_err(dbe)?;
                 Ok(v)

@@ -294,16 +294,21 @@ fn server_certificate(name: &str) -> (String, ServerTls) {
 /// refusal never shows the password.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_is_required_and_verified() {
-    let (ca, tls) = server_certificate("127.0.0.1");
-    let (other_ca, _) = server_certificate("127.0.0.1");
+    // The certificate names localhost; the server listens on 127.0.0.1.
+    let (ca, tls) = server_certificate("localhost");
+    let (other_ca, _) = server_certificate("localhost");
     let pg = Postgres::start_with(Some(tls)).await;
     pg.admin().await;
     let dir = tempfile::tempdir().unwrap();
     let (ca_file, other_file) = (dir.path().join("ca.pem"), dir.path().join("other.pem"));
     std::fs::write(&ca_file, ca).unwrap();
     std::fs::write(&other_file, other_ca).unwrap();
-    let url = url(&pg, "postgres");
     let port = pg.port;
+    // hostaddr: the name checked is localhost, the address dialled 127.0.0.1 (localhost may
+    // resolve to ::1 first, where nothing listens).
+    let by_name =
+        format!("host=localhost hostaddr=127.0.0.1 port={port} user=postgres password={PASSWORD}");
+    let by_address = url(&pg, "postgres");
     blocking(move || {
         let with = |url: &str, ca: Option<&std::path::Path>, plaintext: bool| {
             Store::connect(&PostgresSettings {
@@ -313,32 +318,37 @@ async fn tls_is_required_and_verified() {
                 insecure_plaintext: plaintext,
             })
         };
-        let store = with(&url, Some(&ca_file), false).expect("TLS with the right CA");
+        let store = with(&by_name, Some(&ca_file), false).expect("TLS with the right CA");
         store.add_cluster("tls", false).unwrap();
-        let err = with(&url, Some(&other_file), false)
+        let err = with(&by_name, Some(&other_file), false)
             .unwrap_err()
             .to_string();
         assert!(
             err.contains("certificate"),
             "another CA's chain was accepted: {err}"
         );
-        // The certificate names 127.0.0.1, not localhost.
-        let by_name = url.replace("127.0.0.1", "localhost");
-        let err = with(&by_name, Some(&ca_file), false)
+        // The certificate names localhost, not 127.0.0.1.
+        let err = with(&by_address, Some(&ca_file), false)
             .unwrap_err()
             .to_string();
         assert!(
             err.contains("certificate"),
             "a wrong host name was accepted: {err}"
         );
-        let err = with(&format!("{url}?sslmode=disable"), Some(&ca_file), false)
-            .unwrap_err()
-            .to_string();
+        let err = with(
+            &format!("{by_address}?sslmode=disable"),
+            Some(&ca_file),
+            false,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("--database-insecure-plaintext"), "{err}");
         // The opt-in connects without TLS.
-        with(&url, None, true).expect("plaintext with the opt-in");
+        with(&by_address, None, true).expect("plaintext with the opt-in");
         // A wrong password: refused, and the message does not carry it.
-        let wrong = format!("postgres://postgres:hunter2-not-it@127.0.0.1:{port}/postgres");
+        let wrong = format!(
+            "host=localhost hostaddr=127.0.0.1 port={port} user=postgres password=hunter2-not-it"
+        );
         let err = with(&wrong, Some(&ca_file), false).unwrap_err().to_string();
         assert!(err.contains("password authentication failed"), "{err}");
         assert!(!err.contains("hunter2"), "the password in an error: {err}");

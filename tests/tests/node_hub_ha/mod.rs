@@ -10,6 +10,7 @@
 //!   The replacement pod, with a new address, serves previews once the agent has found it.
 //! - A key revoked through one replica is refused by the other.
 //! - A user scoped to another cluster gets nothing through either replica.
+//! - The cluster revoked through one replica is reached through neither.
 //!
 //! The install is then upgraded back to its own values (no hub, no agent).
 
@@ -42,8 +43,8 @@ fn certificate(ip: &str) -> (String, ServerTls) {
     )
 }
 
-/// The hub pods that run and are Ready: (name, IP).
-fn hub_pods(node: &Node) -> Vec<(String, String)> {
+/// The hub pods that run and are Ready: (name, IP, uid).
+fn hub_pods(node: &Node) -> Vec<(String, String, String)> {
     let pods = node
         .get_json(
             SPUR_NAMESPACE,
@@ -66,6 +67,7 @@ fn hub_pods(node: &Node) -> Vec<(String, String)> {
             Some((
                 p["metadata"]["name"].as_str()?.to_owned(),
                 p["status"]["podIP"].as_str()?.to_owned(),
+                p["metadata"]["uid"].as_str()?.to_owned(),
             ))
         })
         .collect()
@@ -218,7 +220,7 @@ pub(crate) fn two_replicas_on_postgres(node: &Node, ns: &str, upgrade: impl Fn(&
     let fork = crate::fork_pod(node, ns, "hub-ha");
     let answered = |a: &Answer| a.status == 200 && a.answered_by() == Some(fork.as_str());
     // Each replica, asked at its own address, reaches the cluster through its own session.
-    for (pod, ip) in &pods {
+    for (pod, ip, _) in &pods {
         eventually(
             &format!("a preview through hub replica {pod}"),
             Duration::from_secs(90),
@@ -231,8 +233,8 @@ pub(crate) fn two_replicas_on_postgres(node: &Node, ns: &str, upgrade: impl Fn(&
     }
 
     // Replica 0 is deleted while previews go to replica 1: none fails.
-    let (gone_pod, _) = pods[0].clone();
-    let (_, survivor_ip) = pods[1].clone();
+    let (gone_pod, _, gone_uid) = pods[0].clone();
+    let survivor_ip = pods[1].1.clone();
     let start = Instant::now();
     node.kubectl(&[
         "-n",
@@ -257,10 +259,11 @@ pub(crate) fn two_replicas_on_postgres(node: &Node, ns: &str, upgrade: impl Fn(&
                 a.body
             ));
         }
+        // The replacement: a pod of the same name, another uid (its address may be the same).
         if sent % 5 == 0
-            && let Some((_, ip)) = hub_pods(node)
+            && let Some((_, ip, _)) = hub_pods(node)
                 .into_iter()
-                .find(|(name, ip)| *name == gone_pod && *ip != pods[0].1)
+                .find(|(name, _, uid)| *name == gone_pod && *uid != gone_uid)
         {
             back = Some((start.elapsed(), ip));
             break;
@@ -326,6 +329,38 @@ pub(crate) fn two_replicas_on_postgres(node: &Node, ns: &str, upgrade: impl Fn(&
         || Ok((preview(node, &hub_ca, &survivor_ip, &key).status == 401).then_some(())),
     )
     .unwrap();
+
+    // The cluster is revoked through replica 1: neither replica reaches it any more (the agent
+    // is refused by both; a fresh key does not help).
+    exec(
+        "spur-hub-1",
+        &[
+            "user",
+            "add",
+            "ha-ops",
+            "--cluster",
+            "*",
+            "--all-namespaces",
+            "--kube-group",
+            "system:masters",
+        ],
+    );
+    let fresh = exec("spur-hub-1", &["apikey", "add", "ha-ops"])
+        .trim()
+        .to_owned();
+    assert!(answered(&preview(node, &hub_ca, &new_ip, &fresh)));
+    exec("spur-hub-1", &["cluster", "revoke", "ha"]);
+    for ip in [&survivor_ip, &new_ip] {
+        eventually(
+            &format!("the revoked cluster unreachable through {ip}"),
+            Duration::from_secs(30),
+            || {
+                let a = preview(node, &hub_ca, ip, &fresh);
+                Ok((a.status != 200 && !a.body.contains(&fork)).then_some(()))
+            },
+        )
+        .unwrap();
+    }
 
     node.kubectl(&[
         "delete",

@@ -2,14 +2,19 @@
 //! through a session that cluster's agent holds with that same replica. So with several
 //! replicas behind one name (a headless Service, or a DNS name with one record per replica), the
 //! agent resolves the name again and again and keeps one [`Agent`] per address. Each one
-//! verifies the hub's certificate against the name, not the address. Replicas that appear get a
-//! session within one resolution period. A replica whose address has been gone for
-//! [`FORGET_AFTER`] resolutions loses its agent. With one replica this is one agent, as before.
+//! verifies the hub's certificate against the name it was resolved from (or the configured
+//! server name), never the address. Replicas that appear get a session within one resolution
+//! period. A replica whose address has been gone for [`FORGET_AFTER`] resolutions loses its
+//! agent. A replica that refuses the agent for good is left alone for [`REFUSED_PAUSE`]; the
+//! pool ends with the refusal when no other replica has a session. With one replica this is one
+//! agent, as before.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use spur_tunnel::{ClientConfig, ClientMetrics, SessionState};
 use tokio::sync::watch;
@@ -23,6 +28,17 @@ use crate::Error;
 /// changes nothing).
 pub const FORGET_AFTER: u32 = 3;
 
+/// How long a replica that refused the agent for good (an unknown or revoked token, another
+/// protocol version) is not dialled again.
+pub const REFUSED_PAUSE: Duration = Duration::from_secs(30);
+
+/// Resolves `host:port` to addresses (the default: the system's resolver).
+pub type Resolver = Arc<
+    dyn Fn(String) -> Pin<Box<dyn Future<Output = std::io::Result<Vec<SocketAddr>>> + Send>>
+        + Send
+        + Sync,
+>;
+
 /// How the pool finds the hub's replicas.
 #[derive(Clone, Debug)]
 pub struct PoolSettings {
@@ -31,6 +47,9 @@ pub struct PoolSettings {
     pub hubs: Vec<String>,
     /// How often the name is resolved again.
     pub resolve_every: Duration,
+    /// The name every replica's certificate must carry; None: the host of the `hubs` entry the
+    /// address was resolved from.
+    pub server_name: Option<String>,
 }
 
 struct Member {
@@ -50,6 +69,7 @@ pub struct HubPool {
     traffic: Option<spur_discovery::Connector>,
     metrics: ClientMetrics,
     members: Arc<Mutex<BTreeMap<SocketAddr, Member>>>,
+    resolver: Resolver,
 }
 
 impl HubPool {
@@ -81,7 +101,17 @@ impl HubPool {
             traffic,
             metrics: ClientMetrics::new(registry),
             members: Arc::new(Mutex::new(BTreeMap::new())),
+            resolver: Arc::new(|hub| {
+                Box::pin(async move { Ok(tokio::net::lookup_host(hub).await?.collect()) })
+            }),
         })
+    }
+
+    /// Resolves the hubs' names with `resolver` instead of the system's (a custom discovery;
+    /// tests that move replicas).
+    pub fn with_resolver(mut self, resolver: Resolver) -> Self {
+        self.resolver = resolver;
+        self
     }
 
     /// Whether at least one replica has a session with this cluster (the agent's readiness).
@@ -102,37 +132,53 @@ impl HubPool {
             .collect()
     }
 
-    /// Keeps one agent per replica until `stop`, or until a hub refuses this cluster for good
-    /// (an unknown or revoked token), which stops every agent and is returned.
+    /// Keeps one agent per replica until `stop`, or until a replica refuses this cluster for
+    /// good (an unknown or revoked token) while no other has a session: that refusal is
+    /// returned.
     pub async fn run(&self, stop: CancellationToken) -> Result<(), Error> {
-        let mut agents: JoinSet<(SocketAddr, Result<(), Error>)> = JoinSet::new();
+        let mut agents: JoinSet<Result<(), Error>> = JoinSet::new();
+        let mut tasks: HashMap<tokio::task::Id, SocketAddr> = HashMap::new();
+        let mut refused: HashMap<SocketAddr, Instant> = HashMap::new();
         let mut tick = tokio::time::interval(self.settings.resolve_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let result = loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 () = stop.cancelled() => break Ok(()),
-                Some(ended) = agents.join_next() => match ended {
-                    Ok((addr, Err(e @ Error::Refused(_)))) => {
-                        tracing::error!(%addr, "the hub refused this agent: {e}");
-                        break Err(e);
-                    }
-                    Ok((addr, outcome)) => {
-                        // Stopped (forgotten), or ended otherwise: the next resolution decides.
-                        lock(&self.members).remove(&addr);
-                        if let Err(e) = outcome {
-                            tracing::warn!(%addr, "the agent of this hub replica ended: {e}");
+                Some(ended) = agents.join_next_with_id() => {
+                    let (id, outcome) = match ended {
+                        Ok((id, outcome)) => (id, outcome),
+                        Err(e) => (e.id(), Err(Error::Upstream(format!("the agent task failed: {e}")))),
+                    };
+                    let Some(addr) = tasks.remove(&id) else { continue };
+                    // Whatever ended it, the next resolution decides whether it comes back.
+                    lock(&self.members).remove(&addr);
+                    match outcome {
+                        Ok(()) => {}
+                        Err(e @ Error::Refused(_)) => {
+                            tracing::error!(%addr, "this hub replica refused the agent: {e}");
+                            refused.insert(addr, Instant::now());
+                            // The refusal ends the agent when no other replica has a session
+                            // (a revoked token: every replica refuses it; the process exits
+                            // and says why). A replica that refuses while another serves (a
+                            // replica of another version, in a rolling upgrade) is only paused.
+                            let serving = lock(&self.members).values().any(|m| {
+                                matches!(*m.state.borrow(), SessionState::Connected { .. })
+                            });
+                            if !serving {
+                                break Err(e);
+                            }
                         }
-                        continue;
+                        Err(e) => tracing::warn!(%addr, "the agent of this hub replica ended: {e}"),
                     }
-                    Err(e) => {
-                        tracing::error!("an agent task failed: {e}");
-                        continue;
-                    }
-                },
+                    continue;
+                }
             }
-            match resolve(&self.settings.hubs).await {
-                Ok(addrs) => self.reconcile(&addrs, &mut agents, &stop),
+            refused.retain(|_, at| at.elapsed() < REFUSED_PAUSE);
+            match resolve(&self.resolver, &self.settings.hubs).await {
+                Ok(addrs) => {
+                    self.reconcile(&addrs, &refused, &mut agents, &mut tasks, &stop);
+                }
                 Err(e) => tracing::warn!(hub = ?self.settings.hubs, "resolving the hub: {e}"),
             }
         };
@@ -147,13 +193,15 @@ impl HubPool {
 
     fn reconcile(
         &self,
-        addrs: &BTreeSet<SocketAddr>,
-        agents: &mut JoinSet<(SocketAddr, Result<(), Error>)>,
+        addrs: &BTreeMap<SocketAddr, String>,
+        refused: &HashMap<SocketAddr, Instant>,
+        agents: &mut JoinSet<Result<(), Error>>,
+        tasks: &mut HashMap<tokio::task::Id, SocketAddr>,
         stop: &CancellationToken,
     ) {
         let mut members = lock(&self.members);
         for (addr, m) in members.iter_mut() {
-            if addrs.contains(addr) {
+            if addrs.contains_key(addr) {
                 m.missing = 0;
             } else {
                 m.missing += 1;
@@ -163,13 +211,18 @@ impl HubPool {
                 }
             }
         }
-        for addr in addrs {
-            if members.contains_key(addr) {
+        for (addr, host) in addrs {
+            if members.contains_key(addr) || refused.contains_key(addr) {
                 continue;
             }
             let mut client = self.template.clone();
             client.quic_addr = Some(addr.to_string());
             client.h2_addr = Some(addr.to_string());
+            client.server_name = self
+                .settings
+                .server_name
+                .clone()
+                .unwrap_or_else(|| host.clone());
             let agent = match Agent::start_with(
                 client,
                 self.kube.clone(),
@@ -189,11 +242,11 @@ impl HubPool {
             let state = agent.state();
             tokio::spawn(log_states(*addr, agent.state(), member_stop.clone()));
             let run_stop = member_stop.clone();
-            let addr = *addr;
-            agents.spawn(async move { (addr, agent.run(run_stop).await) });
+            let task = agents.spawn(async move { agent.run(run_stop).await });
+            tasks.insert(task.id(), *addr);
             tracing::info!(%addr, "dialling this hub replica");
             members.insert(
-                addr,
+                *addr,
                 Member {
                     stop: member_stop,
                     state,
@@ -224,14 +277,25 @@ fn split_host_port(hub: &str) -> Result<(&str, u16), Error> {
     }
 }
 
-/// Every address the hubs (`host:port` each) resolve to now; an error only when none resolves
-/// (one name that fails among others that resolve changes nothing for those).
-async fn resolve(hubs: &[String]) -> Result<BTreeSet<SocketAddr>, Error> {
-    let mut addrs = BTreeSet::new();
+/// Every address the hubs (`host:port` each) resolve to now, with the host it came from; an
+/// error only when none resolves (a name that fails among others that resolve changes nothing
+/// for those).
+async fn resolve(
+    resolver: &Resolver,
+    hubs: &[String],
+) -> Result<BTreeMap<SocketAddr, String>, Error> {
+    let mut addrs = BTreeMap::new();
     let mut failed = None;
     for hub in hubs {
-        match tokio::net::lookup_host(hub.as_str()).await {
-            Ok(found) => addrs.extend(found),
+        let host = split_host_port(hub)
+            .map(|(h, _)| h.trim_matches(['[', ']']).to_owned())
+            .unwrap_or_default();
+        match resolver(hub.clone()).await {
+            Ok(found) => {
+                for a in found {
+                    addrs.entry(a).or_insert_with(|| host.clone());
+                }
+            }
             Err(e) => failed = Some(format!("{hub}: {e}")),
         }
     }

@@ -56,6 +56,12 @@ impl std::fmt::Debug for PostgresSettings {
 /// A serialization failure is retried this many times before the write fails.
 const WRITE_ATTEMPTS: u32 = 10;
 
+/// How long one call (a statement, or a transaction's whole exchange) may take. A server that
+/// stops answering without closing the connection (a failover, a partition) would otherwise
+/// hold every store call of this replica behind the connection's lock: past this, the call
+/// fails and the connection is dropped, and the next call makes a new one.
+const CALL_DEADLINE: Duration = Duration::from_secs(15);
+
 pub(crate) struct Pg {
     config: tokio_postgres::Config,
     tls: Option<RustlsConnector>,
@@ -85,6 +91,19 @@ impl Pg {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(10));
         }
+        // A dead peer is noticed by TCP within seconds, not the kernel's default two hours; a
+        // statement that runs away is ended by the server.
+        config
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(10))
+            .keepalives_interval(Duration::from_secs(5))
+            .keepalives_retries(3)
+            .tcp_user_timeout(CALL_DEADLINE);
+        let options = config.get_options().unwrap_or_default().to_owned();
+        config.options(format!(
+            "{options} -c statement_timeout={}",
+            CALL_DEADLINE.as_millis()
+        ));
         if config.get_application_name().is_none() {
             config.application_name("spur-hub");
         }
@@ -128,20 +147,23 @@ impl Pg {
                 .as_ref()
                 .ok_or_else(|| Error::Db("the database runtime is gone".into()))?;
             let (config, tls) = (self.config.clone(), self.tls.clone());
-            let made = block_on(rt.spawn(async move {
-                let host = describe_hosts(&config);
-                let connected = match tls {
-                    Some(tls) => config.connect(tls).await.map(|(c, conn)| {
-                        tokio::spawn(drive(conn, host));
-                        c
-                    }),
-                    None => config.connect(NoTls).await.map(|(c, conn)| {
-                        tokio::spawn(drive(conn, host));
-                        c
-                    }),
-                };
-                connected.map_err(|e| pg_error(&e))
-            }))
+            let made = block_on(
+                CALL_DEADLINE,
+                rt.spawn(async move {
+                    let host = describe_hosts(&config);
+                    let connected = match tls {
+                        Some(tls) => config.connect(tls).await.map(|(c, conn)| {
+                            tokio::spawn(drive(conn, host));
+                            c
+                        }),
+                        None => config.connect(NoTls).await.map(|(c, conn)| {
+                            tokio::spawn(drive(conn, host));
+                            c
+                        }),
+                    };
+                    connected.map_err(|e| pg_error(&e))
+                }),
+            )?
             .map_err(|e| Error::Db(format!("connecting: {e}")))??;
             *guard = Some(made);
         }
@@ -153,56 +175,89 @@ impl Pg {
         &self,
         f: impl FnOnce(&mut dyn Sql) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let guard = self.client()?;
+        let mut guard = self.client()?;
         let client = guard
             .as_ref()
             .ok_or_else(|| Error::Db("no connection".into()))?;
-        f(&mut PgConn {
-            client,
-            conflict: false,
-        })
+        let mut conn = PgConn::new(client);
+        let out = f(&mut conn);
+        if conn.broken {
+            *guard = None;
+        }
+        out
     }
 
-    /// Runs `f` in a SERIALIZABLE transaction and commits it; runs it again (from the start)
-    /// when PostgreSQL reports that a concurrent transaction conflicted.
+    /// Runs `f` in one READ ONLY, REPEATABLE READ transaction: several reads that see one
+    /// state, without the predicate locks of a SERIALIZABLE one (which would make writers on
+    /// other replicas start again).
+    pub(crate) fn snapshot<T>(
+        &self,
+        f: impl FnOnce(&mut dyn Sql) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let mut guard = self.client()?;
+        let (out, drop_connection) = {
+            let client = guard
+                .as_mut()
+                .ok_or_else(|| Error::Db("no connection".into()))?;
+            let started = block_on(
+                CALL_DEADLINE,
+                client
+                    .build_transaction()
+                    .isolation_level(IsolationLevel::RepeatableRead)
+                    .read_only(true)
+                    .start(),
+            );
+            match started {
+                Ok(Ok(tx)) => {
+                    let mut conn = PgConn::new(&tx);
+                    let out = f(&mut conn);
+                    // Read only: a rollback (dropping the transaction) is as good as a commit.
+                    (out, conn.broken)
+                }
+                Ok(Err(e)) => (Err(pg_error(&e)), false),
+                Err(e) => (Err(e), true),
+            }
+        };
+        if drop_connection {
+            *guard = None;
+        }
+        out
+    }
+
+    /// Runs `f` in a SERIALIZABLE transaction and commits it; runs it again (from the start,
+    /// after a short random pause) when PostgreSQL reports that a concurrent transaction
+    /// conflicted. A transaction in which any statement failed is never committed, even when
+    /// `f` made light of the failure.
     pub(crate) fn write<T>(
         &self,
         mut f: impl FnMut(&mut dyn Sql) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let mut guard = self.client()?;
-        let client = guard
-            .as_mut()
-            .ok_or_else(|| Error::Db("no connection".into()))?;
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let tx = block_on(
-                client
-                    .build_transaction()
-                    .isolation_level(IsolationLevel::Serializable)
-                    .start(),
-            )
-            .map_err(|e| pg_error(&e))?;
-            let mut conn = PgConn {
-                client: &tx,
-                conflict: false,
+            let step = {
+                let client = guard
+                    .as_mut()
+                    .ok_or_else(|| Error::Db("no connection".into()))?;
+                serializable(client, &mut f)
             };
-            let outcome = f(&mut conn);
-            let conflict = conn.conflict;
-            let committed = match outcome {
-                Ok(v) => block_on(tx.commit()).map(|()| v),
-                // Dropping the transaction rolls it back.
-                Err(e) if conflict && attempt < WRITE_ATTEMPTS => {
-                    drop(tx);
+            match step {
+                Step::Done(v) => return Ok(v),
+                Step::Again(e) if attempt < WRITE_ATTEMPTS => {
                     tracing::debug!(attempt, "database write conflicted: {e}; again");
-                    continue;
+                    backoff(attempt);
                 }
-                Err(e) => return Err(e),
-            };
-            match committed {
-                Ok(v) => return Ok(v),
-                Err(e) if is_conflict(&e) && attempt < WRITE_ATTEMPTS => continue,
-                Err(e) => return Err(pg_error(&e)),
+                Step::Again(e) => return Err(e),
+                Step::Failed {
+                    error,
+                    drop_connection,
+                } => {
+                    if drop_connection {
+                        *guard = None;
+                    }
+                    return Err(error);
+                }
             }
         }
     }
@@ -217,15 +272,89 @@ impl Pg {
         let client = guard
             .as_mut()
             .ok_or_else(|| Error::Db("no connection".into()))?;
-        let tx = block_on(client.transaction()).map_err(|e| pg_error(&e))?;
-        let mut conn = PgConn {
-            client: &tx,
-            conflict: false,
-        };
+        let tx = block_on(CALL_DEADLINE, client.transaction())?.map_err(|e| pg_error(&e))?;
+        let mut conn = PgConn::new(&tx);
         // "spurhub" as a number: one lock id for every Spur hub schema.
         conn.exec("SELECT pg_advisory_xact_lock(7370757268117098)", &[])?;
         f(&mut conn)?;
-        block_on(tx.commit()).map_err(|e| pg_error(&e))
+        if let Some(e) = conn.failed.take() {
+            return Err(e);
+        }
+        block_on(CALL_DEADLINE, tx.commit())?.map_err(|e| pg_error(&e))
+    }
+}
+
+/// How one attempt of a write ended.
+enum Step<T> {
+    Done(T),
+    /// A concurrent transaction conflicted: run it again.
+    Again(Error),
+    Failed {
+        error: Error,
+        /// The connection's state is unknown (a call passed its deadline).
+        drop_connection: bool,
+    },
+}
+
+fn serializable<T>(
+    client: &mut tokio_postgres::Client,
+    f: &mut impl FnMut(&mut dyn Sql) -> Result<T, Error>,
+) -> Step<T> {
+    let started = block_on(
+        CALL_DEADLINE,
+        client
+            .build_transaction()
+            .isolation_level(IsolationLevel::Serializable)
+            .start(),
+    );
+    let tx = match started {
+        Ok(Ok(tx)) => tx,
+        Ok(Err(e)) => {
+            return Step::Failed {
+                error: pg_error(&e),
+                drop_connection: false,
+            };
+        }
+        Err(error) => {
+            return Step::Failed {
+                error,
+                drop_connection: true,
+            };
+        }
+    };
+    let mut conn = PgConn::new(&tx);
+    let outcome = f(&mut conn);
+    let (conflict, failed, broken) = (conn.conflict, conn.failed.take(), conn.broken);
+    match (outcome, failed) {
+        (Ok(v), None) => match block_on(CALL_DEADLINE, tx.commit()) {
+            Ok(Ok(())) => Step::Done(v),
+            Ok(Err(e)) if is_conflict(&e) => Step::Again(pg_error(&e)),
+            Ok(Err(e)) => Step::Failed {
+                error: pg_error(&e),
+                drop_connection: false,
+            },
+            Err(error) => Step::Failed {
+                error,
+                drop_connection: true,
+            },
+        },
+        // Dropping the transaction rolls it back.
+        (Err(error), _) | (Ok(_), Some(error)) => {
+            drop(tx);
+            if broken {
+                Step::Failed {
+                    error,
+                    drop_connection: true,
+                }
+            } else if conflict {
+                Step::Again(error)
+            } else {
+                Step::Failed {
+                    error,
+                    drop_connection: false,
+                }
+            }
+        }
     }
 }
 
@@ -251,19 +380,40 @@ where
     }
 }
 
-/// A statement or query on a connection or in a transaction; `conflict` notes a serialization
-/// failure (or deadlock) so the transaction can be run again.
+/// A statement or query on a connection or in a transaction. It notes what went wrong: a
+/// serialization failure or deadlock (`conflict`: the transaction may run again), any failed
+/// statement (`failed`: the transaction must not commit), a call past its deadline (`broken`:
+/// the connection is dropped).
 struct PgConn<'a, C> {
     client: &'a C,
     conflict: bool,
+    failed: Option<Error>,
+    broken: bool,
 }
 
-impl<C: GenericClient> PgConn<'_, C> {
+impl<'a, C: GenericClient> PgConn<'a, C> {
+    fn new(client: &'a C) -> Self {
+        PgConn {
+            client,
+            conflict: false,
+            failed: None,
+            broken: false,
+        }
+    }
+
     fn fail(&mut self, e: &tokio_postgres::Error) -> Error {
         if is_conflict(e) {
             self.conflict = true;
         }
-        pg_error(e)
+        let err = pg_error(e);
+        self.failed = Some(Error::Db(err.to_string()));
+        err
+    }
+
+    fn late(&mut self, e: Error) -> Error {
+        self.broken = true;
+        self.failed = Some(Error::Db(e.to_string()));
+        e
     }
 }
 
@@ -285,13 +435,19 @@ impl<C: GenericClient> Sql for PgConn<'_, C> {
     fn exec(&mut self, sql: &str, params: &[Value<'_>]) -> Result<u64, Error> {
         let sql = dollar_placeholders(sql);
         let params = typed(params);
-        block_on(self.client.execute_typed(&sql, &params)).map_err(|e| self.fail(&e))
+        match block_on(CALL_DEADLINE, self.client.execute_typed(&sql, &params)) {
+            Ok(r) => r.map_err(|e| self.fail(&e)),
+            Err(e) => Err(self.late(e)),
+        }
     }
 
     fn rows(&mut self, sql: &str, params: &[Value<'_>]) -> Result<Vec<Row>, Error> {
         let sql = dollar_placeholders(sql);
         let params = typed(params);
-        let rows = block_on(self.client.query_typed(&sql, &params)).map_err(|e| self.fail(&e))?;
+        let rows = match block_on(CALL_DEADLINE, self.client.query_typed(&sql, &params)) {
+            Ok(r) => r.map_err(|e| self.fail(&e))?,
+            Err(e) => return Err(self.late(e)),
+        };
         rows.iter().map(cells).collect()
     }
 }
@@ -362,10 +518,20 @@ fn pg_error(e: &tokio_postgres::Error) -> Error {
     }
 }
 
-/// Polls `future` on this thread, parking between wake-ups. The futures of a `tokio-postgres`
-/// client only exchange messages with the connection task (on the store's own runtime), so they
-/// need no runtime here; unlike `Runtime::block_on`, this may run on a runtime's worker thread.
-fn block_on<F: Future>(future: F) -> F::Output {
+/// A pause before a conflicted write runs again: 5 to 10 ms times the attempt, random, so that
+/// replicas racing do not meet again at once.
+fn backoff(attempt: u32) {
+    let mut b = [0u8; 1];
+    let jitter = getrandom::fill(&mut b).map_or(0, |()| u64::from(b[0]) * 5 / 255);
+    std::thread::sleep(Duration::from_millis((5 + jitter) * u64::from(attempt)));
+}
+
+/// Polls `future` on this thread, parking between wake-ups, for at most `deadline`. The futures
+/// of a `tokio-postgres` client only exchange messages with the connection task (on the store's
+/// own runtime), so they need no runtime here; unlike `Runtime::block_on`, this may run on a
+/// runtime's worker thread. Past the deadline the future is dropped: the caller then drops the
+/// connection, whose state is unknown.
+fn block_on<F: Future>(deadline: Duration, future: F) -> Result<F::Output, Error> {
     struct Unpark(std::thread::Thread);
     impl Wake for Unpark {
         fn wake(self: Arc<Self>) {
@@ -378,11 +544,18 @@ fn block_on<F: Future>(future: F) -> F::Output {
     let waker = Arc::new(Unpark(std::thread::current())).into();
     let mut cx = Context::from_waker(&waker);
     let mut future = std::pin::pin!(future);
+    let end = std::time::Instant::now() + deadline;
     loop {
         if let Poll::Ready(v) = future.as_mut().poll(&mut cx) {
-            return v;
+            return Ok(v);
         }
-        std::thread::park();
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(Error::Unavailable(format!(
+                "PostgreSQL did not answer within {deadline:?}; the connection is dropped"
+            )));
+        }
+        std::thread::park_timeout(left);
     }
 }
 

@@ -36,6 +36,7 @@ impl Store {
         scope: SessionScope,
     ) -> Result<String, Error> {
         let token = new_secret(SESSION_PREFIX)?;
+        self.forget_expired_sessions()?;
         self.write(|tx| insert_session(tx, &token, key_name, ttl, scope))?;
         Ok(token)
     }
@@ -78,13 +79,17 @@ impl Store {
         let hash = sha256(&code);
         let now = now_ms();
         let ttl = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        self.write(|tx| {
-            require_active_key(tx, key_name)?;
-            // Expired codes go whenever a new one is made: the table stays small.
-            tx.exec(
+        // Expired codes go whenever a new one is made (the table stays small), on their own:
+        // inside the insert's transaction the sweep of the whole table would make concurrent
+        // writers on other replicas conflict.
+        self.read(|c| {
+            c.exec(
                 "DELETE FROM login_codes WHERE expires_ms <= ?1",
                 &[now.into()],
-            )?;
+            )
+        })?;
+        self.write(|tx| {
+            require_active_key(tx, key_name)?;
             tx.exec(
                 "INSERT INTO login_codes (code_hash, key_name, created_ms, expires_ms) \
                  VALUES (?1, ?2, ?3, ?4)",
@@ -128,6 +133,7 @@ impl Store {
         }
         let hash = sha256(code);
         let token = new_secret(super::SESSION_PREFIX)?;
+        self.forget_expired_sessions()?;
         self.write(|tx| {
             let found = tx.row(
                 "DELETE FROM login_codes WHERE code_hash = ?1 RETURNING key_name, expires_ms",
@@ -146,6 +152,17 @@ impl Store {
                 Err(e) => Err(e),
             }
         })
+    }
+}
+
+impl Store {
+    /// Expired sessions go whenever a new one starts (the table stays small), in a statement of
+    /// their own: inside the insert's transaction the sweep of the whole table would make
+    /// concurrent logins on other replicas conflict.
+    fn forget_expired_sessions(&self) -> Result<(), Error> {
+        let now = now_ms();
+        self.read(|c| c.exec("DELETE FROM sessions WHERE expires_ms < ?1", &[now.into()]))?;
+        Ok(())
     }
 }
 
@@ -172,8 +189,6 @@ fn insert_session(
     let now = now_ms();
     let ttl = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
     require_active_key(c, key_name)?;
-    // Expired sessions go whenever a new one starts: the table stays small.
-    c.exec("DELETE FROM sessions WHERE expires_ms < ?1", &[now.into()])?;
     c.exec(
         "INSERT INTO sessions (token_hash, key_name, created_ms, expires_ms, scope) \
          VALUES (?1, ?2, ?3, ?4, ?5)",

@@ -124,7 +124,7 @@ impl Store {
     /// Every user with its scopes, by name.
     pub fn users(&self) -> Result<Vec<HubUser>, Error> {
         // One transaction: a user removed between the list and its scopes is not half-read.
-        self.write(|tx| {
+        self.snapshot(|tx| {
             let names = tx.rows("SELECT name FROM users ORDER BY name", &[])?;
             let mut users = Vec::with_capacity(names.len());
             for n in names {
@@ -138,7 +138,7 @@ impl Store {
 
     /// User `name` with its scopes, if it exists.
     pub fn user(&self, name: &str) -> Result<Option<HubUser>, Error> {
-        self.write(|tx| load_user(tx, name))
+        self.snapshot(|tx| load_user(tx, name))
     }
 
     /// Gives API key `key_name` (active) to `user`: what it may see is then the user's scope.
@@ -164,7 +164,7 @@ impl Store {
             return Ok(None);
         }
         let hash = sha256(key);
-        self.write(|tx| {
+        self.snapshot(|tx| {
             let found = tx.row(
                 "SELECT name, user_name FROM api_keys WHERE key_hash = ?1 AND revoked_ms IS NULL",
                 &[(&hash).into()],
@@ -184,7 +184,7 @@ impl Store {
         }
         let hash = sha256(token);
         let now = now_ms();
-        self.write(|tx| {
+        self.snapshot(|tx| {
             let found = tx.row(
                 "SELECT k.name, k.user_name FROM sessions s JOIN api_keys k ON k.name = s.key_name \
                  WHERE s.token_hash = ?1 AND s.scope = ?2 AND s.expires_ms > ?3 \
