@@ -410,3 +410,31 @@ async fn a_restarted_server_is_reconnected_and_a_newer_schema_refused() {
     let err = blocking(move || Store::connect(&settings).unwrap_err().to_string()).await;
     assert!(err.contains("newer"), "{err}");
 }
+
+/// A server that stops answering without closing its connections (a partition, a stalled
+/// failover): a call fails within the store's deadline rather than hold every caller of this
+/// replica, and once the server answers again the next call works on a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stops_answering_fails_calls_within_the_deadline() {
+    let pg = Postgres::start().await;
+    pg.admin().await;
+    database(&pg, "stall").await;
+    let settings = plaintext(&pg, "stall");
+    let store = blocking(move || Store::connect(&settings).unwrap()).await;
+    let s = store.clone();
+    blocking(move || s.add_cluster("east", false).unwrap()).await;
+    pg.pause();
+    let started = std::time::Instant::now();
+    let s = store.clone();
+    let err = blocking(move || s.clusters().unwrap_err().to_string()).await;
+    let took = started.elapsed();
+    pg.resume();
+    assert!(err.contains("did not answer"), "{err}");
+    assert!(
+        took >= Duration::from_secs(10) && took < Duration::from_secs(40),
+        "the stalled call ended after {took:?}"
+    );
+    let s = store.clone();
+    let listed = blocking(move || s.clusters()).await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+}

@@ -220,6 +220,59 @@ impl Postgres {
         self.child = spawn(&self.command, self.ids);
     }
 
+    /// Stops the server's processes (SIGSTOP to the postmaster and every backend): it keeps its
+    /// connections open and answers nothing, as a server behind a partition does.
+    pub fn pause(&self) {
+        for pid in self.processes() {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+        }
+    }
+
+    /// Lets a paused server go on.
+    pub fn resume(&self) {
+        for pid in self.processes() {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+        }
+    }
+
+    /// The postmaster and its descendants.
+    fn processes(&self) -> Vec<i32> {
+        let Some(root) = self.child.id().and_then(|p| i32::try_from(p).ok()) else {
+            return Vec::new();
+        };
+        let parents: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+                let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+                // The parent is the second field after the command's closing parenthesis.
+                let ppid = stat
+                    .rsplit_once(')')?
+                    .1
+                    .split_whitespace()
+                    .nth(1)?
+                    .parse()
+                    .ok()?;
+                Some((pid, ppid))
+            })
+            .collect();
+        let mut found = vec![root];
+        let mut i = 0;
+        while i < found.len() {
+            let parent = found[i];
+            found.extend(
+                parents
+                    .iter()
+                    .filter(|(_, pp)| *pp == parent)
+                    .map(|(p, _)| *p),
+            );
+            i += 1;
+        }
+        found
+    }
+
     /// Fast shutdown (SIGINT), as a container runtime asks the image's server for.
     pub async fn stop(&mut self) {
         signal(&self.child, Signal::SIGINT);
