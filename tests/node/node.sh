@@ -18,8 +18,9 @@
 #                                          node's runtime upgrade does; returns once it answers
 #
 # The env file sets SPUR_NODE_ROOT, SPUR_NODE_NETNS, SPUR_NODE_IP, SPUR_NODE_KUBECONFIG (admin,
-# reachable from the host over the node's veth), SPUR_NODE_CONTAINERD (the CRI socket) and
-# SPUR_NODE_BINDIR. Needs root, the binaries of tests/kube/build.sh (SPUR_KUBE_BINDIR), and
+# reachable from the host over the node's veth), SPUR_NODE_CONTAINERD (the CRI socket),
+# SPUR_NODE_BINDIR and SPUR_NODE_CGROUP (the pods' cgroups are <hierarchy>/<it>/kubepods/...).
+# Needs root, the binaries of tests/kube/build.sh (SPUR_KUBE_BINDIR), and
 # containerd, runc, containernetworking-plugins, iptables, iproute2 and openssl (tests/run.sh
 # installs them).
 set -euo pipefail
@@ -648,6 +649,7 @@ SPUR_NODE_IP=$NODE_IP
 SPUR_NODE_KUBECONFIG=$ROOT/admin.kubeconfig
 SPUR_NODE_CONTAINERD=$ROOT/containerd.sock
 SPUR_NODE_BINDIR=$BINDIR
+SPUR_NODE_CGROUP=$rel
 EOF
     trap - EXIT
     log "node $NODE_NAME Ready after $((SECONDS - started)) s (root $ROOT, namespace $NS)"

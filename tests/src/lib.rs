@@ -26,6 +26,7 @@ pub mod kube;
 pub mod netns;
 pub mod node;
 pub mod s3;
+pub mod usage;
 pub mod xds;
 
 pub const NAMESPACE: &str = "test";

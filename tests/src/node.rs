@@ -66,6 +66,8 @@ pub struct Node {
     pub kubeconfig: PathBuf,
     pub bindir: PathBuf,
     pub containerd: PathBuf,
+    /// The node's cgroup, relative to each hierarchy's root (its pods are under `kubepods`).
+    pub cgroup: String,
     // Held for the life of the process: when it closes, the watchdog takes the node down.
     _watchdog: Option<Mutex<Child>>,
 }
@@ -169,6 +171,7 @@ impl Node {
             kubeconfig: var("SPUR_NODE_KUBECONFIG")?.into(),
             bindir: var("SPUR_NODE_BINDIR")?.into(),
             containerd: var("SPUR_NODE_CONTAINERD")?.into(),
+            cgroup: var("SPUR_NODE_CGROUP")?,
             _watchdog: watchdog.map(Mutex::new),
         })
     }

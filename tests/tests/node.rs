@@ -29,6 +29,7 @@ mod node_resources;
 mod node_tenancy;
 mod node_traffic;
 mod node_upgrade;
+mod node_usage;
 mod node_xds;
 
 use spur_e2e::node::{
@@ -75,6 +76,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
     };
     let node = node();
     let chart = chart();
+    // What every container uses through the whole run (the chart's requests and limits are set
+    // from it: perf/results/requests-limits.md).
+    let usage = spur_e2e::usage::Sampler::start(node).unwrap();
 
     // --- helm lint, template, server-side dry run -------------------------------------------
     node.helm(&helm_args(&["lint", &chart], &[])).unwrap();
@@ -603,6 +607,25 @@ fn helm_install_and_the_user_path_on_running_pods() {
         "--timeout=120s",
     ])
     .unwrap();
+    // The baseline injected again, as its owner would do once the webhook is back (later steps
+    // fork it): restarted until a new pod carries the injection record (the restart's pods are
+    // admitted by whichever operator endpoint answers; an unreachable one lets them start bare).
+    eventually(
+        "backend's pods injected again after the webhook came back",
+        Duration::from_secs(180),
+        || {
+            node.kubectl(&["-n", ns, "rollout", "restart", "deployment/backend"])?;
+            node.rollout(ns, "backend")?;
+            let pods = node.pods(ns, "app=backend")?;
+            let injected = pods.iter().all(|p| {
+                node.get_json(ns, &["pod", p]).is_ok_and(|p| {
+                    !p["metadata"]["annotations"]["sidecar.spur.dev/status"].is_null()
+                })
+            });
+            Ok((!pods.is_empty() && injected).then_some(()))
+        },
+    )
+    .unwrap();
 
     mark("the metrics check begins");
     // --- every metric name the alerts and dashboards read is exported -------------------------
@@ -688,6 +711,9 @@ fn helm_install_and_the_user_path_on_running_pods() {
     node_hub_ha::two_replicas_on_postgres(node, ns, upgrade);
 
     mark("upgrades end");
+
+    // --- what each component used through the run, against its requests and limits ----------
+    node_usage::within_limits(usage.finish().unwrap());
 
     // --- helm uninstall leaves nothing behind but the CRDs -----------------------------------
     drop(shop);

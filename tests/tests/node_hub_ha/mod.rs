@@ -97,13 +97,86 @@ fn preview(node: &Node, ca: &std::path::Path, ip: &str, key: &str) -> Answer {
         .arg(format!("https://{HOST}:8444/"))
         .output()
         .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let out = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = out.trim_end().rsplit_once('\n').unwrap_or(("", out.trim()));
+    let status = code.trim().parse().unwrap_or(0);
     Answer {
-        status: code.trim().parse().unwrap_or(0),
+        status,
         json: serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
-        body: body.to_owned(),
+        // No answer: what curl said instead.
+        body: if status == 0 {
+            stderr.trim().to_owned()
+        } else {
+            body.to_owned()
+        },
     }
+}
+
+/// What went wrong, for a failure's message: the pods, the hubs' and agents' last lines, and,
+/// in the target's namespace `ns`, who answers a keyed request sent from inside it, and what
+/// each sidecar holds and logged.
+fn diagnose(node: &Node, ns: &str, key: &str) -> String {
+    let mut out = node.describe(SPUR_NAMESPACE);
+    let logs = |ns: &str, selector: &str, container: Option<&str>| {
+        let mut args = vec!["-n", ns, "logs", "-l", selector, "--prefix", "--tail=40"];
+        if let Some(c) = container {
+            args.extend(["-c", c]);
+        }
+        node.kubectl(&args).unwrap_or_else(|e| format!("{e:#}"))
+    };
+    for app in ["spur-hub", "spur-agent", "spur-routeserver"] {
+        let selector = format!("app.kubernetes.io/name={app}");
+        out.push_str(&format!(
+            "\nlogs of {app}:\n{}",
+            logs(SPUR_NAMESPACE, &selector, None)
+        ));
+    }
+    if let Ok(client) = node.client_pod(ns) {
+        let baggage = format!("sd-routing-key={key}");
+        let a = node.curl(
+            ns,
+            &client,
+            &format!("http://frontend.{ns}.svc:8080/"),
+            &[("baggage", baggage.as_str())],
+        );
+        out.push_str(&format!("\nfrontend with the key, from {ns}: {a:?}\n"));
+    }
+    for pod in node
+        .pods(ns, "spur.dev/sandbox notin (x)")
+        .unwrap_or_default()
+    {
+        let container = node
+            .get_json(ns, &["pod", &pod])
+            .ok()
+            .and_then(|p| {
+                p["spec"]["containers"][0]["name"]
+                    .as_str()
+                    .map(String::from)
+            })
+            .unwrap_or_default();
+        let dump = node
+            .in_pod_netns(
+                ns,
+                &pod,
+                &container,
+                &[
+                    "curl",
+                    "-sS",
+                    "--max-time",
+                    "5",
+                    "http://127.0.0.1:15020/config_dump",
+                ],
+            )
+            .unwrap_or_else(|e| format!("{e:#}"));
+        let dump: String = dump.chars().take(4000).collect();
+        out.push_str(&format!("\nconfig_dump of {ns}/{pod}:\n{dump}\n"));
+        let log = node
+            .kubectl(&["-n", ns, "logs", &pod, "-c", "spur-sidecar", "--tail=40"])
+            .unwrap_or_else(|e| format!("{e:#}"));
+        out.push_str(&format!("sidecar log of {ns}/{pod}:\n{log}\n"));
+    }
+    out
 }
 
 pub(crate) fn two_replicas_on_postgres(node: &Node, ns: &str, upgrade: impl Fn(&[&str])) {
@@ -216,7 +289,7 @@ pub(crate) fn two_replicas_on_postgres(node: &Node, ns: &str, upgrade: impl Fn(&
         crate::sandbox("hub-ha", ns, "backend", "hub-ha", None)
     ))
     .unwrap();
-    crate::sandbox_ready(node, "hub-ha");
+    let routing_key = crate::sandbox_ready(node, "hub-ha");
     let fork = crate::fork_pod(node, ns, "hub-ha");
     let answered = |a: &Answer| a.status == 200 && a.answered_by() == Some(fork.as_str());
     // Each replica, asked at its own address, reaches the cluster through its own session.
@@ -226,10 +299,14 @@ pub(crate) fn two_replicas_on_postgres(node: &Node, ns: &str, upgrade: impl Fn(&
             Duration::from_secs(90),
             || {
                 let a = preview(node, &hub_ca, ip, &key);
-                Ok(answered(&a).then_some(()))
+                if answered(&a) {
+                    Ok(Some(()))
+                } else {
+                    Err(anyhow::anyhow!("{} {}", a.status, a.body))
+                }
             },
         )
-        .unwrap_or_else(|e| panic!("{e:#}\n{}", node.describe(SPUR_NAMESPACE)));
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", diagnose(node, ns, &routing_key)));
     }
 
     // Replica 0 is deleted while previews go to replica 1: none fails.
@@ -281,10 +358,14 @@ pub(crate) fn two_replicas_on_postgres(node: &Node, ns: &str, upgrade: impl Fn(&
         Duration::from_secs(90),
         || {
             let a = preview(node, &hub_ca, &new_ip, &key);
-            Ok(answered(&a).then(|| start.elapsed()))
+            if answered(&a) {
+                Ok(Some(start.elapsed()))
+            } else {
+                Err(anyhow::anyhow!("{} {}", a.status, a.body))
+            }
         },
     )
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", node.describe(SPUR_NAMESPACE)));
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", diagnose(node, ns, &routing_key)));
     eprintln!(
         "hub HA: replica {gone_pod} deleted under preview load: {sent} previews through the \
          other replica, {} failed; replacement Ready after {:.1?}, serving previews after {:.1?}",

@@ -1,0 +1,109 @@
+//! What Spur's containers used through the node run (issue 47, point 2: requests and limits
+//! measured, not guessed). The sampler (`spur_e2e::usage`) read every container's cgroup from
+//! the start of the run (the previous release's install, the upgrade under load, chaos, the CA
+//! rotation, the HA steps) to here. Checked:
+//!
+//! - every component of the chart and the injected sidecars were seen (the sampler works);
+//! - no container was killed for memory;
+//! - every container's peak working set stayed under [`HEADROOM`] of its memory limit, and
+//!   within its memory request (a pod over its request is among the first evicted when the
+//!   node runs short: a request below what the component uses is a guess, not a measurement).
+//!
+//! The table is printed, and written to `$SPUR_USAGE_OUT` when set (perf/results/
+//! requests-limits.md is made from it).
+
+use spur_e2e::node::SPUR_NAMESPACE;
+use spur_e2e::usage::Report;
+
+/// The share of its memory limit a container may reach in this run. A component at more than
+/// this under the suite's modest load is one burst away from an OOM kill in a real cluster.
+const HEADROOM: f64 = 0.75;
+/// Components the run must have seen (their `app.kubernetes.io/name`).
+const EXPECTED: &[&str] = &[
+    "spur-operator",
+    "spur-routeserver",
+    "spur-tunnel-proxy",
+    "spur-traffic",
+    "spur-ics",
+    "spur-jobs",
+    "spur-hub",
+    "spur-agent",
+];
+const SIDECAR: &str = "spur-sidecar";
+
+pub(crate) fn within_limits(report: Report) {
+    let rows = report.select(SPUR_NAMESPACE, SIDECAR);
+    let table = Report::table(&rows);
+    eprintln!(
+        "usage: {} samples over {:.0} s\n{table}",
+        report.samples,
+        report.duration.as_secs_f64()
+    );
+    if let Some(out) = std::env::var_os("SPUR_USAGE_OUT") {
+        std::fs::write(&out, &table).unwrap();
+    }
+    for app in EXPECTED {
+        assert!(
+            rows.iter()
+                .any(|(c, f)| c.namespace == SPUR_NAMESPACE && c.app == *app && f.instances > 0),
+            "no container of {app} was sampled:\n{table}"
+        );
+    }
+    assert!(
+        rows.iter()
+            .any(|(c, f)| c.container == SIDECAR && f.instances > 0),
+        "no injected sidecar was sampled:\n{table}"
+    );
+    let killed: Vec<_> = rows
+        .iter()
+        .filter(|(_, f)| f.oom_killed > 0)
+        .map(|(c, f)| {
+            format!(
+                "{}/{} {}: {}",
+                c.namespace, c.app, c.container, f.oom_killed
+            )
+        })
+        .collect();
+    assert!(killed.is_empty(), "killed for memory: {killed:?}\n{table}");
+    let near: Vec<_> = rows
+        .iter()
+        .filter_map(|(c, f)| {
+            let limit = f.resources.memory_limit?;
+            (f.peak_working_set as f64 > HEADROOM * limit as f64).then(|| {
+                format!(
+                    "{}/{} {}: {:.1} MiB of {:.1} MiB",
+                    c.namespace,
+                    c.app,
+                    c.container,
+                    f.peak_working_set as f64 / 1048576.0,
+                    limit as f64 / 1048576.0
+                )
+            })
+        })
+        .collect();
+    assert!(
+        near.is_empty(),
+        "over {:.0} % of the memory limit: {near:?}\n{table}",
+        HEADROOM * 100.0
+    );
+    let over_request: Vec<_> = rows
+        .iter()
+        .filter_map(|(c, f)| {
+            let request = f.resources.memory_request?;
+            (f.peak_working_set > request).then(|| {
+                format!(
+                    "{}/{} {}: {:.1} MiB, requests {:.1} MiB",
+                    c.namespace,
+                    c.app,
+                    c.container,
+                    f.peak_working_set as f64 / 1048576.0,
+                    request as f64 / 1048576.0
+                )
+            })
+        })
+        .collect();
+    assert!(
+        over_request.is_empty(),
+        "used more memory than requested: {over_request:?}\n{table}"
+    );
+}
