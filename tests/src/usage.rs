@@ -8,7 +8,7 @@
 //! pod and container each cgroup is every [`NAMES_EVERY`]: a container that lived less than that
 //! may go unnamed (chaos deletes some at once) and is left out.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -68,8 +68,8 @@ pub struct Figures {
     pub peak_working_set: u64,
     pub peak_rss: u64,
     pub max_usage: u64,
-    /// CPU over the instances' combined lifetime: the mean use of one container, in cores.
-    pub mean_cores: f64,
+    /// CPU seconds used, all instances together.
+    pub cpu_s: f64,
     /// The busiest [`CPU_WINDOW`] of any instance, in cores.
     pub peak_window_cores: f64,
     /// Seconds of life observed, all instances together.
@@ -93,7 +93,7 @@ struct State {
     names: HashMap<String, Component>,
     resources: HashMap<Component, Resources>,
     /// Container ids the kubelet reported `OOMKilled`.
-    oom_killed: std::collections::HashSet<String>,
+    oom_killed: HashSet<String>,
     samples: usize,
 }
 
@@ -181,24 +181,11 @@ fn quantity_millis(q: &Value) -> Option<u64> {
     s.parse::<f64>().ok().map(|c| (c * 1000.0).round() as u64)
 }
 
+/// A memory quantity, through the operator's parser (`64Mi`, `1G`, bytes).
 fn quantity_bytes(q: &Value) -> Option<u64> {
-    let s = q.as_str()?;
-    let units: [(&str, u64); 8] = [
-        ("Ki", 1 << 10),
-        ("Mi", 1 << 20),
-        ("Gi", 1 << 30),
-        ("Ti", 1 << 40),
-        ("k", 1000),
-        ("M", 1000 * 1000),
-        ("G", 1000 * 1000 * 1000),
-        ("T", 1000 * 1000 * 1000 * 1000),
-    ];
-    for (suffix, factor) in units {
-        if let Some(n) = s.strip_suffix(suffix) {
-            return n.parse::<u64>().ok().map(|n| n * factor);
-        }
-    }
-    s.parse().ok()
+    spur_operator::upgrade::bytes(q.as_str()?)
+        .ok()
+        .and_then(|b| u64::try_from(b).ok())
 }
 
 fn name_containers(pods: &Value, state: &mut State) {
@@ -352,27 +339,22 @@ fn sample(node: &Node, state: &mut State) {
 
 fn report(state: State, duration: Duration) -> Report {
     let mut components: BTreeMap<Component, Figures> = BTreeMap::new();
-    let mut cpu_s: BTreeMap<Component, f64> = BTreeMap::new();
     for (id, t) in &state.tracks {
         let Some(component) = state.names.get(id) else {
             continue;
         };
-        let f = components.entry(component.clone()).or_default();
-        f.instances += 1;
-        f.peak_working_set = f.peak_working_set.max(t.peak_working_set);
-        f.peak_rss = f.peak_rss.max(t.peak_rss);
-        f.max_usage = f.max_usage.max(t.max_usage);
-        f.peak_window_cores = f.peak_window_cores.max(t.peak_window_cores);
-        f.observed_s += t.last.0.duration_since(t.first.0).as_secs_f64();
-        *cpu_s.entry(component.clone()).or_default() +=
-            t.last.1.saturating_sub(t.first.1) as f64 / 1e9;
-        f.oom_killed += usize::from(state.oom_killed.contains(id));
-    }
-    for (c, f) in &mut components {
-        if f.observed_s > 0.0 {
-            f.mean_cores = cpu_s.get(c).copied().unwrap_or(0.0) / f.observed_s;
-        }
-        f.resources = state.resources.get(c).copied().unwrap_or_default();
+        let one = Figures {
+            instances: 1,
+            peak_working_set: t.peak_working_set,
+            peak_rss: t.peak_rss,
+            max_usage: t.max_usage,
+            cpu_s: t.last.1.saturating_sub(t.first.1) as f64 / 1e9,
+            peak_window_cores: t.peak_window_cores,
+            observed_s: t.last.0.duration_since(t.first.0).as_secs_f64(),
+            resources: state.resources.get(component).copied().unwrap_or_default(),
+            oom_killed: usize::from(state.oom_killed.contains(id)),
+        };
+        components.entry(component.clone()).or_default().merge(&one);
     }
     Report {
         components,
@@ -382,21 +364,24 @@ fn report(state: State, duration: Duration) -> Report {
 }
 
 impl Figures {
-    /// Adds another component's instances to these (peaks are the larger, the mean CPU is
-    /// weighted by observed time).
-    fn merge(&mut self, other: &Figures) {
-        let observed = self.observed_s + other.observed_s;
-        if observed > 0.0 {
-            self.mean_cores = (self.mean_cores * self.observed_s
-                + other.mean_cores * other.observed_s)
-                / observed;
+    /// CPU over the instances' combined lifetime: the mean use of one container, in cores.
+    pub fn mean_cores(&self) -> f64 {
+        if self.observed_s > 0.0 {
+            self.cpu_s / self.observed_s
+        } else {
+            0.0
         }
-        self.observed_s = observed;
+    }
+
+    /// Adds other instances to these (peaks are the larger, times and counts add up).
+    fn merge(&mut self, other: &Figures) {
         self.instances += other.instances;
         self.peak_working_set = self.peak_working_set.max(other.peak_working_set);
         self.peak_rss = self.peak_rss.max(other.peak_rss);
         self.max_usage = self.max_usage.max(other.max_usage);
+        self.cpu_s += other.cpu_s;
         self.peak_window_cores = self.peak_window_cores.max(other.peak_window_cores);
+        self.observed_s += other.observed_s;
         self.oom_killed += other.oom_killed;
         if self.resources.memory_limit.is_none() {
             self.resources = other.resources;
@@ -453,7 +438,7 @@ impl Report {
                 mib(f.peak_working_set),
                 mib(f.peak_rss),
                 mib(f.max_usage),
-                f.mean_cores * 1000.0,
+                f.mean_cores() * 1000.0,
                 f.peak_window_cores * 1000.0,
                 f.resources
                     .cpu_request_m

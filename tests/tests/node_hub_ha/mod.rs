@@ -118,19 +118,20 @@ fn preview(node: &Node, ca: &std::path::Path, ip: &str, key: &str) -> Answer {
 /// each sidecar holds and logged.
 fn diagnose(node: &Node, ns: &str, key: &str) -> String {
     let mut out = node.describe(SPUR_NAMESPACE);
-    let logs = |ns: &str, selector: &str, container: Option<&str>| {
-        let mut args = vec!["-n", ns, "logs", "-l", selector, "--prefix", "--tail=40"];
-        if let Some(c) = container {
-            args.extend(["-c", c]);
-        }
-        node.kubectl(&args).unwrap_or_else(|e| format!("{e:#}"))
-    };
     for app in ["spur-hub", "spur-agent", "spur-routeserver"] {
         let selector = format!("app.kubernetes.io/name={app}");
-        out.push_str(&format!(
-            "\nlogs of {app}:\n{}",
-            logs(SPUR_NAMESPACE, &selector, None)
-        ));
+        let logs = node
+            .kubectl(&[
+                "-n",
+                SPUR_NAMESPACE,
+                "logs",
+                "-l",
+                &selector,
+                "--prefix",
+                "--tail=40",
+            ])
+            .unwrap_or_else(|e| format!("{e:#}"));
+        out.push_str(&format!("\nlogs of {app}:\n{logs}"));
     }
     if let Ok(client) = node.client_pod(ns) {
         let baggage = format!("sd-routing-key={key}");

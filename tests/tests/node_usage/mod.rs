@@ -13,7 +13,7 @@
 //! requests-limits.md is made from it).
 
 use spur_e2e::node::SPUR_NAMESPACE;
-use spur_e2e::usage::Report;
+use spur_e2e::usage::{Figures, Report};
 
 /// The share of its memory limit a container may reach in this run. A component at more than
 /// this under the suite's modest load is one burst away from an OOM kill in a real cluster.
@@ -30,6 +30,7 @@ const EXPECTED: &[&str] = &[
     "spur-agent",
 ];
 const SIDECAR: &str = "spur-sidecar";
+const MIB: f64 = 1048576.0;
 
 pub(crate) fn within_limits(report: Report) {
     let rows = report.select(SPUR_NAMESPACE, SIDECAR);
@@ -65,43 +66,33 @@ pub(crate) fn within_limits(report: Report) {
         })
         .collect();
     assert!(killed.is_empty(), "killed for memory: {killed:?}\n{table}");
-    let near: Vec<_> = rows
-        .iter()
-        .filter_map(|(c, f)| {
-            let limit = f.resources.memory_limit?;
-            (f.peak_working_set as f64 > HEADROOM * limit as f64).then(|| {
-                format!(
-                    "{}/{} {}: {:.1} MiB of {:.1} MiB",
-                    c.namespace,
-                    c.app,
-                    c.container,
-                    f.peak_working_set as f64 / 1048576.0,
-                    limit as f64 / 1048576.0
-                )
+    // Containers whose peak working set is over `bound(figures)`, said as `what`.
+    let over = |what: &str, bound: &dyn Fn(&Figures) -> Option<f64>| -> Vec<String> {
+        rows.iter()
+            .filter_map(|(c, f)| {
+                let bound = bound(f)?;
+                let peak = f.peak_working_set as f64;
+                (peak > bound).then(|| {
+                    format!(
+                        "{}/{} {}: {:.1} MiB, {what} {:.1} MiB",
+                        c.namespace,
+                        c.app,
+                        c.container,
+                        peak / MIB,
+                        bound / MIB
+                    )
+                })
             })
-        })
-        .collect();
+            .collect()
+    };
+    let near = over(&format!("{:.0} % of the limit", HEADROOM * 100.0), &|f| {
+        Some(HEADROOM * f.resources.memory_limit? as f64)
+    });
     assert!(
         near.is_empty(),
-        "over {:.0} % of the memory limit: {near:?}\n{table}",
-        HEADROOM * 100.0
+        "too near the memory limit: {near:?}\n{table}"
     );
-    let over_request: Vec<_> = rows
-        .iter()
-        .filter_map(|(c, f)| {
-            let request = f.resources.memory_request?;
-            (f.peak_working_set > request).then(|| {
-                format!(
-                    "{}/{} {}: {:.1} MiB, requests {:.1} MiB",
-                    c.namespace,
-                    c.app,
-                    c.container,
-                    f.peak_working_set as f64 / 1048576.0,
-                    request as f64 / 1048576.0
-                )
-            })
-        })
-        .collect();
+    let over_request = over("requests", &|f| Some(f.resources.memory_request? as f64));
     assert!(
         over_request.is_empty(),
         "used more memory than requested: {over_request:?}\n{table}"
