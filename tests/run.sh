@@ -20,8 +20,14 @@ cd "$(dirname "$0")/.."
 # How long each phase took, on stderr: a fresh machine's run (CI's) against a warm one shows where
 # the time goes (issue 47: the node tier's cold and warm time).
 phase_start=$SECONDS
+# And how much disk is left after each: CI's machine ran out of it once (the node's kubelet tainted
+# the node with disk-pressure in the middle of the node tier), and this shows what fills it.
 phase() {
-    echo "tests/run.sh: $1 took $((SECONDS - phase_start)) s" >&2
+    local free
+    # Blocks available to anyone, blocks free to root (the filesystem may reserve many), block size.
+    free="$(stat -f -c '%a %f %S' "${CARGO_TARGET_DIR:-target}" 2>/dev/null \
+        | awk '{ printf "%.1f GiB free on the target'"'"'s disk, %.1f GiB to root", $1 * $3 / 2^30, $2 * $3 / 2^30 }')"
+    echo "tests/run.sh: $1 took $((SECONDS - phase_start)) s (${free:-disk not read})" >&2
     phase_start=$SECONDS
 }
 

@@ -585,9 +585,14 @@ authentication:
   x509: {clientCAFile: $ROOT/pki/ca.crt}
 authorization:
   mode: AlwaysAllow
-# The disk is shared with the build: evict only when it is really full, and never collect the
-# imported images (there is no registry to pull them back from).
-evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
+# No eviction for disk: the kubelet reads the space left to unprivileged users (statfs' f_bavail),
+# while everything on this node runs as root and may use the blocks the filesystem reserves for root.
+# A machine whose disk reserves most of itself for root (this one: 92 of 252 GB usable without root;
+# CI's is like it) tainted the node with disk-pressure in the middle of the node tier although root's writes still succeeded;
+# "0%" turns a threshold off (the kubelet's parseThresholdStatement). Never collect the imported
+# images either (there is no registry to pull them back from): a high threshold of 100 turns image
+# garbage collection off.
+evictionHard: {memory.available: 100Mi, nodefs.available: "0%", imagefs.available: "0%", nodefs.inodesFree: "0%", imagefs.inodesFree: "0%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false

@@ -4,6 +4,9 @@
 //! limits are set from these figures (perf/results/requests-limits.md) and the node test checks
 //! no component came near its memory limit.
 //!
+//! The disk the node lives on is read at each sample too: the least free space of the run is in
+//! the report (CI's machine once filled it, and the kubelet stopped scheduling pods).
+//!
 //! A thread walks the node's pod cgroups every [`SAMPLE_EVERY`] and asks the API server which
 //! pod and container each cgroup is every [`NAMES_EVERY`]: a container that lived less than that
 //! may go unnamed (chaos deletes some at once) and is left out.
@@ -79,12 +82,26 @@ pub struct Figures {
     pub oom_killed: usize,
 }
 
+/// Free space on the node's filesystem at one moment.
+#[derive(Clone, Copy, Debug)]
+pub struct DiskFree {
+    /// Bytes anyone may still write (statfs' `f_bavail`).
+    pub available: u64,
+    /// Bytes root may still write, the blocks reserved for root included (`f_bfree`).
+    pub free_to_root: u64,
+    /// How far into the run.
+    pub at: Duration,
+}
+
 /// The figures of a run.
 #[derive(Clone, Debug, Default)]
 pub struct Report {
     pub components: BTreeMap<Component, Figures>,
     pub samples: usize,
     pub duration: Duration,
+    /// The node's filesystem when the space left to unprivileged users (what the kubelet's
+    /// `nodefs.available` reads) was least.
+    pub least_disk_free: Option<DiskFree>,
 }
 
 #[derive(Default)]
@@ -95,6 +112,7 @@ struct State {
     /// Container ids the kubelet reported `OOMKilled`.
     oom_killed: HashSet<String>,
     samples: usize,
+    least_disk_free: Option<DiskFree>,
 }
 
 /// The sampling thread; [`Sampler::finish`] stops it and returns the report.
@@ -145,6 +163,21 @@ impl Drop for Sampler {
 
 fn run(node: &Node, stop: &AtomicBool) -> anyhow::Result<Report> {
     let started = Instant::now();
+    let disk = |state: &mut State| {
+        if let Ok(fs) = nix::sys::statvfs::statvfs(&node.root) {
+            let now = DiskFree {
+                available: fs.blocks_available().saturating_mul(fs.fragment_size()),
+                free_to_root: fs.blocks_free().saturating_mul(fs.fragment_size()),
+                at: started.elapsed(),
+            };
+            if state
+                .least_disk_free
+                .is_none_or(|least| now.available < least.available)
+            {
+                state.least_disk_free = Some(now);
+            }
+        }
+    };
     let mut state = State::default();
     let mut named = Instant::now() - NAMES_EVERY;
     loop {
@@ -161,6 +194,7 @@ fn run(node: &Node, stop: &AtomicBool) -> anyhow::Result<Report> {
             named = Instant::now();
         }
         sample(node, &mut state);
+        disk(&mut state);
         if last {
             break;
         }
@@ -360,6 +394,7 @@ fn report(state: State, duration: Duration) -> Report {
         components,
         samples: state.samples,
         duration,
+        least_disk_free: state.least_disk_free,
     }
 }
 

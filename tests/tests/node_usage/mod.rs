@@ -40,6 +40,15 @@ pub(crate) fn within_limits(report: Report) {
         report.samples,
         report.duration.as_secs_f64()
     );
+    match report.least_disk_free {
+        Some(least) => eprintln!(
+            "usage: the node's disk had {:.1} GiB free at the least ({:.1} GiB to root), {:.0} s into the run",
+            least.available as f64 / (1024.0 * MIB),
+            least.free_to_root as f64 / (1024.0 * MIB),
+            least.at.as_secs_f64()
+        ),
+        None => eprintln!("usage: the node's disk could not be read"),
+    }
     if let Some(out) = std::env::var_os("SPUR_USAGE_OUT") {
         std::fs::write(&out, &table).unwrap();
     }
