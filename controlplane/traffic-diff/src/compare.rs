@@ -30,7 +30,8 @@ pub const MAX_BODY_DIFFERENCES: usize = 40;
 /// One way a sandbox's response differs from the baseline's.
 #[derive(Debug, PartialEq)]
 pub struct Difference {
-    /// status, header, trailer, bodySize, json, grpc, line or binary.
+    /// status, header, trailer, bodySize, json, grpc, line or binary; a smart test's findings
+    /// add error (a transport error) and duration.
     pub kind: &'static str,
     /// Where: a header name, a JSON path, a gRPC message index, a line number (in the side that
     /// has the line), a byte offset; empty for status and bodySize.
@@ -71,6 +72,7 @@ impl Difference {
         let what = match self.kind {
             "status" => "status".to_owned(),
             "bodySize" => "body size".to_owned(),
+            "error" | "duration" => self.kind.to_owned(),
             "header" | "trailer" => format!("{} {}", self.kind, self.at),
             "grpc" => format!("grpc message {}", self.at),
             "line" => format!("line {}", self.at),

@@ -5,6 +5,7 @@
 //! user-facing CLI links this without the traffic store's server.
 
 pub mod compare;
+pub mod findings;
 pub mod pair;
 pub mod render;
 pub mod text;
@@ -13,4 +14,5 @@ pub mod text;
 mod testing;
 
 pub use compare::{Comparison, Difference, compare};
+pub use findings::{Finding, Findings, Observation, Rank, findings};
 pub use pair::{Pair, PairedOn, pair_exchanges, workload_key, workload_name};
