@@ -1,0 +1,23 @@
+//! Smart tests: a test written once as HTTP and gRPC requests (with optional checks) is sent to a
+//! sandbox and, twice, to its baseline; what the baseline's own two answers disagree on is noise,
+//! and what is left of the sandbox's differences are findings, ranked and grouped per endpoint
+//! (`spur_traffic_diff::findings`). The spec types here are the `SmartTest` resource's spec and
+//! the file `spur test run -f` reads; [`run::run`] sends them. No Kubernetes client: the job
+//! executor in runner pods links this too.
+
+pub mod path;
+pub mod run;
+mod schema;
+pub mod send;
+pub mod spec;
+
+pub use run::{RunReport, run};
+pub use spec::{Prepared, TestSpec};
+
+/// What goes wrong before anything is sent.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The test is not one that can be run; the message names the step and the field.
+    #[error("invalid test: {0}")]
+    Spec(String),
+}

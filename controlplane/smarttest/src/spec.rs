@@ -1,0 +1,608 @@
+//! What a smart test is: an ordered list of HTTP and gRPC requests with optional checks. The
+//! same types are the `SmartTest` resource's spec and the file `spur test run -f` reads; they are
+//! validated once ([`TestSpec::validate`]) before anything is sent.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use http::{HeaderName, HeaderValue, Method, Uri};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::Error;
+use crate::path::JsonPath;
+
+/// Most steps in one test: each is sent three times (the sandbox once, the baseline twice).
+pub const MAX_STEPS: usize = 100;
+/// Most headers of one request.
+pub const MAX_HEADERS: usize = 32;
+/// Most checks of one step.
+pub const MAX_CHECKS: usize = 16;
+/// Largest request body of one step (bytes): the spec is stored in etcd.
+pub const MAX_BODY: usize = 64 * 1024;
+/// Longest step name.
+pub const NAME_MAX: usize = 63;
+/// A request's timeout when the step sets none, and the most it may set.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A test: requests sent in order, each to the baseline, to the sandbox and to the baseline again.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TestSpec {
+    /// The requests, in the order they are sent.
+    pub steps: Vec<Step>,
+}
+
+/// One request, and what its answer must hold.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Step {
+    /// Unique in the test: a lower-case name of letters, digits and dashes.
+    pub name: String,
+    /// An HTTP request (HTTP/1.1). Exactly one of `http` and `grpc`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpRequest>,
+    /// A unary gRPC call (HTTP/2 without TLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc: Option<GrpcRequest>,
+    /// Seconds to wait for the whole answer (default 10, at most 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u32>,
+    /// What the answer must hold; checked on both sides.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<Check>,
+}
+
+/// An HTTP request.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRequest {
+    /// GET when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// `http://host[:port]/path[?query]`: a Service's name (`backend.shop:8080`) in a cluster.
+    pub url: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<HeaderEntry>,
+    /// A body as text. At most one of `body` and `json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    /// A body as JSON (sent with `content-type: application/json` unless a header sets one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_value")]
+    pub json: Option<Value>,
+}
+
+/// A unary gRPC call.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GrpcRequest {
+    /// `host:port` of the server (a Service's name in a cluster).
+    pub target: String,
+    /// `package.Service/Method`.
+    pub method: String,
+    /// The request message, protobuf-encoded, in base64 (empty: the message with every field
+    /// at its default).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message_base64: String,
+    /// Request metadata.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub metadata: Vec<HeaderEntry>,
+}
+
+/// A header (or gRPC metadata entry).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct HeaderEntry {
+    pub name: String,
+    pub value: String,
+}
+
+/// One thing an answer must hold. Exactly one field is set.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Check {
+    /// The HTTP status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// The gRPC status code (0 is OK).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc_status: Option<u32>,
+    /// A response header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<HeaderCheck>,
+    /// A value in a JSON body, by path (`$.items[0].name`, `$["a key"]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json_path: Option<JsonPathCheck>,
+}
+
+/// A header's presence or value.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HeaderCheck {
+    pub name: String,
+    /// The value it must have; unset: only that it is there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub equals: Option<String>,
+}
+
+/// A JSON value's presence or value.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JsonPathCheck {
+    pub path: String,
+    /// The value it must have; unset: only that it is there (`exists: false`: that it is not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_value")]
+    pub equals: Option<Value>,
+    /// Whether the path must hold a value (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exists: Option<bool>,
+}
+
+/// A step ready to send: everything parsed and checked.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    pub name: String,
+    /// How findings group it: `GET backend.shop:8080/items` (no query), `gRPC
+    /// grpc-api.shop:9090/pkg.Svc/Get`.
+    pub endpoint: String,
+    pub request: PreparedRequest,
+    pub timeout: Duration,
+    pub checks: Vec<Check>,
+}
+
+/// The request of a [`Prepared`] step.
+#[derive(Clone, Debug)]
+pub struct PreparedRequest {
+    pub grpc: bool,
+    pub method: Method,
+    /// Host and port to connect to.
+    pub host: String,
+    pub port: u16,
+    /// The `Host` / `:authority`.
+    pub authority: String,
+    pub path_and_query: String,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub body: Vec<u8>,
+}
+
+impl TestSpec {
+    /// Checks every step and returns them ready to send; the first problem is the error, naming
+    /// the step and the field.
+    pub fn validate(&self) -> Result<Vec<Prepared>, Error> {
+        if self.steps.is_empty() {
+            return Err(Error::Spec("a test needs at least one step".into()));
+        }
+        if self.steps.len() > MAX_STEPS {
+            return Err(Error::Spec(format!(
+                "{} steps: a test has at most {MAX_STEPS}",
+                self.steps.len()
+            )));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        let mut out = Vec::with_capacity(self.steps.len());
+        for (i, step) in self.steps.iter().enumerate() {
+            let err = |what: String| Error::Spec(format!("steps[{i}] ({}): {what}", step.name));
+            if !valid_name(&step.name) {
+                return Err(err(format!(
+                    "the name must be 1 to {NAME_MAX} lower-case letters, digits and dashes, starting with a letter"
+                )));
+            }
+            if !seen.insert(step.name.as_str()) {
+                return Err(err("another step has this name".into()));
+            }
+            out.push(step.prepare().map_err(err)?);
+        }
+        Ok(out)
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    (1..=NAME_MAX).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.ends_with('-')
+}
+
+impl Step {
+    fn prepare(&self) -> Result<Prepared, String> {
+        let timeout = match self.timeout_seconds {
+            None => DEFAULT_TIMEOUT,
+            Some(s) if s >= 1 && u64::from(s) <= MAX_TIMEOUT.as_secs() => {
+                Duration::from_secs(s.into())
+            }
+            Some(s) => {
+                return Err(format!(
+                    "timeoutSeconds {s}: must be 1 to {}",
+                    MAX_TIMEOUT.as_secs()
+                ));
+            }
+        };
+        if self.checks.len() > MAX_CHECKS {
+            return Err(format!("at most {MAX_CHECKS} checks"));
+        }
+        for (i, c) in self.checks.iter().enumerate() {
+            c.validate().map_err(|e| format!("checks[{i}]: {e}"))?;
+        }
+        let request = match (&self.http, &self.grpc) {
+            (Some(h), None) => h.prepare()?,
+            (None, Some(g)) => g.prepare()?,
+            _ => return Err("set exactly one of http and grpc".into()),
+        };
+        let endpoint = if request.grpc {
+            format!("gRPC {}{}", request.authority, request.path_and_query)
+        } else {
+            let path = request.path_and_query.split('?').next().unwrap_or("/");
+            format!("{} {}{}", request.method, request.authority, path)
+        };
+        Ok(Prepared {
+            name: self.name.clone(),
+            endpoint,
+            request,
+            timeout,
+            checks: self.checks.clone(),
+        })
+    }
+}
+
+impl HttpRequest {
+    fn prepare(&self) -> Result<PreparedRequest, String> {
+        let method = match &self.method {
+            None => Method::GET,
+            Some(m) => Method::from_bytes(m.as_bytes())
+                .ok()
+                .filter(|m| m.as_str().bytes().all(|b| b.is_ascii_uppercase()))
+                .ok_or_else(|| format!("http.method {m:?}: not an upper-case HTTP method"))?,
+        };
+        let uri: Uri = self
+            .url
+            .parse()
+            .map_err(|e| format!("http.url {:?}: {e}", self.url))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some("https") => {
+                return Err(format!(
+                    "http.url {:?}: https is not supported yet; name the Service's plain-HTTP port (the sidecar routes by key on it)",
+                    self.url
+                ));
+            }
+            _ => return Err(format!("http.url {:?}: must start with http://", self.url)),
+        }
+        let authority = uri
+            .authority()
+            .ok_or_else(|| format!("http.url {:?}: no host", self.url))?;
+        if authority.as_str().contains('@') {
+            return Err(format!(
+                "http.url {:?}: credentials in a URL are refused (they would be stored in the test); send a header",
+                self.url
+            ));
+        }
+        let body = match (&self.body, &self.json) {
+            (Some(_), Some(_)) => return Err("set at most one of http.body and http.json".into()),
+            (Some(b), None) => b.clone().into_bytes(),
+            (None, Some(j)) => serde_json::to_vec(j).map_err(|e| format!("http.json: {e}"))?,
+            (None, None) => Vec::new(),
+        };
+        if body.len() > MAX_BODY {
+            return Err(format!(
+                "a body of {} bytes: at most {MAX_BODY}",
+                body.len()
+            ));
+        }
+        let mut headers = headers(&self.headers, "http.headers")?;
+        let has = |h: &[(HeaderName, HeaderValue)], n: &str| h.iter().any(|(k, _)| k == n);
+        if self.json.is_some() && !has(&headers, "content-type") {
+            headers.push((
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            ));
+        }
+        Ok(PreparedRequest {
+            grpc: false,
+            method,
+            host: authority.host().to_owned(),
+            port: authority.port_u16().unwrap_or(80),
+            authority: authority.as_str().to_owned(),
+            path_and_query: uri
+                .path_and_query()
+                .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
+            headers,
+            body,
+        })
+    }
+}
+
+impl GrpcRequest {
+    fn prepare(&self) -> Result<PreparedRequest, String> {
+        let authority: http::uri::Authority = self
+            .target
+            .parse()
+            .map_err(|e| format!("grpc.target {:?}: {e}", self.target))?;
+        let port = authority
+            .port_u16()
+            .ok_or_else(|| format!("grpc.target {:?}: needs a port", self.target))?;
+        if authority.as_str().contains('@') {
+            return Err(format!("grpc.target {:?}: not host:port", self.target));
+        }
+        let (service, method) = self
+            .method
+            .split_once('/')
+            .filter(|(s, m)| {
+                let ok = |x: &str| {
+                    !x.is_empty()
+                        && x.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+                };
+                ok(s) && ok(m) && !m.contains('.')
+            })
+            .ok_or_else(|| {
+                format!(
+                    "grpc.method {:?}: must be package.Service/Method",
+                    self.method
+                )
+            })?;
+        let message = base64::engine::general_purpose::STANDARD
+            .decode(self.message_base64.trim())
+            .map_err(|e| format!("grpc.messageBase64: {e}"))?;
+        if message.len() > MAX_BODY {
+            return Err(format!(
+                "a message of {} bytes: at most {MAX_BODY}",
+                message.len()
+            ));
+        }
+        let mut body = Vec::with_capacity(message.len() + 5);
+        body.push(0);
+        body.extend((message.len() as u32).to_be_bytes());
+        body.extend(message);
+        let mut headers = headers(&self.metadata, "grpc.metadata")?;
+        if let Some((n, _)) = headers
+            .iter()
+            .find(|(n, _)| n.as_str().starts_with("grpc-") || n == "content-type" || n == "te")
+        {
+            return Err(format!(
+                "grpc.metadata {n}: reserved by gRPC, set by the runner"
+            ));
+        }
+        headers.push((
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        ));
+        headers.push((http::header::TE, HeaderValue::from_static("trailers")));
+        Ok(PreparedRequest {
+            grpc: true,
+            method: Method::POST,
+            host: authority.host().to_owned(),
+            port,
+            authority: authority.as_str().to_owned(),
+            path_and_query: format!("/{service}/{method}"),
+            headers,
+            body,
+        })
+    }
+}
+
+/// Headers a test may not set: the routing key's carriers (the runner writes the sandbox's key,
+/// and the baseline's requests must carry none) and those the connection owns.
+fn reserved(name: &HeaderName) -> bool {
+    spur_routing::carrier::Carrier::ALL
+        .iter()
+        .any(|c| c.header() == name.as_str())
+        || matches!(
+            name.as_str(),
+            "host" | "content-length" | "transfer-encoding" | "connection" | "upgrade"
+        )
+}
+
+fn headers(list: &[HeaderEntry], field: &str) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
+    if list.len() > MAX_HEADERS {
+        return Err(format!("{field}: at most {MAX_HEADERS}"));
+    }
+    list.iter()
+        .map(|h| {
+            let name = HeaderName::from_bytes(h.name.as_bytes())
+                .map_err(|_| format!("{field} {:?}: not a header name", h.name))?;
+            if reserved(&name) {
+                return Err(format!(
+                    "{field} {name}: set by the runner (the routing key's carriers, framing)"
+                ));
+            }
+            let value = HeaderValue::from_str(&h.value)
+                .map_err(|_| format!("{field} {name}: the value is not a valid header value"))?;
+            Ok((name, value))
+        })
+        .collect()
+}
+
+impl Check {
+    fn validate(&self) -> Result<(), String> {
+        let set = [
+            self.status.is_some(),
+            self.grpc_status.is_some(),
+            self.header.is_some(),
+            self.json_path.is_some(),
+        ];
+        if set.iter().filter(|s| **s).count() != 1 {
+            return Err("set exactly one of status, grpcStatus, header and jsonPath".into());
+        }
+        if let Some(s) = self.status
+            && !(100..=599).contains(&s)
+        {
+            return Err(format!("status {s}: not an HTTP status"));
+        }
+        if let Some(s) = self.grpc_status
+            && s > 16
+        {
+            return Err(format!("grpcStatus {s}: gRPC codes are 0 to 16"));
+        }
+        if let Some(h) = &self.header {
+            HeaderName::from_bytes(h.name.as_bytes())
+                .map_err(|_| format!("header {:?}: not a header name", h.name))?;
+        }
+        if let Some(j) = &self.json_path {
+            JsonPath::parse(&j.path).map_err(|e| format!("jsonPath {:?}: {e}", j.path))?;
+            if j.exists == Some(false) && j.equals.is_some() {
+                return Err("jsonPath: equals with exists: false can never hold".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn http_step(name: &str, url: &str) -> Step {
+        Step {
+            name: name.into(),
+            http: Some(HttpRequest {
+                url: url.into(),
+                ..HttpRequest::default()
+            }),
+            ..Step::default()
+        }
+    }
+
+    fn one(step: Step) -> Result<Prepared, Error> {
+        TestSpec { steps: vec![step] }
+            .validate()
+            .map(|mut v| v.remove(0))
+    }
+
+    fn refused(step: Step) -> String {
+        one(step).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn an_http_step_is_parsed_once() {
+        let mut s = http_step("list", "http://backend.shop:8080/items?limit=2");
+        if let Some(h) = s.http.as_mut() {
+            h.json = Some(serde_json::json!({"a": 1}));
+            h.method = Some("POST".into());
+        }
+        let p = one(s).unwrap();
+        assert_eq!(p.endpoint, "POST backend.shop:8080/items");
+        let r = &p.request;
+        assert_eq!((r.host.as_str(), r.port), ("backend.shop", 8080));
+        assert_eq!(r.path_and_query, "/items?limit=2");
+        assert_eq!(r.body, br#"{"a":1}"#);
+        assert_eq!(r.headers[0].1, "application/json");
+        assert_eq!(p.timeout, DEFAULT_TIMEOUT);
+        let p = one(http_step("root", "http://api")).unwrap();
+        assert_eq!(
+            (p.request.port, p.request.path_and_query.as_str()),
+            (80, "/")
+        );
+    }
+
+    #[test]
+    fn a_grpc_step_is_framed() {
+        let s = Step {
+            name: "get".into(),
+            grpc: Some(GrpcRequest {
+                target: "grpc-api.shop:9090".into(),
+                method: "shop.Items/Get".into(),
+                message_base64: "CgFh".into(),
+                metadata: vec![],
+            }),
+            ..Step::default()
+        };
+        let p = one(s).unwrap();
+        assert_eq!(p.endpoint, "gRPC grpc-api.shop:9090/shop.Items/Get");
+        assert_eq!(p.request.body, [0, 0, 0, 0, 3, 0x0a, 1, b'a']);
+        assert!(p.request.grpc);
+    }
+
+    #[test]
+    fn what_is_refused_says_where() {
+        assert!(refused(http_step("Bad", "http://a")).contains("steps[0] (Bad): the name"));
+        assert!(refused(http_step("a", "https://a")).contains("https is not supported"));
+        assert!(refused(http_step("a", "ftp://a")).contains("must start with http://"));
+        assert!(refused(http_step("a", "http://u:p@a/")).contains("credentials"));
+        let mut s = http_step("a", "http://a");
+        if let Some(h) = s.http.as_mut() {
+            h.headers = vec![HeaderEntry {
+                name: "baggage".into(),
+                value: "sd-routing-key=x".into(),
+            }];
+        }
+        assert!(refused(s).contains("http.headers baggage: set by the runner"));
+        let mut s = http_step("a", "http://a");
+        s.grpc = Some(GrpcRequest::default());
+        assert!(refused(s).contains("exactly one of http and grpc"));
+        let mut s = http_step("a", "http://a");
+        s.timeout_seconds = Some(61);
+        assert!(refused(s).contains("timeoutSeconds 61"));
+        let mut s = http_step("a", "http://a");
+        s.checks = vec![Check {
+            status: Some(200),
+            grpc_status: Some(0),
+            ..Check::default()
+        }];
+        assert!(refused(s).contains("checks[0]: set exactly one"));
+        let mut s = http_step("a", "http://a");
+        s.checks = vec![Check {
+            json_path: Some(JsonPathCheck {
+                path: "items".into(),
+                ..JsonPathCheck::default()
+            }),
+            ..Check::default()
+        }];
+        assert!(refused(s).contains("jsonPath \"items\""));
+        let g = |method: &str, target: &str| Step {
+            name: "g".into(),
+            grpc: Some(GrpcRequest {
+                target: target.into(),
+                method: method.into(),
+                ..GrpcRequest::default()
+            }),
+            ..Step::default()
+        };
+        assert!(refused(g("Get", "a:1")).contains("package.Service/Method"));
+        assert!(refused(g("a.S/Get", "a")).contains("needs a port"));
+        let two = TestSpec {
+            steps: vec![http_step("a", "http://a"), http_step("a", "http://b")],
+        };
+        assert!(
+            two.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("another step has this name")
+        );
+        assert!(
+            TestSpec::default()
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("at least one step")
+        );
+    }
+
+    #[test]
+    fn the_spec_reads_as_yaml_written_by_hand() {
+        let spec: TestSpec = serde_yaml_ng::from_str(
+            r#"
+steps:
+  - name: list
+    http: {url: "http://backend.shop:8080/items", headers: [{name: x-user, value: ann}]}
+    checks:
+      - status: 200
+      - jsonPath: {path: "$.items[0].name", equals: tea}
+  - name: get
+    grpc: {target: "grpc-api.shop:9090", method: shop.Items/Get}
+    checks: [{grpcStatus: 0}]
+"#,
+        )
+        .unwrap();
+        let steps = spec.validate().unwrap();
+        assert_eq!(steps.len(), 2);
+        assert_eq!(
+            steps[0].checks[1].json_path.as_ref().unwrap().equals,
+            Some("tea".into())
+        );
+    }
+}

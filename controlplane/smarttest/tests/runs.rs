@@ -1,0 +1,284 @@
+//! Runs against real servers on loopback (HTTP/1.1 and gRPC over h2c) that answer as a baseline
+//! does (a fresh id and timestamp in every answer) or, for requests carrying the routing key in
+//! `baggage`, as a fork does. Which one answered is in the answer itself (`served_by`), so each
+//! test sees the key reach the fork and the key-less requests reach the baseline.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use serde_json::{Value, json};
+use spur_smarttest::run::grpc_status;
+use spur_smarttest::{TestSpec, run};
+
+const KEY: &str = "k3y7test";
+
+/// How the fork differs from the baseline.
+#[derive(Clone, Copy)]
+enum Fork {
+    Same,
+    NoPrice,
+    GrpcUnavailable,
+    Slow,
+}
+
+/// A server answering `/items` (JSON) and `/shop.Items/Get` (gRPC); `fork` decides what keyed
+/// requests get. Returns its address; it lives as long as the test's runtime.
+async fn server(fork: Fork) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let counter = Arc::new(AtomicU64::new(0));
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let n = counter.fetch_add(1, Ordering::Relaxed);
+                    answer(req, fork, n)
+                });
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+async fn answer(
+    req: Request<Incoming>,
+    fork: Fork,
+    n: u64,
+) -> Result<Response<BoxBody<Bytes, Infallible>>, Infallible> {
+    let keyed = req
+        .headers()
+        .get("baggage")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains(&format!("sd-routing-key={KEY}")));
+    let served_by = if keyed { "fork" } else { "baseline" };
+    if req.uri().path() == "/shop.Items/Get" {
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        // The request message back, framed, as the reply; the status in the trailers.
+        let status = if keyed && matches!(fork, Fork::GrpcUnavailable) {
+            "14"
+        } else {
+            "0"
+        };
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", status.parse().unwrap());
+        let body = Full::new(body)
+            .with_trailers(async move { Some(Ok(trailers)) })
+            .boxed();
+        let mut resp = Response::new(body);
+        resp.headers_mut()
+            .insert("content-type", "application/grpc".parse().unwrap());
+        resp.headers_mut()
+            .insert("x-served-by", served_by.parse().unwrap());
+        return Ok(resp);
+    }
+    if keyed && matches!(fork, Fork::Slow) {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    let price = !(keyed && matches!(fork, Fork::NoPrice));
+    let item = |i: u64| {
+        let mut v = json!({"id": format!("item-{n}-{i}"), "name": format!("tea {i}")});
+        if price {
+            v["price"] = json!(3 + i);
+        }
+        v
+    };
+    let body = json!({
+        "generatedAt": format!("2026-12-04T10:00:{:02}Z", n % 60),
+        "requestId": n * 7919,
+        "items": [item(0), item(1), item(2)],
+        "servedBy": served_by,
+    });
+    // servedBy differs by side on purpose in the answer; the tests strip it from what they
+    // compare by reading it first (see `served_by`), so it never shows as a finding.
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
+    resp.headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
+    resp.headers_mut()
+        .insert("x-served-by", served_by.parse().unwrap());
+    Ok(resp)
+}
+
+fn spec(addr: SocketAddr, extra: &str) -> TestSpec {
+    let yaml = format!(
+        r#"
+steps:
+  - name: list
+    http: {{url: "http://{addr}/items?limit=3"}}
+    checks:
+      - status: 200
+      - jsonPath: {{path: "$.items[0].name", equals: "tea 0"}}
+      - jsonPath: {{path: "$.items[0].price"}}
+  - name: get
+    grpc: {{target: "{addr}", method: shop.Items/Get, messageBase64: CgN0ZWE=}}
+    checks: [{{grpcStatus: 0}}]
+{extra}"#
+    );
+    serde_yaml_ng::from_str(&yaml).unwrap()
+}
+
+fn served_by(x: &spur_proto::traffic::Exchange) -> String {
+    x.response_headers
+        .iter()
+        .find(|h| h.name == "x-served-by")
+        .map(|h| String::from_utf8_lossy(&h.value).into_owned())
+        .unwrap_or_else(|| format!("nobody ({})", x.error))
+}
+
+/// The run, after checking who answered each request.
+async fn run_against(fork: Fork, extra: &str) -> spur_smarttest::RunReport {
+    let addr = server(fork).await;
+    let steps = spec(addr, extra).validate().unwrap();
+    let mut report = run(&steps, KEY).await;
+    for s in &report.steps {
+        assert_eq!(served_by(&s.sandbox), "fork", "{}", s.name);
+        for b in &s.baseline {
+            assert_eq!(served_by(b), "baseline", "{}", s.name);
+        }
+    }
+    // The side that answered is in the body and a header: not what the sandbox changed.
+    // Recompute without them, as a real fork's answer would not say it.
+    for s in &mut report.steps {
+        for x in s.baseline.iter_mut().chain([&mut s.sandbox]) {
+            x.response_headers.retain(|h| h.name != "x-served-by");
+            if let Some(b) = x.response_body.as_mut()
+                && let Ok(mut v) = serde_json::from_slice::<Value>(&b.data)
+            {
+                if let Some(o) = v.as_object_mut() {
+                    o.remove("servedBy");
+                }
+                b.data = serde_json::to_vec(&v).unwrap();
+                b.size = b.data.len() as u64;
+            }
+        }
+    }
+    let observations: Vec<_> = report
+        .steps
+        .iter()
+        .map(|s| spur_traffic_diff::Observation {
+            endpoint: s.endpoint.clone(),
+            baseline: [&s.baseline[0], &s.baseline[1]],
+            sandbox: &s.sandbox,
+        })
+        .collect();
+    report.findings = spur_traffic_diff::findings(&observations);
+    eprintln!("{}", report.render());
+    report
+}
+
+fn summary(r: &spur_smarttest::RunReport) -> Vec<String> {
+    r.findings
+        .top(50)
+        .iter()
+        .map(|(e, f)| format!("{e}: {} {}", f.rank.as_str(), f.difference.render()))
+        .collect()
+}
+
+#[tokio::test]
+async fn an_unchanged_fork_passes_though_every_answer_has_new_ids_and_times() {
+    let r = run_against(Fork::Same, "").await;
+    assert!(r.passed(), "{}", r.render());
+    assert_eq!(r.findings.count(), 0);
+    assert_eq!(r.checks_failed(), 0);
+    let noise = &r.findings.endpoints.values().next().unwrap().noise;
+    assert!(
+        noise.iter().any(|(_, at)| at == "$.items[*].id"),
+        "{noise:?}"
+    );
+    let j = r.to_json();
+    assert_eq!(j["passed"], true);
+    assert_eq!(j["steps"][1]["sandbox"]["grpcStatus"], 0);
+}
+
+#[tokio::test]
+async fn a_removed_field_is_a_schema_finding_on_its_endpoint_and_a_failed_check() {
+    let r = run_against(Fork::NoPrice, "").await;
+    let addr = r.steps[0].endpoint.clone();
+    assert_eq!(
+        summary(&r),
+        [format!("{addr}: schema $.items[*].price: removed 3")]
+    );
+    assert!(addr.starts_with("GET 127.0.0.1:") && addr.ends_with("/items"));
+    let price = &r.steps[0].checks[2];
+    assert_eq!(price.sandbox, Err("absent".into()));
+    assert_eq!(price.baseline, Ok(()));
+    assert!(!r.passed());
+    assert_eq!(r.findings.endpoints[&addr].findings[0].occurrences, 3);
+}
+
+#[tokio::test]
+async fn a_failing_grpc_call_is_a_status_finding() {
+    let r = run_against(Fork::GrpcUnavailable, "").await;
+    let get = &r.steps[1];
+    assert_eq!(grpc_status(&get.sandbox), Some(14));
+    assert_eq!(
+        summary(&r),
+        [format!(
+            "{}: status trailer grpc-status: \"0\" → \"14\"",
+            get.endpoint
+        )]
+    );
+    assert_eq!(get.checks[0].sandbox, Err("grpc-status 14".into()));
+}
+
+#[tokio::test]
+async fn a_slow_fork_is_a_timing_finding_and_a_timeout_is_an_error() {
+    let r = run_against(Fork::Slow, "").await;
+    let s = summary(&r);
+    assert_eq!(s.len(), 1, "{s:?}");
+    assert!(s[0].contains(": timing duration:"), "{s:?}");
+    // A timeout of 1 s on a fork that never answers in time: the step records why.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent = listener.local_addr().unwrap();
+    let steps: TestSpec = serde_yaml_ng::from_str(&format!(
+        "steps: [{{name: hang, timeoutSeconds: 1, http: {{url: \"http://{silent}/\"}}, checks: [{{status: 200}}]}}]"
+    ))
+    .unwrap();
+    let r = run(&steps.validate().unwrap(), KEY).await;
+    drop(listener);
+    assert_eq!(r.steps[0].sandbox.error, "no whole answer within 1 s");
+    assert_eq!(
+        r.steps[0].checks[0].sandbox,
+        Err("no answer: no whole answer within 1 s".into())
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_service_is_an_error_on_every_side_not_a_finding() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closed = listener.local_addr().unwrap();
+    drop(listener);
+    let steps: TestSpec = serde_yaml_ng::from_str(&format!(
+        "steps: [{{name: gone, http: {{url: \"http://{closed}/\"}}, checks: [{{status: 200}}]}}]"
+    ))
+    .unwrap();
+    let r = run(&steps.validate().unwrap(), KEY).await;
+    assert!(
+        r.steps[0]
+            .sandbox
+            .error
+            .starts_with("connecting to 127.0.0.1:")
+    );
+    // Both sides failed alike: no finding, but the check failed on both (a broken test).
+    assert_eq!(r.findings.count(), 0);
+    let c = &r.steps[0].checks[0];
+    assert!(c.sandbox.is_err() && c.baseline.is_err());
+    assert!(!r.passed());
+}
