@@ -22,6 +22,7 @@ mod moved;
 mod route;
 mod sandbox;
 mod sidecar_admin;
+mod smarttest;
 mod traffic;
 
 use clap::{Parser, Subcommand};
@@ -70,6 +71,9 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// Open a sandbox's preview URL (served by the hub; docs/hub.md).
     Preview(sandbox::PreviewArgs),
+    /// Smart tests: send a test's requests to a sandbox and twice to its baseline, check the
+    /// answers and report what the sandbox changed, noise left out (docs/smart-tests.md).
+    Test(smarttest::TestArgs),
     /// Submit, list, show, follow and cancel Jobs.
     Job(jobs::JobArgs),
     /// List and download a job's artifacts.
@@ -147,9 +151,11 @@ fn main() -> std::process::ExitCode {
             "warn,spur_tunnel=error,kube_client=off"
         }
         // The API server's refusals are printed once, as the command's error.
-        Command::Sandbox(_) | Command::Routegroup(_) | Command::Route(_) | Command::Doctor(_) => {
-            "warn,kube_client=off"
-        }
+        Command::Sandbox(_)
+        | Command::Routegroup(_)
+        | Command::Route(_)
+        | Command::Doctor(_)
+        | Command::Test(_) => "warn,kube_client=off",
         _ => "warn",
     };
     // `spur local` and `spur sandbox apply --local` carry a tunnel: one thread (see
@@ -168,6 +174,7 @@ fn main() -> std::process::ExitCode {
             Command::Route(args) => route::run(args).await,
             Command::Doctor(args) => doctor::run(args).await,
             Command::Preview(args) => sandbox::preview(args).await,
+            Command::Test(args) => smarttest::run(args).await,
             Command::Job(args) => jobs::job(args).await,
             Command::Artifact(args) => jobs::artifact(args).await,
             Command::RunnerGroup(args) => jobs::runner_group(args).await,

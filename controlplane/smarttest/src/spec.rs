@@ -29,7 +29,7 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A test: requests sent in order, each to the baseline, to the sandbox and to the baseline again.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TestSpec {
     /// The requests, in the order they are sent.
     pub steps: Vec<Step>,
@@ -37,7 +37,7 @@ pub struct TestSpec {
 
 /// One request, and what its answer must hold.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Step {
     /// Unique in the test: a lower-case name of letters, digits and dashes.
     pub name: String,
@@ -57,7 +57,7 @@ pub struct Step {
 
 /// An HTTP request.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HttpRequest {
     /// GET when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -77,7 +77,7 @@ pub struct HttpRequest {
 
 /// A unary gRPC call.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GrpcRequest {
     /// `host:port` of the server (a Service's name in a cluster).
     pub target: String,
@@ -94,6 +94,7 @@ pub struct GrpcRequest {
 
 /// A header (or gRPC metadata entry).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct HeaderEntry {
     pub name: String,
     pub value: String,
@@ -101,7 +102,7 @@ pub struct HeaderEntry {
 
 /// One thing an answer must hold. Exactly one field is set.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Check {
     /// The HTTP status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -119,7 +120,7 @@ pub struct Check {
 
 /// A header's presence or value.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HeaderCheck {
     pub name: String,
     /// The value it must have; unset: only that it is there.
@@ -129,7 +130,7 @@ pub struct HeaderCheck {
 
 /// A JSON value's presence or value.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JsonPathCheck {
     pub path: String,
     /// The value it must have; unset: only that it is there (`exists: false`: that it is not).

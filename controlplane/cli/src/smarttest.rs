@@ -1,0 +1,208 @@
+//! `spur test run|check`: a smart test (a file of HTTP and gRPC requests with optional checks,
+//! docs/smart-tests.md) sent from here to a sandbox and, twice, to its baseline; the answers are
+//! checked and diffed with the baseline's own differences learned as noise (`spur-smarttest`).
+//!
+//! Who may do what: the requests go out from this machine, so they reach what this machine
+//! reaches (in a pod, the cluster; on a workstation, through `spur local connect`). The
+//! sandbox's routing key is read with the user's own credentials (`get` on the Sandbox); with
+//! `--key` nothing is read from the cluster at all. A user who may not read a sandbox learns
+//! nothing of it here and sends nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use kube::Api;
+use serde_json::Value;
+use spur_api::Sandbox;
+use spur_api::conditions::{READY, find_condition};
+use spur_smarttest::TestSpec;
+
+use crate::sandbox::api_error;
+
+/// Largest test file read.
+const MAX_FILE: u64 = 4 << 20;
+
+#[derive(Args)]
+pub(crate) struct TestArgs {
+    #[command(subcommand)]
+    command: TestCommand,
+}
+
+#[derive(Subcommand)]
+enum TestCommand {
+    /// Send a test's requests to a sandbox and twice to its baseline, check the answers, and
+    /// report what the sandbox changed (noise, learned from the baseline's two answers, left
+    /// out).
+    #[command(
+        after_help = "Exit codes: 0 no finding and every check passed on the sandbox; 1 findings or a failed check; 2 an error (a bad file, a refusal, no such sandbox, a sandbox not Ready).\nThe requests go out from this machine: run it in a pod of the cluster, or on a workstation after `spur local connect`."
+    )]
+    Run(RunArgs),
+    /// Read a test file and say whether it can run (nothing is sent).
+    Check {
+        /// The test: a file with `steps:`, or a SmartTest manifest (its `spec`); - for stdin.
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// The test: a file with `steps:`, or a SmartTest manifest (its `spec`); - for stdin.
+    #[arg(short = 'f', long = "file")]
+    file: PathBuf,
+    /// The sandbox whose routing key the sandbox's requests carry.
+    #[arg(long, conflicts_with = "key", required_unless_present = "key")]
+    sandbox: Option<String>,
+    /// A routing key, given directly (a route group's, or a sandbox's read elsewhere): nothing is
+    /// read from the cluster.
+    #[arg(long)]
+    key: Option<String>,
+    /// Run against a sandbox that is not Ready (its keyed requests may reach the baseline).
+    #[arg(long)]
+    allow_not_ready: bool,
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
+    output: Output,
+    /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then the in-cluster config).
+    #[arg(long, env = "SPUR_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Text,
+    Json,
+}
+
+pub(crate) async fn run(args: TestArgs) -> Result<ExitCode> {
+    match args.command {
+        TestCommand::Check { file } => {
+            let (spec, from) = read_spec(&file)?;
+            let steps = spec.validate().with_context(|| from.clone())?;
+            outln!("{from}: {} steps, ready to run", steps.len());
+            Ok(ExitCode::SUCCESS)
+        }
+        // Errors exit 2 here: 1 tells a script "the sandbox changed something".
+        TestCommand::Run(a) => Ok(run_test(a).await.unwrap_or_else(|e| {
+            crate::sandbox::note(format_args!("spur: {e:#}"));
+            ExitCode::from(2)
+        })),
+    }
+}
+
+async fn run_test(a: RunArgs) -> Result<ExitCode> {
+    // The file first: a bad test is said before anything is read or sent.
+    let (spec, from) = read_spec(&a.file)?;
+    let steps = spec.validate().with_context(|| from.clone())?;
+    let key = match (&a.key, &a.sandbox) {
+        (Some(key), _) => {
+            if !spur_routing::extract::is_valid_key(key) {
+                bail!("--key {key:?}: not a routing key (letters, digits, - and _)");
+            }
+            key.clone()
+        }
+        (None, Some(name)) => sandbox_key(&a, name).await?,
+        (None, None) => bail!("name a --sandbox or a --key"),
+    };
+    let report = spur_smarttest::run(&steps, &key).await;
+    match a.output {
+        Output::Text => out!("{}", report.render()),
+        Output::Json => outln!("{}", serde_json::to_string_pretty(&report.to_json())?),
+    }
+    Ok(if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// The sandbox's routing key, read with the user's credentials; refused unless it is Ready.
+async fn sandbox_key(a: &RunArgs, name: &str) -> Result<String> {
+    let client = crate::kube_client(a.kubeconfig.as_deref()).await?;
+    let sb = Api::<Sandbox>::all(client)
+        .get_opt(name)
+        .await
+        .map_err(|e| api_error(e, &format!("reading Sandbox {name}")))?
+        .with_context(|| format!("no Sandbox named {name}"))?;
+    let status = sb.status.unwrap_or_default();
+    let key = status
+        .routing_key
+        .with_context(|| format!("Sandbox {name} has no routing key yet"))?;
+    let ready = find_condition(&status.conditions, READY);
+    if !a.allow_not_ready && ready.is_none_or(|c| c.status != "True") {
+        let why = ready.map_or_else(
+            || "no Ready condition yet".to_owned(),
+            |c| format!("{}: {}", c.reason, c.message),
+        );
+        bail!(
+            "Sandbox {name} is not Ready ({why}): its keyed requests could reach the baseline and the test would see no difference. Wait for it (`spur sandbox apply --wait`), or pass --allow-not-ready"
+        );
+    }
+    Ok(key)
+}
+
+/// The test in `file` (`-`: stdin): a spec (`steps:`) or a SmartTest manifest's `spec`.
+fn read_spec(file: &Path) -> Result<(TestSpec, String)> {
+    let (text, from) = if file == Path::new("-") {
+        let mut text = String::new();
+        std::io::Read::read_to_string(
+            &mut std::io::Read::take(std::io::stdin(), MAX_FILE + 1),
+            &mut text,
+        )
+        .context("reading the test from standard input")?;
+        (text, "standard input".to_owned())
+    } else {
+        let from = file.display().to_string();
+        let f = std::fs::File::open(file).with_context(|| format!("opening {from}"))?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::Read::take(f, MAX_FILE + 1), &mut text)
+            .with_context(|| format!("reading {from}"))?;
+        (text, from)
+    };
+    if text.len() as u64 > MAX_FILE {
+        bail!("{from}: larger than {} MiB", MAX_FILE >> 20);
+    }
+    let value: Value =
+        serde_yaml_ng::from_str(&text).with_context(|| format!("{from}: not YAML or JSON"))?;
+    // A manifest (`kind: SmartTest`) holds the test under `spec`.
+    let spec = match value.get("kind").and_then(Value::as_str) {
+        Some("SmartTest") => value.get("spec").cloned().unwrap_or(Value::Null),
+        Some(other) => bail!("{from}: a {other}, not a SmartTest or a test's steps"),
+        None => value,
+    };
+    let spec: TestSpec =
+        serde_json::from_value(spec).with_context(|| format!("{from}: not a smart test"))?;
+    Ok((spec, from))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(text: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
+        f
+    }
+
+    #[test]
+    fn a_file_is_steps_or_a_smarttest_manifest() {
+        let steps = "steps: [{name: a, http: {url: \"http://api/\"}}]";
+        let (spec, _) = read_spec(write(steps).path()).unwrap();
+        assert_eq!(spec.steps.len(), 1);
+        let manifest = format!(
+            "apiVersion: spur.dev/v1alpha1\nkind: SmartTest\nmetadata: {{name: t}}\nspec: {{{steps}}}"
+        );
+        let (spec, _) = read_spec(write(&manifest).path()).unwrap();
+        assert_eq!(spec.steps[0].name, "a");
+        let e = read_spec(write("kind: Sandbox\nspec: {}").path()).unwrap_err();
+        assert!(e.to_string().contains("a Sandbox, not a SmartTest"), "{e}");
+        let e = read_spec(write("steps: [{name: a, htp: {}}]").path()).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("unknown field")
+                || format!("{e:#}").contains("not a smart test"),
+            "{e:#}"
+        );
+    }
+}

@@ -1,0 +1,302 @@
+//! `spur test run` against a real kube-apiserver: the sandbox's routing key read with the user's
+//! own credentials, refused before anything is sent when the sandbox is not Ready or the user may
+//! not read it (a ServiceAccount with `edit` in its own namespace only), `--key` without the
+//! cluster, a bad file refused naming the step, and the exit codes a pipeline reads (0 nothing
+//! changed, 1 findings, 2 an error). The services are loopback servers that answer as the
+//! baseline or, for requests carrying the key, as the fork, and count what they received; the
+//! sandbox's status is written as the operator writes it (no operator or node here: a test that
+//! runs through real sidecars is the node tier's).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use spur_api::Sandbox;
+use spur_kube_harness::KubeApi;
+
+const KEY: &str = "smartkey42";
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+async fn spur(kubeconfig: &Path, args: &[&str]) -> Run {
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--kubeconfig", kubeconfig.to_str().unwrap()]);
+    spur_bare(&all).await
+}
+
+async fn spur_bare(args: &[&str]) -> Run {
+    let out: Output = tokio::process::Command::new(env!("CARGO_BIN_EXE_spur"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let run = Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    eprintln!(
+        "$ spur {}\n{}{}(exit {})",
+        args.join(" "),
+        run.stdout,
+        run.stderr,
+        run.code
+    );
+    run
+}
+
+/// What the service received.
+#[derive(Default)]
+struct Seen {
+    requests: AtomicU64,
+    keyed: AtomicU64,
+    /// The fork leaves `price` out of its items.
+    fork_drops_price: AtomicBool,
+}
+
+/// A service that answers as the baseline, or as the fork for requests carrying [`KEY`]; every
+/// answer has a fresh id and timestamp.
+async fn service(seen: Arc<Seen>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: http::Request<_>| {
+                    let n = seen.requests.fetch_add(1, Ordering::SeqCst);
+                    let keyed = req
+                        .headers()
+                        .get("baggage")
+                        .and_then(|v| v.to_str().ok())
+                        .is_some_and(|v| v.contains(&format!("sd-routing-key={KEY}")));
+                    if keyed {
+                        seen.keyed.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let price = !(keyed && seen.fork_drops_price.load(Ordering::SeqCst));
+                    let mut item = json!({"id": format!("i{n}"), "name": "tea"});
+                    if price {
+                        item["price"] = json!(3);
+                    }
+                    let body = json!({"at": format!("t{n}"), "items": [item]});
+                    async move {
+                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                            Bytes::from(body.to_string()),
+                        )))
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+const DEVELOPER: &str = r#"{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+ "metadata": {"name": "dev-edit", "namespace": "team-b"},
+ "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+ "subjects": [{"kind": "ServiceAccount", "name": "dev", "namespace": "team-b"}]}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spur_test_run_reads_the_key_with_the_users_rights_and_reports_what_changed() {
+    let api = KubeApi::start().await.unwrap();
+    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/spur/crds");
+    api.install_crd_file(&crds.join("sandboxes.spur.dev.yaml"))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let admin = d.join("admin.yaml");
+    api.write_kubeconfig(&admin).unwrap();
+    let client = api.client();
+
+    let seen = Arc::new(Seen::default());
+    let addr = service(seen.clone()).await;
+    let test = write(
+        d,
+        "test.yaml",
+        &format!(
+            "steps:\n  - name: list\n    http: {{url: \"http://{addr}/items\"}}\n    checks: [{{status: 200}}, {{jsonPath: {{path: \"$.items[0].price\"}}}}]\n"
+        ),
+    );
+    let test = test.to_str().unwrap();
+
+    // The sandbox, with the key its operator would have written but not Ready yet.
+    let sandboxes: Api<Sandbox> = Api::all(client.clone());
+    let sb: Sandbox = serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": "feature-x"},
+        "spec": {"forks": [{"forkOf": {"kind": "Deployment", "namespace": "shop", "name": "api"}}]}
+    }))
+    .unwrap();
+    sandboxes.create(&PostParams::default(), &sb).await.unwrap();
+    let status = |ready: &str| {
+        json!({"status": {"routingKey": KEY, "conditions": [{
+            "type": "Ready", "status": ready, "reason": if ready == "True" { "Ready" } else { "ForksPending" },
+            "message": "fork api: 0 of 1 pods ready", "lastTransitionTime": "2026-12-04T10:00:00Z"}]}})
+    };
+    sandboxes
+        .patch_status(
+            "feature-x",
+            &PatchParams::default(),
+            &Patch::Merge(status("False")),
+        )
+        .await
+        .unwrap();
+    let run = spur(
+        &admin,
+        &["test", "run", "-f", test, "--sandbox", "feature-x"],
+    )
+    .await;
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr
+            .contains("Sandbox feature-x is not Ready (ForksPending: fork api: 0 of 1 pods ready)"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 0, "nothing sent");
+
+    // Ready: the sandbox's request carries the key (once), the baseline's two do not; every
+    // answer has a new id and time, and none of that is a finding.
+    sandboxes
+        .patch_status(
+            "feature-x",
+            &PatchParams::default(),
+            &Patch::Merge(status("True")),
+        )
+        .await
+        .unwrap();
+    let run = spur(
+        &admin,
+        &["test", "run", "-f", test, "--sandbox", "feature-x"],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("no findings"), "{}", run.stdout);
+    assert_eq!(
+        (
+            seen.requests.load(Ordering::SeqCst),
+            seen.keyed.load(Ordering::SeqCst)
+        ),
+        (3, 1)
+    );
+
+    // The fork drops a field: exit 1, the finding and the failed check in JSON.
+    seen.fork_drops_price.store(true, Ordering::SeqCst);
+    let run = spur(
+        &admin,
+        &[
+            "test",
+            "run",
+            "-f",
+            test,
+            "--sandbox",
+            "feature-x",
+            "-o",
+            "json",
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    let finding = &report["findings"]["endpoints"][0]["findings"][0];
+    assert_eq!(
+        (finding["rank"].as_str(), finding["at"].as_str()),
+        (Some("schema"), Some("$.items[*].price"))
+    );
+    assert_eq!(report["checksFailed"], 1);
+    assert_eq!(
+        report["steps"][0]["checks"][1]["sandbox"]["failed"],
+        "absent"
+    );
+    assert_eq!(report["routingKey"], KEY);
+
+    // A user of another namespace (`edit` in team-b only) may not read the sandbox: refused,
+    // with the API server's words, and nothing is sent.
+    let token = api.service_account_token("team-b", "dev").await.unwrap();
+    let binding: RoleBinding = serde_json::from_str(DEVELOPER).unwrap();
+    Api::<RoleBinding>::namespaced(client.clone(), "team-b")
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let dev = d.join("dev.yaml");
+    api.write_kubeconfig_with_token(&dev, &token).unwrap();
+    let before = seen.requests.load(Ordering::SeqCst);
+    let run = spur(&dev, &["test", "run", "-f", test, "--sandbox", "feature-x"]).await;
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr.contains("reading Sandbox feature-x: forbidden"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stdout.contains(KEY) && !run.stderr.contains(KEY));
+    assert_eq!(seen.requests.load(Ordering::SeqCst), before, "nothing sent");
+
+    // `--key` reads nothing from the cluster (the kubeconfig here names no server at all).
+    let nowhere = write(d, "nowhere.yaml", "apiVersion: v1\nkind: Config\n");
+    let run = spur(&nowhere, &["test", "run", "-f", test, "--key", KEY]).await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(seen.requests.load(Ordering::SeqCst), before + 3);
+
+    // A bad file: refused naming the step and the field, before the cluster or the service.
+    let bad = write(
+        d,
+        "bad.yaml",
+        "steps:\n  - name: list\n    http: {url: \"https://api/\"}\n",
+    );
+    let run = spur(
+        &admin,
+        &[
+            "test",
+            "run",
+            "-f",
+            bad.to_str().unwrap(),
+            "--sandbox",
+            "nope",
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr.contains("steps[0] (list): http.url")
+            && run.stderr.contains("https is not supported"),
+        "{}",
+        run.stderr
+    );
+    let run = spur_bare(&["test", "check", "-f", test]).await;
+    assert_eq!(
+        (run.code, run.stdout.trim_end()),
+        (0, format!("{test}: 1 steps, ready to run").as_str())
+    );
+    let run = spur(&admin, &["test", "run", "-f", test, "--sandbox", "missing"]).await;
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr.contains("no Sandbox named missing"),
+        "{}",
+        run.stderr
+    );
+}
