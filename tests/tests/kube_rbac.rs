@@ -255,6 +255,8 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
             "spur-resource-plugin-user",
             "resource-plugin-user-rules.yaml",
         ),
+        ("spur-smarttest-reader", "smarttest-reader-rules.yaml"),
+        ("spur-smarttest-writer", "smarttest-writer-rules.yaml"),
         ("spur-workstation", "workstation-rules.yaml"),
         (
             "spur-workstation-approver",

@@ -12,7 +12,7 @@ use crate::mesh::{GatewayAPIRoute, IstioRoute};
 use crate::{
     EnvoyConfig, EnvoyConfigRevision, ExecAccessRequest, ExecAccessTemplate, ExternalWorkload,
     ForkedWorkload, Job, JobRunnerGroup, ListenerSet, ObjectLifecycleMethods, PodAccessRequest,
-    PodAccessTemplate, Resource, ResourcePlugin, RouteGroup, RoutingConfig, Sandbox,
+    PodAccessTemplate, Resource, ResourcePlugin, RouteGroup, RoutingConfig, Sandbox, SmartTest,
     TunnelAccessRequest, TunnelAccessTemplate, VirtualWorkload,
 };
 
@@ -45,6 +45,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         PodAccessRequest::crd(),
         TunnelAccessTemplate::crd(),
         TunnelAccessRequest::crd(),
+        SmartTest::crd(),
     ]
 }
 

@@ -30,6 +30,7 @@ pub mod resources;
 pub mod routegroup;
 pub mod routingconfig;
 pub mod sandbox;
+pub mod smarttest;
 pub mod tunnel;
 pub mod validation;
 pub mod workloads;
@@ -61,6 +62,7 @@ pub use routegroup::{
 };
 pub use routingconfig::{Route, RoutingConfig, RoutingConfigSpec, RoutingConfigStatus};
 pub use sandbox::{Sandbox, SandboxCapture, SandboxSpec, SandboxStatus};
+pub use smarttest::{SmartTest, SmartTestSpec};
 pub use workloads::{
     ExternalWorkload, ExternalWorkloadSpec, ExternalWorkloadStatus, ForkedWorkload,
     ForkedWorkloadSpec, ForkedWorkloadStatus, SidecarCoverage, VirtualWorkload,

@@ -15,8 +15,8 @@ use anyhow::{Context as _, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use kube::Api;
 use serde_json::Value;
-use spur_api::Sandbox;
 use spur_api::conditions::{READY, find_condition};
+use spur_api::{Sandbox, SmartTest};
 use spur_smarttest::TestSpec;
 
 use crate::sandbox::api_error;
@@ -49,9 +49,17 @@ enum TestCommand {
 
 #[derive(Args)]
 struct RunArgs {
-    /// The test: a file with `steps:`, or a SmartTest manifest (its `spec`); - for stdin.
+    /// A SmartTest of the cluster, read with your credentials (`get` on smarttests in its
+    /// namespace: the built-in view role has it).
+    #[arg(conflicts_with = "file", required_unless_present = "file")]
+    test: Option<String>,
+    /// The SmartTest's namespace [default: the kubeconfig's].
+    #[arg(short = 'n', long, requires = "test")]
+    namespace: Option<String>,
+    /// The test from a file instead: a file with `steps:`, or a SmartTest manifest (its
+    /// `spec`); - for stdin.
     #[arg(short = 'f', long = "file")]
-    file: PathBuf,
+    file: Option<PathBuf>,
     /// The sandbox whose routing key the sandbox's requests carry.
     #[arg(long, conflicts_with = "key", required_unless_present = "key")]
     sandbox: Option<String>,
@@ -92,8 +100,12 @@ pub(crate) async fn run(args: TestArgs) -> Result<ExitCode> {
 }
 
 async fn run_test(a: RunArgs) -> Result<ExitCode> {
-    // The file first: a bad test is said before anything is read or sent.
-    let (spec, from) = read_spec(&a.file)?;
+    // The test first: a bad one is said before the sandbox is read or anything is sent.
+    let (spec, from) = match (&a.file, &a.test) {
+        (Some(file), _) => read_spec(file)?,
+        (None, Some(name)) => cluster_spec(&a, name).await?,
+        (None, None) => bail!("name a SmartTest, or a file with -f"),
+    };
     let steps = spec.validate().with_context(|| from.clone())?;
     let key = match (&a.key, &a.sandbox) {
         (Some(key), _) => {
@@ -140,6 +152,21 @@ async fn sandbox_key(a: &RunArgs, name: &str) -> Result<String> {
         );
     }
     Ok(key)
+}
+
+/// SmartTest `name`, read with the user's credentials.
+async fn cluster_spec(a: &RunArgs, name: &str) -> Result<(TestSpec, String)> {
+    let client = crate::kube_client(a.kubeconfig.as_deref()).await?;
+    let ns = a
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let test = Api::<SmartTest>::namespaced(client, &ns)
+        .get_opt(name)
+        .await
+        .map_err(|e| api_error(e, &format!("reading SmartTest {ns}/{name}")))?
+        .with_context(|| format!("no SmartTest {name} in namespace {ns}"))?;
+    Ok((test.spec.test(), format!("SmartTest {ns}/{name}")))
 }
 
 /// The test in `file` (`-`: stdin): a spec (`steps:`) or a SmartTest manifest's `spec`.

@@ -17,11 +17,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use spur_api::Sandbox;
+use spur_api::{Sandbox, SmartTest};
 use spur_kube_harness::KubeApi;
 
 const KEY: &str = "smartkey42";
@@ -124,9 +124,9 @@ const DEVELOPER: &str = r#"{"apiVersion": "rbac.authorization.k8s.io/v1", "kind"
 async fn spur_test_run_reads_the_key_with_the_users_rights_and_reports_what_changed() {
     let api = KubeApi::start().await.unwrap();
     let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/spur/crds");
-    api.install_crd_file(&crds.join("sandboxes.spur.dev.yaml"))
-        .await
-        .unwrap();
+    for crd in ["sandboxes.spur.dev.yaml", "smarttests.spur.dev.yaml"] {
+        api.install_crd_file(&crds.join(crd)).await.unwrap();
+    }
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let admin = d.join("admin.yaml");
@@ -255,6 +255,95 @@ async fn spur_test_run_reads_the_key_with_the_users_rights_and_reports_what_chan
     );
     assert!(!run.stdout.contains(KEY) && !run.stderr.contains(KEY));
     assert_eq!(seen.requests.load(Ordering::SeqCst), before, "nothing sent");
+
+    // SmartTests of the cluster, read with the user's rights: an admin runs shop's; the user of
+    // team-b, who may read SmartTests in team-b only (the chart's spur-smarttest-reader, bound
+    // there), runs team-b's and is refused shop's, with nothing sent.
+    let steps: Value = serde_yaml_ng::from_str::<Value>(&std::fs::read_to_string(test).unwrap())
+        .unwrap()["steps"]
+        .clone();
+    for ns in ["shop", "team-b"] {
+        if ns == "shop" {
+            let namespace: k8s_openapi::api::core::v1::Namespace =
+                serde_json::from_value(json!({"metadata": {"name": "shop"}})).unwrap();
+            Api::all(client.clone())
+                .create(&PostParams::default(), &namespace)
+                .await
+                .unwrap();
+        }
+        let st: SmartTest = serde_json::from_value(json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "SmartTest",
+            "metadata": {"name": "list-items", "namespace": ns},
+            "spec": {"steps": steps}
+        }))
+        .unwrap();
+        Api::<SmartTest>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &st)
+            .await
+            .unwrap();
+    }
+    let reader: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "spur-smarttest-reader"},
+        "rules": serde_yaml_ng::from_str::<Value>(&std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/spur/files/smarttest-reader-rules.yaml"),
+        ).unwrap()).unwrap(),
+    }))
+    .unwrap();
+    Api::<ClusterRole>::all(client.clone())
+        .create(&PostParams::default(), &reader)
+        .await
+        .unwrap();
+    let read_here: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "dev-smarttests", "namespace": "team-b"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "spur-smarttest-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": "dev", "namespace": "team-b"}]
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(client.clone(), "team-b")
+        .create(&PostParams::default(), &read_here)
+        .await
+        .unwrap();
+    let run = spur(
+        &admin,
+        &[
+            "test",
+            "run",
+            "list-items",
+            "-n",
+            "shop",
+            "--sandbox",
+            "feature-x",
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("schema $.items[*].price: removed 3"),
+        "{}",
+        run.stdout
+    );
+    let before = seen.requests.load(Ordering::SeqCst);
+    let run = spur(
+        &dev,
+        &["test", "run", "list-items", "-n", "shop", "--key", KEY],
+    )
+    .await;
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr
+            .contains("reading SmartTest shop/list-items: forbidden"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(seen.requests.load(Ordering::SeqCst), before, "nothing sent");
+    let run = spur(
+        &dev,
+        &["test", "run", "list-items", "-n", "team-b", "--key", KEY],
+    )
+    .await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(seen.requests.load(Ordering::SeqCst), before + 3);
+    let before = before + 3;
 
     // `--key` reads nothing from the cluster (the kubeconfig here names no server at all).
     let nowhere = write(d, "nowhere.yaml", "apiVersion: v1\nkind: Config\n");

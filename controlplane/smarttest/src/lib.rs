@@ -2,15 +2,18 @@
 //! sandbox and, twice, to its baseline; what the baseline's own two answers disagree on is noise,
 //! and what is left of the sandbox's differences are findings, ranked and grouped per endpoint
 //! (`spur_traffic_diff::findings`). The spec types here are the `SmartTest` resource's spec and
-//! the file `spur test run -f` reads; [`run::run`] sends them. No Kubernetes client: the job
-//! executor in runner pods links this too.
+//! the file `spur test run -f` reads; the runner (feature `run`, on by default) sends them. No
+//! Kubernetes client: the job executor in runner pods can link this too.
 
 pub mod path;
+#[cfg(feature = "run")]
 pub mod run;
 mod schema;
+#[cfg(feature = "run")]
 pub mod send;
 pub mod spec;
 
+#[cfg(feature = "run")]
 pub use run::{RunReport, run};
 pub use spec::{Prepared, TestSpec};
 

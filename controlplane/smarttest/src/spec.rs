@@ -21,8 +21,9 @@ pub const MAX_HEADERS: usize = 32;
 pub const MAX_CHECKS: usize = 16;
 /// Largest request body of one step (bytes): the spec is stored in etcd.
 pub const MAX_BODY: usize = 64 * 1024;
-/// Longest step name.
+/// Longest step name, and its syntax (what [`TestSpec::validate`] checks).
 pub const NAME_MAX: usize = 63;
+pub const NAME_PATTERN: &str = "^[a-z]([-a-z0-9]*[a-z0-9])?$";
 /// A request's timeout when the step sets none, and the most it may set.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
@@ -40,6 +41,7 @@ pub struct TestSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Step {
     /// Unique in the test: a lower-case name of letters, digits and dashes.
+    #[schemars(length(min = 1, max = NAME_MAX), regex(pattern = NAME_PATTERN))]
     pub name: String,
     /// An HTTP request (HTTP/1.1). Exactly one of `http` and `grpc`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -52,6 +54,7 @@ pub struct Step {
     pub timeout_seconds: Option<u32>,
     /// What the answer must hold; checked on both sides.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_CHECKS))]
     pub checks: Vec<Check>,
 }
 
@@ -65,6 +68,7 @@ pub struct HttpRequest {
     /// `http://host[:port]/path[?query]`: a Service's name (`backend.shop:8080`) in a cluster.
     pub url: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_HEADERS))]
     pub headers: Vec<HeaderEntry>,
     /// A body as text. At most one of `body` and `json`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -89,6 +93,7 @@ pub struct GrpcRequest {
     pub message_base64: String,
     /// Request metadata.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_HEADERS))]
     pub metadata: Vec<HeaderEntry>,
 }
 
