@@ -205,5 +205,7 @@ phase "the images and the node"
 # about 20 minutes, mostly waiting on the cluster) runs alone. Running it beside the others saves
 # most of that but made timing-sensitive steps flaky on two cores (tried in issue 47: the node's
 # Kafka step saw no keyed record before its route), so it stays this way.
-cargo test --workspace --locked --all-features -- --test-threads 2 "$@"
+# --no-fail-fast: a failing test binary does not hide the ones after it (cargo stops at the first
+# by default, and CI once showed one failure where there were two).
+cargo test --workspace --locked --all-features --no-fail-fast -- --test-threads 2 "$@"
 phase "the tests (every tier)"
