@@ -21,7 +21,20 @@ pub struct StepResult {
     /// The baseline's answers, before and after the sandbox's.
     pub baseline: [Exchange; 2],
     pub sandbox: Exchange,
+    /// The answers as compared, when they are gRPC answers decoded with the step's descriptor
+    /// set: baseline, baseline, sandbox, each body the JSON of its message.
+    pub decoded: Option<[Exchange; 3]>,
     pub checks: Vec<CheckResult>,
+}
+
+impl StepResult {
+    /// The answers the diff compares (baseline, baseline, sandbox): decoded when they could be.
+    pub fn compared(&self) -> [&Exchange; 3] {
+        match &self.decoded {
+            Some([a, b, s]) => [a, b, s],
+            None => [&self.baseline[0], &self.baseline[1], &self.sandbox],
+        }
+    }
 }
 
 /// A check, as each side's answers met it (`Err`: why not).
@@ -49,13 +62,30 @@ pub async fn run(steps: &[Prepared], key: &str) -> RunReport {
         let first = send(step, None).await;
         let sandbox = send(step, Some(key)).await;
         let second = send(step, None).await;
+        let decoded = step.request.grpc_output.as_ref().map(|output| {
+            [
+                decode(output, &first),
+                decode(output, &second),
+                decode(output, &sandbox),
+            ]
+        });
+        // JSON paths read the decoded message; everything else the answer as it came.
+        let (b1, b2, s) = match &decoded {
+            Some([b1, b2, s]) => (b1, b2, s),
+            None => (&first, &second, &sandbox),
+        };
         let checks = step
             .checks
             .iter()
-            .map(|c| CheckResult {
-                check: describe(c),
-                sandbox: evaluate(c, &sandbox),
-                baseline: evaluate(c, &first).and_then(|()| evaluate(c, &second)),
+            .map(|c| {
+                let on = |decoded: &Exchange, raw: &Exchange| {
+                    evaluate(c, if c.json_path.is_some() { decoded } else { raw })
+                };
+                CheckResult {
+                    check: describe(c),
+                    sandbox: on(s, &sandbox),
+                    baseline: on(b1, &first).and_then(|()| on(b2, &second)),
+                }
             })
             .collect();
         results.push(StepResult {
@@ -63,15 +93,19 @@ pub async fn run(steps: &[Prepared], key: &str) -> RunReport {
             endpoint: step.endpoint.clone(),
             baseline: [first, second],
             sandbox,
+            decoded,
             checks,
         });
     }
     let observations: Vec<Observation<'_>> = results
         .iter()
-        .map(|r| Observation {
-            endpoint: r.endpoint.clone(),
-            baseline: [&r.baseline[0], &r.baseline[1]],
-            sandbox: &r.sandbox,
+        .map(|r| {
+            let [b1, b2, s] = r.compared();
+            Observation {
+                endpoint: r.endpoint.clone(),
+                baseline: [b1, b2],
+                sandbox: s,
+            }
         })
         .collect();
     let findings = findings(&observations);
@@ -208,6 +242,63 @@ impl RunReport {
         }
         out
     }
+}
+
+/// A gRPC answer with its messages decoded as `output` and written as JSON (one message: the
+/// object; several: an array), so the diff compares them field by field and JSON paths read them.
+/// Every field is written, defaults too: in protobuf a field left out reads as its default, and
+/// a field that went to its default is a value change, not a removal. An answer that does not
+/// decode (compressed, cut, not of that type) is kept as it came: the diff then compares its
+/// bytes.
+fn decode(output: &prost_reflect::MessageDescriptor, x: &Exchange) -> Exchange {
+    let mut view = x.clone();
+    let Some(body) = &x.response_body else {
+        return view;
+    };
+    if !x.error.is_empty() || body.truncated {
+        return view;
+    }
+    let mut messages = Vec::new();
+    let mut rest = body.data.as_slice();
+    while !rest.is_empty() {
+        let Some((&[flag, a, b, c, d], after)) = rest.split_first_chunk::<5>() else {
+            return view;
+        };
+        let len = u32::from_be_bytes([a, b, c, d]) as usize;
+        if flag != 0 || after.len() < len {
+            return view;
+        }
+        let options = prost_reflect::SerializeOptions::new().skip_default_fields(false);
+        let Ok(message) = prost_reflect::DynamicMessage::decode(output.clone(), &after[..len])
+        else {
+            return view;
+        };
+        let Ok(json) = message.serialize_with_options(serde_json::value::Serializer, &options)
+        else {
+            return view;
+        };
+        messages.push(json);
+        rest = &after[len..];
+    }
+    let json = match messages.len() {
+        0 => return view,
+        1 => messages.remove(0),
+        _ => Value::Array(messages),
+    };
+    let data = json.to_string().into_bytes();
+    view.response_body = Some(spur_proto::traffic::Body {
+        size: data.len() as u64,
+        data,
+        truncated: false,
+    });
+    // No longer gRPC frames: the diff reads it as JSON.
+    view.protocol = i32::from(spur_proto::traffic::Protocol::Http2);
+    for h in &mut view.response_headers {
+        if h.name.eq_ignore_ascii_case("content-type") {
+            h.value = b"application/json".to_vec();
+        }
+    }
+    view
 }
 
 /// The gRPC status of an answer: from its trailers, or its headers for a trailers-only answer.

@@ -21,6 +21,8 @@ pub const MAX_HEADERS: usize = 32;
 pub const MAX_CHECKS: usize = 16;
 /// Largest request body of one step (bytes): the spec is stored in etcd.
 pub const MAX_BODY: usize = 64 * 1024;
+/// Largest descriptor set (base64 characters: 512 KiB decoded).
+pub const MAX_DESCRIPTOR_SET_BASE64: usize = 512 * 1024 / 3 * 4;
 /// Longest step name, and its syntax (what [`TestSpec::validate`] checks).
 pub const NAME_MAX: usize = 63;
 pub const NAME_PATTERN: &str = "^[a-z]([-a-z0-9]*[a-z0-9])?$";
@@ -88,9 +90,20 @@ pub struct GrpcRequest {
     /// `package.Service/Method`.
     pub method: String,
     /// The request message, protobuf-encoded, in base64 (empty: the message with every field
-    /// at its default).
+    /// at its default). At most one of `messageBase64` and `json`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message_base64: String,
+    /// The request message as JSON (protobuf's JSON mapping); needs `descriptorSetBase64`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_value")]
+    pub json: Option<Value>,
+    /// A FileDescriptorSet holding the service, in base64 (`protoc --include_imports
+    /// --descriptor_set_out`, or `buf build -o`): the answers are then decoded and compared
+    /// field by field, and JSON-path checks read them; without it they are compared message by
+    /// message, byte by byte.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = MAX_DESCRIPTOR_SET_BASE64))]
+    pub descriptor_set_base64: String,
     /// Request metadata.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = MAX_HEADERS))]
@@ -172,6 +185,9 @@ pub struct PreparedRequest {
     pub path_and_query: String,
     pub headers: Vec<(HeaderName, HeaderValue)>,
     pub body: Vec<u8>,
+    /// A gRPC answer's message type, when the step gave a descriptor set: its answers are
+    /// decoded to JSON for the checks and the diff.
+    pub grpc_output: Option<prost_reflect::MessageDescriptor>,
 }
 
 impl TestSpec {
@@ -308,6 +324,7 @@ impl HttpRequest {
             ));
         }
         Ok(PreparedRequest {
+            grpc_output: None,
             grpc: false,
             method,
             host: authority.host().to_owned(),
@@ -351,9 +368,25 @@ impl GrpcRequest {
                     self.method
                 )
             })?;
-        let message = base64::engine::general_purpose::STANDARD
-            .decode(self.message_base64.trim())
-            .map_err(|e| format!("grpc.messageBase64: {e}"))?;
+        let types = self.types(service, method)?;
+        let message = match (&self.json, &types) {
+            (Some(_), _) if !self.message_base64.is_empty() => {
+                return Err("set at most one of grpc.messageBase64 and grpc.json".into());
+            }
+            (Some(_), None) => {
+                return Err(
+                    "grpc.json needs grpc.descriptorSetBase64 (the types to encode it with)".into(),
+                );
+            }
+            (Some(json), Some((input, _))) => {
+                let m = prost_reflect::DynamicMessage::deserialize(input.clone(), json.clone())
+                    .map_err(|e| format!("grpc.json is not a {}: {e}", input.full_name()))?;
+                prost::Message::encode_to_vec(&m)
+            }
+            (None, _) => base64::engine::general_purpose::STANDARD
+                .decode(self.message_base64.trim())
+                .map_err(|e| format!("grpc.messageBase64: {e}"))?,
+        };
         if message.len() > MAX_BODY {
             return Err(format!(
                 "a message of {} bytes: at most {MAX_BODY}",
@@ -387,7 +420,50 @@ impl GrpcRequest {
             path_and_query: format!("/{service}/{method}"),
             headers,
             body,
+            grpc_output: types.map(|(_, output)| output),
         })
+    }
+
+    /// The method's input and output types, from the descriptor set when there is one.
+    fn types(
+        &self,
+        service: &str,
+        method: &str,
+    ) -> Result<
+        Option<(
+            prost_reflect::MessageDescriptor,
+            prost_reflect::MessageDescriptor,
+        )>,
+        String,
+    > {
+        if self.descriptor_set_base64.is_empty() {
+            return Ok(None);
+        }
+        if self.descriptor_set_base64.len() > MAX_DESCRIPTOR_SET_BASE64 {
+            return Err(format!(
+                "grpc.descriptorSetBase64: larger than {} KiB",
+                MAX_DESCRIPTOR_SET_BASE64 / 4 * 3 / 1024
+            ));
+        }
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(self.descriptor_set_base64.trim())
+            .map_err(|e| format!("grpc.descriptorSetBase64: {e}"))?;
+        let pool = prost_reflect::DescriptorPool::decode(bytes.as_slice()).map_err(|e| {
+            format!("grpc.descriptorSetBase64: not a FileDescriptorSet with its imports: {e}")
+        })?;
+        let svc = pool.get_service_by_name(service).ok_or_else(|| {
+            format!("grpc.descriptorSetBase64 has no service {service} (grpc.method)")
+        })?;
+        let m = svc
+            .methods()
+            .find(|m| m.name() == method)
+            .ok_or_else(|| format!("service {service} has no method {method}"))?;
+        if m.is_client_streaming() || m.is_server_streaming() {
+            return Err(format!(
+                "{service}/{method} streams: only unary calls are supported"
+            ));
+        }
+        Ok(Some((m.input(), m.output())))
     }
 }
 
@@ -513,7 +589,7 @@ mod tests {
                 target: "grpc-api.shop:9090".into(),
                 method: "shop.Items/Get".into(),
                 message_base64: "CgFh".into(),
-                metadata: vec![],
+                ..GrpcRequest::default()
             }),
             ..Step::default()
         };

@@ -30,6 +30,8 @@ enum Fork {
     NoPrice,
     GrpcUnavailable,
     Slow,
+    /// The fork's `shop.Items/Describe` answers without a price.
+    GrpcNoPrice,
 }
 
 /// A server answering `/items` (JSON) and `/shop.Items/Get` (gRPC); `fork` decides what keyed
@@ -69,6 +71,30 @@ async fn answer(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains(&format!("sd-routing-key={KEY}")));
     let served_by = if keyed { "fork" } else { "baseline" };
+    if req.uri().path() == "/shop.Items/Describe" {
+        // shop.Item {id = 1 (fresh each time), name = 2, price = 3}, hand-encoded.
+        let id = format!("r{n}");
+        let mut item = vec![0x0a, id.len() as u8];
+        item.extend(id.as_bytes());
+        item.extend([0x12, 3, b't', b'e', b'a']);
+        if !(keyed && matches!(fork, Fork::GrpcNoPrice)) {
+            item.extend([0x18, 3]);
+        }
+        let mut framed = vec![0];
+        framed.extend((item.len() as u32).to_be_bytes());
+        framed.extend(item);
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        let body = Full::new(Bytes::from(framed))
+            .with_trailers(async move { Some(Ok(trailers)) })
+            .boxed();
+        let mut resp = Response::new(body);
+        resp.headers_mut()
+            .insert("content-type", "application/grpc".parse().unwrap());
+        resp.headers_mut()
+            .insert("x-served-by", served_by.parse().unwrap());
+        return Ok(resp);
+    }
     if req.uri().path() == "/shop.Items/Get" {
         let body = req.into_body().collect().await.unwrap().to_bytes();
         // The request message back, framed, as the reply; the status in the trailers.
@@ -145,8 +171,13 @@ fn served_by(x: &spur_proto::traffic::Exchange) -> String {
 /// The run, after checking who answered each request.
 async fn run_against(fork: Fork, extra: &str) -> spur_smarttest::RunReport {
     let addr = server(fork).await;
-    let steps = spec(addr, extra).validate().unwrap();
-    let mut report = run(&steps, KEY).await;
+    checked(run(&spec(addr, extra).validate().unwrap(), KEY).await)
+}
+
+/// `report` after checking that the fork answered the keyed requests and the baseline the
+/// others, with the side that answered (a header, a body field) taken out of what is compared,
+/// as a real fork's answer would not say it.
+fn checked(mut report: spur_smarttest::RunReport) -> spur_smarttest::RunReport {
     for s in &report.steps {
         assert_eq!(served_by(&s.sandbox), "fork", "{}", s.name);
         for b in &s.baseline {
@@ -156,7 +187,8 @@ async fn run_against(fork: Fork, extra: &str) -> spur_smarttest::RunReport {
     // The side that answered is in the body and a header: not what the sandbox changed.
     // Recompute without them, as a real fork's answer would not say it.
     for s in &mut report.steps {
-        for x in s.baseline.iter_mut().chain([&mut s.sandbox]) {
+        let decoded = s.decoded.iter_mut().flatten();
+        for x in s.baseline.iter_mut().chain([&mut s.sandbox]).chain(decoded) {
             x.response_headers.retain(|h| h.name != "x-served-by");
             if let Some(b) = x.response_body.as_mut()
                 && let Ok(mut v) = serde_json::from_slice::<Value>(&b.data)
@@ -172,10 +204,13 @@ async fn run_against(fork: Fork, extra: &str) -> spur_smarttest::RunReport {
     let observations: Vec<_> = report
         .steps
         .iter()
-        .map(|s| spur_traffic_diff::Observation {
-            endpoint: s.endpoint.clone(),
-            baseline: [&s.baseline[0], &s.baseline[1]],
-            sandbox: &s.sandbox,
+        .map(|s| {
+            let [b1, b2, x] = s.compared();
+            spur_traffic_diff::Observation {
+                endpoint: s.endpoint.clone(),
+                baseline: [b1, b2],
+                sandbox: x,
+            }
         })
         .collect();
     report.findings = spur_traffic_diff::findings(&observations);
@@ -281,4 +316,121 @@ async fn an_unreachable_service_is_an_error_on_every_side_not_a_finding() {
     let c = &r.steps[0].checks[0];
     assert!(c.sandbox.is_err() && c.baseline.is_err());
     assert!(!r.passed());
+}
+
+/// shop.Items, compiled to a FileDescriptorSet as `protoc --include_imports` would, in base64.
+fn descriptor_set() -> String {
+    use base64::Engine as _;
+    use prost::Message as _;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("shop.proto"),
+        r#"syntax = "proto3";
+package shop;
+message GetRequest { string name = 1; }
+message Item { string id = 1; string name = 2; int32 price = 3; }
+service Items { rpc Describe(GetRequest) returns (Item); }
+"#,
+    )
+    .unwrap();
+    let fds = protox::compile([dir.path().join("shop.proto")], [dir.path()]).unwrap();
+    base64::engine::general_purpose::STANDARD.encode(fds.encode_to_vec())
+}
+
+fn describe_step(addr: SocketAddr, descriptors: Option<&str>) -> TestSpec {
+    let mut grpc = json!({"target": addr.to_string(), "method": "shop.Items/Describe"});
+    if let Some(d) = descriptors {
+        grpc["descriptorSetBase64"] = json!(d);
+        grpc["json"] = json!({"name": "tea"});
+    }
+    serde_json::from_value(json!({"steps": [{
+        "name": "describe",
+        "grpc": grpc,
+        "checks": [{"grpcStatus": 0}, {"jsonPath": {"path": "$.name", "equals": "tea"}}],
+    }]}))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn with_a_descriptor_set_grpc_answers_are_compared_field_by_field() {
+    let addr = server(Fork::GrpcNoPrice).await;
+    // Without the types, the fresh id in every answer makes the whole message noise: the price
+    // the fork dropped goes unseen, and a JSON path cannot be read.
+    let r = checked(run(&describe_step(addr, None).validate().unwrap(), KEY).await);
+    assert_eq!(r.findings.count(), 0, "{:?}", summary(&r));
+    assert!(r.steps[0].decoded.is_none());
+    assert!(r.steps[0].checks[1].sandbox.is_err());
+    // With them: the id is noise, the price a finding (protobuf has no absent scalar: the field
+    // reads as its default, so it is a value change), and `$.name` holds on both sides.
+    let descriptors = descriptor_set();
+    let r = checked(
+        run(
+            &describe_step(addr, Some(&descriptors)).validate().unwrap(),
+            KEY,
+        )
+        .await,
+    );
+    eprintln!("{}", r.render());
+    let s = &r.steps[0];
+    let decoded: Value = serde_json::from_slice(
+        &s.decoded.as_ref().unwrap()[2]
+            .response_body
+            .as_ref()
+            .unwrap()
+            .data,
+    )
+    .unwrap();
+    // The sandbox's answer is the 5th request the server saw (3 before, then baseline first).
+    assert_eq!(decoded, json!({"id": "r4", "name": "tea", "price": 0}));
+    assert_eq!(
+        summary(&r),
+        [format!("{}: value $.price: 3 → 0", s.endpoint)]
+    );
+    let noise = &r.findings.endpoints[&s.endpoint].noise;
+    assert!(noise.contains(&("json".into(), "$.id".into())), "{noise:?}");
+    assert_eq!(s.checks[1].sandbox, Ok(()));
+    assert_eq!(s.checks[1].baseline, Ok(()));
+    // The request was encoded from its JSON: the server saw a GetRequest {name: "tea"} (it does
+    // not echo it, so the step's own body is what shows it).
+    assert_eq!(
+        s.sandbox.request_body.as_ref().unwrap().data,
+        [0, 0, 0, 0, 5, 0x0a, 3, b't', b'e', b'a']
+    );
+}
+
+#[test]
+fn descriptor_set_mistakes_are_refused_naming_the_field() {
+    let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let descriptors = descriptor_set();
+    let with = |method: &str, json: Value| -> String {
+        let spec: TestSpec = serde_json::from_value(json!({"steps": [{"name": "d", "grpc": {
+            "target": addr.to_string(), "method": method,
+            "descriptorSetBase64": descriptors, "json": json}}]}))
+        .unwrap();
+        spec.validate().unwrap_err().to_string()
+    };
+    assert!(with("shop.Nope/Describe", json!({})).contains("has no service shop.Nope"));
+    assert!(with("shop.Items/Nope", json!({})).contains("service shop.Items has no method Nope"));
+    assert!(
+        with("shop.Items/Describe", json!({"nope": 1}))
+            .contains("grpc.json is not a shop.GetRequest")
+    );
+    let spec: TestSpec = serde_json::from_value(json!({"steps": [{"name": "d", "grpc": {
+        "target": addr.to_string(), "method": "shop.Items/Describe", "json": {"name": "x"}}}]}))
+    .unwrap();
+    assert!(
+        spec.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("grpc.json needs grpc.descriptorSetBase64")
+    );
+    let spec: TestSpec = serde_json::from_value(json!({"steps": [{"name": "d", "grpc": {
+        "target": addr.to_string(), "method": "shop.Items/Describe", "descriptorSetBase64": "AAAA"}}]}))
+    .unwrap();
+    assert!(
+        spec.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("not a FileDescriptorSet")
+    );
 }
