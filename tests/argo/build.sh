@@ -85,6 +85,10 @@ fi
 if [ "$force" = 1 ] || ! binary_current; then
     echo "build.sh: building rollouts-controller $version with $(go version | cut -d' ' -f3) (cold: several minutes)" >&2
     tmp="$(mktemp -d "$out/.argo-build.XXXXXX")"
+    # The Go build cache of this build, deleted with it: the binaries are cached by version, so the
+    # several GB of compiled packages would only be used again for another version, and on CI's
+    # fresh machine they took disk the node tier needed.
+    export GOCACHE="$tmp/go-build"
     go build -trimpath -ldflags "-s -w -X $module/utils/version.version=${version#v}" \
         -o "$tmp/rollouts-controller" "$pkg"
     mv -f "$tmp/rollouts-controller" "$out/rollouts-controller"

@@ -168,6 +168,10 @@ fi
 # The binaries are built next to their final place and renamed in, so a reader never sees a
 # half-written binary and an interrupted build leaves the old ones (or none), never a broken one.
 tmp="$(mktemp -d "$bindir/.build.XXXXXX")"
+# The Go build cache of this build, deleted with it: the binaries are cached by version, so the
+# several GB of compiled packages would only be used again for another version, and on CI's
+# fresh machine they took disk the node tier needed.
+export GOCACHE="$tmp/go-build"
 trap 'rm -rf "$tmp"' EXIT
 
 # GOTOOLCHAIN=local: never fetch a toolchain behind the user's back; an old Go fails with a clear

@@ -585,13 +585,13 @@ authentication:
   x509: {clientCAFile: $ROOT/pki/ca.crt}
 authorization:
   mode: AlwaysAllow
-# No eviction for disk: the kubelet reads the space left to unprivileged users (statfs' f_bavail),
-# while everything on this node runs as root and may use the blocks the filesystem reserves for root.
-# A machine whose disk reserves most of itself for root (this one: 92 of 252 GB usable without root;
-# CI's is like it) tainted the node with disk-pressure in the middle of the node tier although root's writes still succeeded;
-# "0%" turns a threshold off (the kubelet's parseThresholdStatement). Never collect the imported
-# images either (there is no registry to pull them back from): a high threshold of 100 turns image
-# garbage collection off.
+# No eviction for disk: the disk is shared with the build, and on CI's machine (252 GB, of which a
+# clean build leaves a few) the kubelet's default-sized thresholds (1 % is 2.5 GB) tainted the node
+# with disk-pressure in the middle of the node tier, which failed an unrelated step in a confusing
+# way. A disk that really fills up fails the run plainly instead (No space left on device), and
+# tests/run.sh prints the space left after each phase. "0%" turns a threshold off (the kubelet's
+# parseThresholdStatement). Never collect the imported images either (there is no registry to pull
+# them back from): a high threshold of 100 turns image garbage collection off.
 evictionHard: {memory.available: 100Mi, nodefs.available: "0%", imagefs.available: "0%", nodefs.inodesFree: "0%", imagefs.inodesFree: "0%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99

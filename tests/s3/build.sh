@@ -47,6 +47,10 @@ fi
 tmp=""
 trap 'rm -rf "$tmp"' EXIT
 tmp="$(mktemp -d "$out/.weed-build.XXXXXX")"
+# The Go build cache of this build, deleted with it: the binaries are cached by version, so the
+# several GB of compiled packages would only be used again for another version, and on CI's
+# fresh machine they took disk the node tier needed.
+export GOCACHE="$tmp/go-build"
 cd "$here/go"
 start=$SECONDS
 echo "tests/s3/build.sh: building weed with $(go version | cut -d' ' -f3) (cold: several minutes)" >&2

@@ -87,7 +87,8 @@ pub struct Figures {
 pub struct DiskFree {
     /// Bytes anyone may still write (statfs' `f_bavail`).
     pub available: u64,
-    /// Bytes root may still write, the blocks reserved for root included (`f_bfree`).
+    /// `f_bfree`: the blocks reserved for root included (on CI's kind of machine not space
+    /// anyone can use: a build died with SIGBUS at `f_bavail` 0).
     pub free_to_root: u64,
     /// How far into the run.
     pub at: Duration,

@@ -69,6 +69,30 @@ fn jobs_pods(node: &Node, n: usize) -> Vec<JobsPod> {
 }
 
 /// The identity holding the jobs Lease (`<pod>_<pod uid>`).
+/// The last lines each jobs replica (and a replaced one, if any) logged, for a failure's message.
+fn jobs_logs(node: &Node) -> String {
+    let pods = node
+        .kubectl(&[
+            "-n",
+            SPUR_NAMESPACE,
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/name=spur-jobs",
+            "-o",
+            "name",
+        ])
+        .unwrap_or_default();
+    let mut out = String::new();
+    for pod in pods.lines() {
+        let logs = node
+            .kubectl(&["-n", SPUR_NAMESPACE, "logs", pod, "--tail", "80"])
+            .unwrap_or_else(|e| format!("(no logs: {e})"));
+        out.push_str(&format!("--- {pod}\n{logs}\n"));
+    }
+    out
+}
+
 fn leader(node: &Node) -> Option<String> {
     let l = node
         .get_json(SPUR_NAMESPACE, &["lease", "spur-jobs"])
@@ -255,7 +279,14 @@ pub(crate) fn two_replicas_on_s3(node: &Node, upgrade: impl Fn(&[&str])) {
     let finished = loop {
         assert!(
             Instant::now() < end,
-            "the job did not end in 2 minutes after the leader's deletion: {}",
+            "the job did not end in 2 minutes after the leader's deletion (deleted {lead}, lease \
+             holder now {:?}, taken after {took_lease:?}; {reads} reads of the standby, at most \
+             {most} lines): {}\n{}\n{}",
+            leader(node),
+            job()
+                .map(|j| j.to_string())
+                .unwrap_or_else(|e| e.to_string()),
+            jobs_logs(node),
             node.describe(ns)
         );
         let (code, body) = direct.get(&standby_ip, &log_path);
