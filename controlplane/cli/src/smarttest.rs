@@ -171,22 +171,16 @@ async fn cluster_spec(a: &RunArgs, name: &str) -> Result<(TestSpec, String)> {
 
 /// The test in `file` (`-`: stdin): a spec (`steps:`) or a SmartTest manifest's `spec`.
 fn read_spec(file: &Path) -> Result<(TestSpec, String)> {
-    let (text, from) = if file == Path::new("-") {
-        let mut text = String::new();
-        std::io::Read::read_to_string(
-            &mut std::io::Read::take(std::io::stdin(), MAX_FILE + 1),
-            &mut text,
-        )
-        .context("reading the test from standard input")?;
-        (text, "standard input".to_owned())
+    let (reader, from): (Box<dyn std::io::Read>, String) = if file == Path::new("-") {
+        (Box::new(std::io::stdin()), "standard input".to_owned())
     } else {
         let from = file.display().to_string();
         let f = std::fs::File::open(file).with_context(|| format!("opening {from}"))?;
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut std::io::Read::take(f, MAX_FILE + 1), &mut text)
-            .with_context(|| format!("reading {from}"))?;
-        (text, from)
+        (Box::new(f), from)
     };
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::Read::take(reader, MAX_FILE + 1), &mut text)
+        .with_context(|| format!("reading {from}"))?;
     if text.len() as u64 > MAX_FILE {
         bail!("{from}: larger than {} MiB", MAX_FILE >> 20);
     }

@@ -153,19 +153,20 @@ async fn spur_test_run_reads_the_key_with_the_users_rights_and_reports_what_chan
     }))
     .unwrap();
     sandboxes.create(&PostParams::default(), &sb).await.unwrap();
-    let status = |ready: &str| {
-        json!({"status": {"routingKey": KEY, "conditions": [{
-            "type": "Ready", "status": ready, "reason": if ready == "True" { "Ready" } else { "ForksPending" },
-            "message": "fork api: 0 of 1 pods ready", "lastTransitionTime": "2026-12-04T10:00:00Z"}]}})
+    // The status its operator would write: the key, and Ready as given.
+    let set_ready = |ready: &'static str| {
+        let sandboxes = sandboxes.clone();
+        async move {
+            let status = json!({"status": {"routingKey": KEY, "conditions": [{
+                "type": "Ready", "status": ready, "reason": if ready == "True" { "Ready" } else { "ForksPending" },
+                "message": "fork api: 0 of 1 pods ready", "lastTransitionTime": "2026-12-04T10:00:00Z"}]}});
+            sandboxes
+                .patch_status("feature-x", &PatchParams::default(), &Patch::Merge(status))
+                .await
+                .unwrap();
+        }
     };
-    sandboxes
-        .patch_status(
-            "feature-x",
-            &PatchParams::default(),
-            &Patch::Merge(status("False")),
-        )
-        .await
-        .unwrap();
+    set_ready("False").await;
     let run = spur(
         &admin,
         &["test", "run", "-f", test, "--sandbox", "feature-x"],
@@ -182,14 +183,7 @@ async fn spur_test_run_reads_the_key_with_the_users_rights_and_reports_what_chan
 
     // Ready: the sandbox's request carries the key (once), the baseline's two do not; every
     // answer has a new id and time, and none of that is a finding.
-    sandboxes
-        .patch_status(
-            "feature-x",
-            &PatchParams::default(),
-            &Patch::Merge(status("True")),
-        )
-        .await
-        .unwrap();
+    set_ready("True").await;
     let run = spur(
         &admin,
         &["test", "run", "-f", test, "--sandbox", "feature-x"],

@@ -83,17 +83,7 @@ async fn answer(
         let mut framed = vec![0];
         framed.extend((item.len() as u32).to_be_bytes());
         framed.extend(item);
-        let mut trailers = http::HeaderMap::new();
-        trailers.insert("grpc-status", "0".parse().unwrap());
-        let body = Full::new(Bytes::from(framed))
-            .with_trailers(async move { Some(Ok(trailers)) })
-            .boxed();
-        let mut resp = Response::new(body);
-        resp.headers_mut()
-            .insert("content-type", "application/grpc".parse().unwrap());
-        resp.headers_mut()
-            .insert("x-served-by", served_by.parse().unwrap());
-        return Ok(resp);
+        return Ok(grpc_reply(Bytes::from(framed), "0", served_by));
     }
     if req.uri().path() == "/shop.Items/Get" {
         let body = req.into_body().collect().await.unwrap().to_bytes();
@@ -103,17 +93,7 @@ async fn answer(
         } else {
             "0"
         };
-        let mut trailers = http::HeaderMap::new();
-        trailers.insert("grpc-status", status.parse().unwrap());
-        let body = Full::new(body)
-            .with_trailers(async move { Some(Ok(trailers)) })
-            .boxed();
-        let mut resp = Response::new(body);
-        resp.headers_mut()
-            .insert("content-type", "application/grpc".parse().unwrap());
-        resp.headers_mut()
-            .insert("x-served-by", served_by.parse().unwrap());
-        return Ok(resp);
+        return Ok(grpc_reply(body, status, served_by));
     }
     if keyed && matches!(fork, Fork::Slow) {
         tokio::time::sleep(Duration::from_millis(400)).await;
@@ -140,6 +120,25 @@ async fn answer(
     resp.headers_mut()
         .insert("x-served-by", served_by.parse().unwrap());
     Ok(resp)
+}
+
+/// A gRPC answer: `framed` (length-prefixed messages), the status in the trailers.
+fn grpc_reply(
+    framed: Bytes,
+    status: &str,
+    served_by: &str,
+) -> Response<BoxBody<Bytes, Infallible>> {
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", status.parse().unwrap());
+    let body = Full::new(framed)
+        .with_trailers(async move { Some(Ok(trailers)) })
+        .boxed();
+    let mut resp = Response::new(body);
+    resp.headers_mut()
+        .insert("content-type", "application/grpc".parse().unwrap());
+    resp.headers_mut()
+        .insert("x-served-by", served_by.parse().unwrap());
+    resp
 }
 
 fn spec(addr: SocketAddr, extra: &str) -> TestSpec {
