@@ -3,10 +3,11 @@
 //! A job prints a numbered line a second. The replica that does not lead, asked directly (as the
 //! API server's front proxy asks it), serves the running attempt's log, read from its runner,
 //! while the job still runs. Then the leader's pod is deleted mid-job: the other replica, asked
-//! every half second meanwhile, answers every time with a growing prefix of the output, takes the
-//! lease and the running attempt over; the job succeeds in its one attempt, its sealed log holds
-//! every line once, and both replicas (the deleted one's replacement too) serve that log and the
-//! job's artifact from the bucket.
+//! every half second meanwhile, answers every time with a prefix of the output; it or the deleted
+//! pod's replacement (whichever reads the released lease first) takes the lease and the running
+//! attempt over; the job succeeds in its one attempt, its sealed log holds every line once, and
+//! both replicas (the replacement too) serve that log and the job's artifact from the bucket.
+//! Twice, deleting whichever replica leads; the rounds print which replica took over.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -68,31 +69,40 @@ fn jobs_pods(node: &Node, n: usize) -> Vec<JobsPod> {
     .unwrap_or_else(|e| panic!("{e:#}\n{}", node.describe(SPUR_NAMESPACE)))
 }
 
-/// The identity holding the jobs Lease (`<pod>_<pod uid>`).
-/// The last lines each jobs replica (and a replaced one, if any) logged, for a failure's message.
-fn jobs_logs(node: &Node) -> String {
-    let pods = node
-        .kubectl(&[
-            "-n",
-            SPUR_NAMESPACE,
-            "get",
-            "pods",
-            "-l",
-            "app.kubernetes.io/name=spur-jobs",
-            "-o",
-            "name",
-        ])
-        .unwrap_or_default();
+/// For a failure's message: the last lines above debug level that each jobs replica (and a
+/// replaced one, if any) logged (the node runs every component at debug level, whose last lines
+/// are the lease's renewals), and the runner pods' executor logs of `ns`.
+fn jobs_logs(node: &Node, ns: &str) -> String {
     let mut out = String::new();
-    for pod in pods.lines() {
+    let pods = |ns: &str, selector: &str| {
+        node.kubectl(&["-n", ns, "get", "pods", "-l", selector, "-o", "name"])
+            .unwrap_or_default()
+    };
+    for pod in pods(SPUR_NAMESPACE, "app.kubernetes.io/name=spur-jobs").lines() {
         let logs = node
-            .kubectl(&["-n", SPUR_NAMESPACE, "logs", pod, "--tail", "80"])
+            .kubectl(&["-n", SPUR_NAMESPACE, "logs", pod])
             .unwrap_or_else(|e| format!("(no logs: {e})"));
-        out.push_str(&format!("--- {pod}\n{logs}\n"));
+        let kept: Vec<&str> = logs
+            .lines()
+            .filter(|l| {
+                [" INFO ", " WARN ", " ERROR "]
+                    .iter()
+                    .any(|x| l.contains(x))
+            })
+            .collect();
+        let from = kept.len().saturating_sub(60);
+        out.push_str(&format!("--- {pod}\n{}\n", kept[from..].join("\n")));
+    }
+    for pod in pods(ns, "spur.dev/runner-group").lines() {
+        let logs = node
+            .kubectl(&["-n", ns, "logs", pod, "--all-containers", "--tail", "40"])
+            .unwrap_or_else(|e| format!("(no logs: {e})"));
+        out.push_str(&format!("--- {ns}/{pod}\n{logs}\n"));
     }
     out
 }
 
+/// The identity holding the jobs Lease (`<pod>_<pod uid>`).
 fn leader(node: &Node) -> Option<String> {
     let l = node
         .get_json(SPUR_NAMESPACE, &["lease", "spur-jobs"])
@@ -164,6 +174,10 @@ impl Direct {
 /// default StorageClass is the first replica's (node_quickstart::a_volume).
 const PV: &str = "spur-node-pv-1";
 
+/// How many times a leader is deleted mid-job: the first leader, then the replica that took over
+/// from it (which led only since the takeover), with the first one's replacement as standby.
+const ROUNDS: u32 = 2;
+
 pub(crate) fn two_replicas_on_s3(node: &Node, upgrade: impl Fn(&[&str])) {
     crate::node_quickstart::a_volume(node, "pv-1");
     let s3 = tokio::runtime::Runtime::new()
@@ -204,6 +218,39 @@ pub(crate) fn two_replicas_on_s3(node: &Node, upgrade: impl Fn(&[&str])) {
         "--set",
         "jobs.s3.caConfigMap=jobs-s3-ca",
     ]);
+    let direct = Direct::new(node);
+    let ci = node
+        .namespace("jobs-ha", &[("spur.dev/enabled", "true")])
+        .unwrap();
+    let ns = ci.name.as_str();
+    node.apply(&format!(
+        "apiVersion: spur.dev/v1alpha1\nkind: JobRunnerGroup\nmetadata:\n  name: ha\n  namespace: {ns}\nspec:\n  image: localhost/spur-test-client:dev\n  replicas: 1\n  jobTimeout: 5m\n"
+    ))
+    .unwrap();
+    for round in 1..=ROUNDS {
+        leader_deleted_mid_job(node, &direct, ns, round);
+    }
+
+    // Back to the defaults (one replica, the volume); what this step made goes.
+    drop(ci);
+    upgrade(&[]);
+    jobs_pods(node, 1);
+    for what in [
+        "secret/jobs-s3",
+        "configmap/jobs-s3-ca",
+        "pvc/data-spur-jobs-1",
+    ] {
+        node.kubectl(&["-n", SPUR_NAMESPACE, "delete", what, "--wait=false"])
+            .unwrap();
+    }
+    node.kubectl(&["delete", "pv", PV, "--wait=false"]).unwrap();
+    drop(s3);
+}
+
+/// One round: a job runs, the standby serves its log, the leader's pod is deleted mid-job, a
+/// replica other than the deleted one takes the attempt over and the job succeeds in its one attempt.
+fn leader_deleted_mid_job(node: &Node, direct: &Direct, ns: &str, round: u32) {
+    let job_name = format!("through-failover-{round}");
     let pods = jobs_pods(node, 2);
     // One of these two pods (not a replaced pod of the same name whose lease has not expired).
     let lead_id = eventually("a jobs leader", Duration::from_secs(60), || {
@@ -215,28 +262,17 @@ pub(crate) fn two_replicas_on_s3(node: &Node, upgrade: impl Fn(&[&str])) {
         .find(|p| p.identity == lead_id)
         .map(|p| p.name.clone())
         .unwrap();
-    let standby_ip = pods
+    let (standby_ip, standby_id) = pods
         .iter()
         .find(|p| p.identity != lead_id)
-        .map(|p| p.ip.clone())
+        .map(|p| (p.ip.clone(), p.identity.clone()))
         .unwrap();
-    let direct = Direct::new(node);
-
-    let ci = node
-        .namespace("jobs-ha", &[("spur.dev/enabled", "true")])
-        .unwrap();
-    let ns = ci.name.as_str();
     node.apply(&format!(
-        "apiVersion: spur.dev/v1alpha1\nkind: JobRunnerGroup\nmetadata:\n  name: ha\n  namespace: {ns}\nspec:\n  image: localhost/spur-test-client:dev\n  replicas: 1\n  jobTimeout: 5m\n"
+        "apiVersion: spur.dev/v1alpha1\nkind: Job\nmetadata:\n  name: {job_name}\n  namespace: {ns}\nspec:\n  runnerGroup: ha\n  artifacts:\n  - path: /tmp/count.txt\n  script: |\n    for i in $(seq 1 {LINES}); do echo \"line $i\"; sleep 1; done\n    echo {LINES} > /tmp/count.txt\n"
     ))
     .unwrap();
-    node.apply(&format!(
-        "apiVersion: spur.dev/v1alpha1\nkind: Job\nmetadata:\n  name: through-failover\n  namespace: {ns}\nspec:\n  runnerGroup: ha\n  artifacts:\n  - path: /tmp/count.txt\n  script: |\n    for i in $(seq 1 {LINES}); do echo \"line $i\"; sleep 1; done\n    echo {LINES} > /tmp/count.txt\n"
-    ))
-    .unwrap();
-    let job = || node.get_json(ns, &["jobs.spur.dev", "through-failover"]);
-    let log_path =
-        format!("/apis/jobs.spur.dev/v1alpha1/namespaces/{ns}/jobs/through-failover/log");
+    let job = || node.get_json(ns, &["jobs.spur.dev", &job_name]);
+    let log_path = format!("/apis/jobs.spur.dev/v1alpha1/namespaces/{ns}/jobs/{job_name}/log");
     let whole = output();
 
     // The standby, asked directly while the job runs: the lines so far, from the runner.
@@ -263,15 +299,15 @@ pub(crate) fn two_replicas_on_s3(node: &Node, upgrade: impl Fn(&[&str])) {
         "the job ended before the standby's read could show it reads the runner: {j}"
     );
     println!(
-        "jobs HA: the standby {standby_ip} served {} lines of the running attempt",
+        "jobs HA, round {round}: the standby {standby_ip} served {} lines of the running attempt",
         seen.lines().count()
     );
 
-    // The leader's pod deleted mid-job; the other replica, asked meanwhile, answers every time.
+    // The leader's pod deleted mid-job; the standby, asked meanwhile, answers every time.
     let deleted_at = Instant::now();
     node.kubectl(&["-n", SPUR_NAMESPACE, "delete", "pod", &lead, "--wait=false"])
         .unwrap();
-    eprintln!("jobs HA: deleted the leader {lead} while job through-failover runs");
+    eprintln!("jobs HA, round {round}: deleted the leader {lead} while job {job_name} runs");
     let mut reads = 0u32;
     let mut most = seen.lines().count();
     let mut took_lease = None;
@@ -280,13 +316,13 @@ pub(crate) fn two_replicas_on_s3(node: &Node, upgrade: impl Fn(&[&str])) {
         assert!(
             Instant::now() < end,
             "the job did not end in 2 minutes after the leader's deletion (deleted {lead}, lease \
-             holder now {:?}, taken after {took_lease:?}; {reads} reads of the standby, at most \
+             holder now {:?}, taken (after, by) {took_lease:?}; {reads} reads of the standby, at most \
              {most} lines): {}\n{}\n{}",
             leader(node),
             job()
                 .map(|j| j.to_string())
                 .unwrap_or_else(|e| e.to_string()),
-            jobs_logs(node),
+            jobs_logs(node, ns),
             node.describe(ns)
         );
         let (code, body) = direct.get(&standby_ip, &log_path);
@@ -296,8 +332,10 @@ pub(crate) fn two_replicas_on_s3(node: &Node, upgrade: impl Fn(&[&str])) {
         // from its own spool, which starts empty and catches up with the runner at once.
         assert!(whole.starts_with(&body), "read {reads}: {body:?}");
         most = most.max(body.lines().count());
-        if took_lease.is_none() && leader(node).is_some_and(|l| l != lead_id) {
-            took_lease = Some(deleted_at.elapsed());
+        if took_lease.is_none()
+            && let Some(l) = leader(node).filter(|l| *l != lead_id)
+        {
+            took_lease = Some((deleted_at.elapsed(), l));
         }
         let j = job().unwrap();
         if ["Succeeded", "Failed", "Canceled"]
@@ -313,15 +351,22 @@ pub(crate) fn two_replicas_on_s3(node: &Node, upgrade: impl Fn(&[&str])) {
         finished["status"]["attemptCount"], 1,
         "the running attempt was not taken over but run again: {finished}"
     );
-    let took_lease = took_lease
-        .or_else(|| leader(node).filter(|l| *l != lead_id).map(|_| took))
+    let (took_lease, taker) = took_lease
+        .or_else(|| leader(node).filter(|l| *l != lead_id).map(|l| (took, l)))
         .unwrap_or_else(|| panic!("the jobs Lease is still {lead}'s"));
+    // Either may win: the standby reads the lease every 2.5 s, and the StatefulSet's replacement
+    // of the deleted pod, up within about a second, takes a free lease on its first read.
+    let taker = if taker == standby_id {
+        "the standby"
+    } else {
+        "the deleted pod's replacement"
+    };
 
     // Sealed, in the bucket: every replica serves the same log and artifact, the deleted one's
     // replacement too (its own volume never held them).
     let pods = jobs_pods(node, 2);
     let artifact = format!(
-        "/apis/jobs.spur.dev/v1alpha1/namespaces/{ns}/jobs/through-failover/artifacts?path=/tmp/count.txt"
+        "/apis/jobs.spur.dev/v1alpha1/namespaces/{ns}/jobs/{job_name}/artifacts?path=/tmp/count.txt"
     );
     for JobsPod { name: pod, ip, .. } in &pods {
         let (code, body) = direct.get(ip, &log_path);
@@ -358,26 +403,11 @@ pub(crate) fn two_replicas_on_s3(node: &Node, upgrade: impl Fn(&[&str])) {
         .sum();
     assert_eq!(leaders, 1, "spur_jobs_leader over both replicas");
     println!(
-        "jobs HA: leader {lead} deleted mid-job; the other replica took the lease after {:.1} s, \
-         answered all {reads} log reads meanwhile (HTTP 200, a prefix of the output, up to \
+        "jobs HA, round {round}: leader {lead} deleted mid-job; {taker} took the lease after \
+         {:.1} s, the standby answered all {reads} log reads meanwhile (HTTP 200, a prefix of the output, up to \
          {most} lines before the end), and the job succeeded in 1 attempt {:.1} s after the \
          deletion; both replicas serve its sealed log and artifact from S3",
         took_lease.as_secs_f64(),
         took.as_secs_f64()
     );
-
-    // Back to the defaults (one replica, the volume); what this step made goes.
-    drop(ci);
-    upgrade(&[]);
-    jobs_pods(node, 1);
-    for what in [
-        "secret/jobs-s3",
-        "configmap/jobs-s3-ca",
-        "pvc/data-spur-jobs-1",
-    ] {
-        node.kubectl(&["-n", SPUR_NAMESPACE, "delete", what, "--wait=false"])
-            .unwrap();
-    }
-    node.kubectl(&["delete", "pv", PV, "--wait=false"]).unwrap();
-    drop(s3);
 }
