@@ -35,6 +35,8 @@ pub const MAX_ARTIFACTS: usize = 16;
 pub const ARTIFACT_PATH_MAX: usize = 1024;
 /// Most metadata entries per artifact.
 pub const MAX_ARTIFACT_META: usize = 16;
+/// Most bytes of a job's result (`spec.resultPath`), the executor's limit too.
+pub const RESULT_MAX: usize = 4096;
 /// Longest job duration the API accepts (a week): timeouts are for bounding test runs.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 /// A job timeout: Go duration syntax restricted to hours, minutes and seconds, in that order
@@ -382,6 +384,18 @@ pub struct JobSpec {
     /// to every HTTP/1, h2 and gRPC request the job makes, so scripts need not set headers.
     #[serde(default)]
     pub inject_routing_key: InjectRoutingKey,
+    /// A file the job writes a short result to (absolute path in the runner container): once the
+    /// process has ended, its content (UTF-8, at most 4096 bytes) becomes `status.result`, as a
+    /// container's termination message does. Larger output belongs in an artifact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 2, max = ARTIFACT_PATH_MAX),
+        extend("x-kubernetes-validations" = [{
+            "rule": "self.startsWith('/') && !self.contains('/../') && !self.endsWith('/..')",
+            "message": "a result path must be absolute, without '..'"
+        }])
+    )]
+    pub result_path: Option<String>,
 }
 
 /// One environment variable.
@@ -526,6 +540,11 @@ pub struct JobStatus {
     /// Kept artifacts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub artifacts: Vec<ArtifactStatus>,
+    /// The final attempt's result file (`spec.resultPath`), when it wrote one that fits; the
+    /// `Finished` condition says why there is none otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = RESULT_MAX))]
+    pub result: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// `Accepted` (the runner group and routing context exist, the spec is valid) and
@@ -714,6 +733,15 @@ impl JobSpec {
                     format!("must have at most {MAX_ARTIFACT_META} entries"),
                 );
             }
+        }
+        if let Some(p) = &self.result_path {
+            // At least 2 characters (CEL's minLength): `/` alone is a directory.
+            c.require(
+                is_artifact_path(p) && p.len() >= 2,
+                || "spec.resultPath".into(),
+                "a result path must be absolute, without '..'",
+            );
+            c.max_len(|| "spec.resultPath".into(), p, ARTIFACT_PATH_MAX);
         }
     }
 

@@ -483,6 +483,18 @@ fn job_rules() {
         "absolute, without '..'",
     );
     job_rejected(
+        "relative result path",
+        |o| o["spec"]["resultPath"] = json!("out/result.json"),
+        "a result path must be absolute, without '..'",
+        "a result path must be absolute, without '..'",
+    );
+    job_rejected(
+        "result path with ..",
+        |o| o["spec"]["resultPath"] = json!("/tmp/../etc/shadow"),
+        "a result path must be absolute, without '..'",
+        "a result path must be absolute, without '..'",
+    );
+    job_rejected(
         "zero timeout",
         |o| o["spec"]["timeout"] = json!("0s"),
         "above 0s",

@@ -281,6 +281,20 @@ pub(crate) fn describe(j: &Job) -> String {
             j.name_any()
         );
     }
+    if let Some(r) = &st.result {
+        // Written by the job: its control characters (a terminal's escape sequences) are shown,
+        // not sent to the terminal.
+        let shown: String = r
+            .trim_end_matches('\n')
+            .chars()
+            .flat_map(|c| match c {
+                '\n' => "\n  ".chars().collect::<Vec<_>>(),
+                c if c.is_control() && c != '\t' => c.escape_default().collect(),
+                c => vec![c],
+            })
+            .collect();
+        let _ = writeln!(o, "Result:\n  {shown}");
+    }
     if !st.artifacts.is_empty() {
         let _ = writeln!(o, "Artifacts:");
         for a in &st.artifacts {
@@ -619,4 +633,28 @@ pub(crate) async fn runner_group(args: RunnerGroupArgs) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_result_is_shown_with_its_control_characters_escaped() {
+        let j: Job = serde_json::from_value(serde_json::json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "Job",
+            "metadata": {"name": "j", "namespace": "ns"},
+            "spec": {"runnerGroup": "g", "command": ["true"], "resultPath": "/tmp/r"},
+            "status": {"phase": "Succeeded", "exitCode": 0,
+                       "result": "passed 3\nfindings 0\t(none)\n\u{1b}]0;pwned\u{7}\n"}
+        }))
+        .unwrap();
+        let out = describe(&j);
+        assert!(
+            out.contains("Result:\n  passed 3\n  findings 0\t(none)\n  \\u{1b}]0;pwned\\u{7}\n"),
+            "{out}"
+        );
+        assert!(!out.contains('\u{1b}'), "{out}");
+    }
 }

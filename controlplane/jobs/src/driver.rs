@@ -368,6 +368,7 @@ async fn start(
             spur_api::jobs::InjectRoutingKey::Auto => a.routing_key.clone().unwrap_or_default(),
             spur_api::jobs::InjectRoutingKey::Disabled => String::new(),
         },
+        result_path: a.job.spec.result_path.clone().unwrap_or_default(),
     };
     let deadline = tokio::time::Instant::now() + UNREACHABLE;
     loop {
@@ -701,6 +702,11 @@ async fn finish(
         message.push_str("; ");
         message.push_str(n);
     }
+    let (result, why_none) = result(a.job.spec.result_path.as_deref(), fin);
+    if let Some(why) = why_none {
+        message.push_str("; ");
+        message.push_str(&why);
+    }
     let api: Api<Job> = Api::namespaced(ctx.client.clone(), &a.job.namespace().unwrap_or_default());
     let attempt = a.attempt;
     let status_artifacts: Vec<spur_api::jobs::ArtifactStatus> = artifacts
@@ -738,6 +744,7 @@ async fn finish(
         st.finished_at = Some(now);
         st.log_bytes = Some(st.log_bytes.unwrap_or(0) + log_len);
         st.artifacts = status_artifacts.clone();
+        st.result = result.clone();
         condition(st, job, FINISHED, true, phase.as_str(), &message);
         true
     })
@@ -747,6 +754,45 @@ async fn finish(
         tracing::info!(ns = %a.job.namespace().unwrap_or_default(), job = %a.job.name_any(), attempt, phase = phase.as_str(), %message, "job finished");
     }
     Ok(())
+}
+
+/// The job's result (`spec.resultPath`) from the attempt's final status, or a note saying why
+/// there is none.
+fn result(path: Option<&str>, fin: &pb::AttemptStatus) -> (Option<String>, Option<String>) {
+    let Some(path) = path else {
+        return (None, None);
+    };
+    if !fin.start_error.is_empty() {
+        // The process never ran: the start error says it all.
+        return (None, None);
+    }
+    if !fin.result_error.is_empty() {
+        return (
+            None,
+            Some(format!("no result: {path} {}", fin.result_error)),
+        );
+    }
+    let Some(bytes) = &fin.result else {
+        return (
+            None,
+            Some(format!(
+                "no result: the runner's executor does not read result files (a version older than this component's); {path} was not read"
+            )),
+        );
+    };
+    if bytes.len() > spur_api::jobs::RESULT_MAX {
+        return (
+            None,
+            Some(format!(
+                "no result: {path} has more than {} bytes",
+                spur_api::jobs::RESULT_MAX
+            )),
+        );
+    }
+    match String::from_utf8(bytes.clone()) {
+        Ok(r) => (Some(r), None),
+        Err(_) => (None, Some(format!("no result: {path} is not UTF-8 text"))),
+    }
 }
 
 /// Records that the attempt's runner went away: the job is queued again, or fails after
@@ -801,6 +847,56 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_result_is_kept_when_it_is_text_and_explained_when_not() {
+        let fin = |result: &[u8], error: &str| pb::AttemptStatus {
+            result: error.is_empty().then(|| result.to_vec()),
+            result_error: error.into(),
+            ..Default::default()
+        };
+        let p = Some("/out/r.json");
+        assert_eq!(result(None, &fin(b"x", "")), (None, None));
+        assert_eq!(
+            result(p, &fin(b"{\"passed\":2}", "")),
+            (Some("{\"passed\":2}".into()), None)
+        );
+        assert_eq!(result(p, &fin(b"", "")), (Some(String::new()), None));
+        assert_eq!(
+            result(p, &fin(b"", "the job did not write it")),
+            (
+                None,
+                Some("no result: /out/r.json the job did not write it".into())
+            )
+        );
+        assert_eq!(
+            result(p, &fin(&[0xff, 0xfe], "")),
+            (
+                None,
+                Some("no result: /out/r.json is not UTF-8 text".into())
+            )
+        );
+        let big = vec![b'a'; spur_api::jobs::RESULT_MAX + 1];
+        assert!(
+            result(p, &fin(&big, ""))
+                .1
+                .unwrap()
+                .contains("more than 4096")
+        );
+        let never_ran = pb::AttemptStatus {
+            start_error: "no such file".into(),
+            result_error: "the job did not write it".into(),
+            ..Default::default()
+        };
+        assert_eq!(result(p, &never_ran), (None, None));
+        let older_executor = pb::AttemptStatus::default();
+        assert!(
+            result(p, &older_executor)
+                .1
+                .unwrap()
+                .contains("does not read result files")
+        );
+    }
 
     #[test]
     fn a_job_gets_spurs_and_signadots_names_once_each() {

@@ -1,6 +1,7 @@
-//! Finding an attempt's artifacts: the regular files at or under each declared path, never
-//! through a symlink, and nothing under /proc, /sys or /dev (the executor's own memory and
-//! descriptors are there, and a job must not be able to keep them as "artifacts").
+//! Finding what an attempt leaves behind: its artifacts (the regular files at or under each
+//! declared path) and its result file, never through a symlink, and nothing under /proc, /sys or
+//! /dev (the executor's own memory and descriptors are there, and a job must not be able to keep
+//! them as "artifacts").
 
 use std::path::{Component, Path, PathBuf};
 
@@ -17,8 +18,12 @@ pub struct Found {
     pub declared: String,
 }
 
-/// What a declared path yields: files, or the reason it yields none.
-pub fn find(declared: &str) -> Result<Vec<Found>, String> {
+/// Most bytes of a result file (`StartRequest.result_path`).
+pub const RESULT_MAX: u64 = 4096;
+
+/// The declared path with its parents' symlinks resolved, unless it is relative, has `..` or
+/// lies under /proc, /sys or /dev.
+fn resolve(declared: &str) -> Result<PathBuf, String> {
     let path = Path::new(declared);
     if !path.is_absolute() || path.components().any(|c| c == Component::ParentDir) {
         return Err("not an absolute path without '..'".into());
@@ -35,10 +40,57 @@ pub fn find(declared: &str) -> Result<Vec<Found>, String> {
     if FORBIDDEN_ROOTS.iter().any(|root| real.starts_with(root)) {
         return Err(format!("{} is under /proc, /sys or /dev", real.display()));
     }
-    let meta = std::fs::symlink_metadata(&real).map_err(|e| match e.kind() {
+    Ok(real)
+}
+
+fn metadata(real: &Path) -> Result<std::fs::Metadata, String> {
+    std::fs::symlink_metadata(real).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => "does not exist".to_owned(),
         _ => format!("{}: {e}", real.display()),
+    })
+}
+
+/// The content of a result file: a regular file of at most [`RESULT_MAX`] bytes, not reached
+/// through a symlink. Read once the job's processes are all gone, so nothing swaps the file
+/// for a FIFO (which would block the read) between the check and the read.
+pub fn read_result(declared: &str) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let real = resolve(declared)?;
+    let meta = metadata(&real).map_err(|e| {
+        if e == "does not exist" {
+            "the job did not write it".to_owned()
+        } else {
+            e
+        }
     })?;
+    if meta.file_type().is_symlink() {
+        return Err("is a symlink (a result is never read through one)".into());
+    }
+    if !meta.is_file() {
+        return Err("is not a regular file".into());
+    }
+    if meta.len() > RESULT_MAX {
+        return Err(format!(
+            "{} bytes, more than the {RESULT_MAX} a result may have (keep larger output as an artifact)",
+            meta.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    std::fs::File::open(&real)
+        .and_then(|f| f.take(RESULT_MAX + 1).read_to_end(&mut out))
+        .map_err(|e| format!("{}: {e}", real.display()))?;
+    if out.len() as u64 > RESULT_MAX {
+        return Err(format!(
+            "more than the {RESULT_MAX} bytes a result may have (keep larger output as an artifact)"
+        ));
+    }
+    Ok(out)
+}
+
+/// What a declared path yields: files, or the reason it yields none.
+pub fn find(declared: &str) -> Result<Vec<Found>, String> {
+    let real = resolve(declared)?;
+    let meta = metadata(&real)?;
     let mut out = Vec::new();
     if meta.file_type().is_symlink() {
         return Err("is a symlink (artifacts are never followed through symlinks)".into());
@@ -128,5 +180,47 @@ mod tests {
             find(root.join("missing").to_str().unwrap()).unwrap_err(),
             "does not exist"
         );
+    }
+
+    #[test]
+    fn a_result_is_a_small_regular_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let at = |name: &str| root.join(name).to_str().unwrap().to_owned();
+        std::fs::write(root.join("r.json"), b"{\"ok\":true}").unwrap();
+        assert_eq!(read_result(&at("r.json")).unwrap(), b"{\"ok\":true}");
+        std::fs::write(root.join("empty"), b"").unwrap();
+        assert_eq!(read_result(&at("empty")).unwrap(), b"");
+        std::fs::write(root.join("full"), vec![b'x'; RESULT_MAX as usize]).unwrap();
+        assert_eq!(read_result(&at("full")).unwrap().len(), RESULT_MAX as usize);
+
+        std::fs::write(root.join("big"), vec![b'x'; RESULT_MAX as usize + 1]).unwrap();
+        let big = read_result(&at("big")).unwrap_err();
+        assert!(big.contains("4097 bytes, more than the 4096"), "{big}");
+        assert_eq!(
+            read_result(&at("missing")).unwrap_err(),
+            "the job did not write it"
+        );
+        std::os::unix::fs::symlink(root.join("r.json"), root.join("link")).unwrap();
+        assert!(read_result(&at("link")).unwrap_err().contains("symlink"));
+        std::fs::create_dir(root.join("dir")).unwrap();
+        assert!(
+            read_result(&at("dir"))
+                .unwrap_err()
+                .contains("not a regular file")
+        );
+        // A FIFO would block a read with no writer: refused without opening it.
+        nix::unistd::mkfifo(&root.join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert!(
+            read_result(&at("fifo"))
+                .unwrap_err()
+                .contains("not a regular file")
+        );
+        assert!(
+            read_result("/proc/self/environ")
+                .unwrap_err()
+                .contains("/proc")
+        );
+        assert!(read_result("relative.json").is_err());
     }
 }

@@ -29,6 +29,8 @@ pub struct Program {
     pub artifact_paths: Vec<String>,
     /// For the pod's outbound sidecar (see [`Limits::routing_key_file`]).
     pub inject_key: Option<String>,
+    /// The file the job writes its result to, read once it has ended.
+    pub result_path: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -46,6 +48,8 @@ pub struct End {
     pub canceled: bool,
     pub start_error: String,
     pub finished_at_ms: i64,
+    /// The result file's content, or why there is none (when the program named one).
+    pub result: Option<Result<Vec<u8>, String>>,
 }
 
 /// What readers of the attempt watch.
@@ -232,6 +236,15 @@ async fn run(
                     end.signal = s.signal();
                 }
                 Err(e) => end.start_error = format!("waiting for the job's process: {e}"),
+            }
+            // Read only now: every process of the job is gone, so none changes the file
+            // under the read (artifacts::read_result).
+            if let Some(path) = program.result_path.clone() {
+                end.result = Some(
+                    tokio::task::spawn_blocking(move || crate::artifacts::read_result(&path))
+                        .await
+                        .unwrap_or_else(|e| Err(format!("reading the result: {e}"))),
+                );
             }
             end
         }

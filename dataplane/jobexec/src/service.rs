@@ -18,6 +18,8 @@ use crate::attempt::{Attempt, Limits, Program, Run, reap_orphans};
 
 /// Longest attempt id the executor accepts.
 const MAX_UID: usize = 128;
+/// Longest result path accepted (PATH_MAX).
+const MAX_RESULT_PATH: usize = 4096;
 /// Bytes per log or artifact message.
 const CHUNK: usize = 64 * 1024;
 
@@ -99,6 +101,11 @@ pub fn status_of(attempt: Option<&Attempt>) -> pb::AttemptStatus {
         s.canceled = end.canceled;
         s.start_error = end.start_error;
         s.finished_at_unix_ms = end.finished_at_ms;
+        match end.result {
+            Some(Ok(r)) => s.result = Some(r),
+            Some(Err(e)) => s.result_error = e,
+            None => {}
+        }
     }
     s
 }
@@ -159,6 +166,15 @@ fn program(req: pb::StartRequest, key_file: bool) -> Result<Program, Status> {
             )));
         }
     }
+    let result_path = match req.result_path.as_str() {
+        "" => None,
+        p if !p.starts_with('/') || p.len() > MAX_RESULT_PATH || p.contains('\0') => {
+            return Err(Status::invalid_argument(format!(
+                "result path {p:?} is not an absolute path of at most {MAX_RESULT_PATH} bytes"
+            )));
+        }
+        p => Some(p.to_owned()),
+    };
     Ok(Program {
         attempt_uid: uid,
         run,
@@ -166,6 +182,7 @@ fn program(req: pb::StartRequest, key_file: bool) -> Result<Program, Status> {
         timeout: (req.timeout_ms > 0).then(|| Duration::from_millis(req.timeout_ms)),
         artifact_paths: req.artifact_paths,
         inject_key,
+        result_path,
     })
 }
 

@@ -757,3 +757,83 @@ async fn the_key_file_holds_the_key_only_while_its_job_runs() {
     );
     ex.stop().await;
 }
+
+/// A result file comes back in the final status once the process has ended, also when a
+/// timeout ended it; a file too large, never written or not regular gives the reason instead;
+/// a relative result path is refused at the start.
+#[tokio::test]
+async fn the_result_file_comes_back_in_the_final_status() {
+    let ex = executor(limits()).await;
+    let mut c = ex.client();
+    let dir = tempfile::tempdir().unwrap();
+    let at = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let run = |uid: &'static str, text: String, result: String| {
+        let mut req = script(uid, &text);
+        req.result_path = result;
+        req
+    };
+    let mut go = async |req: pb::StartRequest| {
+        let uid = req.attempt_uid.clone();
+        c.start(req).await.unwrap();
+        let (_, fin) = log(&mut c, &uid).await;
+        c.release(pb::ReleaseRequest { attempt_uid: uid })
+            .await
+            .unwrap();
+        fin
+    };
+
+    let ok = at("r.json");
+    let fin = go(run(
+        "res-1.1",
+        format!("printf '{{\"passed\":3}}' > {ok}; exit 1"),
+        ok.clone(),
+    ))
+    .await;
+    assert_eq!(fin.exit_code, Some(1), "a failed job has its result too");
+    assert_eq!(fin.result.as_deref(), Some(&b"{\"passed\":3}"[..]));
+    assert_eq!(fin.result_error, "");
+
+    let slow = at("slow.txt");
+    let mut req = run(
+        "res-2.1",
+        format!("echo partial > {slow}; sleep 30"),
+        slow.clone(),
+    );
+    req.timeout_ms = 500;
+    let fin = go(req).await;
+    assert!(fin.timed_out);
+    assert_eq!(fin.result.as_deref(), Some(&b"partial\n"[..]));
+
+    let big = at("big");
+    let fin = go(run(
+        "res-3.1",
+        format!("head -c 5000 /dev/zero > {big}"),
+        big.clone(),
+    ))
+    .await;
+    assert_eq!(fin.result, None);
+    assert!(
+        fin.result_error.contains("5000 bytes, more than the 4096"),
+        "{}",
+        fin.result_error
+    );
+
+    let fin = go(run("res-4.1", "true".into(), at("never"))).await;
+    assert_eq!(fin.result_error, "the job did not write it");
+
+    let fifo = at("fifo");
+    let fin = go(run("res-5.1", format!("mkfifo {fifo}"), fifo.clone())).await;
+    assert_eq!(fin.result_error, "is not a regular file");
+
+    // Without a result path, nothing is read or said.
+    let fin = go(script("res-6.1", "true")).await;
+    assert!(fin.result.is_none() && fin.result_error.is_empty());
+
+    let refused = c
+        .start(run("res-7.1", "true".into(), "out.json".into()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(refused.message().contains("result path"), "{refused:?}");
+    ex.stop().await;
+}

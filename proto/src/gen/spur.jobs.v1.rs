@@ -32,6 +32,10 @@ pub struct StartRequest {
     /// FAILED_PRECONDITION when the executor has no key file (the runner has no such sidecar).
     #[prost(string, tag = "7")]
     pub inject_routing_key: ::prost::alloc::string::String,
+    /// A file the job writes its result to (absolute): read when the process has ended, at most
+    /// 4096 bytes, and returned in the final status (`result`). Empty: none.
+    #[prost(string, tag = "8")]
+    pub result_path: ::prost::alloc::string::String,
     #[prost(oneof = "start_request::Program", tags = "2, 3")]
     pub program: ::core::option::Option<start_request::Program>,
 }
@@ -78,6 +82,13 @@ pub struct AttemptStatus {
     pub started_at_unix_ms: i64,
     #[prost(int64, tag = "11")]
     pub finished_at_unix_ms: i64,
+    /// EXITED, when the start asked for a `result_path`: the file's content (at most 4096 bytes;
+    /// set, if empty, when the file is; absent from an executor that predates results)...
+    #[prost(bytes = "vec", optional, tag = "12")]
+    pub result: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+    /// ... or why there is none (not written, too large, not a regular file).
+    #[prost(string, tag = "13")]
+    pub result_error: ::prost::alloc::string::String,
 }
 /// Nested message and enum types in `AttemptStatus`.
 pub mod attempt_status {

@@ -207,10 +207,10 @@ pub(crate) fn jobs_on_the_node(
         ns,
         "keyed",
         &format!(
-            "  routingContext:\n    sandbox: {sandbox}\n  artifacts:\n  - path: /tmp/answer.json\n    meta: {{kind: response}}\n"
+            "  routingContext:\n    sandbox: {sandbox}\n  artifacts:\n  - path: /tmp/answer.json\n    meta: {{kind: response}}\n  resultPath: /tmp/result.txt\n"
         ),
         &format!(
-            "#!/bin/sh\nset -eu\ncurl -sS --max-time 10 -H \"baggage: sd-routing-key=$SPUR_ROUTING_KEY\" {frontend} | tee /tmp/answer.json\necho\necho \"key=$SPUR_ROUTING_KEY signadot=$SIGNADOT_ROUTING_KEY sandbox=$SPUR_SANDBOX_NAME attempt=$SPUR_JOB_ATTEMPT\"\n"
+            "#!/bin/sh\nset -eu\ncurl -sS --max-time 10 -H \"baggage: sd-routing-key=$SPUR_ROUTING_KEY\" {frontend} | tee /tmp/answer.json\necho\necho \"key=$SPUR_ROUTING_KEY signadot=$SIGNADOT_ROUTING_KEY sandbox=$SPUR_SANDBOX_NAME attempt=$SPUR_JOB_ATTEMPT\"\nprintf 'answered %s bytes' \"$(wc -c < /tmp/answer.json)\" > /tmp/result.txt\n"
         ),
     );
     let (code, out, err) = run(
@@ -346,6 +346,18 @@ pub(crate) fn jobs_on_the_node(
     let want = format!("{}\n", log_after.lines().next().unwrap());
     assert_eq!(got, want.as_bytes(), "the artifact downloads byte for byte");
     assert_eq!(j["status"]["artifacts"][0]["meta"]["kind"], "response");
+    // The result file, read by the executor once the script ended, is in the status and shown.
+    assert_eq!(
+        j["status"]["result"],
+        format!("answered {} bytes", got.len()),
+        "{j}"
+    );
+    let (code, shown, err) = run(node, ns, &["job", "get", "keyed"], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        shown.contains(&format!("Result:\n  answered {} bytes\n", got.len())),
+        "{shown}"
+    );
     // The group replaces the deleted pod.
     ready_runners(node, ns, 2);
 
