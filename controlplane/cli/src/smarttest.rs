@@ -72,6 +72,11 @@ struct RunArgs {
     allow_not_ready: bool,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
     output: Output,
+    /// Also write a summary of the run (counts, the most important findings and failed checks;
+    /// JSON of at most 4096 bytes) to this file: a Job's `resultPath`, so the run's outcome
+    /// lands in the Job's status.
+    #[arg(long, value_name = "FILE")]
+    summary_file: Option<PathBuf>,
     /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then the in-cluster config).
     #[arg(long, env = "SPUR_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
@@ -92,10 +97,28 @@ pub(crate) async fn run(args: TestArgs) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         // Errors exit 2 here: 1 tells a script "the sandbox changed something".
-        TestCommand::Run(a) => Ok(run_test(a).await.unwrap_or_else(|e| {
-            crate::sandbox::note(format_args!("spur: {e:#}"));
-            ExitCode::from(2)
-        })),
+        TestCommand::Run(a) => {
+            let summary_file = a.summary_file.clone();
+            Ok(run_test(a).await.unwrap_or_else(|e| {
+                let message = format!("{e:#}");
+                crate::sandbox::note(format_args!("spur: {message}"));
+                // The summary says the run did not happen, rather than leave the file unwritten.
+                if let Some(path) = summary_file {
+                    let mut cut = spur_api::jobs::RESULT_MAX - 64;
+                    while !message.is_char_boundary(cut.min(message.len())) {
+                        cut -= 1;
+                    }
+                    let text = serde_json::json!({"error": &message[..cut.min(message.len())]});
+                    if let Err(e) = std::fs::write(&path, text.to_string()) {
+                        crate::sandbox::note(format_args!(
+                            "spur: writing the summary to {}: {e}",
+                            path.display()
+                        ));
+                    }
+                }
+                ExitCode::from(2)
+            }))
+        }
     }
 }
 
@@ -118,6 +141,10 @@ async fn run_test(a: RunArgs) -> Result<ExitCode> {
         (None, None) => bail!("name a --sandbox or a --key"),
     };
     let report = spur_smarttest::run(&steps, &key).await;
+    if let Some(path) = &a.summary_file {
+        std::fs::write(path, report.summary(spur_api::jobs::RESULT_MAX))
+            .with_context(|| format!("writing the summary to {}", path.display()))?;
+    }
     match a.output {
         Output::Text => out!("{}", report.render()),
         Output::Json => outln!("{}", serde_json::to_string_pretty(&report.to_json())?),

@@ -341,9 +341,34 @@ async fn spur_test_run_reads_the_key_with_the_users_rights_and_reports_what_chan
 
     // `--key` reads nothing from the cluster (the kubeconfig here names no server at all).
     let nowhere = write(d, "nowhere.yaml", "apiVersion: v1\nkind: Config\n");
-    let run = spur(&nowhere, &["test", "run", "-f", test, "--key", KEY]).await;
+    // With a summary file, as a Job's resultPath: the run's outcome in at most 4096 bytes.
+    let summary = d.join("summary.json");
+    let run = spur(
+        &nowhere,
+        &[
+            "test",
+            "run",
+            "-f",
+            test,
+            "--key",
+            KEY,
+            "--summary-file",
+            summary.to_str().unwrap(),
+        ],
+    )
+    .await;
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert_eq!(seen.requests.load(Ordering::SeqCst), before + 3);
+    let text = std::fs::read_to_string(&summary).unwrap();
+    assert!(text.len() <= 4096);
+    let s: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        (&s["passed"], &s["steps"]),
+        (&false.into(), &1.into()),
+        "{s}"
+    );
+    assert!(s["findings"].as_u64().unwrap() > 0, "{s}");
+    assert!(!s["top"].as_array().unwrap().is_empty(), "{s}");
 
     // A bad file: refused naming the step and the field, before the cluster or the service.
     let bad = write(
@@ -375,11 +400,34 @@ async fn spur_test_run_reads_the_key_with_the_users_rights_and_reports_what_chan
         (run.code, run.stdout.trim_end()),
         (0, format!("{test}: 1 steps, ready to run").as_str())
     );
-    let run = spur(&admin, &["test", "run", "-f", test, "--sandbox", "missing"]).await;
+    let run = spur(
+        &admin,
+        &[
+            "test",
+            "run",
+            "-f",
+            test,
+            "--sandbox",
+            "missing",
+            "--summary-file",
+            summary.to_str().unwrap(),
+        ],
+    )
+    .await;
     assert_eq!(run.code, 2);
     assert!(
         run.stderr.contains("no Sandbox named missing"),
         "{}",
         run.stderr
+    );
+    // A run that could not happen says so in its summary, rather than leave the last one.
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    assert!(
+        s["error"]
+            .as_str()
+            .unwrap()
+            .contains("no Sandbox named missing"),
+        "{s}"
     );
 }

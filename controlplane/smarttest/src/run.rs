@@ -176,6 +176,75 @@ impl RunReport {
         })
     }
 
+    /// The run in at most `max_bytes` of JSON (a job's result, 4096 bytes): counts, findings per
+    /// rank, then the most important findings and the failed checks for as many as fit; what
+    /// did not fit is counted in `omitted`. The whole run is [`RunReport::to_json`].
+    pub fn summary(&self, max_bytes: usize) -> String {
+        /// Longest text of one finding or check in the summary.
+        const TEXT_MAX: usize = 160;
+        let cut = |s: String| -> String {
+            if s.len() <= TEXT_MAX {
+                return s;
+            }
+            let mut end = TEXT_MAX;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!("{}…", &s[..end])
+        };
+        let mut by_rank = serde_json::Map::new();
+        for e in self.findings.endpoints.values() {
+            for f in &e.findings {
+                let n = by_rank
+                    .entry(f.rank.as_str())
+                    .or_insert_with(|| Value::from(0u64));
+                *n = Value::from(n.as_u64().unwrap_or(0) + 1);
+            }
+        }
+        let mut top: Vec<Value> = self
+            .findings
+            .top(usize::MAX)
+            .into_iter()
+            .map(|(endpoint, f)| {
+                json!({"rank": f.rank.as_str(), "endpoint": cut(endpoint.to_owned()),
+                       "what": cut(f.difference.render()), "occurrences": f.occurrences})
+            })
+            .collect();
+        let mut failed: Vec<Value> = self
+            .steps
+            .iter()
+            .flat_map(|s| s.checks.iter().map(move |c| (s, c)))
+            .filter_map(|(s, c)| {
+                let why = c.sandbox.as_ref().err()?;
+                Some(json!({"step": s.name, "check": cut(c.check.clone()), "sandbox": cut(why.clone())}))
+            })
+            .collect();
+        let mut omitted = 0usize;
+        loop {
+            let v = json!({
+                "passed": self.passed(),
+                "steps": self.steps.len(),
+                "checksFailed": self.checks_failed(),
+                "findings": self.findings.count(),
+                "byRank": by_rank,
+                "top": top,
+                "failedChecks": failed,
+                "omitted": omitted,
+            });
+            let text = v.to_string();
+            // The least important goes first: failed checks are counted above, findings ranked.
+            if text.len() <= max_bytes || (top.is_empty() && failed.is_empty()) {
+                return text;
+            }
+            if failed.len() > top.len() {
+                failed.pop();
+            } else {
+                top.pop();
+            }
+            omitted += 1;
+        }
+    }
+
     /// The run for a person: a line per step and check, then the findings by endpoint.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -480,5 +549,75 @@ mod tests {
             value: b"14".to_vec(),
         }];
         assert_eq!(evaluate(&grpc, &g), Err("grpc-status 14".into()));
+    }
+
+    /// A report of `n` steps on `n` endpoints whose sandbox answer drops field `gone` and changes
+    /// `price` (each step's two baseline answers alike), with a failed check per step.
+    fn report(n: usize) -> RunReport {
+        let steps: Vec<StepResult> = (0..n)
+            .map(|i| StepResult {
+                name: format!("step-{i}"),
+                endpoint: format!("GET svc-{i}.shop:8080/items/{}", "x".repeat(i % 7)),
+                baseline: [
+                    answer(r#"{"gone": 1, "price": 3}"#),
+                    answer(r#"{"gone": 1, "price": 3}"#),
+                ],
+                sandbox: answer(r#"{"price": 4}"#),
+                decoded: None,
+                checks: vec![CheckResult {
+                    check: "$.gone".into(),
+                    sandbox: Err("absent".into()),
+                    baseline: Ok(()),
+                }],
+            })
+            .collect();
+        let observations: Vec<Observation<'_>> = steps
+            .iter()
+            .map(|r| {
+                let [b1, b2, s] = r.compared();
+                Observation {
+                    endpoint: r.endpoint.clone(),
+                    baseline: [b1, b2],
+                    sandbox: s,
+                }
+            })
+            .collect();
+        let findings = findings(&observations);
+        RunReport {
+            routing_key: "k".into(),
+            steps,
+            findings,
+        }
+    }
+
+    #[test]
+    fn a_summary_fits_its_bound_and_keeps_the_most_important_first() {
+        let small: Value = serde_json::from_str(&report(1).summary(4096)).unwrap();
+        assert_eq!(small["passed"], false);
+        assert_eq!(small["steps"], 1);
+        assert_eq!(small["checksFailed"], 1);
+        assert_eq!(small["findings"], 2);
+        assert_eq!(small["byRank"], json!({"schema": 1, "value": 1}));
+        assert_eq!(small["top"][0]["rank"], "schema", "{small}");
+        assert_eq!(small["top"][0]["what"], "$.gone: removed 1");
+        assert_eq!(small["top"][1]["what"], "$.price: 3 → 4");
+        assert_eq!(
+            small["failedChecks"][0],
+            json!({"step": "step-0", "check": "$.gone", "sandbox": "absent"})
+        );
+        assert_eq!(small["omitted"], 0);
+
+        let big = report(200);
+        let text = big.summary(4096);
+        assert!(text.len() <= 4096, "{}", text.len());
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["findings"], 400);
+        assert_eq!(v["checksFailed"], 200);
+        let top = v["top"].as_array().unwrap();
+        assert!(!top.is_empty());
+        // Schema changes (the removed field) come before value changes.
+        assert!(top.iter().take(10).all(|f| f["rank"] == "schema"), "{v}");
+        let kept = top.len() + v["failedChecks"].as_array().unwrap().len();
+        assert_eq!(v["omitted"].as_u64().unwrap() as usize + kept, 600);
     }
 }
