@@ -9,6 +9,11 @@ use serde::{Deserialize, Serialize};
 use spur_smarttest::spec::{MAX_STEPS, Step, TestSpec};
 
 use crate::error::{Error, FieldError, FieldErrors};
+use crate::sandbox::Sandbox;
+use crate::validation::{Checker, DNS_LABEL_MAX, DNS_LABEL_PATTERN};
+
+/// Most Services one SmartTest names.
+pub const MAX_SERVICES: usize = 32;
 
 /// Desired state of a smart test: its steps.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -34,12 +39,21 @@ use crate::error::{Error, FieldError, FieldErrors};
         json_path = ".metadata.creationTimestamp"
     )
 )]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SmartTestSpec {
     /// The requests, in the order they are sent; unique names.
     #[schemars(length(min = 1, max = MAX_STEPS))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub steps: Vec<Step>,
+    /// The Services of this namespace the test exercises: a sandbox that forks a workload
+    /// behind one of them is one the test covers (`spur test list --sandbox`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = MAX_SERVICES),
+        inner(length(min = 1, max = DNS_LABEL_MAX), regex(pattern = DNS_LABEL_PATTERN)),
+        extend("x-kubernetes-list-type" = "set")
+    )]
+    pub services: Vec<String>,
 }
 
 impl SmartTestSpec {
@@ -50,8 +64,23 @@ impl SmartTestSpec {
         }
     }
 
-    /// Whether the runner can run it (what the schema cannot say: URLs, header names, paths).
+    /// Whether the runner can run it (what the schema cannot say: URLs, header names, paths),
+    /// and its services are names of Services, each once.
     pub fn validate(&self) -> Result<(), Error> {
+        let mut c = Checker::default();
+        if self.services.len() > MAX_SERVICES {
+            c.fail(
+                "spec.services",
+                format!("must have at most {MAX_SERVICES} items"),
+            );
+        }
+        for (i, name) in self.services.iter().enumerate() {
+            c.dns_label(|| format!("spec.services[{i}]"), name);
+            if self.services[..i].contains(name) {
+                c.fail(format!("spec.services[{i}]"), "duplicate name");
+            }
+        }
+        c.finish("SmartTest")?;
         // The one variant there is; a new one makes this a compile error, not a silent pass.
         let spur_smarttest::Error::Spec(message) = match self.test().validate() {
             Ok(_) => return Ok(()),
@@ -64,6 +93,26 @@ impl SmartTestSpec {
                 message,
             }]),
         })
+    }
+
+    /// Which of the test's services (in `namespace`, the test's own) the sandbox forks a
+    /// workload behind, as the sandbox's status lists them (`status.forks[].services`): the test
+    /// covers the sandbox when there is one. Local and virtual workloads are not counted.
+    pub fn covers(&self, namespace: &str, sandbox: &Sandbox) -> Vec<String> {
+        let Some(st) = &sandbox.status else {
+            return Vec::new();
+        };
+        let mut out: Vec<String> = st
+            .forks
+            .iter()
+            .filter(|f| f.fork_of.namespace == namespace)
+            .flat_map(|f| &f.services)
+            .map(|m| m.baseline_service.clone())
+            .filter(|svc| self.services.contains(svc))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
     }
 }
 
@@ -87,5 +136,65 @@ mod tests {
         }))
         .unwrap();
         ok.validate().unwrap();
+        let twice: SmartTestSpec = serde_json::from_value(serde_json::json!({
+            "steps": [{"name": "a", "http": {"url": "http://api/"}}],
+            "services": ["api", "Bad_Name", "api"]
+        }))
+        .unwrap();
+        let e = twice.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("spec.services[1]") && e.contains("spec.services[2]: duplicate name"),
+            "{e}"
+        );
+        // A file's typo is refused, not dropped.
+        let typo = serde_json::from_value::<SmartTestSpec>(serde_json::json!({
+            "steps": [{"name": "a", "http": {"url": "http://api/"}}],
+            "service": ["api"]
+        }));
+        assert!(
+            typo.unwrap_err()
+                .to_string()
+                .contains("unknown field `service`")
+        );
+    }
+
+    #[test]
+    fn a_test_covers_a_sandbox_that_forks_a_workload_behind_one_of_its_services() {
+        let spec: SmartTestSpec = serde_json::from_value(serde_json::json!({
+            "steps": [{"name": "a", "http": {"url": "http://api/"}}],
+            "services": ["api", "grpc-api"]
+        }))
+        .unwrap();
+        let sandbox = |forks: serde_json::Value| -> Sandbox {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+                "metadata": {"name": "s"},
+                "spec": {"forks": [{"forkOf": {"kind": "Deployment", "namespace": "shop", "name": "api"}}]},
+                "status": {"forks": forks}
+            }))
+            .unwrap()
+        };
+        let fork = |ns: &str, services: &[&str]| {
+            serde_json::json!({
+                "forkOf": {"kind": "Deployment", "namespace": ns, "name": "w"},
+                "forkedWorkload": "fw",
+                "services": services.iter().map(|s| serde_json::json!(
+                    {"baselineService": s, "sandboxService": format!("{s}-sb")})).collect::<Vec<_>>()
+            })
+        };
+        let both = sandbox(serde_json::json!([
+            fork("shop", &["grpc-api", "api", "other"]),
+            fork("shop", &["api"])
+        ]));
+        assert_eq!(spec.covers("shop", &both), ["api", "grpc-api"]);
+        // The same Service name in another namespace is another Service.
+        assert!(spec.covers("team-b", &both).is_empty());
+        let elsewhere = sandbox(serde_json::json!([fork("team-b", &["api"])]));
+        assert!(spec.covers("shop", &elsewhere).is_empty());
+        let unrelated = sandbox(serde_json::json!([fork("shop", &["other"])]));
+        assert!(spec.covers("shop", &unrelated).is_empty());
+        let mut no_status = both.clone();
+        no_status.status = None;
+        assert!(spec.covers("shop", &no_status).is_empty());
     }
 }

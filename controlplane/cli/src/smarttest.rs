@@ -1,4 +1,4 @@
-//! `spur test run|check`: a smart test (a file of HTTP and gRPC requests with optional checks,
+//! `spur test run|list|check`: a smart test (a file of HTTP and gRPC requests with optional checks,
 //! docs/smart-tests.md) sent from here to a sandbox and, twice, to its baseline; the answers are
 //! checked and diffed with the baseline's own differences learned as noise (`spur-smarttest`).
 //!
@@ -16,7 +16,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use kube::Api;
 use serde_json::Value;
 use spur_api::conditions::{READY, find_condition};
-use spur_api::{Sandbox, SmartTest};
+use spur_api::{Sandbox, SmartTest, SmartTestSpec};
 use spur_smarttest::TestSpec;
 
 use crate::sandbox::api_error;
@@ -39,6 +39,9 @@ enum TestCommand {
         after_help = "Exit codes: 0 no finding and every check passed on the sandbox; 1 findings or a failed check; 2 an error (a bad file, a refusal, no such sandbox, a sandbox not Ready).\nThe requests go out from this machine: run it in a pod of the cluster, or on a workstation after `spur local connect`."
     )]
     Run(RunArgs),
+    /// The SmartTests of a namespace, with the Services each exercises; with --sandbox, which
+    /// of them cover the sandbox (it forks a workload behind one of their Services).
+    List(ListArgs),
     /// Read a test file and say whether it can run (nothing is sent).
     Check {
         /// The test: a file with `steps:`, or a SmartTest manifest (its `spec`); - for stdin.
@@ -82,6 +85,19 @@ struct RunArgs {
     kubeconfig: Option<PathBuf>,
 }
 
+#[derive(Args)]
+struct ListArgs {
+    /// The namespace [default: the kubeconfig's].
+    #[arg(short = 'n', long)]
+    namespace: Option<String>,
+    /// Say which tests cover this sandbox (read with your credentials).
+    #[arg(long)]
+    sandbox: Option<String>,
+    /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then the in-cluster config).
+    #[arg(long, env = "SPUR_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Output {
     Text,
@@ -94,6 +110,10 @@ pub(crate) async fn run(args: TestArgs) -> Result<ExitCode> {
             let (spec, from) = read_spec(&file)?;
             let steps = spec.validate().with_context(|| from.clone())?;
             outln!("{from}: {} steps, ready to run", steps.len());
+            Ok(ExitCode::SUCCESS)
+        }
+        TestCommand::List(a) => {
+            outln!("{}", list(&a).await?.trim_end());
             Ok(ExitCode::SUCCESS)
         }
         // Errors exit 2 here: 1 tells a script "the sandbox changed something".
@@ -181,6 +201,81 @@ async fn sandbox_key(a: &RunArgs, name: &str) -> Result<String> {
     Ok(key)
 }
 
+/// `spur test list`: a table of the namespace's SmartTests, read with the user's credentials
+/// (and the sandbox too, with --sandbox).
+async fn list(a: &ListArgs) -> Result<String> {
+    let client = crate::kube_client(a.kubeconfig.as_deref()).await?;
+    let ns = a
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let sandbox = match &a.sandbox {
+        None => None,
+        Some(name) => Some(
+            Api::<Sandbox>::all(client.clone())
+                .get_opt(name)
+                .await
+                .map_err(|e| api_error(e, &format!("reading Sandbox {name}")))?
+                .with_context(|| format!("no Sandbox named {name}"))?,
+        ),
+    };
+    let mut tests = Api::<SmartTest>::namespaced(client, &ns)
+        .list(&Default::default())
+        .await
+        .map_err(|e| api_error(e, &format!("listing SmartTests in namespace {ns}")))?
+        .items;
+    tests.sort_by(|x, y| x.metadata.name.cmp(&y.metadata.name));
+    if tests.is_empty() {
+        return Ok(format!("no SmartTests in namespace {ns}"));
+    }
+    let dash = |v: Vec<String>| {
+        if v.is_empty() {
+            "-".to_owned()
+        } else {
+            v.join(",")
+        }
+    };
+    let mut rows = vec![vec!["NAME".to_owned(), "STEPS".into(), "SERVICES".into()]];
+    if let Some(sb) = &sandbox {
+        rows[0].push(format!(
+            "COVERS {}",
+            sb.metadata.name.clone().unwrap_or_default()
+        ));
+    }
+    for t in &tests {
+        let mut row = vec![
+            t.metadata.name.clone().unwrap_or_default(),
+            t.spec.steps.len().to_string(),
+            dash(t.spec.services.clone()),
+        ];
+        if let Some(sb) = &sandbox {
+            row.push(dash(t.spec.covers(&ns, sb)));
+        }
+        rows.push(row);
+    }
+    Ok(aligned(&rows))
+}
+
+/// Rows as columns aligned the way `kubectl get` prints them.
+fn aligned(rows: &[Vec<String>]) -> String {
+    let mut widths = vec![0usize; rows.iter().map(Vec::len).max().unwrap_or(0)];
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for r in rows {
+        let mut line = String::new();
+        for (c, w) in r.iter().zip(&widths) {
+            line.push_str(&format!("{c:<w$}   "));
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 /// SmartTest `name`, read with the user's credentials.
 async fn cluster_spec(a: &RunArgs, name: &str) -> Result<(TestSpec, String)> {
     let client = crate::kube_client(a.kubeconfig.as_deref()).await?;
@@ -214,13 +309,18 @@ fn read_spec(file: &Path) -> Result<(TestSpec, String)> {
     let value: Value =
         serde_yaml_ng::from_str(&text).with_context(|| format!("{from}: not YAML or JSON"))?;
     // A manifest (`kind: SmartTest`) holds the test under `spec`.
-    let spec = match value.get("kind").and_then(Value::as_str) {
-        Some("SmartTest") => value.get("spec").cloned().unwrap_or(Value::Null),
+    let spec: TestSpec = match value.get("kind").and_then(Value::as_str) {
+        // A manifest's spec has the resource's own fields (services) besides the steps.
+        Some("SmartTest") => serde_json::from_value::<SmartTestSpec>(
+            value.get("spec").cloned().unwrap_or(Value::Null),
+        )
+        .with_context(|| format!("{from}: not a SmartTest's spec"))?
+        .test(),
         Some(other) => bail!("{from}: a {other}, not a SmartTest or a test's steps"),
-        None => value,
+        None => {
+            serde_json::from_value(value).with_context(|| format!("{from}: not a smart test"))?
+        }
     };
-    let spec: TestSpec =
-        serde_json::from_value(spec).with_context(|| format!("{from}: not a smart test"))?;
     Ok((spec, from))
 }
 
@@ -244,6 +344,12 @@ mod tests {
         );
         let (spec, _) = read_spec(write(&manifest).path()).unwrap();
         assert_eq!(spec.steps[0].name, "a");
+        // A manifest's services are the resource's, not a step's: read, not refused.
+        let with_services = format!(
+            "apiVersion: spur.dev/v1alpha1\nkind: SmartTest\nmetadata: {{name: t}}\nspec: {{{steps}, services: [api]}}"
+        );
+        let (spec, _) = read_spec(write(&with_services).path()).unwrap();
+        assert_eq!(spec.steps.len(), 1);
         let e = read_spec(write("kind: Sandbox\nspec: {}").path()).unwrap_err();
         assert!(e.to_string().contains("a Sandbox, not a SmartTest"), "{e}");
         let e = read_spec(write("steps: [{name: a, htp: {}}]").path()).unwrap_err();

@@ -297,6 +297,81 @@ async fn spur_test_run_reads_the_key_with_the_users_rights_and_reports_what_chan
         .create(&PostParams::default(), &read_here)
         .await
         .unwrap();
+
+    // `spur test list`: which tests cover a sandbox, from the Services its forks sit behind (as
+    // its status lists them). shop's list-items exercises `api`, which the sandbox forks.
+    let covering: SmartTest = serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "SmartTest",
+        "metadata": {"name": "payments", "namespace": "shop"},
+        "spec": {"steps": steps, "services": ["payments"]}
+    }))
+    .unwrap();
+    let shop_tests = Api::<SmartTest>::namespaced(client.clone(), "shop");
+    shop_tests
+        .create(&PostParams::default(), &covering)
+        .await
+        .unwrap();
+    shop_tests
+        .patch(
+            "list-items",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"services": ["api", "search"]}})),
+        )
+        .await
+        .unwrap();
+    let forks = json!({"status": {"forks": [{
+        "forkOf": {"kind": "Deployment", "namespace": "shop", "name": "api"},
+        "forkedWorkload": "feature-x-api",
+        "services": [{"baselineService": "api", "sandboxService": "api-feature-x"}]}]}});
+    sandboxes
+        .patch_status("feature-x", &PatchParams::default(), &Patch::Merge(forks))
+        .await
+        .unwrap();
+    let run = spur(
+        &admin,
+        &["test", "list", "-n", "shop", "--sandbox", "feature-x"],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let lines: Vec<Vec<&str>> = run
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            vec!["NAME", "STEPS", "SERVICES", "COVERS", "feature-x"],
+            vec!["list-items", "1", "api,search", "api"],
+            vec!["payments", "1", "payments", "-"],
+        ],
+        "{}",
+        run.stdout
+    );
+    // The user of team-b lists team-b's tests, and is refused shop's and the sandbox.
+    let run = spur(&dev, &["test", "list", "-n", "team-b"]).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("list-items"), "{}", run.stdout);
+    let run = spur(&dev, &["test", "list", "-n", "shop"]).await;
+    assert_ne!(run.code, 0);
+    assert!(
+        run.stderr
+            .contains("listing SmartTests in namespace shop: forbidden"),
+        "{}",
+        run.stderr
+    );
+    let run = spur(
+        &dev,
+        &["test", "list", "-n", "team-b", "--sandbox", "feature-x"],
+    )
+    .await;
+    assert_ne!(run.code, 0);
+    assert!(
+        run.stderr.contains("reading Sandbox feature-x: forbidden"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stdout.contains("list-items"), "{}", run.stdout);
     let run = spur(
         &admin,
         &[
