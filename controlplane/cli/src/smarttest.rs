@@ -124,12 +124,8 @@ pub(crate) async fn run(args: TestArgs) -> Result<ExitCode> {
                 crate::sandbox::note(format_args!("spur: {message}"));
                 // The summary says the run did not happen, rather than leave the file unwritten.
                 if let Some(path) = summary_file {
-                    let mut cut = spur_api::jobs::RESULT_MAX - 64;
-                    while !message.is_char_boundary(cut.min(message.len())) {
-                        cut -= 1;
-                    }
-                    let text = serde_json::json!({"error": &message[..cut.min(message.len())]});
-                    if let Err(e) = std::fs::write(&path, text.to_string()) {
+                    let text = error_summary(&message, spur_api::jobs::RESULT_MAX);
+                    if let Err(e) = std::fs::write(&path, text) {
                         crate::sandbox::note(format_args!(
                             "spur: writing the summary to {}: {e}",
                             path.display()
@@ -199,6 +195,28 @@ async fn sandbox_key(a: &RunArgs, name: &str) -> Result<String> {
         );
     }
     Ok(key)
+}
+
+/// `{"error": message}` in at most `max` bytes: the message is cut (at a character) until its
+/// JSON, escapes included, fits.
+fn error_summary(message: &str, max: usize) -> String {
+    let json = |end: usize| serde_json::json!({ "error": &message[..end] }).to_string();
+    // The longest prefix that fits, found by bisection over the character boundaries.
+    let ends: Vec<usize> = message
+        .char_indices()
+        .map(|(i, _)| i)
+        .chain([message.len()])
+        .collect();
+    let (mut lo, mut hi) = (0, ends.len() - 1);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if json(ends[mid]).len() <= max {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    json(ends[lo])
 }
 
 /// `spur test list`: a table of the namespace's SmartTests, read with the user's credentials
@@ -332,6 +350,24 @@ mod tests {
         let mut f = tempfile::NamedTempFile::new().unwrap();
         std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
         f
+    }
+
+    #[test]
+    fn an_error_summary_fits_its_bound_escapes_included() {
+        let short = error_summary("no Sandbox named x", 4096);
+        assert_eq!(short, r#"{"error":"no Sandbox named x"}"#);
+        for message in [
+            "\"".repeat(5000),
+            "\u{1}".repeat(3000),
+            "é".repeat(4000),
+            "a".repeat(10_000),
+        ] {
+            let text = error_summary(&message, 4096);
+            assert!(text.len() <= 4096, "{}", text.len());
+            let v: Value = serde_json::from_str(&text).unwrap();
+            assert!(message.starts_with(v["error"].as_str().unwrap()));
+            assert!(text.len() > 1000, "cut no more than needed: {}", text.len());
+        }
     }
 
     #[test]
