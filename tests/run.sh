@@ -209,5 +209,25 @@ phase "the images and the node"
 # Kafka step saw no keyed record before its route), so it stays this way.
 # --no-fail-fast: a failing test binary does not hide the ones after it (cargo stops at the first
 # by default, and CI once showed one failure where there were two).
-cargo test --workspace --locked --all-features --no-fail-fast -- --test-threads 2 "$@"
+# The output is kept too: CI shows only the start and the end of a long log, and a failing test's
+# panic sits in the middle (the node tier's failure on CI once showed as nothing but its name), so a
+# failed run repeats each panic, with the lines printed before it, at the end.
+test_log="$(mktemp)"
+status=0
+cargo test --workspace --locked --all-features --no-fail-fast -- --test-threads 2 "$@" 2>&1 \
+    | tee "$test_log" || status=$?
 phase "the tests (every tier)"
+if [ "$status" -ne 0 ]; then
+    echo "tests/run.sh: the tests failed; each panic again, after the 40 lines before it:" >&2
+    awk '
+        { ring[NR % 40] = $0 }
+        /panicked at/ && shown < 600 {
+            print "----"
+            for (i = NR - 39; i <= NR; i++) if (i > 0) print ring[i % 40]
+            after = 25; shown += 40; next
+        }
+        after > 0 { print; after--; shown++ }
+    ' "$test_log" >&2
+fi
+rm -f "$test_log"
+exit "$status"
