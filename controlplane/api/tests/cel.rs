@@ -537,6 +537,16 @@ fn a_job_is_immutable_except_cancel() {
             "inject",
             Box::new(|o: &mut Value| o["spec"]["injectRoutingKey"] = json!("Auto")),
         ),
+        (
+            "result path",
+            Box::new(|o: &mut Value| o["spec"]["resultPath"] = json!("/tmp/other.txt")),
+        ),
+        (
+            "result path removed",
+            Box::new(|o: &mut Value| {
+                o["spec"].as_object_mut().unwrap().remove("resultPath");
+            }),
+        ),
     ] {
         let mut new = old.clone();
         mutate(&mut new);
