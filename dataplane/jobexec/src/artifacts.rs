@@ -51,23 +51,41 @@ fn metadata(real: &Path) -> Result<std::fs::Metadata, String> {
 }
 
 /// The content of a result file: a regular file of at most [`RESULT_MAX`] bytes, not reached
-/// through a symlink. Read once the job's processes are all gone, so nothing swaps the file
-/// for a FIFO (which would block the read) between the check and the read.
+/// through a symlink. Read once the job's processes are all gone, but a process that escaped the
+/// kill (a daemon of its own session) could still swap the file between a check and a read, so
+/// the file is opened first, without following a symlink and without blocking (a FIFO would wait
+/// for a writer), and every check is of the opened file.
 pub fn read_result(declared: &str) -> Result<Vec<u8>, String> {
+    use nix::fcntl::OFlag;
     use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
     let real = resolve(declared)?;
-    let meta = metadata(&real).map_err(|e| {
-        if e == "does not exist" {
-            "the job did not write it".to_owned()
-        } else {
-            e
-        }
-    })?;
-    if meta.file_type().is_symlink() {
-        return Err("is a symlink (a result is never read through one)".into());
-    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
+        .open(&real)
+        .map_err(|e| match (e.kind(), e.raw_os_error()) {
+            (std::io::ErrorKind::NotFound, _) => "the job did not write it".to_owned(),
+            (_, Some(code)) if code == nix::libc::ELOOP => {
+                "is a symlink (a result is never read through one)".to_owned()
+            }
+            _ => format!("{}: {e}", real.display()),
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("{}: {e}", real.display()))?;
     if !meta.is_file() {
         return Err("is not a regular file".into());
+    }
+    // A bind mount or a link of the special trees elsewhere: the file system tells.
+    let fs = nix::sys::statfs::fstatfs(&file).map_err(|e| format!("{}: {e}", real.display()))?;
+    if [
+        nix::sys::statfs::PROC_SUPER_MAGIC,
+        nix::sys::statfs::SYSFS_MAGIC,
+    ]
+    .contains(&fs.filesystem_type())
+    {
+        return Err("is on procfs or sysfs".into());
     }
     if meta.len() > RESULT_MAX {
         return Err(format!(
@@ -76,9 +94,10 @@ pub fn read_result(declared: &str) -> Result<Vec<u8>, String> {
         ));
     }
     let mut out = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-    std::fs::File::open(&real)
-        .and_then(|f| f.take(RESULT_MAX + 1).read_to_end(&mut out))
+    file.take(RESULT_MAX + 1)
+        .read_to_end(&mut out)
         .map_err(|e| format!("{}: {e}", real.display()))?;
+    // It may have grown since the check.
     if out.len() as u64 > RESULT_MAX {
         return Err(format!(
             "more than the {RESULT_MAX} bytes a result may have (keep larger output as an artifact)"
@@ -135,6 +154,37 @@ fn walk(dir: &Path, declared: &str, out: &mut Vec<Found>) -> Result<(), String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_result_is_a_regular_file_opened_without_following_or_blocking() {
+        let tmp = tempfile::tempdir().unwrap();
+        let at = |name: &str| tmp.path().join(name).to_str().unwrap().to_owned();
+        std::fs::write(at("r.json"), b"{}").unwrap();
+        assert_eq!(read_result(&at("r.json")).unwrap(), b"{}");
+        std::os::unix::fs::symlink(at("r.json"), at("link")).unwrap();
+        let err = read_result(&at("link")).unwrap_err();
+        assert!(err.contains("symlink"), "{err}");
+        std::os::unix::fs::symlink("/proc/self/environ", at("leak")).unwrap();
+        let err = read_result(&at("leak")).unwrap_err();
+        assert!(err.contains("symlink"), "{err}");
+        // A FIFO nobody writes: opened without waiting for a writer, then refused.
+        nix::unistd::mkfifo(
+            tmp.path().join("fifo").as_path(),
+            nix::sys::stat::Mode::S_IRWXU,
+        )
+        .unwrap();
+        assert_eq!(read_result(&at("fifo")).unwrap_err(), "is not a regular file");
+        std::fs::create_dir(at("dir")).unwrap();
+        assert_eq!(read_result(&at("dir")).unwrap_err(), "is not a regular file");
+        assert_eq!(
+            read_result(&at("none")).unwrap_err(),
+            "the job did not write it"
+        );
+        std::fs::write(at("big"), vec![b'x'; RESULT_MAX as usize + 1]).unwrap();
+        let err = read_result(&at("big")).unwrap_err();
+        assert!(err.contains("more than the 4096"), "{err}");
+        assert!(read_result("/proc/self/status").is_err());
+    }
 
     #[test]
     fn files_directories_and_refusals() {
