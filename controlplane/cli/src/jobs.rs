@@ -253,7 +253,15 @@ pub(crate) fn describe(j: &Job) -> String {
     };
     let _ = writeln!(o, "Phase:        {phase}{detail}");
     for c in &st.conditions {
-        let _ = writeln!(o, "  {}={} {}: {}", c.type_, c.status, c.reason, c.message);
+        // Messages quote what the job chose (its result and artifact paths, its files' names).
+        let _ = writeln!(
+            o,
+            "  {}={} {}: {}",
+            c.type_,
+            c.status,
+            c.reason,
+            one_line(&c.message)
+        );
     }
     if !st.attempts.is_empty() {
         let _ = writeln!(o, "Attempts:");
@@ -269,7 +277,7 @@ pub(crate) fn describe(j: &Job) -> String {
                     .unwrap_or_default(),
                 a.message
                     .as_ref()
-                    .map(|m| format!(" ({m})"))
+                    .map(|m| format!(" ({})", one_line(m)))
                     .unwrap_or_default()
             );
         }
@@ -282,17 +290,12 @@ pub(crate) fn describe(j: &Job) -> String {
         );
     }
     if let Some(r) = &st.result {
-        // Written by the job: its control characters (a terminal's escape sequences) are shown,
-        // not sent to the terminal.
-        let shown: String = r
+        let shown = r
             .trim_end_matches('\n')
-            .chars()
-            .flat_map(|c| match c {
-                '\n' => "\n  ".chars().collect::<Vec<_>>(),
-                c if c.is_control() && c != '\t' => c.escape_default().collect(),
-                c => vec![c],
-            })
-            .collect();
+            .split('\n')
+            .map(|line| escaped(line, &['\t']))
+            .collect::<Vec<_>>()
+            .join("\n  ");
         let _ = writeln!(o, "Result:\n  {shown}");
     }
     if !st.artifacts.is_empty() {
@@ -301,13 +304,30 @@ pub(crate) fn describe(j: &Job) -> String {
             let _ = writeln!(
                 o,
                 "  {} ({} bytes, sha256 {})",
-                a.path,
+                one_line(&a.path),
                 a.size,
                 &a.sha256[..a.sha256.len().min(16)]
             );
         }
     }
     o
+}
+
+/// Text a job wrote (its result) or named (paths, which messages quote), for a terminal: control
+/// characters other than `keep` are shown escaped (`\u{1b}`), never sent, so a job cannot move
+/// the cursor, retitle the window or hide a line of what `spur job get` prints.
+fn escaped(text: &str, keep: &[char]) -> String {
+    text.chars()
+        .flat_map(|c| match c {
+            c if c.is_control() && !keep.contains(&c) => c.escape_default().collect(),
+            c => vec![c],
+        })
+        .collect()
+}
+
+/// [`escaped`] on one line: a newline is escaped too.
+fn one_line(text: &str) -> String {
+    escaped(text, &[])
 }
 
 fn api_path(ns: &str, name: &str, sub: &str) -> String {
@@ -521,7 +541,7 @@ pub(crate) async fn artifact(args: ArtifactArgs) -> Result<ExitCode> {
                         .unwrap_or_default()
                         .get(..16)
                         .unwrap_or_default(),
-                    a["path"].as_str().unwrap_or_default()
+                    one_line(a["path"].as_str().unwrap_or_default())
                 );
             }
             Ok(ExitCode::SUCCESS)
@@ -582,7 +602,11 @@ pub(crate) async fn artifact(args: ArtifactArgs) -> Result<ExitCode> {
                     });
                     std::fs::write(&dest, &data)
                         .with_context(|| format!("writing {}", dest.display()))?;
-                    eprintln!("{} ({} bytes, sha256 {got})", dest.display(), data.len());
+                    eprintln!(
+                        "{} ({} bytes, sha256 {got})",
+                        one_line(&dest.to_string_lossy()),
+                        data.len()
+                    );
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -641,13 +665,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_result_is_shown_with_its_control_characters_escaped() {
+    fn what_the_job_wrote_or_named_is_shown_with_its_control_characters_escaped() {
         let j: Job = serde_json::from_value(serde_json::json!({
             "apiVersion": "spur.dev/v1alpha1", "kind": "Job",
             "metadata": {"name": "j", "namespace": "ns"},
             "spec": {"runnerGroup": "g", "command": ["true"], "resultPath": "/tmp/r"},
             "status": {"phase": "Succeeded", "exitCode": 0,
-                       "result": "passed 3\nfindings 0\t(none)\n\u{1b}]0;pwned\u{7}\n"}
+                       "result": "passed 3\nfindings 0\t(none)\n\u{1b}]0;pwned\u{7}\n",
+                       "conditions": [{"type": "Finished", "status": "True", "reason": "Succeeded",
+                                       "message": "result /tmp/\u{1b}[2Kx: is not a regular file",
+                                       "lastTransitionTime": "2026-12-05T00:00:00Z"}],
+                       "attempts": [{"id": 1, "pod": "p", "phase": "Succeeded",
+                                     "message": "a\nFAKE LINE\u{1b}[1A"}],
+                       "artifacts": [{"attempt": 1, "path": "/out/\u{1b}]0;t\u{7}", "size": 1,
+                                      "sha256": "00"}]}
         }))
         .unwrap();
         let out = describe(&j);
@@ -655,6 +686,9 @@ mod tests {
             out.contains("Result:\n  passed 3\n  findings 0\t(none)\n  \\u{1b}]0;pwned\\u{7}\n"),
             "{out}"
         );
-        assert!(!out.contains('\u{1b}'), "{out}");
+        assert!(out.contains("result /tmp/\\u{1b}[2Kx: is not"), "{out}");
+        assert!(out.contains("(a\\nFAKE LINE\\u{1b}[1A)"), "{out}");
+        assert!(out.contains("/out/\\u{1b}]0;t\\u{7} (1 bytes"), "{out}");
+        assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out}");
     }
 }

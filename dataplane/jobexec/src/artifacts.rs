@@ -173,9 +173,15 @@ mod tests {
             nix::sys::stat::Mode::S_IRWXU,
         )
         .unwrap();
-        assert_eq!(read_result(&at("fifo")).unwrap_err(), "is not a regular file");
+        assert_eq!(
+            read_result(&at("fifo")).unwrap_err(),
+            "is not a regular file"
+        );
         std::fs::create_dir(at("dir")).unwrap();
-        assert_eq!(read_result(&at("dir")).unwrap_err(), "is not a regular file");
+        assert_eq!(
+            read_result(&at("dir")).unwrap_err(),
+            "is not a regular file"
+        );
         assert_eq!(
             read_result(&at("none")).unwrap_err(),
             "the job did not write it"
