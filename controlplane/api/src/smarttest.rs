@@ -39,7 +39,10 @@ pub const MAX_SERVICES: usize = 32;
         json_path = ".metadata.creationTimestamp"
     )
 )]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+// Not `deny_unknown_fields`: an object read from a cluster whose CRD is newer than this build may
+// carry fields this one does not know (the apiserver keeps what its schema has), and reading it
+// must not fail; a file's typo is refused by [`SmartTestSpec::from_file_value`] instead.
+#[serde(rename_all = "camelCase")]
 pub struct SmartTestSpec {
     /// The requests, in the order they are sent; unique names.
     #[schemars(length(min = 1, max = MAX_STEPS))]
@@ -57,6 +60,22 @@ pub struct SmartTestSpec {
 }
 
 impl SmartTestSpec {
+    /// The spec fields this build knows.
+    const FIELDS: [&'static str; 2] = ["steps", "services"];
+
+    /// A spec a person wrote (a manifest's `spec`): a field this build does not know is
+    /// refused, so a typo (`service:`) is not silently dropped.
+    pub fn from_file_value(spec: serde_json::Value) -> Result<Self, serde_json::Error> {
+        use serde::de::Error as _;
+        if let Some(unknown) = spec
+            .as_object()
+            .and_then(|o| o.keys().find(|k| !Self::FIELDS.contains(&k.as_str())))
+        {
+            return Err(serde_json::Error::unknown_field(unknown, &Self::FIELDS));
+        }
+        serde_json::from_value(spec)
+    }
+
     /// The test, as the runner takes it.
     pub fn test(&self) -> TestSpec {
         TestSpec {
@@ -147,15 +166,32 @@ mod tests {
             "{e}"
         );
         // A file's typo is refused, not dropped.
-        let typo = serde_json::from_value::<SmartTestSpec>(serde_json::json!({
+        let typo = serde_json::json!({
             "steps": [{"name": "a", "http": {"url": "http://api/"}}],
             "service": ["api"]
-        }));
+        });
         assert!(
-            typo.unwrap_err()
+            SmartTestSpec::from_file_value(typo.clone())
+                .unwrap_err()
                 .to_string()
                 .contains("unknown field `service`")
         );
+        // An object of a newer cluster's CRD is read, its new fields left aside.
+        let newer = serde_json::from_value::<SmartTestSpec>(typo).unwrap();
+        assert!(newer.services.is_empty());
+        // Every field the type has is known to the file check (a field added to the struct but
+        // not to FIELDS would refuse every file that uses it).
+        let schema = serde_json::to_value(schemars::schema_for!(SmartTestSpec)).unwrap();
+        let mut props: Vec<_> = schema["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        props.sort();
+        let mut fields = SmartTestSpec::FIELDS.map(str::to_owned).to_vec();
+        fields.sort();
+        assert_eq!(props, fields);
     }
 
     #[test]

@@ -329,11 +329,11 @@ fn read_spec(file: &Path) -> Result<(TestSpec, String)> {
     // A manifest (`kind: SmartTest`) holds the test under `spec`.
     let spec: TestSpec = match value.get("kind").and_then(Value::as_str) {
         // A manifest's spec has the resource's own fields (services) besides the steps.
-        Some("SmartTest") => serde_json::from_value::<SmartTestSpec>(
-            value.get("spec").cloned().unwrap_or(Value::Null),
-        )
-        .with_context(|| format!("{from}: not a SmartTest's spec"))?
-        .test(),
+        Some("SmartTest") => {
+            SmartTestSpec::from_file_value(value.get("spec").cloned().unwrap_or(Value::Null))
+                .with_context(|| format!("{from}: not a SmartTest's spec"))?
+                .test()
+        }
         Some(other) => bail!("{from}: a {other}, not a SmartTest or a test's steps"),
         None => {
             serde_json::from_value(value).with_context(|| format!("{from}: not a smart test"))?

@@ -776,7 +776,7 @@ fn result(path: Option<&str>, fin: &pb::AttemptStatus) -> (Option<String>, Optio
         return (
             None,
             Some(format!(
-                "no result: the runner's executor does not read result files (a version older than this component's); {path} was not read"
+                "no result: the executor returned none for {path}: a runner's executor older than result files, or an attempt started by an older spur-jobs replica that did not ask for it"
             )),
         );
     };
@@ -894,7 +894,7 @@ mod tests {
             result(p, &older_executor)
                 .1
                 .unwrap()
-                .contains("does not read result files")
+                .contains("the executor returned none")
         );
     }
 

@@ -201,7 +201,7 @@ impl RunReport {
                 *n = Value::from(n.as_u64().unwrap_or(0) + 1);
             }
         }
-        let mut top: Vec<Value> = self
+        let top: Vec<Value> = self
             .findings
             .top(usize::MAX)
             .into_iter()
@@ -210,7 +210,7 @@ impl RunReport {
                        "what": cut(f.difference.render()), "occurrences": f.occurrences})
             })
             .collect();
-        let mut failed: Vec<Value> = self
+        let failed: Vec<Value> = self
             .steps
             .iter()
             .flat_map(|s| s.checks.iter().map(move |c| (s, c)))
@@ -219,30 +219,50 @@ impl RunReport {
                 Some(json!({"step": s.name, "check": cut(c.check.clone()), "sandbox": cut(why.clone())}))
             })
             .collect();
-        let mut omitted = 0usize;
-        loop {
-            let v = json!({
+        // The least important goes first: failed checks are counted above, findings ranked. The
+        // k-th removal takes from the longer list (the last failed check or the lowest finding),
+        // and each removal shortens the text (an item is longer than the digit `omitted` may
+        // gain), so the fewest removals that fit are found by bisection: a run with thousands of
+        // findings is serialized a dozen times, not once per finding.
+        let kept = |k: usize| {
+            let (mut t, mut f) = (top.len(), failed.len());
+            for _ in 0..k {
+                if f > t {
+                    f -= 1;
+                } else {
+                    t = t.saturating_sub(1);
+                }
+            }
+            (t, f)
+        };
+        let text = |k: usize| {
+            let (t, f) = kept(k);
+            json!({
                 "passed": self.passed(),
                 "steps": self.steps.len(),
                 "checksFailed": self.checks_failed(),
                 "findings": self.findings.count(),
                 "byRank": by_rank,
-                "top": top,
-                "failedChecks": failed,
-                "omitted": omitted,
-            });
-            let text = v.to_string();
-            // The least important goes first: failed checks are counted above, findings ranked.
-            if text.len() <= max_bytes || (top.is_empty() && failed.is_empty()) {
-                return text;
-            }
-            if failed.len() > top.len() {
-                failed.pop();
-            } else {
-                top.pop();
-            }
-            omitted += 1;
+                "top": &top[..t],
+                "failedChecks": &failed[..f],
+                "omitted": k,
+            })
+            .to_string()
+        };
+        let (mut lo, mut hi) = (0, top.len() + failed.len());
+        if text(lo).len() <= max_bytes {
+            return text(lo);
         }
+        // text(lo) does not fit; text(hi) is the smallest there is, returned even if too long.
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if text(mid).len() <= max_bytes {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        text(hi)
     }
 
     /// The run for a person: a line per step and check, then the findings by endpoint.
@@ -610,6 +630,8 @@ mod tests {
         let big = report(200);
         let text = big.summary(4096);
         assert!(text.len() <= 4096, "{}", text.len());
+        // The fewest removals: one more item (at most ~400 bytes with its cut texts) would not fit.
+        assert!(text.len() > 4096 - 400, "{}", text.len());
         let v: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["findings"], 400);
         assert_eq!(v["checksFailed"], 200);
