@@ -57,11 +57,30 @@ pub struct SmartTestSpec {
         extend("x-kubernetes-list-type" = "set")
     )]
     pub services: Vec<String>,
+    /// The JobRunnerGroup of this namespace whose pods run the test automatically, when a
+    /// sandbox it covers becomes Ready or changes (its image must have `spur`); default
+    /// `smart-tests`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = DNS_LABEL_MAX), regex(pattern = DNS_LABEL_PATTERN))]
+    pub runner_group: Option<String>,
 }
+
+/// The condition automatic runs keep on a Sandbox: the outcome of the SmartTests that cover it
+/// (written by the operator's smart-test controller under its own field manager, so the Sandbox
+/// controller's status writes leave it alone).
+pub const TESTS_CONDITION: &str = "Tests";
+/// The runner group of automatic runs when a SmartTest names none.
+pub const DEFAULT_RUNNER_GROUP: &str = "smart-tests";
+/// On an automatic run's Job: the SmartTest it runs (its name; the Job is in its namespace).
+pub const RUN_TEST_LABEL: &str = "spur.dev/smarttest";
+/// On an automatic run's Job: the generation of the Sandbox it ran against.
+pub const RUN_SANDBOX_GENERATION: &str = "spur.dev/sandbox-generation";
+/// On an automatic run's Job: the generation of the SmartTest it ran.
+pub const RUN_TEST_GENERATION: &str = "spur.dev/smarttest-generation";
 
 impl SmartTestSpec {
     /// The spec fields this build knows.
-    const FIELDS: [&'static str; 2] = ["steps", "services"];
+    const FIELDS: [&'static str; 3] = ["steps", "services", "runnerGroup"];
 
     /// A spec a person wrote (a manifest's `spec`): a field this build does not know is
     /// refused, so a typo (`service:`) is not silently dropped.
@@ -99,6 +118,9 @@ impl SmartTestSpec {
                 c.fail(format!("spec.services[{i}]"), "duplicate name");
             }
         }
+        if let Some(g) = &self.runner_group {
+            c.dns_label(|| "spec.runnerGroup".into(), g);
+        }
         c.finish("SmartTest")?;
         // The one variant there is; a new one makes this a compile error, not a silent pass.
         let spur_smarttest::Error::Spec(message) = match self.test().validate() {
@@ -112,6 +134,11 @@ impl SmartTestSpec {
                 message,
             }]),
         })
+    }
+
+    /// The runner group of its automatic runs.
+    pub fn runner_group(&self) -> &str {
+        self.runner_group.as_deref().unwrap_or(DEFAULT_RUNNER_GROUP)
     }
 
     /// Which of the test's services (in `namespace`, the test's own) the sandbox forks a

@@ -12,6 +12,7 @@ mod schema;
 #[cfg(feature = "run")]
 pub mod send;
 pub mod spec;
+pub mod summary;
 
 #[cfg(feature = "run")]
 pub use run::{RunReport, run};

@@ -12,6 +12,7 @@ use spur_traffic_diff::findings::{Findings, Observation, findings};
 use crate::path::JsonPath;
 use crate::send::send;
 use crate::spec::{Check, Prepared};
+use crate::summary::{FailedCheck, Summary, TopFinding};
 
 /// What one step got.
 #[derive(Debug)]
@@ -192,31 +193,34 @@ impl RunReport {
             }
             format!("{}…", &s[..end])
         };
-        let mut by_rank = serde_json::Map::new();
+        let mut by_rank = std::collections::BTreeMap::new();
         for e in self.findings.endpoints.values() {
             for f in &e.findings {
-                let n = by_rank
-                    .entry(f.rank.as_str())
-                    .or_insert_with(|| Value::from(0u64));
-                *n = Value::from(n.as_u64().unwrap_or(0) + 1);
+                *by_rank.entry(f.rank.as_str().to_owned()).or_insert(0u64) += 1;
             }
         }
-        let top: Vec<Value> = self
+        let top: Vec<TopFinding> = self
             .findings
             .top(usize::MAX)
             .into_iter()
-            .map(|(endpoint, f)| {
-                json!({"rank": f.rank.as_str(), "endpoint": cut(endpoint.to_owned()),
-                       "what": cut(f.difference.render()), "occurrences": f.occurrences})
+            .map(|(endpoint, f)| TopFinding {
+                rank: f.rank.as_str().to_owned(),
+                endpoint: cut(endpoint.to_owned()),
+                what: cut(f.difference.render()),
+                occurrences: f.occurrences as u64,
             })
             .collect();
-        let failed: Vec<Value> = self
+        let failed: Vec<FailedCheck> = self
             .steps
             .iter()
             .flat_map(|s| s.checks.iter().map(move |c| (s, c)))
             .filter_map(|(s, c)| {
                 let why = c.sandbox.as_ref().err()?;
-                Some(json!({"step": s.name, "check": cut(c.check.clone()), "sandbox": cut(why.clone())}))
+                Some(FailedCheck {
+                    step: s.name.clone(),
+                    check: cut(c.check.clone()),
+                    sandbox: cut(why.clone()),
+                })
             })
             .collect();
         // The least important goes first: failed checks are counted above, findings ranked. The
@@ -237,17 +241,17 @@ impl RunReport {
         };
         let text = |k: usize| {
             let (t, f) = kept(k);
-            json!({
-                "passed": self.passed(),
-                "steps": self.steps.len(),
-                "checksFailed": self.checks_failed(),
-                "findings": self.findings.count(),
-                "byRank": by_rank,
-                "top": &top[..t],
-                "failedChecks": &failed[..f],
-                "omitted": k,
-            })
-            .to_string()
+            let summary = Summary {
+                passed: self.passed(),
+                steps: self.steps.len(),
+                checks_failed: self.checks_failed(),
+                findings: self.findings.count(),
+                by_rank: by_rank.clone(),
+                top: top[..t].to_vec(),
+                failed_checks: failed[..f].to_vec(),
+                omitted: k,
+            };
+            serde_json::to_string(&summary).unwrap_or_default()
         };
         let (mut lo, mut hi) = (0, top.len() + failed.len());
         if text(lo).len() <= max_bytes {

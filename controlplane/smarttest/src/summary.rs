@@ -1,0 +1,100 @@
+//! A run's summary: what `spur test run --summary-file` writes (at most 4096 bytes of JSON, a
+//! Job's `status.result`) and what the automatic runs' controller reads back. One type for both
+//! sides, so the writer and the reader cannot drift apart.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A run's outcome in brief ([`crate::RunReport::summary`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    /// No findings and every check passed on the sandbox.
+    pub passed: bool,
+    pub steps: usize,
+    pub checks_failed: usize,
+    /// Findings in all, kept or not.
+    pub findings: usize,
+    /// Findings per rank (`status`, `schema`, `value`, `timing`).
+    #[serde(default)]
+    pub by_rank: BTreeMap<String, u64>,
+    /// The most important findings that fit, most important first.
+    #[serde(default)]
+    pub top: Vec<TopFinding>,
+    /// The checks that failed on the sandbox, as many as fit.
+    #[serde(default)]
+    pub failed_checks: Vec<FailedCheck>,
+    /// How many findings and failed checks did not fit.
+    #[serde(default)]
+    pub omitted: usize,
+}
+
+/// One finding of [`Summary::top`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopFinding {
+    pub rank: String,
+    pub endpoint: String,
+    /// The difference, in one line (`$.items[*].price: removed 3`).
+    pub what: String,
+    pub occurrences: u64,
+}
+
+/// One check of [`Summary::failed_checks`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailedCheck {
+    pub step: String,
+    pub check: String,
+    /// Why it failed on the sandbox.
+    pub sandbox: String,
+}
+
+/// What a summary file holds: a run's summary, or why the run could not happen.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Ran(Summary),
+    Error(String),
+}
+
+impl Outcome {
+    /// Reads a summary file's text; `Err` says why it is not one.
+    pub fn parse(text: &str) -> Result<Outcome, String> {
+        #[derive(Deserialize)]
+        struct Failed {
+            error: String,
+        }
+        if let Ok(f) = serde_json::from_str::<Failed>(text) {
+            return Ok(Outcome::Error(f.error));
+        }
+        serde_json::from_str::<Summary>(text)
+            .map(Outcome::Ran)
+            .map_err(|e| format!("not a smart test's summary: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_and_an_error_are_told_apart() {
+        let s = Outcome::parse(
+            r#"{"passed":false,"steps":2,"checksFailed":1,"findings":3,"byRank":{"schema":3},
+                "top":[{"rank":"schema","endpoint":"GET api/x","what":"$.a: removed 1","occurrences":2}],
+                "failedChecks":[{"step":"a","check":"$.a","sandbox":"absent"}],"omitted":1}"#,
+        )
+        .unwrap();
+        let Outcome::Ran(s) = s else { panic!("{s:?}") };
+        assert_eq!((s.steps, s.findings, s.omitted), (2, 3, 1));
+        assert_eq!(s.top[0].what, "$.a: removed 1");
+        assert_eq!(
+            Outcome::parse(r#"{"error":"no such sandbox"}"#).unwrap(),
+            Outcome::Error("no such sandbox".into())
+        );
+        assert!(Outcome::parse("passed 3").is_err());
+        assert!(
+            Outcome::parse(r#"{"passed":true}"#).is_err(),
+            "counts are required"
+        );
+    }
+}
