@@ -312,6 +312,7 @@ pub async fn operator_client(api: &KubeApi) -> anyhow::Result<Client> {
     let admin = api.client();
     let mut operator_rules = rules("operator-enrolled-rules.yaml")?;
     operator_rules.extend(rules("operator-access-enrolled-rules.yaml")?);
+    operator_rules.extend(rules("operator-smarttests-enrolled-rules.yaml")?);
     for (name, rules) in [
         (OPERATOR_ENROLLED, operator_rules),
         (JOBS_ENROLLED, rules("jobs-enrolled-rules.yaml")?),

@@ -221,6 +221,16 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
     )
     .await
     .unwrap();
+    // What jobs.enabled (on by default) appends to the operator's ClusterRole for automatic
+    // smart-test runs, on its own likewise (its Job writes are in spur-operator-enrolled).
+    let smart_tests = kube_rbac::chart_client(
+        &api,
+        "spur-operator-smarttests",
+        "operator-smarttests-rules.yaml",
+        None,
+    )
+    .await
+    .unwrap();
     // The second sweeper (CronJob spur-access-sweeper): cluster-wide delete on Roles and
     // RoleBindings, held by the policy spur-access-sweeper to grants' own.
     let sweeper = kube_rbac::chart_client(
@@ -326,6 +336,7 @@ async fn chart_rbac_is_exactly_the_committed_expectation() {
         actual.extend(rules_of(role, client).await);
     }
     actual.extend(rules_of("spur-operator-access", access).await);
+    actual.extend(rules_of("spur-operator-smarttests", smart_tests).await);
     actual.extend(rules_of("spur-agent", agent).await);
     actual.extend(rules_of("spur-ics", ics).await);
     actual.extend(rules_of("spur-jobs", jobs).await);

@@ -96,6 +96,10 @@ struct OperatorArgs {
     /// requests. Needs the chart's access rights (`access.enabled`).
     #[arg(long, env = "SPUR_ACCESS")]
     access: bool,
+    /// Run SmartTests automatically against the sandboxes they cover (docs/smart-tests.md,
+    /// "Automatic runs"), as Jobs. Needs the chart's smart-test rights and the jobs component.
+    #[arg(long, env = "SPUR_SMART_TESTS")]
+    smart_tests: bool,
     /// The tunnel proxy's token namespace: tunnel grants (TunnelAccessRequests) write their
     /// token Secrets there. Without it, tunnel grants are refused with a condition.
     #[arg(long, env = "SPUR_ACCESS_TOKEN_NAMESPACE")]
@@ -486,6 +490,9 @@ fn with_features(
     }
     if args.access {
         ctx = ctx.with_access();
+    }
+    if args.smart_tests {
+        ctx = ctx.with_smart_tests();
     }
     if let Some(ns) = args
         .access_token_namespace

@@ -1,7 +1,9 @@
 //! Sandbox admission: workstations belong to their owner (docs/local.md, "Workstation owners").
 //!
 //! - `POST /mutate-spur-dev-v1alpha1-sandbox` stamps the creator: on create, the annotation
-//!   `spur.dev/created-by` becomes the user the API server authenticated. A client-supplied
+//!   `spur.dev/created-by` becomes the user the API server authenticated. SmartTests are stamped
+//!   here too (webhook `smarttest-creator.spur.dev`): their automatic runs act with their
+//!   creator's rights. A client-supplied
 //!   different value is refused, and so is any change to it later; an update that drops it
 //!   (a `kubectl replace` with an older manifest) gets it back.
 //! - `POST /validate-spur-dev-v1alpha1-sandbox` refuses a Sandbox whose `spec.workstation` is
@@ -71,6 +73,7 @@ pub(crate) fn review_stamp(body: &[u8], metrics: &Metrics) -> Response<Full<Byte
         }
     };
     let response = AdmissionResponse::from(&request);
+    let kind = request.kind.kind.clone();
     match creator_patch(&request) {
         Ok(None) => {
             metrics.sandbox_admission("unchanged");
@@ -83,12 +86,12 @@ pub(crate) fn review_stamp(body: &[u8], metrics: &Metrics) -> Response<Full<Byte
             }
             Err(e) => {
                 metrics.sandbox_admission("error");
-                reply(response.deny(format!("spur: cannot stamp the Sandbox's creator: {e}")))
+                reply(response.deny(format!("spur: cannot stamp the {kind}'s creator: {e}")))
             }
         },
         Err(message) => {
             metrics.sandbox_admission("denied");
-            tracing::debug!(name = %request.name, %message, "Sandbox stamp refused");
+            tracing::debug!(name = %request.name, %kind, %message, "creator stamp refused");
             reply(forbidden(response, message))
         }
     }
@@ -103,10 +106,14 @@ pub(crate) fn creator_patch(
         annotation(req.object.as_ref()),
         annotation(req.old_object.as_ref()),
     );
+    // Sandboxes, and SmartTests (whose automatic runs need their creator's rights).
+    let kind = req.kind.kind.as_str();
     let value = match req.operation {
         Operation::Create => {
             let Some(user) = req.user_info.username.as_deref().filter(|u| !u.is_empty()) else {
-                return Err("a Sandbox needs an authenticated user as its creator".into());
+                return Err(format!(
+                    "a {kind} needs an authenticated user as its creator"
+                ));
             };
             if user.len() > USERNAME_MAX {
                 return Err(format!(
@@ -117,7 +124,7 @@ pub(crate) fn creator_patch(
                 Some(n) if n == user => return Ok(None),
                 Some(_) => {
                     return Err(format!(
-                        "the annotation {CREATED_BY_ANNOTATION} is set by Spur to the user creating the Sandbox; remove it from the manifest"
+                        "the annotation {CREATED_BY_ANNOTATION} is set by Spur to the user creating the {kind}; remove it from the manifest"
                     ));
                 }
                 None => user.to_string(),
@@ -127,13 +134,13 @@ pub(crate) fn creator_patch(
             (Some(o), Some(n)) if o == n => return Ok(None),
             (Some(_), Some(_)) => {
                 return Err(format!(
-                    "the annotation {CREATED_BY_ANNOTATION} records who created the Sandbox and cannot be changed"
+                    "the annotation {CREATED_BY_ANNOTATION} records who created the {kind} and cannot be changed"
                 ));
             }
             (Some(o), None) => o.to_string(),
             (None, Some(_)) => {
                 return Err(format!(
-                    "this Sandbox was created without {CREATED_BY_ANNOTATION} and cannot be given one; create a new Sandbox instead"
+                    "this {kind} was created without {CREATED_BY_ANNOTATION} and cannot be given one; create a new {kind} instead"
                 ));
             }
             (None, None) => return Ok(None),

@@ -479,7 +479,12 @@ async fn write_status(
     ctx: &WorkloadsContext,
     update: impl FnOnce(&mut SandboxStatus),
 ) -> Result<bool, Error> {
-    let old = sb.status.clone().unwrap_or_default();
+    let mut old = sb.status.clone().unwrap_or_default();
+    // The Tests condition is the smart-test controller's (its own field manager): this apply
+    // neither carries it (so a cached, older copy never overwrites a newer result) nor counts
+    // it as a change.
+    old.conditions
+        .retain(|c| c.type_ != spur_api::smarttest::TESTS_CONDITION);
     let mut st = old.clone();
     if st.observed_generation != sb.meta().generation {
         // `ttl.offsetFrom: updatedAt` counts from the last spec change the controller saw.

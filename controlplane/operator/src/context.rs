@@ -20,6 +20,8 @@ pub struct Context {
     pub(crate) access: bool,
     /// The tunnel proxy's token namespace, where tunnel grants write their token Secrets.
     pub(crate) access_tokens: Option<String>,
+    /// Automatic smart-test runs (docs/smart-tests.md) run.
+    pub(crate) smart_tests: bool,
     /// The workload controllers' configuration (tunnels, fork policy, previews, resources,
     /// mesh modes, enrollment), which the features they call into read too.
     pub(crate) workloads: WorkloadsContext,
@@ -34,6 +36,7 @@ impl Context {
             pki: None,
             access: false,
             access_tokens: None,
+            smart_tests: false,
         }
     }
 
@@ -68,6 +71,13 @@ impl Context {
     /// with no mode enabled is the same as none).
     pub fn with_mesh(mut self, mesh: crate::MeshConfig) -> Self {
         self.workloads.mesh = mesh.enabled().then_some(mesh);
+        self
+    }
+
+    /// Runs the automatic smart-test runs' controller (its rights are the chart's
+    /// `operator-smarttests-rules.yaml`; the Jobs it creates need the jobs component).
+    pub fn with_smart_tests(mut self) -> Self {
+        self.smart_tests = true;
         self
     }
 

@@ -45,6 +45,7 @@ pub use spur_operator_enroll as enroll;
 pub use spur_operator_mesh::MeshConfig;
 use spur_operator_mesh::{gateway as mesh_gateway, istio as mesh_istio};
 pub use spur_operator_resources::olm::{self, ResourceConfig};
+pub use spur_operator_smarttests as smarttests;
 pub use spur_operator_workloads::{
     ForkPolicy, Previews, TunnelConfig, external, fork, patch, sandbox,
 };
@@ -65,6 +66,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
         c::enroller(ctx.clone(), s.clone()),
         c::mesh(cl.clone(), ctx.clone(), s.clone()),
         c::resources(cl.clone(), ctx.clone(), s.clone()),
+        c::smart_tests(cl.clone(), ctx.clone(), s.clone()),
         c::sandboxes(
             cl.clone(),
             term.clone(),

@@ -66,6 +66,13 @@ pub(crate) async fn access(client: Client, ctx: Arc<Context>, stop: Cancellation
     crate::access::run(client, access, stop).await;
 }
 
+/// Automatic smart-test runs (`spur_operator_smarttests`), when enabled.
+pub(crate) async fn smart_tests(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
+    if ctx.smart_tests {
+        spur_operator_smarttests::run(client, ctx.core.clone(), stop).await;
+    }
+}
+
 /// The namespace enroller, when the context has an enrollment configuration.
 pub(crate) async fn enroller(ctx: Arc<Context>, stop: CancellationToken) {
     if let Some(cfg) = ctx.workloads.enrollment.clone() {

@@ -1,0 +1,372 @@
+//! What a run is: which SmartTests a Sandbox's generation calls for, the Job each one runs as,
+//! and the questions asked of the test's creator first. Pure: the reconcile applies them.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::{Resource, ResourceExt};
+use spur_api::Sandbox;
+use spur_api::jobs::{InjectRoutingKey, Job, JobSpec, RoutingContext, SCRIPT_MAX};
+use spur_api::keys::labels::{MANAGED_BY, MANAGED_BY_VALUE, SANDBOX};
+use spur_api::smarttest::{
+    RUN_SANDBOX_GENERATION, RUN_TEST_GENERATION, RUN_TEST_LABEL, SmartTest, TESTS_CONDITION,
+};
+
+/// Where a run's summary is written in the runner container: one file per Job, so a reused
+/// runner pod never hands a run the summary of the run before it.
+pub fn result_path(job: &str) -> String {
+    format!("/tmp/spur-smarttest-{job}.json")
+}
+
+/// The generation of `sb` that runs are due for: its current one, once the Sandbox controller
+/// has seen it and says Ready. `None` while it converges (or is going away).
+pub fn ready_generation(sb: &Sandbox) -> Option<i64> {
+    let st = sb.status.as_ref()?;
+    let generation = sb.meta().generation?;
+    let ready = st
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    (ready && st.observed_generation == Some(generation) && sb.meta().deletion_timestamp.is_none())
+        .then_some(generation)
+}
+
+/// The name of the Job that runs `test` against generation `generation` of `sb`: the test's
+/// name and a digest of both objects' identities and generations, so a new generation of either
+/// is a new run and a re-created object is never mistaken for the old one.
+pub fn job_name(test: &SmartTest, sb: &Sandbox, generation: i64) -> String {
+    let digest =
+        spur_controller::hash_of(&(sb.uid(), generation, test.uid(), test.meta().generation));
+    let mut base = test.name_any();
+    // 40 + '-' + 10 hex digits: within a DNS label's 63.
+    base.truncate(40);
+    let base = base.trim_end_matches('-');
+    format!("{base}-{:010x}", digest & 0xff_ffff_ffff)
+}
+
+/// The script a run's Job runs: the test's steps as JSON on standard input of `spur test run`,
+/// with the sandbox's key from the job's environment, and the summary written where the Job's
+/// `resultPath` reads it. The steps are one line of JSON (strings keep their newlines escaped),
+/// so no line of them can end the here-document.
+pub fn script(test: &SmartTest, job: &str) -> Result<String, String> {
+    let steps = serde_json::to_string(&test.spec.test())
+        .map_err(|e| format!("the steps cannot be written as JSON: {e}"))?;
+    let result = result_path(job);
+    let text = format!(
+        "#!/bin/sh\n\
+         # SmartTest {ns}/{name} (generation {generation}), an automatic run (docs/smart-tests.md).\n\
+         rm -f '{result}'\n\
+         exec spur test run -f - --key \"$SPUR_ROUTING_KEY\" --summary-file '{result}' <<'SPUR_SMART_TEST_END'\n\
+         {steps}\n\
+         SPUR_SMART_TEST_END\n",
+        ns = test.namespace().unwrap_or_default(),
+        name = test.name_any(),
+        generation = test.meta().generation.unwrap_or_default(),
+    );
+    if text.len() > SCRIPT_MAX {
+        return Err(format!(
+            "its steps are {} bytes as JSON, more than a Job's script may hold ({} KiB): a test this large (descriptor sets?) runs only by hand, with spur test run",
+            steps.len(),
+            SCRIPT_MAX / 1024
+        ));
+    }
+    Ok(text)
+}
+
+fn owner_of<K: Resource<DynamicType = ()>>(obj: &K, controller: bool) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: K::api_version(&()).into_owned(),
+        kind: K::kind(&()).into_owned(),
+        name: obj.meta().name.clone()?,
+        uid: obj.meta().uid.clone()?,
+        controller: controller.then_some(true),
+        block_owner_deletion: None,
+    })
+}
+
+/// The Job that runs `test` against generation `generation` of `sb`, in the test's namespace:
+/// owned by the test (its controller) and by the Sandbox, so deleting either deletes its runs.
+/// `Err` says why the test cannot run automatically.
+pub fn run_job(test: &SmartTest, sb: &Sandbox, generation: i64) -> Result<Job, String> {
+    let name = job_name(test, sb, generation);
+    let script = script(test, &name)?;
+    let (Some(test_owner), Some(sb_owner)) = (owner_of(test, true), owner_of(sb, false)) else {
+        return Err("the SmartTest or the Sandbox has no uid yet".into());
+    };
+    let labels = BTreeMap::from([
+        (RUN_TEST_LABEL.to_owned(), test.name_any()),
+        (SANDBOX.to_owned(), sb.name_any()),
+        (MANAGED_BY.to_owned(), MANAGED_BY_VALUE.to_owned()),
+    ]);
+    let annotations = BTreeMap::from([
+        (RUN_SANDBOX_GENERATION.to_owned(), generation.to_string()),
+        (
+            RUN_TEST_GENERATION.to_owned(),
+            test.meta().generation.unwrap_or_default().to_string(),
+        ),
+    ]);
+    Ok(Job {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: test.namespace(),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            owner_references: Some(vec![test_owner, sb_owner]),
+            ..Default::default()
+        },
+        spec: JobSpec {
+            runner_group: test.spec.runner_group().to_owned(),
+            script: Some(script),
+            command: None,
+            env: Vec::new(),
+            routing_context: Some(RoutingContext {
+                sandbox: Some(sb.name_any()),
+                route_group: None,
+            }),
+            timeout: None,
+            artifacts: Vec::new(),
+            canceled: false,
+            // The run sends the key itself, and must not send it to the baseline.
+            inject_routing_key: InjectRoutingKey::Disabled,
+            result_path: Some(result_path(&name)),
+        },
+        status: None,
+    })
+}
+
+/// One question for the API server's authorizer about a test's creator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Question {
+    pub verb: &'static str,
+    pub group: &'static str,
+    pub resource: &'static str,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+}
+
+impl Question {
+    /// `create jobs.spur.dev in shop`, for a refusal's message.
+    pub fn describe(&self) -> String {
+        let resource = if self.group.is_empty() {
+            self.resource.to_owned()
+        } else {
+            format!("{}.{}", self.resource, self.group)
+        };
+        let name = self
+            .name
+            .as_deref()
+            .map(|n| format!(" {n}"))
+            .unwrap_or_default();
+        match &self.namespace {
+            Some(ns) => format!("{} {resource}{name} in {ns}", self.verb),
+            None => format!("{} {resource}{name}", self.verb),
+        }
+    }
+
+    /// The SubjectAccessReview that asks it for `user`.
+    pub fn review(&self, user: &str) -> SubjectAccessReview {
+        SubjectAccessReview {
+            metadata: ObjectMeta::default(),
+            spec: SubjectAccessReviewSpec {
+                user: Some(user.to_owned()),
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some(self.verb.into()),
+                    group: Some(self.group.into()),
+                    resource: Some(self.resource.into()),
+                    namespace: self.namespace.clone(),
+                    name: self.name.clone(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            status: None,
+        }
+    }
+}
+
+/// What the creator of a test in `namespace` must be allowed for it to run against `sb`: a
+/// test runs only in sandboxes its creator could have created (docs/operator.md, "Who may fork
+/// what": Deployments and Services in every namespace the sandbox touches), with a key its
+/// creator could read (`get` on the Sandbox, as `spur test run --sandbox` needs by hand), as a
+/// Job its creator could have submitted.
+pub fn questions(namespace: &str, sb: &Sandbox) -> Vec<Question> {
+    let mut out = vec![
+        Question {
+            verb: "create",
+            group: "spur.dev",
+            resource: "jobs",
+            namespace: Some(namespace.to_owned()),
+            name: None,
+        },
+        Question {
+            verb: "get",
+            group: "spur.dev",
+            resource: "sandboxes",
+            namespace: None,
+            name: Some(sb.name_any()),
+        },
+    ];
+    let mut namespaces: Vec<&str> = sb
+        .spec
+        .forks
+        .iter()
+        .map(|f| f.fork_of.namespace.as_str())
+        .chain(sb.spec.local.iter().map(|l| l.from.namespace.as_str()))
+        .chain(
+            sb.spec
+                .virtual_workloads
+                .iter()
+                .map(|v| v.workload.namespace.as_str()),
+        )
+        .collect();
+    namespaces.sort_unstable();
+    namespaces.dedup();
+    for ns in namespaces {
+        for (group, resource) in [("apps", "deployments"), ("", "services")] {
+            out.push(Question {
+                verb: "create",
+                group,
+                resource,
+                namespace: Some(ns.to_owned()),
+                name: None,
+            });
+        }
+    }
+    out
+}
+
+/// The Tests condition as it stands on `sb`, if any.
+pub fn current_condition(
+    sb: &Sandbox,
+) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    sb.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == TESTS_CONDITION)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    pub(crate) fn sandbox(generation: i64, observed: i64, ready: &str) -> Sandbox {
+        serde_json::from_value(json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "pr-42", "uid": "sb-uid", "generation": generation},
+            "spec": {"forks": [{"forkOf": {"kind": "Deployment", "namespace": "shop", "name": "api"}}]},
+            "status": {"observedGeneration": observed,
+                       "conditions": [{"type": "Ready", "status": ready, "reason": "R", "message": "",
+                                       "lastTransitionTime": "2026-12-05T00:00:00Z"}],
+                       "forks": [{"forkOf": {"kind": "Deployment", "namespace": "shop", "name": "api"},
+                                  "forkedWorkload": "fw", "services": [], "ready": true}]}
+        }))
+        .unwrap()
+    }
+
+    pub(crate) fn test(name: &str, generation: i64) -> SmartTest {
+        serde_json::from_value(json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "SmartTest",
+            "metadata": {"name": name, "namespace": "shop", "uid": format!("{name}-uid"), "generation": generation},
+            "spec": {"steps": [{"name": "a", "http": {"url": "http://api.shop/x\n'EOF"}}], "services": ["api"]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn runs_are_due_for_a_ready_sandbox_at_its_current_generation() {
+        assert_eq!(ready_generation(&sandbox(3, 3, "True")), Some(3));
+        assert_eq!(
+            ready_generation(&sandbox(3, 2, "True")),
+            None,
+            "not seen yet"
+        );
+        assert_eq!(ready_generation(&sandbox(3, 3, "False")), None);
+    }
+
+    #[test]
+    fn a_run_is_a_job_per_generation_of_either_object() {
+        let sb = sandbox(3, 3, "True");
+        let t = test("list-items", 1);
+        let job = run_job(&t, &sb, 3).unwrap();
+        let name = job.name_any();
+        assert!(
+            name.starts_with("list-items-") && name.len() <= 63,
+            "{name}"
+        );
+        assert_eq!(job.namespace().as_deref(), Some("shop"));
+        assert_eq!(job.spec.runner_group, "smart-tests");
+        assert_eq!(job.spec.inject_routing_key, InjectRoutingKey::Disabled);
+        assert_eq!(
+            job.spec
+                .routing_context
+                .as_ref()
+                .unwrap()
+                .sandbox
+                .as_deref(),
+            Some("pr-42")
+        );
+        assert_eq!(
+            job.spec.result_path.as_deref(),
+            Some(format!("/tmp/spur-smarttest-{name}.json").as_str())
+        );
+        let owners = job.owner_references();
+        assert_eq!(owners[0].kind, "SmartTest");
+        assert_eq!(owners[0].controller, Some(true));
+        assert_eq!(
+            (owners[1].kind.as_str(), owners[1].uid.as_str()),
+            ("Sandbox", "sb-uid")
+        );
+        job.spec.validate().unwrap();
+        // The steps' newline and quote stay inside the one line of JSON.
+        let script = job.spec.script.as_deref().unwrap();
+        let body: Vec<&str> = script.lines().collect();
+        assert_eq!(body[body.len() - 1], "SPUR_SMART_TEST_END");
+        let steps: serde_json::Value = serde_json::from_str(body[body.len() - 2]).unwrap();
+        assert_eq!(steps["steps"][0]["http"]["url"], "http://api.shop/x\n'EOF");
+
+        assert_eq!(job_name(&t, &sb, 3), name, "stable");
+        assert_ne!(job_name(&t, &sb, 4), name, "a new sandbox generation");
+        assert_ne!(
+            job_name(&test("list-items", 2), &sb, 3),
+            name,
+            "a new test generation"
+        );
+        let long = test(&"x".repeat(63), 1);
+        assert!(job_name(&long, &sb, 3).len() <= 63);
+    }
+
+    #[test]
+    fn a_test_too_large_for_a_script_is_refused_with_the_reason() {
+        let mut t = test("big", 1);
+        t.spec.steps[0].name = "a".into();
+        let big = "x".repeat(SCRIPT_MAX);
+        t.spec.steps[0].http.as_mut().unwrap().url = format!("http://api/{big}");
+        let err = run_job(&t, &sandbox(1, 1, "True"), 1).unwrap_err();
+        assert!(err.contains("more than a Job's script may hold"), "{err}");
+    }
+
+    #[test]
+    fn the_creator_is_asked_for_the_job_the_key_and_every_namespace() {
+        let qs = questions("shop", &sandbox(1, 1, "True"));
+        let asked: Vec<String> = qs.iter().map(Question::describe).collect();
+        assert_eq!(
+            asked,
+            [
+                "create jobs.spur.dev in shop",
+                "get sandboxes.spur.dev pr-42",
+                "create deployments.apps in shop",
+                "create services in shop",
+            ]
+        );
+        let r = qs[1].review("ann");
+        assert_eq!(r.spec.user.as_deref(), Some("ann"));
+        let attrs = r.spec.resource_attributes.unwrap();
+        assert_eq!(attrs.name.as_deref(), Some("pr-42"));
+        assert_eq!(attrs.namespace, None);
+    }
+}

@@ -1,0 +1,476 @@
+//! Automatic smart-test runs (docs/smart-tests.md, "Automatic runs"): when a Sandbox becomes
+//! Ready at a new generation, each SmartTest that covers it (`SmartTestSpec::covers`) runs as a
+//! Job in the test's namespace, on its runner group, with the sandbox's routing context; the
+//! run's summary comes back as the Job's `status.result` and becomes the Sandbox's `Tests`
+//! condition and Events.
+//!
+//! A run acts with its test's creator's rights, not the operator's: the creator (stamped at
+//! admission, `spur.dev/created-by`) must be allowed to submit the Job, read the sandbox and
+//! create what the sandbox forks (SubjectAccessReviews), or the test is not run and the
+//! condition says why.
+
+pub mod condition;
+pub mod desired;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use spur_api::Sandbox;
+use spur_api::jobs::Job;
+use spur_api::keys::labels::SANDBOX;
+use spur_api::smarttest::{RUN_TEST_LABEL, SmartTest, TESTS_CONDITION};
+use spur_api::workstation::CREATED_BY_ANNOTATION;
+use spur_controller::changes::{changes, meta_digest, synced};
+use spur_operator_core::{Context, Error, controller_config};
+use tokio_util::sync::CancellationToken;
+
+use crate::condition::{Row, State, job_state, verdict};
+
+/// The field manager of the runs' Jobs and of the Tests condition: not the operator's own, so
+/// the Sandbox controller's status applies (which never carry the condition) leave it alone.
+pub const FIELD_MANAGER: &str = "spur-smarttests";
+/// Finished runs kept per test and sandbox besides the current one; older Jobs (with their logs)
+/// are deleted.
+pub const RUNS_KEPT: usize = 3;
+/// On a run's Job once its outcome has been published as an Event, so a restart does not
+/// publish it again.
+pub const REPORTED_ANNOTATION: &str = "spur.dev/smarttest-reported";
+/// How often a test refused for its creator's rights is asked about again (rights change
+/// without any object the controller watches changing).
+pub const REFUSED_RECHECK: Duration = Duration::from_secs(300);
+
+/// The controller's context: the operator's shared one and the stores a pass reads.
+pub struct SmartTestsContext {
+    pub core: Arc<Context>,
+    tests: Store<SmartTest>,
+    jobs: Store<Job>,
+}
+
+spur_operator_core::feature_context!(SmartTestsContext);
+
+/// What wakes a sandbox's pass: its generation, readiness and the forks' services (what
+/// `covers` and `ready_generation` read), not the Tests condition this controller writes.
+fn sandbox_digest(sb: &Sandbox) -> u64 {
+    let st = sb.status.as_ref();
+    spur_controller::hash_of(&(
+        meta_digest(sb),
+        st.and_then(|s| s.observed_generation),
+        st.map(|s| {
+            s.conditions
+                .iter()
+                .filter(|c| c.type_ == "Ready")
+                .map(|c| c.status.clone())
+                .collect::<Vec<_>>()
+        }),
+        st.map(|s| {
+            s.forks
+                .iter()
+                .map(|f| (&f.fork_of, &f.services))
+                .collect::<Vec<_>>()
+        }),
+    ))
+}
+
+/// What of a run's Job a pass reads: its phase and result (not its log size, which changes
+/// with every chunk).
+fn job_digest(job: &Job) -> u64 {
+    let st = job.status.as_ref();
+    spur_controller::hash_of(&(
+        meta_digest(job),
+        st.and_then(|s| s.phase),
+        st.and_then(|s| s.result.as_ref()),
+        st.map(|s| {
+            s.conditions
+                .iter()
+                .map(|c| (&c.type_, &c.status, &c.message))
+                .collect::<Vec<_>>()
+        }),
+    ))
+}
+
+fn test_digest(t: &SmartTest) -> u64 {
+    spur_controller::hash_of(&meta_digest(t))
+}
+
+/// Runs the controller until `stop`.
+pub async fn run(client: Client, core: Arc<Context>, stop: CancellationToken) {
+    let (sandboxes, sandbox_changes) = changes(
+        Api::<Sandbox>::all(client.clone()),
+        watcher::Config::default(),
+        sandbox_digest,
+    );
+    let (tests, test_changes) = changes(
+        Api::<SmartTest>::all(client.clone()),
+        watcher::Config::default(),
+        test_digest,
+    );
+    let (jobs, job_changes) = changes(
+        Api::<Job>::all(client.clone()),
+        watcher::Config::default().labels(RUN_TEST_LABEL),
+        job_digest,
+    );
+    let ctx = Arc::new(SmartTestsContext {
+        core,
+        tests,
+        jobs: jobs.clone(),
+    });
+    let by_test = sandboxes.clone();
+    let jobs_for_tests = jobs.clone();
+    let controller = Controller::for_stream(sandbox_changes, sandboxes)
+        .with_config(controller_config())
+        .watches_stream(job_changes, |job| {
+            job.labels()
+                .get(SANDBOX)
+                .map(|s| ObjectRef::<Sandbox>::new(s))
+        })
+        // A test's change wakes the sandboxes it covers, and those it has runs for (it may
+        // have stopped covering them).
+        .watches_stream(test_changes, move |t| {
+            let ns = t.namespace().unwrap_or_default();
+            let ran: HashSet<String> = jobs_for_tests
+                .state()
+                .iter()
+                .filter(|j| {
+                    j.namespace().as_deref() == Some(ns.as_str())
+                        && j.labels().get(RUN_TEST_LABEL) == Some(&t.name_any())
+                })
+                .filter_map(|j| j.labels().get(SANDBOX).cloned())
+                .collect();
+            spur_controller::objects_where(&by_test, |sb| {
+                ran.contains(&sb.name_any()) || !t.spec.covers(&ns, sb).is_empty()
+            })
+        });
+    spur_controller::run(
+        "smarttest-runs",
+        controller,
+        reconcile,
+        error_policy,
+        ctx,
+        stop,
+    )
+    .await;
+}
+
+fn error_policy(sb: Arc<Sandbox>, err: &Error, ctx: Arc<SmartTestsContext>) -> Action {
+    match err {
+        Error::Pending(_) => Action::requeue(Duration::from_secs(2)),
+        Error::Requeue { after, .. } => Action::requeue(*after),
+        _ => ctx.retry(&*sb, err),
+    }
+}
+
+/// A Job of a run: its test's name and whether it is one of `sb`'s (by the Sandbox's uid, so
+/// the runs of an earlier Sandbox of the same name are not this one's).
+fn run_of<'a>(job: &'a Job, sb: &Sandbox) -> Option<&'a str> {
+    let owned = job
+        .owner_references()
+        .iter()
+        .any(|o| o.kind == "Sandbox" && Some(&o.uid) == sb.meta().uid.as_ref());
+    (owned && job.labels().get(SANDBOX) == Some(&sb.name_any()))
+        .then(|| job.labels().get(RUN_TEST_LABEL).map(String::as_str))
+        .flatten()
+}
+
+/// A run's place among the runs of its test and sandbox: its creation, then the generations
+/// it ran (two runs created in the same second are told apart).
+fn run_order(job: &Job) -> (Option<Time>, i64, i64) {
+    let generation = |key: &str| {
+        job.annotations()
+            .get(key)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (
+        job.creation_timestamp(),
+        generation(spur_api::smarttest::RUN_SANDBOX_GENERATION),
+        generation(spur_api::smarttest::RUN_TEST_GENERATION),
+    )
+}
+
+/// Whether `user` may do everything `questions` ask; `Err` names the first refusal.
+async fn creator_may(
+    client: &Client,
+    user: &str,
+    questions: &[desired::Question],
+) -> Result<Result<(), String>, Error> {
+    let api = Api::<SubjectAccessReview>::all(client.clone());
+    for q in questions {
+        let answer = api.create(&PostParams::default(), &q.review(user)).await?;
+        if !answer.status.is_some_and(|s| s.allowed) {
+            return Ok(Err(format!(
+                "its creator {user} may not {} (a test runs only where its creator could have created the sandbox and submitted the job)",
+                q.describe()
+            )));
+        }
+    }
+    Ok(Ok(()))
+}
+
+async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<SmartTestsContext>) -> Result<Action, Error> {
+    if sb.meta().deletion_timestamp.is_some() {
+        // Its runs go with it (owner references).
+        return Ok(Action::await_change());
+    }
+    synced(&ctx.tests, "SmartTests").await?;
+    synced(&ctx.jobs, "smart-test Jobs").await?;
+    let ready = desired::ready_generation(&sb);
+    let mut tests: Vec<Arc<SmartTest>> = ctx
+        .tests
+        .state()
+        .into_iter()
+        .filter(|t| t.meta().deletion_timestamp.is_none())
+        .filter(|t| {
+            !t.spec
+                .covers(&t.namespace().unwrap_or_default(), &sb)
+                .is_empty()
+        })
+        .collect();
+    tests.sort_by_key(|t| (t.namespace(), t.name_any()));
+    let runs: Vec<Arc<Job>> = ctx
+        .jobs
+        .state()
+        .into_iter()
+        .filter(|j| run_of(j, &sb).is_some())
+        .collect();
+
+    let mut rows = Vec::new();
+    let mut recheck = false;
+    let mut keep: HashSet<(String, String)> = HashSet::new();
+    for test in &tests {
+        let ns = test.namespace().unwrap_or_default();
+        let label = format!("{ns}/{}", test.name_any());
+        let mut mine: Vec<&Arc<Job>> = runs
+            .iter()
+            .filter(|j| {
+                j.namespace().as_deref() == Some(ns.as_str())
+                    && run_of(j, &sb) == Some(test.name_any().as_str())
+            })
+            .collect();
+        // Newest first: by creation (whole seconds), then by the generations run.
+        mine.sort_by_key(|j| std::cmp::Reverse(run_order(j)));
+        let state = match ready {
+            None => match mine.first() {
+                // The last result stands until the new generation is Ready.
+                Some(j) if !matches!(job_state(j), State::Pending { .. }) => job_state(j),
+                _ => State::WaitingForSandbox,
+            },
+            Some(generation) => {
+                let name = desired::job_name(test, &sb, generation);
+                keep.insert((ns.clone(), name.clone()));
+                match mine.iter().find(|j| j.name_any() == name) {
+                    Some(j) => job_state(j),
+                    None => start(&ctx, test, &sb, generation, &mut recheck).await?,
+                }
+            }
+        };
+        // Retention: the current run and the newest RUNS_KEPT others; a superseded run that
+        // has not ended is canceled first.
+        let api = Api::<Job>::namespaced(ctx.client.clone(), &ns);
+        let mut others = 0;
+        for j in &mine {
+            if keep.contains(&(ns.clone(), j.name_any())) {
+                continue;
+            }
+            others += 1;
+            if others > RUNS_KEPT {
+                spur_operator_core::delete_opt(&api, &j.name_any()).await?;
+            } else if matches!(job_state(j), State::Pending { .. }) && ready.is_some() {
+                cancel(&api, j).await?;
+            }
+        }
+        rows.push(Row { test: label, state });
+    }
+    // Runs of tests that no longer cover the sandbox.
+    let covering: HashSet<(String, String)> = tests
+        .iter()
+        .map(|t| (t.namespace().unwrap_or_default(), t.name_any()))
+        .collect();
+    for j in &runs {
+        let ns = j.namespace().unwrap_or_default();
+        let test = run_of(j, &sb).unwrap_or_default().to_owned();
+        if !covering.contains(&(ns.clone(), test)) {
+            spur_operator_core::delete_opt(
+                &Api::<Job>::namespaced(ctx.client.clone(), &ns),
+                &j.name_any(),
+            )
+            .await?;
+        }
+    }
+    write_condition(&ctx, &sb, &rows).await?;
+    report(&ctx, &sb, &runs).await?;
+    Ok(if recheck {
+        Action::requeue(REFUSED_RECHECK)
+    } else {
+        Action::await_change()
+    })
+}
+
+/// Starts the run of `test` against `generation` of `sb`, once its creator's rights allow it.
+async fn start(
+    ctx: &SmartTestsContext,
+    test: &SmartTest,
+    sb: &Sandbox,
+    generation: i64,
+    recheck: &mut bool,
+) -> Result<State, Error> {
+    let ns = test.namespace().unwrap_or_default();
+    let Some(creator) = test.annotations().get(CREATED_BY_ANNOTATION) else {
+        return Ok(State::Refused(format!(
+            "it has no {CREATED_BY_ANNOTATION} (created without the webhook smarttest-creator.spur.dev, or before Spur recorded creators): re-create it"
+        )));
+    };
+    if let Err(why) = creator_may(&ctx.client, creator, &desired::questions(&ns, sb)).await? {
+        *recheck = true;
+        ctx.event(
+            sb,
+            true,
+            "SmartTestRefused",
+            "RunSmartTest",
+            format!("SmartTest {ns}/{} not run: {why}", test.name_any()),
+        )
+        .await;
+        return Ok(State::Refused(why));
+    }
+    let job = match desired::run_job(test, sb, generation) {
+        Ok(j) => j,
+        Err(why) => return Ok(State::Unrunnable(why)),
+    };
+    let name = job.name_any();
+    let api = Api::<Job>::namespaced(ctx.client.clone(), &ns);
+    match api.create(&PostParams::default(), &job).await {
+        Ok(_) => {}
+        // Created by a pass a moment ago, which the store has not seen yet.
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    ctx.event(
+        sb,
+        false,
+        "SmartTestStarted",
+        "RunSmartTest",
+        format!(
+            "SmartTest {ns}/{} runs as Job {ns}/{name} (sandbox generation {generation})",
+            test.name_any()
+        ),
+    )
+    .await;
+    Ok(State::Pending {
+        job: name,
+        note: "queued".into(),
+    })
+}
+
+async fn cancel(api: &Api<Job>, job: &Job) -> Result<(), Error> {
+    let patch = serde_json::json!({"spec": {"canceled": true}});
+    match api
+        .patch(
+            &job.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Applies the Tests condition (none when no test covers the sandbox), unless it stands already.
+async fn write_condition(ctx: &SmartTestsContext, sb: &Sandbox, rows: &[Row]) -> Result<(), Error> {
+    let current = desired::current_condition(sb);
+    let conditions = if rows.is_empty() {
+        if current.is_none() {
+            return Ok(());
+        }
+        Vec::new()
+    } else {
+        let v = verdict(rows);
+        if let Some(c) = current
+            && c.status == v.status
+            && c.reason == v.reason
+            && c.message == v.message
+            && c.observed_generation == sb.meta().generation
+        {
+            return Ok(());
+        }
+        let since = match current {
+            Some(c) if c.status == v.status => c.last_transition_time.clone(),
+            _ => Time(k8s_openapi::jiff::Timestamp::now()),
+        };
+        vec![serde_json::json!({
+            "type": TESTS_CONDITION,
+            "status": v.status,
+            "reason": v.reason,
+            "message": v.message,
+            "observedGeneration": sb.meta().generation,
+            "lastTransitionTime": since,
+        })]
+    };
+    let body = serde_json::json!({
+        "apiVersion": Sandbox::api_version(&()),
+        "kind": Sandbox::kind(&()),
+        "status": {"conditions": conditions},
+    });
+    match Api::<Sandbox>::all(ctx.client.clone())
+        .patch_status(
+            &sb.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Publishes each ended run's outcome as an Event on the Sandbox, once (the Job is annotated
+/// after).
+async fn report(ctx: &SmartTestsContext, sb: &Sandbox, runs: &[Arc<Job>]) -> Result<(), Error> {
+    for j in runs {
+        if j.annotations().contains_key(REPORTED_ANNOTATION) {
+            continue;
+        }
+        let State::Finished { .. } = job_state(j) else {
+            continue;
+        };
+        let ns = j.namespace().unwrap_or_default();
+        let test = run_of(j, sb).unwrap_or_default();
+        let v = verdict(&[Row {
+            test: format!("{ns}/{test}"),
+            state: job_state(j),
+        }]);
+        let (warning, reason) = match v.reason {
+            "Passed" => (false, "SmartTestPassed"),
+            "Findings" => (true, "SmartTestFindings"),
+            _ => (true, "SmartTestFailed"),
+        };
+        // The line after the count line names the test, its job and its outcome.
+        let note = v.message.lines().nth(1).unwrap_or_default().to_owned();
+        ctx.event(sb, warning, reason, "RunSmartTest", note).await;
+        let patch = serde_json::json!({"metadata": {"annotations": {REPORTED_ANNOTATION: "true"}}});
+        match Api::<Job>::namespaced(ctx.client.clone(), &ns)
+            .patch(
+                &j.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
