@@ -260,7 +260,7 @@ pub(crate) fn describe(j: &Job) -> String {
             c.type_,
             c.status,
             c.reason,
-            one_line(&c.message)
+            crate::text::one_line(&c.message)
         );
     }
     if !st.attempts.is_empty() {
@@ -277,7 +277,7 @@ pub(crate) fn describe(j: &Job) -> String {
                     .unwrap_or_default(),
                 a.message
                     .as_ref()
-                    .map(|m| format!(" ({})", one_line(m)))
+                    .map(|m| format!(" ({})", crate::text::one_line(m)))
                     .unwrap_or_default()
             );
         }
@@ -290,13 +290,7 @@ pub(crate) fn describe(j: &Job) -> String {
         );
     }
     if let Some(r) = &st.result {
-        let shown = r
-            .trim_end_matches('\n')
-            .split('\n')
-            .map(|line| escaped(line, &['\t']))
-            .collect::<Vec<_>>()
-            .join("\n  ");
-        let _ = writeln!(o, "Result:\n  {shown}");
+        let _ = writeln!(o, "Result:\n  {}", crate::text::lines(r, "  "));
     }
     if !st.artifacts.is_empty() {
         let _ = writeln!(o, "Artifacts:");
@@ -304,30 +298,13 @@ pub(crate) fn describe(j: &Job) -> String {
             let _ = writeln!(
                 o,
                 "  {} ({} bytes, sha256 {})",
-                one_line(&a.path),
+                crate::text::one_line(&a.path),
                 a.size,
                 &a.sha256[..a.sha256.len().min(16)]
             );
         }
     }
     o
-}
-
-/// Text a job wrote (its result) or named (paths, which messages quote), for a terminal: control
-/// characters other than `keep` are shown escaped (`\u{1b}`), never sent, so a job cannot move
-/// the cursor, retitle the window or hide a line of what `spur job get` prints.
-fn escaped(text: &str, keep: &[char]) -> String {
-    text.chars()
-        .flat_map(|c| match c {
-            c if c.is_control() && !keep.contains(&c) => c.escape_default().collect(),
-            c => vec![c],
-        })
-        .collect()
-}
-
-/// [`escaped`] on one line: a newline is escaped too.
-fn one_line(text: &str) -> String {
-    escaped(text, &[])
 }
 
 fn api_path(ns: &str, name: &str, sub: &str) -> String {
@@ -541,7 +518,7 @@ pub(crate) async fn artifact(args: ArtifactArgs) -> Result<ExitCode> {
                         .unwrap_or_default()
                         .get(..16)
                         .unwrap_or_default(),
-                    one_line(a["path"].as_str().unwrap_or_default())
+                    crate::text::one_line(a["path"].as_str().unwrap_or_default())
                 );
             }
             Ok(ExitCode::SUCCESS)
@@ -604,7 +581,7 @@ pub(crate) async fn artifact(args: ArtifactArgs) -> Result<ExitCode> {
                         .with_context(|| format!("writing {}", dest.display()))?;
                     eprintln!(
                         "{} ({} bytes, sha256 {got})",
-                        one_line(&dest.to_string_lossy()),
+                        crate::text::one_line(&dest.to_string_lossy()),
                         data.len()
                     );
                 }

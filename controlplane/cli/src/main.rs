@@ -23,6 +23,7 @@ mod route;
 mod sandbox;
 mod sidecar_admin;
 mod smarttest;
+mod text;
 mod traffic;
 
 use clap::{Parser, Subcommand};

@@ -72,6 +72,21 @@ fn header(
     }
     let _ = writeln!(out, "Routing key: {}", key.unwrap_or("(not assigned yet)"));
     let _ = writeln!(out, "Ready:       {}", ready_text(conditions));
+    // Automatic smart-test runs (docs/smart-tests.md): their findings quote what the fork
+    // answered, so they are escaped.
+    if let Some(c) = find_condition(conditions, spur_api::smarttest::TESTS_CONDITION) {
+        let verdict = match c.status.as_str() {
+            "True" => "passed",
+            "False" => "failed",
+            _ => "running",
+        };
+        let _ = writeln!(
+            out,
+            "Tests:       {verdict} ({})\n  {}",
+            crate::text::one_line(&c.reason),
+            crate::text::lines(&c.message, "  ")
+        );
+    }
     if let Some(t) = expires {
         let _ = writeln!(out, "Expires:     {}", t.0);
     }
@@ -350,6 +365,29 @@ pub(crate) fn table<K: Row>(items: &[K]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tests_condition_is_shown_escaped() {
+        let sb: Sandbox = serde_json::from_value(serde_json::json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "pr-1"},
+            "spec": {"forks": []},
+            "status": {"routingKey": "k1", "conditions": [
+                {"type": "Ready", "status": "True", "reason": "Ready", "message": "",
+                 "lastTransitionTime": "2026-12-05T00:00:00Z"},
+                {"type": "Tests", "status": "False", "reason": "Findings",
+                 "message": "1 test: 1 with findings\nshop/list (job list-1): 1 finding (1 value): [value] GET api/x: $.a: \"\u{1b}]0;x\u{7}\" → \"b\"",
+                 "lastTransitionTime": "2026-12-05T00:00:00Z"}
+            ]}
+        }))
+        .unwrap();
+        let text = describe(&sb);
+        assert!(
+            text.contains("Tests:       failed (Findings)\n  1 test: 1 with findings\n  shop/list (job list-1): 1 finding (1 value): [value] GET api/x: $.a: \"\\u{1b}]0;x\\u{7}\" → \"b\"\n"),
+            "{text}"
+        );
+        assert!(!text.contains('\u{1b}'), "{text}");
+    }
 
     #[test]
     fn resources_show_their_phase_failure_and_secret() {
