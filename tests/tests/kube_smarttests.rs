@@ -4,7 +4,7 @@
 //! test plays the Deployment controller (a fork becomes ready) and the jobs component (a run's
 //! Job ends with a summary as its result), and checks what the operator does around them.
 //!
-//! Ann may fork `api` in `shop` and submit Jobs there; her SmartTest covers her sandbox, so it
+//! Ann may fork `api` in `shop` and submit Jobs there (through her group); her SmartTest covers her sandbox, so it
 //! runs as a Job when the sandbox is Ready, and again when the sandbox's spec changes; its
 //! summary becomes the Sandbox's Tests condition and an Event. Mallory may write SmartTests in
 //! `shop` but not create its workloads: her test, which covers the same sandbox, is not run, and
@@ -38,14 +38,26 @@ use tokio_util::sync::CancellationToken;
 
 const NS: &str = "shop";
 const TEAM_B: &str = "team-b";
-const ANN: &str = "system:serviceaccount:devs:ann";
+const ANN: &str = "system:serviceaccount:shop-devs:ann";
+/// Ann's rights in shop come through this group (as most users' do): the runs' access reviews
+/// must ask with the creator's groups.
+const SHOP_DEVS: &str = "system:serviceaccounts:shop-devs";
 const MALLORY: &str = "system:serviceaccount:devs:mallory";
 
-/// A ServiceAccount of `devs` with `cluster` rules cluster-wide and `rules` in each namespace.
-async fn user(api: &KubeApi, name: &str, cluster: Value, rules: &[(&str, Value)]) -> Client {
+/// A ServiceAccount `name` of `home` with `cluster` rules cluster-wide and `rules` in each
+/// namespace, bound to `subject` (the ServiceAccount itself when `None`).
+async fn user(
+    api: &KubeApi,
+    home: &str,
+    name: &str,
+    subject: Option<Value>,
+    cluster: Value,
+    rules: &[(&str, Value)],
+) -> Client {
     let admin = api.client();
-    let token = api.service_account_token("devs", name).await.unwrap();
-    let subject = json!([{"kind": "ServiceAccount", "name": name, "namespace": "devs"}]);
+    let token = api.service_account_token(home, name).await.unwrap();
+    let subject = subject
+        .unwrap_or_else(|| json!([{"kind": "ServiceAccount", "name": name, "namespace": home}]));
     let role: ClusterRole =
         serde_json::from_value(json!({"metadata": {"name": name}, "rules": cluster})).unwrap();
     Api::<ClusterRole>::all(admin.clone())
@@ -302,7 +314,9 @@ async fn a_covering_test_runs_with_its_creators_rights_and_its_outcome_lands_on_
                           "verbs": ["create", "get", "list", "patch", "delete"]});
     let ann = user(
         &api,
+        "shop-devs",
         "ann",
+        Some(json!([{"kind": "Group", "name": SHOP_DEVS, "apiGroup": "rbac.authorization.k8s.io"}])),
         json!([sandboxes]),
         &[(NS, json!([
             tests_rw,
@@ -316,7 +330,9 @@ async fn a_covering_test_runs_with_its_creators_rights_and_its_outcome_lands_on_
     // its workloads: she could not have created the sandbox.
     let mallory = user(
         &api,
+        "devs",
         "mallory",
+        None,
         json!([{"apiGroups": ["spur.dev"], "resources": ["sandboxes"], "verbs": ["get", "list"]}]),
         &[(NS, json!([
             tests_rw,
@@ -324,7 +340,15 @@ async fn a_covering_test_runs_with_its_creators_rights_and_its_outcome_lands_on_
         ]))],
     )
     .await;
-    let bob = user(&api, "bob", json!([]), &[(TEAM_B, json!([tests_rw]))]).await;
+    let bob = user(
+        &api,
+        "devs",
+        "bob",
+        None,
+        json!([]),
+        &[(TEAM_B, json!([tests_rw]))],
+    )
+    .await;
 
     let pp = PostParams::default();
     Api::<Sandbox>::all(ann.clone())
@@ -342,6 +366,11 @@ async fn a_covering_test_runs_with_its_creators_rights_and_its_outcome_lands_on_
         Some(ANN),
         "the creator is stamped"
     );
+    let groups = mine
+        .annotations()
+        .get(spur_api::smarttest::CREATED_BY_GROUPS_ANNOTATION)
+        .unwrap();
+    assert!(groups.contains(SHOP_DEVS), "{groups}");
     let hers = Api::<SmartTest>::namespaced(mallory.clone(), NS)
         .create(&pp, &smart_test("mallorys", NS, &["api"]))
         .await

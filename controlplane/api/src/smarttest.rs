@@ -69,6 +69,12 @@ pub struct SmartTestSpec {
 /// (written by the operator's smart-test controller under its own field manager, so the Sandbox
 /// controller's status writes leave it alone).
 pub const TESTS_CONDITION: &str = "Tests";
+/// On a SmartTest: its creator's groups (a JSON list of strings), stamped at admission beside
+/// `spur.dev/created-by`, as the API server authenticated them: the SubjectAccessReviews of its
+/// automatic runs ask about the user with these groups.
+pub const CREATED_BY_GROUPS_ANNOTATION: &str = "spur.dev/created-by-groups";
+/// Most bytes of [`CREATED_BY_GROUPS_ANNOTATION`].
+pub const CREATOR_GROUPS_MAX: usize = 16 * 1024;
 /// The runner group of automatic runs when a SmartTest names none.
 pub const DEFAULT_RUNNER_GROUP: &str = "smart-tests";
 /// On an automatic run's Job: the SmartTest it runs (its name; the Job is in its namespace).

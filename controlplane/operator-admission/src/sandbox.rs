@@ -24,6 +24,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use kube::{Api, Client};
+use spur_api::smarttest::{CREATED_BY_GROUPS_ANNOTATION, CREATOR_GROUPS_MAX};
 use spur_api::workstation::{CREATED_BY_ANNOTATION, USERNAME_MAX};
 
 use super::{dynamic_request, reply, text};
@@ -97,18 +98,40 @@ pub(crate) fn review_stamp(body: &[u8], metrics: &Metrics) -> Response<Full<Byte
     }
 }
 
-/// The patch that sets (on create) or restores (on update) the creator annotation, `None` when
-/// it is right already, or why the request is refused.
+/// The annotations a kind's creator stamp holds, with the values a create gets: the user for
+/// Sandboxes and SmartTests, and for SmartTests the user's groups too (a JSON list), which the
+/// SubjectAccessReviews of their automatic runs need: most users' rights come through groups.
+fn stamps(
+    req: &AdmissionRequest<DynamicObject>,
+    user: &str,
+) -> Result<Vec<(&'static str, String)>, String> {
+    let mut out = vec![(CREATED_BY_ANNOTATION, user.to_owned())];
+    if req.kind.kind == "SmartTest" {
+        let groups = serde_json::to_string(&req.user_info.groups.clone().unwrap_or_default())
+            .map_err(|e| format!("cannot write the groups: {e}"))?;
+        if groups.len() > CREATOR_GROUPS_MAX {
+            return Err(format!(
+                "the creator's groups take {} bytes as JSON, more than the {CREATOR_GROUPS_MAX} a SmartTest records",
+                groups.len()
+            ));
+        }
+        out.push((CREATED_BY_GROUPS_ANNOTATION, groups));
+    }
+    Ok(out)
+}
+
+/// The patch that sets (on create) or restores (on update) the creator annotations, `None` when
+/// they are right already, or why the request is refused.
 pub(crate) fn creator_patch(
     req: &AdmissionRequest<DynamicObject>,
 ) -> Result<Option<json_patch::Patch>, String> {
-    let (new, old) = (
-        annotation(req.object.as_ref()),
-        annotation(req.old_object.as_ref()),
-    );
     // Sandboxes, and SmartTests (whose automatic runs need their creator's rights).
     let kind = req.kind.kind.as_str();
-    let value = match req.operation {
+    let get = |o: Option<&DynamicObject>, key: &str| -> Option<String> {
+        o?.metadata.annotations.as_ref()?.get(key).cloned()
+    };
+    let mut set: Vec<(&'static str, String)> = Vec::new();
+    match req.operation {
         Operation::Create => {
             let Some(user) = req.user_info.username.as_deref().filter(|u| !u.is_empty()) else {
                 return Err(format!(
@@ -120,47 +143,72 @@ pub(crate) fn creator_patch(
                     "user names above {USERNAME_MAX} bytes are not supported"
                 ));
             }
-            match new {
-                Some(n) if n == user => return Ok(None),
-                Some(_) => {
-                    return Err(format!(
-                        "the annotation {CREATED_BY_ANNOTATION} is set by Spur to the user creating the {kind}; remove it from the manifest"
-                    ));
+            for (key, value) in stamps(req, user)? {
+                match get(req.object.as_ref(), key) {
+                    Some(n) if n == value => {}
+                    Some(_) => {
+                        return Err(format!(
+                            "the annotation {key} is set by Spur to the user creating the {kind}; remove it from the manifest"
+                        ));
+                    }
+                    None => set.push((key, value)),
                 }
-                None => user.to_string(),
             }
         }
-        Operation::Update => match (old, new) {
-            (Some(o), Some(n)) if o == n => return Ok(None),
-            (Some(_), Some(_)) => {
-                return Err(format!(
-                    "the annotation {CREATED_BY_ANNOTATION} records who created the {kind} and cannot be changed"
-                ));
+        Operation::Update => {
+            let keys: &[&'static str] = if kind == "SmartTest" {
+                &[CREATED_BY_ANNOTATION, CREATED_BY_GROUPS_ANNOTATION]
+            } else {
+                &[CREATED_BY_ANNOTATION]
+            };
+            for key in keys {
+                match (
+                    get(req.old_object.as_ref(), key),
+                    get(req.object.as_ref(), key),
+                ) {
+                    (Some(o), Some(n)) if o == n => {}
+                    (Some(_), Some(_)) => {
+                        return Err(format!(
+                            "the annotation {key} records who created the {kind} and cannot be changed"
+                        ));
+                    }
+                    (Some(o), None) => set.push((key, o)),
+                    (None, Some(_)) => {
+                        return Err(format!(
+                            "this {kind} was created without {key} and cannot be given one; create a new {kind} instead"
+                        ));
+                    }
+                    (None, None) => {}
+                }
             }
-            (Some(o), None) => o.to_string(),
-            (None, Some(_)) => {
-                return Err(format!(
-                    "this {kind} was created without {CREATED_BY_ANNOTATION} and cannot be given one; create a new {kind} instead"
-                ));
-            }
-            (None, None) => return Ok(None),
-        },
-        _ => return Ok(None),
-    };
+        }
+        _ => {}
+    }
+    if set.is_empty() {
+        return Ok(None);
+    }
     let has_annotations = req
         .object
         .as_ref()
         .is_some_and(|o| o.metadata.annotations.is_some());
-    let op = if has_annotations {
-        serde_json::json!([{
-            "op": "add",
-            "path": format!("/metadata/annotations/{}", CREATED_BY_ANNOTATION.replace('~', "~0").replace('/', "~1")),
-            "value": value,
-        }])
+    let ops: Vec<serde_json::Value> = if has_annotations {
+        set.iter()
+            .map(|(key, value)| {
+                serde_json::json!({
+                    "op": "add",
+                    "path": format!("/metadata/annotations/{}", key.replace('~', "~0").replace('/', "~1")),
+                    "value": value,
+                })
+            })
+            .collect()
     } else {
-        serde_json::json!([{"op": "add", "path": "/metadata/annotations", "value": {CREATED_BY_ANNOTATION: value}}])
+        let all: serde_json::Map<String, serde_json::Value> = set
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(v.clone())))
+            .collect();
+        vec![serde_json::json!({"op": "add", "path": "/metadata/annotations", "value": all})]
     };
-    serde_json::from_value(op)
+    serde_json::from_value(serde_json::Value::Array(ops))
         .map(Some)
         .map_err(|e| format!("cannot build the patch: {e}"))
 }
@@ -370,6 +418,81 @@ mod tests {
             Some(sandbox(None, None)),
         );
         assert_eq!(creator_patch(&legacy), Ok(None));
+    }
+
+    fn smart_test_request(
+        operation: &str,
+        annotations: Value,
+        old: Option<Value>,
+    ) -> AdmissionRequest<DynamicObject> {
+        let object = json!({"apiVersion": "spur.dev/v1alpha1", "kind": "SmartTest",
+            "metadata": {"name": "t", "namespace": "shop", "annotations": annotations},
+            "spec": {"steps": []}});
+        let old = old.map(|a| {
+            let mut o = object.clone();
+            o["metadata"]["annotations"] = a;
+            o
+        });
+        let review: AdmissionReview<DynamicObject> = serde_json::from_value(json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "u", "operation": operation, "name": "t", "namespace": "shop",
+                "kind": {"group": "spur.dev", "version": "v1alpha1", "kind": "SmartTest"},
+                "resource": {"group": "spur.dev", "version": "v1alpha1", "resource": "smarttests"},
+                "userInfo": {"username": "ann", "groups": ["shop-devs", "system:authenticated"]},
+                "object": object, "oldObject": old,
+            }
+        }))
+        .unwrap();
+        review.try_into().unwrap()
+    }
+
+    #[test]
+    fn a_smart_tests_creator_is_stamped_with_its_groups() {
+        let doc = patched(&smart_test_request("CREATE", json!({"team": "shop"}), None));
+        let a = &doc["metadata"]["annotations"];
+        assert_eq!(a[CREATED_BY_ANNOTATION], "ann");
+        assert_eq!(
+            a[CREATED_BY_GROUPS_ANNOTATION],
+            r#"["shop-devs","system:authenticated"]"#
+        );
+        assert_eq!(a["team"], "shop");
+        // Groups written by the client: refused, as a user is.
+        let forged = smart_test_request(
+            "CREATE",
+            json!({CREATED_BY_GROUPS_ANNOTATION: r#"["system:masters"]"#}),
+            None,
+        );
+        let err = creator_patch(&forged).unwrap_err();
+        assert!(
+            err.contains(CREATED_BY_GROUPS_ANNOTATION) && err.contains("set by Spur"),
+            "{err}"
+        );
+        // Changed later: refused; dropped: restored.
+        let stamped = json!({CREATED_BY_ANNOTATION: "ann",
+                             CREATED_BY_GROUPS_ANNOTATION: r#"["shop-devs"]"#});
+        let changed = smart_test_request(
+            "UPDATE",
+            json!({CREATED_BY_ANNOTATION: "ann",
+                   CREATED_BY_GROUPS_ANNOTATION: r#"["system:masters"]"#}),
+            Some(stamped.clone()),
+        );
+        assert!(
+            creator_patch(&changed)
+                .unwrap_err()
+                .contains("cannot be changed")
+        );
+        let dropped = smart_test_request(
+            "UPDATE",
+            json!({CREATED_BY_ANNOTATION: "ann"}),
+            Some(stamped.clone()),
+        );
+        assert_eq!(
+            patched(&dropped)["metadata"]["annotations"][CREATED_BY_GROUPS_ANNOTATION],
+            r#"["shop-devs"]"#
+        );
+        let same = smart_test_request("UPDATE", stamped.clone(), Some(stamped));
+        assert_eq!(creator_patch(&same), Ok(None));
     }
 
     #[test]

@@ -12,8 +12,10 @@ use spur_api::Sandbox;
 use spur_api::jobs::{InjectRoutingKey, Job, JobSpec, RoutingContext, SCRIPT_MAX};
 use spur_api::keys::labels::{MANAGED_BY, MANAGED_BY_VALUE, SANDBOX};
 use spur_api::smarttest::{
-    RUN_SANDBOX_GENERATION, RUN_TEST_GENERATION, RUN_TEST_LABEL, SmartTest, TESTS_CONDITION,
+    CREATED_BY_GROUPS_ANNOTATION, RUN_SANDBOX_GENERATION, RUN_TEST_GENERATION, RUN_TEST_LABEL,
+    SmartTest, TESTS_CONDITION,
 };
+use spur_api::workstation::CREATED_BY_ANNOTATION;
 
 /// Where a run's summary is written in the runner container: one file per Job, so a reused
 /// runner pod never hands a run the summary of the run before it.
@@ -166,12 +168,13 @@ impl Question {
         }
     }
 
-    /// The SubjectAccessReview that asks it for `user`.
-    pub fn review(&self, user: &str) -> SubjectAccessReview {
+    /// The SubjectAccessReview that asks it for `user` with `groups`.
+    pub fn review(&self, user: &str, groups: &[String]) -> SubjectAccessReview {
         SubjectAccessReview {
             metadata: ObjectMeta::default(),
             spec: SubjectAccessReviewSpec {
                 user: Some(user.to_owned()),
+                groups: (!groups.is_empty()).then(|| groups.to_vec()),
                 resource_attributes: Some(ResourceAttributes {
                     verb: Some(self.verb.into()),
                     group: Some(self.group.into()),
@@ -236,6 +239,24 @@ pub fn questions(namespace: &str, sb: &Sandbox) -> Vec<Question> {
         }
     }
     out
+}
+
+/// A test's creator as stamped at admission: the user and their groups. `Err` says why there is
+/// none to ask about.
+pub fn creator(test: &SmartTest) -> Result<(String, Vec<String>), String> {
+    let a = test.annotations();
+    let Some(user) = a.get(CREATED_BY_ANNOTATION) else {
+        return Err(format!(
+            "it has no {CREATED_BY_ANNOTATION} (created without the webhook smarttest-creator.spur.dev, or before Spur recorded creators): re-create it"
+        ));
+    };
+    let groups = match a.get(CREATED_BY_GROUPS_ANNOTATION) {
+        Some(g) => serde_json::from_str(g).map_err(|e| {
+            format!("its {CREATED_BY_GROUPS_ANNOTATION} is not a list of names: {e}")
+        })?,
+        None => Vec::new(),
+    };
+    Ok((user.clone(), groups))
 }
 
 /// The Tests condition as it stands on `sb`, if any.
@@ -363,8 +384,9 @@ mod tests {
                 "create services in shop",
             ]
         );
-        let r = qs[1].review("ann");
+        let r = qs[1].review("ann", &["shop-devs".to_owned()]);
         assert_eq!(r.spec.user.as_deref(), Some("ann"));
+        assert_eq!(r.spec.groups, Some(vec!["shop-devs".to_owned()]));
         let attrs = r.spec.resource_attributes.unwrap();
         assert_eq!(attrs.name.as_deref(), Some("pr-42"));
         assert_eq!(attrs.namespace, None);

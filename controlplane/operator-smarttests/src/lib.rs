@@ -27,7 +27,6 @@ use spur_api::Sandbox;
 use spur_api::jobs::Job;
 use spur_api::keys::labels::SANDBOX;
 use spur_api::smarttest::{RUN_TEST_LABEL, SmartTest, TESTS_CONDITION};
-use spur_api::workstation::CREATED_BY_ANNOTATION;
 use spur_controller::changes::{changes, meta_digest, synced};
 use spur_operator_core::{Context, Error, controller_config};
 use tokio_util::sync::CancellationToken;
@@ -199,11 +198,14 @@ fn run_order(job: &Job) -> (Option<Time>, i64, i64) {
 async fn creator_may(
     client: &Client,
     user: &str,
+    groups: &[String],
     questions: &[desired::Question],
 ) -> Result<Result<(), String>, Error> {
     let api = Api::<SubjectAccessReview>::all(client.clone());
     for q in questions {
-        let answer = api.create(&PostParams::default(), &q.review(user)).await?;
+        let answer = api
+            .create(&PostParams::default(), &q.review(user, groups))
+            .await?;
         if !answer.status.is_some_and(|s| s.allowed) {
             return Ok(Err(format!(
                 "its creator {user} may not {} (a test runs only where its creator could have created the sandbox and submitted the job)",
@@ -322,12 +324,13 @@ async fn start(
     recheck: &mut bool,
 ) -> Result<State, Error> {
     let ns = test.namespace().unwrap_or_default();
-    let Some(creator) = test.annotations().get(CREATED_BY_ANNOTATION) else {
-        return Ok(State::Refused(format!(
-            "it has no {CREATED_BY_ANNOTATION} (created without the webhook smarttest-creator.spur.dev, or before Spur recorded creators): re-create it"
-        )));
+    let (creator, groups) = match desired::creator(test) {
+        Ok(c) => c,
+        Err(why) => return Ok(State::Refused(why)),
     };
-    if let Err(why) = creator_may(&ctx.client, creator, &desired::questions(&ns, sb)).await? {
+    if let Err(why) =
+        creator_may(&ctx.client, &creator, &groups, &desired::questions(&ns, sb)).await?
+    {
         *recheck = true;
         ctx.event(
             sb,
