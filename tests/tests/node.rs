@@ -26,6 +26,7 @@ mod node_local;
 mod node_parity;
 mod node_quickstart;
 mod node_resources;
+mod node_smarttests;
 mod node_tenancy;
 mod node_traffic;
 mod node_upgrade;
@@ -334,6 +335,10 @@ fn helm_install_and_the_user_path_on_running_pods() {
     mark("jobs in the sandbox's routing context, on a pool of runner pods");
     // --- jobs in the sandbox's routing context, on a pool of runner pods ---------------------
     node_jobs::jobs_on_the_node(node, ns, "backend-fix", &key, &fork, &backend_pods[0]);
+
+    mark("automatic smart-test runs");
+    // --- a SmartTest covering backend runs when a sandbox forking it is Ready, and again ------
+    node_smarttests::smart_tests_on_the_node(node, ns);
 
     mark("just-in-time access");
     // --- just-in-time access: kubectl exec under a grant, audited, refused after expiry -------

@@ -1,0 +1,182 @@
+//! Automatic smart-test runs on the node (docs/smart-tests.md, "Automatic runs"): a SmartTest
+//! covering `backend` runs, as a Job on a runner group of Spur's own image, against a sandbox
+//! forking `backend` once it is Ready; the summary the real `spur test run` left in the runner
+//! pod becomes the Sandbox's Tests condition (the fork's marker is a change the baseline's two
+//! answers do not explain) and `spur sandbox get` shows it; changing the fork runs it again.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::Value;
+use spur_e2e::node::{Node, SPUR_IMAGE, eventually};
+
+const GROUP: &str = "smart-tests";
+const TEST: &str = "backend-root";
+const SANDBOX: &str = "backend-st";
+
+fn tests_condition(node: &Node) -> Option<(String, String, String)> {
+    let s = node.get_json("default", &["sandbox", SANDBOX]).ok()?;
+    let c = s["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Tests")?
+        .clone();
+    let text = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+    Some((text("status"), text("reason"), text("message")))
+}
+
+/// The runs of the test against the sandbox, oldest first.
+fn runs(node: &Node, ns: &str) -> Vec<Value> {
+    let list = node
+        .get_json(
+            ns,
+            &[
+                "jobs.spur.dev",
+                "-l",
+                &format!("spur.dev/smarttest={TEST},spur.dev/sandbox={SANDBOX}"),
+            ],
+        )
+        .unwrap_or(Value::Null);
+    let mut items = list["items"].as_array().cloned().unwrap_or_default();
+    items.sort_by_key(|j| {
+        j["metadata"]["annotations"]["spur.dev/sandbox-generation"]
+            .as_str()
+            .and_then(|g| g.parse::<i64>().ok())
+            .unwrap_or(0)
+    });
+    items
+}
+
+/// Waits until the run against sandbox generation `generation` ended and the condition reports
+/// it (not Running); returns the condition.
+fn ended(node: &Node, ns: &str, generation: i64) -> (String, String, String) {
+    eventually(
+        &format!("the run against generation {generation} ended and reported"),
+        Duration::from_secs(300),
+        || {
+            let done = runs(node, ns).iter().any(|j| {
+                j["metadata"]["annotations"]["spur.dev/sandbox-generation"]
+                    == generation.to_string().as_str()
+                    && ["Succeeded", "Failed"].contains(&j["status"]["phase"].as_str().unwrap_or(""))
+            });
+            Ok(done
+                .then(|| tests_condition(node))
+                .flatten()
+                .filter(|(status, _, _)| status != "Unknown"))
+        },
+    )
+    .with_context(|| {
+        format!(
+            "{}\n{}\nruns: {:#}",
+            node.kubectl(&["get", "sandbox", SANDBOX, "-o", "yaml"])
+                .unwrap_or_default(),
+            node.describe(ns),
+            Value::Array(runs(node, ns))
+        )
+    })
+    .unwrap()
+}
+
+pub(crate) fn smart_tests_on_the_node(node: &Node, ns: &str) {
+    node.apply(&format!(
+        "apiVersion: spur.dev/v1alpha1\nkind: JobRunnerGroup\nmetadata:\n  name: {GROUP}\n  namespace: {ns}\nspec:\n  image: {SPUR_IMAGE}\n  replicas: 1\n  jobTimeout: 5m\n"
+    ))
+    .unwrap();
+    // Created with the admin's credentials: the stamp records the user and the groups
+    // (system:masters) the runs' access reviews ask with.
+    node.apply(&format!(
+        r#"apiVersion: spur.dev/v1alpha1
+kind: SmartTest
+metadata:
+  name: {TEST}
+  namespace: {ns}
+spec:
+  services: [backend]
+  runnerGroup: {GROUP}
+  steps:
+    - name: root
+      http: {{url: "http://backend.{ns}.svc.cluster.local:8080/"}}
+      checks: [{{status: 200}}]
+"#
+    ))
+    .unwrap();
+    let t = node.get_json(ns, &["smarttest", TEST]).unwrap();
+    assert!(
+        t["metadata"]["annotations"]["spur.dev/created-by-groups"]
+            .as_str()
+            .is_some_and(|g| g.contains("system:masters")),
+        "{t:#}"
+    );
+
+    // The sandbox: its fork reports a marker the baseline does not.
+    node.apply(&crate::sandbox(SANDBOX, ns, "backend", "st1", None))
+        .unwrap();
+    crate::sandbox_ready(node, SANDBOX);
+    let (status, reason, message) = ended(node, ns, 1);
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "Findings"),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!("{ns}/{TEST} (job ")) && message.contains("$.marker"),
+        "{message}"
+    );
+    let first = runs(node, ns);
+    assert_eq!(first.len(), 1, "one run per generation");
+    let result = first[0]["status"]["result"].as_str().unwrap_or_default();
+    let summary: Value = serde_json::from_str(result).unwrap_or(Value::Null);
+    assert_eq!(summary["steps"], 1, "{result}");
+    assert_eq!(summary["checksFailed"], 0, "{result}");
+    // The CLI shows it.
+    let shown = node_cli_get(node);
+    assert!(
+        shown.contains("Tests:       failed (Findings)") && shown.contains("$.marker"),
+        "{shown}"
+    );
+    eprintln!("smart tests: the automatic run against generation 1 reported: {message}");
+
+    // The fork changes: run again, against the new generation.
+    let patched = crate::sandbox(SANDBOX, ns, "backend", "st2", None);
+    node.apply(&patched).unwrap();
+    eventually(
+        "the sandbox's generation 2 Ready",
+        Duration::from_secs(180),
+        || {
+            let s = node.get_json("default", &["sandbox", SANDBOX])?;
+            let ready = s["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            Ok((ready && s["status"]["observedGeneration"] == 2).then_some(()))
+        },
+    )
+    .unwrap();
+    let (_, reason, message) = ended(node, ns, 2);
+    assert_eq!(reason, "Findings", "{message}");
+    let all = runs(node, ns);
+    assert_eq!(all.len(), 2, "the first run is kept");
+    assert_ne!(all[0]["metadata"]["name"], all[1]["metadata"]["name"]);
+    eprintln!("smart tests: the fork changed, generation 2 ran again: {message}");
+
+    for what in [
+        vec!["delete", "sandbox", SANDBOX, "--wait=true", "--timeout=120s"],
+        vec!["delete", "smarttest", TEST, "-n", ns],
+        vec!["delete", "jobrunnergroup", GROUP, "-n", ns],
+    ] {
+        node.kubectl(&what).unwrap();
+    }
+}
+
+/// `spur sandbox get` with the admin's credentials.
+fn node_cli_get(node: &Node) -> String {
+    let out = std::process::Command::new("timeout")
+        .args(["-s", "KILL", "60"])
+        .arg(spur_e2e::node::spur_bin("spur"))
+        .args(["sandbox", "get", SANDBOX])
+        .env("SPUR_KUBECONFIG", &node.kubeconfig)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
