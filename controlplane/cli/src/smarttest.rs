@@ -1,4 +1,4 @@
-//! `spur test run|list|check`: a smart test (a file of HTTP and gRPC requests with optional checks,
+//! `spur test run|list|results|check`: a smart test (a file of HTTP and gRPC requests with optional checks,
 //! docs/smart-tests.md) sent from here to a sandbox and, twice, to its baseline; the answers are
 //! checked and diffed with the baseline's own differences learned as noise (`spur-smarttest`).
 //!
@@ -42,6 +42,10 @@ enum TestCommand {
     /// The SmartTests of a namespace, with the Services each exercises; with --sandbox, which
     /// of them cover the sandbox (it forks a workload behind one of their Services).
     List(ListArgs),
+    /// The automatic runs of a namespace's SmartTests (docs/smart-tests.md, "Automatic runs"):
+    /// one line per run, newest first, with the sandbox generation it ran against and its
+    /// outcome. Read with your credentials (`list` on jobs.spur.dev in the namespace).
+    Results(ResultsArgs),
     /// Read a test file and say whether it can run (nothing is sent).
     Check {
         /// The test: a file with `steps:`, or a SmartTest manifest (its `spec`); - for stdin.
@@ -98,6 +102,22 @@ struct ListArgs {
     kubeconfig: Option<PathBuf>,
 }
 
+#[derive(Args)]
+struct ResultsArgs {
+    /// The namespace [default: the kubeconfig's].
+    #[arg(short = 'n', long)]
+    namespace: Option<String>,
+    /// Only the runs against this sandbox.
+    #[arg(long)]
+    sandbox: Option<String>,
+    /// Only the runs of this SmartTest.
+    #[arg(long)]
+    test: Option<String>,
+    /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then the in-cluster config).
+    #[arg(long, env = "SPUR_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Output {
     Text,
@@ -114,6 +134,10 @@ pub(crate) async fn run(args: TestArgs) -> Result<ExitCode> {
         }
         TestCommand::List(a) => {
             outln!("{}", list(&a).await?.trim_end());
+            Ok(ExitCode::SUCCESS)
+        }
+        TestCommand::Results(a) => {
+            outln!("{}", results(&a).await?.trim_end());
             Ok(ExitCode::SUCCESS)
         }
         // Errors exit 2 here: 1 tells a script "the sandbox changed something".
@@ -270,6 +294,80 @@ async fn list(a: &ListArgs) -> Result<String> {
             row.push(dash(t.spec.covers(&ns, sb)));
         }
         rows.push(row);
+    }
+    Ok(aligned(&rows))
+}
+
+/// `spur test results`: the automatic runs' Jobs of the namespace (labelled with their test),
+/// read with the user's credentials, newest first.
+async fn results(a: &ResultsArgs) -> Result<String> {
+    use spur_api::smarttest::{RUN_SANDBOX_GENERATION, RUN_TEST_LABEL};
+    let client = crate::kube_client(a.kubeconfig.as_deref()).await?;
+    let ns = a
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let mut selector = RUN_TEST_LABEL.to_owned();
+    if let Some(t) = &a.test {
+        selector = format!("{RUN_TEST_LABEL}={t}");
+    }
+    if let Some(s) = &a.sandbox {
+        selector.push_str(&format!(",{}={s}", spur_api::keys::labels::SANDBOX));
+    }
+    let mut jobs = Api::<spur_api::jobs::Job>::namespaced(client, &ns)
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await
+        .map_err(|e| api_error(e, &format!("listing the runs (Jobs) in namespace {ns}")))?
+        .items;
+    if jobs.is_empty() {
+        return Ok(format!("no automatic runs in namespace {ns}"));
+    }
+    let label = |j: &spur_api::jobs::Job, key: &str| {
+        j.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(key))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let generation = |j: &spur_api::jobs::Job| {
+        j.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(RUN_SANDBOX_GENERATION))
+            .and_then(|g| g.parse::<i64>().ok())
+            .unwrap_or(0)
+    };
+    jobs.sort_by_key(|j| std::cmp::Reverse((j.metadata.creation_timestamp.clone(), generation(j))));
+    let mut rows = vec![
+        ["TEST", "SANDBOX", "GEN", "JOB", "PHASE", "OUTCOME"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for j in &jobs {
+        let st = j.status.clone().unwrap_or_default();
+        let phase = st.phase.map_or("Queued", spur_api::jobs::JobPhase::as_str);
+        let outcome = match (&st.result, st.phase) {
+            (Some(text), _) => match spur_smarttest::summary::Outcome::parse(text) {
+                Ok(spur_smarttest::summary::Outcome::Ran(s)) => s.brief(3),
+                Ok(spur_smarttest::summary::Outcome::Error(e)) => format!("not run: {e}"),
+                Err(e) => e,
+            },
+            (
+                None,
+                Some(spur_api::jobs::JobPhase::Queued | spur_api::jobs::JobPhase::Running) | None,
+            ) => "-".into(),
+            (None, Some(_)) => "no summary (spur job logs)".into(),
+        };
+        rows.push(vec![
+            label(j, RUN_TEST_LABEL),
+            label(j, spur_api::keys::labels::SANDBOX),
+            generation(j).to_string(),
+            j.metadata.name.clone().unwrap_or_default(),
+            phase.to_owned(),
+            // The outcome quotes what the fork answered.
+            crate::text::one_line(&outcome),
+        ]);
     }
     Ok(aligned(&rows))
 }

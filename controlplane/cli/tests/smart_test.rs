@@ -124,7 +124,11 @@ const DEVELOPER: &str = r#"{"apiVersion": "rbac.authorization.k8s.io/v1", "kind"
 async fn spur_test_run_reads_the_key_with_the_users_rights_and_reports_what_changed() {
     let api = KubeApi::start().await.unwrap();
     let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/spur/crds");
-    for crd in ["sandboxes.spur.dev.yaml", "smarttests.spur.dev.yaml"] {
+    for crd in [
+        "sandboxes.spur.dev.yaml",
+        "smarttests.spur.dev.yaml",
+        "jobs.spur.dev.yaml",
+    ] {
         api.install_crd_file(&crds.join(crd)).await.unwrap();
     }
     let dir = tempfile::tempdir().unwrap();
@@ -505,4 +509,74 @@ async fn spur_test_run_reads_the_key_with_the_users_rights_and_reports_what_chan
             .contains("no Sandbox named missing"),
         "{s}"
     );
+
+    // `spur test results`: the automatic runs (Jobs labelled with their test), newest first,
+    // with what each found; a summary's control characters are shown escaped.
+    let jobs: Api<spur_api::jobs::Job> = Api::namespaced(client.clone(), "shop");
+    for (name, generation, result) in [
+        (
+            "list-items-0001",
+            "1",
+            r#"{"passed":true,"steps":1,"checksFailed":0,"findings":0}"#,
+        ),
+        (
+            "list-items-0002",
+            "2",
+            r#"{"passed":false,"steps":1,"checksFailed":0,"findings":1,"byRank":{"schema":1},"top":[{"rank":"schema","endpoint":"GET api/items","what":"$.price\u001b[2J: removed 1","occurrences":1}]}"#,
+        ),
+    ] {
+        let job: spur_api::jobs::Job = serde_json::from_value(json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "Job",
+            "metadata": {"name": name, "namespace": "shop",
+                         "labels": {"spur.dev/smarttest": "list-items", "spur.dev/sandbox": "feature-x"},
+                         "annotations": {"spur.dev/sandbox-generation": generation}},
+            "spec": {"runnerGroup": "smart-tests", "script": "#!/bin/sh\n"}
+        }))
+        .unwrap();
+        jobs.create(&PostParams::default(), &job).await.unwrap();
+        jobs.patch_status(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {"phase": "Failed", "result": result}})),
+        )
+        .await
+        .unwrap();
+    }
+    let run = spur(
+        &admin,
+        &["test", "results", "-n", "shop", "--sandbox", "feature-x"],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{}", run.stdout);
+    assert!(
+        lines[0].starts_with("TEST") && lines[0].contains("OUTCOME"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        lines[1].contains("list-items-0002")
+            && lines[1].contains(
+                "1 finding (1 schema): [schema] GET api/items: $.price\\u{1b}[2J: removed 1"
+            ),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        lines[2].contains("list-items-0001") && lines[2].contains("passed (1 steps, no findings)"),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains('\u{1b}'));
+    // The user of team-b may not list shop's runs.
+    let run = spur(&dev, &["test", "results", "-n", "shop"]).await;
+    assert_ne!(run.code, 0);
+    assert!(
+        run.stderr
+            .contains("listing the runs (Jobs) in namespace shop: forbidden"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stdout.contains("list-items"), "{}", run.stdout);
 }

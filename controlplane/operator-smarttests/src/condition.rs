@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use kube::ResourceExt;
 use spur_api::jobs::{Job, JobPhase};
-use spur_smarttest::summary::{Outcome, Summary};
+use spur_smarttest::summary::Outcome;
 
 /// Most bytes of the condition's message (the API allows 32 KiB; this keeps `kubectl describe`
 /// readable). What does not fit is cut at a line and counted.
@@ -82,48 +82,6 @@ pub fn job_state(job: &Job) -> State {
     }
 }
 
-fn summary_line(s: &Summary) -> String {
-    if s.passed {
-        return format!("passed ({} steps, no findings)", s.steps);
-    }
-    let mut out = format!(
-        "{} finding{}",
-        s.findings,
-        if s.findings == 1 { "" } else { "s" }
-    );
-    if !s.by_rank.is_empty() {
-        let ranks: Vec<String> = ["status", "schema", "value", "timing"]
-            .iter()
-            .filter_map(|r| s.by_rank.get(*r).map(|n| format!("{n} {r}")))
-            .collect();
-        let _ = write!(out, " ({})", ranks.join(", "));
-    }
-    if s.checks_failed > 0 {
-        let _ = write!(
-            out,
-            ", {} check{} failed",
-            s.checks_failed,
-            if s.checks_failed == 1 { "" } else { "s" }
-        );
-    }
-    let named: Vec<String> = s
-        .top
-        .iter()
-        .take(TOP_PER_TEST)
-        .map(|f| format!("[{}] {}: {}", f.rank, f.endpoint, f.what))
-        .chain(
-            s.failed_checks
-                .iter()
-                .take(TOP_PER_TEST.saturating_sub(s.top.len()))
-                .map(|c| format!("[check] {} {}: {}", c.step, c.check, c.sandbox)),
-        )
-        .collect();
-    if !named.is_empty() {
-        let _ = write!(out, ": {}", named.join("; "));
-    }
-    out
-}
-
 /// The condition for these rows (one per covering test, in a stable order).
 pub fn verdict(rows: &[Row]) -> Verdict {
     let (mut passed, mut found, mut failed, mut refused, mut pending, mut waiting) =
@@ -150,11 +108,11 @@ pub fn verdict(rows: &[Row]) -> Verdict {
             State::Finished { job, outcome } => match outcome {
                 Ok(Outcome::Ran(s)) if s.passed => {
                     passed += 1;
-                    format!("{} (job {job}): {}", row.test, summary_line(s))
+                    format!("{} (job {job}): {}", row.test, s.brief(TOP_PER_TEST))
                 }
                 Ok(Outcome::Ran(s)) => {
                     found += 1;
-                    format!("{} (job {job}): {}", row.test, summary_line(s))
+                    format!("{} (job {job}): {}", row.test, s.brief(TOP_PER_TEST))
                 }
                 Ok(Outcome::Error(e)) => {
                     failed += 1;

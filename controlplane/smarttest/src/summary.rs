@@ -49,6 +49,50 @@ pub struct FailedCheck {
     pub sandbox: String,
 }
 
+impl Summary {
+    /// One line for people: `passed (3 steps, no findings)`, or the counts per rank and the
+    /// first `named` findings (then failed checks) with their endpoints.
+    pub fn brief(&self, named: usize) -> String {
+        use std::fmt::Write as _;
+        if self.passed {
+            return format!("passed ({} steps, no findings)", self.steps);
+        }
+        let plural = |n: usize| if n == 1 { "" } else { "s" };
+        let mut out = format!("{} finding{}", self.findings, plural(self.findings));
+        if !self.by_rank.is_empty() {
+            let ranks: Vec<String> = ["status", "schema", "value", "timing"]
+                .iter()
+                .filter_map(|r| self.by_rank.get(*r).map(|n| format!("{n} {r}")))
+                .collect();
+            let _ = write!(out, " ({})", ranks.join(", "));
+        }
+        if self.checks_failed > 0 {
+            let _ = write!(
+                out,
+                ", {} check{} failed",
+                self.checks_failed,
+                plural(self.checks_failed)
+            );
+        }
+        let names: Vec<String> = self
+            .top
+            .iter()
+            .take(named)
+            .map(|f| format!("[{}] {}: {}", f.rank, f.endpoint, f.what))
+            .chain(
+                self.failed_checks
+                    .iter()
+                    .take(named.saturating_sub(self.top.len()))
+                    .map(|c| format!("[check] {} {}: {}", c.step, c.check, c.sandbox)),
+            )
+            .collect();
+        if !names.is_empty() {
+            let _ = write!(out, ": {}", names.join("; "));
+        }
+        out
+    }
+}
+
 /// What a summary file holds: a run's summary, or why the run could not happen.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {

@@ -57,7 +57,8 @@ fn ended(node: &Node, ns: &str, generation: i64) -> (String, String, String) {
             let done = runs(node, ns).iter().any(|j| {
                 j["metadata"]["annotations"]["spur.dev/sandbox-generation"]
                     == generation.to_string().as_str()
-                    && ["Succeeded", "Failed"].contains(&j["status"]["phase"].as_str().unwrap_or(""))
+                    && ["Succeeded", "Failed"]
+                        .contains(&j["status"]["phase"].as_str().unwrap_or(""))
             });
             Ok(done
                 .then(|| tests_condition(node))
@@ -161,7 +162,13 @@ spec:
     eprintln!("smart tests: the fork changed, generation 2 ran again: {message}");
 
     for what in [
-        vec!["delete", "sandbox", SANDBOX, "--wait=true", "--timeout=120s"],
+        vec![
+            "delete",
+            "sandbox",
+            SANDBOX,
+            "--wait=true",
+            "--timeout=120s",
+        ],
         vec!["delete", "smarttest", TEST, "-n", ns],
         vec!["delete", "jobrunnergroup", GROUP, "-n", ns],
     ] {
