@@ -350,8 +350,13 @@ async fn start(
     let api = Api::<Job>::namespaced(ctx.client.clone(), &ns);
     match api.create(&PostParams::default(), &job).await {
         Ok(_) => {}
-        // Created by a pass a moment ago, which the store has not seen yet.
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        // Created by a pass a moment ago, which the store has not seen yet: started already.
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            return Ok(State::Pending {
+                job: name,
+                note: "queued".into(),
+            });
+        }
         Err(e) => return Err(e.into()),
     }
     ctx.event(
