@@ -10,7 +10,7 @@
 //! `shop` but not create its workloads: her test, which covers the same sandbox, is not run, and
 //! the condition says why (she could not have created the sandbox). Bob, of `team-b`, writes a test naming a Service `api` of his own
 //! namespace: it covers nothing in `shop`; he cannot write a test in `shop`, nor forge a
-//! test's creator.
+//! test's creator, nor pass a Job of his own off as a run of ann's sandbox.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
@@ -201,7 +201,7 @@ async fn runs(admin: &Client, ns: &str, test: &str) -> Vec<Job> {
 
 /// Plays the jobs component: the run ends, with `result` as its summary.
 async fn finish(admin: &Client, job: &Job, result: &str) {
-    Api::<Job>::namespaced(admin.clone(), NS)
+    Api::<Job>::namespaced(admin.clone(), &job.namespace().unwrap())
         .patch_status(
             &job.name_any(),
             &PatchParams::default(),
@@ -346,7 +346,10 @@ async fn a_covering_test_runs_with_its_creators_rights_and_its_outcome_lands_on_
         "bob",
         None,
         json!([]),
-        &[(TEAM_B, json!([tests_rw]))],
+        &[(TEAM_B, json!([
+            tests_rw,
+            {"apiGroups": ["spur.dev"], "resources": ["jobs"], "verbs": ["create", "get", "list"]}
+        ]))],
     )
     .await;
 
@@ -383,7 +386,7 @@ async fn a_covering_test_runs_with_its_creators_rights_and_its_outcome_lands_on_
     );
     // Bob: a test of his own namespace (it covers nothing of shop's), none in shop, and no
     // borrowed creator.
-    Api::<SmartTest>::namespaced(bob.clone(), TEAM_B)
+    let bobs = Api::<SmartTest>::namespaced(bob.clone(), TEAM_B)
         .create(&pp, &smart_test("bobs", TEAM_B, &["api"]))
         .await
         .unwrap();
@@ -452,6 +455,41 @@ async fn a_covering_test_runs_with_its_creators_rights_and_its_outcome_lands_on_
     assert!(runs(&admin, NS, "mallorys").await.is_empty());
     assert!(runs(&admin, TEAM_B, "bobs").await.is_empty());
 
+    // Bob forges a run: a Job of his namespace with a run's labels, owned by ann's sandbox and
+    // controlled by his own test (uids are no secret), which ends with a finding of his making.
+    // The operator must not take it for a run of the sandbox: no Event, nothing in the
+    // condition.
+    let sb_uid = Api::<Sandbox>::all(admin.clone())
+        .get("pr-1")
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+    let mut forged_run: Job = serde_json::from_value(json!({
+        "apiVersion": "spur.dev/v1alpha1", "kind": "Job",
+        "metadata": {
+            "name": "forged-run", "namespace": TEAM_B,
+            "labels": {RUN_TEST_LABEL: "bobs", spur_api::keys::labels::SANDBOX: "pr-1"},
+            "ownerReferences": [
+                {"apiVersion": "spur.dev/v1alpha1", "kind": "SmartTest", "name": "bobs",
+                 "uid": bobs.uid().unwrap(), "controller": true},
+                {"apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox", "name": "pr-1", "uid": sb_uid}
+            ]
+        },
+        "spec": {"runnerGroup": "smart-tests", "script": "true"}
+    }))
+    .unwrap();
+    forged_run = Api::<Job>::namespaced(bob.clone(), TEAM_B)
+        .create(&pp, &forged_run)
+        .await
+        .unwrap();
+    finish(
+        &admin,
+        &forged_run,
+        &FINDINGS.replace("removed 3", "forged by bob"),
+    )
+    .await;
+
     // The run ends with a finding: the condition says which, and so does an Event.
     finish(&admin, &first, FINDINGS).await;
     let c = tests_condition(&admin, "pr-1", "a Findings Tests condition", |c| {
@@ -479,6 +517,12 @@ async fn a_covering_test_runs_with_its_creators_rights_and_its_outcome_lands_on_
             .map(|e| assert!(e.note.unwrap_or_default().contains("removed 3")))
     })
     .await;
+    let list = events.list(&ListParams::default()).await.unwrap();
+    for e in &list.items {
+        let note = e.note.as_deref().unwrap_or_default();
+        assert!(!note.contains("forged") && !note.contains("bobs"), "{note}");
+    }
+    assert!(!c.message.contains("forged"), "{}", c.message);
     eventually("the run marked reported", || async {
         let j = Api::<Job>::namespaced(admin.clone(), NS)
             .get(&first.name_any())

@@ -166,16 +166,39 @@ fn error_policy(sb: Arc<Sandbox>, err: &Error, ctx: Arc<SmartTestsContext>) -> A
     }
 }
 
-/// A Job of a run: its test's name and whether it is one of `sb`'s (by the Sandbox's uid, so
-/// the runs of an earlier Sandbox of the same name are not this one's).
-fn run_of<'a>(job: &'a Job, sb: &Sandbox) -> Option<&'a str> {
+/// What makes a Job a run of a sandbox: its test's name (label) and uid (controller owner).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Run<'a> {
+    test: &'a str,
+    test_uid: &'a str,
+}
+
+/// The run `job` is of `sb`, if it is one: a Job whose controller is a SmartTest (of the Job's
+/// own namespace: owner references cannot cross namespaces) and which is owned by this Sandbox
+/// (by uid, so the runs of an earlier Sandbox of the same name are not this one's). The labels
+/// alone would let anyone who may submit Jobs in any namespace pass one off as a run of another
+/// team's sandbox and have its result published there; matched against the covering tests by
+/// namespace and uid, a forged run can only claim a test of its own namespace.
+fn run_of<'a>(job: &'a Job, sb: &Sandbox) -> Option<Run<'a>> {
     let owned = job
         .owner_references()
         .iter()
         .any(|o| o.kind == "Sandbox" && Some(&o.uid) == sb.meta().uid.as_ref());
-    (owned && job.labels().get(SANDBOX) == Some(&sb.name_any()))
-        .then(|| job.labels().get(RUN_TEST_LABEL).map(String::as_str))
-        .flatten()
+    let test_uid = job
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "SmartTest" && o.controller == Some(true))
+        .map(|o| o.uid.as_str())?;
+    let test = job.labels().get(RUN_TEST_LABEL)?;
+    (owned && job.labels().get(SANDBOX) == Some(&sb.name_any())).then_some(Run { test, test_uid })
+}
+
+/// Whether `job` is a run of `test` (of its namespace and uid) against `sb`.
+fn is_run_of(job: &Job, test: &SmartTest, sb: &Sandbox) -> bool {
+    job.namespace() == test.namespace()
+        && run_of(job, sb).is_some_and(|r| {
+            Some(r.test_uid) == test.meta().uid.as_deref() && r.test == test.name_any()
+        })
 }
 
 /// A run's place among the runs of its test and sandbox: its creation, then the generations
@@ -249,13 +272,7 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<SmartTestsContext>) -> Result<Acti
     for test in &tests {
         let ns = test.namespace().unwrap_or_default();
         let label = format!("{ns}/{}", test.name_any());
-        let mut mine: Vec<&Arc<Job>> = runs
-            .iter()
-            .filter(|j| {
-                j.namespace().as_deref() == Some(ns.as_str())
-                    && run_of(j, &sb) == Some(test.name_any().as_str())
-            })
-            .collect();
+        let mut mine: Vec<&Arc<Job>> = runs.iter().filter(|j| is_run_of(j, test, &sb)).collect();
         // Newest first: by creation (whole seconds), then by the generations run.
         mine.sort_by_key(|j| std::cmp::Reverse(run_order(j)));
         let state = match ready {
@@ -290,24 +307,20 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<SmartTestsContext>) -> Result<Acti
         }
         rows.push(Row { test: label, state });
     }
-    // Runs of tests that no longer cover the sandbox.
-    let covering: HashSet<(String, String)> = tests
-        .iter()
-        .map(|t| (t.namespace().unwrap_or_default(), t.name_any()))
-        .collect();
-    for j in &runs {
-        let ns = j.namespace().unwrap_or_default();
-        let test = run_of(j, &sb).unwrap_or_default().to_owned();
-        if !covering.contains(&(ns.clone(), test)) {
-            spur_operator_core::delete_opt(
-                &Api::<Job>::namespaced(ctx.client.clone(), &ns),
-                &j.name_any(),
-            )
-            .await?;
-        }
+    // Runs of tests that no longer cover the sandbox (or of a test deleted and made again
+    // under its name) go; only the covering tests' runs are reported.
+    let (current, stale): (Vec<Arc<Job>>, Vec<Arc<Job>>) = runs
+        .into_iter()
+        .partition(|j| tests.iter().any(|t| is_run_of(j, t, &sb)));
+    for j in &stale {
+        spur_operator_core::delete_opt(
+            &Api::<Job>::namespaced(ctx.client.clone(), &j.namespace().unwrap_or_default()),
+            &j.name_any(),
+        )
+        .await?;
     }
     write_condition(&ctx, &sb, &rows).await?;
-    report(&ctx, &sb, &runs).await?;
+    report(&ctx, &sb, &current).await?;
     Ok(if recheck {
         Action::requeue(REFUSED_RECHECK)
     } else {
@@ -453,7 +466,7 @@ async fn report(ctx: &SmartTestsContext, sb: &Sandbox, runs: &[Arc<Job>]) -> Res
             continue;
         };
         let ns = j.namespace().unwrap_or_default();
-        let test = run_of(j, sb).unwrap_or_default();
+        let test = run_of(j, sb).map(|r| r.test).unwrap_or_default();
         let v = verdict(&[Row {
             test: format!("{ns}/{test}"),
             state: job_state(j),
@@ -481,4 +494,53 @@ async fn report(ctx: &SmartTestsContext, sb: &Sandbox, runs: &[Arc<Job>]) -> Res
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::tests::{sandbox, test};
+
+    #[test]
+    fn a_run_is_a_job_the_controller_made_for_this_test_and_sandbox() {
+        let sb = sandbox(3, 3, "True");
+        let t = test("list-items", 1);
+        let job = desired::run_job(&t, &sb, 3).unwrap();
+        assert_eq!(
+            run_of(&job, &sb),
+            Some(Run {
+                test: "list-items",
+                test_uid: "list-items-uid"
+            })
+        );
+        assert!(is_run_of(&job, &t, &sb));
+
+        // The same name made again is another test: its predecessor's runs are not its own.
+        let mut again = test("list-items", 1);
+        again.metadata.uid = Some("another-uid".into());
+        assert!(!is_run_of(&job, &again, &sb));
+        // Another Sandbox of the same name.
+        let mut other = sandbox(3, 3, "True");
+        other.metadata.uid = Some("other-sb-uid".into());
+        assert_eq!(run_of(&job, &other), None);
+
+        // A Job made by hand with a run's labels and the Sandbox as owner, in another
+        // namespace or without the test as its controller, is no run.
+        let mut forged = job.clone();
+        forged.metadata.namespace = Some("team-b".into());
+        assert!(!is_run_of(&forged, &t, &sb));
+        let mut forged = job.clone();
+        forged
+            .metadata
+            .owner_references
+            .as_mut()
+            .unwrap()
+            .retain(|o| o.kind != "SmartTest");
+        assert_eq!(run_of(&forged, &sb), None);
+        let mut forged = job.clone();
+        for o in forged.metadata.owner_references.as_mut().unwrap() {
+            o.controller = None;
+        }
+        assert_eq!(run_of(&forged, &sb), None);
+    }
 }
