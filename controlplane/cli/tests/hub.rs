@@ -700,6 +700,57 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
         .await
         .unwrap();
     }
+    // The automatic smart-test runs' outcome on checkout-fix, as their controller would write
+    // it: the Tests condition and a kept run (its Job, ended with a summary).
+    {
+        use kube::api::{Patch, PatchParams, PostParams};
+        let sandboxes: kube::Api<spur_api::Sandbox> = kube::Api::all(east.client());
+        let uid = sandboxes
+            .get("checkout-fix")
+            .await
+            .unwrap()
+            .metadata
+            .uid
+            .unwrap();
+        let status = serde_json::json!({"status": {"conditions": [
+            {"type": "Ready", "status": "True", "reason": "Ready", "message": "",
+             "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            {"type": "Tests", "status": "False", "reason": "Findings", "observedGeneration": 1,
+             "message": "1 test: 1 with findings\ndefault/list-items (job list-items-1): 1 finding (1 schema)",
+             "lastTransitionTime": "2026-01-01T00:00:00Z"}
+        ]}});
+        sandboxes
+            .patch_status(
+                "checkout-fix",
+                &PatchParams::default(),
+                &Patch::Merge(status),
+            )
+            .await
+            .unwrap();
+        let jobs: kube::Api<spur_api::Job> = kube::Api::namespaced(east.client(), "default");
+        let run: spur_api::Job = serde_json::from_value(serde_json::json!({
+            "apiVersion": "spur.dev/v1alpha1", "kind": "Job",
+            "metadata": {"name": "list-items-1", "namespace": "default",
+                "labels": {"spur.dev/smarttest": "list-items", "spur.dev/sandbox": "checkout-fix"},
+                "annotations": {"spur.dev/sandbox-generation": "1"},
+                "ownerReferences": [
+                    {"apiVersion": "spur.dev/v1alpha1", "kind": "SmartTest", "name": "list-items",
+                     "uid": "0b7c9f8e-0000-4000-8000-000000000001", "controller": true},
+                    {"apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox", "name": "checkout-fix", "uid": uid}]},
+            "spec": {"runnerGroup": "smart-tests", "script": "true",
+                     "routingContext": {"sandbox": "checkout-fix"}}
+        }))
+        .unwrap();
+        jobs.create(&PostParams::default(), &run).await.unwrap();
+        let summary = r#"{"passed":false,"steps":1,"checksFailed":0,"findings":1,"byRank":{"schema":1},"top":[{"rank":"schema","endpoint":"GET web.default/items","what":"$.items[*].price: removed <3>","occurrences":2}],"failedChecks":[],"omitted":0}"#;
+        jobs.patch_status(
+            "list-items-1",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"phase": "Failed", "exitCode": 1, "result": summary}})),
+        )
+        .await
+        .unwrap();
+    }
     // The route table east's sidecars hold (a RoutingConfig's exported routes, as the operator
     // would write them).
     {
@@ -739,6 +790,24 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
     add_admin_user(d);
     let key = String::from_utf8(hub_cmd(d, &["apikey", "add", "dev"]).stdout).unwrap();
     let key = key.trim().to_owned();
+    // A user of team-b: the hub shows them nothing of default's sandboxes, tests included
+    // (their Kubernetes rights are wide; the hub's scope is what is tested).
+    hub_cmd(
+        d,
+        &[
+            "user",
+            "add",
+            "bob",
+            "--cluster",
+            "*",
+            "--namespace",
+            "team-b",
+            "--kube-group",
+            "system:masters",
+        ],
+    );
+    let bob_key = String::from_utf8(hub_cmd(d, &["apikey", "add", "bob"]).stdout).unwrap();
+    let bob_key = bob_key.trim().to_owned();
     std::fs::write(d.join("ca.pem"), hub_cmd(d, &["ca"]).stdout).unwrap();
 
     let (port, web) = (free_port(), free_port());
@@ -790,6 +859,55 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
     assert!(
         body.contains("<td>ci/smoke-checkout</td><td>smoke</td><td>sandbox checkout-fix</td><td>Succeeded</td><td>0</td>"),
         "{body}"
+    );
+    // The sandbox's test verdict links to its results tab, itself readable without JavaScript:
+    // the condition, the run and its finding (escaped).
+    assert!(
+        body.contains(
+            "<a class=bad href=\"/tests?cluster=east&amp;sandbox=checkout-fix\">findings</a>"
+        ),
+        "{body}"
+    );
+    let (code, tests) = curl(
+        &ca,
+        web,
+        "localhost",
+        "/tests?cluster=east&sandbox=checkout-fix",
+        &[&auth],
+    );
+    assert_eq!(code, 200, "{tests}");
+    assert!(
+        tests.contains("Tests: <span class=bad>findings</span> (Findings)")
+            && tests.contains("<td>default/list-items</td><td>list-items-1</td><td>1</td>")
+            && tests.contains("$.items[*].price: removed &lt;3&gt; (×2)"),
+        "{tests}"
+    );
+    assert!(!tests.contains("<script"), "{tests}");
+    // Bob, of team-b, sees neither the sandbox nor its runs.
+    let bob_auth = format!("x-spur-api-key: {bob_key}");
+    let (code, theirs) = curl(
+        &ca,
+        web,
+        "localhost",
+        "/tests?cluster=east&sandbox=checkout-fix",
+        &[&bob_auth],
+    );
+    assert_eq!(code, 200, "{theirs}");
+    assert!(
+        theirs.contains("no sandbox \"checkout-fix\" that you may see in cluster \"east\"")
+            || theirs.contains(
+                "no sandbox &quot;checkout-fix&quot; that you may see in cluster &quot;east&quot;"
+            ),
+        "{theirs}"
+    );
+    assert!(
+        !theirs.contains("list-items") && !theirs.contains("removed"),
+        "{theirs}"
+    );
+    let (_, overview) = curl(&ca, web, "localhost", "/", &[&bob_auth]);
+    assert!(
+        !overview.contains("checkout-fix") && !overview.contains("list-items"),
+        "{overview}"
     );
 
     // The login form: a wrong key is refused; the right one sets a session cookie that then
@@ -889,6 +1007,23 @@ async fn web_view_shows_both_clusters_and_updates_live_in_chromium() {
         browser.eval("window.spurMark").await,
         42,
         "the page reloaded:\n{text}"
+    );
+
+    // The verdict's link opens the results tab.
+    browser
+        .eval("document.querySelector('a[href^=\"/tests?\"]').click()")
+        .await;
+    let text = browser
+        .wait_for_text(
+            "Smart tests of checkout-fix in east",
+            Duration::from_secs(30),
+        )
+        .await;
+    assert!(
+        text.contains("default/list-items")
+            && text.contains("1 finding (1 schema)")
+            && text.contains("$.items[*].price: removed <3> (×2)"),
+        "{text}"
     );
 }
 

@@ -18,6 +18,7 @@ pub mod namespaces;
 pub mod preview;
 pub mod protocol;
 pub mod server;
+pub mod smarttests;
 pub mod store;
 pub mod traffic;
 pub mod upstream;

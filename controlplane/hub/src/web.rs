@@ -1,6 +1,7 @@
 //! The web view, served by the hub on its own host (`--web-host`, never a preview host): clusters
 //! (connected or not, last seen), each cluster's sandboxes (forks, routing key, readiness, time
-//! to live, preview links) and route groups. Server-rendered HTML that reads fine with JavaScript
+//! to live, preview links, smart-test verdict) and route groups; per sandbox, a traffic tab and
+//! a test-results tab (`crate::smarttests`). Server-rendered HTML that reads fine with JavaScript
 //! off; with it on, a small script (no external assets) listens to `/events` (server-sent events)
 //! and swaps in the fresh table when anything changes. Login: an API key posted to `/login`, or a
 //! one-time code from `spur-hub login-link` posted from the page its link opens; either sets the
@@ -198,12 +199,55 @@ impl Preview {
                     page(&title, Chrome::Static, &main),
                 )
             }
+            (&Method::GET, "/tests") => {
+                let params =
+                    crate::smarttests::TestsParams::parse(req.uri().query().unwrap_or_default());
+                if params.cluster.is_empty() || params.sandbox.is_empty() {
+                    return full(
+                        StatusCode::BAD_REQUEST,
+                        "text/plain; charset=utf-8",
+                        "/tests needs cluster and sandbox\n".into(),
+                    );
+                }
+                let main = self.tests_for(&user, &params).await;
+                let title = format!("Tests of {} · Spur hub", params.sandbox);
+                full(
+                    StatusCode::OK,
+                    "text/html; charset=utf-8",
+                    page(&title, Chrome::Static, &main),
+                )
+            }
             _ => full(
                 StatusCode::NOT_FOUND,
                 "text/plain; charset=utf-8",
                 "not found\n".into(),
             ),
         }
+    }
+
+    /// A sandbox's smart-test results for `user`: read as the user, like the overview (the
+    /// sandbox must be in its view, the runs are those of its view), never from the hub's own
+    /// catalog.
+    async fn tests_for(&self, user: &HubUser, params: &crate::smarttests::TestsParams) -> String {
+        let views = self.views_for(user).await;
+        let found = match views.get(&params.cluster) {
+            Some(Ok(view)) => view
+                .sandboxes
+                .get(&params.sandbox)
+                .map(|sb| (sb, crate::smarttests::runs_of(sb, view.jobs.values())))
+                .ok_or_else(|| {
+                    format!(
+                        "no sandbox {:?} that you may see in cluster {:?}",
+                        params.sandbox, params.cluster
+                    )
+                }),
+            Some(Err(e)) => Err(format!("cannot read cluster {:?}: {e}", params.cluster)),
+            None => Err(format!(
+                "no cluster {:?} that you may see is connected",
+                params.cluster
+            )),
+        };
+        crate::smarttests::render(params, found, SystemTime::now())
     }
 
     /// Server-sent events: `update` whenever a cluster connects or leaves or any object changes
@@ -406,9 +450,9 @@ impl Preview {
             if !view.synced {
                 out.push_str("<p class=dim>loading…</p>");
             }
-            out.push_str("<table><tr><th>Sandbox</th><th>Routing key</th><th>Ready</th><th>Forks</th><th>TTL left</th><th>Previews</th><th>Traffic</th></tr>");
+            out.push_str("<table><tr><th>Sandbox</th><th>Routing key</th><th>Ready</th><th>Forks</th><th>TTL left</th><th>Previews</th><th>Traffic</th><th>Tests</th></tr>");
             if view.sandboxes.is_empty() {
-                out.push_str("<tr><td colspan=7 class=dim>none</td></tr>");
+                out.push_str("<tr><td colspan=8 class=dim>none</td></tr>");
             }
             for (name, sb) in &view.sandboxes {
                 let status = sb.status.as_ref();
@@ -464,9 +508,14 @@ impl Preview {
                         "capture off"
                     },
                 );
+                let (tests, class) = crate::smarttests::verdict(sb).unwrap_or(("none", "dim"));
+                let tests_link = format!(
+                    "<a class={class} href=\"{}\">{tests}</a>",
+                    esc(&crate::smarttests::TestsParams::href(cluster, name))
+                );
                 let _ = write!(
                     out,
-                    "<tr><td>{}</td><td><code>{}</code></td><td>{ready}</td><td>{}</td><td>{ttl}</td><td>{}</td><td>{traffic_link}</td></tr>",
+                    "<tr><td>{}</td><td><code>{}</code></td><td>{ready}</td><td>{}</td><td>{ttl}</td><td>{}</td><td>{traffic_link}</td><td>{tests_link}</td></tr>",
                     esc(name),
                     esc(status.and_then(|s| s.routing_key.as_deref()).unwrap_or("-")),
                     forks.join(" "),
