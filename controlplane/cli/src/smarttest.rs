@@ -1,4 +1,4 @@
-//! `spur test run|list|results|check`: a smart test (a file of HTTP and gRPC requests with optional checks,
+//! `spur test run|list|results|record|check`: a smart test (a file of HTTP and gRPC requests with optional checks,
 //! docs/smart-tests.md) sent from here to a sandbox and, twice, to its baseline; the answers are
 //! checked and diffed with the baseline's own differences learned as noise (`spur-smarttest`).
 //!
@@ -7,6 +7,8 @@
 //! sandbox's routing key is read with the user's own credentials (`get` on the Sandbox); with
 //! `--key` nothing is read from the cluster at all. A user who may not read a sandbox learns
 //! nothing of it here and sends nothing.
+
+mod record;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -46,6 +48,12 @@ enum TestCommand {
     /// one line per run, newest first, with the sandbox generation it ran against and its
     /// outcome. Read with your credentials (`list` on jobs.spur.dev in the namespace).
     Results(ResultsArgs),
+    /// Write a test from a sandbox's captured traffic (the traffic store, as `spur traffic
+    /// query` reads it, with your token): one step per distinct request, oldest first, each
+    /// checking the status the capture saw. Credentials, redacted values, the routing key and
+    /// its carriers are left out; requests whose body was captured only in part are skipped
+    /// (and said so on standard error). With --name, a SmartTest manifest.
+    Record(Box<record::RecordArgs>),
     /// Read a test file and say whether it can run (nothing is sent).
     Check {
         /// The test: a file with `steps:`, or a SmartTest manifest (its `spec`); - for stdin.
@@ -130,6 +138,10 @@ pub(crate) async fn run(args: TestArgs) -> Result<ExitCode> {
             let (spec, from) = read_spec(&file)?;
             let steps = spec.validate().with_context(|| from.clone())?;
             outln!("{from}: {} steps, ready to run", steps.len());
+            Ok(ExitCode::SUCCESS)
+        }
+        TestCommand::Record(a) => {
+            record::record(*a).await?;
             Ok(ExitCode::SUCCESS)
         }
         TestCommand::List(a) => {

@@ -26,7 +26,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 /// A Query reply may carry 1000 exchanges with their bodies: above tonic's 4 MiB default.
 const MAX_REPLY_BYTES: usize = 256 << 20;
 /// The store's own cap on a Query.
-const STORE_LIMIT: u32 = 1000;
+pub(crate) const STORE_LIMIT: u32 = 1000;
 
 #[derive(Args)]
 pub(crate) struct TrafficArgs {
@@ -37,7 +37,7 @@ pub(crate) struct TrafficArgs {
 }
 
 #[derive(Args)]
-struct Conn {
+pub(crate) struct Conn {
     /// The traffic server: http://HOST:PORT or https://HOST:PORT.
     #[arg(long, env = "SPUR_TRAFFIC_SERVER", global = true)]
     server: Option<String>,
@@ -56,7 +56,7 @@ struct Conn {
 }
 
 #[derive(Args)]
-struct Filters {
+pub(crate) struct Filters {
     /// Only exchanges captured by this baseline workload: NAMESPACE/NAME (NAME: any namespace).
     #[arg(long, value_name = "NS/NAME")]
     workload: Option<String>,
@@ -240,7 +240,7 @@ async fn capture(a: CaptureArgs) -> Result<ExitCode> {
 }
 
 impl Filters {
-    fn filter(self, sandbox: String, since: Option<Duration>) -> Result<Filter> {
+    pub(crate) fn filter(self, sandbox: String, since: Option<Duration>) -> Result<Filter> {
         let (namespace, workload) = match self.workload.as_deref() {
             None => (String::new(), String::new()),
             Some(w) => match w.split_once('/') {
@@ -279,11 +279,11 @@ impl Filters {
 
 // === connection ===
 
-type Client = TrafficClient<InterceptedService<Channel, Auth>>;
+pub(crate) type Client = TrafficClient<InterceptedService<Channel, Auth>>;
 
 /// Adds the bearer token to every call.
 #[derive(Clone)]
-struct Auth(Option<MetadataValue<Ascii>>);
+pub(crate) struct Auth(Option<MetadataValue<Ascii>>);
 
 impl tonic::service::Interceptor for Auth {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
@@ -294,7 +294,7 @@ impl tonic::service::Interceptor for Auth {
     }
 }
 
-async fn connect(conn: &Conn) -> Result<Client> {
+pub(crate) async fn connect(conn: &Conn) -> Result<Client> {
     let Some(server) = conn.server.as_deref() else {
         bail!("no traffic server: pass --server URL or set SPUR_TRAFFIC_SERVER");
     };
@@ -418,7 +418,7 @@ fn status_error(conn: &Conn, status: &tonic::Status) -> anyhow::Error {
 }
 
 /// Stored exchanges matching `filter` with their store times, newest first.
-async fn query(
+pub(crate) async fn query(
     client: &mut Client,
     conn: &Conn,
     filter: Filter,

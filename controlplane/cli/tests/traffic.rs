@@ -71,6 +71,116 @@ async fn get(addr: SocketAddr, key: &str) -> String {
     by
 }
 
+/// A keyed POST of JSON to `/echo`, then a keyed `GET /?page=1`, through the sidecar and
+/// addressed to it (so a test recorded from them can be sent again from here).
+async fn post_then_get(addr: SocketAddr, key: &str) {
+    for post in [true, false] {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let req = if post {
+            http::Request::post("/echo?dry=1")
+                .header("content-type", "application/json")
+                .header("x-feature", "blue")
+                .body(Bytes::from_static(br#"{"name":"lamp"}"#))
+        } else {
+            http::Request::get("/?page=1").body(Bytes::new())
+        };
+        let mut req = req.unwrap();
+        let h = req.headers_mut();
+        h.insert("host", addr.to_string().parse().unwrap());
+        h.insert("baggage", format!("sd-routing-key={key}").parse().unwrap());
+        h.insert("cookie", "session=do-not-store-me".parse().unwrap());
+        let resp = send
+            .send_request(req.map(http_body_util::Full::new))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.into_body().collect().await.unwrap();
+    }
+}
+
+/// `spur test record`: the sandbox's two newest requests become a test (without the key, its
+/// carrier or the cookie), which `spur test run` sends again: the echo is the same on both
+/// sides, the fork's greeting differs from the baseline's, a finding. With --name, a SmartTest
+/// manifest that `spur test check` takes.
+async fn record_and_run_a_test(d: &Path, server: &str, sidecar: SocketAddr) {
+    post_then_get(sidecar, "k1").await;
+    let file = d.join("recorded.yaml");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = spur(
+            d,
+            server,
+            &[
+                "test",
+                "record",
+                "sb1",
+                "--limit",
+                "2",
+                "-o",
+                file.to_str().unwrap(),
+            ],
+        );
+        assert!(out.status.success(), "{out:?}");
+        if std::fs::read_to_string(&file).unwrap().contains("page=1") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the GET was never stored");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let text = std::fs::read_to_string(&file).unwrap();
+    eprintln!("spur test record wrote:\n{text}");
+    assert!(
+        text.contains(&format!("url: http://{sidecar}/echo?dry=1"))
+            && text.contains(&format!("url: http://{sidecar}/?page=1"))
+            && text.contains("method: POST")
+            && text.contains("name: lamp")
+            && text.contains("x-feature")
+            && text.contains("status: 200"),
+        "{text}"
+    );
+    for secret in ["do-not-store-me", "cookie", "baggage", "k1"] {
+        assert!(!text.contains(secret), "{secret} in {text}");
+    }
+    let run = std::process::Command::new(SPUR)
+        .args(["test", "run", "-f", file.to_str().unwrap(), "--key", "k1"])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&run.stdout);
+    assert_eq!(
+        run.status.code(),
+        Some(1),
+        "a finding: {report}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    eprintln!("spur test run -f recorded.yaml:\n{report}");
+    assert!(report.contains("fork"), "{report}");
+
+    let out = spur(
+        d,
+        server,
+        &[
+            "test", "record", "sb1", "--path", "/echo", "--name", "items", "-n", "demo",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let manifest = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        manifest.contains("kind: SmartTest") && manifest.contains("namespace: demo"),
+        "{manifest}"
+    );
+    let file = d.join("items.yaml");
+    std::fs::write(&file, manifest.as_bytes()).unwrap();
+    let check = std::process::Command::new(SPUR)
+        .args(["test", "check", "-f", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{check:?}");
+}
+
 fn spur(dir: &Path, server: &str, args: &[&str]) -> std::process::Output {
     std::process::Command::new(SPUR)
         .args(args)
@@ -240,6 +350,8 @@ async fn tail_shows_the_forks_answer_and_diff_shows_what_changed() {
     eprintln!("spur traffic diff sb1:\n{text}");
     assert!(text.contains("hello from fork"), "{text}");
 
+    record_and_run_a_test(d, &server, sidecar.inbound_addr).await;
+
     let t = Instant::now();
     hub_web_view_shows_the_traffic(d, grpc).await;
     eprintln!(
@@ -250,6 +362,10 @@ async fn tail_shows_the_forks_answer_and_diff_shows_what_changed() {
     // A wrong token is refused with a clear message.
     std::fs::write(d.join("token"), "wrong").unwrap();
     let out = spur(d, &server, &["traffic", "query", "sb1"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unauthenticated"), "{err}");
+    let out = spur(d, &server, &["test", "record", "sb1"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unauthenticated"), "{err}");
