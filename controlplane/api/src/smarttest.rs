@@ -168,6 +168,34 @@ impl SmartTestSpec {
     }
 }
 
+/// What makes a Job an automatic run of a sandbox: its test's name (label) and uid (controller
+/// owner).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run<'a> {
+    pub test: &'a str,
+    pub test_uid: &'a str,
+}
+
+/// The run `job` is of `sb`, if it is one: a Job whose controller is a SmartTest and which is
+/// owned by this Sandbox (by uid, so the runs of an earlier Sandbox of the same name are not
+/// this one's). The labels alone would let anyone who may submit Jobs in any namespace pass one
+/// off as a run of another team's sandbox; matched against a test by namespace and uid (the
+/// operator does), a forged run can only claim a test of its own namespace.
+pub fn run_of<'a>(job: &'a crate::jobs::Job, sb: &Sandbox) -> Option<Run<'a>> {
+    use kube::ResourceExt as _;
+    let owners = job.owner_references();
+    let owned = owners
+        .iter()
+        .any(|o| o.kind == "Sandbox" && Some(&o.uid) == sb.metadata.uid.as_ref());
+    let test_uid = owners
+        .iter()
+        .find(|o| o.kind == "SmartTest" && o.controller == Some(true))
+        .map(|o| o.uid.as_str())?;
+    let test = job.labels().get(RUN_TEST_LABEL)?;
+    (owned && job.labels().get(crate::keys::labels::SANDBOX) == sb.metadata.name.as_ref())
+        .then_some(Run { test, test_uid })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,6 @@
 use std::fmt::Write as _;
 use std::time::SystemTime;
 
-use spur_api::keys::labels::SANDBOX;
 use spur_api::smarttest::{RUN_SANDBOX_GENERATION, RUN_TEST_LABEL, TESTS_CONDITION};
 use spur_api::{Job, Sandbox};
 use spur_smarttest::summary::{Outcome, Summary};
@@ -64,24 +63,12 @@ pub fn verdict(sb: &Sandbox) -> Option<(&'static str, &'static str)> {
     })
 }
 
-/// The runs of `sb` among `jobs`, newest first: Jobs the automatic runs' controller made for it
-/// (a SmartTest their controller, this Sandbox, by uid, an owner), as it recognizes them.
+/// The runs of `sb` among `jobs`, newest first, as the automatic runs' controller recognizes
+/// them (`spur_api::smarttest::run_of`).
 pub fn runs_of<'a>(sb: &Sandbox, jobs: impl IntoIterator<Item = &'a Job>) -> Vec<&'a Job> {
-    let uid = sb.metadata.uid.as_deref();
     let mut runs: Vec<&Job> = jobs
         .into_iter()
-        .filter(|j| {
-            let labels = j.metadata.labels.as_ref();
-            let owners = j.metadata.owner_references.as_deref().unwrap_or_default();
-            labels.and_then(|l| l.get(SANDBOX)) == sb.metadata.name.as_ref()
-                && labels.is_some_and(|l| l.contains_key(RUN_TEST_LABEL))
-                && owners
-                    .iter()
-                    .any(|o| o.kind == "SmartTest" && o.controller == Some(true))
-                && owners
-                    .iter()
-                    .any(|o| o.kind == "Sandbox" && Some(o.uid.as_str()) == uid)
-        })
+        .filter(|j| spur_api::smarttest::run_of(j, sb).is_some())
         .collect();
     runs.sort_by(|a, b| {
         b.metadata
@@ -237,6 +224,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use serde_json::json;
+    use spur_api::keys::labels::SANDBOX;
 
     fn sandbox() -> Sandbox {
         serde_json::from_value(json!({

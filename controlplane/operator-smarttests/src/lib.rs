@@ -26,7 +26,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use spur_api::Sandbox;
 use spur_api::jobs::Job;
 use spur_api::keys::labels::SANDBOX;
-use spur_api::smarttest::{RUN_TEST_LABEL, SmartTest, TESTS_CONDITION};
+use spur_api::smarttest::{RUN_TEST_LABEL, SmartTest, TESTS_CONDITION, run_of};
 use spur_controller::changes::{changes, meta_digest, synced};
 use spur_operator_core::{Context, Error, controller_config};
 use tokio_util::sync::CancellationToken;
@@ -164,33 +164,6 @@ fn error_policy(sb: Arc<Sandbox>, err: &Error, ctx: Arc<SmartTestsContext>) -> A
         Error::Requeue { after, .. } => Action::requeue(*after),
         _ => ctx.retry(&*sb, err),
     }
-}
-
-/// What makes a Job a run of a sandbox: its test's name (label) and uid (controller owner).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Run<'a> {
-    test: &'a str,
-    test_uid: &'a str,
-}
-
-/// The run `job` is of `sb`, if it is one: a Job whose controller is a SmartTest (of the Job's
-/// own namespace: owner references cannot cross namespaces) and which is owned by this Sandbox
-/// (by uid, so the runs of an earlier Sandbox of the same name are not this one's). The labels
-/// alone would let anyone who may submit Jobs in any namespace pass one off as a run of another
-/// team's sandbox and have its result published there; matched against the covering tests by
-/// namespace and uid, a forged run can only claim a test of its own namespace.
-fn run_of<'a>(job: &'a Job, sb: &Sandbox) -> Option<Run<'a>> {
-    let owned = job
-        .owner_references()
-        .iter()
-        .any(|o| o.kind == "Sandbox" && Some(&o.uid) == sb.meta().uid.as_ref());
-    let test_uid = job
-        .owner_references()
-        .iter()
-        .find(|o| o.kind == "SmartTest" && o.controller == Some(true))
-        .map(|o| o.uid.as_str())?;
-    let test = job.labels().get(RUN_TEST_LABEL)?;
-    (owned && job.labels().get(SANDBOX) == Some(&sb.name_any())).then_some(Run { test, test_uid })
 }
 
 /// Whether `job` is a run of `test` (of its namespace and uid) against `sb`.
@@ -500,6 +473,7 @@ async fn report(ctx: &SmartTestsContext, sb: &Sandbox, runs: &[Arc<Job>]) -> Res
 mod tests {
     use super::*;
     use crate::desired::tests::{sandbox, test};
+    use spur_api::smarttest::Run;
 
     #[test]
     fn a_run_is_a_job_the_controller_made_for_this_test_and_sandbox() {
