@@ -171,6 +171,14 @@ pub(crate) fn control_plane_outages_under_load(
     node.client_pod_with(ns, CLIENT, None).unwrap();
     let exec = |script: &str| node.kubectl(&["-n", ns, "exec", CLIENT, "--", "sh", "-c", script]);
     crate::until_answered_by(node, ns, CLIENT, frontend, &key, &fork).unwrap();
+    // What the fork and its Deployment were before: neither is replaced by the outages.
+    let fork_before = fork_identity(node, ns, &fork);
+    // The baseline pod's sidecar holds the keyed route: a keyed request answered elsewhere
+    // logs whether its table had the key at that moment (the admin port's /config_dump).
+    let backend_ip = node.get_json(ns, &["pod", backend_pod]).unwrap()["status"]["podIP"]
+        .as_str()
+        .unwrap()
+        .to_owned();
 
     // Bounded by count, by time and by a stop file; every failure is a line of its log.
     let script = format!(
@@ -179,9 +187,9 @@ end=$(( $(date +%s) + {MAX_SECONDS} )); i=0
 while [ ! -e /tmp/stop ] && [ $i -lt {MAX_ITERATIONS} ] && [ $(date +%s) -lt $end ]; do
   i=$((i+1))
   k=$(curl -sS --max-time 5 -H 'baggage: sd-routing-key={key}' -w ' %{{http_code}}' '{frontend}' 2>&1)
-  case "$k" in *'"pod":"{fork}"'*' 200') ;; *) echo "keyed $i $(date +%T): $k" ;; esac
+  case "$k" in *'"pod":"{fork}"'*' 200') ;; *) echo "keyed $i $(date +%T.%N): $k (the baseline sidecar's table holds the key: $(curl -s --max-time 2 http://{backend_ip}:15020/config_dump | grep -c '{key}'))" ;; esac
   u=$(curl -sS --max-time 5 -w ' %{{http_code}}' '{frontend}' 2>&1)
-  case "$u" in *'"pod":"{backend_pod}"'*' 200') ;; *) echo "unkeyed $i $(date +%T): $u" ;; esac
+  case "$u" in *'"pod":"{backend_pod}"'*' 200') ;; *) echo "unkeyed $i $(date +%T.%N): $u" ;; esac
   echo $i > /tmp/count
 done
 touch /tmp/finished
@@ -369,10 +377,23 @@ echo started"#
         worker_kill.failed,
         leaders.summary(),
     );
+    let fork_after = fork_identity(node, ns, &fork);
+    if !failures.is_empty() || fork_after.0 != fork_before.0 {
+        // What explains keyed requests answered by the baseline: the fork's readiness and the
+        // route's, with their times, against the outages' (`chaos: ... at`, above).
+        eprintln!(
+            "the fork before the outages: {fork_before:?}, after: {fork_after:?}\n{}",
+            routing_history(node, ns, "chaos")
+        );
+    }
     assert!(
         failures.is_empty(),
         "requests through sidecars failed while control-plane pods were deleted:\n{}",
         failures.join("\n")
+    );
+    assert_eq!(
+        fork_after.0, fork_before.0,
+        "the chaos sandbox's fork pod or Deployment was replaced during the outages"
     );
 
     // Gone before the operator is scaled back: their finalizers need it.
@@ -461,8 +482,9 @@ fn sidecar_worker_killed(
         .unwrap();
     assert!(killed.success(), "kill -KILL {}", first[0]);
     eprintln!(
-        "chaos: killed the worker {} of pod {pod}'s sidecar",
-        first[0]
+        "chaos: killed the worker {} of pod {pod}'s sidecar at {}",
+        first[0],
+        now()
     );
     // The load's next completed iteration went through the new worker (one request at a time).
     let at_kill = count();
@@ -525,6 +547,68 @@ fn sidecar_worker_killed(
     WorkerKill { back, failed, log }
 }
 
+/// A fork pod's identity (its uid, and its Deployment's generation) and, apart, when its
+/// Ready condition last changed.
+fn fork_identity(node: &Node, ns: &str, pod: &str) -> ((String, i64), String) {
+    let p = node.get_json(ns, &["pod", pod]).unwrap_or_default();
+    let deployment = p["metadata"]["labels"]["spur.dev/fork"]
+        .as_str()
+        .and_then(|d| node.get_json(ns, &["deployment", d]).ok())
+        .unwrap_or_default();
+    let ready_since = p["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Ready")
+        .map(|c| format!("{} since {}", c["status"], c["lastTransitionTime"]))
+        .unwrap_or_default();
+    (
+        (
+            p["metadata"]["uid"].as_str().unwrap_or("(gone)").to_owned(),
+            deployment["metadata"]["generation"].as_i64().unwrap_or(0),
+        ),
+        ready_since,
+    )
+}
+
+/// Sandbox `name`'s routing as it changed: the Ready conditions (with their transition times)
+/// of its fork and RoutingConfig, and the events of its namespace's pods and of Spur's objects
+/// (readiness probe failures, fork and route changes), oldest first.
+fn routing_history(node: &Node, ns: &str, name: &str) -> String {
+    let selector = format!("spur.dev/sandbox={name}");
+    let mut out = String::new();
+    for (namespace, kind) in [(ns, "forkedworkloads"), ("", "routingconfigs")] {
+        let mut args = vec!["get", kind, "-l", &selector, "-o", "yaml"];
+        if !namespace.is_empty() {
+            args.extend(["-n", namespace]);
+        }
+        out.push_str(&node.kubectl(&args).unwrap_or_else(|e| format!("{e:#}")));
+        out.push('\n');
+    }
+    out.push_str(
+        &node
+            .kubectl(&[
+                "get",
+                "events",
+                "-A",
+                "--sort-by=.lastTimestamp",
+                "-o",
+                "custom-columns=FIRST:.firstTimestamp,LAST:.lastTimestamp,COUNT:.count,KIND:.involvedObject.kind,NAME:.involvedObject.name,REASON:.reason,MESSAGE:.message",
+            ])
+            .unwrap_or_else(|e| format!("{e:#}")),
+    );
+    out
+}
+
+/// The wall clock (the load log's), for the outages' lines.
+fn now() -> String {
+    std::process::Command::new("date")
+        .arg("+%T.%N")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
 /// The operator's Lease holder, if the Lease names one.
 fn lease_holder(node: &Node) -> Option<String> {
     let l = node
@@ -567,7 +651,10 @@ impl Run<'_> {
         let doomed = *self.created.last().expect("a Sandbox to delete");
         let start = Instant::now();
         cause();
-        eprintln!("chaos: {what} gone; creating Sandbox {name}, deleting {doomed}");
+        eprintln!(
+            "chaos: {what} gone at {}; creating Sandbox {name}, deleting {doomed}",
+            now()
+        );
         let marker = name.trim_start_matches("chaos-");
         eventually(
             &format!("Sandbox {name} taken while {what} is gone"),
@@ -633,6 +720,7 @@ impl Run<'_> {
             )
         });
         self.gone.insert(name, start.elapsed());
+        eprintln!("chaos: {what}: converged at {}", now());
     }
 }
 
@@ -668,7 +756,10 @@ fn jobs_server_outage(node: &Node, leaders: &mut Leaders, app_ns: &str) -> (Dura
         "--wait=false",
     ])
     .unwrap();
-    eprintln!("chaos: deleted spur-jobs-0 while job through-restart runs");
+    eprintln!(
+        "chaos: deleted spur-jobs-0 while job through-restart runs, at {}",
+        now()
+    );
     let j = eventually("the job to end", Duration::from_secs(240), || {
         leaders.sample(node, app_ns);
         let j = job()?;
