@@ -386,7 +386,7 @@ async fn a_covering_test_runs_with_its_creators_rights_and_its_outcome_lands_on_
     );
     // Bob: a test of his own namespace (it covers nothing of shop's), none in shop, and no
     // borrowed creator.
-    let bobs = Api::<SmartTest>::namespaced(bob.clone(), TEAM_B)
+    Api::<SmartTest>::namespaced(bob.clone(), TEAM_B)
         .create(&pp, &smart_test("bobs", TEAM_B, &["api"]))
         .await
         .unwrap();
@@ -456,9 +456,10 @@ async fn a_covering_test_runs_with_its_creators_rights_and_its_outcome_lands_on_
     assert!(runs(&admin, TEAM_B, "bobs").await.is_empty());
 
     // Bob forges a run: a Job of his namespace with a run's labels, owned by ann's sandbox and
-    // controlled by his own test (uids are no secret), which ends with a finding of his making.
-    // The operator must not take it for a run of the sandbox: no Event, nothing in the
-    // condition.
+    // controlled by ann's test (uids are no secret), which ends with a finding of his making.
+    // The operator must not take it for a run of the sandbox (the test is not of the Job's
+    // namespace): no Event, nothing in the condition. Nor does it delete it: it is no run of
+    // any test, and bob's to keep.
     let sb_uid = Api::<Sandbox>::all(admin.clone())
         .get("pr-1")
         .await
@@ -469,10 +470,10 @@ async fn a_covering_test_runs_with_its_creators_rights_and_its_outcome_lands_on_
         "apiVersion": "spur.dev/v1alpha1", "kind": "Job",
         "metadata": {
             "name": "forged-run", "namespace": TEAM_B,
-            "labels": {RUN_TEST_LABEL: "bobs", spur_api::keys::labels::SANDBOX: "pr-1"},
+            "labels": {RUN_TEST_LABEL: "list-items", spur_api::keys::labels::SANDBOX: "pr-1"},
             "ownerReferences": [
-                {"apiVersion": "spur.dev/v1alpha1", "kind": "SmartTest", "name": "bobs",
-                 "uid": bobs.uid().unwrap(), "controller": true},
+                {"apiVersion": "spur.dev/v1alpha1", "kind": "SmartTest", "name": "list-items",
+                 "uid": mine.uid().unwrap(), "controller": true},
                 {"apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox", "name": "pr-1", "uid": sb_uid}
             ]
         },
@@ -588,6 +589,53 @@ async fn a_covering_test_runs_with_its_creators_rights_and_its_outcome_lands_on_
     .await;
     assert_eq!(c.status, "True");
     assert!(c.message.starts_with("1 test: 1 passed"), "{}", c.message);
+    assert!(
+        Api::<Job>::namespaced(admin.clone(), TEAM_B)
+            .get_opt("forged-run")
+            .await
+            .unwrap()
+            .is_some(),
+        "bob's Job was deleted by the operator"
+    );
+
+    // Mallory may edit shop's tests but could not have created the sandbox: when she rewrites
+    // ann's test, she becomes its creator, and its new generation is not run with ann's rights.
+    let edited = Api::<SmartTest>::namespaced(mallory.clone(), NS)
+        .patch(
+            "list-items",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"steps": [
+                {"name": "admin", "http": {"url": format!("http://api.{NS}/admin")}}]}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        edited
+            .annotations()
+            .get(CREATED_BY_ANNOTATION)
+            .map(String::as_str),
+        Some(MALLORY),
+        "whoever changes a test's spec is its creator"
+    );
+    let c = tests_condition(
+        &admin,
+        "pr-1",
+        "ann's test refused after mallory's edit",
+        |c| c.reason == "Refused",
+    )
+    .await;
+    assert!(
+        c.message.contains("shop/list-items: not run")
+            && c.message
+                .contains(&format!("its creator {MALLORY} may not")),
+        "{}",
+        c.message
+    );
+    assert_eq!(
+        runs(&admin, NS, "list-items").await.len(),
+        2,
+        "the rewritten test ran"
+    );
 
     stop.cancel();
     tokio::time::timeout(spur_e2e::kube::WAIT, running)

@@ -131,19 +131,45 @@ pub(crate) fn creator_patch(
         o?.metadata.annotations.as_ref()?.get(key).cloned()
     };
     let mut set: Vec<(&'static str, String)> = Vec::new();
+    let user = || -> Result<&str, String> {
+        let Some(user) = req.user_info.username.as_deref().filter(|u| !u.is_empty()) else {
+            return Err(format!(
+                "a {kind} needs an authenticated user as its creator"
+            ));
+        };
+        if user.len() > USERNAME_MAX {
+            return Err(format!(
+                "user names above {USERNAME_MAX} bytes are not supported"
+            ));
+        }
+        Ok(user)
+    };
+    // A SmartTest's runs act with the rights of whoever wrote what they run: a change of its
+    // spec makes the user who changed it its creator (otherwise anyone who may edit the test
+    // would run their steps with the rights of the user who created it).
+    let rewritten = kind == "SmartTest"
+        && req.operation == Operation::Update
+        && req.object.as_ref().map(|o| &o.data["spec"])
+            != req.old_object.as_ref().map(|o| &o.data["spec"]);
     match req.operation {
-        Operation::Create => {
-            let Some(user) = req.user_info.username.as_deref().filter(|u| !u.is_empty()) else {
-                return Err(format!(
-                    "a {kind} needs an authenticated user as its creator"
-                ));
-            };
-            if user.len() > USERNAME_MAX {
-                return Err(format!(
-                    "user names above {USERNAME_MAX} bytes are not supported"
-                ));
+        Operation::Update if rewritten => {
+            for (key, value) in stamps(req, user()?)? {
+                let old = get(req.old_object.as_ref(), key);
+                match get(req.object.as_ref(), key) {
+                    Some(n) if n == value => {}
+                    // Left as it was (what a client that read the object sends back): restamped.
+                    Some(n) if Some(&n) == old.as_ref() => set.push((key, value)),
+                    None => set.push((key, value)),
+                    Some(_) => {
+                        return Err(format!(
+                            "the annotation {key} is set by Spur to the user changing the {kind}'s spec; leave it as it was"
+                        ));
+                    }
+                }
             }
-            for (key, value) in stamps(req, user)? {
+        }
+        Operation::Create => {
+            for (key, value) in stamps(req, user()?)? {
                 match get(req.object.as_ref(), key) {
                     Some(n) if n == value => {}
                     Some(_) => {
@@ -493,6 +519,42 @@ mod tests {
         );
         let same = smart_test_request("UPDATE", stamped.clone(), Some(stamped));
         assert_eq!(creator_patch(&same), Ok(None));
+    }
+
+    #[test]
+    fn whoever_changes_a_smart_tests_spec_becomes_its_creator() {
+        let stamped = json!({CREATED_BY_ANNOTATION: "ann",
+                             CREATED_BY_GROUPS_ANNOTATION: r#"["shop-devs"]"#});
+        let by_mallory = |annotations: Value| {
+            let mut req = smart_test_request("UPDATE", annotations, Some(stamped.clone()));
+            req.object.as_mut().unwrap().data["spec"] = json!({"steps": [{"name": "exfiltrate"}]});
+            req.user_info.username = Some("mallory".into());
+            req.user_info.groups = Some(vec!["devs".into()]);
+            req
+        };
+        // The annotations sent back as they were: the runs now act with mallory's rights.
+        let a = patched(&by_mallory(stamped.clone()))["metadata"]["annotations"].clone();
+        assert_eq!(a[CREATED_BY_ANNOTATION], "mallory");
+        assert_eq!(a[CREATED_BY_GROUPS_ANNOTATION], r#"["devs"]"#);
+        // Dropped: stamped as well.
+        let a = patched(&by_mallory(json!({})))["metadata"]["annotations"].clone();
+        assert_eq!(a[CREATED_BY_ANNOTATION], "mallory");
+        // Naming a third user: refused.
+        let err = creator_patch(&by_mallory(json!({CREATED_BY_ANNOTATION: "root",
+                                                 CREATED_BY_GROUPS_ANNOTATION: r#"["shop-devs"]"#})))
+        .unwrap_err();
+        assert!(err.contains("changing the SmartTest's spec"), "{err}");
+        // Ann changing her own test's spec: stamped with her groups of now.
+        let mut own = by_mallory(stamped.clone());
+        own.user_info.username = Some("ann".into());
+        let a = patched(&own)["metadata"]["annotations"].clone();
+        assert_eq!(
+            (
+                a[CREATED_BY_ANNOTATION].as_str(),
+                a[CREATED_BY_GROUPS_ANNOTATION].as_str()
+            ),
+            (Some("ann"), Some(r#"["devs"]"#))
+        );
     }
 
     #[test]

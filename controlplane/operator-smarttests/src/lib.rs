@@ -241,64 +241,94 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<SmartTestsContext>) -> Result<Acti
 
     let mut rows = Vec::new();
     let mut recheck = false;
-    let mut keep: HashSet<(String, String)> = HashSet::new();
+    // A test's failure (its namespace's API refusing the operator, a review that failed) is
+    // its row's, not the whole pass's: the other tests' rows, the condition and the Events are
+    // written all the same, and the pass is retried with the first error.
+    let mut failed: Option<Error> = None;
     for test in &tests {
         let ns = test.namespace().unwrap_or_default();
         let label = format!("{ns}/{}", test.name_any());
         let mut mine: Vec<&Arc<Job>> = runs.iter().filter(|j| is_run_of(j, test, &sb)).collect();
         // Newest first: by creation (whole seconds), then by the generations run.
         mine.sort_by_key(|j| std::cmp::Reverse(run_order(j)));
-        let state = match ready {
-            None => match mine.first() {
+        let current = ready.map(|generation| desired::job_name(test, &sb, generation));
+        let state = match (ready, &current) {
+            (Some(generation), Some(name)) => match mine.iter().find(|j| j.name_any() == *name) {
+                Some(j) => job_state(j),
+                None => match start(&ctx, test, &sb, generation, &mut recheck).await {
+                    Ok(state) => state,
+                    Err(e) => {
+                        let state = State::Pending {
+                            job: name.clone(),
+                            note: format!("not started yet (retrying): {e}"),
+                        };
+                        failed.get_or_insert(e);
+                        state
+                    }
+                },
+            },
+            _ => match mine.first() {
                 // The last result stands until the new generation is Ready.
                 Some(j) if !matches!(job_state(j), State::Pending { .. }) => job_state(j),
                 _ => State::WaitingForSandbox,
             },
-            Some(generation) => {
-                let name = desired::job_name(test, &sb, generation);
-                keep.insert((ns.clone(), name.clone()));
-                match mine.iter().find(|j| j.name_any() == name) {
-                    Some(j) => job_state(j),
-                    None => start(&ctx, test, &sb, generation, &mut recheck).await?,
-                }
-            }
         };
-        // Retention: the current run and the newest RUNS_KEPT others; a superseded run that
-        // has not ended is canceled first.
-        let api = Api::<Job>::namespaced(ctx.client.clone(), &ns);
-        let mut others = 0;
-        for j in &mine {
-            if keep.contains(&(ns.clone(), j.name_any())) {
-                continue;
-            }
-            others += 1;
-            if others > RUNS_KEPT {
-                spur_operator_core::delete_opt(&api, &j.name_any()).await?;
-            } else if matches!(job_state(j), State::Pending { .. }) && ready.is_some() {
-                cancel(&api, j).await?;
-            }
+        if let Err(e) = retain(&ctx, &ns, &mine, current.as_deref()).await {
+            failed.get_or_insert(e);
         }
         rows.push(Row { test: label, state });
     }
-    // Runs of tests that no longer cover the sandbox (or of a test deleted and made again
-    // under its name) go; only the covering tests' runs are reported.
-    let (current, stale): (Vec<Arc<Job>>, Vec<Arc<Job>>) = runs
+    // Runs of tests that still exist but no longer cover the sandbox go. A deleted test's runs
+    // go with it (it is their controller); a Job that only looks like a run (of no test of its
+    // namespace) is nobody's to delete here, and may sit where the operator may not write.
+    let (current, others): (Vec<Arc<Job>>, Vec<Arc<Job>>) = runs
         .into_iter()
         .partition(|j| tests.iter().any(|t| is_run_of(j, t, &sb)));
-    for j in &stale {
-        spur_operator_core::delete_opt(
-            &Api::<Job>::namespaced(ctx.client.clone(), &j.namespace().unwrap_or_default()),
-            &j.name_any(),
-        )
-        .await?;
+    let all_tests = ctx.tests.state();
+    for j in others
+        .iter()
+        .filter(|j| all_tests.iter().any(|t| is_run_of(j, t, &sb)))
+    {
+        let api = Api::<Job>::namespaced(ctx.client.clone(), &j.namespace().unwrap_or_default());
+        if let Err(e) = spur_operator_core::delete_opt(&api, &j.name_any()).await {
+            failed.get_or_insert(e);
+        }
     }
     write_condition(&ctx, &sb, &rows).await?;
     report(&ctx, &sb, &current).await?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
     Ok(if recheck {
         Action::requeue(REFUSED_RECHECK)
     } else {
         Action::await_change()
     })
+}
+
+/// Retention of one test's runs against a sandbox (`mine`, newest first): the current run
+/// (`current`, while the sandbox is Ready) and the newest [`RUNS_KEPT`] others stay, older ones
+/// are deleted; a superseded run that has not ended is canceled.
+async fn retain(
+    ctx: &SmartTestsContext,
+    ns: &str,
+    mine: &[&Arc<Job>],
+    current: Option<&str>,
+) -> Result<(), Error> {
+    let api = Api::<Job>::namespaced(ctx.client.clone(), ns);
+    let mut others = 0;
+    for j in mine {
+        if Some(j.name_any().as_str()) == current {
+            continue;
+        }
+        others += 1;
+        if others > RUNS_KEPT {
+            spur_operator_core::delete_opt(&api, &j.name_any()).await?;
+        } else if matches!(job_state(j), State::Pending { .. }) && current.is_some() {
+            cancel(&api, j).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Starts the run of `test` against `generation` of `sb`, once its creator's rights allow it.
@@ -336,11 +366,20 @@ async fn start(
     let api = Api::<Job>::namespaced(ctx.client.clone(), &ns);
     match api.create(&PostParams::default(), &job).await {
         Ok(_) => {}
-        // Created by a pass a moment ago, which the store has not seen yet: started already.
+        // Created by a pass a moment ago, which the store has not seen yet: started already,
+        // if the Job of that name is this run (anyone who may create Jobs here could have
+        // taken the name first).
         Err(kube::Error::Api(s)) if s.code == 409 => {
-            return Ok(State::Pending {
-                job: name,
-                note: "queued".into(),
+            return Ok(match api.get_opt(&name).await? {
+                Some(existing) if is_run_of(&existing, test, sb) => job_state(&existing),
+                Some(_) => State::Unrunnable(format!(
+                    "a Job {ns}/{name} that is not this test's run already exists; delete it"
+                )),
+                // Gone again since (deleted by someone): the next pass creates it.
+                None => State::Pending {
+                    job: name,
+                    note: "queued".into(),
+                },
             });
         }
         Err(e) => return Err(e.into()),
