@@ -29,7 +29,13 @@
 //! sandbox's fork of the consumer (docs/async.md). It answers 201 with `{service, pod, marker,
 //! record, partition, offset}`, or 503 with `{..., error}` when the broker did not take the
 //! record. `/records` is never forwarded to `--call`'s upstream.
+//!
+//! `GET /catalog` answers a small shop's catalog with a fresh request id and time (module
+//! `catalog`; `--drop-field` to lose a field), and `--grpc-listen` serves the demo gRPC service
+//! beside HTTP (`--grpc-unavailable` to fail every call): the services of the smart-test
+//! acceptance on the node (tests/tests/node_smarttests).
 
+mod catalog;
 mod rows;
 
 use std::convert::Infallible;
@@ -105,6 +111,16 @@ pub(crate) struct AppArgs {
     /// The topic `POST /records` writes to (it must exist).
     #[arg(long, env = "SPUR_APP_KAFKA_TOPIC", requires = "kafka")]
     kafka_topic: Option<String>,
+    /// A field `GET /catalog`'s items lack (as a build that lost it would).
+    #[arg(long, env = "SPUR_APP_DROP_FIELD")]
+    drop_field: Option<String>,
+    /// Also serve the demo gRPC service `spur.demo.v1.Demo` (h2c) on this address, answering as
+    /// the service (`--name`), not the pod.
+    #[arg(long, env = "SPUR_APP_GRPC_LISTEN")]
+    grpc_listen: Option<SocketAddr>,
+    /// Every gRPC call fails with UNAVAILABLE (a broken build, for smart tests to find).
+    #[arg(long, env = "SPUR_APP_GRPC_UNAVAILABLE", default_value_t = false)]
+    grpc_unavailable: bool,
 }
 
 /// What one app instance is.
@@ -120,6 +136,8 @@ pub(crate) struct App {
         spur_demo_apps::kafka::Producer,
         std::sync::atomic::AtomicU64,
     )>,
+    /// The field `GET /catalog`'s items lack.
+    drop_field: Option<String>,
 }
 
 struct Upstream {
@@ -163,7 +181,14 @@ impl App {
             propagate,
             database,
             producer: None,
+            drop_field: None,
         })
+    }
+
+    /// `GET /catalog`'s items lack `field`.
+    pub(crate) fn dropping_field(mut self, field: Option<String>) -> App {
+        self.drop_field = field;
+        self
     }
 
     /// Stops propagating `names` (any case; empty entries are ignored).
@@ -278,16 +303,44 @@ pub(crate) async fn run(args: AppArgs) -> Result<ExitCode> {
         _ => bail!("--kafka and --kafka-topic go together"),
     };
     let kafka = producer.as_ref().map(|(_, b, t)| format!("{t} on {b}"));
-    let app = app.with_producer(producer.map(|(p, ..)| p));
+    let app = app
+        .with_producer(producer.map(|(p, ..)| p))
+        .dropping_field(non_empty(args.drop_field));
+    let grpc_name = app.name.clone();
     let database = app.database.as_ref().map(|d| d.redacted().to_owned());
     // Before the listener opens: a SIGTERM from then on shuts down cleanly.
     let shutdown = shutdown_signal();
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot bind {}", args.listen))?;
+    let grpc_listener = match args.grpc_listen {
+        Some(addr) => Some((
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot bind {addr} (--grpc-listen)"))?,
+            addr,
+        )),
+        None => None,
+    };
     let token = CancellationToken::new();
     let server = tokio::spawn(serve(listener, Arc::new(app), token.clone()));
     let mut serving = format!("serving on {}", args.listen);
+    let grpc = grpc_listener.map(|(listener, addr)| {
+        serving.push_str(&format!(" (gRPC on {addr}"));
+        if args.grpc_unavailable {
+            serving.push_str(", every call UNAVAILABLE");
+        }
+        serving.push(')');
+        let behaviour = spur_demo_apps::GrpcBehaviour {
+            unavailable: args.grpc_unavailable,
+        };
+        tokio::spawn(spur_demo_apps::serve_grpc_with(
+            listener,
+            grpc_name,
+            behaviour,
+            token.clone(),
+        ))
+    });
     if let Some(call) = &call {
         serving.push_str(&format!(" (calling {call})"));
     }
@@ -301,6 +354,11 @@ pub(crate) async fn run(args: AppArgs) -> Result<ExitCode> {
     shutdown.await;
     token.cancel();
     server.await.context("server task failed")?;
+    if let Some(grpc) = grpc {
+        grpc.await
+            .context("gRPC server task failed")?
+            .context("the gRPC server failed")?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -384,6 +442,9 @@ async fn respond(
     }
     if req.uri().path() == "/healthz" {
         return Ok(reply(StatusCode::OK, "text/plain; charset=utf-8", "ok"));
+    }
+    if req.uri().path() == "/catalog" {
+        return Ok(catalog::respond(&req, &app).await);
     }
     let baggage = joined(req.headers(), "baggage");
     let mut doc = json!({

@@ -41,7 +41,32 @@ pub struct HelloReply {
     pub routing_key: String,
 }
 
+/// `spur.demo.v1.PriceRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PriceRequest {
+    #[prost(string, tag = "1")]
+    pub sku: String,
+}
+
+/// `spur.demo.v1.PriceReply`: the same for every replica and every caller (no replica name,
+/// no routing key), so a sandbox's answer differs from the baseline's only where its code does.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PriceReply {
+    #[prost(string, tag = "1")]
+    pub sku: String,
+    #[prost(int64, tag = "2")]
+    pub price_cents: i64,
+}
+
+/// The demo catalog's prices, by SKU (the HTTP catalog of `spur demo app` lists the same).
+pub const PRICES: [(&str, &str, i64); 3] = [
+    ("A1", "apple", 300),
+    ("B2", "bread", 150),
+    ("C3", "cheese", 975),
+];
+
 pub(crate) const HELLO_PATH: &str = "/spur.demo.v1.Demo/Hello";
+pub(crate) const PRICE_PATH: &str = "/spur.demo.v1.Demo/Price";
 pub(crate) const CHAT_PATH: &str = "/spur.demo.v1.Demo/Chat";
 
 /// Request name that makes `Hello` fail, to exercise error statuses end to end.
@@ -59,7 +84,26 @@ pub async fn serve_grpc(
     name: String,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
-    let svc = DemoServer::new(name)?;
+    serve_grpc_with(listener, name, GrpcBehaviour::default(), shutdown).await
+}
+
+/// How the demo service behaves besides its defaults.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GrpcBehaviour {
+    /// Every call fails with UNAVAILABLE, as a broken build of the service would: what a smart
+    /// test is to find in a sandbox.
+    pub unavailable: bool,
+}
+
+/// [`serve_grpc`] with `behaviour`; also
+/// `rpc Price(PriceRequest) returns (PriceReply)` (NOT_FOUND for an SKU not in [`PRICES`]).
+pub async fn serve_grpc_with(
+    listener: TcpListener,
+    name: String,
+    behaviour: GrpcBehaviour,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    let svc = DemoServer::new(name, behaviour)?;
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
         .add_service(svc)
@@ -71,16 +115,21 @@ pub async fn serve_grpc(
 struct Inner {
     name: String,
     served_by: HeaderValue,
+    behaviour: GrpcBehaviour,
 }
 
 #[derive(Clone)]
 struct DemoServer(Arc<Inner>);
 
 impl DemoServer {
-    fn new(name: String) -> Result<Self, Error> {
+    fn new(name: String, behaviour: GrpcBehaviour) -> Result<Self, Error> {
         let served_by =
             HeaderValue::try_from(name.as_str()).map_err(|_| Error::InvalidName(name.clone()))?;
-        Ok(Self(Arc::new(Inner { name, served_by })))
+        Ok(Self(Arc::new(Inner {
+            name,
+            served_by,
+            behaviour,
+        })))
     }
 }
 
@@ -102,7 +151,14 @@ impl Service<http::Request<Body>> for DemoServer {
         Box::pin(async move {
             let mut grpc = Grpc::new(ProstCodec::default());
             let resp = match req.uri().path() {
+                _ if inner.behaviour.unavailable => {
+                    Status::unavailable("this build of the service is broken").into_http()
+                }
                 HELLO_PATH => grpc.unary(Hello(Arc::clone(&inner)), req).await,
+                PRICE_PATH => {
+                    // Its own codec: another pair of message types.
+                    Grpc::new(ProstCodec::default()).unary(Price, req).await
+                }
                 CHAT_PATH => grpc.streaming(Chat(Arc::clone(&inner)), req).await,
                 _ => Status::unimplemented("no such method").into_http(),
             };
@@ -164,6 +220,24 @@ impl UnaryService<HelloRequest> for Hello {
             served_by: name.clone(),
             routing_key,
         })))
+    }
+}
+
+struct Price;
+
+impl UnaryService<PriceRequest> for Price {
+    type Response = PriceReply;
+    type Future = Ready<Result<Response<PriceReply>, Status>>;
+
+    fn call(&mut self, request: Request<PriceRequest>) -> Self::Future {
+        let sku = request.into_inner().sku;
+        ready(match PRICES.iter().find(|(s, ..)| *s == sku) {
+            Some((_, _, price_cents)) => Ok(Response::new(PriceReply {
+                sku,
+                price_cents: *price_cents,
+            })),
+            None => Err(Status::not_found(format!("no SKU {sku:?}"))),
+        })
     }
 }
 

@@ -10,8 +10,8 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status};
 use tonic_prost::ProstCodec;
 
-use crate::grpc::{CHAT_PATH, HELLO_PATH};
-use crate::{HelloReply, HelloRequest, SERVED_BY};
+use crate::grpc::{CHAT_PATH, HELLO_PATH, PRICE_PATH};
+use crate::{HelloReply, HelloRequest, PriceReply, PriceRequest, SERVED_BY};
 
 /// Unary `Hello` against `http://addr` (h2c), with extra request metadata such as
 /// `("baggage", "sd-routing-key=k")`. Returns the reply and the `x-served-by` trailer, if any.
@@ -32,6 +32,17 @@ pub async fn hello(
     let response = client.unary(request, path, ProstCodec::default()).await?;
     let served_by = served_by(response.metadata());
     Ok((response.into_inner(), served_by))
+}
+
+/// Unary `Price` of `sku` against `http://addr` (h2c).
+pub async fn price(addr: SocketAddr, sku: &str) -> Result<PriceReply, Status> {
+    let mut client = connect(addr).await?;
+    let request = Request::new(PriceRequest {
+        sku: sku.to_owned(),
+    });
+    let path = PathAndQuery::from_static(PRICE_PATH);
+    let response = client.unary(request, path, ProstCodec::default()).await?;
+    Ok(response.into_inner())
 }
 
 /// Bidirectional `Chat`: sends each of `names`, half-closes, and collects every reply.

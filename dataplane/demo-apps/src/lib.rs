@@ -14,7 +14,10 @@ mod net;
 mod tcp;
 mod udp;
 
-pub use grpc::{HelloReply, HelloRequest, serve_grpc};
+pub use grpc::{
+    GrpcBehaviour, HelloReply, HelloRequest, PRICES, PriceReply, PriceRequest, serve_grpc,
+    serve_grpc_with,
+};
 pub use http::{serve_http, serve_http_producing};
 pub use net::accept;
 pub use tcp::{TestTls, serve_tcp_echo, serve_tls_echo, test_tls};

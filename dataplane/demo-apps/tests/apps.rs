@@ -382,6 +382,28 @@ async fn grpc_fail_status() {
 }
 
 #[tokio::test]
+async fn grpc_price_and_a_broken_build() {
+    let app = start_grpc("grpc-a").await;
+    let reply = grpc_client::price(app.addr, "A1").await.unwrap();
+    assert_eq!((reply.sku.as_str(), reply.price_cents), ("A1", 300));
+    let missing = grpc_client::price(app.addr, "Z9").await.unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+    app.stop().await;
+
+    let behaviour = spur_demo_apps::GrpcBehaviour { unavailable: true };
+    let broken =
+        start(|l, s| spur_demo_apps::serve_grpc_with(l, "grpc-b".into(), behaviour, s)).await;
+    let status = grpc_client::price(broken.addr, "A1").await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    let status = grpc_client::hello(broken.addr, "amy", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert_eq!(status.metadata().get("x-served-by").unwrap(), "grpc-b");
+    broken.stop().await;
+}
+
+#[tokio::test]
 async fn grpc_chat() {
     let app = start_grpc("grpc-b").await;
     let names = vec!["a".to_owned(), "b".to_owned(), "c".to_owned()];

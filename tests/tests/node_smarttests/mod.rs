@@ -3,6 +3,9 @@
 //! forking `backend` once it is Ready; the summary the real `spur test run` left in the runner
 //! pod becomes the Sandbox's Tests condition (the fork's marker is a change the baseline's two
 //! answers do not explain) and `spur sandbox get` shows it; changing the fork runs it again.
+//! Then issue 48's acceptance: a HotROD-like shop, one test over its HTTP and gRPC endpoints and
+//! three sandboxes of its catalog: unchanged (passes, the noise learned away), a lost JSON field
+//! and a failing gRPC call (each found).
 
 use std::time::Duration;
 
@@ -161,19 +164,217 @@ spec:
     assert_ne!(all[0]["metadata"]["name"], all[1]["metadata"]["name"]);
     eprintln!("smart tests: the fork changed, generation 2 ran again: {message}");
 
-    for what in [
-        vec![
-            "delete",
-            "sandbox",
-            SANDBOX,
-            "--wait=true",
-            "--timeout=120s",
-        ],
-        vec!["delete", "smarttest", TEST, "-n", ns],
-        vec!["delete", "jobrunnergroup", GROUP, "-n", ns],
-    ] {
-        node.kubectl(&what).unwrap();
+    node.kubectl(&[
+        "delete",
+        "sandbox",
+        SANDBOX,
+        "--wait=true",
+        "--timeout=120s",
+    ])
+    .unwrap();
+    node.kubectl(&["delete", "smarttest", TEST, "-n", ns])
+        .unwrap();
+
+    three_sandboxes_of_a_shop(node, ns);
+    node.kubectl(&["delete", "jobrunnergroup", GROUP, "-n", ns])
+        .unwrap();
+}
+
+/// A HotROD-like pair of services, a shop's frontend calling its catalog (HTTP, and gRPC
+/// beside it), with answers that carry a fresh request id and time, as real services' do.
+fn shop(ns: &str) -> String {
+    let app = |name: &str, args: &str, grpc: bool| {
+        let (container_port, service_port) = if grpc {
+            (
+                "\n            - {name: grpc, containerPort: 9090}",
+                "\n    - {name: grpc, port: 9090, targetPort: grpc}",
+            )
+        } else {
+            ("", "")
+        };
+        format!(
+            r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      terminationGracePeriodSeconds: 5
+      containers:
+        - name: app
+          image: {SPUR_IMAGE}
+          imagePullPolicy: IfNotPresent
+          args: [demo, app, --name={name}, --listen=0.0.0.0:8080{args}]
+          ports:
+            - {{name: http, containerPort: 8080}}{container_port}
+          readinessProbe:
+            httpGet: {{path: /healthz, port: http}}
+            periodSeconds: 1
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  selector: {{app: {name}}}
+  ports:
+    - {{name: http, port: 8080, targetPort: http}}{service_port}
+"#
+        )
+    };
+    format!(
+        "{}---\n{}",
+        app(
+            "shop-front",
+            &format!(", --call=http://shop-catalog.{ns}.svc.cluster.local:8080"),
+            false
+        ),
+        app("shop-catalog", ", --grpc-listen=0.0.0.0:9090", true)
+    )
+}
+
+/// A Sandbox forking the shop's catalog with `env` set in the fork.
+fn catalog_sandbox(name: &str, ns: &str, env: (&str, &str)) -> String {
+    format!(
+        r#"apiVersion: spur.dev/v1alpha1
+kind: Sandbox
+metadata:
+  name: {name}
+spec:
+  description: node test, smart tests
+  forks:
+    - forkOf: {{kind: Deployment, namespace: {ns}, name: shop-catalog}}
+      customizations:
+        env:
+          - {{name: {}, value: "{}"}}
+"#,
+        env.0, env.1
+    )
+}
+
+/// The Tests condition of sandbox `name` once it no longer says a run is under way.
+fn verdict_of(node: &Node, name: &str) -> (String, String, String) {
+    eventually(
+        &format!("the Tests condition of {name} with its run's outcome"),
+        Duration::from_secs(300),
+        || {
+            let s = node.get_json("default", &["sandbox", name])?;
+            let c = s["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "Tests")
+                .cloned();
+            let text = |c: &Value, k: &str| c[k].as_str().unwrap_or_default().to_owned();
+            Ok(c.filter(|c| c["status"] != "Unknown")
+                .map(|c| (text(&c, "status"), text(&c, "reason"), text(&c, "message"))))
+        },
+    )
+    .with_context(|| {
+        node.kubectl(&["get", "sandbox", name, "-o", "yaml"])
+            .unwrap_or_default()
+    })
+    .unwrap()
+}
+
+/// Issue 48's acceptance on the node: one SmartTest over two endpoints of a HotROD-like shop
+/// (the frontend's catalog page over HTTP, which calls the catalog service, and the catalog's
+/// gRPC `Price`), and three sandboxes of the catalog, each tested automatically when Ready: one
+/// that changes nothing the test sees (its answers differ from the baseline's only in request
+/// ids and times, which the baseline's two runs show to be noise: it passes), one whose build
+/// lost the items' `price` (a schema finding, through the frontend), and one whose gRPC fails
+/// (a status finding and a failed check).
+fn three_sandboxes_of_a_shop(node: &Node, ns: &str) {
+    node.apply(&shop(ns)).unwrap();
+    node.rollout(ns, "shop-catalog").unwrap();
+    node.rollout(ns, "shop-front").unwrap();
+    // Price{sku: "A1"}, protobuf-encoded: field 1, length 2, "A1".
+    node.apply(&format!(
+        r#"apiVersion: spur.dev/v1alpha1
+kind: SmartTest
+metadata:
+  name: shop
+  namespace: {ns}
+spec:
+  services: [shop-catalog]
+  runnerGroup: {GROUP}
+  steps:
+    - name: catalog page
+      http: {{url: "http://shop-front.{ns}.svc.cluster.local:8080/catalog"}}
+      checks: [{{status: 200}}]
+    - name: price of A1
+      grpc:
+        target: shop-catalog.{ns}.svc.cluster.local:9090
+        method: spur.demo.v1.Demo/Price
+        messageBase64: CgJBMQ==
+      checks: [{{grpcStatus: 0}}]
+"#
+    ))
+    .unwrap();
+    let sandboxes = [
+        ("shop-same", ("SPUR_APP_MARKER", "same")),
+        ("shop-no-price", ("SPUR_APP_DROP_FIELD", "price")),
+        ("shop-grpc-down", ("SPUR_APP_GRPC_UNAVAILABLE", "true")),
+    ];
+    for (name, env) in sandboxes {
+        node.apply(&catalog_sandbox(name, ns, env)).unwrap();
     }
+    let verdicts: Vec<(String, String, String)> = sandboxes
+        .iter()
+        .map(|(name, _)| {
+            crate::sandbox_ready(node, name);
+            verdict_of(node, name)
+        })
+        .collect();
+    for ((name, _), (status, reason, message)) in sandboxes.iter().zip(&verdicts) {
+        eprintln!("smart tests, the shop: {name}: {status} {reason}: {message}");
+    }
+
+    let (status, reason, message) = &verdicts[0];
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "Passed"),
+        "ids and times the baseline varies are noise, nothing else changed: {message}"
+    );
+    let (status, reason, message) = &verdicts[1];
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "Findings"),
+        "{message}"
+    );
+    assert!(
+        message.contains("[schema]") && message.contains("$.catalog.items[*].price"),
+        "the lost field, seen through the frontend: {message}"
+    );
+    assert!(
+        !message.contains("requestId") && !message.contains("servedAt"),
+        "noise reported: {message}"
+    );
+    let (status, _, message) = &verdicts[2];
+    assert_eq!(status, "False", "{message}");
+    assert!(
+        message.contains("[status]") && message.contains("Price"),
+        "the failing gRPC call: {message}"
+    );
+
+    for (name, _) in sandboxes {
+        node.kubectl(&["delete", "sandbox", name, "--wait=true", "--timeout=120s"])
+            .unwrap();
+    }
+    node.kubectl(&["delete", "smarttest", "shop", "-n", ns])
+        .unwrap();
+    node.kubectl(&[
+        "-n",
+        ns,
+        "delete",
+        "deployment/shop-front",
+        "deployment/shop-catalog",
+        "service/shop-front",
+        "service/shop-catalog",
+    ])
+    .unwrap();
 }
 
 /// `spur sandbox get` with the admin's credentials.
