@@ -661,10 +661,51 @@ pub(crate) fn deployment_ready(d: &Deployment) -> bool {
         .is_some_and(|st| st.ready_replicas.unwrap_or(0) >= 1)
 }
 
+/// Whether the Deployment's current template is what serves: its controller has seen the
+/// current generation, every replica runs that template and is ready, and no pod of an older
+/// one is left (`kubectl rollout status`'s test). A fork can be ready (serving) before this,
+/// with its previous build.
+pub(crate) fn deployment_rolled_out(d: &Deployment) -> bool {
+    let Some(st) = d.status.as_ref() else {
+        return false;
+    };
+    let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let updated = st.updated_replicas.unwrap_or(0);
+    st.observed_generation.is_some()
+        && st.observed_generation >= d.metadata.generation
+        && updated >= want
+        && st.replicas.unwrap_or(0) <= updated
+        && st.ready_replicas.unwrap_or(0) >= want.max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_fork_is_rolled_out_once_its_current_template_serves_alone() {
+        let d = |generation: i64, status: serde_json::Value| -> Deployment {
+            serde_json::from_value(json!({
+                "metadata": {"name": "sb-api", "generation": generation},
+                "spec": {"replicas": 1, "selector": {}, "template": {}},
+                "status": status
+            }))
+            .unwrap()
+        };
+        let done = json!({"observedGeneration": 2, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1});
+        assert!(deployment_rolled_out(&d(2, done.clone())));
+        // Just changed: the old pod still serves (ready), the change is not rolled out.
+        let old = json!({"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1});
+        assert!(deployment_ready(&d(2, old.clone())) && !deployment_rolled_out(&d(2, old)));
+        // Rolling: the new pod is up, the old one not gone yet.
+        let rolling = json!({"observedGeneration": 2, "replicas": 2, "updatedReplicas": 1, "readyReplicas": 2});
+        assert!(!deployment_rolled_out(&d(2, rolling)));
+        // Recreate: nothing ready yet.
+        let starting = json!({"observedGeneration": 2, "replicas": 1, "updatedReplicas": 1});
+        assert!(!deployment_rolled_out(&d(2, starting)));
+        assert!(!deployment_rolled_out(&d(2, json!(null))));
+    }
 
     fn baseline() -> Baseline {
         Baseline::deployment(serde_json::from_value(json!({

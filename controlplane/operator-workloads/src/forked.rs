@@ -19,7 +19,7 @@ use spur_api::{ForkedWorkload, ForkedWorkloadStatus};
 
 use crate::baseline::Baseline;
 use crate::context::{OWNER, Term, WorkloadsContext};
-use crate::fork::{ForkPlan, deployment_ready};
+use crate::fork::{ForkPlan, deployment_ready, deployment_rolled_out};
 use crate::{Error, FINALIZER};
 
 mod desired;
@@ -93,10 +93,13 @@ async fn apply(fw: &ForkedWorkload, ns: &str, ctx: &Term) -> Result<Action, Erro
     for stale in desired::stale(known.iter().map(|s| &**s), fw, ns, &name, &wanted) {
         delete_owned(&services, &stale.metadata).await?;
     }
-    let ready = deployment_ready(&applied);
+    let serving = status::Serving {
+        ready: deployment_ready(&applied),
+        current: deployment_rolled_out(&applied),
+    };
     let sidecars = sidecar_coverage(fw, &baseline, ns, ctx).await?;
     write_status(fw, ns, ctx, |st| {
-        status::observed(st, fw, ns, mappings, &baseline.workload, sidecars, ready);
+        status::observed(st, fw, ns, mappings, &baseline.workload, sidecars, serving);
     })
     .await?;
     Ok(Action::requeue(RESYNC))

@@ -59,7 +59,11 @@ pub(crate) fn routing_config(rc: &RoutingConfig) -> u64 {
 /// A fork Deployment as its ForkedWorkload reads it: spec (drift is re-applied), metadata,
 /// deletion, readiness.
 pub(crate) fn fork_deployment(d: &Deployment) -> u64 {
-    hash_of(&(meta_digest(d), crate::fork::deployment_ready(d)))
+    hash_of(&(
+        meta_digest(d),
+        crate::fork::deployment_ready(d),
+        crate::fork::deployment_rolled_out(d),
+    ))
 }
 
 /// A sandbox Service as its ForkedWorkload reads it (Services have no generation).

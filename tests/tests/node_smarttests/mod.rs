@@ -2,7 +2,7 @@
 //! covering `backend` runs, as a Job on a runner group of Spur's own image, against a sandbox
 //! forking `backend` once it is Ready; the summary the real `spur test run` left in the runner
 //! pod becomes the Sandbox's Tests condition (the fork's marker is a change the baseline's two
-//! answers do not explain) and `spur sandbox get` shows it; changing the fork runs it again.
+//! answers do not explain) and `spur sandbox get` shows it; changing the fork's image runs it again.
 //! Then issue 48's acceptance: a HotROD-like shop, one test over its HTTP and gRPC endpoints and
 //! three sandboxes of its catalog: unchanged (passes, the noise learned away), a lost JSON field
 //! and a failing gRPC call (each found).
@@ -140,8 +140,14 @@ spec:
     );
     eprintln!("smart tests: the automatic run against generation 1 reported: {message}");
 
-    // The fork changes: run again, against the new generation.
-    let patched = crate::sandbox(SANDBOX, ns, "backend", "st2", None);
+    // The fork's image changes (to the previous release's Spur image, which the node holds
+    // for the upgrade test): run again, against the new generation.
+    let image = crate::node_upgrade::Release::previous().image();
+    let patched = crate::sandbox(SANDBOX, ns, "backend", "st2", None).replace(
+        "      customizations:\n",
+        &format!("      customizations:\n        images:\n          - image: {image}\n"),
+    );
+    assert!(patched.contains(&image), "{patched}");
     node.apply(&patched).unwrap();
     eventually(
         "the sandbox's generation 2 Ready",
@@ -159,6 +165,18 @@ spec:
     .unwrap();
     let (_, reason, message) = ended(node, ns, 2);
     assert_eq!(reason, "Findings", "{message}");
+    // Generation 2's run, not generation 1's again: its fork reports the new marker.
+    assert!(message.contains("\"st2\""), "{message}");
+    let fork = crate::fork_pod(node, ns, SANDBOX);
+    let pod = node.get_json(ns, &["pod", &fork]).unwrap();
+    assert!(
+        pod["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["image"] == image.as_str()),
+        "the fork runs {image}: {pod}"
+    );
     let all = runs(node, ns);
     assert_eq!(all.len(), 2, "the first run is kept");
     assert_ne!(all[0]["metadata"]["name"], all[1]["metadata"]["name"]);
@@ -301,10 +319,10 @@ spec:
   services: [shop-catalog]
   runnerGroup: {GROUP}
   steps:
-    - name: catalog page
+    - name: catalog-page
       http: {{url: "http://shop-front.{ns}.svc.cluster.local:8080/catalog"}}
       checks: [{{status: 200}}]
-    - name: price of A1
+    - name: price-a1
       grpc:
         target: shop-catalog.{ns}.svc.cluster.local:9090
         method: spur.demo.v1.Demo/Price

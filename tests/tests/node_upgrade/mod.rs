@@ -57,7 +57,7 @@ impl Release {
     }
 
     /// The release's image, as tests/node/release.sh tagged it.
-    fn image(&self) -> String {
+    pub(crate) fn image(&self) -> String {
         format!("localhost/spur:{}", self.version)
     }
 

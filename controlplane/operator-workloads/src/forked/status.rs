@@ -20,8 +20,20 @@ pub(super) fn failed(
     set_ready(st, fw, ConditionStatus::False, reason, message);
 }
 
+/// Whether a fork Deployment serves, and whether what serves is its current template.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Serving {
+    /// A pod of it is ready: keyed requests can be routed to it.
+    pub(super) ready: bool,
+    /// Its current template is rolled out (`crate::fork::deployment_rolled_out`).
+    pub(super) current: bool,
+}
+
 /// The status of a fork whose objects were applied: its Service `mappings`, the `baseline` and
-/// its `sidecars`, and Ready once the fork Deployment is (`ready`).
+/// its `sidecars`, and Ready once the fork Deployment is (`serving`). While a change rolls out
+/// and a pod of the previous build still serves, Ready stays True (the routes stay) but keeps
+/// the generation it was last observed at: the Sandbox is Ready at this generation only once
+/// its fork runs it (what automatic smart tests wait for).
 pub(super) fn observed(
     st: &mut ForkedWorkloadStatus,
     fw: &ForkedWorkload,
@@ -29,7 +41,7 @@ pub(super) fn observed(
     mappings: Vec<ServiceMapping>,
     baseline: &Deployment,
     sidecars: Option<SidecarCoverage>,
-    ready: bool,
+    serving: Serving,
 ) {
     let name = fw.name_any();
     st.fork = Some(name.clone());
@@ -39,7 +51,23 @@ pub(super) fn observed(
         generation: baseline.meta().generation,
     });
     st.baseline_sidecars = sidecars;
-    let (status, reason, message) = if ready {
+    if serving.ready && !serving.current {
+        let before = spur_api::conditions::find_condition(&st.conditions, READY)
+            .filter(|c| c.status == "True")
+            .and_then(|c| c.observed_generation);
+        set_now(
+            &mut st.conditions,
+            before,
+            READY,
+            ConditionStatus::True,
+            "ForkRollingOut",
+            &format!(
+                "the fork serves its previous version while Deployment {ns}/{name} rolls out the change"
+            ),
+        );
+        return;
+    }
+    let (status, reason, message) = if serving.ready {
         (
             ConditionStatus::True,
             "ForkReady",
@@ -165,6 +193,15 @@ mod tests {
     use super::super::desired::tests::{baseline, fw};
     use super::*;
 
+    const CURRENT: Serving = Serving {
+        ready: true,
+        current: true,
+    };
+    const NOT_READY: Serving = Serving {
+        ready: false,
+        current: false,
+    };
+
     fn ready(st: &ForkedWorkloadStatus) -> (&str, &str, &str) {
         let c = find_condition(&st.conditions, READY).unwrap();
         (&c.status, &c.reason, &c.message)
@@ -193,7 +230,7 @@ mod tests {
     fn ready_follows_the_fork_deployment() {
         let (fw, base) = (fw(), baseline());
         let mut st = ForkedWorkloadStatus::default();
-        observed(&mut st, &fw, "shop", Vec::new(), &base, None, false);
+        observed(&mut st, &fw, "shop", Vec::new(), &base, None, NOT_READY);
         assert_eq!(
             ready(&st),
             (
@@ -205,10 +242,31 @@ mod tests {
         assert_eq!(st.fork.as_deref(), Some("sb-api"));
         let seen = st.baseline.clone().unwrap();
         assert_eq!((seen.uid.as_str(), seen.generation), ("base-uid", Some(7)));
-        observed(&mut st, &fw, "shop", Vec::new(), &base, None, true);
+        observed(&mut st, &fw, "shop", Vec::new(), &base, None, CURRENT);
         assert_eq!(ready(&st).1, "ForkReady");
         let c = find_condition(&st.conditions, READY).unwrap();
         assert_eq!(c.observed_generation, Some(2));
+
+        // A change (generation 3) rolling out while the previous build serves: still Ready
+        // (routed), at the generation it was observed at.
+        let mut changed = fw.clone();
+        changed.metadata.generation = Some(3);
+        let rolling = Serving {
+            ready: true,
+            current: false,
+        };
+        observed(&mut st, &changed, "shop", Vec::new(), &base, None, rolling);
+        let c = find_condition(&st.conditions, READY).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.observed_generation),
+            ("True", "ForkRollingOut", Some(2))
+        );
+        observed(&mut st, &changed, "shop", Vec::new(), &base, None, CURRENT);
+        let c = find_condition(&st.conditions, READY).unwrap();
+        assert_eq!(
+            (c.reason.as_str(), c.observed_generation),
+            ("ForkReady", Some(3))
+        );
     }
 
     #[test]
@@ -219,7 +277,7 @@ mod tests {
             "baselineService": "api", "sandboxService": "sb-api", "ports": []
         }))
         .unwrap();
-        observed(&mut st, &fw, "shop", vec![mapping], &base, None, true);
+        observed(&mut st, &fw, "shop", vec![mapping], &base, None, CURRENT);
         failed(
             &mut st,
             &fw,
