@@ -187,7 +187,7 @@ end=$(( $(date +%s) + {MAX_SECONDS} )); i=0
 while [ ! -e /tmp/stop ] && [ $i -lt {MAX_ITERATIONS} ] && [ $(date +%s) -lt $end ]; do
   i=$((i+1))
   k=$(curl -sS --max-time 5 -H 'baggage: sd-routing-key={key}' -w ' %{{http_code}}' '{frontend}' 2>&1)
-  case "$k" in *'"pod":"{fork}"'*' 200') ;; *) echo "keyed $i $(date +%T.%N): $k (the baseline sidecar's table holds the key: $(curl -s --max-time 2 http://{backend_ip}:15020/config_dump | grep -c '{key}'))" ;; esac
+  case "$k" in *'"pod":"{fork}"'*' 200') ;; *) echo "keyed $i $(date +%T.%N): $k (the baseline sidecar's table holds the key: $(curl -s --max-time 2 http://{backend_ip}:15020/config_dump | grep -c '{key}'); its route-server stream: $(curl -s --max-time 2 http://{backend_ip}:15020/metrics | grep -E 'routeserver_(connected|reconnects_total) ' | tr '\n' ' '))" ;; esac
   u=$(curl -sS --max-time 5 -w ' %{{http_code}}' '{frontend}' 2>&1)
   case "$u" in *'"pod":"{backend_pod}"'*' 200') ;; *) echo "unkeyed $i $(date +%T.%N): $u" ;; esac
   echo $i > /tmp/count
@@ -581,6 +581,32 @@ fn routing_history(node: &Node, ns: &str, name: &str) -> String {
         let mut args = vec!["get", kind, "-l", &selector, "-o", "yaml"];
         if !namespace.is_empty() {
             args.extend(["-n", namespace]);
+        }
+        out.push_str(&node.kubectl(&args).unwrap_or_else(|e| format!("{e:#}")));
+        out.push('\n');
+    }
+    // Who sent the table: the route servers' logs and the baseline sidecar's (a deleted
+    // replica's are gone with it).
+    for (ns, selector, container) in [
+        (
+            SPUR_NAMESPACE,
+            "app.kubernetes.io/name=spur-routeserver",
+            None,
+        ),
+        (ns, "app=backend,!spur.dev/sandbox", Some("spur-sidecar")),
+    ] {
+        let mut args = vec![
+            "-n",
+            ns,
+            "logs",
+            "-l",
+            selector,
+            "--tail=300",
+            "--timestamps",
+            "--prefix",
+        ];
+        if let Some(c) = container {
+            args.extend(["-c", c]);
         }
         out.push_str(&node.kubectl(&args).unwrap_or_else(|e| format!("{e:#}")));
         out.push('\n');
