@@ -11,7 +11,8 @@
 # test has STEPS steps (GET /catalog); each is sent three times (sandbox, baseline, baseline), so
 # 34 steps are about 100 requests. It runs RUNS times; the figures are per run and per request.
 #
-#   perf/smarttest.sh [STEPS [RUNS]]   → a markdown table on stdout (defaults 34 and 5)
+#   perf/smarttest.sh [STEPS [RUNS]]   → a markdown table on stdout (defaults 34 and 40; CPU
+# is counted in 10 ms ticks, so fewer runs are coarse)
 #
 # CPU: user+system ticks from /proc (10 ms each) of each long-lived process over all runs, and
 # the runner's own from its rusage (GNU time). Loopback only; every process it starts is stopped
@@ -20,7 +21,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 steps="${1:-34}"
-runs="${2:-5}"
+runs="${2:-40}"
 for tool in curl /usr/bin/time; do
     command -v "$tool" >/dev/null || { echo "perf/smarttest.sh: $tool is not installed" >&2; exit 1; }
 done
@@ -154,5 +155,6 @@ echo "| the apps' CPU (ms, baseline + fork) | $(per_run "$(ms_of_ticks $((spent[
 echo "| traffic store CPU (ms) | $(per_run "$(ms_of_ticks "${spent[$store_pid]}")") | $(per_100 "$(ms_of_ticks "${spent[$store_pid]}")") |"
 echo "| JSON report (bytes) | $(per_run "$report_bytes") | $(per_100 "$report_bytes") |"
 echo "| exchanges captured at the sidecar (the sandbox's requests) | $(per_run "$stored") | $(per_100 "$stored") |"
+echo "| bytes the traffic store keeps of them | $(per_run "$store_bytes") | $(per_100 "$store_bytes") |"
 echo
 echo "The runner's peak RSS: $rss_kb KiB. The traffic store holds $store_bytes bytes after all runs ($stored exchanges)."
