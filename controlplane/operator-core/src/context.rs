@@ -67,7 +67,7 @@ impl Context {
                 EventType::Normal
             },
             reason: reason.into(),
-            note: Some(note),
+            note: Some(fit_note(note)),
             action: action.into(),
             secondary: None,
         };
@@ -88,6 +88,25 @@ impl Context {
         self.metrics.failure();
         delay
     }
+}
+
+/// Most bytes of an Event's note (events.k8s.io/v1 refuses a longer one, and the Event would
+/// be lost).
+const NOTE_MAX: usize = 1024;
+
+/// `note`, cut at a character boundary with an ellipsis when it is longer than [`NOTE_MAX`].
+fn fit_note(mut note: String) -> String {
+    if note.len() <= NOTE_MAX {
+        return note;
+    }
+    const MORE: &str = " …";
+    let mut end = NOTE_MAX - MORE.len();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    note.truncate(end);
+    note.push_str(MORE);
+    note
 }
 
 impl spur_controller::HasBackoff for Context {
@@ -115,4 +134,24 @@ where
 
 pub fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_note_is_cut_to_what_the_api_takes() {
+        assert_eq!(fit_note("short".into()), "short");
+        let long = "é".repeat(NOTE_MAX);
+        let cut = fit_note(long);
+        assert!(
+            cut.len() <= NOTE_MAX && cut.ends_with(" …"),
+            "{}",
+            cut.len()
+        );
+        assert!(cut.starts_with("éé"));
+        let exact = "x".repeat(NOTE_MAX);
+        assert_eq!(fit_note(exact.clone()), exact);
+    }
 }
