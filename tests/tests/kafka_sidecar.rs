@@ -374,12 +374,20 @@ async fn pods_behind_sidecars_receive_their_records_by_key() {
         "the oversized frame's connection, and only it\n{}",
         again.log_tail()
     );
+    // Counted under the topic's name, or under `_unknown` when the client fetched by topic id
+    // with the metadata it had before the restart (no Metadata response through the new
+    // sidecar to learn the name from: docs/async.md, metrics).
+    let delivered = ["restart", "_unknown"]
+        .iter()
+        .map(|t| {
+            metric(
+                &text,
+                &format!("spur_kafka_records_total{{topic=\"{t}\",verdict=\"delivered\"}}"),
+            )
+        })
+        .sum::<f64>();
     assert!(
-        metric(
-            &text,
-            "spur_kafka_records_total{topic=\"restart\",verdict=\"delivered\"}",
-        ) >= 40.0
-            && metric(&text, "spur_connections_total{protocol=\"kafka\"}") >= 2.0,
+        delivered >= 40.0 && metric(&text, "spur_connections_total{protocol=\"kafka\"}") >= 2.0,
         "the consumer went on through the restarted sidecar:\n{text}"
     );
     drop(broker);

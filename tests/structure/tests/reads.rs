@@ -84,6 +84,9 @@ const DIRECT_READS: &[(&str, &str, &str)] = &[
     ("controlplane/operator-mesh/src/istio.rs", "cleanup", FINAL),
     ("controlplane/operator-mesh/src/istio.rs", "write", AFTER_CONFLICT),
     ("controlplane/operator-mesh/src/lib.rs", "apply_and_prune", NOT_YET),
+    // Smart tests: a run's Job that already exists (409) is read to tell the run from a Job
+    // someone else made under its name; the store had not seen it.
+    ("controlplane/operator-smarttests/src/lib.rs", "start", AFTER_CONFLICT),
     // The chart's pre-upgrade hook (`spur-operator prepare-upgrade`): a one-off Job before
     // helm applies, with no watches; it reads the StatefulSets, claims and CA Secret it may
     // have to change, right before it changes them.
