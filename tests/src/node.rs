@@ -609,7 +609,8 @@ pub fn demo_app_annotated(
     demo_app_with(namespace, name, &args, annotations)
 }
 
-/// [`demo_app_annotated`] with the app's further `args` (e.g. `--kafka=HOST:PORT`).
+/// [`demo_app_annotated`] with the app's further `args` (e.g. `--kafka=HOST:PORT`). With
+/// `--grpc-listen=ADDR:PORT`, the container and the Service also have that port, named `grpc`.
 pub fn demo_app_with(
     namespace: &str,
     name: &str,
@@ -620,6 +621,17 @@ pub fn demo_app_with(
         .iter()
         .map(|a| format!("\n            - {a}"))
         .collect();
+    let (grpc_container_port, grpc_service_port) = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--grpc-listen="))
+        .and_then(|l| l.rsplit(':').next())
+        .map(|p| {
+            (
+                format!("\n            - {{name: grpc, containerPort: {p}}}"),
+                format!("\n    - {{name: grpc, port: {p}, targetPort: grpc}}"),
+            )
+        })
+        .unwrap_or_default();
     let annotations = annotations
         .iter()
         .map(|(k, v)| format!("{k}: {v:?}"))
@@ -654,7 +666,7 @@ spec:
             - name: POD_NAME
               valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}
           ports:
-            - {{name: http, containerPort: 8080}}
+            - {{name: http, containerPort: 8080}}{grpc_container_port}
           readinessProbe:
             httpGet: {{path: /healthz, port: http}}
             periodSeconds: 1
@@ -667,7 +679,7 @@ metadata:
 spec:
   selector: {{app: {name}}}
   ports:
-    - {{name: http, port: 8080, targetPort: http}}
+    - {{name: http, port: 8080, targetPort: http}}{grpc_service_port}
 "#
     )
 }

@@ -1166,6 +1166,18 @@ fn get(node: &Node, ns: &str, pod: &str, url: &str, key: Option<&str>) -> Answer
 }
 
 fn sandbox(name: &str, ns: &str, workload: &str, marker: &str, team: Option<&str>) -> String {
+    sandbox_with_env(name, ns, workload, ("SPUR_APP_MARKER", marker), team)
+}
+
+/// A Sandbox forking `workload` with the environment variable `env` set in the fork.
+fn sandbox_with_env(
+    name: &str,
+    ns: &str,
+    workload: &str,
+    env: (&str, &str),
+    team: Option<&str>,
+) -> String {
+    let (var, value) = env;
     let labels = team
         .map(|t| format!("\n  labels:\n    team: {t}"))
         .unwrap_or_default();
@@ -1180,7 +1192,7 @@ spec:
     - forkOf: {{kind: Deployment, namespace: {ns}, name: {workload}}}
       customizations:
         env:
-          - {{name: SPUR_APP_MARKER, value: {marker}}}
+          - {{name: {var}, value: "{value}"}}
 "#
     )
 }

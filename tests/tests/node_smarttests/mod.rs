@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::Value;
-use spur_e2e::node::{Node, SPUR_IMAGE, eventually};
+use spur_e2e::node::{Node, SPUR_IMAGE, demo_app_with, eventually};
 
 const GROUP: &str = "smart-tests";
 const TEST: &str = "backend-root";
@@ -201,75 +201,21 @@ spec:
 /// A HotROD-like pair of services, a shop's frontend calling its catalog (HTTP, and gRPC
 /// beside it), with answers that carry a fresh request id and time, as real services' do.
 fn shop(ns: &str) -> String {
-    let app = |name: &str, args: &str, grpc: bool| {
-        let (container_port, service_port) = if grpc {
-            (
-                "\n            - {name: grpc, containerPort: 9090}",
-                "\n    - {name: grpc, port: 9090, targetPort: grpc}",
-            )
-        } else {
-            ("", "")
-        };
-        format!(
-            r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: {name}, namespace: {ns}}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: {name}}}}}
-  template:
-    metadata: {{labels: {{app: {name}}}}}
-    spec:
-      terminationGracePeriodSeconds: 5
-      containers:
-        - name: app
-          image: {SPUR_IMAGE}
-          imagePullPolicy: IfNotPresent
-          args: [demo, app, --name={name}, --listen=0.0.0.0:8080{args}]
-          ports:
-            - {{name: http, containerPort: 8080}}{container_port}
-          readinessProbe:
-            httpGet: {{path: /healthz, port: http}}
-            periodSeconds: 1
----
-apiVersion: v1
-kind: Service
-metadata: {{name: {name}, namespace: {ns}}}
-spec:
-  selector: {{app: {name}}}
-  ports:
-    - {{name: http, port: 8080, targetPort: http}}{service_port}
-"#
-        )
-    };
-    format!(
-        "{}---\n{}",
-        app(
-            "shop-front",
-            &format!(", --call=http://shop-catalog.{ns}.svc.cluster.local:8080"),
-            false
-        ),
-        app("shop-catalog", ", --grpc-listen=0.0.0.0:9090", true)
-    )
-}
-
-/// A Sandbox forking the shop's catalog with `env` set in the fork.
-fn catalog_sandbox(name: &str, ns: &str, env: (&str, &str)) -> String {
-    format!(
-        r#"apiVersion: spur.dev/v1alpha1
-kind: Sandbox
-metadata:
-  name: {name}
-spec:
-  description: node test, smart tests
-  forks:
-    - forkOf: {{kind: Deployment, namespace: {ns}, name: shop-catalog}}
-      customizations:
-        env:
-          - {{name: {}, value: "{}"}}
-"#,
-        env.0, env.1
-    )
+    let front = demo_app_with(
+        ns,
+        "shop-front",
+        &[format!(
+            "--call=http://shop-catalog.{ns}.svc.cluster.local:8080"
+        )],
+        &[],
+    );
+    let catalog = demo_app_with(
+        ns,
+        "shop-catalog",
+        &["--grpc-listen=0.0.0.0:9090".to_owned()],
+        &[],
+    );
+    format!("{front}---\n{catalog}")
 }
 
 /// The Tests condition of sandbox `name` once it no longer says a run is under way.
@@ -337,7 +283,14 @@ spec:
         ("shop-grpc-down", ("SPUR_APP_GRPC_UNAVAILABLE", "true")),
     ];
     for (name, env) in sandboxes {
-        node.apply(&catalog_sandbox(name, ns, env)).unwrap();
+        node.apply(&crate::sandbox_with_env(
+            name,
+            ns,
+            "shop-catalog",
+            env,
+            None,
+        ))
+        .unwrap();
     }
     let verdicts: Vec<(String, String, String)> = sandboxes
         .iter()
