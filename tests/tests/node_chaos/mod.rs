@@ -1,6 +1,6 @@
 //! Chaos under load on the node (issue 47, point 1; docs/runbooks.md): while a bounded load loop
 //! sends keyed and unkeyed requests through injected sidecars, each control-plane component is
-//! deleted in turn — both operator replicas (the leader first), the route server, the tunnel
+//! deleted in turn — both operator replicas (the leader first), both route server replicas, the tunnel
 //! proxy, the traffic store, the io context server and the jobs server with a job running — and
 //! the node's containerd is restarted; during each outage a Sandbox is created and the one
 //! created during the outage before is deleted. No request through the sidecars fails (the data
@@ -19,6 +19,8 @@ use serde_json::Value;
 use spur_e2e::node::{Node, SPUR_NAMESPACE, eventually};
 
 use crate::{condition, fork_pod, sandbox, sandbox_ready, try_get};
+
+mod table_watch;
 
 const CLIENT: &str = "chaos-client";
 /// The load loop's bounds: iterations, seconds (and a stop file).
@@ -173,8 +175,9 @@ pub(crate) fn control_plane_outages_under_load(
     crate::until_answered_by(node, ns, CLIENT, frontend, &key, &fork).unwrap();
     // What the fork and its Deployment were before: neither is replaced by the outages.
     let fork_before = fork_identity(node, ns, &fork);
-    // The baseline pod's sidecar holds the keyed route: a keyed request answered elsewhere
-    // logs whether its table had the key at that moment (the admin port's /config_dump).
+    // A keyed request answered elsewhere logs the baseline sidecar's table version, rule count
+    // and route-server stream (its /metrics); its table's changes, key included, are watched
+    // from the host (/config_dump is loopback-only) and printed on a failure.
     let backend_ip = node.get_json(ns, &["pod", backend_pod]).unwrap()["status"]["podIP"]
         .as_str()
         .unwrap()
@@ -187,7 +190,7 @@ end=$(( $(date +%s) + {MAX_SECONDS} )); i=0
 while [ ! -e /tmp/stop ] && [ $i -lt {MAX_ITERATIONS} ] && [ $(date +%s) -lt $end ]; do
   i=$((i+1))
   k=$(curl -sS --max-time 5 -H 'baggage: sd-routing-key={key}' -w ' %{{http_code}}' '{frontend}' 2>&1)
-  case "$k" in *'"pod":"{fork}"'*' 200') ;; *) echo "keyed $i $(date +%T.%N): $k (the baseline sidecar's table holds the key: $(curl -s --max-time 2 http://{backend_ip}:15020/config_dump | grep -c '{key}'); its route-server stream: $(curl -s --max-time 2 http://{backend_ip}:15020/metrics | grep -E 'routeserver_(connected|reconnects_total) ' | tr '\n' ' '))" ;; esac
+  case "$k" in *'"pod":"{fork}"'*' 200') ;; *) echo "keyed $i $(date +%T.%N): $k (the baseline sidecar's table and route-server stream: $(curl -s --max-time 2 http://{backend_ip}:15020/metrics | grep -E '(routeserver_(connected|reconnects_total)|route_table_(version|rules)|sidecar_worker_restarts) ' | tr '\n' ' '))" ;; esac
   u=$(curl -sS --max-time 5 -w ' %{{http_code}}' '{frontend}' 2>&1)
   case "$u" in *'"pod":"{backend_pod}"'*' 200') ;; *) echo "unkeyed $i $(date +%T.%N): $u" ;; esac
   echo $i > /tmp/count
@@ -199,6 +202,7 @@ nohup sh /tmp/load.sh > /tmp/load.log 2>&1 &
 echo started"#
     );
     assert_eq!(exec(&script).unwrap().trim(), "started");
+    let table = table_watch::TableWatch::start(node, ns, backend_pod, "app", &key);
     let count = || -> u64 {
         exec("cat /tmp/count 2>/dev/null || echo 0")
             .unwrap_or_default()
@@ -241,9 +245,25 @@ echo started"#
         node.rollout(SPUR_NAMESPACE, "spur-operator").unwrap();
     }
 
-    // --- the route server, the tunnel proxy, the traffic store, the io context server ---------
+    // --- each route server replica: whichever one the baseline sidecar watches goes ----------
+    let replicas = node
+        .pods(SPUR_NAMESPACE, "app.kubernetes.io/name=spur-routeserver")
+        .unwrap();
+    assert_eq!(replicas.len(), 2, "{replicas:?}");
+    for (victim, name) in replicas
+        .iter()
+        .zip(["chaos-routeserver", "chaos-routeserver-2"])
+    {
+        run.outage(&format!("pod {victim}"), name, || delete_pod(node, victim));
+        node.rollout(SPUR_NAMESPACE, "spur-routeserver").unwrap();
+        // The keyed route of the sandbox created while the route server was away works.
+        let rs_key = sandbox_ready(node, name);
+        let rs_fork = fork_pod(node, ns, name);
+        crate::until_answered_by(node, ns, CLIENT, frontend, &rs_key, &rs_fork).unwrap();
+    }
+
+    // --- the tunnel proxy, the traffic store, the io context server ---------------------------
     for (deployment, name) in [
-        ("spur-routeserver", "chaos-routeserver"),
         ("spur-tunnel-proxy", "chaos-tunnel-proxy"),
         ("spur-traffic", "chaos-traffic"),
         ("spur-ics", "chaos-ics"),
@@ -257,12 +277,6 @@ echo started"#
             .swap_remove(0);
         run.outage(&format!("pod {victim}"), name, || delete_pod(node, &victim));
         node.rollout(SPUR_NAMESPACE, deployment).unwrap();
-        if name == "chaos-routeserver" {
-            // The keyed route of the sandbox created while the route server was away works.
-            let rs_key = sandbox_ready(node, name);
-            let rs_fork = fork_pod(node, ns, name);
-            crate::until_answered_by(node, ns, CLIENT, frontend, &rs_key, &rs_fork).unwrap();
-        }
     }
 
     // --- the node's container runtime ---------------------------------------------------------
@@ -306,6 +320,7 @@ echo started"#
     })
     .unwrap();
     let iterations = count();
+    let table = table.stop();
     let log = exec("cat /tmp/load.log").unwrap();
     // The request in flight in the killed worker, if one was, is the only one that may fail.
     let failures: Vec<&str> = log
@@ -376,6 +391,11 @@ echo started"#
         worker_kill.failed.len(),
         worker_kill.failed,
         leaders.summary(),
+    );
+    // Short (changes only), and what a failure is read against.
+    eprintln!(
+        "chaos: the baseline sidecar's routing table through the run (key {key}):\n{}",
+        table.join("\n")
     );
     let fork_after = fork_identity(node, ns, &fork);
     if !failures.is_empty() || fork_after.0 != fork_before.0 {
@@ -627,7 +647,7 @@ fn routing_history(node: &Node, ns: &str, name: &str) -> String {
 }
 
 /// The wall clock (the load log's), for the outages' lines.
-fn now() -> String {
+pub(crate) fn now() -> String {
     std::process::Command::new("date")
         .arg("+%T.%N")
         .output()
