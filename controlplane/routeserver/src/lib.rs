@@ -345,6 +345,8 @@ impl RouteServer {
             auth = ?config.auth,
             l4,
             compat = ?compat_addrs,
+            // What the store's first complete list gave: what every first watch is sent.
+            rules = index.current().rules.len(),
             "route server started"
         );
         Ok(RouteServer {

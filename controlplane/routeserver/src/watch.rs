@@ -137,6 +137,13 @@ async fn run(
     if tx.send(Op::Synced).await.is_err() {
         return;
     }
+    tracing::debug!(
+        namespace = %filter.namespace,
+        name = %filter.name,
+        rules = sent.len(),
+        version = snap.version,
+        "watch synced"
+    );
     let mut version = snap.version;
     loop {
         tokio::select! {

@@ -1,6 +1,6 @@
 //! Chaos under load on the node (issue 47, point 1; docs/runbooks.md): while a bounded load loop
 //! sends keyed and unkeyed requests through injected sidecars, each control-plane component is
-//! deleted in turn — both operator replicas (the leader first), both route server replicas, the tunnel
+//! deleted in turn — both operator replicas (the leader first), the route server (twice), the tunnel
 //! proxy, the traffic store, the io context server and the jobs server with a job running — and
 //! the node's containerd is restarted; during each outage a Sandbox is created and the one
 //! created during the outage before is deleted. No request through the sidecars fails (the data
@@ -245,16 +245,14 @@ echo started"#
         node.rollout(SPUR_NAMESPACE, "spur-operator").unwrap();
     }
 
-    // --- each route server replica: whichever one the baseline sidecar watches goes ----------
-    let replicas = node
-        .pods(SPUR_NAMESPACE, "app.kubernetes.io/name=spur-routeserver")
-        .unwrap();
-    assert_eq!(replicas.len(), 2, "{replicas:?}");
-    for (victim, name) in replicas
-        .iter()
-        .zip(["chaos-routeserver", "chaos-routeserver-2"])
-    {
-        run.outage(&format!("pod {victim}"), name, || delete_pod(node, victim));
+    // --- the route server, twice: every watch stream breaks and resyncs from a new replica ----
+    // (The node tier runs one replica: the sidecars' streams all go with it.)
+    for name in ["chaos-routeserver", "chaos-routeserver-2"] {
+        let victim = node
+            .pods(SPUR_NAMESPACE, "app.kubernetes.io/name=spur-routeserver")
+            .unwrap()
+            .swap_remove(0);
+        run.outage(&format!("pod {victim}"), name, || delete_pod(node, &victim));
         node.rollout(SPUR_NAMESPACE, "spur-routeserver").unwrap();
         // The keyed route of the sandbox created while the route server was away works.
         let rs_key = sandbox_ready(node, name);
@@ -621,15 +619,27 @@ fn routing_history(node: &Node, ns: &str, name: &str) -> String {
             "logs",
             "-l",
             selector,
-            "--tail=300",
+            "--since=10m",
             "--timestamps",
             "--prefix",
         ];
         if let Some(c) = container {
             args.extend(["-c", c]);
         }
-        out.push_str(&node.kubectl(&args).unwrap_or_else(|e| format!("{e:#}")));
-        out.push('\n');
+        // At debug level a sidecar logs every request: only what concerns its table is kept.
+        let logs = node.kubectl(&args).unwrap_or_else(|e| format!("{e:#}"));
+        let kept: Vec<&str> = logs
+            .lines()
+            .filter(|l| {
+                ["route", "table", "worker", "WARN", "ERROR", "watch"]
+                    .iter()
+                    .any(|w| l.contains(w))
+            })
+            .collect();
+        for line in &kept[kept.len().saturating_sub(600)..] {
+            out.push_str(line);
+            out.push('\n');
+        }
     }
     out.push_str(
         &node

@@ -1,7 +1,7 @@
 //! A baseline sidecar's routing table watched from the host through the chaos run: its admin
 //! port's `/config_dump` is served to loopback clients only, so it is read from inside the
 //! pod's network namespace (`nsenter`), a few times a second. Only changes are kept: the table's
-//! version, its rule count and whether it holds the watched key, each with the wall-clock time
+//! version, its rules' keys and whether the watched key is among them, each with the wall-clock time
 //! (the load log's), so a keyed request answered by the baseline can be set beside what the
 //! sidecar's table held at that moment.
 
@@ -15,7 +15,7 @@ use serde_json::Value;
 use spur_e2e::node::Node;
 
 /// How often the table is read.
-const EVERY: Duration = Duration::from_millis(250);
+const EVERY: Duration = Duration::from_millis(200);
 /// Bounds the record: a sidecar that changes its table more often than this is itself news.
 const MAX_LINES: usize = 2_000;
 
@@ -92,10 +92,16 @@ fn read(pid: &str, key: &str) -> String {
     };
     let rules = dump["routingRules"].as_array().cloned().unwrap_or_default();
     let holds = rules.iter().any(|r| r["routingKey"] == key);
+    let mut keys: Vec<&str> = rules
+        .iter()
+        .filter_map(|r| r["routingKey"].as_str())
+        .collect();
+    keys.sort_unstable();
     format!(
-        "table version {}, {} rules, {} the key",
+        "table version {}, {} rules, {} the key: {}",
         dump["tableVersion"],
         rules.len(),
-        if holds { "holds" } else { "WITHOUT" }
+        if holds { "holds" } else { "WITHOUT" },
+        keys.join(" ")
     )
 }
