@@ -128,10 +128,10 @@ impl SmartTestSpec {
             c.dns_label(|| "spec.runnerGroup".into(), g);
         }
         c.finish("SmartTest")?;
-        // The one variant there is; a new one makes this a compile error, not a silent pass.
-        let spur_smarttest::Error::Spec(message) = match self.test().validate() {
+        // Every variant, named: a new one makes this a compile error, not a silent pass.
+        let message = match self.test().validate() {
             Ok(_) => return Ok(()),
-            Err(e) => e,
+            Err(spur_smarttest::Error::Spec(m) | spur_smarttest::Error::Reflection(m)) => m,
         };
         Err(Error::Invalid {
             kind: "SmartTest",

@@ -115,7 +115,7 @@ pub(crate) struct AppArgs {
     #[arg(long, env = "SPUR_APP_DROP_FIELD")]
     drop_field: Option<String>,
     /// Also serve the demo gRPC service `spur.demo.v1.Demo` (h2c) on this address, answering as
-    /// the service (`--name`), not the pod.
+    /// the service (`--name`), not the pod, with gRPC server reflection (`grpcurl -plaintext`).
     #[arg(long, env = "SPUR_APP_GRPC_LISTEN")]
     grpc_listen: Option<SocketAddr>,
     /// Every gRPC call fails with UNAVAILABLE (a broken build, for smart tests to find).

@@ -192,6 +192,11 @@ async fn run_test(a: RunArgs) -> Result<ExitCode> {
         (None, Some(name)) => sandbox_key(&a, name).await?,
         (None, None) => bail!("name a --sandbox or a --key"),
     };
+    // Steps with `reflection: true` learn their types from the baseline's server first.
+    let mut steps = steps;
+    spur_smarttest::reflect::resolve(&mut steps)
+        .await
+        .with_context(|| from.clone())?;
     let report = spur_smarttest::run(&steps, &key).await;
     if let Some(path) = &a.summary_file {
         std::fs::write(path, report.summary(spur_api::jobs::RESULT_MAX))

@@ -580,3 +580,92 @@ async fn spur_test_run_reads_the_key_with_the_users_rights_and_reports_what_chan
     );
     assert!(!run.stdout.contains("list-items"), "{}", run.stdout);
 }
+
+/// `reflection: true`: a gRPC step learns its types from the server's reflection (the demo
+/// service serves grpc.reflection.v1): its request is given as JSON, its answers are compared
+/// field by field (the routing key the demo echoes is a value finding at its field, not a
+/// byte difference) and a JSON-path check reads them. A server that is not gRPC is an error
+/// before anything is sent, naming the step (exit 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_steps_learn_their_types_by_server_reflection() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc = listener.local_addr().unwrap();
+    let stop = spur_demo_apps::CancellationToken::new();
+    tokio::spawn(spur_demo_apps::serve_grpc(
+        listener,
+        "catalog".into(),
+        stop.clone(),
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let test = write(
+        dir.path(),
+        "grpc.yaml",
+        &format!(
+            r#"steps:
+- name: price
+  grpc:
+    target: "{grpc}"
+    method: spur.demo.v1.Demo/Price
+    reflection: true
+    json: {{sku: A1}}
+  checks:
+  - grpcStatus: 0
+  - jsonPath: {{path: $.priceCents, equals: "300"}}
+- name: hello
+  grpc:
+    target: "{grpc}"
+    method: spur.demo.v1.Demo/Hello
+    reflection: true
+    json: {{name: ann}}
+"#
+        ),
+    );
+    let run = spur_bare(&[
+        "test",
+        "run",
+        "-f",
+        test.to_str().unwrap(),
+        "--key",
+        KEY,
+        "-o",
+        "json",
+    ])
+    .await;
+    assert_eq!(run.code, 1, "the echoed key is a finding");
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    let checks = &report["steps"][0]["checks"];
+    assert_eq!(checks[1]["sandbox"], "passed", "{report}");
+    assert_eq!(checks[1]["baseline"], "passed", "{report}");
+    let endpoints = report["findings"]["endpoints"].as_array().unwrap();
+    let of = |method: &str| {
+        endpoints
+            .iter()
+            .find(|e| e["endpoint"].as_str().unwrap().ends_with(method))
+            .unwrap()["findings"]
+            .clone()
+    };
+    assert_eq!(of("/Price"), json!([]), "Price answers alike: {report}");
+    let hello = of("/Hello");
+    assert_eq!(hello[0]["at"], "$.routingKey", "{report}");
+    assert_eq!(hello[0]["rank"], "value", "{report}");
+    assert_eq!(hello[0]["sandbox"], KEY, "{report}");
+
+    // Not a gRPC server: said before anything is sent, naming the step and the server.
+    let http = service(Arc::new(Seen::default())).await;
+    let broken = write(
+        dir.path(),
+        "http.yaml",
+        &format!(
+            "steps:\n- name: price\n  grpc: {{target: \"{http}\", method: spur.demo.v1.Demo/Price, reflection: true}}\n"
+        ),
+    );
+    let run = spur_bare(&["test", "run", "-f", broken.to_str().unwrap(), "--key", KEY]).await;
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains(&format!("step price: gRPC reflection at {http}")),
+        "{}",
+        run.stderr
+    );
+    stop.cancel();
+}

@@ -7,6 +7,8 @@
 
 pub mod path;
 #[cfg(feature = "run")]
+pub mod reflect;
+#[cfg(feature = "run")]
 pub mod run;
 mod schema;
 #[cfg(feature = "run")]
@@ -24,4 +26,7 @@ pub enum Error {
     /// The test is not one that can be run; the message names the step and the field.
     #[error("invalid test: {0}")]
     Spec(String),
+    /// A step's types could not be learned by gRPC reflection; the message names the step.
+    #[error("{0}")]
+    Reflection(String),
 }

@@ -351,19 +351,13 @@ fn decode(output: &prost_reflect::MessageDescriptor, x: &Exchange) -> Exchange {
     if !x.error.is_empty() || body.truncated {
         return view;
     }
+    let Some(frames) = crate::spec::messages(&body.data) else {
+        return view;
+    };
     let mut messages = Vec::new();
-    let mut rest = body.data.as_slice();
-    while !rest.is_empty() {
-        let Some((&[flag, a, b, c, d], after)) = rest.split_first_chunk::<5>() else {
-            return view;
-        };
-        let len = u32::from_be_bytes([a, b, c, d]) as usize;
-        if flag != 0 || after.len() < len {
-            return view;
-        }
-        let options = prost_reflect::SerializeOptions::new().skip_default_fields(false);
-        let Ok(message) = prost_reflect::DynamicMessage::decode(output.clone(), &after[..len])
-        else {
+    let options = prost_reflect::SerializeOptions::new().skip_default_fields(false);
+    for m in frames {
+        let Ok(message) = prost_reflect::DynamicMessage::decode(output.clone(), m) else {
             return view;
         };
         let Ok(json) = message.serialize_with_options(serde_json::value::Serializer, &options)
@@ -371,7 +365,6 @@ fn decode(output: &prost_reflect::MessageDescriptor, x: &Exchange) -> Exchange {
             return view;
         };
         messages.push(json);
-        rest = &after[len..];
     }
     let json = match messages.len() {
         0 => return view,
@@ -396,11 +389,20 @@ fn decode(output: &prost_reflect::MessageDescriptor, x: &Exchange) -> Exchange {
 
 /// The gRPC status of an answer: from its trailers, or its headers for a trailers-only answer.
 pub fn grpc_status(x: &Exchange) -> Option<u32> {
+    grpc_field(x, "grpc-status").and_then(|v| v.trim().parse().ok())
+}
+
+/// The answer's `grpc-message`, as sent (percent-encoded).
+pub fn grpc_message(x: &Exchange) -> Option<&str> {
+    grpc_field(x, "grpc-message").filter(|m| !m.is_empty())
+}
+
+fn grpc_field<'a>(x: &'a Exchange, name: &str) -> Option<&'a str> {
     x.response_trailers
         .iter()
         .chain(&x.response_headers)
-        .find(|h| h.name.eq_ignore_ascii_case("grpc-status"))
-        .and_then(|h| std::str::from_utf8(&h.value).ok()?.trim().parse().ok())
+        .find(|h| h.name.eq_ignore_ascii_case(name))
+        .and_then(|h| std::str::from_utf8(&h.value).ok())
 }
 
 fn describe(c: &Check) -> String {

@@ -93,10 +93,17 @@ pub struct GrpcRequest {
     /// at its default). At most one of `messageBase64` and `json`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message_base64: String,
-    /// The request message as JSON (protobuf's JSON mapping); needs `descriptorSetBase64`.
+    /// The request message as JSON (protobuf's JSON mapping); needs `descriptorSetBase64` or
+    /// `reflection`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::any_value")]
     pub json: Option<Value>,
+    /// Learn the service's types from the server's gRPC reflection (`grpc.reflection.v1`, else
+    /// `v1alpha`), asked at the baseline before the run: as with a descriptor set, the answers
+    /// are compared field by field and `json` may give the request. At most one of this and
+    /// `descriptorSetBase64`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reflection: bool,
     /// A FileDescriptorSet holding the service, in base64 (`protoc --include_imports
     /// --descriptor_set_out`, or `buf build -o`): the answers are then decoded and compared
     /// field by field, and JSON-path checks read them; without it they are compared message by
@@ -188,6 +195,18 @@ pub struct PreparedRequest {
     /// A gRPC answer's message type, when the step gave a descriptor set: its answers are
     /// decoded to JSON for the checks and the diff.
     pub grpc_output: Option<prost_reflect::MessageDescriptor>,
+    /// Set while the step's types are still to be learned by reflection (`reflect::resolve`
+    /// clears it): the request's body is then empty until its JSON is encoded.
+    pub reflect: Option<Reflect>,
+}
+
+/// What a step that learns its types by gRPC reflection still needs once they are known.
+#[derive(Clone, Debug)]
+pub struct Reflect {
+    pub service: String,
+    pub method: String,
+    /// The request as JSON, to encode with the learned input type.
+    pub json: Option<Value>,
 }
 
 impl TestSpec {
@@ -325,6 +344,7 @@ impl HttpRequest {
         }
         Ok(PreparedRequest {
             grpc_output: None,
+            reflect: None,
             grpc: false,
             method,
             host: authority.host().to_owned(),
@@ -368,21 +388,22 @@ impl GrpcRequest {
                     self.method
                 )
             })?;
+        if self.reflection && !self.descriptor_set_base64.is_empty() {
+            return Err("set at most one of grpc.reflection and grpc.descriptorSetBase64".into());
+        }
         let types = self.types(service, method)?;
         let message = match (&self.json, &types) {
             (Some(_), _) if !self.message_base64.is_empty() => {
                 return Err("set at most one of grpc.messageBase64 and grpc.json".into());
             }
+            // Encoded once reflection has told the types (`reflect::resolve`).
+            (Some(_), None) if self.reflection => Vec::new(),
             (Some(_), None) => {
                 return Err(
-                    "grpc.json needs grpc.descriptorSetBase64 (the types to encode it with)".into(),
+                    "grpc.json needs grpc.descriptorSetBase64 or grpc.reflection (the types to encode it with)".into(),
                 );
             }
-            (Some(json), Some((input, _))) => {
-                let m = prost_reflect::DynamicMessage::deserialize(input.clone(), json.clone())
-                    .map_err(|e| format!("grpc.json is not a {}: {e}", input.full_name()))?;
-                prost::Message::encode_to_vec(&m)
-            }
+            (Some(json), Some((input, _))) => encode_json(input, json)?,
             (None, _) => base64::engine::general_purpose::STANDARD
                 .decode(self.message_base64.trim())
                 .map_err(|e| format!("grpc.messageBase64: {e}"))?,
@@ -393,10 +414,16 @@ impl GrpcRequest {
                 message.len()
             ));
         }
-        let mut body = Vec::with_capacity(message.len() + 5);
-        body.push(0);
-        body.extend((message.len() as u32).to_be_bytes());
-        body.extend(message);
+        let reflect = self.reflection.then(|| Reflect {
+            service: service.to_owned(),
+            method: method.to_owned(),
+            json: self.json.clone(),
+        });
+        let body = if reflect.as_ref().is_some_and(|r| r.json.is_some()) {
+            Vec::new()
+        } else {
+            frame(message)
+        };
         let mut headers = headers(&self.metadata, "grpc.metadata")?;
         if let Some((n, _)) = headers
             .iter()
@@ -421,6 +448,7 @@ impl GrpcRequest {
             headers,
             body,
             grpc_output: types.map(|(_, output)| output),
+            reflect,
         })
     }
 
@@ -451,20 +479,82 @@ impl GrpcRequest {
         let pool = prost_reflect::DescriptorPool::decode(bytes.as_slice()).map_err(|e| {
             format!("grpc.descriptorSetBase64: not a FileDescriptorSet with its imports: {e}")
         })?;
-        let svc = pool.get_service_by_name(service).ok_or_else(|| {
-            format!("grpc.descriptorSetBase64 has no service {service} (grpc.method)")
-        })?;
-        let m = svc
-            .methods()
-            .find(|m| m.name() == method)
-            .ok_or_else(|| format!("service {service} has no method {method}"))?;
-        if m.is_client_streaming() || m.is_server_streaming() {
-            return Err(format!(
-                "{service}/{method} streams: only unary calls are supported"
-            ));
-        }
-        Ok(Some((m.input(), m.output())))
+        method_types(&pool, "grpc.descriptorSetBase64", service, method).map(Some)
     }
+}
+
+/// A unary method's input and output types in `pool` (`what`: where its descriptors came from).
+pub(crate) fn method_types(
+    pool: &prost_reflect::DescriptorPool,
+    what: &str,
+    service: &str,
+    method: &str,
+) -> Result<
+    (
+        prost_reflect::MessageDescriptor,
+        prost_reflect::MessageDescriptor,
+    ),
+    String,
+> {
+    let svc = pool
+        .get_service_by_name(service)
+        .ok_or_else(|| format!("{what} has no service {service} (grpc.method)"))?;
+    let m = svc
+        .methods()
+        .find(|m| m.name() == method)
+        .ok_or_else(|| format!("service {service} has no method {method}"))?;
+    if m.is_client_streaming() || m.is_server_streaming() {
+        return Err(format!(
+            "{service}/{method} streams: only unary calls are supported"
+        ));
+    }
+    Ok((m.input(), m.output()))
+}
+
+/// A request given as JSON (`grpc.json`), encoded as `input`; at most [`MAX_BODY`] bytes.
+pub(crate) fn encode_json(
+    input: &prost_reflect::MessageDescriptor,
+    json: &Value,
+) -> Result<Vec<u8>, String> {
+    let m = prost_reflect::DynamicMessage::deserialize(input.clone(), json.clone())
+        .map_err(|e| format!("grpc.json is not a {}: {e}", input.full_name()))?;
+    let bytes = prost::Message::encode_to_vec(&m);
+    if bytes.len() > MAX_BODY {
+        return Err(format!(
+            "a message of {} bytes: at most {MAX_BODY}",
+            bytes.len()
+        ));
+    }
+    Ok(bytes)
+}
+
+/// One gRPC message on the wire: uncompressed, its 4-byte big-endian length, the bytes.
+pub(crate) fn frame(message: Vec<u8>) -> Vec<u8> {
+    let mut body = Vec::with_capacity(message.len() + 5);
+    body.push(0);
+    // Bounded by MAX_BODY (or, for reflection questions, a name's length).
+    body.extend(
+        u32::try_from(message.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
+    body.extend(message);
+    body
+}
+
+/// The messages of a gRPC body, when it holds only whole, uncompressed ones (else `None`).
+pub(crate) fn messages(mut body: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut out = Vec::new();
+    while !body.is_empty() {
+        let (&[flag, a, b, c, d], after) = body.split_first_chunk::<5>()?;
+        let len = u32::from_be_bytes([a, b, c, d]) as usize;
+        if flag != 0 || after.len() < len {
+            return None;
+        }
+        out.push(&after[..len]);
+        body = &after[len..];
+    }
+    Some(out)
 }
 
 /// Headers a test may not set: the routing key's carriers (the runner writes the sandbox's key,

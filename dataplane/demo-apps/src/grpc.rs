@@ -104,9 +104,24 @@ pub async fn serve_grpc_with(
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let svc = DemoServer::new(name, behaviour)?;
+    // Server reflection (v1, and v1alpha for older clients), so grpcurl and smart tests
+    // (`reflection: true`) learn the messages without a .proto. It answers even when the
+    // service is broken (`unavailable`), as a real server's would.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::DEMO_DESCRIPTORS)
+    };
+    let v1 = reflection()
+        .build_v1()
+        .map_err(|e| Error::Reflection(e.to_string()))?;
+    let v1alpha = reflection()
+        .build_v1alpha()
+        .map_err(|e| Error::Reflection(e.to_string()))?;
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
         .add_service(svc)
+        .add_service(v1)
+        .add_service(v1alpha)
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled())
         .await?;
     Ok(())

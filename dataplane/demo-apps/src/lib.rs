@@ -30,6 +30,10 @@ pub const SERVED_BY: &str = "x-served-by";
 /// Fully-qualified gRPC service name of the demo service.
 pub const GRPC_SERVICE: &str = "spur.demo.v1.Demo";
 
+/// The demo service's descriptors (an encoded FileDescriptorSet of `proto/demo.proto`), which its
+/// gRPC server reflection serves (checked against the .proto by `tests/descriptors.rs`).
+pub const DEMO_DESCRIPTORS: &[u8] = include_bytes!("../proto/demo.fds");
+
 /// Errors from starting or running a demo service.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -39,6 +43,9 @@ pub enum Error {
     Tls(#[from] rustls::Error),
     #[error("service name {0:?} is not a valid header value")]
     InvalidName(String),
+    /// The demo descriptors could not be served by reflection (a bug: they are checked).
+    #[error("gRPC reflection: {0}")]
+    Reflection(String),
     #[error("certificate generation error: {0}")]
     Cert(#[from] rcgen::Error),
     /// A Kafka broker (or relay) could not be reached, or its connection broke.

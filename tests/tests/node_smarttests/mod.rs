@@ -249,12 +249,14 @@ fn verdict_of(node: &Node, name: &str) -> (String, String, String) {
 /// that changes nothing the test sees (its answers differ from the baseline's only in request
 /// ids and times, which the baseline's two runs show to be noise: it passes), one whose build
 /// lost the items' `price` (a schema finding, through the frontend), and one whose gRPC fails
-/// (a status finding and a failed check).
+/// (a status finding and a failed check). The gRPC step's types come from the catalog's server
+/// reflection.
 fn three_sandboxes_of_a_shop(node: &Node, ns: &str) {
     node.apply(&shop(ns)).unwrap();
     node.rollout(ns, "shop-catalog").unwrap();
     node.rollout(ns, "shop-front").unwrap();
-    // Price{sku: "A1"}, protobuf-encoded: field 1, length 2, "A1".
+    // The gRPC step learns Price's types from the catalog's server reflection (at the
+    // baseline): its request is JSON and a JSON path reads its answer.
     node.apply(&format!(
         r#"apiVersion: spur.dev/v1alpha1
 kind: SmartTest
@@ -272,8 +274,9 @@ spec:
       grpc:
         target: shop-catalog.{ns}.svc.cluster.local:9090
         method: spur.demo.v1.Demo/Price
-        messageBase64: CgJBMQ==
-      checks: [{{grpcStatus: 0}}]
+        reflection: true
+        json: {{sku: A1}}
+      checks: [{{grpcStatus: 0}}, {{jsonPath: {{path: $.priceCents, equals: "300"}}}}]
 "#
     ))
     .unwrap();

@@ -1,0 +1,318 @@
+//! gRPC server reflection: the types of a step with `reflection: true`, asked of the server
+//! (`grpc.reflection.v1.ServerReflection`, else `v1alpha` for servers that only speak that)
+//! before the run, at the baseline (no routing key).
+//!
+//! - The file that defines the service is asked for by symbol, then every file it imports, by
+//!   name, until none is missing: servers (tonic's, grpc-go's) answer one file per question.
+//! - Bounded: at most [`MAX_FILES`] files, [`MAX_BYTES`] of descriptors and [`MAX_ROUNDS`]
+//!   rounds of questions; each round is one call within the step's timeout.
+//! - The answer is read with the types written here by hand (the few fields of
+//!   `reflection.proto` used): no generated client for one call.
+//! - Servers are asked once per (address, service) for the whole test.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use http::{HeaderValue, Method};
+use prost::Message;
+use prost_reflect::DescriptorPool;
+
+use crate::Error;
+use crate::spec::{Prepared, PreparedRequest, Reflect};
+
+/// Most descriptor files one service may need.
+pub const MAX_FILES: usize = 64;
+/// Most bytes of descriptors (the same bound as a step's own descriptor set).
+pub const MAX_BYTES: usize = 512 * 1024;
+/// Most rounds of questions (the depth of the import graph).
+pub const MAX_ROUNDS: usize = 16;
+
+const V1: &str = "grpc.reflection.v1.ServerReflection";
+const V1ALPHA: &str = "grpc.reflection.v1alpha.ServerReflection";
+/// `UNIMPLEMENTED`: the server has no such service (then v1alpha is asked).
+const UNIMPLEMENTED: u32 = 12;
+
+/// `grpc.reflection.v1.ServerReflectionRequest` (v1alpha's is the same message).
+#[derive(Clone, PartialEq, Message)]
+struct Question {
+    #[prost(string, tag = "1")]
+    host: String,
+    #[prost(oneof = "Ask", tags = "3, 4")]
+    ask: Option<Ask>,
+}
+
+#[derive(Clone, PartialEq, prost::Oneof)]
+enum Ask {
+    #[prost(string, tag = "3")]
+    FileByFilename(String),
+    #[prost(string, tag = "4")]
+    FileContainingSymbol(String),
+}
+
+/// `ServerReflectionResponse`, the fields read.
+#[derive(Clone, PartialEq, Message)]
+struct Answer {
+    #[prost(oneof = "Response", tags = "4, 7")]
+    response: Option<Response>,
+}
+
+#[derive(Clone, PartialEq, prost::Oneof)]
+enum Response {
+    #[prost(message, tag = "4")]
+    Files(Files),
+    #[prost(message, tag = "7")]
+    Error(Refusal),
+}
+
+/// `FileDescriptorResponse`: serialized `FileDescriptorProto`s.
+#[derive(Clone, PartialEq, Message)]
+struct Files {
+    #[prost(bytes = "vec", repeated, tag = "1")]
+    file_descriptor_proto: Vec<Vec<u8>>,
+}
+
+/// `ErrorResponse`.
+#[derive(Clone, PartialEq, Message)]
+struct Refusal {
+    #[prost(int32, tag = "1")]
+    error_code: i32,
+    #[prost(string, tag = "2")]
+    error_message: String,
+}
+
+/// The fields of a `FileDescriptorProto` the walk needs: its name and its imports.
+#[derive(Clone, PartialEq, Message)]
+struct FileHead {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(string, repeated, tag = "3")]
+    dependency: Vec<String>,
+}
+
+/// Gives every step with `reflection: true` its types: the request's JSON is encoded with them
+/// and the answers are decoded by them. The first step whose server cannot say is the error.
+pub async fn resolve(steps: &mut [Prepared]) -> Result<(), Error> {
+    let mut pools: HashMap<(String, String), DescriptorPool> = HashMap::new();
+    for step in steps.iter_mut() {
+        let Some(reflect) = step.request.reflect.clone() else {
+            continue;
+        };
+        let at = format!("{}:{}", step.request.host, step.request.port);
+        let fail = |e: String| {
+            Error::Reflection(format!(
+                "step {}: gRPC reflection at {at} for {}: {e}",
+                step.name, reflect.service
+            ))
+        };
+        let key = (step.request.authority.clone(), reflect.service.clone());
+        let pool = match pools.get(&key) {
+            Some(pool) => pool.clone(),
+            None => {
+                let pool = descriptors(step, &reflect.service).await.map_err(fail)?;
+                pools.insert(key, pool.clone());
+                pool
+            }
+        };
+        apply(&mut step.request, &reflect, &pool).map_err(fail)?;
+    }
+    Ok(())
+}
+
+/// Sets the types (and the body, from the JSON) of a step's request.
+fn apply(r: &mut PreparedRequest, reflect: &Reflect, pool: &DescriptorPool) -> Result<(), String> {
+    let (input, output) = crate::spec::method_types(
+        pool,
+        "the server's reflection",
+        &reflect.service,
+        &reflect.method,
+    )?;
+    if let Some(json) = &reflect.json {
+        r.body = crate::spec::frame(crate::spec::encode_json(&input, json)?);
+    }
+    r.grpc_output = Some(output);
+    r.reflect = None;
+    Ok(())
+}
+
+/// The descriptors of `service` and everything it imports, from the server of `step`.
+async fn descriptors(step: &Prepared, service: &str) -> Result<DescriptorPool, String> {
+    match walk(step, V1, service).await {
+        Err(Walk::Unimplemented) => walk(step, V1ALPHA, service).await.map_err(|e| match e {
+            Walk::Unimplemented => {
+                "the server has no reflection service (neither grpc.reflection.v1 nor v1alpha): give the step a descriptorSetBase64 instead".to_owned()
+            }
+            Walk::Failed(e) => e,
+        }),
+        Err(Walk::Failed(e)) => Err(e),
+        Ok(pool) => Ok(pool),
+    }
+}
+
+enum Walk {
+    Unimplemented,
+    Failed(String),
+}
+
+impl From<String> for Walk {
+    fn from(e: String) -> Self {
+        Walk::Failed(e)
+    }
+}
+
+async fn walk(step: &Prepared, api: &str, service: &str) -> Result<DescriptorPool, Walk> {
+    let mut files: BTreeMap<String, (Vec<u8>, Vec<String>)> = BTreeMap::new();
+    let mut bytes = 0usize;
+    let mut asks = vec![Ask::FileContainingSymbol(service.to_owned())];
+    for _ in 0..MAX_ROUNDS {
+        for answer in call(step, api, &asks).await? {
+            let files_of = match answer.response {
+                Some(Response::Files(f)) => f.file_descriptor_proto,
+                Some(Response::Error(r)) => {
+                    return Err(Walk::Failed(format!(
+                        "the server answered {} ({}) to {}",
+                        r.error_code,
+                        r.error_message,
+                        describe(&asks)
+                    )));
+                }
+                None => {
+                    return Err(Walk::Failed(
+                        "an answer with neither descriptors nor an error".into(),
+                    ));
+                }
+            };
+            for file in files_of {
+                let head = FileHead::decode(file.as_slice())
+                    .map_err(|e| format!("a descriptor that is not a FileDescriptorProto: {e}"))?;
+                bytes += file.len();
+                if bytes > MAX_BYTES {
+                    return Err(Walk::Failed(format!(
+                        "more than {} KiB of descriptors",
+                        MAX_BYTES / 1024
+                    )));
+                }
+                files.insert(head.name, (file, head.dependency));
+                if files.len() > MAX_FILES {
+                    return Err(Walk::Failed(format!("more than {MAX_FILES} files")));
+                }
+            }
+        }
+        let missing: BTreeSet<&String> = files
+            .values()
+            .flat_map(|(_, deps)| deps)
+            .filter(|d| !files.contains_key(*d))
+            .collect();
+        if missing.is_empty() {
+            return pool(&files).map_err(Walk::Failed);
+        }
+        asks = missing
+            .into_iter()
+            .map(|d| Ask::FileByFilename(d.clone()))
+            .collect();
+    }
+    Err(Walk::Failed(format!(
+        "imports nested more than {MAX_ROUNDS} deep"
+    )))
+}
+
+fn describe(asks: &[Ask]) -> String {
+    let names: Vec<String> = asks
+        .iter()
+        .map(|a| match a {
+            Ask::FileByFilename(f) => format!("file {f}"),
+            Ask::FileContainingSymbol(s) => format!("symbol {s}"),
+        })
+        .collect();
+    names.join(", ")
+}
+
+/// One call: every question in the request stream, every answer read (in order, one each).
+async fn call(step: &Prepared, api: &str, asks: &[Ask]) -> Result<Vec<Answer>, Walk> {
+    let mut body = Vec::new();
+    for ask in asks {
+        let q = Question {
+            host: String::new(),
+            ask: Some(ask.clone()),
+        };
+        body.extend(crate::spec::frame(q.encode_to_vec()));
+    }
+    let r = &step.request;
+    let question = Prepared {
+        name: step.name.clone(),
+        endpoint: format!("gRPC {}/{api}", r.authority),
+        request: PreparedRequest {
+            grpc: true,
+            method: Method::POST,
+            host: r.host.clone(),
+            port: r.port,
+            authority: r.authority.clone(),
+            path_and_query: format!("/{api}/ServerReflectionInfo"),
+            headers: vec![
+                (
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/grpc"),
+                ),
+                (http::header::TE, HeaderValue::from_static("trailers")),
+            ],
+            body,
+            grpc_output: None,
+            reflect: None,
+        },
+        timeout: step.timeout,
+        checks: Vec::new(),
+    };
+    let x = crate::send::send(&question, None).await;
+    if !x.error.is_empty() {
+        return Err(Walk::Failed(x.error));
+    }
+    match crate::run::grpc_status(&x) {
+        Some(0) => {}
+        Some(UNIMPLEMENTED) => return Err(Walk::Unimplemented),
+        Some(code) => {
+            return Err(Walk::Failed(format!(
+                "grpc-status {code}{}",
+                crate::run::grpc_message(&x)
+                    .map(|m| format!(" ({m})"))
+                    .unwrap_or_default()
+            )));
+        }
+        None => {
+            return Err(Walk::Failed(format!(
+                "HTTP {} without a grpc-status: not a gRPC server?",
+                x.status
+            )));
+        }
+    }
+    let body = x.response_body.unwrap_or_default();
+    if body.truncated {
+        return Err(Walk::Failed(format!(
+            "an answer larger than {} KiB",
+            crate::send::MAX_KEPT / 1024
+        )));
+    }
+    let messages = crate::spec::messages(&body.data)
+        .ok_or_else(|| "an answer that is not whole, uncompressed gRPC messages".to_owned())?;
+    if messages.len() != asks.len() {
+        return Err(Walk::Failed(format!(
+            "{} answers to {} questions",
+            messages.len(),
+            asks.len()
+        )));
+    }
+    messages
+        .into_iter()
+        .map(|m| {
+            Answer::decode(m)
+                .map_err(|e| Walk::Failed(format!("an answer that does not decode: {e}")))
+        })
+        .collect()
+}
+
+/// A FileDescriptorSet of `files` (any order: the pool resolves imports across the set).
+fn pool(files: &BTreeMap<String, (Vec<u8>, Vec<String>)>) -> Result<DescriptorPool, String> {
+    let mut set = Vec::new();
+    for (file, _) in files.values() {
+        prost::encoding::bytes::encode(1, file, &mut set);
+    }
+    DescriptorPool::decode(set.as_slice())
+        .map_err(|e| format!("the descriptors do not make a whole set: {e}"))
+}
