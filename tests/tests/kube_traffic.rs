@@ -505,6 +505,7 @@ async fn the_store_follows_sandboxes_and_scopes_sidecars_and_readers() {
             .unwrap_err();
         assert_eq!(err.code(), Code::PermissionDenied, "{sandbox:?}: {err:?}");
     }
+    record_reads_with_the_users_rights(&store, &sidecar_token, &dev_token).await;
 
     // Capture off: the key leaves the settings.
     Api::<Sandbox>::all(admin.clone())
@@ -517,6 +518,56 @@ async fn the_store_follows_sandboxes_and_scopes_sidecars_and_readers() {
         .unwrap();
     next_settings(&mut watch, |s| s.keys.is_empty()).await;
     store.stop.cancel();
+}
+
+/// `spur test record` reads the store as `spur traffic query` does, with the user's token: the
+/// sandbox the user may read becomes a test; another user's sandbox (another team's) is refused
+/// and nothing is written.
+async fn record_reads_with_the_users_rights(store: &Store, sidecar_token: &str, dev_token: &str) {
+    let mut items = exchange(workload("shop", "backend"), "sb1", "key-sb1", "items");
+    items.protocol = i32::from(pb::Protocol::Http1);
+    items.authority = "backend:8080".into();
+    items.response_body = Some(pb::Body {
+        size: 2,
+        data: b"{}".to_vec(),
+        truncated: false,
+    });
+    assert_eq!(pushed(store, sidecar_token, vec![items]).await, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, dev_token).unwrap();
+    let record = |sandbox: &str| {
+        let out = dir.path().join(format!("{sandbox}.yaml"));
+        let run = std::process::Command::new(spur_e2e::node::spur_bin("spur"))
+            .args(["test", "record", sandbox, "--server"])
+            .arg(format!("http://{}", store.addr))
+            .arg("--token-file")
+            .arg(&token)
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+        (
+            run.status.code(),
+            std::fs::read_to_string(&out).ok(),
+            stderr,
+        )
+    };
+    let (code, test, stderr) = record("sb1");
+    assert_eq!(code, Some(0), "{stderr}");
+    let test = test.unwrap_or_default();
+    assert!(
+        test.contains("http://backend.shop:8080/items"),
+        "the granted sandbox's request, its Service qualified: {test}\n{stderr}"
+    );
+    let (code, test, stderr) = record("sb2");
+    assert_ne!(code, Some(0), "another sandbox's traffic: {test:?}");
+    assert!(test.is_none(), "nothing written: {test:?}");
+    assert!(
+        stderr.contains("PermissionDenied") || stderr.contains("may not"),
+        "{stderr}"
+    );
 }
 
 /// A store started (or restarted, as by an upgrade) in a cluster that already has capturing
