@@ -453,6 +453,48 @@ async fn a_covering_test_runs_with_its_creators_rights_and_its_outcome_lands_on_
     );
     assert!(!c.message.contains("bobs"), "{}", c.message);
     assert!(runs(&admin, NS, "mallorys").await.is_empty());
+
+    // The jobs controller refuses the run's Job (its runner group went): the condition says
+    // so, and not "Running" for ever. Accepted again, it is running again.
+    let accepted = |status: &str, reason: &str, message: &str| {
+        json!({"status": {"phase": "Queued", "conditions": [{"type": "Accepted",
+            "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": "2026-12-05T00:00:00Z"}]}})
+    };
+    let jobs = Api::<Job>::namespaced(admin.clone(), NS);
+    let gone = "runner group smart-tests does not exist in namespace shop";
+    jobs.patch_status(
+        &first.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(accepted("False", "RunnerGroupNotFound", gone)),
+    )
+    .await
+    .unwrap();
+    let c = tests_condition(&admin, "pr-1", "a NotAccepted Tests condition", |c| {
+        c.reason == "NotAccepted"
+    })
+    .await;
+    assert_eq!(c.status, "False");
+    assert!(
+        c.message.contains(&format!("not accepted: {gone}")),
+        "{}",
+        c.message
+    );
+    jobs.patch_status(
+        &first.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(accepted(
+            "True",
+            "Accepted",
+            "queued on runner group smart-tests",
+        )),
+    )
+    .await
+    .unwrap();
+    tests_condition(&admin, "pr-1", "a Running Tests condition again", |c| {
+        c.reason == "Running"
+    })
+    .await;
     assert!(runs(&admin, TEAM_B, "bobs").await.is_empty());
 
     // Bob forges a run: a Job of his namespace with a run's labels, owned by ann's sandbox and

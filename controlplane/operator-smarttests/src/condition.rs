@@ -24,6 +24,9 @@ pub enum State {
     WaitingForSandbox,
     /// Its Job is queued or running.
     Pending { job: String, note: String },
+    /// The jobs controller did not accept its Job (no such runner group, one without key
+    /// injection...): it waits for someone to fix that, so the verdict is not "running".
+    NotAccepted { job: String, why: String },
     /// Its Job ended: the summary it left, or why there is none.
     Finished {
         job: String,
@@ -46,26 +49,38 @@ pub struct Verdict {
     pub message: String,
 }
 
+/// The reason of a refused `Accepted` that goes away by itself (the key is about to be known):
+/// such a Job is still pending.
+const TRANSIENT_REFUSAL: &str = "RoutingKeyPending";
+
 /// Where a run's Job stands.
 pub fn job_state(job: &Job) -> State {
     let name = job.name_any();
     let st = job.status.clone().unwrap_or_default();
     match st.phase {
         None | Some(JobPhase::Queued) | Some(JobPhase::Running) => {
-            // A job that is not accepted says why (no runner group, no key yet).
-            let note = st
+            let refused = st
                 .conditions
                 .iter()
-                .find(|c| c.type_ == "Accepted" && c.status != "True")
-                .map(|c| format!("not accepted: {}", c.message))
-                .unwrap_or_else(|| {
-                    match st.phase {
+                .find(|c| c.type_ == spur_api::jobs::ACCEPTED && c.status == "False");
+            match refused {
+                Some(c) if c.reason != TRANSIENT_REFUSAL => State::NotAccepted {
+                    job: name,
+                    why: c.message.clone(),
+                },
+                Some(c) => State::Pending {
+                    job: name,
+                    note: format!("not accepted yet: {}", c.message),
+                },
+                None => State::Pending {
+                    job: name,
+                    note: match st.phase {
                         Some(JobPhase::Running) => "running",
                         _ => "queued",
                     }
-                    .to_owned()
-                });
-            State::Pending { job: name, note }
+                    .to_owned(),
+                },
+            }
         }
         Some(phase) => {
             let outcome = match &st.result {
@@ -82,10 +97,16 @@ pub fn job_state(job: &Job) -> State {
     }
 }
 
+/// Whether a run may still end by itself (a superseded one is canceled).
+pub fn unfinished(state: &State) -> bool {
+    matches!(state, State::Pending { .. } | State::NotAccepted { .. })
+}
+
 /// The condition for these rows (one per covering test, in a stable order).
 pub fn verdict(rows: &[Row]) -> Verdict {
     let (mut passed, mut found, mut failed, mut refused, mut pending, mut waiting) =
         (0, 0, 0, 0, 0, 0);
+    let mut not_accepted = 0;
     let mut lines = Vec::new();
     for row in rows {
         let line = match &row.state {
@@ -104,6 +125,10 @@ pub fn verdict(rows: &[Row]) -> Verdict {
             State::Pending { job, note } => {
                 pending += 1;
                 format!("{} (job {job}): {note}", row.test)
+            }
+            State::NotAccepted { job, why } => {
+                not_accepted += 1;
+                format!("{} (job {job}): not accepted: {why}", row.test)
             }
             State::Finished { job, outcome } => match outcome {
                 Ok(Outcome::Ran(s)) if s.passed => {
@@ -139,6 +164,8 @@ pub fn verdict(rows: &[Row]) -> Verdict {
         ("False", "Findings")
     } else if failed > 0 {
         ("False", "RunFailed")
+    } else if not_accepted > 0 {
+        ("False", "NotAccepted")
     } else if refused > 0 {
         ("False", "Refused")
     } else {
@@ -149,6 +176,7 @@ pub fn verdict(rows: &[Row]) -> Verdict {
         (passed, "passed"),
         (found, "with findings"),
         (failed, "failed to run"),
+        (not_accepted, "not accepted"),
         (refused, "refused"),
         (pending, "running"),
         (waiting, "waiting"),
@@ -286,6 +314,46 @@ mod tests {
         });
         assert_eq!(verdict(&pending).status, "Unknown");
         assert_eq!(verdict(&rows[2..]).reason, "Refused");
+    }
+
+    /// A Job the jobs controller refused waits for someone to fix its runner group: the
+    /// verdict says so instead of "running" forever. A key about to be known is still pending.
+    #[test]
+    fn a_run_not_accepted_is_not_running() {
+        let refused = |reason: &str, message: &str| {
+            let mut j = job("Queued", None);
+            j.status.as_mut().unwrap().conditions = vec![
+                serde_json::from_value(json!({"type": "Accepted", "status": "False",
+                    "reason": reason, "message": message,
+                    "lastTransitionTime": "2026-12-05T00:00:00Z"}))
+                .unwrap(),
+            ];
+            job_state(&j)
+        };
+        let state = refused(
+            "RunnerGroupNotFound",
+            "runner group smart-tests does not exist in namespace shop",
+        );
+        assert!(unfinished(&state));
+        let v = verdict(&[Row {
+            test: "shop/list-items".into(),
+            state,
+        }]);
+        assert_eq!((v.status, v.reason), ("False", "NotAccepted"));
+        assert_eq!(
+            v.message,
+            "1 test: 1 not accepted\nshop/list-items (job list-items-00ab): not accepted: \
+             runner group smart-tests does not exist in namespace shop"
+        );
+        let state = refused("RoutingKeyPending", "route group rg has no routing key yet");
+        assert!(
+            matches!(&state, State::Pending { note, .. } if note.starts_with("not accepted yet"))
+        );
+        let v = verdict(&[Row {
+            test: "shop/list-items".into(),
+            state,
+        }]);
+        assert_eq!((v.status, v.reason), ("Unknown", "Running"));
     }
 
     #[test]

@@ -31,7 +31,7 @@ use spur_controller::changes::{changes, meta_digest, synced};
 use spur_operator_core::{Context, Error, controller_config};
 use tokio_util::sync::CancellationToken;
 
-use crate::condition::{Row, State, job_state, verdict};
+use crate::condition::{Row, State, job_state, unfinished, verdict};
 
 /// The field manager of the runs' Jobs and of the Tests condition: not the operator's own, so
 /// the Sandbox controller's status applies (which never carry the condition) leave it alone.
@@ -269,7 +269,7 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<SmartTestsContext>) -> Result<Acti
             },
             _ => match mine.first() {
                 // The last result stands until the new generation is Ready.
-                Some(j) if !matches!(job_state(j), State::Pending { .. }) => job_state(j),
+                Some(j) if !unfinished(&job_state(j)) => job_state(j),
                 _ => State::WaitingForSandbox,
             },
         };
@@ -324,7 +324,7 @@ async fn retain(
         others += 1;
         if others > RUNS_KEPT {
             spur_operator_core::delete_opt(&api, &j.name_any()).await?;
-        } else if matches!(job_state(j), State::Pending { .. }) && current.is_some() {
+        } else if unfinished(&job_state(j)) && current.is_some() {
             cancel(&api, j).await?;
         }
     }

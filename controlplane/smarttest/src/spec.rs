@@ -543,6 +543,7 @@ pub(crate) fn frame(message: Vec<u8>) -> Vec<u8> {
 }
 
 /// The messages of a gRPC body, when it holds only whole, uncompressed ones (else `None`).
+#[cfg(feature = "run")]
 pub(crate) fn messages(mut body: &[u8]) -> Option<Vec<&[u8]>> {
     let mut out = Vec::new();
     while !body.is_empty() {
