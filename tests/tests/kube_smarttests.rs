@@ -565,6 +565,20 @@ async fn a_covering_test_runs_with_its_creators_rights_and_its_outcome_lands_on_
         let note = e.note.as_deref().unwrap_or_default();
         assert!(!note.contains("forged") && !note.contains("bobs"), "{note}");
     }
+    // Mallory's refusal was said once, though the sandbox changed and was looked at since.
+    let refusals: Vec<&Event> = list
+        .items
+        .iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("SmartTestRefused")
+                && e.note.as_deref().unwrap_or_default().contains("mallorys")
+        })
+        .collect();
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    assert!(
+        refusals[0].series.as_ref().is_none_or(|s| s.count <= 1),
+        "repeated: {refusals:?}"
+    );
     assert!(!c.message.contains("forged"), "{}", c.message);
     eventually("the run marked reported", || async {
         let j = Api::<Job>::namespaced(admin.clone(), NS)

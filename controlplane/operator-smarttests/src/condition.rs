@@ -102,6 +102,16 @@ pub fn unfinished(state: &State) -> bool {
     matches!(state, State::Pending { .. } | State::NotAccepted { .. })
 }
 
+/// Whether a run ended because it was asked to stop (`spec.canceled`: superseded by a newer
+/// run, or by hand), not because it failed or timed out: it has no outcome to report.
+pub fn canceled_by_request(job: &Job) -> bool {
+    job.spec.canceled
+        && job
+            .status
+            .as_ref()
+            .is_some_and(|s| s.phase == Some(JobPhase::Canceled))
+}
+
 /// The condition for these rows (one per covering test, in a stable order).
 pub fn verdict(rows: &[Row]) -> Verdict {
     let (mut passed, mut found, mut failed, mut refused, mut pending, mut waiting) =
@@ -314,6 +324,18 @@ mod tests {
         });
         assert_eq!(verdict(&pending).status, "Unknown");
         assert_eq!(verdict(&rows[2..]).reason, "Refused");
+    }
+
+    #[test]
+    fn only_a_run_asked_to_stop_is_canceled_by_request() {
+        let mut superseded = job("Canceled", None);
+        superseded.spec.canceled = true;
+        assert!(canceled_by_request(&superseded));
+        // Its timeout stopped it: a failure to report.
+        assert!(!canceled_by_request(&job("Canceled", None)));
+        let mut asked = job("Running", None);
+        asked.spec.canceled = true;
+        assert!(!canceled_by_request(&asked), "not stopped yet");
     }
 
     /// A Job the jobs controller refused waits for someone to fix its runner group: the

@@ -31,7 +31,7 @@ use spur_controller::changes::{changes, meta_digest, synced};
 use spur_operator_core::{Context, Error, controller_config};
 use tokio_util::sync::CancellationToken;
 
-use crate::condition::{Row, State, job_state, unfinished, verdict};
+use crate::condition::{Row, State, canceled_by_request, job_state, unfinished, verdict};
 
 /// The field manager of the runs' Jobs and of the Tests condition: not the operator's own, so
 /// the Sandbox controller's status applies (which never carry the condition) leave it alone.
@@ -267,8 +267,9 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<SmartTestsContext>) -> Result<Acti
                     }
                 },
             },
-            _ => match mine.first() {
-                // The last result stands until the new generation is Ready.
+            // The last result stands until the new generation is Ready (a run canceled because
+            // it was superseded is no result).
+            _ => match mine.iter().find(|j| !canceled_by_request(j)) {
                 Some(j) if !unfinished(&job_state(j)) => job_state(j),
                 _ => State::WaitingForSandbox,
             },
@@ -348,14 +349,19 @@ async fn start(
         creator_may(&ctx.client, &creator, &groups, &desired::questions(&ns, sb)).await?
     {
         *recheck = true;
-        ctx.event(
-            sb,
-            true,
-            "SmartTestRefused",
-            "RunSmartTest",
-            format!("SmartTest {ns}/{} not run: {why}", test.name_any()),
-        )
-        .await;
+        // Once per refusal: the condition already naming it means the Event was published
+        // (each recheck and each Sandbox change would otherwise repeat it).
+        let line = format!("{ns}/{}: not run: {why}", test.name_any());
+        if !desired::current_condition(sb).is_some_and(|c| c.message.lines().any(|l| l == line)) {
+            ctx.event(
+                sb,
+                true,
+                "SmartTestRefused",
+                "RunSmartTest",
+                format!("SmartTest {ns}/{} not run: {why}", test.name_any()),
+            )
+            .await;
+        }
         return Ok(State::Refused(why));
     }
     let job = match desired::run_job(test, sb, generation) {
@@ -478,19 +484,23 @@ async fn report(ctx: &SmartTestsContext, sb: &Sandbox, runs: &[Arc<Job>]) -> Res
             continue;
         };
         let ns = j.namespace().unwrap_or_default();
-        let test = run_of(j, sb).map(|r| r.test).unwrap_or_default();
-        let v = verdict(&[Row {
-            test: format!("{ns}/{test}"),
-            state: job_state(j),
-        }]);
-        let (warning, reason) = match v.reason {
-            "Passed" => (false, "SmartTestPassed"),
-            "Findings" => (true, "SmartTestFindings"),
-            _ => (true, "SmartTestFailed"),
-        };
-        // The line after the count line names the test, its job and its outcome.
-        let note = v.message.lines().nth(1).unwrap_or_default().to_owned();
-        ctx.event(sb, warning, reason, "RunSmartTest", note).await;
+        // Canceled on request (superseded by the next generation's run, or by hand): nothing
+        // failed, no Event; marked all the same, so it is not looked at again.
+        if !canceled_by_request(j) {
+            let test = run_of(j, sb).map(|r| r.test).unwrap_or_default();
+            let v = verdict(&[Row {
+                test: format!("{ns}/{test}"),
+                state: job_state(j),
+            }]);
+            let (warning, reason) = match v.reason {
+                "Passed" => (false, "SmartTestPassed"),
+                "Findings" => (true, "SmartTestFindings"),
+                _ => (true, "SmartTestFailed"),
+            };
+            // The line after the count line names the test, its job and its outcome.
+            let note = v.message.lines().nth(1).unwrap_or_default().to_owned();
+            ctx.event(sb, warning, reason, "RunSmartTest", note).await;
+        }
         let patch = serde_json::json!({"metadata": {"annotations": {REPORTED_ANNOTATION: "true"}}});
         match Api::<Job>::namespaced(ctx.client.clone(), &ns)
             .patch(
