@@ -190,7 +190,7 @@ end=$(( $(date +%s) + {MAX_SECONDS} )); i=0
 while [ ! -e /tmp/stop ] && [ $i -lt {MAX_ITERATIONS} ] && [ $(date +%s) -lt $end ]; do
   i=$((i+1))
   k=$(curl -sS --max-time 5 -H 'baggage: sd-routing-key={key}' -w ' %{{http_code}}' '{frontend}' 2>&1)
-  case "$k" in *'"pod":"{fork}"'*' 200') ;; *) echo "keyed $i $(date +%T.%N): $k (the baseline sidecar's table and route-server stream: $(curl -s --max-time 2 http://{backend_ip}:15020/metrics | grep -E '(routeserver_(connected|reconnects_total)|route_table_(version|rules)|sidecar_worker_restarts) ' | tr '\n' ' '))" ;; esac
+  case "$k" in *'"pod":"{fork}"'*' 200') ;; *) echo "keyed $i $(date +%T.%N): $k (the baseline sidecar's table, route-server stream, requests by route and upstream connects: $(curl -s --max-time 2 http://{backend_ip}:15020/metrics | grep -E '^spur_(routeserver_(connected|reconnects_total)|route_table_(version|rules)|sidecar_worker_restarts|requests_total|upstream_connects_total|http1_handovers_total)[ {{]' | tr '\n' ' '))" ;; esac
   u=$(curl -sS --max-time 5 -w ' %{{http_code}}' '{frontend}' 2>&1)
   case "$u" in *'"pod":"{backend_pod}"'*' 200') ;; *) echo "unkeyed $i $(date +%T.%N): $u" ;; esac
   echo $i > /tmp/count
@@ -401,7 +401,7 @@ echo started"#
         // route's, with their times, against the outages' (`chaos: ... at`, above).
         eprintln!(
             "the fork before the outages: {fork_before:?}, after: {fork_after:?}\n{}",
-            routing_history(node, ns, "chaos")
+            routing_history(node, ns, "chaos", backend_pod, &failures)
         );
     }
     assert!(
@@ -592,7 +592,13 @@ fn fork_identity(node: &Node, ns: &str, pod: &str) -> ((String, i64), String) {
 /// Sandbox `name`'s routing as it changed: the Ready conditions (with their transition times)
 /// of its fork and RoutingConfig, and the events of its namespace's pods and of Spur's objects
 /// (readiness probe failures, fork and route changes), oldest first.
-fn routing_history(node: &Node, ns: &str, name: &str) -> String {
+fn routing_history(
+    node: &Node,
+    ns: &str,
+    name: &str,
+    baseline_pod: &str,
+    failures: &[&str],
+) -> String {
     let selector = format!("spur.dev/sandbox={name}");
     let mut out = String::new();
     for (namespace, kind) in [(ns, "forkedworkloads"), ("", "routingconfigs")] {
@@ -603,43 +609,66 @@ fn routing_history(node: &Node, ns: &str, name: &str) -> String {
         out.push_str(&node.kubectl(&args).unwrap_or_else(|e| format!("{e:#}")));
         out.push('\n');
     }
-    // Who sent the table: the route servers' logs and the baseline sidecar's (a deleted
-    // replica's are gone with it).
-    for (ns, selector, container) in [
-        (
-            SPUR_NAMESPACE,
-            "app.kubernetes.io/name=spur-routeserver",
-            None,
-        ),
-        (ns, "app=backend,!spur.dev/sandbox", Some("spur-sidecar")),
-    ] {
-        let mut args = vec![
+    // What the baseline sidecar decided for each request around the failures (at debug level
+    // it logs every request routed to a sandbox), and what the route servers said (their
+    // INFO and above: at debug they log every HTTP/2 frame). A deleted replica's logs are gone.
+    let times: Vec<f64> = failures
+        .iter()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .filter_map(seconds_of_day)
+        .collect();
+    let (from, to) = (
+        times.iter().copied().fold(f64::MAX, f64::min) - 3.0,
+        times.iter().copied().fold(f64::MIN, f64::max) + 1.0,
+    );
+    let sidecar = node
+        .kubectl(&[
             "-n",
             ns,
             "logs",
+            baseline_pod,
+            "-c",
+            "spur-sidecar",
+            "--timestamps",
+            "--tail=-1",
+        ])
+        .unwrap_or_else(|e| format!("{e:#}"));
+    out.push_str(
+        "the baseline sidecar's log from 3 s before the first failure to 1 s after the last \
+         (at most 2000 lines):\n",
+    );
+    for line in sidecar
+        .lines()
+        .filter(|l| {
+            l.get(11..29)
+                .and_then(seconds_of_day)
+                .is_some_and(|t| t >= from && t <= to)
+        })
+        .take(2_000)
+    {
+        out.push_str(line);
+        out.push('\n');
+    }
+    let routeservers = node
+        .kubectl(&[
+            "-n",
+            SPUR_NAMESPACE,
+            "logs",
             "-l",
-            selector,
-            "--since=10m",
+            "app.kubernetes.io/name=spur-routeserver",
             "--timestamps",
             "--prefix",
-        ];
-        if let Some(c) = container {
-            args.extend(["-c", c]);
-        }
-        // At debug level a sidecar logs every request: only what concerns its table is kept.
-        let logs = node.kubectl(&args).unwrap_or_else(|e| format!("{e:#}"));
-        let kept: Vec<&str> = logs
-            .lines()
-            .filter(|l| {
-                ["route", "table", "worker", "WARN", "ERROR", "watch"]
-                    .iter()
-                    .any(|w| l.contains(w))
-            })
-            .collect();
-        for line in &kept[kept.len().saturating_sub(600)..] {
-            out.push_str(line);
-            out.push('\n');
-        }
+            "--tail=-1",
+        ])
+        .unwrap_or_else(|e| format!("{e:#}"));
+    out.push_str("the route servers' log, INFO and above, and the watches they synced:\n");
+    for line in routeservers
+        .lines()
+        .filter(|l| !l.contains(" DEBUG ") || l.contains("watch synced"))
+        .take(1_000)
+    {
+        out.push_str(line);
+        out.push('\n');
     }
     out.push_str(
         &node
@@ -654,6 +683,15 @@ fn routing_history(node: &Node, ns: &str, name: &str) -> String {
             .unwrap_or_else(|e| format!("{e:#}")),
     );
     out
+}
+
+/// `HH:MM:SS[.frac]` as seconds since midnight.
+fn seconds_of_day(t: &str) -> Option<f64> {
+    let mut parts = t.trim_end_matches(':').splitn(3, ':');
+    let h: f64 = parts.next()?.parse().ok()?;
+    let m: f64 = parts.next()?.parse().ok()?;
+    let s: f64 = parts.next()?.trim_end_matches('Z').parse().ok()?;
+    Some(h * 3600.0 + m * 60.0 + s)
 }
 
 /// The wall clock (the load log's), for the outages' lines.
