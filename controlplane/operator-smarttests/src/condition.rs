@@ -143,11 +143,19 @@ pub fn verdict(rows: &[Row]) -> Verdict {
             State::Finished { job, outcome } => match outcome {
                 Ok(Outcome::Ran(s)) if s.passed => {
                     passed += 1;
-                    format!("{} (job {job}): {}", row.test, s.brief(TOP_PER_TEST))
+                    format!(
+                        "{} (job {job}): {}",
+                        row.test,
+                        s.brief_without_values(TOP_PER_TEST)
+                    )
                 }
                 Ok(Outcome::Ran(s)) => {
                     found += 1;
-                    format!("{} (job {job}): {}", row.test, s.brief(TOP_PER_TEST))
+                    format!(
+                        "{} (job {job}): {}",
+                        row.test,
+                        s.brief_without_values(TOP_PER_TEST)
+                    )
                 }
                 Ok(Outcome::Error(e)) => {
                     failed += 1;
@@ -254,8 +262,8 @@ mod tests {
 
     const FOUND: &str = r#"{"passed":false,"steps":2,"checksFailed":1,"findings":2,
         "byRank":{"status":1,"schema":1},
-        "top":[{"rank":"status","endpoint":"gRPC api:9090/shop.Items/Get","what":"trailer grpc-status: \"0\" → \"14\"","occurrences":1},
-               {"rank":"schema","endpoint":"GET api.shop/items","what":"$.items[*].price: removed 3","occurrences":1}],
+        "top":[{"rank":"status","endpoint":"gRPC api:9090/shop.Items/Get","what":"trailer grpc-status: \"0\" → \"14\"","shape":"trailer grpc-status: \"0\" → \"14\"","occurrences":1},
+               {"rank":"schema","endpoint":"GET api.shop/items","what":"$.items[*].price: removed 3","shape":"$.items[*].price: removed","occurrences":1}],
         "failedChecks":[{"step":"get","check":"grpc-status 0","sandbox":"grpc-status 14"}],"omitted":0}"#;
 
     #[test]
@@ -306,8 +314,8 @@ mod tests {
             lines[1],
             "shop/list-items (job list-items-00ab): 2 findings (1 status, 1 schema), 1 check failed: \
              [status] gRPC api:9090/shop.Items/Get: trailer grpc-status: \"0\" → \"14\"; \
-             [schema] GET api.shop/items: $.items[*].price: removed 3; \
-             [check] get grpc-status 0: grpc-status 14"
+             [schema] GET api.shop/items: $.items[*].price: removed; \
+             [check] get grpc-status 0: failed"
         );
         assert_eq!(
             lines[2],

@@ -12,7 +12,7 @@
 pub mod condition;
 pub mod desired;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,7 +51,14 @@ pub struct SmartTestsContext {
     pub core: Arc<Context>,
     tests: Store<SmartTest>,
     jobs: Store<Job>,
+    /// The refusals announced (by sandbox uid and test, the reason), so each is published once:
+    /// two passes can run before the store shows the condition that names it.
+    refusals_said: std::sync::Mutex<HashMap<(String, String), String>>,
 }
+
+/// Refusals remembered at most; past it the memory starts again (a refusal may then be said
+/// once more, and the condition still stops a repeat after a restart).
+const REFUSALS_REMEMBERED: usize = 10_000;
 
 spur_operator_core::feature_context!(SmartTestsContext);
 
@@ -120,6 +127,7 @@ pub async fn run(client: Client, core: Arc<Context>, stop: CancellationToken) {
         core,
         tests,
         jobs: jobs.clone(),
+        refusals_said: std::sync::Mutex::default(),
     });
     let by_test = sandboxes.clone();
     let jobs_for_tests = jobs.clone();
@@ -277,6 +285,13 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<SmartTestsContext>) -> Result<Acti
         if let Err(e) = retain(&ctx, &ns, &mine, current.as_deref()).await {
             failed.get_or_insert(e);
         }
+        if !matches!(state, State::Refused(_)) {
+            // Allowed now: a later refusal is news again.
+            ctx.refusals_said
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&(sb.uid().unwrap_or_default(), label.clone()));
+        }
         rows.push(Row { test: label, state });
     }
     // Runs of tests that still exist but no longer cover the sandbox go. A deleted test's runs
@@ -349,10 +364,24 @@ async fn start(
         creator_may(&ctx.client, &creator, &groups, &desired::questions(&ns, sb)).await?
     {
         *recheck = true;
-        // Once per refusal: the condition already naming it means the Event was published
-        // (each recheck and each Sandbox change would otherwise repeat it).
+        // Once per refusal (each recheck and each Sandbox change would otherwise repeat it):
+        // not if this process said it, nor if the condition already names it (said before a
+        // restart).
         let line = format!("{ns}/{}: not run: {why}", test.name_any());
-        if !desired::current_condition(sb).is_some_and(|c| c.message.lines().any(|l| l == line)) {
+        let in_condition =
+            desired::current_condition(sb).is_some_and(|c| c.message.lines().any(|l| l == line));
+        let said = {
+            let mut said = ctx.refusals_said.lock().unwrap_or_else(|p| p.into_inner());
+            if said.len() >= REFUSALS_REMEMBERED {
+                said.clear();
+            }
+            let key = (
+                sb.uid().unwrap_or_default(),
+                format!("{ns}/{}", test.name_any()),
+            );
+            said.insert(key, why.clone()).as_ref() == Some(&why)
+        };
+        if !said && !in_condition {
             ctx.event(
                 sb,
                 true,

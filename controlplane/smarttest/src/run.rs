@@ -207,6 +207,7 @@ impl RunReport {
                 rank: f.rank.as_str().to_owned(),
                 endpoint: cut(endpoint.to_owned()),
                 what: cut(f.difference.render()),
+                shape: cut(f.difference.render_shape()),
                 occurrences: f.occurrences as u64,
             })
             .collect();

@@ -37,6 +37,10 @@ pub struct TopFinding {
     pub endpoint: String,
     /// The difference, in one line (`$.items[*].price: removed 3`).
     pub what: String,
+    /// The same without the values the service answered (`$.items[*].price: removed`), for
+    /// what more people than the test's team may read; empty in a summary of an older runner.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub shape: String,
     pub occurrences: u64,
 }
 
@@ -53,6 +57,18 @@ impl Summary {
     /// One line for people: `passed (3 steps, no findings)`, or the counts per rank and the
     /// first `named` findings (then failed checks) with their endpoints.
     pub fn brief(&self, named: usize) -> String {
+        self.brief_with(named, true)
+    }
+
+    /// [`Self::brief`] without the values the service answered: each finding's shape, and a
+    /// failed check without what the sandbox had. For the Sandbox's status and Events, which
+    /// anyone who may read Sandboxes (cluster-scoped) or Events in `default` reads; the values
+    /// stay in the run's Job, in the test's namespace.
+    pub fn brief_without_values(&self, named: usize) -> String {
+        self.brief_with(named, false)
+    }
+
+    fn brief_with(&self, named: usize, values: bool) -> String {
         use std::fmt::Write as _;
         if self.passed {
             return format!("passed ({} steps, no findings)", self.steps);
@@ -78,12 +94,19 @@ impl Summary {
             .top
             .iter()
             .take(named)
-            .map(|f| format!("[{}] {}: {}", f.rank, f.endpoint, f.what))
+            .map(|f| match (values, f.shape.is_empty()) {
+                (true, _) => format!("[{}] {}: {}", f.rank, f.endpoint, f.what),
+                (false, false) => format!("[{}] {}: {}", f.rank, f.endpoint, f.shape),
+                (false, true) => format!("[{}] {}", f.rank, f.endpoint),
+            })
             .chain(
                 self.failed_checks
                     .iter()
                     .take(named.saturating_sub(self.top.len()))
-                    .map(|c| format!("[check] {} {}: {}", c.step, c.check, c.sandbox)),
+                    .map(|c| match values {
+                        true => format!("[check] {} {}: {}", c.step, c.check, c.sandbox),
+                        false => format!("[check] {} {}: failed", c.step, c.check),
+                    }),
             )
             .collect();
         if !names.is_empty() {

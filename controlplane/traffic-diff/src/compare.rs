@@ -62,6 +62,37 @@ impl Difference {
         v
     }
 
+    /// [`Self::render`] without the values a service answered, for places readable by more
+    /// people than the service's own team (a cluster-scoped Sandbox's status, its Events): where
+    /// and how it changed (added, removed, changed, or its JSON type), with status codes and
+    /// durations, which say nothing of the data.
+    pub fn render_shape(&self) -> String {
+        let codes = matches!(self.kind, "status" | "duration")
+            || (matches!(self.kind, "header" | "trailer")
+                && self.at.eq_ignore_ascii_case("grpc-status"));
+        if codes {
+            return self.render();
+        }
+        let what = match self.kind {
+            "bodySize" => "body size".to_owned(),
+            "error" => "error".to_owned(),
+            "header" | "trailer" => format!("{} {}", self.kind, self.at),
+            "grpc" => format!("grpc message {}", self.at),
+            "line" => format!("line {}", self.at),
+            "binary" => return "body: differs (binary)".to_owned(),
+            _ => self.at.clone(),
+        };
+        match (&self.baseline, &self.sandbox) {
+            (Some(b), Some(s)) if self.kind == "json" && json_type(b) != json_type(s) => {
+                format!("{what}: {} → {}", json_type(b), json_type(s))
+            }
+            (Some(_), Some(_)) => format!("{what}: changed"),
+            (None, Some(_)) => format!("{what}: added"),
+            (Some(_), None) => format!("{what}: removed"),
+            (None, None) => what,
+        }
+    }
+
     /// One line for a person.
     pub fn render(&self) -> String {
         // JSON text: quoted and escaped, so a value cannot drive the terminal.
@@ -633,5 +664,42 @@ mod tests {
             rendered(&c.differences)[0],
             r#"line 1: removed "x\u001b[2J""#
         );
+    }
+
+    /// The shape names where and how, never a value the service answered; codes and
+    /// durations, which hold no data, stay.
+    #[test]
+    fn the_shape_leaves_the_values_out() {
+        let b = json!({"a": 1, "secret": "s3cr3t", "gone": "card 4111", "o": {"k": "v"}});
+        let s = json!({"a": "1", "secret": "other", "new": "x-token"});
+        let mut out = Vec::new();
+        json_diff("$", &b, &s, &mut out);
+        let shapes: Vec<String> = out.iter().map(Difference::render_shape).collect();
+        assert_eq!(
+            shapes,
+            [
+                "$.a: number → string",
+                "$.gone: removed",
+                "$.new: added",
+                "$.o: removed",
+                "$.secret: changed",
+            ]
+        );
+        let lines: Vec<String> = text_diff("a\nb\n", "a\nc\n")
+            .iter()
+            .map(Difference::render_shape)
+            .collect();
+        assert_eq!(lines, ["line 2: removed", "line 2: added"]);
+        let header = Difference::new("header", "x-user", Some(json!("ann")), Some(json!("bob")));
+        assert_eq!(header.render_shape(), "header x-user: changed");
+        let grpc = Difference::new(
+            "trailer",
+            "grpc-status",
+            Some(json!("0")),
+            Some(json!("14")),
+        );
+        assert_eq!(grpc.render_shape(), grpc.render());
+        let status = Difference::new("status", "", Some(json!(200)), Some(json!(500)));
+        assert_eq!(status.render_shape(), "status: 200 → 500");
     }
 }
