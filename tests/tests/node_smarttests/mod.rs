@@ -165,8 +165,21 @@ spec:
     .unwrap();
     let (_, reason, message) = ended(node, ns, 2);
     assert_eq!(reason, "Findings", "{message}");
-    // Generation 2's run, not generation 1's again: its fork reports the new marker.
-    assert!(message.contains("\"st2\""), "{message}");
+    // Generation 2's run, not generation 1's again: the condition names its Job, whose result
+    // (in the test's namespace: the cluster-scoped Sandbox carries no answered value) shows the
+    // new marker of the fork.
+    let second = runs(node, ns)
+        .into_iter()
+        .find(|j| j["metadata"]["annotations"]["spur.dev/sandbox-generation"] == "2")
+        .expect("generation 2's run");
+    let job = second["metadata"]["name"].as_str().unwrap_or_default();
+    assert!(message.contains(&format!("(job {job})")), "{message}");
+    assert!(
+        !message.contains("\"st2\""),
+        "a value on the Sandbox: {message}"
+    );
+    let result = second["status"]["result"].as_str().unwrap_or_default();
+    assert!(result.contains("\\\"st2\\\""), "{result}");
     let fork = crate::fork_pod(node, ns, SANDBOX);
     let pod = node.get_json(ns, &["pod", &fork]).unwrap();
     assert!(
