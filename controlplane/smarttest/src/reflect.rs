@@ -163,37 +163,20 @@ async fn walk(step: &Prepared, api: &str, service: &str) -> Result<DescriptorPoo
     let mut bytes = 0usize;
     let mut asks = vec![Ask::FileContainingSymbol(service.to_owned())];
     for _ in 0..MAX_ROUNDS {
-        for answer in call(step, api, &asks).await? {
-            let files_of = match answer.response {
-                Some(Response::Files(f)) => f.file_descriptor_proto,
-                Some(Response::Error(r)) => {
-                    return Err(Walk::Failed(format!(
-                        "the server answered {} ({}) to {}",
-                        r.error_code,
-                        r.error_message,
-                        describe(&asks)
-                    )));
-                }
-                None => {
-                    return Err(Walk::Failed(
-                        "an answer with neither descriptors nor an error".into(),
-                    ));
-                }
-            };
-            for file in files_of {
-                let head = FileHead::decode(file.as_slice())
-                    .map_err(|e| format!("a descriptor that is not a FileDescriptorProto: {e}"))?;
-                bytes += file.len();
-                if bytes > MAX_BYTES {
-                    return Err(Walk::Failed(format!(
-                        "more than {} KiB of descriptors",
-                        MAX_BYTES / 1024
-                    )));
-                }
-                files.insert(head.name, (file, head.dependency));
-                if files.len() > MAX_FILES {
-                    return Err(Walk::Failed(format!("more than {MAX_FILES} files")));
-                }
+        let body = call(step, api, &asks).await?;
+        let answered = files_in(&body, asks.len())
+            .map_err(|e| Walk::Failed(format!("{e} (asked for {})", describe(&asks))))?;
+        for file in answered {
+            bytes += file.bytes.len();
+            if bytes > MAX_BYTES {
+                return Err(Walk::Failed(format!(
+                    "more than {} KiB of descriptors",
+                    MAX_BYTES / 1024
+                )));
+            }
+            files.insert(file.name, (file.bytes, file.imports));
+            if files.len() > MAX_FILES {
+                return Err(Walk::Failed(format!("more than {MAX_FILES} files")));
             }
         }
         let missing: BTreeSet<&String> = files
@@ -202,7 +185,8 @@ async fn walk(step: &Prepared, api: &str, service: &str) -> Result<DescriptorPoo
             .filter(|d| !files.contains_key(*d))
             .collect();
         if missing.is_empty() {
-            return pool(&files).map_err(Walk::Failed);
+            return descriptor_pool(files.into_values().map(|(bytes, _)| bytes))
+                .map_err(Walk::Failed);
         }
         asks = missing
             .into_iter()
@@ -225,8 +209,8 @@ fn describe(asks: &[Ask]) -> String {
     names.join(", ")
 }
 
-/// One call: every question in the request stream, every answer read (in order, one each).
-async fn call(step: &Prepared, api: &str, asks: &[Ask]) -> Result<Vec<Answer>, Walk> {
+/// One call: every question in the request stream; the answer's body (gRPC messages).
+async fn call(step: &Prepared, api: &str, asks: &[Ask]) -> Result<Vec<u8>, Walk> {
     let mut body = Vec::new();
     for ask in asks {
         let q = Question {
@@ -289,30 +273,119 @@ async fn call(step: &Prepared, api: &str, asks: &[Ask]) -> Result<Vec<Answer>, W
             crate::send::MAX_KEPT / 1024
         )));
     }
-    let messages = crate::spec::messages(&body.data)
-        .ok_or_else(|| "an answer that is not whole, uncompressed gRPC messages".to_owned())?;
-    if messages.len() != asks.len() {
-        return Err(Walk::Failed(format!(
-            "{} answers to {} questions",
-            messages.len(),
-            asks.len()
-        )));
-    }
-    messages
-        .into_iter()
-        .map(|m| {
-            Answer::decode(m)
-                .map_err(|e| Walk::Failed(format!("an answer that does not decode: {e}")))
-        })
-        .collect()
+    Ok(body.data)
 }
 
-/// A FileDescriptorSet of `files` (any order: the pool resolves imports across the set).
-fn pool(files: &BTreeMap<String, (Vec<u8>, Vec<String>)>) -> Result<DescriptorPool, String> {
+/// One descriptor file a reflection answer held.
+#[derive(Debug)]
+pub struct ReflectedFile {
+    pub name: String,
+    /// The files it imports, by name.
+    pub imports: Vec<String>,
+    /// The serialized `FileDescriptorProto`, as the server sent it.
+    pub bytes: Vec<u8>,
+}
+
+/// The files in the body of a reflection call that asked `asked` questions: exactly one answer
+/// per question, each a list of descriptor files (an error answer is the error). Untrusted
+/// bytes (the server's): whole, uncompressed gRPC messages only; fuzzed
+/// (`fuzz/fuzz_targets/grpc_reflection.rs`).
+pub fn files_in(body: &[u8], asked: usize) -> Result<Vec<ReflectedFile>, String> {
+    let messages = crate::spec::messages(body)
+        .ok_or_else(|| "an answer that is not whole, uncompressed gRPC messages".to_owned())?;
+    if messages.len() != asked {
+        return Err(format!("{} answers to {asked} questions", messages.len()));
+    }
+    let mut out = Vec::new();
+    for m in messages {
+        let answer =
+            Answer::decode(m).map_err(|e| format!("an answer that does not decode: {e}"))?;
+        let files = match answer.response {
+            Some(Response::Files(f)) => f.file_descriptor_proto,
+            Some(Response::Error(r)) => {
+                return Err(format!(
+                    "the server answered {} ({})",
+                    r.error_code, r.error_message
+                ));
+            }
+            None => return Err("an answer with neither descriptors nor an error".into()),
+        };
+        for bytes in files {
+            let head = FileHead::decode(bytes.as_slice())
+                .map_err(|e| format!("a descriptor that is not a FileDescriptorProto: {e}"))?;
+            out.push(ReflectedFile {
+                name: head.name,
+                imports: head.dependency,
+                bytes,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The pool of a set of serialized `FileDescriptorProto`s (any order: imports are resolved
+/// across the set); an import missing from it is the error.
+pub fn descriptor_pool(files: impl IntoIterator<Item = Vec<u8>>) -> Result<DescriptorPool, String> {
     let mut set = Vec::new();
-    for (file, _) in files.values() {
-        prost::encoding::bytes::encode(1, file, &mut set);
+    for file in files {
+        prost::encoding::bytes::encode(1, &file, &mut set);
     }
     DescriptorPool::decode(set.as_slice())
         .map_err(|e| format!("the descriptors do not make a whole set: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(name: &str, imports: &[&str]) -> Vec<u8> {
+        FileHead {
+            name: name.into(),
+            dependency: imports.iter().map(|s| s.to_string()).collect(),
+        }
+        .encode_to_vec()
+    }
+
+    fn answer(response: Response) -> Vec<u8> {
+        crate::spec::frame(
+            Answer {
+                response: Some(response),
+            }
+            .encode_to_vec(),
+        )
+    }
+
+    #[test]
+    fn an_answer_is_read_strictly() {
+        let files = |names: &[(&str, &[&str])]| {
+            answer(Response::Files(Files {
+                file_descriptor_proto: names.iter().map(|(n, i)| file(n, i)).collect(),
+            }))
+        };
+        let mut body = files(&[("shop.proto", &["money.proto"])]);
+        body.extend(files(&[("money.proto", &[])]));
+        let got = files_in(&body, 2).unwrap();
+        assert_eq!(got[0].name, "shop.proto");
+        assert_eq!(got[0].imports, ["money.proto"]);
+        assert_eq!(got[1].name, "money.proto");
+
+        assert_eq!(files_in(&body, 1).unwrap_err(), "2 answers to 1 questions");
+        let refused = answer(Response::Error(Refusal {
+            error_code: 5,
+            error_message: "symbol 'x' not found".into(),
+        }));
+        assert_eq!(
+            files_in(&refused, 1).unwrap_err(),
+            "the server answered 5 (symbol 'x' not found)"
+        );
+        // Compressed, cut, or not an answer at all: refused, never guessed at.
+        let mut compressed = files(&[("a.proto", &[])]);
+        compressed[0] = 1;
+        assert!(files_in(&compressed, 1).is_err());
+        let cut = &body[..body.len() - 1];
+        assert!(files_in(cut, 2).is_err());
+        assert!(files_in(&crate::spec::frame(vec![0xff; 8]), 1).is_err());
+        // Imports not in the set: no pool.
+        assert!(descriptor_pool([file("shop.proto", &["money.proto"])]).is_err());
+    }
 }
