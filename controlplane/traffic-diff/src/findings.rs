@@ -284,14 +284,22 @@ fn rank(d: &Difference) -> Rank {
     }
 }
 
-/// The sandbox's answer, when much slower than both of the baseline's.
-fn slow(o: &Observation<'_>) -> Option<Difference> {
-    let base = o.baseline.iter().map(|b| b.duration_micros).max()?;
-    let took = o.sandbox.duration_micros;
+/// Whether a sandbox answer that took `took` µs is much slower than the slower of the
+/// baseline's two (`baseline`, µs): what makes a timing finding.
+pub fn is_slow(baseline: [u64; 2], took: u64) -> bool {
+    let base = baseline[0].max(baseline[1]);
     let bound = base
         .saturating_mul(TIMING_FACTOR)
         .max(base.saturating_add(TIMING_SLACK_MICROS));
-    (base > 0 && took > bound).then(|| Difference {
+    base > 0 && took > bound
+}
+
+/// The sandbox's answer, when much slower than both of the baseline's.
+fn slow(o: &Observation<'_>) -> Option<Difference> {
+    let [b1, b2] = o.baseline;
+    let base = b1.duration_micros.max(b2.duration_micros);
+    let took = o.sandbox.duration_micros;
+    is_slow([b1.duration_micros, b2.duration_micros], took).then(|| Difference {
         kind: "duration",
         at: String::new(),
         baseline: Some(format!("{} ms", base / 1000).into()),
