@@ -93,7 +93,7 @@ struct FileHead {
 pub async fn resolve(steps: &mut [Prepared]) -> Result<(), Error> {
     let mut pools: HashMap<(String, String), DescriptorPool> = HashMap::new();
     for step in steps.iter_mut() {
-        let Some(reflect) = step.request.reflect.clone() else {
+        let Some(reflect) = step.request.reflect.take() else {
             continue;
         };
         let at = format!("{}:{}", step.request.host, step.request.port);
@@ -129,7 +129,6 @@ fn apply(r: &mut PreparedRequest, reflect: &Reflect, pool: &DescriptorPool) -> R
         r.body = crate::spec::frame(crate::spec::encode_json(&input, json)?);
     }
     r.grpc_output = Some(output);
-    r.reflect = None;
     Ok(())
 }
 
@@ -150,12 +149,6 @@ async fn descriptors(step: &Prepared, service: &str) -> Result<DescriptorPool, S
 enum Walk {
     Unimplemented,
     Failed(String),
-}
-
-impl From<String> for Walk {
-    fn from(e: String) -> Self {
-        Walk::Failed(e)
-    }
 }
 
 async fn walk(step: &Prepared, api: &str, service: &str) -> Result<DescriptorPool, Walk> {
