@@ -429,3 +429,93 @@ async fn resolve_overrides_map_service_names_to_fixed_addresses() {
     assert_eq!(got.status, 502, "{got:?}");
     env.shutdown().await;
 }
+
+/// A client that opens its connection well before its first request (HTTP client pools do:
+/// hyper's legacy client and Go's `net/http` dial a spare connection while a request waits, and
+/// keep it idle when another frees up first) stays silent past `detectTimeout`. Its requests
+/// are still HTTP and still routed: issue 47's chaos flake was a frontend's spare connection to
+/// a baseline, silent for more than that second, after which every keyed request on it reached
+/// the baseline as opaque TCP. The proxy opens the application's connection at the timeout (for
+/// a server-first protocol's greeting, tests/tcp_tls.rs), and whichever side speaks first
+/// decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_silent_past_detection_is_still_routed_when_it_speaks_http() {
+    let env = Env::start(EnvOptions {
+        proxy: spur_proxy::ProxyConfig {
+            detect_timeout: Duration::from_millis(200),
+            drain_grace: Duration::from_secs(5),
+            ..spur_proxy::ProxyConfig::default()
+        },
+        ..EnvOptions::default()
+    })
+    .await;
+    let request = |key: Option<&str>, h2: bool| {
+        let mut req = if h2 {
+            hyper::Request::get("http://app.test/")
+        } else {
+            hyper::Request::get("/").header("host", "app.test")
+        };
+        if let Some(k) = key {
+            req = req.header("baggage", format!("sd-routing-key={k}"));
+        }
+        req.body(Empty::<Bytes>::new()).unwrap()
+    };
+    let served_by = |resp: &hyper::Response<hyper::body::Incoming>| {
+        resp.headers()
+            .get(spur_demo_apps::SERVED_BY)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let keys = [Some("k1"), None, Some("k1")];
+    let expected = ["fork", "baseline", "fork"];
+
+    // HTTP/1.1: three requests on a connection that was silent for 700 ms.
+    let tcp = TcpStream::connect(env.addr()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut served = Vec::new();
+    for key in keys {
+        send.ready().await.unwrap();
+        let resp = send.send_request(request(key, false)).await.unwrap();
+        served.push(served_by(&resp));
+        resp.into_body().collect().await.unwrap();
+    }
+    assert_eq!(served, expected, "HTTP/1.1");
+
+    // h2c with prior knowledge, likewise.
+    let tcp = TcpStream::connect(env.addr()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let mut served = Vec::new();
+    for key in keys {
+        send.ready().await.unwrap();
+        let resp = send.send_request(request(key, true)).await.unwrap();
+        served.push(served_by(&resp));
+        resp.into_body().collect().await.unwrap();
+    }
+    assert_eq!(served, expected, "h2c");
+
+    // Neither side spoke: each connection opened one to the application, HTTP was detected.
+    let m = metrics(env.admin()).await;
+    assert_eq!(
+        sample(&m, "spur_connections_total{protocol=\"tcp\"}"),
+        0.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "spur_detect_silent_total{first=\"client\"}"),
+        2.0,
+        "{m}"
+    );
+    env.shutdown().await;
+}

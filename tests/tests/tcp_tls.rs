@@ -196,6 +196,12 @@ async fn server_speaks_first_after_detect_timeout() {
     let sidecar = spur_e2e::sidecar_for(upstream, proxy).await;
     banner_conversation(sidecar.inbound_addr).await;
     assert_eq!(connections(sidecar.admin_addr.unwrap(), "tcp").await, 1.0);
+    let m = metrics(sidecar.admin_addr.unwrap()).await;
+    assert_eq!(
+        sample(&m, "spur_detect_silent_total{first=\"server\"}"),
+        1.0,
+        "{m}"
+    );
     sidecar.shutdown().await;
 }
 
@@ -317,4 +323,68 @@ async fn tls_is_passed_through_untouched() {
     assert_eq!(connections(admin, "tcp").await, 0.0);
     assert_eq!(sidecar.shutdown().await, 0, "connections left at shutdown");
     token.cancel();
+}
+
+/// A client-first protocol whose client waits past detection before its first bytes: carried as
+/// opaque TCP on the application connection opened for it at the timeout (one upstream connect,
+/// not two), with the echo intact. A client that closes without a byte opens nothing further.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_client_that_then_speaks_opaque_uses_the_connection_opened_for_it() {
+    let env = Env::start(EnvOptions {
+        kind: AppKind::TcpEcho,
+        rules: vec![],
+        proxy: ProxyConfig {
+            detect_timeout: Duration::from_millis(100),
+            drain_grace: Duration::from_secs(5),
+            ..ProxyConfig::default()
+        },
+        ..EnvOptions::default()
+    })
+    .await;
+    let admin = env.admin();
+    let mut stream = TcpStream::connect(env.addr()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let hello = b"\x00\x01hello";
+    stream.write_all(hello).await.unwrap();
+    let mut echo = [0u8; 7];
+    timeout(BOUND, stream.read_exact(&mut echo))
+        .await
+        .expect("no echo")
+        .unwrap();
+    assert_eq!(&echo, hello);
+    stream.shutdown().await.unwrap();
+    let rest = read_to_end(&mut stream).await;
+    assert_eq!(String::from_utf8_lossy(&rest), "bye from baseline\n");
+    drop(stream);
+    let m = metrics(admin).await;
+    assert_eq!(
+        sample(&m, "spur_upstream_connects_total{result=\"ok\"}"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "spur_detect_silent_total{first=\"client\"}"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(connections(admin, "tcp").await, 1.0);
+
+    // Silent, then gone: counted, nothing served.
+    let stream = TcpStream::connect(env.addr()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(stream);
+    let deadline = tokio::time::Instant::now() + BOUND;
+    while sample(
+        &metrics(admin).await,
+        "spur_detect_silent_total{first=\"nobody\"}",
+    ) != 1.0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the silent client's close was not seen"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(connections(admin, "tcp").await, 1.0);
+    assert_eq!(env.shutdown().await, 0, "connections left at shutdown");
 }

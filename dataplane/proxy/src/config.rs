@@ -13,8 +13,11 @@ use crate::Error;
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct ProxyConfig {
     /// How long protocol detection waits for the client's first bytes. A client that sends
-    /// nothing by then (server-speaks-first protocols such as MySQL or SMTP) is proxied as opaque
-    /// TCP. Ports listed in `opaque_ports` skip detection entirely and pay no such delay.
+    /// nothing by then gets its connection to the application opened, and whichever side speaks
+    /// first decides: the application's greeting (server-speaks-first protocols such as MySQL or
+    /// SMTP) makes it opaque TCP, the client's bytes are detected as usual (an HTTP pool's spare
+    /// connection, used later). Ports listed in `opaque_ports` skip detection entirely and pay no
+    /// such delay.
     #[serde(with = "dur")]
     pub detect_timeout: Duration,
     /// Upstream TCP connect timeout; exceeding it answers 504 (HTTP) or closes the connection.

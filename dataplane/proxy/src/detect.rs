@@ -19,7 +19,7 @@ pub enum Protocol {
     Http2,
     /// A TLS ClientHello: passed through untouched.
     Tls,
-    /// Anything else, a client that stays silent, or a port configured as opaque.
+    /// Anything else, a server that speaks first, or a port configured as opaque.
     Opaque,
     /// Kafka, on the Kafka relay's own listener (never detected: the interception rules send
     /// only connections to configured broker ports there).
@@ -45,7 +45,8 @@ enum Verdict {
 
 /// Reads up to [`MAX_PEEK`] bytes until the protocol is known, the client stops sending for
 /// `timeout`, or it closes. The bytes read are returned so the caller can replay them.
-/// `Ok(None)` means the client closed without sending anything.
+/// `Ok(None)` means the client closed without sending anything; `Opaque` with no bytes, that it
+/// sent none in time (the listener then waits to see who speaks first).
 pub(crate) async fn detect(
     io: &mut TcpStream,
     timeout: Duration,

@@ -7,10 +7,14 @@ use std::sync::Arc;
 use socket2::SockRef;
 use tokio::net::{TcpListener, TcpStream};
 
+use bytes::Bytes;
+
 use crate::Shared;
 use crate::conn::ConnMeta;
 use crate::detect::{Protocol, detect};
 use crate::io::Rewind;
+use crate::metrics::Silent;
+use crate::pool::Upstream;
 use spur_runtime::Drain;
 
 /// How a listener learns where a connection was headed.
@@ -78,11 +82,30 @@ async fn handle(
     };
     let _ = stream.set_nodelay(true);
     let config = &shared.config;
-    let (protocol, prefix) = if config.opaque_ports.contains(&original_dst.port()) {
-        (Protocol::Opaque, bytes::Bytes::new())
+    let (protocol, prefix, server) = if config.opaque_ports.contains(&original_dst.port()) {
+        (Protocol::Opaque, Bytes::new(), None)
     } else {
         match detect(&mut stream, config.detect_timeout).await {
-            Ok(Some(found)) => found,
+            // Silent for the whole window: not yet known (see `first_speaker`).
+            Ok(Some((Protocol::Opaque, prefix))) if prefix.is_empty() => {
+                match first_speaker(&shared, &stream, original_dst, &drain).await? {
+                    First::Server(server) => (Protocol::Opaque, prefix, Some(server)),
+                    First::Client(server) => {
+                        match detect(&mut stream, config.detect_timeout).await {
+                            // The connection opened to the application carries it on.
+                            Ok(Some((p @ (Protocol::Opaque | Protocol::Tls), prefix))) => {
+                                (p, prefix, server)
+                            }
+                            // Served as HTTP: the application's connection is not needed.
+                            Ok(Some((p, prefix))) => (p, prefix, None),
+                            Ok(None) => return Ok(()),
+                            Err(_) => return Err("read error during detection"),
+                        }
+                    }
+                    First::Nobody => return Ok(()),
+                }
+            }
+            Ok(Some((p, prefix))) => (p, prefix, None),
             Ok(None) => return Ok(()),
             Err(_) => return Err("read error during detection"),
         }
@@ -93,7 +116,93 @@ async fn handle(
     match protocol {
         Protocol::Http1 | Protocol::Http2 => crate::http::serve(shared, io, meta, drain).await,
         Protocol::Tls | Protocol::Opaque | Protocol::Kafka => {
-            crate::tcp::forward(&shared, io, &meta).await
+            crate::tcp::forward(&shared, io, &meta, server).await
+        }
+    }
+}
+
+/// Who spoke first on a connection whose client sent nothing within `detectTimeout`.
+enum First {
+    /// The application (or it closed the connection): a server-first protocol, spliced on this
+    /// connection to it.
+    Server(TcpStream),
+    /// The client, with the application's connection if one was opened (and nothing came on it).
+    Client(Option<TcpStream>),
+    /// The client closed without a byte.
+    Nobody,
+}
+
+/// A client silent for the whole detection window is either one of a server-first protocol,
+/// waiting for the server's greeting, or one that opened its connection ahead of its first
+/// request: HTTP client pools keep a spare connection idle (hyper's legacy client and Go's
+/// `net/http` do when another frees up before the dial completes), and its requests come later,
+/// routed like any other. Treating every silent client as opaque sent that connection's keyed
+/// requests to the baseline for its whole life. So the application's connection is opened now,
+/// and whichever side speaks first decides: the server's bytes make the connection opaque, the
+/// client's are detected as usual. Bounded by the idle timeout, and ended by a drain.
+async fn first_speaker(
+    shared: &Shared,
+    client: &TcpStream,
+    original_dst: SocketAddr,
+    drain: &Drain,
+) -> Result<First, &'static str> {
+    let metrics = &shared.metrics;
+    // Without it no server can greet; the client's first bytes still decide (an opaque client
+    // then finds the application unreachable, as before).
+    let server = match shared
+        .pool
+        .connect_tcp(&Upstream::Original(original_dst))
+        .await
+    {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::debug!(%original_dst, error = %e, "a silent client's application is unreachable");
+            None
+        }
+    };
+    let (mut c, mut s) = ([0u8; 1], [0u8; 1]);
+    let spoke = async {
+        match &server {
+            Some(server) => tokio::select! {
+                biased;
+                // Data, a close or an error from the application: it is not waiting for HTTP.
+                _ = server.peek(&mut s) => true,
+                _ = client.peek(&mut c) => false,
+            },
+            None => {
+                let _ = client.peek(&mut c).await;
+                false
+            }
+        }
+    };
+    // Like an idle keep-alive connection, a silent one is closed when the proxy drains.
+    let server_first = tokio::select! {
+        r = tokio::time::timeout(shared.config.idle_timeout, spoke) => r.map_err(|_| {
+            metrics.silent(Silent::Nobody);
+            "idle timeout with neither side speaking"
+        })?,
+        () = drain.signaled() => {
+            metrics.silent(Silent::Nobody);
+            return Err("draining while neither side spoke");
+        }
+    };
+    match (server_first, server) {
+        (true, Some(server)) => {
+            metrics.silent(Silent::Server);
+            Ok(First::Server(server))
+        }
+        (_, server) => {
+            // A peek of 0 bytes, or an error, is the client gone; `detect` reads it again.
+            match client.peek(&mut c).await {
+                Ok(n) if n > 0 => {
+                    metrics.silent(Silent::Client);
+                    Ok(First::Client(server))
+                }
+                _ => {
+                    metrics.silent(Silent::Nobody);
+                    Ok(First::Nobody)
+                }
+            }
         }
     }
 }

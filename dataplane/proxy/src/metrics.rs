@@ -25,6 +25,22 @@ struct ResultLabels {
     result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FirstLabels {
+    first: &'static str,
+}
+
+/// Who spoke first on a connection whose client was silent through protocol detection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Silent {
+    /// The client, later: its bytes were detected as usual (an HTTP pool's spare connection).
+    Client,
+    /// The application: a server-first protocol, spliced as opaque TCP.
+    Server,
+    /// Neither: the client closed, or nothing moved for the idle timeout.
+    Nobody,
+}
+
 /// Where a request ended up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
@@ -52,7 +68,7 @@ struct PerProtocol {
 /// `requests_total{outcome}`, `request_duration_seconds{outcome}` (time to response headers),
 /// `connections_total{protocol}`, `active_connections{protocol}`,
 /// `upstream_connects_total{result}`, `pool_stale_closed_total`, `http1_handovers_total`,
-/// `kafka_refused_connections_total`.
+/// `kafka_refused_connections_total`, `detect_silent_total{first}`.
 #[derive(Clone, Debug)]
 pub struct Metrics {
     baseline: PerOutcome,
@@ -68,6 +84,9 @@ pub struct Metrics {
     pub(crate) stale_closed: Counter,
     pub(crate) handovers: Counter,
     kafka_refused: Counter,
+    silent_client: Counter,
+    silent_server: Counter,
+    silent_nobody: Counter,
 }
 
 impl Metrics {
@@ -82,6 +101,12 @@ impl Metrics {
         let stale_closed = Counter::default();
         let handovers = Counter::default();
         let kafka_refused = Counter::default();
+        let silent = Family::<FirstLabels, Counter>::default();
+        registry.register(
+            "detect_silent",
+            "Inbound connections whose client sent nothing within detectTimeout, by who spoke first: client (detected then, e.g. an HTTP pool's spare connection), server (a server-first protocol, opaque) or nobody",
+            silent.clone(),
+        );
         registry.register(
             "requests",
             "HTTP requests by where they were routed",
@@ -148,6 +173,15 @@ impl Metrics {
         let connect_err = connects
             .get_or_create(&ResultLabels { result: "error" })
             .clone();
+        let silent_client = silent
+            .get_or_create(&FirstLabels { first: "client" })
+            .clone();
+        let silent_server = silent
+            .get_or_create(&FirstLabels { first: "server" })
+            .clone();
+        let silent_nobody = silent
+            .get_or_create(&FirstLabels { first: "nobody" })
+            .clone();
         Metrics {
             baseline: outcome("baseline"),
             sandbox: outcome("sandbox"),
@@ -162,6 +196,9 @@ impl Metrics {
             stale_closed,
             handovers,
             kafka_refused,
+            silent_client,
+            silent_server,
+            silent_nobody,
         }
     }
 
@@ -191,6 +228,14 @@ impl Metrics {
         m.accepted.inc();
         m.active.inc();
         ActiveGuard(m.active.clone())
+    }
+
+    pub(crate) fn silent(&self, first: Silent) {
+        match first {
+            Silent::Client => self.silent_client.inc(),
+            Silent::Server => self.silent_server.inc(),
+            Silent::Nobody => self.silent_nobody.inc(),
+        };
     }
 
     pub(crate) fn kafka_refused(&self) {
