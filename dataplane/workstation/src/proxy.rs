@@ -19,7 +19,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use spur_runtime::Drain;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Mutex;
 
@@ -40,8 +40,9 @@ pub struct ProxyConfig {
     pub port: u16,
     /// Injected into HTTP/1.x requests when set.
     pub routing_key: Option<String>,
-    /// How long a client may stay silent before the connection is treated as opaque TCP
-    /// (server-first protocols never send first).
+    /// How long a client may stay silent before the upstream is opened to see who speaks
+    /// first: the server's greeting makes it opaque TCP (server-first protocols), the client's
+    /// bytes are sniffed as usual (an HTTP pool's spare connection, used later).
     pub sniff_timeout: Duration,
     pub open_timeout: Duration,
 }
@@ -147,10 +148,56 @@ async fn serve_one(
         splice(tcp, up).await?;
         return Ok(());
     };
-    // Read the start of the first request line (bounded in size and time), then replay it.
+    let mut prefix = sniff(&mut tcp, config.sniff_timeout).await?;
+    let mut opened = None;
+    if prefix.is_empty() {
+        // Silent for the whole window: a server-first protocol waiting for the greeting, or a
+        // client that opened its connection ahead of its first request (HTTP pools keep spare
+        // connections and use them seconds later; carried as opaque TCP, their requests went
+        // without the key). The upstream is opened now and whichever side speaks first decides.
+        let mut up = open(&*opener, config).await?;
+        let mut greeting = vec![0u8; 16 * 1024];
+        let mut one = [0u8; 1];
+        let server_first = tokio::select! {
+            biased;
+            r = up.read(&mut greeting) => Some(r?),
+            r = tcp.peek(&mut one) => match r {
+                Ok(0) | Err(_) => return Ok(()),
+                Ok(_) => None,
+            },
+        };
+        if let Some(n) = server_first {
+            // The server's greeting (or its close) first: a server-first protocol.
+            tcp.write_all(&greeting[..n]).await?;
+            splice(tcp, up).await?;
+            return Ok(());
+        }
+        prefix = sniff(&mut tcp, config.sniff_timeout).await?;
+        opened = Some(up);
+    }
+    let client = Rewind {
+        prefix: prefix.clone(),
+        inner: tcp,
+    };
+    if !looks_like_http1(&prefix) {
+        let up = match opened {
+            Some(up) => up,
+            None => open(&*opener, config).await?,
+        };
+        splice(client, up).await?;
+        return Ok(());
+    }
+    // Served request by request, each on the proxy's own upstream connection.
+    drop(opened);
+    http1(client, config, opener, key).await
+}
+
+/// The start of the first request line (bounded in size and by `timeout`), to be replayed.
+/// Empty: the client sent nothing in time (or closed).
+async fn sniff(tcp: &mut TcpStream, timeout: Duration) -> Result<Bytes, Error> {
     let mut head = [0u8; SNIFF];
     let mut len = 0;
-    let deadline = tokio::time::Instant::now() + config.sniff_timeout;
+    let deadline = tokio::time::Instant::now() + timeout;
     while len < SNIFF
         && !head[..len].contains(&b' ')
         && head[..len].iter().all(u8::is_ascii_uppercase)
@@ -161,17 +208,7 @@ async fn serve_one(
             Ok(Err(e)) => return Err(e.into()),
         }
     }
-    let prefix = Bytes::copy_from_slice(&head[..len]);
-    let client = Rewind {
-        prefix: prefix.clone(),
-        inner: tcp,
-    };
-    if !looks_like_http1(&prefix) {
-        let up = open(&*opener, config).await?;
-        splice(client, up).await?;
-        return Ok(());
-    }
-    http1(client, config, opener, key).await
+    Ok(Bytes::copy_from_slice(&head[..len]))
 }
 
 /// An HTTP/1.x request line starts with an upper-case method token and a space (`PRI` is the

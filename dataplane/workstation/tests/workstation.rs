@@ -395,6 +395,51 @@ async fn local_proxy_injects_the_routing_key_through_a_running_connect() {
         assert_eq!(out.matches(line).count(), 2, "{line} in\n{out}");
     }
 
+    // A connection silent past the sniffing window (an HTTP pool's spare one, used later) is
+    // still HTTP: its request gets the key. (Taken for opaque TCP, it went without.)
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    tcp.write_all(b"GET /late HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut late = Vec::new();
+    within("the late request's answer", tcp.read_to_end(&mut late))
+        .await
+        .unwrap();
+    let late = String::from_utf8_lossy(&late);
+    assert!(late.contains("GET /late\n"), "{late}");
+    assert!(
+        late.contains("baggage: sd-routing-key=k3y,sd-sandbox=k3y\n"),
+        "{late}"
+    );
+
+    // A server-first protocol: a silent client gets the greeting, then talks.
+    let banner = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let banner_port = banner.local_addr().unwrap().port();
+    let _banner = tokio::spawn(async move {
+        while let Ok((mut s, _)) = banner.accept().await {
+            tokio::spawn(async move {
+                let _ = s.write_all(b"220 hello\r\n").await;
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    cluster.name("smtp.shop.svc");
+    let (host, port) = proxy::parse_target(&format!("smtp.shop:{banner_port}"), 80).unwrap();
+    let mut config = ProxyConfig::new("127.0.0.1:0".parse().unwrap(), host, port);
+    config.routing_key = Some("k3y".into());
+    let smtp = proxy::start(config, opener.clone(), drain.clone())
+        .await
+        .unwrap();
+    let mut tcp = TcpStream::connect(smtp).await.unwrap();
+    let mut greeting = [0u8; 11];
+    within("the greeting", tcp.read_exact(&mut greeting))
+        .await
+        .unwrap();
+    assert_eq!(&greeting, b"220 hello\r\n");
+    assert_eq!(echo_once(&mut tcp, b"EHLO me\r\n").await, b"EHLO me\r\n");
+
     // An upgrade (WebSocket-style): the key goes into the upgrade request, then raw bytes flow.
     let (up, _u) = upgrade_echo_server().await;
     cluster.name("ws.shop.svc");
