@@ -89,15 +89,23 @@ async fn handle(
             // Silent for the whole window: not yet known (see `first_speaker`).
             Ok(Some((Protocol::Opaque, prefix))) if prefix.is_empty() => {
                 match first_speaker(&shared, &stream, original_dst, &drain).await? {
-                    First::Server(server) => (Protocol::Opaque, prefix, Some(server)),
+                    First::Opaque(server) => (Protocol::Opaque, prefix, Some(server)),
                     First::Client(server) => {
                         match detect(&mut stream, config.detect_timeout).await {
                             // The connection opened to the application carries it on.
                             Ok(Some((p @ (Protocol::Opaque | Protocol::Tls), prefix))) => {
                                 (p, prefix, server)
                             }
-                            // Served as HTTP: the application's connection is not needed.
-                            Ok(Some((p, prefix))) => (p, prefix, None),
+                            // Served as HTTP: the HTTP/1 relay may take the connection for
+                            // its first request to the application (it is idle, unused).
+                            Ok(Some((p, prefix))) => {
+                                if let (Protocol::Http1, Some(server)) = (p, server) {
+                                    shared
+                                        .pool
+                                        .put_raw(Upstream::Original(original_dst), server);
+                                }
+                                (p, prefix, None)
+                            }
                             Ok(None) => return Ok(()),
                             Err(_) => return Err("read error during detection"),
                         }
@@ -123,12 +131,12 @@ async fn handle(
 
 /// Who spoke first on a connection whose client sent nothing within `detectTimeout`.
 enum First {
-    /// The application (or it closed the connection): a server-first protocol, spliced on this
-    /// connection to it.
-    Server(TcpStream),
+    /// The application (a server-first protocol), or a side closed: spliced as opaque TCP on
+    /// this connection to the application.
+    Opaque(TcpStream),
     /// The client, with the application's connection if one was opened (and nothing came on it).
     Client(Option<TcpStream>),
-    /// The client closed without a byte.
+    /// The client closed without a byte, and there is no application connection to tell.
     Nobody,
 }
 
@@ -166,17 +174,17 @@ async fn first_speaker(
             Some(server) => tokio::select! {
                 biased;
                 // Data, a close or an error from the application: it is not waiting for HTTP.
-                _ = server.peek(&mut s) => true,
-                _ = client.peek(&mut c) => false,
+                r = server.peek(&mut s) => Spoke::Server { data: matches!(r, Ok(n) if n > 0) },
+                _ = client.peek(&mut c) => Spoke::Client,
             },
             None => {
                 let _ = client.peek(&mut c).await;
-                false
+                Spoke::Client
             }
         }
     };
     // Like an idle keep-alive connection, a silent one is closed when the proxy drains.
-    let server_first = tokio::select! {
+    let spoke = tokio::select! {
         r = tokio::time::timeout(shared.config.idle_timeout, spoke) => r.map_err(|_| {
             metrics.silent(Silent::Nobody);
             "idle timeout with neither side speaking"
@@ -186,23 +194,37 @@ async fn first_speaker(
             return Err("draining while neither side spoke");
         }
     };
-    match (server_first, server) {
-        (true, Some(server)) => {
-            metrics.silent(Silent::Server);
-            Ok(First::Server(server))
+    let client_spoke = match spoke {
+        Spoke::Client => matches!(client.peek(&mut c).await, Ok(n) if n > 0),
+        Spoke::Server { .. } => false,
+    };
+    match (spoke, client_spoke, server) {
+        (_, true, server) => {
+            metrics.silent(Silent::Client);
+            Ok(First::Client(server))
         }
-        (_, server) => {
-            // A peek of 0 bytes, or an error, is the client gone; `detect` reads it again.
-            match client.peek(&mut c).await {
-                Ok(n) if n > 0 => {
-                    metrics.silent(Silent::Client);
-                    Ok(First::Client(server))
-                }
-                _ => {
-                    metrics.silent(Silent::Nobody);
-                    Ok(First::Nobody)
-                }
-            }
+        // The application spoke, or one side closed (an application timing out an idle
+        // connection, a client half-closing without a byte): spliced as any opaque connection,
+        // so a close reaches the other side and an answer to a half-close still arrives.
+        (spoke, false, Some(server)) => {
+            metrics.silent(match spoke {
+                Spoke::Server { data: true } => Silent::Server,
+                _ => Silent::Nobody,
+            });
+            Ok(First::Opaque(server))
+        }
+        (_, false, None) => {
+            metrics.silent(Silent::Nobody);
+            Ok(First::Nobody)
         }
     }
+}
+
+/// What ended the wait in [`first_speaker`].
+#[derive(Clone, Copy)]
+enum Spoke {
+    /// The application sent bytes (`data`), or closed or failed.
+    Server { data: bool },
+    /// The client sent bytes, or closed.
+    Client,
 }

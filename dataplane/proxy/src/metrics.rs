@@ -37,7 +37,8 @@ pub(crate) enum Silent {
     Client,
     /// The application: a server-first protocol, spliced as opaque TCP.
     Server,
-    /// Neither: the client closed, or nothing moved for the idle timeout.
+    /// Neither: a side closed first (spliced, so the other side sees it), or nothing moved for
+    /// the idle timeout, or the proxy drained.
     Nobody,
 }
 

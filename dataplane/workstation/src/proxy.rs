@@ -156,14 +156,16 @@ async fn serve_one(
         // connections and use them seconds later; carried as opaque TCP, their requests went
         // without the key). The upstream is opened now and whichever side speaks first decides.
         let mut up = open(&*opener, config).await?;
-        let mut greeting = vec![0u8; 16 * 1024];
+        let mut greeting = [0u8; 4096];
         let mut one = [0u8; 1];
         let server_first = tokio::select! {
             biased;
             r = up.read(&mut greeting) => Some(r?),
             r = tcp.peek(&mut one) => match r {
-                Ok(0) | Err(_) => return Ok(()),
-                Ok(_) => None,
+                Ok(n) if n > 0 => None,
+                // Closed or half-closed without a byte: carried on as opaque, so a server's
+                // answer to the half-close still arrives.
+                _ => Some(0),
             },
         };
         if let Some(n) = server_first {

@@ -480,6 +480,15 @@ async fn local_proxy_injects_the_routing_key_through_a_running_connect() {
         echo_once(&mut tcp, b"\x00\x01 binary").await,
         b"\x00\x01 binary"
     );
+    // A client that half-closes without a byte is carried too: the Service sees the FIN and
+    // closes back (the echo server's answer to it).
+    let mut tcp = TcpStream::connect(raw).await.unwrap();
+    tcp.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    within("the close to come back", tcp.read_to_end(&mut rest))
+        .await
+        .unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
 
     // An invalid key is refused up front.
     let mut bad = ProxyConfig::new("127.0.0.1:0".parse().unwrap(), "x.y.svc", 80);
