@@ -127,6 +127,15 @@ fn main() -> std::process::ExitCode {
             if let Err(e) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM) {
                 tracing::warn!(error = %e, "cannot ask to be stopped with the supervisor");
             }
+            // A supervisor that died before that request sends no signal: checked once, after.
+            let expected = std::env::var_os(supervise::SUPERVISOR_ENV);
+            if supervise::supervisor_gone(expected.as_deref(), nix::unistd::getppid().as_raw()) {
+                eprintln!(
+                    "spur-sidecar: the supervisor that started this worker (pid {}) is gone; not serving",
+                    expected.as_deref().unwrap_or_default().to_string_lossy()
+                );
+                return std::process::ExitCode::FAILURE;
+            }
             match supervise::handover(
                 restarts,
                 config.admin_addr.is_some(),

@@ -32,6 +32,21 @@ use crate::Handover;
 /// this one. Its presence makes `spur-sidecar` a worker (no interception step, no supervision).
 pub const WORKER_ENV: &str = "SPUR_SIDECAR_WORKER";
 
+/// Set by the supervisor in its worker's environment: the supervisor's pid. The worker asks to
+/// be stopped when its parent dies (`PR_SET_PDEATHSIG`), but a parent that died before that
+/// request leaves it running unsupervised: it compares its parent with this, once asked.
+pub const SUPERVISOR_ENV: &str = "SPUR_SIDECAR_SUPERVISOR";
+
+/// Whether a worker's supervisor died before the worker asked to be stopped with it: the pid
+/// it was started with (`SUPERVISOR_ENV`) is not its parent's any more. Without the variable
+/// (or with one that is not a pid) nothing can be told, and the worker carries on.
+pub fn supervisor_gone(expected: Option<&std::ffi::OsStr>, parent: i32) -> bool {
+    expected
+        .and_then(|v| v.to_str())
+        .and_then(|v| v.parse::<i32>().ok())
+        .is_some_and(|pid| pid != parent)
+}
+
 /// A worker that lived at least this long counts as healthy: the next death restarts at once.
 const HEALTHY_AFTER: Duration = Duration::from_secs(30);
 /// Quick deaths in a row after which the supervisor gives up (and exits with the worker).
@@ -216,6 +231,7 @@ pub async fn run(held: Held, program: std::path::PathBuf, args: Vec<OsString>) -
         let mut worker = match tokio::process::Command::new(&program)
             .args(&args)
             .env(WORKER_ENV, policy.total.to_string())
+            .env(SUPERVISOR_ENV, std::process::id().to_string())
             .env("LISTEN_FDS", count.to_string())
             .env("LISTEN_FDS_FIRST_FD", first_fd.to_string())
             .env_remove("LISTEN_PID")
@@ -295,6 +311,16 @@ fn forward(pid: Option<i32>, sig: nix::sys::signal::Signal, held: &mut Option<He
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_worker_tells_its_supervisor_is_gone_by_its_parent() {
+        use std::ffi::OsStr;
+        assert!(!supervisor_gone(Some(OsStr::new("42")), 42));
+        assert!(supervisor_gone(Some(OsStr::new("42")), 1));
+        // Nothing to compare with: carry on.
+        assert!(!supervisor_gone(None, 1));
+        assert!(!supervisor_gone(Some(OsStr::new("x")), 1));
+    }
 
     #[test]
     fn restarts_at_once_then_backs_off_then_gives_up() {
