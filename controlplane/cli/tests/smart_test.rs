@@ -617,6 +617,14 @@ async fn grpc_steps_learn_their_types_by_server_reflection() {
     method: spur.demo.v1.Demo/Hello
     reflection: true
     json: {{name: ann}}
+- name: chat
+  grpc:
+    target: "{grpc}"
+    method: spur.demo.v1.Demo/Chat
+    reflection: true
+    json: [{{name: a}}, {{name: b}}]
+  checks:
+  - jsonPath: {{path: "$[1].message", equals: "echo b from catalog"}}
 "#
         ),
     );
@@ -649,6 +657,13 @@ async fn grpc_steps_learn_their_types_by_server_reflection() {
     assert_eq!(hello[0]["at"], "$.routingKey", "{report}");
     assert_eq!(hello[0]["rank"], "value", "{report}");
     assert_eq!(hello[0]["sandbox"], KEY, "{report}");
+    // A bidirectional stream: both messages sent, both replies compared as a list.
+    let chat_checks = &report["steps"][2]["checks"];
+    assert_eq!(chat_checks[0]["sandbox"], "passed", "{report}");
+    assert_eq!(chat_checks[0]["baseline"], "passed", "{report}");
+    let chat = of("/Chat");
+    assert_eq!(chat[0]["at"], "$[*].routingKey", "{report}");
+    assert_eq!(chat[0]["rank"], "value", "{report}");
 
     // Not a gRPC server: said before anything is sent, naming the step and the server.
     let http = service(Arc::new(Seen::default())).await;

@@ -119,16 +119,16 @@ pub async fn resolve(steps: &mut [Prepared]) -> Result<(), Error> {
 
 /// Sets the types (and the body, from the JSON) of a step's request.
 fn apply(r: &mut PreparedRequest, reflect: &Reflect, pool: &DescriptorPool) -> Result<(), String> {
-    let (input, output) = crate::spec::method_types(
+    let types = crate::spec::method_types(
         pool,
         "the server's reflection",
         &reflect.service,
         &reflect.method,
     )?;
     if let Some(json) = &reflect.json {
-        r.body = crate::spec::frame(crate::spec::encode_json(&input, json)?);
+        r.body = crate::spec::encode_json(&types, json)?;
     }
-    r.grpc_output = Some(output);
+    r.grpc_output = Some(types.output);
     Ok(())
 }
 

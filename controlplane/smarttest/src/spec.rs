@@ -21,6 +21,8 @@ pub const MAX_HEADERS: usize = 32;
 pub const MAX_CHECKS: usize = 16;
 /// Largest request body of one step (bytes): the spec is stored in etcd.
 pub const MAX_BODY: usize = 64 * 1024;
+/// Most messages a step streams to a client-streaming method (`grpc.json` as a list).
+pub const MAX_STREAM_MESSAGES: usize = 100;
 /// Largest descriptor set (base64 characters: 512 KiB decoded).
 pub const MAX_DESCRIPTOR_SET_BASE64: usize = 512 * 1024 / 3 * 4;
 /// Longest step name, and its syntax (what [`TestSpec::validate`] checks).
@@ -94,7 +96,8 @@ pub struct GrpcRequest {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message_base64: String,
     /// The request message as JSON (protobuf's JSON mapping); needs `descriptorSetBase64` or
-    /// `reflection`.
+    /// `reflection`. For a method the client streams to, a list of 1 to 100 messages, sent in
+    /// order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::any_value")]
     pub json: Option<Value>,
@@ -403,27 +406,27 @@ impl GrpcRequest {
                     "grpc.json needs grpc.descriptorSetBase64 or grpc.reflection (the types to encode it with)".into(),
                 );
             }
-            (Some(json), Some((input, _))) => encode_json(input, json)?,
-            (None, _) => base64::engine::general_purpose::STANDARD
-                .decode(self.message_base64.trim())
-                .map_err(|e| format!("grpc.messageBase64: {e}"))?,
+            (Some(json), Some(types)) => encode_json(types, json)?,
+            (None, _) => {
+                let message = base64::engine::general_purpose::STANDARD
+                    .decode(self.message_base64.trim())
+                    .map_err(|e| format!("grpc.messageBase64: {e}"))?;
+                if message.len() > MAX_BODY {
+                    return Err(format!(
+                        "a message of {} bytes: at most {MAX_BODY}",
+                        message.len()
+                    ));
+                }
+                frame(message)
+            }
         };
-        if message.len() > MAX_BODY {
-            return Err(format!(
-                "a message of {} bytes: at most {MAX_BODY}",
-                message.len()
-            ));
-        }
         let reflect = self.reflection.then(|| Reflect {
             service: service.to_owned(),
             method: method.to_owned(),
             json: self.json.clone(),
         });
-        let body = if reflect.as_ref().is_some_and(|r| r.json.is_some()) {
-            Vec::new()
-        } else {
-            frame(message)
-        };
+        // Framed already; empty while reflection is yet to tell the types of `json`.
+        let body = message;
         let mut headers = headers(&self.metadata, "grpc.metadata")?;
         if let Some((n, _)) = headers
             .iter()
@@ -447,23 +450,13 @@ impl GrpcRequest {
             path_and_query: format!("/{service}/{method}"),
             headers,
             body,
-            grpc_output: types.map(|(_, output)| output),
+            grpc_output: types.map(|t| t.output),
             reflect,
         })
     }
 
     /// The method's input and output types, from the descriptor set when there is one.
-    fn types(
-        &self,
-        service: &str,
-        method: &str,
-    ) -> Result<
-        Option<(
-            prost_reflect::MessageDescriptor,
-            prost_reflect::MessageDescriptor,
-        )>,
-        String,
-    > {
+    fn types(&self, service: &str, method: &str) -> Result<Option<MethodTypes>, String> {
         if self.descriptor_set_base64.is_empty() {
             return Ok(None);
         }
@@ -483,19 +476,22 @@ impl GrpcRequest {
     }
 }
 
-/// A unary method's input and output types in `pool` (`what`: where its descriptors came from).
+/// A method's types in a descriptor pool.
+#[derive(Clone, Debug)]
+pub(crate) struct MethodTypes {
+    pub(crate) input: prost_reflect::MessageDescriptor,
+    pub(crate) output: prost_reflect::MessageDescriptor,
+    /// The client sends a stream of messages (client-streaming or bidirectional).
+    pub(crate) client_streaming: bool,
+}
+
+/// A method's types in `pool` (`what`: where its descriptors came from).
 pub(crate) fn method_types(
     pool: &prost_reflect::DescriptorPool,
     what: &str,
     service: &str,
     method: &str,
-) -> Result<
-    (
-        prost_reflect::MessageDescriptor,
-        prost_reflect::MessageDescriptor,
-    ),
-    String,
-> {
+) -> Result<MethodTypes, String> {
     let svc = pool
         .get_service_by_name(service)
         .ok_or_else(|| format!("{what} has no service {service} (grpc.method)"))?;
@@ -503,29 +499,58 @@ pub(crate) fn method_types(
         .methods()
         .find(|m| m.name() == method)
         .ok_or_else(|| format!("service {service} has no method {method}"))?;
-    if m.is_client_streaming() || m.is_server_streaming() {
-        return Err(format!(
-            "{service}/{method} streams: only unary calls are supported"
-        ));
-    }
-    Ok((m.input(), m.output()))
+    Ok(MethodTypes {
+        input: m.input(),
+        output: m.output(),
+        client_streaming: m.is_client_streaming(),
+    })
 }
 
-/// A request given as JSON (`grpc.json`), encoded as `input`; at most [`MAX_BODY`] bytes.
-pub(crate) fn encode_json(
-    input: &prost_reflect::MessageDescriptor,
-    json: &Value,
-) -> Result<Vec<u8>, String> {
-    let m = prost_reflect::DynamicMessage::deserialize(input.clone(), json.clone())
-        .map_err(|e| format!("grpc.json is not a {}: {e}", input.full_name()))?;
-    let bytes = prost::Message::encode_to_vec(&m);
-    if bytes.len() > MAX_BODY {
+/// The request body of a call given as JSON (`grpc.json`): one message of the input type, or,
+/// for a method the client streams to, a list of them (sent in order, then the stream ends); at
+/// most [`MAX_BODY`] bytes and [`MAX_STREAM_MESSAGES`] messages.
+pub(crate) fn encode_json(types: &MethodTypes, json: &Value) -> Result<Vec<u8>, String> {
+    let input = &types.input;
+    let one = |json: &Value| -> Result<Vec<u8>, String> {
+        let m = prost_reflect::DynamicMessage::deserialize(input.clone(), json.clone())
+            .map_err(|e| format!("grpc.json is not a {}: {e}", input.full_name()))?;
+        Ok(frame(prost::Message::encode_to_vec(&m)))
+    };
+    let body = match (json, types.client_streaming) {
+        (Value::Array(list), true) => {
+            if list.is_empty() || list.len() > MAX_STREAM_MESSAGES {
+                return Err(format!(
+                    "grpc.json: a list of 1 to {MAX_STREAM_MESSAGES} messages (the method streams them), not {}",
+                    list.len()
+                ));
+            }
+            let mut body = Vec::new();
+            for m in list {
+                body.extend(one(m)?);
+            }
+            body
+        }
+        (_, true) => {
+            return Err(format!(
+                "grpc.json: the method takes a stream of {}: give a list of messages",
+                input.full_name()
+            ));
+        }
+        (Value::Array(_), false) => {
+            return Err(format!(
+                "grpc.json: the method takes one {}, not a list",
+                input.full_name()
+            ));
+        }
+        (json, false) => one(json)?,
+    };
+    if body.len() > MAX_BODY + 5 {
         return Err(format!(
-            "a message of {} bytes: at most {MAX_BODY}",
-            bytes.len()
+            "a request of {} bytes: at most {MAX_BODY}",
+            body.len()
         ));
     }
-    Ok(bytes)
+    Ok(body)
 }
 
 /// One gRPC message on the wire: uncompressed, its 4-byte big-endian length, the bytes.
@@ -628,6 +653,47 @@ impl Check {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The demo gRPC service's descriptors (dataplane/demo-apps/proto): unary Hello and
+    /// bidirectional Chat.
+    fn demo_method(method: &str) -> MethodTypes {
+        let pool = prost_reflect::DescriptorPool::decode(
+            &include_bytes!("../../../dataplane/demo-apps/proto/demo.fds")[..],
+        )
+        .unwrap();
+        method_types(&pool, "demo.fds", "spur.demo.v1.Demo", method).unwrap()
+    }
+
+    /// A method the client streams to takes a list of messages, framed one after another; a
+    /// unary one takes one message, not a list; both are bounded.
+    #[test]
+    fn streaming_calls_take_a_list_of_messages() {
+        let chat = demo_method("Chat");
+        assert!(chat.client_streaming);
+        let body = encode_json(&chat, &serde_json::json!([{"name": "a"}, {"name": "bb"}])).unwrap();
+        let frames = messages(&body).unwrap();
+        assert_eq!(frames.len(), 2);
+        assert_eq!(frames[1], b"\x0a\x02bb");
+        let e = encode_json(&chat, &serde_json::json!({"name": "a"})).unwrap_err();
+        assert!(e.contains("give a list of messages"), "{e}");
+        let many = Value::Array(vec![serde_json::json!({}); MAX_STREAM_MESSAGES + 1]);
+        assert!(
+            encode_json(&chat, &many)
+                .unwrap_err()
+                .contains("a list of 1 to")
+        );
+        assert!(encode_json(&chat, &serde_json::json!([])).is_err());
+
+        let hello = demo_method("Hello");
+        assert!(!hello.client_streaming);
+        let e = encode_json(&hello, &serde_json::json!([{"name": "a"}])).unwrap_err();
+        assert!(
+            e.contains("takes one spur.demo.v1.HelloRequest, not a list"),
+            "{e}"
+        );
+        let body = encode_json(&hello, &serde_json::json!({"name": "a"})).unwrap();
+        assert_eq!(messages(&body).unwrap(), [b"\x0a\x01a"]);
+    }
 
     fn http_step(name: &str, url: &str) -> Step {
         Step {
