@@ -485,6 +485,7 @@ async fn preview_url_injects_the_key_through_the_agent_and_refuses_the_unauthent
         "spur_hub_preview_requests_total{code=\"504\"}",
         "spur_hub_clusters_connected 2",
         "spur_hub_preview_upstream_seconds_count",
+        "spur_hub_database_errors_total 0",
     ] {
         assert!(scraped.contains(needle), "{needle} not in:\n{scraped}");
     }

@@ -200,6 +200,11 @@ impl Hub {
             );
         }
         let metrics = crate::metrics::Metrics::register(registry);
+        registry.register(
+            "database_errors",
+            "Hub calls that failed in its database (unreachable, timed out, a conflict that did not resolve): logins, new agent sessions and registry changes fail with them",
+            store.database_errors(),
+        );
         let clusters = Clusters::default().with_metrics(metrics.clone());
         let catalog = Catalog::default();
         let preview = match (&config.preview, carriers) {

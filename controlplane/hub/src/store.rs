@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use prometheus_client::metrics::counter::Counter;
 use rusqlite::Connection;
 
 use crate::Error;
@@ -80,6 +81,8 @@ pub enum Database {
 #[derive(Clone)]
 pub struct Store {
     db: Arc<Backend>,
+    /// Calls that failed in the database (`database_errors_total`, registered by the server).
+    errors: Counter,
 }
 
 enum Backend {
@@ -132,6 +135,7 @@ impl Store {
         pg.migrate(schema::migrate_postgres)?;
         Ok(Store {
             db: Arc::new(Backend::Postgres(Box::new(pg))),
+            errors: Counter::default(),
         })
     }
 
@@ -146,6 +150,7 @@ impl Store {
         schema::migrate_sqlite(&conn)?;
         Ok(Store {
             db: Arc::new(Backend::Sqlite(Mutex::new(conn))),
+            errors: Counter::default(),
         })
     }
 
@@ -155,45 +160,63 @@ impl Store {
         m.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The count of calls that failed in the database (unreachable, timed out, a conflict that
+    /// did not resolve), for the server's `/metrics`: previews, logins and registry commands
+    /// fail with them.
+    pub fn database_errors(&self) -> Counter {
+        self.errors.clone()
+    }
+
+    /// Counts a call's database error.
+    fn counted<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
+        // Unavailable: PostgreSQL did not answer within the call's deadline.
+        if let Err(Error::Db(_) | Error::Unavailable(_)) = &r {
+            self.errors.inc();
+        }
+        r
+    }
+
     /// Runs `f` on the connection: for single statements and reads.
     fn read<T>(&self, f: impl FnOnce(&mut dyn Sql) -> Result<T, Error>) -> Result<T, Error> {
-        match &*self.db {
+        self.counted(match &*self.db {
             Backend::Sqlite(m) => f(&mut Sqlite(&Self::sqlite(m))),
             Backend::Postgres(pg) => pg.read(f),
-        }
+        })
     }
 
     /// Runs `f`, which only reads, in one transaction: its reads see one state.
     fn snapshot<T>(&self, f: impl FnOnce(&mut dyn Sql) -> Result<T, Error>) -> Result<T, Error> {
-        match &*self.db {
+        self.counted(match &*self.db {
             Backend::Sqlite(m) => {
                 let mut conn = Self::sqlite(m);
-                let tx = conn.transaction().map_err(dbe)?;
-                f(&mut Sqlite(&tx))
+                conn.transaction()
+                    .map_err(dbe)
+                    .and_then(|tx| f(&mut Sqlite(&tx)))
             }
             Backend::Postgres(pg) => pg.snapshot(f),
-        }
+        })
     }
 
     /// Runs `f` in one transaction and commits it. On PostgreSQL `f` may run more than once
     /// (a conflicting concurrent transaction makes it start again), so it only touches the
     /// database.
     fn write<T>(&self, mut f: impl FnMut(&mut dyn Sql) -> Result<T, Error>) -> Result<T, Error> {
-        match &*self.db {
+        self.counted(match &*self.db {
             Backend::Sqlite(m) => {
                 let mut conn = Self::sqlite(m);
                 // IMMEDIATE: the write lock is taken at the start (waiting up to the busy
                 // timeout for another writer), so a read-then-write never meets a commit of
                 // the CLI's in between (SQLITE_BUSY_SNAPSHOT, which no timeout retries).
-                let tx = conn
-                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-                    .map_err(dbe)?;
-                let v = f(&mut Sqlite(&tx))?;
-                tx.commit().map_err(dbe)?;
-                Ok(v)
+                conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                    .map_err(dbe)
+                    .and_then(|tx| {
+                        let v = f(&mut Sqlite(&tx))?;
+                        tx.commit().map_err(dbe)?;
+                        Ok(v)
+                    })
             }
             Backend::Postgres(pg) => pg.write(f),
-        }
+        })
     }
 
     /// Registers `name` and returns its token (shown once; only its hash is kept). A revoked

@@ -430,6 +430,8 @@ async fn a_server_that_stops_answering_fails_calls_within_the_deadline() {
     let took = started.elapsed();
     pg.resume();
     assert!(err.contains("did not answer"), "{err}");
+    // Counted for the hub's `spur_hub_database_errors_total` (alert SpurHubDatabaseErrors).
+    assert_eq!(store.database_errors().get(), 1);
     assert!(
         took >= Duration::from_secs(10) && took < Duration::from_secs(40),
         "the stalled call ended after {took:?}"
@@ -437,4 +439,9 @@ async fn a_server_that_stops_answering_fails_calls_within_the_deadline() {
     let s = store.clone();
     let listed = blocking(move || s.clusters()).await.unwrap();
     assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(
+        store.database_errors().get(),
+        1,
+        "a call that worked is not counted"
+    );
 }
