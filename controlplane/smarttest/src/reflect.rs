@@ -128,6 +128,7 @@ fn apply(r: &mut PreparedRequest, reflect: &Reflect, pool: &DescriptorPool) -> R
     if let Some(json) = &reflect.json {
         r.body = crate::spec::encode_json(&types, json)?;
     }
+    r.grpc_server_streaming = types.server_streaming;
     r.grpc_output = Some(types.output);
     Ok(())
 }
@@ -232,6 +233,7 @@ async fn call(step: &Prepared, api: &str, asks: &[Ask]) -> Result<Vec<u8>, Walk>
             ],
             body,
             grpc_output: None,
+            grpc_server_streaming: false,
             reflect: None,
         },
         timeout: step.timeout,

@@ -81,11 +81,12 @@ pub async fn run(steps: &[Prepared], key: &str) -> RunReport {
                 sandbox.duration_micros = sandbox.duration_micros.min(again.duration_micros);
             }
         }
+        let streams = step.request.grpc_server_streaming;
         let decoded = step.request.grpc_output.as_ref().map(|output| {
             [
-                decode(output, &first),
-                decode(output, &second),
-                decode(output, &sandbox),
+                decode(output, streams, &first),
+                decode(output, streams, &second),
+                decode(output, streams, &sandbox),
             ]
         });
         // JSON paths read the decoded message; everything else the answer as it came.
@@ -356,13 +357,17 @@ impl RunReport {
     }
 }
 
+/// Most messages of one answer decoded to JSON; an answer with more is compared as it came.
+const MAX_DECODED: usize = 1000;
+
 /// A gRPC answer with its messages decoded as `output` and written as JSON (one message: the
-/// object; several: an array), so the diff compares them field by field and JSON paths read them.
+/// object; several, or a stream's: an array), so the diff compares them field by field and JSON
+/// paths read them.
 /// Every field is written, defaults too: in protobuf a field left out reads as its default, and
 /// a field that went to its default is a value change, not a removal. An answer that does not
 /// decode (compressed, cut, not of that type) is kept as it came: the diff then compares its
 /// bytes.
-fn decode(output: &prost_reflect::MessageDescriptor, x: &Exchange) -> Exchange {
+fn decode(output: &prost_reflect::MessageDescriptor, streams: bool, x: &Exchange) -> Exchange {
     let mut view = x.clone();
     let Some(body) = &x.response_body else {
         return view;
@@ -370,7 +375,9 @@ fn decode(output: &prost_reflect::MessageDescriptor, x: &Exchange) -> Exchange {
     if !x.error.is_empty() || body.truncated {
         return view;
     }
-    let Some(frames) = crate::spec::messages(&body.data) else {
+    // Bounded: every field of every message is written, so a great many (empty) messages
+    // would make a far larger JSON than the answer they came in.
+    let Some(frames) = crate::spec::messages(&body.data).filter(|f| f.len() <= MAX_DECODED) else {
         return view;
     };
     let mut messages = Vec::new();
@@ -386,8 +393,8 @@ fn decode(output: &prost_reflect::MessageDescriptor, x: &Exchange) -> Exchange {
         messages.push(json);
     }
     let json = match messages.len() {
-        0 => return view,
-        1 => messages.remove(0),
+        0 if !streams => return view,
+        1 if !streams => messages.remove(0),
         _ => Value::Array(messages),
     };
     let data = json.to_string().into_bytes();
@@ -506,6 +513,41 @@ mod tests {
     use super::*;
     use crate::spec::{HeaderCheck, JsonPathCheck};
     use spur_proto::traffic::{Body, Header};
+
+    /// A stream's answer is a list even when it holds one message (so `$[0].x` reads it, and a
+    /// stream that gives one message more or less is a list's change); a unary answer is the
+    /// message itself.
+    #[test]
+    fn a_streamed_answer_is_a_list_even_of_one() {
+        let pool = prost_reflect::DescriptorPool::decode(
+            &include_bytes!("../../../dataplane/demo-apps/proto/demo.fds")[..],
+        )
+        .unwrap();
+        let reply = pool
+            .get_message_by_name("spur.demo.v1.HelloReply")
+            .unwrap();
+        // message "hi" (field 1), once.
+        let body = crate::spec::frame(b"\x0a\x02hi".to_vec());
+        let x = Exchange {
+            response_body: Some(Body {
+                size: body.len() as u64,
+                data: body,
+                truncated: false,
+            }),
+            ..Exchange::default()
+        };
+        let json = |x: &Exchange| -> serde_json::Value {
+            serde_json::from_slice(&x.response_body.as_ref().unwrap().data).unwrap()
+        };
+        assert_eq!(json(&decode(&reply, true, &x))[0]["message"], "hi");
+        assert_eq!(json(&decode(&reply, false, &x))["message"], "hi");
+        // An empty stream is an empty list.
+        let empty = Exchange {
+            response_body: Some(Body::default()),
+            ..Exchange::default()
+        };
+        assert_eq!(json(&decode(&reply, true, &empty)), serde_json::json!([]));
+    }
 
     fn answer(body: &str) -> Exchange {
         Exchange {

@@ -198,6 +198,8 @@ pub struct PreparedRequest {
     /// A gRPC answer's message type, when the step gave a descriptor set: its answers are
     /// decoded to JSON for the checks and the diff.
     pub grpc_output: Option<prost_reflect::MessageDescriptor>,
+    /// The method's answer is a stream: decoded, it is always a list, even of one message.
+    pub grpc_server_streaming: bool,
     /// Set while the step's types are still to be learned by reflection (`reflect::resolve`
     /// clears it): the request's body is then empty until its JSON is encoded.
     pub reflect: Option<Reflect>,
@@ -347,6 +349,7 @@ impl HttpRequest {
         }
         Ok(PreparedRequest {
             grpc_output: None,
+            grpc_server_streaming: false,
             reflect: None,
             grpc: false,
             method,
@@ -413,7 +416,7 @@ impl GrpcRequest {
                     .map_err(|e| format!("grpc.messageBase64: {e}"))?;
                 if message.len() > MAX_BODY {
                     return Err(format!(
-                        "a message of {} bytes: at most {MAX_BODY}",
+                        "grpc.messageBase64: a message of {} bytes: at most {MAX_BODY}",
                         message.len()
                     ));
                 }
@@ -450,6 +453,7 @@ impl GrpcRequest {
             path_and_query: format!("/{service}/{method}"),
             headers,
             body,
+            grpc_server_streaming: types.as_ref().is_some_and(|t| t.server_streaming),
             grpc_output: types.map(|t| t.output),
             reflect,
         })
@@ -483,6 +487,8 @@ pub(crate) struct MethodTypes {
     pub(crate) output: prost_reflect::MessageDescriptor,
     /// The client sends a stream of messages (client-streaming or bidirectional).
     pub(crate) client_streaming: bool,
+    /// The server answers with a stream (server-streaming or bidirectional).
+    pub(crate) server_streaming: bool,
 }
 
 /// A method's types in `pool` (`what`: where its descriptors came from).
@@ -503,6 +509,7 @@ pub(crate) fn method_types(
         input: m.input(),
         output: m.output(),
         client_streaming: m.is_client_streaming(),
+        server_streaming: m.is_server_streaming(),
     })
 }
 
@@ -544,13 +551,19 @@ pub(crate) fn encode_json(types: &MethodTypes, json: &Value) -> Result<Vec<u8>, 
         }
         (json, false) => one(json)?,
     };
-    if body.len() > MAX_BODY + 5 {
+    // The frames' 5-byte headers are not counted.
+    let bytes = body.len() - 5 * body_messages(&body);
+    if bytes > MAX_BODY {
         return Err(format!(
-            "a request of {} bytes: at most {MAX_BODY}",
-            body.len()
+            "grpc.json: a request of {bytes} bytes: at most {MAX_BODY}"
         ));
     }
     Ok(body)
+}
+
+/// How many frames `frame` put in a body it wrote.
+fn body_messages(body: &[u8]) -> usize {
+    messages(body).map_or(0, |m| m.len())
 }
 
 /// One gRPC message on the wire: uncompressed, its 4-byte big-endian length, the bytes.

@@ -99,7 +99,9 @@ async fn handle(
                             // Served as HTTP: the HTTP/1 relay may take the connection for
                             // its first request to the application (it is idle, unused).
                             Ok(Some((p, prefix))) => {
-                                if let (Protocol::Http1, Some(server)) = (p, server) {
+                                if let (Protocol::Http1, Some(server), true) =
+                                    (p, server, config.http1_relay)
+                                {
                                     shared
                                         .pool
                                         .put_raw(Upstream::Original(original_dst), server);
@@ -194,10 +196,16 @@ async fn first_speaker(
             return Err("draining while neither side spoke");
         }
     };
-    let client_spoke = match spoke {
-        Spoke::Client => matches!(client.peek(&mut c).await, Ok(n) if n > 0),
-        Spoke::Server { .. } => false,
+    let client = match spoke {
+        Spoke::Client => client.peek(&mut c).await,
+        Spoke::Server { .. } => Ok(0),
     };
+    // A client that failed (a reset) is gone: nothing to splice.
+    let Ok(read) = client else {
+        metrics.silent(Silent::Nobody);
+        return Ok(First::Nobody);
+    };
+    let client_spoke = read > 0;
     match (spoke, client_spoke, server) {
         (_, true, server) => {
             metrics.silent(Silent::Client);

@@ -192,22 +192,22 @@ async fn a_killed_worker_loses_no_new_connection() {
 
 /// A worker whose supervisor died before the worker asked to be stopped with it (the
 /// `PR_SET_PDEATHSIG` race) finds its parent is not the supervisor it was started by, and exits
-/// at once instead of serving on unsupervised. (Here the "supervisor" named is pid 1, which is
-/// not the test's own pid, the worker's parent.)
+/// at once instead of serving on unsupervised. (The "supervisor" named is a pid above Linux's
+/// largest, so never the test's own, the worker's parent.)
 #[test]
 fn a_worker_whose_supervisor_is_already_gone_does_not_serve() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_spur-sidecar"))
         .args(["--inbound-addr", "127.0.0.1:0", "--app-addr", "127.0.0.1:9"])
         .args(["--baseline-namespace", "test", "--baseline-name", "app"])
         .env("SPUR_SIDECAR_WORKER", "0")
-        .env("SPUR_SIDECAR_SUPERVISOR", "1")
+        .env("SPUR_SIDECAR_SUPERVISOR", "4194305")
         .stdout(Stdio::null())
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("the supervisor that started this worker (pid 1) is gone"),
+        err.contains("the supervisor that started this worker (pid 4194305) is gone"),
         "{err}"
     );
 }

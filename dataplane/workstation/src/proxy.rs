@@ -162,14 +162,16 @@ async fn serve_one(
             biased;
             r = up.read(&mut greeting) => Some(r?),
             r = tcp.peek(&mut one) => match r {
-                Ok(n) if n > 0 => None,
-                // Closed or half-closed without a byte: carried on as opaque, so a server's
-                // answer to the half-close still arrives.
-                _ => Some(0),
+                Ok(0) => Some(0),
+                Ok(_) => None,
+                // Reset: gone.
+                Err(_) => return Ok(()),
             },
         };
         if let Some(n) = server_first {
-            // The server's greeting (or its close) first: a server-first protocol.
+            // The server's greeting (or its close) first: a server-first protocol. Or the
+            // client half-closed without a byte: carried on as opaque too, so the server's
+            // answer to that still arrives.
             tcp.write_all(&greeting[..n]).await?;
             splice(tcp, up).await?;
             return Ok(());
