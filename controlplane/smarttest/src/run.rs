@@ -523,9 +523,7 @@ mod tests {
             &include_bytes!("../../../dataplane/demo-apps/proto/demo.fds")[..],
         )
         .unwrap();
-        let reply = pool
-            .get_message_by_name("spur.demo.v1.HelloReply")
-            .unwrap();
+        let reply = pool.get_message_by_name("spur.demo.v1.HelloReply").unwrap();
         // message "hi" (field 1), once.
         let body = crate::spec::frame(b"\x0a\x02hi".to_vec());
         let x = Exchange {
