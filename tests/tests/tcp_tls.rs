@@ -371,9 +371,11 @@ async fn a_silent_client_that_then_speaks_opaque_uses_the_connection_opened_for_
     assert_eq!(connections(admin, "tcp").await, 1.0);
 
     // Silent, then a half-close without a byte: the application sees the FIN and its goodbye
-    // comes back.
+    // comes back. While it waits, the connection is counted as waiting.
     let mut stream = TcpStream::connect(env.addr()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let m = metrics(admin).await;
+    assert_eq!(sample(&m, "spur_detect_silent_waiting"), 1.0, "{m}");
     stream.shutdown().await.unwrap();
     let rest = read_to_end(&mut stream).await;
     assert_eq!(String::from_utf8_lossy(&rest), "bye from baseline\n");
@@ -384,6 +386,7 @@ async fn a_silent_client_that_then_speaks_opaque_uses_the_connection_opened_for_
         1.0,
         "{m}"
     );
+    assert_eq!(sample(&m, "spur_detect_silent_waiting"), 0.0, "{m}");
     assert_eq!(connections(admin, "tcp").await, 2.0);
     assert_eq!(env.shutdown().await, 0, "connections left at shutdown");
 }

@@ -157,6 +157,7 @@ async fn first_speaker(
     drain: &Drain,
 ) -> Result<First, &'static str> {
     let metrics = &shared.metrics;
+    let _waiting = metrics.silent_waiting();
     // Without it no server can greet; the client's first bytes still decide (an opaque client
     // then finds the application unreachable, as before).
     let server = match shared

@@ -69,7 +69,7 @@ struct PerProtocol {
 /// `requests_total{outcome}`, `request_duration_seconds{outcome}` (time to response headers),
 /// `connections_total{protocol}`, `active_connections{protocol}`,
 /// `upstream_connects_total{result}`, `pool_stale_closed_total`, `http1_handovers_total`,
-/// `kafka_refused_connections_total`, `detect_silent_total{first}`.
+/// `kafka_refused_connections_total`, `detect_silent_total{first}`, `detect_silent_waiting`.
 #[derive(Clone, Debug)]
 pub struct Metrics {
     baseline: PerOutcome,
@@ -88,6 +88,7 @@ pub struct Metrics {
     silent_client: Counter,
     silent_server: Counter,
     silent_nobody: Counter,
+    silent_waiting: Gauge,
 }
 
 impl Metrics {
@@ -103,6 +104,12 @@ impl Metrics {
         let handovers = Counter::default();
         let kafka_refused = Counter::default();
         let silent = Family::<FirstLabels, Counter>::default();
+        let silent_waiting = Gauge::default();
+        registry.register(
+            "detect_silent_waiting",
+            "Inbound connections silent past detectTimeout that wait for either side to speak (not yet in active_connections)",
+            silent_waiting.clone(),
+        );
         registry.register(
             "detect_silent",
             "Inbound connections whose client sent nothing within detectTimeout, by who spoke first: client (detected then, e.g. an HTTP pool's spare connection), server (a server-first protocol, opaque) or nobody",
@@ -200,6 +207,7 @@ impl Metrics {
             silent_client,
             silent_server,
             silent_nobody,
+            silent_waiting,
         }
     }
 
@@ -237,6 +245,12 @@ impl Metrics {
             Silent::Server => self.silent_server.inc(),
             Silent::Nobody => self.silent_nobody.inc(),
         };
+    }
+
+    /// Counts a silent connection in `detect_silent_waiting` until the guard drops.
+    pub(crate) fn silent_waiting(&self) -> ActiveGuard {
+        self.silent_waiting.inc();
+        ActiveGuard(self.silent_waiting.clone())
     }
 
     pub(crate) fn kafka_refused(&self) {
