@@ -178,12 +178,11 @@ async fn first_speaker(
                 biased;
                 // Data, a close or an error from the application: it is not waiting for HTTP.
                 r = server.peek(&mut s) => Spoke::Server { data: matches!(r, Ok(n) if n > 0) },
-                _ = client.peek(&mut c) => Spoke::Client,
+                r = client.peek(&mut c) => Spoke::Client { read: r.ok() },
             },
-            None => {
-                let _ = client.peek(&mut c).await;
-                Spoke::Client
-            }
+            None => Spoke::Client {
+                read: client.peek(&mut c).await.ok(),
+            },
         }
     };
     // Like an idle keep-alive connection, a silent one is closed when the proxy drains.
@@ -197,43 +196,27 @@ async fn first_speaker(
             return Err("draining while neither side spoke");
         }
     };
-    let client = match spoke {
-        Spoke::Client => client.peek(&mut c).await,
-        Spoke::Server { .. } => Ok(0),
-    };
-    // A client that failed (a reset) is gone: nothing to splice.
-    let Ok(read) = client else {
-        metrics.silent(Silent::Nobody);
-        return Ok(First::Nobody);
-    };
-    let client_spoke = read > 0;
-    match (spoke, client_spoke, server) {
-        (_, true, server) => {
-            metrics.silent(Silent::Client);
-            Ok(First::Client(server))
+    let (first, counted) = match (spoke, server) {
+        (Spoke::Client { read: Some(n) }, server) if n > 0 => {
+            (First::Client(server), Silent::Client)
         }
+        // A client that failed (a reset) is gone: nothing to splice.
+        (Spoke::Client { read: None }, _) => (First::Nobody, Silent::Nobody),
         // The application spoke, or one side closed (an application timing out an idle
         // connection, a client half-closing without a byte): spliced as any opaque connection,
         // so a close reaches the other side and an answer to a half-close still arrives.
-        (spoke, false, Some(server)) => {
-            metrics.silent(match spoke {
-                Spoke::Server { data: true } => Silent::Server,
-                _ => Silent::Nobody,
-            });
-            Ok(First::Opaque(server))
-        }
-        (_, false, None) => {
-            metrics.silent(Silent::Nobody);
-            Ok(First::Nobody)
-        }
-    }
+        (Spoke::Server { data: true }, Some(server)) => (First::Opaque(server), Silent::Server),
+        (_, Some(server)) => (First::Opaque(server), Silent::Nobody),
+        (_, None) => (First::Nobody, Silent::Nobody),
+    };
+    metrics.silent(counted);
+    Ok(first)
 }
 
 /// What ended the wait in [`first_speaker`].
-#[derive(Clone, Copy)]
 enum Spoke {
     /// The application sent bytes (`data`), or closed or failed.
     Server { data: bool },
-    /// The client sent bytes, or closed.
-    Client,
+    /// The client sent bytes (`read` > 0), closed (0) or failed (`None`).
+    Client { read: Option<usize> },
 }
