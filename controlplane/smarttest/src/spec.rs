@@ -521,9 +521,9 @@ pub(crate) fn encode_json(types: &MethodTypes, json: &Value) -> Result<Vec<u8>, 
     let one = |json: &Value| -> Result<Vec<u8>, String> {
         let m = prost_reflect::DynamicMessage::deserialize(input.clone(), json.clone())
             .map_err(|e| format!("grpc.json is not a {}: {e}", input.full_name()))?;
-        Ok(frame(prost::Message::encode_to_vec(&m)))
+        Ok(prost::Message::encode_to_vec(&m))
     };
-    let body = match (json, types.client_streaming) {
+    let messages = match (json, types.client_streaming) {
         (Value::Array(list), true) => {
             if list.is_empty() || list.len() > MAX_STREAM_MESSAGES {
                 return Err(format!(
@@ -531,11 +531,7 @@ pub(crate) fn encode_json(types: &MethodTypes, json: &Value) -> Result<Vec<u8>, 
                     list.len()
                 ));
             }
-            let mut body = Vec::new();
-            for m in list {
-                body.extend(one(m)?);
-            }
-            body
+            list.iter().map(one).collect::<Result<Vec<_>, _>>()?
         }
         (_, true) => {
             return Err(format!(
@@ -549,20 +545,15 @@ pub(crate) fn encode_json(types: &MethodTypes, json: &Value) -> Result<Vec<u8>, 
                 input.full_name()
             ));
         }
-        (json, false) => one(json)?,
+        (json, false) => vec![one(json)?],
     };
-    // The frames' 5-byte headers are not counted.
-    let count = match json {
-        Value::Array(list) => list.len(),
-        _ => 1,
-    };
-    let bytes = body.len().saturating_sub(5 * count);
+    let bytes: usize = messages.iter().map(Vec::len).sum();
     if bytes > MAX_BODY {
         return Err(format!(
             "grpc.json: a request of {bytes} bytes: at most {MAX_BODY}"
         ));
     }
-    Ok(body)
+    Ok(messages.into_iter().flat_map(frame).collect())
 }
 
 /// One gRPC message on the wire: uncompressed, its 4-byte big-endian length, the bytes.
