@@ -163,6 +163,58 @@ impl Authorizer {
             .await
     }
 
+    /// Whether the caller of StartRunCapture or EndRunCapture may capture a run of `sandbox`:
+    /// `update` on its `sandboxes/capture` (the right that switches its capture on). The
+    /// user it names is returned, for [`Authorizer::run_namespaces`]. PERMISSION_DENIED when
+    /// RBAC says no.
+    pub async fn run_capturer(
+        &self,
+        metadata: &MetadataMap,
+        sandbox: &str,
+    ) -> Result<Option<UserInfo>, Status> {
+        let token = bearer(metadata)?;
+        match self {
+            Authorizer::StaticToken(t) => t.check(token).map(|()| None),
+            Authorizer::Kube(k) => k.inner.run_capturer(token, sandbox).await.map(Some),
+        }
+    }
+
+    /// Whether `user` (from [`Authorizer::run_capturer`]; None: the static token) may create
+    /// Deployments in every one of `namespaces`, as creating a sandbox that forks from them
+    /// needs: a run captures there what baselines answer.
+    pub async fn run_namespaces<'a>(
+        &self,
+        user: Option<&UserInfo>,
+        namespaces: impl IntoIterator<Item = &'a String>,
+    ) -> Result<(), Status> {
+        let (Authorizer::Kube(k), Some(user)) = (self, user) else {
+            return Ok(());
+        };
+        for namespace in namespaces {
+            let attributes = ResourceAttributes {
+                group: Some("apps".into()),
+                resource: Some("deployments".into()),
+                verb: Some("create".into()),
+                namespace: Some(namespace.clone()),
+                ..ResourceAttributes::default()
+            };
+            let allowed = k
+                .inner
+                .reviewer
+                .access(user, attributes)
+                .await
+                .map_err(|e| Status::unavailable(e.to_string()))?;
+            if !allowed {
+                return Err(Status::permission_denied(format!(
+                    "{} may not create deployments in namespace {namespace}, where the run would \
+                     capture",
+                    who(user)
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// [`Authorizer::sidecar`] for `credentials`; `fresh` skips the cache (an open stream's
     /// re-check).
     pub async fn sidecar_with(
@@ -345,6 +397,30 @@ impl Kube {
         Ok(())
     }
 
+    async fn run_capturer(&self, token: &str, sandbox: &str) -> Result<UserInfo, Status> {
+        let user = self.review(token, AUDIENCE).await?;
+        let attributes = ResourceAttributes {
+            group: Some("spur.dev".into()),
+            resource: Some("sandboxes".into()),
+            subresource: Some("capture".into()),
+            verb: Some("update".into()),
+            name: Some(sandbox.to_string()),
+            ..ResourceAttributes::default()
+        };
+        let allowed = self
+            .reviewer
+            .access(&user, attributes)
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        if !allowed {
+            return Err(Status::permission_denied(format!(
+                "{} may not update sandboxes/capture in spur.dev for sandbox {sandbox}",
+                who(&user)
+            )));
+        }
+        Ok(user)
+    }
+
     fn cached(&self, token: &str, purpose: Purpose) -> Option<Identity> {
         self.cache.get(&(token.to_string(), purpose))
     }
@@ -414,6 +490,11 @@ impl Kube {
             .await
             .map_err(|e| Status::unavailable(e.to_string()))
     }
+}
+
+/// The user's name for an error message.
+fn who(user: &UserInfo) -> String {
+    user.username.clone().unwrap_or_else(|| "this user".into())
 }
 
 /// The pod a reviewed sidecar token was bound to.

@@ -6,6 +6,7 @@
 //! thousand sandboxes, so this is cheap) and [`SettingsIndex::replace`] wakes only the sidecars
 //! whose settings changed.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -14,6 +15,7 @@ use kube::{Api, Client, ResourceExt};
 use spur_api::Sandbox;
 use tokio_util::sync::CancellationToken;
 
+use crate::runs::SandboxEntry;
 use crate::settings::{SandboxSettings, SettingsFile, SettingsIndex, SettingsMap, WorkloadRef};
 
 /// What applies to every capturing sandbox (the chart's `traffic.capture` values).
@@ -30,10 +32,8 @@ pub struct ClusterCapture {
 pub fn compile(sandboxes: &[Sandbox], cluster: &ClusterCapture) -> SettingsMap {
     let mut redact = cluster.redact_headers.clone();
     let mut entries = Vec::new();
+    let mut directory = HashMap::new();
     for sb in sandboxes {
-        let Some(capture) = sb.spec.capture.as_ref().filter(|c| c.enabled) else {
-            continue;
-        };
         let Some(key) = sb
             .status
             .as_ref()
@@ -42,8 +42,7 @@ pub fn compile(sandboxes: &[Sandbox], cluster: &ClusterCapture) -> SettingsMap {
         else {
             continue;
         };
-        redact.extend(capture.redact_headers.iter().cloned());
-        let workloads = sb
+        let workloads: Vec<WorkloadRef> = sb
             .spec
             .forks
             .iter()
@@ -56,6 +55,19 @@ pub fn compile(sandboxes: &[Sandbox], cluster: &ClusterCapture) -> SettingsMap {
                 name: w.name.clone(),
             })
             .collect();
+        // Every sandbox with a key, capturing or not: a smart test's run capture
+        // (`crate::runs`) may name it.
+        directory.insert(
+            sb.name_any(),
+            SandboxEntry {
+                routing_key: key.clone(),
+                namespaces: workloads.iter().map(|w| w.namespace.clone()).collect(),
+            },
+        );
+        let Some(capture) = sb.spec.capture.as_ref().filter(|c| c.enabled) else {
+            continue;
+        };
+        redact.extend(capture.redact_headers.iter().cloned());
         entries.push(SandboxSettings {
             name: sb.name_any(),
             routing_key: key,
@@ -64,12 +76,14 @@ pub fn compile(sandboxes: &[Sandbox], cluster: &ClusterCapture) -> SettingsMap {
     }
     redact.sort();
     redact.dedup();
-    SettingsFile {
+    let mut map = SettingsFile {
         redact_headers: redact,
         max_body_bytes: cluster.max_body_bytes,
         sandboxes: entries,
     }
-    .compile()
+    .compile();
+    map.sandboxes = directory;
+    map
 }
 
 /// Keeps `index` in step with the cluster's Sandboxes until `stop`. Nothing is captured before

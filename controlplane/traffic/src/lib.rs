@@ -19,6 +19,7 @@
 mod auth;
 mod kube_settings;
 mod metrics;
+mod runs;
 mod service;
 mod settings;
 mod store;
@@ -39,11 +40,14 @@ pub use auth::{
 };
 pub use kube_settings::{ClusterCapture, compile as compile_sandboxes, watch_sandboxes};
 pub use metrics::{CallLabels, Metrics};
+pub use runs::{
+    DEFAULT_RUN_SECONDS, MAX_RUN_SECONDS, MAX_RUNS, MAX_RUNS_PER_SANDBOX, Run, SandboxEntry,
+};
 pub use service::{MAX_BATCH, MAX_MESSAGE_BYTES, TrafficService};
 pub use settings::{
     ALWAYS_REDACTED, Baseline, CAPTURE_GRACE, DEFAULT_MAX_BODY_BYTES, MAX_BODY_BYTES,
-    MAX_ROUTING_KEY, SandboxSettings, SettingsFile, SettingsIndex, SettingsMap, WorkloadRef,
-    is_header_name, is_routing_key, poll_file,
+    MAX_ROUTING_KEY, SandboxSettings, SettingsFile, SettingsIndex, SettingsMap, StartedRun,
+    WorkloadRef, is_header_name, is_routing_key, poll_file,
 };
 pub use store::{
     DEFAULT_QUERY_LIMIT, Limits, MAX_ID_LEN, MAX_QUERY_LIMIT, MAX_REPLY_BYTES, Store,
@@ -52,6 +56,8 @@ pub use store::{
 
 /// How often a settings file is read again.
 pub const SETTINGS_POLL: Duration = Duration::from_secs(1);
+/// How often run captures past their time are ended.
+const RUN_SWEEP: Duration = Duration::from_secs(1);
 /// How long open calls get to finish once the server drains.
 const DRAIN_GRACE: Duration = Duration::from_secs(20);
 
@@ -65,6 +71,12 @@ pub enum Error {
     /// A request the store refuses (a bad filter or exchange).
     #[error("{0}")]
     Invalid(String),
+    /// What a request names does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// A bound on what may exist at once was reached.
+    #[error("{0}")]
+    Exhausted(String),
     #[error("capture settings: {0}")]
     Settings(String),
     #[error("invalid configuration: {0}")]
@@ -219,6 +231,11 @@ impl Server {
                 inner_stop.clone(),
             ));
         }
+        tasks.spawn(sweep_runs(
+            settings.clone(),
+            metrics.clone(),
+            inner_stop.clone(),
+        ));
         let incoming =
             spur_serving::tls::incoming(self.listener, self.local, tls, &tasks, inner_stop.clone());
         let service =
@@ -240,5 +257,22 @@ impl Server {
             Ok(Ok(Err(e))) => Err(Error::Serve(e.to_string())),
             Ok(Err(e)) => Err(Error::Serve(format!("server task: {e}"))),
         }
+    }
+}
+
+/// Ends run captures past their time, every second, until `stop`: a runner that died without
+/// ending its run leaves no capture behind past the time it asked for.
+async fn sweep_runs(settings: SettingsIndex, metrics: Metrics, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(RUN_SWEEP);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let live = settings.sweep_runs();
+        metrics
+            .run_captures
+            .set(i64::try_from(live).unwrap_or(i64::MAX));
     }
 }

@@ -33,6 +33,8 @@ pub struct Metrics {
     pub settings_watchers: Gauge,
     /// Open streams ended because their caller's access lapsed (re-checked while open).
     pub streams_revoked: Counter,
+    /// Smart-test runs capturing now.
+    pub run_captures: Gauge,
 }
 
 impl Metrics {
@@ -79,6 +81,11 @@ impl Metrics {
             "streams_revoked",
             "Open WatchSettings and Tail streams ended because a re-check refused their caller",
             m.streams_revoked.clone(),
+        );
+        r.register(
+            "run_captures",
+            "Smart-test runs capturing now (StartRunCapture, until ended or expired)",
+            m.run_captures.clone(),
         );
         let s = store.shared();
         r.register(

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use spur_proto::traffic::traffic_server::{Traffic, TrafficServer};
 use spur_proto::traffic::{
-    CaptureSettings, PushReply, PushRequest, QueryReply, QueryRequest, StoredExchange, TailEvent,
-    TailRequest, WatchSettingsRequest,
+    CaptureSettings, EndRunCaptureReply, EndRunCaptureRequest, PushReply, PushRequest, QueryReply,
+    QueryRequest, RunCapture, StartRunCaptureRequest, StoredExchange, TailEvent, TailRequest,
+    WatchSettingsRequest,
 };
 use tokio::sync::{broadcast, mpsc};
 use tokio::time::{Duration, Instant};
@@ -164,6 +165,102 @@ impl TrafficService {
         Ok(QueryReply { exchanges })
     }
 
+    async fn start_run_inner(
+        &self,
+        req: Request<StartRunCaptureRequest>,
+    ) -> Result<RunCapture, Status> {
+        let sandbox = req.get_ref().sandbox.clone();
+        if sandbox.is_empty() || sandbox.len() > 253 {
+            return Err(Status::invalid_argument(
+                "sandbox: the name of a sandbox is required",
+            ));
+        }
+        // The sandbox's right first: whether it exists is nothing to tell someone without it.
+        let user = self.auth.run_capturer(req.metadata(), &sandbox).await?;
+        self.wait_loaded().await?;
+        let entry = self.settings.sandbox(&sandbox).ok_or_else(|| {
+            status(Error::NotFound(format!(
+                "sandbox {sandbox} has no routing key yet (or does not exist)"
+            )))
+        })?;
+        self.auth
+            .run_namespaces(user.as_ref(), &entry.namespaces)
+            .await?;
+        let id = random_hex(16).map_err(status)?;
+        let reference_key = format!("spur-run-{}", random_hex(10).map_err(status)?);
+        let started = self
+            .settings
+            .start_run(&sandbox, req.get_ref().seconds, id, reference_key)
+            .map_err(status)?;
+        self.metrics
+            .run_captures
+            .set(i64::try_from(self.settings.sweep_runs()).unwrap_or(i64::MAX));
+        let left = started
+            .run
+            .until
+            .saturating_duration_since(std::time::Instant::now());
+        let until = std::time::SystemTime::now() + left;
+        let until_unix_micros = until
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        tracing::info!(
+            sandbox = %sandbox,
+            namespaces = ?started.run.namespaces,
+            seconds = left.as_secs(),
+            watching = started.watching,
+            "run capture started"
+        );
+        Ok(RunCapture {
+            id: started.id,
+            routing_key: started.run.routing_key,
+            reference_key: started.run.reference_key,
+            namespaces: started.run.namespaces.into_iter().collect(),
+            until_unix_micros,
+            watching_baselines: u32::try_from(started.watching).unwrap_or(u32::MAX),
+        })
+    }
+
+    async fn end_run_inner(
+        &self,
+        req: Request<EndRunCaptureRequest>,
+    ) -> Result<EndRunCaptureReply, Status> {
+        let id = &req.get_ref().id;
+        // Unknown and ended look the same: an id is a secret, not something to probe for.
+        let run = self
+            .settings
+            .run(id)
+            .ok_or_else(|| Status::not_found("no such run capture (it ended, or expired)"))?;
+        let user = self.auth.run_capturer(req.metadata(), &run.sandbox).await?;
+        self.auth
+            .run_namespaces(user.as_ref(), &run.namespaces)
+            .await?;
+        self.settings.end_run(id);
+        self.metrics
+            .run_captures
+            .set(i64::try_from(self.settings.sweep_runs()).unwrap_or(i64::MAX));
+        tracing::info!(sandbox = %run.sandbox, "run capture ended");
+        Ok(EndRunCaptureReply {})
+    }
+
+    /// Waits, as a push does, for a store that just started to load its settings.
+    async fn wait_loaded(&self) -> Result<(), Status> {
+        if self.settings.is_loaded() {
+            return Ok(());
+        }
+        let deadline = (Instant::now() + LOAD_WAIT).min(self.started + LOAD_WINDOW);
+        let loaded = tokio::select! {
+            () = self.stop.cancelled() => false,
+            r = tokio::time::timeout_at(deadline, self.settings.loaded()) => r.is_ok(),
+        };
+        if loaded {
+            Ok(())
+        } else {
+            Err(Status::unavailable(
+                "the store has not loaded the cluster's sandboxes yet; retry",
+            ))
+        }
+    }
+
     async fn watch_inner(
         &self,
         req: Request<WatchSettingsRequest>,
@@ -227,6 +324,13 @@ impl TrafficService {
     }
 }
 
+/// `bytes` random bytes in lowercase hex.
+fn random_hex(bytes: usize) -> Result<String, Error> {
+    let mut buf = vec![0u8; bytes];
+    getrandom::fill(&mut buf).map_err(|e| Error::Serve(format!("no randomness: {e}")))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// Who pushed, for a static-token caller (trusted for everything): its exchanges' ids are
 /// compared only with each other.
 const STATIC_SOURCE: &str = "static-token";
@@ -241,6 +345,8 @@ fn status(e: Error) -> Status {
     match e {
         Error::Invalid(m) => Status::invalid_argument(m),
         Error::Closed => Status::unavailable("the store is shutting down"),
+        Error::NotFound(m) => Status::not_found(m),
+        Error::Exhausted(m) => Status::resource_exhausted(m),
         e => {
             // Logged where it happened; the client learns only that it failed.
             tracing::debug!(error = %e, "store call failed");
@@ -279,6 +385,24 @@ impl Traffic for TrafficService {
     async fn query(&self, req: Request<QueryRequest>) -> Result<Response<QueryReply>, Status> {
         let out = self.query_inner(req).await;
         self.metrics.call("Query", code(&out));
+        out.map(Response::new)
+    }
+
+    async fn start_run_capture(
+        &self,
+        req: Request<StartRunCaptureRequest>,
+    ) -> Result<Response<RunCapture>, Status> {
+        let out = self.start_run_inner(req).await;
+        self.metrics.call("StartRunCapture", code(&out));
+        out.map(Response::new)
+    }
+
+    async fn end_run_capture(
+        &self,
+        req: Request<EndRunCaptureRequest>,
+    ) -> Result<Response<EndRunCaptureReply>, Status> {
+        let out = self.end_run_inner(req).await;
+        self.metrics.call("EndRunCapture", code(&out));
         out.map(Response::new)
     }
 

@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
+use crate::runs::{DEFAULT_RUN_SECONDS, MAX_RUN_SECONDS, Refusal, Run, Runs, SandboxEntry};
 
 /// Headers whose values never leave a sidecar, whatever the settings say. Public so that the
 /// sidecar redacts the same list even before its first settings arrive.
@@ -81,11 +82,12 @@ impl TryFrom<&Workload> for Baseline {
 }
 
 /// Settings for every baseline: `baselines` for those that capture, `default` (no keys) for
-/// the rest.
+/// the rest; and every sandbox with a routing key, capturing or not, for run captures.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SettingsMap {
     pub default: CaptureSettings,
     pub baselines: HashMap<Baseline, CaptureSettings>,
+    pub sandboxes: HashMap<String, SandboxEntry>,
 }
 
 impl Default for SettingsMap {
@@ -98,6 +100,7 @@ impl Default for SettingsMap {
                 max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             },
             baselines: HashMap::new(),
+            sandboxes: HashMap::new(),
         }
     }
 }
@@ -132,6 +135,8 @@ struct State {
     /// (baseline, sandbox, routing key) captures the settings dropped, and when: they still
     /// count for [`CAPTURE_GRACE`].
     dropped: HashMap<(Baseline, String, String), Instant>,
+    /// Smart-test runs capturing whole namespaces for a while.
+    runs: Runs,
 }
 
 impl State {
@@ -140,8 +145,48 @@ impl State {
             map,
             watchers: HashMap::new(),
             dropped: HashMap::new(),
+            runs: Runs::default(),
         }
     }
+
+    /// What `baseline`'s sidecar follows: its sandboxes' keys and those of the runs capturing
+    /// in its namespace, sorted and without repeats (so equal inputs give equal settings).
+    fn effective(&self, baseline: &Baseline) -> CaptureSettings {
+        let mut settings = self.map.get(baseline).clone();
+        let before = settings.keys.len();
+        settings.keys.extend(self.runs.keys_in(&baseline.namespace));
+        if settings.keys.len() != before {
+            settings
+                .keys
+                .sort_by(|a, b| (&a.routing_key, &a.sandbox).cmp(&(&b.routing_key, &b.sandbox)));
+            settings.keys.dedup();
+        }
+        settings
+    }
+
+    /// Sends each watcher its settings if they changed.
+    fn refresh(&mut self) {
+        self.watchers.retain(|_, tx| tx.receiver_count() > 0);
+        for (baseline, tx) in &self.watchers {
+            let next = self.effective(baseline);
+            tx.send_if_modified(|current| {
+                if *current == next {
+                    return false;
+                }
+                *current = next;
+                true
+            });
+        }
+    }
+}
+
+/// A run capture as started: its id and what it captures where.
+#[derive(Debug, Clone)]
+pub struct StartedRun {
+    pub id: String,
+    pub run: Run,
+    /// Baselines in its namespaces with a watching sidecar.
+    pub watching: usize,
 }
 
 impl std::fmt::Debug for SettingsIndex {
@@ -150,6 +195,7 @@ impl std::fmt::Debug for SettingsIndex {
         f.debug_struct("SettingsIndex")
             .field("baselines", &state.map.baselines.len())
             .field("watched", &state.watchers.len())
+            .field("runs", &state.runs.live())
             .finish()
     }
 }
@@ -206,6 +252,95 @@ impl SettingsIndex {
                     routing_key.to_string(),
                 ))
                 .is_some_and(|at| at.elapsed() < CAPTURE_GRACE)
+            || state.runs.captures(
+                &baseline.namespace,
+                sandbox,
+                routing_key,
+                Instant::now(),
+                CAPTURE_GRACE,
+            )
+    }
+
+    /// The sandbox named `sandbox` as the settings know it (every sandbox with a routing key).
+    pub fn sandbox(&self, sandbox: &str) -> Option<SandboxEntry> {
+        self.state().map.sandboxes.get(sandbox).cloned()
+    }
+
+    /// Starts capturing for a smart-test run of `sandbox` for `seconds` (0: the default): its
+    /// key and `reference_key` at every baseline of the namespaces it forks from. The watchers
+    /// there are sent their new settings before this returns. `id` and `reference_key` are the
+    /// caller's (random: [`crate::runs`] does not make them).
+    pub fn start_run(
+        &self,
+        sandbox: &str,
+        seconds: u32,
+        id: String,
+        reference_key: String,
+    ) -> Result<StartedRun, Error> {
+        if seconds > MAX_RUN_SECONDS {
+            return Err(Error::Invalid(format!(
+                "seconds: {seconds} is more than {MAX_RUN_SECONDS}"
+            )));
+        }
+        let seconds = if seconds == 0 {
+            DEFAULT_RUN_SECONDS
+        } else {
+            seconds
+        };
+        let mut state = self.state();
+        let entry = state.map.sandboxes.get(sandbox).cloned().ok_or_else(|| {
+            Error::NotFound(format!(
+                "sandbox {sandbox} has no routing key yet (or does not exist)"
+            ))
+        })?;
+        if entry.namespaces.is_empty() {
+            return Err(Error::Invalid(format!(
+                "sandbox {sandbox} forks no workload: there is nowhere to capture"
+            )));
+        }
+        let now = Instant::now();
+        let run = Run {
+            sandbox: sandbox.to_string(),
+            routing_key: entry.routing_key,
+            reference_key,
+            namespaces: entry.namespaces,
+            until: now + Duration::from_secs(u64::from(seconds)),
+        };
+        state
+            .runs
+            .start(id.clone(), run.clone(), now)
+            .map_err(|Refusal::TooMany(m)| Error::Exhausted(m))?;
+        state.refresh();
+        let watching = state
+            .watchers
+            .keys()
+            .filter(|b| run.namespaces.contains(&b.namespace))
+            .count();
+        Ok(StartedRun { id, run, watching })
+    }
+
+    /// The live run `id`.
+    pub fn run(&self, id: &str) -> Option<Run> {
+        self.state().runs.get(id).cloned()
+    }
+
+    /// Ends run `id`; whether it was live. Its exchanges still count for [`CAPTURE_GRACE`].
+    pub fn end_run(&self, id: &str) -> bool {
+        let mut state = self.state();
+        let ended = state.runs.end(id, Instant::now());
+        if ended {
+            state.refresh();
+        }
+        ended
+    }
+
+    /// Ends the runs past their time (and forgets ended ones past the grace); how many live.
+    pub fn sweep_runs(&self) -> usize {
+        let mut state = self.state();
+        if state.runs.sweep(Instant::now(), CAPTURE_GRACE) {
+            state.refresh();
+        }
+        state.runs.live()
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -215,7 +350,7 @@ impl SettingsIndex {
 
     /// The settings `baseline`'s sidecar follows now.
     pub fn current(&self, baseline: &Baseline) -> CaptureSettings {
-        self.state().map.get(baseline).clone()
+        self.state().effective(baseline)
     }
 
     /// The settings for `baseline`: the receiver holds the current ones and sees each change.
@@ -227,7 +362,7 @@ impl SettingsIndex {
         if let Some(tx) = state.watchers.get(baseline) {
             return tx.subscribe();
         }
-        let (tx, rx) = watch::channel(state.map.get(baseline).clone());
+        let (tx, rx) = watch::channel(state.effective(baseline));
         state.watchers.insert(baseline.clone(), tx);
         rx
     }
@@ -247,18 +382,8 @@ impl SettingsIndex {
             }
         }
         state.dropped.extend(dropped.into_iter().map(|d| (d, now)));
-        state.watchers.retain(|_, tx| tx.receiver_count() > 0);
-        for (baseline, tx) in &state.watchers {
-            let next = map.get(baseline);
-            tx.send_if_modified(|current| {
-                if current == next {
-                    return false;
-                }
-                *current = next.clone();
-                true
-            });
-        }
         state.map = map;
+        state.refresh();
         // After the settings, still under the lock: whoever wakes on it reads them.
         self.loaded.send_replace(true);
     }
@@ -411,9 +536,21 @@ impl SettingsFile {
                 (b, settings(ks))
             })
             .collect();
+        let sandboxes = self
+            .sandboxes
+            .iter()
+            .map(|sb| {
+                let entry = SandboxEntry {
+                    routing_key: sb.routing_key.clone(),
+                    namespaces: sb.workloads.iter().map(|w| w.namespace.clone()).collect(),
+                };
+                (sb.name.clone(), entry)
+            })
+            .collect();
         SettingsMap {
             default: settings(Vec::new()),
             baselines,
+            sandboxes,
         }
     }
 }
