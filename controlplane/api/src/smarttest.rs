@@ -131,7 +131,11 @@ impl SmartTestSpec {
         // Every variant, named: a new one makes this a compile error, not a silent pass.
         let message = match self.test().validate() {
             Ok(_) => return Ok(()),
-            Err(spur_smarttest::Error::Spec(m) | spur_smarttest::Error::Reflection(m)) => m,
+            Err(
+                spur_smarttest::Error::Spec(m)
+                | spur_smarttest::Error::Reflection(m)
+                | spur_smarttest::Error::Run(m),
+            ) => m,
         };
         Err(Error::Invalid {
             kind: "SmartTest",

@@ -8,6 +8,7 @@
 //! `--key` nothing is read from the cluster at all. A user who may not read a sandbox learns
 //! nothing of it here and sends nothing.
 
+mod calls;
 mod record;
 
 use std::path::{Path, PathBuf};
@@ -92,6 +93,16 @@ struct RunArgs {
     /// lands in the Job's status.
     #[arg(long, value_name = "FILE")]
     summary_file: Option<PathBuf>,
+    /// Also compare the calls each request causes downstream: the traffic store captures the
+    /// sandbox's key and a reference key (which the baseline's requests then carry) at every
+    /// sidecar of the sandbox's namespaces while the test runs. Needs the store (--server,
+    /// --token-file, as `spur traffic`), `update` on the sandbox's sandboxes/capture and
+    /// `create` on deployments in its namespaces to start, and `get` on its sandboxes/traffic
+    /// to read what was captured.
+    #[arg(long, requires = "sandbox")]
+    calls: bool,
+    #[command(flatten)]
+    store: crate::traffic::Conn,
     /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then the in-cluster config).
     #[arg(long, env = "SPUR_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
@@ -197,7 +208,23 @@ async fn run_test(a: RunArgs) -> Result<ExitCode> {
     spur_smarttest::reflect::resolve(&mut steps)
         .await
         .with_context(|| from.clone())?;
-    let report = spur_smarttest::run(&steps, &key).await;
+    let report = match (&a.sandbox, a.calls) {
+        (Some(sandbox), true) => {
+            let capture = calls::start(&a.store, sandbox, &key, &steps).await?;
+            let plan = match capture.plan() {
+                Ok(p) => p,
+                Err(e) => {
+                    capture.end(&a.store).await;
+                    return Err(e);
+                }
+            };
+            let mut report = spur_smarttest::run(&steps, &key, Some(&plan)).await;
+            let (captured, seen) = capture.finish(&a.store).await?;
+            report.attach_calls(&plan, &captured, seen);
+            report
+        }
+        _ => spur_smarttest::run(&steps, &key, None).await,
+    };
     if let Some(path) = &a.summary_file {
         std::fs::write(path, report.summary(spur_api::jobs::RESULT_MAX))
             .with_context(|| format!("writing the summary to {}", path.display()))?;

@@ -394,7 +394,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// `permission denied: <the server's message>`, with a hint where one helps.
-fn status_error(conn: &Conn, status: &tonic::Status) -> anyhow::Error {
+pub(crate) fn status_error(conn: &Conn, status: &tonic::Status) -> anyhow::Error {
     let mut code = String::new();
     for c in format!("{:?}", status.code()).chars() {
         if c.is_uppercase() && !code.is_empty() {
@@ -408,7 +408,9 @@ fn status_error(conn: &Conn, status: &tonic::Status) -> anyhow::Error {
             " (pass --token-file or set SPUR_TRAFFIC_TOKEN: a token for the audience spur-traffic, \
              e.g. `kubectl create token NAME --audience spur-traffic`)"
         }
-        tonic::Code::PermissionDenied => " (reading needs `get` on sandboxes/traffic)",
+        tonic::Code::PermissionDenied if status.message().contains("sandboxes/traffic") => {
+            " (reading needs `get` on sandboxes/traffic)"
+        }
         _ => "",
     };
     anyhow!(

@@ -5,6 +5,8 @@
 //! the file `spur test run -f` reads; the runner (feature `run`, on by default) sends them. No
 //! Kubernetes client: the job executor in runner pods can link this too.
 
+#[cfg(feature = "run")]
+pub mod calls;
 pub mod path;
 #[cfg(feature = "run")]
 pub mod reflect;
@@ -29,4 +31,7 @@ pub enum Error {
     /// A step's types could not be learned by gRPC reflection; the message names the step.
     #[error("{0}")]
     Reflection(String),
+    /// The run could not be prepared.
+    #[error("{0}")]
+    Run(String),
 }

@@ -239,7 +239,7 @@ async fn call(step: &Prepared, api: &str, asks: &[Ask]) -> Result<Vec<u8>, Walk>
         timeout: step.timeout,
         checks: Vec::new(),
     };
-    let x = crate::send::send(&question, None).await;
+    let x = crate::send::send(&question, None, None).await;
     if !x.error.is_empty() {
         return Err(Walk::Failed(x.error));
     }

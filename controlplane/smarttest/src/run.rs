@@ -7,7 +7,10 @@ use std::fmt::Write as _;
 
 use serde_json::{Value, json};
 use spur_proto::traffic::Exchange;
+use spur_traffic_diff::Calls;
 use spur_traffic_diff::findings::{Findings, Observation, findings};
+
+use crate::calls::{CallPlan, Pass, attribute};
 
 use crate::path::JsonPath;
 use crate::send::send;
@@ -26,6 +29,9 @@ pub struct StepResult {
     /// set: baseline, baseline, sandbox, each body the JSON of its message.
     pub decoded: Option<[Exchange; 3]>,
     pub checks: Vec<CheckResult>,
+    /// The calls each request caused downstream (baseline, baseline, sandbox), when the run
+    /// captured them ([`RunReport::attach_calls`]).
+    pub calls: Option<[Calls; 3]>,
 }
 
 impl StepResult {
@@ -54,15 +60,35 @@ pub struct RunReport {
     pub routing_key: String,
     pub steps: Vec<StepResult>,
     pub findings: Findings,
+    /// How the run's downstream calls were captured, when they were.
+    pub calls: Option<CallsSeen>,
 }
 
-/// Runs `steps` with the sandbox's routing key `key`.
-pub async fn run(steps: &[Prepared], key: &str) -> RunReport {
+/// What a run's capture of downstream calls saw.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallsSeen {
+    /// Where it captured: the namespaces the sandbox forks from.
+    pub namespaces: Vec<String>,
+    /// Baselines there whose sidecars were watching their capture settings.
+    pub watching: u32,
+    /// Exchanges captured with the run's keys while it ran.
+    pub captured: usize,
+    /// Of them, those without this run's marker (not attributed to a step).
+    pub unmarked: usize,
+    /// Past the most a run takes in: not looked at.
+    pub skipped: usize,
+}
+
+/// Runs `steps` with the sandbox's routing key `key`. With `plan` (the run captures its calls),
+/// the baseline's requests carry the run's reference key and every request its marker.
+pub async fn run(steps: &[Prepared], key: &str, plan: Option<&CallPlan>) -> RunReport {
     let mut results = Vec::with_capacity(steps.len());
-    for step in steps {
-        let first = send(step, None).await;
-        let mut sandbox = send(step, Some(key)).await;
-        let second = send(step, None).await;
+    for (i, step) in steps.iter().enumerate() {
+        let marker = |pass| plan.map(|p| p.marker(i, pass));
+        let reference = plan.map(|p| p.reference_key.as_str());
+        let first = send(step, reference, marker(Pass::Baseline1).as_deref()).await;
+        let mut sandbox = send(step, Some(key), marker(Pass::Sandbox).as_deref()).await;
+        let second = send(step, reference, marker(Pass::Baseline2).as_deref()).await;
         // One slow answer is often the network's (a retransmitted SYN, a cold connection), not
         // the fork's: a sandbox answer that would be a timing finding is timed once more, for a
         // request safe to repeat (HTTP GET or HEAD), and the faster time counts. A fork that is
@@ -76,7 +102,7 @@ pub async fn run(steps: &[Prepared], key: &str) -> RunReport {
                 sandbox.duration_micros,
             )
         {
-            let again = send(step, Some(key)).await;
+            let again = send(step, Some(key), marker(Pass::SandboxAgain).as_deref()).await;
             if again.error.is_empty() && again.status == sandbox.status {
                 sandbox.duration_micros = sandbox.duration_micros.min(again.duration_micros);
             }
@@ -115,9 +141,21 @@ pub async fn run(steps: &[Prepared], key: &str) -> RunReport {
             sandbox,
             decoded,
             checks,
+            calls: None,
         });
     }
-    let observations: Vec<Observation<'_>> = results
+    let findings = findings(&observations(&results));
+    RunReport {
+        routing_key: key.to_owned(),
+        steps: results,
+        findings,
+        calls: None,
+    }
+}
+
+/// What the findings compare, step by step.
+fn observations(steps: &[StepResult]) -> Vec<Observation<'_>> {
+    steps
         .iter()
         .map(|r| {
             let [b1, b2, s] = r.compared();
@@ -125,18 +163,28 @@ pub async fn run(steps: &[Prepared], key: &str) -> RunReport {
                 endpoint: r.endpoint.clone(),
                 baseline: [b1, b2],
                 sandbox: s,
+                calls: r.calls.as_ref().map(|[c1, c2, cs]| [c1, c2, cs]),
             }
         })
-        .collect();
-    let findings = findings(&observations);
-    RunReport {
-        routing_key: key.to_owned(),
-        steps: results,
-        findings,
-    }
+        .collect()
 }
 
 impl RunReport {
+    /// Adds the downstream calls the run's capture recorded (`captured`, the exchanges stored
+    /// with the run's keys while it ran) to each step, and compares them as the answers are:
+    /// the findings are made again.
+    pub fn attach_calls(&mut self, plan: &CallPlan, captured: &[Exchange], mut seen: CallsSeen) {
+        let attributed = attribute(plan, self.steps.len(), captured);
+        for (step, calls) in self.steps.iter_mut().zip(attributed.steps) {
+            step.calls = Some(calls);
+        }
+        seen.captured = captured.len();
+        seen.unmarked = attributed.unmarked;
+        seen.skipped = attributed.skipped;
+        self.calls = Some(seen);
+        self.findings = findings(&observations(&self.steps));
+    }
+
     /// Checks the sandbox failed.
     pub fn checks_failed(&self) -> usize {
         self.steps
@@ -178,22 +226,39 @@ impl RunReport {
                                "baseline": outcome(&c.baseline)})
                     })
                     .collect();
-                json!({
+                let mut step = json!({
                     "name": s.name,
                     "endpoint": s.endpoint,
                     "sandbox": answer(&s.sandbox),
                     "baseline": [answer(&s.baseline[0]), answer(&s.baseline[1])],
                     "checks": checks,
-                })
+                });
+                if let Some([b1, b2, cs]) = &s.calls {
+                    step["calls"] = json!({
+                        "sandbox": cs.to_json(),
+                        "baseline": [b1.to_json(), b2.to_json()],
+                    });
+                }
+                step
             })
             .collect();
-        json!({
+        let mut report = json!({
             "routingKey": self.routing_key,
             "passed": self.passed(),
             "checksFailed": self.checks_failed(),
             "steps": steps,
             "findings": self.findings.to_json(),
-        })
+        });
+        if let Some(c) = &self.calls {
+            report["calls"] = json!({
+                "namespaces": c.namespaces,
+                "watchingBaselines": c.watching,
+                "captured": c.captured,
+                "unmarked": c.unmarked,
+                "skipped": c.skipped,
+            });
+        }
+        report
     }
 
     /// The run in at most `max_bytes` of JSON (a job's result, 4096 bytes): counts, findings per
@@ -324,6 +389,30 @@ impl RunReport {
                     side(&c.baseline)
                 );
             }
+            if let Some([b1, b2, cs]) = &s.calls {
+                let _ = writeln!(
+                    out,
+                    "  calls downstream: sandbox {}; baseline {}, {}",
+                    cs.len(),
+                    b1.len(),
+                    b2.len()
+                );
+            }
+        }
+        if let Some(c) = &self.calls {
+            let _ = writeln!(
+                out,
+                "calls captured in {} ({} baselines watching): {}, of which {} not marked by this run{}",
+                c.namespaces.join(", "),
+                c.watching,
+                c.captured,
+                c.unmarked,
+                if c.skipped > 0 {
+                    format!(", {} past the limit not looked at", c.skipped)
+                } else {
+                    String::new()
+                }
+            );
         }
         let count = self.findings.count();
         if count == 0 {
@@ -649,6 +738,7 @@ mod tests {
                 ],
                 sandbox: answer(r#"{"price": 4}"#),
                 decoded: None,
+                calls: None,
                 checks: vec![CheckResult {
                     check: "$.gone".into(),
                     sandbox: Err("absent".into()),
@@ -656,22 +746,12 @@ mod tests {
                 }],
             })
             .collect();
-        let observations: Vec<Observation<'_>> = steps
-            .iter()
-            .map(|r| {
-                let [b1, b2, s] = r.compared();
-                Observation {
-                    endpoint: r.endpoint.clone(),
-                    baseline: [b1, b2],
-                    sandbox: s,
-                }
-            })
-            .collect();
-        let findings = findings(&observations);
+        let findings = findings(&observations(&steps));
         RunReport {
             routing_key: "k".into(),
             steps,
             findings,
+            calls: None,
         }
     }
 

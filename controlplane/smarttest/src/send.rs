@@ -19,9 +19,10 @@ pub const MAX_KEPT: usize = 256 * 1024;
 /// Bytes of a response body read at all: past this the answer is cut (and marked truncated).
 pub const MAX_READ: usize = 16 * 1024 * 1024;
 
-/// Sends `step`'s request, carrying routing key `key` (`None`: none, the baseline), and returns
-/// what came back.
-pub async fn send(step: &Prepared, key: Option<&str>) -> Exchange {
+/// Sends `step`'s request, carrying routing key `key` (`None`: none, the baseline) and, when
+/// the run captures its calls, the `baggage` member `marker` ([`crate::calls::MARKER`]), and
+/// returns what came back.
+pub async fn send(step: &Prepared, key: Option<&str>, marker: Option<&str>) -> Exchange {
     let r = &step.request;
     let started_wall = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -29,6 +30,13 @@ pub async fn send(step: &Prepared, key: Option<&str>) -> Exchange {
     let mut headers = HeaderMap::new();
     for (n, v) in &r.headers {
         headers.append(n.clone(), v.clone());
+    }
+    // A test may not set `baggage` itself (spec.rs): the marker is its only member until the
+    // key's are written in front of it.
+    if let Some(marker) = marker
+        && let Ok(v) = http::HeaderValue::from_str(&format!("{}={marker}", crate::calls::MARKER))
+    {
+        headers.insert(http::header::HeaderName::from_static("baggage"), v);
     }
     if let Some(key) = key {
         spur_routing::inject::inject_key(&mut headers, key, &[]);

@@ -173,7 +173,7 @@ fn served_by(x: &spur_proto::traffic::Exchange) -> String {
 /// The run, after checking who answered each request.
 async fn run_against(fork: Fork, extra: &str) -> spur_smarttest::RunReport {
     let addr = server(fork).await;
-    checked(run(&spec(addr, extra).validate().unwrap(), KEY).await)
+    checked(run(&spec(addr, extra).validate().unwrap(), KEY, None).await)
 }
 
 /// `report` after checking that the fork answered the keyed requests and the baseline the
@@ -212,6 +212,7 @@ fn checked(mut report: spur_smarttest::RunReport) -> spur_smarttest::RunReport {
                 endpoint: s.endpoint.clone(),
                 baseline: [b1, b2],
                 sandbox: x,
+                calls: None,
             }
         })
         .collect();
@@ -288,7 +289,7 @@ async fn a_slow_fork_is_a_timing_finding_and_a_timeout_is_an_error() {
         "steps: [{{name: hang, timeoutSeconds: 1, http: {{url: \"http://{silent}/\"}}, checks: [{{status: 200}}]}}]"
     ))
     .unwrap();
-    let r = run(&steps.validate().unwrap(), KEY).await;
+    let r = run(&steps.validate().unwrap(), KEY, None).await;
     drop(listener);
     assert_eq!(r.steps[0].sandbox.error, "no whole answer within 1 s");
     assert_eq!(
@@ -315,7 +316,7 @@ async fn an_unreachable_service_is_an_error_on_every_side_not_a_finding() {
         "steps: [{{name: gone, http: {{url: \"http://{closed}/\"}}, checks: [{{status: 200}}]}}]"
     ))
     .unwrap();
-    let r = run(&steps.validate().unwrap(), KEY).await;
+    let r = run(&steps.validate().unwrap(), KEY, None).await;
     assert!(
         r.steps[0]
             .sandbox
@@ -367,7 +368,7 @@ async fn with_a_descriptor_set_grpc_answers_are_compared_field_by_field() {
     let addr = server(Fork::GrpcNoPrice).await;
     // Without the types, the fresh id in every answer makes the whole message noise: the price
     // the fork dropped goes unseen, and a JSON path cannot be read.
-    let r = checked(run(&describe_step(addr, None).validate().unwrap(), KEY).await);
+    let r = checked(run(&describe_step(addr, None).validate().unwrap(), KEY, None).await);
     assert_eq!(r.findings.count(), 0, "{:?}", summary(&r));
     assert!(r.steps[0].decoded.is_none());
     assert!(r.steps[0].checks[1].sandbox.is_err());
@@ -378,6 +379,7 @@ async fn with_a_descriptor_set_grpc_answers_are_compared_field_by_field() {
         run(
             &describe_step(addr, Some(&descriptors)).validate().unwrap(),
             KEY,
+            None,
         )
         .await,
     );

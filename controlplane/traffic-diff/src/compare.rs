@@ -31,7 +31,8 @@ pub const MAX_BODY_DIFFERENCES: usize = 40;
 #[derive(Debug, PartialEq)]
 pub struct Difference {
     /// status, header, trailer, bodySize, json, grpc, line or binary; a smart test's findings
-    /// add error (a transport error) and duration.
+    /// add error (a transport error) and duration, and for the calls a request caused
+    /// downstream call, callPath and callStatus ([`crate::calls`]).
     pub kind: &'static str,
     /// Where: a header name, a JSON path, a gRPC message index, a line number (in the side that
     /// has the line), a byte offset; empty for status and bodySize.
@@ -67,7 +68,7 @@ impl Difference {
     /// and how it changed (added, removed, changed, or its JSON type), with status codes and
     /// durations, which say nothing of the data.
     pub fn render_shape(&self) -> String {
-        let codes = matches!(self.kind, "status" | "duration")
+        let codes = matches!(self.kind, "status" | "duration" | "callStatus")
             || (matches!(self.kind, "header" | "trailer")
                 && self.at.eq_ignore_ascii_case("grpc-status"));
         if codes {
@@ -80,6 +81,9 @@ impl Difference {
             "grpc" => format!("grpc message {}", self.at),
             "line" => format!("line {}", self.at),
             "binary" => return "body: differs (binary)".to_owned(),
+            "call" => format!("call {}", self.at),
+            // A path may hold ids: where the call went, not what it asked for.
+            "callPath" => format!("call {} path", crate::calls::group_of(&self.at)),
             _ => self.at.clone(),
         };
         match (&self.baseline, &self.sandbox) {
@@ -108,6 +112,8 @@ impl Difference {
             "grpc" => format!("grpc message {}", self.at),
             "line" => format!("line {}", self.at),
             "binary" => return format!("body: differs from byte {} (binary)", self.at),
+            "call" | "callPath" => format!("call {}", self.at),
+            "callStatus" => format!("call {} status", self.at),
             _ => self.at.clone(),
         };
         match (&self.baseline, &self.sandbox) {

@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{Value, json};
 use spur_proto::traffic::Exchange;
 
+use crate::calls::{Calls, compare_calls, group_of};
 use crate::compare::{Difference, compare};
 
 /// How much a finding matters, most first.
@@ -54,6 +55,9 @@ pub struct Observation<'a> {
     /// The baseline's two answers (two runs).
     pub baseline: [&'a Exchange; 2],
     pub sandbox: &'a Exchange,
+    /// The calls each request caused downstream (baseline, baseline, sandbox), when the run
+    /// captured them: compared as the answers are, noise learned from the baseline's two.
+    pub calls: Option<[&'a Calls; 3]>,
 }
 
 /// One way the sandbox's answers differ from the baseline's that the baseline's own runs do not.
@@ -93,6 +97,11 @@ pub fn findings(observations: &[Observation<'_>]) -> Findings {
         for d in compare(b1, b2).differences {
             n.learn(&d);
         }
+        if let Some([c1, c2, _]) = o.calls {
+            for d in compare_calls(c1, c2) {
+                n.learn(&d);
+            }
+        }
         if b1.error != b2.error {
             n.error = true;
         }
@@ -127,7 +136,15 @@ pub fn findings(observations: &[Observation<'_>]) -> Findings {
                 },
             );
         }
-        for d in compare(baseline, o.sandbox).differences {
+        let calls = o
+            .calls
+            .map(|[c1, _, cs]| compare_calls(c1, cs))
+            .unwrap_or_default();
+        for d in compare(baseline, o.sandbox)
+            .differences
+            .into_iter()
+            .chain(calls)
+        {
             let rank = rank(&d);
             if !n.masks(&d, rank) {
                 add(rank, d);
@@ -256,6 +273,14 @@ impl Noise {
             "line" | "binary" | "grpc" | "bodySize" => {
                 rank >= Rank::Value && self.seen.iter().any(|(kind, _)| kind == d.kind)
             }
+            // Paths that varied between the baseline's runs (an id in the path): every path
+            // of that call is noise.
+            "callPath" => {
+                let group = group_of(&d.at);
+                self.seen
+                    .iter()
+                    .any(|(kind, at)| kind == "callPath" && group_of(at) == group)
+            }
             _ => false,
         }
     }
@@ -271,9 +296,13 @@ fn holds(outer: &str, inner: &str) -> bool {
 fn rank(d: &Difference) -> Rank {
     let grpc_status = |d: &Difference| d.at.eq_ignore_ascii_case("grpc-status");
     match d.kind {
-        "status" | "error" => Rank::Status,
+        "status" | "error" | "callStatus" => Rank::Status,
         "trailer" | "header" if grpc_status(d) => Rank::Status,
-        "header" | "trailer" if d.baseline.is_none() || d.sandbox.is_none() => Rank::Schema,
+        "header" | "trailer" | "call" | "callPath"
+            if d.baseline.is_none() || d.sandbox.is_none() =>
+        {
+            Rank::Schema
+        }
         "json" => match (&d.baseline, &d.sandbox) {
             (Some(b), Some(s)) if std::mem::discriminant(b) == std::mem::discriminant(s) => {
                 Rank::Value
@@ -387,6 +416,7 @@ mod tests {
             endpoint: "GET /items".into(),
             baseline: [b1, b2],
             sandbox: s,
+            calls: None,
         }])
     }
 
@@ -548,6 +578,7 @@ mod tests {
             endpoint: "GET /items".into(),
             baseline: b,
             sandbox: s,
+            calls: None,
         };
         let (a, b1, b2, s) = (leak(a), leak(b1), leak(b2), leak(s));
         assert_eq!(findings(&[o([a, a], s), o([b1, b2], s)]).count(), 0);
@@ -581,5 +612,68 @@ mod tests {
         assert_eq!(normalize("$[\"open"), "$[\"open");
         assert!(holds("$.a", "$.a.b") && holds("$.a", "$.a[*]"));
         assert!(!holds("$.a", "$.ab") && !holds("$.a", "$.a"));
+    }
+    #[test]
+    fn downstream_calls_are_compared_with_their_noise_learned() {
+        use crate::calls::Calls;
+        use spur_proto::traffic::Workload;
+        let call = |workload: &str, path: &str, status: u32| Exchange {
+            method: "GET".into(),
+            path: path.into(),
+            status,
+            baseline: Some(Workload {
+                kind: "Deployment".into(),
+                namespace: "shop".into(),
+                name: workload.into(),
+            }),
+            ..Exchange::default()
+        };
+        let answer = Exchange {
+            status: 200,
+            ..Exchange::default()
+        };
+        let run = |b1: &[Exchange], b2: &[Exchange], s: &[Exchange]| {
+            let [c1, c2, cs] = [b1, b2, s].map(Calls::from_exchanges);
+            let f = findings(&[Observation {
+                endpoint: "GET /".into(),
+                baseline: [&answer, &answer],
+                sandbox: &answer,
+                calls: Some([&c1, &c2, &cs]),
+            }]);
+            f.top(10)
+                .iter()
+                .map(|(_, f)| format!("{} {}", f.rank.as_str(), f.difference.render_shape()))
+                .collect::<Vec<_>>()
+        };
+        let catalog = [call("catalog", "/catalog", 200)];
+        assert!(run(&catalog, &catalog, &catalog).is_empty());
+        // A call the fork no longer makes, one it makes anew, one answered otherwise.
+        assert_eq!(
+            run(&catalog, &catalog, &[]),
+            ["schema call GET shop/catalog: removed"]
+        );
+        assert_eq!(
+            run(
+                &catalog,
+                &catalog,
+                &[catalog[0].clone(), call("audit", "/log", 200)]
+            ),
+            ["schema call GET shop/audit: added"]
+        );
+        assert_eq!(
+            run(&catalog, &catalog, &[call("catalog", "/catalog", 503)]),
+            ["status call GET shop/catalog status: \"200\" → \"503\""]
+        );
+        // Paths with an id in them vary between the baseline's runs: noise, for every path of
+        // that call; a call the baseline makes only sometimes is noise too.
+        let (u1, u2, u3) = (
+            [call("users", "/users/1", 200)],
+            [call("users", "/users/2", 200)],
+            [call("users", "/users/3", 200)],
+        );
+        assert!(run(&u1, &u2, &u3).is_empty());
+        assert!(run(&catalog, &[], &[]).is_empty());
+        // The shape hidden there, a removal is still seen elsewhere.
+        assert_eq!(run(&u1, &u2, &[]), ["schema call GET shop/users: removed"]);
     }
 }

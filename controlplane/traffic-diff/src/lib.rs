@@ -4,6 +4,7 @@
 //! ([`render`]). The `spur traffic` command fetches and prints; nothing here does I/O, so the
 //! user-facing CLI links this without the traffic store's server.
 
+pub mod calls;
 pub mod compare;
 pub mod findings;
 pub mod pair;
@@ -13,6 +14,7 @@ pub mod text;
 #[cfg(test)]
 mod testing;
 
+pub use calls::{Calls, compare_calls};
 pub use compare::{Comparison, Difference, compare};
 pub use findings::{Finding, Findings, Observation, Rank, findings};
 pub use pair::{Pair, PairedOn, pair_exchanges, workload_key, workload_name};

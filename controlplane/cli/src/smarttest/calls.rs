@@ -1,0 +1,184 @@
+//! `spur test run --calls`: the run's downstream calls captured by the traffic store
+//! (docs/smart-tests.md, "Downstream calls"). The store is asked, with the user's token, to
+//! capture the sandbox's key and a reference key at every baseline of the sandbox's namespaces
+//! for the run's duration; the run sends its baseline requests with the reference key and marks
+//! every request; then the captured calls are read back (with the same token: `get` on
+//! `sandboxes/traffic`) and compared per step.
+
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Result, bail};
+use spur_proto::traffic::{
+    EndRunCaptureRequest, Exchange, Filter, RunCapture, StartRunCaptureRequest,
+};
+use spur_smarttest::Prepared;
+use spur_smarttest::calls::{CallPlan, MAX_CAPTURED};
+use spur_smarttest::run::CallsSeen;
+
+use crate::traffic::{Client, Conn, STORE_LIMIT, connect, query, status_error};
+
+/// How long the sidecars get to receive the run's settings before the first request: the
+/// store has handed them to every open settings stream when it answers; this covers the
+/// stream's own latency.
+const SETTLE: Duration = Duration::from_secs(1);
+/// After the last request, the store is read until what it holds of the run stops growing for
+/// this long (sidecars ship every 100 ms)...
+const QUIET: Duration = Duration::from_millis(1000);
+/// ...and at most this long.
+const MAX_WAIT: Duration = Duration::from_secs(15);
+const POLL: Duration = Duration::from_millis(250);
+/// The longest capture the store grants (proto/traffic.proto).
+const MAX_SECONDS: u32 = 1800;
+/// Start times are the sidecars' clocks: read from a little before the run began.
+const CLOCK_SLACK: Duration = Duration::from_secs(5);
+
+/// A run capture the store started.
+pub(super) struct Capture {
+    client: Client,
+    sandbox: String,
+    run: RunCapture,
+    started_unix_micros: i64,
+}
+
+/// Asks the store to capture the run of `steps` against `sandbox`, whose key was read as `key`.
+pub(super) async fn start(
+    conn: &Conn,
+    sandbox: &str,
+    key: &str,
+    steps: &[Prepared],
+) -> Result<Capture> {
+    let mut client = connect(conn).await?;
+    // Each step is sent three or four times, each within its timeout; a minute of slack.
+    let worst: u64 = steps.iter().map(|s| 4 * s.timeout.as_secs()).sum();
+    let seconds = u32::try_from(worst.saturating_add(60))
+        .unwrap_or(u32::MAX)
+        .min(MAX_SECONDS);
+    let started_unix_micros = now_micros();
+    let run = client
+        .start_run_capture(StartRunCaptureRequest {
+            sandbox: sandbox.to_owned(),
+            seconds,
+        })
+        .await
+        .map_err(|s| status_error(conn, &s).context("starting the run's capture (--calls)"))?
+        .into_inner();
+    let capture = Capture {
+        client,
+        sandbox: sandbox.to_owned(),
+        run,
+        started_unix_micros,
+    };
+    if capture.run.routing_key != key {
+        capture.end(conn).await;
+        bail!(
+            "the traffic store knows sandbox {sandbox} by another routing key than the cluster does (it is being re-created?); run again"
+        );
+    }
+    if capture.run.watching_baselines == 0 {
+        crate::sandbox::note(format_args!(
+            "spur: no sidecar in {} watches the traffic store's settings: no downstream call will be seen (is traffic capture enabled in the chart?)",
+            capture.run.namespaces.join(", ")
+        ));
+    }
+    tokio::time::sleep(SETTLE).await;
+    Ok(capture)
+}
+
+impl Capture {
+    /// The plan the run follows: its baseline requests carry the store's reference key.
+    pub(super) fn plan(&self) -> Result<CallPlan> {
+        Ok(CallPlan::new(self.run.reference_key.clone())?)
+    }
+
+    /// Waits for the sidecars' last pushes, ends the capture and returns what it recorded.
+    pub(super) async fn finish(mut self, conn: &Conn) -> Result<(Vec<Exchange>, CallsSeen)> {
+        let waited = tokio::time::Instant::now();
+        let mut last = usize::MAX;
+        let mut quiet_since = waited;
+        let captured = loop {
+            let captured = self.read(conn).await?;
+            let now = tokio::time::Instant::now();
+            if captured.len() != last {
+                last = captured.len();
+                quiet_since = now;
+            } else if now - quiet_since >= QUIET {
+                break captured;
+            }
+            if now - waited >= MAX_WAIT {
+                crate::sandbox::note(format_args!(
+                    "spur: the run's captured calls were still arriving after {} s; comparing what arrived",
+                    MAX_WAIT.as_secs()
+                ));
+                break captured;
+            }
+            tokio::time::sleep(POLL).await;
+        };
+        let seen = CallsSeen {
+            namespaces: self.run.namespaces.clone(),
+            watching: self.run.watching_baselines,
+            ..CallsSeen::default()
+        };
+        self.end(conn).await;
+        Ok((captured, seen))
+    }
+
+    /// Ends the capture; a failure is only said (the store ends it at its time anyway).
+    pub(super) async fn end(mut self, conn: &Conn) {
+        let ended = self
+            .client
+            .end_run_capture(EndRunCaptureRequest {
+                id: self.run.id.clone(),
+            })
+            .await;
+        if let Err(s) = ended {
+            crate::sandbox::note(format_args!(
+                "spur: ending the run's capture: {:#} (it ends by itself at the time it asked for)",
+                status_error(conn, &s)
+            ));
+        }
+    }
+
+    /// Every exchange stored with the run's keys since it started, newest first, page by page
+    /// (at most [`MAX_CAPTURED`] and one page).
+    async fn read(&mut self, conn: &Conn) -> Result<Vec<Exchange>> {
+        let keys = [&self.run.routing_key, &self.run.reference_key];
+        let since = self.started_unix_micros - micros(CLOCK_SLACK);
+        let mut out = Vec::new();
+        let mut seen = HashSet::new();
+        let mut until = 0i64;
+        loop {
+            let filter = Filter {
+                sandbox: self.sandbox.clone(),
+                since_unix_micros: since.max(1),
+                until_unix_micros: until,
+                ..Filter::default()
+            };
+            let page = query(&mut self.client, conn, filter, STORE_LIMIT).await?;
+            let full = page.len() >= STORE_LIMIT as usize;
+            let mut oldest = i64::MAX;
+            for (x, _) in page {
+                oldest = oldest.min(x.start_unix_micros);
+                if seen.insert(x.id.clone()) && keys.contains(&&x.routing_key) {
+                    out.push(x);
+                }
+            }
+            // The next page ends after the oldest of this one (its start time included, so that
+            // exchanges sharing it are not lost; those seen already are skipped).
+            if !full || out.len() > MAX_CAPTURED || oldest == i64::MAX || oldest + 1 == until {
+                return Ok(out);
+            }
+            until = oldest + 1;
+        }
+    }
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+fn now_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, micros)
+}
