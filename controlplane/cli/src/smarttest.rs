@@ -99,7 +99,7 @@ struct RunArgs {
     /// --token-file, as `spur traffic`), `update` on the sandbox's sandboxes/capture and
     /// `create` on deployments in its namespaces to start, and `get` on its sandboxes/traffic
     /// to read what was captured.
-    #[arg(long, requires = "sandbox")]
+    #[arg(long)]
     calls: bool,
     #[command(flatten)]
     store: crate::traffic::Conn,
@@ -193,6 +193,9 @@ async fn run_test(a: RunArgs) -> Result<ExitCode> {
         (None, None) => bail!("name a SmartTest, or a file with -f"),
     };
     let steps = spec.validate().with_context(|| from.clone())?;
+    if a.calls && a.sandbox.is_none() {
+        bail!("--calls needs --sandbox: the traffic store captures the calls of a sandbox's run");
+    }
     let key = match (&a.key, &a.sandbox) {
         (Some(key), _) => {
             if !spur_routing::extract::is_valid_key(key) {
