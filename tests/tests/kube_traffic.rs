@@ -30,6 +30,9 @@ use spur_traffic::{
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
+#[path = "kube_traffic/runs.rs"]
+mod runs;
+
 fn sandbox(name: &str, capture: bool) -> Sandbox {
     serde_json::from_value(json!({
         "apiVersion": "spur.dev/v1alpha1", "kind": "Sandbox",

@@ -329,7 +329,10 @@ async fn a_run_with_calls_finds_a_downstream_call_the_fork_stopped_making() {
             "baseline pass {b}: the front and, from it, the catalog"
         );
     }
-    assert_eq!(calls(&report, "sandbox", None), std::slice::from_ref(&entry));
+    assert_eq!(
+        calls(&report, "sandbox", None),
+        std::slice::from_ref(&entry)
+    );
     let findings = report["findings"]["endpoints"][0]["findings"].to_string();
     assert!(
         findings.contains(

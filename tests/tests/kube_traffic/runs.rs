@@ -1,0 +1,217 @@
+//! Run captures (`StartRunCapture`, `EndRunCapture`: docs/smart-tests.md, "Downstream calls")
+//! against a real kube-apiserver: a run needs `update` on the sandbox's `sandboxes/capture` and
+//! `create` on Deployments in each namespace the sandbox forks from, asked of the caller's own
+//! token; it captures the sandbox's key and a reference key at every sidecar of those
+//! namespaces and at no other; a user of another namespace can neither start one nor end
+//! someone else's, even holding its id.
+
+use k8s_openapi::api::authentication::v1::TokenRequestSpec;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+
+use super::*;
+
+fn start(sandbox: &str) -> pb::StartRunCaptureRequest {
+    pb::StartRunCaptureRequest {
+        sandbox: sandbox.into(),
+        seconds: 120,
+    }
+}
+
+/// A ServiceAccount `name` of `namespace` and a token of it for the store's audience.
+async fn user(api: &KubeApi, namespace: &str, name: &str) -> String {
+    let admin = api.client();
+    kt::ensure_namespace(&admin, namespace).await.unwrap();
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    Api::<ServiceAccount>::namespaced(admin, namespace)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap();
+    api.token_request(
+        namespace,
+        name,
+        TokenRequestSpec {
+            audiences: vec![spur_traffic::AUDIENCE.into()],
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Lets ServiceAccount dev (spur-system) create Deployments in `namespace`.
+async fn dev_may_deploy_in(admin: &kube::Client, namespace: &str) {
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "deployer"},
+        "rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["create"]}]
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "dev-deployer"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "deployer"},
+        "subjects": [{"kind": "ServiceAccount", "name": "dev", "namespace": kt::SYSTEM_NAMESPACE}]
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_capture_needs_the_callers_rights_and_captures_only_the_sandboxes_namespaces() {
+    let api = KubeApi::start().await.unwrap();
+    kt::install_crds(&api).await.unwrap();
+    let admin = api.client();
+    let store = Store::start(&api, spur_traffic::DEFAULT_RECHECK).await;
+    // A sandbox forking shop/backend, capture off: a run still may capture it.
+    let sandboxes: Api<Sandbox> = Api::all(admin.clone());
+    sandboxes
+        .create(&PostParams::default(), &sandbox("runs-sb", false))
+        .await
+        .unwrap();
+    sandboxes
+        .patch_status(
+            "runs-sb",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"routingKey": "key-runs"}})),
+        )
+        .await
+        .unwrap();
+    // The sidecars of another baseline of shop, and of a baseline of another namespace.
+    let (_, catalog_token) = sidecar_pod(&api, "shop", "catalog", "catalog-1", true).await;
+    let (_, billing_token) = sidecar_pod(&api, "billing", "ledger", "ledger-1", true).await;
+    let mut at_catalog = store
+        .watch_settings(workload("shop", "catalog"), &catalog_token)
+        .await
+        .unwrap();
+    let mut at_billing = store
+        .watch_settings(workload("billing", "ledger"), &billing_token)
+        .await
+        .unwrap();
+    next_settings(&mut at_catalog, |s| s.keys.is_empty()).await;
+    next_settings(&mut at_billing, |s| s.keys.is_empty()).await;
+
+    // No rights: refused, naming the right, before anything says whether the sandbox exists.
+    let dev = reader_token(&api).await;
+    for name in ["runs-sb", "no-such-sandbox"] {
+        let err = store
+            .client()
+            .await
+            .start_run_capture(with(start(name), &dev))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied, "{name}: {err:?}");
+        assert!(err.message().contains("sandboxes/capture"), "{err:?}");
+    }
+    // The capture right on the sandbox alone is not enough: the run captures in shop.
+    let mut rules = kt::chart_rules("traffic-capturer-rules.yaml").unwrap();
+    rules[0]["resourceNames"] = json!(["runs-sb"]);
+    kt::grant_dev(&admin, "dev-capture-runs-sb", rules)
+        .await
+        .unwrap();
+    let err = eventually("the capture grant", || async {
+        let e = store
+            .client()
+            .await
+            .start_run_capture(with(start("runs-sb"), &dev))
+            .await
+            .unwrap_err();
+        e.message().contains("deployments").then_some(e)
+    })
+    .await;
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("namespace shop"), "{err:?}");
+    dev_may_deploy_in(&admin, "shop").await;
+    let run = eventually("the deploy grant", || async {
+        store
+            .client()
+            .await
+            .start_run_capture(with(start("runs-sb"), &dev))
+            .await
+            .ok()
+    })
+    .await
+    .into_inner();
+    assert_eq!(run.routing_key, "key-runs");
+    assert_eq!(run.namespaces, ["shop"]);
+    assert!(run.reference_key.starts_with("spur-run-"), "{run:?}");
+    assert!(run.watching_baselines >= 1, "{run:?}");
+
+    // The sidecars of shop capture both keys; billing's nothing.
+    let keys = next_settings(&mut at_catalog, |s| s.keys.len() == 2).await;
+    let mut got: Vec<&str> = keys.keys.iter().map(|k| k.routing_key.as_str()).collect();
+    got.sort_unstable();
+    let mut want = vec!["key-runs", run.reference_key.as_str()];
+    want.sort_unstable();
+    assert_eq!(got, want);
+    assert!(keys.keys.iter().all(|k| k.sandbox == "runs-sb"));
+    let referenced = exchange(
+        workload("shop", "catalog"),
+        "runs-sb",
+        &run.reference_key,
+        "c/1",
+    );
+    assert_eq!(pushed(&store, &catalog_token, vec![referenced]).await, 1);
+    let err = store
+        .client()
+        .await
+        .push(with(
+            push(vec![exchange(
+                workload("billing", "ledger"),
+                "runs-sb",
+                &run.reference_key,
+                "l/1",
+            )]),
+            &billing_token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+
+    // A user of another namespace, even with the run's id, cannot end it.
+    let other = user(&api, "team-b", "other").await;
+    let end = || pb::EndRunCaptureRequest { id: run.id.clone() };
+    let err = store
+        .client()
+        .await
+        .end_run_capture(with(end(), &other))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    let err = store
+        .client()
+        .await
+        .start_run_capture(with(start("runs-sb"), &other))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), at_catalog.message())
+            .await
+            .is_err(),
+        "the run still captures"
+    );
+
+    // Its user ends it: the keys leave shop's settings; ending again finds nothing.
+    store
+        .client()
+        .await
+        .end_run_capture(with(end(), &dev))
+        .await
+        .unwrap();
+    next_settings(&mut at_catalog, |s| s.keys.is_empty()).await;
+    let err = store
+        .client()
+        .await
+        .end_run_capture(with(end(), &dev))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    store.stop.cancel();
+}
