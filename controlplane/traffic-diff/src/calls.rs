@@ -10,6 +10,8 @@ use serde_json::{Value, json};
 use spur_proto::traffic::{Exchange, Protocol};
 
 use crate::compare::Difference;
+#[cfg(test)]
+use crate::compare::group_of;
 
 /// The calls one request caused, by `METHOD namespace/workload`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -160,15 +162,6 @@ fn statuses(s: &BTreeMap<String, usize>) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// The group a `callPath` difference's place belongs to (`METHOD ns/workload`).
-pub(crate) fn group_of(at: &str) -> &str {
-    let mut spaces = at.match_indices(' ').map(|(i, _)| i);
-    match (spaces.next(), spaces.next()) {
-        (Some(_), Some(second)) => &at[..second],
-        _ => at,
-    }
 }
 
 #[cfg(test)]

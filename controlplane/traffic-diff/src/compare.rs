@@ -83,7 +83,7 @@ impl Difference {
             "binary" => return "body: differs (binary)".to_owned(),
             "call" => format!("call {}", self.at),
             // A path may hold ids: where the call went, not what it asked for.
-            "callPath" => format!("call {} path", crate::calls::group_of(&self.at)),
+            "callPath" => format!("call {} path", group_of(&self.at)),
             _ => self.at.clone(),
         };
         match (&self.baseline, &self.sandbox) {
@@ -126,6 +126,15 @@ impl Difference {
             (Some(b), None) => format!("{what}: removed {}", show(b)),
             (None, None) => what,
         }
+    }
+}
+
+/// The group a `callPath` difference's place belongs to (`METHOD ns/workload`).
+pub(crate) fn group_of(at: &str) -> &str {
+    let mut spaces = at.match_indices(' ').map(|(i, _)| i);
+    match (spaces.next(), spaces.next()) {
+        (Some(_), Some(second)) => &at[..second],
+        _ => at,
     }
 }
 

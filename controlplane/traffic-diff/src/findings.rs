@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{Value, json};
 use spur_proto::traffic::Exchange;
 
-use crate::calls::{Calls, compare_calls, group_of};
-use crate::compare::{Difference, compare};
+use crate::calls::{Calls, compare_calls};
+use crate::compare::{Difference, compare, group_of};
 
 /// How much a finding matters, most first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
