@@ -26,29 +26,13 @@ use tokio::process::{Child, Command};
 #[path = "support/roles.rs"]
 mod roles;
 use roles::role_bin;
+#[path = "support/capture.rs"]
+mod capture;
+use capture::{capturing_sidecar, free_port, wait_port};
 
 const SPUR: &str = env!("CARGO_BIN_EXE_spur");
 const TOKEN: &str = "smart-test-calls-token";
 const KEY: &str = "callskey7";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn wait_port(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "nothing listens on {port}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// `spur demo app` named `name` on a free port, calling `call` if given.
 async fn app(name: &str, call: Option<SocketAddr>) -> (Child, SocketAddr) {
@@ -65,38 +49,11 @@ async fn app(name: &str, call: Option<SocketAddr>) -> (Child, SocketAddr) {
     (child, SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
-/// A sidecar of baseline `shop/<name>` in front of `app`, routing by `rules`, capturing to the
-/// store at `store`.
+/// A sidecar of baseline `shop/<name>` in front of `app`, routing by `<name>-rules.yaml`,
+/// capturing to the store at `store`.
 async fn sidecar(d: &Path, name: &str, app: SocketAddr, store: u16) -> spur_sidecar::Sidecar {
-    spur_sidecar::Sidecar::start(spur_sidecar::SidecarConfig {
-        inject_key_file: None,
-        kafka: None,
-        capture: Some(spur_sidecar::capture::CaptureConfig {
-            server: spur_sidecar::RouteServerConn {
-                addr: format!("127.0.0.1:{store}"),
-                ca: None,
-                token: Some(d.join("token")),
-            },
-            settings_file: None,
-            bounds: spur_proxy::capture::CaptureBounds::default(),
-            pod: format!("{name}-pod"),
-        }),
-        inbound_addr: "127.0.0.1:0".parse().unwrap(),
-        inbound: spur_proxy::Inbound::Explicit { app },
-        baseline: spur_routing::BaselineWorkload {
-            kind: "Deployment".into(),
-            namespace: "shop".into(),
-            name: name.into(),
-        },
-        rules: Some(d.join(format!("{name}-rules.yaml"))),
-        rules_poll: Duration::from_millis(100),
-        routeserver: None,
-        admin_addr: None,
-        extract: spur_routing::ExtractConfig::default(),
-        proxy: spur_proxy::ProxyConfig::default(),
-    })
-    .await
-    .unwrap()
+    let rules = d.join(format!("{name}-rules.yaml"));
+    capturing_sidecar(&d.join("token"), store, "shop", name, app, &rules).await
 }
 
 /// Routes [`KEY`] at the front's sidecar to `fork`.

@@ -20,26 +20,10 @@ const SPUR: &str = env!("CARGO_BIN_EXE_spur");
 #[path = "support/roles.rs"]
 mod roles;
 use roles::role_bin;
+#[path = "support/capture.rs"]
+mod capture;
+use capture::{capturing_sidecar, free_port, wait_port};
 const TOKEN: &str = "traffic-cli-test-token";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn wait_port(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "nothing listens on {port}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 async fn app(name: &str, stop: CancellationToken) -> SocketAddr {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -232,35 +216,15 @@ async fn tail_shows_the_forks_answer_and_diff_shows_what_changed() {
         ),
     )
     .unwrap();
-    let sidecar = spur_sidecar::Sidecar::start(spur_sidecar::SidecarConfig {
-        inject_key_file: None,
-        kafka: None,
-        capture: Some(spur_sidecar::capture::CaptureConfig {
-            server: spur_sidecar::RouteServerConn {
-                addr: format!("127.0.0.1:{grpc}"),
-                ca: None,
-                token: Some(d.join("token")),
-            },
-            settings_file: None,
-            bounds: spur_proxy::capture::CaptureBounds::default(),
-            pod: "backend-pod".into(),
-        }),
-        inbound_addr: "127.0.0.1:0".parse().unwrap(),
-        inbound: spur_proxy::Inbound::Explicit { app: baseline },
-        baseline: spur_routing::BaselineWorkload {
-            kind: "Deployment".into(),
-            namespace: "demo".into(),
-            name: "backend".into(),
-        },
-        rules: Some(d.join("rules.yaml")),
-        rules_poll: Duration::from_millis(100),
-        routeserver: None,
-        admin_addr: None,
-        extract: spur_routing::ExtractConfig::default(),
-        proxy: spur_proxy::ProxyConfig::default(),
-    })
-    .await
-    .unwrap();
+    let sidecar = capturing_sidecar(
+        &d.join("token"),
+        grpc,
+        "demo",
+        "backend",
+        baseline,
+        &d.join("rules.yaml"),
+    )
+    .await;
     let keys = sidecar.capture_keys().unwrap().clone();
     let deadline = Instant::now() + Duration::from_secs(20);
     while keys.load().len() < 2 {
