@@ -76,11 +76,13 @@ struct RunArgs {
     /// `spec`); - for stdin.
     #[arg(short = 'f', long = "file")]
     file: Option<PathBuf>,
-    /// The sandbox whose routing key the sandbox's requests carry.
-    #[arg(long, conflicts_with = "key", required_unless_present = "key")]
+    /// The sandbox whose routing key the sandbox's requests carry (read from the cluster, with
+    /// your credentials, unless --key gives it).
+    #[arg(long, required_unless_present = "key")]
     sandbox: Option<String>,
     /// A routing key, given directly (a route group's, or a sandbox's read elsewhere): nothing is
-    /// read from the cluster.
+    /// read from the cluster. With --sandbox too, the sandbox only names whose run --calls
+    /// captures (the store checks that the key is that sandbox's).
     #[arg(long)]
     key: Option<String>,
     /// Run against a sandbox that is not Ready (its keyed requests may reach the baseline).

@@ -262,6 +262,8 @@ spec:
         diff.1
     );
 
+    calls_of_a_smart_test_run(node, s, &laptop.netns, d, &conn);
+
     // --- credentials never reach the store ---------------------------------------------------
     let backend_url = format!("http://backend.{}.svc.cluster.local:8080/secret", s.ns);
     let bearer = format!("Bearer {SECRET}");
@@ -506,4 +508,135 @@ fn kib(q: &str) -> u64 {
         "G" => n * 1_000_000_000 / 1024,
         _ => n / 1024,
     }
+}
+
+/// `spur test run --calls` from the laptop (docs/smart-tests.md, "Downstream calls"): refused
+/// to a user who may read the sandbox's traffic but not capture it; for one who may, the store
+/// captures the run at every sidecar of the sandbox's namespace, the run's marker travels
+/// through the frontend (its real baggage propagation) to the backend's sidecar, and each
+/// pass's calls are read back and compared: the fork of backend still receives the frontend's
+/// call, so no call is a finding.
+fn calls_of_a_smart_test_run(
+    node: &Node,
+    s: &Scene<'_>,
+    netns: &str,
+    d: &Path,
+    conn: &dyn Fn(&[&str]) -> Vec<String>,
+) {
+    let token = |user: &str| {
+        node.kubectl(&[
+            "-n",
+            USERS,
+            "create",
+            "token",
+            user,
+            "--duration=1h",
+            "--audience=spur-traffic",
+        ])
+        .unwrap()
+        .trim()
+        .to_owned()
+    };
+    let svc = node.get_json(s.ns, &["service", "frontend"]).unwrap();
+    let frontend = format!("{}:8080", svc["spec"]["clusterIP"].as_str().unwrap());
+    let test = d.join("calls-test.yaml");
+    std::fs::write(
+        &test,
+        format!(
+            "steps:\n  - name: home\n    http: {{url: \"http://{frontend}/\"}}\n    checks: [{{status: 200}}]\n"
+        ),
+    )
+    .unwrap();
+    let run = |token: &str| -> std::process::Output {
+        let args = conn(&[
+            "test",
+            "run",
+            "-f",
+            test.to_str().unwrap(),
+            "--sandbox",
+            s.sandbox,
+            "--key",
+            s.key,
+            "--calls",
+            "-o",
+            "json",
+        ]);
+        let out = Command::new("ip")
+            .args(["netns", "exec", netns])
+            .arg(spur_bin("spur"))
+            .args(&args)
+            .env("SPUR_TRAFFIC_TOKEN", token)
+            .output()
+            .unwrap();
+        eprintln!(
+            "node traffic: spur test run --calls: exit {:?}\n{}{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    // The reader may read the traffic, not capture it: refused before anything is sent.
+    let out = run(&token("reader"));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("permission denied") && err.contains("sandboxes/capture"),
+        "{err}"
+    );
+    // dev may capture (spur-traffic-capturer), create Deployments in the namespace (edit), and
+    // now read what was captured.
+    node.kubectl(&[
+        "create",
+        "clusterrolebinding",
+        "traffic-dev-reader",
+        "--clusterrole=spur-traffic-reader",
+        &format!("--serviceaccount={USERS}:dev"),
+    ])
+    .unwrap();
+    let dev = token("dev");
+    let report: Value = eventually(
+        "spur test run --calls as dev",
+        Duration::from_secs(60),
+        || {
+            let out = run(&dev);
+            if out.status.code() == Some(2) {
+                // The reader binding reaches the store's review within its cache's 30 s.
+                let err = String::from_utf8_lossy(&out.stderr);
+                anyhow::ensure!(err.contains("sandboxes/traffic"), "{err}");
+                return Ok(None);
+            }
+            Ok(Some(serde_json::from_slice(&out.stdout)?))
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        report["calls"]["namespaces"],
+        serde_json::json!([s.ns]),
+        "{report}"
+    );
+    let calls = |side: &Value| -> Vec<(String, u64)> {
+        side.as_array()
+            .unwrap_or_else(|| panic!("no calls: {report}"))
+            .iter()
+            .map(|c| {
+                (
+                    c["call"].as_str().unwrap().to_owned(),
+                    c["count"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let both = vec![
+        (format!("GET {}/backend", s.ns), 1),
+        (format!("GET {}/frontend", s.ns), 1),
+    ];
+    let step = &report["steps"][0]["calls"];
+    assert_eq!(calls(&step["sandbox"]), both, "{report}");
+    assert_eq!(calls(&step["baseline"][0]), both, "{report}");
+    assert_eq!(calls(&step["baseline"][1]), both, "{report}");
+    let findings = report["findings"].to_string();
+    assert!(!findings.contains("\"call"), "{findings}");
+    // The fork's changed env is still what the run found.
+    assert!(findings.contains("$.upstream.marker"), "{findings}");
 }

@@ -72,7 +72,7 @@ pub(super) async fn start(
     if capture.run.routing_key != key {
         capture.end(conn).await;
         bail!(
-            "the traffic store knows sandbox {sandbox} by another routing key than the cluster does (it is being re-created?); run again"
+            "the traffic store knows sandbox {sandbox} by another routing key than the one this run sends (it is being re-created, or --key is not its key)"
         );
     }
     if capture.run.watching_baselines == 0 {
@@ -97,7 +97,15 @@ impl Capture {
         let mut last = usize::MAX;
         let mut quiet_since = waited;
         let captured = loop {
-            let captured = self.read(conn).await?;
+            let captured = match self.read(conn).await {
+                Ok(c) => c,
+                Err(e) => {
+                    // Ended all the same: a reader refused (no sandboxes/traffic) leaves no
+                    // capture behind.
+                    self.end(conn).await;
+                    return Err(e.context("reading the run's captured calls back"));
+                }
+            };
             let now = tokio::time::Instant::now();
             if captured.len() != last {
                 last = captured.len();
