@@ -137,6 +137,7 @@ impl Setup {
         let mut req = tonic::Request::new(pb::QueryRequest {
             filter: Some(filter),
             limit: 1000,
+            without_bodies: false,
         });
         req.metadata_mut()
             .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());

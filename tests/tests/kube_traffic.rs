@@ -394,6 +394,7 @@ fn query(sandbox: &str) -> pb::QueryRequest {
             ..Default::default()
         }),
         limit: 100,
+        without_bodies: false,
     }
 }
 

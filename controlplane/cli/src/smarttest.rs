@@ -82,7 +82,7 @@ struct RunArgs {
     sandbox: Option<String>,
     /// A routing key, given directly (a route group's, or a sandbox's read elsewhere): nothing is
     /// read from the cluster. With --sandbox too, the sandbox only names whose run --calls
-    /// captures (the store checks that the key is that sandbox's).
+    /// captures (the key must be the one the traffic store knows it by).
     #[arg(long)]
     key: Option<String>,
     /// Run against a sandbox that is not Ready (its keyed requests may reach the baseline).
@@ -224,7 +224,7 @@ async fn run_test(a: RunArgs) -> Result<ExitCode> {
                 }
             };
             let mut report = spur_smarttest::run(&steps, &key, Some(&plan)).await;
-            let (captured, seen) = capture.finish(&a.store).await?;
+            let (captured, seen) = capture.finish(&a.store, &plan, steps.len()).await?;
             report.attach_calls(&plan, &captured, seen);
             report
         }

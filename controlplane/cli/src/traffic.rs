@@ -426,11 +426,26 @@ pub(crate) async fn query(
     filter: Filter,
     limit: u32,
 ) -> Result<Vec<(Exchange, i64)>> {
-    let reply = client
-        .query(QueryRequest {
+    query_request(
+        client,
+        conn,
+        QueryRequest {
             filter: Some(filter),
             limit,
-        })
+            without_bodies: false,
+        },
+    )
+    .await
+}
+
+/// [`query`] with the whole request given (heads only, say).
+pub(crate) async fn query_request(
+    client: &mut Client,
+    conn: &Conn,
+    request: QueryRequest,
+) -> Result<Vec<(Exchange, i64)>> {
+    let reply = client
+        .query(request)
         .await
         .map_err(|s| status_error(conn, &s))?;
     Ok(reply

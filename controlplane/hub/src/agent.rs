@@ -407,6 +407,7 @@ pub fn traffic_query(query: &str) -> Result<spur_proto::traffic::QueryRequest, S
     Ok(spur_proto::traffic::QueryRequest {
         filter: Some(filter),
         limit,
+        without_bodies: false,
     })
 }
 

@@ -85,9 +85,15 @@ fn answered(x: &Exchange) -> String {
         .chain(&x.response_headers)
         .find(|h| h.name.eq_ignore_ascii_case("grpc-status"));
     match trailer {
-        Some(h) if grpc || x.status == 200 => {
-            format!("grpc-status {}", String::from_utf8_lossy(&h.value))
-        }
+        // A number, or `?`: the status shows where readers of a Sandbox's Events do, and a
+        // service's own text has no place there.
+        Some(h) if grpc || x.status == 200 => match std::str::from_utf8(&h.value)
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+        {
+            Some(code) => format!("grpc-status {code}"),
+            None => "grpc-status ?".to_owned(),
+        },
         _ => x.status.to_string(),
     }
 }
@@ -234,6 +240,9 @@ mod tests {
         }];
         let mut down = ok.clone();
         down.response_trailers[0].value = b"14".to_vec();
+        let mut odd = ok.clone();
+        odd.response_trailers[0].value = b"<script>".to_vec();
+        assert_eq!(answered(&odd), "grpc-status ?");
         let mut failed = ok.clone();
         failed.status = 0;
         failed.error = "upstream reset".into();

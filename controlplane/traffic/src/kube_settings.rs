@@ -64,10 +64,14 @@ pub fn compile(sandboxes: &[Sandbox], cluster: &ClusterCapture) -> SettingsMap {
                 namespaces: workloads.iter().map(|w| w.namespace.clone()).collect(),
             },
         );
-        let Some(capture) = sb.spec.capture.as_ref().filter(|c| c.enabled) else {
+        // Every sandbox's own list, capturing or not: a smart test's run may capture it
+        // without its standing capture on.
+        if let Some(capture) = &sb.spec.capture {
+            redact.extend(capture.redact_headers.iter().cloned());
+        }
+        if !sb.spec.capture.as_ref().is_some_and(|c| c.enabled) {
             continue;
-        };
-        redact.extend(capture.redact_headers.iter().cloned());
+        }
         entries.push(SandboxSettings {
             name: sb.name_any(),
             routing_key: key,

@@ -42,15 +42,16 @@ pub use kube_settings::{ClusterCapture, compile as compile_sandboxes, watch_sand
 pub use metrics::{CallLabels, Metrics};
 pub use runs::{
     DEFAULT_RUN_SECONDS, MAX_RUN_SECONDS, MAX_RUNS, MAX_RUNS_PER_SANDBOX, Run, SandboxEntry,
+    StartedRun,
 };
 pub use service::{MAX_BATCH, MAX_MESSAGE_BYTES, TrafficService};
 pub use settings::{
     ALWAYS_REDACTED, Baseline, CAPTURE_GRACE, DEFAULT_MAX_BODY_BYTES, MAX_BODY_BYTES,
-    MAX_ROUTING_KEY, SandboxSettings, SettingsFile, SettingsIndex, SettingsMap, StartedRun,
-    WorkloadRef, is_header_name, is_routing_key, poll_file,
+    MAX_ROUTING_KEY, SandboxSettings, SettingsFile, SettingsIndex, SettingsMap, WorkloadRef,
+    is_header_name, is_routing_key, poll_file,
 };
 pub use store::{
-    DEFAULT_QUERY_LIMIT, Limits, MAX_ID_LEN, MAX_QUERY_LIMIT, MAX_REPLY_BYTES, Store,
+    Bodies, DEFAULT_QUERY_LIMIT, Limits, MAX_ID_LEN, MAX_QUERY_LIMIT, MAX_REPLY_BYTES, Store,
     effective_limit, matches, validate_filter,
 };
 
@@ -77,6 +78,9 @@ pub enum Error {
     /// A bound on what may exist at once was reached.
     #[error("{0}")]
     Exhausted(String),
+    /// What a request relied on changed meanwhile; retrying may succeed.
+    #[error("{0}")]
+    Changed(String),
     #[error("capture settings: {0}")]
     Settings(String),
     #[error("invalid configuration: {0}")]

@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 use spur_proto::traffic::CaptureKey;
 
+use crate::Error;
+use crate::settings::{CAPTURE_GRACE, SettingsIndex};
+
 /// Runs capturing at once, per sandbox and in all: a run is one test at a time.
 pub const MAX_RUNS_PER_SANDBOX: usize = 4;
 pub const MAX_RUNS: usize = 64;
@@ -56,12 +59,6 @@ impl Run {
     }
 }
 
-/// Why a run could not start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Refusal {
-    TooMany(String),
-}
-
 /// The live runs by id, and those ended less than the grace ago.
 #[derive(Debug, Default)]
 pub(crate) struct Runs {
@@ -72,10 +69,10 @@ pub(crate) struct Runs {
 
 impl Runs {
     /// Adds `run` under `id`, unless that would pass a bound.
-    pub(crate) fn start(&mut self, id: String, run: Run, now: Instant) -> Result<(), Refusal> {
+    pub(crate) fn start(&mut self, id: String, run: Run, now: Instant) -> Result<(), Error> {
         self.sweep(now, Duration::ZERO);
         if self.live.len() >= MAX_RUNS {
-            return Err(Refusal::TooMany(format!(
+            return Err(Error::Exhausted(format!(
                 "{MAX_RUNS} runs are capturing already; retry when one ends"
             )));
         }
@@ -85,7 +82,7 @@ impl Runs {
             .filter(|r| r.sandbox == run.sandbox)
             .count();
         if same >= MAX_RUNS_PER_SANDBOX {
-            return Err(Refusal::TooMany(format!(
+            return Err(Error::Exhausted(format!(
                 "sandbox {} has {MAX_RUNS_PER_SANDBOX} runs capturing already; retry when one ends",
                 run.sandbox
             )));
@@ -170,6 +167,103 @@ impl Runs {
     }
 }
 
+/// A run capture as started: its id and what it captures where.
+#[derive(Debug, Clone)]
+pub struct StartedRun {
+    pub id: String,
+    pub run: Run,
+    /// Baselines in its namespaces with a watching sidecar.
+    pub watching: usize,
+}
+
+impl SettingsIndex {
+    /// The sandbox named `sandbox` as the settings know it (every sandbox with a routing key).
+    pub fn sandbox(&self, sandbox: &str) -> Option<SandboxEntry> {
+        self.state().map.sandboxes.get(sandbox).cloned()
+    }
+
+    /// Starts capturing for a smart-test run of `sandbox` for `seconds` (0: the default): its
+    /// key and `reference_key` at every baseline of the namespaces it forks from, which must
+    /// still be `checked` (what the caller's rights were checked for: ABORTED otherwise). The
+    /// watchers there are sent their new settings before this returns. `id` and
+    /// `reference_key` are the caller's (random: this module does not make them).
+    pub fn start_run(
+        &self,
+        sandbox: &str,
+        checked: &SandboxEntry,
+        seconds: u32,
+        id: String,
+        reference_key: String,
+    ) -> Result<StartedRun, Error> {
+        if seconds > MAX_RUN_SECONDS {
+            return Err(Error::Invalid(format!(
+                "seconds: {seconds} is more than {MAX_RUN_SECONDS}"
+            )));
+        }
+        let seconds = if seconds == 0 {
+            DEFAULT_RUN_SECONDS
+        } else {
+            seconds
+        };
+        let mut state = self.state();
+        let entry = state.map.sandboxes.get(sandbox).cloned().ok_or_else(|| {
+            Error::NotFound(format!(
+                "sandbox {sandbox} has no routing key yet (or does not exist)"
+            ))
+        })?;
+        if entry != *checked {
+            return Err(Error::Changed(format!(
+                "sandbox {sandbox} changed while its run capture was being checked; retry"
+            )));
+        }
+        if entry.namespaces.is_empty() {
+            return Err(Error::Invalid(format!(
+                "sandbox {sandbox} forks no workload: there is nowhere to capture"
+            )));
+        }
+        let now = Instant::now();
+        let run = Run {
+            sandbox: sandbox.to_string(),
+            routing_key: entry.routing_key,
+            reference_key,
+            namespaces: entry.namespaces,
+            until: now + Duration::from_secs(u64::from(seconds)),
+        };
+        state.runs.start(id.clone(), run.clone(), now)?;
+        state.refresh();
+        let watching = state
+            .watchers
+            .keys()
+            .filter(|b| run.namespaces.contains(&b.namespace))
+            .count();
+        Ok(StartedRun { id, run, watching })
+    }
+
+    /// The live run `id`.
+    pub fn run(&self, id: &str) -> Option<Run> {
+        self.state().runs.get(id).cloned()
+    }
+
+    /// Ends run `id`; whether it was live. Its exchanges still count for [`CAPTURE_GRACE`].
+    pub fn end_run(&self, id: &str) -> bool {
+        let mut state = self.state();
+        let ended = state.runs.end(id, Instant::now());
+        if ended {
+            state.refresh();
+        }
+        ended
+    }
+
+    /// Ends the runs past their time (and forgets ended ones past the grace); how many live.
+    pub fn sweep_runs(&self) -> usize {
+        let mut state = self.state();
+        if state.runs.sweep(Instant::now(), CAPTURE_GRACE) {
+            state.refresh();
+        }
+        state.runs.live()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,7 +313,7 @@ mod tests {
             runs.start(format!("a{i}"), run("a", &["x"], until), now)
                 .unwrap();
         }
-        let Err(Refusal::TooMany(why)) = runs.start("a-more".into(), run("a", &["x"], until), now)
+        let Err(Error::Exhausted(why)) = runs.start("a-more".into(), run("a", &["x"], until), now)
         else {
             panic!("a fifth run of one sandbox started");
         };
@@ -272,7 +366,13 @@ mod tests {
         assert!(!index.captures(&catalog, "sb", "k1"));
 
         let started = index
-            .start_run("sb", 60, "id1".into(), "ref1".into())
+            .start_run(
+                "sb",
+                &index.sandbox("sb").unwrap(),
+                60,
+                "id1".into(),
+                "ref1".into(),
+            )
             .unwrap();
         assert_eq!(started.watching, 2, "front and catalog watch in shop");
         assert_eq!(started.run.routing_key, "k1");
@@ -301,11 +401,23 @@ mod tests {
         assert!(!at_other.has_changed().unwrap());
 
         let e = index
-            .start_run("nope", 60, "id2".into(), "ref2".into())
+            .start_run(
+                "nope",
+                &SandboxEntry::default(),
+                60,
+                "id2".into(),
+                "ref2".into(),
+            )
             .unwrap_err();
         assert!(matches!(e, crate::Error::NotFound(_)), "{e}");
         let e = index
-            .start_run("sb", MAX_RUN_SECONDS + 1, "id3".into(), "ref3".into())
+            .start_run(
+                "sb",
+                &index.sandbox("sb").unwrap(),
+                MAX_RUN_SECONDS + 1,
+                "id3".into(),
+                "ref3".into(),
+            )
             .unwrap_err();
         assert!(matches!(e, crate::Error::Invalid(_)), "{e}");
     }

@@ -161,7 +161,16 @@ impl TrafficService {
         self.auth.reader(req.metadata(), &filter.sandbox).await?;
         store::validate_filter(&filter).map_err(status)?;
         let limit = req.get_ref().limit;
-        let exchanges = self.store.query(filter, limit).await.map_err(status)?;
+        let bodies = if req.get_ref().without_bodies {
+            store::Bodies::Left
+        } else {
+            store::Bodies::Kept
+        };
+        let exchanges = self
+            .store
+            .query_with(filter, limit, bodies)
+            .await
+            .map_err(status)?;
         Ok(QueryReply { exchanges })
     }
 
@@ -172,7 +181,7 @@ impl TrafficService {
         let sandbox = req.get_ref().sandbox.clone();
         if sandbox.is_empty() || sandbox.len() > 253 {
             return Err(Status::invalid_argument(
-                "sandbox: the name of a sandbox is required",
+                "sandbox: the name of a sandbox (1 to 253 characters) is required",
             ));
         }
         // The sandbox's right first: whether it exists is nothing to tell someone without it.
@@ -190,7 +199,7 @@ impl TrafficService {
         let reference_key = format!("spur-run-{}", random_hex(10).map_err(status)?);
         let started = self
             .settings
-            .start_run(&sandbox, req.get_ref().seconds, id, reference_key)
+            .start_run(&sandbox, &entry, req.get_ref().seconds, id, reference_key)
             .map_err(status)?;
         self.metrics
             .run_captures
@@ -224,6 +233,8 @@ impl TrafficService {
         &self,
         req: Request<EndRunCaptureRequest>,
     ) -> Result<EndRunCaptureReply, Status> {
+        // Credentials before anything else: no answer about runs to a caller without any.
+        Credentials::from_metadata(req.metadata())?;
         let id = &req.get_ref().id;
         // Unknown and ended look the same: an id is a secret, not something to probe for.
         let run = self
@@ -327,7 +338,10 @@ impl TrafficService {
 /// `bytes` random bytes in lowercase hex.
 fn random_hex(bytes: usize) -> Result<String, Error> {
     let mut buf = vec![0u8; bytes];
-    getrandom::fill(&mut buf).map_err(|e| Error::Serve(format!("no randomness: {e}")))?;
+    getrandom::fill(&mut buf).map_err(|e| {
+        tracing::error!(error = %e, "no randomness for a run capture");
+        Error::Serve(format!("no randomness: {e}"))
+    })?;
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
@@ -347,6 +361,7 @@ fn status(e: Error) -> Status {
         Error::Closed => Status::unavailable("the store is shutting down"),
         Error::NotFound(m) => Status::not_found(m),
         Error::Exhausted(m) => Status::resource_exhausted(m),
+        Error::Changed(m) => Status::aborted(m),
         e => {
             // Logged where it happened; the client learns only that it failed.
             tracing::debug!(error = %e, "store call failed");

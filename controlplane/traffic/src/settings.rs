@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
-use crate::runs::{DEFAULT_RUN_SECONDS, MAX_RUN_SECONDS, Refusal, Run, Runs, SandboxEntry};
+use crate::runs::{Runs, SandboxEntry};
 
 /// Headers whose values never leave a sidecar, whatever the settings say. Public so that the
 /// sidecar redacts the same list even before its first settings arrive.
@@ -128,15 +128,15 @@ impl Default for SettingsIndex {
     }
 }
 
-struct State {
-    map: SettingsMap,
+pub(crate) struct State {
+    pub(crate) map: SettingsMap,
     /// One channel per baseline someone watches (or has watched: swept when unwatched).
-    watchers: HashMap<Baseline, watch::Sender<CaptureSettings>>,
+    pub(crate) watchers: HashMap<Baseline, watch::Sender<CaptureSettings>>,
     /// (baseline, sandbox, routing key) captures the settings dropped, and when: they still
     /// count for [`CAPTURE_GRACE`].
     dropped: HashMap<(Baseline, String, String), Instant>,
     /// Smart-test runs capturing whole namespaces for a while.
-    runs: Runs,
+    pub(crate) runs: Runs,
 }
 
 impl State {
@@ -165,7 +165,7 @@ impl State {
     }
 
     /// Sends each watcher its settings if they changed.
-    fn refresh(&mut self) {
+    pub(crate) fn refresh(&mut self) {
         self.watchers.retain(|_, tx| tx.receiver_count() > 0);
         for (baseline, tx) in &self.watchers {
             let next = self.effective(baseline);
@@ -178,15 +178,6 @@ impl State {
             });
         }
     }
-}
-
-/// A run capture as started: its id and what it captures where.
-#[derive(Debug, Clone)]
-pub struct StartedRun {
-    pub id: String,
-    pub run: Run,
-    /// Baselines in its namespaces with a watching sidecar.
-    pub watching: usize,
 }
 
 impl std::fmt::Debug for SettingsIndex {
@@ -261,89 +252,7 @@ impl SettingsIndex {
             )
     }
 
-    /// The sandbox named `sandbox` as the settings know it (every sandbox with a routing key).
-    pub fn sandbox(&self, sandbox: &str) -> Option<SandboxEntry> {
-        self.state().map.sandboxes.get(sandbox).cloned()
-    }
-
-    /// Starts capturing for a smart-test run of `sandbox` for `seconds` (0: the default): its
-    /// key and `reference_key` at every baseline of the namespaces it forks from. The watchers
-    /// there are sent their new settings before this returns. `id` and `reference_key` are the
-    /// caller's (random: [`crate::runs`] does not make them).
-    pub fn start_run(
-        &self,
-        sandbox: &str,
-        seconds: u32,
-        id: String,
-        reference_key: String,
-    ) -> Result<StartedRun, Error> {
-        if seconds > MAX_RUN_SECONDS {
-            return Err(Error::Invalid(format!(
-                "seconds: {seconds} is more than {MAX_RUN_SECONDS}"
-            )));
-        }
-        let seconds = if seconds == 0 {
-            DEFAULT_RUN_SECONDS
-        } else {
-            seconds
-        };
-        let mut state = self.state();
-        let entry = state.map.sandboxes.get(sandbox).cloned().ok_or_else(|| {
-            Error::NotFound(format!(
-                "sandbox {sandbox} has no routing key yet (or does not exist)"
-            ))
-        })?;
-        if entry.namespaces.is_empty() {
-            return Err(Error::Invalid(format!(
-                "sandbox {sandbox} forks no workload: there is nowhere to capture"
-            )));
-        }
-        let now = Instant::now();
-        let run = Run {
-            sandbox: sandbox.to_string(),
-            routing_key: entry.routing_key,
-            reference_key,
-            namespaces: entry.namespaces,
-            until: now + Duration::from_secs(u64::from(seconds)),
-        };
-        state
-            .runs
-            .start(id.clone(), run.clone(), now)
-            .map_err(|Refusal::TooMany(m)| Error::Exhausted(m))?;
-        state.refresh();
-        let watching = state
-            .watchers
-            .keys()
-            .filter(|b| run.namespaces.contains(&b.namespace))
-            .count();
-        Ok(StartedRun { id, run, watching })
-    }
-
-    /// The live run `id`.
-    pub fn run(&self, id: &str) -> Option<Run> {
-        self.state().runs.get(id).cloned()
-    }
-
-    /// Ends run `id`; whether it was live. Its exchanges still count for [`CAPTURE_GRACE`].
-    pub fn end_run(&self, id: &str) -> bool {
-        let mut state = self.state();
-        let ended = state.runs.end(id, Instant::now());
-        if ended {
-            state.refresh();
-        }
-        ended
-    }
-
-    /// Ends the runs past their time (and forgets ended ones past the grace); how many live.
-    pub fn sweep_runs(&self) -> usize {
-        let mut state = self.state();
-        if state.runs.sweep(Instant::now(), CAPTURE_GRACE) {
-            state.refresh();
-        }
-        state.runs.live()
-    }
-
-    fn state(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
         // No code path panics while holding the lock with the state half-changed.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -130,6 +130,7 @@ enum Command {
     Query(
         Filter,
         u32,
+        Bodies,
         oneshot::Sender<Result<Vec<StoredExchange>, Error>>,
     ),
 }
@@ -191,8 +192,18 @@ impl Store {
     /// [`DEFAULT_QUERY_LIMIT`]; it is capped at [`MAX_QUERY_LIMIT`], and a reply stops early
     /// past [`MAX_REPLY_BYTES`].
     pub async fn query(&self, filter: Filter, limit: u32) -> Result<Vec<StoredExchange>, Error> {
+        self.query_with(filter, limit, Bodies::Kept).await
+    }
+
+    /// [`Store::query`], with the bodies' bytes left out when `bodies` says so.
+    pub async fn query_with(
+        &self,
+        filter: Filter,
+        limit: u32,
+        bodies: Bodies,
+    ) -> Result<Vec<StoredExchange>, Error> {
         validate_filter(&filter)?;
-        self.call(|reply| Command::Query(filter, effective_limit(limit), reply))
+        self.call(|reply| Command::Query(filter, effective_limit(limit), bodies, reply))
             .await
     }
 
@@ -403,8 +414,8 @@ impl Db {
                     }
                     let _ = reply.send(out);
                 }
-                Command::Query(filter, limit, reply) => {
-                    let out = self.query(&filter, limit);
+                Command::Query(filter, limit, bodies, reply) => {
+                    let out = self.query(&filter, limit, bodies);
                     if let Err(e) = &out {
                         tracing::warn!(error = %e, "cannot query exchanges");
                     }
@@ -496,7 +507,7 @@ impl Db {
         Ok(stored)
     }
 
-    fn query(&self, f: &Filter, limit: u32) -> Result<Vec<StoredExchange>, Error> {
+    fn query(&self, f: &Filter, limit: u32, bodies: Bodies) -> Result<Vec<StoredExchange>, Error> {
         // Bare `?` parameters number themselves in order: each clause pushes its arguments
         // as it adds them.
         let mut sql =
@@ -548,14 +559,20 @@ impl Db {
             let seq: i64 = row.get(0).map_err(dbe)?;
             let blob: Vec<u8> = row.get(1).map_err(dbe)?;
             let stored_unix_micros: i64 = row.get(2).map_err(dbe)?;
-            if !out.is_empty() && reply_bytes + blob.len() > MAX_REPLY_BYTES {
-                break;
-            }
-            reply_bytes += blob.len();
             match Exchange::decode(blob.as_slice()) {
                 // The row's id, whatever the blob says (blobs stored before version 2 carry
                 // the pusher's).
                 Ok(mut e) => {
+                    if bodies == Bodies::Left {
+                        strip_body(e.request_body.as_mut());
+                        strip_body(e.response_body.as_mut());
+                    }
+                    // What the reply carries: without bodies, far more fit.
+                    let size = e.encoded_len();
+                    if !out.is_empty() && reply_bytes + size > MAX_REPLY_BYTES {
+                        break;
+                    }
+                    reply_bytes += size;
                     e.id = seq.to_string();
                     out.push(StoredExchange {
                         exchange: Some(e),
@@ -569,6 +586,13 @@ impl Db {
         }
         Ok(out)
     }
+}
+
+/// Whether a query's exchanges keep their bodies' bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bodies {
+    Kept,
+    Left,
 }
 
 fn strip_body(body: Option<&mut spur_proto::traffic::Body>) {

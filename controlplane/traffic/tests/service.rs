@@ -165,6 +165,7 @@ async fn push_then_query() {
                 ..Filter::default()
             }),
             limit: 0,
+            without_bodies: false,
         }))
         .await
         .unwrap()
@@ -187,6 +188,36 @@ async fn push_then_query() {
         "stored as pushed"
     );
 
+    // Without bodies: the heads as stored, every body's bytes left out (its size kept).
+    let mut with_body = exchange("d", "sb3", 4);
+    with_body.response_body = Some(spur_proto::traffic::Body {
+        size: 5,
+        data: b"hello".to_vec(),
+        truncated: false,
+    });
+    c.push(authed(push(vec![with_body], 0))).await.unwrap();
+    let heads = c
+        .query(authed(QueryRequest {
+            filter: Some(Filter {
+                sandbox: "sb3".into(),
+                ..Filter::default()
+            }),
+            limit: 0,
+            without_bodies: true,
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .exchanges;
+    let body = heads[0]
+        .exchange
+        .as_ref()
+        .unwrap()
+        .response_body
+        .clone()
+        .unwrap();
+    assert_eq!((body.size, body.data.len(), body.truncated), (5, 0, true));
+
     let err = c
         .query(authed(QueryRequest {
             filter: Some(Filter {
@@ -194,6 +225,7 @@ async fn push_then_query() {
                 ..Filter::default()
             }),
             limit: 0,
+            without_bodies: false,
         }))
         .await
         .unwrap_err();
@@ -202,7 +234,7 @@ async fn push_then_query() {
     let m = h.metrics();
     assert_eq!(
         metric_line(&m, "spur_traffic_exchanges_stored_total"),
-        Some("spur_traffic_exchanges_stored_total 3")
+        Some("spur_traffic_exchanges_stored_total 4")
     );
     assert_eq!(
         metric_line(&m, "spur_traffic_sidecar_dropped_total"),
@@ -210,11 +242,11 @@ async fn push_then_query() {
     );
     assert_eq!(
         metric_line(&m, "spur_traffic_pushes_total"),
-        Some("spur_traffic_pushes_total 3")
+        Some("spur_traffic_pushes_total 4")
     );
     assert_eq!(
         metric_line(&m, "spur_traffic_store_exchanges"),
-        Some("spur_traffic_store_exchanges 3")
+        Some("spur_traffic_store_exchanges 4")
     );
     assert!(m.contains("spur_traffic_retention_dropped_total 0"), "{m}");
     h.stop().await;

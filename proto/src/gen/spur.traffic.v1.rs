@@ -172,6 +172,10 @@ pub struct QueryRequest {
     /// At most this many (the store caps it at 1000; 0 means 100).
     #[prost(uint32, tag = "2")]
     pub limit: u32,
+    /// Leave every body's bytes out (their sizes stay): a reader that needs only heads (a smart
+    /// test's calls) gets up to `limit` exchanges within the reply's 16 MiB.
+    #[prost(bool, tag = "3")]
+    pub without_bodies: bool,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Filter {

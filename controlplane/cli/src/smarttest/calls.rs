@@ -6,17 +6,17 @@
 //! `sandboxes/traffic`) and compared per step.
 
 use std::collections::HashSet;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Result, bail};
 use spur_proto::traffic::{
-    EndRunCaptureRequest, Exchange, Filter, RunCapture, StartRunCaptureRequest,
+    EndRunCaptureRequest, Exchange, Filter, QueryRequest, RunCapture, StartRunCaptureRequest,
 };
 use spur_smarttest::Prepared;
-use spur_smarttest::calls::{CallPlan, MAX_CAPTURED};
+use spur_smarttest::calls::{CallPlan, MAX_CAPTURED, attribute};
 use spur_smarttest::run::CallsSeen;
 
-use crate::traffic::{Client, Conn, STORE_LIMIT, connect, query, status_error};
+use crate::traffic::{Client, Conn, STORE_LIMIT, connect, query_request, status_error};
 
 /// How long the sidecars get to receive the run's settings before the first request: the
 /// store has handed them to every open settings stream when it answers; this covers the
@@ -30,7 +30,8 @@ const MAX_WAIT: Duration = Duration::from_secs(15);
 const POLL: Duration = Duration::from_millis(250);
 /// The longest capture the store grants (proto/traffic.proto).
 const MAX_SECONDS: u32 = 1800;
-/// Start times are the sidecars' clocks: read from a little before the run began.
+/// Start times are the sidecars' clocks, the run's start the store's: read from a little
+/// before it.
 const CLOCK_SLACK: Duration = Duration::from_secs(5);
 
 /// A run capture the store started.
@@ -38,10 +39,13 @@ pub(super) struct Capture {
     client: Client,
     sandbox: String,
     run: RunCapture,
-    started_unix_micros: i64,
+    /// When the capture started, by the store's clock (the sidecars' clocks in its cluster).
+    since_unix_micros: i64,
 }
 
 /// Asks the store to capture the run of `steps` against `sandbox`, whose key was read as `key`.
+/// The right to read the sandbox's traffic is checked first: a user who could not read the
+/// calls back sends nothing.
 pub(super) async fn start(
     conn: &Conn,
     sandbox: &str,
@@ -49,12 +53,26 @@ pub(super) async fn start(
     steps: &[Prepared],
 ) -> Result<Capture> {
     let mut client = connect(conn).await?;
+    let probe = QueryRequest {
+        filter: Some(Filter {
+            sandbox: sandbox.to_owned(),
+            ..Filter::default()
+        }),
+        limit: 1,
+        without_bodies: true,
+    };
+    query_request(&mut client, conn, probe)
+        .await
+        .map_err(|e| e.context("--calls reads the run's calls back, with your token"))?;
     // Each step is sent three or four times, each within its timeout; a minute of slack.
     let worst: u64 = steps.iter().map(|s| 4 * s.timeout.as_secs()).sum();
-    let seconds = u32::try_from(worst.saturating_add(60))
-        .unwrap_or(u32::MAX)
-        .min(MAX_SECONDS);
-    let started_unix_micros = now_micros();
+    let wanted = worst.saturating_add(60);
+    let seconds = u32::try_from(wanted).unwrap_or(u32::MAX).min(MAX_SECONDS);
+    if u64::from(seconds) < wanted {
+        crate::sandbox::note(format_args!(
+            "spur: the run may take up to {wanted} s, longer than a capture lasts ({MAX_SECONDS} s): calls of steps after that are not seen"
+        ));
+    }
     let run = client
         .start_run_capture(StartRunCaptureRequest {
             sandbox: sandbox.to_owned(),
@@ -63,11 +81,14 @@ pub(super) async fn start(
         .await
         .map_err(|s| status_error(conn, &s).context("starting the run's capture (--calls)"))?
         .into_inner();
+    let since_unix_micros = run
+        .until_unix_micros
+        .saturating_sub(i64::from(seconds) * 1_000_000);
     let capture = Capture {
         client,
         sandbox: sandbox.to_owned(),
         run,
-        started_unix_micros,
+        since_unix_micros,
     };
     if capture.run.routing_key != key {
         capture.end(conn).await;
@@ -91,44 +112,60 @@ impl Capture {
         Ok(CallPlan::new(self.run.reference_key.clone())?)
     }
 
-    /// Waits for the sidecars' last pushes, ends the capture and returns what it recorded.
-    pub(super) async fn finish(mut self, conn: &Conn) -> Result<(Vec<Exchange>, CallsSeen)> {
-        let waited = tokio::time::Instant::now();
-        let mut last = usize::MAX;
-        let mut quiet_since = waited;
-        let captured = loop {
-            let captured = match self.read(conn).await {
-                Ok(c) => c,
-                Err(e) => {
-                    // Ended all the same: a reader refused (no sandboxes/traffic) leaves no
-                    // capture behind.
-                    self.end(conn).await;
-                    return Err(e.context("reading the run's captured calls back"));
-                }
-            };
-            let now = tokio::time::Instant::now();
-            if captured.len() != last {
-                last = captured.len();
-                quiet_since = now;
-            } else if now - quiet_since >= QUIET {
-                break captured;
-            }
-            if now - waited >= MAX_WAIT {
-                crate::sandbox::note(format_args!(
-                    "spur: the run's captured calls were still arriving after {} s; comparing what arrived",
-                    MAX_WAIT.as_secs()
-                ));
-                break captured;
-            }
-            tokio::time::sleep(POLL).await;
-        };
+    /// Waits for the sidecars' last pushes of the run's `steps` steps, reads what the capture
+    /// recorded, ends it and returns what it recorded. The capture is ended whatever happens.
+    pub(super) async fn finish(
+        mut self,
+        conn: &Conn,
+        plan: &CallPlan,
+        steps: usize,
+    ) -> Result<(Vec<Exchange>, CallsSeen)> {
+        let read = self.read_until_quiet(conn, plan, steps).await;
         let seen = CallsSeen {
             namespaces: self.run.namespaces.clone(),
             watching: self.run.watching_baselines,
             ..CallsSeen::default()
         };
         self.end(conn).await;
+        let captured = read.map_err(|e| e.context("reading the run's captured calls back"))?;
         Ok((captured, seen))
+    }
+
+    /// What the store holds of the run once this run's marked exchanges stop arriving (other
+    /// requests with the sandbox's key may keep coming: they are not waited for).
+    async fn read_until_quiet(
+        &mut self,
+        conn: &Conn,
+        plan: &CallPlan,
+        steps: usize,
+    ) -> Result<Vec<Exchange>> {
+        let waited = tokio::time::Instant::now();
+        let mut last = usize::MAX;
+        let mut quiet_since = waited;
+        loop {
+            let captured = self.read(conn).await?;
+            let marked = captured.len() - attribute(plan, steps, &captured).unmarked;
+            let now = tokio::time::Instant::now();
+            if marked != last {
+                last = marked;
+                quiet_since = now;
+            } else if now - quiet_since >= QUIET {
+                if marked == 0 && self.run.watching_baselines > 0 {
+                    crate::sandbox::note(format_args!(
+                        "spur: no call of this run came back: do the services propagate `baggage`, and are their sidecars capturing?"
+                    ));
+                }
+                return Ok(captured);
+            }
+            if now - waited >= MAX_WAIT {
+                crate::sandbox::note(format_args!(
+                    "spur: the run's captured calls were still arriving after {} s; comparing what arrived",
+                    MAX_WAIT.as_secs()
+                ));
+                return Ok(captured);
+            }
+            tokio::time::sleep(POLL).await;
+        }
     }
 
     /// Ends the capture; a failure is only said (the store ends it at its time anyway).
@@ -139,41 +176,60 @@ impl Capture {
                 id: self.run.id.clone(),
             })
             .await;
-        if let Err(s) = ended {
-            crate::sandbox::note(format_args!(
+        match ended {
+            Ok(_) => {}
+            Err(s) if s.code() == tonic::Code::NotFound => crate::sandbox::note(format_args!(
+                "spur: the run's capture had ended before the run did (the store restarted?): calls may be missing"
+            )),
+            Err(s) => crate::sandbox::note(format_args!(
                 "spur: ending the run's capture: {:#} (it ends by itself at the time it asked for)",
                 status_error(conn, &s)
-            ));
+            )),
         }
     }
 
     /// Every exchange stored with the run's keys since it started, newest first, page by page
-    /// (at most [`MAX_CAPTURED`] and one page).
+    /// (heads only), until a page brings nothing new; at most [`MAX_CAPTURED`] and a page.
     async fn read(&mut self, conn: &Conn) -> Result<Vec<Exchange>> {
         let keys = [&self.run.routing_key, &self.run.reference_key];
-        let since = self.started_unix_micros - micros(CLOCK_SLACK);
+        let since = self.since_unix_micros - micros(CLOCK_SLACK);
         let mut out = Vec::new();
         let mut seen = HashSet::new();
         let mut until = 0i64;
         loop {
-            let filter = Filter {
-                sandbox: self.sandbox.clone(),
-                since_unix_micros: since.max(1),
-                until_unix_micros: until,
-                ..Filter::default()
+            let request = QueryRequest {
+                filter: Some(Filter {
+                    sandbox: self.sandbox.clone(),
+                    since_unix_micros: since.max(1),
+                    until_unix_micros: until,
+                    ..Filter::default()
+                }),
+                limit: STORE_LIMIT,
+                without_bodies: true,
             };
-            let page = query(&mut self.client, conn, filter, STORE_LIMIT).await?;
-            let full = page.len() >= STORE_LIMIT as usize;
+            let page = query_request(&mut self.client, conn, request).await?;
             let mut oldest = i64::MAX;
+            let mut new = 0usize;
             for (x, _) in page {
                 oldest = oldest.min(x.start_unix_micros);
-                if seen.insert(x.id.clone()) && keys.contains(&&x.routing_key) {
-                    out.push(x);
+                if seen.insert(x.id.clone()) {
+                    new += 1;
+                    if keys.contains(&&x.routing_key) {
+                        out.push(x);
+                    }
                 }
             }
-            // The next page ends after the oldest of this one (its start time included, so that
-            // exchanges sharing it are not lost; those seen already are skipped).
-            if !full || out.len() > MAX_CAPTURED || oldest == i64::MAX || oldest + 1 == until {
+            // A page may be short for its reply's size as well as for the end of the data:
+            // only a page with nothing new ends it. The next page ends after the oldest of
+            // this one (its start time included, so that exchanges sharing it are not lost;
+            // those seen already are skipped).
+            if new == 0 || oldest == i64::MAX || oldest + 1 == until {
+                return Ok(out);
+            }
+            if out.len() > MAX_CAPTURED {
+                crate::sandbox::note(format_args!(
+                    "spur: more than {MAX_CAPTURED} exchanges captured during the run; the oldest were not read"
+                ));
                 return Ok(out);
             }
             until = oldest + 1;
@@ -183,10 +239,4 @@ impl Capture {
 
 fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
-
-fn now_micros() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, micros)
 }
