@@ -27,6 +27,8 @@ for tool in h2load curl valgrind; do
 done
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
+# lib.sh builds the proxies; the store is this script's own.
+cargo build --release --locked --bin spur-traffic-store >&2
 
 store=127.0.0.1:19790
 printf 'perf-token\n' >"$work/token"

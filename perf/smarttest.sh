@@ -11,8 +11,16 @@
 # test has STEPS steps (GET /catalog); each is sent three times (sandbox, baseline, baseline), so
 # 34 steps are about 100 requests. It runs RUNS times; the figures are per run and per request.
 #
-#   perf/smarttest.sh [STEPS [RUNS]]   → a markdown table on stdout (defaults 34 and 40; CPU
-# is counted in 10 ms ticks, so fewer runs are coarse)
+#   perf/smarttest.sh [STEPS [RUNS [calls]]]   → a markdown table on stdout (defaults 34 and 40;
+# CPU is counted in 10 ms ticks, so fewer runs are coarse)
+#
+# With `calls`, each run is `spur test run --calls` (docs/smart-tests.md, "Downstream calls"):
+# the sidecar takes its capture settings from the store instead of a file, each run asks the
+# store for a run capture (the sandbox's key and a reference key at every sidecar of namespace
+# t), the baseline's requests carry the reference key, and the run reads its captured calls
+# back; every request of the run is then captured, not only the sandbox's. Its wall time
+# includes the runner's fixed waits (a second for the settings to reach the sidecars, a second
+# of quiet before reading the calls back).
 #
 # CPU: user+system ticks from /proc (10 ms each) of each long-lived process over all runs, and
 # the runner's own from its rusage (GNU time). Loopback only; every process it starts is stopped
@@ -22,6 +30,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 steps="${1:-34}"
 runs="${2:-40}"
+mode="${3:-}"
 for tool in curl /usr/bin/time; do
     command -v "$tool" >/dev/null || { echo "perf/smarttest.sh: $tool is not installed" >&2; exit 1; }
 done
@@ -79,10 +88,17 @@ cat >"$work/rules.yaml" <<EOF
     - workloadPort: ${base##*:}
       destinations: [{host: ${fork%:*}, port: ${fork##*:}}]
 EOF
+settings=(--capture-settings "$work/capture.yaml")
+run_args=(--key k1)
+if [ "$mode" = calls ]; then
+    # Settings from the store, where run captures are.
+    settings=()
+    run_args=(--sandbox perf --key k1 --calls --server "http://$store" --token-file "$work/token")
+fi
 target/release/spur-sidecar --threads 1 --app-addr "$base" --inbound-addr "$listen" \
     --admin-addr "$admin" --baseline-namespace t --baseline-name base --rules "$work/rules.yaml" \
     --traffic-server "$store" --traffic-server-token-file "$work/token" \
-    --capture-settings "$work/capture.yaml" >"$work/sidecar.log" 2>&1 &
+    "${settings[@]}" >"$work/sidecar.log" 2>&1 &
 sidecar_pid=$!
 pids+=("$sidecar_pid")
 for _ in $(seq 100); do
@@ -117,11 +133,12 @@ for r in $(seq "$runs"); do
     start=$(date +%s%N)
     status=0
     /usr/bin/time -f '%U %S %M' -o "$work/time.$r" target/release/spur test run -f "$work/test.yaml" \
-        --key k1 -o json --summary-file "$work/summary.$r.json" >"$work/report.$r.json" || status=$?
+        "${run_args[@]}" -o json --summary-file "$work/summary.$r.json" >"$work/report.$r.json" \
+        2>"$work/stderr.$r" || status=$?
     end=$(date +%s%N)
     if [ "$status" -ne 0 ]; then
         echo "perf/smarttest.sh: run $r exited $status (an unchanged fork should pass):" >&2
-        head -c 4000 "$work/report.$r.json" >&2
+        head -c 4000 "$work/report.$r.json" "$work/stderr.$r" >&2
         exit 1
     fi
     wall_ms=$((wall_ms + (end - start) / 1000000))
@@ -144,7 +161,13 @@ per_100() { awk -v v="$1" -v n="$runs" -v q="$requests" 'BEGIN { printf "%.2f", 
 ms_of_ticks() { awk -v t="$1" 'BEGIN { print t * 10 }'; }
 runner_ms=$(awk -v c="$runner_cpu" 'BEGIN { print c * 1000 }')
 
-echo "A run of $steps steps ($requests requests: each step to the sandbox and twice to the baseline), $runs runs; per run and per 100 requests."
+captured_what="the sandbox's requests"
+calls_seen=""
+if [ "$mode" = calls ]; then
+    captured_what="every request of the run, --calls"
+    calls_seen="$(grep -o '"captured": *[0-9]*' "$work/report.$runs.json" | grep -o '[0-9]*$' || true)"
+fi
+echo "A run of $steps steps ($requests requests: each step to the sandbox and twice to the baseline), $runs runs${mode:+ ($mode)}; per run and per 100 requests."
 echo
 echo "| | per run | per 100 requests |"
 echo "|---|---:|---:|"
@@ -154,7 +177,7 @@ echo "| baseline's sidecar CPU (ms) | $(per_run "$(ms_of_ticks "${spent[$sidecar
 echo "| the apps' CPU (ms, baseline + fork) | $(per_run "$(ms_of_ticks $((spent[$base_pid] + spent[$fork_pid])))") | $(per_100 "$(ms_of_ticks $((spent[$base_pid] + spent[$fork_pid])))") |"
 echo "| traffic store CPU (ms) | $(per_run "$(ms_of_ticks "${spent[$store_pid]}")") | $(per_100 "$(ms_of_ticks "${spent[$store_pid]}")") |"
 echo "| JSON report (bytes) | $(per_run "$report_bytes") | $(per_100 "$report_bytes") |"
-echo "| exchanges captured at the sidecar (the sandbox's requests) | $(per_run "$stored") | $(per_100 "$stored") |"
+echo "| exchanges captured at the sidecar ($captured_what) | $(per_run "$stored") | $(per_100 "$stored") |"
 echo "| bytes the traffic store keeps of them | $(per_run "$store_bytes") | $(per_100 "$store_bytes") |"
 echo
-echo "The runner's peak RSS: $rss_kb KiB. The traffic store holds $store_bytes bytes after all runs ($stored exchanges)."
+echo "The runner's peak RSS: $rss_kb KiB. The traffic store holds $store_bytes bytes after all runs ($stored exchanges).${calls_seen:+ The last run read $calls_seen captured exchanges back.}"
