@@ -19,6 +19,7 @@
 mod auth;
 mod kube_settings;
 mod metrics;
+mod run_index;
 mod runs;
 mod service;
 mod settings;
@@ -40,9 +41,9 @@ pub use auth::{
 };
 pub use kube_settings::{ClusterCapture, compile as compile_sandboxes, watch_sandboxes};
 pub use metrics::{CallLabels, Metrics};
+pub use run_index::StartedRun;
 pub use runs::{
     DEFAULT_RUN_SECONDS, MAX_RUN_SECONDS, MAX_RUNS, MAX_RUNS_PER_SANDBOX, Run, SandboxEntry,
-    StartedRun,
 };
 pub use service::{MAX_BATCH, MAX_MESSAGE_BYTES, TrafficService};
 pub use settings::{
