@@ -88,6 +88,11 @@ struct RunArgs {
     /// Run against a sandbox that is not Ready (its keyed requests may reach the baseline).
     #[arg(long)]
     allow_not_ready: bool,
+    /// Run the test's script steps (commands, `script:`) on this machine, three times each.
+    /// Without it a test with one is refused, naming the commands: whoever may edit a
+    /// SmartTest would otherwise choose what runs on every machine that runs it by name.
+    #[arg(long)]
+    allow_scripts: bool,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
     output: Output,
     /// Also write a summary of the run (counts, the most important findings and failed checks;
@@ -195,6 +200,7 @@ async fn run_test(a: RunArgs) -> Result<ExitCode> {
         (None, None) => bail!("name a SmartTest, or a file with -f"),
     };
     let steps = spec.validate().with_context(|| from.clone())?;
+    refuse_scripts(&steps, a.allow_scripts, &from)?;
     if a.calls && a.sandbox.is_none() {
         bail!("--calls needs --sandbox: the traffic store captures the calls of a sandbox's run");
     }
@@ -213,6 +219,9 @@ async fn run_test(a: RunArgs) -> Result<ExitCode> {
     spur_smarttest::reflect::resolve(&mut steps)
         .await
         .with_context(|| from.clone())?;
+    // Script steps run processes of this machine: Ctrl-C stops the run and them (the default,
+    // ending only this process, would leave them running in their own process group).
+    let scripts = steps.iter().any(|s| s.script().is_some());
     let report = match (&a.sandbox, a.calls) {
         (Some(sandbox), true) => {
             let capture = calls::start(&a.store, sandbox, &key, &steps).await?;
@@ -223,12 +232,22 @@ async fn run_test(a: RunArgs) -> Result<ExitCode> {
                     return Err(e);
                 }
             };
-            let mut report = spur_smarttest::run(&steps, &key, Some(&plan)).await;
-            let (captured, seen) = capture.finish(&a.store, &plan, steps.len()).await?;
+            let run = spur_smarttest::run(&steps, &key, Some(&plan));
+            let mut report = match interruptible(scripts, run).await {
+                Ok(report) => report,
+                Err(e) => {
+                    capture.end(&a.store).await;
+                    return Err(e);
+                }
+            };
+            let finish = capture.finish(&a.store, &plan, steps.len());
+            let (captured, seen) = interruptible(scripts, finish)
+                .await
+                .context("the run's capture was not ended: it ends at its time limit")??;
             report.attach_calls(&plan, &captured, seen);
             report
         }
-        _ => spur_smarttest::run(&steps, &key, None).await,
+        _ => interruptible(scripts, spur_smarttest::run(&steps, &key, None)).await?,
     };
     if let Some(path) = &a.summary_file {
         std::fs::write(path, report.summary(spur_api::jobs::RESULT_MAX))
@@ -243,6 +262,38 @@ async fn run_test(a: RunArgs) -> Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// `work`, unless Ctrl-C comes first (only when `scripts`: otherwise Ctrl-C ends the process, as
+/// it always does): then `work` is dropped, which kills the script a step is running.
+async fn interruptible<T>(scripts: bool, work: impl std::future::Future<Output = T>) -> Result<T> {
+    if !scripts {
+        return Ok(work.await);
+    }
+    tokio::select! {
+        done = work => Ok(done),
+        _ = tokio::signal::ctrl_c() => bail!("interrupted (Ctrl-C): the run stopped, and its script with it"),
+    }
+}
+
+/// Refuses a test with script steps unless `allowed`, naming each command as it would run.
+fn refuse_scripts(steps: &[spur_smarttest::Prepared], allowed: bool, from: &str) -> Result<()> {
+    let commands: Vec<String> = steps
+        .iter()
+        .filter_map(|s| {
+            let script = s.script()?;
+            let argv = std::iter::once(&script.program).chain(&script.args);
+            let words: Vec<String> = argv.map(|w| format!("{w:?}")).collect();
+            Some(format!("  {}: {}", s.name, words.join(" ")))
+        })
+        .collect();
+    if allowed || commands.is_empty() {
+        return Ok(());
+    }
+    bail!(
+        "{from} runs commands on this machine (script steps, each run three times):\n{}\npass --allow-scripts to run them",
+        commands.join("\n")
+    )
 }
 
 /// The sandbox's routing key, read with the user's credentials; refused unless it is Ready.
@@ -515,6 +566,26 @@ mod tests {
             assert!(message.starts_with(v["error"].as_str().unwrap()));
             assert!(text.len() > 1000, "cut no more than needed: {}", text.len());
         }
+    }
+
+    #[test]
+    fn script_steps_run_only_when_allowed_and_the_refusal_names_the_commands() {
+        let spec: spur_smarttest::TestSpec = serde_yaml_ng::from_str(
+            "steps:\n- {name: k6, script: {command: [k6, run, \"a b.js\"]}}\n- {name: a, http: {url: \"http://a/\"}}",
+        )
+        .unwrap();
+        let steps = spec.validate().unwrap();
+        let e = refuse_scripts(&steps, false, "SmartTest shop/t")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("SmartTest shop/t runs commands on this machine")
+                && e.contains(r#"  k6: "k6" "run" "a b.js""#)
+                && e.contains("--allow-scripts"),
+            "{e}"
+        );
+        refuse_scripts(&steps, true, "t").unwrap();
+        refuse_scripts(&steps[1..], false, "t").unwrap();
     }
 
     #[test]

@@ -58,7 +58,8 @@ pub fn job_name(test: &SmartTest, sb: &Sandbox, generation: i64) -> String {
 
 /// The script a run's Job runs: the test's steps as JSON on standard input of `spur test run`,
 /// with the sandbox's key from the job's environment, and the summary written where the Job's
-/// `resultPath` reads it. The steps are one line of JSON (strings keep their newlines escaped),
+/// `resultPath` reads it. Script steps run: the runner pod is where the test's creator (whose
+/// right to create Jobs there was checked) meant them to run. The steps are one line of JSON (strings keep their newlines escaped),
 /// so no line of them can end the here-document.
 pub fn script(test: &SmartTest, job: &str) -> Result<String, String> {
     let steps = serde_json::to_string(&test.spec.test())
@@ -68,7 +69,7 @@ pub fn script(test: &SmartTest, job: &str) -> Result<String, String> {
         "#!/bin/sh\n\
          # SmartTest {ns}/{name} (generation {generation}), an automatic run (docs/smart-tests.md).\n\
          rm -f '{result}'\n\
-         exec spur test run -f - --key \"$SPUR_ROUTING_KEY\" --summary-file '{result}' <<'SPUR_SMART_TEST_END'\n\
+         exec spur test run -f - --key \"$SPUR_ROUTING_KEY\" --allow-scripts --summary-file '{result}' <<'SPUR_SMART_TEST_END'\n\
          {steps}\n\
          SPUR_SMART_TEST_END\n",
         ns = test.namespace().unwrap_or_default(),

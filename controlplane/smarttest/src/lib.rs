@@ -1,5 +1,5 @@
-//! Smart tests: a test written once as HTTP and gRPC requests (with optional checks) is sent to a
-//! sandbox and, twice, to its baseline; what the baseline's own two answers disagree on is noise,
+//! Smart tests: a test written once as HTTP and gRPC requests or commands (with optional checks)
+//! is sent to (run against) a sandbox and, twice, to its baseline; what the baseline's own two answers disagree on is noise,
 //! and what is left of the sandbox's differences are findings, ranked and grouped per endpoint
 //! (`spur_traffic_diff::findings`). The spec types here are the `SmartTest` resource's spec and
 //! the file `spur test run -f` reads; the runner (feature `run`, on by default) sends them. No
@@ -7,12 +7,15 @@
 
 #[cfg(feature = "run")]
 pub mod calls;
+#[cfg(feature = "run")]
+pub mod exec;
 pub mod path;
 #[cfg(feature = "run")]
 pub mod reflect;
 #[cfg(feature = "run")]
 pub mod run;
 mod schema;
+pub mod script;
 #[cfg(feature = "run")]
 pub mod send;
 pub mod spec;

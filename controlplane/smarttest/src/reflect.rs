@@ -11,13 +11,14 @@
 //! - Servers are asked once per (address, service) for the whole test.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
 
 use http::{HeaderValue, Method};
 use prost::Message;
 use prost_reflect::DescriptorPool;
 
 use crate::Error;
-use crate::spec::{Prepared, PreparedRequest, Reflect};
+use crate::spec::{Action, Prepared, PreparedRequest, Reflect};
 
 /// Most descriptor files one service may need.
 pub const MAX_FILES: usize = 64;
@@ -93,26 +94,33 @@ struct FileHead {
 pub async fn resolve(steps: &mut [Prepared]) -> Result<(), Error> {
     let mut pools: HashMap<(String, String), DescriptorPool> = HashMap::new();
     for step in steps.iter_mut() {
-        let Some(reflect) = step.request.reflect.take() else {
+        let timeout = step.timeout;
+        let Action::Request(r) = &mut step.action else {
             continue;
         };
-        let at = format!("{}:{}", step.request.host, step.request.port);
+        let Some(reflect) = r.reflect.take() else {
+            continue;
+        };
+        let at = format!("{}:{}", r.host, r.port);
+        let name = &step.name;
         let fail = |e: String| {
             Error::Reflection(format!(
-                "step {}: gRPC reflection at {at} for {}: {e}",
-                step.name, reflect.service
+                "step {name}: gRPC reflection at {at} for {}: {e}",
+                reflect.service
             ))
         };
-        let key = (step.request.authority.clone(), reflect.service.clone());
+        let key = (r.authority.clone(), reflect.service.clone());
         let pool = match pools.get(&key) {
             Some(pool) => pool.clone(),
             None => {
-                let pool = descriptors(step, &reflect.service).await.map_err(fail)?;
+                let pool = descriptors(r, timeout, &reflect.service)
+                    .await
+                    .map_err(fail)?;
                 pools.insert(key, pool.clone());
                 pool
             }
         };
-        apply(&mut step.request, &reflect, &pool).map_err(fail)?;
+        apply(r, &reflect, &pool).map_err(fail)?;
     }
     Ok(())
 }
@@ -133,10 +141,15 @@ fn apply(r: &mut PreparedRequest, reflect: &Reflect, pool: &DescriptorPool) -> R
     Ok(())
 }
 
-/// The descriptors of `service` and everything it imports, from the server of `step`.
-async fn descriptors(step: &Prepared, service: &str) -> Result<DescriptorPool, String> {
-    match walk(step, V1, service).await {
-        Err(Walk::Unimplemented) => walk(step, V1ALPHA, service).await.map_err(|e| match e {
+/// The descriptors of `service` and everything it imports, from the server `r` is sent to, each
+/// call within `timeout`.
+async fn descriptors(
+    r: &PreparedRequest,
+    timeout: Duration,
+    service: &str,
+) -> Result<DescriptorPool, String> {
+    match walk(r, timeout, V1, service).await {
+        Err(Walk::Unimplemented) => walk(r, timeout, V1ALPHA, service).await.map_err(|e| match e {
             Walk::Unimplemented => {
                 "the server has no reflection service (neither grpc.reflection.v1 nor v1alpha): give the step a descriptorSetBase64 instead".to_owned()
             }
@@ -152,12 +165,17 @@ enum Walk {
     Failed(String),
 }
 
-async fn walk(step: &Prepared, api: &str, service: &str) -> Result<DescriptorPool, Walk> {
+async fn walk(
+    r: &PreparedRequest,
+    timeout: Duration,
+    api: &str,
+    service: &str,
+) -> Result<DescriptorPool, Walk> {
     let mut files: BTreeMap<String, (Vec<u8>, Vec<String>)> = BTreeMap::new();
     let mut bytes = 0usize;
     let mut asks = vec![Ask::FileContainingSymbol(service.to_owned())];
     for _ in 0..MAX_ROUNDS {
-        let body = call(step, api, &asks).await?;
+        let body = call(r, timeout, api, &asks).await?;
         let answered = files_in(&body, asks.len())
             .map_err(|e| Walk::Failed(format!("{e} (asked for {})", describe(&asks))))?;
         for file in answered {
@@ -204,7 +222,12 @@ fn describe(asks: &[Ask]) -> String {
 }
 
 /// One call: every question in the request stream; the answer's body (gRPC messages).
-async fn call(step: &Prepared, api: &str, asks: &[Ask]) -> Result<Vec<u8>, Walk> {
+async fn call(
+    r: &PreparedRequest,
+    timeout: Duration,
+    api: &str,
+    asks: &[Ask],
+) -> Result<Vec<u8>, Walk> {
     let mut body = Vec::new();
     for ask in asks {
         let q = Question {
@@ -213,33 +236,26 @@ async fn call(step: &Prepared, api: &str, asks: &[Ask]) -> Result<Vec<u8>, Walk>
         };
         body.extend(crate::spec::frame(q.encode_to_vec()));
     }
-    let r = &step.request;
-    let question = Prepared {
-        name: step.name.clone(),
-        endpoint: format!("gRPC {}/{api}", r.authority),
-        request: PreparedRequest {
-            grpc: true,
-            method: Method::POST,
-            host: r.host.clone(),
-            port: r.port,
-            authority: r.authority.clone(),
-            path_and_query: format!("/{api}/ServerReflectionInfo"),
-            headers: vec![
-                (
-                    http::header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/grpc"),
-                ),
-                (http::header::TE, HeaderValue::from_static("trailers")),
-            ],
-            body,
-            grpc_output: None,
-            grpc_server_streaming: false,
-            reflect: None,
-        },
-        timeout: step.timeout,
-        checks: Vec::new(),
+    let question = PreparedRequest {
+        grpc: true,
+        method: Method::POST,
+        host: r.host.clone(),
+        port: r.port,
+        authority: r.authority.clone(),
+        path_and_query: format!("/{api}/ServerReflectionInfo"),
+        headers: vec![
+            (
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/grpc"),
+            ),
+            (http::header::TE, HeaderValue::from_static("trailers")),
+        ],
+        body,
+        grpc_output: None,
+        grpc_server_streaming: false,
+        reflect: None,
     };
-    let x = crate::send::send(&question, None, None).await;
+    let x = crate::send::send(&question, timeout, None, None).await;
     if !x.error.is_empty() {
         return Err(Walk::Failed(x.error));
     }

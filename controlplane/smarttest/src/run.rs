@@ -1,4 +1,5 @@
-//! One run of a test: each step sent to the baseline, to the sandbox and to the baseline again,
+//! One run of a test: each step sent (or, a script, run) to the baseline, to the sandbox and to
+//! the baseline again,
 //! in that order (so a value that drifts with time brackets the sandbox's answer), its checks
 //! evaluated on every answer, and the findings of the whole run (`spur_traffic_diff::findings`:
 //! the baseline's two answers teach what is noise).
@@ -11,10 +12,10 @@ use spur_traffic_diff::Calls;
 use spur_traffic_diff::findings::{Findings, Observation, findings};
 
 use crate::calls::{CallPlan, Pass, attribute};
-
+use crate::exec::{Side, execute};
 use crate::path::JsonPath;
 use crate::send::send;
-use crate::spec::{Check, Prepared};
+use crate::spec::{Action, Check, Prepared};
 use crate::summary::{FailedCheck, Summary, TopFinding};
 
 /// What one step got.
@@ -86,15 +87,16 @@ pub async fn run(steps: &[Prepared], key: &str, plan: Option<&CallPlan>) -> RunR
     for (i, step) in steps.iter().enumerate() {
         let marker = |pass| plan.map(|p| p.marker(i, pass));
         let reference = plan.map(|p| p.reference_key.as_str());
-        let first = send(step, reference, marker(Pass::Baseline1).as_deref()).await;
-        let mut sandbox = send(step, Some(key), marker(Pass::Sandbox).as_deref()).await;
-        let second = send(step, reference, marker(Pass::Baseline2).as_deref()).await;
+        let first = pass(step, Side::Baseline, reference, marker(Pass::Baseline1)).await;
+        let mut sandbox = pass(step, Side::Sandbox, Some(key), marker(Pass::Sandbox)).await;
+        let second = pass(step, Side::Baseline, reference, marker(Pass::Baseline2)).await;
         // One slow answer is often the network's (a retransmitted SYN, a cold connection), not
         // the fork's: a sandbox answer that would be a timing finding is timed once more, for a
         // request safe to repeat (HTTP GET or HEAD), and the faster time counts. A fork that is
         // slow stays slow.
-        let repeatable = !step.request.grpc
-            && matches!(step.request.method, http::Method::GET | http::Method::HEAD);
+        let repeatable = step
+            .request()
+            .is_some_and(|r| !r.grpc && matches!(r.method, http::Method::GET | http::Method::HEAD));
         if repeatable
             && sandbox.error.is_empty()
             && spur_traffic_diff::findings::is_slow(
@@ -102,13 +104,14 @@ pub async fn run(steps: &[Prepared], key: &str, plan: Option<&CallPlan>) -> RunR
                 sandbox.duration_micros,
             )
         {
-            let again = send(step, Some(key), marker(Pass::SandboxAgain).as_deref()).await;
+            let again = pass(step, Side::Sandbox, Some(key), marker(Pass::SandboxAgain)).await;
             if again.error.is_empty() && again.status == sandbox.status {
                 sandbox.duration_micros = sandbox.duration_micros.min(again.duration_micros);
             }
         }
-        let streams = step.request.grpc_server_streaming;
-        let decoded = step.request.grpc_output.as_ref().map(|output| {
+        let streams = step.request().is_some_and(|r| r.grpc_server_streaming);
+        let output = step.request().and_then(|r| r.grpc_output.as_ref());
+        let decoded = output.map(|output| {
             [
                 decode(output, streams, &first),
                 decode(output, streams, &second),
@@ -150,6 +153,23 @@ pub async fn run(steps: &[Prepared], key: &str, plan: Option<&CallPlan>) -> RunR
         steps: results,
         findings,
         calls: None,
+    }
+}
+
+/// One pass of `step` against `side`: its request sent, or its script run.
+async fn pass(step: &Prepared, side: Side, key: Option<&str>, marker: Option<String>) -> Exchange {
+    match &step.action {
+        Action::Request(r) => send(r, step.timeout, key, marker.as_deref()).await,
+        Action::Script(s) => {
+            // Its standard error is the runner's: say whose it is.
+            eprintln!(
+                "── step {} against the {}: {} ──",
+                step.name,
+                side.as_str(),
+                s.program
+            );
+            execute(s, step.timeout, side, key, marker.as_deref()).await
+        }
     }
 }
 
@@ -361,9 +381,13 @@ impl RunReport {
             if !x.error.is_empty() {
                 return format!("error ({})", x.error);
             }
+            let ms = x.duration_micros / 1000;
             match grpc_status(x) {
-                Some(code) => format!("grpc-status {code} in {} ms", x.duration_micros / 1000),
-                None => format!("{} in {} ms", x.status, x.duration_micros / 1000),
+                Some(code) => format!("grpc-status {code} in {ms} ms"),
+                None if x.method == crate::exec::SCRIPT_METHOD => {
+                    format!("exit {} in {ms} ms", x.status)
+                }
+                None => format!("{} in {ms} ms", x.status),
             }
         };
         for s in &self.steps {

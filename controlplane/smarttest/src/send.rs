@@ -12,35 +12,28 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use spur_proto::traffic::{Body, Exchange, Header, Protocol};
 use tokio::net::TcpStream;
 
-use crate::spec::Prepared;
+use crate::spec::PreparedRequest;
 
 /// Bytes of a response body kept for the diff and the checks; the rest is counted, not kept.
 pub const MAX_KEPT: usize = 256 * 1024;
 /// Bytes of a response body read at all: past this the answer is cut (and marked truncated).
 pub const MAX_READ: usize = 16 * 1024 * 1024;
 
-/// Sends `step`'s request, carrying routing key `key` (`None`: none, the baseline) and, when
-/// the run captures its calls, the `baggage` member `marker` ([`crate::calls::MARKER`]), and
-/// returns what came back.
-pub async fn send(step: &Prepared, key: Option<&str>, marker: Option<&str>) -> Exchange {
-    let r = &step.request;
-    let started_wall = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+/// Sends request `r`, carrying routing key `key` (`None`: none, the baseline) and, when the run
+/// captures its calls, the `baggage` member `marker` ([`crate::calls::MARKER`]), and returns
+/// what came back within `timeout`.
+pub async fn send(
+    r: &PreparedRequest,
+    timeout: Duration,
+    key: Option<&str>,
+    marker: Option<&str>,
+) -> Exchange {
+    let started_wall = unix_micros_now();
     let mut headers = HeaderMap::new();
     for (n, v) in &r.headers {
         headers.append(n.clone(), v.clone());
     }
-    // A test may not set `baggage` itself (spec.rs): the marker is its only member until the
-    // key's are written in front of it.
-    if let Some(marker) = marker
-        && let Ok(v) = http::HeaderValue::from_str(&format!("{}={marker}", crate::calls::MARKER))
-    {
-        headers.insert(http::header::HeaderName::from_static("baggage"), v);
-    }
-    if let Some(key) = key {
-        spur_routing::inject::inject_key(&mut headers, key, &[]);
-    }
+    route(&mut headers, key, marker);
     let mut x = Exchange {
         protocol: i32::from(if r.grpc {
             Protocol::Grpc
@@ -61,20 +54,40 @@ pub async fn send(step: &Prepared, key: Option<&str>, marker: Option<&str>) -> E
         ..Exchange::default()
     };
     let started = Instant::now();
-    let outcome =
-        tokio::time::timeout(step.timeout, exchange(step, headers, &mut x, started)).await;
+    let outcome = tokio::time::timeout(timeout, exchange(r, headers, &mut x, started)).await;
     x.duration_micros = micros(started.elapsed());
     match outcome {
         Ok(Ok(())) => {}
         Ok(Err(e)) => x.error = e,
         Err(_) => {
-            x.error = format!("no whole answer within {} s", step.timeout.as_secs());
+            x.error = format!("no whole answer within {} s", timeout.as_secs());
         }
     }
     x
 }
 
-fn micros(d: Duration) -> u64 {
+/// Writes routing key `key` and the run's `marker` into `headers` as a request carries them
+/// (`baggage`). A test may not set `baggage` itself (spec.rs): the marker is its only member
+/// until the key's are written in front of it.
+pub(crate) fn route(headers: &mut HeaderMap, key: Option<&str>, marker: Option<&str>) {
+    if let Some(marker) = marker
+        && let Ok(v) = http::HeaderValue::from_str(&format!("{}={marker}", crate::calls::MARKER))
+    {
+        headers.insert(http::header::HeaderName::from_static("baggage"), v);
+    }
+    if let Some(key) = key {
+        spur_routing::inject::inject_key(headers, key, &[]);
+    }
+}
+
+/// The wall clock, as an exchange's `start_unix_micros`.
+pub(crate) fn unix_micros_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+pub(crate) fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
@@ -88,12 +101,11 @@ fn to_headers(h: &HeaderMap) -> Vec<Header> {
 }
 
 async fn exchange(
-    step: &Prepared,
+    r: &PreparedRequest,
     headers: HeaderMap,
     x: &mut Exchange,
     started: Instant,
 ) -> Result<(), String> {
-    let r = &step.request;
     let tcp = TcpStream::connect((r.host.as_str(), r.port))
         .await
         .map_err(|e| format!("connecting to {}:{}: {e}", r.host, r.port))?;

@@ -1,4 +1,5 @@
-//! What a smart test is: an ordered list of HTTP and gRPC requests with optional checks. The
+//! What a smart test is: an ordered list of HTTP and gRPC requests (or commands, `script`) with
+//! optional checks. The
 //! same types are the `SmartTest` resource's spec and the file `spur test run -f` reads; they are
 //! validated once ([`TestSpec::validate`]) before anything is sent.
 
@@ -12,6 +13,7 @@ use serde_json::Value;
 
 use crate::Error;
 use crate::path::JsonPath;
+use crate::script::{PreparedScript, ScriptStep};
 
 /// Most steps in one test: each is sent three times (the sandbox once, the baseline twice).
 pub const MAX_STEPS: usize = 100;
@@ -31,6 +33,10 @@ pub const NAME_PATTERN: &str = "^[a-z]([-a-z0-9]*[a-z0-9])?$";
 /// A request's timeout when the step sets none, and the most it may set.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+/// A script step's timeout when it sets none, and the most it may set: a script is a whole
+/// test run (k6, a browser), not one request.
+pub const DEFAULT_SCRIPT_TIMEOUT: Duration = Duration::from_secs(120);
+pub const MAX_SCRIPT_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// A test: requests sent in order, each to the baseline, to the sandbox and to the baseline again.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -47,13 +53,19 @@ pub struct Step {
     /// Unique in the test: a lower-case name of letters, digits and dashes.
     #[schemars(length(min = 1, max = NAME_MAX), regex(pattern = NAME_PATTERN))]
     pub name: String,
-    /// An HTTP request (HTTP/1.1). Exactly one of `http` and `grpc`.
+    /// An HTTP request (HTTP/1.1). Exactly one of `http`, `grpc` and `script`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpRequest>,
     /// A unary gRPC call (HTTP/2 without TLS).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grpc: Option<GrpcRequest>,
-    /// Seconds to wait for the whole answer (default 10, at most 60).
+    /// A command run instead of a request (k6, Playwright, a test runner): its exit status is
+    /// compared as a status, its standard output as a body (JSON field by field, else line by
+    /// line); `SPUR_ROUTING_KEY` and `SPUR_BAGGAGE` are set on the sandbox's pass only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<ScriptStep>,
+    /// Seconds to wait for the whole answer (default 10, at most 60), or for a script to exit
+    /// (default 120, at most 600).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_seconds: Option<u32>,
     /// What the answer must hold; checked on both sides.
@@ -132,7 +144,7 @@ pub struct HeaderEntry {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Check {
-    /// The HTTP status.
+    /// The HTTP status; a script's exit status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
     /// The gRPC status code (0 is OK).
@@ -141,7 +153,8 @@ pub struct Check {
     /// A response header.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub header: Option<HeaderCheck>,
-    /// A value in a JSON body, by path (`$.items[0].name`, `$["a key"]`).
+    /// A value in a JSON body (a script's standard output), by path (`$.items[0].name`,
+    /// `$["a key"]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub json_path: Option<JsonPathCheck>,
 }
@@ -175,11 +188,37 @@ pub struct JsonPathCheck {
 pub struct Prepared {
     pub name: String,
     /// How findings group it: `GET backend.shop:8080/items` (no query), `gRPC
-    /// grpc-api.shop:9090/pkg.Svc/Get`.
+    /// grpc-api.shop:9090/pkg.Svc/Get`, `SCRIPT <step name>` (not the command, which may hold
+    /// what the Sandbox's wider readers should not see in its Events).
     pub endpoint: String,
-    pub request: PreparedRequest,
+    pub action: Action,
     pub timeout: Duration,
     pub checks: Vec<Check>,
+}
+
+/// What a step does on each pass.
+#[derive(Clone, Debug)]
+pub enum Action {
+    Request(PreparedRequest),
+    Script(PreparedScript),
+}
+
+impl Prepared {
+    /// Its request, unless it is a script.
+    pub fn request(&self) -> Option<&PreparedRequest> {
+        match &self.action {
+            Action::Request(r) => Some(r),
+            Action::Script(_) => None,
+        }
+    }
+
+    /// Its command, if it is a script.
+    pub fn script(&self) -> Option<&PreparedScript> {
+        match &self.action {
+            Action::Script(s) => Some(s),
+            Action::Request(_) => None,
+        }
+    }
 }
 
 /// The request of a [`Prepared`] step.
@@ -256,15 +295,18 @@ fn valid_name(name: &str) -> bool {
 
 impl Step {
     fn prepare(&self) -> Result<Prepared, String> {
+        let (default, max) = if self.script.is_some() {
+            (DEFAULT_SCRIPT_TIMEOUT, MAX_SCRIPT_TIMEOUT)
+        } else {
+            (DEFAULT_TIMEOUT, MAX_TIMEOUT)
+        };
         let timeout = match self.timeout_seconds {
-            None => DEFAULT_TIMEOUT,
-            Some(s) if s >= 1 && u64::from(s) <= MAX_TIMEOUT.as_secs() => {
-                Duration::from_secs(s.into())
-            }
+            None => default,
+            Some(s) if s >= 1 && u64::from(s) <= max.as_secs() => Duration::from_secs(s.into()),
             Some(s) => {
                 return Err(format!(
                     "timeoutSeconds {s}: must be 1 to {}",
-                    MAX_TIMEOUT.as_secs()
+                    max.as_secs()
                 ));
             }
         };
@@ -272,23 +314,33 @@ impl Step {
             return Err(format!("at most {MAX_CHECKS} checks"));
         }
         for (i, c) in self.checks.iter().enumerate() {
-            c.validate().map_err(|e| format!("checks[{i}]: {e}"))?;
+            c.validate(self.script.is_some())
+                .map_err(|e| format!("checks[{i}]: {e}"))?;
+            // A script has no headers and no gRPC status: such a check could never pass.
+            if self.script.is_some() && (c.header.is_some() || c.grpc_status.is_some()) {
+                return Err(format!(
+                    "checks[{i}]: a script step checks its exit status (status) and its output (jsonPath), not a header or a gRPC status"
+                ));
+            }
         }
-        let request = match (&self.http, &self.grpc) {
-            (Some(h), None) => h.prepare()?,
-            (None, Some(g)) => g.prepare()?,
-            _ => return Err("set exactly one of http and grpc".into()),
+        let action = match (&self.http, &self.grpc, &self.script) {
+            (Some(h), None, None) => Action::Request(h.prepare()?),
+            (None, Some(g), None) => Action::Request(g.prepare()?),
+            (None, None, Some(s)) => Action::Script(s.prepare()?),
+            _ => return Err("set exactly one of http, grpc and script".into()),
         };
-        let endpoint = if request.grpc {
-            format!("gRPC {}{}", request.authority, request.path_and_query)
-        } else {
-            let path = request.path_and_query.split('?').next().unwrap_or("/");
-            format!("{} {}{}", request.method, request.authority, path)
+        let endpoint = match &action {
+            Action::Request(r) if r.grpc => format!("gRPC {}{}", r.authority, r.path_and_query),
+            Action::Request(r) => {
+                let path = r.path_and_query.split('?').next().unwrap_or("/");
+                format!("{} {}{}", r.method, r.authority, path)
+            }
+            Action::Script(_) => format!("SCRIPT {}", self.name),
         };
         Ok(Prepared {
             name: self.name.clone(),
             endpoint,
-            request,
+            action,
             timeout,
             checks: self.checks.clone(),
         })
@@ -619,7 +671,9 @@ fn headers(list: &[HeaderEntry], field: &str) -> Result<Vec<(HeaderName, HeaderV
 }
 
 impl Check {
-    fn validate(&self) -> Result<(), String> {
+    /// Whether it can be checked (`script`: on a script step's pass, whose status is an exit
+    /// status).
+    fn validate(&self, script: bool) -> Result<(), String> {
         let set = [
             self.status.is_some(),
             self.grpc_status.is_some(),
@@ -630,6 +684,13 @@ impl Check {
             return Err("set exactly one of status, grpcStatus, header and jsonPath".into());
         }
         if let Some(s) = self.status
+            && script
+            && s > 255
+        {
+            return Err(format!("status {s}: an exit status is 0 to 255"));
+        }
+        if let Some(s) = self.status
+            && !script
             && !(100..=599).contains(&s)
         {
             return Err(format!("status {s}: not an HTTP status"));
@@ -728,17 +789,15 @@ mod tests {
         }
         let p = one(s).unwrap();
         assert_eq!(p.endpoint, "POST backend.shop:8080/items");
-        let r = &p.request;
+        let r = p.request().unwrap();
         assert_eq!((r.host.as_str(), r.port), ("backend.shop", 8080));
         assert_eq!(r.path_and_query, "/items?limit=2");
         assert_eq!(r.body, br#"{"a":1}"#);
         assert_eq!(r.headers[0].1, "application/json");
         assert_eq!(p.timeout, DEFAULT_TIMEOUT);
         let p = one(http_step("root", "http://api")).unwrap();
-        assert_eq!(
-            (p.request.port, p.request.path_and_query.as_str()),
-            (80, "/")
-        );
+        let r = p.request().unwrap();
+        assert_eq!((r.port, r.path_and_query.as_str()), (80, "/"));
     }
 
     #[test]
@@ -755,8 +814,59 @@ mod tests {
         };
         let p = one(s).unwrap();
         assert_eq!(p.endpoint, "gRPC grpc-api.shop:9090/shop.Items/Get");
-        assert_eq!(p.request.body, [0, 0, 0, 0, 3, 0x0a, 1, b'a']);
-        assert!(p.request.grpc);
+        let r = p.request().unwrap();
+        assert_eq!(r.body, [0, 0, 0, 0, 3, 0x0a, 1, b'a']);
+        assert!(r.grpc);
+    }
+
+    #[test]
+    fn a_script_step_is_named_by_its_step_and_checks_what_a_script_has() {
+        let script = |checks: Vec<Check>, timeout: Option<u32>| Step {
+            name: "k6".into(),
+            script: Some(crate::script::ScriptStep {
+                command: vec!["k6".into(), "run".into(), "--vus=2".into()],
+                env: Vec::new(),
+            }),
+            timeout_seconds: timeout,
+            checks,
+            ..Step::default()
+        };
+        let p = one(script(
+            vec![Check {
+                status: Some(0),
+                ..Check::default()
+            }],
+            None,
+        ))
+        .unwrap();
+        assert_eq!(p.endpoint, "SCRIPT k6", "the command stays out of findings");
+        assert_eq!(p.timeout, DEFAULT_SCRIPT_TIMEOUT);
+        assert_eq!(p.script().unwrap().args, ["run", "--vus=2"]);
+        assert!(p.request().is_none());
+        assert_eq!(
+            one(script(vec![], Some(600))).unwrap().timeout.as_secs(),
+            600
+        );
+        assert!(refused(script(vec![], Some(601))).contains("must be 1 to 600"));
+        let exit = |n| Check {
+            status: Some(n),
+            ..Check::default()
+        };
+        assert!(refused(script(vec![exit(256)], None)).contains("an exit status is 0 to 255"));
+        let header = Check {
+            header: Some(HeaderCheck {
+                name: "x".into(),
+                equals: None,
+            }),
+            ..Check::default()
+        };
+        assert!(refused(script(vec![header], None)).contains("checks[0]: a script step checks"));
+        let mut both = script(vec![], None);
+        both.http = Some(HttpRequest {
+            url: "http://a/".into(),
+            ..HttpRequest::default()
+        });
+        assert!(refused(both).contains("exactly one of http, grpc and script"));
     }
 
     #[test]
@@ -775,7 +885,7 @@ mod tests {
         assert!(refused(s).contains("http.headers baggage: set by the runner"));
         let mut s = http_step("a", "http://a");
         s.grpc = Some(GrpcRequest::default());
-        assert!(refused(s).contains("exactly one of http and grpc"));
+        assert!(refused(s).contains("exactly one of http, grpc and script"));
         let mut s = http_step("a", "http://a");
         s.timeout_seconds = Some(61);
         assert!(refused(s).contains("timeoutSeconds 61"));

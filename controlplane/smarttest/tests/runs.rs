@@ -447,3 +447,98 @@ fn descriptor_set_mistakes_are_refused_naming_the_field() {
             .contains("not a FileDescriptorSet")
     );
 }
+
+/// A script step (here `sh` and `curl`, as a k6 or Playwright script would be): run once per
+/// pass with `SPUR_BAGGAGE` only on the sandbox's, its output compared as an answer. Which side
+/// answered each pass's request is logged by the script (and taken out of what it prints).
+async fn script_run(fork: Fork) -> (spur_smarttest::RunReport, Vec<String>) {
+    assert!(
+        std::process::Command::new("curl")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success()),
+        "this test needs curl (tests/run.sh installs it)"
+    );
+    let addr = server(fork).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("served-by");
+    // The scripts as files (`sh FILE`), as a runner image would hold them.
+    let fetch = format!(
+        r#"curl -sS -o "$OUT" ${{SPUR_BAGGAGE:+-H "baggage: $SPUR_BAGGAGE"}} "http://{addr}/items?limit=3" || exit 2
+grep -o '"servedBy":"[a-z]*"' "$OUT" >>"{log}"
+"#,
+        log = log.display()
+    );
+    let items = dir.path().join("items.sh");
+    let print = r#"sed 's/"servedBy":"[a-z]*"/"servedBy":"?"/' "$OUT""#;
+    std::fs::write(&items, format!("{fetch}{print}\n")).unwrap();
+    let prices = dir.path().join("has-prices.sh");
+    std::fs::write(&prices, format!("{fetch}grep -q '\"price\"' \"$OUT\"\n")).unwrap();
+    let yaml = format!(
+        r#"
+steps:
+  - name: items
+    script:
+      command: [sh, "{items}"]
+      env: [{{name: OUT, value: "{out}"}}]
+  - name: has-prices
+    script:
+      command: [sh, "{prices}"]
+      env: [{{name: OUT, value: "{out}"}}]
+    timeoutSeconds: 30
+    checks: [{{status: 0}}]
+"#,
+        items = items.display(),
+        prices = prices.display(),
+        out = dir.path().join("answer").display()
+    );
+    let spec: TestSpec = serde_yaml_ng::from_str(&yaml).unwrap();
+    let report = run(&spec.validate().unwrap(), KEY, None).await;
+    eprintln!("{}", report.render());
+    let served: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            l.trim_start_matches("\"servedBy\":")
+                .trim_matches('"')
+                .to_owned()
+        })
+        .collect();
+    (report, served)
+}
+
+#[tokio::test]
+async fn a_script_step_is_run_per_pass_with_the_key_on_the_sandbox_only_and_its_output_compared() {
+    let (r, served) = script_run(Fork::Same).await;
+    let sides = ["baseline", "fork", "baseline"];
+    assert_eq!(
+        served,
+        [sides, sides].concat(),
+        "who answered each pass, step by step"
+    );
+    assert!(r.passed(), "{}", r.render());
+    assert_eq!(r.steps[0].endpoint, "SCRIPT items");
+    assert_eq!(r.steps[0].sandbox.status, 0);
+    // The ids and times in the output differ between the baseline's own two runs: noise.
+    let noise = &r.findings.endpoints["SCRIPT items"].noise;
+    assert!(
+        noise.iter().any(|(_, at)| at == "$.items[*].id"),
+        "{noise:?}"
+    );
+
+    let (r, served) = script_run(Fork::NoPrice).await;
+    assert_eq!(served, [sides, sides].concat());
+    assert_eq!(
+        summary(&r),
+        [
+            "SCRIPT has-prices: status status: 0 → 1".to_owned(),
+            "SCRIPT items: schema $.items[*].price: removed 3".to_owned(),
+        ]
+    );
+    let exit = &r.steps[1].checks[0];
+    assert_eq!(
+        (&exit.sandbox, &exit.baseline),
+        (&Err("status 1".into()), &Ok(()))
+    );
+    assert!(!r.passed());
+}

@@ -263,7 +263,8 @@ fn verdict_of(node: &Node, name: &str) -> (String, String, String) {
 /// ids and times, which the baseline's two runs show to be noise: it passes), one whose build
 /// lost the items' `price` (a schema finding, through the frontend), and one whose gRPC fails
 /// (a status finding and a failed check). The gRPC step's types come from the catalog's server
-/// reflection.
+/// reflection. A script step (curl in the runner pod, as a k6 script would be) fetches the same
+/// page, sending the key only on the sandbox's run: its output shows the lost field too.
 fn three_sandboxes_of_a_shop(node: &Node, ns: &str) {
     node.apply(&shop(ns)).unwrap();
     node.rollout(ns, "shop-catalog").unwrap();
@@ -290,6 +291,10 @@ spec:
         reflection: true
         json: {{sku: A1}}
       checks: [{{grpcStatus: 0}}, {{jsonPath: {{path: $.priceCents, equals: "300"}}}}]
+    - name: catalog-script
+      script:
+        command: [sh, -c, 'curl -sS --max-time 10 ${{SPUR_BAGGAGE:+-H "baggage: $SPUR_BAGGAGE"}} http://shop-front.{ns}.svc.cluster.local:8080/catalog']
+      checks: [{{status: 0}}]
 "#
     ))
     .unwrap();
@@ -334,6 +339,10 @@ spec:
     assert!(
         message.contains("[schema]") && message.contains("$.catalog.items[*].price"),
         "the lost field, seen through the frontend: {message}"
+    );
+    assert!(
+        message.contains("SCRIPT catalog-script: $.catalog.items[*].price"),
+        "the lost field, in the script's output: {message}"
     );
     assert!(
         !message.contains("requestId") && !message.contains("servedAt"),
