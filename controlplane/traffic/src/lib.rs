@@ -43,7 +43,8 @@ pub use kube_settings::{ClusterCapture, compile as compile_sandboxes, watch_sand
 pub use metrics::{CallLabels, Metrics};
 pub use run_index::StartedRun;
 pub use runs::{
-    DEFAULT_RUN_SECONDS, MAX_RUN_SECONDS, MAX_RUNS, MAX_RUNS_PER_SANDBOX, Run, SandboxEntry,
+    DEFAULT_RUN_SECONDS, MAX_RUN_SECONDS, MAX_RUNS, MAX_RUNS_PER_SANDBOX, MAX_RUNS_PER_USER, Run,
+    SandboxEntry,
 };
 pub use service::{MAX_BATCH, MAX_MESSAGE_BYTES, TrafficService};
 pub use settings::{

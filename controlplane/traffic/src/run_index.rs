@@ -26,7 +26,8 @@ impl SettingsIndex {
     /// key and `reference_key` at every baseline of the namespaces it forks from, which must
     /// still be `checked` (what the caller's rights were checked for: ABORTED otherwise). The
     /// watchers there are sent their new settings before this returns. `id` and
-    /// `reference_key` are the caller's (random: this module does not make them).
+    /// `reference_key` are the caller's (random: this module does not make them);
+    /// `started_by` is who asked (the per-user bound).
     pub fn start_run(
         &self,
         sandbox: &str,
@@ -34,6 +35,7 @@ impl SettingsIndex {
         seconds: u32,
         id: String,
         reference_key: String,
+        started_by: String,
     ) -> Result<StartedRun, Error> {
         if seconds > MAX_RUN_SECONDS {
             return Err(Error::Invalid(format!(
@@ -68,6 +70,7 @@ impl SettingsIndex {
             reference_key,
             namespaces: entry.namespaces,
             until: now + Duration::from_secs(u64::from(seconds)),
+            started_by,
         };
         state.runs.start(id.clone(), run.clone(), now)?;
         state.refresh();
@@ -140,6 +143,7 @@ mod tests {
                 60,
                 "id1".into(),
                 "ref1".into(),
+                "ann".into(),
             )
             .unwrap();
         assert_eq!(started.watching, 2, "front and catalog watch in shop");
@@ -175,6 +179,7 @@ mod tests {
                 60,
                 "id2".into(),
                 "ref2".into(),
+                "ann".into(),
             )
             .unwrap_err();
         assert!(matches!(e, crate::Error::NotFound(_)), "{e}");
@@ -185,6 +190,7 @@ mod tests {
                 MAX_RUN_SECONDS + 1,
                 "id3".into(),
                 "ref3".into(),
+                "ann".into(),
             )
             .unwrap_err();
         assert!(matches!(e, crate::Error::Invalid(_)), "{e}");

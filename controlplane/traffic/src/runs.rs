@@ -15,8 +15,10 @@ use spur_proto::traffic::CaptureKey;
 
 use crate::Error;
 
-/// Runs capturing at once, per sandbox and in all: a run is one test at a time.
+/// Runs capturing at once, per sandbox, per user and in all: a run is one test at a time, and
+/// one user (their runs on many sandboxes) cannot take every slot from the others.
 pub const MAX_RUNS_PER_SANDBOX: usize = 4;
+pub const MAX_RUNS_PER_USER: usize = 8;
 pub const MAX_RUNS: usize = 64;
 /// The longest and the default duration a run asks for.
 pub const MAX_RUN_SECONDS: u32 = 1800;
@@ -40,6 +42,9 @@ pub struct Run {
     pub reference_key: String,
     pub namespaces: BTreeSet<String>,
     pub until: Instant,
+    /// Who started it (the API server's username; empty for the static token, whose runs the
+    /// per-user bound does not count: it is one operator's, not a tenant's).
+    pub started_by: String,
 }
 
 impl Run {
@@ -84,6 +89,17 @@ impl Runs {
             return Err(Error::Exhausted(format!(
                 "sandbox {} has {MAX_RUNS_PER_SANDBOX} runs capturing already; retry when one ends",
                 run.sandbox
+            )));
+        }
+        let theirs = self
+            .live
+            .values()
+            .filter(|r| !run.started_by.is_empty() && r.started_by == run.started_by)
+            .count();
+        if theirs >= MAX_RUNS_PER_USER {
+            return Err(Error::Exhausted(format!(
+                "{} has {MAX_RUNS_PER_USER} runs capturing already; retry when one ends",
+                run.started_by
             )));
         }
         self.live.insert(id, run);
@@ -177,6 +193,7 @@ mod tests {
             reference_key: format!("{sandbox}-ref"),
             namespaces: ns.iter().map(|n| n.to_string()).collect(),
             until,
+            started_by: String::new(),
         }
     }
 
@@ -238,5 +255,32 @@ mod tests {
         )
         .unwrap();
         assert_eq!(runs.keys_in("x").count(), 2);
+    }
+
+    #[test]
+    fn one_user_holds_at_most_their_share_of_the_runs() {
+        let now = Instant::now();
+        let until = now + Duration::from_secs(10);
+        let by = |user: &str, sandbox: String| Run {
+            started_by: user.into(),
+            ..run(&sandbox, &["x"], until)
+        };
+        let mut runs = Runs::default();
+        for i in 0..MAX_RUNS_PER_USER {
+            runs.start(format!("a{i}"), by("ann", format!("sb{i}")), now)
+                .unwrap();
+        }
+        let Err(Error::Exhausted(why)) = runs.start("a-more".into(), by("ann", "sb-x".into()), now)
+        else {
+            panic!("ann took a ninth run");
+        };
+        assert!(why.contains("ann has 8 runs"), "{why}");
+        // Another user, and the static token (no user), still get theirs.
+        runs.start("b".into(), by("bob", "sb-x".into()), now)
+            .unwrap();
+        runs.start("op".into(), by("", "sb-y".into()), now).unwrap();
+        assert!(runs.end("a0", now));
+        runs.start("a-again".into(), by("ann", "sb-x".into()), now)
+            .unwrap();
     }
 }

@@ -197,9 +197,20 @@ impl TrafficService {
             .await?;
         let id = random_hex(16).map_err(status)?;
         let reference_key = format!("spur-run-{}", random_hex(10).map_err(status)?);
+        let started_by = user
+            .as_ref()
+            .and_then(|u| u.username.clone())
+            .unwrap_or_default();
         let started = self
             .settings
-            .start_run(&sandbox, &entry, req.get_ref().seconds, id, reference_key)
+            .start_run(
+                &sandbox,
+                &entry,
+                req.get_ref().seconds,
+                id,
+                reference_key,
+                started_by,
+            )
             .map_err(status)?;
         self.metrics
             .run_captures
