@@ -5,7 +5,7 @@
 //! counted (`spur_capture_dropped_total`).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -216,9 +216,24 @@ fn compile(settings: &pb::CaptureSettings) -> Result<(KeySet, CaptureLimits), St
     ))
 }
 
-fn read_file(path: &PathBuf) -> Result<pb::CaptureSettings, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let f: SettingsFile = serde_yaml_ng::from_slice(&bytes)
+/// Largest capture settings file read: a key list at its bound is far smaller.
+const MAX_SETTINGS_FILE: u64 = 4 * 1024 * 1024;
+
+/// The settings file's bytes, refused past [`MAX_SETTINGS_FILE`].
+async fn read_settings_bytes(path: &Path) -> Result<Vec<u8>, String> {
+    let err = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+    let len = tokio::fs::metadata(path).await.map_err(err)?.len();
+    if len > MAX_SETTINGS_FILE {
+        return Err(format!(
+            "{}: {len} bytes, larger than {MAX_SETTINGS_FILE}",
+            path.display()
+        ));
+    }
+    tokio::fs::read(path).await.map_err(err)
+}
+
+fn parse_settings(path: &Path, bytes: &[u8]) -> Result<pb::CaptureSettings, String> {
+    let f: SettingsFile = serde_yaml_ng::from_slice(bytes)
         .map_err(|e| format!("invalid capture settings {}: {e}", path.display()))?;
     Ok(pb::CaptureSettings {
         keys: f
@@ -288,14 +303,17 @@ impl Capturer {
         tokio::spawn(async move { this.ship(stop).await });
     }
 
+    /// Applies the settings file at start and whenever its bytes change, checked every `poll`.
+    /// Unchanged bytes are not parsed again: a parse costs tens of thousands of instructions,
+    /// every second, for as long as the sidecar runs (perf/results/capture.md, 2026-12-06).
     async fn poll_file(&self, path: PathBuf, poll: Duration, stop: CancellationToken) {
-        let mut last: Option<Result<pb::CaptureSettings, String>> = None;
+        let mut last: Option<Result<Vec<u8>, String>> = None;
         loop {
-            let now = read_file(&path);
+            let now = read_settings_bytes(&path).await;
             if last.as_ref() != Some(&now) {
-                match &now {
+                match now.clone().and_then(|bytes| parse_settings(&path, &bytes)) {
                     Ok(s) => {
-                        if let Err(e) = self.apply(s, "file") {
+                        if let Err(e) = self.apply(&s, "file") {
                             tracing::warn!(path = %path.display(), error = %e, "capture settings refused; the previous ones stay");
                         }
                     }
@@ -552,19 +570,101 @@ mod tests {
         assert!(compile(&settings(&[("k", "")])).is_err());
     }
 
-    #[test]
-    fn settings_file_shape() {
+    #[tokio::test]
+    async fn a_settings_file_is_applied_when_its_bytes_change_and_a_bad_one_keeps_the_last() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.yaml");
+        std::fs::write(&path, "keys: [{routingKey: k1, sandbox: sb1}]\n").unwrap();
+        let config = CaptureConfig {
+            server: RouteServerConn {
+                addr: "127.0.0.1:1".into(),
+                ca: None,
+                token: None,
+            },
+            settings_file: Some(path.clone()),
+            bounds: spur_proxy::capture::CaptureBounds::default(),
+            pod: "p".into(),
+        };
+        let baseline = BaselineWorkload {
+            kind: "Deployment".into(),
+            namespace: "t".into(),
+            name: "base".into(),
+        };
+        let mut registry = prometheus_client::registry::Registry::default();
+        let capturer = Arc::new(Capturer::new(config, baseline, &mut registry).unwrap());
+        let stop = CancellationToken::new();
+        let task = {
+            let (c, path, stop) = (capturer.clone(), path.clone(), stop.clone());
+            tokio::spawn(async move { c.poll_file(path, Duration::from_millis(20), stop).await })
+        };
+        let keys = |c: &Capturer| {
+            let mut k: Vec<String> = c.keys.load().by_key.keys().map(|k| k.to_string()).collect();
+            k.sort();
+            k
+        };
+        let until = |want: &[&str]| {
+            let capturer = capturer.clone();
+            let want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+            async move {
+                for _ in 0..250 {
+                    if keys(&capturer) == want {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                panic!("keys {:?}, not {want:?}", keys(&capturer));
+            }
+        };
+        until(&["k1"]).await;
+        let applied = capturer.keys.load_full();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            Arc::ptr_eq(&applied, &capturer.keys.load_full()),
+            "unchanged: not applied again"
+        );
+        std::fs::write(
+            &path,
+            "keys: [{routingKey: k2, sandbox: sb1}, {routingKey: k3, sandbox: sb2}]\n",
+        )
+        .unwrap();
+        until(&["k2", "k3"]).await;
+        std::fs::write(&path, "keys: [{routingKey: 'bad key', sandbox: sb1}]\n").unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            keys(&capturer),
+            ["k2", "k3"],
+            "a refused file keeps the last settings"
+        );
+        std::fs::remove_file(&path).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(keys(&capturer), ["k2", "k3"], "so does a missing one");
+        std::fs::write(&path, "keys: []\n").unwrap();
+        until(&[]).await;
+        stop.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn settings_file_shape() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        let read = || async {
+            let bytes = read_settings_bytes(&path).await?;
+            parse_settings(&path, &bytes)
+        };
         std::fs::write(
             &path,
             "keys: [{routingKey: k1, sandbox: sb1}]\nredactHeaders: [x-secret]\n",
         )
         .unwrap();
-        let s = read_file(&path).unwrap();
+        let s = read().await.unwrap();
         assert_eq!(s.keys.len(), 1);
         assert_eq!(s.max_body_bytes, 16 << 10);
         std::fs::write(&path, "keys: []\nunknown: 1\n").unwrap();
-        assert!(read_file(&path).is_err());
+        assert!(read().await.is_err());
+        let big = std::fs::File::create(&path).unwrap();
+        big.set_len(MAX_SETTINGS_FILE + 1).unwrap();
+        let e = read().await.unwrap_err();
+        assert!(e.contains("larger than"), "{e}");
     }
 }
