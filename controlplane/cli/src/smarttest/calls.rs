@@ -34,6 +34,29 @@ const MAX_SECONDS: u32 = 1800;
 /// before it.
 const CLOCK_SLACK: Duration = Duration::from_secs(5);
 
+/// What ending a run capture told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ended {
+    /// It was capturing until the end: every call of the run was recorded.
+    Live,
+    /// The store no longer had it: it ended before the run did.
+    Lost,
+    /// The store could not be asked.
+    Unknown,
+}
+
+/// Refuses to compare the calls of a run whose capture ended before the run did: the calls
+/// made after it ended were not recorded, on one side or on both, and comparing what is left
+/// would report calls the fork never stopped making.
+fn complete(ended: Ended) -> Result<()> {
+    if ended == Ended::Lost {
+        bail!(
+            "the run's capture had ended before the run did (the traffic store restarted, or the run outlived the time it asked for): its downstream calls are incomplete, so they were not compared; run the test again"
+        );
+    }
+    Ok(())
+}
+
 /// A run capture the store started.
 pub(super) struct Capture {
     client: Client,
@@ -126,8 +149,9 @@ impl Capture {
             watching: self.run.watching_baselines,
             ..CallsSeen::default()
         };
-        self.end(conn).await;
+        let ended = self.end(conn).await;
         let captured = read.map_err(|e| e.context("reading the run's captured calls back"))?;
+        complete(ended)?;
         Ok((captured, seen))
     }
 
@@ -168,8 +192,9 @@ impl Capture {
         }
     }
 
-    /// Ends the capture; a failure is only said (the store ends it at its time anyway).
-    pub(super) async fn end(mut self, conn: &Conn) {
+    /// Ends the capture, and says whether it was still capturing; a failure to end it is only
+    /// said (the store ends it at its time anyway).
+    pub(super) async fn end(mut self, conn: &Conn) -> Ended {
         let ended = self
             .client
             .end_run_capture(EndRunCaptureRequest {
@@ -177,14 +202,15 @@ impl Capture {
             })
             .await;
         match ended {
-            Ok(_) => {}
-            Err(s) if s.code() == tonic::Code::NotFound => crate::sandbox::note(format_args!(
-                "spur: the run's capture had ended before the run did (the store restarted?): calls may be missing"
-            )),
-            Err(s) => crate::sandbox::note(format_args!(
-                "spur: ending the run's capture: {:#} (it ends by itself at the time it asked for)",
-                status_error(conn, &s)
-            )),
+            Ok(_) => Ended::Live,
+            Err(s) if s.code() == tonic::Code::NotFound => Ended::Lost,
+            Err(s) => {
+                crate::sandbox::note(format_args!(
+                    "spur: ending the run's capture: {:#} (it ends by itself at the time it asked for)",
+                    status_error(conn, &s)
+                ));
+                Ended::Unknown
+            }
         }
     }
 
@@ -239,4 +265,18 @@ impl Capture {
 
 fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_calls_of_a_run_whose_capture_was_lost_are_not_compared() {
+        complete(Ended::Live).unwrap();
+        // Not told: the capture may have run its course, and the read found what it found.
+        complete(Ended::Unknown).unwrap();
+        let e = complete(Ended::Lost).unwrap_err().to_string();
+        assert!(e.contains("incomplete, so they were not compared"), "{e}");
+    }
 }
