@@ -264,15 +264,25 @@ async fn run_test(a: RunArgs) -> Result<ExitCode> {
     })
 }
 
-/// `work`, unless Ctrl-C comes first (only when `scripts`: otherwise Ctrl-C ends the process, as
-/// it always does): then `work` is dropped, which kills the script a step is running.
+/// `work`, unless Ctrl-C, SIGTERM or SIGHUP comes first (only when `scripts`: otherwise these
+/// end the process as they always do): then `work` is dropped, which kills the script a step is
+/// running and everything it started (its own process group, which no signal sent to this
+/// process's group reaches).
 async fn interruptible<T>(scripts: bool, work: impl std::future::Future<Output = T>) -> Result<T> {
+    use tokio::signal::unix::{SignalKind, signal};
     if !scripts {
         return Ok(work.await);
     }
+    let mut term = signal(SignalKind::terminate()).context("handling SIGTERM")?;
+    let mut hangup = signal(SignalKind::hangup()).context("handling SIGHUP")?;
+    let stopped = |what: &str| {
+        anyhow::anyhow!("interrupted ({what}): the run stopped, and its script with it")
+    };
     tokio::select! {
         done = work => Ok(done),
-        _ = tokio::signal::ctrl_c() => bail!("interrupted (Ctrl-C): the run stopped, and its script with it"),
+        _ = tokio::signal::ctrl_c() => Err(stopped("Ctrl-C")),
+        _ = term.recv() => Err(stopped("SIGTERM")),
+        _ = hangup.recv() => Err(stopped("SIGHUP")),
     }
 }
 

@@ -58,23 +58,27 @@ pub fn job_name(test: &SmartTest, sb: &Sandbox, generation: i64) -> String {
 
 /// The script a run's Job runs: the test's steps as JSON on standard input of `spur test run`,
 /// with the sandbox's key from the job's environment, and the summary written where the Job's
-/// `resultPath` reads it. Script steps run: the runner pod is where the test's creator (whose
-/// right to create Jobs there was checked) meant them to run. The steps are one line of JSON (strings keep their newlines escaped),
+/// `resultPath` reads it. Script steps run (`--allow-scripts`): the runner pod is where the
+/// test's creator (whose right to create Jobs there was checked) meant them to run. The steps are one line of JSON (strings keep their newlines escaped),
 /// so no line of them can end the here-document.
 pub fn script(test: &SmartTest, job: &str) -> Result<String, String> {
     let steps = serde_json::to_string(&test.spec.test())
         .map_err(|e| format!("the steps cannot be written as JSON: {e}"))?;
+    // Only a test that has script steps needs the flag: a runner image with an older `spur`,
+    // which does not know it, still runs every other test.
+    let scripts = test.spec.steps.iter().any(|s| s.script.is_some());
     let result = result_path(job);
     let text = format!(
         "#!/bin/sh\n\
          # SmartTest {ns}/{name} (generation {generation}), an automatic run (docs/smart-tests.md).\n\
          rm -f '{result}'\n\
-         exec spur test run -f - --key \"$SPUR_ROUTING_KEY\" --allow-scripts --summary-file '{result}' <<'SPUR_SMART_TEST_END'\n\
+         exec spur test run -f - --key \"$SPUR_ROUTING_KEY\"{allow} --summary-file '{result}' <<'SPUR_SMART_TEST_END'\n\
          {steps}\n\
          SPUR_SMART_TEST_END\n",
         ns = test.namespace().unwrap_or_default(),
         name = test.name_any(),
         generation = test.meta().generation.unwrap_or_default(),
+        allow = if scripts { " --allow-scripts" } else { "" },
     );
     if text.len() > SCRIPT_MAX {
         return Err(format!(
@@ -357,6 +361,22 @@ pub(crate) mod tests {
         assert_eq!(body[body.len() - 1], "SPUR_SMART_TEST_END");
         let steps: serde_json::Value = serde_json::from_str(body[body.len() - 2]).unwrap();
         assert_eq!(steps["steps"][0]["http"]["url"], "http://api.shop/x\n'EOF");
+        assert!(
+            !script.contains("--allow-scripts"),
+            "a test without script steps runs on a runner's older spur too"
+        );
+        let mut with_script = t.clone();
+        with_script.spec.steps[0].http = None;
+        with_script.spec.steps[0].script = Some(spur_smarttest::script::ScriptStep {
+            command: vec!["k6".into(), "run".into(), "t.js".into()],
+            env: Vec::new(),
+        });
+        let job = run_job(&with_script, &sb, 3).unwrap();
+        let script = job.spec.script.as_deref().unwrap();
+        assert!(
+            script.contains("--key \"$SPUR_ROUTING_KEY\" --allow-scripts --summary-file"),
+            "{script}"
+        );
 
         assert_eq!(job_name(&t, &sb, 3), name, "stable");
         // Pinned: the same run has the same name in every build of the operator.

@@ -2,8 +2,8 @@
 //! status, standard output as its body (the first [`MAX_KEPT`] bytes kept, the rest counted),
 //! so the findings compare a script's passes as they compare answers. A program that cannot be
 //! started or that runs past its timeout is the exchange's `error`, never a panic or a lost
-//! step. Standard error is the runner's own (a person's terminal, a Job's log); standard input
-//! is empty.
+//! step. Standard error is passed on to the runner's (a person's terminal, a Job's log);
+//! standard input is empty.
 //!
 //! The environment is the runner's, less every `SPUR_*` variable (a runner pod's own
 //! `SPUR_ROUTING_KEY` would send the baseline's passes to the sandbox), plus the step's `env`,
@@ -23,6 +23,9 @@ use tokio::io::AsyncReadExt as _;
 
 use crate::script::{PreparedScript, RESERVED_ENV_PREFIX};
 use crate::send::{MAX_KEPT, micros, route, unix_micros_now};
+
+/// How long standard output and error are still read once the script has exited.
+const OUTPUT_GRACE: Duration = Duration::from_secs(1);
 
 /// The method an exchange of a script step carries (its protocol is unspecified).
 pub const SCRIPT_METHOD: &str = "SCRIPT";
@@ -93,13 +96,36 @@ pub async fn execute(
             kept.extend_from_slice(&buf[..n.min(room)]);
         }
     };
+    // Standard error is passed on, not inherited: a script in a process group of its own that
+    // touched the terminal would be stopped (SIGTTOU) until its timeout.
+    let stderr = child.stderr.take().map(|mut err| {
+        tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut err, &mut tokio::io::stderr()).await;
+        })
+    });
     let waited = async {
         let status = child.wait().await;
         // What the script left running would hold standard output open (and outlive the run).
         group.stop();
         status
     };
-    let outcome = tokio::time::timeout(timeout, async { tokio::join!(read, waited).1 }).await;
+    let work = async {
+        let (mut read, mut waited) = (std::pin::pin!(read), std::pin::pin!(waited));
+        let mut read_all = false;
+        let status = loop {
+            tokio::select! {
+                () = &mut read, if !read_all => read_all = true,
+                status = &mut waited => break status,
+            }
+        };
+        // A process that left the group (setsid) may still hold standard output: what it
+        // wrote within the grace counts, and the script's own exit status stands.
+        if !read_all {
+            let _ = tokio::time::timeout(OUTPUT_GRACE, &mut read).await;
+        }
+        status
+    };
+    let outcome = tokio::time::timeout(timeout, work).await;
     x.duration_micros = micros(started.elapsed());
     x.response_micros = x.duration_micros;
     match outcome {
@@ -107,6 +133,8 @@ pub async fn execute(
         Ok(Err(e)) => x.error = format!("waiting for {}: {e}", script.program),
         Err(_) => {
             group.stop();
+            // The leader itself too, should it have left its group.
+            let _ = child.start_kill();
             let _ = child.wait().await;
             x.error = format!(
                 "{} ran past its timeout of {} s: stopped",
@@ -114,6 +142,10 @@ pub async fn execute(
                 timeout.as_secs()
             );
         }
+    }
+    if let Some(task) = stderr {
+        // Its writers are gone (or killed): what is left in the pipe is short.
+        let _ = tokio::time::timeout(OUTPUT_GRACE, task).await;
     }
     x.response_body = Some(Body {
         size,
@@ -135,7 +167,7 @@ fn command(
     cmd.args(&script.args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         // Its own process group, so everything it starts can be stopped with it.
         .process_group(0)
         .kill_on_drop(true);
@@ -159,7 +191,10 @@ fn command(
 
 /// A script's process group, killed (SIGKILL) once: when told to, or when dropped before that
 /// (a run canceled while a script runs, its future dropped at Ctrl-C, takes the script and what
-/// it started with it). Once only: after its leader is reaped, its id may be another's.
+/// it started with it). It is killed just after its leader is reaped: the id stays the group's
+/// while any member lives, and with none left the kill finds nothing (ESRCH), unless in that
+/// instant the id went to a new process that made itself a group leader. Once only, so that
+/// window is not opened again later.
 struct Group(AtomicI32);
 
 impl Group {
@@ -297,5 +332,30 @@ mod tests {
         );
         let killed = baseline(&sh("kill -TERM $$"), 5).await;
         assert_eq!(killed.status, 128 + 15);
+
+        // A process that left the group holds standard output: the script's exit status and
+        // output still count once the grace is over, long before the timeout.
+        let pid_file = dir.path().join("escaped.pid");
+        let escaped = format!(
+            "setsid sleep 20 & echo $! >{p}; echo out; exit 4",
+            p = pid_file.display()
+        );
+        let started = Instant::now();
+        let held = baseline(&sh(&escaped), 60).await;
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        assert_eq!(
+            (held.status, out(&held).as_str(), held.error.as_str()),
+            (4, "out\n", "")
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }

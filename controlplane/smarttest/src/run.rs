@@ -90,13 +90,15 @@ pub async fn run(steps: &[Prepared], key: &str, plan: Option<&CallPlan>) -> RunR
         let first = pass(step, Side::Baseline, reference, marker(Pass::Baseline1)).await;
         let mut sandbox = pass(step, Side::Sandbox, Some(key), marker(Pass::Sandbox)).await;
         let second = pass(step, Side::Baseline, reference, marker(Pass::Baseline2)).await;
-        // One slow answer is often the network's (a retransmitted SYN, a cold connection), not
-        // the fork's: a sandbox answer that would be a timing finding is timed once more, for a
-        // request safe to repeat (HTTP GET or HEAD), and the faster time counts. A fork that is
-        // slow stays slow.
-        let repeatable = step
-            .request()
-            .is_some_and(|r| !r.grpc && matches!(r.method, http::Method::GET | http::Method::HEAD));
+        // One slow answer is often the network's (a retransmitted SYN, a cold connection) or,
+        // for a script, a slow process start, not the fork's: a sandbox answer that would be a
+        // timing finding is timed once more, for a request safe to repeat (HTTP GET or HEAD) or
+        // a script (run three times by design), and the faster time counts. A fork that is slow
+        // stays slow.
+        let repeatable = step.script().is_some()
+            || step.request().is_some_and(|r| {
+                !r.grpc && matches!(r.method, http::Method::GET | http::Method::HEAD)
+            });
         if repeatable
             && sandbox.error.is_empty()
             && spur_traffic_diff::findings::is_slow(

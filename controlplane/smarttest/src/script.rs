@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 /// Most arguments of a command, program included; longest argument.
 pub const MAX_ARGS: usize = 64;
 pub const MAX_ARG: usize = 4096;
+/// A variable's name: its longest and its syntax.
+pub const MAX_ENV_NAME: usize = 256;
+pub const ENV_NAME_PATTERN: &str = "^[A-Za-z_][A-Za-z0-9_]*$";
 /// Most environment variables a step adds; longest value.
 pub const MAX_ENV: usize = 32;
 pub const MAX_ENV_VALUE: usize = 4096;
@@ -38,6 +41,15 @@ pub struct ScriptStep {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnvEntry {
+    /// Letters, digits and `_`, not starting with a digit; not `SPUR_*` (the runner's).
+    #[schemars(
+        length(min = 1, max = MAX_ENV_NAME),
+        regex(pattern = ENV_NAME_PATTERN),
+        extend("x-kubernetes-validations" = [{
+            "rule": "!self.startsWith('SPUR_')",
+            "message": "names starting with SPUR_ are the runner's"
+        }])
+    )]
     pub name: String,
     #[schemars(length(max = MAX_ENV_VALUE))]
     pub value: String,
@@ -90,7 +102,7 @@ impl ScriptStep {
                 .bytes()
                 .next()
                 .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-                && name.len() <= 256
+                && name.len() <= MAX_ENV_NAME
                 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
             if !valid {
                 return Err(format!(

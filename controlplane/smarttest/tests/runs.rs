@@ -203,6 +203,13 @@ fn checked(mut report: spur_smarttest::RunReport) -> spur_smarttest::RunReport {
             }
         }
     }
+    refind(&mut report);
+    eprintln!("{}", report.render());
+    report
+}
+
+/// The findings of `report` made again from its answers as they are now.
+fn refind(report: &mut spur_smarttest::RunReport) {
     let observations: Vec<_> = report
         .steps
         .iter()
@@ -217,8 +224,6 @@ fn checked(mut report: spur_smarttest::RunReport) -> spur_smarttest::RunReport {
         })
         .collect();
     report.findings = spur_traffic_diff::findings(&observations);
-    eprintln!("{}", report.render());
-    report
 }
 
 fn summary(r: &spur_smarttest::RunReport) -> Vec<String> {
@@ -493,7 +498,15 @@ steps:
         out = dir.path().join("answer").display()
     );
     let spec: TestSpec = serde_yaml_ng::from_str(&yaml).unwrap();
-    let report = run(&spec.validate().unwrap(), KEY, None).await;
+    let mut report = run(&spec.validate().unwrap(), KEY, None).await;
+    // What is asserted is what the scripts printed and how they exited: their run times (a
+    // process start on a loaded machine) are left out of the findings.
+    for s in &mut report.steps {
+        for x in s.baseline.iter_mut().chain([&mut s.sandbox]) {
+            x.duration_micros = 1000;
+        }
+    }
+    refind(&mut report);
     eprintln!("{}", report.render());
     let served: Vec<String> = std::fs::read_to_string(&log)
         .unwrap()
@@ -507,15 +520,28 @@ steps:
     (report, served)
 }
 
+/// Who answered each pass of the two steps, in order: the baseline, the fork, the baseline, and
+/// the fork once more when its run was slow enough to be timed again (a loaded machine).
+fn assert_passes(served: &[String]) {
+    let mut rest = served;
+    for step in 0..2 {
+        let [b1, s, b2] = ["baseline", "fork", "baseline"];
+        assert!(
+            rest.len() >= 3 && rest[..3] == [b1, s, b2],
+            "step {step}: {served:?}"
+        );
+        rest = &rest[3..];
+        if rest.first().is_some_and(|s| s == "fork") {
+            rest = &rest[1..];
+        }
+    }
+    assert!(rest.is_empty(), "{served:?}");
+}
+
 #[tokio::test]
 async fn a_script_step_is_run_per_pass_with_the_key_on_the_sandbox_only_and_its_output_compared() {
     let (r, served) = script_run(Fork::Same).await;
-    let sides = ["baseline", "fork", "baseline"];
-    assert_eq!(
-        served,
-        [sides, sides].concat(),
-        "who answered each pass, step by step"
-    );
+    assert_passes(&served);
     assert!(r.passed(), "{}", r.render());
     assert_eq!(r.steps[0].endpoint, "SCRIPT items");
     assert_eq!(r.steps[0].sandbox.status, 0);
@@ -527,7 +553,7 @@ async fn a_script_step_is_run_per_pass_with_the_key_on_the_sandbox_only_and_its_
     );
 
     let (r, served) = script_run(Fork::NoPrice).await;
-    assert_eq!(served, [sides, sides].concat());
+    assert_passes(&served);
     assert_eq!(
         summary(&r),
         [

@@ -197,10 +197,12 @@ impl TrafficService {
             .await?;
         let id = random_hex(16).map_err(status)?;
         let reference_key = format!("spur-run-{}", random_hex(10).map_err(status)?);
-        let started_by = user
-            .as_ref()
-            .and_then(|u| u.username.clone())
-            .unwrap_or_default();
+        // A reviewed token without a username still counts, as one user: only the static
+        // token (no review at all) is not bounded per user.
+        let started_by = match &user {
+            Some(u) => u.username.clone().unwrap_or_else(|| "(no username)".into()),
+            None => String::new(),
+        };
         let started = self
             .settings
             .start_run(

@@ -219,17 +219,24 @@ fn compile(settings: &pb::CaptureSettings) -> Result<(KeySet, CaptureLimits), St
 /// Largest capture settings file read: a key list at its bound is far smaller.
 const MAX_SETTINGS_FILE: u64 = 4 * 1024 * 1024;
 
-/// The settings file's bytes, refused past [`MAX_SETTINGS_FILE`].
+/// The settings file's bytes, refused past [`MAX_SETTINGS_FILE`] (counted as read: a file that
+/// grows between a size check and the read is bounded too).
 async fn read_settings_bytes(path: &Path) -> Result<Vec<u8>, String> {
+    use tokio::io::AsyncReadExt as _;
     let err = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
-    let len = tokio::fs::metadata(path).await.map_err(err)?.len();
-    if len > MAX_SETTINGS_FILE {
+    let file = tokio::fs::File::open(path).await.map_err(err)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_SETTINGS_FILE + 1)
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(err)?;
+    if bytes.len() as u64 > MAX_SETTINGS_FILE {
         return Err(format!(
-            "{}: {len} bytes, larger than {MAX_SETTINGS_FILE}",
+            "{}: larger than {MAX_SETTINGS_FILE} bytes",
             path.display()
         ));
     }
-    tokio::fs::read(path).await.map_err(err)
+    Ok(bytes)
 }
 
 fn parse_settings(path: &Path, bytes: &[u8]) -> Result<pb::CaptureSettings, String> {
@@ -311,7 +318,17 @@ impl Capturer {
         loop {
             let now = read_settings_bytes(&path).await;
             if last.as_ref() != Some(&now) {
-                match now.clone().and_then(|bytes| parse_settings(&path, &bytes)) {
+                // Parsed off the proxy's runtime threads: a file may be megabytes of YAML.
+                let parsed = match now.clone() {
+                    Ok(bytes) => {
+                        let path = path.clone();
+                        tokio::task::spawn_blocking(move || parse_settings(&path, &bytes))
+                            .await
+                            .unwrap_or_else(|e| Err(format!("parsing the capture settings: {e}")))
+                    }
+                    Err(e) => Err(e),
+                };
+                match parsed {
                     Ok(s) => {
                         if let Err(e) = self.apply(&s, "file") {
                             tracing::warn!(path = %path.display(), error = %e, "capture settings refused; the previous ones stay");

@@ -337,8 +337,8 @@ spec:
         "{message}"
     );
     assert!(
-        message.contains("[schema]") && message.contains("$.catalog.items[*].price"),
-        "the lost field, seen through the frontend: {message}"
+        message.contains("[schema]") && message.contains("/catalog: $.catalog.items[*].price"),
+        "the lost field, seen by the HTTP step through the frontend: {message}"
     );
     assert!(
         message.contains("SCRIPT catalog-script: $.catalog.items[*].price"),
