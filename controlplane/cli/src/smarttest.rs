@@ -544,7 +544,7 @@ fn read_spec(file: &Path) -> Result<(TestSpec, String)> {
         }
         Some(other) => bail!("{from}: a {other}, not a SmartTest or a test's steps"),
         None => {
-            serde_json::from_value(value).with_context(|| format!("{from}: not a smart test"))?
+            TestSpec::from_file_value(value).with_context(|| format!("{from}: not a smart test"))?
         }
     };
     Ok((spec, from))
@@ -618,8 +618,13 @@ mod tests {
         assert!(e.to_string().contains("a Sandbox, not a SmartTest"), "{e}");
         let e = read_spec(write("steps: [{name: a, htp: {}}]").path()).unwrap_err();
         assert!(
-            format!("{e:#}").contains("unknown field")
-                || format!("{e:#}").contains("not a smart test"),
+            format!("{e:#}").contains("unknown field `steps[0].htp`"),
+            "{e:#}"
+        );
+        let typo = "apiVersion: spur.dev/v1alpha1\nkind: SmartTest\nmetadata: {name: t}\nspec: {steps: [{name: a, http: {url: \"http://a/\", methd: GET}}]}";
+        let e = read_spec(write(typo).path()).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("unknown field `steps[0].http.methd`"),
             "{e:#}"
         );
     }

@@ -19,6 +19,7 @@ pub mod script;
 #[cfg(feature = "run")]
 pub mod send;
 pub mod spec;
+pub mod strict;
 pub mod summary;
 
 #[cfg(feature = "run")]

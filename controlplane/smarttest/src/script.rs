@@ -23,7 +23,7 @@ pub const RESERVED_ENV_PREFIX: &str = "SPUR_";
 
 /// A command run once per pass: twice for the baseline, once for the sandbox.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ScriptStep {
     /// The program and its arguments, run without a shell (name `sh -c` to have one). The
     /// program is looked up on the runner's `PATH`: in automatic runs, the runner group's image
@@ -39,7 +39,6 @@ pub struct ScriptStep {
 
 /// An environment variable.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct EnvEntry {
     /// Letters, digits and `_`, not starting with a digit; not `SPUR_*` (the runner's).
     #[schemars(
