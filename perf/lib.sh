@@ -69,18 +69,29 @@ load() {
 # with `LOAD N` once `READY` returns: "Ir(1000) Ir(6000) per-request", where per request =
 # (Ir(6000) - Ir(1000)) / 5000, so start-up and shutdown cancel out. $settle (default 0) seconds
 # pass between the load and the stop, for work the load left behind (a capture's shipper).
+# Work a process does per second rather than per request (timers, a settings file polled) would
+# count too, in proportion to how much longer the 6000 requests took under valgrind, which
+# depends on the machine's load: the 6000 run goes first, and the 1000 run idles after its load
+# until it has lasted as long, so that work cancels out as start-up does.
 count_instructions() {
-    local setup_fn="$1" load_fn="$2" ready_fn="$3" n out vg
+    local setup_fn="$1" load_fn="$2" ready_fn="$3" n out vg t0 took long=0
     shift 3
     declare -A ir=()
-    for n in 1000 6000; do
+    for n in 6000 1000; do
         out="$work/cg.$n"
         "$setup_fn" "$@"
         valgrind --tool=callgrind --callgrind-out-file="$out" "${cmd[@]}" >/dev/null 2>"$work/vg.log" &
         vg=$!
         pids+=("$vg")
         "$ready_fn"
+        t0="$(date +%s%N)"
         "$load_fn" "$n"
+        took=$(( $(date +%s%N) - t0 ))
+        if [ "$n" = 6000 ]; then
+            long="$took"
+        elif [ "$long" -gt "$took" ]; then
+            sleep "$(awk -v ns=$(( long - took )) 'BEGIN { printf "%.3f", ns / 1e9 }')"
+        fi
         sleep "${settle:-0}"
         kill -TERM "$vg"
         wait "$vg" || true

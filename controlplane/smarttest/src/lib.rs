@@ -9,9 +9,12 @@
 pub mod calls;
 #[cfg(feature = "run")]
 pub mod exec;
+pub(crate) mod grpc;
 pub mod path;
 #[cfg(feature = "run")]
 pub mod reflect;
+#[cfg(feature = "run")]
+mod render;
 #[cfg(feature = "run")]
 pub mod run;
 mod schema;

@@ -127,14 +127,14 @@ pub async fn resolve(steps: &mut [Prepared]) -> Result<(), Error> {
 
 /// Sets the types (and the body, from the JSON) of a step's request.
 fn apply(r: &mut PreparedRequest, reflect: &Reflect, pool: &DescriptorPool) -> Result<(), String> {
-    let types = crate::spec::method_types(
+    let types = crate::grpc::method_types(
         pool,
         "the server's reflection",
         &reflect.service,
         &reflect.method,
     )?;
     if let Some(json) = &reflect.json {
-        r.body = crate::spec::encode_json(&types, json)?;
+        r.body = crate::grpc::encode_json(&types, json)?;
     }
     r.grpc_server_streaming = types.server_streaming;
     r.grpc_output = Some(types.output);
@@ -234,7 +234,7 @@ async fn call(
             host: String::new(),
             ask: Some(ask.clone()),
         };
-        body.extend(crate::spec::frame(q.encode_to_vec()));
+        body.extend(crate::grpc::frame(q.encode_to_vec()));
     }
     let question = PreparedRequest {
         grpc: true,
@@ -302,7 +302,7 @@ pub struct ReflectedFile {
 /// bytes (the server's): whole, uncompressed gRPC messages only; fuzzed
 /// (`fuzz/fuzz_targets/grpc_reflection.rs`).
 pub fn files_in(body: &[u8], asked: usize) -> Result<Vec<ReflectedFile>, String> {
-    let messages = crate::spec::messages(body)
+    let messages = crate::grpc::messages(body)
         .ok_or_else(|| "an answer that is not whole, uncompressed gRPC messages".to_owned())?;
     if messages.len() != asked {
         return Err(format!("{} answers to {asked} questions", messages.len()));
@@ -358,7 +358,7 @@ mod tests {
     }
 
     fn answer(response: Response) -> Vec<u8> {
-        crate::spec::frame(
+        crate::grpc::frame(
             Answer {
                 response: Some(response),
             }
@@ -395,7 +395,7 @@ mod tests {
         assert!(files_in(&compressed, 1).is_err());
         let cut = &body[..body.len() - 1];
         assert!(files_in(cut, 2).is_err());
-        assert!(files_in(&crate::spec::frame(vec![0xff; 8]), 1).is_err());
+        assert!(files_in(&crate::grpc::frame(vec![0xff; 8]), 1).is_err());
         // Imports not in the set: no pool.
         assert!(descriptor_pool([file("shop.proto", &["money.proto"])]).is_err());
     }

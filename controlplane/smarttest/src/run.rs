@@ -1,10 +1,8 @@
 //! One run of a test: each step sent (or, a script, run) to the baseline, to the sandbox and to
-//! the baseline again,
-//! in that order (so a value that drifts with time brackets the sandbox's answer), its checks
-//! evaluated on every answer, and the findings of the whole run (`spur_traffic_diff::findings`:
-//! the baseline's two answers teach what is noise).
-
-use std::fmt::Write as _;
+//! the baseline again, in that order (so a value that drifts with time brackets the sandbox's
+//! answer), its checks evaluated on every answer, and the findings of the whole run
+//! (`spur_traffic_diff::findings`: the baseline's two answers teach what is noise). How it reads
+//! for a person is `render`.
 
 use serde_json::{Value, json};
 use spur_proto::traffic::Exchange;
@@ -375,101 +373,6 @@ impl RunReport {
         }
         text(hi)
     }
-
-    /// The run for a person: a line per step and check, then the findings by endpoint.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        let brief = |x: &Exchange| {
-            if !x.error.is_empty() {
-                return format!("error ({})", x.error);
-            }
-            let ms = x.duration_micros / 1000;
-            match grpc_status(x) {
-                Some(code) => format!("grpc-status {code} in {ms} ms"),
-                None if x.method == crate::exec::SCRIPT_METHOD => {
-                    format!("exit {} in {ms} ms", x.status)
-                }
-                None => format!("{} in {ms} ms", x.status),
-            }
-        };
-        for s in &self.steps {
-            let _ = writeln!(
-                out,
-                "step {} ({}): sandbox {}; baseline {}, {}",
-                s.name,
-                s.endpoint,
-                brief(&s.sandbox),
-                brief(&s.baseline[0]),
-                brief(&s.baseline[1])
-            );
-            for c in &s.checks {
-                let side = |r: &Result<(), String>| match r {
-                    Ok(()) => "passed".to_owned(),
-                    Err(e) => format!("FAILED ({e})"),
-                };
-                let _ = writeln!(
-                    out,
-                    "  check {}: sandbox {}, baseline {}",
-                    c.check,
-                    side(&c.sandbox),
-                    side(&c.baseline)
-                );
-            }
-            if let Some([b1, b2, cs]) = &s.calls {
-                let _ = writeln!(
-                    out,
-                    "  calls downstream: sandbox {}; baseline {}, {}",
-                    cs.len(),
-                    b1.len(),
-                    b2.len()
-                );
-            }
-        }
-        if let Some(c) = &self.calls {
-            let _ = writeln!(
-                out,
-                "calls captured in {} ({} baselines watching): {}, of which {} not marked by this run{}",
-                c.namespaces.join(", "),
-                c.watching,
-                c.captured,
-                c.unmarked,
-                if c.skipped > 0 {
-                    format!(", {} past the limit not looked at", c.skipped)
-                } else {
-                    String::new()
-                }
-            );
-        }
-        let count = self.findings.count();
-        if count == 0 {
-            out.push_str("no findings: the sandbox answered as the baseline did, noise aside\n");
-        } else {
-            let _ = writeln!(out, "findings ({count}), most important first:");
-            for (endpoint, e) in &self.findings.endpoints {
-                if e.findings.is_empty() {
-                    continue;
-                }
-                let _ = writeln!(out, "  {endpoint}");
-                for f in &e.findings {
-                    let times = if f.occurrences > 1 {
-                        format!(" (x{})", f.occurrences)
-                    } else {
-                        String::new()
-                    };
-                    let _ = writeln!(
-                        out,
-                        "    {:<6} {}{times}",
-                        f.rank.as_str(),
-                        f.difference.render()
-                    );
-                }
-                if e.more > 0 {
-                    let _ = writeln!(out, "    ... {} more", e.more);
-                }
-            }
-        }
-        out
-    }
 }
 
 /// Most messages of one answer decoded to JSON; an answer with more is compared as it came.
@@ -492,7 +395,7 @@ fn decode(output: &prost_reflect::MessageDescriptor, streams: bool, x: &Exchange
     }
     // Bounded: every field of every message is written, so a great many (empty) messages
     // would make a far larger JSON than the answer they came in.
-    let Some(frames) = crate::spec::messages(&body.data).filter(|f| f.len() <= MAX_DECODED) else {
+    let Some(frames) = crate::grpc::messages(&body.data).filter(|f| f.len() <= MAX_DECODED) else {
         return view;
     };
     let mut messages = Vec::new();
@@ -640,7 +543,7 @@ mod tests {
         .unwrap();
         let reply = pool.get_message_by_name("spur.demo.v1.HelloReply").unwrap();
         // message "hi" (field 1), once.
-        let body = crate::spec::frame(b"\x0a\x02hi".to_vec());
+        let body = crate::grpc::frame(b"\x0a\x02hi".to_vec());
         let x = Exchange {
             response_body: Some(Body {
                 size: body.len() as u64,
