@@ -100,7 +100,14 @@ pub async fn execute(
     // touched the terminal would be stopped (SIGTTOU) until its timeout.
     let stderr = child.stderr.take().map(|mut err| {
         tokio::spawn(async move {
-            let _ = tokio::io::copy(&mut err, &mut tokio::io::stderr()).await;
+            let mut buf = vec![0u8; 8 * 1024];
+            while let Ok(n) = err.read(&mut buf).await {
+                // A few KiB at a time to the runner's own stderr (a terminal, a Job's log):
+                // written as it comes, a line the script flushed is not held back.
+                if n == 0 || std::io::Write::write_all(&mut std::io::stderr(), &buf[..n]).is_err() {
+                    break;
+                }
+            }
         })
     });
     let waited = async {
