@@ -11,8 +11,7 @@ use std::collections::BTreeMap;
 use spur_proto::traffic::Exchange;
 use spur_traffic_diff::Calls;
 
-/// The `baggage` member that marks a run's requests.
-pub const MARKER: &str = "spur-test-step";
+pub use crate::marker::MARKER;
 /// Most captured exchanges a run takes in (the rest are counted, not attributed).
 pub const MAX_CAPTURED: usize = 10_000;
 
@@ -131,13 +130,11 @@ pub fn attribute(plan: &CallPlan, steps: usize, captured: &[Exchange]) -> Attrib
 
 /// The [`MARKER`] member of the captured request's `baggage`, if it has one.
 fn marker_of(x: &Exchange) -> Option<String> {
-    x.request_headers
-        .iter()
-        .filter(|h| h.name.eq_ignore_ascii_case("baggage"))
-        .filter_map(|h| std::str::from_utf8(&h.value).ok())
-        .flat_map(spur_routing::baggage::members)
-        .find(|m| m.key == MARKER)
-        .map(|m| m.value.into_owned())
+    crate::marker::marker_in(
+        x.request_headers
+            .iter()
+            .map(|h| (h.name.as_str(), h.value.as_slice())),
+    )
 }
 
 #[cfg(test)]

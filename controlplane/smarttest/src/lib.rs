@@ -10,6 +10,7 @@ pub mod calls;
 #[cfg(feature = "run")]
 pub mod exec;
 pub(crate) mod grpc;
+pub mod marker;
 pub mod path;
 #[cfg(feature = "run")]
 pub mod reflect;

@@ -24,6 +24,7 @@ use std::time::Duration;
 use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::authorization::v1::ResourceAttributes;
 use kube::Client;
+use spur_proto::traffic::RunFor;
 pub use spur_serving::review::PodRef;
 use spur_serving::review::{
     self, AudienceCheck, BaselineError, Cache, NotAPod, ReviewError, Reviewer,
@@ -179,6 +180,28 @@ impl Authorizer {
         }
     }
 
+    /// Whether the caller of StartRunCapture with `run_for` may start a run of `sandbox` for
+    /// that user: the caller needs `delegate` on the sandbox's `sandboxes/capture`, and the
+    /// user `update` on it and `get` on its `sandboxes/traffic` (what a run the user started
+    /// and read back would need). The user is returned, for [`Authorizer::run_namespaces`].
+    /// The static token stands for everything (None).
+    pub async fn run_delegate(
+        &self,
+        metadata: &MetadataMap,
+        sandbox: &str,
+        run_for: &RunFor,
+    ) -> Result<Option<UserInfo>, Status> {
+        let token = bearer(metadata)?;
+        match self {
+            Authorizer::StaticToken(t) => t.check(token).map(|()| None),
+            Authorizer::Kube(k) => k
+                .inner
+                .run_delegate(token, sandbox, run_for)
+                .await
+                .map(Some),
+        }
+    }
+
     /// Whether `user` (from [`Authorizer::run_capturer`]; None: the static token) may create
     /// Deployments in every one of `namespaces`, as creating a sandbox that forks from them
     /// needs: a run captures there what baselines answer.
@@ -256,7 +279,7 @@ impl Authorizer {
 }
 
 /// The token of `authorization: Bearer <token>`.
-fn bearer(metadata: &MetadataMap) -> Result<&str, Status> {
+pub(crate) fn bearer(metadata: &MetadataMap) -> Result<&str, Status> {
     let value = metadata
         .get("authorization")
         .and_then(|v| v.to_str().ok())
@@ -421,6 +444,58 @@ impl Kube {
         Ok(user)
     }
 
+    async fn run_delegate(
+        &self,
+        token: &str,
+        sandbox: &str,
+        run_for: &RunFor,
+    ) -> Result<UserInfo, Status> {
+        let caller = self.review(token, AUDIENCE).await?;
+        if !self
+            .may(&caller, capture_right("delegate", "capture", sandbox))
+            .await?
+        {
+            return Err(Status::permission_denied(format!(
+                "{} may not delegate sandboxes/capture in spur.dev for sandbox {sandbox} (start                  a run capture for another user)",
+                who(&caller)
+            )));
+        }
+        if run_for.username.is_empty() || run_for.username.len() > MAX_NAME {
+            return Err(Status::invalid_argument(format!(
+                "run_for.username: the user the run is for (1 to {MAX_NAME} characters) is                  required"
+            )));
+        }
+        if run_for.groups.len() > MAX_GROUPS || run_for.groups.iter().any(|g| g.len() > MAX_NAME) {
+            return Err(Status::invalid_argument(format!(
+                "run_for.groups: at most {MAX_GROUPS}, of at most {MAX_NAME} characters each"
+            )));
+        }
+        let user = UserInfo {
+            username: Some(run_for.username.clone()),
+            groups: (!run_for.groups.is_empty()).then(|| run_for.groups.clone()),
+            ..UserInfo::default()
+        };
+        for (verb, subresource) in [("update", "capture"), ("get", "traffic")] {
+            if !self
+                .may(&user, capture_right(verb, subresource, sandbox))
+                .await?
+            {
+                return Err(Status::permission_denied(format!(
+                    "{} (the user the run is for) may not {verb} sandboxes/{subresource} in                      spur.dev for sandbox {sandbox}",
+                    who(&user)
+                )));
+            }
+        }
+        Ok(user)
+    }
+
+    async fn may(&self, user: &UserInfo, attributes: ResourceAttributes) -> Result<bool, Status> {
+        self.reviewer
+            .access(user, attributes)
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))
+    }
+
     fn cached(&self, token: &str, purpose: Purpose) -> Option<Identity> {
         self.cache.get(&(token.to_string(), purpose))
     }
@@ -490,6 +565,27 @@ impl Kube {
             .await
             .map_err(|e| Status::unavailable(e.to_string()))
     }
+}
+
+/// Longest user or group name a run may be for, and most groups.
+const MAX_NAME: usize = 512;
+const MAX_GROUPS: usize = 64;
+
+/// `verb` on `sandboxes/<subresource>` of `sandbox` (Sandboxes are cluster-scoped).
+fn capture_right(verb: &str, subresource: &str, sandbox: &str) -> ResourceAttributes {
+    ResourceAttributes {
+        group: Some("spur.dev".into()),
+        resource: Some("sandboxes".into()),
+        subresource: Some(subresource.into()),
+        verb: Some(verb.into()),
+        name: Some(sandbox.to_string()),
+        ..ResourceAttributes::default()
+    }
+}
+
+/// Whether `presented` is run token `token`, in a time that says nothing about how close it was.
+pub(crate) fn is_run_token(token: &str, presented: &str) -> bool {
+    !token.is_empty() && constant_time_eq(token.as_bytes(), presented.as_bytes())
 }
 
 /// The user's name for an error message.

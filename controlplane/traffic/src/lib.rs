@@ -20,6 +20,7 @@ mod auth;
 mod kube_settings;
 mod metrics;
 mod run_index;
+mod run_read;
 mod runs;
 mod service;
 mod settings;
@@ -41,10 +42,11 @@ pub use auth::{
 };
 pub use kube_settings::{ClusterCapture, compile as compile_sandboxes, watch_sandboxes};
 pub use metrics::{CallLabels, Metrics};
-pub use run_index::StartedRun;
+pub use run_index::{NewRun, StartedRun};
+pub use run_read::MAX_READ;
 pub use runs::{
-    DEFAULT_RUN_SECONDS, MAX_RUN_SECONDS, MAX_RUNS, MAX_RUNS_PER_SANDBOX, MAX_RUNS_PER_USER, Run,
-    SandboxEntry,
+    DEFAULT_RUN_SECONDS, Delegated, MAX_RUN_SECONDS, MAX_RUNS, MAX_RUNS_PER_SANDBOX,
+    MAX_RUNS_PER_USER, Run, SandboxEntry,
 };
 pub use service::{MAX_BATCH, MAX_MESSAGE_BYTES, TrafficService};
 pub use settings::{

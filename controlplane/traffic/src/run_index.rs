@@ -1,11 +1,28 @@
 //! The settings index's side of run captures: starting, ending and sweeping them, where the
 //! sidecars' settings are sent out again (the runs themselves are `runs`).
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::Error;
-use crate::runs::{DEFAULT_RUN_SECONDS, MAX_RUN_SECONDS, Run, SandboxEntry};
+use crate::runs::{DEFAULT_RUN_SECONDS, Delegated, MAX_RUN_SECONDS, Run, SandboxEntry};
 use crate::settings::{CAPTURE_GRACE, SettingsIndex};
+
+/// What the caller makes of a run: random values (this module does not make them) and who
+/// it is for.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    pub id: String,
+    pub reference_key: String,
+    /// Who asked, or whom it is for (the per-user bound).
+    pub started_by: String,
+    pub delegated: Option<Delegated>,
+}
+
+/// Microseconds since the Unix epoch (0 before it).
+pub(crate) fn unix_micros(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
 
 /// A run capture as started: its id and what it captures where.
 #[derive(Debug, Clone)]
@@ -23,20 +40,22 @@ impl SettingsIndex {
     }
 
     /// Starts capturing for a smart-test run of `sandbox` for `seconds` (0: the default): its
-    /// key and `reference_key` at every baseline of the namespaces it forks from, which must
-    /// still be `checked` (what the caller's rights were checked for: ABORTED otherwise). The
-    /// watchers there are sent their new settings before this returns. `id` and
-    /// `reference_key` are the caller's (random: this module does not make them);
-    /// `started_by` is who asked (the per-user bound).
+    /// key and `new.reference_key` at every baseline of the namespaces it forks from, which
+    /// must still be `checked` (what the caller's rights were checked for: ABORTED otherwise).
+    /// The watchers there are sent their new settings before this returns.
     pub fn start_run(
         &self,
         sandbox: &str,
         checked: &SandboxEntry,
         seconds: u32,
-        id: String,
-        reference_key: String,
-        started_by: String,
+        new: NewRun,
     ) -> Result<StartedRun, Error> {
+        let NewRun {
+            id,
+            reference_key,
+            started_by,
+            delegated,
+        } = new;
         if seconds > MAX_RUN_SECONDS {
             return Err(Error::Invalid(format!(
                 "seconds: {seconds} is more than {MAX_RUN_SECONDS}"
@@ -71,6 +90,8 @@ impl SettingsIndex {
             namespaces: entry.namespaces,
             until: now + Duration::from_secs(u64::from(seconds)),
             started_by,
+            since_unix_micros: unix_micros(SystemTime::now()),
+            delegated,
         };
         state.runs.start(id.clone(), run.clone(), now)?;
         state.refresh();
@@ -85,6 +106,14 @@ impl SettingsIndex {
     /// The live run `id`.
     pub fn run(&self, id: &str) -> Option<Run> {
         self.state().runs.get(id).cloned()
+    }
+
+    /// Run `id`, live or ended less than [`CAPTURE_GRACE`] ago, and whether it is live.
+    pub fn find_run(&self, id: &str) -> Option<(Run, bool)> {
+        self.state()
+            .runs
+            .find(id, Instant::now(), CAPTURE_GRACE)
+            .map(|(run, live)| (run.clone(), live))
     }
 
     /// Ends run `id`; whether it was live. Its exchanges still count for [`CAPTURE_GRACE`].
@@ -110,6 +139,15 @@ impl SettingsIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn new(id: &str, reference_key: &str) -> NewRun {
+        NewRun {
+            id: id.into(),
+            reference_key: reference_key.into(),
+            started_by: "ann".into(),
+            delegated: None,
+        }
+    }
 
     #[tokio::test]
     async fn the_index_sends_a_runs_keys_to_the_sidecars_of_its_namespaces_only() {
@@ -137,14 +175,7 @@ mod tests {
         assert!(!index.captures(&catalog, "sb", "k1"));
 
         let started = index
-            .start_run(
-                "sb",
-                &index.sandbox("sb").unwrap(),
-                60,
-                "id1".into(),
-                "ref1".into(),
-                "ann".into(),
-            )
+            .start_run("sb", &index.sandbox("sb").unwrap(), 60, new("id1", "ref1"))
             .unwrap();
         assert_eq!(started.watching, 2, "front and catalog watch in shop");
         assert_eq!(started.run.routing_key, "k1");
@@ -171,16 +202,13 @@ mod tests {
         assert!(at_catalog.has_changed().unwrap());
         assert!(index.captures(&catalog, "sb", "ref1"), "within the grace");
         assert!(!at_other.has_changed().unwrap());
+        let (ended, live) = index.find_run("id1").unwrap();
+        assert!(!live);
+        assert_eq!(ended.reference_key, "ref1");
+        assert!(ended.since_unix_micros > 0);
 
         let e = index
-            .start_run(
-                "nope",
-                &SandboxEntry::default(),
-                60,
-                "id2".into(),
-                "ref2".into(),
-                "ann".into(),
-            )
+            .start_run("nope", &SandboxEntry::default(), 60, new("id2", "ref2"))
             .unwrap_err();
         assert!(matches!(e, crate::Error::NotFound(_)), "{e}");
         let e = index
@@ -188,9 +216,7 @@ mod tests {
                 "sb",
                 &index.sandbox("sb").unwrap(),
                 MAX_RUN_SECONDS + 1,
-                "id3".into(),
-                "ref3".into(),
-                "ann".into(),
+                new("id3", "ref3"),
             )
             .unwrap_err();
         assert!(matches!(e, crate::Error::Invalid(_)), "{e}");

@@ -43,8 +43,32 @@ pub struct Run {
     pub namespaces: BTreeSet<String>,
     pub until: Instant,
     /// Who started it (the API server's username; empty for the static token, whose runs the
-    /// per-user bound does not count: it is one operator's, not a tenant's).
+    /// per-user bound does not count: it is one operator's, not a tenant's). For a run started
+    /// for a user, that user.
     pub started_by: String,
+    /// When it started, microseconds since the Unix epoch (the store's clock).
+    pub since_unix_micros: i64,
+    /// Set when a component started it for a user: it is read back with its own token.
+    pub delegated: Option<Delegated>,
+}
+
+/// What a run started for a user (`run_for`) is read back and ended with.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Delegated {
+    /// The bearer token of ReadRun and EndRunCapture for this run alone.
+    pub token: String,
+    /// The tag its requests' markers start with (`spur-test-step=<tag>.<step>.<pass>`).
+    pub tag: String,
+}
+
+/// Never the token: a run may be logged.
+impl std::fmt::Debug for Delegated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delegated")
+            .field("token", &"<redacted>")
+            .field("tag", &self.tag)
+            .finish()
+    }
 }
 
 impl Run {
@@ -67,8 +91,9 @@ impl Run {
 #[derive(Debug, Default)]
 pub(crate) struct Runs {
     live: HashMap<String, Run>,
-    /// Ended or expired runs and when: exchanges captured just before still count.
-    ended: Vec<(Run, Instant)>,
+    /// Ended or expired runs by id and when: exchanges captured just before still count, and
+    /// a run started for a user is still read back.
+    ended: Vec<(String, Run, Instant)>,
 }
 
 impl Runs {
@@ -110,12 +135,24 @@ impl Runs {
         self.live.get(id)
     }
 
+    /// Run `id`, live or ended less than `grace` ago, and whether it is live.
+    pub(crate) fn find(&self, id: &str, now: Instant, grace: Duration) -> Option<(&Run, bool)> {
+        if let Some(run) = self.live.get(id) {
+            return Some((run, true));
+        }
+        self.ended
+            .iter()
+            .rev()
+            .find(|(i, _, at)| i == id && now.saturating_duration_since(*at) < grace)
+            .map(|(_, run, _)| (run, false))
+    }
+
     /// Ends run `id`; whether it was live.
     pub(crate) fn end(&mut self, id: &str, now: Instant) -> bool {
         let Some(run) = self.live.remove(id) else {
             return false;
         };
-        self.remember(run, now);
+        self.remember(id.to_owned(), run, now);
         true
     }
 
@@ -130,21 +167,21 @@ impl Runs {
             .collect();
         for id in &expired {
             if let Some(run) = self.live.remove(id) {
-                self.remember(run, now);
+                self.remember(id.clone(), run, now);
             }
         }
         if !grace.is_zero() {
             self.ended
-                .retain(|(_, at)| now.saturating_duration_since(*at) < grace);
+                .retain(|(_, _, at)| now.saturating_duration_since(*at) < grace);
         }
         !expired.is_empty()
     }
 
-    fn remember(&mut self, run: Run, now: Instant) {
+    fn remember(&mut self, id: String, run: Run, now: Instant) {
         if self.ended.len() >= MAX_ENDED {
             self.ended.remove(0);
         }
-        self.ended.push((run, now));
+        self.ended.push((id, run, now));
     }
 
     /// The keys live runs capture at baselines of `namespace`.
@@ -171,7 +208,7 @@ impl Runs {
         self.live
             .values()
             .any(|r| r.takes(namespace, sandbox, routing_key))
-            || self.ended.iter().any(|(r, at)| {
+            || self.ended.iter().any(|(_, r, at)| {
                 now.saturating_duration_since(*at) < grace
                     && r.takes(namespace, sandbox, routing_key)
             })
@@ -194,6 +231,8 @@ mod tests {
             namespaces: ns.iter().map(|n| n.to_string()).collect(),
             until,
             started_by: String::new(),
+            since_unix_micros: 0,
+            delegated: None,
         }
     }
 
@@ -221,6 +260,25 @@ mod tests {
         assert_eq!(runs.keys_in("shop").count(), 0);
         assert!(runs.captures("shop", "sb", "sb-key", now + Duration::from_secs(29), grace));
         assert!(!runs.captures("shop", "sb", "sb-key", now + Duration::from_secs(31), grace));
+        // Found, as ended, as long as its exchanges count.
+        let found = |at: u64| {
+            runs.find("r1", now + Duration::from_secs(at), grace)
+                .map(|(r, live)| (r.sandbox.clone(), live))
+        };
+        assert_eq!(found(29), Some(("sb".into(), false)));
+        assert_eq!(found(31), None);
+        assert!(runs.find("r2", now, grace).is_none());
+    }
+
+    #[test]
+    fn a_delegated_runs_token_is_never_printed() {
+        let d = Delegated {
+            token: "secret-token".into(),
+            tag: "t1".into(),
+        };
+        let printed = format!("{d:?}");
+        assert!(!printed.contains("secret-token"), "{printed}");
+        assert!(printed.contains("t1"), "{printed}");
     }
 
     #[test]

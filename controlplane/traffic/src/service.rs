@@ -6,8 +6,8 @@ use std::sync::Arc;
 use spur_proto::traffic::traffic_server::{Traffic, TrafficServer};
 use spur_proto::traffic::{
     CaptureSettings, EndRunCaptureReply, EndRunCaptureRequest, PushReply, PushRequest, QueryReply,
-    QueryRequest, RunCapture, StartRunCaptureRequest, StoredExchange, TailEvent, TailRequest,
-    WatchSettingsRequest,
+    QueryRequest, ReadRunReply, ReadRunRequest, RunCapture, StartRunCaptureRequest, StoredExchange,
+    TailEvent, TailRequest, WatchSettingsRequest,
 };
 use tokio::sync::{broadcast, mpsc};
 use tokio::time::{Duration, Instant};
@@ -18,6 +18,9 @@ use tonic::{Request, Response, Status};
 use crate::Error;
 use crate::auth::{self, Authorizer, Caller, Credentials};
 use crate::metrics::Metrics;
+use crate::run_index::NewRun;
+use crate::run_read;
+use crate::runs::Delegated;
 use crate::settings::{Baseline, SettingsIndex};
 use crate::store::{self, Store};
 use crate::streams::{self, Access, Recheck};
@@ -185,7 +188,15 @@ impl TrafficService {
             ));
         }
         // The sandbox's right first: whether it exists is nothing to tell someone without it.
-        let user = self.auth.run_capturer(req.metadata(), &sandbox).await?;
+        let run_for = req.get_ref().run_for.as_ref();
+        let user = match run_for {
+            Some(run_for) => {
+                self.auth
+                    .run_delegate(req.metadata(), &sandbox, run_for)
+                    .await?
+            }
+            None => self.auth.run_capturer(req.metadata(), &sandbox).await?,
+        };
         self.wait_loaded().await?;
         let entry = self.settings.sandbox(&sandbox).ok_or_else(|| {
             status(Error::NotFound(format!(
@@ -198,21 +209,28 @@ impl TrafficService {
         let id = random_hex(16).map_err(status)?;
         let reference_key = format!("spur-run-{}", random_hex(10).map_err(status)?);
         // A reviewed token without a username still counts, as one user: only the static
-        // token (no review at all) is not bounded per user.
-        let started_by = match &user {
-            Some(u) => u.username.clone().unwrap_or_else(|| "(no username)".into()),
-            None => String::new(),
+        // token (no review at all) is not bounded per user. A run for a user is that user's.
+        let started_by = match (&user, run_for) {
+            (_, Some(f)) => f.username.clone(),
+            (Some(u), None) => u.username.clone().unwrap_or_else(|| "(no username)".into()),
+            (None, None) => String::new(),
+        };
+        let delegated = match run_for {
+            Some(_) => Some(Delegated {
+                token: random_hex(32).map_err(status)?,
+                tag: random_hex(8).map_err(status)?,
+            }),
+            None => None,
+        };
+        let new = NewRun {
+            id,
+            reference_key,
+            started_by,
+            delegated,
         };
         let started = self
             .settings
-            .start_run(
-                &sandbox,
-                &entry,
-                req.get_ref().seconds,
-                id,
-                reference_key,
-                started_by,
-            )
+            .start_run(&sandbox, &entry, req.get_ref().seconds, new)
             .map_err(status)?;
         self.metrics
             .run_captures
@@ -230,9 +248,17 @@ impl TrafficService {
             namespaces = ?started.run.namespaces,
             seconds = left.as_secs(),
             watching = started.watching,
+            r#for = run_for.map(|f| f.username.as_str()),
             "run capture started"
         );
+        let (run_token, marker_tag) = started
+            .run
+            .delegated
+            .map(|d| (d.token, d.tag))
+            .unwrap_or_default();
         Ok(RunCapture {
+            run_token,
+            marker_tag,
             id: started.id,
             routing_key: started.run.routing_key,
             reference_key: started.run.reference_key,
@@ -254,16 +280,50 @@ impl TrafficService {
             .settings
             .run(id)
             .ok_or_else(|| Status::not_found("no such run capture (it ended, or expired)"))?;
-        let user = self.auth.run_capturer(req.metadata(), &run.sandbox).await?;
-        self.auth
-            .run_namespaces(user.as_ref(), &run.namespaces)
-            .await?;
+        // A run started for a user is ended by its token; anyone else needs the rights.
+        let by_token = run.delegated.as_ref().is_some_and(|d| {
+            auth::is_run_token(&d.token, auth::bearer(req.metadata()).unwrap_or(""))
+        });
+        if !by_token {
+            let user = self.auth.run_capturer(req.metadata(), &run.sandbox).await?;
+            self.auth
+                .run_namespaces(user.as_ref(), &run.namespaces)
+                .await?;
+        }
         self.settings.end_run(id);
         self.metrics
             .run_captures
             .set(i64::try_from(self.settings.sweep_runs()).unwrap_or(i64::MAX));
         tracing::info!(sandbox = %run.sandbox, "run capture ended");
         Ok(EndRunCaptureReply {})
+    }
+
+    async fn read_run_inner(&self, req: Request<ReadRunRequest>) -> Result<ReadRunReply, Status> {
+        let presented = auth::bearer(req.metadata())?;
+        let id = &req.get_ref().id;
+        let (run, live) = self
+            .settings
+            .find_run(id)
+            .ok_or_else(|| Status::not_found("no such run capture (it ended, or expired)"))?;
+        // Only the run's own token: a user's token, whatever it may read, is not this run's
+        // (their reads go through Query).
+        let Some(delegated) = run
+            .delegated
+            .as_ref()
+            .filter(|d| auth::is_run_token(&d.token, presented))
+        else {
+            return Err(Status::permission_denied(
+                "ReadRun takes the run's own token (a run started for a user is read back by                  the run it was started for; other readers use Query)",
+            ));
+        };
+        let read = run_read::read(&self.store, &run, &delegated.tag)
+            .await
+            .map_err(status)?;
+        Ok(ReadRunReply {
+            exchanges: read.exchanges,
+            truncated: read.truncated,
+            live,
+        })
     }
 
     /// Waits, as a push does, for a store that just started to load its settings.
@@ -423,6 +483,13 @@ impl Traffic for TrafficService {
         let out = self.start_run_inner(req).await;
         self.metrics.call("StartRunCapture", code(&out));
         out.map(Response::new)
+    }
+
+    async fn read_run(
+        &self,
+        req: Request<ReadRunRequest>,
+    ) -> Result<Response<ReadRunReply>, Status> {
+        self.read_run_inner(req).await.map(Response::new)
     }
 
     async fn end_run_capture(

@@ -6,6 +6,17 @@ pub struct StartRunCaptureRequest {
     /// How long the capture lasts at most: 1 to 1800; 0 means 600.
     #[prost(uint32, tag = "2")]
     pub seconds: u32,
+    /// The user the run is for, when the caller is not that user (see StartRunCapture).
+    #[prost(message, optional, tag = "3")]
+    pub run_for: ::core::option::Option<RunFor>,
+}
+/// A user as the API server names them, for a run started on their behalf.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RunFor {
+    #[prost(string, tag = "1")]
+    pub username: ::prost::alloc::string::String,
+    #[prost(string, repeated, tag = "2")]
+    pub groups: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct RunCapture {
@@ -28,11 +39,35 @@ pub struct RunCapture {
     /// started: the ones that can record its calls.
     #[prost(uint32, tag = "6")]
     pub watching_baselines: u32,
+    /// Only for a run started `run_for` a user: the bearer token that reads the run (ReadRun)
+    /// and ends it, and nothing else; random, never given twice.
+    #[prost(string, tag = "7")]
+    pub run_token: ::prost::alloc::string::String,
+    /// Only for a run started `run_for` a user: the run's requests carry the marker
+    /// `spur-test-step=<marker_tag>.<step>.<pass>` in `baggage`; ReadRun returns only those.
+    #[prost(string, tag = "8")]
+    pub marker_tag: ::prost::alloc::string::String,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct EndRunCaptureRequest {
     #[prost(string, tag = "1")]
     pub id: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ReadRunRequest {
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ReadRunReply {
+    /// Newest first, at most 10 000 (`truncated` then says more were recorded).
+    #[prost(message, repeated, tag = "1")]
+    pub exchanges: ::prost::alloc::vec::Vec<Exchange>,
+    #[prost(bool, tag = "2")]
+    pub truncated: bool,
+    /// The run still captures (false: it ended or expired, and this is all it will record).
+    #[prost(bool, tag = "3")]
+    pub live: bool,
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct EndRunCaptureReply {}
@@ -502,6 +537,12 @@ pub mod traffic_client {
         /// the sandbox's. Needs `update` on the sandbox's `sandboxes/capture` (as switching its
         /// capture on does) and `create` on `deployments` in each of those namespaces (as creating
         /// the sandbox does). Bounded: at most 4 runs per sandbox and 64 in all at once.
+        ///
+        /// With `run_for`, a component starts the run for a user (the operator, for a SmartTest's
+        /// automatic run, for the test's creator): the caller needs `delegate` on the sandbox's
+        /// `sandboxes/capture`, and the rights above, and `get` on its `sandboxes/traffic`, are asked
+        /// of the user named, not of the caller. Such a run is read back with ReadRun and its
+        /// `run_token` only, and counts against that user's bound.
         pub async fn start_run_capture(
             &mut self,
             request: impl tonic::IntoRequest<super::StartRunCaptureRequest>,
@@ -524,7 +565,7 @@ pub mod traffic_client {
             self.inner.unary(req, path, codec).await
         }
         /// Ends a run's capture early (its exchanges already pushed are kept). Needs the same rights
-        /// as starting it.
+        /// as starting it, or, for a run started `run_for` a user, its `run_token`.
         pub async fn end_run_capture(
             &mut self,
             request: impl tonic::IntoRequest<super::EndRunCaptureRequest>,
@@ -547,6 +588,34 @@ pub mod traffic_client {
             let mut req = request.into_request();
             req.extensions_mut()
                 .insert(GrpcMethod::new("spur.traffic.v1.Traffic", "EndRunCapture"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// What a run started `run_for` a user recorded of its own requests: authorized by the run's
+        /// `run_token` (the bearer token) alone, while the run lives and for 30 s after it ends. Only
+        /// exchanges whose `baggage` carries the run's marker (`spur-test-step=<marker_tag>.…`), with
+        /// only what a comparison of calls reads: the baseline, method, path without its query,
+        /// status, `grpc-status`, whether it failed, the start time, and of the headers the marker
+        /// alone; no bodies. That is the run's own requests and the calls they caused, which its
+        /// report shows anyway; other requests carrying the sandbox's key never come back.
+        pub async fn read_run(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ReadRunRequest>,
+        ) -> std::result::Result<tonic::Response<super::ReadRunReply>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/spur.traffic.v1.Traffic/ReadRun",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("spur.traffic.v1.Traffic", "ReadRun"));
             self.inner.unary(req, path, codec).await
         }
     }
@@ -612,12 +681,18 @@ pub mod traffic_server {
         /// the sandbox's. Needs `update` on the sandbox's `sandboxes/capture` (as switching its
         /// capture on does) and `create` on `deployments` in each of those namespaces (as creating
         /// the sandbox does). Bounded: at most 4 runs per sandbox and 64 in all at once.
+        ///
+        /// With `run_for`, a component starts the run for a user (the operator, for a SmartTest's
+        /// automatic run, for the test's creator): the caller needs `delegate` on the sandbox's
+        /// `sandboxes/capture`, and the rights above, and `get` on its `sandboxes/traffic`, are asked
+        /// of the user named, not of the caller. Such a run is read back with ReadRun and its
+        /// `run_token` only, and counts against that user's bound.
         async fn start_run_capture(
             &self,
             request: tonic::Request<super::StartRunCaptureRequest>,
         ) -> std::result::Result<tonic::Response<super::RunCapture>, tonic::Status>;
         /// Ends a run's capture early (its exchanges already pushed are kept). Needs the same rights
-        /// as starting it.
+        /// as starting it, or, for a run started `run_for` a user, its `run_token`.
         async fn end_run_capture(
             &self,
             request: tonic::Request<super::EndRunCaptureRequest>,
@@ -625,6 +700,17 @@ pub mod traffic_server {
             tonic::Response<super::EndRunCaptureReply>,
             tonic::Status,
         >;
+        /// What a run started `run_for` a user recorded of its own requests: authorized by the run's
+        /// `run_token` (the bearer token) alone, while the run lives and for 30 s after it ends. Only
+        /// exchanges whose `baggage` carries the run's marker (`spur-test-step=<marker_tag>.…`), with
+        /// only what a comparison of calls reads: the baseline, method, path without its query,
+        /// status, `grpc-status`, whether it failed, the start time, and of the headers the marker
+        /// alone; no bodies. That is the run's own requests and the calls they caused, which its
+        /// report shows anyway; other requests carrying the sandbox's key never come back.
+        async fn read_run(
+            &self,
+            request: tonic::Request<super::ReadRunRequest>,
+        ) -> std::result::Result<tonic::Response<super::ReadRunReply>, tonic::Status>;
     }
     #[derive(Debug)]
     pub struct TrafficServer<T> {
@@ -955,6 +1041,49 @@ pub mod traffic_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = EndRunCaptureSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/spur.traffic.v1.Traffic/ReadRun" => {
+                    #[allow(non_camel_case_types)]
+                    struct ReadRunSvc<T: Traffic>(pub Arc<T>);
+                    impl<T: Traffic> tonic::server::UnaryService<super::ReadRunRequest>
+                    for ReadRunSvc<T> {
+                        type Response = super::ReadRunReply;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ReadRunRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Traffic>::read_run(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ReadRunSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

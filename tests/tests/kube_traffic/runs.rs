@@ -7,7 +7,7 @@
 
 use k8s_openapi::api::authentication::v1::TokenRequestSpec;
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 
 use super::*;
 
@@ -15,6 +15,7 @@ fn start(sandbox: &str) -> pb::StartRunCaptureRequest {
     pb::StartRunCaptureRequest {
         sandbox: sandbox.into(),
         seconds: 120,
+        run_for: None,
     }
 }
 
@@ -213,5 +214,251 @@ async fn a_run_capture_needs_the_callers_rights_and_captures_only_the_sandboxes_
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    store.stop.cancel();
+}
+
+/// Binds user `user` to `rules`, cluster-wide (`namespace` None) or in a namespace.
+async fn grant_user(
+    admin: &kube::Client,
+    name: &str,
+    user: &str,
+    namespace: Option<&str>,
+    rules: serde_json::Value,
+) {
+    let subjects = json!([{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": user}]);
+    match namespace {
+        None => {
+            kt::grant_dev(admin, name, rules).await.unwrap();
+            let binding: ClusterRoleBinding = serde_json::from_value(json!({
+                "metadata": {"name": format!("{name}-user")},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                "subjects": subjects,
+            }))
+            .unwrap();
+            Api::<ClusterRoleBinding>::all(admin.clone())
+                .create(&PostParams::default(), &binding)
+                .await
+                .unwrap();
+        }
+        Some(ns) => {
+            kt::ensure_namespace(admin, ns).await.unwrap();
+            let role: Role =
+                serde_json::from_value(json!({"metadata": {"name": name}, "rules": rules}))
+                    .unwrap();
+            Api::<Role>::namespaced(admin.clone(), ns)
+                .create(&PostParams::default(), &role)
+                .await
+                .unwrap();
+            let binding: RoleBinding = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": subjects,
+            }))
+            .unwrap();
+            Api::<RoleBinding>::namespaced(admin.clone(), ns)
+                .create(&PostParams::default(), &binding)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+fn now_micros() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    i64::try_from(d.as_micros()).unwrap()
+}
+
+/// A marked exchange: `baggage` with `marker`, a secret header and a query.
+fn marked(key: &str, id: &str, marker: Option<String>) -> pb::Exchange {
+    let mut x = exchange(workload("shop", "catalog"), "deleg-sb", key, id);
+    x.start_unix_micros = now_micros();
+    x.path = format!("/{id}?session=s3cr3t");
+    x.request_headers.push(pb::Header {
+        name: "x-api-key".into(),
+        value: b"s3cr3t".to_vec(),
+    });
+    if let Some(m) = marker {
+        x.request_headers.push(pb::Header {
+            name: "baggage".into(),
+            value: format!("sd-routing-key={key},spur-test-step={m}").into_bytes(),
+        });
+    }
+    x
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_for_a_user_needs_the_delegate_right_and_its_user_s_and_reads_back_only_its_own_requests()
+ {
+    let api = KubeApi::start().await.unwrap();
+    kt::install_crds(&api).await.unwrap();
+    let admin = api.client();
+    let store = Store::start(&api, spur_traffic::DEFAULT_RECHECK).await;
+    let sandboxes: Api<Sandbox> = Api::all(admin.clone());
+    let sb = sandbox("deleg-sb", false);
+    sandboxes.create(&PostParams::default(), &sb).await.unwrap();
+    sandboxes
+        .patch_status(
+            "deleg-sb",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"routingKey": "key-deleg"}})),
+        )
+        .await
+        .unwrap();
+    let (_, catalog_token) = sidecar_pod(&api, "shop", "catalog", "catalog-1", true).await;
+    let mut at_catalog = store
+        .watch_settings(workload("shop", "catalog"), &catalog_token)
+        .await
+        .unwrap();
+    next_settings(&mut at_catalog, |s| s.keys.is_empty()).await;
+
+    // ann may do what `spur test run --calls` needs; bob nothing.
+    let mut rules = kt::chart_rules("traffic-capturer-rules.yaml").unwrap();
+    rules.as_array_mut().unwrap().extend(
+        kt::chart_rules("traffic-reader-rules.yaml")
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .cloned(),
+    );
+    grant_user(&admin, "ann-capture", "ann", None, rules).await;
+    grant_user(
+        &admin,
+        "ann-deploy",
+        "ann",
+        Some("shop"),
+        json!([{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["create"]}]),
+    )
+    .await;
+    let for_user = |username: &str| pb::StartRunCaptureRequest {
+        run_for: Some(pb::RunFor {
+            username: username.into(),
+            groups: vec!["team-a".into()],
+        }),
+        ..start("deleg-sb")
+    };
+
+    // A component without `delegate` cannot start a run for ann, though ann could start it.
+    let op = user(&api, kt::SYSTEM_NAMESPACE, "op").await;
+    let err = store
+        .client()
+        .await
+        .start_run_capture(with(for_user("ann"), &op))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("delegate"), "{err:?}");
+    // With the chart's operator rules it can, for a user with the rights only.
+    kt::grant_cluster(&api, "op", "operator-smarttests-rules.yaml")
+        .await
+        .unwrap();
+    let err = eventually("the delegate grant", || async {
+        let e = store
+            .client()
+            .await
+            .start_run_capture(with(for_user("bob"), &op))
+            .await
+            .unwrap_err();
+        (!e.message().contains("delegate")).then_some(e)
+    })
+    .await;
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("bob"), "{err:?}");
+    let run = eventually("the run for ann", || async {
+        store
+            .client()
+            .await
+            .start_run_capture(with(for_user("ann"), &op))
+            .await
+            .ok()
+    })
+    .await
+    .into_inner();
+    assert_eq!(run.routing_key, "key-deleg");
+    assert_eq!(run.run_token.len(), 64, "{}", run.run_token.len());
+    assert_eq!(run.marker_tag.len(), 16);
+    next_settings(&mut at_catalog, |s| s.keys.len() == 2).await;
+
+    // What reached catalog meanwhile: the run's requests (both keys), another request with the
+    // sandbox's key (someone else's, unmarked), one marked by another run.
+    let tag = &run.marker_tag;
+    let exchanges = vec![
+        marked("key-deleg", "c/mine-s", Some(format!("{tag}.0.s"))),
+        marked(&run.reference_key, "c/mine-b1", Some(format!("{tag}.0.b1"))),
+        marked("key-deleg", "c/someone-else", None),
+        marked(
+            "key-deleg",
+            "c/other-run",
+            Some("0123456789abcdef.0.s".into()),
+        ),
+    ];
+    assert_eq!(pushed(&store, &catalog_token, exchanges).await, 4);
+
+    let read = |token: String| {
+        let store = &store;
+        let id = run.id.clone();
+        async move {
+            store
+                .client()
+                .await
+                .read_run(with(pb::ReadRunRequest { id }, &token))
+                .await
+        }
+    };
+    // Not with another namespace's token, the operator's own, or a wrong run token.
+    let other = user(&api, "team-b", "other").await;
+    for token in [other.clone(), op.clone(), "0".repeat(64)] {
+        let err = read(token).await.unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    }
+    // An id of no run, whatever the token.
+    let err = store
+        .client()
+        .await
+        .read_run(with(
+            pb::ReadRunRequest { id: "nope".into() },
+            &run.run_token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    // The run's token reads the run's two requests, cut down; nothing else.
+    let got = read(run.run_token.clone()).await.unwrap().into_inner();
+    assert!(got.live && !got.truncated);
+    let mut paths: Vec<&str> = got.exchanges.iter().map(|x| x.path.as_str()).collect();
+    paths.sort_unstable();
+    assert_eq!(paths, ["/c/mine-b1", "/c/mine-s"]);
+    let printed = format!("{:?}", got.exchanges);
+    assert!(!printed.contains("s3cr3t"), "{printed}");
+    assert!(!printed.contains("sd-routing-key"), "{printed}");
+    // The run's token is no reader's: Query refuses it.
+    let err = store
+        .client()
+        .await
+        .query(with(query("deleg-sb"), &run.run_token))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    // Another namespace's user cannot end it; its token can. Read back once more, ended.
+    let end = || pb::EndRunCaptureRequest { id: run.id.clone() };
+    let err = store
+        .client()
+        .await
+        .end_run_capture(with(end(), &other))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    store
+        .client()
+        .await
+        .end_run_capture(with(end(), &run.run_token))
+        .await
+        .unwrap();
+    next_settings(&mut at_catalog, |s| s.keys.is_empty()).await;
+    let got = read(run.run_token.clone()).await.unwrap().into_inner();
+    assert!(!got.live);
+    assert_eq!(got.exchanges.len(), 2);
     store.stop.cancel();
 }

@@ -100,6 +100,7 @@ pub(super) async fn start(
         .start_run_capture(StartRunCaptureRequest {
             sandbox: sandbox.to_owned(),
             seconds,
+            run_for: None,
         })
         .await
         .map_err(|s| status_error(conn, &s).context("starting the run's capture (--calls)"))?
