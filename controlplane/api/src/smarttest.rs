@@ -65,6 +65,26 @@ pub struct SmartTestSpec {
     pub runner_group: Option<String>,
 }
 
+/// Where a run capture started for a run by someone else (an operator) is given to it: the
+/// environment variable holding it ([`RunCaptureEnv`] as JSON), which `spur test run
+/// --run-capture-env` reads; its token is in `SPUR_TRAFFIC_TOKEN`, where `spur`'s store
+/// connection takes it.
+pub const RUN_CAPTURE_ENV: &str = "SPUR_RUN_CAPTURE";
+
+/// A run capture started for an automatic run, as its Job is given it (the store's
+/// `RunCapture` without the token).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunCaptureEnv {
+    pub id: String,
+    pub routing_key: String,
+    pub reference_key: String,
+    pub marker_tag: String,
+    pub namespaces: Vec<String>,
+    pub watching_baselines: u32,
+    pub until_unix_micros: i64,
+}
+
 /// The condition automatic runs keep on a Sandbox: the outcome of the SmartTests that cover it
 /// (written by the operator's smart-test controller under its own field manager, so the Sandbox
 /// controller's status writes leave it alone).

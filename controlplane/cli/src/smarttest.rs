@@ -108,6 +108,12 @@ struct RunArgs {
     /// to read what was captured.
     #[arg(long)]
     calls: bool,
+    /// Compare the calls downstream through a run capture the operator started for this run
+    /// (automatic runs of a SmartTest with `calls: true`): the environment variable holding it
+    /// as JSON. The store connection's token (SPUR_TRAFFIC_TOKEN) is then the run's own, which
+    /// reads back only this run's requests.
+    #[arg(long, value_name = "VAR", conflicts_with = "calls")]
+    run_capture_env: Option<String>,
     #[command(flatten)]
     store: crate::traffic::Conn,
     /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then the in-cluster config).
@@ -222,9 +228,18 @@ async fn run_test(a: RunArgs) -> Result<ExitCode> {
     // Script steps run processes of this machine: Ctrl-C stops the run and them (the default,
     // ending only this process, would leave them running in their own process group).
     let scripts = steps.iter().any(|s| s.script().is_some());
-    let report = match (&a.sandbox, a.calls) {
-        (Some(sandbox), true) => {
-            let capture = calls::start(&a.store, sandbox, &key, &steps).await?;
+    let capture = match (&a.sandbox, a.calls, &a.run_capture_env) {
+        (_, _, Some(var)) => {
+            let json = std::env::var(var).with_context(|| {
+                format!("--run-capture-env {var}: the variable is not set (or not UTF-8)")
+            })?;
+            Some(calls::adopt(&a.store, &json, &key).await?)
+        }
+        (Some(sandbox), true, None) => Some(calls::start(&a.store, sandbox, &key, &steps).await?),
+        _ => None,
+    };
+    let report = match capture {
+        Some(capture) => {
             let plan = match capture.plan() {
                 Ok(p) => p,
                 Err(e) => {

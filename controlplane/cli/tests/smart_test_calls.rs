@@ -21,6 +21,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use spur_api::Sandbox;
 use spur_kube_harness::KubeApi;
+use spur_proto::traffic as pb;
+use spur_proto::traffic::traffic_client::TrafficClient;
 use tokio::process::{Child, Command};
 
 #[path = "support/roles.rs"]
@@ -296,6 +298,88 @@ async fn a_run_with_calls_finds_a_downstream_call_the_fork_stopped_making() {
             r#""at":"GET shop/catalog","baseline":1,"kind":"call","occurrences":1,"rank":"schema""#
         ),
         "{findings}"
+    );
+
+    // An automatic run's way: a component (the operator; here the store's static token) starts
+    // the capture for the test's creator and gives the run the capture and its own token; the
+    // run reads back with that token only its own requests and what they caused.
+    let mut client = TrafficClient::connect(format!("http://127.0.0.1:{store}"))
+        .await
+        .unwrap();
+    let mut start = tonic::Request::new(pb::StartRunCaptureRequest {
+        sandbox: "calls-sb".into(),
+        seconds: 120,
+        run_for: Some(pb::RunFor {
+            username: "ann".into(),
+            groups: Vec::new(),
+        }),
+    });
+    start
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    let capture = client.start_run_capture(start).await.unwrap().into_inner();
+    assert!(!capture.run_token.is_empty() && !capture.marker_tag.is_empty());
+    let given = spur_api::smarttest::RunCaptureEnv {
+        id: capture.id.clone(),
+        routing_key: capture.routing_key.clone(),
+        reference_key: capture.reference_key.clone(),
+        marker_tag: capture.marker_tag.clone(),
+        namespaces: capture.namespaces.clone(),
+        watching_baselines: capture.watching_baselines,
+        until_unix_micros: capture.until_unix_micros,
+    };
+    // Unmarked keyed traffic meanwhile (someone else's) is not the run's.
+    get(front_in).await;
+    let out = Command::new(SPUR)
+        .args(["test", "run", "-f", test, "--key", KEY, "-o", "json"])
+        .args(["--run-capture-env", "GIVEN_CAPTURE"])
+        .args(["--server", &format!("http://127.0.0.1:{store}")])
+        .env("GIVEN_CAPTURE", serde_json::to_string(&given).unwrap())
+        .env("SPUR_TRAFFIC_TOKEN", &capture.run_token)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["calls"]["captured"], 5, "{report}");
+    assert_eq!(report["calls"]["unmarked"], 0, "{report}");
+    assert_eq!(
+        calls(&report, "sandbox", None),
+        std::slice::from_ref(&entry)
+    );
+    assert!(
+        report["findings"]
+            .to_string()
+            .contains(r#""at":"GET shop/catalog""#),
+        "{report}"
+    );
+    // It ended the capture with its token; the run's token reads nothing of another run, and
+    // is no reader's token.
+    let mut read = tonic::Request::new(pb::QueryRequest {
+        filter: Some(pb::Filter {
+            sandbox: "calls-sb".into(),
+            ..Default::default()
+        }),
+        limit: 1,
+        without_bodies: true,
+    });
+    read.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {}", capture.run_token).parse().unwrap(),
+    );
+    let err = client.query(read).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+    let mut end = tonic::Request::new(pb::EndRunCaptureRequest {
+        id: capture.id.clone(),
+    });
+    end.metadata_mut()
+        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    let err = client.end_run_capture(end).await.unwrap_err();
+    assert_eq!(
+        err.code(),
+        tonic::Code::NotFound,
+        "ended by the run: {err:?}"
     );
 
     // Text output names it too.

@@ -69,6 +69,22 @@ impl CallPlan {
         })
     }
 
+    /// A plan with the tag a traffic store gave the run (a run started for a user, whose
+    /// reads return only requests marked with it): 1 to 64 lower-case hex digits.
+    pub fn with_tag(reference_key: String, tag: String) -> Result<CallPlan, crate::Error> {
+        if tag.is_empty()
+            || tag.len() > 64
+            || !tag
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return Err(crate::Error::Run(format!(
+                "the run's marker tag {tag:?} is not 1 to 64 lower-case hex digits"
+            )));
+        }
+        Ok(CallPlan { reference_key, tag })
+    }
+
     /// The marker value of step `step`'s request of `pass`.
     pub fn marker(&self, step: usize, pass: Pass) -> String {
         format!("{}.{step}.{}", self.tag, pass.as_str())
@@ -141,6 +157,19 @@ fn marker_of(x: &Exchange) -> Option<String> {
 mod tests {
     use super::*;
     use spur_proto::traffic::{Header, Workload};
+
+    #[test]
+    fn a_given_tag_is_hex_and_its_markers_are_the_runs() {
+        let plan = CallPlan::with_tag("ref".into(), "00ff".into()).unwrap();
+        assert_eq!(plan.marker(2, Pass::Sandbox), "00ff.2.s");
+        assert_eq!(plan.parse("00ff.2.s"), Some((2, Pass::Sandbox)));
+        for bad in ["", "00FF", "00ff.1", "zz", &"a".repeat(65)] {
+            assert!(
+                CallPlan::with_tag("ref".into(), bad.into()).is_err(),
+                "{bad:?}"
+            );
+        }
+    }
 
     fn captured(marker: Option<&str>, workload: &str) -> Exchange {
         let mut request_headers = vec![Header {

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use spur_proto::traffic::{
-    EndRunCaptureRequest, Exchange, Filter, QueryRequest, RunCapture, StartRunCaptureRequest,
+    EndRunCaptureRequest, Exchange, Filter, QueryRequest, ReadRunRequest, RunCapture,
+    StartRunCaptureRequest,
 };
 use spur_smarttest::Prepared;
 use spur_smarttest::calls::{CallPlan, MAX_CAPTURED, attribute};
@@ -60,10 +61,56 @@ fn complete(ended: Ended) -> Result<()> {
 /// A run capture the store started.
 pub(super) struct Capture {
     client: Client,
-    sandbox: String,
+    /// How it is read back.
+    reader: Reader,
     run: RunCapture,
     /// When the capture started, by the store's clock (the sidecars' clocks in its cluster).
     since_unix_micros: i64,
+}
+
+enum Reader {
+    /// Query, with the user's token: `get` on the sandbox's `sandboxes/traffic`.
+    Query { sandbox: String },
+    /// ReadRun, with the run's own token: an operator started it for the test's creator
+    /// (`--run-capture-env`, automatic runs). `ended`: the store said it had ended;
+    /// `truncated`: it returned only the newest.
+    Run { ended: bool, truncated: bool },
+}
+
+/// Takes on the run capture an operator started for this run (automatic runs), from `json`
+/// ([`spur_api::smarttest::RunCaptureEnv`]); the connection's token is the run's own. The run
+/// sends `key`, which must be the key the capture records.
+pub(super) async fn adopt(conn: &Conn, json: &str, key: &str) -> Result<Capture> {
+    let given: spur_api::smarttest::RunCaptureEnv = serde_json::from_str(json)
+        .map_err(|e| anyhow::anyhow!("the run capture given to this run is not readable: {e}"))?;
+    if given.routing_key != key {
+        bail!(
+            "the run capture given to this run records another routing key than the one this run sends"
+        );
+    }
+    let client = connect(conn).await?;
+    let run = RunCapture {
+        id: given.id,
+        routing_key: given.routing_key,
+        reference_key: given.reference_key,
+        namespaces: given.namespaces,
+        until_unix_micros: given.until_unix_micros,
+        watching_baselines: given.watching_baselines,
+        run_token: String::new(),
+        marker_tag: given.marker_tag,
+    };
+    // The store sent the settings when it started the capture, maybe only just now.
+    tokio::time::sleep(SETTLE).await;
+    Ok(Capture {
+        client,
+        reader: Reader::Run {
+            ended: false,
+            truncated: false,
+        },
+        run,
+        // ReadRun knows when the run started; nothing here reads by time.
+        since_unix_micros: 0,
+    })
 }
 
 /// Asks the store to capture the run of `steps` against `sandbox`, whose key was read as `key`.
@@ -110,7 +157,9 @@ pub(super) async fn start(
         .saturating_sub(i64::from(seconds) * 1_000_000);
     let capture = Capture {
         client,
-        sandbox: sandbox.to_owned(),
+        reader: Reader::Query {
+            sandbox: sandbox.to_owned(),
+        },
         run,
         since_unix_micros,
     };
@@ -131,9 +180,15 @@ pub(super) async fn start(
 }
 
 impl Capture {
-    /// The plan the run follows: its baseline requests carry the store's reference key.
+    /// The plan the run follows: its baseline requests carry the store's reference key, and
+    /// its markers the tag the store gave a run started for a user (else a new one).
     pub(super) fn plan(&self) -> Result<CallPlan> {
-        Ok(CallPlan::new(self.run.reference_key.clone())?)
+        Ok(match &self.reader {
+            Reader::Query { .. } => CallPlan::new(self.run.reference_key.clone())?,
+            Reader::Run { .. } => {
+                CallPlan::with_tag(self.run.reference_key.clone(), self.run.marker_tag.clone())?
+            }
+        })
     }
 
     /// Waits for the sidecars' last pushes of the run's `steps` steps, reads what the capture
@@ -150,7 +205,19 @@ impl Capture {
             watching: self.run.watching_baselines,
             ..CallsSeen::default()
         };
-        let ended = self.end(conn).await;
+        if let Reader::Run {
+            truncated: true, ..
+        } = self.reader
+        {
+            crate::sandbox::note(format_args!(
+                "spur: more exchanges were captured during the run than the store returns at once; the oldest were not read"
+            ));
+        }
+        let lost = matches!(self.reader, Reader::Run { ended: true, .. });
+        let ended = match self.end(conn).await {
+            _ if lost => Ended::Lost,
+            ended => ended,
+        };
         let captured = read.map_err(|e| e.context("reading the run's captured calls back"))?;
         complete(ended)?;
         Ok((captured, seen))
@@ -215,9 +282,37 @@ impl Capture {
         }
     }
 
-    /// Every exchange stored with the run's keys since it started, newest first, page by page
-    /// (heads only), until a page brings nothing new; at most [`MAX_CAPTURED`] and a page.
+    /// Every exchange stored with the run's keys since it started, newest first.
     async fn read(&mut self, conn: &Conn) -> Result<Vec<Exchange>> {
+        match &self.reader {
+            Reader::Query { sandbox } => {
+                let sandbox = sandbox.clone();
+                self.query(conn, &sandbox).await
+            }
+            Reader::Run { .. } => self.read_run(conn).await,
+        }
+    }
+
+    /// ReadRun: the run's own marked exchanges, heads cut down by the store.
+    async fn read_run(&mut self, conn: &Conn) -> Result<Vec<Exchange>> {
+        let reply = self
+            .client
+            .read_run(ReadRunRequest {
+                id: self.run.id.clone(),
+            })
+            .await
+            .map_err(|s| status_error(conn, &s))?
+            .into_inner();
+        self.reader = Reader::Run {
+            ended: !reply.live,
+            truncated: reply.truncated,
+        };
+        Ok(reply.exchanges)
+    }
+
+    /// Query, page by page (heads only), until a page brings nothing new; at most
+    /// [`MAX_CAPTURED`] and a page.
+    async fn query(&mut self, conn: &Conn, sandbox: &str) -> Result<Vec<Exchange>> {
         let keys = [&self.run.routing_key, &self.run.reference_key];
         let since = self.since_unix_micros - micros(CLOCK_SLACK);
         let mut out = Vec::new();
@@ -226,7 +321,7 @@ impl Capture {
         loop {
             let request = QueryRequest {
                 filter: Some(Filter {
-                    sandbox: self.sandbox.clone(),
+                    sandbox: sandbox.to_owned(),
                     since_unix_micros: since.max(1),
                     until_unix_micros: until,
                     ..Filter::default()
