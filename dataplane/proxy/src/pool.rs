@@ -31,6 +31,37 @@ use crate::metrics::Metrics;
 
 pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
 
+/// How long a sandbox destination that refuses connections is tried again, at most (and never
+/// past the connect timeout). A fork's Service can refuse for a moment after its pod became
+/// ready, and so after its Sandbox did: kube-proxy rejects a ClusterIP until the endpoint
+/// reaches its rules. Nothing was sent on a refused connection, so any request may be retried.
+const REFUSED_BUDGET: Duration = Duration::from_secs(2);
+/// The first wait before trying a refused destination again; doubled each time.
+const REFUSED_FIRST_WAIT: Duration = Duration::from_millis(50);
+
+/// `connect()` until it does not fail with ECONNREFUSED, or until the next try would start
+/// past `budget` (then the last refusal is the answer: a fork that is down is a 502, later).
+async fn retry_refused<F, Fut>(connect: F, budget: Duration) -> std::io::Result<TcpStream>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = std::io::Result<TcpStream>>,
+{
+    let deadline = tokio::time::Instant::now() + budget;
+    let mut wait = REFUSED_FIRST_WAIT;
+    loop {
+        match connect().await {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                    && tokio::time::Instant::now() + wait < deadline =>
+            {
+                tokio::time::sleep(wait).await;
+                wait = wait.saturating_mul(2);
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Where a connection goes.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub(crate) enum Upstream {
@@ -201,10 +232,13 @@ impl Pool {
             match upstream {
                 Upstream::Original(addr) => TcpStream::connect(addr).await,
                 Upstream::Sandbox(loc) => {
-                    match self.resolve.get(&(loc.host.to_ascii_lowercase(), loc.port)) {
-                        Some(addr) => TcpStream::connect(addr).await,
-                        None => TcpStream::connect((loc.host.as_str(), loc.port)).await,
-                    }
+                    let once = || async {
+                        match self.resolve.get(&(loc.host.to_ascii_lowercase(), loc.port)) {
+                            Some(addr) => TcpStream::connect(addr).await,
+                            None => TcpStream::connect((loc.host.as_str(), loc.port)).await,
+                        }
+                    };
+                    retry_refused(once, self.connect_timeout.min(REFUSED_BUDGET)).await
                 }
             }
         };
@@ -537,5 +571,60 @@ async fn reap(pool: Weak<PoolInner>, idle_timeout: Duration) {
         prune(&mut state.h1, idle_timeout);
         prune(&mut state.raw, idle_timeout);
         state.h2.retain(|_, s| !s.is_closed());
+    }
+}
+
+#[cfg(test)]
+mod refused_tests {
+    use super::*;
+
+    /// A loopback port nothing listens on (for now).
+    fn free_port() -> SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_destination_that_starts_listening_within_the_budget_is_reached() {
+        let addr = free_port();
+        let late = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let l = tokio::net::TcpListener::bind(addr).await.unwrap();
+            l.accept().await.unwrap()
+        });
+        let tries = std::sync::atomic::AtomicUsize::new(0);
+        let connect = || {
+            tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            TcpStream::connect(addr)
+        };
+        retry_refused(connect, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(tries.into_inner() > 1, "refused first");
+        late.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_destination_that_keeps_refusing_is_refused_once_the_budget_is_spent() {
+        let addr = free_port();
+        let tries = std::sync::atomic::AtomicUsize::new(0);
+        let connect = || {
+            tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            TcpStream::connect(addr)
+        };
+        let err = retry_refused(connect, Duration::from_millis(400))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
+        // 50 + 100 + 200 ms of waiting fit in 400: four tries, the next wait (400) does not.
+        assert_eq!(tries.into_inner(), 4);
+        // No budget: tried once.
+        let once = std::sync::atomic::AtomicUsize::new(0);
+        let connect = || {
+            once.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            TcpStream::connect(addr)
+        };
+        assert!(retry_refused(connect, Duration::ZERO).await.is_err());
+        assert_eq!(once.into_inner(), 1);
     }
 }
