@@ -100,6 +100,27 @@ struct OperatorArgs {
     /// "Automatic runs"), as Jobs. Needs the chart's smart-test rights and the jobs component.
     #[arg(long, env = "SPUR_SMART_TESTS")]
     smart_tests: bool,
+    /// The traffic store SmartTests with `calls: true` capture their runs through
+    /// (https://HOST:PORT; docs/smart-tests.md, "Downstream calls"). Without it such tests are
+    /// not run, and their row says why.
+    #[arg(long, env = "SPUR_SMART_TEST_TRAFFIC_SERVER", requires_all = ["smart_tests", "smart_test_traffic_token_file"])]
+    smart_test_traffic_server: Option<String>,
+    /// The CA bundle (PEM) of --smart-test-traffic-server: re-read for every call, and given to
+    /// the runs' Jobs.
+    #[arg(
+        long,
+        env = "SPUR_SMART_TEST_TRAFFIC_CA",
+        requires = "smart_test_traffic_server"
+    )]
+    smart_test_traffic_ca: Option<PathBuf>,
+    /// The operator's token for the traffic store's audience (a projected ServiceAccount token,
+    /// re-read for every call).
+    #[arg(
+        long,
+        env = "SPUR_SMART_TEST_TRAFFIC_TOKEN_FILE",
+        requires = "smart_test_traffic_server"
+    )]
+    smart_test_traffic_token_file: Option<PathBuf>,
     /// The tunnel proxy's token namespace: tunnel grants (TunnelAccessRequests) write their
     /// token Secrets there. Without it, tunnel grants are refused with a condition.
     #[arg(long, env = "SPUR_ACCESS_TOKEN_NAMESPACE")]
@@ -481,7 +502,7 @@ fn with_features(
     mut ctx: spur_operator::Context,
     args: &OperatorArgs,
     resources: Option<spur_operator::ResourceConfig>,
-) -> spur_operator::Context {
+) -> Result<spur_operator::Context> {
     if let Some(domain) = args.preview_domain.clone().filter(|d| !d.is_empty()) {
         ctx = ctx.with_previews(spur_operator::Previews {
             domain,
@@ -493,6 +514,20 @@ fn with_features(
     }
     if args.smart_tests {
         ctx = ctx.with_smart_tests();
+    }
+    if let (Some(server), Some(token_file)) = (
+        args.smart_test_traffic_server.clone(),
+        args.smart_test_traffic_token_file.clone(),
+    ) {
+        let store = spur_operator::smarttests::store::StoreConfig {
+            server,
+            ca_file: args.smart_test_traffic_ca.clone(),
+            token_file,
+        };
+        store
+            .validate()
+            .map_err(|e| anyhow::anyhow!("--smart-test-traffic-server: {e}"))?;
+        ctx = ctx.with_smart_test_calls(store);
     }
     if let Some(ns) = args
         .access_token_namespace
@@ -510,7 +545,7 @@ fn with_features(
             bindings: args.enroll_bindings.clone(),
         });
     }
-    ctx
+    Ok(ctx)
 }
 
 async fn run(args: OperatorArgs) -> Result<ExitCode> {
@@ -570,7 +605,7 @@ async fn run(args: OperatorArgs) -> Result<ExitCode> {
         .with_fork_policy(fork_policy)
         .with_kafka_by_default(kafka_by_default)
         .with_mesh(mesh);
-    let mut ctx = with_features(ctx, &args, resources);
+    let mut ctx = with_features(ctx, &args, resources)?;
     let stop = CancellationToken::new();
     let mut webhook = None;
     if let Some((pki, webhook_cfg)) = configs {

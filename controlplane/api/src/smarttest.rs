@@ -63,6 +63,12 @@ pub struct SmartTestSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = DNS_LABEL_MAX), regex(pattern = DNS_LABEL_PATTERN))]
     pub runner_group: Option<String>,
+    /// Automatic runs also compare the calls each request causes downstream, as `spur test
+    /// run --calls` does: the operator has the traffic store capture the run for the test's
+    /// creator, who must be allowed what `--calls` needs (docs/smart-tests.md, "Downstream
+    /// calls").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub calls: bool,
 }
 
 /// Where a run capture started for a run by someone else (an operator) is given to it: the

@@ -12,8 +12,8 @@ use spur_api::Sandbox;
 use spur_api::jobs::{InjectRoutingKey, Job, JobSpec, RoutingContext, SCRIPT_MAX};
 use spur_api::keys::labels::{MANAGED_BY, MANAGED_BY_VALUE, SANDBOX};
 use spur_api::smarttest::{
-    CREATED_BY_GROUPS_ANNOTATION, RUN_SANDBOX_GENERATION, RUN_TEST_GENERATION, RUN_TEST_LABEL,
-    SmartTest, TESTS_CONDITION,
+    CREATED_BY_GROUPS_ANNOTATION, RUN_CAPTURE_ENV, RUN_SANDBOX_GENERATION, RUN_TEST_GENERATION,
+    RUN_TEST_LABEL, RunCaptureEnv, SmartTest, TESTS_CONDITION,
 };
 use spur_api::workstation::CREATED_BY_ANNOTATION;
 
@@ -61,18 +61,27 @@ pub fn job_name(test: &SmartTest, sb: &Sandbox, generation: i64) -> String {
 /// `resultPath` reads it. Script steps run (`--allow-scripts`): the runner pod is where the
 /// test's creator (whose right to create Jobs there was checked) meant them to run. The steps are one line of JSON (strings keep their newlines escaped),
 /// so no line of them can end the here-document.
-pub fn script(test: &SmartTest, job: &str) -> Result<String, String> {
+pub fn script(
+    test: &SmartTest,
+    job: &str,
+    capture: Option<&GivenCapture>,
+) -> Result<String, String> {
     let steps = serde_json::to_string(&test.spec.test())
         .map_err(|e| format!("the steps cannot be written as JSON: {e}"))?;
     // Only a test that has script steps needs the flag: a runner image with an older `spur`,
     // which does not know it, still runs every other test.
     let scripts = test.spec.steps.iter().any(|s| s.script.is_some());
     let result = result_path(job);
+    let (setup, calls) = match capture {
+        Some(c) => c.script_parts(job)?,
+        None => (String::new(), String::new()),
+    };
     let text = format!(
         "#!/bin/sh\n\
          # SmartTest {ns}/{name} (generation {generation}), an automatic run (docs/smart-tests.md).\n\
          rm -f '{result}'\n\
-         exec spur test run -f - --key \"$SPUR_ROUTING_KEY\"{allow} --summary-file '{result}' <<'SPUR_SMART_TEST_END'\n\
+         {setup}\
+         exec spur test run -f - --key \"$SPUR_ROUTING_KEY\"{allow}{calls} --summary-file '{result}' <<'SPUR_SMART_TEST_END'\n\
          {steps}\n\
          SPUR_SMART_TEST_END\n",
         ns = test.namespace().unwrap_or_default(),
@@ -90,6 +99,100 @@ pub fn script(test: &SmartTest, job: &str) -> Result<String, String> {
     Ok(text)
 }
 
+/// A run capture the operator started at the traffic store for a run of a test with `calls`
+/// (for its creator): what the run's Job is given to read it back with.
+#[derive(Clone)]
+pub struct GivenCapture {
+    pub run: RunCaptureEnv,
+    /// The run's own token (ReadRun and EndRunCapture of this run only).
+    pub token: String,
+    /// The store, `https://HOST:PORT` (or `http://` behind the store's plaintext opt-in).
+    pub server: String,
+    /// The CA bundle (PEM) the store's certificate chains to, for https.
+    pub ca_pem: Option<String>,
+}
+
+/// Never the token.
+impl std::fmt::Debug for GivenCapture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GivenCapture")
+            .field("run", &self.run.id)
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GivenCapture {
+    /// The script's lines before `spur test run` (the store's CA bundle written to a file, the
+    /// capture and the token exported where `spur` reads them; `SPUR_*` names, which `spur`
+    /// keeps from the steps' scripts), and the flags after it.
+    fn script_parts(&self, job: &str) -> Result<(String, String), String> {
+        let json = serde_json::to_string(&self.run)
+            .map_err(|e| format!("the run capture cannot be written as JSON: {e}"))?;
+        if self.token.is_empty() || !self.token.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err("the traffic store gave the run capture no usable token".into());
+        }
+        let mut setup = format!(
+            "export {env}={json}\nexport SPUR_TRAFFIC_TOKEN='{token}'\n",
+            env = RUN_CAPTURE_ENV,
+            json = sh_quote(&json),
+            token = self.token,
+        );
+        let mut flags = format!(
+            " --run-capture-env {RUN_CAPTURE_ENV} --server {}",
+            sh_quote(&self.server)
+        );
+        if let Some(pem) = &self.ca_pem {
+            if pem.lines().any(|l| l.trim() == "SPUR_CA_END") {
+                return Err(
+                    "the traffic store's CA bundle cannot be written into the script".into(),
+                );
+            }
+            let path = format!("/tmp/spur-traffic-ca-{job}.crt");
+            setup.push_str(&format!(
+                "cat > '{path}' <<'SPUR_CA_END'\n{}\nSPUR_CA_END\n",
+                pem.trim_end()
+            ));
+            flags.push_str(&format!(" --ca '{path}'"));
+        }
+        Ok((setup, flags))
+    }
+}
+
+/// `value` in single quotes for sh.
+fn sh_quote(value: &str) -> String {
+    format!("'{}'", value.replace('\'', r"'\''"))
+}
+
+/// How long a run of `test` captures, at most: four times each step's timeout (a step is sent
+/// three or four times), a minute, and [`QUEUE_SLACK`] for the Job to reach a runner pod;
+/// within the store's 30 minutes.
+pub fn capture_seconds(test: &SmartTest) -> u32 {
+    use spur_smarttest::spec::{DEFAULT_SCRIPT_TIMEOUT, DEFAULT_TIMEOUT};
+    let steps: u64 = test
+        .spec
+        .steps
+        .iter()
+        .map(|s| {
+            let default = if s.script.is_some() {
+                DEFAULT_SCRIPT_TIMEOUT
+            } else {
+                DEFAULT_TIMEOUT
+            };
+            4 * s.timeout_seconds.map_or(default.as_secs(), u64::from)
+        })
+        .sum();
+    let wanted = steps + 60 + QUEUE_SLACK.as_secs();
+    u32::try_from(wanted)
+        .unwrap_or(u32::MAX)
+        .min(MAX_CAPTURE_SECONDS)
+}
+
+/// What [`capture_seconds`] allows a Job to wait for a runner pod.
+pub const QUEUE_SLACK: std::time::Duration = std::time::Duration::from_secs(300);
+/// The longest run capture the traffic store grants.
+pub const MAX_CAPTURE_SECONDS: u32 = 1800;
+
 fn owner_of<K: Resource<DynamicType = ()>>(obj: &K, controller: bool) -> Option<OwnerReference> {
     Some(OwnerReference {
         api_version: K::api_version(&()).into_owned(),
@@ -104,9 +207,14 @@ fn owner_of<K: Resource<DynamicType = ()>>(obj: &K, controller: bool) -> Option<
 /// The Job that runs `test` against generation `generation` of `sb`, in the test's namespace:
 /// owned by the test (its controller) and by the Sandbox, so deleting either deletes its runs.
 /// `Err` says why the test cannot run automatically.
-pub fn run_job(test: &SmartTest, sb: &Sandbox, generation: i64) -> Result<Job, String> {
+pub fn run_job(
+    test: &SmartTest,
+    sb: &Sandbox,
+    generation: i64,
+    capture: Option<&GivenCapture>,
+) -> Result<Job, String> {
     let name = job_name(test, sb, generation);
-    let script = script(test, &name)?;
+    let script = script(test, &name, capture)?;
     let (Some(test_owner), Some(sb_owner)) = (owner_of(test, true), owner_of(sb, false)) else {
         return Err("the SmartTest or the Sandbox has no uid yet".into());
     };
@@ -157,6 +265,7 @@ pub struct Question {
     pub verb: &'static str,
     pub group: &'static str,
     pub resource: &'static str,
+    pub subresource: Option<&'static str>,
     pub namespace: Option<String>,
     pub name: Option<String>,
 }
@@ -164,10 +273,14 @@ pub struct Question {
 impl Question {
     /// `create jobs.spur.dev in shop`, for a refusal's message.
     pub fn describe(&self) -> String {
+        let resource = match self.subresource {
+            Some(sub) => format!("{}/{sub}", self.resource),
+            None => self.resource.to_owned(),
+        };
         let resource = if self.group.is_empty() {
-            self.resource.to_owned()
+            resource
         } else {
-            format!("{}.{}", self.resource, self.group)
+            format!("{resource}.{}", self.group)
         };
         let name = self
             .name
@@ -191,6 +304,7 @@ impl Question {
                     verb: Some(self.verb.into()),
                     group: Some(self.group.into()),
                     resource: Some(self.resource.into()),
+                    subresource: self.subresource.map(Into::into),
                     namespace: self.namespace.clone(),
                     name: self.name.clone(),
                     ..Default::default()
@@ -206,13 +320,16 @@ impl Question {
 /// test runs only in sandboxes its creator could have created (docs/operator.md, "Who may fork
 /// what": Deployments and Services in every namespace the sandbox touches), with a key its
 /// creator could read (`get` on the Sandbox, as `spur test run --sandbox` needs by hand), as a
-/// Job its creator could have submitted.
-pub fn questions(namespace: &str, sb: &Sandbox) -> Vec<Question> {
+/// Job its creator could have submitted. A test with `calls` also needs what `spur test run
+/// --calls` needs: `update` on the sandbox's `sandboxes/capture` and `get` on its
+/// `sandboxes/traffic` (the traffic store asks again, of the same user, when the run starts).
+pub fn questions(namespace: &str, sb: &Sandbox, calls: bool) -> Vec<Question> {
     let mut out = vec![
         Question {
             verb: "create",
             group: "spur.dev",
             resource: "jobs",
+            subresource: None,
             namespace: Some(namespace.to_owned()),
             name: None,
         },
@@ -220,6 +337,7 @@ pub fn questions(namespace: &str, sb: &Sandbox) -> Vec<Question> {
             verb: "get",
             group: "spur.dev",
             resource: "sandboxes",
+            subresource: None,
             namespace: None,
             name: Some(sb.name_any()),
         },
@@ -239,12 +357,25 @@ pub fn questions(namespace: &str, sb: &Sandbox) -> Vec<Question> {
         .collect();
     namespaces.sort_unstable();
     namespaces.dedup();
+    if calls {
+        for (verb, subresource) in [("update", "capture"), ("get", "traffic")] {
+            out.push(Question {
+                verb,
+                group: "spur.dev",
+                resource: "sandboxes",
+                subresource: Some(subresource),
+                namespace: None,
+                name: Some(sb.name_any()),
+            });
+        }
+    }
     for ns in namespaces {
         for (group, resource) in [("apps", "deployments"), ("", "services")] {
             out.push(Question {
                 verb: "create",
                 group,
                 resource,
+                subresource: None,
                 namespace: Some(ns.to_owned()),
                 name: None,
             });
@@ -325,7 +456,7 @@ pub(crate) mod tests {
     fn a_run_is_a_job_per_generation_of_either_object() {
         let sb = sandbox(3, 3, "True");
         let t = test("list-items", 1);
-        let job = run_job(&t, &sb, 3).unwrap();
+        let job = run_job(&t, &sb, 3, None).unwrap();
         let name = job.name_any();
         assert!(
             name.starts_with("list-items-") && name.len() <= 63,
@@ -371,7 +502,7 @@ pub(crate) mod tests {
             command: vec!["k6".into(), "run".into(), "t.js".into()],
             env: Vec::new(),
         });
-        let job = run_job(&with_script, &sb, 3).unwrap();
+        let job = run_job(&with_script, &sb, 3, None).unwrap();
         let script = job.spec.script.as_deref().unwrap();
         assert!(
             script.contains("--key \"$SPUR_ROUTING_KEY\" --allow-scripts --summary-file"),
@@ -397,13 +528,13 @@ pub(crate) mod tests {
         t.spec.steps[0].name = "a".into();
         let big = "x".repeat(SCRIPT_MAX);
         t.spec.steps[0].http.as_mut().unwrap().url = format!("http://api/{big}");
-        let err = run_job(&t, &sandbox(1, 1, "True"), 1).unwrap_err();
+        let err = run_job(&t, &sandbox(1, 1, "True"), 1, None).unwrap_err();
         assert!(err.contains("more than a Job's script may hold"), "{err}");
     }
 
     #[test]
     fn the_creator_is_asked_for_the_job_the_key_and_every_namespace() {
-        let qs = questions("shop", &sandbox(1, 1, "True"));
+        let qs = questions("shop", &sandbox(1, 1, "True"), false);
         let asked: Vec<String> = qs.iter().map(Question::describe).collect();
         assert_eq!(
             asked,
@@ -420,5 +551,90 @@ pub(crate) mod tests {
         let attrs = r.spec.resource_attributes.unwrap();
         assert_eq!(attrs.name.as_deref(), Some("pr-42"));
         assert_eq!(attrs.namespace, None);
+
+        // A test comparing calls: also what `spur test run --calls` needs.
+        let qs = questions("shop", &sandbox(1, 1, "True"), true);
+        let asked: Vec<String> = qs.iter().map(Question::describe).collect();
+        assert_eq!(
+            asked[2..4],
+            [
+                "update sandboxes/capture.spur.dev pr-42",
+                "get sandboxes/traffic.spur.dev pr-42",
+            ]
+        );
+        let attrs = qs[2].review("ann", &[]).spec.resource_attributes.unwrap();
+        assert_eq!(attrs.resource.as_deref(), Some("sandboxes"));
+        assert_eq!(attrs.subresource.as_deref(), Some("capture"));
+    }
+
+    #[test]
+    fn a_run_that_compares_calls_is_given_the_capture_and_its_token_in_its_script() {
+        let sb = sandbox(3, 3, "True");
+        let mut t = test("list-items", 1);
+        t.spec.calls = true;
+        let given = GivenCapture {
+            run: RunCaptureEnv {
+                id: "run1".into(),
+                routing_key: "key1".into(),
+                reference_key: "spur-run-ref".into(),
+                marker_tag: "00ff".into(),
+                namespaces: vec!["shop".into()],
+                watching_baselines: 2,
+                until_unix_micros: 7,
+            },
+            token: "abc123".into(),
+            server: "https://spur-traffic.spur-system.svc:7778".into(),
+            ca_pem: Some("-----BEGIN CERTIFICATE-----\nMII\n-----END CERTIFICATE-----\n".into()),
+        };
+        let job = run_job(&t, &sb, 3, Some(&given)).unwrap();
+        let script = job.spec.script.unwrap();
+        let name = job.metadata.name.unwrap();
+        assert!(
+            script.contains(&format!("export {RUN_CAPTURE_ENV}='{{\"id\":\"run1\"")),
+            "{script}"
+        );
+        assert!(
+            script.contains("export SPUR_TRAFFIC_TOKEN='abc123'\n"),
+            "{script}"
+        );
+        assert!(
+            script.contains(&format!(
+                "cat > '/tmp/spur-traffic-ca-{name}.crt' <<'SPUR_CA_END'\n-----BEGIN CERTIFICATE-----\nMII\n-----END CERTIFICATE-----\nSPUR_CA_END\n"
+            )),
+            "{script}"
+        );
+        assert!(
+            script.contains(&format!(
+                " --run-capture-env {RUN_CAPTURE_ENV} --server 'https://spur-traffic.spur-system.svc:7778' --ca '/tmp/spur-traffic-ca-{name}.crt' --summary-file"
+            )),
+            "{script}"
+        );
+        assert!(!format!("{given:?}").contains("abc123"));
+        // A token or a CA bundle that could break out of the script is refused.
+        let bad = GivenCapture {
+            token: "abc'; rm -rf /".into(),
+            ..given.clone()
+        };
+        assert!(run_job(&t, &sb, 3, Some(&bad)).is_err());
+        let bad = GivenCapture {
+            ca_pem: Some("x\nSPUR_CA_END\nrm -rf /\n".into()),
+            ..given
+        };
+        assert!(run_job(&t, &sb, 3, Some(&bad)).is_err());
+        // Without calls: no capture in the script.
+        t.spec.calls = false;
+        let plain = run_job(&t, &sb, 3, None).unwrap().spec.script.unwrap();
+        assert!(!plain.contains("run-capture"), "{plain}");
+    }
+
+    #[test]
+    fn a_capture_lasts_the_runs_worst_case_and_a_queue_at_most_half_an_hour() {
+        let t = test("list-items", 1);
+        // One step of 10 s: 40 s, a minute and five for the queue.
+        assert_eq!(capture_seconds(&t), 40 + 60 + 300);
+        let mut long = t.clone();
+        long.spec.steps[0].timeout_seconds = Some(600);
+        long.spec.steps.push(long.spec.steps[0].clone());
+        assert_eq!(capture_seconds(&long), MAX_CAPTURE_SECONDS);
     }
 }

@@ -11,6 +11,7 @@
 
 pub mod condition;
 pub mod desired;
+pub mod store;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -42,6 +43,11 @@ pub const RUNS_KEPT: usize = 3;
 /// On a run's Job once its outcome has been published as an Event, so a restart does not
 /// publish it again.
 pub const REPORTED_ANNOTATION: &str = "spur.dev/smarttest-reported";
+/// On the Job of a run of a test with `calls`: the id of the run capture the operator started
+/// for it, which it ends when the Job ends.
+pub const RUN_CAPTURE_ANNOTATION: &str = "spur.dev/run-capture";
+/// How long a pass waits to ask an unavailable traffic store again.
+pub const STORE_RETRY: Duration = Duration::from_secs(10);
 /// How often a test refused for its creator's rights is asked about again (rights change
 /// without any object the controller watches changing).
 pub const REFUSED_RECHECK: Duration = Duration::from_secs(300);
@@ -54,6 +60,8 @@ pub struct SmartTestsContext {
     /// The refusals announced (by sandbox uid and test, the reason), so each is published once:
     /// two passes can run before the store shows the condition that names it.
     refusals_said: std::sync::Mutex<HashMap<(String, String), String>>,
+    /// The traffic store, for tests with `calls` (none: such tests are not run).
+    calls: Option<store::StoreConfig>,
 }
 
 /// Refusals remembered at most; past it the memory starts again (a refusal may then be said
@@ -106,8 +114,14 @@ fn test_digest(t: &SmartTest) -> u64 {
     spur_controller::hash_of(&meta_digest(t))
 }
 
-/// Runs the controller until `stop`.
-pub async fn run(client: Client, core: Arc<Context>, stop: CancellationToken) {
+/// Runs the controller until `stop`; tests with `calls` capture through the traffic store of
+/// `calls`.
+pub async fn run(
+    client: Client,
+    core: Arc<Context>,
+    calls: Option<store::StoreConfig>,
+    stop: CancellationToken,
+) {
     let (sandboxes, sandbox_changes) = changes(
         Api::<Sandbox>::all(client.clone()),
         watcher::Config::default(),
@@ -128,6 +142,7 @@ pub async fn run(client: Client, core: Arc<Context>, stop: CancellationToken) {
         tests,
         jobs: jobs.clone(),
         refusals_said: std::sync::Mutex::default(),
+        calls,
     });
     let by_test = sandboxes.clone();
     let jobs_for_tests = jobs.clone();
@@ -360,9 +375,8 @@ async fn start(
         Ok(c) => c,
         Err(why) => return Ok(State::Refused(why)),
     };
-    if let Err(why) =
-        creator_may(&ctx.client, &creator, &groups, &desired::questions(&ns, sb)).await?
-    {
+    let questions = desired::questions(&ns, sb, test.spec.calls);
+    if let Err(why) = creator_may(&ctx.client, &creator, &groups, &questions).await? {
         *recheck = true;
         // Once per refusal (each recheck and each Sandbox change would otherwise repeat it):
         // not if this process said it, nor if the condition already names it (said before a
@@ -393,23 +407,46 @@ async fn start(
         }
         return Ok(State::Refused(why));
     }
-    let job = match desired::run_job(test, sb, generation) {
-        Ok(j) => j,
-        Err(why) => return Ok(State::Unrunnable(why)),
-    };
-    let name = job.name_any();
+    let name = desired::job_name(test, sb, generation);
     let api = Api::<Job>::namespaced(ctx.client.clone(), &ns);
-    match api.create(&PostParams::default(), &job).await {
+    let capture = if test.spec.calls {
+        // Not a second capture for a run created a moment ago that the store has not seen.
+        if let Some(existing) = api.get_opt(&name).await? {
+            return Ok(existing_run(&existing, test, sb, &ns, &name));
+        }
+        match start_capture(ctx, test, sb, &creator, &groups, recheck).await? {
+            Ok(c) => Some(c),
+            Err(state) => return Ok(state),
+        }
+    } else {
+        None
+    };
+    let job = match desired::run_job(test, sb, generation, capture.as_ref()) {
+        Ok(mut j) => {
+            if let Some(c) = &capture {
+                j.annotations_mut()
+                    .insert(RUN_CAPTURE_ANNOTATION.to_owned(), c.run.id.clone());
+            }
+            j
+        }
+        Err(why) => {
+            end_capture(ctx, capture.as_ref()).await;
+            return Ok(State::Unrunnable(why));
+        }
+    };
+    let created = api.create(&PostParams::default(), &job).await;
+    if created.is_err() {
+        // The capture was for this Job alone.
+        end_capture(ctx, capture.as_ref()).await;
+    }
+    match created {
         Ok(_) => {}
         // Created by a pass a moment ago, which the store has not seen yet: started already,
         // if the Job of that name is this run (anyone who may create Jobs here could have
         // taken the name first).
         Err(kube::Error::Api(s)) if s.code == 409 => {
             return Ok(match api.get_opt(&name).await? {
-                Some(existing) if is_run_of(&existing, test, sb) => job_state(&existing),
-                Some(_) => State::Unrunnable(format!(
-                    "a Job {ns}/{name} that is not this test's run already exists; delete it"
-                )),
+                Some(existing) => existing_run(&existing, test, sb, &ns, &name),
                 // Gone again since (deleted by someone): the next pass creates it.
                 None => State::Pending {
                     job: name,
@@ -434,6 +471,109 @@ async fn start(
         job: name,
         note: "queued".into(),
     })
+}
+
+/// The state of the Job `existing` found under a run's name: the run, or someone else's Job.
+fn existing_run(existing: &Job, test: &SmartTest, sb: &Sandbox, ns: &str, name: &str) -> State {
+    if is_run_of(existing, test, sb) {
+        job_state(existing)
+    } else {
+        State::Unrunnable(format!(
+            "a Job {ns}/{name} that is not this test's run already exists; delete it"
+        ))
+    }
+}
+
+/// Starts the capture of a run of `test` (with `calls`) for its creator. `Ok(Err(state))`: the
+/// run cannot start now, and why.
+async fn start_capture(
+    ctx: &SmartTestsContext,
+    test: &SmartTest,
+    sb: &Sandbox,
+    creator: &str,
+    groups: &[String],
+    recheck: &mut bool,
+) -> Result<Result<desired::GivenCapture, State>, Error> {
+    let Some(cfg) = &ctx.calls else {
+        return Ok(Err(State::Unrunnable(
+            "it compares calls (calls: true), and the operator has no traffic store to capture them (traffic.enabled in the chart)".into(),
+        )));
+    };
+    let unavailable = |what: String| Error::Requeue {
+        what,
+        after: STORE_RETRY,
+    };
+    let seconds = desired::capture_seconds(test);
+    let run = match store::start(cfg, &sb.name_any(), seconds, creator, groups).await {
+        Ok(run) => run,
+        Err(store::StoreError::Refused(why)) => {
+            *recheck = true;
+            return Ok(Err(State::Refused(format!(
+                "the traffic store refused its run capture: {why}"
+            ))));
+        }
+        Err(store::StoreError::NotFound) => {
+            return Err(unavailable(
+                "the traffic store to learn the sandbox's routing key".into(),
+            ));
+        }
+        Err(store::StoreError::Unavailable(why)) => {
+            return Err(unavailable(format!("the traffic store ({why})")));
+        }
+    };
+    let ca_pem = match cfg.ca_pem() {
+        Ok(pem) => pem,
+        Err(e) => {
+            let _ = store::end(cfg, &run.id, &run.run_token).await;
+            return Err(unavailable(format!("the traffic store's CA bundle ({e})")));
+        }
+    };
+    Ok(Ok(desired::GivenCapture {
+        run: spur_api::smarttest::RunCaptureEnv {
+            id: run.id,
+            routing_key: run.routing_key,
+            reference_key: run.reference_key,
+            marker_tag: run.marker_tag,
+            namespaces: run.namespaces,
+            watching_baselines: run.watching_baselines,
+            until_unix_micros: run.until_unix_micros,
+        },
+        token: run.run_token,
+        server: cfg.server.clone(),
+        ca_pem,
+    }))
+}
+
+/// Ends a capture started for a Job that was not created (it expires anyway: only said).
+async fn end_capture(ctx: &SmartTestsContext, capture: Option<&desired::GivenCapture>) {
+    if let (Some(cfg), Some(c)) = (&ctx.calls, capture)
+        && let Err(e) = store::end(cfg, &c.run.id, &c.token).await
+    {
+        tracing::info!(error = %e, "ending an unused run capture (it expires at its time)");
+    }
+}
+
+/// Ends the capture of the ended run `job`, with the operator's own right; gone already is done.
+async fn end_run_capture(ctx: &SmartTestsContext, job: &Job) -> Result<(), Error> {
+    let (Some(cfg), Some(id)) = (&ctx.calls, job.annotations().get(RUN_CAPTURE_ANNOTATION)) else {
+        return Ok(());
+    };
+    let token = store::own_token(cfg).map_err(|e| Error::Requeue {
+        what: format!("the traffic store ({e})"),
+        after: STORE_RETRY,
+    })?;
+    match store::end(cfg, id, &token).await {
+        Ok(()) | Err(store::StoreError::NotFound) => Ok(()),
+        // Refused: the right is gone; the capture expires at its time.
+        Err(store::StoreError::Refused(why)) => {
+            tracing::warn!(%why, "the traffic store refused to end a run's capture (it expires at its time)");
+            Ok(())
+        }
+        Err(store::StoreError::Unavailable(why)) => Err(Error::Requeue {
+            what: format!("the traffic store to end a run's capture ({why})"),
+            after: STORE_RETRY,
+        }),
+    }
 }
 
 async fn cancel(api: &Api<Job>, job: &Job) -> Result<(), Error> {
@@ -512,6 +652,7 @@ async fn report(ctx: &SmartTestsContext, sb: &Sandbox, runs: &[Arc<Job>]) -> Res
         let State::Finished { .. } = job_state(j) else {
             continue;
         };
+        end_run_capture(ctx, j).await?;
         let ns = j.namespace().unwrap_or_default();
         // Canceled on request (superseded by the next generation's run, or by hand): nothing
         // failed, no Event; marked all the same, so it is not looked at again.
@@ -557,7 +698,7 @@ mod tests {
     fn a_run_is_a_job_the_controller_made_for_this_test_and_sandbox() {
         let sb = sandbox(3, 3, "True");
         let t = test("list-items", 1);
-        let job = desired::run_job(&t, &sb, 3).unwrap();
+        let job = desired::run_job(&t, &sb, 3, None).unwrap();
         assert_eq!(
             run_of(&job, &sb),
             Some(Run {

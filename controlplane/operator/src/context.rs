@@ -22,6 +22,8 @@ pub struct Context {
     pub(crate) access_tokens: Option<String>,
     /// Automatic smart-test runs (docs/smart-tests.md) run.
     pub(crate) smart_tests: bool,
+    /// The traffic store their tests with `calls` capture through.
+    pub(crate) smart_test_calls: Option<spur_operator_smarttests::store::StoreConfig>,
     /// The workload controllers' configuration (tunnels, fork policy, previews, resources,
     /// mesh modes, enrollment), which the features they call into read too.
     pub(crate) workloads: WorkloadsContext,
@@ -37,6 +39,7 @@ impl Context {
             access: false,
             access_tokens: None,
             smart_tests: false,
+            smart_test_calls: None,
         }
     }
 
@@ -78,6 +81,16 @@ impl Context {
     /// `operator-smarttests-rules.yaml`; the Jobs it creates need the jobs component).
     pub fn with_smart_tests(mut self) -> Self {
         self.smart_tests = true;
+        self
+    }
+
+    /// Tests with `calls: true` capture their runs through this traffic store (its rights:
+    /// `delegate` on `sandboxes/capture`, the chart's `operator-smarttests-rules.yaml`).
+    pub fn with_smart_test_calls(
+        mut self,
+        store: spur_operator_smarttests::store::StoreConfig,
+    ) -> Self {
+        self.smart_test_calls = Some(store);
         self
     }
 

@@ -280,11 +280,18 @@ impl TrafficService {
             .settings
             .run(id)
             .ok_or_else(|| Status::not_found("no such run capture (it ended, or expired)"))?;
-        // A run started for a user is ended by its token; anyone else needs the rights.
+        // A run started for a user is ended by its token, or by a caller with the right that
+        // started it (`delegate`); any other run by a caller with the rights to start it.
         let by_token = run.delegated.as_ref().is_some_and(|d| {
             auth::is_run_token(&d.token, auth::bearer(req.metadata()).unwrap_or(""))
         });
-        if !by_token {
+        if run.delegated.is_some() {
+            if !by_token {
+                self.auth
+                    .run_delegator(req.metadata(), &run.sandbox)
+                    .await?;
+            }
+        } else {
             let user = self.auth.run_capturer(req.metadata(), &run.sandbox).await?;
             self.auth
                 .run_namespaces(user.as_ref(), &run.namespaces)

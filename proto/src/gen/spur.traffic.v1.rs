@@ -565,7 +565,8 @@ pub mod traffic_client {
             self.inner.unary(req, path, codec).await
         }
         /// Ends a run's capture early (its exchanges already pushed are kept). Needs the same rights
-        /// as starting it, or, for a run started `run_for` a user, its `run_token`.
+        /// as starting it; for a run started `run_for` a user, its `run_token` or `delegate` on the
+        /// sandbox's `sandboxes/capture` (the right that started it).
         pub async fn end_run_capture(
             &mut self,
             request: impl tonic::IntoRequest<super::EndRunCaptureRequest>,
@@ -692,7 +693,8 @@ pub mod traffic_server {
             request: tonic::Request<super::StartRunCaptureRequest>,
         ) -> std::result::Result<tonic::Response<super::RunCapture>, tonic::Status>;
         /// Ends a run's capture early (its exchanges already pushed are kept). Needs the same rights
-        /// as starting it, or, for a run started `run_for` a user, its `run_token`.
+        /// as starting it; for a run started `run_for` a user, its `run_token` or `delegate` on the
+        /// sandbox's `sandboxes/capture` (the right that started it).
         async fn end_run_capture(
             &self,
             request: tonic::Request<super::EndRunCaptureRequest>,

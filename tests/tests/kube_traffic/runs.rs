@@ -460,5 +460,31 @@ async fn a_run_for_a_user_needs_the_delegate_right_and_its_user_s_and_reads_back
     let got = read(run.run_token.clone()).await.unwrap().into_inner();
     assert!(!got.live);
     assert_eq!(got.exchanges.len(), 2);
+    // The component that started a run for a user may end it with its own right (when the
+    // run's Job ended).
+    let again = store
+        .client()
+        .await
+        .start_run_capture(with(for_user("ann"), &op))
+        .await
+        .unwrap()
+        .into_inner();
+    let end_again = || pb::EndRunCaptureRequest {
+        id: again.id.clone(),
+    };
+    let err = store
+        .client()
+        .await
+        .end_run_capture(with(end_again(), &other))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("delegate"), "{err:?}");
+    store
+        .client()
+        .await
+        .end_run_capture(with(end_again(), &op))
+        .await
+        .unwrap();
     store.stop.cancel();
 }

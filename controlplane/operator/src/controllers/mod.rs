@@ -69,7 +69,8 @@ pub(crate) async fn access(client: Client, ctx: Arc<Context>, stop: Cancellation
 /// Automatic smart-test runs (`spur_operator_smarttests`), when enabled.
 pub(crate) async fn smart_tests(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
     if ctx.smart_tests {
-        spur_operator_smarttests::run(client, ctx.core.clone(), stop).await;
+        let calls = ctx.smart_test_calls.clone();
+        spur_operator_smarttests::run(client, ctx.core.clone(), calls, stop).await;
     }
 }
 
