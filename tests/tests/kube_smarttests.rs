@@ -36,6 +36,8 @@ use spur_kube_harness::KubeApi;
 use spur_operator::{PkiConfig, Webhook, WebhookConfig};
 use tokio_util::sync::CancellationToken;
 
+mod calls;
+
 const NS: &str = "shop";
 const TEAM_B: &str = "team-b";
 const ANN: &str = "system:serviceaccount:shop-devs:ann";
@@ -291,10 +293,14 @@ async fn a_covering_test_runs_with_its_creators_rights_and_its_outcome_lands_on_
     let mut pki = PkiConfig::new(SYSTEM_NAMESPACE, "spur-webhook");
     pki.serving_names.push("127.0.0.1".into());
     pki.validate().unwrap();
+    // The traffic store tests with `calls` capture through (calls.rs).
+    let store = calls::start_store(&api, stop.child_token()).await;
+    let dir = tempfile::tempdir().unwrap();
     let ctx = Arc::new(
         spur_operator::Context::new(operator.clone(), Some("test".into()), metrics)
             .with_pki(pki)
-            .with_smart_tests(),
+            .with_smart_tests()
+            .with_smart_test_calls(calls::store_config(&api, store, dir.path()).await),
     );
     let running = tokio::spawn(spur_operator::run(operator, ctx, stop.clone()));
     let mwcs = Api::<MutatingWebhookConfiguration>::all(admin.clone());
@@ -701,6 +707,9 @@ async fn a_covering_test_runs_with_its_creators_rights_and_its_outcome_lands_on_
         2,
         "the rewritten test ran"
     );
+
+    calls::a_test_comparing_calls_runs_with_a_capture_its_creator_may_start(&admin, &ann, store)
+        .await;
 
     stop.cancel();
     tokio::time::timeout(spur_e2e::kube::WAIT, running)

@@ -202,6 +202,17 @@ impl Authorizer {
         }
     }
 
+    /// Whether the caller may end a run of `sandbox` started for a user: `delegate` on the
+    /// sandbox's `sandboxes/capture`, the right that started it (the operator, when the run's
+    /// Job ended). The static token stands for everything.
+    pub async fn run_delegator(&self, metadata: &MetadataMap, sandbox: &str) -> Result<(), Status> {
+        let token = bearer(metadata)?;
+        match self {
+            Authorizer::StaticToken(t) => t.check(token),
+            Authorizer::Kube(k) => k.inner.delegator(token, sandbox).await.map(|_| ()),
+        }
+    }
+
     /// Whether `user` (from [`Authorizer::run_capturer`]; None: the static token) may create
     /// Deployments in every one of `namespaces`, as creating a sandbox that forks from them
     /// needs: a run captures there what baselines answer.
@@ -444,25 +455,33 @@ impl Kube {
         Ok(user)
     }
 
-    async fn run_delegate(
-        &self,
-        token: &str,
-        sandbox: &str,
-        run_for: &RunFor,
-    ) -> Result<UserInfo, Status> {
+    /// The caller, if it may `delegate` `sandboxes/capture` of `sandbox`.
+    async fn delegator(&self, token: &str, sandbox: &str) -> Result<UserInfo, Status> {
         let caller = self.review(token, AUDIENCE).await?;
         if !self
             .may(&caller, capture_right("delegate", "capture", sandbox))
             .await?
         {
             return Err(Status::permission_denied(format!(
-                "{} may not delegate sandboxes/capture in spur.dev for sandbox {sandbox} (start                  a run capture for another user)",
+                "{} may not delegate sandboxes/capture in spur.dev for sandbox {sandbox} (start \
+                 or end a run capture for another user)",
                 who(&caller)
             )));
         }
+        Ok(caller)
+    }
+
+    async fn run_delegate(
+        &self,
+        token: &str,
+        sandbox: &str,
+        run_for: &RunFor,
+    ) -> Result<UserInfo, Status> {
+        self.delegator(token, sandbox).await?;
         if run_for.username.is_empty() || run_for.username.len() > MAX_NAME {
             return Err(Status::invalid_argument(format!(
-                "run_for.username: the user the run is for (1 to {MAX_NAME} characters) is                  required"
+                "run_for.username: the user the run is for (1 to {MAX_NAME} characters) is \
+                 required"
             )));
         }
         if run_for.groups.len() > MAX_GROUPS || run_for.groups.iter().any(|g| g.len() > MAX_NAME) {
@@ -481,7 +500,8 @@ impl Kube {
                 .await?
             {
                 return Err(Status::permission_denied(format!(
-                    "{} (the user the run is for) may not {verb} sandboxes/{subresource} in                      spur.dev for sandbox {sandbox}",
+                    "{} (the user the run is for) may not {verb} sandboxes/{subresource} in spur.dev \
+                     for sandbox {sandbox}",
                     who(&user)
                 )));
             }

@@ -320,7 +320,8 @@ impl TrafficService {
             .filter(|d| auth::is_run_token(&d.token, presented))
         else {
             return Err(Status::permission_denied(
-                "ReadRun takes the run's own token (a run started for a user is read back by                  the run it was started for; other readers use Query)",
+                "ReadRun takes the run's own token (a run started for a user is read back by \
+                 the run it was started for; other readers use Query)",
             ));
         };
         let read = run_read::read(&self.store, &run, &delegated.tag)
