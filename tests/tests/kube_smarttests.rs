@@ -36,6 +36,7 @@ use spur_kube_harness::KubeApi;
 use spur_operator::{PkiConfig, Webhook, WebhookConfig};
 use tokio_util::sync::CancellationToken;
 
+#[path = "kube_smarttests/calls.rs"]
 mod calls;
 
 const NS: &str = "shop";
