@@ -333,6 +333,8 @@ async fn a_run_with_calls_finds_a_downstream_call_the_fork_stopped_making() {
     let out = Command::new(SPUR)
         .args(["test", "run", "-f", test, "--key", KEY, "-o", "json"])
         .args(["--run-capture-env", "GIVEN_CAPTURE"])
+        .arg("--summary-file")
+        .arg(d.join("summary.json"))
         .args(["--server", &format!("http://127.0.0.1:{store}")])
         .env("GIVEN_CAPTURE", serde_json::to_string(&given).unwrap())
         .env("SPUR_TRAFFIC_TOKEN", &capture.run_token)
@@ -344,6 +346,14 @@ async fn a_run_with_calls_finds_a_downstream_call_the_fork_stopped_making() {
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["calls"]["captured"], 5, "{report}");
     assert_eq!(report["calls"]["unmarked"], 0, "{report}");
+    // The summary an automatic run leaves for its Job says so too.
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(d.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        summary["calls"],
+        json!({"watchingBaselines": 2, "captured": 5, "unmarked": 0}),
+        "{summary}"
+    );
     assert_eq!(
         calls(&report, "sandbox", None),
         std::slice::from_ref(&entry)

@@ -14,7 +14,7 @@ use crate::exec::{Side, execute};
 use crate::path::JsonPath;
 use crate::send::send;
 use crate::spec::{Action, Check, Prepared};
-use crate::summary::{FailedCheck, Summary, TopFinding};
+use crate::summary::{CallsBrief, FailedCheck, Summary, TopFinding};
 
 /// What one step got.
 #[derive(Debug)]
@@ -355,6 +355,11 @@ impl RunReport {
                 top: top[..t].to_vec(),
                 failed_checks: failed[..f].to_vec(),
                 omitted: k,
+                calls: self.calls.as_ref().map(|c| CallsBrief {
+                    watching_baselines: c.watching,
+                    captured: c.captured,
+                    unmarked: c.unmarked,
+                }),
             };
             serde_json::to_string(&summary).unwrap_or_default()
         };

@@ -28,6 +28,21 @@ pub struct Summary {
     /// How many findings and failed checks did not fit.
     #[serde(default)]
     pub omitted: usize,
+    /// When the run compared its downstream calls: how they were captured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls: Option<CallsBrief>,
+}
+
+/// [`Summary::calls`]: the run's captured calls, counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallsBrief {
+    /// Baselines whose sidecars were watching their capture settings when the run started.
+    pub watching_baselines: u32,
+    /// Exchanges captured with the run's keys.
+    pub captured: usize,
+    /// Of them, those without this run's marker.
+    pub unmarked: usize,
 }
 
 /// One finding of [`Summary::top`].

@@ -280,6 +280,7 @@ metadata:
 spec:
   services: [shop-catalog]
   runnerGroup: {GROUP}
+  calls: true
   steps:
     - name: catalog-page
       http: {{url: "http://shop-front.{ns}.svc.cluster.local:8080/catalog"}}
@@ -354,6 +355,31 @@ spec:
         message.contains("[status]") && message.contains("Price"),
         "the failing gRPC call: {message}"
     );
+    // `calls: true`: each run compared its downstream calls, through a capture the operator
+    // started for the test's creator: the frontend's call to the catalog, the catalog's own
+    // requests, each marked by the run.
+    for (name, _) in sandboxes {
+        let jobs = node
+            .get_json(
+                ns,
+                &[
+                    "jobs.spur.dev",
+                    "-l",
+                    &format!("spur.dev/smarttest=shop,spur.dev/sandbox={name}"),
+                ],
+            )
+            .unwrap();
+        let job = &jobs["items"][0];
+        assert!(
+            job["metadata"]["annotations"]["spur.dev/run-capture"].is_string(),
+            "{name}: no run capture on its Job: {job}"
+        );
+        let summary: Value =
+            serde_json::from_str(job["status"]["result"].as_str().unwrap_or("{}")).unwrap();
+        let captured = summary["calls"]["captured"].as_u64().unwrap_or(0);
+        eprintln!("smart tests, the shop: {name}: calls {}", summary["calls"]);
+        assert!(captured > 0, "{name}: no call captured: {summary}");
+    }
 
     for (name, _) in sandboxes {
         node.kubectl(&["delete", "sandbox", name, "--wait=true", "--timeout=120s"])
