@@ -595,3 +595,59 @@ pub async fn install_rendered_policy(
         .await?;
     Ok(())
 }
+
+/// A token of ServiceAccount `name` of `namespace` for the traffic store's audience, for an
+/// hour (what a reader, the hub agent or the operator presents to the store).
+pub async fn traffic_token(api: &KubeApi, namespace: &str, name: &str) -> anyhow::Result<String> {
+    api.token_request(
+        namespace,
+        name,
+        k8s_openapi::api::authentication::v1::TokenRequestSpec {
+            audiences: vec![spur_traffic::AUDIENCE.into()],
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// A traffic store on loopback reviewing tokens with `api`, under the chart's rights
+/// (`traffic-rules.yaml`), until `stop`: `capture` is the cluster's capture settings, `recheck`
+/// how often open streams are checked again, and its Sandbox watch starts `list_after` the
+/// server (as when the API server is slow to answer a store that just started).
+pub async fn traffic_store(
+    api: &KubeApi,
+    capture: spur_traffic::ClusterCapture,
+    recheck: std::time::Duration,
+    list_after: std::time::Duration,
+    stop: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<std::net::SocketAddr> {
+    let client = chart_client(api, "spur-traffic", "traffic-rules.yaml", None).await?;
+    let index = spur_traffic::SettingsIndex::pending();
+    let watch = spur_traffic::watch_sandboxes(client.clone(), index.clone(), capture, stop.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(list_after).await;
+        watch.await
+    });
+    let mut registry = prometheus_client::registry::Registry::default();
+    let server = spur_traffic::Server::bind(
+        spur_traffic::TrafficServerConfig {
+            listen: "127.0.0.1:0".parse()?,
+            db: None,
+            limits: spur_traffic::Limits::default(),
+            tls: None,
+            settings: spur_traffic::SettingsSource::External,
+            auth: spur_traffic::Authorizer::kube_with_recheck(client, recheck),
+        },
+        index,
+        &mut registry,
+    )
+    .await?;
+    let addr = server.local_addr();
+    tokio::spawn(async move {
+        if let Err(e) = server.run(stop).await {
+            panic!("the traffic store failed: {e}");
+        }
+    });
+    Ok(addr)
+}

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use common::*;
 use http_body_util::BodyExt;
-use k8s_openapi::api::authentication::v1::TokenRequestSpec;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
@@ -149,16 +148,7 @@ async fn a_user_with_rights_in_a_reads_nothing_of_b() {
     kt::grant_cluster(&api, "spur-agent", "traffic-reader-rules.yaml")
         .await
         .unwrap();
-    let store_token = api
-        .token_request(
-            kt::SYSTEM_NAMESPACE,
-            "spur-agent",
-            TokenRequestSpec {
-                audiences: vec![spur_traffic::AUDIENCE.into()],
-                expiration_seconds: Some(3600),
-                ..TokenRequestSpec::default()
-            },
-        )
+    let store_token = kt::traffic_token(&api, kt::SYSTEM_NAMESPACE, "spur-agent")
         .await
         .unwrap();
     std::fs::write(dir.path().join("store-token"), store_token).unwrap();

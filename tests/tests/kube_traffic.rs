@@ -17,16 +17,13 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use prometheus_client::registry::Registry;
 use serde_json::json;
 use spur_api::Sandbox;
 use spur_e2e::kube::{self as kt, eventually};
 use spur_kube_harness::KubeApi;
 use spur_proto::traffic as pb;
 use spur_proto::traffic::traffic_client::TrafficClient;
-use spur_traffic::{
-    Authorizer, ClusterCapture, Limits, Server, SettingsIndex, SettingsSource, TrafficServerConfig,
-};
+use spur_traffic::ClusterCapture;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
@@ -150,42 +147,14 @@ impl Store {
     /// A store whose Sandbox watch starts `after` the server (as when the API server is slow
     /// to answer a store that just started).
     async fn start_listing_after(api: &KubeApi, recheck: Duration, after: Duration) -> Store {
-        let store_client = kt::chart_client(api, "spur-traffic", "traffic-rules.yaml", None)
+        let stop = CancellationToken::new();
+        let capture = ClusterCapture {
+            redact_headers: vec!["x-api-key".into()],
+            max_body_bytes: Some(2048),
+        };
+        let addr = kt::traffic_store(api, capture, recheck, after, stop.clone())
             .await
             .unwrap();
-        let stop = CancellationToken::new();
-        let index = SettingsIndex::pending();
-        let watch = spur_traffic::watch_sandboxes(
-            store_client.clone(),
-            index.clone(),
-            ClusterCapture {
-                redact_headers: vec!["x-api-key".into()],
-                max_body_bytes: Some(2048),
-            },
-            stop.clone(),
-        );
-        tokio::spawn(async move {
-            tokio::time::sleep(after).await;
-            watch.await
-        });
-        let mut registry = Registry::default();
-        let server = Server::bind(
-            TrafficServerConfig {
-                listen: "127.0.0.1:0".parse().unwrap(),
-                db: None,
-                limits: Limits::default(),
-                tls: None,
-                settings: SettingsSource::External,
-                auth: Authorizer::kube_with_recheck(store_client, recheck),
-            },
-            index,
-            &mut registry,
-        )
-        .await
-        .unwrap();
-        let addr = server.local_addr();
-        let s = stop.clone();
-        tokio::spawn(async move { server.run(s).await.unwrap() });
         Store { addr, stop }
     }
 
@@ -343,17 +312,9 @@ async fn bound_token(api: &KubeApi, pod: &Pod) -> String {
 
 /// A token of ServiceAccount dev (spur-system) for the store's audience.
 async fn reader_token(api: &KubeApi) -> String {
-    api.token_request(
-        kt::SYSTEM_NAMESPACE,
-        "dev",
-        TokenRequestSpec {
-            audiences: vec![spur_traffic::AUDIENCE.into()],
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        },
-    )
-    .await
-    .unwrap()
+    kt::traffic_token(api, kt::SYSTEM_NAMESPACE, "dev")
+        .await
+        .unwrap()
 }
 
 fn workload(namespace: &str, name: &str) -> pb::Workload {

@@ -6,46 +6,24 @@
 
 use std::net::SocketAddr;
 
-use k8s_openapi::api::authentication::v1::TokenRequestSpec;
 use spur_operator::smarttests::RUN_CAPTURE_ANNOTATION;
 use spur_proto::traffic as pb;
 use spur_proto::traffic::traffic_client::TrafficClient;
-use spur_traffic::{
-    Authorizer, ClusterCapture, Limits, Server, SettingsIndex, SettingsSource, TrafficServerConfig,
-};
+use spur_traffic::ClusterCapture;
 
 use super::*;
 
 /// A traffic store reviewing tokens with `api` (the chart's rights), until `stop`.
 pub(super) async fn start_store(api: &KubeApi, stop: CancellationToken) -> SocketAddr {
-    let client = spur_e2e::kube::chart_client(api, "spur-traffic", "traffic-rules.yaml", None)
-        .await
-        .unwrap();
-    let index = SettingsIndex::pending();
-    tokio::spawn(spur_traffic::watch_sandboxes(
-        client.clone(),
-        index.clone(),
+    spur_e2e::kube::traffic_store(
+        api,
         ClusterCapture::default(),
-        stop.clone(),
-    ));
-    let mut registry = Registry::default();
-    let server = Server::bind(
-        TrafficServerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            db: None,
-            limits: Limits::default(),
-            tls: None,
-            settings: SettingsSource::External,
-            auth: Authorizer::kube(client),
-        },
-        index,
-        &mut registry,
+        spur_traffic::DEFAULT_RECHECK,
+        std::time::Duration::ZERO,
+        stop,
     )
     .await
-    .unwrap();
-    let addr = server.local_addr();
-    tokio::spawn(async move { server.run(stop).await.unwrap() });
-    addr
+    .unwrap()
 }
 
 /// The operator's configuration for the store: its ServiceAccount's token for the store's
@@ -55,16 +33,7 @@ pub(super) async fn store_config(
     store: SocketAddr,
     dir: &std::path::Path,
 ) -> spur_operator::smarttests::store::StoreConfig {
-    let token = api
-        .token_request(
-            SYSTEM_NAMESPACE,
-            "spur-operator",
-            TokenRequestSpec {
-                audiences: vec![spur_traffic::AUDIENCE.into()],
-                expiration_seconds: Some(3600),
-                ..TokenRequestSpec::default()
-            },
-        )
+    let token = spur_e2e::kube::traffic_token(api, SYSTEM_NAMESPACE, "spur-operator")
         .await
         .unwrap();
     let token_file = dir.join("operator-traffic-token");

@@ -5,7 +5,6 @@
 //! namespaces and at no other; a user of another namespace can neither start one nor end
 //! someone else's, even holding its id.
 
-use k8s_openapi::api::authentication::v1::TokenRequestSpec;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 
@@ -28,17 +27,7 @@ async fn user(api: &KubeApi, namespace: &str, name: &str) -> String {
         .create(&PostParams::default(), &sa)
         .await
         .unwrap();
-    api.token_request(
-        namespace,
-        name,
-        TokenRequestSpec {
-            audiences: vec![spur_traffic::AUDIENCE.into()],
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        },
-    )
-    .await
-    .unwrap()
+    kt::traffic_token(api, namespace, name).await.unwrap()
 }
 
 /// Lets ServiceAccount dev (spur-system) create Deployments in `namespace`.
