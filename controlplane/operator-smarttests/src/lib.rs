@@ -435,8 +435,9 @@ async fn start(
         }
     };
     let created = api.create(&PostParams::default(), &job).await;
-    if created.is_err() {
-        // The capture was for this Job alone.
+    if let Err(kube::Error::Api(_)) = created {
+        // Refused, so the capture was for nothing (a create whose answer was lost may have
+        // made the Job: its capture then ends with it).
         end_capture(ctx, capture.as_ref()).await;
     }
     match created {

@@ -484,9 +484,12 @@ impl Kube {
                  required"
             )));
         }
-        if run_for.groups.len() > MAX_GROUPS || run_for.groups.iter().any(|g| g.len() > MAX_NAME) {
+        // As many as a SmartTest may record for its creator (the operator's runs are for them).
+        let group_bytes: usize = run_for.groups.iter().map(|g| g.len() + 3).sum();
+        if group_bytes > MAX_GROUP_BYTES || run_for.groups.iter().any(|g| g.len() > MAX_NAME) {
             return Err(Status::invalid_argument(format!(
-                "run_for.groups: at most {MAX_GROUPS}, of at most {MAX_NAME} characters each"
+                "run_for.groups: at most {MAX_GROUP_BYTES} bytes as JSON, of at most {MAX_NAME} \
+                 characters each"
             )));
         }
         let user = UserInfo {
@@ -587,9 +590,9 @@ impl Kube {
     }
 }
 
-/// Longest user or group name a run may be for, and most groups.
+/// Longest user or group name a run may be for, and most bytes of its groups.
 const MAX_NAME: usize = 512;
-const MAX_GROUPS: usize = 64;
+const MAX_GROUP_BYTES: usize = spur_api::smarttest::CREATOR_GROUPS_MAX;
 
 /// `verb` on `sandboxes/<subresource>` of `sandbox` (Sandboxes are cluster-scoped).
 fn capture_right(verb: &str, subresource: &str, sandbox: &str) -> ResourceAttributes {

@@ -616,8 +616,10 @@ mod refused_tests {
             .await
             .unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
-        // 50 + 100 + 200 ms of waiting fit in 400: four tries, the next wait (400) does not.
-        assert_eq!(tries.into_inner(), 4);
+        // 50 + 100 + 200 ms of waiting fit in 400: four tries at most, the next wait (400)
+        // does not (fewer when a loaded machine oversleeps), and more than one.
+        let tries = tries.into_inner();
+        assert!((2..=4).contains(&tries), "{tries} tries");
         // No budget: tried once.
         let once = std::sync::atomic::AtomicUsize::new(0);
         let connect = || {
