@@ -232,13 +232,7 @@ impl Authorizer {
                 namespace: Some(namespace.clone()),
                 ..ResourceAttributes::default()
             };
-            let allowed = k
-                .inner
-                .reviewer
-                .access(user, attributes)
-                .await
-                .map_err(|e| Status::unavailable(e.to_string()))?;
-            if !allowed {
+            if !k.inner.may(user, attributes).await? {
                 return Err(Status::permission_denied(format!(
                     "{} may not create deployments in namespace {namespace}, where the run would \
                      capture",
@@ -433,20 +427,10 @@ impl Kube {
 
     async fn run_capturer(&self, token: &str, sandbox: &str) -> Result<UserInfo, Status> {
         let user = self.review(token, AUDIENCE).await?;
-        let attributes = ResourceAttributes {
-            group: Some("spur.dev".into()),
-            resource: Some("sandboxes".into()),
-            subresource: Some("capture".into()),
-            verb: Some("update".into()),
-            name: Some(sandbox.to_string()),
-            ..ResourceAttributes::default()
-        };
-        let allowed = self
-            .reviewer
-            .access(&user, attributes)
-            .await
-            .map_err(|e| Status::unavailable(e.to_string()))?;
-        if !allowed {
+        if !self
+            .may(&user, capture_right("update", "capture", sandbox))
+            .await?
+        {
             return Err(Status::permission_denied(format!(
                 "{} may not update sandboxes/capture in spur.dev for sandbox {sandbox}",
                 who(&user)
@@ -583,10 +567,7 @@ impl Kube {
             name: (!sandbox.is_empty()).then(|| sandbox.to_string()),
             ..ResourceAttributes::default()
         };
-        self.reviewer
-            .access(user, attributes)
-            .await
-            .map_err(|e| Status::unavailable(e.to_string()))
+        self.may(user, attributes).await
     }
 }
 

@@ -18,7 +18,7 @@ use tonic::{Request, Response, Status};
 use crate::Error;
 use crate::auth::{self, Authorizer, Caller, Credentials};
 use crate::metrics::Metrics;
-use crate::run_index::NewRun;
+use crate::run_index::{NewRun, unix_micros};
 use crate::run_read;
 use crate::runs::Delegated;
 use crate::settings::{Baseline, SettingsIndex};
@@ -239,10 +239,7 @@ impl TrafficService {
             .run
             .until
             .saturating_duration_since(std::time::Instant::now());
-        let until = std::time::SystemTime::now() + left;
-        let until_unix_micros = until
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        let until_unix_micros = unix_micros(std::time::SystemTime::now() + left);
         tracing::info!(
             sandbox = %sandbox,
             namespaces = ?started.run.namespaces,
