@@ -504,6 +504,10 @@ async fn start_capture(
         what,
         after: STORE_RETRY,
     };
+    // The CA bundle the Job is given, read first: nothing to undo when it is missing.
+    let ca_pem = cfg
+        .ca_pem()
+        .map_err(|e| unavailable(format!("the traffic store's CA bundle ({e})")))?;
     let seconds = desired::capture_seconds(test);
     let run = match store::start(cfg, &sb.name_any(), seconds, creator, groups).await {
         Ok(run) => run,
@@ -520,13 +524,6 @@ async fn start_capture(
         }
         Err(store::StoreError::Unavailable(why)) => {
             return Err(unavailable(format!("the traffic store ({why})")));
-        }
-    };
-    let ca_pem = match cfg.ca_pem() {
-        Ok(pem) => pem,
-        Err(e) => {
-            let _ = store::end(cfg, &run.id, &run.run_token).await;
-            return Err(unavailable(format!("the traffic store's CA bundle ({e})")));
         }
     };
     Ok(Ok(desired::GivenCapture {
