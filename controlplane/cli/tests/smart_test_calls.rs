@@ -312,6 +312,7 @@ async fn a_run_with_calls_finds_a_downstream_call_the_fork_stopped_making() {
         run_for: Some(pb::RunFor {
             username: "ann".into(),
             groups: Vec::new(),
+            job: String::new(),
         }),
     });
     start
@@ -382,6 +383,7 @@ async fn a_run_with_calls_finds_a_downstream_call_the_fork_stopped_making() {
     assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
     let mut end = tonic::Request::new(pb::EndRunCaptureRequest {
         id: capture.id.clone(),
+        job: String::new(),
     });
     end.metadata_mut()
         .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());

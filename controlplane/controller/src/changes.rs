@@ -34,11 +34,33 @@ pub fn changes<K>(
 where
     K: Watched,
 {
+    changes_tapped(api, wc, digest, |_| {})
+}
+
+/// [`changes`], with `tap` shown every event first, a deletion (also one [`vanished`] found)
+/// with the object's last state: for work a deletion needs that no reconcile can do once the
+/// object is gone from the store.
+pub fn changes_tapped<K>(
+    api: Api<K>,
+    wc: watcher::Config,
+    digest: fn(&K) -> u64,
+    mut tap: impl FnMut(&Event<K>) + Send + 'static,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Watched,
+{
     let (reader, writer) = reflector::store();
     // Stored objects lose their `managedFields`: often the larger half of an object, and
     // nothing in the operator reads them.
     let events = watcher(api, wc).modify(|o: &mut K| o.managed_fields_mut().clear());
-    let events = vanished(events, reader.clone());
+    let events = vanished(events, reader.clone()).inspect(move |e| {
+        if let Ok(e) = e {
+            tap(e);
+        }
+    });
     (reader, filter(reflector(writer, events), digest))
 }
 

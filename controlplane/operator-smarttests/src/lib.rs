@@ -11,6 +11,7 @@
 
 pub mod condition;
 pub mod desired;
+pub mod ending;
 pub mod store;
 
 use std::collections::{HashMap, HashSet};
@@ -28,7 +29,7 @@ use spur_api::Sandbox;
 use spur_api::jobs::Job;
 use spur_api::keys::labels::SANDBOX;
 use spur_api::smarttest::{RUN_TEST_LABEL, SmartTest, TESTS_CONDITION, run_of};
-use spur_controller::changes::{changes, meta_digest, synced};
+use spur_controller::changes::{changes, changes_tapped, meta_digest, synced};
 use spur_operator_core::{Context, Error, controller_config};
 use tokio_util::sync::CancellationToken;
 
@@ -62,6 +63,8 @@ pub struct SmartTestsContext {
     refusals_said: std::sync::Mutex<HashMap<(String, String), String>>,
     /// The traffic store, for tests with `calls` (none: such tests are not run).
     calls: Option<store::StoreConfig>,
+    /// The runs' Jobs whose captures are still to be ended after they were deleted.
+    ending: ending::Pending,
 }
 
 /// Refusals remembered at most; past it the memory starts again (a refusal may then be said
@@ -132,17 +135,22 @@ pub async fn run(
         watcher::Config::default(),
         test_digest,
     );
-    let (jobs, job_changes) = changes(
+    let (to_end, queued) = tokio::sync::mpsc::channel(ending::QUEUE);
+    let pending = ending::Pending::default();
+    let (jobs, job_changes) = changes_tapped(
         Api::<Job>::all(client.clone()),
         watcher::Config::default().labels(RUN_TEST_LABEL),
         job_digest,
+        ending::tap(to_end, pending.clone()),
     );
+    let ender = ending::run(calls.clone(), queued, pending.clone(), stop.clone());
     let ctx = Arc::new(SmartTestsContext {
         core,
         tests,
         jobs: jobs.clone(),
         refusals_said: std::sync::Mutex::default(),
         calls,
+        ending: pending,
     });
     let by_test = sandboxes.clone();
     let jobs_for_tests = jobs.clone();
@@ -170,15 +178,15 @@ pub async fn run(
                 ran.contains(&sb.name_any()) || !t.spec.covers(&ns, sb).is_empty()
             })
         });
-    spur_controller::run(
+    let controller = spur_controller::run(
         "smarttest-runs",
         controller,
         reconcile,
         error_policy,
         ctx,
         stop,
-    )
-    .await;
+    );
+    tokio::join!(controller, ender);
 }
 
 fn error_policy(sb: Arc<Sandbox>, err: &Error, ctx: Arc<SmartTestsContext>) -> Action {
@@ -275,6 +283,11 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<SmartTestsContext>) -> Result<Acti
         // Newest first: by creation (whole seconds), then by the generations run.
         mine.sort_by_key(|j| std::cmp::Reverse(run_order(j)));
         let current = ready.map(|generation| desired::job_name(test, &sb, generation));
+        // Superseded runs are canceled (and their captures ended) before a new run starts:
+        // the new run's capture counts against the same bounds at the store.
+        if let Err(e) = retain(&ctx, &ns, &mine, current.as_deref()).await {
+            failed.get_or_insert(e);
+        }
         let state = match (ready, &current) {
             (Some(generation), Some(name)) => match mine.iter().find(|j| j.name_any() == *name) {
                 Some(j) => job_state(j),
@@ -297,9 +310,6 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<SmartTestsContext>) -> Result<Acti
                 _ => State::WaitingForSandbox,
             },
         };
-        if let Err(e) = retain(&ctx, &ns, &mine, current.as_deref()).await {
-            failed.get_or_insert(e);
-        }
         if !matches!(state, State::Refused(_)) {
             // Allowed now: a later refusal is news again.
             ctx.refusals_said
@@ -339,7 +349,7 @@ async fn reconcile(sb: Arc<Sandbox>, ctx: Arc<SmartTestsContext>) -> Result<Acti
 
 /// Retention of one test's runs against a sandbox (`mine`, newest first): the current run
 /// (`current`, while the sandbox is Ready) and the newest [`RUNS_KEPT`] others stay, older ones
-/// are deleted; a superseded run that has not ended is canceled.
+/// are deleted; a superseded run that has not ended is canceled, and its capture ended.
 async fn retain(
     ctx: &SmartTestsContext,
     ns: &str,
@@ -357,6 +367,7 @@ async fn retain(
             spur_operator_core::delete_opt(&api, &j.name_any()).await?;
         } else if unfinished(&job_state(j)) && current.is_some() {
             cancel(&api, j).await?;
+            end_run_capture(ctx, j).await?;
         }
     }
     Ok(())
@@ -414,7 +425,15 @@ async fn start(
         if let Some(existing) = api.get_opt(&name).await? {
             return Ok(existing_run(&existing, test, sb, &ns, &name));
         }
-        match start_capture(ctx, test, sb, &creator, &groups, recheck).await? {
+        let job = format!("{ns}/{name}");
+        // A Job of this name deleted a moment ago: its capture ends first (started again for
+        // the same Job, the store would give the new run the old capture).
+        if ctx.ending.contains(&job) {
+            return Err(Error::Pending(format!(
+                "the capture of the deleted Job {job} to end"
+            )));
+        }
+        match start_capture(ctx, test, sb, &creator, &groups, &job, recheck).await? {
             Ok(c) => Some(c),
             Err(state) => return Ok(state),
         }
@@ -430,7 +449,7 @@ async fn start(
             j
         }
         Err(why) => {
-            end_capture(ctx, capture.as_ref()).await;
+            end_capture(ctx, capture.as_ref(), &ns, &name).await;
             return Ok(State::Unrunnable(why));
         }
     };
@@ -438,7 +457,7 @@ async fn start(
     if let Err(kube::Error::Api(_)) = created {
         // Refused, so the capture was for nothing (a create whose answer was lost may have
         // made the Job: its capture then ends with it).
-        end_capture(ctx, capture.as_ref()).await;
+        end_capture(ctx, capture.as_ref(), &ns, &name).await;
     }
     match created {
         Ok(_) => {}
@@ -485,14 +504,15 @@ fn existing_run(existing: &Job, test: &SmartTest, sb: &Sandbox, ns: &str, name: 
     }
 }
 
-/// Starts the capture of a run of `test` (with `calls`) for its creator. `Ok(Err(state))`: the
-/// run cannot start now, and why.
+/// Starts the capture of a run of `test` (with `calls`) for its creator, for the run's Job
+/// `job` (`namespace/name`). `Ok(Err(state))`: the run cannot start now, and why.
 async fn start_capture(
     ctx: &SmartTestsContext,
     test: &SmartTest,
     sb: &Sandbox,
     creator: &str,
     groups: &[String],
+    job: &str,
     recheck: &mut bool,
 ) -> Result<Result<desired::GivenCapture, State>, Error> {
     let Some(cfg) = &ctx.calls else {
@@ -509,7 +529,7 @@ async fn start_capture(
         .ca_pem()
         .map_err(|e| unavailable(format!("the traffic store's CA bundle ({e})")))?;
     let seconds = desired::capture_seconds(test);
-    let run = match store::start(cfg, &sb.name_any(), seconds, creator, groups).await {
+    let run = match store::start(cfg, &sb.name_any(), seconds, creator, groups, job).await {
         Ok(run) => run,
         Err(store::StoreError::Refused(why)) => {
             *recheck = true;
@@ -524,6 +544,12 @@ async fn start_capture(
         }
         Err(store::StoreError::Unavailable(why)) => {
             return Err(unavailable(format!("the traffic store ({why})")));
+        }
+        // Others' runs hold the store's slots: they end, or expire, and this run starts then.
+        Err(store::StoreError::Exhausted(why)) => {
+            return Err(unavailable(format!(
+                "room at the traffic store for another run capture ({why})"
+            )));
         }
     };
     Ok(Ok(desired::GivenCapture {
@@ -542,16 +568,23 @@ async fn start_capture(
     }))
 }
 
-/// Ends a capture started for a Job that was not created (it expires anyway: only said).
-async fn end_capture(ctx: &SmartTestsContext, capture: Option<&desired::GivenCapture>) {
+/// Ends a capture started for the Job `ns/name` that was not created (it expires anyway: only
+/// said).
+async fn end_capture(
+    ctx: &SmartTestsContext,
+    capture: Option<&desired::GivenCapture>,
+    ns: &str,
+    name: &str,
+) {
     if let (Some(cfg), Some(c)) = (&ctx.calls, capture)
-        && let Err(e) = store::end(cfg, &c.run.id, &c.token).await
+        && let Err(e) = store::end(cfg, &c.run.id, &c.token, &format!("{ns}/{name}")).await
     {
         tracing::info!(error = %e, "ending an unused run capture (it expires at its time)");
     }
 }
 
-/// Ends the capture of the ended run `job`, with the operator's own right; gone already is done.
+/// Ends the capture of the run `job` (ended, or canceled), with the operator's own right,
+/// which ends only the capture started for this Job; gone already is done.
 async fn end_run_capture(ctx: &SmartTestsContext, job: &Job) -> Result<(), Error> {
     let (Some(cfg), Some(id)) = (&ctx.calls, job.annotations().get(RUN_CAPTURE_ANNOTATION)) else {
         return Ok(());
@@ -560,17 +593,19 @@ async fn end_run_capture(ctx: &SmartTestsContext, job: &Job) -> Result<(), Error
         what: format!("the traffic store ({e})"),
         after: STORE_RETRY,
     })?;
-    match store::end(cfg, id, &token).await {
+    match store::end(cfg, id, &token, &ending::job_key(job)).await {
         Ok(()) | Err(store::StoreError::NotFound) => Ok(()),
         // Refused: the right is gone; the capture expires at its time.
         Err(store::StoreError::Refused(why)) => {
             tracing::warn!(%why, "the traffic store refused to end a run's capture (it expires at its time)");
             Ok(())
         }
-        Err(store::StoreError::Unavailable(why)) => Err(Error::Requeue {
-            what: format!("the traffic store to end a run's capture ({why})"),
-            after: STORE_RETRY,
-        }),
+        Err(store::StoreError::Unavailable(why) | store::StoreError::Exhausted(why)) => {
+            Err(Error::Requeue {
+                what: format!("the traffic store to end a run's capture ({why})"),
+                after: STORE_RETRY,
+            })
+        }
     }
 }
 

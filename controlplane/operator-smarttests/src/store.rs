@@ -73,6 +73,8 @@ pub enum StoreError {
     Refused(String),
     /// The run (or capture) is gone.
     NotFound,
+    /// The store's bounds on runs capturing at once are reached (its message says which).
+    Exhausted(String),
     /// Anything else: try again later.
     Unavailable(String),
 }
@@ -80,7 +82,9 @@ pub enum StoreError {
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            StoreError::Refused(m) | StoreError::Unavailable(m) => f.write_str(m),
+            StoreError::Refused(m) | StoreError::Unavailable(m) | StoreError::Exhausted(m) => {
+                f.write_str(m)
+            }
             StoreError::NotFound => f.write_str("no such run capture"),
         }
     }
@@ -92,6 +96,7 @@ fn from_status(s: &tonic::Status) -> StoreError {
             StoreError::Refused(s.message().to_owned())
         }
         tonic::Code::NotFound => StoreError::NotFound,
+        tonic::Code::ResourceExhausted => StoreError::Exhausted(s.message().to_owned()),
         code => StoreError::Unavailable(format!("the traffic store: {code:?}: {}", s.message())),
     }
 }
@@ -147,13 +152,16 @@ pub fn own_token(cfg: &StoreConfig) -> Result<String, StoreError> {
     Ok(token)
 }
 
-/// Starts a capture of `sandbox` for `seconds`, for `user` with `groups`.
+/// Starts a capture of `sandbox` for `seconds`, for `user` with `groups`, for the run's Job
+/// `job` (`namespace/name`): asked again for the same Job while its capture lives, the store
+/// gives that capture again, with a new token.
 pub async fn start(
     cfg: &StoreConfig,
     sandbox: &str,
     seconds: u32,
     user: &str,
     groups: &[String],
+    job: &str,
 ) -> Result<RunCapture, StoreError> {
     let token = own_token(cfg)?;
     let request = StartRunCaptureRequest {
@@ -162,6 +170,7 @@ pub async fn start(
         run_for: Some(RunFor {
             username: user.to_owned(),
             groups: groups.to_vec(),
+            job: job.to_owned(),
         }),
     };
     connect(cfg)
@@ -172,9 +181,14 @@ pub async fn start(
         .map_err(|s| from_status(&s))
 }
 
-/// Ends run capture `id` with `token`: the run's own, or the operator's (`delegate`).
-pub async fn end(cfg: &StoreConfig, id: &str, token: &str) -> Result<(), StoreError> {
-    let request = EndRunCaptureRequest { id: id.to_owned() };
+/// Ends run capture `id`, started for the Job `job` (`namespace/name`), with `token`: the run's
+/// own, or the operator's (`delegate`, which the store lets end only the capture of the Job
+/// named).
+pub async fn end(cfg: &StoreConfig, id: &str, token: &str, job: &str) -> Result<(), StoreError> {
+    let request = EndRunCaptureRequest {
+        id: id.to_owned(),
+        job: job.to_owned(),
+    };
     connect(cfg)
         .await?
         .end_run_capture(with(request, token)?)

@@ -93,8 +93,11 @@ impl SettingsIndex {
             since_unix_micros: unix_micros(SystemTime::now()),
             delegated,
         };
-        state.runs.start(id.clone(), run.clone(), now)?;
-        state.refresh();
+        let (given, run) = state.runs.start(id.clone(), run, now)?;
+        if given == id {
+            state.refresh();
+        }
+        let id = given;
         let watching = state
             .watchers
             .keys()

@@ -49,6 +49,10 @@ pub(crate) async fn read(store: &Store, run: &Run, tag: &str) -> Result<Read, Er
             .await?;
         let mut oldest = i64::MAX;
         let mut new = 0usize;
+        // Whether the store may have left exchanges out of this page: it was cut at the count
+        // or at the bytes (an exchange without bodies is far below half of them).
+        let page_bytes: usize = page.iter().map(prost::Message::encoded_len).sum();
+        let full = page.len() >= MAX_QUERY_LIMIT as usize || page_bytes > MAX_REPLY_BYTES / 2;
         for stored in page {
             let Some(x) = stored.exchange else { continue };
             oldest = oldest.min(x.start_unix_micros);
@@ -70,8 +74,11 @@ pub(crate) async fn read(store: &Store, run: &Run, tag: &str) -> Result<Read, Er
             }
         }
         // A page with nothing new ends it; the next page ends after the oldest of this one
-        // (its start time included, so exchanges sharing it are not lost).
+        // (its start time included, so exchanges sharing it are not lost). A full page that
+        // cannot move on (more exchanges share one start time than a page holds) leaves some
+        // unread: truncated.
         if new == 0 || oldest == i64::MAX || oldest + 1 == until {
+            out.truncated |= full;
             return Ok(out);
         }
         until = oldest + 1;
@@ -228,5 +235,29 @@ mod tests {
         assert!(own(&r, "t1", &exchange("key1", "sd=key1")).is_none());
         assert!(own(&r, "t1", &exchange("key1", "spur-test-step=t2.0.s")).is_none());
         assert!(own(&r, "t1", &exchange("key1", "spur-test-step=t1")).is_none());
+    }
+
+    #[tokio::test]
+    async fn more_exchanges_at_one_start_time_than_a_page_holds_come_back_truncated() {
+        let r = run();
+        let at_once = |n: usize| {
+            (0..n)
+                .map(|i| Exchange {
+                    id: format!("x{i}"),
+                    start_unix_micros: 1_000,
+                    ..exchange("key1", "spur-test-step=t1.0.s")
+                })
+                .collect::<Vec<_>>()
+        };
+        let page = MAX_QUERY_LIMIT as usize;
+        let store = Store::open(None, crate::store::Limits::default()).unwrap();
+        store.insert("catalog", at_once(page - 1)).await.unwrap();
+        let got = read(&store, &r, "t1").await.unwrap();
+        assert_eq!((got.exchanges.len(), got.truncated), (page - 1, false));
+
+        let store = Store::open(None, crate::store::Limits::default()).unwrap();
+        store.insert("catalog", at_once(page + 1)).await.unwrap();
+        let got = read(&store, &r, "t1").await.unwrap();
+        assert_eq!((got.exchanges.len(), got.truncated), (page, true));
     }
 }

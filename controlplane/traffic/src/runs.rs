@@ -59,6 +59,9 @@ pub struct Delegated {
     pub token: String,
     /// The tag its requests' markers start with (`spur-test-step=<tag>.<step>.<pass>`).
     pub tag: String,
+    /// The caller's job it is for (`namespace/name`; empty: none). Starting a run for the same
+    /// job, sandbox and user gives this one again; the delegate ends it only by naming it.
+    pub job: String,
 }
 
 /// Never the token: a run may be logged.
@@ -67,6 +70,7 @@ impl std::fmt::Debug for Delegated {
         f.debug_struct("Delegated")
             .field("token", &"<redacted>")
             .field("tag", &self.tag)
+            .field("job", &self.job)
             .finish()
     }
 }
@@ -97,9 +101,19 @@ pub(crate) struct Runs {
 }
 
 impl Runs {
-    /// Adds `run` under `id`, unless that would pass a bound.
-    pub(crate) fn start(&mut self, id: String, run: Run, now: Instant) -> Result<(), Error> {
+    /// Adds `run` under `id`, unless that would pass a bound, and returns it with its id. A
+    /// run for a job (`Delegated::job`) whose run for the same sandbox and user lives gives
+    /// that run instead, with `run`'s token: its first answer may have been lost.
+    pub(crate) fn start(
+        &mut self,
+        id: String,
+        run: Run,
+        now: Instant,
+    ) -> Result<(String, Run), Error> {
         self.sweep(now, Duration::ZERO);
+        if let Some(again) = self.again(&run) {
+            return Ok(again);
+        }
         if self.live.len() >= MAX_RUNS {
             return Err(Error::Exhausted(format!(
                 "{MAX_RUNS} runs are capturing already; retry when one ends"
@@ -127,8 +141,22 @@ impl Runs {
                 run.started_by
             )));
         }
-        self.live.insert(id, run);
-        Ok(())
+        self.live.insert(id.clone(), run.clone());
+        Ok((id, run))
+    }
+
+    /// The live run of `run`'s job, sandbox and user, given `run`'s token.
+    fn again(&mut self, run: &Run) -> Option<(String, Run)> {
+        let new = run.delegated.as_ref().filter(|d| !d.job.is_empty())?;
+        let (id, live) = self.live.iter_mut().find(|(_, r)| {
+            r.sandbox == run.sandbox
+                && r.started_by == run.started_by
+                && r.delegated.as_ref().is_some_and(|d| d.job == new.job)
+        })?;
+        if let Some(d) = live.delegated.as_mut() {
+            d.token.clone_from(&new.token);
+        }
+        Some((id.clone(), live.clone()))
     }
 
     pub(crate) fn get(&self, id: &str) -> Option<&Run> {
@@ -275,6 +303,7 @@ mod tests {
         let d = Delegated {
             token: "secret-token".into(),
             tag: "t1".into(),
+            job: "team-a/run-1".into(),
         };
         let printed = format!("{d:?}");
         assert!(!printed.contains("secret-token"), "{printed}");
@@ -340,5 +369,57 @@ mod tests {
         assert!(runs.end("a0", now));
         runs.start("a-again".into(), by("ann", "sb-x".into()), now)
             .unwrap();
+    }
+
+    #[test]
+    fn a_run_for_a_job_is_given_again_with_a_new_token_while_it_lives() {
+        let now = Instant::now();
+        let until = now + Duration::from_secs(60);
+        let for_job = |job: &str, user: &str, token: &str| Run {
+            started_by: user.into(),
+            delegated: Some(Delegated {
+                token: token.into(),
+                tag: format!("tag-{token}"),
+                job: job.into(),
+            }),
+            ..run("sb", &["x"], until)
+        };
+        let mut runs = Runs::default();
+        let (id, _) = runs
+            .start("r1".into(), for_job("team-a/run-1", "ann", "t1"), now)
+            .unwrap();
+        assert_eq!(id, "r1");
+        // Asked again (the answer was lost): the same run, its tag, the new token.
+        let (id, again) = runs
+            .start("r2".into(), for_job("team-a/run-1", "ann", "t2"), now)
+            .unwrap();
+        assert_eq!(id, "r1");
+        let d = again.delegated.unwrap();
+        assert_eq!((d.token.as_str(), d.tag.as_str()), ("t2", "tag-t1"));
+        assert_eq!(
+            runs.get("r1").unwrap().delegated.as_ref().unwrap().token,
+            "t2"
+        );
+        assert_eq!(runs.live(), 1);
+        // Another job, another user, or no job at all: a run of its own.
+        for (i, (job, user)) in [
+            ("team-a/run-2", "ann"),
+            ("team-a/run-1", "bob"),
+            ("", "ann"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (id, _) = runs
+                .start(format!("o{i}"), for_job(job, user, "t3"), now)
+                .unwrap();
+            assert_eq!(id, format!("o{i}"), "{job} {user}");
+        }
+        // Once it ended, the job's next run is a new one.
+        assert!(runs.end("r1", now));
+        let (id, _) = runs
+            .start("r3".into(), for_job("team-a/run-1", "ann", "t4"), now)
+            .unwrap();
+        assert_eq!(id, "r3");
     }
 }

@@ -216,9 +216,10 @@ impl TrafficService {
             (None, None) => String::new(),
         };
         let delegated = match run_for {
-            Some(_) => Some(Delegated {
+            Some(f) => Some(Delegated {
                 token: random_hex(32).map_err(status)?,
                 tag: random_hex(8).map_err(status)?,
+                job: valid_job(&f.job)?.to_owned(),
             }),
             None => None,
         };
@@ -282,11 +283,20 @@ impl TrafficService {
         let by_token = run.delegated.as_ref().is_some_and(|d| {
             auth::is_run_token(&d.token, auth::bearer(req.metadata()).unwrap_or(""))
         });
-        if run.delegated.is_some() {
+        if let Some(d) = &run.delegated {
             if !by_token {
                 self.auth
                     .run_delegator(req.metadata(), &run.sandbox)
                     .await?;
+                // The delegate ends the run of the job it names, and no other (a job whose
+                // record was changed to name another run's id ends nothing).
+                let job = &req.get_ref().job;
+                if d.job != *job {
+                    return Err(Status::not_found(format!(
+                        "no such run capture for job {job:?} (a run started for a job is ended \
+                         by naming it)"
+                    )));
+                }
             }
         } else {
             let user = self.auth.run_capturer(req.metadata(), &run.sandbox).await?;
@@ -410,6 +420,26 @@ impl TrafficService {
             self.metrics.clone(),
         ));
         Ok(ReceiverStream::new(rx))
+    }
+}
+
+/// `run_for.job`: empty, or `namespace/name` as Kubernetes names them (a DNS label and a DNS
+/// subdomain).
+fn valid_job(job: &str) -> Result<&str, Status> {
+    if job.is_empty() {
+        return Ok(job);
+    }
+    let label = |s: &str, max: usize| {
+        !s.is_empty()
+            && s.len() <= max
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    };
+    match job.split_once('/') {
+        Some((ns, name)) if label(ns, 63) && !ns.contains('.') && label(name, 253) => Ok(job),
+        _ => Err(Status::invalid_argument(format!(
+            "run_for.job: {job:?} is not namespace/name"
+        ))),
     }
 }
 

@@ -17,6 +17,13 @@ pub struct RunFor {
     pub username: ::prost::alloc::string::String,
     #[prost(string, repeated, tag = "2")]
     pub groups: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// What the run is for, as `namespace/name` of the caller's Job (optional, at most 317
+    /// characters). While a run for the same job, sandbox and user lives, StartRunCapture gives
+    /// that run again, with a new `run_token` (the old one stops working), instead of starting a
+    /// second: a caller that lost the answer, or stopped before it made the job, asks again
+    /// without leaking a run. EndRunCapture with the `delegate` right must then name it too.
+    #[prost(string, tag = "3")]
+    pub job: ::prost::alloc::string::String,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct RunCapture {
@@ -52,6 +59,10 @@ pub struct RunCapture {
 pub struct EndRunCaptureRequest {
     #[prost(string, tag = "1")]
     pub id: ::prost::alloc::string::String,
+    /// For a run started `run_for` a job, ended with the `delegate` right rather than its token:
+    /// that job (`namespace/name`). A run started for another job is not found.
+    #[prost(string, tag = "2")]
+    pub job: ::prost::alloc::string::String,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ReadRunRequest {

@@ -2,7 +2,8 @@
 //! against a real traffic store reviewing tokens with the same API server: the operator starts
 //! the run's capture for the test's creator, with its own `delegate` right, only once the
 //! creator may capture and read the sandbox's traffic; the run's Job gets the capture and a
-//! token that reads back only that run; the operator ends the capture when the Job ends.
+//! token that reads back only that run; the operator ends the capture when the Job ends, or
+//! when it is deleted before it ended (and then makes the run again with a new capture).
 
 use std::net::SocketAddr;
 
@@ -127,11 +128,7 @@ pub(super) async fn a_test_comparing_calls_runs_with_a_capture_its_creator_may_s
         runs(admin, NS, "calls").await.into_iter().next()
     })
     .await;
-    let id = job
-        .annotations()
-        .get(RUN_CAPTURE_ANNOTATION)
-        .expect("the run's capture is named on its Job")
-        .clone();
+    let (id, token) = capture_of(&job);
     let script = job.spec.script.clone().unwrap();
     assert!(
         script.contains(&format!(
@@ -139,12 +136,6 @@ pub(super) async fn a_test_comparing_calls_runs_with_a_capture_its_creator_may_s
         )),
         "{script}"
     );
-    let token = script
-        .split("export SPUR_TRAFFIC_TOKEN='")
-        .nth(1)
-        .and_then(|rest| rest.split('\'').next())
-        .unwrap()
-        .to_owned();
     assert!(script.contains(&format!("\"id\":\"{id}\"")), "{script}");
 
     // The run's token reads the run (nothing was sent yet); another token does not.
@@ -168,4 +159,67 @@ pub(super) async fn a_test_comparing_calls_runs_with_a_capture_its_creator_may_s
         (!read.live).then_some(())
     })
     .await;
+
+    // The test changes: a new run, with a capture of its own. Its Job is deleted before it
+    // ends: the operator ends its capture, then makes the run again with a new capture (not
+    // the old one resumed).
+    let step = json!({"spec": {"steps": [{"name": "list", "http": {"url": format!("http://api.{NS}/items?v=2")},
+                                         "checks": [{"status": 200}]}]}});
+    tests
+        .patch("calls", &PatchParams::default(), &Patch::Merge(step))
+        .await
+        .unwrap();
+    let second = eventually("the changed test's run", || async {
+        runs(admin, NS, "calls")
+            .await
+            .into_iter()
+            .find(|j| j.name_any() != job.name_any())
+    })
+    .await;
+    let (second_id, second_token) = capture_of(&second);
+    assert_ne!(second_id, id);
+    assert!(
+        read_run(store, &second_id, &second_token)
+            .await
+            .unwrap()
+            .live
+    );
+    Api::<Job>::namespaced(admin.clone(), NS)
+        .delete(&second.name_any(), &Default::default())
+        .await
+        .unwrap();
+    eventually("the deleted run's capture ended", || async {
+        match read_run(store, &second_id, &second_token).await {
+            Ok(read) => (!read.live).then_some(()),
+            Err(e) => (e.code() == tonic::Code::NotFound).then_some(()),
+        }
+    })
+    .await;
+    let again = eventually("the run made again", || async {
+        runs(admin, NS, "calls")
+            .await
+            .into_iter()
+            .find(|j| j.name_any() == second.name_any() && j.uid() != second.uid())
+    })
+    .await;
+    let (again_id, again_token) = capture_of(&again);
+    assert_ne!(again_id, second_id, "a new capture, not the deleted Job's");
+    assert!(read_run(store, &again_id, &again_token).await.unwrap().live);
+}
+
+/// The capture id and the run token the operator gave the run's Job.
+fn capture_of(job: &Job) -> (String, String) {
+    let id = job
+        .annotations()
+        .get(RUN_CAPTURE_ANNOTATION)
+        .unwrap()
+        .clone();
+    let script = job.spec.script.clone().unwrap();
+    let token = script
+        .split("export SPUR_TRAFFIC_TOKEN='")
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+        .unwrap()
+        .to_owned();
+    (id, token)
 }

@@ -166,7 +166,10 @@ async fn a_run_capture_needs_the_callers_rights_and_captures_only_the_sandboxes_
 
     // A user of another namespace, even with the run's id, cannot end it.
     let other = user(&api, "team-b", "other").await;
-    let end = || pb::EndRunCaptureRequest { id: run.id.clone() };
+    let end = || pb::EndRunCaptureRequest {
+        id: run.id.clone(),
+        job: String::new(),
+    };
     let err = store
         .client()
         .await
@@ -325,6 +328,7 @@ async fn a_run_for_a_user_needs_the_delegate_right_and_its_user_s_and_reads_back
         run_for: Some(pb::RunFor {
             username: username.into(),
             groups: vec!["team-a".into()],
+            job: String::new(),
         }),
         ..start("deleg-sb")
     };
@@ -431,7 +435,10 @@ async fn a_run_for_a_user_needs_the_delegate_right_and_its_user_s_and_reads_back
         .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
     // Another namespace's user cannot end it; its token can. Read back once more, ended.
-    let end = || pb::EndRunCaptureRequest { id: run.id.clone() };
+    let end = || pb::EndRunCaptureRequest {
+        id: run.id.clone(),
+        job: String::new(),
+    };
     let err = store
         .client()
         .await
@@ -449,30 +456,114 @@ async fn a_run_for_a_user_needs_the_delegate_right_and_its_user_s_and_reads_back
     let got = read(run.run_token.clone()).await.unwrap().into_inner();
     assert!(!got.live);
     assert_eq!(got.exchanges.len(), 2);
-    // The component that started a run for a user may end it with its own right (when the
-    // run's Job ended).
-    let again = store
-        .client()
-        .await
-        .start_run_capture(with(for_user("ann"), &op))
-        .await
-        .unwrap()
-        .into_inner();
-    let end_again = || pb::EndRunCaptureRequest {
-        id: again.id.clone(),
+    // A run for a Job: started again for the same Job (the operator lost the answer, or
+    // stopped before it made the Job), the store gives the same run with a new token, and the
+    // first token stops working.
+    let for_job = |job: &str| {
+        let mut req = for_user("ann");
+        if let Some(f) = req.run_for.as_mut() {
+            f.job = job.into();
+        }
+        req
     };
     let err = store
         .client()
         .await
-        .end_run_capture(with(end_again(), &other))
+        .start_run_capture(with(for_job("team-a/x/y"), &op))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    let start_for_job = || async {
+        store
+            .client()
+            .await
+            .start_run_capture(with(for_job("team-a/run-1"), &op))
+            .await
+            .unwrap()
+            .into_inner()
+    };
+    let again = start_for_job().await;
+    let resumed = start_for_job().await;
+    assert_eq!(resumed.id, again.id);
+    assert_eq!(resumed.marker_tag, again.marker_tag);
+    assert_ne!(resumed.run_token, again.run_token);
+    let read_again = |token: String| {
+        let store = &store;
+        let id = again.id.clone();
+        async move {
+            store
+                .client()
+                .await
+                .read_run(with(pb::ReadRunRequest { id }, &token))
+                .await
+        }
+    };
+    let err = read_again(again.run_token.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(
+        read_again(resumed.run_token.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .live
+    );
+    // The component that started a run for a user may end it with its own right (when the
+    // run's Job ended), naming the Job: a Job whose record names another Job's run ends
+    // nothing. Another namespace's user cannot.
+    let end_again = |job: &str| pb::EndRunCaptureRequest {
+        id: again.id.clone(),
+        job: job.into(),
+    };
+    let err = store
+        .client()
+        .await
+        .end_run_capture(with(end_again("team-a/run-1"), &other))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("delegate"), "{err:?}");
+    for job in ["", "team-a/run-2"] {
+        let err = store
+            .client()
+            .await
+            .end_run_capture(with(end_again(job), &op))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::NotFound, "{job}: {err:?}");
+    }
+    assert!(
+        read_again(resumed.run_token.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .live
+    );
     store
         .client()
         .await
-        .end_run_capture(with(end_again(), &op))
+        .end_run_capture(with(end_again("team-a/run-1"), &op))
+        .await
+        .unwrap();
+    assert!(
+        !read_again(resumed.run_token.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .live
+    );
+    // Ended, the Job's next start is a new run.
+    let next = start_for_job().await;
+    assert_ne!(next.id, again.id);
+    store
+        .client()
+        .await
+        .end_run_capture(with(
+            pb::EndRunCaptureRequest {
+                id: next.id.clone(),
+                job: "team-a/run-1".into(),
+            },
+            &op,
+        ))
         .await
         .unwrap();
     store.stop.cancel();

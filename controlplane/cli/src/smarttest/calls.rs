@@ -280,6 +280,8 @@ impl Capture {
             .client
             .end_run_capture(EndRunCaptureRequest {
                 id: self.run.id.clone(),
+                // Ended with the run's own token (or the user's rights): no job to name.
+                job: String::new(),
             })
             .await;
         match ended {
