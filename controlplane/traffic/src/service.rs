@@ -53,7 +53,13 @@ pub struct TrafficService {
     /// Ends every open stream (WatchSettings, Tail) when the server drains.
     stop: CancellationToken,
     started: Instant,
+    /// ReadRuns reading the store at once: each may read many pages on the store's one
+    /// thread, and runners poll; the others wait their turn (within their deadline).
+    read_runs: Arc<tokio::sync::Semaphore>,
 }
+
+/// ReadRuns reading the store at once, at most.
+const READ_RUNS_AT_ONCE: usize = 2;
 
 impl TrafficService {
     pub fn new(
@@ -72,6 +78,7 @@ impl TrafficService {
             tail,
             stop,
             started: Instant::now(),
+            read_runs: Arc::new(tokio::sync::Semaphore::new(READ_RUNS_AT_ONCE)),
         }
     }
 
@@ -331,6 +338,11 @@ impl TrafficService {
                  the run it was started for; other readers use Query)",
             ));
         };
+        let _turn = self
+            .read_runs
+            .acquire()
+            .await
+            .map_err(|_| Status::unavailable("the store is stopping"))?;
         let read = run_read::read(&self.store, &run, &delegated.tag)
             .await
             .map_err(status)?;

@@ -608,7 +608,8 @@ pub mod traffic_client {
         /// only what a comparison of calls reads: the baseline, method, path without its query,
         /// status, `grpc-status`, whether it failed, the start time, and of the headers the marker
         /// alone; no bodies. That is the run's own requests and the calls they caused, which its
-        /// report shows anyway; other requests carrying the sandbox's key never come back.
+        /// report shows anyway; other requests carrying the sandbox's key never come back. The store
+        /// reads at most 2 at once; the others wait their turn.
         pub async fn read_run(
             &mut self,
             request: impl tonic::IntoRequest<super::ReadRunRequest>,
@@ -719,7 +720,8 @@ pub mod traffic_server {
         /// only what a comparison of calls reads: the baseline, method, path without its query,
         /// status, `grpc-status`, whether it failed, the start time, and of the headers the marker
         /// alone; no bodies. That is the run's own requests and the calls they caused, which its
-        /// report shows anyway; other requests carrying the sandbox's key never come back.
+        /// report shows anyway; other requests carrying the sandbox's key never come back. The store
+        /// reads at most 2 at once; the others wait their turn.
         async fn read_run(
             &self,
             request: tonic::Request<super::ReadRunRequest>,
