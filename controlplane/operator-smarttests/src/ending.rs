@@ -3,13 +3,11 @@
 //! do it (the Job is gone from the store by the time a pass runs), so the watch of the runs'
 //! Jobs hands each deletion here, with the Job's last state. The captures to end wait in a
 //! bounded queue for one task that ends them in turn, asking an unavailable store again for a
-//! minute. A run whose Job's capture is still to be ended is not started again until it is:
-//! the store would give the new Job the old capture (a start for the same Job resumes it).
-//! What is missed (the queue full, a deletion while no operator led and the Job gone before
-//! the next list, the store down for longer) expires at its time.
-
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+//! minute. A Job of the same name made again meanwhile is no matter: its capture is started
+//! for the same Job, which ends the old one at the store first, and this task ends the old one
+//! by its id. What is missed (the queue full, a deletion while no operator led and the Job
+//! gone before the next list, the store down for longer) expires at its time, unless a Job of
+//! that name is made again.
 
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
@@ -32,29 +30,6 @@ pub struct Ending {
     pub job: String,
 }
 
-/// The Jobs (`namespace/name`) whose captures are queued or being ended.
-#[derive(Debug, Default, Clone)]
-pub struct Pending(Arc<Mutex<HashSet<String>>>);
-
-impl Pending {
-    fn set(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Whether the capture of the Job `job` (`namespace/name`) is still to be ended.
-    pub fn contains(&self, job: &str) -> bool {
-        self.set().contains(job)
-    }
-
-    fn insert(&self, job: &str) -> bool {
-        self.set().insert(job.to_owned())
-    }
-
-    fn remove(&self, job: &str) {
-        self.set().remove(job);
-    }
-}
-
 /// `namespace/name` of `job`: what its capture was started for.
 pub fn job_key(job: &Job) -> String {
     format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any())
@@ -73,8 +48,9 @@ pub fn left(job: &Job) -> Option<Ending> {
     })
 }
 
-/// The tap on the runs' Jobs' watch: queues the capture each deleted one leaves.
-pub fn tap(tx: mpsc::Sender<Ending>, pending: Pending) -> impl FnMut(&Event<Job>) + Send + 'static {
+/// The tap on the runs' Jobs' watch: queues the capture each deleted one leaves (twice at
+/// worst, when a relist finds the deletion again: ending it again finds nothing).
+pub fn tap(tx: mpsc::Sender<Ending>) -> impl FnMut(&Event<Job>) + Send + 'static {
     move |event| {
         let Event::Delete(job) = event else {
             return;
@@ -82,12 +58,8 @@ pub fn tap(tx: mpsc::Sender<Ending>, pending: Pending) -> impl FnMut(&Event<Job>
         let Some(end) = left(job) else {
             return;
         };
-        if !pending.insert(&end.job) {
-            return;
-        }
         if let Err(e) = tx.try_send(end) {
             let end = e.into_inner();
-            pending.remove(&end.job);
             tracing::warn!(
                 job = %end.job,
                 "too many run captures wait to be ended: this one expires at its time"
@@ -101,7 +73,6 @@ pub fn tap(tx: mpsc::Sender<Ending>, pending: Pending) -> impl FnMut(&Event<Job>
 pub async fn run(
     cfg: Option<StoreConfig>,
     mut rx: mpsc::Receiver<Ending>,
-    pending: Pending,
     stop: CancellationToken,
 ) {
     loop {
@@ -115,7 +86,6 @@ pub async fn run(
         if let Some(cfg) = &cfg {
             end_one(cfg, &end, &stop).await;
         }
-        pending.remove(&end.job);
     }
 }
 
@@ -165,12 +135,10 @@ mod tests {
     }
 
     #[test]
-    fn a_deleted_runs_capture_is_queued_once_unless_its_outcome_ended_it() {
+    fn a_deleted_runs_capture_is_queued_unless_its_outcome_ended_it() {
         let (tx, mut rx) = mpsc::channel(1);
-        let pending = Pending::default();
-        let mut tap = tap(tx, pending.clone());
+        let mut tap = tap(tx);
         let job = run_job(&[(RUN_CAPTURE_ANNOTATION, "c1")]);
-        let key = job_key(&job);
 
         // Changes, a test without calls, and a reported run leave nothing to end.
         tap(&Event::Apply(job.clone()));
@@ -180,42 +148,38 @@ mod tests {
             (REPORTED_ANNOTATION, "true"),
         ])));
         assert!(rx.try_recv().is_err());
-        assert!(!pending.contains(&key));
 
-        tap(&Event::Delete(job.clone()));
-        assert!(pending.contains(&key), "the Job's next run waits for it");
-        // Seen again (a relist's vanished deletion): queued once.
         tap(&Event::Delete(job.clone()));
         assert_eq!(
             rx.try_recv().ok(),
             Some(Ending {
                 id: "c1".into(),
-                job: key.clone()
+                job: job_key(&job)
             })
         );
-        assert!(rx.try_recv().is_err());
+        assert_eq!(job_key(&job), format!("shop/{}", job.name_any()));
 
-        // A full queue: said, and the Job's next run is not held back for it.
+        // A full queue: said, and dropped (it expires at its time).
         let mut other = run_job(&[(RUN_CAPTURE_ANNOTATION, "c2")]);
         other.metadata.name = Some("other".into());
         tap(&Event::Delete(other.clone()));
-        let mut third = run_job(&[(RUN_CAPTURE_ANNOTATION, "c3")]);
-        third.metadata.name = Some("third".into());
-        tap(&Event::Delete(third.clone()));
-        assert!(pending.contains(&job_key(&other)));
-        assert!(!pending.contains(&job_key(&third)));
+        tap(&Event::Delete(job.clone()));
+        assert_eq!(rx.try_recv().ok().map(|e| e.id), Some("c2".into()));
+        assert!(rx.try_recv().is_err());
     }
 
     #[tokio::test]
-    async fn without_a_store_the_queue_is_emptied_and_nothing_waits() {
+    async fn without_a_store_the_queue_is_emptied() {
         let (tx, rx) = mpsc::channel(4);
-        let pending = Pending::default();
-        let mut tap = tap(tx, pending.clone());
-        let job = run_job(&[(RUN_CAPTURE_ANNOTATION, "c1")]);
-        tap(&Event::Delete(job.clone()));
+        let mut tap = tap(tx);
+        tap(&Event::Delete(run_job(&[(RUN_CAPTURE_ANNOTATION, "c1")])));
         drop(tap);
         // The sender went with the tap: the task ends once the queue is empty.
-        run(None, rx, pending.clone(), CancellationToken::new()).await;
-        assert!(!pending.contains(&job_key(&job)));
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            run(None, rx, CancellationToken::new()),
+        )
+        .await
+        .unwrap();
     }
 }

@@ -63,8 +63,6 @@ pub struct SmartTestsContext {
     refusals_said: std::sync::Mutex<HashMap<(String, String), String>>,
     /// The traffic store, for tests with `calls` (none: such tests are not run).
     calls: Option<store::StoreConfig>,
-    /// The runs' Jobs whose captures are still to be ended after they were deleted.
-    ending: ending::Pending,
 }
 
 /// Refusals remembered at most; past it the memory starts again (a refusal may then be said
@@ -136,21 +134,19 @@ pub async fn run(
         test_digest,
     );
     let (to_end, queued) = tokio::sync::mpsc::channel(ending::QUEUE);
-    let pending = ending::Pending::default();
     let (jobs, job_changes) = changes_tapped(
         Api::<Job>::all(client.clone()),
         watcher::Config::default().labels(RUN_TEST_LABEL),
         job_digest,
-        ending::tap(to_end, pending.clone()),
+        ending::tap(to_end),
     );
-    let ender = ending::run(calls.clone(), queued, pending.clone(), stop.clone());
+    let ender = ending::run(calls.clone(), queued, stop.clone());
     let ctx = Arc::new(SmartTestsContext {
         core,
         tests,
         jobs: jobs.clone(),
         refusals_said: std::sync::Mutex::default(),
         calls,
-        ending: pending,
     });
     let by_test = sandboxes.clone();
     let jobs_for_tests = jobs.clone();
@@ -358,19 +354,28 @@ async fn retain(
 ) -> Result<(), Error> {
     let api = Api::<Job>::namespaced(ctx.client.clone(), ns);
     let mut others = 0;
+    // One run's failure (its capture's store unavailable) does not keep the others as they are.
+    let mut failed = None;
     for j in mine {
         if Some(j.name_any().as_str()) == current {
             continue;
         }
         others += 1;
-        if others > RUNS_KEPT {
-            spur_operator_core::delete_opt(&api, &j.name_any()).await?;
+        let done = if others > RUNS_KEPT {
+            spur_operator_core::delete_opt(&api, &j.name_any()).await
         } else if unfinished(&job_state(j)) && current.is_some() {
-            cancel(&api, j).await?;
-            end_run_capture(ctx, j).await?;
+            match cancel(&api, j).await {
+                Ok(()) => end_run_capture(ctx, j).await,
+                Err(e) => Err(e),
+            }
+        } else {
+            Ok(())
+        };
+        if let Err(e) = done {
+            failed.get_or_insert(e);
         }
     }
-    Ok(())
+    failed.map_or(Ok(()), Err)
 }
 
 /// Starts the run of `test` against `generation` of `sb`, once its creator's rights allow it.
@@ -425,14 +430,9 @@ async fn start(
         if let Some(existing) = api.get_opt(&name).await? {
             return Ok(existing_run(&existing, test, sb, &ns, &name));
         }
+        // Started for this Job's name: the store ends a capture still live for a Job of this
+        // name (deleted, or never made) before it starts this one.
         let job = format!("{ns}/{name}");
-        // A Job of this name deleted a moment ago: its capture ends first (started again for
-        // the same Job, the store would give the new run the old capture).
-        if ctx.ending.contains(&job) {
-            return Err(Error::Pending(format!(
-                "the capture of the deleted Job {job} to end"
-            )));
-        }
         match start_capture(ctx, test, sb, &creator, &groups, &job, recheck).await? {
             Ok(c) => Some(c),
             Err(state) => return Ok(state),

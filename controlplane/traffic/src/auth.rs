@@ -183,22 +183,22 @@ impl Authorizer {
     /// Whether the caller of StartRunCapture with `run_for` may start a run of `sandbox` for
     /// that user: the caller needs `delegate` on the sandbox's `sandboxes/capture`, and the
     /// user `update` on it and `get` on its `sandboxes/traffic` (what a run the user started
-    /// and read back would need). The user is returned, for [`Authorizer::run_namespaces`].
-    /// The static token stands for everything (None).
+    /// and read back would need). The user is returned, for [`Authorizer::run_namespaces`],
+    /// with the caller's username. The static token stands for everything (None, and no
+    /// username).
     pub async fn run_delegate(
         &self,
         metadata: &MetadataMap,
         sandbox: &str,
         run_for: &RunFor,
-    ) -> Result<Option<UserInfo>, Status> {
+    ) -> Result<(Option<UserInfo>, String), Status> {
         let token = bearer(metadata)?;
         match self {
-            Authorizer::StaticToken(t) => t.check(token).map(|()| None),
-            Authorizer::Kube(k) => k
-                .inner
-                .run_delegate(token, sandbox, run_for)
-                .await
-                .map(Some),
+            Authorizer::StaticToken(t) => t.check(token).map(|()| (None, String::new())),
+            Authorizer::Kube(k) => {
+                let (caller, user) = k.inner.run_delegate(token, sandbox, run_for).await?;
+                Ok((Some(user), caller.username.unwrap_or_default()))
+            }
         }
     }
 
@@ -460,8 +460,8 @@ impl Kube {
         token: &str,
         sandbox: &str,
         run_for: &RunFor,
-    ) -> Result<UserInfo, Status> {
-        self.delegator(token, sandbox).await?;
+    ) -> Result<(UserInfo, UserInfo), Status> {
+        let caller = self.delegator(token, sandbox).await?;
         if run_for.username.is_empty() || run_for.username.len() > MAX_NAME {
             return Err(Status::invalid_argument(format!(
                 "run_for.username: the user the run is for (1 to {MAX_NAME} characters) is \
@@ -493,7 +493,7 @@ impl Kube {
                 )));
             }
         }
-        Ok(user)
+        Ok((caller, user))
     }
 
     async fn may(&self, user: &UserInfo, attributes: ResourceAttributes) -> Result<bool, Status> {

@@ -93,11 +93,10 @@ impl SettingsIndex {
             since_unix_micros: unix_micros(SystemTime::now()),
             delegated,
         };
-        let (given, run) = state.runs.start(id.clone(), run, now)?;
-        if given == id {
-            state.refresh();
+        if let Some(old) = state.runs.start(id.clone(), run.clone(), now)? {
+            tracing::info!(sandbox, replaced = %old, "a run capture for the same job replaces the live one");
         }
-        let id = given;
+        state.refresh();
         let watching = state
             .watchers
             .keys()

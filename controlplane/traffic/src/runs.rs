@@ -59,9 +59,12 @@ pub struct Delegated {
     pub token: String,
     /// The tag its requests' markers start with (`spur-test-step=<tag>.<step>.<pass>`).
     pub tag: String,
-    /// The caller's job it is for (`namespace/name`; empty: none). Starting a run for the same
-    /// job, sandbox and user gives this one again; the delegate ends it only by naming it.
+    /// The caller's job it is for (`namespace/name`; empty: none). A run started for the same
+    /// job, sandbox and user by the same caller replaces this one; the delegate ends it only by
+    /// naming it.
     pub job: String,
+    /// Who started it for the user: the delegate's username (empty for the static token).
+    pub by: String,
 }
 
 /// Never the token: a run may be logged.
@@ -71,6 +74,7 @@ impl std::fmt::Debug for Delegated {
             .field("token", &"<redacted>")
             .field("tag", &self.tag)
             .field("job", &self.job)
+            .field("by", &self.by)
             .finish()
     }
 }
@@ -101,18 +105,21 @@ pub(crate) struct Runs {
 }
 
 impl Runs {
-    /// Adds `run` under `id`, unless that would pass a bound, and returns it with its id. A
-    /// run for a job (`Delegated::job`) whose run for the same sandbox and user lives gives
-    /// that run instead, with `run`'s token: its first answer may have been lost.
+    /// Adds `run` under `id`, unless that would pass a bound. A run for a job
+    /// (`Delegated::job`) ends the live run of the same job, sandbox, user and caller first,
+    /// and returns its id: that caller asks again only when it has no job using it (it lost the
+    /// answer, or stopped before it made the job, or the job was deleted), and a new job must
+    /// not read the old one's exchanges.
     pub(crate) fn start(
         &mut self,
         id: String,
         run: Run,
         now: Instant,
-    ) -> Result<(String, Run), Error> {
+    ) -> Result<Option<String>, Error> {
         self.sweep(now, Duration::ZERO);
-        if let Some(again) = self.again(&run) {
-            return Ok(again);
+        let replaced = self.of_job(&run);
+        if let Some(old) = &replaced {
+            self.end(old, now);
         }
         if self.live.len() >= MAX_RUNS {
             return Err(Error::Exhausted(format!(
@@ -141,22 +148,23 @@ impl Runs {
                 run.started_by
             )));
         }
-        self.live.insert(id.clone(), run.clone());
-        Ok((id, run))
+        self.live.insert(id, run);
+        Ok(replaced)
     }
 
-    /// The live run of `run`'s job, sandbox and user, given `run`'s token.
-    fn again(&mut self, run: &Run) -> Option<(String, Run)> {
+    /// The id of the live run of `run`'s job, sandbox, user and caller.
+    fn of_job(&self, run: &Run) -> Option<String> {
         let new = run.delegated.as_ref().filter(|d| !d.job.is_empty())?;
-        let (id, live) = self.live.iter_mut().find(|(_, r)| {
-            r.sandbox == run.sandbox
-                && r.started_by == run.started_by
-                && r.delegated.as_ref().is_some_and(|d| d.job == new.job)
-        })?;
-        if let Some(d) = live.delegated.as_mut() {
-            d.token.clone_from(&new.token);
-        }
-        Some((id.clone(), live.clone()))
+        self.live
+            .iter()
+            .find(|(_, r)| {
+                r.sandbox == run.sandbox
+                    && r.started_by == run.started_by
+                    && r.delegated
+                        .as_ref()
+                        .is_some_and(|d| d.job == new.job && d.by == new.by)
+            })
+            .map(|(id, _)| id.clone())
     }
 
     pub(crate) fn get(&self, id: &str) -> Option<&Run> {
@@ -304,6 +312,7 @@ mod tests {
             token: "secret-token".into(),
             tag: "t1".into(),
             job: "team-a/run-1".into(),
+            by: "system:serviceaccount:spur-system:spur-operator".into(),
         };
         let printed = format!("{d:?}");
         assert!(!printed.contains("secret-token"), "{printed}");
@@ -372,54 +381,56 @@ mod tests {
     }
 
     #[test]
-    fn a_run_for_a_job_is_given_again_with_a_new_token_while_it_lives() {
+    fn a_run_for_a_job_replaces_the_live_run_its_caller_started_for_that_job() {
         let now = Instant::now();
         let until = now + Duration::from_secs(60);
-        let for_job = |job: &str, user: &str, token: &str| Run {
+        let for_job = |job: &str, user: &str, by: &str| Run {
             started_by: user.into(),
             delegated: Some(Delegated {
-                token: token.into(),
-                tag: format!("tag-{token}"),
+                token: "t".into(),
+                tag: "g".into(),
                 job: job.into(),
+                by: by.into(),
             }),
             ..run("sb", &["x"], until)
         };
         let mut runs = Runs::default();
-        let (id, _) = runs
-            .start("r1".into(), for_job("team-a/run-1", "ann", "t1"), now)
-            .unwrap();
-        assert_eq!(id, "r1");
-        // Asked again (the answer was lost): the same run, its tag, the new token.
-        let (id, again) = runs
-            .start("r2".into(), for_job("team-a/run-1", "ann", "t2"), now)
-            .unwrap();
-        assert_eq!(id, "r1");
-        let d = again.delegated.unwrap();
-        assert_eq!((d.token.as_str(), d.tag.as_str()), ("t2", "tag-t1"));
+        let first = for_job("team-a/run-1", "ann", "op");
+        assert_eq!(runs.start("r1".into(), first.clone(), now).unwrap(), None);
+        // Asked again for the same job: the first run ends (its exchanges still count for the
+        // grace), the new one takes its place, and the bounds count one.
         assert_eq!(
-            runs.get("r1").unwrap().delegated.as_ref().unwrap().token,
-            "t2"
+            runs.start("r2".into(), first.clone(), now).unwrap(),
+            Some("r1".into())
+        );
+        assert!(runs.get("r1").is_none() && runs.get("r2").is_some());
+        assert_eq!(
+            runs.find("r1", now, Duration::from_secs(30))
+                .map(|(_, l)| l),
+            Some(false)
         );
         assert_eq!(runs.live(), 1);
-        // Another job, another user, or no job at all: a run of its own.
-        for (i, (job, user)) in [
-            ("team-a/run-2", "ann"),
-            ("team-a/run-1", "bob"),
-            ("", "ann"),
+        for i in 0..MAX_RUNS_PER_SANDBOX {
+            runs.start(format!("again-{i}"), first.clone(), now)
+                .unwrap();
+        }
+        assert_eq!(runs.live(), 1, "one job holds one slot");
+        // Another job, user or caller, or no job at all: a run of its own beside it.
+        for (i, (job, user, by)) in [
+            ("team-a/run-2", "ann", "op"),
+            ("team-a/run-1", "bob", "op"),
+            ("team-a/run-1", "ann", "another-delegate"),
         ]
         .into_iter()
         .enumerate()
         {
-            let (id, _) = runs
-                .start(format!("o{i}"), for_job(job, user, "t3"), now)
-                .unwrap();
-            assert_eq!(id, format!("o{i}"), "{job} {user}");
+            assert_eq!(
+                runs.start(format!("o{i}"), for_job(job, user, by), now)
+                    .unwrap(),
+                None,
+                "{job} {user} {by}"
+            );
         }
-        // Once it ended, the job's next run is a new one.
-        assert!(runs.end("r1", now));
-        let (id, _) = runs
-            .start("r3".into(), for_job("team-a/run-1", "ann", "t4"), now)
-            .unwrap();
-        assert_eq!(id, "r3");
+        assert_eq!(runs.live(), 4);
     }
 }

@@ -54,12 +54,45 @@ pub struct TrafficService {
     stop: CancellationToken,
     started: Instant,
     /// ReadRuns reading the store at once: each may read many pages on the store's one
-    /// thread, and runners poll; the others wait their turn (within their deadline).
+    /// thread, and runners poll; the others wait their turn, up to [`READ_RUN_WAIT`].
     read_runs: Arc<tokio::sync::Semaphore>,
+    /// The runs being read: one read per run at a time, so one holder of a run token cannot
+    /// take every turn.
+    reading: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 /// ReadRuns reading the store at once, at most.
 const READ_RUNS_AT_ONCE: usize = 2;
+/// How long a ReadRun waits for its turn.
+const READ_RUN_WAIT: Duration = Duration::from_secs(10);
+
+/// A run's read under way; the run is free to be read again when it drops.
+struct Reading {
+    reading: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    id: String,
+}
+
+impl Reading {
+    fn start(
+        reading: &Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+        id: &str,
+    ) -> Option<Reading> {
+        let mut set = reading.lock().unwrap_or_else(|p| p.into_inner());
+        set.insert(id.to_owned()).then(|| Reading {
+            reading: Arc::clone(reading),
+            id: id.to_owned(),
+        })
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        self.reading
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
+}
 
 impl TrafficService {
     pub fn new(
@@ -79,6 +112,7 @@ impl TrafficService {
             stop,
             started: Instant::now(),
             read_runs: Arc::new(tokio::sync::Semaphore::new(READ_RUNS_AT_ONCE)),
+            reading: Arc::default(),
         }
     }
 
@@ -196,13 +230,16 @@ impl TrafficService {
         }
         // The sandbox's right first: whether it exists is nothing to tell someone without it.
         let run_for = req.get_ref().run_for.as_ref();
-        let user = match run_for {
+        let (user, delegate) = match run_for {
             Some(run_for) => {
                 self.auth
                     .run_delegate(req.metadata(), &sandbox, run_for)
                     .await?
             }
-            None => self.auth.run_capturer(req.metadata(), &sandbox).await?,
+            None => (
+                self.auth.run_capturer(req.metadata(), &sandbox).await?,
+                String::new(),
+            ),
         };
         self.wait_loaded().await?;
         let entry = self.settings.sandbox(&sandbox).ok_or_else(|| {
@@ -227,6 +264,7 @@ impl TrafficService {
                 token: random_hex(32).map_err(status)?,
                 tag: random_hex(8).map_err(status)?,
                 job: valid_job(&f.job)?.to_owned(),
+                by: delegate,
             }),
             None => None,
         };
@@ -299,6 +337,7 @@ impl TrafficService {
                 // record was changed to name another run's id ends nothing).
                 let job = &req.get_ref().job;
                 if d.job != *job {
+                    let job: String = job.chars().take(MAX_JOB).collect();
                     return Err(Status::not_found(format!(
                         "no such run capture for job {job:?} (a run started for a job is ended \
                          by naming it)"
@@ -338,10 +377,14 @@ impl TrafficService {
                  the run it was started for; other readers use Query)",
             ));
         };
-        let _turn = self
-            .read_runs
-            .acquire()
+        let Some(_reading) = Reading::start(&self.reading, id) else {
+            return Err(Status::resource_exhausted(
+                "this run is being read already (one read of a run at a time); retry",
+            ));
+        };
+        let _turn = tokio::time::timeout(READ_RUN_WAIT, self.read_runs.acquire())
             .await
+            .map_err(|_| Status::unavailable("the store is busy reading other runs; retry"))?
             .map_err(|_| Status::unavailable("the store is stopping"))?;
         let read = run_read::read(&self.store, &run, &delegated.tag)
             .await
@@ -434,6 +477,9 @@ impl TrafficService {
         Ok(ReceiverStream::new(rx))
     }
 }
+
+/// The longest `run_for.job`: a namespace, `/` and a name.
+const MAX_JOB: usize = 63 + 1 + 253;
 
 /// `run_for.job`: empty, or `namespace/name` as Kubernetes names them (a DNS label and a DNS
 /// subdomain).

@@ -18,10 +18,11 @@ pub struct RunFor {
     #[prost(string, repeated, tag = "2")]
     pub groups: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
     /// What the run is for, as `namespace/name` of the caller's Job (optional, at most 317
-    /// characters). While a run for the same job, sandbox and user lives, StartRunCapture gives
-    /// that run again, with a new `run_token` (the old one stops working), instead of starting a
-    /// second: a caller that lost the answer, or stopped before it made the job, asks again
-    /// without leaking a run. EndRunCapture with the `delegate` right must then name it too.
+    /// characters). A StartRunCapture for the same job, sandbox and user, by the same caller,
+    /// ends that job's live run and starts a new one (a new id, token and tag): a caller that
+    /// lost the answer, stopped before it made the job, or makes a deleted job again leaks no
+    /// run, and the new job never reads the old one's exchanges. EndRunCapture with the
+    /// `delegate` right must then name the job too.
     #[prost(string, tag = "3")]
     pub job: ::prost::alloc::string::String,
 }
@@ -608,8 +609,9 @@ pub mod traffic_client {
         /// only what a comparison of calls reads: the baseline, method, path without its query,
         /// status, `grpc-status`, whether it failed, the start time, and of the headers the marker
         /// alone; no bodies. That is the run's own requests and the calls they caused, which its
-        /// report shows anyway; other requests carrying the sandbox's key never come back. The store
-        /// reads at most 2 at once; the others wait their turn.
+        /// report shows anyway; other requests carrying the sandbox's key never come back. One read
+        /// of a run at a time (RESOURCE_EXHAUSTED while one is under way), and at most 2 of all runs
+        /// at once: the others wait their turn, up to 10 s (then UNAVAILABLE).
         pub async fn read_run(
             &mut self,
             request: impl tonic::IntoRequest<super::ReadRunRequest>,
@@ -720,8 +722,9 @@ pub mod traffic_server {
         /// only what a comparison of calls reads: the baseline, method, path without its query,
         /// status, `grpc-status`, whether it failed, the start time, and of the headers the marker
         /// alone; no bodies. That is the run's own requests and the calls they caused, which its
-        /// report shows anyway; other requests carrying the sandbox's key never come back. The store
-        /// reads at most 2 at once; the others wait their turn.
+        /// report shows anyway; other requests carrying the sandbox's key never come back. One read
+        /// of a run at a time (RESOURCE_EXHAUSTED while one is under way), and at most 2 of all runs
+        /// at once: the others wait their turn, up to 10 s (then UNAVAILABLE).
         async fn read_run(
             &self,
             request: tonic::Request<super::ReadRunRequest>,

@@ -3,7 +3,8 @@
 //! the run's capture for the test's creator, with its own `delegate` right, only once the
 //! creator may capture and read the sandbox's traffic; the run's Job gets the capture and a
 //! token that reads back only that run; the operator ends the capture when the Job ends, or
-//! when it is deleted before it ended (and then makes the run again with a new capture).
+//! when it is deleted before it ended (by hand: the run made again gets a new capture; or by
+//! the operator, once the test no longer covers the sandbox).
 
 use std::net::SocketAddr;
 
@@ -205,6 +206,29 @@ pub(super) async fn a_test_comparing_calls_runs_with_a_capture_its_creator_may_s
     let (again_id, again_token) = capture_of(&again);
     assert_ne!(again_id, second_id, "a new capture, not the deleted Job's");
     assert!(read_run(store, &again_id, &again_token).await.unwrap().live);
+
+    // The test stops covering the sandbox: the operator deletes its runs, and ends the
+    // capture of the one that had not ended (no Job of its name is made again to replace it).
+    let elsewhere = json!({"spec": {"services": ["not-forked"]}});
+    tests
+        .patch("calls", &PatchParams::default(), &Patch::Merge(elsewhere))
+        .await
+        .unwrap();
+    eventually(
+        "the runs of a test that no longer covers pr-1 deleted",
+        || async { runs(admin, NS, "calls").await.is_empty().then_some(()) },
+    )
+    .await;
+    eventually(
+        "the capture of the run deleted by the operator ended",
+        || async {
+            match read_run(store, &again_id, &again_token).await {
+                Ok(read) => (!read.live).then_some(()),
+                Err(e) => (e.code() == tonic::Code::NotFound).then_some(()),
+            }
+        },
+    )
+    .await;
 }
 
 /// The capture id and the run token the operator gave the run's Job.

@@ -456,9 +456,9 @@ async fn a_run_for_a_user_needs_the_delegate_right_and_its_user_s_and_reads_back
     let got = read(run.run_token.clone()).await.unwrap().into_inner();
     assert!(!got.live);
     assert_eq!(got.exchanges.len(), 2);
-    // A run for a Job: started again for the same Job (the operator lost the answer, or
-    // stopped before it made the Job), the store gives the same run with a new token, and the
-    // first token stops working.
+    // A run for a Job: started again for the same Job (the operator lost the answer, stopped
+    // before it made the Job, or makes a deleted Job again), the store ends the first run and
+    // starts another: the first token reads it as ended, the new Job never reads its exchanges.
     let for_job = |job: &str| {
         let mut req = for_user("ann");
         if let Some(f) = req.run_for.as_mut() {
@@ -482,14 +482,8 @@ async fn a_run_for_a_user_needs_the_delegate_right_and_its_user_s_and_reads_back
             .unwrap()
             .into_inner()
     };
-    let again = start_for_job().await;
-    let resumed = start_for_job().await;
-    assert_eq!(resumed.id, again.id);
-    assert_eq!(resumed.marker_tag, again.marker_tag);
-    assert_ne!(resumed.run_token, again.run_token);
-    let read_again = |token: String| {
+    let read_of = |id: String, token: String| {
         let store = &store;
-        let id = again.id.clone();
         async move {
             store
                 .client()
@@ -498,15 +492,23 @@ async fn a_run_for_a_user_needs_the_delegate_right_and_its_user_s_and_reads_back
                 .await
         }
     };
-    let err = read_again(again.run_token.clone()).await.unwrap_err();
-    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    let first = start_for_job().await;
+    let again = start_for_job().await;
+    assert_ne!(again.id, first.id);
+    assert_ne!(again.marker_tag, first.marker_tag);
+    let got = read_of(first.id.clone(), first.run_token.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!got.live, "replaced");
     assert!(
-        read_again(resumed.run_token.clone())
+        read_of(again.id.clone(), again.run_token.clone())
             .await
             .unwrap()
             .into_inner()
             .live
     );
+    let read_again = |token: String| read_of(again.id.clone(), token);
     // The component that started a run for a user may end it with its own right (when the
     // run's Job ended), naming the Job: a Job whose record names another Job's run ends
     // nothing. Another namespace's user cannot.
@@ -532,7 +534,7 @@ async fn a_run_for_a_user_needs_the_delegate_right_and_its_user_s_and_reads_back
         assert_eq!(err.code(), Code::NotFound, "{job}: {err:?}");
     }
     assert!(
-        read_again(resumed.run_token.clone())
+        read_again(again.run_token.clone())
             .await
             .unwrap()
             .into_inner()
@@ -545,7 +547,7 @@ async fn a_run_for_a_user_needs_the_delegate_right_and_its_user_s_and_reads_back
         .await
         .unwrap();
     assert!(
-        !read_again(resumed.run_token.clone())
+        !read_again(again.run_token.clone())
             .await
             .unwrap()
             .into_inner()

@@ -29,6 +29,9 @@ const QUIET: Duration = Duration::from_millis(1000);
 /// ...and at most this long.
 const MAX_WAIT: Duration = Duration::from_secs(15);
 const POLL: Duration = Duration::from_millis(250);
+/// ReadRun asked again at most this many times ([`POLL`] apart) while the store is busy
+/// (another read of the run under way, or its turn not come).
+const BUSY_RETRIES: u32 = 20;
 /// The longest capture the store grants (proto/traffic.proto).
 const MAX_SECONDS: u32 = 1800;
 /// Start times are the sidecars' clocks, the run's start the store's: read from a little
@@ -310,14 +313,29 @@ impl Capture {
 
     /// ReadRun: the run's own marked exchanges, heads cut down by the store.
     async fn read_run(&mut self, conn: &Conn) -> Result<Vec<Exchange>> {
-        let reply = self
-            .client
-            .read_run(ReadRunRequest {
-                id: self.run.id.clone(),
-            })
-            .await
-            .map_err(|s| status_error(conn, &s))?
-            .into_inner();
+        let mut busy = 0;
+        let reply = loop {
+            let read = self
+                .client
+                .read_run(ReadRunRequest {
+                    id: self.run.id.clone(),
+                })
+                .await;
+            match read {
+                Ok(reply) => break reply.into_inner(),
+                Err(s)
+                    if busy < BUSY_RETRIES
+                        && matches!(
+                            s.code(),
+                            tonic::Code::ResourceExhausted | tonic::Code::Unavailable
+                        ) =>
+                {
+                    busy += 1;
+                    tokio::time::sleep(POLL).await;
+                }
+                Err(s) => return Err(status_error(conn, &s)),
+            }
+        };
         self.reader = Reader::Run {
             ended: !reply.live,
             truncated: reply.truncated,
