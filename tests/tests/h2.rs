@@ -32,7 +32,8 @@ struct Seen {
 /// A raw h2 server: `/trailers-only` answers with one HEADERS frame that ends the stream,
 /// `/reset` sends headers then RST_STREAM(INTERNAL_ERROR), `/hold` reads the request body and
 /// reports how it ended on `held`, `/big` sends 4 MiB, `/echo` reads the body and answers its
-/// length and whether every byte matched the pattern.
+/// length and whether every byte matched the pattern, `/with-body` answers every method (HEAD
+/// too, as some servers do) with a 5-byte body.
 async fn upstream(seen: Arc<Seen>, held: mpsc::Sender<&'static str>) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -115,6 +116,12 @@ async fn serve(
                     return;
                 }
                 sent = end;
+            }
+        }
+        "/with-body" => {
+            let resp = ok().header("content-length", "5").body(()).unwrap();
+            if let Ok(mut stream) = respond.send_response(resp, false) {
+                let _ = stream.send_data(Bytes::from_static(b"hello"), true);
             }
         }
         "/echo" => {
@@ -213,6 +220,24 @@ async fn trailers_only_responses_arrive_whole() {
     );
     s.sidecar.shutdown().await;
     s.held.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_an_upstream_sends_on_a_head_response_is_dropped_not_the_stream() {
+    let s = setup().await;
+    for (method, body) in [("HEAD", &b""[..]), ("GET", &b"hello"[..])] {
+        let mut client = s.client.clone().ready().await.unwrap();
+        let (resp, _) = client
+            .send_request(request(method, "/with-body"), true)
+            .unwrap();
+        let resp = timeout(BOUND, resp).await.unwrap().unwrap();
+        assert_eq!(resp.status(), 200, "{method}");
+        assert_eq!(resp.headers()["content-length"], "5", "{method}");
+        let mut got = resp.into_body();
+        let read = timeout(BOUND, read_all(&mut got)).await.unwrap();
+        assert_eq!(read.as_deref().ok(), Some(body), "{method}: {read:?}");
+    }
+    s.sidecar.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,9 @@
 //! HTTP/2 conformance of the sidecar's listener: h2spec (github.com/summerwind/h2spec, built from
 //! its Go module in `tests/go-h2spec` by `tests/go/build.sh`), every test of its default suite,
-//! against a sidecar in explicit mode in front of a conformant h2c-only upstream (hyper's HTTP/2
-//! server, which answers HEAD without a body). h2spec speaks h2c with prior knowledge; the
+//! against a sidecar in explicit mode in front of an h2c-only upstream (hyper's HTTP/2 server):
+//! one that answers HEAD without a body, and one that sends the body on HEAD too (as
+//! `spur-bench-upstream` and some servers do; the sidecar drops it). h2spec speaks h2c with
+//! prior knowledge; the
 //! sidecar detects it and serves it with its HTTP/2 server, or, for bytes that are not HTTP at
 //! all (h2spec's "invalid connection preface"), passes them to the upstream as opaque TCP, where
 //! an HTTP/2-only server closes the connection.
@@ -26,8 +28,11 @@ use tokio::net::TcpListener;
 /// few bytes (with less they are skipped).
 const BODY: &[u8] = b"hello from an h2c-only upstream, with a body long enough for h2spec's flow-control tests to run\n";
 
-async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
-    let head = req.method() == Method::HEAD;
+async fn answer(
+    req: Request<Incoming>,
+    body_on_head: bool,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let head = req.method() == Method::HEAD && !body_on_head;
     // Read the whole request (h2spec sends bodies and trailers) before answering.
     let _ = req.into_body().collect().await;
     let body = if head {
@@ -44,7 +49,7 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
 }
 
 /// An h2c-only server on loopback until `stop` is cancelled.
-async fn h2_upstream(stop: CancellationToken) -> SocketAddr {
+async fn h2_upstream(stop: CancellationToken, body_on_head: bool) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -58,8 +63,10 @@ async fn h2_upstream(stop: CancellationToken) -> SocketAddr {
             };
             let stop = stop.clone();
             tokio::spawn(async move {
-                let conn = http2::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tcp), service_fn(answer));
+                let conn = http2::Builder::new(TokioExecutor::new()).serve_connection(
+                    TokioIo::new(tcp),
+                    service_fn(move |req| answer(req, body_on_head)),
+                );
                 tokio::select! {
                     _ = conn => {}
                     () = stop.cancelled() => {}
@@ -72,8 +79,14 @@ async fn h2_upstream(stop: CancellationToken) -> SocketAddr {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2spec_passes_every_test_against_the_sidecar() {
+    for body_on_head in [false, true] {
+        h2spec_against(body_on_head).await;
+    }
+}
+
+async fn h2spec_against(body_on_head: bool) {
     let stop = CancellationToken::new();
-    let upstream = h2_upstream(stop.clone()).await;
+    let upstream = h2_upstream(stop.clone(), body_on_head).await;
     let sidecar = spur_e2e::sidecar_for(
         upstream,
         ProxyConfig {
@@ -116,7 +129,7 @@ async fn h2spec_passes_every_test_against_the_sidecar() {
     assert_eq!(
         (passed, skipped, failed),
         (total, 0, 0),
-        "h2spec: {summary}\n{stdout}"
+        "h2spec (the upstream sends a body on HEAD: {body_on_head}): {summary}\n{stdout}"
     );
     assert!(out.status.success(), "h2spec exited {}", out.status);
     sidecar.shutdown().await;

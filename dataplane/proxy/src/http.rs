@@ -13,7 +13,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, Version as HttpVersion};
 use http_body::Body as _;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
@@ -196,6 +196,7 @@ async fn forward(
     let client_upgrade = (connect || upgrade.is_some()).then(|| hyper::upgrade::on(&mut req));
 
     let (mut parts, body) = req.into_parts();
+    let head = parts.method == Method::HEAD;
     let route = shared.router.route_http(meta, &mut parts);
     if let Some(trace) = &shared.plugins.trace {
         trace.record(meta, &route, &parts.headers, parts.uri.path());
@@ -294,8 +295,15 @@ async fn forward(
         });
     }
     let keep_upgrade = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
-    let (mut parts, body) = resp.into_parts();
+    let (mut parts, mut body) = resp.into_parts();
     headers::prepare_response(&mut parts, version, keep_upgrade);
+    if head && !body.is_end_stream() {
+        // A response to HEAD has no content (RFC 9110 9.3.2), yet some upstreams send one
+        // over HTTP/2: it is dropped here (which resets only the upstream stream), not sent on,
+        // which would make the client's stream fail. Its headers, Content-Length included,
+        // stay.
+        body = Empty::new().map_err(|never| match never {}).boxed();
+    }
     let body = match pending {
         Some(p) => {
             p.response(&parts);
