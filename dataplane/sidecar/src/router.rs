@@ -186,6 +186,18 @@ impl CaptureSelect for KeyCapture {
         headers: &HeaderMap,
         query: Option<&str>,
     ) -> Option<CaptureTag> {
+        // Most requests stay on the baseline and carry no key. The HTTP/1 relay passes only the
+        // carrier headers: with none, and no key parameter in the query, there is nothing to
+        // look up, which is decided before the keys are loaded (perf/results/capture.md).
+        if matches!(route, Route::Original)
+            && headers.is_empty()
+            && !self
+                .extractor
+                .query_param()
+                .is_some_and(|name| query.is_some_and(|q| q.contains(name)))
+        {
+            return None;
+        }
         let keys = self.keys.load();
         if keys.is_empty() {
             return None;
@@ -266,5 +278,34 @@ pub(crate) mod tests {
             capture.select(&meta(), &Route::Original, &headers, None),
             None
         );
+    }
+
+    /// A request without carrier headers is captured by the key in its query parameter only;
+    /// without either there is nothing to capture, whatever the keys.
+    #[test]
+    fn capture_reads_the_query_when_no_header_carries_a_key() {
+        let config = KeyRouterConfig {
+            baseline: BaselineWorkload {
+                kind: "Deployment".into(),
+                namespace: "ns".into(),
+                name: "app".into(),
+            },
+            extract: ExtractConfig {
+                query_param: Some("sd-routing-key".into()),
+                ..ExtractConfig::default()
+            },
+        };
+        let r = KeyRouter::new(config, SharedTable::new()).unwrap();
+        let keys: CaptureKeys = Arc::new(ArcSwap::from_pointee(KeySet::of("k1", "sb1")));
+        let capture = r.capture(keys);
+        let none = HeaderMap::new();
+        let select = |query| capture.select(&meta(), &Route::Original, &none, query);
+        assert_eq!(
+            select(Some("a=1&sd-routing-key=k1")).map(|t| t.sandbox),
+            Some("sb1".into())
+        );
+        assert_eq!(select(Some("a=1&sd-routing-key=k2")), None);
+        assert_eq!(select(Some("a=1")), None);
+        assert_eq!(select(None), None);
     }
 }

@@ -117,7 +117,11 @@ impl Conn<'_> {
             return Err(Stop::HandOver);
         };
         if let Some(capture) = &shared.plugins.capture {
-            let query = target.split_once('?').map(|(_, q)| q);
+            // A byte search: cheaper than `split_once`'s char searcher on short targets.
+            let query = target
+                .bytes()
+                .position(|b| b == b'?')
+                .and_then(|i| target.get(i + 1..));
             if capture
                 .select
                 .select(self.meta, &route, &carriers, query)
