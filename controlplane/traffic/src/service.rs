@@ -600,3 +600,39 @@ impl Traffic for TrafficService {
         out.map(Response::new)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_is_read_once_at_a_time_and_free_again_when_its_read_ends() {
+        let reading = Arc::default();
+        let first = Reading::start(&reading, "run-1");
+        assert!(first.is_some());
+        assert!(Reading::start(&reading, "run-1").is_none(), "a second read");
+        let other = Reading::start(&reading, "run-2");
+        assert!(other.is_some(), "another run is read meanwhile");
+        drop(first);
+        assert!(Reading::start(&reading, "run-1").is_some());
+    }
+
+    #[test]
+    fn a_job_is_a_namespace_and_a_name() {
+        for ok in ["", "team-a/run-1", "team-a/run.1-x"] {
+            assert_eq!(valid_job(ok).ok(), Some(ok));
+        }
+        let long_ns = format!("{}/run", "a".repeat(64));
+        for bad in [
+            "team-a",
+            "/run",
+            "team-a/",
+            "team-a/x/y",
+            "Team/run",
+            "te.am/run",
+            &long_ns,
+        ] {
+            assert!(valid_job(bad).is_err(), "{bad}");
+        }
+    }
+}
