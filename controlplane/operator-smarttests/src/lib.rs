@@ -424,6 +424,8 @@ async fn start(
         return Ok(State::Refused(why));
     }
     let name = desired::job_name(test, sb, generation);
+    // What the run's capture is started for, and ended by.
+    let job_key = format!("{ns}/{name}");
     let api = Api::<Job>::namespaced(ctx.client.clone(), &ns);
     let capture = if test.spec.calls {
         // Not a second capture for a run created a moment ago that the store has not seen.
@@ -432,8 +434,7 @@ async fn start(
         }
         // Started for this Job's name: the store ends a capture still live for a Job of this
         // name (deleted, or never made) before it starts this one.
-        let job = format!("{ns}/{name}");
-        match start_capture(ctx, test, sb, &creator, &groups, &job, recheck).await? {
+        match start_capture(ctx, test, sb, &creator, &groups, &job_key, recheck).await? {
             Ok(c) => Some(c),
             Err(state) => return Ok(state),
         }
@@ -449,7 +450,7 @@ async fn start(
             j
         }
         Err(why) => {
-            end_capture(ctx, capture.as_ref(), &ns, &name).await;
+            end_capture(ctx, capture.as_ref(), &job_key).await;
             return Ok(State::Unrunnable(why));
         }
     };
@@ -457,7 +458,7 @@ async fn start(
     if let Err(kube::Error::Api(_)) = created {
         // Refused, so the capture was for nothing (a create whose answer was lost may have
         // made the Job: its capture then ends with it).
-        end_capture(ctx, capture.as_ref(), &ns, &name).await;
+        end_capture(ctx, capture.as_ref(), &job_key).await;
     }
     match created {
         Ok(_) => {}
@@ -568,16 +569,11 @@ async fn start_capture(
     }))
 }
 
-/// Ends a capture started for the Job `ns/name` that was not created (it expires anyway: only
-/// said).
-async fn end_capture(
-    ctx: &SmartTestsContext,
-    capture: Option<&desired::GivenCapture>,
-    ns: &str,
-    name: &str,
-) {
+/// Ends a capture started for the Job `job` (`namespace/name`) that was not created (it
+/// expires anyway: only said).
+async fn end_capture(ctx: &SmartTestsContext, capture: Option<&desired::GivenCapture>, job: &str) {
     if let (Some(cfg), Some(c)) = (&ctx.calls, capture)
-        && let Err(e) = store::end(cfg, &c.run.id, &c.token, &format!("{ns}/{name}")).await
+        && let Err(e) = store::end(cfg, &c.run.id, &c.token, job).await
     {
         tracing::info!(error = %e, "ending an unused run capture (it expires at its time)");
     }

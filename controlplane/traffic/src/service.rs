@@ -484,20 +484,16 @@ const MAX_JOB: usize = 63 + 1 + 253;
 /// `run_for.job`: empty, or `namespace/name` as Kubernetes names them (a DNS label and a DNS
 /// subdomain).
 fn valid_job(job: &str) -> Result<&str, Status> {
-    if job.is_empty() {
-        return Ok(job);
-    }
-    let label = |s: &str, max: usize| {
-        !s.is_empty()
-            && s.len() <= max
-            && s.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-    };
+    use spur_api::validation::{is_dns_label, is_dns_subdomain};
     match job.split_once('/') {
-        Some((ns, name)) if label(ns, 63) && !ns.contains('.') && label(name, 253) => Ok(job),
-        _ => Err(Status::invalid_argument(format!(
-            "run_for.job: {job:?} is not namespace/name"
-        ))),
+        _ if job.is_empty() => Ok(job),
+        Some((ns, name)) if is_dns_label(ns) && is_dns_subdomain(name) => Ok(job),
+        _ => {
+            let job: String = job.chars().take(MAX_JOB).collect();
+            Err(Status::invalid_argument(format!(
+                "run_for.job: {job:?} is not namespace/name"
+            )))
+        }
     }
 }
 

@@ -509,6 +509,22 @@ async fn a_run_for_a_user_needs_the_delegate_right_and_its_user_s_and_reads_back
             .live
     );
     let read_again = |token: String| read_of(again.id.clone(), token);
+    // Another namespace's user naming the same Job (to end the run by replacing it) is refused
+    // before anything changes.
+    let err = store
+        .client()
+        .await
+        .start_run_capture(with(for_job("team-a/run-1"), &other))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(
+        read_again(again.run_token.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .live
+    );
     // The component that started a run for a user may end it with its own right (when the
     // run's Job ended), naming the Job: a Job whose record names another Job's run ends
     // nothing. Another namespace's user cannot.

@@ -88,8 +88,8 @@ pub(super) async fn adopt(conn: &Conn, json: &str, key: &str) -> Result<Capture>
         .map_err(|e| anyhow::anyhow!("the run capture given to this run is not readable: {e}"))?;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-    if given.until_unix_micros <= now {
+        .unwrap_or_default();
+    if given.until_unix_micros <= micros(now) {
         bail!(
             "the run capture given to this run had ended before it started (its Job waited too long for a runner): its downstream calls cannot be compared; run the test again"
         );
