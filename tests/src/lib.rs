@@ -314,13 +314,7 @@ pub fn sample(text: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// A loopback port free when asked (a server started on it may still lose it to another).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
+pub use spur_kube_harness::free_port;
 
 /// The repository's root directory.
 pub fn repo_root() -> PathBuf {

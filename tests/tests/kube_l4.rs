@@ -35,6 +35,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use spur_api::ListenerSet;
 use spur_api::listenerset::endpoint_service_name;
+use spur_e2e::free_port;
 use spur_e2e::kube::{self as kt, eventually};
 use spur_e2e::netns::TestNet;
 use spur_gateway::{Gateway, GatewayConfig, RouteServerConn};
@@ -102,17 +103,6 @@ async fn start_api() -> (KubeApi, Client) {
     let admin = api.client();
     kt::ensure_namespace(&admin, NS).await.unwrap();
     (api, admin)
-}
-
-/// A UDP and a TCP port free on `ip` just now.
-async fn free_ports(ip: impl Into<IpAddr>) -> (u16, u16) {
-    let ip = ip.into();
-    let udp = UdpSocket::bind((ip, 0)).await.unwrap();
-    let tcp = TcpListener::bind((ip, 0)).await.unwrap();
-    (
-        udp.local_addr().unwrap().port(),
-        tcp.local_addr().unwrap().port(),
-    )
 }
 
 /// Gateway pod gw-0 of `NS`, with the token and CA in `dir`, watching the route server at
@@ -365,14 +355,14 @@ async fn a_listener_set_is_served_by_its_gateway_pod() {
     let ips: Vec<IpAddr> = nets.iter().map(host_ip).collect();
     let stop = CancellationToken::new();
     let _stop_all = stop.clone().drop_guard();
-    let (port, health) = free_ports(ips[0]).await;
+    let (port, health) = (free_port(), free_port());
     let mut health_stops = Vec::new();
     for (i, ip) in ips.iter().enumerate() {
         let hs = CancellationToken::new();
         worker(&format!("w-{i}"), *ip, port, health, &stop, hs.clone()).await;
         health_stops.push(hs);
     }
-    let listen_port = free_ports(Ipv4Addr::UNSPECIFIED).await.0;
+    let listen_port = free_port();
     let target = SocketAddr::from(([127, 0, 0, 1], listen_port));
 
     // The ListenerSet, its endpoint Service's slice (w-0..w-2), the gateway pod and its token.
@@ -633,7 +623,7 @@ async fn a_dns_endpoint_follows_its_records() {
     let stop = CancellationToken::new();
     let _stop_all = stop.clone().drop_guard();
     let ips = [Ipv4Addr::new(127, 0, 0, 2), Ipv4Addr::new(127, 0, 0, 3)];
-    let (port, health) = free_ports(ips[0]).await;
+    let (port, health) = (free_port(), free_port());
     for (i, ip) in ips.iter().enumerate() {
         let name = format!("w-{i}");
         worker(
@@ -649,7 +639,7 @@ async fn a_dns_endpoint_follows_its_records() {
     const TTL: u32 = 2;
     let names = NameServer::start(ips[0], TTL, stop.child_token()).await;
 
-    let listen_port = free_ports(Ipv4Addr::UNSPECIFIED).await.0;
+    let listen_port = free_port();
     let target = SocketAddr::from(([127, 0, 0, 1], listen_port));
     let set: ListenerSet = serde_json::from_value(json!({
         "apiVersion": "spur.dev/v1alpha1", "kind": "ListenerSet",

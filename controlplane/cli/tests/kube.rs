@@ -3,7 +3,6 @@
 //! (a Sandbox gets its routing key), and exit 0 on SIGTERM; a bad kubeconfig is a clear error.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -17,13 +16,7 @@ use spur_kube_harness::KubeApi;
 mod roles;
 use roles::role_bin;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use spur_kube_harness::free_port;
 
 async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let out = tokio::process::Command::new("curl")

@@ -33,13 +33,7 @@ const WAIT: Duration = Duration::from_secs(40);
 const ROOT_IP: &str = "10.78.0.1";
 const LAPTOP_IP: &str = "10.78.0.2";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use spur_kube_harness::free_port;
 
 fn sh(args: &[&str]) {
     let out = std::process::Command::new(args[0])

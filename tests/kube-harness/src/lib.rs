@@ -467,6 +467,39 @@ fn has_binaries(dir: &Path) -> bool {
     dir.join("kube-apiserver").is_file() && dir.join("etcd").is_file()
 }
 
+/// A port free for TCP and UDP on every address when asked, and chosen below the kernel's
+/// ephemeral range: a socket bound to port 0 (a client's, a resolver's, another test's) is never
+/// given it, so it stays free until the server the test starts binds it. Each call in a process
+/// gives another port. (A port of the ephemeral range, released and bound again seconds later
+/// by a gateway, was taken by a concurrent test's UDP client in CI.)
+pub fn free_port() -> u16 {
+    use std::net::{Ipv4Addr, TcpListener, UdpSocket};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let high = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .filter(|&first| first > LOW + 1_000)
+        .unwrap_or(32_768);
+    let span = high - LOW;
+    // Processes running side by side start at different places of the span.
+    let seed = std::process::id().wrapping_mul(7_919)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (LOW + seed.wrapping_add(n.wrapping_mul(7)) % span) as u16;
+        let free = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).is_ok()
+            && UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port)).is_ok();
+        if free {
+            return port;
+        }
+    }
+    panic!("no free port between {LOW} and {high}")
+}
+
 /// Distinct free loopback ports: all listeners are held at once, then closed so the children can
 /// bind. Another process may take one in between; `start` retries when that happens.
 fn free_ports<const N: usize>() -> anyhow::Result<[u16; N]> {

@@ -3,7 +3,6 @@
 //! `initdb`/`postgres` are missing: tests/run.sh installs postgresql-15.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
@@ -14,13 +13,7 @@ use tokio::process::{Child, Command};
 
 pub const PASSWORD: &str = "pw-never-logged-7f3a9";
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use crate::free_port;
 
 /// The directory with `initdb` and `postgres`: Debian's (newest version first), else `PATH`'s.
 pub fn pg_bindir() -> PathBuf {

@@ -5,13 +5,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub(crate) use spur_kube_harness::free_port;
 
 pub(crate) async fn wait_port(port: u16) {
     let deadline = Instant::now() + Duration::from_secs(30);

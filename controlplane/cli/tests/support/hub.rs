@@ -3,7 +3,7 @@
 //! operator would.
 #![allow(dead_code)]
 
-use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -53,17 +53,7 @@ pub(crate) fn add_admin_user(d: &Path) {
     );
 }
 
-/// A port free on both TCP and UDP (the hub serves HTTP/2 and QUIC on one port), both probes
-/// held until it is known.
-pub(crate) fn free_port() -> u16 {
-    loop {
-        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = tcp.local_addr().unwrap().port();
-        if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-}
+pub(crate) use spur_kube_harness::free_port;
 
 /// `spur-hub serve` with its tunnel on `port`, plus `extra` flags; logs to `hub-PORT.log`.
 pub(crate) fn start_hub(dir: &Path, port: u16, extra: &[&str]) -> Killed {
