@@ -1,7 +1,8 @@
 # Shared by perf/per_request.sh, perf/callgrind.sh and perf/flamegraph.sh (sourced, from the
 # repository root): builds the release binaries, makes a work directory and a cleanup trap that
 # stops every pid in `pids`, and starts `spur demo app` on $app. Proxies under test listen on
-# $listen; $work/no-relay.yaml turns the sidecar's HTTP/1.1 relay off. Then the helpers to start
+# $listen; $work/no-relay.yaml turns the sidecar's HTTP/1.1 relay off (peer `BIN:hyper`), and
+# $work/no-h2relay.yaml its HTTP/2 relay (peer `BIN:hyper2`). Then the helpers to start
 # a peer, wait for it, load it with h2load and count its instructions under callgrind.
 cargo build --release --locked --bin spur --bin spur-sidecar >&2
 
@@ -19,6 +20,7 @@ target/release/spur demo app --name base --listen "$app" >/dev/null 2>&1 &
 pids+=($!)
 for _ in $(seq 50); do curl -s -o /dev/null "http://$app/healthz" && break; sleep 0.1; done
 printf 'http1Relay: false\n' >"$work/no-relay.yaml"
+printf 'http2Relay: false\n' >"$work/no-h2relay.yaml"
 nginx_bin="$(command -v nginx || echo /usr/sbin/nginx)"
 haproxy_bin="$(command -v haproxy || echo /usr/sbin/haproxy)"
 
@@ -42,6 +44,7 @@ peer_cmd() {
         nginx) cmd=("$nginx_bin" -p "$work/nginx" -c "$work/nginx/nginx.conf" -g "daemon off; master_process off;") ;;
         haproxy) cmd=("$haproxy_bin" -db -f "$work/haproxy.cfg") ;;
         *:hyper) cmd=("${1%:hyper}" "${spur[@]}" --proxy-config "$work/no-relay.yaml") ;;
+        *:hyper2) cmd=("${1%:hyper2}" "${spur[@]}" --proxy-config "$work/no-h2relay.yaml") ;;
         *) cmd=("$1" "${spur[@]}") ;;
     esac
 }

@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
-# What one h2c or gRPC request costs in each proxy (issue 20, goal 1): system calls per request
-# (`strace -c -f` over 20 000 requests) and CPU-µs per request at saturation (user + system ticks
-# of the proxy from /proc over N requests, closed loop). Every peer runs alone, pinned to core 1,
+# What one h2c or gRPC request costs in each proxy (issues 20 and 49): system calls per request
+# (`strace -c -f` over 20 000 requests), CPU-µs per request at saturation (user + system ticks
+# of the proxy from /proc over N requests, closed loop) and user-space instructions per request
+# under callgrind (lib.sh's count_instructions: one connection of 16 streams, (Ir at 6000 − Ir at
+# 1000) / 5000; INSTRUCTIONS=0 skips it). Every peer runs alone, pinned to core 1,
 # in front of `spur-bench-upstream` (core 0). h2load runs on core 0 with one connection and 16
 # streams for the syscall count, and 8 connections × 16 streams for the CPU figure. h2c is
 # `GET /bytes/SIZE` (default 1024); gRPC is unary `spur.bench.v1.Bench/Echo` with a 1 KiB message.
 # nginx and HAProxy use the configs in perf/configs/ (h2c → HTTP/1.1 upstream, gRPC → HTTP/2).
 #
 #   perf/per_request_h2.sh                         # spur, nginx, haproxy → a markdown table
-#   perf/per_request_h2.sh BIN...                  # also these spur-sidecar builds (before/after)
+#   perf/per_request_h2.sh BIN...                  # also these spur-sidecar builds (before/after);
+#                                                  # BIN:hyper2 is BIN with its HTTP/2 relay off
 #   N=100000 SIZE=1024 perf/per_request_h2.sh      # requests per CPU run, h2c body size
 #
 # The CPU figure is a saturation measurement on a 2-core machine, coarse (10 ms ticks) and noisy:
 # alternate the binaries and repeat. The fixed-rate headline is `perf/run.sh`. Needs strace, h2load
-# (nghttp2-client), nginx and haproxy. Loopback only; every process it starts is stopped.
+# (nghttp2-client), valgrind, nginx and haproxy. Loopback only; every process it starts is stopped.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-for tool in strace h2load curl taskset; do
+for tool in strace h2load curl taskset valgrind; do
     command -v "$tool" >/dev/null || { echo "perf/per_request_h2.sh: $tool is not installed" >&2; exit 1; }
 done
 # shellcheck source=perf/lib.sh
@@ -53,8 +56,27 @@ load() {
 
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
-echo "| peer | protocol | syscalls per request | by call | CPU-µs per request (saturation, $n requests) |"
-echo "|---|---|---:|---|---:|"
+# Callgrind's helpers (lib.sh's count_instructions): the peer in front of the bench upstream,
+# one connection of 16 streams.
+h2_cmd() {
+    local app_saved=$app
+    app=$up
+    peer_cmd "$1"
+    app=$app_saved
+}
+h2_ready() {
+    for _ in $(seq 300); do
+        curl -s -o /dev/null --http2-prior-knowledge "http://$addr/bytes/0" && return 0
+        sleep 0.2
+    done
+    echo "perf/per_request_h2.sh: the peer did not start" >&2
+    return 1
+}
+h2_load() { load "$proto" "$addr" 1 "$1"; }
+
+echo "| peer | protocol | syscalls per request | by call | CPU-µs per request (saturation, $n requests) | instructions per request (callgrind) |"
+echo "|---|---|---:|---|---:|---:|"
+declare -A cpus=()
 for peer in target/release/spur-sidecar nginx haproxy "$@"; do
     case "$peer" in
         nginx | haproxy) addr=$h2listen ;;
@@ -87,8 +109,16 @@ for peer in target/release/spur-sidecar nginx haproxy "$@"; do
         load "$proto" "$addr" 8 "$n"
         t1="$(ticks "$pid")"
         cpu="$(awk -v a="$t0" -v b="$t1" -v n="$n" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.1f", (b - a) * 1e6 / hz / n }')"
-        echo "| ${peer##*/} | $proto | $(awk -v t="$total" 'BEGIN { printf "%.2f", t / 20000 }') | $calls | $cpu |"
+        cpus["$proto"]="| $(awk -v t="$total" 'BEGIN { printf "%.2f", t / 20000 }') | $calls | $cpu |"
     done
     kill -TERM "$pid"
     wait "$pid" 2>/dev/null || true
+    for proto in h2c grpc; do
+        if [ "${INSTRUCTIONS:-1}" = 1 ]; then
+            read -r _ _ per <<<"$(count_instructions h2_cmd h2_load h2_ready "$peer")"
+        else
+            per="-"
+        fi
+        echo "| ${peer##*/} | $proto ${cpus[$proto]} $per |"
+    done
 done

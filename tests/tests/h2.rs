@@ -1,6 +1,7 @@
 //! HTTP/2 through the sidecar (h2c prior knowledge on both sides) against a raw `h2` upstream:
-//! trailers-only responses, stream resets in both directions, bodies larger than every flow
-//! control window in both directions, and the SETTINGS limits the sidecar advertises (concurrent
+//! trailers-only responses, stream resets in both directions (with their reasons), bodies larger
+//! than every flow control window in both directions, an upstream that reads nothing holding
+//! the client to the windows, and the SETTINGS limits the sidecar advertises (concurrent
 //! streams, header list size).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -33,7 +34,8 @@ struct Seen {
 /// `/reset` sends headers then RST_STREAM(INTERNAL_ERROR), `/hold` reads the request body and
 /// reports how it ended on `held`, `/big` sends 4 MiB, `/echo` reads the body and answers its
 /// length and whether every byte matched the pattern, `/with-body` answers every method (HEAD
-/// too, as some servers do) with a 5-byte body.
+/// too, as some servers do) with a 5-byte body, `/stall` reads nothing for 3 s. Its windows are
+/// h2's defaults (64 KiB).
 async fn upstream(seen: Arc<Seen>, held: mpsc::Sender<&'static str>) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -117,6 +119,12 @@ async fn serve(
                 }
                 sent = end;
             }
+        }
+        "/stall" => {
+            // Reads nothing of the body for a while: the client is held to the windows.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            drop(body);
+            let _ = respond.send_response(ok().body(()).unwrap(), true);
         }
         "/with-body" => {
             let resp = ok().header("content-length", "5").body(()).unwrap();
@@ -269,7 +277,9 @@ async fn resets_travel_both_ways() {
     let read = timeout(BOUND, read_all(&mut body))
         .await
         .expect("the reset reached the client");
-    assert!(read.is_err(), "a reset stream read as complete: {read:?}");
+    let err = read.expect_err("a reset stream read as complete");
+    // The upstream's reason, not one of the sidecar's own.
+    assert_eq!(err.reason(), Some(Reason::INTERNAL_ERROR), "{err}");
 
     // The connection is still usable after both.
     let mut client = s.client.clone().ready().await.unwrap();
@@ -355,6 +365,42 @@ async fn settings_limits_are_advertised_and_enforced() {
     assert!(
         !s.seen.paths.lock().unwrap().iter().any(|p| p == "/echo"),
         "an oversized header list reached the upstream"
+    );
+    s.sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_reads_nothing_holds_the_client_to_the_windows() {
+    // The sidecar passes the windows through: it takes from the client what its own window
+    // for the stream allows (1 MiB) and gives it back only as the upstream's window (64 KiB)
+    // takes it, so a stalled upstream stops the client there, with nothing piling up between.
+    let s = setup().await;
+    let mut client = s.client.clone().ready().await.unwrap();
+    let (_resp, mut send) = client
+        .send_request(request("POST", "/stall"), false)
+        .unwrap();
+    let chunk = Bytes::from(vec![7u8; 16 * 1024]);
+    let mut sent = 0usize;
+    loop {
+        send.reserve_capacity(chunk.len());
+        let cap = timeout(
+            Duration::from_millis(700),
+            std::future::poll_fn(|cx| send.poll_capacity(cx)),
+        )
+        .await;
+        let Ok(Some(Ok(cap))) = cap else { break };
+        let n = cap.min(chunk.len());
+        send.send_data(chunk.slice(..n), false).unwrap();
+        sent += n;
+        assert!(
+            sent <= BIG,
+            "the client sent {sent} bytes to an upstream that reads nothing"
+        );
+    }
+    let most = (1 << 20) + 65_535;
+    assert!(
+        (65_535..=most).contains(&sent),
+        "the client could send {sent} bytes to an upstream that reads nothing (at most {most})"
     );
     s.sidecar.shutdown().await;
 }

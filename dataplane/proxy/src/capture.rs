@@ -496,7 +496,7 @@ impl Pending {
         self.end(Direction::Response, None);
     }
 
-    fn data(&self, dir: Direction, chunk: &[u8]) {
+    pub(crate) fn data(&self, dir: Direction, chunk: &[u8]) {
         self.with(|r, limits| {
             let body = match dir {
                 Direction::Request => &mut r.request_body,
@@ -506,13 +506,13 @@ impl Pending {
         });
     }
 
-    fn trailers(&self, dir: Direction, map: &HeaderMap) {
+    pub(crate) fn trailers(&self, dir: Direction, map: &HeaderMap) {
         if dir == Direction::Response {
             self.with(|r, limits| r.response_trailers = limits.headers(map));
         }
     }
 
-    fn end(&self, dir: Direction, error: Option<String>) {
+    pub(crate) fn end(&self, dir: Direction, error: Option<String>) {
         let at = self.started.elapsed();
         self.with(|r, _| {
             if let Some(e) = error {

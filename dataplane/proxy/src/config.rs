@@ -57,6 +57,11 @@ pub struct ProxyConfig {
     /// encoding them again; requests it does not handle byte for byte go to the full hyper path
     /// either way. Off sends every HTTP/1 connection down the full path (for comparison).
     pub http1_relay: bool,
+    /// Serve HTTP/2 clients with the HTTP/2 relay, which drives each client connection and the
+    /// pooled upstream connections with `h2` directly, every stream inside the client
+    /// connection's task; off serves them with hyper's server and client (a task per stream
+    /// and per request body), for comparison.
+    pub http2_relay: bool,
 }
 
 impl Default for ProxyConfig {
@@ -76,6 +81,7 @@ impl Default for ProxyConfig {
             forwarded_headers: true,
             resolve: BTreeMap::new(),
             http1_relay: true,
+            http2_relay: true,
         }
     }
 }

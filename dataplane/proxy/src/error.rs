@@ -28,6 +28,9 @@ pub enum Error {
         upstream: String,
         source: hyper::Error,
     },
+    /// The HTTP/2 relay's upstream connection or stream failed.
+    #[error("upstream {upstream}: {source}")]
+    Stream { upstream: String, source: h2::Error },
     #[error("admin server: {0}")]
     Admin(io::Error),
     /// A relayed Kafka connection refused a frame (bad framing, a message that does not decode,

@@ -2,6 +2,7 @@
 //! it over a pooled upstream connection, stream bodies both ways (trailers included), and splice
 //! upgraded connections (WebSocket, CONNECT) once the upstream has agreed.
 
+mod h2relay;
 mod headers;
 mod relay;
 
@@ -31,8 +32,9 @@ use crate::router::Route;
 use crate::{Error, Shared};
 use spur_runtime::Drain;
 
-/// Serves one client connection whose protocol was detected as HTTP/1 or HTTP/2: HTTP/1 with the
-/// relay unless it is turned off (the relay hands what it does not handle to [`serve_hyper`]).
+/// Serves one client connection whose protocol was detected as HTTP/1 or HTTP/2, each with its
+/// relay unless it is turned off (the HTTP/1 relay hands what it does not handle to
+/// [`serve_hyper`]; the HTTP/2 relay handles every stream).
 pub(crate) async fn serve<IO>(
     shared: Arc<Shared>,
     io: IO,
@@ -44,6 +46,8 @@ where
 {
     if meta.protocol == Protocol::Http1 && shared.config.http1_relay {
         relay::serve(shared, io, meta, drain).await
+    } else if meta.protocol == Protocol::Http2 && shared.config.http2_relay {
+        h2relay::serve(shared, io, meta, drain).await
     } else {
         serve_hyper(shared, io, meta, drain).await
     }

@@ -4,6 +4,8 @@
 //! A connection returns to its pool only once its response body has been consumed (`ready()`),
 //! and never if its destination has left the routing table in the meantime.
 
+mod mux;
+
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::net::SocketAddr;
@@ -164,6 +166,8 @@ struct State {
     h1: IdleMap<http1::SendRequest<Body>>,
     raw: IdleMap<TcpStream>,
     h2: FastMap<Upstream, http2::SendRequest<Body>>,
+    /// The HTTP/2 relay's connections (`mux.rs`).
+    mux: FastMap<Upstream, h2::client::SendRequest<Bytes>>,
     /// Sandbox locations of the current table; `None` until a table change is first reported.
     live: Option<BTreeSet<Location>>,
 }
@@ -475,6 +479,13 @@ impl Pool {
             }
             k
         });
+        state.mux.retain(|u, _| {
+            let k = keep(u);
+            if !k {
+                closed += 1;
+            }
+            k
+        });
         state.live = Some(live.clone());
         drop(state);
         self.metrics.stale_closed.inc_by(closed);
@@ -485,6 +496,7 @@ impl Pool {
         state.h1.values().map(Vec::len).sum::<usize>()
             + state.raw.values().map(Vec::len).sum::<usize>()
             + state.h2.values().filter(|s| !s.is_closed()).count()
+            + state.mux.len()
     }
 }
 

@@ -1,0 +1,217 @@
+//! Moves one HTTP/2 body from a received stream to a sending one: DATA as it comes, trailers,
+//! the end, and resets. The sender's flow-control window is the limit: a chunk is sent only as
+//! far as the receiving peer's window allows, and its bytes are released to the peer it came
+//! from only then, so neither side's data is buffered beyond the windows the peers granted.
+
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use h2::{Reason, RecvStream, SendStream};
+
+use crate::capture::{Direction, Pending};
+
+/// Why a pump stopped before its body ended.
+#[derive(Debug)]
+pub(super) enum Stop {
+    /// The peer the body goes to reset its stream (with this reason), or its connection ended.
+    ToReset(Reason),
+    /// The body's own stream failed (reset by its peer, a protocol error, a lost
+    /// connection); the stream it went to has been reset.
+    FromFailed,
+}
+
+/// The state of one body on its way.
+pub(super) struct Pump {
+    dir: Direction,
+    /// A chunk received and not yet fully sent, and whether it ends the body.
+    held: Option<(Bytes, bool)>,
+    /// Reset sent to the receiving side when the body's stream fails for a reason of its own
+    /// (not a reset its peer sent, which is passed on as it came).
+    fallback: Reason,
+    done: bool,
+}
+
+impl Pump {
+    /// A pump for the request body (client to upstream) or the response body.
+    pub(super) fn new(dir: Direction) -> Self {
+        Pump {
+            dir,
+            held: None,
+            fallback: match dir {
+                Direction::Request => Reason::CANCEL,
+                Direction::Response => Reason::INTERNAL_ERROR,
+            },
+            done: false,
+        }
+    }
+
+    /// A pump for a body that has already ended (the request's head carried END_STREAM).
+    pub(super) fn finished(dir: Direction) -> Self {
+        Pump {
+            done: true,
+            ..Pump::new(dir)
+        }
+    }
+
+    pub(super) fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Moves what can be moved now; `Ready(Ok)` once the body has ended at `to`.
+    pub(super) fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        from: &mut RecvStream,
+        to: &mut SendStream<Bytes>,
+        tap: Option<&Pending>,
+    ) -> Poll<Result<(), Stop>> {
+        if self.done {
+            return Poll::Ready(Ok(()));
+        }
+        let res = self.poll_inner(cx, from, to, tap);
+        if let Poll::Ready(r) = &res {
+            self.done = true;
+            if let Some(p) = tap {
+                match r {
+                    Ok(()) => p.end(self.dir, None),
+                    Err(Stop::FromFailed) => {
+                        p.end(self.dir, Some(format!("{} failed", self.what())))
+                    }
+                    Err(Stop::ToReset(reason)) => p.end(
+                        self.dir,
+                        Some(format!(
+                            "{} not delivered: stream reset ({reason})",
+                            self.what()
+                        )),
+                    ),
+                }
+            }
+        }
+        res
+    }
+
+    fn what(&self) -> &'static str {
+        match self.dir {
+            Direction::Request => "request body",
+            Direction::Response => "response body",
+        }
+    }
+
+    fn poll_inner(
+        &mut self,
+        cx: &mut Context<'_>,
+        from: &mut RecvStream,
+        to: &mut SendStream<Bytes>,
+        tap: Option<&Pending>,
+    ) -> Poll<Result<(), Stop>> {
+        loop {
+            if let Some((chunk, end)) = self.held.as_mut() {
+                let end = *end;
+                let sent = ready!(send(cx, to, chunk, end))?;
+                // Released as the receiving window takes it: the sender's window reopens at
+                // the pace of the receiver's.
+                let _ = from.flow_control().release_capacity(sent);
+                if !chunk.is_empty() {
+                    continue;
+                }
+                self.held = None;
+                if end {
+                    return Poll::Ready(Ok(()));
+                }
+            }
+            // Waiting for data is also waiting for the receiving side to go away, so a reset
+            // there is passed on without waiting for the body's next chunk.
+            if let Poll::Ready(r) = to.poll_reset(cx) {
+                return Poll::Ready(Err(Stop::ToReset(r.unwrap_or(Reason::CANCEL))));
+            }
+            match ready!(from.poll_data(cx)) {
+                Some(Ok(chunk)) => {
+                    if let Some(p) = tap {
+                        p.data(self.dir, &chunk);
+                    }
+                    let end = from.is_end_stream();
+                    self.held = Some((chunk, end));
+                }
+                Some(Err(e)) => return Poll::Ready(Err(self.fail(to, &e))),
+                None => {
+                    let trailers = match ready!(from.poll_trailers(cx)) {
+                        Ok(t) => t,
+                        Err(e) => return Poll::Ready(Err(self.fail(to, &e))),
+                    };
+                    let sent = match trailers {
+                        Some(t) => {
+                            if let Some(p) = tap {
+                                p.trailers(self.dir, &t);
+                            }
+                            to.send_trailers(t)
+                        }
+                        None => to.send_data(Bytes::new(), true),
+                    };
+                    return Poll::Ready(sent.map_err(|e| Stop::ToReset(reason_of(&e))));
+                }
+            }
+        }
+    }
+
+    /// The body's stream failed with `e`: a reset its peer sent goes on with the same reason,
+    /// anything else with the direction's fallback.
+    fn fail(&self, to: &mut SendStream<Bytes>, e: &h2::Error) -> Stop {
+        let reason = if e.is_reset() && e.is_remote() {
+            e.reason().unwrap_or(self.fallback)
+        } else {
+            self.fallback
+        };
+        tracing::debug!(error = %e, %reason, "{} failed; resetting the other side", self.what());
+        to.send_reset(reason);
+        Stop::FromFailed
+    }
+}
+
+/// Sends as much of `chunk` as the window allows now (all of it, with `end`, if it fits);
+/// returns how many bytes went.
+fn send(
+    cx: &mut Context<'_>,
+    to: &mut SendStream<Bytes>,
+    chunk: &mut Bytes,
+    end: bool,
+) -> Poll<Result<usize, Stop>> {
+    if chunk.is_empty() {
+        return Poll::Ready(
+            to.send_data(Bytes::new(), end)
+                .map(|()| 0)
+                .map_err(|e| Stop::ToReset(reason_of(&e))),
+        );
+    }
+    to.reserve_capacity(chunk.len());
+    loop {
+        let cap = to.capacity();
+        if cap > 0 {
+            let n = cap.min(chunk.len());
+            let last = n == chunk.len();
+            let part = chunk.split_to(n);
+            to.send_data(part, end && last)
+                .map_err(|e| Stop::ToReset(reason_of(&e)))?;
+            return Poll::Ready(Ok(n));
+        }
+        // No capacity: wait for the window; `None` means the stream can no longer send.
+        match ready!(to.poll_capacity(cx)) {
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => return Poll::Ready(Err(Stop::ToReset(reason_of(&e)))),
+            None => {
+                let reason = match to.poll_reset(cx) {
+                    Poll::Ready(Ok(r)) => r,
+                    _ => Reason::CANCEL,
+                };
+                return Poll::Ready(Err(Stop::ToReset(reason)));
+            }
+        }
+    }
+}
+
+/// The reset reason an error of a sending stream carries; CANCEL when it has none (a connection
+/// that went away).
+pub(super) fn reason_of(e: &h2::Error) -> Reason {
+    e.reason()
+        .filter(|_| e.is_reset())
+        .unwrap_or(Reason::CANCEL)
+}

@@ -1,0 +1,136 @@
+//! Upstream HTTP/2 connections driven with `h2` directly, for the HTTP/2 relay
+//! (`http/h2relay.rs`): one shared connection per upstream, each in a task of its own that also
+//! pings it, and streams opened on it from the client connections' tasks with no task per
+//! request.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::client::{ResponseFuture, SendRequest};
+use h2::{Ping, SendStream};
+use http::Request;
+
+use super::{Pool, Upstream};
+use crate::Error;
+
+/// HTTP/2 windows and buffers of upstream connections: hyper's client defaults, which the full
+/// path uses, so both paths move bodies at the same pace.
+const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
+const CONN_WINDOW: u32 = 5 * 1024 * 1024;
+const MAX_SEND_BUFFER: usize = 1024 * 1024;
+/// A connection is pinged this often; one whose pong does not come within [`PONG_TIMEOUT`] is
+/// closed (its streams fail, the next request connects again). hyper's full path pings every
+/// 30 s too.
+const PING_INTERVAL: Duration = Duration::from_secs(30);
+const PONG_TIMEOUT: Duration = Duration::from_secs(20);
+
+impl Pool {
+    /// Opens a stream to `upstream` carrying `head` (its body follows on the returned
+    /// [`SendStream`] unless `end`), on the shared connection, connecting first if there is none
+    /// or it has failed.
+    pub(crate) async fn open_h2(
+        &self,
+        upstream: &Upstream,
+        head: Request<()>,
+        end: bool,
+    ) -> Result<(ResponseFuture, SendStream<Bytes>), Error> {
+        let existing = self.lock().mux.get(upstream).cloned();
+        let sender = match existing {
+            // `ready` fails once the connection has gone away (GOAWAY, an I/O error, a missed
+            // pong); it waits while the upstream's stream limit is reached.
+            Some(sender) => match sender.ready().await {
+                Ok(sender) => sender,
+                Err(e) => {
+                    tracing::debug!(upstream = %upstream, error = %e, "pooled HTTP/2 connection is gone");
+                    self.lock().mux.remove(upstream);
+                    self.connect_mux(upstream).await?
+                }
+            },
+            None => self.connect_mux(upstream).await?,
+        };
+        let mut sender = sender;
+        sender
+            .send_request(head, end)
+            .map_err(|source| Error::Stream {
+                upstream: upstream.to_string(),
+                source,
+            })
+    }
+
+    /// A new connection to `upstream`, shared from now on (unless its destination has left the
+    /// routing table), ready for a stream.
+    async fn connect_mux(&self, upstream: &Upstream) -> Result<SendRequest<Bytes>, Error> {
+        let tcp = self.connect_tcp(upstream).await?;
+        let header_bytes = u32::try_from(self.max_header_bytes).unwrap_or(u32::MAX);
+        let mut builder = h2::client::Builder::new();
+        builder
+            .initial_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONN_WINDOW)
+            .max_send_buffer_size(MAX_SEND_BUFFER)
+            .max_header_list_size(header_bytes)
+            .enable_push(false);
+        let handshake = builder.handshake::<_, Bytes>(crate::io::Coalesce::new(tcp));
+        let handshake = async {
+            match tokio::time::timeout(self.connect_timeout, handshake).await {
+                Ok(res) => res.map_err(|source| Error::Stream {
+                    upstream: upstream.to_string(),
+                    source,
+                }),
+                Err(_) => Err(Error::ConnectTimeout {
+                    upstream: upstream.to_string(),
+                    timeout: self.connect_timeout,
+                }),
+            }
+        };
+        let (sender, conn) = handshake.await?;
+        tokio::spawn(run(conn, upstream.to_string()));
+        {
+            let mut state = self.lock();
+            if state.is_live(upstream) {
+                state.mux.insert(upstream.clone(), sender.clone());
+            }
+        }
+        sender.ready().await.map_err(|source| Error::Stream {
+            upstream: upstream.to_string(),
+            source,
+        })
+    }
+}
+
+/// Drives one upstream connection until it ends: when the upstream closes it, when it fails,
+/// when its pong is late, or once the pool and every stream have let go of it (h2 then sends
+/// GOAWAY).
+async fn run<T>(mut conn: h2::client::Connection<T, Bytes>, name: String)
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut pinger = conn.ping_pong();
+    let mut conn = std::pin::pin!(conn);
+    loop {
+        let keepalive = async {
+            tokio::time::sleep(PING_INTERVAL).await;
+            let Some(p) = pinger.as_mut() else {
+                return std::future::pending().await;
+            };
+            // An error here means the connection failed, which its own poll reports.
+            match tokio::time::timeout(PONG_TIMEOUT, p.ping(Ping::opaque())).await {
+                Ok(Err(_)) => std::future::pending().await,
+                res => res.map(drop),
+            }
+        };
+        tokio::select! {
+            res = conn.as_mut() => {
+                if let Err(e) = res {
+                    tracing::debug!(upstream = %name, error = %e, "upstream HTTP/2 connection ended");
+                }
+                return;
+            }
+            pong = keepalive => {
+                if pong.is_err() {
+                    tracing::debug!(upstream = %name, "upstream HTTP/2 connection missed its pong; closed");
+                    return;
+                }
+            }
+        }
+    }
+}
