@@ -19,6 +19,8 @@ use tokio::time::timeout;
 
 const BOUND: Duration = Duration::from_secs(10);
 const BIG: usize = 4 << 20;
+/// The request body `/early` reads after it has answered.
+const EARLY_BODY: usize = 256 * 1024;
 
 fn pattern(i: usize) -> u8 {
     (i % 251) as u8
@@ -34,7 +36,8 @@ struct Seen {
 /// `/reset` sends headers then RST_STREAM(INTERNAL_ERROR), `/hold` reads the request body and
 /// reports how it ended on `held`, `/big` sends 4 MiB, `/echo` reads the body and answers its
 /// length and whether every byte matched the pattern, `/with-body` answers every method (HEAD
-/// too, as some servers do) with a 5-byte body, `/stall` reads nothing for 3 s. Its windows are
+/// too, as some servers do) with a 5-byte body, `/stall` reads nothing for 3 s, `/early` answers
+/// first and then reads the body, reporting on `held` whether all of it came. Its windows are
 /// h2's defaults (64 KiB).
 async fn upstream(seen: Arc<Seen>, held: mpsc::Sender<&'static str>) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -119,6 +122,23 @@ async fn serve(
                 }
                 sent = end;
             }
+        }
+        "/early" => {
+            // Answers at once, then reads the whole request body (HTTP/2 allows both).
+            let _ = respond.send_response(ok().body(()).unwrap(), true);
+            let mut len = 0;
+            let outcome = loop {
+                match body.data().await {
+                    Some(Ok(chunk)) => {
+                        len += chunk.len();
+                        let _ = body.flow_control().release_capacity(chunk.len());
+                    }
+                    Some(Err(_)) => break "reset",
+                    None if len == EARLY_BODY => break "whole",
+                    None => break "short",
+                }
+            };
+            let _ = held.send(outcome).await;
         }
         "/stall" => {
             // Reads nothing of the body for a while: the client is held to the windows.
@@ -401,6 +421,36 @@ async fn an_upstream_that_reads_nothing_holds_the_client_to_the_windows() {
     assert!(
         (65_535..=most).contains(&sent),
         "the client could send {sent} bytes to an upstream that reads nothing (at most {most})"
+    );
+    s.sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_goes_on_after_an_early_response() {
+    let mut s = setup().await;
+    let mut client = s.client.clone().ready().await.unwrap();
+    let (resp, mut send) = client
+        .send_request(request("POST", "/early"), false)
+        .unwrap();
+    let resp = timeout(BOUND, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut sent = 0;
+    while sent < EARLY_BODY {
+        send.reserve_capacity(EARLY_BODY - sent);
+        let cap = timeout(BOUND, std::future::poll_fn(|cx| send.poll_capacity(cx)))
+            .await
+            .expect("capacity for the rest of the body")
+            .unwrap()
+            .unwrap();
+        let n = cap.min(EARLY_BODY - sent);
+        send.send_data(Bytes::from(vec![1u8; n]), sent + n == EARLY_BODY)
+            .unwrap();
+        sent += n;
+    }
+    let outcome = timeout(BOUND, s.held.recv()).await.unwrap().unwrap();
+    assert_eq!(
+        outcome, "whole",
+        "the upstream did not get the body sent after its answer"
     );
     s.sidecar.shutdown().await;
 }

@@ -167,7 +167,7 @@ struct State {
     raw: IdleMap<TcpStream>,
     h2: FastMap<Upstream, http2::SendRequest<Body>>,
     /// The HTTP/2 relay's connections (`mux.rs`).
-    mux: FastMap<Upstream, h2::client::SendRequest<Bytes>>,
+    mux: FastMap<Upstream, mux::Mux>,
     /// Sandbox locations of the current table; `None` until a table change is first reported.
     live: Option<BTreeSet<Location>>,
 }

@@ -117,7 +117,9 @@ where
     .await
 }
 
-/// Relays one stream, and counts it in the request metrics once its response head is sent.
+/// Relays one stream: routes the request, opens its upstream stream and relays both bodies.
+/// It is counted in the request metrics once its response head is sent (as on the full path:
+/// the latency is the time to the response head).
 async fn exchange(
     shared: &Shared,
     meta: &ConnMeta,
@@ -125,53 +127,62 @@ async fn exchange(
     mut respond: SendResponse<Bytes>,
 ) {
     let start = Instant::now();
-    let outcome = relay(shared, meta, req, &mut respond).await;
-    if let Some(outcome) = outcome {
+    let respond = &mut respond;
+    let count = |outcome: Outcome| {
         shared
             .metrics
             .request(outcome, start.elapsed().as_secs_f64());
-    }
-}
-
-/// The parts of a routed request that the relay keeps.
-struct Routed {
-    upstream: Upstream,
-    outcome: Outcome,
-    head: bool,
-    pending: Option<Arc<Pending>>,
-}
-
-/// Routes the request, opens its upstream stream and relays both bodies; the outcome is
-/// `None` when no response head was sent (the client went away first).
-async fn relay(
-    shared: &Shared,
-    meta: &ConnMeta,
-    req: Request<RecvStream>,
-    respond: &mut SendResponse<Bytes>,
-) -> Option<Outcome> {
+    };
     let config = &shared.config;
     let uri_len = req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
     if uri_len > config.max_uri_len {
-        return reply_error(respond, StatusCode::URI_TOO_LONG, "request target too long");
+        return reply_error(
+            respond,
+            StatusCode::URI_TOO_LONG,
+            "request target too long",
+            count,
+        );
     }
     if req.method() == Method::CONNECT {
         return reply_error(
             respond,
             StatusCode::NOT_IMPLEMENTED,
             "CONNECT over HTTP/2 is not supported",
+            count,
         );
     }
-    let (mut parts, mut body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let routed = route(shared, meta, &mut parts);
     let tap = routed.pending.as_deref();
     let end = body.is_end_stream();
-    let (response, mut up_send) = match shared
-        .pool
-        .open_h2(&routed.upstream, Request::from_parts(parts, ()), end)
+
+    // Connecting can take a while (up to the connect timeout): a client that resets its
+    // stream meanwhile ends the exchange, and the connect with it.
+    let opened = {
+        let opening = shared
+            .pool
+            .open_h2(&routed.upstream, Request::from_parts(parts, ()), end);
+        let mut opening = pin!(opening);
+        poll_fn(|cx| {
+            if respond.poll_reset(cx).is_ready() {
+                return Poll::Ready(None);
+            }
+            opening.as_mut().poll(cx).map(Some)
+        })
         .await
-    {
-        Ok(opened) => opened,
-        Err(e) => {
+    };
+    let (response, mut up_send, _in_flight) = match opened {
+        None => {
+            if let Some(p) = tap {
+                p.end(
+                    Direction::Response,
+                    Some("client reset the stream before the response".into()),
+                );
+            }
+            return;
+        }
+        Some(Ok(opened)) => opened,
+        Some(Err(e)) => {
             tracing::warn!(client = %meta.client, error = %e, "upstream request failed");
             let status = match e {
                 Error::ConnectTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -180,16 +191,16 @@ async fn relay(
             if let Some(p) = tap {
                 p.fail(status.as_u16(), e.to_string());
             }
-            return reply_error(respond, status, "upstream unavailable");
+            return reply_error(respond, status, "upstream unavailable", count);
         }
     };
     if end && let Some(p) = tap {
         p.end(Direction::Request, None);
     }
-    let mut request = if end {
-        Pump::finished(Direction::Request)
-    } else {
-        Pump::new(Direction::Request)
+    let mut request = RequestSide {
+        body: (!end).then_some(body),
+        pump: Pump::new(Direction::Request),
+        upstream_reset: None,
     };
 
     // Until the response head: the request body moves, and a reset of the client's stream
@@ -199,10 +210,7 @@ async fn relay(
         if let Poll::Ready(r) = respond.poll_reset(cx) {
             return Poll::Ready(Err(r.unwrap_or(Reason::CANCEL)));
         }
-        if !request.is_done()
-            && let Poll::Ready(Err(pump::Stop::FromFailed)) =
-                request.poll(cx, &mut body, &mut up_send, tap)
-        {
+        if request.poll(cx, &mut up_send, tap) == Some(false) {
             // The client's request stream failed: the upstream's was reset with it.
             return Poll::Ready(Err(Reason::CANCEL));
         }
@@ -218,19 +226,24 @@ async fn relay(
                     Some("client reset the stream before the response".into()),
                 );
             }
-            return None;
+            return;
         }
         Ok(Err(e)) => {
             tracing::warn!(client = %meta.client, to = %routed.upstream, error = %e, "upstream request failed");
             if let Some(p) = tap {
                 p.fail(502, format!("upstream {}: {e}", routed.upstream));
             }
-            return reply_error(respond, StatusCode::BAD_GATEWAY, "upstream unavailable");
+            return reply_error(
+                respond,
+                StatusCode::BAD_GATEWAY,
+                "upstream unavailable",
+                count,
+            );
         }
         Ok(Ok(resp)) => resp,
     };
 
-    let (mut parts, mut up_recv) = resp.into_parts();
+    let (mut parts, up_recv) = resp.into_parts();
     headers::prepare_response(&mut parts, Version::Http2, false);
     // A response to HEAD has no content (RFC 9110 9.3.2): a body an upstream sends anyway is
     // dropped (which resets only the upstream stream), its headers stay.
@@ -246,27 +259,87 @@ async fn relay(
         Err(e) => {
             tracing::debug!(client = %meta.client, error = %e, "client stream gone before the response");
             up_send.send_reset(pump::reason_of(&e));
-            return None;
+            return;
         }
     };
-    if end {
-        return Some(routed.outcome);
-    }
+    count(routed.outcome);
+    // Dropped when it has ended (or at once: a HEAD response's body is not read).
+    let mut up_recv = (!end).then_some(up_recv);
     let mut response_body = Pump::new(Direction::Response);
+    // The response's body, and what is left of the request's: an upstream may answer before it
+    // has read the whole request and go on reading it (HTTP/2 allows it), so the request body
+    // is relayed to its end, unless the upstream resets its side.
     let done = poll_fn(|cx| {
-        if !request.is_done() {
-            // An upstream that answers before it has read the whole request may reset its
-            // stream; the response (its end or its reset) still decides the exchange.
-            let _ = request.poll(cx, &mut body, &mut up_send, tap);
+        request.poll(cx, &mut up_send, tap);
+        if let Some(recv) = up_recv.as_mut() {
+            match response_body.poll(cx, recv, &mut down_send, tap) {
+                Poll::Ready(Err(pump::Stop::ToReset(reason))) => return Poll::Ready(Err(reason)),
+                Poll::Ready(_) => up_recv = None,
+                Poll::Pending => return Poll::Pending,
+            }
         }
-        response_body.poll(cx, &mut up_recv, &mut down_send, tap)
+        if request.body.is_some() {
+            Poll::Pending
+        } else {
+            Poll::Ready(Ok(()))
+        }
     })
     .await;
-    if let Err(pump::Stop::ToReset(reason)) = done {
+    match done {
         // The client reset its stream (or went away): the upstream's is reset too.
-        up_send.send_reset(reason);
+        Err(reason) => up_send.send_reset(reason),
+        // The upstream reset the request's side after its complete response (NO_ERROR: "stop
+        // sending"): the client is told the same.
+        Ok(()) => {
+            if let Some(reason) = request.upstream_reset {
+                respond.send_reset(reason);
+            }
+        }
     }
-    Some(routed.outcome)
+}
+
+/// The request body's side of an exchange.
+struct RequestSide {
+    /// The client's request body while it is being relayed; dropped when it ends or fails,
+    /// which gives back to the client whatever of its window was not released.
+    body: Option<RecvStream>,
+    pump: Pump,
+    /// The reason the upstream reset its stream while the request body was still coming.
+    upstream_reset: Option<Reason>,
+}
+
+impl RequestSide {
+    /// Moves the request body on; `Some(false)` once the client's request stream failed (the
+    /// upstream's has been reset), `Some(true)` once the body is done otherwise, `None` while it
+    /// goes on (or when it was already done).
+    fn poll(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        up_send: &mut SendStream<Bytes>,
+        tap: Option<&Pending>,
+    ) -> Option<bool> {
+        let body = self.body.as_mut()?;
+        let Poll::Ready(res) = self.pump.poll(cx, body, up_send, tap) else {
+            return None;
+        };
+        self.body = None;
+        match res {
+            Ok(()) => Some(true),
+            Err(pump::Stop::ToReset(reason)) => {
+                self.upstream_reset = Some(reason);
+                Some(true)
+            }
+            Err(pump::Stop::FromFailed) => Some(false),
+        }
+    }
+}
+
+/// The parts of a routed request that the relay keeps.
+struct Routed {
+    upstream: Upstream,
+    outcome: Outcome,
+    head: bool,
+    pending: Option<Arc<Pending>>,
 }
 
 /// Routes a request and makes the full path's edits to its head (`super::forward`).
@@ -307,20 +380,27 @@ fn route(shared: &Shared, meta: &ConnMeta, parts: &mut http::request::Parts) -> 
     }
 }
 
-/// Answers the stream with the proxy's own error (`super::error`'s body); `None` if the client
-/// is gone.
+/// Answers the stream with the proxy's own error (`super::error`'s body) and counts it; nothing
+/// if the client is gone.
 fn reply_error(
     respond: &mut SendResponse<Bytes>,
     status: StatusCode,
     reason: &'static str,
-) -> Option<Outcome> {
-    let resp = Response::builder()
+    count: impl FnOnce(Outcome),
+) {
+    let body = Bytes::from(format!("spur: {reason}\n"));
+    let Ok(resp) = Response::builder()
         .status(status)
         .header(http::header::CONTENT_TYPE, "text/plain")
+        .header(http::header::CONTENT_LENGTH, body.len())
         .body(())
-        .ok()?;
-    let mut send: SendStream<Bytes> = respond.send_response(resp, false).ok()?;
+    else {
+        return;
+    };
+    let Ok(mut send) = respond.send_response(resp, false) else {
+        return;
+    };
+    count(Outcome::Error);
     // A few bytes: h2 holds them until the window allows, never more.
-    let _ = send.send_data(Bytes::from(format!("spur: {reason}\n")), true);
-    Some(Outcome::Error)
+    let _ = send.send_data(body, true);
 }

@@ -3,6 +3,8 @@
 //! pings it, and streams opened on it from the client connections' tasks with no task per
 //! request.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,11 +20,31 @@ use crate::Error;
 const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
 const CONN_WINDOW: u32 = 5 * 1024 * 1024;
 const MAX_SEND_BUFFER: usize = 1024 * 1024;
-/// A connection is pinged this often; one whose pong does not come within [`PONG_TIMEOUT`] is
-/// closed (its streams fail, the next request connects again). hyper's full path pings every
-/// 30 s too.
+/// A connection with streams open is pinged this often; one whose pong does not come within
+/// [`PONG_TIMEOUT`] is closed (its streams fail, the next request connects again). As on
+/// hyper's full path, an idle connection is not pinged: gRPC servers close connections whose
+/// client pings without streams (GOAWAY `too_many_pings`).
 const PING_INTERVAL: Duration = Duration::from_secs(30);
 const PONG_TIMEOUT: Duration = Duration::from_secs(20);
+/// Streams opened on a new connection before the upstream's SETTINGS say how many it allows
+/// (hyper's default; h2's own is unbounded).
+const INITIAL_MAX_SEND_STREAMS: usize = 100;
+
+/// A shared upstream connection: its sender, and how many of its streams are in flight.
+#[derive(Clone)]
+pub(super) struct Mux {
+    sender: SendRequest<Bytes>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// Counts a stream in flight on its connection until dropped (with the exchange).
+pub(crate) struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 impl Pool {
     /// Opens a stream to `upstream` carrying `head` (its body follows on the returned
@@ -33,33 +55,41 @@ impl Pool {
         upstream: &Upstream,
         head: Request<()>,
         end: bool,
-    ) -> Result<(ResponseFuture, SendStream<Bytes>), Error> {
+    ) -> Result<(ResponseFuture, SendStream<Bytes>, InFlight), Error> {
         let existing = self.lock().mux.get(upstream).cloned();
-        let sender = match existing {
+        let mux = match existing {
             // `ready` fails once the connection has gone away (GOAWAY, an I/O error, a missed
-            // pong); it waits while the upstream's stream limit is reached.
-            Some(sender) => match sender.ready().await {
-                Ok(sender) => sender,
+            // pong). Streams beyond the upstream's limit are queued by h2 until one ends.
+            Some(Mux { sender, in_flight }) => match sender.ready().await {
+                Ok(sender) => Mux { sender, in_flight },
                 Err(e) => {
                     tracing::debug!(upstream = %upstream, error = %e, "pooled HTTP/2 connection is gone");
                     self.lock().mux.remove(upstream);
-                    self.connect_mux(upstream).await?
+                    Box::pin(self.connect_mux(upstream)).await?
                 }
             },
-            None => self.connect_mux(upstream).await?,
+            // Boxed: connecting is rare, and its future (connect, handshake, timers) would
+            // otherwise make every stream's future, moved into the connection's set of
+            // streams, that much bigger.
+            None => Box::pin(self.connect_mux(upstream)).await?,
         };
-        let mut sender = sender;
-        sender
+        let Mux {
+            mut sender,
+            in_flight,
+        } = mux;
+        let (response, send) = sender
             .send_request(head, end)
             .map_err(|source| Error::Stream {
                 upstream: upstream.to_string(),
                 source,
-            })
+            })?;
+        in_flight.fetch_add(1, Ordering::Relaxed);
+        Ok((response, send, InFlight(in_flight)))
     }
 
     /// A new connection to `upstream`, shared from now on (unless its destination has left the
     /// routing table), ready for a stream.
-    async fn connect_mux(&self, upstream: &Upstream) -> Result<SendRequest<Bytes>, Error> {
+    async fn connect_mux(&self, upstream: &Upstream) -> Result<Mux, Error> {
         let tcp = self.connect_tcp(upstream).await?;
         let header_bytes = u32::try_from(self.max_header_bytes).unwrap_or(u32::MAX);
         let mut builder = h2::client::Builder::new();
@@ -68,6 +98,7 @@ impl Pool {
             .initial_connection_window_size(CONN_WINDOW)
             .max_send_buffer_size(MAX_SEND_BUFFER)
             .max_header_list_size(header_bytes)
+            .initial_max_send_streams(INITIAL_MAX_SEND_STREAMS)
             .enable_push(false);
         let handshake = builder.handshake::<_, Bytes>(crate::io::Coalesce::new(tcp));
         let handshake = async {
@@ -83,16 +114,22 @@ impl Pool {
             }
         };
         let (sender, conn) = handshake.await?;
-        tokio::spawn(run(conn, upstream.to_string()));
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(run(conn, in_flight.clone(), upstream.to_string()));
+        let mux = Mux { sender, in_flight };
         {
             let mut state = self.lock();
             if state.is_live(upstream) {
-                state.mux.insert(upstream.clone(), sender.clone());
+                state.mux.insert(upstream.clone(), mux.clone());
             }
         }
-        sender.ready().await.map_err(|source| Error::Stream {
+        let sender = mux.sender.ready().await.map_err(|source| Error::Stream {
             upstream: upstream.to_string(),
             source,
+        })?;
+        Ok(Mux {
+            sender,
+            in_flight: mux.in_flight,
         })
     }
 }
@@ -100,8 +137,11 @@ impl Pool {
 /// Drives one upstream connection until it ends: when the upstream closes it, when it fails,
 /// when its pong is late, or once the pool and every stream have let go of it (h2 then sends
 /// GOAWAY).
-async fn run<T>(mut conn: h2::client::Connection<T, Bytes>, name: String)
-where
+async fn run<T>(
+    mut conn: h2::client::Connection<T, Bytes>,
+    in_flight: Arc<AtomicUsize>,
+    name: String,
+) where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let mut pinger = conn.ping_pong();
@@ -109,6 +149,9 @@ where
     loop {
         let keepalive = async {
             tokio::time::sleep(PING_INTERVAL).await;
+            if in_flight.load(Ordering::Relaxed) == 0 {
+                return Ok(());
+            }
             let Some(p) = pinger.as_mut() else {
                 return std::future::pending().await;
             };

@@ -45,18 +45,6 @@ impl Pump {
         }
     }
 
-    /// A pump for a body that has already ended (the request's head carried END_STREAM).
-    pub(super) fn finished(dir: Direction) -> Self {
-        Pump {
-            done: true,
-            ..Pump::new(dir)
-        }
-    }
-
-    pub(super) fn is_done(&self) -> bool {
-        self.done
-    }
-
     /// Moves what can be moved now; `Ready(Ok)` once the body has ended at `to`.
     pub(super) fn poll(
         &mut self,
