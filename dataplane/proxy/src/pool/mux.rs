@@ -64,7 +64,8 @@ impl Pool {
                 Ok(sender) => Mux { sender, in_flight },
                 Err(e) => {
                     tracing::debug!(upstream = %upstream, error = %e, "pooled HTTP/2 connection is gone");
-                    self.lock().mux.remove(upstream);
+                    // Unless another request has replaced it already.
+                    self.forget_mux(upstream, &in_flight);
                     Box::pin(self.connect_mux(upstream)).await?
                 }
             },
@@ -85,6 +86,19 @@ impl Pool {
             })?;
         in_flight.fetch_add(1, Ordering::Relaxed);
         Ok((response, send, InFlight(in_flight)))
+    }
+
+    /// Drops the pool's connection to `upstream` if it is still the one counted by
+    /// `in_flight`.
+    fn forget_mux(&self, upstream: &Upstream, in_flight: &Arc<AtomicUsize>) {
+        let mut state = self.lock();
+        if state
+            .mux
+            .get(upstream)
+            .is_some_and(|m| Arc::ptr_eq(&m.in_flight, in_flight))
+        {
+            state.mux.remove(upstream);
+        }
     }
 
     /// A new connection to `upstream`, shared from now on (unless its destination has left the
