@@ -55,7 +55,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # --- binaries ---------------------------------------------------------------------------------
-cargo build --release -p spur-sidecar -p spur-perf --bins >&2
+# Apart, as the Containerfile builds the sidecar: spur-perf's kube dependency would unify
+# kube-client's `tracing/log` into it.
+cargo build --release -p spur-sidecar --bins >&2
+cargo build --release -p spur-perf --bins >&2
 
 target_dir="$(cargo metadata --format-version 1 --no-deps 2>/dev/null \
     | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
