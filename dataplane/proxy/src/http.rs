@@ -22,7 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 
-use crate::capture::{self, Direction, TeeBody};
+use crate::capture::{self, CaptureTag, Direction, TeeBody};
 use crate::conn::ConnMeta;
 use crate::detect::Protocol;
 use crate::io::{Activity, Coalesce, Tracked};
@@ -201,36 +201,17 @@ async fn forward(
 
     let (mut parts, body) = req.into_parts();
     let head = parts.method == Method::HEAD;
-    let route = shared.router.route_http(meta, &mut parts);
-    if let Some(trace) = &shared.plugins.trace {
-        trace.record(meta, &route, &parts.headers, parts.uri.path());
-    }
-    let tag = shared.plugins.capture.as_ref().and_then(|c| {
-        c.select
-            .select(meta, &route, &parts.headers, parts.uri.query())
-    });
-    let (upstream, outcome) = match &route {
-        Route::Original => (Upstream::Original(meta.original_dst), Outcome::Baseline),
-        Route::Destination(d) => (Upstream::Sandbox(d.location.clone()), Outcome::Sandbox),
-    };
-    if let Route::Destination(d) = &route {
-        tracing::debug!(client = %meta.client, key = %d.routing_key, sandbox = %d.sandbox, to = %upstream, "routed to sandbox");
-    }
+    let Routed {
+        route,
+        upstream,
+        outcome,
+        tag,
+    } = route(shared, meta, &mut parts);
     headers::prepare_request(&mut parts, meta, upgrade.as_ref(), config.forwarded_headers);
     if let Err(status) = headers::normalize_target(&mut parts, version) {
         return error(status, "invalid request target");
     }
-    let pending = match (tag, &shared.plugins.capture) {
-        (Some(tag), Some(capture)) => {
-            let destination = match &route {
-                Route::Destination(d) => Some(d.location.to_string()),
-                Route::Original => None,
-            };
-            let protocol = capture::protocol_of(&parts, version == Version::Http2);
-            capture.sink.begin(tag, destination, protocol, &parts)
-        }
-        _ => None,
-    };
+    let pending = begin_capture(shared, tag, &route, &parts, version == Version::Http2);
     let body = match &pending {
         Some(p) => TeeBody::new(body, p.clone(), Direction::Request).boxed(),
         None => body.boxed(),
@@ -319,6 +300,58 @@ async fn forward(
         None => body,
     };
     (Response::from_parts(parts, body), outcome)
+}
+
+/// A request's routing decision: where it goes, how it is counted, and whether it is captured.
+struct Routed {
+    route: Route,
+    upstream: Upstream,
+    outcome: Outcome,
+    tag: Option<CaptureTag>,
+}
+
+/// Routes a request (the router may rewrite its head), records it if its trace is sampled, and
+/// decides whether it is captured: the same for both HTTP paths (`forward`, `h2relay`).
+fn route(shared: &Shared, meta: &ConnMeta, parts: &mut http::request::Parts) -> Routed {
+    let route = shared.router.route_http(meta, parts);
+    if let Some(trace) = &shared.plugins.trace {
+        trace.record(meta, &route, &parts.headers, parts.uri.path());
+    }
+    let tag = shared.plugins.capture.as_ref().and_then(|c| {
+        c.select
+            .select(meta, &route, &parts.headers, parts.uri.query())
+    });
+    let (upstream, outcome) = match &route {
+        Route::Original => (Upstream::Original(meta.original_dst), Outcome::Baseline),
+        Route::Destination(d) => (Upstream::Sandbox(d.location.clone()), Outcome::Sandbox),
+    };
+    if let Route::Destination(d) = &route {
+        tracing::debug!(client = %meta.client, key = %d.routing_key, sandbox = %d.sandbox, to = %upstream, "routed to sandbox");
+    }
+    Routed {
+        route,
+        upstream,
+        outcome,
+        tag,
+    }
+}
+
+/// Starts capturing the exchange if [`route()`] selected it (its `tag`), once its head is final (as
+/// forwarded).
+fn begin_capture(
+    shared: &Shared,
+    tag: Option<CaptureTag>,
+    route: &Route,
+    parts: &http::request::Parts,
+    http2: bool,
+) -> Option<Arc<capture::Pending>> {
+    let (tag, capture) = (tag?, shared.plugins.capture.as_ref()?);
+    let destination = match route {
+        Route::Destination(d) => Some(d.location.to_string()),
+        Route::Original => None,
+    };
+    let protocol = capture::protocol_of(parts, http2);
+    capture.sink.begin(tag, destination, protocol, parts)
 }
 
 /// Whether forwarding failed because the client's own request body failed: hyper reports a

@@ -30,12 +30,11 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 
 use super::headers;
-use crate::capture::{self, Direction, Pending};
+use crate::capture::{Direction, Pending};
 use crate::conn::ConnMeta;
 use crate::io::{Activity, Coalesce, Tracked};
 use crate::metrics::Outcome;
-use crate::pool::{Upstream, Version};
-use crate::router::Route;
+use crate::pool::Version;
 use crate::{Error, Shared};
 use pump::Pump;
 use spur_runtime::Drain;
@@ -152,8 +151,16 @@ async fn exchange(
         );
     }
     let (mut parts, body) = req.into_parts();
-    let routed = route(shared, meta, &mut parts);
-    let tap = routed.pending.as_deref();
+    let head = parts.method == Method::HEAD;
+    let super::Routed {
+        route,
+        upstream,
+        outcome,
+        tag,
+    } = super::route(shared, meta, &mut parts);
+    headers::prepare_request(&mut parts, meta, None, shared.config.forwarded_headers);
+    let pending = super::begin_capture(shared, tag, &route, &parts, true);
+    let tap = pending.as_deref();
     let end = body.is_end_stream();
 
     // Connecting can take a while (up to the connect timeout): a client that resets its
@@ -161,7 +168,7 @@ async fn exchange(
     let opened = {
         let opening = shared
             .pool
-            .open_h2(&routed.upstream, Request::from_parts(parts, ()), end);
+            .open_h2(&upstream, Request::from_parts(parts, ()), end);
         let mut opening = pin!(opening);
         poll_fn(|cx| {
             if respond.poll_reset(cx).is_ready() {
@@ -229,9 +236,9 @@ async fn exchange(
             return;
         }
         Ok(Err(e)) => {
-            tracing::warn!(client = %meta.client, to = %routed.upstream, error = %e, "upstream request failed");
+            tracing::warn!(client = %meta.client, to = %upstream, error = %e, "upstream request failed");
             if let Some(p) = tap {
-                p.fail(502, format!("upstream {}: {e}", routed.upstream));
+                p.fail(502, format!("upstream {upstream}: {e}"));
             }
             return reply_error(
                 respond,
@@ -247,7 +254,7 @@ async fn exchange(
     headers::prepare_response(&mut parts, Version::Http2, false);
     // A response to HEAD has no content (RFC 9110 9.3.2): a body an upstream sends anyway is
     // dropped (which resets only the upstream stream), its headers stay.
-    let end = routed.head || up_recv.is_end_stream();
+    let end = head || up_recv.is_end_stream();
     if let Some(p) = tap {
         p.response(&parts);
         if end {
@@ -262,7 +269,7 @@ async fn exchange(
             return;
         }
     };
-    count(routed.outcome);
+    count(outcome);
     // Dropped when it has ended (or at once: a HEAD response's body is not read).
     let mut up_recv = (!end).then_some(up_recv);
     let mut response_body = Pump::new(Direction::Response);
@@ -331,52 +338,6 @@ impl RequestSide {
             }
             Err(pump::Stop::FromFailed) => Some(false),
         }
-    }
-}
-
-/// The parts of a routed request that the relay keeps.
-struct Routed {
-    upstream: Upstream,
-    outcome: Outcome,
-    head: bool,
-    pending: Option<Arc<Pending>>,
-}
-
-/// Routes a request and makes the full path's edits to its head (`super::forward`).
-fn route(shared: &Shared, meta: &ConnMeta, parts: &mut http::request::Parts) -> Routed {
-    let head = parts.method == Method::HEAD;
-    let route = shared.router.route_http(meta, parts);
-    if let Some(trace) = &shared.plugins.trace {
-        trace.record(meta, &route, &parts.headers, parts.uri.path());
-    }
-    let tag = shared.plugins.capture.as_ref().and_then(|c| {
-        c.select
-            .select(meta, &route, &parts.headers, parts.uri.query())
-    });
-    let (upstream, outcome) = match &route {
-        Route::Original => (Upstream::Original(meta.original_dst), Outcome::Baseline),
-        Route::Destination(d) => (Upstream::Sandbox(d.location.clone()), Outcome::Sandbox),
-    };
-    if let Route::Destination(d) = &route {
-        tracing::debug!(client = %meta.client, key = %d.routing_key, sandbox = %d.sandbox, to = %upstream, "routed to sandbox");
-    }
-    headers::prepare_request(parts, meta, None, shared.config.forwarded_headers);
-    let pending = match (tag, &shared.plugins.capture) {
-        (Some(tag), Some(capture)) => {
-            let destination = match &route {
-                Route::Destination(d) => Some(d.location.to_string()),
-                Route::Original => None,
-            };
-            let protocol = capture::protocol_of(parts, true);
-            capture.sink.begin(tag, destination, protocol, parts)
-        }
-        _ => None,
-    };
-    Routed {
-        upstream,
-        outcome,
-        head,
-        pending,
     }
 }
 
