@@ -1,4 +1,5 @@
-//! HTTP/2 through the sidecar (h2c prior knowledge on both sides) against a raw `h2` upstream:
+//! HTTP/2 through the sidecar (h2c prior knowledge on both sides) against a raw `h2` upstream,
+//! each test with the HTTP/2 relay and with hyper's path (`http2Relay: false`):
 //! trailers-only responses, stream resets in both directions (with their reasons), bodies larger
 //! than every flow control window in both directions, an upstream that reads nothing holding
 //! the client to the windows, and the SETTINGS limits the sidecar advertises (concurrent
@@ -180,7 +181,11 @@ struct Setup {
     held: mpsc::Receiver<&'static str>,
 }
 
-async fn setup() -> Setup {
+/// The sidecar in front of the upstream, with its HTTP/2 relay on or off (hyper's server and
+/// client): every test runs against both.
+async fn setup(relay: bool) -> Setup {
+    // Shown with a failing test's output: which path failed.
+    eprintln!("the sidecar's HTTP/2 relay is on: {relay}");
     let seen = Arc::new(Seen::default());
     let (tx, held) = mpsc::channel(8);
     let app = upstream(seen.clone(), tx).await;
@@ -188,6 +193,7 @@ async fn setup() -> Setup {
         app,
         ProxyConfig {
             drain_grace: Duration::from_secs(1),
+            http2_relay: relay,
             ..ProxyConfig::default()
         },
     )
@@ -231,162 +237,172 @@ async fn read_all(body: &mut h2::RecvStream) -> Result<Vec<u8>, h2::Error> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trailers_only_responses_arrive_whole() {
-    let mut s = setup().await;
-    let client = s.client.clone().ready().await.unwrap();
-    let mut client = client;
-    let (resp, _) = client
-        .send_request(request("POST", "/trailers-only"), true)
-        .unwrap();
-    let resp = timeout(BOUND, resp).await.unwrap().unwrap();
-    assert_eq!(resp.status(), 200);
-    assert_eq!(resp.headers()["grpc-status"], "7");
-    assert_eq!(resp.headers()["grpc-message"], "denied");
-    let mut body = resp.into_body();
-    assert_eq!(
-        timeout(BOUND, read_all(&mut body)).await.unwrap().unwrap(),
-        b""
-    );
-    s.sidecar.shutdown().await;
-    s.held.close();
+    for relay in [true, false] {
+        let mut s = setup(relay).await;
+        let client = s.client.clone().ready().await.unwrap();
+        let mut client = client;
+        let (resp, _) = client
+            .send_request(request("POST", "/trailers-only"), true)
+            .unwrap();
+        let resp = timeout(BOUND, resp).await.unwrap().unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["grpc-status"], "7");
+        assert_eq!(resp.headers()["grpc-message"], "denied");
+        let mut body = resp.into_body();
+        assert_eq!(
+            timeout(BOUND, read_all(&mut body)).await.unwrap().unwrap(),
+            b""
+        );
+        s.sidecar.shutdown().await;
+        s.held.close();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_an_upstream_sends_on_a_head_response_is_dropped_not_the_stream() {
-    let s = setup().await;
-    for (method, body) in [("HEAD", &b""[..]), ("GET", &b"hello"[..])] {
-        let mut client = s.client.clone().ready().await.unwrap();
-        let (resp, _) = client
-            .send_request(request(method, "/with-body"), true)
-            .unwrap();
-        let resp = timeout(BOUND, resp).await.unwrap().unwrap();
-        assert_eq!(resp.status(), 200, "{method}");
-        assert_eq!(resp.headers()["content-length"], "5", "{method}");
-        let mut got = resp.into_body();
-        let read = timeout(BOUND, read_all(&mut got)).await.unwrap();
-        assert_eq!(read.as_deref().ok(), Some(body), "{method}: {read:?}");
+    for relay in [true, false] {
+        let s = setup(relay).await;
+        for (method, body) in [("HEAD", &b""[..]), ("GET", &b"hello"[..])] {
+            let mut client = s.client.clone().ready().await.unwrap();
+            let (resp, _) = client
+                .send_request(request(method, "/with-body"), true)
+                .unwrap();
+            let resp = timeout(BOUND, resp).await.unwrap().unwrap();
+            assert_eq!(resp.status(), 200, "{method}");
+            assert_eq!(resp.headers()["content-length"], "5", "{method}");
+            let mut got = resp.into_body();
+            let read = timeout(BOUND, read_all(&mut got)).await.unwrap();
+            assert_eq!(read.as_deref().ok(), Some(body), "{method}: {read:?}");
+        }
+        s.sidecar.shutdown().await;
     }
-    s.sidecar.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resets_travel_both_ways() {
-    let mut s = setup().await;
-    // Client → upstream: a request whose body is still open is reset by the client; the
-    // upstream's read of it fails instead of waiting forever.
-    let mut client = s.client.clone().ready().await.unwrap();
-    let (resp, mut send) = client
-        .send_request(request("POST", "/hold"), false)
-        .unwrap();
-    send.send_data(Bytes::from_static(b"some of the body"), false)
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    send.send_reset(Reason::CANCEL);
-    drop(resp);
-    let outcome = timeout(BOUND, s.held.recv())
-        .await
-        .expect("the upstream learned how the body ended")
-        .unwrap();
-    assert_eq!(outcome, "reset");
+    for relay in [true, false] {
+        let mut s = setup(relay).await;
+        // Client → upstream: a request whose body is still open is reset by the client; the
+        // upstream's read of it fails instead of waiting forever.
+        let mut client = s.client.clone().ready().await.unwrap();
+        let (resp, mut send) = client
+            .send_request(request("POST", "/hold"), false)
+            .unwrap();
+        send.send_data(Bytes::from_static(b"some of the body"), false)
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        send.send_reset(Reason::CANCEL);
+        drop(resp);
+        let outcome = timeout(BOUND, s.held.recv())
+            .await
+            .expect("the upstream learned how the body ended")
+            .unwrap();
+        assert_eq!(outcome, "reset");
 
-    // Upstream → client: headers, some data, then RST_STREAM: the client's body read fails,
-    // it neither hangs nor ends cleanly.
-    let mut client = s.client.clone().ready().await.unwrap();
-    let (resp, _) = client.send_request(request("GET", "/reset"), true).unwrap();
-    let resp = timeout(BOUND, resp).await.unwrap().unwrap();
-    let mut body = resp.into_body();
-    let read = timeout(BOUND, read_all(&mut body))
-        .await
-        .expect("the reset reached the client");
-    let err = read.expect_err("a reset stream read as complete");
-    // The upstream's reason, not one of the sidecar's own.
-    assert_eq!(err.reason(), Some(Reason::INTERNAL_ERROR), "{err}");
+        // Upstream → client: headers, some data, then RST_STREAM: the client's body read fails,
+        // it neither hangs nor ends cleanly.
+        let mut client = s.client.clone().ready().await.unwrap();
+        let (resp, _) = client.send_request(request("GET", "/reset"), true).unwrap();
+        let resp = timeout(BOUND, resp).await.unwrap().unwrap();
+        let mut body = resp.into_body();
+        let read = timeout(BOUND, read_all(&mut body))
+            .await
+            .expect("the reset reached the client");
+        let err = read.expect_err("a reset stream read as complete");
+        // The upstream's reason, not one of the sidecar's own.
+        assert_eq!(err.reason(), Some(Reason::INTERNAL_ERROR), "{err}");
 
-    // The connection is still usable after both.
-    let mut client = s.client.clone().ready().await.unwrap();
-    let (resp, _) = client
-        .send_request(request("GET", "/trailers-only"), true)
-        .unwrap();
-    assert_eq!(timeout(BOUND, resp).await.unwrap().unwrap().status(), 200);
-    s.sidecar.shutdown().await;
+        // The connection is still usable after both.
+        let mut client = s.client.clone().ready().await.unwrap();
+        let (resp, _) = client
+            .send_request(request("GET", "/trailers-only"), true)
+            .unwrap();
+        assert_eq!(timeout(BOUND, resp).await.unwrap().unwrap().status(), 200);
+        s.sidecar.shutdown().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_larger_than_every_window_flow_both_ways() {
-    let s = setup().await;
-    // Download: 4 MiB through 64 KiB windows.
-    let mut client = s.client.clone().ready().await.unwrap();
-    let (resp, _) = client.send_request(request("GET", "/big"), true).unwrap();
-    let resp = timeout(BOUND, resp).await.unwrap().unwrap();
-    let mut body = resp.into_body();
-    let got = timeout(Duration::from_secs(30), read_all(&mut body))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(got.len(), BIG);
-    assert!(got.iter().enumerate().all(|(i, b)| *b == pattern(i)));
+    for relay in [true, false] {
+        let s = setup(relay).await;
+        // Download: 4 MiB through 64 KiB windows.
+        let mut client = s.client.clone().ready().await.unwrap();
+        let (resp, _) = client.send_request(request("GET", "/big"), true).unwrap();
+        let resp = timeout(BOUND, resp).await.unwrap().unwrap();
+        let mut body = resp.into_body();
+        let got = timeout(Duration::from_secs(30), read_all(&mut body))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.len(), BIG);
+        assert!(got.iter().enumerate().all(|(i, b)| *b == pattern(i)));
 
-    // Upload: 4 MiB, sent as the sidecar grants capacity.
-    let mut client = s.client.clone().ready().await.unwrap();
-    let (resp, mut send) = client
-        .send_request(request("POST", "/echo"), false)
-        .unwrap();
-    let data: Vec<u8> = (0..BIG).map(pattern).collect();
-    let upload = async {
-        let mut sent = 0;
-        while sent < BIG {
-            send.reserve_capacity(BIG - sent);
-            let cap = std::future::poll_fn(|cx| send.poll_capacity(cx))
-                .await
-                .unwrap()
-                .unwrap();
-            let end = (sent + cap).min(BIG);
-            send.send_data(Bytes::copy_from_slice(&data[sent..end]), end == BIG)
-                .unwrap();
-            sent = end;
-        }
-    };
-    timeout(Duration::from_secs(30), upload).await.unwrap();
-    let resp = timeout(BOUND, resp).await.unwrap().unwrap();
-    let mut body = resp.into_body();
-    let answer = timeout(BOUND, read_all(&mut body)).await.unwrap().unwrap();
-    assert_eq!(String::from_utf8(answer).unwrap(), format!("{BIG} true"));
-    s.sidecar.shutdown().await;
+        // Upload: 4 MiB, sent as the sidecar grants capacity.
+        let mut client = s.client.clone().ready().await.unwrap();
+        let (resp, mut send) = client
+            .send_request(request("POST", "/echo"), false)
+            .unwrap();
+        let data: Vec<u8> = (0..BIG).map(pattern).collect();
+        let upload = async {
+            let mut sent = 0;
+            while sent < BIG {
+                send.reserve_capacity(BIG - sent);
+                let cap = std::future::poll_fn(|cx| send.poll_capacity(cx))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let end = (sent + cap).min(BIG);
+                send.send_data(Bytes::copy_from_slice(&data[sent..end]), end == BIG)
+                    .unwrap();
+                sent = end;
+            }
+        };
+        timeout(Duration::from_secs(30), upload).await.unwrap();
+        let resp = timeout(BOUND, resp).await.unwrap().unwrap();
+        let mut body = resp.into_body();
+        let answer = timeout(BOUND, read_all(&mut body)).await.unwrap().unwrap();
+        assert_eq!(String::from_utf8(answer).unwrap(), format!("{BIG} true"));
+        s.sidecar.shutdown().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settings_limits_are_advertised_and_enforced() {
-    let s = setup().await;
-    let mut client = s.client.clone().ready().await.unwrap();
-    // One exchange first: by its end the sidecar's SETTINGS have been applied.
-    let (resp, _) = client
-        .send_request(request("GET", "/trailers-only"), true)
-        .unwrap();
-    timeout(BOUND, resp).await.unwrap().unwrap();
-    // The sidecar's SETTINGS: a bounded number of concurrent streams.
-    let max = client.current_max_send_streams();
-    assert!((1..=1024).contains(&max), "max concurrent streams {max}");
-    // A header list over the sidecar's limit (64 KiB by default) is refused: never forwarded.
-    let mut client = client.ready().await.unwrap();
-    let big = "x".repeat(200 * 1024);
-    let req = http::Request::builder()
-        .uri("http://app/echo")
-        .header("x-big", big)
-        .body(())
-        .unwrap();
-    let refused = match client.send_request(req, true) {
-        Err(_) => true,
-        Ok((resp, _)) => match timeout(BOUND, resp).await.unwrap() {
+    for relay in [true, false] {
+        let s = setup(relay).await;
+        let mut client = s.client.clone().ready().await.unwrap();
+        // One exchange first: by its end the sidecar's SETTINGS have been applied.
+        let (resp, _) = client
+            .send_request(request("GET", "/trailers-only"), true)
+            .unwrap();
+        timeout(BOUND, resp).await.unwrap().unwrap();
+        // The sidecar's SETTINGS: a bounded number of concurrent streams.
+        let max = client.current_max_send_streams();
+        assert!((1..=1024).contains(&max), "max concurrent streams {max}");
+        // A header list over the sidecar's limit (64 KiB by default) is refused: never forwarded.
+        let mut client = client.ready().await.unwrap();
+        let big = "x".repeat(200 * 1024);
+        let req = http::Request::builder()
+            .uri("http://app/echo")
+            .header("x-big", big)
+            .body(())
+            .unwrap();
+        let refused = match client.send_request(req, true) {
             Err(_) => true,
-            Ok(r) => r.status() == 431,
-        },
-    };
-    assert!(refused, "an oversized header list was answered");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        !s.seen.paths.lock().unwrap().iter().any(|p| p == "/echo"),
-        "an oversized header list reached the upstream"
-    );
-    s.sidecar.shutdown().await;
+            Ok((resp, _)) => match timeout(BOUND, resp).await.unwrap() {
+                Err(_) => true,
+                Ok(r) => r.status() == 431,
+            },
+        };
+        assert!(refused, "an oversized header list was answered");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !s.seen.paths.lock().unwrap().iter().any(|p| p == "/echo"),
+            "an oversized header list reached the upstream"
+        );
+        s.sidecar.shutdown().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -394,63 +410,67 @@ async fn an_upstream_that_reads_nothing_holds_the_client_to_the_windows() {
     // The sidecar passes the windows through: it takes from the client what its own window
     // for the stream allows (1 MiB) and gives it back only as the upstream's window (64 KiB)
     // takes it, so a stalled upstream stops the client there, with nothing piling up between.
-    let s = setup().await;
-    let mut client = s.client.clone().ready().await.unwrap();
-    let (_resp, mut send) = client
-        .send_request(request("POST", "/stall"), false)
-        .unwrap();
-    let chunk = Bytes::from(vec![7u8; 16 * 1024]);
-    let mut sent = 0usize;
-    loop {
-        send.reserve_capacity(chunk.len());
-        let cap = timeout(
-            Duration::from_millis(700),
-            std::future::poll_fn(|cx| send.poll_capacity(cx)),
-        )
-        .await;
-        let Ok(Some(Ok(cap))) = cap else { break };
-        let n = cap.min(chunk.len());
-        send.send_data(chunk.slice(..n), false).unwrap();
-        sent += n;
+    for relay in [true, false] {
+        let s = setup(relay).await;
+        let mut client = s.client.clone().ready().await.unwrap();
+        let (_resp, mut send) = client
+            .send_request(request("POST", "/stall"), false)
+            .unwrap();
+        let chunk = Bytes::from(vec![7u8; 16 * 1024]);
+        let mut sent = 0usize;
+        loop {
+            send.reserve_capacity(chunk.len());
+            let cap = timeout(
+                Duration::from_millis(700),
+                std::future::poll_fn(|cx| send.poll_capacity(cx)),
+            )
+            .await;
+            let Ok(Some(Ok(cap))) = cap else { break };
+            let n = cap.min(chunk.len());
+            send.send_data(chunk.slice(..n), false).unwrap();
+            sent += n;
+            assert!(
+                sent <= BIG,
+                "the client sent {sent} bytes to an upstream that reads nothing"
+            );
+        }
+        let most = (1 << 20) + 65_535;
         assert!(
-            sent <= BIG,
-            "the client sent {sent} bytes to an upstream that reads nothing"
+            (65_535..=most).contains(&sent),
+            "the client could send {sent} bytes to an upstream that reads nothing (at most {most})"
         );
+        s.sidecar.shutdown().await;
     }
-    let most = (1 << 20) + 65_535;
-    assert!(
-        (65_535..=most).contains(&sent),
-        "the client could send {sent} bytes to an upstream that reads nothing (at most {most})"
-    );
-    s.sidecar.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_body_goes_on_after_an_early_response() {
-    let mut s = setup().await;
-    let mut client = s.client.clone().ready().await.unwrap();
-    let (resp, mut send) = client
-        .send_request(request("POST", "/early"), false)
-        .unwrap();
-    let resp = timeout(BOUND, resp).await.unwrap().unwrap();
-    assert_eq!(resp.status(), 200);
-    let mut sent = 0;
-    while sent < EARLY_BODY {
-        send.reserve_capacity(EARLY_BODY - sent);
-        let cap = timeout(BOUND, std::future::poll_fn(|cx| send.poll_capacity(cx)))
-            .await
-            .expect("capacity for the rest of the body")
-            .unwrap()
+    for relay in [true, false] {
+        let mut s = setup(relay).await;
+        let mut client = s.client.clone().ready().await.unwrap();
+        let (resp, mut send) = client
+            .send_request(request("POST", "/early"), false)
             .unwrap();
-        let n = cap.min(EARLY_BODY - sent);
-        send.send_data(Bytes::from(vec![1u8; n]), sent + n == EARLY_BODY)
-            .unwrap();
-        sent += n;
+        let resp = timeout(BOUND, resp).await.unwrap().unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut sent = 0;
+        while sent < EARLY_BODY {
+            send.reserve_capacity(EARLY_BODY - sent);
+            let cap = timeout(BOUND, std::future::poll_fn(|cx| send.poll_capacity(cx)))
+                .await
+                .expect("capacity for the rest of the body")
+                .unwrap()
+                .unwrap();
+            let n = cap.min(EARLY_BODY - sent);
+            send.send_data(Bytes::from(vec![1u8; n]), sent + n == EARLY_BODY)
+                .unwrap();
+            sent += n;
+        }
+        let outcome = timeout(BOUND, s.held.recv()).await.unwrap().unwrap();
+        assert_eq!(
+            outcome, "whole",
+            "the upstream did not get the body sent after its answer"
+        );
+        s.sidecar.shutdown().await;
     }
-    let outcome = timeout(BOUND, s.held.recv()).await.unwrap().unwrap();
-    assert_eq!(
-        outcome, "whole",
-        "the upstream did not get the body sent after its answer"
-    );
-    s.sidecar.shutdown().await;
 }
