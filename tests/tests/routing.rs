@@ -271,8 +271,11 @@ async fn table_swaps_under_load_lose_no_request() {
     env.shutdown().await;
 }
 
-/// An upstream that counts its open connections.
-async fn counting_upstream(name: &'static str) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+/// An upstream that counts its open connections; HTTP/1.1, or h2c with prior knowledge.
+async fn counting_upstream(
+    name: &'static str,
+    h2: bool,
+) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let open = Arc::new(AtomicUsize::new(0));
@@ -290,9 +293,17 @@ async fn counting_upstream(name: &'static str) -> (std::net::SocketAddr, Arc<Ato
                         .insert("x-served-by", http::HeaderValue::from_static(name));
                     Ok::<_, std::convert::Infallible>(r)
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
+                if h2 {
+                    let _ = hyper::server::conn::http2::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
                     .serve_connection(TokioIo::new(s), svc)
                     .await;
+                } else {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(s), svc)
+                        .await;
+                }
                 counter.fetch_sub(1, Ordering::SeqCst);
             });
         }
@@ -307,7 +318,7 @@ async fn removed_destination_loses_its_idle_pooled_connections() {
         ..EnvOptions::default()
     })
     .await;
-    let (fork, open) = counting_upstream("counted-fork").await;
+    let (fork, open) = counting_upstream("counted-fork", false).await;
     // The version before the write: the sidecar may load the new file before the next line runs.
     let v = env.version() + 1;
     env.write_raw_rules(&rule_yaml("k1", env.baseline.port(), fork));
@@ -343,6 +354,45 @@ async fn removed_destination_loses_its_idle_pooled_connections() {
         served_by(&env, &[("baggage", "sd-routing-key=k1")]).await,
         "baseline"
     );
+    let m = metrics(env.admin()).await;
+    assert!(sample(&m, "spur_pool_stale_closed_total") >= 1.0, "{m}");
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removed_destination_loses_its_shared_http2_connection() {
+    // The same over HTTP/2: the sidecar's shared upstream connection (the HTTP/2 relay's pool)
+    // to a destination that leaves the table is closed.
+    let env = Env::start(EnvOptions {
+        rules: vec![],
+        ..EnvOptions::default()
+    })
+    .await;
+    let (fork, open) = counting_upstream("counted-fork", true).await;
+    let v = env.version() + 1;
+    env.write_raw_rules(&rule_yaml("k1", env.baseline.port(), fork));
+    env.wait_version(v).await;
+    for _ in 0..3 {
+        let got = get_h2(env.addr(), "/", &[("baggage", "sd-routing-key=k1")])
+            .await
+            .unwrap();
+        assert_eq!(got.served_by(), "counted-fork", "{got:?}");
+    }
+    assert_eq!(
+        open.load(Ordering::SeqCst),
+        1,
+        "three requests, one shared connection"
+    );
+    env.write_raw_rules("[]\n");
+    env.wait_version(v + 1).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while open.load(Ordering::SeqCst) != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "stale upstream HTTP/2 connection still open"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let m = metrics(env.admin()).await;
     assert!(sample(&m, "spur_pool_stale_closed_total") >= 1.0, "{m}");
     env.shutdown().await;

@@ -492,11 +492,15 @@ impl Pool {
     }
 
     pub(crate) fn idle_count(&self) -> usize {
-        let state = self.lock();
+        let mut state = self.lock();
         state.h1.values().map(Vec::len).sum::<usize>()
             + state.raw.values().map(Vec::len).sum::<usize>()
             + state.h2.values().filter(|s| !s.is_closed()).count()
-            + state.mux.len()
+            + state
+                .mux
+                .values_mut()
+                .map(|m| usize::from(m.is_usable()))
+                .sum::<usize>()
     }
 }
 
@@ -583,6 +587,7 @@ async fn reap(pool: Weak<PoolInner>, idle_timeout: Duration) {
         prune(&mut state.h1, idle_timeout);
         prune(&mut state.raw, idle_timeout);
         state.h2.retain(|_, s| !s.is_closed());
+        state.mux.retain(|_, m| m.is_usable());
     }
 }
 

@@ -37,6 +37,17 @@ pub(super) struct Mux {
     in_flight: Arc<AtomicUsize>,
 }
 
+impl Mux {
+    /// Whether the connection has not failed or gone away, as h2 knows it now (no I/O).
+    pub(super) fn is_usable(&mut self) -> bool {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        !matches!(
+            self.sender.poll_ready(&mut cx),
+            std::task::Poll::Ready(Err(_))
+        )
+    }
+}
+
 /// Counts a stream in flight on its connection until dropped (with the exchange).
 pub(crate) struct InFlight(Arc<AtomicUsize>);
 
