@@ -312,20 +312,40 @@ async fn counting_upstream(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn removed_destination_loses_its_idle_pooled_connections() {
+async fn removed_destination_loses_its_pooled_connections() {
+    // HTTP/1.1 (idle pooled connections) and HTTP/2 (the relay's shared connection).
+    for h2 in [false, true] {
+        removed_destination_loses_its_pooled_connection(h2).await;
+    }
+}
+
+async fn removed_destination_loses_its_pooled_connection(h2: bool) {
     let env = Env::start(EnvOptions {
         rules: vec![],
         ..EnvOptions::default()
     })
     .await;
-    let (fork, open) = counting_upstream("counted-fork", false).await;
+    let (fork, open) = counting_upstream("counted-fork", h2).await;
+    let served = |headers: &'static [(&'static str, &'static str)]| {
+        let addr = env.addr();
+        async move {
+            let got = if h2 {
+                get_h2(addr, "/", headers).await
+            } else {
+                get(addr, "/", headers).await
+            };
+            let got = got.unwrap();
+            assert_eq!(got.status, 200, "{got:?}");
+            got.served_by().to_string()
+        }
+    };
     // The version before the write: the sidecar may load the new file before the next line runs.
     let v = env.version() + 1;
     env.write_raw_rules(&rule_yaml("k1", env.baseline.port(), fork));
     env.wait_version(v).await;
     for _ in 0..3 {
         assert_eq!(
-            served_by(&env, &[("baggage", "sd-routing-key=k1")]).await,
+            served(&[("baggage", "sd-routing-key=k1")]).await,
             "counted-fork"
         );
     }
@@ -334,11 +354,18 @@ async fn removed_destination_loses_its_idle_pooled_connections() {
     while env.sidecar().proxy().idle_upstream_connections() == 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "upstream connection never pooled"
+            "upstream connection never pooled (HTTP/2: {h2})"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(open.load(Ordering::SeqCst) >= 1);
+    if h2 {
+        assert_eq!(
+            open.load(Ordering::SeqCst),
+            1,
+            "three requests, one shared connection"
+        );
+    }
     // …until the destination leaves the table: then the fork sees it closed.
     env.write_raw_rules("[]\n");
     env.wait_version(v + 1).await;
@@ -346,53 +373,14 @@ async fn removed_destination_loses_its_idle_pooled_connections() {
     while open.load(Ordering::SeqCst) != 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "stale upstream connection still open"
+            "stale upstream connection still open (HTTP/2: {h2})"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(
-        served_by(&env, &[("baggage", "sd-routing-key=k1")]).await,
+        served(&[("baggage", "sd-routing-key=k1")]).await,
         "baseline"
     );
-    let m = metrics(env.admin()).await;
-    assert!(sample(&m, "spur_pool_stale_closed_total") >= 1.0, "{m}");
-    env.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn removed_destination_loses_its_shared_http2_connection() {
-    // The same over HTTP/2: the sidecar's shared upstream connection (the HTTP/2 relay's pool)
-    // to a destination that leaves the table is closed.
-    let env = Env::start(EnvOptions {
-        rules: vec![],
-        ..EnvOptions::default()
-    })
-    .await;
-    let (fork, open) = counting_upstream("counted-fork", true).await;
-    let v = env.version() + 1;
-    env.write_raw_rules(&rule_yaml("k1", env.baseline.port(), fork));
-    env.wait_version(v).await;
-    for _ in 0..3 {
-        let got = get_h2(env.addr(), "/", &[("baggage", "sd-routing-key=k1")])
-            .await
-            .unwrap();
-        assert_eq!(got.served_by(), "counted-fork", "{got:?}");
-    }
-    assert_eq!(
-        open.load(Ordering::SeqCst),
-        1,
-        "three requests, one shared connection"
-    );
-    env.write_raw_rules("[]\n");
-    env.wait_version(v + 1).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while open.load(Ordering::SeqCst) != 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "stale upstream HTTP/2 connection still open"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     let m = metrics(env.admin()).await;
     assert!(sample(&m, "spur_pool_stale_closed_total") >= 1.0, "{m}");
     env.shutdown().await;
