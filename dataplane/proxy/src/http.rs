@@ -232,10 +232,7 @@ async fn forward(
         }
         Err(e) => {
             tracing::warn!(client = %meta.client, error = %e, "upstream request failed");
-            let status = match e {
-                Error::ConnectTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-                _ => StatusCode::BAD_GATEWAY,
-            };
+            let status = upstream_status(&e);
             if let Some(p) = &pending {
                 p.fail(status.as_u16(), e.to_string());
             }
@@ -378,8 +375,22 @@ fn reject(status: StatusCode, reason: &'static str) -> (Response<Body>, Outcome)
     (resp, outcome)
 }
 
+/// The status answering a request that could not be sent upstream: 504 when connecting timed
+/// out, else 502.
+fn upstream_status(e: &Error) -> StatusCode {
+    match e {
+        Error::ConnectTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::BAD_GATEWAY,
+    }
+}
+
+/// The body of the proxy's own error responses.
+fn error_body(reason: &str) -> Bytes {
+    Bytes::from(format!("spur: {reason}\n"))
+}
+
 fn error(status: StatusCode, reason: &'static str) -> (Response<Body>, Outcome) {
-    let body = Full::new(Bytes::from(format!("spur: {reason}\n")))
+    let body = Full::new(error_body(reason))
         .map_err(|never| match never {})
         .boxed();
     let mut resp = Response::new(body);

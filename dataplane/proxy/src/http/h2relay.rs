@@ -30,12 +30,12 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 
 use super::headers;
+use crate::Shared;
 use crate::capture::{Direction, Pending};
 use crate::conn::ConnMeta;
 use crate::io::{Activity, Coalesce, Tracked};
 use crate::metrics::Outcome;
 use crate::pool::Version;
-use crate::{Error, Shared};
 use pump::Pump;
 use spur_runtime::Drain;
 
@@ -158,9 +158,17 @@ async fn exchange(
         outcome,
         tag,
     } = super::route(shared, meta, &mut parts);
-    headers::prepare_request(&mut parts, meta, None, shared.config.forwarded_headers);
+    headers::prepare_request(&mut parts, meta, None, config.forwarded_headers);
     let pending = super::begin_capture(shared, tag, &route, &parts, true);
     let tap = pending.as_deref();
+    let client_gone = || {
+        if let Some(p) = tap {
+            p.end(
+                Direction::Response,
+                Some("client reset the stream before the response".into()),
+            );
+        }
+    };
     let end = body.is_end_stream();
 
     // Connecting can take a while (up to the connect timeout): a client that resets its
@@ -180,21 +188,13 @@ async fn exchange(
     };
     let (response, mut up_send, _in_flight) = match opened {
         None => {
-            if let Some(p) = tap {
-                p.end(
-                    Direction::Response,
-                    Some("client reset the stream before the response".into()),
-                );
-            }
+            client_gone();
             return;
         }
         Some(Ok(opened)) => opened,
         Some(Err(e)) => {
             tracing::warn!(client = %meta.client, error = %e, "upstream request failed");
-            let status = match e {
-                Error::ConnectTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-                _ => StatusCode::BAD_GATEWAY,
-            };
+            let status = super::upstream_status(&e);
             if let Some(p) = tap {
                 p.fail(status.as_u16(), e.to_string());
             }
@@ -227,12 +227,7 @@ async fn exchange(
     let resp = match waited {
         Err(reason) => {
             up_send.send_reset(reason);
-            if let Some(p) = tap {
-                p.end(
-                    Direction::Response,
-                    Some("client reset the stream before the response".into()),
-                );
-            }
+            client_gone();
             return;
         }
         Ok(Err(e)) => {
@@ -341,7 +336,7 @@ impl RequestSide {
     }
 }
 
-/// Answers the stream with the proxy's own error (`super::error`'s body) and counts it; nothing
+/// Answers the stream with the proxy's own error (`super::error_body`) and counts it; nothing
 /// if the client is gone.
 fn reply_error(
     respond: &mut SendResponse<Bytes>,
@@ -349,7 +344,7 @@ fn reply_error(
     reason: &'static str,
     count: impl FnOnce(Outcome),
 ) {
-    let body = Bytes::from(format!("spur: {reason}\n"));
+    let body = super::error_body(reason);
     let Ok(resp) = Response::builder()
         .status(status)
         .header(http::header::CONTENT_TYPE, "text/plain")

@@ -28,7 +28,6 @@ pub(super) struct Pump {
     /// Reset sent to the receiving side when the body's stream fails for a reason of its own
     /// (not a reset its peer sent, which is passed on as it came).
     fallback: Reason,
-    done: bool,
 }
 
 impl Pump {
@@ -41,11 +40,11 @@ impl Pump {
                 Direction::Request => Reason::CANCEL,
                 Direction::Response => Reason::INTERNAL_ERROR,
             },
-            done: false,
         }
     }
 
-    /// Moves what can be moved now; `Ready(Ok)` once the body has ended at `to`.
+    /// Moves what can be moved now; `Ready(Ok)` once the body has ended at `to`. Not polled
+    /// again once ready (the exchange drops the body's stream then).
     pub(super) fn poll(
         &mut self,
         cx: &mut Context<'_>,
@@ -53,26 +52,18 @@ impl Pump {
         to: &mut SendStream<Bytes>,
         tap: Option<&Pending>,
     ) -> Poll<Result<(), Stop>> {
-        if self.done {
-            return Poll::Ready(Ok(()));
-        }
         let res = self.poll_inner(cx, from, to, tap);
-        if let Poll::Ready(r) = &res {
-            self.done = true;
-            if let Some(p) = tap {
-                match r {
-                    Ok(()) => p.end(self.dir, None),
-                    Err(Stop::FromFailed) => {
-                        p.end(self.dir, Some(format!("{} failed", self.what())))
-                    }
-                    Err(Stop::ToReset(reason)) => p.end(
-                        self.dir,
-                        Some(format!(
-                            "{} not delivered: stream reset ({reason})",
-                            self.what()
-                        )),
-                    ),
-                }
+        if let (Poll::Ready(r), Some(p)) = (&res, tap) {
+            match r {
+                Ok(()) => p.end(self.dir, None),
+                Err(Stop::FromFailed) => p.end(self.dir, Some(format!("{} failed", self.what()))),
+                Err(Stop::ToReset(reason)) => p.end(
+                    self.dir,
+                    Some(format!(
+                        "{} not delivered: stream reset ({reason})",
+                        self.what()
+                    )),
+                ),
             }
         }
         res
