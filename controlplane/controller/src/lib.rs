@@ -14,7 +14,8 @@
 //!   store lacks waits on);
 //! - [`errors_logged`]: a side watch whose failures are logged rather than pause the
 //!   controller it wakes;
-//! - [`leader`]: leader election on a Lease, each term fenced by the lease's own expiry.
+//! - [`leader`]: leader election on a Lease, each term fenced by the lease's own expiry;
+//! - [`verified`]: whole objects re-read only when a metadata store shows they changed.
 
 mod apply;
 mod backoff;
@@ -23,6 +24,7 @@ mod finalizer;
 pub mod leader;
 mod spawn;
 mod status;
+pub mod verified;
 mod watch_errors;
 
 pub use apply::{Owner, hash_of};

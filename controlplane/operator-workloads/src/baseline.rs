@@ -9,6 +9,7 @@
 //! needs neither the Argo controller nor any right on Rollouts beyond reading them.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{PodTemplateSpec, Service};
@@ -18,6 +19,7 @@ use kube::{Api, Client, ResourceExt};
 use serde::Deserialize;
 use spur_api::WorkloadKind;
 use spur_api::keys::labels;
+use spur_controller::verified::Verified;
 
 use crate::Error;
 
@@ -137,15 +139,31 @@ pub fn rollout_resource() -> ApiResource {
 }
 
 /// Reads the baseline `kind` `ns/name`: `Ok(Err(_))` when it does not exist or cannot be used.
+/// Deployments come through `cache` when there is one (read again only when their metadata
+/// changed); a controller whose passes another watch wakes passes `None`, so that it never
+/// reads an older version than the one that woke it.
 pub async fn read(
     client: &Client,
+    cache: Option<&Verified<Deployment>>,
     kind: WorkloadKind,
     ns: &str,
     name: &str,
 ) -> Result<Result<Baseline, Failure>, Error> {
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let deployment = async |name: &str| -> Result<Option<Deployment>, Error> {
+        Ok(match cache {
+            Some(cache) => cache
+                .get_opt(client, ns, name)
+                .await?
+                .map(Arc::unwrap_or_clone),
+            None => {
+                Api::<Deployment>::namespaced(client.clone(), ns)
+                    .get_opt(name)
+                    .await?
+            }
+        })
+    };
     match kind {
-        WorkloadKind::Deployment => Ok(match deployments.get_opt(name).await? {
+        WorkloadKind::Deployment => Ok(match deployment(name).await? {
             Some(d) => Ok(Baseline::deployment(d)),
             None => Err(not_found(kind, ns, name)),
         }),
@@ -167,7 +185,7 @@ pub async fn read(
                     if let Err(message) = r.check() {
                         return Ok(Err(invalid(ns, name, message)));
                     }
-                    let Some(d) = deployments.get_opt(&r.name).await? else {
+                    let Some(d) = deployment(&r.name).await? else {
                         return Ok(Err((
                             "BaselineNotFound",
                             format!(

@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::Store;
 use spur_api::{ExternalWorkload, ForkedWorkload, RoutingConfig, Sandbox};
+use spur_controller::verified::Verified;
 use spur_operator_enroll::EnrollConfig;
 use spur_operator_mesh::MeshConfig;
 use spur_operator_resources::ResourcesContext;
@@ -116,6 +117,13 @@ pub struct Stores {
     /// The operator's own EndpointSlices, as the ExternalWorkload controller prunes them (its
     /// Services it finds in `services`).
     pub external_slices: Store<EndpointSlice>,
+    /// Whole baseline Deployments, the Services of their namespaces and their pods, read
+    /// again only when their metadata shows a change. Filled by the watches that wake the
+    /// ForkedWorkload controller, so its passes read them at least as new as what woke them;
+    /// the Sandbox controller reads them too (as it reads any store).
+    pub baselines: Verified<Deployment>,
+    pub namespace_services: Verified<Service>,
+    pub pods: Verified<Pod>,
 }
 
 /// The context of the controllers of one run (a leader term: a new term has new watches): the
@@ -123,6 +131,32 @@ pub struct Stores {
 pub struct Term {
     pub ctx: Arc<WorkloadsContext>,
     pub stores: Stores,
+}
+
+impl Term {
+    /// The baseline `kind` `ns/name`, through the term's stores (`Ok(Err)`: why it cannot be
+    /// forked).
+    pub(crate) async fn baseline(
+        &self,
+        kind: spur_api::WorkloadKind,
+        ns: &str,
+        name: &str,
+    ) -> Result<Result<crate::baseline::Baseline, crate::baseline::Failure>, crate::Error> {
+        crate::baseline::read(&self.client, Some(&self.stores.baselines), kind, ns, name).await
+    }
+
+    /// The Services of `ns` a fork's sandbox Services can be made from (not the operator's own).
+    pub(crate) async fn baseline_services(
+        &self,
+        ns: &str,
+    ) -> Result<Arc<Vec<Service>>, crate::Error> {
+        let selector = crate::fork::baseline_services();
+        Ok(self
+            .stores
+            .namespace_services
+            .list(&self.client, ns, &selector)
+            .await?)
+    }
 }
 
 impl std::ops::Deref for Term {

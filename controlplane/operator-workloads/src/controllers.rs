@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::context::{Stores, Term, WorkloadsContext};
 use crate::triggers::primary;
 use crate::{external, forked, routegroup, routingconfig, sandbox, triggers, virtualw};
+use spur_controller::verified::Verified;
 use spur_operator_core::controller_config as config;
 
 /// Metadata changes of Argo Rollouts (baselines), for `controller`, of what stands in front
@@ -71,14 +72,25 @@ pub struct Wakes {
     pub sb_externals: Changes<ExternalWorkload>,
     pub sb_virtuals: Changes<VirtualWorkload>,
     pub sb_configs: Changes<RoutingConfig>,
-    pub fw_deployments: Changes<Deployment>,
-    pub fw_services: Changes<Service>,
+    pub forks: ForkWakes,
     pub rc_forks: Changes<ForkedWorkload>,
     pub rc_externals: Changes<ExternalWorkload>,
     pub ls_services: Changes<Service>,
     pub rg_sandboxes: Changes<Sandbox>,
     pub ew_leases: Changes<Lease>,
     pub ew_slices: Changes<EndpointSlice>,
+}
+
+/// What wakes the ForkedWorkload controller.
+pub struct ForkWakes {
+    /// Its own Deployments and Services.
+    pub deployments: Changes<Deployment>,
+    pub services: Changes<Service>,
+    /// Every Deployment, Service and pod, metadata only: baselines, the Services of their
+    /// namespaces, their pods.
+    pub baselines: Changes<PartialObjectMeta<Deployment>>,
+    pub namespace_services: Changes<PartialObjectMeta<Service>>,
+    pub pods: Changes<PartialObjectMeta<Pod>>,
 }
 
 /// Starts (lazily: on first poll) this run's watches: the stores go into the controllers'
@@ -117,6 +129,25 @@ pub fn watches(client: &Client, ctx: Arc<WorkloadsContext>) -> (Arc<Term>, Wakes
         Api::<Service>::all(client.clone()),
         managed(),
         triggers::fork_service,
+    );
+    // Every Deployment, Service and pod, metadata only. They wake the ForkedWorkload
+    // controller (a baseline, the Services of its namespace, its pods), and their stores vouch
+    // for the whole objects the passes read: each is read from the API server again only when
+    // it changed (`spur_controller::verified`).
+    let (baseline_meta, fw_baselines) = triggers::changes(
+        Api::<PartialObjectMeta<Deployment>>::all(client.clone()),
+        wc(),
+        triggers::any_change,
+    );
+    let (service_meta, fw_namespace_services) = triggers::changes(
+        Api::<PartialObjectMeta<Service>>::all(client.clone()),
+        wc(),
+        triggers::any_change,
+    );
+    let (pod_meta, fw_pods) = triggers::changes(
+        Api::<PartialObjectMeta<Pod>>::all(client.clone()),
+        wc(),
+        triggers::any_change,
     );
     let (rc_forks, rc_fork_changes) = triggers::changes(
         Api::<ForkedWorkload>::all(client.clone()),
@@ -165,14 +196,22 @@ pub fn watches(client: &Client, ctx: Arc<WorkloadsContext>) -> (Arc<Term>, Wakes
         deployments,
         services,
         listener_services,
+        baselines: Verified::new(baseline_meta),
+        namespace_services: Verified::new(service_meta),
+        pods: Verified::new(pod_meta),
     };
     let wakes = Wakes {
         sb_forks: Box::pin(sb_forks),
         sb_externals: Box::pin(sb_externals),
         sb_virtuals: Box::pin(sb_virtuals),
         sb_configs: Box::pin(sb_configs),
-        fw_deployments: Box::pin(fw_deployments),
-        fw_services: Box::pin(fw_services),
+        forks: ForkWakes {
+            deployments: Box::pin(fw_deployments),
+            services: Box::pin(fw_services),
+            baselines: Box::pin(fw_baselines),
+            namespace_services: Box::pin(fw_namespace_services),
+            pods: Box::pin(fw_pods),
+        },
         rc_forks: Box::pin(rc_fork_changes),
         rc_externals: Box::pin(rc_external_changes),
         ls_services: Box::pin(ls_services),
@@ -253,31 +292,20 @@ fn reads_services_of(fw: &ForkedWorkload, ns: &str) -> bool {
 /// ForkedWorkloads, woken by their Deployment and Services, their baseline Deployment or
 /// Rollout, the baseline namespace's Services and its pods, and the baselines and Services a
 /// `valueFrom.fork` value is rendered from (in any namespace).
-pub async fn forks(
-    client: Client,
-    term: Arc<Term>,
-    deployments: Changes<Deployment>,
-    services: Changes<Service>,
-    stop: CancellationToken,
-) {
-    let wc = watcher::Config::default;
+pub async fn forks(client: Client, term: Arc<Term>, wakes: ForkWakes, stop: CancellationToken) {
     let fw = primary(Api::<ForkedWorkload>::all(client.clone())).with_config(config());
     let (by_baseline, by_rollout, by_namespace, by_pod) =
         (fw.store(), fw.store(), fw.store(), fw.store());
     let forks = fw
-        .owns_stream(deployments)
-        .owns_stream(services)
+        .owns_stream(wakes.deployments)
+        .owns_stream(wakes.services)
         // A changed baseline Deployment reaches its forks at once: metadata-only watches (no
         // specs or statuses cached), mapped through the ForkedWorkload store.
-        .watches(
-            Api::<PartialObjectMeta<Deployment>>::all(client.clone()),
-            wc(),
-            move |d| {
-                objects_where(&by_baseline, |fw| {
-                    reads_workload(fw, WorkloadKind::Deployment, &d)
-                })
-            },
-        )
+        .watches_stream(wakes.baselines, move |d| {
+            objects_where(&by_baseline, |fw| {
+                reads_workload(fw, WorkloadKind::Deployment, &d)
+            })
+        })
         .watches_stream_with(
             rollouts(&client, "forkedworkload"),
             move |r| {
@@ -290,30 +318,22 @@ pub async fn forks(
         // A new or changed baseline Service gets (or changes) its sandbox Services. The
         // operator's own Services are skipped: each would otherwise wake every fork of its
         // namespace.
-        .watches(
-            Api::<PartialObjectMeta<Service>>::all(client.clone()),
-            wc(),
-            move |svc| {
-                if is_managed(&svc) {
-                    return Vec::new();
-                }
-                let ns = svc.namespace().unwrap_or_default();
-                objects_where(&by_namespace, |fw| reads_services_of(fw, &ns))
-            },
-        )
+        .watches_stream(wakes.namespace_services, move |svc| {
+            if is_managed(&svc) {
+                return Vec::new();
+            }
+            let ns = svc.namespace().unwrap_or_default();
+            objects_where(&by_namespace, |fw| reads_services_of(fw, &ns))
+        })
         // Baseline pods coming, going or changing readiness change the sidecar coverage in
         // status. Metadata-only (every change bumps it); fork pods are the fork Deployment's.
-        .watches(
-            Api::<PartialObjectMeta<Pod>>::all(client),
-            wc(),
-            move |pod| {
-                if pod.labels().contains_key(spur_api::keys::labels::FORK) {
-                    return Vec::new();
-                }
-                let ns = pod.namespace().unwrap_or_default();
-                objects_where(&by_pod, |fw| fw.spec.baseline.namespace == ns)
-            },
-        );
+        .watches_stream(wakes.pods, move |pod| {
+            if pod.labels().contains_key(spur_api::keys::labels::FORK) {
+                return Vec::new();
+            }
+            let ns = pod.namespace().unwrap_or_default();
+            objects_where(&by_pod, |fw| fw.spec.baseline.namespace == ns)
+        });
     spur_controller::run(
         "forkedworkload",
         forks,

@@ -76,7 +76,9 @@ pub(crate) async fn reconcile(ew: Arc<ExternalWorkload>, ctx: Arc<Term>) -> Resu
 
 async fn apply(ew: &ExternalWorkload, ns: &str, ctx: &Term) -> Result<Action, Error> {
     let b = &ew.spec.baseline;
-    let baseline = match crate::baseline::read(&ctx.client, b.kind, ns, &b.name).await? {
+    // Read directly, not through the term's stores: this controller's own watches wake it,
+    // and those stores may not have seen yet what woke it.
+    let baseline = match crate::baseline::read(&ctx.client, None, b.kind, ns, &b.name).await? {
         Ok(baseline) => baseline,
         Err((reason, message)) => {
             delete_children(&ew.name_any(), ns, ctx).await?;
@@ -85,10 +87,10 @@ async fn apply(ew: &ExternalWorkload, ns: &str, ctx: &Term) -> Result<Action, Er
         }
     };
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
-    let all = services
-        .list(&crate::fork::baseline_services())
-        .await?
-        .items;
+    let lp = ListParams::default()
+        .labels_from(&crate::fork::baseline_services())
+        .match_any();
+    let all = services.list(&lp).await?.items;
     let session = session(ew, ctx).await?;
     let now_s = spur_serving::pki::now_unix();
     let mut plan = plan(ew, &baseline, &all, session.as_ref(), now_s);

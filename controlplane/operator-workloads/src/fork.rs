@@ -45,19 +45,14 @@ pub struct ForkId<'a> {
     pub routing_key: &'a str,
 }
 
-/// Lists the Services that may stand for a baseline: all but the operator's own sandbox
-/// Services, served from the API server's watch cache (`resourceVersion=0`): label selectors
-/// are not indexed in etcd, so a consistent list would read every Service of the namespace from
-/// etcd on every reconcile. A slightly stale list is fine: a new baseline Service reaches the
-/// fork on the next reconcile.
-pub fn baseline_services() -> kube::api::ListParams {
-    kube::api::ListParams::default()
-        .labels(&format!(
-            "{}!={}",
-            labels::MANAGED_BY,
-            labels::MANAGED_BY_VALUE
-        ))
-        .match_any()
+/// Selects the Services that may stand for a baseline: all but the operator's own sandbox
+/// Services. Listed from the API server's watch cache (`resourceVersion=0`, as
+/// `spur_controller::verified` lists): label selectors are not indexed in etcd, so a
+/// consistent list would read every Service of the namespace from etcd. A slightly stale list
+/// is fine: a new baseline Service reaches the fork on the next reconcile.
+pub fn baseline_services() -> kube::core::Selector {
+    kube::core::Expression::NotEqual(labels::MANAGED_BY.into(), labels::MANAGED_BY_VALUE.into())
+        .into()
 }
 
 /// Builds the fork of `baseline` with `customizations`, and its sandbox Services for the

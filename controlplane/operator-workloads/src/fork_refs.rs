@@ -4,18 +4,19 @@
 //! not wait for the other fork to exist: the name of its Service is known before it is made.
 
 use k8s_openapi::api::core::v1::Service;
-use kube::{Api, Client, ResourceExt};
+use kube::ResourceExt;
 use spur_api::sandbox::{Customizations, expression};
 use spur_api::{WorkloadRef, names};
 
 use crate::Error;
 use crate::baseline::Baseline;
+use crate::context::Term;
 
 /// `c` with every `valueFrom.fork` rendered for a fork in namespace `ns` of `sandbox`, given
 /// the Services of `ns` (read again for a baseline elsewhere); `Ok(Err)` is a message for the
 /// user. Both the Sandbox's check and the ForkedWorkload's plan go through here.
 pub(crate) async fn rendered(
-    client: &Client,
+    term: &Term,
     sandbox: &str,
     c: &Customizations,
     ns: &str,
@@ -23,7 +24,7 @@ pub(crate) async fn rendered(
 ) -> Result<Result<Customizations, String>, Error> {
     let mut targets = Vec::new();
     for r in referenced(c) {
-        let t = lookup(client, sandbox, r, ns, services).await?;
+        let t = lookup(term, sandbox, r, ns, services).await?;
         targets.push((r.clone(), t));
     }
     Ok(resolved(c, &targets))
@@ -31,13 +32,14 @@ pub(crate) async fn rendered(
 
 /// Where the fork of `baseline` in `sandbox` is reached, or why it has no address.
 async fn lookup(
-    client: &Client,
+    term: &Term,
     sandbox: &str,
     baseline: &WorkloadRef,
     ns: &str,
     services: &[Service],
 ) -> Result<Result<ForkTarget, String>, Error> {
-    let d = match crate::baseline::read(client, baseline.kind, &baseline.namespace, &baseline.name)
+    let d = match term
+        .baseline(baseline.kind, &baseline.namespace, &baseline.name)
         .await?
     {
         Ok(d) => d,
@@ -47,9 +49,8 @@ async fn lookup(
     let services = if baseline.namespace == ns {
         services
     } else {
-        let api: Api<Service> = Api::namespaced(client.clone(), &baseline.namespace);
-        elsewhere = api.list(&crate::fork::baseline_services()).await?.items;
-        &elsewhere
+        elsewhere = term.baseline_services(&baseline.namespace).await?;
+        elsewhere.as_slice()
     };
     Ok(target(sandbox, &d, services))
 }

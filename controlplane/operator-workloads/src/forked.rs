@@ -16,6 +16,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use spur_api::keys::labels;
 use spur_api::{ForkedWorkload, ForkedWorkloadStatus};
+use spur_controller::verified::Verified;
 
 use crate::baseline::Baseline;
 use crate::context::{OWNER, Term, WorkloadsContext};
@@ -118,24 +119,15 @@ async fn build(
         return Ok(Err(failure));
     }
     let b = &fw.spec.baseline;
-    let baseline = match crate::baseline::read(&ctx.client, b.kind, ns, &b.name).await? {
+    let baseline = match ctx.baseline(b.kind, ns, &b.name).await? {
         Ok(baseline) => baseline,
         Err(failure) => return Ok(Err(failure)),
     };
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
-    let all = services
-        .list(&crate::fork::baseline_services())
-        .await?
-        .items;
+    let all = ctx.baseline_services(ns).await?;
     // `valueFrom.fork` rendered into literal values first: the plan takes only literals.
-    let rendered = crate::fork_refs::rendered(
-        &ctx.client,
-        &fw.spec.sandbox,
-        &fw.spec.customizations,
-        ns,
-        &all,
-    )
-    .await?;
+    let rendered =
+        crate::fork_refs::rendered(ctx, &fw.spec.sandbox, &fw.spec.customizations, ns, &all)
+            .await?;
     let customizations = match rendered {
         Ok(c) => c,
         Err(message) => return Ok(Err(("InvalidCustomization", message))),
@@ -163,7 +155,7 @@ async fn sidecar_coverage(
     fw: &ForkedWorkload,
     baseline: &Baseline,
     ns: &str,
-    ctx: &WorkloadsContext,
+    ctx: &Term,
 ) -> Result<Option<spur_api::SidecarCoverage>, Error> {
     let before = fw
         .status
@@ -176,12 +168,15 @@ async fn sidecar_coverage(
         &baseline.workload,
         ns,
         ctx,
+        Some(&ctx.stores.pods),
     )
     .await
 }
 
 /// [`sidecar_coverage`] for any sandbox workload `owner` (its name, for the metric) of
-/// `sandbox` standing in front of `baseline`, given the coverage it reported before.
+/// `sandbox` standing in front of `baseline`, given the coverage it reported before. Pods come
+/// through `cache` when there is one (listed again only when one changed): see
+/// [`crate::baseline::read`] for when there is none.
 pub(crate) async fn coverage_of(
     owner: &str,
     sandbox: &str,
@@ -189,6 +184,7 @@ pub(crate) async fn coverage_of(
     baseline: &Deployment,
     ns: &str,
     ctx: &WorkloadsContext,
+    cache: Option<&Verified<Pod>>,
 ) -> Result<Option<spur_api::SidecarCoverage>, Error> {
     let Some(selector) = baseline.spec.as_ref().map(|s| s.selector.clone()) else {
         return Ok(None);
@@ -199,9 +195,18 @@ pub(crate) async fn coverage_of(
     if selector.selects_all() {
         return Ok(None);
     }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let lp = ListParams::default().labels_from(&selector).match_any();
-    let pods = pods.list(&lp).await?.items;
+    let pods = match cache {
+        Some(cache) => cache.list(&ctx.client, ns, &selector).await?,
+        None => {
+            let lp = ListParams::default().labels_from(&selector).match_any();
+            Arc::new(
+                Api::<Pod>::namespaced(ctx.client.clone(), ns)
+                    .list(&lp)
+                    .await?
+                    .items,
+            )
+        }
+    };
     let (coverage, missing) = status::coverage(&pods);
     ctx.metrics.pods_without_sidecar(ns, owner, missing.len());
     let before: BTreeSet<&str> = before

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -348,7 +348,7 @@ async fn check(
     sb: &Sandbox,
     name: &str,
     key: &str,
-    ctx: &WorkloadsContext,
+    ctx: &Term,
 ) -> Result<Result<(), (&'static str, String)>, Error> {
     if let Err(e) = sb.validate() {
         return Ok(Err(("Invalid", e.to_string())));
@@ -372,17 +372,13 @@ async fn check(
     }
     for (i, fork) in sb.spec.forks.iter().enumerate() {
         let b = &fork.fork_of;
-        let baseline =
-            match crate::baseline::read(&ctx.client, b.kind, &b.namespace, &b.name).await? {
-                Ok(baseline) => baseline,
-                Err((reason, message)) => {
-                    return Ok(Err((reason, format!("forks[{i}]: {message}"))));
-                }
-            };
-        let services: Vec<Service> = Api::<Service>::namespaced(ctx.client.clone(), &b.namespace)
-            .list(&crate::fork::baseline_services())
-            .await?
-            .items;
+        let baseline = match ctx.baseline(b.kind, &b.namespace, &b.name).await? {
+            Ok(baseline) => baseline,
+            Err((reason, message)) => {
+                return Ok(Err((reason, format!("forks[{i}]: {message}"))));
+            }
+        };
+        let services = ctx.baseline_services(&b.namespace).await?;
         let fw_name = names::fork_name(name, b);
         let id = ForkId {
             name: &fw_name,
@@ -390,7 +386,7 @@ async fn check(
             routing_key: key,
         };
         let planned = match crate::fork_refs::rendered(
-            &ctx.client,
+            ctx,
             name,
             &fork.customizations,
             &b.namespace,

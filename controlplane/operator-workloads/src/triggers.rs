@@ -71,6 +71,12 @@ pub(crate) fn fork_service(svc: &Service) -> u64 {
     hash_of(&(meta_digest(svc), &svc.spec))
 }
 
+/// Any change at all (metadata watches: a status change shows only as a new version), for
+/// the watches whose stores vouch for whole objects (`spur_controller::verified`).
+pub(crate) fn any_change<K: kube::Resource>(obj: &K) -> u64 {
+    hash_of(&obj.meta().resource_version)
+}
+
 /// A Sandbox as a RouteGroup reads it: its labels (spec), deletion, its forks and readiness.
 pub(crate) fn group_member(sb: &Sandbox) -> u64 {
     let st = sb.status.as_ref();

@@ -31,9 +31,17 @@ pub(crate) async fn reconcile(
     let spec = &vw.spec;
     let baseline = match status::check(&vw, &ns) {
         Err(verdict) => Err(verdict),
-        Ok(()) => crate::baseline::read(&ctx.client, spec.baseline.kind, &ns, &spec.baseline.name)
-            .await?
-            .map_err(|(reason, message)| status::Verdict::not_ready(reason, message)),
+        // Read directly, not through the term's stores: this controller's own watches wake it,
+        // and those stores may not have seen yet what woke it.
+        Ok(()) => crate::baseline::read(
+            &ctx.client,
+            None,
+            spec.baseline.kind,
+            &ns,
+            &spec.baseline.name,
+        )
+        .await?
+        .map_err(|(reason, message)| status::Verdict::not_ready(reason, message)),
     };
     let old = vw.status.clone().unwrap_or_default();
     let (st, verdict) = match baseline {
@@ -47,6 +55,7 @@ pub(crate) async fn reconcile(
                 &baseline.workload,
                 &ns,
                 ctx.as_ref(),
+                None,
             )
             .await?;
             status::status(&vw, &ns, &old, Ok((&baseline.workload, coverage)))

@@ -76,13 +76,7 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: CancellationToken) {
             w.sb_configs,
             s.clone()
         ),
-        c::forks(
-            cl.clone(),
-            term.clone(),
-            w.fw_deployments,
-            w.fw_services,
-            s.clone()
-        ),
+        c::forks(cl.clone(), term.clone(), w.forks, s.clone()),
         c::externals(
             cl.clone(),
             term.clone(),

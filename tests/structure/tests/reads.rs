@@ -29,6 +29,10 @@ const KEY_MATERIAL: &str = "key material (read when needed, not kept in a store)
 const NOT_A_PASS: &str = "not a controller pass (webhook, periodic sweep, start-up)";
 /// The store first; the API server only for an object the store has not seen yet.
 const FALLBACK: &str = "store first, the API server only for what it has not seen yet";
+/// Users' objects through `spur_controller::verified`: the copy read before, while the
+/// metadata store of the watch that wakes the controller shows the same version; the API
+/// server only for what changed or what that store has not seen.
+const VERIFIED: &str = "a user's object, read again only when its metadata store shows a change";
 /// Reads an object re-read after a write conflict (409) or between retries of a
 /// read-modify-write: by definition the store's copy was the stale one.
 const AFTER_CONFLICT: &str = "a re-read after a write conflict";
@@ -117,16 +121,14 @@ const DIRECT_READS: &[(&str, &str, &str)] = &[
     ("controlplane/operator-resources/src/olm.rs", "stop", NOT_YET),
     // Workloads: baselines are the users'; a name the fork would take may be someone else's.
     ("controlplane/operator-workloads/src/baseline.rs", "read", USER_OBJECT),
+    ("controlplane/operator-workloads/src/context.rs", "baseline_services", VERIFIED),
     ("controlplane/operator-workloads/src/external.rs", "apply", USER_OBJECT),
     ("controlplane/operator-workloads/src/external.rs", "collect_dead_tunnels", NOT_A_PASS),
     ("controlplane/operator-workloads/src/external.rs", "delete_children", FINAL),
-    ("controlplane/operator-workloads/src/fork_refs.rs", "lookup", USER_OBJECT),
-    ("controlplane/operator-workloads/src/forked.rs", "build", USER_OBJECT),
     ("controlplane/operator-workloads/src/forked.rs", "conflicts", AUTHORITY),
     ("controlplane/operator-workloads/src/forked.rs", "coverage_of", USER_OBJECT),
     ("controlplane/operator-workloads/src/forked.rs", "delete_children", FINAL),
     ("controlplane/operator-workloads/src/routingconfig.rs", "read", FALLBACK),
-    ("controlplane/operator-workloads/src/sandbox.rs", "check", USER_OBJECT),
     ("controlplane/operator-workloads/src/sandbox.rs", "not_enabled", USER_OBJECT),
     // Both the prune of removed workloads on every pass (watch cache) and the final one.
     ("controlplane/operator-workloads/src/sandbox.rs", "prune", FINAL),
