@@ -9,6 +9,8 @@
 #         The sidecar forwards over HTTP/2 to `spur-bench-upstream`.
 #   grpc  gRPC unary `spur.bench.v1.Bench/Echo` with a 1 KiB message, one connection with 16
 #         streams in flight, to `spur-bench-upstream`.
+#   h2c-hyper, grpc-hyper
+#         the same through hyper's HTTP/2 path (`http2Relay: false`) instead of the relay.
 #
 #   perf/flamegraph.sh [OUT_DIR] [PROTOCOL...]   # → OUT_DIR/flamegraph-h1-relay.svg,
 #       flamegraph-h1-hyper.svg, flamegraph-h2c.svg, flamegraph-grpc.svg (default: perf/results, h1)
@@ -81,10 +83,19 @@ for protocol in "${protocols[@]}"; do
         h2c)
             profile h2c "h2c 1 KiB responses, 16 streams" "$upstream" -- -c 1 -m 16 "http://$listen/bytes/1024"
             ;;
+        h2c-hyper)
+            profile h2c-hyper "h2c 1 KiB responses, 16 streams, hyper path" "$upstream" \
+                --proxy-config "$work/no-h2relay.yaml" -- -c 1 -m 16 "http://$listen/bytes/1024"
+            ;;
         grpc)
             profile grpc "gRPC unary 1 KiB, 16 streams" "$upstream" -- -c 1 -m 16 -d "$work/grpc.bin" \
                 -H 'content-type: application/grpc' -H 'te: trailers' "http://$listen/spur.bench.v1.Bench/Echo"
             ;;
-        *) echo "perf/flamegraph.sh: unknown protocol $protocol (h1, h2c, grpc)" >&2; exit 2 ;;
+        grpc-hyper)
+            profile grpc-hyper "gRPC unary 1 KiB, 16 streams, hyper path" "$upstream" \
+                --proxy-config "$work/no-h2relay.yaml" -- -c 1 -m 16 -d "$work/grpc.bin" \
+                -H 'content-type: application/grpc' -H 'te: trailers' "http://$listen/spur.bench.v1.Bench/Echo"
+            ;;
+        *) echo "perf/flamegraph.sh: unknown protocol $protocol (h1, h2c, h2c-hyper, grpc, grpc-hyper)" >&2; exit 2 ;;
     esac
 done
