@@ -37,7 +37,7 @@ struct Seen {
 /// `/reset` sends headers then RST_STREAM(INTERNAL_ERROR), `/hold` reads the request body and
 /// reports how it ended on `held`, `/big` sends 4 MiB, `/echo` reads the body and answers its
 /// length and whether every byte matched the pattern, `/with-body` answers every method (HEAD
-/// too, as some servers do) with a 5-byte body, `/stall` reads nothing for 3 s, `/early` answers
+/// too, as some servers do) with a 5-byte body, `/stall` reads nothing for 30 s, `/early` answers
 /// first and then reads the body, reporting on `held` whether all of it came. Its windows are
 /// h2's defaults (64 KiB).
 async fn upstream(seen: Arc<Seen>, held: mpsc::Sender<&'static str>) -> SocketAddr {
@@ -142,8 +142,10 @@ async fn serve(
             let _ = held.send(outcome).await;
         }
         "/stall" => {
-            // Reads nothing of the body for a while: the client is held to the windows.
-            tokio::time::sleep(Duration::from_secs(3)).await;
+            // Reads nothing of the body for longer than the test takes on a loaded machine (the
+            // test shuts the sidecar down first): the client is held to the windows. Once it
+            // let go (3 s, before), a slow run saw the windows open again and more sent.
+            tokio::time::sleep(Duration::from_secs(30)).await;
             drop(body);
             let _ = respond.send_response(ok().body(()).unwrap(), true);
         }
@@ -248,6 +250,15 @@ async fn trailers_only_responses_arrive_whole() {
         assert_eq!(resp.status(), 200);
         assert_eq!(resp.headers()["grpc-status"], "7");
         assert_eq!(resp.headers()["grpc-message"], "denied");
+        // The upstream sent no `Date`: the proxy adds one (RFC 9110 §6.6.1).
+        let date = resp.headers()["date"].to_str().unwrap();
+        let at = httpdate::parse_http_date(date).unwrap();
+        assert!(
+            std::time::SystemTime::now()
+                .duration_since(at)
+                .is_ok_and(|d| d.as_secs() <= 5),
+            "{date}"
+        );
         let mut body = resp.into_body();
         assert_eq!(
             timeout(BOUND, read_all(&mut body)).await.unwrap().unwrap(),

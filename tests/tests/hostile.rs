@@ -434,8 +434,8 @@ async fn client_reset_mid_request_leaves_the_proxy_serving() {
 }
 
 /// A raw HTTP/1 upstream: `/partial` answers headers promising 100000 bytes, sends 7 and closes;
-/// `/reset` does the same but resets the connection; `/silent` closes without answering; anything
-/// else gets a complete `ok`.
+/// `/reset` does the same but resets the connection; `/silent` closes without answering; `/dated`
+/// answers `ok` with a `Date` of its own; anything else gets a complete `ok` without one.
 async fn spawn_broken_upstream() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -466,6 +466,13 @@ async fn spawn_broken_upstream() -> SocketAddr {
                     }
                 } else if line.contains(" /silent ") {
                     // Close without a word.
+                } else if line.contains(" /dated ") {
+                    let _ = stream
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                        )
+                        .await;
+                    let _ = stream.shutdown().await;
                 } else {
                     let _ = stream
                         .write_all(
@@ -480,6 +487,18 @@ async fn spawn_broken_upstream() -> SocketAddr {
     addr
 }
 
+/// One `Date`, within a few seconds of now.
+fn assert_dated_now(headers: &http::HeaderMap) {
+    let dates: Vec<_> = headers.get_all("date").iter().collect();
+    assert_eq!(dates.len(), 1, "{headers:?}");
+    let at = httpdate::parse_http_date(dates[0].to_str().unwrap()).unwrap();
+    let skew = match std::time::SystemTime::now().duration_since(at) {
+        Ok(d) => d,
+        Err(e) => e.duration(),
+    };
+    assert!(skew.as_secs() <= 5, "{:?} is {skew:?} off", dates[0]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_dying_mid_response_truncates_without_hanging() {
     let upstream = spawn_broken_upstream().await;
@@ -491,6 +510,14 @@ async fn upstream_dying_mid_response_truncates_without_hanging() {
         .expect("hung")
         .unwrap();
     assert_eq!((got.status.as_u16(), got.body.as_str()), (200, "ok"));
+    // A response without a `Date` gets the proxy's (RFC 9110 §6.6.1); one with its own keeps it.
+    assert_dated_now(&got.headers);
+    let got = timeout(BOUND, get(addr, "/dated", &[]))
+        .await
+        .expect("hung")
+        .unwrap();
+    let dates: Vec<_> = got.headers.get_all("date").iter().collect();
+    assert_eq!(dates, ["Tue, 01 Dec 2026 00:00:00 GMT"]);
 
     for path in ["/partial", "/reset"] {
         let res = timeout(BOUND, get(addr, path, &[]))
@@ -518,6 +545,7 @@ async fn upstream_dying_mid_response_truncates_without_hanging() {
         .expect("hung")
         .unwrap();
     assert_eq!(got.status, 502);
+    assert_dated_now(&got.headers);
     let got = timeout(BOUND, get(addr, "/ok", &[]))
         .await
         .expect("hung")

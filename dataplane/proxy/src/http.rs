@@ -2,6 +2,7 @@
 //! it over a pooled upstream connection, stream bodies both ways (trailers included), and splice
 //! upgraded connections (WebSocket, CONNECT) once the upstream has agreed.
 
+mod date;
 mod h2relay;
 mod headers;
 mod relay;

@@ -247,6 +247,7 @@ async fn exchange(
 
     let (mut parts, up_recv) = resp.into_parts();
     headers::prepare_response(&mut parts, Version::Http2, false);
+    super::date::add_if_missing(&mut parts.headers);
     // A response to HEAD has no content (RFC 9110 9.3.2): a body an upstream sends anyway is
     // dropped (which resets only the upstream stream), its headers stay.
     let end = head || up_recv.is_end_stream();
@@ -345,7 +346,7 @@ fn reply_error(
     count: impl FnOnce(Outcome),
 ) {
     let body = super::error_body(reason);
-    let Ok(resp) = Response::builder()
+    let Ok(mut resp) = Response::builder()
         .status(status)
         .header(http::header::CONTENT_TYPE, "text/plain")
         .header(http::header::CONTENT_LENGTH, body.len())
@@ -353,6 +354,7 @@ fn reply_error(
     else {
         return;
     };
+    super::date::add_if_missing(resp.headers_mut());
     let Ok(mut send) = respond.send_response(resp, false) else {
         return;
     };

@@ -6,7 +6,9 @@ use http::{StatusCode, header};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::framing::{Chunked, Framing};
-use super::wire::{IoFail, copy_body, decimal, head_end, put_field, read_some, tokens, write};
+use super::wire::{
+    IoFail, copy_body, decimal, head_end, put_date, put_field, read_some, tokens, write,
+};
 use super::{BODY_READ, COALESCE, Conn, MAX_FIELDS, Next, Plan, Stop};
 use crate::Error;
 use crate::http::headers::{Field, VIA_HTTP1, field};
@@ -249,6 +251,7 @@ impl Conn<'_> {
         out.push(b' ');
         out.extend_from_slice(resp.reason.unwrap_or("").as_bytes());
         out.extend_from_slice(b"\r\n");
+        let mut dated = false;
         for (f, kind) in resp.headers.iter().zip(kinds) {
             let name = f.name.as_bytes();
             if matches!(kind, Field::Connection | Field::Te | Field::HopByHop)
@@ -256,7 +259,11 @@ impl Conn<'_> {
             {
                 continue;
             }
+            dated |= name.eq_ignore_ascii_case(b"date");
             put_field(out, name, f.value);
+        }
+        if !dated {
+            put_date(out);
         }
         if close_client || matches!(framing, Framing::UntilClose) {
             out.extend_from_slice(b"connection: close\r\n");
@@ -285,7 +292,9 @@ impl Conn<'_> {
         out.extend_from_slice(status.as_str().as_bytes());
         out.push(b' ');
         out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-        out.extend_from_slice(b"\r\ncontent-type: text/plain\r\ncontent-length: ");
+        out.extend_from_slice(b"\r\n");
+        put_date(out);
+        out.extend_from_slice(b"content-type: text/plain\r\ncontent-length: ");
         out.extend_from_slice(BODY.len().to_string().as_bytes());
         if close {
             out.extend_from_slice(b"\r\nconnection: close");

@@ -85,6 +85,13 @@ pub(super) fn put_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// `date: <now>` (`crate::http::date`), or nothing for a clock before 1970.
+pub(super) fn put_date(out: &mut Vec<u8>) {
+    if let Some(v) = crate::http::date::now() {
+        put_field(out, b"date", v.as_bytes());
+    }
+}
+
 pub(super) async fn write<W: AsyncWrite + Unpin>(
     w: &mut W,
     data: &[u8],
