@@ -280,6 +280,63 @@ mod tests {
         assert!(small.table.iter().all(|e| *e < 2));
     }
 
+    /// Adding an endpoint moves keys mostly to it. Maglev promises this on average, not for
+    /// every set of ids: its table is filled by the endpoints taking turns, so a newcomer
+    /// changes whose turn wins some slots. A CI run found 2 endpoints plus one whose id sorts
+    /// first moving 157 of 500 keys between the old two (the property test this replaces
+    /// allowed 50 for every case, and failed at random). Measured over 3 000 random cases,
+    /// that is the tail: here, 400 fixed cases (a seeded generator, so every run is the same)
+    /// must move under 3 % of the keys between old endpoints on average.
+    #[test]
+    fn maglev_adding_moves_mostly_to_the_newcomer() {
+        let keys = keys(500);
+        let (mut stray_total, mut cases) = (0usize, 0usize);
+        let mut seed: u64 = 0x5eed;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            seed >> 16
+        };
+        for _ in 0..400 {
+            let n = 2 + (next() % 6) as usize;
+            let mut names = std::collections::BTreeSet::new();
+            while names.len() < n {
+                names.insert(format!("{:x}-{}", next() % 0xfff_ffff, names.len()));
+            }
+            // Upper case sorts before the others: the newcomer takes the first turn.
+            let extra = format!("N{:X}", next() % 0xffff);
+            let sorted: Vec<String> = names.iter().cloned().collect();
+            let m = Maglev::new(sorted.iter().map(String::as_str), 5003);
+            let before: Vec<&String> = keys.iter().map(|k| &sorted[m.get(*k)]).collect();
+            names.insert(extra.clone());
+            let grown: Vec<String> = names.into_iter().collect();
+            let m = Maglev::new(grown.iter().map(String::as_str), 5003);
+            let mut to_newcomer = 0;
+            for (k, b) in keys.iter().zip(&before) {
+                let a = &grown[m.get(*k)];
+                if *a == extra {
+                    to_newcomer += 1;
+                } else if a != *b {
+                    stray_total += 1;
+                }
+            }
+            // The newcomer gets about its share of the keys.
+            let share = keys.len() / (n + 1);
+            assert!(
+                to_newcomer > share / 2 && to_newcomer < share * 2,
+                "{n} endpoints + 1: {to_newcomer} keys to the newcomer, about {share} expected"
+            );
+            cases += 1;
+        }
+        let mean = stray_total as f64 / (cases * keys.len()) as f64;
+        assert!(
+            mean < 0.03,
+            "{:.1} % of the keys moved between old endpoints on average",
+            mean * 100.0
+        );
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(32))]
 
@@ -303,29 +360,6 @@ mod tests {
                 let a = &grown[ring.walk(*k).next().unwrap()];
                 prop_assert!(a == b || *a == extra);
             }
-        }
-
-        #[test]
-        fn maglev_adding_moves_mostly_to_the_newcomer(
-            mut names in proptest::collection::btree_set("[a-z0-9-]{1,12}", 2..8),
-            extra in "[A-Z]{1,6}",
-        ) {
-            let sorted: Vec<String> = names.iter().cloned().collect();
-            let keys = keys(500);
-            let m = Maglev::new(sorted.iter().map(String::as_str), 5003);
-            let before: Vec<&String> = keys.iter().map(|k| &sorted[m.get(*k)]).collect();
-            names.insert(extra.clone());
-            let grown: Vec<String> = names.into_iter().collect();
-            let m = Maglev::new(grown.iter().map(String::as_str), 5003);
-            let stray = keys
-                .iter()
-                .zip(&before)
-                .filter(|(k, b)| {
-                    let a = &grown[m.get(**k)];
-                    a != **b && *a != extra
-                })
-                .count();
-            prop_assert!(stray <= 50, "{} keys moved between old endpoints", stray);
         }
     }
 }
