@@ -16,7 +16,6 @@
 //! pass again when it arrives.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures_util::FutureExt;
@@ -59,15 +58,6 @@ struct Inner<K: Watched> {
     objects: Mutex<HashMap<(String, String), Arc<K>>>,
     /// By namespace and label selector.
     lists: Mutex<HashMap<(String, String), Listed<K>>>,
-    hits: AtomicU64,
-    reads: AtomicU64,
-}
-
-/// How often a [`Verified`] answered from its copies and how often it read.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counts {
-    pub hits: u64,
-    pub reads: u64,
 }
 
 impl<K> Verified<K>
@@ -81,17 +71,7 @@ where
                 meta,
                 objects: Mutex::default(),
                 lists: Mutex::default(),
-                hits: AtomicU64::new(0),
-                reads: AtomicU64::new(0),
             }),
-        }
-    }
-
-    /// What the reads so far were.
-    pub fn counts(&self) -> Counts {
-        Counts {
-            hits: self.inner.hits.load(Ordering::Relaxed),
-            reads: self.inner.reads.load(Ordering::Relaxed),
         }
     }
 
@@ -118,11 +98,9 @@ where
             if let Some(obj) = objects.get(&key)
                 && obj.resource_version().as_ref() == Some(version)
             {
-                self.inner.hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(Some(obj.clone()));
             }
         }
-        self.inner.reads.fetch_add(1, Ordering::Relaxed);
         let read = Api::<K>::namespaced(client.clone(), ns)
             .get_opt(name)
             .await?;
@@ -155,20 +133,19 @@ where
         if let Some(store) = self.store() {
             let now = versions(
                 store
-                    .state_filter(|m| m.namespace().as_deref() == Some(ns))
+                    .state_filter(|m| {
+                        m.metadata.namespace.as_deref() == Some(ns) && selector.matches(m.labels())
+                    })
                     .iter()
-                    .filter(|m| selector.matches(m.labels()))
                     .map(|m| m.as_ref()),
             );
             let lists = lock(&self.inner.lists);
             if let Some((seen, items)) = lists.get(&key)
                 && *seen == now
             {
-                self.inner.hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(items.clone());
             }
         }
-        self.inner.reads.fetch_add(1, Ordering::Relaxed);
         let lp = ListParams::default().labels_from(selector).match_any();
         let mut items = Api::<K>::namespaced(client.clone(), ns)
             .list(&lp)
