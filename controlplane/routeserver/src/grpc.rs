@@ -69,7 +69,7 @@ impl RoutesHandler {
     ) -> Result<Response<EncodedStream>, Status> {
         let filter = Filter::from_request(request.get_ref());
         let grant = self.authorize(&request, Scope::Rules(&filter)).await?;
-        let rx = watch::spawn(
+        let ops = watch::Watch::new(
             self.index.subscribe(),
             filter.clone(),
             self.buffer,
@@ -86,7 +86,7 @@ impl RoutesHandler {
             grant,
             metrics: self.metrics.clone(),
         };
-        let ops = futures_util::StreamExt::map(watch::guarded(rx, reader), |op| {
+        let ops = futures_util::StreamExt::map(watch::guarded(ops, reader), |op| {
             Ok(match op.map_err(Status::from)? {
                 Op::Add(e) => EncodedOp::new(WatchOp::Add, Some(e.wire.clone())),
                 Op::Replace(e) => EncodedOp::new(WatchOp::Replace, Some(e.wire.clone())),

@@ -87,9 +87,10 @@ impl RouteHistory for HistoryHandler {
             grant,
             metrics: self.metrics.clone(),
         };
-        let updates = futures_util::StreamExt::map(crate::watch::guarded(rx, reader), |u| {
-            u.map_err(Status::from)
-        });
+        let updates = futures_util::StreamExt::map(
+            crate::watch::guarded(tokio_stream::wrappers::ReceiverStream::new(rx), reader),
+            |u| u.map_err(Status::from),
+        );
         Ok(Response::new(Box::pin(updates)))
     }
 }

@@ -5,6 +5,7 @@
 //! whole index; a watcher that fell further behind does one full diff.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::ops::Bound;
 use std::sync::{Arc, Mutex};
 
 use spur_proto::routes;
@@ -126,6 +127,24 @@ impl Snapshot {
         &'a self,
         filter: &'a Filter,
     ) -> Box<dyn Iterator<Item = &'a Arc<Entry>> + Send + 'a> {
+        self.matching_after(filter, None)
+    }
+
+    /// [`Self::matching`], from the first key after `after` on (a watch sends a large initial
+    /// set in parts).
+    pub(crate) fn matching_after<'a>(
+        &'a self,
+        filter: &'a Filter,
+        after: Option<&RuleKey>,
+    ) -> Box<dyn Iterator<Item = &'a Arc<Entry>> + Send + 'a> {
+        let from = |start: Option<RuleKey>| -> (Bound<RuleKey>, Bound<RuleKey>) {
+            match (after, start) {
+                (Some(a), Some(s)) if *a < s => (Bound::Included(s), Bound::Unbounded),
+                (Some(a), _) => (Bound::Excluded(a.clone()), Bound::Unbounded),
+                (None, Some(s)) => (Bound::Included(s), Bound::Unbounded),
+                (None, None) => (Bound::Unbounded, Bound::Unbounded),
+            }
+        };
         match filter.baseline() {
             Some(baseline) => {
                 let start = RuleKey {
@@ -134,13 +153,18 @@ impl Snapshot {
                 };
                 Box::new(
                     self.rules
-                        .range(start..)
+                        .range(from(Some(start)))
                         .take_while(move |(k, _)| k.baseline == baseline)
                         .map(|(_, e)| e)
                         .filter(move |e| filter.matches(e)),
                 )
             }
-            None => Box::new(self.rules.values().filter(move |e| filter.matches(e))),
+            None => Box::new(
+                self.rules
+                    .range(from(None))
+                    .map(|(_, e)| e)
+                    .filter(move |e| filter.matches(e)),
+            ),
         }
     }
 

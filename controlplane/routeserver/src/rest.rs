@@ -132,7 +132,7 @@ async fn watch_rules(
         Ok(g) => g,
         Err(refused) => return refused,
     };
-    let rx = watch::spawn(
+    let ops = watch::Watch::new(
         s.index.subscribe(),
         filter.clone(),
         s.buffer,
@@ -148,7 +148,7 @@ async fn watch_rules(
         grant,
         metrics: s.metrics.clone(),
     };
-    let lines = watch::guarded(rx, reader).map(|op| {
+    let lines = watch::guarded(ops, reader).map(|op| {
         let value = match op {
             Ok(Op::Add(e)) => serde_json::json!({"op": "ADD", "route": e.spec}),
             Ok(Op::Replace(e)) => serde_json::json!({"op": "REPLACE", "route": e.spec}),

@@ -1,18 +1,27 @@
-//! One task per watch stream: initial ADDs, exactly one SYNCED, then ADD / REPLACE / REMOVE for
-//! the rules that changed — computed from the index's change log, so a watcher costs only what
-//! changes, and a slow watcher simply skips to the latest state when it catches up.
+//! A watch stream: initial ADDs, exactly one SYNCED, then ADD / REPLACE / REMOVE for the rules
+//! that changed — computed from the index's change log, so a watcher costs only what changes.
+//!
+//! The stream is computed as it is read, in the task that writes it (hyper's, for one HTTP/2
+//! stream): a change wakes that task, which diffs, encodes and sends, with no task or queue of
+//! its own per watcher. A watcher that stops reading is not polled, so it computes nothing, and
+//! when it reads again it diffs its last-sent state against the *latest* index: intermediate
+//! versions coalesce away.
 //!
 //! The contract the public Go client relies on: nothing but ADDs before SYNCED; every op after
 //! it carries a complete rule; a REMOVE or REPLACE only for a rule this stream was sent.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use futures_util::Stream;
-use tokio::sync::{mpsc, watch};
+use futures_util::{Stream, StreamExt};
+use tokio::sync::watch;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_stream::wrappers::WatchStream;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::auth::{Authenticator, Denied, Grant, Scope};
 use crate::index::{Entry, Filter, RuleKey, Snapshot};
@@ -20,6 +29,10 @@ use crate::metrics::Metrics;
 
 /// How soon a watch is checked again when the API server could not answer the last check.
 const RECHECK_RETRY: Duration = Duration::from_secs(30);
+
+/// A drained queue keeps at most this much room (ops), so that one large sync does not stay
+/// allocated for the life of the stream.
+const KEEP_QUEUED: usize = 16;
 
 #[derive(Debug, Clone)]
 pub(crate) enum Op {
@@ -30,26 +43,190 @@ pub(crate) enum Op {
     Synced,
 }
 
-/// Starts a watch; ops arrive on the returned receiver (at most `buffer` queued: a watcher that
-/// stops reading stalls only its own task). The stream ends when `stop` fires or the receiver is
-/// dropped.
-pub(crate) fn spawn(
-    snapshots: watch::Receiver<Arc<Snapshot>>,
+/// What a stream still has to compute of the snapshot it is on.
+enum Work {
+    /// The initial ADDs after `after` (all of them when None), then SYNCED.
+    Sync {
+        snap: Arc<Snapshot>,
+        after: Option<RuleKey>,
+    },
+    /// The changed keys left to diff against `snap`.
+    Diff {
+        snap: Arc<Snapshot>,
+        keys: std::vec::IntoIter<RuleKey>,
+    },
+}
+
+/// One watch's ops. At most `buffer` ops are computed ahead of the reader: a large initial set
+/// or a large change is computed in parts as it is read. The stream ends when `stop` fires or
+/// the index goes away.
+pub(crate) struct Watch {
+    snapshots: WatchStream<Arc<Snapshot>>,
+    stop: Pin<Box<WaitForCancellationFutureOwned>>,
     filter: Filter,
     buffer: usize,
     metrics: Metrics,
-    stop: CancellationToken,
-) -> mpsc::Receiver<Op> {
-    let (tx, rx) = mpsc::channel(buffer.max(1));
-    tokio::spawn(async move {
+    queued: VecDeque<Op>,
+    work: Option<Work>,
+    /// What this stream was sent, by key: a REPLACE or REMOVE is only for these.
+    sent: HashMap<RuleKey, Arc<Entry>>,
+    /// The index version this stream has sent in full; 0 until SYNCED.
+    version: u64,
+    ended: bool,
+}
+
+impl Watch {
+    pub(crate) fn new(
+        snapshots: watch::Receiver<Arc<Snapshot>>,
+        filter: Filter,
+        buffer: usize,
+        metrics: Metrics,
+        stop: CancellationToken,
+    ) -> Self {
         metrics.watchers.inc();
-        tokio::select! {
-            () = run(snapshots, &filter, &tx, &metrics) => {}
-            () = stop.cancelled() => {}
+        Watch {
+            snapshots: WatchStream::new(snapshots),
+            stop: Box::pin(stop.cancelled_owned()),
+            filter,
+            buffer: buffer.max(1),
+            metrics,
+            queued: VecDeque::new(),
+            work: None,
+            sent: HashMap::new(),
+            version: 0,
+            ended: false,
         }
-        metrics.watchers.dec();
-    });
-    rx
+    }
+
+    /// Starts on a newer snapshot: the initial set once the store has loaded (so SYNCED means
+    /// "everything there is"), afterwards the keys changed since what was sent.
+    fn start(&mut self, snap: Arc<Snapshot>) {
+        if self.version == 0 {
+            if snap.version > 0 {
+                self.work = Some(Work::Sync { snap, after: None });
+            }
+            return;
+        }
+        let keys: Vec<RuleKey> = match snap.changed_since(self.version) {
+            Some(keys) => keys.into_iter().collect(),
+            None => {
+                let mut all: Vec<RuleKey> = self.sent.keys().cloned().collect();
+                all.extend(snap.matching(&self.filter).map(|e| e.key()));
+                all.sort();
+                all.dedup();
+                all
+            }
+        };
+        self.work = Some(Work::Diff {
+            snap,
+            keys: keys.into_iter(),
+        });
+    }
+
+    /// Computes up to `buffer` more ops of the current work.
+    fn step(&mut self, work: Work) {
+        match work {
+            Work::Sync { snap, after } => {
+                let mut last = None;
+                for e in snap
+                    .matching_after(&self.filter, after.as_ref())
+                    .take(self.buffer)
+                {
+                    self.queued.push_back(Op::Add(e.clone()));
+                    self.sent.insert(e.key(), e.clone());
+                    last = Some(e.key());
+                }
+                if last.is_some() && self.queued.len() >= self.buffer {
+                    self.work = Some(Work::Sync { snap, after: last });
+                    return;
+                }
+                self.queued.push_back(Op::Synced);
+                self.version = snap.version;
+                tracing::debug!(
+                    namespace = %self.filter.namespace,
+                    name = %self.filter.name,
+                    rules = self.sent.len(),
+                    version = snap.version,
+                    "watch synced"
+                );
+            }
+            Work::Diff { snap, mut keys } => {
+                for key in keys.by_ref() {
+                    let now = snap.rules.get(&key).filter(|e| self.filter.matches(e));
+                    let op = match (self.sent.get(&key), now) {
+                        (None, Some(e)) => Op::Add(e.clone()),
+                        (Some(old), Some(e)) if !Arc::ptr_eq(old, e) && **old != **e => {
+                            Op::Replace(e.clone())
+                        }
+                        (Some(old), None) => Op::Remove(old.clone()),
+                        _ => continue,
+                    };
+                    match &op {
+                        Op::Add(e) | Op::Replace(e) => {
+                            self.sent.insert(key, e.clone());
+                        }
+                        Op::Remove(_) => {
+                            self.sent.remove(&key);
+                        }
+                        Op::Synced => {}
+                    }
+                    self.queued.push_back(op);
+                    if self.queued.len() >= self.buffer {
+                        break;
+                    }
+                }
+                if keys.len() > 0 {
+                    self.work = Some(Work::Diff { snap, keys });
+                    return;
+                }
+                self.version = snap.version;
+                self.metrics.pushes.inc();
+                self.metrics
+                    .push_latency
+                    .observe(snap.published.elapsed().as_secs_f64());
+            }
+        }
+    }
+}
+
+impl Stream for Watch {
+    type Item = Op;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Op>> {
+        let this = &mut *self;
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        if this.stop.as_mut().poll(cx).is_ready() {
+            this.ended = true;
+            return Poll::Ready(None);
+        }
+        loop {
+            if let Some(op) = this.queued.pop_front() {
+                if this.queued.is_empty() && this.queued.capacity() > KEEP_QUEUED {
+                    this.queued.shrink_to(KEEP_QUEUED);
+                }
+                return Poll::Ready(Some(op));
+            }
+            if let Some(work) = this.work.take() {
+                this.step(work);
+                continue;
+            }
+            match ready!(this.snapshots.poll_next_unpin(cx)) {
+                Some(snap) => this.start(snap),
+                None => {
+                    this.ended = true;
+                    return Poll::Ready(None);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.metrics.watchers.dec();
+    }
 }
 
 /// What [`guarded`] needs to check a watch's reader again.
@@ -63,20 +240,24 @@ pub(crate) struct Reader {
     pub(crate) metrics: Metrics,
 }
 
-/// The items of `rx` (a watch's ops or updates) until the reader's access lapses: the reader is checked again (without the
+/// The items of `items` (a watch's ops or updates) until the reader's access lapses: the reader is checked again (without the
 /// cache) from time to time and when its token expires; a refusal is the stream's last item.
 /// An API server that cannot answer never ends a watch: the check is retried later.
-pub(crate) fn guarded<T: Send + 'static>(
-    rx: mpsc::Receiver<T>,
+pub(crate) fn guarded<T, S>(
+    items: S,
     reader: Reader,
-) -> impl Stream<Item = Result<T, Denied>> + Send {
+) -> impl Stream<Item = Result<T, Denied>> + Send
+where
+    T: Send + 'static,
+    S: Stream<Item = T> + Unpin + Send + 'static,
+{
     let next = reader
         .auth
         .next_recheck(reader.grant)
         .map(|d| Instant::now() + d);
     futures_util::stream::unfold(
-        (rx, reader, next, false),
-        |(mut rx, reader, mut next, ended)| async move {
+        (items, reader, next, false),
+        |(mut items, reader, mut next, ended)| async move {
             if ended {
                 return None;
             }
@@ -88,7 +269,7 @@ pub(crate) fn guarded<T: Send + 'static>(
                     }
                 };
                 tokio::select! {
-                    op = rx.recv() => return op.map(|op| (Ok(op), (rx, reader, next, false))),
+                    item = items.next() => return item.map(|item| (Ok(item), (items, reader, next, false))),
                     () = due => {}
                 }
                 let scope = Scope::Rules(&reader.filter);
@@ -103,91 +284,10 @@ pub(crate) fn guarded<T: Send + 'static>(
                     Err(refused) => {
                         reader.metrics.refused();
                         tracing::info!(reason = %refused, "watch ended: its reader may no longer read it");
-                        return Some((Err(refused), (rx, reader, next, true)));
+                        return Some((Err(refused), (items, reader, next, true)));
                     }
                 }
             }
         },
     )
-}
-
-async fn run(
-    mut snapshots: watch::Receiver<Arc<Snapshot>>,
-    filter: &Filter,
-    tx: &mpsc::Sender<Op>,
-    metrics: &Metrics,
-) {
-    // Wait for the store's first load so SYNCED means "everything there is".
-    let mut snap = loop {
-        let s = snapshots.borrow_and_update().clone();
-        if s.version > 0 {
-            break s;
-        }
-        if snapshots.changed().await.is_err() {
-            return;
-        }
-    };
-    let mut sent: HashMap<RuleKey, Arc<Entry>> = HashMap::new();
-    for e in snap.matching(filter) {
-        if tx.send(Op::Add(e.clone())).await.is_err() {
-            return;
-        }
-        sent.insert(e.key(), e.clone());
-    }
-    if tx.send(Op::Synced).await.is_err() {
-        return;
-    }
-    tracing::debug!(
-        namespace = %filter.namespace,
-        name = %filter.name,
-        rules = sent.len(),
-        version = snap.version,
-        "watch synced"
-    );
-    let mut version = snap.version;
-    loop {
-        tokio::select! {
-            changed = snapshots.changed() => if changed.is_err() { return },
-            () = tx.closed() => return,
-        }
-        snap = snapshots.borrow_and_update().clone();
-        let keys: Vec<RuleKey> = match snap.changed_since(version) {
-            Some(keys) => keys.into_iter().collect(),
-            None => {
-                let mut all: Vec<RuleKey> = sent.keys().cloned().collect();
-                all.extend(snap.matching(filter).map(|e| e.key()));
-                all.sort();
-                all.dedup();
-                all
-            }
-        };
-        for key in keys {
-            let now = snap.rules.get(&key).filter(|e| filter.matches(e));
-            let op = match (sent.get(&key), now) {
-                (None, Some(e)) => Op::Add(e.clone()),
-                (Some(old), Some(e)) if !Arc::ptr_eq(old, e) && **old != **e => {
-                    Op::Replace(e.clone())
-                }
-                (Some(old), None) => Op::Remove(old.clone()),
-                _ => continue,
-            };
-            match &op {
-                Op::Add(e) | Op::Replace(e) => {
-                    sent.insert(key, e.clone());
-                }
-                Op::Remove(_) => {
-                    sent.remove(&key);
-                }
-                Op::Synced => {}
-            }
-            if tx.send(op).await.is_err() {
-                return;
-            }
-        }
-        version = snap.version;
-        metrics.pushes.inc();
-        metrics
-            .push_latency
-            .observe(snap.published.elapsed().as_secs_f64());
-    }
 }

@@ -15,6 +15,8 @@ pub use file::{FileSource, parse_rules};
 pub use history::{HistorySource, SharedHistory};
 pub use routeserver::{RouteServerConn, RouteServerSource};
 
+use std::sync::Arc;
+
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -107,8 +109,17 @@ impl Publisher {
 
     /// Publishes validated rules as the next table version.
     pub fn publish(&self, rules: Vec<RoutingRule>) -> u64 {
+        self.publish_shared(rules.into_iter().map(Arc::new).collect())
+    }
+
+    /// [`Self::publish`] for rules the source keeps too: what an unchanged rule compiled to in the
+    /// table in force is reused ([`RuleTable::compile`]).
+    pub fn publish_shared(&self, rules: Vec<Arc<RoutingRule>>) -> u64 {
         let count = rules.len();
-        let version = self.table.store(RuleTable::new(rules));
+        let previous = self.table.load_full();
+        let version = self
+            .table
+            .store(RuleTable::compile(rules, Some(&previous.table)));
         self.version.set(i64::try_from(version).unwrap_or(i64::MAX));
         self.rules.set(i64::try_from(count).unwrap_or(i64::MAX));
         self.updates_ok.inc();

@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -153,7 +154,7 @@ impl RouteServerSource {
             .map_err(|s| self.err(s))?
             .into_inner();
 
-        let mut rules: BTreeMap<String, RoutingRule> = BTreeMap::new();
+        let mut rules: BTreeMap<String, Arc<RoutingRule>> = BTreeMap::new();
         loop {
             let op = stream.message().await.map_err(|s| self.err(s))?;
             let Some(op) = op else {
@@ -190,7 +191,7 @@ impl RouteServerSource {
         }
     }
 
-    fn apply(&self, rules: &mut BTreeMap<String, RoutingRule>, op: &WorkloadRoutingRuleOp) {
+    fn apply(&self, rules: &mut BTreeMap<String, Arc<RoutingRule>>, op: &WorkloadRoutingRuleOp) {
         let Some(route) = &op.route else {
             if op.op() != WatchOp::Synced {
                 self.rejected.inc();
@@ -205,7 +206,7 @@ impl RouteServerSource {
             WatchOp::Add | WatchOp::Replace => {
                 match RoutingRule::from_spec(0, spur_routing::wire::rule_from_proto(route)) {
                     Ok(rule) if rule.baseline == self.baseline => {
-                        rules.insert(rule.routing_key.clone(), rule);
+                        rules.insert(rule.routing_key.clone(), Arc::new(rule));
                     }
                     Ok(rule) => {
                         self.rejected.inc();
@@ -221,8 +222,10 @@ impl RouteServerSource {
         }
     }
 
-    fn publish(&self, rules: &BTreeMap<String, RoutingRule>) {
-        let version = self.publisher.publish(rules.values().cloned().collect());
+    fn publish(&self, rules: &BTreeMap<String, Arc<RoutingRule>>) {
+        let version = self
+            .publisher
+            .publish_shared(rules.values().cloned().collect());
         tracing::debug!(
             version,
             rules = rules.len(),

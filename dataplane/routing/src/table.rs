@@ -21,15 +21,22 @@ pub struct Destination {
 }
 
 /// The destinations one routing key has, by workload port. A key rarely maps more than a few
-/// ports, so a scanned slice beats a second hash map.
-type PortRoutes = Box<[(u16, Arc<Destination>)]>;
-/// Rules under construction: baseline → key → (port, destination).
-type Grouped = HashMap<BaselineWorkload, HashMap<Box<str>, Vec<(u16, Arc<Destination>)>>>;
+/// ports, so a scanned slice beats a second hash map. Shared, so that a table built after a
+/// change reuses what an unchanged rule compiled to.
+type PortRoutes = Arc<[(u16, Arc<Destination>)]>;
+
+/// One routing key's routes, and the rule they were compiled from (None when several rules gave
+/// the same baseline and key, which validated rule sets never do).
+#[derive(Debug)]
+struct KeyRoutes {
+    rule: Option<Arc<RoutingRule>>,
+    ports: PortRoutes,
+}
 
 /// Rules of one baseline workload, by routing key then workload port.
 #[derive(Debug, Default)]
 pub struct BaselineRules {
-    by_key: HashMap<Box<str>, PortRoutes>,
+    by_key: HashMap<Arc<str>, KeyRoutes>,
 }
 
 impl BaselineRules {
@@ -37,6 +44,7 @@ impl BaselineRules {
     pub fn lookup(&self, port: u16, key: &str) -> Option<&Arc<Destination>> {
         self.by_key
             .get(key)?
+            .ports
             .iter()
             .find(|(p, _)| *p == port)
             .map(|(_, d)| d)
@@ -56,7 +64,7 @@ impl BaselineRules {
     /// mappings all name the same sandbox, so which port's destination is returned does not
     /// change the sandbox.
     pub fn lookup_any_port(&self, key: &str) -> Option<&Arc<Destination>> {
-        self.by_key.get(key)?.first().map(|(_, d)| d)
+        self.by_key.get(key)?.ports.first().map(|(_, d)| d)
     }
 
     /// [`Self::route`] for traffic without a workload port ([`Self::lookup_any_port`]).
@@ -72,44 +80,78 @@ impl BaselineRules {
 #[derive(Debug, Default)]
 pub struct RuleTable {
     baselines: HashMap<BaselineWorkload, BaselineRules>,
-    rules: Vec<RoutingRule>,
+    rules: Vec<Arc<RoutingRule>>,
 }
 
 impl RuleTable {
     /// Compiles validated rules (see [`crate::rules::validate_rules`]).
     pub fn new(rules: Vec<RoutingRule>) -> Self {
-        let mut grouped = Grouped::new();
+        Self::compile(rules.into_iter().map(Arc::new).collect(), None)
+    }
+
+    /// Compiles validated rules, reusing what `previous` compiled for every rule that did not
+    /// change. A rule source that publishes after each change (one rule of a baseline's ten, say)
+    /// then allocates for that rule only, not for the whole table: with thousands of sidecars
+    /// swapping tables at once, this is most of a change's cost on each of them.
+    pub fn compile(rules: Vec<Arc<RoutingRule>>, previous: Option<&RuleTable>) -> Self {
+        let mut baselines: HashMap<BaselineWorkload, BaselineRules> = HashMap::new();
         for rule in &rules {
+            let known = previous
+                .and_then(|p| p.baselines.get(&rule.baseline))
+                .and_then(|b| b.by_key.get_key_value(rule.routing_key.as_str()))
+                .filter(|(_, k)| {
+                    k.rule
+                        .as_ref()
+                        .is_some_and(|r| Arc::ptr_eq(r, rule) || **r == **rule)
+                });
+            let by_key = match baselines.get_mut(&rule.baseline) {
+                Some(b) => &mut b.by_key,
+                None => &mut baselines.entry(rule.baseline.clone()).or_default().by_key,
+            };
+            if let Some((key, k)) = known
+                && !by_key.contains_key(key)
+            {
+                by_key.insert(
+                    key.clone(),
+                    KeyRoutes {
+                        rule: Some(rule.clone()),
+                        ports: k.ports.clone(),
+                    },
+                );
+                continue;
+            }
             let sandbox: Arc<str> = Arc::from(rule.destination_sandbox.as_str());
             let routing_key: Arc<str> = Arc::from(rule.routing_key.as_str());
-            let ports = grouped
-                .entry(rule.baseline.clone())
-                .or_default()
-                .entry(Box::from(rule.routing_key.as_str()))
-                .or_default();
-            for m in &rule.mappings {
-                if let Some(location) = m.destinations.first() {
-                    ports.push((
-                        m.workload_port,
-                        Arc::new(Destination {
-                            sandbox: sandbox.clone(),
-                            routing_key: routing_key.clone(),
-                            location: location.clone(),
-                        }),
-                    ));
+            let compiled = rule.mappings.iter().filter_map(|m| {
+                let location = m.destinations.first()?;
+                Some((
+                    m.workload_port,
+                    Arc::new(Destination {
+                        sandbox: sandbox.clone(),
+                        routing_key: routing_key.clone(),
+                        location: location.clone(),
+                    }),
+                ))
+            });
+            match by_key.get_mut(rule.routing_key.as_str()) {
+                // Two rules for one baseline and key: their ports are merged, as they always
+                // were, and the merged entry is never reused.
+                Some(merged) => {
+                    merged.rule = None;
+                    merged.ports = merged.ports.iter().cloned().chain(compiled).collect();
+                }
+                None => {
+                    let ports = compiled.collect();
+                    by_key.insert(
+                        routing_key,
+                        KeyRoutes {
+                            rule: Some(rule.clone()),
+                            ports,
+                        },
+                    );
                 }
             }
         }
-        let baselines = grouped
-            .into_iter()
-            .map(|(b, keys)| {
-                let by_key = keys
-                    .into_iter()
-                    .map(|(k, v)| (k, v.into_boxed_slice()))
-                    .collect();
-                (b, BaselineRules { by_key })
-            })
-            .collect();
         RuleTable { baselines, rules }
     }
 
@@ -129,7 +171,7 @@ impl RuleTable {
     }
 
     /// The validated rules this table was built from, in source order.
-    pub fn rules(&self) -> &[RoutingRule] {
+    pub fn rules(&self) -> &[Arc<RoutingRule>] {
         &self.rules
     }
 
@@ -147,7 +189,7 @@ impl RuleTable {
         self.baselines
             .values()
             .flat_map(|b| b.by_key.values())
-            .flat_map(|ports| ports.iter().map(|(_, d)| d.location.clone()))
+            .flat_map(|k| k.ports.iter().map(|(_, d)| d.location.clone()))
             .collect()
     }
 }
@@ -269,6 +311,79 @@ mod tests {
             "k2",
             "any port: still the first candidate with a rule"
         );
+    }
+
+    #[test]
+    fn a_rebuild_reuses_what_unchanged_rules_compiled_to() {
+        let a = BaselineWorkload {
+            kind: "Deployment".into(),
+            namespace: "ns".into(),
+            name: "a".into(),
+        };
+        let kept = Arc::new(rule("k1", "a", 80, "fork-1"));
+        let first = RuleTable::compile(
+            vec![
+                kept.clone(),
+                Arc::new(rule("k2", "a", 80, "fork-2")),
+                Arc::new(rule("k3", "a", 80, "fork-3")),
+            ],
+            None,
+        );
+        let second = RuleTable::compile(
+            vec![
+                kept.clone(),
+                // Equal by value but a new allocation: reused too.
+                Arc::new(rule("k2", "a", 80, "fork-2")),
+                // Changed: compiled afresh.
+                Arc::new(rule("k3", "a", 80, "fork-3b")),
+            ],
+            Some(&first),
+        );
+        let same = |k: &str| {
+            Arc::ptr_eq(
+                first.lookup(&a, 80, k).unwrap(),
+                second.lookup(&a, 80, k).unwrap(),
+            )
+        };
+        assert!(same("k1") && same("k2"));
+        assert!(!same("k3"));
+        assert_eq!(
+            second.lookup(&a, 80, "k3").unwrap().location.host,
+            "fork-3b"
+        );
+        // A rebuild without the previous table routes the same.
+        let fresh = RuleTable::compile(second.rules().to_vec(), None);
+        for k in ["k1", "k2", "k3"] {
+            assert_eq!(fresh.lookup(&a, 80, k), second.lookup(&a, 80, k));
+        }
+        // A rule removed is gone; one added is found.
+        let third = RuleTable::compile(
+            vec![kept, Arc::new(rule("k4", "a", 81, "fork-4"))],
+            Some(&second),
+        );
+        assert!(third.lookup(&a, 80, "k2").is_none());
+        assert_eq!(third.lookup(&a, 81, "k4").unwrap().location.host, "fork-4");
+        assert_eq!(third.len(), 2);
+    }
+
+    #[test]
+    fn two_rules_for_one_key_merge_their_ports_and_are_not_reused() {
+        let a = BaselineWorkload {
+            kind: "Deployment".into(),
+            namespace: "ns".into(),
+            name: "a".into(),
+        };
+        let rules = vec![
+            Arc::new(rule("k", "a", 80, "fork-80")),
+            Arc::new(rule("k", "a", 81, "fork-81")),
+        ];
+        let first = RuleTable::compile(rules.clone(), None);
+        assert_eq!(first.lookup(&a, 80, "k").unwrap().location.host, "fork-80");
+        assert_eq!(first.lookup(&a, 81, "k").unwrap().location.host, "fork-81");
+        // Only the first of the two is left: the merged entry must not be reused.
+        let second = RuleTable::compile(rules[..1].to_vec(), Some(&first));
+        assert!(second.lookup(&a, 81, "k").is_none());
+        assert_eq!(second.lookup(&a, 80, "k").unwrap().location.host, "fork-80");
     }
 
     #[test]
