@@ -54,7 +54,7 @@ struct RouteserverArgs {
     /// How often the rules directory is checked for changes.
     #[arg(long, env = "SPUR_RULES_POLL", default_value = "1s", value_parser = parse_duration)]
     poll_interval: Duration,
-    /// Operations queued per watch stream before that stream waits for its reader.
+    /// Operations a watch stream computes ahead of its reader (a larger set is computed in parts).
     #[arg(long, env = "SPUR_WATCH_BUFFER", default_value_t = 1024)]
     watch_buffer: usize,
     /// Serving certificate (PEM) for both ports; re-read when it changes (a renewed Secret).

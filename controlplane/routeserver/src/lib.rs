@@ -12,8 +12,9 @@
 //! baseline's rules, other identities what their RBAC allows. Plaintext and unauthenticated
 //! serving are explicit opt-ins for the standalone demo.
 //!
-//! Every watch stream is its own task with a bounded queue, fed from the index's latest
-//! snapshot: a slow watcher lags alone and then skips straight to the current state.
+//! A watch stream is computed from the index's latest snapshot as it is read, in the task that
+//! writes it (no task or queue per watcher): a slow watcher lags alone and then skips straight to
+//! the current state.
 
 mod auth;
 mod grpc;
@@ -87,7 +88,7 @@ pub struct RouteServerConfig {
     pub grpc_addr: SocketAddr,
     /// REST API, `/healthz`, `/metrics` (default `0.0.0.0:7778`).
     pub http_addr: SocketAddr,
-    /// Ops queued per watch stream before that stream waits for its reader.
+    /// Ops a watch stream computes ahead of its reader (a larger set is computed in parts).
     pub watch_buffer: usize,
     /// TLS on both ports; None serves plaintext (an explicit opt-in of the binary).
     pub tls: Option<spur_serving::ServingTls>,

@@ -291,3 +291,125 @@ where
         },
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+    use prometheus_client::registry::Registry;
+    use spur_routing::RoutingRule;
+    use spur_routing::rules::{BaselineWorkload, Location, PortMapping};
+
+    use super::*;
+    use crate::index::Index;
+
+    fn rule(name: &str, key: &str, port: u16) -> RoutingRule {
+        RoutingRule {
+            routing_key: key.into(),
+            baseline: BaselineWorkload {
+                kind: "Deployment".into(),
+                namespace: "ns".into(),
+                name: name.into(),
+            },
+            destination_sandbox: format!("sb-{key}"),
+            mappings: vec![PortMapping {
+                workload_port: 80,
+                destinations: vec![Location {
+                    host: "h".into(),
+                    port,
+                }],
+            }],
+        }
+    }
+
+    fn filter(name: &str) -> Filter {
+        Filter {
+            kind: "Deployment".into(),
+            namespace: "ns".into(),
+            name: name.into(),
+            routing_key: String::new(),
+            sandbox: String::new(),
+        }
+    }
+
+    /// What the stream has ready now, without waiting.
+    fn ready(w: &mut Watch) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Some(Some(op)) = w.next().now_or_never() {
+            out.push(match op {
+                Op::Add(e) => format!("add {}", e.key().routing_key),
+                Op::Replace(e) => format!("replace {}", e.key().routing_key),
+                Op::Remove(e) => format!("remove {}", e.key().routing_key),
+                Op::Synced => "synced".into(),
+            });
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn sends_a_large_set_in_parts_then_only_changes_and_counts_itself() {
+        let index = Index::new();
+        let metrics = Metrics::register(&mut Registry::default());
+        let stop = CancellationToken::new();
+        let mut w = Watch::new(
+            index.subscribe(),
+            filter("web"),
+            3,
+            metrics.clone(),
+            stop.clone(),
+        );
+        assert_eq!(metrics.watchers.get(), 1);
+        assert!(
+            ready(&mut w).is_empty(),
+            "nothing before the store's first load"
+        );
+
+        let mut rules: Vec<_> = (0..10).map(|i| rule("web", &format!("k{i}"), 1)).collect();
+        rules.push(rule("other", "k0", 1));
+        index.replace_all(rules.clone());
+        let mut sync: Vec<String> = (0..10).map(|i| format!("add k{i}")).collect();
+        sync.sort();
+        sync.push("synced".into());
+        assert_eq!(
+            ready(&mut w),
+            sync,
+            "every ADD of this baseline, then one SYNCED"
+        );
+
+        rules[3] = rule("web", "k3", 2);
+        rules[10] = rule("other", "k0", 2);
+        rules.remove(5);
+        index.replace_all(rules.clone());
+        assert_eq!(ready(&mut w), ["replace k3", "remove k5"]);
+        assert_eq!(metrics.pushes.get(), 1);
+
+        // Versions published while the reader is away coalesce: k1 changes twice and back.
+        rules[1] = rule("web", "k1", 7);
+        index.replace_all(rules.clone());
+        rules[1] = rule("web", "k1", 1);
+        rules.push(rule("web", "k9b", 1));
+        index.replace_all(rules.clone());
+        assert_eq!(ready(&mut w), ["add k9b"]);
+
+        // A change larger than the buffer is computed in parts, all of it.
+        for r in rules.iter_mut().filter(|r| r.baseline.name == "web") {
+            r.mappings[0].destinations[0].port = 9;
+        }
+        index.replace_all(rules.clone());
+        let all: Vec<String> = rules
+            .iter()
+            .filter(|r| r.baseline.name == "web")
+            .map(|r| format!("replace {}", r.routing_key))
+            .collect();
+        let mut sorted = all.clone();
+        sorted.sort();
+        assert_eq!(ready(&mut w), sorted);
+
+        stop.cancel();
+        assert!(
+            matches!(w.next().now_or_never(), Some(None)),
+            "stop ends the stream"
+        );
+        drop(w);
+        assert_eq!(metrics.watchers.get(), 0);
+    }
+}
