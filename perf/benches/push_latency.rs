@@ -171,7 +171,8 @@ fn serve(args: &[String]) -> Result<()> {
         // Loopback only, like the watchers: what is measured is the push, not TLS.
         ..RouteServerConfig::new(rules_dir)
     };
-    // The same runtime as `spur-routeserver`.
+    // The same runtime and HTTP/2 buffers as `spur-routeserver`.
+    spur_routeserver::size_h2_buffers();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

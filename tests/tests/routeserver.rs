@@ -25,7 +25,19 @@ fn write_atomic(path: &Path, body: &str) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
+/// The route server with its binary's small HTTP/2 buffers (a process-wide setting, so every
+/// HTTP/2 server of this test process has them): the large initial syncs and rules below must
+/// still arrive whole.
+fn size_h2_buffers() {
+    spur_routeserver::size_h2_buffers();
+    assert_eq!(
+        h2::server::buffer_capacities(),
+        spur_routeserver::H2_BUFFERS
+    );
+}
+
 async fn start_server(dir: &Path, grpc: SocketAddr) -> RouteServer {
+    size_h2_buffers();
     RouteServer::start(RouteServerConfig {
         poll_interval: Duration::from_millis(20),
         grpc_addr: grpc,
@@ -290,6 +302,7 @@ async fn a_stalled_watcher_does_not_delay_the_others_and_catches_up_coalesced() 
             .collect()
     };
     write_atomic(&w.dir.path().join("rules.yaml"), &many(1000));
+    size_h2_buffers();
     let server = RouteServer::start(RouteServerConfig {
         poll_interval: Duration::from_millis(5),
         grpc_addr: "127.0.0.1:0".parse().unwrap(),

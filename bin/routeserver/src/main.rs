@@ -206,6 +206,7 @@ async fn run(args: RouteserverArgs) -> Result<ExitCode> {
             interval: args.xds_report_interval,
         });
     }
+    spur_routeserver::size_h2_buffers();
     let config = RouteServerConfig {
         rules_dir: args.rules_dir.clone().unwrap_or_default(),
         poll_interval: args.poll_interval,

@@ -168,23 +168,30 @@ impl Snapshot {
         }
     }
 
-    /// Keys changed after `version` up to this snapshot, or `None` if the log no longer reaches
-    /// back that far (the caller then diffs everything).
-    pub fn changed_since(&self, version: u64) -> Option<BTreeSet<RuleKey>> {
+    /// Keys changed after `version` up to this snapshot, sorted, or `None` if the log no longer
+    /// reaches back that far (the caller then diffs everything). A watcher one version behind
+    /// (every watcher, after each publication) shares the log's own keys: nothing is copied.
+    pub fn changed_since(&self, version: u64) -> Option<Arc<[RuleKey]>> {
         if version >= self.version {
-            return Some(BTreeSet::new());
+            return Some(Arc::from([]));
         }
         let oldest = self.changes.front().map_or(self.version + 1, |(v, _)| *v);
         if oldest > version + 1 {
             return None;
         }
-        Some(
-            self.changes
-                .iter()
-                .filter(|(v, _)| *v > version)
-                .flat_map(|(_, keys)| keys.iter().cloned())
-                .collect(),
-        )
+        let mut newer = self.changes.iter().filter(|(v, _)| *v > version);
+        match (newer.next(), newer.next()) {
+            (Some((_, keys)), None) => Some(keys.clone()),
+            _ => {
+                let merged: BTreeSet<&RuleKey> = self
+                    .changes
+                    .iter()
+                    .filter(|(v, _)| *v > version)
+                    .flat_map(|(_, keys)| keys.iter())
+                    .collect();
+                Some(merged.into_iter().cloned().collect())
+            }
+        }
     }
 }
 
@@ -304,6 +311,9 @@ impl Index {
         }
         let version = current.version + 1;
         let mut changes = current.changes.clone();
+        // Sorted, as `changed_since` promises.
+        changed.sort();
+        changed.dedup();
         changes.push_back((version, changed.into()));
         while changes.len() > CHANGE_LOG {
             changes.pop_front();

@@ -385,6 +385,19 @@ impl RouteServer {
     }
 }
 
+/// Initial HTTP/2 buffer capacities of every connection a route-server process accepts: each
+/// sidecar holds one connection that is idle between pushes, so at 10 000 watchers h2's defaults
+/// (16 KiB write, 8 KiB read, 4 KiB HPACK) were about 11 KiB of resident memory per watcher
+/// (`perf/results/push_steps.md`). Buffers still grow to whatever a frame needs.
+pub const H2_BUFFERS: (usize, usize) = (1024, 1024);
+
+/// Sets [`H2_BUFFERS`] for every HTTP/2 server connection this process accepts from now on (a
+/// process-wide setting of the patched h2, `vendor/h2`). For a process that serves route watches
+/// (the `spur-routeserver` binary); a process that proxies traffic keeps h2's defaults.
+pub fn size_h2_buffers() {
+    h2::server::set_buffer_capacities(H2_BUFFERS.0, H2_BUFFERS.1);
+}
+
 /// The gRPC server settings of both listeners (the main one and the compatibility endpoint).
 fn grpc_server() -> tonic::transport::Server {
     tonic::transport::Server::builder()

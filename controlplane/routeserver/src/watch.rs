@@ -10,8 +10,10 @@
 //! The contract the public Go client relies on: nothing but ADDs before SYNCED; every op after
 //! it carries a complete rule; a REMOVE or REPLACE only for a rule this stream was sent.
 
-use std::collections::{HashMap, VecDeque};
+use std::borrow::Borrow;
+use std::collections::{HashSet, VecDeque};
 use std::future::Future;
+use std::hash::{Hash, Hasher};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -43,6 +45,62 @@ pub(crate) enum Op {
     Synced,
 }
 
+/// A rule as this stream was sent it, found by its key without a copy of the key: a watcher of
+/// one baseline keeps a pointer per rule, not four strings (`perf/results/push_steps.md`).
+struct Sent(Arc<Entry>);
+
+/// A (baseline, routing key) pair, whether a [`RuleKey`] or a sent entry's own fields.
+trait Keyed {
+    fn parts(&self) -> (&spur_routing::BaselineWorkload, &str);
+}
+
+impl Keyed for RuleKey {
+    fn parts(&self) -> (&spur_routing::BaselineWorkload, &str) {
+        (&self.baseline, &self.routing_key)
+    }
+}
+
+impl Keyed for Sent {
+    fn parts(&self) -> (&spur_routing::BaselineWorkload, &str) {
+        (&self.0.rule.baseline, &self.0.rule.routing_key)
+    }
+}
+
+impl<'a> Borrow<dyn Keyed + 'a> for Sent {
+    fn borrow(&self) -> &(dyn Keyed + 'a) {
+        self
+    }
+}
+
+impl Hash for dyn Keyed + '_ {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.parts().hash(state);
+    }
+}
+
+impl PartialEq for dyn Keyed + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.parts() == other.parts()
+    }
+}
+
+impl Eq for dyn Keyed + '_ {}
+
+// `Sent` hashes and compares as its `dyn Keyed` view, so lookups by `&dyn Keyed` find it.
+impl Hash for Sent {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (self as &dyn Keyed).hash(state);
+    }
+}
+
+impl PartialEq for Sent {
+    fn eq(&self, other: &Self) -> bool {
+        (self as &dyn Keyed) == (other as &dyn Keyed)
+    }
+}
+
+impl Eq for Sent {}
+
 /// What a stream still has to compute of the snapshot it is on.
 enum Work {
     /// The initial ADDs after `after` (all of them when None), then SYNCED.
@@ -50,10 +108,11 @@ enum Work {
         snap: Arc<Snapshot>,
         after: Option<RuleKey>,
     },
-    /// The changed keys left to diff against `snap`.
+    /// The changed keys from `next` on left to diff against `snap`.
     Diff {
         snap: Arc<Snapshot>,
-        keys: std::vec::IntoIter<RuleKey>,
+        keys: Arc<[RuleKey]>,
+        next: usize,
     },
 }
 
@@ -69,7 +128,7 @@ pub(crate) struct Watch {
     queued: VecDeque<Op>,
     work: Option<Work>,
     /// What this stream was sent, by key: a REPLACE or REMOVE is only for these.
-    sent: HashMap<RuleKey, Arc<Entry>>,
+    sent: HashSet<Sent>,
     /// The index version this stream has sent in full; 0 until SYNCED.
     version: u64,
     ended: bool,
@@ -92,7 +151,7 @@ impl Watch {
             metrics,
             queued: VecDeque::new(),
             work: None,
-            sent: HashMap::new(),
+            sent: HashSet::new(),
             version: 0,
             ended: false,
         }
@@ -107,19 +166,17 @@ impl Watch {
             }
             return;
         }
-        let keys: Vec<RuleKey> = match snap.changed_since(self.version) {
-            Some(keys) => keys.into_iter().collect(),
-            None => {
-                let mut all: Vec<RuleKey> = self.sent.keys().cloned().collect();
-                all.extend(snap.matching(&self.filter).map(|e| e.key()));
-                all.sort();
-                all.dedup();
-                all
-            }
-        };
+        let keys = snap.changed_since(self.version).unwrap_or_else(|| {
+            let mut all: Vec<RuleKey> = self.sent.iter().map(|s| s.0.key()).collect();
+            all.extend(snap.matching(&self.filter).map(|e| e.key()));
+            all.sort();
+            all.dedup();
+            all.into()
+        });
         self.work = Some(Work::Diff {
             snap,
-            keys: keys.into_iter(),
+            keys,
+            next: 0,
         });
     }
 
@@ -133,7 +190,7 @@ impl Watch {
                     .take(self.buffer)
                 {
                     self.queued.push_back(Op::Add(e.clone()));
-                    self.sent.insert(e.key(), e.clone());
+                    self.sent.insert(Sent(e.clone()));
                     last = Some(e.key());
                 }
                 if last.is_some() && self.queued.len() >= self.buffer {
@@ -150,10 +207,16 @@ impl Watch {
                     "watch synced"
                 );
             }
-            Work::Diff { snap, mut keys } => {
-                for key in keys.by_ref() {
-                    let now = snap.rules.get(&key).filter(|e| self.filter.matches(e));
-                    let op = match (self.sent.get(&key), now) {
+            Work::Diff {
+                snap,
+                keys,
+                mut next,
+            } => {
+                while let Some(key) = keys.get(next) {
+                    next += 1;
+                    let now = snap.rules.get(key).filter(|e| self.filter.matches(e));
+                    let sent = self.sent.get(key as &dyn Keyed).map(|s| &s.0);
+                    let op = match (sent, now) {
                         (None, Some(e)) => Op::Add(e.clone()),
                         (Some(old), Some(e)) if !Arc::ptr_eq(old, e) && **old != **e => {
                             Op::Replace(e.clone())
@@ -162,11 +225,12 @@ impl Watch {
                         _ => continue,
                     };
                     match &op {
+                        // A REPLACE's entry has the same key: it takes the old one's place.
                         Op::Add(e) | Op::Replace(e) => {
-                            self.sent.insert(key, e.clone());
+                            self.sent.replace(Sent(e.clone()));
                         }
                         Op::Remove(_) => {
-                            self.sent.remove(&key);
+                            self.sent.remove(key as &dyn Keyed);
                         }
                         Op::Synced => {}
                     }
@@ -175,8 +239,8 @@ impl Watch {
                         break;
                     }
                 }
-                if keys.len() > 0 {
-                    self.work = Some(Work::Diff { snap, keys });
+                if next < keys.len() {
+                    self.work = Some(Work::Diff { snap, keys, next });
                     return;
                 }
                 self.version = snap.version;

@@ -5,6 +5,7 @@
 //! hash probes and a scan over the handful of ports one key maps, so it does not allocate and its
 //! cost does not grow with the number of rules.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -95,64 +96,85 @@ impl RuleTable {
     /// swapping tables at once, this is most of a change's cost on each of them.
     pub fn compile(rules: Vec<Arc<RoutingRule>>, previous: Option<&RuleTable>) -> Self {
         let mut baselines: HashMap<BaselineWorkload, BaselineRules> = HashMap::new();
-        for rule in &rules {
-            let known = previous
-                .and_then(|p| p.baselines.get(&rule.baseline))
-                .and_then(|b| b.by_key.get_key_value(rule.routing_key.as_str()))
-                .filter(|(_, k)| {
-                    k.rule
-                        .as_ref()
-                        .is_some_and(|r| Arc::ptr_eq(r, rule) || **r == **rule)
-                });
-            let by_key = match baselines.get_mut(&rule.baseline) {
-                Some(b) => &mut b.by_key,
-                None => &mut baselines.entry(rule.baseline.clone()).or_default().by_key,
-            };
-            if let Some((key, k)) = known
-                && !by_key.contains_key(key)
-            {
-                by_key.insert(
-                    key.clone(),
-                    KeyRoutes {
-                        rule: Some(rule.clone()),
-                        ports: k.ports.clone(),
-                    },
-                );
-                continue;
-            }
-            let sandbox: Arc<str> = Arc::from(rule.destination_sandbox.as_str());
-            let routing_key: Arc<str> = Arc::from(rule.routing_key.as_str());
-            let compiled = rule.mappings.iter().filter_map(|m| {
-                let location = m.destinations.first()?;
-                Some((
-                    m.workload_port,
-                    Arc::new(Destination {
-                        sandbox: sandbox.clone(),
-                        routing_key: routing_key.clone(),
-                        location: location.clone(),
-                    }),
-                ))
-            });
-            match by_key.get_mut(rule.routing_key.as_str()) {
-                // Two rules for one baseline and key: their ports are merged, as they always
-                // were, and the merged entry is never reused.
-                Some(merged) => {
-                    merged.rule = None;
-                    merged.ports = merged.ports.iter().cloned().chain(compiled).collect();
-                }
-                None => {
-                    let ports = compiled.collect();
-                    by_key.insert(
-                        routing_key,
-                        KeyRoutes {
-                            rule: Some(rule.clone()),
-                            ports,
-                        },
-                    );
-                }
+        // Rules come grouped by baseline (a sidecar's source has one): each run of one baseline
+        // is hashed and looked up once.
+        let mut rest = rules.as_slice();
+        while let Some(first) = rest.first() {
+            let baseline = &first.baseline;
+            let run = rest.iter().take_while(|r| r.baseline == *baseline).count();
+            let (this, next) = rest.split_at(run);
+            rest = next;
+            let before = previous.and_then(|p| p.baselines.get(baseline));
+            let by_key = &mut baselines
+                .entry(baseline.clone())
+                .or_insert_with(|| BaselineRules {
+                    by_key: HashMap::with_capacity(run),
+                })
+                .by_key;
+            for rule in this {
+                Self::add(by_key, rule, before);
             }
         }
         RuleTable { baselines, rules }
+    }
+
+    /// Adds one rule's routes to its baseline's keys, reusing what `before` compiled for an
+    /// equal rule.
+    fn add(
+        by_key: &mut HashMap<Arc<str>, KeyRoutes>,
+        rule: &Arc<RoutingRule>,
+        before: Option<&BaselineRules>,
+    ) {
+        let known = before
+            .and_then(|b| b.by_key.get_key_value(rule.routing_key.as_str()))
+            .filter(|(_, k)| {
+                k.rule
+                    .as_ref()
+                    .is_some_and(|r| Arc::ptr_eq(r, rule) || **r == **rule)
+            });
+        let (key, ports) = match known {
+            Some((key, k)) => (key.clone(), k.ports.clone()),
+            None => {
+                let sandbox: Arc<str> = Arc::from(rule.destination_sandbox.as_str());
+                let routing_key: Arc<str> = Arc::from(rule.routing_key.as_str());
+                let ports = Self::destinations(rule, &sandbox, &routing_key).collect();
+                (routing_key, ports)
+            }
+        };
+        match by_key.entry(key) {
+            Entry::Vacant(v) => {
+                v.insert(KeyRoutes {
+                    rule: Some(rule.clone()),
+                    ports,
+                });
+            }
+            // Two rules for one baseline and key: their ports are merged, as they always were,
+            // and the merged entry is never reused.
+            Entry::Occupied(mut o) => {
+                let merged = o.get_mut();
+                merged.rule = None;
+                merged.ports = merged.ports.iter().chain(ports.iter()).cloned().collect();
+            }
+        }
+    }
+
+    /// A rule's destination by workload port (each mapping's first location).
+    fn destinations<'r>(
+        rule: &'r RoutingRule,
+        sandbox: &'r Arc<str>,
+        routing_key: &'r Arc<str>,
+    ) -> impl Iterator<Item = (u16, Arc<Destination>)> + 'r {
+        rule.mappings.iter().filter_map(move |m| {
+            let location = m.destinations.first()?;
+            Some((
+                m.workload_port,
+                Arc::new(Destination {
+                    sandbox: sandbox.clone(),
+                    routing_key: routing_key.clone(),
+                    location: location.clone(),
+                }),
+            ))
+        })
     }
 
     /// The rules of one baseline, if it has any. Resolve once per request, then [`BaselineRules::route`].

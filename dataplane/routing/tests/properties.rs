@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, reason = "test helpers")]
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use proptest::collection::vec;
@@ -150,6 +151,7 @@ proptest! {
     fn lookup_agrees_with_linear_scan(
         raw in vec((0..4usize, 0..2usize, vec((0..3u32, 0..3usize), 1..3)), 0..24),
         probes in vec((0..5usize, 0..3usize, 79..84u16), 1..40),
+        earlier in vec((any::<bool>(), any::<bool>()), 24),
     ) {
         const KEYS: [&str; 5] = ["a", "b", "c", "d", "zz"];
         const BASELINES: [&str; 3] = ["x", "y", "w"];
@@ -179,29 +181,47 @@ proptest! {
             });
         }
         let rules = validate_rules(specs).unwrap();
-        let table = RuleTable::new(rules.clone());
-        prop_assert_eq!(table.len(), rules.len());
-        let naive = |b: &BaselineWorkload, port: u16, key: &str| {
-            rules
-                .iter()
-                .filter(|r| &r.baseline == b && r.routing_key == key)
-                .flat_map(|r| r.mappings.iter())
-                .find(|m| m.workload_port == port)
-                .map(|m| m.destinations[0].clone())
-        };
-        for (k, b, port) in probes {
-            let baseline =
-                BaselineWorkload { kind: "Deployment".into(), namespace: "ns".into(), name: BASELINES[b].into() };
-            let got = table.lookup(&baseline, port, KEYS[k]).map(|d| d.location.clone());
-            prop_assert_eq!(got, naive(&baseline, port, KEYS[k]));
-            // Routing over several candidates: the first candidate with a rule wins.
-            let candidates = [KEYS[k], KEYS[(k + 1) % KEYS.len()], KEYS[(k + 2) % KEYS.len()]];
-            let routed = table
-                .baseline(&baseline)
-                .and_then(|r| r.route(port, candidates))
-                .map(|d| (d.routing_key.to_string(), d.location.clone()));
-            let expected = candidates.iter().find_map(|c| naive(&baseline, port, c).map(|l| ((*c).to_owned(), l)));
-            prop_assert_eq!(routed, expected);
+        // The same rules compiled on top of an earlier table (some rules missing from it, some
+        // different in it) must route exactly as a table compiled from scratch.
+        let previous: Vec<_> = rules
+            .iter()
+            .zip(&earlier)
+            .filter(|(_, (kept, _))| *kept)
+            .map(|(r, (_, changed))| {
+                let mut r = r.clone();
+                if *changed {
+                    r.mappings[0].destinations[0].host.push_str("-old");
+                }
+                Arc::new(r)
+            })
+            .collect();
+        let previous = RuleTable::compile(previous, None);
+        let incremental =
+            RuleTable::compile(rules.iter().cloned().map(Arc::new).collect(), Some(&previous));
+        for table in [RuleTable::new(rules.clone()), incremental] {
+            prop_assert_eq!(table.len(), rules.len());
+            let naive = |b: &BaselineWorkload, port: u16, key: &str| {
+                rules
+                    .iter()
+                    .filter(|r| &r.baseline == b && r.routing_key == key)
+                    .flat_map(|r| r.mappings.iter())
+                    .find(|m| m.workload_port == port)
+                    .map(|m| m.destinations[0].clone())
+            };
+            for &(k, b, port) in &probes {
+                let baseline =
+                    BaselineWorkload { kind: "Deployment".into(), namespace: "ns".into(), name: BASELINES[b].into() };
+                let got = table.lookup(&baseline, port, KEYS[k]).map(|d| d.location.clone());
+                prop_assert_eq!(got, naive(&baseline, port, KEYS[k]));
+                // Routing over several candidates: the first candidate with a rule wins.
+                let candidates = [KEYS[k], KEYS[(k + 1) % KEYS.len()], KEYS[(k + 2) % KEYS.len()]];
+                let routed = table
+                    .baseline(&baseline)
+                    .and_then(|r| r.route(port, candidates))
+                    .map(|d| (d.routing_key.to_string(), d.location.clone()));
+                let expected = candidates.iter().find_map(|c| naive(&baseline, port, c).map(|l| ((*c).to_owned(), l)));
+                prop_assert_eq!(routed, expected);
+            }
         }
     }
 }
