@@ -885,8 +885,11 @@ fn report(
     let _ = writeln!(
         s,
         "- Index: {rules} rules ({} baselines × {KEYS} routing keys) in {files} YAML files, served by `RouteServer` \
-         (directory store, watch buffer {WATCH_BUFFER}) in its own process",
-        config.baselines
+         (directory store, watch buffer {WATCH_BUFFER}, HTTP/2 buffers {} B write / {} B read as in \
+         `spur-routeserver`) in its own process",
+        config.baselines,
+        spur_routeserver::H2_BUFFERS.0,
+        spur_routeserver::H2_BUFFERS.1
     );
     let _ = writeln!(
         s,
@@ -1107,7 +1110,8 @@ fn report(
          publication (the server process reports it as wall-clock time, which both processes share), until that \
          watcher's publisher announced a table holding the new destination. *rename→live* adds file detection: \
          up to one poll interval plus one directory-store pass (*rename→publication*). *publication→live* is the \
-         route server's push path and the client: the watch task computing the change, gRPC encoding, HTTP/2 over \
+         route server's push path and the client: the watch stream computing the change (in its HTTP/2 stream's \
+         task), gRPC encoding, HTTP/2 over \
          loopback, decoding, validation, the table swap. *all N live* is, per change, the time from publication \
          until the last of the N watchers had it. The server's own histogram covers only publication → operations \
          queued on each watch stream; its quantiles are bucket estimates (buckets double from 0.1 ms). The N \
