@@ -836,3 +836,92 @@ async fn rest_refuses_ambiguous_requests_and_closes_the_connection() {
     server.shutdown().await;
     w.apps.cancel();
 }
+
+/// The patched h2's small server buffers (`vendor/h2`) over I/O without vectored writes (an
+/// in-memory pipe): h2 then needs 1 033 free bytes in an empty write buffer, more than the
+/// route server's 1 KiB; a buffer that started smaller could never take a frame and the
+/// connection would hang. A large response header and a body larger than both buffers must
+/// arrive whole, and a large request header must be read.
+#[tokio::test]
+async fn small_h2_buffers_serve_io_without_vectored_writes() {
+    size_h2_buffers();
+    let (client_io, server_io) = tokio::io::duplex(16 * 1024);
+    let server_io = Plain(server_io);
+    assert!(!tokio::io::AsyncWrite::is_write_vectored(&server_io));
+    let server = tokio::spawn(async move {
+        let mut conn = h2::server::handshake(server_io).await.unwrap();
+        let (request, mut respond) = conn.accept().await.unwrap().unwrap();
+        let asked = request.headers()["x-big"].len();
+        let response = http::Response::builder()
+            .header("x-big", "r".repeat(asked))
+            .body(())
+            .unwrap();
+        let mut body = respond.send_response(response, false).unwrap();
+        body.send_data(bytes::Bytes::from(vec![b'x'; 40_000]), true)
+            .unwrap();
+        // Drive the connection until the client goes.
+        while conn.accept().await.is_some() {}
+    });
+    let exchange = async {
+        let (mut client, conn) = h2::client::handshake(client_io).await.unwrap();
+        tokio::spawn(conn);
+        let request = http::Request::builder()
+            .uri("http://routeserver/")
+            .header("x-big", "q".repeat(6000))
+            .body(())
+            .unwrap();
+        let (response, _) = client.send_request(request, true).unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(response.headers()["x-big"].len(), 6000);
+        let mut body = response.into_body();
+        let mut got = 0;
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.unwrap();
+            got += chunk.len();
+            body.flow_control().release_capacity(chunk.len()).unwrap();
+        }
+        got
+    };
+    let got = tokio::time::timeout(Duration::from_secs(20), exchange)
+        .await
+        .expect("the exchange over small h2 buffers must not hang");
+    assert_eq!(got, 40_000);
+    server.abort();
+}
+
+/// An in-memory pipe that does not offer vectored writes (`is_write_vectored` is false).
+struct Plain(tokio::io::DuplexStream);
+
+impl tokio::io::AsyncRead for Plain {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Plain {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}

@@ -67,7 +67,7 @@ impl Metrics {
         );
         registry.register(
             "push_latency_seconds",
-            "Time from an index update to its operations being queued on a watch stream",
+            "Time from an index update to a watch stream having computed all its operations for it",
             m.push_latency.clone(),
         );
         registry.register(

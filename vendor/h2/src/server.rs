@@ -350,7 +350,9 @@ static READ_BUFFER_CAPACITY: std::sync::atomic::AtomicUsize =
 /// connection this process accepts after the call (the HPACK decoding buffer starts at most as
 /// large as the read buffer). Each buffer grows as a frame needs; a write buffer smaller than
 /// about 16 KiB only means that a burst of frames is written in more system calls. The defaults
-/// are released h2's: 16 KiB and 8 KiB. Values are clamped to at least 1 KiB and 512 bytes.
+/// are released h2's: 16 KiB and 8 KiB. Values are clamped to at least 1 KiB and 512 bytes, and
+/// a write buffer never starts below what one frame header plus the largest payload h2 copies
+/// into it take (1 033 bytes on I/O without vectored writes).
 pub fn set_buffer_capacities(write: usize, read: usize) {
     use std::sync::atomic::Ordering::Relaxed;
     WRITE_BUFFER_CAPACITY.store(write.max(1024), Relaxed);

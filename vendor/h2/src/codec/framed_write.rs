@@ -98,7 +98,11 @@ where
             final_flush_done: false,
             encoder: Encoder {
                 hpack: hpack::Encoder::default(),
-                buf: Cursor::new(BytesMut::with_capacity(capacity)),
+                // Spur: never below what `has_capacity` asks of an empty buffer (265 bytes with
+                // vectored writes, 1 033 without), or no frame could ever be buffered.
+                buf: Cursor::new(BytesMut::with_capacity(
+                    capacity.max(chain_threshold + frame::HEADER_LEN),
+                )),
                 next: None,
                 last_data_frame: None,
                 max_frame_size: frame::DEFAULT_MAX_FRAME_SIZE,
