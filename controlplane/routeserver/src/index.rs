@@ -390,11 +390,12 @@ impl Index {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use spur_routing::rules::{Location, PortMapping};
 
-    fn rule(ns: &str, name: &str, key: &str, port: u16) -> RoutingRule {
+    /// A rule of `Deployment/<ns>/<name>` for `key`, port 80 to `h:<port>` (also the watch tests').
+    pub(crate) fn rule(ns: &str, name: &str, key: &str, port: u16) -> RoutingRule {
         RoutingRule {
             routing_key: key.into(),
             baseline: BaselineWorkload {

@@ -361,28 +361,12 @@ mod tests {
     use futures_util::FutureExt;
     use prometheus_client::registry::Registry;
     use spur_routing::RoutingRule;
-    use spur_routing::rules::{BaselineWorkload, Location, PortMapping};
 
     use super::*;
     use crate::index::Index;
 
     fn rule(name: &str, key: &str, port: u16) -> RoutingRule {
-        RoutingRule {
-            routing_key: key.into(),
-            baseline: BaselineWorkload {
-                kind: "Deployment".into(),
-                namespace: "ns".into(),
-                name: name.into(),
-            },
-            destination_sandbox: format!("sb-{key}"),
-            mappings: vec![PortMapping {
-                workload_port: 80,
-                destinations: vec![Location {
-                    host: "h".into(),
-                    port,
-                }],
-            }],
-        }
+        crate::index::tests::rule("ns", name, key, port)
     }
 
     fn filter(name: &str) -> Filter {
