@@ -22,6 +22,8 @@ pub use crate::key::RuleKey;
 /// One rule, pre-rendered for every API that serves it.
 #[derive(Debug, PartialEq)]
 pub struct Entry {
+    /// The rule's identity, kept so that a watch can find what it sent without copying it.
+    key: RuleKey,
     pub rule: RoutingRule,
     pub proto: routes::WorkloadRoutingRule,
     /// `proto`, encoded: what every gRPC watcher is sent ([`crate::wire`]).
@@ -33,6 +35,10 @@ impl Entry {
     pub(crate) fn new(rule: RoutingRule) -> Self {
         let proto = spur_routing::wire::rule_to_proto(&rule);
         Entry {
+            key: RuleKey {
+                baseline: rule.baseline.clone(),
+                routing_key: rule.routing_key.clone(),
+            },
             wire: prost::Message::encode_to_vec(&proto).into(),
             proto,
             spec: rule.to_spec(),
@@ -40,11 +46,8 @@ impl Entry {
         }
     }
 
-    pub(crate) fn key(&self) -> RuleKey {
-        RuleKey {
-            baseline: self.rule.baseline.clone(),
-            routing_key: self.rule.routing_key.clone(),
-        }
+    pub fn key(&self) -> &RuleKey {
+        &self.key
     }
 }
 

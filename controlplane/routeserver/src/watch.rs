@@ -49,53 +49,22 @@ pub(crate) enum Op {
 /// one baseline keeps a pointer per rule, not four strings (`perf/results/push_steps.md`).
 struct Sent(Arc<Entry>);
 
-/// A (baseline, routing key) pair, whether a [`RuleKey`] or a sent entry's own fields.
-trait Keyed {
-    fn parts(&self) -> (&spur_routing::BaselineWorkload, &str);
-}
-
-impl Keyed for RuleKey {
-    fn parts(&self) -> (&spur_routing::BaselineWorkload, &str) {
-        (&self.baseline, &self.routing_key)
+impl Borrow<RuleKey> for Sent {
+    fn borrow(&self) -> &RuleKey {
+        self.0.key()
     }
 }
 
-impl Keyed for Sent {
-    fn parts(&self) -> (&spur_routing::BaselineWorkload, &str) {
-        (&self.0.rule.baseline, &self.0.rule.routing_key)
-    }
-}
-
-impl<'a> Borrow<dyn Keyed + 'a> for Sent {
-    fn borrow(&self) -> &(dyn Keyed + 'a) {
-        self
-    }
-}
-
-impl Hash for dyn Keyed + '_ {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.parts().hash(state);
-    }
-}
-
-impl PartialEq for dyn Keyed + '_ {
-    fn eq(&self, other: &Self) -> bool {
-        self.parts() == other.parts()
-    }
-}
-
-impl Eq for dyn Keyed + '_ {}
-
-// `Sent` hashes and compares as its `dyn Keyed` view, so lookups by `&dyn Keyed` find it.
+// As its key, so that lookups by `&RuleKey` find it.
 impl Hash for Sent {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        (self as &dyn Keyed).hash(state);
+        self.0.key().hash(state);
     }
 }
 
 impl PartialEq for Sent {
     fn eq(&self, other: &Self) -> bool {
-        (self as &dyn Keyed) == (other as &dyn Keyed)
+        self.0.key() == other.0.key()
     }
 }
 
@@ -167,8 +136,8 @@ impl Watch {
             return;
         }
         let keys = snap.changed_since(self.version).unwrap_or_else(|| {
-            let mut all: Vec<RuleKey> = self.sent.iter().map(|s| s.0.key()).collect();
-            all.extend(snap.matching(&self.filter).map(|e| e.key()));
+            let mut all: Vec<RuleKey> = self.sent.iter().map(|s| s.0.key().clone()).collect();
+            all.extend(snap.matching(&self.filter).map(|e| e.key().clone()));
             all.sort();
             all.dedup();
             all.into()
@@ -194,7 +163,8 @@ impl Watch {
                     last = Some(e.key());
                 }
                 if last.is_some() && self.queued.len() >= self.buffer {
-                    self.work = Some(Work::Sync { snap, after: last });
+                    let after = last.cloned();
+                    self.work = Some(Work::Sync { snap, after });
                     return;
                 }
                 self.queued.push_back(Op::Synced);
@@ -215,7 +185,7 @@ impl Watch {
                 while let Some(key) = keys.get(next) {
                     next += 1;
                     let now = snap.rules.get(key).filter(|e| self.filter.matches(e));
-                    let sent = self.sent.get(key as &dyn Keyed).map(|s| &s.0);
+                    let sent = self.sent.get(key).map(|s| &s.0);
                     let op = match (sent, now) {
                         (None, Some(e)) => Op::Add(e.clone()),
                         (Some(old), Some(e)) if !Arc::ptr_eq(old, e) && **old != **e => {
@@ -230,7 +200,7 @@ impl Watch {
                             self.sent.replace(Sent(e.clone()));
                         }
                         Op::Remove(_) => {
-                            self.sent.remove(key as &dyn Keyed);
+                            self.sent.remove(key);
                         }
                         Op::Synced => {}
                     }
