@@ -28,11 +28,11 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
+use futures_util::StreamExt;
+use futures_util::stream::{BoxStream, SelectAll};
 use hdrhistogram::Histogram;
 use prometheus_client::registry::Registry;
 use spur_discovery::{Publisher, RouteServerConn, RouteServerSource};
@@ -41,6 +41,7 @@ use spur_routing::{BaselineWorkload, SharedTable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout, timeout_at};
+use tokio_stream::wrappers::WatchStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -150,7 +151,9 @@ fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(run(config))
+    // On a worker, like the clients it observes: a task woken by a worker runs next on that
+    // worker, where `block_on`'s thread would be unparked through a futex per wake-up.
+    runtime.block_on(async { tokio::spawn(run(config)).await? })
 }
 
 // === route-server process ===
@@ -395,29 +398,35 @@ fn change_watched(dir: &Path, port: u16) -> Result<SystemTime> {
 
 // === watchers ===
 
-/// (watcher, destination port of the changed rule in the table just published, when).
-type LiveEvent = (usize, Option<u16>, SystemTime);
-
+/// N sidecar clients and what this process learns of their tables.
 struct Watchers {
     stop: CancellationToken,
     tasks: TaskTracker,
-    synced: Arc<AtomicUsize>,
-    events: mpsc::UnboundedReceiver<LiveEvent>,
+    /// Each watcher's table, read when its publisher announces a version.
+    tables: Vec<SharedTable>,
+    /// Kept for the life of the clients: each publisher's and source's metrics.
+    _registries: Vec<Registry>,
+    /// The index of a watcher whose publisher announced a version, with the version.
+    announced: SelectAll<BoxStream<'static, (usize, u64)>>,
+    synced: Vec<bool>,
+    synced_count: usize,
 }
 
-/// Starts `n` sidecar clients, each with its own table, publisher, registry and connection, and
-/// one observer per client that timestamps every table its publisher announces.
+/// Starts `n` sidecar clients, each with its own table, publisher, registry and connection.
+/// Their publishers' announcements are read here, by the task that measures (see
+/// [`Watchers::next_live`]), not by a task per client: the observer is not what is measured.
 fn start_watchers(n: usize, grpc: SocketAddr) -> Result<Watchers> {
     let stop = CancellationToken::new();
     let tasks = TaskTracker::new();
-    let synced = Arc::new(AtomicUsize::new(0));
-    let (tx, events) = mpsc::unbounded_channel();
     let addr = grpc.to_string();
+    let mut tables = Vec::with_capacity(n);
+    let mut registries = Vec::with_capacity(n);
+    let mut announced = SelectAll::new();
     for i in 0..n {
         let table = SharedTable::new();
         let mut registry = Registry::default();
         let publisher = Publisher::new(table.clone(), &mut registry);
-        let mut published = publisher.subscribe();
+        let published = WatchStream::from_changes(publisher.subscribe());
         let source = RouteServerSource::new(
             RouteServerConn::plain(addr.clone()),
             watched_baseline(),
@@ -425,73 +434,67 @@ fn start_watchers(n: usize, grpc: SocketAddr) -> Result<Watchers> {
             &mut registry,
         )?;
         tasks.spawn(source.run(stop.clone()));
-        let (stop, synced, tx, baseline) =
-            (stop.clone(), synced.clone(), tx.clone(), watched_baseline());
-        tasks.spawn(async move {
-            let _registry = registry;
-            let mut was_synced = false;
-            loop {
-                tokio::select! {
-                    r = published.changed() => if r.is_err() { return },
-                    () = stop.cancelled() => return,
-                }
-                let at = SystemTime::now();
-                let version = *published.borrow_and_update();
-                let port = table
-                    .load()
-                    .table
-                    .lookup(&baseline, WORKLOAD_PORT, CHANGED_KEY)
-                    .map(|d| d.location.port);
-                if version >= 1 && !was_synced {
-                    was_synced = true;
-                    synced.fetch_add(1, Ordering::Relaxed);
-                }
-                if tx.send((i, port, at)).is_err() {
-                    return;
-                }
-            }
-        });
+        announced.push(published.map(move |v| (i, v)).boxed());
+        tables.push(table);
+        registries.push(registry);
     }
     Ok(Watchers {
         stop,
         tasks,
-        synced,
-        events,
+        tables,
+        _registries: registries,
+        announced,
+        synced: vec![false; n],
+        synced_count: 0,
     })
 }
 
 impl Watchers {
-    async fn wait_synced(&self, n: usize) -> Result<()> {
+    /// The next table a publisher announced: (watcher, the changed rule's destination port in
+    /// it, when that table was stored). None at `deadline`.
+    async fn next_live(&mut self, deadline: Instant) -> Option<(usize, Option<u16>, SystemTime)> {
+        let (i, version) = timeout_at(deadline, self.announced.next()).await.ok()??;
+        let snapshot = self.tables[i].load();
+        // The moment the table was stored, not when this task got to it.
+        let at = snapshot.published.unwrap_or_else(SystemTime::now);
+        let port = snapshot
+            .table
+            .lookup(&watched_baseline(), WORKLOAD_PORT, CHANGED_KEY)
+            .map(|d| d.location.port);
+        if version >= 1 && !self.synced[i] {
+            self.synced[i] = true;
+            self.synced_count += 1;
+        }
+        Some((i, port, at))
+    }
+
+    async fn wait_synced(&mut self) -> Result<()> {
+        let n = self.synced.len();
         let deadline = Instant::now() + SYNC_TIMEOUT;
-        while self.synced.load(Ordering::Relaxed) < n {
-            if Instant::now() > deadline {
+        while self.synced_count < n {
+            if self.next_live(deadline).await.is_none() {
                 bail!(
                     "only {} of {n} watchers synced after {SYNC_TIMEOUT:?}",
-                    self.synced.load(Ordering::Relaxed)
+                    self.synced_count
                 );
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok(())
     }
 
     /// When each watcher's table first held `port` (None: not within the deadline).
-    async fn wait_live(
-        &mut self,
-        n: usize,
-        port: u16,
-        deadline: Instant,
-    ) -> Vec<Option<SystemTime>> {
+    async fn wait_live(&mut self, port: u16, deadline: Instant) -> Vec<Option<SystemTime>> {
+        let n = self.tables.len();
         let mut live = vec![None; n];
         let mut count = 0;
         while count < n {
-            match timeout_at(deadline, self.events.recv()).await {
-                Ok(Some((i, Some(p), at))) if p == port && live[i].is_none() => {
+            match self.next_live(deadline).await {
+                Some((i, Some(p), at)) if p == port && live[i].is_none() => {
                     live[i] = Some(at);
                     count += 1;
                 }
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => break,
+                Some(_) => {}
+                None => break,
             }
         }
         live
@@ -691,7 +694,7 @@ async fn phase(
 
     let started = Instant::now();
     let mut watchers = start_watchers(n, server.grpc)?;
-    watchers.wait_synced(n).await?;
+    watchers.wait_synced().await?;
     let connect_secs = started.elapsed().as_secs_f64();
     tokio::time::sleep(SETTLE).await;
     let server_rss_watched = rss_kib(&pid)?;
@@ -726,10 +729,11 @@ async fn phase(
         let port = INITIAL_PORT + 1 + u16::try_from(c % 50_000)?;
         let renamed = change_watched(rules_dir, port)?;
         let deadline = Instant::now() + LIVE_TIMEOUT;
-        let publication = server
-            .next_publication(version, Instant::now() + PUBLISH_TIMEOUT)
-            .await;
-        let live = watchers.wait_live(n, port, deadline).await;
+        // Both at once: the watchers' announcements are read by this task.
+        let (publication, live) = tokio::join!(
+            server.next_publication(version, Instant::now() + PUBLISH_TIMEOUT),
+            watchers.wait_live(port, deadline),
+        );
         match publication {
             Some((v, at)) => {
                 version = v;

@@ -207,6 +207,15 @@ async fn admin_endpoints_report_liveness_readiness_and_the_table() {
     assert_eq!(get(env.admin(), "/ready", &[]).await.unwrap().status, 200);
     let dump = get(env.admin(), "/config_dump", &[]).await.unwrap().json();
     assert_eq!(dump["tableVersion"], 1);
+    let published = dump["tablePublishedUnixMillis"].as_u64().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    assert!(
+        u128::from(published) <= now && now - u128::from(published) < 600_000,
+        "the table went live during this test: {published} vs now {now}"
+    );
     assert_eq!(dump["routingRules"][0]["routingKey"], "k1");
     assert_eq!(
         dump["identity"]["baseline"]["name"],

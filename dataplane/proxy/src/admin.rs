@@ -48,6 +48,10 @@ impl AdminState {
         serde_json::json!({
             "identity": self.identity,
             "tableVersion": snapshot.version,
+            // When this sidecar started routing by that version (Unix milliseconds).
+            "tablePublishedUnixMillis": snapshot.published.map(|t| {
+                t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
+            }),
             "routingRules": rules,
         })
     }

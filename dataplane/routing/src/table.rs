@@ -8,6 +8,7 @@
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 
@@ -222,6 +223,9 @@ impl RuleTable {
 pub struct Snapshot {
     pub version: u64,
     pub table: RuleTable,
+    /// When this version was stored, i.e. from when requests were routed by it (None before the
+    /// first). Read by `/config_dump` and by the push benchmark, which measures up to this moment.
+    pub published: Option<SystemTime>,
 }
 
 /// The lock-free handle every request loads the current table from. Cloning shares it.
@@ -249,7 +253,11 @@ impl SharedTable {
     /// writer (its rule source), so reading the current version and storing need no CAS loop.
     pub fn store(&self, table: RuleTable) -> u64 {
         let version = self.inner.load().version + 1;
-        self.inner.store(Arc::new(Snapshot { version, table }));
+        self.inner.store(Arc::new(Snapshot {
+            version,
+            table,
+            published: Some(SystemTime::now()),
+        }));
         version
     }
 }
@@ -412,8 +420,13 @@ mod tests {
     fn shared_table_versions() {
         let s = SharedTable::new();
         assert_eq!(s.load().version, 0);
+        assert_eq!(s.load().published, None);
+        let before = SystemTime::now();
         assert_eq!(s.store(RuleTable::new(vec![rule("k", "a", 80, "h")])), 1);
+        let first = s.load().published.unwrap();
+        assert!(first >= before && first <= SystemTime::now());
         assert_eq!(s.store(RuleTable::default()), 2);
         assert!(s.load().table.is_empty());
+        assert!(s.load().published.unwrap() >= first);
     }
 }
