@@ -262,22 +262,22 @@ impl RouteServer {
             stop: stop.clone(),
             auth: auth.clone(),
         };
-        let routes = tonic::service::Routes::new(grpc::RoutesService::new(service)).add_service(
-            spur_proto::history::route_history_server::RouteHistoryServer::new(history),
-        );
+        let grpc_stop = stop.clone();
+        let grpc = grpc_server()
+            .add_service(grpc::RoutesService::new(service))
+            .add_service(
+                spur_proto::history::route_history_server::RouteHistoryServer::new(history),
+            );
         #[cfg(feature = "kubernetes")]
-        let routes = match listeners {
-            Some(l) => routes.add_service(l),
-            None => routes,
-        };
-        tasks.spawn(spur_serving::grpc::serve(
-            grpc_incoming,
-            routes,
-            spur_serving::grpc::Settings::default(),
-            tasks.clone(),
-            stop.clone(),
-            "gRPC",
-        ));
+        let grpc = grpc.add_optional_service(listeners);
+        tasks.spawn(async move {
+            let res = grpc
+                .serve_with_incoming_shutdown(grpc_incoming.into_stream(), grpc_stop.cancelled())
+                .await;
+            if let Err(e) = res {
+                tracing::error!(error = %e, "gRPC server failed");
+            }
+        });
 
         let compat_addrs = match compat_listeners {
             Some(((grpc_l, grpc_a), (http_l, http_a))) => {
@@ -398,6 +398,16 @@ pub fn size_h2_buffers() {
     h2::server::set_buffer_capacities(H2_BUFFERS.0, H2_BUFFERS.1);
 }
 
+/// The gRPC server settings of both listeners (the main one and the compatibility endpoint).
+fn grpc_server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        // Detect dead watchers; clients' own pings (grpc-go sends one every 5 s) are answered
+        // and never counted against them.
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .tcp_nodelay(true)
+}
+
 /// Serves the compatibility endpoint (see [`CompatConfig`]): plaintext, the Routes API only.
 fn serve_compat(
     routes: grpc::RoutesHandler,
@@ -409,14 +419,16 @@ fn serve_compat(
     let stop = rest_state.stop.clone();
     let grpc_incoming = tls::incoming(grpc_l, grpc_a, None, tasks, stop.clone());
     let http_incoming = tls::incoming(http_l, http_a, None, tasks, stop.clone());
-    tasks.spawn(spur_serving::grpc::serve(
-        grpc_incoming,
-        tonic::service::Routes::new(grpc::RoutesService::new(routes)),
-        spur_serving::grpc::Settings::default(),
-        tasks.clone(),
-        stop.clone(),
-        "compatibility gRPC",
-    ));
+    let grpc = grpc_server().add_service(grpc::RoutesService::new(routes));
+    let grpc_stop = stop.clone();
+    tasks.spawn(async move {
+        let res = grpc
+            .serve_with_incoming_shutdown(grpc_incoming.into_stream(), grpc_stop.cancelled())
+            .await;
+        if let Err(e) = res {
+            tracing::error!(error = %e, "compatibility gRPC server failed");
+        }
+    });
     tasks.spawn(async move {
         let res = axum::serve(
             tls::GuardedIncoming(http_incoming),

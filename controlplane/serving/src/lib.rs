@@ -1,11 +1,9 @@
 //! The serving kit: what every Spur server shares on its listening side, so that no server
 //! imports another server's crate. Serving TLS with hot reload ([`tls`]), the small CA that
 //! signs serving and client certificates ([`pki`]), the HTTP/1 front door ([`http1`]) and the
-//! probe and metrics server of every long-running binary ([`health`]), the gRPC server that runs a
-//! connection's streams in its own task ([`grpc`]), and, with the feature
+//! probe and metrics server of every long-running binary ([`health`]), and, with the feature
 //! `kube`, Kubernetes token and access reviews ([`review`]).
 
-pub mod grpc;
 pub mod health;
 pub mod http1;
 pub mod pki;

@@ -485,11 +485,6 @@ pub fn incoming(
 }
 
 impl Incoming {
-    /// The next connection ready to serve; None once the accept loop has ended.
-    pub async fn next(&mut self) -> Option<(Conn, SocketAddr)> {
-        self.rx.recv().await
-    }
-
     /// For tonic: a stream that ends when the accept loop does.
     pub fn into_stream(
         self,
