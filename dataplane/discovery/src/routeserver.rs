@@ -161,7 +161,7 @@ impl RouteServerSource {
                 return Err(self.err("stream ended before SYNCED"));
             };
             match op.op() {
-                WatchOp::Add => self.apply(&mut rules, &op),
+                WatchOp::Add => self.apply(&mut rules, op),
                 WatchOp::Synced => break,
                 other => {
                     return Err(self.err(format!("protocol violation: {other:?} before SYNCED")));
@@ -176,11 +176,11 @@ impl RouteServerSource {
             let Some(op) = stream.message().await.map_err(|s| self.err(s))? else {
                 return Ok(());
             };
-            self.apply(&mut rules, &op);
+            self.apply(&mut rules, op);
             // Apply everything already received before publishing once.
             while let Some(next) = stream.message().now_or_never() {
                 match next.map_err(|s| self.err(s))? {
-                    Some(op) => self.apply(&mut rules, &op),
+                    Some(op) => self.apply(&mut rules, op),
                     None => {
                         self.publish(&rules);
                         return Ok(());
@@ -191,22 +191,31 @@ impl RouteServerSource {
         }
     }
 
-    fn apply(&self, rules: &mut BTreeMap<String, Arc<RoutingRule>>, op: &WorkloadRoutingRuleOp) {
-        let Some(route) = &op.route else {
-            if op.op() != WatchOp::Synced {
+    /// Applies one op to the rule set. The op is taken by value: the decoded message's strings
+    /// become the rule's, uncopied.
+    fn apply(&self, rules: &mut BTreeMap<String, Arc<RoutingRule>>, op: WorkloadRoutingRuleOp) {
+        let kind = op.op();
+        let Some(route) = op.route else {
+            if kind != WatchOp::Synced {
                 self.rejected.inc();
-                tracing::warn!(op = ?op.op(), "route server sent an op without a rule; ignored");
+                tracing::warn!(op = ?kind, "route server sent an op without a rule; ignored");
             }
             return;
         };
-        match op.op() {
+        match kind {
             WatchOp::Remove => {
                 rules.remove(&route.routing_key);
             }
             WatchOp::Add | WatchOp::Replace => {
-                match RoutingRule::from_spec(0, spur_routing::wire::rule_from_proto(route)) {
+                match RoutingRule::from_spec(0, spur_routing::wire::rule_from_proto_owned(route)) {
                     Ok(rule) if rule.baseline == self.baseline => {
-                        rules.insert(rule.routing_key.clone(), Arc::new(rule));
+                        // A known key keeps its map key: no copy of the key for a REPLACE.
+                        match rules.get_mut(&rule.routing_key) {
+                            Some(slot) => *slot = Arc::new(rule),
+                            None => {
+                                rules.insert(rule.routing_key.clone(), Arc::new(rule));
+                            }
+                        }
                     }
                     Ok(rule) => {
                         self.rejected.inc();
@@ -231,5 +240,94 @@ impl RouteServerSource {
             rules = rules.len(),
             "routing table published from the route server"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spur_proto::routes::{
+        DestinationSandbox, Location, WorkloadPortMapping, WorkloadRoutingRule,
+    };
+    use spur_routing::SharedTable;
+
+    fn baseline() -> BaselineWorkload {
+        BaselineWorkload {
+            kind: "Deployment".into(),
+            namespace: "ns".into(),
+            name: "web".into(),
+        }
+    }
+
+    fn source() -> RouteServerSource {
+        let mut registry = Registry::default();
+        let publisher = Publisher::new(SharedTable::new(), &mut registry);
+        RouteServerSource::new(
+            RouteServerConn::plain("127.0.0.1:1"),
+            baseline(),
+            publisher,
+            &mut registry,
+        )
+        .unwrap()
+    }
+
+    fn op(op: WatchOp, key: &str, name: &str, host: &str) -> WorkloadRoutingRuleOp {
+        WorkloadRoutingRuleOp {
+            op: op.into(),
+            route: Some(WorkloadRoutingRule {
+                routing_key: key.into(),
+                baseline: Some(routes::BaselineWorkload {
+                    kind: "Deployment".into(),
+                    namespace: "ns".into(),
+                    name: name.into(),
+                }),
+                destination_sandbox: Some(DestinationSandbox { name: "sb".into() }),
+                mappings: vec![WorkloadPortMapping {
+                    workload_port: 80,
+                    destinations: vec![Location {
+                        host: host.into(),
+                        port: 8080,
+                    }],
+                }],
+            }),
+        }
+    }
+
+    fn host(rules: &BTreeMap<String, Arc<RoutingRule>>, key: &str) -> Option<String> {
+        let rule = rules.get(key)?;
+        assert_eq!(rule.routing_key, key, "a rule is filed under its key");
+        Some(rule.mappings[0].destinations[0].host.clone())
+    }
+
+    #[test]
+    fn ops_add_replace_and_remove_rules_of_this_baseline_only() {
+        let s = source();
+        let mut rules = BTreeMap::new();
+        s.apply(&mut rules, op(WatchOp::Add, "k1", "web", "h1"));
+        s.apply(&mut rules, op(WatchOp::Add, "k2", "web", "h2"));
+        s.apply(&mut rules, op(WatchOp::Replace, "k1", "web", "h1b"));
+        assert_eq!(host(&rules, "k1").as_deref(), Some("h1b"));
+        assert_eq!(host(&rules, "k2").as_deref(), Some("h2"));
+        // A REPLACE of a key not known yet adds it.
+        s.apply(&mut rules, op(WatchOp::Replace, "k3", "web", "h3"));
+        assert_eq!(host(&rules, "k3").as_deref(), Some("h3"));
+        s.apply(&mut rules, op(WatchOp::Remove, "k2", "web", "h2"));
+        assert_eq!(host(&rules, "k2"), None);
+        assert_eq!(s.rejected.get(), 0);
+
+        // Another baseline's rule, an invalid rule and an op without a rule are dropped: the
+        // rule set is as it was.
+        s.apply(&mut rules, op(WatchOp::Replace, "k1", "other", "h1c"));
+        s.apply(&mut rules, op(WatchOp::Replace, "k1", "web", "bad host"));
+        s.apply(
+            &mut rules,
+            WorkloadRoutingRuleOp {
+                op: WatchOp::Replace.into(),
+                route: None,
+            },
+        );
+        assert_eq!(s.rejected.get(), 3);
+        assert_eq!(rules.len(), 2);
+        assert_eq!(host(&rules, "k1").as_deref(), Some("h1b"));
     }
 }

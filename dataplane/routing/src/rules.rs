@@ -133,7 +133,8 @@ impl RoutingRule {
 
         let mut ports = HashSet::new();
         let mut mappings = Vec::with_capacity(spec.mappings.len());
-        for m in &spec.mappings {
+        // The spec is ours: its hosts are moved into the rule, not copied.
+        for m in spec.mappings {
             let workload_port = port(m.workload_port).ok_or_else(|| {
                 invalid(format!(
                     "workloadPort {} is not in 1-65535",
@@ -151,13 +152,13 @@ impl RoutingRule {
                 )));
             }
             let mut destinations = Vec::with_capacity(m.destinations.len());
-            for d in &m.destinations {
+            for d in m.destinations {
                 check_host(&d.host).map_err(|r| invalid(format!("destination host {r}")))?;
                 let p = port(d.port).ok_or_else(|| {
                     invalid(format!("destination port {} is not in 1-65535", d.port))
                 })?;
                 destinations.push(Location {
-                    host: d.host.clone(),
+                    host: d.host,
                     port: p,
                 });
             }

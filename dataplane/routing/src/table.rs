@@ -7,6 +7,7 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -27,11 +28,13 @@ pub struct Destination {
 /// change reuses what an unchanged rule compiled to.
 type PortRoutes = Arc<[(u16, Arc<Destination>)]>;
 
-/// One routing key's routes, and the rule they were compiled from (None when several rules gave
-/// the same baseline and key, which validated rule sets never do).
-#[derive(Debug)]
+/// One routing key's routes, and the rule they were compiled from, by its index in
+/// [`RuleTable::rules`] (None when several rules gave the same baseline and key, which validated
+/// rule sets never do). An index rather than the rule's `Arc`: copying the map for the next table
+/// then takes two reference counts per key, not three.
+#[derive(Debug, Clone)]
 struct KeyRoutes {
-    rule: Option<Arc<RoutingRule>>,
+    rule: Option<u32>,
     ports: PortRoutes,
 }
 
@@ -39,6 +42,11 @@ struct KeyRoutes {
 #[derive(Debug, Default)]
 pub struct BaselineRules {
     by_key: HashMap<Arc<str>, KeyRoutes>,
+    /// Where this baseline's rules are in [`RuleTable::rules`] when they are all there is of it
+    /// and no two share a key (always, for validated rules given grouped by baseline): then
+    /// `by_key` has one entry per rule, and the next compile can copy it and patch the entries
+    /// whose rule changed instead of building it again.
+    run: Option<Range<usize>>,
 }
 
 impl BaselineRules {
@@ -95,59 +103,159 @@ impl RuleTable {
     /// change. A rule source that publishes after each change (one rule of a baseline's ten, say)
     /// then allocates for that rule only, not for the whole table: with thousands of sidecars
     /// swapping tables at once, this is most of a change's cost on each of them.
+    ///
+    /// Sources publish the same rules in the same order every time, so a baseline whose rules
+    /// line up with its rules in `previous` (same keys at the same places) gets a copy of its
+    /// previous map with only the changed rules' entries replaced: each table is cold in cache
+    /// when a change arrives, and that copy reads no key string and hashes no key.
     pub fn compile(rules: Vec<Arc<RoutingRule>>, previous: Option<&RuleTable>) -> Self {
         let mut baselines: HashMap<BaselineWorkload, BaselineRules> = HashMap::new();
+        let prev_rules = previous.map_or(&[][..], |p| &p.rules[..]);
         // Rules come grouped by baseline (a sidecar's source has one): each run of one baseline
         // is hashed and looked up once.
-        let mut rest = rules.as_slice();
-        while let Some(first) = rest.first() {
-            let baseline = &first.baseline;
-            let run = rest.iter().take_while(|r| r.baseline == *baseline).count();
-            let (this, next) = rest.split_at(run);
-            rest = next;
-            let before = previous.and_then(|p| p.baselines.get(baseline));
-            let by_key = &mut baselines
-                .entry(baseline.clone())
-                .or_insert_with(|| BaselineRules {
-                    by_key: HashMap::with_capacity(run),
-                })
-                .by_key;
-            for rule in this {
-                Self::add(by_key, rule, before);
+        let mut start = 0;
+        while let Some(first) = rules.get(start) {
+            let before = previous.and_then(|p| p.baselines.get(&first.baseline));
+            match baselines.entry(first.baseline.clone()) {
+                Entry::Vacant(v) => {
+                    if let Some((by_key, end)) =
+                        before.and_then(|b| Self::patched(b, prev_rules, &rules, start))
+                    {
+                        v.insert(BaselineRules {
+                            by_key,
+                            run: Some(start..end),
+                        });
+                        start = end;
+                        continue;
+                    }
+                    let end = start + Self::run_len(&rules[start..]);
+                    let mut by_key = HashMap::with_capacity(end - start);
+                    let mut merged = false;
+                    for (i, rule) in rules.iter().enumerate().take(end).skip(start) {
+                        merged |= Self::add(&mut by_key, (i, rule), before, prev_rules);
+                    }
+                    v.insert(BaselineRules {
+                        by_key,
+                        run: (!merged).then_some(start..end),
+                    });
+                    start = end;
+                }
+                // More rules of a baseline seen before: after a patched run that was longer than
+                // in `previous` (they continue it), or in another run.
+                Entry::Occupied(mut o) => {
+                    let end = start + Self::run_len(&rules[start..]);
+                    let b = o.get_mut();
+                    let mut merged = false;
+                    for (i, rule) in rules.iter().enumerate().take(end).skip(start) {
+                        merged |= Self::add(&mut b.by_key, (i, rule), before, prev_rules);
+                    }
+                    b.run = b
+                        .run
+                        .take()
+                        .filter(|r| r.end == start && !merged)
+                        .map(|r| r.start..end);
+                    start = end;
+                }
             }
         }
         RuleTable { baselines, rules }
     }
 
+    /// How many rules at the start of `rules` have the first one's baseline.
+    fn run_len(rules: &[Arc<RoutingRule>]) -> usize {
+        let Some((first, rest)) = rules.split_first() else {
+            return 0;
+        };
+        1 + rest
+            .iter()
+            .take_while(|r| r.baseline == first.baseline)
+            .count()
+    }
+
+    /// `before` is a baseline's rules in `previous`. If they were one run with one rule per key,
+    /// and the rules from `rules[start]` on are those rules again in the same order (each the
+    /// same rule by pointer, or one with the same baseline and key compared by value), returns
+    /// the baseline's map for them and the index in `rules` where they end. The map is a copy of
+    /// `before`'s, which copies its buckets as they are (no key is hashed, compared or even
+    /// read), with the entries of the changed rules compiled again.
+    fn patched(
+        before: &BaselineRules,
+        previous: &[Arc<RoutingRule>],
+        rules: &[Arc<RoutingRule>],
+        start: usize,
+    ) -> Option<(HashMap<Arc<str>, KeyRoutes>, usize)> {
+        let was_at = before.run.clone()?;
+        let was = previous.get(was_at.clone())?;
+        let end = start.checked_add(was.len())?;
+        let now = rules.get(start..end)?;
+        let same = |(p, r): (&Arc<RoutingRule>, &Arc<RoutingRule>)| {
+            Arc::ptr_eq(p, r) || (p.routing_key == r.routing_key && p.baseline == r.baseline)
+        };
+        if !was.iter().zip(now).all(same) {
+            return None;
+        }
+        let mut by_key = before.by_key.clone();
+        if start != was_at.start {
+            // The run moved (rules of other baselines before it changed): its indices move too.
+            // An index that cannot be moved is dropped, which only stops its entry's reuse.
+            let moved = |i: u32| {
+                let i = usize::try_from(i).ok()?.checked_sub(was_at.start)? + start;
+                u32::try_from(i).ok()
+            };
+            for k in by_key.values_mut() {
+                k.rule = k.rule.and_then(moved);
+            }
+        }
+        for (p, r) in was.iter().zip(now) {
+            // An equal rule in a new allocation keeps its routes; its entry already has the
+            // index it is at.
+            if Arc::ptr_eq(p, r) || **p == **r {
+                continue;
+            }
+            // The key is `p`'s: `before` has an entry for it, and only `p` compiled into it.
+            let key = by_key.get_key_value(r.routing_key.as_str())?.0.clone();
+            let sandbox: Arc<str> = Arc::from(r.destination_sandbox.as_str());
+            by_key.get_mut(&*key)?.ports = Self::destinations(r, &sandbox, &key).collect();
+        }
+        Some((by_key, end))
+    }
+
     /// Adds one rule's routes to its baseline's keys, reusing what `before` compiled for an
-    /// equal rule.
+    /// equal rule. True when the rule's key had routes already (they are merged).
     fn add(
         by_key: &mut HashMap<Arc<str>, KeyRoutes>,
-        rule: &Arc<RoutingRule>,
+        (index, rule): (usize, &Arc<RoutingRule>),
         before: Option<&BaselineRules>,
-    ) {
-        let known = before
-            .and_then(|b| b.by_key.get_key_value(rule.routing_key.as_str()))
-            .filter(|(_, k)| {
-                k.rule
-                    .as_ref()
-                    .is_some_and(|r| Arc::ptr_eq(r, rule) || **r == **rule)
-            });
+        previous: &[Arc<RoutingRule>],
+    ) -> bool {
+        let known = before.and_then(|b| b.by_key.get_key_value(rule.routing_key.as_str()));
         let (key, ports) = match known {
-            Some((key, k)) => (key.clone(), k.ports.clone()),
-            None => {
+            Some((key, k))
+                if k.rule
+                    .and_then(|i| previous.get(usize::try_from(i).ok()?))
+                    .is_some_and(|r| Arc::ptr_eq(r, rule) || **r == **rule) =>
+            {
+                (key.clone(), k.ports.clone())
+            }
+            known => {
+                // A known key's string is shared rather than allocated again.
+                let key = known.map_or_else(
+                    || Arc::from(rule.routing_key.as_str()),
+                    |(key, _)| key.clone(),
+                );
                 let sandbox: Arc<str> = Arc::from(rule.destination_sandbox.as_str());
-                let routing_key: Arc<str> = Arc::from(rule.routing_key.as_str());
-                let ports = Self::destinations(rule, &sandbox, &routing_key).collect();
-                (routing_key, ports)
+                let ports = Self::destinations(rule, &sandbox, &key).collect();
+                (key, ports)
             }
         };
         match by_key.entry(key) {
             Entry::Vacant(v) => {
                 v.insert(KeyRoutes {
-                    rule: Some(rule.clone()),
+                    // A table of more than 4G rules is not reused.
+                    rule: u32::try_from(index).ok(),
                     ports,
                 });
+                false
             }
             // Two rules for one baseline and key: their ports are merged, as they always were,
             // and the merged entry is never reused.
@@ -155,6 +263,7 @@ impl RuleTable {
                 let merged = o.get_mut();
                 merged.rule = None;
                 merged.ports = merged.ports.iter().chain(ports.iter()).cloned().collect();
+                true
             }
         }
     }
@@ -414,6 +523,203 @@ mod tests {
         let second = RuleTable::compile(rules[..1].to_vec(), Some(&first));
         assert!(second.lookup(&a, 81, "k").is_none());
         assert_eq!(second.lookup(&a, 80, "k").unwrap().location.host, "fork-80");
+    }
+
+    fn workload(name: &str) -> BaselineWorkload {
+        BaselineWorkload {
+            kind: "Deployment".into(),
+            namespace: "ns".into(),
+            name: name.into(),
+        }
+    }
+
+    /// A baseline's run of rules, and each of its keys with its rule's index.
+    type Run = (Option<Range<usize>>, Vec<(String, Option<u32>)>);
+
+    /// Where `table` has `name`'s rules as one run, and each key's rule index.
+    fn run_of(table: &RuleTable, name: &str) -> Run {
+        let b = &table.baselines[&workload(name)];
+        let mut keys: Vec<_> = b
+            .by_key
+            .iter()
+            .map(|(k, r)| (k.to_string(), r.rule))
+            .collect();
+        keys.sort();
+        (b.run.clone(), keys)
+    }
+
+    #[test]
+    fn a_replaced_rule_is_patched_into_a_copy_of_the_previous_keys() {
+        let a = workload("a");
+        let rules: Vec<_> = ["k1", "k2", "k3"]
+            .into_iter()
+            .map(|k| Arc::new(rule(k, "a", 80, &format!("fork-{k}"))))
+            .collect();
+        let first = RuleTable::compile(rules.clone(), None);
+        assert_eq!(run_of(&first, "a").0, Some(0..3));
+        let mut changed = rules.clone();
+        changed[1] = Arc::new(rule("k2", "a", 80, "fork-k2b"));
+        // Equal by value, another allocation.
+        changed[2] = Arc::new(rule("k3", "a", 80, "fork-k3"));
+        let second = RuleTable::compile(changed.clone(), Some(&first));
+        let same = |t: &RuleTable, k: &str| {
+            Arc::ptr_eq(
+                first.lookup(&a, 80, k).unwrap(),
+                t.lookup(&a, 80, k).unwrap(),
+            )
+        };
+        assert!(same(&second, "k1") && same(&second, "k3"));
+        assert!(!same(&second, "k2"));
+        assert_eq!(
+            second.lookup(&a, 80, "k2").unwrap().location.host,
+            "fork-k2b"
+        );
+        assert_eq!(&*second.lookup(&a, 80, "k2").unwrap().routing_key, "k2");
+        // The patched map's indices are those of the new rules.
+        let k = |k: &str, i| (k.to_string(), Some(i));
+        assert_eq!(
+            run_of(&second, "a"),
+            (Some(0..3), vec![k("k1", 0), k("k2", 1), k("k3", 2)])
+        );
+        // Compiled in another order, the rules are found by key: through those indices.
+        let mut reversed = changed.clone();
+        reversed.reverse();
+        let third = RuleTable::compile(reversed, Some(&second));
+        assert!(same(&third, "k1") && same(&third, "k3"));
+        assert!(Arc::ptr_eq(
+            second.lookup(&a, 80, "k2").unwrap(),
+            third.lookup(&a, 80, "k2").unwrap()
+        ));
+        assert_eq!(
+            run_of(&third, "a"),
+            (Some(0..3), vec![k("k1", 2), k("k2", 1), k("k3", 0)])
+        );
+    }
+
+    #[test]
+    fn a_run_that_moved_takes_its_indices_along() {
+        let b = workload("b");
+        let a1 = Arc::new(rule("k1", "a", 80, "fork-a"));
+        let b1 = Arc::new(rule("k1", "b", 80, "fork-b1"));
+        let b2 = Arc::new(rule("k2", "b", 80, "fork-b2"));
+        let first = RuleTable::compile(vec![a1, b1.clone(), b2.clone()], None);
+        // Baseline a's rule is gone: b's run, unchanged, now starts at 0.
+        let second = RuleTable::compile(vec![b1.clone(), b2.clone()], Some(&first));
+        let k = |k: &str, i| (k.to_string(), Some(i));
+        assert_eq!(
+            run_of(&second, "b"),
+            (Some(0..2), vec![k("k1", 0), k("k2", 1)])
+        );
+        assert!(second.baseline(&workload("a")).is_none());
+        // In another order and new allocations: reused by key, through the moved indices.
+        let third = RuleTable::compile(
+            vec![
+                Arc::new(RoutingRule::clone(&b2)),
+                Arc::new(RoutingRule::clone(&b1)),
+            ],
+            Some(&second),
+        );
+        for key in ["k1", "k2"] {
+            assert!(Arc::ptr_eq(
+                first.lookup(&b, 80, key).unwrap(),
+                third.lookup(&b, 80, key).unwrap()
+            ));
+        }
+    }
+
+    #[test]
+    fn a_run_longer_than_before_is_still_one_run() {
+        let a = workload("a");
+        let k1 = Arc::new(rule("k1", "a", 80, "fork-1"));
+        let k2 = Arc::new(rule("k2", "a", 80, "fork-2"));
+        let first = RuleTable::compile(vec![k1.clone()], None);
+        // k1 is patched, k2 added after it.
+        let second = RuleTable::compile(vec![k1.clone(), k2.clone()], Some(&first));
+        assert_eq!(run_of(&second, "a").0, Some(0..2));
+        assert_eq!(second.lookup(&a, 80, "k2").unwrap().location.host, "fork-2");
+        let third = RuleTable::compile(
+            vec![k1, Arc::new(rule("k2", "a", 80, "fork-2b"))],
+            Some(&second),
+        );
+        assert_eq!(third.lookup(&a, 80, "k1").unwrap().location.host, "fork-1");
+        assert_eq!(third.lookup(&a, 80, "k2").unwrap().location.host, "fork-2b");
+    }
+
+    #[test]
+    fn a_rule_of_another_baseline_in_its_place_is_not_patched_in() {
+        let k1 = Arc::new(rule("k1", "a", 80, "fork-1"));
+        let first = RuleTable::compile(
+            vec![k1.clone(), Arc::new(rule("k2", "a", 80, "fork-a2"))],
+            None,
+        );
+        // Same key, same place, baseline b: a's run is now k1 alone.
+        let second = RuleTable::compile(
+            vec![k1, Arc::new(rule("k2", "b", 80, "fork-b2"))],
+            Some(&first),
+        );
+        assert!(second.lookup(&workload("a"), 80, "k2").is_none());
+        assert_eq!(
+            second
+                .lookup(&workload("b"), 80, "k2")
+                .unwrap()
+                .location
+                .host,
+            "fork-b2"
+        );
+        assert_eq!(run_of(&second, "a").0, Some(0..1));
+    }
+
+    #[test]
+    fn merged_keys_and_split_runs_are_never_patched() {
+        let a = workload("a");
+        let b = workload("b");
+        // A second rule for k1 continues a patched run: merged, so no longer one rule per key.
+        let k1 = Arc::new(rule("k1", "a", 80, "fork-80"));
+        let first = RuleTable::compile(vec![k1.clone()], None);
+        let k1_81 = Arc::new(rule("k1", "a", 81, "fork-81"));
+        let second = RuleTable::compile(vec![k1.clone(), k1_81], Some(&first));
+        assert_eq!(run_of(&second, "a"), (None, vec![("k1".into(), None)]));
+        // Replacing the second must keep the first's port.
+        let third = RuleTable::compile(
+            vec![k1.clone(), Arc::new(rule("k1", "a", 81, "fork-81b"))],
+            Some(&second),
+        );
+        assert_eq!(third.lookup(&a, 80, "k1").unwrap().location.host, "fork-80");
+        assert_eq!(
+            third.lookup(&a, 81, "k1").unwrap().location.host,
+            "fork-81b"
+        );
+        // The same from rules merged when compiled afresh.
+        let fourth = RuleTable::compile(
+            vec![k1.clone(), Arc::new(rule("k1", "a", 81, "fork-81c"))],
+            Some(&third),
+        );
+        assert_eq!(run_of(&third, "a"), (None, vec![("k1".into(), None)]));
+        assert_eq!(
+            fourth.lookup(&a, 80, "k1").unwrap().location.host,
+            "fork-80"
+        );
+        assert_eq!(
+            fourth.lookup(&a, 81, "k1").unwrap().location.host,
+            "fork-81c"
+        );
+
+        // Baseline a in two runs, b between them: a's map is not one run of rules.
+        let split = vec![
+            k1.clone(),
+            Arc::new(rule("k2", "b", 80, "fork-b")),
+            Arc::new(rule("k3", "a", 80, "fork-3")),
+        ];
+        let first = RuleTable::compile(split.clone(), None);
+        assert_eq!(run_of(&first, "a").0, None);
+        assert_eq!(run_of(&first, "b").0, Some(1..2));
+        let second = RuleTable::compile(split, Some(&first));
+        assert_eq!(second.lookup(&b, 80, "k2").unwrap().location.host, "fork-b");
+        assert_eq!(second.lookup(&a, 80, "k3").unwrap().location.host, "fork-3");
+        assert_eq!(
+            second.lookup(&a, 80, "k1").unwrap().location.host,
+            "fork-80"
+        );
     }
 
     #[test]

@@ -11,31 +11,33 @@ use crate::rules::{BaselineSpec, LocationSpec, MappingSpec, RuleSpec, SandboxSpe
 /// A received rule in wire shape, ready for validation. Missing sub-messages become empty
 /// fields, which validation then rejects with a precise reason.
 pub fn rule_from_proto(r: &routes::WorkloadRoutingRule) -> RuleSpec {
-    let baseline = r.baseline.clone().unwrap_or_default();
+    rule_from_proto_owned(r.clone())
+}
+
+/// [`rule_from_proto`] for a message the caller is done with: its strings are moved, not copied
+/// (a sidecar converts every rule its watch receives).
+pub fn rule_from_proto_owned(r: routes::WorkloadRoutingRule) -> RuleSpec {
+    let baseline = r.baseline.unwrap_or_default();
     RuleSpec {
-        routing_key: r.routing_key.clone(),
+        routing_key: r.routing_key,
         baseline: BaselineSpec {
             kind: baseline.kind,
             namespace: baseline.namespace,
             name: baseline.name,
         },
         destination_sandbox: SandboxSpec {
-            name: r
-                .destination_sandbox
-                .as_ref()
-                .map(|d| d.name.clone())
-                .unwrap_or_default(),
+            name: r.destination_sandbox.map(|d| d.name).unwrap_or_default(),
         },
         mappings: r
             .mappings
-            .iter()
+            .into_iter()
             .map(|m| MappingSpec {
                 workload_port: m.workload_port,
                 destinations: m
                     .destinations
-                    .iter()
+                    .into_iter()
                     .map(|d| LocationSpec {
-                        host: d.host.clone(),
+                        host: d.host,
                         port: d.port,
                     })
                     .collect(),
@@ -121,6 +123,7 @@ mod tests {
         let rule = RoutingRule::from_spec(0, spec.clone()).unwrap();
         let wire = rule_to_proto(&rule);
         assert_eq!(rule_from_proto(&wire), spec);
+        assert_eq!(rule_from_proto_owned(wire), spec);
     }
 
     #[test]
@@ -130,5 +133,6 @@ mod tests {
             ..Default::default()
         };
         assert!(RoutingRule::from_spec(0, rule_from_proto(&wire)).is_err());
+        assert_eq!(rule_from_proto_owned(wire.clone()), rule_from_proto(&wire));
     }
 }

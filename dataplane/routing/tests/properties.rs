@@ -11,8 +11,12 @@ use proptest::prelude::*;
 use spur_routing::baggage::{encode_value, members};
 use spur_routing::extract::{MAX_CANDIDATES, is_valid_key, strip_query_param};
 use spur_routing::inject::inject_key;
-use spur_routing::rules::{BaselineSpec, LocationSpec, MappingSpec, SandboxSpec, validate_rules};
-use spur_routing::{BaselineWorkload, ExtractConfig, KeyExtractor, RuleSpec, RuleTable};
+use spur_routing::rules::{
+    BaselineSpec, LocationSpec, MappingSpec, PortMapping, SandboxSpec, validate_rules,
+};
+use spur_routing::{
+    BaselineWorkload, ExtractConfig, KeyExtractor, Location, RoutingRule, RuleSpec, RuleTable,
+};
 
 const NAMES: &[&str] = &[
     "baggage",
@@ -63,6 +67,162 @@ fn check_candidates(h: &HeaderMap, query: Option<&str>) -> Result<(), TestCaseEr
         prop_assert!(seen.insert(k), "duplicate candidate {:?}", k);
     }
     Ok(())
+}
+
+const TABLE_KEYS: [&str; 5] = ["a", "b", "c", "d", "zz"];
+const TABLE_BASELINES: [&str; 3] = ["x", "y", "w"];
+
+fn table_baseline(b: usize) -> BaselineWorkload {
+    BaselineWorkload {
+        kind: "Deployment".into(),
+        namespace: "ns".into(),
+        name: TABLE_BASELINES[b].into(),
+    }
+}
+
+/// A rule of the small universe the table properties draw from: key, baseline, and per mapping a
+/// workload port (80 + n; a repeated one is dropped) and a host variant. Rules are not validated:
+/// two of them may share a baseline and key, whose ports the table merges.
+type RawRule = (usize, usize, Vec<(u32, usize)>);
+
+fn raw_rule() -> impl Strategy<Value = RawRule> {
+    (0..5usize, 0..3usize, vec((0..3u32, 0..3usize), 1..3))
+}
+
+fn routing_rule((k, b, maps): &RawRule) -> RoutingRule {
+    let mut ports = HashSet::new();
+    RoutingRule {
+        routing_key: TABLE_KEYS[*k].into(),
+        baseline: table_baseline(*b),
+        destination_sandbox: format!("sb-{k}"),
+        mappings: maps
+            .iter()
+            .filter(|(p, _)| ports.insert(*p))
+            .map(|&(p, h)| PortMapping {
+                workload_port: 80 + u16::try_from(p).unwrap(),
+                destinations: vec![
+                    Location {
+                        host: format!("h{h}-{k}-{b}"),
+                        port: 9000,
+                    },
+                    Location {
+                        host: "second".into(),
+                        port: 1,
+                    },
+                ],
+            })
+            .collect(),
+    }
+}
+
+/// What becomes of a rule of the previous table in the next one.
+#[derive(Debug, Clone, Copy)]
+enum Fate {
+    /// The same `Arc`, as a source that keeps its rules publishes an unchanged rule.
+    Kept,
+    /// An equal rule in a new allocation, as a source that rebuilt its rules publishes it.
+    Copied,
+    /// The same baseline and key with another first host (a REPLACE).
+    NewHost,
+    /// The same baseline and key with another set of ports.
+    NewPorts,
+    /// The same baseline and key with another sandbox.
+    NewSandbox,
+    Removed,
+}
+
+fn fate() -> impl Strategy<Value = Fate> {
+    prop_oneof![
+        8 => Just(Fate::Kept),
+        1 => Just(Fate::Copied),
+        1 => Just(Fate::NewHost),
+        1 => Just(Fate::NewPorts),
+        1 => Just(Fate::NewSandbox),
+        1 => Just(Fate::Removed),
+    ]
+}
+
+/// One change of a rule set: a fate per rule by position, rules inserted (at an index modulo the
+/// length), and the order the source publishes in.
+type Step = (Vec<Fate>, Vec<(usize, RawRule)>, u8);
+
+fn step() -> impl Strategy<Value = Step> {
+    (
+        vec(fate(), 16),
+        vec((any::<usize>(), raw_rule()), 0..3),
+        0..4u8,
+    )
+}
+
+fn apply(rules: &[Arc<RoutingRule>], (fates, inserted, order): &Step) -> Vec<Arc<RoutingRule>> {
+    let mut next: Vec<Arc<RoutingRule>> = rules
+        .iter()
+        .zip(fates.iter().cycle())
+        .filter_map(|(r, fate)| {
+            let mut changed = RoutingRule::clone(r);
+            match fate {
+                Fate::Kept => return Some(r.clone()),
+                Fate::Copied => {}
+                Fate::NewHost => changed.mappings[0].destinations[0].host.push_str("-new"),
+                Fate::NewPorts => {
+                    if changed.mappings.len() > 1 {
+                        changed.mappings.pop();
+                    } else {
+                        let mut added = changed.mappings[0].clone();
+                        added.workload_port = 83;
+                        changed.mappings.push(added);
+                    }
+                }
+                Fate::NewSandbox => changed.destination_sandbox.push_str("-new"),
+                Fate::Removed => return None,
+            }
+            Some(Arc::new(changed))
+        })
+        .collect();
+    for (at, raw) in inserted {
+        let at = at % (next.len() + 1);
+        next.insert(at, Arc::new(routing_rule(raw)));
+    }
+    match order {
+        // As a route server's watch publishes them: by key.
+        0 => next.sort_by(|a, b| a.routing_key.cmp(&b.routing_key)),
+        // Grouped by baseline (a stable sort: a baseline's rules keep their order).
+        1 => next.sort_by(|a, b| a.baseline.cmp(&b.baseline)),
+        // In the order of the change.
+        _ => {}
+    }
+    next
+}
+
+/// Every answer a table gives in the rules' universe (and one baseline and port outside it).
+fn answers(table: &RuleTable) -> Vec<String> {
+    let mut out = Vec::new();
+    for b in 0..=TABLE_BASELINES.len() {
+        let baseline = if b < TABLE_BASELINES.len() {
+            table_baseline(b)
+        } else {
+            BaselineWorkload {
+                name: "other".into(),
+                ..table_baseline(0)
+            }
+        };
+        let rules = table.baseline(&baseline);
+        out.push(format!("{b} present {}", rules.is_some()));
+        for (k, key) in TABLE_KEYS.iter().enumerate() {
+            for port in 79..85 {
+                out.push(format!(
+                    "{b} {k} {port}: {:?}",
+                    table.lookup(&baseline, port, key)
+                ));
+            }
+            out.push(format!(
+                "{b} {k} any: {:?}",
+                rules.and_then(|r| r.lookup_any_port(key))
+            ));
+        }
+    }
+    out.push(format!("{:?}", table.locations()));
+    out
 }
 
 proptest! {
@@ -222,6 +382,44 @@ proptest! {
                 let expected = candidates.iter().find_map(|c| naive(&baseline, port, c).map(|l| ((*c).to_owned(), l)));
                 prop_assert_eq!(routed, expected);
             }
+        }
+    }
+
+    /// A table compiled on top of the one before it, generation after generation, routes exactly
+    /// as one compiled from scratch and as a scan of its rules: whatever each change kept (by
+    /// pointer or by value), replaced, removed or added, and in whatever order it came.
+    #[test]
+    fn compiled_on_earlier_tables_routes_like_scratch(
+        first in vec(raw_rule(), 0..12),
+        steps in vec(step(), 1..6),
+    ) {
+        let mut rules: Vec<Arc<RoutingRule>> =
+            first.iter().map(|r| Arc::new(routing_rule(r))).collect();
+        let mut table = RuleTable::compile(rules.clone(), None);
+        for step in &steps {
+            rules = apply(&rules, step);
+            let next = RuleTable::compile(rules.clone(), Some(&table));
+            let copies = rules.iter().map(|r| Arc::new(RoutingRule::clone(r))).collect();
+            let scratch = RuleTable::compile(copies, None);
+            prop_assert_eq!(answers(&next), answers(&scratch));
+            prop_assert!(next.rules().iter().zip(&rules).all(|(a, b)| Arc::ptr_eq(a, b)));
+            prop_assert_eq!(next.len(), rules.len());
+            for b in 0..TABLE_BASELINES.len() {
+                let baseline = table_baseline(b);
+                for (k, key) in TABLE_KEYS.iter().enumerate() {
+                    for port in 80..84u16 {
+                        let naive = rules
+                            .iter()
+                            .filter(|r| r.baseline == baseline && r.routing_key == *key)
+                            .flat_map(|r| r.mappings.iter())
+                            .find(|m| m.workload_port == port)
+                            .map(|m| m.destinations[0].clone());
+                        let got = next.lookup(&baseline, port, key).map(|d| d.location.clone());
+                        prop_assert_eq!(got, naive, "baseline {} key {} port {}", b, k, port);
+                    }
+                }
+            }
+            table = next;
         }
     }
 }
