@@ -11,7 +11,7 @@
 //! - A change is a rewrite (write + rename) of the watched baseline's rule file flipping one
 //!   destination port. Latency is taken per watcher, from the rename and from the index
 //!   publication (the server reports its publication times on stdout, as wall-clock time, which
-//!   both processes share), to that watcher's publisher announcing a table that holds the new port.
+//!   both processes share), to the moment that watcher stored a table that holds the new port.
 //!   The server's own `push_latency_seconds` histogram is read from `/metrics` at the end.
 //!
 //! Without `--bench` (as under `cargo test --benches`) it runs a small smoke configuration and
@@ -1112,7 +1112,7 @@ fn report(
         "\n## How to read this\n\n\
          Each sample is one watcher seeing one change: the time from the rule file's rename, or from the index \
          publication (the server process reports it as wall-clock time, which both processes share), until that \
-         watcher's publisher announced a table holding the new destination. *rename→live* adds file detection: \
+         watcher stored a table holding the new destination (the moment its requests started using it). *rename→live* adds file detection: \
          up to one poll interval plus one directory-store pass (*rename→publication*). *publication→live* is the \
          route server's push path and the client: the watch stream computing the change (in its HTTP/2 stream's \
          task), gRPC encoding, HTTP/2 over \
