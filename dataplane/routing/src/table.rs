@@ -29,9 +29,11 @@ pub struct Destination {
 type PortRoutes = Arc<[(u16, Arc<Destination>)]>;
 
 /// One routing key's routes, and the rule they were compiled from, by its index in
-/// [`RuleTable::rules`] (None when several rules gave the same baseline and key, which validated
-/// rule sets never do). An index rather than the rule's `Arc`: copying the map for the next table
-/// then takes two reference counts per key, not three.
+/// [`RuleTable::rules`]. None when several rules gave the same baseline and key (which validated
+/// rule sets never do), or when the index does not fit a `u32`: the index only says whether the
+/// next compile may reuse the routes (it checks the rule there by value), never where a request
+/// goes. An index rather than the rule's `Arc`: copying the map for the next table then takes
+/// two reference counts per key, not three.
 #[derive(Debug, Clone)]
 struct KeyRoutes {
     rule: Option<u32>,
