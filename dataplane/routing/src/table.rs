@@ -118,7 +118,7 @@ impl RuleTable {
         let mut start = 0;
         while let Some(first) = rules.get(start) {
             let before = previous.and_then(|p| p.baselines.get(&first.baseline));
-            match baselines.entry(first.baseline.clone()) {
+            let b = match baselines.entry(first.baseline.clone()) {
                 Entry::Vacant(v) => {
                     if let Some((by_key, end)) =
                         before.and_then(|b| Self::patched(b, prev_rules, &rules, start))
@@ -130,35 +130,29 @@ impl RuleTable {
                         start = end;
                         continue;
                     }
-                    let end = start + Self::run_len(&rules[start..]);
-                    let mut by_key = HashMap::with_capacity(end - start);
-                    let mut merged = false;
-                    for (i, rule) in rules.iter().enumerate().take(end).skip(start) {
-                        merged |= Self::add(&mut by_key, (i, rule), before, prev_rules);
-                    }
+                    // Built key by key below: an empty run that the rules extend.
                     v.insert(BaselineRules {
-                        by_key,
-                        run: (!merged).then_some(start..end),
-                    });
-                    start = end;
+                        by_key: HashMap::new(),
+                        run: Some(start..start),
+                    })
                 }
                 // More rules of a baseline seen before: after a patched run that was longer than
                 // in `previous` (they continue it), or in another run.
-                Entry::Occupied(mut o) => {
-                    let end = start + Self::run_len(&rules[start..]);
-                    let b = o.get_mut();
-                    let mut merged = false;
-                    for (i, rule) in rules.iter().enumerate().take(end).skip(start) {
-                        merged |= Self::add(&mut b.by_key, (i, rule), before, prev_rules);
-                    }
-                    b.run = b
-                        .run
-                        .take()
-                        .filter(|r| r.end == start && !merged)
-                        .map(|r| r.start..end);
-                    start = end;
-                }
+                Entry::Occupied(o) => o.into_mut(),
+            };
+            let end = start + Self::run_len(&rules[start..]);
+            b.by_key.reserve(end - start);
+            let mut merged = false;
+            for (i, rule) in rules.iter().enumerate().take(end).skip(start) {
+                merged |= Self::add(&mut b.by_key, (i, rule), before, prev_rules);
             }
+            // Still one run with one rule per key only if these rules continue it unmerged.
+            b.run = b
+                .run
+                .take()
+                .filter(|r| r.end == start && !merged)
+                .map(|r| r.start..end);
+            start = end;
         }
         RuleTable { baselines, rules }
     }
