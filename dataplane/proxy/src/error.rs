@@ -31,6 +31,10 @@ pub enum Error {
     /// The HTTP/2 relay's upstream connection or stream failed.
     #[error("upstream {upstream}: {source}")]
     Stream { upstream: String, source: h2::Error },
+    /// The HTTP/2 relay's upstream connection went away (a GOAWAY, or its end) as a stream was
+    /// being opened on it: nothing of the request was sent, so it may be sent again elsewhere.
+    #[error("upstream {upstream}: connection went away before the stream was opened: {source}")]
+    StreamNotOpened { upstream: String, source: h2::Error },
     #[error("admin server: {0}")]
     Admin(io::Error),
     /// A relayed Kafka connection refused a frame (bad framing, a message that does not decode,

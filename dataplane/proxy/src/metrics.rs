@@ -30,6 +30,24 @@ struct FirstLabels {
     first: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabels {
+    cause: &'static str,
+}
+
+/// Why the HTTP/2 relay sent a request upstream again: each says the upstream had not processed
+/// it (RFC 9113 §8.7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// The upstream reset the stream with REFUSED_STREAM.
+    RefusedStream,
+    /// The stream's id was above the last stream id of the upstream's GOAWAY, or the connection
+    /// was going away (GOAWAY) when the stream was opened on it.
+    GoAway,
+    /// The connection closed as the stream was being opened on it: nothing was sent.
+    Closed,
+}
+
 /// Who spoke first on a connection whose client was silent through protocol detection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Silent {
@@ -69,7 +87,8 @@ struct PerProtocol {
 /// `requests_total{outcome}`, `request_duration_seconds{outcome}` (time to response headers),
 /// `connections_total{protocol}`, `active_connections{protocol}`,
 /// `upstream_connects_total{result}`, `pool_stale_closed_total`, `http1_handovers_total`,
-/// `kafka_refused_connections_total`, `detect_silent_total{first}`, `detect_silent_waiting`.
+/// `kafka_refused_connections_total`, `detect_silent_total{first}`, `detect_silent_waiting`,
+/// `upstream_stream_retries_total{cause}`.
 #[derive(Clone, Debug)]
 pub struct Metrics {
     baseline: PerOutcome,
@@ -89,6 +108,9 @@ pub struct Metrics {
     silent_server: Counter,
     silent_nobody: Counter,
     silent_waiting: Gauge,
+    retry_refused: Counter,
+    retry_goaway: Counter,
+    retry_closed: Counter,
 }
 
 impl Metrics {
@@ -105,6 +127,12 @@ impl Metrics {
         let kafka_refused = Counter::default();
         let silent = Family::<FirstLabels, Counter>::default();
         let silent_waiting = Gauge::default();
+        let retries = Family::<CauseLabels, Counter>::default();
+        registry.register(
+            "upstream_stream_retries",
+            "HTTP/2 requests the relay sent upstream again because the upstream had not processed them, by cause: refused_stream (RST_STREAM REFUSED_STREAM), goaway (the stream was above a GOAWAY's last stream id, or opened on a connection going away), closed (the connection closed as the stream was opened)",
+            retries.clone(),
+        );
         registry.register(
             "detect_silent_waiting",
             "Inbound connections silent past detectTimeout that wait for either side to speak (not yet in active_connections)",
@@ -190,6 +218,17 @@ impl Metrics {
         let silent_nobody = silent
             .get_or_create(&FirstLabels { first: "nobody" })
             .clone();
+        let retry_refused = retries
+            .get_or_create(&CauseLabels {
+                cause: "refused_stream",
+            })
+            .clone();
+        let retry_goaway = retries
+            .get_or_create(&CauseLabels { cause: "goaway" })
+            .clone();
+        let retry_closed = retries
+            .get_or_create(&CauseLabels { cause: "closed" })
+            .clone();
         Metrics {
             baseline: outcome("baseline"),
             sandbox: outcome("sandbox"),
@@ -208,7 +247,19 @@ impl Metrics {
             silent_server,
             silent_nobody,
             silent_waiting,
+            retry_refused,
+            retry_goaway,
+            retry_closed,
         }
+    }
+
+    /// Counts a request the HTTP/2 relay sends upstream again.
+    pub(crate) fn stream_retry(&self, cause: Retry) {
+        match cause {
+            Retry::RefusedStream => self.retry_refused.inc(),
+            Retry::GoAway => self.retry_goaway.inc(),
+            Retry::Closed => self.retry_closed.inc(),
+        };
     }
 
     pub(crate) fn request(&self, outcome: Outcome, seconds: f64) {

@@ -9,11 +9,15 @@
 //! capture and metrics), opens a stream upstream, and pumps the bodies both ways with the
 //! peers' flow-control windows passed through (`pump.rs`): bytes received are released to
 //! their sender only once the other side's window has taken them. Trailers go on as they came;
-//! a reset from either side resets the other with the same reason. What the relay cannot
-//! avoid is HPACK: `h2` decodes every header block into a `HeaderMap` and encodes it again, so
+//! a reset from either side resets the other with the same reason. A request the upstream
+//! refused without processing it (REFUSED_STREAM, or above a GOAWAY's last stream id) is sent
+//! again while nothing of its body has gone upstream, a few times at most (`retry.rs`); else
+//! the client's stream is refused the same way, so the client can send it again. What the
+//! relay cannot avoid is HPACK: `h2` decodes every header block into a `HeaderMap` and encodes it again, so
 //! a header field costs its decode and encode on each side even when nothing changes it.
 
 mod pump;
+mod retry;
 
 use std::future::{Future, poll_fn};
 use std::pin::pin;
@@ -170,37 +174,6 @@ async fn exchange(
         }
     };
     let end = body.is_end_stream();
-
-    // Connecting can take a while (up to the connect timeout): a client that resets its
-    // stream meanwhile ends the exchange, and the connect with it.
-    let opened = {
-        let opening = shared
-            .pool
-            .open_h2(&upstream, Request::from_parts(parts, ()), end);
-        let mut opening = pin!(opening);
-        poll_fn(|cx| {
-            if respond.poll_reset(cx).is_ready() {
-                return Poll::Ready(None);
-            }
-            opening.as_mut().poll(cx).map(Some)
-        })
-        .await
-    };
-    let (response, mut up_send, _in_flight) = match opened {
-        None => {
-            client_gone();
-            return;
-        }
-        Some(Ok(opened)) => opened,
-        Some(Err(e)) => {
-            tracing::warn!(client = %meta.client, error = %e, "upstream request failed");
-            let status = super::upstream_status(&e);
-            if let Some(p) = tap {
-                p.fail(status.as_u16(), e.to_string());
-            }
-            return reply_error(respond, status, "upstream unavailable", count);
-        }
-    };
     if end && let Some(p) = tap {
         p.end(Direction::Request, None);
     }
@@ -208,41 +181,116 @@ async fn exchange(
         body: (!end).then_some(body),
         pump: Pump::new(Direction::Request),
         upstream_reset: None,
+        unsent: None,
+        head_pending: true,
     };
+    let mut up_head = Request::from_parts(parts, ());
+    let mut retries = 0;
 
-    // Until the response head: the request body moves, and a reset of the client's stream
-    // resets the upstream's.
-    let mut response = pin!(response);
-    let waited = poll_fn(|cx| {
-        if let Poll::Ready(r) = respond.poll_reset(cx) {
-            return Poll::Ready(Err(r.unwrap_or(Reason::CANCEL)));
-        }
-        if request.poll(cx, &mut up_send, tap) == Some(false) {
-            // The client's request stream failed: the upstream's was reset with it.
-            return Poll::Ready(Err(Reason::CANCEL));
-        }
-        response.as_mut().poll(cx).map(Ok)
-    })
-    .await;
-    let resp = match waited {
-        Err(reason) => {
-            up_send.send_reset(reason);
-            client_gone();
-            return;
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(client = %meta.client, to = %upstream, error = %e, "upstream request failed");
-            if let Some(p) = tap {
-                p.fail(502, format!("upstream {upstream}: {e}"));
+    // One attempt per turn: the request goes upstream until the response head comes. It goes
+    // again (to the same destination) only when the upstream did not process it and nothing of
+    // its body is lost (`retry.rs`).
+    let (resp, mut up_send, _in_flight) = loop {
+        // h2 takes the head it sends: a copy is kept while the request may be sent again.
+        let spare = (retries < retry::MAX_RETRIES).then(|| retry::copy_head(&up_head));
+        // Connecting can take a while (up to the connect timeout): a client that resets its
+        // stream meanwhile ends the exchange, and the connect with it.
+        let opened = {
+            let opening = shared.pool.open_h2(&upstream, up_head, end);
+            let mut opening = pin!(opening);
+            poll_fn(|cx| {
+                if respond.poll_reset(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                opening.as_mut().poll(cx).map(Some)
+            })
+            .await
+        };
+        let (response, mut up_send, in_flight) = match opened {
+            None => {
+                client_gone();
+                return;
             }
-            return reply_error(
-                respond,
-                StatusCode::BAD_GATEWAY,
-                "upstream unavailable",
-                count,
-            );
+            Some(Ok(opened)) => opened,
+            Some(Err(e)) => {
+                // Nothing was sent on a stream that was not opened: the body, if any, is whole.
+                if let (Some(cause), Some(next)) = (retry::not_opened(&e), spare) {
+                    tracing::debug!(client = %meta.client, to = %upstream, error = %e, "upstream stream not opened; sending the request again");
+                    shared.metrics.stream_retry(cause);
+                    (up_head, retries) = (next, retries + 1);
+                    continue;
+                }
+                tracing::warn!(client = %meta.client, error = %e, "upstream request failed");
+                let status = super::upstream_status(&e);
+                if let Some(p) = tap {
+                    p.fail(status.as_u16(), e.to_string());
+                }
+                return reply_error(respond, status, "upstream unavailable", count);
+            }
+        };
+
+        // Until the response head: the request body moves, and a reset of the client's stream
+        // resets the upstream's.
+        let mut response = pin!(response);
+        let waited = poll_fn(|cx| {
+            if let Poll::Ready(r) = respond.poll_reset(cx) {
+                return Poll::Ready(Err(r.unwrap_or(Reason::CANCEL)));
+            }
+            if request.poll(cx, &mut up_send, tap) == Some(false) {
+                // The client's request stream failed: the upstream's was reset with it.
+                return Poll::Ready(Err(Reason::CANCEL));
+            }
+            response.as_mut().poll(cx).map(Ok)
+        })
+        .await;
+        match waited {
+            Err(reason) => {
+                up_send.send_reset(reason);
+                client_gone();
+                return;
+            }
+            Ok(Ok(resp)) => {
+                request.settle(tap);
+                break (resp, up_send, in_flight);
+            }
+            Ok(Err(e)) => {
+                let Some(cause) = retry::unprocessed(&e) else {
+                    tracing::warn!(client = %meta.client, to = %upstream, error = %e, "upstream request failed");
+                    if let Some(p) = tap {
+                        p.fail(502, format!("upstream {upstream}: {e}"));
+                    }
+                    return reply_error(
+                        respond,
+                        StatusCode::BAD_GATEWAY,
+                        "upstream unavailable",
+                        count,
+                    );
+                };
+                if let Some(next) = spare.filter(|_| request.replayable()) {
+                    tracing::debug!(client = %meta.client, to = %upstream, error = %e, "upstream did not process the stream; sending the request again");
+                    shared.metrics.stream_retry(cause);
+                    request.resend();
+                    (up_head, retries) = (next, retries + 1);
+                    continue;
+                }
+                // Not sent again: some of the body went upstream and is not kept, or the tries
+                // are spent. Nothing was processed, which the client learns as REFUSED_STREAM
+                // (RFC 9113 §8.7): it may send the request again itself, body and all.
+                tracing::warn!(client = %meta.client, to = %upstream, error = %e, retries, "upstream did not process the stream; refused to the client");
+                request.settle(tap);
+                if let Some(p) = tap {
+                    p.end(
+                        Direction::Response,
+                        Some(format!(
+                            "upstream {upstream} did not process the request ({e}); refused to the client"
+                        )),
+                    );
+                }
+                count(Outcome::Error);
+                respond.send_reset(Reason::REFUSED_STREAM);
+                return;
+            }
         }
-        Ok(Ok(resp)) => resp,
     };
 
     let (mut parts, up_recv) = resp.into_parts();
@@ -309,30 +357,74 @@ struct RequestSide {
     pump: Pump,
     /// The reason the upstream reset its stream while the request body was still coming.
     upstream_reset: Option<Reason>,
+    /// The reason the upstream stream was reset before any of the body went to it, while the
+    /// response head was awaited: the body is kept (not polled) until the exchange knows
+    /// whether the request goes again.
+    unsent: Option<Reason>,
+    /// Whether the response head is still awaited (the request may still go again).
+    head_pending: bool,
 }
 
 impl RequestSide {
     /// Moves the request body on; `Some(false)` once the client's request stream failed (the
     /// upstream's has been reset), `Some(true)` once the body is done otherwise, `None` while it
-    /// goes on (or when it was already done).
+    /// goes on (or when it was already done, or is held for the request to go again).
     fn poll(
         &mut self,
         cx: &mut std::task::Context<'_>,
         up_send: &mut SendStream<Bytes>,
         tap: Option<&Pending>,
     ) -> Option<bool> {
+        if self.unsent.is_some() {
+            return None;
+        }
         let body = self.body.as_mut()?;
         let Poll::Ready(res) = self.pump.poll(cx, body, up_send, tap) else {
             return None;
         };
+        let stop = match res {
+            Err(pump::Stop::Unsent(reason)) if self.head_pending => {
+                self.unsent = Some(reason);
+                return None;
+            }
+            Err(pump::Stop::Unsent(reason)) => {
+                self.pump.settle_unsent(reason, tap);
+                Err(pump::Stop::ToReset(reason))
+            }
+            res => res,
+        };
         self.body = None;
-        match res {
+        match stop {
             Ok(()) => Some(true),
-            Err(pump::Stop::ToReset(reason)) => {
+            Err(pump::Stop::ToReset(reason) | pump::Stop::Unsent(reason)) => {
                 self.upstream_reset = Some(reason);
                 Some(true)
             }
             Err(pump::Stop::FromFailed) => Some(false),
+        }
+    }
+
+    /// Whether the request can go upstream again as it came: nothing of its body was sent
+    /// (what was read of it and not sent is held by the pump). A body of which a frame went
+    /// upstream is not kept anywhere, so such a request is never sent again; keeping bodies
+    /// for that would be a buffer per stream for a rare event.
+    fn replayable(&self) -> bool {
+        self.pump.nothing_sent()
+    }
+
+    /// The request goes again: its body, held since the reset, moves to the new stream.
+    fn resend(&mut self) {
+        self.unsent = None;
+    }
+
+    /// The request is not sent again (its response head came, or it is given up): a reset
+    /// held for a possible retry is from now on the upstream's reset of the request's side.
+    fn settle(&mut self, tap: Option<&Pending>) {
+        self.head_pending = false;
+        if let Some(reason) = self.unsent.take() {
+            self.pump.settle_unsent(reason, tap);
+            self.body = None;
+            self.upstream_reset = Some(reason);
         }
     }
 }

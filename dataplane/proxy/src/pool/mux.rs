@@ -91,12 +91,35 @@ impl Pool {
         } = mux;
         let (response, send) = sender
             .send_request(head, end)
-            .map_err(|source| Error::Stream {
-                upstream: upstream.to_string(),
-                source,
-            })?;
+            .map_err(|source| self.not_opened(upstream, &in_flight, source))?;
         in_flight.fetch_add(1, Ordering::Relaxed);
         Ok((response, send, InFlight(in_flight)))
+    }
+
+    /// The error of a stream that could not be opened on a connection that was ready a moment
+    /// before. A GOAWAY or the connection's end, read by its task in between, fails every new
+    /// stream of the connection before h2 creates it: nothing was sent, the connection leaves the
+    /// pool, and [`Error::StreamNotOpened`] tells the relay that the request may go again.
+    /// Anything else (a head h2 refuses) would fail on any connection.
+    fn not_opened(
+        &self,
+        upstream: &Upstream,
+        in_flight: &Arc<AtomicUsize>,
+        source: h2::Error,
+    ) -> Error {
+        let upstream_name = upstream.to_string();
+        if source.is_go_away() || source.is_io() {
+            self.forget_mux(upstream, in_flight);
+            Error::StreamNotOpened {
+                upstream: upstream_name,
+                source,
+            }
+        } else {
+            Error::Stream {
+                upstream: upstream_name,
+                source,
+            }
+        }
     }
 
     /// Drops the pool's connection to `upstream` if it is still the one counted by
@@ -148,10 +171,11 @@ impl Pool {
                 state.mux.insert(upstream.clone(), mux.clone());
             }
         }
-        let sender = mux.sender.ready().await.map_err(|source| Error::Stream {
-            upstream: upstream.to_string(),
-            source,
-        })?;
+        // Fails when the upstream's GOAWAY (or the connection's end) came already.
+        let sender = match mux.sender.ready().await {
+            Ok(sender) => sender,
+            Err(source) => return Err(self.not_opened(upstream, &mux.in_flight, source)),
+        };
         Ok(Mux {
             sender,
             in_flight: mux.in_flight,

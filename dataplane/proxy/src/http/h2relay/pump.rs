@@ -15,6 +15,14 @@ use crate::capture::{Direction, Pending};
 pub(super) enum Stop {
     /// The peer the body goes to reset its stream (with this reason), or its connection ended.
     ToReset(Reason),
+    /// A request body's upstream stream was reset (with this reason) or its connection ended
+    /// before any frame of the body was handed to it: the body's stream is as it was (a chunk
+    /// read from it and not yet sent is still held), so the pump can go on with another
+    /// upstream stream if the request is sent again, and the tap has not been told. The caller
+    /// decides; not sending it again makes it `ToReset` with the same reason
+    /// ([`Pump::settle_unsent`]).
+    /// A response body's pump never stops so (its client stream is never replaced).
+    Unsent(Reason),
     /// The body's own stream failed (reset by its peer, a protocol error, a lost
     /// connection); the stream it went to has been reset.
     FromFailed,
@@ -28,6 +36,10 @@ pub(super) struct Pump {
     /// Reset sent to the receiving side when the body's stream fails for a reason of its own
     /// (not a reset its peer sent, which is passed on as it came).
     fallback: Reason,
+    /// Whether a frame of the body was handed to a sending stream (or may have been: set before
+    /// each `send_data` or `send_trailers`, since a failed one has taken its bytes all the
+    /// same). Until then the body can be replayed on another stream.
+    sent: bool,
 }
 
 impl Pump {
@@ -36,6 +48,7 @@ impl Pump {
         Pump {
             dir,
             held: None,
+            sent: false,
             fallback: match dir {
                 Direction::Request => Reason::CANCEL,
                 Direction::Response => Reason::INTERNAL_ERROR,
@@ -44,7 +57,8 @@ impl Pump {
     }
 
     /// Moves what can be moved now; `Ready(Ok)` once the body has ended at `to`. Not polled
-    /// again once ready (the exchange drops the body's stream then).
+    /// again once ready (the exchange drops the body's stream then), except after
+    /// [`Stop::Unsent`], with the stream the request is sent on again.
     pub(super) fn poll(
         &mut self,
         cx: &mut Context<'_>,
@@ -52,21 +66,45 @@ impl Pump {
         to: &mut SendStream<Bytes>,
         tap: Option<&Pending>,
     ) -> Poll<Result<(), Stop>> {
-        let res = self.poll_inner(cx, from, to, tap);
-        if let (Poll::Ready(r), Some(p)) = (&res, tap) {
-            match r {
-                Ok(()) => p.end(self.dir, None),
-                Err(Stop::FromFailed) => p.end(self.dir, Some(format!("{} failed", self.what()))),
-                Err(Stop::ToReset(reason)) => p.end(
-                    self.dir,
-                    Some(format!(
-                        "{} not delivered: stream reset ({reason})",
-                        self.what()
-                    )),
-                ),
+        let res = match self.poll_inner(cx, from, to, tap) {
+            Poll::Ready(Err(Stop::ToReset(reason)))
+                if !self.sent && self.dir == Direction::Request =>
+            {
+                return Poll::Ready(Err(Stop::Unsent(reason)));
             }
+            res => res,
+        };
+        if let Poll::Ready(r) = &res {
+            self.report(tap, r);
         }
         res
+    }
+
+    /// Whether no frame of the body has gone to a sending stream yet: the body can still be
+    /// sent on another one.
+    pub(super) fn nothing_sent(&self) -> bool {
+        !self.sent
+    }
+
+    /// A [`Stop::Unsent`] whose request is not sent again: from now on it is the upstream's
+    /// reset of the request's side, `Stop::ToReset`, told to the tap as any other.
+    pub(super) fn settle_unsent(&self, reason: Reason, tap: Option<&Pending>) {
+        self.report(tap, &Err(Stop::ToReset(reason)));
+    }
+
+    fn report(&self, tap: Option<&Pending>, r: &Result<(), Stop>) {
+        let Some(p) = tap else { return };
+        match r {
+            Ok(()) => p.end(self.dir, None),
+            Err(Stop::FromFailed) => p.end(self.dir, Some(format!("{} failed", self.what()))),
+            Err(Stop::ToReset(reason) | Stop::Unsent(reason)) => p.end(
+                self.dir,
+                Some(format!(
+                    "{} not delivered: stream reset ({reason})",
+                    self.what()
+                )),
+            ),
+        }
     }
 
     fn what(&self) -> &'static str {
@@ -86,7 +124,7 @@ impl Pump {
         loop {
             if let Some((chunk, end)) = self.held.as_mut() {
                 let end = *end;
-                let sent = ready!(send(cx, to, chunk, end))?;
+                let sent = ready!(send(cx, to, chunk, end, &mut self.sent))?;
                 // Released as the receiving window takes it: the sender's window reopens at
                 // the pace of the receiver's.
                 let _ = from.flow_control().release_capacity(sent);
@@ -117,6 +155,7 @@ impl Pump {
                         Ok(t) => t,
                         Err(e) => return Poll::Ready(Err(self.fail(to, &e))),
                     };
+                    self.sent = true;
                     let sent = match trailers {
                         Some(t) => {
                             if let Some(p) = tap {
@@ -147,14 +186,16 @@ impl Pump {
 }
 
 /// Sends as much of `chunk` as the window allows now (all of it, with `end`, if it fits);
-/// returns how many bytes went.
+/// returns how many bytes went. `sent` is set before anything is handed to `to`.
 fn send(
     cx: &mut Context<'_>,
     to: &mut SendStream<Bytes>,
     chunk: &mut Bytes,
     end: bool,
+    sent: &mut bool,
 ) -> Poll<Result<usize, Stop>> {
     if chunk.is_empty() {
+        *sent = true;
         return Poll::Ready(
             to.send_data(Bytes::new(), end)
                 .map(|()| 0)
@@ -168,6 +209,7 @@ fn send(
             let n = cap.min(chunk.len());
             let last = n == chunk.len();
             let part = chunk.split_to(n);
+            *sent = true;
             to.send_data(part, end && last)
                 .map_err(|e| Stop::ToReset(reason_of(&e)))?;
             return Poll::Ready(Ok(n));
