@@ -1,8 +1,9 @@
 //! The HTTP/1.1 relay (dataplane/proxy/src/http/relay.rs) against a scripted upstream that
 //! answers with exact bytes: every response framing is relayed to its end and no further,
 //! ambiguous responses become 502s, the proxy's header edits reach the upstream, upstream
-//! connections are reused (and a closed one is not), and what the relay does not forward byte for
-//! byte goes to the hyper path, counted.
+//! connections are reused (and a closed one is not), bodies of every size arrive whole however
+//! they are framed or paced, and what the relay does not forward byte for byte goes to the hyper
+//! path, counted.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -19,11 +20,68 @@ use tokio::time::timeout;
 
 const BOUND: Duration = Duration::from_secs(10);
 
+/// Body sizes around the relay's buffer and write sizes (16 KiB), one that takes one read at
+/// most (64 KiB, the largest request body the relay forwards), and one that streams (1 MiB).
+const SIZES: [usize; 7] = [
+    0,
+    1,
+    16 * 1024 - 1,
+    16 * 1024,
+    16 * 1024 + 1,
+    64 * 1024,
+    1 << 20,
+];
+
+/// `n` body bytes whose order shows: a misplaced or repeated piece does not compare equal.
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i % 251) as u8 ^ (i >> 8) as u8).collect()
+}
+
+/// The `/bytes/N` family: `N` pattern bytes with a length, chunked (in chunks of 10 000 bytes,
+/// with an extension and a trailer), or until close.
+fn sized(path: &str) -> Option<(Vec<u8>, bool)> {
+    let (kind, n) = path.rsplit_once('/')?;
+    let body = pattern(n.parse().ok()?);
+    let mut r = b"HTTP/1.1 200 OK\r\n".to_vec();
+    match kind {
+        "/bytes" | "/slow-bytes" => {
+            r.extend_from_slice(format!("Content-Length: {}\r\n\r\n", body.len()).as_bytes());
+            r.extend_from_slice(&body);
+            Some((r, false))
+        }
+        "/chunked-bytes" => {
+            r.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
+            for c in body.chunks(10_000) {
+                r.extend_from_slice(format!("{:x};n=1\r\n", c.len()).as_bytes());
+                r.extend_from_slice(c);
+                r.extend_from_slice(b"\r\n");
+            }
+            r.extend_from_slice(b"0\r\nX-Trailer: t\r\n\r\n");
+            Some((r, false))
+        }
+        "/close-bytes" => {
+            r.extend_from_slice(b"\r\n");
+            r.extend_from_slice(&body);
+            Some((r, true))
+        }
+        _ => None,
+    }
+}
+
 /// What the scripted upstream answers to a request for `path` (the request head is at hand for
-/// `/echo-head`).
-fn script(path: &str, head: &str) -> (Vec<u8>, bool) {
+/// `/echo-head`, its body for `/echo-body`).
+fn script(path: &str, head: &str, body: &[u8]) -> (Vec<u8>, bool) {
     let fixed = |s: &str| (s.as_bytes().to_vec(), false);
+    if let Some(r) = sized(path) {
+        return r;
+    }
     match path {
+        "/echo-body" => {
+            let mut r =
+                format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes();
+            r.extend_from_slice(body);
+            (r, false)
+        }
         "/chunked" => fixed(
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n",
         ),
@@ -63,6 +121,26 @@ fn script(path: &str, head: &str) -> (Vec<u8>, bool) {
     }
 }
 
+/// Reads until `buf` holds at least `n` bytes; false at EOF.
+async fn read_up_to(s: &mut TcpStream, buf: &mut Vec<u8>, n: usize) -> bool {
+    while buf.len() < n {
+        let mut chunk = [0u8; 16 * 1024];
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return false,
+            Ok(k) => buf.extend_from_slice(&chunk[..k]),
+        }
+    }
+    true
+}
+
+/// The value of the field `name` (lower case) in `head`.
+fn field<'h>(head: &'h str, name: &str) -> Option<&'h str> {
+    head.split("\r\n").find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
 /// Reads until `buf` holds `pat`; the index just past it, or `None` at EOF.
 async fn read_past(s: &mut TcpStream, buf: &mut Vec<u8>, pat: &[u8]) -> Option<usize> {
     loop {
@@ -94,7 +172,7 @@ async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
                     };
                     let head = String::from_utf8_lossy(&buf[..end]).into_owned();
                     buf.drain(..end);
-                    // The only request bodies sent here are small chunked ones: skip them.
+                    // Chunked request bodies sent here are small ones: skip them.
                     if head
                         .to_ascii_lowercase()
                         .contains("transfer-encoding: chunked")
@@ -104,9 +182,28 @@ async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
                         };
                         buf.drain(..end);
                     }
+                    let len = field(&head, "content-length").map_or(0, |v| v.parse().unwrap());
+                    if !read_up_to(&mut s, &mut buf, len).await {
+                        return;
+                    }
+                    let body: Vec<u8> = buf.drain(..len).collect();
                     let path = head.split(' ').nth(1).unwrap_or("").to_owned();
-                    let (resp, close) = script(&path, &head);
-                    if s.write_all(&resp).await.is_err() || close {
+                    let (resp, close) = script(&path, &head, &body);
+                    // `/slow-…`: the response in eight pieces, 5 ms apart.
+                    let piece = if path.starts_with("/slow") {
+                        resp.len().div_ceil(8)
+                    } else {
+                        resp.len().max(1)
+                    };
+                    for p in resp.chunks(piece) {
+                        if s.write_all(p).await.is_err() {
+                            return;
+                        }
+                        if piece < resp.len() {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                    }
+                    if close {
                         return;
                     }
                 }
@@ -321,5 +418,114 @@ async fn what_the_relay_does_not_forward_byte_for_byte_goes_to_hyper() {
     assert!(r.contains("GET /one HTTP/1.1\n"), "{r:?}");
     assert!(r.contains("POST /two HTTP/1.1\n"), "{r:?}");
     assert_eq!(handovers(&sidecar).await, 1.0);
+    sidecar.shutdown().await;
+}
+
+/// Reads one response from `s` (`buf` holds what was read past the last one): its head, and its
+/// body to the end its framing says (de-chunked), or to EOF.
+async fn response(s: &mut TcpStream, buf: &mut Vec<u8>) -> (String, Vec<u8>) {
+    let end = read_past(s, buf, b"\r\n\r\n")
+        .await
+        .expect("a response head");
+    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    buf.drain(..end);
+    if let Some(n) = field(&head, "content-length") {
+        let n: usize = n.parse().unwrap();
+        assert!(read_up_to(s, buf, n).await, "EOF mid-body: {head}");
+        return (head, buf.drain(..n).collect());
+    }
+    if field(&head, "transfer-encoding") == Some("chunked") {
+        let mut body = Vec::new();
+        loop {
+            let end = read_past(s, buf, b"\r\n").await.expect("a chunk size");
+            let line = String::from_utf8_lossy(&buf[..end - 2]).into_owned();
+            buf.drain(..end);
+            let hex = line.split(';').next().unwrap_or_default();
+            let size = usize::from_str_radix(hex, 16).unwrap();
+            if size == 0 {
+                let end = read_past(s, buf, b"\r\n\r\n")
+                    .await
+                    .expect("a trailer section");
+                assert_eq!(&buf[..end], b"X-Trailer: t\r\n\r\n");
+                buf.drain(..end);
+                return (head, body);
+            }
+            assert!(read_up_to(s, buf, size + 2).await);
+            body.extend_from_slice(&buf[..size]);
+            assert_eq!(&buf[size..size + 2], b"\r\n");
+            buf.drain(..size + 2);
+        }
+    }
+    s.read_to_end(buf).await.unwrap();
+    (head, std::mem::take(buf))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_of_every_size_arrive_whole_however_framed_or_paced() {
+    let (sidecar, accepted) = setup().await;
+    let proxy = sidecar.inbound_addr;
+    // One kept-alive client connection for all, so each exchange must end exactly where its
+    // framing says, on the client side and on the reused upstream connection.
+    let mut s = TcpStream::connect(proxy).await.unwrap();
+    let mut buf = Vec::new();
+    for n in SIZES {
+        for kind in ["bytes", "chunked-bytes", "slow-bytes"] {
+            let req = format!("GET /{kind}/{n} HTTP/1.1\r\nHost: app\r\n\r\n");
+            s.write_all(req.as_bytes()).await.unwrap();
+            let (head, body) = timeout(BOUND, response(&mut s, &mut buf))
+                .await
+                .expect("the response in time");
+            assert!(
+                head.starts_with("HTTP/1.1 200 OK\r\n"),
+                "{kind}/{n}: {head}"
+            );
+            assert!(body == pattern(n), "{kind}/{n}: {} bytes", body.len());
+        }
+        // Request bodies the relay forwards (up to 64 KiB): sent with the head, or paced.
+        if n > 64 * 1024 {
+            continue;
+        }
+        for paced in [false, true] {
+            let mut req =
+                format!("POST /echo-body HTTP/1.1\r\nHost: app\r\nContent-Length: {n}\r\n\r\n")
+                    .into_bytes();
+            let sent = pattern(n);
+            if paced {
+                s.write_all(&req).await.unwrap();
+                for p in sent.chunks(n.div_ceil(4).max(1)) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    s.write_all(p).await.unwrap();
+                }
+            } else {
+                req.extend_from_slice(&sent);
+                s.write_all(&req).await.unwrap();
+            }
+            let (head, body) = timeout(BOUND, response(&mut s, &mut buf))
+                .await
+                .expect("the response in time");
+            assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "POST {n}: {head}");
+            assert!(body == sent, "POST {n} paced {paced}: {} bytes", body.len());
+        }
+    }
+    assert!(buf.is_empty(), "nothing past the last response");
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "every exchange left the upstream connection reusable"
+    );
+    // Close-delimited bodies, each on a connection of its own.
+    for n in SIZES {
+        let mut s = TcpStream::connect(proxy).await.unwrap();
+        s.write_all(get(&format!("/close-bytes/{n}")).as_bytes())
+            .await
+            .unwrap();
+        let mut buf = Vec::new();
+        let (head, body) = timeout(BOUND, response(&mut s, &mut buf))
+            .await
+            .expect("the response in time");
+        assert!(head.contains("\r\nconnection: close\r\n"), "{head}");
+        assert!(body == pattern(n), "close-bytes/{n}: {} bytes", body.len());
+    }
+    assert_eq!(handovers(&sidecar).await, 0.0, "all of these were relayed");
     sidecar.shutdown().await;
 }

@@ -16,10 +16,15 @@
 //! Responses are relayed the same way: the status line and fields are re-emitted without
 //! hop-by-hop fields, bodies are forwarded as they come, following their framing (RFC 9112 §6.3)
 //! so the upstream socket can be reused, and a response framed ambiguously is answered 502.
+//! Reads are sized by what is due or what recent reads brought, and what has come goes out in one
+//! write ([`batch`]), so a kept-alive exchange costs about the system calls the kernel needs.
 
+mod batch;
 mod forward;
 mod framing;
 mod request;
+#[cfg(test)]
+mod tests;
 mod wire;
 
 use std::sync::Arc;
@@ -33,6 +38,7 @@ use crate::conn::ConnMeta;
 use crate::io::Rewind;
 use crate::metrics::Outcome;
 use crate::pool::Upstream;
+use batch::{ReadSize, RecvBuf};
 use spur_runtime::Drain;
 use wire::head_end;
 
@@ -42,10 +48,9 @@ use wire::head_end;
 const MAX_RELAY_BODY: u64 = 64 * 1024;
 /// Header fields read per head; a head with more goes to hyper (which applies `maxHeaders`).
 const MAX_FIELDS: usize = 128;
-/// Body bytes copied behind a head into one write; larger bodies are written on their own.
+/// Body bytes copied behind a head into one write; larger bodies go with it as a part of a
+/// vectored write.
 const COALESCE: usize = 16 * 1024;
-/// Read size for response bodies.
-const BODY_READ: usize = 32 * 1024;
 
 /// Serves one HTTP/1 connection until it closes, or hands it to hyper.
 pub(super) async fn serve<IO>(
@@ -57,15 +62,7 @@ pub(super) async fn serve<IO>(
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let mut conn = Conn {
-        shared: &shared,
-        meta: &meta,
-        drain: &drain,
-        buf: BytesMut::with_capacity(8 * 1024),
-        out: Vec::with_capacity(1024),
-        ubuf: BytesMut::with_capacity(8 * 1024),
-        started: None,
-    };
+    let mut conn = Conn::new(&shared, &meta, &drain);
     {
         let mut drained = std::pin::pin!(drain.signaled());
         loop {
@@ -114,8 +111,11 @@ struct Conn<'a> {
     buf: BytesMut,
     /// Heads (and small bodies) being assembled for one write.
     out: Vec<u8>,
-    /// Bytes read from the upstream, not yet forwarded.
-    ubuf: BytesMut,
+    /// Bytes read from the upstream, not yet forwarded; also the request body bytes read after
+    /// its head (the exchange uses one direction at a time, so one large buffer serves both).
+    ubuf: RecvBuf,
+    /// The size of the response reads that nothing else sizes.
+    reads: ReadSize,
     /// When the current exchange started, until it is counted in the metrics ([`Conn::record`]).
     started: Option<Instant>,
 }
@@ -131,7 +131,20 @@ struct Plan {
     idempotent: bool,
 }
 
-impl Conn<'_> {
+impl<'a> Conn<'a> {
+    fn new(shared: &'a Shared, meta: &'a ConnMeta, drain: &'a Drain) -> Self {
+        Conn {
+            shared,
+            meta,
+            drain,
+            buf: BytesMut::with_capacity(8 * 1024),
+            out: Vec::with_capacity(1024),
+            ubuf: RecvBuf::new(),
+            reads: ReadSize::new(),
+            started: None,
+        }
+    }
+
     /// Reads until `buf` starts with a complete head. `None`: the client closed (or went idle, or
     /// the proxy is draining) between requests.
     async fn read_head<IO>(
@@ -195,7 +208,9 @@ impl Conn<'_> {
         self.buf.advance(head.len);
         self.started = Some(start);
         // Counted already unless it failed before a response head was ready.
-        match self.forward(io, &plan).await {
+        let forwarded = self.forward(io, &plan).await;
+        self.ubuf.settle();
+        match forwarded {
             Ok((next, outcome)) => {
                 self.record(outcome);
                 Ok(next)

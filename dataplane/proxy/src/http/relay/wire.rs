@@ -1,16 +1,5 @@
 //! Byte-level pieces of HTTP/1 the relay reads and writes with: head boundaries, request
-//! targets, field values, and timed socket reads and writes.
-
-use std::time::Duration;
-
-use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::time::timeout;
-
-pub(super) enum IoFail {
-    Client,
-    Upstream,
-}
+//! targets, field values.
 
 /// Where a head ends: the index after the empty line that closes it, once `buf` holds one.
 /// `scanned` carries the position to resume from between calls; `bare_lf` is set when a line
@@ -90,62 +79,6 @@ pub(super) fn put_date(out: &mut Vec<u8>) {
     if let Some(v) = crate::http::date::now() {
         put_field(out, b"date", v.as_bytes());
     }
-}
-
-pub(super) async fn write<W: AsyncWrite + Unpin>(
-    w: &mut W,
-    data: &[u8],
-    idle: Duration,
-) -> std::io::Result<()> {
-    match timeout(idle, w.write_all(data)).await {
-        Ok(r) => r,
-        Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
-    }
-}
-
-/// One read of up to `size` bytes appended to `buf`; `Ok(0)` is EOF.
-pub(super) async fn read_some<R: AsyncRead + Unpin>(
-    r: &mut R,
-    buf: &mut BytesMut,
-    size: usize,
-    idle: Duration,
-) -> std::io::Result<usize> {
-    if buf.capacity() - buf.len() < size / 2 {
-        buf.reserve(size);
-    }
-    match timeout(idle, r.read_buf(buf)).await {
-        Ok(r) => r,
-        Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
-    }
-}
-
-/// Forwards the `left` request body bytes still to come from the client.
-pub(super) async fn copy_body<R, W>(
-    client: &mut R,
-    buf: &mut BytesMut,
-    up: &mut W,
-    mut left: u64,
-    idle: Duration,
-) -> Result<(), IoFail>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    while left > 0 {
-        if buf.is_empty() {
-            match read_some(client, buf, 16 * 1024, idle).await {
-                Ok(n) if n > 0 => {}
-                _ => return Err(IoFail::Client),
-            }
-        }
-        let take = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
-        write(up, &buf[..take], idle)
-            .await
-            .map_err(|_| IoFail::Upstream)?;
-        buf.advance(take);
-        left -= take as u64;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
