@@ -6,8 +6,10 @@
 # a peer, wait for it, load it with h2load and count its instructions under callgrind.
 # The sidecar on its own, as the Containerfile builds it (with `spur`, Cargo would unify in
 # kube-client's `tracing/log`, which costs the sidecar's HTTP/2 path).
+# A script that sets no_demo_app=1 before sourcing this file has its own upstream: neither `spur`
+# is built nor the demo app started.
 cargo build --release --locked --bin spur-sidecar >&2
-cargo build --release --locked --bin spur >&2
+[ -n "${no_demo_app:-}" ] || cargo build --release --locked --bin spur >&2
 
 work="$(mktemp -d)"
 pids=()
@@ -19,9 +21,11 @@ trap cleanup EXIT
 
 app=127.0.0.1:19080
 listen=127.0.0.1:19006
-target/release/spur demo app --name base --listen "$app" >/dev/null 2>&1 &
-pids+=($!)
-for _ in $(seq 50); do curl -s -o /dev/null "http://$app/healthz" && break; sleep 0.1; done
+if [ -z "${no_demo_app:-}" ]; then
+    target/release/spur demo app --name base --listen "$app" >/dev/null 2>&1 &
+    pids+=($!)
+    for _ in $(seq 50); do curl -s -o /dev/null "http://$app/healthz" && break; sleep 0.1; done
+fi
 printf 'http1Relay: false\n' >"$work/no-relay.yaml"
 printf 'http2Relay: false\n' >"$work/no-h2relay.yaml"
 nginx_bin="$(command -v nginx || echo /usr/sbin/nginx)"
@@ -39,9 +43,10 @@ render_peer_configs() {
         perf/configs/haproxy.cfg.tmpl >"$work/haproxy.cfg"
 }
 
-# The command line of a peer, into `cmd`; a spur-sidecar binary path names a spur peer.
+# The command line of a peer, into `cmd`; a spur-sidecar binary path names a spur peer. Its
+# upstream is $upstream when set (nginx's and HAProxy's come from render_peer_configs), else $app.
 peer_cmd() {
-    local spur=(--threads 1 --app-addr "$app" --inbound-addr "$listen" --admin-addr 127.0.0.1:19020
+    local spur=(--threads 1 --app-addr "${upstream:-$app}" --inbound-addr "$listen" --admin-addr 127.0.0.1:19020
         --baseline-namespace t --baseline-name base)
     case "$1" in
         nginx) cmd=("$nginx_bin" -p "$work/nginx" -c "$work/nginx/nginx.conf" -g "daemon off; master_process off;") ;;
@@ -62,8 +67,9 @@ wait_ready() {
     return 1
 }
 
+# N kept-alive HTTP/1.1 requests on one connection, for $path (default /).
 load() {
-    h2load -n "$1" -c 1 --h1 "http://$listen/" >"$work/h2load.txt" 2>&1
+    h2load -n "$1" -c 1 --h1 "http://$listen${path:-/}" >"$work/h2load.txt" 2>&1
     grep -q "$1 succeeded" "$work/h2load.txt" || {
         echo "$0: not every request succeeded:" >&2
         cat "$work/h2load.txt" >&2
