@@ -572,9 +572,14 @@ impl http_body::Body for PooledBody {
 /// An idle keep-alive connection that is readable was closed by its server or sent bytes no
 /// request asked for: either way it must not carry another request. The relay's reads leave
 /// readiness cleared (tokio clears it on a short read), so a healthy idle socket reads `false`.
+/// Looked at outside tokio's per-task budget: a task that spent it would otherwise see every
+/// socket as not readable, and reuse one that is.
 fn readable(stream: &TcpStream) -> bool {
     let mut cx = Context::from_waker(std::task::Waker::noop());
-    stream.poll_read_ready(&mut cx).is_ready()
+    let ready = std::future::poll_fn(|cx| stream.poll_read_ready(cx));
+    std::pin::pin!(tokio::task::coop::unconstrained(ready))
+        .poll(&mut cx)
+        .is_ready()
 }
 
 /// Closes idle connections past their idle timeout; ends when the pool is dropped.
@@ -645,5 +650,35 @@ mod refused_tests {
         };
         assert!(retry_refused(connect, Duration::ZERO).await.is_err());
         assert_eq!(once.into_inner(), 1);
+    }
+}
+
+#[cfg(test)]
+mod readable_tests {
+    use super::*;
+    use std::future::Future as _;
+    use tokio::io::AsyncWriteExt;
+
+    /// Spends the calling task's tokio budget without yielding, as a long run of I/O that never
+    /// blocks does.
+    fn spend_budget() {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        while tokio::task::coop::has_budget_remaining() {
+            let _ = std::pin::pin!(tokio::task::coop::consume_budget()).poll(&mut cx);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_socket_with_bytes_is_readable_after_the_task_spent_its_budget() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        client.write_all(b"stray").await.unwrap();
+        server.readable().await.unwrap();
+        spend_budget();
+        assert!(!tokio::task::coop::has_budget_remaining());
+        assert!(readable(&server), "bytes no request asked for");
     }
 }

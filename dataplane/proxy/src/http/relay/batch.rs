@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::task::coop::unconstrained;
 use tokio::time::timeout;
 
 /// The first read of a connection's responses, and the least the adaptive size falls back to
@@ -193,7 +194,9 @@ impl RecvBuf {
         self.make_room(size);
         let mut limited = (&mut self.bytes).limit(size);
         let mut cx = Context::from_waker(Waker::noop());
-        let polled = pin!(r.read_buf(&mut limited)).poll(&mut cx);
+        // Outside tokio's per-task budget: a spent budget would make the read `Pending` without
+        // looking at the socket, and `None` would then claim a drained socket that may hold bytes.
+        let polled = pin!(unconstrained(r.read_buf(&mut limited))).poll(&mut cx);
         let n = match polled {
             Poll::Pending => {
                 self.full = false;

@@ -648,3 +648,27 @@ async fn a_request_body_here_at_once_is_read_and_written_once() {
     assert_eq!(up.take_written(), b);
     assert!(!client.state().ready);
 }
+
+/// The read that settles whether an upstream is drained looks at the socket even when the task
+/// spent its tokio budget (a long response relayed without blocking): otherwise it would report
+/// "nothing there" for a socket holding bytes, and the pool could take that socket again.
+#[tokio::test]
+async fn a_read_that_does_not_wait_sees_bytes_after_the_task_spent_its_budget() {
+    use std::future::Future as _;
+    use tokio::io::AsyncWriteExt;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (mut server, _) = listener.accept().await.unwrap();
+    client.write_all(b"stray").await.unwrap();
+    server.readable().await.unwrap();
+    let mut cx = Context::from_waker(Waker::noop());
+    while tokio::task::coop::has_budget_remaining() {
+        let _ = std::pin::pin!(tokio::task::coop::consume_budget()).poll(&mut cx);
+    }
+    let mut buf = RecvBuf::new();
+    assert!(matches!(buf.read_now(&mut server, READ_MIN), Some(Ok(5))));
+    assert_eq!(&buf[..], b"stray");
+}
