@@ -300,11 +300,12 @@ fn real_main() -> Result<()> {
         cells,
     };
     let stem = cli.stem.clone().unwrap_or_else(|| {
-        if cli.quick {
+        let date = if cli.quick {
             format!("{}-quick", results.meta.date)
         } else {
             results.meta.date.clone()
-        }
+        };
+        unused_stem(&cli.out_dir, date)
     });
     write_outputs(
         &results,
@@ -321,6 +322,21 @@ fn real_main() -> Result<()> {
 }
 
 /// Report, JSON and plots; `latest` also copies the report to latest.md.
+/// `stem`, or `stem-2`, `stem-3`, … if results of that name exist already: a second run on the
+/// same day keeps the first one's files.
+fn unused_stem(out_dir: &Path, stem: String) -> String {
+    let taken = |s: &str| {
+        out_dir.join(format!("{s}.md")).exists() || out_dir.join(format!("{s}.json")).exists()
+    };
+    if !taken(&stem) {
+        return stem;
+    }
+    (2u32..)
+        .map(|n| format!("{stem}-{n}"))
+        .find(|s| !taken(s))
+        .unwrap_or(stem)
+}
+
 fn write_outputs(r: &Results, out_dir: &Path, stem: &str, font: &Path, latest: bool) -> Result<()> {
     std::fs::create_dir_all(out_dir)?;
     let json = out_dir.join(format!("{stem}.json"));
