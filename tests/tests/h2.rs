@@ -71,6 +71,10 @@ async fn serve(
 ) {
     let path = req.uri().path().to_string();
     seen.paths.lock().unwrap().push(path.clone());
+    let req_content_length = req
+        .headers()
+        .get("content-length")
+        .map(|v| v.to_str().unwrap().to_string());
     let mut body = req.into_body();
     let ok = || http::Response::builder().status(200);
     match path.as_str() {
@@ -148,6 +152,12 @@ async fn serve(
             tokio::time::sleep(Duration::from_secs(30)).await;
             drop(body);
             let _ = respond.send_response(ok().body(()).unwrap(), true);
+        }
+        "/content-length" => {
+            // Says what `content-length` the request came with.
+            let got = req_content_length.unwrap_or_else(|| "none".into());
+            let resp = ok().header("x-content-length", got).body(()).unwrap();
+            let _ = respond.send_response(resp, true);
         }
         "/with-body" => {
             let resp = ok().header("content-length", "5").body(()).unwrap();
@@ -266,6 +276,42 @@ async fn trailers_only_responses_arrive_whole() {
         );
         s.sidecar.shutdown().await;
         s.held.close();
+    }
+}
+
+/// A request that ends with its head reaches the upstream with `content-length: 0` when its
+/// method gives content a meaning, as hyper's client sends it, and without one otherwise; a
+/// length the client sent is kept. Both paths agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_less_request_says_its_length_where_its_method_gives_content_a_meaning() {
+    for relay in [true, false] {
+        let s = setup(relay).await;
+        for (method, sent, want) in [
+            ("POST", None, "0"),
+            ("PUT", None, "0"),
+            ("PATCH", None, "0"),
+            ("OPTIONS", None, "0"),
+            ("GET", None, "none"),
+            ("HEAD", None, "none"),
+            ("DELETE", None, "none"),
+            ("POST", Some("0"), "0"),
+        ] {
+            let mut req = request(method, "/content-length");
+            if let Some(len) = sent {
+                req.headers_mut()
+                    .insert("content-length", http::HeaderValue::from_static(len));
+            }
+            let mut client = s.client.clone().ready().await.unwrap();
+            let (resp, _) = client.send_request(req, true).unwrap();
+            let resp = timeout(BOUND, resp).await.unwrap().unwrap();
+            assert_eq!(resp.status(), 200, "{method}");
+            assert_eq!(
+                resp.headers()["x-content-length"],
+                want,
+                "{method} {sent:?}, relay {relay}"
+            );
+        }
+        s.sidecar.shutdown().await;
     }
 }
 

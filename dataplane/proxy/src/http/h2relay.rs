@@ -163,6 +163,16 @@ async fn exchange(
         tag,
     } = super::route(shared, meta, &mut parts);
     headers::prepare_request(&mut parts, meta, None, config.forwarded_headers);
+    let end = body.is_end_stream();
+    // As hyper's client does (and so the full path): a request whose method gives content a
+    // meaning (POST, PUT, PATCH, …) and that ends with its head says its length is 0, for an
+    // upstream, or an HTTP/1.1 hop behind it, that wants a length on such requests.
+    if end && !matches!(parts.method, Method::GET | Method::HEAD | Method::DELETE) {
+        parts
+            .headers
+            .entry(http::header::CONTENT_LENGTH)
+            .or_insert(http::HeaderValue::from_static("0"));
+    }
     let pending = super::begin_capture(shared, tag, &route, &parts, true);
     let tap = pending.as_deref();
     let client_gone = || {
@@ -173,7 +183,6 @@ async fn exchange(
             );
         }
     };
-    let end = body.is_end_stream();
     if end && let Some(p) = tap {
         p.end(Direction::Request, None);
     }
