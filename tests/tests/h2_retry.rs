@@ -36,6 +36,9 @@ enum Script {
     /// with the first stream's id as the last one processed, and closes. Later connections
     /// answer everything.
     GoAwayAtSecond,
+    /// The same with a GOAWAY for an error (PROTOCOL_ERROR): the stream was not processed, but
+    /// may be what the upstream refused, so it is not sent again.
+    ErrorGoAwayAtSecond,
     /// Every connection's first stream: the first chunk of its body is read, then the stream is
     /// reset with REFUSED_STREAM (the proxy cannot send again what it has forwarded).
     RefuseAfterBody,
@@ -106,12 +109,16 @@ async fn connection(script: Script, seen: Arc<Seen>, conn_no: usize, tcp: TcpStr
         match script {
             Script::RefuseAll => {}
             Script::RefuseFirst if first => {}
-            Script::GoAwayAtSecond if conn_no == 1 && nth == 2 => {
+            Script::GoAwayAtSecond | Script::ErrorGoAwayAtSecond if conn_no == 1 && nth == 2 => {
                 seen.record(conn_no, nth, &path, "goaway");
                 // Nothing more from h2: whatever it has not written yet (a reset of this stream
                 // when it is dropped) is never written.
                 drop((req, respond, conn));
-                goaway_and_close(raw, 1);
+                let code = match script {
+                    Script::ErrorGoAwayAtSecond => Reason::PROTOCOL_ERROR,
+                    _ => Reason::NO_ERROR,
+                };
+                goaway_and_close(raw, 1, code);
                 return;
             }
             Script::RefuseAfterBody if first => {
@@ -167,11 +174,11 @@ async fn answer(
     }
 }
 
-/// Writes GOAWAY(last stream id `last`, NO_ERROR) on the raw socket and closes it.
-fn goaway_and_close(mut raw: std::net::TcpStream, last: u32) {
+/// Writes GOAWAY(last stream id `last`, `code`) on the raw socket and closes it.
+fn goaway_and_close(mut raw: std::net::TcpStream, last: u32, code: Reason) {
     let mut frame = vec![0, 0, 8, 0x7, 0, 0, 0, 0, 0];
     frame.extend_from_slice(&last.to_be_bytes());
-    frame.extend_from_slice(&0u32.to_be_bytes());
+    frame.extend_from_slice(&u32::from(code).to_be_bytes());
     raw.set_nonblocking(false).unwrap();
     raw.write_all(&frame).unwrap();
     let _ = raw.shutdown(std::net::Shutdown::Both);
@@ -297,6 +304,29 @@ async fn a_stream_above_a_goaway_last_stream_id_goes_to_a_new_connection() {
     assert_eq!(s.seen.conns.load(Ordering::SeqCst), 2);
     assert_eq!(retries(&s, "goaway").await, 1.0);
     assert_eq!(retries(&s, "refused_stream").await, 0.0);
+    s.sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_above_an_error_goaway_is_not_sent_again() {
+    let s = setup(Script::ErrorGoAwayAtSecond).await;
+    assert_eq!(get(&s, "/a").await.1, "c1s1");
+    // Above the last stream id, so not processed; but a GOAWAY for an error may have been
+    // caused by this stream: it is answered as a failed upstream, not tried on a new connection.
+    let (status, by, _) = get(&s, "/b").await;
+    assert_eq!((status, by.as_str()), (502, ""));
+    assert_eq!(s.seen.conns.load(Ordering::SeqCst), 1);
+    // The next request connects again.
+    assert_eq!(get(&s, "/c").await.1, "c2s1");
+    assert_eq!(
+        s.seen.streams(),
+        [
+            stream(1, 1, "/a", "answered"),
+            stream(1, 2, "/b", "goaway"),
+            stream(2, 1, "/c", "answered"),
+        ]
+    );
+    assert_eq!(retries(&s, "goaway").await, 0.0);
     s.sidecar.shutdown().await;
 }
 

@@ -31,13 +31,18 @@ pub(super) const MAX_RETRIES: usize = 2;
 ///   9113 §6.8). The streams at or below it go on; if the connection then ends under them,
 ///   they fail with an I/O error, never this one, so they are not sent again.
 ///
+/// Only a graceful GOAWAY (NO_ERROR: a server shutting down) is followed by a retry. One for an
+/// error (PROTOCOL_ERROR, COMPRESSION_ERROR, ENHANCE_YOUR_CALM, …) also leaves the stream
+/// unprocessed, but the stream may be what caused it: sent again, it could take down a new
+/// connection, and the other requests on it, each time.
+///
 /// Resets h2 itself sent, and every other error (the upstream's INTERNAL_ERROR, a lost
 /// connection), may come after the upstream acted on the request, so they are not retried.
 pub(super) fn unprocessed(e: &h2::Error) -> Option<Retry> {
     if !e.is_remote() {
         None
     } else if e.is_go_away() {
-        Some(Retry::GoAway)
+        (e.reason() == Some(Reason::NO_ERROR)).then_some(Retry::GoAway)
     } else if e.is_reset() && e.reason() == Some(Reason::REFUSED_STREAM) {
         Some(Retry::RefusedStream)
     } else {
