@@ -69,7 +69,7 @@ fuzz_target!(|data: &[u8]| {
             .find(|m| m.workload_port == port)
             .map(|m| m.destinations[0].clone());
         assert_eq!(
-            table.lookup(&b, port, key).map(|d| d.location.clone()),
+            table.lookup(&b, port, key).map(|d| (*d.location).clone()),
             naive
         );
         let routed = table

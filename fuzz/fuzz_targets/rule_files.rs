@@ -104,7 +104,7 @@ fuzz_target!(|data: &[u8]| {
             let d = table
                 .lookup(&r.baseline, m.workload_port, &r.routing_key)
                 .expect("mapped port routes");
-            assert_eq!(d.location, m.destinations[0]);
+            assert_eq!(*d.location, m.destinations[0]);
         }
     }
 });

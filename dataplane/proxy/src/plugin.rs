@@ -2,7 +2,7 @@
 //! it: the HTTP/1 relay's routing of heads as read ([`RawRouter`]), the choice of which
 //! exchanges are captured ([`CaptureSelect`]) and the record of sampled traces' hops
 //! ([`TraceRecord`]). A proxy carries them in [`Plugins`]; each one is
-//! asked at most once per request (per header field for [`RawRouter::is_carrier`]), and a
+//! asked at most once per request (per header field for [`RawRouter::carrier`]), and a
 //! feature that is absent costs nothing.
 
 use std::sync::Arc;
@@ -47,10 +47,13 @@ pub struct RawRoute {
 /// header map. It must decide as the proxy's [`Router`](crate::Router) would for the same
 /// request.
 pub trait RawRouter: Send + Sync + 'static {
-    /// Whether a request header (name as sent, any case) can influence [`RawRouter::route_raw`].
-    fn is_carrier(&self, name: &[u8]) -> bool;
+    /// The name (lower case) of a request header (name as sent, any case) that can influence
+    /// [`RawRouter::route_raw`]; `None` for any other. The relay files the header's value under
+    /// the name given, so a router hands out the names it holds (a reference count at most)
+    /// rather than the relay building a new one for each request.
+    fn carrier(&self, name: &[u8]) -> Option<HeaderName>;
 
-    /// `carriers` holds only the request's headers for which [`RawRouter::is_carrier`] is true
+    /// `carriers` holds only the request's headers for which [`RawRouter::carrier`] gave a name
     /// (most requests have none, so nothing is allocated) and `target` its origin-form request
     /// target. `None` sends the request (and the rest of its connection) down the full path, for
     /// requests this cannot express, such as a head rewrite.

@@ -70,7 +70,7 @@ pub(crate) enum Upstream {
     /// The inbound connection's original destination (the application).
     Original(SocketAddr),
     /// A routing-table destination; subject to purging when it leaves the table.
-    Sandbox(Location),
+    Sandbox(Arc<Location>),
 }
 
 impl fmt::Display for Upstream {
@@ -175,7 +175,7 @@ struct State {
 impl State {
     fn is_live(&self, upstream: &Upstream) -> bool {
         match (upstream, &self.live) {
-            (Upstream::Sandbox(loc), Some(live)) => live.contains(loc),
+            (Upstream::Sandbox(loc), Some(live)) => live.contains(&**loc),
             _ => true,
         }
     }
@@ -469,7 +469,7 @@ impl Pool {
         let mut state = self.lock();
         let keep = |u: &Upstream| match u {
             Upstream::Original(_) => true,
-            Upstream::Sandbox(loc) => live.contains(loc),
+            Upstream::Sandbox(loc) => live.contains(&**loc),
         };
         let mut closed = drop_upstreams(&mut state.h1, keep) + drop_upstreams(&mut state.raw, keep);
         state.h2.retain(|u, _| {

@@ -15,12 +15,20 @@ use arc_swap::ArcSwap;
 
 use crate::rules::{BaselineWorkload, Location, RoutingRule};
 
+/// The table's maps. Their keys come from the rules (baselines and routing keys), never from a
+/// request: a request's key only probes, so a fast hasher is safe here. SipHash of the baseline
+/// (three strings) and of the key was about 570 instructions of a keyed request's 20 000 on the
+/// HTTP/1.1 relay (`perf/results/per_request.md`, "keyed requests").
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// Where a keyed request goes: the first destination of the matching port mapping.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Destination {
     pub sandbox: Arc<str>,
     pub routing_key: Arc<str>,
-    pub location: Location,
+    /// Shared: the connection pools key their upstreams by it, and a routed request then takes
+    /// a reference count rather than a copy of the host name.
+    pub location: Arc<Location>,
 }
 
 /// The destinations one routing key has, by workload port. A key rarely maps more than a few
@@ -43,7 +51,7 @@ struct KeyRoutes {
 /// Rules of one baseline workload, by routing key then workload port.
 #[derive(Debug, Default)]
 pub struct BaselineRules {
-    by_key: HashMap<Arc<str>, KeyRoutes>,
+    by_key: Map<Arc<str>, KeyRoutes>,
     /// Where this baseline's rules are in [`RuleTable::rules`] when they are all there is of it
     /// and no two share a key (always, for validated rules given grouped by baseline): then
     /// `by_key` has one entry per rule, and the next compile can copy it and patch the entries
@@ -91,7 +99,7 @@ impl BaselineRules {
 /// An immutable index of validated rules: (baseline, workload port, routing key) → destination.
 #[derive(Debug, Default)]
 pub struct RuleTable {
-    baselines: HashMap<BaselineWorkload, BaselineRules>,
+    baselines: Map<BaselineWorkload, BaselineRules>,
     rules: Vec<Arc<RoutingRule>>,
 }
 
@@ -111,7 +119,7 @@ impl RuleTable {
     /// previous map with only the changed rules' entries replaced: each table is cold in cache
     /// when a change arrives, and that copy reads no key string and hashes no key.
     pub fn compile(rules: Vec<Arc<RoutingRule>>, previous: Option<&RuleTable>) -> Self {
-        let mut baselines: HashMap<BaselineWorkload, BaselineRules> = HashMap::new();
+        let mut baselines: Map<BaselineWorkload, BaselineRules> = Map::default();
         let prev_rules = previous.map_or(&[][..], |p| &p.rules[..]);
         // Rules come grouped by baseline (a sidecar's source has one): each run of one baseline
         // is hashed and looked up once.
@@ -132,7 +140,7 @@ impl RuleTable {
                     }
                     // Built key by key below: an empty run that the rules extend.
                     v.insert(BaselineRules {
-                        by_key: HashMap::new(),
+                        by_key: Map::default(),
                         run: Some(start..start),
                     })
                 }
@@ -179,7 +187,7 @@ impl RuleTable {
         previous: &[Arc<RoutingRule>],
         rules: &[Arc<RoutingRule>],
         start: usize,
-    ) -> Option<(HashMap<Arc<str>, KeyRoutes>, usize)> {
+    ) -> Option<(Map<Arc<str>, KeyRoutes>, usize)> {
         let was_at = before.run.clone()?;
         let was = previous.get(was_at.clone())?;
         let end = start.checked_add(was.len())?;
@@ -219,7 +227,7 @@ impl RuleTable {
     /// Adds one rule's routes to its baseline's keys, reusing what `before` compiled for an
     /// equal rule. True when the rule's key had routes already (they are merged).
     fn add(
-        by_key: &mut HashMap<Arc<str>, KeyRoutes>,
+        by_key: &mut Map<Arc<str>, KeyRoutes>,
         (index, rule): (usize, &Arc<RoutingRule>),
         before: Option<&BaselineRules>,
         previous: &[Arc<RoutingRule>],
@@ -277,7 +285,7 @@ impl RuleTable {
                 Arc::new(Destination {
                     sandbox: sandbox.clone(),
                     routing_key: routing_key.clone(),
-                    location: location.clone(),
+                    location: Arc::new(location.clone()),
                 }),
             ))
         })
@@ -317,7 +325,7 @@ impl RuleTable {
         self.baselines
             .values()
             .flat_map(|b| b.by_key.values())
-            .flat_map(|k| k.ports.iter().map(|(_, d)| d.location.clone()))
+            .flat_map(|k| k.ports.iter().map(|(_, d)| Location::clone(&d.location)))
             .collect()
     }
 }
@@ -411,7 +419,7 @@ mod tests {
         };
         let d = t.lookup(&a, 80, "k1").unwrap();
         assert_eq!(
-            d.location,
+            *d.location,
             Location {
                 host: "fork-a".into(),
                 port: 9000

@@ -371,14 +371,14 @@ proptest! {
             for &(k, b, port) in &probes {
                 let baseline =
                     BaselineWorkload { kind: "Deployment".into(), namespace: "ns".into(), name: BASELINES[b].into() };
-                let got = table.lookup(&baseline, port, KEYS[k]).map(|d| d.location.clone());
+                let got = table.lookup(&baseline, port, KEYS[k]).map(|d| Location::clone(&d.location));
                 prop_assert_eq!(got, naive(&baseline, port, KEYS[k]));
                 // Routing over several candidates: the first candidate with a rule wins.
                 let candidates = [KEYS[k], KEYS[(k + 1) % KEYS.len()], KEYS[(k + 2) % KEYS.len()]];
                 let routed = table
                     .baseline(&baseline)
                     .and_then(|r| r.route(port, candidates))
-                    .map(|d| (d.routing_key.to_string(), d.location.clone()));
+                    .map(|d| (d.routing_key.to_string(), Location::clone(&d.location)));
                 let expected = candidates.iter().find_map(|c| naive(&baseline, port, c).map(|l| ((*c).to_owned(), l)));
                 prop_assert_eq!(routed, expected);
             }
@@ -414,7 +414,7 @@ proptest! {
                             .flat_map(|r| r.mappings.iter())
                             .find(|m| m.workload_port == port)
                             .map(|m| m.destinations[0].clone());
-                        let got = next.lookup(&baseline, port, key).map(|d| d.location.clone());
+                        let got = next.lookup(&baseline, port, key).map(|d| Location::clone(&d.location));
                         prop_assert_eq!(got, naive, "baseline {} key {} port {}", b, k, port);
                     }
                 }

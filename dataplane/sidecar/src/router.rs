@@ -145,13 +145,14 @@ impl Router for KeyRouter {
 }
 
 impl RawRouter for KeyRouter {
-    fn is_carrier(&self, name: &[u8]) -> bool {
+    fn carrier(&self, name: &[u8]) -> Option<HeaderName> {
         match name.first() {
             Some(&b) if self.carrier_first[usize::from(b)] => self
                 .carriers
                 .iter()
-                .any(|c| c.as_str().as_bytes().eq_ignore_ascii_case(name)),
-            _ => false,
+                .find(|c| c.as_str().as_bytes().eq_ignore_ascii_case(name))
+                .cloned(),
+            _ => None,
         }
     }
 

@@ -235,10 +235,10 @@ mod tests {
         let d = Destination {
             sandbox: Arc::from("sb1"),
             routing_key: Arc::from("k1"),
-            location: Location {
+            location: Arc::new(Location {
                 host: "fork.ns.svc".into(),
                 port: 8080,
-            },
+            }),
         };
         r.record(&meta(), &Route::Destination(Arc::new(d)), &h, "/a");
         let hops = r.ring.hops();

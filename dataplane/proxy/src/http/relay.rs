@@ -118,6 +118,9 @@ struct Conn<'a> {
     reads: ReadSize,
     /// When the current exchange started, until it is counted in the metrics ([`Conn::record`]).
     started: Option<Instant>,
+    /// The current request's routing carriers ([`crate::RawRouter::carrier`]), kept from one
+    /// request to the next so that a keyed request does not allocate a map.
+    carriers: http::HeaderMap,
 }
 
 /// What the relay does with a request once its head has been read.
@@ -142,6 +145,7 @@ impl<'a> Conn<'a> {
             ubuf: RecvBuf::new(),
             reads: ReadSize::new(),
             started: None,
+            carriers: http::HeaderMap::new(),
         }
     }
 

@@ -1,7 +1,7 @@
 //! Reading a request head and planning its exchange: whether the relay forwards it, where the
 //! router sends it, and the upstream head with the proxy's header edits spliced in.
 
-use http::{HeaderMap, HeaderName, HeaderValue, header};
+use http::{HeaderValue, header};
 use spur_h1guard::valid_authority;
 
 use super::wire::{decimal, origin_form, put_field, tokens};
@@ -47,7 +47,8 @@ impl Conn<'_> {
         let mut te_trailers = false;
         let mut xff = None;
         let mut xfp = false;
-        let mut carriers = HeaderMap::new();
+        let carriers = &mut self.carriers;
+        carriers.clear();
         let mut kinds = [Field::Other; MAX_FIELDS];
         for (i, (f, kind)) in req.headers.iter().zip(kinds.iter_mut()).enumerate() {
             let name = f.name.as_bytes();
@@ -96,15 +97,12 @@ impl Conn<'_> {
                         // Recorded on the full path, which sees every header.
                         return Err(Stop::HandOver);
                     }
-                    if raw.is_carrier(name) {
-                        match (
-                            HeaderName::from_bytes(name),
-                            HeaderValue::from_bytes(f.value),
-                        ) {
-                            (Ok(n), Ok(v)) => {
+                    if let Some(n) = raw.carrier(name) {
+                        match HeaderValue::from_bytes(f.value) {
+                            Ok(v) => {
                                 carriers.append(n, v);
                             }
-                            _ => return Err(Stop::HandOver),
+                            Err(_) => return Err(Stop::HandOver),
                         }
                     }
                 }
@@ -113,7 +111,7 @@ impl Conn<'_> {
         if hosts != 1 {
             return Err(Stop::HandOver);
         }
-        let Some(RawRoute { route, set }) = raw.route_raw(self.meta, target, &carriers) else {
+        let Some(RawRoute { route, set }) = raw.route_raw(self.meta, target, carriers) else {
             return Err(Stop::HandOver);
         };
         if let Some(capture) = &shared.plugins.capture {
@@ -124,7 +122,7 @@ impl Conn<'_> {
                 .and_then(|i| target.get(i + 1..));
             if capture
                 .select
-                .select(self.meta, &route, &carriers, query)
+                .select(self.meta, &route, carriers, query)
                 .is_some()
             {
                 // Captured exchanges take the full path, where the capture is.
