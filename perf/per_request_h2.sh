@@ -13,6 +13,7 @@
 #   perf/per_request_h2.sh BIN...                  # also these spur-sidecar builds (before/after);
 #                                                  # BIN:hyper2 is BIN with its HTTP/2 relay off
 #   N=100000 SIZE=1024 perf/per_request_h2.sh      # requests per CPU run, h2c body size
+#   CG_STREAMS=1 perf/per_request_h2.sh            # callgrind with one stream at a time (default 16)
 #
 # The CPU figure is a saturation measurement on a 2-core machine, coarse (10 ms ticks) and noisy:
 # alternate the binaries and repeat. The fixed-rate headline is `perf/run.sh`. Needs strace, h2load
@@ -38,9 +39,10 @@ taskset -c 0 target/release/spur-bench-upstream --listen "$up" >/dev/null 2>&1 &
 pids+=($!)
 for _ in $(seq 50); do curl -s -o /dev/null "http://$up/bytes/0" && break; sleep 0.1; done
 
-# load PROTO ADDR CONNS N: h2load on core 0; fails unless every request succeeded.
+# load PROTO ADDR CONNS N [STREAMS]: h2load on core 0 (16 streams per connection unless said);
+# fails unless every request succeeded.
 load() {
-    local args=(-c "$3" -m 16)
+    local args=(-c "$3" -m "${5:-16}")
     case "$1" in
         h2c) args+=("http://$2/bytes/$size") ;;
         grpc) args+=(-d "$work/grpc.bin" -H 'content-type: application/grpc' -H 'te: trailers'
@@ -72,7 +74,9 @@ h2_ready() {
     echo "perf/per_request_h2.sh: the peer did not start" >&2
     return 1
 }
-h2_load() { load "$proto" "$addr" 1 "$1"; }
+# With 16 streams in flight one read carries several requests, and h2's per-poll work is shared
+# among them; at 1 (CG_STREAMS=1) each request pays it alone, as at a low rate.
+h2_load() { load "$proto" "$addr" 1 "$1" "${CG_STREAMS:-16}"; }
 
 echo "| peer | protocol | syscalls per request | by call | CPU-µs per request (saturation, $n requests) | instructions per request (callgrind) |"
 echo "|---|---|---:|---|---:|---:|"

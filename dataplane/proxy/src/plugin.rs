@@ -47,10 +47,10 @@ pub struct RawRoute {
 /// header map. It must decide as the proxy's [`Router`](crate::Router) would for the same
 /// request.
 pub trait RawRouter: Send + Sync + 'static {
-    /// The name (lower case) of a request header (name as sent, any case) that can influence
-    /// [`RawRouter::route_raw`]; `None` for any other. The relay files the header's value under
-    /// the name given, so a router hands out the names it holds (a reference count at most)
-    /// rather than the relay building a new one for each request.
+    /// The name of a request header (name as sent, any case) that can influence
+    /// [`RawRouter::route_raw`], which must be `name` in lower case; `None` for any other. The
+    /// relay files the header's value under the name given, so a router hands out the names it
+    /// holds (a reference count at most) rather than the relay building one for each request.
     fn carrier(&self, name: &[u8]) -> Option<HeaderName>;
 
     /// `carriers` holds only the request's headers for which [`RawRouter::carrier`] gave a name

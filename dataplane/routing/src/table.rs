@@ -15,10 +15,12 @@ use arc_swap::ArcSwap;
 
 use crate::rules::{BaselineWorkload, Location, RoutingRule};
 
-/// The table's maps. Their keys come from the rules (baselines and routing keys), never from a
-/// request: a request's key only probes, so a fast hasher is safe here. SipHash of the baseline
-/// (three strings) and of the key was about 570 instructions of a keyed request's 20 000 on the
-/// HTTP/1.1 relay (`perf/results/per_request.md`, "keyed requests").
+/// The table's maps. Their keys come from validated rules (baselines, and routing keys of at most
+/// 64 `[A-Za-z0-9._-]`), written by the route server's authenticated users, never from a request:
+/// a request's key only probes. Each map's seed is random and its hashes are never shown, so a
+/// fast hasher is safe here. SipHash of the baseline (three strings) and of the key was about 570
+/// instructions of a keyed request's 20 000 on the HTTP/1.1 relay (`perf/results/per_request.md`,
+/// "Keyed requests").
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Where a keyed request goes: the first destination of the matching port mapping.

@@ -81,7 +81,10 @@ where
         }
     }
     shared.metrics.handovers.inc();
-    let Conn { buf, .. } = conn;
+    // The rest of the connection's state goes now: a partial move would keep the response
+    // buffer (up to 128 KiB) and the last request's carriers for as long as hyper serves it.
+    let buf = std::mem::take(&mut conn.buf);
+    drop(conn);
     let io = Rewind::new(buf.freeze(), io);
     super::serve_hyper(shared, io, meta, drain).await
 }

@@ -98,6 +98,7 @@ impl Conn<'_> {
                         return Err(Stop::HandOver);
                     }
                     if let Some(n) = raw.carrier(name) {
+                        debug_assert!(n.as_str().as_bytes().eq_ignore_ascii_case(name));
                         match HeaderValue::from_bytes(f.value) {
                             Ok(v) => {
                                 carriers.append(n, v);
@@ -129,6 +130,8 @@ impl Conn<'_> {
                 return Err(Stop::HandOver);
             }
         }
+        // Nothing reads them after this: an idle connection does not keep a key's values.
+        carriers.clear();
         let (upstream, outcome) = match &route {
             Route::Original => (
                 Upstream::Original(self.meta.original_dst),
