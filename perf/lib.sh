@@ -53,6 +53,8 @@ peer_cmd() {
         haproxy) cmd=("$haproxy_bin" -db -f "$work/haproxy.cfg") ;;
         *:hyper) cmd=("${1%:hyper}" "${spur[@]}" --proxy-config "$work/no-relay.yaml") ;;
         *:hyper2) cmd=("${1%:hyper2}" "${spur[@]}" --proxy-config "$work/no-h2relay.yaml") ;;
+        # A bare HTTP/2-to-HTTP/2 relay on the h2 crate alone (perf/src/bin/spur-h2-bare.rs).
+        h2-bare) cmd=(target/release/spur-h2-bare --listen "$listen" --upstream "${upstream:-$app}") ;;
         *) cmd=("$1" "${spur[@]}") ;;
     esac
 }

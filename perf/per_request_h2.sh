@@ -11,7 +11,9 @@
 #
 #   perf/per_request_h2.sh                         # spur, nginx, haproxy → a markdown table
 #   perf/per_request_h2.sh BIN...                  # also these spur-sidecar builds (before/after);
-#                                                  # BIN:hyper2 is BIN with its HTTP/2 relay off
+#                                                  # BIN:hyper2 is BIN with its HTTP/2 relay off;
+#                                                  # h2-bare is a bare relay on the h2 crate alone
+#                                                  # (perf/src/bin/spur-h2-bare.rs): h2's own cost
 #   N=100000 SIZE=1024 perf/per_request_h2.sh      # requests per CPU run, h2c body size
 #   CG_STREAMS=1 perf/per_request_h2.sh            # callgrind with one stream at a time (default 16)
 #
@@ -26,7 +28,7 @@ for tool in strace h2load curl taskset valgrind; do
 done
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
-cargo build --release --locked -p spur-perf --bin spur-bench-upstream >&2
+cargo build --release --locked -p spur-perf --bin spur-bench-upstream --bin spur-h2-bare >&2
 
 n="${N:-100000}"
 size="${SIZE:-1024}"
