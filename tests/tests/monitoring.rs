@@ -195,6 +195,7 @@ fn the_dashboards_are_grafana_dashboards_whose_queries_parse() {
         "spur_requests_total",
         "spur_routeserver_connected",
         "spur_request_duration_seconds_bucket",
+        "spur_upstream_stream_retries_total",
     ] {
         assert!(data.contains(m), "data plane dashboard lacks {m}: {data:?}");
     }
