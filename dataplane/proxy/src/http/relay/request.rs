@@ -47,8 +47,10 @@ impl Conn<'_> {
         let mut te_trailers = false;
         let mut xff = None;
         let mut xfp = false;
+        // Empty: the map is emptied once a request is routed, and every return before that hands
+        // the connection over to hyper (`?` in `exchange`), so no later request reads it.
         let carriers = &mut self.carriers;
-        carriers.clear();
+        debug_assert!(carriers.is_empty());
         let mut kinds = [Field::Other; MAX_FIELDS];
         for (i, (f, kind)) in req.headers.iter().zip(kinds.iter_mut()).enumerate() {
             let name = f.name.as_bytes();
